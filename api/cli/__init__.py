@@ -1,0 +1,1 @@
+"""The ``foldtune`` command line: one module per subcommand, dispatched by :mod:`api.cli.main`."""

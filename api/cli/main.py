@@ -1,0 +1,70 @@
+"""Entry point of the ``foldtune`` command.
+
+Each subcommand lives in its own module under ``api.cli`` and exposes ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when their command runs,
+so ``foldtune plan`` never pays for torch, Ray or FastAPI. Every :class:`FoldtuneError` becomes one
+``foldtune: error: ...`` line on stderr and exit code 2; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# command name -> (module, one-line help). Help is duplicated here so `foldtune --help` stays instant.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("api.cli.plan_cmd", "rank every valid folded layout for a model on a cluster (cost model only)"),
+    "profile": ("api.cli.profile_cmd", "run and measure one layout of the real MoE training step locally"),
+}
+
+
+def _load(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None  # the command is not part of this build yet
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="foldtune", description="Tune and run folded MoE training layouts.")
+    parser.add_argument("--catalog", metavar="FILE",
+                        help="YAML/JSON file of extra models and hardware (also: FOLDTUNE_CATALOG)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = _load(module_name)
+        if module is None:
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from costmodel.catalog import load_catalog_file, load_env_catalog
+    from costmodel.errors import FoldtuneError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        load_env_catalog()
+        if args.catalog:
+            load_catalog_file(args.catalog)
+        return int(args._module.run(args) or 0)
+    except FoldtuneError as exc:
+        print(f"foldtune: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("foldtune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Model FLOPs per step with Megatron-LM's ``num_floating_point_operations`` conventions.
+
+Counted per token: every GEMM three times (forward, dgrad, wgrad), two FLOPs per multiply-add, the
+causal attention core at half of the full score matrix, routed experts at top-k, shared experts and
+dense-first layers separately, MTP layers as extra decoder layers plus their norms and projection, and
+the logit GEMM once per output head (1 + MTP depth) over the vocabulary padded as Megatron pads it.
+Recomputation is not counted (these are *model* FLOPs, which MFU is defined against).
+"""
+
+from __future__ import annotations
+
+from costmodel.model_spec import ModelSpec
+
+# 3 GEMM passes (fwd, dgrad, wgrad) x 2 FLOPs per multiply-add x 2 GEMMs per block (up and down)
+_EXPANSION = 3 * 2 * 2
+
+
+def _attention_term(model: ModelSpec, seq_length: int, num_layers: int) -> float:
+    """Attention FLOPs per token summed over ``num_layers`` layers (projections and causal core)."""
+    h = model.hidden_size
+    n = model.num_attention_heads
+    if model.multi_latent_attention:
+        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        if model.q_lora_rank is None:
+            q_term = h * n * (qk + rope)
+        else:
+            q_term = model.q_lora_rank * (h + n * (qk + rope) + 1)
+        per_layer = (
+            q_term
+            + model.kv_lora_rank * (h + n * (qk + v) + 1)
+            + h * rope
+            + n * v * h
+            + seq_length * n * (qk + rope) / 2
+            + seq_length * n * v / 2
+        )
+        return 3 * 2 * num_layers * per_layer
+    query_projection = model.head_dim * n
+    return (
+        _EXPANSION * num_layers * h * h
+        * ((1 + model.num_kv_heads / n + seq_length / h / 2) * (query_projection / h))
+    )
+
+
+def flops_per_token(model: ModelSpec, seq_length: int) -> float:
+    """Model FLOPs (forward + backward) per trained token at ``seq_length``."""
+    h = model.hidden_size
+    pattern = model.moe_layer_pattern()
+    num_moe = sum(pattern)
+    num_dense = model.num_layers - num_moe
+    mtp = model.mtp_num_layers
+    if mtp:
+        last_is_moe = pattern[-1]
+        num_moe += last_is_moe * mtp
+        num_dense += (1 - last_is_moe) * mtp
+    num_layers = model.num_layers + mtp
+    gated = 3 / 2 if model.swiglu else 1
+    routed = model.moe_router_topk if model.is_moe else 0
+    mlp = (
+        _EXPANSION * num_layers * h
+        * (model.ffn_hidden_size * gated * (num_dense / num_layers)
+           + model.expert_ffn_hidden_size * routed * gated * (num_moe / num_layers)
+           + model.shared_expert_ffn_hidden_size * gated * (num_moe / num_layers))
+    )
+    mtp_extra = 3 * 2 * mtp * (3 * h + 2 * h * h)
+    logits = 3 * 2 * h * model.padded_vocab_size() * (mtp + 1)
+    return mlp + _attention_term(model, seq_length, num_layers) + mtp_extra + logits
+
+
+def flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int) -> float:
+    """Model FLOPs of one optimizer step: ``global_batch_size`` sequences of ``seq_length`` tokens."""
+    return global_batch_size * seq_length * flops_per_token(model, seq_length)
+
+
+def tflops_per_gpu(flops: float, seconds: float, num_gpus: int) -> float:
+    """Achieved model TFLOP/s per GPU for ``flops`` done by ``num_gpus`` GPUs in ``seconds``."""
+    return flops / seconds / num_gpus / 1e12
+
+
+def mfu(flops: float, seconds: float, num_gpus: int, peak_flops_per_gpu: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s per GPU over the GPU's dense peak (0..1)."""
+    return flops / seconds / num_gpus / peak_flops_per_gpu

@@ -1,0 +1,183 @@
+"""The hardware a layout runs on: GPU datasheet figures, a node/network profile, and the cluster size.
+
+Bandwidths are bytes per second *per GPU per direction*; latencies are seconds; FLOP rates are dense
+(no structured sparsity) FLOP/s. A :class:`HardwareProfile` starts from datasheet figures and may carry
+measured efficiency curves (from ``foldtune calibrate``); the time model prefers measured curves.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from costmodel._validate import positive_ints, raise_if, require
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Datasheet figures of one accelerator. ``peak_flops`` maps a dtype ('bf16', 'fp8', ...) to FLOP/s."""
+
+    name: str
+    peak_flops: tuple[tuple[str, float], ...]
+    hbm_bytes: int
+    hbm_bandwidth: float  # bytes/s
+
+    def __post_init__(self) -> None:
+        if isinstance(self.peak_flops, dict):
+            object.__setattr__(self, "peak_flops", tuple(sorted(self.peak_flops.items())))
+        p: list[str] = []
+        require(p, bool(self.peak_flops), "peak_flops must name at least one dtype")
+        require(p, all(v > 0 for _, v in self.peak_flops), "every peak_flops value must be > 0")
+        require(p, self.hbm_bytes > 0, f"hbm_bytes must be > 0, got {self.hbm_bytes}")
+        require(p, self.hbm_bandwidth > 0, f"hbm_bandwidth must be > 0, got {self.hbm_bandwidth}")
+        raise_if(p, f"GPU {self.name!r}")
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; fp16 falls back to bf16 and fp8 to bf16 on GPUs without fp8."""
+        table = dict(self.peak_flops)
+        for candidate in (dtype, "bf16" if dtype in ("fp16", "fp8") else dtype):
+            if candidate in table:
+                return table[candidate]
+        return table.get("bf16", max(table.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "peak_flops": dict(self.peak_flops), "hbm_bytes": self.hbm_bytes,
+                "hbm_bandwidth": self.hbm_bandwidth}
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A measured efficiency curve: ``points`` are (x, efficiency) with x ascending (FLOPs, bytes, ...).
+
+    Evaluation interpolates linearly in log(x) and clamps at both ends, so a curve measured over a
+    range of sizes answers for any size.
+    """
+
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        pts = tuple(sorted((float(x), float(y)) for x, y in self.points))
+        object.__setattr__(self, "points", pts)
+        p: list[str] = []
+        require(p, len(pts) >= 1, "a curve needs at least one point")
+        require(p, all(x > 0 and y > 0 for x, y in pts), "curve points must have x > 0 and efficiency > 0")
+        raise_if(p, "measured curve")
+
+    def __call__(self, x: float) -> float:
+        pts = self.points
+        if x <= pts[0][0]:
+            return pts[0][1]
+        if x >= pts[-1][0]:
+            return pts[-1][1]
+        i = bisect.bisect_right([p[0] for p in pts], x)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return y0 + t * (y1 - y0)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One node type and its network: what the cost model prices FLOPs and bytes against.
+
+    ``gemm_efficiency`` maps FLOPs of one GEMM to achieved/peak; ``grouped_gemm_efficiency`` maps
+    tokens per expert to achieved/peak; ``collective_efficiency`` maps a collective name
+    ('all_to_all', 'all_reduce', 'all_gather', 'reduce_scatter', 'p2p') plus a link scope
+    ('intra'/'inter') to a curve of message bytes -> achieved/link bandwidth. All are optional: the
+    time model falls back to datasheet peaks times default efficiencies.
+    """
+
+    name: str
+    gpu: GPUSpec
+    gpus_per_node: int
+    intra_node_bandwidth: float  # bytes/s per GPU per direction (NVLink)
+    intra_node_latency: float  # seconds
+    inter_node_bandwidth: float  # bytes/s per GPU per direction (IB/RoCE NIC per GPU)
+    inter_node_latency: float  # seconds
+    gemm_efficiency: MeasuredCurve | None = None
+    grouped_gemm_efficiency: MeasuredCurve | None = None
+    collective_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
+    hbm_efficiency: float | None = None  # measured copy bandwidth / datasheet
+    source: str = "datasheet"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.collective_efficiency, dict):
+            object.__setattr__(self, "collective_efficiency", tuple(sorted(self.collective_efficiency.items())))
+        p: list[str] = []
+        positive_ints(p, self, ("gpus_per_node",))
+        for name in ("intra_node_bandwidth", "inter_node_bandwidth"):
+            require(p, getattr(self, name) > 0, f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
+        for name in ("intra_node_latency", "inter_node_latency"):
+            require(p, getattr(self, name) >= 0, f"{name} must be >= 0 s, got {getattr(self, name)}")
+        raise_if(p, f"hardware profile {self.name!r}")
+
+    def collective_curve(self, collective: str, scope: str) -> MeasuredCurve | None:
+        """The measured curve for ``collective`` over an 'intra' or 'inter' node link, if any."""
+        return dict(self.collective_efficiency).get(f"{collective}:{scope}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "gpu": self.gpu.to_dict(), "gpus_per_node": self.gpus_per_node,
+            "intra_node_bandwidth": self.intra_node_bandwidth, "intra_node_latency": self.intra_node_latency,
+            "inter_node_bandwidth": self.inter_node_bandwidth, "inter_node_latency": self.inter_node_latency,
+            "gemm_efficiency": list(self.gemm_efficiency.points) if self.gemm_efficiency else None,
+            "grouped_gemm_efficiency": (list(self.grouped_gemm_efficiency.points)
+                                        if self.grouped_gemm_efficiency else None),
+            "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
+            "hbm_efficiency": self.hbm_efficiency, "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        d = dict(data)
+        d["gpu"] = GPUSpec(**d["gpu"]) if isinstance(d["gpu"], dict) else d["gpu"]
+        for key in ("gemm_efficiency", "grouped_gemm_efficiency"):
+            if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
+                d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
+        coll = d.get("collective_efficiency") or {}
+        if isinstance(coll, dict):
+            d["collective_efficiency"] = tuple(sorted(
+                (k, v if isinstance(v, MeasuredCurve) else MeasuredCurve(tuple(tuple(pt) for pt in v)))
+                for k, v in coll.items()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``num_gpus`` GPUs of one hardware profile, filled node by node (rank r lives on node r // gpus_per_node)."""
+
+    hardware: HardwareProfile
+    num_gpus: int
+    hbm_reserved_bytes: int = field(default=int(1.5 * GIB))  # CUDA context, NCCL, fragmentation headroom
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        positive_ints(p, self, ("num_gpus",))
+        if not p and self.num_gpus > self.hardware.gpus_per_node:
+            require(p, self.num_gpus % self.hardware.gpus_per_node == 0,
+                    f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node "
+                    f"({self.hardware.gpus_per_node}) when it spans several nodes")
+        raise_if(p, "cluster")
+
+    @property
+    def gpu(self) -> GPUSpec:
+        return self.hardware.gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(self.hardware.gpus_per_node, self.num_gpus)
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_gpus // self.hardware.gpus_per_node)
+
+    @property
+    def usable_hbm_bytes(self) -> int:
+        """Bytes of device memory a training process may plan to use."""
+        return self.gpu.hbm_bytes - self.hbm_reserved_bytes
+
+    def with_gpus(self, num_gpus: int) -> ClusterSpec:
+        return replace(self, num_gpus=num_gpus)

@@ -1,0 +1,164 @@
+"""ParallelConfig: one folded layout (attention TP·CP·DP·PP, MoE ETP·EP·EDP·PP) plus the knobs beside it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from costmodel._validate import positive_ints, raise_if, require
+from costmodel.errors import InvalidConfigError, SpecError
+
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DISPATCHERS = ("alltoall", "allgather")
+DEFAULT_SELECTIVE_MODULES = ("core_attn",)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A complete folded layout for ``world_size`` GPUs.
+
+    ``world_size = tp·cp·dp·pp = etp·ep·edp·pp``; ``dp`` and ``edp`` are derived. Names follow
+    Megatron-LM: ``vpp`` is the number of virtual stages per pipeline rank (1 = no interleaving),
+    ``sequence_parallel`` defaults to on whenever ``tp > 1`` (Megatron requires it for MoE),
+    ``recompute_num_layers`` is how many layers per stage a 'full' recompute covers (0 = all).
+    """
+
+    world_size: int
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    etp: int = 1
+    micro_batch_size: int = 1
+    sequence_parallel: bool | None = None
+    recompute_granularity: str = "none"
+    recompute_modules: tuple[str, ...] = ()
+    recompute_num_layers: int = 0
+    moe_token_dispatcher_type: str = "alltoall"
+    use_distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.recompute_modules, (list, set)):
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+        if self.recompute_granularity == "selective" and not self.recompute_modules:
+            object.__setattr__(self, "recompute_modules", DEFAULT_SELECTIVE_MODULES)
+        p: list[str] = []
+        positive_ints(p, self, ("world_size", "tp", "cp", "pp", "vpp", "ep", "etp", "micro_batch_size"))
+        raise_if(p, "parallel config")
+        require(p, self.world_size % (self.tp * self.cp * self.pp) == 0,
+                f"world_size ({self.world_size}) must be divisible by tp·cp·pp "
+                f"({self.tp}·{self.cp}·{self.pp} = {self.tp * self.cp * self.pp})")
+        require(p, self.world_size % (self.etp * self.ep * self.pp) == 0,
+                f"world_size ({self.world_size}) must be divisible by etp·ep·pp "
+                f"({self.etp}·{self.ep}·{self.pp} = {self.etp * self.ep * self.pp})")
+        require(p, self.recompute_granularity in RECOMPUTE_GRANULARITIES,
+                f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}")
+        bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        require(p, not bad, f"unknown recompute_modules {bad}; known: {RECOMPUTE_MODULES}")
+        require(p, self.recompute_granularity == "selective" or not self.recompute_modules,
+                "recompute_modules are only used with recompute_granularity 'selective'")
+        require(p, self.recompute_num_layers >= 0, f"recompute_num_layers must be >= 0, got {self.recompute_num_layers}")
+        require(p, self.moe_token_dispatcher_type in DISPATCHERS,
+                f"moe_token_dispatcher_type must be one of {DISPATCHERS}, got {self.moe_token_dispatcher_type!r}")
+        require(p, not (self.sequence_parallel and self.tp == 1), "sequence_parallel needs tp > 1")
+        if p:
+            raise InvalidConfigError("invalid parallel config: " + "; ".join(p))
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size of the attention/dense layout."""
+        return self.world_size // (self.tp * self.cp * self.pp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size of the MoE layout."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    def num_micro_batches(self, global_batch_size: int) -> int:
+        """Micro-batches per pipeline per step (gradient-accumulation steps)."""
+        return global_batch_size // (self.micro_batch_size * self.dp)
+
+    # ---- text form: "tp2 cp1 pp4 vpp2 ep8 etp1 mbs1 recompute=selective:core_attn+moe_act dispatcher=alltoall"
+    def label(self) -> str:
+        """A compact, parseable one-line description of the layout and its knobs."""
+        parts = [f"tp{self.tp}", f"cp{self.cp}", f"pp{self.pp}", f"vpp{self.vpp}", f"ep{self.ep}", f"etp{self.etp}",
+                 f"dp{self.dp}", f"edp{self.edp}", f"mbs{self.micro_batch_size}"]
+        if self.recompute_granularity == "selective":
+            parts.append("recompute=selective:" + "+".join(self.recompute_modules))
+        elif self.recompute_granularity == "full":
+            parts.append("recompute=full" + (f":{self.recompute_num_layers}" if self.recompute_num_layers else ""))
+        if self.moe_token_dispatcher_type != "alltoall":
+            parts.append(f"dispatcher={self.moe_token_dispatcher_type}")
+        if not self.use_distributed_optimizer:
+            parts.append("distopt=off")
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str, world_size: int | None = None) -> ParallelConfig:
+        """Parse :meth:`label` output (or any subset of it, separated by spaces or commas).
+
+        ``dp``/``edp`` tokens are checked against ``world_size`` when given; when ``world_size`` is None
+        it is derived from ``dp``.
+        """
+        sizes: dict[str, int] = {}
+        kwargs: dict[str, Any] = {}
+        for token in re.split(r"[\s,]+", text.strip()):
+            if not token:
+                continue
+            m = re.fullmatch(r"(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)", token.lower())
+            if m:
+                sizes[m.group(1)] = int(m.group(2))
+                continue
+            key, _, value = token.partition("=")
+            key = key.lower()
+            if key == "recompute":
+                gran, _, rest = value.partition(":")
+                kwargs["recompute_granularity"] = gran
+                if gran == "selective" and rest:
+                    kwargs["recompute_modules"] = tuple(rest.split("+"))
+                elif gran == "full" and rest:
+                    kwargs["recompute_num_layers"] = int(rest)
+            elif key == "dispatcher":
+                kwargs["moe_token_dispatcher_type"] = value
+            elif key == "distopt":
+                kwargs["use_distributed_optimizer"] = value.lower() in ("on", "1", "true", "yes")
+            else:
+                raise InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}")
+        tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
+        if world_size is None:
+            if "dp" in sizes:
+                world_size = tp * cp * pp * sizes["dp"]
+            else:
+                raise InvalidConfigError(f"layout {text!r} names no dp and no world size was given")
+        cfg = cls(world_size=world_size, tp=tp, cp=cp, pp=pp, vpp=sizes.get("vpp", 1), ep=sizes.get("ep", 1),
+                  etp=sizes.get("etp", 1), micro_batch_size=sizes.get("mbs", 1), **kwargs)
+        for name in ("dp", "edp"):
+            if name in sizes and sizes[name] != getattr(cfg, name):
+                raise InvalidConfigError(f"layout {text!r}: {name}={sizes[name]} contradicts world size "
+                                         f"{world_size} (derived {name}={getattr(cfg, name)})")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["recompute_modules"] = list(self.recompute_modules)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParallelConfig:
+        d = {k: v for k, v in data.items() if k not in ("dp", "edp")}
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise SpecError(f"unknown parallel config field(s): {', '.join(unknown)}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> ParallelConfig:
+        return replace(self, **changes)

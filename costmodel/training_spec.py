@@ -1,0 +1,76 @@
+"""TrainingSpec: what is trained per step (sequence, batch, precision, optimizer, routing mode)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from costmodel._validate import positive_ints, raise_if, require
+from costmodel.errors import SpecError
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+ROUTING_MODES = ("dropless", "capacity")
+OPTIMIZERS = ("adam",)
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """The training recipe a layout must serve.
+
+    ``distributed_optimizer`` is the user's constraint: True/False forces it, None lets the planner try
+    both. ``moe_routing_imbalance`` is the expected ratio of the busiest expert's tokens to the mean
+    (1.0 = perfectly balanced); the memory and time models size expert buffers and GEMMs by it.
+    ``flash_attention`` False models the unfused softmax path (it stores the s×s score matrix).
+    """
+
+    seq_length: int
+    global_batch_size: int
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    distributed_optimizer: bool | None = None
+    routing_mode: str = "dropless"
+    moe_expert_capacity_factor: float | None = None
+    moe_routing_imbalance: float = 1.0
+    flash_attention: bool = True
+    main_grads_fp32: bool = True  # Megatron accumulates grads in fp32 (the 18-byte recipe)
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        positive_ints(p, self, ("seq_length", "global_batch_size"))
+        require(p, self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        require(p, self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        require(p, self.routing_mode in ROUTING_MODES,
+                f"routing_mode must be one of {ROUTING_MODES}, got {self.routing_mode!r}")
+        if self.routing_mode == "capacity":
+            cf = self.moe_expert_capacity_factor
+            require(p, cf is not None and cf > 0,
+                    f"routing_mode 'capacity' needs moe_expert_capacity_factor > 0, got {cf!r}")
+        else:
+            require(p, self.moe_expert_capacity_factor is None,
+                    "moe_expert_capacity_factor is only meaningful with routing_mode 'capacity'")
+        require(p, self.moe_routing_imbalance >= 1.0,
+                f"moe_routing_imbalance must be >= 1.0 (max/mean tokens per expert), got {self.moe_routing_imbalance}")
+        raise_if(p, "training spec")
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of one model weight as stored for compute (fp8 training keeps bf16 weights)."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one stored activation element (fp8 still stores most activations in bf16)."""
+        return 4 if self.precision == "fp32" else 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingSpec:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise SpecError(f"unknown training field(s): {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise SpecError(f"training spec: {exc}") from None

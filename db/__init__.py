@@ -1,0 +1,1 @@
+"""foldtune db package."""

@@ -1,0 +1,83 @@
+"""Specs reject bad input with one message naming every offending value; catalog and text forms round-trip."""
+
+import json
+
+import pytest
+
+from costmodel import (CatalogError, ClusterSpec, InvalidConfigError, ModelSpec, ParallelConfig, SpecError,
+                       TrainingSpec, get_hardware, get_model, load_catalog_file, model_names)
+
+REQUIRED_MODELS = ["mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+                   "deepseek-v2-lite", "deepseek-v3", "olmoe-1b-7b", "gpt-oss-120b", "tiny-moe"]
+
+
+def test_catalog_has_published_models_and_gpus():
+    for name in REQUIRED_MODELS:
+        assert name in model_names()
+    for gpu in ("h100-sxm", "h200", "b200", "gb200", "a100-80gb", "cpu"):
+        assert get_hardware(gpu).gpu.name == gpu
+    v3 = get_model("DeepSeek-V3")
+    assert (v3.num_layers, v3.num_moe_layers, v3.num_experts, v3.moe_router_topk) == (61, 58, 256, 8)
+    assert get_model("mixtral-8x7b").num_kv_heads == 8
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(CatalogError, match="unknown model 'gpt-5'.*mixtral-8x7b"):
+        get_model("gpt-5")
+    with pytest.raises(CatalogError, match="unknown GPU 'tpu'"):
+        get_hardware("tpu")
+
+
+def test_model_spec_names_every_bad_field():
+    with pytest.raises(SpecError) as err:
+        ModelSpec(name="bad", num_layers=0, hidden_size=64, num_attention_heads=6, num_query_groups=4,
+                  ffn_hidden_size=128, vocab_size=100, num_experts=4, moe_router_topk=5)
+    msg = str(err.value)
+    assert "num_layers must be a positive integer, got 0" in msg
+    assert "num_attention_heads (6) must be divisible by num_query_groups (4)" in msg
+    assert "moe_router_topk (5) must lie in [1, num_experts=4]" in msg
+
+
+def test_training_spec_rules():
+    with pytest.raises(SpecError, match="needs moe_expert_capacity_factor"):
+        TrainingSpec(seq_length=4096, global_batch_size=8, routing_mode="capacity")
+    with pytest.raises(SpecError, match="precision must be one of"):
+        TrainingSpec(seq_length=4096, global_batch_size=8, precision="int4")
+
+
+def test_parallel_config_derives_dp_edp_and_round_trips_text():
+    c = ParallelConfig(world_size=64, tp=2, cp=2, pp=2, vpp=2, ep=8, etp=1, micro_batch_size=2,
+                       recompute_granularity="selective", recompute_modules=("core_attn", "moe_act"))
+    assert (c.dp, c.edp, c.sequence_parallel) == (8, 4, True)
+    assert ParallelConfig.parse(c.label()) == c
+    assert ParallelConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(InvalidConfigError, match=r"etp·ep·pp \(1·3·1 = 3\)"):
+        ParallelConfig(world_size=8, ep=3)
+    with pytest.raises(InvalidConfigError, match="contradicts world size"):
+        ParallelConfig.parse("tp2 dp4 edp3 ep1", world_size=8)
+
+
+def test_cluster_spans_whole_nodes():
+    hw = get_hardware("h100-sxm")
+    assert ClusterSpec(hw, 16).num_nodes == 2
+    with pytest.raises(SpecError, match="multiple of gpus_per_node"):
+        ClusterSpec(hw, 12)
+
+
+def test_catalog_file_extends_and_reports_errors(tmp_path):
+    good = tmp_path / "extra.json"
+    good.write_text(json.dumps({"models": {"my-moe": {
+        "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 64,
+        "vocab_size": 128, "num_experts": 4, "moe_router_topk": 1}}}))
+    assert load_catalog_file(good) == (["my-moe"], [])
+    assert get_model("my-moe").num_experts == 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: {x: [1, 2\n")
+    with pytest.raises(CatalogError, match="is not valid yaml"):
+        load_catalog_file(bad)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("models:\n  y: {num_layers: 2}\n")
+    with pytest.raises(CatalogError, match="missing"):
+        load_catalog_file(wrong)
+    with pytest.raises(CatalogError, match="cannot read catalog file"):
+        load_catalog_file(tmp_path / "nope.yaml")
