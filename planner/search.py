@@ -1,0 +1,409 @@
+"""The guided search: an Optuna study whose sampler is the (re-calibrated) cost model.
+
+``run_search`` drives one study with ask/tell. Its sampler, :class:`CostModelSampler`, proposes the
+cost model's best predictions first, then, after every measurement, refits the calibration
+(:mod:`planner.calibration`) and proposes the untried layout with the best calibrated prediction,
+with a small exploration bonus for layouts whose time is made of differently-weighted terms than
+anything measured so far. It keeps no state of its own: everything is re-read from the study, so a
+runner that restarts mid-job resumes the same search from the study's storage.
+
+Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
+seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the
+run stopped. Memory enters as an Optuna constraint (calibrated predicted bytes minus capacity) and
+through the calibration; a trial that runs out of memory raises the memory multiplier and so removes
+similar layouts from the rest of the search. Failed trials never end the job.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.pruners import BasePruner
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from costmodel.parallel_config import ParallelConfig
+from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
+
+# Trial user attributes written by the driver and read back by the sampler.
+ATTR_LAYOUT = "layout"
+ATTR_CONFIG = "config"
+ATTR_PRED_TERMS = "predicted_terms"
+ATTR_PRED_TIME = "predicted_step_time"
+ATTR_PRED_MEMORY = "predicted_memory_bytes"
+ATTR_PEAK = "measured_peak_bytes"
+ATTR_OOM = "out_of_memory"
+ATTR_FAILURE = "failure_reason"
+ATTR_RETRY = "retryable"
+ATTR_MEM_EXCESS = "memory_excess_bytes"
+
+PARAM_NAMES = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt")
+
+
+def config_params(config: ParallelConfig) -> dict[str, Any]:
+    """The Optuna parameters of a layout: one categorical per dimension and knob."""
+    if config.recompute_granularity == "selective":
+        recompute = "selective:" + "+".join(config.recompute_modules)
+    elif config.recompute_granularity == "full":
+        recompute = f"full:{config.recompute_num_layers}"
+    else:
+        recompute = "none"
+    return {"tp": config.tp, "cp": config.cp, "pp": config.pp, "vpp": config.vpp, "ep": config.ep,
+            "etp": config.etp, "mbs": config.micro_batch_size, "recompute": recompute,
+            "dispatcher": config.moe_token_dispatcher_type, "distopt": config.use_distributed_optimizer}
+
+
+def _key(params: dict[str, Any]) -> tuple:
+    return tuple(params.get(name) for name in PARAM_NAMES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A valid layout with its uncalibrated prediction (seconds per step, exposed per-term seconds, bytes)."""
+
+    config: ParallelConfig
+    predicted_step_time: float
+    predicted_terms: tuple[tuple[str, float], ...]
+    predicted_memory_bytes: float
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return config_params(self.config)
+
+
+class MeasurementLike(Protocol):
+    """What the search needs of an executor Measurement."""
+
+    ok: bool
+    step_time: float | None
+    peak_allocated_bytes: float | None
+    failure_reason: str | None
+
+
+def _is_oom(measurement: Any) -> bool:
+    kind = getattr(measurement, "failure_kind", None)
+    reason = (getattr(measurement, "failure_reason", None) or "").lower()
+    return kind == "oom" or "out of memory" in reason
+
+
+def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float) -> list[Observation]:
+    """Turn finished trials of a study into calibration observations."""
+    out = []
+    for t in trials:
+        if ATTR_PRED_TERMS not in t.user_attrs:
+            continue
+        terms = tuple((str(k), float(v)) for k, v in t.user_attrs[ATTR_PRED_TERMS])
+        pred_mem = float(t.user_attrs.get(ATTR_PRED_MEMORY, 0.0))
+        peak = t.user_attrs.get(ATTR_PEAK)
+        if t.state == TrialState.COMPLETE and t.value is not None:
+            out.append(Observation(terms, pred_mem, float(t.value), peak, False, capacity_bytes))
+        elif t.state == TrialState.PRUNED and t.intermediate_values:
+            # A pruned run still measured real steps: its median is an honest (slow) step time.
+            median = statistics.median(t.intermediate_values.values())
+            out.append(Observation(terms, pred_mem, median, peak, False, capacity_bytes))
+        elif t.state == TrialState.FAIL and t.user_attrs.get(ATTR_OOM):
+            out.append(Observation(terms, pred_mem, None, None, True, capacity_bytes))
+    return out
+
+
+class CostModelSampler(BaseSampler):
+    """Optuna sampler that proposes layouts by calibrated cost-model prediction.
+
+    ``candidates`` are the valid layouts that the uncalibrated model predicts to fit. The first
+    ``n_startup`` proposals are the best uncalibrated predictions; later ones minimise
+    ``calibrated_time · (1 − exploration · rmse · novelty)``, where rmse is the calibration's relative
+    error and novelty how different a layout's mix of time terms is from every measured one (0..1).
+    """
+
+    def __init__(self, candidates: Sequence[Candidate], capacity_bytes: float, n_startup: int = 3,
+                 exploration: float = 1.0, prior_strength: float = 0.5, seed: int | None = None) -> None:
+        self._candidates = sorted(candidates, key=lambda c: c.predicted_step_time)
+        self._by_key = {_key(c.params): c for c in self._candidates}
+        self._capacity = capacity_bytes
+        self._n_startup = n_startup
+        self._exploration = exploration
+        self._prior_strength = prior_strength
+        self._fallback = RandomSampler(seed=seed)
+        self._space = search_space(self._candidates)
+        self._lock = threading.Lock()
+
+    # Optuna sampler API ----------------------------------------------------------------------------
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        return dict(self._space)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        with self._lock:
+            choice = self.propose(study.get_trials(deepcopy=False), exclude_trial=trial.number)
+        return dict(choice.params) if choice is not None else {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):  # noqa: ANN001
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    # The policy ------------------------------------------------------------------------------------
+    def calibration(self, trials: Sequence[FrozenTrial]) -> Calibration:
+        return fit_calibration(observations_from_trials(trials, self._capacity), self._prior_strength)
+
+    def propose(self, trials: Sequence[FrozenTrial], exclude_trial: int | None = None) -> Candidate | None:
+        """The next layout to measure given the study's trials so far, or None when all are tried."""
+        taken: set[tuple] = set()
+        measured_shares: list[dict[str, float]] = []
+        for t in trials:
+            if t.number == exclude_trial or not t.params:
+                continue
+            if t.state == TrialState.FAIL and t.user_attrs.get(ATTR_RETRY):
+                continue  # its runner died: measure it again
+            taken.add(_key(t.params))
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and ATTR_PRED_TERMS in t.user_attrs:
+                measured_shares.append(_shares(t.user_attrs[ATTR_PRED_TERMS]))
+        untried = [c for c in self._candidates if _key(c.params) not in taken]
+        if not untried:
+            return None
+        finished = [t for t in trials if t.state.is_finished()]
+        if len(finished) < self._n_startup:
+            return untried[0]
+        cal = self.calibration(trials)
+        fitting = [c for c in untried if cal.memory(c.predicted_memory_bytes) <= self._capacity] or untried
+        bonus = self._exploration * cal.relative_rmse
+
+        def score(c: Candidate) -> float:
+            novelty = _novelty(_shares(c.predicted_terms), measured_shares) if bonus else 0.0
+            return cal.step_time(c.predicted_terms) * (1.0 - min(0.5, bonus * novelty))
+
+        return min(fitting, key=score)
+
+
+def _shares(terms: Sequence[Sequence[Any]]) -> dict[str, float]:
+    groups = group_seconds([(str(k), float(v)) for k, v in terms])
+    total = sum(groups.values()) or 1.0
+    return {g: s / total for g, s in groups.items()}
+
+
+def _novelty(shares: dict[str, float], measured: list[dict[str, float]]) -> float:
+    if not measured:
+        return 1.0
+    return min(sum(abs(shares[g] - m[g]) for g in shares) / 2.0 for m in measured)
+
+
+def search_space(candidates: Sequence[Candidate]) -> dict[str, CategoricalDistribution]:
+    """One categorical distribution per layout parameter, over the values the candidates use."""
+    values: dict[str, set] = {name: set() for name in PARAM_NAMES}
+    for c in candidates:
+        for name, value in c.params.items():
+            values[name].add(value)
+    return {name: CategoricalDistribution(sorted(v, key=str)) for name, v in values.items() if v}
+
+
+class SlowTrialPruner(BasePruner):
+    """Stops a short run whose median step time is clearly slower than the best finished trial.
+
+    After ``warmup_steps`` reported steps, prune when median(reported) > (1 + ``margin``) · best.
+    """
+
+    def __init__(self, margin: float = 0.25, warmup_steps: int = 2) -> None:
+        self.margin = margin
+        self.warmup_steps = warmup_steps
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        values = list(trial.intermediate_values.values())
+        if len(values) < self.warmup_steps:
+            return False
+        completed = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                     if t.value is not None]
+        if not completed:
+            return False
+        return statistics.median(values) > (1.0 + self.margin) * min(completed)
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """When to stop: at most ``max_trials`` trials and ``max_seconds`` of wall time (None = no limit)."""
+
+    max_trials: int = 12
+    max_seconds: float | None = None
+    parallel_trials: int = 1
+
+
+@dataclass
+class TrialRow:
+    """One line of the measured-vs-predicted table."""
+
+    number: int
+    layout: str
+    state: str
+    predicted_step_time: float
+    calibrated_step_time: float | None
+    measured_step_time: float | None
+    predicted_memory_bytes: float
+    measured_peak_bytes: float | None
+    failure_reason: str | None = None
+
+    @property
+    def time_error(self) -> float | None:
+        """(predicted − measured) / measured of the uncalibrated model, or None when not measured."""
+        if not self.measured_step_time:
+            return None
+        return (self.predicted_step_time - self.measured_step_time) / self.measured_step_time
+
+
+@dataclass
+class SearchResult:
+    best_config: ParallelConfig | None
+    best_step_time: float | None
+    rows: list[TrialRow]
+    calibration: Calibration
+    stopped_because: str
+    extra: dict = field(default_factory=dict)
+
+
+RunTrial = Callable[[ParallelConfig, Callable[[int, float], bool]], Any]
+
+
+def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity_bytes: float,
+               budget: SearchBudget = SearchBudget(), storage: str | optuna.storages.BaseStorage | None = None,
+               study_name: str = "foldtune", sampler: BaseSampler | None = None,
+               pruner: BasePruner | None = None, on_event: Callable[[str, dict], None] | None = None) -> SearchResult:
+    """Search ``candidates`` by measuring them with ``run_trial`` until the budget is spent.
+
+    ``storage`` is an Optuna storage URL or object (None = in memory); with the same storage and
+    ``study_name`` a second call resumes the study: finished trials count towards the budget and
+    trials left RUNNING by a dead runner are failed as retryable and measured again.
+    ``on_event(kind, data)`` receives 'trial_started', 'trial_finished' and 'search_finished'.
+    """
+    if not candidates:
+        raise ValueError("no candidate layouts to search")
+    by_key = {_key(c.params): c for c in candidates}
+    sampler = sampler or CostModelSampler(candidates, capacity_bytes)
+    study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", sampler=sampler,
+                                pruner=pruner or SlowTrialPruner(), load_if_exists=True)
+    emit = on_event or (lambda kind, data: None)
+    for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(stale._trial_id, ATTR_RETRY, True)
+        study._storage.set_trial_user_attr(stale._trial_id, ATTR_FAILURE, "runner stopped mid-trial; retried")
+        study.tell(stale.number, state=TrialState.FAIL)
+    start = time.monotonic()
+    distributions = search_space(candidates)
+
+    def finished_count() -> int:
+        return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()
+                   and not t.user_attrs.get(ATTR_RETRY))
+
+    def start_trial() -> tuple[optuna.Trial, Candidate] | None:
+        trial = study.ask(distributions)
+        cand = by_key.get(_key(trial.params))
+        if cand is None:  # the sampler had nothing left (or an outside sampler proposed an invalid combo)
+            trial.set_user_attr(ATTR_FAILURE, "not a valid candidate layout")
+            study.tell(trial, state=TrialState.FAIL)
+            return None
+        trial.set_user_attr(ATTR_LAYOUT, cand.config.label())
+        trial.set_user_attr(ATTR_CONFIG, cand.config.to_dict())
+        trial.set_user_attr(ATTR_PRED_TERMS, [list(t) for t in cand.predicted_terms])
+        trial.set_user_attr(ATTR_PRED_TIME, cand.predicted_step_time)
+        trial.set_user_attr(ATTR_PRED_MEMORY, cand.predicted_memory_bytes)
+        trial.set_user_attr(ATTR_MEM_EXCESS, cand.predicted_memory_bytes - capacity_bytes)
+        emit("trial_started", {"number": trial.number, "layout": cand.config.label(),
+                               "predicted_step_time": cand.predicted_step_time})
+        return trial, cand
+
+    def execute(trial: optuna.Trial, cand: Candidate) -> Any:
+        def report(step: int, seconds: float) -> bool:
+            trial.report(seconds, step)
+            return trial.should_prune()
+        return run_trial(cand.config, report)
+
+    def finish(trial: optuna.Trial, cand: Candidate, fut: Future) -> None:
+        try:
+            m = fut.result()
+            error = None
+        except Exception as exc:  # a broken trial must never end the job
+            m, error = None, f"{type(exc).__name__}: {exc}"
+        peak = getattr(m, "peak_allocated_bytes", None) if m is not None else None
+        if peak:
+            trial.set_user_attr(ATTR_PEAK, float(peak))
+        if m is not None and getattr(m, "ok", False) and getattr(m, "step_time", None):
+            pruned = getattr(m, "pruned", False)
+            if pruned:
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, float(m.step_time))
+            state = "pruned" if pruned else "complete"
+        else:
+            reason = error or getattr(m, "failure_reason", None) or "trial failed without a reason"
+            trial.set_user_attr(ATTR_FAILURE, reason)
+            if m is not None and _is_oom(m):
+                trial.set_user_attr(ATTR_OOM, True)
+            study.tell(trial, state=TrialState.FAIL)
+            state = "failed"
+        emit("trial_finished", {"number": trial.number, "layout": cand.config.label(), "state": state,
+                                "step_time": getattr(m, "step_time", None) if m is not None else None,
+                                "predicted_step_time": cand.predicted_step_time,
+                                "failure_reason": trial.user_attrs.get(ATTR_FAILURE) if state == "failed" else None})
+
+    stopped = "budget: max trials"
+    running: dict[Future, tuple[optuna.Trial, Candidate]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, budget.parallel_trials)) as pool:
+        exhausted = False
+        while True:
+            out_of_time = budget.max_seconds is not None and time.monotonic() - start >= budget.max_seconds
+            while (not exhausted and not out_of_time and len(running) < max(1, budget.parallel_trials)
+                   and finished_count() + len(running) < budget.max_trials):
+                started = start_trial()
+                if started is None:
+                    exhausted = True
+                    break
+                trial, cand = started
+                running[pool.submit(execute, trial, cand)] = (trial, cand)
+            if not running:
+                if exhausted:
+                    stopped = "every candidate layout measured"
+                elif out_of_time:
+                    stopped = "budget: max time"
+                break
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                trial, cand = running.pop(fut)
+                finish(trial, cand, fut)
+
+    return _result(study, sampler, capacity_bytes, stopped, emit)
+
+
+def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, stopped: str,
+            emit: Callable[[str, dict], None]) -> SearchResult:
+    trials = study.get_trials(deepcopy=False)
+    cal = (sampler.calibration(trials) if isinstance(sampler, CostModelSampler)
+           else fit_calibration(observations_from_trials(trials, capacity_bytes)))
+    rows = []
+    for t in trials:
+        if ATTR_LAYOUT not in t.user_attrs:
+            continue
+        terms = [(str(k), float(v)) for k, v in t.user_attrs.get(ATTR_PRED_TERMS, [])]
+        measured = t.value if t.state == TrialState.COMPLETE else (
+            statistics.median(t.intermediate_values.values()) if t.state == TrialState.PRUNED
+            and t.intermediate_values else None)
+        rows.append(TrialRow(number=t.number, layout=t.user_attrs[ATTR_LAYOUT], state=t.state.name.lower(),
+                             predicted_step_time=float(t.user_attrs.get(ATTR_PRED_TIME, math.nan)),
+                             calibrated_step_time=cal.step_time(terms) if terms else None,
+                             measured_step_time=measured,
+                             predicted_memory_bytes=float(t.user_attrs.get(ATTR_PRED_MEMORY, math.nan)),
+                             measured_peak_bytes=t.user_attrs.get(ATTR_PEAK),
+                             failure_reason=t.user_attrs.get(ATTR_FAILURE)))
+    best_config = best_time = None
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    if complete:
+        best = min(complete, key=lambda t: t.value)
+        best_config = ParallelConfig.from_dict(best.user_attrs[ATTR_CONFIG])
+        best_time = best.value
+    result = SearchResult(best_config, best_time, rows, cal, stopped)
+    emit("search_finished", {"best_layout": best_config.label() if best_config else None,
+                             "best_step_time": best_time, "stopped_because": stopped})
+    return result
