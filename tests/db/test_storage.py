@@ -1,0 +1,63 @@
+"""Keys, training metrics and Optuna's separate storage."""
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import select
+
+from db.keys import create_api_key, hash_token, owner_for_token, revoke_keys
+from db.models import ApiKey, Training, TrainingMetric
+from db.optuna_storage import ensure_optuna_storage, optuna_storage_url
+from db.trainings import record_training_metrics
+
+
+def test_api_key_is_stored_hashed_and_resolves_to_its_owner(sessions):
+    with sessions() as s:
+        owner, token = create_api_key(s, "alice")
+        assert token.startswith("ft_") and len(token) > 40
+        stored = s.scalars(select(ApiKey.key_hash)).all()
+        assert stored == [hash_token(token)] and token not in stored
+        assert owner_for_token(s, token).id == owner.id
+        assert owner_for_token(s, token + "x") is None
+        assert revoke_keys(s, "alice") == 1
+        assert owner_for_token(s, token) is None
+
+
+def test_training_metrics_replace_repeated_steps(sessions, add_jobs):
+    (job_id,) = add_jobs(1)
+    with sessions() as s:
+        tr = Training(owner_id=1, job_id=job_id, config={}, model_spec={}, training_spec={}, cluster={},
+                      data_path="/d", steps=5, checkpoint_dir="/c")
+        s.add(tr)
+        s.commit()
+        record_training_metrics(s, tr.id, [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0}])
+        record_training_metrics(s, tr.id, [{"step": 2, "loss": 3.5, "expert_load_max": 9.0,
+                                            "expert_load_mean": 4.0, "peak_memory_bytes": 2**33}])
+        rows = s.scalars(select(TrainingMetric).order_by(TrainingMetric.step)).all()
+        assert [(r.step, r.loss) for r in rows] == [(1, 5.0), (2, 3.5)]
+        assert rows[1].peak_memory_bytes == 2**33
+        with pytest.raises(ValueError, match="bogus"):
+            record_training_metrics(s, tr.id, [{"step": 3, "bogus": 1}])
+
+
+def test_optuna_storage_url_layout():
+    assert optuna_storage_url("sqlite:////data/foldtune.sqlite3") == "sqlite:////data/foldtune-optuna.sqlite3"
+    pg = optuna_storage_url("postgresql+psycopg://u@h/db")
+    assert "search_path%3Doptuna" in pg or "search_path=optuna" in pg
+    pinned = optuna_storage_url("postgresql+psycopg://u@h/db?options=-csearch_path%3Dmine")
+    assert "mine_optuna" in pinned
+
+
+def test_optuna_tables_stay_out_of_the_service_schema(engine, db_url):
+    optuna = pytest.importorskip("optuna")
+    storage_url = ensure_optuna_storage(db_url)
+    storage = optuna.storages.RDBStorage(storage_url)
+    study = optuna.create_study(storage=storage, study_name="job-1", direction="minimize")
+    study.tell(study.ask(), 1.0)
+    storage.engine.dispose()
+    service_tables = set(sa.inspect(engine).get_table_names())
+    assert "studies" not in service_tables and "alembic_version" not in service_tables
+    other = sa.create_engine(storage_url)
+    try:
+        assert {"studies", "trials", "alembic_version"} <= set(sa.inspect(other).get_table_names())
+    finally:
+        other.dispose()
