@@ -79,7 +79,8 @@ class ModelSpec:
                         f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
                         f"num_query_groups ({self.num_query_groups})")
         if self.kv_channels is None:
-            require(p, self.hidden_size % self.num_attention_heads == 0 or self.multi_latent_attention,
+            require(p, self.num_attention_heads < 1 or self.hidden_size % self.num_attention_heads == 0  # <1: reported above
+                    or self.multi_latent_attention,
                     f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                     f"({self.num_attention_heads}) unless kv_channels is given")
         require(p, self.normalization in NORMALIZATIONS,
