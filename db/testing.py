@@ -53,3 +53,16 @@ def temporary_postgres_schema() -> Iterator[str]:
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}_optuna" CASCADE'))
         admin.dispose()
+
+
+@contextmanager
+def temporary_database(kind: str, directory) -> Iterator[str]:
+    """An empty database URL: ``kind`` 'sqlite' (a file in ``directory``) or 'postgres' (a private schema;
+    check :func:`postgres_unavailable_reason` first)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{directory}/foldtune.sqlite3"
+    elif kind == "postgres":
+        with temporary_postgres_schema() as url:
+            yield url
+    else:
+        raise ValueError(f"unknown database kind {kind!r}; use 'sqlite' or 'postgres'")

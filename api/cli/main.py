@@ -17,6 +17,11 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("api.cli.plan_cmd", "rank every valid folded layout for a model on a cluster (cost model only)"),
     "profile": ("api.cli.profile_cmd", "run and measure one layout of the real MoE training step locally"),
+    "serve": ("api.cli.serve_cmd", "migrate the database and serve the HTTP API"),
+    "keys": ("api.cli.keys_cmd", "create API keys in the local database (printed once)"),
+    "submit": ("api.cli.submit_cmd", "submit a tuning job to the foldtune API (a runner executes it)"),
+    "jobs": ("api.cli.jobs_cmd", "list tuning jobs, or show one job and its trials"),
+    "best": ("api.cli.best_cmd", "show the best measured layout for a model on a cluster (from your trials)"),
 }
 
 

@@ -2,19 +2,16 @@ import pytest
 
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
-from db.testing import postgres_unavailable_reason, temporary_postgres_schema
+from db.testing import postgres_unavailable_reason, temporary_database
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request, tmp_path):
     """An empty database URL, once on SQLite and once in a private PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'foldtune.sqlite3'}"
-        return
-    reason = postgres_unavailable_reason()
+    reason = postgres_unavailable_reason() if request.param == "postgres" else None
     if reason:
         pytest.skip(reason)
-    with temporary_postgres_schema() as url:
+    with temporary_database(request.param, tmp_path) as url:
         yield url
 
 

@@ -1,0 +1,75 @@
+"""The FastAPI application: ``create_app()`` wires settings, the database, problem handlers, metrics and
+the routers. Migrations are applied by ``foldtune serve`` before it starts the app (or here, with
+``migrate=True``); request handlers never run a job, a runner process does."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from sqlalchemy import Engine
+
+from api.problems import install_problem_handlers
+from api.routes import best, catalog, health, jobs, metrics
+from api.settings import ApiSettings
+from db.engine import make_engine, make_sessionmaker
+from db.migrate import upgrade
+
+API_VERSION = "1"
+
+
+def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = None,
+               migrate: bool = False) -> FastAPI:
+    """The API app for ``settings`` (default: from the environment). ``engine`` lets a caller share one;
+    otherwise the app owns its engine and disposes of it at shutdown."""
+    settings = settings or ApiSettings.from_env()
+    if migrate:
+        upgrade(settings.database_url)
+    owns_engine = engine is None
+    engine = engine or make_engine(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_engine:
+            engine.dispose()
+
+    app = FastAPI(
+        title="foldtune", version=API_VERSION, lifespan=lifespan,
+        description="Finds, proves and runs the fastest folded parallel layout for training a Mixture-of-Experts "
+                    "transformer. Every error is an RFC 9457 problem (application/problem+json).")
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = make_sessionmaker(engine)
+    app.state.metrics = metrics.Metrics()
+    install_problem_handlers(app)
+
+    @app.middleware("http")
+    async def _count_requests(request: Request, call_next):
+        try:
+            response = await call_next(request)
+        except Exception:
+            app.state.metrics.count_request(request.method, _route_of(request), 500)
+            raise
+        app.state.metrics.count_request(request.method, _route_of(request), response.status_code)
+        return response
+
+    for module in (jobs, best, catalog, health, metrics):
+        app.include_router(module.router)
+    _include_plans(app)
+    return app
+
+
+def _route_of(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+def _include_plans(app: FastAPI) -> None:
+    """POST /v1/plans exists only once the planner exposes its one-call answer."""
+    try:
+        from api.routes import plans
+    except ImportError:
+        return
+    app.include_router(plans.router)

@@ -1,0 +1,57 @@
+"""``foldtune jobs [ID]``: list your jobs, or show one with its trials (``--cancel`` cancels it)."""
+
+from __future__ import annotations
+
+import argparse
+
+from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli.submit_cmd import _all_trials, follow_job, trial_line
+
+HELP = "list tuning jobs, or show one job and its trials"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", nargs="?", type=int, help="a job id: show it and its trials")
+    parser.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    parser.add_argument("--model", help="only jobs of this model")
+    parser.add_argument("--limit", type=int, default=20, help="jobs per page (default 20)")
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--cancel", action="store_true", help="cancel job ID")
+    parser.add_argument("--wait", action="store_true", help="follow job ID until it ends")
+    add_connection_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodel.errors import SpecError
+
+    if (args.cancel or args.wait) and args.id is None:
+        raise SpecError("--cancel and --wait need a job ID")
+    with ApiClient.from_args(args) as client:
+        if args.id is None:
+            page = client.get("/v1/jobs", limit=args.limit, offset=args.offset, status=args.status, model=args.model)
+            print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<20} {'CLUSTER':<14} {'TRIALS':>7}  {'BEST STEP':>10}  CREATED")
+            for job in page["items"]:
+                best = job.get("best_trial") or {}
+                cluster = f"{job['cluster']['num_gpus']}x{job['cluster']['gpu']}"
+                print(f"{job['id']:>6}  {job['status']:<10} {job['model'][:20]:<20} {cluster:<14} "
+                      f"{job['trials']['total']:>3}/{job['budget']['max_trials']:<3}  "
+                      f"{fmt_seconds(best.get('step_time_s')):>10}  {job['created_at'][:19]}")
+            shown_to = args.offset + len(page["items"])
+            print(f"{shown_to - len(page['items']) + (1 if page['items'] else 0)}-{shown_to} of {page['total']}")
+            return 0
+        if args.cancel:
+            job = client.post(f"/v1/jobs/{args.id}/cancel")
+            print(f"job {job['id']}: {job['status']}")
+            return 0
+        if args.wait:
+            return follow_job(client, args.id, 2.0)
+        job = client.get(f"/v1/jobs/{args.id}")
+        print(f"job {job['id']} {job['status']}: {job['model']} on {job['cluster']['num_gpus']}x{job['cluster']['gpu']}, "
+              f"seq {job['training']['seq_length']}, gbs {job['training']['global_batch_size']}, "
+              f"{job['trials']['total']}/{job['budget']['max_trials']} trials")
+        if job.get("error"):
+            print(f"error: {job['error']}")
+        for trial in _all_trials(client, args.id):
+            print(trial_line(trial) if trial["status"] != "running" else f"trial {trial['number']:>3} running "
+                  f"{trial.get('label') or trial['config']}")
+        return 0

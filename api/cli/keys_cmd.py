@@ -1,0 +1,43 @@
+"""``foldtune keys create NAME``: create an owner (if new) and an API key in the local database."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "create API keys in the local database (printed once)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    create = sub.add_parser("create", help="create an owner (if new) and a new API key for it")
+    create.add_argument("name", help="owner name (1 to 100 characters)")
+    create.add_argument("--database-url", default=None, help="SQLAlchemy URL (also: FOLDTUNE_DATABASE_URL)")
+    revoke = sub.add_parser("revoke", help="revoke every key of an owner")
+    revoke.add_argument("name")
+    revoke.add_argument("--database-url", default=None, help="SQLAlchemy URL (also: FOLDTUNE_DATABASE_URL)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodel.errors import SpecError
+    from db.engine import make_engine, make_sessionmaker
+    from db.keys import create_api_key, revoke_keys
+    from db.migrate import upgrade
+    from db.settings import database_settings
+
+    name = args.name.strip()
+    if not 1 <= len(name) <= 100 or "\x00" in name:
+        raise SpecError(f"owner name must be 1 to 100 characters, got {args.name!r}")
+    url = database_settings(args.database_url).url
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            if args.keys_command == "revoke":
+                print(f"revoked {revoke_keys(session, name)} key(s) of {name}")
+                return 0
+            owner, token = create_api_key(session, name)
+    finally:
+        engine.dispose()
+    print(f"API key for {owner.name} (shown once; store it, e.g. export FOLDTUNE_API_KEY=...):")
+    print(token)
+    return 0

@@ -1,0 +1,107 @@
+"""``foldtune submit``: send a tuning job to the API; ``--wait`` follows it trial by trial until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+
+HELP = "submit a tuning job to the foldtune API (a runner executes it)"
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="catalog model name (foldtune plan --help lists them)")
+    model.add_argument("--model-file", metavar="FILE", help="YAML/JSON file of ModelSpec fields (Megatron names)")
+    parser.add_argument("--gpu", required=True, help="hardware profile name, e.g. h100, cpu")
+    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
+    parser.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
+    parser.add_argument("--gbs", type=int, required=True, help="global batch size (sequences per step)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp8", "fp32"])
+    parser.add_argument("--max-trials", type=int, default=20, help="measured trials at most (default 20)")
+    parser.add_argument("--max-seconds", type=float, default=3600.0, help="search wall-clock budget (default 3600)")
+    parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
+    parser.add_argument("--wait", action="store_true", help="follow the job and print each trial until it ends")
+    parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
+    add_connection_arguments(parser)
+
+
+def _model_fields(args: argparse.Namespace) -> dict:
+    if args.model:
+        return {"model": args.model}
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from costmodel.errors import SpecError
+
+    path = Path(args.model_file)
+    try:
+        text = path.read_text()
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except OSError as exc:
+        raise SpecError(f"cannot read model file {str(path)!r}: {exc.strerror}") from None
+    except Exception as exc:  # yaml/json raise many types; one line is what the user needs
+        raise SpecError(f"model file {str(path)!r} is not valid JSON/YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(spec, dict):
+        raise SpecError(f"model file {str(path)!r} must hold a mapping of ModelSpec fields")
+    spec.setdefault("name", path.stem)
+    return {"model_spec": spec}
+
+
+def run(args: argparse.Namespace) -> int:
+    body = {**_model_fields(args),
+            "training": {"seq_length": args.seq, "global_batch_size": args.gbs, "precision": args.precision},
+            "cluster": {"gpu": args.gpu, "num_gpus": args.gpus},
+            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}}
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    with ApiClient.from_args(args) as client:
+        job = client.post("/v1/jobs", body, headers=headers)
+        print(f"job {job['id']} {job['status']}: {job['model']} on {job['cluster']['num_gpus']}x "
+              f"{job['cluster']['gpu']}, up to {job['budget']['max_trials']} trials", flush=True)
+        if not args.wait:
+            return 0
+        return follow_job(client, job["id"], args.poll)
+
+
+def follow_job(client: ApiClient, job_id: int, poll_s: float) -> int:
+    """Print status changes and each finished trial until the job ends; 0 if it succeeded, else 1."""
+    status, shown = None, set()
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}")
+        if job["status"] != status:
+            status = job["status"]
+            print(f"job {job_id}: {status}" + (f" ({job['error']})" if job.get("error") else ""), flush=True)
+        if job["trials"]["total"] > len(shown):
+            for trial in _all_trials(client, job_id):
+                if trial["status"] != "running" and trial["id"] not in shown:
+                    shown.add(trial["id"])
+                    print(trial_line(trial), flush=True)
+        if status in FINISHED:
+            best = job.get("best_trial")
+            if best:
+                print(f"best: trial {best['number']} {best.get('label') or best['config']} "
+                      f"{fmt_seconds(best['step_time_s'])}/step", flush=True)
+            return 0 if status == "succeeded" else 1
+        time.sleep(poll_s)
+
+
+def _all_trials(client: ApiClient, job_id: int) -> list[dict]:
+    items, offset = [], 0
+    while offset is not None:
+        page = client.get(f"/v1/jobs/{job_id}/trials", limit=200, offset=offset)
+        items += page["items"]
+        offset = page["next_offset"]
+    return items
+
+
+def trial_line(trial: dict) -> str:
+    what = trial.get("label") or trial["config"]
+    if trial["status"] == "succeeded":
+        return (f"trial {trial['number']:>3} succeeded {what}: {fmt_seconds(trial['step_time_s'])}/step "
+                f"(predicted {fmt_seconds(trial.get('predicted_step_time_s'))})")
+    reason = trial.get("failure_reason") or ""
+    return f"trial {trial['number']:>3} {trial['status']} {what}" + (f": {reason}" if reason else "")

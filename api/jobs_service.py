@@ -1,0 +1,188 @@
+"""What the jobs routes do, kept out of the routers: turn a request into specs and a stored job,
+list/show jobs with their trial counts, cancel, and find the best trial of a signature.
+
+The cost-model specs (ModelSpec, TrainingSpec, HardwareProfile, ClusterSpec) are resolved and checked
+here, at submission, so a runner never receives a job it cannot even describe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.problems import ProblemError, rule_violation
+from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut
+from costmodel.catalog import get_hardware, get_model
+from costmodel.errors import FoldtuneError
+from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.model_spec import ModelSpec
+from costmodel.training_spec import TrainingSpec
+from db.models import HardwareProfileRow, Job, Owner, Trial, utcnow
+
+
+def job_signature(model_spec: dict[str, Any], training_spec: dict[str, Any], gpu: str, num_gpus: int) -> str:
+    """SHA-256 (hex) of the canonical JSON of what a tuning job answers for: same signature, same question."""
+    canonical = json.dumps({"model": model_spec, "training": training_spec, "gpu": gpu, "num_gpus": num_gpus},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def resolve_hardware(session: Session, name: str) -> HardwareProfile:
+    """A stored hardware profile called ``name``, else the built-in one; CatalogError when neither exists."""
+    row = session.scalar(select(HardwareProfileRow).where(HardwareProfileRow.name == name.strip().lower()))
+    if row is not None:
+        return HardwareProfile.from_dict(row.profile)
+    return get_hardware(name)
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+
+    @property
+    def signature(self) -> str:
+        return job_signature(self.model.to_dict(), self.training.to_dict(), self.cluster.hardware.name,
+                             self.cluster.num_gpus)
+
+
+def resolve_model(name: str, loc: str = "body.model") -> ModelSpec:
+    try:
+        return get_model(name)
+    except FoldtuneError as exc:
+        raise rule_violation(loc, "known_model", str(exc)) from None
+
+
+def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
+    try:
+        hardware = resolve_hardware(session, gpu)
+    except FoldtuneError as exc:
+        raise rule_violation(f"{loc}.gpu", "known_gpu", str(exc)) from None
+    try:
+        return ClusterSpec(hardware=hardware, num_gpus=num_gpus)
+    except FoldtuneError as exc:
+        raise rule_violation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
+
+
+def resolve_job(session: Session, request: JobCreate) -> ResolvedJob:
+    model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
+    cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
+    return ResolvedJob(model=model, training=request.training, cluster=cluster)
+
+
+def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None) -> tuple[Job, bool]:
+    """Store a queued job; returns it and whether it is new. A repeated ``idempotency_key`` returns the job
+    stored the first time (409 if the request differs), so a retried submission is stored exactly once."""
+    resolved = resolve_job(session, request)
+    job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
+              model_spec=resolved.model.to_dict(), training_spec=resolved.training.to_dict(),
+              cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,
+                       "hardware": resolved.cluster.hardware.to_dict()},
+              gpu_name=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
+              signature=resolved.signature, max_trials=request.budget.max_trials,
+              max_seconds=request.budget.max_seconds, idempotency_key=idempotency_key)
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(session, owner.id, idempotency_key)
+        if existing is not None:
+            return _same_request_or_conflict(existing, job), False
+    session.add(job)
+    try:
+        session.commit()
+    except IntegrityError:  # a concurrent request with the same key won the race
+        session.rollback()
+        existing = _by_idempotency_key(session, owner.id, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _same_request_or_conflict(existing, job), False
+    return job, True
+
+
+def _by_idempotency_key(session: Session, owner_id: int, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key))
+
+
+def _same_request_or_conflict(existing: Job, new: Job) -> Job:
+    same = (existing.signature, existing.max_trials, existing.max_seconds) == (new.signature, new.max_trials,
+                                                                               new.max_seconds)
+    if not same:
+        raise ProblemError(409, "idempotency-key-reused", "Idempotency key reused",
+                           f"job {existing.id} was submitted with this Idempotency-Key and a different request")
+    return existing
+
+
+def owned_job(session: Session, owner: Owner, job_id: int) -> Job:
+    """The owner's job ``job_id``; another owner's job is reported exactly like a missing one (404)."""
+    job = session.get(Job, job_id)
+    if job is None or job.owner_id != owner.id:
+        raise ProblemError(404, "not-found", "Not found", f"job {job_id} does not exist")
+    return job
+
+
+def trial_counts(session: Session, job_ids: list[int]) -> dict[int, TrialCounts]:
+    counts = {job_id: TrialCounts() for job_id in job_ids}
+    if job_ids:
+        rows = session.execute(select(Trial.job_id, Trial.status, func.count()).where(Trial.job_id.in_(job_ids))
+                               .group_by(Trial.job_id, Trial.status))
+        for job_id, status, n in rows:
+            setattr(counts[job_id], status, n)
+            counts[job_id].total += n
+    return counts
+
+
+def job_views(session: Session, jobs: list[Job]) -> list[JobOut]:
+    """Jobs as the API shows them, with trial counts and best trial (two queries for the whole list)."""
+    counts = trial_counts(session, [j.id for j in jobs])
+    best_ids = [j.best_trial_id for j in jobs if j.best_trial_id is not None]
+    best = {t.id: t for t in session.scalars(select(Trial).where(Trial.id.in_(best_ids)))} if best_ids else {}
+    return [JobOut(
+        id=j.id, status=j.status, model=j.model_name, model_spec=j.model_spec, training=j.training_spec,
+        cluster=ClusterOut(gpu=j.gpu_name, num_gpus=j.num_gpus),
+        budget=BudgetOut(max_trials=j.max_trials, max_seconds=j.max_seconds), signature=j.signature,
+        created_at=j.created_at, updated_at=j.updated_at, started_at=j.started_at, finished_at=j.finished_at,
+        error=j.error, attempts=j.attempts, runner=j.claimed_by, heartbeat_at=j.heartbeat_at,
+        trials=counts[j.id], calibration=j.calibration,
+        best_trial=TrialOut.model_validate(best[j.best_trial_id], from_attributes=True)
+        if j.best_trial_id in best else None,
+    ) for j in jobs]
+
+
+def list_jobs(session: Session, owner: Owner, *, status: str | None, model: str | None, limit: int,
+              offset: int) -> tuple[list[Job], int]:
+    """A page of the owner's jobs, newest first, and how many match in all."""
+    where = [Job.owner_id == owner.id]
+    if status is not None:
+        where.append(Job.status == status)
+    if model is not None:
+        where.append(Job.model_name == model)
+    total = session.scalar(select(func.count()).select_from(Job).where(*where))
+    jobs = list(session.scalars(select(Job).where(*where).order_by(Job.created_at.desc(), Job.id.desc())
+                                .limit(limit).offset(offset)))
+    return jobs, total
+
+
+def cancel_job(session: Session, job: Job) -> Job:
+    """Cancel a queued or running job (its runner learns it at its next heartbeat) and fail its running
+    trials; cancelling a cancelled job is a no-op; a finished one is a 409 problem. Commits.
+
+    The status change is one guarded UPDATE, so a runner finishing the job at the same moment either
+    wins (409 here) or loses (its finish_job returns False); never both."""
+    now = utcnow()
+    result = session.execute(
+        update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running")))
+        .values(status="cancelled", finished_at=now, updated_at=now).execution_options(synchronize_session=False))
+    if result.rowcount == 1:
+        session.execute(update(Trial).where(Trial.job_id == job.id, Trial.status == "running")
+                        .values(status="failed", failure_kind="cancelled", failure_reason="the job was cancelled",
+                                finished_at=now).execution_options(synchronize_session=False))
+    session.commit()
+    session.refresh(job)
+    if job.status in ("succeeded", "failed"):
+        raise ProblemError(409, "job-finished", "Job already finished", f"job {job.id} already {job.status}")
+    return job

@@ -1,0 +1,101 @@
+"""Every error of the API as an RFC 9457 problem (``application/problem+json``).
+
+Routes raise :class:`ProblemError`; the handlers installed here also turn FastAPI's validation errors
+(listing each violated rule by name and location), Starlette's HTTP errors (unknown route, wrong method)
+and foldtune's own spec errors into problems, and any unexpected exception into a 500 problem that
+reveals nothing internal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.schemas.problem import Problem, ViolatedRule
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:foldtune:problem:"
+
+log = logging.getLogger("foldtune.api")
+
+
+class ProblemError(Exception):
+    """An error a route reports on purpose: ``status``, a short ``kind`` slug (the problem type), a
+    ``title`` and a ``detail`` sentence, and optionally the violated rules."""
+
+    def __init__(self, status: int, kind: str, title: str, detail: str | None = None,
+                 errors: Sequence[ViolatedRule] | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail or title)
+        self.status, self.kind, self.title, self.detail = status, kind, title, detail
+        self.errors = list(errors) if errors else None
+        self.headers = headers
+
+
+def rule_violation(loc: str, rule: str, message: str) -> ProblemError:
+    """A 422 problem for one broken rule found after schema validation (unknown model, GPU, ...)."""
+    return ProblemError(422, "validation", "Request breaks a validation rule", message,
+                        errors=[ViolatedRule(loc=loc, rule=rule, message=message)])
+
+
+def not_found(what: str) -> ProblemError:
+    return ProblemError(404, "not-found", "Not found", f"{what} does not exist")
+
+
+def problem_response(request: Request, status: int, kind: str, title: str, detail: str | None = None,
+                     errors: list[ViolatedRule] | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = Problem(type=TYPE_PREFIX + kind, title=title, status=status, detail=detail,
+                   instance=request.url.path, errors=errors)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_MEDIA_TYPE,
+                        headers=headers)
+
+
+def _loc(parts: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in parts) or "body"
+
+
+def _validation_rules(errors: Sequence[dict[str, Any]]) -> list[ViolatedRule]:
+    rules = []
+    for err in errors:
+        message = err.get("msg", "")
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        rules.append(ViolatedRule(loc=_loc(err.get("loc", ())), rule=str(err.get("type", "invalid")), message=message))
+    return rules
+
+
+_STATUS_KINDS = {400: "bad-request", 401: "unauthorized", 403: "forbidden", 404: "not-found",
+                 405: "method-not-allowed", 406: "not-acceptable", 409: "conflict", 413: "too-large",
+                 415: "unsupported-media-type", 429: "too-many-requests"}
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Make every error response of ``app`` a problem."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(request, exc.status, exc.kind, exc.title, exc.detail, exc.errors, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        rules = _validation_rules(exc.errors())
+        detail = "; ".join(f"{r.loc}: {r.message} [{r.rule}]" for r in rules[:5])
+        return problem_response(request, 422, "validation", "Request breaks a validation rule", detail, rules)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _STATUS_KINDS.get(exc.status_code, "http-error")
+        title = kind.replace("-", " ").capitalize()
+        detail = exc.detail if isinstance(exc.detail, str) and exc.detail != title else None
+        return problem_response(request, exc.status_code, kind, title, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(request, 500, "internal", "Internal server error",
+                                "the server failed to handle this request; it has been logged")

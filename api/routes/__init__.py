@@ -1,0 +1,1 @@
+"""Thin routers: parse, authorise, call api.jobs_service / db, shape the answer."""

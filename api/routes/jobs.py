@@ -1,0 +1,83 @@
+"""Tuning jobs: submit, list, show, cancel, and their trials."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from sqlalchemy import func, select
+
+from api import jobs_service
+from api.deps import OwnerDep, SessionDep
+from api.schemas.common import MAX_ID, MAX_PAGE_SIZE, Name, Page
+from api.schemas.jobs import JobCreate, JobOut, JobStatus, TrialOut
+from api.schemas.problem import problem_responses
+from db.models import Trial
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422))
+
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="items to skip")]
+
+
+def _page(items: list, total: int, limit: int, offset: int) -> dict:
+    return {"items": items, "total": total, "limit": limit, "offset": offset,
+            "next_offset": offset + len(items) if offset + len(items) < total else None}
+
+
+@router.post("", operation_id="create_job", status_code=201, response_model=JobOut,
+             responses={200: {"model": JobOut, "description": "the job first stored under this Idempotency-Key"},
+                        **problem_responses(409)})
+def create_job(body: JobCreate, owner: OwnerDep, session: SessionDep, request: Request, response: Response,
+               idempotency_key: Annotated[Name | None, Header(
+                   description="retries with the same key return the first job instead of storing another")] = None,
+               ) -> JobOut:
+    """Store a tuning job as queued; a runner (`foldtune runner`) claims and executes it."""
+    job, created = jobs_service.submit_job(session, owner, body, idempotency_key)
+    response.status_code = 201 if created else 200
+    response.headers["Location"] = str(request.url_for("get_job", job_id=job.id))
+    metrics = getattr(request.app.state, "metrics", None)
+    if created and metrics is not None:
+        metrics.jobs_submitted += 1
+    return jobs_service.job_views(session, [job])[0]
+
+
+@router.get("", operation_id="list_jobs", response_model=Page[JobOut])
+def list_jobs(owner: OwnerDep, session: SessionDep, limit: Limit = 50, offset: Offset = 0,
+              status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
+              model: Annotated[Name | None, Query(description="only jobs of this model name")] = None) -> dict:
+    """The caller's jobs, newest first."""
+    jobs, total = jobs_service.list_jobs(session, owner, status=status, model=model, limit=limit, offset=offset)
+    views = jobs_service.job_views(session, jobs)
+    session.commit()
+    return _page(views, total, limit, offset)
+
+
+@router.get("/{job_id}", operation_id="get_job", response_model=JobOut, responses=problem_responses(404))
+def get_job(job_id: JobId, owner: OwnerDep, session: SessionDep) -> JobOut:
+    view = jobs_service.job_views(session, [jobs_service.owned_job(session, owner, job_id)])[0]
+    session.commit()
+    return view
+
+
+@router.post("/{job_id}/cancel", operation_id="cancel_job", response_model=JobOut,
+             responses=problem_responses(404, 409))
+def cancel_job(job_id: JobId, owner: OwnerDep, session: SessionDep) -> JobOut:
+    """Cancel a queued or running job; its running trials end as failed ('cancelled')."""
+    job = jobs_service.cancel_job(session, jobs_service.owned_job(session, owner, job_id))
+    return jobs_service.job_views(session, [job])[0]
+
+
+@router.get("/{job_id}/trials", operation_id="list_job_trials", response_model=Page[TrialOut],
+            responses=problem_responses(404))
+def list_job_trials(job_id: JobId, owner: OwnerDep, session: SessionDep, limit: Limit = 50,
+                    offset: Offset = 0) -> dict:
+    """The job's trials in Optuna number order, each with its config, prediction and measurement."""
+    jobs_service.owned_job(session, owner, job_id)
+    total = session.scalar(select(func.count()).select_from(Trial).where(Trial.job_id == job_id))
+    trials = session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)
+                             .limit(limit).offset(offset)).all()
+    items = [TrialOut.model_validate(t, from_attributes=True) for t in trials]
+    session.commit()
+    return _page(items, total, limit, offset)

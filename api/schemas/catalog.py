@@ -1,0 +1,66 @@
+"""Bodies of the catalog endpoints: models and hardware profiles."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.schemas.common import Name
+
+
+class ModelOut(BaseModel):
+    name: str
+    spec: dict[str, Any] = Field(description="ModelSpec in Megatron argument names")
+    num_experts: int | None
+    num_layers: int
+
+
+class ModelList(BaseModel):
+    items: list[ModelOut]
+
+
+class GPUIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    peak_flops: dict[Name, Annotated[float, Field(gt=0, le=1e30)]] = Field(min_length=1, description="dtype (bf16, fp8, ...) -> dense FLOP/s")
+    hbm_bytes: int = Field(gt=0, le=2**60)
+    hbm_bandwidth: float = Field(gt=0, le=1e30, description="bytes/s")
+
+
+Curve = Annotated[list[tuple[float, float]], Field(min_length=1, max_length=10_000)]
+
+
+class HardwareProfileIn(BaseModel):
+    """A HardwareProfile: bandwidths in bytes/s per GPU per direction, latencies in seconds; optional
+    measured efficiency curves as [x, efficiency] points (see costmodel.hardware)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    gpu: GPUIn
+    gpus_per_node: int = Field(ge=1, le=100_000)
+    intra_node_bandwidth: float = Field(gt=0, le=1e30)
+    intra_node_latency: float = Field(ge=0, le=1e6)
+    inter_node_bandwidth: float = Field(gt=0, le=1e30)
+    inter_node_latency: float = Field(ge=0, le=1e6)
+    gemm_efficiency: Curve | None = None
+    grouped_gemm_efficiency: Curve | None = None
+    collective_efficiency: dict[Name, Curve] = Field(default_factory=dict,
+                                                    description="'<collective>:<intra|inter>' -> curve")
+    hbm_efficiency: float | None = Field(None, gt=0, le=10)
+    source: Name = "api"
+
+
+class HardwareProfileOut(BaseModel):
+    name: str
+    source: str
+    builtin: bool = Field(description="true for the built-in (datasheet) catalog")
+    created_at: datetime | None
+    profile: dict[str, Any]
+
+
+class HardwareProfileList(BaseModel):
+    items: list[HardwareProfileOut]

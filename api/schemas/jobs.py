@@ -1,0 +1,117 @@
+"""Bodies of the jobs endpoints: what a client submits, and how jobs and trials are shown."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from api.schemas.common import Name, spec_validator
+from costmodel.model_spec import ModelSpec
+from costmodel.training_spec import TrainingSpec
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TrialStatus = Literal["running", "succeeded", "pruned", "failed"]
+
+ModelSpecIn = Annotated[ModelSpec, spec_validator(ModelSpec, "model_spec_rules")]
+TrainingSpecIn = Annotated[TrainingSpec, spec_validator(TrainingSpec, "training_spec_rules")]
+
+MAX_GPUS = 65536
+MAX_TRIALS = 10_000
+MAX_SECONDS = 30 * 24 * 3600.0
+
+
+class ClusterIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: Name = Field(description="a hardware profile name: built-in (h100, h200, cpu, ...) or stored via /hardware-profiles",
+                      examples=["h100"])
+    num_gpus: int = Field(ge=1, le=MAX_GPUS, examples=[8])
+
+
+class BudgetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_trials: int = Field(20, ge=1, le=MAX_TRIALS, description="measured trials at most")
+    max_seconds: float | None = Field(3600.0, gt=0, le=MAX_SECONDS, description="wall-clock seconds of search at most")
+
+
+class JobCreate(BaseModel):
+    """A tuning job: give the model either by catalog name (``model``) or inline (``model_spec``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "model": "tiny-moe", "training": {"seq_length": 128, "global_batch_size": 8},
+        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}]})
+
+    model: Name | None = Field(None, description="catalog model name (GET /v1/models)")
+    model_spec: ModelSpecIn | None = Field(None, description="an inline model in Megatron argument names")
+    training: TrainingSpecIn
+    cluster: ClusterIn
+    budget: BudgetIn = Field(default_factory=BudgetIn)
+
+    @model_validator(mode="after")
+    def _one_model(self) -> JobCreate:
+        if (self.model is None) == (self.model_spec is None):
+            raise PydanticCustomError("model_xor_model_spec", "give exactly one of model (a catalog name) or model_spec")
+        return self
+
+
+class ClusterOut(BaseModel):
+    gpu: str
+    num_gpus: int
+
+
+class BudgetOut(BaseModel):
+    max_trials: int
+    max_seconds: float | None
+
+
+class TrialCounts(BaseModel):
+    total: int = 0
+    running: int = 0
+    succeeded: int = 0
+    pruned: int = 0
+    failed: int = 0
+
+
+class TrialOut(BaseModel):
+    """One measured (or attempted) layout. Times in seconds; ``measurement`` is the executor's Measurement."""
+
+    id: int
+    job_id: int
+    number: int = Field(description="Optuna trial number within the job")
+    status: TrialStatus
+    config: dict[str, Any] = Field(description="the ParallelConfig (tp, cp, pp, vpp, ep, etp, micro_batch_size, ...)")
+    label: str | None
+    predicted_step_time_s: float | None
+    predicted: dict[str, Any] | None = Field(description="the cost model's breakdown")
+    step_time_s: float | None = Field(description="measured seconds per optimizer step")
+    measurement: dict[str, Any] | None
+    failure_kind: str | None
+    failure_reason: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class JobOut(BaseModel):
+    id: int
+    status: JobStatus
+    model: str
+    model_spec: dict[str, Any]
+    training: dict[str, Any]
+    cluster: ClusterOut
+    budget: BudgetOut
+    signature: str = Field(description="SHA-256 of (model spec, training spec, gpu, num_gpus); GET /v1/best?signature=")
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    attempts: int = Field(description="how many times a runner claimed the job")
+    runner: str | None = Field(description="id of the runner holding the job")
+    heartbeat_at: datetime | None
+    trials: TrialCounts
+    best_trial: TrialOut | None
+    calibration: dict[str, Any] | None = Field(description="what the search learned about the cost model")

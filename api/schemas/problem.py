@@ -1,0 +1,34 @@
+"""RFC 9457 problem details, the body of every error response (media type application/problem+json)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ViolatedRule(BaseModel):
+    """One broken rule of a request: where (``loc``, e.g. ``body.cluster.num_gpus``), which rule, and why."""
+
+    loc: str = Field(description="dotted path of the offending value: body.*, query.*, path.* or header.*")
+    rule: str = Field(description="machine name of the violated rule, e.g. greater_than_equal, known_model")
+    message: str
+
+
+class Problem(BaseModel):
+    type: str = Field(description="URI naming the kind of problem")
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = Field(None, description="path of the request that failed")
+    errors: list[ViolatedRule] | None = Field(None, description="every violated rule (validation problems)")
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI ``responses`` entries declaring problem+json bodies for ``statuses``."""
+    return {status: {"model": Problem, "content": {"application/problem+json": {}},
+                     "description": _DESCRIPTIONS.get(status, "problem")} for status in statuses}
+
+
+_DESCRIPTIONS = {
+    401: "missing or unknown API key", 404: "no such resource (or not the caller's)", 409: "conflict with the current state",
+    422: "the request breaks a validation rule (each listed in errors)", 503: "the database is unreachable",
+}

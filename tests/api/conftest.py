@@ -1,0 +1,97 @@
+import copy
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import ApiSettings
+from db.keys import create_api_key
+from db.testing import postgres_unavailable_reason, temporary_database
+
+JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
+       "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}
+
+
+@pytest.fixture
+def job_body():
+    """A valid POST /v1/jobs body (a fresh copy per test)."""
+    return copy.deepcopy(JOB)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    """An empty database, once SQLite and once a private PostgreSQL schema."""
+    reason = postgres_unavailable_reason() if request.param == "postgres" else None
+    if reason:
+        pytest.skip(reason)
+    with temporary_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def app(db_url):
+    application = create_app(ApiSettings(database_url=db_url), migrate=True)
+    yield application
+    application.state.engine.dispose()
+
+
+@pytest.fixture
+def client(app):
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def keys(app):
+    """API keys of two owners: {'alice': token, 'bob': token}."""
+    with app.state.sessions() as session:
+        return {name: create_api_key(session, name)[1] for name in ("alice", "bob")}
+
+
+def auth(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def alice(keys):
+    return auth(keys["alice"])
+
+
+@pytest.fixture
+def bob(keys):
+    return auth(keys["bob"])
+
+
+@contextmanager
+def live_server(app):
+    """Serve ``app`` with a real uvicorn server on a free port in a thread; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", limit_concurrency=500,
+                                           backlog=512))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture
+def server_url(app):
+    with live_server(app) as url:
+        yield url
