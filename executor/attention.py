@@ -1,0 +1,80 @@
+"""Self-attention block: RMSNorm → column-parallel Q/K/V → RoPE → causal GQA SDPA → row-parallel output.
+
+TP splits query and key/value heads (heads/tp and kv_heads/tp per rank); under SP the block takes and
+returns this rank's sequence slice [s/tp, b, h].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from costmodel.model_spec import ModelSpec
+from executor.kernels.base import KernelBackend
+from executor.options import ExecutorOptions
+from executor.parallel.groups import ParallelState
+from executor.parallel.sharding import ShardInfo, make_param
+from executor.parallel.tensor_parallel import enter_tp, leave_tp
+from executor.timing import NULL_TIMER, PhaseTimer
+
+
+def rope_tables(seq_length: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [s, head_dim] of rotary embeddings (fp32)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_length, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+    half = x_BHSD.shape[-1] // 2
+    rotated = torch.cat([-x_BHSD[..., half:], x_BHSD[..., :half]], dim=-1)
+    return (x_BHSD * cos_SD.to(x_BHSD.dtype) + rotated * sin_SD.to(x_BHSD.dtype))
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
+                 kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
+        super().__init__()
+        self.spec, self.options, self.state, self.kernels, self.timer = spec, options, state, kernels, timer
+        h, d = spec.hidden_size, spec.head_dim
+        self.heads = spec.num_attention_heads // state.tp.size
+        self.kv_heads = spec.num_kv_heads // state.tp.size
+        p = f"layers.{layer}.attention."
+
+        def param(name, shape, init="normal", **kw):
+            info = ShardInfo(p + name, shape, **kw)
+            return make_param(info, state, init, options.init_method_std, options.seed, device, dtype)
+
+        self.norm = param("norm.weight", (h,), "ones", tp_partial=True)
+        self.wq = param("wq.weight", (spec.num_attention_heads * d, h), tp_dim=0)
+        self.wk = param("wk.weight", (spec.num_kv_heads * d, h), tp_dim=0)
+        self.wv = param("wv.weight", (spec.num_kv_heads * d, h), tp_dim=0)
+        self.wo = param("wo.weight", (h, spec.num_attention_heads * d), tp_dim=1)
+        if spec.qk_layernorm:
+            self.q_norm = param("q_norm.weight", (d,), "ones", tp_partial=True)
+            self.k_norm = param("k_norm.weight", (d,), "ones", tp_partial=True)
+
+    def forward(self, x_SBH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
+        eps, d = self.options.norm_epsilon, self.spec.head_dim
+        x = self.timer.mark(x_SBH, "other", "attention")
+        x = self.kernels.rms_norm(x, self.norm, eps)
+        x = self.timer.mark(x, "attention", "tp_allgather")
+        x = enter_tp(x, self.state)
+        x = self.timer.mark(x, "tp_allgather", "attention")
+        s, b, _ = x.shape
+        q = F.linear(x, self.wq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
+        k = F.linear(x, self.wk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        v = F.linear(x, self.wv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        if self.spec.qk_layernorm:
+            q = self.kernels.rms_norm(q, self.q_norm, eps)
+            k = self.kernels.rms_norm(k, self.k_norm, eps)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = self.kernels.attention(q, k, v)  # [b, heads, s, d]
+        o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
+        o = F.linear(o, self.wo)
+        o = self.timer.mark(o, "attention", "tp_reduce_scatter")
+        o = leave_tp(o, self.state)
+        return self.timer.mark(o, "tp_reduce_scatter", "other")

@@ -1,0 +1,20 @@
+"""Synthetic token batches: the same global batch for every layout, sliced by DP rank into micro-batches."""
+
+from __future__ import annotations
+
+import torch
+
+
+def global_batch(vocab_size: int, seq_length: int, global_batch_size: int, seed: int, step: int) -> torch.Tensor:
+    """Token ids [global_batch_size, seq_length + 1] (inputs are [:, :-1], labels [:, 1:]), CPU int64."""
+    gen = torch.Generator().manual_seed(seed * 7919 + step)
+    return torch.randint(0, vocab_size, (global_batch_size, seq_length + 1), generator=gen)
+
+
+def micro_batches(batch: torch.Tensor, dp_size: int, dp_rank: int, micro_batch_size: int,
+                  device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This DP rank's contiguous share of ``batch`` as (ids [mbs, s], labels [mbs, s]) micro-batches."""
+    per_rank = batch.shape[0] // dp_size
+    mine = batch[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device)
+    return [(mine[i:i + micro_batch_size, :-1], mine[i:i + micro_batch_size, 1:])
+            for i in range(0, per_rank, micro_batch_size)]

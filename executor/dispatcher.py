@@ -1,0 +1,175 @@
+"""Token dispatchers: move routed tokens from the attention layout to the expert layout and back.
+
+Attention layout: each rank holds ``n`` tokens (its TP·SP shard of its DP replica's micro-batch).
+Expert layout: rank (etp, ep) owns experts ``ep·E_local ... (ep+1)·E_local - 1`` and a 1/etp slice of
+their FFN dimension. Both dispatchers hand the experts a [rows, hidden] tensor sorted by local expert
+plus the rows per local expert, and take back the expert output in the same order.
+
+- ``alltoall``: permute by expert, all-to-all over ep with uneven splits, all-gather over etp (uneven),
+  sort the (source, expert) chunks by expert; combine runs the transposes in reverse.
+- ``allgather``: all-gather every token of the tp_ep group, keep the ones routed to local experts,
+  and reduce-scatter the weighted outputs back (sums the etp partial products on the way).
+
+Permutation never loops over experts: a stable argsort by expert id, an index_select, and on the way
+back an index_copy into [n·k] slots summed over k (no atomics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from executor.parallel.collectives import all_gather, all_gather_nograd, all_gather_v, all_to_all, reduce_scatter, \
+    reduce_scatter_v
+from executor.parallel.groups import ParallelState
+from executor.router import Routing
+from executor.timing import NULL_TIMER, PhaseTimer
+
+
+class _Permute(torch.autograd.Function):
+    """rows[i] = x[slots[i] // k]; backward writes each row's gradient to its slot and sums the k slots."""
+
+    @staticmethod
+    def forward(ctx, x_NH, slots_M, k):
+        ctx.save_for_backward(slots_M)
+        ctx.n, ctx.k = x_NH.shape[0], k
+        return x_NH.index_select(0, torch.div(slots_M, k, rounding_mode="floor"))
+
+    @staticmethod
+    def backward(ctx, grad_MH):
+        (slots_M,) = ctx.saved_tensors
+        full = grad_MH.new_zeros((ctx.n * ctx.k, grad_MH.shape[1]))
+        full.index_copy_(0, slots_M, grad_MH)
+        return full.view(ctx.n, ctx.k, -1).sum(1), None, None
+
+
+def permute(x_NH: torch.Tensor, slots_M: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows of ``x_NH`` in the order of the assignment slots ``slots_M`` (slot = token·k + choice)."""
+    return _Permute.apply(x_NH, slots_M, k)
+
+
+def unpermute(y_MH: torch.Tensor, probs_M: torch.Tensor, slots_M: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Σ over each token's k slots of prob · expert output; dropped slots contribute nothing."""
+    weighted = (y_MH.float() * probs_M.unsqueeze(-1)).to(y_MH.dtype)
+    full = y_MH.new_zeros((n * k, y_MH.shape[1])).index_copy(0, slots_M, weighted)
+    return full.view(n, k, -1).sum(1)
+
+
+def sort_by_expert(experts_NK: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots sorted by expert id (ids ≥ num_buckets are dropped) and the count per bucket [num_buckets]."""
+    flat = experts_NK.reshape(-1)
+    counts = torch.bincount(flat.clamp(max=num_buckets), minlength=num_buckets + 1)[:num_buckets]
+    order = torch.argsort(flat, stable=True)
+    return order, counts
+
+
+def chunk_order(counts_SE: torch.Tensor) -> torch.Tensor:
+    """Row index that turns rows grouped (source, expert) into rows grouped (expert, source)."""
+    flat = counts_SE.reshape(-1)
+    starts = (torch.cumsum(flat, 0) - flat).view_as(counts_SE).t().reshape(-1)
+    sizes = counts_SE.t().reshape(-1)
+    total = int(flat.sum())
+    base = torch.repeat_interleave(starts, sizes, output_size=total)
+    offset_in_chunk = torch.arange(total, device=flat.device) - torch.repeat_interleave(
+        torch.cumsum(sizes, 0) - sizes, sizes, output_size=total)
+    return base + offset_in_chunk
+
+
+@dataclass
+class Dispatched:
+    """Expert input sorted by local expert, the rows per local expert, and what combine needs."""
+
+    x_MH: torch.Tensor
+    tokens_per_expert: torch.Tensor  # [E_local] on device
+    ctx: dict
+
+
+class AllToAllDispatcher:
+    name = "alltoall"
+
+    def __init__(self, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER):
+        self.state, self.num_experts, self.topk, self.timer = state, num_experts, topk, timer
+        self.local_experts = num_experts // state.ep.size
+
+    def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
+        ep, etp = self.state.ep, self.state.etp
+        n, k, e_local = x_NH.shape[0], self.topk, self.local_experts
+        order, counts_E = sort_by_expert(routing.experts_NK, self.num_experts)
+        slots = order[: int(counts_E.sum())] if routing.may_drop else order  # dropless: no host sync
+        rows = permute(x_NH, slots, k)
+        ctx = {"slots": slots, "probs": routing.probs_NK.reshape(-1)[slots], "n": n}
+        if ep.size == 1 and etp.size == 1:
+            return Dispatched(rows, counts_E, ctx)
+
+        rows = self.timer.mark(rows, "dispatch", "ep_alltoall")
+        counts_PE = counts_E.view(ep.size, e_local)
+        recv_PE = all_to_all(counts_PE, [1] * ep.size, [1] * ep.size, ep) if ep.size > 1 else counts_PE
+        send = counts_PE.sum(1).tolist()
+        recv = recv_PE.sum(1).tolist()
+        rows = all_to_all(rows, recv, send, ep)
+        counts_SE = recv_PE
+        per_member = None
+        if etp.size > 1:
+            rows = self.timer.mark(rows, "ep_alltoall", "etp_allgather")
+            counts_SE = all_gather_nograd(recv_PE.contiguous(), etp)  # [etp·ep, E_local]
+            per_member = counts_SE.view(etp.size, -1).sum(1).tolist()
+            rows = all_gather_v(rows, per_member, etp)
+            rows = self.timer.mark(rows, "etp_allgather", "dispatch")
+        else:
+            rows = self.timer.mark(rows, "ep_alltoall", "dispatch")
+        index = chunk_order(counts_SE)
+        rows = rows.index_select(0, index)
+        ctx.update(send=send, recv=recv, per_member=per_member, index=index)
+        return Dispatched(rows, counts_SE.sum(0), ctx)
+
+    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        c = dispatched.ctx
+        ep, etp = self.state.ep, self.state.etp
+        if "index" in c:
+            inverse = torch.empty_like(c["index"])
+            inverse[c["index"]] = torch.arange(c["index"].numel(), device=inverse.device)
+            y_MH = y_MH.index_select(0, inverse)
+            if etp.size > 1:
+                y_MH = self.timer.mark(y_MH, "combine", "etp_reduce_scatter")
+                y_MH = reduce_scatter_v(y_MH, c["per_member"], etp)
+            y_MH = self.timer.mark(y_MH, "etp_reduce_scatter" if etp.size > 1 else "combine", "ep_alltoall")
+            y_MH = all_to_all(y_MH, c["send"], c["recv"], ep)
+            y_MH = self.timer.mark(y_MH, "ep_alltoall", "combine")
+        return unpermute(y_MH, c["probs"], c["slots"], c["n"], self.topk)
+
+
+class AllGatherDispatcher:
+    name = "allgather"
+
+    def __init__(self, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER):
+        self.state, self.num_experts, self.topk, self.timer = state, num_experts, topk, timer
+        self.local_experts = num_experts // state.ep.size
+
+    def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
+        group = self.state.tp_ep
+        k, e_local = self.topk, self.local_experts
+        x_NH = self.timer.mark(x_NH, "dispatch", "tp_ep_allgather")
+        x_all = all_gather(x_NH, group)
+        probs_all = all_gather(routing.probs_NK, group)
+        experts_all = all_gather_nograd(routing.experts_NK, group)
+        x_all = self.timer.mark(x_all, "tp_ep_allgather", "dispatch")
+        local = experts_all - self.state.ep.rank * e_local
+        local = torch.where((local >= 0) & (local < e_local), local, e_local)
+        order, counts = sort_by_expert(local, e_local)
+        slots = order[: int(counts.sum())]
+        rows = permute(x_all, slots, k)
+        ctx = {"slots": slots, "probs": probs_all.reshape(-1)[slots], "n": x_all.shape[0]}
+        return Dispatched(rows, counts, ctx)
+
+    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        c = dispatched.ctx
+        y_all = unpermute(y_MH, c["probs"], c["slots"], c["n"], self.topk)
+        y_all = self.timer.mark(y_all, "combine", "tp_ep_reduce_scatter")
+        y = reduce_scatter(y_all, self.state.tp_ep)
+        return self.timer.mark(y, "tp_ep_reduce_scatter", "combine")
+
+
+def make_dispatcher(kind: str, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER):
+    """The dispatcher named by ParallelConfig.moe_token_dispatcher_type."""
+    return {"alltoall": AllToAllDispatcher, "allgather": AllGatherDispatcher}[kind](state, num_experts, topk, timer)

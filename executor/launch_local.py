@@ -1,0 +1,148 @@
+"""Launch one process per rank on this machine (gloo on CPU, NCCL on GPU) and collect what they return.
+
+``launch(fn, world_size, args)`` runs ``fn(rank, world_size, *args)`` in every rank after
+``torch.distributed`` is initialised; ``fn`` must be importable (a module-level function). An
+out-of-memory error, a rank that raises or dies, or a timeout ends every rank and yields a failed
+:class:`LaunchResult` with the reason; no process is left behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+OOM_EXIT = 3
+ERROR_EXIT = 1
+# NVLink multicast stays off on shared GPU hosts (see the device notes); harmless elsewhere.
+_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class LaunchResult:
+    ok: bool
+    failure_reason: str | None = None
+    results: list[Any] = field(default_factory=list)  # per rank, what fn returned
+    wall_s: float = 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _child(rank: int, world_size: int, port: int, backend: str, threads: int, outdir: str,
+           fn: Callable, args: tuple, dist_timeout_s: float) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.update(_SAFE_ENV)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(threads)
+    code = 0
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=dist_timeout_s),
+                                **({"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}))
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
+    except BaseException as exc:  # report every failure to the parent, then exit non-zero
+        code = OOM_EXIT if _is_oom(exc) else ERROR_EXIT
+        kind = "out of memory" if code == OOM_EXIT else type(exc).__name__
+        last = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
+            f.write(f"{kind} on rank {rank}: {last}\n{traceback.format_exc()}")
+    finally:
+        try:
+            if dist.is_initialized():
+                if code == 0:
+                    dist.destroy_process_group()
+        except Exception:
+            pass
+    os._exit(code)  # skip atexit handlers that could block on a dead peer
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,
+           threads_per_rank: int = 1) -> LaunchResult:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; see the module docstring.
+
+    ``backend`` defaults to 'nccl' when CUDA has at least ``world_size`` GPUs, else 'gloo'.
+    """
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    ctx = multiprocessing.get_context("spawn")
+    outdir = tempfile.mkdtemp(prefix="foldtune-launch-")
+    port = _free_port()
+    start = time.monotonic()
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, threads_per_rank, outdir, fn, args,
+                                              timeout_s), daemon=True)
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        failure = None
+        while True:
+            codes = [p.exitcode for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                time.sleep(0.2)  # let a rank that raised finish writing its reason
+                failure = _reason(outdir, bad)
+                break
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() - start > timeout_s:
+                failure = f"timeout after {timeout_s:.0f} s ({sum(c is None for c in codes)} of {world_size} " \
+                          f"ranks still running)"
+                break
+            time.sleep(0.02)
+        if failure:
+            return LaunchResult(False, failure, wall_s=time.monotonic() - start)
+        results = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+        return LaunchResult(True, None, results, time.monotonic() - start)
+    finally:
+        _stop(procs)
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
+def _reason(outdir: str, bad: list[tuple[int, int]]) -> str:
+    reasons = []
+    for rank in sorted(os.listdir(outdir)):
+        if rank.endswith(".err"):
+            with open(os.path.join(outdir, rank)) as f:
+                reasons.append(f.readline().strip())
+    if any(r.startswith("out of memory") for r in reasons):
+        reasons = [r for r in reasons if r.startswith("out of memory")]
+    if reasons:
+        return reasons[0] + (f" (and {len(reasons) - 1} more rank(s) failed)" if len(reasons) > 1 else "")
+    rank, code = bad[0]
+    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+    return f"rank {rank} died ({how}) without a message"

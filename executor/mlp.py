@@ -1,0 +1,43 @@
+"""SwiGLU MLP, tensor-parallel with SP: the dense layers' MLP and the MoE shared experts.
+
+gate/up are column-parallel (ffn/tp rows each), down is row-parallel; input and output are this rank's
+sequence slice.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from executor.options import ExecutorOptions
+from executor.parallel.groups import ParallelState
+from executor.parallel.sharding import ShardInfo, make_param
+from executor.parallel.tensor_parallel import enter_tp, leave_tp
+from executor.timing import NULL_TIMER, PhaseTimer
+
+
+class SwiGLUMLP(torch.nn.Module):
+    def __init__(self, prefix: str, hidden: int, ffn: int, options: ExecutorOptions, state: ParallelState,
+                 device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER, phase: str = "mlp"):
+        super().__init__()
+        self.state, self.timer, self.phase = state, timer, phase
+
+        def param(name, shape, tp_dim):
+            info = ShardInfo(prefix + name, shape, tp_dim=tp_dim)
+            return make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
+
+        self.w1 = param("w1.weight", (ffn, hidden), 0)  # gate
+        self.w3 = param("w3.weight", (ffn, hidden), 0)  # up
+        self.w2 = param("w2.weight", (hidden, ffn), 1)  # down
+
+    def forward(self, x_SBH: torch.Tensor) -> torch.Tensor:
+        """MLP of already-normalised input (sequence slice in, sequence slice out)."""
+        ph = self.phase
+        x = self.timer.mark(x_SBH, "other", ph)
+        x = self.timer.mark(x, ph, "tp_allgather")
+        x = enter_tp(x, self.state)
+        x = self.timer.mark(x, "tp_allgather", ph)
+        y = F.linear(F.silu(F.linear(x, self.w1)) * F.linear(x, self.w3), self.w2)
+        y = self.timer.mark(y, ph, "tp_reduce_scatter")
+        y = leave_tp(y, self.state)
+        return self.timer.mark(y, "tp_reduce_scatter", "other")

@@ -1,0 +1,72 @@
+"""ExecutorOptions: the knobs of the executor that are neither the model, the training recipe nor the layout."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from costmodel.errors import SpecError
+from costmodel.model_spec import ModelSpec
+from costmodel.training_spec import TrainingSpec
+
+DROP_POLICIES = ("probs", "position")
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Router losses, expert bias, capacity, kernels and initialisation (Megatron argument names).
+
+    ``moe_expert_capacity_factor`` None means dropless; ``moe_token_drop_policy`` 'probs' keeps the
+    tokens with the highest routing probability per expert, 'position' the earliest ones.
+    ``moe_router_bias_update_rate`` > 0 turns on aux-loss-free load balancing (DeepSeek-V3 expert bias).
+    """
+
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
+    moe_router_enable_expert_bias: bool = False
+    moe_router_bias_update_rate: float = 1e-3
+    moe_expert_capacity_factor: float | None = None
+    moe_token_drop_policy: str = "probs"
+    kernel_backend: str = "torch"
+    init_method_std: float = 0.02
+    rotary_base: float = 10000.0
+    norm_epsilon: float = 1e-5
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.moe_token_drop_policy not in DROP_POLICIES:
+            raise SpecError(f"moe_token_drop_policy must be one of {DROP_POLICIES}, got {self.moe_token_drop_policy!r}")
+        if self.moe_expert_capacity_factor is not None and self.moe_expert_capacity_factor <= 0:
+            raise SpecError(f"moe_expert_capacity_factor must be > 0, got {self.moe_expert_capacity_factor}")
+
+    @classmethod
+    def for_training(cls, training: TrainingSpec, **overrides: Any) -> ExecutorOptions:
+        """Options that follow a TrainingSpec's routing mode (capacity factor when 'capacity')."""
+        cf = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
+        return cls(**{"moe_expert_capacity_factor": cf, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_model_supported(model: ModelSpec) -> None:
+    """Raise SpecError for architecture features this executor does not build (yet)."""
+    unsupported = []
+    if model.multi_latent_attention:
+        unsupported.append("multi_latent_attention")
+    if model.mtp_num_layers:
+        unsupported.append("mtp_num_layers")
+    if model.normalization != "rmsnorm":
+        unsupported.append(f"normalization={model.normalization}")
+    if model.position_embedding_type != "rope":
+        unsupported.append(f"position_embedding_type={model.position_embedding_type}")
+    if not model.swiglu:
+        unsupported.append("swiglu=False")
+    if model.add_bias_linear or model.add_qkv_bias:
+        unsupported.append("linear biases")
+    if model.qk_layernorm:
+        unsupported.append("qk_layernorm")
+    if model.hidden_dropout or model.attention_dropout:
+        unsupported.append("dropout")
+    if unsupported:
+        raise SpecError(f"model {model.name!r}: the executor does not support {', '.join(unsupported)}")

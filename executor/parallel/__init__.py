@@ -1,0 +1,1 @@
+"""Process groups, collectives with autograd, tensor-parallel layers and gradient reduction."""

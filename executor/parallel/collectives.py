@@ -1,0 +1,165 @@
+"""Collectives over a :class:`Group` as autograd functions (the backward of each is its transpose).
+
+Tensors are split or joined along dim 0 (tokens or sequence). A group of size one makes every
+function the identity, which is what lets the single-process reference run the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from executor.parallel.groups import Group
+
+
+def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x, group=group.pg)
+    return out
+
+
+def _reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
+    if x.shape[0] % group.size:
+        raise ValueError(f"reduce-scatter over {group.name}: dim 0 ({x.shape[0]}) not divisible by {group.size}")
+    x = x.contiguous()
+    out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x, group=group.pg)
+    return out
+
+
+def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(out, x, out_splits, in_splits, group=group.pg)
+    return out
+
+
+def _gather_v(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+    """Concatenate every member's ``x`` (``counts[i]`` rows on member i) along dim 0."""
+    longest = max(counts)
+    padded = x.new_zeros((longest, *x.shape[1:]))
+    padded[: x.shape[0]] = x
+    everything = _gather(padded, group).view(group.size, longest, *x.shape[1:])
+    return torch.cat([everything[i, :c] for i, c in enumerate(counts)])
+
+
+def _reduce_scatter_v(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+    """Sum ``x`` (segments of ``counts`` rows, one per member) over the group; keep this member's segment."""
+    longest = max(counts)
+    padded = x.new_zeros((group.size, longest, *x.shape[1:]))
+    for i, segment in enumerate(torch.split(x, counts)):
+        padded[i, : counts[i]] = segment
+    return _reduce_scatter(padded.view(group.size * longest, *x.shape[1:]), group)[: counts[group.rank]]
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group), None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.group), None
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group.pg)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.args = (in_splits, out_splits, group)
+        return _all_to_all(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        in_splits, out_splits, group = ctx.args
+        return _all_to_all(grad, in_splits, out_splits, group), None, None, None
+
+
+class _AllGatherV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, counts, group):
+        ctx.args = (counts, group)
+        return _gather_v(x, counts, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        counts, group = ctx.args
+        return _reduce_scatter_v(grad, counts, group), None, None
+
+
+class _ReduceScatterV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, counts, group):
+        ctx.args = (counts, group)
+        return _reduce_scatter_v(x, counts, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        counts, group = ctx.args
+        return _gather_v(grad, counts, group), None, None
+
+
+def all_gather(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """Concatenate the members' ``x`` along dim 0 (backward: reduce-scatter of the gradient)."""
+    return x if group.size == 1 else _AllGather.apply(x, group)
+
+
+def reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """Sum ``x`` over the group and keep this member's 1/size slice of dim 0 (backward: all-gather)."""
+    return x if group.size == 1 else _ReduceScatter.apply(x, group)
+
+
+def all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """Sum ``x`` over the group; the gradient passes through unchanged (each member owns its term)."""
+    return x if group.size == 1 else _AllReduce.apply(x, group)
+
+
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> torch.Tensor:
+    """Send ``in_splits[i]`` rows of ``x`` to member i, receive ``out_splits[i]`` rows from member i."""
+    return x if group.size == 1 else _AllToAll.apply(x, list(out_splits), list(in_splits), group)
+
+
+def all_gather_v(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+    """Uneven all-gather along dim 0: member i contributes ``counts[i]`` rows."""
+    return x if group.size == 1 else _AllGatherV.apply(x, list(counts), group)
+
+
+def reduce_scatter_v(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+    """Uneven reduce-scatter: sum over the group, member i keeps the i-th segment of ``counts[i]`` rows."""
+    return x if group.size == 1 else _ReduceScatterV.apply(x, list(counts), group)
+
+
+def all_reduce_(x: torch.Tensor, group: Group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """In-place all-reduce without autograd (statistics, gradients)."""
+    if group.size > 1:
+        dist.all_reduce(x, op=op, group=group.pg)
+    return x
+
+
+def all_gather_nograd(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """All-gather along dim 0 without autograd."""
+    return x if group.size == 1 else _gather(x, group)

@@ -1,0 +1,95 @@
+"""The process groups of one folded layout, built from :class:`costmodel.rank_groups.FoldedGroups`.
+
+Every rank creates every group of every kind in the same order (``torch.distributed.new_group`` is a
+collective over the whole world) and keeps the one it belongs to. A group of size one needs no
+communicator: collectives over it are skipped, so the same code runs as a single-process reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from costmodel.parallel_config import ParallelConfig
+from costmodel.rank_groups import FoldedGroups
+
+# The groups the executor uses; the next issue adds cp, dp_cp (already built), pp.
+GROUP_NAMES = ("tp", "cp", "dp", "dp_cp", "pp", "etp", "ep", "edp", "tp_ep")
+
+
+@dataclass
+class Group:
+    """One process group as seen from a member rank: its ranks (global ids) and this rank's index."""
+
+    name: str
+    ranks: tuple[int, ...]
+    rank: int  # index of this process inside ``ranks``
+    pg: object | None = None  # torch ProcessGroup, None when size == 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class ParallelState:
+    """This rank's view of a folded layout: global rank, the config and one :class:`Group` per name."""
+
+    config: ParallelConfig
+    rank: int
+    groups: dict[str, Group] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Group:
+        return self.groups[name]
+
+    @property
+    def tp(self) -> Group:
+        return self.groups["tp"]
+
+    @property
+    def dp(self) -> Group:
+        return self.groups["dp"]
+
+    @property
+    def ep(self) -> Group:
+        return self.groups["ep"]
+
+    @property
+    def etp(self) -> Group:
+        return self.groups["etp"]
+
+    @property
+    def edp(self) -> Group:
+        return self.groups["edp"]
+
+    @property
+    def tp_ep(self) -> Group:
+        return self.groups["tp_ep"]
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return bool(self.config.sequence_parallel)
+
+
+def build_parallel_state(config: ParallelConfig, rank: int) -> ParallelState:
+    """Create every process group of ``config`` (collective over the world) and return this rank's view.
+
+    With ``config.world_size == 1`` no communicator is created and ``torch.distributed`` need not be
+    initialised.
+    """
+    folded = FoldedGroups(config)
+    state = ParallelState(config=config, rank=rank)
+    for name in GROUP_NAMES:
+        for ranks in folded.groups(name):
+            pg = None
+            if len(ranks) > 1:
+                pg = dist.new_group(ranks)  # every rank must call this for every group, in order
+            if rank in ranks:
+                state.groups[name] = Group(name, tuple(ranks), ranks.index(rank), pg)
+    return state
+
+
+def single_process_state(config: ParallelConfig | None = None) -> ParallelState:
+    """The trivial layout of one process: every group holds only rank 0."""
+    return build_parallel_state(config or ParallelConfig(world_size=1), 0)

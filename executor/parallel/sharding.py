@@ -1,0 +1,98 @@
+"""How each parameter is cut across the layout, deterministic full-size init, and gathering back.
+
+Every parameter carries a :class:`ShardInfo`. Weights are drawn at full size from a generator seeded by
+(seed, parameter name) and then sliced, so every layout (and the single-process reference) starts from
+the same model. :func:`gather_full` inverts the slicing for tests and checkpoints.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from executor.parallel.groups import Group, ParallelState
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Where a parameter's slices live.
+
+    ``tp_dim``/``etp_dim``: dimension split over the tp/etp group; ``ep_dim``: expert dimension split over
+    ep. ``expert``: gradients reduce over EDP instead of DP. ``tp_partial``: a TP-replicated parameter whose
+    gradient on each TP rank covers only part of the input (sequence shard or head shard), so TP ranks sum it.
+    ``rows``: true row count when dim 0 was padded (vocabulary).
+    """
+
+    name: str
+    full_shape: tuple[int, ...]
+    tp_dim: int | None = None
+    etp_dim: int | None = None
+    ep_dim: int | None = None
+    expert: bool = False
+    tp_partial: bool = False
+    rows: int | None = None
+
+
+def _slice(full: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
+    if dim is None or group.size == 1:
+        return full
+    if full.shape[dim] % group.size:
+        raise ValueError(f"cannot split dim {dim} of size {full.shape[dim]} over {group.name}={group.size}")
+    return full.chunk(group.size, dim=dim)[group.rank]
+
+
+def make_param(info: ShardInfo, state: ParallelState, init: str, std: float, seed: int,
+               device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
+    """A parameter holding this rank's slice of a deterministically initialised full tensor.
+
+    ``init`` is 'normal' (std ``std``), 'ones' or 'zeros'.
+    """
+    if init == "ones":
+        full = torch.ones(info.full_shape, device=device)
+    elif init == "zeros":
+        full = torch.zeros(info.full_shape, device=device)
+    else:
+        gen = torch.Generator(device=device)
+        gen.manual_seed((seed * 1_000_003 + zlib.crc32(info.name.encode())) % (2**63))
+        full = torch.randn(info.full_shape, generator=gen, device=device) * std
+        if info.rows is not None:
+            full[info.rows:] = 0  # padded vocabulary rows
+    local = _slice(full, info.tp_dim, state.tp)
+    local = _slice(local, info.etp_dim, state.etp)
+    local = _slice(local, info.ep_dim, state.ep)
+    param = torch.nn.Parameter(local.to(dtype).contiguous())
+    param.shard_info = info
+    return param
+
+
+def _cat_over(t: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
+    if dim is None or group.size == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(group.size)]
+    dist.all_gather(parts, t.contiguous(), group=group.pg)
+    return torch.cat(parts, dim=dim)
+
+
+def gather_full(t: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch.Tensor:
+    """This parameter (or its gradient) at full shape, padding rows cropped. Collective over the shard groups."""
+    t = _cat_over(t, info.ep_dim, state.ep)
+    t = _cat_over(t, info.etp_dim, state.etp)
+    t = _cat_over(t, info.tp_dim, state.tp)
+    if info.rows is not None:
+        t = t[: info.rows]
+    return t
+
+
+def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = False) -> dict[str, torch.Tensor]:
+    """Full-shape parameters (or gradients) of ``model`` keyed by ShardInfo name. Every rank must call it."""
+    out = {}
+    for param in model.parameters():
+        info: ShardInfo = param.shard_info
+        source = param.grad if grads else param.data
+        if source is None:
+            source = torch.zeros_like(param)
+        out[info.name] = gather_full(source.detach(), info, state).cpu().float()
+    return out

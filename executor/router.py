@@ -1,0 +1,139 @@
+"""Top-k routers: softmax (pre/post), sigmoid with group-limited top-k, aux/z losses, expert bias, capacity.
+
+The router sees this rank's tokens only (a sequence shard under SP). Statistics that Megatron defines over
+the whole micro-batch (tokens per expert for the aux loss, token totals, capacity) are taken over the TP
+group, so the losses and the dropping decisions do not depend on the layout: each TP rank returns its
+share of a loss, and the shares sum to the single-device value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from costmodel.model_spec import ModelSpec
+from executor.options import ExecutorOptions
+from executor.parallel.collectives import all_gather_nograd, all_reduce_
+from executor.parallel.groups import ParallelState
+from executor.parallel.sharding import ShardInfo, make_param
+
+
+@dataclass
+class Routing:
+    """Routing of this rank's ``n`` tokens: ``experts_NK`` (num_experts where dropped), ``probs_NK`` (0 where dropped)."""
+
+    experts_NK: torch.Tensor
+    probs_NK: torch.Tensor
+    loss: torch.Tensor  # this rank's share of aux + z loss (scalar, differentiable)
+    tokens_per_expert: torch.Tensor  # this rank's routed (pre-drop) counts, [num_experts] int64
+    may_drop: bool = False  # capacity mode: some experts_NK entries may be the 'dropped' id
+
+
+def _group_limited(select_NE: torch.Tensor, num_groups: int, group_topk: int, topk: int) -> torch.Tensor:
+    """Mask experts outside the ``group_topk`` best groups (a group's score: sum of its top topk/group_topk)."""
+    n, e = select_NE.shape
+    per_group = select_NE.view(n, num_groups, e // num_groups)
+    group_score = per_group.topk(max(1, topk // group_topk), dim=-1).values.sum(-1)
+    best = group_score.topk(group_topk, dim=-1).indices
+    keep = torch.zeros(n, num_groups, dtype=torch.bool, device=select_NE.device).scatter_(1, best, True)
+    keep = keep.unsqueeze(-1).expand_as(per_group).reshape(n, e)
+    return select_NE.masked_fill(~keep, float("-inf"))
+
+
+def _capacity_keep(experts_TK: torch.Tensor, probs_TK: torch.Tensor, num_experts: int, capacity: int,
+                   policy: str) -> torch.Tensor:
+    """Boolean [T, K]: which assignments fit in each expert's ``capacity`` (loop-free ranking per expert)."""
+    flat_e = experts_TK.reshape(-1)
+    if policy == "probs":
+        by_prob = torch.argsort(probs_TK.reshape(-1), descending=True, stable=True)
+        order = by_prob[torch.argsort(flat_e[by_prob], stable=True)]
+    else:  # earliest tokens first
+        order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=num_experts)
+    starts = torch.cumsum(counts, 0) - counts
+    rank_in_expert = torch.empty_like(order)
+    rank_in_expert[order] = torch.arange(order.numel(), device=order.device) - starts[flat_e[order]]
+    return (rank_in_expert < capacity).view_as(experts_TK)
+
+
+class Router(torch.nn.Module):
+    """Linear gate [num_experts, hidden] (replicated, gradient summed over TP) and the top-k rule."""
+
+    def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
+                 device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.spec, self.options, self.state = spec, options, state
+        self.num_experts = spec.num_experts
+        self.topk = spec.moe_router_topk
+        info = ShardInfo(f"layers.{layer}.router.weight", (spec.num_experts, spec.hidden_size), tp_partial=True)
+        self.weight = make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
+        if options.moe_router_enable_expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(spec.num_experts, device=device))
+            self.register_buffer("step_counts", torch.zeros(spec.num_experts, device=device))
+        else:
+            self.expert_bias = None
+
+    def forward(self, x_NH: torch.Tensor) -> Routing:
+        spec, opts, tp = self.spec, self.options, self.state.tp
+        n = x_NH.shape[0]
+        total_tokens = n * tp.size  # tokens of the micro-batch seen by this TP group
+        logits_NE = F.linear(x_NH, self.weight).float()
+        loss = logits_NE.new_zeros(())
+        if opts.moe_z_loss_coeff:
+            loss = loss + opts.moe_z_loss_coeff * torch.logsumexp(logits_NE, -1).square().sum() / total_tokens
+
+        if spec.moe_router_score_function == "sigmoid":
+            scores_NE = torch.sigmoid(logits_NE)
+        elif spec.moe_router_pre_softmax:
+            scores_NE = torch.softmax(logits_NE, dim=-1)
+        else:
+            scores_NE = logits_NE
+        select_NE = scores_NE.detach()
+        if self.expert_bias is not None:
+            select_NE = select_NE + self.expert_bias
+        if spec.moe_router_num_groups:
+            select_NE = _group_limited(select_NE, spec.moe_router_num_groups, spec.moe_router_group_topk, self.topk)
+        experts_NK = select_NE.topk(self.topk, dim=-1).indices
+        probs_NK = scores_NE.gather(1, experts_NK)
+        if spec.moe_router_score_function == "sigmoid":
+            if self.topk > 1:
+                probs_NK = probs_NK / (probs_NK.sum(-1, keepdim=True) + 1e-20)
+        elif not spec.moe_router_pre_softmax:
+            probs_NK = torch.softmax(probs_NK, dim=-1)
+        if spec.moe_router_topk_scaling_factor:
+            probs_NK = probs_NK * spec.moe_router_topk_scaling_factor
+
+        counts_E = torch.bincount(experts_NK.reshape(-1), minlength=self.num_experts)
+        if opts.moe_aux_loss_coeff:
+            global_counts = all_reduce_(counts_E.clone(), tp).float()
+            if spec.moe_router_score_function == "sigmoid":
+                aux_scores = torch.sigmoid(logits_NE)
+                aux_scores = aux_scores / (aux_scores.sum(-1, keepdim=True) + 1e-20)
+            else:
+                aux_scores = torch.softmax(logits_NE, dim=-1)
+            scale = self.num_experts * opts.moe_aux_loss_coeff / (self.topk * total_tokens * total_tokens)
+            loss = loss + (aux_scores.sum(0) * global_counts).sum() * scale
+        if self.expert_bias is not None and self.training:
+            self.step_counts += counts_E.float()
+
+        if opts.moe_expert_capacity_factor is not None:
+            capacity = math.ceil(total_tokens * self.topk / self.num_experts * opts.moe_expert_capacity_factor)
+            all_experts = all_gather_nograd(experts_NK, tp)
+            all_probs = all_gather_nograd(probs_NK.detach(), tp)
+            keep = _capacity_keep(all_experts, all_probs, self.num_experts, capacity, opts.moe_token_drop_policy)
+            keep = keep[tp.rank * n:(tp.rank + 1) * n]
+            experts_NK = experts_NK.masked_fill(~keep, self.num_experts)
+            probs_NK = probs_NK * keep
+        return Routing(experts_NK, probs_NK, loss, counts_E, opts.moe_expert_capacity_factor is not None)
+
+    @torch.no_grad()
+    def update_expert_bias(self) -> None:
+        """Aux-loss-free balancing: move each bias toward under-loaded experts, by the step's global counts."""
+        if self.expert_bias is None:
+            return
+        counts = all_reduce_(all_reduce_(self.step_counts, self.state.tp), self.state["dp_cp"])
+        self.expert_bias += self.options.moe_router_bias_update_rate * torch.sign(counts.mean() - counts)
+        self.step_counts.zero_()

@@ -1,0 +1,102 @@
+"""Numerical equivalence of a folded layout with the single-process reference.
+
+:func:`run_scenario` trains a few steps of a scenario under one layout and returns, on rank 0, the loss
+of every step, every gradient of the first step and every parameter after the last step, all at full
+shape. :func:`layout_worker` runs several scenarios in one launched world (see ``executor.launch_local``);
+:func:`compare` lists what differs beyond tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from executor.data import global_batch, micro_batches
+from executor.model import MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import build_parallel_state
+from executor.parallel.sharding import gather_model
+from executor.parallel.tensor_parallel import check_layout
+from executor.train_step import Trainer
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: ModelSpec
+    options: ExecutorOptions = field(default_factory=ExecutorOptions)
+    seq_length: int = 16
+    global_batch_size: int = 4
+    micro_batch_size: int = 1
+    steps: int = 3
+    lr: float = 1e-3
+    # Adam divides by sqrt(v) + eps: gradients of ~1e-9 (cancellations) carry fp32 reduction-order noise
+    # of a few percent, which eps = 1e-8 would amplify into visible parameter differences.
+    adam_eps: float = 1e-6
+
+
+def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
+    """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params."""
+    check_layout(scenario.model, config, scenario.seq_length)
+    state = build_parallel_state(config, rank)
+    torch.manual_seed(0)
+    model = MoEGPT(scenario.model, state, scenario.options, scenario.seq_length)
+    trainer = Trainer(model, lr=scenario.lr, eps=scenario.adam_eps)
+    dp = state["dp_cp"]
+    losses, counts, grads = [], [], None
+    for step in range(scenario.steps):
+        batch = global_batch(scenario.model.vocab_size, scenario.seq_length, scenario.global_batch_size,
+                             scenario.options.seed, step)
+        result = trainer.step(micro_batches(batch, dp.size, dp.rank, scenario.micro_batch_size))
+        losses.append(result.loss)
+        counts.append(result.tokens_per_expert)
+        if step == 0:
+            grads = gather_model(model, state, grads=True)
+    params = gather_model(model, state)
+    if rank != 0:
+        return None
+    return {"loss": losses, "tokens_per_expert": counts, "grads": grads, "params": params}
+
+
+def layout_worker(rank: int, world_size: int, config: ParallelConfig, scenarios: list[Scenario]) -> list | None:
+    """Launched-world entry point: every scenario under ``config`` (each with its own dispatcher setting)."""
+    results = [run_scenario(config, s, rank) for s in scenarios]
+    return results if rank == 0 else None
+
+
+def reference(config: ParallelConfig, scenario: Scenario) -> dict:
+    """The single-process run of ``scenario`` (same dispatcher type as ``config``)."""
+    single = ParallelConfig(world_size=1, moe_token_dispatcher_type=config.moe_token_dispatcher_type)
+    return run_scenario(single, scenario, 0)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:
+    err = (a - b).abs()
+    ok = bool((err <= atol + rtol * b.abs()).all())
+    return ok, float((err / (b.abs() + atol)).max()) if err.numel() else 0.0
+
+
+def compare(ref: dict, got: dict, rtol: float = 1e-4, atol: float = 1e-6) -> list[str]:
+    """Differences between two :func:`run_scenario` results beyond |a-b| <= atol + rtol·|b|; empty when equal."""
+    problems = []
+    ok, err = _close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]), rtol, atol)
+    if not ok:
+        problems.append(f"loss {got['loss']} vs reference {ref['loss']}")
+    if got["tokens_per_expert"] != ref["tokens_per_expert"]:
+        problems.append(f"tokens per expert {got['tokens_per_expert']} vs {ref['tokens_per_expert']}")
+    for kind in ("grads", "params"):
+        missing = set(ref[kind]) ^ set(got[kind])
+        if missing:
+            problems.append(f"{kind}: names differ: {sorted(missing)}")
+        for name in sorted(set(ref[kind]) & set(got[kind])):
+            a, b = got[kind][name], ref[kind][name]
+            if a.shape != b.shape:
+                problems.append(f"{kind} {name}: shape {tuple(a.shape)} vs {tuple(b.shape)}")
+                continue
+            ok, err = _close(a, b, rtol, atol)
+            if not ok:
+                problems.append(f"{kind} {name}: max relative error {err:.2e}")
+    return problems
