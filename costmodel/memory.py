@@ -1,0 +1,570 @@
+"""Per-GPU memory of a folded layout: weights, grads, optimizer states, activations, logits, buffers.
+
+The model is the one described in ``docs/memory-model.md``. In short, per GPU of pipeline rank ``i``:
+
+- weights ``P·w`` (``w`` = 2 bytes for bf16/fp16/fp8, 4 for fp32; fp8 adds 2 bytes per GEMM weight for
+  Transformer Engine's cached fp8 copy and its transpose), grads ``P·4`` with fp32 main grads (else
+  ``P·w``), Adam states ``P·12`` (fp32 master + m + v; 8 when the weights already are fp32). With the
+  distributed optimizer the dense states are divided by DP·CP and the expert states by EDP (Megatron's
+  18 bytes/param recipe when it is off).
+- activations: the tensors autograd keeps for backward, per layer, per micro-batch, times the micro-batches
+  in flight (1F1B: ``min(PP − i, m)``; interleaved: Megatron's warm-up count + 1, which on rank 0 is
+  Korthikanti's ``L·(1 + (PP−1)/(PP·VPP))``). Recomputation removes tensors per module or keeps only
+  each layer's input (full).
+- logits: the fp32 loss copy of the vocab-parallel logits (one per output head) plus the transient bf16
+  logits, for one micro-batch on the last stage.
+- comm_buffers: the largest per-layer communication buffer (SP gather / reduce-scatter, EP dispatch and
+  combine, CP key/value ring) plus the PP send/receive pair.
+- allocator_overhead: the backward working set of one layer (recomputed tensors and the gradients of
+  two adjacent intermediates, which the caching allocator must hold on top of the stored tensors) plus
+  :data:`FRAGMENTATION` of every dynamic allocation.
+
+All functions are pure; the expensive parts are cached per (model, training) and per layout shape so that
+a planner sweep costs a few microseconds per configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import repeat
+from operator import add, mul
+from typing import NamedTuple
+
+from costmodel.errors import InvalidConfigError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.params import _stage_counts, attention_params, layer_chunks, mlp_params, moe_params
+from costmodel.training_spec import TrainingSpec
+
+#: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
+#: loses to block rounding and fragmentation. Not measured yet: a prior that calibration from real peak
+#: ``reserved`` vs ``allocated`` figures replaces. CUDA context and NCCL's own buffers are outside the
+#: PyTorch allocator and are covered by ``ClusterSpec.hbm_reserved_bytes`` instead.
+FRAGMENTATION = 0.05
+
+_FP32 = 4
+_MASK = 1  # dropout masks and routing maps are stored as one byte per element
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on the most-loaded GPU (or on one named pipeline rank, from :func:`estimate_stage_memory`)."""
+
+    stage: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    comm_buffers: float
+    allocator_overhead: float
+    details: tuple[tuple[str, float], ...]
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations + self.logits
+                + self.comm_buffers + self.allocator_overhead)
+
+    def detail(self, prefix: str) -> float:
+        """Sum of the detail entries whose name starts with ``prefix`` (bytes)."""
+        return sum(v for k, v in self.details if k.startswith(prefix))
+
+
+# ---- per-layer tensors ----------------------------------------------------------------------------
+# One tensor: (name, bytes per local token, recompute modules any of which drops it).
+_Tensor = tuple[str, float, frozenset[str]]
+_NONE: frozenset[str] = frozenset()
+
+
+def _drops(*modules: str) -> frozenset[str]:
+    return frozenset(modules)
+
+
+class _Shape(NamedTuple):
+    """The layout fields the per-token activation terms depend on (a tuple: hashing it is cheap)."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    sp: bool
+    dispatcher: str
+
+
+def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
+    b = training.activation_bytes
+    h, n, t = model.hidden_size, model.num_attention_heads, s.tp
+    dsp = t if s.sp else 1  # tensors in the sequence-parallel region are split over TP only with SP
+    out: list[_Tensor] = [("act.attn.norm_input", h * b / dsp, _NONE),
+                          ("act.attn.norm_output", h * b / dsp, _drops("layernorm"))]
+    if model.multi_latent_attention:
+        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        if model.q_lora_rank is not None:  # q_layernorm input and q_up input, both sequence-split
+            out.append(("act.mla.q_compressed", 2 * model.q_lora_rank * b / dsp, _NONE))
+        # Megatron gathers the compressed kv over the sequence before its norm and up projection.
+        out.append(("act.mla.kv_compressed", 2 * model.kv_lora_rank * b, _NONE))
+        out.append(("act.attn.qkv", n * (2 * (qk + rope) + v) * b / t, _drops("mla_up_proj")))
+        v_width = n * v
+    else:
+        d = model.head_dim
+        out.append(("act.attn.qkv", (n + 2 * model.num_kv_heads) * d * b / t, _NONE))
+        v_width = n * d
+    if training.flash_attention:
+        out.append(("act.attn.softmax_lse", n * _FP32 / t, _drops("core_attn")))
+    else:  # unfused path keeps the s×s probabilities (and dropout mask + output) per head
+        keys = training.seq_length
+        out.append(("act.attn.softmax", n * keys * b / t, _drops("core_attn")))
+        if model.attention_dropout > 0:
+            out.append(("act.attn.softmax_dropout", n * keys * (_MASK + b) / t, _drops("core_attn")))
+    out.append(("act.attn.proj_input", v_width * b / t, _NONE))
+    if model.hidden_dropout > 0:
+        out.append(("act.attn.dropout_mask", h * _MASK / dsp, _NONE))
+    return out
+
+
+def _mlp_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
+    b, h, t = training.activation_bytes, model.hidden_size, s.tp
+    dsp = t if s.sp else 1
+    ffn, gate = model.ffn_hidden_size, (2 if model.swiglu else 1)
+    out: list[_Tensor] = [("act.mlp.norm_input", h * b / dsp, _NONE),
+                          ("act.mlp.fc1_input", h * b / dsp, _drops("layernorm")),
+                          ("act.mlp.fc1_output", gate * ffn * b / t, _drops("mlp")),
+                          ("act.mlp.act_output", ffn * b / t, _drops("mlp"))]
+    if model.hidden_dropout > 0:
+        out.append(("act.mlp.dropout_mask", h * _MASK / dsp, _NONE))
+    return out
+
+
+def routed_tokens_per_token(model: ModelSpec, training: TrainingSpec, tp: int, sp: bool, ep: int, etp: int) -> float:
+    """Token copies the busiest GPU's experts process per local token of a micro-batch.
+
+    Each GPU of the ETP·EP group serves ``1/EP`` of the experts for the tokens of ``ETP·EP`` ranks, so in
+    balance it sees ``k·ETP`` copies per token of its own (``/TP`` with SP). The busiest GPU sees
+    ``moe_routing_imbalance`` times that when EP > 1 (with EP = 1 every expert is local and the total
+    cannot be imbalanced); capacity routing caps it at the capacity factor.
+    """
+    rho = training.moe_routing_imbalance if ep > 1 else 1.0
+    if training.routing_mode == "capacity":
+        rho = min(rho, float(training.moe_expert_capacity_factor or rho))
+    return model.moe_router_topk * etp * rho / (tp if sp else 1)
+
+
+def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
+    b, h, t = training.activation_bytes, model.hidden_size, s.tp
+    dsp = t if s.sp else 1
+    experts = model.num_experts or 0
+    fe, gate = model.expert_ffn_hidden_size / s.etp, (2 if model.swiglu else 1)
+    te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
+    moe = _drops("moe")
+    out: list[_Tensor] = [
+        ("act.moe.norm_input", h * b / dsp, _NONE),
+        ("act.moe.router_input", h * b / dsp, _drops("layernorm")),
+        ("act.moe.router_scores", experts * _FP32 / dsp, moe),  # fp32 softmax/sigmoid output
+        ("act.moe.routing_map", experts * _MASK / dsp, moe),
+        ("act.moe.router_probs", experts * _FP32 / dsp, moe),  # [tokens, E] top-k probabilities
+        ("act.moe.permuted_tokens", te * h * b, moe),  # expert FC1 input after dispatch
+        ("act.moe.permuted_probs", te * _FP32, moe),  # probabilities applied inside the activation
+        ("act.moe.expert_fc1_output", te * gate * fe * b, moe),
+        ("act.moe.expert_act_output", te * fe * b, _drops("moe", "moe_act")),
+    ]
+    if not model.swiglu:  # unfused act·prob keeps both the activation and the weighted product
+        out.append(("act.moe.expert_weighted_output", te * fe * b, moe))
+    fs = model.shared_expert_ffn_hidden_size
+    if fs:
+        shared = _drops("moe", "shared_experts")
+        out += [("act.shared.fc1_output", gate * fs * b / t, shared),
+                ("act.shared.act_output", fs * b / t, shared)]
+    if model.hidden_dropout > 0:
+        out.append(("act.moe.dropout_mask", h * _MASK / dsp, _NONE))
+    return out
+
+
+def _gradient_peak(model: ModelSpec, training: TrainingSpec, s: _Shape, is_moe: bool) -> float:
+    """Bytes per local token of the largest pair of gradients alive at once in one layer's backward.
+
+    Along a GEMM chain ``x → fc1 → act → fc2`` the gradient of one intermediate is freed only after the
+    gradient of the one before it exists, so the peak is the largest adjacent pair. Attention: dq, dk, dv
+    with flash attention, or two s×s gradients (probabilities and scores) without it.
+    """
+    b, h, t = training.activation_bytes, model.hidden_size, s.tp
+    gate = 2 if model.swiglu else 1
+
+    def chain(tokens: float, ffn: float) -> float:
+        return max(tokens * (h + gate * ffn), tokens * (gate + 1) * ffn, tokens * (ffn + h)) * b
+
+    if model.multi_latent_attention:
+        qkv = model.num_attention_heads * (2 * (model.qk_head_dim + model.qk_pos_emb_head_dim) + model.v_head_dim)
+    else:
+        qkv = (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
+    attn = qkv * b / t if training.flash_attention else \
+        2 * model.num_attention_heads * training.seq_length * b / t
+    if not is_moe:
+        return max(attn, chain(1.0, model.ffn_hidden_size / t))
+    te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
+    peak = max(attn, chain(te, model.expert_ffn_hidden_size / s.etp))
+    if model.shared_expert_ffn_hidden_size:
+        peak = max(peak, chain(1.0, model.shared_expert_ffn_hidden_size / t))
+    return peak
+
+
+def _comm_per_token(model: ModelSpec, training: TrainingSpec, s: _Shape, has_moe: bool) -> tuple[tuple[str, float], ...]:
+    """Per-layer communication buffers (bytes per local token); only the largest is live at a time."""
+    b, h = training.activation_bytes, model.hidden_size
+    dsp = s.tp if s.sp else 1
+    out: list[tuple[str, float]] = []
+    if s.sp and s.tp > 1:  # gathered GEMM input + full-sequence row-parallel output before reduce-scatter
+        out.append(("comm.sp.gather_scatter", 2 * h * b))
+    if has_moe:
+        te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
+        if s.dispatcher == "allgather":
+            group = s.ep * s.etp
+            out.append(("comm.moe.allgather", group * (2 * h * b + (model.num_experts or 0) * (_FP32 + _MASK)) / dsp))
+        else:  # a2a receive buffer next to its permuted copy (dispatch), and the mirror image on combine
+            out.append(("comm.moe.dispatch_combine", (2 if s.ep * s.etp > 1 else 1) * te * h * b))
+    if s.cp > 1:  # two key/value chunks in flight around the CP ring
+        if model.multi_latent_attention:
+            kv = model.num_attention_heads * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
+        else:
+            kv = 2 * model.num_kv_heads * model.head_dim
+        out.append(("comm.cp.kv_ring", 2 * kv * b / s.tp))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _layer_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, is_moe: bool) -> tuple[_Tensor, ...]:
+    tensors = _attention_tensors(model, training, s)
+    tensors += _moe_tensors(model, training, s) if is_moe else _mlp_tensors(model, training, s)
+    return tuple(tensors)
+
+
+def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
+                           is_moe: bool) -> tuple[tuple[str, float], ...]:
+    """Stored tensors of one decoder layer for one micro-batch on one GPU, by name (bytes).
+
+    Honours selective recompute (dropped tensors are absent) but not 'full' (see :func:`estimate_memory`).
+    """
+    s = _shape(config)
+    modules = frozenset(config.recompute_modules) if config.recompute_granularity == "selective" else _NONE
+    tokens = config.micro_batch_size * training.seq_length / config.cp
+    return tuple((name, v * tokens) for name, v, drop in _layer_terms(model, training, s, is_moe)
+                 if not drop & modules)
+
+
+def _shape(config: ParallelConfig) -> _Shape:
+    return _Shape(config.tp, config.cp, config.ep, config.etp, bool(config.sequence_parallel),
+                  config.moe_token_dispatcher_type)
+
+
+# ---- cached pieces: per-kind terms, stage layouts, stage parameters --------------------------------
+class _KindTerms(NamedTuple):
+    """Per-token bytes of the two layer kinds for one (layout shape, selective modules), plus stage extras."""
+
+    names: tuple[str, ...]  # stored-tensor names of both kinds, dense-layer names first
+    dense: tuple[float, ...]  # stored bytes/token of a dense layer, aligned with names (0 where absent)
+    moe: tuple[float, ...]
+    stored_dense: float
+    stored_moe: float
+    layer_input: float  # what a fully recomputed layer keeps
+    work_selective_dense: float  # backward working set of a stored layer (remat of dropped modules + grads)
+    work_selective_moe: float
+    work_full_dense: float  # ... of a fully recomputed layer (whole layer rematerialised + grads)
+    work_full_moe: float
+    comm_dense: tuple[str, float]  # largest per-layer buffer of a stage without / with MoE layers
+    comm_moe: tuple[str, float]
+    pp_buffer: float
+    head_input: float  # final-norm and output-layer inputs (last stage)
+    mtp: float  # stored MTP blocks (last stage)
+    logits: float  # fp32 loss copies (main head + MTP heads) and the transient bf16 logits
+    embedding_mask: float  # embedding dropout mask (first stage)
+
+
+def _largest(comm: tuple[tuple[str, float], ...]) -> tuple[str, float]:
+    return max(comm, key=lambda c: c[1], default=("comm.none", 0.0))
+
+
+def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: frozenset[str]) -> _KindTerms:
+    b, h = training.activation_bytes, model.hidden_size
+    dsp = s.tp if s.sp else 1
+    dense_t, moe_t = _layer_terms(model, training, s, False), _layer_terms(model, training, s, True)
+    names: list[str] = []
+    pattern = model.moe_layer_pattern()
+    present = (dense_t if 0 in pattern else ()) + (moe_t if 1 in pattern else ())
+    for name, _, _ in present:
+        if name not in names:
+            names.append(name)
+
+    def aligned(terms: tuple[_Tensor, ...]) -> tuple[float, ...]:
+        kept = {name: v for name, v, drop in terms if not drop & modules}
+        return tuple(kept.get(name, 0.0) for name in names)
+
+    dense, moe = aligned(dense_t), aligned(moe_t)
+    full_dense, full_moe = sum(v for _, v, _ in dense_t), sum(v for _, v, _ in moe_t)
+    grad_dense, grad_moe = _gradient_peak(model, training, s, False), _gradient_peak(model, training, s, True)
+    layer_input = h * b / dsp
+    last_kind_moe = bool(model.moe_layer_pattern()[-1])
+    mtp = model.mtp_num_layers * ((sum(moe) if last_kind_moe else sum(dense)) + 5 * h * b / dsp)
+    vocab = model.padded_vocab_size(s.tp) / s.tp
+    return _KindTerms(
+        tuple(names), dense, moe, sum(dense), sum(moe), layer_input,
+        full_dense - sum(dense) + grad_dense, full_moe - sum(moe) + grad_moe,
+        full_dense - layer_input + grad_dense, full_moe - layer_input + grad_moe,
+        _largest(_comm_per_token(model, training, s, False)), _largest(_comm_per_token(model, training, s, True)),
+        2 * h * b / dsp, 2 * h * b / dsp, mtp,
+        vocab * (_FP32 * (1 + model.mtp_num_layers) + b),
+        h * _MASK / dsp if model.hidden_dropout > 0 else 0.0,
+    )
+
+
+class _StageLayout(NamedTuple):
+    """Layer kinds of one pipeline rank, split into stored and fully recomputed layers."""
+
+    stage: int
+    stored_dense: int
+    stored_moe: int
+    recomputed_dense: int
+    recomputed_moe: int
+    first: bool
+    last: bool
+    has_moe: bool
+
+
+def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int) -> _StageLayout:
+    """Layer kinds of rank ``stage``; ``full_layers`` is -1 without full recompute, 0 for all layers of a chunk."""
+    pattern = model.moe_layer_pattern()
+    counts = [0, 0, 0, 0]  # stored dense, stored moe, recomputed dense, recomputed moe
+    for chunk in layer_chunks(model.num_layers, pp, vpp)[stage]:
+        for pos, layer in enumerate(chunk):
+            recomputed = full_layers == 0 or pos < full_layers
+            counts[2 * recomputed + pattern[layer]] += 1
+    last = stage == pp - 1
+    has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
+    return _StageLayout(stage, *counts, stage == 0, last, has_moe)
+
+
+def _stage_param_entry(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> tuple:
+    """(ParamCounts of rank ``stage``, its layer GEMM weights that get an fp8 copy under fp8 training)."""
+    pattern = model.moe_layer_pattern()
+    layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
+    num_moe = sum(pattern[i] for i in layers)
+    gemm = (attention_params(model, tp).dense_tp_sharded * len(layers)
+            + mlp_params(model, tp).dense_tp_sharded * (len(layers) - num_moe))
+    if num_moe:
+        moe = moe_params(model, tp, ep, etp)
+        gemm += (moe.dense_tp_sharded + moe.expert) * num_moe
+    return _stage_counts(model, tp, pp, vpp, ep, etp, stage), gemm
+
+
+def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
+    """(counts, fp8 GEMM weights, weight bytes, grad bytes, dense count, expert count) per candidate rank."""
+    return tuple((p, gemm, p.total * ctx.weight_bytes + (2 * gemm if ctx.fp8 else 0), p.total * ctx.grad_bytes,
+                  p.dense, p.expert) for p, gemm in stages)
+
+
+@lru_cache(maxsize=1024)
+def _candidate_stages(model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...]:
+    """Pipeline ranks that can be the most loaded: first, last, and middle ranks not dominated by an earlier one.
+
+    Earlier ranks hold at least as many micro-batches in flight, so a middle rank with no more dense and
+    no more MoE layers than an earlier middle rank cannot hold more bytes.
+    """
+    pattern = model.moe_layer_pattern()
+    chunks = layer_chunks(model.num_layers, pp, vpp)
+    kept: list[tuple[int, int, int]] = []
+    for i in range(1, pp - 1):
+        layers = [j for chunk in chunks[i] for j in chunk]
+        moe = sum(pattern[j] for j in layers)
+        dense = len(layers) - moe
+        if not any(d >= dense and m >= moe for _, d, m in kept):
+            kept.append((i, dense, moe))
+    return tuple(sorted({0, pp - 1, *(i for i, _, _ in kept)}))
+
+
+def in_flight_micro_batches(pp: int, vpp: int, stage: int, num_micro_batches: int) -> int:
+    """Chunk-micro-batches whose activations pipeline rank ``stage`` holds at its peak (start of steady state).
+
+    1F1B: ``min(PP − i, m)``. Interleaved: Megatron's warm-up ``2·(PP − i − 1) + (VPP − 1)·PP`` plus the
+    one in steady state, capped at ``m·VPP``; each holds ``1/VPP`` of the rank's layers.
+    """
+    if vpp == 1:
+        return min(pp - stage, num_micro_batches)
+    return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, num_micro_batches * vpp)
+
+
+class _Context:
+    """Per (model, training): byte widths and the caches of the pieces above, keyed on small int tuples.
+
+    A sweep calls with the same spec objects, so an identity check replaces re-hashing the (large)
+    frozen specs on every call.
+    """
+
+    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "layouts",
+                 "params", "seq")
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
+        self.model, self.training = model, training
+        self.weight_bytes = training.param_bytes
+        self.grad_bytes = _FP32 if training.main_grads_fp32 else training.param_bytes
+        # Adam m and v in fp32, plus an fp32 master copy unless the weights already are fp32.
+        self.opt_bytes = 2 * _FP32 + (0 if training.param_bytes == _FP32 else _FP32)
+        self.fp8 = training.precision == "fp8"
+        self.seq = training.seq_length
+        self.kinds: dict[tuple, _KindTerms] = {}
+        self.layouts: dict[tuple[int, int, int], tuple[_StageLayout, ...]] = {}
+        self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
+
+
+_last: list[_Context] = []
+
+
+@lru_cache(maxsize=64)
+def _cached_context(model: ModelSpec, training: TrainingSpec) -> _Context:
+    return _Context(model, training)
+
+
+def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
+    if _last and _last[0].model is model and _last[0].training is training:
+        return _last[0]
+    ctx = _cached_context(model, training)
+    _last[:] = [ctx]
+    return ctx
+
+
+def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None):
+    """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
+    ctx = _context(model, training)
+    tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
+    granularity = config.recompute_granularity
+    modules = config.recompute_modules if granularity == "selective" else ()
+    kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
+    k = ctx.kinds.get(kkey)
+    if k is None:
+        k = ctx.kinds[kkey] = _kind_terms(model, training, _Shape(*kkey[:6]), frozenset(modules))
+    full = config.recompute_num_layers if granularity == "full" else -1
+    if only_stage is None:
+        lkey = (pp, vpp, full)
+        layouts = ctx.layouts.get(lkey)
+        if layouts is None:
+            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage)
+                                                for stage in _candidate_stages(model, pp, vpp))
+        pkey = (tp, pp, vpp, ep, etp)
+        params = ctx.params.get(pkey)
+        if params is None:
+            params = ctx.params[pkey] = _param_entries(ctx, tuple(
+                _stage_param_entry(model, tp, pp, vpp, ep, etp, stage) for stage in _candidate_stages(model, pp, vpp)))
+    else:
+        layouts = (_stage_layout(model, pp, vpp, full, only_stage),)
+        params = _param_entries(ctx, (_stage_param_entry(model, tp, pp, vpp, ep, etp, only_stage),))
+
+    mbs = config.micro_batch_size
+    dp = config.dp
+    tokens = mbs * ctx.seq / cp
+    m = training.global_batch_size // (mbs * dp) or 1
+    ob = ctx.opt_bytes
+    if config.use_distributed_optimizer:
+        dense_shard, expert_shard = dp * cp, config.edp
+    else:
+        dense_shard = expert_shard = 1
+    (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
+     pp_buffer, head_input, mtp, logits_tok, embedding_mask) = k
+    if pp == 1:
+        pp_buffer = 0.0
+    scale = 1.0 + FRAGMENTATION
+    best = None
+    best_total = -1.0
+    for lay, par in zip(layouts, params):
+        stage, sd, sm, rd, rm, first, last, has_moe = lay
+        n = min(pp - stage, m) if vpp == 1 else min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+        act = n * (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
+        logits = 0.0
+        if first:
+            act += n / vpp * embedding_mask
+        if last:
+            act += head_input + mtp
+            logits = logits_tok
+        work = 0.0
+        if sd:
+            work = work_sd
+        if sm and work_sm > work:
+            work = work_sm
+        if rd and work_fd > work:
+            work = work_fd
+        if rm and work_fm > work:
+            work = work_fm
+        comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
+        optimizer = ob * (par[4] / dense_shard + par[5] / expert_shard)
+        total = par[2] + par[3] + optimizer + tokens * (act + logits + comm + work) * scale
+        if total > best_total:
+            best_total = total
+            best = (total, lay, par, n, tokens, act, logits, comm, work, optimizer)
+    return ctx, k, best, (dense_shard, expert_shard, pp_buffer)
+
+
+def _breakdown(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: int) -> MemoryBreakdown:
+    _, lay, par, n, tokens, act, logits, comm, work, optimizer = best
+    p, gemm, weights, grads = par[0], par[1], par[2], par[3]
+    dense_shard, expert_shard, pp_buffer = shards
+    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
+    activations, logits_b, comm_b, work_b = tokens * act, tokens * logits, tokens * comm, tokens * work
+    fragmentation = FRAGMENTATION * (activations + logits_b + comm_b + work_b)
+    x = tokens * n * lay.stored_dense / vpp
+    y = tokens * n * lay.stored_moe / vpp
+    details: list[tuple[str, float]] = [
+        ("weights.dense_tp_sharded", p.dense_tp_sharded * wb), ("weights.dense_replicated", p.dense_replicated * wb),
+        ("weights.expert", p.expert * wb),
+    ]
+    if ctx.fp8:
+        details.append(("weights.fp8_copies", 2.0 * gemm))
+    details += [
+        ("grads.dense", p.dense * gb), ("grads.expert", p.expert * gb),
+        ("optimizer.dense_tp_sharded", ob * p.dense_tp_sharded / dense_shard),
+        ("optimizer.dense_replicated", ob * p.dense_replicated / dense_shard),
+        ("optimizer.expert", ob * p.expert / expert_shard),
+    ]
+    # per-tensor activations: C-level map/zip over the aligned per-kind vectors (this runs on every call)
+    details += zip(k.names, map(add, map(mul, k.dense, repeat(x)), map(mul, k.moe, repeat(y))))
+    recomputed = lay.recomputed_dense + lay.recomputed_moe
+    if recomputed:
+        details.append(("act.full_recompute.layer_input", tokens * n * recomputed / vpp * k.layer_input))
+    if lay.first and k.embedding_mask:
+        details.append(("act.embedding.dropout_mask", tokens * n / vpp * k.embedding_mask))
+    if lay.last:
+        details.append(("act.output.final_norm_and_head_input", tokens * k.head_input))
+        if k.mtp:
+            details.append(("act.mtp.blocks", tokens * k.mtp))
+        details.append(("logits.loss_and_output", logits_b))
+    name, value = k.comm_moe if lay.has_moe else k.comm_dense
+    if value:
+        details.append((name, tokens * value))
+    if pp_buffer:
+        details.append(("comm.pp.send_recv", tokens * pp_buffer))
+    details += [("allocator.backward_working_set", work_b), ("allocator.fragmentation", fragmentation)]
+    return MemoryBreakdown(lay.stage, weights, grads, optimizer, activations, logits_b, comm_b,
+                           work_b + fragmentation, tuple(details))
+
+
+def estimate_stage_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
+                          stage: int) -> MemoryBreakdown:
+    """Memory of one GPU of pipeline rank ``stage`` (bytes), by category with per-tensor details."""
+    if not 0 <= stage < config.pp:
+        raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
+    ctx, k, best, shards = _evaluate(model, training, config, stage)
+    return _breakdown(ctx, k, best, shards, config.vpp)
+
+
+def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                    config: ParallelConfig) -> MemoryBreakdown:
+    """Memory of the most-loaded GPU of ``config`` (bytes), by category with per-tensor details.
+
+    Evaluates the first and last pipeline ranks and every middle rank that could be the largest
+    (see :func:`_candidate_stages`) and returns the one with the largest total. ``cluster`` is not
+    needed for the bytes themselves; compare ``total`` with ``cluster.usable_hbm_bytes``.
+    """
+    ctx, k, best, shards = _evaluate(model, training, config, None)
+    return _breakdown(ctx, k, best, shards, config.vpp)
+
+
+def peak_memory_bytes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> float:
+    """``estimate_memory(...).total`` without building the breakdown: the planner's pruning fast path."""
+    return _evaluate(model, training, config, None)[2][0]

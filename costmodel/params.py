@@ -1,0 +1,228 @@
+"""Parameter counts: what one GPU of one pipeline stage holds, and the whole model's total/active counts.
+
+Counted as a Megatron-Core GPT model holds them (element counts, not bytes):
+
+- attention: QKV (GQA: ``n·d + 2·g·d`` output rows) or MLA (q/kv down projections, their norms, q/kv up
+  projections), the output projection, optional QKV / linear biases, optional per-head q/k norms;
+- MLP: dense layers ``fc1`` (``2·ffn`` rows with SwiGLU) and ``fc2``; MoE layers a router ``E×h``, the
+  routed experts (each an MLP of ``moe_ffn_hidden_size``) and the shared experts;
+- two norms per layer (LayerNorm has a weight and a bias, RMSNorm a weight);
+- the first stage: the word embedding (vocabulary padded as Megatron pads it, split over TP) and a
+  learned absolute position table (not split over TP); the last stage: the final norm and the output
+  layer. With tied embeddings and PP > 1 the last stage holds its own copy of the embedding matrix (as
+  Megatron does, kept in sync by the embedding group); with MTP the last stage also holds an embedding
+  (MTP embeds the shifted tokens) and ``mtp_num_layers`` MTP blocks (two norms, the ``2h → h`` projection,
+  one transformer layer of the last layer's kind and a final norm).
+
+Sharding per GPU: column/row-parallel weights and column-parallel biases are split by TP; norms, the
+router, row-parallel biases, position embeddings and the MLA down projections (Megatron builds them
+duplicated) are replicated over TP; routed experts are split by EP (whole experts) and ETP (each expert's
+FFN dimension; the fc2 bias stays whole). Layers go to pipeline stages by :func:`layer_chunks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters held by one GPU of one pipeline stage (elements, not bytes)."""
+
+    dense_tp_sharded: int  # attention / dense-MLP / shared-expert / embedding / output weights split by TP
+    dense_replicated: int  # norms, router, row-parallel biases, position table, MLA down projections
+    expert: int  # routed-expert weights on this GPU (÷ EP·ETP)
+
+    @property
+    def total(self) -> int:
+        return self.dense_tp_sharded + self.dense_replicated + self.expert
+
+    @property
+    def dense(self) -> int:
+        """Parameters whose gradients reduce over DP·CP (everything but routed experts)."""
+        return self.dense_tp_sharded + self.dense_replicated
+
+    def __add__(self, other: ParamCounts) -> ParamCounts:
+        return ParamCounts(self.dense_tp_sharded + other.dense_tp_sharded,
+                           self.dense_replicated + other.dense_replicated, self.expert + other.expert)
+
+    def __mul__(self, n: int) -> ParamCounts:
+        return ParamCounts(self.dense_tp_sharded * n, self.dense_replicated * n, self.expert * n)
+
+
+ZERO = ParamCounts(0, 0, 0)
+
+
+# ---- layer placement ------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def layer_chunks(num_layers: int, pp: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Decoder-layer indices of every pipeline rank, one tuple per virtual chunk: ``[stage][chunk]``.
+
+    The model is cut into ``pp·vpp`` consecutive chunks; chunk ``j`` holds ``L // (pp·vpp)`` layers plus
+    one more when ``j < L % (pp·vpp)`` (uneven layer counts put the extra layers on the earliest chunks).
+    Pipeline rank ``i`` runs chunks ``i, i + pp, i + 2·pp, ...`` (Megatron's interleaved order).
+    """
+    chunks = pp * vpp
+    base, extra = divmod(num_layers, chunks)
+    bounds = [0]
+    for j in range(chunks):
+        bounds.append(bounds[-1] + base + (1 if j < extra else 0))
+    return tuple(
+        tuple(tuple(range(bounds[v * pp + i], bounds[v * pp + i + 1])) for v in range(vpp))
+        for i in range(pp)
+    )
+
+
+def stage_layers(model: ModelSpec, config: ParallelConfig, stage: int) -> tuple[int, ...]:
+    """Decoder-layer indices held by pipeline rank ``stage`` (all its virtual chunks, in model order)."""
+    return tuple(i for chunk in layer_chunks(model.num_layers, config.pp, config.vpp)[stage] for i in chunk)
+
+
+# ---- per-module counts ----------------------------------------------------------------------------
+def _norm(model: ModelSpec, width: int) -> int:
+    return 2 * width if model.normalization == "layernorm" else width
+
+
+@lru_cache(maxsize=1024)
+def attention_params(model: ModelSpec, tp: int) -> ParamCounts:
+    """Attention block of one layer on one TP rank, including the layer's input norm."""
+    h, n = model.hidden_size, model.num_attention_heads
+    sharded = 0
+    replicated = _norm(model, h)  # input layernorm
+    if model.multi_latent_attention:
+        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        q_width = n * (qk + rope)
+        if model.q_lora_rank is None:
+            sharded += h * q_width // tp
+        else:
+            replicated += h * model.q_lora_rank + _norm(model, model.q_lora_rank)
+            sharded += model.q_lora_rank * q_width // tp
+        replicated += h * (model.kv_lora_rank + rope) + _norm(model, model.kv_lora_rank)
+        sharded += model.kv_lora_rank * n * (qk + v) // tp
+        sharded += n * v * h // tp
+    else:
+        d, g = model.head_dim, model.num_kv_heads
+        qkv_rows = (n + 2 * g) * d
+        sharded += h * qkv_rows // tp + n * d * h // tp
+        if model.add_qkv_bias or model.add_bias_linear:
+            sharded += qkv_rows // tp
+        if model.qk_layernorm:
+            replicated += 2 * _norm(model, d)
+    if model.add_bias_linear:
+        replicated += h  # output-projection bias (row parallel: whole on every TP rank)
+    return ParamCounts(sharded, replicated, 0)
+
+
+def _mlp(model: ModelSpec, ffn: int, split: int) -> tuple[int, int]:
+    """(split weights + column bias, whole fc2 bias) of one MLP whose FFN dim is split ``split`` ways."""
+    h = model.hidden_size
+    up = (2 if model.swiglu else 1) * ffn
+    weights = h * up // split + ffn * h // split
+    if model.add_bias_linear:
+        return weights + up // split, h
+    return weights, 0
+
+
+@lru_cache(maxsize=1024)
+def mlp_params(model: ModelSpec, tp: int) -> ParamCounts:
+    """Dense MLP block of one layer on one TP rank, including the pre-MLP norm."""
+    split, whole = _mlp(model, model.ffn_hidden_size, tp)
+    return ParamCounts(split, whole + _norm(model, model.hidden_size), 0)
+
+
+@lru_cache(maxsize=1024)
+def moe_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
+    """MoE block of one layer on one GPU: pre-MLP norm, router, shared experts (TP) and E/EP routed experts."""
+    h = model.hidden_size
+    replicated = _norm(model, h) + (model.num_experts or 0) * h
+    sharded = 0
+    if model.shared_expert_ffn_hidden_size:
+        split, whole = _mlp(model, model.shared_expert_ffn_hidden_size, tp)
+        sharded += split
+        replicated += whole
+    split, whole = _mlp(model, model.expert_ffn_hidden_size, etp)
+    expert = ((model.num_experts or 0) // ep) * (split + whole)
+    return ParamCounts(sharded, replicated, expert)
+
+
+def layer_params(model: ModelSpec, tp: int, ep: int, etp: int, is_moe: bool) -> ParamCounts:
+    """One decoder layer (attention + dense MLP or MoE) on one GPU."""
+    return attention_params(model, tp) + (moe_params(model, tp, ep, etp) if is_moe else mlp_params(model, tp))
+
+
+def embedding_params(model: ModelSpec, tp: int) -> ParamCounts:
+    """Word embedding (vocab-parallel over TP) plus a learned position table (whole on every TP rank)."""
+    words = model.padded_vocab_size(tp) * model.hidden_size // tp
+    positions = model.max_position_embeddings * model.hidden_size \
+        if model.position_embedding_type == "learned_absolute" else 0
+    return ParamCounts(words, positions, 0)
+
+
+def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
+    """One MTP block: enorm, hnorm, the ``2h → h`` projection (TP-split), a layer of the last layer's kind, final norm."""
+    h = model.hidden_size
+    last_is_moe = bool(model.moe_layer_pattern()[-1])
+    own = ParamCounts(2 * h * h // tp, 3 * _norm(model, h), 0)
+    return own + layer_params(model, tp, ep, etp, last_is_moe)
+
+
+# ---- stages and totals ----------------------------------------------------------------------------
+@lru_cache(maxsize=65536)
+def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> ParamCounts:
+    pattern = model.moe_layer_pattern()
+    layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
+    num_moe = sum(pattern[i] for i in layers)
+    counts = layer_params(model, tp, ep, etp, True) * num_moe if num_moe else ZERO
+    if len(layers) > num_moe:
+        counts = counts + layer_params(model, tp, ep, etp, False) * (len(layers) - num_moe)
+    first, last = stage == 0, stage == pp - 1
+    if first:
+        counts = counts + embedding_params(model, tp)
+    if last:
+        words = model.padded_vocab_size(tp) * model.hidden_size // tp
+        counts = counts + ParamCounts(0, _norm(model, model.hidden_size), 0)  # final norm
+        if model.mtp_num_layers and not first:
+            counts = counts + ParamCounts(words, 0, 0)  # MTP embeds the shifted tokens on the last stage
+        if model.untie_embeddings_and_output_weights or not (first or model.mtp_num_layers):
+            counts = counts + ParamCounts(words, 0, 0)  # own output matrix, or the tied copy of the embedding
+        if model.mtp_num_layers:
+            counts = counts + mtp_block_params(model, tp, ep, etp) * model.mtp_num_layers
+    return counts
+
+
+def stage_param_counts(model: ModelSpec, config: ParallelConfig, stage: int) -> ParamCounts:
+    """Parameters held by one GPU of pipeline rank ``stage`` (all its virtual chunks), by sharding bucket."""
+    if not 0 <= stage < config.pp:
+        from costmodel.errors import InvalidConfigError
+
+        raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
+    return _stage_counts(model, config.tp, config.pp, config.vpp, config.ep, config.etp, stage)
+
+
+@lru_cache(maxsize=256)
+def total_param_counts(model: ModelSpec) -> tuple[int, int]:
+    """(total parameters, parameters active per token) of the whole model, unsharded, for display.
+
+    Counts the embedding once (twice when untied), at the vocabulary padded for TP=1, and excludes MTP
+    blocks, as published totals do (DeepSeek-V3's 671B/37B leave its MTP module out). Active counts
+    ``top-k`` routed experts per MoE layer instead of all of them.
+    """
+    pattern = model.moe_layer_pattern()
+    num_moe = sum(pattern)
+    num_dense = model.num_layers - num_moe
+    h = model.hidden_size
+    attn = attention_params(model, 1).total
+    dense_layer = attn + mlp_params(model, 1).total
+    moe = moe_params(model, 1, 1, 1)
+    moe_layer = attn + moe.dense_tp_sharded + moe.dense_replicated
+    per_expert = moe.expert // (model.num_experts or 1)
+    edges = embedding_params(model, 1).total + _norm(model, h)
+    if model.untie_embeddings_and_output_weights:
+        edges += model.padded_vocab_size(1) * h
+    total = num_dense * dense_layer + num_moe * (moe_layer + moe.expert) + edges
+    active = num_dense * dense_layer + num_moe * (moe_layer + model.moe_router_topk * per_expert) + edges
+    return total, active

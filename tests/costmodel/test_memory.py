@@ -1,0 +1,315 @@
+"""The per-GPU memory model: published Korthikanti et al. rows, Megatron's MoE-layer peaks, behaviour."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from costmodel import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
+from costmodel.errors import InvalidConfigError
+from costmodel.memory import (
+    _comm_per_token,
+    _gradient_peak,
+    _shape,
+    estimate_memory,
+    estimate_stage_memory,
+    in_flight_micro_batches,
+    layer_activation_bytes,
+    peak_memory_bytes,
+)
+from costmodel.params import moe_params
+
+GIB = 2**30
+REFERENCE = Path(__file__).resolve().parents[2] / ".." / "shared" / "validation" / "reference.json"
+H100 = ClusterSpec(get_hardware("h100-sxm"), 64)
+
+
+def _reference(name):
+    if not REFERENCE.is_file():
+        pytest.skip(f"validation data not found at {REFERENCE} (the shared/validation folder beside the repo)")
+    return json.loads(REFERENCE.read_text())[name]
+
+
+# ---- Korthikanti et al. 2022 (arXiv 2205.05198), GPT on A100 -----------------------------------------------
+def _korthikanti_case(row, ref):
+    model = ModelSpec(name=row["model"], num_layers=row["layers"], hidden_size=row["hidden"],
+                      num_attention_heads=row["heads"], ffn_hidden_size=4 * row["hidden"], vocab_size=ref["vocab"],
+                      swiglu=False, normalization="layernorm", add_bias_linear=True,
+                      position_embedding_type="learned_absolute", max_position_embeddings=ref["seq"],
+                      untie_embeddings_and_output_weights=False, hidden_dropout=0.1, attention_dropout=0.1)
+    training = TrainingSpec(seq_length=ref["seq"], global_batch_size=row["gbs"], precision="fp16",
+                            flash_attention=False, distributed_optimizer=False)
+    baseline = ParallelConfig(world_size=row["gpus"], tp=row["tp"], pp=row["pp"], vpp=row["vpp"] or 1,
+                              micro_batch_size=row["mbs"], sequence_parallel=False, use_distributed_optimizer=False)
+    selective = baseline.replace(sequence_parallel=True, recompute_granularity="selective",
+                                 recompute_modules=("core_attn",))
+    return model, training, baseline, selective
+
+
+def _korthikanti_rows():
+    if not REFERENCE.is_file():
+        return [pytest.param(None, id="reference-missing")]
+    return [pytest.param(r, id=r["model"]) for r in json.loads(REFERENCE.read_text())["korthikanti2022"]["rows"]]
+
+
+@pytest.mark.parametrize("row", _korthikanti_rows())
+def test_korthikanti_weights_and_optimizer_within_3_percent(row):
+    ref = _reference("korthikanti2022")
+    model, training, baseline, _ = _korthikanti_case(row, ref)
+    cluster = ClusterSpec(get_hardware("a100-80gb"), row["gpus"])
+    # The paper's figure is 18 bytes/param of the transformer layers on one GPU; for PP > 1 a middle
+    # rank holds exactly that, the first rank adds the embedding (reported in docs/memory-model.md).
+    stage = 1 if row["pp"] > 1 else 0
+    got = estimate_stage_memory(model, training, cluster, baseline, stage)
+    predicted = (got.weights + got.grads + got.optimizer) / GIB
+    assert predicted == pytest.approx(row["mem_gib"]["weights_optimizer"], rel=0.03)
+
+
+@pytest.mark.parametrize("row", _korthikanti_rows())
+def test_korthikanti_activations_within_10_percent(row):
+    ref = _reference("korthikanti2022")
+    model, training, baseline, selective = _korthikanti_case(row, ref)
+    cluster = ClusterSpec(get_hardware("a100-80gb"), row["gpus"])
+    base = estimate_memory(model, training, cluster, baseline)
+    sel = estimate_memory(model, training, cluster, selective)
+    assert base.stage == sel.stage == 0  # the first rank holds the most micro-batches
+    assert base.activations / GIB == pytest.approx(row["mem_gib"]["activations_baseline"], rel=0.10)
+    assert sel.activations / GIB == pytest.approx(row["mem_gib"]["activations_sp_selective"], rel=0.10)
+
+
+def test_korthikanti_per_layer_formula_exactly():
+    # sbh(10 + 24/t + 5as/(ht)) without SP, sbh·34/t with SP + selective, for one layer and micro-batch.
+    s, b, h, a, t = 2048, 1, 1024, 16, 4
+    model = ModelSpec(name="gpt", num_layers=1, hidden_size=h, num_attention_heads=a, ffn_hidden_size=4 * h,
+                      vocab_size=1024, swiglu=False, normalization="layernorm", hidden_dropout=0.1,
+                      attention_dropout=0.1)
+    training = TrainingSpec(seq_length=s, global_batch_size=1, precision="fp16", flash_attention=False)
+    cfg = ParallelConfig(world_size=t, tp=t, sequence_parallel=False)
+    base = sum(v for _, v in layer_activation_bytes(model, training, cfg, False))
+    assert base == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+    sel = cfg.replace(sequence_parallel=True, recompute_granularity="selective", recompute_modules=("core_attn",))
+    assert sum(v for _, v in layer_activation_bytes(model, training, sel, False)) == pytest.approx(
+        s * b * h * 34 / t, rel=1e-12)
+
+
+# ---- Megatron-LM single MoE layer on 8xH100 (TP1 EP8, seq 4096, MBS 1) ---------------------------------
+def _moe_layer_peak(layer, ref):
+    """Peak bytes of one bare MoELayer as Megatron's perf test measures it: bf16 weights and bf16 .grad (no
+    DDP, no optimizer), the input tensor and its gradient, the output, the stored MoE tensors, the one-layer
+    backward working set and the dispatch buffers; max_memory_allocated, so no fragmentation."""
+    dims = ref["layers"][layer]
+    model = ModelSpec(name=layer, num_layers=1, hidden_size=dims["hidden"], num_attention_heads=8,
+                      ffn_hidden_size=dims["moe_ffn"], vocab_size=32000, num_experts=dims["experts"],
+                      moe_router_topk=dims["topk"], moe_ffn_hidden_size=dims["moe_ffn"],
+                      moe_shared_expert_intermediate_size=dims.get("shared_ffn"))
+    training = TrainingSpec(seq_length=ref["seq"], global_batch_size=8, main_grads_fp32=False)
+    cfg = ParallelConfig(world_size=ref["gpus"], ep=ref["ep"], micro_batch_size=ref["mbs"])
+    params = moe_params(model, 1, cfg.ep, 1).total - model.hidden_size  # no pre-MLP norm in a bare MoELayer
+    stored = sum(v for k, v in layer_activation_bytes(model, training, cfg, True)
+                 if k.startswith(("act.moe.", "act.shared.")) and k != "act.moe.norm_input")
+    tokens = ref["seq"] * ref["mbs"]
+    shape = _shape(cfg)
+    working = tokens * _gradient_peak(model, training, shape, True)
+    dispatch = tokens * max(v for _, v in _comm_per_token(model, training, shape, True))
+    return 2 * 2 * params + stored + 2 * tokens * model.hidden_size * 2 + working + dispatch
+
+
+def test_megatron_moe_layer_bf16_peaks_within_20_percent():
+    # 20 %: the perf test's peak also holds Transformer Engine / cuBLAS workspaces and frees saved tensors
+    # progressively during backward, neither of which a per-tensor model sees (measured: mixtral-like
+    # -16 %, deepseek-like +6 %, see docs/memory-model.md).
+    ref = _reference("megatron_moe_layer_8xh100")
+    rows = [r for r in ref["rows"] if r["dtype"] == "bf16"]
+    assert len(rows) == 2
+    for row in rows:
+        assert _moe_layer_peak(row["layer"], ref) / GIB == pytest.approx(row["peak_gib"], rel=0.20), row["layer"]
+
+
+# ---- behaviour ----------------------------------------------------------------------------------
+def _moe_training(**kw):
+    return TrainingSpec(seq_length=4096, global_batch_size=64, **kw)
+
+
+def test_weights_shrink_with_tp_ep_pp_in_the_expected_ratios():
+    model, training = get_model("mixtral-8x7b"), _moe_training()
+    base = estimate_stage_memory(model, training, H100, ParallelConfig(world_size=64, pp=4, ep=2), 1)
+    ep8 = estimate_stage_memory(model, training, H100, ParallelConfig(world_size=64, pp=4, ep=8), 1)
+    tp4 = estimate_stage_memory(model, training, H100, ParallelConfig(world_size=64, tp=4, pp=4, ep=2), 1)
+    pp8 = estimate_stage_memory(model, training, H100, ParallelConfig(world_size=64, pp=8, ep=2), 1)
+    assert ep8.detail("weights.expert") * 4 == base.detail("weights.expert")
+    assert tp4.detail("weights.dense_tp_sharded") * 4 == base.detail("weights.dense_tp_sharded")
+    assert pp8.weights * 2 == base.weights  # a middle rank holds layers only: half the layers, half the bytes
+    assert ep8.weights < base.weights and tp4.weights < base.weights
+
+
+def test_distributed_optimizer_divides_by_dp_cp_and_edp_exactly():
+    model, training = get_model("mixtral-8x7b"), _moe_training()
+    on = ParallelConfig(world_size=64, tp=2, cp=2, pp=2, ep=4)  # dp 8 (dp·cp 16), edp 8
+    off = on.replace(use_distributed_optimizer=False)
+    a, b = estimate_stage_memory(model, training, H100, on, 0), estimate_stage_memory(model, training, H100, off, 0)
+    assert (on.dp, on.edp) == (8, 8)
+    for bucket in ("optimizer.dense_tp_sharded", "optimizer.dense_replicated"):
+        assert a.detail(bucket) * 16 == pytest.approx(b.detail(bucket), rel=1e-12)
+    assert a.detail("optimizer.expert") * 8 == pytest.approx(b.detail("optimizer.expert"), rel=1e-12)
+    assert a.weights == b.weights and a.grads == b.grads and a.activations == b.activations
+
+
+def test_eighteen_bytes_per_parameter_with_fp32_main_grads_sixteen_without():
+    model = get_model("tiny-moe")
+    cfg = ParallelConfig(world_size=1, use_distributed_optimizer=False)
+    params = 156_992  # hand count, tests/costmodel/test_params.py
+    fp32 = estimate_memory(model, TrainingSpec(seq_length=64, global_batch_size=1), H100, cfg)
+    bf16 = estimate_memory(model, TrainingSpec(seq_length=64, global_batch_size=1, main_grads_fp32=False), H100, cfg)
+    assert fp32.weights + fp32.grads + fp32.optimizer == 18 * params
+    assert bf16.weights + bf16.grads + bf16.optimizer == 16 * params
+
+
+def test_recompute_full_below_selective_below_none():
+    model, training = get_model("mixtral-8x7b"), _moe_training()
+    cfg = ParallelConfig(world_size=64, tp=2, pp=4, ep=8)
+    none = estimate_memory(model, training, H100, cfg).activations
+    sel = estimate_memory(model, training, H100, cfg.replace(recompute_granularity="selective",
+                                                             recompute_modules=("core_attn", "moe_act"))).activations
+    full = estimate_memory(model, training, H100, cfg.replace(recompute_granularity="full")).activations
+    part = estimate_memory(model, training, H100, cfg.replace(recompute_granularity="full",
+                                                              recompute_num_layers=4)).activations
+    assert full < part < none and full < sel < none
+
+
+def test_each_selective_module_removes_its_tensors():
+    model, training = get_model("deepseek-v3"), _moe_training()
+    cfg = ParallelConfig(world_size=256, tp=2, pp=8, ep=32)
+    names = dict(layer_activation_bytes(model, training, cfg, True))
+    for module, gone in (("mla_up_proj", "act.attn.qkv"), ("moe_act", "act.moe.expert_act_output"),
+                         ("layernorm", "act.moe.router_input"), ("shared_experts", "act.shared.fc1_output"),
+                         ("moe", "act.moe.permuted_tokens"), ("core_attn", "act.attn.softmax_lse")):
+        sel = cfg.replace(recompute_granularity="selective", recompute_modules=(module,))
+        kept = dict(layer_activation_bytes(model, training, sel, True))
+        assert gone in names and gone not in kept, module
+        assert sum(kept.values()) < sum(names.values())
+    dense = dict(layer_activation_bytes(model, training, cfg.replace(recompute_granularity="selective",
+                                                                     recompute_modules=("mlp",)), False))
+    assert "act.mlp.fc1_output" not in dense and "act.mlp.fc1_input" in dense
+
+
+def test_routing_imbalance_scales_only_the_expert_terms():
+    model = get_model("mixtral-8x7b")
+    cfg = ParallelConfig(world_size=64, tp=2, pp=4, ep=8)
+    flat = dict(layer_activation_bytes(model, _moe_training(), cfg, True))
+    skew = dict(layer_activation_bytes(model, _moe_training(moe_routing_imbalance=1.5), cfg, True))
+    for name in flat:
+        ratio = 1.5 if name in ("act.moe.permuted_tokens", "act.moe.permuted_probs", "act.moe.expert_fc1_output",
+                                "act.moe.expert_act_output") else 1.0
+        assert skew[name] == pytest.approx(ratio * flat[name], rel=1e-12), name
+    # with EP = 1 every expert is local: the GPU's total cannot be imbalanced
+    local = ParallelConfig(world_size=64, tp=2, pp=4, ep=1)
+    assert layer_activation_bytes(model, _moe_training(), local, True) == \
+        layer_activation_bytes(model, _moe_training(moe_routing_imbalance=1.5), local, True)
+    capped = TrainingSpec(seq_length=4096, global_batch_size=64, routing_mode="capacity",
+                          moe_expert_capacity_factor=1.25, moe_routing_imbalance=2.0)
+    assert dict(layer_activation_bytes(model, capped, cfg, True))["act.moe.permuted_tokens"] == \
+        pytest.approx(1.25 * flat["act.moe.permuted_tokens"], rel=1e-12)
+
+
+def test_interleaving_raises_first_stage_activations_by_exactly_the_factor():
+    model = get_model("mixtral-8x7b")  # 32 layers, no dropout
+    training = TrainingSpec(seq_length=4096, global_batch_size=1024)  # m ≥ pp·vpp: the warm-up is not capped
+    for pp, vpp in ((4, 2), (4, 4), (8, 2)):
+        plain = ParallelConfig(world_size=64, pp=pp, ep=8)
+        inter = plain.replace(vpp=vpp)
+        a = estimate_stage_memory(model, training, H100, plain, 0).activations
+        b = estimate_stage_memory(model, training, H100, inter, 0).activations
+        assert b / a == pytest.approx(1 + (pp - 1) / (pp * vpp), rel=1e-12)
+
+
+def test_in_flight_micro_batches_follow_the_schedules():
+    assert [in_flight_micro_batches(4, 1, i, 8) for i in range(4)] == [4, 3, 2, 1]
+    assert in_flight_micro_batches(4, 1, 0, 2) == 2  # fewer micro-batches than stages
+    assert in_flight_micro_batches(4, 2, 0, 8) == 2 * 3 + 4 + 1
+    assert in_flight_micro_batches(4, 2, 3, 8) == 4 + 1
+    assert in_flight_micro_batches(4, 2, 0, 2) == 4  # capped at m·vpp
+
+
+def test_flash_attention_drops_the_score_matrix():
+    model = get_model("mixtral-8x7b")
+    cfg = ParallelConfig(world_size=8, tp=8, ep=8)
+    flash = dict(layer_activation_bytes(model, _moe_training(), cfg, True))
+    plain = dict(layer_activation_bytes(model, _moe_training(flash_attention=False), cfg, True))
+    assert "act.attn.softmax" not in flash and "act.attn.softmax_lse" in flash
+    # 32 heads / TP 8, seq 4096 keys, 2 bytes, per local token (mbs 1 · 4096 tokens)
+    assert plain["act.attn.softmax"] == 4096 * (32 / 8) * 4096 * 2
+
+
+def test_sequence_parallel_divides_by_tp_and_cp_divides_the_sequence():
+    model, training = get_model("mixtral-8x7b"), _moe_training()
+    tp4 = ParallelConfig(world_size=64, tp=4, ep=8, sequence_parallel=False)
+    sp = dict(layer_activation_bytes(model, training, tp4.replace(sequence_parallel=True), True))
+    nosp = dict(layer_activation_bytes(model, training, tp4, True))
+    assert sp["act.moe.norm_input"] * 4 == nosp["act.moe.norm_input"]
+    assert sp["act.attn.qkv"] == nosp["act.attn.qkv"]  # head-split either way
+    cp1 = estimate_memory(model, training, H100, ParallelConfig(world_size=64, tp=2, ep=8))
+    cp2 = estimate_memory(model, training, H100, ParallelConfig(world_size=64, tp=2, cp=2, ep=8))
+    assert cp2.activations * 2 == pytest.approx(cp1.activations, rel=1e-12)
+
+
+def test_gqa_shrinks_kv_activations():
+    mha = ModelSpec(name="mha", num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096,
+                    vocab_size=1024)
+    gqa = ModelSpec(**{**mha.to_dict(), "name": "gqa", "num_query_groups": 2})
+    cfg, training = ParallelConfig(world_size=1), TrainingSpec(seq_length=128, global_batch_size=1)
+    a = dict(layer_activation_bytes(mha, training, cfg, False))["act.attn.qkv"]
+    b = dict(layer_activation_bytes(gqa, training, cfg, False))["act.attn.qkv"]
+    assert a / b == pytest.approx((16 + 32) / (16 + 4), rel=1e-12)
+
+
+def test_logits_live_on_the_last_stage_split_by_tp():
+    model, training = get_model("mixtral-8x7b"), _moe_training()
+    cfg = ParallelConfig(world_size=64, tp=4, pp=4, ep=8)
+    first = estimate_stage_memory(model, training, H100, cfg, 0)
+    last = estimate_stage_memory(model, training, H100, cfg, 3)
+    assert first.logits == 0
+    # 4096 tokens · 32256/4 vocab (32000 padded to a multiple of 128·TP) · (4 fp32 loss copy + 2 bf16 logits)
+    assert model.padded_vocab_size(4) == 32256
+    assert last.logits == 4096 * 32256 / 4 * 6
+
+
+def test_most_loaded_stage_is_the_max_over_every_stage():
+    training = _moe_training()
+    for name, cfg in (("deepseek-v3", ParallelConfig(world_size=1024, tp=2, pp=16, vpp=2, ep=32)),
+                      ("deepseek-v3", ParallelConfig(world_size=1024, pp=32, ep=32, recompute_granularity="full")),
+                      ("mixtral-8x7b", ParallelConfig(world_size=64, pp=8, ep=8)),
+                      ("qwen3-30b-a3b", ParallelConfig(world_size=64, pp=4, vpp=3, ep=16, micro_batch_size=2))):
+        model = get_model(name)
+        best = estimate_memory(model, training, H100, cfg)
+        every = [estimate_stage_memory(model, training, H100, cfg, s) for s in range(cfg.pp)]
+        assert best.total == pytest.approx(max(b.total for b in every), rel=1e-12), (name, cfg.label())
+        assert peak_memory_bytes(model, training, H100, cfg) == pytest.approx(best.total, rel=1e-12)
+
+
+def test_details_add_up_to_the_categories():
+    model, training = get_model("deepseek-v3"), _moe_training(precision="fp8")
+    cfg = ParallelConfig(world_size=1024, tp=2, pp=16, ep=64, recompute_granularity="full", recompute_num_layers=1)
+    b = estimate_memory(model, training, H100, cfg)
+    for field, prefix in (("weights", "weights."), ("grads", "grads."), ("optimizer", "optimizer."),
+                          ("activations", "act."), ("logits", "logits."), ("comm_buffers", "comm."),
+                          ("allocator_overhead", "allocator.")):
+        assert b.detail(prefix) == pytest.approx(getattr(b, field), rel=1e-9, abs=1e-6), field
+    assert b.detail("weights.fp8_copies") > 0
+    assert b.total == pytest.approx(sum(v for _, v in b.details), rel=1e-12)
+
+
+def test_deepseek_v3_known_layout_fits_an_h100():
+    # DeepSeek-V3 on 1024 H100s as commonly run with Megatron-Core (TP2 PP16 EP64, MLA up-proj + MoE act
+    # recompute): must fit 80 GB; without recompute and with PP1 it must not.
+    model, training = get_model("deepseek-v3"), TrainingSpec(seq_length=4096, global_batch_size=8192)
+    cluster = ClusterSpec(get_hardware("h100-sxm"), 1024)
+    fits = ParallelConfig(world_size=1024, tp=2, pp=16, ep=64, recompute_granularity="selective",
+                          recompute_modules=("mla_up_proj", "moe_act", "layernorm"))
+    assert estimate_memory(model, training, cluster, fits).total < cluster.usable_hbm_bytes
+    assert estimate_memory(model, training, cluster, ParallelConfig(world_size=1024, ep=64)).total \
+        > cluster.usable_hbm_bytes
+
+
+def test_stage_outside_pipeline_is_a_clear_error():
+    with pytest.raises(InvalidConfigError, match="stage 4 is outside the pipeline"):
+        estimate_stage_memory(get_model("tiny-moe"), _moe_training(), H100, ParallelConfig(world_size=4, pp=4), 4)
