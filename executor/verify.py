@@ -8,7 +8,7 @@ shape. :func:`layout_worker` runs several scenarios in one launched world (see `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,7 @@ class Scenario:
     # Adam divides by sqrt(v) + eps: gradients of ~1e-9 (cancellations) carry fp32 reduction-order noise
     # of a few percent, which eps = 1e-8 would amplify into visible parameter differences.
     adam_eps: float = 1e-6
+    device: str = "cpu"  # 'cuda': rank r runs on GPU r (NCCL)
 
 
 def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
@@ -43,14 +44,15 @@ def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> d
     check_layout(scenario.model, config, scenario.seq_length)
     state = build_parallel_state(config, rank)
     torch.manual_seed(0)
-    model = MoEGPT(scenario.model, state, scenario.options, scenario.seq_length)
+    device = torch.device("cuda", rank) if scenario.device == "cuda" else torch.device("cpu")
+    model = MoEGPT(scenario.model, state, scenario.options, scenario.seq_length, device)
     trainer = Trainer(model, lr=scenario.lr, eps=scenario.adam_eps)
     dp = state["dp_cp"]
     losses, counts, grads = [], [], None
     for step in range(scenario.steps):
         batch = global_batch(scenario.model.vocab_size, scenario.seq_length, scenario.global_batch_size,
                              scenario.options.seed, step)
-        result = trainer.step(micro_batches(batch, dp.size, dp.rank, scenario.micro_batch_size))
+        result = trainer.step(micro_batches(batch, dp.size, dp.rank, scenario.micro_batch_size, device))
         losses.append(result.loss)
         counts.append(result.tokens_per_expert)
         if step == 0:
@@ -70,7 +72,7 @@ def layout_worker(rank: int, world_size: int, config: ParallelConfig, scenarios:
 def reference(config: ParallelConfig, scenario: Scenario) -> dict:
     """The single-process run of ``scenario`` (same dispatcher type as ``config``)."""
     single = ParallelConfig(world_size=1, moe_token_dispatcher_type=config.moe_token_dispatcher_type)
-    return run_scenario(single, scenario, 0)
+    return run_scenario(single, replace(scenario, device="cpu"), 0)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:

@@ -1,14 +1,45 @@
 """The always-available backend: ``torch._grouped_mm``, ``scaled_dot_product_attention`` and ``rms_norm``.
 
-``torch._grouped_mm`` runs on CPU (fp32/bf16/fp16) and on Hopper GPUs (bf16); it needs 16-byte aligned
+``torch._grouped_mm`` runs on CPU (fp32/bf16/fp16) and on Hopper GPUs in bf16; it needs 16-byte aligned
 strides (dims multiple of 8 in bf16, 4 in fp32) and leaves rows past ``offs[-1]`` unwritten, so callers
-always pass offs whose last entry is the row count. SDPA's ``enable_gqa`` avoids copying K/V per head.
+always pass offs whose last entry is the row count. Where it refuses a dtype/device (fp32 on CUDA, older
+torch), a padded batched matmul does the same without a loop over groups (one host sync for the
+longest group). SDPA's ``enable_gqa`` avoids copying K/V per head.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+_SUPPORTED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    key = (device.type, dtype)
+    if key not in _SUPPORTED:
+        try:
+            x = torch.ones(8, 16, device=device, dtype=dtype)
+            w = torch.ones(2, 16, 16, device=device, dtype=dtype)
+            out = torch._grouped_mm(x, w.transpose(-2, -1), offs=torch.tensor([3, 8], device=device,
+                                                                              dtype=torch.int32))
+            _SUPPORTED[key] = bool(torch.all(out == 16))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            _SUPPORTED[key] = False
+    return _SUPPORTED[key]
+
+
+def padded_grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
+    """Grouped GEMM through one bmm over groups padded to the longest (no Python loop over groups)."""
+    g = w_GNK.shape[0]
+    counts = torch.diff(offs_G.long(), prepend=offs_G.new_zeros(1).long())
+    longest = int(counts.max())
+    group_of_row = torch.repeat_interleave(torch.arange(g, device=x_MK.device), counts, output_size=x_MK.shape[0])
+    starts = offs_G.long() - counts
+    slot = group_of_row * longest + torch.arange(x_MK.shape[0], device=x_MK.device) - starts[group_of_row]
+    padded = x_MK.new_zeros((g * longest, x_MK.shape[1])).index_copy(0, slot, x_MK)
+    out = torch.bmm(padded.view(g, longest, -1), w_GNK.transpose(-2, -1))
+    return out.reshape(g * longest, -1).index_select(0, slot)
 
 
 class TorchBackend:
@@ -18,7 +49,9 @@ class TorchBackend:
         if x_MK.shape[0] == 0:
             # No rows: keep the weight in the graph so its (zero) gradient exists on every rank.
             return x_MK.new_zeros((0, w_GNK.shape[1])) + 0 * w_GNK.sum()
-        return torch._grouped_mm(x_MK, w_GNK.transpose(-2, -1), offs=offs_G)
+        if _grouped_mm_works(x_MK.device, x_MK.dtype):
+            return torch._grouped_mm(x_MK, w_GNK.transpose(-2, -1), offs=offs_G)
+        return padded_grouped_mm(x_MK, w_GNK, offs_G)
 
     def attention(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True,

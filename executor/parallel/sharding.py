@@ -16,6 +16,9 @@ import torch.distributed as dist
 from executor.parallel.groups import Group, ParallelState
 
 
+_CPU_INIT_LIMIT = 2**24  # elements
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """Where a parameter's slices live.
@@ -55,9 +58,15 @@ def make_param(info: ShardInfo, state: ParallelState, init: str, std: float, see
     elif init == "zeros":
         full = torch.zeros(info.full_shape, device=device)
     else:
-        gen = torch.Generator(device=device)
+        # Small tensors are drawn on the CPU so GPU runs of test-sized models start from the CPU reference's
+        # weights; big ones on the device, where drawing billions of numbers takes milliseconds, not minutes.
+        numel = 1
+        for d in info.full_shape:
+            numel *= d
+        where = device if numel > _CPU_INIT_LIMIT else torch.device("cpu")
+        gen = torch.Generator(device=where)
         gen.manual_seed((seed * 1_000_003 + zlib.crc32(info.name.encode())) % (2**63))
-        full = torch.randn(info.full_shape, generator=gen, device=device) * std
+        full = (torch.randn(info.full_shape, generator=gen, device=where) * std).to(device)
         if info.rows is not None:
             full[info.rows:] = 0  # padded vocabulary rows
     local = _slice(full, info.tp_dim, state.tp)

@@ -1,0 +1,242 @@
+"""GPU benchmark of the executor against ceilings measured in the same run on the same GPU.
+
+Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
+  gemm      dense bf16 GEMM 8192³ TFLOP/s (the ceiling of the stack bar)
+  moe       MoE layer fwd+bwd (router, dispatch, grouped experts, combine) vs the ideal expert FFN
+            (the three grouped GEMMs + SwiGLU, fwd+bwd, on pre-permuted, perfectly balanced tokens):
+            Mixtral (h4096, ffn14336, 8 experts, top-2) bar ≥ 0.95; fine-grained (h2048, ffn768,
+            128 experts, top-8) bar ≥ 0.85; seq 4096, bf16
+  stack     Mixtral-8x7B-shaped decoder layers (GQA 32/8) fwd+bwd TFLOP/s vs the dense GEMM, bar ≥ 0.55,
+            with peak memory
+  check     NCCL equivalence: EP2 and TP2 on 2 GPUs (fp32) vs the CPU single-process reference
+  ep2       full training step (proxy with --layers layers) on 1 GPU vs EP2 on 2 GPUs:
+            per-GPU tokens/s ratio, bar ≥ 0.90
+Usage: python bench/executor_gpu.py [--parts gemm,moe,stack,check,ep2] [--layers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from costmodel.catalog import get_model  # noqa: E402
+from costmodel.flops import flops_per_token  # noqa: E402
+from costmodel.model_spec import ModelSpec  # noqa: E402
+from costmodel.parallel_config import ParallelConfig  # noqa: E402
+from costmodel.training_spec import TrainingSpec  # noqa: E402
+from executor.attention import rope_tables  # noqa: E402
+from executor.kernels import get_backend  # noqa: E402
+from executor.model import DecoderLayer  # noqa: E402
+from executor.moe import MoELayer  # noqa: E402
+from executor.options import ExecutorOptions  # noqa: E402
+from executor.parallel.groups import single_process_state  # noqa: E402
+from executor.timing import NULL_TIMER  # noqa: E402
+
+DEV = torch.device("cuda", 0)
+BF16 = torch.bfloat16
+
+
+def timeit(fn, warmup: int = 3, iters: int = 10) -> float:
+    """Median seconds of ``fn`` over ``iters`` runs timed with CUDA events, after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times)
+
+
+def part_gemm() -> dict:
+    n = 8192
+    a = torch.randn(n, n, device=DEV, dtype=BF16)
+    b = torch.randn(n, n, device=DEV, dtype=BF16)
+    t = timeit(lambda: a @ b, 5, 20)
+    return {"shape": [n, n, n], "seconds": t, "tflops": 2 * n**3 / t / 1e12}
+
+
+def moe_spec(h: int, f: int, experts: int, topk: int) -> ModelSpec:
+    return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h, num_attention_heads=16,
+                     ffn_hidden_size=f, vocab_size=32000, num_experts=experts, moe_router_topk=topk,
+                     moe_ffn_hidden_size=f)
+
+
+def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dict:
+    spec = moe_spec(h, f, experts, topk)
+    state = single_process_state()
+    layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), DEV, BF16)
+    x = torch.randn(tokens, 1, h, device=DEV, dtype=BF16, requires_grad=True)
+    gy = torch.randn(tokens, 1, h, device=DEV, dtype=BF16)
+
+    def layer_step():
+        y, _ = layer(x)
+        y.backward(gy)
+
+    t_layer = timeit(layer_step)
+    counts = layer.last_tokens_per_expert.float()
+    rows = tokens * topk
+    xs = torch.randn(rows, h, device=DEV, dtype=BF16, requires_grad=True)
+    gs = torch.randn(rows, h, device=DEV, dtype=BF16)
+    balanced = torch.full((experts,), rows // experts, device=DEV, dtype=torch.long)
+
+    def ideal_step():
+        layer.experts(xs, balanced).backward(gs)
+
+    t_ideal = timeit(ideal_step)
+    flops = 3 * 3 * 2 * rows * h * f
+    del layer, x, xs
+    torch.cuda.empty_cache()
+    return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens},
+            "layer_s": t_layer, "ideal_s": t_ideal, "ratio": t_ideal / t_layer,
+            "layer_tflops": flops / t_layer / 1e12, "ideal_tflops": flops / t_ideal / 1e12,
+            "imbalance_max_over_mean": float(counts.max() / counts.mean())}
+
+
+def part_stack(layers: int, seq: int = 4096) -> dict:
+    spec = get_model("mixtral-8x7b").with_layers(layers)
+    state = single_process_state()
+    opts = ExecutorOptions()
+    kernels = get_backend("torch")
+    stack = torch.nn.ModuleList(DecoderLayer(spec, opts, state, i, True, kernels, DEV, BF16, NULL_TIMER)
+                                for i in range(layers))
+    rope = rope_tables(seq, spec.head_dim, opts.rotary_base, DEV)
+    x = torch.randn(seq, 1, spec.hidden_size, device=DEV, dtype=BF16, requires_grad=True)
+    gy = torch.randn_like(x)
+
+    def step():
+        y = x
+        for layer in stack:
+            y, _ = layer(y, rope)
+        y.backward(gy)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t = timeit(step, 2, 8)
+    per_token = flops_per_token(spec, seq) - 3 * 2 * spec.hidden_size * spec.padded_vocab_size()
+    flops = per_token * seq
+    result = {"layers": layers, "seq": seq, "seconds": t, "tflops": flops / t / 1e12,
+              "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+              "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+    del stack, x
+    torch.cuda.empty_cache()
+    return result
+
+
+def part_check() -> dict:
+    from executor.launch_local import launch
+    from executor.verify import Scenario, compare, layout_worker, reference
+
+    spec = get_model("tiny-moe")
+    out = {}
+    for label, world in (("ep2", 2), ("tp2", 2), ("etp2", 2)):
+        config = ParallelConfig.parse(label, world_size=world)
+        scenario = Scenario("gpu", spec, ExecutorOptions(moe_aux_loss_coeff=1e-2), device="cuda", steps=2)
+        launched = launch(layout_worker, world, (config, [scenario]), backend="nccl", timeout_s=180)
+        if not launched.ok:
+            out[label] = {"ok": False, "reason": launched.failure_reason}
+            continue
+        got = launched.results[0][0]
+        ref = reference(config, scenario)
+        # GPU fp32 vs CPU fp32: different reduction orders and kernels; params after Adam are left out.
+        problems = [p for p in compare(ref, got, rtol=2e-3, atol=1e-5) if not p.startswith("params")]
+        out[label] = {"ok": not problems, "problems": problems[:5], "loss": got["loss"], "ref_loss": ref["loss"]}
+    return out
+
+
+def part_ep2(layers: int, seq: int = 4096) -> dict:
+    from executor.profile import profile_layout
+
+    spec = get_model("mixtral-8x7b").with_layers(layers)
+    runs = {}
+    for label, world in (("ep1", 1), ("ep2", 2)):
+        config = ParallelConfig.parse(label, world_size=world)
+        training = TrainingSpec(seq_length=seq, global_batch_size=world, precision="bf16")
+        m = profile_layout(spec, training, config, ExecutorOptions(), warmup_steps=2, timed_steps=5,
+                           timeout_s=400, device="cuda")
+        runs[label] = m.to_dict()
+    ok = runs["ep1"]["ok"] and runs["ep2"]["ok"]
+    ratio = runs["ep2"]["tokens_per_s_per_gpu"] / runs["ep1"]["tokens_per_s_per_gpu"] if ok else None
+    return {"ratio": ratio, "runs": runs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="gemm,moe,stack,check,ep2")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers of the Mixtral proxy")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "executor_gpu.json"))
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    report = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+              "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    rows = []
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    def run(name, fn, *a):
+        t0 = time.time()
+        try:
+            report[name] = fn(*a)
+        except Exception as exc:  # one failing part must not lose the others' numbers
+            import traceback
+
+            traceback.print_exc()
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"[{name}] {time.time() - t0:.1f} s: {json.dumps(report[name])[:600]}", flush=True)
+        save()
+
+    if "gemm" in parts:
+        run("gemm", part_gemm)
+    if "moe" in parts:
+        run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
+        run("moe_finegrained", part_moe, 2048, 768, 128, 8)
+    if "stack" in parts:
+        run("stack", part_stack, args.layers)
+    if "check" in parts and torch.cuda.device_count() >= 2:
+        run("check", part_check)
+    if "ep2" in parts and torch.cuda.device_count() >= 2:
+        run("ep2", part_ep2, args.layers)
+
+    gemm = report.get("gemm", {}).get("tflops")
+    print(f"\n{report['device']}  x{report['gpus']}  torch {report['torch']}  {report['date']}")
+    print(f"{'measure':<34}{'value':>12}{'bar':>8}  pass")
+    if gemm:
+        rows.append(("dense bf16 GEMM 8192^3 TFLOP/s", f"{gemm:.0f}", "", ""))
+    for key, bar in (("moe_mixtral", 0.95), ("moe_finegrained", 0.85)):
+        r = report.get(key, {})
+        if "ratio" in r:
+            rows.append((f"{key} layer/ideal", f"{r['ratio']:.3f}", f"{bar}", "yes" if r["ratio"] >= bar else "NO"))
+    st = report.get("stack", {})
+    if "tflops" in st and gemm:
+        ratio = st["tflops"] / gemm
+        rows.append((f"stack {st['layers']}L TFLOP/s / GEMM", f"{ratio:.3f}", "0.55", "yes" if ratio >= 0.55 else "NO"))
+        rows.append(("stack peak allocated GiB", f"{st['peak_allocated_bytes'] / 2**30:.1f}", "", ""))
+    ep = report.get("ep2", {})
+    if ep.get("ratio") is not None:
+        rows.append(("EP2 per-GPU tokens/s / 1 GPU", f"{ep['ratio']:.3f}", "0.90", "yes" if ep["ratio"] >= 0.9 else "NO"))
+    for k, v in report.get("check", {}).items():
+        rows.append((f"NCCL equivalence {k}", "ok" if v.get("ok") else "FAIL", "", ""))
+    for row in rows:
+        print(f"{row[0]:<34}{row[1]:>12}{row[2]:>8}  {row[3]}")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Measurement: what one profiled layout run yields (or why it failed). JSON-serialisable, stored in the DB."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class Measurement:
+    """Result of warm-up plus timed steps of one layout.
+
+    Times are seconds (``step_time`` is the median of ``step_times``; ``phases`` are rank 0's median
+    seconds per phase per step, tiling the step); throughput is per GPU; memory is the maximum over
+    ranks in bytes (None on CPU); ``tokens_per_expert`` sums routed tokens over MoE layers and timed steps.
+    """
+
+    ok: bool
+    failure_reason: str | None = None
+    model: str | None = None
+    layout: str | None = None
+    world_size: int | None = None
+    device: str | None = None
+    precision: str | None = None
+    seq_length: int | None = None
+    global_batch_size: int | None = None
+    step_time: float | None = None
+    step_times: list[float] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    tokens_per_expert: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    @classmethod
+    def failed(cls, reason: str, **context: Any) -> Measurement:
+        return cls(ok=False, failure_reason=reason, **context)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        if not self.ok:
+            return f"FAILED {self.layout or ''} ({self.model}): {self.failure_reason}"
+        gib = 2**30
+        lines = [f"{self.model}  {self.layout}  world {self.world_size}  on {self.device} ({self.precision})",
+                 f"step time {self.step_time * 1e3:.1f} ms (median of {len(self.step_times)})   "
+                 f"{self.tokens_per_s_per_gpu:.0f} tokens/s/GPU   {self.tflops_per_gpu:.2f} TFLOP/s/GPU"
+                 + (f"   MFU {self.mfu:.1%}" if self.mfu is not None else "")]
+        if self.peak_allocated_bytes is not None:
+            lines.append(f"peak memory {self.peak_allocated_bytes / gib:.2f} GiB allocated, "
+                         f"{self.peak_reserved_bytes / gib:.2f} GiB reserved")
+        if self.phases:
+            total = sum(self.phases.values()) or 1.0
+            parts = sorted(self.phases.items(), key=lambda kv: -kv[1])
+            lines.append("phases: " + ", ".join(f"{k} {v * 1e3:.1f} ms ({v / total:.0%})" for k, v in parts))
+        if self.tokens_per_expert:
+            mean = sum(self.tokens_per_expert) / len(self.tokens_per_expert)
+            lines.append(f"tokens per expert: max/mean {max(self.tokens_per_expert) / mean:.2f}" if mean else "")
+        return "\n".join(line for line in lines if line)

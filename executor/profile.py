@@ -1,0 +1,141 @@
+"""Profile one layout: warm-up then timed steps of the real training step, on local ranks → Measurement.
+
+:func:`profile_layout` launches ``config.world_size`` local processes (NCCL on GPUs, gloo on CPU), each
+running :func:`profile_worker`, and folds their reports into a :class:`Measurement`. Failures (invalid
+layout, out of memory, a crashed rank, a timeout) come back as a failed Measurement with the reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from costmodel.catalog import get_hardware
+from costmodel.errors import CatalogError, FoldtuneError
+from costmodel.flops import flops_per_step, mfu, tflops_per_gpu
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from executor.data import global_batch, micro_batches
+from executor.measurement import Measurement
+from executor.options import ExecutorOptions, check_model_supported
+from executor.parallel.groups import build_parallel_state
+from executor.parallel.tensor_parallel import check_layout
+from executor.timing import PhaseTimer
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_worker(rank: int, world_size: int, model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
+                   options: ExecutorOptions, warmup_steps: int, timed_steps: int, use_cuda: bool) -> dict:
+    """One rank: build its slice, run warm-up and timed steps, report times, phases, memory and counts."""
+    from executor.model import MoEGPT
+    from executor.train_step import Trainer
+
+    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    if training.precision not in DTYPES:
+        raise FoldtuneError(f"precision {training.precision!r} is not supported by the executor yet "
+                            f"(supported: {', '.join(DTYPES)})")
+    state = build_parallel_state(config, rank)
+    timer = PhaseTimer(enabled=False, device=device)
+    net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision], timer)
+    trainer = Trainer(net)
+    dp = state["dp_cp"]
+    step_times, phases, losses = [], [], []
+    counts = None
+    for step in range(warmup_steps + timed_steps):
+        batch = global_batch(model.vocab_size, training.seq_length, training.global_batch_size, options.seed, step)
+        micro = micro_batches(batch, dp.size, dp.rank, config.micro_batch_size, device)
+        timed = step >= warmup_steps
+        timer.enabled = timed
+        _sync(device)
+        if state.config.world_size > 1:
+            torch.distributed.barrier()
+        timer.start_step()
+        start = time.perf_counter()
+        result = trainer.step(micro)  # ends with a host read of the loss: the step is complete
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        step_phases = timer.end_step()
+        if timed:
+            step_times.append(elapsed)
+            phases.append(step_phases)
+            losses.append(result.loss)
+            counts = result.tokens_per_expert if counts is None else [a + b for a, b in
+                                                                       zip(counts, result.tokens_per_expert)]
+    report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or []}
+    if use_cuda:
+        report.update(peak_allocated=torch.cuda.max_memory_allocated(device),
+                      peak_reserved=torch.cuda.max_memory_reserved(device),
+                      device_name=torch.cuda.get_device_name(device))
+    return report
+
+
+def _peak_flops(device_name: str, precision: str, hardware: str | None) -> float | None:
+    name = hardware
+    if name is None:
+        lowered = device_name.lower()
+        name = "h200" if "h200" in lowered else "h100" if "h100" in lowered else "a100" if "a100" in lowered \
+            else "cpu" if device_name == "cpu" else None
+    if name is None:
+        return None
+    try:
+        return get_hardware(name).gpu.peak(precision)
+    except CatalogError:
+        return None
+
+
+def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
+                   options: ExecutorOptions | None = None, warmup_steps: int = 2, timed_steps: int = 5,
+                   timeout_s: float = 600.0, device: str = "auto", hardware: str | None = None) -> Measurement:
+    """Measure ``config`` on this machine (``device`` 'cuda', 'cpu' or 'auto'); never raises for run failures.
+
+    ``hardware`` names the catalog GPU whose peak MFU is taken against (default: guessed from the device).
+    """
+    from executor.launch_local import launch
+
+    options = options or ExecutorOptions.for_training(training)
+    context = dict(model=model.name, layout=config.label(), world_size=config.world_size,
+                   precision=training.precision, seq_length=training.seq_length,
+                   global_batch_size=training.global_batch_size)
+    try:
+        check_model_supported(model)
+        check_layout(model, config, training.seq_length)
+        if training.global_batch_size % (config.micro_batch_size * config.dp):
+            raise FoldtuneError(f"global_batch_size ({training.global_batch_size}) must be divisible by "
+                                f"micro_batch_size·dp ({config.micro_batch_size}·{config.dp})")
+    except FoldtuneError as exc:
+        return Measurement.failed(str(exc), **context)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available()
+                                    and torch.cuda.device_count() >= config.world_size)
+    if use_cuda and torch.cuda.device_count() < config.world_size:
+        return Measurement.failed(f"layout needs {config.world_size} GPUs, this machine has "
+                                  f"{torch.cuda.device_count()}", **context)
+    launched = launch(profile_worker, config.world_size,
+                      (model, training, config, options, warmup_steps, timed_steps, use_cuda),
+                      backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s)
+    if not launched.ok:
+        return Measurement.failed(launched.failure_reason, **context)
+    reports = launched.results
+    per_step = [max(r["step_times"][i] for r in reports) for i in range(timed_steps)]
+    step_time = statistics.median(per_step)
+    phase_names = sorted({k for p in reports[0]["phases"] for k in p})
+    phases = {k: statistics.median(p.get(k, 0.0) for p in reports[0]["phases"]) for k in phase_names}
+    device_name = reports[0].get("device_name", "cpu")
+    flops = flops_per_step(model, training.seq_length, training.global_batch_size)
+    peak = _peak_flops(device_name, training.precision, hardware)
+    return Measurement(
+        ok=True, device=device_name, step_time=step_time, step_times=per_step, phases=phases,
+        tokens_per_s_per_gpu=training.global_batch_size * training.seq_length / step_time / config.world_size,
+        tflops_per_gpu=tflops_per_gpu(flops, step_time, config.world_size),
+        mfu=mfu(flops, step_time, config.world_size, peak) if peak else None,
+        peak_allocated_bytes=max(r["peak_allocated"] for r in reports) if use_cuda else None,
+        peak_reserved_bytes=max(r["peak_reserved"] for r in reports) if use_cuda else None,
+        tokens_per_expert=reports[0]["tokens_per_expert"], losses=reports[0]["losses"], **context)
