@@ -1,0 +1,138 @@
+"""Price collectives: byte volumes on the wire, the link a group uses, latency and bandwidth.
+
+A group's placement (how many nodes it spans, how many of its ranks share a node) follows from its
+rank stride in Megatron's ``tp-cp-ep-dp-pp`` order and ``gpus_per_node``
+(:func:`costmodel.rank_groups.group_stride_span`), so no rank lists are built in the hot path.
+
+Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~costmodel.hardware.HardwareProfile`):
+
+* ring all-gather / reduce-scatter of a ``buffer_bytes`` (gathered, i.e. full-size) buffer over n ranks:
+  each rank sends ``(n-1)/n · buffer_bytes`` in ``n-1`` steps; all-reduce is twice that.
+* a group inside one node runs at ``intra_node_bandwidth``; a group spanning nodes with r ranks per node
+  runs its ring over r NICs per node, so at ``min(intra, r · inter_node_bandwidth)``; each ring step pays
+  the link latency.
+* all-to-all of ``buffer_bytes`` per rank over n ranks with r of them on this rank's node: ``(r-1)/n`` of
+  the buffer goes over NVLink, ``(n-r)/n`` over the network, both at once; one link latency.
+* a measured curve ``HardwareProfile.collective_curve(name, scope)`` (message bytes -> achieved/link
+  bandwidth, latency included) replaces the default efficiency and the latency term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel.hardware import HardwareProfile, MeasuredCurve
+from costmodel.rank_groups import group_stride_span
+
+# Default fraction of the datasheet link bandwidth a collective achieves.
+# all-to-all: microbenchmark, 2-GPU NVLink all-to-all at 256 MiB moved 474 GB/s counted over both
+# directions, against 900 GB/s bidirectional datasheet NVLink -> 0.527.
+# Ring collectives and p2p: an assumption (NCCL ring bus bandwidth of ~80 % of the link), until
+# `foldtune calibrate` measures them.
+COLLECTIVE_EFFICIENCY = {"all_to_all": 474.0 / 900.0, "all_gather": 0.80, "reduce_scatter": 0.80,
+                         "all_reduce": 0.80, "p2p": 0.80}
+RING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one group's ranks sit: ``size`` ranks over ``nodes`` nodes, ``ranks_per_node`` on each."""
+
+    size: int
+    nodes: int
+    ranks_per_node: int
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+@lru_cache(maxsize=4096)
+def group_placement(stride: int, size: int, gpus_per_node: int) -> Placement:
+    """Placement of a group of ``size`` ranks spaced ``stride`` apart, nodes of ``gpus_per_node`` GPUs."""
+    nodes = group_stride_span(stride, size, gpus_per_node)
+    return Placement(size=size, nodes=nodes, ranks_per_node=max(1, size // nodes))
+
+
+@dataclass(frozen=True)
+class LinkRates:
+    """The network of one hardware profile with default efficiencies and any measured curves."""
+
+    intra_bandwidth: float  # bytes/s per GPU per direction
+    intra_latency: float  # seconds
+    inter_bandwidth: float
+    inter_latency: float
+    curves: tuple[tuple[str, MeasuredCurve], ...] = ()  # 'collective:scope' -> curve
+
+    def efficiency(self, collective: str, scope: str, message_bytes: float) -> tuple[float, bool]:
+        """(achieved/link bandwidth, measured?) for ``collective`` over ``scope`` at ``message_bytes``."""
+        for key, curve in self.curves:
+            if key == f"{collective}:{scope}":
+                return curve(max(message_bytes, 1.0)), True
+        return COLLECTIVE_EFFICIENCY[collective], False
+
+
+@lru_cache(maxsize=64)
+def link_rates(hardware: HardwareProfile) -> LinkRates:
+    """The :class:`LinkRates` of ``hardware`` (datasheet bandwidths and latencies, measured curves)."""
+    return LinkRates(intra_bandwidth=hardware.intra_node_bandwidth, intra_latency=hardware.intra_node_latency,
+                     inter_bandwidth=hardware.inter_node_bandwidth, inter_latency=hardware.inter_node_latency,
+                     curves=hardware.collective_efficiency)
+
+
+def ring_wire_bytes(collective: str, buffer_bytes: float, n: int) -> float:
+    """Bytes one rank sends for a ring ``collective`` over ``n`` ranks of a ``buffer_bytes`` buffer.
+
+    ``buffer_bytes`` is the full-size buffer: the gathered output of an all-gather, the input of a
+    reduce-scatter, the buffer of an all-reduce.
+    """
+    if n <= 1:
+        return 0.0
+    factor = 2.0 if collective == "all_reduce" else 1.0
+    return factor * (n - 1) / n * buffer_bytes
+
+
+def ring_time(link: LinkRates, collective: str, buffer_bytes: float, placement: Placement) -> float:
+    """Seconds for a ring all-gather, reduce-scatter or all-reduce of ``buffer_bytes`` over a group."""
+    n = placement.size
+    if n <= 1 or buffer_bytes <= 0:
+        return 0.0
+    wire = ring_wire_bytes(collective, buffer_bytes, n)
+    steps = (2 if collective == "all_reduce" else 1) * (n - 1)
+    eff_i, measured_i = link.efficiency(collective, "intra", buffer_bytes)
+    if not placement.crosses_nodes:
+        return wire / (link.intra_bandwidth * eff_i) + (0.0 if measured_i else steps * link.intra_latency)
+    eff_x, measured_x = link.efficiency(collective, "inter", buffer_bytes)
+    bandwidth = min(link.intra_bandwidth * eff_i, placement.ranks_per_node * link.inter_bandwidth * eff_x)
+    return wire / bandwidth + (0.0 if measured_x else steps * link.inter_latency)
+
+
+def all_to_all_time(link: LinkRates, buffer_bytes: float, placement: Placement) -> float:
+    """Seconds for an all-to-all in which every rank holds ``buffer_bytes`` to spread over the group.
+
+    Of a rank's buffer, ``1/n`` stays local, ``(r-1)/n`` crosses NVLink to the ``r-1`` peers on its node
+    and ``(n-r)/n`` leaves over the network; both links run concurrently.
+    """
+    n = placement.size
+    if n <= 1 or buffer_bytes <= 0:
+        return 0.0
+    r = placement.ranks_per_node
+    eff_i, measured_i = link.efficiency("all_to_all", "intra", buffer_bytes)
+    local = buffer_bytes * (r - 1) / n / (link.intra_bandwidth * eff_i)
+    if not placement.crosses_nodes:
+        return local + (0.0 if measured_i else link.intra_latency)
+    eff_x, measured_x = link.efficiency("all_to_all", "inter", buffer_bytes)
+    remote = buffer_bytes * (n - r) / n / (link.inter_bandwidth * eff_x)
+    return max(local, remote) + (0.0 if measured_x else link.inter_latency)
+
+
+def p2p_time(link: LinkRates, nbytes: float, crosses_nodes: bool) -> float:
+    """Seconds to send ``nbytes`` from one rank to one other rank (pipeline activations/gradients)."""
+    if nbytes <= 0:
+        return 0.0
+    scope = "inter" if crosses_nodes else "intra"
+    eff, measured = link.efficiency("p2p", scope, nbytes)
+    bandwidth = link.inter_bandwidth if crosses_nodes else link.intra_bandwidth
+    latency = link.inter_latency if crosses_nodes else link.intra_latency
+    return nbytes / (bandwidth * eff) + (0.0 if measured else latency)

@@ -1,0 +1,192 @@
+"""Time of the compute kernels of a training step: GEMMs, grouped GEMMs, attention, memory-bound ops.
+
+Every function returns seconds on one GPU. Rates come from :func:`compute_rates`, which starts from the
+GPU's datasheet peaks and the default efficiencies below, and prefers the measured curves a calibrated
+:class:`~costmodel.hardware.HardwareProfile` carries (``gemm_efficiency``, ``grouped_gemm_efficiency``,
+``hbm_efficiency``).
+
+Default efficiencies are hardware microbenchmark ceilings (measured on an H200, whose dense bf16/fp8
+peaks equal the H100's), never fits to end-to-end training results:
+
+* bf16 GEMM 783 of 989 TFLOP/s            -> 0.791 of peak
+* fp8 GEMM 1421 of 1979 TFLOP/s           -> 0.718 of peak
+* torch._grouped_mm at Mixtral expert shapes 755 of 989 TFLOP/s -> 0.763 of peak (bf16); fp8 grouped
+  GEMMs take the same grouped/dense ratio (0.763/0.791) of the fp8 GEMM ceiling (no fp8 measurement)
+* HBM copy 4.2 of 4.8 TB/s                -> 0.875 of datasheet bandwidth
+
+Attention has no microbenchmark in the profile yet; its defaults are assumptions recorded in
+``docs/time-model.md`` (flash-attention-class kernels on Hopper) until ``foldtune calibrate`` measures it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel.hardware import HardwareProfile, MeasuredCurve
+
+# ---- defaults (see the module docstring and docs/time-model.md for where each comes from) ---------
+GEMM_EFFICIENCY = {"bf16": 783.0 / 989.4, "fp16": 783.0 / 989.4, "fp32": 783.0 / 989.4,
+                   "fp8": 1421.0 / 1978.9}
+GROUPED_GEMM_EFFICIENCY_BF16 = 755.0 / 989.4
+HBM_EFFICIENCY = 4.2 / 4.8
+# Assumptions (no microbenchmark yet): flash attention reaches a lower fraction of peak than a GEMM,
+# backward lower than forward; short key sequences lose efficiency to tile edges and the causal mask.
+ATTENTION_FWD_EFFICIENCY = 0.60
+ATTENTION_BWD_EFFICIENCY = 0.45
+ATTENTION_HALF_SEQ = 512  # key length at which attention runs at half its asymptotic efficiency
+# Flash attention's backward recomputes the score matrix: 5 matmuls against the forward's 2.
+ATTENTION_BWD_FLOP_RATIO = 2.5
+# Fixed cost of one kernel (launch gap, prologue/epilogue, partial last wave); makes tiny ops cost more
+# than their FLOPs or bytes say. An assumption of a few microseconds, replaced by measured curves.
+KERNEL_OVERHEAD_S = 3e-6
+
+
+@dataclass(frozen=True)
+class ComputeRates:
+    """What one GPU achieves, resolved for one training precision.
+
+    ``gemm_peak``/``gemm_eff_max`` price the GEMMs that run in the training precision (fp8 linears under
+    fp8); ``bf16_peak``/``bf16_eff_max`` price those that stay in 16 bits (logits, router, attention).
+    ``gemm_curve``/``grouped_curve`` are measured efficiency curves that replace the defaults.
+    """
+
+    gemm_peak: float  # FLOP/s
+    gemm_eff_max: float
+    gemm_elem_bytes: int  # bytes of one GEMM input element (1 for fp8)
+    grouped_eff_max: float
+    bf16_peak: float  # FLOP/s
+    bf16_eff_max: float
+    hbm_bandwidth: float  # achievable bytes/s (datasheet x efficiency)
+    attn_fwd_eff: float
+    attn_bwd_eff: float
+    kernel_overhead: float  # seconds
+    gemm_curve: MeasuredCurve | None = None
+    grouped_curve: MeasuredCurve | None = None
+
+
+@lru_cache(maxsize=64)
+def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
+    """Resolve datasheet peaks, default efficiencies and any measured curves for ``precision``."""
+    gpu = hardware.gpu
+    fp8 = precision == "fp8" and "fp8" in dict(gpu.peak_flops)
+    gemm_dtype = "fp8" if fp8 else ("bf16" if precision == "fp8" else precision)
+    bf16_eff = GEMM_EFFICIENCY["bf16"]
+    gemm_eff = GEMM_EFFICIENCY.get(gemm_dtype, bf16_eff)
+    grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
+    hbm_eff = hardware.hbm_efficiency if hardware.hbm_efficiency else HBM_EFFICIENCY
+    return ComputeRates(
+        gemm_peak=gpu.peak(gemm_dtype), gemm_eff_max=gemm_eff, gemm_elem_bytes=1 if fp8 else 2,
+        grouped_eff_max=grouped, bf16_peak=gpu.peak("bf16"), bf16_eff_max=bf16_eff,
+        hbm_bandwidth=gpu.hbm_bandwidth * hbm_eff, attn_fwd_eff=ATTENTION_FWD_EFFICIENCY,
+        attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
+        gemm_curve=hardware.gemm_efficiency, grouped_curve=hardware.grouped_gemm_efficiency)
+
+
+def _roofline(flops: float, nbytes: float, peak: float, eff: float, rates: ComputeRates) -> float:
+    return max(flops / (peak * eff), nbytes / rates.hbm_bandwidth) + rates.kernel_overhead
+
+
+@lru_cache(maxsize=65536)
+def gemm_time(rates: ComputeRates, m: int, n: int, k: int, low_precision: bool = True) -> float:
+    """Seconds for one ``(m x k) @ (k x n)`` GEMM.
+
+    ``low_precision`` True runs it in the training precision (fp8 under fp8 training), False in bf16.
+    Default model: a roofline (FLOPs at ``eff_max`` x peak, or operand bytes at achievable HBM bandwidth,
+    whichever is slower) plus a fixed per-kernel cost, which makes efficiency saturate with FLOPs. A
+    measured ``gemm_efficiency`` curve (FLOPs -> achieved/peak) replaces it for training-precision GEMMs.
+    """
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k
+    if low_precision or rates.gemm_elem_bytes == 2:  # 16-bit training: every GEMM is a training-precision one
+        if rates.gemm_curve is not None:
+            return flops / (rates.gemm_peak * rates.gemm_curve(flops))
+        nbytes = (m * k + k * n) * rates.gemm_elem_bytes + 2 * m * n
+        return _roofline(flops, nbytes, rates.gemm_peak, rates.gemm_eff_max, rates)
+    nbytes = 2.0 * (m * k + k * n + m * n)
+    return _roofline(flops, nbytes, rates.bf16_peak, rates.bf16_eff_max, rates)
+
+
+def gemm_fwd_bwd(rates: ComputeRates, m: int, n: int, k: int, low_precision: bool = True) -> tuple[float, float]:
+    """(forward, backward) seconds of a linear layer whose forward GEMM is ``(m x k) @ (k x n)``.
+
+    The backward is the input-gradient GEMM ``(m x n) @ (n x k)`` plus the weight-gradient GEMM
+    ``(k x m) @ (m x n)``: twice the forward FLOPs, each priced by its own shape.
+    """
+    fwd = gemm_time(rates, m, n, k, low_precision)
+    return fwd, gemm_time(rates, m, k, n, low_precision) + gemm_time(rates, k, n, m, low_precision)
+
+
+@lru_cache(maxsize=65536)
+def grouped_gemm_time(rates: ComputeRates, num_groups: int, tokens_per_group: float, n: int, k: int) -> float:
+    """Seconds for one grouped GEMM: ``num_groups`` independent ``(t x k) @ (k x n)`` products, one kernel.
+
+    ``tokens_per_group`` is the row count t of each group (the busiest expert's tokens on this rank).
+    Default model: a roofline per group at the grouped-GEMM ceiling (small t makes it weight-bandwidth
+    bound) plus one kernel's fixed cost. A measured ``grouped_gemm_efficiency`` curve (tokens per expert
+    -> achieved/peak) replaces it.
+    """
+    if num_groups <= 0 or tokens_per_group <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2.0 * tokens_per_group * n * k * num_groups
+    if rates.grouped_curve is not None:
+        return flops / (rates.gemm_peak * rates.grouped_curve(tokens_per_group))
+    nbytes = num_groups * ((tokens_per_group * k + k * n) * rates.gemm_elem_bytes + 2 * tokens_per_group * n)
+    return _roofline(flops, nbytes, rates.gemm_peak, rates.grouped_eff_max, rates)
+
+
+def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group: float, n: int,
+                         k: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a grouped linear layer; backward = dgrad + wgrad grouped GEMMs."""
+    fwd = grouped_gemm_time(rates, num_groups, tokens_per_group, n, k)
+    # dgrad has the forward's shape transposed (same t); wgrad reduces over t: both priced at t.
+    return fwd, 2.0 * grouped_gemm_time(rates, num_groups, tokens_per_group, k, n)
+
+
+@lru_cache(maxsize=4096)
+def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: int, qk_dim: int,
+                   v_dim: int, causal: bool = True, flash: bool = True, dropout: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core (scores, softmax, weighted values) on one GPU.
+
+    ``batch_queries`` = micro-batch x local query length (queries this rank owns), ``seq_kv`` the full
+    key length each query may see, ``heads`` the local heads. Runs in 16-bit.
+
+    Flash (fused) attention: forward FLOPs 2·q·kv·heads·(qk+v), halved by a causal mask; the backward
+    does 2.5x the forward's matmul FLOPs; both at the attention efficiencies. Unfused attention (Megatron
+    before flash attention) computes the whole score matrix with two batched GEMMs and writes it to HBM:
+    a scale-mask-softmax pass (read and write 2 bytes per score), an optional dropout pass (read, write,
+    mask: 5 bytes), and their backward passes.
+    """
+    if batch_queries <= 0 or heads <= 0:
+        return 0.0, 0.0
+    if flash:
+        fwd_flops = 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)
+        saturation = seq_kv / (seq_kv + ATTENTION_HALF_SEQ)
+        fwd = fwd_flops / (rates.bf16_peak * rates.attn_fwd_eff * saturation) + rates.kernel_overhead
+        bwd = (ATTENTION_BWD_FLOP_RATIO * fwd_flops / (rates.bf16_peak * rates.attn_bwd_eff * saturation)
+               + rates.kernel_overhead)
+        return fwd, bwd
+    scores = float(batch_queries) * seq_kv * heads
+    qk_fwd, qk_bwd = _batched_gemm(rates, heads, batch_queries, seq_kv, qk_dim)
+    pv_fwd, pv_bwd = _batched_gemm(rates, heads, batch_queries, v_dim, seq_kv)
+    passes_fwd, passes_bwd = 4.0, 6.0  # softmax: read+write scores; backward reads probs and grad, writes grad
+    if dropout:
+        passes_fwd += 5.0
+        passes_bwd += 5.0
+    kernels = 2 if dropout else 1
+    fwd = qk_fwd + pv_fwd + memory_time(rates, passes_fwd * scores, kernels)
+    bwd = qk_bwd + pv_bwd + memory_time(rates, passes_bwd * scores, kernels)
+    return fwd, bwd
+
+
+def _batched_gemm(rates: ComputeRates, batch: int, m: int, n: int, k: int) -> tuple[float, float]:
+    """(forward, backward) seconds of ``batch`` independent 16-bit ``(m x k) @ (k x n)`` GEMMs in one kernel."""
+    flops = 2.0 * batch * m * n * k
+    fwd = _roofline(flops, 2.0 * batch * (m * k + k * n + m * n), rates.bf16_peak, rates.bf16_eff_max, rates)
+    return fwd, 2.0 * fwd
+
+
+def memory_time(rates: ComputeRates, nbytes: float, kernels: int = 1) -> float:
+    """Seconds for ``kernels`` memory-bound kernels moving ``nbytes`` bytes of HBM traffic in total."""
+    return nbytes / rates.hbm_bandwidth + kernels * rates.kernel_overhead

@@ -1,0 +1,828 @@
+"""Time per optimizer step of one folded layout, as a breakdown of exposed terms.
+
+The model works per micro-batch and per layer kind (dense layer, MoE layer, and the extras of the first
+and last pipeline stages), sums the layers of each pipeline stage, runs the pipeline schedule over
+``m = global_batch_size / (micro_batch_size · dp)`` micro-batches and adds what happens once per step
+(gradient reduction, parameter all-gather, optimizer). ``docs/time-model.md`` gives every formula and
+where each constant comes from.
+
+Speed: the planner calls :func:`estimate_step_time` for 10^4-10^5 layouts. Everything that depends on a
+few fields is cached: a context per (model, training, cluster) object triple (looked up by identity),
+per-layer costs keyed on (tp, cp, ep, etp, micro-batch, SP, dispatcher, TP overlap), per-stage sums keyed
+on the pipeline shape and recomputation. The per-call path only combines cached vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel import params as _params
+from costmodel.comm import (
+    LinkRates,
+    Placement,
+    all_to_all_time,
+    group_placement,
+    link_rates,
+    p2p_time,
+    ring_time,
+)
+from costmodel.compute import (
+    ComputeRates,
+    attention_time,
+    compute_rates,
+    gemm_fwd_bwd,
+    grouped_gemm_fwd_bwd,
+    memory_time,
+)
+from costmodel.errors import InvalidConfigError
+from costmodel.flops import flops_per_step
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+
+TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_a2a",
+         "etp_comm", "dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer")
+HIDDEN_TERMS = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
+BOTTLENECK_OF_TERM = {
+    "gemm": "compute", "grouped_gemm": "compute", "attention_core": "compute", "recompute": "compute",
+    "memory_bound": "memory-bound", "tp_comm": "tp-comm", "cp_comm": "cp-comm", "ep_a2a": "all-to-all",
+    "etp_comm": "all-to-all", "dp_grad": "dp-comm", "edp_grad": "dp-comm", "param_gather": "dp-comm",
+    "pp_p2p": "pp-comm", "pp_bubble": "pp-bubble", "optimizer": "optimizer",
+}
+# A non-compute limiter is named only when it takes at least this share of the step.
+BOTTLENECK_MIN_SHARE = 0.10
+
+# With tp_comm_overlap the TP collectives run under the GEMMs they feed (chunked pipelining); the first
+# chunk's transfer stays exposed. Assumption: 1/8 of the TP traffic (8 chunks) at least, more when the
+# traffic exceeds the GEMM time it hides behind.
+TP_OVERLAP_EXPOSED_FRACTION = 0.125
+# Megatron's DDP bucket: max(40M, 1M·dp) parameters; the last bucket's reduction (and the first
+# bucket's all-gather) cannot overlap with compute.
+BUCKET_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP = 1_000_000
+# Adam step bytes per parameter on this rank: read fp32 grad, master weight, m, v (16); write master,
+# m, v (12) and the bf16 model weight (2); the grad-norm for clipping reads the grad again (4).
+OPTIMIZER_BYTES_PER_PARAM = 34
+# Vocab-parallel cross-entropy in fp32 over bf16 logits: bytes of HBM traffic per logit element.
+LOSS_BYTES_PER_LOGIT_FWD = 8
+LOSS_BYTES_PER_LOGIT_BWD = 8
+# fp8 GEMM inputs are cast (and transposed) per micro-batch: read 2 bytes, write 1 + 1 per element.
+FP8_CAST_BYTES_PER_ELEMENT = 4
+# Backward of an elementwise op reads its saved input and the incoming gradient, writes one gradient.
+ELEMENTWISE_BWD_RATIO = 2.0
+
+# indices of the per-micro-batch terms in a layer vector
+GEMM, GROUPED, ATTN, MEM, TP, CP, A2A, ETP = range(8)
+_MB_TERM_NAMES = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "tp_comm", "cp_comm", "ep_a2a",
+                  "etp_comm")
+_COMPUTE = (GEMM, GROUPED, ATTN, MEM)
+
+
+@dataclass(frozen=True)
+class StepTimeBreakdown:
+    """Predicted time of one optimizer step and where it goes (all times in seconds)."""
+
+    step_time: float  # seconds per optimizer step
+    terms: tuple[tuple[str, float], ...]  # exposed (critical-path) seconds per term, names in TERMS
+    hidden: tuple[tuple[str, float], ...]  # communication seconds hidden by overlap, per term
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float  # model TFLOP/s per GPU (costmodel.flops conventions)
+    mfu: float  # against cluster.gpu.peak(training.precision)
+    bottleneck: str  # 'compute' or the largest non-compute limiter (see BOTTLENECK_OF_TERM)
+
+    def term(self, name: str) -> float:
+        """Exposed seconds of term ``name`` (0.0 for a term this layout does not have)."""
+        return dict(self.terms).get(name, 0.0)
+
+
+# ---- per-layer costs ------------------------------------------------------------------------------
+class _Block:
+    """Forward and backward seconds per micro-batch of one layer kind, split by term (raw, before overlap)."""
+
+    __slots__ = ("fwd", "bwd", "modules")
+
+    def __init__(self) -> None:
+        self.fwd = [0.0] * 8
+        self.bwd = [0.0] * 8
+        self.modules: dict[str, float] = {}  # recompute module -> forward seconds it re-runs
+
+    def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
+        self.fwd[term] += fwd
+        self.bwd[term] += bwd
+        for name in (module,) if isinstance(module, str) else module:
+            self.modules[name] = self.modules.get(name, 0.0) + fwd
+
+
+@dataclass(frozen=True)
+class _LayerCost:
+    """One layer kind per micro-batch after in-layer overlap: exposed and hidden seconds per term."""
+
+    exposed: tuple[float, ...]  # 8 terms, forward + backward
+    hidden: tuple[float, ...]
+    fwd_total: float  # forward compute + exposed forward communication (what full recompute re-runs)
+    compute_fwd: float
+    compute_bwd: float
+    a2a: float  # exposed EP all-to-all + ETP seconds (what EP-overlap can hide)
+    modules: tuple[tuple[str, float], ...]
+
+
+_ZERO_LAYER = _LayerCost((0.0,) * 8, (0.0,) * 8, 0.0, 0.0, 0.0, 0.0, ())
+
+
+def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
+    exposed = [f + b for f, b in zip(block.fwd, block.bwd)]
+    hidden = [0.0] * 8
+    fwd_comm = block.fwd[TP] + block.fwd[A2A] + block.fwd[ETP]
+    if tp_overlap:
+        tp_exposed_f = max(block.fwd[TP] - block.fwd[GEMM], TP_OVERLAP_EXPOSED_FRACTION * block.fwd[TP])
+        tp_exposed_b = max(block.bwd[TP] - block.bwd[GEMM], TP_OVERLAP_EXPOSED_FRACTION * block.bwd[TP])
+        fwd_comm += tp_exposed_f - block.fwd[TP]
+        hidden[TP] = exposed[TP] - tp_exposed_f - tp_exposed_b
+        exposed[TP] = tp_exposed_f + tp_exposed_b
+    # Ring attention sends the next KV block while computing the current one.
+    cp_f = max(0.0, block.fwd[CP] - block.fwd[ATTN])
+    cp_b = max(0.0, block.bwd[CP] - block.bwd[ATTN])
+    hidden[CP] = exposed[CP] - cp_f - cp_b
+    exposed[CP] = cp_f + cp_b
+    fwd_comm += cp_f
+    compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
+    compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
+    return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
+                      exposed[A2A] + exposed[ETP], tuple(sorted(block.modules.items())))
+
+
+class _Layers:
+    """Per-micro-batch costs of every layer kind for one (tp, cp, ep, etp, mbs, sp, dispatcher) shape.
+
+    ``extras[(first, last)]`` is what a stage adds besides its decoder layers: the embedding on the first
+    stage, the output head(s) and MTP blocks on the last.
+    """
+
+    __slots__ = ("dense", "moe", "extras", "p2p_bytes", "selective")
+
+    def __init__(self, dense: _LayerCost, moe: _LayerCost, extras: dict[tuple[bool, bool], _LayerCost],
+                 p2p_bytes: float) -> None:
+        self.dense, self.moe, self.extras = dense, moe, extras
+        self.p2p_bytes = p2p_bytes
+        self.selective: dict[tuple[str, ...], tuple[float, float]] = {}
+
+    def selective_cost(self, modules: tuple[str, ...]) -> tuple[float, float]:
+        """(dense layer, MoE layer) forward seconds re-run by selective recomputation of ``modules``."""
+        hit = self.selective.get(modules)
+        if hit is None:
+            dense, moe = dict(self.dense.modules), dict(self.moe.modules)
+            hit = self.selective[modules] = (sum(dense.get(m, 0.0) for m in modules),
+                                             sum(moe.get(m, 0.0) for m in modules))
+        return hit
+
+
+class _Shape:
+    """What the layer builders need: token counts, groups' placements and the rates."""
+
+    def __init__(self, ctx: _Context, key: tuple) -> None:
+        tp, cp, ep, etp, mbs, sp, dispatcher, _ = key
+        model, training = ctx.model, ctx.training
+        self.model, self.rates, self.link = model, ctx.rates, ctx.link
+        self.tp, self.cp, self.ep, self.etp, self.sp, self.dispatcher = tp, cp, ep, etp, sp, dispatcher
+        self.seq = training.seq_length
+        self.tokens = mbs * training.seq_length // cp  # rows of every attention-side GEMM on this rank
+        self.tokens_local = self.tokens / tp if sp else float(self.tokens)  # rows of elementwise ops
+        self.moe_tokens = self.tokens / tp  # tokens entering the MoE layer on this rank (SP-sharded)
+        self.act_bytes = training.activation_bytes
+        self.flash = training.flash_attention
+        self.dropout = model.attention_dropout > 0.0
+        self.fp8 = ctx.rates.gemm_elem_bytes == 1
+        gpn = ctx.gpus_per_node
+        self.tp_place = group_placement(1, tp, gpn)
+        self.cp_place = group_placement(tp, cp, gpn)
+        self.ep_place = group_placement(etp, ep, gpn)
+        self.etp_place = group_placement(1, etp, gpn)
+        self.tp_ep_place = group_placement(1, etp * ep, gpn)
+        imbalance = training.moe_routing_imbalance
+        if training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None:
+            imbalance = min(imbalance, training.moe_expert_capacity_factor)
+        self.imbalance = imbalance
+
+    # -- primitives --------------------------------------------------------------------------------
+    def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),
+               low_precision: bool = True) -> None:
+        """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 input casts."""
+        fwd, bwd = gemm_fwd_bwd(self.rates, round(m), round(n), round(k), low_precision)
+        block.add(GEMM, fwd, bwd, module)
+        if self.fp8 and low_precision:
+            self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * m * k, module,
+                             bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * m * n)
+
+    def elementwise(self, block: _Block, fwd_bytes: float, module: str | tuple[str, ...] = (),
+                    bwd_bytes: float | None = None, term: int = MEM) -> None:
+        """One memory-bound kernel moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO x)."""
+        if bwd_bytes is None:
+            bwd_bytes = ELEMENTWISE_BWD_RATIO * fwd_bytes
+        block.add(term, memory_time(self.rates, fwd_bytes), memory_time(self.rates, bwd_bytes), module)
+
+    def tp_block_comm(self, block: _Block, gather_bytes: float, scatter_bytes: float,
+                      module: str | tuple[str, ...] = ()) -> None:
+        """TP traffic of a column-then-row parallel block over ``tokens`` rows (full-size buffers in bytes).
+
+        With SP: forward all-gathers the input and reduce-scatters the output; backward all-gathers the
+        output gradient, re-gathers the input for the weight gradient and reduce-scatters the input
+        gradient. Without SP: one all-reduce forward (output) and one backward (input gradient).
+        """
+        place, link = self.tp_place, self.link
+        if place.size <= 1:
+            return
+        if self.sp:
+            ag = ring_time(link, "all_gather", gather_bytes, place)
+            rs = ring_time(link, "reduce_scatter", scatter_bytes, place)
+            ag_out = ring_time(link, "all_gather", scatter_bytes, place)
+            rs_in = ring_time(link, "reduce_scatter", gather_bytes, place)
+            block.add(TP, ag + rs, ag_out + ag + rs_in, module)
+        else:
+            block.add(TP, ring_time(link, "all_reduce", scatter_bytes, place),
+                      ring_time(link, "all_reduce", gather_bytes, place), module)
+
+    def norm(self, block: _Block, width: float, module: str | tuple[str, ...] = ("layernorm",)) -> None:
+        self.elementwise(block, 2 * width * self.tokens_local * self.act_bytes, module)
+
+    def residual(self, block: _Block) -> None:
+        self.elementwise(block, 3 * self.model.hidden_size * self.tokens_local * self.act_bytes)
+
+    # -- layer parts -------------------------------------------------------------------------------
+    def attention(self, block: _Block) -> None:
+        m, tp, t, ab = self.model, self.tp, self.tokens, self.act_bytes
+        h, heads = m.hidden_size, m.num_attention_heads
+        self.norm(block, h)
+        if m.multi_latent_attention:
+            qk, rope, v = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
+            q_in = m.q_lora_rank or h
+            if m.q_lora_rank:  # down projections are duplicated over TP and run on the SP shard
+                self.linear(block, self.tokens_local, m.q_lora_rank, h)
+                self.norm(block, m.q_lora_rank)
+            self.linear(block, self.tokens_local, m.kv_lora_rank + rope, h)
+            self.norm(block, m.kv_lora_rank)
+            gathered = (m.q_lora_rank or h) + m.kv_lora_rank + rope
+            self.tp_block_comm(block, t * gathered * ab, t * h * ab)
+            self.linear(block, t, heads * (qk + rope) / tp, q_in, "mla_up_proj")
+            self.linear(block, t, heads * (qk + v) / tp, m.kv_lora_rank, "mla_up_proj")
+            self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
+            fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), qk + rope, v, True,
+                                      self.flash, self.dropout)
+            self._cp_comm(block, t * heads / tp * (qk + rope + v) * ab)
+            self.linear(block, t, h, heads * v / tp)
+        else:
+            d, kv = m.head_dim, m.num_kv_heads
+            self.tp_block_comm(block, t * h * ab, t * h * ab)
+            self.linear(block, t, (heads + 2 * kv) * d / tp, h)
+            if m.qk_layernorm:
+                self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
+            if m.position_embedding_type == "rope":
+                self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
+            fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), d, d, True, self.flash,
+                                      self.dropout)
+            self._cp_comm(block, t * max(1.0, kv / tp) * 2 * d * ab)
+            self.linear(block, t, h, heads * d / tp)
+        block.add(ATTN, fwd, bwd, "core_attn")
+        self.residual(block)
+
+    def _cp_comm(self, block: _Block, kv_bytes: float) -> None:
+        """Ring attention: cp-1 steps pass this rank's K,V forward; backward passes K,V and their grads."""
+        place = self.cp_place
+        if place.size <= 1:
+            return
+        step = self._p2p(kv_bytes, place.crosses_nodes)
+        steps = place.size - 1
+        block.add(CP, steps * step, steps * 2 * step)
+
+    def _p2p(self, nbytes: float, crosses: bool) -> float:
+        return p2p_time(self.link, nbytes, crosses)
+
+    def dense_mlp(self, block: _Block) -> None:
+        m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
+        h, ffn, gate = m.hidden_size, m.ffn_hidden_size, 2 if m.swiglu else 1
+        self.norm(block, h)
+        self.tp_block_comm(block, t * h * ab, t * h * ab, "mlp")
+        self.linear(block, t, gate * ffn / tp, h, "mlp")
+        self.elementwise(block, (gate + 1) * ffn / tp * t * ab, "mlp")
+        self.linear(block, t, h, ffn / tp, "mlp")
+        self.residual(block)
+
+    def moe(self, block: _Block) -> None:
+        m, ab = self.model, self.act_bytes
+        h, experts, topk = m.hidden_size, m.num_experts or 1, m.moe_router_topk
+        gate = 2 if m.swiglu else 1
+        ffn = m.expert_ffn_hidden_size
+        local = self.moe_tokens
+        self.norm(block, h)
+        # router: a small bf16 GEMM over the local tokens, then fp32 scores, top-k and the aux loss
+        fwd, bwd = gemm_fwd_bwd(self.rates, max(1, round(local)), experts, h, False)
+        block.add(MEM, fwd, bwd, "moe")
+        self.elementwise(block, 12 * local * experts, "moe")
+        self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # permute: gather token copies
+        received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
+        local_experts = max(1, experts // self.ep)
+        if self.dispatcher == "allgather":
+            place = self.tp_ep_place
+            gathered = local * place.size
+            buffer = gathered * h * ab + gathered * topk * 12  # hidden states + top-k probs and indices
+            ag = ring_time(self.link, "all_gather", buffer, place)
+            rs = ring_time(self.link, "reduce_scatter", gathered * h * ab, place)
+            block.add(A2A, ag + rs, ag + rs, "moe")
+            self.elementwise(block, (gathered + received) * h * ab, "moe")  # pick local experts' tokens
+        else:
+            a2a = all_to_all_time(self.link, local * topk * h * ab * self.imbalance, self.ep_place)
+            block.add(A2A, 2 * a2a, 2 * a2a, "moe")
+            if self.etp > 1:
+                buffer = received * h * ab
+                ag = ring_time(self.link, "all_gather", buffer, self.etp_place)
+                rs = ring_time(self.link, "reduce_scatter", buffer, self.etp_place)
+                block.add(ETP, ag + rs, ag + rs, "moe")
+            if local_experts > 1:
+                self.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+        per_expert = received / local_experts
+        fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
+        fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)
+        block.add(GROUPED, fwd1 + fwd2, bwd1 + bwd2, "moe")
+        if self.fp8:
+            self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * received * (h + ffn / self.etp), "moe",
+                             bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * received * (gate * ffn / self.etp + h))
+        self.elementwise(block, (gate + 1) * ffn / self.etp * received * ab, ("moe", "moe_act"))
+        self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # unpermute and weight by probs
+        shared = m.shared_expert_ffn_hidden_size
+        if shared:
+            t, tp = self.tokens, self.tp
+            mods = ("moe", "shared_experts")
+            self.tp_block_comm(block, t * h * ab, t * h * ab, mods)
+            self.linear(block, t, gate * shared / tp, h, mods)
+            self.elementwise(block, (gate + 1) * shared / tp * t * ab, mods)
+            self.linear(block, t, h, shared / tp, mods)
+        self.residual(block)
+
+    def embedding(self, block: _Block) -> None:
+        h, ab, t = self.model.hidden_size, self.act_bytes, self.tokens
+        # vocab-parallel lookup of every token on each TP rank, then a reduction over TP
+        self.elementwise(block, 2 * t * h * ab, bwd_bytes=t * h * (ab + 8))
+        place = self.tp_place
+        if place.size > 1:
+            name = "reduce_scatter" if self.sp else "all_reduce"
+            block.add(TP, ring_time(self.link, name, t * h * ab, place),
+                      ring_time(self.link, "all_gather", t * h * ab, place) if self.sp else 0.0)
+
+    def head(self, block: _Block) -> None:
+        """Final norm, output layer (16-bit) and vocab-parallel cross-entropy of one output head."""
+        m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
+        h = m.hidden_size
+        vocab = m.padded_vocab_size(tp) / tp
+        self.norm(block, h, ())
+        place = self.tp_place
+        if place.size > 1:
+            if self.sp:
+                block.add(TP, ring_time(self.link, "all_gather", t * h * ab, place),
+                          ring_time(self.link, "reduce_scatter", t * h * ab, place))
+            else:
+                block.add(TP, 0.0, ring_time(self.link, "all_reduce", t * h * ab, place))
+        self.linear(block, t, vocab, h, low_precision=False)
+        self.elementwise(block, LOSS_BYTES_PER_LOGIT_FWD * t * vocab,
+                         bwd_bytes=LOSS_BYTES_PER_LOGIT_BWD * t * vocab)
+
+    def mtp_extra(self, block: _Block) -> None:
+        """An MTP block's own work: embedding of shifted tokens, two norms and the 2h -> h projection."""
+        h, t, ab, tp = self.model.hidden_size, self.tokens, self.act_bytes, self.tp
+        self.embedding(block)
+        self.norm(block, 2 * h, ())
+        self.tp_block_comm(block, t * 2 * h * ab, t * h * ab)
+        self.linear(block, t, h / tp, 2 * h)
+
+
+def _add_layer_costs(a: _LayerCost, b: _LayerCost) -> _LayerCost:
+    mods = dict(a.modules)
+    for k, v in b.modules:
+        mods[k] = mods.get(k, 0.0) + v
+    return _LayerCost(tuple(x + y for x, y in zip(a.exposed, b.exposed)),
+                      tuple(x + y for x, y in zip(a.hidden, b.hidden)), a.fwd_total + b.fwd_total,
+                      a.compute_fwd + b.compute_fwd, a.compute_bwd + b.compute_bwd, a.a2a + b.a2a,
+                      tuple(sorted(mods.items())))
+
+
+def _build_layers(ctx: _Context, key: tuple) -> _Layers:
+    shape = _Shape(ctx, key)
+    tp_overlap = key[-1]
+    model = ctx.model
+
+    def built(*parts) -> _LayerCost:
+        block = _Block()
+        for part in parts:
+            part(block)
+        return _finish(block, tp_overlap)
+
+    dense = built(shape.attention, shape.dense_mlp)
+    moe = built(shape.attention, shape.moe) if model.is_moe else _ZERO_LAYER
+    embed = built(shape.embedding)
+    tail = built(shape.head)
+    if model.mtp_num_layers:
+        last_kind = moe if model.moe_layer_pattern()[-1] else dense
+        one = _add_layer_costs(_add_layer_costs(built(shape.mtp_extra), last_kind), built(shape.head))
+        for _ in range(model.mtp_num_layers):
+            tail = _add_layer_costs(tail, one)
+    extras = {(False, False): _ZERO_LAYER, (True, False): embed, (False, True): tail,
+              (True, True): _add_layer_costs(embed, tail)}
+    # Megatron sends the SP-sharded activation (or scatters it over TP and re-gathers it): 1/tp per rank
+    p2p_bytes = shape.tokens / shape.tp * model.hidden_size * shape.act_bytes
+    return _Layers(dense, moe, extras, p2p_bytes)
+
+
+# ---- pipeline stages ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _StageKind:
+    stages: tuple[int, ...]  # the pipeline ranks that look like this
+    num_dense: int
+    num_moe: int
+    first: bool
+    last: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.stages)
+
+
+@lru_cache(maxsize=4096)
+def _stage_kinds(pattern: tuple[int, ...], pp: int, vpp: int) -> tuple[_StageKind, ...]:
+    chunks = _params.layer_chunks(len(pattern), pp, vpp)
+    kinds: dict[tuple[int, int, bool, bool], list[int]] = {}
+    for stage in range(pp):
+        layers = [i for chunk in chunks[stage] for i in chunk]
+        num_moe = sum(pattern[i] for i in layers)
+        kinds.setdefault((len(layers) - num_moe, num_moe, stage == 0, stage == pp - 1), []).append(stage)
+    return tuple(_StageKind(tuple(stages), nd, nm, first, last) for (nd, nm, first, last), stages in kinds.items())
+
+
+class _StageSum:
+    """One stage kind's decoder layers and extras summed, per micro-batch, before recomputation."""
+
+    __slots__ = ("kind", "vec", "hidden", "compute_fwd", "compute_bwd", "a2a", "full_fwd")
+
+    def __init__(self, kind: _StageKind, layers: _Layers) -> None:
+        nd, nm = kind.num_dense, kind.num_moe
+        d, e, x = layers.dense, layers.moe, layers.extras[(kind.first, kind.last)]
+        self.kind = kind
+        self.vec = [nd * a + nm * b + c for a, b, c in zip(d.exposed, e.exposed, x.exposed)]
+        self.hidden = [nd * a + nm * b + c for a, b, c in zip(d.hidden, e.hidden, x.hidden)]
+        self.compute_fwd = nd * d.compute_fwd + nm * e.compute_fwd + x.compute_fwd
+        self.compute_bwd = nd * d.compute_bwd + nm * e.compute_bwd + x.compute_bwd
+        self.a2a = nd * d.a2a + nm * e.a2a + x.a2a
+        self.full_fwd = nd * d.fwd_total + nm * e.fwd_total  # what full recompute of every layer re-runs
+
+
+class _StageCost:
+    """Per-micro-batch exposed seconds of one stage kind, recomputation included."""
+
+    __slots__ = ("kind", "vec", "recompute", "time", "compute_fwd", "compute_bwd", "a2a", "base", "hidden_base")
+
+    def __init__(self, stage: _StageSum, recompute: float) -> None:
+        vec, hidden = stage.vec, stage.hidden
+        self.kind, self.vec, self.recompute = stage.kind, vec, recompute
+        self.compute_fwd, self.compute_bwd, self.a2a = stage.compute_fwd, stage.compute_bwd, stage.a2a
+        self.time = sum(vec) + recompute
+        # per-micro-batch values of the first nine TERMS, and hidden seconds in HIDDEN_TERMS order
+        self.base = (vec[GEMM], vec[GROUPED], vec[ATTN], vec[MEM], recompute, vec[TP], vec[CP], vec[A2A], vec[ETP])
+        self.hidden_base = (hidden[TP], hidden[CP], hidden[A2A], 0.0, 0.0, 0.0, 0.0)
+
+
+def _recompute(stage: _StageSum, layers: _Layers, granularity: str, modules: tuple[str, ...],
+               num_layers: int) -> float:
+    """Forward seconds per micro-batch re-run by recomputation on a stage of this kind."""
+    if granularity == "selective":
+        dense, moe = layers.selective_cost(modules)
+        return stage.kind.num_dense * dense + stage.kind.num_moe * moe
+    if granularity == "full":
+        total = stage.kind.num_dense + stage.kind.num_moe
+        if total == 0:
+            return 0.0
+        share = 1.0 if num_layers == 0 else min(1.0, num_layers / total)
+        return share * stage.full_fwd
+    return 0.0
+
+
+class _Pipeline:
+    """One (layer shape, pp, vpp, recompute, world) combination: stage kinds and their pipeline sums.
+
+    ``ep_overlap`` holds the same figures with the EP all-to-all hidden behind another micro-batch.
+    """
+
+    __slots__ = ("stages", "crit", "t_max", "others", "window_fwd", "window_bwd", "hop", "ep_overlap")
+
+    def __init__(self, stages: list[_StageCost], hop: float) -> None:
+        self.stages = stages
+        self.hop = hop  # seconds of one pipeline p2p transfer
+        self.window_fwd = min(s.compute_fwd for s in stages)
+        self.window_bwd = min(s.compute_bwd for s in stages)
+        self.crit, self.t_max, self.others = self._critical([s.time for s in stages])
+        self.ep_overlap: tuple | None = None
+
+    def _critical(self, times: list[float]) -> tuple[_StageCost, float, float]:
+        i = max(range(len(times)), key=times.__getitem__)
+        total = sum(len(s.kind.stages) * t for s, t in zip(self.stages, times))
+        return self.stages[i], times[i], total - times[i]
+
+    def with_ep_overlap(self) -> tuple[_StageCost, float, float, float]:
+        """(critical stage, its time, the other stages' time, its exposed a2a per micro-batch) under EP overlap."""
+        if self.ep_overlap is None:
+            times = [s.time - s.a2a + max(0.0, s.a2a - s.compute_fwd - s.compute_bwd) for s in self.stages]
+            crit, t_max, others = self._critical(times)
+            self.ep_overlap = (crit, t_max, others, max(0.0, crit.a2a - crit.compute_fwd - crit.compute_bwd))
+        return self.ep_overlap
+
+
+def _stage_sums(ctx: _Context, layers: _Layers, lkey: tuple, pp: int, vpp: int) -> tuple[_StageSum, ...]:
+    key = (lkey, pp, vpp)
+    sums = ctx.stage_sums.get(key)
+    if sums is None:
+        sums = ctx.stage_sums[key] = tuple(_StageSum(kind, layers) for kind in _stage_kinds(ctx.pattern, pp, vpp))
+    return sums
+
+
+def _build_pipeline(ctx: _Context, layers: _Layers, lkey: tuple, config: ParallelConfig) -> _Pipeline:
+    granularity, modules, num_layers = (config.recompute_granularity, config.recompute_modules,
+                                        config.recompute_num_layers)
+    stages = [_StageCost(s, _recompute(s, layers, granularity, modules, num_layers))
+              for s in _stage_sums(ctx, layers, lkey, config.pp, config.vpp)]
+    hop = 0.0
+    if config.pp > 1:
+        place = group_placement(config.world_size // config.pp, config.pp, ctx.gpus_per_node)
+        hop = p2p_time(ctx.link, layers.p2p_bytes, place.crosses_nodes)
+    return _Pipeline(stages, hop)
+
+
+# ---- step-level terms -----------------------------------------------------------------------------
+def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int, place: Placement,
+               distributed: bool) -> tuple[float, float, float, float]:
+    """(grad seconds, its last bucket, param all-gather seconds, its first bucket) for one replica group."""
+    if place.size <= 1 or params <= 0:
+        return 0.0, 0.0, 0.0, 0.0
+    bucket = min(params, max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * place.size))
+    if distributed:
+        grad = ring_time(link, "reduce_scatter", params * grad_bytes, place)
+        grad_bucket = ring_time(link, "reduce_scatter", bucket * grad_bytes, place)
+        gather = ring_time(link, "all_gather", params * param_bytes, place)
+        gather_bucket = ring_time(link, "all_gather", bucket * param_bytes, place)
+        return grad, grad_bucket, gather, gather_bucket
+    grad = ring_time(link, "all_reduce", params * grad_bytes, place)
+    return grad, ring_time(link, "all_reduce", bucket * grad_bytes, place), 0.0, 0.0
+
+
+def _build_tail(ctx: _Context, config: ParallelConfig) -> tuple[float, ...]:
+    """Once-per-step costs of the stage holding the most parameters.
+
+    Returns (dense grad s, its last bucket, dense param all-gather s, its first bucket, the same four for
+    expert parameters over EDP, optimizer s).
+    """
+    pkey = (config.tp, config.pp, config.vpp, config.ep, config.etp)
+    most = ctx.stage_params.get(pkey)
+    if most is None:
+        counts = [_params.stage_param_counts(ctx.model, config, kind.stages[0])
+                  for kind in _stage_kinds(ctx.pattern, config.pp, config.vpp)]
+        most = ctx.stage_params[pkey] = (max(c.dense for c in counts), max(c.expert for c in counts))
+    dense, expert = most
+    gpn = ctx.gpus_per_node
+    distributed = config.use_distributed_optimizer
+    dense_place = group_placement(config.tp, config.cp * config.dp, gpn)
+    expert_place = group_placement(config.etp * config.ep, config.edp, gpn)
+    pb = ctx.training.param_bytes
+    d = _grad_sync(ctx.link, dense, ctx.grad_bytes, pb, dense_place, distributed)
+    e = _grad_sync(ctx.link, expert, ctx.grad_bytes, pb, expert_place, distributed)
+    local = dense / (config.cp * config.dp) + expert / config.edp if distributed else dense + expert
+    optimizer = memory_time(ctx.rates, OPTIMIZER_BYTES_PER_PARAM * local, kernels=4)
+    return (*d, *e, optimizer)
+
+
+def _overlapped(total: float, window: float, floor: float) -> float:
+    """Exposed part of ``total`` seconds overlapped with ``window`` seconds of compute, never below ``floor``."""
+    return min(total, max(total - window, floor))
+
+
+class _Context:
+    """Everything derived from one (model, training, cluster) triple, with the caches built on it."""
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> None:
+        self.model, self.training, self.cluster = model, training, cluster
+        self.rates: ComputeRates = compute_rates(cluster.hardware, training.precision)
+        self.link: LinkRates = link_rates(cluster.hardware)
+        self.gpus_per_node = cluster.gpus_per_node
+        self.pattern = model.moe_layer_pattern()
+        self.flops_per_step = flops_per_step(model, training.seq_length, training.global_batch_size)
+        self.peak = cluster.gpu.peak(training.precision)
+        self.tokens_per_step = training.global_batch_size * training.seq_length
+        self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes
+        self.layers: dict[tuple, _Layers] = {}
+        self.stage_sums: dict[tuple, tuple[_StageSum, ...]] = {}
+        self.pipelines: dict[tuple, _Pipeline] = {}
+        self.stage_params: dict[tuple, tuple[int, int]] = {}
+        self.tails: dict[tuple, tuple[float, ...]] = {}
+
+
+_CONTEXTS: dict[tuple[int, int, int], tuple[ModelSpec, TrainingSpec, ClusterSpec, _Context]] = {}
+_MAX_CONTEXTS = 64
+
+
+def _context(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> _Context:
+    key = (id(model), id(training), id(cluster))
+    hit = _CONTEXTS.get(key)
+    # the entry holds the objects themselves, so their ids cannot be reused while it lives
+    if hit is not None and hit[0] is model and hit[1] is training and hit[2] is cluster:
+        return hit[3]
+    ctx = _context_by_value(model, training, cluster)
+    if len(_CONTEXTS) >= _MAX_CONTEXTS:
+        _CONTEXTS.clear()
+    _CONTEXTS[key] = (model, training, cluster, ctx)
+    return ctx
+
+
+@lru_cache(maxsize=_MAX_CONTEXTS)
+def _context_by_value(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> _Context:
+    return _Context(model, training, cluster)
+
+
+def _check(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
+    """Raise InvalidConfigError for a layout the time model cannot price (first call per shape only)."""
+    if model.num_layers < config.pp * config.vpp:
+        raise InvalidConfigError(f"num_layers ({model.num_layers}) is smaller than pp·vpp "
+                                 f"({config.pp}·{config.vpp} = {config.pp * config.vpp})")
+    if model.is_moe and (model.num_experts or 0) % config.ep:
+        raise InvalidConfigError(f"num_experts ({model.num_experts}) must be divisible by ep ({config.ep})")
+    if training.seq_length % config.cp:
+        raise InvalidConfigError(f"seq_length ({training.seq_length}) must be divisible by cp ({config.cp})")
+
+
+def _pipeline(ctx: _Context, c: ParallelConfig) -> _Pipeline:
+    pkey = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
+            c.tp_comm_overlap, c.pp, c.vpp, c.recompute_granularity, c.recompute_modules, c.recompute_num_layers,
+            c.world_size)
+    pipe = ctx.pipelines.get(pkey)
+    if pipe is None:
+        _check(ctx.model, ctx.training, c)
+        lkey = pkey[:8]
+        layers = ctx.layers.get(lkey)
+        if layers is None:
+            layers = ctx.layers[lkey] = _build_layers(ctx, lkey)
+        pipe = ctx.pipelines[pkey] = _build_pipeline(ctx, layers, lkey, c)
+    return pipe
+
+
+def pipeline_bubble(stage_times: list[float] | tuple[float, ...], vpp: int = 1) -> float:
+    """Seconds of fill and drain of a 1F1B (vpp = 1) or interleaved (vpp > 1) pipeline.
+
+    ``stage_times`` are the per-micro-batch (forward + backward) seconds of every pipeline rank. The
+    slowest rank runs the steady state; filling and draining passes once through every other rank, in
+    chunks of 1/vpp: ``(sum - max) / vpp``, which is ``(pp - 1)/(vpp · m)`` of the ideal ``m · t`` when
+    all ranks take ``t``.
+    """
+    return (sum(stage_times) - max(stage_times)) / vpp
+
+
+def stage_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                config: ParallelConfig) -> tuple[float, ...]:
+    """Exposed seconds per micro-batch (forward + backward + recomputation) of every pipeline rank."""
+    pipe = _pipeline(_context(model, training, cluster), config)
+    times = [0.0] * config.pp
+    for s in pipe.stages:
+        for stage in s.kind.stages:
+            times[stage] = s.time
+    return tuple(times)
+
+
+
+
+def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
+                       corrections: Mapping[str, float] | None = None) -> StepTimeBreakdown:
+    """Predicted seconds per optimizer step of ``config`` and their breakdown by term.
+
+    ``corrections`` (term name -> multiplier, e.g. fitted by calibration) scales each exposed term
+    before they are summed; terms it does not name keep factor 1.
+    """
+    c = config
+    world = c.world_size
+    dp = world // (c.tp * c.cp * c.pp)
+    m, rest = divmod(training.global_batch_size, c.micro_batch_size * dp)
+    if m == 0 or rest:
+        raise InvalidConfigError(
+            f"global_batch_size ({training.global_batch_size}) must be a positive multiple of "
+            f"micro_batch_size·dp ({c.micro_batch_size}·{dp} = {c.micro_batch_size * dp})")
+    ctx = _context(model, training, cluster)
+    pipe = _pipeline(ctx, c)
+    tkey = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, world, c.use_distributed_optimizer)
+    tail = ctx.tails.get(tkey)
+    if tail is None:
+        tail = ctx.tails[tkey] = _build_tail(ctx, c)
+
+    if c.overlap_moe_expert_parallel_comm and m > 1 and pipe.crit.a2a > 0.0:
+        crit, t_max, others, a2a_exposed = pipe.with_ep_overlap()
+        values = [m * x for x in crit.base]
+        hidden = [m * x for x in crit.hidden_base]
+        # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
+        total_a2a = m * crit.a2a
+        shown = min(total_a2a, (m - 1) * a2a_exposed + crit.a2a)
+        share = crit.vec[A2A] / crit.a2a
+        values[7] = shown * share
+        values[8] = shown * (1.0 - share)
+        hidden[2] += total_a2a - shown
+    else:
+        crit, others = pipe.crit, pipe.others
+        values = [m * x for x in crit.base]
+        hidden = [m * x for x in crit.hidden_base]
+    dg, dg_b, dpg, dpg_b, eg, eg_b, epg, epg_b, optimizer = tail
+    grads = dg + eg
+    dp_grad = edp_grad = 0.0
+    if grads:
+        exposed = _overlapped(grads, pipe.window_bwd, max(dg_b, eg_b)) if c.overlap_grad_reduce else grads
+        dp_grad = exposed * dg / grads
+        edp_grad = exposed * eg / grads
+        hidden[3] = dg - dp_grad
+        hidden[4] = eg - edp_grad
+    gathers = dpg + epg
+    param_gather = 0.0
+    if gathers:
+        param_gather = (_overlapped(gathers, pipe.window_fwd, max(dpg_b, epg_b)) if c.overlap_param_gather
+                        else gathers)
+        hidden[5] = gathers - param_gather
+    pp_p2p = 0.0
+    pp, vpp = c.pp, c.vpp
+    if pp > 1:
+        fill = 2 * (pp * vpp - 1) * pipe.hop  # the first micro-batch's trip through every chunk boundary
+        if vpp > 1:  # interleaved schedules overlap their steady-state p2p with compute
+            pp_p2p = fill
+            hidden[6] = 2 * m * vpp * pipe.hop
+        else:
+            pp_p2p = fill + 2 * m * pipe.hop
+    values += [dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer]
+
+    if corrections:
+        for name, factor in corrections.items():
+            if name not in BOTTLENECK_OF_TERM:
+                raise InvalidConfigError(f"unknown correction term {name!r}; terms are {', '.join(TERMS)}")
+            i = TERMS.index(name)
+            values[i] *= factor
+    step = sum(values)
+    per_gpu = step * world
+    return StepTimeBreakdown(
+        step_time=step,
+        terms=tuple(zip(TERMS, values)),
+        hidden=tuple((name, v) for name, v in zip(HIDDEN_TERMS, hidden) if v > 0.0),
+        tokens_per_s_per_gpu=ctx.tokens_per_step / per_gpu,
+        tflops_per_gpu=ctx.flops_per_step / per_gpu / 1e12,
+        mfu=ctx.flops_per_step / per_gpu / ctx.peak,
+        bottleneck=_bottleneck(values, step),
+    )
+
+
+def _bottleneck(v: list[float], step: float) -> str:
+    """The largest non-compute limiter when it takes BOTTLENECK_MIN_SHARE of the step, else 'compute'."""
+    # v is in TERMS order; each candidate sums the terms BOTTLENECK_OF_TERM maps to it
+    label, seconds = "memory-bound", v[3]
+    for name, t in (("tp-comm", v[5]), ("cp-comm", v[6]), ("all-to-all", v[7] + v[8]),
+                    ("dp-comm", v[9] + v[10] + v[11]), ("pp-comm", v[12]), ("pp-bubble", v[13]),
+                    ("optimizer", v[14])):
+        if t > seconds:
+            label, seconds = name, t
+    return label if seconds >= BOTTLENECK_MIN_SHARE * step and step > 0 else "compute"
+
+
+@dataclass(frozen=True)
+class PartTime:
+    """Raw (before overlap) seconds per micro-batch of one part of a layer, forward and backward, per term."""
+
+    fwd: tuple[tuple[str, float], ...]
+    bwd: tuple[tuple[str, float], ...]
+
+    @property
+    def fwd_time(self) -> float:
+        return sum(v for _, v in self.fwd)
+
+    @property
+    def bwd_time(self) -> float:
+        return sum(v for _, v in self.bwd)
+
+
+def layer_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                config: ParallelConfig) -> dict[str, PartTime]:
+    """Raw forward/backward seconds per micro-batch of each layer part on one GPU of ``config``.
+
+    Parts: 'attention' (input norm to residual), 'dense_mlp', 'moe' (pre-MLP norm, router, dispatch,
+    experts, combine, shared experts, residual), 'embedding', 'head'. For explanations and for checking
+    single-layer measurements; not used by the hot path.
+    """
+    ctx = _context(model, training, cluster)
+    key = (config.tp, config.cp, config.ep, config.etp, config.micro_batch_size, config.sequence_parallel,
+           config.moe_token_dispatcher_type, config.tp_comm_overlap)
+    shape = _Shape(ctx, key)
+    parts = {"attention": shape.attention, "dense_mlp": shape.dense_mlp, "embedding": shape.embedding,
+             "head": shape.head}
+    if model.is_moe:
+        parts["moe"] = shape.moe
+    out = {}
+    for name, build in parts.items():
+        block = _Block()
+        build(block)
+        out[name] = PartTime(tuple(zip(_MB_TERM_NAMES, block.fwd)), tuple(zip(_MB_TERM_NAMES, block.bwd)))
+    return out

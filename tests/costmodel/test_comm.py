@@ -1,0 +1,87 @@
+"""Collective pricing against hand-worked figures."""
+
+from dataclasses import replace
+
+import pytest
+
+from costmodel import MeasuredCurve, get_hardware
+from costmodel.comm import (
+    COLLECTIVE_EFFICIENCY,
+    all_to_all_time,
+    group_placement,
+    link_rates,
+    p2p_time,
+    ring_time,
+    ring_wire_bytes,
+)
+
+H100 = get_hardware("h100-sxm")  # NVLink 450 GB/s, NIC 50 GB/s per GPU per direction; 5 / 10 us latency
+MIB = 2**20
+
+
+def test_placement_from_stride():
+    assert group_placement(1, 8, 8) == group_placement(1, 8, 8)
+    p = group_placement(1, 8, 8)
+    assert (p.nodes, p.ranks_per_node, p.crosses_nodes) == (1, 8, False)
+    p = group_placement(8, 4, 8)  # DP over 4 nodes behind TP8
+    assert (p.nodes, p.ranks_per_node) == (4, 1)
+    p = group_placement(2, 8, 8)  # EP8 behind ETP2: ranks 0,2,..,14
+    assert (p.nodes, p.ranks_per_node) == (2, 4)
+
+
+def test_ring_wire_bytes():
+    assert ring_wire_bytes("all_reduce", 1000.0, 4) == pytest.approx(2 * 1000 * 3 / 4)
+    assert ring_wire_bytes("all_gather", 1000.0, 4) == pytest.approx(1000 * 3 / 4)
+    assert ring_wire_bytes("reduce_scatter", 1000.0, 1) == 0.0
+
+
+def test_ring_all_reduce_inside_a_node():
+    link = link_rates(H100)
+    size = 256 * MIB
+    t = ring_time(link, "all_reduce", size, group_placement(1, 8, 8))
+    expected = 2 * 7 / 8 * size / (450e9 * 0.80) + 2 * 7 * 5e-6
+    assert t == pytest.approx(expected)
+
+
+def test_ring_across_nodes_is_limited_by_the_nics():
+    link = link_rates(H100)
+    size = 256 * MIB
+    one_per_node = ring_time(link, "reduce_scatter", size, group_placement(8, 4, 8))
+    assert one_per_node == pytest.approx(3 / 4 * size / (50e9 * 0.80) + 3 * 10e-6)
+    # four ranks per node drive four NICs
+    four_per_node = ring_time(link, "reduce_scatter", size, group_placement(2, 8, 8))
+    assert four_per_node == pytest.approx(7 / 8 * size / (4 * 50e9 * 0.80) + 7 * 10e-6)
+
+
+def test_all_to_all_two_nodes_vs_one():
+    link = link_rates(H100)
+    size = 64 * MIB
+    eff = COLLECTIVE_EFFICIENCY["all_to_all"]
+    assert eff == pytest.approx(474 / 900)
+    inside = all_to_all_time(link, size, group_placement(1, 8, 8))
+    assert inside == pytest.approx(size * 7 / 8 / (450e9 * eff) + 5e-6)
+    across = all_to_all_time(link, size, group_placement(1, 16, 8))
+    # 7/16 of the buffer over NVLink, 8/16 over the network, concurrently
+    assert across == pytest.approx(max(size * 7 / 16 / (450e9 * eff), size * 8 / 16 / (50e9 * eff)) + 10e-6)
+    assert across > 4 * inside
+
+
+def test_p2p_and_trivial_groups():
+    link = link_rates(H100)
+    assert p2p_time(link, 1e9, True) == pytest.approx(1e9 / (50e9 * 0.8) + 10e-6)
+    assert p2p_time(link, 1e9, False) == pytest.approx(1e9 / (450e9 * 0.8) + 5e-6)
+    assert ring_time(link, "all_gather", 1e9, group_placement(1, 1, 8)) == 0.0
+    assert all_to_all_time(link, 1e9, group_placement(1, 1, 8)) == 0.0
+
+
+def test_measured_collective_curve_replaces_efficiency_and_latency():
+    curve = MeasuredCurve(((1.0, 0.9),))
+    hw = replace(H100, collective_efficiency={"all_to_all:intra": curve, "all_gather:inter": curve})
+    link = link_rates(hw)
+    size = 64 * MIB
+    assert all_to_all_time(link, size, group_placement(1, 8, 8)) == pytest.approx(size * 7 / 8 / (450e9 * 0.9))
+    assert ring_time(link, "all_gather", size, group_placement(8, 2, 8)) == pytest.approx(
+        size / 2 / (50e9 * 0.9))
+    # collectives without a curve keep the defaults
+    assert ring_time(link, "all_gather", size, group_placement(1, 2, 8)) == pytest.approx(
+        size / 2 / (450e9 * 0.8) + 5e-6)

@@ -1,0 +1,98 @@
+"""Compute-time primitives against hand-worked figures."""
+
+from dataclasses import replace
+
+import pytest
+
+from costmodel import MeasuredCurve, get_hardware
+from costmodel.compute import (
+    GEMM_EFFICIENCY,
+    HBM_EFFICIENCY,
+    KERNEL_OVERHEAD_S,
+    attention_time,
+    compute_rates,
+    gemm_fwd_bwd,
+    gemm_time,
+    grouped_gemm_time,
+    memory_time,
+)
+
+H100 = get_hardware("h100-sxm")
+
+
+def test_default_efficiencies_are_the_microbenchmark_ratios():
+    assert GEMM_EFFICIENCY["bf16"] == pytest.approx(783 / 989.4)
+    assert GEMM_EFFICIENCY["fp8"] == pytest.approx(1421 / 1978.9)
+    assert HBM_EFFICIENCY == pytest.approx(0.875)
+
+
+def test_single_large_bf16_gemm_is_compute_bound_at_the_ceiling():
+    rates = compute_rates(H100, "bf16")
+    n = 8192
+    # 2·n³ FLOPs at 0.7914 x 989.4 TFLOP/s (= 783 TFLOP/s) plus one kernel's fixed cost
+    expected = 2 * n**3 / 783e12 + KERNEL_OVERHEAD_S
+    assert gemm_time(rates, n, n, n) == pytest.approx(expected, rel=1e-3)
+    fwd, bwd = gemm_fwd_bwd(rates, n, n, n)
+    assert bwd == pytest.approx(2 * fwd)
+
+
+def test_fp8_gemm_uses_the_fp8_peak_and_its_own_efficiency():
+    bf16, fp8 = compute_rates(H100, "bf16"), compute_rates(H100, "fp8")
+    n = 16384
+    ratio = gemm_time(bf16, n, n, n) / gemm_time(fp8, n, n, n)
+    assert ratio == pytest.approx(1421 / 783, rel=1e-2)
+    # a GEMM kept in 16 bits under fp8 training (the logits) runs at the bf16 rate
+    assert gemm_time(fp8, n, n, n, low_precision=False) == pytest.approx(gemm_time(bf16, n, n, n))
+
+
+def test_skinny_gemm_is_bandwidth_bound_and_efficiency_saturates_with_flops():
+    rates = compute_rates(H100, "bf16")
+    # 16 rows against a 8192x8192 weight: the weight read dominates
+    t = gemm_time(rates, 16, 8192, 8192)
+    weight_read = 2 * (16 * 8192 * 2 + 8192 * 8192) / (3.35e12 * 0.875)
+    assert t == pytest.approx(weight_read + KERNEL_OVERHEAD_S, rel=1e-2)
+    effs = [2 * n**3 / gemm_time(rates, n, n, n) / 989.4e12 for n in (256, 1024, 4096, 16384)]
+    assert effs == sorted(effs) and effs[-1] < GEMM_EFFICIENCY["bf16"]
+
+
+def test_grouped_gemm_efficiency_grows_with_tokens_per_expert():
+    rates = compute_rates(H100, "bf16")
+    h, f = 4096, 14336
+
+    def eff(tokens):
+        return 2 * tokens * h * f * 8 / grouped_gemm_time(rates, 8, tokens, f, h) / 989.4e12
+
+    values = [eff(t) for t in (32, 128, 512, 2048, 8192)]
+    assert values == sorted(values)
+    assert values[-1] == pytest.approx(755 / 989.4, rel=0.02)  # the grouped-GEMM ceiling
+    assert values[0] < 0.2  # 32 tokens per expert: weight-bandwidth bound
+
+
+def test_measured_curves_replace_the_defaults():
+    curve = MeasuredCurve(((1e6, 0.25), (1e12, 0.5)))
+    hw = replace(H100, gemm_efficiency=curve, grouped_gemm_efficiency=MeasuredCurve(((1.0, 0.4),)),
+                 hbm_efficiency=0.5)
+    rates = compute_rates(hw, "bf16")
+    flops = 2 * 4096**3
+    assert gemm_time(rates, 4096, 4096, 4096) == pytest.approx(flops / (989.4e12 * curve(flops)))
+    assert grouped_gemm_time(rates, 4, 100, 512, 256) == pytest.approx(2 * 100 * 512 * 256 * 4 / (989.4e12 * 0.4))
+    assert memory_time(rates, 1e9, kernels=0) == pytest.approx(1e9 / (3.35e12 * 0.5))
+
+
+def test_causal_flash_attention_counts_half_the_scores_and_a_slower_backward():
+    rates = compute_rates(H100, "bf16")
+    causal = attention_time(rates, 4096, 4096, 32, 128, 128, causal=True)
+    full = attention_time(rates, 4096, 4096, 32, 128, 128, causal=False)
+    assert causal[0] < full[0] < 2.05 * causal[0]
+    # backward: 2.5x the FLOPs at a lower efficiency
+    assert causal[1] / causal[0] == pytest.approx(2.5 * 0.60 / 0.45, rel=0.01)
+    # attention runs below the GEMM ceiling
+    flops = 2 * 4096 * 4096 * 32 * 256 * 0.5
+    assert flops / causal[0] / 989.4e12 < GEMM_EFFICIENCY["bf16"]
+
+
+def test_unfused_attention_pays_for_the_score_matrix():
+    rates = compute_rates(H100, "bf16")
+    flash = attention_time(rates, 8192, 2048, 16, 128, 128, flash=True)
+    unfused = attention_time(rates, 8192, 2048, 16, 128, 128, flash=False, dropout=True)
+    assert unfused[0] > flash[0] and unfused[1] > flash[1]

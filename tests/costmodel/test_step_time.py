@@ -1,0 +1,388 @@
+"""The step-time model: hand-worked terms, monotonic behaviour, and validation against published rows."""
+
+import itertools
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from costmodel import (
+    ClusterSpec,
+    InvalidConfigError,
+    MeasuredCurve,
+    ModelSpec,
+    ParallelConfig,
+    TrainingSpec,
+    get_hardware,
+    get_model,
+)
+from costmodel.compute import KERNEL_OVERHEAD_S
+from costmodel.flops import flops_per_step
+from costmodel.params import stage_param_counts
+from costmodel.step_time import (
+    TERMS,
+    estimate_step_time,
+    layer_times,
+    pipeline_bubble,
+    stage_times,
+)
+
+H100 = get_hardware("h100-sxm")
+A100 = get_hardware("a100-80gb")
+BOTTLENECKS = {"compute", "all-to-all", "tp-comm", "cp-comm", "dp-comm", "pp-bubble", "pp-comm", "memory-bound",
+               "optimizer"}
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "validation" / "reference.json"
+
+DENSE = ModelSpec(name="dense-test", num_layers=8, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                  ffn_hidden_size=14336, vocab_size=32000)
+
+
+def _step(model, training, cluster, **kw):
+    return estimate_step_time(model, training, cluster, ParallelConfig(world_size=cluster.num_gpus, **kw))
+
+
+# ---- interface ------------------------------------------------------------------------------------
+def test_breakdown_names_and_sums():
+    b = _step(get_model("mixtral-8x7b"), TrainingSpec(seq_length=4096, global_batch_size=64),
+              ClusterSpec(H100, 32), tp=2, pp=2, ep=8)
+    assert tuple(name for name, _ in b.terms) == TERMS
+    assert b.step_time == pytest.approx(sum(v for _, v in b.terms))
+    assert all(v >= 0 for _, v in b.terms) and all(v > 0 for _, v in b.hidden)
+    assert {name for name, _ in b.hidden} <= set(TERMS)
+    assert b.bottleneck in BOTTLENECKS
+    assert b.tokens_per_s_per_gpu == pytest.approx(64 * 4096 / b.step_time / 32)
+    flops = flops_per_step(get_model("mixtral-8x7b"), 4096, 64)
+    assert b.tflops_per_gpu == pytest.approx(flops / b.step_time / 32 / 1e12)
+    assert b.mfu == pytest.approx(b.tflops_per_gpu * 1e12 / 989.4e12)
+
+
+def test_bad_layouts_raise_one_clear_error():
+    model, cluster = get_model("mixtral-8x7b"), ClusterSpec(H100, 16)
+    with pytest.raises(InvalidConfigError, match="global_batch_size"):
+        _step(model, TrainingSpec(seq_length=4096, global_batch_size=12), cluster, tp=2)
+    with pytest.raises(InvalidConfigError, match="num_experts"):
+        _step(model, TrainingSpec(seq_length=4096, global_batch_size=16), cluster, ep=16)
+    with pytest.raises(InvalidConfigError, match="correction"):
+        estimate_step_time(model, TrainingSpec(seq_length=4096, global_batch_size=16), cluster,
+                           ParallelConfig(world_size=16), corrections={"nonsense": 2.0})
+
+
+# ---- hand-worked terms ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-v3", "qwen2-57b-a14b", "deepseek-v2-lite",
+                                  "tiny-moe-shared", "gpt-oss-120b"])
+def test_gemm_shapes_match_megatron_flops(name):
+    """With GEMMs at exactly peak, GEMM + grouped-GEMM seconds are the model's linear-layer FLOPs / peak.
+
+    This checks every GEMM shape (GQA and MLA projections, dense-first layers, shared and routed experts,
+    MTP, logits) against costmodel.flops, which follows Megatron's formula.
+    """
+    one = MeasuredCurve(((1.0, 1.0),))
+    hw = replace(H100, gemm_efficiency=one, grouped_gemm_efficiency=one)
+    model = get_model(name)
+    seq, gbs = 4096, 16
+    ep = 8 if model.num_experts % 8 == 0 else 1
+    b = _step(model, TrainingSpec(seq_length=seq, global_batch_size=gbs), ClusterSpec(hw, 8), ep=ep)
+    layers = model.num_layers + model.mtp_num_layers
+    n = model.num_attention_heads
+    if model.multi_latent_attention:
+        core = 3 * seq * n * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
+    else:
+        core = 6 * seq * n * model.head_dim
+    linear = flops_per_step(model, seq, gbs) - core * layers * seq * gbs
+    assert (b.term("gemm") + b.term("grouped_gemm")) * 8 * 989.4e12 == pytest.approx(linear, rel=1e-4)
+
+
+def test_dp_grad_all_reduce_volume_and_link():
+    """Without the distributed optimizer: one all-reduce of 2·P·(dp-1)/dp fp32 bytes over the DP group."""
+    cluster = ClusterSpec(H100, 32)
+    training = TrainingSpec(seq_length=2048, global_batch_size=32)
+    config = ParallelConfig(world_size=32, tp=8, use_distributed_optimizer=False, overlap_grad_reduce=False,
+                            overlap_param_gather=False)
+    b = estimate_step_time(DENSE, training, cluster, config)
+    params = stage_param_counts(DENSE, config, 0).dense
+    # DP group: 4 ranks 8 apart, one per node -> one 50 GB/s NIC at 80 %, 2·(n-1) steps of 10 us
+    expected = 2 * params * 4 * 3 / 4 / (50e9 * 0.8) + 2 * 3 * 10e-6
+    assert b.term("dp_grad") == pytest.approx(expected)
+    assert b.term("param_gather") == 0.0 and b.term("edp_grad") == 0.0
+
+
+def test_distributed_optimizer_reduce_scatters_grads_and_gathers_params():
+    cluster = ClusterSpec(H100, 32)
+    training = TrainingSpec(seq_length=2048, global_batch_size=32)
+    config = ParallelConfig(world_size=32, tp=8, overlap_grad_reduce=False, overlap_param_gather=False)
+    b = estimate_step_time(DENSE, training, cluster, config)
+    params = stage_param_counts(DENSE, config, 0).dense
+    assert b.term("dp_grad") == pytest.approx(params * 4 * 3 / 4 / (50e9 * 0.8) + 3 * 10e-6)
+    assert b.term("param_gather") == pytest.approx(params * 2 * 3 / 4 / (50e9 * 0.8) + 3 * 10e-6)
+    # the optimizer touches 1/dp of the parameters
+    sharded = estimate_step_time(DENSE, training, cluster, config).term("optimizer")
+    whole = estimate_step_time(DENSE, training, cluster,
+                               config.replace(use_distributed_optimizer=False)).term("optimizer")
+    fixed = 4 * KERNEL_OVERHEAD_S  # the optimizer's few kernels' fixed cost
+    assert (whole - fixed) / (sharded - fixed) == pytest.approx(4)
+
+
+def test_expert_grads_reduce_over_edp():
+    model = get_model("mixtral-8x7b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=64)
+    cluster = ClusterSpec(H100, 64)
+    edp8 = _step(model, training, cluster, tp=2, ep=8, overlap_grad_reduce=False)
+    edp1 = _step(model, TrainingSpec(seq_length=4096, global_batch_size=8), ClusterSpec(H100, 8), tp=2, ep=8,
+                 overlap_grad_reduce=False)
+    assert edp8.term("edp_grad") > 0 and edp1.term("edp_grad") == 0.0
+
+
+def test_bubble_is_pp_minus_one_over_vpp_m_of_the_ideal():
+    assert pipeline_bubble([2.0] * 8, vpp=1) == pytest.approx(7 * 2.0)
+    m, t = 16, 2.0
+    assert pipeline_bubble([t] * 8, vpp=4) == pytest.approx((8 - 1) / (4 * m) * (m * t))
+    model = DENSE.with_layers(16)
+    cluster = ClusterSpec(H100, 32)
+    for gbs in (8, 32):
+        training = TrainingSpec(seq_length=2048, global_batch_size=gbs)
+        plain = ParallelConfig(world_size=32, tp=4, pp=4)
+        b1 = estimate_step_time(model, training, cluster, plain)
+        times = stage_times(model, training, cluster, plain)
+        assert b1.term("pp_bubble") == pytest.approx(pipeline_bubble(times, 1))
+        # 16 layers split evenly: every stage holds 4 layers with or without interleaving
+        b2 = estimate_step_time(model, training, cluster, plain.replace(vpp=2))
+        assert stage_times(model, training, cluster, plain.replace(vpp=2)) == pytest.approx(times)
+        assert b2.term("pp_bubble") == pytest.approx(b1.term("pp_bubble") / 2)
+    assert estimate_step_time(model, training, cluster, ParallelConfig(world_size=32, tp=4)).term("pp_bubble") == 0
+
+
+def test_stage_imbalance_from_embedding_logits_and_mtp():
+    model = replace(DENSE.with_layers(12), vocab_size=256000)
+    training = TrainingSpec(seq_length=2048, global_batch_size=16)
+    cluster = ClusterSpec(H100, 16)
+    config = ParallelConfig(world_size=16, tp=4, pp=4)
+    first, middle, _, last = stage_times(model, training, cluster, config)
+    assert first > middle and last > first  # embedding < logits + loss over a large vocabulary
+    with_mtp = replace(model, mtp_num_layers=1)
+    assert stage_times(with_mtp, training, cluster, config)[-1] > last
+    # the bubble grows with the imbalance beyond (pp-1)/vpp of the slowest... of the middle stage
+    b = estimate_step_time(model, training, cluster, config)
+    assert b.term("pp_bubble") > 3 * middle
+
+
+def test_tokens_per_expert_and_imbalance_slow_the_grouped_gemm():
+    model = get_model("mixtral-8x7b")
+    cluster = ClusterSpec(H100, 8)
+    config = ParallelConfig(world_size=8, ep=8)
+    balanced = layer_times(model, TrainingSpec(seq_length=4096, global_batch_size=8), cluster, config)["moe"]
+    skewed = layer_times(model, TrainingSpec(seq_length=4096, global_batch_size=8, moe_routing_imbalance=1.5),
+                         cluster, config)["moe"]
+    grouped = dict(balanced.fwd)["grouped_gemm"]
+    assert dict(skewed.fwd)["grouped_gemm"] == pytest.approx(1.5 * grouped, rel=0.01)
+    assert dict(skewed.fwd)["ep_a2a"] > dict(balanced.fwd)["ep_a2a"]
+
+
+# ---- monotonic behaviour --------------------------------------------------------------------------
+def test_more_dp_keeps_per_gpu_compute():
+    model = get_model("mixtral-8x7b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=64)
+    small = _step(model, training, ClusterSpec(H100, 16), tp=2, ep=8)
+    large = _step(model, training, ClusterSpec(H100, 64), tp=2, ep=8)
+    # per micro-batch the same work; 4x the DP means 1/4 of the micro-batches per GPU
+    assert stage_times(model, training, ClusterSpec(H100, 16), ParallelConfig(world_size=16, tp=2, ep=8)) == \
+        pytest.approx(stage_times(model, training, ClusterSpec(H100, 64), ParallelConfig(world_size=64, tp=2, ep=8)))
+    for term in ("gemm", "grouped_gemm", "attention_core", "memory_bound"):
+        assert large.term(term) * 4 == pytest.approx(small.term(term))
+
+
+def test_ep_group_crossing_nodes_makes_the_all_to_all_slower():
+    model = get_model("qwen3-30b-a3b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=32)
+    cluster = ClusterSpec(H100, 16)
+    inside = _step(model, training, cluster, ep=8)
+    across = _step(model, training, cluster, ep=16)
+    assert across.term("ep_a2a") > 3 * inside.term("ep_a2a")
+    # ETP2 pushes the EP8 group's ranks two apart, over two nodes
+    strided = _step(model, training, cluster, tp=2, ep=8, etp=2)
+    packed = _step(model, training, cluster, tp=2, ep=8, etp=1)
+    assert dict(layer_times(model, training, cluster, ParallelConfig(world_size=16, tp=2, ep=8, etp=2))["moe"].fwd)[
+        "ep_a2a"] > dict(layer_times(model, training, cluster, ParallelConfig(world_size=16, tp=2, ep=8))["moe"].fwd)[
+        "ep_a2a"]
+    assert strided.term("etp_comm") > 0 and packed.term("etp_comm") == 0
+
+
+def test_allgather_dispatcher_prices_gather_and_scatter_volumes():
+    model = get_model("mixtral-8x7b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=8)
+    cluster = ClusterSpec(H100, 8)
+    a2a = _step(model, training, cluster, ep=8)
+    ag = _step(model, training, cluster, ep=8, moe_token_dispatcher_type="allgather")
+    # top-2 of 8 experts: the all-gather moves every token to every rank, 4x the a2a's token copies
+    assert ag.term("ep_a2a") > 2 * a2a.term("ep_a2a")
+    assert ag.term("etp_comm") == 0.0
+
+
+def _compute(b):
+    return sum(b.term(t) for t in ("gemm", "grouped_gemm", "attention_core", "memory_bound", "recompute"))
+
+
+@pytest.mark.parametrize("flag", ["overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                                  "overlap_moe_expert_parallel_comm"])
+def test_overlap_flags_hide_communication_but_never_compute(flag):
+    model = get_model("qwen3-30b-a3b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=128)
+    cluster = ClusterSpec(H100, 64)
+    off = dict(tp=2, ep=16, pp=2, overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
+               overlap_moe_expert_parallel_comm=False)
+    base = _step(model, training, cluster, **off)
+    on = _step(model, training, cluster, **{**off, flag: True})
+    assert on.step_time < base.step_time
+    assert on.step_time >= _compute(on)
+    assert _compute(on) == pytest.approx(_compute(base))
+    assert sum(v for _, v in on.hidden) > sum(v for _, v in base.hidden)
+
+
+def test_recomputation_costs_forward_work():
+    model = get_model("deepseek-v2-lite")
+    training = TrainingSpec(seq_length=4096, global_batch_size=32)
+    cluster = ClusterSpec(H100, 8)
+    none = _step(model, training, cluster, ep=8)
+    attn = _step(model, training, cluster, ep=8, recompute_granularity="selective")
+    moe = _step(model, training, cluster, ep=8, recompute_granularity="selective", recompute_modules=("moe",))
+    full = _step(model, training, cluster, ep=8, recompute_granularity="full")
+    half = _step(model, training, cluster, ep=8, recompute_granularity="full", recompute_num_layers=13)
+    assert none.term("recompute") == 0.0
+    assert 0 < attn.term("recompute") < moe.term("recompute") < full.term("recompute")
+    assert half.term("recompute") == pytest.approx(full.term("recompute") * 13 / 27, rel=0.05)
+    # selective core_attn recomputes exactly the attention core's forward
+    fwd_attn = sum(dict(layer_times(model, training, cluster, ParallelConfig(world_size=8, ep=8))[
+        "attention"].fwd)["attention_core"] for _ in range(1)) * model.num_layers
+    m = 32 // 8
+    assert attn.term("recompute") == pytest.approx(m * fwd_attn)
+    # full recompute is below one extra forward+backward, above the forward compute alone
+    assert full.term("recompute") < none.step_time / 2
+
+
+def test_corrections_scale_their_term():
+    model = get_model("mixtral-8x7b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=16)
+    cluster = ClusterSpec(H100, 16)
+    config = ParallelConfig(world_size=16, tp=2, ep=8)
+    base = estimate_step_time(model, training, cluster, config)
+    corrected = estimate_step_time(model, training, cluster, config, corrections={"ep_a2a": 2.0, "gemm": 0.5})
+    assert corrected.term("ep_a2a") == pytest.approx(2 * base.term("ep_a2a"))
+    assert corrected.step_time == pytest.approx(base.step_time + base.term("ep_a2a") - base.term("gemm") / 2)
+
+
+# ---- validation against published measurements (loose bands; issue 7 tightens after calibration) ---
+def _reference():
+    if not REFERENCE.exists():
+        pytest.skip(f"{REFERENCE} not present")
+    return json.loads(REFERENCE.read_text())
+
+
+def _nemo_model(name, dims):
+    gpt = name.startswith("gpt3")
+    return ModelSpec(name=name, num_layers=dims["layers"], hidden_size=dims["hidden"],
+                     num_attention_heads=dims["heads"], num_query_groups=dims.get("kv_heads"),
+                     ffn_hidden_size=dims["ffn"], vocab_size=dims["vocab"], swiglu=dims.get("swiglu", False),
+                     normalization="layernorm" if gpt else "rmsnorm", add_bias_linear=gpt, add_qkv_bias=gpt,
+                     position_embedding_type="learned_absolute" if gpt else "rope", max_position_embeddings=8192)
+
+
+def nemo_rows():
+    """(label, predicted tokens/s/GPU, published) for the NeMo 24.07 fp8 H100 dense rows."""
+    table = _reference()["nemo_24_07_h100_dense"]
+    out = []
+    for values in table["rows"]:
+        r = dict(zip(table["columns"], values))
+        model = _nemo_model(r["model"], table["models"][r["model"]])
+        training = TrainingSpec(seq_length=r["seq"], global_batch_size=r["gbs"], precision="fp8")
+        # NeMo's performance recipes run SP with TP comm overlap, the distributed optimizer and both DP overlaps
+        config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], vpp=r["vpp"],
+                                micro_batch_size=r["mbs"], tp_comm_overlap=r["tp"] > 1)
+        b = estimate_step_time(model, training, ClusterSpec(H100, r["gpus"]), config)
+        out.append((f"{r['model']} {r['gpus']}gpu {config.label()}", b.tokens_per_s_per_gpu, r["tokens_per_gpu_s"]))
+    return out
+
+
+def korthikanti_rows():
+    """(label, predicted s/iteration, published) for the A100 fp16 rows of arXiv 2205.05198."""
+    table = _reference()["korthikanti2022"]
+    out = []
+    for r in table["rows"]:
+        model = ModelSpec(name=r["model"], num_layers=r["layers"], hidden_size=r["hidden"],
+                          num_attention_heads=r["heads"], ffn_hidden_size=4 * r["hidden"], vocab_size=table["vocab"],
+                          swiglu=False, normalization="layernorm", add_bias_linear=True, add_qkv_bias=True,
+                          position_embedding_type="learned_absolute", max_position_embeddings=table["seq"],
+                          attention_dropout=0.1, hidden_dropout=0.1)
+        # 2022 Megatron: unfused softmax attention, no TP comm overlap
+        training = TrainingSpec(seq_length=table["seq"], global_batch_size=r["gbs"], precision="fp16",
+                                flash_attention=False)
+        for mode, knobs in (("full_recompute", dict(sequence_parallel=False, recompute_granularity="full")),
+                            ("sp_selective", dict(sequence_parallel=True, recompute_granularity="selective"))):
+            config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], vpp=r["vpp"] or 1,
+                                    micro_batch_size=r["mbs"], **knobs)
+            b = estimate_step_time(model, training, ClusterSpec(A100, r["gpus"]), config)
+            out.append((f"{r['model']} {mode}", b.step_time, r["iter_s"][mode]))
+    return out
+
+
+def moe_layer_rows():
+    """(label, predicted ms, published ms) for Megatron's single MoE layer on 8xH100 (TP1 EP8, forward/backward)."""
+    table = _reference()["megatron_moe_layer_8xh100"]
+    out = []
+    for r in table["rows"]:
+        dims = table["layers"][r["layer"]]
+        model = ModelSpec(name=r["layer"], num_layers=1, hidden_size=dims["hidden"], num_attention_heads=32,
+                          ffn_hidden_size=dims["moe_ffn"], vocab_size=32000, num_experts=dims["experts"],
+                          moe_router_topk=dims["topk"], moe_ffn_hidden_size=dims["moe_ffn"],
+                          moe_shared_expert_intermediate_size=dims.get("shared_ffn"))
+        training = TrainingSpec(seq_length=table["seq"], global_batch_size=8, precision=r["dtype"])
+        part = layer_times(model, training, ClusterSpec(H100, 8), ParallelConfig(world_size=8, ep=table["ep"]))["moe"]
+        out.append((f"{r['layer']} {r['dtype']} fwd", part.fwd_time * 1e3, r["fwd_ms"]))
+        out.append((f"{r['layer']} {r['dtype']} bwd", part.bwd_time * 1e3, r["bwd_ms"]))
+    return out
+
+
+def _report(title, rows, band):
+    print(f"\n{title} (model prediction vs published)")
+    for label, predicted, published in rows:
+        print(f"  {label:58s} predicted {predicted:10.2f}  published {published:10.2f}  {predicted / published - 1:+6.1%}")
+    errors = [abs(p / q - 1) for _, p, q in rows]
+    print(f"  mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} (band {band:.0%})")
+    return errors
+
+
+def test_validation_nemo_fp8_h100_dense():
+    errors = _report("NeMo 24.07 fp8 H100 dense, tokens/s/GPU", nemo_rows(), 0.40)
+    assert max(errors) < 0.40
+
+
+def test_validation_korthikanti_a100_iteration_time():
+    errors = _report("Korthikanti 2022 A100 fp16, seconds per iteration", korthikanti_rows(), 0.15)
+    assert max(errors) < 0.15
+
+
+def test_validation_megatron_moe_layer():
+    errors = _report("Megatron MoE layer 8xH100 TP1 EP8, ms", moe_layer_rows(), 0.45)
+    assert max(errors) < 0.45
+
+
+# ---- speed ----------------------------------------------------------------------------------------
+def test_planner_sized_sweep_is_fast():
+    """A cold sweep over DeepSeek-V3 layouts on 1024 H100: per-call cost must stay small (CI-safe bound)."""
+    model = get_model("deepseek-v3")
+    training = TrainingSpec(seq_length=4096, global_batch_size=8192)
+    cluster = ClusterSpec(H100, 1024)
+    configs = []
+    for tp, pp, vpp, ep, etp, mbs, rc in itertools.product((1, 2, 4, 8), (4, 8, 16), (1, 2), (8, 16, 32, 64),
+                                                           (1, 2), (1, 2), ("none", "selective", "full")):
+        dp = 1024 // (tp * pp)
+        if 8192 % (mbs * dp) or 1024 % (etp * ep * pp):
+            continue
+        configs.append(ParallelConfig(world_size=1024, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, micro_batch_size=mbs,
+                                      recompute_granularity=rc))
+    start = time.perf_counter()
+    results = [estimate_step_time(model, training, cluster, c) for c in configs]
+    per_call = (time.perf_counter() - start) / len(configs)
+    print(f"\n{len(configs)} DeepSeek-V3 layouts, cold: {per_call * 1e6:.1f} us per call")
+    assert all(r.step_time > 0 for r in results)
+    assert per_call < 500e-6
