@@ -25,17 +25,17 @@ a planner sweep costs a few microseconds per configuration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from functools import lru_cache
-from itertools import repeat
-from operator import add, mul
 from typing import NamedTuple
 
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware import ClusterSpec
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
-from costmodel.params import _stage_counts, attention_params, layer_chunks, mlp_params, moe_params
+from costmodel.params import _stage_counts, attention_params, layer_chunks, mlp_params, moe_params, moe_pattern
 from costmodel.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -48,9 +48,14 @@ _FP32 = 4
 _MASK = 1  # dropout masks and routing maps are stored as one byte per element
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class MemoryBreakdown:
-    """Bytes on the most-loaded GPU (or on one named pipeline rank, from :func:`estimate_stage_memory`)."""
+    """Bytes on the most-loaded GPU (or on one named pipeline rank, from :func:`estimate_stage_memory`).
+
+    ``details`` is an ordinary field (``fields``, ``asdict``, ``==``, ``repr`` and pickling see it), but
+    when the estimate builds the breakdown it is computed on first access: a planner sweep reads the
+    totals of 10⁵ layouts and the details of the few it shows.
+    """
 
     stage: int
     weights: float
@@ -61,6 +66,33 @@ class MemoryBreakdown:
     comm_buffers: float
     allocator_overhead: float
     details: tuple[tuple[str, float], ...]
+
+    def __init__(self, stage: int, weights: float, grads: float, optimizer: float, activations: float,
+                 logits: float, comm_buffers: float, allocator_overhead: float,
+                 details: tuple[tuple[str, float], ...] | None = None, *,
+                 details_source: Callable[[], tuple[tuple[str, float], ...]] | None = None) -> None:
+        if (details is None) == (details_source is None):
+            raise TypeError("MemoryBreakdown needs exactly one of details or details_source")
+        # frozen: fill the instance dict directly (one call, the hot path builds one per layout)
+        self.__dict__.update(stage=stage, weights=weights, grads=grads, optimizer=optimizer,
+                             activations=activations, logits=logits, comm_buffers=comm_buffers,
+                             allocator_overhead=allocator_overhead)
+        if details is not None:
+            self.__dict__["details"] = tuple(details)
+        else:
+            self.__dict__["_details_source"] = details_source
+
+    def __getattr__(self, name: str):  # only reached while ``details`` is not materialised yet
+        source = self.__dict__.get("_details_source") if name == "details" else None
+        if source is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__["details"] = source()
+        del self.__dict__["_details_source"]
+        return value
+
+    def __reduce__(self):
+        return (type(self), (self.stage, self.weights, self.grads, self.optimizer, self.activations, self.logits,
+                             self.comm_buffers, self.allocator_overhead, self.details))
 
     @property
     def total(self) -> float:
@@ -285,11 +317,12 @@ def _largest(comm: tuple[tuple[str, float], ...]) -> tuple[str, float]:
 
 
 def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: frozenset[str]) -> _KindTerms:
+    """Activation and working-set terms; they depend on TP, SP, ETP and on EP only through EP > 1."""
     b, h = training.activation_bytes, model.hidden_size
     dsp = s.tp if s.sp else 1
     dense_t, moe_t = _layer_terms(model, training, s, False), _layer_terms(model, training, s, True)
     names: list[str] = []
-    pattern = model.moe_layer_pattern()
+    pattern = moe_pattern(model)
     present = (dense_t if 0 in pattern else ()) + (moe_t if 1 in pattern else ())
     for name, _, _ in present:
         if name not in names:
@@ -303,18 +336,29 @@ def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: fr
     full_dense, full_moe = sum(v for _, v, _ in dense_t), sum(v for _, v, _ in moe_t)
     grad_dense, grad_moe = _gradient_peak(model, training, s, False), _gradient_peak(model, training, s, True)
     layer_input = h * b / dsp
-    last_kind_moe = bool(model.moe_layer_pattern()[-1])
+    last_kind_moe = bool(moe_pattern(model)[-1])
     mtp = model.mtp_num_layers * ((sum(moe) if last_kind_moe else sum(dense)) + 5 * h * b / dsp)
     vocab = model.padded_vocab_size(s.tp) / s.tp
     return _KindTerms(
         tuple(names), dense, moe, sum(dense), sum(moe), layer_input,
         full_dense - sum(dense) + grad_dense, full_moe - sum(moe) + grad_moe,
         full_dense - layer_input + grad_dense, full_moe - layer_input + grad_moe,
-        _largest(_comm_per_token(model, training, s, False)), _largest(_comm_per_token(model, training, s, True)),
+        ("comm.none", 0.0), ("comm.none", 0.0),  # filled per full layout shape by _kind_terms_for
         2 * h * b / dsp, 2 * h * b / dsp, mtp,
         vocab * (_FP32 * (1 + model.mtp_num_layers) + b),
         h * _MASK / dsp if model.hidden_dropout > 0 else 0.0,
     )
+
+
+def _kind_terms_for(ctx: _Context, s: _Shape, modules: tuple[str, ...]) -> _KindTerms:
+    """:func:`_kind_terms` (shared by every CP size, EP > 1 and dispatcher) plus this shape's buffers."""
+    akey = (s.tp, s.sp, s.ep > 1, s.etp, modules)
+    acts = ctx.acts.get(akey)
+    if acts is None:
+        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, "alltoall")
+        acts = ctx.acts[akey] = _kind_terms(ctx.model, ctx.training, canonical, frozenset(modules))
+    return acts._replace(comm_dense=_largest(_comm_per_token(ctx.model, ctx.training, s, False)),
+                         comm_moe=_largest(_comm_per_token(ctx.model, ctx.training, s, True)))
 
 
 class _StageLayout(NamedTuple):
@@ -332,7 +376,7 @@ class _StageLayout(NamedTuple):
 
 def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int) -> _StageLayout:
     """Layer kinds of rank ``stage``; ``full_layers`` is -1 without full recompute, 0 for all layers of a chunk."""
-    pattern = model.moe_layer_pattern()
+    pattern = moe_pattern(model)
     counts = [0, 0, 0, 0]  # stored dense, stored moe, recomputed dense, recomputed moe
     for chunk in layer_chunks(model.num_layers, pp, vpp)[stage]:
         for pos, layer in enumerate(chunk):
@@ -345,7 +389,7 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
 
 def _stage_param_entry(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> tuple:
     """(ParamCounts of rank ``stage``, its layer GEMM weights that get an fp8 copy under fp8 training)."""
-    pattern = model.moe_layer_pattern()
+    pattern = moe_pattern(model)
     layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
     num_moe = sum(pattern[i] for i in layers)
     gemm = (attention_params(model, tp).dense_tp_sharded * len(layers)
@@ -369,7 +413,7 @@ def _candidate_stages(model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...]:
     Earlier ranks hold at least as many micro-batches in flight, so a middle rank with no more dense and
     no more MoE layers than an earlier middle rank cannot hold more bytes.
     """
-    pattern = model.moe_layer_pattern()
+    pattern = moe_pattern(model)
     chunks = layer_chunks(model.num_layers, pp, vpp)
     kept: list[tuple[int, int, int]] = []
     for i in range(1, pp - 1):
@@ -399,7 +443,7 @@ class _Context:
     frozen specs on every call.
     """
 
-    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "layouts",
+    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
                  "params", "seq")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
@@ -411,6 +455,7 @@ class _Context:
         self.fp8 = training.precision == "fp8"
         self.seq = training.seq_length
         self.kinds: dict[tuple, _KindTerms] = {}
+        self.acts: dict[tuple, _KindTerms] = {}
         self.layouts: dict[tuple[int, int, int], tuple[_StageLayout, ...]] = {}
         self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
 
@@ -440,7 +485,7 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
     k = ctx.kinds.get(kkey)
     if k is None:
-        k = ctx.kinds[kkey] = _kind_terms(model, training, _Shape(*kkey[:6]), frozenset(modules))
+        k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
     full = config.recompute_num_layers if granularity == "full" else -1
     if only_stage is None:
         lkey = (pp, vpp, full)
@@ -503,11 +548,19 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
 
 def _breakdown(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: int) -> MemoryBreakdown:
     _, lay, par, n, tokens, act, logits, comm, work, optimizer = best
-    p, gemm, weights, grads = par[0], par[1], par[2], par[3]
+    activations, logits_b, comm_b, work_b = tokens * act, tokens * logits, tokens * comm, tokens * work
+    overhead = work_b + FRAGMENTATION * (activations + logits_b + comm_b + work_b)
+    return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits_b, comm_b, overhead,
+                           details_source=partial(_details, ctx, k, best, shards, vpp))
+
+
+def _details(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: int) -> tuple[tuple[str, float], ...]:
+    """Per-tensor / per-bucket bytes of the breakdown ``best`` (see :func:`_evaluate`)."""
+    _, lay, par, n, tokens, act, logits, comm, work, optimizer = best
+    p, gemm = par[0], par[1]
     dense_shard, expert_shard, pp_buffer = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
     activations, logits_b, comm_b, work_b = tokens * act, tokens * logits, tokens * comm, tokens * work
-    fragmentation = FRAGMENTATION * (activations + logits_b + comm_b + work_b)
     x = tokens * n * lay.stored_dense / vpp
     y = tokens * n * lay.stored_moe / vpp
     details: list[tuple[str, float]] = [
@@ -522,8 +575,7 @@ def _breakdown(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: in
         ("optimizer.dense_replicated", ob * p.dense_replicated / dense_shard),
         ("optimizer.expert", ob * p.expert / expert_shard),
     ]
-    # per-tensor activations: C-level map/zip over the aligned per-kind vectors (this runs on every call)
-    details += zip(k.names, map(add, map(mul, k.dense, repeat(x)), map(mul, k.moe, repeat(y))))
+    details += [(name, a * x + c * y) for name, a, c in zip(k.names, k.dense, k.moe) if a * x + c * y]
     recomputed = lay.recomputed_dense + lay.recomputed_moe
     if recomputed:
         details.append(("act.full_recompute.layer_input", tokens * n * recomputed / vpp * k.layer_input))
@@ -539,9 +591,9 @@ def _breakdown(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: in
         details.append((name, tokens * value))
     if pp_buffer:
         details.append(("comm.pp.send_recv", tokens * pp_buffer))
+    fragmentation = FRAGMENTATION * (activations + logits_b + comm_b + work_b)
     details += [("allocator.backward_working_set", work_b), ("allocator.fragmentation", fragmentation)]
-    return MemoryBreakdown(lay.stage, weights, grads, optimizer, activations, logits_b, comm_b,
-                           work_b + fragmentation, tuple(details))
+    return tuple(details)
 
 
 def estimate_stage_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,

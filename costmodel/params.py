@@ -57,6 +57,12 @@ class ParamCounts:
 ZERO = ParamCounts(0, 0, 0)
 
 
+@lru_cache(maxsize=256)
+def moe_pattern(model: ModelSpec) -> tuple[int, ...]:
+    """``model.moe_layer_pattern()``, computed once per model (it is read for every stage of every layout)."""
+    return model.moe_layer_pattern()
+
+
 # ---- layer placement ------------------------------------------------------------------------------
 @lru_cache(maxsize=4096)
 def layer_chunks(num_layers: int, pp: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
@@ -165,7 +171,7 @@ def embedding_params(model: ModelSpec, tp: int) -> ParamCounts:
 def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
     """One MTP block: enorm, hnorm, the ``2h → h`` projection (TP-split), a layer of the last layer's kind, final norm."""
     h = model.hidden_size
-    last_is_moe = bool(model.moe_layer_pattern()[-1])
+    last_is_moe = bool(moe_pattern(model)[-1])
     own = ParamCounts(2 * h * h // tp, 3 * _norm(model, h), 0)
     return own + layer_params(model, tp, ep, etp, last_is_moe)
 
@@ -173,7 +179,7 @@ def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCount
 # ---- stages and totals ----------------------------------------------------------------------------
 @lru_cache(maxsize=65536)
 def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> ParamCounts:
-    pattern = model.moe_layer_pattern()
+    pattern = moe_pattern(model)
     layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
     num_moe = sum(pattern[i] for i in layers)
     counts = layer_params(model, tp, ep, etp, True) * num_moe if num_moe else ZERO

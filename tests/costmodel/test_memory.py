@@ -8,6 +8,7 @@ import pytest
 from costmodel import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
 from costmodel.errors import InvalidConfigError
 from costmodel.memory import (
+    MemoryBreakdown,
     _comm_per_token,
     _gradient_peak,
     _shape,
@@ -313,3 +314,18 @@ def test_deepseek_v3_known_layout_fits_an_h100():
 def test_stage_outside_pipeline_is_a_clear_error():
     with pytest.raises(InvalidConfigError, match="stage 4 is outside the pipeline"):
         estimate_stage_memory(get_model("tiny-moe"), _moe_training(), H100, ParallelConfig(world_size=4, pp=4), 4)
+
+
+def test_breakdown_details_are_a_real_field():
+    import dataclasses
+    import pickle
+
+    b = estimate_memory(get_model("tiny-moe"), _moe_training(), H100, ParallelConfig(world_size=2, pp=2))
+    assert "details" in [f.name for f in dataclasses.fields(b)]
+    as_dict = dataclasses.asdict(b)
+    assert as_dict["details"] and as_dict["weights"] == b.weights
+    assert pickle.loads(pickle.dumps(b)) == b
+    built = MemoryBreakdown(0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, (("x", 1.0),))
+    assert built.total == 28.0 and built.details == (("x", 1.0),)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.weights = 0.0  # type: ignore[misc]
