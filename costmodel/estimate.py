@@ -1,0 +1,123 @@
+"""The combined prediction for one layout: its memory and step-time breakdowns, whether it fits, what limits it.
+
+``explanation`` is one line a user can act on: the limiting term, its share of the step, and the fact of
+the layout behind it (which group crosses nodes, how many micro-batches fill the pipeline, which memory
+term is the largest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from costmodel.hardware import GIB, ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.rank_groups import group_stride_span
+from costmodel.training_spec import TrainingSpec
+
+if TYPE_CHECKING:  # the two models are imported where they are called, so this module loads on its own
+    from costmodel.memory import MemoryBreakdown
+    from costmodel.step_time import StepTimeBreakdown
+
+HEADROOM_FRACTION = 0.05  # below this share of usable HBM free, memory is called the limiter
+MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "allocator_overhead")
+
+# bottleneck name (StepTimeBreakdown.bottleneck) -> the time terms it sums
+BOTTLENECK_TERMS: dict[str, tuple[str, ...]] = {
+    "compute": ("gemm", "grouped_gemm", "attention_core", "recompute"),
+    "all-to-all": ("ep_a2a", "etp_comm"),
+    "tp-comm": ("tp_comm",),
+    "cp-comm": ("cp_comm",),
+    "dp-comm": ("dp_grad", "edp_grad", "param_gather"),
+    "pp-bubble": ("pp_bubble",),
+    "pp-comm": ("pp_p2p",),
+    "memory-bound": ("memory_bound",),
+    "optimizer": ("optimizer",),
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted memory and step time of one layout; ``memory_headroom_bytes`` = usable HBM - memory.total."""
+
+    config: ParallelConfig
+    memory: MemoryBreakdown
+    time: StepTimeBreakdown
+    fits: bool
+    memory_headroom_bytes: float
+    limiter: str  # 'memory' when it does not fit or has < 5 % headroom, else time.bottleneck
+    explanation: str
+
+
+def largest_memory_term(memory: MemoryBreakdown) -> tuple[str, float]:
+    """(name, bytes) of the largest term of a memory breakdown."""
+    return max(((name, getattr(memory, name)) for name in MEMORY_TERMS), key=lambda kv: kv[1])
+
+
+def _span(sizes_before: int, size: int, gpus_per_node: int) -> str:
+    nodes = group_stride_span(sizes_before, size, gpus_per_node)
+    return f"spans {nodes} nodes" if nodes > 1 else "within one node"
+
+
+def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec,
+                  time: StepTimeBreakdown) -> str:
+    """The fact of the layout behind a time bottleneck, e.g. 'EP16 group spans 2 nodes'."""
+    gpn = cluster.gpus_per_node
+    if bottleneck == "all-to-all":
+        if c.moe_token_dispatcher_type == "allgather":
+            return f"allgather dispatcher over ETP·EP {c.etp * c.ep} ({_span(1, c.etp * c.ep, gpn)})"
+        return f"EP{c.ep} group {_span(c.etp, c.ep, gpn)}" + (f", ETP{c.etp}" if c.etp > 1 else "")
+    if bottleneck == "tp-comm":
+        return f"TP{c.tp} group {_span(1, c.tp, gpn)}"
+    if bottleneck == "cp-comm":
+        return f"CP{c.cp} group {_span(c.tp, c.cp, gpn)}"
+    if bottleneck == "dp-comm":
+        return (f"DP{c.dp} {_span(c.tp * c.cp, c.dp, gpn)}, EDP{c.edp} {_span(c.etp * c.ep, c.edp, gpn)}"
+                + ("" if c.use_distributed_optimizer else ", no distributed optimizer"))
+    if bottleneck in ("pp-bubble", "pp-comm"):
+        m = c.num_micro_batches(training.global_batch_size)
+        return f"PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp > 1 else "") + f" with {m} micro-batches"
+    if bottleneck == "compute":
+        extra = "" if c.recompute_granularity == "none" else f", recompute {c.recompute_granularity}"
+        return f"MFU {time.mfu:.0%}{extra}"
+    if bottleneck == "optimizer":
+        return "distributed optimizer" if c.use_distributed_optimizer else "no distributed optimizer"
+    return f"mbs {c.micro_batch_size}"
+
+
+def explain(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec, memory: MemoryBreakdown,
+            time: StepTimeBreakdown) -> tuple[str, str]:
+    """(limiter, one-line explanation) of a layout from its two breakdowns."""
+    usable = cluster.usable_hbm_bytes
+    headroom = usable - memory.total
+    if headroom < HEADROOM_FRACTION * usable:
+        name, size = largest_memory_term(memory)
+        state = (f"needs {memory.total / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable" if headroom < 0
+                 else f"only {headroom / GIB:.1f} GiB ({headroom / usable:.0%}) headroom")
+        return "memory", f"{state}; largest term {name} {size / GIB:.1f} GiB (stage {memory.stage})"
+    bottleneck = time.bottleneck
+    terms = dict(time.terms)
+    seconds = sum(terms.get(t, 0.0) for t in BOTTLENECK_TERMS.get(bottleneck, ()))
+    share = seconds / time.step_time if time.step_time > 0 else 0.0
+    context = _time_context(bottleneck, config, training, cluster, time)
+    return bottleneck, f"{bottleneck} {share:.0%} of step: {context}"
+
+
+def combine(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec, memory: MemoryBreakdown,
+            time: StepTimeBreakdown) -> Estimate:
+    """An Estimate from breakdowns already computed (the planner computes memory first, time only if it fits)."""
+    limiter, explanation = explain(config, training, cluster, memory, time)
+    headroom = cluster.usable_hbm_bytes - memory.total
+    return Estimate(config=config, memory=memory, time=time, fits=headroom >= 0, memory_headroom_bytes=headroom,
+                    limiter=limiter, explanation=explanation)
+
+
+def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate:
+    """Memory (bytes per GPU, most-loaded stage) and step time (seconds) of ``config``, with its limiter."""
+    from costmodel.memory import estimate_memory
+    from costmodel.step_time import estimate_step_time
+
+    memory = estimate_memory(model, training, cluster, config)
+    time = estimate_step_time(model, training, cluster, config)
+    return combine(config, training, cluster, memory, time)

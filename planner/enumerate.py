@@ -1,0 +1,227 @@
+"""Enumerate every valid folded layout of a (model, training, cluster), counting what each rule rejects.
+
+The search space is a product of candidate axes:
+
+- (tp, cp, pp, dp): every ordered factorisation of the world size;
+- vpp: 1 .. ``SearchSpace.vpp_max`` (8 by default: more virtual stages only shave a bubble that is
+  already (pp-1)/(vpp·m) small, and multiply the p2p traffic);
+- (ep, etp, edp): every ordered factorisation of world / pp;
+- micro_batch_size: 1 .. ``SearchSpace.mbs_max`` (8 by default; larger micro-batches rarely help an MoE
+  GEMM that already has seq·mbs/tp/cp rows, and cost activation memory);
+- recompute: none, selective(core_attn), selective(core_attn+moe_act+layernorm), full (uniform, every layer);
+- dispatcher: alltoall and allgather when tokens leave the GPU (ep·etp > 1); with ep·etp = 1 both
+  dispatchers only permute locally, so only alltoall is considered;
+- distributed optimizer: on and off, or the one the training spec forces.
+
+Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
+on with the distributed optimizer. "Considered" is the size of that product; every considered config is
+either valid or counted under the first rule it breaks, checked in the order of :data:`RULE_ORDER` (the
+order in which the enumeration binds the axes), so considered = valid + sum of rejections.
+
+Nothing per configuration is materialised here: the result lists *layouts* (tp, cp, pp, vpp, ep, etp) with
+the micro-batch sizes and dispatchers valid for each; the knobs multiply out lazily in :meth:`Enumeration.configs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from planner.validity import RULES, Rejection, Validator
+
+# (granularity, modules) in order of increasing recomputation: less memory, more time.
+RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("none", ()),
+    ("selective", ("core_attn",)),
+    ("selective", ("core_attn", "moe_act", "layernorm")),
+    ("full", ()),
+)
+DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather")
+RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
+                               "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
+                               "expert_ffn_etp", "recompute_modules")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The candidate values beside the layout axes (see the module docstring for the defaults' reasons)."""
+
+    mbs_max: int = 8
+    vpp_max: int = 4
+    recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
+    dispatchers: tuple[str, ...] = DISPATCHERS
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One valid folded layout; ``stage_layers`` are the decoder layers of each pipeline rank."""
+
+    tp: int
+    cp: int
+    pp: int
+    vpp: int
+    ep: int
+    etp: int
+    dp: int
+    edp: int
+    stage_layers: tuple[int, ...]
+    micro_batch_sizes: tuple[int, ...]  # the valid ones, ascending
+    dispatchers: tuple[str, ...]
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in ascending order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+@dataclass
+class Enumeration:
+    """Every valid layout plus the bookkeeping: how many configs were considered and why the others failed."""
+
+    world_size: int
+    layouts: list[Layout]
+    recompute: tuple[tuple[str, tuple[str, ...]], ...]  # the options valid for this model
+    distributed_optimizer: tuple[bool, ...]
+    considered: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, Rejection] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> int:
+        """Number of valid complete configs (layouts times their knobs)."""
+        per = len(self.recompute) * len(self.distributed_optimizer)
+        return sum(len(lay.micro_batch_sizes) * len(lay.dispatchers) for lay in self.layouts) * per
+
+    def _reject(self, rejection: Rejection, count: int) -> None:
+        if count:
+            self.rejected[rejection.rule] = self.rejected.get(rejection.rule, 0) + count
+            self.examples.setdefault(rejection.rule, rejection)
+
+    def configs(self) -> Iterator[ParallelConfig]:
+        """Every valid config, layout by layout (micro-batch, dispatcher, optimizer, recompute vary fastest)."""
+        maker = ConfigMaker(self.world_size)
+        for lay in self.layouts:
+            for mbs in lay.micro_batch_sizes:
+                for dispatcher in lay.dispatchers:
+                    for distopt in self.distributed_optimizer:
+                        for granularity, modules in self.recompute:
+                            yield maker.make(lay, mbs, dispatcher, distopt, granularity, modules)
+
+
+class ConfigMaker:
+    """Builds ParallelConfig objects for layouts the Validator already accepted, without re-validating.
+
+    ParallelConfig's constructor re-checks every field (a few microseconds); the planner builds hundreds of
+    thousands of configs whose validity it has just established, so it fills a copy of a template's fields.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self._template = dict(ParallelConfig(world_size=world_size).__dict__)
+
+    def base(self, lay: Layout, dispatcher: str) -> dict:
+        """The fields every config of ``lay`` with ``dispatcher`` shares (pass to :meth:`from_base`)."""
+        d = dict(self._template)
+        d.update(tp=lay.tp, cp=lay.cp, pp=lay.pp, vpp=lay.vpp, ep=lay.ep, etp=lay.etp,
+                 sequence_parallel=lay.tp > 1, moe_token_dispatcher_type=dispatcher)
+        return d
+
+    @staticmethod
+    def from_base(base: dict, mbs: int, distopt: bool, granularity: str, modules: tuple[str, ...]) -> ParallelConfig:
+        cfg = object.__new__(ParallelConfig)
+        d = dict(base)
+        d["micro_batch_size"] = mbs
+        d["use_distributed_optimizer"] = d["overlap_param_gather"] = distopt
+        d["recompute_granularity"] = granularity
+        d["recompute_modules"] = modules
+        object.__setattr__(cfg, "__dict__", d)
+        return cfg
+
+    def make(self, lay: Layout, mbs: int, dispatcher: str, distopt: bool, granularity: str,
+             modules: tuple[str, ...]) -> ParallelConfig:
+        return self.from_base(self.base(lay, dispatcher), mbs, distopt, granularity, modules)
+
+
+def distopt_options(training: TrainingSpec) -> tuple[bool, ...]:
+    """The distributed-optimizer settings to try: the forced one, or both (on first: it is the usual winner)."""
+    return (True, False) if training.distributed_optimizer is None else (training.distributed_optimizer,)
+
+
+def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                      space: SearchSpace | None = None) -> Enumeration:
+    """Every valid layout of ``model`` on ``cluster`` for ``training``, with rejection counts per rule."""
+    space = space or SearchSpace()
+    v = Validator(model, training, cluster)
+    world = cluster.num_gpus
+    moe = model.is_moe
+    recompute_ok: list[tuple[str, tuple[str, ...]]] = []
+    recompute_bad: list[Rejection] = []
+    distopt = distopt_options(training)[0]
+    probe = ParallelConfig(world_size=world, use_distributed_optimizer=distopt, overlap_param_gather=distopt)
+    for granularity, modules in space.recompute:
+        r = v.knobs(probe.replace(recompute_granularity=granularity, recompute_modules=modules))
+        (recompute_bad.append(r) if r else recompute_ok.append((granularity, modules)))
+    n_opt = len(distopt_options(training))
+    dispatchers_moving = tuple(space.dispatchers) if moe else space.dispatchers[:1]
+    local = space.dispatchers[:1]
+    n_rec = len(space.recompute)
+    result = Enumeration(world_size=world, layouts=[], recompute=tuple(recompute_ok),
+                         distributed_optimizer=distopt_options(training))
+
+    # Expert factorisations per pp and the knob leaves under each one.
+    expert_pairs: dict[int, list[tuple[int, int, tuple[str, ...]]]] = {}
+    expert_leaves: dict[int, int] = {}
+    for pp in divisors(world):
+        rest = world // pp
+        pairs = []
+        for ep in divisors(rest):
+            for etp in divisors(rest // ep):
+                pairs.append((ep, etp, dispatchers_moving if ep * etp > 1 else local))
+        expert_pairs[pp] = pairs
+        expert_leaves[pp] = sum(len(d) for _, _, d in pairs) * n_rec * n_opt
+
+    glob = v.global_()
+    for tp in divisors(world):
+        tp_rej = glob or v.tp(tp)
+        for cp in divisors(world // tp):
+            cp_rej = tp_rej or v.cp(cp)
+            for pp in divisors(world // (tp * cp)):
+                dp = world // (tp * cp * pp)
+                per_mbs = expert_leaves[pp]
+                per_vpp = space.mbs_max * per_mbs
+                result.considered += space.vpp_max * per_vpp
+                if cp_rej:
+                    result._reject(cp_rej, space.vpp_max * per_vpp)
+                    continue
+                for vpp in range(1, space.vpp_max + 1):
+                    pp_rej = v.pp(pp, vpp)
+                    if pp_rej:
+                        result._reject(pp_rej, per_vpp)
+                        continue
+                    ok_mbs = []
+                    for mbs in range(1, space.mbs_max + 1):
+                        b_rej = v.batch(dp, mbs, pp, vpp)
+                        if b_rej:
+                            result._reject(b_rej, per_mbs)
+                        else:
+                            ok_mbs.append(mbs)
+                    if not ok_mbs:
+                        continue
+                    split = v.split(pp, vpp)
+                    n_mbs = len(ok_mbs)
+                    for ep, etp, dispatchers in expert_pairs[pp]:
+                        leaves = n_mbs * len(dispatchers) * n_rec * n_opt
+                        e_rej = v.ep(ep) or v.etp(etp)
+                        if e_rej:
+                            result._reject(e_rej, leaves)
+                            continue
+                        for bad in recompute_bad:
+                            result._reject(bad, n_mbs * len(dispatchers) * n_opt)
+                        result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
+                                                     split, tuple(ok_mbs), dispatchers))
+    assert set(result.rejected) <= set(RULES)
+    return result

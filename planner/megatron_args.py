@@ -1,0 +1,103 @@
+"""A folded layout as Megatron-LM command-line arguments (parallelism, batch, recompute, dispatcher, optimizer).
+
+Only what the layout and the training recipe decide is emitted; the model's architecture arguments
+(--num-layers, --hidden-size, ...) come from the user's model script. When pp·vpp divides the layers,
+interleaving is ``--num-virtual-stages-per-pipeline-rank``; otherwise the chunks of
+:func:`costmodel.params.layer_chunks` (sizes differing by at most one) are spelled out as
+``--pipeline-model-parallel-layout`` (E = embedding, t = decoder layer, m = MTP layer, L = loss, '|' between
+chunks, ``(x|)*n`` and ``t*n`` repeat), which also fixes vpp.
+"""
+
+from __future__ import annotations
+
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from costmodel.params import layer_chunks
+
+
+def pipeline_layout(num_layers: int, pp: int, vpp: int, mtp_num_layers: int = 0) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` string for the pp·vpp chunks of ``layer_chunks``.
+
+    Chunks are listed in Megatron's flattened order (chunk j = virtual stage j // pp of rank j % pp), the
+    embedding opens the first, MTP layers and the loss close the last; runs of equal chunks are folded.
+    """
+    chunks = layer_chunks(num_layers, pp, vpp)
+    sizes = [len(chunks[j % pp][j // pp]) for j in range(pp * vpp)]
+    parts = [f"t*{n}" if n > 1 else "t" * n for n in sizes]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "m" * mtp_num_layers + "L"
+    out = []
+    i = 0
+    while i < len(parts):
+        run = 1
+        while i + run < len(parts) and parts[i + run] == parts[i]:
+            run += 1
+        out.append(f"({parts[i]}|)*{run}" if run > 1 else parts[i] + "|")
+        i += run
+    return "".join(out)[:-1]
+
+
+def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> list[list[str]]:
+    """The arguments, one flag (with its values) per inner list, in a stable order."""
+    c = config
+    args: list[list[str]] = [
+        ["--tensor-model-parallel-size", str(c.tp)],
+        ["--pipeline-model-parallel-size", str(c.pp)],
+    ]
+    if model.num_layers % (c.pp * c.vpp):
+        args.append(["--pipeline-model-parallel-layout", pipeline_layout(model.num_layers, c.pp, c.vpp,
+                                                                         model.mtp_num_layers)])
+    elif c.vpp > 1:
+        args.append(["--num-virtual-stages-per-pipeline-rank", str(c.vpp)])
+    args += [
+        ["--context-parallel-size", str(c.cp)],
+        ["--expert-model-parallel-size", str(c.ep)],
+        ["--expert-tensor-parallel-size", str(c.etp)],
+    ]
+    if c.sequence_parallel:
+        args.append(["--sequence-parallel"])
+    args += [
+        ["--micro-batch-size", str(c.micro_batch_size)],
+        ["--global-batch-size", str(training.global_batch_size)],
+        ["--seq-length", str(training.seq_length)],
+    ]
+    if c.recompute_granularity == "selective":
+        args.append(["--recompute-granularity", "selective"])
+        args.append(["--recompute-modules", *c.recompute_modules])
+    elif c.recompute_granularity == "full":
+        args.append(["--recompute-granularity", "full"])
+        if c.recompute_num_layers:
+            # the first k layers of each stage; 'block' keeps the rest's activations
+            args.append(["--recompute-method", "block"])
+            args.append(["--recompute-num-layers", str(c.recompute_num_layers)])
+        else:
+            args.append(["--recompute-method", "uniform"])
+            args.append(["--recompute-num-layers", "1"])
+    if model.is_moe:
+        args.append(["--moe-grouped-gemm"])
+        args.append(["--moe-token-dispatcher-type", c.moe_token_dispatcher_type])
+        if training.routing_mode == "capacity":
+            args.append(["--moe-expert-capacity-factor", f"{training.moe_expert_capacity_factor:g}"])
+    if c.use_distributed_optimizer:
+        args.append(["--use-distributed-optimizer"])
+    if c.overlap_grad_reduce:
+        args.append(["--overlap-grad-reduce"])
+    if c.overlap_param_gather:
+        args.append(["--overlap-param-gather"])
+    if c.tp_comm_overlap:
+        args.append(["--tp-comm-overlap"])
+    if c.overlap_moe_expert_parallel_comm:
+        args.append(["--overlap-moe-expert-parallel-comm"])
+    if training.precision in ("bf16", "fp8"):
+        args.append(["--bf16"])
+    elif training.precision == "fp16":
+        args.append(["--fp16"])
+    if training.precision == "fp8":
+        args.append(["--fp8-format", "hybrid"])
+    return args
+
+
+def format_megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> str:
+    """The arguments as a shell fragment, one flag per line, joined by backslash-newlines."""
+    return " \\\n".join(" ".join(flag) for flag in megatron_args(config, model, training))

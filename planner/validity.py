@@ -1,0 +1,289 @@
+"""Megatron-LM's validity rules for a folded layout, as hard filters with a rule id and a readable reason.
+
+Each rule is checked at the level of the enumeration where its variables become known (the model and
+the GPU; then tp; cp; pp and vpp; ep; etp; the batch; the knobs), so the enumerator can reject a whole
+subtree with one check and count what it rejected. :meth:`Validator.check` runs every rule on one
+complete :class:`ParallelConfig` (``foldtune plan --explain``).
+
+Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVIDIA/Megatron-LM, Aug 2026):
+- heads_tp, kv_heads_tp: ``TransformerConfig.__post_init__`` (``num_query_groups`` must be a multiple *or a
+  divisor* of tp: with tp > query groups the KV heads are replicated);
+- seq_cp: ``arguments.py`` (seq_length % (2·cp) for the load-balanced causal split);
+- world_dense / world_expert: ``arguments.py`` and ``parallel_state`` (tp·cp·pp and etp·ep·pp divide the world);
+- experts_ep: ``arguments.py`` (num_experts % ep);
+- gbs_mbs_dp: ``num_microbatches_calculator`` (global batch % (micro batch · dp));
+- vpp_needs_pp: ``arguments.py``: interleaving needs pp > 1 when p2p communication is overlapped
+  (``overlap_p2p_comm``, Megatron's default) and pp > 2 without it. foldtune keeps Megatron's default,
+  so the rule is pp > 1;
+- vpp_microbatches: ``schedules.py`` (interleaved 1F1B with the default
+  ``microbatch_group_size_per_vp_stage = pp`` needs the micro-batch count to be a multiple of pp);
+- layers_pp: ``arguments.py`` / ``PipelineParallelLayerLayout`` (num_layers % (pp·vpp) unless an explicit
+  ``--pipeline-model-parallel-layout`` places the layers; foldtune emits one for uneven splits, so the
+  rule left is one decoder layer per chunk at least, see :func:`pipeline_split`);
+- sp_with_tp: ``moe_layer.py`` refuses to train MoE with tp > 1 and no sequence parallelism;
+- recompute_modules: ``TransformerConfig`` (moe_act needs grouped-GEMM MoE, mla_up_proj needs MLA);
+- param_gather_distopt: ``arguments.py`` (overlap_param_gather needs the distributed optimizer);
+- ep_overlap: ``TransformerConfig`` (EP all-to-all overlap needs ep > 1, the alltoall dispatcher, no full
+  recompute, and vpp when pp > 1);
+- tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
+
+foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
+sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
+spec forced the distributed optimizer on or off). Not rules: a TP group wider than a node is valid but slow
+(the cost model prices it); capacity (token-dropping) routing works with both dispatchers, because
+Megatron drops tokens in the router (only padding to capacity, which foldtune does not model, is
+alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never blocks a tp.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from costmodel.errors import InvalidConfigError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.params import layer_chunks
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+
+# rule id -> what it demands (shown by `foldtune plan` next to its rejection count)
+RULES: dict[str, str] = {
+    "fp8_hardware": "fp8 training needs a GPU with an fp8 peak",
+    "world_dense": "tp·cp·pp divides the world size",
+    "world_expert": "etp·ep·pp divides the world size",
+    "heads_tp": "num_attention_heads % tp == 0",
+    "kv_heads_tp": "num_query_groups is a multiple or a divisor of tp",
+    "hidden_tp": "hidden_size % tp == 0",
+    "ffn_tp": "dense and shared-expert FFN sizes % tp == 0",
+    "seq_cp": "seq_length % (2·cp) == 0 when cp > 1",
+    "layers_pp": "at least one decoder layer per pipeline chunk (num_layers >= pp·vpp; uneven splits allowed)",
+    "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
+    "experts_ep": "num_experts % ep == 0 (ep > 1 needs a MoE model)",
+    "expert_ffn_etp": "expert FFN size % etp == 0 (etp > 1 needs a MoE model)",
+    "gbs_mbs_dp": "global_batch_size % (micro_batch_size·dp) == 0",
+    "vpp_microbatches": "interleaving needs the micro-batch count to be a multiple of pp",
+    "sp_with_tp": "sequence parallelism is on when tp > 1 (MoE)",
+    "recompute_modules": "moe_act needs a MoE model, mla_up_proj needs MLA",
+    "param_gather_distopt": "overlap_param_gather needs the distributed optimizer",
+    "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
+    "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
+    "distopt_choice": "the distributed optimizer setting matches the training spec",
+}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a layout is invalid: the id of the rule it breaks (a key of :data:`RULES`) and one readable line."""
+
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.reason}"
+
+
+def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
+    """Decoder layers held by each of the ``pp`` pipeline ranks, or None when there are fewer layers than chunks.
+
+    foldtune supports uneven stages: the model is cut into pp·vpp consecutive chunks whose sizes differ by
+    at most one (:func:`costmodel.params.layer_chunks`, the placement the memory and time models price);
+    when they are unequal Megatron-LM gets the cut as ``--pipeline-model-parallel-layout``. MTP layers are
+    not part of ``num_layers`` (they follow the decoder on the last rank).
+    """
+    if pp < 1 or vpp < 1 or num_layers < pp * vpp:
+        return None
+    return tuple(sum(len(chunk) for chunk in rank) for rank in layer_chunks(num_layers, pp, vpp))
+
+
+def world_dense(world: int, tp: int, cp: int, pp: int) -> Rejection | None:
+    """tp·cp·pp must divide the world (dp is what is left)."""
+    if world % (tp * cp * pp):
+        return Rejection("world_dense", f"tp·cp·pp = {tp}·{cp}·{pp} = {tp * cp * pp} does not divide "
+                                        f"the world size {world}")
+    return None
+
+
+def world_expert(world: int, ep: int, etp: int, pp: int) -> Rejection | None:
+    """etp·ep·pp must divide the world (edp is what is left)."""
+    if world % (etp * ep * pp):
+        return Rejection("world_expert", f"etp·ep·pp = {etp}·{ep}·{pp} = {etp * ep * pp} does not divide "
+                                         f"the world size {world}")
+    return None
+
+
+class Validator:
+    """The validity rules bound to one (model, training, cluster); each level check returns a Rejection or None."""
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> None:
+        self.model = model
+        self.training = training
+        self.cluster = cluster
+        self.world = cluster.num_gpus
+        self._split_cache: dict[tuple[int, int], tuple[int, ...] | None] = {}
+
+    # ---- level checks (cheap; the enumerator calls them as soon as their inputs are bound) ----------
+    def global_(self) -> Rejection | None:
+        """Rules that depend only on the model, the training recipe and the GPU."""
+        if self.training.precision == "fp8" and "fp8" not in dict(self.cluster.gpu.peak_flops):
+            return Rejection("fp8_hardware", f"precision fp8 needs a GPU with an fp8 peak; "
+                                             f"{self.cluster.gpu.name} has only {sorted(dict(self.cluster.gpu.peak_flops))}")
+        return None
+
+    def tp(self, tp: int) -> Rejection | None:
+        m = self.model
+        if m.num_attention_heads % tp:
+            return Rejection("heads_tp", f"num_attention_heads ({m.num_attention_heads}) is not divisible by tp ({tp})")
+        if not m.multi_latent_attention:
+            groups = m.num_kv_heads
+            if groups % tp and tp % groups:
+                return Rejection("kv_heads_tp", f"num_query_groups ({groups}) is neither a multiple nor a divisor "
+                                                f"of tp ({tp})")
+        if m.hidden_size % tp:
+            return Rejection("hidden_tp", f"hidden_size ({m.hidden_size}) is not divisible by tp ({tp})")
+        if m.num_dense_layers and m.ffn_hidden_size % tp:
+            return Rejection("ffn_tp", f"dense ffn_hidden_size ({m.ffn_hidden_size}) is not divisible by tp ({tp})")
+        shared = m.shared_expert_ffn_hidden_size
+        if shared and shared % tp:
+            return Rejection("ffn_tp", f"shared-expert FFN size ({shared}) is not divisible by tp ({tp})")
+        return None
+
+    def cp(self, cp: int) -> Rejection | None:
+        seq = self.training.seq_length
+        if cp > 1 and seq % (2 * cp):
+            return Rejection("seq_cp", f"seq_length ({seq}) is not divisible by 2·cp ({2 * cp}); "
+                                       f"the load-balanced causal split gives each CP rank two chunks")
+        return None
+
+    def world_dense(self, tp: int, cp: int, pp: int) -> Rejection | None:
+        return world_dense(self.world, tp, cp, pp)
+
+    def world_expert(self, ep: int, etp: int, pp: int) -> Rejection | None:
+        return world_expert(self.world, ep, etp, pp)
+
+    def split(self, pp: int, vpp: int) -> tuple[int, ...] | None:
+        key = (pp, vpp)
+        if key not in self._split_cache:
+            self._split_cache[key] = pipeline_split(self.model.num_layers, pp, vpp)
+        return self._split_cache[key]
+
+    def pp(self, pp: int, vpp: int) -> Rejection | None:
+        if vpp > 1 and pp == 1:
+            return Rejection("vpp_needs_pp", f"vpp {vpp} (interleaving) needs pp > 1, got pp 1")
+        if self.split(pp, vpp) is None:
+            return Rejection("layers_pp", f"num_layers ({self.model.num_layers}) is smaller than pp·vpp = "
+                                          f"{pp}·{vpp} = {pp * vpp} pipeline chunks")
+        return None
+
+    def ep(self, ep: int) -> Rejection | None:
+        experts = self.model.num_experts
+        if ep > 1 and experts is None:
+            return Rejection("experts_ep", f"ep {ep} needs a MoE model; {self.model.name} has no experts")
+        if experts is not None and experts % ep:
+            return Rejection("experts_ep", f"num_experts ({experts}) is not divisible by ep ({ep})")
+        return None
+
+    def etp(self, etp: int) -> Rejection | None:
+        m = self.model
+        if etp > 1 and not m.is_moe:
+            return Rejection("expert_ffn_etp", f"etp {etp} needs a MoE model; {m.name} has no experts")
+        if m.is_moe and m.expert_ffn_hidden_size % etp:
+            return Rejection("expert_ffn_etp", f"expert FFN size ({m.expert_ffn_hidden_size}) is not divisible "
+                                               f"by etp ({etp})")
+        return None
+
+    def batch(self, dp: int, mbs: int, pp: int, vpp: int) -> Rejection | None:
+        gbs = self.training.global_batch_size
+        if gbs % (mbs * dp):
+            return Rejection("gbs_mbs_dp", f"global_batch_size ({gbs}) is not divisible by "
+                                           f"micro_batch_size·dp = {mbs}·{dp} = {mbs * dp}")
+        if vpp > 1 and (gbs // (mbs * dp)) % pp:
+            return Rejection("vpp_microbatches", f"interleaved schedule (vpp {vpp}) needs the micro-batch count "
+                                                 f"({gbs // (mbs * dp)}) to be a multiple of pp ({pp})")
+        return None
+
+    def knobs(self, c: ParallelConfig) -> Rejection | None:
+        """Rules on the switches beside the layout (sequence parallel, recompute, overlap, optimizer)."""
+        if c.tp > 1 and not c.sequence_parallel and self.model.is_moe:
+            return Rejection("sp_with_tp", f"tp {c.tp} with a MoE model needs sequence parallelism on")
+        if c.recompute_granularity == "selective":
+            if "moe_act" in c.recompute_modules and not self.model.is_moe:
+                return Rejection("recompute_modules", f"recompute module moe_act needs a MoE model; "
+                                                      f"{self.model.name} has no experts")
+            if "mla_up_proj" in c.recompute_modules and not self.model.multi_latent_attention:
+                return Rejection("recompute_modules", f"recompute module mla_up_proj needs multi-latent "
+                                                      f"attention; {self.model.name} uses GQA/MHA")
+        if c.overlap_param_gather and not c.use_distributed_optimizer:
+            return Rejection("param_gather_distopt", "overlap_param_gather needs the distributed optimizer")
+        if c.overlap_moe_expert_parallel_comm:
+            why = []
+            if c.ep == 1:
+                why.append("ep > 1")
+            if c.moe_token_dispatcher_type != "alltoall":
+                why.append("the alltoall dispatcher")
+            if c.recompute_granularity == "full":
+                why.append("no full recompute")
+            if c.pp > 1 and c.vpp == 1:
+                why.append("vpp > 1 when pp > 1")
+            if why:
+                return Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs " + ", ".join(why))
+        if c.tp_comm_overlap and not c.sequence_parallel:
+            return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
+        forced = self.training.distributed_optimizer
+        if forced is not None and c.use_distributed_optimizer != forced:
+            return Rejection("distopt_choice", f"the training spec sets distributed_optimizer="
+                                               f"{'on' if forced else 'off'}, the layout has it "
+                                               f"{'on' if c.use_distributed_optimizer else 'off'}")
+        return None
+
+    # ---- one whole config ------------------------------------------------------------------------
+    def check(self, c: ParallelConfig) -> list[Rejection]:
+        """Every rule ``c`` breaks, in enumeration order (empty when valid)."""
+        found = [
+            self.global_(), self.tp(c.tp), self.cp(c.cp), self.world_dense(c.tp, c.cp, c.pp), self.pp(c.pp, c.vpp),
+            self.ep(c.ep), self.world_expert(c.ep, c.etp, c.pp), self.etp(c.etp),
+        ]
+        if not self.world % (c.tp * c.cp * c.pp):
+            found.append(self.batch(c.dp, c.micro_batch_size, c.pp, c.vpp))
+        found.append(self.knobs(c))
+        return [r for r in found if r is not None]
+
+
+def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                 config: ParallelConfig) -> list[Rejection]:
+    """Every validity rule ``config`` breaks for this model, training recipe and cluster (empty = valid)."""
+    if config.world_size != cluster.num_gpus:
+        return [Rejection("world_dense", f"the layout is for {config.world_size} GPUs, the cluster has "
+                                         f"{cluster.num_gpus}")]
+    return Validator(model, training, cluster).check(config)
+
+
+_SIZE_TOKEN = re.compile(r"(?<![a-z])(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
+
+
+def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None = None
+                 ) -> tuple[ParallelConfig | None, list[Rejection]]:
+    """A layout string (``ParallelConfig.label`` form, any subset, e.g. "tp2 pp4 ep8 mbs1") for ``world_size`` GPUs.
+
+    Returns (config, []) when it parses, or (None, rejections) when its sizes do not divide the world (a
+    verdict, not an error). A string that cannot be read raises InvalidConfigError. Without a ``distopt=``
+    token the distributed optimizer follows ``distributed_optimizer`` (None: on).
+    """
+    sizes = {name: int(value) for name, value in _SIZE_TOKEN.findall(text.lower())}
+    try:
+        config = ParallelConfig.parse(text, world_size=world_size)
+    except InvalidConfigError as exc:
+        if str(exc).startswith("cannot parse"):
+            raise
+        tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
+        ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
+        found = []
+        if min(tp, cp, pp, ep, etp) >= 1:
+            found = [r for r in (world_dense(world_size, tp, cp, pp), world_expert(world_size, ep, etp, pp)) if r]
+        if not found:
+            raise
+        return None, found
+    if "distopt" not in text.lower():
+        distopt = True if distributed_optimizer is None else distributed_optimizer
+        config = config.replace(use_distributed_optimizer=distopt, overlap_param_gather=distopt)
+    return config, []

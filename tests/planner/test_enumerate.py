@@ -1,0 +1,114 @@
+"""Enumeration counts: one case worked by hand, and the hierarchical enumerator against a brute force."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from costmodel.catalog import get_hardware, get_model
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from planner.enumerate import RECOMPUTE_OPTIONS, RULE_ORDER, SearchSpace, divisors, enumerate_layouts
+from planner.validity import check_config
+
+TINY = get_model("tiny-moe")  # 2 layers, 4 heads / 2 KV groups, 8 experts, expert FFN 32
+CPU = get_hardware("cpu")
+
+
+def test_tiny_moe_on_4_gpus_worked_by_hand():
+    """tiny-moe on 4 GPUs, seq 64, global batch 8, mbs 1 only, no interleaving, distributed optimizer on.
+
+    (tp, cp, pp, dp) factorisations of 4: 10 (exponent 2 spread over 4 slots). pp4 needs 4 layers > 2:
+    rejected (layers_pp); every tp <= 4 divides 4 heads and 2 KV groups works (tp 4 replicates KV); any cp
+    divides 64/2; dp in {1, 2, 4} divides 8. Valid dense factorisations: 6 with pp1, 3 with pp2.
+    (ep, etp, edp) factorisations of 4 (pp1): 6, of which only ep1·etp1 keeps tokens local (1 dispatcher),
+    the other 5 try both dispatchers: 11 dispatcher choices; of 2 (pp2): 3 -> 2 + 2 + 1 = 5.
+    pp4 leaves: 1 factorisation of 1 -> 1 dispatcher choice.
+    Valid configs: (6·11 + 3·5) · 4 recompute options = 81 · 4 = 324; layouts 6·6 + 3·3 = 45.
+    Considered: (66 + 15 + 1) · 4 = 328; rejected: 4, all layers_pp.
+    """
+    training = TrainingSpec(seq_length=64, global_batch_size=8, distributed_optimizer=True)
+    enum = enumerate_layouts(TINY, training, ClusterSpec(CPU, 4), SearchSpace(mbs_max=1, vpp_max=1))
+    assert len(enum.layouts) == 45
+    assert enum.valid == 324
+    assert enum.considered == 328
+    assert enum.rejected == {"layers_pp": 4}
+    assert "num_layers (2) is smaller than pp·vpp = 4·1 = 4" in enum.examples["layers_pp"].reason
+    assert enum.recompute == RECOMPUTE_OPTIONS and enum.distributed_optimizer == (True,)
+    configs = list(enum.configs())
+    assert len(configs) == 324 == len(set(configs))
+    assert all(c.dp * c.tp * c.cp * c.pp == 4 == c.edp * c.ep * c.etp * c.pp for c in configs)
+    assert all(c.sequence_parallel == (c.tp > 1) for c in configs)
+    assert {c.moe_token_dispatcher_type for c in configs if c.ep * c.etp == 1} == {"alltoall"}
+
+
+def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace):
+    """Every candidate built as a real ParallelConfig and judged by check_config (slow, obviously right)."""
+    world = cluster.num_gpus
+    distopts = (True, False) if training.distributed_optimizer is None else (training.distributed_optimizer,)
+    order = {rule: i for i, rule in enumerate(RULE_ORDER)}
+    valid = []
+    rejected: Counter = Counter()
+    for tp in divisors(world):
+        for cp in divisors(world // tp):
+            for pp in divisors(world // (tp * cp)):
+                for vpp in range(1, space.vpp_max + 1):
+                    for ep in divisors(world // pp):
+                        for etp in divisors(world // (pp * ep)):
+                            dispatchers = space.dispatchers if (ep * etp > 1 and model.is_moe) else ("alltoall",)
+                            for mbs in range(1, space.mbs_max + 1):
+                                for disp in dispatchers:
+                                    for distopt in distopts:
+                                        for gran, mods in space.recompute:
+                                            cfg = ParallelConfig(world, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
+                                                                 etp=etp, micro_batch_size=mbs,
+                                                                 recompute_granularity=gran, recompute_modules=mods,
+                                                                 moe_token_dispatcher_type=disp,
+                                                                 use_distributed_optimizer=distopt,
+                                                                 overlap_param_gather=distopt)
+                                            found = check_config(model, training, cluster, cfg)
+                                            if found:
+                                                rejected[min(found, key=lambda r: order[r.rule]).rule] += 1
+                                            else:
+                                                valid.append(cfg)
+    return valid, rejected
+
+
+def test_enumerator_matches_brute_force_moe_and_dense():
+    space = SearchSpace(mbs_max=3, vpp_max=2)
+    dense = ModelSpec(name="dense6", num_layers=4, hidden_size=96, num_attention_heads=6, num_query_groups=3,
+                      ffn_hidden_size=192, vocab_size=256, make_vocab_size_divisible_by=8)
+    cases = [
+        (TINY, TrainingSpec(seq_length=64, global_batch_size=16), 8),
+        (replace(get_model("tiny-moe-shared"), moe_ffn_hidden_size=24), TrainingSpec(seq_length=24, global_batch_size=12,
+                                                                                  distributed_optimizer=False), 8),
+        (dense, TrainingSpec(seq_length=32, global_batch_size=8), 4),
+    ]
+    for model, training, gpus in cases:
+        cluster = ClusterSpec(CPU, gpus)
+        enum = enumerate_layouts(model, training, cluster, space)
+        valid, rejected = _brute_force(model, training, cluster, space)
+        assert set(enum.configs()) == set(valid), model.name
+        assert enum.valid == len(valid)
+        assert enum.rejected == dict(rejected), model.name
+        assert enum.considered == len(valid) + sum(rejected.values())
+    # the dense model never tries moe_act and never an expert layout
+    assert enum.rejected["recompute_modules"] > 0 and "experts_ep" in enum.rejected
+
+
+def test_large_cluster_enumerates_fast_and_counts_add_up():
+    import time
+
+    model = get_model("deepseek-v3")
+    cluster = ClusterSpec(get_hardware("h100-sxm"), 1024)
+    t0 = time.perf_counter()
+    enum = enumerate_layouts(model, TrainingSpec(seq_length=4096, global_batch_size=8192), cluster)
+    elapsed = time.perf_counter() - t0
+    assert enum.considered == enum.valid + sum(enum.rejected.values())
+    assert enum.valid > 100_000 and len(enum.layouts) > 10_000
+    assert elapsed < 5.0  # ~0.2 s on the 2-core CI machine; generous for a loaded one
+    # uneven pipelines are enumerated (61 layers is prime)
+    assert any(lay.pp == 16 for lay in enum.layouts)
+    assert all(sum(lay.stage_layers) == 61 for lay in enum.layouts)

@@ -1,0 +1,122 @@
+"""Every validity rule has a case that trips it (checked against planner.validity.RULES), plus the helpers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from costmodel.catalog import get_hardware, get_model
+from costmodel.errors import InvalidConfigError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from planner.validity import RULES, Validator, check_config, parse_layout, pipeline_split
+
+H100 = get_hardware("h100-sxm")
+TINY = get_model("tiny-moe")  # 2 layers, hidden 64, 4 heads / 2 KV groups, 8 experts of FFN 32
+TRAIN = TrainingSpec(seq_length=64, global_batch_size=16)
+
+
+def dense_model(**kw) -> ModelSpec:
+    base = dict(name="dense", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                ffn_hidden_size=128, vocab_size=256, make_vocab_size_divisible_by=8)
+    return ModelSpec(**{**base, **kw})
+
+
+def rules_of(model: ModelSpec, training: TrainingSpec, gpus: int, **cfg) -> set[str]:
+    cluster = ClusterSpec(H100, gpus)
+    return {r.rule for r in check_config(model, training, cluster, ParallelConfig(world_size=gpus, **cfg))}
+
+
+# (rule, model, training, gpus, config fields): each case breaks exactly the named rule (and maybe others)
+CASES = [
+    ("fp8_hardware", TINY, TrainingSpec(64, 16, precision="fp8"), 8, {}),  # cluster overridden below (A100)
+    ("heads_tp", TINY, TRAIN, 8, dict(tp=8)),
+    ("kv_heads_tp", dense_model(num_attention_heads=6, num_query_groups=3, hidden_size=96), TRAIN, 8, dict(tp=2)),
+    ("hidden_tp", dense_model(hidden_size=100, num_attention_heads=8, num_query_groups=8, kv_channels=16),
+     TRAIN, 8, dict(tp=8)),
+    ("ffn_tp", dense_model(ffn_hidden_size=102), TRAIN, 8, dict(tp=4)),
+    ("seq_cp", TINY, TrainingSpec(seq_length=12, global_batch_size=16), 8, dict(cp=4)),
+    ("layers_pp", TINY, TRAIN, 8, dict(pp=4)),
+    ("vpp_needs_pp", TINY, TRAIN, 8, dict(vpp=2)),
+    ("experts_ep", replace(TINY, num_experts=6), TRAIN, 8, dict(ep=4)),
+    ("expert_ffn_etp", replace(TINY, moe_ffn_hidden_size=36), TRAIN, 8, dict(etp=8)),
+    ("gbs_mbs_dp", TINY, TrainingSpec(seq_length=64, global_batch_size=12), 8, dict(micro_batch_size=1)),
+    ("vpp_microbatches", dense_model(num_layers=8), TrainingSpec(64, 12), 8, dict(pp=4, vpp=2, micro_batch_size=1)),
+    ("sp_with_tp", TINY, TRAIN, 8, dict(tp=2, sequence_parallel=False)),
+    ("recompute_modules", dense_model(), TRAIN, 8,
+     dict(recompute_granularity="selective", recompute_modules=("moe_act",))),
+    ("param_gather_distopt", TINY, TRAIN, 8, dict(use_distributed_optimizer=False, overlap_param_gather=True)),
+    ("ep_overlap", TINY, TRAIN, 8, dict(ep=1, overlap_moe_expert_parallel_comm=True)),
+    ("tp_overlap_sp", TINY, TRAIN, 8, dict(tp=1, tp_comm_overlap=True)),
+    ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
+]
+
+
+@pytest.mark.parametrize("rule,model,training,gpus,cfg", CASES, ids=[c[0] for c in CASES])
+def test_each_rule_trips(rule, model, training, gpus, cfg):
+    if rule == "fp8_hardware":
+        cluster = ClusterSpec(get_hardware("a100-80gb"), gpus)
+        found = check_config(model, training, cluster, ParallelConfig(world_size=gpus, **cfg))
+        assert [r.rule for r in found] == ["fp8_hardware"]
+        assert "a100-80gb" in found[0].reason
+        return
+    found = rules_of(model, training, gpus, **cfg)
+    assert found == {rule}, found
+
+
+def test_world_rules_trip_through_parse_layout():
+    config, found = parse_layout("tp3 pp4", 128)
+    assert config is None and [r.rule for r in found] == ["world_dense"]
+    assert "3·1·4 = 12 does not divide the world size 128" in found[0].reason
+    config, found = parse_layout("ep3 etp1", 128)
+    assert config is None and [r.rule for r in found] == ["world_expert"]
+    v = Validator(TINY, TRAIN, ClusterSpec(H100, 8))
+    assert v.world_dense(2, 2, 4).rule == "world_dense"
+    assert v.world_expert(4, 2, 2).rule == "world_expert"
+    assert v.world_dense(2, 2, 2) is None
+
+
+def test_every_rule_has_a_tripping_case():
+    tripped = {c[0] for c in CASES} | {"world_dense", "world_expert"}
+    assert tripped == set(RULES)
+
+
+def test_more_trips_of_the_model_rules():
+    v = Validator(dense_model(), TRAIN, ClusterSpec(H100, 8))
+    assert v.ep(2).rule == "experts_ep" and "no experts" in v.ep(2).reason
+    assert v.etp(2).rule == "expert_ffn_etp"
+    shared = replace(TINY, moe_shared_expert_intermediate_size=34)
+    assert Validator(shared, TRAIN, ClusterSpec(H100, 8)).tp(4).rule == "ffn_tp"
+    gqa = dense_model()
+    mla_only = ParallelConfig(8, recompute_granularity="selective", recompute_modules=("mla_up_proj",))
+    assert [r.rule for r in check_config(gqa, TRAIN, ClusterSpec(H100, 8), mla_only)] == ["recompute_modules"]
+    # KV heads: a divisor of tp is fine too (replicated KV heads), as Megatron allows
+    assert Validator(TINY, TRAIN, ClusterSpec(H100, 8)).tp(4) is None
+
+
+def test_valid_config_has_no_rejections():
+    cluster = ClusterSpec(H100, 8)
+    cfg = ParallelConfig(world_size=8, tp=2, pp=2, ep=4, etp=1, micro_batch_size=2,
+                         recompute_granularity="selective", recompute_modules=("core_attn", "moe_act"))
+    assert check_config(TINY, TRAIN, cluster, cfg) == []
+
+
+def test_pipeline_split_even_uneven_and_impossible():
+    assert pipeline_split(8, 2, 2) == (4, 4)
+    assert pipeline_split(61, 16) == (4,) * 13 + (3,) * 3  # extra layers on the earliest chunks
+    assert sum(pipeline_split(61, 8, 2)) == 61
+    assert pipeline_split(2, 4) is None
+    assert pipeline_split(3, 1) == (3,)
+
+
+def test_parse_layout_follows_the_optimizer_choice_and_rejects_garbage():
+    cfg, found = parse_layout("tp2 pp4 ep8 mbs1", 128, distributed_optimizer=False)
+    assert found == [] and cfg.use_distributed_optimizer is False and cfg.overlap_param_gather is False
+    assert (cfg.tp, cfg.pp, cfg.ep, cfg.dp) == (2, 4, 8, 16)
+    with pytest.raises(InvalidConfigError, match="cannot parse layout token 'banana'"):
+        parse_layout("tp2 banana", 128)
+    with pytest.raises(InvalidConfigError, match="dp=3 contradicts"):
+        parse_layout("tp2 dp3", 128)
