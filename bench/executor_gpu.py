@@ -106,6 +106,26 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
             "imbalance_max_over_mean": float(counts.max() / counts.mean())}
 
 
+def part_trace(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dict:
+    """Top CUDA kernels of one MoE layer fwd+bwd (torch.profiler), to see where the overhead goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layer = MoELayer(moe_spec(h, f, experts, topk), ExecutorOptions(), single_process_state(), 0,
+                     get_backend("torch"), DEV, BF16)
+    x = torch.randn(tokens, 1, h, device=DEV, dtype=BF16, requires_grad=True)
+    gy = torch.randn_like(x)
+    for _ in range(3):
+        layer(x)[0].backward(gy)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            layer(x)[0].backward(gy)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+    print(table)
+    return {"top_kernels": table.splitlines()[:30]}
+
+
 def part_stack(layers: int, seq: int = 4096) -> dict:
     spec = get_model("mixtral-8x7b").with_layers(layers)
     state = single_process_state()
@@ -206,6 +226,9 @@ def main() -> int:
     if "moe" in parts:
         run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained", part_moe, 2048, 768, 128, 8)
+    if "trace" in parts:
+        run("trace_finegrained", part_trace, 2048, 768, 128, 8)
+        run("trace_mixtral", part_trace, 4096, 14336, 8, 2)
     if "stack" in parts:
         run("stack", part_stack, args.layers)
     if "check" in parts and torch.cuda.device_count() >= 2:

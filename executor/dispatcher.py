@@ -11,7 +11,7 @@ plus the rows per local expert, and take back the expert output in the same orde
   and reduce-scatter the weighted outputs back (sums the etp partial products on the way).
 
 Permutation never loops over experts: a stable argsort by expert id, an index_select, and on the way
-back an index_copy into [n·k] slots summed over k (no atomics).
+back a gather of each token's k rows and a k-wide batched product with the probabilities (no atomics).
 """
 
 from __future__ import annotations
@@ -27,41 +27,77 @@ from executor.router import Routing
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
+def slot_rows(slots_M: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of ``slots_M``: for each of the n·k slots its row in the sorted order, M where dropped."""
+    rows = torch.full((n * k,), slots_M.numel(), dtype=torch.long, device=slots_M.device)
+    return rows.scatter_(0, slots_M, torch.arange(slots_M.numel(), device=slots_M.device))
+
+
+def _rows_by_slot(y_MH: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
+    """[n·k, h]: each slot's row of ``y_MH``, zeros for dropped slots (row index M)."""
+    if row_of_slot.numel() != y_MH.shape[0]:
+        y_MH = torch.cat([y_MH, y_MH.new_zeros((1, y_MH.shape[1]))])
+    return y_MH.index_select(0, row_of_slot)
+
+
 class _Permute(torch.autograd.Function):
-    """rows[i] = x[slots[i] // k]; backward writes each row's gradient to its slot and sums the k slots."""
+    """rows[i] = x[slots[i] // k]; backward gathers each slot's row gradient and sums a token's k slots."""
 
     @staticmethod
-    def forward(ctx, x_NH, slots_M, k):
-        ctx.save_for_backward(slots_M)
+    def forward(ctx, x_NH, slots_M, row_of_slot, k):
+        ctx.save_for_backward(row_of_slot)
         ctx.n, ctx.k = x_NH.shape[0], k
         return x_NH.index_select(0, torch.div(slots_M, k, rounding_mode="floor"))
 
     @staticmethod
     def backward(ctx, grad_MH):
-        (slots_M,) = ctx.saved_tensors
-        full = grad_MH.new_zeros((ctx.n * ctx.k, grad_MH.shape[1]))
-        full.index_copy_(0, slots_M, grad_MH)
-        return full.view(ctx.n, ctx.k, -1).sum(1), None, None
+        (row_of_slot,) = ctx.saved_tensors
+        return _rows_by_slot(grad_MH, row_of_slot).view(ctx.n, ctx.k, -1).sum(1), None, None, None
 
 
-def permute(x_NH: torch.Tensor, slots_M: torch.Tensor, k: int) -> torch.Tensor:
+class _Unpermute(torch.autograd.Function):
+    """out[t] = Σ_j probs[t, j] · y[row of slot (t, j)]: one gather and a k-wide batched product, no atomics."""
+
+    @staticmethod
+    def forward(ctx, y_MH, probs_NK, slots_M, row_of_slot):
+        n, k = probs_NK.shape
+        ctx.save_for_backward(y_MH, probs_NK, slots_M, row_of_slot)
+        y_NKH = _rows_by_slot(y_MH, row_of_slot).view(n, k, -1)
+        return torch.bmm(probs_NK.to(y_MH.dtype).unsqueeze(1), y_NKH).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad_NH):
+        y_MH, probs_NK, slots_M, row_of_slot = ctx.saved_tensors
+        n, k = probs_NK.shape
+        grad_NH = grad_NH.contiguous()
+        y_NKH = _rows_by_slot(y_MH, row_of_slot).view(n, k, -1)
+        grad_probs = torch.bmm(y_NKH, grad_NH.unsqueeze(-1)).squeeze(-1).to(probs_NK.dtype)
+        grad_y_NKH = probs_NK.to(grad_NH.dtype).unsqueeze(-1) * grad_NH.unsqueeze(1)
+        grad_y = grad_y_NKH.view(n * k, -1).index_select(0, slots_M)
+        return grad_y, grad_probs, None, None
+
+
+def permute(x_NH: torch.Tensor, slots_M: torch.Tensor, row_of_slot: torch.Tensor, k: int) -> torch.Tensor:
     """Rows of ``x_NH`` in the order of the assignment slots ``slots_M`` (slot = token·k + choice)."""
-    return _Permute.apply(x_NH, slots_M, k)
+    return _Permute.apply(x_NH, slots_M, row_of_slot, k)
 
 
-def unpermute(y_MH: torch.Tensor, probs_M: torch.Tensor, slots_M: torch.Tensor, n: int, k: int) -> torch.Tensor:
+def unpermute(y_MH: torch.Tensor, probs_NK: torch.Tensor, slots_M: torch.Tensor,
+              row_of_slot: torch.Tensor) -> torch.Tensor:
     """Σ over each token's k slots of prob · expert output; dropped slots contribute nothing."""
-    weighted = (y_MH.float() * probs_M.unsqueeze(-1)).to(y_MH.dtype)
-    full = y_MH.new_zeros((n * k, y_MH.shape[1])).index_copy(0, slots_M, weighted)
-    return full.view(n, k, -1).sum(1)
+    return _Unpermute.apply(y_MH, probs_NK, slots_M, row_of_slot)
 
 
 def sort_by_expert(experts_NK: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots sorted by expert id (ids ≥ num_buckets are dropped) and the count per bucket [num_buckets]."""
+    """Slots sorted by expert id (ids ≥ num_buckets are dropped) and the count per bucket [num_buckets].
+
+    Counting by scatter_add keeps the host out of it (bincount synchronises on CUDA).
+    """
     flat = experts_NK.reshape(-1)
-    counts = torch.bincount(flat.clamp(max=num_buckets), minlength=num_buckets + 1)[:num_buckets]
+    counts = torch.zeros(num_buckets + 1, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat.clamp(max=num_buckets), torch.ones_like(flat))
     order = torch.argsort(flat, stable=True)
-    return order, counts
+    return order, counts[:num_buckets]
 
 
 def chunk_order(counts_SE: torch.Tensor) -> torch.Tensor:
@@ -97,8 +133,9 @@ class AllToAllDispatcher:
         n, k, e_local = x_NH.shape[0], self.topk, self.local_experts
         order, counts_E = sort_by_expert(routing.experts_NK, self.num_experts)
         slots = order[: int(counts_E.sum())] if routing.may_drop else order  # dropless: no host sync
-        rows = permute(x_NH, slots, k)
-        ctx = {"slots": slots, "probs": routing.probs_NK.reshape(-1)[slots], "n": n}
+        row_of_slot = slot_rows(slots, n, k)
+        rows = permute(x_NH, slots, row_of_slot, k)
+        ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": routing.probs_NK}
         if ep.size == 1 and etp.size == 1:
             return Dispatched(rows, counts_E, ctx)
 
@@ -136,7 +173,7 @@ class AllToAllDispatcher:
             y_MH = self.timer.mark(y_MH, "etp_reduce_scatter" if etp.size > 1 else "combine", "ep_alltoall")
             y_MH = all_to_all(y_MH, c["send"], c["recv"], ep)
             y_MH = self.timer.mark(y_MH, "ep_alltoall", "combine")
-        return unpermute(y_MH, c["probs"], c["slots"], c["n"], self.topk)
+        return unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
 
 
 class AllGatherDispatcher:
@@ -158,13 +195,14 @@ class AllGatherDispatcher:
         local = torch.where((local >= 0) & (local < e_local), local, e_local)
         order, counts = sort_by_expert(local, e_local)
         slots = order[: int(counts.sum())]
-        rows = permute(x_all, slots, k)
-        ctx = {"slots": slots, "probs": probs_all.reshape(-1)[slots], "n": x_all.shape[0]}
+        row_of_slot = slot_rows(slots, x_all.shape[0], k)
+        rows = permute(x_all, slots, row_of_slot, k)
+        ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": probs_all}
         return Dispatched(rows, counts, ctx)
 
     def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         c = dispatched.ctx
-        y_all = unpermute(y_MH, c["probs"], c["slots"], c["n"], self.topk)
+        y_all = unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
         y_all = self.timer.mark(y_all, "combine", "tp_ep_reduce_scatter")
         y = reduce_scatter(y_all, self.state.tp_ep)
         return self.timer.mark(y, "tp_ep_reduce_scatter", "combine")

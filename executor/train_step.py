@@ -22,6 +22,12 @@ class StepResult:
     tokens_per_expert: list[int]
 
 
+def _adam_impl(model: torch.nn.Module) -> dict:
+    """Fused (one kernel per step) AdamW on CUDA; the multi-tensor path on CPU."""
+    on_cuda = next(model.parameters()).is_cuda
+    return {"fused": True} if on_cuda else {"foreach": True}
+
+
 class Trainer:
     """Owns the optimizer and gradient reducer of one rank's model slice."""
 
@@ -30,7 +36,7 @@ class Trainer:
         self.model = model
         self.reducer = GradReducer(model, model.state, bucket_mb)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
-                                           eps=eps, foreach=True)
+                                           eps=eps, **_adam_impl(model))
 
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns [ce, router] sums."""

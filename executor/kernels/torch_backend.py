@@ -4,7 +4,7 @@
 strides (dims multiple of 8 in bf16, 4 in fp32) and leaves rows past ``offs[-1]`` unwritten, so callers
 always pass offs whose last entry is the row count. Where it refuses a dtype/device (fp32 on CUDA, older
 torch), a padded batched matmul does the same without a loop over groups (one host sync for the
-longest group). SDPA's ``enable_gqa`` avoids copying K/V per head.
+longest group). On CPU, SDPA's ``enable_gqa`` avoids copying K/V per head.
 """
 
 from __future__ import annotations
@@ -54,8 +54,14 @@ class TorchBackend:
         return padded_grouped_mm(x_MK, w_GNK, offs_G)
 
     def attention(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True,
-                                              enable_gqa=q_BHSD.shape[1] != k_BKSD.shape[1])
+        groups = q_BHSD.shape[1] // k_BKSD.shape[1]
+        if groups > 1 and q_BHSD.is_cuda:
+            # The flash and cuDNN kernels refuse differing head counts (enable_gqa falls back to the
+            # O(s²)-memory math kernel), so K/V are repeated: a small copy next to the attention itself.
+            k_BKSD = k_BKSD.repeat_interleave(groups, dim=1)
+            v_BKSD = v_BKSD.repeat_interleave(groups, dim=1)
+            groups = 1
+        return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=groups > 1)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
