@@ -27,8 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from costmodel.errors import InvalidConfigError
@@ -241,7 +240,8 @@ def _gradient_peak(model: ModelSpec, training: TrainingSpec, s: _Shape, is_moe: 
     return peak
 
 
-def _comm_per_token(model: ModelSpec, training: TrainingSpec, s: _Shape, has_moe: bool) -> tuple[tuple[str, float], ...]:
+def _comm_per_token(model: ModelSpec, training: TrainingSpec, s: _Shape,
+                    has_moe: bool) -> tuple[tuple[str, float], ...]:
     """Per-layer communication buffers (bytes per local token); only the largest is live at a time."""
     b, h = training.activation_bytes, model.hidden_size
     dsp = s.tp if s.sp else 1
@@ -520,7 +520,7 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     best_total = -1.0
     for lay, par in zip(layouts, params):
         stage, sd, sm, rd, rm, first, last, has_moe = lay
-        n = min(pp - stage, m) if vpp == 1 else min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+        n = in_flight_micro_batches(pp, vpp, stage, m)
         act = n * (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         logits = 0.0
         if first:

@@ -169,7 +169,7 @@ def embedding_params(model: ModelSpec, tp: int) -> ParamCounts:
 
 
 def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
-    """One MTP block: enorm, hnorm, the ``2h → h`` projection (TP-split), a layer of the last layer's kind, final norm."""
+    """One MTP block: enorm, hnorm, the ``2h → h`` projection (TP-split), a layer like the last one, a final norm."""
     h = model.hidden_size
     last_is_moe = bool(moe_pattern(model)[-1])
     own = ParamCounts(2 * h * h // tp, 3 * _norm(model, h), 0)
