@@ -35,6 +35,7 @@ class Measurement:
     peak_reserved_bytes: int | None = None
     tokens_per_expert: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    pruned: bool = False  # the driver stopped the run early (fewer timed steps than asked)
 
     @classmethod
     def failed(cls, reason: str, **context: Any) -> Measurement:

@@ -18,6 +18,7 @@ from costmodel.flops import flops_per_step, mfu, tflops_per_gpu
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
+from executor import progress
 from executor.data import global_batch, micro_batches
 from executor.measurement import Measurement
 from executor.options import ExecutorOptions, check_model_supported
@@ -39,7 +40,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     from executor.model import MoEGPT
     from executor.train_step import Trainer
 
-    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if training.precision not in DTYPES:
         raise FoldtuneError(f"precision {training.precision!r} is not supported by the executor yet "
                             f"(supported: {', '.join(DTYPES)})")
@@ -70,7 +71,10 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
             losses.append(result.loss)
             counts = result.tokens_per_expert if counts is None else [a + b for a, b in
                                                                        zip(counts, result.tokens_per_expert)]
-    report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or []}
+            if progress.step_done(step - warmup_steps, elapsed):
+                break  # the driver stopped the run (pruned, cancelled): every rank leaves after this step
+    report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or [],
+              "pruned": len(step_times) < timed_steps}
     if use_cuda:
         report.update(peak_allocated=torch.cuda.max_memory_allocated(device),
                       peak_reserved=torch.cuda.max_memory_reserved(device),
@@ -94,12 +98,14 @@ def _peak_flops(device_name: str, precision: str, hardware: str | None) -> float
 
 def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                    options: ExecutorOptions | None = None, warmup_steps: int = 2, timed_steps: int = 5,
-                   timeout_s: float = 600.0, device: str = "auto", hardware: str | None = None) -> Measurement:
+                   timeout_s: float = 600.0, device: str = "auto", hardware: str | None = None,
+                   launcher=None) -> Measurement:
     """Measure ``config`` on this machine (``device`` 'cuda', 'cpu' or 'auto'); never raises for run failures.
 
     ``hardware`` names the catalog GPU whose peak MFU is taken against (default: guessed from the device).
+    ``launcher`` replaces :func:`executor.launch_local.launch` (same signature), e.g. the Ray launcher.
     """
-    from executor.launch_local import launch
+    from executor.launch_local import launch as launch_local
 
     options = options or ExecutorOptions.for_training(training)
     context = dict(model=model.name, layout=config.label(), world_size=config.world_size,
@@ -115,16 +121,16 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         return Measurement.failed(str(exc), **context)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available()
                                     and torch.cuda.device_count() >= config.world_size)
-    if use_cuda and torch.cuda.device_count() < config.world_size:
+    if use_cuda and launcher is None and torch.cuda.device_count() < config.world_size:
         return Measurement.failed(f"layout needs {config.world_size} GPUs, this machine has "
                                   f"{torch.cuda.device_count()}", **context)
-    launched = launch(profile_worker, config.world_size,
+    launched = (launcher or launch_local)(profile_worker, config.world_size,
                       (model, training, config, options, warmup_steps, timed_steps, use_cuda),
                       backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s)
     if not launched.ok:
         return Measurement.failed(launched.failure_reason, **context)
     reports = launched.results
-    per_step = [max(r["step_times"][i] for r in reports) for i in range(timed_steps)]
+    per_step = [max(r["step_times"][i] for r in reports) for i in range(min(len(r["step_times"]) for r in reports))]
     step_time = statistics.median(per_step)
     phase_names = sorted({k for p in reports[0]["phases"] for k in p})
     phases = {k: statistics.median(p.get(k, 0.0) for p in reports[0]["phases"]) for k in phase_names}
@@ -138,4 +144,5 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         mfu=mfu(flops, step_time, config.world_size, peak) if peak else None,
         peak_allocated_bytes=max(r["peak_allocated"] for r in reports) if use_cuda else None,
         peak_reserved_bytes=max(r["peak_reserved"] for r in reports) if use_cuda else None,
-        tokens_per_expert=reports[0]["tokens_per_expert"], losses=reports[0]["losses"], **context)
+        tokens_per_expert=reports[0]["tokens_per_expert"], losses=reports[0]["losses"],
+        pruned=any(r.get("pruned", False) for r in reports), **context)
