@@ -300,8 +300,8 @@ def test_details_add_up_to_the_categories():
 
 
 def test_deepseek_v3_known_layout_fits_an_h100():
-    # DeepSeek-V3 on 1024 H100s as commonly run with Megatron-Core (TP2 PP16 EP64, MLA up-proj + MoE act
-    # recompute): must fit 80 GB; without recompute and with PP1 it must not.
+    # DeepSeek-V3 on 1024 H100s: a pipelined, expert-parallel layout with MLA up-proj / MoE act / norm
+    # recompute must fit 80 GB; all 61 layers on every GPU (PP1, 671B/64-way experts) must not.
     model, training = get_model("deepseek-v3"), TrainingSpec(seq_length=4096, global_batch_size=8192)
     cluster = ClusterSpec(get_hardware("h100-sxm"), 1024)
     fits = ParallelConfig(world_size=1024, tp=2, pp=16, ep=64, recompute_granularity="selective",
