@@ -329,3 +329,23 @@ def test_breakdown_details_are_a_real_field():
     assert built.total == 28.0 and built.details == (("x", 1.0),)
     with pytest.raises(dataclasses.FrozenInstanceError):
         built.weights = 0.0  # type: ignore[misc]
+
+
+def test_total_falls_along_the_recompute_ladder_and_rises_with_micro_batch_size():
+    # The planner's staircase pruning relies on both monotonicities (planner/rank.py).
+    ladder = (("none", ()), ("selective", ("core_attn",)), ("selective", ("core_attn", "moe_act", "layernorm")),
+              ("full", ()))
+    training = TrainingSpec(seq_length=4096, global_batch_size=256)
+    for name, base in (("deepseek-v3", ParallelConfig(world_size=1024, tp=2, pp=16, vpp=2, ep=64)),
+                       ("mixtral-8x7b", ParallelConfig(world_size=64, tp=2, pp=4, ep=8)),
+                       ("qwen3-30b-a3b", ParallelConfig(world_size=64, pp=8, ep=8, etp=1)),
+                       ("tiny-moe-shared", ParallelConfig(world_size=4, pp=4))):
+        model = get_model(name)
+        for mbs in (1, 2, 4):
+            totals = [peak_memory_bytes(model, training, H100, base.replace(
+                micro_batch_size=mbs, recompute_granularity=g, recompute_modules=m)) for g, m in ladder]
+            assert totals == sorted(totals, reverse=True), (name, mbs, totals)
+        for g, m in ladder:
+            by_mbs = [peak_memory_bytes(model, training, H100, base.replace(
+                micro_batch_size=mbs, recompute_granularity=g, recompute_modules=m)) for mbs in (1, 2, 4, 8)]
+            assert by_mbs == sorted(by_mbs), (name, g, by_mbs)
