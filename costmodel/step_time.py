@@ -7,9 +7,12 @@ and last pipeline stages), sums the layers of each pipeline stage, runs the pipe
 where each constant comes from.
 
 Speed: the planner calls :func:`estimate_step_time` for 10^4-10^5 layouts. Everything that depends on a
-few fields is cached: a context per (model, training, cluster) object triple (looked up by identity),
-per-layer costs keyed on (tp, cp, ep, etp, micro-batch, SP, dispatcher, TP overlap), per-stage sums keyed
-on the pipeline shape and recomputation. The per-call path only combines cached vectors.
+few fields is cached inside a context per (model, training, cluster) object triple (looked up by
+identity): layer parts keyed on the fields each part depends on (attention and TP-side parts on tp, cp,
+micro-batch, SP, TP overlap; the routed-expert part on MoE tokens per rank, ep, etp, dispatcher), stage
+sums keyed on the layer shape and (pp, vpp), and the once-per-step collectives keyed on the layout and
+the optimizer. No rank group is enumerated: placements come from strides
+(:func:`costmodel.comm.group_placement`). The per-call path only combines cached vectors.
 """
 
 from __future__ import annotations
@@ -127,6 +130,10 @@ class _LayerCost:
     compute_bwd: float
     a2a: float  # exposed EP all-to-all + ETP seconds (what EP-overlap can hide)
     modules: tuple[tuple[str, float], ...]
+    total: float = 0.0  # exposed seconds, forward + backward (the sum of ``exposed``)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(self.exposed))
 
 
 _ZERO_LAYER = _LayerCost((0.0,) * 8, (0.0,) * 8, 0.0, 0.0, 0.0, 0.0, ())
@@ -310,12 +317,35 @@ class _Shape:
         self.residual(block)
 
     def moe(self, block: _Block) -> None:
+        """The whole MoE block: pre-MLP norm, routed experts with their dispatch, shared experts, residual."""
+        self.moe_dense(block)
+        self.moe_routed(block)
+
+    def moe_dense(self, block: _Block) -> None:
+        """The TP-side parts of an MoE block: pre-MLP norm, shared experts, residual add."""
+        m, ab = self.model, self.act_bytes
+        h, gate = m.hidden_size, 2 if m.swiglu else 1
+        self.norm(block, h)
+        shared = m.shared_expert_ffn_hidden_size
+        if shared:
+            t, tp = self.tokens, self.tp
+            mods = ("moe", "shared_experts")
+            self.tp_block_comm(block, t * h * ab, t * h * ab, mods)
+            self.linear(block, t, gate * shared / tp, h, mods)
+            self.elementwise(block, (gate + 1) * shared / tp * t * ab, mods)
+            self.linear(block, t, h, shared / tp, mods)
+        self.residual(block)
+
+    def moe_routed(self, block: _Block) -> None:
+        """Router, permutation, dispatch (all-to-all + ETP gather, or all-gather), experts, combine.
+
+        Depends only on the MoE tokens per rank, EP, ETP and the dispatcher, so it is cached on those.
+        """
         m, ab = self.model, self.act_bytes
         h, experts, topk = m.hidden_size, m.num_experts or 1, m.moe_router_topk
         gate = 2 if m.swiglu else 1
         ffn = m.expert_ffn_hidden_size
         local = self.moe_tokens
-        self.norm(block, h)
         # router: a small bf16 GEMM over the local tokens, then fp32 scores, top-k and the aux loss
         fwd, bwd = gemm_fwd_bwd(self.rates, max(1, round(local)), experts, h, False)
         block.add(MEM, fwd, bwd, "moe")
@@ -350,15 +380,6 @@ class _Shape:
                              bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * received * (gate * ffn / self.etp + h))
         self.elementwise(block, (gate + 1) * ffn / self.etp * received * ab, ("moe", "moe_act"))
         self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # unpermute and weight by probs
-        shared = m.shared_expert_ffn_hidden_size
-        if shared:
-            t, tp = self.tokens, self.tp
-            mods = ("moe", "shared_experts")
-            self.tp_block_comm(block, t * h * ab, t * h * ab, mods)
-            self.linear(block, t, gate * shared / tp, h, mods)
-            self.elementwise(block, (gate + 1) * shared / tp * t * ab, mods)
-            self.linear(block, t, h, shared / tp, mods)
-        self.residual(block)
 
     def embedding(self, block: _Block) -> None:
         h, ab, t = self.model.hidden_size, self.act_bytes, self.tokens
@@ -406,24 +427,37 @@ def _add_layer_costs(a: _LayerCost, b: _LayerCost) -> _LayerCost:
                       tuple(sorted(mods.items())))
 
 
+def _part(ctx: _Context, name: str, key: tuple, build, tp_overlap: bool) -> _LayerCost:
+    """The cost of one layer part, built once per (part, the fields it depends on)."""
+    cached = ctx.parts.get((name, key))
+    if cached is None:
+        block = _Block()
+        build(block)
+        cached = ctx.parts[(name, key)] = _finish(block, tp_overlap)
+    return cached
+
+
 def _build_layers(ctx: _Context, key: tuple) -> _Layers:
     shape = _Shape(ctx, key)
-    tp_overlap = key[-1]
+    tp, cp, ep, etp, mbs, sp, dispatcher, tp_overlap = key
     model = ctx.model
+    dense_key = (tp, cp, mbs, sp, tp_overlap)  # attention and TP-side parts do not depend on the expert layout
 
-    def built(*parts) -> _LayerCost:
-        block = _Block()
-        for part in parts:
-            part(block)
-        return _finish(block, tp_overlap)
+    def part(name: str, build, part_key: tuple = dense_key) -> _LayerCost:
+        return _part(ctx, name, part_key, build, tp_overlap)
 
-    dense = built(shape.attention, shape.dense_mlp)
-    moe = built(shape.attention, shape.moe) if model.is_moe else _ZERO_LAYER
-    embed = built(shape.embedding)
-    tail = built(shape.head)
+    attention = part("attention", shape.attention)
+    dense = _add_layer_costs(attention, part("dense_mlp", shape.dense_mlp))
+    moe = _ZERO_LAYER
+    if model.is_moe:
+        routed = part("moe_routed", shape.moe_routed, (shape.moe_tokens, ep, etp, dispatcher))
+        moe = _add_layer_costs(_add_layer_costs(attention, part("moe_dense", shape.moe_dense)), routed)
+    embed = part("embedding", shape.embedding)
+    head = part("head", shape.head)
+    tail = head
     if model.mtp_num_layers:
-        last_kind = moe if model.moe_layer_pattern()[-1] else dense
-        one = _add_layer_costs(_add_layer_costs(built(shape.mtp_extra), last_kind), built(shape.head))
+        last_kind = moe if ctx.pattern[-1] else dense
+        one = _add_layer_costs(_add_layer_costs(part("mtp_extra", shape.mtp_extra), last_kind), head)
         for _ in range(model.mtp_num_layers):
             tail = _add_layer_costs(tail, one)
     extras = {(False, False): _ZERO_LAYER, (True, False): embed, (False, True): tail,
@@ -459,100 +493,80 @@ def _stage_kinds(pattern: tuple[int, ...], pp: int, vpp: int) -> tuple[_StageKin
 
 
 class _StageSum:
-    """One stage kind's decoder layers and extras summed, per micro-batch, before recomputation."""
+    """One stage kind's decoder layers and extras summed, per micro-batch, before recomputation.
 
-    __slots__ = ("kind", "vec", "hidden", "compute_fwd", "compute_bwd", "a2a", "full_fwd")
+    Only scalars are summed up front; the per-term vectors are built for the stages that turn out critical.
+    """
+
+    __slots__ = ("kind", "count", "num_dense", "num_moe", "parts", "time", "compute", "compute_fwd",
+                 "compute_bwd", "a2a", "full_fwd", "_vectors")
 
     def __init__(self, kind: _StageKind, layers: _Layers) -> None:
         nd, nm = kind.num_dense, kind.num_moe
-        d, e, x = layers.dense, layers.moe, layers.extras[(kind.first, kind.last)]
-        self.kind = kind
-        self.vec = [nd * a + nm * b + c for a, b, c in zip(d.exposed, e.exposed, x.exposed)]
-        self.hidden = [nd * a + nm * b + c for a, b, c in zip(d.hidden, e.hidden, x.hidden)]
+        d, e, x = self.parts = layers.dense, layers.moe, layers.extras[(kind.first, kind.last)]
+        self.kind, self.count, self.num_dense, self.num_moe = kind, len(kind.stages), nd, nm
+        self.time = nd * d.total + nm * e.total + x.total
         self.compute_fwd = nd * d.compute_fwd + nm * e.compute_fwd + x.compute_fwd
         self.compute_bwd = nd * d.compute_bwd + nm * e.compute_bwd + x.compute_bwd
+        self.compute = self.compute_fwd + self.compute_bwd
         self.a2a = nd * d.a2a + nm * e.a2a + x.a2a
         self.full_fwd = nd * d.fwd_total + nm * e.fwd_total  # what full recompute of every layer re-runs
+        self._vectors: tuple | None = None
+
+    def vectors(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(seconds per micro-batch of the first nine TERMS, recompute slot 0; hidden in HIDDEN_TERMS order)."""
+        if self._vectors is None:
+            nd, nm = self.num_dense, self.num_moe
+            d, e, x = self.parts
+            v = [nd * a + nm * b + c for a, b, c in zip(d.exposed, e.exposed, x.exposed)]
+            h = [nd * a + nm * b + c for a, b, c in zip(d.hidden, e.hidden, x.hidden)]
+            self._vectors = ((v[GEMM], v[GROUPED], v[ATTN], v[MEM], 0.0, v[TP], v[CP], v[A2A], v[ETP]),
+                             (h[TP], h[CP], h[A2A], 0.0, 0.0, 0.0, 0.0))
+        return self._vectors
 
 
-class _StageCost:
-    """Per-micro-batch exposed seconds of one stage kind, recomputation included."""
+class _Stages:
+    """The stage kinds of one (layer shape, pp, vpp) and what every call on them needs."""
 
-    __slots__ = ("kind", "vec", "recompute", "time", "compute_fwd", "compute_bwd", "a2a", "base", "hidden_base")
+    __slots__ = ("sums", "layers", "window_fwd", "window_bwd", "hops", "plain")
 
-    def __init__(self, stage: _StageSum, recompute: float) -> None:
-        vec, hidden = stage.vec, stage.hidden
-        self.kind, self.vec, self.recompute = stage.kind, vec, recompute
-        self.compute_fwd, self.compute_bwd, self.a2a = stage.compute_fwd, stage.compute_bwd, stage.a2a
-        self.time = sum(vec) + recompute
-        # per-micro-batch values of the first nine TERMS, and hidden seconds in HIDDEN_TERMS order
-        self.base = (vec[GEMM], vec[GROUPED], vec[ATTN], vec[MEM], recompute, vec[TP], vec[CP], vec[A2A], vec[ETP])
-        self.hidden_base = (hidden[TP], hidden[CP], hidden[A2A], 0.0, 0.0, 0.0, 0.0)
+    def __init__(self, sums: tuple[_StageSum, ...], layers: _Layers) -> None:
+        self.sums, self.layers = sums, layers
+        self.window_fwd = min(s.compute_fwd for s in sums)
+        self.window_bwd = min(s.compute_bwd for s in sums)
+        self.hops: dict[int, float] = {}  # world size -> seconds of one pipeline p2p transfer
+        times = [s.time for s in sums]
+        i = max(range(len(sums)), key=times.__getitem__)
+        # without recomputation or EP overlap: (critical stage, the other ranks' seconds per micro-batch)
+        self.plain = (sums[i], sum(s.count * t for s, t in zip(sums, times)) - times[i])
 
 
-def _recompute(stage: _StageSum, layers: _Layers, granularity: str, modules: tuple[str, ...],
-               num_layers: int) -> float:
-    """Forward seconds per micro-batch re-run by recomputation on a stage of this kind."""
+def _stages(ctx: _Context, c: ParallelConfig) -> _Stages:
+    skey = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
+            c.tp_comm_overlap, c.pp, c.vpp)
+    stages = ctx.stages.get(skey)
+    if stages is None:
+        _check(ctx.model, ctx.training, c)
+        lkey = skey[:8]
+        layers = ctx.layers.get(lkey)
+        if layers is None:
+            layers = ctx.layers[lkey] = _build_layers(ctx, lkey)
+        sums = tuple(_StageSum(kind, layers) for kind in _stage_kinds(ctx.pattern, c.pp, c.vpp))
+        stages = ctx.stages[skey] = _Stages(sums, layers)
+    return stages
+
+
+def _recompute_costs(stages: _Stages, c: ParallelConfig) -> list[float] | None:
+    """Forward seconds per micro-batch re-run by recomputation on each stage kind (None: no recomputation)."""
+    granularity = c.recompute_granularity
     if granularity == "selective":
-        dense, moe = layers.selective_cost(modules)
-        return stage.kind.num_dense * dense + stage.kind.num_moe * moe
+        dense, moe = stages.layers.selective_cost(c.recompute_modules)
+        return [s.num_dense * dense + s.num_moe * moe for s in stages.sums]
     if granularity == "full":
-        total = stage.kind.num_dense + stage.kind.num_moe
-        if total == 0:
-            return 0.0
-        share = 1.0 if num_layers == 0 else min(1.0, num_layers / total)
-        return share * stage.full_fwd
-    return 0.0
-
-
-class _Pipeline:
-    """One (layer shape, pp, vpp, recompute, world) combination: stage kinds and their pipeline sums.
-
-    ``ep_overlap`` holds the same figures with the EP all-to-all hidden behind another micro-batch.
-    """
-
-    __slots__ = ("stages", "crit", "t_max", "others", "window_fwd", "window_bwd", "hop", "ep_overlap")
-
-    def __init__(self, stages: list[_StageCost], hop: float) -> None:
-        self.stages = stages
-        self.hop = hop  # seconds of one pipeline p2p transfer
-        self.window_fwd = min(s.compute_fwd for s in stages)
-        self.window_bwd = min(s.compute_bwd for s in stages)
-        self.crit, self.t_max, self.others = self._critical([s.time for s in stages])
-        self.ep_overlap: tuple | None = None
-
-    def _critical(self, times: list[float]) -> tuple[_StageCost, float, float]:
-        i = max(range(len(times)), key=times.__getitem__)
-        total = sum(len(s.kind.stages) * t for s, t in zip(self.stages, times))
-        return self.stages[i], times[i], total - times[i]
-
-    def with_ep_overlap(self) -> tuple[_StageCost, float, float, float]:
-        """(critical stage, its time, the other stages' time, its exposed a2a per micro-batch) under EP overlap."""
-        if self.ep_overlap is None:
-            times = [s.time - s.a2a + max(0.0, s.a2a - s.compute_fwd - s.compute_bwd) for s in self.stages]
-            crit, t_max, others = self._critical(times)
-            self.ep_overlap = (crit, t_max, others, max(0.0, crit.a2a - crit.compute_fwd - crit.compute_bwd))
-        return self.ep_overlap
-
-
-def _stage_sums(ctx: _Context, layers: _Layers, lkey: tuple, pp: int, vpp: int) -> tuple[_StageSum, ...]:
-    key = (lkey, pp, vpp)
-    sums = ctx.stage_sums.get(key)
-    if sums is None:
-        sums = ctx.stage_sums[key] = tuple(_StageSum(kind, layers) for kind in _stage_kinds(ctx.pattern, pp, vpp))
-    return sums
-
-
-def _build_pipeline(ctx: _Context, layers: _Layers, lkey: tuple, config: ParallelConfig) -> _Pipeline:
-    granularity, modules, num_layers = (config.recompute_granularity, config.recompute_modules,
-                                        config.recompute_num_layers)
-    stages = [_StageCost(s, _recompute(s, layers, granularity, modules, num_layers))
-              for s in _stage_sums(ctx, layers, lkey, config.pp, config.vpp)]
-    hop = 0.0
-    if config.pp > 1:
-        place = group_placement(config.world_size // config.pp, config.pp, ctx.gpus_per_node)
-        hop = p2p_time(ctx.link, layers.p2p_bytes, place.crosses_nodes)
-    return _Pipeline(stages, hop)
+        k = c.recompute_num_layers
+        return [s.full_fwd * (1.0 if k == 0 else min(1.0, k / max(1, s.num_dense + s.num_moe)))
+                for s in stages.sums]
+    return None
 
 
 # ---- step-level terms -----------------------------------------------------------------------------
@@ -573,10 +587,10 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
 
 
 def _build_tail(ctx: _Context, config: ParallelConfig) -> tuple[float, ...]:
-    """Once-per-step costs of the stage holding the most parameters.
+    """Once-per-step costs of the pipeline rank holding the most parameters.
 
-    Returns (dense grad s, its last bucket, dense param all-gather s, its first bucket, the same four for
-    expert parameters over EDP, optimizer s).
+    Returns (grad-sync seconds dense + expert, dense share of them, the last bucket's seconds (never
+    hidden), param all-gather seconds, the first bucket's seconds, optimizer seconds).
     """
     pkey = (config.tp, config.pp, config.vpp, config.ep, config.etp)
     most = ctx.stage_params.get(pkey)
@@ -590,16 +604,12 @@ def _build_tail(ctx: _Context, config: ParallelConfig) -> tuple[float, ...]:
     dense_place = group_placement(config.tp, config.cp * config.dp, gpn)
     expert_place = group_placement(config.etp * config.ep, config.edp, gpn)
     pb = ctx.training.param_bytes
-    d = _grad_sync(ctx.link, dense, ctx.grad_bytes, pb, dense_place, distributed)
-    e = _grad_sync(ctx.link, expert, ctx.grad_bytes, pb, expert_place, distributed)
+    dg, dg_b, dpg, dpg_b = _grad_sync(ctx.link, dense, ctx.grad_bytes, pb, dense_place, distributed)
+    eg, eg_b, epg, epg_b = _grad_sync(ctx.link, expert, ctx.grad_bytes, pb, expert_place, distributed)
     local = dense / (config.cp * config.dp) + expert / config.edp if distributed else dense + expert
     optimizer = memory_time(ctx.rates, OPTIMIZER_BYTES_PER_PARAM * local, kernels=4)
-    return (*d, *e, optimizer)
-
-
-def _overlapped(total: float, window: float, floor: float) -> float:
-    """Exposed part of ``total`` seconds overlapped with ``window`` seconds of compute, never below ``floor``."""
-    return min(total, max(total - window, floor))
+    grads = dg + eg
+    return (grads, dg / grads if grads else 1.0, max(dg_b, eg_b), dpg + epg, max(dpg_b, epg_b), optimizer)
 
 
 class _Context:
@@ -616,8 +626,8 @@ class _Context:
         self.tokens_per_step = training.global_batch_size * training.seq_length
         self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes
         self.layers: dict[tuple, _Layers] = {}
-        self.stage_sums: dict[tuple, tuple[_StageSum, ...]] = {}
-        self.pipelines: dict[tuple, _Pipeline] = {}
+        self.parts: dict[tuple, _LayerCost] = {}
+        self.stages: dict[tuple, _Stages] = {}
         self.stage_params: dict[tuple, tuple[int, int]] = {}
         self.tails: dict[tuple, tuple[float, ...]] = {}
 
@@ -655,21 +665,6 @@ def _check(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> 
         raise InvalidConfigError(f"seq_length ({training.seq_length}) must be divisible by cp ({config.cp})")
 
 
-def _pipeline(ctx: _Context, c: ParallelConfig) -> _Pipeline:
-    pkey = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
-            c.tp_comm_overlap, c.pp, c.vpp, c.recompute_granularity, c.recompute_modules, c.recompute_num_layers,
-            c.world_size)
-    pipe = ctx.pipelines.get(pkey)
-    if pipe is None:
-        _check(ctx.model, ctx.training, c)
-        lkey = pkey[:8]
-        layers = ctx.layers.get(lkey)
-        if layers is None:
-            layers = ctx.layers[lkey] = _build_layers(ctx, lkey)
-        pipe = ctx.pipelines[pkey] = _build_pipeline(ctx, layers, lkey, c)
-    return pipe
-
-
 def pipeline_bubble(stage_times: list[float] | tuple[float, ...], vpp: int = 1) -> float:
     """Seconds of fill and drain of a 1F1B (vpp = 1) or interleaved (vpp > 1) pipeline.
 
@@ -684,14 +679,13 @@ def pipeline_bubble(stage_times: list[float] | tuple[float, ...], vpp: int = 1) 
 def stage_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                 config: ParallelConfig) -> tuple[float, ...]:
     """Exposed seconds per micro-batch (forward + backward + recomputation) of every pipeline rank."""
-    pipe = _pipeline(_context(model, training, cluster), config)
+    stages = _stages(_context(model, training, cluster), config)
+    recompute = _recompute_costs(stages, config) or [0.0] * len(stages.sums)
     times = [0.0] * config.pp
-    for s in pipe.stages:
+    for s, r in zip(stages.sums, recompute):
         for stage in s.kind.stages:
-            times[stage] = s.time
+            times[stage] = s.time + r
     return tuple(times)
-
-
 
 
 def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
@@ -710,82 +704,109 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             f"global_batch_size ({training.global_batch_size}) must be a positive multiple of "
             f"micro_batch_size·dp ({c.micro_batch_size}·{dp} = {c.micro_batch_size * dp})")
     ctx = _context(model, training, cluster)
-    pipe = _pipeline(ctx, c)
+    stages = _stages(ctx, c)
     tkey = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, world, c.use_distributed_optimizer)
     tail = ctx.tails.get(tkey)
     if tail is None:
         tail = ctx.tails[tkey] = _build_tail(ctx, c)
 
-    if c.overlap_moe_expert_parallel_comm and m > 1 and pipe.crit.a2a > 0.0:
-        crit, t_max, others, a2a_exposed = pipe.with_ep_overlap()
-        values = [m * x for x in crit.base]
-        hidden = [m * x for x in crit.hidden_base]
+    # the slowest pipeline rank runs the steady state; the others' time per micro-batch makes the bubble
+    recompute = _recompute_costs(stages, c)
+    ep_overlap = c.overlap_moe_expert_parallel_comm and m > 1
+    if recompute is None and not ep_overlap:
+        crit, others = stages.plain
+        rc = 0.0
+    else:
+        sums = stages.sums
+        times = [s.time for s in sums]
+        if recompute is not None:
+            times = [t + r for t, r in zip(times, recompute)]
+        if ep_overlap:  # the a2a of one micro-batch hides behind another's compute
+            times = [t - s.a2a + max(0.0, s.a2a - s.compute) for s, t in zip(sums, times)]
+        i = max(range(len(sums)), key=times.__getitem__)
+        crit = sums[i]
+        others = sum(s.count * t for s, t in zip(sums, times)) - times[i]
+        rc = recompute[i] if recompute is not None else 0.0
+    base, hidden_base = crit.vectors()
+    values = [m * x for x in base]
+    values[4] = m * rc
+    hidden = [m * x for x in hidden_base]
+    if ep_overlap and crit.a2a > 0.0:
         # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
         total_a2a = m * crit.a2a
-        shown = min(total_a2a, (m - 1) * a2a_exposed + crit.a2a)
-        share = crit.vec[A2A] / crit.a2a
+        shown = min(total_a2a, (m - 1) * max(0.0, crit.a2a - crit.compute) + crit.a2a)
+        share = base[7] / crit.a2a
         values[7] = shown * share
         values[8] = shown * (1.0 - share)
         hidden[2] += total_a2a - shown
-    else:
-        crit, others = pipe.crit, pipe.others
-        values = [m * x for x in crit.base]
-        hidden = [m * x for x in crit.hidden_base]
-    dg, dg_b, dpg, dpg_b, eg, eg_b, epg, epg_b, optimizer = tail
-    grads = dg + eg
-    dp_grad = edp_grad = 0.0
+    grads, dense_share, grads_floor, gathers, gathers_floor, optimizer = tail
+    dp_grad = edp_grad = param_gather = pp_p2p = 0.0
     if grads:
-        exposed = _overlapped(grads, pipe.window_bwd, max(dg_b, eg_b)) if c.overlap_grad_reduce else grads
-        dp_grad = exposed * dg / grads
-        edp_grad = exposed * eg / grads
-        hidden[3] = dg - dp_grad
-        hidden[4] = eg - edp_grad
-    gathers = dpg + epg
-    param_gather = 0.0
+        exposed = grads
+        if c.overlap_grad_reduce:  # hidden behind the last micro-batch's backward, but for the last bucket
+            exposed = min(grads, max(grads - stages.window_bwd, grads_floor))
+        dp_grad = exposed * dense_share
+        edp_grad = exposed - dp_grad
+        hidden[3] = (grads - exposed) * dense_share
+        hidden[4] = grads - exposed - hidden[3]
     if gathers:
-        param_gather = (_overlapped(gathers, pipe.window_fwd, max(dpg_b, epg_b)) if c.overlap_param_gather
-                        else gathers)
+        param_gather = gathers
+        if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
+            param_gather = min(gathers, max(gathers - stages.window_fwd, gathers_floor))
         hidden[5] = gathers - param_gather
-    pp_p2p = 0.0
     pp, vpp = c.pp, c.vpp
     if pp > 1:
-        fill = 2 * (pp * vpp - 1) * pipe.hop  # the first micro-batch's trip through every chunk boundary
+        hop = stages.hops.get(world)
+        if hop is None:
+            place = group_placement(world // pp, pp, ctx.gpus_per_node)
+            hop = stages.hops[world] = p2p_time(ctx.link, stages.layers.p2p_bytes, place.crosses_nodes)
+        pp_p2p = 2 * (pp * vpp - 1) * hop  # the first micro-batch's trip through every chunk boundary
         if vpp > 1:  # interleaved schedules overlap their steady-state p2p with compute
-            pp_p2p = fill
-            hidden[6] = 2 * m * vpp * pipe.hop
+            hidden[6] = 2 * m * vpp * hop
         else:
-            pp_p2p = fill + 2 * m * pipe.hop
-    values += [dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer]
-
+            pp_p2p += 2 * m * hop
+    values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer)
     if corrections:
-        for name, factor in corrections.items():
-            if name not in BOTTLENECK_OF_TERM:
-                raise InvalidConfigError(f"unknown correction term {name!r}; terms are {', '.join(TERMS)}")
-            i = TERMS.index(name)
-            values[i] *= factor
+        values = _corrected(values, corrections)
     step = sum(values)
     per_gpu = step * world
-    return StepTimeBreakdown(
-        step_time=step,
-        terms=tuple(zip(TERMS, values)),
-        hidden=tuple((name, v) for name, v in zip(HIDDEN_TERMS, hidden) if v > 0.0),
-        tokens_per_s_per_gpu=ctx.tokens_per_step / per_gpu,
-        tflops_per_gpu=ctx.flops_per_step / per_gpu / 1e12,
-        mfu=ctx.flops_per_step / per_gpu / ctx.peak,
-        bottleneck=_bottleneck(values, step),
-    )
+    return StepTimeBreakdown(step, tuple(zip(TERMS, values)),
+                             tuple([(name, v) for name, v in zip(HIDDEN_TERMS, hidden) if v > 0.0]),
+                             ctx.tokens_per_step / per_gpu, ctx.flops_per_step / per_gpu / 1e12,
+                             ctx.flops_per_step / per_gpu / ctx.peak, _bottleneck(values, step))
+
+
+def _corrected(values: list[float], corrections: Mapping[str, float]) -> list[float]:
+    """``values`` (in TERMS order) with each named term multiplied by its correction factor."""
+    out = list(values)
+    for name, factor in corrections.items():
+        if name not in BOTTLENECK_OF_TERM:
+            raise InvalidConfigError(f"unknown correction term {name!r}; terms are {', '.join(TERMS)}")
+        out[TERMS.index(name)] *= factor
+    return out
 
 
 def _bottleneck(v: list[float], step: float) -> str:
-    """The largest non-compute limiter when it takes BOTTLENECK_MIN_SHARE of the step, else 'compute'."""
-    # v is in TERMS order; each candidate sums the terms BOTTLENECK_OF_TERM maps to it
+    """The largest non-compute limiter when it takes BOTTLENECK_MIN_SHARE of the step, else 'compute'.
+
+    ``v`` is in TERMS order; each candidate sums the terms BOTTLENECK_OF_TERM maps to it.
+    """
     label, seconds = "memory-bound", v[3]
-    for name, t in (("tp-comm", v[5]), ("cp-comm", v[6]), ("all-to-all", v[7] + v[8]),
-                    ("dp-comm", v[9] + v[10] + v[11]), ("pp-comm", v[12]), ("pp-bubble", v[13]),
-                    ("optimizer", v[14])):
-        if t > seconds:
-            label, seconds = name, t
-    return label if seconds >= BOTTLENECK_MIN_SHARE * step and step > 0 else "compute"
+    if v[5] > seconds:
+        label, seconds = "tp-comm", v[5]
+    if v[6] > seconds:
+        label, seconds = "cp-comm", v[6]
+    if v[7] + v[8] > seconds:
+        label, seconds = "all-to-all", v[7] + v[8]
+    if v[9] + v[10] + v[11] > seconds:
+        label, seconds = "dp-comm", v[9] + v[10] + v[11]
+    if v[12] > seconds:
+        label, seconds = "pp-comm", v[12]
+    if v[13] > seconds:
+        label, seconds = "pp-bubble", v[13]
+    if v[14] > seconds:
+        label, seconds = "optimizer", v[14]
+    return label if seconds >= BOTTLENECK_MIN_SHARE * step > 0.0 else "compute"
 
 
 @dataclass(frozen=True)
