@@ -34,7 +34,7 @@ from costmodel.errors import InvalidConfigError
 from costmodel.hardware import ClusterSpec
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
-from costmodel.params import _stage_counts, attention_params, layer_chunks, mlp_params, moe_params, moe_pattern
+from costmodel.params import layer_chunks, moe_pattern, stage_counts_and_gemm
 from costmodel.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -387,19 +387,6 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
     return _StageLayout(stage, *counts, stage == 0, last, has_moe)
 
 
-def _stage_param_entry(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> tuple:
-    """(ParamCounts of rank ``stage``, its layer GEMM weights that get an fp8 copy under fp8 training)."""
-    pattern = moe_pattern(model)
-    layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
-    num_moe = sum(pattern[i] for i in layers)
-    gemm = (attention_params(model, tp).dense_tp_sharded * len(layers)
-            + mlp_params(model, tp).dense_tp_sharded * (len(layers) - num_moe))
-    if num_moe:
-        moe = moe_params(model, tp, ep, etp)
-        gemm += (moe.dense_tp_sharded + moe.expert) * num_moe
-    return _stage_counts(model, tp, pp, vpp, ep, etp, stage), gemm
-
-
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
     """(counts, fp8 GEMM weights, weight bytes, grad bytes, dense count, expert count) per candidate rank."""
     return tuple((p, gemm, p.total * ctx.weight_bytes + (2 * gemm if ctx.fp8 else 0), p.total * ctx.grad_bytes,
@@ -497,10 +484,11 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
         params = ctx.params.get(pkey)
         if params is None:
             params = ctx.params[pkey] = _param_entries(ctx, tuple(
-                _stage_param_entry(model, tp, pp, vpp, ep, etp, stage) for stage in _candidate_stages(model, pp, vpp)))
+                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)
+                for stage in _candidate_stages(model, pp, vpp)))
     else:
         layouts = (_stage_layout(model, pp, vpp, full, only_stage),)
-        params = _param_entries(ctx, (_stage_param_entry(model, tp, pp, vpp, ep, etp, only_stage),))
+        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage),))
 
     mbs = config.micro_batch_size
     dp = config.dp

@@ -178,26 +178,46 @@ def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCount
 
 # ---- stages and totals ----------------------------------------------------------------------------
 @lru_cache(maxsize=65536)
-def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> ParamCounts:
+def stage_counts_and_gemm(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int,
+                          stage: int) -> tuple[ParamCounts, int]:
+    """(parameters of rank ``stage`` on one GPU, the part of them in decoder-layer GEMM weights).
+
+    The GEMM part (attention, MLP, shared and routed experts; not norms, router, embedding, output, MTP)
+    is what fp8 training keeps an extra fp8 copy of. Cached: the planner asks for every layout.
+    """
     pattern = moe_pattern(model)
     layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
     num_moe = sum(pattern[i] for i in layers)
-    counts = layer_params(model, tp, ep, etp, True) * num_moe if num_moe else ZERO
-    if len(layers) > num_moe:
-        counts = counts + layer_params(model, tp, ep, etp, False) * (len(layers) - num_moe)
+    num_dense = len(layers) - num_moe
+    attn = attention_params(model, tp)
+    counts = attn * len(layers)
+    gemm = attn.dense_tp_sharded * len(layers)
+    if num_dense:
+        mlp = mlp_params(model, tp)
+        counts = counts + mlp * num_dense
+        gemm += mlp.dense_tp_sharded * num_dense
+    if num_moe:
+        moe = moe_params(model, tp, ep, etp)
+        counts = counts + moe * num_moe
+        gemm += (moe.dense_tp_sharded + moe.expert) * num_moe
     first, last = stage == 0, stage == pp - 1
     if first:
         counts = counts + embedding_params(model, tp)
     if last:
         words = model.padded_vocab_size(tp) * model.hidden_size // tp
-        counts = counts + ParamCounts(0, _norm(model, model.hidden_size), 0)  # final norm
+        extra = 0
         if model.mtp_num_layers and not first:
-            counts = counts + ParamCounts(words, 0, 0)  # MTP embeds the shifted tokens on the last stage
+            extra += words  # MTP embeds the shifted tokens on the last stage
         if model.untie_embeddings_and_output_weights or not (first or model.mtp_num_layers):
-            counts = counts + ParamCounts(words, 0, 0)  # own output matrix, or the tied copy of the embedding
+            extra += words  # own output matrix, or the tied copy of the embedding
+        counts = counts + ParamCounts(extra, _norm(model, model.hidden_size), 0)  # + final norm
         if model.mtp_num_layers:
             counts = counts + mtp_block_params(model, tp, ep, etp) * model.mtp_num_layers
-    return counts
+    return counts, gemm
+
+
+def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> ParamCounts:
+    return stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)[0]
 
 
 def stage_param_counts(model: ModelSpec, config: ParallelConfig, stage: int) -> ParamCounts:
