@@ -2,15 +2,20 @@
 
 The search space is a product of candidate axes:
 
-- (tp, cp, pp, dp): every ordered factorisation of the world size;
-- vpp: 1 .. ``SearchSpace.vpp_max`` (8 by default: more virtual stages only shave a bubble that is
+- (tp, cp, pp, dp): every ordered factorisation of the world size, except CP degrees that would cut the
+  sequence into chunks shorter than ``SearchSpace.cp_min_chunk_tokens`` (128 by default: the load-balanced
+  causal split gives each CP rank two chunks of seq/(2·cp) tokens, and below one 128-row flash-attention
+  tile per chunk the attention kernel and every GEMM run mostly empty);
+- vpp: 1 .. ``SearchSpace.vpp_max`` (4 by default: more virtual stages only shave a bubble that is
   already (pp-1)/(vpp·m) small, and multiply the p2p traffic);
 - (ep, etp, edp): every ordered factorisation of world / pp;
 - micro_batch_size: 1 .. ``SearchSpace.mbs_max`` (8 by default; larger micro-batches rarely help an MoE
   GEMM that already has seq·mbs/tp/cp rows, and cost activation memory);
 - recompute: none, selective(core_attn), selective(core_attn+moe_act+layernorm), full (uniform, every layer);
-- dispatcher: alltoall and allgather when tokens leave the GPU (ep·etp > 1); with ep·etp = 1 both
-  dispatchers only permute locally, so only alltoall is considered;
+- dispatcher: alltoall, and allgather when tokens leave the GPU (ep·etp > 1) and, by default
+  (``SearchSpace.allgather_within_node``), the ETP·EP group fits in one node: allgather sends every token
+  to all etp·ep ranks instead of its top-k experts' ranks, which only pays off for small groups on
+  NVLink; with ep·etp = 1 both dispatchers only permute locally, so only alltoall is considered;
 - distributed optimizer: on and off, or the one the training spec forces.
 
 Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
@@ -52,8 +57,28 @@ class SearchSpace:
 
     mbs_max: int = 8
     vpp_max: int = 4
+    cp_min_chunk_tokens: int = 128
+    allgather_within_node: bool = True
     recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
     dispatchers: tuple[str, ...] = DISPATCHERS
+
+    def allows_cp(self, cp: int, seq_length: int) -> bool:
+        """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
+        return cp == 1 or seq_length // (2 * cp) >= self.cp_min_chunk_tokens
+
+    def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int) -> tuple[str, ...]:
+        """The dispatchers tried for an expert layout (see the module docstring)."""
+        group = ep * etp
+        if not moe or group == 1:
+            return self.dispatchers[:1]
+        if self.allgather_within_node and group > gpus_per_node:
+            return tuple(d for d in self.dispatchers if d != "allgather") or self.dispatchers[:1]
+        return self.dispatchers
+
+    def describe(self) -> str:
+        """One line naming the caps of this search space."""
+        return (f"micro-batch <= {self.mbs_max}, vpp <= {self.vpp_max}, CP chunks >= {self.cp_min_chunk_tokens} "
+                f"tokens, allgather dispatcher {'within a node' if self.allgather_within_node else 'everywhere'}")
 
 
 @dataclass(frozen=True)
@@ -166,8 +191,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
         r = v.knobs(probe.replace(recompute_granularity=granularity, recompute_modules=modules))
         (recompute_bad.append(r) if r else recompute_ok.append((granularity, modules)))
     n_opt = len(distopt_options(training))
-    dispatchers_moving = tuple(space.dispatchers) if moe else space.dispatchers[:1]
-    local = space.dispatchers[:1]
     n_rec = len(space.recompute)
     result = Enumeration(world_size=world, layouts=[], recompute=tuple(recompute_ok),
                          distributed_optimizer=distopt_options(training))
@@ -180,7 +203,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
         pairs = []
         for ep in divisors(rest):
             for etp in divisors(rest // ep):
-                pairs.append((ep, etp, dispatchers_moving if ep * etp > 1 else local))
+                pairs.append((ep, etp, space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)))
         expert_pairs[pp] = pairs
         expert_leaves[pp] = sum(len(d) for _, _, d in pairs) * n_rec * n_opt
 
@@ -188,6 +211,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     for tp in divisors(world):
         tp_rej = glob or v.tp(tp)
         for cp in divisors(world // tp):
+            if not space.allows_cp(cp, training.seq_length):
+                continue
             cp_rej = tp_rej or v.cp(cp)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from costmodel.step_time import StepTimeBreakdown
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], "MemoryBreakdown"]
+MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
 TimeFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], "StepTimeBreakdown"]
 
 PARALLEL_THRESHOLD = 20_000  # valid configs above which the scan is split over processes
@@ -62,6 +63,12 @@ def default_memory_fn() -> MemoryFn:
     from costmodel.memory import estimate_memory
 
     return estimate_memory
+
+
+def default_memory_total_fn() -> MemoryTotalFn:
+    from costmodel.memory import peak_memory_bytes
+
+    return peak_memory_bytes
 
 
 def default_time_fn() -> TimeFn:
@@ -108,6 +115,7 @@ class _Job:
     recompute: tuple[tuple[str, tuple[str, ...]], ...]
     distopts: tuple[bool, ...]
     memory_fn: Any
+    memory_total_fn: Any
     time_fn: Any
     exhaustive: bool
 
@@ -142,7 +150,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
     usable = job.cluster.usable_hbm_bytes
     n_rec = len(job.recompute)
     model, training, cluster = job.model, job.training, job.cluster
-    mem_fn, time_fn = job.memory_fn, job.time_fn
+    mem_fn, time_fn = job.memory_total_fn, job.time_fn
 
     for idx in indices:
         lay = job.layouts[idx]
@@ -158,7 +166,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     key = (k, r)
                     if key not in known:
                         cfg = job.config_from(base, sizes[k], o, r)
-                        total = mem_fn(model, training, cluster, cfg).total
+                        total = mem_fn(model, training, cluster, cfg)
                         out.memory_calls += 1
                         known[key] = total
                         if out.closest is None or total < out.closest[0]:
@@ -178,7 +186,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                         for r in range(r0, n_rec):
                             cfg = job.config_from(base, mbs, o, r)
                             t = time_fn(model, training, cluster, cfg).step_time
-                            total = mem_fn(model, training, cluster, cfg).total
+                            total = mem_fn(model, training, cluster, cfg)
                             out.time_calls += 1
                             out.memory_calls += 1
                             out.heads.append((t, idx, mbs, dispatcher, o, r, total))
@@ -282,9 +290,15 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
     """Enumerate, prune by memory and rank by step time; the ``top`` fastest fitting configs, fastest first.
 
     ``memory_fn`` / ``time_fn`` default to the cost model (costmodel.memory / costmodel.step_time); tests
-    inject their own. ``exhaustive`` times every fitting config and fills ``PlanResult.pareto``.
+    inject their own. The scan needs only total bytes: with the default memory model it uses its fast
+    path ``peak_memory_bytes``, with an injected one ``memory_fn(...).total``. ``exhaustive`` times every
+    fitting config and fills ``PlanResult.pareto``.
     """
-    memory_fn = memory_fn or default_memory_fn()
+    if memory_fn is None:
+        memory_fn, memory_total_fn = default_memory_fn(), default_memory_total_fn()
+    else:
+        def memory_total_fn(model, training, cluster, config, _fn=memory_fn):
+            return _fn(model, training, cluster, config).total
     time_fn = time_fn or default_time_fn()
     # The scan allocates ~10^5 short-lived configs and breakdowns next to a growing list of candidates;
     # the cyclic collector would rescan that list over and over (measured: ~40 % of the planning time).
@@ -292,14 +306,15 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _plan(model, training, cluster, top, exhaustive, space, memory_fn, time_fn, workers)
+        return _plan(model, training, cluster, top, exhaustive, space, memory_fn, memory_total_fn, time_fn, workers)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: int, exhaustive: bool,
-          space: SearchSpace | None, memory_fn: MemoryFn, time_fn: TimeFn, workers: int | None) -> PlanResult:
+          space: SearchSpace | None, memory_fn: MemoryFn, memory_total_fn: MemoryTotalFn, time_fn: TimeFn,
+          workers: int | None) -> PlanResult:
     t0 = _time.perf_counter()
     enum = enumerate_layouts(model, training, cluster, space)
     t1 = _time.perf_counter()
@@ -310,7 +325,7 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
     job = _Job(model, training, cluster, enum.layouts, enum.recompute, enum.distributed_optimizer,
-               memory_fn, time_fn, exhaustive)
+               memory_fn, memory_total_fn, time_fn, exhaustive)
     n_workers = workers if workers is not None else _default_workers(enum.valid)
     scan = _scan_all(job, n_workers)
     maker = ConfigMaker(cluster.num_gpus)

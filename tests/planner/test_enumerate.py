@@ -15,6 +15,7 @@ from planner.validity import check_config
 
 TINY = get_model("tiny-moe")  # 2 layers, 4 heads / 2 KV groups, 8 experts, expert FFN 32
 CPU = get_hardware("cpu")
+H100 = get_hardware("h100-sxm")
 
 
 def test_tiny_moe_on_4_gpus_worked_by_hand():
@@ -30,7 +31,8 @@ def test_tiny_moe_on_4_gpus_worked_by_hand():
     Considered: (66 + 15 + 1) · 4 = 328; rejected: 4, all layers_pp.
     """
     training = TrainingSpec(seq_length=64, global_batch_size=8, distributed_optimizer=True)
-    enum = enumerate_layouts(TINY, training, ClusterSpec(CPU, 4), SearchSpace(mbs_max=1, vpp_max=1))
+    enum = enumerate_layouts(TINY, training, ClusterSpec(CPU, 4), SearchSpace(mbs_max=1, vpp_max=1,
+                                                                              cp_min_chunk_tokens=1))
     assert len(enum.layouts) == 45
     assert enum.valid == 324
     assert enum.considered == 328
@@ -53,11 +55,13 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     rejected: Counter = Counter()
     for tp in divisors(world):
         for cp in divisors(world // tp):
+            if not space.allows_cp(cp, training.seq_length):
+                continue
             for pp in divisors(world // (tp * cp)):
                 for vpp in range(1, space.vpp_max + 1):
                     for ep in divisors(world // pp):
                         for etp in divisors(world // (pp * ep)):
-                            dispatchers = space.dispatchers if (ep * etp > 1 and model.is_moe) else ("alltoall",)
+                            dispatchers = space.dispatchers_for(ep, etp, model.is_moe, cluster.gpus_per_node)
                             for mbs in range(1, space.mbs_max + 1):
                                 for disp in dispatchers:
                                     for distopt in distopts:
@@ -77,7 +81,7 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
 
 
 def test_enumerator_matches_brute_force_moe_and_dense():
-    space = SearchSpace(mbs_max=3, vpp_max=2)
+    space = SearchSpace(mbs_max=3, vpp_max=2, cp_min_chunk_tokens=4)
     dense = ModelSpec(name="dense6", num_layers=4, hidden_size=96, num_attention_heads=6, num_query_groups=3,
                       ffn_hidden_size=192, vocab_size=256, make_vocab_size_divisible_by=8)
     cases = [
@@ -85,17 +89,22 @@ def test_enumerator_matches_brute_force_moe_and_dense():
         (replace(get_model("tiny-moe-shared"), moe_ffn_hidden_size=24), TrainingSpec(seq_length=24, global_batch_size=12,
                                                                                   distributed_optimizer=False), 8),
         (dense, TrainingSpec(seq_length=32, global_batch_size=8), 4),
+        (TINY, TrainingSpec(seq_length=16, global_batch_size=32), 16),  # H100: 8 per node caps allgather
     ]
     for model, training, gpus in cases:
-        cluster = ClusterSpec(CPU, gpus)
+        cluster = ClusterSpec(H100 if gpus > 8 else CPU, gpus)
         enum = enumerate_layouts(model, training, cluster, space)
         valid, rejected = _brute_force(model, training, cluster, space)
         assert set(enum.configs()) == set(valid), model.name
         assert enum.valid == len(valid)
         assert enum.rejected == dict(rejected), model.name
         assert enum.considered == len(valid) + sum(rejected.values())
-    # the dense model never tries moe_act and never an expert layout
-    assert enum.rejected["recompute_modules"] > 0 and "experts_ep" in enum.rejected
+        if model is dense:  # the dense model never tries moe_act and never an expert layout
+            assert enum.rejected["recompute_modules"] > 0 and "experts_ep" in enum.rejected
+    # allgather only for ETP·EP groups inside one 8-GPU node; CP chunks of >= 4 tokens (cp <= 2 at seq 16)
+    assert {c.moe_token_dispatcher_type for c in enum.configs() if c.ep * c.etp == 16} == {"alltoall"}
+    assert {c.moe_token_dispatcher_type for c in enum.configs() if c.ep * c.etp == 8} == {"alltoall", "allgather"}
+    assert max(lay.cp for lay in enum.layouts) == 2
 
 
 def test_large_cluster_enumerates_fast_and_counts_add_up():

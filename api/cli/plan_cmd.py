@@ -1,0 +1,283 @@
+"""``foldtune plan``: rank every valid folded layout of a model on a cluster with the cost model.
+
+Prints how many configs were considered, valid, rejected (per rule, with an example) and pruned by
+memory, then the fastest N with what limits each, and the breakdown of the best. ``--explain LAYOUT``
+judges one layout; ``--megatron-args`` prints the chosen (or explained) layout as Megatron-LM arguments;
+``--json`` prints the same content machine-readably.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="catalog model name, e.g. mixtral-8x22b")
+    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole nodes when several)")
+    parser.add_argument("--gpu", default="h100-sxm", help="catalog hardware name (default: h100-sxm)")
+    parser.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: 4096)")
+    parser.add_argument("--gbs", type=int, required=True, help="global batch size in sequences")
+    parser.add_argument("--precision", choices=("bf16", "fp8", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    parser.add_argument("--explain", metavar="LAYOUT",
+                        help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label)')
+    parser.add_argument("--megatron-args", action="store_true",
+                        help="also print the best (or explained) layout as Megatron-LM arguments")
+    parser.add_argument("--pareto", action="store_true",
+                        help="time every fitting config and list the step-time/memory Pareto front (slower)")
+    parser.add_argument("--distributed-optimizer", choices=("on", "off", "auto"), default="auto",
+                        help="force the distributed optimizer on/off, or try both (default: auto)")
+    parser.add_argument("--routing", choices=("dropless", "capacity"), default="dropless")
+    parser.add_argument("--capacity-factor", type=float, help="expert capacity factor (with --routing capacity)")
+    parser.add_argument("--imbalance", type=float, default=1.0,
+                        help="busiest expert's tokens over the mean (default: 1.0, perfectly balanced)")
+    parser.add_argument("--mbs-max", type=int, default=8, help="largest micro-batch size tried (default: 8)")
+    parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+def _specs(args: argparse.Namespace):
+    from costmodel.catalog import get_hardware, get_model
+    from costmodel.errors import SpecError
+    from costmodel.hardware import ClusterSpec
+    from costmodel.training_spec import TrainingSpec
+
+    problems = []
+    if args.top < 1:
+        problems.append(f"--top must be >= 1, got {args.top}")
+    if args.mbs_max < 1:
+        problems.append(f"--mbs-max must be >= 1, got {args.mbs_max}")
+    if args.routing == "capacity" and args.capacity_factor is None:
+        problems.append("--routing capacity needs --capacity-factor")
+    if args.routing == "dropless" and args.capacity_factor is not None:
+        problems.append("--capacity-factor needs --routing capacity")
+    if problems:
+        raise SpecError("; ".join(problems))
+    model = get_model(args.model)
+    cluster = ClusterSpec(get_hardware(args.gpu), args.gpus)
+    training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
+                            distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
+                            routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
+                            moe_routing_imbalance=args.imbalance)
+    return model, training, cluster
+
+
+def _space(args: argparse.Namespace):
+    from planner.enumerate import SearchSpace
+
+    return SearchSpace(mbs_max=args.mbs_max)
+
+
+# ---- numbers -----------------------------------------------------------------------------------
+def _gib(n: float) -> float:
+    return n / 2**30
+
+
+def _bytes(n: float) -> str:
+    """Bytes as GiB with one decimal, or MiB/KiB for the tiny test models."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= 0.1 * size or unit == "KiB":
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.3f} s" if t >= 1.0 else f"{t * 1e3:.3f} ms"
+
+
+def _count(n: float) -> str:
+    """Parameter counts: 140.6 B, 39.2 B, 1.3 M."""
+    return f"{n / 1e9:.1f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def _estimate_dict(e) -> dict[str, Any]:
+    mem = e.memory
+    t = e.time
+    return {
+        "layout": e.config.label(),
+        "config": e.config.to_dict(),
+        "step_time_s": t.step_time,
+        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+        "tflops_per_gpu": t.tflops_per_gpu,
+        "mfu": t.mfu,
+        "fits": e.fits,
+        "memory_headroom_bytes": e.memory_headroom_bytes,
+        "limiter": e.limiter,
+        "explanation": e.explanation,
+        "bottleneck": t.bottleneck,
+        "time_terms_s": dict(t.terms),
+        "time_hidden_s": dict(t.hidden),
+        "memory_bytes": {"total": mem.total, "stage": mem.stage, "weights": mem.weights, "grads": mem.grads,
+                         "optimizer": mem.optimizer, "activations": mem.activations, "logits": mem.logits,
+                         "comm_buffers": mem.comm_buffers, "allocator_overhead": mem.allocator_overhead,
+                         "details": dict(mem.details)},
+    }
+
+
+def _header(model, training, cluster, space) -> dict[str, Any]:
+    from costmodel.params import total_param_counts
+
+    total, active = total_param_counts(model)
+    return {
+        "model": model.name, "params_total": total, "params_active": active,
+        "gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+        "num_nodes": cluster.num_nodes, "usable_hbm_bytes": cluster.usable_hbm_bytes,
+        "training": training.to_dict(), "search_space": space.describe(),
+    }
+
+
+# ---- text --------------------------------------------------------------------------------------
+def _header_lines(h: dict[str, Any]) -> list[str]:
+    t = h["training"]
+    distopt = {None: "auto", True: "on", False: "off"}[t["distributed_optimizer"]]
+    routing = (f"capacity factor {t['moe_expert_capacity_factor']:g}" if t["routing_mode"] == "capacity"
+               else "dropless")
+    return [
+        f"model    {h['model']}: {_count(h['params_total'])} parameters, {_count(h['params_active'])} active per token",
+        f"cluster  {h['num_gpus']} x {h['gpu']} ({h['num_nodes']} node{'s' if h['num_nodes'] > 1 else ''} of "
+        f"{h['gpus_per_node']}), {_bytes(h['usable_hbm_bytes'])} usable per GPU",
+        f"training seq {t['seq_length']}, global batch {t['global_batch_size']}, {t['precision']}, {routing} routing"
+        + (f", imbalance {t['moe_routing_imbalance']:g}" if t["moe_routing_imbalance"] != 1.0 else "")
+        + f", distributed optimizer {distopt}",
+        f"search   {h['search_space']}",
+    ]
+
+
+def _rule_lines(result) -> list[str]:
+    enum = result.enumeration
+    rejected = sum(enum.rejected.values())
+    lines = [f"considered {enum.considered:,} configs: {enum.valid:,} valid, {rejected:,} rejected by rule"]
+    for rule, count in sorted(enum.rejected.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {rule:<18} {count:>14,}  e.g. {enum.examples[rule].reason}")
+    lines.append(f"pruned by memory: {result.pruned_by_memory:,} of {enum.valid:,} valid configs; {result.fitting:,} fit")
+    mode = "every fitting config timed" if result.exhaustive else "fastest candidate per layout timed, top list exact"
+    lines.append(f"ranked {result.fitting:,} configs in {result.enumerate_seconds + result.rank_seconds:.2f} s "
+                 f"(enumerate {result.enumerate_seconds:.2f} s; {result.memory_calls:,} memory and "
+                 f"{result.time_calls:,} time estimates on {result.workers} process"
+                 f"{'es' if result.workers > 1 else ''}; {mode})")
+    if result.order_violations:
+        lines.append(f"warning: {result.order_violations} lazily timed configs were faster than the one before "
+                     f"them; the list is sorted but may miss a config (run with --pareto for an exhaustive ranking)")
+    return lines
+
+
+def _table(estimates, capacity: float) -> list[str]:
+    head = (f"{'#':>3}  {'step':>10}  {'tok/s/GPU':>9}  {'TFLOPS':>7}  {'MFU':>5}  {'memory / usable':>19}  "
+            f"{'limiter':<12}  layout")
+    lines = [head, "-" * len(head)]
+    for i, e in enumerate(estimates, 1):
+        t = e.time
+        lines.append(f"{i:>3}  {_seconds(t.step_time):>10}  {t.tokens_per_s_per_gpu:>9,.0f}  "
+                     f"{t.tflops_per_gpu:>7.4g}  {t.mfu:>5.1%}  {_bytes(e.memory.total) + ' / ' + _bytes(capacity):>19}  "
+                     f"{e.limiter:<12}  {e.config.label()}")
+        lines.append(f"{'':>3}  {'':>10}  -> {e.explanation}")
+    return lines
+
+
+def _breakdown_lines(e) -> list[str]:
+    t = e.time
+    hidden = dict(t.hidden)
+    lines = [f"time breakdown of {e.config.label()}: step {_seconds(t.step_time)}, bottleneck {t.bottleneck}",
+             f"  {'term':<16} {'exposed':>11} {'share':>6} {'hidden':>11}"]
+    for name, seconds in sorted(t.terms, key=lambda kv: -kv[1]):
+        if seconds or hidden.get(name):
+            share = seconds / t.step_time if t.step_time else 0.0
+            lines.append(f"  {name:<16} {_seconds(seconds):>11} {share:>6.1%} {_seconds(hidden.get(name, 0.0)):>11}")
+    m = e.memory
+    lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}, headroom "
+                 f"{_bytes(e.memory_headroom_bytes)}")
+    for name in ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "allocator_overhead"):
+        value = getattr(m, name)
+        share = value / m.total if m.total else 0.0
+        lines.append(f"  {name:<18} {_bytes(value):>11} {share:>6.1%}")
+    return lines
+
+
+def _explain(args, model, training, cluster) -> int:
+    from planner.megatron_args import format_megatron_args
+    from planner.rank import explain_layout
+
+    verdict = explain_layout(model, training, cluster, args.explain)
+    header = _header(model, training, cluster, _space(args))
+    if args.json:
+        out = {**header, "explain": args.explain, "valid": verdict.valid,
+               "rejections": [{"rule": r.rule, "reason": r.reason} for r in verdict.rejections],
+               "estimate": _estimate_dict(verdict.estimate) if verdict.estimate else None}
+        if args.megatron_args and verdict.estimate:
+            out["megatron_args"] = format_megatron_args(verdict.config, model, training).split(" \\\n")
+        print(json.dumps(out, indent=2))
+        return 0 if verdict.valid else 1
+    print("\n".join(_header_lines(header)[:3]))
+    label = verdict.config.label() if verdict.config else args.explain
+    if not verdict.valid:
+        print(f"layout   {label}: INVALID")
+        for r in verdict.rejections:
+            print(f"  [{r.rule}] {r.reason}")
+        return 1
+    e = verdict.estimate
+    print(f"layout   {label}: valid, {'fits' if e.fits else 'does NOT fit'} in memory")
+    print(f"predicted step {_seconds(e.time.step_time)}, {e.time.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+          f"{e.time.tflops_per_gpu:.4g} TFLOPS/GPU, MFU {e.time.mfu:.1%}, memory {_bytes(e.memory.total)} of "
+          f"{_bytes(cluster.usable_hbm_bytes)}; limiter {e.limiter}: {e.explanation}")
+    print("\n".join(_breakdown_lines(e)))
+    if args.megatron_args:
+        print("\nMegatron-LM arguments:\n" + format_megatron_args(e.config, model, training))
+    return 0 if e.fits else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    model, training, cluster = _specs(args)
+    if args.explain is not None:
+        return _explain(args, model, training, cluster)
+    from planner.megatron_args import format_megatron_args
+    from planner.rank import plan
+
+    space = _space(args)
+    result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+                  workers=args.workers)
+    header = _header(model, training, cluster, space)
+    best = result.best
+    if args.json:
+        enum = result.enumeration
+        out = {
+            **header,
+            "considered": enum.considered, "valid": enum.valid,
+            "rejected": {rule: {"count": n, "example": enum.examples[rule].reason} for rule, n in enum.rejected.items()},
+            "pruned_by_memory": result.pruned_by_memory, "fitting": result.fitting,
+            "timing": {"enumerate_s": result.enumerate_seconds, "rank_s": result.rank_seconds,
+                       "memory_calls": result.memory_calls, "time_calls": result.time_calls,
+                       "workers": result.workers, "exhaustive": result.exhaustive,
+                       "order_violations": result.order_violations},
+            "ranked": [_estimate_dict(e) for e in result.ranked],
+            "pareto": [_estimate_dict(e) for e in result.pareto] if result.exhaustive else None,
+            "closest": _estimate_dict(result.closest) if result.closest else None,
+        }
+        if args.megatron_args and best:
+            out["megatron_args"] = format_megatron_args(best.config, model, training).split(" \\\n")
+        print(json.dumps(out, indent=2))
+        return 0 if best else 1
+    print("\n".join(_header_lines(header) + _rule_lines(result)))
+    if best is None:
+        c = result.closest
+        print(f"\nNO LAYOUT FITS in {_bytes(cluster.usable_hbm_bytes)} per GPU. Closest: {c.config.label()}")
+        print(f"  {c.explanation}")
+        print("\n".join("  " + line for line in _breakdown_lines(c)))
+        print("  (more GPUs, a GPU with more memory, a shorter sequence or a smaller model would fit)")
+        return 1
+    print()
+    print("\n".join(_table(result.ranked, cluster.usable_hbm_bytes)))
+    if result.exhaustive:
+        print(f"\nPareto front (step time vs memory), {len(result.pareto)} configs:")
+        print("\n".join(_table(result.pareto, cluster.usable_hbm_bytes)))
+    print()
+    print("\n".join(_breakdown_lines(best)))
+    if args.megatron_args:
+        print("\nMegatron-LM arguments of the best layout:\n" + format_megatron_args(best.config, model, training))
+    sys.stdout.flush()
+    return 0

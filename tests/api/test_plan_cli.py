@@ -1,0 +1,109 @@
+"""`foldtune plan` end to end on the real cost model: output, JSON, --explain, --megatron-args, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from api.cli.main import main
+
+TINY = ["plan", "--model", "tiny-moe", "--gpus", "8", "--gpu", "cpu", "--seq", "128", "--gbs", "16"]
+
+
+def run(capsys, argv):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_prints_counts_table_and_breakdown(capsys):
+    code, out, err = run(capsys, TINY + ["--top", "4"])
+    assert code == 0 and err == ""
+    for text in ("model    tiny-moe", "cluster  8 x cpu", "search   micro-batch <= 8", "valid,",
+                 "rejected by rule", "heads_tp", "e.g. num_attention_heads (4) is not divisible by tp (8)",
+                 "pruned by memory:", "ranked ", "memory / usable", "time breakdown of", "memory breakdown"):
+        assert text in out, text
+    rows = [line for line in out.splitlines() if line[:3].strip().isdigit() and "tp" in line]
+    assert [int(r[:3]) for r in rows] == [1, 2, 3, 4]
+    assert out.count("-> ") == 4  # one explanation line per row
+
+
+def test_plan_json_is_complete_and_consistent(capsys):
+    code, out, _ = run(capsys, TINY + ["--top", "3", "--json", "--megatron-args"])
+    assert code == 0
+    data = json.loads(out)
+    assert data["model"] == "tiny-moe" and data["num_gpus"] == 8 and data["params_total"] > data["params_active"]
+    assert data["considered"] == data["valid"] + sum(r["count"] for r in data["rejected"].values())
+    assert data["valid"] == data["fitting"] + data["pruned_by_memory"]
+    ranked = data["ranked"]
+    assert len(ranked) == 3 and ranked[0]["step_time_s"] <= ranked[1]["step_time_s"] <= ranked[2]["step_time_s"]
+    first = ranked[0]
+    assert first["fits"] and first["memory_bytes"]["total"] > 0 and "gemm" in first["time_terms_s"]
+    assert first["layout"].startswith("tp") and first["explanation"]
+    assert data["megatron_args"][0].startswith("--tensor-model-parallel-size")
+
+
+def test_explain_valid_layout_with_megatron_args(capsys):
+    code, out, _ = run(capsys, TINY + ["--explain", "tp2 ep4 mbs2", "--megatron-args"])
+    assert code == 0
+    assert "tp2 cp1 pp1 vpp1 ep4 etp1 dp4 edp2 mbs2: valid, fits in memory" in out
+    assert "time breakdown" in out and "memory breakdown" in out
+    assert "--expert-model-parallel-size 4 \\" in out and "--sequence-parallel" in out
+
+
+def test_explain_invalid_layouts_give_a_verdict_not_an_error(capsys):
+    code, out, err = run(capsys, TINY + ["--explain", "tp8 ep8"])
+    assert code == 1 and err == ""
+    assert "INVALID" in out and "[heads_tp]" in out
+    code, out, _ = run(capsys, TINY + ["--explain", "tp3"])
+    assert code == 1 and "[world_dense] tp·cp·pp = 3·1·1 = 3 does not divide the world size 8" in out
+
+
+def test_pareto_lists_the_front(capsys):
+    code, out, _ = run(capsys, TINY + ["--top", "2", "--pareto", "--mbs-max", "2"])
+    assert code == 0 and "Pareto front (step time vs memory)" in out and "every fitting config timed" in out
+
+
+def test_nothing_fits_names_the_closest(capsys):
+    code, out, _ = run(capsys, ["plan", "--model", "deepseek-v3", "--gpus", "8", "--gbs", "8", "--top", "3"])
+    assert code == 1
+    assert "NO LAYOUT FITS in" in out and "Closest:" in out and "GiB usable" in out
+
+
+BAD = [
+    (["plan", "--model", "gpt-5", "--gpus", "8", "--gbs", "8"], "unknown model 'gpt-5'"),
+    (["plan", "--model", "mixtral-8x7b", "--gpus", "12", "--gbs", "24"],
+     "num_gpus (12) must be a multiple of gpus_per_node (8)"),
+    (["plan", "--model", "small-moe", "--gpus", "64", "--seq", "2", "--gbs", "3"], "no valid layout of small-moe"),
+    (TINY + ["--explain", "tp2 banana"], "cannot parse layout token 'banana'"),
+    (TINY + ["--routing", "capacity"], "--routing capacity needs --capacity-factor"),
+    (TINY + ["--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'"),
+    (TINY + ["--top", "0"], "--top must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_input_is_one_error_line(capsys, argv, message):
+    code, out, err = run(capsys, argv)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("foldtune: error: ") and message in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_malformed_catalog_yaml_is_one_error_line(capsys, tmp_path):
+    bad = tmp_path / "cat.yaml"
+    bad.write_text("models:\n  x: [unclosed\n")
+    code, out, err = run(capsys, ["--catalog", str(bad)] + TINY)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("foldtune: error: catalog file")
+
+
+def test_module_entry_point_never_shows_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "api.cli.main", "plan", "--model", "nope", "--gpus", "8", "--gbs", "8"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("foldtune: error: unknown model 'nope'")
