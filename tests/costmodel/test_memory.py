@@ -352,3 +352,44 @@ def test_total_falls_along_the_recompute_ladder_and_rises_with_micro_batch_size(
             by_mbs = [peak_memory_bytes(model, training, H100, base.replace(
                 micro_batch_size=mbs, recompute_granularity=g, recompute_modules=m)) for mbs in (1, 2, 4, 8)]
             assert by_mbs == sorted(by_mbs), (name, g, by_mbs)
+
+
+def test_random_layouts_pick_the_largest_rank_and_details_add_up():
+    # Every catalog model plus a dense LayerNorm/dropout GPT, random folded layouts and knobs (fixed seed):
+    # the candidate-rank shortcut equals the max over all ranks, details sum to the total, nothing negative.
+    import random
+
+    from costmodel import model_names
+    from costmodel.parallel_config import RECOMPUTE_MODULES
+
+    rng = random.Random(0)
+    dense = ModelSpec(name="dense", num_layers=12, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048,
+                      vocab_size=5000, hidden_dropout=0.1, attention_dropout=0.1, normalization="layernorm")
+    models = [get_model(n) for n in model_names()] + [dense]
+    checked = 0
+    while checked < 300:
+        model = rng.choice(models)
+        world = rng.choice([8, 16, 64, 128])
+        tp, cp, pp = rng.choice([1, 2, 4]), rng.choice([1, 2]), rng.choice([1, 2, 4, 8])
+        ep, etp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2])
+        if world % (tp * cp * pp) or world % (ep * etp * pp):
+            continue
+        granularity = rng.choice(["none", "selective", "full"])
+        cfg = ParallelConfig(
+            world_size=world, tp=tp, cp=cp, pp=pp, vpp=rng.choice([1, 2, 3]), ep=ep, etp=etp,
+            micro_batch_size=rng.choice([1, 2]), recompute_granularity=granularity,
+            recompute_modules=tuple(rng.sample(RECOMPUTE_MODULES, 2)) if granularity == "selective" else (),
+            recompute_num_layers=rng.choice([0, 1]) if granularity == "full" else 0,
+            moe_token_dispatcher_type=rng.choice(["alltoall", "allgather"]),
+            use_distributed_optimizer=rng.random() < 0.5)
+        routing = rng.choice([{}, {"routing_mode": "capacity", "moe_expert_capacity_factor": 1.25},
+                              {"moe_routing_imbalance": 1.3}])
+        training = TrainingSpec(seq_length=rng.choice([1024, 4096]), global_batch_size=rng.choice([64, 256]),
+                                precision=rng.choice(["bf16", "fp8", "fp32"]), flash_attention=rng.random() < 0.7,
+                                main_grads_fp32=rng.random() < 0.7, **routing)
+        best = estimate_memory(model, training, H100, cfg)
+        every = max(estimate_stage_memory(model, training, H100, cfg, s).total for s in range(cfg.pp))
+        assert best.total == pytest.approx(every, rel=1e-9), (model.name, cfg.label())
+        assert sum(v for _, v in best.details) == pytest.approx(best.total, rel=1e-9)
+        assert min(v for _, v in best.details) >= 0
+        checked += 1
