@@ -8,7 +8,9 @@ The search space is a product of candidate axes:
   tile per chunk the attention kernel and every GEMM run mostly empty);
 - vpp: 1 .. ``SearchSpace.vpp_max`` (4 by default: more virtual stages only shave a bubble that is
   already (pp-1)/(vpp·m) small, and multiply the p2p traffic);
-- (ep, etp, edp): every ordered factorisation of world / pp;
+- (ep, etp, edp): every ordered factorisation of world / pp, except ETP degrees that leave each rank fewer
+  than ``SearchSpace.expert_ffn_min_columns`` columns of an expert's FFN (128 by default: one GEMM tile;
+  below it the grouped GEMM runs mostly empty while ETP still moves every token);
 - micro_batch_size: 1 .. ``SearchSpace.mbs_max`` (8 by default; larger micro-batches rarely help an MoE
   GEMM that already has seq·mbs/tp/cp rows, and cost activation memory);
 - recompute: none, selective(core_attn), selective(core_attn+moe_act+layernorm), full (uniform, every layer);
@@ -58,6 +60,7 @@ class SearchSpace:
     mbs_max: int = 8
     vpp_max: int = 4
     cp_min_chunk_tokens: int = 128
+    expert_ffn_min_columns: int = 128
     allgather_within_node: bool = True
     recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
     dispatchers: tuple[str, ...] = DISPATCHERS
@@ -65,6 +68,10 @@ class SearchSpace:
     def allows_cp(self, cp: int, seq_length: int) -> bool:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
         return cp == 1 or seq_length // (2 * cp) >= self.cp_min_chunk_tokens
+
+    def allows_etp(self, etp: int, model: ModelSpec) -> bool:
+        """Whether ``etp`` is in the search space (expert FFN shards of at least ``expert_ffn_min_columns``)."""
+        return etp == 1 or not model.is_moe or model.expert_ffn_hidden_size // etp >= self.expert_ffn_min_columns
 
     def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int) -> tuple[str, ...]:
         """The dispatchers tried for an expert layout (see the module docstring)."""
@@ -78,7 +85,8 @@ class SearchSpace:
     def describe(self) -> str:
         """One line naming the caps of this search space."""
         return (f"micro-batch <= {self.mbs_max}, vpp <= {self.vpp_max}, CP chunks >= {self.cp_min_chunk_tokens} "
-                f"tokens, allgather dispatcher {'within a node' if self.allgather_within_node else 'everywhere'}")
+                f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, allgather dispatcher "
+                f"{'within a node' if self.allgather_within_node else 'everywhere'}")
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
         pairs = []
         for ep in divisors(rest):
             for etp in divisors(rest // ep):
+                if not space.allows_etp(etp, model):
+                    continue
                 pairs.append((ep, etp, space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)))
         expert_pairs[pp] = pairs
         expert_leaves[pp] = sum(len(d) for _, _, d in pairs) * n_rec * n_opt

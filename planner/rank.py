@@ -149,36 +149,58 @@ def _scan(job: _Job, indices: range) -> _Scan:
     maker = ConfigMaker(job.cluster.num_gpus)
     usable = job.cluster.usable_hbm_bytes
     n_rec = len(job.recompute)
+    n_opt = len(job.distopts)
     model, training, cluster = job.model, job.training, job.cluster
     mem_fn, time_fn = job.memory_total_fn, job.time_fn
+    new_config = ParallelConfig.__new__
+    # the knob fields of every (optimizer, recompute) pair, merged into a layout's fields per call
+    knobs = [[{"use_distributed_optimizer": d, "overlap_param_gather": d, "recompute_granularity": g,
+               "recompute_modules": mods} for g, mods in job.recompute] for d in job.distopts]
+    heads = out.heads
+    memory_calls = time_calls = fitting = 0
+    closest = out.closest
+    expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous staircase?
 
     for idx in indices:
         lay = job.layouts[idx]
         sizes = lay.micro_batch_sizes
         for dispatcher in lay.dispatchers:
             base = maker.base(lay, dispatcher)
-            floors = [0] * len(sizes)
+            bases = [[{**base, **kn} for kn in row] for row in knobs]
+            floors: list[int | None] = [0] * len(sizes)
             r_mins_by_option: list[list[int | None]] = []
-            for o in range(len(job.distopts)):
-                known: dict[tuple[int, int], float] = {}
+            for o in range(n_opt):
+                known: dict[tuple[int, int], bool] = {}
+                row = bases[o]
 
-                def fits(k: int, r: int, o: int = o) -> bool:
+                def fits(k: int, r: int) -> bool:
+                    nonlocal memory_calls, closest
                     key = (k, r)
-                    if key not in known:
-                        cfg = job.config_from(base, sizes[k], o, r)
+                    ok = known.get(key)
+                    if ok is None:
+                        cfg = new_config(ParallelConfig)
+                        d = cfg.__dict__
+                        d.update(row[r])
+                        d["micro_batch_size"] = sizes[k]
                         total = mem_fn(model, training, cluster, cfg)
-                        out.memory_calls += 1
-                        known[key] = total
-                        if out.closest is None or total < out.closest[0]:
-                            out.closest = (total, idx, sizes[k], dispatcher, o, r)
-                    return known[key] <= usable
+                        memory_calls += 1
+                        ok = known[key] = total <= usable
+                        if closest is None or total < closest[0]:
+                            closest = (total, idx, sizes[k], dispatcher, o, r)
+                    return ok
 
-                r_mins = _staircase(fits, len(sizes), n_rec, floors)
-                out.fitting += sum(n_rec - r for r in r_mins if r is not None)
+                r_mins = _staircase(fits, len(sizes), n_rec, floors, expect_all[o])
+                all_fit = True
+                for r, floor in zip(r_mins, floors):
+                    if r is not None:
+                        fitting += n_rec - r
+                    if r is None or r != floor:
+                        all_fit = False
+                expect_all[o] = all_fit
                 r_mins_by_option.append(r_mins)
                 floors = r_mins  # the plain optimizer needs at least the recompute the distributed one needs
             for k, mbs in enumerate(sizes):
-                per_option = tuple(rm[k] for rm in r_mins_by_option)
+                per_option = tuple([rm[k] for rm in r_mins_by_option])
                 if job.exhaustive:
                     for o, r0 in enumerate(per_option):
                         if r0 is None:
@@ -187,50 +209,56 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             cfg = job.config_from(base, mbs, o, r)
                             t = time_fn(model, training, cluster, cfg).step_time
                             total = mem_fn(model, training, cluster, cfg)
-                            out.time_calls += 1
-                            out.memory_calls += 1
-                            out.heads.append((t, idx, mbs, dispatcher, o, r, total))
+                            time_calls += 1
+                            memory_calls += 1
+                            heads.append((t, idx, mbs, dispatcher, o, r, total))
                     continue
-                o = next((i for i, r0 in enumerate(per_option) if r0 is not None), None)
-                if o is None:
+                r0 = per_option[0]
+                o = 0
+                if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
                     continue
-                cfg = job.config_from(base, mbs, o, per_option[o])
+                cfg = new_config(ParallelConfig)
+                d = cfg.__dict__
+                d.update(bases[o][r0])
+                d["micro_batch_size"] = mbs
                 t = time_fn(model, training, cluster, cfg).step_time
-                out.time_calls += 1
-                out.heads.append((t, idx, mbs, dispatcher, o, per_option[o], per_option))
+                time_calls += 1
+                heads.append((t, idx, mbs, dispatcher, o, r0, per_option))
+    out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     return out
 
 
-def _staircase(fits: Callable[[int, int], bool], n_mbs: int, n_rec: int,
-               floors: list[int | None]) -> list[int | None]:
+def _staircase(fits: Callable[[int, int], bool], n_mbs: int, n_rec: int, floors: list[int | None],
+               expect_all: bool = True) -> list[int | None]:
     """Least fitting recompute level per micro-batch index (None: nothing fits), with few ``fits`` calls.
 
     ``fits(k, r)`` is monotone: true stays true for a smaller micro-batch index k or a larger recompute
     level r. ``floors[k]`` is a lower bound on the answer, None where nothing fits; the indices that may
-    fit form a prefix. The most demanding cell settles the common all-fit case in one call and the least
-    demanding one the nothing-fits case; otherwise the boundary is walked from the largest micro-batch down
-    (the answer can only fall as k falls), about one call per step.
+    fit form a prefix. When everything is expected to fit (``expect_all``, the caller's guess from the
+    previous layout), the most demanding cell is tried first and settles that case in one call;
+    otherwise the least demanding one, which settles the nothing-fits case in one call. Then the
+    boundary is walked from the smallest micro-batch up (the answer can only rise with k), each call
+    raising either k or the level: at most n_mbs + n_rec calls more.
     """
     result: list[int | None] = [None] * n_mbs
     alive = [k for k in range(n_mbs) if floors[k] is not None]
     if not alive:
         return result
     top = alive[-1]
-    if fits(top, floors[top]):
-        result[top] = upper = floors[top]
-        k = top - 1
-    else:
-        if not fits(alive[0], n_rec - 1):
-            return result
-        k = top
-        while not fits(k, n_rec - 1):
-            k -= 1
-        upper = n_rec - 1
-    for kk in range(k, -1, -1):
-        r = floors[kk]
-        while r < upper and not fits(kk, r):
+    if expect_all and fits(top, floors[top]) and all(floors[k] == floors[top] for k in alive):
+        for k in alive:
+            result[k] = floors[k]
+        return result
+    if not fits(0, n_rec - 1):
+        return result
+    r = floors[0]
+    for k in alive:
+        r = max(r, floors[k])
+        while r < n_rec and not fits(k, r):
             r += 1
-        result[kk] = upper = r
+        if r == n_rec:
+            break
+        result[k] = r
     return result
 
 
@@ -246,8 +274,9 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         return _scan(job, range(n))
     import multiprocessing
 
-    # Interleaved-size chunks: layouts are grouped by tp, so contiguous halves would be unequal work.
-    chunks = max(workers * 8, 1)
+    # Contiguous slices keep neighbouring layouts (which share the cost models' cached parts) in one
+    # process; a few slices per worker even out the unequal work of different tp/cp blocks.
+    chunks = workers * 3
     step = -(-n // chunks)
     bounds = [(s, min(s + step, n)) for s in range(0, n, step)]
     _JOB = job

@@ -32,7 +32,8 @@ def test_tiny_moe_on_4_gpus_worked_by_hand():
     """
     training = TrainingSpec(seq_length=64, global_batch_size=8, distributed_optimizer=True)
     enum = enumerate_layouts(TINY, training, ClusterSpec(CPU, 4), SearchSpace(mbs_max=1, vpp_max=1,
-                                                                              cp_min_chunk_tokens=1))
+                                                                              cp_min_chunk_tokens=1,
+                                                                              expert_ffn_min_columns=1))
     assert len(enum.layouts) == 45
     assert enum.valid == 324
     assert enum.considered == 328
@@ -61,6 +62,8 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                 for vpp in range(1, space.vpp_max + 1):
                     for ep in divisors(world // pp):
                         for etp in divisors(world // (pp * ep)):
+                            if not space.allows_etp(etp, model):
+                                continue
                             dispatchers = space.dispatchers_for(ep, etp, model.is_moe, cluster.gpus_per_node)
                             for mbs in range(1, space.mbs_max + 1):
                                 for disp in dispatchers:
@@ -81,7 +84,7 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
 
 
 def test_enumerator_matches_brute_force_moe_and_dense():
-    space = SearchSpace(mbs_max=3, vpp_max=2, cp_min_chunk_tokens=4)
+    space = SearchSpace(mbs_max=3, vpp_max=2, cp_min_chunk_tokens=4, expert_ffn_min_columns=8)
     dense = ModelSpec(name="dense6", num_layers=4, hidden_size=96, num_attention_heads=6, num_query_groups=3,
                       ffn_hidden_size=192, vocab_size=256, make_vocab_size_divisible_by=8)
     cases = [
@@ -105,6 +108,7 @@ def test_enumerator_matches_brute_force_moe_and_dense():
     assert {c.moe_token_dispatcher_type for c in enum.configs() if c.ep * c.etp == 16} == {"alltoall"}
     assert {c.moe_token_dispatcher_type for c in enum.configs() if c.ep * c.etp == 8} == {"alltoall", "allgather"}
     assert max(lay.cp for lay in enum.layouts) == 2
+    assert max(lay.etp for lay in enum.layouts) == 4  # expert FFN 32 in shards of >= 8 columns
 
 
 def test_large_cluster_enumerates_fast_and_counts_add_up():
