@@ -42,9 +42,9 @@ ATTENTION_BWD_FLOP_RATIO = 2.5
 KERNEL_OVERHEAD_S = 3e-6
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it keys the per-shape caches below
 class ComputeRates:
-    """What one GPU achieves, resolved for one training precision.
+    """What one GPU achieves, resolved for one training precision (one instance per hardware and precision).
 
     ``gemm_peak``/``gemm_eff_max`` price the GEMMs that run in the training precision (fp8 linears under
     fp8); ``bf16_peak``/``bf16_eff_max`` price those that stay in 16 bits (logits, router, attention).

@@ -90,7 +90,7 @@ class StepTimeBreakdown:
 
     step_time: float  # seconds per optimizer step
     terms: tuple[tuple[str, float], ...]  # exposed (critical-path) seconds per term, names in TERMS
-    hidden: tuple[tuple[str, float], ...]  # communication seconds hidden by overlap, per term
+    hidden: tuple[tuple[str, float], ...]  # communication seconds hidden by overlap, per HIDDEN_TERMS name
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float  # model TFLOP/s per GPU (costmodel.flops conventions)
     mfu: float  # against cluster.gpu.peak(training.precision)
@@ -119,27 +119,38 @@ class _Block:
             self.modules[name] = self.modules.get(name, 0.0) + fwd
 
 
-@dataclass(frozen=True)
 class _LayerCost:
-    """One layer kind per micro-batch after in-layer overlap: exposed and hidden seconds per term."""
+    """One layer kind (or part, or a stage's extras) per micro-batch after in-layer overlap."""
 
-    exposed: tuple[float, ...]  # 8 terms, forward + backward
-    hidden: tuple[float, ...]
-    fwd_total: float  # forward compute + exposed forward communication (what full recompute re-runs)
-    compute_fwd: float
-    compute_bwd: float
-    a2a: float  # exposed EP all-to-all + ETP seconds (what EP-overlap can hide)
-    modules: tuple[tuple[str, float], ...]
-    total: float = 0.0  # exposed seconds, forward + backward (the sum of ``exposed``)
+    __slots__ = ("exposed", "hidden", "total", "fwd_total", "compute_fwd", "compute_bwd", "a2a", "modules", "terms")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "total", sum(self.exposed))
+    def __init__(self, exposed: tuple[float, ...], hidden: tuple[float, ...], fwd_total: float, compute_fwd: float,
+                 compute_bwd: float, a2a: float, modules: dict[str, float]) -> None:
+        self.exposed = exposed  # 8 per-micro-batch terms, forward + backward
+        self.hidden = hidden  # communication hidden by in-layer overlap, same 8 slots
+        self.total = sum(exposed)
+        self.fwd_total = fwd_total  # forward compute + exposed forward communication (full recompute re-runs it)
+        self.compute_fwd, self.compute_bwd = compute_fwd, compute_bwd
+        self.a2a = a2a  # exposed EP all-to-all + ETP seconds (what EP overlap can hide)
+        self.modules = modules  # recompute module -> forward seconds it re-runs
+        e = exposed  # the first nine TERMS in order, with the recompute slot at 0
+        self.terms = (e[GEMM], e[GROUPED], e[ATTN], e[MEM], 0.0, e[TP], e[CP], e[A2A], e[ETP])
+
+    def __add__(self, other: _LayerCost) -> _LayerCost:
+        modules = dict(self.modules)
+        for name, seconds in other.modules.items():
+            modules[name] = modules.get(name, 0.0) + seconds
+        return _LayerCost(tuple([x + y for x, y in zip(self.exposed, other.exposed)]),
+                          tuple([x + y for x, y in zip(self.hidden, other.hidden)]), self.fwd_total + other.fwd_total,
+                          self.compute_fwd + other.compute_fwd, self.compute_bwd + other.compute_bwd,
+                          self.a2a + other.a2a, modules)
 
 
-_ZERO_LAYER = _LayerCost((0.0,) * 8, (0.0,) * 8, 0.0, 0.0, 0.0, 0.0, ())
+_ZERO_LAYER = _LayerCost((0.0,) * 8, (0.0,) * 8, 0.0, 0.0, 0.0, 0.0, {})
 
 
 def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
+    """Apply the overlap that happens inside a layer: TP comm under its GEMMs, ring-attention KV under the core."""
     exposed = [f + b for f, b in zip(block.fwd, block.bwd)]
     hidden = [0.0] * 8
     fwd_comm = block.fwd[TP] + block.fwd[A2A] + block.fwd[ETP]
@@ -149,7 +160,6 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
         fwd_comm += tp_exposed_f - block.fwd[TP]
         hidden[TP] = exposed[TP] - tp_exposed_f - tp_exposed_b
         exposed[TP] = tp_exposed_f + tp_exposed_b
-    # Ring attention sends the next KV block while computing the current one.
     cp_f = max(0.0, block.fwd[CP] - block.fwd[ATTN])
     cp_b = max(0.0, block.bwd[CP] - block.bwd[ATTN])
     hidden[CP] = exposed[CP] - cp_f - cp_b
@@ -158,11 +168,11 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
-                      exposed[A2A] + exposed[ETP], tuple(sorted(block.modules.items())))
+                      exposed[A2A] + exposed[ETP], dict(block.modules))
 
 
 class _Layers:
-    """Per-micro-batch costs of every layer kind for one (tp, cp, ep, etp, mbs, sp, dispatcher) shape.
+    """Per-micro-batch costs of every layer kind for one (tp, cp, ep, etp, mbs, sp, dispatcher, TP overlap).
 
     ``extras[(first, last)]`` is what a stage adds besides its decoder layers: the embedding on the first
     stage, the output head(s) and MTP blocks on the last.
@@ -180,7 +190,7 @@ class _Layers:
         """(dense layer, MoE layer) forward seconds re-run by selective recomputation of ``modules``."""
         hit = self.selective.get(modules)
         if hit is None:
-            dense, moe = dict(self.dense.modules), dict(self.moe.modules)
+            dense, moe = self.dense.modules, self.moe.modules
             hit = self.selective[modules] = (sum(dense.get(m, 0.0) for m in modules),
                                              sum(moe.get(m, 0.0) for m in modules))
         return hit
@@ -417,156 +427,105 @@ class _Shape:
         self.linear(block, t, h / tp, 2 * h)
 
 
-def _add_layer_costs(a: _LayerCost, b: _LayerCost) -> _LayerCost:
-    mods = dict(a.modules)
-    for k, v in b.modules:
-        mods[k] = mods.get(k, 0.0) + v
-    return _LayerCost(tuple(x + y for x, y in zip(a.exposed, b.exposed)),
-                      tuple(x + y for x, y in zip(a.hidden, b.hidden)), a.fwd_total + b.fwd_total,
-                      a.compute_fwd + b.compute_fwd, a.compute_bwd + b.compute_bwd, a.a2a + b.a2a,
-                      tuple(sorted(mods.items())))
-
-
-def _part(ctx: _Context, name: str, key: tuple, build, tp_overlap: bool) -> _LayerCost:
+def _part(ctx: _Context, name: str, key: tuple, shape: _Shape | None, layer_key: tuple) -> _LayerCost:
     """The cost of one layer part, built once per (part, the fields it depends on)."""
     cached = ctx.parts.get((name, key))
     if cached is None:
         block = _Block()
-        build(block)
-        cached = ctx.parts[(name, key)] = _finish(block, tp_overlap)
+        getattr(shape or _Shape(ctx, layer_key), name)(block)
+        cached = ctx.parts[(name, key)] = _finish(block, layer_key[-1])
     return cached
 
 
 def _build_layers(ctx: _Context, key: tuple) -> _Layers:
-    shape = _Shape(ctx, key)
     tp, cp, ep, etp, mbs, sp, dispatcher, tp_overlap = key
     model = ctx.model
-    dense_key = (tp, cp, mbs, sp, tp_overlap)  # attention and TP-side parts do not depend on the expert layout
-
-    def part(name: str, build, part_key: tuple = dense_key) -> _LayerCost:
-        return _part(ctx, name, part_key, build, tp_overlap)
-
-    attention = part("attention", shape.attention)
-    dense = _add_layer_costs(attention, part("dense_mlp", shape.dense_mlp))
+    # attention and the TP-side parts do not depend on the expert layout; the routed experts depend only
+    # on the MoE tokens per rank and the expert layout
+    dense_key = (tp, cp, mbs, sp, tp_overlap)
+    combos = ctx.combos.get(dense_key)
+    shape = None
+    if combos is None:
+        shape = _Shape(ctx, key)
+        attention = _part(ctx, "attention", dense_key, shape, key)
+        combos = ctx.combos[dense_key] = (
+            attention + _part(ctx, "dense_mlp", dense_key, shape, key),
+            attention + _part(ctx, "moe_dense", dense_key, shape, key) if model.is_moe else _ZERO_LAYER,
+            _part(ctx, "embedding", dense_key, shape, key),
+            _part(ctx, "head", dense_key, shape, key),
+            _part(ctx, "mtp_extra", dense_key, shape, key) if model.mtp_num_layers else _ZERO_LAYER)
+    dense, moe_base, embed, head, mtp_extra = combos
     moe = _ZERO_LAYER
     if model.is_moe:
-        routed = part("moe_routed", shape.moe_routed, (shape.moe_tokens, ep, etp, dispatcher))
-        moe = _add_layer_costs(_add_layer_costs(attention, part("moe_dense", shape.moe_dense)), routed)
-    embed = part("embedding", shape.embedding)
-    head = part("head", shape.head)
+        moe_tokens = mbs * ctx.training.seq_length // cp / tp
+        moe = moe_base + _part(ctx, "moe_routed", (moe_tokens, ep, etp, dispatcher), shape, key)
     tail = head
     if model.mtp_num_layers:
-        last_kind = moe if ctx.pattern[-1] else dense
-        one = _add_layer_costs(_add_layer_costs(part("mtp_extra", shape.mtp_extra), last_kind), head)
+        one = mtp_extra + (moe if ctx.pattern[-1] else dense) + head
         for _ in range(model.mtp_num_layers):
-            tail = _add_layer_costs(tail, one)
-    extras = {(False, False): _ZERO_LAYER, (True, False): embed, (False, True): tail,
-              (True, True): _add_layer_costs(embed, tail)}
+            tail = tail + one
+    extras = {(False, False): _ZERO_LAYER, (True, False): embed, (False, True): tail, (True, True): embed + tail}
     # Megatron sends the SP-sharded activation (or scatters it over TP and re-gathers it): 1/tp per rank
-    p2p_bytes = shape.tokens / shape.tp * model.hidden_size * shape.act_bytes
+    p2p_bytes = mbs * ctx.training.seq_length // cp / tp * model.hidden_size * ctx.training.activation_bytes
     return _Layers(dense, moe, extras, p2p_bytes)
 
 
-# ---- pipeline stages ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _StageKind:
-    stages: tuple[int, ...]  # the pipeline ranks that look like this
-    num_dense: int
-    num_moe: int
-    first: bool
-    last: bool
-
-    @property
-    def count(self) -> int:
-        return len(self.stages)
-
-
-@lru_cache(maxsize=4096)
-def _stage_kinds(pattern: tuple[int, ...], pp: int, vpp: int) -> tuple[_StageKind, ...]:
-    chunks = _params.layer_chunks(len(pattern), pp, vpp)
-    kinds: dict[tuple[int, int, bool, bool], list[int]] = {}
-    for stage in range(pp):
-        layers = [i for chunk in chunks[stage] for i in chunk]
-        num_moe = sum(pattern[i] for i in layers)
-        kinds.setdefault((len(layers) - num_moe, num_moe, stage == 0, stage == pp - 1), []).append(stage)
-    return tuple(_StageKind(tuple(stages), nd, nm, first, last) for (nd, nm, first, last), stages in kinds.items())
-
-
-class _StageSum:
-    """One stage kind's decoder layers and extras summed, per micro-batch, before recomputation.
-
-    Only scalars are summed up front; the per-term vectors are built for the stages that turn out critical.
-    """
-
-    __slots__ = ("kind", "count", "num_dense", "num_moe", "parts", "time", "compute", "compute_fwd",
-                 "compute_bwd", "a2a", "full_fwd", "_vectors")
-
-    def __init__(self, kind: _StageKind, layers: _Layers) -> None:
-        nd, nm = kind.num_dense, kind.num_moe
-        d, e, x = self.parts = layers.dense, layers.moe, layers.extras[(kind.first, kind.last)]
-        self.kind, self.count, self.num_dense, self.num_moe = kind, len(kind.stages), nd, nm
-        self.time = nd * d.total + nm * e.total + x.total
-        self.compute_fwd = nd * d.compute_fwd + nm * e.compute_fwd + x.compute_fwd
-        self.compute_bwd = nd * d.compute_bwd + nm * e.compute_bwd + x.compute_bwd
-        self.compute = self.compute_fwd + self.compute_bwd
-        self.a2a = nd * d.a2a + nm * e.a2a + x.a2a
-        self.full_fwd = nd * d.fwd_total + nm * e.fwd_total  # what full recompute of every layer re-runs
-        self._vectors: tuple | None = None
-
-    def vectors(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(seconds per micro-batch of the first nine TERMS, recompute slot 0; hidden in HIDDEN_TERMS order)."""
-        if self._vectors is None:
-            nd, nm = self.num_dense, self.num_moe
-            d, e, x = self.parts
-            v = [nd * a + nm * b + c for a, b, c in zip(d.exposed, e.exposed, x.exposed)]
-            h = [nd * a + nm * b + c for a, b, c in zip(d.hidden, e.hidden, x.hidden)]
-            self._vectors = ((v[GEMM], v[GROUPED], v[ATTN], v[MEM], 0.0, v[TP], v[CP], v[A2A], v[ETP]),
-                             (h[TP], h[CP], h[A2A], 0.0, 0.0, 0.0, 0.0))
-        return self._vectors
-
-
-class _Stages:
-    """The stage kinds of one (layer shape, pp, vpp) and what every call on them needs."""
-
-    __slots__ = ("sums", "layers", "window_fwd", "window_bwd", "hops", "plain")
-
-    def __init__(self, sums: tuple[_StageSum, ...], layers: _Layers) -> None:
-        self.sums, self.layers = sums, layers
-        self.window_fwd = min(s.compute_fwd for s in sums)
-        self.window_bwd = min(s.compute_bwd for s in sums)
-        self.hops: dict[int, float] = {}  # world size -> seconds of one pipeline p2p transfer
-        times = [s.time for s in sums]
-        i = max(range(len(sums)), key=times.__getitem__)
-        # without recomputation or EP overlap: (critical stage, the other ranks' seconds per micro-batch)
-        self.plain = (sums[i], sum(s.count * t for s, t in zip(sums, times)) - times[i])
-
-
-def _stages(ctx: _Context, c: ParallelConfig) -> _Stages:
-    skey = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
-            c.tp_comm_overlap, c.pp, c.vpp)
-    stages = ctx.stages.get(skey)
-    if stages is None:
+def _layers(ctx: _Context, c: ParallelConfig) -> _Layers:
+    key = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
+           c.tp_comm_overlap)
+    layers = ctx.layers.get(key)
+    if layers is None:
         _check(ctx.model, ctx.training, c)
-        lkey = skey[:8]
-        layers = ctx.layers.get(lkey)
-        if layers is None:
-            layers = ctx.layers[lkey] = _build_layers(ctx, lkey)
-        sums = tuple(_StageSum(kind, layers) for kind in _stage_kinds(ctx.pattern, c.pp, c.vpp))
-        stages = ctx.stages[skey] = _Stages(sums, layers)
-    return stages
+        layers = ctx.layers[key] = _build_layers(ctx, key)
+    return layers
 
 
-def _recompute_costs(stages: _Stages, c: ParallelConfig) -> list[float] | None:
-    """Forward seconds per micro-batch re-run by recomputation on each stage kind (None: no recomputation)."""
+# ---- pipeline stages ------------------------------------------------------------------------------
+def _stage_kinds(ctx: _Context, pp: int, vpp: int) -> tuple[tuple, ...]:
+    """Pipeline ranks grouped by what they hold: (count, dense layers, MoE layers, (first, last), ranks)."""
+    kinds = ctx.kinds.get((pp, vpp))
+    if kinds is None:
+        chunks = _params.layer_chunks(len(ctx.pattern), pp, vpp)
+        groups: dict[tuple[int, int, tuple[bool, bool]], list[int]] = {}
+        for stage in range(pp):
+            layers = [i for chunk in chunks[stage] for i in chunk]
+            num_moe = sum(ctx.pattern[i] for i in layers)
+            groups.setdefault((len(layers) - num_moe, num_moe, (stage == 0, stage == pp - 1)), []).append(stage)
+        kinds = ctx.kinds[(pp, vpp)] = tuple((len(ranks), nd, nm, ends, tuple(ranks))
+                                             for (nd, nm, ends), ranks in groups.items())
+    return kinds
+
+
+def _stage_times(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -> tuple[list[float], list[float]]:
+    """Per stage kind: (exposed seconds per micro-batch including recomputation, recomputation seconds)."""
+    d, e, extras = layers.dense, layers.moe, layers.extras
     granularity = c.recompute_granularity
+    if granularity == "none":
+        return [nd * d.total + nm * e.total + extras[ends].total for _, nd, nm, ends, _ in kinds], [0.0] * len(kinds)
     if granularity == "selective":
-        dense, moe = stages.layers.selective_cost(c.recompute_modules)
-        return [s.num_dense * dense + s.num_moe * moe for s in stages.sums]
-    if granularity == "full":
+        rd, rm = layers.selective_cost(c.recompute_modules)
+        recompute = [nd * rd + nm * rm for _, nd, nm, _, _ in kinds]
+    else:
         k = c.recompute_num_layers
-        return [s.full_fwd * (1.0 if k == 0 else min(1.0, k / max(1, s.num_dense + s.num_moe)))
-                for s in stages.sums]
-    return None
+        recompute = [(1.0 if k == 0 else min(1.0, k / max(1, nd + nm))) * (nd * d.fwd_total + nm * e.fwd_total)
+                     for _, nd, nm, _, _ in kinds]
+    return ([nd * d.total + nm * e.total + extras[ends].total + r for (_, nd, nm, ends, _), r in zip(kinds, recompute)],
+            recompute)
+
+
+def _stage_scalar(layers: _Layers, kind: tuple, field: str) -> float:
+    """One per-layer scalar (compute_fwd, compute_bwd, a2a, ...) summed over a stage kind."""
+    _, nd, nm, ends, _ = kind
+    return (nd * getattr(layers.dense, field) + nm * getattr(layers.moe, field)
+            + getattr(layers.extras[ends], field))
+
+
+def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -> tuple[list[float], ...]:
+    """Per stage kind: (seconds per micro-batch incl. recompute, recompute seconds, forward compute,
+    backward compute, exposed a2a+ETP seconds)."""
+    times, recompute = _stage_times(layers, kinds, c)
+    return (times, recompute, [_stage_scalar(layers, k, "compute_fwd") for k in kinds],
+            [_stage_scalar(layers, k, "compute_bwd") for k in kinds], [_stage_scalar(layers, k, "a2a") for k in kinds])
 
 
 # ---- step-level terms -----------------------------------------------------------------------------
@@ -586,30 +545,29 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
     return grad, ring_time(link, "all_reduce", bucket * grad_bytes, place), 0.0, 0.0
 
 
-def _build_tail(ctx: _Context, config: ParallelConfig) -> tuple[float, ...]:
-    """Once-per-step costs of the pipeline rank holding the most parameters.
+def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
+    """(dense, expert) parameters per GPU of the pipeline ranks holding the most of each.
 
-    Returns (grad-sync seconds dense + expert, dense share of them, the last bucket's seconds (never
-    hidden), param all-gather seconds, the first bucket's seconds, optimizer seconds).
+    Dense counts depend on (tp, pp, vpp) only and expert counts on (ep, etp, pp, vpp), so each is cached
+    on those fields.
     """
-    pkey = (config.tp, config.pp, config.vpp, config.ep, config.etp)
-    most = ctx.stage_params.get(pkey)
-    if most is None:
-        counts = [_params.stage_param_counts(ctx.model, config, kind.stages[0])
-                  for kind in _stage_kinds(ctx.pattern, config.pp, config.vpp)]
-        most = ctx.stage_params[pkey] = (max(c.dense for c in counts), max(c.expert for c in counts))
-    dense, expert = most
-    gpn = ctx.gpus_per_node
-    distributed = config.use_distributed_optimizer
-    dense_place = group_placement(config.tp, config.cp * config.dp, gpn)
-    expert_place = group_placement(config.etp * config.ep, config.edp, gpn)
-    pb = ctx.training.param_bytes
-    dg, dg_b, dpg, dpg_b = _grad_sync(ctx.link, dense, ctx.grad_bytes, pb, dense_place, distributed)
-    eg, eg_b, epg, epg_b = _grad_sync(ctx.link, expert, ctx.grad_bytes, pb, expert_place, distributed)
-    local = dense / (config.cp * config.dp) + expert / config.edp if distributed else dense + expert
-    optimizer = memory_time(ctx.rates, OPTIMIZER_BYTES_PER_PARAM * local, kernels=4)
-    grads = dg + eg
-    return (grads, dg / grads if grads else 1.0, max(dg_b, eg_b), dpg + epg, max(dpg_b, epg_b), optimizer)
+    dkey, ekey = (c.tp, c.pp, c.vpp), (c.ep, c.etp, c.pp, c.vpp)
+    dense, expert = ctx.dense_params.get(dkey), ctx.expert_params.get(ekey)
+    if dense is None or expert is None:
+        counts = [_params.stage_param_counts(ctx.model, c, kind[4][0]) for kind in _stage_kinds(ctx, c.pp, c.vpp)]
+        dense = ctx.dense_params[dkey] = max(n.dense for n in counts)
+        expert = ctx.expert_params[ekey] = max(n.expert for n in counts)
+    return dense, expert
+
+
+def _sync(ctx: _Context, params: int, stride: int, size: int, distributed: bool) -> tuple[float, float, float, float]:
+    key = (params, stride, size, distributed)
+    hit = ctx.syncs.get(key)
+    if hit is None:
+        place = group_placement(stride, size, ctx.gpus_per_node)
+        hit = ctx.syncs[key] = _grad_sync(ctx.link, params, ctx.grad_bytes, ctx.training.param_bytes, place,
+                                          distributed)
+    return hit
 
 
 class _Context:
@@ -625,11 +583,15 @@ class _Context:
         self.peak = cluster.gpu.peak(training.precision)
         self.tokens_per_step = training.global_batch_size * training.seq_length
         self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes
-        self.layers: dict[tuple, _Layers] = {}
+        self.optimizer_seconds_per_param = OPTIMIZER_BYTES_PER_PARAM / self.rates.hbm_bandwidth
         self.parts: dict[tuple, _LayerCost] = {}
-        self.stages: dict[tuple, _Stages] = {}
-        self.stage_params: dict[tuple, tuple[int, int]] = {}
-        self.tails: dict[tuple, tuple[float, ...]] = {}
+        self.combos: dict[tuple, tuple[_LayerCost, ...]] = {}
+        self.layers: dict[tuple, _Layers] = {}
+        self.kinds: dict[tuple[int, int], tuple[tuple, ...]] = {}
+        self.dense_params: dict[tuple, int] = {}
+        self.expert_params: dict[tuple, int] = {}
+        self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
+        self.hops: dict[tuple, float] = {}
 
 
 _CONTEXTS: dict[tuple[int, int, int], tuple[ModelSpec, TrainingSpec, ClusterSpec, _Context]] = {}
@@ -655,10 +617,7 @@ def _context_by_value(model: ModelSpec, training: TrainingSpec, cluster: Cluster
 
 
 def _check(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
-    """Raise InvalidConfigError for a layout the time model cannot price (first call per shape only)."""
-    if model.num_layers < config.pp * config.vpp:
-        raise InvalidConfigError(f"num_layers ({model.num_layers}) is smaller than pp·vpp "
-                                 f"({config.pp}·{config.vpp} = {config.pp * config.vpp})")
+    """Raise InvalidConfigError for a layout the time model cannot price (checked once per layer shape)."""
     if model.is_moe and (model.num_experts or 0) % config.ep:
         raise InvalidConfigError(f"num_experts ({model.num_experts}) must be divisible by ep ({config.ep})")
     if training.seq_length % config.cp:
@@ -679,13 +638,21 @@ def pipeline_bubble(stage_times: list[float] | tuple[float, ...], vpp: int = 1) 
 def stage_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                 config: ParallelConfig) -> tuple[float, ...]:
     """Exposed seconds per micro-batch (forward + backward + recomputation) of every pipeline rank."""
-    stages = _stages(_context(model, training, cluster), config)
-    recompute = _recompute_costs(stages, config) or [0.0] * len(stages.sums)
-    times = [0.0] * config.pp
-    for s, r in zip(stages.sums, recompute):
-        for stage in s.kind.stages:
-            times[stage] = s.time + r
-    return tuple(times)
+    ctx = _context(model, training, cluster)
+    _check_pipeline(model, config)
+    kinds = _stage_kinds(ctx, config.pp, config.vpp)
+    times = _stage_times(_layers(ctx, config), kinds, config)[0]
+    out = [0.0] * config.pp
+    for kind, t in zip(kinds, times):
+        for stage in kind[4]:
+            out[stage] = t
+    return tuple(out)
+
+
+def _check_pipeline(model: ModelSpec, config: ParallelConfig) -> None:
+    if model.num_layers < config.pp * config.vpp:
+        raise InvalidConfigError(f"num_layers ({model.num_layers}) is smaller than pp·vpp "
+                                 f"({config.pp}·{config.vpp} = {config.pp * config.vpp})")
 
 
 def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
@@ -704,62 +671,76 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             f"global_batch_size ({training.global_batch_size}) must be a positive multiple of "
             f"micro_batch_size·dp ({c.micro_batch_size}·{dp} = {c.micro_batch_size * dp})")
     ctx = _context(model, training, cluster)
-    stages = _stages(ctx, c)
-    tkey = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, world, c.use_distributed_optimizer)
-    tail = ctx.tails.get(tkey)
-    if tail is None:
-        tail = ctx.tails[tkey] = _build_tail(ctx, c)
+    layers = _layers(ctx, c)
+    pp, vpp = c.pp, c.vpp
+    kinds = ctx.kinds.get((pp, vpp))
+    if kinds is None:
+        _check_pipeline(model, c)
+        kinds = _stage_kinds(ctx, pp, vpp)
 
     # the slowest pipeline rank runs the steady state; the others' time per micro-batch makes the bubble
-    recompute = _recompute_costs(stages, c)
     ep_overlap = c.overlap_moe_expert_parallel_comm and m > 1
-    if recompute is None and not ep_overlap:
-        crit, others = stages.plain
-        rc = 0.0
+    if ep_overlap:  # the a2a of one micro-batch hides behind another's compute
+        times, recompute, fwd, bwd, a2a = _stage_costs(layers, kinds, c)
+        times = [t - a + max(0.0, a - f - b) for t, a, f, b in zip(times, a2a, fwd, bwd)]
     else:
-        sums = stages.sums
-        times = [s.time for s in sums]
-        if recompute is not None:
-            times = [t + r for t, r in zip(times, recompute)]
-        if ep_overlap:  # the a2a of one micro-batch hides behind another's compute
-            times = [t - s.a2a + max(0.0, s.a2a - s.compute) for s, t in zip(sums, times)]
-        i = max(range(len(sums)), key=times.__getitem__)
-        crit = sums[i]
-        others = sum(s.count * t for s, t in zip(sums, times)) - times[i]
-        rc = recompute[i] if recompute is not None else 0.0
-    base, hidden_base = crit.vectors()
-    values = [m * x for x in base]
-    values[4] = m * rc
-    hidden = [m * x for x in hidden_base]
-    if ep_overlap and crit.a2a > 0.0:
-        # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
-        total_a2a = m * crit.a2a
-        shown = min(total_a2a, (m - 1) * max(0.0, crit.a2a - crit.compute) + crit.a2a)
-        share = base[7] / crit.a2a
-        values[7] = shown * share
-        values[8] = shown * (1.0 - share)
-        hidden[2] += total_a2a - shown
-    grads, dense_share, grads_floor, gathers, gathers_floor, optimizer = tail
+        times, recompute = _stage_times(layers, kinds, c)
+    if len(times) == 1:
+        i, others = 0, 0.0
+    else:
+        i = max(range(len(times)), key=times.__getitem__)
+        others = sum([k[0] * t for k, t in zip(kinds, times)]) - times[i]
+    _, nd, nm, ends, _ = kinds[i]
+    d, e, x = layers.dense, layers.moe, layers.extras[ends]
+    values = [m * (nd * a + nm * b + c_) for a, b, c_ in zip(d.terms, e.terms, x.terms)]
+    values[4] = m * recompute[i]
+    dh, eh, xh = d.hidden, e.hidden, x.hidden
+    hidden = [m * (nd * dh[TP] + nm * eh[TP] + xh[TP]), m * (nd * dh[CP] + nm * eh[CP] + xh[CP]),
+              m * (nd * dh[A2A] + nm * eh[A2A] + xh[A2A]), 0.0, 0.0, 0.0, 0.0]
+    window_fwd = nd * d.compute_fwd + nm * e.compute_fwd + x.compute_fwd
+    window_bwd = nd * d.compute_bwd + nm * e.compute_bwd + x.compute_bwd
+    if ep_overlap:
+        crit_a2a = a2a[i]
+        if crit_a2a > 0.0:
+            # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
+            total_a2a = m * crit_a2a
+            shown = min(total_a2a, (m - 1) * max(0.0, crit_a2a - window_fwd - window_bwd) + crit_a2a)
+            share = values[7] / (values[7] + values[8])
+            values[7] = shown * share
+            values[8] = shown * (1.0 - share)
+            hidden[2] += total_a2a - shown
+
+    # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters
+    dense, expert = _most_params(ctx, c)
+    distributed = c.use_distributed_optimizer
+    edp = world // (c.etp * c.ep * pp)
+    dg, dg_b, dpg, dpg_b = _sync(ctx, dense, c.tp, c.cp * dp, distributed)
+    eg, eg_b, epg, epg_b = _sync(ctx, expert, c.etp * c.ep, edp, distributed)
+    local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
+    optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
+    grads = dg + eg
+    gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
     if grads:
         exposed = grads
         if c.overlap_grad_reduce:  # hidden behind the last micro-batch's backward, but for the last bucket
-            exposed = min(grads, max(grads - stages.window_bwd, grads_floor))
-        dp_grad = exposed * dense_share
-        edp_grad = exposed - dp_grad
-        hidden[3] = (grads - exposed) * dense_share
-        hidden[4] = grads - exposed - hidden[3]
+            exposed = min(grads, max(grads - window_bwd, dg_b, eg_b))
+        dp_grad = exposed * dg / grads
+        edp_grad = exposed * eg / grads
+        hidden[3] = dg - dp_grad
+        hidden[4] = eg - edp_grad
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
-            param_gather = min(gathers, max(gathers - stages.window_fwd, gathers_floor))
+            param_gather = min(gathers, max(gathers - window_fwd, dpg_b, epg_b))
         hidden[5] = gathers - param_gather
     pp, vpp = c.pp, c.vpp
     if pp > 1:
-        hop = stages.hops.get(world)
+        hkey = (layers.p2p_bytes, world, pp)
+        hop = ctx.hops.get(hkey)
         if hop is None:
             place = group_placement(world // pp, pp, ctx.gpus_per_node)
-            hop = stages.hops[world] = p2p_time(ctx.link, stages.layers.p2p_bytes, place.crosses_nodes)
+            hop = ctx.hops[hkey] = p2p_time(ctx.link, layers.p2p_bytes, place.crosses_nodes)
         pp_p2p = 2 * (pp * vpp - 1) * hop  # the first micro-batch's trip through every chunk boundary
         if vpp > 1:  # interleaved schedules overlap their steady-state p2p with compute
             hidden[6] = 2 * m * vpp * hop
@@ -771,7 +752,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     step = sum(values)
     per_gpu = step * world
     return StepTimeBreakdown(step, tuple(zip(TERMS, values)),
-                             tuple([(name, v) for name, v in zip(HIDDEN_TERMS, hidden) if v > 0.0]),
+                             tuple(zip(HIDDEN_TERMS, hidden)),
                              ctx.tokens_per_step / per_gpu, ctx.flops_per_step / per_gpu / 1e12,
                              ctx.flops_per_step / per_gpu / ctx.peak, _bottleneck(values, step))
 
