@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("api.cli.submit_cmd", "submit a tuning job to the foldtune API (a runner executes it)"),
     "jobs": ("api.cli.jobs_cmd", "list tuning jobs, or show one job and its trials"),
     "best": ("api.cli.best_cmd", "show the best measured layout for a model on a cluster (from your trials)"),
+    "runner": ("api.cli.runner_cmd", "claim queued tuning jobs from the database and run their trials through Ray"),
+    "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
 }
 
 

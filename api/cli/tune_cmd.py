@@ -1,0 +1,136 @@
+"""``foldtune tune``: the main job in one command: set up the embedded service and run one real tuning job.
+
+On a fresh machine it creates the data directory, migrates the SQLite database there (or the database of
+FOLDTUNE_DATABASE_URL), stores the job as the local owner's, and runs it in this process with the same
+runner code ``foldtune runner`` uses: the job, its trials and its Optuna study go through the database,
+and every trial is a real profiled run of the MoE training step through Ray (a local Ray unless
+FOLDTUNE_RAY_ADDRESS names one). Running the runner in-process rather than starting the API and a runner
+keeps the first command free of ports, keys and background processes; ``foldtune serve`` + ``foldtune
+runner`` + ``foldtune submit`` is the same job as a service. Progress is printed per trial, and the job
+ends with the best layout and the measured-vs-predicted table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
+LOCAL_OWNER = "local"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-moe", help="catalog model name (default: tiny-moe)")
+    parser.add_argument("--gpu", default="cpu", help="hardware profile: cpu runs CPU ranks with gloo; a GPU "
+                                                     "name (h100-sxm, ...) runs on GPUs with NCCL (default: cpu)")
+    parser.add_argument("--gpus", type=int, default=4, help="number of GPUs / CPU ranks (default: 4)")
+    parser.add_argument("--seq", type=int, default=64, help="sequence length in tokens (default: 64)")
+    parser.add_argument("--gbs", type=int, default=8, help="global batch size in sequences (default: 8)")
+    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                        help="default: fp32 on cpu, bf16 on GPUs")
+    parser.add_argument("--max-trials", type=int, default=6, help="measured trials at most (default: 6)")
+    parser.add_argument("--max-seconds", type=float, default=900.0, help="search wall-clock budget (default: 900)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
+    parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
+    parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
+
+
+class TrialPrinter:
+    """Prints the runner's events: one line per trial start and end, then the table and the best layout."""
+
+    def __init__(self, out=None) -> None:
+        self.out = out or sys.stdout
+
+    def __call__(self, kind: str, data: dict) -> None:
+        say = lambda text: print(text, file=self.out, flush=True)  # noqa: E731
+        if kind == "job_started":
+            c = data["candidates"]
+            say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "
+                f"layouts, {c['fitting']:,} fit in memory, searching the best {c['searched']} the executor runs "
+                f"with up to {data['max_trials']} trials")
+        elif kind == "trial_started":
+            say(f"  trial {data['number']:>2}  {data['layout']:<60} predicted {_ms(data['predicted_step_time'])}"
+                f"  running ...")
+        elif kind == "trial_finished":
+            state = {"complete": "ok", "pruned": "pruned", "failed": "FAILED"}.get(data["state"], data["state"])
+            line = (f"  trial {data['number']:>2}  {data['layout']:<60} predicted {_ms(data['predicted_step_time'])}"
+                    f"  measured {_ms(data.get('step_time'))}  {state}")
+            if data.get("failure_reason"):
+                line += f": {data['failure_reason']}"
+            say(line)
+        elif kind == "job_finished":
+            self._finished(data, say)
+
+    def _finished(self, data: dict, say) -> None:
+        if "rows" not in data:
+            say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
+            return
+        say("")
+        say("measured vs predicted (step time per optimizer step; error = (predicted - measured) / measured)")
+        say(f"  {'#':>3}  {'layout':<60} {'state':<9} {'predicted':>10} {'calibrated':>10} {'measured':>10} "
+            f"{'error':>8}")
+        for r in data["rows"]:
+            err = f"{r.time_error:+.0%}" if r.time_error is not None else "-"
+            say(f"  {r.number:>3}  {r.layout:<60} {r.state:<9} {_ms(r.predicted_step_time):>10} "
+                f"{_ms(r.calibrated_step_time):>10} {_ms(r.measured_step_time):>10} {err:>8}")
+        cal = data["result"]
+        mult = ", ".join(f"{k} x{v:.2f}" for k, v in cal["time_multipliers"].items())
+        say(f"calibration: {mult}; memory x{cal['memory_multiplier']:.2f} "
+            f"(from {cal['num_observations']} measurements)")
+        say(f"search stopped: {cal['stopped_because']}")
+        if data.get("best") is not None:
+            say(f"best layout: {data['best'].label()}  {_ms(data['best_step_time'])} per step (measured)")
+        say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from pydantic import ValidationError
+
+    from api.jobs_service import submit_job
+    from api.problems import ProblemError
+    from api.runner import Runner, RunnerSettings
+    from api.runner_trials import TrialSettings
+    from api.schemas.jobs import JobCreate
+    from costmodel.errors import SpecError
+    from db.keys import get_or_create_owner
+
+    precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")
+    try:
+        request = JobCreate.model_validate({
+            "model": args.model, "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
+                                              "precision": precision},
+            "cluster": {"gpu": args.gpu, "num_gpus": args.gpus},
+            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}})
+    except ValidationError as exc:
+        raise SpecError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+    start = time.monotonic()
+    base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
+    trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,
+                          rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
+    settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
+                              stale_after_s=base.stale_after_s, poll_s=base.poll_s,
+                              parallel_trials=base.parallel_trials, trial=trial)
+    runner = Runner(settings, on_event=TrialPrinter())
+    try:
+        with runner.sessions() as session:
+            owner = get_or_create_owner(session, LOCAL_OWNER)
+            session.commit()
+            try:
+                job, _ = submit_job(session, owner, request, None)
+            except ProblemError as exc:
+                raise SpecError(str(exc)) from None
+        print(f"database {settings.database_url}; job {job.id} stored, running it here "
+              f"(Ray: {os.environ.get('FOLDTUNE_RAY_ADDRESS') or 'local'})", flush=True)
+        status = runner.run_job_id(job.id)
+    finally:
+        runner.close()
+    print(f"done in {time.monotonic() - start:.0f} s", flush=True)
+    return 0 if status == "succeeded" else 1

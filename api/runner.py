@@ -1,0 +1,380 @@
+"""The job runner (``foldtune runner``): claims queued tuning jobs from the database and runs them.
+
+It is its own process, never the request handler. Several runners may share one PostgreSQL database
+(claims use ``SKIP LOCKED``, see db.queue). Per job it
+
+1. builds the ModelSpec / TrainingSpec / ClusterSpec stored with the job, asks the planner for the
+   ranked fitting layouts the executor can run (:mod:`api.runner_candidates`);
+2. runs :func:`planner.search.run_search` with the job's Optuna study (``job-<id>`` in the Optuna storage
+   beside the service database), each trial a short profiled run through the Ray launcher
+   (:mod:`api.runner_trials`);
+3. records every trial in the ``trials`` table when it starts and when it ends, keyed by (job, Optuna
+   trial number), so a trial is stored exactly once even across restarts;
+4. heartbeats the job (and its running trials) from a background thread; a heartbeat refused means the
+   job was cancelled or given to another runner, and the running trial is stopped at its next step;
+5. ends the job with its best trial (``best_trial_id``) and, in ``calibration``, what the search learned:
+   the calibration multipliers, the measured-vs-predicted table and why the search stopped.
+
+A runner restarted mid-job resumes it: under the same runner id it takes its job back at once, under
+another one after the stale-claim timeout; the Optuna study resumes where it stopped (the trial that was
+running is failed as 'lost' and measured again under a new number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.runner_trials import TrialExecutor, TrialSettings, trial_settings_from_env
+from costmodel.errors import FoldtuneError, SpecError
+from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.model_spec import ModelSpec
+from costmodel.training_spec import TrainingSpec
+from db import runner_store
+from db.models import Job
+
+log = logging.getLogger("foldtune.runner")
+EventHook = Callable[[str, dict], None]
+
+
+class JobStopped(Exception):
+    """The job was cancelled, lost to another runner, or the runner is shutting down."""
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Where the jobs are and how the runner paces itself (seconds)."""
+
+    database_url: str
+    runner_id: str
+    heartbeat_s: float = 10.0
+    stale_after_s: float = 60.0
+    poll_s: float = 2.0
+    parallel_trials: int | None = None  # None: as many as the Ray cluster has room for (GPU), 1 on CPU
+    trial: TrialSettings = field(default_factory=TrialSettings)
+
+    @classmethod
+    def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
+                 environ: dict[str, str] | None = None) -> RunnerSettings:
+        """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.runner_trials)."""
+        from db.settings import database_settings
+
+        env = os.environ if environ is None else environ
+        try:
+            parallel = env.get("FOLDTUNE_PARALLEL_TRIALS")
+            return cls(database_url=database_settings(database_url, env).url,
+                       runner_id=runner_id or env.get("FOLDTUNE_RUNNER_ID") or f"{socket.gethostname()}-{os.getpid()}",
+                       heartbeat_s=float(env.get("FOLDTUNE_HEARTBEAT_S", 10)),
+                       stale_after_s=float(env.get("FOLDTUNE_STALE_AFTER_S", 60)),
+                       poll_s=float(env.get("FOLDTUNE_POLL_S", 2)),
+                       parallel_trials=int(parallel) if parallel else None,
+                       trial=trial_settings_from_env(env))
+        except ValueError as exc:
+            raise SpecError(f"bad runner setting in the environment: {exc}") from None
+
+
+def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
+    """The specs a job was submitted with (snapshots stored on the row)."""
+    hardware = HardwareProfile.from_dict(job.cluster["hardware"])
+    return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(job.training_spec),
+            ClusterSpec(hardware=hardware, num_gpus=job.num_gpus))
+
+
+def failure_kind(reason: str | None) -> str:
+    """The short word stored with a failed trial (oom, timeout, crash, cancelled, invalid, error)."""
+    text = (reason or "").lower()
+    if "out of memory" in text:
+        return "oom"
+    if text.startswith("timeout"):
+        return "timeout"
+    if " died" in text:
+        return "crash"
+    if "stopped" in text or "cancel" in text:
+        return "cancelled"
+    if "not a valid candidate" in text:
+        return "invalid"
+    return "error"
+
+
+class Runner:
+    """Claims jobs and runs them until told to stop (``stop()``, SIGTERM in the CLI)."""
+
+    def __init__(self, settings: RunnerSettings, on_event: EventHook | None = None, migrate: bool = True) -> None:
+        import optuna
+
+        from db.engine import make_engine, make_sessionmaker
+        from db.migrate import upgrade
+        from db.optuna_storage import ensure_optuna_storage
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+        self.settings = settings
+        self.on_event = on_event or (lambda kind, data: None)
+        if migrate:
+            upgrade(settings.database_url)
+        self.engine = make_engine(settings.database_url)
+        self.sessions = make_sessionmaker(self.engine)
+        self.optuna_url = ensure_optuna_storage(settings.database_url)
+        self._shutdown = threading.Event()
+        self._job_stop: threading.Event | None = None
+
+    def stop(self) -> None:
+        """Stop after the running trial's next step; the job goes back to the queue."""
+        self._shutdown.set()
+        if self._job_stop is not None:
+            self._job_stop.set()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # The loop ----------------------------------------------------------------------------------------
+    def run(self, once: bool = False) -> int:
+        """Claim and run jobs; with ``once`` return when the queue is empty. Returns how many jobs ran."""
+        from db.queue import claim_next_job, requeue_stale
+
+        ran = 0
+        while not self._shutdown.is_set():
+            with self.sessions() as session:
+                stale = requeue_stale(session, self.settings.stale_after_s)
+                if stale.jobs_requeued or stale.jobs_failed:
+                    log.info("requeued stale jobs %s, failed %s", stale.jobs_requeued, stale.jobs_failed)
+                job = claim_next_job(session, self.settings.runner_id)
+            if job is None:
+                if once:
+                    break
+                self._shutdown.wait(self.settings.poll_s)
+                continue
+            self.run_job(job)
+            ran += 1
+        return ran
+
+    def run_job_id(self, job_id: int) -> str | None:
+        """Claim the queued job ``job_id`` and run it; its final status, or None if it was not queued."""
+        with self.sessions() as session:
+            job = runner_store.claim_job(session, job_id, self.settings.runner_id)
+        if job is None:
+            return None
+        return self.run_job(job)
+
+    def run_job(self, job: Job) -> str:
+        """Run a claimed job to its end; returns its final status as this runner saw it."""
+        stop = self._job_stop = threading.Event()
+        if self._shutdown.is_set():
+            stop.set()
+        beat = threading.Thread(target=self._heartbeat, args=(job.id, stop), daemon=True,
+                                name=f"heartbeat-job-{job.id}")
+        beat.start()
+        try:
+            return self._run_job(job, stop)
+        finally:
+            stop.set()
+            beat.join(5)
+
+    def _heartbeat(self, job_id: int, stop: threading.Event) -> None:
+        from db.queue import heartbeat_job
+
+        while not stop.wait(self.settings.heartbeat_s):
+            try:
+                with self.sessions() as session:
+                    if not heartbeat_job(session, job_id, self.settings.runner_id):
+                        log.info("job %s: heartbeat refused (cancelled or reassigned); stopping", job_id)
+                        stop.set()
+                        return
+                    runner_store.heartbeat_running_trials(session, job_id, self.settings.runner_id)
+            except Exception as exc:  # a database hiccup must not kill the job; the next beat retries
+                log.warning("job %s: heartbeat failed: %s", job_id, exc)
+            if self._shutdown.is_set():
+                stop.set()
+
+    def _run_job(self, job: Job, stop: threading.Event) -> str:
+        from db.queue import finish_job, release_job
+        from planner.search import SearchBudget, run_search
+
+        from api.runner_candidates import job_candidates
+
+        sid = self.settings.runner_id
+        try:
+            model, training, cluster = job_specs(job)
+            cands = job_candidates(model, training, cluster, job.max_trials)
+            if not cands.candidates:
+                raise FoldtuneError(f"none of the {cands.planned} fitting layouts can be run by the executor: "
+                                    + "; ".join(f"{why} ({n})" for why, n in cands.not_executable.items()))
+        except FoldtuneError as exc:
+            with self.sessions() as session:
+                finish_job(session, job.id, sid, "failed", error=str(exc))
+            self.on_event("job_finished", {"job_id": job.id, "status": "failed", "error": str(exc)})
+            return "failed"
+        self._recover(job)
+        from executor.launch_ray import ensure_ray
+
+        ensure_ray()  # from this (main) thread: Ray installs its signal handlers only here
+        recorder = _TrialRecorder(self, job, cands, stop)
+        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, recorder.number_of)
+        recorder.executor = executor
+        remaining = _remaining_seconds(job)
+        budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
+                              parallel_trials=self._parallel_trials(cluster))
+        self.on_event("job_started", {"job_id": job.id, "model": model.name, "gpus": cluster.num_gpus,
+                                      "gpu": cluster.hardware.name, "candidates": cands.summary(),
+                                      "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials})
+        try:
+            result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes, budget=budget,
+                                storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder)
+        except JobStopped:
+            with self.sessions() as session:
+                status = runner_store.job_status(session, job.id)
+                if self._shutdown.is_set() and status == "running":
+                    runner_store.fail_running_trials(session, job.id, "the runner shut down mid-trial; retried")
+                    release_job(session, job.id, sid)
+                    status = "queued"
+            self.on_event("job_finished", {"job_id": job.id, "status": status})
+            return status or "cancelled"
+        summary = {**result.calibration.to_dict(),
+                   "measured_vs_predicted": [_row_dict(r) for r in result.rows],
+                   "stopped_because": result.stopped_because,
+                   "best_layout": result.best_config.label() if result.best_config else None,
+                   "best_step_time_s": result.best_step_time, "candidates": cands.summary()}
+        status, error = "succeeded", None
+        if result.best_config is None:
+            reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})
+            status, error = "failed", "no layout ran successfully: " + ("; ".join(reasons[:3]) or "no trials")
+        with self.sessions() as session:
+            finished = finish_job(session, job.id, sid, status, error=error, calibration=summary)
+            final = status if finished else (runner_store.job_status(session, job.id) or status)
+        self.on_event("job_finished", {"job_id": job.id, "status": final, "error": error, "result": summary,
+                                       "rows": result.rows, "best": result.best_config,
+                                       "best_step_time": result.best_step_time})
+        return final
+
+    def _recover(self, job: Job) -> None:
+        """Before resuming a job: trials its previous runner left running are lost (retried under new
+        numbers), and trials the Optuna study finished but the database missed are written now."""
+        import optuna
+        from optuna.trial import TrialState
+
+        from planner.search import ATTR_CONFIG, ATTR_FAILURE, ATTR_LAYOUT, ATTR_PRED_TIME
+
+        with self.sessions() as session:
+            lost = runner_store.fail_running_trials(session, job.id, "its runner stopped mid-trial; retried")
+        if lost:
+            log.info("job %s: trials %s were running when the previous runner stopped", job.id, lost)
+        try:
+            study = optuna.load_study(study_name=f"job-{job.id}", storage=self.optuna_url)
+        except KeyError:
+            return  # a fresh job: no study yet
+        for t in study.get_trials(deepcopy=False):
+            if not t.state.is_finished() or ATTR_LAYOUT not in t.user_attrs:
+                continue
+            with self.sessions() as session:
+                row = runner_store.trial_by_number(session, job.id, t.number)
+                if row is not None and (row.status != "running" and row.failure_kind != runner_store.LOST):
+                    continue
+                runner_store.record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
+                                                runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT],
+                                                predicted=None,
+                                                predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
+                if t.state == TrialState.COMPLETE:
+                    runner_store.record_trial_finish(session, job.id, t.number, "succeeded", step_time_s=t.value,
+                                                     measurement={"ok": True, "step_time": t.value,
+                                                                  "recovered_from": "optuna"})
+                elif t.state == TrialState.PRUNED:
+                    runner_store.record_trial_finish(session, job.id, t.number, "pruned")
+                else:
+                    reason = t.user_attrs.get(ATTR_FAILURE) or "failed"
+                    runner_store.record_trial_finish(session, job.id, t.number, "failed",
+                                                     failure_kind=failure_kind(reason), failure_reason=reason)
+
+    def _parallel_trials(self, cluster: ClusterSpec) -> int:
+        if self.settings.parallel_trials:
+            return self.settings.parallel_trials
+        from api.runner_trials import is_cpu_cluster
+
+        if is_cpu_cluster(cluster):
+            return 1  # CPU ranks share the same cores: concurrent trials would distort each other's times
+        try:
+            import ray
+
+            from executor.launch_ray import ensure_ray
+
+            ensure_ray()
+            gpus = ray.cluster_resources().get("GPU", 0)
+        except Exception:
+            return 1
+        return max(1, int(gpus // cluster.num_gpus))
+
+
+def _remaining_seconds(job: Job) -> float | None:
+    """What is left of the job's wall-clock budget, counted from its first claim."""
+    if job.max_seconds is None:
+        return None
+    from db.models import utcnow
+
+    spent = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
+    return max(1.0, job.max_seconds - spent)
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(row)
+    out["time_error"] = row.time_error
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+class _TrialRecorder:
+    """The search's ``on_event``: writes trials to the database as they start and finish."""
+
+    def __init__(self, runner: Runner, job: Job, cands: Any, stop: threading.Event) -> None:
+        self.runner, self.job, self.cands, self.stop = runner, job, cands, stop
+        self.executor: TrialExecutor | None = None
+        self._numbers: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def number_of(self, label: str) -> int | None:
+        with self._lock:
+            return self._numbers.get(label)
+
+    def __call__(self, kind: str, data: dict) -> None:
+        from api.runner_candidates import predicted_dict
+
+        job_id = self.job.id
+        if kind == "trial_started":
+            if self.stop.is_set():
+                raise JobStopped(f"job {job_id} stopped")
+            label = data["layout"]
+            with self._lock:
+                self._numbers[label] = data["number"]
+            est = self.cands.estimates.get(label)
+            with self.runner.sessions() as session:
+                runner_store.record_trial_start(
+                    session, job_id, data["number"], est.config.to_dict() if est else {},
+                    runner_id=self.runner.settings.runner_id, label=label,
+                    predicted=predicted_dict(est) if est else None,
+                    predicted_step_time_s=data.get("predicted_step_time"))
+        elif kind == "trial_finished":
+            self._finish(data)
+        self.runner.on_event(kind, {"job_id": job_id, **data})
+
+    def _finish(self, data: dict) -> None:
+        m = self.executor.measurements.get(data["layout"]) if self.executor else None
+        measurement = m.to_dict() if m is not None else None
+        state = data["state"]
+        with self.runner.sessions() as session:
+            if state == "complete":
+                runner_store.record_trial_finish(session, self.job.id, data["number"], "succeeded",
+                                                 measurement=measurement, step_time_s=data["step_time"])
+            elif state == "pruned":
+                runner_store.record_trial_finish(session, self.job.id, data["number"], "pruned",
+                                                 measurement=measurement, step_time_s=data.get("step_time"))
+            else:
+                reason = data.get("failure_reason") or "failed"
+                runner_store.record_trial_finish(session, self.job.id, data["number"], "failed",
+                                                 measurement=measurement, failure_kind=failure_kind(reason),
+                                                 failure_reason=reason)

@@ -1,0 +1,89 @@
+"""The layouts a tuning job searches: the cost model's ranked fitting layouts that the executor can run.
+
+Why a cap of ``CANDIDATES_PER_TRIAL`` × max_trials: the sampler starts from the model's best predictions
+and then moves by per-term-group calibration multipliers fitted on at most max_trials measurements. A
+layout ranked far below the top few × budget would need its dominant term group mispredicted several
+times more than every measured layout's, which the calibration (ridge towards 1, capped multipliers)
+would not learn from so few points anyway; meanwhile every candidate costs the sampler work at each
+ask. The planner is asked for more than the cap (``PLAN_FACTOR``) because some ranked layouts use
+features the executor does not build yet (context or pipeline parallelism) and are dropped here, each
+with its reason counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.estimate import Estimate
+from costmodel.errors import FoldtuneError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.training_spec import TrainingSpec
+from planner.search import Candidate
+
+CANDIDATES_PER_TRIAL = 4
+PLAN_FACTOR = 16
+MIN_PLANNED = 64
+
+
+@dataclass
+class CandidateSet:
+    """Candidates for the search, the estimates behind them (by layout label) and what was dropped."""
+
+    candidates: list[Candidate]
+    estimates: dict[str, Estimate]
+    planned: int  # ranked fitting layouts the planner returned
+    valid: int  # valid layouts of the enumeration
+    fitting: int  # of which predicted to fit in memory
+    not_executable: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    def summary(self) -> dict[str, Any]:
+        return {"valid": self.valid, "fitting": self.fitting, "planned": self.planned,
+                "searched": len(self.candidates), "not_executable": self.not_executable}
+
+
+def _executor_rejects(model: ModelSpec, training: TrainingSpec, estimate: Estimate) -> str | None:
+    from executor.parallel.tensor_parallel import check_layout
+
+    try:
+        check_layout(model, estimate.config, training.seq_length)
+    except FoldtuneError as exc:
+        text = str(exc)
+        return text.split(": ", 1)[1] if ": " in text else text
+    return None
+
+
+def predicted_dict(estimate: Estimate) -> dict[str, Any]:
+    """The cost model's breakdown of one layout as stored with its trial (seconds, bytes)."""
+    m = estimate.memory
+    return {"step_time_s": estimate.time.step_time, "terms_s": dict(estimate.time.terms),
+            "hidden_s": dict(estimate.time.hidden), "bottleneck": estimate.time.bottleneck,
+            "mfu": estimate.time.mfu, "tokens_per_s_per_gpu": estimate.time.tokens_per_s_per_gpu,
+            "memory_bytes": m.total,
+            "memory": {"weights": m.weights, "grads": m.grads, "optimizer": m.optimizer,
+                       "activations": m.activations, "logits": m.logits, "comm_buffers": m.comm_buffers,
+                       "allocator_overhead": m.allocator_overhead},
+            "limiter": estimate.limiter, "explanation": estimate.explanation}
+
+
+def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int) -> CandidateSet:
+    """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials."""
+    from planner.rank import plan
+
+    cap = CANDIDATES_PER_TRIAL * max_trials
+    result = plan(model, training, cluster, top=max(MIN_PLANNED, PLAN_FACTOR * max_trials))
+    dropped: Counter[str] = Counter()
+    kept: list[Estimate] = []
+    for est in result.ranked:
+        why = _executor_rejects(model, training, est)
+        if why is not None:
+            dropped[why] += 1
+        elif len(kept) < cap:
+            kept.append(est)
+    candidates = [Candidate(config=e.config, predicted_step_time=e.time.step_time,
+                            predicted_terms=tuple(e.time.terms), predicted_memory_bytes=e.memory.total)
+                  for e in kept]
+    return CandidateSet(candidates, {e.config.label(): e for e in kept}, len(result.ranked),
+                        result.enumeration.valid, result.fitting, dict(dropped))

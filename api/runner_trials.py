@@ -1,0 +1,122 @@
+"""One trial of a tuning job: profile a layout through the Ray launcher with a short step budget.
+
+The search calls ``run_trial(config, report)``; here that becomes ``executor.profile.profile_layout`` with
+the Ray launcher, whose rank 0 streams every timed step to ``report`` (Optuna's intermediate values and
+pruner) and stops all ranks when the search prunes the trial or the job is stopped.
+
+Fault injection for tests and drills: the runner's ``FOLDTUNE_FAULT`` may select trials,
+``kill:rank=1:step=0:trial=2`` (see :mod:`executor.progress`); the part without ``trial=`` reaches the
+ranks of that trial only. Parts without ``trial=`` reach every trial.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from costmodel.errors import SpecError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+
+FAULT_ENV = "FOLDTUNE_FAULT"
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """Step budget and limits of one trial: ``warmup_steps`` untimed and ``timed_steps`` timed optimizer
+    steps, ``timeout_s`` seconds for the run, ``rank_memory_bytes`` of address space per CPU rank
+    (None: the hardware profile's device memory)."""
+
+    warmup_steps: int = 1
+    timed_steps: int = 3
+    timeout_s: float = 300.0
+    rank_memory_bytes: int | None = None
+    faults: str = ""
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.timed_steps < 1 or self.timeout_s <= 0:
+            raise SpecError(f"trial budget needs warmup_steps >= 0, timed_steps >= 1 and timeout_s > 0, got "
+                            f"{self.warmup_steps}, {self.timed_steps}, {self.timeout_s}")
+
+
+def faults_for_trial(spec: str, number: int) -> str:
+    """The ``FOLDTUNE_FAULT`` parts of ``spec`` that apply to trial ``number``, without their trial key."""
+    parts = []
+    for part in (spec or "").split(","):
+        fields = [f for f in part.strip().split(":") if f]
+        if not fields:
+            continue
+        selectors = [f for f in fields if f.startswith("trial=")]
+        try:
+            wanted = {int(s.split("=", 1)[1]) for s in selectors}
+        except ValueError:
+            raise SpecError(f"{FAULT_ENV} part {part!r}: trial must be an integer") from None
+        if not wanted or number in wanted:
+            parts.append(":".join(f for f in fields if not f.startswith("trial=")))
+    return ",".join(parts)
+
+
+def is_cpu_cluster(cluster: ClusterSpec) -> bool:
+    return cluster.hardware.gpu.name.lower() == "cpu"
+
+
+class TrialExecutor:
+    """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
+
+    ``stop`` (an Event) stops a running trial at its next step; ``number_of(label)`` gives the Optuna
+    number of the trial measuring a layout (for fault selection), or None.
+    """
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
+                 stop: threading.Event, number_of: Callable[[str], int | None]) -> None:
+        self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
+        self.stop, self.number_of = stop, number_of
+        self.measurements: dict[str, object] = {}  # layout label -> the last Measurement of it
+        self._lock = threading.Lock()
+
+    def __call__(self, config: ParallelConfig, report: Callable[[int, float], bool]):
+        from executor import launch_ray
+        from executor.measurement import Measurement
+        from executor.profile import profile_layout
+
+        label = config.label()
+        if self.stop.is_set():
+            measurement = Measurement.failed("the job was stopped before this trial ran", layout=label)
+        else:
+            cpu = is_cpu_cluster(self.cluster)
+            number = self.number_of(label)
+            faults = faults_for_trial(self.settings.faults, number) if number is not None else ""
+            memory = self.settings.rank_memory_bytes or (self.cluster.hardware.gpu.hbm_bytes if cpu else None)
+
+            def on_step(step: int, seconds: float) -> bool:
+                return bool(report(step, seconds)) or self.stop.is_set()
+
+            launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
+                                         env={FAULT_ENV: faults})
+            measurement = profile_layout(self.model, self.training, config, warmup_steps=self.settings.warmup_steps,
+                                         timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
+                                         device="cpu" if cpu else "cuda", hardware=self.cluster.hardware.name,
+                                         launcher=launcher)
+        with self._lock:
+            self.measurements[label] = measurement
+        return measurement
+
+
+def trial_settings_from_env(environ: dict[str, str] | None = None) -> TrialSettings:
+    """TrialSettings from FOLDTUNE_TRIAL_WARMUP_STEPS, FOLDTUNE_TRIAL_STEPS, FOLDTUNE_TRIAL_TIMEOUT_S,
+    FOLDTUNE_RANK_MEMORY_BYTES and FOLDTUNE_FAULT."""
+    env = os.environ if environ is None else environ
+    try:
+        memory = env.get("FOLDTUNE_RANK_MEMORY_BYTES")
+        return TrialSettings(warmup_steps=int(env.get("FOLDTUNE_TRIAL_WARMUP_STEPS", 1)),
+                             timed_steps=int(env.get("FOLDTUNE_TRIAL_STEPS", 3)),
+                             timeout_s=float(env.get("FOLDTUNE_TRIAL_TIMEOUT_S", 300)),
+                             rank_memory_bytes=int(float(memory)) if memory else None,
+                             faults=env.get(FAULT_ENV, ""))
+    except ValueError as exc:
+        raise SpecError(f"bad trial setting in the environment: {exc}") from None

@@ -1,0 +1,341 @@
+"""Launch one trial's ranks through Ray: one placement group, one actor per rank, torch.distributed inside.
+
+``launch(fn, world_size, args, ...)`` has the contract of :func:`executor.launch_local.launch`: every
+rank runs ``fn(rank, world_size, *args)`` after ``torch.distributed`` is initialised (gloo on CPU, NCCL on
+GPU) and the result is a :class:`~executor.launch_local.LaunchResult` with the same failure reasons (out
+of memory -> 'out of memory on rank N: ...', a crashed or killed rank -> 'rank N died ...', a hung rank ->
+'timeout after ...'). In addition it streams rank 0's per-step times to ``on_step(step, seconds)`` while
+the ranks run (see :mod:`executor.progress`); ``on_step`` returning True stops every rank after the same
+step, and the run returns normally with what it measured so far.
+
+Per trial it reserves a placement group of ``world_size`` bundles ({'GPU': 1, 'CPU': 1} each, or
+{'CPU': 1} for gloo), waits for it (trials queue when the cluster is full, so several trials run at once
+exactly when there is room), starts the rank actors in their bundles, rendezvous through rank 0 (its node
+IP and a port it picks), and always tears everything down: actors killed, placement group removed, and,
+on this node, waits until the rank processes are gone.
+
+Ray is imported only here and only when a launch happens. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS``
+(e.g. ``ray://head:10001`` or ``head:6379``) when set, else starts a local Ray without the dashboard,
+token auth disabled (Ray >= 2.60 enables it for local clusters) and ``FOLDTUNE_RAY_NUM_CPUS`` CPUs
+(default max(cores, 8): CPU ranks of a tuning job oversubscribe a small machine on purpose).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import resource
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from executor import progress
+from executor.launch_local import _SAFE_ENV, LaunchResult
+
+RAY_ADDRESS_ENV = "FOLDTUNE_RAY_ADDRESS"
+RAY_NUM_CPUS_ENV = "FOLDTUNE_RAY_NUM_CPUS"
+POLL_S = 0.1
+TEARDOWN_WAIT_S = 15.0
+# Environment a rank inherits from the driver (the Ray workers were started by the raylet, not by us).
+FORWARDED_ENV = (progress.FAULT_ENV, "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+_init_lock = threading.Lock()
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to Ray once per process: ``address`` or FOLDTUNE_RAY_ADDRESS, else a local instance."""
+    import logging
+
+    import ray
+
+    with _init_lock:
+        if ray.is_initialized():
+            return
+        address = address or os.environ.get(RAY_ADDRESS_ENV) or None
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                      configure_logging=True)
+        if address is None:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            kwargs["num_cpus"] = int(os.environ.get(RAY_NUM_CPUS_ENV) or max(os.cpu_count() or 1, 8))
+            # Rank actors get fresh processes anyway; idle pre-started workers only compete for the cores.
+            kwargs["_system_config"] = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+        else:
+            kwargs.pop("include_dashboard")
+        ray.init(address=address, **kwargs)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text
+            or "can't allocate memory" in text or "cannot allocate memory" in text)
+
+
+def _free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+class RankActor:
+    """One rank of one trial (wrapped with ``ray.remote`` at launch, ``max_concurrency=2`` so that the
+    driver's ``poll`` runs while ``run`` does)."""
+
+    def __init__(self, rank: int, world_size: int, env: dict[str, str], threads: int) -> None:
+        os.environ.update(env)
+        os.environ.update(_SAFE_ENV)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        self.rank, self.world_size, self.threads = rank, world_size, threads
+        self._lock = threading.Lock()
+        self._steps: list[tuple[int, float]] = []
+        self._stop = False
+
+    def address(self) -> tuple[str, int, int]:
+        """(node IP, a free port on it, this process's pid)."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        return ip, _free_port(ip), os.getpid()
+
+    def _record(self, step: int, seconds: float) -> bool:
+        with self._lock:
+            self._steps.append((step, seconds))
+            return self._stop
+
+    def poll(self, stop: bool = False) -> list[tuple[int, float]]:
+        """Steps reported since the last poll; ``stop`` asks the run to stop after its next step."""
+        with self._lock:
+            self._stop = self._stop or stop
+            steps, self._steps = self._steps, []
+        return steps
+
+    def run(self, master: tuple[str, int], backend: str, fn: Callable, args: tuple, dist_timeout_s: float,
+            memory_limit_bytes: int | None) -> tuple[str, Any]:
+        """Run ``fn`` as this rank: ('ok', result) or ('oom' | 'error', one-line reason, traceback)."""
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(self.threads)
+        if memory_limit_bytes:
+            _limit_address_space(memory_limit_bytes)
+        if self.rank == 0:
+            progress.install(self._record)
+        try:
+            if backend == "nccl":
+                torch.cuda.set_device(0)  # Ray made this rank's GPU the only visible one
+            dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+                                    world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=dist_timeout_s),
+                                    **({"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}))
+            result = fn(self.rank, self.world_size, *args)
+            dist.destroy_process_group()
+            return "ok", result
+        except BaseException as exc:  # every failure goes back to the driver as a reason
+            oom = _is_oom(exc)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            kind = "out of memory" if oom else type(exc).__name__
+            return ("oom" if oom else "error"), f"{kind} on rank {self.rank}: {first}", traceback.format_exc()
+        finally:
+            progress.install(None)
+
+
+def _limit_address_space(extra_bytes: int) -> None:
+    """Let this process map at most ``extra_bytes`` more address space than it has now (a CPU rank's
+    'device memory': beyond it allocations fail like a GPU's do)."""
+    with open("/proc/self/status") as f:
+        vm_size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = vm_size + int(extra_bytes)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _cluster_total(resource_name: str) -> float:
+    import ray
+
+    return ray.cluster_resources().get(resource_name, 0.0)
+
+
+def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,
+           threads_per_rank: int = 1, *, on_step: Callable[[int, float], bool] | None = None,
+           memory_limit_bytes: int | None = None, env: dict[str, str] | None = None,
+           placement_timeout_s: float | None = None, address: str | None = None) -> LaunchResult:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` Ray actors; see the module docstring.
+
+    ``backend`` defaults to 'nccl' when the Ray cluster has ``world_size`` GPUs, else 'gloo'.
+    ``timeout_s`` (seconds) bounds the run from the moment the placement group is ready;
+    ``placement_timeout_s`` (default ``timeout_s``) bounds the wait for it. ``memory_limit_bytes`` caps
+    each CPU rank's additional address space (ignored for NCCL: CUDA maps huge address ranges).
+    ``env`` adds environment variables to every rank (FOLDTUNE_FAULT etc. are forwarded from this process).
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    ensure_ray(address)
+    start = time.monotonic()
+    if backend is None:
+        backend = "nccl" if _cluster_total("GPU") >= world_size else "gloo"
+    kind = "GPU" if backend == "nccl" else "CPU"
+    available = _cluster_total(kind)
+    if available < world_size:
+        return LaunchResult(False, f"layout needs {world_size} {kind} bundles, the Ray cluster has "
+                                   f"{available:g} {kind}s", wall_s=time.monotonic() - start)
+    bundle = {"CPU": 1, "GPU": 1} if kind == "GPU" else {"CPU": 1}
+    rank_env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    rank_env.update(env or {})
+    pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    actors: list[Any] = []
+    pids: list[int] = []
+    try:
+        wait_s = timeout_s if placement_timeout_s is None else placement_timeout_s
+        ready, _ = ray.wait([pg.ready()], timeout=wait_s)
+        if not ready:
+            return LaunchResult(False, f"timeout after {wait_s:.0f} s waiting for {world_size} free {kind} "
+                                       f"bundles", wall_s=time.monotonic() - start)
+        remote_cls = ray.remote(RankActor)
+        actors = [remote_cls.options(
+            num_cpus=1, num_gpus=1 if kind == "GPU" else 0, max_concurrency=2, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+        ).remote(r, world_size, rank_env, threads_per_rank) for r in range(world_size)]
+        run_start = time.monotonic()
+        try:
+            addresses = ray.get([a.address.remote() for a in actors], timeout=timeout_s)
+        except Exception as exc:
+            return LaunchResult(False, _startup_failure(exc, timeout_s), wall_s=time.monotonic() - start)
+        pids = [pid for ip, _, pid in addresses if ip == addresses[0][0] and _is_local(ip)]
+        master = addresses[0][:2]
+        limit = memory_limit_bytes if backend == "gloo" else None
+        runs = [a.run.remote(master, backend, fn, args, timeout_s, limit) for a in actors]
+        failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size)
+        if failure:
+            return LaunchResult(False, failure, wall_s=time.monotonic() - start)
+        return LaunchResult(True, None, results, time.monotonic() - start)
+    finally:
+        _teardown(actors, pg, pids, remove_placement_group)
+
+
+def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] | None, run_start: float,
+               timeout_s: float, world_size: int) -> tuple[str | None, list[Any]]:
+    """Wait for every rank, relaying rank 0's steps to ``on_step``; (failure reason or None, results)."""
+    import ray
+
+    pending = {ref: rank for rank, ref in enumerate(runs)}
+    outcomes: dict[int, tuple] = {}
+    stop_sent = False
+    poll_ref = None
+    first_failure_at: float | None = None
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
+        for ref in done:
+            rank = pending.pop(ref)
+            try:
+                outcomes[rank] = ray.get(ref)
+            except Exception as exc:  # the actor's process died (killed, segfault, OOM-killer)
+                outcomes[rank] = ("died", f"rank {rank} died ({_death_detail(exc)})", "")
+            if outcomes[rank][0] != "ok" and first_failure_at is None:
+                first_failure_at = time.monotonic()
+        if on_step is not None and 0 not in outcomes:
+            if poll_ref is not None:
+                ready, _ = ray.wait([poll_ref], timeout=0)
+                if ready:
+                    try:
+                        for step, seconds in ray.get(poll_ref):
+                            if on_step(step, seconds) and not stop_sent:
+                                stop_sent = True
+                    except Exception:
+                        pass  # rank 0 is gone; its run outcome says why
+                    poll_ref = None
+            if poll_ref is None:
+                poll_ref = actors[0].poll.remote(stop_sent)
+        if first_failure_at is not None:
+            # Let the other ranks report for a moment: the root cause (an OOM, a dead rank) is often
+            # reported after the peers' 'connection closed' errors it causes.
+            if not pending or time.monotonic() - first_failure_at > 1.0:
+                return _failure_reason(outcomes), []
+        elif pending and time.monotonic() - run_start > timeout_s:
+            return (f"timeout after {timeout_s:.0f} s ({len(pending)} of {world_size} ranks still running: "
+                    f"rank {', '.join(str(r) for r in sorted(pending.values()))})"), []
+    if on_step is not None and poll_ref is not None:
+        try:  # steps rank 0 reported just before it returned
+            for step, seconds in ray.get(poll_ref, timeout=5):
+                on_step(step, seconds)
+        except Exception:
+            pass
+    return None, [outcomes[r][1] for r in range(world_size)]
+
+
+def _failure_reason(outcomes: dict[int, tuple]) -> str:
+    bad = sorted((rank, o) for rank, o in outcomes.items() if o[0] != "ok")
+    for kind in ("oom", "died", "error"):
+        of_kind = [o[1] for _, o in bad if o[0] == kind]
+        if of_kind:
+            more = len(bad) - 1
+            return of_kind[0] + (f" (and {more} more rank(s) failed)" if more else "")
+    return "a rank failed without a reason"
+
+
+def _death_detail(exc: BaseException) -> str:
+    text = str(exc)
+    for needle, detail in (("SIGKILL", "killed by SIGKILL"), ("killed", "killed"), ("exit", "its process exited"),
+                           ("OOM", "killed by the out-of-memory killer")):
+        if needle in text:
+            return detail
+    return type(exc).__name__
+
+
+def _startup_failure(exc: BaseException, timeout_s: float) -> str:
+    import ray
+
+    if isinstance(exc, ray.exceptions.GetTimeoutError):
+        return f"timeout after {timeout_s:.0f} s starting the rank actors"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"rank actors failed to start: {first}"
+
+
+def _is_local(ip: str) -> bool:
+    import ray
+
+    try:
+        return ip == ray.util.get_node_ip_address()
+    except Exception:
+        return False
+
+
+def _teardown(actors: list, pg: Any, pids: list[int], remove_placement_group: Callable) -> None:
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
+    try:
+        remove_placement_group(pg)
+    except Exception:
+        pass
+    # ray.kill is asynchronous: wait until this node's rank processes are really gone, and make sure of
+    # it, so that a trial never leaves a process (or its memory, or a GPU context) to the next one.
+    deadline = time.monotonic() + TEARDOWN_WAIT_S
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if _alive(p)]
+        if pids:
+            time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

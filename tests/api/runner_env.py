@@ -1,0 +1,58 @@
+"""Shared by the runner tests: one Ray instance per test session, a runner bound to a test database, and
+the check that no rank process outlives its trial."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from api.runner import Runner, RunnerSettings
+from api.runner_trials import TrialSettings
+
+TINY_JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8, "precision": "fp32"},
+            "cluster": {"gpu": "cpu", "num_gpus": 2}, "budget": {"max_trials": 6, "max_seconds": 900}}
+
+
+def session_ray() -> str:
+    """Start (once per process) the local Ray every runner test shares; returns its GCS address."""
+    import ray
+
+    from executor.launch_ray import ensure_ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ensure_ray()
+    return ray.get_runtime_context().gcs_address
+
+
+def make_runner(db_url: str, runner_id: str = "test-runner", **trial: object) -> Runner:
+    """A runner on ``db_url`` with a short step budget (1 warm-up, 1 timed step)."""
+    settings = RunnerSettings(database_url=db_url, runner_id=runner_id, heartbeat_s=1.0, stale_after_s=30.0,
+                              poll_s=0.5, trial=TrialSettings(**{"warmup_steps": 1, "timed_steps": 1,
+                                                                 "timeout_s": 120.0, **trial}))
+    return Runner(settings)
+
+
+def rank_actor_pids() -> list[int]:
+    """Processes of rank actors (their title is ``ray::RankActor...``) still alive on this machine."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if cmd.startswith("ray::RankActor") and not zombie:
+            pids.append(int(entry))
+    return pids
+
+
+def wait_no_rank_actors(timeout_s: float = 20.0) -> list[int]:
+    """Rank actor processes left after ``timeout_s`` seconds (empty when all are gone)."""
+    deadline = time.monotonic() + timeout_s
+    while (pids := rank_actor_pids()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids

@@ -1,0 +1,56 @@
+"""A job submitted over HTTP runs real trials through Ray (CPU ranks, gloo) and its best is served by
+GET /v1/best; on SQLite and on PostgreSQL (the ``db_url`` fixture)."""
+
+from __future__ import annotations
+
+import copy
+
+import optuna
+import pytest
+from runner_env import TINY_JOB, make_runner, session_ray, wait_no_rank_actors
+
+from db.optuna_storage import optuna_storage_url
+
+pytestmark = pytest.mark.slow
+
+
+def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, db_url):
+    session_ray()
+    body = copy.deepcopy(TINY_JOB)
+    submitted = client.post("/v1/jobs", json=body, headers=alice)
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+
+    runner = make_runner(db_url)
+    try:
+        assert runner.run(once=True) == 1
+    finally:
+        runner.close()
+
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["status"] == "succeeded", job["error"]
+    assert job["trials"]["total"] == 6 and job["trials"]["running"] == 0
+    trials = client.get(f"/v1/jobs/{job_id}/trials", headers=alice, params={"limit": 50}).json()["items"]
+    assert sorted(t["number"] for t in trials) == list(range(6))
+    assert len({t["label"] for t in trials}) == 6  # no layout measured twice
+    done = [t for t in trials if t["status"] == "succeeded"]
+    assert done, [t["failure_reason"] for t in trials]
+    for t in done:  # real measurements of the real training step, with the prediction beside them
+        m = t["measurement"]
+        assert m["ok"] and m["world_size"] == 2 and len(m["step_times"]) == 1 and m["losses"][0] > 0
+        assert t["step_time_s"] == pytest.approx(m["step_time"]) and t["predicted"]["step_time_s"] > 0
+    fastest = min(done, key=lambda t: t["step_time_s"])
+
+    best = client.get("/v1/best", headers=alice, params={"signature": job["signature"]})
+    assert best.status_code == 200, best.text
+    assert best.json()["trial"]["id"] == fastest["id"]
+    assert best.json()["trial"]["config"] == fastest["config"]
+    assert job["best_trial"]["id"] == fastest["id"]
+
+    result = job["calibration"]
+    assert result["best_layout"] == fastest["label"]
+    assert len(result["measured_vs_predicted"]) == 6 and result["num_observations"] >= len(done)
+    # The Optuna study lives apart from the service tables and holds the same six trials.
+    study = optuna.load_study(study_name=f"job-{job_id}", storage=optuna_storage_url(db_url))
+    assert len(study.trials) == 6
+    assert wait_no_rank_actors() == []
