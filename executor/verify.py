@@ -2,7 +2,7 @@
 
 :func:`run_scenario` trains a few steps of a scenario under one layout and returns, on rank 0, the loss
 of every step, every gradient of the first step and every parameter after the last step, all at full
-shape. :func:`layout_worker` runs several scenarios in one launched world (see ``executor.launch_local``);
+shape. :func:`layout_worker` runs several (layout, scenario) pairs in one launched world (see ``executor.launch_local``);
 :func:`compare` lists what differs beyond tolerance.
 """
 
@@ -63,10 +63,16 @@ def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> d
     return {"loss": losses, "tokens_per_expert": counts, "grads": grads, "params": params}
 
 
-def layout_worker(rank: int, world_size: int, config: ParallelConfig, scenarios: list[Scenario]) -> list | None:
-    """Launched-world entry point: every scenario under ``config`` (each with its own dispatcher setting)."""
-    results = [run_scenario(config, s, rank) for s in scenarios]
-    return results if rank == 0 else None
+def layout_worker(rank: int, world_size: int, runs: list[tuple[ParallelConfig, Scenario]]) -> dict:
+    """Launched-world entry point: each (layout, scenario) pair in turn, all of world ``world_size``.
+
+    Every rank reports the ranks of the process groups it built for the first layout; rank 0 also the
+    :func:`run_scenario` results.
+    """
+    state = build_parallel_state(runs[0][0], rank)
+    groups = {name: list(group.ranks) for name, group in state.groups.items()}
+    results = [run_scenario(config, scenario, rank) for config, scenario in runs]
+    return {"groups": groups, "results": results if rank == 0 else None}
 
 
 def reference(config: ParallelConfig, scenario: Scenario) -> dict:

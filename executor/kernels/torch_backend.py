@@ -47,8 +47,9 @@ class TorchBackend:
 
     def grouped_mm(self, x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
         if x_MK.shape[0] == 0:
-            # No rows: keep the weight in the graph so its (zero) gradient exists on every rank.
-            return x_MK.new_zeros((0, w_GNK.shape[1])) + 0 * w_GNK.sum()
+            # No rows: an empty product that keeps both x and the weight in the graph, so the (empty)
+            # gradient still flows back through the dispatcher's collectives like on every other rank.
+            return x_MK @ w_GNK[0].transpose(0, 1)
         if _grouped_mm_works(x_MK.device, x_MK.dtype):
             return torch._grouped_mm(x_MK, w_GNK.transpose(-2, -1), offs=offs_G)
         return padded_grouped_mm(x_MK, w_GNK, offs_G)

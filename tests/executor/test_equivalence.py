@@ -1,0 +1,79 @@
+"""Folded layouts on several gloo processes equal the single-process reference (fp32, rtol 1e-4).
+
+For each layout one world is launched and runs several scenarios (dispatcher, routing mode, router kind,
+shared experts). Each scenario compares, against the single-process run of the same global batch: the
+loss of every step, every gradient after the first step (gathered to full shape), the routed tokens per
+expert, and every parameter after three AdamW steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.parallel_config import ParallelConfig
+from costmodel.rank_groups import FoldedGroups
+from executor.launch_local import launch
+from executor.options import ExecutorOptions
+from executor.parallel.groups import GROUP_NAMES
+from executor.verify import Scenario, compare, layout_worker, reference
+
+TINY = get_model("tiny-moe")
+SHARED = get_model("tiny-moe-shared")  # shared experts, first layer dense
+PRE_SOFTMAX = dataclasses.replace(TINY, name="tiny-moe-presoftmax", moe_router_pre_softmax=True)
+SIGMOID = dataclasses.replace(TINY, name="tiny-moe-sigmoid", moe_router_score_function="sigmoid",
+                              moe_router_num_groups=4, moe_router_group_topk=2, moe_router_topk_scaling_factor=2.5)
+
+LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
+SCENARIOS = {
+    "base": Scenario("base", TINY, LOSSES),
+    "shared": Scenario("shared", SHARED, LOSSES),
+    "capacity_probs": Scenario("capacity_probs", PRE_SOFTMAX, dataclasses.replace(
+        LOSSES, moe_expert_capacity_factor=1.0, moe_token_drop_policy="probs")),
+    "capacity_position": Scenario("capacity_position", TINY, dataclasses.replace(
+        LOSSES, moe_expert_capacity_factor=0.75, moe_token_drop_policy="position")),
+    "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
+        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
+}
+
+# layout label, world size, [(dispatcher, scenario name)]
+LAYOUTS = [
+    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
+    ("dp2", 2, [("alltoall", "base")]),
+    ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position")]),
+    ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias")]),
+    ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared")]),
+    ("tp2 ep4 etp1", 8, [("alltoall", "base"), ("allgather", "shared"), ("alltoall", "capacity_probs")]),
+    ("tp2 dp2 ep2 etp1", 4, [("alltoall", "shared"), ("allgather", "base"), ("alltoall", "sigmoid_bias")]),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(dispatcher: str, scenario_name: str) -> dict:
+    return reference(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), SCENARIOS[scenario_name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,world,runs", LAYOUTS, ids=[label.replace(" ", "_") for label, _, _ in LAYOUTS])
+def test_layout_matches_single_process(label, world, runs):
+    configs = [ParallelConfig.parse(label, world_size=world).replace(moe_token_dispatcher_type=d) for d, _ in runs]
+    references = [_reference(d, name) for d, name in runs]  # also warms torch.optim before the fork
+    launched = launch(layout_worker, world, ([(c, SCENARIOS[name]) for c, (_, name) in zip(configs, runs)],),
+                      backend="gloo", timeout_s=300, start_method="fork")
+    assert launched.ok, launched.failure_reason
+
+    folded = FoldedGroups(configs[0])
+    for rank, report in enumerate(launched.results):
+        for name in GROUP_NAMES:
+            assert report["groups"][name] == folded.group_of(name, rank), (rank, name)
+
+    failures = {}
+    for (dispatcher, name), ref, got in zip(runs, references, launched.results[0]["results"]):
+        problems = compare(ref, got)
+        if problems:
+            failures[f"{dispatcher}/{name}"] = problems[:6]
+    assert not failures, failures
+
