@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import heapq
 import os
+import threading
 import time as _time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
 from costmodel.errors import InvalidConfigError
 from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts
-from planner.validity import Rejection, check_config, parse_layout
+from planner.validity import Rejection, Validator, check_config, parse_layout
 
 if TYPE_CHECKING:
     from costmodel.memory import MemoryBreakdown
@@ -159,7 +160,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
     heads = out.heads
     memory_calls = time_calls = fitting = 0
     closest = out.closest
-    expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous staircase?
+    expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous layout?
 
     for idx in indices:
         lay = job.layouts[idx]
@@ -168,6 +169,8 @@ def _scan(job: _Job, indices: range) -> _Scan:
             base = maker.base(lay, dispatcher)
             bases = [[{**base, **kn} for kn in row] for row in knobs]
             floors: list[int | None] = [0] * len(sizes)
+            guesses = same_layout if dispatcher != lay.dispatchers[0] else [None] * n_opt
+            same_layout: list[list[int | None] | None] = []
             r_mins_by_option: list[list[int | None]] = []
             for o in range(n_opt):
                 known: dict[tuple[int, int], bool] = {}
@@ -189,7 +192,8 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             closest = (total, idx, sizes[k], dispatcher, o, r)
                     return ok
 
-                r_mins = _staircase(fits, len(sizes), n_rec, floors, expect_all[o])
+                r_mins = _staircase(fits, len(sizes), n_rec, floors, guesses[o], expect_all[o])
+                same_layout.append(r_mins)
                 all_fit = True
                 for r, floor in zip(r_mins, floors):
                     if r is not None:
@@ -229,36 +233,47 @@ def _scan(job: _Job, indices: range) -> _Scan:
 
 
 def _staircase(fits: Callable[[int, int], bool], n_mbs: int, n_rec: int, floors: list[int | None],
-               expect_all: bool = True) -> list[int | None]:
+               guess: list[int | None] | None = None, expect_all: bool = True) -> list[int | None]:
     """Least fitting recompute level per micro-batch index (None: nothing fits), with few ``fits`` calls.
 
     ``fits(k, r)`` is monotone: true stays true for a smaller micro-batch index k or a larger recompute
     level r. ``floors[k]`` is a lower bound on the answer, None where nothing fits; the indices that may
-    fit form a prefix. When everything is expected to fit (``expect_all``, the caller's guess from the
-    previous layout), the most demanding cell is tried first and settles that case in one call;
-    otherwise the least demanding one, which settles the nothing-fits case in one call. Then the
-    boundary is walked from the smallest micro-batch up (the answer can only rise with k), each call
-    raising either k or the level: at most n_mbs + n_rec calls more.
+    fit form a prefix. ``guess`` (the answer for the same layout with another dispatcher) and
+    ``expect_all`` (whether everything fitted in the previous layout) only order the calls, never decide.
+    Everything-fits is settled by the most demanding cell (one call), nothing-fits by the least demanding
+    one; otherwise each micro-batch starts at the guessed level (or the lowest possible) and walks,
+    with the answer of the previous micro-batch as a lower bound (it can only rise with k).
     """
     result: list[int | None] = [None] * n_mbs
     alive = [k for k in range(n_mbs) if floors[k] is not None]
     if not alive:
         return result
     top = alive[-1]
-    if expect_all and fits(top, floors[top]) and all(floors[k] == floors[top] for k in alive):
-        for k in alive:
-            result[k] = floors[k]
-        return result
+    if expect_all if guess is None else all(g == f for g, f in zip(guess, floors)):
+        if fits(top, floors[top]) and all(floors[k] == floors[top] for k in alive):
+            for k in alive:
+                result[k] = floors[k]
+            return result
     if not fits(0, n_rec - 1):
         return result
-    r = floors[0]
+    lower = 0
     for k in alive:
-        r = max(r, floors[k])
-        while r < n_rec and not fits(k, r):
+        lower = max(lower, floors[k])
+        if guess is None:
+            r = lower
+        else:
+            g = guess[k]
+            r = n_rec - 1 if g is None else min(max(g, lower), n_rec - 1)
+        if fits(k, r):
+            while r > lower and fits(k, r - 1):
+                r -= 1
+        else:
             r += 1
-        if r == n_rec:
-            break
-        result[k] = r
+            while r < n_rec and not fits(k, r):
+                r += 1
+            if r == n_rec:
+                break
+        result[k] = lower = r
     return result
 
 
@@ -297,7 +312,9 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
 
 
 def _default_workers(valid: int) -> int:
-    if valid < PARALLEL_THRESHOLD or not hasattr(os, "fork"):
+    # fork() in a process with other threads (a web server, a job runner) can inherit a held lock and
+    # hang the child; such callers get the single-process scan.
+    if valid < PARALLEL_THRESHOLD or not hasattr(os, "fork") or threading.active_count() > 1:
         return 1
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
 
@@ -432,7 +449,8 @@ class LayoutVerdict:
 def explain_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, text: str, *,
                    memory_fn: MemoryFn | None = None, time_fn: TimeFn | None = None) -> LayoutVerdict:
     """Parse ``text`` (e.g. "tp2 pp4 ep8 mbs1") for this cluster, check every rule, estimate it when valid."""
-    config, rejections = parse_layout(text, cluster.num_gpus, training.distributed_optimizer)
+    config, rejections = parse_layout(text, cluster.num_gpus, training.distributed_optimizer,
+                                      Validator(model, training, cluster))
     if config is None:
         return LayoutVerdict(text, None, rejections, None)
     rejections = check_config(model, training, cluster, config)

@@ -261,13 +261,14 @@ def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
 _SIZE_TOKEN = re.compile(r"(?<![a-z])(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
 
 
-def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None = None
-                 ) -> tuple[ParallelConfig | None, list[Rejection]]:
+def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None = None,
+                 validator: Validator | None = None) -> tuple[ParallelConfig | None, list[Rejection]]:
     """A layout string (``ParallelConfig.label`` form, any subset, e.g. "tp2 pp4 ep8 mbs1") for ``world_size`` GPUs.
 
     Returns (config, []) when it parses, or (None, rejections) when its sizes do not divide the world (a
-    verdict, not an error). A string that cannot be read raises InvalidConfigError. Without a ``distopt=``
-    token the distributed optimizer follows ``distributed_optimizer`` (None: on).
+    verdict, not an error; with a ``validator`` the model's rules on those sizes are added). A string that
+    cannot be read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
+    follows ``distributed_optimizer`` (None: on).
     """
     sizes = {name: int(value) for name, value in _SIZE_TOKEN.findall(text.lower())}
     try:
@@ -282,6 +283,10 @@ def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None 
             found = [r for r in (world_dense(world_size, tp, cp, pp), world_expert(world_size, ep, etp, pp)) if r]
         if not found:
             raise
+        if validator is not None:
+            vpp = sizes.get("vpp", 1)
+            found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp), validator.pp(pp, vpp),
+                                  validator.ep(ep), validator.etp(etp)) if r is not None]
         return None, found
     if "distopt" not in text.lower():
         distopt = True if distributed_optimizer is None else distributed_optimizer

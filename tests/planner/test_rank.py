@@ -59,7 +59,9 @@ def test_parallel_workers_give_the_same_answer():
     one = plan(SMALL, TRAIN, cluster, top=10, space=space, memory_fn=mem, time_fn=fake_time, workers=1)
     two = plan(SMALL, TRAIN, cluster, top=10, space=space, memory_fn=mem, time_fn=fake_time, workers=2)
     assert [e.config for e in one.ranked] == [e.config for e in two.ranked]
-    assert (one.fitting, one.memory_calls, one.time_calls) == (two.fitting, two.memory_calls, two.time_calls)
+    assert (one.fitting, one.time_calls) == (two.fitting, two.time_calls)
+    # memory calls may differ by a few: each slice starts its staircase guesses afresh
+    assert abs(one.memory_calls - two.memory_calls) <= 0.05 * one.memory_calls
 
 
 def test_exhaustive_mode_and_pareto_front():
@@ -139,10 +141,13 @@ def test_staircase_matches_brute_force_on_random_monotone_grids():
         # floors must be lower bounds and None only where nothing fits; the fitting ks must be a prefix
         first_dead = next((k for k, f in enumerate(floors) if f is None), n_mbs)
         floors = [None if k >= first_dead else f for k, f in enumerate(floors)]
-        got = _staircase(fits, n_mbs, n_rec, floors, expect_all=rng.random() < 0.5)
+        guess = rng.choice([None, bounds[:], [rng.choice([None, 0, 1, 2, 3]) for _ in range(n_mbs)],
+                            [None] * n_mbs, floors[:]])
+        guess = None if guess is None else [g if g is None or g < n_rec else None for g in guess]
+        got = _staircase(fits, n_mbs, n_rec, floors, guess)
         want = [None if (floors[k] is None or bounds[k] >= n_rec) else max(bounds[k], floors[k]) for k in range(n_mbs)]
         assert got == want, (bounds, floors)
-        assert len(set(calls)) <= 2 * n_mbs + n_rec + 2
+        assert len(calls) <= 2 * n_mbs + 2 * n_rec + 2
 
 
 def test_explain_layout_verdicts():
@@ -154,7 +159,7 @@ def test_explain_layout_verdicts():
     assert not bad.valid and {r.rule for r in bad.rejections} == {"heads_tp", "experts_ep"}
     assert bad.estimate is None
     off = explain_layout(SMALL, TRAIN, cluster, "tp3", memory_fn=fake_memory, time_fn=fake_time)
-    assert off.config is None and [r.rule for r in off.rejections] == ["world_dense"]
+    assert off.config is None and [r.rule for r in off.rejections] == ["world_dense", "heads_tp"]
 
 
 def test_headroom_limiter_and_explanations_from_breakdowns():
