@@ -670,8 +670,15 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         raise InvalidConfigError(
             f"global_batch_size ({training.global_batch_size}) must be a positive multiple of "
             f"micro_batch_size·dp ({c.micro_batch_size}·{dp} = {c.micro_batch_size * dp})")
-    ctx = _context(model, training, cluster)
-    layers = _layers(ctx, c)
+    hit = _CONTEXTS.get((id(model), id(training), id(cluster)))  # _context's fast path, inlined
+    if hit is not None and hit[0] is model and hit[1] is training and hit[2] is cluster:
+        ctx = hit[3]
+    else:
+        ctx = _context(model, training, cluster)
+    layers = ctx.layers.get((c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel,
+                             c.moe_token_dispatcher_type, c.tp_comm_overlap))
+    if layers is None:
+        layers = _layers(ctx, c)
     pp, vpp = c.pp, c.vpp
     kinds = ctx.kinds.get((pp, vpp))
     if kinds is None:
@@ -711,11 +718,17 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             hidden[2] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters
-    dense, expert = _most_params(ctx, c)
+    dense = ctx.dense_params.get((c.tp, pp, vpp))
+    expert = ctx.expert_params.get((c.ep, c.etp, pp, vpp))
+    if dense is None or expert is None:
+        dense, expert = _most_params(ctx, c)
     distributed = c.use_distributed_optimizer
     edp = world // (c.etp * c.ep * pp)
-    dg, dg_b, dpg, dpg_b = _sync(ctx, dense, c.tp, c.cp * dp, distributed)
-    eg, eg_b, epg, epg_b = _sync(ctx, expert, c.etp * c.ep, edp, distributed)
+    sync = ctx.syncs.get((dense, c.tp, c.cp * dp, distributed)) or _sync(ctx, dense, c.tp, c.cp * dp, distributed)
+    dg, dg_b, dpg, dpg_b = sync
+    sync = ctx.syncs.get((expert, c.etp * c.ep, edp, distributed)) or _sync(ctx, expert, c.etp * c.ep, edp,
+                                                                             distributed)
+    eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
     grads = dg + eg
