@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from sqlalchemy import Engine
 
 from api.problems import install_problem_handlers
+from api.schemas.problem import Problem
 from api.routes import best, catalog, health, jobs, metrics
 from api.settings import ApiSettings
 from db.engine import make_engine, make_sessionmaker
@@ -58,7 +59,36 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
     for module in (jobs, best, catalog, health, metrics):
         app.include_router(module.router)
     _include_plans(app)
+    _problems_in_openapi(app)
     return app
+
+
+def _problems_in_openapi(app: FastAPI) -> None:
+    """Declare every error response of the spec as application/problem+json (FastAPI's default 422 says
+    application/json), and a 400 problem on operations with a body (an undecodable body answers 400)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = generate()
+        problem = {"$ref": "#/components/schemas/Problem"}
+        schemas = spec["components"]["schemas"]
+        schemas.setdefault("Problem", Problem.model_json_schema(ref_template="#/components/schemas/{model}"))
+        for operations in spec["paths"].values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                if "requestBody" in operation:
+                    responses.setdefault("400", {"description": "the body could not be decoded"})
+                for status, response in responses.items():
+                    if status[0] in "45":
+                        response["content"] = {"application/problem+json": {"schema": problem}}
+        for unused in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 body, replaced above
+            schemas.pop(unused, None)
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi
 
 
 def _route_of(request: Request) -> str:

@@ -5,7 +5,7 @@ The key travels as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -25,10 +25,18 @@ def get_settings(request: Request) -> ApiSettings:
     return request.app.state.settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """A session for one request; whatever the route did not commit is rolled back."""
-    with request.app.state.sessions() as session:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """A session for one request; whatever the route did not commit is rolled back.
+
+    Routes end their own transactions (commit) before returning. The cleanup here is async on purpose:
+    it then runs on the event loop instead of waiting for a worker thread, which matters on SQLite,
+    where an open transaction holds the database lock and every worker thread may be busy waiting for it.
+    """
+    session = request.app.state.sessions()
+    try:
         yield session
+    finally:
+        session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -44,6 +52,7 @@ def current_owner(session: SessionDep,
         raise ProblemError(401, "unauthorized", "API key required",
                            "send the key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'", headers=challenge)
     owner = owner_for_token(session, token)
+    session.commit()  # hold no transaction (on SQLite: no lock) while the route waits for a worker thread
     if owner is None:
         raise ProblemError(401, "unauthorized", "Unknown API key", "the API key is unknown or revoked",
                            headers=challenge)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.problems import ProblemError, rule_violation
-from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut
+from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from costmodel.catalog import get_hardware, get_model
 from costmodel.errors import FoldtuneError
 from costmodel.hardware import ClusterSpec, HardwareProfile
@@ -71,7 +71,8 @@ def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.
         raise rule_violation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
 
 
-def resolve_job(session: Session, request: JobCreate) -> ResolvedJob:
+def resolve_job(session: Session, request: WorkloadIn) -> ResolvedJob:
+    """The specs of a job or plan request; 422 problems for an unknown model or GPU, or partial nodes."""
     model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
     cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
     return ResolvedJob(model=model, training=request.training, cluster=cluster)

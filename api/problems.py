@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api.schemas.problem import Problem, ViolatedRule
 
@@ -39,8 +40,12 @@ class ProblemError(Exception):
 
 def rule_violation(loc: str, rule: str, message: str) -> ProblemError:
     """A 422 problem for one broken rule found after schema validation (unknown model, GPU, ...)."""
-    return ProblemError(422, "validation", "Request breaks a validation rule", message,
-                        errors=[ViolatedRule(loc=loc, rule=rule, message=message)])
+    violated = ViolatedRule(loc=loc, rule=rule, message=message)
+    return ProblemError(422, "validation", "Request breaks a validation rule", _rule_line(violated), errors=[violated])
+
+
+def _rule_line(rule: ViolatedRule) -> str:
+    return f"{rule.loc}: {rule.message} [{rule.rule}]"
 
 
 def not_found(what: str) -> ProblemError:
@@ -74,6 +79,14 @@ _STATUS_KINDS = {400: "bad-request", 401: "unauthorized", 403: "forbidden", 404:
                  415: "unsupported-media-type", 429: "too-many-requests"}
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods - {"HEAD"})
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Make every error response of ``app`` a problem."""
 
@@ -84,15 +97,20 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         rules = _validation_rules(exc.errors())
-        detail = "; ".join(f"{r.loc}: {r.message} [{r.rule}]" for r in rules[:5])
+        detail = "; ".join(_rule_line(r) for r in rules[:5])
         return problem_response(request, 422, "validation", "Request breaks a validation rule", detail, rules)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _STATUS_KINDS.get(exc.status_code, "http-error")
         title = kind.replace("-", " ").capitalize()
-        detail = exc.detail if isinstance(exc.detail, str) and exc.detail != title else None
-        return problem_response(request, exc.status_code, kind, title, detail, headers=getattr(exc, "headers", None))
+        detail = exc.detail if isinstance(exc.detail, str) and exc.detail.lower() != title.lower() else None
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path; FastAPI has one route per method
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+            detail = f"{request.method} is not allowed here; use {headers['Allow']}"
+        return problem_response(request, exc.status_code, kind, title, detail, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -37,10 +37,11 @@ def create_job(body: JobCreate, owner: OwnerDep, session: SessionDep, request: R
     job, created = jobs_service.submit_job(session, owner, body, idempotency_key)
     response.status_code = 201 if created else 200
     response.headers["Location"] = str(request.url_for("get_job", job_id=job.id))
-    metrics = getattr(request.app.state, "metrics", None)
-    if created and metrics is not None:
-        metrics.jobs_submitted += 1
-    return jobs_service.job_views(session, [job])[0]
+    if created:
+        request.app.state.metrics.count_job_submitted()
+    view = jobs_service.job_views(session, [job])[0]
+    session.commit()
+    return view
 
 
 @router.get("", operation_id="list_jobs", response_model=Page[JobOut])
@@ -66,7 +67,9 @@ def get_job(job_id: JobId, owner: OwnerDep, session: SessionDep) -> JobOut:
 def cancel_job(job_id: JobId, owner: OwnerDep, session: SessionDep) -> JobOut:
     """Cancel a queued or running job; its running trials end as failed ('cancelled')."""
     job = jobs_service.cancel_job(session, jobs_service.owned_job(session, owner, job_id))
-    return jobs_service.job_views(session, [job])[0]
+    view = jobs_service.job_views(session, [job])[0]
+    session.commit()
+    return view
 
 
 @router.get("/{job_id}/trials", operation_id="list_job_trials", response_model=Page[TrialOut],

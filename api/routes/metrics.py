@@ -27,6 +27,10 @@ class Metrics:
         with self._lock:
             self.requests[(method, route, status)] += 1
 
+    def count_job_submitted(self) -> None:
+        with self._lock:
+            self.jobs_submitted += 1
+
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -38,24 +38,32 @@ class BudgetIn(BaseModel):
     max_seconds: float | None = Field(3600.0, gt=0, le=MAX_SECONDS, description="wall-clock seconds of search at most")
 
 
-class JobCreate(BaseModel):
-    """A tuning job: give the model either by catalog name (``model``) or inline (``model_spec``)."""
+class WorkloadIn(BaseModel):
+    """What to lay out: a model (by catalog name ``model`` or inline ``model_spec``), the training recipe and
+    the cluster."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "model": "tiny-moe", "training": {"seq_length": 128, "global_batch_size": 8},
-        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}]})
+    model_config = ConfigDict(extra="forbid")
 
     model: Name | None = Field(None, description="catalog model name (GET /v1/models)")
     model_spec: ModelSpecIn | None = Field(None, description="an inline model in Megatron argument names")
     training: TrainingSpecIn
     cluster: ClusterIn
-    budget: BudgetIn = Field(default_factory=BudgetIn)
 
     @model_validator(mode="after")
-    def _one_model(self) -> JobCreate:
+    def _one_model(self) -> WorkloadIn:
         if (self.model is None) == (self.model_spec is None):
             raise PydanticCustomError("model_xor_model_spec", "give exactly one of model (a catalog name) or model_spec")
         return self
+
+
+class JobCreate(WorkloadIn):
+    """A tuning job: the workload and the search budget."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "model": "tiny-moe", "training": {"seq_length": 128, "global_batch_size": 8},
+        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}]})
+
+    budget: BudgetIn = Field(default_factory=BudgetIn)
 
 
 class ClusterOut(BaseModel):

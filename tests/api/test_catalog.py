@@ -1,0 +1,48 @@
+"""GET /models and the hardware-profile endpoints."""
+
+H = {"name": "my-gpu", "gpu": {"name": "my-gpu", "peak_flops": {"bf16": 5.0e14}, "hbm_bytes": 8.6e10,
+                               "hbm_bandwidth": 2.0e12},
+     "gpus_per_node": 4, "intra_node_bandwidth": 3.0e11, "intra_node_latency": 5.0e-6,
+     "inter_node_bandwidth": 2.5e10, "inter_node_latency": 1.0e-5,
+     "gemm_efficiency": [[1e9, 0.4], [1e12, 0.7]], "source": "calibrate"}
+
+
+def test_models_lists_the_catalog(client, alice):
+    items = {m["name"]: m for m in client.get("/v1/models", headers=alice).json()["items"]}
+    assert {"tiny-moe", "mixtral-8x7b", "deepseek-v3"} <= set(items)
+    assert items["tiny-moe"]["num_experts"] == 8 and items["tiny-moe"]["spec"]["hidden_size"] == 64
+
+
+def test_builtin_profiles_are_listed_and_fetchable(client, alice):
+    names = [p["name"] for p in client.get("/v1/hardware-profiles", headers=alice).json()["items"]]
+    assert {"h100-sxm", "cpu"} <= set(names)
+    h100 = client.get("/v1/hardware-profiles/h100", headers=alice).json()  # aliases resolve
+    assert h100["name"] == "h100-sxm" and h100["builtin"] and h100["profile"]["gpus_per_node"] == 8
+    missing = client.get("/v1/hardware-profiles/nope", headers=alice)
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("application/problem+json")
+
+
+def test_store_a_profile_then_submit_a_job_on_it(client, alice, bob, job_body):
+    r = client.post("/v1/hardware-profiles", json=H, headers=alice)
+    assert r.status_code == 201, r.text
+    assert r.headers["location"].endswith("/v1/hardware-profiles/my-gpu")
+    got = client.get("/v1/hardware-profiles/my-gpu", headers=bob).json()  # profiles describe hardware: shared
+    assert got["source"] == "calibrate" and not got["builtin"]
+    assert got["profile"]["gemm_efficiency"] == [[1e9, 0.4], [1e12, 0.7]]
+    assert client.post("/v1/hardware-profiles", json=H, headers=alice).status_code == 409
+    assert client.post("/v1/hardware-profiles", json={**H, "name": "cpu"}, headers=alice).status_code == 409
+    job_body["cluster"] = {"gpu": "my-gpu", "num_gpus": 8}
+    job = client.post("/v1/jobs", json=job_body, headers=alice)
+    assert job.status_code == 201 and job.json()["cluster"]["gpu"] == "my-gpu"
+    job_body["cluster"]["num_gpus"] = 6  # 4 GPUs per node: 6 is not whole nodes
+    assert client.post("/v1/jobs", json=job_body, headers=alice).json()["errors"][0]["rule"] == "whole_nodes"
+
+
+def test_invalid_profile_names_the_rule(client, alice):
+    bad_curve = {**H, "gemm_efficiency": [[1e9, -0.5]]}
+    r = client.post("/v1/hardware-profiles", json=bad_curve, headers=alice)
+    assert r.status_code == 422 and r.json()["errors"][0]["rule"] == "hardware_profile_rules"
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "Bad Name"}, headers=alice)
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "body.name"
+    r = client.post("/v1/hardware-profiles", json={**H, "gpus_per_node": 0}, headers=alice)
+    assert r.json()["errors"][0]["rule"] == "greater_than_equal"
