@@ -167,14 +167,13 @@ def _scan(job: _Job, indices: range) -> _Scan:
         sizes = lay.micro_batch_sizes
         for dispatcher in lay.dispatchers:
             base = maker.base(lay, dispatcher)
-            bases = [[{**base, **kn} for kn in row] for row in knobs]
             floors: list[int | None] = [0] * len(sizes)
             guesses = same_layout if dispatcher != lay.dispatchers[0] else [None] * n_opt
             same_layout: list[list[int | None] | None] = []
             r_mins_by_option: list[list[int | None]] = []
             for o in range(n_opt):
                 known: dict[tuple[int, int], bool] = {}
-                row = bases[o]
+                row = knobs[o]
 
                 def fits(k: int, r: int) -> bool:
                     nonlocal memory_calls, closest
@@ -183,6 +182,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     if ok is None:
                         cfg = new_config(ParallelConfig)
                         d = cfg.__dict__
+                        d.update(base)
                         d.update(row[r])
                         d["micro_batch_size"] = sizes[k]
                         total = mem_fn(model, training, cluster, cfg)
@@ -223,7 +223,8 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     continue
                 cfg = new_config(ParallelConfig)
                 d = cfg.__dict__
-                d.update(bases[o][r0])
+                d.update(base)
+                d.update(knobs[o][r0])
                 d["micro_batch_size"] = mbs
                 t = time_fn(model, training, cluster, cfg).step_time
                 time_calls += 1
