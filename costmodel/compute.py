@@ -146,11 +146,14 @@ def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group:
 
 @lru_cache(maxsize=4096)
 def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: int, qk_dim: int,
-                   v_dim: int, causal: bool = True, flash: bool = True, dropout: bool = False) -> tuple[float, float]:
+                   v_dim: int, causal: bool = True, flash: bool = True, dropout: bool = False,
+                   steps: int = 1) -> tuple[float, float]:
     """(forward, backward) seconds of the attention core (scores, softmax, weighted values) on one GPU.
 
     ``batch_queries`` = micro-batch x local query length (queries this rank owns), ``seq_kv`` the full
-    key length each query may see, ``heads`` the local heads. Runs in 16-bit.
+    key length each query may see, ``heads`` the local heads. Runs in 16-bit. ``steps`` > 1 is context
+    parallelism's ring attention: the keys arrive in ``steps`` blocks of ``seq_kv / steps``, each a
+    separate kernel whose efficiency follows its own (shorter) key length.
 
     Flash (fused) attention: forward FLOPs 2·q·kv·heads·(qk+v), halved by a causal mask; the backward
     does 2.5x the forward's matmul FLOPs; both at the attention efficiencies. Unfused attention (Megatron
@@ -162,10 +165,11 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
         return 0.0, 0.0
     if flash:
         fwd_flops = 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)
-        saturation = seq_kv / (seq_kv + ATTENTION_HALF_SEQ)
-        fwd = fwd_flops / (rates.bf16_peak * rates.attn_fwd_eff * saturation) + rates.kernel_overhead
+        block = seq_kv / steps
+        saturation = block / (block + ATTENTION_HALF_SEQ)
+        fwd = fwd_flops / (rates.bf16_peak * rates.attn_fwd_eff * saturation) + steps * rates.kernel_overhead
         bwd = (ATTENTION_BWD_FLOP_RATIO * fwd_flops / (rates.bf16_peak * rates.attn_bwd_eff * saturation)
-               + rates.kernel_overhead)
+               + steps * rates.kernel_overhead)
         return fwd, bwd
     scores = float(batch_queries) * seq_kv * heads
     qk_fwd, qk_bwd = _batched_gemm(rates, heads, batch_queries, seq_kv, qk_dim)

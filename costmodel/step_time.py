@@ -286,7 +286,7 @@ class _Shape:
             self.linear(block, t, heads * (qk + v) / tp, m.kv_lora_rank, "mla_up_proj")
             self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
             fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), qk + rope, v, True,
-                                      self.flash, self.dropout)
+                                      self.flash, self.dropout, self.cp)
             self._cp_comm(block, t * heads / tp * (qk + rope + v) * ab)
             self.linear(block, t, h, heads * v / tp)
         else:
@@ -298,7 +298,7 @@ class _Shape:
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
             fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), d, d, True, self.flash,
-                                      self.dropout)
+                                      self.dropout, self.cp)
             self._cp_comm(block, t * max(1.0, kv / tp) * 2 * d * ab)
             self.linear(block, t, h, heads * d / tp)
         block.add(ATTN, fwd, bwd, "core_attn")

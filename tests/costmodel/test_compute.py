@@ -96,3 +96,11 @@ def test_unfused_attention_pays_for_the_score_matrix():
     flash = attention_time(rates, 8192, 2048, 16, 128, 128, flash=True)
     unfused = attention_time(rates, 8192, 2048, 16, 128, 128, flash=False, dropout=True)
     assert unfused[0] > flash[0] and unfused[1] > flash[1]
+
+
+def test_ring_attention_blocks_run_less_efficiently():
+    rates = compute_rates(H100, "bf16")
+    whole = attention_time(rates, 4096, 4096, 32, 128, 128)
+    # CP4: each rank owns a quarter of the queries and meets the keys in four blocks of 1024
+    quarter = attention_time(rates, 1024, 4096, 32, 128, 128, steps=4)
+    assert 4 * quarter[0] > 1.1 * whole[0] and 4 * quarter[1] > 1.1 * whole[1]
