@@ -34,7 +34,7 @@ from costmodel.errors import InvalidConfigError
 from costmodel.hardware import ClusterSpec
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
-from costmodel.params import layer_chunks, moe_pattern, stage_counts_and_gemm
+from costmodel.params import layer_chunks, moe_pattern, per_model_cache, stage_counts_and_gemm
 from costmodel.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -357,8 +357,11 @@ def _kind_terms_for(ctx: _Context, s: _Shape, modules: tuple[str, ...]) -> _Kind
     if acts is None:
         canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, "alltoall")
         acts = ctx.acts[akey] = _kind_terms(ctx.model, ctx.training, canonical, frozenset(modules))
-    return acts._replace(comm_dense=_largest(_comm_per_token(ctx.model, ctx.training, s, False)),
-                         comm_moe=_largest(_comm_per_token(ctx.model, ctx.training, s, True)))
+    comm = ctx.comms.get(s)
+    if comm is None:
+        comm = ctx.comms[s] = (_largest(_comm_per_token(ctx.model, ctx.training, s, False)),
+                               _largest(_comm_per_token(ctx.model, ctx.training, s, True)))
+    return acts._replace(comm_dense=comm[0], comm_moe=comm[1])
 
 
 class _StageLayout(NamedTuple):
@@ -372,6 +375,7 @@ class _StageLayout(NamedTuple):
     first: bool
     last: bool
     has_moe: bool
+    cap: int  # chunk-micro-batches in flight given enough micro-batches (Megatron's warm-up + 1)
 
 
 def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int) -> _StageLayout:
@@ -384,7 +388,7 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
             counts[2 * recomputed + pattern[layer]] += 1
     last = stage == pp - 1
     has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
-    return _StageLayout(stage, *counts, stage == 0, last, has_moe)
+    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62))
 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
@@ -393,7 +397,7 @@ def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...
                   p.dense, p.expert) for p, gemm in stages)
 
 
-@lru_cache(maxsize=1024)
+@per_model_cache
 def _candidate_stages(model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...]:
     """Pipeline ranks that can be the most loaded: first, last, and middle ranks not dominated by an earlier one.
 
@@ -431,7 +435,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq")
+                 "params", "seq", "rows", "comms")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -445,9 +449,11 @@ class _Context:
         self.acts: dict[tuple, _KindTerms] = {}
         self.layouts: dict[tuple[int, int, int], tuple[_StageLayout, ...]] = {}
         self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
+        self.rows: dict[tuple, tuple[_Row, ...]] = {}
+        self.comms: dict[_Shape, tuple] = {}
 
 
-_last: list[_Context] = []
+_last: list = [None, None, None]  # the (model, training) objects of the last call and their context
 
 
 @lru_cache(maxsize=64)
@@ -456,25 +462,31 @@ def _cached_context(model: ModelSpec, training: TrainingSpec) -> _Context:
 
 
 def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
-    if _last and _last[0].model is model and _last[0].training is training:
-        return _last[0]
-    ctx = _cached_context(model, training)
-    _last[:] = [ctx]
+    if _last[0] is model and _last[1] is training:
+        return _last[2]
+    ctx = _cached_context(model, training)  # equal specs (even distinct objects) share one context
+    _last[:] = [model, training, ctx]
     return ctx
 
 
-def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None):
-    """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
-    ctx = _context(model, training)
-    tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
-    granularity = config.recompute_granularity
-    modules = config.recompute_modules if granularity == "selective" else ()
-    kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
-    k = ctx.kinds.get(kkey)
-    if k is None:
-        k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
-    full = config.recompute_num_layers if granularity == "full" else -1
-    if only_stage is None:
+# One candidate rank of one layout shape, reduced to what the per-call total needs (a plain tuple, built
+# ~10⁵ times per planner sweep):
+#   total = static + dense_states / (DP·CP) + expert_states / EDP
+#           + tokens · (n · per_chunk_mb + once) · (1 + FRAGMENTATION),   n = min(cap, m · VPP)
+# fields: static (weight + grad bytes), dense_states, expert_states (optimizer bytes before sharding),
+# per_chunk_mb (stored activations per in-flight chunk-micro-batch per token, embedding extras included),
+# once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
+# act_once, logits, comm, work (per token, for the breakdown).
+_Row = tuple
+
+
+def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[_Row, ...]:
+    model = ctx.model
+    tp, pp, vpp, ep, etp = config.tp, config.pp, config.vpp, config.ep, config.etp
+    if only_stage is not None:
+        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage),)
+        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage),))
+    else:
         lkey = (pp, vpp, full)
         layouts = ctx.layouts.get(lkey)
         if layouts is None:
@@ -486,36 +498,19 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
             params = ctx.params[pkey] = _param_entries(ctx, tuple(
                 stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)
                 for stage in _candidate_stages(model, pp, vpp)))
-    else:
-        layouts = (_stage_layout(model, pp, vpp, full, only_stage),)
-        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage),))
-
-    mbs = config.micro_batch_size
-    dp = config.dp
-    tokens = mbs * ctx.seq / cp
-    m = training.global_batch_size // (mbs * dp) or 1
-    ob = ctx.opt_bytes
-    if config.use_distributed_optimizer:
-        dense_shard, expert_shard = dp * cp, config.edp
-    else:
-        dense_shard = expert_shard = 1
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
      pp_buffer, head_input, mtp, logits_tok, embedding_mask) = k
     if pp == 1:
         pp_buffer = 0.0
-    scale = 1.0 + FRAGMENTATION
-    best = None
-    best_total = -1.0
+    ob = ctx.opt_bytes
+    rows = []
     for lay, par in zip(layouts, params):
-        stage, sd, sm, rd, rm, first, last, has_moe = lay
-        n = in_flight_micro_batches(pp, vpp, stage, m)
-        act = n * (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
-        logits = 0.0
+        _, sd, sm, rd, rm, first, last, has_moe, cap = lay
+        per_chunk = (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         if first:
-            act += n / vpp * embedding_mask
-        if last:
-            act += head_input + mtp
-            logits = logits_tok
+            per_chunk += embedding_mask / vpp
+        act_once = head_input + mtp if last else 0.0
+        logits = logits_tok if last else 0.0
         work = 0.0
         if sd:
             work = work_sd
@@ -526,29 +521,65 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
         if rm and work_fm > work:
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
-        optimizer = ob * (par[4] / dense_shard + par[5] / expert_shard)
-        total = par[2] + par[3] + optimizer + tokens * (act + logits + comm + work) * scale
+        rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
+                     lay, par, act_once, logits, comm, work))
+    return tuple(rows)
+
+
+def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None):
+    """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
+    ctx = _context(model, training)
+    tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
+    granularity = config.recompute_granularity
+    modules = config.recompute_modules if granularity == "selective" else ()
+    full = config.recompute_num_layers if granularity == "full" else -1
+    kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
+    rkey = (kkey, pp, vpp, full)
+    rows = ctx.rows.get(rkey) if only_stage is None else None
+    if rows is None:
+        k = ctx.kinds.get(kkey)
+        if k is None:
+            k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
+        rows = _rows(ctx, k, config, full, only_stage)
+        if only_stage is None:
+            ctx.rows[rkey] = rows
+    mbs = config.micro_batch_size
+    dp = config.world_size // (tp * cp * pp)
+    tokens = mbs * ctx.seq / cp
+    mv = (training.global_batch_size // (mbs * dp) or 1) * vpp
+    if config.use_distributed_optimizer:
+        dense_shard, expert_shard = dp * cp, config.world_size // (etp * ep * pp)
+    else:
+        dense_shard = expert_shard = 1
+    scale = tokens * (1.0 + FRAGMENTATION)
+    best, best_total = rows[0], -1.0
+    for row in rows:
+        n = row[5] if row[5] < mv else mv
+        total = row[0] + row[1] / dense_shard + row[2] / expert_shard + (n * row[3] + row[4]) * scale
         if total > best_total:
-            best_total = total
-            best = (total, lay, par, n, tokens, act, logits, comm, work, optimizer)
-    return ctx, k, best, (dense_shard, expert_shard, pp_buffer)
+            best, best_total = row, total
+    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard)
 
 
-def _breakdown(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: int) -> MemoryBreakdown:
-    _, lay, par, n, tokens, act, logits, comm, work, optimizer = best
-    activations, logits_b, comm_b, work_b = tokens * act, tokens * logits, tokens * comm, tokens * work
-    overhead = work_b + FRAGMENTATION * (activations + logits_b + comm_b + work_b)
-    return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits_b, comm_b, overhead,
-                           details_source=partial(_details, ctx, k, best, shards, vpp))
+def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
+               vpp: int) -> MemoryBreakdown:
+    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work = row
+    n = min(cap, mv)
+    activations = tokens * (n * per_chunk + act_once)
+    logits, comm, work = tokens * logits, tokens * comm, tokens * work
+    overhead = work + FRAGMENTATION * (activations + logits + comm + work)
+    optimizer = dense_states / shards[0] + expert_states / shards[1]
+    return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
+                           details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards, vpp))
 
 
-def _details(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: int) -> tuple[tuple[str, float], ...]:
-    """Per-tensor / per-bucket bytes of the breakdown ``best`` (see :func:`_evaluate`)."""
-    _, lay, par, n, tokens, act, logits, comm, work, optimizer = best
+def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
+             vpp: int) -> tuple[tuple[str, float], ...]:
+    """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
+    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work = row
     p, gemm = par[0], par[1]
-    dense_shard, expert_shard, pp_buffer = shards
+    dense_shard, expert_shard = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
-    activations, logits_b, comm_b, work_b = tokens * act, tokens * logits, tokens * comm, tokens * work
     x = tokens * n * lay.stored_dense / vpp
     y = tokens * n * lay.stored_moe / vpp
     details: list[tuple[str, float]] = [
@@ -573,14 +604,15 @@ def _details(ctx: _Context, k: _KindTerms, best: tuple, shards: tuple, vpp: int)
         details.append(("act.output.final_norm_and_head_input", tokens * k.head_input))
         if k.mtp:
             details.append(("act.mtp.blocks", tokens * k.mtp))
-        details.append(("logits.loss_and_output", logits_b))
+        details.append(("logits.loss_and_output", tokens * row_logits))
     name, value = k.comm_moe if lay.has_moe else k.comm_dense
     if value:
         details.append((name, tokens * value))
-    if pp_buffer:
-        details.append(("comm.pp.send_recv", tokens * pp_buffer))
-    fragmentation = FRAGMENTATION * (activations + logits_b + comm_b + work_b)
-    details += [("allocator.backward_working_set", work_b), ("allocator.fragmentation", fragmentation)]
+    if row_comm > value:
+        details.append(("comm.pp.send_recv", tokens * (row_comm - value)))
+    dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work)
+    details += [("allocator.backward_working_set", tokens * row_work),
+                ("allocator.fragmentation", FRAGMENTATION * dynamic)]
     return tuple(details)
 
 
@@ -589,8 +621,8 @@ def estimate_stage_memory(model: ModelSpec, training: TrainingSpec, cluster: Clu
     """Memory of one GPU of pipeline rank ``stage`` (bytes), by category with per-tensor details."""
     if not 0 <= stage < config.pp:
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
-    ctx, k, best, shards = _evaluate(model, training, config, stage)
-    return _breakdown(ctx, k, best, shards, config.vpp)
+    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, stage)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config.vpp)
 
 
 def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -601,10 +633,10 @@ def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     (see :func:`_candidate_stages`) and returns the one with the largest total. ``cluster`` is not
     needed for the bytes themselves; compare ``total`` with ``cluster.usable_hbm_bytes``.
     """
-    ctx, k, best, shards = _evaluate(model, training, config, None)
-    return _breakdown(ctx, k, best, shards, config.vpp)
+    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, None)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config.vpp)
 
 
 def peak_memory_bytes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> float:
     """``estimate_memory(...).total`` without building the breakdown: the planner's pruning fast path."""
-    return _evaluate(model, training, config, None)[2][0]
+    return _evaluate(model, training, config, None)[3]

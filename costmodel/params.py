@@ -22,8 +22,10 @@ FFN dimension; the fc2 bias stays whole). Layers go to pipeline stages by :func:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
+from typing import TypeVar
 
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
@@ -56,8 +58,31 @@ class ParamCounts:
 
 ZERO = ParamCounts(0, 0, 0)
 
+_T = TypeVar("_T")
 
-@lru_cache(maxsize=256)
+
+def per_model_cache(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """Cache ``fn(model, *positional)`` per model *object*: a planner sweep asks about one model 10⁵ times,
+    and hashing a large frozen ModelSpec on every call (as ``lru_cache`` would) costs more than the work."""
+    caches: dict[int, tuple[ModelSpec, dict]] = {}
+
+    @wraps(fn)
+    def cached(model: ModelSpec, *args):
+        entry = caches.get(id(model))
+        if entry is None or entry[0] is not model:  # a new object (or a recycled id)
+            if len(caches) >= 64:
+                caches.clear()
+            entry = caches[id(model)] = (model, {})
+        memo = entry[1]
+        if args in memo:
+            return memo[args]
+        value = memo[args] = fn(model, *args)
+        return value
+
+    return cached
+
+
+@per_model_cache
 def moe_pattern(model: ModelSpec) -> tuple[int, ...]:
     """``model.moe_layer_pattern()``, computed once per model (it is read for every stage of every layout)."""
     return model.moe_layer_pattern()
@@ -93,7 +118,7 @@ def _norm(model: ModelSpec, width: int) -> int:
     return 2 * width if model.normalization == "layernorm" else width
 
 
-@lru_cache(maxsize=1024)
+@per_model_cache
 def attention_params(model: ModelSpec, tp: int) -> ParamCounts:
     """Attention block of one layer on one TP rank, including the layer's input norm."""
     h, n = model.hidden_size, model.num_attention_heads
@@ -133,14 +158,14 @@ def _mlp(model: ModelSpec, ffn: int, split: int) -> tuple[int, int]:
     return weights, 0
 
 
-@lru_cache(maxsize=1024)
+@per_model_cache
 def mlp_params(model: ModelSpec, tp: int) -> ParamCounts:
     """Dense MLP block of one layer on one TP rank, including the pre-MLP norm."""
     split, whole = _mlp(model, model.ffn_hidden_size, tp)
     return ParamCounts(split, whole + _norm(model, model.hidden_size), 0)
 
 
-@lru_cache(maxsize=1024)
+@per_model_cache
 def moe_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
     """MoE block of one layer on one GPU: pre-MLP norm, router, shared experts (TP) and E/EP routed experts."""
     h = model.hidden_size
@@ -177,32 +202,19 @@ def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCount
 
 
 # ---- stages and totals ----------------------------------------------------------------------------
-@lru_cache(maxsize=65536)
-def stage_counts_and_gemm(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int,
-                          stage: int) -> tuple[ParamCounts, int]:
-    """(parameters of rank ``stage`` on one GPU, the part of them in decoder-layer GEMM weights).
-
-    The GEMM part (attention, MLP, shared and routed experts; not norms, router, embedding, output, MTP)
-    is what fp8 training keeps an extra fp8 copy of. Cached: the planner asks for every layout.
-    """
+@per_model_cache
+def _stage_kinds(model: ModelSpec, pp: int, vpp: int, stage: int) -> tuple[int, int]:
+    """(dense layers, MoE layers) of pipeline rank ``stage``."""
     pattern = moe_pattern(model)
     layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
     num_moe = sum(pattern[i] for i in layers)
-    num_dense = len(layers) - num_moe
-    attn = attention_params(model, tp)
-    counts = attn * len(layers)
-    gemm = attn.dense_tp_sharded * len(layers)
-    if num_dense:
-        mlp = mlp_params(model, tp)
-        counts = counts + mlp * num_dense
-        gemm += mlp.dense_tp_sharded * num_dense
-    if num_moe:
-        moe = moe_params(model, tp, ep, etp)
-        counts = counts + moe * num_moe
-        gemm += (moe.dense_tp_sharded + moe.expert) * num_moe
-    first, last = stage == 0, stage == pp - 1
-    if first:
-        counts = counts + embedding_params(model, tp)
+    return len(layers) - num_moe, num_moe
+
+
+@per_model_cache
+def _edge_params(model: ModelSpec, tp: int, ep: int, etp: int, first: bool, last: bool) -> ParamCounts:
+    """What the first / last rank holds beyond its decoder layers (embedding; final norm, output, MTP)."""
+    counts = embedding_params(model, tp) if first else ZERO
     if last:
         words = model.padded_vocab_size(tp) * model.hidden_size // tp
         extra = 0
@@ -213,7 +225,36 @@ def stage_counts_and_gemm(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int,
         counts = counts + ParamCounts(extra, _norm(model, model.hidden_size), 0)  # + final norm
         if model.mtp_num_layers:
             counts = counts + mtp_block_params(model, tp, ep, etp) * model.mtp_num_layers
-    return counts, gemm
+    return counts
+
+
+@per_model_cache
+def stage_counts_and_gemm(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int,
+                          stage: int) -> tuple[ParamCounts, int]:
+    """(parameters of rank ``stage`` on one GPU, the part of them in decoder-layer GEMM weights).
+
+    The GEMM part (attention, MLP, shared and routed experts; not norms, router, embedding, output, MTP)
+    is what fp8 training keeps an extra fp8 copy of. Cached: the planner asks for every layout.
+    """
+    num_dense, num_moe = _stage_kinds(model, pp, vpp, stage)
+    attn = attention_params(model, tp)
+    layers = num_dense + num_moe
+    sharded, replicated, expert = attn.dense_tp_sharded * layers, attn.dense_replicated * layers, 0
+    gemm = sharded
+    if num_dense:
+        mlp = mlp_params(model, tp)
+        sharded += mlp.dense_tp_sharded * num_dense
+        replicated += mlp.dense_replicated * num_dense
+        gemm += mlp.dense_tp_sharded * num_dense
+    if num_moe:
+        moe = moe_params(model, tp, ep, etp)
+        sharded += moe.dense_tp_sharded * num_moe
+        replicated += moe.dense_replicated * num_moe
+        expert = moe.expert * num_moe
+        gemm += (moe.dense_tp_sharded + moe.expert) * num_moe
+    edges = _edge_params(model, tp, ep, etp, stage == 0, stage == pp - 1)
+    return ParamCounts(sharded + edges.dense_tp_sharded, replicated + edges.dense_replicated,
+                       expert + edges.expert), gemm
 
 
 def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> ParamCounts:
