@@ -260,10 +260,12 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
         elif pending and time.monotonic() - run_start > timeout_s:
             return (f"timeout after {timeout_s:.0f} s ({len(pending)} of {world_size} ranks still running: "
                     f"rank {', '.join(str(r) for r in sorted(pending.values()))})"), []
-    if on_step is not None and poll_ref is not None:
-        try:  # steps rank 0 reported just before it returned
-            for step, seconds in ray.get(poll_ref, timeout=5):
-                on_step(step, seconds)
+    if on_step is not None:  # steps rank 0 reported just before it returned (its actor is still alive)
+        refs = ([poll_ref] if poll_ref is not None else []) + [actors[0].poll.remote(stop_sent)]
+        try:
+            for steps in ray.get(refs, timeout=10):
+                for step, seconds in steps:
+                    on_step(step, seconds)
         except Exception:
             pass
     return None, [outcomes[r][1] for r in range(world_size)]

@@ -24,9 +24,9 @@ def session_ray() -> str:
     return ray.get_runtime_context().gcs_address
 
 
-def make_runner(db_url: str, runner_id: str = "test-runner", **trial: object) -> Runner:
+def make_runner(db_url: str, runner_id: str = "test-runner", stale_after_s: float = 30.0, **trial: object) -> Runner:
     """A runner on ``db_url`` with a short step budget (1 warm-up, 1 timed step)."""
-    settings = RunnerSettings(database_url=db_url, runner_id=runner_id, heartbeat_s=1.0, stale_after_s=30.0,
+    settings = RunnerSettings(database_url=db_url, runner_id=runner_id, heartbeat_s=1.0, stale_after_s=stale_after_s,
                               poll_s=0.5, trial=TrialSettings(**{"warmup_steps": 1, "timed_steps": 1,
                                                                  "timeout_s": 120.0, **trial}))
     return Runner(settings)

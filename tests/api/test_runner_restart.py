@@ -1,0 +1,109 @@
+"""A runner killed with SIGKILL mid-job: another runner requeues the stale job, resumes its Optuna study
+and completes it; no trial is lost or recorded twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from runner_env import make_runner, session_ray, wait_no_rank_actors
+from sqlalchemy import select
+
+from db.engine import make_engine, make_sessionmaker
+from db.migrate import upgrade
+from db.models import Job, Trial
+from db.optuna_storage import optuna_storage_url
+
+pytestmark = pytest.mark.slow
+STALE_AFTER_S = 4.0
+
+
+def _submit(db_url: str, max_trials: int) -> int:
+    from api.jobs_service import submit_job
+    from api.schemas.jobs import JobCreate
+    from db.keys import get_or_create_owner
+
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            owner = get_or_create_owner(session, "alice")
+            session.commit()
+            request = JobCreate.model_validate({
+                "model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8, "precision": "fp32"},
+                "cluster": {"gpu": "cpu", "num_gpus": 2}, "budget": {"max_trials": max_trials, "max_seconds": 900}})
+            return submit_job(session, owner, request, None)[0].id
+    finally:
+        engine.dispose()
+
+
+def _trials(sessions, job_id: int) -> list[Trial]:
+    with sessions() as session:
+        return list(session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)))
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(db_url, tmp_path):
+    address = session_ray()
+    job_id = _submit(db_url, max_trials=3)
+    env = {**os.environ, "FOLDTUNE_DATABASE_URL": db_url, "FOLDTUNE_RAY_ADDRESS": address,
+           "FOLDTUNE_RUNNER_ID": "doomed", "FOLDTUNE_HEARTBEAT_S": "1", "FOLDTUNE_TRIAL_WARMUP_STEPS": "1",
+           "FOLDTUNE_TRIAL_STEPS": "1", "RAY_AUTH_MODE": "disabled"}
+    log = open(tmp_path / "runner1.log", "w")
+    first = subprocess.Popen([sys.executable, "-m", "api.cli.main", "runner", "--once"], env=env, stdout=log,
+                             stderr=subprocess.STDOUT)
+    engine = make_engine(db_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # kill it while its second trial runs, after the first one finished
+            trials = _trials(sessions, job_id)
+            if len(trials) >= 2 and trials[0].status != "running" and trials[-1].status == "running":
+                break
+            assert first.poll() is None, (tmp_path / "runner1.log").read_text()
+            assert time.monotonic() < deadline, "the first runner never reached its second trial"
+            time.sleep(0.2)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        before = {t.number: (t.status, t.step_time_s, t.label) for t in trials if t.status != "running"}
+        interrupted = trials[-1].number
+
+        time.sleep(STALE_AFTER_S + 1)
+        runner = make_runner(db_url, runner_id="rescuer", stale_after_s=STALE_AFTER_S)
+        try:
+            assert runner.run(once=True) == 1
+        finally:
+            runner.close()
+
+        with sessions() as session:
+            job = session.get(Job, job_id)
+        trials = _trials(sessions, job_id)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        log.close()
+        engine.dispose()
+
+    assert job.status == "succeeded", job.error
+    assert job.claimed_by == "rescuer" and job.attempts == 2
+    numbers = [t.number for t in trials]
+    assert numbers == list(range(len(numbers)))  # every Optuna trial recorded, once
+    study = optuna.load_study(study_name=f"job-{job_id}", storage=optuna_storage_url(db_url))
+    assert sorted(t.number for t in study.trials) == numbers
+    by_number = {t.number: t for t in trials}
+    for number, (status, step_time, label) in before.items():  # what finished before the kill is untouched
+        assert (by_number[number].status, by_number[number].step_time_s, by_number[number].label) == \
+               (status, step_time, label)
+    lost = by_number[interrupted]
+    assert (lost.status, lost.failure_kind) == ("failed", "lost")
+    # The interrupted layout was measured again under a new number; the budget of 3 finished trials holds.
+    counted = [t for t in trials if t.failure_kind != "lost"]
+    assert len(counted) == 3 and all(t.status in ("succeeded", "pruned", "failed") for t in trials)
+    assert lost.label in {t.label for t in counted}
+    assert len({t.label for t in counted}) == len(counted)
+    assert wait_no_rank_actors() == []

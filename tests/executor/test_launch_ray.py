@@ -1,0 +1,86 @@
+"""The Ray launcher on this machine: a real profiled run of the MoE step on CPU ranks (gloo), per-step
+times streamed while it runs, a consistent stop of all ranks, failures with launch_local's reasons."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.errors import SpecError
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from executor import progress
+
+TRAINING = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def ray_launch():
+    from executor import launch_ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    launch_ray.ensure_ray()
+    return launch_ray.launch
+
+
+def _profile(launcher, steps: int, **kwargs):
+    from executor.profile import profile_layout
+
+    return profile_layout(get_model("tiny-moe"), TRAINING, ParallelConfig(world_size=2, ep=2), warmup_steps=1,
+                          timed_steps=steps, timeout_s=120, device="cpu",
+                          launcher=functools.partial(launcher, **kwargs))
+
+
+@pytest.mark.slow
+def test_steps_stream_to_the_driver_and_a_stop_ends_every_rank_at_the_same_step(ray_launch):
+    seen: list[tuple[int, float]] = []
+
+    def on_step(step: int, seconds: float) -> bool:
+        seen.append((step, seconds))
+        return True  # stop after the first timed step
+
+    m = _profile(ray_launch, steps=4, on_step=on_step)
+    assert m.ok, m.failure_reason
+    assert m.pruned and len(m.step_times) < 4  # both ranks left the loop early, at the same step
+    assert seen and seen[0][0] == 0 and seen[0][1] == pytest.approx(m.step_times[0])
+    assert [s for s, _ in seen] == list(range(len(m.step_times)))
+
+
+@pytest.mark.slow
+def test_a_full_run_reports_every_step_and_is_not_pruned(ray_launch):
+    seen: list[int] = []
+    m = _profile(ray_launch, steps=2, on_step=lambda step, seconds: seen.append(step) and False)
+    assert m.ok and not m.pruned and len(m.step_times) == 2 and seen == [0, 1]
+
+
+def test_a_world_larger_than_the_cluster_fails_at_once(ray_launch):
+    import ray
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    result = ray_launch(print, cpus + 1, backend="gloo", timeout_s=5)
+    assert not result.ok and result.failure_reason.startswith(f"layout needs {cpus + 1} CPU bundles")
+
+
+def test_fault_specs_parse_and_bad_ones_name_the_part():
+    assert progress.parse_faults("kill:rank=1:step=2, hang:rank=0:step=0") == [
+        progress.Fault("kill", 1, 2), progress.Fault("hang", 0, 0)]
+    assert progress.parse_faults("") == []
+    with pytest.raises(SpecError, match="explode"):
+        progress.parse_faults("explode:rank=1:step=0")
+    with pytest.raises(SpecError, match="rank=x"):
+        progress.parse_faults("kill:rank=x")
+
+
+def test_without_a_sink_nothing_stops():
+    previous = progress.install(None)
+    try:
+        assert progress.report_step(0, 0.1) is False
+        calls = []
+        progress.install(lambda step, seconds: calls.append(step) or step >= 1)
+        assert progress.report_step(0, 0.1) is False and progress.report_step(1, 0.1) is True
+        assert calls == [0, 1]
+    finally:
+        progress.install(previous)
