@@ -453,7 +453,9 @@ class _Context:
         self.comms: dict[_Shape, tuple] = {}
 
 
-_last: list = [None, None, None]  # the (model, training) objects of the last call and their context
+# The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
+# in another thread always sees a consistent triple.
+_last: tuple = (None, None, None)
 
 
 @lru_cache(maxsize=64)
@@ -462,10 +464,12 @@ def _cached_context(model: ModelSpec, training: TrainingSpec) -> _Context:
 
 
 def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
-    if _last[0] is model and _last[1] is training:
-        return _last[2]
+    global _last
+    last_model, last_training, ctx = _last
+    if last_model is model and last_training is training:
+        return ctx
     ctx = _cached_context(model, training)  # equal specs (even distinct objects) share one context
-    _last[:] = [model, training, ctx]
+    _last = (model, training, ctx)
     return ctx
 
 
