@@ -197,3 +197,23 @@ def test_memory_fits_and_time_are_called_with_fast_built_configs_equal_to_real_o
         rebuilt = ParallelConfig(**c.to_dict())
         assert rebuilt == c and hash(rebuilt) == hash(c)
     assert fake_memory(SMALL, TRAIN, ClusterSpec(H100, 8), seen[0]).total > 0 and GIB > 0
+
+
+@pytest.mark.parametrize("name,gpus,gbs", [("small-moe", 16, 64), ("mixtral-8x7b", 16, 32)])
+def test_real_cost_models_keep_the_monotone_properties_the_ranker_uses(name, gpus, gbs):
+    """On the real memory and time models: fitting counts equal brute force, top-10 equals the exhaustive ranking."""
+    from costmodel.memory import peak_memory_bytes
+
+    model = get_model(name)
+    training = TrainingSpec(seq_length=1024, global_batch_size=gbs)
+    cluster = ClusterSpec(H100, gpus)
+    space = SearchSpace(mbs_max=4, vpp_max=2)
+    enum = enumerate_layouts(model, training, cluster, space)
+    fitting = sum(1 for c in enum.configs() if peak_memory_bytes(model, training, cluster, c) <= cluster.usable_hbm_bytes)
+    lazy = plan(model, training, cluster, top=10, space=space, workers=1)
+    full = plan(model, training, cluster, top=10, space=space, exhaustive=True, workers=1)
+    assert lazy.fitting == full.fitting == fitting
+    assert 0 < fitting
+    assert lazy.order_violations == 0
+    assert [e.time.step_time for e in lazy.ranked] == pytest.approx([e.time.step_time for e in full.ranked])
+    assert full.pareto and full.pareto[0].time.step_time == pytest.approx(full.ranked[0].time.step_time)
