@@ -135,15 +135,22 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
 
 
 def _reason(outdir: str, bad: list[tuple[int, int]]) -> str:
+    """The most likely root cause: a rank that died silently, else an OOM, else the earliest error."""
+    silent = [(rank, code) for rank, code in bad if code not in (ERROR_EXIT, OOM_EXIT)]
+    if silent:
+        rank, code = silent[0]
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        return f"rank {rank} died ({how}) without a message"
+    files = sorted((os.path.join(outdir, name) for name in os.listdir(outdir) if name.endswith(".err")),
+                   key=os.path.getmtime)
     reasons = []
-    for rank in sorted(os.listdir(outdir)):
-        if rank.endswith(".err"):
-            with open(os.path.join(outdir, rank)) as f:
-                reasons.append(f.readline().strip())
-    if any(r.startswith("out of memory") for r in reasons):
-        reasons = [r for r in reasons if r.startswith("out of memory")]
+    for path in files:
+        with open(path) as f:
+            reasons.append(f.readline().strip())
+    ooms = [r for r in reasons if r.startswith("out of memory")]
+    if ooms:
+        reasons = ooms
     if reasons:
         return reasons[0] + (f" (and {len(reasons) - 1} more rank(s) failed)" if len(reasons) > 1 else "")
     rank, code = bad[0]
-    how = f"signal {-code}" if code < 0 else f"exit code {code}"
-    return f"rank {rank} died ({how}) without a message"
+    return f"rank {rank} exited with code {code} without a message"

@@ -1,0 +1,76 @@
+"""The local launcher turns crashes, out-of-memory errors and hangs into failed results, leaving no process."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from executor.launch_local import launch
+
+
+def _ok(rank, world):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": float(t), "pid": os.getpid()}
+
+
+def _raises(rank, world):
+    if rank == 1:
+        raise ValueError("bad shard on purpose")
+    dist.barrier()  # rank 0 waits for a peer that is gone
+    return rank
+
+
+def _oom(rank, world):
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def _dies(rank, world):
+    if rank == 0:
+        os._exit(17)
+    dist.barrier()
+
+
+def _hangs(rank, world):
+    with open(f"{os.environ['FOLDTUNE_TEST_DIR']}/pid{rank}", "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_ranks_run_and_return_results():
+    result = launch(_ok, 2, backend="gloo", timeout_s=60, start_method="fork")
+    assert result.ok, result.failure_reason
+    assert [r["sum"] for r in result.results] == [3.0, 3.0]
+    assert not any(_alive(r["pid"]) for r in result.results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn,reason", [(_raises, "ValueError on rank 1: bad shard on purpose"),
+                                       (_oom, "out of memory on rank"),
+                                       (_dies, "rank 0 died (exit code 17)")])
+def test_failures_become_reasons(fn, reason):
+    result = launch(fn, 2, backend="gloo", timeout_s=60, start_method="fork")
+    assert not result.ok
+    assert reason in result.failure_reason
+
+
+@pytest.mark.slow
+def test_timeout_kills_every_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOLDTUNE_TEST_DIR", str(tmp_path))
+    result = launch(_hangs, 2, backend="gloo", timeout_s=3, start_method="fork")
+    assert not result.ok and result.failure_reason.startswith("timeout after 3 s")
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
+    assert not any(_alive(p) for p in pids)

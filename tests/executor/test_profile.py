@@ -1,0 +1,47 @@
+"""`foldtune profile` and the Measurement it prints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.cli.main import main
+from executor.measurement import Measurement
+
+
+def test_measurement_round_trips_through_json():
+    m = Measurement(ok=True, model="tiny-moe", layout="tp2 ep2", world_size=2, device="cpu", step_time=0.1,
+                    step_times=[0.1, 0.12], phases={"experts": 0.02}, tokens_per_s_per_gpu=10.0,
+                    tflops_per_gpu=0.01, mfu=0.1, tokens_per_expert=[3, 5])
+    assert Measurement.from_dict(json.loads(m.to_json())) == m
+    failed = Measurement.failed("out of memory on rank 1: ...", model="x")
+    assert not failed.ok and "out of memory" in failed.summary()
+
+
+@pytest.mark.slow
+def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
+    code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--warmup", "1",
+                 "--steps", "2", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    m = Measurement.from_dict(json.loads(out))
+    assert m.ok and m.world_size == 2 and m.layout.startswith("tp2 cp1 pp1 vpp1 ep2 etp1")
+    assert len(m.step_times) == 2 and m.step_time > 0 and m.tokens_per_s_per_gpu > 0
+    assert {"attention", "experts", "dispatch", "ep_alltoall", "tp_allgather", "optimizer"} <= set(m.phases)
+    # every routed assignment of the timed steps is counted: 2 steps · 1 sequence (gbs = mbs·dp) · 32 tokens
+    # · top-2 · 2 MoE layers
+    assert sum(m.tokens_per_expert) == 2 * 1 * 32 * 2 * 2
+
+
+def test_profile_reports_an_impossible_layout_without_running(capsys):
+    code = main(["profile", "--model", "tiny-moe", "--ep", "3", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "num_experts (8) must be divisible by ep (3)" in out
+
+
+def test_profile_rejects_bad_numbers_with_one_line(capsys):
+    code = main(["profile", "--model", "tiny-moe", "--tp", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("foldtune: error: --tp must be positive")
