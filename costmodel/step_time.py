@@ -146,6 +146,7 @@ class _LayerCost:
                           self.a2a + other.a2a, modules)
 
 
+_new_object = object.__new__
 _ZERO_LAYER = _LayerCost((0.0,) * 8, (0.0,) * 8, 0.0, 0.0, 0.0, 0.0, {})
 
 
@@ -695,7 +696,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     if len(times) == 1:
         i, others = 0, 0.0
     else:
-        i = max(range(len(times)), key=times.__getitem__)
+        i = times.index(max(times))
         others = sum([k[0] * t for k, t in zip(kinds, times)]) - times[i]
     _, nd, nm, ends, _ = kinds[i]
     d, e, x = layers.dense, layers.moe, layers.extras[ends]
@@ -764,10 +765,14 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         values = _corrected(values, corrections)
     step = sum(values)
     per_gpu = step * world
-    return StepTimeBreakdown(step, tuple(zip(TERMS, values)),
-                             tuple(zip(HIDDEN_TERMS, hidden)),
-                             ctx.tokens_per_step / per_gpu, ctx.flops_per_step / per_gpu / 1e12,
-                             ctx.flops_per_step / per_gpu / ctx.peak, _bottleneck(values, step))
+    # The frozen dataclass's generated __init__ sets each field through object.__setattr__ and costs
+    # about as much as the arithmetic above; filling the instance dict directly gives the same object.
+    breakdown = _new_object(StepTimeBreakdown)
+    breakdown.__dict__.update(
+        step_time=step, terms=tuple(zip(TERMS, values)), hidden=tuple(zip(HIDDEN_TERMS, hidden)),
+        tokens_per_s_per_gpu=ctx.tokens_per_step / per_gpu, tflops_per_gpu=ctx.flops_per_step / per_gpu / 1e12,
+        mfu=ctx.flops_per_step / per_gpu / ctx.peak, bottleneck=_bottleneck(values, step))
+    return breakdown
 
 
 def _corrected(values: list[float], corrections: Mapping[str, float]) -> list[float]:

@@ -3,7 +3,7 @@
 import itertools
 import json
 import time
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, fields, replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from costmodel.flops import flops_per_step
 from costmodel.params import stage_param_counts
 from costmodel.step_time import (
     TERMS,
+    StepTimeBreakdown,
     estimate_step_time,
     layer_times,
     pipeline_bubble,
@@ -56,6 +57,10 @@ def test_breakdown_names_and_sums():
     flops = flops_per_step(get_model("mixtral-8x7b"), 4096, 64)
     assert b.tflops_per_gpu == pytest.approx(flops / b.step_time / 32 / 1e12)
     assert b.mfu == pytest.approx(b.tflops_per_gpu * 1e12 / 989.4e12)
+    # built without the generated __init__ for speed: still an ordinary, equal, immutable dataclass
+    assert b == StepTimeBreakdown(**{f.name: getattr(b, f.name) for f in fields(StepTimeBreakdown)})
+    with pytest.raises(FrozenInstanceError):
+        b.step_time = 0.0
 
 
 def test_bad_layouts_raise_one_clear_error():
