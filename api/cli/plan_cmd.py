@@ -232,6 +232,16 @@ def _explain(args, model, training, cluster) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except BrokenPipeError:  # `foldtune plan ... | head`: the reader left; exit quietly, as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     model, training, cluster = _specs(args)
     if args.explain is not None:
         return _explain(args, model, training, cluster)
