@@ -352,7 +352,8 @@ def moe_layer_rows():
 def _report(title, rows, band):
     print(f"\n{title} (model prediction vs published)")
     for label, predicted, published in rows:
-        print(f"  {label:58s} predicted {predicted:10.2f}  published {published:10.2f}  {predicted / published - 1:+6.1%}")
+        error = predicted / published - 1
+        print(f"  {label:58s} predicted {predicted:10.2f}  published {published:10.2f}  {error:+6.1%}")
     errors = [abs(p / q - 1) for _, p, q in rows]
     print(f"  mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} (band {band:.0%})")
     return errors
