@@ -1,0 +1,46 @@
+"""``foldtune tune``: one command sets up the embedded service (SQLite in the data dir, migrations) and
+runs a real tuning job through Ray, printing each trial and ending with the table and the best layout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from runner_env import session_ray, wait_no_rank_actors
+from sqlalchemy import create_engine, text
+
+
+def _tune(tmp_path, *args: str, ray_address: str | None = None, timeout: float = 600):
+    env = {**os.environ, "FOLDTUNE_DATA_DIR": str(tmp_path / "data"), "RAY_AUTH_MODE": "disabled"}
+    env.pop("FOLDTUNE_DATABASE_URL", None)
+    if ray_address:
+        env["FOLDTUNE_RAY_ADDRESS"] = ray_address
+    return subprocess.run([sys.executable, "-m", "api.cli.main", "tune", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_tune_runs_a_real_job_on_a_fresh_data_dir(tmp_path):
+    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--steps", "1", ray_address=session_ray())
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "trial  0" in out and "trial  1" in out and "measured" in out
+    assert "measured vs predicted" in out and "best layout: tp" in out and "job 1: succeeded" in out
+    db = tmp_path / "data" / "foldtune.sqlite3"
+    assert db.exists() and (tmp_path / "data" / "foldtune-optuna.sqlite3").exists()
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        status, best = conn.execute(text("SELECT status, best_trial_id FROM jobs WHERE id = 1")).one()
+        trials = conn.execute(text("SELECT count(*) FROM trials WHERE job_id = 1")).scalar()
+    engine.dispose()
+    assert status == "succeeded" and best is not None and trials == 2
+    assert wait_no_rank_actors() == []
+
+
+def test_tune_rejects_bad_input_in_one_line(tmp_path):
+    done = _tune(tmp_path, "--model", "no-such-model", "--max-trials", "1", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("foldtune: error: ") and "no-such-model" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
