@@ -748,7 +748,6 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
             param_gather = min(gathers, max(gathers - window_fwd, dpg_b, epg_b))
         hidden[5] = gathers - param_gather
-    pp, vpp = c.pp, c.vpp
     if pp > 1:
         hkey = (layers.p2p_bytes, world, pp)
         hop = ctx.hops.get(hkey)
