@@ -148,6 +148,24 @@ def part_trace(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> d
     return {"top_kernels": table.splitlines()[:30]}
 
 
+def part_router_gemm(tokens: int = 4096) -> dict:
+    """Router logits [tokens, experts] = x·Wᵀ: cuBLAS picks a GEMV-like kernel for few experts; compare forms."""
+    out = {}
+    for h, e in ((4096, 8), (2048, 128)):
+        x = torch.randn(tokens, h, device=DEV, dtype=BF16)
+        w = torch.randn(e, h, device=DEV, dtype=BF16)
+        wt = w.t().contiguous()
+        pad = torch.zeros(max(e, 64), h, device=DEV, dtype=BF16)
+        pad[:e] = w
+        out[f"h{h}_e{e}"] = {
+            "linear_us": timeit(lambda: torch.nn.functional.linear(x, w), 5, 50) * 1e6,
+            "w_xt_us": timeit(lambda: (w @ x.t()).t(), 5, 50) * 1e6,
+            "x_wt_us": timeit(lambda: x @ wt, 5, 50) * 1e6,
+            "padded64_us": timeit(lambda: torch.nn.functional.linear(x, pad)[:, :e], 5, 50) * 1e6,
+        }
+    return out
+
+
 def part_stack(layers: int, seq: int = 4096) -> dict:
     spec = get_model("mixtral-8x7b").with_layers(layers)
     state = single_process_state()
@@ -248,6 +266,8 @@ def main() -> int:
     if "moe" in parts:
         run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained", part_moe, 2048, 768, 128, 8)
+    if "router" in parts:
+        run("router_gemm", part_router_gemm)
     if "trace" in parts:
         run("trace_finegrained", part_trace, 2048, 768, 128, 8)
         run("trace_mixtral", part_trace, 4096, 14336, 8, 2)

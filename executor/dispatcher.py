@@ -23,7 +23,7 @@ import torch
 from executor.parallel.collectives import all_gather, all_gather_nograd, all_gather_v, all_to_all, reduce_scatter, \
     reduce_scatter_v
 from executor.parallel.groups import ParallelState
-from executor.router import Routing
+from executor.router import Routing, count_per_expert
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
@@ -89,15 +89,8 @@ def unpermute(y_MH: torch.Tensor, probs_NK: torch.Tensor, slots_M: torch.Tensor,
 
 
 def sort_by_expert(experts_NK: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots sorted by expert id (ids ≥ num_buckets are dropped) and the count per bucket [num_buckets].
-
-    Counting by scatter_add keeps the host out of it (bincount synchronises on CUDA).
-    """
-    flat = experts_NK.reshape(-1)
-    counts = torch.zeros(num_buckets + 1, dtype=torch.long, device=flat.device)
-    counts.scatter_add_(0, flat.clamp(max=num_buckets), torch.ones_like(flat))
-    order = torch.argsort(flat, stable=True)
-    return order, counts[:num_buckets]
+    """Slots sorted by expert id (ids ≥ num_buckets are dropped) and the count per bucket [num_buckets]."""
+    return torch.argsort(experts_NK.reshape(-1), stable=True), count_per_expert(experts_NK, num_buckets)
 
 
 def chunk_order(counts_SE: torch.Tensor) -> torch.Tensor:
@@ -131,7 +124,10 @@ class AllToAllDispatcher:
     def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
         ep, etp = self.state.ep, self.state.etp
         n, k, e_local = x_NH.shape[0], self.topk, self.local_experts
-        order, counts_E = sort_by_expert(routing.experts_NK, self.num_experts)
+        if routing.may_drop:
+            order, counts_E = sort_by_expert(routing.experts_NK, self.num_experts)
+        else:  # the router already counted
+            order, counts_E = torch.argsort(routing.experts_NK.reshape(-1), stable=True), routing.tokens_per_expert
         slots = order[: int(counts_E.sum())] if routing.may_drop else order  # dropless: no host sync
         row_of_slot = slot_rows(slots, n, k)
         rows = permute(x_NH, slots, row_of_slot, k)

@@ -32,6 +32,15 @@ class Routing:
     may_drop: bool = False  # capacity mode: some experts_NK entries may be the 'dropped' id
 
 
+def count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Occurrences of each id in [0, num_experts) (larger ids ignored), int64, without a host sync
+    (torch.bincount reads the maximum back to the host on CUDA)."""
+    flat = ids.reshape(-1)
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat.clamp(max=num_experts), torch.ones_like(flat))
+    return counts[:num_experts]
+
+
 def _group_limited(select_NE: torch.Tensor, num_groups: int, group_topk: int, topk: int) -> torch.Tensor:
     """Mask experts outside the ``group_topk`` best groups (a group's score: sum of its top topk/group_topk)."""
     n, e = select_NE.shape
@@ -52,7 +61,7 @@ def _capacity_keep(experts_TK: torch.Tensor, probs_TK: torch.Tensor, num_experts
         order = by_prob[torch.argsort(flat_e[by_prob], stable=True)]
     else:  # earliest tokens first
         order = torch.argsort(flat_e, stable=True)
-    counts = torch.bincount(flat_e, minlength=num_experts)
+    counts = count_per_expert(flat_e, num_experts)
     starts = torch.cumsum(counts, 0) - counts
     rank_in_expert = torch.empty_like(order)
     rank_in_expert[order] = torch.arange(order.numel(), device=order.device) - starts[flat_e[order]]
@@ -106,7 +115,7 @@ class Router(torch.nn.Module):
         if spec.moe_router_topk_scaling_factor:
             probs_NK = probs_NK * spec.moe_router_topk_scaling_factor
 
-        counts_E = torch.bincount(experts_NK.reshape(-1), minlength=self.num_experts)
+        counts_E = count_per_expert(experts_NK, self.num_experts)
         if opts.moe_aux_loss_coeff:
             global_counts = all_reduce_(counts_E.clone(), tp).float()
             if spec.moe_router_score_function == "sigmoid":
