@@ -47,7 +47,8 @@ class ApiClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError:
-            raise ApiClientError(f"cannot reach the foldtune API at {self.url} (is `foldtune serve` running?)") from None
+            raise ApiClientError(f"cannot reach the foldtune API at {self.url} "
+                                 "(is `foldtune serve` running?)") from None
         except httpx.TimeoutException:
             raise ApiClientError(f"the foldtune API at {self.url} did not answer in time") from None
         except httpx.HTTPError as exc:

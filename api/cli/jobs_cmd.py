@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         if args.wait:
             return follow_job(client, args.id, 2.0)
         job = client.get(f"/v1/jobs/{args.id}")
-        print(f"job {job['id']} {job['status']}: {job['model']} on {job['cluster']['num_gpus']}x{job['cluster']['gpu']}, "
+        cluster = f"{job['cluster']['num_gpus']}x{job['cluster']['gpu']}"
+        print(f"job {job['id']} {job['status']}: {job['model']} on {cluster}, "
               f"seq {job['training']['seq_length']}, gbs {job['training']['global_batch_size']}, "
               f"{job['trials']['total']}/{job['budget']['max_trials']} trials")
         if job.get("error"):

@@ -26,8 +26,8 @@ _BY_SPEC = ("model", "gpu", "num_gpus", "seq_length", "global_batch_size")
 
 @router.get("/best", operation_id="get_best", response_model=BestOut)
 def get_best(owner: OwnerDep, session: SessionDep,
-             signature: Annotated[str | None, Query(pattern="^[0-9a-f]{64}$",
-                                                    description="a job's signature (any job model, incl. inline)")] = None,
+             signature: Annotated[str | None, Query(
+                 pattern="^[0-9a-f]{64}$", description="a job's signature (any job model, incl. inline)")] = None,
              model: Annotated[Name | None, Query(description="catalog model name")] = None,
              gpu: Annotated[Name | None, Query()] = None,
              num_gpus: Annotated[int | None, Query(ge=1, le=65536)] = None,
@@ -59,6 +59,7 @@ def get_best(owner: OwnerDep, session: SessionDep,
     considered = session.scalar(select(func.count()).select_from(Job)
                                 .where(Job.owner_id == owner.id, Job.signature == signature))
     session.commit()
-    return BestOut(signature=signature, model=job.model_name, cluster=ClusterOut(gpu=job.gpu_name, num_gpus=job.num_gpus),
+    return BestOut(signature=signature, model=job.model_name,
+                   cluster=ClusterOut(gpu=job.gpu_name, num_gpus=job.num_gpus),
                    job_id=job.id, trial=TrialOut.model_validate(trial, from_attributes=True),
                    jobs_considered=considered)

@@ -25,7 +25,8 @@ class GPUIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Name
-    peak_flops: dict[Name, Annotated[float, Field(gt=0, le=1e30)]] = Field(min_length=1, description="dtype (bf16, fp8, ...) -> dense FLOP/s")
+    peak_flops: dict[Name, Annotated[float, Field(gt=0, le=1e30)]] = Field(
+        min_length=1, description="dtype (bf16, fp8, ...) -> dense FLOP/s")
     hbm_bytes: int = Field(gt=0, le=2**60)
     hbm_bandwidth: float = Field(gt=0, le=1e30, description="bytes/s")
 

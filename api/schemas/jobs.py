@@ -26,7 +26,7 @@ MAX_SECONDS = 30 * 24 * 3600.0
 class ClusterIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gpu: Name = Field(description="a hardware profile name: built-in (h100, h200, cpu, ...) or stored via /hardware-profiles",
+    gpu: Name = Field(description="hardware profile: built-in (h100, h200, cpu, ...) or stored via /hardware-profiles",
                       examples=["h100"])
     num_gpus: int = Field(ge=1, le=MAX_GPUS, examples=[8])
 
@@ -52,7 +52,8 @@ class WorkloadIn(BaseModel):
     @model_validator(mode="after")
     def _one_model(self) -> WorkloadIn:
         if (self.model is None) == (self.model_spec is None):
-            raise PydanticCustomError("model_xor_model_spec", "give exactly one of model (a catalog name) or model_spec")
+            raise PydanticCustomError("model_xor_model_spec",
+                                      "give exactly one of model (a catalog name) or model_spec")
         return self
 
 

@@ -29,6 +29,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict]:
 
 
 _DESCRIPTIONS = {
-    401: "missing or unknown API key", 404: "no such resource (or not the caller's)", 409: "conflict with the current state",
+    401: "missing or unknown API key", 404: "no such resource (or not the caller's)",
+    409: "conflict with the current state",
     422: "the request breaks a validation rule (each listed in errors)", 503: "the database is unreachable",
 }

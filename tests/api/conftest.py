@@ -1,4 +1,5 @@
 import copy
+import shutil
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import ApiSettings
 from db.keys import create_api_key
+from db.migrate import upgrade
 from db.testing import postgres_unavailable_reason, temporary_database
 
 JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
@@ -22,13 +24,25 @@ def job_body():
     return copy.deepcopy(JOB)
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory):
+    """A SQLite file migrated once per session; copying it is faster than migrating every test's database."""
+    path = tmp_path_factory.mktemp("template") / "foldtune.sqlite3"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path):
-    """An empty database, once SQLite and once a private PostgreSQL schema."""
+def db_url(request, tmp_path, sqlite_template):
+    """A migrated database of its own, once SQLite and once a private PostgreSQL schema."""
     reason = postgres_unavailable_reason() if request.param == "postgres" else None
     if reason:
         pytest.skip(reason)
     with temporary_database(request.param, tmp_path) as url:
+        if request.param == "sqlite":
+            shutil.copyfile(sqlite_template, tmp_path / "foldtune.sqlite3")
+        else:
+            upgrade(url)
         yield url
 
 

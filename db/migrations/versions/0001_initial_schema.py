@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-26 01:23:43
 
 Owners and API keys, jobs and trials, hardware profiles, trainings and their metrics. jobs.best_trial_id
@@ -51,7 +51,8 @@ def upgrade() -> None:
     sa.Column('source', sa.String(length=64), nullable=False),
     sa.Column('owner_id', sa.Integer(), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
-    sa.ForeignKeyConstraint(['owner_id'], ['owners.id'], name=op.f('fk_hardware_profiles_owner_id_owners'), ondelete='SET NULL'),
+    sa.ForeignKeyConstraint(['owner_id'], ['owners.id'], name=op.f('fk_hardware_profiles_owner_id_owners'),
+                            ondelete='SET NULL'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_hardware_profiles')),
     sa.UniqueConstraint('name', name=op.f('uq_hardware_profiles_name'))
     )
@@ -79,7 +80,8 @@ def upgrade() -> None:
     sa.Column('attempts', sa.Integer(), nullable=False),
     sa.Column('best_trial_id', sa.Integer(), nullable=True),
     sa.Column('calibration', JSON_TYPE, nullable=True),
-    sa.CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name=op.f('ck_jobs_status')),
+    sa.CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
+                       name=op.f('ck_jobs_status')),
     sa.CheckConstraint('max_trials >= 1', name=op.f('ck_jobs_max_trials')),
     sa.ForeignKeyConstraint(['owner_id'], ['owners.id'], name=op.f('fk_jobs_owner_id_owners'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_jobs')),
@@ -114,7 +116,8 @@ def upgrade() -> None:
     sa.Column('claimed_by', sa.String(length=200), nullable=True),
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('attempts', sa.Integer(), nullable=False),
-    sa.CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name=op.f('ck_trainings_status')),
+    sa.CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
+                       name=op.f('ck_trainings_status')),
     sa.CheckConstraint('steps >= 1', name=op.f('ck_trainings_steps')),
     sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_trainings_job_id_jobs'), ondelete='SET NULL'),
     sa.ForeignKeyConstraint(['owner_id'], ['owners.id'], name=op.f('fk_trainings_owner_id_owners'), ondelete='CASCADE'),
@@ -171,7 +174,8 @@ def upgrade() -> None:
     sa.Column('expert_load_max', sa.Float(), nullable=True),
     sa.Column('expert_load_mean', sa.Float(), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
-    sa.ForeignKeyConstraint(['training_id'], ['trainings.id'], name=op.f('fk_training_metrics_training_id_trainings'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['training_id'], ['trainings.id'], name=op.f('fk_training_metrics_training_id_trainings'),
+                            ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_training_metrics')),
     sa.UniqueConstraint('training_id', 'step', name=op.f('uq_training_metrics_training_id_step'))
     )
