@@ -54,3 +54,38 @@ def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, 
     study = optuna.load_study(study_name=f"job-{job_id}", storage=optuna_storage_url(db_url))
     assert len(study.trials) == 6
     assert wait_no_rank_actors() == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_cancel_stops_the_running_trial_and_the_job(client, alice, db_url):
+    import threading
+    import time
+
+    session_ray()
+    body = copy.deepcopy(TINY_JOB)
+    job_id = client.post("/v1/jobs", json=body, headers=alice).json()["id"]
+    # Many timed steps: the trial is still running when the cancel arrives, and must stop early.
+    runner = make_runner(db_url, timed_steps=200, timeout_s=300.0)
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(runner.run(once=True)), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 180
+        while client.get(f"/v1/jobs/{job_id}", headers=alice).json()["trials"]["running"] == 0:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.2)
+        time.sleep(3)  # let it measure a few steps
+        cancelled_at = time.monotonic()
+        assert client.post(f"/v1/jobs/{job_id}/cancel", headers=alice).status_code == 200
+        thread.join(120)
+        assert not thread.is_alive() and outcome == [1]
+        assert time.monotonic() - cancelled_at < 60  # not the 200 steps
+    finally:
+        runner.stop()
+        thread.join(30)
+        runner.close()
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["status"] == "cancelled" and job["trials"]["total"] == 1
+    trial = client.get(f"/v1/jobs/{job_id}/trials", headers=alice).json()["items"][0]
+    assert (trial["status"], trial["failure_kind"]) == ("failed", "cancelled")
+    assert wait_no_rank_actors() == []
