@@ -54,11 +54,11 @@ def test_concurrent_runners_never_claim_the_same_job(sessions, add_jobs):
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # SQLite serialises whole transactions instead
 def test_postgres_claim_skips_a_row_locked_by_another_runner(sessions, add_jobs):
     ids = add_jobs(2)
     with sessions() as holder, sessions() as other:
-        if not is_postgres(holder):
-            pytest.skip("SKIP LOCKED is PostgreSQL's; SQLite serialises whole transactions instead")
+        assert is_postgres(holder)
         locked = holder.scalar(select(Job.id).where(Job.status == "queued").order_by(Job.created_at)
                                .limit(1).with_for_update(skip_locked=True))
         assert locked == ids[0]
