@@ -28,7 +28,6 @@ import math
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,10 +195,9 @@ class Runner:
                 stop.set()
 
     def _run_job(self, job: Job, stop: threading.Event) -> str:
+        from api.runner_candidates import job_candidates
         from db.queue import finish_job, release_job
         from planner.search import SearchBudget, run_search
-
-        from api.runner_candidates import job_candidates
 
         sid = self.settings.runner_id
         try:

@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel.estimate import Estimate
 from costmodel.errors import FoldtuneError
+from costmodel.estimate import Estimate
 from costmodel.hardware import ClusterSpec
 from costmodel.model_spec import ModelSpec
 from costmodel.training_spec import TrainingSpec

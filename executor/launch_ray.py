@@ -56,8 +56,8 @@ def ensure_ray(address: str | None = None) -> None:
         if ray.is_initialized():
             return
         address = address or os.environ.get(RAY_ADDRESS_ENV) or None
-        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                                      configure_logging=True)
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "logging_level": logging.WARNING, "configure_logging": True}
         if address is None:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             kwargs["num_cpus"] = int(os.environ.get(RAY_NUM_CPUS_ENV) or max(os.cpu_count() or 1, 8))

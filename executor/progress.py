@@ -22,6 +22,7 @@ environment, a comma-separated list of ``KIND:rank=R:step=S`` with KIND one of
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -91,7 +92,6 @@ def _inject(rank: int, step: int) -> None:
 
             # More than any rank may have: the address-space limit when the launcher set one, else a
             # petabyte (beyond RAM + swap of any machine, so even an overcommitting kernel refuses it).
-            import resource
 
             soft, _ = resource.getrlimit(resource.RLIMIT_AS)
             nbytes = soft + (1 << 30) if soft != resource.RLIM_INFINITY else 1 << 50

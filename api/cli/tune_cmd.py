@@ -43,7 +43,7 @@ class TrialPrinter:
         self.out = out or sys.stdout
 
     def __call__(self, kind: str, data: dict) -> None:
-        say = lambda text: print(text, file=self.out, flush=True)  # noqa: E731
+        say = lambda text: print(text, file=self.out, flush=True)
         if kind == "job_started":
             c = data["candidates"]
             say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "

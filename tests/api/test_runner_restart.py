@@ -54,7 +54,7 @@ def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(d
     env = {**os.environ, "FOLDTUNE_DATABASE_URL": db_url, "FOLDTUNE_RAY_ADDRESS": address,
            "FOLDTUNE_RUNNER_ID": "doomed", "FOLDTUNE_HEARTBEAT_S": "1", "FOLDTUNE_TRIAL_WARMUP_STEPS": "1",
            "FOLDTUNE_TRIAL_STEPS": "1", "RAY_AUTH_MODE": "disabled"}
-    log = open(tmp_path / "runner1.log", "w")
+    log = open(tmp_path / "runner1.log", "w")  # noqa: SIM115 (closed in the finally below)
     first = subprocess.Popen([sys.executable, "-m", "api.cli.main", "runner", "--once"], env=env, stdout=log,
                              stderr=subprocess.STDOUT)
     engine = make_engine(db_url)
