@@ -56,7 +56,8 @@ def one_run(case: str, workers: int | None) -> dict:
         "enumerate_s": result.enumerate_seconds, "layouts": len(result.enumeration.layouts),
         "considered": result.enumeration.considered, "valid": result.enumeration.valid, "fitting": result.fitting,
         "memory_calls": result.memory_calls, "time_calls": result.time_calls, "workers": result.workers,
-        "order_violations": result.order_violations,
+        "order_violations": result.order_violations, "bound_violations": result.bound_violations,
+        "bound_calls": result.bound_calls,
         "best": best.config.label() if best else None, "best_step_s": best.time.step_time if best else None,
         "best_mfu": best.time.mfu if best else None,
     }
@@ -169,8 +170,12 @@ def main() -> int:
             verdict,
             "",
             "Valid configs are every layout × micro-batch × dispatcher × recompute × optimizer setting of the "
-            "search space (its caps are printed by `foldtune plan`); memory is evaluated on a staircase per "
-            "layout and time once per fitting (layout, micro-batch, dispatcher), see `planner/rank.py`.",
+            "search space (its caps are printed by `foldtune plan`). Memory is evaluated on a staircase per "
+            "layout; time once per (tp, cp, ep, etp, dispatcher, micro-batch) group as a lower bound (the "
+            "single-stage steady state), then only for candidates whose bound beats the 10th best time; see "
+            "`planner/rank.py`. Monotone-property breaches seen in these runs (order / bound): "
+            + ", ".join(f"{case} {runs[0]['order_violations']}/{runs[0]['bound_violations']}" for case, runs in rows)
+            + ".",
             "",
         ])
         write_section(text)

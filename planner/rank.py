@@ -1,7 +1,7 @@
 """Prune the valid layouts by predicted memory and rank what fits by predicted step time.
 
 The enumeration holds hundreds of thousands of valid configs on a large cluster; calling both cost models
-on each would take minutes. The ranker leans on three monotone properties of any sane cost model and
+on each would take minutes. The ranker leans on four monotone properties of any sane cost model and
 evaluates only what they cannot settle:
 
 1. memory grows with the micro-batch size, shrinks with more recomputation (none < selective(core_attn)
@@ -13,14 +13,23 @@ evaluates only what they cannot settle:
    micro-batch, dispatcher, optimizer) only the least recomputation that fits can be the fastest.
 3. the distributed optimizer is no slower than the plain one (reduce-scatter + all-gather move what one
    all-reduce moves, and the optimizer step runs on a shard).
+4. pipelining does not make the per-micro-batch work cheaper: with tp, cp, ep, etp, dispatcher and
+   micro-batch fixed, every layer costs the same on any pp/vpp, and the most loaded of pp stages runs
+   ``m_pp · max(stage) >= m_pp · (all layers) / pp = m_1 · (all layers)``, because the micro-batch
+   count m grows with pp exactly as the layers per stage shrink. So the steady-state time of the
+   single-stage layout (its step time without the once-per-step terms: gradient sync, parameter
+   gather, optimizer) bounds the step time of every pp/vpp/recompute/optimizer variant from below: one
+   time call bounds a whole group of candidates.
 
-Time is therefore computed once per (layout, micro-batch, dispatcher) for its fastest candidate; the
-top-N list is drawn from a heap and a candidate's slower siblings (more recompute, plain optimizer) are
-timed only when the candidate itself reaches the list. The top N are thus exactly the N fastest fitting
-configs when properties 2 and 3 hold; ``order_violations`` counts the times a sibling timed later turned
-out faster than the config it followed (0 means the monotone properties held wherever they were used).
-``exhaustive=True`` (``--pareto``) times every fitting config instead and also returns the Pareto front
-of step time against memory.
+The fastest candidate of each (layout, micro-batch, dispatcher) enters a best-first queue keyed by its
+group's bound; popping a bound-only entry times it for real, popping a timed one puts it on the list and
+queues its slower siblings (more recompute, plain optimizer) keyed by its own time. The queue stops after
+N timed pops, so only candidates whose bound beats the N-th best time are ever timed, and the top N are
+exactly the N fastest fitting configs when properties 2-4 hold. Both kinds of breach are detected where
+they would matter and counted: ``order_violations`` (a sibling faster than the config it followed) and
+``bound_violations`` (a candidate faster than its bound); 0 means the properties held wherever they were
+used. ``exhaustive=True`` (``--pareto``) times every fitting config instead and also returns the Pareto
+front of step time against memory.
 
 Work is split over the CPU cores (fork) when the enumeration is large.
 """
@@ -51,6 +60,8 @@ if TYPE_CHECKING:
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], "MemoryBreakdown"]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
+# Terms paid once per step or only because of pipelining; the rest is the steady state of the micro-batches.
+PER_STEP_TERMS = frozenset({"dp_grad", "edp_grad", "param_gather", "optimizer", "pp_p2p", "pp_bubble"})
 TimeFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], "StepTimeBreakdown"]
 
 PARALLEL_THRESHOLD = 20_000  # valid configs above which the scan is split over processes
@@ -93,6 +104,8 @@ class PlanResult:
     memory_calls: int = 0
     time_calls: int = 0
     order_violations: int = 0
+    bound_violations: int = 0
+    bound_calls: int = 0  # time calls spent on lower bounds (included in time_calls)
     exhaustive: bool = False
     enumerate_seconds: float = 0.0
     rank_seconds: float = 0.0
@@ -139,6 +152,7 @@ class _Scan:
     fitting: int = 0
     memory_calls: int = 0
     time_calls: int = 0
+    bound_calls: int = 0
     closest: tuple[float, int, int, str, int, int] | None = None  # (memory total, idx, mbs, dispatcher, o, r)
 
 
@@ -158,8 +172,9 @@ def _scan(job: _Job, indices: range) -> _Scan:
     knobs = [[{"use_distributed_optimizer": d, "overlap_param_gather": d, "recompute_granularity": g,
                "recompute_modules": mods} for g, mods in job.recompute] for d in job.distopts]
     heads = out.heads
-    memory_calls = time_calls = fitting = 0
+    memory_calls = time_calls = fitting = bound_calls = 0
     closest = out.closest
+    bounds: dict[tuple, float] = {}
     expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous layout?
 
     for idx in indices:
@@ -218,19 +233,39 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             heads.append((t, idx, mbs, dispatcher, o, r, total))
                     continue
                 r0 = per_option[0]
-                o = 0
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
                     continue
-                cfg = new_config(ParallelConfig)
-                d = cfg.__dict__
-                d.update(base)
-                d.update(knobs[o][r0])
-                d["micro_batch_size"] = mbs
-                t = time_fn(model, training, cluster, cfg).step_time
-                time_calls += 1
-                heads.append((t, idx, mbs, dispatcher, o, r0, per_option))
+                gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
+                lb = bounds.get(gkey)
+                if lb is None:
+                    lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
+                    bound_calls += 1
+                heads.append((lb, idx, mbs, dispatcher, 0, r0, per_option))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
+    out.bound_calls = bound_calls
     return out
+
+
+def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
+    """Lower bound (seconds) on the step time of every config sharing tp, cp, ep, etp, dispatcher and mbs.
+
+    The single-stage layout's step time minus its once-per-step terms (property 4 of the module
+    docstring). 0 when the single-stage layout is not a valid config (its larger dp may not divide the
+    global batch): then the group is not bounded and its candidates are all timed.
+    """
+    cfg = ParallelConfig.__new__(ParallelConfig)
+    d = cfg.__dict__
+    d.update(base)
+    d.update(knob)
+    d.update(pp=1, vpp=1, micro_batch_size=mbs)
+    world = cfg.world_size
+    if job.training.global_batch_size % (mbs * (world // (cfg.tp * cfg.cp))):
+        return 0.0
+    try:
+        t = job.time_fn(job.model, job.training, job.cluster, cfg)
+    except InvalidConfigError:
+        return 0.0
+    return max(0.0, t.step_time - sum(v for name, v in t.terms if name in PER_STEP_TERMS))
 
 
 def _staircase(fits: Callable[[int, int], bool], n_mbs: int, n_rec: int, floors: list[int | None],
@@ -290,11 +325,18 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         return _scan(job, range(n))
     import multiprocessing
 
-    # Contiguous slices keep neighbouring layouts (which share the cost models' cached parts) in one
-    # process; a few slices per worker even out the unequal work of different tp/cp blocks.
-    chunks = workers * 3
-    step = -(-n // chunks)
-    bounds = [(s, min(s + step, n)) for s in range(0, n, step)]
+    # Slices are runs of whole (tp, cp) blocks: the layouts of a block share the cost models' cached
+    # parts and the steady-state bounds, so no two processes compute the same ones; about three slices
+    # per worker even out the unequal blocks.
+    starts = [i for i in range(n) if i == 0 or (job.layouts[i].tp, job.layouts[i].cp)
+              != (job.layouts[i - 1].tp, job.layouts[i - 1].cp)] + [n]
+    target = -(-n // (workers * 3))
+    bounds = []
+    begin = 0
+    for end in starts[1:]:
+        if end - begin >= target or end == n:
+            bounds.append((begin, end))
+            begin = end
     _JOB = job
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -307,6 +349,7 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         total.fitting += part.fitting
         total.memory_calls += part.memory_calls
         total.time_calls += part.time_calls
+        total.bound_calls += part.bound_calls
         if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
             total.closest = part.closest
     return total
@@ -377,8 +420,9 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     scan = _scan_all(job, n_workers)
     maker = ConfigMaker(cluster.num_gpus)
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
-                        ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls,
-                        exhaustive=exhaustive, enumerate_seconds=t1 - t0, workers=n_workers)
+                        ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
+                        bound_calls=scan.bound_calls, exhaustive=exhaustive, enumerate_seconds=t1 - t0,
+                        workers=n_workers)
 
     def estimate_of(idx: int, mbs: int, dispatcher: str, o: int, r: int) -> Estimate:
         cfg = job.config(maker, idx, mbs, dispatcher, o, r)
@@ -400,35 +444,36 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
 
 def _lazy_top(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, result: PlanResult,
               estimate_of: Callable[..., Estimate]) -> list[Estimate]:
-    """Pop the fastest candidate ``top`` times, timing a candidate's slower siblings only once it is popped."""
+    """Best-first over bounds and times: time a candidate only when its bound is the smallest key left."""
     n_rec = len(job.recompute)
-    # (time, tiebreak, idx, mbs, dispatcher, o, r, r_mins, is_family_head)
-    heap = [(h[0], i, h[1], h[2], h[3], h[4], h[5], h[6], True) for i, h in enumerate(heads)]
+    # (key, tiebreak, timed, idx, mbs, dispatcher, o, r, r_mins, is_family_head); key = bound or time
+    heap = [(h[0], i, False, h[1], h[2], h[3], h[4], h[5], h[6], True) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
     picked: list[tuple] = []
     last = float("-inf")
-
-    def push(idx: int, mbs: int, dispatcher: str, o: int, r: int, r_mins: tuple, head: bool) -> None:
-        nonlocal counter
-        cfg = job.config(maker, idx, mbs, dispatcher, o, r)
-        t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
-        result.time_calls += 1
-        counter += 1
-        heapq.heappush(heap, (t, counter, idx, mbs, dispatcher, o, r, r_mins, head))
-
     while heap and len(picked) < top:
-        t, _, idx, mbs, dispatcher, o, r, r_mins, head = heapq.heappop(heap)
-        if t < last:
+        key, _, timed, idx, mbs, dispatcher, o, r, r_mins, head = heapq.heappop(heap)
+        if not timed:
+            cfg = job.config(maker, idx, mbs, dispatcher, o, r)
+            t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
+            result.time_calls += 1
+            if t < key * (1 - 1e-9):
+                result.bound_violations += 1
+            counter += 1
+            heapq.heappush(heap, (t, counter, True, idx, mbs, dispatcher, o, r, r_mins, head))
+            continue
+        if key < last:
             result.order_violations += 1
-        last = max(last, t)
-        picked.append((t, idx, mbs, dispatcher, o, r))
-        if r + 1 < n_rec:
-            push(idx, mbs, dispatcher, o, r + 1, r_mins, False)
+        last = max(last, key)
+        picked.append((key, idx, mbs, dispatcher, o, r))
+        # slower siblings: bounded by this config's time until they are popped
+        siblings = [(o, r + 1)] if r + 1 < n_rec else []
         if head:
-            for o2 in range(o + 1, len(r_mins)):
-                if r_mins[o2] is not None:
-                    push(idx, mbs, dispatcher, o2, r_mins[o2], r_mins, False)
+            siblings += [(o2, r_mins[o2]) for o2 in range(o + 1, len(r_mins)) if r_mins[o2] is not None]
+        for o2, r2 in siblings:
+            counter += 1
+            heapq.heappush(heap, (key, counter, False, idx, mbs, dispatcher, o2, r2, r_mins, False))
     picked.sort(key=lambda p: p[0])
     return [estimate_of(*p[1:]) for p in picked]
 

@@ -156,14 +156,17 @@ def _rule_lines(result) -> list[str]:
     for rule, count in sorted(enum.rejected.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {rule:<18} {count:>14,}  e.g. {enum.examples[rule].reason}")
     lines.append(f"pruned by memory: {result.pruned_by_memory:,} of {enum.valid:,} valid configs; {result.fitting:,} fit")
-    mode = "every fitting config timed" if result.exhaustive else "fastest candidate per layout timed, top list exact"
+    mode = ("every fitting config timed" if result.exhaustive else
+            f"{result.bound_calls:,} of the time estimates are lower bounds; configs whose bound cannot beat the "
+            f"top {len(result.ranked)} were never timed")
     lines.append(f"ranked {result.fitting:,} configs in {result.enumerate_seconds + result.rank_seconds:.2f} s "
                  f"(enumerate {result.enumerate_seconds:.2f} s; {result.memory_calls:,} memory and "
                  f"{result.time_calls:,} time estimates on {result.workers} process"
                  f"{'es' if result.workers > 1 else ''}; {mode})")
-    if result.order_violations:
-        lines.append(f"warning: {result.order_violations} lazily timed configs were faster than the one before "
-                     f"them; the list is sorted but may miss a config (run with --pareto for an exhaustive ranking)")
+    if result.order_violations or result.bound_violations:
+        lines.append(f"warning: the cost model broke the ranker's monotone properties {result.order_violations} + "
+                     f"{result.bound_violations} times (see planner/rank.py); the list is sorted but may miss a "
+                     f"config: run with --pareto for an exhaustive ranking")
     return lines
 
 
@@ -262,8 +265,9 @@ def _run(args: argparse.Namespace) -> int:
             "pruned_by_memory": result.pruned_by_memory, "fitting": result.fitting,
             "timing": {"enumerate_s": result.enumerate_seconds, "rank_s": result.rank_seconds,
                        "memory_calls": result.memory_calls, "time_calls": result.time_calls,
-                       "workers": result.workers, "exhaustive": result.exhaustive,
-                       "order_violations": result.order_violations},
+                       "bound_calls": result.bound_calls, "workers": result.workers,
+                       "exhaustive": result.exhaustive, "order_violations": result.order_violations,
+                       "bound_violations": result.bound_violations},
             "ranked": [_estimate_dict(e) for e in result.ranked],
             "pareto": [_estimate_dict(e) for e in result.pareto] if result.exhaustive else None,
             "closest": _estimate_dict(result.closest) if result.closest else None,

@@ -47,7 +47,7 @@ def test_counts_and_top_order_match_brute_force(weight_gib):
     expected = sorted(t for t, _, _ in rows)[:15]
     assert [e.time.step_time for e in result.ranked] == pytest.approx(expected)
     assert all(e.fits for e in result.ranked)
-    assert result.order_violations == 0
+    assert result.order_violations == 0 and result.bound_violations == 0
     # far fewer evaluations than configs: the point of the staircase and the lazy siblings
     assert result.memory_calls < enum.valid / 3 and result.time_calls < enum.valid / 3
 
@@ -59,8 +59,7 @@ def test_parallel_workers_give_the_same_answer():
     one = plan(SMALL, TRAIN, cluster, top=10, space=space, memory_fn=mem, time_fn=fake_time, workers=1)
     two = plan(SMALL, TRAIN, cluster, top=10, space=space, memory_fn=mem, time_fn=fake_time, workers=2)
     assert [e.config for e in one.ranked] == [e.config for e in two.ranked]
-    assert (one.fitting, one.time_calls) == (two.fitting, two.time_calls)
-    # memory calls may differ by a few: each slice starts its staircase guesses afresh
+    assert (one.fitting, one.time_calls, one.bound_calls) == (two.fitting, two.time_calls, two.bound_calls)
     assert abs(one.memory_calls - two.memory_calls) <= 0.05 * one.memory_calls
 
 
@@ -214,6 +213,7 @@ def test_real_cost_models_keep_the_monotone_properties_the_ranker_uses(name, gpu
     full = plan(model, training, cluster, top=10, space=space, exhaustive=True, workers=1)
     assert lazy.fitting == full.fitting == fitting
     assert 0 < fitting
-    assert lazy.order_violations == 0
+    assert lazy.order_violations == 0 and lazy.bound_violations == 0
+    assert lazy.time_calls < full.time_calls / 3
     assert [e.time.step_time for e in lazy.ranked] == pytest.approx([e.time.step_time for e in full.ranked])
     assert full.pareto and full.pareto[0].time.step_time == pytest.approx(full.ranked[0].time.step_time)
