@@ -27,6 +27,9 @@ class ExecutorOptions:
     moe_router_bias_update_rate: float = 1e-3
     moe_expert_capacity_factor: float | None = None
     moe_token_drop_policy: str = "probs"
+    # Benchmarks only: assign experts round-robin (perfect balance) instead of by score, as Megatron's
+    # --moe-router-force-load-balancing does, to measure the layout without an untrained router's skew.
+    moe_router_force_load_balancing: bool = False
     kernel_backend: str = "torch"
     init_method_std: float = 0.02
     rotary_base: float = 10000.0

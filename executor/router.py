@@ -105,7 +105,13 @@ class Router(torch.nn.Module):
             select_NE = select_NE + self.expert_bias
         if spec.moe_router_num_groups:
             select_NE = _group_limited(select_NE, spec.moe_router_num_groups, spec.moe_router_group_topk, self.topk)
-        experts_NK = select_NE.topk(self.topk, dim=-1).indices
+        if opts.moe_router_force_load_balancing:
+            # token t of the micro-batch (global index over TP) takes experts (t·k + j) mod E
+            first = tp.rank * n * self.topk
+            slot = torch.arange(first, first + n * self.topk, device=logits_NE.device)
+            experts_NK = (slot % self.num_experts).view(n, self.topk)
+        else:
+            experts_NK = select_NE.topk(self.topk, dim=-1).indices
         probs_NK = scores_NE.gather(1, experts_NK)
         if spec.moe_router_score_function == "sigmoid":
             if self.topk > 1:

@@ -176,3 +176,14 @@ def test_chunk_order_regroups_source_major_rows_by_expert():
     order = chunk_order(counts)
     regrouped = [labels[i] for i in order.tolist()]
     assert regrouped == sorted(labels)
+
+
+def test_forced_load_balancing_spreads_assignments_evenly():
+    layer, x = _layer(TINY, ExecutorOptions(moe_router_force_load_balancing=True))
+    routing = layer.router(x.view(N_TOKENS, -1))
+    per_expert = N_TOKENS * TINY.moe_router_topk // TINY.num_experts
+    assert routing.tokens_per_expert.tolist() == [per_expert] * TINY.num_experts
+    assert all(len(set(row)) == TINY.moe_router_topk for row in routing.experts_NK.tolist())
+    y, _ = layer(x)
+    y.sum().backward()
+    assert layer.router.weight.grad.abs().sum() > 0  # probabilities still come from the router
