@@ -152,9 +152,22 @@ class Runner:
                     break
                 self._shutdown.wait(self.settings.poll_s)
                 continue
-            self.run_job(job)
+            try:
+                self.run_job(job)
+            except Exception as exc:  # a bug or a lost database must not leave the job claimed forever
+                log.exception("job %s: the runner failed", job.id)
+                self._fail_job(job.id, f"runner error: {type(exc).__name__}: {exc}")
             ran += 1
         return ran
+
+    def _fail_job(self, job_id: int, error: str) -> None:
+        from db.queue import finish_job
+
+        try:
+            with self.sessions() as session:
+                finish_job(session, job_id, self.settings.runner_id, "failed", error=error)
+        except Exception:  # the database itself is gone: the stale-claim requeue will deal with the job
+            log.exception("job %s: could not record its failure", job_id)
 
     def run_job_id(self, job_id: int) -> str | None:
         """Claim the queued job ``job_id`` and run it; its final status, or None if it was not queued."""

@@ -1,0 +1,58 @@
+"""The runner's small decisions, without Ray: candidates, failure kinds, fault selection, settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.runner import RunnerSettings, failure_kind
+from api.runner_candidates import CANDIDATES_PER_TRIAL, job_candidates
+from api.runner_trials import faults_for_trial
+from costmodel.catalog import get_hardware, get_model
+from costmodel.errors import SpecError
+from costmodel.hardware import ClusterSpec
+from costmodel.training_spec import TrainingSpec
+
+
+def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
+    training = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
+    cands = job_candidates(get_model("tiny-moe"), training, ClusterSpec(get_hardware("cpu"), 4), max_trials=3)
+    assert 0 < len(cands.candidates) <= CANDIDATES_PER_TRIAL * 3
+    assert all(c.config.cp == 1 and c.config.pp == 1 for c in cands.candidates)  # not built by the executor yet
+    assert all("cp=" in why or "pp=" in why or "tp" in why for why in cands.not_executable)
+    times = [c.predicted_step_time for c in cands.candidates]
+    assert times == sorted(times)
+    assert set(cands.estimates) == {c.config.label() for c in cands.candidates}
+    assert cands.summary()["searched"] == len(cands.candidates) and cands.fitting <= cands.valid
+
+
+@pytest.mark.parametrize(("reason", "kind"), [
+    ("out of memory on rank 1: DefaultCPUAllocator: can't allocate memory", "oom"),
+    ("timeout after 25 s (2 of 2 ranks still running: rank 0, 1)", "timeout"),
+    ("rank 1 died (killed by SIGKILL)", "crash"),
+    ("the job was stopped before this trial ran", "cancelled"),
+    ("RuntimeError on rank 0: boom", "error"),
+])
+def test_failure_kinds(reason, kind):
+    assert failure_kind(reason) == kind
+
+
+def test_faults_select_trials():
+    spec = "oom:rank=1:step=0:trial=0,kill:rank=1:step=2:trial=1,hang:rank=0:step=1"
+    assert faults_for_trial(spec, 0) == "oom:rank=1:step=0,hang:rank=0:step=1"
+    assert faults_for_trial(spec, 1) == "kill:rank=1:step=2,hang:rank=0:step=1"
+    assert faults_for_trial(spec, 5) == "hang:rank=0:step=1"
+    assert faults_for_trial("", 0) == ""
+    with pytest.raises(SpecError, match="trial must be an integer"):
+        faults_for_trial("kill:rank=1:trial=x", 0)
+
+
+def test_settings_from_the_environment():
+    env = {"FOLDTUNE_DATABASE_URL": "sqlite:////tmp/x.sqlite3", "FOLDTUNE_RUNNER_ID": "r7",
+           "FOLDTUNE_TRIAL_STEPS": "4", "FOLDTUNE_PARALLEL_TRIALS": "2", "FOLDTUNE_RANK_MEMORY_BYTES": "1e9"}
+    s = RunnerSettings.from_env(environ=env)
+    assert (s.database_url, s.runner_id, s.parallel_trials) == ("sqlite:////tmp/x.sqlite3", "r7", 2)
+    assert (s.trial.timed_steps, s.trial.rank_memory_bytes) == (4, 10**9)
+    with pytest.raises(SpecError, match="FOLDTUNE|timed_steps|invalid"):
+        RunnerSettings.from_env(environ={**env, "FOLDTUNE_TRIAL_STEPS": "0"})
+    with pytest.raises(SpecError, match="bad"):
+        RunnerSettings.from_env(environ={**env, "FOLDTUNE_HEARTBEAT_S": "soon"})
