@@ -8,6 +8,7 @@ interpreter start and imports reported beside it.
     python bench/plan_speed.py                 # the bar case and two more, 3 runs each, updates docs/benchmarks.md
     python bench/plan_speed.py --no-write      # print only
     python bench/plan_speed.py --cases deepseek-v3@1024 --repeat 5
+    python bench/plan_speed.py --check-exact   # also compare the top 10 with an exhaustive ranking (minutes)
 """
 
 from __future__ import annotations
@@ -33,6 +34,23 @@ CASES = {
     "mixtral-8x22b@128": ("mixtral-8x22b", 128, "h100-sxm", 4096, 256),
     "qwen3-235b-a22b@256": ("qwen3-235b-a22b", 256, "h100-sxm", 4096, 1024),
 }
+
+
+def exact_check(case: str, workers: int | None) -> dict:
+    """Run in a child process: the default ranking against the exhaustive one (every fitting config timed)."""
+    from costmodel.catalog import get_hardware, get_model
+    from costmodel.hardware import ClusterSpec
+    from costmodel.training_spec import TrainingSpec
+    from planner.rank import plan
+
+    model_name, gpus, gpu, seq, gbs = CASES[case]
+    args = (get_model(model_name), TrainingSpec(seq_length=seq, global_batch_size=gbs),
+            ClusterSpec(get_hardware(gpu), gpus))
+    fast = plan(*args, top=10, workers=workers)
+    full = plan(*args, top=10, exhaustive=True, workers=workers)
+    same = [e.time.step_time for e in fast.ranked] == [e.time.step_time for e in full.ranked]
+    return {"case": case, "same_top10": same, "exhaustive_time_calls": full.time_calls,
+            "time_calls": fast.time_calls, "exhaustive_wall_s": full.enumerate_seconds + full.rank_seconds}
 
 
 def one_run(case: str, workers: int | None) -> dict:
@@ -124,10 +142,16 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="fresh-process runs per case (default 3)")
     parser.add_argument("--workers", type=int, default=None, help="processes for the scan (default: the planner's)")
     parser.add_argument("--no-write", action="store_true", help=f"do not update {DOC.relative_to(ROOT)}")
+    parser.add_argument("--check-exact", action="store_true",
+                        help="also rank every case exhaustively and compare the top 10 (slow: minutes)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-exact", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(one_run(args.child, args.workers)))
+        return 0
+    if args.child_exact:
+        print(json.dumps(exact_check(args.child_exact, args.workers)))
         return 0
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
@@ -143,6 +167,17 @@ def main() -> int:
         print(f"{case}: {r['valid']:,} valid configs ({r['layouts']:,} layouts), {r['fitting']:,} fit; "
               f"plan {med:.2f} s median of {len(runs)} (imports {r['import_s']:.2f} s), "
               f"{r['valid'] / med:,.0f} configs/s; best {r['best']} at {r['best_step_s']:.2f} s")
+    checks = []
+    if args.check_exact:
+        for case in cases:
+            cmd = [sys.executable, __file__, "--child-exact", case] + (["--workers", str(args.workers)]
+                                                                       if args.workers else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
+            check = json.loads(proc.stdout.strip().splitlines()[-1])
+            checks.append(check)
+            print(f"{case}: top 10 {'equal to' if check['same_top10'] else 'DIFFERENT from'} the exhaustive ranking "
+                  f"({check['time_calls']:,} vs {check['exhaustive_time_calls']:,} time estimates, exhaustive "
+                  f"{check['exhaustive_wall_s']:.1f} s)")
     load_after = os.getloadavg()
     lines = table(rows)
     print("\n".join(lines))
@@ -177,6 +212,10 @@ def main() -> int:
             + ", ".join(f"{case} {runs[0]['order_violations']}/{runs[0]['bound_violations']}" for case, runs in rows)
             + ".",
             "",
+            *([("Exactness (`--check-exact`): " + "; ".join(
+                f"{c['case']} top 10 {'equal to' if c['same_top10'] else 'DIFFERENT from'} the exhaustive ranking "
+                f"({c['time_calls']:,} vs {c['exhaustive_time_calls']:,} time estimates)" for c in checks) + "."), ""]
+              if checks else []),
         ])
         write_section(text)
         print(f"updated {DOC.relative_to(ROOT)}")

@@ -132,6 +132,7 @@ class _Job:
     memory_total_fn: Any
     time_fn: Any
     exhaustive: bool
+    top: int = 10
 
     def config(self, maker: ConfigMaker, idx: int, mbs: int, dispatcher: str, o: int, r: int) -> ParallelConfig:
         granularity, modules = self.recompute[r]
@@ -153,6 +154,8 @@ class _Scan:
     memory_calls: int = 0
     time_calls: int = 0
     bound_calls: int = 0
+    order_violations: int = 0
+    bound_violations: int = 0
     closest: tuple[float, int, int, str, int, int] | None = None  # (memory total, idx, mbs, dispatcher, o, r)
 
 
@@ -176,6 +179,9 @@ def _scan(job: _Job, indices: range) -> _Scan:
     closest = out.closest
     bounds: dict[tuple, float] = {}
     expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous layout?
+    # staircases by (tp, cp, pp, ep, etp, dispatcher, o): the one vpp lower is a close guess (the same
+    # weights, a few more micro-batches in flight)
+    earlier: dict[tuple, list[int | None]] = {}
 
     for idx in indices:
         lay = job.layouts[idx]
@@ -185,6 +191,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
             floors: list[int | None] = [0] * len(sizes)
             guesses = same_layout if dispatcher != lay.dispatchers[0] else [None] * n_opt
             same_layout: list[list[int | None] | None] = []
+            shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
             r_mins_by_option: list[list[int | None]] = []
             for o in range(n_opt):
                 known: dict[tuple[int, int], bool] = {}
@@ -207,8 +214,12 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             closest = (total, idx, sizes[k], dispatcher, o, r)
                     return ok
 
-                r_mins = _staircase(fits, len(sizes), n_rec, floors, guesses[o], expect_all[o])
+                guess = guesses[o] if guesses[o] is not None else earlier.get(shape + (o,))
+                if guess is not None and len(guess) != len(sizes):
+                    guess = None
+                r_mins = _staircase(fits, len(sizes), n_rec, floors, guess, expect_all[o])
                 same_layout.append(r_mins)
+                earlier[shape + (o,)] = r_mins
                 all_fit = True
                 for r, floor in zip(r_mins, floors):
                     if r is not None:
@@ -243,6 +254,10 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 heads.append((lb, idx, mbs, dispatcher, 0, r0, per_option))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
+    if not job.exhaustive:
+        # this slice's own exact top N (the global top N is among the slices' top Ns), timed here where
+        # the cost models' caches for these layouts are warm
+        out.heads = _best_first(job, maker, heads, job.top, out)
     return out
 
 
@@ -274,7 +289,7 @@ def _staircase(fits: Callable[[int, int], bool], n_mbs: int, n_rec: int, floors:
 
     ``fits(k, r)`` is monotone: true stays true for a smaller micro-batch index k or a larger recompute
     level r. ``floors[k]`` is a lower bound on the answer, None where nothing fits; the indices that may
-    fit form a prefix. ``guess`` (the answer for the same layout with another dispatcher) and
+    fit form a prefix. ``guess`` (the answer for a similar layout: another dispatcher, one vpp less) and
     ``expect_all`` (whether everything fitted in the previous layout) only order the calls, never decide.
     Everything-fits is settled by the most demanding cell (one call), nothing-fits by the least demanding
     one; otherwise each micro-batch starts at the guessed level (or the lowest possible) and walks,
@@ -350,6 +365,8 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         total.memory_calls += part.memory_calls
         total.time_calls += part.time_calls
         total.bound_calls += part.bound_calls
+        total.order_violations += part.order_violations
+        total.bound_violations += part.bound_violations
         if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
             total.closest = part.closest
     return total
@@ -415,14 +432,15 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
     job = _Job(model, training, cluster, enum.layouts, enum.recompute, enum.distributed_optimizer,
-               memory_fn, memory_total_fn, time_fn, exhaustive)
+               memory_fn, memory_total_fn, time_fn, exhaustive, top)
     n_workers = workers if workers is not None else _default_workers(enum.valid)
     scan = _scan_all(job, n_workers)
     maker = ConfigMaker(cluster.num_gpus)
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
-                        bound_calls=scan.bound_calls, exhaustive=exhaustive, enumerate_seconds=t1 - t0,
-                        workers=n_workers)
+                        bound_calls=scan.bound_calls, order_violations=scan.order_violations,
+                        bound_violations=scan.bound_violations, exhaustive=exhaustive,
+                        enumerate_seconds=t1 - t0, workers=n_workers)
 
     def estimate_of(idx: int, mbs: int, dispatcher: str, o: int, r: int) -> Estimate:
         cfg = job.config(maker, idx, mbs, dispatcher, o, r)
@@ -434,17 +452,21 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
         result.ranked = [estimate_of(*h[1:6]) for h in heads[:top]]
         front = pareto_front([(h[0], h[6], h) for h in heads])
         result.pareto = [estimate_of(*h[1:6]) for h in front]
-    else:
-        result.ranked = _lazy_top(job, maker, scan.heads, top, result, estimate_of)
+    else:  # the slices' top Ns, (time, idx, mbs, dispatcher, o, r)
+        best = sorted(scan.heads, key=lambda p: p[0])[:top]
+        result.ranked = [estimate_of(*p[1:]) for p in best]
     if not result.ranked and scan.closest is not None:
         result.closest = estimate_of(*scan.closest[1:])
     result.rank_seconds = _time.perf_counter() - t1
     return result
 
 
-def _lazy_top(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, result: PlanResult,
-              estimate_of: Callable[..., Estimate]) -> list[Estimate]:
-    """Best-first over bounds and times: time a candidate only when its bound is the smallest key left."""
+def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan) -> list[tuple]:
+    """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
+
+    Heads are (bound, idx, mbs, dispatcher, o, r, r_mins). Returns (time, idx, mbs, dispatcher, o, r),
+    fastest first; counts time calls and breaches of the monotone properties in ``out``.
+    """
     n_rec = len(job.recompute)
     # (key, tiebreak, timed, idx, mbs, dispatcher, o, r, r_mins, is_family_head); key = bound or time
     heap = [(h[0], i, False, h[1], h[2], h[3], h[4], h[5], h[6], True) for i, h in enumerate(heads)]
@@ -457,14 +479,14 @@ def _lazy_top(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, resul
         if not timed:
             cfg = job.config(maker, idx, mbs, dispatcher, o, r)
             t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
-            result.time_calls += 1
+            out.time_calls += 1
             if t < key * (1 - 1e-9):
-                result.bound_violations += 1
+                out.bound_violations += 1
             counter += 1
             heapq.heappush(heap, (t, counter, True, idx, mbs, dispatcher, o, r, r_mins, head))
             continue
         if key < last:
-            result.order_violations += 1
+            out.order_violations += 1
         last = max(last, key)
         picked.append((key, idx, mbs, dispatcher, o, r))
         # slower siblings: bounded by this config's time until they are popped
@@ -475,7 +497,7 @@ def _lazy_top(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, resul
             counter += 1
             heapq.heappush(heap, (key, counter, False, idx, mbs, dispatcher, o2, r2, r_mins, False))
     picked.sort(key=lambda p: p[0])
-    return [estimate_of(*p[1:]) for p in picked]
+    return picked
 
 
 @dataclass

@@ -59,7 +59,9 @@ def test_parallel_workers_give_the_same_answer():
     one = plan(SMALL, TRAIN, cluster, top=10, space=space, memory_fn=mem, time_fn=fake_time, workers=1)
     two = plan(SMALL, TRAIN, cluster, top=10, space=space, memory_fn=mem, time_fn=fake_time, workers=2)
     assert [e.config for e in one.ranked] == [e.config for e in two.ranked]
-    assert (one.fitting, one.time_calls, one.bound_calls) == (two.fitting, two.time_calls, two.bound_calls)
+    assert (one.fitting, one.bound_calls) == (two.fitting, two.bound_calls)
+    # each slice ranks its own top N, so a split costs a few more time estimates, never fewer
+    assert one.time_calls <= two.time_calls
     assert abs(one.memory_calls - two.memory_calls) <= 0.05 * one.memory_calls
 
 
