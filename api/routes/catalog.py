@@ -39,6 +39,14 @@ def _builtin_view(profile: HardwareProfile) -> HardwareProfileOut:
                               profile=profile.to_dict())
 
 
+def _is_builtin(name: str) -> bool:
+    try:
+        get_hardware(name)
+    except CatalogError:
+        return False
+    return True
+
+
 @router.get("/hardware-profiles", operation_id="list_hardware_profiles", response_model=HardwareProfileList,
             tags=["hardware"])
 def list_hardware_profiles(_owner: OwnerDep, session: SessionDep) -> HardwareProfileList:
@@ -73,8 +81,8 @@ def create_hardware_profile(body: HardwareProfileIn, owner: OwnerDep, session: S
         profile = HardwareProfile.from_dict(body.model_dump())
     except (FoldtuneError, TypeError, ValueError) as exc:
         raise rule_violation("body", "hardware_profile_rules", str(exc)) from None
-    if body.name in hardware_names():
-        raise ProblemError(409, "name-taken", "Name taken", f"{body.name!r} is a built-in hardware profile")
+    if _is_builtin(body.name):  # stored profiles are shared: none may shadow a built-in name or alias
+        raise ProblemError(409, "name-taken", "Name taken", f"{body.name!r} names a built-in hardware profile")
     row = HardwareProfileRow(name=body.name, profile=profile.to_dict(), source=body.source, owner_id=owner.id)
     session.add(row)
     try:

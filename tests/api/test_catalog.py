@@ -31,6 +31,7 @@ def test_store_a_profile_then_submit_a_job_on_it(client, alice, bob, job_body):
     assert got["profile"]["gemm_efficiency"] == [[1e9, 0.4], [1e12, 0.7]]
     assert client.post("/v1/hardware-profiles", json=H, headers=alice).status_code == 409
     assert client.post("/v1/hardware-profiles", json={**H, "name": "cpu"}, headers=alice).status_code == 409
+    assert client.post("/v1/hardware-profiles", json={**H, "name": "h100"}, headers=alice).status_code == 409  # alias
     job_body["cluster"] = {"gpu": "my-gpu", "num_gpus": 8}
     job = client.post("/v1/jobs", json=job_body, headers=alice)
     assert job.status_code == 201 and job.json()["cluster"]["gpu"] == "my-gpu"
