@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from api.problems import install_problem_handlers
 from api.schemas.problem import Problem
-from api.routes import best, catalog, health, jobs, metrics
+from api.routes import best, catalog, health, jobs, metrics, plans
 from api.settings import ApiSettings
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
@@ -56,9 +56,8 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
         app.state.metrics.count_request(request.method, _route_of(request), response.status_code)
         return response
 
-    for module in (jobs, best, catalog, health, metrics):
+    for module in (jobs, best, plans, catalog, health, metrics):
         app.include_router(module.router)
-    _include_plans(app)
     _problems_in_openapi(app)
     return app
 
@@ -94,12 +93,3 @@ def _problems_in_openapi(app: FastAPI) -> None:
 def _route_of(request: Request) -> str:
     route = request.scope.get("route")
     return getattr(route, "path", None) or "unmatched"
-
-
-def _include_plans(app: FastAPI) -> None:
-    """POST /v1/plans exists only once the planner exposes its one-call answer."""
-    try:
-        from api.routes import plans
-    except ImportError:
-        return
-    app.include_router(plans.router)
