@@ -103,3 +103,16 @@ def test_server_problems_are_one_line(capsys, conn):
     code, _, err = _cli(capsys, "best", "--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq", "64",
                         "--gbs", "8", *conn)
     assert code == 2 and "No measured layout yet" in err
+
+
+def test_submit_an_inline_model_from_a_file(capsys, conn, tmp_path):
+    spec = tmp_path / "my-moe.yaml"
+    spec.write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nffn_hidden_size: 128\n"
+                    "vocab_size: 256\nnum_experts: 4\nmoe_router_topk: 2\n")
+    code, out, _ = _cli(capsys, "submit", "--model-file", str(spec), "--gpu", "cpu", "--gpus", "2", "--seq", "64",
+                        "--gbs", "4", *conn)
+    assert code == 0 and "my-moe on 2x cpu" in out
+    spec.write_text("num_layers: [unclosed\n")
+    code, _, err = _cli(capsys, "submit", "--model-file", str(spec), "--gpu", "cpu", "--gpus", "2", "--seq", "64",
+                        "--gbs", "4", *conn)
+    assert code == 2 and err.count("\n") == 1 and "is not valid JSON/YAML" in err
