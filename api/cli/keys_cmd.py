@@ -18,17 +18,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from api.cli._db import migrate_or_explain
     from costmodel.errors import SpecError
     from db.engine import make_engine, make_sessionmaker
     from db.keys import create_api_key, revoke_keys
-    from db.migrate import upgrade
     from db.settings import database_settings
 
     name = args.name.strip()
     if not 1 <= len(name) <= 100 or "\x00" in name:
         raise SpecError(f"owner name must be 1 to 100 characters, got {args.name!r}")
     url = database_settings(args.database_url).url
-    upgrade(url)
+    migrate_or_explain(url)
     engine = make_engine(url)
     try:
         with make_sessionmaker(engine)() as session:

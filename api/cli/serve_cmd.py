@@ -22,12 +22,13 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.cli._db import migrate_or_explain
     from api.settings import ApiSettings
-    from db.migrate import head_revision, upgrade
+    from db.migrate import head_revision
 
     settings = ApiSettings.from_env(args.database_url)
     settings = replace(settings, host=args.host or settings.host, port=args.port or settings.port)
-    upgrade(settings.database_url)
+    migrate_or_explain(settings.database_url)
     print(f"foldtune: database {_safe(settings.database_url)} at revision {head_revision()}", flush=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
     return 0

@@ -116,3 +116,11 @@ def test_submit_an_inline_model_from_a_file(capsys, conn, tmp_path):
     code, _, err = _cli(capsys, "submit", "--model-file", str(spec), "--gpu", "cpu", "--gpus", "2", "--seq", "64",
                         "--gbs", "4", *conn)
     assert code == 2 and err.count("\n") == 1 and "is not valid JSON/YAML" in err
+
+
+@pytest.mark.parametrize("argv", [["keys", "create", "x"], ["serve"]])
+def test_unreachable_database_is_one_line(capsys, monkeypatch, argv):
+    monkeypatch.setenv("FOLDTUNE_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2")
+    code, out, err = _cli(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("foldtune: error: cannot open the database postgresql+psycopg://nobody@127.0.0.1:9/none")
