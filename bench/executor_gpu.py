@@ -173,6 +173,32 @@ def part_router_gemm(tokens: int = 4096) -> dict:
     return out
 
 
+def part_fused_check() -> dict:
+    """Fused (Triton) vs torch unpermute/permute-backward on random data with dropped slots: max abs error."""
+    from executor.dispatcher import permute, slot_rows, unpermute
+
+    out = {}
+    for n, k, h, e in ((4096, 8, 2048, 128), (4096, 2, 4096, 8)):
+        x = torch.randn(n, h, device=DEV, dtype=BF16, requires_grad=True)
+        experts = torch.randint(0, e + 1, (n, k), device=DEV)  # id e = dropped
+        probs = torch.rand(n, k, device=DEV, requires_grad=True)
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        slots = order[: int((flat < e).sum())]
+        rows = slot_rows(slots, n, k)
+        g = torch.randn(n, h, device=DEV, dtype=BF16)
+        results = []
+        for flag in ("0", "1"):
+            os.environ["FOLDTUNE_FUSED_PERMUTE"] = flag
+            y = permute(x, slots, rows, k) * 1.5
+            o = unpermute(y, probs, slots, rows)
+            results.append((o,) + torch.autograd.grad(o, (x, probs), g))
+        os.environ.pop("FOLDTUNE_FUSED_PERMUTE")
+        out[f"n{n}_k{k}_h{h}"] = [float((a.detach().float() - b.detach().float()).abs().max() / (b.detach().float().abs().max() + 1e-12))
+                                  for a, b in zip(results[1], results[0])]
+    return out
+
+
 def part_stack(layers: int, seq: int = 4096) -> dict:
     spec = get_model("mixtral-8x7b").with_layers(layers)
     state = single_process_state()
@@ -272,6 +298,13 @@ def main() -> int:
 
     if "gemm" in parts:
         run("gemm", part_gemm)
+    if "fused" in parts:
+        run("fused_check", part_fused_check)
+    if "unfused" in parts:  # A/B: the torch permutation path
+        os.environ["FOLDTUNE_FUSED_PERMUTE"] = "0"
+        run("moe_mixtral_unfused", part_moe, 4096, 14336, 8, 2)
+        run("moe_finegrained_unfused", part_moe, 2048, 768, 128, 8)
+        os.environ.pop("FOLDTUNE_FUSED_PERMUTE")
     if "moe" in parts:
         run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained", part_moe, 2048, 768, 128, 8)
@@ -293,7 +326,8 @@ def main() -> int:
     print(f"{'measure':<34}{'value':>12}{'bar':>8}  pass")
     if gemm:
         rows.append(("dense bf16 GEMM 8192^3 TFLOP/s", f"{gemm:.0f}", "", ""))
-    for key, bar in (("moe_mixtral", 0.95), ("moe_finegrained", 0.85)):
+    for key, bar in (("moe_mixtral_unfused", 0.95), ("moe_finegrained_unfused", 0.85), ("moe_mixtral", 0.95),
+                     ("moe_finegrained", 0.85)):
         r = report.get(key, {})
         if "ratio" in r:
             rows.append((f"{key} layer/ideal", f"{r['ratio']:.3f}", f"{bar}", "yes" if r["ratio"] >= bar else "NO"))

@@ -22,6 +22,7 @@ import torch
 
 from executor.parallel.collectives import all_gather, all_gather_nograd, all_gather_v, all_to_all, reduce_scatter, \
     reduce_scatter_v
+from executor.kernels import triton_permute as fused
 from executor.parallel.groups import ParallelState
 from executor.router import Routing, count_per_expert
 from executor.timing import NULL_TIMER, PhaseTimer
@@ -52,6 +53,8 @@ class _Permute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_MH):
         (row_of_slot,) = ctx.saved_tensors
+        if fused.available(grad_MH):
+            return fused.combine(grad_MH, None, row_of_slot, ctx.n, ctx.k), None, None, None
         return _rows_by_slot(grad_MH, row_of_slot).view(ctx.n, ctx.k, -1).sum(1), None, None, None
 
 
@@ -62,6 +65,8 @@ class _Unpermute(torch.autograd.Function):
     def forward(ctx, y_MH, probs_NK, slots_M, row_of_slot):
         n, k = probs_NK.shape
         ctx.save_for_backward(y_MH, probs_NK, slots_M, row_of_slot)
+        if fused.available(y_MH):
+            return fused.combine(y_MH, probs_NK, row_of_slot, n, k)
         y_NKH = _rows_by_slot(y_MH, row_of_slot).view(n, k, -1)
         return torch.bmm(probs_NK.to(y_MH.dtype).unsqueeze(1), y_NKH).squeeze(1)
 
@@ -70,6 +75,9 @@ class _Unpermute(torch.autograd.Function):
         y_MH, probs_NK, slots_M, row_of_slot = ctx.saved_tensors
         n, k = probs_NK.shape
         grad_NH = grad_NH.contiguous()
+        if fused.available(y_MH):
+            grad_y, grad_probs = fused.combine_backward(grad_NH, y_MH, probs_NK, row_of_slot)
+            return grad_y, grad_probs.to(probs_NK.dtype), None, None
         y_NKH = _rows_by_slot(y_MH, row_of_slot).view(n, k, -1)
         grad_probs = torch.bmm(y_NKH, grad_NH.unsqueeze(-1)).squeeze(-1).to(probs_NK.dtype)
         grad_y_NKH = probs_NK.to(grad_NH.dtype).unsqueeze(-1) * grad_NH.unsqueeze(1)
