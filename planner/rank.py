@@ -194,13 +194,12 @@ def _scan(job: _Job, indices: range) -> _Scan:
             shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
             r_mins_by_option: list[list[int | None]] = []
             for o in range(n_opt):
-                known: dict[tuple[int, int], bool] = {}
+                known: list[bool | None] = [None] * (len(sizes) * n_rec)  # fits(k, r) at k·n_rec + r
                 row = knobs[o]
 
                 def fits(k: int, r: int) -> bool:
                     nonlocal memory_calls, closest
-                    key = (k, r)
-                    ok = known.get(key)
+                    ok = known[k * n_rec + r]
                     if ok is None:
                         cfg = new_config(ParallelConfig)
                         d = cfg.__dict__
@@ -209,7 +208,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                         d["micro_batch_size"] = sizes[k]
                         total = mem_fn(model, training, cluster, cfg)
                         memory_calls += 1
-                        ok = known[key] = total <= usable
+                        ok = known[k * n_rec + r] = total <= usable
                         if closest is None or total < closest[0]:
                             closest = (total, idx, sizes[k], dispatcher, o, r)
                     return ok
