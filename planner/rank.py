@@ -147,8 +147,8 @@ class _Job:
 class _Scan:
     """What one process learned about a slice of the layouts."""
 
-    # (step_time, idx, mbs, dispatcher, o, r, r_mins): fastest candidate per (layout, mbs, dispatcher);
-    # in exhaustive mode one entry per fitting config, with its memory total in place of r_mins.
+    # default mode: the slice's top N as (step_time, idx, mbs, dispatcher, o, r);
+    # exhaustive mode: every fitting config as (step_time, idx, mbs, dispatcher, o, r, memory total).
     heads: list[tuple] = field(default_factory=list)
     fitting: int = 0
     memory_calls: int = 0
