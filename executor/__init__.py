@@ -1,1 +1,15 @@
-"""foldtune executor package."""
+"""foldtune executor: the real MoE training step under a folded layout, on torch alone.
+
+Layout of the package (one concept per module):
+- ``model`` (MoEGPT, DecoderLayer), ``attention``, ``mlp`` (dense / shared-expert SwiGLU), ``moe`` (MoELayer,
+  GroupedExperts), ``router`` (top-k rules, aux/z losses, expert bias, capacity), ``dispatcher`` (alltoall and
+  allgather token dispatchers, loop-free permutation).
+- ``parallel``: ``groups`` (ParallelState built from costmodel.rank_groups.FoldedGroups), ``collectives``
+  (autograd collectives), ``tensor_parallel`` (SP enter/leave, layout checks), ``vocab`` (vocab-parallel
+  embedding and cross-entropy), ``sharding`` (ShardInfo per parameter, deterministic full-size init, gather back),
+  ``grad_reduce`` (bucketed TP/DP/EDP gradient reduction).
+- ``kernels``: the kernel interface (torch backend; fused Triton permutation on CUDA).
+- ``train_step`` (Trainer: micro-batches, reduction, AdamW, expert bias), ``data`` (synthetic batches),
+  ``timing`` (phase markers), ``measurement`` (Measurement), ``profile`` (profile_layout), ``launch_local``
+  (one process per rank), ``verify`` (equivalence with the single-process reference).
+"""
