@@ -112,6 +112,10 @@ class RankActor:
             steps, self._steps = self._steps, []
         return steps
 
+    def last_step(self) -> int:
+        """The last timed step this rank finished (-1: none yet)."""
+        return progress.last_step_done()
+
     def run(self, master: tuple[str, int], backend: str, fn: Callable, args: tuple, dist_timeout_s: float,
             memory_limit_bytes: int | None) -> tuple[str, Any]:
         """Run ``fn`` as this rank: ('ok', result) or ('oom' | 'error', one-line reason, traceback)."""
@@ -258,8 +262,9 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
             if not pending or time.monotonic() - first_failure_at > 1.0:
                 return _failure_reason(outcomes), []
         elif pending and time.monotonic() - run_start > timeout_s:
-            return (f"timeout after {timeout_s:.0f} s ({len(pending)} of {world_size} ranks still running: "
-                    f"rank {', '.join(str(r) for r in sorted(pending.values()))})"), []
+            running = sorted(pending.values())
+            return (f"timeout after {timeout_s:.0f} s ({len(running)} of {world_size} ranks still running: "
+                    f"rank {', '.join(str(r) for r in running)}{_laggards(actors, running)})"), []
     if on_step is not None:  # steps rank 0 reported just before it returned (its actor is still alive)
         refs = ([poll_ref] if poll_ref is not None else []) + [actors[0].poll.remote(stop_sent)]
         try:
@@ -269,6 +274,23 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
         except Exception:
             pass
     return None, [outcomes[r][1] for r in range(world_size)]
+
+
+def _laggards(actors: list, running: list[int]) -> str:
+    """'; rank 1 stuck after step 0 while others finished step 1' when some running ranks lag behind."""
+    import ray
+
+    try:
+        steps = dict(zip(running, ray.get([actors[r].last_step.remote() for r in running], timeout=5)))
+    except Exception:  # a rank too wedged to answer: the plain reason must do
+        return ""
+    ahead = max(steps.values())
+    behind = sorted(r for r, s in steps.items() if s < ahead)
+    if not behind:
+        return ""
+    last = min(steps[r] for r in behind)
+    where = f"after step {last}" if last >= 0 else "before its first timed step"
+    return f"; rank {', '.join(map(str, behind))} stuck {where} while others finished step {ahead}"
 
 
 def _failure_reason(outcomes: dict[int, tuple]) -> str:

@@ -35,6 +35,7 @@ FAULT_ENV = "FOLDTUNE_FAULT"
 FAULT_KINDS = ("kill", "hang", "oom")
 
 _sink: StepSink | None = None
+_last_step_done = -1  # the last timed step this process finished (before its collectives), for hang reports
 
 
 def install(sink: StepSink | None) -> StepSink | None:
@@ -42,6 +43,11 @@ def install(sink: StepSink | None) -> StepSink | None:
     global _sink
     previous, _sink = _sink, sink
     return previous
+
+
+def last_step_done() -> int:
+    """The last timed step (0-based) this process finished, -1 before the first; a hung rank lags behind."""
+    return _last_step_done
 
 
 def report_step(step: int, seconds: float) -> bool:
@@ -110,6 +116,8 @@ def step_done(step: int, seconds: float) -> bool:
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     rank = dist.get_rank() if distributed else 0
     _inject(rank, step)
+    global _last_step_done
+    _last_step_done = step
     if not distributed:
         return report_step(step, seconds)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \

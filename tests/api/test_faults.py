@@ -44,6 +44,7 @@ def test_oom_killed_and_hung_ranks_fail_their_trials_and_the_job_goes_on(client,
     assert killed.failure_reason.startswith("rank 1 died"), killed.failure_reason
     assert (hung.status, hung.failure_kind) == ("failed", "timeout")
     assert hung.failure_reason.startswith(f"timeout after {HANG_TIMEOUT_S:.0f} s"), hung.failure_reason
+    assert "rank 1 stuck before its first timed step while others finished step 0" in hung.failure_reason
     assert healthy.status == "succeeded" and healthy.step_time_s > 0
     assert job.status == "succeeded" and job.best_trial_id == healthy.id
     # The OOM taught the memory model: the search records it as an out-of-memory observation.

@@ -42,9 +42,9 @@ def test_steps_stream_to_the_driver_and_a_stop_ends_every_rank_at_the_same_step(
         seen.append((step, seconds))
         return True  # stop after the first timed step
 
-    m = _profile(ray_launch, steps=4, on_step=on_step)
+    m = _profile(ray_launch, steps=100, on_step=on_step)  # the stop must land long before step 100
     assert m.ok, m.failure_reason
-    assert m.pruned and len(m.step_times) < 4  # both ranks left the loop early, at the same step
+    assert m.pruned and len(m.step_times) < 100  # both ranks left the loop early, at the same step
     assert seen and seen[0][0] == 0 and seen[0][1] == pytest.approx(m.step_times[0])
     assert [s for s, _ in seen] == list(range(len(m.step_times)))
 
@@ -54,6 +54,32 @@ def test_a_full_run_reports_every_step_and_is_not_pruned(ray_launch):
     seen: list[int] = []
     m = _profile(ray_launch, steps=2, on_step=lambda step, seconds: seen.append(step) and False)
     assert m.ok and not m.pruned and len(m.step_times) == 2 and seen == [0, 1]
+
+
+@pytest.mark.slow
+def test_two_trials_run_at_once_when_the_cluster_has_room(ray_launch):
+    import threading
+    import time
+
+    spans: dict[int, tuple[float, float]] = {}
+    results = {}
+
+    def trial(i: int) -> None:
+        def on_step(step: int, seconds: float) -> bool:
+            spans.setdefault(i, (time.monotonic(), 0.0))
+            spans[i] = (spans[i][0], time.monotonic())
+            return False
+
+        results[i] = _profile(ray_launch, steps=8, on_step=on_step)
+
+    threads = [threading.Thread(target=trial, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert all(results[i].ok for i in range(2)), [results[i].failure_reason for i in range(2)]
+    (a0, a1), (b0, b1) = spans[0], spans[1]
+    assert a0 < b1 and b0 < a1  # their timed steps overlapped: two placement groups at once
 
 
 def test_a_world_larger_than_the_cluster_fails_at_once(ray_launch):
