@@ -132,7 +132,7 @@ def write_section(text: str) -> None:
         new = old.rstrip("\n") + "\n\n" + text
     else:
         end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
+        new = old[:start] + text.rstrip("\n") + "\n" + ("\n" + old[end + 1:] if end >= 0 else "")
     DOC.write_text(new if new.endswith("\n") else new + "\n")
 
 

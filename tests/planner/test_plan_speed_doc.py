@@ -26,6 +26,7 @@ def test_section_is_replaced_in_place_and_others_kept(tmp_path, monkeypatch):
     text = doc.read_text()
     assert "first" not in text and "second" in text and "## Executor\n\nexecutor table" in text
     assert text.index("## Planner speed") < text.index("## Executor")
+    assert "second\n\n## Executor" in text
 
 
 def test_cpu_model_and_cases_are_known():
