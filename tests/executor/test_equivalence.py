@@ -44,8 +44,9 @@ LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
     ("dp2", 2, [("alltoall", "base")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position")]),
-    ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias")]),
-    ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared")]),
+    ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("allgather", "capacity_probs")]),
+    ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
+                     ("alltoall", "capacity_position")]),
     ("tp2 ep4 etp1", 8, [("alltoall", "base"), ("allgather", "shared"), ("alltoall", "capacity_probs")]),
     ("tp2 dp2 ep2 etp1", 4, [("alltoall", "shared"), ("allgather", "base"), ("alltoall", "sigmoid_bias")]),
 ]
