@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.runner_trials import TrialExecutor, TrialSettings, trial_settings_from_env
+from api.runner_trials import JobStopped, TrialExecutor, TrialSettings, trial_settings_from_env
 from costmodel.errors import FoldtuneError, SpecError
 from costmodel.hardware import ClusterSpec, HardwareProfile
 from costmodel.model_spec import ModelSpec
@@ -42,10 +42,6 @@ from db.models import Job
 
 log = logging.getLogger("foldtune.runner")
 EventHook = Callable[[str, dict], None]
-
-
-class JobStopped(Exception):
-    """The job was cancelled, lost to another runner, or the runner is shutting down."""
 
 
 @dataclass(frozen=True)
@@ -242,8 +238,8 @@ class Runner:
                                 storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder)
         except JobStopped:
             with self.sessions() as session:
-                status = runner_store.job_status(session, job.id)
-                if self._shutdown.is_set() and status == "running":
+                status, holder = runner_store.job_claim(session, job.id)
+                if self._shutdown.is_set() and status == "running" and holder == sid:
                     runner_store.fail_running_trials(session, job.id, "the runner shut down mid-trial; retried")
                     release_job(session, job.id, sid)
                     status = "queued"

@@ -26,6 +26,15 @@ from costmodel.training_spec import TrainingSpec
 FAULT_ENV = "FOLDTUNE_FAULT"
 
 
+class JobStopped(BaseException):  # noqa: N818 (a control-flow signal, like KeyboardInterrupt)
+    """The job was cancelled, given to another runner, or the runner is shutting down.
+
+    A BaseException on purpose: :func:`planner.search.run_search` records any ``Exception`` of a trial as a
+    failed trial, but a trial interrupted by a stop is no measurement at all. It propagates out of the
+    search and leaves the Optuna trial RUNNING, which a resumed search fails as retryable and measures again.
+    """
+
+
 @dataclass(frozen=True)
 class TrialSettings:
     """Step budget and limits of one trial: ``warmup_steps`` untimed and ``timed_steps`` timed optimizer
@@ -68,8 +77,8 @@ def is_cpu_cluster(cluster: ClusterSpec) -> bool:
 class TrialExecutor:
     """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
 
-    ``stop`` (an Event) stops a running trial at its next step; ``number_of(label)`` gives the Optuna
-    number of the trial measuring a layout (for fault selection), or None.
+    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`;
+    ``number_of(label)`` gives the Optuna number of the trial measuring a layout (for fault selection), or None.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
@@ -81,27 +90,30 @@ class TrialExecutor:
 
     def __call__(self, config: ParallelConfig, report: Callable[[int, float], bool]):
         from executor import launch_ray
-        from executor.measurement import Measurement
         from executor.profile import profile_layout
 
         label = config.label()
         if self.stop.is_set():
-            measurement = Measurement.failed("the job was stopped before this trial ran", layout=label)
-        else:
-            cpu = is_cpu_cluster(self.cluster)
-            number = self.number_of(label)
-            faults = faults_for_trial(self.settings.faults, number) if number is not None else ""
-            memory = self.settings.rank_memory_bytes or (self.cluster.hardware.gpu.hbm_bytes if cpu else None)
+            raise JobStopped(f"stopped before trial {label} ran")
+        cpu = is_cpu_cluster(self.cluster)
+        number = self.number_of(label)
+        faults = faults_for_trial(self.settings.faults, number) if number is not None else ""
+        memory = self.settings.rank_memory_bytes or (self.cluster.hardware.gpu.hbm_bytes if cpu else None)
+        pruned = threading.Event()
 
-            def on_step(step: int, seconds: float) -> bool:
-                return bool(report(step, seconds)) or self.stop.is_set()
+        def on_step(step: int, seconds: float) -> bool:
+            if report(step, seconds):
+                pruned.set()
+            return pruned.is_set() or self.stop.is_set()
 
-            launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
-                                         env={FAULT_ENV: faults})
-            measurement = profile_layout(self.model, self.training, config, warmup_steps=self.settings.warmup_steps,
-                                         timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
-                                         device="cpu" if cpu else "cuda", hardware=self.cluster.hardware.name,
-                                         launcher=launcher)
+        launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
+                                     env={FAULT_ENV: faults})
+        measurement = profile_layout(self.model, self.training, config, warmup_steps=self.settings.warmup_steps,
+                                     timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
+                                     device="cpu" if cpu else "cuda", hardware=self.cluster.hardware.name,
+                                     launcher=launcher)
+        if self.stop.is_set() and not pruned.is_set():
+            raise JobStopped(f"stopped during trial {label}")
         with self._lock:
             self.measurements[label] = measurement
         return measurement

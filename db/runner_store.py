@@ -98,3 +98,9 @@ def heartbeat_running_trials(session: Session, job_id: int, runner_id: str) -> i
 
 def job_status(session: Session, job_id: int) -> str | None:
     return session.scalar(select(Job.status).where(Job.id == job_id))
+
+
+def job_claim(session: Session, job_id: int) -> tuple[str | None, str | None]:
+    """(status, claimed_by) of a job; (None, None) when it does not exist."""
+    row = session.execute(select(Job.status, Job.claimed_by).where(Job.id == job_id)).first()
+    return (row[0], row[1]) if row else (None, None)

@@ -107,3 +107,46 @@ def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(d
     assert lost.label in {t.label for t in counted}
     assert len({t.label for t in counted}) == len(counted)
     assert wait_no_rank_actors() == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_runner_shut_down_mid_trial_gives_the_job_back_and_the_trial_is_measured_again(db_url):
+    import threading
+
+    session_ray()
+    job_id = _submit(db_url, max_trials=2)
+    runner = make_runner(db_url, runner_id="leaving", timed_steps=200)
+    statuses: list = []
+    thread = threading.Thread(target=lambda: statuses.append(runner.run_job_id(job_id)), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not any(t.status == "running" for t in _trials(runner.sessions, job_id)):
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.2)
+        time.sleep(2)
+        runner.stop()  # what SIGTERM does in `foldtune runner`
+        thread.join(120)
+        assert statuses == ["queued"]
+        with runner.sessions() as session:
+            job = session.get(Job, job_id)
+        assert job.status == "queued" and job.claimed_by is None
+        [lost] = _trials(runner.sessions, job_id)
+        assert (lost.status, lost.failure_kind) == ("failed", "lost")
+    finally:
+        runner.stop()
+        thread.join(30)
+        runner.close()
+
+    again = make_runner(db_url, runner_id="next")
+    try:
+        assert again.run(once=True) == 1
+        trials = _trials(again.sessions, job_id)
+        with again.sessions() as session:
+            job = session.get(Job, job_id)
+    finally:
+        again.close()
+    assert job.status == "succeeded"
+    assert [t.number for t in trials] == [0, 1, 2]
+    assert trials[1].label == lost.label and trials[1].status == "succeeded"  # measured again, in full
+    assert wait_no_rank_actors() == []
