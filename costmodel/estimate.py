@@ -83,7 +83,8 @@ def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cl
         return f"MFU {time.mfu:.0%}{extra}"
     if bottleneck == "optimizer":
         return "distributed optimizer" if c.use_distributed_optimizer else "no distributed optimizer"
-    return f"mbs {c.micro_batch_size}"
+    return (f"norms, activations, permutation and loss at {cluster.gpu.hbm_bandwidth / 1e12:.2f} TB/s HBM, "
+            f"mbs {c.micro_batch_size}")
 
 
 def explain(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec, memory: MemoryBreakdown,
