@@ -34,7 +34,8 @@ class Trainer:
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
         self.model = model
-        self.reducer = GradReducer(model, model.state, bucket_mb)
+        self.reducer = GradReducer(model, model.state, bucket_mb,
+                                   overlap=bool(model.state.config.overlap_grad_reduce))
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
                                            eps=eps, **_adam_impl(model))
 
@@ -43,8 +44,10 @@ class Trainer:
         model = self.model
         stats = torch.zeros(2, device=self.model.rope_cos.device)
         counts = None
-        for ids, labels in micro:
+        for i, (ids, labels) in enumerate(micro):
             out = model(ids, labels)
+            if i == len(micro) - 1:
+                self.reducer.arm()  # the last backward's final gradients start their all-reduce at once
             (out.loss / len(micro)).backward()
             stats += torch.stack([out.ce, out.router_loss]) / len(micro)
             for moe in model.moe_layers():

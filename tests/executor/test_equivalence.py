@@ -39,10 +39,10 @@ SCENARIOS = {
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
 }
 
-# layout label, world size, [(dispatcher, scenario name)]
+# layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
-    ("dp2", 2, [("alltoall", "base")]),
+    ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False})]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position")]),
     ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("allgather", "capacity_probs")]),
     ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
@@ -60,9 +60,11 @@ def _reference(dispatcher: str, scenario_name: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("label,world,runs", LAYOUTS, ids=[label.replace(" ", "_") for label, _, _ in LAYOUTS])
 def test_layout_matches_single_process(label, world, runs):
-    configs = [ParallelConfig.parse(label, world_size=world).replace(moe_token_dispatcher_type=d) for d, _ in runs]
-    references = [_reference(d, name) for d, name in runs]  # also warms torch.optim before the fork
-    launched = launch(layout_worker, world, ([(c, SCENARIOS[name]) for c, (_, name) in zip(configs, runs)],),
+    configs = [ParallelConfig.parse(label, world_size=world).replace(moe_token_dispatcher_type=run[0],
+                                                                     **(run[2] if len(run) > 2 else {}))
+               for run in runs]
+    references = [_reference(run[0], run[1]) for run in runs]  # also warms torch.optim before the fork
+    launched = launch(layout_worker, world, ([(c, SCENARIOS[run[1]]) for c, run in zip(configs, runs)],),
                       backend="gloo", timeout_s=300, start_method="fork")
     assert launched.ok, launched.failure_reason
 
@@ -72,9 +74,36 @@ def test_layout_matches_single_process(label, world, runs):
             assert report["groups"][name] == folded.group_of(name, rank), (rank, name)
 
     failures = {}
-    for (dispatcher, name), ref, got in zip(runs, references, launched.results[0]["results"]):
+    for run, ref, got in zip(runs, references, launched.results[0]["results"]):
         problems = compare(ref, got)
         if problems:
-            failures[f"{dispatcher}/{name}"] = problems[:6]
+            failures["/".join(map(str, run))] = problems[:6]
     assert not failures, failures
 
+
+
+def _overlap_worker(rank, world):
+    from executor.model import MoEGPT
+    from executor.parallel.groups import build_parallel_state
+    from executor.train_step import Trainer
+    from executor.data import global_batch, micro_batches
+
+    state = build_parallel_state(ParallelConfig(world_size=2, ep=2), rank)
+    trainer = Trainer(MoEGPT(TINY, state, LOSSES, 16), bucket_mb=0.01)  # many small buckets
+    micro = micro_batches(global_batch(TINY.vocab_size, 16, 4, 0, 0), 2, rank, 1)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.forward_backward(micro)
+    launched = [(entry.next, len(entry.buckets)) for entry in trainer.reducer.entries]
+    trainer.reducer.reduce()
+    return launched
+
+
+@pytest.mark.slow
+def test_overlapped_reduction_starts_every_bucket_during_backward():
+    trainer_warmup = _reference("alltoall", "base")  # noqa: F841  (imports torch.optim before the fork)
+    launched = launch(_overlap_worker, 2, backend="gloo", timeout_s=120, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    for per_rank in launched.results:
+        assert len(per_rank) == 2  # dense over DP and experts over EDP (edp=1: scale only)
+        for started, total in per_rank:
+            assert total > 3 and started == total
