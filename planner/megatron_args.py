@@ -10,6 +10,8 @@ chunks, ``(x|)*n`` and ``t*n`` repeat), which also fixes vpp.
 
 from __future__ import annotations
 
+import shlex
+
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
@@ -99,5 +101,6 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
 
 
 def format_megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> str:
-    """The arguments as a shell fragment, one flag per line, joined by backslash-newlines."""
-    return " \\\n".join(" ".join(flag) for flag in megatron_args(config, model, training))
+    """The arguments as a shell fragment, one flag per line, joined by backslash-newlines (values quoted)."""
+    return " \\\n".join(" ".join(shlex.quote(part) for part in flag)
+                         for flag in megatron_args(config, model, training))

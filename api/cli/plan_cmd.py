@@ -202,6 +202,13 @@ def _breakdown_lines(e) -> list[str]:
     return lines
 
 
+def _argv(config, model, training) -> list[str]:
+    """Megatron-LM arguments as an argv list (JSON: no shell quoting needed)."""
+    from planner.megatron_args import megatron_args
+
+    return [token for flag in megatron_args(config, model, training) for token in flag]
+
+
 def _explain(args, model, training, cluster) -> int:
     from planner.megatron_args import format_megatron_args
     from planner.rank import explain_layout
@@ -213,7 +220,7 @@ def _explain(args, model, training, cluster) -> int:
                "rejections": [{"rule": r.rule, "reason": r.reason} for r in verdict.rejections],
                "estimate": _estimate_dict(verdict.estimate) if verdict.estimate else None}
         if args.megatron_args and verdict.estimate:
-            out["megatron_args"] = format_megatron_args(verdict.config, model, training).split(" \\\n")
+            out["megatron_args"] = _argv(verdict.config, model, training)
         print(json.dumps(out, indent=2))
         return 0 if verdict.valid else 1
     print("\n".join(_header_lines(header)[:3]))
@@ -273,7 +280,7 @@ def _run(args: argparse.Namespace) -> int:
             "closest": _estimate_dict(result.closest) if result.closest else None,
         }
         if args.megatron_args and best:
-            out["megatron_args"] = format_megatron_args(best.config, model, training).split(" \\\n")
+            out["megatron_args"] = _argv(best.config, model, training)
         print(json.dumps(out, indent=2))
         return 0 if best else 1
     print("\n".join(_header_lines(header) + _rule_lines(result)))

@@ -43,7 +43,8 @@ def test_plan_json_is_complete_and_consistent(capsys):
     first = ranked[0]
     assert first["fits"] and first["memory_bytes"]["total"] > 0 and "gemm" in first["time_terms_s"]
     assert first["layout"].startswith("tp") and first["explanation"]
-    assert data["megatron_args"][0].startswith("--tensor-model-parallel-size")
+    argv = data["megatron_args"]  # an argv list, ready for subprocess
+    assert argv[0] == "--tensor-model-parallel-size" and argv[1].isdigit() and "--global-batch-size" in argv
 
 
 def test_explain_valid_layout_with_megatron_args(capsys):

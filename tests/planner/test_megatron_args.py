@@ -68,3 +68,7 @@ def test_args_of_full_recompute_uneven_pp_capacity_fp8_and_plain_optimizer():
     assert f["--fp8-format"] == ["hybrid"] and "--bf16" in f
     text = format_megatron_args(cfg, model, training)
     assert text.startswith("--tensor-model-parallel-size 1 \\\n--pipeline-model-parallel-size 16")
+    # the layout holds shell metacharacters ('|', '(', '*'): quoted, it survives a shell as one argument
+    import shlex
+    words = shlex.split(text.replace("\\\n", " "))
+    assert words[words.index("--pipeline-model-parallel-layout") + 1] == pipeline_layout(61, 16, 1, 1)
