@@ -2,9 +2,10 @@
 
 The analytical model prices each term of a step from datasheet or microbenchmark constants. Real runs
 differ per *kind* of term (kernels slower than their curve, collectives faster than the ring model,
-...), so the calibration learns one multiplier per term group by ridge regression towards 1 (the
-uncalibrated model is the prior): with few measurements the model barely moves, with many it follows
-the data. Errors are weighted relatively so that fast and slow layouts count alike.
+...), so the calibration learns one multiplier per term group by ridge regression towards a single
+common factor (the model's structure is the prior; the common factor absorbs a machine that is uniformly
+slower or faster than its profile): with few measurements only the common factor moves, with many each
+group follows the data. Errors are weighted relatively so that fast and slow layouts count alike.
 
 Memory is calibrated conservatively: the multiplier is the largest measured/predicted ratio seen, and a
 layout that ran out of memory raises it until that layout is predicted not to fit. A planner that
@@ -93,9 +94,11 @@ def fit_calibration(observations: Sequence[Observation], prior_strength: float =
                     min_multiplier: float = 0.1, max_multiplier: float = 10.0) -> Calibration:
     """Fit per-group time multipliers (ridge towards 1) and the memory multiplier.
 
-    Minimises Σ_i ((Σ_g c_g·x_ig − y_i) / y_i)² + Σ_g λ_g·(c_g − 1)², where x_ig is the predicted seconds
+    Minimises Σ_i ((Σ_g c_g·x_ig − y_i) / y_i)² + Σ_g λ_g·(c_g − c_0)², where x_ig is the predicted seconds
     of group g for observation i, y_i the measured step time, and λ_g = ``prior_strength`` · mean_i
-    (x_ig / y_i)²: the prior weighs as much as ``prior_strength`` typical observations of that group.
+    (x_ig / y_i)²: the prior weighs as much as ``prior_strength`` typical observations of that group and
+    pulls towards c_0, the single least-squares factor of measured over predicted time (1 without data).
+    Multipliers are clamped to [``min_multiplier``, ``max_multiplier``] · c_0.
     """
     timed = [o for o in observations if o.measured_step_time and o.measured_step_time > 0]
     n = len(GROUPS)
@@ -110,14 +113,21 @@ def fit_calibration(observations: Sequence[Observation], prior_strength: float =
             atb[i] += row[i]  # y_i / y_i = 1
             for j in range(n):
                 ata[i][j] += row[i] * row[j]
+    # The prior is the model's *structure*: every group scaled by one common factor, the least-squares
+    # ratio of measured to predicted (1 with no data). A machine that is uniformly slower than its
+    # profile (a CPU, a throttled GPU) then needs no per-group evidence to be predicted well.
+    common = 1.0
+    if rows:
+        totals = [sum(row) for row in rows]  # predicted / measured per observation
+        common = sum(totals) / sum(t * t for t in totals)
     for i in range(n):
-        # The prior pulls each multiplier to 1 with the weight of ``prior_strength`` average observations
-        # *of that group*, so a group that is a small share of every step is not frozen by the prior.
+        # Each multiplier is pulled to ``common`` with the weight of ``prior_strength`` average
+        # observations *of that group*, so a group that is a small share of every step is not frozen.
         scale = (ata[i][i] / len(rows)) if rows else 1.0
         weight = prior_strength * max(scale, 1e-6)
         ata[i][i] += weight
-        atb[i] += weight
-    coef = [min(max_multiplier, max(min_multiplier, c)) for c in _solve(ata, atb)]
+        atb[i] += weight * common
+    coef = [min(max_multiplier * common, max(min_multiplier * common, c)) for c in _solve(ata, atb)]
     rmse = 0.0
     if len(rows) >= 2:
         rmse = math.sqrt(sum((sum(c * v for c, v in zip(coef, row)) - 1.0) ** 2 for row in rows) / len(rows))

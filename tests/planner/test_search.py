@@ -148,3 +148,14 @@ def test_parallel_trials_never_measure_one_layout_twice():
     run_search(cands, machine(cands, 80 * GIB, calls), capacity_bytes=80 * GIB,
                budget=SearchBudget(max_trials=8, parallel_trials=3))
     assert len(calls) == 8 and len(set(calls)) == 8
+
+
+def test_uniformly_slower_machine_is_learned_from_two_measurements():
+    # A CPU that runs every term 12x slower than its profile: two observations must be enough to
+    # predict every other layout, without any group multiplier hitting a clamp.
+    cands = make_candidates()
+    obs = [Observation(c.predicted_terms, c.predicted_memory_bytes, 12.0 * c.predicted_step_time)
+           for c in cands[:2]]
+    cal = fit_calibration(obs)
+    for c in cands:
+        assert cal.step_time(c.predicted_terms) == pytest.approx(12.0 * c.predicted_step_time, rel=0.01)
