@@ -28,18 +28,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from costmodel.catalog import get_model  # noqa: E402
-from costmodel.flops import flops_per_token  # noqa: E402
-from costmodel.model_spec import ModelSpec  # noqa: E402
-from costmodel.parallel_config import ParallelConfig  # noqa: E402
-from costmodel.training_spec import TrainingSpec  # noqa: E402
-from executor.attention import rope_tables  # noqa: E402
-from executor.kernels import get_backend  # noqa: E402
-from executor.model import DecoderLayer  # noqa: E402
-from executor.moe import MoELayer  # noqa: E402
-from executor.options import ExecutorOptions  # noqa: E402
-from executor.parallel.groups import single_process_state  # noqa: E402
-from executor.timing import NULL_TIMER  # noqa: E402
+from costmodel.catalog import get_model
+from costmodel.flops import flops_per_token
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from executor.attention import rope_tables
+from executor.kernels import get_backend
+from executor.model import DecoderLayer
+from executor.moe import MoELayer
+from executor.options import ExecutorOptions
+from executor.parallel.groups import single_process_state
+from executor.timing import NULL_TIMER
 
 DEV = torch.device("cuda", 0)
 BF16 = torch.bfloat16
@@ -126,8 +126,6 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
     t_balanced = timeit(layer_step)
     layer.router = real_router
     flops = 3 * 3 * 2 * rows * h * f
-    del layer, x, xs
-    torch.cuda.empty_cache()
     return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens},
             "layer_s": t_layer, "ideal_s": t_ideal, "ratio": t_ideal / t_layer,
             "host_issue_s": host_s, "balanced_layer_s": t_balanced, "balanced_ratio": t_ideal / t_balanced,
@@ -164,12 +162,13 @@ def part_router_gemm(tokens: int = 4096) -> dict:
         wt = w.t().contiguous()
         pad = torch.zeros(max(e, 64), h, device=DEV, dtype=BF16)
         pad[:e] = w
-        out[f"h{h}_e{e}"] = {
-            "linear_us": timeit(lambda: torch.nn.functional.linear(x, w), 5, 50) * 1e6,
-            "w_xt_us": timeit(lambda: (w @ x.t()).t(), 5, 50) * 1e6,
-            "x_wt_us": timeit(lambda: x @ wt, 5, 50) * 1e6,
-            "padded64_us": timeit(lambda: torch.nn.functional.linear(x, pad)[:, :e], 5, 50) * 1e6,
+        forms = {
+            "linear_us": lambda x=x, w=w: torch.nn.functional.linear(x, w),
+            "w_xt_us": lambda x=x, w=w: (w @ x.t()).t(),
+            "x_wt_us": lambda x=x, wt=wt: x @ wt,
+            "padded64_us": lambda x=x, pad=pad, e=e: torch.nn.functional.linear(x, pad)[:, :e],
         }
+        out[f"h{h}_e{e}"] = {name: timeit(fn, 5, 50) * 1e6 for name, fn in forms.items()}
     return out
 
 
@@ -225,8 +224,6 @@ def part_stack(layers: int, seq: int = 4096) -> dict:
     result = {"layers": layers, "seq": seq, "seconds": t, "tflops": flops / t / 1e12,
               "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
               "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
-    del stack, x
-    torch.cuda.empty_cache()
     return result
 
 
@@ -288,11 +285,12 @@ def main() -> int:
         t0 = time.time()
         try:
             report[name] = fn(*a)
-        except Exception as exc:  # one failing part must not lose the others' numbers
+        except Exception as exc:  # noqa: BLE001  (one failing part must not lose the others' numbers)
             import traceback
 
             traceback.print_exc()
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        torch.cuda.empty_cache()
         print(f"[{name}] {time.time() - t0:.1f} s: {json.dumps(report[name])[:600]}", flush=True)
         save()
 
@@ -331,7 +329,7 @@ def main() -> int:
         r = report.get(key, {})
         if "ratio" in r:
             rows.append((f"{key} layer/ideal", f"{r['ratio']:.3f}", f"{bar}", "yes" if r["ratio"] >= bar else "NO"))
-            rows.append((f"  same, round-robin routing", f"{r['balanced_ratio']:.3f}", "", ""))
+            rows.append(("  same, round-robin routing", f"{r['balanced_ratio']:.3f}", "", ""))
     st = report.get("stack", {})
     if "tflops" in st and gemm:
         ratio = st["tflops"] / gemm

@@ -20,9 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.parallel.collectives import all_gather, all_gather_nograd, all_gather_v, all_to_all, reduce_scatter, \
-    reduce_scatter_v
 from executor.kernels import triton_permute as fused
+from executor.parallel.collectives import (
+    all_gather,
+    all_gather_nograd,
+    all_gather_v,
+    all_to_all,
+    reduce_scatter,
+    reduce_scatter_v,
+)
 from executor.parallel.groups import ParallelState
 from executor.router import Routing, count_per_expert
 from executor.timing import NULL_TIMER, PhaseTimer

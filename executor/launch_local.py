@@ -15,8 +15,9 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -63,19 +64,15 @@ def _child(rank: int, world_size: int, port: int, backend: str, threads: int, ou
                                 **({"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}))
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
-    except BaseException as exc:  # report every failure to the parent, then exit non-zero
+    except BaseException as exc:  # noqa: BLE001  (report every failure to the parent, then exit non-zero)
         code = OOM_EXIT if _is_oom(exc) else ERROR_EXIT
         kind = "out of memory" if code == OOM_EXIT else type(exc).__name__
         last = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
             f.write(f"{kind} on rank {rank}: {last}\n{traceback.format_exc()}")
     finally:
-        try:
-            if dist.is_initialized():
-                if code == 0:
-                    dist.destroy_process_group()
-        except Exception:
-            pass
+        if code == 0 and dist.is_initialized():
+            dist.destroy_process_group()
     os._exit(code)  # skip atexit handlers that could block on a dead peer
 
 

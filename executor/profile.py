@@ -108,9 +108,9 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     from executor.launch_local import launch as launch_local
 
     options = options or ExecutorOptions.for_training(training)
-    context = dict(model=model.name, layout=config.label(), world_size=config.world_size,
-                   precision=training.precision, seq_length=training.seq_length,
-                   global_batch_size=training.global_batch_size)
+    context = {"model": model.name, "layout": config.label(), "world_size": config.world_size,
+               "precision": training.precision, "seq_length": training.seq_length,
+               "global_batch_size": training.global_batch_size}
     try:
         check_model_supported(model)
         check_layout(model, config, training.seq_length)

@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from executor.parallel.groups import Group
 
-
 # torch 2.13 renames the tensor collectives (*_single); 2.11 on the GPU machine has only the old names.
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

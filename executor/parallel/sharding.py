@@ -15,7 +15,6 @@ import torch.distributed as dist
 
 from executor.parallel.groups import Group, ParallelState
 
-
 _CPU_INIT_LIMIT = 2**24  # elements
 
 

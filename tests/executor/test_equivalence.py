@@ -52,7 +52,7 @@ LAYOUTS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(dispatcher: str, scenario_name: str) -> dict:
     return reference(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), SCENARIOS[scenario_name])
 
@@ -83,10 +83,10 @@ def test_layout_matches_single_process(label, world, runs):
 
 
 def _overlap_worker(rank, world):
+    from executor.data import global_batch, micro_batches
     from executor.model import MoEGPT
     from executor.parallel.groups import build_parallel_state
     from executor.train_step import Trainer
-    from executor.data import global_batch, micro_batches
 
     state = build_parallel_state(ParallelConfig(world_size=2, ep=2), rank)
     trainer = Trainer(MoEGPT(TINY, state, LOSSES, 16), bucket_mb=0.01)  # many small buckets

@@ -169,7 +169,7 @@ def test_grouped_mm_with_no_rows_still_reaches_inputs():
 
 def test_chunk_order_regroups_source_major_rows_by_expert():
     counts = torch.tensor([[2, 0, 1], [1, 3, 0]])  # [source, expert]
-    rows, labels = [], []
+    labels = []
     for s in range(2):
         for e in range(3):
             labels += [(e, s)] * int(counts[s, e])
