@@ -21,7 +21,7 @@ from costmodel.memory import (
 from costmodel.params import moe_params
 
 GIB = 2**30
-REFERENCE = Path(__file__).resolve().parents[2] / ".." / "shared" / "validation" / "reference.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference.json"  # copy of shared/validation
 H100 = ClusterSpec(get_hardware("h100-sxm"), 64)
 
 

@@ -34,7 +34,7 @@ H100 = get_hardware("h100-sxm")
 A100 = get_hardware("a100-80gb")
 BOTTLENECKS = {"compute", "all-to-all", "tp-comm", "cp-comm", "dp-comm", "pp-bubble", "pp-comm", "memory-bound",
                "optimizer"}
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "validation" / "reference.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference.json"  # copy of shared/validation
 
 DENSE = ModelSpec(name="dense-test", num_layers=8, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
                   ffn_hidden_size=14336, vocab_size=32000)
