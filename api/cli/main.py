@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": ("api.cli.jobs_cmd", "list tuning jobs, or show one job and its trials"),
     "best": ("api.cli.best_cmd", "show the best measured layout for a model on a cluster (from your trials)"),
     "runner": ("api.cli.runner_cmd", "claim queued tuning jobs from the database and run their trials through Ray"),
+    "data": ("api.cli.data_cmd", "prepare a tokenized training dataset from local text files"),
     "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
 }
 

@@ -1,0 +1,116 @@
+"""``foldtune data prepare``: tokenize local text files into memory-mapped shards with a held-out split.
+
+Layout of the output directory::
+
+    index.json          {"format", "tokenizer", "vocab_size", "dtype", "documents", "splits":
+                         {"train": [{"file", "tokens"}...], "heldout": [...]}}
+    train-00000.bin     raw token ids (dtype of the index), shards of at most ``shard_tokens`` tokens
+    heldout-00000.bin
+
+Each document (file) contributes its last ``heldout_fraction`` of tokens to the held-out split and the rest
+to the training split, so the held-out text is drawn from every document rather than from the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from costmodel.errors import FoldtuneError
+from executor.dataset import tokenizer
+
+INDEX = "index.json"
+FORMAT = 1
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+
+
+class DatasetError(FoldtuneError):
+    """A dataset that cannot be prepared or opened (missing path, no text, bad index, too small)."""
+
+
+@dataclass(frozen=True)
+class PreparedDataset:
+    """What :func:`prepare_dataset` wrote: directory, document count and tokens per split."""
+
+    path: str
+    documents: int
+    train_tokens: int
+    heldout_tokens: int
+
+
+def _input_files(inputs: list[str]) -> list[Path]:
+    files: list[Path] = []
+    missing = [p for p in inputs if not os.path.exists(p)]
+    if missing:
+        raise DatasetError(f"input path(s) do not exist: {', '.join(missing)}")
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES))
+        else:
+            files.append(path)
+    return files
+
+
+def _write_split(out: Path, split: str, parts: list[torch.Tensor], shard_tokens: int) -> list[dict]:
+    stream = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    shards = []
+    for i, start in enumerate(range(0, stream.numel(), shard_tokens)):
+        chunk = stream[start:start + shard_tokens].contiguous()
+        name = f"{split}-{i:05d}.bin"
+        with open(out / name, "wb") as f:
+            f.write(chunk.numpy().tobytes())
+        shards.append({"file": name, "tokens": int(chunk.numel())})
+    return shards
+
+
+def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.1,
+                    shard_tokens: int = 1 << 26, overwrite: bool = False) -> PreparedDataset:
+    """Tokenize ``inputs`` (files, or directories searched for .txt/.md/.rst) into ``output``.
+
+    ``heldout_fraction`` of every document's tokens go to the held-out split; shards hold at most
+    ``shard_tokens`` tokens. Raises :class:`DatasetError` on missing or empty input, a bad fraction, or an
+    ``output`` that already holds a dataset (unless ``overwrite``).
+    """
+    if not inputs:
+        raise DatasetError("no input files given")
+    if not 0.0 < heldout_fraction < 1.0:
+        raise DatasetError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    if shard_tokens < 1:
+        raise DatasetError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"output {output!r} exists and is not a directory")
+    if (out / INDEX).exists() and not overwrite:
+        raise DatasetError(f"output {output!r} already holds a dataset (pass overwrite to replace it)")
+    files = _input_files(inputs)
+    train, heldout = [], []
+    documents = 0
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"cannot read {str(path)!r} as UTF-8 text: {exc}") from exc
+        ids = tokenizer.encode(text.strip() + "\n\n")
+        if ids.numel() <= 2:
+            continue
+        cut = ids.numel() - max(1, int(ids.numel() * heldout_fraction))
+        train.append(ids[:cut])
+        heldout.append(ids[cut:])
+        documents += 1
+    if not documents:
+        raise DatasetError(f"no text found in {', '.join(inputs)}")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.bin"):
+        old.unlink()
+    splits = {"train": _write_split(out, "train", train, shard_tokens),
+              "heldout": _write_split(out, "heldout", heldout, shard_tokens)}
+    index = {"format": FORMAT, "tokenizer": tokenizer.NAME, "vocab_size": tokenizer.VOCAB_SIZE, "dtype": "uint8",
+             "documents": documents, "splits": splits}
+    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return PreparedDataset(str(out), documents, sum(s["tokens"] for s in splits["train"]),
+                           sum(s["tokens"] for s in splits["heldout"]))

@@ -1,0 +1,112 @@
+"""Open a prepared dataset and cut deterministic, resumable global batches split across DP ranks.
+
+A split's token stream is cut into ``(tokens - 1) // seq_length`` non-overlapping windows of
+``seq_length + 1`` tokens (inputs ``[:-1]``, labels ``[1:]``). The k-th window a run draws is window
+``perm(epoch)[k % n]`` with ``epoch = k // n`` and ``perm`` a permutation seeded by (seed, epoch). Global
+batch ``p`` holds draws ``[p·G, (p+1)·G)``; DP rank ``r`` of ``d`` gets rows ``[r·G/d, (r+1)·G/d)`` of it —
+the contiguous split of :func:`executor.data.micro_batches`. The only state is ``p``, so a run resumed at
+``p`` under any DP size sees the same batches as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from executor.dataset.prepare import FORMAT, INDEX, DatasetError
+
+_DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32}
+SPLITS = ("train", "heldout")
+
+
+class TokenStream:
+    """One split's token shards, memory-mapped (pages are read on first access), as one logical stream."""
+
+    def __init__(self, root: Path, shards: list[dict], dtype: torch.dtype):
+        self.shards: list[torch.Tensor] = []
+        self.starts: list[int] = []
+        total = 0
+        for shard in shards:
+            path = root / shard["file"]
+            count = int(shard["tokens"])
+            if not path.is_file() or path.stat().st_size != count * dtype.itemsize:
+                raise DatasetError(f"shard {str(path)!r} is missing or does not hold {count} tokens")
+            self.starts.append(total)
+            self.shards.append(torch.from_file(str(path), shared=False, size=count, dtype=dtype))
+            total += count
+        self.tokens = total
+
+    def read(self, start: int, length: int) -> torch.Tensor:
+        """Tokens ``[start, start + length)`` as int64, crossing shard boundaries."""
+        if start < 0 or start + length > self.tokens:
+            raise DatasetError(f"read of tokens [{start}, {start + length}) outside a stream of {self.tokens}")
+        parts, pos, end = [], start, start + length
+        for shard_start, shard in zip(self.starts, self.shards):
+            shard_end = shard_start + shard.numel()
+            if shard_end <= pos or shard_start >= end:
+                continue
+            lo, hi = pos - shard_start, min(end, shard_end) - shard_start
+            parts.append(shard[lo:hi])
+            pos = shard_start + hi
+        return torch.cat(parts).long()
+
+
+class TokenDataset:
+    """A directory written by ``foldtune data prepare``: ``vocab_size``, ``tokenizer`` and one stream per split."""
+
+    def __init__(self, path: str | Path):
+        root = Path(path)
+        index_path = root / INDEX
+        if not index_path.is_file():
+            raise DatasetError(f"{str(root)!r} is not a prepared dataset (no {INDEX}); run `foldtune data prepare`")
+        try:
+            index = json.loads(index_path.read_text())
+            if index.get("format") != FORMAT:
+                raise DatasetError(f"{index_path}: format {index.get('format')!r}, expected {FORMAT}")
+            dtype = _DTYPES[index["dtype"]]
+            self.vocab_size = int(index["vocab_size"])
+            self.tokenizer = str(index["tokenizer"])
+            self.splits = {name: TokenStream(root, index["splits"][name], dtype) for name in SPLITS}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DatasetError(f"{index_path} is malformed: {exc!r}") from exc
+        self.path = str(root)
+
+
+class BatchSampler:
+    """Global batches of ``global_batch_size`` windows of ``seq_length + 1`` tokens from one stream."""
+
+    def __init__(self, stream: TokenStream, seq_length: int, global_batch_size: int, seed: int = 0,
+                 shuffle: bool = True):
+        if seq_length < 1 or global_batch_size < 1:
+            raise DatasetError(f"seq_length ({seq_length}) and global_batch_size ({global_batch_size}) must be >= 1")
+        self.stream, self.seq_length, self.global_batch_size = stream, seq_length, global_batch_size
+        self.seed, self.shuffle = seed, shuffle
+        self.num_windows = (stream.tokens - 1) // seq_length
+        if self.num_windows < 1:
+            raise DatasetError(f"a split of {stream.tokens} tokens holds no window of seq_length {seq_length} + 1")
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    def _window(self, draw: int) -> int:
+        epoch, i = divmod(draw, self.num_windows)
+        if not self.shuffle:
+            return i
+        if self._perm is None or self._perm[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = (epoch, torch.randperm(self.num_windows, generator=gen))
+        return int(self._perm[1][i])
+
+    def batch(self, position: int, dp_size: int = 1, dp_rank: int = 0) -> torch.Tensor:
+        """Rows of global batch ``position`` for DP rank ``dp_rank`` of ``dp_size``: int64 [G/dp, seq_length+1]."""
+        if self.global_batch_size % dp_size:
+            raise DatasetError(f"global_batch_size ({self.global_batch_size}) is not divisible by dp ({dp_size})")
+        per_rank = self.global_batch_size // dp_size
+        first = position * self.global_batch_size + dp_rank * per_rank
+        rows = [self.stream.read(self._window(d) * self.seq_length, self.seq_length + 1)
+                for d in range(first, first + per_rank)]
+        return torch.stack(rows)
+
+    def batches_per_epoch(self) -> int:
+        """Whole global batches in one pass over the stream (at least the number evaluation may use)."""
+        return self.num_windows // self.global_batch_size
