@@ -84,6 +84,21 @@ class TrialPrinter:
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
 
 
+def _check_ray_has_room(gpu: str, gpus: int) -> None:
+    """One clear error before anything is stored when the Ray cluster cannot place the job's ranks."""
+    import ray
+
+    from costmodel.errors import SpecError
+    from executor.launch_ray import ensure_ray
+
+    ensure_ray()
+    kind = "CPU" if gpu.lower() == "cpu" else "GPU"
+    have = ray.cluster_resources().get(kind, 0.0)
+    if have < gpus:
+        hint = " (--gpu cpu runs CPU ranks)" if kind == "GPU" else f" (set FOLDTUNE_RAY_NUM_CPUS >= {gpus})"
+        raise SpecError(f"--gpus {gpus} x {gpu} needs {gpus} {kind}s in the Ray cluster, it has {have:g}{hint}")
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
@@ -118,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial)
+    _check_ray_has_room(args.gpu, args.gpus)
     runner = Runner(settings, on_event=TrialPrinter())
     try:
         with runner.sessions() as session:

@@ -44,3 +44,12 @@ def test_tune_rejects_bad_input_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("foldtune: error: ") and "no-such-model" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_tune_on_gpus_the_ray_cluster_lacks_is_one_error_line(tmp_path):
+    done = _tune(tmp_path, "--gpu", "h100-sxm", "--gpus", "2", "--model", "small-moe", ray_address=session_ray(),
+                 timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == ("foldtune: error: --gpus 2 x h100-sxm needs 2 GPUs in the Ray cluster, it has 0 "
+                                   "(--gpu cpu runs CPU ranks)")
+    assert not (tmp_path / "data" / "foldtune.sqlite3").exists()  # nothing stored
