@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runner": ("api.cli.runner_cmd", "claim queued tuning jobs from the database and run their trials through Ray"),
     "data": ("api.cli.data_cmd", "prepare a tokenized training dataset from local text files"),
     "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
+    "calibrate": ("api.cli.calibrate_cmd", "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"),
 }
 
 

@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="catalog model name, e.g. mixtral-8x22b")
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole nodes when several)")
     parser.add_argument("--gpu", default="h100-sxm", help="catalog hardware name (default: h100-sxm)")
+    parser.add_argument("--profile", metavar="FILE", help="hardware profile JSON (from foldtune calibrate); replaces --gpu")
     parser.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: 4096)")
     parser.add_argument("--gbs", type=int, required=True, help="global batch size in sequences")
     parser.add_argument("--precision", choices=("bf16", "fp8", "fp16", "fp32"), default="bf16")
@@ -60,7 +61,9 @@ def _specs(args: argparse.Namespace):
     if problems:
         raise SpecError("; ".join(problems))
     model = get_model(args.model)
-    cluster = ClusterSpec(get_hardware(args.gpu), args.gpus)
+    from costmodel.profile_io import load_profile
+
+    cluster = ClusterSpec(load_profile(args.profile) if args.profile else get_hardware(args.gpu), args.gpus)
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
                             distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                             routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,

@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-moe", help="catalog model name (default: tiny-moe)")
     parser.add_argument("--gpu", default="cpu", help="hardware profile: cpu runs CPU ranks with gloo; a GPU "
                                                      "name (h100-sxm, ...) runs on GPUs with NCCL (default: cpu)")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="hardware profile JSON (from foldtune calibrate) to price layouts with; replaces --gpu")
     parser.add_argument("--gpus", type=int, default=4, help="number of GPUs / CPU ranks (default: 4)")
     parser.add_argument("--seq", type=int, default=64, help="sequence length in tokens (default: 64)")
     parser.add_argument("--gbs", type=int, default=8, help="global batch size in sequences (default: 8)")
@@ -117,12 +119,17 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.errors import SpecError
     from db.keys import get_or_create_owner
 
+    hardware_name = args.gpu
+    if args.profile:  # registered under its own name; its GPU kind decides CPU or GPU ranks
+        from costmodel.profile_io import use_profile_file
+        profile = use_profile_file(args.profile)
+        hardware_name, args.gpu = profile.name, profile.gpu.name
     precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")
     try:
         request = JobCreate.model_validate({
             "model": args.model, "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
                                               "precision": precision},
-            "cluster": {"gpu": args.gpu, "num_gpus": args.gpus},
+            "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
             "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}})
     except ValidationError as exc:
         raise SpecError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())) from None

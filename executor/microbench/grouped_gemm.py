@@ -1,0 +1,40 @@
+"""Grouped-GEMM throughput of the executor's expert kernel vs tokens per expert."""
+
+from __future__ import annotations
+
+import torch
+
+from executor.kernels.torch_backend import TorchBackend
+from executor.microbench.timing import time_op
+
+# (experts on the rank, hidden, expert FFN): a Mixtral-like slice on GPU, a tiny-moe-like one on CPU.
+GPU_EXPERT_SHAPE = (8, 4096, 14336)
+CPU_EXPERT_SHAPE = (4, 64, 128)
+GPU_TOKENS = (16, 64, 256, 1024, 4096, 16384)
+CPU_TOKENS = (4, 16, 64, 256, 1024)
+
+
+def default_tokens(device: torch.device, quick: bool) -> tuple[int, ...]:
+    """Tokens per expert to measure on ``device``."""
+    tokens = GPU_TOKENS if device.type == "cuda" else CPU_TOKENS
+    return tokens[::2] if quick and len(tokens) > 3 else tokens
+
+
+def measure_grouped_gemm(tokens_per_expert: tuple[int, ...], device: torch.device, dtype: torch.dtype,
+                         shape: tuple[int, int, int] | None = None, repeats: int = 3) -> list[dict]:
+    """Seconds of one grouped fc1 GEMM (``experts`` x ``(t x hidden) @ (hidden x ffn)``) per t.
+
+    Returns ``[{'tokens_per_expert', 'experts', 'hidden', 'ffn', 'flops', 'seconds'}]``.
+    """
+    experts, hidden, ffn = shape or (GPU_EXPERT_SHAPE if device.type == "cuda" else CPU_EXPERT_SHAPE)
+    backend = TorchBackend()
+    w_GNK = torch.randn(experts, ffn, hidden, device=device, dtype=dtype)
+    out = []
+    for t in tokens_per_expert:
+        x_MK = torch.randn(experts * t, hidden, device=device, dtype=dtype)
+        offs_G = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * t
+        flops = 2.0 * experts * t * hidden * ffn
+        seconds = time_op(lambda x=x_MK, o=offs_G: backend.grouped_mm(x, w_GNK, o), device, repeats=repeats)
+        out.append({"tokens_per_expert": t, "experts": experts, "hidden": hidden, "ffn": ffn, "flops": flops,
+                    "seconds": seconds})
+    return out

@@ -1,0 +1,75 @@
+"""Turn raw microbenchmark timings into a calibrated HardwareProfile (units: docs/time-model.md).
+
+* ``gemm_efficiency``: FLOPs of one GEMM -> (FLOPs / measured seconds) / datasheet peak of the
+  benchmarked precision; the time model then prices a GEMM as FLOPs / (peak · curve(FLOPs)).
+* ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak.
+* ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
+* ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
+  buffer / measured seconds) / ``intra_node_bandwidth``; latency is inside the curve. Every rank of a
+  local run shares one node, so only 'intra' curves come from here. Where several group sizes were
+  measured, the curve takes the median efficiency over them at each message size (the time model keys
+  curves by bytes only).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import replace
+
+from costmodel.comm import ring_wire_bytes
+from costmodel.hardware import HardwareProfile, MeasuredCurve
+
+
+def wire_bytes(collective: str, buffer_bytes: float, group_size: int) -> float:
+    """Bytes one rank moves over its links in the cost model's formula for ``collective``."""
+    if collective == "all_to_all":
+        return buffer_bytes * (group_size - 1) / group_size
+    if collective == "p2p":
+        return buffer_bytes
+    return ring_wire_bytes(collective, buffer_bytes, group_size)
+
+
+def _curve(points: dict[float, list[float]]) -> MeasuredCurve | None:
+    pts = tuple((x, statistics.median(ys)) for x, ys in sorted(points.items()) if ys)
+    return MeasuredCurve(pts) if pts else None
+
+
+def gemm_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
+    by_flops: dict[float, list[float]] = defaultdict(list)
+    for row in rows:
+        by_flops[row["flops"]].append(row["flops"] / row["seconds"] / peak)
+    return _curve(by_flops)
+
+
+def grouped_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
+    by_tokens: dict[float, list[float]] = defaultdict(list)
+    for row in rows:
+        by_tokens[float(row["tokens_per_expert"])].append(row["flops"] / row["seconds"] / peak)
+    return _curve(by_tokens)
+
+
+def collective_curves(rows: list[dict], link_bandwidth: float, scope: str = "intra") -> dict[str, MeasuredCurve]:
+    """``'<collective>:<scope>'`` -> curve of buffer bytes -> achieved / ``link_bandwidth``."""
+    grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        achieved = wire_bytes(row["collective"], row["bytes"], row["group_size"]) / row["seconds"]
+        grouped[row["collective"]][float(row["bytes"])].append(achieved / link_bandwidth)
+    return {f"{name}:{scope}": curve for name, pts in grouped.items() if (curve := _curve(pts)) is not None}
+
+
+def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> HardwareProfile:
+    """``base`` (datasheet figures) with the curves measured in ``raw`` (from ``runner.run_benchmarks``)."""
+    peak = base.gpu.peak(raw["precision"])
+    copy = max(raw["copy"], key=lambda r: r["bytes"]) if raw["copy"] else None
+    curves = dict(base.collective_efficiency)
+    curves.update(collective_curves(raw["collectives"], base.intra_node_bandwidth))
+    return replace(
+        base, name=name or f"{base.name}-calibrated",
+        gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
+        grouped_gemm_efficiency=grouped_curve(raw["grouped_gemm"], peak) or base.grouped_gemm_efficiency,
+        collective_efficiency=tuple(sorted(curves.items())),
+        hbm_efficiency=(copy["traffic_bytes"] / copy["seconds"] / base.gpu.hbm_bandwidth) if copy
+        else base.hbm_efficiency,
+        source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
+               f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

@@ -1,0 +1,100 @@
+"""Run every microbenchmark on ``world_size`` local ranks at once and collect the raw timings.
+
+Compute benchmarks run on all ranks concurrently because training loads every device at once (on CPU
+the ranks share cores, which is exactly what a CPU layout measured by the executor sees); collectives
+need every rank anyway. Rank 0 prints progress.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from costmodel.errors import FoldtuneError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What to measure: ``quick`` shrinks every sweep (CI), ``precision`` the GEMM dtype."""
+
+    precision: str = "bf16"
+    quick: bool = False
+    collectives: bool = True
+
+
+def _say(rank: int):
+    def say(text: str) -> None:
+        if rank == 0:
+            print(text, flush=True)
+    return say
+
+
+def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
+    """One rank: GEMM, grouped GEMM and copy benchmarks, then the collectives; returns its raw timings."""
+    from executor.microbench import collectives, gemm, grouped_gemm, hbm
+
+    use_cuda = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    dtype = DTYPES[plan.precision]
+    say = _say(rank)
+    say(f"[rank 0 of {world_size}] {device.type} {plan.precision}: GEMMs")
+    report = {"device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+              "gemm": gemm.measure_gemm(gemm.default_shapes(device, plan.quick), device, dtype)}
+    for row in report["gemm"]:
+        say(f"  gemm {row['m']}x{row['n']}x{row['k']}  {row['seconds'] * 1e6:10.1f} us  "
+            f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+    say("grouped GEMMs (tokens per expert)")
+    report["grouped_gemm"] = grouped_gemm.measure_grouped_gemm(grouped_gemm.default_tokens(device, plan.quick),
+                                                               device, dtype)
+    for row in report["grouped_gemm"]:
+        say(f"  t={row['tokens_per_expert']:<6} {row['seconds'] * 1e6:10.1f} us  "
+            f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+    say("memory copy")
+    report["copy"] = hbm.measure_copy(hbm.default_sizes(device, plan.quick), device)
+    for row in report["copy"]:
+        say(f"  {row['bytes'] / 2**20:8.0f} MiB  {row['traffic_bytes'] / row['seconds'] / 1e9:8.2f} GB/s")
+    report["collectives"] = []
+    if plan.collectives and world_size > 1:
+        say("collectives")
+        report["collectives"] = collectives.measure_collectives(
+            rank, world_size, device, dtype, collectives.default_bytes(device, plan.quick), say=say)
+    return report
+
+
+def merge_ranks(reports: list[dict]) -> dict:
+    """One raw record from every rank's: compute times are the median over ranks, collective times the
+    max (a collective ends when its slowest member does)."""
+    def merged(key: str, reducer) -> list[dict]:
+        rows = []
+        for i, row in enumerate(reports[0][key]):
+            rows.append({**row, "seconds": reducer([r[key][i]["seconds"] for r in reports])})
+        return rows
+    return {"device_name": reports[0]["device_name"], "ranks": len(reports),
+            "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
+            "copy": merged("copy", statistics.median), "collectives": merged("collectives", max)}
+
+
+def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0) -> dict:
+    """Launch ``world_size`` local ranks (NCCL on as many GPUs, else gloo on CPU), run every benchmark,
+    and return the merged raw timings plus ``precision``, ``backend`` and ``measured_at`` (UTC ISO)."""
+    from executor.launch_local import launch
+
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and torch.cuda.device_count() < world_size:
+        raise FoldtuneError(f"calibration on {world_size} GPUs needs as many, this machine has "
+                            f"{torch.cuda.device_count()}")
+    if plan.precision not in DTYPES:
+        raise FoldtuneError(f"precision {plan.precision!r} cannot be benchmarked (supported: {', '.join(DTYPES)})")
+    backend = "nccl" if use_cuda else "gloo"
+    result = launch(calibrate_worker, world_size, (plan,), backend=backend, timeout_s=timeout_s)
+    if not result.ok:
+        raise FoldtuneError(f"calibration run failed: {result.failure_reason}")
+    raw = merge_ranks(result.results)
+    raw.update(precision=plan.precision, backend=backend, quick=plan.quick,
+               measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    return raw

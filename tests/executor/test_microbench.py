@@ -1,0 +1,87 @@
+"""foldtune calibrate on CPU ranks: sane curves, a JSON round trip, and a cost model that moves closer
+to a measured step once it prices with the calibrated profile."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from costmodel.catalog import get_hardware, get_model
+from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.parallel_config import ParallelConfig
+from costmodel.profile_io import load_profile, save_profile
+from costmodel.step_time import estimate_step_time
+from costmodel.training_spec import TrainingSpec
+from executor.microbench.profile_builder import build_profile, collective_curves, wire_bytes
+from executor.microbench.runner import BenchPlan, run_benchmarks
+
+pytestmark = pytest.mark.slow
+RANKS = 4
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> tuple[dict, HardwareProfile]:
+    raw = run_benchmarks(RANKS, BenchPlan(precision="fp32", quick=True), device="cpu", timeout_s=300)
+    return raw, build_profile(get_hardware("cpu"), raw)
+
+
+def test_collective_efficiency_uses_the_cost_models_wire_bytes():
+    # 8 MiB all-reduce over 4 ranks in 10 ms: 2·3/4·8 MiB on the wire -> 1.26 GB/s of a 2 GB/s link.
+    rows = [{"collective": "all_reduce", "group_size": 4, "bytes": 8 << 20, "seconds": 0.01}]
+    eff = collective_curves(rows, 2e9)["all_reduce:intra"](8 << 20)
+    assert eff == pytest.approx(2 * 0.75 * (8 << 20) / 0.01 / 2e9)
+    assert wire_bytes("all_to_all", 1000, 4) == 750 and wire_bytes("p2p", 1000, 2) == 1000
+
+
+def test_calibrated_cpu_curves_are_sane(calibrated):
+    raw, profile = calibrated
+    base = get_hardware("cpu")
+    assert profile.name == "cpu-calibrated" and profile.gpu == base.gpu
+    points = [*profile.gemm_efficiency.points, *profile.grouped_gemm_efficiency.points]
+    assert all(math.isfinite(y) and y > 0 for _, y in points)
+    # The 'cpu' datasheet figures are rough, so GEMM rates are checked against each other: a grouped
+    # GEMM with 4 tokens per expert re-reads each expert's weights for almost no FLOPs and must be
+    # far less efficient than one with 256 times the tokens.
+    grouped = profile.grouped_gemm_efficiency
+    assert grouped(grouped.points[-1][0]) > 2 * grouped(grouped.points[0][0])
+    # Links and RAM: within (0, 1.5] of the base profile's figures (2 GB/s link, 10 GB/s copy).
+    assert 0 < profile.hbm_efficiency <= 1.5
+    expected = {f"{c}:intra" for c in ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "p2p")}
+    assert {k for k, _ in profile.collective_efficiency} == expected
+    for key, curve in profile.collective_efficiency:
+        assert all(0 < y <= 1.5 for _, y in curve.points), key
+        # Latency amortises: a 1 MiB message moves its bytes faster than a 4 KiB one.
+        assert curve.points[-1][1] > curve.points[0][1], key
+    assert {r["group_size"] for r in raw["collectives"]} == {2, 4}
+
+
+def test_profile_json_round_trips(calibrated, tmp_path):
+    raw, profile = calibrated
+    path = save_profile(profile, tmp_path / "cpu.json", raw)
+    assert HardwareProfile.from_dict(json.loads(path.read_text())["profile"]) == profile
+    assert load_profile(path) == profile
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(profile.to_dict()))
+    assert load_profile(bare) == profile
+
+
+def test_calibration_brings_the_prediction_closer_to_a_measured_step(calibrated):
+    from executor.profile import profile_layout
+
+    _, profile = calibrated
+    model = get_model("tiny-moe")
+    training = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
+    config = ParallelConfig(world_size=RANKS, ep=RANKS)
+    measured = profile_layout(model, training, config, warmup_steps=1, timed_steps=3, device="cpu")
+    assert measured.ok, measured.failure_reason
+    before = estimate_step_time(model, training, ClusterSpec(get_hardware("cpu"), RANKS), config).step_time
+    after = estimate_step_time(model, training, ClusterSpec(profile, RANKS), config).step_time
+
+    def factor_off(predicted: float) -> float:  # an order-of-magnitude miss saturates a relative error
+        return max(predicted, measured.step_time) / min(predicted, measured.step_time)
+
+    print(f"\nmeasured {measured.step_time * 1e3:.1f} ms; datasheet 'cpu' {before * 1e3:.1f} ms "
+          f"(x{factor_off(before):.1f} off); calibrated {after * 1e3:.1f} ms (x{factor_off(after):.1f} off)")
+    assert factor_off(after) < factor_off(before) / 2
