@@ -1,0 +1,167 @@
+"""Layout-independent checkpoints with ``torch.distributed.checkpoint`` (DCP) and resharding on load.
+
+What is saved: every parameter and its AdamW moments at *full logical shape* keyed by ShardInfo name
+(``model/<name>``, ``optim/<name>/exp_avg``, ``optim/<name>/exp_avg_sq``), persistent buffers by module path
+(``buffer/<path>``, e.g. the routers' expert bias), and the AdamW step. The trainer state — next step (also
+the data position: global batch index), layout, model name and every rank's RNG state — goes to
+``trainer.pt`` on rank 0.
+
+Why full tensors: a checkpoint then depends on nothing but the model, so a run resumes under any folded
+layout by slicing each tensor with the same rules that initialise parameters (:mod:`executor.parallel.sharding`).
+Every rank gathers the full tensors (collectives over its shard groups) and calls ``dcp.save``; DCP treats
+plain tensors as replicated and writes each once. The price is one full copy of the model and optimizer in
+host memory per rank while saving — fine up to a few billion parameters; larger models would save each
+rank's slice as a DTensor instead.
+
+Directory: ``<dir>/step-00000020/`` (DCP files + ``trainer.pt``) and ``<dir>/latest`` naming the last
+complete one, replaced atomically after every rank has finished writing, so a run killed while saving
+resumes from the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from costmodel.errors import FoldtuneError
+from executor.parallel.groups import ParallelState
+from executor.parallel.sharding import ShardInfo, _slice, gather_full
+from executor.train.optim_state import MOMENTS, adam_step, load_local_state, local_state
+
+LATEST = "latest"
+TRAINER_FILE = "trainer.pt"
+
+
+class CheckpointError(FoldtuneError):
+    """A checkpoint that cannot be read or does not fit the model being resumed."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What :func:`load_checkpoint` restored: the next step to run and the layout the checkpoint was saved under."""
+
+    step: int
+    path: str
+    saved_layout: str
+
+
+def _distributed(state: ParallelState) -> bool:
+    return state.config.world_size > 1
+
+
+def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    params = {name for name, _ in model.named_parameters()}
+    return {name: t for name, t in model.state_dict().items() if name not in params}
+
+
+def _logical_shape(info: ShardInfo) -> tuple[int, ...]:
+    shape = list(info.full_shape)
+    if info.rows is not None:
+        shape[0] = info.rows
+    return tuple(shape)
+
+
+def _local_slice(full: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch.Tensor:
+    """This rank's slice of a full logical tensor (re-padding vocabulary rows for this layout's TP)."""
+    if info.rows is not None and full.shape[0] < info.full_shape[0]:
+        full = torch.cat([full, full.new_zeros((info.full_shape[0] - full.shape[0], *full.shape[1:]))])
+    local = _slice(full, info.tp_dim, state.tp)
+    local = _slice(local, info.etp_dim, state.etp)
+    return _slice(local, info.ep_dim, state.ep)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The last complete checkpoint under ``directory``, or None when there is none."""
+    marker = Path(directory) / LATEST
+    if not marker.is_file():
+        return None
+    path = Path(directory) / marker.read_text().strip()
+    if not (path / TRAINER_FILE).is_file():
+        raise CheckpointError(f"{marker} names {path.name!r}, which holds no {TRAINER_FILE}")
+    return path
+
+
+def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, state: ParallelState, model_name: str) -> Path:
+    """Save after ``next_step`` optimizer steps. Collective: every rank of the layout must call it."""
+    full: dict[str, object] = {}
+    params = list(model.parameters())
+    for p, values in local_state(optimizer, params).items():
+        info: ShardInfo = p.shard_info
+        full[f"model/{info.name}"] = gather_full(values["master"], info, state).cpu()
+        for key in MOMENTS:
+            full[f"optim/{info.name}/{key}"] = gather_full(values[key], info, state).cpu()
+    for name, t in _buffers(model).items():
+        full[f"buffer/{name}"] = t.detach().cpu()
+    full["optim/step"] = torch.tensor(float(adam_step(optimizer)), dtype=torch.float64)
+    path = Path(directory) / f"step-{next_step:08d}"
+    with warnings.catch_warnings():  # one process without torch.distributed is a valid single-rank save
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(full, checkpoint_id=str(path))
+    rng = torch.get_rng_state()
+    rngs = [None] * state.config.world_size
+    if _distributed(state):
+        dist.all_gather_object(rngs, rng)
+    else:
+        rngs = [rng]
+    if state.rank == 0:
+        torch.save({"next_step": next_step, "layout": state.config.label(), "world_size": state.config.world_size,
+                    "model": model_name, "rng": rngs}, path / TRAINER_FILE)
+    if _distributed(state):
+        dist.barrier()
+    if state.rank == 0:
+        tmp = Path(directory) / f".{LATEST}.tmp"
+        tmp.write_text(path.name + "\n")
+        os.replace(tmp, Path(directory) / LATEST)
+    if _distributed(state):
+        dist.barrier()
+    return path
+
+
+def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: ParallelState, model_name: str) -> Resumed:
+    """Restore model, AdamW moments and step, buffers and (same world size) RNG from ``path`` into this
+    layout's slices. Collective: every rank must call it."""
+    path = Path(path)
+    try:
+        trainer = torch.load(path / TRAINER_FILE, weights_only=False)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot read {path / TRAINER_FILE}: {exc}") from exc
+    if trainer["model"] != model_name:
+        raise CheckpointError(f"checkpoint {path} is of model {trainer['model']!r}, not {model_name!r}")
+    params = list(model.parameters())
+    full: dict[str, torch.Tensor] = {}
+    for p in params:
+        info: ShardInfo = p.shard_info
+        shape = _logical_shape(info)
+        full[f"model/{info.name}"] = torch.empty(shape, dtype=torch.float32)
+        for key in MOMENTS:
+            full[f"optim/{info.name}/{key}"] = torch.empty(shape, dtype=torch.float32)
+    buffers = _buffers(model)
+    for name, t in buffers.items():
+        full[f"buffer/{name}"] = torch.empty(t.shape, dtype=t.dtype)
+    full["optim/step"] = torch.zeros((), dtype=torch.float64)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(full, checkpoint_id=str(path))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {first}") from exc
+    values = {p: {"master": _local_slice(full[f"model/{p.shard_info.name}"], p.shard_info, state),
+                  **{key: _local_slice(full[f"optim/{p.shard_info.name}/{key}"], p.shard_info, state)
+                     for key in MOMENTS}}
+              for p in params}
+    load_local_state(optimizer, values, int(full["optim/step"]))
+    with torch.no_grad():
+        for name, t in buffers.items():
+            t.copy_(full[f"buffer/{name}"])
+    if trainer["world_size"] == state.config.world_size:
+        torch.set_rng_state(trainer["rng"][state.rank])
+    return Resumed(int(trainer["next_step"]), str(path), str(trainer["layout"]))

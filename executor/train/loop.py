@@ -1,0 +1,225 @@
+"""The training loop of one rank, and a local launcher for a whole run.
+
+Each step: the schedule's learning rate, this DP rank's rows of global batch ``step`` (the data position is
+the step), forward/backward over micro-batches, gradient reduction, clipping by the global gradient norm,
+AdamW (all through :class:`executor.train_step.Trainer`, whose optimizer gets a pre-step hook for the
+clipping). Loss is CE plus the MoE router losses (aux and z-loss per :class:`ExecutorOptions`). Every
+``eval_every`` steps and at the end the mean CE over fixed held-out batches is measured; every
+``checkpoint_every`` steps and at the end a checkpoint is saved; a run whose checkpoint directory holds one
+resumes from it, under whatever layout it is launched with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from costmodel.errors import FoldtuneError, SpecError
+from costmodel.flops import flops_per_step, tflops_per_gpu
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from executor.data import micro_batches
+from executor.dataset.sampler import BatchSampler, TokenDataset
+from executor.options import ExecutorOptions
+from executor.parallel.collectives import all_reduce_
+from executor.parallel.groups import ParallelState, build_parallel_state
+from executor.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from executor.train.grad_norm import GradClipper
+from executor.train.optim_state import set_lr
+from executor.train.schedule import LRSchedule
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run's recipe (the layout and model are separate). Steps are optimizer steps; sizes in
+    sequences and tokens; ``eval_every``/``checkpoint_every`` 0 means only at the end."""
+
+    data_path: str
+    steps: int
+    seq_length: int
+    global_batch_size: int
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    eval_every: int = 0
+    eval_batches: int = 4
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.steps < 1:
+            problems.append(f"steps must be >= 1, got {self.steps}")
+        if self.seq_length < 1 or self.global_batch_size < 1:
+            problems.append(f"seq_length ({self.seq_length}) and global_batch_size ({self.global_batch_size}) "
+                            f"must be >= 1")
+        if self.eval_every < 0 or self.checkpoint_every < 0 or self.eval_batches < 1:
+            problems.append(f"eval_every ({self.eval_every}) and checkpoint_every ({self.checkpoint_every}) must "
+                            f"be >= 0, eval_batches ({self.eval_batches}) >= 1")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            problems.append("checkpoint_every needs a checkpoint_dir")
+        if problems:
+            raise SpecError("; ".join(problems))
+        self.schedule()  # validates the learning rates
+
+    def schedule(self) -> LRSchedule:
+        return LRSchedule(self.lr, self.min_lr, min(self.warmup_steps, self.steps), self.steps)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StepMetrics:
+    """One optimizer step as seen by every rank (values are global: equal on all ranks, except timing)."""
+
+    step: int
+    loss: float
+    ce: float
+    router_loss: float
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    expert_load_max: float
+    expert_load_mean: float
+    eval_loss: float | None = None
+    peak_memory_bytes: int | None = None
+
+
+@dataclass
+class TrainReport:
+    """What one rank returns: per-step metrics of the steps it ran, the step it started at and where it
+    resumed from (None: fresh), and the checkpoints it saved."""
+
+    start_step: int
+    resumed_from: str | None
+    resumed_layout: str | None
+    metrics: list[StepMetrics] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+    initial_eval_loss: float | None = None
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, sampler: BatchSampler, batches: int, state: ParallelState,
+             micro_batch_size: int, device: torch.device) -> float:
+    """Mean cross-entropy (nats/token) over the first ``batches`` global batches of ``sampler``."""
+    dp = state["dp_cp"]
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for position in range(batches):
+        rows = sampler.batch(position, dp.size, dp.rank)
+        for ids, labels in micro_batches(rows, 1, 0, micro_batch_size, device):
+            total += model(ids, labels).ce.double()
+            count += 1
+    model.train()
+    total = all_reduce_(total / count, dp) / dp.size
+    return float(total)
+
+
+def _check(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, dataset: TokenDataset) -> None:
+    if dataset.vocab_size > model.vocab_size:
+        raise SpecError(f"dataset {dataset.path!r} has vocab_size {dataset.vocab_size}, model {model.name!r} "
+                        f"only {model.vocab_size}")
+    if cfg.global_batch_size % (config.micro_batch_size * config.dp):
+        raise SpecError(f"global_batch_size ({cfg.global_batch_size}) must be divisible by micro_batch_size·dp "
+                        f"({config.micro_batch_size}·{config.dp})")
+
+
+def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelConfig, options: ExecutorOptions,
+                 cfg: TrainConfig, on_step: Callable[[int, StepMetrics], None] | None = None,
+                 use_cuda: bool = False) -> TrainReport:
+    """One rank of a run (fp32 on CPU, bf16 on CUDA). ``on_step(rank, metrics)`` is called after each step."""
+    from executor.model import MoEGPT
+    from executor.train_step import Trainer
+
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if use_cuda else torch.float32
+    dataset = TokenDataset(cfg.data_path)
+    _check(model, config, cfg, dataset)
+    train_sampler = BatchSampler(dataset.splits["train"], cfg.seq_length, cfg.global_batch_size, cfg.data_seed)
+    eval_sampler = BatchSampler(dataset.splits["heldout"], cfg.seq_length, cfg.global_batch_size, shuffle=False)
+    eval_batches = min(cfg.eval_batches, eval_sampler.batches_per_epoch())
+    if eval_batches < 1:
+        raise SpecError(f"the held-out split ({dataset.splits['heldout'].tokens} tokens) holds no global batch of "
+                        f"{cfg.global_batch_size} × {cfg.seq_length + 1} tokens")
+    state = build_parallel_state(config, rank)
+    dp = state["dp_cp"]
+    net = MoEGPT(model, state, options, cfg.seq_length, device, dtype)
+    trainer = Trainer(net, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    clipper = GradClipper(net, state, trainer.reducer)
+    norms: list[float] = []
+    optimizer_step = trainer.optimizer.step
+
+    def clipped_step(*args, **kwargs):  # the trainer calls this right after the gradient reduction
+        norms.append(clipper.clip(cfg.max_grad_norm))
+        return optimizer_step(*args, **kwargs)
+
+    trainer.optimizer.step = clipped_step
+    schedule = cfg.schedule()
+    report = TrainReport(0, None, None)
+    latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    if latest is not None:
+        resumed = load_checkpoint(latest, net, trainer.optimizer, state, model.name)
+        report.start_step, report.resumed_from, report.resumed_layout = resumed.step, resumed.path, resumed.saved_layout
+    else:
+        report.initial_eval_loss = evaluate(net, eval_sampler, eval_batches, state, config.micro_batch_size, device)
+    flops = flops_per_step(model, cfg.seq_length, cfg.global_batch_size)
+    for step in range(report.start_step, cfg.steps):
+        lr = schedule.at(step)
+        set_lr(trainer.optimizer, lr)
+        rows = train_sampler.batch(step, dp.size, dp.rank)
+        micro = micro_batches(rows, 1, 0, config.micro_batch_size, device)
+        if use_cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        result = trainer.step(micro)  # ends with a host read of the loss
+        elapsed = time.perf_counter() - start
+        counts = [float(c) for c in result.tokens_per_expert] or [0.0]
+        metrics = StepMetrics(step=step, loss=result.loss, ce=result.ce, router_loss=result.router_loss, lr=lr,
+                              grad_norm=norms[-1], step_time_s=elapsed,
+                              tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
+                              tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
+                              expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
+                              peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None)
+        last = step + 1 == cfg.steps
+        if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
+            metrics.eval_loss = evaluate(net, eval_sampler, eval_batches, state, config.micro_batch_size, device)
+        report.metrics.append(metrics)
+        if on_step is not None:
+            on_step(rank, metrics)
+        if cfg.checkpoint_dir and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
+            path = save_checkpoint(cfg.checkpoint_dir, step + 1, net, trainer.optimizer, state, model.name)
+            report.checkpoints.append(str(path))
+    return report
+
+
+def train_local(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, options: ExecutorOptions | None = None,
+                on_step: Callable[[int, StepMetrics], None] | None = None, device: str = "cpu",
+                timeout_s: float = 3600.0, start_method: str = "spawn") -> TrainReport:
+    """Run (or resume) a training on ``config.world_size`` local processes; rank 0's report. A rank that fails
+    raises :class:`executor.train.loop.TrainingFailed` with its reason."""
+    from executor.launch_local import launch
+
+    options = options or ExecutorOptions()
+    use_cuda = device == "cuda"
+    if use_cuda and torch.cuda.device_count() < config.world_size:
+        raise SpecError(f"layout {config.label()} needs {config.world_size} GPUs, this machine has "
+                        f"{torch.cuda.device_count()}")
+    launched = launch(train_worker, config.world_size, (model, config, options, cfg, on_step, use_cuda),
+                      backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s, start_method=start_method)
+    if not launched.ok:
+        raise TrainingFailed(f"training {config.label()} failed: {launched.failure_reason}")
+    return launched.results[0]
+
+
+class TrainingFailed(FoldtuneError):
+    """A rank of a training run failed (the reason names the rank and the error)."""
