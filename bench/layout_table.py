@@ -1,0 +1,99 @@
+"""Measure a set of layouts once and keep the table: the shared input of the cost-model accuracy and
+search-regret benchmarks (``bench/costmodel_accuracy.py``, ``bench/search_regret.py``).
+
+The space is the planner's enumeration (``planner.enumerate``) under a benchmark ``SearchSpace``, minus
+what the executor cannot run today (``executor.options.check_model_supported``,
+``executor.parallel.tensor_parallel.check_layout``). Each layout is measured by
+``executor.profile.profile_layout`` on the local devices (GPUs with NCCL, else CPU ranks with gloo).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from costmodel.errors import FoldtuneError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+RESULTS = ROOT / "bench" / "results"
+
+
+def executable_space(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space) -> list[ParallelConfig]:
+    """Every valid layout of the enumeration that the executor can build, in enumeration order."""
+    from executor.options import check_model_supported
+    from executor.parallel.tensor_parallel import check_layout
+    from planner.enumerate import enumerate_layouts
+
+    check_model_supported(model)
+    out = []
+    for config in enumerate_layouts(model, training, cluster, space).configs():
+        try:
+            check_layout(model, config, training.seq_length)
+        except FoldtuneError:
+            continue
+        out.append(config)
+    return out
+
+
+def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[ParallelConfig], *, warmup: int,
+                  steps: int, device: str, hardware: str | None, timeout_s: float) -> list[dict[str, Any]]:
+    """Profile every layout; one row per layout (failed ones keep their reason)."""
+    from executor.profile import profile_layout
+
+    rows = []
+    for i, config in enumerate(configs, 1):
+        start = time.monotonic()
+        m = profile_layout(model, training, config, warmup_steps=warmup, timed_steps=steps, timeout_s=timeout_s,
+                           device=device, hardware=hardware)
+        rows.append({"layout": config.label(), "config": config.to_dict(), "ok": m.ok,
+                     "failure_reason": m.failure_reason, "device": m.device, "step_time": m.step_time,
+                     "step_times": m.step_times, "phases": m.phases, "peak_allocated_bytes": m.peak_allocated_bytes,
+                     "peak_reserved_bytes": m.peak_reserved_bytes})
+        shown = f"{m.step_time * 1e3:9.2f} ms" if m.ok else f"failed: {m.failure_reason}"
+        print(f"[{i}/{len(configs)}] {config.label():<60} {shown}  ({time.monotonic() - start:.0f} s)", flush=True)
+    return rows
+
+
+def machine() -> str:
+    """The devices a table was measured on, in words."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs)"
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def save_json(data: dict, name: str, results_dir: Path = RESULTS) -> Path:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / name
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def replace_section(heading: str, text: str, doc: Path = DOC) -> None:
+    """Replace the section that starts with the line ``heading`` (up to the next '## ') or append it."""
+    old = doc.read_text() if doc.exists() else ""
+    start = old.find(heading + "\n")
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
+    else:
+        end = old.find("\n## ", start + len(heading))
+        new = old[:start] + text.rstrip("\n") + "\n" + ("\n" + old[end + 1:] if end >= 0 else "")
+    doc.write_text(new)
