@@ -29,6 +29,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler, RandomSampler
+from optuna.samplers._base import _process_constraints_after_trial  # the hook Optuna's own samplers use
 from optuna.trial import FrozenTrial, TrialState
 
 from costmodel.parallel_config import ParallelConfig
@@ -45,6 +46,7 @@ ATTR_OOM = "out_of_memory"
 ATTR_FAILURE = "failure_reason"
 ATTR_RETRY = "retryable"
 ATTR_MEM_EXCESS = "memory_excess_bytes"
+ATTR_CAPACITY = "capacity_bytes"
 
 PARAM_NAMES = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt")
 
@@ -150,6 +152,12 @@ class CostModelSampler(BaseSampler):
     def sample_independent(self, study, trial, param_name, param_distribution):  # noqa: ANN001
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        # Memory enters Optuna's constraint API, so the study (and any sampler replaying it, such as
+        # TPE with constraints_func=memory_constraint) knows which measured layouts were feasible.
+        _process_constraints_after_trial(memory_constraint, study, trial, state)
+
     # The policy ------------------------------------------------------------------------------------
     def calibration(self, trials: Sequence[FrozenTrial]) -> Calibration:
         return fit_calibration(observations_from_trials(trials, self._capacity), self._prior_strength)
@@ -181,6 +189,25 @@ class CostModelSampler(BaseSampler):
             return cal.step_time(c.predicted_terms) * (1.0 - min(0.5, bonus * novelty))
 
         return min(fitting, key=score)
+
+
+def memory_constraint(trial: FrozenTrial) -> tuple[float]:
+    """Optuna constraint of a finished trial (<= 0 is feasible): bytes over device memory.
+
+    Uses the measured peak when the run reported one (GPUs), else the prediction. Optuna records it
+    for complete and pruned trials; a run that failed with out-of-memory is a failed trial instead.
+    """
+    capacity = float(trial.user_attrs.get(ATTR_CAPACITY, math.inf))
+    peak = trial.user_attrs.get(ATTR_PEAK)
+    used = float(peak) if peak else float(trial.user_attrs.get(ATTR_PRED_MEMORY, 0.0))
+    return (used - capacity,)
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    """True unless Optuna recorded a violated constraint (a dict in Optuna 5, a list before)."""
+    recorded = trial.constraints or ()
+    values = recorded.values() if isinstance(recorded, dict) else recorded
+    return all(v <= 0 for v in values)
 
 
 def _shares(terms: Sequence[Sequence[Any]]) -> dict[str, float]:
@@ -311,6 +338,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         trial.set_user_attr(ATTR_PRED_TIME, cand.predicted_step_time)
         trial.set_user_attr(ATTR_PRED_MEMORY, cand.predicted_memory_bytes)
         trial.set_user_attr(ATTR_MEM_EXCESS, cand.predicted_memory_bytes - capacity_bytes)
+        trial.set_user_attr(ATTR_CAPACITY, capacity_bytes)
         emit("trial_started", {"number": trial.number, "layout": cand.config.label(),
                                "predicted_step_time": cand.predicted_step_time})
         return trial, cand
@@ -398,7 +426,9 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
                              measured_peak_bytes=t.user_attrs.get(ATTR_PEAK),
                              failure_reason=t.user_attrs.get(ATTR_FAILURE)))
     best_config = best_time = None
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+                and _feasible(t)] or \
+               [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     if complete:
         best = min(complete, key=lambda t: t.value)
         best_config = ParallelConfig.from_dict(best.user_attrs[ATTR_CONFIG])

@@ -159,3 +159,18 @@ def test_uniformly_slower_machine_is_learned_from_two_measurements():
     cal = fit_calibration(obs)
     for c in cands:
         assert cal.step_time(c.predicted_terms) == pytest.approx(12.0 * c.predicted_step_time, rel=0.01)
+
+
+def test_memory_is_recorded_through_optuna_constraints(tmp_path):
+    cands = make_candidates()
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    calls: list[str] = []
+    capacity = 80 * GIB
+    run_search(cands, machine(cands, capacity, calls), capacity_bytes=capacity,
+               budget=SearchBudget(max_trials=4), storage=storage, study_name="c")
+    study = optuna.load_study(study_name="c", storage=storage)
+    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done
+    for t in done:
+        values = list(t.constraints.values()) if isinstance(t.constraints, dict) else list(t.constraints)
+        assert values == [pytest.approx(t.user_attrs["measured_peak_bytes"] - capacity)]
