@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from costmodel.model_spec import ModelSpec
+from executor import recompute
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
 from executor.parallel.groups import ParallelState
@@ -38,6 +39,8 @@ class Attention(torch.nn.Module):
         super().__init__()
         self.spec, self.options, self.state, self.kernels, self.timer = spec, options, state, kernels, timer
         h, d = spec.hidden_size, spec.head_dim
+        self.recompute_core = recompute.selective(state.config, "core_attn")
+        self.recompute_norm = recompute.selective(state.config, "layernorm")
         self.heads = spec.num_attention_heads // state.tp.size
         self.kv_heads = spec.num_kv_heads // state.tp.size
         p = f"layers.{layer}.attention."
@@ -59,7 +62,7 @@ class Attention(torch.nn.Module):
         """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
         eps, d = self.options.norm_epsilon, self.spec.head_dim
         x = self.timer.mark(x_SBH, "other", "attention")
-        x = self.kernels.rms_norm(x, self.norm, eps)
+        x = recompute.run(self.recompute_norm, self.kernels.rms_norm, x, self.norm, eps)
         x = self.timer.mark(x, "attention", "tp_allgather")
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
@@ -72,7 +75,7 @@ class Attention(torch.nn.Module):
             k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = self.kernels.attention(q, k, v)  # [b, heads, s, d]
+        o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = F.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from costmodel.model_spec import ModelSpec
+from executor import recompute
 from executor.dispatcher import make_dispatcher
 from executor.kernels.base import KernelBackend
 from executor.mlp import SwiGLUMLP
@@ -20,6 +21,10 @@ from executor.router import Router
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
 class GroupedExperts(torch.nn.Module):
     """E_local SwiGLU experts run as three grouped GEMMs over rows sorted by expert."""
 
@@ -27,6 +32,7 @@ class GroupedExperts(torch.nn.Module):
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype):
         super().__init__()
         self.kernels = kernels
+        self.recompute_act = recompute.selective(state.config, "moe_act")
         e, h, f = spec.num_experts, spec.hidden_size, spec.expert_ffn_hidden_size
         p = f"layers.{layer}.experts."
 
@@ -41,7 +47,8 @@ class GroupedExperts(torch.nn.Module):
     def forward(self, x_MH: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         gmm = self.kernels.grouped_mm
-        return gmm(F.silu(gmm(x_MH, self.w1, offs)) * gmm(x_MH, self.w3, offs), self.w2, offs)
+        act = recompute.run(self.recompute_act, _swiglu, gmm(x_MH, self.w1, offs), gmm(x_MH, self.w3, offs))
+        return gmm(act, self.w2, offs)
 
 
 class MoELayer(torch.nn.Module):
@@ -59,6 +66,7 @@ class MoELayer(torch.nn.Module):
                                     spec.shared_expert_ffn_hidden_size, options, state, device, dtype, timer,
                                     phase="shared_experts")
         self.last_tokens_per_expert: torch.Tensor | None = None
+        self.recompute_shared = recompute.selective(state.config, "shared_experts")
 
     def forward(self, x_SBH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(output slice [s/tp, b, h], this rank's share of the router losses)."""
@@ -75,5 +83,5 @@ class MoELayer(torch.nn.Module):
         y = self.dispatcher.combine(rows, dispatched).view(s, b, h)
         y = self.timer.mark(y, "combine", "other")
         if self.shared is not None:
-            y = y + self.shared(x_SBH)
+            y = y + recompute.run(self.recompute_shared, self.shared, x_SBH)
         return y, routing.loss

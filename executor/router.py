@@ -19,6 +19,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd, all_reduce_
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
+from executor.recompute import recomputing
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Router(torch.nn.Module):
                 aux_scores = torch.softmax(logits_NE, dim=-1)
             scale = self.num_experts * opts.moe_aux_loss_coeff / (self.topk * total_tokens * total_tokens)
             loss = loss + (aux_scores.sum(0) * global_counts).sum() * scale
-        if self.expert_bias is not None and self.training:
+        if self.expert_bias is not None and self.training and not recomputing():
             self.step_counts += counts_E.float()
 
         if opts.moe_expert_capacity_factor is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.model import MoEGPT
+from executor.optimizer import MixedPrecisionAdam, attach_main_grads
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.grad_reduce import GradReducer
 
@@ -22,22 +23,24 @@ class StepResult:
     tokens_per_expert: list[int]
 
 
-def _adam_impl(model: torch.nn.Module) -> dict:
-    """Fused (one kernel per step) AdamW on CUDA; the multi-tensor path on CPU."""
-    on_cuda = next(model.parameters()).is_cuda
-    return {"fused": True} if on_cuda else {"foreach": True}
-
-
 class Trainer:
-    """Owns the optimizer and gradient reducer of one rank's model slice."""
+    """Owns the optimizer and gradient reducer of one rank's model slice.
+
+    The optimizer is Megatron's mixed-precision Adam (fp32 main grads, master weights and moments), sharded
+    over DP·CP / EDP when the layout's ``use_distributed_optimizer`` is set; see :mod:`executor.optimizer`.
+    """
 
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
         self.model = model
-        self.reducer = GradReducer(model, model.state, bucket_mb,
-                                   overlap=bool(model.state.config.overlap_grad_reduce))
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
-                                           eps=eps, **_adam_impl(model))
+        config = model.state.config
+        sharded = bool(config.use_distributed_optimizer)
+        params = list(model.parameters())
+        attach_main_grads(params)  # before the reducer's hooks: they must see the accumulated fp32 gradient
+        self.reducer = GradReducer(model, model.state, bucket_mb, overlap=bool(config.overlap_grad_reduce),
+                                   sharded=sharded)
+        self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
+                                            weight_decay=weight_decay, sharded=sharded)
 
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns [ce, router] sums."""
@@ -58,12 +61,12 @@ class Trainer:
 
     def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         model, state, timer = self.model, self.model.state, self.model.timer
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         stats = self.forward_backward(micro)
         timer.switch("grad_reduce")
         self.reducer.reduce()
         timer.switch("optimizer")
-        self.optimizer.step()
+        self.optimizer.step()  # ends with the parameter all-gather when sharded
         for moe in model.moe_layers():
             moe.router.update_expert_bias()
         timer.switch("other")

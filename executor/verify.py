@@ -56,6 +56,7 @@ def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> d
         losses.append(result.loss)
         counts.append(result.tokens_per_expert)
         if step == 0:
+            trainer.reducer.materialize()  # the distributed optimizer leaves only this rank's reduced shard
             grads = gather_model(model, state, grads=True)
     params = gather_model(model, state)
     if rank != 0:

@@ -99,7 +99,8 @@ def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = Fal
     out = {}
     for param in model.parameters():
         info: ShardInfo = param.shard_info
-        source = param.grad if grads else param.data
+        main_grad = getattr(param, "main_grad", None)  # fp32 accumulation of low-precision parameters
+        source = (main_grad if main_grad is not None else param.grad) if grads else param.data
         if source is None:
             source = torch.zeros_like(param)
         out[info.name] = gather_full(source.detach(), info, state).cpu().float()

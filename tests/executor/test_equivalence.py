@@ -42,8 +42,20 @@ SCENARIOS = {
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
-    ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False})]),
-    ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position")]),
+    # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
+    # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
+    ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
+                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+    ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
+                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+    ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
+    # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
+    ("tp2 ep2 etp1", 2, [("alltoall", "shared", {"recompute_granularity": "selective",
+                                                 "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
+                         ("alltoall", "shared", {"recompute_granularity": "full"}),
+                         ("allgather", "sigmoid_bias", {"recompute_granularity": "full", "recompute_num_layers": 1}),
+                         ("alltoall", "shared", {"recompute_granularity": "selective",
+                                                 "recompute_modules": ("mlp", "moe", "shared_experts")})]),
     ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("allgather", "capacity_probs")]),
     ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
                      ("alltoall", "capacity_position")]),
