@@ -76,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     from executor.microbench.runner import BenchPlan, run_benchmarks
 
     cpu = (args.gpu or "").lower() == "cpu" or (args.gpu is None and not torch.cuda.is_available())
+    if args.gpu:
+        get_hardware(args.gpu)  # an unknown name is the first thing to report
+    if not cpu and not torch.cuda.is_available():
+        raise SpecError(f"--gpu {args.gpu} needs CUDA GPUs and this machine has none (--gpu cpu runs CPU ranks)")
     gpu = "cpu" if cpu else (args.gpu or _guess_gpu(torch.cuda.get_device_name(0)))
     base = get_hardware(gpu)
     ranks = args.ranks if args.ranks is not None else (4 if cpu else torch.cuda.device_count())

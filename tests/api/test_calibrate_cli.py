@@ -34,3 +34,10 @@ def test_plan_with_a_bad_profile_file_is_one_error_line(tmp_path, capsys):
     assert len(err) == 1 and "bad.json" in err[0] and "not a hardware profile" in err[0]
     assert main([*PLAN, "--profile", str(tmp_path / "missing.json")]) == 2
     assert "cannot read hardware profile" in capsys.readouterr().err
+
+
+def test_calibrate_rejects_bad_input_in_one_line(capsys):
+    assert main(["calibrate", "--gpu", "nope"]) == 2
+    assert "unknown GPU 'nope'" in capsys.readouterr().err
+    assert main(["calibrate", "--gpu", "cpu", "--ranks", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "foldtune: error: --ranks must be >= 1, got 0"
