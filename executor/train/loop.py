@@ -210,6 +210,7 @@ def train_local(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, opti
     from executor.launch_local import launch
 
     options = options or ExecutorOptions()
+    _check(model, config, cfg, TokenDataset(cfg.data_path))  # fail here, before starting any process
     use_cuda = device == "cuda"
     if use_cuda and torch.cuda.device_count() < config.world_size:
         raise SpecError(f"layout {config.label()} needs {config.world_size} GPUs, this machine has "

@@ -120,3 +120,20 @@ def test_bad_inputs_raise_one_clear_error(corpus, tmp_path):
     (tmp_path / "ck" / "latest").write_text("step-00000007\n")
     with pytest.raises(CheckpointError, match="step-00000007"):
         latest_checkpoint(tmp_path / "ck")
+
+
+def test_cli_trains_resumes_under_another_layout_and_reports_errors(corpus, tmp_path, capfd):
+    """Progress lines come from rank 0's process, hence capfd."""
+    from api.cli.main import main
+
+    common = ["train", "--data", corpus, "--model", "tiny-moe", "--seq", "32", "--gbs", "4", "--warmup", "2",
+              "--eval-every", "3", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    assert main([*common, "--layout", "dp1", "--steps", "3", "--device", "cpu"]) == 0
+    out = capfd.readouterr().out
+    assert "step      3  loss" in out and "eval_loss" in out and "step-00000003" in out
+    assert main([*common, "--layout", "dp2 mbs2", "--steps", "5", "--device", "cpu"]) == 0
+    out = capfd.readouterr().out
+    assert "resumed from" in out and "at step 3" in out and "done: step 5" in out
+    assert main(["train", "--data", str(tmp_path / "nothing"), "--model", "tiny-moe", "--steps", "1"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("foldtune: error:") and "not a prepared dataset" in err and "Traceback" not in err

@@ -1,0 +1,84 @@
+"""``foldtune train``: run (or resume) a full training of one folded layout on this machine, with progress.
+
+Local processes (gloo on CPU, NCCL on GPUs), real data from ``foldtune data prepare``, AdamW with warm-up
+and cosine decay, gradient clipping, held-out evaluation, and DCP checkpoints in ``--checkpoint-dir``; a
+directory that already holds a checkpoint is resumed, under whatever ``--layout`` is given now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "train a model with one folded layout on local data, with checkpoints and resume"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="dataset directory written by `foldtune data prepare`")
+    parser.add_argument("--model", required=True, help="catalog model name, e.g. tiny-moe")
+    parser.add_argument("--layout", default="dp1", help='folded layout, e.g. "tp2 ep2 mbs4" (default: dp1)')
+    parser.add_argument("--gpus", type=int, help="world size (default: derived from the layout's dp)")
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps in total (a resume continues)")
+    parser.add_argument("--seq", type=int, default=256, help="sequence length in tokens (default: 256)")
+    parser.add_argument("--gbs", type=int, default=16, help="global batch size in sequences (default: 16)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
+    parser.add_argument("--min-lr", type=float, default=3e-4, help="final learning rate (default: 3e-4)")
+    parser.add_argument("--warmup", type=int, default=20, help="warm-up steps (default: 20)")
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--clip-grad", type=float, default=1.0, help="max global gradient norm (0: no clipping)")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (0: end only)")
+    parser.add_argument("--eval-batches", type=int, default=4, help="held-out global batches per evaluation")
+    parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
+    parser.add_argument("--aux-loss-coeff", type=float, default=1e-2, help="MoE load-balancing loss coefficient")
+    parser.add_argument("--z-loss-coeff", type=float, default=1e-3, help="router z-loss coefficient")
+    parser.add_argument("--seed", type=int, default=0, help="data order seed")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def print_progress(rank: int, m) -> None:
+    """Rank 0's line per step (runs inside the rank process; module-level so spawned ranks can import it)."""
+    if rank != 0:
+        return
+    line = (f"step {m.step + 1:>6}  loss {m.loss:.4f}  lr {m.lr:.2e}  grad_norm {m.grad_norm:.3f}  "
+            f"{m.tokens_per_s:,.0f} tok/s  {m.step_time_s * 1e3:.1f} ms")
+    if m.eval_loss is not None:
+        line += f"  eval_loss {m.eval_loss:.4f}"
+    print(line, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from costmodel.catalog import get_model
+    from costmodel.parallel_config import ParallelConfig
+    from executor.options import ExecutorOptions
+    from executor.parallel.tensor_parallel import check_layout
+    from executor.train.loop import TrainConfig, train_local
+
+    model = get_model(args.model)
+    config = ParallelConfig.parse(args.layout, world_size=args.gpus)
+    check_layout(model, config, args.seq)
+    cfg = TrainConfig(args.data, steps=args.steps, seq_length=args.seq, global_batch_size=args.gbs, lr=args.lr,
+                      min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
+                      max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
+                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      data_seed=args.seed)
+    options = ExecutorOptions(moe_aux_loss_coeff=args.aux_loss_coeff, moe_z_loss_coeff=args.z_loss_coeff)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
+    print(f"training {model.name} with {config.label()} on {config.world_size} {device} rank(s): {args.steps} steps "
+          f"of {args.gbs}×{args.seq} tokens", flush=True)
+    report = train_local(model, config, cfg, options, on_step=print_progress, device=device)
+    if report.resumed_from:
+        print(f"resumed from {report.resumed_from} (saved as {report.resumed_layout}) at step {report.start_step}")
+    if report.initial_eval_loss is not None:
+        print(f"initial eval_loss {report.initial_eval_loss:.4f}")
+    if report.metrics:
+        last = report.metrics[-1]
+        print(f"done: step {last.step + 1}, loss {last.loss:.4f}, eval_loss {last.eval_loss:.4f}"
+              + (f", last checkpoint {report.checkpoints[-1]}" if report.checkpoints else ""))
+    else:
+        print(f"nothing to do: the checkpoint is already at step {report.start_step}", file=sys.stderr)
+    return 0
