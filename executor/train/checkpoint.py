@@ -56,8 +56,19 @@ def _distributed(state: ParallelState) -> bool:
 
 
 def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    params = {name for name, _ in model.named_parameters()}
-    return {name: t for name, t in model.state_dict().items() if name not in params}
+    """Persistent buffers keyed by their module's parameter name prefix (``layers.3.router.expert_bias``):
+    module paths depend on the pipeline layout, ShardInfo names do not."""
+    out = {}
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        for name, t in module.named_buffers(recurse=False):
+            if name in module._non_persistent_buffers_set or t is None:
+                continue
+            if not own:
+                raise CheckpointError(f"buffer {name!r} of a {type(module).__name__} without parameters has no "
+                                      f"layout-independent name")
+            out[f"{own[0].shard_info.name.rsplit('.', 1)[0]}.{name}"] = t
+    return out
 
 
 def _logical_shape(info: ShardInfo) -> tuple[int, ...]:

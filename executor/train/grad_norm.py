@@ -41,6 +41,7 @@ class GradClipper:
     def __init__(self, model: torch.nn.Module, state: ParallelState, reducer=None):
         self.model, self.state = model, state
         self.world = state.config.world_size
+        self.replicas = self.world // state["pp"].size  # ranks holding some shard of a given parameter
         self.entries = [e for e in getattr(reducer, "entries", []) if getattr(e, "sharded", False)]
         self._weights: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -50,7 +51,7 @@ class GradClipper:
         if key not in self._weights:
             entry = self.entries[entry_index]
             bucket, g = entry.buckets[bucket_index], entry.group.size
-            parts = [torch.full((p.numel(),), _num_shards(p.shard_info, self.state) * g / self.world,
+            parts = [torch.full((p.numel(),), _num_shards(p.shard_info, self.state) * g / self.replicas,
                                 dtype=torch.float32, device=p.device) for p in bucket]
             flat = torch.cat(parts)
             padded = -(-flat.numel() // g) * g
@@ -66,7 +67,7 @@ class GradClipper:
         for p in self.model.parameters():
             g = _grad_of(p)
             if g is not None:
-                out.append((g, _num_shards(p.shard_info, self.state) / self.world))
+                out.append((g, _num_shards(p.shard_info, self.state) / self.replicas))
         return out
 
     @torch.no_grad()

@@ -107,21 +107,31 @@ class TrainReport:
     initial_eval_loss: float | None = None
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, sampler: BatchSampler, batches: int, state: ParallelState,
-             micro_batch_size: int, device: torch.device) -> float:
-    """Mean cross-entropy (nats/token) over the first ``batches`` global batches of ``sampler``."""
-    dp = state["dp_cp"]
+def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState, micro_batch_size: int,
+             device: torch.device) -> float:
+    """Mean cross-entropy (nats/token) over the first ``batches`` global batches of ``sampler``.
+
+    Under pipeline parallelism the model's forward runs only inside the trainer's schedule, so evaluation
+    runs that schedule and discards the gradients (a backward more than needed, no forward-only schedule).
+    """
+    model, dp = trainer.model, state["dp_cp"]
+    pipelined = state["pp"].size > 1
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
     for position in range(batches):
-        rows = sampler.batch(position, dp.size, dp.rank)
-        for ids, labels in micro_batches(rows, 1, 0, micro_batch_size, device):
-            total += model(ids, labels).ce.double()
-            count += 1
+        micro = micro_batches(sampler.batch(position, dp.size, dp.rank), 1, 0, micro_batch_size, device)
+        if pipelined:
+            trainer.optimizer.zero_grad()
+            stats = trainer.forward_backward(micro)  # [ce, router] means over micro-batches, last stage only
+            trainer.reducer.reduce()  # finish any overlapped reduction the schedule started
+            trainer.optimizer.zero_grad()
+            total += all_reduce_(stats[0].detach().double(), state["pp"])
+        else:
+            with torch.no_grad():
+                total += sum(model(ids, labels).ce.double() for ids, labels in micro) / len(micro)
     model.train()
-    total = all_reduce_(total / count, dp) / dp.size
+    with torch.no_grad():
+        total = all_reduce_(total / batches, dp) / dp.size
     return float(total)
 
 
@@ -171,7 +181,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
         resumed = load_checkpoint(latest, net, trainer.optimizer, state, model.name)
         report.start_step, report.resumed_from, report.resumed_layout = resumed.step, resumed.path, resumed.saved_layout
     else:
-        report.initial_eval_loss = evaluate(net, eval_sampler, eval_batches, state, config.micro_batch_size, device)
+        report.initial_eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size, device)
     flops = flops_per_step(model, cfg.seq_length, cfg.global_batch_size)
     for step in range(report.start_step, cfg.steps):
         lr = schedule.at(step)
@@ -192,7 +202,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
                               peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None)
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
-            metrics.eval_loss = evaluate(net, eval_sampler, eval_batches, state, config.micro_batch_size, device)
+            metrics.eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size, device)
         report.metrics.append(metrics)
         if on_step is not None:
             on_step(rank, metrics)

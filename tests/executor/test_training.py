@@ -3,6 +3,8 @@ exactly, and a checkpoint resumes under another folded layout (CPU, fp32, gloo).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 from pathlib import Path
 
@@ -107,6 +109,32 @@ def test_crashed_run_resumes_exactly_and_reshards_to_another_layout(corpus, tmp_
     assert moved.start_step == 20 and moved.resumed_layout == tp2_ep2.label()
     assert [m.loss for m in moved.metrics] == pytest.approx(losses[20:], rel=1e-3, abs=0)
     assert moved.metrics[-1].eval_loss == pytest.approx(straight.metrics[-1].eval_loss, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(importlib.import_module("executor.train_step"), "run_schedule"),
+                    reason="the executor's trainer does not run pipeline schedules yet")
+def test_checkpoint_reshards_into_a_pipeline_layout(corpus, tmp_path):
+    """Trained with TP2·EP2, resumed with PP2·EP2 (a pipeline needs untied embedding and output weights)."""
+    torch.set_num_threads(1)
+    untied = dataclasses.replace(TINY, untie_embeddings_and_output_weights=True)
+
+    def cfg(name: str) -> TrainConfig:
+        return TrainConfig(corpus, steps=20, seq_length=32, global_batch_size=8, lr=3e-3, warmup_steps=5,
+                           eval_every=10, checkpoint_dir=str(tmp_path / name), checkpoint_every=10)
+
+    straight = train_local(untied, ParallelConfig.parse("tp2 ep2 mbs2", world_size=4), cfg("a"), OPTIONS,
+                           start_method="fork")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "latest").write_text("step-00000010\n")
+    (tmp_path / "b" / "step-00000010").symlink_to(tmp_path / "a" / "step-00000010")
+    moved = train_local(untied, ParallelConfig.parse("pp2 ep2 mbs2", world_size=4), cfg("b"), OPTIONS,
+                        start_method="fork")
+    assert moved.start_step == 10
+    assert [m.loss for m in moved.metrics] == pytest.approx([m.loss for m in straight.metrics[10:]], rel=1e-4)
+    assert [m.grad_norm for m in moved.metrics] == pytest.approx([m.grad_norm for m in straight.metrics[10:]],
+                                                                 rel=1e-4)
+    assert moved.metrics[-1].eval_loss == pytest.approx(straight.metrics[-1].eval_loss, rel=1e-4)
 
 
 def test_bad_inputs_raise_one_clear_error(corpus, tmp_path):
