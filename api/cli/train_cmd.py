@@ -34,6 +34,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--z-loss-coeff", type=float, default=1e-3, help="router z-loss coefficient")
     parser.add_argument("--seed", type=int, default=0, help="data order seed")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--training-id", type=int,
+                        help="also write every step's metrics to this training's rows in the service database")
+    parser.add_argument("--database-url", help="service database (default: FOLDTUNE_DATABASE_URL or ~/.foldtune)")
+
+
+class DatabaseMetrics:
+    """``on_step`` sink: rank 0 stores each step's metrics of training ``training_id`` (db.trainings).
+
+    Picklable (it holds only the URL), so spawned ranks open their own engine on first use. ``peak_flops``
+    (per GPU, FLOP/s) turns TFLOPS into MFU; ``None`` leaves MFU empty.
+    """
+
+    def __init__(self, url: str, training_id: int, peak_flops: float | None = None):
+        self.url, self.training_id, self.peak_flops = url, training_id, peak_flops
+        self._sessions = None
+
+    def row(self, m) -> dict:
+        mfu = m.tflops_per_gpu * 1e12 / self.peak_flops if self.peak_flops else None
+        return {"step": m.step + 1, "loss": m.loss, "eval_loss": m.eval_loss, "lr": m.lr, "grad_norm": m.grad_norm,
+                "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s, "tflops_per_gpu": m.tflops_per_gpu,
+                "mfu": mfu, "peak_memory_bytes": m.peak_memory_bytes, "expert_load_max": m.expert_load_max,
+                "expert_load_mean": m.expert_load_mean}
+
+    def __call__(self, rank: int, m) -> None:
+        if rank != 0:
+            return
+        from db.trainings import record_training_metrics
+
+        if self._sessions is None:
+            from db.engine import make_engine, make_sessionmaker
+
+            self._sessions = make_sessionmaker(make_engine(self.url))
+        with self._sessions() as session:
+            record_training_metrics(session, self.training_id, [self.row(m)])
+
+    def __getstate__(self):
+        return {"url": self.url, "training_id": self.training_id, "peak_flops": self.peak_flops, "_sessions": None}
+
+
+class _Progress:
+    """Prints rank 0's progress, then hands the step to ``sink`` (if any)."""
+
+    def __init__(self, sink=None):
+        self.sink = sink
+
+    def __call__(self, rank: int, m) -> None:
+        print_progress(rank, m)
+        if self.sink is not None:
+            self.sink(rank, m)
 
 
 def print_progress(rank: int, m) -> None:
@@ -70,7 +119,17 @@ def run(args: argparse.Namespace) -> int:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
     print(f"training {model.name} with {config.label()} on {config.world_size} {device} rank(s): {args.steps} steps "
           f"of {args.gbs}×{args.seq} tokens", flush=True)
-    report = train_local(model, config, cfg, options, on_step=print_progress, device=device)
+    sink = None
+    if args.training_id is not None:
+        from api.cli._db import migrate_or_explain
+        from db.settings import database_settings
+        from executor.profile import _peak_flops
+
+        url = database_settings(args.database_url).url
+        migrate_or_explain(url)
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+        sink = DatabaseMetrics(url, args.training_id, _peak_flops(name, "bf16" if device == "cuda" else "fp32", None))
+    report = train_local(model, config, cfg, options, on_step=_Progress(sink), device=device)
     if report.resumed_from:
         print(f"resumed from {report.resumed_from} (saved as {report.resumed_layout}) at step {report.start_step}")
     if report.initial_eval_loss is not None:

@@ -165,3 +165,36 @@ def test_cli_trains_resumes_under_another_layout_and_reports_errors(corpus, tmp_
     assert main(["train", "--data", str(tmp_path / "nothing"), "--model", "tiny-moe", "--steps", "1"]) == 2
     err = capfd.readouterr().err
     assert err.startswith("foldtune: error:") and "not a prepared dataset" in err and "Traceback" not in err
+
+
+def test_cli_writes_every_step_into_the_service_database(corpus, tmp_path, capfd):
+    from sqlalchemy import select
+
+    from api.cli.main import main
+    from db.engine import make_engine, make_sessionmaker
+    from db.keys import get_or_create_owner
+    from db.migrate import upgrade
+    from db.models import Training, TrainingMetric
+
+    url = f"sqlite:///{tmp_path / 'service.sqlite3'}"
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions() as s:
+        owner = get_or_create_owner(s, "alice")
+        s.flush()
+        training = Training(owner_id=owner.id, config={"world_size": 1}, model_spec={}, training_spec={}, cluster={},
+                            data_path=corpus, steps=3, checkpoint_dir=str(tmp_path / "ck"))
+        s.add(training)
+        s.commit()
+        training_id = training.id
+    assert main(["train", "--data", corpus, "--model", "tiny-moe", "--seq", "32", "--gbs", "4", "--steps", "3",
+                 "--device", "cpu", "--training-id", str(training_id), "--database-url", url]) == 0
+    capfd.readouterr()
+    with sessions() as s:
+        rows = s.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id)
+                         .order_by(TrainingMetric.step)).all()
+        assert [r.step for r in rows] == [1, 2, 3]
+        assert all(r.loss > 0 and r.lr > 0 and r.grad_norm > 0 and r.tokens_per_s > 0 and r.tflops_per_gpu > 0
+                   for r in rows)
+        assert all(r.expert_load_max >= r.expert_load_mean > 0 for r in rows)
+        assert rows[-1].eval_loss is not None and rows[0].eval_loss is None
