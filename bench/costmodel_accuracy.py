@@ -109,11 +109,12 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
     configs = executable_space(model, training, cluster, bench_space(args))
     print(f"{len(configs)} executable layouts of {model.name} on {cluster.num_gpus} ranks; measuring each", flush=True)
     use_cpu = cluster.gpu.name.lower() == "cpu"
+    started = utc_now()
     rows = measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
                          device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else args.gpu,
                          timeout_s=args.trial_timeout)
     table = {"model": model.name, "training": training.to_dict(),
-             "world_size": cluster.num_gpus, "device": machine(), "measured_at": utc_now(),
+             "world_size": cluster.num_gpus, "device": machine(), "measured_at": f"{started} to {utc_now()[11:]}",
              "command": " ".join(sys.argv), "rows": rows}
     stamp = table["measured_at"][:10] + ("-cpu" if use_cpu else "-gpu")
     print(f"table saved to {save_json(table, f'layout_table-{model.name}-{cluster.num_gpus}-{stamp}.json', Path(args.results_dir))}")
