@@ -13,6 +13,7 @@ from costmodel.model_spec import ModelSpec
 from executor import recompute
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
+from executor.parallel.context_parallel import gather_kv, masked_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
@@ -41,6 +42,8 @@ class Attention(torch.nn.Module):
         h, d = spec.hidden_size, spec.head_dim
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
+        self.cp = state["cp"]
+        self.cp_mask = None  # [s/cp, s] causal mask in global positions, set by the model under CP
         self.heads = spec.num_attention_heads // state.tp.size
         self.kv_heads = spec.num_kv_heads // state.tp.size
         p = f"layers.{layer}.attention."
@@ -75,7 +78,13 @@ class Attention(torch.nn.Module):
             k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
+        if self.cp.size > 1:
+            q = self.timer.mark(q, "attention", "cp_allgather")
+            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
+            k = self.timer.mark(k, "cp_allgather", "attention")
+            o = recompute.run(self.recompute_core, masked_attention, q, k, v, self.cp_mask)
+        else:
+            o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = F.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")

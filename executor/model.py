@@ -22,6 +22,7 @@ from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
+from executor.parallel.context_parallel import all_positions, cp_positions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
@@ -124,6 +125,15 @@ class MoEGPT(torch.nn.Module):
             # tied output weights reuse the embedding: only without a pipeline (check_layout says so)
             self.lm_head = vocab_param("lm_head.weight") if spec.untie_embeddings_and_output_weights else None
         cos, sin = rope_tables(self.seq_length, spec.head_dim, options.rotary_base, device)
+        cp = state["cp"]
+        self.cp_positions = None
+        if cp.size > 1:  # this rank's load-balanced share of the sequence and its causal mask
+            self.cp_positions = cp_positions(self.seq_length, cp.size, cp.rank, device)
+            keys = all_positions(self.seq_length, cp.size, device)
+            mask = keys.unsqueeze(0) <= self.cp_positions.unsqueeze(1)
+            for layer in self.layers:
+                layer.attention.cp_mask = mask
+            cos, sin = cos[self.cp_positions], sin[self.cp_positions]
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -146,6 +156,10 @@ class MoEGPT(torch.nn.Module):
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
         losses; elsewhere ``hidden`` is the output and ``loss`` the chunk's router losses (ce = 0)."""
         timer, state = self.timer, self.state
+        if self.cp_positions is not None:  # the full micro-batch comes in; this CP rank keeps its tokens
+            if self.is_first_chunk(chunk):
+                x_or_ids = x_or_ids[:, self.cp_positions]
+            labels_BS = labels_BS[:, self.cp_positions]
         s = labels_BS.shape[1]
         if self.is_first_chunk(chunk):
             timer.switch("embedding")
@@ -158,6 +172,8 @@ class MoEGPT(torch.nn.Module):
         for position in self.chunk_layers[chunk]:
             x, layer_loss = self.layers[position](x, rope)
             router_loss = router_loss + layer_loss
+        # Router losses are per-rank parts of one sum over the sequence, but gradients average over CP.
+        router_loss = router_loss * state["cp"].size
         with torch.no_grad():
             total_router = all_reduce_(router_loss.detach().clone(), state.tp)
         if not self.is_last_chunk(chunk):

@@ -48,7 +48,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     timer = PhaseTimer(enabled=False, device=device)
     net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision], timer)
     trainer = Trainer(net)
-    dp = state["dp_cp"]
+    dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
     step_times, phases, losses = [], [], []
     counts = None
     for step in range(warmup_steps + timed_steps):

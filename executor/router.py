@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from costmodel.errors import InvalidConfigError
 from costmodel.model_spec import ModelSpec
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd, all_reduce_
@@ -80,6 +81,9 @@ class Router(torch.nn.Module):
         self.topk = spec.moe_router_topk
         info = ShardInfo(f"layers.{layer}.router.weight", (spec.num_experts, spec.hidden_size), tp_partial=True)
         self.weight = make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
+        if options.moe_expert_capacity_factor is not None and state["cp"].size > 1:
+            raise InvalidConfigError(f"capacity factor {options.moe_expert_capacity_factor} with cp="
+                                     f"{state['cp'].size}: token dropping under context parallelism is not built")
         if options.moe_router_enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(spec.num_experts, device=device))
             self.register_buffer("step_counts", torch.zeros(spec.num_experts, device=device))
@@ -89,7 +93,8 @@ class Router(torch.nn.Module):
     def forward(self, x_NH: torch.Tensor) -> Routing:
         spec, opts, tp = self.spec, self.options, self.state.tp
         n = x_NH.shape[0]
-        total_tokens = n * tp.size  # tokens of the micro-batch seen by this TP group
+        cp = self.state["cp"]
+        total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
         logits_NE = F.linear(x_NH, self.weight).float()
         loss = logits_NE.new_zeros(())
         if opts.moe_z_loss_coeff:
@@ -108,7 +113,7 @@ class Router(torch.nn.Module):
             select_NE = _group_limited(select_NE, spec.moe_router_num_groups, spec.moe_router_group_topk, self.topk)
         if opts.moe_router_force_load_balancing:
             # token t of the micro-batch (global index over TP) takes experts (t·k + j) mod E
-            first = tp.rank * n * self.topk
+            first = (cp.rank * tp.size + tp.rank) * n * self.topk
             slot = torch.arange(first, first + n * self.topk, device=logits_NE.device)
             experts_NK = (slot % self.num_experts).view(n, self.topk)
         else:
@@ -124,7 +129,7 @@ class Router(torch.nn.Module):
 
         counts_E = count_per_expert(experts_NK, self.num_experts)
         if opts.moe_aux_loss_coeff:
-            global_counts = all_reduce_(counts_E.clone(), tp).float()
+            global_counts = all_reduce_(all_reduce_(counts_E.clone(), tp), cp).float()
             if spec.moe_router_score_function == "sigmoid":
                 aux_scores = torch.sigmoid(logits_NE)
                 aux_scores = aux_scores / (aux_scores.sum(-1, keepdim=True) + 1e-20)

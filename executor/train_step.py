@@ -10,6 +10,7 @@ from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam, attach_main_grads
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.grad_reduce import GradReducer
+from executor.pipeline import run_schedule
 
 
 @dataclass
@@ -41,10 +42,19 @@ class Trainer:
                                    sharded=sharded)
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
                                             weight_decay=weight_decay, sharded=sharded)
+        pp = model.state["pp"]
+        self.pipelined = pp.size > 1
+        if self.pipelined:  # NCCL's first grouped p2p must involve the whole group: connect it here
+            all_reduce_(torch.zeros(1, device=model.rope_cos.device), pp)
 
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns [ce, router] sums."""
         model = self.model
+        if self.pipelined:
+            # With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
+            # rank's: only the non-interleaved schedule overlaps the reduction with the last backward.
+            stats, self._counts = run_schedule(model, micro, self.reducer.arm if model.vpp == 1 else None)
+            return stats
         stats = torch.zeros(2, device=self.model.rope_cos.device)
         counts = None
         for i, (ids, labels) in enumerate(micro):
@@ -72,9 +82,9 @@ class Trainer:
         timer.switch("other")
         with torch.no_grad():
             dp = state["dp_cp"]
-            stats = all_reduce_(stats, dp) / dp.size
-            counts = self._counts if self._counts is not None else torch.zeros(1, dtype=torch.long,
-                                                                               device=stats.device)
-            counts = all_reduce_(all_reduce_(counts.clone(), state.tp), dp)
+            stats = all_reduce_(all_reduce_(stats, state["pp"]), dp) / dp.size  # stages hold disjoint layers
+            counts = self._counts if self._counts is not None else torch.zeros(
+                max(model.spec.num_experts, 1), dtype=torch.long, device=stats.device)
+            counts = all_reduce_(all_reduce_(all_reduce_(counts.clone(), state.tp), dp), state["pp"])
         ce, router = stats.tolist()
         return StepResult(ce + router, ce, router, [int(c) for c in counts.tolist()])

@@ -47,7 +47,7 @@ def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> d
     device = torch.device("cuda", rank) if scenario.device == "cuda" else torch.device("cpu")
     model = MoEGPT(scenario.model, state, scenario.options, scenario.seq_length, device)
     trainer = Trainer(model, lr=scenario.lr, eps=scenario.adam_eps)
-    dp = state["dp_cp"]
+    dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
     losses, counts, grads = [], [], None
     for step in range(scenario.steps):
         batch = global_batch(scenario.model.vocab_size, scenario.seq_length, scenario.global_batch_size,

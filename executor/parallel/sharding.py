@@ -104,4 +104,9 @@ def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = Fal
         if source is None:
             source = torch.zeros_like(param)
         out[info.name] = gather_full(source.detach(), info, state).cpu().float()
+    pp = state["pp"]
+    if pp.size > 1:  # each stage holds other layers: every rank gets the whole model
+        parts = [None] * pp.size
+        dist.all_gather_object(parts, out, group=pp.pg)
+        out = {name: t for part in parts for name, t in part.items()}
     return out

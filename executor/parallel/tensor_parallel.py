@@ -32,9 +32,14 @@ def check_layout(model: ModelSpec, config: ParallelConfig, seq_length: int) -> N
     problems = []
     if config.tp > 1 and not config.sequence_parallel:
         problems.append("tp > 1 needs sequence_parallel (as Megatron requires for MoE)")
-    if config.cp > 1 or config.pp > 1 or config.vpp > 1:
-        problems.append(f"cp={config.cp}, pp={config.pp}, vpp={config.vpp}: context and pipeline parallelism "
-                        "are not built yet (only 1)")
+    if seq_length % (2 * config.cp):
+        problems.append(f"seq_length ({seq_length}) must be divisible by 2·cp ({2 * config.cp})")
+    if model.num_layers < config.pp * config.vpp:
+        problems.append(f"num_layers ({model.num_layers}) must be at least pp·vpp ({config.pp}·{config.vpp})")
+    if config.vpp > 1 and config.pp == 1:
+        problems.append(f"vpp={config.vpp} needs pp > 1")
+    if config.pp > 1 and not model.untie_embeddings_and_output_weights:
+        problems.append("pp > 1 needs untied embedding and output weights")
     if model.num_attention_heads % config.tp or model.num_kv_heads % config.tp:
         problems.append(f"attention heads ({model.num_attention_heads}) and kv heads ({model.num_kv_heads}) "
                         f"must be divisible by tp ({config.tp})")
@@ -43,8 +48,8 @@ def check_layout(model: ModelSpec, config: ParallelConfig, seq_length: int) -> N
     if model.shared_expert_ffn_hidden_size % config.tp:
         problems.append(f"moe_shared_expert_intermediate_size ({model.shared_expert_ffn_hidden_size}) must be "
                         f"divisible by tp ({config.tp})")
-    if seq_length % config.tp:
-        problems.append(f"seq_length ({seq_length}) must be divisible by tp ({config.tp})")
+    if seq_length % (config.tp * config.cp):
+        problems.append(f"seq_length ({seq_length}) must be divisible by tp·cp ({config.tp}·{config.cp})")
     if model.is_moe:
         if model.num_experts % config.ep:
             problems.append(f"num_experts ({model.num_experts}) must be divisible by ep ({config.ep})")

@@ -90,3 +90,30 @@ def test_recomputation_saves_fewer_activations():
     full = _saved_bytes(ParallelConfig(world_size=1, recompute_granularity="full"))
     assert full < one_layer < none
     assert selective < none
+
+
+def test_pipeline_schedules_have_the_textbook_bubble():
+    from executor.pipeline import build_schedule, rank_order
+
+    for pp, vpp, micro in [(2, 1, 4), (4, 1, 8), (2, 2, 4), (4, 2, 8)]:
+        schedule = build_schedule(pp, vpp, micro)
+        for rank in range(pp):
+            ops = [op for op in schedule.ticks[rank] if op is not None]
+            assert ops == rank_order(pp, vpp, micro, rank)
+            assert len(ops) == 2 * micro * vpp
+        # with one tick per operation the idle share is (pp - 1) / (vpp·m + pp - 1) per forward or backward wave
+        ideal = (pp - 1) / (vpp * micro + pp - 1)
+        assert schedule.bubble_fraction() <= ideal + 1e-9 or vpp > 1
+    assert build_schedule(2, 2, 4).bubble_fraction() < build_schedule(2, 1, 4).bubble_fraction()
+
+
+@pytest.mark.slow
+def test_profile_of_a_pipeline_reports_its_bubble():
+    from costmodel.training_spec import TrainingSpec
+    from executor.profile import profile_layout
+
+    training = TrainingSpec(seq_length=16, global_batch_size=4)
+    m = profile_layout(SHARED, training, ParallelConfig(world_size=2, pp=2), warmup_steps=1, timed_steps=2,
+                       device="cpu")
+    assert m.ok, m.failure_reason
+    assert m.phases.get("pp_bubble", 0) > 0 and "experts" in m.phases

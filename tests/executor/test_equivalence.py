@@ -35,6 +35,7 @@ SCENARIOS = {
         LOSSES, moe_expert_capacity_factor=1.0, moe_token_drop_policy="probs")),
     "capacity_position": Scenario("capacity_position", TINY, dataclasses.replace(
         LOSSES, moe_expert_capacity_factor=0.75, moe_token_drop_policy="position")),
+    "deep": Scenario("deep", SHARED.with_layers(6), LOSSES),  # 6 layers: uneven over 4 pipeline stages
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
 }
@@ -49,6 +50,16 @@ LAYOUTS = [
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False})]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
+    # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
+    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
+    ("pp2 vpp2", 2, [("alltoall", "shared")]),
+    ("pp4", 4, [("alltoall", "deep")]),
+    ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
+    # context parallelism: load-balanced causal attention with K/V all-gathered over CP
+    ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
+                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
+    # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
+    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
     ("tp2 ep2 etp1", 2, [("alltoall", "shared", {"recompute_granularity": "selective",
                                                  "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
