@@ -14,7 +14,7 @@ import torch.distributed as dist
 from costmodel.parallel_config import ParallelConfig
 from costmodel.rank_groups import FoldedGroups
 
-# The groups the executor uses; the next issue adds cp, dp_cp (already built), pp.
+# The groups the executor uses (cp and pp: context and pipeline parallelism; dp_cp: dense gradient reduction).
 GROUP_NAMES = ("tp", "cp", "dp", "dp_cp", "pp", "etp", "ep", "edp", "tp_ep")
 
 
