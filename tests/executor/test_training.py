@@ -90,7 +90,8 @@ def test_crashed_run_resumes_exactly_and_reshards_to_another_layout(corpus, tmp_
     # fp32 reduction order differs; a few ulps grow over steps (a routing choice can flip), so: tight early
     ref_losses, ref_norms = [m.loss for m in reference.metrics], [m.grad_norm for m in reference.metrics]
     assert losses[:10] == pytest.approx(ref_losses[:10], rel=1e-5)
-    assert [m.grad_norm for m in straight.metrics[:10]] == pytest.approx(ref_norms[:10], rel=1e-5)
+    assert straight.metrics[0].grad_norm == pytest.approx(ref_norms[0], rel=1e-5)
+    assert [m.grad_norm for m in straight.metrics[:10]] == pytest.approx(ref_norms[:10], rel=1e-4)
     assert losses == pytest.approx(ref_losses, rel=1e-3)
 
     with pytest.raises(TrainingFailed, match="simulated kill at step 25"):
