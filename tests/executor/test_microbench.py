@@ -46,8 +46,10 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     # far less efficient than one with 256 times the tokens.
     grouped = profile.grouped_gemm_efficiency
     assert grouped(grouped.points[-1][0]) > 2 * grouped(grouped.points[0][0])
-    # Links and RAM: within (0, 1.5] of the base profile's figures (2 GB/s link, 10 GB/s copy).
-    assert 0 < profile.hbm_efficiency <= 1.5
+    # RAM copy against the entry's rough 10 GB/s per rank: one process's DRAM copy lies within 3x of it,
+    # while a copy that stayed in cache (the mistake this catches) would run at 50-100 GB/s.
+    assert 0 < profile.hbm_efficiency <= 3.0
+    # Links: within (0, 1.5] of the entry's 2 GB/s (gloo over loopback with ranks sharing two cores).
     expected = {f"{c}:intra" for c in ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "p2p")}
     assert {k for k, _ in profile.collective_efficiency} == expected
     for key, curve in profile.collective_efficiency:
@@ -84,4 +86,6 @@ def test_calibration_brings_the_prediction_closer_to_a_measured_step(calibrated)
 
     print(f"\nmeasured {measured.step_time * 1e3:.1f} ms; datasheet 'cpu' {before * 1e3:.1f} ms "
           f"(x{factor_off(before):.1f} off); calibrated {after * 1e3:.1f} ms (x{factor_off(after):.1f} off)")
-    assert factor_off(after) < factor_off(before) / 2
+    # Seen on the shared 2-core machine: x12-22 off before, x2.5-5.2 after (2.5-5.6 times closer); the bar
+    # leaves room for a calibration run that met a quieter machine than the measured step did.
+    assert factor_off(after) < factor_off(before) / 1.5
