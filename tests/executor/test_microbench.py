@@ -43,9 +43,9 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     assert all(math.isfinite(y) and y > 0 for _, y in points)
     # The 'cpu' datasheet figures are rough, so GEMM rates are checked against each other: a grouped
     # GEMM with 4 tokens per expert re-reads each expert's weights for almost no FLOPs and must be
-    # far less efficient than one with 256 times the tokens.
-    grouped = profile.grouped_gemm_efficiency
-    assert grouped(grouped.points[-1][0]) > 2 * grouped(grouped.points[0][0])
+    # far less efficient than one with 16 or 256 times the tokens.
+    grouped = profile.grouped_gemm_efficiency.points
+    assert max(y for _, y in grouped[1:]) > 2 * grouped[0][1]
     # RAM copy against the entry's rough 10 GB/s per rank: one process's DRAM copy lies within 3x of it,
     # while a copy that stayed in cache (the mistake this catches) would run at 50-100 GB/s.
     assert 0 < profile.hbm_efficiency <= 3.0
