@@ -114,7 +114,7 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
     Under pipeline parallelism the model's forward runs only inside the trainer's schedule, so evaluation
     runs that schedule and discards the gradients (a backward more than needed, no forward-only schedule).
     """
-    model, dp = trainer.model, state["dp_cp"]
+    model, dp, dp_cp = trainer.model, state.dp, state["dp_cp"]  # CP ranks share batches, split sequences
     pipelined = state["pp"].size > 1
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -131,7 +131,7 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
                 total += sum(model(ids, labels).ce.double() for ids, labels in micro) / len(micro)
     model.train()
     with torch.no_grad():
-        total = all_reduce_(total / batches, dp) / dp.size
+        total = all_reduce_(total / batches, dp_cp) / dp_cp.size
     return float(total)
 
 
@@ -162,7 +162,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
         raise SpecError(f"the held-out split ({dataset.splits['heldout'].tokens} tokens) holds no global batch of "
                         f"{cfg.global_batch_size} × {cfg.seq_length + 1} tokens")
     state = build_parallel_state(config, rank)
-    dp = state["dp_cp"]
+    dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
     net = MoEGPT(model, state, options, cfg.seq_length, device, dtype)
     trainer = Trainer(net, lr=cfg.lr, weight_decay=cfg.weight_decay)
     clipper = GradClipper(net, state, trainer.reducer)

@@ -138,6 +138,18 @@ def test_checkpoint_reshards_into_a_pipeline_layout(corpus, tmp_path):
     assert moved.metrics[-1].eval_loss == pytest.approx(straight.metrics[-1].eval_loss, rel=1e-4)
 
 
+@pytest.mark.slow
+def test_context_parallel_ranks_share_batches_and_match_one_process(corpus):
+    """Under CP2·EP2 the CP ranks read the same rows (each keeps half of every sequence)."""
+    torch.set_num_threads(1)
+    cfg = TrainConfig(corpus, steps=6, seq_length=32, global_batch_size=8, lr=3e-3, warmup_steps=3, eval_every=3)
+    reference = train_worker(0, 1, TINY, ParallelConfig(world_size=1, micro_batch_size=2), OPTIONS, cfg)
+    folded = train_local(TINY, ParallelConfig.parse("cp2 ep2 mbs2", world_size=2), cfg, OPTIONS, start_method="fork")
+    assert [m.loss for m in folded.metrics] == pytest.approx([m.loss for m in reference.metrics], rel=1e-5)
+    assert [m.grad_norm for m in folded.metrics] == pytest.approx([m.grad_norm for m in reference.metrics], rel=1e-4)
+    assert folded.metrics[-1].eval_loss == pytest.approx(reference.metrics[-1].eval_loss, rel=1e-5)
+
+
 def test_bad_inputs_raise_one_clear_error(corpus, tmp_path):
     with pytest.raises(FoldtuneError, match="not a prepared dataset"):
         _single(TrainConfig(str(tmp_path), steps=1, seq_length=16, global_batch_size=2))
