@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from api.problems import install_problem_handlers
 from api.schemas.problem import Problem
-from api.routes import best, catalog, health, jobs, metrics, plans
+from api.routes import best, catalog, health, jobs, metrics, plans, trainings
 from api.settings import ApiSettings
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
@@ -56,7 +56,7 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
         app.state.metrics.count_request(request.method, _route_of(request), response.status_code)
         return response
 
-    for module in (jobs, best, plans, catalog, health, metrics):
+    for module in (jobs, best, plans, catalog, health, metrics, trainings):
         app.include_router(module.router)
     _problems_in_openapi(app)
     return app

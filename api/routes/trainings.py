@@ -1,0 +1,74 @@
+"""Trainings: run one layout (a job's best or an explicit one) on real data; status, metrics, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from api import trainings_service
+from api.deps import OwnerDep, SessionDep
+from api.schemas.common import MAX_ID, MAX_PAGE_SIZE, Page
+from api.schemas.problem import problem_responses
+from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingMetricOut, TrainingOut, TrainingStatus
+
+router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=problem_responses(401, 422))
+
+TrainingId = Annotated[int, Path(ge=1, le=MAX_ID, description="training id")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="items to skip")]
+
+
+@router.post("", operation_id="create_training", status_code=201, response_model=TrainingOut)
+def create_training(body: TrainingCreate, owner: OwnerDep, session: SessionDep, request: Request,
+                    response: Response) -> TrainingOut:
+    """Store a training as queued; a runner (`foldtune runner`) claims it and trains through Ray."""
+    row = trainings_service.submit_training(session, owner, body)
+    response.headers["Location"] = str(request.url_for("get_training", training_id=row.id))
+    view = trainings_service.training_views(session, [row])[0]
+    session.commit()
+    return view
+
+
+@router.get("", operation_id="list_trainings", response_model=Page[TrainingOut])
+def list_trainings(owner: OwnerDep, session: SessionDep, limit: Limit = 50, offset: Offset = 0,
+                   status: Annotated[TrainingStatus | None, Query(description="only trainings in this status")] = None,
+                   ) -> dict:
+    """The caller's trainings, newest first, each with its latest metrics."""
+    rows, total = trainings_service.list_trainings(session, owner, status=status, limit=limit, offset=offset)
+    views = trainings_service.training_views(session, rows)
+    session.commit()
+    return {"items": views, "total": total, "limit": limit, "offset": offset,
+            "next_offset": offset + len(views) if offset + len(views) < total else None}
+
+
+@router.get("/{training_id}", operation_id="get_training", response_model=TrainingOut,
+            responses=problem_responses(404))
+def get_training(training_id: TrainingId, owner: OwnerDep, session: SessionDep) -> TrainingOut:
+    view = trainings_service.training_views(session, [trainings_service.owned_training(session, owner, training_id)])[0]
+    session.commit()
+    return view
+
+
+@router.get("/{training_id}/metrics", operation_id="list_training_metrics", response_model=MetricsPage,
+            responses=problem_responses(404))
+def list_training_metrics(training_id: TrainingId, owner: OwnerDep, session: SessionDep, limit: Limit = 100,
+                          after_step: Annotated[int, Query(ge=-1, le=MAX_ID,
+                                                           description="only steps after this one")] = -1) -> dict:
+    """The training's per-step metrics in step order; pass ``next_after_step`` back to get the next page."""
+    trainings_service.owned_training(session, owner, training_id)
+    rows = trainings_service.metrics_after(session, training_id, after_step, limit)
+    items = [TrainingMetricOut.model_validate(m) for m in rows]
+    session.commit()
+    return {"items": items, "limit": limit, "after_step": after_step,
+            "next_after_step": items[-1].step if len(items) == limit else None}
+
+
+@router.post("/{training_id}/cancel", operation_id="cancel_training", response_model=TrainingOut,
+             responses=problem_responses(404, 409))
+def cancel_training(training_id: TrainingId, owner: OwnerDep, session: SessionDep) -> TrainingOut:
+    """Cancel a queued or running training; its runner stops at its next heartbeat."""
+    row = trainings_service.cancel_training(session, trainings_service.owned_training(session, owner, training_id))
+    view = trainings_service.training_views(session, [row])[0]
+    session.commit()
+    return view

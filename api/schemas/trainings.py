@@ -1,0 +1,133 @@
+"""Bodies of the trainings endpoints: what a client submits to train one layout, and how a training and
+its per-step metrics are shown."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from api.schemas.common import MAX_ID, Name, _no_nul
+from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
+
+TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+ServerPath = Annotated[str, StringConstraints(min_length=1, max_length=4096, strip_whitespace=True),
+                       AfterValidator(_no_nul)]
+
+MAX_STEPS = 10_000_000
+MAX_SEQUENCES = 1 << 24
+
+
+class TrainingCreate(BaseModel):
+    """A training of one layout: either the best trial of a tuning job (``job_id``) or an explicit
+    ``layout`` string (``foldtune`` label syntax, e.g. ``tp2 ep2 mbs1``) with its model and cluster. Paths
+    are on the server that runs the training."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
+        "seq_length": 64, "global_batch_size": 8, "data_path": "/data/corpus", "steps": 200,
+        "checkpoint_dir": "/ckpt/run1"}]})
+
+    job_id: int | None = Field(None, ge=1, le=MAX_ID, description="train the best layout this tuning job found")
+    layout: Name | None = Field(None, description="an explicit layout (ParallelConfig label), with model and cluster")
+    model: Name | None = Field(None, description="catalog model name, with layout")
+    model_spec: ModelSpecIn | None = Field(None, description="an inline model, with layout")
+    cluster: ClusterIn | None = Field(None, description="GPUs to train on, with layout")
+    seq_length: int | None = Field(None, ge=1, le=1 << 20, description="tokens per sequence (default: the job's)")
+    global_batch_size: int | None = Field(None, ge=1, le=MAX_SEQUENCES,
+                                          description="sequences per optimizer step (default: the job's)")
+    data_path: ServerPath = Field(description="a dataset made by `foldtune data prepare`, on the server")
+    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps")
+    checkpoint_dir: ServerPath = Field(description="where checkpoints are written and resumed from, on the server")
+    checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints; 0: only at the end")
+    lr: float = Field(3e-3, gt=0, le=10, description="peak learning rate")
+    min_lr: float = Field(3e-4, ge=0, le=10, description="learning rate at the end of the cosine decay")
+    warmup_steps: int = Field(10, ge=0, le=MAX_STEPS)
+    weight_decay: float = Field(0.01, ge=0, le=10)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    eval_every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations; 0: at the end")
+    eval_batches: int = Field(4, ge=1, le=10_000)
+    data_seed: int = Field(0, ge=0, le=MAX_ID)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TrainingCreate:
+        if (self.job_id is None) == (self.layout is None):
+            raise PydanticCustomError("job_id_xor_layout", "give exactly one of job_id (its best layout) or layout")
+        if self.layout is not None:
+            if (self.model is None) == (self.model_spec is None):
+                raise PydanticCustomError("model_xor_model_spec",
+                                          "with layout, give exactly one of model (a catalog name) or model_spec")
+            if self.cluster is None or self.seq_length is None or self.global_batch_size is None:
+                raise PydanticCustomError("layout_needs_workload",
+                                          "with layout, give cluster, seq_length and global_batch_size")
+        elif self.model is not None or self.model_spec is not None or self.cluster is not None:
+            raise PydanticCustomError("job_fixes_workload",
+                                      "with job_id, the model and cluster are the job's; leave them out")
+        if self.min_lr > self.lr:
+            raise PydanticCustomError("min_lr_le_lr", "min_lr ({min_lr}) must not exceed lr ({lr})",
+                                      {"min_lr": self.min_lr, "lr": self.lr})
+        return self
+
+    def recipe(self) -> dict[str, Any]:
+        """The optimizer/evaluation settings the runner passes to the training loop."""
+        return self.model_dump(include={"lr", "min_lr", "warmup_steps", "weight_decay", "max_grad_norm",
+                                        "eval_every", "eval_batches", "data_seed"})
+
+
+class TrainingMetricOut(BaseModel):
+    """One optimizer step. Seconds, tokens/s, TFLOPS per GPU, bytes; expert load in tokens per expert."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    step: int
+    loss: float | None
+    eval_loss: float | None
+    lr: float | None
+    grad_norm: float | None
+    step_time_s: float | None
+    tokens_per_s: float | None
+    tflops_per_gpu: float | None
+    mfu: float | None
+    peak_memory_bytes: int | None
+    expert_load_max: float | None
+    expert_load_mean: float | None
+    created_at: datetime
+
+
+class TrainingOut(BaseModel):
+    id: int
+    status: TrainingStatus
+    job_id: int | None = Field(description="the tuning job whose best layout this trains, if any")
+    config: dict[str, Any] = Field(description="the ParallelConfig trained")
+    label: str
+    model: str
+    model_spec: dict[str, Any]
+    training: dict[str, Any] = Field(description="the TrainingSpec (seq_length, global_batch_size, ...)")
+    recipe: dict[str, Any] = Field(description="lr, min_lr, warmup_steps, weight_decay, max_grad_norm, eval_*")
+    cluster: ClusterOut
+    data_path: str
+    steps: int
+    checkpoint_dir: str
+    checkpoint_every: int | None
+    predicted_step_time_s: float | None = Field(description="the cost model's seconds per step for this layout")
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    attempts: int
+    runner: str | None
+    heartbeat_at: datetime | None
+    latest_metrics: TrainingMetricOut | None = Field(description="the last step stored")
+
+
+class MetricsPage(BaseModel):
+    """Steps after ``after_step`` in step order; ``next_after_step`` is null on the last page."""
+
+    items: list[TrainingMetricOut]
+    limit: int
+    after_step: int
+    next_after_step: int | None

@@ -1,0 +1,161 @@
+"""What the trainings routes do, kept out of the routers: resolve a request (a job's best layout or an
+explicit one) into a stored queued training, show trainings with their latest metrics, page through the
+metrics series, and cancel.
+
+Everything a runner needs is checked here, at submission: the layout parses for the cluster, the job has
+a best trial, and the data path exists on this server."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from api.jobs_service import owned_job, resolve_cluster, resolve_model
+from api.problems import ProblemError, not_found, rule_violation
+from api.schemas.jobs import ClusterOut
+from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
+from costmodel.errors import FoldtuneError
+from costmodel.parallel_config import ParallelConfig
+from costmodel.training_spec import TrainingSpec
+from db.models import Owner, Training, TrainingMetric, Trial, utcnow
+
+RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
+
+
+def split_training_spec(stored: dict[str, Any]) -> tuple[TrainingSpec, dict[str, Any]]:
+    """A stored ``Training.training_spec`` as its TrainingSpec and its recipe (lr, warmup_steps, ...)."""
+    spec = {k: v for k, v in stored.items() if k != RECIPE_KEY}
+    return TrainingSpec.from_dict(spec), dict(stored.get(RECIPE_KEY, {}))
+
+
+def _training_spec(base: dict[str, Any], request: TrainingCreate) -> TrainingSpec:
+    overrides = {k: v for k, v in (("seq_length", request.seq_length),
+                                   ("global_batch_size", request.global_batch_size)) if v is not None}
+    try:
+        return TrainingSpec.from_dict({**base, **overrides})
+    except FoldtuneError as exc:
+        raise rule_violation("body", "training_spec_rules", str(exc)) from None
+
+
+def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> Training:
+    """Store a queued training; 422 problems name the broken rule (known_job, job_has_best, layout_parses,
+    data_path_exists, ...). Commits."""
+    predicted = None
+    if request.job_id is not None:
+        try:
+            job = owned_job(session, owner, request.job_id)
+        except ProblemError:
+            raise rule_violation("body.job_id", "known_job", f"job {request.job_id} does not exist") from None
+        best = session.get(Trial, job.best_trial_id) if job.best_trial_id is not None else None
+        if best is None:
+            raise rule_violation("body.job_id", "job_has_best",
+                                 f"job {job.id} ({job.status}) has no best trial to train yet")
+        try:
+            config = ParallelConfig.from_dict(best.config)
+        except (FoldtuneError, TypeError) as exc:
+            raise rule_violation("body.job_id", "best_config_valid",
+                                 f"job {job.id}'s best trial has an unusable layout: {exc}") from None
+        model_spec, cluster = job.model_spec, job.cluster
+        training = _training_spec(job.training_spec, request)
+        predicted = best.predicted_step_time_s
+    else:
+        model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
+        resolved = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
+        try:
+            config = ParallelConfig.parse(request.layout or "", world_size=resolved.num_gpus)
+        except (FoldtuneError, ValueError) as exc:  # ValueError: a non-integer count, e.g. recompute=full:x
+            raise rule_violation("body.layout", "layout_parses", str(exc)) from None
+        model_spec = model.to_dict()
+        cluster = {"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
+                   "hardware": resolved.hardware.to_dict()}
+        training = _training_spec({}, request)
+    if training.global_batch_size % (config.dp * config.micro_batch_size):
+        raise rule_violation("body.global_batch_size", "batch_divides",
+                             f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
+                             f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
+    if not os.path.exists(request.data_path):
+        raise rule_violation("body.data_path", "data_path_exists",
+                             f"data path {request.data_path!r} does not exist on the server")
+    row = Training(owner_id=owner.id, job_id=request.job_id, status="queued", config=config.to_dict(),
+                   model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: request.recipe()},
+                   cluster=cluster, data_path=request.data_path, steps=request.steps,
+                   checkpoint_dir=request.checkpoint_dir, checkpoint_every=request.checkpoint_every,
+                   predicted_step_time_s=predicted)
+    session.add(row)
+    session.commit()
+    return row
+
+
+def owned_training(session: Session, owner: Owner, training_id: int) -> Training:
+    """The owner's training; another owner's is reported exactly like a missing one (404)."""
+    row = session.get(Training, training_id)
+    if row is None or row.owner_id != owner.id:
+        raise not_found(f"training {training_id}")
+    return row
+
+
+def _latest_metrics(session: Session, ids: list[int]) -> dict[int, TrainingMetric]:
+    if not ids:
+        return {}
+    last = (select(TrainingMetric.training_id, func.max(TrainingMetric.step).label("step"))
+            .where(TrainingMetric.training_id.in_(ids)).group_by(TrainingMetric.training_id).subquery())
+    rows = session.scalars(select(TrainingMetric).join(
+        last, (TrainingMetric.training_id == last.c.training_id) & (TrainingMetric.step == last.c.step)))
+    return {m.training_id: m for m in rows}
+
+
+def training_views(session: Session, rows: list[Training]) -> list[TrainingOut]:
+    """Trainings as the API shows them, each with its latest metrics row (one query for the whole list)."""
+    latest = _latest_metrics(session, [t.id for t in rows])
+    views = []
+    for t in rows:
+        spec = {k: v for k, v in t.training_spec.items() if k != RECIPE_KEY}
+        metric = latest.get(t.id)
+        views.append(TrainingOut(
+            id=t.id, status=t.status, job_id=t.job_id, config=t.config, label=ParallelConfig.from_dict(t.config).label(),
+            model=str(t.model_spec.get("name", "")), model_spec=t.model_spec, training=spec,
+            recipe=t.training_spec.get(RECIPE_KEY, {}),
+            cluster=ClusterOut(gpu=t.cluster["gpu"], num_gpus=t.cluster["num_gpus"]), data_path=t.data_path,
+            steps=t.steps, checkpoint_dir=t.checkpoint_dir, checkpoint_every=t.checkpoint_every,
+            predicted_step_time_s=t.predicted_step_time_s, created_at=t.created_at, updated_at=t.updated_at,
+            started_at=t.started_at, finished_at=t.finished_at, error=t.error, attempts=t.attempts,
+            runner=t.claimed_by, heartbeat_at=t.heartbeat_at,
+            latest_metrics=TrainingMetricOut.model_validate(metric) if metric is not None else None))
+    return views
+
+
+def list_trainings(session: Session, owner: Owner, *, status: str | None, limit: int,
+                   offset: int) -> tuple[list[Training], int]:
+    """A page of the owner's trainings, newest first, and how many match in all."""
+    where = [Training.owner_id == owner.id]
+    if status is not None:
+        where.append(Training.status == status)
+    total = session.scalar(select(func.count()).select_from(Training).where(*where))
+    rows = list(session.scalars(select(Training).where(*where)
+                                .order_by(Training.created_at.desc(), Training.id.desc()).limit(limit).offset(offset)))
+    return rows, total
+
+
+def metrics_after(session: Session, training_id: int, after_step: int, limit: int) -> list[TrainingMetric]:
+    """Up to ``limit`` metrics rows of the training with step > ``after_step``, in step order."""
+    return list(session.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id,
+                                                             TrainingMetric.step > after_step)
+                                .order_by(TrainingMetric.step).limit(limit)))
+
+
+def cancel_training(session: Session, training: Training) -> Training:
+    """Cancel a queued or running training (its runner learns it at its next heartbeat); cancelling a
+    cancelled one is a no-op; a finished one is a 409 problem. One guarded UPDATE, as for jobs. Commits."""
+    now = utcnow()
+    session.execute(update(Training).where(Training.id == training.id, Training.status.in_(("queued", "running")))
+                    .values(status="cancelled", finished_at=now, updated_at=now)
+                    .execution_options(synchronize_session=False))
+    session.commit()
+    session.refresh(training)
+    if training.status in ("succeeded", "failed"):
+        raise ProblemError(409, "training-finished", "Training already finished",
+                           f"training {training.id} already {training.status}")
+    return training
