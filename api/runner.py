@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.runner_trainings import run_next_training
 from api.runner_trials import JobStopped, TrialExecutor, TrialSettings, trial_settings_from_env
 from costmodel.errors import FoldtuneError, SpecError
 from costmodel.hardware import ClusterSpec, HardwareProfile
@@ -143,6 +144,10 @@ class Runner:
                 if stale.jobs_requeued or stale.jobs_failed:
                     log.info("requeued stale jobs %s, failed %s", stale.jobs_requeued, stale.jobs_failed)
                 job = claim_next_job(session, self.settings.runner_id)
+            if job is None and run_next_training(self.sessions, self.settings.database_url, self.settings.runner_id,
+                                                 self.settings.heartbeat_s, self._shutdown):
+                ran += 1
+                continue
             if job is None:
                 if once:
                     break

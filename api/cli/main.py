@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "best": ("api.cli.best_cmd", "show the best measured layout for a model on a cluster (from your trials)"),
     "runner": ("api.cli.runner_cmd", "claim queued tuning jobs from the database and run their trials through Ray"),
     "data": ("api.cli.data_cmd", "prepare a tokenized training dataset from local text files"),
+    "trainings": ("api.cli.trainings_cmd", "list trainings, or show, follow (--wait) or cancel one"),
     "train": ("api.cli.train_cmd", "train a model with one folded layout on local data, with checkpoints and resume"),
     "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
     "calibrate": ("api.cli.calibrate_cmd", "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"),

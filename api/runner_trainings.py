@@ -1,0 +1,128 @@
+"""A training claimed by the runner: train its layout through the Ray launcher with
+:func:`executor.train.loop.train_worker`, every step's metrics written to the database by rank 0, a
+heartbeat from the runner, and a stop when the training is cancelled (or the runner shuts down).
+
+Cancel path: rank 0 streams each step to the driver (:mod:`executor.progress`); when the heartbeat is
+refused the driver answers "stop", rank 0 raises :class:`TrainingStopped` after storing that step, and
+the launcher tears every rank down. A stopped training is not finished here: a cancelled one already is,
+and one the runner gave up on (shutdown) is requeued by the stale-claim timeout and resumes from its
+latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+
+from costmodel.hardware import HardwareProfile
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+from db.models import Training
+
+log = logging.getLogger("foldtune.runner")
+
+TRAINING_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+class TrainingStopped(Exception):
+    """Rank 0 was told to stop (the training was cancelled or its runner is shutting down)."""
+
+
+class RankStep:
+    """``on_step`` of the training loop: hand the step to ``sink`` (rank 0 stores it), then stream it to
+    the driver and stop when the driver says so. Module-level and holding only picklable state, so Ray
+    can ship it to the ranks."""
+
+    def __init__(self, sink: Callable) -> None:
+        self.sink = sink
+
+    def __call__(self, rank: int, metrics) -> None:
+        from executor import progress
+
+        self.sink(rank, metrics)
+        if rank == 0 and progress.report_step(metrics.step, metrics.step_time_s):
+            raise TrainingStopped(f"stopped after step {metrics.step + 1}")
+
+
+def run_training(training: Training, database_url: str, stop: threading.Event,
+                 on_step: Callable[[int], None] | None = None) -> tuple[bool, str | None]:
+    """Train the claimed ``training`` until its step budget, a failure or ``stop``; returns (ok, error).
+    ``on_step(step)`` is called on the driver for every step rank 0 reports (1-based)."""
+    from api.cli.train_cmd import DatabaseMetrics
+    from api.trainings_service import split_training_spec
+    from executor import launch_ray
+    from executor.options import ExecutorOptions
+    from executor.profile import _peak_flops
+    from executor.train.loop import TrainConfig, train_worker
+
+    model = ModelSpec.from_dict(training.model_spec)
+    config = ParallelConfig.from_dict(training.config)
+    spec, recipe = split_training_spec(training.training_spec)
+    cfg = TrainConfig(training.data_path, steps=training.steps, seq_length=spec.seq_length,
+                      global_batch_size=spec.global_batch_size, checkpoint_dir=training.checkpoint_dir,
+                      checkpoint_every=training.checkpoint_every or 0, **recipe)
+    hardware = HardwareProfile.from_dict(training.cluster["hardware"])
+    cpu = hardware.gpu.name.lower() == "cpu"
+    peak = _peak_flops(hardware.gpu.name, "fp32" if cpu else spec.precision, None)
+    sink = RankStep(DatabaseMetrics(database_url, training.id, peak))
+
+    def driver_step(step: int, _seconds: float) -> bool:
+        if on_step is not None:
+            on_step(step + 1)
+        return stop.is_set()
+
+    launcher = functools.partial(launch_ray.launch, on_step=driver_step, backend="gloo" if cpu else "nccl",
+                                 timeout_s=TRAINING_TIMEOUT_S, placement_timeout_s=600.0)
+    result = launcher(train_worker, config.world_size,
+                      (model, config, ExecutorOptions(), cfg, sink, not cpu))
+    if result.ok:
+        return True, None
+    return False, f"training {config.label()} failed: {result.failure_reason}"
+
+
+def run_next_training(sessions: Callable, database_url: str, runner_id: str, heartbeat_s: float,
+                      shutdown: threading.Event) -> bool:
+    """Claim the oldest queued training (db.queue) and run it to its end, heartbeating every
+    ``heartbeat_s`` seconds; False when none was queued. Ends it as succeeded or failed unless it was
+    cancelled meanwhile or the runner is shutting down (then the stale-claim requeue resumes it later)."""
+    from db.queue import claim_next_training, finish_training, heartbeat_training
+
+    with sessions() as session:
+        training = claim_next_training(session, runner_id)
+    if training is None:
+        return False
+    stop = threading.Event()
+    if shutdown.is_set():
+        stop.set()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            try:
+                with sessions() as session:
+                    if not heartbeat_training(session, training.id, runner_id):
+                        log.info("training %s: heartbeat refused (cancelled or reassigned); stopping", training.id)
+                        stop.set()
+            except Exception:  # a database hiccup: the next beat retries; the stale timeout is the backstop
+                log.exception("training %s: heartbeat failed", training.id)
+            if shutdown.is_set():
+                stop.set()
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"heartbeat-training-{training.id}")
+    thread.start()
+    try:
+        ok, error = run_training(training, database_url, stop)
+    except Exception as exc:  # a bad stored spec or a launcher bug must not leave the training claimed
+        log.exception("training %s: the runner failed", training.id)
+        ok, error = False, f"runner error: {type(exc).__name__}: {exc}"
+    stopped = stop.is_set()
+    stop.set()
+    thread.join(5)
+    if stopped and not ok:
+        log.info("training %s stopped: %s", training.id, error)
+        return True
+    with sessions() as session:
+        finish_training(session, training.id, runner_id, "succeeded" if ok else "failed", error=error)
+    log.info("training %s %s%s", training.id, "succeeded" if ok else "failed", f": {error}" if error else "")
+    return True
