@@ -2,8 +2,8 @@
 explicit one) into a stored queued training, show trainings with their latest metrics, page through the
 metrics series, and cancel.
 
-Everything a runner needs is checked here, at submission: the layout parses for the cluster, the job has
-a best trial, and the data path exists on this server."""
+Everything a runner needs is checked here, at submission: the layout parses for the cluster and passes
+the planner's validity rules for the model, the job has a best trial, and the data path exists on this server."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from costmodel.errors import FoldtuneError
 from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
 from db.models import Owner, Training, TrainingMetric, Trial, utcnow
+from planner.validity import check_config
 
 RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
 
@@ -38,6 +39,13 @@ def _training_spec(base: dict[str, Any], request: TrainingCreate) -> TrainingSpe
         return TrainingSpec.from_dict({**base, **overrides})
     except FoldtuneError as exc:
         raise rule_violation("body", "training_spec_rules", str(exc)) from None
+
+
+def _check_batch(training: TrainingSpec, config: ParallelConfig) -> None:
+    if training.global_batch_size % (config.dp * config.micro_batch_size):
+        raise rule_violation("body.global_batch_size", "batch_divides",
+                             f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
+                             f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
 
 
 def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> Training:
@@ -60,6 +68,7 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
                                  f"job {job.id}'s best trial has an unusable layout: {exc}") from None
         model_spec, cluster = job.model_spec, job.cluster
         training = _training_spec(job.training_spec, request)
+        _check_batch(training, config)
         predicted = best.predicted_step_time_s
     else:
         model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
@@ -68,14 +77,17 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
             config = ParallelConfig.parse(request.layout or "", world_size=resolved.num_gpus)
         except (FoldtuneError, ValueError) as exc:  # ValueError: a non-integer count, e.g. recompute=full:x
             raise rule_violation("body.layout", "layout_parses", str(exc)) from None
+        training = _training_spec({}, request)
+        _check_batch(training, config)
+        try:
+            rejections = check_config(model, training, resolved, config)
+        except FoldtuneError as exc:
+            raise rule_violation("body.layout", "layout_valid", str(exc)) from None
+        if rejections:  # the planner's rule ids (layers_pp, experts_ep, ...), as `foldtune plan --explain`
+            raise rule_violation("body.layout", rejections[0].rule, "; ".join(str(r) for r in rejections))
         model_spec = model.to_dict()
         cluster = {"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
                    "hardware": resolved.hardware.to_dict()}
-        training = _training_spec({}, request)
-    if training.global_batch_size % (config.dp * config.micro_batch_size):
-        raise rule_violation("body.global_batch_size", "batch_divides",
-                             f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
-                             f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
     if not os.path.exists(request.data_path):
         raise rule_violation("body.data_path", "data_path_exists",
                              f"data path {request.data_path!r} does not exist on the server")

@@ -49,6 +49,7 @@ def test_create_explicit_layout_and_show(client, alice, body):
     (lambda b: b.update(layout="tp2 zz3"), "body.layout", "layout_parses"),
     (lambda b: b.update(layout="tp4 mbs1"), "body.layout", "layout_parses"),
     (lambda b: b.update(layout="recompute=full:x"), "body.layout", "layout_parses"),
+    (lambda b: b.update(layout="pp2 vpp2 mbs1"), "body.layout", "layers_pp"),
     (lambda b: b.update(global_batch_size=7), "body.global_batch_size", "batch_divides"),
     (lambda b: b.update(job_id=1), "body", "job_id_xor_layout"),
     (lambda b: b.pop("cluster"), "body", "layout_needs_workload"),
@@ -81,6 +82,8 @@ def test_create_from_a_jobs_best(client, app, alice, bob, body, job_body):
         client.post("/v1/trainings", json={**from_job, "job_id": job_id}, headers=bob))
     assert ("body", "job_fixes_workload") in _rules(
         client.post("/v1/trainings", json={**from_job, "job_id": job_id, "model": "tiny-moe"}, headers=alice))
+    assert ("body.global_batch_size", "batch_divides") in _rules(
+        client.post("/v1/trainings", json={**from_job, "job_id": job_id, "global_batch_size": 3}, headers=alice))
     r = client.post("/v1/trainings", json={**from_job, "job_id": job_id, "lr": 1e-3}, headers=alice)
     assert r.status_code == 201, r.text
     t = r.json()
