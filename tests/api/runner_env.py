@@ -32,6 +32,15 @@ def make_runner(db_url: str, runner_id: str = "test-runner", stale_after_s: floa
     return Runner(settings)
 
 
+def run_one_claim(db_url: str) -> None:
+    """Let a fresh test runner claim and finish exactly one queued job or training, then close it."""
+    runner = make_runner(db_url)
+    try:
+        assert runner.run(once=True) == 1
+    finally:
+        runner.close()
+
+
 def rank_actor_pids() -> list[int]:
     """Processes of rank actors (their title is ``ray::RankActor...``) still alive on this machine."""
     pids = []

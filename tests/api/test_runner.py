@@ -7,7 +7,7 @@ import copy
 
 import optuna
 import pytest
-from runner_env import TINY_JOB, make_runner, session_ray, wait_no_rank_actors
+from runner_env import TINY_JOB, make_runner, run_one_claim, session_ray, wait_no_rank_actors
 
 from db.optuna_storage import optuna_storage_url
 
@@ -21,11 +21,7 @@ def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, 
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["id"]
 
-    runner = make_runner(db_url)
-    try:
-        assert runner.run(once=True) == 1
-    finally:
-        runner.close()
+    run_one_claim(db_url)
 
     job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
     assert job["status"] == "succeeded", job["error"]

@@ -5,7 +5,7 @@ is written."""
 from pathlib import Path
 
 import pytest
-from runner_env import make_runner, session_ray, wait_no_rank_actors
+from runner_env import make_runner, run_one_claim, session_ray, wait_no_rank_actors
 
 from api.cli.main import main
 from executor.dataset.prepare import prepare_dataset
@@ -29,11 +29,7 @@ def test_http_training_runs_through_the_runner_and_its_metrics_are_served(client
     r = client.post("/v1/trainings", json=body, headers=alice)
     assert r.status_code == 201, r.text
     tid = r.json()["id"]
-    runner = make_runner(db_url)
-    try:
-        assert runner.run(once=True) == 1
-    finally:
-        runner.close()
+    run_one_claim(db_url)
     t = client.get(f"/v1/trainings/{tid}", headers=alice).json()
     assert t["status"] == "succeeded", t["error"]
     assert t["latest_metrics"]["step"] == STEPS and t["latest_metrics"]["eval_loss"] is not None
