@@ -16,6 +16,13 @@ from costmodel._validate import positive_ints, raise_if, require
 
 GIB = 1024**3
 
+# Host-side launch costs when no calibration measured them. Not datasheet figures (no vendor publishes
+# one): rules of thumb for eager PyTorch on a current x86 server CPU driving a recent NVIDIA GPU —
+# Python + dispatcher + cudaLaunchKernel per op, and a small NCCL collective's fixed host/protocol cost.
+# ``foldtune calibrate`` measures both (executor/microbench/launch.py) and stores them in the profile.
+DEFAULT_OP_LAUNCH_S = 8e-6
+DEFAULT_COLLECTIVE_LAUNCH_S = 25e-6
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -87,7 +94,11 @@ class HardwareProfile:
     tokens per expert to achieved/peak; ``collective_efficiency`` maps a collective name
     ('all_to_all', 'all_reduce', 'all_gather', 'reduce_scatter', 'p2p') plus a link scope
     ('intra'/'inter') to a curve of message bytes -> achieved/link bandwidth. All are optional: the
-    time model falls back to datasheet peaks times default efficiencies.
+    time model falls back to datasheet peaks times default efficiencies. ``op_launch_s`` (seconds the
+    host needs to issue one eager op) and ``collective_launch_s`` (seconds of one collective that moves
+    almost no bytes) are measured by calibration; None means "not measured" and the time model uses
+    :attr:`op_launch_seconds` / :attr:`collective_launch_seconds`, which fall back to the documented
+    rules of thumb ``DEFAULT_OP_LAUNCH_S`` / ``DEFAULT_COLLECTIVE_LAUNCH_S``.
     """
 
     name: str
@@ -102,6 +113,8 @@ class HardwareProfile:
     collective_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     hbm_efficiency: float | None = None  # measured copy bandwidth / datasheet
     source: str = "datasheet"
+    op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
+    collective_launch_s: float | None = None  # seconds per near-empty collective, measured
 
     def __post_init__(self) -> None:
         if isinstance(self.collective_efficiency, dict):
@@ -112,7 +125,21 @@ class HardwareProfile:
             require(p, getattr(self, name) > 0, f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
         for name in ("intra_node_latency", "inter_node_latency"):
             require(p, getattr(self, name) >= 0, f"{name} must be >= 0 s, got {getattr(self, name)}")
+        for name in ("op_launch_s", "collective_launch_s"):
+            value = getattr(self, name)
+            require(p, value is None or (math.isfinite(value) and value > 0),
+                    f"{name} must be None or a finite number of seconds > 0, got {value}")
         raise_if(p, f"hardware profile {self.name!r}")
+
+    @property
+    def op_launch_seconds(self) -> float:
+        """Seconds the host needs to issue one eager op: measured, else ``DEFAULT_OP_LAUNCH_S``."""
+        return self.op_launch_s if self.op_launch_s is not None else DEFAULT_OP_LAUNCH_S
+
+    @property
+    def collective_launch_seconds(self) -> float:
+        """Seconds of one collective moving ~no bytes: measured, else ``DEFAULT_COLLECTIVE_LAUNCH_S``."""
+        return self.collective_launch_s if self.collective_launch_s is not None else DEFAULT_COLLECTIVE_LAUNCH_S
 
     def collective_curve(self, collective: str, scope: str) -> MeasuredCurve | None:
         """The measured curve for ``collective`` over an 'intra' or 'inter' node link, if any."""
@@ -128,6 +155,7 @@ class HardwareProfile:
                                         if self.grouped_gemm_efficiency else None),
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
+            "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
         }
 
     @classmethod

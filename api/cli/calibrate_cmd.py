@@ -1,6 +1,6 @@
 """``foldtune calibrate``: microbenchmark the local devices and save a calibrated hardware profile.
 
-Runs GEMM, grouped-GEMM, memory-copy and collective benchmarks on ``--ranks`` local ranks (NCCL on
+Runs GEMM, grouped-GEMM, memory-copy, launch-overhead and collective benchmarks on ``--ranks`` local ranks (NCCL on
 GPUs, gloo on CPU), builds a HardwareProfile from the ``--gpu`` catalog profile with the measured curves
 (units: docs/time-model.md, "Calibration hooks"), writes it to ``--out`` and, with ``--store``, to the
 service database. ``foldtune plan/tune --profile FILE`` price layouts with it.
@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     print("grouped GEMM (tokens/expert -> of peak): "
           + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in profile.grouped_gemm_efficiency.points))
     print(f"memory copy: {profile.hbm_efficiency:.3f} of {base.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
+    print(f"launch overhead: {profile.op_launch_seconds * 1e6:.2f} us per eager op"
+          + (f", {profile.collective_launch_s * 1e6:.2f} us per small collective"
+             if profile.collective_launch_s is not None else ""))
     for key, curve in profile.collective_efficiency:
         print(f"{key:<22} " + ", ".join(f"{x / 2**20:.3g}MiB:{y:.3g}" for x, y in curve.points))
     print(f"profile {profile.name!r} written to {out}")

@@ -9,6 +9,9 @@
   local run shares one node, so only 'intra' curves come from here. Where several group sizes were
   measured, the curve takes the median efficiency over them at each message size (the time model keys
   curves by bytes only).
+* ``op_launch_s`` / ``collective_launch_s``: seconds per tiny eager op and per one-element all-reduce
+  (``executor/microbench/launch.py``), copied as measured; raw files written before that benchmark
+  existed keep the base profile's values.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     copy = max(raw["copy"], key=lambda r: r["bytes"]) if raw["copy"] else None
     curves = dict(base.collective_efficiency)
     curves.update(collective_curves(raw["collectives"], base.intra_node_bandwidth))
+    launch = raw.get("launch") or {}
     return replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
@@ -71,5 +75,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         collective_efficiency=tuple(sorted(curves.items())),
         hbm_efficiency=(copy["traffic_bytes"] / copy["seconds"] / base.gpu.hbm_bandwidth) if copy
         else base.hbm_efficiency,
+        op_launch_s=launch.get("op_launch_s") or base.op_launch_s,
+        collective_launch_s=launch.get("collective_launch_s") or base.collective_launch_s,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

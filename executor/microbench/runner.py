@@ -36,7 +36,7 @@ def _say(rank: int):
 
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM and copy benchmarks, then the collectives; returns its raw timings."""
-    from executor.microbench import collectives, gemm, grouped_gemm, hbm
+    from executor.microbench import collectives, gemm, grouped_gemm, hbm, launch
 
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
@@ -58,6 +58,11 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     report["copy"] = hbm.measure_copy(hbm.default_sizes(device, plan.quick), device)
     for row in report["copy"]:
         say(f"  {row['bytes'] / 2**20:8.0f} MiB  {row['traffic_bytes'] / row['seconds'] / 1e9:8.2f} GB/s")
+    say("launch overhead (tiny eager ops, one-element all-reduce)")
+    report["launch"] = launch.measure_launch(device)
+    coll = report["launch"]["collective_launch_s"]
+    say(f"  op launch {report['launch']['op_launch_s'] * 1e6:8.2f} us"
+        + (f"   small collective {coll * 1e6:8.2f} us" if coll is not None else ""))
     report["collectives"] = []
     if plan.collectives and world_size > 1:
         say("collectives")
@@ -68,7 +73,7 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
 
 def merge_ranks(reports: list[dict]) -> dict:
     """One raw record from every rank's: compute times are the median over ranks, collective times the
-    max (a collective ends when its slowest member does)."""
+    max (a collective ends when its slowest member does); so are launch overheads (op: median, collective: max)."""
     def merged(key: str, reducer) -> list[dict]:
         rows = []
         for i, row in enumerate(reports[0][key]):
@@ -76,7 +81,14 @@ def merge_ranks(reports: list[dict]) -> dict:
         return rows
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
-            "copy": merged("copy", statistics.median), "collectives": merged("collectives", max)}
+            "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
+            "launch": _merged_launch([r["launch"] for r in reports])}
+
+
+def _merged_launch(rows: list[dict]) -> dict:
+    colls = [r["collective_launch_s"] for r in rows if r["collective_launch_s"] is not None]
+    return {"op_launch_s": statistics.median(r["op_launch_s"] for r in rows),
+            "collective_launch_s": max(colls) if colls else None}
 
 
 def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0) -> dict:
