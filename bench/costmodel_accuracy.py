@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.layout_table import executable_space, machine, measure_table, replace_section, save_json, utc_now
+from bench.layout_table import diverse_subset, executable_space, machine, measure_table, replace_section, save_json, utc_now
 
 # cost-model term(s) -> executor phase(s) timing the same work (executor/timing.py marks)
 TERM_PHASES = {
@@ -74,6 +74,8 @@ def specs(args: argparse.Namespace):
     from costmodel.training_spec import TrainingSpec
 
     model = get_model(args.model)
+    if args.layers:
+        model = model.with_layers(args.layers)
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
                             distributed_optimizer=True)
     hardware = load_profile(args.profile) if args.profile else get_hardware(args.gpu)
@@ -83,6 +85,10 @@ def specs(args: argparse.Namespace):
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared with bench/search_regret.py: the proxy model, its training, the space, the devices."""
     parser.add_argument("--model", default="tiny-moe", help="catalog proxy model (default: tiny-moe)")
+    parser.add_argument("--layers", type=int, help="cut the catalog model to this many layers (ModelSpec.with_layers; "
+                                                   "a replayed --table needs the same value)")
+    parser.add_argument("--max-layouts", type=int, help="measure at most this many layouts: a deterministic subset "
+                                                        "spread over tp/cp/pp/ep/etp/dp/mbs/recompute/dispatcher")
     parser.add_argument("--gpus", type=int, default=4, help="ranks / GPUs (default: 4)")
     parser.add_argument("--gpu", default="cpu", help="catalog hardware profile (default: cpu = CPU ranks)")
     parser.add_argument("--profile", help="calibrated hardware profile JSON (from foldtune calibrate); replaces --gpu")
@@ -105,15 +111,24 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
     """The layout table: read from ``--table`` or measured now (and saved beside the results)."""
     if args.table:
-        return json.loads(Path(args.table).read_text())
+        table = json.loads(Path(args.table).read_text())
+        if table.get("model") not in (None, model.name):
+            raise SystemExit(f"{args.table} was measured on {table['model']!r}, not {model.name!r} "
+                             f"(pass the same --model/--layers)")
+        return table
     configs = executable_space(model, training, cluster, bench_space(args))
-    print(f"{len(configs)} executable layouts of {model.name} on {cluster.num_gpus} ranks; measuring each", flush=True)
+    total = len(configs)
+    if args.max_layouts and args.max_layouts < total:
+        configs = diverse_subset(configs, args.max_layouts)
+    print(f"{total} executable layouts of {model.name} on {cluster.num_gpus} ranks; measuring "
+          + (f"a diverse subset of {len(configs)}" if len(configs) < total else "each"), flush=True)
     use_cpu = cluster.gpu.name.lower() == "cpu"
     started = utc_now()
     rows = measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
                          device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else args.gpu,
                          timeout_s=args.trial_timeout)
-    table = {"model": model.name, "training": training.to_dict(),
+    table = {"model": model.name, "num_layers": model.num_layers, "executable_layouts": total,
+             "training": training.to_dict(),
              "world_size": cluster.num_gpus, "device": machine(), "measured_at": f"{started} to {utc_now()[11:]}",
              "command": " ".join(sys.argv), "rows": rows}
     stamp = table["measured_at"][:10] + ("-cpu" if use_cpu else "-gpu")

@@ -45,6 +45,47 @@ def executable_space(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     return out
 
 
+# The layout dimensions a subset must spread over (ParallelConfig fields; recompute and dispatcher are
+# the knobs whose cost-model terms differ most besides the parallel sizes).
+DIVERSITY_DIMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "micro_batch_size", "recompute",
+                  "moe_token_dispatcher_type", "sequence_parallel")
+
+
+def _features(config: ParallelConfig) -> tuple[tuple[str, Any], ...]:
+    d = config.to_dict()
+    d["dp"] = config.dp
+    d["recompute"] = (config.recompute_granularity, tuple(config.recompute_modules))
+    return tuple((dim, d[dim]) for dim in DIVERSITY_DIMS)
+
+
+def diverse_subset(configs: list[ParallelConfig], k: int) -> list[ParallelConfig]:
+    """At most ``k`` layouts spread over :data:`DIVERSITY_DIMS`, deterministically (enumeration order kept).
+
+    Greedy: each pick is the layout adding the most (dimension, value) pairs not yet covered, then the
+    most pairs of such pairs (tp=2 with ep=1, ...), ties going to the earliest in enumeration order; so
+    every value of every dimension appears before any combination repeats.
+    """
+    if k >= len(configs):
+        return list(configs)
+    feats = [_features(c) for c in configs]
+    singles: set = set()
+    pairs: set = set()
+    chosen: list[int] = []
+    left = list(range(len(configs)))
+    while len(chosen) < k and left:
+        def gain(i: int) -> tuple[int, int, int]:
+            f = feats[i]
+            new_pairs = sum((f[a], f[b]) not in pairs for a in range(len(f)) for b in range(a + 1, len(f)))
+            return (sum(x not in singles for x in f), new_pairs, -i)
+        best = max(left, key=gain)
+        left.remove(best)
+        chosen.append(best)
+        f = feats[best]
+        singles.update(f)
+        pairs.update((f[a], f[b]) for a in range(len(f)) for b in range(a + 1, len(f)))
+    return [configs[i] for i in sorted(chosen)]
+
+
 def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[ParallelConfig], *, warmup: int,
                   steps: int, device: str, hardware: str | None, timeout_s: float) -> list[dict[str, Any]]:
     """Profile every layout; one row per layout (failed ones keep their reason)."""
@@ -58,7 +99,9 @@ def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[Parall
         rows.append({"layout": config.label(), "config": config.to_dict(), "ok": m.ok,
                      "failure_reason": m.failure_reason, "device": m.device, "step_time": m.step_time,
                      "step_times": m.step_times, "phases": m.phases, "peak_allocated_bytes": m.peak_allocated_bytes,
-                     "peak_reserved_bytes": m.peak_reserved_bytes})
+                     "peak_reserved_bytes": m.peak_reserved_bytes,
+                     "static_allocated_bytes": m.static_allocated_bytes,
+                     "static_after_step_allocated_bytes": m.static_after_step_allocated_bytes})
         shown = f"{m.step_time * 1e3:9.2f} ms" if m.ok else f"failed: {m.failure_reason}"
         print(f"[{i}/{len(configs)}] {config.label():<60} {shown}  ({time.monotonic() - start:.0f} s)", flush=True)
     return rows

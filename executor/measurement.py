@@ -33,6 +33,11 @@ class Measurement:
     mfu: float | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
+    # torch.cuda.memory_allocated once the model and optimizer are built (before the first step) and
+    # after the first step (optimizer states, main grads, buckets materialised; activations freed);
+    # max over ranks, None on CPU and in records written before these fields existed.
+    static_allocated_bytes: int | None = None
+    static_after_step_allocated_bytes: int | None = None
     tokens_per_expert: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     pruned: bool = False  # the driver stopped the run early (fewer timed steps than asked)
@@ -63,7 +68,11 @@ class Measurement:
                  + (f"   MFU {self.mfu:.1%}" if self.mfu is not None else "")]
         if self.peak_allocated_bytes is not None:
             lines.append(f"peak memory {self.peak_allocated_bytes / gib:.2f} GiB allocated, "
-                         f"{self.peak_reserved_bytes / gib:.2f} GiB reserved")
+                         f"{self.peak_reserved_bytes / gib:.2f} GiB reserved"
+                         + (f"; static {self.static_allocated_bytes / gib:.2f} GiB before the first step, "
+                            f"{self.static_after_step_allocated_bytes / gib:.2f} GiB after it"
+                            if self.static_allocated_bytes is not None
+                            and self.static_after_step_allocated_bytes is not None else ""))
         if self.phases:
             total = sum(self.phases.values()) or 1.0
             parts = sorted(self.phases.items(), key=lambda kv: -kv[1])

@@ -48,6 +48,11 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     timer = PhaseTimer(enabled=False, device=device)
     net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision], timer)
     trainer = Trainer(net)
+    # Static memory, to split a peak-memory error into static vs activation terms: weights, grads and
+    # whatever the optimizer allocates up front, then the same after one step (lazily built optimizer
+    # states, main grads and grad-reduce buckets exist by then; the step's activations are freed).
+    static_before = torch.cuda.memory_allocated(device) if use_cuda else None
+    static_after = None
     dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
     step_times, phases, losses = [], [], []
     counts = None
@@ -65,6 +70,8 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
         _sync(device)
         elapsed = time.perf_counter() - start
         step_phases = timer.end_step()
+        if step == 0 and use_cuda:
+            static_after = torch.cuda.memory_allocated(device)
         if timed:
             step_times.append(elapsed)
             phases.append(step_phases)
@@ -74,12 +81,19 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
             if progress.step_done(step - warmup_steps, elapsed):
                 break  # the driver stopped the run (pruned, cancelled): every rank leaves after this step
     report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or [],
-              "pruned": len(step_times) < timed_steps}
+              "pruned": len(step_times) < timed_steps, "static_before_step": static_before,
+              "static_after_step": static_after}
     if use_cuda:
         report.update(peak_allocated=torch.cuda.max_memory_allocated(device),
                       peak_reserved=torch.cuda.max_memory_reserved(device),
                       device_name=torch.cuda.get_device_name(device))
     return report
+
+
+def _max_of(reports: list[dict], key: str) -> int | None:
+    """The largest value of ``key`` over ranks (the rank that bounds memory), None where none reported it."""
+    values = [r[key] for r in reports if r.get(key) is not None]
+    return max(values) if values else None
 
 
 def _peak_flops(device_name: str, precision: str, hardware: str | None) -> float | None:
@@ -144,5 +158,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         mfu=mfu(flops, step_time, config.world_size, peak) if peak else None,
         peak_allocated_bytes=max(r["peak_allocated"] for r in reports) if use_cuda else None,
         peak_reserved_bytes=max(r["peak_reserved"] for r in reports) if use_cuda else None,
+        static_allocated_bytes=_max_of(reports, "static_before_step"),
+        static_after_step_allocated_bytes=_max_of(reports, "static_after_step"),
         tokens_per_expert=reports[0]["tokens_per_expert"], losses=reports[0]["losses"],
         pruned=any(r.get("pruned", False) for r in reports), **context)

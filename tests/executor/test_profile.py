@@ -19,6 +19,20 @@ def test_measurement_round_trips_through_json():
     assert not failed.ok and "out of memory" in failed.summary()
 
 
+def test_measurement_keeps_static_memory_and_reads_records_without_it():
+    gib = 2**30
+    m = Measurement(ok=True, model="m", layout="l", world_size=1, device="gpu", step_time=0.1, step_times=[0.1],
+                    tokens_per_s_per_gpu=1.0, tflops_per_gpu=1.0, peak_allocated_bytes=3 * gib,
+                    peak_reserved_bytes=4 * gib, static_allocated_bytes=gib, static_after_step_allocated_bytes=2 * gib)
+    assert Measurement.from_dict(json.loads(m.to_json())) == m
+    assert "static 1.00 GiB before the first step, 2.00 GiB after it" in m.summary()
+    old = m.to_dict()
+    del old["static_allocated_bytes"], old["static_after_step_allocated_bytes"]  # a record from before the fields
+    loaded = Measurement.from_dict(old)
+    assert loaded.static_allocated_bytes is None and loaded.static_after_step_allocated_bytes is None
+    assert "static" not in loaded.summary()
+
+
 @pytest.mark.slow
 def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
     code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--warmup", "1",
@@ -28,6 +42,7 @@ def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
     m = Measurement.from_dict(json.loads(out))
     assert m.ok and m.world_size == 2 and m.layout.startswith("tp2 cp1 pp1 vpp1 ep2 etp1")
     assert len(m.step_times) == 2 and m.step_time > 0 and m.tokens_per_s_per_gpu > 0
+    assert m.static_allocated_bytes is None and m.static_after_step_allocated_bytes is None  # CPU: no CUDA memory
     assert {"attention", "experts", "dispatch", "ep_alltoall", "tp_allgather", "optimizer"} <= set(m.phases)
     # every routed assignment of the timed steps is counted: 2 steps · 1 sequence (gbs = mbs·dp) · 32 tokens
     # · top-2 · 2 MoE layers
