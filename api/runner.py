@@ -178,6 +178,19 @@ class Runner:
             return None
         return self.run_job(job)
 
+    def run_training_id(self, training_id: int, on_step: Callable[[int], None] | None = None) -> str | None:
+        """Claim the queued training ``training_id`` and run it; its final status as this runner saw it
+        ('stopped' when stopped before its end), or None if it was not queued. ``on_step(step)`` as in
+        :func:`api.runner_trainings.run_claimed_training`."""
+        from api.runner_trainings import run_claimed_training
+
+        with self.sessions() as session:
+            training = runner_store.claim_training(session, training_id, self.settings.runner_id)
+        if training is None:
+            return None
+        return run_claimed_training(training, self.sessions, self.settings.database_url, self.settings.runner_id,
+                                    self.settings.heartbeat_s, self._shutdown, on_step)
+
     def run_job(self, job: Job) -> str:
         """Run a claimed job to its end; returns its final status as this runner saw it."""
         stop = self._job_stop = threading.Event()

@@ -51,6 +51,7 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
     """Train the claimed ``training`` until its step budget, a failure or ``stop``; returns (ok, error).
     ``on_step(step)`` is called on the driver for every step rank 0 reports (1-based)."""
     from api.cli.train_cmd import DatabaseMetrics
+    from api.schemas.trainings import LOSS_OPTIONS
     from api.trainings_service import split_training_spec
     from executor import launch_ray
     from executor.options import ExecutorOptions
@@ -60,6 +61,8 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
     model = ModelSpec.from_dict(training.model_spec)
     config = ParallelConfig.from_dict(training.config)
     spec, recipe = split_training_spec(training.training_spec)
+    # Trainings stored before the loss coefficients were part of the recipe ran without those losses.
+    options = ExecutorOptions(**{key: recipe.pop(key) for key in LOSS_OPTIONS if key in recipe})
     cfg = TrainConfig(training.data_path, steps=training.steps, seq_length=spec.seq_length,
                       global_batch_size=spec.global_batch_size, checkpoint_dir=training.checkpoint_dir,
                       checkpoint_every=training.checkpoint_every or 0, **recipe)
@@ -76,7 +79,7 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
     launcher = functools.partial(launch_ray.launch, on_step=driver_step, backend="gloo" if cpu else "nccl",
                                  timeout_s=TRAINING_TIMEOUT_S, placement_timeout_s=600.0)
     result = launcher(train_worker, config.world_size,
-                      (model, config, ExecutorOptions(), cfg, sink, not cpu))
+                      (model, config, options, cfg, sink, not cpu))
     if result.ok:
         return True, None
     return False, f"training {config.label()} failed: {result.failure_reason}"
@@ -84,15 +87,27 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
 
 def run_next_training(sessions: Callable, database_url: str, runner_id: str, heartbeat_s: float,
                       shutdown: threading.Event) -> bool:
-    """Claim the oldest queued training (db.queue) and run it to its end, heartbeating every
-    ``heartbeat_s`` seconds; False when none was queued. Ends it as succeeded or failed unless it was
-    cancelled meanwhile or the runner is shutting down (then the stale-claim requeue resumes it later)."""
-    from db.queue import claim_next_training, finish_training, heartbeat_training
+    """Claim the oldest queued training (db.queue) and run it (:func:`run_claimed_training`); False when
+    none was queued."""
+    from db.queue import claim_next_training
 
     with sessions() as session:
         training = claim_next_training(session, runner_id)
     if training is None:
         return False
+    run_claimed_training(training, sessions, database_url, runner_id, heartbeat_s, shutdown)
+    return True
+
+
+def run_claimed_training(training: Training, sessions: Callable, database_url: str, runner_id: str,
+                         heartbeat_s: float, shutdown: threading.Event,
+                         on_step: Callable[[int], None] | None = None) -> str:
+    """Run a claimed training to its end, heartbeating every ``heartbeat_s`` seconds; ``on_step(step)``
+    (1-based) runs on the driver after rank 0 stored each step. Ends it as succeeded or failed unless it
+    was cancelled meanwhile or the runner is shutting down (then the stale-claim requeue resumes it
+    later). Returns its status as this runner saw it."""
+    from db.queue import finish_training, heartbeat_training
+
     stop = threading.Event()
     if shutdown.is_set():
         stop.set()
@@ -112,7 +127,7 @@ def run_next_training(sessions: Callable, database_url: str, runner_id: str, hea
     thread = threading.Thread(target=beat, daemon=True, name=f"heartbeat-training-{training.id}")
     thread.start()
     try:
-        ok, error = run_training(training, database_url, stop)
+        ok, error = run_training(training, database_url, stop, on_step)
     except Exception as exc:  # a bad stored spec or a launcher bug must not leave the training claimed
         log.exception("training %s: the runner failed", training.id)
         ok, error = False, f"runner error: {type(exc).__name__}: {exc}"
@@ -121,8 +136,9 @@ def run_next_training(sessions: Callable, database_url: str, runner_id: str, hea
     thread.join(5)
     if stopped and not ok:
         log.info("training %s stopped: %s", training.id, error)
-        return True
+        return "stopped"
+    status = "succeeded" if ok else "failed"
     with sessions() as session:
-        finish_training(session, training.id, runner_id, "succeeded" if ok else "failed", error=error)
-    log.info("training %s %s%s", training.id, "succeeded" if ok else "failed", f": {error}" if error else "")
-    return True
+        finish_training(session, training.id, runner_id, status, error=error)
+    log.info("training %s %s%s", training.id, status, f": {error}" if error else "")
+    return status

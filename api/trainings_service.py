@@ -135,7 +135,8 @@ def training_views(session: Session, rows: list[Training]) -> list[TrainingOut]:
             predicted_step_time_s=t.predicted_step_time_s, created_at=t.created_at, updated_at=t.updated_at,
             started_at=t.started_at, finished_at=t.finished_at, error=t.error, attempts=t.attempts,
             runner=t.claimed_by, heartbeat_at=t.heartbeat_at,
-            latest_metrics=TrainingMetricOut.model_validate(metric) if metric is not None else None))
+            latest_metrics=(TrainingMetricOut.model_validate(metric).compared(t.predicted_step_time_s)
+                            if metric is not None else None)))
     return views
 
 
@@ -156,6 +157,14 @@ def metrics_after(session: Session, training_id: int, after_step: int, limit: in
     return list(session.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id,
                                                              TrainingMetric.step > after_step)
                                 .order_by(TrainingMetric.step).limit(limit)))
+
+
+def metric_views(session: Session, training_id: int, after_step: int, limit: int) -> list[TrainingMetricOut]:
+    """:func:`metrics_after` as the API shows it: each step with the training's predicted step time and
+    the error of that prediction against the step's measured time."""
+    predicted = session.scalar(select(Training.predicted_step_time_s).where(Training.id == training_id))
+    return [TrainingMetricOut.model_validate(m).compared(predicted)
+            for m in metrics_after(session, training_id, after_step, limit)]
 
 
 def cancel_training(session: Session, training: Training) -> Training:

@@ -97,6 +97,12 @@ _add_model(ModelSpec(
     name="small-moe", num_layers=4, hidden_size=256, num_attention_heads=8, num_query_groups=4,
     ffn_hidden_size=1024, vocab_size=4096, max_position_embeddings=1024,
     num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512))
+# A real-shaped MoE that trains on one GPU with the byte-level tokenizer (docs/training.md): 0.6 B parameters,
+# 0.1 B active per token.
+_add_model(ModelSpec(
+    name="byte-moe-650m", num_layers=12, hidden_size=1024, num_attention_heads=16, num_query_groups=8,
+    ffn_hidden_size=4096, vocab_size=256, max_position_embeddings=1024,
+    num_experts=16, moe_router_topk=2, moe_ffn_hidden_size=1024, make_vocab_size_divisible_by=128))
 
 # ---- hardware (datasheet figures) -----------------------------------------------------------------
 _add_hardware(HardwareProfile(

@@ -13,23 +13,34 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.models import Job, Trial, utcnow
+from db.models import Job, Training, Trial, utcnow
 from db.trials import finish_trial
 
 LOST = "lost"
 
 
+def _claim_id(session: Session, model, row_id: int, runner_id: str, now: datetime | None):
+    now = now or utcnow()
+    result = session.execute(
+        update(model).where(model.id == row_id, model.status == "queued")
+        .values(status="running", claimed_by=runner_id, heartbeat_at=now, attempts=model.attempts + 1,
+                started_at=func.coalesce(model.started_at, now), updated_at=now)
+        .execution_options(synchronize_session=False))
+    session.commit()
+    return session.get(model, row_id, populate_existing=True) if result.rowcount == 1 else None
+
+
 def claim_job(session: Session, job_id: int, runner_id: str, *, now: datetime | None = None) -> Job | None:
     """Claim the queued job ``job_id`` for ``runner_id`` (as db.queue.claim_next_job does for the oldest);
     None when it is not queued (already claimed, finished or cancelled)."""
-    now = now or utcnow()
-    result = session.execute(
-        update(Job).where(Job.id == job_id, Job.status == "queued")
-        .values(status="running", claimed_by=runner_id, heartbeat_at=now, attempts=Job.attempts + 1,
-                started_at=func.coalesce(Job.started_at, now), updated_at=now)
-        .execution_options(synchronize_session=False))
-    session.commit()
-    return session.get(Job, job_id, populate_existing=True) if result.rowcount == 1 else None
+    return _claim_id(session, Job, job_id, runner_id, now)
+
+
+def claim_training(session: Session, training_id: int, runner_id: str, *,
+                   now: datetime | None = None) -> Training | None:
+    """Like :func:`claim_job`, for the queued training ``training_id`` (``foldtune train --job`` runs the
+    one it just stored, not the oldest in the queue)."""
+    return _claim_id(session, Training, training_id, runner_id, now)
 
 
 def trial_by_number(session: Session, job_id: int, number: int) -> Trial | None:

@@ -10,17 +10,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "train a model with one folded layout on local data, with checkpoints and resume"
+HELP = "train a model with one folded layout (or a tuning job's best) on local data, with checkpoints and resume"
+DEFAULT_SEQ, DEFAULT_GBS = 256, 16
+DEFAULT_AUX_LOSS, DEFAULT_Z_LOSS = 1e-2, 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory written by `foldtune data prepare`")
-    parser.add_argument("--model", required=True, help="catalog model name, e.g. tiny-moe")
-    parser.add_argument("--layout", default="dp1", help='folded layout, e.g. "tp2 ep2 mbs4" (default: dp1)')
+    parser.add_argument("--model", help="catalog model name, e.g. tiny-moe (with --layout; --job gives its own)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--layout", help='folded layout, e.g. "tp2 ep2 mbs4" (default: dp1)')
+    source.add_argument("--job", type=int, metavar="ID",
+                        help="train the best layout of finished tuning job ID from the service database, on its "
+                             "model, GPUs, sequence length, batch and precision, through the runner (Ray)")
     parser.add_argument("--gpus", type=int, help="world size (default: derived from the layout's dp)")
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps in total (a resume continues)")
-    parser.add_argument("--seq", type=int, default=256, help="sequence length in tokens (default: 256)")
-    parser.add_argument("--gbs", type=int, default=16, help="global batch size in sequences (default: 16)")
+    parser.add_argument("--seq", type=int, help=f"sequence length in tokens (default: {DEFAULT_SEQ})")
+    parser.add_argument("--gbs", type=int, help=f"global batch size in sequences (default: {DEFAULT_GBS})")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
     parser.add_argument("--min-lr", type=float, default=3e-4, help="final learning rate (default: 3e-4)")
     parser.add_argument("--warmup", type=int, default=20, help="warm-up steps (default: 20)")
@@ -28,12 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-grad", type=float, default=1.0, help="max global gradient norm (0: no clipping)")
     parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (0: end only)")
     parser.add_argument("--eval-batches", type=int, default=4, help="held-out global batches per evaluation")
-    parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from)")
+    parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from); with --job the "
+                                                 "default is <data dir>/checkpoints/job-ID")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
-    parser.add_argument("--aux-loss-coeff", type=float, default=1e-2, help="MoE load-balancing loss coefficient")
-    parser.add_argument("--z-loss-coeff", type=float, default=1e-3, help="router z-loss coefficient")
+    parser.add_argument("--aux-loss-coeff", type=float,
+                        help=f"MoE load-balancing loss coefficient (default: {DEFAULT_AUX_LOSS}; not with --job)")
+    parser.add_argument("--z-loss-coeff", type=float,
+                        help=f"router z-loss coefficient (default: {DEFAULT_Z_LOSS}; not with --job)")
     parser.add_argument("--seed", type=int, default=0, help="data order seed")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="with --job: the job's hardware decides (a GPU profile: cuda, cpu: cpu)")
     parser.add_argument("--training-id", type=int,
                         help="also write every step's metrics to this training's rows in the service database")
     parser.add_argument("--database-url", help="service database (default: FOLDTUNE_DATABASE_URL or ~/.foldtune)")
@@ -97,14 +107,24 @@ def print_progress(rank: int, m) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.job is not None:
+        from api.cli.train_job import run_job_training
+
+        return run_job_training(args)
     import torch
 
     from costmodel.catalog import get_model
+    from costmodel.errors import SpecError
     from costmodel.parallel_config import ParallelConfig
     from executor.options import ExecutorOptions
     from executor.parallel.tensor_parallel import check_layout
     from executor.train.loop import TrainConfig, train_local
 
+    if args.model is None:
+        raise SpecError("--model is required with --layout (or give --job ID to train a tuning job's best layout)")
+    args.layout = args.layout or "dp1"
+    args.seq = args.seq or DEFAULT_SEQ
+    args.gbs = args.gbs or DEFAULT_GBS
     model = get_model(args.model)
     config = ParallelConfig.parse(args.layout, world_size=args.gpus)
     check_layout(model, config, args.seq)
@@ -113,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       data_seed=args.seed)
-    options = ExecutorOptions(moe_aux_loss_coeff=args.aux_loss_coeff, moe_z_loss_coeff=args.z_loss_coeff)
+    options = ExecutorOptions(
+        moe_aux_loss_coeff=DEFAULT_AUX_LOSS if args.aux_loss_coeff is None else args.aux_loss_coeff,
+        moe_z_loss_coeff=DEFAULT_Z_LOSS if args.z_loss_coeff is None else args.z_loss_coeff)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"

@@ -10,7 +10,7 @@ from api import trainings_service
 from api.deps import OwnerDep, SessionDep
 from api.schemas.common import MAX_ID, MAX_PAGE_SIZE, Page
 from api.schemas.problem import problem_responses
-from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingMetricOut, TrainingOut, TrainingStatus
+from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingOut, TrainingStatus
 
 router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=problem_responses(401, 422))
 
@@ -57,8 +57,7 @@ def list_training_metrics(training_id: TrainingId, owner: OwnerDep, session: Ses
                                                            description="only steps after this one")] = -1) -> dict:
     """The training's per-step metrics in step order; pass ``next_after_step`` back to get the next page."""
     trainings_service.owned_training(session, owner, training_id)
-    rows = trainings_service.metrics_after(session, training_id, after_step, limit)
-    items = [TrainingMetricOut.model_validate(m) for m in rows]
+    items = trainings_service.metric_views(session, training_id, after_step, limit)
     session.commit()
     return {"items": items, "limit": limit, "after_step": after_step,
             "next_after_step": items[-1].step if len(items) == limit else None}

@@ -19,6 +19,7 @@ ServerPath = Annotated[str, StringConstraints(min_length=1, max_length=4096, str
 
 MAX_STEPS = 10_000_000
 MAX_SEQUENCES = 1 << 24
+LOSS_OPTIONS = ("moe_aux_loss_coeff", "moe_z_loss_coeff")  # recipe keys that are ExecutorOptions fields
 
 
 class TrainingCreate(BaseModel):
@@ -51,6 +52,9 @@ class TrainingCreate(BaseModel):
     eval_every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations; 0: at the end")
     eval_batches: int = Field(4, ge=1, le=10_000)
     data_seed: int = Field(0, ge=0, le=MAX_ID)
+    moe_aux_loss_coeff: float = Field(1e-2, ge=0, le=100, description="MoE load-balancing loss coefficient "
+                                                                      "(as `foldtune train`)")
+    moe_z_loss_coeff: float = Field(1e-3, ge=0, le=100, description="router z-loss coefficient")
 
     @model_validator(mode="after")
     def _one_source(self) -> TrainingCreate:
@@ -74,7 +78,7 @@ class TrainingCreate(BaseModel):
     def recipe(self) -> dict[str, Any]:
         """The optimizer/evaluation settings the runner passes to the training loop."""
         return self.model_dump(include={"lr", "min_lr", "warmup_steps", "weight_decay", "max_grad_norm",
-                                        "eval_every", "eval_batches", "data_seed"})
+                                        "eval_every", "eval_batches", "data_seed", *LOSS_OPTIONS})
 
 
 class TrainingMetricOut(BaseModel):
@@ -95,6 +99,16 @@ class TrainingMetricOut(BaseModel):
     expert_load_max: float | None
     expert_load_mean: float | None
     created_at: datetime
+    predicted_step_time_s: float | None = Field(None, description="the training's cost-model seconds per step "
+                                                                  "(the same on every step)")
+    step_time_error: float | None = Field(None, description="(predicted - measured) / measured step time")
+
+    def compared(self, predicted_s: float | None) -> TrainingMetricOut:
+        """This step with the cost model's step time ``predicted_s`` (seconds) next to the measured one."""
+        error = None
+        if predicted_s is not None and self.step_time_s:
+            error = (predicted_s - self.step_time_s) / self.step_time_s
+        return self.model_copy(update={"predicted_step_time_s": predicted_s, "step_time_error": error})
 
 
 class TrainingOut(BaseModel):
@@ -106,7 +120,8 @@ class TrainingOut(BaseModel):
     model: str
     model_spec: dict[str, Any]
     training: dict[str, Any] = Field(description="the TrainingSpec (seq_length, global_batch_size, ...)")
-    recipe: dict[str, Any] = Field(description="lr, min_lr, warmup_steps, weight_decay, max_grad_norm, eval_*")
+    recipe: dict[str, Any] = Field(description="lr, min_lr, warmup_steps, weight_decay, max_grad_norm, eval_*, "
+                                               "moe_aux_loss_coeff, moe_z_loss_coeff")
     cluster: ClusterOut
     data_path: str
     steps: int
