@@ -11,6 +11,10 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   check     NCCL equivalence: EP2 and TP2 on 2 GPUs (fp32) vs the CPU single-process reference
   ep2       full training step (proxy with --layers layers) on 1 GPU vs EP2 on 2 GPUs:
             per-GPU tokens/s ratio, bar ≥ 0.90
+  moe_breakdown (not in the default list) both MoE shapes cut into router / permute / three grouped GEMMs /
+            SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
+            random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
+            (bench/moe_breakdown.py); prints a table per shape
 Usage: python bench/executor_gpu.py [--parts gemm,moe,stack,check,ep2] [--layers 2]
 """
 
@@ -41,24 +45,15 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
+from bench.moe_breakdown import BalancedRouter, breakdown, format_table, wall_seconds
+
 DEV = torch.device("cuda", 0)
 BF16 = torch.bfloat16
 
 
 def timeit(fn, warmup: int = 3, iters: int = 10) -> float:
     """Median seconds of ``fn`` over ``iters`` runs timed with CUDA events, after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    return statistics.median(times)
+    return wall_seconds(fn, DEV, warmup, iters)
 
 
 def part_gemm() -> dict:
@@ -111,18 +106,8 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
 
     # Diagnostic: the same layer with a round-robin router (perfect balance), to split the gap into
     # routing imbalance and the cost of routing + permutation themselves.
-    from executor.router import Routing
-
     real_router = layer.router
-    round_robin = (torch.arange(tokens * topk, device=DEV) % experts).view(tokens, topk)
-    probs = torch.full((tokens, topk), 1.0 / topk, device=DEV, requires_grad=True)
-
-    class BalancedRouter(torch.nn.Module):
-        def forward(self, x_NH):
-            return Routing(round_robin, probs, x_NH.new_zeros((), dtype=torch.float32),
-                           torch.full((experts,), tokens * topk // experts, device=DEV))
-
-    layer.router = BalancedRouter()
+    layer.router = BalancedRouter(tokens, experts, topk, DEV)
     t_balanced = timeit(layer_step)
     layer.router = real_router
     flops = 3 * 3 * 2 * rows * h * f
@@ -131,6 +116,14 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
             "host_issue_s": host_s, "balanced_layer_s": t_balanced, "balanced_ratio": t_ideal / t_balanced,
             "layer_tflops": flops / t_layer / 1e12, "ideal_tflops": flops / t_ideal / 1e12,
             "imbalance_max_over_mean": float(counts.max() / counts.mean())}
+
+
+def part_moe_breakdown(h: int, f: int, experts: int, topk: int) -> dict:
+    """Each MoE sub-step fwd and bwd timed alone and inline, random vs balanced routing, the ideal on the
+    random routing's uneven group sizes (bench/moe_breakdown.py)."""
+    result = breakdown(h, f, experts, topk, dev=DEV)
+    print(format_table(f"moe_breakdown h{h} f{f} e{experts} k{topk}", result), flush=True)
+    return result
 
 
 def part_trace(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dict:
@@ -306,6 +299,9 @@ def main() -> int:
     if "moe" in parts:
         run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained", part_moe, 2048, 768, 128, 8)
+    if "moe_breakdown" in parts:
+        run("moe_breakdown_mixtral", part_moe_breakdown, 4096, 14336, 8, 2)
+        run("moe_breakdown_finegrained", part_moe_breakdown, 2048, 768, 128, 8)
     if "router" in parts:
         run("router_gemm", part_router_gemm)
     if "trace" in parts:

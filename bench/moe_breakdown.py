@@ -1,0 +1,405 @@
+"""Where an MoE layer's forward+backward time goes: each sub-step timed on its own, on the device.
+
+``breakdown(h, f, experts, topk)`` (bench/executor_gpu.py part ``moe_breakdown``) runs the layer the bar
+measures (``MoELayer``, one GPU, bf16) cut into the stages it is made of — router, permute (the
+dispatcher), the three grouped GEMMs, SwiGLU, combine — and their backward passes, once with the real
+(random-weight) router and once with a round-robin router (perfect balance). Each stage is reported twice:
+
+- ``device_s``: the stage replayed back to back while a spin kernel (``torch.cuda._sleep``) holds the
+  stream, so every launch is queued before the GPU starts: pure device time, launch latency hidden.
+  ``hidden`` is False when the spin ran out before the host had queued everything (then the figure may
+  include launch gaps).
+- ``inline_s``: the stages run once in order with CUDA events between them, as a step does (median over
+  steps): device time plus the gaps where the GPU waited for the host. Its sum is one stage-by-stage step.
+
+Next to the stages: the whole layer step (wall as the bar times it, device-only, host issue time), the
+ideal (three grouped GEMMs + SwiGLU fwd+bwd on pre-permuted balanced rows), and the same ideal on
+pre-permuted rows with the random router's uneven group sizes, which separates what uneven groups cost
+the grouped GEMM itself (tile quantisation, no dispatcher can remove it) from the layer's own overheads.
+The bar's ratio stays ideal / layer; ``ratio_vs_uneven_ideal`` is uneven-ideal / layer.
+On CPU (smoke runs) device times fall back to wall clocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from executor.moe import _swiglu
+
+SPIN_CYCLES_PER_S: list[float] = []  # measured once per process
+
+
+class BalancedRouter(torch.nn.Module):
+    """Stand-in router: token t takes experts (t·k + j) mod E with probability 1/k (perfect balance)."""
+
+    def __init__(self, tokens: int, experts: int, topk: int, dev: torch.device):
+        super().__init__()
+        self.experts_NK = (torch.arange(tokens * topk, device=dev) % experts).view(tokens, topk)
+        self.probs_NK = torch.full((tokens, topk), 1.0 / topk, device=dev, requires_grad=True)
+        self.counts_E = torch.full((experts,), tokens * topk // experts, device=dev)
+
+    def forward(self, x_NH):
+        from executor.router import Routing
+
+        return Routing(self.experts_NK, self.probs_NK, x_NH.new_zeros((), dtype=torch.float32), self.counts_E)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _spin_cycles_per_s() -> float:
+    """Clock of torch.cuda._sleep (cycles per second), measured with events."""
+    if not SPIN_CYCLES_PER_S:
+        cycles = 20_000_000
+        torch.cuda._sleep(1000)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        stop.record()
+        torch.cuda.synchronize()
+        SPIN_CYCLES_PER_S.append(cycles / (start.elapsed_time(stop) / 1e3))
+    return SPIN_CYCLES_PER_S[0]
+
+
+def device_seconds(fn, dev: torch.device, trials: int = 5) -> tuple[float, bool]:
+    """(median device seconds per call of ``fn`` with its launches queued ahead, whether they all were).
+
+    A spin kernel holds the stream while ``reps`` calls are queued; the events around the calls then
+    time device work only. ``reps`` is sized so the timed span is about 5 ms (2..20 calls)."""
+    fn()
+    _sync(dev)
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        return (time.perf_counter() - t0) / 3, True
+    t0 = time.perf_counter()
+    fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    torch.cuda.synchronize()
+    one = start.elapsed_time(stop) / 1e3
+    reps = int(min(20, max(2, 5e-3 / max(one, 1e-7))))
+    spin_s = 2 * host * reps + 2e-3
+    times, hidden = [], True
+    for _ in range(trials):
+        torch.cuda._sleep(int(spin_s * _spin_cycles_per_s()))
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        stop.record()
+        hidden = hidden and not start.query()  # start done already: the GPU caught up with the host
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3 / reps)
+    return statistics.median(times), hidden
+
+
+def wall_seconds(fn, dev: torch.device, warmup: int = 3, iters: int = 10) -> float:
+    """Median seconds per call from an idle device (how bench/executor_gpu.py times the bar)."""
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    times = []
+    for _ in range(iters):
+        if dev.type == "cuda":
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(stop) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def host_seconds(fn, dev: torch.device, iters: int = 10) -> float:
+    """Host seconds to issue one call (no synchronisation between calls)."""
+    fn()
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    host = (time.perf_counter() - t0) / iters
+    _sync(dev)
+    return host
+
+
+def _grad(outs, ins, grads):
+    """Gradients of the outputs that require grad w.r.t. ``ins`` (None where unused); keeps the graph."""
+    pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+    return torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs], retain_graph=True,
+                               allow_unused=True)
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_()
+
+
+class StagedLayer:
+    """``MoELayer.forward`` and its backward cut into stages that can run alone (same calls as the layer).
+
+    State lives in ``self.s``; each stage reads the previous stage's outputs as fresh leaves, so its
+    backward is only its own. ``rows_grad_add`` and ``x_grad_add`` are the sums autograd does where a
+    tensor feeds two stages (rows → w1 and w3; tokens → router and permute)."""
+
+    FWD = ("router", "permute", "gemm_w1", "gemm_w3", "swiglu", "gemm_w2", "combine")
+    BWD = ("combine", "gemm_w2", "swiglu", "gemm_w3", "gemm_w1", "rows_grad_add", "permute", "router",
+           "x_grad_add")
+
+    def __init__(self, layer, x_NH: torch.Tensor, gy_NH: torch.Tensor):
+        self.layer, self.gmm, self.ex = layer, layer.experts.kernels.grouped_mm, layer.experts
+        self.s = {"x": x_NH, "gy": gy_NH}
+
+    # forward stages
+    def f_router(self):
+        s = self.s
+        s["x_r"] = _leaf(s["x"])
+        s["routing"] = self.layer.router(s["x_r"])
+
+    def f_permute(self):
+        s = self.s
+        s["x_p"], s["probs"] = _leaf(s["x"]), _leaf(s["routing"].probs_NK)
+        s["d"] = self.layer.dispatcher.dispatch(s["x_p"], dataclasses.replace(s["routing"], probs_NK=s["probs"]))
+
+    def f_gemm_w1(self):
+        s = self.s
+        s["rows1"] = _leaf(s["d"].x_MH)
+        s["offs"] = torch.cumsum(s["d"].tokens_per_expert, 0, dtype=torch.int32)
+        s["h1"] = self.gmm(s["rows1"], self.ex.w1, s["offs"])
+
+    def f_gemm_w3(self):
+        s = self.s
+        s["rows3"] = _leaf(s["d"].x_MH)
+        s["h3"] = self.gmm(s["rows3"], self.ex.w3, s["offs"])
+
+    def f_swiglu(self):
+        s = self.s
+        s["h1l"], s["h3l"] = _leaf(s["h1"]), _leaf(s["h3"])
+        s["a"] = _swiglu(s["h1l"], s["h3l"])
+
+    def f_gemm_w2(self):
+        s = self.s
+        s["al"] = _leaf(s["a"])
+        s["y"] = self.gmm(s["al"], self.ex.w2, s["offs"])
+
+    def f_combine(self):
+        s = self.s
+        s["yl"] = _leaf(s["y"])
+        s["out"] = self.layer.dispatcher.combine(s["yl"], s["d"])
+
+    # backward stages
+    def b_combine(self):
+        s = self.s
+        s["g_y"], s["g_probs"] = _grad([s["out"]], [s["yl"], s["probs"]], [s["gy"]])
+
+    def b_gemm_w2(self):
+        s = self.s
+        s["g_a"], _ = _grad([s["y"]], [s["al"], self.ex.w2], [s["g_y"]])
+
+    def b_swiglu(self):
+        s = self.s
+        s["g_h1"], s["g_h3"] = _grad([s["a"]], [s["h1l"], s["h3l"]], [s["g_a"]])
+
+    def b_gemm_w3(self):
+        s = self.s
+        s["g_r3"], _ = _grad([s["h3"]], [s["rows3"], self.ex.w3], [s["g_h3"]])
+
+    def b_gemm_w1(self):
+        s = self.s
+        s["g_r1"], _ = _grad([s["h1"]], [s["rows1"], self.ex.w1], [s["g_h1"]])
+
+    def b_rows_grad_add(self):
+        s = self.s
+        s["g_rows"] = s["g_r1"] + s["g_r3"]
+
+    def b_permute(self):
+        s = self.s
+        (s["g_xp"],) = _grad([s["d"].x_MH], [s["x_p"]], [s["g_rows"]])
+
+    def b_router(self):
+        s = self.s
+        r = s["routing"]
+        s["g_xr"] = _grad([r.probs_NK, r.loss], [s["x_r"], *self.layer.router.parameters()],
+                          [s["g_probs"], torch.ones_like(r.loss)])[0]
+
+    def b_x_grad_add(self):
+        s = self.s
+        s["g_x"] = s["g_xp"] if s["g_xr"] is None else s["g_xp"] + s["g_xr"]
+
+    def step(self, mark=None) -> None:
+        """Every stage once, forward then backward; ``mark(name)`` before each (and 'end')."""
+        mark = mark or (lambda name: None)
+        for name in self.FWD:
+            mark(name)
+            getattr(self, "f_" + name)()
+        for name in self.BWD:
+            mark(name + "_bwd")
+            getattr(self, "b_" + name)()
+        mark("end")
+
+
+def inline_seconds(staged: StagedLayer, dev: torch.device, iters: int = 10) -> dict[str, float]:
+    """Median seconds per stage between consecutive markers of a stage-by-stage step (gaps included)."""
+    per: dict[str, list[float]] = {}
+    for i in range(iters + 2):
+        marks: list[tuple[str, object]] = []
+
+        def mark(name):
+            if dev.type == "cuda":
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                marks.append((name, ev))
+            else:
+                marks.append((name, time.perf_counter()))
+
+        _sync(dev)
+        staged.step(mark)
+        _sync(dev)
+        if i < 2:  # warm-up
+            continue
+        for (name, a), (_, b) in zip(marks, marks[1:]):
+            per.setdefault(name, []).append(a.elapsed_time(b) / 1e3 if dev.type == "cuda" else b - a)
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
+def stage_device_seconds(staged: StagedLayer, dev: torch.device) -> tuple[dict[str, float], bool]:
+    """Device seconds of each stage replayed alone (forward stages, then backward stages)."""
+    staged.step()
+    out, all_hidden = {}, True
+    for name in staged.FWD:
+        out[name], hidden = device_seconds(getattr(staged, "f_" + name), dev)
+        all_hidden = all_hidden and hidden
+    staged.step()  # fresh, consistent graph for the backward replays
+    for name in staged.BWD:
+        out[name + "_bwd"], hidden = device_seconds(getattr(staged, "b_" + name), dev)
+        all_hidden = all_hidden and hidden
+    return out, all_hidden
+
+
+def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:
+    """Row tiles the grouped GEMM runs at a ``tile``-row M tile (each group rounds up)."""
+    return int(((counts + tile - 1) // tile).sum())
+
+
+def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: torch.device | None = None,
+              dtype: torch.dtype = torch.bfloat16, spec=None) -> dict:
+    """The stage table of one MoE shape (see the module docstring); seconds everywhere."""
+    from costmodel.model_spec import ModelSpec
+    from executor.kernels import get_backend
+    from executor.moe import MoELayer
+    from executor.options import ExecutorOptions
+    from executor.parallel.groups import single_process_state
+    from executor.router import Router
+
+    dev = dev or torch.device("cuda", 0)
+    spec = spec or ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h,
+                             num_attention_heads=16, ffn_hidden_size=f, vocab_size=32000, num_experts=experts,
+                             moe_router_topk=topk, moe_ffn_hidden_size=f)
+    state = single_process_state()
+    layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), dev, dtype)
+    x = torch.randn(tokens, 1, h, device=dev, dtype=dtype, requires_grad=True)
+    gy = torch.randn(tokens, 1, h, device=dev, dtype=dtype)
+
+    def layer_step():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        y, _ = layer(x)
+        y.backward(gy)
+
+    rows = tokens * topk
+    xs = torch.randn(rows, h, device=dev, dtype=dtype, requires_grad=True)
+    gs = torch.randn(rows, h, device=dev, dtype=dtype)
+
+    def ideal(counts):
+        def step():
+            layer.zero_grad(set_to_none=True)
+            xs.grad = None
+            layer.experts(xs, counts).backward(gs)
+        return step
+
+    result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens}}
+    real_router = layer.router
+    for mode in ("random", "balanced"):
+        layer.router = real_router if mode == "random" else BalancedRouter(tokens, experts, topk, dev)
+        layer_step()
+        counts = layer.last_tokens_per_expert.clone()
+        staged = StagedLayer(layer, x.detach().view(tokens, h), gy.view(tokens, h))
+        stages_dev, hidden = stage_device_seconds(staged, dev)
+        layer_dev, layer_hidden = device_seconds(layer_step, dev)
+        result[mode] = {
+            "layer_wall_s": wall_seconds(layer_step, dev), "layer_device_s": layer_dev,
+            "host_issue_s": host_seconds(layer_step, dev),
+            "stages_device_s": stages_dev, "stages_device_sum_s": sum(stages_dev.values()),
+            "stages_inline_s": inline_seconds(staged, dev), "hidden": hidden and layer_hidden,
+            "counts": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.float().mean()),
+                       "m_tiles_128": _m_tiles(counts), "m_tiles_64": _m_tiles(counts, 64)},
+        }
+        if mode == "random":
+            uneven = counts
+        del staged
+    layer.router = real_router
+
+    balanced = torch.full((experts,), rows // experts, device=dev, dtype=torch.long)
+    for name, counts in (("ideal", balanced), ("ideal_uneven", uneven)):
+        dev_s, hid = device_seconds(ideal(counts), dev)
+        result[name] = {"wall_s": wall_seconds(ideal(counts), dev), "device_s": dev_s, "hidden": hid,
+                        "host_issue_s": host_seconds(ideal(counts), dev)}
+
+    # The router with Megatron's aux loss and z-loss on (the bar's layer has them off, as the defaults).
+    lossy = Router(spec, ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3), state, 0, dev, dtype)
+    x_r = x.detach().view(tokens, h).requires_grad_()
+    routing = lossy(x_r)
+    g_probs = torch.randn_like(routing.probs_NK)
+    result["router_with_losses"] = {
+        "fwd_device_s": device_seconds(lambda: lossy(x_r), dev)[0],
+        "bwd_device_s": device_seconds(lambda: _grad([routing.probs_NK, routing.loss], [x_r, lossy.weight],
+                                                     [g_probs, torch.ones_like(routing.loss)]), dev)[0],
+    }
+
+    ideal_wall, ideal_dev = result["ideal"]["wall_s"], result["ideal"]["device_s"]
+    uneven_wall, uneven_dev = result["ideal_uneven"]["wall_s"], result["ideal_uneven"]["device_s"]
+    for mode in ("random", "balanced"):
+        r = result[mode]
+        r["ratio"] = ideal_wall / r["layer_wall_s"]  # the bar's definition
+        r["ratio_device"] = ideal_dev / r["layer_device_s"]
+        r["ratio_vs_uneven_ideal"] = uneven_wall / r["layer_wall_s"]
+        r["ratio_vs_uneven_ideal_device"] = uneven_dev / r["layer_device_s"]
+    result["uneven_ideal_over_ideal"] = uneven_wall / ideal_wall  # what uneven groups cost the GEMMs alone
+    return result
+
+
+def format_table(name: str, r: dict) -> str:
+    """Milliseconds per stage (device alone | inline in a step), both routings, and the headline ratios."""
+    lines = [f"{name}: {r['shape']}",
+             f"  {'stage':<20}{'rand dev':>10}{'rand inl':>10}{'bal dev':>10}{'bal inl':>10}   (ms)"]
+    a, b = r["random"], r["balanced"]
+    for stage in a["stages_device_s"]:
+        lines.append(f"  {stage:<20}{a['stages_device_s'][stage] * 1e3:>10.3f}"
+                     f"{a['stages_inline_s'].get(stage, float('nan')) * 1e3:>10.3f}"
+                     f"{b['stages_device_s'][stage] * 1e3:>10.3f}"
+                     f"{b['stages_inline_s'].get(stage, float('nan')) * 1e3:>10.3f}")
+    for key in ("stages_device_sum_s", "layer_device_s", "layer_wall_s", "host_issue_s"):
+        lines.append(f"  {key:<20}{a[key] * 1e3:>10.3f}{'':>10}{b[key] * 1e3:>10.3f}")
+    for key in ("ratio", "ratio_device", "ratio_vs_uneven_ideal", "ratio_vs_uneven_ideal_device"):
+        lines.append(f"  {key:<30}{a[key]:>8.3f} random {b[key]:>8.3f} balanced")
+    lines.append(f"  ideal wall/device {r['ideal']['wall_s'] * 1e3:.3f}/{r['ideal']['device_s'] * 1e3:.3f} ms, "
+                 f"uneven {r['ideal_uneven']['wall_s'] * 1e3:.3f}/{r['ideal_uneven']['device_s'] * 1e3:.3f} ms "
+                 f"(x{r['uneven_ideal_over_ideal']:.3f}); counts {a['counts']}")
+    rl = r["router_with_losses"]
+    lines.append(f"  router with aux+z losses: fwd {rl['fwd_device_s'] * 1e3:.3f} ms, "
+                 f"bwd {rl['bwd_device_s'] * 1e3:.3f} ms (device)")
+    return "\n".join(lines)
