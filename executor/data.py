@@ -13,7 +13,14 @@ def global_batch(vocab_size: int, seq_length: int, global_batch_size: int, seed:
 
 def micro_batches(batch: torch.Tensor, dp_size: int, dp_rank: int, micro_batch_size: int,
                   device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This DP rank's contiguous share of ``batch`` as (ids [mbs, s], labels [mbs, s]) micro-batches."""
+    """This DP rank's contiguous share of ``batch`` as (ids [mbs, s], labels [mbs, s]) micro-batches.
+
+    Raises ValueError when the batch does not split evenly: a rank left without micro-batches would
+    train on nothing and report a loss of zero.
+    """
+    if batch.shape[0] % (dp_size * micro_batch_size):
+        raise ValueError(f"global batch of {batch.shape[0]} sequences does not split into dp {dp_size} x "
+                         f"micro-batch {micro_batch_size}")
     per_rank = batch.shape[0] // dp_size
     mine = batch[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device)
     return [(mine[i:i + micro_batch_size, :-1], mine[i:i + micro_batch_size, 1:])

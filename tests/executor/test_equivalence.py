@@ -36,6 +36,11 @@ SCENARIOS = {
     "capacity_position": Scenario("capacity_position", TINY, dataclasses.replace(
         LOSSES, moe_expert_capacity_factor=0.75, moe_token_drop_policy="position")),
     "deep": Scenario("deep", SHARED.with_layers(6), LOSSES),  # 6 layers: uneven over 4 pipeline stages
+    # dp8 needs 8 sequences; summing dense grads over 8 ranks reorders fp32 additions, and gradients of
+    # ~1e-8 then flip sign under Adam unless eps is larger than that noise
+    "base8": Scenario("base8", TINY, LOSSES, global_batch_size=8, adam_eps=1e-5),
+    "shared8": Scenario("shared8", SHARED, LOSSES, global_batch_size=8, adam_eps=1e-5),
+    "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
 }
@@ -71,6 +76,10 @@ LAYOUTS = [
     ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
                      ("alltoall", "capacity_position")]),
     ("tp2 ep4 etp1", 8, [("alltoall", "base"), ("allgather", "shared"), ("alltoall", "capacity_probs")]),
+    # layouts that need more than 4 ranks (run on 8 GPUs by bench/nccl_equivalence.py)
+    ("ep8", 8, [("alltoall", "base8"), ("allgather", "shared8")]),
+    ("etp2 ep4", 8, [("alltoall", "base8"), ("allgather", "shared8")]),
+    ("pp4 vpp2", 4, [("alltoall", "deep8")]),
     ("tp2 dp2 ep2 etp1", 4, [("alltoall", "shared"), ("allgather", "base"), ("alltoall", "sigmoid_bias")]),
 ]
 

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One GPU-machine session of foldtune's benchmarks, phase by phase, on every GPU the machine has.
+#
+#   bench/gpu_session.sh PHASE...      (from the repo root on the GPU machine; .whl/ carried, see README)
+#
+# Phases (each one's output goes to $OUT/log.txt; results to $RES, tarred to $OUT/results.tgz after each):
+#   equiv      NCCL equivalence matrix of the layouts that need > 2 GPUs (bench/nccl_equivalence.py)
+#   calibrate  foldtune calibrate over all GPUs -> $RES/<gpu>-x<N>-calibrated.json
+#   tableN     cost-model accuracy table of the Mixtral proxy (2 layers, seq 4096) on N GPUs (N = 1, 2, 4, 8)
+#   tables12   table1 on the last GPU while table2 runs on GPUs 0,1 (a 4-GPU machine's spare GPUs)
+#   tune       a tuning job of byte-moe-650m through Ray over all GPUs (foldtune tune)
+#   train      foldtune train --job <the tune job> on real text for TRAIN_STEPS steps
+#   executor   bench/executor_gpu.py (MoE layer / stack / EP2 parts) on GPU 0 (and 1)
+# Environment: TRAIN_STEPS (default 1200), TABLE_LAYOUTS (default 24), TRAIN_TIMEOUT (s, default 240).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RAY_AUTH_MODE=disabled FOLDTUNE_DATA_DIR=/tmp/foldtune TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING=0
+OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$OUT" "$RES" "$FOLDTUNE_DATA_DIR"
+LOG=$OUT/log.txt
+exec > >(tee -a "$LOG") 2>&1
+
+if ! python3 -c "import optuna, sqlalchemy, ray" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+ft() { python3 -m api.cli.main "$@"; }
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
+case "$NAME" in *H200*) GPU=h200 ;; *H100*) GPU=h100-sxm ;; *) GPU=h100-sxm ;; esac
+PROFILE=$RES/$GPU-x$NGPU-calibrated.json
+[ -f "$PROFILE" ] || PROFILE=$(ls bench/results/$GPU-x$NGPU-calibrated*.json 2>/dev/null | head -1)
+echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU); torch $(python3 -c 'import torch; print(torch.__version__)')"
+nvidia-smi topo -m 2>/dev/null | head -8
+
+pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; }
+phase() { echo; echo "== phase $1 start $(date -u +%T)"; }
+done_() { echo "== phase $1 rc=$2 end $(date -u +%T)"; pack; }
+
+table() {  # table N [CUDA_VISIBLE_DEVICES]
+  local n=$1 prof=()
+  [ -n "${PROFILE:-}" ] && [ -f "$PROFILE" ] && prof=(--profile "$PROFILE")
+  local extra=(--mbs-max 2 --recompute none,full --dispatchers alltoall,allgather)
+  [ "$n" = 1 ] && extra=(--mbs-max 4 --recompute "none,full,selective:core_attn,selective:moe_act+layernorm" --dispatchers alltoall)
+  CUDA_VISIBLE_DEVICES=${2:-$CUDA_VISIBLE_DEVICES_ALL} python3 bench/costmodel_accuracy.py --model mixtral-8x7b --layers 2 \
+    --gpus "$n" --gpu "$GPU" "${prof[@]}" --seq 4096 --gbs $((n >= 4 ? 16 : 8)) --precision bf16 "${extra[@]}" \
+    --cp-min-chunk 1024 --max-layouts "${TABLE_LAYOUTS:-24}" --warmup 1 --steps 3 --trial-timeout 150 \
+    --results-dir "$RES/table$n" --no-write
+}
+CUDA_VISIBLE_DEVICES_ALL=$(seq -s, 0 $((NGPU - 1)))
+
+for p in "$@"; do
+  phase "$p"; rc=0
+  case "$p" in
+    equiv) timeout 420 python3 bench/nccl_equivalence.py --out "$RES/nccl_equivalence.json"; rc=$? ;;
+    calibrate)
+      timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --name "$GPU-x$NGPU-calibrated" \
+        --out "$RES/$GPU-x$NGPU-calibrated.json"; rc=$?
+      [ $rc = 0 ] && PROFILE=$RES/$GPU-x$NGPU-calibrated.json ;;
+    table1|table2|table4|table8) table "${p#table}"; rc=$? ;;
+    tables12)
+      table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
+      table 1 $((NGPU - 1)) > "$OUT/table1.log" 2>&1; rc1=$?
+      wait $t2; rc=$?; cat "$OUT/table1.log" "$OUT/table2.log"; rm -f "$OUT/table1.log" "$OUT/table2.log"
+      rc=$((rc + rc1)) ;;
+    tune)
+      prof=(--gpu "$GPU"); [ -n "${PROFILE:-}" ] && [ -f "$PROFILE" ] && prof=(--profile "$PROFILE")
+      timeout 300 python3 -m api.cli.main tune --model byte-moe-650m "${prof[@]}" --gpus "$NGPU" --seq 1024 --gbs 32 \
+        --max-trials 6 --max-seconds 200 --warmup 2 --steps 3 --trial-timeout 90; rc=$? ;;
+    train)
+      SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
+      ft data prepare "$SITE" /tmp/site --out /tmp/data --heldout 0.02 --overwrite | tail -3
+      timeout "${TRAIN_TIMEOUT:-240}" python3 -m api.cli.main train --job 1 --data /tmp/data --steps "${TRAIN_STEPS:-1200}" \
+        --lr 1e-3 --min-lr 1e-4 --warmup 50 --eval-every 200 --checkpoint-dir /tmp/ckpt > "$OUT/train.log" 2>&1; rc=$?
+      awk 'NR % 25 == 1' "$OUT/train.log" | head -80; tail -15 "$OUT/train.log"
+      mv "$OUT/train.log" "$RES/train.log"
+      ft trainings 1 > "$RES/training_1.txt" 2>&1; cat "$RES/training_1.txt" | head -40 ;;
+    executor)
+      timeout 420 python3 bench/executor_gpu.py --parts gemm,moe,stack,ep2 --out "$RES/executor_gpu.json"; rc=$? ;;
+    *) echo "unknown phase $p"; rc=2 ;;
+  esac
+  cp -f "$FOLDTUNE_DATA_DIR"/foldtune.sqlite3 "$RES/" 2>/dev/null
+  done_ "$p" $rc
+done
+echo "== end $(date -u '+%F %T UTC')"
