@@ -74,8 +74,7 @@ for p in "$@"; do
       timeout "${TRAIN_TIMEOUT:-240}" python3 -m api.cli.main train --job 1 --data /tmp/data --steps "${TRAIN_STEPS:-1200}" \
         --lr 1e-3 --min-lr 1e-4 --warmup 50 --eval-every 200 --checkpoint-dir /tmp/ckpt > "$OUT/train.log" 2>&1; rc=$?
       awk 'NR % 25 == 1' "$OUT/train.log" | head -80; tail -15 "$OUT/train.log"
-      mv "$OUT/train.log" "$RES/train.log"
-      ft trainings 1 > "$RES/training_1.txt" 2>&1; cat "$RES/training_1.txt" | head -40 ;;
+      mv "$OUT/train.log" "$RES/train.log" ;;  # metrics: training_metrics of $RES/foldtune.sqlite3
     executor)
       timeout 420 python3 bench/executor_gpu.py --parts gemm,moe,stack,ep2 --out "$RES/executor_gpu.json"; rc=$? ;;
     *) echo "unknown phase $p"; rc=2 ;;
