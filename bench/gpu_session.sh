@@ -42,7 +42,7 @@ table() {  # table N [CUDA_VISIBLE_DEVICES]
   local n=$1 prof=()
   [ -n "${PROFILE:-}" ] && [ -f "$PROFILE" ] && prof=(--profile "$PROFILE")
   local extra=(--mbs-max 2 --recompute none,full --dispatchers alltoall,allgather)
-  [ "$n" = 1 ] && extra=(--mbs-max 4 --recompute "none,full,selective:core_attn,selective:moe_act+layernorm" --dispatchers alltoall)
+  [ "$n" = 1 ] && extra=(--mbs-max 4 --recompute "none,full,core_attn,moe_act+layernorm" --dispatchers alltoall)
   CUDA_VISIBLE_DEVICES=${2:-$CUDA_VISIBLE_DEVICES_ALL} python3 bench/costmodel_accuracy.py --model mixtral-8x7b --layers 2 \
     --gpus "$n" --gpu "$GPU" "${prof[@]}" --seq 4096 --gbs $((n >= 4 ? 16 : 8)) --precision bf16 "${extra[@]}" \
     --cp-min-chunk 1024 --max-layouts "${TABLE_LAYOUTS:-24}" --warmup 1 --steps 3 --trial-timeout 150 \
