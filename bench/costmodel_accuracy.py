@@ -100,7 +100,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                                                                 "joined by '+' (default: none,full)")
     parser.add_argument("--dispatchers", default="alltoall,allgather")
     parser.add_argument("--cp-min-chunk", type=int, default=128, help="smallest CP chunk in tokens (default: 128)")
-    parser.add_argument("--table", help="replay a stored layout table (JSON) instead of measuring")
+    parser.add_argument("--table", help="replay a stored layout table (JSON; several shards: comma-separated) "
+                                        "instead of measuring")
+    parser.add_argument("--shard", metavar="I/N", help="measure only every N-th layout from the I-th (0-based), "
+                                                       "e.g. two GPU pairs of one machine measure 0/2 and 1/2")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--trial-timeout", type=float, default=300.0)
@@ -111,29 +114,62 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
     """The layout table: read from ``--table`` or measured now (and saved beside the results)."""
     if args.table:
-        table = json.loads(Path(args.table).read_text())
-        if table.get("model") not in (None, model.name):
-            raise SystemExit(f"{args.table} was measured on {table['model']!r}, not {model.name!r} "
-                             f"(pass the same --model/--layers)")
-        return table
+        return merge_tables([json.loads(Path(p).read_text()) for p in args.table.split(",")], model.name, args.table)
     configs = executable_space(model, training, cluster, bench_space(args))
     total = len(configs)
     if args.max_layouts and args.max_layouts < total:
         configs = diverse_subset(configs, args.max_layouts)
+    chosen = len(configs)
+    shard, shards = parse_shard(args.shard)
+    configs = configs[shard::shards]  # machines with spare GPUs measure several shards at once
     print(f"{total} executable layouts of {model.name} on {cluster.num_gpus} ranks; measuring "
-          + (f"a diverse subset of {len(configs)}" if len(configs) < total else "each"), flush=True)
+          + (f"a diverse subset of {chosen}" if chosen < total else "each")
+          + (f", shard {shard}/{shards}: {len(configs)} of them" if shards > 1 else ""), flush=True)
     use_cpu = cluster.gpu.name.lower() == "cpu"
     started = utc_now()
-    rows = measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
-                         device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else args.gpu,
-                         timeout_s=args.trial_timeout)
     table = {"model": model.name, "num_layers": model.num_layers, "executable_layouts": total,
-             "training": training.to_dict(),
-             "world_size": cluster.num_gpus, "device": machine(), "measured_at": f"{started} to {utc_now()[11:]}",
-             "command": " ".join(sys.argv), "rows": rows}
-    stamp = table["measured_at"][:10] + ("-cpu" if use_cpu else "-gpu")
-    print(f"table saved to {save_json(table, f'layout_table-{model.name}-{cluster.num_gpus}-{stamp}.json', Path(args.results_dir))}")
+             "training": training.to_dict(), "world_size": cluster.num_gpus, "device": machine(),
+             "measured_at": started, "command": " ".join(sys.argv), "rows": []}
+    suffix = f"-shard{shard}of{shards}" if shards > 1 else ""
+    name = f"layout_table-{model.name}-{cluster.num_gpus}-{started[:10]}-{'cpu' if use_cpu else 'gpu'}{suffix}.json"
+
+    def keep(row: dict) -> None:  # saved after every layout: a run stopped midway keeps what it measured
+        table["rows"].append(row)
+        table["measured_at"] = f"{started} to {utc_now()[11:]}"
+        save_json(table, name, Path(args.results_dir))
+
+    measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
+                  device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else args.gpu,
+                  timeout_s=args.trial_timeout, on_row=keep)
+    print(f"table saved to {Path(args.results_dir) / name}")
     return table
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
+    if not text:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard {text!r}: expected I/N, e.g. 0/2") from None
+    if not 0 <= i < n:
+        raise SystemExit(f"--shard {text!r}: need 0 <= I < N")
+    return i, n
+
+
+def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
+    """One table from the shards of one measurement (rows concatenated; the first shard's header)."""
+    for t in tables:
+        if t.get("model") not in (None, model_name):
+            raise SystemExit(f"{source}: measured on {t['model']!r}, not {model_name!r} (pass the same --model/--layers)")
+        if t.get("world_size") != tables[0].get("world_size"):
+            raise SystemExit(f"{source}: shards of different world sizes {[x.get('world_size') for x in tables]}")
+    merged = dict(tables[0])
+    merged["rows"] = [row for t in tables for row in t["rows"]]
+    if len(tables) > 1:
+        merged["measured_at"] = " and ".join(t.get("measured_at", "?") for t in tables)
+    return merged
 
 
 def main() -> int:

@@ -8,6 +8,8 @@
 #   calibrate  foldtune calibrate over all GPUs -> $RES/<gpu>-x<N>-calibrated.json
 #   tableN     cost-model accuracy table of the Mixtral proxy (2 layers, seq 4096) on N GPUs (N = 1, 2, 4, 8)
 #   tables12   table1 on the last GPU while table2 runs on GPUs 0,1 (a 4-GPU machine's spare GPUs)
+#   table2x    every layout of the 2-GPU regret space (alltoall, recompute none/full, mbs <= 2), two shards
+#              measured at once on GPU pairs 0,1 and 2,3
 #   tune       a tuning job of byte-moe-650m through Ray over all GPUs (foldtune tune)
 #   train      foldtune train --job <the tune job> on real text for TRAIN_STEPS steps
 #   executor   bench/executor_gpu.py (MoE layer / stack / EP2 parts) on GPU 0 (and 1)
@@ -38,15 +40,15 @@ pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; }
 phase() { echo; echo "== phase $1 start $(date -u +%T)"; }
 done_() { echo "== phase $1 rc=$2 end $(date -u +%T)"; pack; }
 
-table() {  # table N [CUDA_VISIBLE_DEVICES]
-  local n=$1 prof=()
+table() {  # table N [CUDA_VISIBLE_DEVICES] [extra args...]
+  local n=$1 devs=${2:-} prof=(); shift 2 || shift $#
   [ -n "${PROFILE:-}" ] && [ -f "$PROFILE" ] && prof=(--profile "$PROFILE")
-  local extra=(--mbs-max 2 --recompute none,full --dispatchers alltoall,allgather)
+  local extra=(--mbs-max 2 --recompute none,full --dispatchers alltoall,allgather --max-layouts "${TABLE_LAYOUTS:-24}")
   [ "$n" = 1 ] && extra=(--mbs-max 4 --recompute "none,full,core_attn,moe_act+layernorm" --dispatchers alltoall)
-  CUDA_VISIBLE_DEVICES=${2:-$CUDA_VISIBLE_DEVICES_ALL} python3 bench/costmodel_accuracy.py --model mixtral-8x7b --layers 2 \
-    --gpus "$n" --gpu "$GPU" "${prof[@]}" --seq 4096 --gbs $((n >= 4 ? 16 : 8)) --precision bf16 "${extra[@]}" \
-    --cp-min-chunk 1024 --max-layouts "${TABLE_LAYOUTS:-24}" --warmup 1 --steps 3 --trial-timeout 150 \
-    --results-dir "$RES/table$n" --no-write
+  [ $# -gt 0 ] && extra=("$@")
+  CUDA_VISIBLE_DEVICES=${devs:-$CUDA_VISIBLE_DEVICES_ALL} python3 bench/costmodel_accuracy.py --model mixtral-8x7b \
+    --layers 2 --gpus "$n" --gpu "$GPU" "${prof[@]}" --seq 4096 --gbs $((n >= 4 ? 16 : 8)) --precision bf16 \
+    --cp-min-chunk 1024 --warmup 1 --steps 3 --trial-timeout 150 --results-dir "$RES/table$n" --no-write "${extra[@]}"
 }
 CUDA_VISIBLE_DEVICES_ALL=$(seq -s, 0 $((NGPU - 1)))
 
@@ -58,7 +60,12 @@ for p in "$@"; do
       timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --name "$GPU-x$NGPU-calibrated" \
         --out "$RES/$GPU-x$NGPU-calibrated.json"; rc=$?
       [ $rc = 0 ] && PROFILE=$RES/$GPU-x$NGPU-calibrated.json ;;
-    table1|table2|table4|table8) table "${p#table}"; rc=$? ;;
+    table1|table2|table4|table8) table "${p#table}" ""; rc=$? ;;
+    table2x)  # the whole 2-GPU space of the search-regret benchmark, one half on each GPU pair
+      x=(--mbs-max 2 --recompute none,full --dispatchers alltoall)
+      table 2 0,1 "${x[@]}" --shard 0/2 > "$OUT/t0.log" 2>&1 & t0=$!
+      table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
+      wait $t0; rc=$?; cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"; rc=$((rc + rc1)) ;;
     tables12)
       table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
       table 1 $((NGPU - 1)) > "$OUT/table1.log" 2>&1; rc1=$?

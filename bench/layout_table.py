@@ -15,7 +15,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from costmodel.errors import FoldtuneError
 from costmodel.hardware import ClusterSpec
@@ -87,8 +87,9 @@ def diverse_subset(configs: list[ParallelConfig], k: int) -> list[ParallelConfig
 
 
 def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[ParallelConfig], *, warmup: int,
-                  steps: int, device: str, hardware: str | None, timeout_s: float) -> list[dict[str, Any]]:
-    """Profile every layout; one row per layout (failed ones keep their reason)."""
+                  steps: int, device: str, hardware: str | None, timeout_s: float,
+                  on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Profile every layout; one row per layout (failed ones keep their reason), each passed to ``on_row``."""
     from executor.profile import profile_layout
 
     rows = []
@@ -102,6 +103,8 @@ def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[Parall
                      "peak_reserved_bytes": m.peak_reserved_bytes,
                      "static_allocated_bytes": m.static_allocated_bytes,
                      "static_after_step_allocated_bytes": m.static_after_step_allocated_bytes})
+        if on_row is not None:
+            on_row(rows[-1])
         shown = f"{m.step_time * 1e3:9.2f} ms" if m.ok else f"failed: {m.failure_reason}"
         print(f"[{i}/{len(configs)}] {config.label():<60} {shown}  ({time.monotonic() - start:.0f} s)", flush=True)
     return rows
