@@ -98,7 +98,9 @@ class HardwareProfile:
     host needs to issue one eager op) and ``collective_launch_s`` (seconds of one collective that moves
     almost no bytes) are measured by calibration; None means "not measured" and the time model uses
     :attr:`op_launch_seconds` / :attr:`collective_launch_seconds`, which fall back to the documented
-    rules of thumb ``DEFAULT_OP_LAUNCH_S`` / ``DEFAULT_COLLECTIVE_LAUNCH_S``.
+    rules of thumb ``DEFAULT_OP_LAUNCH_S`` / ``DEFAULT_COLLECTIVE_LAUNCH_S``. ``moe_layer_host_s`` is the
+    measured host time of one of this project's executor MoE layers on tiny shapes (forward + backward);
+    the time model derives its seconds per executor op from it when present.
     """
 
     name: str
@@ -115,6 +117,7 @@ class HardwareProfile:
     source: str = "datasheet"
     op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
+    moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
 
     def __post_init__(self) -> None:
         if isinstance(self.collective_efficiency, dict):
@@ -125,7 +128,7 @@ class HardwareProfile:
             require(p, getattr(self, name) > 0, f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
         for name in ("intra_node_latency", "inter_node_latency"):
             require(p, getattr(self, name) >= 0, f"{name} must be >= 0 s, got {getattr(self, name)}")
-        for name in ("op_launch_s", "collective_launch_s"):
+        for name in ("op_launch_s", "collective_launch_s", "moe_layer_host_s"):
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number of seconds > 0, got {value}")
@@ -156,6 +159,7 @@ class HardwareProfile:
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
+            "moe_layer_host_s": self.moe_layer_host_s,
         }
 
     @classmethod

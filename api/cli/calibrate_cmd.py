@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"memory copy: {profile.hbm_efficiency:.3f} of {base.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
     print(f"launch overhead: {profile.op_launch_seconds * 1e6:.2f} us per eager op"
           + (f", {profile.collective_launch_s * 1e6:.2f} us per small collective"
-             if profile.collective_launch_s is not None else ""))
+             if profile.collective_launch_s is not None else "")
+          + (f", {profile.moe_layer_host_s * 1e3:.3f} ms per executor MoE layer (tiny shapes, fwd+bwd)"
+             if profile.moe_layer_host_s is not None else ""))
     for key, curve in profile.collective_efficiency:
         print(f"{key:<22} " + ", ".join(f"{x / 2**20:.3g}MiB:{y:.3g}" for x, y in curve.points))
     print(f"profile {profile.name!r} written to {out}")

@@ -10,6 +10,12 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
 * ``collective_launch_s``: wall seconds of one all-reduce of a 1-element tensor over the whole world,
   from a loop of N ended by one synchronisation: the fixed host + protocol cost of a collective that
   moves no meaningful bytes (None with a single rank).
+* ``moe_layer_host_s``: wall seconds of one MoE decoder layer of this project's executor, forward +
+  backward of one micro-batch on one rank (small-moe's layer shape: hidden 256, 8 experts, top-2; 32
+  tokens, so the device work is negligible): half the difference between a 3-layer and a 1-layer
+  model's ``Trainer.forward_backward``. It prices the executor's own Python between ops (modules, autograd
+  Functions, gradient hooks), which a loop of bare ops does not see; ``costmodel/host.py`` divides it by
+  the layer's counted ops to get seconds per executor op.
 """
 
 from __future__ import annotations
@@ -47,6 +53,53 @@ def measure_collective_launch(device: torch.device, calls: int | None = None, re
     return seconds
 
 
-def measure_launch(device: torch.device) -> dict:
-    """``{'op_launch_s', 'collective_launch_s'}`` on this rank (every rank of a group must call it)."""
-    return {"op_launch_s": measure_op_launch(device), "collective_launch_s": measure_collective_launch(device)}
+LAYER_TOKENS = 32
+LAYER_REPEATS = 5  # timed forward-backward passes per model (after two warm-up passes)
+
+
+def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dtype) -> float:
+    """Median wall seconds of ``Trainer.forward_backward`` of a ``layers``-layer small-moe on one rank."""
+    import statistics
+    import time
+
+    from costmodel.catalog import get_model
+    from executor.data import global_batch, micro_batches
+    from executor.microbench.timing import synchronize
+    from executor.model import MoEGPT
+    from executor.options import ExecutorOptions
+    from executor.parallel.groups import single_process_state
+    from executor.train_step import Trainer
+
+    spec = get_model("small-moe").with_layers(layers)
+    net = MoEGPT(spec, single_process_state(), ExecutorOptions(), LAYER_TOKENS, device, dtype)
+    trainer = Trainer(net)
+    batch = global_batch(spec.vocab_size, LAYER_TOKENS, 1, 0, 0)
+    micro = micro_batches(batch, 1, 0, 1, device)
+    samples = []
+    for i in range(2 + LAYER_REPEATS):
+        trainer.optimizer.zero_grad()
+        synchronize(device)
+        start = time.perf_counter()
+        trainer.forward_backward(micro)
+        synchronize(device)
+        if i >= 2:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure_layer_host(device: torch.device, dtype: torch.dtype) -> float | None:
+    """Seconds of one executor MoE layer per micro-batch on tiny shapes (host bound); None if not positive."""
+    seconds = (_forward_backward_seconds(3, device, dtype) - _forward_backward_seconds(1, device, dtype)) / 2
+    return seconds if seconds > 0 else None  # noise on a loaded CPU can invert two close medians
+
+
+def measure_launch(device: torch.device, dtype: torch.dtype = torch.float32) -> dict:
+    """``{'op_launch_s', 'collective_launch_s', 'moe_layer_host_s'}`` on this rank (every rank of a group
+    must call it)."""
+    try:
+        layer = measure_layer_host(device, dtype)
+    except RuntimeError as exc:  # e.g. a dtype the device's grouped GEMM refuses: the other numbers still count
+        print(f"executor layer benchmark skipped: {exc}", flush=True)
+        layer = None
+    return {"op_launch_s": measure_op_launch(device), "collective_launch_s": measure_collective_launch(device),
+            "moe_layer_host_s": layer}

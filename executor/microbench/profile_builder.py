@@ -9,9 +9,9 @@
   local run shares one node, so only 'intra' curves come from here. Where several group sizes were
   measured, the curve takes the median efficiency over them at each message size (the time model keys
   curves by bytes only).
-* ``op_launch_s`` / ``collective_launch_s``: seconds per tiny eager op and per one-element all-reduce
-  (``executor/microbench/launch.py``), copied as measured; raw files written before that benchmark
-  existed keep the base profile's values.
+* ``op_launch_s`` / ``collective_launch_s`` / ``moe_layer_host_s``: seconds per tiny eager op, per
+  one-element all-reduce and per executor MoE layer on tiny shapes (``executor/microbench/launch.py``),
+  copied as measured; raw files written before that benchmark existed keep the base profile's values.
 """
 
 from __future__ import annotations
@@ -77,5 +77,6 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         else base.hbm_efficiency,
         op_launch_s=launch.get("op_launch_s") or base.op_launch_s,
         collective_launch_s=launch.get("collective_launch_s") or base.collective_launch_s,
+        moe_layer_host_s=launch.get("moe_layer_host_s") or base.moe_layer_host_s,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

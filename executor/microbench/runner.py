@@ -59,10 +59,11 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     for row in report["copy"]:
         say(f"  {row['bytes'] / 2**20:8.0f} MiB  {row['traffic_bytes'] / row['seconds'] / 1e9:8.2f} GB/s")
     say("launch overhead (tiny eager ops, one-element all-reduce)")
-    report["launch"] = launch.measure_launch(device)
-    coll = report["launch"]["collective_launch_s"]
+    report["launch"] = launch.measure_launch(device, dtype)
+    coll, layer = report["launch"]["collective_launch_s"], report["launch"]["moe_layer_host_s"]
     say(f"  op launch {report['launch']['op_launch_s'] * 1e6:8.2f} us"
-        + (f"   small collective {coll * 1e6:8.2f} us" if coll is not None else ""))
+        + (f"   small collective {coll * 1e6:8.2f} us" if coll is not None else "")
+        + (f"   executor MoE layer (tiny, fwd+bwd) {layer * 1e3:8.3f} ms" if layer is not None else ""))
     report["collectives"] = []
     if plan.collectives and world_size > 1:
         say("collectives")
@@ -87,8 +88,10 @@ def merge_ranks(reports: list[dict]) -> dict:
 
 def _merged_launch(rows: list[dict]) -> dict:
     colls = [r["collective_launch_s"] for r in rows if r["collective_launch_s"] is not None]
+    layers = [r["moe_layer_host_s"] for r in rows if r.get("moe_layer_host_s") is not None]
     return {"op_launch_s": statistics.median(r["op_launch_s"] for r in rows),
-            "collective_launch_s": max(colls) if colls else None}
+            "collective_launch_s": max(colls) if colls else None,
+            "moe_layer_host_s": statistics.median(layers) if layers else None}
 
 
 def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0) -> dict:

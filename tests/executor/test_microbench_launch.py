@@ -15,7 +15,12 @@ from costmodel.errors import FoldtuneError
 from costmodel.hardware import DEFAULT_COLLECTIVE_LAUNCH_S, DEFAULT_OP_LAUNCH_S, HardwareProfile
 from costmodel.profile_io import load_profile, save_profile
 from executor.launch_local import launch
-from executor.microbench.launch import measure_collective_launch, measure_launch, measure_op_launch
+from executor.microbench.launch import (
+    _forward_backward_seconds,
+    measure_collective_launch,
+    measure_launch,
+    measure_op_launch,
+)
 from executor.microbench.profile_builder import build_profile
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -43,6 +48,14 @@ def test_launch_benchmarks_on_two_gloo_ranks():
         coll = report["collective_launch_s"]
         # A gloo all-reduce crosses processes: it costs more than one in-process op launch.
         assert coll is not None and math.isfinite(coll) and coll > report["op_launch_s"]
+        # On this shared CPU two close medians may invert (then None); a value is always a real time.
+        layer = report["moe_layer_host_s"]
+        assert layer is None or (math.isfinite(layer) and layer > 0)
+
+
+def test_executor_forward_backward_runs_and_takes_time():
+    one = _forward_backward_seconds(1, torch.device("cpu"), torch.float32)
+    assert math.isfinite(one) and 0 < one < 60
 
 
 def _raw(launch_row: dict | None) -> dict:
@@ -55,8 +68,9 @@ def _raw(launch_row: dict | None) -> dict:
 
 def test_profile_carries_the_measured_launch_costs_and_round_trips(tmp_path):
     base = get_hardware("cpu")
-    profile = build_profile(base, _raw({"op_launch_s": 3e-6, "collective_launch_s": 4e-5}))
-    assert (profile.op_launch_s, profile.collective_launch_s) == (3e-6, 4e-5)
+    profile = build_profile(base, _raw({"op_launch_s": 3e-6, "collective_launch_s": 4e-5,
+                                        "moe_layer_host_s": 2e-3}))
+    assert (profile.op_launch_s, profile.collective_launch_s, profile.moe_layer_host_s) == (3e-6, 4e-5, 2e-3)
     assert profile.op_launch_seconds == 3e-6 and profile.collective_launch_seconds == 4e-5
     assert load_profile(save_profile(profile, tmp_path / "p.json")) == profile
     # A single-rank calibration measures no collective: the documented default answers for it.
@@ -67,6 +81,7 @@ def test_profile_carries_the_measured_launch_costs_and_round_trips(tmp_path):
 def test_raw_timings_from_before_the_launch_benchmark_keep_the_defaults():
     profile = build_profile(get_hardware("cpu"), _raw(None))
     assert profile.op_launch_s is None and profile.op_launch_seconds == DEFAULT_OP_LAUNCH_S
+    assert profile.moe_layer_host_s is None
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(str(RESULTS / "*calibrated*.json"))))
