@@ -14,7 +14,8 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   moe_breakdown (not in the default list) both MoE shapes cut into router / permute / three grouped GEMMs /
             SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
             random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
-            (bench/moe_breakdown.py); prints a table per shape
+            (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
+            FOLDTUNE_FUSED_ROUTER=0 FOLDTUNE_FUSED_PERMUTE=0 (the torch paths), for an A/B per stage
 Usage: python bench/executor_gpu.py [--parts gemm,moe,stack,check,ep2] [--layers 2]
 """
 
@@ -45,7 +46,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
-from bench.moe_breakdown import BalancedRouter, breakdown, format_table, wall_seconds
+from bench.moe_breakdown import BalancedRouter, breakdown, format_table, fused_paths, wall_seconds
 
 DEV = torch.device("cuda", 0)
 BF16 = torch.bfloat16
@@ -115,7 +116,7 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
             "layer_s": t_layer, "ideal_s": t_ideal, "ratio": t_ideal / t_layer,
             "host_issue_s": host_s, "balanced_layer_s": t_balanced, "balanced_ratio": t_ideal / t_balanced,
             "layer_tflops": flops / t_layer / 1e12, "ideal_tflops": flops / t_ideal / 1e12,
-            "imbalance_max_over_mean": float(counts.max() / counts.mean())}
+            "imbalance_max_over_mean": float(counts.max() / counts.mean()), "fused_paths": fused_paths()}
 
 
 def part_moe_breakdown(h: int, f: int, experts: int, topk: int) -> dict:
@@ -291,17 +292,24 @@ def main() -> int:
         run("gemm", part_gemm)
     if "fused" in parts:
         run("fused_check", part_fused_check)
-    if "unfused" in parts:  # A/B: the torch permutation path
-        os.environ["FOLDTUNE_FUSED_PERMUTE"] = "0"
+    if "unfused" in parts:  # A/B: the torch router and permutation paths
+        os.environ["FOLDTUNE_FUSED_PERMUTE"] = os.environ["FOLDTUNE_FUSED_ROUTER"] = "0"
         run("moe_mixtral_unfused", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained_unfused", part_moe, 2048, 768, 128, 8)
         os.environ.pop("FOLDTUNE_FUSED_PERMUTE")
+        os.environ.pop("FOLDTUNE_FUSED_ROUTER")
     if "moe" in parts:
         run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained", part_moe, 2048, 768, 128, 8)
     if "moe_breakdown" in parts:
         run("moe_breakdown_mixtral", part_moe_breakdown, 4096, 14336, 8, 2)
         run("moe_breakdown_finegrained", part_moe_breakdown, 2048, 768, 128, 8)
+    if "moe_breakdown_unfused" in parts:  # the same stages on the torch router and permutation paths
+        os.environ["FOLDTUNE_FUSED_PERMUTE"] = os.environ["FOLDTUNE_FUSED_ROUTER"] = "0"
+        run("moe_breakdown_mixtral_unfused", part_moe_breakdown, 4096, 14336, 8, 2)
+        run("moe_breakdown_finegrained_unfused", part_moe_breakdown, 2048, 768, 128, 8)
+        os.environ.pop("FOLDTUNE_FUSED_PERMUTE")
+        os.environ.pop("FOLDTUNE_FUSED_ROUTER")
     if "router" in parts:
         run("router_gemm", part_router_gemm)
     if "trace" in parts:

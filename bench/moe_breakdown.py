@@ -290,6 +290,13 @@ def stage_device_seconds(staged: StagedLayer, dev: torch.device) -> tuple[dict[s
     return out, all_hidden
 
 
+def fused_paths() -> dict[str, bool]:
+    """Which fused Triton paths passed their one-time self-check in this process (key → on)."""
+    from executor.kernels import triton_permute, triton_router
+
+    return {str(key): ok for cache in (triton_router._CHECKED, triton_permute._CHECKED) for key, ok in cache.items()}
+
+
 def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:
     """Row tiles the grouped GEMM runs at a ``tile``-row M tile (each group rounds up)."""
     return int(((counts + tile - 1) // tile).sum())
@@ -379,6 +386,7 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
         r["ratio_vs_uneven_ideal"] = uneven_wall / r["layer_wall_s"]
         r["ratio_vs_uneven_ideal_device"] = uneven_dev / r["layer_device_s"]
     result["uneven_ideal_over_ideal"] = uneven_wall / ideal_wall  # what uneven groups cost the GEMMs alone
+    result["fused_paths"] = fused_paths()
     return result
 
 
@@ -402,4 +410,5 @@ def format_table(name: str, r: dict) -> str:
     rl = r["router_with_losses"]
     lines.append(f"  router with aux+z losses: fwd {rl['fwd_device_s'] * 1e3:.3f} ms, "
                  f"bwd {rl['bwd_device_s'] * 1e3:.3f} ms (device)")
+    lines.append(f"  fused Triton paths (self-checked): {r['fused_paths']}")
     return "\n".join(lines)

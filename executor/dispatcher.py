@@ -12,6 +12,8 @@ plus the rows per local expert, and take back the expert output in the same orde
 
 Permutation never loops over experts: a stable argsort by expert id, an index_select, and on the way
 back a gather of each token's k rows and a k-wide batched product with the probabilities (no atomics).
+On CUDA with Triton (executor/kernels/triton_permute.py) the dropless sort is a counting sort and the
+permute/unpermute are single kernels; same order, same rows.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class _Permute(torch.autograd.Function):
     def forward(ctx, x_NH, slots_M, row_of_slot, k):
         ctx.save_for_backward(row_of_slot)
         ctx.n, ctx.k = x_NH.shape[0], k
+        if fused.available(x_NH) and fused.permute_checked(k, x_NH.shape[1], x_NH.dtype, x_NH.device):
+            return fused.permute(x_NH, row_of_slot, slots_M.numel(), k)
         return x_NH.index_select(0, torch.div(slots_M, k, rounding_mode="floor"))
 
     @staticmethod
@@ -107,12 +111,13 @@ def sort_by_expert(experts_NK: torch.Tensor, num_buckets: int) -> tuple[torch.Te
     return torch.argsort(experts_NK.reshape(-1), stable=True), count_per_expert(experts_NK, num_buckets)
 
 
-def chunk_order(counts_SE: torch.Tensor) -> torch.Tensor:
-    """Row index that turns rows grouped (source, expert) into rows grouped (expert, source)."""
+def chunk_order(counts_SE: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Row index that turns rows grouped (source, expert) into rows grouped (expert, source); ``total``
+    (the row count, when the caller knows it) saves a host sync."""
     flat = counts_SE.reshape(-1)
     starts = (torch.cumsum(flat, 0) - flat).view_as(counts_SE).t().reshape(-1)
     sizes = counts_SE.t().reshape(-1)
-    total = int(flat.sum())
+    total = int(flat.sum()) if total is None else total
     base = torch.repeat_interleave(starts, sizes, output_size=total)
     offset_in_chunk = torch.arange(total, device=flat.device) - torch.repeat_interleave(
         torch.cumsum(sizes, 0) - sizes, sizes, output_size=total)
@@ -140,10 +145,15 @@ class AllToAllDispatcher:
         n, k, e_local = x_NH.shape[0], self.topk, self.local_experts
         if routing.may_drop:
             order, counts_E = sort_by_expert(routing.experts_NK, self.num_experts)
-        else:  # the router already counted
-            order, counts_E = torch.argsort(routing.experts_NK.reshape(-1), stable=True), routing.tokens_per_expert
-        slots = order[: int(counts_E.sum())] if routing.may_drop else order  # dropless: no host sync
-        row_of_slot = slot_rows(slots, n, k)
+            slots = order[: int(counts_E.sum())]  # host sync: the kept row count sizes the buffers
+            row_of_slot = slot_rows(slots, n, k)
+        elif fused.available(x_NH) and fused.sort_checked(self.num_experts, x_NH.device):
+            # counting sort: the order and its inverse in three launches, no host sync
+            slots, row_of_slot = fused.sort_slots(routing.experts_NK, self.num_experts)
+            counts_E = routing.tokens_per_expert
+        else:  # the router already counted; dropless: no host sync
+            slots, counts_E = torch.argsort(routing.experts_NK.reshape(-1), stable=True), routing.tokens_per_expert
+            row_of_slot = slot_rows(slots, n, k)
         rows = permute(x_NH, slots, row_of_slot, k)
         ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": routing.probs_NK}
         if ep.size == 1 and etp.size == 1:
@@ -152,20 +162,20 @@ class AllToAllDispatcher:
         rows = self.timer.mark(rows, "dispatch", "ep_alltoall")
         counts_PE = counts_E.view(ep.size, e_local)
         recv_PE = all_to_all(counts_PE, [1] * ep.size, [1] * ep.size, ep) if ep.size > 1 else counts_PE
-        send = counts_PE.sum(1).tolist()
-        recv = recv_PE.sum(1).tolist()
+        # every split size in one device-to-host copy (the only host sync of the dispatch): rows sent to
+        # and received from each ep peer, rows of each etp member after the all-gather
+        counts_SE = all_gather_nograd(recv_PE.contiguous(), etp) if etp.size > 1 else recv_PE  # [etp·ep, E_local]
+        sizes = torch.cat([counts_PE.sum(1), recv_PE.sum(1), counts_SE.view(etp.size, -1).sum(1)]).tolist()
+        send, recv, per_member = sizes[:ep.size], sizes[ep.size:2 * ep.size], sizes[2 * ep.size:]
         rows = all_to_all(rows, recv, send, ep)
-        counts_SE = recv_PE
-        per_member = None
         if etp.size > 1:
             rows = self.timer.mark(rows, "ep_alltoall", "etp_allgather")
-            counts_SE = all_gather_nograd(recv_PE.contiguous(), etp)  # [etp·ep, E_local]
-            per_member = counts_SE.view(etp.size, -1).sum(1).tolist()
             rows = all_gather_v(rows, per_member, etp)
             rows = self.timer.mark(rows, "etp_allgather", "dispatch")
         else:
+            per_member = None
             rows = self.timer.mark(rows, "ep_alltoall", "dispatch")
-        index = chunk_order(counts_SE)
+        index = chunk_order(counts_SE, sum(per_member or recv))
         rows = rows.index_select(0, index)
         ctx.update(send=send, recv=recv, per_member=per_member, index=index)
         return Dispatched(rows, counts_SE.sum(0), ctx)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from costmodel.errors import InvalidConfigError
 from costmodel.model_spec import ModelSpec
+from executor.kernels import triton_router as fused_router
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd, all_reduce_
 from executor.parallel.groups import ParallelState
@@ -90,16 +91,19 @@ class Router(torch.nn.Module):
         else:
             self.expert_bias = None
 
-    def forward(self, x_NH: torch.Tensor) -> Routing:
-        spec, opts, tp = self.spec, self.options, self.state.tp
-        n = x_NH.shape[0]
-        cp = self.state["cp"]
-        total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
-        logits_NE = F.linear(x_NH, self.weight).float()
-        loss = logits_NE.new_zeros(())
-        if opts.moe_z_loss_coeff:
-            loss = loss + opts.moe_z_loss_coeff * torch.logsumexp(logits_NE, -1).square().sum() / total_tokens
+    def _fusable(self, logits: torch.Tensor) -> bool:
+        """Whether the fused Triton top-k covers this router (softmax scores, plain top-k, on CUDA)."""
+        spec = self.spec
+        return (fused_router.available(logits) and spec.moe_router_score_function == "softmax"
+                and not spec.moe_router_num_groups and self.expert_bias is None
+                and not self.options.moe_router_force_load_balancing
+                and fused_router.self_checked(self.num_experts, self.topk, spec.moe_router_pre_softmax,
+                                              spec.moe_router_topk_scaling_factor or 1.0, logits.dtype, logits.device))
 
+    def _select(self, logits_NE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(experts [n, k], probs [n, k]) from fp32 logits with torch ops (every router variant)."""
+        spec, opts, tp, cp = self.spec, self.options, self.state.tp, self.state["cp"]
+        n = logits_NE.shape[0]
         if spec.moe_router_score_function == "sigmoid":
             scores_NE = torch.sigmoid(logits_NE)
         elif spec.moe_router_pre_softmax:
@@ -126,10 +130,30 @@ class Router(torch.nn.Module):
             probs_NK = torch.softmax(probs_NK, dim=-1)
         if spec.moe_router_topk_scaling_factor:
             probs_NK = probs_NK * spec.moe_router_topk_scaling_factor
+        return experts_NK, probs_NK
 
-        counts_E = count_per_expert(experts_NK, self.num_experts)
+    def forward(self, x_NH: torch.Tensor) -> Routing:
+        spec, opts, tp = self.spec, self.options, self.state.tp
+        n = x_NH.shape[0]
+        cp = self.state["cp"]
+        total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
+        logits = F.linear(x_NH, self.weight)
+        fused = self._fusable(logits)
+        # fp32 logits for the losses and the torch top-k; the fused kernel reads the raw ones itself
+        logits_NE = logits.float() if not fused or opts.moe_z_loss_coeff or opts.moe_aux_loss_coeff else None
+        loss = torch.zeros((), device=logits.device, dtype=torch.float32)
+        if opts.moe_z_loss_coeff:
+            loss = loss + opts.moe_z_loss_coeff * torch.logsumexp(logits_NE, -1).square().sum() / total_tokens
+
+        if fused:
+            experts_NK, probs_NK, counts_E = fused_router.softmax_topk(
+                logits, self.topk, spec.moe_router_pre_softmax, spec.moe_router_topk_scaling_factor or 1.0)
+        else:
+            experts_NK, probs_NK = self._select(logits_NE)
+            counts_E = count_per_expert(experts_NK, self.num_experts)
         if opts.moe_aux_loss_coeff:
-            global_counts = all_reduce_(all_reduce_(counts_E.clone(), tp), cp).float()
+            reduced = counts_E if tp.size == 1 and cp.size == 1 else all_reduce_(all_reduce_(counts_E.clone(), tp), cp)
+            global_counts = reduced.float()
             if spec.moe_router_score_function == "sigmoid":
                 aux_scores = torch.sigmoid(logits_NE)
                 aux_scores = aux_scores / (aux_scores.sum(-1, keepdim=True) + 1e-20)
