@@ -8,6 +8,7 @@ the planner's validity rules for the model, the job has a best trial, and the da
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -18,6 +19,8 @@ from api.problems import ProblemError, not_found, rule_violation
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
 from costmodel.errors import FoldtuneError
+from costmodel.hardware import ClusterSpec
+from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
 from db.models import Owner, Training, TrainingMetric, Trial, utcnow
@@ -46,6 +49,19 @@ def _check_batch(training: TrainingSpec, config: ParallelConfig) -> None:
         raise rule_violation("body.global_batch_size", "batch_divides",
                              f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
                              f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
+
+
+def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                         config: ParallelConfig) -> float | None:
+    """The cost model's seconds per step for an explicit layout on the cluster's hardware profile: the same
+    (uncalibrated) figure a tuning job stores as its trials' ``predicted_step_time_s``. None where the cost
+    model cannot price the layout (it has already passed the planner's validity rules)."""
+    from costmodel.step_time import estimate_step_time
+
+    try:
+        return estimate_step_time(model, training, cluster, config).step_time
+    except FoldtuneError:
+        return None
 
 
 def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> Training:
@@ -85,6 +101,7 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
             raise rule_violation("body.layout", "layout_valid", str(exc)) from None
         if rejections:  # the planner's rule ids (layers_pp, experts_ep, ...), as `foldtune plan --explain`
             raise rule_violation("body.layout", rejections[0].rule, "; ".join(str(r) for r in rejections))
+        predicted = _predicted_step_time(model, training, resolved, config)
         model_spec = model.to_dict()
         cluster = {"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
                    "hardware": resolved.hardware.to_dict()}
@@ -119,11 +136,25 @@ def _latest_metrics(session: Session, ids: list[int]) -> dict[int, TrainingMetri
     return {m.training_id: m for m in rows}
 
 
-def training_views(session: Session, rows: list[Training]) -> list[TrainingOut]:
-    """Trainings as the API shows them, each with its latest metrics row (one query for the whole list)."""
+def measured_step_time(session: Session, training_id: int) -> float | None:
+    """Median seconds per step over the training's stored steps (the median, so that the first step's
+    one-off start-up and evaluation steps do not move it); None before the first step."""
+    times = [t for t in session.scalars(select(TrainingMetric.step_time_s)
+                                        .where(TrainingMetric.training_id == training_id)) if t is not None]
+    return statistics.median(times) if times else None
+
+
+def training_views(session: Session, rows: list[Training], *, measured: bool = False) -> list[TrainingOut]:
+    """Trainings as the API shows them, each with its latest metrics row (one query for the whole list).
+    ``measured`` adds the median measured step time and its comparison with the prediction (one query
+    per training over its whole series, so only for single trainings)."""
     latest = _latest_metrics(session, [t.id for t in rows])
     views = []
     for t in rows:
+        median = measured_step_time(session, t.id) if measured else None
+        error = None
+        if median and t.predicted_step_time_s is not None:
+            error = (t.predicted_step_time_s - median) / median
         spec = {k: v for k, v in t.training_spec.items() if k != RECIPE_KEY}
         metric = latest.get(t.id)
         views.append(TrainingOut(
@@ -132,7 +163,8 @@ def training_views(session: Session, rows: list[Training]) -> list[TrainingOut]:
             recipe=t.training_spec.get(RECIPE_KEY, {}),
             cluster=ClusterOut(gpu=t.cluster["gpu"], num_gpus=t.cluster["num_gpus"]), data_path=t.data_path,
             steps=t.steps, checkpoint_dir=t.checkpoint_dir, checkpoint_every=t.checkpoint_every,
-            predicted_step_time_s=t.predicted_step_time_s, created_at=t.created_at, updated_at=t.updated_at,
+            predicted_step_time_s=t.predicted_step_time_s, measured_step_time_s=median, step_time_error=error,
+            created_at=t.created_at, updated_at=t.updated_at,
             started_at=t.started_at, finished_at=t.finished_at, error=t.error, attempts=t.attempts,
             runner=t.claimed_by, heartbeat_at=t.heartbeat_at,
             latest_metrics=(TrainingMetricOut.model_validate(metric).compared(t.predicted_step_time_s)

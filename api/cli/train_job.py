@@ -79,22 +79,19 @@ class StoredStepPrinter:
             if row is None:  # rank 0 stores before it reports, so only a lost write gets here
                 print(f"step {step:>6}  (metrics not stored)", flush=True)
                 return
-            m = TrainingMetricOut.model_validate(row).model_dump()
-        line = metric_line(m)
-        if self.predicted_s is not None and m["step_time_s"]:
-            error = (self.predicted_s - m["step_time_s"]) / m["step_time_s"]
-            line += f"  predicted {self.predicted_s * 1e3:.1f} ms ({error:+.0%})"
-        print(line, flush=True)
+            m = TrainingMetricOut.model_validate(row).compared(self.predicted_s)
+        print(metric_line(m.model_dump()), flush=True)
 
 
 def run_job_training(args: argparse.Namespace) -> int:
     from api.cli._db import migrate_or_explain
-    from api.cli.tune_cmd import LOCAL_OWNER, _check_ray_has_room
+    from api.cli.trainings_cmd import step_time_line
+    from api.cli.tune_cmd import _check_ray_has_room
     from api.problems import ProblemError
     from api.runner import Runner, RunnerSettings
-    from api.trainings_service import submit_training, training_views
+    from api.trainings_service import cancel_training, submit_training, training_views
     from costmodel.hardware import HardwareProfile
-    from db.models import Job, Owner
+    from db.models import Job, Owner, Training
 
     start = time.monotonic()
     settings = RunnerSettings.from_env(args.database_url, runner_id=f"train-{os.getpid()}")
@@ -130,37 +127,22 @@ def run_job_training(args: argparse.Namespace) -> int:
               f"{view.training.get('precision', '?')}; predicted {_ms(predicted)} per step; "
               f"checkpoints in {checkpoint_dir} (Ray: {os.environ.get('FOLDTUNE_RAY_ADDRESS') or 'local'})",
               flush=True)
-        status = runner.run_training_id(view.id, on_step=StoredStepPrinter(runner.sessions, view.id, predicted))
+        try:
+            status = runner.run_training_id(view.id, on_step=StoredStepPrinter(runner.sessions, view.id, predicted))
+        except KeyboardInterrupt:  # cancelled, so that no service runner resumes it behind the user's back
+            with runner.sessions() as session:
+                cancel_training(session, session.get(Training, view.id))
+            print(f"training {view.id} cancelled; the same command resumes from the latest checkpoint in "
+                  f"{checkpoint_dir}, if one was saved (--checkpoint-every)", flush=True)
+            raise
         with runner.sessions() as session:
-            from db.models import Training
-
-            final = session.get(Training, view.id)
-            print(f"training {view.id}: {final.status}" + (f": {final.error}" if final.error else "")
-                  + f" ({_summary(session, view.id, predicted)})", flush=True)
-            ok = final.status == "succeeded"
+            final = training_views(session, [session.get(Training, view.id)], measured=True)[0]
+        print(f"training {final.id}: {final.status}" + (f": {final.error}" if final.error else ""), flush=True)
+        print(step_time_line(final.model_dump()) or "no steps stored", flush=True)
     finally:
         runner.close()
     print(f"done in {time.monotonic() - start:.0f} s (runner saw: {status})", flush=True)
-    return 0 if ok else 1
-
-
-def _summary(session, training_id: int, predicted: float | None) -> str:
-    """Median measured step time over the stored steps against the prediction."""
-    import statistics
-
-    from sqlalchemy import select
-
-    from db.models import TrainingMetric
-
-    times = [t for t in session.scalars(select(TrainingMetric.step_time_s)
-                                        .where(TrainingMetric.training_id == training_id)) if t]
-    if not times:
-        return "no steps stored"
-    measured = statistics.median(times)
-    text = f"median step {_ms(measured)} measured over {len(times)} steps, predicted {_ms(predicted)}"
-    if predicted is not None:
-        text += f" ({(predicted - measured) / measured:+.0%})"
-    return text
+    return 0 if final.status == "succeeded" else 1
 
 
 def _default_checkpoint_dir(database_url: str | None, job_id: int) -> Path:

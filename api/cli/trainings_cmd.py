@@ -24,12 +24,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def metric_line(m: dict) -> str:
-    """One step as ``foldtune train`` prints it (loss, lr, grad norm, tokens/s, step time, eval loss)."""
+    """One step as ``foldtune train`` prints it (loss, lr, grad norm, tokens/s, step time, eval loss), and the
+    training's predicted step time with its error when the row carries them."""
     line = f"step {m['step']:>6}  loss {_num(m['loss'], '.4f')}  lr {_num(m['lr'], '.2e')}  " \
            f"grad_norm {_num(m['grad_norm'], '.3f')}  {_num(m['tokens_per_s'], ',.0f')} tok/s  " \
            f"{fmt_seconds(m['step_time_s'])}"
     if m.get("eval_loss") is not None:
         line += f"  eval_loss {m['eval_loss']:.4f}"
+    if m.get("predicted_step_time_s") is not None:
+        line += f"  predicted {fmt_seconds(m['predicted_step_time_s'])}"
+        if m.get("step_time_error") is not None:
+            line += f" ({m['step_time_error']:+.0%})"
+    return line
+
+
+def step_time_line(t: dict) -> str | None:
+    """Predicted vs measured seconds per step of a shown training; None when there is neither."""
+    predicted, measured = t.get("predicted_step_time_s"), t.get("measured_step_time_s")
+    if predicted is None and measured is None:
+        return None
+    line = f"step time: predicted {fmt_seconds(predicted)}, measured {fmt_seconds(measured)} (median of stored steps)"
+    if t.get("step_time_error") is not None:
+        line += f", error {t['step_time_error']:+.0%} (predicted - measured) / measured"
     return line
 
 
@@ -82,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"training {t['id']} {t['status']}: {t['model']} with {t['label']} on "
               f"{t['cluster']['num_gpus']}x{t['cluster']['gpu']}, {t['steps']} steps of "
               f"{t['training']['global_batch_size']}x{t['training']['seq_length']} tokens, data {t['data_path']}")
-        if t.get("predicted_step_time_s") is not None:
-            print(f"predicted step time {fmt_seconds(t['predicted_step_time_s'])}")
+        if t.get("job_id") is not None:
+            print(f"best layout of tuning job {t['job_id']}")
+        if (line := step_time_line(t)) is not None:
+            print(line)
         if t.get("latest_metrics"):
             print(metric_line(t["latest_metrics"]))
         if t.get("error"):

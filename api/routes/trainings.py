@@ -45,7 +45,8 @@ def list_trainings(owner: OwnerDep, session: SessionDep, limit: Limit = 50, offs
 @router.get("/{training_id}", operation_id="get_training", response_model=TrainingOut,
             responses=problem_responses(404))
 def get_training(training_id: TrainingId, owner: OwnerDep, session: SessionDep) -> TrainingOut:
-    view = trainings_service.training_views(session, [trainings_service.owned_training(session, owner, training_id)])[0]
+    row = trainings_service.owned_training(session, owner, training_id)
+    view = trainings_service.training_views(session, [row], measured=True)[0]
     session.commit()
     return view
 

@@ -127,7 +127,13 @@ class TrainingOut(BaseModel):
     steps: int
     checkpoint_dir: str
     checkpoint_every: int | None
-    predicted_step_time_s: float | None = Field(description="the cost model's seconds per step for this layout")
+    predicted_step_time_s: float | None = Field(description="the cost model's seconds per step for this layout "
+                                                            "(a job's best trial's prediction, or the cost model "
+                                                            "on the cluster's profile for an explicit layout)")
+    measured_step_time_s: float | None = Field(None, description="median seconds per stored step; only on GET "
+                                                                 "/v1/trainings/{id}")
+    step_time_error: float | None = Field(None, description="(predicted - measured) / measured, with "
+                                                            "measured_step_time_s")
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

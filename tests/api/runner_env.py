@@ -3,8 +3,12 @@ the check that no rank process outlives its trial."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 from api.runner import Runner, RunnerSettings
 from api.runner_trials import TrialSettings
@@ -30,6 +34,41 @@ def make_runner(db_url: str, runner_id: str = "test-runner", stale_after_s: floa
                               poll_s=0.5, trial=TrialSettings(**{"warmup_steps": 1, "timed_steps": 1,
                                                                  "timeout_s": 120.0, **trial}))
     return Runner(settings)
+
+
+@contextlib.contextmanager
+def owner_session(db_url: str, owner_name: str = "alice") -> Iterator[tuple]:
+    """(session, owner) on the migrated database ``db_url``; the owner is created if new."""
+    from db.engine import make_engine, make_sessionmaker
+    from db.keys import get_or_create_owner
+    from db.migrate import upgrade
+
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            owner = get_or_create_owner(session, owner_name)
+            session.commit()
+            yield session, owner
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def runner_process(db_url: str, runner_id: str, log_path, **env: str) -> Iterator[subprocess.Popen]:
+    """A `foldtune runner --once` process on ``db_url`` and this session's Ray (heartbeat every second),
+    its output in ``log_path``; killed on exit if still alive. ``env``: more environment variables."""
+    environ = {**os.environ, "FOLDTUNE_DATABASE_URL": db_url, "FOLDTUNE_RAY_ADDRESS": session_ray(),
+               "FOLDTUNE_RUNNER_ID": runner_id, "FOLDTUNE_HEARTBEAT_S": "1", "RAY_AUTH_MODE": "disabled", **env}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "api.cli.main", "runner", "--once"], env=environ,
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def run_one_claim(db_url: str) -> None:

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import optuna
 import pytest
-from runner_env import make_runner, session_ray, wait_no_rank_actors
+from runner_env import make_runner, owner_session, runner_process, session_ray, wait_no_rank_actors
 from sqlalchemy import select
 
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
 from db.models import Job, Trial
 from db.optuna_storage import optuna_storage_url
 
@@ -26,20 +23,12 @@ STALE_AFTER_S = 4.0
 def _submit(db_url: str, max_trials: int) -> int:
     from api.jobs_service import submit_job
     from api.schemas.jobs import JobCreate
-    from db.keys import get_or_create_owner
 
-    upgrade(db_url)
-    engine = make_engine(db_url)
-    try:
-        with make_sessionmaker(engine)() as session:
-            owner = get_or_create_owner(session, "alice")
-            session.commit()
-            request = JobCreate.model_validate({
-                "model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8, "precision": "fp32"},
-                "cluster": {"gpu": "cpu", "num_gpus": 2}, "budget": {"max_trials": max_trials, "max_seconds": 900}})
-            return submit_job(session, owner, request, None)[0].id
-    finally:
-        engine.dispose()
+    with owner_session(db_url) as (session, owner):
+        request = JobCreate.model_validate({
+            "model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8, "precision": "fp32"},
+            "cluster": {"gpu": "cpu", "num_gpus": 2}, "budget": {"max_trials": max_trials, "max_seconds": 900}})
+        return submit_job(session, owner, request, None)[0].id
 
 
 def _trials(sessions, job_id: int) -> list[Trial]:
@@ -49,17 +38,11 @@ def _trials(sessions, job_id: int) -> list[Trial]:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(db_url, tmp_path):
-    address = session_ray()
     job_id = _submit(db_url, max_trials=3)
-    env = {**os.environ, "FOLDTUNE_DATABASE_URL": db_url, "FOLDTUNE_RAY_ADDRESS": address,
-           "FOLDTUNE_RUNNER_ID": "doomed", "FOLDTUNE_HEARTBEAT_S": "1", "FOLDTUNE_TRIAL_WARMUP_STEPS": "1",
-           "FOLDTUNE_TRIAL_STEPS": "1", "RAY_AUTH_MODE": "disabled"}
-    log = open(tmp_path / "runner1.log", "w")  # noqa: SIM115 (closed in the finally below)
-    first = subprocess.Popen([sys.executable, "-m", "api.cli.main", "runner", "--once"], env=env, stdout=log,
-                             stderr=subprocess.STDOUT)
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
-    try:
+    with runner_process(db_url, "doomed", tmp_path / "runner1.log", FOLDTUNE_TRIAL_WARMUP_STEPS="1",
+                        FOLDTUNE_TRIAL_STEPS="1") as first:
         deadline = time.monotonic() + 240
         while True:  # kill it while its second trial runs, after the first one finished
             trials = _trials(sessions, job_id)
@@ -83,11 +66,7 @@ def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(d
         with sessions() as session:
             job = session.get(Job, job_id)
         trials = _trials(sessions, job_id)
-    finally:
-        if first.poll() is None:
-            first.kill()
-        log.close()
-        engine.dispose()
+    engine.dispose()
 
     assert job.status == "succeeded", job.error
     assert job.claimed_by == "rescuer" and job.attempts == 2

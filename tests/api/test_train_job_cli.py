@@ -9,6 +9,7 @@ contradict the job, unknown jobs and jobs without a successful trial are one err
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,10 +48,12 @@ def test_train_job_trains_the_best_layout_through_the_runner(tmp_path, dataset):
                 "--eval-batches", "1", ray_address=ray)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout.splitlines()
-    step_lines = [line for line in out if line.startswith("step")]
+    step_lines = [line for line in out if re.match(r"step +\d+ ", line)]
     assert [line.split()[1] for line in step_lines] == [str(n) for n in range(1, STEPS + 1)]
     assert all("loss" in line and "predicted" in line for line in step_lines)
-    assert any(line.startswith("training 1: succeeded") for line in out)
+    assert "training 1: succeeded" in out
+    assert any(re.fullmatch(r"step time: predicted \S+ s, measured \S+ s \(median of stored steps\), error [-+]\d+% "
+                            r"\(predicted - measured\) / measured", line) for line in out), out
 
     engine = create_engine(f"sqlite:///{tmp_path / 'home' / 'foldtune.sqlite3'}")
     with engine.connect() as conn:
