@@ -334,6 +334,12 @@ def main() -> int:
         if "ratio" in r:
             rows.append((f"{key} layer/ideal", f"{r['ratio']:.3f}", f"{bar}", "yes" if r["ratio"] >= bar else "NO"))
             rows.append(("  same, round-robin routing", f"{r['balanced_ratio']:.3f}", "", ""))
+    for key in ("moe_breakdown_mixtral", "moe_breakdown_finegrained"):
+        r = report.get(key, {})
+        if "random" in r:  # diagnostics, no bar: the layer against the ideal on its own uneven groups
+            name = key[len("moe_breakdown_"):]
+            rows.append((f"{name} layer/uneven ideal", f"{r['random']['ratio_vs_uneven_ideal']:.3f}", "", ""))
+            rows.append(("  uneven ideal / ideal", f"{r['uneven_ideal_over_ideal']:.3f}", "", ""))
     st = report.get("stack", {})
     if "tflops" in st and gemm:
         ratio = st["tflops"] / gemm
