@@ -34,6 +34,7 @@ BOTTLENECK_TERMS: dict[str, tuple[str, ...]] = {
     "pp-comm": ("pp_p2p",),
     "memory-bound": ("memory_bound",),
     "optimizer": ("optimizer",),
+    "host-overhead": ("host_overhead",),
 }
 
 
@@ -81,6 +82,9 @@ def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cl
     if bottleneck == "compute":
         extra = "" if c.recompute_granularity == "none" else f", recompute {c.recompute_granularity}"
         return f"MFU {time.mfu:.0%}{extra}"
+    if bottleneck == "host-overhead":
+        return (f"the host issues kernels slower than the GPU runs them ({cluster.hardware.op_launch_seconds * 1e6:.1f} "
+                f"us per op launch), mbs {c.micro_batch_size}")
     if bottleneck == "optimizer":
         return "distributed optimizer" if c.use_distributed_optimizer else "no distributed optimizer"
     return (f"norms, activations, permutation and loss at {cluster.gpu.hbm_bandwidth / 1e12:.2f} TB/s HBM, "

@@ -45,6 +45,35 @@ FRAGMENTATION = 0.05
 
 _FP32 = 4
 _MASK = 1  # dropout masks and routing maps are stored as one byte per element
+_MIB = 2**20
+
+#: fp32 tensors per logit element that this project's executor holds while its vocab-parallel cross
+#: entropy runs (executor/parallel/vocab.py): the fp32 copy of the logits, the max-shifted logits and
+#: their exp (saved for backward), next to the 16-bit logits. Megatron's fused kernel keeps one.
+LOSS_FP32_COPIES = 3
+#: cuBLAS workspace per handle: 32 MiB on Hopper and newer, 4 MiB before (NVIDIA's recommendation for
+#: cublasSetWorkspace, which PyTorch follows). PyTorch takes it from its caching allocator, so it counts in
+#: ``memory_allocated``; one per (handle, stream), and training uses two handles: the Python thread's for
+#: the forward and the autograd engine's device thread's for the backward.
+CUBLAS_WORKSPACE_HOPPER = 32 * _MIB
+CUBLAS_WORKSPACE_OLDER = 4 * _MIB
+CUBLAS_HANDLES = 2
+#: The executor's gradient/optimizer bucket (executor/train_step.py: ``bucket_mb=25``), in parameter bytes.
+EXECUTOR_BUCKET_BYTES = 25 * _MIB
+#: Bytes per element of one optimizer unit (bucket shard ``S`` of a bucket ``B``) the executor's Adam step
+#: allocates while it runs: sqrt and divide temporaries (2 · 4 B · S), the 16-bit master copy (2 B · S)
+#: and the all-gathered 16-bit bucket (2 B · B).
+OPT_STEP_TEMP_PER_SHARD_ELEMENT = 10
+OPT_STEP_TEMP_PER_BUCKET_ELEMENT = 2
+
+
+def library_workspace_bytes(gpu_name: str) -> int:
+    """Bytes of cuBLAS workspaces in the PyTorch allocator on ``gpu_name`` (0 on CPU)."""
+    name = gpu_name.lower()
+    if name == "cpu":
+        return 0
+    hopper_or_newer = name.startswith(("h100", "h200", "gh200", "b100", "b200", "gb200", "gb300", "b300"))
+    return CUBLAS_HANDLES * (CUBLAS_WORKSPACE_HOPPER if hopper_or_newer else CUBLAS_WORKSPACE_OLDER)
 
 
 @dataclass(frozen=True, init=False)
@@ -200,6 +229,14 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
         ("act.moe.expert_fc1_output", te * gate * fe * b, moe),
         ("act.moe.expert_act_output", te * fe * b, _drops("moe", "moe_act")),
     ]
+    # This project's executor (executor/dispatcher.py) weights by the probabilities in its unpermute, which
+    # saves the returned expert rows (k per local token) and, as int64, each slot's row and the sorted
+    # slot order (2·8·k per local token), plus under EP·ETP > 1 the (source, expert) reordering index and
+    # its inverse (2·8 per received copy).
+    k = model.moe_router_topk
+    out += [("act.moe.unpermute_input", k * h * b / dsp, moe), ("act.moe.dispatch_indices", 2 * 8 * k / dsp, moe)]
+    if s.ep * s.etp > 1:
+        out.append(("act.moe.reorder_indices", 2 * 8 * te, moe))
     if not model.swiglu:  # unfused act·prob keeps both the activation and the weighted product
         out.append(("act.moe.expert_weighted_output", te * fe * b, moe))
     fs = model.shared_expert_ffn_hidden_size
@@ -345,7 +382,7 @@ def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: fr
         full_dense - layer_input + grad_dense, full_moe - layer_input + grad_moe,
         ("comm.none", 0.0), ("comm.none", 0.0),  # filled per full layout shape by _kind_terms_for
         2 * h * b / dsp, 2 * h * b / dsp, mtp,
-        vocab * (_FP32 * (1 + model.mtp_num_layers) + b),
+        vocab * (_FP32 * (LOSS_FP32_COPIES + model.mtp_num_layers) + b),
         h * _MASK / dsp if model.hidden_dropout > 0 else 0.0,
     )
 
@@ -555,34 +592,72 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
         dense_shard, expert_shard = dp * cp, config.world_size // (etp * ep * pp)
     else:
         dense_shard = expert_shard = 1
+    # The executor keeps each reduced fp32 gradient shard next to the Adam states (distributed optimizer, a
+    # group of two or more). A one-member group keeps its whole flat copy too (4 B/parameter); that is not
+    # counted, so that the distributed optimizer never needs more than the plain one, which the planner's
+    # staircase relies on (docs/memory-model.md, "Known gaps").
+    grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
+    ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
+    es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
     scale = tokens * (1.0 + FRAGMENTATION)
     best, best_total = rows[0], -1.0
     for row in rows:
         n = row[5] if row[5] < mv else mv
-        total = row[0] + row[1] / dense_shard + row[2] / expert_shard + (n * row[3] + row[4]) * scale
+        dynamic = (n * row[3] + row[4]) * scale
+        reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard)
+        total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
+                 + (dynamic if dynamic > reduce else reduce))
         if total > best_total:
             best, best_total = row, total
-    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard)
+    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard, ds, es)
+
+
+def _largest_tensor(model: ModelSpec, tp: int, ep: int, etp: int) -> float:
+    """Elements of the largest parameter tensor on a GPU (a bucket never splits a tensor)."""
+    h = model.hidden_size
+    largest = model.padded_vocab_size(tp) / tp * h
+    if model.is_moe:
+        largest = max(largest, (model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h)
+    if model.num_dense_layers:
+        largest = max(largest, model.ffn_hidden_size / tp * h)
+    return largest
+
+
+def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int) -> float:
+    """Transient bytes of the executor's gradient reduction and Adam step (the alternative to the backward
+    peak, whichever is larger): fp32 flat copies of the main gradients (every bucket at once while
+    overlapped reductions are in flight, one bucket otherwise) or one optimizer unit's temporaries."""
+    params = par[4] + par[5]
+    bucket = max(EXECUTOR_BUCKET_BYTES / ctx.weight_bytes,
+                 _largest_tensor(ctx.model, config.tp, config.ep, config.etp))
+    flats = _FP32 * (params if config.overlap_grad_reduce else min(params, bucket))
+    shard = max(dense_shard, expert_shard) if config.use_distributed_optimizer else 1
+    step = min(params, bucket) * (OPT_STEP_TEMP_PER_SHARD_ELEMENT / shard + OPT_STEP_TEMP_PER_BUCKET_ELEMENT)
+    return flats if flats > step else step
 
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
-               vpp: int) -> MemoryBreakdown:
+               config: ParallelConfig, workspace: float) -> MemoryBreakdown:
     _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work = row
     n = min(cap, mv)
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits, tokens * comm, tokens * work
     overhead = work + FRAGMENTATION * (activations + logits + comm + work)
-    optimizer = dense_states / shards[0] + expert_states / shards[1]
+    reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1])
+                        - (activations + logits + comm + overhead))
+    overhead += reduce_excess + workspace
+    optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
-                           details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards, vpp))
+                           details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
+                                                  config.vpp, reduce_excess, workspace))
 
 
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
-             vpp: int) -> tuple[tuple[str, float], ...]:
+             vpp: int, reduce_excess: float, workspace: float) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
     _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work = row
     p, gemm = par[0], par[1]
-    dense_shard, expert_shard = shards
+    dense_shard, expert_shard, ds, es = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
     x = tokens * n * lay.stored_dense / vpp
     y = tokens * n * lay.stored_moe / vpp
@@ -598,6 +673,10 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         ("optimizer.dense_replicated", ob * p.dense_replicated / dense_shard),
         ("optimizer.expert", ob * p.expert / expert_shard),
     ]
+    kept = (_FP32 * (p.dense_tp_sharded + p.dense_replicated) / dense_shard if ds > 1.0 else 0.0) + \
+        (_FP32 * p.expert / expert_shard if es > 1.0 else 0.0)
+    if kept:
+        details.append(("optimizer.reduced_grad_shards", kept))
     details += [(name, a * x + c * y) for name, a, c in zip(k.names, k.dense, k.moe) if a * x + c * y]
     recomputed = lay.recomputed_dense + lay.recomputed_moe
     if recomputed:
@@ -617,6 +696,10 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
     dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work)
     details += [("allocator.backward_working_set", tokens * row_work),
                 ("allocator.fragmentation", FRAGMENTATION * dynamic)]
+    if reduce_excess:
+        details.append(("allocator.grad_reduce_peak_excess", reduce_excess))
+    if workspace:
+        details.append(("allocator.cublas_workspace", workspace))
     return tuple(details)
 
 
@@ -626,7 +709,7 @@ def estimate_stage_memory(model: ModelSpec, training: TrainingSpec, cluster: Clu
     if not 0 <= stage < config.pp:
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
     ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, stage)
-    return _breakdown(ctx, kkey, row, mv, tokens, shards, config.vpp)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name))
 
 
 def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -638,9 +721,9 @@ def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     needed for the bytes themselves; compare ``total`` with ``cluster.usable_hbm_bytes``.
     """
     ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, None)
-    return _breakdown(ctx, kkey, row, mv, tokens, shards, config.vpp)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name))
 
 
 def peak_memory_bytes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> float:
     """``estimate_memory(...).total`` without building the breakdown: the planner's pruning fast path."""
-    return _evaluate(model, training, config, None)[3]
+    return _evaluate(model, training, config, None)[3] + library_workspace_bytes(cluster.gpu.name)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from costmodel import host as _host
 from costmodel import params as _params
 from costmodel.comm import (
     LinkRates,
@@ -47,13 +48,13 @@ from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
 
 TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_a2a",
-         "etp_comm", "dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer")
+         "etp_comm", "dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer", "host_overhead")
 HIDDEN_TERMS = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
 BOTTLENECK_OF_TERM = {
     "gemm": "compute", "grouped_gemm": "compute", "attention_core": "compute", "recompute": "compute",
     "memory_bound": "memory-bound", "tp_comm": "tp-comm", "cp_comm": "cp-comm", "ep_a2a": "all-to-all",
     "etp_comm": "all-to-all", "dp_grad": "dp-comm", "edp_grad": "dp-comm", "param_gather": "dp-comm",
-    "pp_p2p": "pp-comm", "pp_bubble": "pp-bubble", "optimizer": "optimizer",
+    "pp_p2p": "pp-comm", "pp_bubble": "pp-bubble", "optimizer": "optimizer", "host_overhead": "host-overhead",
 }
 # A non-compute limiter is named only when it takes at least this share of the step.
 BOTTLENECK_MIN_SHARE = 0.10
@@ -529,6 +530,26 @@ def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -
             [_stage_scalar(layers, k, "compute_bwd") for k in kinds], [_stage_scalar(layers, k, "a2a") for k in kinds])
 
 
+def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
+                  key: tuple) -> tuple[list[float], float]:
+    """(Host seconds per micro-batch of each stage kind, host seconds once per step of the rank holding the
+    most layers: the step ends when its optimizer has run); see costmodel/host.py."""
+    model = ctx.model
+    dense, moe = _host.layer_host_ops(model, c, False), _host.layer_host_ops(model, c, True)
+    per_mb, most_layers = [], 0
+    for _, nd, nm, (first, last), _ in kinds:
+        ops = dense * nd + moe * nm + _host.extras_host_ops(c, first, last)
+        if c.recompute_granularity == "full":
+            k = c.recompute_num_layers
+            share = 1.0 if k == 0 else min(1.0, k / max(1, nd + nm))
+            ops = ops + (_host.full_recompute_ops(False) * nd + _host.full_recompute_ops(True) * nm) * share
+        per_mb.append(ops.seconds(ctx.op_launch, ctx.collective_launch))
+        most_layers = max(most_layers, nd + nm)
+    per_step = _host.step_host_ops(most_layers).seconds(ctx.op_launch, ctx.collective_launch)
+    hit = ctx.host[key] = (per_mb, per_step)
+    return hit
+
+
 # ---- step-level terms -----------------------------------------------------------------------------
 def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int, place: Placement,
                distributed: bool) -> tuple[float, float, float, float]:
@@ -593,6 +614,9 @@ class _Context:
         self.expert_params: dict[tuple, int] = {}
         self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
         self.hops: dict[tuple, float] = {}
+        self.op_launch = _host.seconds_per_op(cluster.hardware)
+        self.collective_launch = cluster.hardware.collective_launch_seconds
+        self.host: dict[tuple, tuple[list[float], float]] = {}
 
 
 _CONTEXTS: dict[tuple[int, int, int], tuple[ModelSpec, TrainingSpec, ClusterSpec, _Context]] = {}
@@ -693,11 +717,17 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         times = [t - a + max(0.0, a - f - b) for t, a, f, b in zip(times, a2a, fwd, bwd)]
     else:
         times, recompute = _stage_times(layers, kinds, c)
+    # a rank cannot finish a micro-batch before its host has issued the micro-batch's kernels
+    hkey = (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type, c.recompute_granularity,
+            c.recompute_modules, c.recompute_num_layers, pp, vpp)
+    host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
+    floored = [t if t >= h else h for t, h in zip(times, host[0])]
     if len(times) == 1:
         i, others = 0, 0.0
     else:
-        i = times.index(max(times))
-        others = sum([k[0] * t for k, t in zip(kinds, times)]) - times[i]
+        i = floored.index(max(floored))
+        others = sum([k[0] * t for k, t in zip(kinds, floored)]) - floored[i]
+    host_overhead = m * (floored[i] - times[i])
     _, nd, nm, ends, _ = kinds[i]
     d, e, x = layers.dense, layers.moe, layers.extras[ends]
     values = [m * (nd * a + nm * b + c_) for a, b, c_ in zip(d.terms, e.terms, x.terms)]
@@ -759,10 +789,18 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             hidden[6] = 2 * m * vpp * hop
         else:
             pp_p2p += 2 * m * hop
-    values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer)
+    # once per step the host issues the reduction, optimizer and zeroing ops of the rank's layers
+    once = dp_grad + edp_grad + param_gather + optimizer
+    host_step = host[1]
+    values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer,
+               host_overhead + (host_step - once if host_step > once else 0.0))
     if corrections:
         values = _corrected(values, corrections)
-    step = sum(values)
+        step = sum(values)
+    else:
+        # the same sum, grouped so that layouts whose once-per-step work hides under the same host floor get
+        # bit-identical step times (the ranker orders them without a tolerance)
+        step = (sum(values[:9]) + pp_p2p + values[13] + host_overhead) + (host_step if host_step > once else once)
     per_gpu = step * world
     # The frozen dataclass's generated __init__ sets each field through object.__setattr__ and costs
     # about as much as the arithmetic above; filling the instance dict directly gives the same object.
@@ -804,6 +842,8 @@ def _bottleneck(v: list[float], step: float) -> str:
         label, seconds = "pp-bubble", v[13]
     if v[14] > seconds:
         label, seconds = "optimizer", v[14]
+    if v[15] > seconds:
+        label, seconds = "host-overhead", v[15]
     return label if seconds >= BOTTLENECK_MIN_SHARE * step > 0.0 else "compute"
 
 

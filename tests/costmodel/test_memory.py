@@ -18,7 +18,7 @@ from costmodel.memory import (
     layer_activation_bytes,
     peak_memory_bytes,
 )
-from costmodel.params import moe_params
+from costmodel.params import moe_params, stage_param_counts
 
 GIB = 2**30
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference.json"  # copy of shared/validation
@@ -203,7 +203,7 @@ def test_routing_imbalance_scales_only_the_expert_terms():
     skew = dict(layer_activation_bytes(model, _moe_training(moe_routing_imbalance=1.5), cfg, True))
     for name in flat:
         ratio = 1.5 if name in ("act.moe.permuted_tokens", "act.moe.permuted_probs", "act.moe.expert_fc1_output",
-                                "act.moe.expert_act_output") else 1.0
+                                "act.moe.expert_act_output", "act.moe.reorder_indices") else 1.0
         assert skew[name] == pytest.approx(ratio * flat[name], rel=1e-12), name
     # with EP = 1 every expert is local: the GPU's total cannot be imbalanced
     local = ParallelConfig(world_size=64, tp=2, pp=4, ep=1)
@@ -272,9 +272,10 @@ def test_logits_live_on_the_last_stage_split_by_tp():
     first = estimate_stage_memory(model, training, H100, cfg, 0)
     last = estimate_stage_memory(model, training, H100, cfg, 3)
     assert first.logits == 0
-    # 4096 tokens · 32256/4 vocab (32000 padded to a multiple of 128·TP) · (4 fp32 loss copy + 2 bf16 logits)
+    # 4096 tokens · 32256/4 vocab (32000 padded to a multiple of 128·TP) · (3 fp32 copies the executor's
+    # cross-entropy holds: logits, shifted logits, their exp; + 2 bf16 logits)
     assert model.padded_vocab_size(4) == 32256
-    assert last.logits == 4096 * 32256 / 4 * 6
+    assert last.logits == 4096 * 32256 / 4 * (3 * 4 + 2)
 
 
 def test_most_loaded_stage_is_the_max_over_every_stage():
@@ -393,3 +394,29 @@ def test_random_layouts_pick_the_largest_rank_and_details_add_up():
         assert sum(v for _, v in best.details) == pytest.approx(best.total, rel=1e-9)
         assert min(v for _, v in best.details) >= 0
         checked += 1
+
+
+def test_executor_terms_cublas_workspace_reduced_shards_and_gradient_flats():
+    from costmodel.memory import CUBLAS_HANDLES, CUBLAS_WORKSPACE_HOPPER, library_workspace_bytes, peak_memory_bytes
+
+    assert library_workspace_bytes("h100-sxm") == CUBLAS_HANDLES * CUBLAS_WORKSPACE_HOPPER == 64 * 2**20
+    assert library_workspace_bytes("a100-80gb") == 8 * 2**20 and library_workspace_bytes("cpu") == 0
+    model, training = get_model("small-moe"), TrainingSpec(seq_length=1024, global_batch_size=16)
+    cfg = ParallelConfig(world_size=2)
+    b = estimate_memory(model, training, H100, cfg)
+    assert b.detail("allocator.cublas_workspace") == 64 * 2**20
+    assert b.total == pytest.approx(peak_memory_bytes(model, training, H100, cfg))
+    # distributed optimizer: the executor keeps each reduced fp32 gradient shard (4 B per parameter / DP)
+    params = stage_param_counts(model, cfg, 0).total
+    assert b.detail("optimizer.reduced_grad_shards") == pytest.approx(4 * params / 2)
+    # a 2-layer Mixtral on tiny sequences: the gradient reduction, not the backward, sets the peak; with
+    # overlapped reduction every bucket's fp32 flat copy of the main grads is alive at once
+    big = get_model("mixtral-8x7b").with_layers(2)
+    short = TrainingSpec(seq_length=256, global_batch_size=2)
+    one = ParallelConfig(world_size=2, ep=2)
+    m = estimate_memory(big, short, H100, one)
+    local = stage_param_counts(big, one, 0).total
+    assert m.detail("allocator.grad_reduce_peak_excess") > 0
+    dynamic = m.activations + m.logits + m.comm_buffers + m.allocator_overhead - m.detail(
+        "allocator.grad_reduce_peak_excess") - m.detail("allocator.cublas_workspace")
+    assert dynamic + m.detail("allocator.grad_reduce_peak_excess") == pytest.approx(4 * local, rel=1e-9)

@@ -33,7 +33,7 @@ from costmodel.step_time import (
 H100 = get_hardware("h100-sxm")
 A100 = get_hardware("a100-80gb")
 BOTTLENECKS = {"compute", "all-to-all", "tp-comm", "cp-comm", "dp-comm", "pp-bubble", "pp-comm", "memory-bound",
-               "optimizer"}
+               "optimizer", "host-overhead"}
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference.json"  # copy of shared/validation
 
 DENSE = ModelSpec(name="dense-test", num_layers=8, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
@@ -394,3 +394,31 @@ def test_planner_sized_sweep_is_fast():
     print(f"\n{len(configs)} DeepSeek-V3 layouts, cold: {per_call * 1e6:.1f} us per call")
     assert all(r.step_time > 0 for r in results)
     assert per_call < 500e-6
+
+
+def test_host_overhead_floors_an_overhead_bound_layout():
+    from costmodel import host
+
+    model = get_model("small-moe")  # hidden 256: every kernel is tiny, the host sets the pace
+    training = TrainingSpec(seq_length=1024, global_batch_size=16)
+    config = ParallelConfig(world_size=2)
+    b = estimate_step_time(model, training, ClusterSpec(get_hardware("h200"), 2), config)
+    per_op = get_hardware("h200").op_launch_seconds
+    layers = host.layer_host_ops(model, config, True) * model.num_layers
+    per_micro_batch = (layers + host.extras_host_ops(config, True, True)).seconds(
+        per_op, get_hardware("h200").collective_launch_seconds)
+    m = 16 // 2
+    assert b.step_time >= m * per_micro_batch
+    assert b.term("host_overhead") > 0.5 * b.step_time and b.bottleneck == "host-overhead"
+    assert b.step_time == pytest.approx(sum(v for _, v in b.terms))
+    # a measured executor layer replaces the bare-op launch cost: twice the layer, twice the host floor
+    slow = replace(get_hardware("h200"), name="h200-slow-host", moe_layer_host_s=2 * host.MOE_LAYER.ops * per_op)
+    b2 = estimate_step_time(model, training, ClusterSpec(slow, 2), config)
+    assert b2.step_time == pytest.approx(2 * b.step_time, rel=0.05)
+
+
+def test_host_overhead_vanishes_for_a_real_sized_layer():
+    model = get_model("mixtral-8x7b").with_layers(2)
+    b = estimate_step_time(model, TrainingSpec(seq_length=4096, global_batch_size=8), ClusterSpec(H100, 2),
+                           ParallelConfig(world_size=2, ep=2))
+    assert b.term("host_overhead") == 0.0

@@ -1,0 +1,155 @@
+"""Host-side launch work of the eager executor: ops and collectives one layer issues per micro-batch.
+
+A step of an eager PyTorch trainer cannot run faster than its host can issue kernels. For small models
+(hidden of a few hundred) the device finishes each kernel before the host has queued the next, and the
+step time is the host's: ops x seconds per op launch. :func:`stage_host_ops` counts, per micro-batch,
+what one pipeline rank issues forward and backward; :func:`step_host_ops` what it issues once per step
+(gradient reduction, optimizer, zeroing, the step-end statistics). The time model turns them into seconds
+with ``HardwareProfile.op_launch_seconds`` / ``collective_launch_seconds`` (measured by
+``foldtune calibrate``) and takes, per pipeline rank, the larger of device time and host time.
+
+**Where the counts come from.** Measured, not guessed: every aten op dispatched by this project's
+executor (``executor/``) while it runs ``Trainer.forward_backward`` and the step's reduce + optimizer,
+counted with a ``TorchDispatchMode`` on CPU ranks (gloo), bf16, torch 2.13, small-moe cut to 2 and 4
+layers and run with 1 and 2 micro-batches (the differences give per layer, per micro-batch and per step);
+view ops (view, permute, transpose, slice, expand, ...) and metadata queries are not counted because
+they launch no kernel. Collectives are the ``c10d::`` ops of the same count. Counted on 2026-11-26; the
+script is ``tests/executor/test_host_ops.py`` (``measure``), which re-measures and checks these constants.
+
+Known differences on CUDA (not measured here, so not applied): ``F.rms_norm`` is one fused kernel per
+direction where CPU decomposes it (about 10 fewer ops per norm pair), the GQA path repeats K/V
+(+4 ops), the dispatcher's Triton permute replaces a few gathers; the net is within ~15 % of the CPU
+count per layer. The count is of ops, and an op's host cost is what ``op_launch_seconds`` measures (a
+tiny eager op), so Python overhead between ops (module calls, autograd Functions, hooks, the phase
+timer's events) is not in it: a lower bound on the host time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.model_spec import ModelSpec
+from costmodel.parallel_config import ParallelConfig
+
+
+@dataclass(frozen=True)
+class HostOps:
+    """Kernel-launching eager ops and collectives issued on one rank (forward + backward unless stated)."""
+
+    ops: float
+    collectives: float = 0.0
+
+    def __add__(self, other: HostOps) -> HostOps:
+        return HostOps(self.ops + other.ops, self.collectives + other.collectives)
+
+    def __mul__(self, k: float) -> HostOps:
+        return HostOps(self.ops * k, self.collectives * k)
+
+    __rmul__ = __mul__
+
+    def seconds(self, op_launch_s: float, collective_launch_s: float) -> float:
+        """Host seconds to issue these: ops at ``op_launch_s``, collectives at ``collective_launch_s`` each."""
+        return self.ops * op_launch_s + self.collectives * collective_launch_s
+
+
+ZERO = HostOps(0.0)
+
+# ---- per layer, per micro-batch, forward + backward (bf16, torch 2.13 executor; see module docstring) ----
+# An MoE layer on one rank (tp = cp = ep = etp = 1, alltoall dispatcher): norms, Q/K/V/O projections,
+# RoPE, SDPA, router (linear, softmax, top-k, counts, aux loss), permute, three grouped GEMMs, SwiGLU,
+# unpermute, residuals, and the fp32 main-grad accumulation of its 10 parameters in backward.
+MOE_LAYER = HostOps(162.0)
+# A dense layer on one rank: the same attention half plus an unsharded SwiGLU MLP.
+DENSE_LAYER = HostOps(126.0)
+# Shared experts added to an MoE layer (a SwiGLU MLP on the layer's tokens).
+SHARED_EXPERTS = HostOps(20.0)
+# TP > 1 with SP, per TP block (attention; the dense MLP; the shared experts): enter/leave TP around it
+# (all-gather / reduce-scatter forward, their mirrors backward).
+TP_PER_BLOCK = HostOps(6.0, 4.0)
+# CP > 1: all-gather of K and V (reduce-scatter of their gradients), the causal-mask attention path.
+CP_PER_LAYER = HostOps(15.0, 4.0)
+# alltoall dispatcher with EP > 1: counts all-to-all, dispatch and combine all-to-alls (and backward),
+# the (source, expert) chunk reordering and its inverse.
+EP_ALLTOALL = HostOps(31.0, 5.0)
+# ETP > 1 under the alltoall dispatcher: count all-gather, uneven all-gather / reduce-scatter of rows.
+ETP_ALLTOALL = HostOps(46.0, 5.0)
+# allgather dispatcher over TP·EP > 1: all-gather of tokens, probabilities and expert ids, the local
+# selection, the reduce-scatter of the output (and backward).
+ALLGATHER_DISPATCH = HostOps(27.0, 7.0)
+# Forward ops a layer re-runs under full recomputation (its forward again, plus the checkpoint wrapper).
+FULL_RECOMPUTE_MOE = HostOps(63.0)
+FULL_RECOMPUTE_DENSE = HostOps(50.0)
+# Forward ops re-run per selectively recomputed module of one layer.
+SELECTIVE_RECOMPUTE = {"core_attn": HostOps(1.0), "layernorm": HostOps(14.0), "moe_act": HostOps(1.0),
+                       "moe": HostOps(25.0), "mlp": HostOps(0.0), "shared_experts": HostOps(4.0)}
+
+# ---- per micro-batch, outside the decoder layers -----------------------------------------------------
+EMBEDDING = HostOps(4.0)  # first stage: lookup and its backward
+HEAD = HostOps(65.0)  # last stage: final norm, logits, fp32 vocab cross-entropy, loss scaling
+TP_HEAD = HostOps(17.0, 8.0)  # extra of the embedding + head with TP > 1 (vocab-parallel collectives)
+PP_BOUNDARY = HostOps(7.0, 2.0)  # one chunk boundary per micro-batch: activations one way, gradients back
+
+# ---- once per step -----------------------------------------------------------------------------------
+STEP_FIXED = HostOps(27.0, 5.0)  # step-end loss/count statistics, zero-grad bookkeeping
+OPTIMIZER_PER_LAYER = HostOps(10.0)  # reduce + Adam + write-back ops per layer's parameters
+ZERO_GRAD_PER_LAYER = HostOps(10.0)  # zeroing each parameter's fp32 main gradient
+
+
+def seconds_per_op(hardware) -> float:
+    """Host seconds per counted op on ``hardware`` (a HardwareProfile): the measured executor MoE layer
+    divided by its counted ops when calibration measured one (it includes the executor's Python between
+    ops), else the measured (or default) bare eager-op launch."""
+    if hardware.moe_layer_host_s:
+        return hardware.moe_layer_host_s / MOE_LAYER.ops
+    return hardware.op_launch_seconds
+
+
+def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostOps:
+    """Ops and collectives of one decoder layer per micro-batch (forward + backward, recomputation incl.)."""
+    out = MOE_LAYER if moe else DENSE_LAYER
+    if moe and model.shared_expert_ffn_hidden_size:
+        out = out + SHARED_EXPERTS
+    if config.tp > 1:
+        blocks = 1 + (0 if moe else 1) + (1 if moe and model.shared_expert_ffn_hidden_size else 0)
+        out = out + TP_PER_BLOCK * blocks
+    if config.cp > 1:
+        out = out + CP_PER_LAYER
+    if moe:
+        if config.moe_token_dispatcher_type == "allgather":
+            if config.tp * config.ep * config.etp > 1:
+                out = out + ALLGATHER_DISPATCH
+        else:
+            if config.ep > 1:
+                out = out + EP_ALLTOALL
+            if config.etp > 1:
+                out = out + ETP_ALLTOALL
+    if config.recompute_granularity == "selective":
+        for module in config.recompute_modules:
+            out = out + SELECTIVE_RECOMPUTE.get(module, ZERO)
+    return out
+
+
+def full_recompute_ops(moe: bool) -> HostOps:
+    """Ops one fully recomputed layer adds per micro-batch."""
+    return FULL_RECOMPUTE_MOE if moe else FULL_RECOMPUTE_DENSE
+
+
+def extras_host_ops(config: ParallelConfig, first: bool, last: bool) -> HostOps:
+    """Ops per micro-batch a pipeline rank adds besides its layers (embedding, head, stage boundaries)."""
+    out = ZERO
+    if first:
+        out = out + EMBEDDING
+    if last:
+        out = out + HEAD
+    if config.tp > 1 and (first or last):
+        out = out + TP_HEAD
+    if config.pp > 1:
+        # every virtual chunk boundary this rank crosses: receive on entry, send on exit (first/last less)
+        boundaries = 2 * config.vpp - (1 if first else 0) - (1 if last else 0)
+        out = out + PP_BOUNDARY * boundaries
+    return out
+
+
+def step_host_ops(num_layers: int) -> HostOps:
+    """Ops once per step on a rank holding ``num_layers`` decoder layers (reduce, optimizer, zero-grad)."""
+    return STEP_FIXED + (OPTIMIZER_PER_LAYER + ZERO_GRAD_PER_LAYER) * num_layers
