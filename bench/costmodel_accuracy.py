@@ -172,25 +172,24 @@ def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
     return merged
 
 
-def main() -> int:
+def compare(model, training, cluster, table_rows: list[dict]) -> tuple[list[dict], dict]:
+    """Predict every measured layout of ``table_rows`` on ``cluster``; (rows, summary)."""
     from costmodel.estimate import estimate
     from costmodel.parallel_config import ParallelConfig
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_arguments(parser)
-    args = parser.parse_args()
-    model, training, cluster = specs(args)
-    table = load_or_measure(args, model, training, cluster)
-    rows = []
-    for r in table["rows"]:
-        if not r["ok"]:
-            continue
+    rows, failed = [], []
+    for r in table_rows:
         e = estimate(model, training, cluster, ParallelConfig.from_dict(r["config"]))
+        if not r["ok"]:  # kept for the k-trial replay: the search may have tried it and met its failure
+            failed.append({"layout": r["layout"], "predicted_s": e.time.step_time, "predicted_terms": e.time.terms,
+                           "predicted_memory_bytes": e.memory.total,
+                           "oom": "out of memory" in (r.get("failure_reason") or "")})
+            continue
         terms = dict(e.time.terms)
         row = {"layout": r["layout"], "measured_s": r["step_time"], "predicted_s": e.time.step_time,
                "error": (e.time.step_time - r["step_time"]) / r["step_time"],
                "predicted_memory_bytes": e.memory.total, "measured_peak_bytes": r.get("peak_allocated_bytes"),
-               "terms": {}}
+               "predicted_terms": e.time.terms, "terms": {}}
         if row["measured_peak_bytes"]:
             row["memory_error"] = (e.memory.total - row["measured_peak_bytes"]) / row["measured_peak_bytes"]
         for name, (model_terms, phases) in TERM_PHASES.items():
@@ -199,12 +198,15 @@ def main() -> int:
             if pred > 0 and meas > 0:
                 row["terms"][name] = {"predicted_s": pred, "measured_s": meas, "error": (pred - meas) / meas}
         rows.append(row)
-    if len(rows) < 2:
-        print("fewer than two measured layouts: nothing to compare", file=sys.stderr)
-        return 1
+    summary = summarize(rows, len(failed))
+    summary["failed_rows"] = failed
+    return rows, summary
+
+
+def summarize(rows: list[dict], failed: int = 0) -> dict:
+    """MAPE, max, signed error and Spearman of step time; memory errors; per-term errors and shares."""
     errors = [abs(r["error"]) for r in rows]
-    summary = {"layouts": len(rows), "failed": sum(not r["ok"] for r in table["rows"]),
-               "mape": statistics.fmean(errors), "max_error": max(errors),
+    summary = {"layouts": len(rows), "failed": failed, "mape": statistics.fmean(errors), "max_error": max(errors),
                "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
                "mean_signed_error": statistics.fmean(r["error"] for r in rows)}
     mem = [r["memory_error"] for r in rows if "memory_error" in r]
@@ -213,12 +215,83 @@ def main() -> int:
                        memory_worst_under=min(mem))
     per_term = {}
     for name in TERM_PHASES:
-        errs = [r["terms"][name]["error"] for r in rows if name in r["terms"]]
+        errs = [r["terms"][name]["error"] for r in rows if name in r.get("terms", {})]
         if errs:
             per_term[name] = {"layouts": len(errs), "mape": statistics.fmean(abs(x) for x in errs),
                               "mean_signed_error": statistics.fmean(errs)}
     summary["per_term"] = per_term
+    # every model term's share of the predicted steps (summed over layouts), for the per-term table
+    totals: dict[str, float] = {}
+    for r in rows:
+        for name, seconds in r.get("predicted_terms", ()):
+            totals[name] = totals.get(name, 0.0) + seconds
+    predicted = sum(r["predicted_s"] for r in rows) or 1.0
+    summary["term_shares"] = {name: seconds / predicted for name, seconds in totals.items() if seconds > 0}
+    return summary
+
+
+def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int) -> dict | None:
+    """Held-out error after calibrating on ``k`` trials, picked as the search would pick them.
+
+    The search measures the cost model's top-ranked layouts first: the ``k`` lowest predicted step times
+    among all layouts of the table, failed ones included (a failed trial that ran out of memory is an OOM
+    observation, any other failure teaches the calibration nothing). planner.calibration fits its
+    multipliers on those; MAPE, Spearman and memory errors are over the remaining measured layouts only,
+    never over the ones the fit saw.
+    """
+    from planner.calibration import Observation, fit_calibration
+
+    ranked = sorted([*rows, *failed], key=lambda r: r["predicted_s"])
+    tried, rest = ranked[:k], [r for r in ranked[k:] if "measured_s" in r]
+    if len(rest) < 2:
+        return None
+    observations = [Observation(r["predicted_terms"], r["predicted_memory_bytes"], None, None, True, capacity_bytes)
+                    if r.get("oom") else
+                    Observation(r["predicted_terms"], r["predicted_memory_bytes"], r["measured_s"],
+                                r["measured_peak_bytes"], False, capacity_bytes)
+                    for r in tried if "measured_s" in r or r.get("oom")]
+    calibration = fit_calibration(observations)
+    held = []
+    for r in rest:
+        predicted = calibration.step_time(r["predicted_terms"])
+        row = {"layout": r["layout"], "measured_s": r["measured_s"], "predicted_s": predicted,
+               "error": (predicted - r["measured_s"]) / r["measured_s"]}
+        if r.get("measured_peak_bytes"):
+            mem = calibration.memory(r["predicted_memory_bytes"])
+            row["memory_error"] = (mem - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
+        held.append(row)
+    out = summarize(held)
+    out.pop("term_shares")
+    out.pop("per_term")
+    out.update(k=k, fitted_on=[r["layout"] for r in tried], calibration=calibration.to_dict())
+    return out
+
+
+def main() -> int:
+    from costmodel.catalog import get_hardware
+    from costmodel.hardware import ClusterSpec
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    model, training, cluster = specs(args)
+    table = load_or_measure(args, model, training, cluster)
+    rows, summary = compare(model, training, cluster, table["rows"])
+    if len(rows) < 2:
+        print("fewer than two measured layouts: nothing to compare", file=sys.stderr)
+        return 1
+    mem = "memory_mape" in summary
+    if args.profile:  # the same table priced with the datasheet entry the profile was calibrated from
+        _, datasheet = compare(model, training, ClusterSpec(get_hardware(args.gpu), cluster.num_gpus), table["rows"])
+        datasheet.pop("term_shares")
+        datasheet.pop("failed_rows")
+        summary["datasheet"] = {"hardware_profile": args.gpu, **datasheet}
+    failed = summary.pop("failed_rows")
+    summary["k_trial"] = {str(k): s for k in (3, 5)
+                          if (s := k_trial(rows, failed, cluster.usable_hbm_bytes, k)) is not None}
     hardware = cluster.hardware
+    for r in rows:
+        r["predicted_terms"] = dict(r["predicted_terms"])
     result = {"summary": summary, "rows": rows, "hardware_profile": hardware.name, "profile_source": hardware.source,
               "device": table["device"], "measured_at": table["measured_at"], "evaluated_at": utc_now(),
               "command": " ".join(sys.argv), "model": model.name, "world_size": cluster.num_gpus}
@@ -228,9 +301,20 @@ def main() -> int:
                      Path(args.results_dir))
     for r in sorted(rows, key=lambda r: r["measured_s"]):
         print(f"{r['layout']:<64} measured {r['measured_s'] * 1e3:8.2f} ms  predicted {r['predicted_s'] * 1e3:8.2f} ms"
-              f"  {r['error']:+7.1%}")
-    print(f"{summary['layouts']} layouts: step-time MAPE {summary['mape']:.1%}, max {summary['max_error']:.1%}, "
-          f"Spearman {summary['spearman']:.3f}" + (f"; memory MAPE {summary['memory_mape']:.1%}" if mem else ""))
+              f"  {r['error']:+7.1%}" + (f"  memory {r['memory_error']:+6.1%}" if "memory_error" in r else ""))
+    print(f"{summary['layouts']} layouts, profile {hardware.name}: step-time MAPE {summary['mape']:.1%}, "
+          f"max {summary['max_error']:.1%}, Spearman {summary['spearman']:.3f}"
+          + (f"; memory MAPE {summary['memory_mape']:.1%}, worst under {summary['memory_worst_under']:+.1%}"
+             if mem else ""))
+    if "datasheet" in summary:
+        d = summary["datasheet"]
+        print(f"  datasheet {args.gpu}: step-time MAPE {d['mape']:.1%}, Spearman {d['spearman']:.3f}")
+    for k, s in summary["k_trial"].items():
+        print(f"  {k}-trial calibrated (held out {s['layouts']}): step-time MAPE {s['mape']:.1%}, "
+              f"Spearman {s['spearman']:.3f}" + (f", memory MAPE {s['memory_mape']:.1%}, worst under "
+                                                  f"{s['memory_worst_under']:+.1%}" if "memory_mape" in s else ""))
+    print("  predicted share of the step per term: " + ", ".join(
+        f"{name} {share:.0%}" for name, share in sorted(summary["term_shares"].items(), key=lambda kv: -kv[1])))
     print(f"results: {path}")
     if not args.no_write:
         replace_section(heading(cpu, model.name, cluster.num_gpus, hardware.name), doc_section(result, cpu))
@@ -257,6 +341,21 @@ def doc_section(result: dict, cpu: bool) -> str:
               f"| {s['layouts']} | {s['mape']:.1%} | {s['max_error']:.1%} | {s['mean_signed_error']:+.1%} | "
               f"{s['spearman']:.3f} |" + (f" {s['memory_mape']:.1%} | {s['memory_worst_under']:+.1%} |"
                                           if "memory_mape" in s else "")]
+    extra = [("datasheet profile `" + s["datasheet"]["hardware_profile"] + "`", s["datasheet"])] \
+        if "datasheet" in s else []
+    extra += [(f"{k}-trial calibrated, held out", t) for k, t in s.get("k_trial", {}).items()]
+    if extra:
+        lines += ["", "Other predictions of the same table (k-trial: planner.calibration fitted on the k layouts the "
+                  "model ranks fastest, errors over the other layouts only):", "",
+                  "| prediction | layouts | step-time MAPE | max error | Spearman | memory MAPE | worst memory under |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {label} | {t['layouts']} | {t['mape']:.1%} | {t['max_error']:.1%} | {t['spearman']:.3f} | "
+                  + (f"{t['memory_mape']:.1%} | {t['memory_worst_under']:+.1%} |" if "memory_mape" in t else "— | — |")
+                  for label, t in extra]
+    if s.get("term_shares"):
+        lines += ["", "Predicted share of the step per term (summed over the layouts): "
+                  + ", ".join(f"{name} {share:.1%}" for name, share in
+                              sorted(s["term_shares"].items(), key=lambda kv: -kv[1])) + "."]
     if s["per_term"]:
         lines += ["", "Per term, where the executor times the same work as a phase:", "",
                   "| term | layouts | MAPE | mean signed error |", "| --- | ---: | ---: | ---: |"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from costmodel.hardware import GIB, ClusterSpec
+from costmodel.host import seconds_per_op
 from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
 from costmodel.rank_groups import group_stride_span
@@ -83,8 +84,8 @@ def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cl
         extra = "" if c.recompute_granularity == "none" else f", recompute {c.recompute_granularity}"
         return f"MFU {time.mfu:.0%}{extra}"
     if bottleneck == "host-overhead":
-        return (f"the host issues kernels slower than the GPU runs them ({cluster.hardware.op_launch_seconds * 1e6:.1f} "
-                f"us per op launch), mbs {c.micro_batch_size}")
+        return (f"the host issues kernels slower than the GPU runs them ({seconds_per_op(cluster.hardware) * 1e6:.1f} "
+                f"us per op), mbs {c.micro_batch_size}")
     if bottleneck == "optimizer":
         return "distributed optimizer" if c.use_distributed_optimizer else "no distributed optimizer"
     return (f"norms, activations, permutation and loss at {cluster.gpu.hbm_bandwidth / 1e12:.2f} TB/s HBM, "
