@@ -102,6 +102,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cp-min-chunk", type=int, default=128, help="smallest CP chunk in tokens (default: 128)")
     parser.add_argument("--table", help="replay a stored layout table (JSON; several shards: comma-separated) "
                                         "instead of measuring")
+    parser.add_argument("--redo", metavar="TABLE[,TABLE]", help="measure only the layouts that failed in these "
+                                                              "stored tables (replay them with --table old,new)")
     parser.add_argument("--shard", metavar="I/N", help="measure only every N-th layout from the I-th (0-based), "
                                                        "e.g. two GPU pairs of one machine measure 0/2 and 1/2")
     parser.add_argument("--warmup", type=int, default=1)
@@ -120,6 +122,10 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
     if args.max_layouts and args.max_layouts < total:
         configs = diverse_subset(configs, args.max_layouts)
     chosen = len(configs)
+    if args.redo:  # only the layouts that failed in stored tables (e.g. a bug since fixed); merge with --table
+        failed = {row["layout"] for p in args.redo.split(",") for row in json.loads(Path(p).read_text())["rows"]
+                  if not row["ok"]}
+        configs = [c for c in configs if c.label() in failed]
     shard, shards = parse_shard(args.shard)
     configs = configs[shard::shards]  # machines with spare GPUs measure several shards at once
     print(f"{total} executable layouts of {model.name} on {cluster.num_gpus} ranks; measuring "
@@ -131,7 +137,7 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
              "training": training.to_dict(), "world_size": cluster.num_gpus, "device": machine(),
              "measured_at": started, "command": " ".join(sys.argv), "rows": []}
     suffix = f"-shard{shard}of{shards}" if shards > 1 else ""
-    name = f"layout_table-{model.name}-{cluster.num_gpus}-{started[:10]}-{'cpu' if use_cpu else 'gpu'}{suffix}.json"
+    name = f"layout_table-{model.name.replace('@', '-')}-{cluster.num_gpus}-{started[:10]}-{'cpu' if use_cpu else 'gpu'}{suffix}.json"
 
     def keep(row: dict) -> None:  # saved after every layout: a run stopped midway keeps what it measured
         table["rows"].append(row)
@@ -166,7 +172,11 @@ def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
         if t.get("world_size") != tables[0].get("world_size"):
             raise SystemExit(f"{source}: shards of different world sizes {[x.get('world_size') for x in tables]}")
     merged = dict(tables[0])
-    merged["rows"] = [row for t in tables for row in t["rows"]]
+    rows: dict[str, dict] = {}
+    for row in (row for t in tables for row in t["rows"]):  # a later measurement of a layout wins, unless failed
+        if row["ok"] or row["layout"] not in rows:
+            rows[row["layout"]] = row
+    merged["rows"] = list(rows.values())
     if len(tables) > 1:
         merged["measured_at"] = " and ".join(t.get("measured_at", "?") for t in tables)
     return merged
@@ -297,7 +307,7 @@ def main() -> int:
               "command": " ".join(sys.argv), "model": model.name, "world_size": cluster.num_gpus}
     cpu = "CPU" in table["device"]
     stamp = table["measured_at"][:10] + ("-cpu" if cpu else "-gpu")
-    path = save_json(result, f"costmodel_accuracy-{model.name}-{cluster.num_gpus}-{hardware.name}-{stamp}.json",
+    path = save_json(result, f"costmodel_accuracy-{model.name.replace('@', '-')}-{cluster.num_gpus}-{hardware.name}-{stamp}.json",
                      Path(args.results_dir))
     for r in sorted(rows, key=lambda r: r["measured_s"]):
         print(f"{r['layout']:<64} measured {r['measured_s'] * 1e3:8.2f} ms  predicted {r['predicted_s'] * 1e3:8.2f} ms"

@@ -66,6 +66,15 @@ for p in "$@"; do
       table 2 0,1 "${x[@]}" --shard 0/2 > "$OUT/t0.log" 2>&1 & t0=$!
       table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
       wait $t0; rc=$?; cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"; rc=$((rc + rc1)) ;;
+    redo)  # re-measure the failed layouts of stored tables: REDO4 (4 GPUs), REDO2 (2 GPUs, on both GPU pairs)
+      [ -n "${REDO4:-}" ] && { table 4 "" --mbs-max 2 --recompute none,full --dispatchers alltoall,allgather \
+                                 --redo "$REDO4"; rc=$?; }
+      if [ -n "${REDO2:-}" ]; then
+        x=(--mbs-max 2 --recompute none,full --dispatchers alltoall --redo "$REDO2")
+        table 2 0,1 "${x[@]}" --shard 0/2 > "$OUT/t0.log" 2>&1 & t0=$!
+        table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
+        wait $t0; rc=$((rc + $? + rc1)); cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"
+      fi ;;
     tables12)
       table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
       table 1 $((NGPU - 1)) > "$OUT/table1.log" 2>&1; rc1=$?
