@@ -74,6 +74,9 @@ def _child(rank: int, world_size: int, port: int, backend: str, threads: int, ou
     finally:
         if code == 0 and dist.is_initialized():
             with contextlib.suppress(RuntimeError):  # the result is saved; a teardown hiccup must not fail it
+                # rank 0 hosts the rendezvous store: leaving together keeps the others' NCCL watchdogs from
+                # polling a store that is gone (pages of TCPStore warnings, no harm otherwise)
+                dist.barrier()
                 dist.destroy_process_group()
     os._exit(code)  # skip atexit handlers that could block on a dead peer
 
