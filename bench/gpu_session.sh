@@ -12,6 +12,9 @@
 #              measured at once on GPU pairs 0,1 and 2,3
 #   tune       a tuning job of byte-moe-650m through Ray over all GPUs (foldtune tune)
 #   train      foldtune train --job <the tune job> on real text for TRAIN_STEPS steps
+#   redo       re-measure the failed layouts of stored tables (REDO4, REDO2: comma lists of table files)
+#   last3      at once: executor bench on GPUs 0,1 (EXEC_PARTS), component calibration of the Mixtral
+#              proxy on GPU 2, table1 on GPU 3
 #   executor   bench/executor_gpu.py (MoE layer / stack / EP2 parts) on GPU 0 (and 1)
 # Environment: TRAIN_STEPS (default 1200), TABLE_LAYOUTS (default 24), TRAIN_TIMEOUT (s, default 240).
 set -uo pipefail
@@ -75,6 +78,16 @@ for p in "$@"; do
         table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
         wait $t0; rc=$((rc + $? + rc1)); cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"
       fi ;;
+    last3)  # a 4-GPU machine's last call: executor bench (GPUs 0,1) | component calibration (2) | table1 (3)
+      CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
+        --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!
+      ( for mbs in 1 2; do CUDA_VISIBLE_DEVICES=2 timeout 200 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 1 \
+          --quick --model mixtral-8x7b --layers 2 --seq 4096 --mbs $mbs --out "$RES/$GPU-components-mbs$mbs.json"; done
+      ) > "$OUT/comp.log" 2>&1 & comp=$!
+      table 1 3 > "$OUT/t1.log" 2>&1; rc=$?
+      wait $comp; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
+      for f in ex comp t1; do echo "---- $f"; grep -v "TensorLikePair\|^ *\[\|^ *tensor\|device='cuda" "$OUT/$f.log"; done
+      rm -f "$OUT/ex.log" "$OUT/comp.log" "$OUT/t1.log" ;;
     tables12)
       table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
       table 1 $((NGPU - 1)) > "$OUT/table1.log" 2>&1; rc1=$?
