@@ -86,7 +86,7 @@ for p in "$@"; do
       ) > "$OUT/comp.log" 2>&1 & comp=$!
       table 1 3 > "$OUT/t1.log" 2>&1; rc=$?
       wait $comp; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
-      for f in ex comp t1; do echo "---- $f"; grep -v "TensorLikePair\|^ *\[\|^ *tensor\|device='cuda" "$OUT/$f.log"; done
+      for f in ex comp t1; do echo "---- $f"; grep -v -E "TensorLikePair|^\s+\[\[?-?[0-9]|^\s+tensor\(|device='cuda" "$OUT/$f.log"; done
       rm -f "$OUT/ex.log" "$OUT/comp.log" "$OUT/t1.log" ;;
     tables12)
       table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
