@@ -159,7 +159,7 @@ def main() -> int:
               "predicted_best": min(candidates, key=lambda c: c.predicted_step_time).config.label(),
               "measured_best": min(table.values(), key=lambda r: r["median"])["layout"]}
     stamp = stored["measured_at"][:10] + ("-cpu" if cpu else "-gpu")
-    path = save_json(result, f"search_regret-{model.name}-{cluster.num_gpus}-{cluster.hardware.name}-{stamp}.json",
+    path = save_json(result, f"search_regret-{model.name.replace('@', '-')}-{cluster.num_gpus}-{cluster.hardware.name}-{stamp}.json",
                      Path(args.results_dir))
     print(f"results: {path}")
     if not args.no_write:
