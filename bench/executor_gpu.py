@@ -15,13 +15,14 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
             SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
             random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
             (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
-            FOLDTUNE_FUSED_ROUTER=0 FOLDTUNE_FUSED_PERMUTE=0 (the torch paths), for an A/B per stage
+            FOLDTUNE_FUSED_ROUTER/PERMUTE/SWIGLU=0 (the torch paths), for an A/B per stage
 Usage: python bench/executor_gpu.py [--parts gemm,moe,stack,check,ep2] [--layers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -55,6 +56,24 @@ BF16 = torch.bfloat16
 def timeit(fn, warmup: int = 3, iters: int = 10) -> float:
     """Median seconds of ``fn`` over ``iters`` runs timed with CUDA events, after ``warmup`` runs."""
     return wall_seconds(fn, DEV, warmup, iters)
+
+
+FUSED_SWITCHES = ("FOLDTUNE_FUSED_PERMUTE", "FOLDTUNE_FUSED_ROUTER", "FOLDTUNE_FUSED_SWIGLU")
+
+
+@contextlib.contextmanager
+def torch_paths():
+    """Inside: the torch router, permutation and SwiGLU paths instead of the fused Triton kernels (A/B)."""
+    saved = {name: os.environ.get(name) for name in FUSED_SWITCHES}
+    os.environ.update({name: "0" for name in FUSED_SWITCHES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def part_gemm() -> dict:
@@ -293,11 +312,9 @@ def main() -> int:
     if "fused" in parts:
         run("fused_check", part_fused_check)
     if "unfused" in parts:  # A/B: the torch router and permutation paths
-        os.environ["FOLDTUNE_FUSED_PERMUTE"] = os.environ["FOLDTUNE_FUSED_ROUTER"] = "0"
-        run("moe_mixtral_unfused", part_moe, 4096, 14336, 8, 2)
-        run("moe_finegrained_unfused", part_moe, 2048, 768, 128, 8)
-        os.environ.pop("FOLDTUNE_FUSED_PERMUTE")
-        os.environ.pop("FOLDTUNE_FUSED_ROUTER")
+        with torch_paths():
+            run("moe_mixtral_unfused", part_moe, 4096, 14336, 8, 2)
+            run("moe_finegrained_unfused", part_moe, 2048, 768, 128, 8)
     if "moe" in parts:
         run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
         run("moe_finegrained", part_moe, 2048, 768, 128, 8)
@@ -305,11 +322,9 @@ def main() -> int:
         run("moe_breakdown_mixtral", part_moe_breakdown, 4096, 14336, 8, 2)
         run("moe_breakdown_finegrained", part_moe_breakdown, 2048, 768, 128, 8)
     if "moe_breakdown_unfused" in parts:  # the same stages on the torch router and permutation paths
-        os.environ["FOLDTUNE_FUSED_PERMUTE"] = os.environ["FOLDTUNE_FUSED_ROUTER"] = "0"
-        run("moe_breakdown_mixtral_unfused", part_moe_breakdown, 4096, 14336, 8, 2)
-        run("moe_breakdown_finegrained_unfused", part_moe_breakdown, 2048, 768, 128, 8)
-        os.environ.pop("FOLDTUNE_FUSED_PERMUTE")
-        os.environ.pop("FOLDTUNE_FUSED_ROUTER")
+        with torch_paths():
+            run("moe_breakdown_mixtral_unfused", part_moe_breakdown, 4096, 14336, 8, 2)
+            run("moe_breakdown_finegrained_unfused", part_moe_breakdown, 2048, 768, 128, 8)
     if "router" in parts:
         run("router_gemm", part_router_gemm)
     if "trace" in parts:

@@ -292,9 +292,10 @@ def stage_device_seconds(staged: StagedLayer, dev: torch.device) -> tuple[dict[s
 
 def fused_paths() -> dict[str, bool]:
     """Which fused Triton paths passed their one-time self-check in this process (key → on)."""
-    from executor.kernels import triton_permute, triton_router
+    from executor.kernels import triton_permute, triton_router, triton_swiglu
 
-    return {str(key): ok for cache in (triton_router._CHECKED, triton_permute._CHECKED) for key, ok in cache.items()}
+    caches = (triton_router._CHECKED, triton_permute._CHECKED, triton_swiglu._CHECKED)
+    return {str(key): ok for cache in caches for key, ok in cache.items()}
 
 
 def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from costmodel.model_spec import ModelSpec
 from executor import recompute
 from executor.dispatcher import make_dispatcher
+from executor.kernels import triton_swiglu as fused_act
 from executor.kernels.base import KernelBackend
 from executor.mlp import SwiGLUMLP
 from executor.options import ExecutorOptions
@@ -22,6 +23,8 @@ from executor.timing import NULL_TIMER, PhaseTimer
 
 
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if fused_act.available(gate) and fused_act.swiglu_checked(gate.dtype, gate.device):
+        return fused_act.swiglu(gate, up)  # one read of gate and up, no [rows, ffn] temporary
     return F.silu(gate) * up
 
 

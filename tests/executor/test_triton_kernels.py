@@ -1,4 +1,4 @@
-"""The Triton MoE kernels (router top-k, counting sort, permute, combine) against the torch path, on CPU
+"""The Triton MoE kernels (router top-k, counting sort, permute, combine, SwiGLU) against the torch path, on CPU
 through Triton's interpreter. Skipped where Triton is not installed; on the GPU machine
 bench/executor_gpu.py --parts fused checks the compiled kernels.
 
@@ -111,7 +111,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
 
     from costmodel.catalog import get_model
     from executor.kernels import get_backend
-    from executor.kernels import triton_permute, triton_router
+    from executor.kernels import triton_permute, triton_router, triton_swiglu
     from executor.moe import MoELayer
     from executor.options import ExecutorOptions
     from executor.parallel.groups import single_process_state
@@ -121,7 +121,8 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
     options = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
     calls = []
     for module, name in ((triton_router, "topk_forward"), (triton_router, "topk_backward"),
-                         (triton_permute, "sort_slots"), (triton_permute, "permute"), (triton_permute, "combine")):
+                         (triton_permute, "sort_slots"), (triton_permute, "permute"), (triton_permute, "combine"),
+                         (triton_swiglu, "swiglu")):
         def counted(*a, _fn=getattr(module, name), _name=name):
             calls.append(_name)
             return _fn(*a)
@@ -130,6 +131,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
     for use_fused in (False, True):
         monkeypatch.setattr(triton_router, "available", lambda t, on=use_fused: on)
         monkeypatch.setattr(triton_permute, "available", lambda t, on=use_fused: on)
+        monkeypatch.setattr(triton_swiglu, "available", lambda t, on=use_fused: on)
         torch.manual_seed(0)
         layer = MoELayer(spec, options, single_process_state(), 0, get_backend("torch"), torch.device("cpu"),
                          torch.float32)
@@ -138,7 +140,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
         (y.square().sum() + loss).backward()
         results.append([y, loss, x.grad, layer.router.weight.grad, layer.experts.w1.grad, layer.experts.w2.grad,
                         layer.last_tokens_per_expert])
-    assert sorted(set(calls)) == ["combine", "permute", "sort_slots", "topk_backward", "topk_forward"]
+    assert sorted(set(calls)) == ["combine", "permute", "sort_slots", "swiglu", "topk_backward", "topk_forward"]
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -159,3 +161,20 @@ def test_self_checks_pass_on_good_kernels_and_turn_a_failing_kernel_off():
     with pytest.warns(UserWarning, match="does not compile"):
         assert triton_permute.checked_once(cache, ("x",), broken, "a kernel") is False
     assert triton_permute.checked_once(cache, ("x",), lambda *_: None, "a kernel") is False  # cached: once
+
+
+@inner_only
+def test_fused_swiglu_matches_torch_and_is_used_by_the_experts(monkeypatch):
+    from executor import moe
+    from executor.kernels import triton_swiglu
+
+    triton_swiglu._check_against_torch(torch.float32, "cpu")
+    gate, up = torch.randn(5, 1000, requires_grad=True), torch.randn(5, 1000, requires_grad=True)  # > one block
+    g = torch.randn(5, 1000)
+    monkeypatch.setattr(triton_swiglu, "available", lambda t: True)
+    fused = moe._swiglu(gate, up)
+    assert fused.grad_fn is not None and "SwiGLU" in type(fused.grad_fn).__name__
+    ref = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(fused, ref)
+    for a, b in zip(torch.autograd.grad(fused, (gate, up), g), torch.autograd.grad(ref, (gate, up), g)):
+        torch.testing.assert_close(a, b)
