@@ -120,10 +120,29 @@ def combine(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec
 
 
 def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate:
-    """Memory (bytes per GPU, most-loaded stage) and step time (seconds) of ``config``, with its limiter."""
+    """Memory (bytes per GPU, most-loaded stage) and step time (seconds) of ``config``, with its limiter.
+
+    The step time carries the profile's component factors for this model shape, when it has some.
+    """
     from costmodel.memory import estimate_memory
     from costmodel.step_time import estimate_step_time
 
     memory = estimate_memory(model, training, cluster, config)
-    time = estimate_step_time(model, training, cluster, config)
+    time = estimate_step_time(model, training, cluster, config, corrections=component_corrections(model, training,
+                                                                                                  cluster))
     return combine(config, training, cluster, memory, time)
+
+
+def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> StepTimeBreakdown:
+    """``estimate_step_time`` with the profile's component factors for this model shape (the planner's time
+    function: same signature, picklable)."""
+    from costmodel.step_time import estimate_step_time
+
+    return estimate_step_time(model, training, cluster, config,
+                              corrections=component_corrections(model, training, cluster))
+
+
+def component_corrections(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> dict[str, float] | None:
+    """Per-term factors (measured / predicted) the profile holds for this model's executor components at
+    this sequence length, or the nearest one measured (``foldtune calibrate --model``); None without."""
+    return cluster.hardware.component_corrections(model.name, training.seq_length)

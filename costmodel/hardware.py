@@ -118,10 +118,16 @@ class HardwareProfile:
     op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
+    # '<model name>@seq<S>' -> ((term, measured/predicted), ...): executor components timed at that shape
+    component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.collective_efficiency, dict):
             object.__setattr__(self, "collective_efficiency", tuple(sorted(self.collective_efficiency.items())))
+        if isinstance(self.component_factors, dict):  # kept as sorted tuples: the profile must stay hashable
+            object.__setattr__(self, "component_factors", tuple(sorted(
+                (str(k), tuple(sorted((str(t), float(f)) for t, f in dict(v).items())))
+                for k, v in self.component_factors.items())))
         p: list[str] = []
         positive_ints(p, self, ("gpus_per_node",))
         for name in ("intra_node_bandwidth", "inter_node_bandwidth"):
@@ -132,7 +138,28 @@ class HardwareProfile:
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number of seconds > 0, got {value}")
+        require(p, all(math.isfinite(f) and f > 0 for _, v in self.component_factors for _, f in v),
+                "component_factors must be finite numbers > 0")
         raise_if(p, f"hardware profile {self.name!r}")
+
+    def component_corrections(self, model_name: str, seq_length: int) -> dict[str, float] | None:
+        """Term factors measured for ``model_name`` at ``seq_length`` (``foldtune calibrate --model``), else
+        those of the nearest measured sequence length of the same model, else (for a proxy 'NAME@<n>L' or
+        the full model) of the nearest sequence length of any entry of the same base model; None if none."""
+        if not self.component_factors:
+            return None
+
+        def split(key: str) -> tuple[str, int]:
+            name, _, seq = key.rpartition("@seq")
+            return name, int(seq) if seq.isdigit() else 0
+
+        entries = [(*split(k), dict(v)) for k, v in self.component_factors]
+        base = model_name.split("@")[0]
+        for same in (lambda n: n == model_name, lambda n: n.split("@")[0] == base):
+            hits = [(abs(seq - seq_length), seq, f) for n, seq, f in entries if same(n)]
+            if hits:
+                return min(hits, key=lambda h: (h[0], -h[1]))[2]
+        return None
 
     @property
     def op_launch_seconds(self) -> float:
@@ -160,6 +187,8 @@ class HardwareProfile:
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
             "moe_layer_host_s": self.moe_layer_host_s,
+            **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
+               if self.component_factors else {}),
         }
 
     @classmethod

@@ -84,9 +84,9 @@ def default_memory_total_fn() -> MemoryTotalFn:
 
 
 def default_time_fn() -> TimeFn:
-    from costmodel.step_time import estimate_step_time
+    from costmodel.estimate import step_time  # estimate_step_time with the profile's component factors
 
-    return estimate_step_time
+    return step_time
 
 
 @dataclass

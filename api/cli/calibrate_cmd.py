@@ -4,6 +4,11 @@ Runs GEMM, grouped-GEMM, memory-copy, launch-overhead and collective benchmarks 
 GPUs, gloo on CPU), builds a HardwareProfile from the ``--gpu`` catalog profile with the measured curves
 (units: docs/time-model.md, "Calibration hooks"), writes it to ``--out`` and, with ``--store``, to the
 service database. ``foldtune plan/tune --profile FILE`` price layouts with it.
+
+With ``--model NAME --seq S`` it also times the executor's own components (attention block, MoE block with
+real routing, LM head + loss, optimizer step) at that model's shapes on one device and stores measured /
+predicted per cost-model term in the profile's ``component_factors`` (executor/microbench/components.py),
+which the estimate applies to that model shape.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", action="store_true", help="also store the profile in the service database")
     parser.add_argument("--database-url", help="database for --store (default: FOLDTUNE_DATABASE_URL or the data dir)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds before the run is stopped")
+    parser.add_argument("--model", help="also time the executor's components of this catalog model at real shapes "
+                                        "(stored as per-term factors for MODEL@seqS)")
+    parser.add_argument("--layers", type=int, help="with --model: a proxy with this many layers (its own key)")
+    parser.add_argument("--seq", type=int, help="with --model: sequence length (required with --model)")
+    parser.add_argument("--mbs", type=int, default=1, help="with --model: micro-batch size (default 1)")
 
 
 def _guess_gpu(device_name: str) -> str:
@@ -65,6 +75,41 @@ def _store(profile, url: str | None) -> str:
     return url
 
 
+def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, path) -> tuple:
+    """(profile with this model shape's component factors, the report as a dict); prints the table.
+
+    Factors of other model shapes already in ``path`` (an earlier ``calibrate --model`` to the same file)
+    are kept; the same shape is replaced.
+    """
+    from dataclasses import replace
+    from pathlib import Path
+
+    from costmodel.catalog import get_model
+    from costmodel.errors import FoldtuneError
+    from costmodel.profile_io import load_profile
+    from executor.microbench.components import run_components
+
+    spec = get_model(args.model)
+    if args.layers:
+        spec = spec.with_layers(args.layers)
+    print(f"components of {spec.name} at seq {args.seq}, mbs {args.mbs}, {precision} on one "
+          f"{'CPU' if cpu else 'GPU'}", flush=True)
+    report = run_components(spec, args.seq, args.mbs, precision, profile, "cpu" if cpu else "cuda:0")
+    print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}")
+    for c in report.components:
+        scale, unit = (1e3, "") if c.name != "optimizer" else (1e9, " (ms per 1M parameters)")
+        print(f"{c.name:<10} {c.measured_s * scale:>12.3f} {c.predicted_s * scale:>13.3f} {c.ratio:>7.2f}{unit}")
+    print(f"term factors for {report.key}: " + ", ".join(f"{t} {f:.3f}" for t, f in report.factors.items()))
+    factors = {}
+    if Path(path).expanduser().exists():
+        try:
+            factors = {k: dict(v) for k, v in load_profile(path).component_factors}
+        except FoldtuneError:
+            factors = {}
+    factors[report.key] = report.factors
+    return replace(profile, component_factors=factors), report.to_dict()
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -75,9 +120,15 @@ def run(args: argparse.Namespace) -> int:
     from executor.microbench.profile_builder import build_profile
     from executor.microbench.runner import BenchPlan, run_benchmarks
 
+    if args.model and not args.seq:
+        raise SpecError("--model needs --seq (the sequence length the components run at)")
     cpu = (args.gpu or "").lower() == "cpu" or (args.gpu is None and not torch.cuda.is_available())
     if args.gpu:
         get_hardware(args.gpu)  # an unknown name is the first thing to report
+    if args.model:
+        from costmodel.catalog import get_model
+
+        get_model(args.model)
     if not cpu and not torch.cuda.is_available():
         raise SpecError(f"--gpu {args.gpu} needs CUDA GPUs and this machine has none (--gpu cpu runs CPU ranks)")
     gpu = "cpu" if cpu else (args.gpu or _guess_gpu(torch.cuda.get_device_name(0)))
@@ -92,7 +143,10 @@ def run(args: argparse.Namespace) -> int:
     raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick), device="cpu" if cpu else "cuda",
                          timeout_s=args.timeout)
     profile = build_profile(base, raw, name)
-    out = save_profile(profile, args.out or default_data_dir() / "hardware" / f"{name}.json", raw)
+    path = args.out or default_data_dir() / "hardware" / f"{name}.json"
+    if args.model:
+        profile, raw["components"] = _components(args, profile, precision, cpu, path)
+    out = save_profile(profile, path, raw)
     print("GEMM efficiency (FLOPs -> of peak): "
           + ", ".join(f"{x:.3g}:{y:.3f}" for x, y in profile.gemm_efficiency.points))
     print("grouped GEMM (tokens/expert -> of peak): "

@@ -1,0 +1,68 @@
+"""Component factors in a HardwareProfile: JSON round trip, look-up by model shape, and the estimate they scale."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from costmodel.catalog import get_hardware, get_model
+from costmodel.estimate import estimate, step_time
+from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.parallel_config import ParallelConfig
+from costmodel.profile_io import load_profile, save_profile
+from costmodel.training_spec import TrainingSpec
+
+FACTORS = {"gemm": 1.25, "grouped_gemm": 1.5, "attention_core": 3.0, "memory_bound": 2.0, "optimizer": 4.0}
+MODEL = get_model("mixtral-8x7b").with_layers(2)
+
+
+def _profile(factors=None) -> HardwareProfile:
+    return replace(get_hardware("h200"), name="h200-components",
+                   component_factors=factors or {f"{MODEL.name}@seq4096": FACTORS})
+
+
+def test_factors_round_trip_through_profile_json(tmp_path):
+    profile = _profile()
+    assert load_profile(save_profile(profile, tmp_path / "p.json")) == profile
+    assert HardwareProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    hash(profile)  # compute_rates caches on the profile: it must stay hashable
+    plain = get_hardware("h200")
+    assert "component_factors" not in plain.to_dict()  # files without factors are written as before
+    assert HardwareProfile.from_dict(plain.to_dict()) == plain
+
+
+def test_invalid_factor_is_rejected():
+    with pytest.raises(Exception, match="component_factors"):
+        _profile({"x@seq1": {"gemm": 0.0}})
+
+
+def test_lookup_exact_then_nearest_seq_then_base_model():
+    profile = _profile({f"{MODEL.name}@seq4096": {"gemm": 2.0}, f"{MODEL.name}@seq1024": {"gemm": 3.0},
+                        "mixtral-8x7b@seq8192": {"gemm": 5.0}})
+    assert profile.component_corrections(MODEL.name, 4096) == {"gemm": 2.0}
+    assert profile.component_corrections(MODEL.name, 2048) == {"gemm": 3.0}  # nearest of the same proxy
+    assert profile.component_corrections("mixtral-8x7b", 4096) == {"gemm": 5.0}  # exact name first
+    assert profile.component_corrections("mixtral-8x7b@4L", 4096) == {"gemm": 2.0}  # same base model, nearest
+    assert profile.component_corrections("qwen3-30b-a3b", 4096) is None
+    assert get_hardware("h200").component_corrections(MODEL.name, 4096) is None
+
+
+def test_estimate_with_factors_scales_exactly_the_named_terms():
+    training = TrainingSpec(seq_length=4096, global_batch_size=16)
+    config = ParallelConfig(world_size=4, ep=2, micro_batch_size=2)
+    plain = estimate(MODEL, training, ClusterSpec(get_hardware("h200"), 4), config).time
+    cluster = ClusterSpec(_profile(), 4)
+    scaled = estimate(MODEL, training, cluster, config).time
+    assert step_time(MODEL, training, cluster, config) == scaled
+    before, after = dict(plain.terms), dict(scaled.terms)
+    for term, value in before.items():
+        assert after[term] == pytest.approx(value * FACTORS.get(term, 1.0), rel=1e-12)
+    assert FACTORS.keys() <= {t for t, v in before.items() if v > 0}  # every factor had something to scale
+    assert scaled.step_time == pytest.approx(sum(after.values()))
+    assert scaled.step_time > plain.step_time
+    # a model the profile has no entry for is priced as without factors
+    qwen = get_model("qwen3-30b-a3b").with_layers(2)
+    assert estimate(qwen, training, cluster, config).time.step_time == \
+        estimate(qwen, training, ClusterSpec(get_hardware("h200"), 4), config).time.step_time

@@ -1,0 +1,47 @@
+"""Component calibration on CPU: the executor's blocks time at tiny-moe shapes, and the per-term factors
+spread each component's measured/predicted ratio so that the corrected pass sums to the measured one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from costmodel.catalog import get_hardware, get_model
+from executor.microbench.components import FACTOR_TERMS, ComponentTime, run_components, term_factors
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_components(get_model("tiny-moe"), 32, 2, "fp32", get_hardware("cpu"), "cpu", optimizer_params=4096)
+
+
+def test_every_component_has_a_positive_finite_time_and_prediction(report):
+    names = [c.name for c in report.components]
+    assert names == ["attention", "moe", "head", "optimizer"]  # tiny-moe has no dense layer
+    for c in report.components:
+        assert math.isfinite(c.measured_s) and c.measured_s > 0
+        assert c.predicted_s == pytest.approx(sum(c.predicted_terms.values())) and c.predicted_s > 0
+    assert report.counts["attention"] == 2 and report.counts["moe"] == 2 and report.counts["dense_mlp"] == 0
+    assert set(report.factors) == set(FACTOR_TERMS)
+    assert all(math.isfinite(f) and f > 0 for f in report.factors.values())
+    assert report.key == "tiny-moe@seq32"
+
+
+def test_factors_reproduce_the_measured_pass(report):
+    layer_parts = [c for c in report.components if c.name != "optimizer"]
+    corrected = sum(report.counts[c.name] * report.factors[t] * s
+                    for c in layer_parts for t, s in c.predicted_terms.items())
+    measured = sum(report.counts[c.name] * c.measured_s for c in layer_parts)
+    assert corrected == pytest.approx(measured)
+    moe = next(c for c in report.components if c.name == "moe")
+    assert report.factors["grouped_gemm"] == pytest.approx(moe.ratio)  # only the MoE block predicts it
+    opt = report.components[-1]
+    assert report.factors["optimizer"] == pytest.approx(opt.ratio)
+
+
+def test_term_factor_is_the_seconds_weighted_ratio():
+    a = ComponentTime("a", 3.0, 2.0, {"gemm": 1.0, "memory_bound": 1.0})  # ratio 1.5
+    b = ComponentTime("b", 1.0, 2.0, {"gemm": 2.0})  # ratio 0.5
+    f = term_factors([a, b], {"a": 2, "b": 1})
+    assert f == {"gemm": pytest.approx((2 * 1.5 * 1.0 + 0.5 * 2.0) / (2 * 1.0 + 2.0)), "memory_bound": 1.5}
