@@ -70,6 +70,8 @@ for p in "$@"; do
       table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
       wait $t0; rc=$?; cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"; rc=$((rc + rc1)) ;;
     redo)  # re-measure the failed layouts of stored tables: REDO4 (4 GPUs), REDO2 (2 GPUs, on both GPU pairs)
+      was=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1].split(',')[0]))['device'])" "${REDO4:-${REDO2}}")
+      if [ "$was" != "$NGPU""x $NAME" ]; then echo "redo skipped: tables from '$was', this is '${NGPU}x $NAME'"; continue; fi
       [ -n "${REDO4:-}" ] && { table 4 "" --mbs-max 2 --recompute none,full --dispatchers alltoall,allgather \
                                  --redo "$REDO4"; rc=$?; }
       if [ -n "${REDO2:-}" ]; then
