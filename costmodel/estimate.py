@@ -128,8 +128,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, con
     from costmodel.step_time import estimate_step_time
 
     memory = estimate_memory(model, training, cluster, config)
-    time = estimate_step_time(model, training, cluster, config, corrections=component_corrections(model, training,
-                                                                                                  cluster))
+    time = estimate_step_time(model, training, cluster, config,
+                              corrections=component_corrections(model, training, cluster, config.micro_batch_size))
     return combine(config, training, cluster, memory, time)
 
 
@@ -139,10 +139,12 @@ def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, co
     from costmodel.step_time import estimate_step_time
 
     return estimate_step_time(model, training, cluster, config,
-                              corrections=component_corrections(model, training, cluster))
+                              corrections=component_corrections(model, training, cluster, config.micro_batch_size))
 
 
-def component_corrections(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> dict[str, float] | None:
+def component_corrections(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                          micro_batch_size: int | None = None) -> dict[str, float] | None:
     """Per-term factors (measured / predicted) the profile holds for this model's executor components at
-    this sequence length, or the nearest one measured (``foldtune calibrate --model``); None without."""
-    return cluster.hardware.component_corrections(model.name, training.seq_length)
+    this sequence length and micro-batch size, or the nearest ones measured (``foldtune calibrate --model``);
+    None without."""
+    return cluster.hardware.component_corrections(model.name, training.seq_length, micro_batch_size)

@@ -142,23 +142,21 @@ class HardwareProfile:
                 "component_factors must be finite numbers > 0")
         raise_if(p, f"hardware profile {self.name!r}")
 
-    def component_corrections(self, model_name: str, seq_length: int) -> dict[str, float] | None:
-        """Term factors measured for ``model_name`` at ``seq_length`` (``foldtune calibrate --model``), else
-        those of the nearest measured sequence length of the same model, else (for a proxy 'NAME@<n>L' or
-        the full model) of the nearest sequence length of any entry of the same base model; None if none."""
+    def component_corrections(self, model_name: str, seq_length: int,
+                              micro_batch_size: int | None = None) -> dict[str, float] | None:
+        """Term factors measured for ``model_name`` (``foldtune calibrate --model``): entries of that exact
+        name, else (a proxy 'NAME@<n>L' or the full model) of any entry of the same base model; among them
+        the nearest sequence length, then the nearest micro-batch size (log scale; a key without '@mbs<M>'
+        matches any size, after those that name one); None when the profile has none for the model."""
         if not self.component_factors:
             return None
-
-        def split(key: str) -> tuple[str, int]:
-            name, _, seq = key.rpartition("@seq")
-            return name, int(seq) if seq.isdigit() else 0
-
-        entries = [(*split(k), dict(v)) for k, v in self.component_factors]
+        entries = [(*parse_component_key(k), dict(v)) for k, v in self.component_factors]
         base = model_name.split("@")[0]
         for same in (lambda n: n == model_name, lambda n: n.split("@")[0] == base):
-            hits = [(abs(seq - seq_length), seq, f) for n, seq, f in entries if same(n)]
+            hits = [(abs(seq - seq_length), _mbs_distance(mbs, micro_batch_size), -seq, f)
+                    for n, seq, mbs, f in entries if same(n)]
             if hits:
-                return min(hits, key=lambda h: (h[0], -h[1]))[2]
+                return min(hits, key=lambda h: h[:3])[3]
         return None
 
     @property
@@ -204,6 +202,24 @@ class HardwareProfile:
                 (k, v if isinstance(v, MeasuredCurve) else MeasuredCurve(tuple(tuple(pt) for pt in v)))
                 for k, v in coll.items()))
         return cls(**d)
+
+
+def component_key(model_name: str, seq_length: int, micro_batch_size: int | None = None) -> str:
+    """The ``component_factors`` key of a model shape, e.g. 'mixtral-8x7b@2L@seq4096@mbs2'."""
+    return f"{model_name}@seq{seq_length}" + (f"@mbs{micro_batch_size}" if micro_batch_size else "")
+
+
+def parse_component_key(key: str) -> tuple[str, int, int | None]:
+    """(model name, sequence length, micro-batch size or None) of a ``component_factors`` key."""
+    name, _, rest = key.rpartition("@seq")
+    seq, _, mbs = rest.partition("@mbs")
+    return name, int(seq) if seq.isdigit() else 0, int(mbs) if mbs.isdigit() else None
+
+
+def _mbs_distance(measured: int | None, wanted: int | None) -> float:
+    if measured is None or wanted is None:
+        return 0.0 if measured == wanted else 1e9  # an entry naming its size wins over one that does not
+    return abs(math.log2(measured) - math.log2(wanted))
 
 
 @dataclass(frozen=True)

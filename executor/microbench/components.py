@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.hardware import ClusterSpec, HardwareProfile, component_key
 from costmodel.model_spec import ModelSpec
 
 # term groups a component factor may scale (costmodel.step_time.TERMS names)
@@ -84,15 +84,10 @@ class ComponentReport:
 
     @property
     def key(self) -> str:
-        return component_key(self.model, self.seq_length)
+        return component_key(self.model, self.seq_length, self.micro_batch_size)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "key": self.key}
-
-
-def component_key(model_name: str, seq_length: int) -> str:
-    """The profile key of a model shape, e.g. 'mixtral-8x7b@2L@seq4096'."""
-    return f"{model_name}@seq{seq_length}"
 
 
 # ---- timing ---------------------------------------------------------------------------------------

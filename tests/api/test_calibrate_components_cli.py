@@ -16,11 +16,11 @@ def test_calibrate_with_a_model_stores_factors_per_shape(tmp_path, capsys):
             "--mbs", "2", "--out", str(out)]
     assert main([*base, "--seq", "32"]) == 0
     text = capsys.readouterr().out
-    assert "component   measured ms  predicted ms  factor" in text and "term factors for tiny-moe@1L@seq32" in text
+    assert "component   measured ms  predicted ms  factor" in text and "term factors for tiny-moe@1L@seq32@mbs2" in text
     assert main([*base, "--seq", "64"]) == 0  # a second shape into the same file keeps the first
     factors = dict(load_profile(out).component_factors)
-    assert set(factors) == {"tiny-moe@1L@seq32", "tiny-moe@1L@seq64"}
-    assert {t for t, _ in factors["tiny-moe@1L@seq64"]} == {"gemm", "grouped_gemm", "attention_core",
+    assert set(factors) == {"tiny-moe@1L@seq32@mbs2", "tiny-moe@1L@seq64@mbs2"}
+    assert {t for t, _ in factors["tiny-moe@1L@seq64@mbs2"]} == {"gemm", "grouped_gemm", "attention_core",
                                                              "memory_bound", "optimizer"}
 
 

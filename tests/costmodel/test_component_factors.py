@@ -9,7 +9,7 @@ import pytest
 
 from costmodel.catalog import get_hardware, get_model
 from costmodel.estimate import estimate, step_time
-from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.hardware import ClusterSpec, HardwareProfile, component_key, parse_component_key
 from costmodel.parallel_config import ParallelConfig
 from costmodel.profile_io import load_profile, save_profile
 from costmodel.training_spec import TrainingSpec
@@ -47,6 +47,22 @@ def test_lookup_exact_then_nearest_seq_then_base_model():
     assert profile.component_corrections("mixtral-8x7b@4L", 4096) == {"gemm": 2.0}  # same base model, nearest
     assert profile.component_corrections("qwen3-30b-a3b", 4096) is None
     assert get_hardware("h200").component_corrections(MODEL.name, 4096) is None
+
+
+def test_lookup_picks_the_nearest_micro_batch_size_of_the_nearest_seq():
+    profile = _profile({f"{MODEL.name}@seq4096@mbs1": {"gemm": 1.5}, f"{MODEL.name}@seq4096@mbs2": {"gemm": 1.2},
+                        f"{MODEL.name}@seq4096": {"gemm": 9.0}, f"{MODEL.name}@seq2048@mbs4": {"gemm": 7.0}})
+    assert profile.component_corrections(MODEL.name, 4096, 1) == {"gemm": 1.5}
+    assert profile.component_corrections(MODEL.name, 4096, 4) == {"gemm": 1.2}  # nearest size at the nearest seq
+    assert profile.component_corrections(MODEL.name, 4096) == {"gemm": 9.0}  # no size asked: the key without one
+    assert parse_component_key(component_key("a@2L", 4096, 2)) == ("a@2L", 4096, 2)
+    assert parse_component_key("a@seq128") == ("a", 128, None)
+    training = TrainingSpec(seq_length=4096, global_batch_size=16)
+    cluster = ClusterSpec(profile, 4)
+    t1 = estimate(MODEL, training, cluster, ParallelConfig(world_size=4, ep=2, micro_batch_size=1)).time
+    plain = estimate(MODEL, training, ClusterSpec(get_hardware("h200"), 4),
+                     ParallelConfig(world_size=4, ep=2, micro_batch_size=1)).time
+    assert t1.term("gemm") == pytest.approx(1.5 * plain.term("gemm"))
 
 
 def test_estimate_with_factors_scales_exactly_the_named_terms():

@@ -25,7 +25,7 @@ def test_every_component_has_a_positive_finite_time_and_prediction(report):
     assert report.counts["attention"] == 2 and report.counts["moe"] == 2 and report.counts["dense_mlp"] == 0
     assert set(report.factors) == set(FACTOR_TERMS)
     assert all(math.isfinite(f) and f > 0 for f in report.factors.values())
-    assert report.key == "tiny-moe@seq32"
+    assert report.key == "tiny-moe@seq32@mbs2"
 
 
 def test_factors_reproduce_the_measured_pass(report):
