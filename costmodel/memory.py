@@ -604,7 +604,7 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     for row in rows:
         n = row[5] if row[5] < mv else mv
         dynamic = (n * row[3] + row[4]) * scale
-        reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard)
+        reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
                  + (dynamic if dynamic > reduce else reduce))
         if total > best_total:
@@ -612,25 +612,45 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard, ds, es)
 
 
-def _largest_tensor(model: ModelSpec, tp: int, ep: int, etp: int) -> float:
-    """Elements of the largest parameter tensor on a GPU (a bucket never splits a tensor)."""
-    h = model.hidden_size
-    largest = model.padded_vocab_size(tp) / tp * h
+@lru_cache(maxsize=256)
+def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -> tuple[float, ...]:
+    """Elements of the executor's parameter tensors on one GPU that share a gradient bucket with others
+    (smaller than a bucket of ``bucket`` elements), per dense layer, MoE layer, first-stage and last-stage
+    extras, and the largest tensor. A tensor larger than a bucket is a bucket alone, whose flat gradient is
+    a view of the tensor's own gradient (no copy)."""
+    h, d = model.hidden_size, model.head_dim
+    heads, kv = model.num_attention_heads * d / tp, model.num_kv_heads * d / tp
+    attention = [heads * h, kv * h, kv * h, h * heads, h, h]  # wq, wk, wv, wo, the two norms
+    mlp = [model.ffn_hidden_size / tp * h] * 3
+    moe = [(model.num_experts or 0) * h]
     if model.is_moe:
-        largest = max(largest, (model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h)
-    if model.num_dense_layers:
-        largest = max(largest, model.ffn_hidden_size / tp * h)
-    return largest
+        moe += [(model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h] * 3
+    if model.shared_expert_ffn_hidden_size:
+        moe += [model.shared_expert_ffn_hidden_size / tp * h] * 3
+    vocab = model.padded_vocab_size(tp) / tp * h
+    first, last = [vocab], [h] + ([vocab] if model.untie_embeddings_and_output_weights else [])
+
+    def small(tensors: list[float]) -> float:
+        return sum(n for n in tensors if n <= bucket)
+    return (small(attention + mlp), small(attention + moe), small(first), small(last),
+            max(attention + mlp + moe + first + last))
 
 
-def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int) -> float:
+def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,
+                 lay: _StageLayout) -> float:
     """Transient bytes of the executor's gradient reduction and Adam step (the alternative to the backward
-    peak, whichever is larger): fp32 flat copies of the main gradients (every bucket at once while
-    overlapped reductions are in flight, one bucket otherwise) or one optimizer unit's temporaries."""
+    peak, whichever is larger): fp32 flat copies of the main gradients of the buckets that hold several
+    tensors (all at once while overlapped reductions are in flight, one bucket otherwise) or one optimizer
+    unit's temporaries."""
     params = par[4] + par[5]
-    bucket = max(EXECUTOR_BUCKET_BYTES / ctx.weight_bytes,
-                 _largest_tensor(ctx.model, config.tp, config.ep, config.etp))
-    flats = _FP32 * (params if config.overlap_grad_reduce else min(params, bucket))
+    elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
+    small_dense, small_moe, small_first, small_last, largest = _tensor_split(
+        ctx.model, config.tp, config.ep, config.etp, elems)
+    bucket = max(elems, largest)
+    copied = ((lay.stored_dense + lay.recomputed_dense) * small_dense
+              + (lay.stored_moe + lay.recomputed_moe) * small_moe
+              + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
+    flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
     shard = max(dense_shard, expert_shard) if config.use_distributed_optimizer else 1
     step = min(params, bucket) * (OPT_STEP_TEMP_PER_SHARD_ELEMENT / shard + OPT_STEP_TEMP_PER_BUCKET_ELEMENT)
     return flats if flats > step else step
@@ -643,7 +663,7 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits, tokens * comm, tokens * work
     overhead = work + FRAGMENTATION * (activations + logits + comm + work)
-    reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1])
+    reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
     optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
