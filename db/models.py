@@ -185,7 +185,7 @@ class HardwareProfileRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     profile: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    source: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(Text)  # calibrate writes a sentence (device, time, method)
     owner_id: Mapped[int | None] = mapped_column(ForeignKey("owners.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

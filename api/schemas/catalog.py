@@ -52,7 +52,13 @@ class HardwareProfileIn(BaseModel):
     collective_efficiency: dict[Name, Curve] = Field(default_factory=dict,
                                                     description="'<collective>:<intra|inter>' -> curve")
     hbm_efficiency: float | None = Field(None, gt=0, le=10)
-    source: Name = "api"
+    op_launch_s: float | None = Field(None, gt=0, le=1, description="seconds the host needs per eager op")
+    collective_launch_s: float | None = Field(None, gt=0, le=1, description="seconds per near-empty collective")
+    moe_layer_host_s: float | None = Field(None, gt=0, le=10,
+                                           description="seconds of one executor MoE layer fwd+bwd on tiny shapes")
+    component_factors: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1000)]]] = Field(
+        default_factory=dict, description="'MODEL@seqS[@mbsM]' -> {cost-model term: measured/predicted}")
+    source: Annotated[str, Field(min_length=1, max_length=2000)] = "api"
 
 
 class HardwareProfileOut(BaseModel):

@@ -47,3 +47,21 @@ def test_invalid_profile_names_the_rule(client, alice):
     assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "body.name"
     r = client.post("/v1/hardware-profiles", json={**H, "gpus_per_node": 0}, headers=alice)
     assert r.json()["errors"][0]["rule"] == "greater_than_equal"
+
+
+def test_a_profile_written_by_foldtune_calibrate_round_trips(client, alice):
+    """The file `foldtune calibrate` writes (launch costs, component factors) is accepted as is and used."""
+    import json
+    from pathlib import Path
+
+    stored = json.loads((Path(__file__).parents[2] / "bench" / "results" /
+                         "h200-x4-components-mbs-2026-11-26-4xH200.json").read_text())["profile"]
+    body = {**stored, "name": "h200-x4-measured"}
+    r = client.post("/v1/hardware-profiles", json=body, headers=alice)
+    assert r.status_code == 201, r.text
+    got = client.get("/v1/hardware-profiles/h200-x4-measured", headers=alice).json()["profile"]
+    assert got["op_launch_s"] == stored["op_launch_s"] and got["moe_layer_host_s"] == stored["moe_layer_host_s"]
+    assert got["component_factors"] == stored["component_factors"]
+    bad = {**body, "name": "bad-factors", "component_factors": {"mixtral-8x7b@seq4096": {"gemm": -1.0}}}
+    r = client.post("/v1/hardware-profiles", json=bad, headers=alice)
+    assert r.status_code == 422 and "component_factors" in r.json()["errors"][0]["loc"]
