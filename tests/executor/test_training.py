@@ -14,6 +14,7 @@ import torch
 from costmodel.catalog import get_model
 from costmodel.errors import FoldtuneError
 from costmodel.parallel_config import ParallelConfig
+from executor.dataset.sampler import TokenDataset
 from executor.options import ExecutorOptions
 from executor.train.checkpoint import CheckpointError, latest_checkpoint
 from executor.train.loop import TrainConfig, TrainingFailed, train_local, train_worker
@@ -155,8 +156,10 @@ def test_bad_inputs_raise_one_clear_error(corpus, tmp_path):
         _single(TrainConfig(str(tmp_path), steps=1, seq_length=16, global_batch_size=2))
     with pytest.raises(FoldtuneError, match="checkpoint_every needs a checkpoint_dir"):
         TrainConfig(corpus, steps=1, seq_length=16, global_batch_size=2, checkpoint_every=5)
+    heldout = TokenDataset(corpus).splits["heldout"].tokens  # the corpus (this repo's docs) grows over time
+    too_many = 4 * (heldout // (4 * 251) + 1)  # sequences of 250 + 1 tokens, a multiple of the micro-batch
     with pytest.raises(FoldtuneError, match="held-out split"):
-        _single(TrainConfig(corpus, steps=1, seq_length=250, global_batch_size=64))
+        _single(TrainConfig(corpus, steps=1, seq_length=250, global_batch_size=too_many))
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "latest").write_text("step-00000007\n")
     with pytest.raises(CheckpointError, match="step-00000007"):
