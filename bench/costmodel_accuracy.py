@@ -145,10 +145,22 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
         save_json(table, name, Path(args.results_dir))
 
     measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
-                  device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else args.gpu,
+                  device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else cluster.gpu.name,
                   timeout_s=args.trial_timeout, on_row=keep)
     print(f"table saved to {Path(args.results_dir) / name}")
     return table
+
+
+def _has_datasheet(gpu_name: str) -> bool:
+    """Whether the catalog has a datasheet profile of this GPU kind (a calibrated profile names its kind)."""
+    from costmodel.catalog import get_hardware
+    from costmodel.errors import CatalogError
+
+    try:
+        get_hardware(gpu_name)
+    except CatalogError:
+        return False
+    return True
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -291,11 +303,12 @@ def main() -> int:
         print("fewer than two measured layouts: nothing to compare", file=sys.stderr)
         return 1
     mem = "memory_mape" in summary
-    if args.profile:  # the same table priced with the datasheet entry the profile was calibrated from
-        _, datasheet = compare(model, training, ClusterSpec(get_hardware(args.gpu), cluster.num_gpus), table["rows"])
+    if args.profile and _has_datasheet(cluster.gpu.name):  # the datasheet entry the profile was calibrated from
+        base = cluster.gpu.name
+        _, datasheet = compare(model, training, ClusterSpec(get_hardware(base), cluster.num_gpus), table["rows"])
         datasheet.pop("term_shares")
         datasheet.pop("failed_rows")
-        summary["datasheet"] = {"hardware_profile": args.gpu, **datasheet}
+        summary["datasheet"] = {"hardware_profile": base, **datasheet}
     failed = summary.pop("failed_rows")
     summary["k_trial"] = {str(k): s for k in (3, 5)
                           if (s := k_trial(rows, failed, cluster.usable_hbm_bytes, k)) is not None}
@@ -318,7 +331,7 @@ def main() -> int:
              if mem else ""))
     if "datasheet" in summary:
         d = summary["datasheet"]
-        print(f"  datasheet {args.gpu}: step-time MAPE {d['mape']:.1%}, Spearman {d['spearman']:.3f}")
+        print(f"  datasheet {d['hardware_profile']}: step-time MAPE {d['mape']:.1%}, Spearman {d['spearman']:.3f}")
     for k, s in summary["k_trial"].items():
         print(f"  {k}-trial calibrated (held out {s['layouts']}): step-time MAPE {s['mape']:.1%}, "
               f"Spearman {s['spearman']:.3f}" + (f", memory MAPE {s['memory_mape']:.1%}, worst under "
