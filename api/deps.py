@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from api.problems import ProblemError
+from api.schemas.common import MAX_ID, MAX_PAGE_SIZE
 from api.settings import ApiSettings
 from db.keys import owner_for_token
 from db.models import Owner
@@ -61,3 +62,14 @@ def current_owner(session: SessionDep,
 
 OwnerDep = Annotated[Owner, Depends(current_owner)]
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
+
+
+# list endpoints: one page of ``limit`` items from ``offset`` (api.schemas.common.Page)
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="items to skip")]
+
+
+def page(items: list, total: int, limit: int, offset: int) -> dict:
+    """A ``Page`` body: ``next_offset`` is null once ``offset + len(items)`` reaches ``total``."""
+    return {"items": items, "total": total, "limit": limit, "offset": offset,
+            "next_offset": offset + len(items) if offset + len(items) < total else None}

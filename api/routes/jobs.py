@@ -8,8 +8,8 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from sqlalchemy import func, select
 
 from api import jobs_service
-from api.deps import OwnerDep, SessionDep
-from api.schemas.common import MAX_ID, MAX_PAGE_SIZE, Name, Page
+from api.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.schemas.common import MAX_ID, Name, Page
 from api.schemas.jobs import JobCreate, JobOut, JobStatus, TrialOut
 from api.schemas.problem import problem_responses
 from db.models import Trial
@@ -17,13 +17,6 @@ from db.models import Trial
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422))
 
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
-Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")]
-Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="items to skip")]
-
-
-def _page(items: list, total: int, limit: int, offset: int) -> dict:
-    return {"items": items, "total": total, "limit": limit, "offset": offset,
-            "next_offset": offset + len(items) if offset + len(items) < total else None}
 
 
 @router.post("", operation_id="create_job", status_code=201, response_model=JobOut,
@@ -52,7 +45,7 @@ def list_jobs(owner: OwnerDep, session: SessionDep, limit: Limit = 50, offset: O
     jobs, total = jobs_service.list_jobs(session, owner, status=status, model=model, limit=limit, offset=offset)
     views = jobs_service.job_views(session, jobs)
     session.commit()
-    return _page(views, total, limit, offset)
+    return page(views, total, limit, offset)
 
 
 @router.get("/{job_id}", operation_id="get_job", response_model=JobOut, responses=problem_responses(404))
@@ -83,4 +76,4 @@ def list_job_trials(job_id: JobId, owner: OwnerDep, session: SessionDep, limit: 
                              .limit(limit).offset(offset)).all()
     items = [TrialOut.model_validate(t, from_attributes=True) for t in trials]
     session.commit()
-    return _page(items, total, limit, offset)
+    return page(items, total, limit, offset)

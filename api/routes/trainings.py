@@ -7,16 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from api import trainings_service
-from api.deps import OwnerDep, SessionDep
-from api.schemas.common import MAX_ID, MAX_PAGE_SIZE, Page
+from api.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.schemas.common import MAX_ID, Page
 from api.schemas.problem import problem_responses
 from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingOut, TrainingStatus
 
 router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=problem_responses(401, 422))
 
 TrainingId = Annotated[int, Path(ge=1, le=MAX_ID, description="training id")]
-Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")]
-Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="items to skip")]
 
 
 @router.post("", operation_id="create_training", status_code=201, response_model=TrainingOut)
@@ -38,8 +36,7 @@ def list_trainings(owner: OwnerDep, session: SessionDep, limit: Limit = 50, offs
     rows, total = trainings_service.list_trainings(session, owner, status=status, limit=limit, offset=offset)
     views = trainings_service.training_views(session, rows)
     session.commit()
-    return {"items": views, "total": total, "limit": limit, "offset": offset,
-            "next_offset": offset + len(views) if offset + len(views) < total else None}
+    return page(views, total, limit, offset)
 
 
 @router.get("/{training_id}", operation_id="get_training", response_model=TrainingOut,
