@@ -151,18 +151,6 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
     return table
 
 
-def _has_datasheet(gpu_name: str) -> bool:
-    """Whether the catalog has a datasheet profile of this GPU kind (a calibrated profile names its kind)."""
-    from costmodel.catalog import get_hardware
-    from costmodel.errors import CatalogError
-
-    try:
-        get_hardware(gpu_name)
-    except CatalogError:
-        return False
-    return True
-
-
 def parse_shard(text: str | None) -> tuple[int, int]:
     """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
     if not text:
@@ -290,7 +278,7 @@ def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int)
 
 
 def main() -> int:
-    from costmodel.catalog import get_hardware
+    from costmodel.catalog import get_hardware, has_hardware
     from costmodel.hardware import ClusterSpec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -303,7 +291,7 @@ def main() -> int:
         print("fewer than two measured layouts: nothing to compare", file=sys.stderr)
         return 1
     mem = "memory_mape" in summary
-    if args.profile and _has_datasheet(cluster.gpu.name):  # the datasheet entry the profile was calibrated from
+    if args.profile and has_hardware(cluster.gpu.name):  # the datasheet entry the profile was calibrated from
         base = cluster.gpu.name
         _, datasheet = compare(model, training, ClusterSpec(get_hardware(base), cluster.num_gpus), table["rows"])
         datasheet.pop("term_shares")

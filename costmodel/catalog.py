@@ -161,6 +161,11 @@ def get_model(name: str) -> ModelSpec:
     return _MODELS[key]
 
 
+def has_hardware(name: str) -> bool:
+    """Whether :func:`get_hardware` knows ``name`` (same normalisation and aliases)."""
+    return _normalise(name) in _HARDWARE
+
+
 def get_hardware(name: str) -> HardwareProfile:
     """The catalog hardware profile called ``name`` (case-insensitive; 'h100' means 'h100-sxm')."""
     key = _normalise(name)

@@ -13,7 +13,7 @@ from api.problems import ProblemError, not_found, rule_violation
 from api.schemas.catalog import HardwareProfileIn, HardwareProfileList, HardwareProfileOut, ModelList, ModelOut
 from api.schemas.common import Name
 from api.schemas.problem import problem_responses
-from costmodel.catalog import get_hardware, get_model, hardware_names, model_names
+from costmodel.catalog import get_hardware, get_model, hardware_names, has_hardware, model_names
 from costmodel.errors import CatalogError, FoldtuneError
 from costmodel.hardware import HardwareProfile
 from db.models import HardwareProfileRow
@@ -37,14 +37,6 @@ def _stored_view(row: HardwareProfileRow) -> HardwareProfileOut:
 def _builtin_view(profile: HardwareProfile) -> HardwareProfileOut:
     return HardwareProfileOut(name=profile.name, source=profile.source, builtin=True, created_at=None,
                               profile=profile.to_dict())
-
-
-def _is_builtin(name: str) -> bool:
-    try:
-        get_hardware(name)
-    except CatalogError:
-        return False
-    return True
 
 
 @router.get("/hardware-profiles", operation_id="list_hardware_profiles", response_model=HardwareProfileList,
@@ -81,7 +73,7 @@ def create_hardware_profile(body: HardwareProfileIn, owner: OwnerDep, session: S
         profile = HardwareProfile.from_dict(body.model_dump())
     except (FoldtuneError, TypeError, ValueError) as exc:
         raise rule_violation("body", "hardware_profile_rules", str(exc)) from None
-    if _is_builtin(body.name):  # stored profiles are shared: none may shadow a built-in name or alias
+    if has_hardware(body.name):  # stored profiles are shared: none may shadow a built-in name or alias
         raise ProblemError(409, "name-taken", "Name taken", f"{body.name!r} names a built-in hardware profile")
     row = HardwareProfileRow(name=body.name, profile=profile.to_dict(), source=body.source, owner_id=owner.id)
     session.add(row)

@@ -81,3 +81,10 @@ def test_catalog_file_extends_and_reports_errors(tmp_path):
         load_catalog_file(wrong)
     with pytest.raises(CatalogError, match="cannot read catalog file"):
         load_catalog_file(tmp_path / "nope.yaml")
+
+
+def test_has_hardware_follows_get_hardware_names_and_aliases():
+    from costmodel.catalog import has_hardware
+
+    assert has_hardware("h100") and has_hardware("H100_SXM") and has_hardware("cpu")
+    assert not has_hardware("h100-calibrated")
