@@ -87,14 +87,16 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
     from costmodel.catalog import get_model
     from costmodel.errors import FoldtuneError
     from costmodel.profile_io import load_profile
-    from executor.microbench.components import run_components
+    from costmodel.component_factors import build_report
+    from executor.microbench.components import measure_components
 
     spec = get_model(args.model)
     if args.layers:
         spec = spec.with_layers(args.layers)
     print(f"components of {spec.name} at seq {args.seq}, mbs {args.mbs}, {precision} on one "
           f"{'CPU' if cpu else 'GPU'}", flush=True)
-    report = run_components(spec, args.seq, args.mbs, precision, profile, "cpu" if cpu else "cuda:0")
+    device, measured = measure_components(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda:0")
+    report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile)
     print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}")
     for c in report.components:
         scale, unit = (1e3, "") if c.name != "optimizer" else (1e9, " (ms per 1M parameters)")

@@ -5,8 +5,8 @@ balanced, pre-permuted grouped GEMM, one plain GEMM. The executor's layers do mo
 real router, permutation, SwiGLU, norms, rope, the fp32 loss, gradient hooks into fp32 main grads), so
 the cost model under-predicts them. This module times forward + backward of each block, built from the
 executor's real modules (:class:`executor.model.DecoderLayer`, the LM head + vocab-parallel cross-entropy,
-:class:`executor.optimizer.MixedPrecisionAdam`) on a world-size-1 layout (TP = EP = 1), and turns the
-ratio measured / predicted into one correction factor per cost-model term.
+:class:`executor.optimizer.MixedPrecisionAdam`) on a world-size-1 layout (TP = EP = 1), for
+:mod:`costmodel.component_factors` to compare with the cost model.
 
 Components and the cost-model parts they are compared with (``costmodel.step_time.layer_times`` on a
 1-GPU layout of the same micro-batch):
@@ -20,31 +20,21 @@ Components and the cost-model parts they are compared with (``costmodel.step_tim
 * ``optimizer``: one ``MixedPrecisionAdam.step`` over a bf16/fp32 parameter buffer of known size, in
   seconds per parameter -> the time model's optimizer seconds per parameter.
 
-Factor mapping (:func:`term_factors`): each component's ratio r_c = measured_c / predicted_c is spread
-over the terms the component's prediction contains, weighted by the term's predicted seconds in that
-component times how often the component occurs in the model (attention per layer, moe per MoE layer,
-dense_mlp per dense layer, head once): ``f_t = sum_c n_c r_c p_ct / sum_c n_c p_ct``. With these factors
-the corrected prediction of one pass through the whole model on one GPU equals the measured sum of its
-components exactly; a term that only one component predicts (grouped_gemm, attention_core) takes that
-component's ratio. ``optimizer`` is measured / predicted seconds per parameter. Factors are measured
-device times at real shapes, never fitted to end-to-end step times.
+The measured seconds go to :func:`costmodel.component_factors.build_report`, which compares them with the
+cost model's prediction of the same work and turns the ratios into per-term factors; this module only
+measures (device times at real shapes, never end-to-end step times).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
 
-from costmodel.hardware import ClusterSpec, HardwareProfile, component_key
 from costmodel.model_spec import ModelSpec
 
-# term groups a component factor may scale (costmodel.step_time.TERMS names)
-FACTOR_TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "optimizer")
 # parameters in the optimizer benchmark's buffer: large enough that per-kernel overhead is < 1 % on a GPU,
 # small enough for a few GiB of fp32 state
 OPTIMIZER_PARAMS_GPU = 1 << 27
@@ -52,42 +42,6 @@ OPTIMIZER_PARAMS_CPU = 1 << 16
 WARMUP = 2
 REPEATS = 5
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-@dataclass(frozen=True)
-class ComponentTime:
-    """One component: measured and predicted seconds (forward + backward of one micro-batch, or for
-    'optimizer' seconds per parameter), and the predicted seconds per cost-model term."""
-
-    name: str
-    measured_s: float
-    predicted_s: float
-    predicted_terms: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float:
-        return self.measured_s / self.predicted_s
-
-
-@dataclass(frozen=True)
-class ComponentReport:
-    """What :func:`run_components` measured on one model shape, and the per-term factors it implies."""
-
-    model: str
-    seq_length: int
-    micro_batch_size: int
-    precision: str
-    device: str
-    components: tuple[ComponentTime, ...]
-    counts: dict[str, int]  # occurrences of each component in one pass through the model
-    factors: dict[str, float]  # term -> measured / predicted
-
-    @property
-    def key(self) -> str:
-        return component_key(self.model, self.seq_length, self.micro_batch_size)
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "key": self.key}
 
 
 # ---- timing ---------------------------------------------------------------------------------------
@@ -223,66 +177,25 @@ def measure_optimizer(device: torch.device, dtype: torch.dtype, num_params: int,
     return time_device(optimizer.step, device) / (4 * quarter)
 
 
-# ---- predictions and factors ----------------------------------------------------------------------
-def predicted_parts(spec: ModelSpec, seq_length: int, mbs: int, precision: str,
-                    hardware: HardwareProfile) -> tuple[dict[str, dict[str, float]], float]:
-    """({part: {term: seconds fwd+bwd}} of one micro-batch on one GPU, optimizer seconds per parameter)."""
-    from costmodel.compute import compute_rates
-    from costmodel.parallel_config import ParallelConfig
-    from costmodel.step_time import OPTIMIZER_BYTES_PER_PARAM, layer_times
-    from costmodel.training_spec import TrainingSpec
-
-    training = TrainingSpec(seq_length=seq_length, global_batch_size=mbs, precision=precision)
-    parts = layer_times(spec, training, ClusterSpec(hardware, 1), ParallelConfig(world_size=1, micro_batch_size=mbs))
-    out = {}
-    for name, part in parts.items():
-        bwd = dict(part.bwd)
-        out[name] = {t: v + bwd[t] for t, v in part.fwd if v + bwd[t] > 0}
-    per_param = OPTIMIZER_BYTES_PER_PARAM / compute_rates(hardware, precision).hbm_bandwidth
-    return out, per_param
-
-
-def term_factors(components: tuple[ComponentTime, ...] | list[ComponentTime], counts: dict[str, int]) -> dict[str, float]:
-    """Per-term factors: each component's ratio spread over its predicted terms (module docstring)."""
-    weighted: dict[str, float] = {}
-    predicted: dict[str, float] = {}
-    for c in components:
-        n = counts.get(c.name, 1)
-        for term, seconds in c.predicted_terms.items():
-            weighted[term] = weighted.get(term, 0.0) + n * c.ratio * seconds
-            predicted[term] = predicted.get(term, 0.0) + n * seconds
-    return {t: weighted[t] / predicted[t] for t in FACTOR_TERMS if predicted.get(t, 0.0) > 0.0}
-
-
-def run_components(spec: ModelSpec, seq_length: int, micro_batch_size: int, precision: str,
-                   hardware: HardwareProfile, device: torch.device | str, options=None,
-                   optimizer_params: int | None = None) -> ComponentReport:
-    """Time every component of ``spec`` at (``seq_length``, ``micro_batch_size``) on ``device`` and compare
-    it with the cost model's prediction on ``hardware`` (the profile the factors will be stored in)."""
+# ---- all components -----------------------------------------------------------------------------
+def measure_components(spec: ModelSpec, seq_length: int, micro_batch_size: int, precision: str,
+                       device: torch.device | str, options=None,
+                       optimizer_params: int | None = None) -> tuple[str, dict[str, float]]:
+    """(device name, {component: seconds}) for every component of ``spec`` at (``seq_length``,
+    ``micro_batch_size``) on ``device``: fwd+bwd of one micro-batch, 'optimizer' in seconds per parameter."""
     from executor.options import ExecutorOptions, check_model_supported
 
     check_model_supported(spec)
     device = torch.device(device)
     dtype = PRECISION_DTYPES[precision]
     options = options or ExecutorOptions()
-    parts, per_param = predicted_parts(spec, seq_length, micro_batch_size, precision, hardware)
-    pattern = spec.moe_layer_pattern()
-    counts = {"attention": spec.num_layers, "moe": sum(map(bool, pattern)),
-              "dense_mlp": sum(1 for p in pattern if not p), "head": 1, "optimizer": 1}
-    components = []
+    measured = {}
     blocks = _blocks(spec, seq_length, micro_batch_size, device, dtype, options)
     for name, op in blocks.items():
-        measured = time_device(op, device)
-        components.append(ComponentTime(name, measured, sum(parts[name].values()), parts[name]))
+        measured[name] = time_device(op, device)
     del blocks
     if device.type == "cuda":
         torch.cuda.empty_cache()
     n = optimizer_params or (OPTIMIZER_PARAMS_GPU if device.type == "cuda" else OPTIMIZER_PARAMS_CPU)
-    components.append(ComponentTime("optimizer", measure_optimizer(device, dtype, n), per_param,
-                                    {"optimizer": per_param}))
-    for c in components:
-        if not (math.isfinite(c.measured_s) and c.measured_s > 0 and c.predicted_s > 0):
-            raise RuntimeError(f"component {c.name}: measured {c.measured_s} s, predicted {c.predicted_s} s")
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return ComponentReport(spec.name, seq_length, micro_batch_size, precision, name, tuple(components), counts,
-                           term_factors(components, counts))
+    measured["optimizer"] = measure_optimizer(device, dtype, n)
+    return (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"), measured

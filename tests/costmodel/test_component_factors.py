@@ -82,3 +82,11 @@ def test_estimate_with_factors_scales_exactly_the_named_terms():
     qwen = get_model("qwen3-30b-a3b").with_layers(2)
     assert estimate(qwen, training, cluster, config).time.step_time == \
         estimate(qwen, training, ClusterSpec(get_hardware("h200"), 4), config).time.step_time
+
+
+def test_report_names_every_component_without_a_usable_time():
+    from costmodel.component_factors import build_report
+
+    measured = {"attention": 1e-3, "moe": 0.0, "head": float("nan"), "optimizer": 1e-9}
+    with pytest.raises(ValueError, match="moe: measured 0.0 s.*head: measured nan s"):
+        build_report(get_model("tiny-moe"), 32, 2, "fp32", "cpu", measured, get_hardware("cpu"))

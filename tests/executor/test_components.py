@@ -1,5 +1,6 @@
-"""Component calibration on CPU: the executor's blocks time at tiny-moe shapes, and the per-term factors
-spread each component's measured/predicted ratio so that the corrected pass sums to the measured one."""
+"""Component calibration on CPU: the executor's blocks timed at tiny-moe shapes, and (with
+costmodel.component_factors) the per-term factors that spread each component's measured/predicted ratio so
+that the corrected pass sums to the measured one."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import math
 import pytest
 
 from costmodel.catalog import get_hardware, get_model
-from executor.microbench.components import FACTOR_TERMS, ComponentTime, run_components, term_factors
+from costmodel.component_factors import FACTOR_TERMS, ComponentTime, build_report, term_factors
+from executor.microbench.components import measure_components
 
 
 @pytest.fixture(scope="module")
 def report():
-    return run_components(get_model("tiny-moe"), 32, 2, "fp32", get_hardware("cpu"), "cpu", optimizer_params=4096)
+    spec = get_model("tiny-moe")
+    device, measured = measure_components(spec, 32, 2, "fp32", "cpu", optimizer_params=4096)
+    assert device == "cpu"
+    return build_report(spec, 32, 2, "fp32", device, measured, get_hardware("cpu"))
 
 
 def test_every_component_has_a_positive_finite_time_and_prediction(report):
