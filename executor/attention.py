@@ -13,7 +13,7 @@ from costmodel.model_spec import ModelSpec
 from executor import recompute
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
-from executor.parallel.context_parallel import gather_kv, masked_attention
+from executor.parallel.context_parallel import cp_attention, gather_kv
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
@@ -82,7 +82,7 @@ class Attention(torch.nn.Module):
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
-            o = recompute.run(self.recompute_core, masked_attention, q, k, v, self.cp_mask)
+            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.cp_mask, self.cp.size, self.cp.rank)
         else:
             o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)

@@ -4,13 +4,24 @@ The sequence is cut into 2·cp equal chunks; CP rank i holds chunks i and 2·cp�
 same amount of causal attention work (an early chunk pairs with a late one). Each rank computes Q, K, V of
 its tokens, all-gathers K and V over the CP group (backward: reduce-scatter of their gradients) and attends
 with the causal mask written in global token positions. Dense gradients then reduce over DP·CP.
+
+On CUDA (bf16/fp16, head_dim a multiple of 8 up to 256) the attention itself runs on flash kernels instead
+(:func:`executor.kernels.cp_flash.chunked_causal_attention`): each local query chunk j attends to the
+gathered keys of chunks 0..j−1 unmasked and to chunk j causally, which skips the masked half of the
+[s/cp, s] score matrix that the masked SDPA computes. A first-use check per (dtype, head_dim, device)
+compares it with the masked path on small random tensors, forward and backward; if it fails, or on CPU,
+the masked path runs. FOLDTUNE_CP_FLASH=0 turns the flash path off.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
+from executor.kernels.cp_flash import chunked_causal_attention
+from executor.kernels.triton_permute import checked_once
 from executor.parallel.collectives import all_gather
 from executor.parallel.groups import Group
 
@@ -42,3 +53,89 @@ def masked_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
         k_BKSD = k_BKSD.repeat_interleave(groups, dim=1)
         v_BKSD = v_BKSD.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask_QK)
+
+
+def local_chunks(cp: int, rank: int) -> tuple[int, int]:
+    """Global indices of the two sequence chunks CP rank ``rank`` holds, in the order it holds them."""
+    return rank, 2 * cp - 1 - rank
+
+
+_ORDER: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _chunk_order(cp: int, device: torch.device) -> torch.Tensor:
+    """Index, into the gathered chunks (rank r holds chunks r and 2cp−1−r), of each global chunk; built once
+    per (cp, device), so no host-to-device copy per call."""
+    key = (cp, str(device))
+    if key not in _ORDER:
+        slots = [2 * j if j < cp else 2 * (2 * cp - 1 - j) + 1 for j in range(2 * cp)]
+        _ORDER[key] = torch.tensor(slots, dtype=torch.long, device=device)
+    return _ORDER[key]
+
+
+def global_order(k_BKSD: torch.Tensor, cp: int, groups: int) -> torch.Tensor:
+    """Gathered keys (or values) [b, kv_heads, s, d] in rank order → [b, kv_heads·groups, s, d] in global
+    sequence order, each KV head repeated ``groups`` times (as ``repeat_interleave``): one copy forward, one
+    index_add and one sum over the repeats backward."""
+    b, kv, s, d = k_BKSD.shape
+    x = k_BKSD.view(b, kv, 1, 2 * cp, s // (2 * cp), d).expand(b, kv, groups, 2 * cp, s // (2 * cp), d)
+    return x.index_select(3, _chunk_order(cp, k_BKSD.device)).view(b, kv * groups, s, d)
+
+
+def flash_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, cp: int,
+                    rank: int) -> torch.Tensor:
+    """The flash path: this rank's queries [b, heads, s/cp, d] against gathered K/V [b, kv_heads, s, d]."""
+    groups = q_BHSD.shape[1] // k_BKSD.shape[1]
+    return chunked_causal_attention(q_BHSD, global_order(k_BKSD, cp, groups), global_order(v_BKSD, cp, groups),
+                                    local_chunks(cp, rank))
+
+
+def causal_mask(seq_length: int, cp: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean [s/cp, s] mask (True = attend) of this rank's queries against the gathered keys."""
+    keys = all_positions(seq_length, cp, device)
+    return keys.unsqueeze(0) <= cp_positions(seq_length, cp, rank, device).unsqueeze(1)
+
+
+def _flash_supported(q_BHSD: torch.Tensor) -> bool:
+    d = q_BHSD.shape[-1]
+    return (q_BHSD.is_cuda and q_BHSD.dtype in (torch.bfloat16, torch.float16) and d % 8 == 0 and d <= 256
+            and os.environ.get("FOLDTUNE_CP_FLASH", "1") != "0")
+
+
+def check_flash(dtype: torch.dtype, head_dim: int, device: str) -> None:
+    """Raise unless the flash path matches the masked path (output and q/k/v gradients) on small random
+    GQA tensors for cp = 2, every rank; tolerance 2 % of the largest reference value below fp32."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    cp, s, b, heads, kv_heads = 2, 256, 1, 4, 2
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for rank in range(cp):
+        q = torch.randn(b, heads, s // cp, head_dim, device=device, generator=gen).to(dtype)
+        k = torch.randn(b, kv_heads, s, head_dim, device=device, generator=gen).to(dtype)
+        v = torch.randn(b, kv_heads, s, head_dim, device=device, generator=gen).to(dtype)
+        g = torch.randn(b, heads, s // cp, head_dim, device=device, generator=gen).to(dtype)
+        results = []
+        for fn in (lambda *t: masked_attention(*t, causal_mask(s, cp, rank, device)),
+                   lambda *t: flash_attention(*t, cp, rank)):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = fn(*leaves)
+            out.backward(g)
+            results.append([out] + [t.grad for t in leaves])
+        for name, want, got in zip(("out", "dq", "dk", "dv"), *results):
+            err = (got.float() - want.float()).abs().max().item()
+            bound = tol * max(want.float().abs().max().item(), 1.0)
+            if not err <= bound:
+                raise AssertionError(f"{name} differs from the masked path by {err:.3g} (> {bound:.3g}), rank {rank}")
+
+
+_CHECKED: dict[tuple, bool] = {}
+
+
+def cp_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, mask_QK: torch.Tensor,
+                 cp: int, rank: int) -> torch.Tensor:
+    """Causal GQA attention of this CP rank's queries [b, heads, s/cp, d] against the gathered K/V
+    [b, kv_heads, s, d]: the flash path where it is supported and checked, else the masked SDPA."""
+    if _flash_supported(q_BHSD) and checked_once(
+            _CHECKED, ("cp_flash", q_BHSD.dtype, q_BHSD.shape[-1], str(q_BHSD.device)),
+            lambda _, dtype, d, device: check_flash(dtype, d, device), "CP flash attention"):
+        return flash_attention(q_BHSD, k_BKSD, v_BKSD, cp, rank)
+    return masked_attention(q_BHSD, k_BKSD, v_BKSD, mask_QK)
