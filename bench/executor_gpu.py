@@ -5,7 +5,12 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   moe       MoE layer fwd+bwd (router, dispatch, grouped experts, combine) vs the ideal expert FFN
             (the three grouped GEMMs + SwiGLU, fwd+bwd, on pre-permuted, perfectly balanced tokens):
             Mixtral (h4096, ffn14336, 8 experts, top-2) bar ≥ 0.95; fine-grained (h2048, ffn768,
-            128 experts, top-8) bar ≥ 0.85; seq 4096, bf16
+            128 experts, top-8) bar ≥ 0.85; seq 4096, bf16. The headline ``ratio`` is steady state (20
+            fwd+bwd back to back between two events, as inside a training step, where the host runs ahead
+            and the router's launch latency hides behind the previous layer's kernels); ``isolated_ratio``
+            times each fwd+bwd from an idle device (sync per iteration, launch latency exposed);
+            ``host_issue_s`` next to it shows when the host is the limit. Also at 8192 tokens (mbs 2 x seq
+            4096: keys moe_mixtral_mbs2, moe_finegrained_mbs2; no bar)
   stack     Mixtral-8x7B-shaped decoder layers (GQA 32/8) fwd+bwd TFLOP/s vs the dense GEMM, bar ≥ 0.55,
             with peak memory
   check     NCCL equivalence: EP2 and TP2 on 2 GPUs (fp32) vs the CPU single-process reference
@@ -17,6 +22,7 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
             (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
             FOLDTUNE_FUSED_ROUTER/PERMUTE/SWIGLU=0 (the torch paths), for an A/B per stage
 Usage: python bench/executor_gpu.py [--parts gemm,moe,stack,check,ep2] [--layers 2]
+       python bench/executor_gpu.py --device cpu --tiny --parts moe,moe_breakdown   (CPU smoke run)
 """
 
 from __future__ import annotations
@@ -47,15 +53,30 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
-from bench.moe_breakdown import BalancedRouter, breakdown, format_table, fused_paths, wall_seconds
+from bench.moe_breakdown import (BalancedRouter, breakdown, format_table, fused_paths, host_seconds, steady_seconds,
+                                 wall_seconds)
 
-DEV = torch.device("cuda", 0)
+DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
+# The bar's MoE shapes (hidden, ffn, experts, top-k) and the sequence of one micro-batch.
+MOE_SHAPES = {"mixtral": (4096, 14336, 8, 2), "finegrained": (2048, 768, 128, 8)}
+SEQ = 4096
+# --tiny: the same code paths at shapes a CPU runs in seconds (dims multiples of 8 for the grouped GEMM)
+TINY_MOE_SHAPES = {"mixtral": (64, 96, 8, 2), "finegrained": (32, 16, 16, 4)}
+TINY_SEQ = 64
+STEADY_ITERS = 20
 
 
 def timeit(fn, warmup: int = 3, iters: int = 10) -> float:
     """Median seconds of ``fn`` over ``iters`` runs timed with CUDA events, after ``warmup`` runs."""
     return wall_seconds(fn, DEV, warmup, iters)
+
+
+def both_timings(fn) -> dict[str, float]:
+    """Seconds per call of ``fn``: steady state (back to back, the bar), isolated (idle device before each
+    call) and the host's issue time (no sync)."""
+    return {"steady": steady_seconds(fn, DEV, iters=STEADY_ITERS), "isolated": timeit(fn),
+            "host": host_seconds(fn, DEV)}
 
 
 FUSED_SWITCHES = ("FOLDTUNE_FUSED_PERMUTE", "FOLDTUNE_FUSED_ROUTER", "FOLDTUNE_FUSED_SWIGLU")
@@ -90,12 +111,19 @@ def moe_spec(h: int, f: int, experts: int, topk: int) -> ModelSpec:
                      moe_ffn_hidden_size=f)
 
 
-def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dict:
+def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int = 1) -> dict:
+    """MoE layer fwd+bwd vs the ideal on ``seq·mbs`` tokens: seconds per fwd+bwd, ratios ideal / layer.
+
+    The bar: ``layer_s``, ``ideal_s``, ``ratio`` and the round-robin ``balanced_layer_s`` and
+    ``balanced_ratio``, all in steady state; ``isolated_*``: the same timed from an idle device;
+    ``*host_issue_s``: host seconds to issue one fwd+bwd (where it reaches the steady-state time, the host
+    is the limit, not the GPU)."""
+    tokens = seq * mbs
     spec = moe_spec(h, f, experts, topk)
     state = single_process_state()
     layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), DEV, BF16)
-    x = torch.randn(tokens, 1, h, device=DEV, dtype=BF16, requires_grad=True)
-    gy = torch.randn(tokens, 1, h, device=DEV, dtype=BF16)
+    x = torch.randn(seq, mbs, h, device=DEV, dtype=BF16, requires_grad=True)
+    gy = torch.randn(seq, mbs, h, device=DEV, dtype=BF16)
 
     def layer_step():
         layer.zero_grad(set_to_none=True)  # as in a training step: the first backward writes the grads
@@ -103,15 +131,8 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
         y, _ = layer(x)
         y.backward(gy)
 
-    t_layer = timeit(layer_step)
+    t_layer = both_timings(layer_step)
     counts = layer.last_tokens_per_expert.float()
-    # Host time to issue one fwd+bwd (no synchronisation inside): above the device time, launches bind.
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        layer_step()
-    host_s = (time.perf_counter() - t0) / 10
-    torch.cuda.synchronize()
     rows = tokens * topk
     xs = torch.randn(rows, h, device=DEV, dtype=BF16, requires_grad=True)
     gs = torch.randn(rows, h, device=DEV, dtype=BF16)
@@ -122,26 +143,36 @@ def part_moe(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dic
         xs.grad = None
         layer.experts(xs, balanced).backward(gs)
 
-    t_ideal = timeit(ideal_step)
+    t_ideal = both_timings(ideal_step)
 
     # Diagnostic: the same layer with a round-robin router (perfect balance), to split the gap into
     # routing imbalance and the cost of routing + permutation themselves.
     real_router = layer.router
     layer.router = BalancedRouter(tokens, experts, topk, DEV)
-    t_balanced = timeit(layer_step)
+    t_balanced = both_timings(layer_step)
     layer.router = real_router
     flops = 3 * 3 * 2 * rows * h * f
-    return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens},
-            "layer_s": t_layer, "ideal_s": t_ideal, "ratio": t_ideal / t_layer,
-            "host_issue_s": host_s, "balanced_layer_s": t_balanced, "balanced_ratio": t_ideal / t_balanced,
-            "layer_tflops": flops / t_layer / 1e12, "ideal_tflops": flops / t_ideal / 1e12,
+    steady, isolated = t_ideal["steady"], t_ideal["isolated"]
+    return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens, "seq": seq,
+                      "mbs": mbs},
+            "timing": f"steady state: {STEADY_ITERS} fwd+bwd back to back between two events, median of 3; "
+                      "isolated_*: sync before each fwd+bwd, median of 10",
+            "layer_s": t_layer["steady"], "ideal_s": steady, "ratio": steady / t_layer["steady"],
+            "balanced_layer_s": t_balanced["steady"], "balanced_ratio": steady / t_balanced["steady"],
+            "isolated_layer_s": t_layer["isolated"], "isolated_ideal_s": isolated,
+            "isolated_ratio": isolated / t_layer["isolated"],
+            "isolated_balanced_layer_s": t_balanced["isolated"],
+            "isolated_balanced_ratio": isolated / t_balanced["isolated"],
+            "host_issue_s": t_layer["host"], "balanced_host_issue_s": t_balanced["host"],
+            "ideal_host_issue_s": t_ideal["host"],
+            "layer_tflops": flops / t_layer["steady"] / 1e12, "ideal_tflops": flops / steady / 1e12,
             "imbalance_max_over_mean": float(counts.max() / counts.mean()), "fused_paths": fused_paths()}
 
 
 def part_moe_breakdown(h: int, f: int, experts: int, topk: int) -> dict:
     """Each MoE sub-step fwd and bwd timed alone and inline, random vs balanced routing, the ideal on the
     random routing's uneven group sizes (bench/moe_breakdown.py)."""
-    result = breakdown(h, f, experts, topk, dev=DEV)
+    result = breakdown(h, f, experts, topk, tokens=SEQ, dev=DEV, dtype=BF16)
     print(format_table(f"moe_breakdown h{h} f{f} e{experts} k{topk}", result), flush=True)
     return result
 
@@ -279,15 +310,40 @@ def part_ep2(layers: int, seq: int = 4096, balanced: bool = False) -> dict:
     return {"ratio": ratio, "balanced_routing": balanced, "runs": runs}
 
 
+def moe_rows(key: str, r: dict, bar: float | None) -> list[tuple[str, str, str, str]]:
+    """Summary rows of one part_moe result: the steady-state ratio against ``bar`` (None: no bar), the
+    isolated ratio, round-robin routing, and layer milliseconds steady / isolated / host issue."""
+    if "ratio" not in r:
+        return []
+    tokens = r["shape"]["tokens"]
+    judged = ("", "") if bar is None else (f"{bar}", "yes" if r["ratio"] >= bar else "NO")
+    ms = f"{r['layer_s'] * 1e3:.2f}/{r['isolated_layer_s'] * 1e3:.2f}/{r['host_issue_s'] * 1e3:.2f}"
+    return [(f"{key} ({tokens} tok) layer/ideal, steady", f"{r['ratio']:.3f}", *judged),
+            ("  isolated (sync per iteration)", f"{r['isolated_ratio']:.3f}", "", ""),
+            ("  round-robin routing, steady / isolated", f"{r['balanced_ratio']:.3f} / "
+             f"{r['isolated_balanced_ratio']:.3f}", "", ""),
+            ("  layer ms steady/isolated/host issue", ms, "", "")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="gemm,moe,stack,check,ep2")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers of the Mixtral proxy")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "executor_gpu.json"))
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: smoke run of the moe and moe_breakdown parts in fp32 (use with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny MoE shapes and seq 64 (CPU smoke runs)")
     args = parser.parse_args()
     parts = args.parts.split(",")
-    report = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
-              "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    global DEV, BF16, SEQ, MOE_SHAPES
+    if args.device == "cpu":
+        DEV, BF16 = torch.device("cpu"), torch.float32
+    if args.tiny:
+        SEQ, MOE_SHAPES = TINY_SEQ, TINY_MOE_SHAPES
+    cuda = DEV.type == "cuda"
+    report = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "gpus": torch.cuda.device_count(),
+              "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "dtype": str(BF16).replace("torch.", ""), "seq": SEQ}
     rows = []
 
     def save():
@@ -303,7 +359,8 @@ def main() -> int:
 
             traceback.print_exc()
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
         print(f"[{name}] {time.time() - t0:.1f} s: {json.dumps(report[name])[:600]}", flush=True)
         save()
 
@@ -313,18 +370,20 @@ def main() -> int:
         run("fused_check", part_fused_check)
     if "unfused" in parts:  # A/B: the torch router and permutation paths
         with torch_paths():
-            run("moe_mixtral_unfused", part_moe, 4096, 14336, 8, 2)
-            run("moe_finegrained_unfused", part_moe, 2048, 768, 128, 8)
+            for name, shape in MOE_SHAPES.items():
+                run(f"moe_{name}_unfused", part_moe, *shape, SEQ)
     if "moe" in parts:
-        run("moe_mixtral", part_moe, 4096, 14336, 8, 2)
-        run("moe_finegrained", part_moe, 2048, 768, 128, 8)
+        for name, shape in MOE_SHAPES.items():
+            run(f"moe_{name}", part_moe, *shape, SEQ)
+        for name, shape in MOE_SHAPES.items():  # 8192 tokens: mbs 2 x seq 4096 (no bar)
+            run(f"moe_{name}_mbs2", part_moe, *shape, SEQ, 2)
     if "moe_breakdown" in parts:
-        run("moe_breakdown_mixtral", part_moe_breakdown, 4096, 14336, 8, 2)
-        run("moe_breakdown_finegrained", part_moe_breakdown, 2048, 768, 128, 8)
+        for name, shape in MOE_SHAPES.items():
+            run(f"moe_breakdown_{name}", part_moe_breakdown, *shape)
     if "moe_breakdown_unfused" in parts:  # the same stages on the torch router and permutation paths
         with torch_paths():
-            run("moe_breakdown_mixtral_unfused", part_moe_breakdown, 4096, 14336, 8, 2)
-            run("moe_breakdown_finegrained_unfused", part_moe_breakdown, 2048, 768, 128, 8)
+            for name, shape in MOE_SHAPES.items():
+                run(f"moe_breakdown_{name}_unfused", part_moe_breakdown, *shape)
     if "router" in parts:
         run("router_gemm", part_router_gemm)
     if "trace" in parts:
@@ -340,21 +399,18 @@ def main() -> int:
 
     gemm = report.get("gemm", {}).get("tflops")
     print(f"\n{report['device']}  x{report['gpus']}  torch {report['torch']}  {report['date']}")
-    print(f"{'measure':<34}{'value':>12}{'bar':>8}  pass")
+    print(f"{'measure':<54}{'value':>22}{'bar':>8}  pass")
     if gemm:
         rows.append(("dense bf16 GEMM 8192^3 TFLOP/s", f"{gemm:.0f}", "", ""))
     for key, bar in (("moe_mixtral_unfused", 0.95), ("moe_finegrained_unfused", 0.85), ("moe_mixtral", 0.95),
-                     ("moe_finegrained", 0.85)):
-        r = report.get(key, {})
-        if "ratio" in r:
-            rows.append((f"{key} layer/ideal", f"{r['ratio']:.3f}", f"{bar}", "yes" if r["ratio"] >= bar else "NO"))
-            rows.append(("  same, round-robin routing", f"{r['balanced_ratio']:.3f}", "", ""))
+                     ("moe_finegrained", 0.85), ("moe_mixtral_mbs2", None), ("moe_finegrained_mbs2", None)):
+        rows.extend(moe_rows(key, report.get(key, {}), bar))
     for key in ("moe_breakdown_mixtral", "moe_breakdown_finegrained"):
         r = report.get(key, {})
         if "random" in r:  # diagnostics, no bar: the layer against the ideal on its own uneven groups
             name = key[len("moe_breakdown_"):]
-            rows.append((f"{name} layer/uneven ideal", f"{r['random']['ratio_vs_uneven_ideal']:.3f}", "", ""))
-            rows.append(("  uneven ideal / ideal", f"{r['uneven_ideal_over_ideal']:.3f}", "", ""))
+            rows.append((f"{name} layer/uneven ideal, steady", f"{r['random']['ratio_vs_uneven_ideal']:.3f}", "", ""))
+            rows.append(("  uneven ideal / ideal, steady", f"{r['uneven_ideal_over_ideal']:.3f}", "", ""))
     st = report.get("stack", {})
     if "tflops" in st and gemm:
         ratio = st["tflops"] / gemm
@@ -367,7 +423,7 @@ def main() -> int:
     for k, v in report.get("check", {}).items():
         rows.append((f"NCCL equivalence {k}", "ok" if v.get("ok") else "FAIL", "", ""))
     for row in rows:
-        print(f"{row[0]:<34}{row[1]:>12}{row[2]:>8}  {row[3]}")
+        print(f"{row[0]:<54}{row[1]:>22}{row[2]:>8}  {row[3]}")
     save()
     return 0
 
