@@ -129,7 +129,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, con
 
     memory = estimate_memory(model, training, cluster, config)
     time = estimate_step_time(model, training, cluster, config,
-                              corrections=component_corrections(model, training, cluster, config.micro_batch_size))
+                              corrections=component_corrections(model, training, cluster, config))
     return combine(config, training, cluster, memory, time)
 
 
@@ -139,12 +139,15 @@ def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, co
     from costmodel.step_time import estimate_step_time
 
     return estimate_step_time(model, training, cluster, config,
-                              corrections=component_corrections(model, training, cluster, config.micro_batch_size))
+                              corrections=component_corrections(model, training, cluster, config))
 
 
 def component_corrections(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                          micro_batch_size: int | None = None) -> dict[str, float] | None:
+                          config: ParallelConfig | None = None) -> dict[str, float] | None:
     """Per-term factors (measured / predicted) the profile holds for this model's executor components at
-    this sequence length and micro-batch size, or the nearest ones measured (``foldtune calibrate --model``);
-    None without."""
-    return cluster.hardware.component_corrections(model.name, training.seq_length, micro_batch_size)
+    the tokens per micro-batch one rank of ``config`` works on (seq x mbs / (tp x cp)), or the nearest ones
+    measured (``foldtune calibrate --model``); None without. No config: the nearest sequence length."""
+    if config is None:
+        return cluster.hardware.component_corrections(model.name, training.seq_length)
+    return cluster.hardware.component_corrections(model.name, training.seq_length, config.micro_batch_size,
+                                                  config.tp * config.cp)

@@ -100,7 +100,10 @@ class HardwareProfile:
     :attr:`op_launch_seconds` / :attr:`collective_launch_seconds`, which fall back to the documented
     rules of thumb ``DEFAULT_OP_LAUNCH_S`` / ``DEFAULT_COLLECTIVE_LAUNCH_S``. ``moe_layer_host_s`` is the
     measured host time of one of this project's executor MoE layers on tiny shapes (forward + backward);
-    the time model derives its seconds per executor op from it when present.
+    the time model derives its seconds per executor op from it when present. ``overlap_slowdown`` is the
+    measured fraction of an overlapped gradient collective's seconds that the compute beside it still
+    pays (SMs and HBM bandwidth the collective takes); None means not measured, priced as 0 (perfect
+    overlap).
     """
 
     name: str
@@ -118,6 +121,7 @@ class HardwareProfile:
     op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
+    overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
     # '<model name>@seq<S>' -> ((term, measured/predicted), ...): executor components timed at that shape
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
@@ -138,23 +142,35 @@ class HardwareProfile:
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number of seconds > 0, got {value}")
+        require(p, self.overlap_slowdown is None or 0.0 <= self.overlap_slowdown <= 1.0,
+                f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, all(math.isfinite(f) and f > 0 for _, v in self.component_factors for _, f in v),
                 "component_factors must be finite numbers > 0")
         raise_if(p, f"hardware profile {self.name!r}")
 
-    def component_corrections(self, model_name: str, seq_length: int,
-                              micro_batch_size: int | None = None) -> dict[str, float] | None:
+    def component_corrections(self, model_name: str, seq_length: int, micro_batch_size: int | None = None,
+                              tokens_divisor: int = 1) -> dict[str, float] | None:
         """Term factors measured for ``model_name`` (``foldtune calibrate --model``): entries of that exact
-        name, else (a proxy 'NAME@<n>L' or the full model) of any entry of the same base model; among them
-        the nearest sequence length, then the nearest micro-batch size (log scale; a key without '@mbs<M>'
-        matches any size, after those that name one); None when the profile has none for the model."""
+        name, else (a proxy 'NAME@<n>L' or the full model) of any entry of the same base model; None when
+        the profile has none for the model.
+
+        With a micro-batch size, the entry whose tokens per micro-batch (seq x mbs) are nearest (log scale)
+        to this rank's, ``seq_length x micro_batch_size / tokens_divisor`` (pass tp x cp: each rank's MoE
+        block and elementwise work see that share), wins; ties go to the nearest sequence length, and keys
+        without '@mbs<M>' come last. Without one, the nearest sequence length, preferring keys without a size.
+        """
         if not self.component_factors:
             return None
         entries = [(*parse_component_key(k), dict(v)) for k, v in self.component_factors]
         base = model_name.split("@")[0]
         for same in (lambda n: n == model_name, lambda n: n.split("@")[0] == base):
-            hits = [(abs(seq - seq_length), _mbs_distance(mbs, micro_batch_size), -seq, f)
-                    for n, seq, mbs, f in entries if same(n)]
+            if micro_batch_size is None:
+                hits = [(abs(seq - seq_length), _mbs_distance(mbs, None), -seq, f)
+                        for n, seq, mbs, f in entries if same(n)]
+            else:
+                tokens = math.log2(seq_length * micro_batch_size / max(1, tokens_divisor))
+                hits = [(abs(math.log2(seq * mbs) - tokens) if mbs else 1e9, abs(seq - seq_length), -seq, f)
+                        for n, seq, mbs, f in entries if same(n)]
             if hits:
                 return min(hits, key=lambda h: h[:3])[3]
         return None
@@ -184,7 +200,7 @@ class HardwareProfile:
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
-            "moe_layer_host_s": self.moe_layer_host_s,
+            "moe_layer_host_s": self.moe_layer_host_s, "overlap_slowdown": self.overlap_slowdown,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
         }

@@ -77,6 +77,13 @@ LOSS_BYTES_PER_LOGIT_BWD = 8
 FP8_CAST_BYTES_PER_ELEMENT = 4
 # Backward of an elementwise op reads its saved input and the incoming gradient, writes one gradient.
 ELEMENTWISE_BWD_RATIO = 2.0
+# Every micro-batch's weight gradient is accumulated into the fp32 main gradient (Megatron's recipe without
+# gradient-accumulation fusion, as the executor does it): read the 16-bit gradient (2), read and write the
+# fp32 main gradient (4 + 4). fp32 weights accumulate into .grad: read both and write one (4 + 4 + 4).
+# Paid per weight element held on this rank, per micro-batch: more micro-batches (TP, CP, small mbs) or
+# more local weights (EDP > 1 replicas of the experts) cost more, whatever the tokens.
+MAIN_GRAD_ACCUM_BYTES = 10
+FP32_GRAD_ACCUM_BYTES = 12
 
 # indices of the per-micro-batch terms in a layer vector
 GEMM, GROUPED, ATTN, MEM, TP, CP, A2A, ETP = range(8)
@@ -211,6 +218,12 @@ class _Shape:
         self.tokens_local = self.tokens / tp if sp else float(self.tokens)  # rows of elementwise ops
         self.moe_tokens = self.tokens / tp  # tokens entering the MoE layer on this rank (SP-sharded)
         self.act_bytes = training.activation_bytes
+        if training.gradient_accumulation_fusion:
+            self.accum_bytes = 0
+        elif training.precision == "fp32":
+            self.accum_bytes = FP32_GRAD_ACCUM_BYTES
+        else:
+            self.accum_bytes = MAIN_GRAD_ACCUM_BYTES if training.main_grads_fp32 else 3 * training.param_bytes
         self.flash = training.flash_attention
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
@@ -231,6 +244,7 @@ class _Shape:
         """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 input casts."""
         fwd, bwd = gemm_fwd_bwd(self.rates, round(m), round(n), round(k), low_precision)
         block.add(GEMM, fwd, bwd, module)
+        self.grad_accumulation(block, n * k)
         if self.fp8 and low_precision:
             self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * m * k, module,
                              bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * m * n)
@@ -241,6 +255,11 @@ class _Shape:
         if bwd_bytes is None:
             bwd_bytes = ELEMENTWISE_BWD_RATIO * fwd_bytes
         block.add(term, memory_time(self.rates, fwd_bytes), memory_time(self.rates, bwd_bytes), module)
+
+    def grad_accumulation(self, block: _Block, weights: float) -> None:
+        """Backward-only: add this micro-batch's gradient of ``weights`` elements into the main gradient."""
+        if self.accum_bytes:
+            block.add(MEM, 0.0, memory_time(self.rates, self.accum_bytes * weights))
 
     def tp_block_comm(self, block: _Block, gather_bytes: float, scatter_bytes: float,
                       module: str | tuple[str, ...] = ()) -> None:
@@ -361,6 +380,7 @@ class _Shape:
         # router: a small bf16 GEMM over the local tokens, then fp32 scores, top-k and the aux loss
         fwd, bwd = gemm_fwd_bwd(self.rates, max(1, round(local)), experts, h, False)
         block.add(MEM, fwd, bwd, "moe")
+        self.grad_accumulation(block, experts * h)
         self.elementwise(block, 12 * local * experts, "moe")
         self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # permute: gather token copies
         received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
@@ -387,6 +407,7 @@ class _Shape:
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
         fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)
         block.add(GROUPED, fwd1 + fwd2, bwd1 + bwd2, "moe")
+        self.grad_accumulation(block, local_experts * (gate + 1) * ffn / self.etp * h)
         if self.fp8:
             self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * received * (h + ffn / self.etp), "moe",
                              bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * received * (gate * ffn / self.etp + h))
@@ -397,6 +418,7 @@ class _Shape:
         h, ab, t = self.model.hidden_size, self.act_bytes, self.tokens
         # vocab-parallel lookup of every token on each TP rank, then a reduction over TP
         self.elementwise(block, 2 * t * h * ab, bwd_bytes=t * h * (ab + 8))
+        self.grad_accumulation(block, self.model.padded_vocab_size(self.tp) / self.tp * h)
         place = self.tp_place
         if place.size > 1:
             name = "reduce_scatter" if self.sp else "all_reduce"
@@ -606,6 +628,7 @@ class _Context:
         self.tokens_per_step = training.global_batch_size * training.seq_length
         self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes
         self.optimizer_seconds_per_param = OPTIMIZER_BYTES_PER_PARAM / self.rates.hbm_bandwidth
+        self.overlap_slowdown = cluster.hardware.overlap_slowdown or 0.0
         self.parts: dict[tuple, _LayerCost] = {}
         self.combos: dict[tuple, tuple[_LayerCost, ...]] = {}
         self.layers: dict[tuple, _Layers] = {}
@@ -773,11 +796,15 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         edp_grad = exposed * eg / grads
         hidden[3] = dg - dp_grad
         hidden[4] = eg - edp_grad
+        # hidden is not free: the compute beside the collective loses the measured share of its seconds
+        dp_grad += ctx.overlap_slowdown * hidden[3]
+        edp_grad += ctx.overlap_slowdown * hidden[4]
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
             param_gather = min(gathers, max(gathers - window_fwd, dpg_b, epg_b))
         hidden[5] = gathers - param_gather
+        param_gather += ctx.overlap_slowdown * hidden[5]
     if pp > 1:
         hkey = (layers.p2p_bytes, world, pp)
         hop = ctx.hops.get(hkey)

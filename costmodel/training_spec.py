@@ -21,6 +21,8 @@ class TrainingSpec:
     both. ``moe_routing_imbalance`` is the expected ratio of the busiest expert's tokens to the mean
     (1.0 = perfectly balanced); the memory and time models size expert buffers and GEMMs by it.
     ``flash_attention`` False models the unfused softmax path (it stores the s×s score matrix).
+    ``gradient_accumulation_fusion`` True models Megatron's fused weight-gradient accumulation (no separate
+    per-micro-batch pass over the main gradients).
     """
 
     seq_length: int
@@ -33,6 +35,10 @@ class TrainingSpec:
     moe_routing_imbalance: float = 1.0
     flash_attention: bool = True
     main_grads_fp32: bool = True  # Megatron accumulates grads in fp32 (the 18-byte recipe)
+    # Megatron's --gradient-accumulation-fusion: the weight-gradient GEMM adds straight into the fp32 main
+    # gradient. foldtune's executor does not fuse (it adds each micro-batch's gradient in a separate kernel),
+    # so the default prices that traffic; set True to model Megatron runs.
+    gradient_accumulation_fusion: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []

@@ -159,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
              if profile.collective_launch_s is not None else "")
           + (f", {profile.moe_layer_host_s * 1e3:.3f} ms per executor MoE layer (tiny shapes, fwd+bwd)"
              if profile.moe_layer_host_s is not None else ""))
+    if profile.overlap_slowdown is not None:
+        print(f"overlap interference: a hidden reduce-scatter still costs {profile.overlap_slowdown:.2f} of its "
+              f"seconds")
     for key, curve in profile.collective_efficiency:
         print(f"{key:<22} " + ", ".join(f"{x / 2**20:.3g}MiB:{y:.3g}" for x, y in curve.points))
     print(f"profile {profile.name!r} written to {out}")

@@ -36,7 +36,7 @@ def _say(rank: int):
 
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM and copy benchmarks, then the collectives; returns its raw timings."""
-    from executor.microbench import collectives, gemm, grouped_gemm, hbm, launch
+    from executor.microbench import collectives, gemm, grouped_gemm, hbm, launch, overlap
 
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
@@ -69,6 +69,11 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
         say("collectives")
         report["collectives"] = collectives.measure_collectives(
             rank, world_size, device, dtype, collectives.default_bytes(device, plan.quick), say=say)
+        say("overlap interference (reduce-scatter beside GEMMs)")
+        report["overlap"] = overlap.measure_overlap(world_size, device, dtype)
+        o = report["overlap"]
+        say(f"  gemms {o['gemm_s'] * 1e3:8.3f} ms   reduce-scatter {o['comm_bytes'] / 2**20:.0f} MiB "
+            f"{o['comm_s'] * 1e3:8.3f} ms   both {o['both_s'] * 1e3:8.3f} ms   slowdown {o['slowdown']:.2f}")
     return report
 
 
@@ -83,7 +88,10 @@ def merge_ranks(reports: list[dict]) -> dict:
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
             "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
-            "launch": _merged_launch([r["launch"] for r in reports])}
+            "launch": _merged_launch([r["launch"] for r in reports]),
+            # the pair ends when its slowest rank does: the largest slowdown
+            "overlap": max((r["overlap"] for r in reports if r.get("overlap")), key=lambda o: o["slowdown"],
+                           default=None)}
 
 
 def _merged_launch(rows: list[dict]) -> dict:

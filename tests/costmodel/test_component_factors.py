@@ -65,6 +65,23 @@ def test_lookup_picks_the_nearest_micro_batch_size_of_the_nearest_seq():
     assert t1.term("gemm") == pytest.approx(1.5 * plain.term("gemm"))
 
 
+def test_lookup_follows_the_tokens_one_rank_works_on():
+    """TP and CP split each micro-batch's tokens: a TP2 rank at mbs 1 and seq 4096 runs 2048 tokens per
+    MoE pass, so the factors measured at 2048 tokens apply, not those of a whole 4096-token micro-batch."""
+    profile = _profile({f"{MODEL.name}@seq4096@mbs1": {"gemm": 1.5}, f"{MODEL.name}@seq2048@mbs1": {"gemm": 2.5},
+                        f"{MODEL.name}@seq4096@mbs2": {"gemm": 1.2}})
+    assert profile.component_corrections(MODEL.name, 4096, 1, tokens_divisor=2) == {"gemm": 2.5}
+    assert profile.component_corrections(MODEL.name, 4096, 2, tokens_divisor=2) == {"gemm": 1.5}
+    assert profile.component_corrections(MODEL.name, 4096, 2, tokens_divisor=1) == {"gemm": 1.2}
+    training = TrainingSpec(seq_length=4096, global_batch_size=16)
+    cluster = ClusterSpec(profile, 4)
+    plain = ClusterSpec(get_hardware("h200"), 4)
+    for config, factor in ((ParallelConfig(world_size=4, tp=2, ep=2, micro_batch_size=1), 2.5),
+                           (ParallelConfig(world_size=4, cp=2, ep=2, micro_batch_size=2), 1.5)):
+        assert estimate(MODEL, training, cluster, config).time.term("gemm") == pytest.approx(
+            factor * estimate(MODEL, training, plain, config).time.term("gemm"))
+
+
 def test_estimate_with_factors_scales_exactly_the_named_terms():
     training = TrainingSpec(seq_length=4096, global_batch_size=16)
     config = ParallelConfig(world_size=4, ep=2, micro_batch_size=2)

@@ -18,7 +18,7 @@ from costmodel import (
     get_hardware,
     get_model,
 )
-from costmodel.compute import KERNEL_OVERHEAD_S
+from costmodel.compute import KERNEL_OVERHEAD_S, compute_rates, memory_time
 from costmodel.flops import flops_per_step
 from costmodel.params import stage_param_counts
 from costmodel.step_time import (
@@ -301,7 +301,8 @@ def nemo_rows():
     for values in table["rows"]:
         r = dict(zip(table["columns"], values))
         model = _nemo_model(r["model"], table["models"][r["model"]])
-        training = TrainingSpec(seq_length=r["seq"], global_batch_size=r["gbs"], precision="fp8")
+        training = TrainingSpec(seq_length=r["seq"], global_batch_size=r["gbs"], precision="fp8",
+                                gradient_accumulation_fusion=True)
         # NeMo's performance recipes run SP with TP comm overlap, the distributed optimizer and both DP overlaps
         config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], vpp=r["vpp"],
                                 micro_batch_size=r["mbs"], tp_comm_overlap=r["tp"] > 1)
@@ -322,7 +323,7 @@ def korthikanti_rows():
                           attention_dropout=0.1, hidden_dropout=0.1)
         # 2022 Megatron: unfused softmax attention, no TP comm overlap
         training = TrainingSpec(seq_length=table["seq"], global_batch_size=r["gbs"], precision="fp16",
-                                flash_attention=False)
+                                flash_attention=False, gradient_accumulation_fusion=True)
         for mode, knobs in (("full_recompute", dict(sequence_parallel=False, recompute_granularity="full")),
                             ("sp_selective", dict(sequence_parallel=True, recompute_granularity="selective"))):
             config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], vpp=r["vpp"] or 1,
@@ -342,7 +343,8 @@ def moe_layer_rows():
                           ffn_hidden_size=dims["moe_ffn"], vocab_size=32000, num_experts=dims["experts"],
                           moe_router_topk=dims["topk"], moe_ffn_hidden_size=dims["moe_ffn"],
                           moe_shared_expert_intermediate_size=dims.get("shared_ffn"))
-        training = TrainingSpec(seq_length=table["seq"], global_batch_size=8, precision=r["dtype"])
+        training = TrainingSpec(seq_length=table["seq"], global_batch_size=8, precision=r["dtype"],
+                                gradient_accumulation_fusion=True)
         part = layer_times(model, training, ClusterSpec(H100, 8), ParallelConfig(world_size=8, ep=table["ep"]))["moe"]
         out.append((f"{r['layer']} {r['dtype']} fwd", part.fwd_time * 1e3, r["fwd_ms"]))
         out.append((f"{r['layer']} {r['dtype']} bwd", part.bwd_time * 1e3, r["bwd_ms"]))
@@ -422,3 +424,35 @@ def test_host_overhead_vanishes_for_a_real_sized_layer():
     b = estimate_step_time(model, TrainingSpec(seq_length=4096, global_batch_size=8), ClusterSpec(H100, 2),
                            ParallelConfig(world_size=2, ep=2))
     assert b.term("host_overhead") == 0.0
+
+
+def test_overlap_slowdown_charges_its_share_of_hidden_gradient_traffic():
+    """A measured interference of 0.4 adds 0.4 x the hidden seconds of each DP collective to its exposed term."""
+    model = get_model("mixtral-8x7b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=64)
+    config = ParallelConfig(world_size=16, tp=2, ep=8, micro_batch_size=1)
+    slow = estimate_step_time(model, training, ClusterSpec(replace(H100, overlap_slowdown=0.4), 16), config)
+    free = estimate_step_time(model, training, ClusterSpec(H100, 16), config)
+    hidden = dict(free.hidden)
+    for term, name in (("dp_grad", "dp_grad"), ("edp_grad", "edp_grad"), ("param_gather", "param_gather")):
+        assert slow.term(term) == pytest.approx(free.term(term) + 0.4 * hidden[name])
+    assert sum(hidden[n] for n in ("dp_grad", "edp_grad", "param_gather")) > 0  # something was hidden
+    assert slow.step_time > free.step_time
+
+
+def test_unfused_gradient_accumulation_costs_a_pass_over_local_weights_per_micro_batch():
+    """10 bytes per local weight per micro-batch: with twice the micro-batches (mbs 1 vs 2) the unfused
+    executor pays the pass twice as often; Megatron's fused accumulation pays nothing."""
+    model = get_model("mixtral-8x7b").with_layers(2)
+    cluster = ClusterSpec(H100, 1)
+    unfused = TrainingSpec(seq_length=4096, global_batch_size=8)
+    fused = replace(unfused, gradient_accumulation_fusion=True)
+    config = ParallelConfig(world_size=1, micro_batch_size=1)
+    moe_u = layer_times(model, unfused, cluster, config)["moe"]
+    moe_f = layer_times(model, fused, cluster, config)["moe"]
+    experts = model.num_experts * 3 * model.expert_ffn_hidden_size * model.hidden_size
+    router = model.num_experts * model.hidden_size
+    rates = compute_rates(H100, "bf16")
+    extra = moe_u.bwd_time - moe_f.bwd_time
+    assert extra == pytest.approx(memory_time(rates, 10 * experts) + memory_time(rates, 10 * router), rel=1e-6)
+    assert moe_u.fwd_time == pytest.approx(moe_f.fwd_time)

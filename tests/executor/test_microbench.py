@@ -59,6 +59,18 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     assert {r["group_size"] for r in raw["collectives"]} == {2, 4}
 
 
+def test_overlap_interference_is_measured_and_stored(calibrated):
+    raw, profile = calibrated
+    o = raw["overlap"]
+    assert all(math.isfinite(o[k]) and o[k] > 0 for k in ("gemm_s", "comm_s", "both_s"))
+    # the GEMM loop is sized to outlast the reduce-scatter, and the pair cannot end before its longer part
+    assert o["gemm_s"] > 0.5 * o["comm_s"]
+    assert o["both_s"] >= 0.8 * max(o["gemm_s"], o["comm_s"])
+    assert profile.overlap_slowdown == o["slowdown"]
+    assert o["slowdown"] == pytest.approx(min(1.0, max(0.0, (o["both_s"] - max(o["gemm_s"], o["comm_s"]))
+                                                      / o["comm_s"])))
+
+
 def test_profile_json_round_trips(calibrated, tmp_path):
     raw, profile = calibrated
     path = save_profile(profile, tmp_path / "cpu.json", raw)

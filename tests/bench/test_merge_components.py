@@ -1,0 +1,59 @@
+"""bench/merge_components.py: component factors recomputed against the profile they are stored in."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import merge_components  # noqa: E402
+
+from costmodel.catalog import get_hardware, get_model  # noqa: E402
+from costmodel.component_factors import build_report, predicted_parts  # noqa: E402
+from costmodel.profile_io import load_profile, save_profile  # noqa: E402
+
+
+def _run_file(tmp_path, run_profile, seq, mbs, scale):
+    """A component run's file: measured = scale x the prediction on the run's own profile."""
+    spec = get_model("mixtral-8x7b").with_layers(2)
+    parts, per_param = predicted_parts(spec, seq, mbs, "bf16", run_profile)
+    measured = {name: scale * sum(terms.values()) for name, terms in parts.items() if name != "dense_mlp"}
+    measured["optimizer"] = 2 * per_param
+    report = build_report(spec, seq, mbs, "bf16", "NVIDIA H200", measured, run_profile)
+    path = tmp_path / f"comp-{seq}-{mbs}.json"
+    save_profile(replace(run_profile, component_factors={report.key: report.factors}), path,
+                 {"components": report.to_dict()})
+    return path, measured
+
+
+def test_factors_are_recomputed_against_the_target_profile(tmp_path):
+    run = get_hardware("h200")
+    target = replace(run, name="h200-machine", hbm_efficiency=0.5)  # a slower memory: other predictions
+    a, measured_a = _run_file(tmp_path, run, 4096, 1, 1.4)
+    b, _ = _run_file(tmp_path, run, 2048, 1, 1.1)
+    target_path = save_profile(target, tmp_path / "machine.json")
+    out = tmp_path / "merged.json"
+    assert merge_components.main(["--profile", str(target_path), "--components", f"{a},{b}", "--out", str(out)]) == 0
+    merged = load_profile(out)
+    factors = {k: dict(v) for k, v in merged.component_factors}
+    assert set(factors) == {"mixtral-8x7b@2L@seq4096@mbs1", "mixtral-8x7b@2L@seq2048@mbs1"}
+    spec = get_model("mixtral-8x7b").with_layers(2)
+    expected = build_report(spec, 4096, 1, "bf16", "x", measured_a, target).factors
+    assert factors["mixtral-8x7b@2L@seq4096@mbs1"] == pytest.approx(expected)
+    # against the run's own profile every factor was 1.4 exactly; the slower target predicts more memory time
+    assert factors["mixtral-8x7b@2L@seq4096@mbs1"]["memory_bound"] < 1.4
+    assert merged.name == "h200-machine" and merged.hbm_efficiency == 0.5
+
+
+def test_a_file_without_components_is_refused(tmp_path, capsys):
+    plain = save_profile(get_hardware("h200"), tmp_path / "plain.json")
+    assert merge_components.main(["--profile", str(plain), "--components", str(plain),
+                                  "--out", str(tmp_path / "o.json")]) == 2
+    assert "no component measurements" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+    json.loads(plain.read_text())
