@@ -16,6 +16,10 @@
 #   last3      at once: executor bench on GPUs 0,1 (EXEC_PARTS), component calibration of the Mixtral
 #              proxy on GPU 2, table1 on GPU 3
 #   executor   bench/executor_gpu.py (MoE layer / stack / EP2 parts) on GPU 0 (and 1)
+#   probe      CP attention check (bench/cp_attention_check.py) on GPU 0 beside the EP all-to-all probe
+#              (bench/a2a_probe.py) on the last two GPUs, then the probe over every GPU
+#   components component calibration of the Mixtral proxy at seq 4096 mbs 1 and 2, seq 2048 and 1024 mbs 1,
+#              one shape per GPU at once, merged into the machine profile -> $RES/<gpu>-x<N>-components.json
 # Environment: TRAIN_STEPS (default 1200), TABLE_LAYOUTS (default 24), TRAIN_TIMEOUT (s, default 240).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -90,6 +94,31 @@ for p in "$@"; do
       wait $comp; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
       for f in ex comp t1; do echo "---- $f"; grep -v -E "TensorLikePair|^\s+\[\[?-?[0-9]|^\s+tensor\(|device='cuda" "$OUT/$f.log"; done
       rm -f "$OUT/ex.log" "$OUT/comp.log" "$OUT/t1.log" ;;
+    probe)
+      CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/cp_attention_check.py --out "$RES/cp_attention.json" \
+        > "$OUT/cp.log" 2>&1 & cp=$!
+      CUDA_VISIBLE_DEVICES=$((NGPU - 2)),$((NGPU - 1)) timeout 240 python3 bench/a2a_probe.py --world 2 \
+        --out "$RES/a2a_probe_ep2.json"; rc=$?
+      wait $cp; rc=$((rc + $?)); echo "---- cp attention"; cat "$OUT/cp.log"; rm -f "$OUT/cp.log"
+      if [ "$NGPU" -gt 2 ]; then
+        timeout 240 python3 bench/a2a_probe.py --world "$NGPU" --out "$RES/a2a_probe_ep$NGPU.json"; rc=$((rc + $?))
+      fi ;;
+    components)
+      shapes=("4096 1" "4096 2" "2048 1" "1024 1"); pids=(); files=()
+      for i in "${!shapes[@]}"; do
+        read -r seq mbs <<< "${shapes[$i]}"; f="$RES/$GPU-components-seq$seq-mbs$mbs.json"; files+=("$f")
+        CUDA_VISIBLE_DEVICES=$((i % NGPU)) timeout 300 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 1 \
+          --quick --model mixtral-8x7b --layers 2 --seq "$seq" --mbs "$mbs" --out "$f" > "$OUT/comp$i.log" 2>&1 &
+        pids+=($!)
+        if [ $(( (i + 1) % NGPU )) = 0 ]; then for q in "${pids[@]}"; do wait "$q" || rc=$((rc + 1)); done; pids=(); fi
+      done
+      for q in "${pids[@]}"; do wait "$q" || rc=$((rc + 1)); done
+      for i in "${!shapes[@]}"; do grep -A6 "^components of" "$OUT/comp$i.log"; rm -f "$OUT/comp$i.log"; done
+      if [ -n "${PROFILE:-}" ] && [ -f "$PROFILE" ]; then
+        python3 bench/merge_components.py --profile "$PROFILE" --components "$(IFS=,; echo "${files[*]}")" \
+          --out "$RES/$GPU-x$NGPU-components.json" --name "$GPU-x$NGPU-components" && \
+          PROFILE=$RES/$GPU-x$NGPU-components.json
+      fi ;;
     tables12)
       table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
       table 1 $((NGPU - 1)) > "$OUT/table1.log" 2>&1; rc1=$?
