@@ -102,7 +102,8 @@ def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[Parall
                      "step_times": m.step_times, "phases": m.phases, "peak_allocated_bytes": m.peak_allocated_bytes,
                      "peak_reserved_bytes": m.peak_reserved_bytes,
                      "static_allocated_bytes": m.static_allocated_bytes,
-                     "static_after_step_allocated_bytes": m.static_after_step_allocated_bytes})
+                     "static_after_step_allocated_bytes": m.static_after_step_allocated_bytes,
+                     "tokens_per_expert": m.tokens_per_expert, "phases_by_rank": m.phases_by_rank})
         if on_row is not None:
             on_row(rows[-1])
         shown = f"{m.step_time * 1e3:9.2f} ms" if m.ok else f"failed: {m.failure_reason}"

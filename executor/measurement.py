@@ -39,6 +39,9 @@ class Measurement:
     static_allocated_bytes: int | None = None
     static_after_step_allocated_bytes: int | None = None
     tokens_per_expert: list[int] = field(default_factory=list)
+    # every rank's median seconds per phase (rank order): ranks that wait in a collective for a slower peer
+    # show it in that collective's phase; empty in records written before this field existed
+    phases_by_rank: list[dict[str, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     pruned: bool = False  # the driver stopped the run early (fewer timed steps than asked)
 

@@ -146,8 +146,11 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     reports = launched.results
     per_step = [max(r["step_times"][i] for r in reports) for i in range(min(len(r["step_times"]) for r in reports))]
     step_time = statistics.median(per_step)
-    phase_names = sorted({k for p in reports[0]["phases"] for k in p})
-    phases = {k: statistics.median(p.get(k, 0.0) for p in reports[0]["phases"]) for k in phase_names}
+    by_rank = []
+    for report in reports:
+        names = sorted({k for p in report["phases"] for k in p})
+        by_rank.append({k: statistics.median(p.get(k, 0.0) for p in report["phases"]) for k in names})
+    phases = by_rank[0]
     device_name = reports[0].get("device_name", "cpu")
     flops = flops_per_step(model, training.seq_length, training.global_batch_size)
     peak = _peak_flops(device_name, training.precision, hardware)
@@ -160,5 +163,5 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         peak_reserved_bytes=max(r["peak_reserved"] for r in reports) if use_cuda else None,
         static_allocated_bytes=_max_of(reports, "static_before_step"),
         static_after_step_allocated_bytes=_max_of(reports, "static_after_step"),
-        tokens_per_expert=reports[0]["tokens_per_expert"], losses=reports[0]["losses"],
+        tokens_per_expert=reports[0]["tokens_per_expert"], phases_by_rank=by_rank, losses=reports[0]["losses"],
         pruned=any(r.get("pruned", False) for r in reports), **context)

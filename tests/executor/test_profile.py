@@ -44,6 +44,9 @@ def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
     assert len(m.step_times) == 2 and m.step_time > 0 and m.tokens_per_s_per_gpu > 0
     assert m.static_allocated_bytes is None and m.static_after_step_allocated_bytes is None  # CPU: no CUDA memory
     assert {"attention", "experts", "dispatch", "ep_alltoall", "tp_allgather", "optimizer"} <= set(m.phases)
+    # every rank's phases, rank 0's being the headline ones
+    assert len(m.phases_by_rank) == 2 and m.phases_by_rank[0] == m.phases
+    assert set(m.phases_by_rank[1]) == set(m.phases) and m.phases_by_rank[1]["ep_alltoall"] > 0
     # every routed assignment of the timed steps is counted: 2 steps · 1 sequence (gbs = mbs·dp) · 32 tokens
     # · top-2 · 2 MoE layers
     assert sum(m.tokens_per_expert) == 2 * 1 * 32 * 2 * 2
