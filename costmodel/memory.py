@@ -593,9 +593,9 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     else:
         dense_shard = expert_shard = 1
     # The executor keeps each reduced fp32 gradient shard next to the Adam states (distributed optimizer, a
-    # group of two or more). A one-member group keeps its whole flat copy too (4 B/parameter); that is not
-    # counted, so that the distributed optimizer never needs more than the plain one, which the planner's
-    # staircase relies on (docs/memory-model.md, "Known gaps").
+    # group of two or more: the reduce-scatter's output). A one-member group's shard is a view of the
+    # bucket's gradient buffer, already counted in grads: nothing more (16-bit weights; fp32 weights, which
+    # have no buffer, keep a flat copy that is not counted, see docs/memory-model.md, "Known gaps").
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
     ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
     es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
@@ -617,7 +617,7 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
     """Elements of the executor's parameter tensors on one GPU that share a gradient bucket with others
     (smaller than a bucket of ``bucket`` elements), per dense layer, MoE layer, first-stage and last-stage
     extras, and the largest tensor. A tensor larger than a bucket is a bucket alone, whose flat gradient is
-    a view of the tensor's own gradient (no copy)."""
+    a view of the tensor's own gradient (no copy; fp32 weights only, 16-bit ones reduce in their buffer)."""
     h, d = model.hidden_size, model.head_dim
     heads, kv = model.num_attention_heads * d / tp, model.num_kv_heads * d / tp
     attention = [heads * h, kv * h, kv * h, h * heads, h, h]  # wq, wk, wv, wo, the two norms
@@ -639,18 +639,21 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
 def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,
                  lay: _StageLayout) -> float:
     """Transient bytes of the executor's gradient reduction and Adam step (the alternative to the backward
-    peak, whichever is larger): fp32 flat copies of the main gradients of the buckets that hold several
-    tensors (all at once while overlapped reductions are in flight, one bucket otherwise) or one optimizer
-    unit's temporaries."""
+    peak, whichever is larger): one optimizer unit's temporaries or, with fp32 weights only, the flat copies
+    of the gradients of the buckets that hold several tensors (all at once while overlapped reductions are
+    in flight, one bucket otherwise). 16-bit weights' fp32 main grads live in per-bucket buffers that are
+    reduced in place: no copy."""
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
     small_dense, small_moe, small_first, small_last, largest = _tensor_split(
         ctx.model, config.tp, config.ep, config.etp, elems)
     bucket = max(elems, largest)
-    copied = ((lay.stored_dense + lay.recomputed_dense) * small_dense
-              + (lay.stored_moe + lay.recomputed_moe) * small_moe
-              + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
-    flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
+    flats = 0.0
+    if ctx.weight_bytes == _FP32:
+        copied = ((lay.stored_dense + lay.recomputed_dense) * small_dense
+                  + (lay.stored_moe + lay.recomputed_moe) * small_moe
+                  + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
+        flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
     shard = max(dense_shard, expert_shard) if config.use_distributed_optimizer else 1
     step = min(params, bucket) * (OPT_STEP_TEMP_PER_SHARD_ELEMENT / shard + OPT_STEP_TEMP_PER_BUCKET_ELEMENT)
     return flats if flats > step else step

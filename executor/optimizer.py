@@ -5,11 +5,16 @@ gradient is accumulated (a post-accumulate hook adds and frees ``.grad``); the o
 weights and fp32 Adam moments, steps them, and copies the result back into the low-precision parameters.
 That is Megatron's 18 bytes per parameter (2 weight + 4 main grad + 4 master + 4 m + 4 v). For fp32
 parameters the parameter is its own master and ``.grad`` its main gradient: plain fp32 AdamW (16 bytes).
+In training the main grads are views of the reducer's per-bucket fp32 gradient buffers
+(``GradReducer(main_grads=True)``, :func:`executor.parallel.grad_reduce.attach_main_grads`), so an unsharded
+unit reads its bucket's buffer as its gradient and zero_grad is one fill per bucket.
 
 State lives in flat units, one per gradient bucket of :class:`GradReducer`. With ``sharded`` (the
 distributed optimizer) a unit's master weights and moments are only this rank's 1/size shard of the
 bucket, over DP·CP for dense parameters and over EDP for experts: the reducer reduce-scatters the bucket's
 gradients into that shard, Adam updates it, and an all-gather over the same group rebuilds the parameters.
+Without it a unit is a whole bucket. fp32 parameters (no buffer) have their gradients flattened into a copy
+per step.
 """
 
 from __future__ import annotations
@@ -20,28 +25,19 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from executor.parallel.collectives import all_gather_nograd
-from executor.parallel.grad_reduce import GradReducer, _buckets, _grad_or_zeros, padded_numel
+from executor.parallel.grad_reduce import GradReducer, _grad_or_zeros, attach_main_grads, padded_numel
 from executor.parallel.groups import Group
 
-
-def attach_main_grads(params: list[torch.nn.Parameter]) -> None:
-    """fp32 gradient accumulation for low-precision parameters (call before any other grad hook)."""
-    for p in params:
-        if p.dtype == torch.float32 or not p.requires_grad:
-            continue
-        p.main_grad = torch.zeros_like(p, dtype=torch.float32)
-
-        def accumulate(param):
-            param.main_grad.add_(param.grad)
-            param.grad = None
-        p.register_post_accumulate_grad_hook(accumulate)
+__all__ = ["MixedPrecisionAdam", "attach_main_grads"]  # attach_main_grads: re-exported for standalone modules
 
 
 class _Unit:
-    """Master weights and moments of one bucket (or this rank's shard of it)."""
+    """Master weights and moments of one bucket (or this rank's shard of it). ``buffer``: the bucket's fp32
+    gradient buffer (unsharded units), read in place as the gradient."""
 
-    def __init__(self, params: list[torch.nn.Parameter], group: Group, entry=None, index: int = 0):
-        self.params, self.group, self.entry, self.index = params, group, entry, index
+    def __init__(self, params: list[torch.nn.Parameter], group: Group, entry=None, index: int = 0,
+                 buffer: torch.Tensor | None = None):
+        self.params, self.group, self.entry, self.index, self.buffer = params, group, entry, index, buffer
         self.numel = sum(p.numel() for p in params)
         full = _flatten_dense_tensors([p.detach().float() for p in params])
         padded = padded_numel(params, group.size)
@@ -54,6 +50,8 @@ class _Unit:
     def grad_shard(self) -> torch.Tensor:
         if self.entry is not None:
             return self.entry.shards[self.index]
+        if self.buffer is not None:
+            return self.buffer[: self.master.numel()]
         return _flatten_dense_tensors([_grad_or_zeros(p).float() for p in self.params])
 
     @torch.no_grad()
@@ -83,22 +81,28 @@ class MixedPrecisionAdam:
                           for i, bucket in enumerate(entry.buckets)]
         else:
             single = Group("self", (reducer.state.rank,), 0)
-            self.units = [_Unit(bucket, single) for bucket in _buckets(self.params, 2**62)]
+            self.units = [_Unit(bucket, single, buffer=buffer) for bucket, buffer in reducer.buckets]
         covered = sum(len(u.params) for u in self.units)
         if covered != len(self.params):
             raise RuntimeError(f"optimizer units cover {covered} of {len(self.params)} parameters")
+        self._buffers = [buffer for _, buffer in reducer.buckets if buffer is not None]
+        buffered = {id(p) for bucket, buffer in reducer.buckets if buffer is not None for p in bucket}
+        self._loose_main_grads = [p.main_grad for p in self.params
+                                  if id(p) not in buffered and getattr(p, "main_grad", None) is not None]
 
     def state_bytes(self) -> int:
         """Bytes of master weights and moments held by this rank."""
         return sum(3 * u.master.numel() * 4 for u in self.units)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Free ``.grad`` (always set to None, as torch's default) and zero the fp32 main gradients."""
+        """Free ``.grad`` (always set to None, as torch's default) and zero the fp32 main gradients: one fill
+        per gradient buffer, then any main grad of its own (attached without a buffer)."""
         for p in self.params:
             p.grad = None
-            main = getattr(p, "main_grad", None)
-            if main is not None:
-                main.zero_()
+        for buffer in self._buffers:
+            buffer.zero_()
+        for main in self._loose_main_grads:
+            main.zero_()
 
     @torch.no_grad()
     def step(self) -> None:

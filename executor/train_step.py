@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.model import MoEGPT
-from executor.optimizer import MixedPrecisionAdam, attach_main_grads
+from executor.optimizer import MixedPrecisionAdam
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.grad_reduce import GradReducer
 from executor.pipeline import run_schedule
@@ -37,9 +37,9 @@ class Trainer:
         config = model.state.config
         sharded = bool(config.use_distributed_optimizer)
         params = list(model.parameters())
-        attach_main_grads(params)  # before the reducer's hooks: they must see the accumulated fp32 gradient
+        # The reducer gives 16-bit parameters their fp32 main grads, as views of its per-bucket buffers.
         self.reducer = GradReducer(model, model.state, bucket_mb, overlap=bool(config.overlap_grad_reduce),
-                                   sharded=sharded)
+                                   sharded=sharded, main_grads=True)
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
                                             weight_decay=weight_decay, sharded=sharded)
         pp = model.state["pp"]

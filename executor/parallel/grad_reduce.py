@@ -14,6 +14,13 @@ its contiguous 1/size shard (``entry.shards[i]``), which is all its optimizer sh
 ``tp_partial`` gradients is then applied to the shard (the bucket layout is identical on every TP rank).
 The gradient read is ``param.main_grad`` when the optimizer keeps fp32 main gradients, else ``param.grad``.
 
+Gradient buffers (``main_grads=True``, Megatron's recipe for 16-bit parameters): every bucket of bf16/fp16
+parameters owns one contiguous fp32 buffer (padded to a multiple of the sharding group's size) and each
+parameter's ``main_grad`` is a view into it, in bucket order. The bucket is then reduced where it lies: the
+all-reduce runs in place on the buffer, the reduce-scatter reads the buffer into a new 1/size shard, and over
+a group of one the shard *is* the buffer. fp32 parameters keep ``.grad`` as their main gradient; their
+buckets (and the TP-only bucket of ``tp_partial`` parameters) are still flattened into a copy per reduction.
+
 With ``overlap`` (ParallelConfig.overlap_grad_reduce), :meth:`GradReducer.arm` before the last micro-batch's
 backward makes each DP/EDP bucket start an asynchronous all-reduce as soon as all its gradients are final;
 buckets start strictly in bucket order, so every rank issues the same collectives in the same order.
@@ -49,6 +56,43 @@ def padded_numel(bucket: list[torch.nn.Parameter], size: int) -> int:
     return -(-n // size) * size
 
 
+def _accumulate(param: torch.nn.Parameter) -> None:
+    param.main_grad.add_(param.grad)
+    param.grad = None
+
+
+def attach_main_grads(params: list[torch.nn.Parameter], buffer: torch.Tensor | None = None) -> None:
+    """fp32 gradient accumulation for 16-bit parameters: a ``main_grad`` each, into which a post-accumulate
+    hook adds (and then frees) every ``.grad``. Call before any other grad hook, which must see the sum.
+
+    ``buffer``: an fp32 tensor of at least the parameters' total elements; the main grads become consecutive
+    views of it, in ``params`` order (:class:`GradReducer` passes each bucket's buffer). None: each parameter
+    gets its own zeroed tensor. fp32 parameters and frozen ones are skipped: ``.grad`` is their main gradient.
+    """
+    offset = 0
+    for p in params:
+        if p.dtype == torch.float32 or not p.requires_grad:
+            continue
+        if getattr(p, "main_grad", None) is not None:
+            raise RuntimeError("main_grad attached twice: its accumulation hook would run twice")
+        if buffer is None:
+            p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+        else:
+            p.main_grad = buffer[offset: offset + p.numel()].view(p.shape)
+            offset += p.numel()
+        p.register_post_accumulate_grad_hook(_accumulate)
+
+
+def _grad_buffer(bucket: list[torch.nn.Parameter], size: int) -> torch.Tensor | None:
+    """The zeroed fp32 buffer of a bucket of 16-bit parameters, padded to ``size`` shards, with the bucket's
+    main grads attached as views (None for fp32 buckets)."""
+    if bucket[0].dtype == torch.float32:
+        return None
+    buffer = torch.zeros(padded_numel(bucket, size), dtype=torch.float32, device=bucket[0].device)
+    attach_main_grads(bucket, buffer)
+    return buffer
+
+
 def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
     by_dtype: dict[torch.dtype, list] = defaultdict(list)
     for p in reversed(params):
@@ -69,11 +113,16 @@ def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[t
 
 
 class _Entry:
-    """One reduction: a group, a scale and its buckets; tracks overlapped launches."""
+    """One reduction: a group, a scale and its buckets; tracks overlapped launches.
+
+    ``buffers[i]``: bucket i's fp32 gradient buffer (its main grads are views of it), or None where the
+    bucket's gradients are separate tensors and each reduction flattens them into a copy.
+    """
 
     def __init__(self, group: Group, scale: float, buckets: list[list[torch.nn.Parameter]], sharded: bool = False,
-                 tp: Group | None = None):
+                 tp: Group | None = None, buffers: list[torch.Tensor | None] | None = None):
         self.group, self.scale, self.buckets, self.sharded = group, scale, buckets, sharded
+        self.buffers = buffers if buffers is not None else [None] * len(buckets)
         self.shards: list[torch.Tensor | None] = [None] * len(buckets)
         # Sharded buckets: positions (inside this rank's shard) of tp_partial elements, summed over TP afterwards.
         self.tp, self.tp_index = tp, [None] * len(buckets)
@@ -90,25 +139,27 @@ class _Entry:
     def reset(self) -> None:
         self.missing = [len(b) for b in self.buckets]
         self.next = 0
-        self.pending: list[tuple[object, torch.Tensor, list[torch.nn.Parameter]]] = []
+        self.pending: list[tuple[object, torch.Tensor, int]] = []  # (work, reduced tensor, bucket index)
 
     def launch(self, index: int, async_op: bool):
-        bucket = self.buckets[index]
-        flat = _flatten_dense_tensors([_grad_or_zeros(p) for p in bucket])
+        bucket, flat = self.buckets[index], self.buffers[index]
+        if flat is None:
+            flat = _flatten_dense_tensors([_grad_or_zeros(p) for p in bucket])
         work = None
         if self.sharded:
             size = self.group.size
-            if flat.numel() % size:
+            if flat.numel() % size:  # only a flattened copy: buffers are padded already
                 flat = torch.cat([flat, flat.new_zeros(padded_numel(bucket, size) - flat.numel())])
             if size > 1:
                 shard = flat.new_empty(flat.numel() // size)
                 work = _reduce_scatter_tensor(shard, flat, group=self.group.pg, async_op=async_op)
                 flat = shard
+            # a group of one: the shard is the (padded) bucket itself, a view of its buffer when it has one
             self.pending.append((work, flat, index))
             return
         if self.group.size > 1:  # a group of one (edp=1 while dp>1) only needs the scale
             work = dist.all_reduce(flat, group=self.group.pg, async_op=async_op)
-        self.pending.append((work, flat, bucket))
+        self.pending.append((work, flat, index))
 
     def launch_ready(self) -> None:
         while self.next < len(self.buckets) and self.missing[self.next] == 0:
@@ -118,17 +169,20 @@ class _Entry:
     def finish(self) -> None:
         for index in range(self.next, len(self.buckets)):
             self.launch(index, async_op=False)
-        for work, flat, bucket in self.pending:
+        for work, flat, index in self.pending:
             if work is not None:
                 work.wait()
             if self.scale != 1.0:
                 flat.mul_(self.scale)
             if self.sharded:
-                index = self.tp_index[bucket]
-                if index is not None:
-                    flat[index] = all_reduce_(flat[index], self.tp)
-                self.shards[bucket] = flat
+                partial = self.tp_index[index]
+                if partial is not None:
+                    flat[partial] = all_reduce_(flat[partial], self.tp)
+                self.shards[index] = flat
                 continue
+            if self.buffers[index] is not None:  # reduced in place: the main grads are views of it
+                continue
+            bucket = self.buckets[index]
             for p, g in zip(bucket, _unflatten_dense_tensors(flat, [_grad_or_zeros(p) for p in bucket])):
                 target = grad_of(p)
                 if target is None:
@@ -141,8 +195,12 @@ class _Entry:
         """Sharded entries: all-gather the reduced shards back into every gradient (verification only)."""
         if not self.sharded:
             return
-        for bucket, shard in zip(self.buckets, self.shards):
+        for bucket, buffer, shard in zip(self.buckets, self.buffers, self.shards):
             flat = all_gather_nograd(shard, self.group)
+            if buffer is not None:
+                if flat.data_ptr() != buffer.data_ptr():  # a group of one: the shard is the buffer already
+                    buffer.copy_(flat)
+                continue
             for p, g in zip(bucket, _unflatten_dense_tensors(flat[: sum(q.numel() for q in bucket)],
                                                              [_grad_or_zeros(q) for q in bucket])):
                 target = grad_of(p)
@@ -153,22 +211,35 @@ class _Entry:
 
 
 class GradReducer:
-    """Reduces ``.grad`` of a model's parameters after backward; build once, call :meth:`reduce` per step."""
+    """Reduces ``.grad`` of a model's parameters after backward; build once, call :meth:`reduce` per step.
+
+    ``main_grads``: give every 16-bit parameter an fp32 ``main_grad`` as a view of its bucket's gradient buffer
+    (see the module docstring), accumulated by a hook registered before this reducer's own. This is the one
+    place main grads are made for training; :attr:`buckets` lists every bucket with its buffer (None: fp32, or
+    ``main_grads`` off), including buckets no reduction needs (world size 1, not sharded).
+    """
 
     def __init__(self, model: torch.nn.Module, state: ParallelState, bucket_mb: float = 25.0,
-                 overlap: bool = False, sharded: bool = False):
+                 overlap: bool = False, sharded: bool = False, main_grads: bool = False):
         self.state, self.sharded = state, sharded
         params = [p for p in model.parameters() if p.requires_grad]
         bucket_bytes = int(bucket_mb * 2**20)
         dp = state["dp_cp"]
         self.entries: list[_Entry] = []
+        self.buckets: list[tuple[list[torch.nn.Parameter], torch.Tensor | None]] = []
         dense = [p for p in params if not p.shard_info.expert]
         expert = [p for p in params if p.shard_info.expert]
-        # Sharded: every parameter sits in exactly one entry (even over a group of one): its optimizer shard.
-        if dense and (dp.size > 1 or sharded):
-            self.entries.append(_Entry(dp, 1.0 / dp.size, _buckets(dense, bucket_bytes), sharded, state.tp))
-        if expert and (state.edp.size > 1 or dp.size > 1 or sharded):
-            self.entries.append(_Entry(state.edp, 1.0 / dp.size, _buckets(expert, bucket_bytes), sharded, state.tp))
+        for group, kind, reduce in ((dp, dense, dp.size > 1 or sharded),
+                                    (state.edp, expert, state.edp.size > 1 or dp.size > 1 or sharded)):
+            if not kind:
+                continue
+            buckets = _buckets(kind, bucket_bytes)
+            size = group.size if sharded else 1  # a sharded bucket splits into equal shards
+            buffers = [_grad_buffer(b, size) if main_grads else None for b in buckets]
+            self.buckets += list(zip(buckets, buffers))
+            # Sharded: every parameter sits in exactly one entry (even over a group of one): its optimizer shard.
+            if reduce:
+                self.entries.append(_Entry(group, 1.0 / dp.size, buckets, sharded, state.tp, buffers))
         tp_partial = [p for p in params if p.shard_info.tp_partial]
         self.tp_entry = _Entry(state.tp, 1.0, _buckets(tp_partial, bucket_bytes)) \
             if state.tp.size > 1 and tp_partial and not sharded else None
@@ -197,7 +268,8 @@ class GradReducer:
 
     @torch.no_grad()
     def reduce(self) -> None:
-        """Finish (or run) every reduction; afterwards each ``.grad`` holds the reduced gradient."""
+        """Finish (or run) every reduction; afterwards each gradient (``main_grad`` or ``.grad``) holds the
+        reduced gradient, or with ``sharded`` each entry's ``shards`` hold this rank's slice of it."""
         self.armed = False
         for entry in self.entries:
             entry.finish()

@@ -409,9 +409,8 @@ def test_executor_terms_cublas_workspace_reduced_shards_and_gradient_flats():
     # distributed optimizer: the executor keeps each reduced fp32 gradient shard (4 B per parameter / DP)
     params = stage_param_counts(model, cfg, 0).total
     assert b.detail("optimizer.reduced_grad_shards") == pytest.approx(4 * params / 2)
-    # tiny sequences: the gradient reduction or the Adam step, not the backward, sets the peak. small-moe's
-    # tensors all share buckets, so with overlapped reduction every bucket's fp32 flat copy of the main grads
-    # is alive at once
+    # tiny sequences: the Adam step, not the backward, sets the peak (16-bit weights' main grads are reduced
+    # in their bucket buffers: no fp32 flat copies, only fp32 weights still flatten)
     short = TrainingSpec(seq_length=64, global_batch_size=2)
     one = ParallelConfig(world_size=2, ep=2)
     m = estimate_memory(model, short, H100, one)

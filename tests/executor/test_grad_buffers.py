@@ -1,0 +1,181 @@
+"""fp32 main gradients in contiguous per-bucket buffers (executor/parallel/grad_reduce.py).
+
+Every 16-bit parameter's ``main_grad`` is a view of its bucket's buffer; all-reduce runs in place on it, a
+group of one's reduce-scatter shard *is* it, and the results equal the old path (a main grad of its own per
+parameter, flattened into a copy for every reduction).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from costmodel import ClusterSpec, TrainingSpec, get_hardware
+from costmodel.catalog import get_model
+from costmodel.memory import estimate_memory
+from costmodel.parallel_config import ParallelConfig
+from executor.data import global_batch, micro_batches
+from executor.launch_local import launch
+from executor.model import MoEGPT
+from executor.optimizer import attach_main_grads
+from executor.options import ExecutorOptions
+from executor.parallel.grad_reduce import GradReducer
+from executor.parallel.groups import build_parallel_state, single_process_state
+from executor.train_step import Trainer
+
+TINY = get_model("tiny-moe")
+BUCKET_MB = 0.01  # many small buckets, most of several tensors
+CPU = ClusterSpec(get_hardware("cpu"), 1)
+
+
+def _predicted(config: ParallelConfig) -> tuple[float, float]:
+    """The memory model's (grads, reduced gradient shards) bytes for tiny-moe in bf16 on ``config``."""
+    b = estimate_memory(TINY, TrainingSpec(seq_length=16, global_batch_size=4, precision="bf16"), CPU, config)
+    return b.grads, dict(b.details).get("optimizer.reduced_grad_shards", 0.0)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _reducer_pair(state, sharded: bool, overlap: bool, dtype=torch.bfloat16):
+    """(model, reducer) with buffers and the same model with the old per-parameter main grads."""
+    pairs = []
+    for buffered in (True, False):
+        model = MoEGPT(TINY, state, ExecutorOptions(), 16, dtype=dtype)
+        if not buffered:
+            attach_main_grads(list(model.parameters()))
+        pairs.append((model, GradReducer(model, state, BUCKET_MB, overlap=overlap, sharded=sharded,
+                                         main_grads=buffered)))
+    return pairs
+
+
+def _backward_and_reduce(model, reducer, micro) -> None:
+    torch.manual_seed(0)
+    for i, (ids, labels) in enumerate(micro):
+        out = model(ids, labels)
+        if i == len(micro) - 1:
+            reducer.arm()
+        (out.loss / len(micro)).backward()
+    reducer.reduce()
+
+
+def _layout_checks(reducer) -> list[str]:
+    """Every 16-bit parameter's main_grad is the next slice of its bucket's buffer."""
+    problems = []
+    for bucket, buffer in reducer.buckets:
+        if buffer is None:
+            problems.append("bucket without a buffer")
+            continue
+        offset = 0
+        for p in bucket:
+            g = p.main_grad
+            if _storage(g) != _storage(buffer) or g.storage_offset() != buffer.storage_offset() + offset:
+                problems.append(f"{p.shard_info.name}: main_grad is not its slice of the bucket buffer")
+            offset += p.numel()
+        if buffer.numel() < offset:
+            problems.append("buffer smaller than its bucket")
+    return problems
+
+
+def test_main_grads_are_views_of_bucket_buffers_and_the_size_one_shard_is_the_buffer():
+    state = single_process_state()  # world 1, distributed optimizer on: dense and expert groups of one
+    assert state.config.use_distributed_optimizer
+    (model, reducer), (old_model, old) = _reducer_pair(state, sharded=True, overlap=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert sum(len(b) for b, _ in reducer.buckets) == len(params) and len(reducer.buckets) > 2
+    assert _layout_checks(reducer) == []
+    micro = micro_batches(global_batch(TINY.vocab_size, 16, 2, 0, 0), 2, 0, 1)
+    _backward_and_reduce(model, reducer, micro)
+    _backward_and_reduce(old_model, old, micro)
+    assert all(p.grad is None for p in params)  # accumulated into the buffers and freed
+    buffers = [buffer for _, buffer in reducer.buckets]
+    shards = [s for entry in reducer.entries for s in entry.shards]
+    old_shards = [s for entry in old.entries for s in entry.shards]
+    assert len(shards) == len(buffers) == len(old_shards)
+    for shard, buffer, old_shard in zip(shards, buffers, old_shards):
+        assert shard is buffer  # no copy: the shard is the buffer itself
+        assert _storage(shard) == _storage(buffer)
+        assert torch.equal(shard, old_shard)  # and numerically the old flattened copy
+    assert any(float(s.abs().sum()) > 0 for s in shards)
+    reducer.materialize()  # a no-op here: the buffers already hold the reduced gradients
+    assert _layout_checks(reducer) == []
+    # what the memory model predicts is what is held: 4 B per parameter of buffers, no extra shard copies
+    held = {_storage(t): t.untyped_storage().nbytes() for t in buffers + shards}
+    assert (sum(held.values()), 0.0) == _predicted(state.config)
+    assert sum(held.values()) == 4 * sum(p.numel() for p in params)
+
+
+def test_unsharded_units_read_the_buffers_and_zero_grad_fills_them():
+    config = ParallelConfig(world_size=1, use_distributed_optimizer=False)
+    model = MoEGPT(TINY, single_process_state(config), ExecutorOptions(), 16, dtype=torch.bfloat16)
+    trainer = Trainer(model, bucket_mb=BUCKET_MB)
+    assert trainer.reducer.entries == []  # no reduction needed, but every parameter has its buffer slice
+    assert _layout_checks(trainer.reducer) == []
+    for unit, (bucket, buffer) in zip(trainer.optimizer.units, trainer.reducer.buckets):
+        assert unit.params == bucket and _storage(unit.grad_shard()) == _storage(buffer)
+    batch = global_batch(TINY.vocab_size, 16, 2, 0, 0)
+    losses = [trainer.step(micro_batches(batch, 1, 0, 1)).loss for _ in range(3)]
+    assert losses[-1] < losses[0]
+    assert any(float(b.abs().sum()) > 0 for _, b in trainer.reducer.buckets)
+    trainer.optimizer.zero_grad()
+    assert all(float(b.abs().sum()) == 0 for _, b in trainer.reducer.buckets)
+    assert _layout_checks(trainer.reducer) == []  # zeroed in place, still views
+
+
+def test_fp32_parameters_keep_grad_as_their_main_gradient():
+    model = MoEGPT(TINY, single_process_state(), ExecutorOptions(), 16)
+    reducer = GradReducer(model, model.state, BUCKET_MB, sharded=True, main_grads=True)
+    assert all(buffer is None for _, buffer in reducer.buckets)
+    assert not any(hasattr(p, "main_grad") for p in model.parameters())
+
+
+def _two_rank_worker(rank, world):
+    """Both layouts of 2 ranks (dp 2 sharded into new shards, edp 1 sharded as views; then all-reduce in
+    place), with and without overlap: buffers against the old path."""
+    state = build_parallel_state(ParallelConfig(world_size=2, ep=2), rank)  # dp 2, edp 1
+    micro = micro_batches(global_batch(TINY.vocab_size, 16, 4, 0, 0), 2, state["dp_cp"].rank, 1)
+    out = {}
+    for sharded in (True, False):
+        for overlap in (True, False):
+            (model, reducer), (old_model, old) = _reducer_pair(state, sharded, overlap)
+            layout = _layout_checks(reducer)
+            _backward_and_reduce(model, reducer, micro)
+            _backward_and_reduce(old_model, old, micro)
+            same, views = [], []
+            buffer_bytes = sum(b.numel() * 4 for _, b in reducer.buckets)
+            shard_bytes = 0  # reduced shards held outside the buffers
+            if sharded:
+                for entry, old_entry in zip(reducer.entries, old.entries):
+                    for shard, buffer, old_shard in zip(entry.shards, entry.buffers, old_entry.shards):
+                        same.append(torch.equal(shard, old_shard))
+                        views.append((entry.group.size, _storage(shard) == _storage(buffer)))
+                        if _storage(shard) != _storage(buffer):
+                            shard_bytes += shard.numel() * 4
+                reducer.materialize()
+                old.materialize()
+            for p, q in zip(model.parameters(), old_model.parameters()):
+                same.append(torch.equal(p.main_grad, q.main_grad))
+            out[(sharded, overlap)] = (layout, all(same), views, buffer_bytes, shard_bytes, len(reducer.buckets))
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_reduce_in_place_and_match_the_flattened_copies():
+    launched = launch(_two_rank_worker, 2, backend="gloo", timeout_s=300, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    for result in launched.results:
+        assert len(result) == 4
+        for (sharded, overlap), (layout, same, views, buffer_bytes, shard_bytes, buckets) in result.items():
+            assert layout == [], (sharded, overlap)
+            assert same, (sharded, overlap)
+            grads, kept = _predicted(ParallelConfig(world_size=2, ep=2, use_distributed_optimizer=sharded))
+            padding = 4 * buckets  # under one element per bucket and shard
+            assert grads <= buffer_bytes <= grads + padding
+            if sharded:
+                # dense over dp 2: a new half-size shard; experts over edp 1: the buffer itself
+                assert {size for size, _ in views} == {1, 2}
+                assert all(shared == (size == 1) for size, shared in views)
+                assert kept > 0 and kept <= shard_bytes <= kept + padding  # the model's reduced_grad_shards
+            else:
+                assert kept == shard_bytes == 0
