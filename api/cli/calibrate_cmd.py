@@ -22,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="catalog hardware profile to start from (default: guessed from the device; "
                                       "'cpu' runs CPU ranks with gloo)")
     parser.add_argument("--ranks", type=int, help="local ranks (default: every GPU, or 4 CPU ranks)")
-    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
-                        help="GEMM precision (default: bf16 on GPUs, fp32 on CPU)")
+    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"),
+                        help="GEMM precision (default: bf16 on GPUs, fp32 on CPU; fp8: torch._scaled_mm GEMMs, "
+                             "the rest in bf16, GPUs only)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
     parser.add_argument("--name", help="name of the calibrated profile (default: <gpu>-calibrated)")
     parser.add_argument("--out", metavar="FILE", help="JSON file to write (default: <data dir>/hardware/<name>.json)")
@@ -139,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
     if ranks < 1:
         raise SpecError(f"--ranks must be >= 1, got {ranks}")
     precision = args.precision or ("fp32" if cpu else "bf16")
+    if precision == "fp8" and (cpu or args.model):
+        raise SpecError("--precision fp8 times fp8 GEMMs on GPUs only, and the executor's components run in "
+                        "bf16/fp16/fp32: drop --model or pick another precision" if args.model else
+                        "--precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
     name = (args.name or f"{base.name}-calibrated").lower()
     print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
           f"{', quick' if args.quick else ''}", flush=True)
@@ -151,8 +156,9 @@ def run(args: argparse.Namespace) -> int:
     out = save_profile(profile, path, raw)
     print("GEMM efficiency (FLOPs -> of peak): "
           + ", ".join(f"{x:.3g}:{y:.3f}" for x, y in profile.gemm_efficiency.points))
-    print("grouped GEMM (tokens/expert -> of peak): "
-          + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in profile.grouped_gemm_efficiency.points))
+    if profile.grouped_gemm_efficiency is not None:
+        print("grouped GEMM (tokens/expert -> of peak): "
+              + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in profile.grouped_gemm_efficiency.points))
     print(f"memory copy: {profile.hbm_efficiency:.3f} of {base.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
     print(f"launch overhead: {profile.op_launch_seconds * 1e6:.2f} us per eager op"
           + (f", {profile.collective_launch_s * 1e6:.2f} us per small collective"

@@ -2,7 +2,9 @@
 
 * ``gemm_efficiency``: FLOPs of one GEMM -> (FLOPs / measured seconds) / datasheet peak of the
   benchmarked precision; the time model then prices a GEMM as FLOPs / (peak · curve(FLOPs)).
-* ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak.
+* ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak. An fp8 calibration times its
+  GEMMs with ``torch._scaled_mm`` against the fp8 peak but its grouped GEMMs in bf16, which the time model
+  would read as fractions of the fp8 peak: it keeps the base profile's grouped curve (the default ratio).
 * ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
 * ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
   buffer / measured seconds) / ``intra_node_bandwidth``; latency is inside the curve. Every rank of a
@@ -73,7 +75,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     return replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
-        grouped_gemm_efficiency=grouped_curve(raw["grouped_gemm"], peak) or base.grouped_gemm_efficiency,
+        grouped_gemm_efficiency=(grouped_curve(raw["grouped_gemm"], peak) if raw["precision"] != "fp8" else None)
+        or base.grouped_gemm_efficiency,
         collective_efficiency=tuple(sorted(curves.items())),
         hbm_efficiency=(copy["traffic_bytes"] / copy["seconds"] / base.gpu.hbm_bandwidth) if copy
         else base.hbm_efficiency,

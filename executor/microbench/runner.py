@@ -15,7 +15,7 @@ import torch
 
 from costmodel.errors import FoldtuneError
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,13 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
 
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    dtype = DTYPES[plan.precision]
+    gemm_dtype = DTYPES[plan.precision]
+    # fp8 training runs only its linears' GEMMs in fp8: everything else is timed in bf16
+    dtype = torch.bfloat16 if plan.precision == "fp8" else gemm_dtype
     say = _say(rank)
     say(f"[rank 0 of {world_size}] {device.type} {plan.precision}: GEMMs")
     report = {"device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-              "gemm": gemm.measure_gemm(gemm.default_shapes(device, plan.quick), device, dtype)}
+              "gemm": gemm.measure_gemm(gemm.default_shapes(device, plan.quick), device, gemm_dtype)}
     for row in report["gemm"]:
         say(f"  gemm {row['m']}x{row['n']}x{row['k']}  {row['seconds'] * 1e6:10.1f} us  "
             f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
@@ -113,6 +115,8 @@ def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeo
                             f"{torch.cuda.device_count()}")
     if plan.precision not in DTYPES:
         raise FoldtuneError(f"precision {plan.precision!r} cannot be benchmarked (supported: {', '.join(DTYPES)})")
+    if plan.precision == "fp8" and not use_cuda:
+        raise FoldtuneError("precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
     backend = "nccl" if use_cuda else "gloo"
     result = launch(calibrate_worker, world_size, (plan,), backend=backend, timeout_s=timeout_s)
     if not result.ok:

@@ -41,3 +41,5 @@ def test_calibrate_rejects_bad_input_in_one_line(capsys):
     assert "unknown GPU 'nope'" in capsys.readouterr().err
     assert main(["calibrate", "--gpu", "cpu", "--ranks", "0"]) == 2
     assert capsys.readouterr().err.strip() == "foldtune: error: --ranks must be >= 1, got 0"
+    assert main(["calibrate", "--gpu", "cpu", "--precision", "fp8"]) == 2
+    assert "fp8 needs CUDA GPUs" in capsys.readouterr().err

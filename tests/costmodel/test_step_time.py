@@ -18,6 +18,7 @@ from costmodel import (
     get_hardware,
     get_model,
 )
+from costmodel import reference
 from costmodel.compute import KERNEL_OVERHEAD_S, compute_rates, memory_time
 from costmodel.flops import flops_per_step
 from costmodel.params import stage_param_counts
@@ -285,70 +286,16 @@ def _reference():
     return json.loads(REFERENCE.read_text())
 
 
-def _nemo_model(name, dims):
-    gpt = name.startswith("gpt3")
-    return ModelSpec(name=name, num_layers=dims["layers"], hidden_size=dims["hidden"],
-                     num_attention_heads=dims["heads"], num_query_groups=dims.get("kv_heads"),
-                     ffn_hidden_size=dims["ffn"], vocab_size=dims["vocab"], swiglu=dims.get("swiglu", False),
-                     normalization="layernorm" if gpt else "rmsnorm", add_bias_linear=gpt, add_qkv_bias=gpt,
-                     position_embedding_type="learned_absolute" if gpt else "rope", max_position_embeddings=8192)
-
-
 def nemo_rows():
-    """(label, predicted tokens/s/GPU, published) for the NeMo 24.07 fp8 H100 dense rows."""
-    table = _reference()["nemo_24_07_h100_dense"]
-    out = []
-    for values in table["rows"]:
-        r = dict(zip(table["columns"], values))
-        model = _nemo_model(r["model"], table["models"][r["model"]])
-        training = TrainingSpec(seq_length=r["seq"], global_batch_size=r["gbs"], precision="fp8",
-                                gradient_accumulation_fusion=True)
-        # NeMo's performance recipes run SP with TP comm overlap, the distributed optimizer and both DP overlaps
-        config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], vpp=r["vpp"],
-                                micro_batch_size=r["mbs"], tp_comm_overlap=r["tp"] > 1)
-        b = estimate_step_time(model, training, ClusterSpec(H100, r["gpus"]), config)
-        out.append((f"{r['model']} {r['gpus']}gpu {config.label()}", b.tokens_per_s_per_gpu, r["tokens_per_gpu_s"]))
-    return out
+    return reference.nemo_rows(_reference()["nemo_24_07_h100_dense"], H100)
 
 
 def korthikanti_rows():
-    """(label, predicted s/iteration, published) for the A100 fp16 rows of arXiv 2205.05198."""
-    table = _reference()["korthikanti2022"]
-    out = []
-    for r in table["rows"]:
-        model = ModelSpec(name=r["model"], num_layers=r["layers"], hidden_size=r["hidden"],
-                          num_attention_heads=r["heads"], ffn_hidden_size=4 * r["hidden"], vocab_size=table["vocab"],
-                          swiglu=False, normalization="layernorm", add_bias_linear=True, add_qkv_bias=True,
-                          position_embedding_type="learned_absolute", max_position_embeddings=table["seq"],
-                          attention_dropout=0.1, hidden_dropout=0.1)
-        # 2022 Megatron: unfused softmax attention, no TP comm overlap
-        training = TrainingSpec(seq_length=table["seq"], global_batch_size=r["gbs"], precision="fp16",
-                                flash_attention=False, gradient_accumulation_fusion=True)
-        for mode, knobs in (("full_recompute", dict(sequence_parallel=False, recompute_granularity="full")),
-                            ("sp_selective", dict(sequence_parallel=True, recompute_granularity="selective"))):
-            config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], vpp=r["vpp"] or 1,
-                                    micro_batch_size=r["mbs"], **knobs)
-            b = estimate_step_time(model, training, ClusterSpec(A100, r["gpus"]), config)
-            out.append((f"{r['model']} {mode}", b.step_time, r["iter_s"][mode]))
-    return out
+    return reference.korthikanti_rows(_reference()["korthikanti2022"], A100)
 
 
 def moe_layer_rows():
-    """(label, predicted ms, published ms) for Megatron's single MoE layer on 8xH100 (TP1 EP8, forward/backward)."""
-    table = _reference()["megatron_moe_layer_8xh100"]
-    out = []
-    for r in table["rows"]:
-        dims = table["layers"][r["layer"]]
-        model = ModelSpec(name=r["layer"], num_layers=1, hidden_size=dims["hidden"], num_attention_heads=32,
-                          ffn_hidden_size=dims["moe_ffn"], vocab_size=32000, num_experts=dims["experts"],
-                          moe_router_topk=dims["topk"], moe_ffn_hidden_size=dims["moe_ffn"],
-                          moe_shared_expert_intermediate_size=dims.get("shared_ffn"))
-        training = TrainingSpec(seq_length=table["seq"], global_batch_size=8, precision=r["dtype"],
-                                gradient_accumulation_fusion=True)
-        part = layer_times(model, training, ClusterSpec(H100, 8), ParallelConfig(world_size=8, ep=table["ep"]))["moe"]
-        out.append((f"{r['layer']} {r['dtype']} fwd", part.fwd_time * 1e3, r["fwd_ms"]))
-        out.append((f"{r['layer']} {r['dtype']} bwd", part.bwd_time * 1e3, r["bwd_ms"]))
-    return out
+    return reference.moe_layer_rows(_reference()["megatron_moe_layer_8xh100"], H100)
 
 
 def _report(title, rows, band):

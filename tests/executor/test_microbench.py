@@ -101,3 +101,18 @@ def test_calibration_brings_the_prediction_closer_to_a_measured_step(calibrated)
     # Seen on the shared 2-core machine: x12-22 off before, x2.5-5.2 after (2.5-5.6 times closer); the bar
     # leaves room for a calibration run that met a quieter machine than the measured step did.
     assert factor_off(after) < factor_off(before) / 1.5
+
+
+def test_fp8_calibration_keeps_the_base_grouped_curve():
+    """An fp8 run times GEMMs against the fp8 peak but grouped GEMMs in bf16: its grouped curve would be read
+    as fractions of the fp8 peak, so the profile keeps the base's (the default ratio) instead."""
+    base = get_hardware("h200")
+    raw = {"precision": "fp8", "gemm": [{"flops": 1e12, "seconds": 1e12 / (0.6 * base.gpu.peak("fp8"))}],
+           "grouped_gemm": [{"tokens_per_expert": 1024, "flops": 1e12, "seconds": 1e12 / (0.7 * base.gpu.peak("bf16"))}],
+           "copy": [], "collectives": [], "ranks": 1, "device_name": "NVIDIA H200", "backend": "nccl",
+           "measured_at": "2026-11-26T08:00:00+00:00"}
+    profile = build_profile(base, raw)
+    assert profile.gemm_efficiency.points == ((1e12, pytest.approx(0.6)),)
+    assert profile.grouped_gemm_efficiency == base.grouped_gemm_efficiency
+    bf16 = build_profile(base, {**raw, "precision": "bf16"})
+    assert bf16.grouped_gemm_efficiency is not None and bf16.grouped_gemm_efficiency != base.grouped_gemm_efficiency
