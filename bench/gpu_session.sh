@@ -6,6 +6,7 @@
 # Phases (each one's output goes to $OUT/log.txt; results to $RES, tarred to $OUT/results.tgz after each):
 #   equiv      NCCL equivalence matrix of the layouts that need > 2 GPUs (bench/nccl_equivalence.py)
 #   calibrate  foldtune calibrate over all GPUs -> $RES/<gpu>-x<N>-calibrated.json
+#   fp8cal     foldtune calibrate --precision fp8 (fp8 GEMM curve for bench/validate_reference.py) -> $RES/<gpu>-x<N>-fp8.json
 #   tableN     cost-model accuracy table of the Mixtral proxy (2 layers, seq 4096) on N GPUs (N = 1, 2, 4, 8)
 #   tables12   table1 on the last GPU while table2 runs on GPUs 0,1 (a 4-GPU machine's spare GPUs)
 #   table2x    every layout of the 2-GPU regret space (alltoall, recompute none/full, mbs <= 2), two shards
@@ -67,6 +68,9 @@ for p in "$@"; do
       timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --name "$GPU-x$NGPU-calibrated" \
         --out "$RES/$GPU-x$NGPU-calibrated.json"; rc=$?
       [ $rc = 0 ] && PROFILE=$RES/$GPU-x$NGPU-calibrated.json ;;
+    fp8cal)
+      timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --precision fp8 \
+        --name "$GPU-x$NGPU-fp8" --out "$RES/$GPU-x$NGPU-fp8.json"; rc=$? ;;
     table1|table2|table4|table8) table "${p#table}" ""; rc=$? ;;
     table2x)  # the whole 2-GPU space of the search-regret benchmark, one half on each GPU pair
       x=(--mbs-max 2 --recompute none,full --dispatchers alltoall)
