@@ -10,7 +10,8 @@
 #   tableN     cost-model accuracy table of the Mixtral proxy (2 layers, seq 4096) on N GPUs (N = 1, 2, 4, 8)
 #   tables12   table1 on the last GPU while table2 runs on GPUs 0,1 (a 4-GPU machine's spare GPUs)
 #   table2x    every layout of the 2-GPU regret space (alltoall, recompute none/full, mbs <= 2), two shards
-#              measured at once on GPU pairs 0,1 and 2,3
+#              measured at once on GPU pairs 0,1 and 2,3 (TABLE2_LAYOUTS: a diverse subset of that many)
+#   last       executor bench on GPUs 0,1 (EXEC_PARTS) | CP attention check on GPU 2 | table1 on GPU 3
 #   tune       a tuning job of byte-moe-650m through Ray over all GPUs (foldtune tune)
 #   train      foldtune train --job <the tune job> on real text for TRAIN_STEPS steps
 #   redo       re-measure the failed layouts of stored tables (REDO4, REDO2: comma lists of table files)
@@ -44,7 +45,10 @@ PROFILE=$RES/$GPU-x$NGPU-calibrated.json
 echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU); torch $(python3 -c 'import torch; print(torch.__version__)')"
 nvidia-smi topo -m 2>/dev/null | head -8
 
-pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; }
+pack() { local tmp="$OUT/.results.$BASHPID.tgz"; tar czf "$tmp" -C "$RES" . 2>/dev/null && mv -f "$tmp" "$OUT/results.tgz"; }
+# a call cut off by its time limit still returns what it measured: pack every 30 s as well as after each phase
+( while sleep 30; do pack; done ) & PACKER=$!
+trap 'kill $PACKER 2>/dev/null; pack' EXIT
 phase() { echo; echo "== phase $1 start $(date -u +%T)"; }
 done_() { echo "== phase $1 rc=$2 end $(date -u +%T)"; pack; }
 
@@ -74,6 +78,7 @@ for p in "$@"; do
     table1|table2|table4|table8) table "${p#table}" ""; rc=$? ;;
     table2x)  # the whole 2-GPU space of the search-regret benchmark, one half on each GPU pair
       x=(--mbs-max 2 --recompute none,full --dispatchers alltoall)
+      [ -n "${TABLE2_LAYOUTS:-}" ] && x+=(--max-layouts "$TABLE2_LAYOUTS")
       table 2 0,1 "${x[@]}" --shard 0/2 > "$OUT/t0.log" 2>&1 & t0=$!
       table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
       wait $t0; rc=$?; cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"; rc=$((rc + rc1)) ;;
@@ -123,6 +128,15 @@ for p in "$@"; do
           --out "$RES/$GPU-x$NGPU-components.json" --name "$GPU-x$NGPU-components" && \
           PROFILE=$RES/$GPU-x$NGPU-components.json
       fi ;;
+    last)
+      CUDA_VISIBLE_DEVICES=0,1 timeout 420 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
+        --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!
+      CUDA_VISIBLE_DEVICES=2 timeout 240 python3 bench/cp_attention_check.py --out "$RES/cp_attention.json" \
+        > "$OUT/cp.log" 2>&1 & cp=$!
+      table 1 3 > "$OUT/t1.log" 2>&1; rc=$?
+      wait $cp; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
+      for f in ex cp t1; do echo "---- $f"; grep -v -E "TensorLikePair|^\s+\[\[?-?[0-9]|^\s+tensor\(|device='cuda" "$OUT/$f.log"; done
+      rm -f "$OUT/ex.log" "$OUT/cp.log" "$OUT/t1.log" ;;
     tables12)
       table 2 0,1 > "$OUT/table2.log" 2>&1 & t2=$!
       table 1 $((NGPU - 1)) > "$OUT/table1.log" 2>&1; rc1=$?
