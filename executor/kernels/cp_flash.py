@@ -1,103 +1,125 @@
-"""Causal attention of context-parallel query chunks against all-gathered K/V, on flash kernels.
+"""Causal attention of context-parallel query chunks against all-gathered K/V: one flash call per chunk.
 
 Under CP the sequence is cut into 2·cp chunks of length c; a query chunk with global index j attends to key
-chunks 0..j−1 with no mask and to chunk j causally. Each piece runs on the flash kernel (no mask tensor, no
-score matrix, masked blocks skipped), and the two pieces' outputs merge through their log-sum-exps:
+chunks 0..j−1 fully and to chunk j causally. With the keys in global order that is causal attention of c
+queries against the first (j+1)·c keys with the diagonal aligned to the bottom-right corner: query row r of
+the chunk sees keys 0..j·c+r. FlashAttention ≥ 2.1, which PyTorch's CUDA flash kernel is, aligns its causal
+mask bottom-right when seq_q < seq_k, so ``aten._scaled_dot_product_flash_attention(q, k, v, 0, True)``
+computes exactly this chunk (it is how ``torch.nn.attention.bias.causal_lower_right`` reaches flash; checked
+on an H200, bench/cp_attention_check.py): one kernel per chunk forward and one backward, masked blocks
+skipped, no log-sum-exp merge, no fp32 gradient buffers. The kernel takes GQA natively (fewer K/V heads than
+query heads; its backward sums dk/dv over each head group), so K/V are not repeated.
 
-    lse = log(e^lse₁ + e^lse₂),  o = o₁·e^(lse₁−lse) + o₂·e^(lse₂−lse).
+The reorder of the gathered K/V into global order, both chunk calls, the output concatenation and the
+gradient accumulation of the overlapping key ranges form ONE autograd node: composed from separate autograd
+ops the same path cost an H200's host about 1.1-1.5 ms per forward+backward (slices, cats and their
+zero-filled backward buffers), more than its GPU time at cp = 4.
 
-Backward runs each piece's flash backward with the MERGED output and log-sum-exp: flash recomputes
-P = exp(S − lse) and D = rowsum(dO ∘ O) from what it is given, and with the merged values those are the
-true softmax probabilities and correction term of the whole row, so each piece yields its exact share of
-dq, dk and dv (the ring-attention identity). dq parts and overlapping dk/dv parts sum in fp32.
-
-The same code runs on CPU through ``_scaled_dot_product_flash_attention_for_cpu`` (fp32 included), which is
-what the unit tests use; the executor takes this path on CUDA only (see ``context_parallel.cp_attention``).
+The CPU flash op aligns causal top-left; off CUDA each chunk runs on it with the queries front-padded by
+sk − sq zero rows, whose last sq rows are then exactly the bottom-right-aligned rows (the padded rows get a
+zero output gradient, so they add nothing to dk, dv). That is what the CPU tests exercise; that the CUDA
+kernel aligns bottom-right is what the executor's first-use check (``context_parallel.check_flash``)
+verifies on the GPU.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+import torch.nn.functional as F
 
 _aten = torch.ops.aten
 
 
-def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    """Output [b, h, sq, d], log-sum-exp [b, h, sq] (fp32) and the kernel's extra outputs for backward."""
+def _chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Bottom-right causal attention of q [b, h, sq, d] against k, v [b, kv_heads, sk, d]: the output
+    [b, h, sq, d] and what :func:`_chunk_backward` needs (tensors, other)."""
     if q.is_cuda:
-        out, lse, *aux = _aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-        return out, lse[..., : q.shape[2]].float(), aux
-    out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-    return out, lse.float(), None
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = _aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True)
+        return out, (lse, seed, offset), (cum_q, cum_k, max_q, max_k)
+    pad = k.shape[2] - q.shape[2]
+    out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(F.pad(q, (0, 0, pad, 0)), k, v, 0.0, True)
+    return out[:, :, pad:], (out, lse), ()
 
 
-def _flash_backward(grad_out, q, k, v, out, lse, aux, causal: bool, scale: float):
-    """dq, dk, dv of one piece, given the (merged) output and log-sum-exp of the whole row."""
+def _chunk_backward(grad, q, k, v, out, saved, other):
+    """dq, dk, dv of one chunk given its output gradient."""
     if q.is_cuda:
-        cum_q, cum_k, max_q, max_k, rng_state, unused, _ = aux
+        lse, seed, offset = saved
+        cum_q, cum_k, max_q, max_k = other
         return _aten._scaled_dot_product_flash_attention_backward(
-            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, rng_state, unused,
-            scale=scale)
-    return _aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, causal,
-                                                                      scale=scale)
+            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset)
+    out_padded, lse = saved
+    pad = k.shape[2] - q.shape[2]
+    dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        F.pad(grad, (0, 0, pad, 0)), F.pad(q, (0, 0, pad, 0)), k, v, out_padded, lse, 0.0, True)
+    return dq[:, :, pad:], dk, dv
 
 
-def _pieces(j: int, c: int) -> list[tuple[int, int, bool]]:
-    """Key ranges (start, end, causal) that query chunk ``j`` attends to: chunks 0..j−1 unmasked, chunk j causal."""
-    return ([(0, j * c, False)] if j > 0 else []) + [(j * c, (j + 1) * c, True)]
+def take_chunks(x_BKSD: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Chunks ``order`` (of len(order) equal ones) of x along the sequence, one gather copy in [s, b, heads, d]
+    memory order (how the all-gather lays K/V out, and what the flash kernel reads), seen as [b, heads, s, d]."""
+    b, kv, s, d = x_BKSD.shape
+    x = x_BKSD.permute(2, 0, 1, 3).reshape(len(order), s // len(order), b, kv, d)
+    return x.index_select(0, order).view(s, b, kv, d).permute(1, 2, 0, 3)
+
+
+def _cat_seq(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate [b, h, ·, d] along the sequence in [b, s, h, d] memory order (the flash kernel's layout),
+    so the caller's permute to [s, b, h·d] is a view for b = 1 rather than another copy."""
+    return torch.cat([p.transpose(1, 2) for p in parts], dim=1).transpose(1, 2)
 
 
 class ChunkedCausalAttention(torch.autograd.Function):
-    """Query chunks [b, h, n·c, d] (global chunk indices ``chunks``) against keys/values in global order
-    [b, h, s, d]; equal head counts (repeat K/V for GQA first). Returns [b, h, n·c, d]."""
+    """Query chunks [b, h, n·c, d] (global chunk indices ``chunks``) against gathered keys/values
+    [b, kv_heads, 2·cp·c, d] whose chunks ``order`` are the global order (``inverse`` its inverse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, chunks: tuple[int, ...], scale: float):
+    def forward(ctx, q, k, v, order, inverse, chunks: tuple[int, ...]):
+        k, v = take_chunks(k, order), take_chunks(v, order)
         c = q.shape[2] // len(chunks)
-        outs, lses, aux = [], [], []
+        outs, saved, other = [], [], []
         for t, j in enumerate(chunks):
-            q_t = q[:, :, t * c:(t + 1) * c]
-            results = [_flash_forward(q_t, k[:, :, a:b], v[:, :, a:b], causal, scale) for a, b, causal in _pieces(j, c)]
-            aux.append([r[2] for r in results])
-            if len(results) == 1:
-                outs.append(results[0][0])
-                lses.append(results[0][1])
-                continue
-            (o1, lse1, _), (o2, lse2, _) = results
-            lse = torch.logaddexp(lse1, lse2)
-            o = o1.float() * (lse1 - lse).exp().unsqueeze(-1) + o2.float() * (lse2 - lse).exp().unsqueeze(-1)
-            outs.append(o.to(q.dtype))
-            lses.append(lse)
-        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.chunks, ctx.scale, ctx.aux = chunks, scale, aux
-        return out
+            o, s, x = _chunk_forward(q[:, :, t * c:(t + 1) * c], k[:, :, :(j + 1) * c], v[:, :, :(j + 1) * c])
+            outs.append(o)
+            saved.append(s)
+            other.append(x)
+        ctx.save_for_backward(q, k, v, *outs, *(x for s in saved for x in s))
+        ctx.chunks, ctx.inverse, ctx.other, ctx.per_chunk = chunks, inverse, other, len(saved[0])
+        return _cat_seq(outs)
 
     @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        c = q.shape[2] // len(ctx.chunks)
-        grad_out = grad_out.contiguous()
-        dq = torch.zeros_like(q, dtype=torch.float32)
-        dk = torch.zeros_like(k, dtype=torch.float32)
-        dv = torch.zeros_like(v, dtype=torch.float32)
-        for t, j in enumerate(ctx.chunks):
-            rows = slice(t * c, (t + 1) * c)
-            do_t, q_t = grad_out[:, :, rows], q[:, :, rows]
-            out_t, lse_t = out[:, :, rows].contiguous(), lse[:, :, rows].contiguous()
-            for (a, b, causal), aux in zip(_pieces(j, c), ctx.aux[t]):
-                dq_p, dk_p, dv_p = _flash_backward(do_t, q_t, k[:, :, a:b], v[:, :, a:b], out_t, lse_t, aux,
-                                                   causal, ctx.scale)
-                dq[:, :, rows] += dq_p
-                dk[:, :, a:b] += dk_p
-                dv[:, :, a:b] += dv_p
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+    def backward(ctx, grad):
+        q, k, v, *rest = ctx.saved_tensors
+        if grad.stride(-1) != 1:  # flash reads rows of d contiguous values (an expanded grad has stride 0)
+            grad = grad.contiguous()
+        n = len(ctx.chunks)
+        outs, flat = rest[:n], rest[n:]
+        c = q.shape[2] // n
+        dq_parts: list[torch.Tensor | None] = [None] * n
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        # The longest key range first: its gradient is copied in, the shorter ranges (prefixes) add to it.
+        first = True
+        for t in sorted(range(n), key=lambda t: -ctx.chunks[t]):
+            keys = (ctx.chunks[t] + 1) * c
+            saved = flat[t * ctx.per_chunk:(t + 1) * ctx.per_chunk]
+            dq_parts[t], dk_t, dv_t = _chunk_backward(grad[:, :, t * c:(t + 1) * c], q[:, :, t * c:(t + 1) * c],
+                                                      k[:, :, :keys], v[:, :, :keys], outs[t], saved, ctx.other[t])
+            for full, part in ((dk, dk_t), (dv, dv_t)):
+                if first:
+                    full[:, :, :keys].copy_(part)
+                    full[:, :, keys:].zero_()  # chunks after every local query chunk: no gradient
+                else:
+                    full[:, :, :keys].add_(part)
+            first = False
+        return (_cat_seq(dq_parts), take_chunks(dk, ctx.inverse), take_chunks(dv, ctx.inverse),
+                None, None, None)
 
 
-def chunked_causal_attention(q_BHSD: torch.Tensor, k_BHSD: torch.Tensor, v_BHSD: torch.Tensor,
-                             chunks: tuple[int, ...]) -> torch.Tensor:
-    """Causal attention of the query chunks ``chunks`` (global indices, each s/(2·cp) long, concatenated in
-    that order) against keys/values of the whole sequence in global order; default 1/√d scale."""
-    return ChunkedCausalAttention.apply(q_BHSD, k_BHSD, v_BHSD, tuple(chunks), 1.0 / math.sqrt(q_BHSD.shape[-1]))
+def chunked_causal_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,
+                             order: torch.Tensor, inverse: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+    """Causal attention of the query chunks ``chunks`` (global indices, each c long, concatenated in that
+    order) against gathered keys/values whose sequence chunks taken in ``order`` are in global order
+    (``inverse``: the inverse permutation, int64 on the device); GQA taken natively; default 1/√d scale.
+    Returns [b, heads, len(chunks)·c, d]."""
+    return ChunkedCausalAttention.apply(q_BHSD, k_BKSD, v_BKSD, order, inverse, tuple(chunks))

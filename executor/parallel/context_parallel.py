@@ -5,12 +5,13 @@ same amount of causal attention work (an early chunk pairs with a late one). Eac
 its tokens, all-gathers K and V over the CP group (backward: reduce-scatter of their gradients) and attends
 with the causal mask written in global token positions. Dense gradients then reduce over DP·CP.
 
-On CUDA (bf16/fp16, head_dim a multiple of 8 up to 256) the attention itself runs on flash kernels instead
-(:func:`executor.kernels.cp_flash.chunked_causal_attention`): each local query chunk j attends to the
-gathered keys of chunks 0..j−1 unmasked and to chunk j causally, which skips the masked half of the
-[s/cp, s] score matrix that the masked SDPA computes. A first-use check per (dtype, head_dim, device)
-compares it with the masked path on small random tensors, forward and backward; if it fails, or on CPU,
-the masked path runs. FOLDTUNE_CP_FLASH=0 turns the flash path off.
+On CUDA (bf16/fp16, head_dim a multiple of 8 up to 256) the attention itself runs on the flash kernel
+instead (:func:`executor.kernels.cp_flash.chunked_causal_attention`, one autograd node): the gathered K/V
+are put in global order (one copy, no GQA repeat) and each local query chunk j attends to keys 0..(j+1)·c
+with the causal diagonal bottom-right, one flash call per chunk with no merge; this skips the masked half
+of the [s/cp, s] score matrix that the masked SDPA computes. A first-use check per (dtype, head_dim, device) compares it with
+the masked path on small random GQA tensors, forward and backward; if it fails, or on CPU, the masked path
+runs. FOLDTUNE_CP_FLASH=0 turns the flash path off.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from executor.kernels.cp_flash import chunked_causal_attention
+from executor.kernels.cp_flash import chunked_causal_attention, take_chunks
 from executor.kernels.triton_permute import checked_once
 from executor.parallel.collectives import all_gather
 from executor.parallel.groups import Group
@@ -60,33 +61,29 @@ def local_chunks(cp: int, rank: int) -> tuple[int, int]:
     return rank, 2 * cp - 1 - rank
 
 
-_ORDER: dict[tuple[int, str], torch.Tensor] = {}
+_ORDER: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _chunk_order(cp: int, device: torch.device) -> torch.Tensor:
-    """Index, into the gathered chunks (rank r holds chunks r and 2cp−1−r), of each global chunk; built once
-    per (cp, device), so no host-to-device copy per call."""
+def _chunk_order(cp: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index, into the gathered chunks (rank r holds chunks r and 2cp−1−r), of each global chunk, and the
+    inverse permutation; built once per (cp, device), so no host-to-device copy or sort per call."""
     key = (cp, str(device))
     if key not in _ORDER:
         slots = [2 * j if j < cp else 2 * (2 * cp - 1 - j) + 1 for j in range(2 * cp)]
-        _ORDER[key] = torch.tensor(slots, dtype=torch.long, device=device)
+        inverse = sorted(range(2 * cp), key=slots.__getitem__)
+        _ORDER[key] = tuple(torch.tensor(i, dtype=torch.long, device=device) for i in (slots, inverse))
     return _ORDER[key]
 
 
-def global_order(k_BKSD: torch.Tensor, cp: int, groups: int) -> torch.Tensor:
-    """Gathered keys (or values) [b, kv_heads, s, d] in rank order → [b, kv_heads·groups, s, d] in global
-    sequence order, each KV head repeated ``groups`` times (as ``repeat_interleave``): one copy forward, one
-    index_add and one sum over the repeats backward."""
-    b, kv, s, d = k_BKSD.shape
-    x = k_BKSD.view(b, kv, 1, 2 * cp, s // (2 * cp), d).expand(b, kv, groups, 2 * cp, s // (2 * cp), d)
-    return x.index_select(3, _chunk_order(cp, k_BKSD.device)).view(b, kv * groups, s, d)
+def global_order(k_BKSD: torch.Tensor, cp: int) -> torch.Tensor:
+    """Gathered keys (or values) [b, kv_heads, s, d] in rank order → the same in global sequence order."""
+    return take_chunks(k_BKSD, _chunk_order(cp, k_BKSD.device)[0])
 
 
 def flash_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, cp: int,
                     rank: int) -> torch.Tensor:
     """The flash path: this rank's queries [b, heads, s/cp, d] against gathered K/V [b, kv_heads, s, d]."""
-    groups = q_BHSD.shape[1] // k_BKSD.shape[1]
-    return chunked_causal_attention(q_BHSD, global_order(k_BKSD, cp, groups), global_order(v_BKSD, cp, groups),
+    return chunked_causal_attention(q_BHSD, k_BKSD, v_BKSD, *_chunk_order(cp, q_BHSD.device),
                                     local_chunks(cp, rank))
 
 

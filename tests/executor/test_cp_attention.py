@@ -1,6 +1,10 @@
-"""Context-parallel attention on flash kernels (executor/kernels/cp_flash.py), checked on CPU in fp32
-through ``_scaled_dot_product_flash_attention_for_cpu``: against the masked SDPA path (output and all
-gradients), against full causal attention over the whole sequence, and the dispatch/fallback logic."""
+"""Context-parallel attention as one bottom-right-causal call per query chunk (executor/kernels/cp_flash.py),
+checked on CPU in fp32: against the masked SDPA path (output and all gradients), against full causal
+attention over the whole sequence, the chunk reorder and its backward, and the dispatch/fallback logic.
+
+On CPU each chunk runs through SDPA with a ``causal_lower_right`` bias; on CUDA it is the flash kernel's own
+bottom-right causal mask, which only a GPU can check (the executor's first-use check and
+bench/cp_attention_check.py do)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from executor.kernels.cp_flash import chunked_causal_attention
 from executor.parallel import context_parallel as cpm
 
 
@@ -68,12 +73,29 @@ def test_ranks_together_equal_full_causal_attention(cp):
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
-def test_global_order_is_sorted_positions_with_heads_repeated():
-    cp, groups = 3, 2
+@pytest.mark.parametrize("cp", [2, 3])
+def test_global_order_is_sorted_positions(cp):
     _, _, k, _, _ = _inputs(cp, 4, 2)
     s = k.shape[2]
-    want = k.repeat_interleave(groups, dim=1)[:, :, torch.argsort(cpm.all_positions(s, cp))]
-    assert torch.equal(cpm.global_order(k, cp, groups), want)
+    assert torch.equal(cpm.global_order(k, cp), k[:, :, torch.argsort(cpm.all_positions(s, cp))])
+
+
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_one_chunk_is_bottom_right_causal(chunk):
+    """A query chunk j against the gathered K/V sees keys 0..j·c+r (GQA heads as repeat_interleave), and its
+    K/V gradient lands at the gathered (rank-order) rows of those keys, zero elsewhere."""
+    cp, c = 2, 4
+    gen = torch.Generator().manual_seed(chunk)
+    q, g = torch.randn(1, 4, c, 8, generator=gen), torch.randn(1, 4, c, 8, generator=gen)
+    k, v = torch.randn(1, 2, 4 * c, 8, generator=gen), torch.randn(1, 2, 4 * c, 8, generator=gen)
+    pos = cpm.all_positions(4 * c, cp)
+    mask = pos.unsqueeze(0) <= torch.arange(chunk * c, (chunk + 1) * c).unsqueeze(1)
+    want = _run(lambda q_, k_, v_: F.scaled_dot_product_attention(
+        q_, k_.repeat_interleave(2, 1), v_.repeat_interleave(2, 1), attn_mask=mask), q, k, v, g)
+    got = _run(lambda q_, k_, v_: chunked_causal_attention(q_, k_, v_, *cpm._chunk_order(cp, q.device), (chunk,)),
+               q, k, v, g)
+    for w, o in zip(want, got):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
 def test_cpu_takes_the_masked_path():
