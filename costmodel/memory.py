@@ -62,7 +62,9 @@ CUBLAS_HANDLES = 2
 EXECUTOR_BUCKET_BYTES = 25 * _MIB
 #: Bytes per element of one optimizer unit (bucket shard ``S`` of a bucket ``B``) the executor's Adam step
 #: allocates while it runs: sqrt and divide temporaries (2 · 4 B · S), the 16-bit master copy (2 B · S)
-#: and the all-gathered 16-bit bucket (2 B · B).
+#: and the all-gathered 16-bit bucket (2 B · B). With overlap_param_gather a unit over a group of two or
+#: more gathers in place into the parameters and allocates only the 8 B · S: these synchronous figures stay
+#: the (kept) upper bound, see docs/memory-model.md.
 OPT_STEP_TEMP_PER_SHARD_ELEMENT = 10
 OPT_STEP_TEMP_PER_BUCKET_ELEMENT = 2
 

@@ -15,20 +15,58 @@ bucket, over DP·CP for dense parameters and over EDP for experts: the reducer r
 gradients into that shard, Adam updates it, and an all-gather over the same group rebuilds the parameters.
 Without it a unit is a whole bucket. fp32 parameters (no buffer) have their gradients flattened into a copy
 per step.
+
+Overlapped parameter gather (``overlap_param_gather``, Megatron's distributed optimizer): a sharded unit over
+a group of two or more keeps its parameters as views of one flat buffer of the padded bucket, in bucket
+order. :meth:`MixedPrecisionAdam.step` writes the updated shard into this rank's slice of that buffer and
+starts an asynchronous all-gather over the unit's group *in place*, then returns: the gathered values land
+directly in the parameters (no copy, no gathered temporary) while the next step's forward runs. Units launch
+in the order the forward needs them (by their first parameter in ``model.parameters()`` order; a unit holds
+a bucket, whose parameters are in reverse order), and NCCL runs one communicator's collectives in launch
+order, so the first layers' parameters arrive first. Every rank launches the same collectives in the same
+order inside ``step()``, whatever order the forward later waits in. Before a parameter of a pending unit is
+read, the unit's work is waited for (once):
+
+- a forward pre-hook on every module that owns parameters directly, and on its parent (a module may read its
+  children's parameters), waits for the units of those parameters;
+- the top-level module's own parameters (embedding, final norm, output layer) are read inside
+  ``MoEGPT.forward_chunk``, which the pipeline schedules call without ``forward`` and whose output layer comes
+  after every decoder layer: its ``_parameters`` is replaced by a dict that waits when a parameter is read
+  through the attribute (``nn.Module.__getattr__`` reads ``_parameters[name]``), so the embedding waits at the
+  embedding and the output layer at the loss;
+- everything else that reads parameters (``model.parameters()``, ``state_dict``, checkpoints, evaluation,
+  :func:`executor.parallel.sharding.gather_model`) calls :meth:`MixedPrecisionAdam.finish_param_gather` or
+  :func:`finish_param_gather` first, and so does the next ``step()``: a unit is never updated while its
+  gather is pending.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from executor.parallel.collectives import all_gather_nograd
+from executor.parallel.collectives import _all_gather_tensor, all_gather_nograd
 from executor.parallel.grad_reduce import GradReducer, _grad_or_zeros, attach_main_grads, padded_numel
 from executor.parallel.groups import Group
 
-__all__ = ["MixedPrecisionAdam", "attach_main_grads"]  # attach_main_grads: re-exported for standalone modules
+__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather"]  # attach_main_grads: re-exported
+
+#: Byte alignment every parameter must keep when it becomes a view of a unit's gather buffer (the base of
+#: a CUDA allocation is 512-byte aligned; GEMM and grouped-GEMM kernels want 16-byte aligned operands).
+_VIEW_ALIGN_BYTES = 16
+#: model -> the optimizer whose parameter gathers may be pending on it (for :func:`finish_param_gather`).
+_PENDING_GATHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def finish_param_gather(model: torch.nn.Module) -> None:
+    """Wait for every pending parameter all-gather of ``model`` (overlap_param_gather); a no-op otherwise.
+    Call before reading parameters other than through a module's forward (``parameters()``, state dicts)."""
+    optimizer = _PENDING_GATHERS.get(model)
+    if optimizer is not None:
+        optimizer.finish_param_gather()
 
 
 class _Unit:
@@ -46,6 +84,41 @@ class _Unit:
         self.master = full.chunk(group.size)[group.rank].clone()
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
+        self.gather_buffer: torch.Tensor | None = None  # overlapped units: the parameters are views of it
+        self.work = None  # the pending all-gather into gather_buffer
+
+    def attach_gather_buffer(self) -> bool:
+        """Make the parameters views of one flat buffer of the padded bucket (in bucket order, as the master
+        shards are cut), so an all-gather can write them in place. False, changing nothing, where a
+        parameter would not start on a :data:`_VIEW_ALIGN_BYTES` boundary."""
+        first = self.params[0]
+        offsets, offset = [], 0
+        for p in self.params:
+            if (offset * p.element_size()) % _VIEW_ALIGN_BYTES:
+                return False
+            offsets.append(offset)
+            offset += p.numel()
+        flat = torch.zeros(self.master.numel() * self.group.size, dtype=first.dtype, device=first.device)
+        with torch.no_grad():
+            for p, start in zip(self.params, offsets):
+                view = flat[start: start + p.numel()].view(p.shape)
+                view.copy_(p)
+                p.data = view
+        self.gather_buffer = flat
+        return True
+
+    @torch.no_grad()
+    def launch_gather(self) -> None:
+        """Write the master shard into this rank's slice of the parameters and start the in-place all-gather."""
+        own = self.gather_buffer.chunk(self.group.size)[self.group.rank]
+        own.copy_(self.master)  # the same rounding as write_back's master.to(dtype)
+        self.work = _all_gather_tensor(self.gather_buffer, own, group=self.group.pg, async_op=True)
+
+    def wait_gather(self) -> None:
+        """Wait for the pending all-gather (on CUDA the current stream waits; the host does not)."""
+        work, self.work = self.work, None
+        if work is not None:
+            work.wait()
 
     def grad_shard(self) -> torch.Tensor:
         if self.entry is not None:
@@ -67,12 +140,14 @@ class MixedPrecisionAdam:
     """AdamW (torch's formula: decoupled weight decay, bias-corrected moments) over fp32 master state.
 
     ``reducer`` must be built with ``sharded`` equal to this optimizer's ``sharded``; call :meth:`step` after
-    ``reducer.reduce()``.
+    ``reducer.reduce()``. ``overlap_param_gather`` (with ``sharded``): units over groups of two or more
+    gather asynchronously, and ``model`` (whose parameters these are) gets the hooks that wait for them (see
+    the module docstring).
     """
 
     def __init__(self, params: list[torch.nn.Parameter], reducer: GradReducer, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0,
-                 sharded: bool = False):
+                 sharded: bool = False, overlap_param_gather: bool = False, model: torch.nn.Module | None = None):
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
@@ -89,6 +164,61 @@ class MixedPrecisionAdam:
         buffered = {id(p) for bucket, buffer in reducer.buckets if buffer is not None for p in bucket}
         self._loose_main_grads = [p.main_grad for p in self.params
                                   if id(p) not in buffered and getattr(p, "main_grad", None) is not None]
+        self._overlapped: list[_Unit] = []  # in launch order
+        self._outstanding = 0  # units whose gather is launched and not yet waited for
+        if sharded and overlap_param_gather:
+            if model is None:
+                raise ValueError("overlap_param_gather needs the model: its forward waits for the gathers")
+            position = {id(p): i for i, p in enumerate(self.params)}
+            ordered = sorted(self.units, key=lambda u: min(position[id(p)] for p in u.params))
+            self._overlapped = [u for u in ordered if u.group.size > 1 and u.attach_gather_buffer()]
+            if self._overlapped:
+                self._install_waits(model)
+                _PENDING_GATHERS[model] = self
+
+    def _install_waits(self, model: torch.nn.Module) -> None:
+        """Forward pre-hooks on every module owning parameters of an overlapped unit and on its parent; a
+        waiting ``_parameters`` on ``model`` itself (see the module docstring)."""
+        unit_of = {id(p): u for u in self._overlapped for p in u.params}
+        order = {id(u): i for i, u in enumerate(self._overlapped)}
+        parent_of = {child: parent for parent in model.modules() for child in parent.children()}
+        waits: dict[torch.nn.Module, set] = {}
+        for module in model.modules():
+            units = {unit_of[id(p)] for p in module._parameters.values() if p is not None and id(p) in unit_of}
+            if not units:
+                continue
+            if module is not model:
+                waits.setdefault(module, set()).update(units)
+            parent = parent_of.get(module)
+            if parent is not None:
+                waits.setdefault(parent, set()).update(units)
+        for module, units in waits.items():
+            module.register_forward_pre_hook(self._waiter(sorted(units, key=lambda u: order[id(u)])))
+        own = model._parameters
+        if any(p is not None and id(p) in unit_of for p in own.values()):
+            object.__setattr__(model, "_parameters", _WaitingParameters(own, self, unit_of))
+
+    def _waiter(self, units: list[_Unit]):
+        def wait(_module, _args):
+            if self._outstanding:
+                self.wait_units(units)
+        return wait
+
+    def wait_units(self, units) -> None:
+        """Wait for the pending gathers of ``units`` (those already waited for are skipped)."""
+        for unit in units:
+            if unit.work is not None:
+                unit.wait_gather()
+                self._outstanding -= 1
+
+    def pending_units(self) -> list[_Unit]:
+        """Units whose parameter all-gather was launched and not yet waited for."""
+        return [u for u in self._overlapped if u.work is not None]
+
+    def finish_param_gather(self) -> None:
+        """Wait for every pending parameter all-gather (a no-op without overlap_param_gather)."""
+        if self._outstanding:
+            self.wait_units(self._overlapped)
 
     def state_bytes(self) -> int:
         """Bytes of master weights and moments held by this rank."""
@@ -106,11 +236,15 @@ class MixedPrecisionAdam:
 
     @torch.no_grad()
     def step(self) -> None:
+        """One AdamW update of every unit, then its parameters: written back (gathered synchronously), or
+        with overlap_param_gather the overlapped units' all-gathers started and left pending."""
+        self.finish_param_gather()  # a unit is never updated while its previous gather is pending
         self.step_count += 1
         beta1, beta2 = self.betas
         correction1 = 1 - beta1 ** self.step_count
         root_correction2 = math.sqrt(1 - beta2 ** self.step_count)
-        for unit in self.units:
+
+        def update(unit: _Unit) -> None:
             grad = unit.grad_shard()
             if self.weight_decay:
                 unit.master.mul_(1 - self.lr * self.weight_decay)
@@ -118,5 +252,38 @@ class MixedPrecisionAdam:
             unit.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (unit.exp_avg_sq.sqrt() / root_correction2).add_(self.eps)
             unit.master.addcdiv_(unit.exp_avg, denom, value=-self.lr / correction1)
+
+        if not self._overlapped:
+            for unit in self.units:
+                update(unit)
+            for unit in self.units:
+                unit.write_back()
+            return
+        # Units are independent: update each and start its gather at once, in launch order, so the first
+        # gathers run behind the remaining updates.
+        overlapped = {id(u) for u in self._overlapped}
+        for unit in self._overlapped:
+            update(unit)
+            unit.launch_gather()
+            self._outstanding += 1
         for unit in self.units:
-            unit.write_back()
+            if id(unit) not in overlapped:
+                update(unit)
+                unit.write_back()
+
+
+class _WaitingParameters(dict):
+    """The top-level module's ``_parameters`` under overlap_param_gather: reading a parameter through the
+    module's attribute (``nn.Module.__getattr__`` does ``_parameters[name]``) first waits for its unit.
+    Iteration (``parameters()``, ``state_dict``) does not wait: those callers finish the gathers first."""
+
+    def __init__(self, params: dict, optimizer: MixedPrecisionAdam, unit_of: dict[int, _Unit]):
+        super().__init__(params)
+        self._optimizer, self._unit_of = optimizer, unit_of
+
+    def __getitem__(self, name: str):
+        value = dict.__getitem__(self, name)
+        unit = self._unit_of.get(id(value))
+        if unit is not None and unit.work is not None:
+            self._optimizer.wait_units((unit,))
+        return value

@@ -80,6 +80,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
                                                                        zip(counts, result.tokens_per_expert)]
             if progress.step_done(step - warmup_steps, elapsed):
                 break  # the driver stopped the run (pruned, cancelled): every rank leaves after this step
+    trainer.finish_param_gather()  # overlap_param_gather: no collective left running when the rank leaves
     report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or [],
               "pruned": len(step_times) < timed_steps, "static_before_step": static_before,
               "static_after_step": static_after}

@@ -29,6 +29,8 @@ class Trainer:
 
     The optimizer is Megatron's mixed-precision Adam (fp32 main grads, master weights and moments), sharded
     over DP·CP / EDP when the layout's ``use_distributed_optimizer`` is set; see :mod:`executor.optimizer`.
+    With ``overlap_param_gather`` as well, :meth:`step` returns with the parameter all-gathers still running
+    (the next forward waits for them): call :meth:`finish_param_gather` before reading parameters otherwise.
     """
 
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
@@ -40,12 +42,19 @@ class Trainer:
         # The reducer gives 16-bit parameters their fp32 main grads, as views of its per-bucket buffers.
         self.reducer = GradReducer(model, model.state, bucket_mb, overlap=bool(config.overlap_grad_reduce),
                                    sharded=sharded, main_grads=True)
+        # overlap_param_gather: step() leaves the sharded units' all-gathers running; the model's forward
+        # waits for each unit before its parameters are used (executor.optimizer)
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
-                                            weight_decay=weight_decay, sharded=sharded)
+                                            weight_decay=weight_decay, sharded=sharded,
+                                            overlap_param_gather=bool(config.overlap_param_gather), model=model)
         pp = model.state["pp"]
         self.pipelined = pp.size > 1
         if self.pipelined:  # NCCL's first grouped p2p must involve the whole group: connect it here
             all_reduce_(torch.zeros(1, device=model.rope_cos.device), pp)
+
+    def finish_param_gather(self) -> None:
+        """Wait for the parameter all-gathers the last :meth:`step` left running (overlap_param_gather)."""
+        self.optimizer.finish_param_gather()
 
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns [ce, router] sums."""
@@ -75,16 +84,21 @@ class Trainer:
         stats = self.forward_backward(micro)
         timer.switch("grad_reduce")
         self.reducer.reduce()
-        timer.switch("optimizer")
-        self.optimizer.step()  # ends with the parameter all-gather when sharded
-        for moe in model.moe_layers():
-            moe.router.update_expert_bias()
         timer.switch("other")
+        # Step statistics and the expert bias (as Megatron's finalize_model_grads) come before the optimizer:
+        # with overlap_param_gather its all-gathers are still queued on the DP·CP and EDP communicators when
+        # step() returns, and a collective queued behind them (NCCL runs a communicator's work in launch
+        # order) would hold the host (the loss read) or the next forward's stream until they all finish.
         with torch.no_grad():
             dp = state["dp_cp"]
             stats = all_reduce_(all_reduce_(stats, state["pp"]), dp) / dp.size  # stages hold disjoint layers
             counts = self._counts if self._counts is not None else torch.zeros(
                 max(model.spec.num_experts, 1), dtype=torch.long, device=stats.device)
             counts = all_reduce_(all_reduce_(all_reduce_(counts.clone(), state.tp), dp), state["pp"])
+        for moe in model.moe_layers():
+            moe.router.update_expert_bias()
+        timer.switch("optimizer")
+        self.optimizer.step()  # ends with the parameter all-gather when sharded (left running when overlapped)
+        timer.switch("other")
         ce, router = stats.tolist()
         return StepResult(ce + router, ce, router, [int(c) for c in counts.tolist()])

@@ -96,6 +96,9 @@ def gather_full(t: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch
 
 def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = False) -> dict[str, torch.Tensor]:
     """Full-shape parameters (or gradients) of ``model`` keyed by ShardInfo name. Every rank must call it."""
+    from executor.optimizer import finish_param_gather  # lazy: the optimizer builds on this package
+
+    finish_param_gather(model)  # overlapped parameter all-gathers still writing the parameters
     out = {}
     for param in model.parameters():
         info: ShardInfo = param.shard_info

@@ -71,6 +71,13 @@ def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _finish_param_gather(optimizer) -> None:
+    """Wait for the executor optimizer's overlapped parameter all-gathers (torch optimizers have none)."""
+    finish = getattr(optimizer, "finish_param_gather", None)
+    if finish is not None:
+        finish()
+
+
 def _logical_shape(info: ShardInfo) -> tuple[int, ...]:
     shape = list(info.full_shape)
     if info.rows is not None:
@@ -101,6 +108,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, state: ParallelState, model_name: str) -> Path:
     """Save after ``next_step`` optimizer steps. Collective: every rank of the layout must call it."""
+    _finish_param_gather(optimizer)
     full: dict[str, object] = {}
     params = list(model.parameters())
     for p, values in local_state(optimizer, params).items():
@@ -146,6 +154,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         raise CheckpointError(f"cannot read {path / TRAINER_FILE}: {exc}") from exc
     if trainer["model"] != model_name:
         raise CheckpointError(f"checkpoint {path} is of model {trainer['model']!r}, not {model_name!r}")
+    _finish_param_gather(optimizer)  # a pending gather would overwrite the loaded parameters
     params = list(model.parameters())
     full: dict[str, torch.Tensor] = {}
     for p in params:

@@ -116,6 +116,7 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
     """
     model, dp, dp_cp = trainer.model, state.dp, state["dp_cp"]  # CP ranks share batches, split sequences
     pipelined = state["pp"].size > 1
+    trainer.finish_param_gather()  # the last step's overlapped parameter all-gathers
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     for position in range(batches):
@@ -209,6 +210,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
         if cfg.checkpoint_dir and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             path = save_checkpoint(cfg.checkpoint_dir, step + 1, net, trainer.optimizer, state, model.name)
             report.checkpoints.append(str(path))
+    trainer.finish_param_gather()  # no collective left running when the rank leaves
     return report
 
 
