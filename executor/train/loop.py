@@ -189,8 +189,8 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
         set_lr(trainer.optimizer, lr)
         rows = train_sampler.batch(step, dp.size, dp.rank)
         micro = micro_batches(rows, 1, 0, config.micro_batch_size, device)
-        if use_cuda:
-            torch.cuda.synchronize(device)
+        if use_cuda:  # this stream only: the device would also finish the last step's overlapped param gathers
+            torch.cuda.current_stream(device).synchronize()
         start = time.perf_counter()
         result = trainer.step(micro)  # ends with a host read of the loss
         elapsed = time.perf_counter() - start
