@@ -3,7 +3,8 @@
 Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   gemm      dense bf16 GEMM 8192³ TFLOP/s (the ceiling of the stack bar)
   moe       MoE layer fwd+bwd (router, dispatch, grouped experts, combine) vs the ideal expert FFN
-            (the three grouped GEMMs + SwiGLU, fwd+bwd, on pre-permuted, perfectly balanced tokens):
+            (three separate grouped GEMMs — gate, up, down — + SwiGLU, fwd+bwd, on pre-permuted, perfectly
+            balanced tokens; the layer fuses gate and up into one GEMM, the ideal keeps three):
             Mixtral (h4096, ffn14336, 8 experts, top-2) bar ≥ 0.95; fine-grained (h2048, ffn768,
             128 experts, top-8) bar ≥ 0.85; seq 4096, bf16. The headline ``ratio`` is steady state (20
             fwd+bwd back to back between two events, as inside a training step, where the host runs ahead
@@ -16,8 +17,8 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   check     NCCL equivalence: EP2 and TP2 on 2 GPUs (fp32) vs the CPU single-process reference
   ep2       full training step (proxy with --layers layers) on 1 GPU vs EP2 on 2 GPUs:
             per-GPU tokens/s ratio, bar ≥ 0.90
-  moe_breakdown (not in the default list) both MoE shapes cut into router / permute / three grouped GEMMs /
-            SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
+  moe_breakdown (not in the default list) both MoE shapes cut into router / permute / grouped GEMMs (gate+up
+            fused, down) / SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
             random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
             (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
             FOLDTUNE_FUSED_ROUTER/PERMUTE/SWIGLU=0 (the torch paths), for an A/B per stage
@@ -53,8 +54,8 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
-from bench.moe_breakdown import (BalancedRouter, breakdown, format_table, fused_paths, host_seconds, steady_seconds,
-                                 wall_seconds)
+from bench.moe_breakdown import (BalancedRouter, SeparateGateUpExperts, breakdown, format_table, fused_paths,
+                                 host_seconds, steady_seconds, wall_seconds)
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
@@ -137,11 +138,12 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
     xs = torch.randn(rows, h, device=DEV, dtype=BF16, requires_grad=True)
     gs = torch.randn(rows, h, device=DEV, dtype=BF16)
     balanced = torch.full((experts,), rows // experts, device=DEV, dtype=torch.long)
+    ideal_experts = SeparateGateUpExperts(layer.experts)  # three separate GEMMs, though the layer fuses gate+up
 
     def ideal_step():
-        layer.zero_grad(set_to_none=True)
+        ideal_experts.zero_grad(set_to_none=True)
         xs.grad = None
-        layer.experts(xs, balanced).backward(gs)
+        ideal_experts(xs, balanced).backward(gs)
 
     t_ideal = both_timings(ideal_step)
 

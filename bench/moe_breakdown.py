@@ -2,7 +2,8 @@
 
 ``breakdown(h, f, experts, topk)`` (bench/executor_gpu.py part ``moe_breakdown``) runs the layer the bar
 measures (``MoELayer``, one GPU, bf16) cut into the stages it is made of — router, permute (the
-dispatcher), the three grouped GEMMs, SwiGLU, combine — and their backward passes, once with the real
+dispatcher), the two grouped GEMMs (gate and up fused as ``gemm_w13``, N = 2·f; down as ``gemm_w2``),
+SwiGLU, combine — and their backward passes (each GEMM's backward is its dgrad and wgrad), once with the real
 (random-weight) router and once with a round-robin router (perfect balance). Each stage is reported twice:
 
 - ``device_s``: the stage replayed back to back while a spin kernel (``torch.cuda._sleep``) holds the
@@ -13,12 +14,13 @@ dispatcher), the three grouped GEMMs, SwiGLU, combine — and their backward pas
   steps): device time plus the gaps where the GPU waited for the host. Its sum is one stage-by-stage step.
 
 Next to the stages: the whole layer step (steady state as the bar times it, isolated wall from an idle
-device, device-only, host issue time), the ideal (three grouped GEMMs + SwiGLU fwd+bwd on pre-permuted
-balanced rows), and the same ideal on pre-permuted rows with the random router's uneven group sizes, which
-separates what uneven groups cost the grouped GEMM itself (tile quantisation, no dispatcher can remove it)
-from the layer's own overheads. ``ratio`` is ideal / layer in steady state (the bar's definition, see
-:func:`steady_seconds`), ``isolated_ratio`` the same from an idle device (:func:`wall_seconds`);
-``ratio_vs_uneven_ideal`` is uneven-ideal / layer in steady state.
+device, device-only, host issue time), the ideal (:class:`SeparateGateUpExperts`: three separate grouped
+GEMMs — gate, up, down — + SwiGLU fwd+bwd on pre-permuted balanced rows; it keeps this definition although
+the layer now fuses gate and up), and the same ideal on pre-permuted rows with the random router's uneven
+group sizes, which separates what uneven groups cost the grouped GEMM itself (tile quantisation, no
+dispatcher can remove it) from the layer's own overheads. ``ratio`` is ideal / layer in steady state (the
+bar's definition, see :func:`steady_seconds`), ``isolated_ratio`` the same from an idle device
+(:func:`wall_seconds`); ``ratio_vs_uneven_ideal`` is uneven-ideal / layer in steady state.
 On CPU (smoke runs) device times fall back to wall clocks.
 """
 
@@ -30,6 +32,7 @@ import time
 
 import torch
 
+from executor.kernels import triton_swiglu
 from executor.moe import _swiglu
 
 SPIN_CYCLES_PER_S: list[float] = []  # measured once per process
@@ -48,6 +51,32 @@ class BalancedRouter(torch.nn.Module):
         from executor.router import Routing
 
         return Routing(self.experts_NK, self.probs_NK, x_NH.new_zeros((), dtype=torch.float32), self.counts_E)
+
+
+class SeparateGateUpExperts(torch.nn.Module):
+    """The ideal expert FFN: gate (w1), up (w3) and down (w2) as three separate grouped GEMMs with the fused
+    SwiGLU between, as the layer ran before gate and up were fused into one GEMM (``w13``).
+
+    The ideal of the MoE bar is defined with three GEMMs; it keeps that definition so that fusing makes
+    the layer faster, not the ideal. Its weights are copies of ``experts``' (same values, each contiguous
+    on its own, as the separate parameters were)."""
+
+    def __init__(self, experts):
+        super().__init__()
+        self.grouped_mm = experts.kernels.grouped_mm
+        w13 = experts.w13.detach()
+        self.w1 = torch.nn.Parameter(w13[:, 0].clone(memory_format=torch.contiguous_format))
+        self.w3 = torch.nn.Parameter(w13[:, 1].clone(memory_format=torch.contiguous_format))
+        self.w2 = torch.nn.Parameter(experts.w2.detach().clone())
+
+    def forward(self, x_MH: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
+        gate, up = self.grouped_mm(x_MH, self.w1, offs), self.grouped_mm(x_MH, self.w3, offs)
+        if triton_swiglu.available(gate) and triton_swiglu.swiglu_checked(gate.dtype, gate.device):
+            act = triton_swiglu.swiglu_pair(gate, up)
+        else:
+            act = torch.nn.functional.silu(gate) * up
+        return self.grouped_mm(act, self.w2, offs)
 
 
 def _sync(dev: torch.device) -> None:
@@ -187,12 +216,11 @@ class StagedLayer:
     """``MoELayer.forward`` and its backward cut into stages that can run alone (same calls as the layer).
 
     State lives in ``self.s``; each stage reads the previous stage's outputs as fresh leaves, so its
-    backward is only its own. ``rows_grad_add`` and ``x_grad_add`` are the sums autograd does where a
-    tensor feeds two stages (rows → w1 and w3; tokens → router and permute)."""
+    backward is only its own. ``x_grad_add`` is the sum autograd does where a tensor feeds two stages
+    (tokens → router and permute); the expert rows feed one GEMM (``gemm_w13``), so they need none."""
 
-    FWD = ("router", "permute", "gemm_w1", "gemm_w3", "swiglu", "gemm_w2", "combine")
-    BWD = ("combine", "gemm_w2", "swiglu", "gemm_w3", "gemm_w1", "rows_grad_add", "permute", "router",
-           "x_grad_add")
+    FWD = ("router", "permute", "gemm_w13", "swiglu", "gemm_w2", "combine")
+    BWD = ("combine", "gemm_w2", "swiglu", "gemm_w13", "permute", "router", "x_grad_add")
 
     def __init__(self, layer, x_NH: torch.Tensor, gy_NH: torch.Tensor):
         self.layer, self.gmm, self.ex = layer, layer.experts.kernels.grouped_mm, layer.experts
@@ -209,21 +237,16 @@ class StagedLayer:
         s["x_p"], s["probs"] = _leaf(s["x"]), _leaf(s["routing"].probs_NK)
         s["d"] = self.layer.dispatcher.dispatch(s["x_p"], dataclasses.replace(s["routing"], probs_NK=s["probs"]))
 
-    def f_gemm_w1(self):
+    def f_gemm_w13(self):
         s = self.s
-        s["rows1"] = _leaf(s["d"].x_MH)
+        s["rows"] = _leaf(s["d"].x_MH)
         s["offs"] = torch.cumsum(s["d"].tokens_per_expert, 0, dtype=torch.int32)
-        s["h1"] = self.gmm(s["rows1"], self.ex.w1, s["offs"])
-
-    def f_gemm_w3(self):
-        s = self.s
-        s["rows3"] = _leaf(s["d"].x_MH)
-        s["h3"] = self.gmm(s["rows3"], self.ex.w3, s["offs"])
+        s["h13"] = self.gmm(s["rows"], self.ex.w13.flatten(1, 2), s["offs"])
 
     def f_swiglu(self):
         s = self.s
-        s["h1l"], s["h3l"] = _leaf(s["h1"]), _leaf(s["h3"])
-        s["a"] = _swiglu(s["h1l"], s["h3l"])
+        s["h13l"] = _leaf(s["h13"])
+        s["a"] = _swiglu(s["h13l"])
 
     def f_gemm_w2(self):
         s = self.s
@@ -246,19 +269,11 @@ class StagedLayer:
 
     def b_swiglu(self):
         s = self.s
-        s["g_h1"], s["g_h3"] = _grad([s["a"]], [s["h1l"], s["h3l"]], [s["g_a"]])
+        (s["g_h13"],) = _grad([s["a"]], [s["h13l"]], [s["g_a"]])
 
-    def b_gemm_w3(self):
+    def b_gemm_w13(self):
         s = self.s
-        s["g_r3"], _ = _grad([s["h3"]], [s["rows3"], self.ex.w3], [s["g_h3"]])
-
-    def b_gemm_w1(self):
-        s = self.s
-        s["g_r1"], _ = _grad([s["h1"]], [s["rows1"], self.ex.w1], [s["g_h1"]])
-
-    def b_rows_grad_add(self):
-        s = self.s
-        s["g_rows"] = s["g_r1"] + s["g_r3"]
+        s["g_rows"], _ = _grad([s["h13"]], [s["rows"], self.ex.w13], [s["g_h13"]])
 
     def b_permute(self):
         s = self.s
@@ -366,11 +381,13 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
     xs = torch.randn(rows, h, device=dev, dtype=dtype, requires_grad=True)
     gs = torch.randn(rows, h, device=dev, dtype=dtype)
 
+    ideal_experts = SeparateGateUpExperts(layer.experts)
+
     def ideal(counts):
         def step():
-            layer.zero_grad(set_to_none=True)
+            ideal_experts.zero_grad(set_to_none=True)
             xs.grad = None
-            layer.experts(xs, counts).backward(gs)
+            ideal_experts(xs, counts).backward(gs)
         return step
 
     result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens}}

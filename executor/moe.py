@@ -1,13 +1,14 @@
 """MoE layer: router → dispatcher → grouped SwiGLU experts → combine, plus optional shared experts.
 
-Expert weights are stored per local expert as [E_local, out, in] (nn.Linear's order); ETP splits the
-expert FFN dimension, EP the expert dimension. The layer takes and returns this rank's token slice.
+Expert weights are stored per local expert in nn.Linear's [out, in] order: the gate and up projections
+together as ``w13`` [E_local, 2, F/etp, H] (one grouped GEMM of width 2·F/etp, as Megatron's GroupedMLP
+with gated_linear_unit), ``w2`` as [E_local, H, F/etp]. ETP splits the expert FFN dimension, EP the expert
+dimension. The layer takes and returns this rank's token slice.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from costmodel.model_spec import ModelSpec
 from executor import recompute
@@ -22,14 +23,22 @@ from executor.router import Router
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
-def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if fused_act.available(gate) and fused_act.swiglu_checked(gate.dtype, gate.device):
-        return fused_act.swiglu(gate, up)  # one read of gate and up, no [rows, ffn] temporary
-    return F.silu(gate) * up
+def _swiglu(x_M2F: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up of the fused gate/up GEMM's output [rows, 2f] (gate = first half) → [rows, f]."""
+    if fused_act.available(x_M2F) and fused_act.swiglu_checked(x_M2F.dtype, x_M2F.device):
+        return fused_act.swiglu(x_M2F)  # one read of gate and up, gradient written as one [rows, 2f] buffer
+    return fused_act.reference(x_M2F)  # F.silu(x[:, :f]) * x[:, f:] on views
 
 
 class GroupedExperts(torch.nn.Module):
-    """E_local SwiGLU experts run as three grouped GEMMs over rows sorted by expert."""
+    """E_local SwiGLU experts run as two grouped GEMMs over rows sorted by expert: gate and up fused (N = 2·F/etp),
+    then down.
+
+    ``w13`` is [E_local, 2, F/etp, H] with ETP cutting dim 2, so every ETP rank holds its slice of both gate
+    and up and one contiguous [E_local, 2·F/etp, H] view feeds the GEMM. At small F (fine-grained experts)
+    separate gate and up GEMMs are each too narrow to run efficiently; the fused one has twice the width
+    forward and in both backward GEMMs (dgrad, wgrad), and the dgrad adds gate's and up's contributions to
+    the rows' gradient inside the GEMM."""
 
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype):
@@ -43,14 +52,21 @@ class GroupedExperts(torch.nn.Module):
             info = ShardInfo(p + name, shape, etp_dim=etp_dim, ep_dim=0, expert=True)
             return make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
 
-        self.w1 = param("w1", (e, f, h), 1)
-        self.w3 = param("w3", (e, f, h), 1)
+        # Gate and up are drawn as the separate w1 and w3 were (each full-size from its own seed, then cut
+        # over etp and ep) and stacked, which equals cutting the stacked full tensor along dim 2: every
+        # layout holds its slice of one [E, 2, F, H] tensor, and models start from the pre-fusion weights.
+        # (A fresh draw under the name w13 made a tiny test model's embedding gradient cancel to ~4e-8,
+        # where Adam (eps 1e-6) turns fp32 reduction-order noise into parameter differences between layouts.)
+        gate, up = param("w1", (e, f, h), 1), param("w3", (e, f, h), 1)
+        self.w13 = torch.nn.Parameter(torch.stack([gate.detach(), up.detach()], 1))  # [:, 0] gate, [:, 1] up
+        self.w13.shard_info = ShardInfo(p + "w13", (e, 2, f, h), etp_dim=2, ep_dim=0, expert=True)
         self.w2 = param("w2", (e, h, f), 2)
 
     def forward(self, x_MH: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         gmm = self.kernels.grouped_mm
-        act = recompute.run(self.recompute_act, _swiglu, gmm(x_MH, self.w1, offs), gmm(x_MH, self.w3, offs))
+        gate_up = gmm(x_MH, self.w13.flatten(1, 2), offs)  # [rows, 2·f/etp]: gate | up
+        act = recompute.run(self.recompute_act, _swiglu, gate_up)
         return gmm(act, self.w2, offs)
 
 

@@ -13,7 +13,7 @@ from costmodel.catalog import get_model
 from executor.dispatcher import chunk_order
 from executor.kernels import get_backend
 from executor.kernels.torch_backend import padded_grouped_mm
-from executor.moe import MoELayer
+from executor.moe import GroupedExperts, MoELayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 
@@ -59,7 +59,7 @@ def _naive_routing(spec, logits):
 
 
 def _naive_expert(layer, e, x_H):
-    w1, w3, w2 = layer.experts.w1[e], layer.experts.w3[e], layer.experts.w2[e]
+    w1, w3, w2 = layer.experts.w13[e, 0], layer.experts.w13[e, 1], layer.experts.w2[e]
     return F.linear(F.silu(F.linear(x_H, w1)) * F.linear(x_H, w3), w2)
 
 
@@ -88,7 +88,7 @@ def test_layer_matches_per_token_loop(name):
         ref = ref + layer.shared(x)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
     g = torch.randn_like(y)
-    params = [x, layer.router.weight, layer.experts.w1, layer.experts.w2, layer.experts.w3]
+    params = [x, layer.router.weight, layer.experts.w13, layer.experts.w2]
     got = torch.autograd.grad(y, params, g)
     want = torch.autograd.grad(ref, params, g)
     for a, b in zip(got, want):
@@ -187,3 +187,120 @@ def test_forced_load_balancing_spreads_assignments_evenly():
     y, _ = layer(x)
     y.sum().backward()
     assert layer.router.weight.grad.abs().sum() > 0  # probabilities still come from the router
+
+
+def _fake_state(etp: int, etp_rank: int, ep: int, ep_rank: int):
+    """A ParallelState whose etp/ep groups have the given size and rank (no communicators: slicing only)."""
+    from costmodel.parallel_config import ParallelConfig
+    from executor.parallel.groups import Group, ParallelState
+
+    groups = {"tp": Group("tp", (0,), 0), "etp": Group("etp", tuple(range(etp)), etp_rank),
+              "ep": Group("ep", tuple(range(ep)), ep_rank)}
+    return ParallelState(ParallelConfig(world_size=1), 0, groups)
+
+
+@pytest.mark.parametrize("etp,ep", [(2, 1), (2, 2), (1, 4)])
+def test_w13_slices_hold_both_gate_and_up_of_the_reference_weights(etp, ep):
+    """Every ETP·EP rank's w13 is its [experts, both halves, ffn slice, hidden] cut of the single-process
+    tensor, and the checkpoint loader cuts a full tensor the same way."""
+    from executor.train.checkpoint import _local_slice
+
+    ref = GroupedExperts(TINY, ExecutorOptions(), single_process_state(), 0, get_backend("torch"),
+                         torch.device("cpu"), torch.float32)
+    e, f = TINY.num_experts // ep, TINY.expert_ffn_hidden_size // etp
+    assert ref.w13.shape == (TINY.num_experts, 2, TINY.expert_ffn_hidden_size, TINY.hidden_size)
+    for ep_rank in range(ep):
+        for etp_rank in range(etp):
+            state = _fake_state(etp, etp_rank, ep, ep_rank)
+            mine = GroupedExperts(TINY, ExecutorOptions(), state, 0, get_backend("torch"), torch.device("cpu"),
+                                  torch.float32)
+            want = ref.w13[ep_rank * e:(ep_rank + 1) * e, :, etp_rank * f:(etp_rank + 1) * f]
+            assert torch.equal(mine.w13, want)
+            assert torch.equal(mine.w2, ref.w2[ep_rank * e:(ep_rank + 1) * e, :, etp_rank * f:(etp_rank + 1) * f])
+            assert torch.equal(_local_slice(ref.w13.detach(), mine.w13.shard_info, state), want)
+
+
+def test_fused_gate_up_gemm_equals_separate_gate_and_up_gemms():
+    """One grouped GEMM against the [E, 2f, h] view = the gate and up GEMMs side by side, gradients included."""
+    experts = GroupedExperts(TINY, ExecutorOptions(), single_process_state(), 0, get_backend("torch"),
+                             torch.device("cpu"), torch.float32)
+    counts = torch.tensor([5, 0, 9, 2, 0, 7, 1, 0])  # tiny-moe's 8 experts, some empty
+    x = torch.randn(int(counts.sum()), TINY.hidden_size, requires_grad=True)
+    y = experts(x, counts)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    gmm = get_backend("torch").grouped_mm
+    w1, w3 = experts.w13[:, 0], experts.w13[:, 1]
+    ref = gmm(F.silu(gmm(x, w1, offs)) * gmm(x, w3, offs), experts.w2, offs)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad(y, (x, experts.w13, experts.w2), g),
+                    torch.autograd.grad(ref, (x, experts.w13, experts.w2), g)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_selective_moe_act_recompute_gives_the_same_gradients(monkeypatch):
+    from costmodel.parallel_config import ParallelConfig
+    from executor import moe
+
+    calls = []
+    monkeypatch.setattr(moe, "_swiglu", lambda t, _fn=moe._swiglu: calls.append(t.shape) or _fn(t))
+    results = []
+    for config in (ParallelConfig(world_size=1),
+                   ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("moe_act",))):
+        torch.manual_seed(0)
+        experts = GroupedExperts(TINY, ExecutorOptions(), single_process_state(config), 0, get_backend("torch"),
+                                 torch.device("cpu"), torch.float32)
+        assert experts.recompute_act == (config.recompute_granularity == "selective")
+        counts = torch.full((TINY.num_experts,), 3)
+        x = torch.randn(int(counts.sum()), TINY.hidden_size, requires_grad=True)
+        y = experts(x, counts)
+        results.append([y, *torch.autograd.grad(y.square().sum(), (x, experts.w13, experts.w2))])
+    assert len(calls) == 3  # once without recompute; forward and again in backward with it
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def test_swiglu_falls_back_to_torch_when_the_fused_kernel_fails_its_check(monkeypatch):
+    from executor import moe
+    from executor.kernels import triton_swiglu
+
+    def broken(*_):
+        raise RuntimeError("kernel disagrees")
+
+    monkeypatch.setattr(triton_swiglu, "available", lambda t: True)
+    monkeypatch.setattr(triton_swiglu, "_check_against_torch", broken)
+    monkeypatch.setattr(triton_swiglu, "_CHECKED", {})
+    x = torch.randn(6, 2 * 5, requires_grad=True)
+    with pytest.warns(UserWarning, match="fused SwiGLU off.*kernel disagrees"):
+        y = moe._swiglu(x)
+    torch.testing.assert_close(y, F.silu(x[:, :5]) * x[:, 5:])
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert gx.shape == x.shape
+
+
+def _w13_round_trip(rank: int, world_size: int, label: str) -> dict:
+    from costmodel.parallel_config import ParallelConfig
+    from executor.parallel.groups import build_parallel_state
+    from executor.parallel.sharding import gather_full
+    from executor.train.checkpoint import _local_slice
+
+    state = build_parallel_state(ParallelConfig.parse(label, world_size=world_size), rank)
+    experts = GroupedExperts(TINY, ExecutorOptions(), state, 0, get_backend("torch"), torch.device("cpu"),
+                             torch.float32)
+    info = experts.w13.shard_info
+    full = gather_full(experts.w13.detach(), info, state)  # what a checkpoint saves
+    return {"full": full, "resliced": torch.equal(_local_slice(full, info, state), experts.w13.detach())}
+
+
+def test_w13_gathers_to_the_reference_and_reslices_under_etp2_ep2():
+    """Checkpoint path of the 4-D w13 (etp_dim 2, ep_dim 0) on 4 gloo ranks: gather_full gives the
+    single-process tensor on every rank, and the loader's slice of it is each rank's own w13."""
+    from executor.launch_local import launch
+
+    ref = GroupedExperts(TINY, ExecutorOptions(), single_process_state(), 0, get_backend("torch"),
+                         torch.device("cpu"), torch.float32)
+    launched = launch(_w13_round_trip, 4, ("ep2 etp2",), backend="gloo", timeout_s=120, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    for result in launched.results:
+        assert torch.equal(result["full"], ref.w13.detach())
+        assert result["resliced"]

@@ -138,7 +138,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
         x = torch.randn(30, 1, spec.hidden_size, requires_grad=True)
         y, loss = layer(x)
         (y.square().sum() + loss).backward()
-        results.append([y, loss, x.grad, layer.router.weight.grad, layer.experts.w1.grad, layer.experts.w2.grad,
+        results.append([y, loss, x.grad, layer.router.weight.grad, layer.experts.w13.grad, layer.experts.w2.grad,
                         layer.last_tokens_per_expert])
     assert sorted(set(calls)) == ["combine", "permute", "sort_slots", "swiglu", "topk_backward", "topk_forward"]
     for a, b in zip(*results):
@@ -164,17 +164,32 @@ def test_self_checks_pass_on_good_kernels_and_turn_a_failing_kernel_off():
 
 
 @inner_only
-def test_fused_swiglu_matches_torch_and_is_used_by_the_experts(monkeypatch):
+@pytest.mark.parametrize("m,f", [(5, 1000), (19, 128), (8, 40), (1, 8), (0, 16)])
+def test_fused_swiglu_matches_torch_and_is_used_by_the_experts(monkeypatch, m, f):
+    """The kernels on [m, 2f] (partial and full row/column tiles, no rows): output and the one [m, 2f]
+    gradient against the torch formula, through the experts' ``_swiglu``."""
     from executor import moe
     from executor.kernels import triton_swiglu
 
     triton_swiglu._check_against_torch(torch.float32, "cpu")
-    gate, up = torch.randn(5, 1000, requires_grad=True), torch.randn(5, 1000, requires_grad=True)  # > one block
-    g = torch.randn(5, 1000)
+    x = torch.randn(m, 2 * f, requires_grad=True)
+    g = torch.randn(m, f)
     monkeypatch.setattr(triton_swiglu, "available", lambda t: True)
-    fused = moe._swiglu(gate, up)
+    fused = moe._swiglu(x)
     assert fused.grad_fn is not None and "SwiGLU" in type(fused.grad_fn).__name__
-    ref = torch.nn.functional.silu(gate) * up
+    ref = torch.nn.functional.silu(x[:, :f]) * x[:, f:]
     torch.testing.assert_close(fused, ref)
-    for a, b in zip(torch.autograd.grad(fused, (gate, up), g), torch.autograd.grad(ref, (gate, up), g)):
-        torch.testing.assert_close(a, b)
+    (got,), (want,) = torch.autograd.grad(fused, x, g), torch.autograd.grad(ref, x, g)
+    assert got.shape == (m, 2 * f)
+    torch.testing.assert_close(got, want)
+
+
+@inner_only
+def test_fused_swiglu_reads_gate_then_up_halves():
+    """Swapping the halves changes the result (the kernel does not treat both halves alike)."""
+    from executor.kernels import triton_swiglu
+
+    x = torch.randn(4, 2 * 24)
+    swapped = torch.cat([x[:, 24:], x[:, :24]], 1)
+    torch.testing.assert_close(triton_swiglu.swiglu(x), triton_swiglu.reference(x))
+    assert not torch.allclose(triton_swiglu.swiglu(swapped), triton_swiglu.swiglu(x))
