@@ -60,13 +60,14 @@ CUBLAS_WORKSPACE_OLDER = 4 * _MIB
 CUBLAS_HANDLES = 2
 #: The executor's gradient/optimizer bucket (executor/train_step.py: ``bucket_mb=25``), in parameter bytes.
 EXECUTOR_BUCKET_BYTES = 25 * _MIB
-#: Bytes per element of one optimizer unit (bucket shard ``S`` of a bucket ``B``) the executor's Adam step
-#: allocates while it runs: sqrt and divide temporaries (2 · 4 B · S), the 16-bit master copy (2 B · S)
-#: and the all-gathered 16-bit bucket (2 B · B). With overlap_param_gather a unit over a group of two or
-#: more gathers in place into the parameters and allocates only the 8 B · S: these synchronous figures stay
-#: the (kept) upper bound, see docs/memory-model.md.
-OPT_STEP_TEMP_PER_SHARD_ELEMENT = 10
-OPT_STEP_TEMP_PER_BUCKET_ELEMENT = 2
+#: Bytes the executor's Adam step allocates per element of one optimizer unit (bucket shard ``S`` of a bucket
+#: ``B``): first the sqrt and divide temporaries of the denominator (2 · 4 B · S), freed before the write-back,
+#: which makes the 16-bit copy of the master shard (2 B · S) and, over a group of two or more without
+#: overlap_param_gather, the all-gathered 16-bit bucket (2 B · B). With overlap_param_gather the gather runs
+#: in place into the parameters (no bucket copy). The step's peak is the larger of the two moments.
+OPT_STEP_TEMP_PER_SHARD_ELEMENT = 8
+OPT_WRITE_BACK_PER_SHARD_ELEMENT = 2
+OPT_WRITE_BACK_PER_BUCKET_ELEMENT = 2
 
 
 def library_workspace_bytes(gpu_name: str) -> int:
@@ -618,15 +619,16 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
 def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -> tuple[float, ...]:
     """Elements of the executor's parameter tensors on one GPU that share a gradient bucket with others
     (smaller than a bucket of ``bucket`` elements), per dense layer, MoE layer, first-stage and last-stage
-    extras, and the largest tensor. A tensor larger than a bucket is a bucket alone, whose flat gradient is
+    extras, the largest tensor, the largest dense one and the largest expert one. A tensor larger than a bucket is a bucket alone, whose flat gradient is
     a view of the tensor's own gradient (no copy; fp32 weights only, 16-bit ones reduce in their buffer)."""
     h, d = model.hidden_size, model.head_dim
     heads, kv = model.num_attention_heads * d / tp, model.num_kv_heads * d / tp
     attention = [heads * h, kv * h, kv * h, h * heads, h, h]  # wq, wk, wv, wo, the two norms
     mlp = [model.ffn_hidden_size / tp * h] * 3
     moe = [(model.num_experts or 0) * h]
-    if model.is_moe:
-        moe += [(model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h] * 3
+    if model.is_moe:  # the executor's experts: gate and up in one w13 tensor, then w2
+        expert = (model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h
+        moe += [2 * expert, expert]
     if model.shared_expert_ffn_hidden_size:
         moe += [model.shared_expert_ffn_hidden_size / tp * h] * 3
     vocab = model.padded_vocab_size(tp) / tp * h
@@ -634,8 +636,10 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
 
     def small(tensors: list[float]) -> float:
         return sum(n for n in tensors if n <= bucket)
+    experts = moe[1:3] if model.is_moe else []
+    dense = attention + mlp + moe[:1] + moe[3:] + first + last
     return (small(attention + mlp), small(attention + moe), small(first), small(last),
-            max(attention + mlp + moe + first + last))
+            max(dense + experts), max(dense), max(experts, default=0.0))
 
 
 def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,
@@ -647,17 +651,24 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
     reduced in place: no copy."""
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
-    small_dense, small_moe, small_first, small_last, largest = _tensor_split(
+    small_dense, small_moe, small_first, small_last, largest, largest_dense, largest_expert = _tensor_split(
         ctx.model, config.tp, config.ep, config.etp, elems)
-    bucket = max(elems, largest)
     flats = 0.0
     if ctx.weight_bytes == _FP32:
         copied = ((lay.stored_dense + lay.recomputed_dense) * small_dense
                   + (lay.stored_moe + lay.recomputed_moe) * small_moe
                   + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
         flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
-    shard = max(dense_shard, expert_shard) if config.use_distributed_optimizer else 1
-    step = min(params, bucket) * (OPT_STEP_TEMP_PER_SHARD_ELEMENT / shard + OPT_STEP_TEMP_PER_BUCKET_ELEMENT)
+    def step_of(unit: float, shard: int) -> float:  # one unit's Adam step: the larger of its two moments
+        gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not config.overlap_param_gather else 0.0
+        return max(unit / shard * OPT_STEP_TEMP_PER_SHARD_ELEMENT,
+                   unit / shard * OPT_WRITE_BACK_PER_SHARD_ELEMENT + gathered)
+
+    if not config.use_distributed_optimizer:
+        dense_shard = expert_shard = 1
+    # units of dense and expert buckets are sharded over different groups: the worst unit of either kind
+    step = max(step_of(min(params, max(elems, largest_dense)), dense_shard),
+               step_of(min(params, max(elems, largest_expert)), expert_shard) if largest_expert else 0.0)
     return flats if flats > step else step
 
 
