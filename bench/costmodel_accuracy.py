@@ -77,9 +77,25 @@ def specs(args: argparse.Namespace):
     if args.layers:
         model = model.with_layers(args.layers)
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
-                            distributed_optimizer=True)
+                            distributed_optimizer=True, moe_expert_load=expert_load(getattr(args, "expert_load_from", None)))
     hardware = load_profile(args.profile) if args.profile else get_hardware(args.gpu)
     return model, training, ClusterSpec(hardware, args.gpus)
+
+
+def expert_load(source: str | None) -> tuple[float, ...] | None:
+    """Per-expert shares of routed tokens from a stored layout table: ``TABLE`` (its first measured row) or
+    ``TABLE@LAYOUT``. Routing depends on the model, the data and the initialisation, not on the layout, so one
+    run of the same workload gives it for every layout (only its router counts are read, never a time)."""
+    if not source:
+        return None
+    path, _, layout = source.partition("@")
+    rows = [r for r in json.loads(Path(path).read_text())["rows"]
+            if r.get("ok") and r.get("tokens_per_expert") and (not layout or r["layout"] == layout)]
+    if not rows:
+        raise SystemExit(f"--expert-load-from {source}: no measured row with tokens per expert")
+    counts = rows[0]["tokens_per_expert"]
+    total = sum(counts)
+    return tuple(c / total for c in counts)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +127,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trial-timeout", type=float, default=300.0)
     parser.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    parser.add_argument("--expert-load-from", metavar="TABLE[@LAYOUT]",
+                        help="price EP layouts with the per-expert routing measured in this stored table (its "
+                             "first row, or LAYOUT): the busiest EP rank sets the pace")
 
 
 def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
@@ -305,7 +324,8 @@ def main() -> int:
         r["predicted_terms"] = dict(r["predicted_terms"])
     result = {"summary": summary, "rows": rows, "hardware_profile": hardware.name, "profile_source": hardware.source,
               "device": table["device"], "measured_at": table["measured_at"], "evaluated_at": utc_now(),
-              "command": " ".join(sys.argv), "model": model.name, "world_size": cluster.num_gpus}
+              "command": " ".join(sys.argv), "model": model.name, "world_size": cluster.num_gpus,
+              "expert_load": list(training.moe_expert_load) if training.moe_expert_load else None}
     cpu = "CPU" in table["device"]
     stamp = table["measured_at"][:10] + ("-cpu" if cpu else "-gpu")
     path = save_json(result, f"costmodel_accuracy-{model.name.replace('@', '-')}-{cluster.num_gpus}-{hardware.name}-{stamp}.json",

@@ -205,10 +205,10 @@ def routed_tokens_per_token(model: ModelSpec, training: TrainingSpec, tp: int, s
 
     Each GPU of the ETP·EP group serves ``1/EP`` of the experts for the tokens of ``ETP·EP`` ranks, so in
     balance it sees ``k·ETP`` copies per token of its own (``/TP`` with SP). The busiest GPU sees
-    ``moe_routing_imbalance`` times that when EP > 1 (with EP = 1 every expert is local and the total
-    cannot be imbalanced); capacity routing caps it at the capacity factor.
+    ``TrainingSpec.ep_imbalance(ep)`` times that (1 with EP = 1: every expert is local and the total cannot
+    be imbalanced); capacity routing caps it at the capacity factor.
     """
-    rho = training.moe_routing_imbalance if ep > 1 else 1.0
+    rho = training.ep_imbalance(ep)
     if training.routing_mode == "capacity":
         rho = min(rho, float(training.moe_expert_capacity_factor or rho))
     return model.moe_router_topk * etp * rho / (tp if sp else 1)

@@ -233,7 +233,7 @@ class _Shape:
         self.ep_place = group_placement(etp, ep, gpn)
         self.etp_place = group_placement(1, etp, gpn)
         self.tp_ep_place = group_placement(1, etp * ep, gpn)
-        imbalance = training.moe_routing_imbalance
+        imbalance = training.ep_imbalance(ep)  # the busiest EP rank sets the pace; the others wait in the a2a
         if training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None:
             imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance

@@ -20,6 +20,8 @@ class TrainingSpec:
     ``distributed_optimizer`` is the user's constraint: True/False forces it, None lets the planner try
     both. ``moe_routing_imbalance`` is the expected ratio of the busiest expert's tokens to the mean
     (1.0 = perfectly balanced); the memory and time models size expert buffers and GEMMs by it.
+    ``moe_expert_load``, when given, replaces it with what the routing measured: the share of routed tokens
+    of each expert (:meth:`ep_imbalance` groups them by EP rank).
     ``flash_attention`` False models the unfused softmax path (it stores the s×s score matrix).
     ``gradient_accumulation_fusion`` True models Megatron's fused weight-gradient accumulation (no separate
     per-micro-batch pass over the main gradients).
@@ -33,6 +35,9 @@ class TrainingSpec:
     routing_mode: str = "dropless"
     moe_expert_capacity_factor: float | None = None
     moe_routing_imbalance: float = 1.0
+    # measured share of routed tokens per expert (any positive weights, normalised here; e.g. a profiled run's
+    # tokens_per_expert): when given, the busiest EP rank's load is computed per layout from it
+    moe_expert_load: tuple[float, ...] | None = None
     flash_attention: bool = True
     main_grads_fp32: bool = True  # Megatron accumulates grads in fp32 (the 18-byte recipe)
     # Megatron's --gradient-accumulation-fusion: the weight-gradient GEMM adds straight into the fp32 main
@@ -56,7 +61,30 @@ class TrainingSpec:
                     "moe_expert_capacity_factor is only meaningful with routing_mode 'capacity'")
         require(p, self.moe_routing_imbalance >= 1.0,
                 f"moe_routing_imbalance must be >= 1.0 (max/mean tokens per expert), got {self.moe_routing_imbalance}")
+        load = self.moe_expert_load
+        if load is not None:
+            if isinstance(load, list):  # JSON round trips give lists; the spec stays hashable
+                object.__setattr__(self, "moe_expert_load", tuple(float(x) for x in load))
+                load = self.moe_expert_load
+            require(p, len(load) > 0 and all(x >= 0 for x in load) and sum(load) > 0,
+                    f"moe_expert_load must be non-negative shares with a positive sum, got {load}")
         raise_if(p, "training spec")
+
+    def ep_imbalance(self, ep: int) -> float:
+        """Busiest EP rank's routed tokens over the mean rank's (>= 1; 1.0 with EP = 1, where every expert is
+        local and the total cannot be imbalanced). From ``moe_expert_load`` (experts ``r·E/ep ... (r+1)·E/ep−1``
+        on rank r, as the executor places them) when given, else ``moe_routing_imbalance``."""
+        if ep <= 1:
+            return 1.0
+        load = self.moe_expert_load
+        if load is None:
+            return self.moe_routing_imbalance
+        n = len(load)
+        if n % ep:
+            return self.moe_routing_imbalance
+        per = n // ep
+        ranks = [sum(load[r * per:(r + 1) * per]) for r in range(ep)]
+        return max(1.0, max(ranks) * ep / sum(ranks))
 
     @property
     def param_bytes(self) -> int:

@@ -88,3 +88,19 @@ def test_has_hardware_follows_get_hardware_names_and_aliases():
 
     assert has_hardware("h100") and has_hardware("H100_SXM") and has_hardware("cpu")
     assert not has_hardware("h100-calibrated")
+
+
+def test_measured_expert_load_gives_the_busiest_ep_rank():
+    """Shares (1, 1, 2, 0) of four experts: EP2 ranks hold 2 and 2 (balanced), EP4 ranks 1, 1, 2, 0 (the
+    busiest carries twice the mean); EP1 is never imbalanced; lists from JSON become a hashable tuple."""
+    from costmodel.errors import SpecError
+    from costmodel.training_spec import TrainingSpec
+
+    spec = TrainingSpec(seq_length=64, global_batch_size=4, moe_expert_load=[1, 1, 2, 0])
+    assert spec.moe_expert_load == (1.0, 1.0, 2.0, 0.0) and hash(spec)
+    assert spec.ep_imbalance(1) == 1.0 and spec.ep_imbalance(2) == 1.0 and spec.ep_imbalance(4) == 2.0
+    assert TrainingSpec.from_dict(spec.to_dict()) == spec
+    plain = TrainingSpec(seq_length=64, global_batch_size=4, moe_routing_imbalance=1.3)
+    assert plain.ep_imbalance(1) == 1.0 and plain.ep_imbalance(8) == 1.3
+    with pytest.raises(SpecError, match="moe_expert_load"):
+        TrainingSpec(seq_length=64, global_batch_size=4, moe_expert_load=(1.0, -1.0))

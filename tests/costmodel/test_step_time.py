@@ -403,3 +403,17 @@ def test_unfused_gradient_accumulation_costs_a_pass_over_local_weights_per_micro
     extra = moe_u.bwd_time - moe_f.bwd_time
     assert extra == pytest.approx(memory_time(rates, 10 * experts) + memory_time(rates, 10 * router), rel=1e-6)
     assert moe_u.fwd_time == pytest.approx(moe_f.fwd_time)
+
+
+def test_measured_routing_load_paces_ep_layouts_by_their_busiest_rank():
+    """Experts 0-3 get 60 % of the tokens: under EP2 rank 0 runs 1.2x the mean rank's grouped GEMMs (and
+    the other rank waits for it); EP1 holds every expert and is unchanged."""
+    model = get_model("mixtral-8x7b").with_layers(2)
+    load = (0.15, 0.15, 0.15, 0.15, 0.1, 0.1, 0.1, 0.1)
+    even = TrainingSpec(seq_length=4096, global_batch_size=8)
+    skew = replace(even, moe_expert_load=load)
+    cluster = ClusterSpec(H100, 2)
+    ep2, ep1 = ParallelConfig(world_size=2, ep=2), ParallelConfig(world_size=2)
+    grouped = dict(layer_times(model, even, cluster, ep2)["moe"].fwd)["grouped_gemm"]
+    assert dict(layer_times(model, skew, cluster, ep2)["moe"].fwd)["grouped_gemm"] == pytest.approx(1.2 * grouped, rel=0.02)
+    assert layer_times(model, skew, cluster, ep1)["moe"].fwd == layer_times(model, even, cluster, ep1)["moe"].fwd
