@@ -151,7 +151,11 @@ class _Entry:
             if flat.numel() % size:  # only a flattened copy: buffers are padded already
                 flat = torch.cat([flat, flat.new_zeros(padded_numel(bucket, size) - flat.numel())])
             if size > 1:
-                shard = flat.new_empty(flat.numel() // size)
+                # the previous step's shard (kept for the optimizer, read before this backward) takes the new
+                # result: a fresh one per step would hold two copies of every shard while the reductions run
+                shard = self.shards[index]
+                if shard is None or shard.numel() != flat.numel() // size or shard.dtype != flat.dtype:
+                    shard = flat.new_empty(flat.numel() // size)
                 work = _reduce_scatter_tensor(shard, flat, group=self.group.pg, async_op=async_op)
                 flat = shard
             # a group of one: the shard is the (padded) bucket itself, a view of its buffer when it has one

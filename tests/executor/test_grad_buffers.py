@@ -160,6 +160,36 @@ def _two_rank_worker(rank, world):
     return out
 
 
+def _reuse_worker(rank, world):
+    """Two steps' reductions of one sharded reducer (dp 2): the second writes into the first step's shards."""
+    state = build_parallel_state(ParallelConfig(world_size=2, ep=2), rank)
+    micro = micro_batches(global_batch(TINY.vocab_size, 16, 4, 0, 0), 2, state["dp_cp"].rank, 1)
+    (model, reducer), (old_model, old) = _reducer_pair(state, True, True)
+    results = []
+    for step in range(2):
+        for e in old.entries:  # the reference allocates fresh shards every step
+            e.shards = [None] * len(e.shards)
+        for m, r in ((model, reducer), (old_model, old)):
+            for p in m.parameters():
+                p.main_grad.zero_()
+            _backward_and_reduce(m, r, micro)
+        results.append([(_storage(s), s.clone()) for e in reducer.entries if e.group.size > 1 for s in e.shards])
+        same = all(torch.equal(a, b) for e, o in zip(reducer.entries, old.entries) for a, b in zip(e.shards, o.shards))
+        results[-1].append(same)
+    first, second = results
+    return {"reused": [a[0] == b[0] for a, b in zip(first[:-1], second[:-1])], "equal": [first[-1], second[-1]]}
+
+
+def test_the_next_reduce_scatter_writes_into_the_kept_shard():
+    """A sharded bucket's reduce-scatter output is the previous step's shard (no second copy of every shard
+    while the reductions run), and the reduced values equal a fresh-shard reducer's, step after step."""
+    launched = launch(_reuse_worker, 2, backend="gloo", timeout_s=300, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    for result in launched.results:
+        assert result["reused"] and all(result["reused"])
+        assert result["equal"] == [True, True]
+
+
 @pytest.mark.slow
 def test_two_ranks_reduce_in_place_and_match_the_flattened_copies():
     launched = launch(_two_rank_worker, 2, backend="gloo", timeout_s=300, start_method="fork")
