@@ -222,7 +222,7 @@ class Runner:
                 stop.set()
 
     def _run_job(self, job: Job, stop: threading.Event) -> str:
-        from api.runner_candidates import job_candidates
+        from api.runner_candidates import job_candidates, repricer
         from db.queue import finish_job, release_job
         from planner.search import SearchBudget, run_search
 
@@ -253,7 +253,8 @@ class Runner:
                                       "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials})
         try:
             result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes, budget=budget,
-                                storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder)
+                                storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder,
+                                repredict=repricer(model, training, cluster, cands) if model.is_moe else None)
         except JobStopped:
             with self.sessions() as session:
                 status, holder = runner_store.job_claim(session, job.id)

@@ -87,3 +87,23 @@ def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
                   for e in kept]
     return CandidateSet(candidates, {e.config.label(): e for e in kept}, len(result.ranked),
                         result.enumeration.valid, result.fitting, dict(dropped))
+
+
+def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cands: CandidateSet):
+    """The search's ``repredict``: the same candidates priced with a measured per-expert routing load
+    (``TrainingSpec.moe_expert_load``: the busiest EP rank paces EP layouts). Updates ``cands.estimates`` so
+    the trials that follow store the re-priced prediction."""
+    from dataclasses import replace
+
+    from costmodel.estimate import estimate
+
+    def reprice(load: tuple[float, ...], current: list[Candidate]) -> list[Candidate]:
+        measured = replace(training, moe_expert_load=tuple(load))
+        out = []
+        for c in current:
+            e = estimate(model, measured, cluster, c.config)
+            cands.estimates[c.config.label()] = e
+            out.append(Candidate(config=c.config, predicted_step_time=e.time.step_time,
+                                 predicted_terms=tuple(e.time.terms), predicted_memory_bytes=e.memory.total))
+        return out
+    return reprice

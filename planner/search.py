@@ -47,6 +47,10 @@ ATTR_FAILURE = "failure_reason"
 ATTR_RETRY = "retryable"
 ATTR_MEM_EXCESS = "memory_excess_bytes"
 ATTR_CAPACITY = "capacity_bytes"
+ATTR_EXPERT_LOAD = "expert_load"  # the measured share of routed tokens per expert
+
+# Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
+Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
 
 PARAM_NAMES = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt")
 
@@ -97,13 +101,16 @@ def _is_oom(measurement: Any) -> bool:
     return kind == "oom" or "out of memory" in reason
 
 
-def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float) -> list[Observation]:
-    """Turn finished trials of a study into calibration observations."""
+def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float,
+                             terms_of: Callable[[FrozenTrial], Sequence | None] | None = None) -> list[Observation]:
+    """Turn finished trials of a study into calibration observations; ``terms_of`` may supply a trial's
+    current predicted terms (re-priced since it ran) instead of those stored with it."""
     out = []
     for t in trials:
         if ATTR_PRED_TERMS not in t.user_attrs:
             continue
-        terms = tuple((str(k), float(v)) for k, v in t.user_attrs[ATTR_PRED_TERMS])
+        current = terms_of(t) if terms_of is not None else None
+        terms = tuple((str(k), float(v)) for k, v in (current or t.user_attrs[ATTR_PRED_TERMS]))
         pred_mem = float(t.user_attrs.get(ATTR_PRED_MEMORY, 0.0))
         peak = t.user_attrs.get(ATTR_PEAK)
         if t.state == TrialState.COMPLETE and t.value is not None:
@@ -127,9 +134,14 @@ class CostModelSampler(BaseSampler):
     """
 
     def __init__(self, candidates: Sequence[Candidate], capacity_bytes: float, n_startup: int = 3,
-                 exploration: float = 1.0, prior_strength: float = 0.5, seed: int | None = None) -> None:
+                 exploration: float = 1.0, prior_strength: float = 0.5, seed: int | None = None,
+                 repredict: Repredict | None = None) -> None:
         self._candidates = sorted(candidates, key=lambda c: c.predicted_step_time)
         self._by_key = {_key(c.params): c for c in self._candidates}
+        # The model prices EP layouts for balanced routing until a trial measures the real per-expert load
+        # (the same for every layout of one workload); then every candidate is re-priced once with it.
+        self._repredict = repredict
+        self.expert_load: tuple[float, ...] | None = None
         self._capacity = capacity_bytes
         self._n_startup = n_startup
         self._exploration = exploration
@@ -159,11 +171,35 @@ class CostModelSampler(BaseSampler):
         _process_constraints_after_trial(memory_constraint, study, trial, state)
 
     # The policy ------------------------------------------------------------------------------------
+    def candidate(self, params: dict[str, Any]) -> Candidate | None:
+        """The candidate with these parameters, with its current (possibly re-priced) prediction."""
+        return self._by_key.get(_key(params))
+
+    def _reprice(self, trials: Sequence[FrozenTrial]) -> None:
+        if self._repredict is None or self.expert_load is not None:
+            return
+        for t in trials:
+            load = t.user_attrs.get(ATTR_EXPERT_LOAD)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and load:
+                self.expert_load = tuple(float(x) for x in load)
+                priced = list(self._repredict(self.expert_load, self._candidates))
+                if [_key(c.params) for c in priced] != [_key(c.params) for c in self._candidates]:
+                    raise ValueError("repredict must return the same layouts, in the same order")
+                self._candidates = sorted(priced, key=lambda c: c.predicted_step_time)
+                self._by_key = {_key(c.params): c for c in self._candidates}
+                return
+
     def calibration(self, trials: Sequence[FrozenTrial]) -> Calibration:
-        return fit_calibration(observations_from_trials(trials, self._capacity), self._prior_strength)
+        terms_of = None
+        if self.expert_load is not None:  # compare measurements with the re-priced predictions
+            def terms_of(t: FrozenTrial):
+                c = self._by_key.get(_key(t.params))
+                return c.predicted_terms if c is not None else None
+        return fit_calibration(observations_from_trials(trials, self._capacity, terms_of), self._prior_strength)
 
     def propose(self, trials: Sequence[FrozenTrial], exclude_trial: int | None = None) -> Candidate | None:
         """The next layout to measure given the study's trials so far, or None when all are tried."""
+        self._reprice(trials)
         taken: set[tuple] = set()
         measured_shares: list[dict[str, float]] = []
         for t in trials:
@@ -299,18 +335,21 @@ RunTrial = Callable[[ParallelConfig, Callable[[int, float], bool]], Any]
 def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity_bytes: float,
                budget: SearchBudget = SearchBudget(), storage: str | optuna.storages.BaseStorage | None = None,
                study_name: str = "foldtune", sampler: BaseSampler | None = None,
-               pruner: BasePruner | None = None, on_event: Callable[[str, dict], None] | None = None) -> SearchResult:
+               pruner: BasePruner | None = None, on_event: Callable[[str, dict], None] | None = None,
+               repredict: Repredict | None = None) -> SearchResult:
     """Search ``candidates`` by measuring them with ``run_trial`` until the budget is spent.
 
     ``storage`` is an Optuna storage URL or object (None = in memory); with the same storage and
     ``study_name`` a second call resumes the study: finished trials count towards the budget and
     trials left RUNNING by a dead runner are failed as retryable and measured again.
     ``on_event(kind, data)`` receives 'trial_started', 'trial_finished' and 'search_finished'.
+    ``repredict`` (default sampler only): re-prices the candidates once a trial has measured the routing
+    load per expert (a measurement's ``tokens_per_expert``); later trials store the re-priced prediction.
     """
     if not candidates:
         raise ValueError("no candidate layouts to search")
     by_key = {_key(c.params): c for c in candidates}
-    sampler = sampler or CostModelSampler(candidates, capacity_bytes)
+    sampler = sampler or CostModelSampler(candidates, capacity_bytes, repredict=repredict)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", sampler=sampler,
                                 pruner=pruner or SlowTrialPruner(), load_if_exists=True)
     emit = on_event or (lambda kind, data: None)
@@ -328,6 +367,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     def start_trial() -> tuple[optuna.Trial, Candidate] | None:
         trial = study.ask(distributions)
         cand = by_key.get(_key(trial.params))
+        if cand is not None and isinstance(sampler, CostModelSampler):
+            cand = sampler.candidate(trial.params) or cand  # re-priced after a routing measurement
         if cand is None:  # the sampler had nothing left (or an outside sampler proposed an invalid combo)
             trial.set_user_attr(ATTR_FAILURE, "not a valid candidate layout")
             study.tell(trial, state=TrialState.FAIL)
@@ -358,6 +399,9 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         peak = getattr(m, "peak_allocated_bytes", None) if m is not None else None
         if peak:
             trial.set_user_attr(ATTR_PEAK, float(peak))
+        counts = getattr(m, "tokens_per_expert", None) if m is not None else None
+        if counts and sum(counts) > 0:
+            trial.set_user_attr(ATTR_EXPERT_LOAD, [c / sum(counts) for c in counts])
         if m is not None and getattr(m, "ok", False) and getattr(m, "step_time", None):
             pruned = getattr(m, "pruned", False)
             if pruned:

@@ -30,6 +30,7 @@ class FakeMeasurement:
     failure_reason: str | None = None
     failure_kind: str | None = None
     pruned: bool = False
+    tokens_per_expert: list[int] | None = None
 
 
 def make_candidates() -> list[Candidate]:
@@ -174,3 +175,37 @@ def test_memory_is_recorded_through_optuna_constraints(tmp_path):
     for t in done:
         values = list(t.constraints.values()) if isinstance(t.constraints, dict) else list(t.constraints)
         assert values == [pytest.approx(t.user_attrs["measured_peak_bytes"] - capacity)]
+
+
+def test_a_measured_routing_load_reprices_the_candidates_once():
+    """The first measured tokens per expert re-price every candidate (same layouts); later trials store the
+    re-priced prediction and the calibration compares measurements with it."""
+    from dataclasses import replace
+
+    from planner.search import ATTR_EXPERT_LOAD, ATTR_PRED_TIME, CostModelSampler
+
+    cands = make_candidates()
+    calls, loads = [], []
+    base = machine(cands, 80 * GIB, calls)
+
+    def run_trial(config, report):
+        return replace(base(config, report), tokens_per_expert=[300, 100])
+
+    def repredict(load, current):
+        loads.append(load)  # EP layouts twice as slow once routing is known to be skewed
+        return [replace(c, predicted_step_time=c.predicted_step_time * (2.0 if c.config.ep > 1 else 1.0),
+                        predicted_terms=tuple((k, v * (2.0 if c.config.ep > 1 else 1.0)) for k, v in c.predicted_terms))
+                for c in current]
+
+    sampler = CostModelSampler(cands, 80 * GIB, repredict=repredict)
+    storage = optuna.storages.InMemoryStorage()
+    run_search(cands, run_trial, capacity_bytes=80 * GIB, budget=SearchBudget(max_trials=6), sampler=sampler,
+               storage=storage, study_name="routing")
+    assert loads == [(0.75, 0.25)] and sampler.expert_load == (0.75, 0.25)
+    trials = sorted(optuna.load_study(study_name="routing", storage=storage).get_trials(), key=lambda t: t.number)
+    assert all(t.user_attrs[ATTR_EXPERT_LOAD] == [0.75, 0.25] for t in trials if t.state.is_finished())
+    original = {c.config.label(): c.predicted_step_time for c in cands}
+    later = [t for t in trials[1:] if t.user_attrs.get("layout")]
+    assert later and all(t.user_attrs[ATTR_PRED_TIME] == pytest.approx(
+        original[t.user_attrs["layout"]] * (2.0 if ParallelConfig.from_dict(t.user_attrs["config"]).ep > 1 else 1.0))
+        for t in later)
