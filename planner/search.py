@@ -16,6 +16,7 @@ similar layouts from the rest of the search. Failed trials never end the job.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import threading
@@ -182,9 +183,14 @@ class CostModelSampler(BaseSampler):
             load = t.user_attrs.get(ATTR_EXPERT_LOAD)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and load:
                 self.expert_load = tuple(float(x) for x in load)
-                priced = list(self._repredict(self.expert_load, self._candidates))
-                if [_key(c.params) for c in priced] != [_key(c.params) for c in self._candidates]:
-                    raise ValueError("repredict must return the same layouts, in the same order")
+                try:
+                    priced = list(self._repredict(self.expert_load, self._candidates))
+                    if [_key(c.params) for c in priced] != [_key(c.params) for c in self._candidates]:
+                        raise ValueError("repredict returned other layouts than it was given")
+                except Exception as exc:  # a failed re-pricing must not end the job: keep the balanced prices
+                    logging.getLogger(__name__).warning("routing load not applied to the predictions: %s", exc)
+                    self._repredict = None
+                    return
                 self._candidates = sorted(priced, key=lambda c: c.predicted_step_time)
                 self._by_key = {_key(c.params): c for c in self._candidates}
                 return

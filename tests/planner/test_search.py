@@ -209,3 +209,24 @@ def test_a_measured_routing_load_reprices_the_candidates_once():
     assert later and all(t.user_attrs[ATTR_PRED_TIME] == pytest.approx(
         original[t.user_attrs["layout"]] * (2.0 if ParallelConfig.from_dict(t.user_attrs["config"]).ep > 1 else 1.0))
         for t in later)
+
+
+def test_a_failing_repricing_keeps_the_search_going(caplog):
+    from dataclasses import replace
+
+    from planner.search import CostModelSampler
+
+    cands = make_candidates()
+    base = machine(cands, 80 * GIB, [])
+
+    def run_trial(config, report):
+        return replace(base(config, report), tokens_per_expert=[1, 1])
+
+    def broken(load, current):
+        raise RuntimeError("estimate failed")
+
+    sampler = CostModelSampler(cands, 80 * GIB, repredict=broken)
+    result = run_search(cands, run_trial, capacity_bytes=80 * GIB, budget=SearchBudget(max_trials=4), sampler=sampler)
+    assert len([r for r in result.rows if r.state == "complete"]) == 4
+    assert "routing load not applied" in caplog.text
+    assert all(sampler.candidate(c.params) == c for c in cands)  # the balanced prices stay
