@@ -33,7 +33,6 @@ import contextlib
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 

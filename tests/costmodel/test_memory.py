@@ -427,7 +427,6 @@ def test_executor_terms_cublas_workspace_reduced_shards_and_gradient_flats():
     # one tensor is flattened as a view, so no copy of them is counted; the peak is the Adam step of the
     # largest unit, the fused gate/up tensor w13 of the 4 local experts (EDP 1: unsharded), 8 bytes per element
     big = estimate_memory(get_model("mixtral-8x7b").with_layers(2), short, H100, one)
-    big_local = stage_param_counts(get_model("mixtral-8x7b").with_layers(2), one, 0).total
     big_dynamic = big.activations + big.logits + big.comm_buffers + big.allocator_overhead - big.detail(
         "allocator.cublas_workspace")
     w13 = 4 * 2 * 14336 * 4096
