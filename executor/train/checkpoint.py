@@ -85,6 +85,21 @@ def _logical_shape(info: ShardInfo) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _gate_up_keys(key: str) -> tuple[str | None, str | None]:
+    """The (w1, w3) keys of a fused expert gate/up key ``...experts.w13[/moment]``, else (None, None)."""
+    if ".experts.w13" not in key:
+        return None, None
+    return key.replace(".experts.w13", ".experts.w1"), key.replace(".experts.w13", ".experts.w3")
+
+
+def _stored_keys(path: Path) -> set[str]:
+    """Keys the checkpoint at ``path`` holds (empty when its metadata cannot be read: dcp.load reports it)."""
+    try:
+        return set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 — a missing or broken checkpoint gets dcp.load's own error below
+        return set()
+
+
 def _local_slice(full: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch.Tensor:
     """This rank's slice of a full logical tensor (re-padding vocabulary rows for this layout's TP)."""
     if info.rows is not None and full.shape[0] < info.full_shape[0]:
@@ -157,12 +172,20 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     _finish_param_gather(optimizer)  # a pending gather would overwrite the loaded parameters
     params = list(model.parameters())
     full: dict[str, torch.Tensor] = {}
+    stored = _stored_keys(path)
+    split: list[str] = []  # fused gate/up keys this checkpoint holds as separate w1 / w3 tensors
     for p in params:
         info: ShardInfo = p.shard_info
         shape = _logical_shape(info)
-        full[f"model/{info.name}"] = torch.empty(shape, dtype=torch.float32)
-        for key in MOMENTS:
-            full[f"optim/{info.name}/{key}"] = torch.empty(shape, dtype=torch.float32)
+        for key in ["model/" + info.name] + [f"optim/{info.name}/{m}" for m in MOMENTS]:
+            gate, up = _gate_up_keys(key)
+            if gate is not None and key not in stored and gate in stored and up in stored:
+                split.append(key)  # written before 2026-11-26: w13 [E, 2, F, H] was w1 and w3 [E, F, H]
+                half = (shape[0], *shape[2:])
+                full[gate] = torch.empty(half, dtype=torch.float32)
+                full[up] = torch.empty(half, dtype=torch.float32)
+            else:
+                full[key] = torch.empty(shape, dtype=torch.float32)
     buffers = _buffers(model)
     for name, t in buffers.items():
         full[f"buffer/{name}"] = torch.empty(t.shape, dtype=t.dtype)
@@ -174,6 +197,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} does not fit this model: {first}") from exc
+    for key in split:
+        gate, up = _gate_up_keys(key)
+        full[key] = torch.stack([full.pop(gate), full.pop(up)], dim=1)
     values = {p: {"master": _local_slice(full[f"model/{p.shard_info.name}"], p.shard_info, state),
                   **{key: _local_slice(full[f"optim/{p.shard_info.name}/{key}"], p.shard_info, state)
                      for key in MOMENTS}}
