@@ -68,6 +68,12 @@ def predicted_dict(estimate: Estimate) -> dict[str, Any]:
             "limiter": estimate.limiter, "explanation": estimate.explanation}
 
 
+def _candidate(estimate: Estimate) -> Candidate:
+    """The search's view of one estimated layout (seconds per step, exposed seconds per term, bytes)."""
+    return Candidate(config=estimate.config, predicted_step_time=estimate.time.step_time,
+                     predicted_terms=tuple(estimate.time.terms), predicted_memory_bytes=estimate.memory.total)
+
+
 def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int) -> CandidateSet:
     """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials."""
     from planner.rank import plan
@@ -82,9 +88,7 @@ def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
             dropped[why] += 1
         elif len(kept) < cap:
             kept.append(est)
-    candidates = [Candidate(config=e.config, predicted_step_time=e.time.step_time,
-                            predicted_terms=tuple(e.time.terms), predicted_memory_bytes=e.memory.total)
-                  for e in kept]
+    candidates = [_candidate(e) for e in kept]
     return CandidateSet(candidates, {e.config.label(): e for e in kept}, len(result.ranked),
                         result.enumeration.valid, result.fitting, dict(dropped))
 
@@ -103,7 +107,6 @@ def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, can
         for c in current:
             e = estimate(model, measured, cluster, c.config)
             cands.estimates[c.config.label()] = e
-            out.append(Candidate(config=c.config, predicted_step_time=e.time.step_time,
-                                 predicted_terms=tuple(e.time.terms), predicted_memory_bytes=e.memory.total))
+            out.append(_candidate(e))
         return out
     return reprice

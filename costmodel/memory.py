@@ -617,29 +617,28 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
 
 @lru_cache(maxsize=256)
 def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -> tuple[float, ...]:
-    """Elements of the executor's parameter tensors on one GPU that share a gradient bucket with others
-    (smaller than a bucket of ``bucket`` elements), per dense layer, MoE layer, first-stage and last-stage
-    extras, the largest tensor, the largest dense one and the largest expert one. A tensor larger than a bucket is a bucket alone, whose flat gradient is
-    a view of the tensor's own gradient (no copy; fp32 weights only, 16-bit ones reduce in their buffer)."""
+    """Elements of the executor's parameter tensors on one GPU: those that share a gradient bucket with others
+    (no larger than a bucket of ``bucket`` elements) per dense layer, MoE layer, first-stage and last-stage
+    extras; then the largest dense tensor and the largest expert tensor. A tensor larger than a bucket is a
+    bucket alone, whose flat gradient is a view of the tensor's own gradient (no copy; fp32 weights only,
+    16-bit ones reduce in their buffer)."""
     h, d = model.hidden_size, model.head_dim
     heads, kv = model.num_attention_heads * d / tp, model.num_kv_heads * d / tp
     attention = [heads * h, kv * h, kv * h, h * heads, h, h]  # wq, wk, wv, wo, the two norms
     mlp = [model.ffn_hidden_size / tp * h] * 3
-    moe = [(model.num_experts or 0) * h]
+    router = [(model.num_experts or 0) * h]
+    experts: list[float] = []
     if model.is_moe:  # the executor's experts: gate and up in one w13 tensor, then w2
         expert = (model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h
-        moe += [2 * expert, expert]
-    if model.shared_expert_ffn_hidden_size:
-        moe += [model.shared_expert_ffn_hidden_size / tp * h] * 3
+        experts = [2 * expert, expert]
+    shared = [model.shared_expert_ffn_hidden_size / tp * h] * 3 if model.shared_expert_ffn_hidden_size else []
     vocab = model.padded_vocab_size(tp) / tp * h
     first, last = [vocab], [h] + ([vocab] if model.untie_embeddings_and_output_weights else [])
 
     def small(tensors: list[float]) -> float:
         return sum(n for n in tensors if n <= bucket)
-    experts = moe[1:3] if model.is_moe else []
-    dense = attention + mlp + moe[:1] + moe[3:] + first + last
-    return (small(attention + mlp), small(attention + moe), small(first), small(last),
-            max(dense + experts), max(dense), max(experts, default=0.0))
+    return (small(attention + mlp), small(attention + router + experts + shared), small(first), small(last),
+            max(attention + mlp + router + shared + first + last), max(experts, default=0.0))
 
 
 def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,
@@ -651,7 +650,7 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
     reduced in place: no copy."""
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
-    small_dense, small_moe, small_first, small_last, largest, largest_dense, largest_expert = _tensor_split(
+    small_dense, small_moe, small_first, small_last, largest_dense, largest_expert = _tensor_split(
         ctx.model, config.tp, config.ep, config.etp, elems)
     flats = 0.0
     if ctx.weight_bytes == _FP32:
@@ -659,6 +658,7 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
                   + (lay.stored_moe + lay.recomputed_moe) * small_moe
                   + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
         flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
+
     def step_of(unit: float, shard: int) -> float:  # one unit's Adam step: the larger of its two moments
         gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not config.overlap_param_gather else 0.0
         return max(unit / shard * OPT_STEP_TEMP_PER_SHARD_ELEMENT,

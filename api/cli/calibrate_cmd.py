@@ -140,10 +140,11 @@ def run(args: argparse.Namespace) -> int:
     if ranks < 1:
         raise SpecError(f"--ranks must be >= 1, got {ranks}")
     precision = args.precision or ("fp32" if cpu else "bf16")
-    if precision == "fp8" and (cpu or args.model):
-        raise SpecError("--precision fp8 times fp8 GEMMs on GPUs only, and the executor's components run in "
-                        "bf16/fp16/fp32: drop --model or pick another precision" if args.model else
-                        "--precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
+    if precision == "fp8" and cpu:
+        raise SpecError("--precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
+    if precision == "fp8" and args.model:
+        raise SpecError("--precision fp8 times GEMMs only; the executor's components run in bf16/fp16/fp32: "
+                        "drop --model or pick another precision")
     name = (args.name or f"{base.name}-calibrated").lower()
     print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
           f"{', quick' if args.quick else ''}", flush=True)
