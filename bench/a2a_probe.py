@@ -99,36 +99,29 @@ def split_matrix(world: int, rows: int, skew: float) -> list[list[int]]:
     return [[to_zero, *others] for _ in range(world)]
 
 
-def _sync(dev) -> None:
-    import torch
-
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _timed(op, dev, cfg: ProbeConfig, barrier: bool, after=None) -> list[float]:
     """Seconds of each of ``cfg.iters`` calls of ``op`` after ``cfg.warmup`` calls; with ``barrier`` every
     rank passes a barrier and a device sync before each call. ``after(i)`` runs after each timed call,
     outside the timing (it may sync)."""
     import torch.distributed as dist
 
-    from executor.microbench.components import time_device
+    from executor.microbench.timing import synchronize, time_device
 
     for _ in range(cfg.warmup):
         op()
         if after:
             after(-1)
-    _sync(dev)
+    synchronize(dev)
     dist.barrier()
     times = []
     for i in range(cfg.iters):
         if barrier:
             dist.barrier()
-            _sync(dev)
+            synchronize(dev)
         times.append(time_device(op, dev, warmup=0, repeats=1))  # one call: CUDA events, host clock on CPU
         if after:
             after(i)
-    _sync(dev)
+    synchronize(dev)
     return times
 
 
@@ -142,6 +135,7 @@ def _collective_cases(rank: int, world: int, cfg: ProbeConfig, state, dev, dtype
     import torch
     import torch.distributed as dist
 
+    from executor.microbench.timing import synchronize
     from executor.parallel.collectives import all_to_all
 
     ep = state.ep
@@ -215,7 +209,7 @@ def _collective_cases(rank: int, world: int, cfg: ProbeConfig, state, dev, dtype
     def finish(_):
         while pending:
             pending.pop().wait()
-        _sync(dev)
+        synchronize(dev)
 
     out["F"] = _summary(_timed(op_f, dev, cfg, True, finish), cross_b, int(sum(recv)),
                         concurrent_group=rs_group.name, concurrent_group_size=rs_group.size,

@@ -27,46 +27,18 @@ measures (device times at real shapes, never end-to-end step times).
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from costmodel.model_spec import ModelSpec
+from executor.microbench.timing import time_device
 
 # parameters in the optimizer benchmark's buffer: large enough that per-kernel overhead is < 1 % on a GPU,
 # small enough for a few GiB of fp32 state
 OPTIMIZER_PARAMS_GPU = 1 << 27
 OPTIMIZER_PARAMS_CPU = 1 << 16
-WARMUP = 2
-REPEATS = 5
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-# ---- timing ---------------------------------------------------------------------------------------
-def time_device(op: Callable[[], object], device: torch.device, warmup: int = WARMUP,
-                repeats: int = REPEATS) -> float:
-    """Median seconds of ``op()`` over ``repeats`` runs after ``warmup``: CUDA events on a GPU, wall clock
-    (``op`` is synchronous there) on the CPU."""
-    for _ in range(warmup):
-        op()
-    samples = []
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            op()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            op()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 # ---- the executor's blocks ------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Wall-clock timing of a device operation: warm-up, then the median of several timed repeats."""
+"""Timing of a device operation: warm-up, then the median of several timed repeats (:func:`time_op`: wall
+clock over a loop of calls; :func:`time_device`: one call at a time, CUDA events on a GPU)."""
 
 from __future__ import annotations
 
@@ -37,4 +38,28 @@ def time_op(op: Callable[[], object], device: torch.device, iters: int | None = 
             op()
         synchronize(device)
         samples.append((time.perf_counter() - start) / iters)
+    return statistics.median(samples)
+
+
+def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
+                repeats: int = 5) -> float:
+    """Median seconds of ``op()`` over ``repeats`` runs after ``warmup``: CUDA events on a GPU, wall clock
+    (``op`` is synchronous there) on the CPU."""
+    for _ in range(warmup):
+        op()
+    samples = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            op()
+            samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
