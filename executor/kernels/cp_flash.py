@@ -11,9 +11,12 @@ skipped, no log-sum-exp merge, no fp32 gradient buffers. The kernel takes GQA na
 query heads; its backward sums dk/dv over each head group), so K/V are not repeated.
 
 The reorder of the gathered K/V into global order, both chunk calls, the output concatenation and the
-gradient accumulation of the overlapping key ranges form ONE autograd node: composed from separate autograd
-ops the same path cost an H200's host about 1.1-1.5 ms per forward+backward (slices, cats and their
-zero-filled backward buffers), more than its GPU time at cp = 4.
+gradient accumulation of the overlapping key ranges form ONE autograd node, to save host issue time (the
+slices, cats and zero-filled backward buffers of separate autograd ops). Measured on an H200 (s = 4096,
+32/8 heads, d = 128, bf16; bench/results/gpu-2026-11-26-4xH200-s3/cp_attention-0819.json), steady ms per
+forward+backward, one node vs composed ops: 1.264 vs 1.277 at cp = 2, 1.138 vs 1.329 at cp = 4. Both stay
+host-bound at cp = 4 (host issue 1.13 and 1.32 ms against 0.66 and 0.71 ms of GPU time), and there the
+masked SDPA fallback measured faster (0.954 ms).
 
 The CPU flash op aligns causal top-left; off CUDA each chunk runs on it with the queries front-padded by
 sk − sq zero rows, whose last sq rows are then exactly the bottom-right-aligned rows (the padded rows get a
