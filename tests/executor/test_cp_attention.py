@@ -2,9 +2,9 @@
 checked on CPU in fp32: against the masked SDPA path (output and all gradients), against full causal
 attention over the whole sequence, the chunk reorder and its backward, and the dispatch/fallback logic.
 
-On CPU each chunk runs through SDPA with a ``causal_lower_right`` bias; on CUDA it is the flash kernel's own
-bottom-right causal mask, which only a GPU can check (the executor's first-use check and
-bench/cp_attention_check.py do)."""
+On CPU each chunk runs on the CPU flash op (top-left causal) with its queries front-padded to the key
+length, which yields the bottom-right-aligned rows; on CUDA it is the flash kernel's own bottom-right causal
+mask, which only a GPU can check (the executor's first-use check and bench/cp_attention_check.py do)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_checked_flash_path_is_taken_and_survives_recomputation(monkeypatch):
     mask = cpm.causal_mask(s, cp, rank)
     want = _run(lambda *t: cpm.masked_attention(*t, mask), q, k, v, g)
     got = _run(lambda *t: checkpoint(cpm.cp_attention, *t, mask, cp, rank, use_reentrant=False), q, k, v, g)
-    assert calls[0] >= 3  # the check (one per rank) and the real call, again in the recomputation
+    assert calls[0] == 4  # the check (one per rank of cp = 2), the real call, and again in the recomputation
     for w, o in zip(want, got):
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
