@@ -134,7 +134,6 @@ def cp_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tenso
     """Causal GQA attention of this CP rank's queries [b, heads, s/cp, d] against the gathered K/V
     [b, kv_heads, s, d]: the flash path where it is supported and checked, else the masked SDPA."""
     if _flash_supported(q_BHSD) and checked_once(
-            _CHECKED, ("cp_flash", q_BHSD.dtype, q_BHSD.shape[-1], str(q_BHSD.device)),
-            lambda _, dtype, d, device: check_flash(dtype, d, device), "CP flash attention"):
+            _CHECKED, (q_BHSD.dtype, q_BHSD.shape[-1], str(q_BHSD.device)), check_flash, "CP flash attention"):
         return flash_attention(q_BHSD, k_BKSD, v_BKSD, cp, rank)
     return masked_attention(q_BHSD, k_BKSD, v_BKSD, mask_QK)
