@@ -1,6 +1,7 @@
 """The Triton MoE kernels (router top-k, counting sort, permute, combine, SwiGLU) against the torch path, on CPU
-through Triton's interpreter. Skipped where Triton is not installed; on the GPU machine
-bench/executor_gpu.py --parts fused checks the compiled kernels.
+through Triton's interpreter. Skipped where Triton is not installed. On a GPU the compiled kernels are
+checked by their first-use self-checks against torch (``checked_once``; bench/executor_gpu.py records the
+outcomes as ``fused_paths``), and ``--parts fused`` compares the fused permute/unpermute with the torch path.
 
 Triton picks the interpreter when it is imported (TRITON_INTERPRET=1), which this pytest process has
 done already, so ``test_kernels_in_triton_interpreter`` runs the kernel tests below in a child pytest
