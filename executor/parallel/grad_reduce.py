@@ -17,8 +17,8 @@ The gradient read is ``param.main_grad`` when the optimizer keeps fp32 main grad
 Gradient buffers (``main_grads=True``, Megatron's recipe for 16-bit parameters): every bucket of bf16/fp16
 parameters owns one contiguous fp32 buffer (padded to a multiple of the sharding group's size) and each
 parameter's ``main_grad`` is a view into it, in bucket order. The bucket is then reduced where it lies: the
-all-reduce runs in place on the buffer, the reduce-scatter reads the buffer into a new 1/size shard, and over
-a group of one the shard *is* the buffer. fp32 parameters keep ``.grad`` as their main gradient; their
+all-reduce runs in place on the buffer, the reduce-scatter reads the buffer into the bucket's 1/size shard
+(allocated once, then rewritten every step), and over a group of one the shard *is* the buffer. fp32 parameters keep ``.grad`` as their main gradient; their
 buckets (and the TP-only bucket of ``tp_partial`` parameters) are still flattened into a copy per reduction.
 
 With ``overlap`` (ParallelConfig.overlap_grad_reduce), :meth:`GradReducer.arm` before the last micro-batch's
@@ -154,7 +154,7 @@ class _Entry:
                 # the previous step's shard (kept for the optimizer, read before this backward) takes the new
                 # result: a fresh one per step would hold two copies of every shard while the reductions run
                 shard = self.shards[index]
-                if shard is None or shard.numel() != flat.numel() // size or shard.dtype != flat.dtype:
+                if shard is None:  # the first step (a bucket's size and dtype never change)
                     shard = flat.new_empty(flat.numel() // size)
                 work = _reduce_scatter_tensor(shard, flat, group=self.group.pg, async_op=async_op)
                 flat = shard

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from costmodel.errors import FoldtuneError
+from executor.optimizer import finish_param_gather
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, _slice, gather_full
 from executor.train.optim_state import MOMENTS, adam_step, load_local_state, local_state
@@ -69,13 +70,6 @@ def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                       f"layout-independent name")
             out[f"{own[0].shard_info.name.rsplit('.', 1)[0]}.{name}"] = t
     return out
-
-
-def _finish_param_gather(optimizer) -> None:
-    """Wait for the executor optimizer's overlapped parameter all-gathers (torch optimizers have none)."""
-    finish = getattr(optimizer, "finish_param_gather", None)
-    if finish is not None:
-        finish()
 
 
 def _logical_shape(info: ShardInfo) -> tuple[int, ...]:
@@ -123,7 +117,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, state: ParallelState, model_name: str) -> Path:
     """Save after ``next_step`` optimizer steps. Collective: every rank of the layout must call it."""
-    _finish_param_gather(optimizer)
+    finish_param_gather(model)  # overlap_param_gather: the last step's all-gathers
     full: dict[str, object] = {}
     params = list(model.parameters())
     for p, values in local_state(optimizer, params).items():
@@ -169,7 +163,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         raise CheckpointError(f"cannot read {path / TRAINER_FILE}: {exc}") from exc
     if trainer["model"] != model_name:
         raise CheckpointError(f"checkpoint {path} is of model {trainer['model']!r}, not {model_name!r}")
-    _finish_param_gather(optimizer)  # a pending gather would overwrite the loaded parameters
+    finish_param_gather(model)  # a pending gather would overwrite the loaded parameters
     params = list(model.parameters())
     full: dict[str, torch.Tensor] = {}
     stored = _stored_keys(path)
