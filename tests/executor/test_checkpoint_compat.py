@@ -29,6 +29,10 @@ def _trained() -> tuple[MoEGPT, Trainer]:
     return model, trainer
 
 
+def _named(model: MoEGPT) -> list[tuple[str, torch.Tensor]]:
+    return [(p.shard_info.name, p.detach()) for p in model.parameters()]
+
+
 def _as_written_before_the_fusion(new: str, old: str) -> int:
     """Rewrite checkpoint ``new`` into ``old`` with every ``...experts.w13`` key split into w1 and w3."""
     keys = dcp.FileSystemReader(new).read_metadata().state_dict_metadata
@@ -54,13 +58,20 @@ def test_a_checkpoint_with_separate_gate_and_up_tensors_loads_into_the_fused_mod
 
     fresh = MoEGPT(TINY, single_process_state(), ExecutorOptions(seed=7), SEQ)
     fresh_trainer = Trainer(fresh)
+    before = {name: t.clone() for name, t in _named(fresh)}
     resumed = load_checkpoint(tmp_path / "old", fresh, fresh_trainer.optimizer, fresh.state, TINY.name)
     assert resumed.step == 2
     want = local_state(trainer.optimizer, list(model.parameters()))
     got = local_state(fresh_trainer.optimizer, list(fresh.parameters()))
+    assert len(want) == len(got) == len(list(model.parameters()))
     for (p, a), (q, b) in zip(want.items(), got.items()):
         assert p.shard_info.name == q.shard_info.name
         for key in ("master", *MOMENTS):
             assert torch.equal(a[key], b[key]), (p.shard_info.name, key)
     for p, q in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(p, q), p.shard_info.name
+    # the fresh model started elsewhere (another seed): the fused tensors' equality above is the load's doing
+    fused_names = [n for n in before if ".experts.w13" in n]
+    assert len(fused_names) == TINY.num_layers
+    after = dict(_named(fresh))
+    assert not any(torch.equal(before[n], after[n]) for n in fused_names)

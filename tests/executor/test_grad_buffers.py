@@ -131,8 +131,8 @@ def test_fp32_parameters_keep_grad_as_their_main_gradient():
 
 
 def _two_rank_worker(rank, world):
-    """Both layouts of 2 ranks (dp 2 sharded into new shards, edp 1 sharded as views; then all-reduce in
-    place), with and without overlap: buffers against the old path."""
+    """Both layouts of 2 ranks (dp 2 sharded into shards of their own, edp 1 sharded as views; then all-reduce
+    in place), with and without overlap: buffers against the old path."""
     state = build_parallel_state(ParallelConfig(world_size=2, ep=2), rank)  # dp 2, edp 1
     micro = micro_batches(global_batch(TINY.vocab_size, 16, 4, 0, 0), 2, state["dp_cp"].rank, 1)
     out = {}

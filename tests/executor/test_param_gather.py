@@ -157,17 +157,42 @@ def test_step_returns_with_gathers_pending_and_the_forward_consumes_them():
         assert left == 0 and equal and views
 
 
+def _no_overlap(model: MoEGPT, trainer: Trainer, micro) -> list[str]:
+    """What shows an overlapped gather (none expected): overlapped units, hooks, pending units after a step."""
+    problems = []
+    if trainer.optimizer._overlapped:
+        problems.append("overlapped units")
+    if type(model._parameters) is not dict:
+        problems.append("waiting parameter dict")
+    if any(m._forward_pre_hooks for m in model.modules()):
+        problems.append("forward pre-hooks")
+    trainer.step(micro)
+    if trainer.optimizer.pending_units():
+        problems.append("pending units after step()")
+    return problems
+
+
+def _unsharded_worker(rank, world):
+    state = build_parallel_state(ParallelConfig(world_size=2, use_distributed_optimizer=False), rank)
+    assert state.config.overlap_param_gather and state.dp.size == 2
+    model = MoEGPT(TINY, state, OPTIONS, SEQ, dtype=torch.bfloat16)
+    micro = micro_batches(global_batch(TINY.vocab_size, SEQ, 4, 0, 0), 2, rank, 1)
+    return _no_overlap(model, Trainer(model, bucket_mb=BUCKET_MB), micro)
+
+
 def test_overlap_is_off_without_sharding_or_a_group():
-    """One process: no group to gather over, so nothing is overlapped and step() is the synchronous one."""
+    """One process: no group to gather over; two ranks without the distributed optimizer: whole units, no
+    shard to gather. Either way nothing is overlapped and step() is the synchronous one."""
     from executor.parallel.groups import single_process_state
 
-    model = MoEGPT(TINY, single_process_state(), OPTIONS, SEQ, dtype=torch.bfloat16)
-    trainer = Trainer(model, bucket_mb=BUCKET_MB)
-    assert trainer.optimizer._overlapped == []
-    assert type(model._parameters) is dict  # no waiting parameter dict, no hooks
-    assert not any(m._forward_pre_hooks for m in model.modules())
-    trainer.step(micro_batches(global_batch(TINY.vocab_size, SEQ, 2, 0, 0), 1, 0, 1))
-    assert trainer.optimizer.pending_units() == []
+    state = single_process_state()
+    assert state.config.use_distributed_optimizer and state.config.overlap_param_gather
+    model = MoEGPT(TINY, state, OPTIONS, SEQ, dtype=torch.bfloat16)
+    micro = micro_batches(global_batch(TINY.vocab_size, SEQ, 2, 0, 0), 1, 0, 1)
+    assert _no_overlap(model, Trainer(model, bucket_mb=BUCKET_MB), micro) == []
+    launched = launch(_unsharded_worker, 2, backend="gloo", timeout_s=120, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    assert launched.results == [[], []]
 
 
 @pytest.fixture(scope="module")
