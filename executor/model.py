@@ -22,7 +22,7 @@ from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
-from executor.parallel.context_parallel import all_positions, cp_positions
+from executor.parallel.context_parallel import causal_mask, cp_positions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
@@ -129,8 +129,7 @@ class MoEGPT(torch.nn.Module):
         self.cp_positions = None
         if cp.size > 1:  # this rank's load-balanced share of the sequence and its causal mask
             self.cp_positions = cp_positions(self.seq_length, cp.size, cp.rank, device)
-            keys = all_positions(self.seq_length, cp.size, device)
-            mask = keys.unsqueeze(0) <= self.cp_positions.unsqueeze(1)
+            mask = causal_mask(self.seq_length, cp.size, cp.rank, device)
             for layer in self.layers:
                 layer.attention.cp_mask = mask
             cos, sin = cos[self.cp_positions], sin[self.cp_positions]
