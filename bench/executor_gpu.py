@@ -8,7 +8,10 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
             Mixtral (h4096, ffn14336, 8 experts, top-2) bar ≥ 0.95; fine-grained (h2048, ffn768,
             128 experts, top-8) bar ≥ 0.85; seq 4096, bf16. The headline ``ratio`` is steady state (20
             fwd+bwd back to back between two events, as inside a training step, where the host runs ahead
-            and the router's launch latency hides behind the previous layer's kernels); ``isolated_ratio``
+            and the router's launch latency hides behind the previous layer's kernels), layer and ideal in
+            6 alternated windows (the card's power-limited clock drifts by several % over seconds, see
+            bench/power_probe.py; alternating gives both the same clock), the median of the rounds' ratios;
+            ``sequential_ratio`` is the earlier method (layer's windows, then the ideal's); ``isolated_ratio``
             times each fwd+bwd from an idle device (sync per iteration, launch latency exposed);
             ``host_issue_s`` next to it shows when the host is the limit. Also at 8192 tokens (mbs 2 x seq
             4096: keys moe_mixtral_mbs2, moe_finegrained_mbs2; no bar)
@@ -54,7 +57,7 @@ from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
 from bench.moe_breakdown import (BalancedRouter, SeparateGateUpExperts, breakdown, format_table, fused_paths,
-                                 host_seconds, steady_seconds, wall_seconds)
+                                 host_seconds, paired_steady, steady_seconds, wall_seconds)
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
@@ -65,6 +68,7 @@ SEQ = 4096
 TINY_MOE_SHAPES = {"mixtral": (64, 96, 8, 2), "finegrained": (32, 16, 16, 4)}
 TINY_SEQ = 64
 STEADY_ITERS = 20
+PAIRED_ROUNDS = 6
 
 
 def timeit(fn, warmup: int = 3, iters: int = 10) -> float:
@@ -145,28 +149,36 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
         ideal_experts(xs, balanced).backward(gs)
 
     t_ideal = both_timings(ideal_step)
+    paired = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
 
     # Diagnostic: the same layer with a round-robin router (perfect balance), to split the gap into
     # routing imbalance and the cost of routing + permutation themselves.
     real_router = layer.router
     layer.router = BalancedRouter(tokens, experts, topk, DEV)
     t_balanced = both_timings(layer_step)
+    paired_balanced = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     layer.router = real_router
     flops = 3 * 3 * 2 * rows * h * f
     steady, isolated = t_ideal["steady"], t_ideal["isolated"]
     return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens, "seq": seq,
                       "mbs": mbs},
-            "timing": f"steady state: {STEADY_ITERS} fwd+bwd back to back between two events, median of 3; "
+            "timing": f"ratio: ideal / layer in {PAIRED_ROUNDS} alternated steady-state windows of {STEADY_ITERS} "
+                      "fwd+bwd each (median of the rounds' ratios; the windows share the card's power-limited "
+                      f"clock); sequential_*: {STEADY_ITERS} back to back, layer then ideal, median of 3; "
                       "isolated_*: sync before each fwd+bwd, median of 10",
-            "layer_s": t_layer["steady"], "ideal_s": steady, "ratio": steady / t_layer["steady"],
-            "balanced_layer_s": t_balanced["steady"], "balanced_ratio": steady / t_balanced["steady"],
+            "layer_s": paired["a_s"], "ideal_s": paired["b_s"], "ratio": paired["ratio"],
+            "ratio_by_round": paired["ratio_by_round"],
+            "balanced_layer_s": paired_balanced["a_s"], "balanced_ratio": paired_balanced["ratio"],
+            "sequential_layer_s": t_layer["steady"], "sequential_ideal_s": steady,
+            "sequential_ratio": steady / t_layer["steady"],
+            "sequential_balanced_ratio": steady / t_balanced["steady"],
             "isolated_layer_s": t_layer["isolated"], "isolated_ideal_s": isolated,
             "isolated_ratio": isolated / t_layer["isolated"],
             "isolated_balanced_layer_s": t_balanced["isolated"],
             "isolated_balanced_ratio": isolated / t_balanced["isolated"],
             "host_issue_s": t_layer["host"], "balanced_host_issue_s": t_balanced["host"],
             "ideal_host_issue_s": t_ideal["host"],
-            "layer_tflops": flops / t_layer["steady"] / 1e12, "ideal_tflops": flops / steady / 1e12,
+            "layer_tflops": flops / paired["a_s"] / 1e12, "ideal_tflops": flops / paired["b_s"] / 1e12,
             "imbalance_max_over_mean": float(counts.max() / counts.mean()), "fused_paths": fused_paths()}
 
 
@@ -319,7 +331,8 @@ def moe_rows(key: str, r: dict, bar: float | None) -> list[tuple[str, str, str, 
     tokens = r["shape"]["tokens"]
     judged = ("", "") if bar is None else (f"{bar}", "yes" if r["ratio"] >= bar else "NO")
     ms = f"{r['layer_s'] * 1e3:.2f}/{r['isolated_layer_s'] * 1e3:.2f}/{r['host_issue_s'] * 1e3:.2f}"
-    return [(f"{key} ({tokens} tok) layer/ideal, steady", f"{r['ratio']:.3f}", *judged),
+    return [(f"{key} ({tokens} tok) layer/ideal, steady (alternated)", f"{r['ratio']:.3f}", *judged),
+            ("  sequential steady (layer, then ideal)", f"{r['sequential_ratio']:.3f}", "", ""),
             ("  isolated (sync per iteration)", f"{r['isolated_ratio']:.3f}", "", ""),
             ("  round-robin routing, steady / isolated", f"{r['balanced_ratio']:.3f} / "
              f"{r['isolated_balanced_ratio']:.3f}", "", ""),

@@ -189,6 +189,48 @@ def steady_seconds(fn, dev: torch.device, iters: int = 20, lead: int = 3, trials
     return statistics.median(times)
 
 
+def paired_steady(fn_a, fn_b, dev: torch.device, rounds: int = 6, iters: int = 20, lead: int = 3) -> dict:
+    """``fn_a`` and ``fn_b`` in alternating steady-state windows (``iters`` calls back to back after ``lead``
+    unsynchronised ones, as :func:`steady_seconds`), ``rounds`` times, the order flipped every round.
+
+    Two steady timings taken one after the other differ by the card's clock as well as by the code: under
+    seconds of tensor-core load a Hopper card lowers its SM clock at its power limit, and the clock wanders
+    while it does (bench/power_probe.py: 1380-1530 MHz on an H100 within 3 s). Windows taken in turn see the
+    same drift, so each round's ratio compares the two at one clock. Returns ``a_s``/``b_s`` (medians of
+    seconds per call) and ``ratio`` (median over rounds of b / a) with ``ratio_by_round``."""
+    fn_a()
+    fn_b()
+    _sync(dev)
+
+    def window(fn) -> float:
+        for _ in range(lead):
+            fn()
+        if dev.type != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            return (time.perf_counter() - t0) / iters
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / 1e3 / iters
+
+    a, b = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a.append(window(fn_a))
+            b.append(window(fn_b))
+        else:
+            b.append(window(fn_b))
+            a.append(window(fn_a))
+    ratios = [y / x for x, y in zip(a, b)]
+    return {"a_s": statistics.median(a), "b_s": statistics.median(b), "ratio": statistics.median(ratios),
+            "ratio_by_round": ratios}
+
+
 def host_seconds(fn, dev: torch.device, iters: int = 10) -> float:
     """Host seconds to issue one call (no synchronisation between calls)."""
     fn()

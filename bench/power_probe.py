@@ -84,6 +84,9 @@ def windows(fn, seconds: float, window_s: float = 0.1) -> list[float]:
     """Seconds per call in consecutive windows over ``seconds`` of back-to-back calls (events, no sync
     inside a window; one sync per window to read it)."""
     dev = torch.device("cuda")
+    for _ in range(3):  # library init and autotuning stay out of the window sizing
+        fn()
+    torch.cuda.synchronize(dev)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -114,11 +117,17 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
         w = windows(fn, seconds)
         t1 = time.time()
         tf = [2 * n**3 / s / 1e12 for s in w]
+        # the last 10 s (or the second half of a shorter run): where the clock has settled
+        settled = tf[-max(1, min(len(tf) // 2, int(10 / 0.1))):]
         result[name] = {"windows": len(tf), "tflops_first": tf[0], "tflops_median": statistics.median(tf),
+                        "tflops_settled_median": statistics.median(settled),
+                        "tflops_by_second": [round(statistics.median(tf[i:i + 10]), 1) for i in range(0, len(tf), 10)],
                         "tflops_last": tf[-1], "tflops_min": min(tf), "tflops_max": max(tf),
-                        "tflops_by_window": [round(x, 1) for x in tf], "smi": smi.between(t0, t1)}
+                        "tflops_by_window": [round(x, 1) for x in tf], "smi": smi.between(t0, t1),
+                        "smi_settled": smi.between(max(t0, t1 - 10), t1)}
         print(f"{name:>5} GEMM {n}³ over {seconds:.0f} s: first {tf[0]:.0f}  median {statistics.median(tf):.0f}  "
-              f"last {tf[-1]:.0f} TFLOP/s  smi {result[name]['smi']}", flush=True)
+              f"last {tf[-1]:.0f}  settled {statistics.median(settled):.0f} TFLOP/s  smi {result[name]['smi']}  settled "
+              f"{result[name]['smi_settled']}", flush=True)
     return result
 
 

@@ -45,7 +45,8 @@ def calibrated(base: HardwareProfile, measured: HardwareProfile | None) -> Hardw
         return base
     return replace(base, name=f"{base.name}+{measured.name}", gemm_efficiency=measured.gemm_efficiency,
                    grouped_gemm_efficiency=measured.grouped_gemm_efficiency, hbm_efficiency=measured.hbm_efficiency,
-                   overlap_slowdown=measured.overlap_slowdown, source=f"{base.source} + compute of {measured.source}")
+                   overlap_slowdown=measured.overlap_slowdown,
+                   sustained_clock_factor=measured.sustained_clock_factor, source=f"{base.source} + compute of {measured.source}")
 
 
 def tables(ref: dict, bf16: HardwareProfile | None, fp8: HardwareProfile | None) -> list[dict]:

@@ -75,9 +75,12 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
     gemm_eff = GEMM_EFFICIENCY.get(gemm_dtype, bf16_eff)
     grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
     hbm_eff = hardware.hbm_efficiency if hardware.hbm_efficiency else HBM_EFFICIENCY
+    # the efficiency curves are timed in short bursts at the boost clock; a step loads the tensor cores for
+    # seconds, at the (measured) lower clock of the card's power limit
+    clock = hardware.sustained_clock_factor or 1.0
     return ComputeRates(
-        gemm_peak=gpu.peak(gemm_dtype), gemm_eff_max=gemm_eff, gemm_elem_bytes=1 if fp8 else 2,
-        grouped_eff_max=grouped, bf16_peak=gpu.peak("bf16"), bf16_eff_max=bf16_eff,
+        gemm_peak=gpu.peak(gemm_dtype) * clock, gemm_eff_max=gemm_eff, gemm_elem_bytes=1 if fp8 else 2,
+        grouped_eff_max=grouped, bf16_peak=gpu.peak("bf16") * clock, bf16_eff_max=bf16_eff,
         hbm_bandwidth=gpu.hbm_bandwidth * hbm_eff, attn_fwd_eff=ATTENTION_FWD_EFFICIENCY,
         attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
         gemm_curve=hardware.gemm_efficiency, grouped_curve=hardware.grouped_gemm_efficiency)

@@ -103,7 +103,10 @@ class HardwareProfile:
     the time model derives its seconds per executor op from it when present. ``overlap_slowdown`` is the
     measured fraction of an overlapped gradient collective's seconds that the compute beside it still
     pays (SMs and HBM bandwidth the collective takes); None means not measured, priced as 0 (perfect
-    overlap).
+    overlap). ``sustained_clock_factor`` is the measured ratio of a GEMM's throughput under seconds of
+    back-to-back load to its throughput in a short burst (the card lowers its clock at its power limit); the
+    time model scales the compute peaks by it, as the efficiency curves are timed in bursts. None means not
+    measured, priced as 1.
     """
 
     name: str
@@ -122,6 +125,7 @@ class HardwareProfile:
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
     overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
+    sustained_clock_factor: float | None = None  # sustained / burst tensor-core throughput, measured
     # '<model name>@seq<S>' -> ((term, measured/predicted), ...): executor components timed at that shape
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
@@ -144,6 +148,8 @@ class HardwareProfile:
                     f"{name} must be None or a finite number of seconds > 0, got {value}")
         require(p, self.overlap_slowdown is None or 0.0 <= self.overlap_slowdown <= 1.0,
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
+        require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
+                f"sustained_clock_factor must be None or a fraction in (0, 1], got {self.sustained_clock_factor}")
         require(p, all(math.isfinite(f) and f > 0 for _, v in self.component_factors for _, f in v),
                 "component_factors must be finite numbers > 0")
         raise_if(p, f"hardware profile {self.name!r}")
@@ -201,6 +207,7 @@ class HardwareProfile:
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
             "moe_layer_host_s": self.moe_layer_host_s, "overlap_slowdown": self.overlap_slowdown,
+            "sustained_clock_factor": self.sustained_clock_factor,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
         }

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GEMM precision (default: bf16 on GPUs, fp32 on CPU; fp8: torch._scaled_mm GEMMs, "
                              "the rest in bf16, GPUs only)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
+    parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
+                        help="seconds of back-to-back GEMMs that measure the clock under sustained load (GPUs only; "
+                             "default 6, 0 skips it; --quick skips it unless given)")
     parser.add_argument("--name", help="name of the calibrated profile (default: <gpu>-calibrated)")
     parser.add_argument("--out", metavar="FILE", help="JSON file to write (default: <data dir>/hardware/<name>.json)")
     parser.add_argument("--store", action="store_true", help="also store the profile in the service database")
@@ -148,8 +151,11 @@ def run(args: argparse.Namespace) -> int:
     name = (args.name or f"{base.name}-calibrated").lower()
     print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
           f"{', quick' if args.quick else ''}", flush=True)
-    raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick), device="cpu" if cpu else "cuda",
-                         timeout_s=args.timeout)
+    sustained_s = args.sustained_seconds if args.sustained_seconds is not None else (0.0 if args.quick else 6.0)
+    if sustained_s < 0:
+        raise SpecError(f"--sustained-seconds must be >= 0, got {sustained_s}")
+    raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick, sustained_s=sustained_s),
+                         device="cpu" if cpu else "cuda", timeout_s=args.timeout)
     profile = build_profile(base, raw, name)
     path = args.out or default_data_dir() / "hardware" / f"{name}.json"
     if args.model:
@@ -166,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
              if profile.collective_launch_s is not None else "")
           + (f", {profile.moe_layer_host_s * 1e3:.3f} ms per executor MoE layer (tiny shapes, fwd+bwd)"
              if profile.moe_layer_host_s is not None else ""))
+    if profile.sustained_clock_factor is not None:
+        print(f"sustained load: tensor-core throughput {profile.sustained_clock_factor:.3f} of a burst's "
+              f"(scales the compute peaks)")
     if profile.overlap_slowdown is not None:
         print(f"overlap interference: a hidden reduce-scatter still costs {profile.overlap_slowdown:.2f} of its "
               f"seconds")

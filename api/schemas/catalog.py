@@ -58,6 +58,8 @@ class HardwareProfileIn(BaseModel):
                                            description="seconds of one executor MoE layer fwd+bwd on tiny shapes")
     overlap_slowdown: float | None = Field(None, ge=0, le=1, description="fraction of an overlapped gradient "
                                            "collective's seconds the compute beside it still pays")
+    sustained_clock_factor: float | None = Field(None, gt=0, le=1, description="tensor-core throughput under "
+                                                 "seconds of load / in a short burst (power-limited clock)")
     component_factors: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1000)]]] = Field(
         default_factory=dict, description="'MODEL@seqS[@mbsM]' -> {cost-model term: measured/predicted}")
     source: Annotated[str, Field(min_length=1, max_length=2000)] = "api"

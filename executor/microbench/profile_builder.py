@@ -14,6 +14,8 @@
 * ``op_launch_s`` / ``collective_launch_s`` / ``moe_layer_host_s``: seconds per tiny eager op, per
   one-element all-reduce and per executor MoE layer on tiny shapes (``executor/microbench/launch.py``),
   copied as measured; raw files written before that benchmark existed keep the base profile's values.
+* ``sustained_clock_factor``: sustained / burst throughput of an 8192³ GEMM in the benchmarked precision run
+  back to back for seconds (``executor/microbench/sustained.py``), the lowest over ranks; GPUs only.
 * ``overlap_slowdown``: the fraction of a hidden reduce-scatter's seconds that a GEMM loop running beside it
   still pays (``executor/microbench/overlap.py``); measured on two or more ranks only.
 """
@@ -84,5 +86,6 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         collective_launch_s=launch.get("collective_launch_s") or base.collective_launch_s,
         moe_layer_host_s=launch.get("moe_layer_host_s") or base.moe_layer_host_s,
         overlap_slowdown=(raw.get("overlap") or {}).get("slowdown", base.overlap_slowdown),
+        sustained_clock_factor=(raw.get("sustained") or {}).get("factor", base.sustained_clock_factor),
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

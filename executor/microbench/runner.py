@@ -20,11 +20,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """What to measure: ``quick`` shrinks every sweep (CI), ``precision`` the GEMM dtype."""
+    """What to measure: ``quick`` shrinks every sweep (CI), ``precision`` the GEMM dtype, ``sustained_s`` the
+    seconds of back-to-back GEMMs that measure the clock under sustained load (GPUs only; 0 skips it)."""
 
     precision: str = "bf16"
     quick: bool = False
     collectives: bool = True
+    sustained_s: float = 6.0
 
 
 def _say(rank: int):
@@ -36,7 +38,7 @@ def _say(rank: int):
 
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM and copy benchmarks, then the collectives; returns its raw timings."""
-    from executor.microbench import collectives, gemm, grouped_gemm, hbm, launch, overlap
+    from executor.microbench import collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
 
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
@@ -50,6 +52,12 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     for row in report["gemm"]:
         say(f"  gemm {row['m']}x{row['n']}x{row['k']}  {row['seconds'] * 1e6:10.1f} us  "
             f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+    if use_cuda and plan.sustained_s > 0:
+        say(f"sustained load: {plan.precision} GEMM 8192³ back to back for {plan.sustained_s:.0f} s")
+        report["sustained"] = sustained.measure_sustained(device, gemm_dtype, plan.sustained_s)
+        row = report["sustained"]
+        say(f"  burst {row['burst_flops_per_s'] / 1e12:8.1f} TFLOP/s   sustained {row['sustained_flops_per_s'] / 1e12:8.1f}"
+            f" TFLOP/s   factor {row['factor']:.3f}")
     say("grouped GEMMs (tokens per expert)")
     report["grouped_gemm"] = grouped_gemm.measure_grouped_gemm(grouped_gemm.default_tokens(device, plan.quick),
                                                                device, dtype)
@@ -92,6 +100,9 @@ def merge_ranks(reports: list[dict]) -> dict:
             "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
             "launch": _merged_launch([r["launch"] for r in reports]),
             # the pair ends when its slowest rank does: the largest slowdown
+            # training waits for its slowest GPU: the lowest sustained clock
+            "sustained": min((r["sustained"] for r in reports if r.get("sustained")), key=lambda s: s["factor"],
+                             default=None),
             "overlap": max((r["overlap"] for r in reports if r.get("overlap")), key=lambda o: o["slowdown"],
                            default=None)}
 

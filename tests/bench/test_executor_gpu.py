@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import bench.executor_gpu as eg
-from bench.moe_breakdown import steady_seconds
+from bench.moe_breakdown import paired_steady, steady_seconds
 
 
 def test_steady_seconds_times_back_to_back_calls():
@@ -23,6 +23,25 @@ def test_steady_seconds_times_back_to_back_calls():
     assert 0.002 <= t < 0.05
 
 
+def test_paired_steady_alternates_windows_and_takes_the_median_round_ratio():
+    order = []
+
+    def a():
+        order.append("a")
+        time.sleep(0.001)
+
+    def b():
+        order.append("b")
+        time.sleep(0.003)
+
+    r = paired_steady(a, b, torch.device("cpu"), rounds=4, iters=2, lead=1)
+    windows = [order[i] for i in range(2, len(order), 3)]  # after the warm-up pair, windows of 1 + 2 calls
+    assert windows == ["a", "b", "b", "a", "a", "b", "b", "a"]  # order flipped every round
+    assert len(r["ratio_by_round"]) == 4 and r["ratio"] == pytest.approx(sum(sorted(r["ratio_by_round"])[1:3]) / 2)
+    assert 1.5 < r["ratio"] < 6  # b sleeps three times as long as a
+    assert r["b_s"] > r["a_s"] > 0.001
+
+
 @pytest.mark.parametrize("mbs", [1, 2])
 def test_part_moe_reports_steady_and_isolated(monkeypatch, mbs):
     monkeypatch.setattr(eg, "DEV", torch.device("cpu"))
@@ -30,8 +49,11 @@ def test_part_moe_reports_steady_and_isolated(monkeypatch, mbs):
     monkeypatch.setattr(eg, "STEADY_ITERS", 3)
     r = eg.part_moe(*eg.TINY_MOE_SHAPES["mixtral"], eg.TINY_SEQ, mbs)
     assert r["shape"]["tokens"] == eg.TINY_SEQ * mbs and r["shape"]["mbs"] == mbs
-    assert r["ratio"] == pytest.approx(r["ideal_s"] / r["layer_s"])
-    assert r["balanced_ratio"] == pytest.approx(r["ideal_s"] / r["balanced_layer_s"])
+    # the headline comes from alternated windows: the median of the rounds' ratios
+    assert len(r["ratio_by_round"]) == eg.PAIRED_ROUNDS
+    assert min(r["ratio_by_round"]) <= r["ratio"] <= max(r["ratio_by_round"])
+    assert r["sequential_ratio"] == pytest.approx(r["sequential_ideal_s"] / r["sequential_layer_s"])
+    assert 0 < r["balanced_ratio"] and r["balanced_layer_s"] > 0
     assert r["isolated_ratio"] == pytest.approx(r["isolated_ideal_s"] / r["isolated_layer_s"])
     assert r["isolated_balanced_ratio"] == pytest.approx(r["isolated_ideal_s"] / r["isolated_balanced_layer_s"])
     for key in ("layer_s", "ideal_s", "isolated_layer_s", "host_issue_s", "balanced_host_issue_s"):
@@ -39,7 +61,7 @@ def test_part_moe_reports_steady_and_isolated(monkeypatch, mbs):
     rows = eg.moe_rows("moe_mixtral", r, 0.95 if mbs == 1 else None)
     assert rows[0][1] == f"{r['ratio']:.3f}" and f"({r['shape']['tokens']} tok)" in rows[0][0]
     assert (rows[0][2] != "") == (mbs == 1)  # the bar is judged at 4096-token shapes only
-    assert rows[1][1] == f"{r['isolated_ratio']:.3f}"
+    assert rows[1][1] == f"{r['sequential_ratio']:.3f}" and rows[2][1] == f"{r['isolated_ratio']:.3f}"
 
 
 def test_breakdown_headline_ratio_is_steady_state():

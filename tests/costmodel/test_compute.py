@@ -104,3 +104,27 @@ def test_ring_attention_blocks_run_less_efficiently():
     # CP4: each rank owns a quarter of the queries and meets the keys in four blocks of 1024
     quarter = attention_time(rates, 1024, 4096, 32, 128, 128, steps=4)
     assert 4 * quarter[0] > 1.1 * whole[0] and 4 * quarter[1] > 1.1 * whole[1]
+
+
+def test_sustained_clock_factor_scales_every_compute_bound_kernel_and_no_memory_bound_one():
+    # Curves are timed in bursts; a step runs at the power-limited clock: 0.8 of it makes a compute-bound
+    # GEMM, grouped GEMM and attention take 1/0.8 as long, while a copy (HBM clock) keeps its time.
+    slow = replace(H100, sustained_clock_factor=0.8)
+    for precision in ("bf16", "fp8"):
+        fast_r, slow_r = compute_rates(H100, precision), compute_rates(slow, precision)
+        assert gemm_time(slow_r, 8192, 8192, 8192) - KERNEL_OVERHEAD_S == pytest.approx(
+            (gemm_time(fast_r, 8192, 8192, 8192) - KERNEL_OVERHEAD_S) / 0.8)
+        assert gemm_time(slow_r, 8192, 8192, 8192, low_precision=False) - KERNEL_OVERHEAD_S == pytest.approx(
+            (gemm_time(fast_r, 8192, 8192, 8192, low_precision=False) - KERNEL_OVERHEAD_S) / 0.8)
+        assert grouped_gemm_time(slow_r, 8, 4096, 14336, 4096) - KERNEL_OVERHEAD_S == pytest.approx(
+            (grouped_gemm_time(fast_r, 8, 4096, 14336, 4096) - KERNEL_OVERHEAD_S) / 0.8)
+        assert memory_time(slow_r, 2**30) == memory_time(fast_r, 2**30)
+    assert replace(H100, sustained_clock_factor=None) == H100  # not measured: priced as a clock that holds
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.2])
+def test_sustained_clock_factor_outside_0_1_is_refused(bad):
+    from costmodel.errors import SpecError
+
+    with pytest.raises(SpecError, match="sustained_clock_factor"):
+        replace(H100, sustained_clock_factor=bad)

@@ -1,0 +1,67 @@
+"""Tensor-core throughput under sustained load, against the short bursts the GEMM curve is timed in.
+
+The GEMM curve (:mod:`executor.microbench.gemm`) times loops of about 10 ms from an idle device: the card is
+cool and at its boost clock. A training step keeps the tensor cores busy for seconds, and a 700 W Hopper
+card then lowers its SM clock to stay under its power limit (nvidia-smi reports the software power cap as the
+reason). Measured with bench/power_probe.py on one H100 SXM (2026-11-26 09:54 UTC): an 8192³ bf16 GEMM fell
+from 740 to a median of 659 TFLOP/s within 3 s (SM clock 1515 MHz median against 1980 max), fp8 from 1401 to
+1239. :func:`measure_sustained` measures the ratio on the benchmarked dtype; the time model scales the GPU's
+compute peaks by it (``HardwareProfile.sustained_clock_factor``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from executor.microbench.timing import synchronize, time_op
+
+SUSTAINED_SECONDS = 6.0  # the H100 probe settled after about 1 s; the second half of 6 s is well past that
+WINDOW_S = 0.05
+
+
+def _product(n: int, device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float8_e4m3fn:
+        from executor.microbench.gemm import _fp8_product
+
+        return _fp8_product(n, n, n, device)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return lambda: a @ b
+
+
+def measure_sustained(device: torch.device, dtype: torch.dtype, seconds: float = SUSTAINED_SECONDS,
+                      n: int = 8192) -> dict:
+    """Burst and sustained FLOP/s of one ``n``³ GEMM in ``dtype``.
+
+    ``burst_flops_per_s``: timed as the GEMM curve is (short loops, after an idle second).
+    ``sustained_flops_per_s``: the median of ~50 ms windows over the second half of ``seconds`` of
+    back-to-back GEMMs. ``factor`` = sustained / burst, capped at 1 (a card that holds its clock reads 1;
+    noise above it is not a speed-up). Returns those plus ``windows_flops_per_s`` (every window, in order).
+    """
+    op = _product(n, device, dtype)
+    flops = 2.0 * n**3
+    op()
+    synchronize(device)
+    time.sleep(1.0)  # idle, as before the curve's own loops
+    burst = flops / time_op(op, device)
+    per_window = max(1, int(WINDOW_S * burst / flops))
+    windows: list[tuple[float, float]] = []  # (seconds since start, FLOP/s)
+    start = time.perf_counter()
+    while (now := time.perf_counter() - start) < seconds:
+        t0 = time.perf_counter()
+        for _ in range(per_window):
+            op()
+        synchronize(device)
+        windows.append((now, flops * per_window / (time.perf_counter() - t0)))
+    return {"n": n, **summarize(windows, seconds, burst)}
+
+
+def summarize(windows: list[tuple[float, float]], seconds: float, burst: float) -> dict:
+    """``windows`` (start second, FLOP/s) of a ``seconds``-long run and the ``burst`` FLOP/s → the figures of
+    :func:`measure_sustained`: the median over windows starting in the second half, its ratio to the burst."""
+    late = [rate for t, rate in windows if t >= seconds / 2] or [windows[-1][1]]
+    sustained = statistics.median(late)
+    return {"seconds": seconds, "burst_flops_per_s": burst, "sustained_flops_per_s": sustained,
+            "factor": min(1.0, sustained / burst), "windows_flops_per_s": [rate for _, rate in windows]}
