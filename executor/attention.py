@@ -7,7 +7,6 @@ returns this rank's sequence slice [s/tp, b, h].
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from costmodel.model_spec import ModelSpec
 from executor import recompute
@@ -70,9 +69,9 @@ class Attention(torch.nn.Module):
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
         s, b, _ = x.shape
-        q = F.linear(x, self.wq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
-        k = F.linear(x, self.wk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        v = F.linear(x, self.wv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        q = self.kernels.linear(x, self.wq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
+        k = self.kernels.linear(x, self.wk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        v = self.kernels.linear(x, self.wv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
         if self.spec.qk_layernorm:
             q = self.kernels.rms_norm(q, self.q_norm, eps)
             k = self.kernels.rms_norm(k, self.k_norm, eps)
@@ -86,7 +85,7 @@ class Attention(torch.nn.Module):
         else:
             o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
-        o = F.linear(o, self.wo)
+        o = self.kernels.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
         o = leave_tp(o, self.state)
         return self.timer.mark(o, "tp_reduce_scatter", "other")

@@ -1,7 +1,8 @@
 """SwiGLU MLP, tensor-parallel with SP: the dense layers' MLP and the MoE shared experts.
 
 gate/up are column-parallel (ffn/tp rows each), down is row-parallel; input and output are this rank's
-sequence slice.
+sequence slice. The three GEMMs go through the kernel backend's ``linear`` (the options' backend unless one
+is passed): bf16 ``F.linear`` for 'torch', fp8 for 'torch-fp8'.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from executor.kernels import get_backend
+from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
@@ -18,9 +21,11 @@ from executor.timing import NULL_TIMER, PhaseTimer
 
 class SwiGLUMLP(torch.nn.Module):
     def __init__(self, prefix: str, hidden: int, ffn: int, options: ExecutorOptions, state: ParallelState,
-                 device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER, phase: str = "mlp"):
+                 device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER, phase: str = "mlp",
+                 kernels: KernelBackend | None = None):
         super().__init__()
         self.state, self.timer, self.phase = state, timer, phase
+        self.kernels = kernels or get_backend(options.kernel_backend)
 
         def param(name, shape, tp_dim):
             info = ShardInfo(prefix + name, shape, tp_dim=tp_dim)
@@ -37,7 +42,8 @@ class SwiGLUMLP(torch.nn.Module):
         x = self.timer.mark(x, ph, "tp_allgather")
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", ph)
-        y = F.linear(F.silu(F.linear(x, self.w1)) * F.linear(x, self.w3), self.w2)
+        linear = self.kernels.linear
+        y = linear(F.silu(linear(x, self.w1)) * linear(x, self.w3), self.w2)
         y = self.timer.mark(y, ph, "tp_reduce_scatter")
         y = leave_tp(y, self.state)
         return self.timer.mark(y, "tp_reduce_scatter", "other")

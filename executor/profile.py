@@ -7,6 +7,8 @@ layout, out of memory, a crashed rank, a timeout) come back as a failed Measurem
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import statistics
 import time
 
@@ -26,7 +28,28 @@ from executor.parallel.groups import build_parallel_state
 from executor.parallel.tensor_parallel import check_layout
 from executor.timing import PhaseTimer
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Parameter and activation dtype per precision; fp8 keeps them bf16 and runs the linears and expert GEMMs
+# in fp8 through the 'torch-fp8' kernel backend (executor.kernels.fp8). The LM head and router stay bf16.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16}
+FP8_BACKENDS = {"torch": "torch-fp8"}  # the fp8 variant of each kernel backend
+
+log = logging.getLogger(__name__)
+
+
+def options_for_precision(options: ExecutorOptions, precision: str) -> ExecutorOptions:
+    """``options`` with the kernel backend that runs ``precision`` (fp8: the fp8 variant of the backend)."""
+    if precision != "fp8" or options.kernel_backend in FP8_BACKENDS.values():
+        return options
+    if options.kernel_backend not in FP8_BACKENDS:
+        raise FoldtuneError(f"kernel backend {options.kernel_backend!r} has no fp8 variant")
+    return dataclasses.replace(options, kernel_backend=FP8_BACKENDS[options.kernel_backend])
+
+
+def _fp8_report(device: torch.device) -> dict:
+    """How this rank ran its fp8 GEMMs: the reason they were emulated (None: kernels) and calls per path."""
+    from executor.kernels import fp8
+
+    return {"emulated_because": fp8.emulation_reason(device), "calls": fp8.gemm_counts()}
 
 
 def _sync(device: torch.device) -> None:
@@ -47,6 +70,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     if training.precision not in DTYPES:
         raise FoldtuneError(f"precision {training.precision!r} is not supported by the executor yet "
                             f"(supported: {', '.join(DTYPES)})")
+    options = options_for_precision(options, training.precision)
     state = build_parallel_state(config, rank)
     timer = PhaseTimer(enabled=False, device=device)
     net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision], timer)
@@ -87,6 +111,8 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or [],
               "pruned": len(step_times) < timed_steps, "static_before_step": static_before,
               "static_after_step": static_after}
+    if training.precision == "fp8":
+        report["fp8"] = _fp8_report(device)
     if use_cuda:
         report.update(peak_allocated=torch.cuda.max_memory_allocated(device),
                       peak_reserved=torch.cuda.max_memory_reserved(device),
@@ -114,6 +140,22 @@ def _peak_flops(device_name: str, precision: str, hardware: str | None) -> float
         return None
 
 
+def _say_how_fp8_ran(reports: list[dict], device_name: str) -> None:
+    """Log whether fp8 GEMMs ran on the scaled-GEMM kernels or were emulated (fp8 numerics at fp32 speed)."""
+    reasons = sorted({r["fp8"]["emulated_because"] for r in reports if r["fp8"]["emulated_because"]})
+    emulated = sum(r["fp8"]["calls"].get("emulated", 0) for r in reports)
+    total = sum(sum(r["fp8"]["calls"].values()) for r in reports)
+    if reasons:
+        log.warning("precision fp8 on %s: GEMMs EMULATED (quantise → dequantise → fp32 matmul; fp8 numerics, "
+                    "not fp8 speed): %s", device_name, "; ".join(reasons))
+    elif emulated:
+        log.warning("precision fp8 on %s: %d of %d fp8 GEMM calls emulated (grouped GEMM dims not multiples "
+                    "of 16)", device_name, emulated, total)
+    else:
+        log.info("precision fp8 on %s: %d fp8 GEMM calls through torch._scaled_mm/_scaled_grouped_mm",
+                 device_name, total)
+
+
 def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                    options: ExecutorOptions | None = None, warmup_steps: int = 2, timed_steps: int = 5,
                    timeout_s: float = 600.0, device: str = "auto", hardware: str | None = None,
@@ -132,6 +174,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     try:
         check_model_supported(model)
         check_layout(model, config, training.seq_length)
+        options_for_precision(options, training.precision)  # a backend without an fp8 variant fails here
         if training.global_batch_size % (config.micro_batch_size * config.dp):
             raise FoldtuneError(f"global_batch_size ({training.global_batch_size}) must be divisible by "
                                 f"micro_batch_size·dp ({config.micro_batch_size}·{config.dp})")
@@ -148,6 +191,8 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     if not launched.ok:
         return Measurement.failed(launched.failure_reason, **context)
     reports = launched.results
+    if training.precision == "fp8":
+        _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))
     per_step = [max(r["step_times"][i] for r in reports) for i in range(min(len(r["step_times"]) for r in reports))]
     step_time = statistics.median(per_step)
     by_rank = []

@@ -1,4 +1,4 @@
-"""The always-available backend: ``torch._grouped_mm``, ``scaled_dot_product_attention`` and ``rms_norm``.
+"""The always-available backend: ``torch._grouped_mm``, ``F.linear``, ``scaled_dot_product_attention``, ``rms_norm``.
 
 ``torch._grouped_mm`` runs on CPU (fp32/bf16/fp16) and on Hopper GPUs in bf16; it needs 16-byte aligned
 strides (dims multiple of 8 in bf16, 4 in fp32) and leaves rows past ``offs[-1]`` unwritten, so callers
@@ -53,6 +53,9 @@ class TorchBackend:
         if _grouped_mm_works(x_MK.device, x_MK.dtype):
             return torch._grouped_mm(x_MK, w_GNK.transpose(-2, -1), offs=offs_G)
         return padded_grouped_mm(x_MK, w_GNK, offs_G)
+
+    def linear(self, x: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, w_NK)
 
     def attention(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
         groups = q_BHSD.shape[1] // k_BKSD.shape[1]
