@@ -213,3 +213,21 @@ def test_tiny_moe_training_steps_in_fp8_track_bf16():
     for got, want in zip(fp8_losses, bf16_losses):
         assert got == pytest.approx(want, rel=2e-3)
     assert fp8_losses[1] < fp8_losses[0]  # it trains
+
+
+def test_bench_smoke_mode_runs_on_cpu(tmp_path):
+    """bench/fp8_check.py --device cpu --tiny: emulated GEMMs land in the e4m3 band, every speed variant runs."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "fp8.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "fp8_check.py"
+    subprocess.run([sys.executable, str(bench), "--device", "cpu", "--tiny", "--parts", "agree,speed", "--iters", "1",
+                    "--out", str(out)], check=True, capture_output=True, timeout=120)
+    res = json.loads(out.read_text())
+    assert res["agree"]["kernels"] is False
+    for name in ("grouped_fwd", "grouped_dgrad", "grouped_wgrad", "linear_fwd", "linear_dgrad", "linear_wgrad"):
+        assert BAND[0] <= res["agree"][name]["emulated_rel_err_vs_fp32"] <= BAND[1]
+    assert all(res["speed"][v]["ffn_fwd_bwd_s"] > 0 for v in ("bf16", "fp8", "fp8_bf16_wgrad"))

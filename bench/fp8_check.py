@@ -1,0 +1,297 @@
+"""FP8 training GEMMs (executor/kernels/fp8.py) on a GPU: kernels against their emulation, speed, a profile.
+
+Parts (``--parts agree,speed,profile``, all by default):
+- ``agree``: ``torch._scaled_grouped_mm`` / ``torch._scaled_mm`` against the emulation (same quantisation,
+  fp32 matmul of the dequantised operands) and both against the fp32 product of the unquantised operands:
+  the expert GEMM (h 4096, 2·f 28672 — Mixtral's fused gate/up — 8 experts, 8192 rows with random
+  routing, group sizes no multiples of 16) forward, dgrad and wgrad, and a dense linear (8192×4096 ·
+  14336×4096) forward, dgrad and wgrad. "beyond" is the fraction of elements differing by more than the
+  self-check's tolerance (2^-7 relative + 1e-3 of the largest);
+- ``speed``: forward and forward+backward of the expert FFN (w13 grouped GEMM, SwiGLU, w2 grouped GEMM;
+  8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8') and fp8 with
+  a bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16); steady state: back-to-back iterations between two CUDA
+  events; plus the quantisation passes alone;
+- ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU, bf16 vs fp8 (step
+  time, MFU against the precision's peak, peak memory).
+``--device cpu --tiny``: the same at toy sizes on CPU (emulated fp8, tiny-moe profile): a smoke test.
+The JSON (--out) is rewritten after every part; a short table is printed at the end.
+
+Usage (GPU): python3 bench/fp8_check.py --out fp8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from costmodel.catalog import get_model  # noqa: E402
+from costmodel.parallel_config import ParallelConfig  # noqa: E402
+from costmodel.training_spec import TrainingSpec  # noqa: E402
+from executor.kernels import fp8, get_backend  # noqa: E402
+from executor.kernels.torch_backend import TorchBackend  # noqa: E402
+from executor.moe import _swiglu  # noqa: E402
+from executor.options import ExecutorOptions  # noqa: E402
+
+BF16 = torch.bfloat16
+# (hidden, 2·ffn of the fused gate/up GEMM, experts, rows, dense linear's out features)
+SHAPES = {"mixtral": (4096, 2 * 14336, 8, 8192, 14336), "tiny": (64, 2 * 96, 4, 200, 96)}
+
+
+def _rand(*shape, device, seed):
+    return torch.randn(*shape, device=device, generator=torch.Generator(device=device).manual_seed(seed)).to(BF16)
+
+
+def _random_counts(rows: int, groups: int, device) -> torch.Tensor:
+    """Routed rows per expert, uneven and (almost surely) no multiples of 16; they sum to ``rows``."""
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.bincount(torch.randint(0, groups, (rows,), generator=gen), minlength=groups)
+    return counts.to(device)
+
+
+def _compare(kernel, emulated, exact) -> dict:
+    k, e = kernel.float(), emulated.float()
+    diff = (k - e).abs()
+    top = float(e.abs().max())
+    out = {"max_diff_over_max": float(diff.max()) / top,
+           "beyond": float((diff > 2**-7 * e.abs() + 1e-3 * top).float().mean()),
+           "rel_diff": float((k - e).norm() / e.norm()),
+           "kernel_rel_err_vs_fp32": float((k - exact).norm() / exact.norm()),
+           "emulated_rel_err_vs_fp32": float((e - exact).norm() / exact.norm())}
+    out["ok"] = out["beyond"] == 0.0
+    return out
+
+
+def part_agree(dev: torch.device, shape) -> dict:
+    """Kernel vs emulation vs fp32, per GEMM (kernel entries None where the device has no kernels)."""
+    h, n2f, g, m, ffn = shape
+    kernel = fp8.emulation_reason(dev) is None
+    counts = _random_counts(m, g, dev)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    x, w, dy = _rand(m, h, device=dev, seed=1), _rand(g, n2f, h, device=dev, seed=2), _rand(m, n2f, device=dev, seed=3)
+    fp32 = TorchBackend()
+    res = {"kernels": kernel, "emulated_because": fp8.emulation_reason(dev), "counts": counts.tolist()}
+
+    def case(name, run, exact):
+        emulated = run(False)
+        try:
+            got = run(True) if kernel else emulated
+        except Exception as exc:  # noqa: BLE001 - a refused kernel is a result here, not the end of the run
+            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:600],
+                         "emulated_rel_err_vs_fp32": float((emulated.float() - exact).norm() / exact.norm())}
+            return
+        res[name] = _compare(got, emulated, exact)
+        if not kernel:
+            res[name].update(ok=None, beyond=None, rel_diff=None, max_diff_over_max=None)
+
+    case("grouped_fwd", lambda k: fp8.scaled_grouped_nt(x, w, offs, k), fp32.grouped_mm(x.float(), w.float(), offs))
+    wt = w.transpose(-2, -1)
+    case("grouped_dgrad", lambda k: fp8.scaled_grouped_nt(dy, wt, offs, k),
+         fp32.grouped_mm(dy.float(), wt.float(), offs))
+    bounds = [0, *offs.tolist()]
+    exact_wgrad = torch.stack([dy[lo:hi].float().t() @ x[lo:hi].float() for lo, hi in zip(bounds, bounds[1:])])
+    case("grouped_wgrad", lambda k: fp8.scaled_grouped_wgrad(dy, x, offs, k), exact_wgrad)
+    del exact_wgrad, w, wt
+    wd, dyd = _rand(ffn, h, device=dev, seed=4), _rand(m, ffn, device=dev, seed=5)
+    case("linear_fwd", lambda k: fp8.scaled_mm_nt(x, wd, k), x.float() @ wd.float().t())
+    case("linear_dgrad", lambda k: fp8.scaled_mm_nt(dyd, wd.t(), k), dyd.float() @ wd.float())
+    case("linear_wgrad", lambda k: fp8.scaled_mm_nt(dyd.t(), x.t(), k), dyd.float().t() @ x.float())
+    return res
+
+
+def _timer(dev: torch.device):
+    """seconds per call of fn(): ``warmup`` calls, then ``iters`` back to back between two CUDA events."""
+
+    def run(fn, iters: int, warmup: int = 3) -> float:
+        for _ in range(warmup):
+            fn()
+        if dev.type != "cuda":
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            return (time.perf_counter() - start) / iters
+        torch.cuda.synchronize(dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize(dev)
+        return start.elapsed_time(end) / 1e3 / iters
+
+    return run
+
+
+def part_speed(dev: torch.device, shape, iters: int) -> dict:
+    h, n2f, g, m, ffn = shape
+    f = n2f // 2
+    timed = _timer(dev)
+    counts = torch.full((g,), m // g, device=dev)
+    counts[-1] += m - int(counts.sum())
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    x = _rand(m, h, device=dev, seed=1).requires_grad_()
+    w13 = _rand(g, n2f, h, device=dev, seed=2).mul_(0.02).requires_grad_()
+    w2 = _rand(g, h, f, device=dev, seed=3).mul_(0.02).requires_grad_()
+    dy = _rand(m, h, device=dev, seed=4)
+    wd = _rand(ffn, h, device=dev, seed=5).mul_(0.02).requires_grad_()
+    dyd = _rand(m, ffn, device=dev, seed=6)
+    res = {}
+    variants = (("bf16", "torch", "fp8"), ("fp8", "torch-fp8", "fp8"), ("fp8_bf16_wgrad", "torch-fp8", "bf16"))
+    for label, backend_name, wgrad in variants:
+        os.environ["FOLDTUNE_FP8_WGRAD"] = wgrad
+        be = get_backend(backend_name)
+
+        def ffn_fwd():
+            return be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
+
+        def ffn_fwd_bwd():
+            torch.autograd.grad(ffn_fwd(), (x, w13, w2), dy)
+
+        def lin_fwd_bwd():
+            torch.autograd.grad(be.linear(x, wd), (x, wd), dyd)
+
+        try:
+            with torch.no_grad():
+                fwd = timed(ffn_fwd, iters)
+                lin_fwd = timed(lambda: be.linear(x, wd), iters)
+            res[label] = {"ffn_fwd_s": fwd, "ffn_fwd_bwd_s": timed(ffn_fwd_bwd, iters),
+                          "linear_fwd_s": lin_fwd, "linear_fwd_bwd_s": timed(lin_fwd_bwd, iters)}
+        except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
+            res[label] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    os.environ.pop("FOLDTUNE_FP8_WGRAD")
+    groups = fp8.padded_groups(offs, m)
+    big = _rand(m, n2f, device=dev, seed=7)
+    with torch.no_grad():
+        res["quantise_s"] = {
+            "rowwise x [M, h]": timed(lambda: fp8.quantize_rowwise(x), iters),
+            "rowwise w13 [G, 2f, h]": timed(lambda: fp8.quantize_rowwise(w13), iters),
+            "rowwise w13ᵀ [G, h, 2f]": timed(lambda: fp8.quantize_rowwise(w13.transpose(-2, -1)), iters),
+            "groups colwise dy [M, 2f]": timed(lambda: fp8.quantize_groups_colwise(big, groups), iters)}
+    flops = {"ffn_fwd": 2 * m * h * (n2f + f), "linear_fwd": 2 * m * h * ffn}
+    res["flops"] = flops
+    return res
+
+
+class _Lines(logging.Handler):
+    """Keeps the messages logged while it is attached (executor.profile says how fp8 GEMMs ran)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def part_profile(dev: torch.device, tiny: bool) -> dict:
+    from executor.profile import profile_layout
+
+    said = _Lines()
+    profile_log = logging.getLogger("executor.profile")
+    profile_log.addHandler(said)
+    profile_log.setLevel(logging.INFO)
+    spec = get_model("tiny-moe") if tiny else get_model("mixtral-8x7b").with_layers(2)
+    seq = 64 if tiny else 4096
+    out = {"model": spec.name, "layers": spec.num_layers, "seq": seq}
+    for precision in ("bf16", "fp8"):
+        m = profile_layout(spec, TrainingSpec(seq_length=seq, global_batch_size=1, precision=precision),
+                           ParallelConfig(world_size=1), ExecutorOptions(), warmup_steps=2, timed_steps=5,
+                           timeout_s=150, device=dev.type)
+        keep = ("ok", "failure_reason", "device", "precision", "step_time", "step_times", "tflops_per_gpu", "mfu",
+                "peak_allocated_bytes", "peak_reserved_bytes", "phases", "losses")
+        out[precision] = {k: v for k, v in m.to_dict().items() if k in keep}
+    profile_log.removeHandler(said)
+    out["fp8_log"] = said.lines
+    return out
+
+
+def _table(res: dict) -> str:
+    lines = []
+    agree = res.get("agree")
+    if agree:
+        lines.append(f"agree (kernels: {agree['kernels']}; {agree['emulated_because'] or 'sm90 kernels'})")
+        lines.append(f"  {'GEMM':<14}{'ok':>6}{'beyond':>10}{'rel diff':>11}{'kernel err':>12}{'emul err':>10}")
+        for name in ("grouped_fwd", "grouped_dgrad", "grouped_wgrad", "linear_fwd", "linear_dgrad", "linear_wgrad"):
+            r = agree[name]
+            if "error" in r:
+                lines.append(f"  {name:<14} kernel FAILED: {r['error'][:200]}")
+                continue
+            fmt = (lambda v, spec: "-" if v is None else format(v, spec))
+            lines.append(f"  {name:<14}{str(r['ok']):>6}{fmt(r['beyond'], '.2e'):>10}{fmt(r['rel_diff'], '.2e'):>11}"
+                         f"{r['kernel_rel_err_vs_fp32']:>12.4f}{r['emulated_rel_err_vs_fp32']:>10.4f}")
+    speed = res.get("speed")
+    if speed:
+        lines.append("speed, ms per call (steady state)")
+        lines.append(f"  {'variant':<16}{'ffn fwd':>9}{'ffn f+b':>9}{'lin fwd':>9}{'lin f+b':>9}")
+        for label in ("bf16", "fp8", "fp8_bf16_wgrad"):
+            r = speed[label]
+            if "error" in r:
+                lines.append(f"  {label:<16} FAILED: {r['error'][:200]}")
+                continue
+            lines.append(f"  {label:<16}{r['ffn_fwd_s'] * 1e3:>9.2f}{r['ffn_fwd_bwd_s'] * 1e3:>9.2f}"
+                         f"{r['linear_fwd_s'] * 1e3:>9.2f}{r['linear_fwd_bwd_s'] * 1e3:>9.2f}")
+        lines.append("  quantise ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in speed["quantise_s"].items()))
+    prof = res.get("profile")
+    if prof:
+        lines.append(f"profile {prof['model']} ({prof['layers']} layers, seq {prof['seq']}, 1 device)")
+        for precision in ("bf16", "fp8"):
+            r = prof[precision]
+            if not r["ok"]:
+                lines.append(f"  {precision}: FAILED {r['failure_reason']}")
+                continue
+            mem = f"{r['peak_allocated_bytes'] / 2**30:.1f} GiB" if r.get("peak_allocated_bytes") else "-"
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+            lines.append(f"  {precision}: step {r['step_time'] * 1e3:.1f} ms  MFU {mfu} (of the {precision} peak)  "
+                         f"peak mem {mem}  losses {[round(v, 3) for v in r['losses']]}")
+        lines.extend(f"  log: {line}" for line in prof["fp8_log"])
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="agree,speed,profile")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--tiny", action="store_true", help="toy shapes and tiny-moe (a smoke test)")
+    parser.add_argument("--iters", type=int, default=10, help="timed iterations per speed case")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_check.json"))
+    args = parser.parse_args()
+    dev = torch.device(args.device) if args.device == "cpu" else torch.device("cuda", 0)
+    shape = SHAPES["tiny" if args.tiny else "mixtral"]
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+           "shape": dict(zip(("hidden", "n_gate_up", "experts", "rows", "dense_out"), shape)),
+           "command": " ".join(sys.argv)}
+    torch.backends.cuda.matmul.allow_tf32 = False  # the emulation's fp32 matmuls must be fp32
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    parts = args.parts.split(",")
+    if "agree" in parts:
+        res["agree"] = part_agree(dev, shape)
+        save()
+    if "speed" in parts:
+        res["speed"] = part_speed(dev, shape, args.iters)
+        save()
+    if "profile" in parts:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the profile's own process needs the memory
+        res["profile"] = part_profile(dev, args.tiny)
+        save()
+    res["fp8_gemm_calls_here"] = fp8.gemm_counts()
+    save()
+    print(_table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
