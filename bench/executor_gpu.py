@@ -6,14 +6,19 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
             (three separate grouped GEMMs — gate, up, down — + SwiGLU, fwd+bwd, on pre-permuted, perfectly
             balanced tokens; the layer fuses gate and up into one GEMM, the ideal keeps three):
             Mixtral (h4096, ffn14336, 8 experts, top-2) bar ≥ 0.95; fine-grained (h2048, ffn768,
-            128 experts, top-8) bar ≥ 0.85; seq 4096, bf16. The headline ``ratio`` is steady state (20
-            fwd+bwd back to back between two events, as inside a training step, where the host runs ahead
-            and the router's launch latency hides behind the previous layer's kernels), layer and ideal in
-            6 alternated windows (the card's power-limited clock drifts by several % over seconds, see
-            bench/power_probe.py; alternating gives both the same clock), the median of the rounds' ratios;
-            ``sequential_ratio`` is the earlier method (layer's windows, then the ideal's); ``isolated_ratio``
-            times each fwd+bwd from an idle device (sync per iteration, launch latency exposed);
-            ``host_issue_s`` next to it shows when the host is the limit. Also at 8192 tokens (mbs 2 x seq
+            128 experts, top-8) bar ≥ 0.85; seq 4096, bf16. The headline ``ratio`` is the layer with its
+            router's load balancing forced (scores and probabilities computed, experts assigned round-robin:
+            Megatron's --moe-router-force-load-balancing, as its published MoE-layer baselines run), so the
+            layer and the ideal do the same GEMM work and the ratio is what routing and permutation cost. It
+            is timed in steady state (20 fwd+bwd back to back between two events, as inside a training step,
+            where the host runs ahead and the router's launch latency hides behind the previous layer's
+            kernels), layer and ideal in 6 alternated windows (the card's power-limited clock drifts by several
+            % over seconds, see bench/power_probe.py; alternating gives both the same clock), the median of
+            the rounds' ratios. ``random_ratio``: the random-weight router's own choices, whose uneven expert
+            groups also slow the grouped GEMM itself (``uneven_ideal_over_ideal``; ``random_vs_uneven_ideal``
+            compares the layer with the ideal on those groups). ``sequential_ratio`` is the earlier timing
+            (layer's windows, then the ideal's); ``isolated_ratio`` times each fwd+bwd from an idle device
+            (sync per iteration, launch latency exposed); ``host_issue_s`` shows when the host is the limit. Also at 8192 tokens (mbs 2 x seq
             4096: keys moe_mixtral_mbs2, moe_finegrained_mbs2; no bar)
   stack     Mixtral-8x7B-shaped decoder layers (GQA 32/8) fwd+bwd TFLOP/s vs the dense GEMM, bar ≥ 0.55,
             with peak memory
@@ -56,7 +61,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
-from bench.moe_breakdown import (BalancedRouter, SeparateGateUpExperts, breakdown, format_table, fused_paths,
+from bench.moe_breakdown import (SeparateGateUpExperts, breakdown, format_table, fused_paths,
                                  host_seconds, paired_steady, steady_seconds, wall_seconds)
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
@@ -118,68 +123,80 @@ def moe_spec(h: int, f: int, experts: int, topk: int) -> ModelSpec:
 def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int = 1) -> dict:
     """MoE layer fwd+bwd vs the ideal on ``seq·mbs`` tokens: seconds per fwd+bwd, ratios ideal / layer.
 
-    The bar: ``layer_s``, ``ideal_s``, ``ratio`` and the round-robin ``balanced_layer_s`` and
-    ``balanced_ratio``, all in steady state; ``isolated_*``: the same timed from an idle device;
-    ``*host_issue_s``: host seconds to issue one fwd+bwd (where it reaches the steady-state time, the host
-    is the limit, not the GPU)."""
+    The bar (``ratio``, ``layer_s``, ``ideal_s``): the layer with its router's load balancing forced
+    (``moe_router_force_load_balancing``: logits, softmax and probabilities computed as always, the experts
+    assigned round-robin; Megatron's --moe-router-force-load-balancing, the convention of its published
+    MoE-layer baselines) against the ideal on balanced rows, in alternated steady-state windows: what
+    routing, permutation and combine cost. ``random_*``: the same layer with the random-weight router's own
+    choices. Their uneven expert groups also cost the grouped GEMM itself (a group whose rows are not a
+    multiple of the kernel's tile pays a partial tile), which no dispatcher removes: ``uneven_ideal_over_ideal``
+    is the ideal on those same group sizes over the ideal, and ``random_vs_uneven_ideal`` compares the layer
+    with it. ``sequential_*`` and ``isolated_*`` are the forced layer timed as earlier tables did
+    (back-to-back windows, layer first; sync per call); ``*host_issue_s``: host seconds to issue one fwd+bwd."""
     tokens = seq * mbs
     spec = moe_spec(h, f, experts, topk)
     state = single_process_state()
-    layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), DEV, BF16)
+    layer = MoELayer(spec, ExecutorOptions(moe_router_force_load_balancing=True), state, 0, get_backend("torch"),
+                     DEV, BF16)
+    random_layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), DEV, BF16)
+    random_layer.load_state_dict(layer.state_dict())
     x = torch.randn(seq, mbs, h, device=DEV, dtype=BF16, requires_grad=True)
     gy = torch.randn(seq, mbs, h, device=DEV, dtype=BF16)
 
-    def layer_step():
-        layer.zero_grad(set_to_none=True)  # as in a training step: the first backward writes the grads
-        x.grad = None
-        y, _ = layer(x)
-        y.backward(gy)
+    def stepper(moe):
+        def step():
+            moe.zero_grad(set_to_none=True)  # as in a training step: the first backward writes the grads
+            x.grad = None
+            y, _ = moe(x)
+            y.backward(gy)
+        return step
 
-    t_layer = both_timings(layer_step)
-    counts = layer.last_tokens_per_expert.float()
+    layer_step, random_step = stepper(layer), stepper(random_layer)
+    random_step()
+    counts = random_layer.last_tokens_per_expert
     rows = tokens * topk
     xs = torch.randn(rows, h, device=DEV, dtype=BF16, requires_grad=True)
     gs = torch.randn(rows, h, device=DEV, dtype=BF16)
     balanced = torch.full((experts,), rows // experts, device=DEV, dtype=torch.long)
     ideal_experts = SeparateGateUpExperts(layer.experts)  # three separate GEMMs, though the layer fuses gate+up
 
-    def ideal_step():
-        ideal_experts.zero_grad(set_to_none=True)
-        xs.grad = None
-        ideal_experts(xs, balanced).backward(gs)
+    def ideal_on(group_rows):
+        def step():
+            ideal_experts.zero_grad(set_to_none=True)
+            xs.grad = None
+            ideal_experts(xs, group_rows).backward(gs)
+        return step
 
-    t_ideal = both_timings(ideal_step)
+    ideal_step, uneven_ideal_step = ideal_on(balanced), ideal_on(counts.clone())
+    t_layer, t_random, t_ideal = both_timings(layer_step), both_timings(random_step), both_timings(ideal_step)
     paired = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-
-    # Diagnostic: the same layer with a round-robin router (perfect balance), to split the gap into
-    # routing imbalance and the cost of routing + permutation themselves.
-    real_router = layer.router
-    layer.router = BalancedRouter(tokens, experts, topk, DEV)
-    t_balanced = both_timings(layer_step)
-    paired_balanced = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-    layer.router = real_router
+    paired_random = paired_steady(random_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
+    paired_uneven = paired_steady(random_step, uneven_ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
+    uneven_vs_ideal = paired_steady(ideal_step, uneven_ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     flops = 3 * 3 * 2 * rows * h * f
-    steady, isolated = t_ideal["steady"], t_ideal["isolated"]
     return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens, "seq": seq,
                       "mbs": mbs},
-            "timing": f"ratio: ideal / layer in {PAIRED_ROUNDS} alternated steady-state windows of {STEADY_ITERS} "
-                      "fwd+bwd each (median of the rounds' ratios; the windows share the card's power-limited "
-                      f"clock); sequential_*: {STEADY_ITERS} back to back, layer then ideal, median of 3; "
+            "timing": f"ratio: ideal / layer (router load balancing forced) in {PAIRED_ROUNDS} alternated "
+                      f"steady-state windows of {STEADY_ITERS} fwd+bwd each (median of the rounds' ratios; the "
+                      "windows share the card's power-limited clock); random_*: the random-weight router's own "
+                      f"choices; sequential_*: {STEADY_ITERS} back to back, layer then ideal, median of 3; "
                       "isolated_*: sync before each fwd+bwd, median of 10",
             "layer_s": paired["a_s"], "ideal_s": paired["b_s"], "ratio": paired["ratio"],
             "ratio_by_round": paired["ratio_by_round"],
-            "balanced_layer_s": paired_balanced["a_s"], "balanced_ratio": paired_balanced["ratio"],
-            "sequential_layer_s": t_layer["steady"], "sequential_ideal_s": steady,
-            "sequential_ratio": steady / t_layer["steady"],
-            "sequential_balanced_ratio": steady / t_balanced["steady"],
-            "isolated_layer_s": t_layer["isolated"], "isolated_ideal_s": isolated,
-            "isolated_ratio": isolated / t_layer["isolated"],
-            "isolated_balanced_layer_s": t_balanced["isolated"],
-            "isolated_balanced_ratio": isolated / t_balanced["isolated"],
-            "host_issue_s": t_layer["host"], "balanced_host_issue_s": t_balanced["host"],
+            "random_layer_s": paired_random["a_s"], "random_ratio": paired_random["ratio"],
+            "random_ratio_by_round": paired_random["ratio_by_round"],
+            "random_vs_uneven_ideal": paired_uneven["ratio"], "uneven_ideal_over_ideal": 1 / uneven_vs_ideal["ratio"],
+            "imbalance_max_over_mean": float(counts.float().max() / counts.float().mean()),
+            "sequential_layer_s": t_layer["steady"], "sequential_ideal_s": t_ideal["steady"],
+            "sequential_ratio": t_ideal["steady"] / t_layer["steady"],
+            "sequential_random_ratio": t_ideal["steady"] / t_random["steady"],
+            "isolated_layer_s": t_layer["isolated"], "isolated_ideal_s": t_ideal["isolated"],
+            "isolated_ratio": t_ideal["isolated"] / t_layer["isolated"],
+            "isolated_random_ratio": t_ideal["isolated"] / t_random["isolated"],
+            "host_issue_s": t_layer["host"], "random_host_issue_s": t_random["host"],
             "ideal_host_issue_s": t_ideal["host"],
             "layer_tflops": flops / paired["a_s"] / 1e12, "ideal_tflops": flops / paired["b_s"] / 1e12,
-            "imbalance_max_over_mean": float(counts.max() / counts.mean()), "fused_paths": fused_paths()}
+            "fused_paths": fused_paths()}
 
 
 def part_moe_breakdown(h: int, f: int, experts: int, topk: int) -> dict:
@@ -324,18 +341,20 @@ def part_ep2(layers: int, seq: int = 4096, balanced: bool = False) -> dict:
 
 
 def moe_rows(key: str, r: dict, bar: float | None) -> list[tuple[str, str, str, str]]:
-    """Summary rows of one part_moe result: the steady-state ratio against ``bar`` (None: no bar), the
-    isolated ratio, round-robin routing, and layer milliseconds steady / isolated / host issue."""
+    """Summary rows of one part_moe result: the bar's ratio (forced-balance routing, alternated steady
+    windows) against ``bar`` (None: no bar), the random router's ratios, the earlier timing methods, and layer
+    milliseconds steady / isolated / host issue."""
     if "ratio" not in r:
         return []
     tokens = r["shape"]["tokens"]
     judged = ("", "") if bar is None else (f"{bar}", "yes" if r["ratio"] >= bar else "NO")
     ms = f"{r['layer_s'] * 1e3:.2f}/{r['isolated_layer_s'] * 1e3:.2f}/{r['host_issue_s'] * 1e3:.2f}"
-    return [(f"{key} ({tokens} tok) layer/ideal, steady (alternated)", f"{r['ratio']:.3f}", *judged),
-            ("  sequential steady (layer, then ideal)", f"{r['sequential_ratio']:.3f}", "", ""),
-            ("  isolated (sync per iteration)", f"{r['isolated_ratio']:.3f}", "", ""),
-            ("  round-robin routing, steady / isolated", f"{r['balanced_ratio']:.3f} / "
-             f"{r['isolated_balanced_ratio']:.3f}", "", ""),
+    return [(f"{key} ({tokens} tok) layer/ideal, balanced routing", f"{r['ratio']:.3f}", *judged),
+            (f"  random router (max/mean {r['imbalance_max_over_mean']:.3f}) / vs ideal on its groups",
+             f"{r['random_ratio']:.3f} / {r['random_vs_uneven_ideal']:.3f}", "", ""),
+            ("  ideal on the random groups / balanced ideal", f"{r['uneven_ideal_over_ideal']:.3f}", "", ""),
+            ("  sequential steady / isolated (balanced routing)", f"{r['sequential_ratio']:.3f} / "
+             f"{r['isolated_ratio']:.3f}", "", ""),
             ("  layer ms steady/isolated/host issue", ms, "", "")]
 
 

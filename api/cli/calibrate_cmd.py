@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
     parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
                         help="seconds of back-to-back GEMMs that measure the clock under sustained load (GPUs only; "
-                             "default 6, 0 skips it; --quick skips it unless given)")
+                             "default 10, 0 skips it; --quick skips it unless given)")
     parser.add_argument("--name", help="name of the calibrated profile (default: <gpu>-calibrated)")
     parser.add_argument("--out", metavar="FILE", help="JSON file to write (default: <data dir>/hardware/<name>.json)")
     parser.add_argument("--store", action="store_true", help="also store the profile in the service database")
@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from db.settings import default_data_dir
     from executor.microbench.profile_builder import build_profile
     from executor.microbench.runner import BenchPlan, run_benchmarks
+    from executor.microbench.sustained import SUSTAINED_SECONDS
 
     if args.model and not args.seq:
         raise SpecError("--model needs --seq (the sequence length the components run at)")
@@ -151,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     name = (args.name or f"{base.name}-calibrated").lower()
     print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
           f"{', quick' if args.quick else ''}", flush=True)
-    sustained_s = args.sustained_seconds if args.sustained_seconds is not None else (0.0 if args.quick else 6.0)
+    sustained_s = args.sustained_seconds
+    if sustained_s is None:
+        sustained_s = 0.0 if args.quick else SUSTAINED_SECONDS
     if sustained_s < 0:
         raise SpecError(f"--sustained-seconds must be >= 0, got {sustained_s}")
     raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick, sustained_s=sustained_s),

@@ -26,7 +26,7 @@ class BenchPlan:
     precision: str = "bf16"
     quick: bool = False
     collectives: bool = True
-    sustained_s: float = 6.0
+    sustained_s: float = 10.0  # executor.microbench.sustained.SUSTAINED_SECONDS
 
 
 def _say(rank: int):
