@@ -8,9 +8,10 @@ Parts (``--parts agree,speed,profile``, all by default):
   14336×4096) forward, dgrad and wgrad. "beyond" is the fraction of elements differing by more than the
   self-check's tolerance (2^-7 relative + 1e-3 of the largest);
 - ``speed``: forward and forward+backward of the expert FFN (w13 grouped GEMM, SwiGLU, w2 grouped GEMM;
-  8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8') and fp8 with
-  a bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16); steady state: back-to-back iterations between two CUDA
-  events; plus the quantisation passes alone;
+  8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8'), fp8 with a
+  bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16) and fp8 with the torch cast instead of the Triton one
+  (FOLDTUNE_FP8_TRITON_CAST=0); steady state: back-to-back iterations between two CUDA events; plus the
+  quantisation passes alone and the w13 forward GEMM alone (bf16 vs fp8 on quantised operands);
 - ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU, bf16 vs fp8 (step
   time, MFU against the precision's peak, peak memory).
 ``--device cpu --tiny``: the same at toy sizes on CPU (emulated fp8, tiny-moe profile): a smoke test.
@@ -144,9 +145,10 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
     wd = _rand(ffn, h, device=dev, seed=5).mul_(0.02).requires_grad_()
     dyd = _rand(m, ffn, device=dev, seed=6)
     res = {}
-    variants = (("bf16", "torch", "fp8"), ("fp8", "torch-fp8", "fp8"), ("fp8_bf16_wgrad", "torch-fp8", "bf16"))
-    for label, backend_name, wgrad in variants:
-        os.environ["FOLDTUNE_FP8_WGRAD"] = wgrad
+    variants = (("bf16", "torch", "fp8", "1"), ("fp8", "torch-fp8", "fp8", "1"),
+                ("fp8_bf16_wgrad", "torch-fp8", "bf16", "1"), ("fp8_torch_cast", "torch-fp8", "fp8", "0"))
+    for label, backend_name, wgrad, triton_cast in variants:
+        os.environ.update(FOLDTUNE_FP8_WGRAD=wgrad, FOLDTUNE_FP8_TRITON_CAST=triton_cast)
         be = get_backend(backend_name)
 
         def ffn_fwd():
@@ -167,6 +169,7 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
         except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
             res[label] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     os.environ.pop("FOLDTUNE_FP8_WGRAD")
+    os.environ.pop("FOLDTUNE_FP8_TRITON_CAST")
     groups = fp8.padded_groups(offs, m)
     big = _rand(m, n2f, device=dev, seed=7)
     with torch.no_grad():
@@ -175,6 +178,12 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
             "rowwise w13 [G, 2f, h]": timed(lambda: fp8.quantize_rowwise(w13), iters),
             "rowwise w13ᵀ [G, h, 2f]": timed(lambda: fp8.quantize_rowwise(w13.transpose(-2, -1)), iters),
             "groups colwise dy [M, 2f]": timed(lambda: fp8.quantize_groups_colwise(big, groups), iters)}
+        if fp8.emulation_reason(dev) is None:  # the w13 forward GEMM alone, operands already quantised
+            (qx, sx), (qw, sw) = fp8.quantize_rowwise(x), fp8.quantize_rowwise(w13)
+            res["gemm_only_s"] = {
+                "bf16 _grouped_mm": timed(lambda: torch._grouped_mm(x, w13.transpose(-2, -1), offs=offs), iters),
+                "fp8 _scaled_grouped_mm": timed(lambda: torch._scaled_grouped_mm(
+                    qx, qw.transpose(-2, -1), sx, sw, offs=offs, out_dtype=BF16), iters)}
     flops = {"ffn_fwd": 2 * m * h * (n2f + f), "linear_fwd": 2 * m * h * ffn}
     res["flops"] = flops
     return res
@@ -231,14 +240,16 @@ def _table(res: dict) -> str:
     if speed:
         lines.append("speed, ms per call (steady state)")
         lines.append(f"  {'variant':<16}{'ffn fwd':>9}{'ffn f+b':>9}{'lin fwd':>9}{'lin f+b':>9}")
-        for label in ("bf16", "fp8", "fp8_bf16_wgrad"):
+        for label in ("bf16", "fp8", "fp8_bf16_wgrad", "fp8_torch_cast"):
             r = speed[label]
             if "error" in r:
                 lines.append(f"  {label:<16} FAILED: {r['error'][:200]}")
                 continue
             lines.append(f"  {label:<16}{r['ffn_fwd_s'] * 1e3:>9.2f}{r['ffn_fwd_bwd_s'] * 1e3:>9.2f}"
                          f"{r['linear_fwd_s'] * 1e3:>9.2f}{r['linear_fwd_bwd_s'] * 1e3:>9.2f}")
-        lines.append("  quantise ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in speed["quantise_s"].items()))
+        for key in ("quantise_s", "gemm_only_s"):
+            if key in speed:
+                lines.append(f"  {key[:-2]} ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in speed[key].items()))
     prof = res.get("profile")
     if prof:
         lines.append(f"profile {prof['model']} ({prof['layers']} layers, seq {prof['seq']}, 1 device)")

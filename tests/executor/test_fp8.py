@@ -81,9 +81,14 @@ def test_rowwise_scale_is_amax_over_448_and_round_trip_stays_within_e4m3_precisi
     assert torch.equal(back[4, :2], torch.zeros(2))
 
 
-def test_quantisation_saturates_instead_of_producing_nan():
-    out = fp8._to_e4m3(torch.tensor([1000.0, -1e30, 448.5, 447.0]))
-    assert torch.equal(out.float(), torch.tensor([448.0, -448.0, 448.0, 448.0]))
+def test_rows_of_tiny_values_keep_a_finite_reciprocal_scale():
+    """amax/448 below fp32's normal range would make 1/scale infinite and a zero in the row 0·∞ = NaN."""
+    x = torch.full((2, 32), 1e-38)
+    x[:, 1] = 0.0
+    x[1, 0] = 1e-30
+    q, scale = fp8.quantize_rowwise(x)
+    assert not bool(torch.isnan(q.float()).any()) and bool((scale >= torch.finfo(torch.float32).tiny).all())
+    assert torch.equal(q[:, 1].float(), torch.zeros(2))
 
 
 def test_rows_made_of_e4m3_values_quantise_losslessly_so_the_gemm_is_exact():
