@@ -15,6 +15,10 @@
 #   tune       a tuning job of byte-moe-650m through Ray over all GPUs (foldtune tune)
 #   train      foldtune train --job <the tune job> on real text for TRAIN_STEPS steps
 #   redo       re-measure the failed layouts of stored tables (REDO4, REDO2: comma lists of table files)
+#   last4      at once: executor bench on GPUs 0,1 (EXEC_PARTS) | fp8 check (bench/fp8_check.py) on GPU 2 |
+#              table1 on GPU 3
+#   fp8check   bench/fp8_check.py on GPU 0 (fp8 kernels vs emulation, speed, a bf16/fp8 profile)
+#   power      bench/power_probe.py on GPU 0: GEMM clock under 20 s of load, MoE layer/ideal alternated
 #   last3      at once: executor bench on GPUs 0,1 (EXEC_PARTS), component calibration of the Mixtral
 #              proxy on GPU 2, table1 on GPU 3
 #   executor   bench/executor_gpu.py (MoE layer / stack / EP2 parts) on GPU 0 (and 1)
@@ -93,6 +97,17 @@ for p in "$@"; do
         table 2 2,3 "${x[@]}" --shard 1/2 > "$OUT/t1.log" 2>&1; rc1=$?
         wait $t0; rc=$((rc + $? + rc1)); cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"
       fi ;;
+    last4)
+      CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
+        --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!
+      CUDA_VISIBLE_DEVICES=$((NGPU > 2 ? 2 : 0)) timeout 300 python3 bench/fp8_check.py --out "$RES/fp8_check.json" \
+        > "$OUT/fp8.log" 2>&1 & f8=$!
+      table 1 $((NGPU - 1)) > "$OUT/t1.log" 2>&1; rc=$?
+      wait $f8; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
+      for f in ex fp8 t1; do echo "---- $f"; grep -v -E "TensorLikePair|^\s+\[\[?-?[0-9]|^\s+tensor\(|device='cuda" "$OUT/$f.log"; done
+      rm -f "$OUT/ex.log" "$OUT/fp8.log" "$OUT/t1.log" ;;
+    fp8check) CUDA_VISIBLE_DEVICES=0 timeout 300 python3 bench/fp8_check.py --out "$RES/fp8_check.json"; rc=$? ;;
+    power) CUDA_VISIBLE_DEVICES=0 timeout 200 python3 bench/power_probe.py --seconds 20 --out "$RES/power_probe.json"; rc=$? ;;
     last3)  # a 4-GPU machine's last call: executor bench (GPUs 0,1) | component calibration (2) | table1 (3)
       CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
         --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!

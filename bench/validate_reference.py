@@ -45,6 +45,8 @@ def calibrated(base: HardwareProfile, measured: HardwareProfile | None) -> Hardw
         return base
     return replace(base, name=f"{base.name}+{measured.name}", gemm_efficiency=measured.gemm_efficiency,
                    grouped_gemm_efficiency=measured.grouped_gemm_efficiency, hbm_efficiency=measured.hbm_efficiency,
+                   attention_fwd_efficiency=measured.attention_fwd_efficiency,
+                   attention_bwd_efficiency=measured.attention_bwd_efficiency,
                    overlap_slowdown=measured.overlap_slowdown,
                    sustained_clock_factor=measured.sustained_clock_factor, source=f"{base.source} + compute of {measured.source}")
 

@@ -14,8 +14,9 @@ peaks equal the H100's), never fits to end-to-end training results:
   GEMMs take the same grouped/dense ratio (0.763/0.791) of the fp8 GEMM ceiling (no fp8 measurement)
 * HBM copy 4.2 of 4.8 TB/s                -> 0.875 of datasheet bandwidth
 
-Attention has no microbenchmark in the profile yet; its defaults are assumptions recorded in
-``docs/time-model.md`` (flash-attention-class kernels on Hopper) until ``foldtune calibrate`` measures it.
+Attention's defaults are assumptions recorded in ``docs/time-model.md`` (flash-attention-class kernels on
+Hopper); a calibrated profile's measured curves (``attention_fwd_efficiency``/``attention_bwd_efficiency``)
+replace them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class ComputeRates:
     kernel_overhead: float  # seconds
     gemm_curve: MeasuredCurve | None = None
     grouped_curve: MeasuredCurve | None = None
+    attn_fwd_curve: MeasuredCurve | None = None  # key length -> achieved / bf16 peak (measured)
+    attn_bwd_curve: MeasuredCurve | None = None
 
 
 @lru_cache(maxsize=64)
@@ -83,7 +86,8 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         grouped_eff_max=grouped, bf16_peak=gpu.peak("bf16") * clock, bf16_eff_max=bf16_eff,
         hbm_bandwidth=gpu.hbm_bandwidth * hbm_eff, attn_fwd_eff=ATTENTION_FWD_EFFICIENCY,
         attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
-        gemm_curve=hardware.gemm_efficiency, grouped_curve=hardware.grouped_gemm_efficiency)
+        gemm_curve=hardware.gemm_efficiency, grouped_curve=hardware.grouped_gemm_efficiency,
+        attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency)
 
 
 def _roofline(flops: float, nbytes: float, peak: float, eff: float, rates: ComputeRates) -> float:
@@ -159,7 +163,9 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
     separate kernel whose efficiency follows its own (shorter) key length.
 
     Flash (fused) attention: forward FLOPs 2·q·kv·heads·(qk+v), halved by a causal mask; the backward
-    does 2.5x the forward's matmul FLOPs; both at the attention efficiencies. Unfused attention (Megatron
+    does 2.5x the forward's matmul FLOPs; both at the attention efficiencies: measured curves of key-block
+    length when the profile has them (``foldtune calibrate``), else the default assumptions with their
+    saturation in the key length. Unfused attention (Megatron
     before flash attention) computes the whole score matrix with two batched GEMMs and writes it to HBM:
     a scale-mask-softmax pass (read and write 2 bytes per score), an optional dropout pass (read, write,
     mask: 5 bytes), and their backward passes.
@@ -169,10 +175,13 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
     if flash:
         fwd_flops = 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)
         block = seq_kv / steps
-        saturation = block / (block + ATTENTION_HALF_SEQ)
-        fwd = fwd_flops / (rates.bf16_peak * rates.attn_fwd_eff * saturation) + steps * rates.kernel_overhead
-        bwd = (ATTENTION_BWD_FLOP_RATIO * fwd_flops / (rates.bf16_peak * rates.attn_bwd_eff * saturation)
-               + steps * rates.kernel_overhead)
+        if rates.attn_fwd_curve is not None and rates.attn_bwd_curve is not None:
+            fwd_eff, bwd_eff = rates.attn_fwd_curve(block), rates.attn_bwd_curve(block)
+        else:
+            saturation = block / (block + ATTENTION_HALF_SEQ)
+            fwd_eff, bwd_eff = rates.attn_fwd_eff * saturation, rates.attn_bwd_eff * saturation
+        fwd = fwd_flops / (rates.bf16_peak * fwd_eff) + steps * rates.kernel_overhead
+        bwd = ATTENTION_BWD_FLOP_RATIO * fwd_flops / (rates.bf16_peak * bwd_eff) + steps * rates.kernel_overhead
         return fwd, bwd
     scores = float(batch_queries) * seq_kv * heads
     qk_fwd, qk_bwd = _batched_gemm(rates, heads, batch_queries, seq_kv, qk_dim)

@@ -118,6 +118,9 @@ class HardwareProfile:
     inter_node_latency: float  # seconds
     gemm_efficiency: MeasuredCurve | None = None
     grouped_gemm_efficiency: MeasuredCurve | None = None
+    # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
+    attention_fwd_efficiency: MeasuredCurve | None = None
+    attention_bwd_efficiency: MeasuredCurve | None = None
     collective_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     hbm_efficiency: float | None = None  # measured copy bandwidth / datasheet
     source: str = "datasheet"
@@ -203,6 +206,10 @@ class HardwareProfile:
             "gemm_efficiency": list(self.gemm_efficiency.points) if self.gemm_efficiency else None,
             "grouped_gemm_efficiency": (list(self.grouped_gemm_efficiency.points)
                                         if self.grouped_gemm_efficiency else None),
+            "attention_fwd_efficiency": (list(self.attention_fwd_efficiency.points)
+                                         if self.attention_fwd_efficiency else None),
+            "attention_bwd_efficiency": (list(self.attention_bwd_efficiency.points)
+                                         if self.attention_bwd_efficiency else None),
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
@@ -216,7 +223,8 @@ class HardwareProfile:
     def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
         d = dict(data)
         d["gpu"] = GPUSpec(**d["gpu"]) if isinstance(d["gpu"], dict) else d["gpu"]
-        for key in ("gemm_efficiency", "grouped_gemm_efficiency"):
+        for key in ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency",
+                    "attention_bwd_efficiency"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
         coll = d.get("collective_efficiency") or {}

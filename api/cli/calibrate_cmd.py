@@ -169,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
     if profile.grouped_gemm_efficiency is not None:
         print("grouped GEMM (tokens/expert -> of peak): "
               + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in profile.grouped_gemm_efficiency.points))
+    if profile.attention_fwd_efficiency is not None:
+        print("causal attention fwd / bwd (key length -> of bf16 peak): " + ", ".join(
+            f"{x:.0f}:{y:.3f}/{profile.attention_bwd_efficiency(x):.3f}" for x, y in profile.attention_fwd_efficiency.points))
     print(f"memory copy: {profile.hbm_efficiency:.3f} of {base.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
     print(f"launch overhead: {profile.op_launch_seconds * 1e6:.2f} us per eager op"
           + (f", {profile.collective_launch_s * 1e6:.2f} us per small collective"

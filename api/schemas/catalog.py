@@ -49,6 +49,8 @@ class HardwareProfileIn(BaseModel):
     inter_node_latency: float = Field(ge=0, le=1e6)
     gemm_efficiency: Curve | None = None
     grouped_gemm_efficiency: Curve | None = None
+    attention_fwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
+    attention_bwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     collective_efficiency: dict[Name, Curve] = Field(default_factory=dict,
                                                     description="'<collective>:<intra|inter>' -> curve")
     hbm_efficiency: float | None = Field(None, gt=0, le=10)

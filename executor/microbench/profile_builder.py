@@ -5,6 +5,10 @@
 * ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak. An fp8 calibration times its
   GEMMs with ``torch._scaled_mm`` against the fp8 peak but its grouped GEMMs in bf16, which the time model
   would read as fractions of the fp8 peak: it keeps the base profile's grouped curve (the default ratio).
+* ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: key length -> (the time model's causal
+  attention FLOPs / measured seconds) / 16-bit datasheet peak, forward and backward (SDPA, the executor's
+  kernel; ``executor/microbench/attention.py``). An fp8 calibration times attention in bf16 against the bf16
+  peak as well (attention stays in 16 bits under fp8 training).
 * ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
 * ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
   buffer / measured seconds) / ``intra_node_bandwidth``; latency is inside the curve. Every rank of a
@@ -58,6 +62,16 @@ def grouped_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
     return _curve(by_tokens)
 
 
+def attention_curves(rows: list[dict], peak: float) -> tuple[MeasuredCurve | None, MeasuredCurve | None]:
+    """(forward, backward) curves of key length -> achieved / ``peak`` (the 16-bit datasheet peak)."""
+    fwd: dict[float, list[float]] = defaultdict(list)
+    bwd: dict[float, list[float]] = defaultdict(list)
+    for row in rows:
+        fwd[float(row["seq"])].append(row["fwd_flops"] / row["fwd_seconds"] / peak)
+        bwd[float(row["seq"])].append(row["bwd_flops"] / row["bwd_seconds"] / peak)
+    return _curve(fwd), _curve(bwd)
+
+
 def collective_curves(rows: list[dict], link_bandwidth: float, scope: str = "intra") -> dict[str, MeasuredCurve]:
     """``'<collective>:<scope>'`` -> curve of buffer bytes -> achieved / ``link_bandwidth``."""
     grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -74,12 +88,15 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     curves = dict(base.collective_efficiency)
     curves.update(collective_curves(raw["collectives"], base.intra_node_bandwidth))
     launch = raw.get("launch") or {}
+    attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
     return replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
         grouped_gemm_efficiency=(grouped_curve(raw["grouped_gemm"], peak) if raw["precision"] != "fp8" else None)
         or base.grouped_gemm_efficiency,
         collective_efficiency=tuple(sorted(curves.items())),
+        attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
+        attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,
         hbm_efficiency=(copy["traffic_bytes"] / copy["seconds"] / base.gpu.hbm_bandwidth) if copy
         else base.hbm_efficiency,
         op_launch_s=launch.get("op_launch_s") or base.op_launch_s,

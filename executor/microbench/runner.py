@@ -38,7 +38,7 @@ def _say(rank: int):
 
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM and copy benchmarks, then the collectives; returns its raw timings."""
-    from executor.microbench import collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
+    from executor.microbench import attention, collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
 
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
@@ -64,6 +64,11 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     for row in report["grouped_gemm"]:
         say(f"  t={row['tokens_per_expert']:<6} {row['seconds'] * 1e6:10.1f} us  "
             f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+    say("causal attention (key length)")
+    report["attention"] = attention.measure_attention(attention.default_seqs(device, plan.quick), device, dtype)
+    for row in report["attention"]:
+        say(f"  s={row['seq']:<6} fwd {row['fwd_seconds'] * 1e6:10.1f} us {row['fwd_flops'] / row['fwd_seconds'] / 1e12:8.3f}"
+            f" TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us {row['bwd_flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
     say("memory copy")
     report["copy"] = hbm.measure_copy(hbm.default_sizes(device, plan.quick), device)
     for row in report["copy"]:
@@ -88,7 +93,7 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
 
 
 def merge_ranks(reports: list[dict]) -> dict:
-    """One raw record from every rank's: compute times are the median over ranks, collective times the
+    """One raw record from every rank's: compute times (attention's too) are the median over ranks, collective times the
     max (a collective ends when its slowest member does); so are launch overheads (op: median, collective: max)."""
     def merged(key: str, reducer) -> list[dict]:
         rows = []
@@ -98,6 +103,9 @@ def merge_ranks(reports: list[dict]) -> dict:
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
             "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
+            "attention": [{**row, "fwd_seconds": statistics.median(r["attention"][i]["fwd_seconds"] for r in reports),
+                           "bwd_seconds": statistics.median(r["attention"][i]["bwd_seconds"] for r in reports)}
+                          for i, row in enumerate(reports[0].get("attention") or [])],
             "launch": _merged_launch([r["launch"] for r in reports]),
             # the pair ends when its slowest rank does: the largest slowdown
             # training waits for its slowest GPU: the lowest sustained clock

@@ -1,0 +1,67 @@
+"""Causal attention throughput of the executor's kernel (SDPA: flash / cuDNN on a GPU) vs key length.
+
+The time model prices the attention core as FLOPs over the 16-bit peak times an efficiency; this measures
+that efficiency, forward and backward, at the key lengths a step produces. FLOPs follow the time model's
+convention (costmodel.compute.attention_time): forward ``2·b·s·s·heads·(qk + v)·½`` (causal), backward
+2.5 times that, whatever the kernel actually executes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor.kernels.torch_backend import TorchBackend
+from executor.microbench.timing import time_op
+
+# (heads, head dim): Llama/Mixtral-like on GPU (heads equal to KV heads: the kernel itself, no GQA copy),
+# small on CPU; tokens per call kept near ``TOKENS`` by the batch size.
+GPU_SHAPE = (32, 128)
+CPU_SHAPE = (4, 32)
+GPU_SEQS = (256, 512, 1024, 2048, 4096, 8192)
+CPU_SEQS = (64, 128, 256)
+GPU_TOKENS = 16384
+CPU_TOKENS = 512
+BWD_FLOP_RATIO = 2.5  # the time model's: flash attention's backward recomputes the scores (5 matmuls vs 2)
+
+
+def default_seqs(device: torch.device, quick: bool) -> tuple[int, ...]:
+    """Key lengths to measure on ``device``."""
+    seqs = GPU_SEQS if device.type == "cuda" else CPU_SEQS
+    return seqs[1::2] if quick and len(seqs) > 3 else seqs
+
+
+def causal_flops(batch: int, seq: int, heads: int, head_dim: int) -> float:
+    """Forward FLOPs of causal attention in the time model's convention (half of the full score matrix)."""
+    return 2.0 * batch * seq * seq * heads * (head_dim + head_dim) * 0.5
+
+
+def measure_attention(seqs: tuple[int, ...], device: torch.device, dtype: torch.dtype, repeats: int = 3) -> list[dict]:
+    """Forward and backward seconds of causal attention per key length.
+
+    Returns ``[{'seq', 'batch', 'heads', 'head_dim', 'fwd_flops', 'bwd_flops', 'fwd_seconds', 'bwd_seconds'}]``;
+    the backward is timed as forward+backward minus the forward.
+    """
+    heads, head_dim = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
+    tokens = GPU_TOKENS if device.type == "cuda" else CPU_TOKENS
+    backend = TorchBackend()
+    out = []
+    for seq in seqs:
+        batch = max(1, tokens // seq)
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
+
+        def fwd():
+            with torch.no_grad():
+                return backend.attention(q, k, v)
+
+        def fwd_bwd():
+            torch.autograd.grad(backend.attention(q, k, v), (q, k, v), grad)
+
+        t_fwd = time_op(fwd, device, repeats=repeats)
+        t_both = time_op(fwd_bwd, device, repeats=repeats)
+        flops = causal_flops(batch, seq, heads, head_dim)
+        out.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim, "fwd_flops": flops,
+                    "bwd_flops": BWD_FLOP_RATIO * flops, "fwd_seconds": t_fwd,
+                    "bwd_seconds": max(t_both - t_fwd, 1e-9)})
+    return out

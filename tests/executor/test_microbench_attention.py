@@ -1,0 +1,56 @@
+"""The attention microbenchmark, its curves in the profile, and the time model pricing with them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from costmodel.catalog import get_hardware
+from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates
+from costmodel.hardware import HardwareProfile, MeasuredCurve
+from executor.microbench.attention import causal_flops, measure_attention
+from executor.microbench.profile_builder import attention_curves, build_profile
+
+H100 = get_hardware("h100-sxm")
+
+
+def test_causal_flops_follow_the_time_models_convention():
+    # 1 x 1024 queries x 1024 keys x 8 heads x (64 + 64) x 2, halved by the mask
+    assert causal_flops(1, 1024, 8, 64) == 2.0 * 1024 * 1024 * 8 * 128 / 2
+
+
+def test_measure_attention_on_cpu_times_forward_and_backward():
+    rows = measure_attention((64, 128), torch.device("cpu"), torch.float32, repeats=1)
+    assert [r["seq"] for r in rows] == [64, 128]
+    for r in rows:
+        assert r["fwd_seconds"] > 0 and r["bwd_seconds"] > 0
+        assert r["fwd_flops"] == causal_flops(r["batch"], r["seq"], r["heads"], r["head_dim"])
+        assert r["bwd_flops"] == 2.5 * r["fwd_flops"]
+
+
+def test_attention_curves_are_achieved_over_the_bf16_peak():
+    rows = [{"seq": 1024, "fwd_flops": 4e11, "bwd_flops": 1e12, "fwd_seconds": 1e-3, "bwd_seconds": 4e-3},
+            {"seq": 4096, "fwd_flops": 8e11, "bwd_flops": 2e12, "fwd_seconds": 1e-3, "bwd_seconds": 4e-3}]
+    fwd, bwd = attention_curves(rows, 1e15)
+    assert fwd.points == ((1024.0, 0.4), (4096.0, 0.8)) and bwd.points == ((1024.0, 0.25), (4096.0, 0.5))
+    raw = {"precision": "bf16", "gemm": [], "grouped_gemm": [], "copy": [], "collectives": [], "attention": rows,
+           "ranks": 1, "device_name": "gpu", "backend": "nccl", "measured_at": "2026-11-26T10:30:00+00:00"}
+    profile = build_profile(H100, raw)
+    assert profile.attention_fwd_efficiency.points[0] == pytest.approx((1024.0, 4e11 / 1e-3 / H100.gpu.peak("bf16")))
+    assert HardwareProfile.from_dict(profile.to_dict()) == profile  # the curves survive the JSON round trip
+
+
+def test_measured_attention_curves_replace_the_default_efficiencies():
+    # 4 queries·keys blocks of 2048: forward FLOPs 2·4096·2048·32·256/2, at 0.5 of peak forward and 0.4 backward
+    cal = replace(H100, attention_fwd_efficiency=MeasuredCurve(((1024.0, 0.3), (4096.0, 0.5))),
+                  attention_bwd_efficiency=MeasuredCurve(((1024.0, 0.2), (4096.0, 0.4))))
+    rates = compute_rates(cal, "bf16")
+    fwd, bwd = attention_time(rates, 4096, 4096, 32, 128, 128, True, True)
+    flops = 2.0 * 4096 * 4096 * 32 * 256 / 2
+    peak = H100.gpu.peak("bf16")
+    assert fwd == pytest.approx(flops / (peak * 0.5) + KERNEL_OVERHEAD_S)
+    assert bwd == pytest.approx(2.5 * flops / (peak * 0.4) + KERNEL_OVERHEAD_S)
+    # the same attention on a profile without the curves uses the defaults, which differ
+    assert attention_time(compute_rates(H100, "bf16"), 4096, 4096, 32, 128, 128, True, True)[0] != pytest.approx(fwd)
