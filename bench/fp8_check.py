@@ -11,9 +11,10 @@ Parts (``--parts agree,speed,profile``, all by default):
   8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8'), fp8 with a
   bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16) and fp8 with the torch cast instead of the Triton one
   (FOLDTUNE_FP8_TRITON_CAST=0); steady state: back-to-back iterations between two CUDA events; plus the
-  quantisation passes alone and the w13 forward GEMM alone (bf16 vs fp8 on quantised operands);
-- ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU, bf16 vs fp8 (step
-  time, MFU against the precision's peak, peak memory).
+  quantisation passes alone, the w13 forward GEMM alone (bf16 vs fp8 on quantised operands), and the
+  FFN fwd+bwd at 1, 2 and 4 times the rows (bf16 vs fp8);
+- ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU: bf16, fp8 and fp8
+  with a bf16 expert wgrad (step time, MFU against the precision's peak, peak memory).
 ``--device cpu --tiny``: the same at toy sizes on CPU (emulated fp8, tiny-moe profile): a smoke test.
 The JSON (--out) is rewritten after every part; a short table is printed at the end.
 
@@ -131,6 +132,28 @@ def _timer(dev: torch.device):
     return run
 
 
+def _rows_sweep(dev, shape, w13, w2, timed, iters) -> dict:
+    """Expert FFN fwd+bwd at 1, 2 and 4 times the rows (balanced): where the fp8 GEMMs' saving overtakes
+    the weights' quantisation passes, whose cost does not grow with the rows."""
+    h, g, m = shape[0], shape[2], shape[3]
+    out = {}
+    for rows in (m, 2 * m, 4 * m):
+        offs = torch.cumsum(torch.full((g,), rows // g, device=dev), 0, dtype=torch.int32)
+        x = _rand(offs[-1].item(), h, device=dev, seed=1).requires_grad_()
+        dy = _rand(x.shape[0], h, device=dev, seed=4)
+        out[rows] = {}
+        for backend_name in ("torch", "torch-fp8"):
+            be = get_backend(backend_name)
+
+            def step():
+                y = be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
+                torch.autograd.grad(y, (x, w13, w2), dy)
+
+            out[rows][backend_name] = timed(step, iters)
+        del x, dy
+    return out
+
+
 def part_speed(dev: torch.device, shape, iters: int) -> dict:
     h, n2f, g, m, ffn = shape
     f = n2f // 2
@@ -184,6 +207,7 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
                 "bf16 _grouped_mm": timed(lambda: torch._grouped_mm(x, w13.transpose(-2, -1), offs=offs), iters),
                 "fp8 _scaled_grouped_mm": timed(lambda: torch._scaled_grouped_mm(
                     qx, qw.transpose(-2, -1), sx, sw, offs=offs, out_dtype=BF16), iters)}
+    res["rows_sweep_ffn_fwd_bwd_s"] = _rows_sweep(dev, shape, w13, w2, timed, iters)
     flops = {"ffn_fwd": 2 * m * h * (n2f + f), "linear_fwd": 2 * m * h * ffn}
     res["flops"] = flops
     return res
@@ -210,13 +234,17 @@ def part_profile(dev: torch.device, tiny: bool) -> dict:
     spec = get_model("tiny-moe") if tiny else get_model("mixtral-8x7b").with_layers(2)
     seq = 64 if tiny else 4096
     out = {"model": spec.name, "layers": spec.num_layers, "seq": seq}
-    for precision in ("bf16", "fp8"):
+    runs = (("bf16", "bf16", {}), ("fp8", "fp8", {}), ("fp8_bf16_wgrad", "fp8", {"FOLDTUNE_FP8_WGRAD": "bf16"}))
+    for label, precision, env in runs:
+        os.environ.update(env)  # the ranks' processes inherit it
         m = profile_layout(spec, TrainingSpec(seq_length=seq, global_batch_size=1, precision=precision),
                            ParallelConfig(world_size=1), ExecutorOptions(), warmup_steps=2, timed_steps=5,
                            timeout_s=150, device=dev.type)
+        for key in env:
+            os.environ.pop(key)
         keep = ("ok", "failure_reason", "device", "precision", "step_time", "step_times", "tflops_per_gpu", "mfu",
                 "peak_allocated_bytes", "peak_reserved_bytes", "phases", "losses")
-        out[precision] = {k: v for k, v in m.to_dict().items() if k in keep}
+        out[label] = {k: v for k, v in m.to_dict().items() if k in keep}
     profile_log.removeHandler(said)
     out["fp8_log"] = said.lines
     return out
@@ -250,17 +278,20 @@ def _table(res: dict) -> str:
         for key in ("quantise_s", "gemm_only_s"):
             if key in speed:
                 lines.append(f"  {key[:-2]} ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in speed[key].items()))
+        lines.append("  expert FFN fwd+bwd ms by rows (bf16 / fp8): " + ", ".join(
+            f"{rows}: {r['torch'] * 1e3:.2f} / {r['torch-fp8'] * 1e3:.2f}"
+            for rows, r in speed["rows_sweep_ffn_fwd_bwd_s"].items()))
     prof = res.get("profile")
     if prof:
         lines.append(f"profile {prof['model']} ({prof['layers']} layers, seq {prof['seq']}, 1 device)")
-        for precision in ("bf16", "fp8"):
-            r = prof[precision]
+        for label in ("bf16", "fp8", "fp8_bf16_wgrad"):
+            r = prof[label]
             if not r["ok"]:
-                lines.append(f"  {precision}: FAILED {r['failure_reason']}")
+                lines.append(f"  {label}: FAILED {r['failure_reason']}")
                 continue
             mem = f"{r['peak_allocated_bytes'] / 2**30:.1f} GiB" if r.get("peak_allocated_bytes") else "-"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            lines.append(f"  {precision}: step {r['step_time'] * 1e3:.1f} ms  MFU {mfu} (of the {precision} peak)  "
+            lines.append(f"  {label}: step {r['step_time'] * 1e3:.1f} ms  MFU {mfu} (of the {r['precision']} peak)  "
                          f"peak mem {mem}  losses {[round(v, 3) for v in r['losses']]}")
         lines.extend(f"  log: {line}" for line in prof["fp8_log"])
     return "\n".join(lines)
