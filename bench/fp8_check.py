@@ -8,10 +8,9 @@ Parts (``--parts agree,speed,profile``, all by default):
   14336×4096) forward, dgrad and wgrad. "beyond" is the fraction of elements differing by more than the
   self-check's tolerance (2^-7 relative + 1e-3 of the largest);
 - ``speed``: forward and forward+backward of the expert FFN (w13 grouped GEMM, SwiGLU, w2 grouped GEMM;
-  8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8'), fp8 with a
-  bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16) and fp8 with the torch cast instead of the Triton one
-  (FOLDTUNE_FP8_TRITON_CAST=0); steady state: back-to-back iterations between two CUDA events; plus the
-  quantisation passes alone, the w13 forward GEMM alone (bf16 vs fp8 on quantised operands), and the
+  8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8') and fp8 with
+  a bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16); steady state: back-to-back iterations between two CUDA
+  events; plus the quantisation passes alone, the w13 forward GEMM alone (bf16 vs fp8 on quantised operands), and the
   FFN fwd+bwd at 1, 2 and 4 times the rows (bf16 vs fp8);
 - ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU: bf16, fp8 and fp8
   with a bf16 expert wgrad (step time, MFU against the precision's peak, peak memory).
@@ -168,10 +167,9 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
     wd = _rand(ffn, h, device=dev, seed=5).mul_(0.02).requires_grad_()
     dyd = _rand(m, ffn, device=dev, seed=6)
     res = {}
-    variants = (("bf16", "torch", "fp8", "1"), ("fp8", "torch-fp8", "fp8", "1"),
-                ("fp8_bf16_wgrad", "torch-fp8", "bf16", "1"), ("fp8_torch_cast", "torch-fp8", "fp8", "0"))
-    for label, backend_name, wgrad, triton_cast in variants:
-        os.environ.update(FOLDTUNE_FP8_WGRAD=wgrad, FOLDTUNE_FP8_TRITON_CAST=triton_cast)
+    variants = (("bf16", "torch", "fp8"), ("fp8", "torch-fp8", "fp8"), ("fp8_bf16_wgrad", "torch-fp8", "bf16"))
+    for label, backend_name, wgrad in variants:
+        os.environ["FOLDTUNE_FP8_WGRAD"] = wgrad
         be = get_backend(backend_name)
 
         def ffn_fwd():
@@ -192,7 +190,6 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
         except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
             res[label] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     os.environ.pop("FOLDTUNE_FP8_WGRAD")
-    os.environ.pop("FOLDTUNE_FP8_TRITON_CAST")
     groups = fp8.padded_groups(offs, m)
     big = _rand(m, n2f, device=dev, seed=7)
     with torch.no_grad():
@@ -268,7 +265,7 @@ def _table(res: dict) -> str:
     if speed:
         lines.append("speed, ms per call (steady state)")
         lines.append(f"  {'variant':<16}{'ffn fwd':>9}{'ffn f+b':>9}{'lin fwd':>9}{'lin f+b':>9}")
-        for label in ("bf16", "fp8", "fp8_bf16_wgrad", "fp8_torch_cast"):
+        for label in ("bf16", "fp8", "fp8_bf16_wgrad"):
             r = speed[label]
             if "error" in r:
                 lines.append(f"  {label:<16} FAILED: {r['error'][:200]}")

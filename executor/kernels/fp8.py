@@ -23,10 +23,11 @@ each group is padded with zero rows to such a count (an empty expert gets 16 zer
 gradient), which leaves amax and products unchanged. FOLDTUNE_FP8_WGRAD=bf16 runs the expert wgrad as a
 bf16 ``torch._grouped_mm`` instead (no quantisation passes over the two largest operands).
 
-Quantisation: amax per row with torch (one read of the operand), then one pass that multiplies by
-448/amax, rounds to nearest even and writes e4m3 in the layout the GEMM takes (transposing where it must):
-a Triton kernel on CUDA, checked byte for byte against the torch expression (an fp32 temporary and a cast
-copy, which runs on CPU, without Triton, or with FOLDTUNE_FP8_TRITON_CAST=0).
+Quantisation runs as torch ops: amax per row (one read), then the product with 448/amax into an fp32
+temporary and the rounding copy into e4m3 in the layout the GEMM takes. On an H100 those passes cost more
+than the fp8 GEMMs save at Mixtral's expert shapes (bench/fp8_check.py; docs/executor.md): a fused
+quantise-and-cast kernel is what would make this path fast. (A one-pass Triton cast was tried and dropped:
+on the H100 it did not write torch's bytes in its self-check, and no run was left to find out why.)
 
 Emulation (``kernel=False``): the same quantisation, then dequantise, matmul in fp32, round to bf16 — the
 kernels' numbers up to fp32 summation order. It runs where the kernels are absent (CPU, GPUs other than
@@ -45,12 +46,6 @@ import torch
 
 from executor.kernels.torch_backend import TorchBackend, _grouped_mm_works
 from executor.kernels.triton_permute import checked_once
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs
-    triton = None
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -71,56 +66,17 @@ def _scale_of(amax: torch.Tensor) -> torch.Tensor:
     return scale.clamp_(min=torch.finfo(torch.float32).tiny)
 
 
-def _cast_torch(out_BRC: torch.Tensor, x_BRC: torch.Tensor, inv: torch.Tensor, row_div: int) -> None:
-    """out = e4m3(x · inv) (see :func:`_cast`) with torch ops: an fp32 temporary, then the cast copy."""
+def _cast(out_BRC: torch.Tensor, x_BRC: torch.Tensor, inv: torch.Tensor, row_div: int = 1) -> None:
+    """out[b, i, j] = e4m3(x[b, i, j] · inv[b, i // row_div, j]) for [B, R, C] views of any strides (``inv``,
+    fp32, broadcasts through stride-0 dims): an fp32 product, then the rounding (to nearest even) copy, which
+    also transposes where ``out``'s strides differ from ``x``'s. No clamp: with inv = 448/amax every
+    |x · inv| is at most 448·(1 + 2^-22), which rounds to 448 (only from 464 up would it round past)."""
     b, r, c = x_BRC.shape
     if row_div > 1:
         out_BRC.view(b, r // row_div, row_div, c).copy_(torch.mul(x_BRC.view(b, r // row_div, row_div, c),
                                                                   inv.unsqueeze(2)))
     else:
         out_BRC.copy_(torch.mul(x_BRC, inv))
-
-
-if triton is not None:
-
-    @triton.jit
-    def _cast_kernel(x_ptr, inv_ptr, out_ptr, R, C, sx_b, sx_r, sx_c, si_b, si_r, si_c, so_b, so_r, so_c,
-                     ROW_DIV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        # One BLOCK_R × BLOCK_C tile of batch entry program_id(2); the strides let one kernel read a
-        # transposed view and write a transposed output (Triton coalesces loads and stores along whichever
-        # stride is 1 and moves the tile between the two layouts through shared memory).
-        b = tl.program_id(2).to(tl.int64)
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
-        mask = (rows[:, None] < R) & (cols[None, :] < C)
-        x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :] * sx_c, mask=mask, other=0.0)
-        inv = tl.load(inv_ptr + b * si_b + (rows // ROW_DIV)[:, None] * si_r + cols[None, :] * si_c, mask=mask,
-                      other=1.0)
-        q = (x.to(tl.float32) * inv).to(tl.float8e4nv)  # round to nearest even, as torch's cast
-        tl.store(out_ptr + b * so_b + rows[:, None] * so_r + cols[None, :] * so_c, q, mask=mask)
-
-
-CAST_BLOCK = 64
-
-
-def _cast_triton(out_BRC: torch.Tensor, x_BRC: torch.Tensor, inv: torch.Tensor, row_div: int) -> None:
-    """out = e4m3(x · inv) in one pass (read x and inv, write out), any strides."""
-    b, r, c = x_BRC.shape
-    if out_BRC.numel():
-        grid = (triton.cdiv(r, CAST_BLOCK), triton.cdiv(c, CAST_BLOCK), b)
-        _cast_kernel[grid](x_BRC, inv, out_BRC, r, c, *x_BRC.stride(), *inv.stride(), *out_BRC.stride(),
-                           ROW_DIV=row_div, BLOCK_R=CAST_BLOCK, BLOCK_C=CAST_BLOCK)
-
-
-def _cast(out_BRC: torch.Tensor, x_BRC: torch.Tensor, inv: torch.Tensor, row_div: int = 1) -> None:
-    """out[b, i, j] = e4m3(x[b, i, j] · inv[b, i // row_div, j]) for [B, R, C] views of any strides; ``inv``
-    (fp32) broadcasts through stride-0 dims. No clamp: with inv = 448/amax every |x · inv| is at most
-    448·(1 + 2^-22), which rounds to 448 (e4m3's next value up would be 480; torch's cast saturates anyway).
-    Triton's one-pass kernel on CUDA where it imports and equals the torch path bit for bit (checked once)."""
-    if _triton_cast_ok(x_BRC.device):
-        _cast_triton(out_BRC, x_BRC, inv, row_div)
-    else:
-        _cast_torch(out_BRC, x_BRC, inv, row_div)
 
 
 def _as_brc(t: torch.Tensor) -> torch.Tensor:
@@ -143,33 +99,6 @@ def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 values q · scale (per row of the last dim), the inverse of :func:`quantize_rowwise`."""
     return q.float() * scale.unsqueeze(-1)
-
-
-# ---- the Triton cast's self-check --------------------------------------------------------------------
-
-def _triton_cast_ok(device: torch.device) -> bool:
-    return (triton is not None and device.type == "cuda" and os.environ.get("FOLDTUNE_FP8_TRITON_CAST", "1") != "0"
-            and checked_once(_CHECKED, ("cast", str(device)), _check_cast, "fp8 Triton cast"))
-
-
-def _check_cast(_: str, device: str) -> None:
-    """Raise unless the Triton cast writes the torch path's bytes: a rowwise 3-D cast with partial tiles, a
-    transposed read into a row-major output, and 16-row-block scales into a transposed output."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = (torch.randn(3, 70, 100, device=device, generator=gen) * 30).to(torch.bfloat16)
-    inv_rows = torch.rand(3, 70, device=device, generator=gen) * 4
-    inv_cols = torch.rand(3, 100, device=device, generator=gen) * 4
-    inv_blocks = torch.rand(1, 70 // 14, 100, device=device, generator=gen) * 4
-    cases = [(torch.empty(3, 70, 100, dtype=E4M3, device=device), x, inv_rows.unsqueeze(-1).expand(x.shape), 1),
-             (torch.empty(3, 100, 70, dtype=E4M3, device=device).transpose(1, 2), x,
-              inv_cols.unsqueeze(1).expand(x.shape), 1),
-             (torch.empty(100, 70, dtype=E4M3, device=device).t().unsqueeze(0), x[:1], inv_blocks, 14)]
-    for out, src, inv, row_div in cases:
-        want = torch.empty_like(out)
-        _cast_torch(want, src, inv, row_div)
-        _cast_triton(out, src, inv, row_div)
-        if not torch.equal(out.view(torch.uint8), want.view(torch.uint8)):
-            raise AssertionError(f"Triton cast differs from torch's (row_div {row_div}, strides {out.stride()})")
 
 
 # ---- where the kernels run ----------------------------------------------------------------------------
