@@ -93,15 +93,35 @@ def _stop(procs: list) -> None:
             p.join(5)
 
 
+PORT_ATTEMPTS = 3
+
+
+def _port_taken(reason: str | None) -> bool:
+    """Whether a launch failed because rank 0's rendezvous port was taken between choosing and binding it."""
+    return reason is not None and ("EADDRINUSE" in reason or "address already in use" in reason.lower())
+
+
 def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,
            threads_per_rank: int = 1, start_method: str = "spawn") -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; see the module docstring.
 
     ``backend`` defaults to 'nccl' when CUDA has at least ``world_size`` GPUs, else 'gloo'. ``start_method``
     'fork' starts CPU ranks in milliseconds instead of re-importing torch (not for CUDA parents).
+    The rendezvous port is picked free, then released for rank 0 to bind: another process (a launch beside
+    this one, NCCL's own sockets) can take it in between. Such a run fails at rendezvous, before ``fn``
+    starts, and is launched again on a new port (``PORT_ATTEMPTS`` in all).
     """
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    for _ in range(PORT_ATTEMPTS - 1):
+        result = _launch_once(fn, world_size, args, backend, timeout_s, threads_per_rank, start_method)
+        if not _port_taken(result.failure_reason):
+            return result
+    return _launch_once(fn, world_size, args, backend, timeout_s, threads_per_rank, start_method)
+
+
+def _launch_once(fn: Callable, world_size: int, args: tuple, backend: str, timeout_s: float, threads_per_rank: int,
+                 start_method: str) -> LaunchResult:
     ctx = multiprocessing.get_context(start_method)
     outdir = tempfile.mkdtemp(prefix="foldtune-launch-")
     port = _free_port()

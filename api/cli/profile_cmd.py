@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dispatcher", choices=("alltoall", "allgather"), default="alltoall")
     parser.add_argument("--seq", type=int, default=128, help="sequence length in tokens (default: 128)")
     parser.add_argument("--gbs", type=int, help="global batch size in sequences (default: mbs·dp)")
-    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"), default=None,
                         help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--routing", choices=("dropless", "capacity"), default="dropless")
     parser.add_argument("--capacity-factor", type=float, help="expert capacity factor (with --routing capacity)")

@@ -74,3 +74,39 @@ def test_timeout_kills_every_rank(tmp_path, monkeypatch):
     assert not result.ok and result.failure_reason.startswith("timeout after 3 s")
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
     assert not any(_alive(p) for p in pids)
+
+
+def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_retried_on_a_new_port(monkeypatch):
+    import socket
+
+    import executor.launch_local as ll
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real = ll._free_port
+    ports = iter([taken])
+    monkeypatch.setattr(ll, "_free_port", lambda: next(ports, None) or real())
+    try:
+        result = launch(_ok, 2, backend="gloo", timeout_s=60, start_method="fork")
+    finally:
+        squatter.close()
+    assert result.ok, result.failure_reason
+    assert [r["sum"] for r in result.results] == [3.0, 3.0]
+
+
+def test_a_port_taken_on_every_attempt_fails_with_the_reason(monkeypatch):
+    import socket
+
+    import executor.launch_local as ll
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    monkeypatch.setattr(ll, "_free_port", lambda: squatter.getsockname()[1])
+    try:
+        result = launch(_ok, 2, backend="gloo", timeout_s=60, start_method="fork")
+    finally:
+        squatter.close()
+    assert not result.ok and ll._port_taken(result.failure_reason)
