@@ -26,7 +26,8 @@
 #              (bench/a2a_probe.py) on the last two GPUs, then the probe over every GPU
 #   components component calibration of the Mixtral proxy at seq 4096 mbs 1 and 2, seq 2048 and 1024 mbs 1,
 #              one shape per GPU at once, merged into the machine profile -> $RES/<gpu>-x<N>-components.json
-# Environment: TRAIN_STEPS (default 1200), TABLE_LAYOUTS (default 24), TRAIN_TIMEOUT (s, default 240).
+# Environment: TRAIN_STEPS (default 1200), TABLE_LAYOUTS (default 24), TRAIN_TIMEOUT (s, default 240),
+# SUSTAINED_S (seconds of calibrate's sustained-load run; default: calibrate's own, 10).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_AUTH_MODE=disabled FOLDTUNE_DATA_DIR=/tmp/foldtune TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING=0
@@ -74,11 +75,11 @@ for p in "$@"; do
     equiv) timeout 420 python3 bench/nccl_equivalence.py --out "$RES/nccl_equivalence.json"; rc=$? ;;
     calibrate)
       timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --name "$GPU-x$NGPU-calibrated" \
-        --out "$RES/$GPU-x$NGPU-calibrated.json"; rc=$?
+        ${SUSTAINED_S:+--sustained-seconds "$SUSTAINED_S"} --out "$RES/$GPU-x$NGPU-calibrated.json"; rc=$?
       [ $rc = 0 ] && PROFILE=$RES/$GPU-x$NGPU-calibrated.json ;;
     fp8cal)
       timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --precision fp8 \
-        --name "$GPU-x$NGPU-fp8" --out "$RES/$GPU-x$NGPU-fp8.json"; rc=$? ;;
+        ${SUSTAINED_S:+--sustained-seconds "$SUSTAINED_S"} --name "$GPU-x$NGPU-fp8" --out "$RES/$GPU-x$NGPU-fp8.json"; rc=$? ;;
     table1|table2|table4|table8) table "${p#table}" ""; rc=$? ;;
     table2x)  # the whole 2-GPU space of the search-regret benchmark, one half on each GPU pair
       x=(--mbs-max 2 --recompute none,full --dispatchers alltoall)
