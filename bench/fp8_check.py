@@ -8,12 +8,18 @@ Parts (``--parts agree,speed,profile``, all by default):
   14336×4096) forward, dgrad and wgrad. "beyond" is the fraction of elements differing by more than the
   self-check's tolerance (2^-7 relative + 1e-3 of the largest);
 - ``speed``: forward and forward+backward of the expert FFN (w13 grouped GEMM, SwiGLU, w2 grouped GEMM;
-  8192 rows, balanced routing) and of the dense linear, in bf16 ('torch'), fp8 ('torch-fp8') and fp8 with
-  a bf16 expert wgrad (FOLDTUNE_FP8_WGRAD=bf16); steady state: back-to-back iterations between two CUDA
-  events; plus the quantisation passes alone, the w13 forward GEMM alone (bf16 vs fp8 on quantised operands), and the
-  FFN fwd+bwd at 1, 2 and 4 times the rows (bf16 vs fp8);
-- ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU: bf16, fp8 and fp8
-  with a bf16 expert wgrad (step time, MFU against the precision's peak, peak memory).
+  8192 rows, balanced routing) and of the dense linear, steady state (back-to-back iterations between two
+  CUDA events), in bf16 ('torch') and four fp8 ('torch-fp8') variants: ``fp8_torch_quant`` (torch-op
+  quantisation, no weight cache: the code before the Triton quantisation and the cache,
+  FOLDTUNE_FP8_TRITON=0 FOLDTUNE_FP8_WEIGHT_CACHE=0), ``fp8_uncached`` (Triton quantisation, weights
+  quantised on every call: what a step of one micro-batch pays), ``fp8`` (Triton and the weight cache,
+  which in this loop serves every call: a later micro-batch of a step) and ``fp8_bf16_wgrad`` (``fp8``
+  with FOLDTUNE_FP8_WGRAD=bf16); plus each quantisation alone by the torch ops and by Triton, the w13
+  forward GEMM alone (bf16 vs fp8 on quantised operands), and the FFN fwd+bwd at 1, 2 and 4 times the rows;
+- ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU, one micro-batch per
+  step (global batch 1) in bf16, fp8 and fp8_torch_quant, and four micro-batches (global batch 4, where the
+  cache saves three of every four weight quantisations) in bf16 and fp8 (step time, MFU against the
+  precision's peak, peak memory); ``--profile-runs`` picks among them. The JSON is saved after each run.
 ``--device cpu --tiny``: the same at toy sizes on CPU (emulated fp8, tiny-moe profile): a smoke test.
 The JSON (--out) is rewritten after every part; a short table is printed at the end.
 
@@ -29,6 +35,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -43,6 +50,20 @@ from executor.moe import _swiglu  # noqa: E402
 from executor.options import ExecutorOptions  # noqa: E402
 
 BF16 = torch.bfloat16
+# speed variants: (label, kernel backend, environment while it runs)
+VARIANTS = (("bf16", "torch", {}),
+            ("fp8_torch_quant", "torch-fp8", {"FOLDTUNE_FP8_TRITON": "0", "FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
+            ("fp8_uncached", "torch-fp8", {"FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
+            ("fp8", "torch-fp8", {}),
+            ("fp8_bf16_wgrad", "torch-fp8", {"FOLDTUNE_FP8_WGRAD": "bf16"}))
+QUANTISERS = {"torch": {"rowwise": lambda t, _: fp8._quantize_rowwise_torch(t),
+                        "groups": fp8._quantize_groups_colwise_torch},
+              "triton": {"rowwise": lambda t, _: fp8._quantize_rowwise_triton(t),
+                         "groups": fp8._quantize_groups_colwise_triton}}
+# profile runs: (label, precision, global batch, environment of the ranks)
+PROFILE_RUNS = (("bf16", "bf16", 1, {}), ("fp8", "fp8", 1, {}),
+                ("fp8_torch_quant", "fp8", 1, {"FOLDTUNE_FP8_TRITON": "0", "FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
+                ("bf16_gb4", "bf16", 4, {}), ("fp8_gb4", "fp8", 4, {}))
 # (hidden, 2·ffn of the fused gate/up GEMM, experts, rows, dense linear's out features)
 SHAPES = {"mixtral": (4096, 2 * 14336, 8, 8192, 14336), "tiny": (64, 2 * 96, 4, 200, 96)}
 
@@ -79,7 +100,11 @@ def part_agree(dev: torch.device, shape) -> dict:
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     x, w, dy = _rand(m, h, device=dev, seed=1), _rand(g, n2f, h, device=dev, seed=2), _rand(m, n2f, device=dev, seed=3)
     fp32 = TorchBackend()
-    res = {"kernels": kernel, "emulated_because": fp8.emulation_reason(dev), "counts": counts.tolist()}
+    with warnings.catch_warnings(record=True) as said:  # the quantisation's first-use self-check speaks here
+        warnings.simplefilter("always")
+        triton_quantise = fp8._use_triton(dev)
+    res = {"kernels": kernel, "emulated_because": fp8.emulation_reason(dev), "counts": counts.tolist(),
+           "triton_quantise": triton_quantise, "triton_quantise_warnings": [str(w.message) for w in said]}
 
     def case(name, run, exact):
         emulated = run(False)
@@ -132,8 +157,9 @@ def _timer(dev: torch.device):
 
 
 def _rows_sweep(dev, shape, w13, w2, timed, iters) -> dict:
-    """Expert FFN fwd+bwd at 1, 2 and 4 times the rows (balanced): where the fp8 GEMMs' saving overtakes
-    the weights' quantisation passes, whose cost does not grow with the rows."""
+    """Expert FFN fwd+bwd at 1, 2 and 4 times the rows (balanced) in bf16, fp8 with the weights quantised
+    per call and fp8 with them cached: how the fp8 GEMMs' saving grows against the weights' quantisation
+    passes, whose cost does not grow with the rows."""
     h, g, m = shape[0], shape[2], shape[3]
     out = {}
     for rows in (m, 2 * m, 4 * m):
@@ -141,14 +167,18 @@ def _rows_sweep(dev, shape, w13, w2, timed, iters) -> dict:
         x = _rand(offs[-1].item(), h, device=dev, seed=1).requires_grad_()
         dy = _rand(x.shape[0], h, device=dev, seed=4)
         out[rows] = {}
-        for backend_name in ("torch", "torch-fp8"):
+        for label, backend_name, cache in (("bf16", "torch", "1"), ("fp8_uncached", "torch-fp8", "0"),
+                                           ("fp8", "torch-fp8", "1")):
             be = get_backend(backend_name)
+            os.environ["FOLDTUNE_FP8_WEIGHT_CACHE"] = cache
 
             def step():
                 y = be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
                 torch.autograd.grad(y, (x, w13, w2), dy)
 
-            out[rows][backend_name] = timed(step, iters)
+            out[rows][label] = timed(step, iters)
+            os.environ.pop("FOLDTUNE_FP8_WEIGHT_CACHE")
+            fp8.clear_weight_cache()
         del x, dy
     return out
 
@@ -167,9 +197,8 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
     wd = _rand(ffn, h, device=dev, seed=5).mul_(0.02).requires_grad_()
     dyd = _rand(m, ffn, device=dev, seed=6)
     res = {}
-    variants = (("bf16", "torch", "fp8"), ("fp8", "torch-fp8", "fp8"), ("fp8_bf16_wgrad", "torch-fp8", "bf16"))
-    for label, backend_name, wgrad in variants:
-        os.environ["FOLDTUNE_FP8_WGRAD"] = wgrad
+    for label, backend_name, env in VARIANTS:
+        os.environ.update(env)
         be = get_backend(backend_name)
 
         def ffn_fwd():
@@ -189,15 +218,22 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
                           "linear_fwd_s": lin_fwd, "linear_fwd_bwd_s": timed(lin_fwd_bwd, iters)}
         except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
             res[label] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
-    os.environ.pop("FOLDTUNE_FP8_WGRAD")
+        finally:
+            for key in env:
+                os.environ.pop(key)
+            fp8.clear_weight_cache()
     groups = fp8.padded_groups(offs, m)
     big = _rand(m, n2f, device=dev, seed=7)
+    cases = {"rowwise x [M, h]": ("rowwise", x), "rowwise w13 [G, 2f, h]": ("rowwise", w13),
+             "rowwise w13ᵀ [G, h, 2f]": ("rowwise", w13.transpose(-2, -1)),
+             "groups colwise dy [M, 2f]": ("groups", big)}
     with torch.no_grad():
-        res["quantise_s"] = {
-            "rowwise x [M, h]": timed(lambda: fp8.quantize_rowwise(x), iters),
-            "rowwise w13 [G, 2f, h]": timed(lambda: fp8.quantize_rowwise(w13), iters),
-            "rowwise w13ᵀ [G, h, 2f]": timed(lambda: fp8.quantize_rowwise(w13.transpose(-2, -1)), iters),
-            "groups colwise dy [M, 2f]": timed(lambda: fp8.quantize_groups_colwise(big, groups), iters)}
+        res["quantise_s"] = {"torch": {name: timed(lambda k=kind, t=t: QUANTISERS["torch"][k](t, groups), iters)
+                                       for name, (kind, t) in cases.items()}}
+        if fp8._use_triton(dev):
+            res["quantise_s"]["triton"] = {
+                name: timed(lambda k=kind, t=t: QUANTISERS["triton"][k](t, groups), iters)
+                for name, (kind, t) in cases.items()}
         if fp8.emulation_reason(dev) is None:  # the w13 forward GEMM alone, operands already quantised
             (qx, sx), (qw, sw) = fp8.quantize_rowwise(x), fp8.quantize_rowwise(w13)
             res["gemm_only_s"] = {
@@ -221,7 +257,8 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def part_profile(dev: torch.device, tiny: bool) -> dict:
+def part_profile(dev: torch.device, tiny: bool, runs: list[str], save) -> dict:
+    """``executor.profile`` of each run in ``runs`` (labels of :data:`PROFILE_RUNS`); ``save(part)`` after each."""
     from executor.profile import profile_layout
 
     said = _Lines()
@@ -230,20 +267,21 @@ def part_profile(dev: torch.device, tiny: bool) -> dict:
     profile_log.setLevel(logging.INFO)
     spec = get_model("tiny-moe") if tiny else get_model("mixtral-8x7b").with_layers(2)
     seq = 64 if tiny else 4096
-    out = {"model": spec.name, "layers": spec.num_layers, "seq": seq}
-    runs = (("bf16", "bf16", {}), ("fp8", "fp8", {}), ("fp8_bf16_wgrad", "fp8", {"FOLDTUNE_FP8_WGRAD": "bf16"}))
-    for label, precision, env in runs:
+    out = {"model": spec.name, "layers": spec.num_layers, "seq": seq, "fp8_log": said.lines}
+    for label, precision, global_batch, env in PROFILE_RUNS:
+        if label not in runs:
+            continue
         os.environ.update(env)  # the ranks' processes inherit it
-        m = profile_layout(spec, TrainingSpec(seq_length=seq, global_batch_size=1, precision=precision),
+        m = profile_layout(spec, TrainingSpec(seq_length=seq, global_batch_size=global_batch, precision=precision),
                            ParallelConfig(world_size=1), ExecutorOptions(), warmup_steps=2, timed_steps=5,
                            timeout_s=150, device=dev.type)
         for key in env:
             os.environ.pop(key)
         keep = ("ok", "failure_reason", "device", "precision", "step_time", "step_times", "tflops_per_gpu", "mfu",
                 "peak_allocated_bytes", "peak_reserved_bytes", "phases", "losses")
-        out[label] = {k: v for k, v in m.to_dict().items() if k in keep}
+        out[label] = {"global_batch": global_batch, **{k: v for k, v in m.to_dict().items() if k in keep}}
+        save(out)
     profile_log.removeHandler(said)
-    out["fp8_log"] = said.lines
     return out
 
 
@@ -265,30 +303,32 @@ def _table(res: dict) -> str:
     if speed:
         lines.append("speed, ms per call (steady state)")
         lines.append(f"  {'variant':<16}{'ffn fwd':>9}{'ffn f+b':>9}{'lin fwd':>9}{'lin f+b':>9}")
-        for label in ("bf16", "fp8", "fp8_bf16_wgrad"):
+        for label, _, _ in VARIANTS:
             r = speed[label]
             if "error" in r:
                 lines.append(f"  {label:<16} FAILED: {r['error'][:200]}")
                 continue
             lines.append(f"  {label:<16}{r['ffn_fwd_s'] * 1e3:>9.2f}{r['ffn_fwd_bwd_s'] * 1e3:>9.2f}"
                          f"{r['linear_fwd_s'] * 1e3:>9.2f}{r['linear_fwd_bwd_s'] * 1e3:>9.2f}")
-        for key in ("quantise_s", "gemm_only_s"):
-            if key in speed:
-                lines.append(f"  {key[:-2]} ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in speed[key].items()))
-        lines.append("  expert FFN fwd+bwd ms by rows (bf16 / fp8): " + ", ".join(
-            f"{rows}: {r['torch'] * 1e3:.2f} / {r['torch-fp8'] * 1e3:.2f}"
+        for path, times in speed["quantise_s"].items():
+            lines.append(f"  quantise ({path}) ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in times.items()))
+        if "gemm_only_s" in speed:
+            lines.append("  gemm_only ms: " + ", ".join(f"{k} {v * 1e3:.2f}"
+                                                        for k, v in speed["gemm_only_s"].items()))
+        lines.append("  expert FFN fwd+bwd ms by rows (bf16 / fp8 uncached / fp8 cached): " + ", ".join(
+            f"{rows}: {r['bf16'] * 1e3:.2f} / {r['fp8_uncached'] * 1e3:.2f} / {r['fp8'] * 1e3:.2f}"
             for rows, r in speed["rows_sweep_ffn_fwd_bwd_s"].items()))
     prof = res.get("profile")
     if prof:
         lines.append(f"profile {prof['model']} ({prof['layers']} layers, seq {prof['seq']}, 1 device)")
-        for label in ("bf16", "fp8", "fp8_bf16_wgrad"):
+        for label in (run[0] for run in PROFILE_RUNS if run[0] in prof):
             r = prof[label]
             if not r["ok"]:
                 lines.append(f"  {label}: FAILED {r['failure_reason']}")
                 continue
             mem = f"{r['peak_allocated_bytes'] / 2**30:.1f} GiB" if r.get("peak_allocated_bytes") else "-"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            lines.append(f"  {label}: step {r['step_time'] * 1e3:.1f} ms  MFU {mfu} (of the {r['precision']} peak)  "
+            lines.append(f"  {label} (global batch {r['global_batch']}): step {r['step_time'] * 1e3:.1f} ms  MFU {mfu} (of the {r['precision']} peak)  "
                          f"peak mem {mem}  losses {[round(v, 3) for v in r['losses']]}")
         lines.extend(f"  log: {line}" for line in prof["fp8_log"])
     return "\n".join(lines)
@@ -300,6 +340,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="toy shapes and tiny-moe (a smoke test)")
     parser.add_argument("--iters", type=int, default=10, help="timed iterations per speed case")
+    parser.add_argument("--profile-runs", default=",".join(run[0] for run in PROFILE_RUNS),
+                        help="which profile runs (labels: " + ", ".join(run[0] for run in PROFILE_RUNS) + ")")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_check.json"))
     args = parser.parse_args()
     dev = torch.device(args.device) if args.device == "cpu" else torch.device("cuda", 0)
@@ -324,9 +366,14 @@ def main() -> int:
     if "profile" in parts:
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # the profile's own process needs the memory
-        res["profile"] = part_profile(dev, args.tiny)
-        save()
+
+        def save_profile(part):
+            res["profile"] = part
+            save()
+
+        part_profile(dev, args.tiny, args.profile_runs.split(","), save_profile)
     res["fp8_gemm_calls_here"] = fp8.gemm_counts()
+    res["fp8_weight_quantisations_here"] = fp8.weight_counts()
     save()
     print(_table(res))
     return 0

@@ -16,6 +16,10 @@ for the product) or no quantisation (bf16: < 0.005) fall outside it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -235,4 +239,173 @@ def test_bench_smoke_mode_runs_on_cpu(tmp_path):
     assert res["agree"]["kernels"] is False
     for name in ("grouped_fwd", "grouped_dgrad", "grouped_wgrad", "linear_fwd", "linear_dgrad", "linear_wgrad"):
         assert BAND[0] <= res["agree"][name]["emulated_rel_err_vs_fp32"] <= BAND[1]
-    assert all(res["speed"][v]["ffn_fwd_bwd_s"] > 0 for v in ("bf16", "fp8", "fp8_bf16_wgrad"))
+    assert all(res["speed"][v]["ffn_fwd_bwd_s"] > 0
+               for v in ("bf16", "fp8_torch_quant", "fp8_uncached", "fp8", "fp8_bf16_wgrad"))
+
+
+# ---- the weight cache ----
+
+@pytest.fixture
+def cached(monkeypatch):
+    """The weight cache on (whatever the environment says), empty; returns a counter reader."""
+    monkeypatch.delenv("FOLDTUNE_FP8_WEIGHT_CACHE", raising=False)
+    fp8.clear_weight_cache()
+    start = fp8.weight_counts()
+
+    def since():
+        now = fp8.weight_counts()
+        return {k: now.get(k, 0) - start.get(k, 0) for k in ("quantised", "reused", "uncached")}
+
+    yield since
+    fp8.clear_weight_cache()
+
+
+def _linear_step(x, w, dy):
+    x = x.detach().requires_grad_()
+    y = fp8.linear(x, w)
+    y.backward(dy)
+    return y.detach(), x.grad
+
+
+def test_an_unchanged_weight_is_quantised_once_for_forward_and_once_for_dgrad(cached):
+    w = torch.nn.Parameter(_gaussian(48, 64, seed=11))
+    x, dy = _gaussian(16, 64, seed=12), _gaussian(16, 48, seed=13)
+    first = _linear_step(x, w, dy)
+    assert cached() == {"quantised": 2, "reused": 0, "uncached": 0}
+    second = _linear_step(x, w, dy)
+    assert cached() == {"quantised": 2, "reused": 2, "uncached": 0}
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _uncached_linear_step(x, w, dy, monkeypatch):
+    monkeypatch.setenv("FOLDTUNE_FP8_WEIGHT_CACHE", "0")
+    try:
+        return _linear_step(x, w, dy)
+    finally:
+        monkeypatch.delenv("FOLDTUNE_FP8_WEIGHT_CACHE")
+
+
+@pytest.mark.parametrize("update", ["in_place", "optimizer", "load", "data_swap"])
+def test_a_changed_weight_is_quantised_afresh(cached, monkeypatch, update):
+    """After an in-place update (by hand, by torch's foreach Adam, by a state-dict load) or a ``.data``
+    swap, the next call quantises again and equals the uncached path bit for bit."""
+    w = torch.nn.Parameter(_gaussian(48, 64, seed=14))
+    x, dy = _gaussian(16, 64, seed=15), _gaussian(16, 48, seed=16)
+    _linear_step(x, w, dy)
+    new = _gaussian(48, 64, seed=17)
+    if update == "in_place":
+        with torch.no_grad():
+            w.mul_(0.5)
+    elif update == "optimizer":
+        w.grad = new
+        torch.optim.Adam([w], lr=0.1, foreach=True).step()
+    elif update == "load":
+        holder = torch.nn.Linear(64, 48, bias=False)
+        holder.weight = w
+        holder.load_state_dict({"weight": new})
+    else:
+        w.data = new
+    got = _linear_step(x, w, dy)
+    assert cached() == {"quantised": 4, "reused": 0, "uncached": 0}
+    want = _uncached_linear_step(x, w, dy, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_expert_weights_through_a_view_hit_the_cache_and_die_with_the_parameter(cached):
+    """The MoE layer passes ``w13.flatten(1, 2)``, a new view every call: the cache keys on the parameter."""
+    offs, _ = _groups(COUNTS)
+    w13 = torch.nn.Parameter(_gaussian(len(COUNTS), 2, 8, 32, seed=18))
+    x, dy = _gaussian(sum(COUNTS), 32, seed=19).requires_grad_(), _gaussian(sum(COUNTS), 16, seed=20)
+    for _ in range(3):
+        fp8.grouped_mm(x, w13.flatten(1, 2), offs).backward(dy)
+    assert cached() == {"quantised": 2, "reused": 4, "uncached": 0}
+    assert len(fp8._WEIGHT_CACHE) == 1
+    del w13
+    assert len(fp8._WEIGHT_CACHE) == 0
+
+
+def test_weights_whose_version_counter_misses_writes_are_not_cached(cached, monkeypatch):
+    """A parameter made a view of a larger buffer, and one that an overlapped parameter all-gather writes
+    (executor.optimizer), is quantised on every call."""
+    from executor import optimizer
+
+    x, dy = _gaussian(16, 64, seed=21), _gaussian(16, 32, seed=22)
+    flat = torch.zeros(2 * 32 * 64, dtype=torch.bfloat16)
+    in_buffer = torch.nn.Parameter(_gaussian(32, 64, seed=23))
+    in_buffer.data = flat[:32 * 64].view(32, 64)
+    gathered = torch.nn.Parameter(_gaussian(32, 64, seed=24))
+
+    class Overlapped:  # what fp8 reads of a MixedPrecisionAdam with overlapped gathers
+        def __init__(self):
+            self._overlapped = [type("Unit", (), {"params": [gathered]})()]
+
+    model, opt = torch.nn.Module(), Overlapped()
+    monkeypatch.setitem(optimizer._PENDING_GATHERS, model, opt)
+    _linear_step(x, in_buffer, dy)
+    _linear_step(x, gathered, dy)
+    assert cached() == {"quantised": 0, "reused": 0, "uncached": 4}
+
+
+def test_training_with_the_cache_equals_training_without_it(cached, monkeypatch):
+    """Two Adam steps of two micro-batches each (MixedPrecisionAdam writes the weights back in place):
+    the same losses bit for bit with and without the cache, and each weight form is made once per step."""
+    with_cache = _two_steps("torch-fp8")
+    counts = cached()
+    monkeypatch.setenv("FOLDTUNE_FP8_WEIGHT_CACHE", "0")
+    assert _two_steps("torch-fp8") == with_cache
+    spec = get_model("tiny-moe")
+    forms = spec.num_layers * (4 + 2) * 2  # forward and dgrad forms of 4 linears and 2 expert GEMMs a layer
+    steps, micro = 2, 2
+    assert counts == {"quantised": steps * forms, "reused": steps * (micro - 1) * forms, "uncached": 0}
+
+
+# ---- the Triton quantisation, in Triton's interpreter ----
+
+INNER = os.environ.get("TRITON_INTERPRET") == "1"
+inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of test_triton_quantisation")
+
+
+def test_triton_quantisation_in_interpreter():
+    """The Triton kernels below run in a child pytest with TRITON_INTERPRET=1 (Triton reads it at import)."""
+    pytest.importorskip("triton")
+    if INNER:
+        pytest.skip("this is the child")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "triton_",
+                           __file__], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "3 passed" in done.stdout
+
+
+@inner_only
+def test_triton_e4m3_rounding_is_torchs_on_every_kind_of_fp32():
+    """Random fp32 bit patterns (every exponent, both signs, NaNs) and the edge cases: the kernel's bytes are
+    torch's cast's."""
+    bits = torch.randint(-2**31, 2**31 - 1, (100_000,), generator=torch.Generator().manual_seed(0))
+    edges = torch.tensor([448.0, 449.0, 463.9, 464.0, 480.0, 1e30, float("inf"), float("nan"), 2.0**-6,
+                          2.0**-6 * 0.999, 2.0**-9, 2.0**-10, 3 * 2.0**-10, 5 * 2.0**-11, 2.0**-7, 1e-45, 0.0])
+    v = torch.cat([bits.to(torch.int32).view(torch.float32), edges, -edges])
+    q = torch.empty(1, 1, v.numel(), dtype=torch.float8_e4m3fn)
+    fp8._launch_cast(q, v.view(1, 1, -1), torch.ones(1, 1), (1, 1, 0))
+    assert torch.equal(q.view(torch.uint8).flatten(), v.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+@inner_only
+def test_triton_quantisation_passes_its_self_check():
+    """Rowwise (3-D, 2-D, through a transposed view, the bf16 ladder) and per-expert column scaling with
+    empty and short groups: scales and bytes equal the torch path's."""
+    fp8._check_triton_quantise("quantise", "cpu")
+
+
+@inner_only
+def test_triton_self_check_fails_on_a_wrong_byte(monkeypatch):
+    real = fp8._quantize_rowwise_triton
+
+    def off_by_one(x):
+        q, scale = real(x)
+        q.view(torch.uint8).view(-1)[7] ^= 1
+        return q, scale
+
+    monkeypatch.setattr(fp8, "_quantize_rowwise_triton", off_by_one)
+    with pytest.raises(AssertionError, match="bytes differ"):
+        fp8._check_triton_quantise("quantise", "cpu")
