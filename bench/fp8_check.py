@@ -258,7 +258,8 @@ class _Lines(logging.Handler):
 
 
 def part_profile(dev: torch.device, tiny: bool, runs: list[str], save) -> dict:
-    """``executor.profile`` of each run in ``runs`` (labels of :data:`PROFILE_RUNS`); ``save(part)`` after each."""
+    """``executor.profile`` of each run in ``runs`` (labels of :data:`PROFILE_RUNS`, in that order); ``save(part)``
+    after each."""
     from executor.profile import profile_layout
 
     said = _Lines()
@@ -268,9 +269,9 @@ def part_profile(dev: torch.device, tiny: bool, runs: list[str], save) -> dict:
     spec = get_model("tiny-moe") if tiny else get_model("mixtral-8x7b").with_layers(2)
     seq = 64 if tiny else 4096
     out = {"model": spec.name, "layers": spec.num_layers, "seq": seq, "fp8_log": said.lines}
-    for label, precision, global_batch, env in PROFILE_RUNS:
-        if label not in runs:
-            continue
+    by_label = {run[0]: run[1:] for run in PROFILE_RUNS}
+    for label in runs:  # in the order asked: a run cut off by a time limit loses only the later ones
+        precision, global_batch, env = by_label[label]
         os.environ.update(env)  # the ranks' processes inherit it
         m = profile_layout(spec, TrainingSpec(seq_length=seq, global_batch_size=global_batch, precision=precision),
                            ParallelConfig(world_size=1), ExecutorOptions(), warmup_steps=2, timed_steps=5,
