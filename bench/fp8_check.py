@@ -14,7 +14,8 @@ Parts (``--parts agree,speed,profile``, all by default):
   FOLDTUNE_FP8_TRITON=0 FOLDTUNE_FP8_WEIGHT_CACHE=0), ``fp8_uncached`` (Triton quantisation, weights
   quantised on every call: what a step of one micro-batch pays), ``fp8`` (Triton and the weight cache,
   which in this loop serves every call: a later micro-batch of a step) and ``fp8_bf16_wgrad`` (``fp8``
-  with FOLDTUNE_FP8_WGRAD=bf16); plus each quantisation alone by the torch ops and by Triton, the w13
+  with FOLDTUNE_FP8_WGRAD=bf16); plus each quantisation alone by the torch ops, by Triton (one kernel for
+  row-contiguous operands) and by Triton's two-pass path (torch's amax, then the Triton cast), the w13
   forward GEMM alone (bf16 vs fp8 on quantised operands), and the FFN fwd+bwd at 1, 2 and 4 times the rows;
 - ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU, one micro-batch per
   step (global batch 1) in bf16, fp8 and fp8_torch_quant, and four micro-batches (global batch 4, where the
@@ -234,6 +235,9 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
             res["quantise_s"]["triton"] = {
                 name: timed(lambda k=kind, t=t: QUANTISERS["triton"][k](t, groups), iters)
                 for name, (kind, t) in cases.items()}
+            res["quantise_s"]["triton two-pass"] = {  # torch's amax, then the Triton cast
+                name: timed(lambda t=t: fp8._quantize_rowwise_two_pass(t), iters)
+                for name, (kind, t) in cases.items() if kind == "rowwise"}
         if fp8.emulation_reason(dev) is None:  # the w13 forward GEMM alone, operands already quantised
             (qx, sx), (qw, sw) = fp8.quantize_rowwise(x), fp8.quantize_rowwise(w13)
             res["gemm_only_s"] = {
@@ -329,8 +333,9 @@ def _table(res: dict) -> str:
                 continue
             mem = f"{r['peak_allocated_bytes'] / 2**30:.1f} GiB" if r.get("peak_allocated_bytes") else "-"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            lines.append(f"  {label} (global batch {r['global_batch']}): step {r['step_time'] * 1e3:.1f} ms  MFU {mfu} (of the {r['precision']} peak)  "
-                         f"peak mem {mem}  losses {[round(v, 3) for v in r['losses']]}")
+            lines.append(f"  {label} (global batch {r['global_batch']}): step {r['step_time'] * 1e3:.1f} ms  "
+                         f"MFU {mfu} (of the {r['precision']} peak)  peak mem {mem}  "
+                         f"losses {[round(v, 3) for v in r['losses']]}")
         lines.extend(f"  log: {line}" for line in prof["fp8_log"])
     return "\n".join(lines)
 

@@ -62,6 +62,10 @@ except ImportError:  # CPU-only installs
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# 1/448 rounded to fp32: scales are amax times this (one fp32 rounding, the same on every device and in
+# Triton; ``amax / 448`` is a true division on CPU but a multiply by the reciprocal on CUDA)
+INV_E4M3_MAX = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32).item()
+FP32_TINY = torch.finfo(torch.float32).tiny
 ALIGN = 16  # the scaled GEMMs' granularity: 16 bytes of e4m3 (dims, wgrad group sizes)
 OUT = torch.bfloat16  # what the scaled GEMMs write
 
@@ -73,10 +77,10 @@ _COUNTS: Counter = Counter()  # GEMM calls in this process: "kernel" / "emulated
 # ---- quantisation: torch ops (the reference; CPU and the fallback) ------------------------------------
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
-    """amax/448 in fp32; 1 where amax is 0 (an all-zero row quantises to zeros instead of 0/0); at least
-    fp32's smallest normal, so that its reciprocal stays finite."""
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    return scale.clamp_(min=torch.finfo(torch.float32).tiny)
+    """amax/448 in fp32 (as amax · fp32(1/448)); 1 where amax is 0 (an all-zero row quantises to zeros
+    instead of 0/0); at least fp32's smallest normal, so that its reciprocal stays finite."""
+    scale = torch.where(amax > 0, amax * INV_E4M3_MAX, torch.ones_like(amax))
+    return scale.clamp_(min=FP32_TINY)
 
 
 def _cast(out_BRC: torch.Tensor, x_BRC: torch.Tensor, inv: torch.Tensor, row_div: int = 1) -> None:
@@ -204,6 +208,30 @@ if triton is not None:
         tl.store(out_ptr + b * so_b + _offsets(rows, cols, so_r, so_c, OUT_UNIT), q, mask=mask)
 
     @triton.jit
+    def _rows_kernel(x_ptr, q_ptr, scale_ptr, R, C, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        # rowwise quantisation of BLOCK_R rows of a row-contiguous [R, C] in one kernel: amax over the row
+        # in BLOCK_C chunks, the scale as _scale_of and 1/scale (correctly rounded divisions, as torch's),
+        # then the cast, whose second read of the rows mostly hits L2
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        in_r = rows < R
+        amax = tl.zeros([BLOCK_R], dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            x = tl.load(x_ptr + rows[:, None] * sx_r + cols[None, :], mask=in_r[:, None] & (cols < C)[None, :],
+                        other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        scale = tl.maximum(tl.where(amax > 0, amax * INV_MAX, 1.0), TINY)
+        inv = tl.div_rn(tl.full([BLOCK_R], 1.0, tl.float32), scale)
+        tl.store(scale_ptr + rows, scale, mask=in_r)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            mask = in_r[:, None] & (cols < C)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * sx_r + cols[None, :], mask=mask, other=0.0)
+            tl.store(q_ptr + rows[:, None] * C + cols[None, :], _e4m3_byte(x.to(tl.float32) * inv[:, None]),
+                     mask=mask)
+
+    @triton.jit
     def _group_amax_kernel(x_ptr, ends_ptr, amax_ptr, C, sx_r, sx_c, split, X_UNIT: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
         # max |x| over rows [ends[g-1], ends[g]) of BLOCK_C columns; part program_id(2) of ``split`` takes
@@ -243,7 +271,38 @@ def _launch_cast(out_BRC, x_BRC, inv, si, *, src=None, grp=None, row_div: int = 
                        GATHER=gather, ROW_DIV=row_div, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
 
 
+def _rows_flat(x: torch.Tensor) -> bool:
+    """Whether ``x``'s rows (of its last dim) are contiguous and evenly spaced: one [rows, C] strided view."""
+    return x.stride(-1) == 1 and (x.dim() == 2 or x.stride(0) == x.shape[1] * x.stride(1) or x.shape[0] == 1)
+
+
+ROWS_BLOCK = (8, 512)  # the fused rowwise kernel's tile: 8 rows, 512 columns a chunk
+
+
+def _quantize_rows_fused(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rowwise` of a row-contiguous ``x`` (:func:`_rows_flat`) in one kernel."""
+    c = x.shape[-1]
+    r = x.numel() // c if c else 0
+    q = torch.empty(x.shape, dtype=E4M3, device=x.device)
+    scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if r and c:
+        block_r, block_c = ROWS_BLOCK
+        _rows_kernel[(triton.cdiv(r, block_r),)](x, q.view(torch.uint8), scale, r, c, x.stride(-2),
+                                                 INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
+                                                 BLOCK_C=block_c, num_warps=4)
+    elif r:
+        scale.fill_(1.0)
+    return q, scale
+
+
 def _quantize_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if _rows_flat(x) and _fused_rows_ok(x.device):
+        return _quantize_rows_fused(x)
+    return _quantize_rowwise_two_pass(x)
+
+
+def _quantize_rowwise_two_pass(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's amax and scales, then the Triton cast (any strides: transposed operands)."""
     scale, inv = _rowwise_scale(x)
     q = torch.empty(x.shape, dtype=E4M3, device=x.device)
     inv3 = inv.reshape(-1, x.shape[-2]) if x.dim() == 3 else inv.unsqueeze(0)  # [B, R], contiguous
@@ -281,6 +340,13 @@ def _use_triton(device: torch.device) -> bool:
     (byte for byte against the torch path) passed."""
     return (triton is not None and device.type == "cuda" and os.environ.get("FOLDTUNE_FP8_TRITON", "1") != "0"
             and checked_once(_CHECKED, ("quantise", str(device)), _check_triton_quantise, "fp8 Triton quantisation"))
+
+
+def _fused_rows_ok(device: torch.device) -> bool:
+    """The one-kernel rowwise path, checked once per device against the torch path on its own (a failure
+    keeps the two-pass Triton path)."""
+    return device.type != "cuda" or checked_once(_CHECKED, ("rows", str(device)), _check_fused_rows,
+                                                 "fp8 fused rowwise quantisation")
 
 
 def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -660,34 +726,53 @@ def _bf16_ladder(device) -> torch.Tensor:
     return torch.stack([values, -values, values.flip(0), -values.flip(0)])
 
 
-def _check_triton_quantise(_: str, device: str) -> None:
-    """Raise unless the Triton quantisation writes the torch path's scales and bytes: the bf16 ladder; rows
-    of mixed magnitude (large, tiny, all zero) in 3-D with partial tiles, rowwise and through a transposed
-    view; per-expert column scaling with an empty group, a group of 5 and one of 67 rows."""
+def _compare_quantised(name: str, got: tuple, want: tuple) -> None:
+    """Raise unless two (q, scale) pairs are equal: scales exactly, e4m3 bytes one for one."""
+    (q, scale), (q_ref, scale_ref) = got, want
+    if not torch.equal(scale, scale_ref):
+        raise AssertionError(f"Triton quantisation scales differ from torch's ({name})")
+    differ = q.view(torch.uint8) != q_ref.view(torch.uint8)
+    if bool(differ.any()):
+        at = differ.nonzero()[0].tolist()
+        raise AssertionError(f"Triton e4m3 bytes differ from torch's ({name}): {int(differ.sum())} of "
+                             f"{differ.numel()}, first at {at}: {int(q.view(torch.uint8)[tuple(at)])} "
+                             f"against {int(q_ref.view(torch.uint8)[tuple(at)])}")
+
+
+def _check_fused_rows(_: str, device: str) -> None:
+    """Raise unless the one-kernel rowwise quantisation gives the torch path's scales and bytes: the bf16
+    ladder (rows longer than a chunk), rows of mixed magnitude in 3-D with partial tiles, a 2-D slice."""
+    x = _mixed_rows(device)
+    cases = (("ladder", _bf16_ladder(device)), ("3-D", x), ("2-D", x[0, :37]), ("long rows", x.view(6, -1)))
+    for name, t in cases:
+        _compare_quantised(name, _quantize_rows_fused(t), _quantize_rowwise_torch(t))
+
+
+def _mixed_rows(device) -> torch.Tensor:
+    """[3, 70, 100] bf16 Gaussian rows with a large row, a tiny one and a zero one."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(3, 70, 100, device=device, generator=gen)
     x[0, 1] *= 1e4
     x[1, 2] *= 1e-30
     x[2, 3] = 0.0
-    x = x.to(torch.bfloat16)
+    return x.to(torch.bfloat16)
+
+
+def _check_triton_quantise(_: str, device: str) -> None:
+    """Raise unless the two-pass Triton quantisation writes the torch path's scales and bytes: the bf16
+    ladder; rows of mixed magnitude in 3-D with partial tiles, rowwise and through a transposed view; per-
+    expert column scaling with an empty group, a group of 5 and one of 67 rows."""
+    x = _mixed_rows(device)
     offs = torch.tensor([5, 5, 72], device=device, dtype=torch.int32)
     groups = padded_groups(offs, 72)
-    cases = [("ladder", _quantize_rowwise_triton, _quantize_rowwise_torch, (_bf16_ladder(device),)),
-             ("rowwise 3-D", _quantize_rowwise_triton, _quantize_rowwise_torch, (x,)),
-             ("transposed", _quantize_rowwise_triton, _quantize_rowwise_torch, (x.transpose(1, 2),)),
-             ("2-D", _quantize_rowwise_triton, _quantize_rowwise_torch, (x[0, :37],)),
+    cases = [("ladder", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (_bf16_ladder(device),)),
+             ("rowwise 3-D", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (x,)),
+             ("transposed", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (x.transpose(1, 2),)),
+             ("2-D", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (x[0, :37],)),
              ("groups colwise", _quantize_groups_colwise_triton, _quantize_groups_colwise_torch,
               (x[0].t()[:72], groups))]
     for name, triton_path, torch_path, args in cases:
-        (q, scale), (q_ref, scale_ref) = triton_path(*args), torch_path(*args)
-        if not torch.equal(scale, scale_ref):
-            raise AssertionError(f"Triton quantisation scales differ from torch's ({name})")
-        differ = q.view(torch.uint8) != q_ref.view(torch.uint8)
-        if bool(differ.any()):
-            at = differ.nonzero()[0].tolist()
-            raise AssertionError(f"Triton e4m3 bytes differ from torch's ({name}): {int(differ.sum())} of "
-                                 f"{differ.numel()}, first at {at}: {int(q.view(torch.uint8)[tuple(at)])} "
-                                 f"against {int(q_ref.view(torch.uint8)[tuple(at)])}")
+        _compare_quantised(name, triton_path(*args), torch_path(*args))
 
 
 # ---- the backend ----------------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ def _gaussian(*shape, seed=0, dtype=torch.bfloat16):
 # ---- quantisation ----
 
 def test_rowwise_scale_is_amax_over_448_and_round_trip_stays_within_e4m3_precision():
+    """scale = amax · fp32(1/448) (one rounding, the same on CPU, CUDA and in Triton: within an ulp of
+    amax/448); q · scale recovers x within e4m3's precision."""
     x = _gaussian(6, 64, dtype=torch.float32)
     x[1] *= 1e4  # a large row: scales are per row, so it does not crush the others
     x[2] *= 1e-4
@@ -75,8 +77,9 @@ def test_rowwise_scale_is_amax_over_448_and_round_trip_stays_within_e4m3_precisi
     q, scale = fp8.quantize_rowwise(x)
     assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and q.is_contiguous()
     amax = x.abs().amax(1)
-    expected = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+    expected = torch.where(amax > 0, amax * torch.tensor(1 / 448, dtype=torch.float32), torch.ones_like(amax))
     assert scale.dtype == torch.float32 and torch.equal(scale, expected)
+    assert torch.allclose(scale, torch.where(amax > 0, amax / 448, 1.0), rtol=2**-23, atol=0)
     assert torch.equal(q[3].float(), torch.zeros(64))
     live = amax > 0
     assert torch.equal(q.float().abs().amax(1)[live], torch.full((5,), 448.0))  # the row max maps to 448
@@ -374,7 +377,7 @@ def test_triton_quantisation_in_interpreter():
                            __file__], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout
+    assert "5 passed" in done.stdout
 
 
 @inner_only
@@ -391,21 +394,36 @@ def test_triton_e4m3_rounding_is_torchs_on_every_kind_of_fp32():
 
 
 @inner_only
-def test_triton_quantisation_passes_its_self_check():
+def test_triton_quantisation_passes_its_self_checks():
     """Rowwise (3-D, 2-D, through a transposed view, the bf16 ladder) and per-expert column scaling with
-    empty and short groups: scales and bytes equal the torch path's."""
+    empty and short groups, in two passes; rowwise in one kernel (rows longer than its chunk too): scales
+    and bytes equal the torch path's."""
     fp8._check_triton_quantise("quantise", "cpu")
+    fp8._check_fused_rows("rows", "cpu")
+    x = _gaussian(5, 3000, seed=25)  # rows of six chunks and a partial one
+    fp8._compare_quantised("long rows", fp8._quantize_rows_fused(x), fp8._quantize_rowwise_torch(x))
 
 
 @inner_only
-def test_triton_self_check_fails_on_a_wrong_byte(monkeypatch):
-    real = fp8._quantize_rowwise_triton
+def test_triton_rowwise_quantisation_matches_the_public_function():
+    """quantize_rowwise's dispatch: the fused kernel for row-contiguous operands, two passes for a
+    transposed one; both equal the torch path."""
+    w = _gaussian(3, 48, 64, seed=26)
+    for t in (w, w.transpose(-2, -1), w[1]):
+        fp8._compare_quantised("dispatch", fp8._quantize_rowwise_triton(t), fp8._quantize_rowwise_torch(t))
+
+
+@inner_only
+@pytest.mark.parametrize("path,check", [("_quantize_rowwise_two_pass", "_check_triton_quantise"),
+                                        ("_quantize_rows_fused", "_check_fused_rows")])
+def test_triton_self_checks_fail_on_a_wrong_byte(monkeypatch, path, check):
+    real = getattr(fp8, path)
 
     def off_by_one(x):
         q, scale = real(x)
         q.view(torch.uint8).view(-1)[7] ^= 1
         return q, scale
 
-    monkeypatch.setattr(fp8, "_quantize_rowwise_triton", off_by_one)
+    monkeypatch.setattr(fp8, path, off_by_one)
     with pytest.raises(AssertionError, match="bytes differ"):
-        fp8._check_triton_quantise("quantise", "cpu")
+        getattr(fp8, check)("quantise", "cpu")
