@@ -138,10 +138,13 @@ def _quantize_groups_colwise_torch(x_MC: torch.Tensor, groups: PaddedGroups) -> 
 # ---- quantisation: Triton (CUDA) ------------------------------------------------------------------------
 # The torch path's cast is an fp32 product into a temporary the size of the operand, then a rounding copy
 # into e4m3 (which, for a transposed operand, writes across the grain), and the wgrad's per-expert layout
-# is first built as a padded bf16 copy: 4-6 passes over the operand. These kernels take the same scales
-# (torch's amax reductions, one read, and torch's scale arithmetic on the [rows] / [G, C] scale tensors) and
-# do product and rounding in one pass that reads the operand once in its own layout and writes e4m3 in
-# the GEMM's (Triton moves tiles between the two layouts through shared memory). The rounding is torch's
+# is first built as a padded bf16 copy: 4-6 passes over the operand. Here: a row-contiguous operand in
+# one kernel (_rows_kernel: amax, the scale arithmetic of _scale_of with correctly rounded divisions, the
+# cast); any other layout as torch's amax reduction and scale arithmetic, then one cast pass that reads
+# the operand in its own layout and writes e4m3 in the GEMM's (Triton moves tiles between the two
+# layouts through shared memory); the wgrad's per-(expert, column) amax as a segmented Triton reduction.
+# Triton's max ignores NaN where torch's propagates it: a row holding a NaN gets a finite scale here (its
+# NaN still quantises to NaN), the only inputs on which the paths differ. The rounding is torch's
 # fp32 → e4m3fn conversion written in integer operations on the product's bits (round to nearest even,
 # subnormals below 2^-6; beyond 448 it saturates as torch 2.13's cast does — torch versions differ there,
 # some give NaN from 464 up, but amax scaling never gets there), so it does not depend on the hardware's
