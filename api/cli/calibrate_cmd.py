@@ -14,6 +14,7 @@ which the estimate applies to that model shape.
 from __future__ import annotations
 
 import argparse
+import math
 
 HELP = "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"
 
@@ -149,14 +150,14 @@ def run(args: argparse.Namespace) -> int:
     if precision == "fp8" and args.model:
         raise SpecError("--precision fp8 times GEMMs only; the executor's components run in bf16/fp16/fp32: "
                         "drop --model or pick another precision")
-    name = (args.name or f"{base.name}-calibrated").lower()
-    print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
-          f"{', quick' if args.quick else ''}", flush=True)
     sustained_s = args.sustained_seconds
     if sustained_s is None:
         sustained_s = 0.0 if args.quick else SUSTAINED_SECONDS
-    if sustained_s < 0:
-        raise SpecError(f"--sustained-seconds must be >= 0, got {sustained_s}")
+    if not (math.isfinite(sustained_s) and sustained_s >= 0):  # inf would load the GPUs until --timeout
+        raise SpecError(f"--sustained-seconds must be a finite number >= 0, got {sustained_s}")
+    name = (args.name or f"{base.name}-calibrated").lower()
+    print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
+          f"{', quick' if args.quick else ''}", flush=True)
     raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick, sustained_s=sustained_s),
                          device="cpu" if cpu else "cuda", timeout_s=args.timeout)
     profile = build_profile(base, raw, name)

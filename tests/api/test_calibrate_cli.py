@@ -43,3 +43,7 @@ def test_calibrate_rejects_bad_input_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == "foldtune: error: --ranks must be >= 1, got 0"
     assert main(["calibrate", "--gpu", "cpu", "--precision", "fp8"]) == 2
     assert "fp8 needs CUDA GPUs" in capsys.readouterr().err
+    for bad in ("-1", "nan", "inf"):  # refused before anything runs (no "calibrating" line)
+        assert main(["calibrate", "--gpu", "cpu", "--sustained-seconds", bad]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.strip().startswith("foldtune: error: --sustained-seconds must be a finite")
