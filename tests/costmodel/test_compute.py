@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from costmodel import MeasuredCurve, get_hardware
+from costmodel.hardware import HardwareProfile
 from costmodel.compute import (
     GEMM_EFFICIENCY,
     HBM_EFFICIENCY,
@@ -119,7 +120,26 @@ def test_sustained_clock_factor_scales_every_compute_bound_kernel_and_no_memory_
         assert grouped_gemm_time(slow_r, 8, 4096, 14336, 4096) - KERNEL_OVERHEAD_S == pytest.approx(
             (grouped_gemm_time(fast_r, 8, 4096, 14336, 4096) - KERNEL_OVERHEAD_S) / 0.8)
         assert memory_time(slow_r, 2**30) == memory_time(fast_r, 2**30)
+    # attention runs at the 16-bit peak, with the default efficiencies and with measured (burst) curves alike
+    curves = dict(attention_fwd_efficiency=MeasuredCurve(((1024.0, 0.3), (4096.0, 0.5))),
+                  attention_bwd_efficiency=MeasuredCurve(((1024.0, 0.2), (4096.0, 0.4))))
+    for fast in (H100, replace(H100, **curves)):
+        fast_r, slow_r = compute_rates(fast, "bf16"), compute_rates(replace(fast, sustained_clock_factor=0.8), "bf16")
+        for f, s in zip(attention_time(fast_r, 4096, 4096, 32, 128, 128, steps=2),
+                        attention_time(slow_r, 4096, 4096, 32, 128, 128, steps=2)):
+            assert s - 2 * KERNEL_OVERHEAD_S == pytest.approx((f - 2 * KERNEL_OVERHEAD_S) / 0.8)
     assert replace(H100, sustained_clock_factor=None) == H100  # not measured: priced as a clock that holds
+
+
+def test_profiles_written_before_the_sustained_clock_and_attention_curves_still_load():
+    old = {k: v for k, v in replace(H100, sustained_clock_factor=0.8).to_dict().items()
+           if k not in ("sustained_clock_factor", "attention_fwd_efficiency", "attention_bwd_efficiency")}
+    loaded = HardwareProfile.from_dict(old)
+    assert loaded.sustained_clock_factor is None and loaded.attention_fwd_efficiency is None
+    assert compute_rates(loaded, "bf16").bf16_peak == H100.gpu.peak("bf16")
+    measured = replace(H100, sustained_clock_factor=0.8)
+    assert HardwareProfile.from_dict(measured.to_dict()) == measured
+    assert compute_rates(measured, "bf16").bf16_peak == pytest.approx(0.8 * H100.gpu.peak("bf16"))
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.2])
