@@ -169,24 +169,26 @@ def steady_seconds(fn, dev: torch.device, iters: int = 20, lead: int = 3, trials
     figure is the host's rate (compare :func:`host_seconds`)."""
     fn()
     _sync(dev)
-    times = []
-    for _ in range(trials):
-        for _ in range(lead):
+    return statistics.median(_steady_window(fn, dev, iters, lead) for _ in range(trials))
+
+
+def _steady_window(fn, dev: torch.device, iters: int, lead: int) -> float:
+    """Seconds per call of ``iters`` calls back to back after ``lead`` unsynchronised ones (one window of
+    :func:`steady_seconds`): events on a GPU, wall clock on the CPU."""
+    for _ in range(lead):
+        fn()
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
             fn()
-        if dev.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            stop.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3 / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
+        return (time.perf_counter() - t0) / iters
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3 / iters
 
 
 def paired_steady(fn_a, fn_b, dev: torch.device, rounds: int = 6, iters: int = 20, lead: int = 3) -> dict:
@@ -203,20 +205,7 @@ def paired_steady(fn_a, fn_b, dev: torch.device, rounds: int = 6, iters: int = 2
     _sync(dev)
 
     def window(fn) -> float:
-        for _ in range(lead):
-            fn()
-        if dev.type != "cuda":
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            return (time.perf_counter() - t0) / iters
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / 1e3 / iters
+        return _steady_window(fn, dev, iters, lead)
 
     a, b = [], []
     for r in range(rounds):
