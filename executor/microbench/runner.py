@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from costmodel.errors import FoldtuneError
+from executor.microbench.sustained import SUSTAINED_SECONDS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
 
@@ -26,7 +27,7 @@ class BenchPlan:
     precision: str = "bf16"
     quick: bool = False
     collectives: bool = True
-    sustained_s: float = 10.0  # executor.microbench.sustained.SUSTAINED_SECONDS
+    sustained_s: float = SUSTAINED_SECONDS
 
 
 def _say(rank: int):

@@ -6,7 +6,7 @@ card then lowers its SM clock to stay under its power limit (nvidia-smi reports 
 reason). Measured with bench/power_probe.py on one H100 SXM (2026-11-26 10:03 UTC, 40 s per dtype): an
 8192³ bf16 GEMM fell from 756 TFLOP/s in its first window to 679 over the last 10 s (SM clock 1365 MHz of
 1980, 78 °C, 698 W), fp8 from 1359 to 1243 (1245 MHz); this module's 6 s run on the same card read 0.889
-(bf16) and 0.871 (fp8) of the burst, the 40 s run's settled rates are 0.865 and 0.861 of the calibration's
+(bf16) and 0.871 (fp8) of the burst, the 40 s run's settled rates are 0.864 and 0.861 of the calibration's
 bursts (786 and 1443 TFLOP/s): the default run is 10 s. :func:`measure_sustained` measures the ratio on the benchmarked dtype; the time model scales the GPU's
 compute peaks by it (``HardwareProfile.sustained_clock_factor``).
 """
