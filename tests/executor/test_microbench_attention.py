@@ -54,3 +54,18 @@ def test_measured_attention_curves_replace_the_default_efficiencies():
     assert bwd == pytest.approx(2.5 * flops / (peak * 0.4) + KERNEL_OVERHEAD_S)
     # the same attention on a profile without the curves uses the defaults, which differ
     assert attention_time(compute_rates(H100, "bf16"), 4096, 4096, 32, 128, 128, True, True)[0] != pytest.approx(fwd)
+
+
+def test_ranks_attention_seconds_merge_as_their_median():
+    from executor.microbench.runner import merge_ranks
+
+    def rank(fwd: float, bwd: float) -> dict:
+        return {"device_name": "gpu", "gemm": [], "grouped_gemm": [], "copy": [], "collectives": [],
+                "launch": {"op_launch_s": 1e-5, "collective_launch_s": None, "moe_layer_host_s": None},
+                "attention": [{"seq": 1024, "fwd_flops": 4e11, "bwd_flops": 1e12, "fwd_seconds": fwd,
+                               "bwd_seconds": bwd}]}
+
+    # a slow rank (straggler) and a fast one: the median rank's seconds, not the max or the mean
+    merged = merge_ranks([rank(1e-3, 9e-3), rank(4e-3, 3e-3), rank(2e-3, 4e-3)])["attention"]
+    assert merged == [{"seq": 1024, "fwd_flops": 4e11, "bwd_flops": 1e12, "fwd_seconds": 2e-3, "bwd_seconds": 4e-3}]
+    assert merge_ranks([{**rank(1e-3, 1e-3), "attention": []}])["attention"] == []
