@@ -65,3 +65,22 @@ def test_a_profile_written_by_foldtune_calibrate_round_trips(client, alice):
     bad = {**body, "name": "bad-factors", "component_factors": {"mixtral-8x7b@seq4096": {"gemm": -1.0}}}
     r = client.post("/v1/hardware-profiles", json=bad, headers=alice)
     assert r.status_code == 422 and "component_factors" in r.json()["errors"][0]["loc"]
+
+
+def test_a_profile_with_attention_curves_and_sustained_clock_round_trips(client, alice):
+    """Session 4's calibrate output (attention curves, sustained clock) is accepted and kept; older files too."""
+    import json
+    from pathlib import Path
+
+    stored = json.loads((Path(__file__).parents[2] / "bench" / "results" / "gpu-2026-11-26-4xH200-s4" /
+                         "h200-x4-components.json").read_text())["profile"]
+    assert stored["sustained_clock_factor"] and stored["attention_fwd_efficiency"]
+    r = client.post("/v1/hardware-profiles", json={**stored, "name": "h200-x4-s4"}, headers=alice)
+    assert r.status_code == 201, r.text
+    got = client.get("/v1/hardware-profiles/h200-x4-s4", headers=alice).json()["profile"]
+    assert got["sustained_clock_factor"] == stored["sustained_clock_factor"]
+    for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
+        assert got[key] == stored[key]
+    r = client.post("/v1/hardware-profiles", json={**stored, "name": "bad-clock", "sustained_clock_factor": 1.5},
+                    headers=alice)
+    assert r.status_code == 422 and "sustained_clock_factor" in r.json()["errors"][0]["loc"]
