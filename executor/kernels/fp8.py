@@ -23,7 +23,8 @@ each group is padded with zero rows to such a count (an empty expert gets 16 zer
 gradient), which leaves amax and products unchanged. FOLDTUNE_FP8_WGRAD=bf16 runs the expert wgrad as a
 bf16 ``torch._grouped_mm`` instead (no quantisation passes over the two largest operands).
 
-Quantisation: scales from torch's max-|x| reductions (one read); then, on CUDA, one Triton pass that
+Quantisation on CUDA is Triton: a row-contiguous operand (activations, a weight's forward form) in one
+kernel (amax, scale, cast); any other layout as torch's max-|x| reduction, then one Triton pass that
 multiplies by 1/scale, rounds to e4m3 exactly as torch's cast does and writes the layout the GEMM takes
 (transposed operands and the wgrad's per-expert padded layout included, with no bf16 or fp32 copy in
 between); the wgrad's per-(expert, column) amax is a Triton segmented reduction. The torch ops (an fp32
@@ -31,8 +32,8 @@ product and a rounding copy) are the reference, run on CPU, without Triton, with
 if the first-use check (Triton against torch, byte for byte) fails.
 
 Weights are quantised once per value, not per call (:func:`quantized_weight`): their forward and dgrad
-forms are cached, keyed on the parameter and its version counter, as Transformer Engine caches fp8
-weights across the micro-batches of a step. The cache holds 1 byte per weight element per form (2 once
+forms are cached, keyed on the parameter, its version counter and data pointer, as Transformer Engine
+caches fp8 weights across the micro-batches of a step. The cache holds 1 byte per weight element per form (2 once
 forward and dgrad have run) plus fp32 scales per row; FOLDTUNE_FP8_WEIGHT_CACHE=0 turns it off.
 
 Emulation (``kernel=False``): the same quantisation, then dequantise, matmul in fp32, round to bf16 — the
