@@ -24,9 +24,13 @@ def test_calibrated_profile_takes_compute_fractions_only():
     h100 = get_hardware("h100-sxm")
     measured = replace(get_hardware("h200"), name="m", gemm_efficiency=MeasuredCurve(((1e9, 0.3), (1e12, 0.6))),
                        hbm_efficiency=0.8, overlap_slowdown=0.25, op_launch_s=1e-5, sustained_clock_factor=0.9,
+                       attention_fwd_efficiency=MeasuredCurve(((256.0, 0.2), (8192.0, 0.6))),
+                       attention_bwd_efficiency=MeasuredCurve(((256.0, 0.1), (8192.0, 0.5))),
                        intra_node_bandwidth=1.0, collective_efficiency={})
     cal = validate_reference.calibrated(h100, measured)
     assert cal.gemm_efficiency == measured.gemm_efficiency and cal.hbm_efficiency == 0.8
+    assert (cal.attention_fwd_efficiency, cal.attention_bwd_efficiency) == (measured.attention_fwd_efficiency,
+                                                                            measured.attention_bwd_efficiency)
     assert cal.overlap_slowdown == 0.25 and cal.sustained_clock_factor == 0.9
     assert cal.gpu == h100.gpu and cal.intra_node_bandwidth == h100.intra_node_bandwidth  # datasheet network
     assert cal.op_launch_s == h100.op_launch_s  # the executor's host figures do not describe Megatron
