@@ -43,7 +43,7 @@ def test_attention_curves_are_achieved_over_the_bf16_peak():
 
 
 def test_measured_attention_curves_replace_the_default_efficiencies():
-    # 4 queries·keys blocks of 2048: forward FLOPs 2·4096·2048·32·256/2, at 0.5 of peak forward and 0.4 backward
+    # one call over 4096 keys: forward FLOPs 2·4096·4096·32·256/2, at the curves' 0.5 forward and 0.4 backward
     cal = replace(H100, attention_fwd_efficiency=MeasuredCurve(((1024.0, 0.3), (4096.0, 0.5))),
                   attention_bwd_efficiency=MeasuredCurve(((1024.0, 0.2), (4096.0, 0.4))))
     rates = compute_rates(cal, "bf16")
@@ -52,6 +52,10 @@ def test_measured_attention_curves_replace_the_default_efficiencies():
     peak = H100.gpu.peak("bf16")
     assert fwd == pytest.approx(flops / (peak * 0.5) + KERNEL_OVERHEAD_S)
     assert bwd == pytest.approx(2.5 * flops / (peak * 0.4) + KERNEL_OVERHEAD_S)
+    # CP2: two calls over blocks of 2048 keys each, priced at the curves' value at 2048 (the block, not 4096)
+    fwd2, _ = attention_time(rates, 4096, 4096, 32, 128, 128, True, True, steps=2)
+    eff = cal.attention_fwd_efficiency(2048.0)
+    assert 0.3 < eff < 0.5 and fwd2 == pytest.approx(flops / (peak * eff) + 2 * KERNEL_OVERHEAD_S)
     # the same attention on a profile without the curves uses the defaults, which differ
     assert attention_time(compute_rates(H100, "bf16"), 4096, 4096, 32, 128, 128, True, True)[0] != pytest.approx(fwd)
 
