@@ -61,8 +61,8 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
-from bench.moe_breakdown import (SeparateGateUpExperts, breakdown, format_table, fused_paths,
-                                 host_seconds, paired_steady, steady_seconds, wall_seconds)
+from bench.moe_breakdown import (SeparateGateUpExperts, breakdown, format_table, fused_paths, host_seconds,
+                                 ideal_fwd_bwd, layer_fwd_bwd, paired_steady, steady_seconds, wall_seconds)
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
@@ -143,15 +143,7 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
     x = torch.randn(seq, mbs, h, device=DEV, dtype=BF16, requires_grad=True)
     gy = torch.randn(seq, mbs, h, device=DEV, dtype=BF16)
 
-    def stepper(moe):
-        def step():
-            moe.zero_grad(set_to_none=True)  # as in a training step: the first backward writes the grads
-            x.grad = None
-            y, _ = moe(x)
-            y.backward(gy)
-        return step
-
-    layer_step, random_step = stepper(layer), stepper(random_layer)
+    layer_step, random_step = layer_fwd_bwd(layer, x, gy), layer_fwd_bwd(random_layer, x, gy)
     random_step()
     counts = random_layer.last_tokens_per_expert
     rows = tokens * topk
@@ -160,14 +152,8 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
     balanced = torch.full((experts,), rows // experts, device=DEV, dtype=torch.long)
     ideal_experts = SeparateGateUpExperts(layer.experts)  # three separate GEMMs, though the layer fuses gate+up
 
-    def ideal_on(group_rows):
-        def step():
-            ideal_experts.zero_grad(set_to_none=True)
-            xs.grad = None
-            ideal_experts(xs, group_rows).backward(gs)
-        return step
-
-    ideal_step, uneven_ideal_step = ideal_on(balanced), ideal_on(counts.clone())
+    ideal_step = ideal_fwd_bwd(ideal_experts, xs, gs, balanced)
+    uneven_ideal_step = ideal_fwd_bwd(ideal_experts, xs, gs, counts.clone())
     t_layer, t_random, t_ideal = both_timings(layer_step), both_timings(random_step), both_timings(ideal_step)
     paired = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     paired_random = paired_steady(random_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)

@@ -79,6 +79,27 @@ class SeparateGateUpExperts(torch.nn.Module):
         return self.grouped_mm(act, self.w2, offs)
 
 
+def layer_fwd_bwd(layer: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor):
+    """A call that runs one fwd+bwd of the MoE ``layer`` on ``x`` with output gradient ``gy``, as in a
+    training step (grads set to None first, so the backward writes them afresh)."""
+    def step():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        y, _ = layer(x)
+        y.backward(gy)
+    return step
+
+
+def ideal_fwd_bwd(ideal: SeparateGateUpExperts, xs: torch.Tensor, gs: torch.Tensor, group_rows: torch.Tensor):
+    """A call that runs one fwd+bwd of the ideal experts on the pre-permuted rows ``xs`` in groups of
+    ``group_rows`` (rows per expert), output gradient ``gs``."""
+    def step():
+        ideal.zero_grad(set_to_none=True)
+        xs.grad = None
+        ideal(xs, group_rows).backward(gs)
+    return step
+
+
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -402,12 +423,7 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
     x = torch.randn(tokens, 1, h, device=dev, dtype=dtype, requires_grad=True)
     gy = torch.randn(tokens, 1, h, device=dev, dtype=dtype)
 
-    def layer_step():
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        y, _ = layer(x)
-        y.backward(gy)
-
+    layer_step = layer_fwd_bwd(layer, x, gy)
     rows = tokens * topk
     xs = torch.randn(rows, h, device=dev, dtype=dtype, requires_grad=True)
     gs = torch.randn(rows, h, device=dev, dtype=dtype)
@@ -415,11 +431,7 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
     ideal_experts = SeparateGateUpExperts(layer.experts)
 
     def ideal(counts):
-        def step():
-            ideal_experts.zero_grad(set_to_none=True)
-            xs.grad = None
-            ideal_experts(xs, counts).backward(gs)
-        return step
+        return ideal_fwd_bwd(ideal_experts, xs, gs, counts)
 
     result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens}}
     real_router = layer.router

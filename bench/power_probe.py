@@ -133,7 +133,7 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
 
 def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
     from bench import executor_gpu as eg
-    from bench.moe_breakdown import SeparateGateUpExperts
+    from bench.moe_breakdown import SeparateGateUpExperts, ideal_fwd_bwd, layer_fwd_bwd
     from executor.kernels import get_backend
     from executor.moe import MoELayer
     from executor.options import ExecutorOptions
@@ -146,22 +146,12 @@ def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
     x = torch.randn(seq, 1, h, device=dev, dtype=bf16, requires_grad=True)
     gy = torch.randn(seq, 1, h, device=dev, dtype=bf16)
 
-    def layer_step():
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        y, _ = layer(x)
-        y.backward(gy)
-
+    layer_step = layer_fwd_bwd(layer, x, gy)
     rows = seq * topk
     xs = torch.randn(rows, h, device=dev, dtype=bf16, requires_grad=True)
     gs = torch.randn(rows, h, device=dev, dtype=bf16)
     balanced = torch.full((experts,), rows // experts, device=dev, dtype=torch.long)
-    ideal = SeparateGateUpExperts(layer.experts)
-
-    def ideal_step():
-        ideal.zero_grad(set_to_none=True)
-        xs.grad = None
-        ideal(xs, balanced).backward(gs)
+    ideal_step = ideal_fwd_bwd(SeparateGateUpExperts(layer.experts), xs, gs, balanced)
 
     for fn in (layer_step, ideal_step, layer_step, ideal_step):
         fn()
