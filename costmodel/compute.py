@@ -32,8 +32,8 @@ GEMM_EFFICIENCY = {"bf16": 783.0 / 989.4, "fp16": 783.0 / 989.4, "fp32": 783.0 /
 GROUPED_GEMM_EFFICIENCY_BF16 = 755.0 / 989.4
 HBM_EFFICIENCY = 4.2 / 4.8
 # Assumptions, for profiles without measured attention curves (foldtune calibrate measures them): flash
-# attention reaches a lower fraction of peak than a GEMM,
-# backward lower than forward; short key sequences lose efficiency to tile edges and the causal mask.
+# attention reaches a lower fraction of peak than a GEMM, backward lower than forward; short key sequences
+# lose efficiency to tile edges and the causal mask.
 ATTENTION_FWD_EFFICIENCY = 0.60
 ATTENTION_BWD_EFFICIENCY = 0.45
 ATTENTION_HALF_SEQ = 512  # key length at which attention runs at half its asymptotic efficiency
