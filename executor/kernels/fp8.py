@@ -71,7 +71,6 @@ ALIGN = 16  # the scaled GEMMs' granularity: 16 bytes of e4m3 (dims, wgrad group
 OUT = torch.bfloat16  # what the scaled GEMMs write
 
 _CHECKED: dict[tuple, bool] = {}
-_KERNELS_OK: dict[str, bool] = {}
 _COUNTS: Counter = Counter()  # GEMM calls in this process: "kernel" / "emulated"
 
 
@@ -486,12 +485,11 @@ def _kernels_absent(device: torch.device) -> str | None:
 
 
 def kernels_ok(device: torch.device) -> bool:
-    """Whether the scaled GEMMs run on ``device``: present, and equal to the emulation (checked once)."""
-    key = str(device)
-    if key not in _KERNELS_OK:
-        _KERNELS_OK[key] = _kernels_absent(device) is None and checked_once(
-            _CHECKED, (key,), _check_against_emulation, "fp8 scaled GEMMs")
-    return _KERNELS_OK[key]
+    """Whether the scaled GEMMs run on ``device``: present (asked every call, so FOLDTUNE_FP8_KERNELS set
+    later in the process counts, as :func:`emulation_reason` reports it), and equal to the emulation
+    (checked once per device)."""
+    return _kernels_absent(device) is None and checked_once(_CHECKED, (str(device),), _check_against_emulation,
+                                                            "fp8 scaled GEMMs")
 
 
 def emulation_reason(device: torch.device | str) -> str | None:

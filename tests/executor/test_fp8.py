@@ -192,6 +192,19 @@ def test_cpu_gemms_say_they_are_emulated():
     assert fp8.emulation_reason("cpu") == "no fp8 GEMM kernels on cpu"
 
 
+def test_kernels_off_by_environment_after_first_use_are_off(monkeypatch):
+    # an sm90 device whose self-check passed: the kernels run until FOLDTUNE_FP8_KERNELS=0 is set, and
+    # from then on both the GEMMs and the reported reason say emulated (no cached verdict outlives it)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", getattr(torch, "_scaled_grouped_mm", None), raising=False)
+    monkeypatch.setitem(fp8._CHECKED, (str(gpu),), True)
+    monkeypatch.delenv("FOLDTUNE_FP8_KERNELS", raising=False)
+    assert fp8.kernels_ok(gpu) and fp8.emulation_reason(gpu) is None
+    monkeypatch.setenv("FOLDTUNE_FP8_KERNELS", "0")
+    assert not fp8.kernels_ok(gpu) and fp8.emulation_reason(gpu) == "FOLDTUNE_FP8_KERNELS=0"
+
+
 # ---- selection and a training step ----
 
 def test_precision_fp8_selects_the_fp8_backend_with_bf16_parameters():
