@@ -45,6 +45,7 @@ first-use self-check (kernels against emulation on the device) fails; :func:`emu
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections import Counter
@@ -470,6 +471,12 @@ def clear_weight_cache() -> None:
 
 # ---- where the kernels run ----------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _capability(device: str) -> tuple[int, int]:
+    """``device``'s compute capability (asked once: :func:`kernels_ok` runs on every GEMM call)."""
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
 def _kernels_absent(device: torch.device) -> str | None:
     """Why the sm90 scaled GEMMs cannot run on ``device`` (None: they can, pending the self-check)."""
     if device.type != "cuda":
@@ -478,7 +485,7 @@ def _kernels_absent(device: torch.device) -> str | None:
         return "FOLDTUNE_FP8_KERNELS=0"
     if not hasattr(torch, "_scaled_grouped_mm"):
         return f"torch {torch.__version__} has no _scaled_grouped_mm"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = _capability(str(device))
     if major != 9:
         return f"rowwise fp8 grouped GEMMs need sm90, this GPU is sm{major}{minor}"
     return None

@@ -196,7 +196,7 @@ def test_kernels_off_by_environment_after_first_use_are_off(monkeypatch):
     # an sm90 device whose self-check passed: the kernels run until FOLDTUNE_FP8_KERNELS=0 is set, and
     # from then on both the GEMMs and the reported reason say emulated (no cached verdict outlives it)
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(fp8, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(torch, "_scaled_grouped_mm", getattr(torch, "_scaled_grouped_mm", None), raising=False)
     monkeypatch.setitem(fp8._CHECKED, (str(gpu),), True)
     monkeypatch.delenv("FOLDTUNE_FP8_KERNELS", raising=False)
