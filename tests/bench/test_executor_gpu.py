@@ -65,6 +65,40 @@ def test_part_moe_reports_balanced_random_and_uneven_ideal(monkeypatch, mbs):
     assert rows[1][1] == f"{r['random_ratio']:.3f} / {r['random_vs_uneven_ideal']:.3f}"
 
 
+def test_part_moe_pairs_each_step_with_its_reference(monkeypatch):
+    # Tag every step part_moe builds and give each tag fixed seconds; a fake paired_steady then answers as the
+    # real one does (b_s / a_s). Every reported ratio must come from the right pair, the right way up.
+    seconds = {"layer-forced": 1.0, "layer-random": 1.2, "ideal-balanced": 0.9, "ideal-uneven": 0.99}
+
+    def tagged(tag, fn):
+        fn.tag = tag
+        return fn
+
+    real_layer, real_ideal = eg.layer_fwd_bwd, eg.ideal_fwd_bwd
+    monkeypatch.setattr(eg, "layer_fwd_bwd", lambda layer, x, gy: tagged(
+        "layer-forced" if layer.router.options.moe_router_force_load_balancing else "layer-random",
+        real_layer(layer, x, gy)))
+    monkeypatch.setattr(eg, "ideal_fwd_bwd", lambda experts, xs, gs, counts: tagged(
+        "ideal-balanced" if bool((counts == counts[0]).all()) else "ideal-uneven", real_ideal(experts, xs, gs, counts)))
+
+    def fake_paired(fn_a, fn_b, dev, rounds, iters):
+        a, b = seconds[fn_a.tag], seconds[fn_b.tag]
+        return {"a_s": a, "b_s": b, "ratio": b / a, "ratio_by_round": [b / a] * rounds}
+
+    monkeypatch.setattr(eg, "paired_steady", fake_paired)
+    monkeypatch.setattr(eg, "DEV", torch.device("cpu"))
+    monkeypatch.setattr(eg, "BF16", torch.float32)
+    monkeypatch.setattr(eg, "STEADY_ITERS", 2)
+    h, f, experts, topk = eg.TINY_MOE_SHAPES["mixtral"]
+    r = eg.part_moe(h, f, experts, topk, eg.TINY_SEQ, 1)
+    if r["imbalance_max_over_mean"] == 1.0:
+        pytest.skip("the random router happened to balance the tiny shape")
+    assert r["layer_s"] == 1.0 and r["ideal_s"] == 0.9 and r["ratio"] == pytest.approx(0.9)
+    assert r["random_layer_s"] == 1.2 and r["random_ratio"] == pytest.approx(0.9 / 1.2)
+    assert r["random_vs_uneven_ideal"] == pytest.approx(0.99 / 1.2)
+    assert r["uneven_ideal_over_ideal"] == pytest.approx(0.99 / 0.9)  # seconds on uneven groups / on balanced
+
+
 def test_forced_balance_router_still_computes_scores_and_assigns_round_robin():
     # the bar's layer keeps the router's own work (logits, softmax, probabilities); only the choice is fixed
     from executor.options import ExecutorOptions
