@@ -52,7 +52,8 @@ from executor.parallel.collectives import _all_gather_tensor, all_gather_nograd
 from executor.parallel.grad_reduce import GradReducer, _grad_or_zeros, attach_main_grads, padded_numel
 from executor.parallel.groups import Group
 
-__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather"]  # attach_main_grads: re-exported
+# attach_main_grads: re-exported
+__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather", "params_gathered_in_place"]
 
 #: Byte alignment every parameter must keep when it becomes a view of a unit's gather buffer (the base of
 #: a CUDA allocation is 512-byte aligned; GEMM and grouped-GEMM kernels want 16-byte aligned operands).
@@ -67,6 +68,14 @@ def finish_param_gather(model: torch.nn.Module) -> None:
     optimizer = _PENDING_GATHERS.get(model)
     if optimizer is not None:
         optimizer.finish_param_gather()
+
+
+def params_gathered_in_place() -> frozenset[int]:
+    """ids of the parameters that a live optimizer's overlapped parameter all-gathers write through a flat
+    buffer whose ``.data`` views they are (overlap_param_gather). That write bumps the buffer's version
+    counter, not theirs, so a parameter's ``_version`` does not tell when these change (executor.kernels.fp8
+    keeps no cached fp8 copy of them)."""
+    return frozenset().union(*(opt.gathered_param_ids for opt in list(_PENDING_GATHERS.values())))
 
 
 class _Unit:
@@ -172,9 +181,10 @@ class MixedPrecisionAdam:
             position = {id(p): i for i, p in enumerate(self.params)}
             ordered = sorted(self.units, key=lambda u: min(position[id(p)] for p in u.params))
             self._overlapped = [u for u in ordered if u.group.size > 1 and u.attach_gather_buffer()]
-            if self._overlapped:
-                self._install_waits(model)
-                _PENDING_GATHERS[model] = self
+        self.gathered_param_ids = frozenset(id(p) for unit in self._overlapped for p in unit.params)
+        if self._overlapped:
+            self._install_waits(model)
+            _PENDING_GATHERS[model] = self
 
     def _install_waits(self, model: torch.nn.Module) -> None:
         """Forward pre-hooks on every module owning parameters of an overlapped unit and on its parent; a

@@ -385,21 +385,6 @@ class _CachedWeight:
 
 _WEIGHT_CACHE: dict[int, _CachedWeight] = {}  # id(base) -> its forms; an entry dies with its tensor
 _WEIGHT_COUNTS: Counter = Counter()  # weight quantisations: "quantised", "reused", "uncached"
-_OVERLAPPED_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> ids of its params
-
-
-def _gathered_in_place() -> set[int]:
-    """ids of parameters that an overlapped parameter all-gather writes through a flat buffer of which they
-    are ``.data`` views (executor.optimizer, overlap_param_gather): that write bumps the buffer's version
-    counter, not theirs, so their ``_version`` does not tell when they change."""
-    from executor import optimizer  # here: the optimizer's package imports the model, which imports this
-
-    ids: set[int] = set()
-    for opt in list(optimizer._PENDING_GATHERS.values()):
-        if opt not in _OVERLAPPED_IDS:
-            _OVERLAPPED_IDS[opt] = frozenset(id(p) for unit in opt._overlapped for p in unit.params)
-        ids |= _OVERLAPPED_IDS[opt]
-    return ids
 
 
 def _cacheable(base: torch.Tensor) -> bool:
@@ -409,7 +394,10 @@ def _cacheable(base: torch.Tensor) -> bool:
         return False
     if base.storage_offset() or base.untyped_storage().nbytes() != base.numel() * base.element_size():
         return False
-    return id(base) not in _gathered_in_place()
+    # imported here: the optimizer's package imports the model, which imports this module
+    from executor.optimizer import params_gathered_in_place
+
+    return id(base) not in params_gathered_in_place()
 
 
 def weight_cache_enabled() -> bool:

@@ -21,6 +21,7 @@ from costmodel.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
 from executor.model import MoEGPT
+from executor.optimizer import params_gathered_in_place
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd
 from executor.parallel.groups import build_parallel_state
@@ -144,17 +145,19 @@ def _async_worker(rank, world):
     equal = all(torch.equal(p.detach(), expected[id(p)]) for u in pending for p in u.params)
     views = all(p.untyped_storage().data_ptr() == u.gather_buffer.untyped_storage().data_ptr()
                 for u in optimizer._overlapped for p in u.params)
-    return len(pending), len(optimizer._overlapped), len(optimizer.units), len(left), equal, views
+    # what fp8's weight cache asks: exactly the parameters the overlapped gathers write, every one of them
+    reported = params_gathered_in_place() == {id(p) for p in model.parameters()}
+    return len(pending), len(optimizer._overlapped), len(optimizer.units), len(left), equal, views, reported
 
 
 @pytest.mark.slow
 def test_step_returns_with_gathers_pending_and_the_forward_consumes_them():
     launched = launch(_async_worker, 2, backend="gloo", timeout_s=120, start_method="fork")
     assert launched.ok, launched.failure_reason
-    for pending, overlapped, units, left, equal, views in launched.results:
+    for pending, overlapped, units, left, equal, views, reported in launched.results:
         assert overlapped == units > 1  # every unit is sharded over a group of two
         assert pending == overlapped  # step() waited for none of them
-        assert left == 0 and equal and views
+        assert left == 0 and equal and views and reported
 
 
 def _no_overlap(model: MoEGPT, trainer: Trainer, micro) -> list[str]:
@@ -162,6 +165,8 @@ def _no_overlap(model: MoEGPT, trainer: Trainer, micro) -> list[str]:
     problems = []
     if trainer.optimizer._overlapped:
         problems.append("overlapped units")
+    if params_gathered_in_place():
+        problems.append("parameters reported as gathered in place")
     if type(model._parameters) is not dict:
         problems.append("waiting parameter dict")
     if any(m._forward_pre_hooks for m in model.modules()):
