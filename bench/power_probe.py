@@ -105,13 +105,13 @@ def windows(fn, seconds: float, window_s: float = 0.1) -> list[float]:
 
 
 def part_gemm(smi: SmiSampler, seconds: float) -> dict:
-    from executor.microbench.gemm import _fp8_product
+    from executor.microbench.gemm import gemm_product
 
     n = 8192
     dev = torch.device("cuda")
-    a, b = torch.randn(n, n, device=dev, dtype=torch.bfloat16), torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     result = {}
-    for name, fn in (("bf16", lambda: a @ b), ("fp8", _fp8_product(n, n, n, dev))):
+    for name, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        fn = gemm_product(n, n, n, dev, dtype)
         time.sleep(2.0)  # an idle gap first, as a calibration's burst starts from
         t0 = time.time()
         w = windows(fn, seconds)

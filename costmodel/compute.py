@@ -152,6 +152,13 @@ def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group:
     return fwd, 2.0 * grouped_gemm_time(rates, num_groups, tokens_per_group, k, n)
 
 
+def attention_fwd_flops(batch_queries: float, seq_kv: float, heads: float, qk_dim: int, v_dim: int,
+                        causal: bool = True) -> float:
+    """Forward FLOPs of the attention core: ``2·q·kv·heads·(qk + v)``, halved by a causal mask (the
+    convention of :func:`attention_time` and of the attention microbenchmark that calibrates it)."""
+    return 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)
+
+
 @lru_cache(maxsize=4096)
 def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: int, qk_dim: int,
                    v_dim: int, causal: bool = True, flash: bool = True, dropout: bool = False,
@@ -174,7 +181,7 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
     if batch_queries <= 0 or heads <= 0:
         return 0.0, 0.0
     if flash:
-        fwd_flops = 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)
+        fwd_flops = attention_fwd_flops(batch_queries, seq_kv, heads, qk_dim, v_dim, causal)
         block = seq_kv / steps
         if rates.attn_fwd_curve is not None and rates.attn_bwd_curve is not None:
             fwd_eff, bwd_eff = rates.attn_fwd_curve(block), rates.attn_bwd_curve(block)

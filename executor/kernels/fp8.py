@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.kernels.torch_backend import TorchBackend, _grouped_mm_works
+from executor.kernels.torch_backend import TorchBackend, grouped_mm_works
 from executor.kernels.triton_permute import checked_once
 
 try:
@@ -507,7 +507,7 @@ def _fp32_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Tens
 
 def _fp32_grouped_2d2d(a_NT: torch.Tensor, b_KT: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
     """[G, N, K]: group g is a[:, offs[g-1]:offs[g]] · b[:, same]ᵀ (fp32; a loop where _grouped_mm refuses)."""
-    if _grouped_mm_works(a_NT.device, a_NT.dtype):
+    if grouped_mm_works(a_NT.device, a_NT.dtype):
         return torch._grouped_mm(a_NT, b_KT.t(), offs=offs_G)
     bounds = [0, *offs_G.tolist()]
     return torch.stack([a_NT[:, lo:hi] @ b_KT[:, lo:hi].t() for lo, hi in zip(bounds, bounds[1:])])
@@ -646,7 +646,7 @@ def scaled_grouped_wgrad(dy_MN: torch.Tensor, x_MK: torch.Tensor, offs_G: torch.
 
 def _bf16_grouped_wgrad(dy_MN: torch.Tensor, x_MK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
     """[G, N, K] in dy's dtype without quantisation (FOLDTUNE_FP8_WGRAD=bf16)."""
-    if _grouped_mm_works(dy_MN.device, dy_MN.dtype):
+    if grouped_mm_works(dy_MN.device, dy_MN.dtype):
         return torch._grouped_mm(dy_MN.t(), x_MK, offs=offs_G)
     return _fp32_grouped_2d2d(dy_MN.t().float(), x_MK.t().float(), offs_G).to(dy_MN.dtype)
 

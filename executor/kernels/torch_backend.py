@@ -15,7 +15,8 @@ import torch.nn.functional as F
 _SUPPORTED: dict[tuple[str, torch.dtype], bool] = {}
 
 
-def _grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch._grouped_mm`` runs (and computes right) for ``dtype`` on ``device``; tried once."""
     key = (device.type, dtype)
     if key not in _SUPPORTED:
         try:
@@ -50,7 +51,7 @@ class TorchBackend:
             # No rows: an empty product that keeps both x and the weight in the graph, so the (empty)
             # gradient still flows back through the dispatcher's collectives like on every other rank.
             return x_MK @ w_GNK[0].transpose(0, 1)
-        if _grouped_mm_works(x_MK.device, x_MK.dtype):
+        if grouped_mm_works(x_MK.device, x_MK.dtype):
             return torch._grouped_mm(x_MK, w_GNK.transpose(-2, -1), offs=offs_G)
         return padded_grouped_mm(x_MK, w_GNK, offs_G)
 

@@ -1,15 +1,16 @@
 """Causal attention throughput of the executor's kernel (SDPA: flash / cuDNN on a GPU) vs key length.
 
 The time model prices the attention core as FLOPs over the 16-bit peak times an efficiency; this measures
-that efficiency, forward and backward, at the key lengths a step produces. FLOPs follow the time model's
-convention (costmodel.compute.attention_time): forward ``2·b·s·s·heads·(qk + v)·½`` (causal), backward
-2.5 times that, whatever the kernel actually executes.
+that efficiency, forward and backward, at the key lengths a step produces. FLOPs are the time model's own
+(``costmodel.compute.attention_fwd_flops``, causal; backward ``ATTENTION_BWD_FLOP_RATIO`` times that),
+whatever the kernel actually executes.
 """
 
 from __future__ import annotations
 
 import torch
 
+from costmodel.compute import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
 from executor.kernels.torch_backend import TorchBackend
 from executor.microbench.timing import time_op
 
@@ -21,18 +22,12 @@ GPU_SEQS = (256, 512, 1024, 2048, 4096, 8192)
 CPU_SEQS = (64, 128, 256)
 GPU_TOKENS = 16384
 CPU_TOKENS = 512
-BWD_FLOP_RATIO = 2.5  # the time model's: flash attention's backward recomputes the scores (5 matmuls vs 2)
 
 
 def default_seqs(device: torch.device, quick: bool) -> tuple[int, ...]:
     """Key lengths to measure on ``device``."""
     seqs = GPU_SEQS if device.type == "cuda" else CPU_SEQS
     return seqs[1::2] if quick and len(seqs) > 3 else seqs
-
-
-def causal_flops(batch: int, seq: int, heads: int, head_dim: int) -> float:
-    """Forward FLOPs of causal attention in the time model's convention (half of the full score matrix)."""
-    return 2.0 * batch * seq * seq * heads * (head_dim + head_dim) * 0.5
 
 
 def measure_attention(seqs: tuple[int, ...], device: torch.device, dtype: torch.dtype, repeats: int = 3) -> list[dict]:
@@ -60,8 +55,8 @@ def measure_attention(seqs: tuple[int, ...], device: torch.device, dtype: torch.
 
         t_fwd = time_op(fwd, device, repeats=repeats)
         t_both = time_op(fwd_bwd, device, repeats=repeats)
-        flops = causal_flops(batch, seq, heads, head_dim)
+        flops = attention_fwd_flops(batch * seq, seq, heads, head_dim, head_dim)
         out.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim, "fwd_flops": flops,
-                    "bwd_flops": BWD_FLOP_RATIO * flops, "fwd_seconds": t_fwd,
+                    "bwd_flops": ATTENTION_BWD_FLOP_RATIO * flops, "fwd_seconds": t_fwd,
                     "bwd_seconds": max(t_both - t_fwd, 1e-9)})
     return out

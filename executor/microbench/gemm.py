@@ -41,12 +41,17 @@ def default_shapes(device: torch.device, quick: bool) -> tuple[GemmShape, ...]:
 FP8 = torch.float8_e4m3fn
 
 
-def _fp8_product(m: int, n: int, k: int, device: torch.device):
-    """An fp8 (e4m3) GEMM as Transformer Engine's linears run it: per-tensor scales, bf16 output."""
-    a_MK = torch.randn(m, k, device=device).to(FP8)
-    b_KN = torch.randn(n, k, device=device).to(FP8).t()  # _scaled_mm wants the second operand column-major
-    one = torch.ones((), device=device, dtype=torch.float32)
-    return lambda: torch._scaled_mm(a_MK, b_KN, one, one, out_dtype=torch.bfloat16)
+def gemm_product(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype):
+    """A call running one ``(m x k) @ (k x n)`` GEMM on random operands in ``dtype``; float8_e4m3fn runs it
+    as Transformer Engine's linears do: ``torch._scaled_mm``, per-tensor scales, bf16 output."""
+    if dtype == FP8:
+        a_MK = torch.randn(m, k, device=device).to(FP8)
+        b_KN = torch.randn(n, k, device=device).to(FP8).t()  # _scaled_mm wants the second operand column-major
+        one = torch.ones((), device=device, dtype=torch.float32)
+        return lambda: torch._scaled_mm(a_MK, b_KN, one, one, out_dtype=torch.bfloat16)
+    a_MK = torch.randn(m, k, device=device, dtype=dtype)
+    b_KN = torch.randn(k, n, device=device, dtype=dtype)
+    return lambda: a_MK @ b_KN
 
 
 def measure_gemm(shapes: tuple[GemmShape, ...], device: torch.device, dtype: torch.dtype,
@@ -55,12 +60,6 @@ def measure_gemm(shapes: tuple[GemmShape, ...], device: torch.device, dtype: tor
     ``torch._scaled_mm`` (CUDA GPUs with fp8 tensor cores only)."""
     out = []
     for shape in shapes:
-        if dtype == FP8:
-            op = _fp8_product(shape.m, shape.n, shape.k, device)
-        else:
-            a_MK = torch.randn(shape.m, shape.k, device=device, dtype=dtype)
-            b_KN = torch.randn(shape.k, shape.n, device=device, dtype=dtype)
-            op = lambda a=a_MK, b=b_KN: a @ b  # noqa: E731
-        seconds = time_op(op, device, repeats=repeats)
+        seconds = time_op(gemm_product(shape.m, shape.n, shape.k, device, dtype), device, repeats=repeats)
         out.append({"m": shape.m, "n": shape.n, "k": shape.k, "flops": shape.flops, "seconds": seconds})
     return out

@@ -18,19 +18,11 @@ import time
 
 import torch
 
+from executor.microbench.gemm import gemm_product
 from executor.microbench.timing import synchronize, time_op
 
 SUSTAINED_SECONDS = 10.0  # its second half: past the first seconds' fall, near the 40 s run's settled rate
 WINDOW_S = 0.05
-
-
-def _product(n: int, device: torch.device, dtype: torch.dtype):
-    if dtype == torch.float8_e4m3fn:
-        from executor.microbench.gemm import _fp8_product
-
-        return _fp8_product(n, n, n, device)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    return lambda: a @ b
 
 
 def measure_sustained(device: torch.device, dtype: torch.dtype, seconds: float = SUSTAINED_SECONDS,
@@ -42,7 +34,7 @@ def measure_sustained(device: torch.device, dtype: torch.dtype, seconds: float =
     back-to-back GEMMs. ``factor`` = sustained / burst, capped at 1 (a card that holds its clock reads 1;
     noise above it is not a speed-up). Returns those plus ``windows_flops_per_s`` (every window, in order).
     """
-    op = _product(n, device, dtype)
+    op = gemm_product(n, n, n, device, dtype)
     flops = 2.0 * n**3
     op()
     synchronize(device)

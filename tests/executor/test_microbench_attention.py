@@ -8,17 +8,18 @@ import pytest
 import torch
 
 from costmodel.catalog import get_hardware
-from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates
+from costmodel.compute import KERNEL_OVERHEAD_S, attention_fwd_flops, attention_time, compute_rates
 from costmodel.hardware import HardwareProfile, MeasuredCurve
-from executor.microbench.attention import causal_flops, measure_attention
+from executor.microbench.attention import measure_attention
 from executor.microbench.profile_builder import attention_curves, build_profile
 
 H100 = get_hardware("h100-sxm")
 
 
-def test_causal_flops_follow_the_time_models_convention():
-    # 1 x 1024 queries x 1024 keys x 8 heads x (64 + 64) x 2, halved by the mask
-    assert causal_flops(1, 1024, 8, 64) == 2.0 * 1024 * 1024 * 8 * 128 / 2
+def test_attention_fwd_flops_hand_worked():
+    # 1024 queries x 1024 keys x 8 heads x (64 + 64) x 2, halved by the mask; 2048 x 4096 keys, no mask
+    assert attention_fwd_flops(1024, 1024, 8, 64, 64) == 2.0 * 1024 * 1024 * 8 * 128 / 2
+    assert attention_fwd_flops(2048, 4096, 4, 128, 64, causal=False) == 2.0 * 2048 * 4096 * 4 * 192
 
 
 def test_measure_attention_on_cpu_times_forward_and_backward():
@@ -26,7 +27,7 @@ def test_measure_attention_on_cpu_times_forward_and_backward():
     assert [r["seq"] for r in rows] == [64, 128]
     for r in rows:
         assert r["fwd_seconds"] > 0 and r["bwd_seconds"] > 0
-        assert r["fwd_flops"] == causal_flops(r["batch"], r["seq"], r["heads"], r["head_dim"])
+        assert r["fwd_flops"] == 2.0 * r["batch"] * r["seq"] ** 2 * r["heads"] * 2 * r["head_dim"] / 2
         assert r["bwd_flops"] == 2.5 * r["fwd_flops"]
 
 
