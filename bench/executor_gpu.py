@@ -50,7 +50,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from costmodel.catalog import get_model
 from costmodel.flops import flops_per_token
-from costmodel.model_spec import ModelSpec
 from costmodel.parallel_config import ParallelConfig
 from costmodel.training_spec import TrainingSpec
 from executor.attention import rope_tables
@@ -61,8 +60,8 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 
-from bench.moe_breakdown import (SeparateGateUpExperts, breakdown, format_table, fused_paths, host_seconds,
-                                 ideal_fwd_bwd, layer_fwd_bwd, paired_steady, steady_seconds, wall_seconds)
+from bench.moe_breakdown import (bar_inputs, breakdown, format_table, fused_paths, host_seconds, ideal_fwd_bwd,
+                                 layer_fwd_bwd, paired_steady, steady_seconds, wall_seconds)
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
@@ -114,12 +113,6 @@ def part_gemm() -> dict:
     return {"shape": [n, n, n], "seconds": t, "tflops": 2 * n**3 / t / 1e12}
 
 
-def moe_spec(h: int, f: int, experts: int, topk: int) -> ModelSpec:
-    return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h, num_attention_heads=16,
-                     ffn_hidden_size=f, vocab_size=32000, num_experts=experts, moe_router_topk=topk,
-                     moe_ffn_hidden_size=f)
-
-
 def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int = 1) -> dict:
     """MoE layer fwd+bwd vs the ideal on ``seq·mbs`` tokens: seconds per fwd+bwd, ratios ideal / layer.
 
@@ -134,26 +127,19 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
     with it. ``sequential_*`` and ``isolated_*`` are the forced layer timed as earlier tables did
     (back-to-back windows, layer first; sync per call); ``*host_issue_s``: host seconds to issue one fwd+bwd."""
     tokens = seq * mbs
-    spec = moe_spec(h, f, experts, topk)
-    state = single_process_state()
-    layer = MoELayer(spec, ExecutorOptions(moe_router_force_load_balancing=True), state, 0, get_backend("torch"),
-                     DEV, BF16)
-    random_layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), DEV, BF16)
+    bar = bar_inputs(h, f, experts, topk, seq, mbs, DEV, BF16, ExecutorOptions(moe_router_force_load_balancing=True))
+    layer = bar.layer
+    random_layer = MoELayer(layer.router.spec, ExecutorOptions(), single_process_state(), 0, get_backend("torch"),
+                            DEV, BF16)
     random_layer.load_state_dict(layer.state_dict())
-    x = torch.randn(seq, mbs, h, device=DEV, dtype=BF16, requires_grad=True)
-    gy = torch.randn(seq, mbs, h, device=DEV, dtype=BF16)
 
-    layer_step, random_step = layer_fwd_bwd(layer, x, gy), layer_fwd_bwd(random_layer, x, gy)
+    layer_step, random_step = layer_fwd_bwd(layer, bar.x, bar.gy), layer_fwd_bwd(random_layer, bar.x, bar.gy)
     random_step()
     counts = random_layer.last_tokens_per_expert
     rows = tokens * topk
-    xs = torch.randn(rows, h, device=DEV, dtype=BF16, requires_grad=True)
-    gs = torch.randn(rows, h, device=DEV, dtype=BF16)
-    balanced = torch.full((experts,), rows // experts, device=DEV, dtype=torch.long)
-    ideal_experts = SeparateGateUpExperts(layer.experts)  # three separate GEMMs, though the layer fuses gate+up
-
-    ideal_step = ideal_fwd_bwd(ideal_experts, xs, gs, balanced)
-    uneven_ideal_step = ideal_fwd_bwd(ideal_experts, xs, gs, counts.clone())
+    # the ideal keeps three separate GEMMs, though the layer fuses gate+up
+    ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced)
+    uneven_ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, counts.clone())
     t_layer, t_random, t_ideal = both_timings(layer_step), both_timings(random_step), both_timings(ideal_step)
     paired = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     paired_random = paired_steady(random_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
@@ -197,10 +183,8 @@ def part_trace(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> d
     """Top CUDA kernels of one MoE layer fwd+bwd (torch.profiler), to see where the overhead goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    layer = MoELayer(moe_spec(h, f, experts, topk), ExecutorOptions(), single_process_state(), 0,
-                     get_backend("torch"), DEV, BF16)
-    x = torch.randn(tokens, 1, h, device=DEV, dtype=BF16, requires_grad=True)
-    gy = torch.randn_like(x)
+    bar = bar_inputs(h, f, experts, topk, tokens, 1, DEV, BF16)
+    layer, x, gy = bar.layer, bar.x, bar.gy
     for _ in range(3):
         layer(x)[0].backward(gy)
     torch.cuda.synchronize()

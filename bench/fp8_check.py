@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import sys
-import time
 import warnings
 
 import torch
@@ -49,6 +48,8 @@ from executor.kernels import fp8, get_backend  # noqa: E402
 from executor.kernels.torch_backend import TorchBackend  # noqa: E402
 from executor.moe import _swiglu  # noqa: E402
 from executor.options import ExecutorOptions  # noqa: E402
+
+from bench.moe_breakdown import steady_window  # noqa: E402
 
 BF16 = torch.bfloat16
 # speed variants: (label, kernel backend, environment while it runs)
@@ -105,7 +106,7 @@ def part_agree(dev: torch.device, shape) -> dict:
         warnings.simplefilter("always")
         triton_quantise = fp8._use_triton(dev)
     res = {"kernels": kernel, "emulated_because": fp8.emulation_reason(dev), "counts": counts.tolist(),
-           "triton_quantise": triton_quantise, "triton_quantise_warnings": [str(w.message) for w in said]}
+           "triton_quantise": triton_quantise, "triton_quantise_warnings": [str(msg.message) for msg in said]}
 
     def case(name, run, exact):
         emulated = run(False)
@@ -135,24 +136,15 @@ def part_agree(dev: torch.device, shape) -> dict:
 
 
 def _timer(dev: torch.device):
-    """seconds per call of fn(): ``warmup`` calls, then ``iters`` back to back between two CUDA events."""
+    """seconds per call of fn(): ``warmup`` calls, a sync, then ``iters`` back to back between two CUDA events
+    (:func:`bench.moe_breakdown.steady_window` with no lead calls: the first call starts on an idle GPU)."""
 
     def run(fn, iters: int, warmup: int = 3) -> float:
         for _ in range(warmup):
             fn()
-        if dev.type != "cuda":
-            start = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            return (time.perf_counter() - start) / iters
-        torch.cuda.synchronize(dev)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize(dev)
-        return start.elapsed_time(end) / 1e3 / iters
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return steady_window(fn, dev, iters, lead=0)
 
     return run
 

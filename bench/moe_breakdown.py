@@ -79,6 +79,56 @@ class SeparateGateUpExperts(torch.nn.Module):
         return self.grouped_mm(act, self.w2, offs)
 
 
+def moe_spec(h: int, f: int, experts: int, topk: int):
+    """A one-layer ModelSpec of the benchmarked MoE shape (hidden, expert FFN, experts, top-k)."""
+    from costmodel.model_spec import ModelSpec
+
+    return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h, num_attention_heads=16,
+                     ffn_hidden_size=f, vocab_size=32000, num_experts=experts, moe_router_topk=topk,
+                     moe_ffn_hidden_size=f)
+
+
+@dataclasses.dataclass
+class BarInputs:
+    """What the MoE bar runs: a one-GPU MoE layer on random tokens ``x`` [seq, mbs, h] with output gradient
+    ``gy``, and its ideal (the same weights as three separate expert GEMMs) on random pre-permuted rows
+    ``xs`` [seq·mbs·topk, h] with gradient ``gs``; ``balanced`` is the ideal's rows per expert."""
+
+    layer: torch.nn.Module
+    x: torch.Tensor
+    gy: torch.Tensor
+    ideal: SeparateGateUpExperts
+    xs: torch.Tensor
+    gs: torch.Tensor
+    balanced: torch.Tensor
+
+    def layer_step(self, layer: torch.nn.Module | None = None):
+        """fwd+bwd of ``layer`` (default: this one) on ``x`` (:func:`layer_fwd_bwd`)."""
+        return layer_fwd_bwd(layer or self.layer, self.x, self.gy)
+
+    def ideal_step(self, group_rows: torch.Tensor | None = None):
+        """fwd+bwd of the ideal in groups of ``group_rows`` (default: balanced) (:func:`ideal_fwd_bwd`)."""
+        return ideal_fwd_bwd(self.ideal, self.xs, self.gs, self.balanced if group_rows is None else group_rows)
+
+
+def bar_inputs(h: int, f: int, experts: int, topk: int, seq: int, mbs: int, dev: torch.device,
+               dtype: torch.dtype, options=None) -> BarInputs:
+    """The layer of this shape (``options``: ExecutorOptions, default ones) and its ideal, on random data."""
+    from executor.kernels import get_backend
+    from executor.moe import MoELayer
+    from executor.options import ExecutorOptions
+    from executor.parallel.groups import single_process_state
+
+    layer = MoELayer(moe_spec(h, f, experts, topk), options or ExecutorOptions(), single_process_state(), 0,
+                     get_backend("torch"), dev, dtype)
+    rows = seq * mbs * topk
+    return BarInputs(layer, torch.randn(seq, mbs, h, device=dev, dtype=dtype, requires_grad=True),
+                     torch.randn(seq, mbs, h, device=dev, dtype=dtype), SeparateGateUpExperts(layer.experts),
+                     torch.randn(rows, h, device=dev, dtype=dtype, requires_grad=True),
+                     torch.randn(rows, h, device=dev, dtype=dtype),
+                     torch.full((experts,), rows // experts, device=dev, dtype=torch.long))
+
+
 def layer_fwd_bwd(layer: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor):
     """A call that runs one fwd+bwd of the MoE ``layer`` on ``x`` with output gradient ``gy``, as in a
     training step (grads set to None first, so the backward writes them afresh)."""
@@ -190,10 +240,10 @@ def steady_seconds(fn, dev: torch.device, iters: int = 20, lead: int = 3, trials
     figure is the host's rate (compare :func:`host_seconds`)."""
     fn()
     _sync(dev)
-    return statistics.median(_steady_window(fn, dev, iters, lead) for _ in range(trials))
+    return statistics.median(steady_window(fn, dev, iters, lead) for _ in range(trials))
 
 
-def _steady_window(fn, dev: torch.device, iters: int, lead: int) -> float:
+def steady_window(fn, dev: torch.device, iters: int, lead: int) -> float:
     """Seconds per call of ``iters`` calls back to back after ``lead`` unsynchronised ones (one window of
     :func:`steady_seconds`): events on a GPU, wall clock on the CPU."""
     for _ in range(lead):
@@ -226,7 +276,7 @@ def paired_steady(fn_a, fn_b, dev: torch.device, rounds: int = 6, iters: int = 2
     _sync(dev)
 
     def window(fn) -> float:
-        return _steady_window(fn, dev, iters, lead)
+        return steady_window(fn, dev, iters, lead)
 
     a, b = [], []
     for r in range(rounds):
@@ -405,33 +455,17 @@ def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:
 
 
 def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: torch.device | None = None,
-              dtype: torch.dtype = torch.bfloat16, spec=None) -> dict:
+              dtype: torch.dtype = torch.bfloat16) -> dict:
     """The stage table of one MoE shape (see the module docstring); seconds everywhere."""
-    from costmodel.model_spec import ModelSpec
-    from executor.kernels import get_backend
-    from executor.moe import MoELayer
     from executor.options import ExecutorOptions
     from executor.parallel.groups import single_process_state
     from executor.router import Router
 
     dev = dev or torch.device("cuda", 0)
-    spec = spec or ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h,
-                             num_attention_heads=16, ffn_hidden_size=f, vocab_size=32000, num_experts=experts,
-                             moe_router_topk=topk, moe_ffn_hidden_size=f)
-    state = single_process_state()
-    layer = MoELayer(spec, ExecutorOptions(), state, 0, get_backend("torch"), dev, dtype)
-    x = torch.randn(tokens, 1, h, device=dev, dtype=dtype, requires_grad=True)
-    gy = torch.randn(tokens, 1, h, device=dev, dtype=dtype)
-
-    layer_step = layer_fwd_bwd(layer, x, gy)
-    rows = tokens * topk
-    xs = torch.randn(rows, h, device=dev, dtype=dtype, requires_grad=True)
-    gs = torch.randn(rows, h, device=dev, dtype=dtype)
-
-    ideal_experts = SeparateGateUpExperts(layer.experts)
-
-    def ideal(counts):
-        return ideal_fwd_bwd(ideal_experts, xs, gs, counts)
+    bar = bar_inputs(h, f, experts, topk, tokens, 1, dev, dtype)
+    layer, x, gy, spec, state = bar.layer, bar.x, bar.gy, bar.layer.router.spec, single_process_state()
+    layer_step = bar.layer_step()
+    ideal = bar.ideal_step
 
     result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens}}
     real_router = layer.router
@@ -456,8 +490,7 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
         del staged
     layer.router = real_router
 
-    balanced = torch.full((experts,), rows // experts, device=dev, dtype=torch.long)
-    for name, counts in (("ideal", balanced), ("ideal_uneven", uneven)):
+    for name, counts in (("ideal", bar.balanced), ("ideal_uneven", uneven)):
         dev_s, hid = device_seconds(ideal(counts), dev)
         result[name] = {"steady_s": steady_seconds(ideal(counts), dev),
                         "wall_s": wall_seconds(ideal(counts), dev), "device_s": dev_s, "hidden": hid,

@@ -133,25 +133,10 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
 
 def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
     from bench import executor_gpu as eg
-    from bench.moe_breakdown import SeparateGateUpExperts, ideal_fwd_bwd, layer_fwd_bwd
-    from executor.kernels import get_backend
-    from executor.moe import MoELayer
-    from executor.options import ExecutorOptions
-    from executor.parallel.groups import single_process_state
+    from bench.moe_breakdown import bar_inputs
 
-    h, f, experts, topk = eg.MOE_SHAPES["mixtral"]
-    dev, bf16, seq = torch.device("cuda"), torch.bfloat16, eg.SEQ
-    layer = MoELayer(eg.moe_spec(h, f, experts, topk), ExecutorOptions(), single_process_state(), 0,
-                     get_backend("torch"), dev, bf16)
-    x = torch.randn(seq, 1, h, device=dev, dtype=bf16, requires_grad=True)
-    gy = torch.randn(seq, 1, h, device=dev, dtype=bf16)
-
-    layer_step = layer_fwd_bwd(layer, x, gy)
-    rows = seq * topk
-    xs = torch.randn(rows, h, device=dev, dtype=bf16, requires_grad=True)
-    gs = torch.randn(rows, h, device=dev, dtype=bf16)
-    balanced = torch.full((experts,), rows // experts, device=dev, dtype=torch.long)
-    ideal_step = ideal_fwd_bwd(SeparateGateUpExperts(layer.experts), xs, gs, balanced)
+    bar = bar_inputs(*eg.MOE_SHAPES["mixtral"], eg.SEQ, 1, torch.device("cuda"), torch.bfloat16)
+    layer, layer_step, ideal_step = bar.layer, bar.layer_step(), bar.ideal_step()
 
     for fn in (layer_step, ideal_step, layer_step, ideal_step):
         fn()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import bench.executor_gpu as eg
-from bench.moe_breakdown import paired_steady, steady_seconds
+from bench.moe_breakdown import moe_spec, paired_steady, steady_seconds
 
 
 def test_steady_seconds_times_back_to_back_calls():
@@ -105,7 +105,7 @@ def test_forced_balance_router_still_computes_scores_and_assigns_round_robin():
     from executor.parallel.groups import single_process_state
     from executor.router import Router
 
-    spec = eg.moe_spec(*eg.TINY_MOE_SHAPES["mixtral"])
+    spec = moe_spec(*eg.TINY_MOE_SHAPES["mixtral"])
     router = Router(spec, ExecutorOptions(moe_router_force_load_balancing=True), single_process_state(), 0,
                     torch.device("cpu"), torch.float32)
     x = torch.randn(32, spec.hidden_size, requires_grad=True)
