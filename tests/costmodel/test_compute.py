@@ -128,7 +128,11 @@ def test_sustained_clock_factor_scales_every_compute_bound_kernel_and_no_memory_
         for f, s in zip(attention_time(fast_r, 4096, 4096, 32, 128, 128, steps=2),
                         attention_time(slow_r, 4096, 4096, 32, 128, 128, steps=2)):
             assert s - 2 * KERNEL_OVERHEAD_S == pytest.approx((f - 2 * KERNEL_OVERHEAD_S) / 0.8)
-    assert replace(H100, sustained_clock_factor=None) == H100  # not measured: priced as a clock that holds
+    # not measured (None) is priced as a clock that holds: the same seconds as a measured factor of 1
+    unmeasured, holds = (compute_rates(replace(H100, sustained_clock_factor=v), "bf16") for v in (None, 1.0))
+    assert unmeasured is not holds
+    assert gemm_time(unmeasured, 8192, 8192, 8192) == gemm_time(holds, 8192, 8192, 8192)
+    assert attention_time(unmeasured, 4096, 4096, 32, 128, 128) == attention_time(holds, 4096, 4096, 32, 128, 128)
 
 
 def test_profiles_written_before_the_sustained_clock_and_attention_curves_still_load():
