@@ -6,7 +6,8 @@ card lowers its SM clock under that load (power or thermal limit), a burst overs
 and two timings taken one after the other drift apart for no reason in the code. This probe measures it:
 
 - ``gemm``: a bf16 and an fp8 (``torch._scaled_mm``, per-tensor scales) 8192³ GEMM run back to back for
-  ``--seconds`` each, timed in ~100 ms windows (TFLOP/s per window: first, median, last);
+  ``--seconds`` each by calibrate's own sustained run (executor/microbench/sustained.py: a burst timed as the
+  GEMM curve is, then ~50 ms windows): TFLOP/s per window, first, median, last, settled;
 - ``moe``: the Mixtral MoE layer (router, dispatch, experts, combine; random router) and the bar's ideal
   (bench/executor_gpu.py) alternated in steady-state windows of 20 fwd+bwd, ``--rounds`` times, with every
   pass's own time inside the window (events between passes, no sync), so drift and stalls show;
@@ -80,54 +81,32 @@ class SmiSampler:
         os.unlink(self.file.name)
 
 
-def windows(fn, seconds: float, window_s: float = 0.1) -> list[float]:
-    """Seconds per call in consecutive windows over ``seconds`` of back-to-back calls (events, no sync
-    inside a window; one sync per window to read it)."""
-    dev = torch.device("cuda")
-    for _ in range(3):  # library init and autotuning stay out of the window sizing
-        fn()
-    torch.cuda.synchronize(dev)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    stop.record()
-    torch.cuda.synchronize(dev)
-    per = max(1, int(window_s / max(start.elapsed_time(stop) / 1e3, 1e-6)))
-    out, t_end = [], time.time() + seconds
-    while time.time() < t_end:
-        start.record()
-        for _ in range(per):
-            fn()
-        stop.record()
-        stop.synchronize()
-        out.append(start.elapsed_time(stop) / 1e3 / per)
-    return out
-
-
 def part_gemm(smi: SmiSampler, seconds: float) -> dict:
-    from executor.microbench.gemm import gemm_product
+    from executor.microbench.sustained import WINDOW_S, measure_sustained
 
     n = 8192
     dev = torch.device("cuda")
+    per_second = max(1, round(1 / WINDOW_S))
     result = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
-        fn = gemm_product(n, n, n, dev, dtype)
         time.sleep(2.0)  # an idle gap first, as a calibration's burst starts from
         t0 = time.time()
-        w = windows(fn, seconds)
+        run = measure_sustained(dev, dtype, seconds, n)  # calibrate's own sustained run, windows kept
         t1 = time.time()
-        tf = [2 * n**3 / s / 1e12 for s in w]
+        tf = [rate / 1e12 for rate in run["windows_flops_per_s"]]
         # the last 10 s (or the second half of a shorter run): where the clock has settled
-        settled = tf[-max(1, min(len(tf) // 2, int(10 / 0.1))):]
-        result[name] = {"windows": len(tf), "tflops_first": tf[0], "tflops_median": statistics.median(tf),
+        settled = tf[-max(1, min(len(tf) // 2, 10 * per_second)):]
+        result[name] = {"windows": len(tf), "window_s": WINDOW_S, "burst_tflops": run["burst_flops_per_s"] / 1e12,
+                        "tflops_first": tf[0], "tflops_median": statistics.median(tf),
                         "tflops_settled_median": statistics.median(settled),
-                        "tflops_by_second": [round(statistics.median(tf[i:i + 10]), 1) for i in range(0, len(tf), 10)],
+                        "tflops_by_second": [round(statistics.median(tf[i:i + per_second]), 1)
+                                             for i in range(0, len(tf), per_second)],
                         "tflops_last": tf[-1], "tflops_min": min(tf), "tflops_max": max(tf),
                         "tflops_by_window": [round(x, 1) for x in tf], "smi": smi.between(t0, t1),
                         "smi_settled": smi.between(max(t0, t1 - 10), t1)}
-        print(f"{name:>5} GEMM {n}³ over {seconds:.0f} s: first {tf[0]:.0f}  median {statistics.median(tf):.0f}  "
-              f"last {tf[-1]:.0f}  settled {statistics.median(settled):.0f} TFLOP/s  smi {result[name]['smi']}  settled "
-              f"{result[name]['smi_settled']}", flush=True)
+        print(f"{name:>5} GEMM {n}³ over {seconds:.0f} s: burst {result[name]['burst_tflops']:.0f}  first {tf[0]:.0f}  "
+              f"median {statistics.median(tf):.0f}  last {tf[-1]:.0f}  settled {statistics.median(settled):.0f} TFLOP/s  "
+              f"smi {result[name]['smi']}  settled {result[name]['smi_settled']}", flush=True)
     return result
 
 
