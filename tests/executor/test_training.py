@@ -157,7 +157,8 @@ def test_bad_inputs_raise_one_clear_error(corpus, tmp_path):
     with pytest.raises(FoldtuneError, match="checkpoint_every needs a checkpoint_dir"):
         TrainConfig(corpus, steps=1, seq_length=16, global_batch_size=2, checkpoint_every=5)
     heldout = TokenDataset(corpus).splits["heldout"].tokens  # the corpus (this repo's docs) grows over time
-    too_many = 4 * (heldout // (4 * 251) + 1)  # sequences of 250 + 1 tokens, a multiple of the micro-batch
+    windows = (heldout - 1) // 250  # the sampler's windows of 250 + 1 tokens (stride 250: executor/dataset/sampler.py)
+    too_many = 4 * (windows // 4 + 1)  # one more than it holds, rounded up to a multiple of the micro-batch
     with pytest.raises(FoldtuneError, match="held-out split"):
         _single(TrainConfig(corpus, steps=1, seq_length=250, global_batch_size=too_many))
     (tmp_path / "ck").mkdir()
