@@ -225,6 +225,7 @@ class _Shape:
         else:
             self.accum_bytes = MAIN_GRAD_ACCUM_BYTES if training.main_grads_fp32 else 3 * training.param_bytes
         self.flash = training.flash_attention
+        self.regather = training.sequence_parallel_regather
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
         gpn = ctx.gpus_per_node
@@ -266,8 +267,9 @@ class _Shape:
         """TP traffic of a column-then-row parallel block over ``tokens`` rows (full-size buffers in bytes).
 
         With SP: forward all-gathers the input and reduce-scatters the output; backward all-gathers the
-        output gradient, re-gathers the input for the weight gradient and reduce-scatters the input
-        gradient. Without SP: one all-reduce forward (output) and one backward (input gradient).
+        output gradient, re-gathers the input for the weight gradient (Megatron only, see
+        ``TrainingSpec.sequence_parallel_regather``) and reduce-scatters the input gradient. Without SP: one
+        all-reduce forward (output) and one backward (input gradient).
         """
         place, link = self.tp_place, self.link
         if place.size <= 1:
@@ -277,7 +279,7 @@ class _Shape:
             rs = ring_time(link, "reduce_scatter", scatter_bytes, place)
             ag_out = ring_time(link, "all_gather", scatter_bytes, place)
             rs_in = ring_time(link, "reduce_scatter", gather_bytes, place)
-            block.add(TP, ag + rs, ag_out + ag + rs_in, module)
+            block.add(TP, ag + rs, ag_out + (ag if self.regather else 0.0) + rs_in, module)
         else:
             block.add(TP, ring_time(link, "all_reduce", scatter_bytes, place),
                       ring_time(link, "all_reduce", gather_bytes, place), module)
@@ -434,8 +436,9 @@ class _Shape:
         place = self.tp_place
         if place.size > 1:
             if self.sp:
-                block.add(TP, ring_time(self.link, "all_gather", t * h * ab, place),
-                          ring_time(self.link, "reduce_scatter", t * h * ab, place))
+                ag = ring_time(self.link, "all_gather", t * h * ab, place)
+                block.add(TP, ag, ring_time(self.link, "reduce_scatter", t * h * ab, place)
+                          + (ag if self.regather else 0.0))
             else:
                 block.add(TP, 0.0, ring_time(self.link, "all_reduce", t * h * ab, place))
         self.linear(block, t, vocab, h, low_precision=False)

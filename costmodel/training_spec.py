@@ -25,6 +25,9 @@ class TrainingSpec:
     ``flash_attention`` False models the unfused softmax path (it stores the s×s score matrix).
     ``gradient_accumulation_fusion`` True models Megatron's fused weight-gradient accumulation (no separate
     per-micro-batch pass over the main gradients).
+    ``sequence_parallel_regather`` True models Megatron's column-parallel linears under sequence parallelism,
+    which keep their input sharded and all-gather it again in backward for the weight gradient; foldtune's
+    executor keeps the gathered input instead (one all-gather fewer per TP block in backward).
     """
 
     seq_length: int
@@ -44,6 +47,9 @@ class TrainingSpec:
     # gradient. foldtune's executor does not fuse (it adds each micro-batch's gradient in a separate kernel),
     # so the default prices that traffic; set True to model Megatron runs.
     gradient_accumulation_fusion: bool = False
+    # Megatron re-gathers a sequence-parallel linear's input in backward (memory for traffic); the executor's
+    # autograd keeps the gathered input, (1 - 1/tp) of it more per TP block, which the memory model does not add
+    sequence_parallel_regather: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []

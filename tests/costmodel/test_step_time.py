@@ -437,3 +437,24 @@ def test_measured_routing_load_paces_ep_layouts_by_their_busiest_rank():
     grouped = dict(layer_times(model, even, cluster, ep2)["moe"].fwd)["grouped_gemm"]
     assert dict(layer_times(model, skew, cluster, ep2)["moe"].fwd)["grouped_gemm"] == pytest.approx(1.2 * grouped, rel=0.02)
     assert layer_times(model, skew, cluster, ep1)["moe"].fwd == layer_times(model, even, cluster, ep1)["moe"].fwd
+
+
+def test_megatron_regathers_a_sequence_parallel_input_for_the_weight_gradient_the_executor_does_not():
+    """TP2 with SP, attention block of 4096 tokens x 4096 hidden (bf16, 32 MiB gathered): the executor's backward
+    runs the output-gradient all-gather and the input-gradient reduce-scatter; Megatron adds one all-gather of
+    the input. The forward is the same for both."""
+    from costmodel.comm import group_placement, link_rates, ring_time
+
+    model = get_model("mixtral-8x7b").with_layers(2)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=8)
+    megatron = replace(executor, sequence_parallel_regather=True)
+    cluster, config = ClusterSpec(H100, 2), ParallelConfig(world_size=2, tp=2)
+    ours, theirs = (dict(layer_times(model, t, cluster, config)["attention"].bwd)["tp_comm"]
+                    for t in (executor, megatron))
+    place, link = group_placement(1, 2, H100.gpus_per_node), link_rates(H100)
+    gathered = 4096 * 4096 * 2
+    assert ours == pytest.approx(ring_time(link, "all_gather", gathered, place)
+                                 + ring_time(link, "reduce_scatter", gathered, place))
+    assert theirs - ours == pytest.approx(ring_time(link, "all_gather", gathered, place))
+    assert (layer_times(model, executor, cluster, config)["attention"].fwd
+            == layer_times(model, megatron, cluster, config)["attention"].fwd)
