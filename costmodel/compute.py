@@ -64,6 +64,7 @@ class ComputeRates:
     attn_bwd_eff: float
     kernel_overhead: float  # seconds
     gemm_curve: MeasuredCurve | None = None
+    gemm_bwd_curve: MeasuredCurve | None = None  # forward FLOPs -> backward GEMMs' achieved / peak (measured)
     grouped_curve: MeasuredCurve | None = None
     attn_fwd_curve: MeasuredCurve | None = None  # key length -> achieved / bf16 peak (measured)
     attn_bwd_curve: MeasuredCurve | None = None
@@ -87,7 +88,7 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         grouped_eff_max=grouped, bf16_peak=gpu.peak("bf16") * clock, bf16_eff_max=bf16_eff,
         hbm_bandwidth=gpu.hbm_bandwidth * hbm_eff, attn_fwd_eff=ATTENTION_FWD_EFFICIENCY,
         attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
-        gemm_curve=hardware.gemm_efficiency, grouped_curve=hardware.grouped_gemm_efficiency,
+        gemm_curve=hardware.gemm_efficiency, gemm_bwd_curve=hardware.gemm_bwd_efficiency, grouped_curve=hardware.grouped_gemm_efficiency,
         attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency)
 
 
@@ -120,9 +121,15 @@ def gemm_fwd_bwd(rates: ComputeRates, m: int, n: int, k: int, low_precision: boo
     """(forward, backward) seconds of a linear layer whose forward GEMM is ``(m x k) @ (k x n)``.
 
     The backward is the input-gradient GEMM ``(m x n) @ (n x k)`` plus the weight-gradient GEMM
-    ``(k x m) @ (m x n)``: twice the forward FLOPs, each priced by its own shape.
+    ``(k x m) @ (m x n)``: twice the forward FLOPs. With a measured ``gemm_bwd_efficiency`` curve (for GEMMs
+    in the training precision, which the curve is timed in) both run at its efficiency for this forward's
+    FLOPs; without one, each is priced like a forward GEMM of its own shape.
     """
     fwd = gemm_time(rates, m, n, k, low_precision)
+    if (low_precision or rates.gemm_elem_bytes == 2) and rates.gemm_bwd_curve is not None and m > 0 and n > 0 \
+            and k > 0:
+        flops = 2.0 * m * n * k
+        return fwd, 2.0 * flops / (rates.gemm_peak * rates.gemm_bwd_curve(flops))
     return fwd, gemm_time(rates, m, k, n, low_precision) + gemm_time(rates, k, n, m, low_precision)
 
 

@@ -90,7 +90,8 @@ class MeasuredCurve:
 class HardwareProfile:
     """One node type and its network: what the cost model prices FLOPs and bytes against.
 
-    ``gemm_efficiency`` maps FLOPs of one GEMM to achieved/peak; ``grouped_gemm_efficiency`` maps
+    ``gemm_efficiency`` maps FLOPs of one GEMM to achieved/peak; ``gemm_bwd_efficiency`` maps a linear
+    layer's forward FLOPs to achieved/peak of its two backward GEMMs; ``grouped_gemm_efficiency`` maps
     tokens per expert to achieved/peak; ``collective_efficiency`` maps a collective name
     ('all_to_all', 'all_reduce', 'all_gather', 'reduce_scatter', 'p2p') plus a link scope
     ('intra'/'inter') to a curve of message bytes -> achieved/link bandwidth. All are optional: the
@@ -117,6 +118,8 @@ class HardwareProfile:
     inter_node_bandwidth: float  # bytes/s per GPU per direction (IB/RoCE NIC per GPU)
     inter_node_latency: float  # seconds
     gemm_efficiency: MeasuredCurve | None = None
+    # forward FLOPs of a GEMM shape -> achieved / peak of that linear's input- and weight-gradient GEMMs
+    gemm_bwd_efficiency: MeasuredCurve | None = None
     grouped_gemm_efficiency: MeasuredCurve | None = None
     # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
     attention_fwd_efficiency: MeasuredCurve | None = None
@@ -204,6 +207,7 @@ class HardwareProfile:
             "intra_node_bandwidth": self.intra_node_bandwidth, "intra_node_latency": self.intra_node_latency,
             "inter_node_bandwidth": self.inter_node_bandwidth, "inter_node_latency": self.inter_node_latency,
             "gemm_efficiency": list(self.gemm_efficiency.points) if self.gemm_efficiency else None,
+            "gemm_bwd_efficiency": list(self.gemm_bwd_efficiency.points) if self.gemm_bwd_efficiency else None,
             "grouped_gemm_efficiency": (list(self.grouped_gemm_efficiency.points)
                                         if self.grouped_gemm_efficiency else None),
             "attention_fwd_efficiency": (list(self.attention_fwd_efficiency.points)
@@ -223,7 +227,7 @@ class HardwareProfile:
     def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
         d = dict(data)
         d["gpu"] = GPUSpec(**d["gpu"]) if isinstance(d["gpu"], dict) else d["gpu"]
-        for key in ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency",
+        for key in ("gemm_efficiency", "gemm_bwd_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency",
                     "attention_bwd_efficiency"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))

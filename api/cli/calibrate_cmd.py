@@ -167,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     out = save_profile(profile, path, raw)
     print("GEMM efficiency (FLOPs -> of peak): "
           + ", ".join(f"{x:.3g}:{y:.3f}" for x, y in profile.gemm_efficiency.points))
+    if profile.gemm_bwd_efficiency is not None:
+        print("GEMM backward, input + weight gradients (forward FLOPs -> of peak): "
+              + ", ".join(f"{x:.3g}:{y:.3f}" for x, y in profile.gemm_bwd_efficiency.points))
     if profile.grouped_gemm_efficiency is not None:
         print("grouped GEMM (tokens/expert -> of peak): "
               + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in profile.grouped_gemm_efficiency.points))

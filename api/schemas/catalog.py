@@ -48,6 +48,8 @@ class HardwareProfileIn(BaseModel):
     inter_node_bandwidth: float = Field(gt=0, le=1e30)
     inter_node_latency: float = Field(ge=0, le=1e6)
     gemm_efficiency: Curve | None = None
+    gemm_bwd_efficiency: Curve | None = Field(None, description="a linear's forward FLOPs -> achieved / peak of its "
+                                              "input- and weight-gradient GEMMs")
     grouped_gemm_efficiency: Curve | None = None
     attention_fwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     attention_bwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")

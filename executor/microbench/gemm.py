@@ -1,4 +1,11 @@
-"""Dense GEMM throughput over the shapes MoE transformer layers produce (tokens x hidden x FFN)."""
+"""Dense GEMM throughput over the shapes MoE transformer layers produce (tokens x hidden x FFN).
+
+Each shape is timed as a linear layer's forward GEMM and as its backward: the input-gradient GEMM
+``dy (m x n) @ W (n x k)`` and the weight-gradient GEMM ``dyᵀ (n x m) @ x (m x k)``, in the operand layouts
+training gives them (PyTorch's linear backward; Transformer Engine's fp8 backward, which feeds
+``torch._scaled_mm``-style kernels explicitly transposed operands). The backward runs other kernels than the
+forward (a transposed operand, a reduction over the tokens), so its efficiency is measured, not assumed.
+"""
 
 from __future__ import annotations
 
@@ -54,12 +61,31 @@ def gemm_product(m: int, n: int, k: int, device: torch.device, dtype: torch.dtyp
     return lambda: a_MK @ b_KN
 
 
+def backward_products(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype):
+    """A call running the backward GEMMs of a linear layer whose forward is ``(m x k) @ (k x n)``: the input
+    gradient ``(m x n) @ (n x k)`` and the weight gradient ``(n x m) @ (m x k)``, 2·(2·m·n·k) FLOPs together.
+
+    16/32-bit: as PyTorch's linear backward runs them (``dy @ W`` and ``dy.t() @ x``, the latter on a
+    transposed view). float8_e4m3fn: two ``torch._scaled_mm`` calls on explicitly transposed operands, as
+    Transformer Engine's fp8 backward does."""
+    if dtype == FP8:
+        dgrad, wgrad = gemm_product(m, k, n, device, dtype), gemm_product(n, k, m, device, dtype)
+        return lambda: (dgrad(), wgrad())
+    dy_MN = torch.randn(m, n, device=device, dtype=dtype)
+    w_NK = torch.randn(n, k, device=device, dtype=dtype)
+    x_MK = torch.randn(m, k, device=device, dtype=dtype)
+    return lambda: (dy_MN @ w_NK, dy_MN.t() @ x_MK)
+
+
 def measure_gemm(shapes: tuple[GemmShape, ...], device: torch.device, dtype: torch.dtype,
                  repeats: int = 3) -> list[dict]:
-    """Seconds of one GEMM per shape: ``[{'m','n','k','flops','seconds'}]``; ``dtype`` float8_e4m3fn times
-    ``torch._scaled_mm`` (CUDA GPUs with fp8 tensor cores only)."""
+    """Seconds per shape of the forward GEMM and of the linear layer's two backward GEMMs together:
+    ``[{'m','n','k','flops','seconds','bwd_seconds'}]`` (``flops`` is the forward's; the backward does twice
+    that). ``dtype`` float8_e4m3fn times ``torch._scaled_mm`` (CUDA GPUs with fp8 tensor cores only)."""
     out = []
     for shape in shapes:
         seconds = time_op(gemm_product(shape.m, shape.n, shape.k, device, dtype), device, repeats=repeats)
-        out.append({"m": shape.m, "n": shape.n, "k": shape.k, "flops": shape.flops, "seconds": seconds})
+        bwd = time_op(backward_products(shape.m, shape.n, shape.k, device, dtype), device, repeats=repeats)
+        out.append({"m": shape.m, "n": shape.n, "k": shape.k, "flops": shape.flops, "seconds": seconds,
+                    "bwd_seconds": bwd})
     return out

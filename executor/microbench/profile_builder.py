@@ -2,6 +2,9 @@
 
 * ``gemm_efficiency``: FLOPs of one GEMM -> (FLOPs / measured seconds) / datasheet peak of the
   benchmarked precision; the time model then prices a GEMM as FLOPs / (peak · curve(FLOPs)).
+* ``gemm_bwd_efficiency``: forward FLOPs of a GEMM shape -> (2 x those FLOPs / measured seconds of the linear
+  layer's input- and weight-gradient GEMMs) / the same peak; raw files without backward timings leave it unset
+  (the time model then prices each backward GEMM on the forward curve by its own shape).
 * ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak. An fp8 calibration times its
   GEMMs with ``torch._scaled_mm`` against the fp8 peak but its grouped GEMMs in bf16, which the time model
   would read as fractions of the fp8 peak: it keeps the base profile's grouped curve (the default ratio).
@@ -55,6 +58,15 @@ def gemm_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
     return _curve(by_flops)
 
 
+def gemm_bwd_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
+    """Forward FLOPs -> achieved / ``peak`` of the two backward GEMMs (twice the forward's FLOPs)."""
+    by_flops: dict[float, list[float]] = defaultdict(list)
+    for row in rows:
+        if row.get("bwd_seconds"):
+            by_flops[row["flops"]].append(2.0 * row["flops"] / row["bwd_seconds"] / peak)
+    return _curve(by_flops)
+
+
 def grouped_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
     by_tokens: dict[float, list[float]] = defaultdict(list)
     for row in rows:
@@ -92,6 +104,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     return replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
+        gemm_bwd_efficiency=gemm_bwd_curve(raw["gemm"], peak) or base.gemm_bwd_efficiency,
         grouped_gemm_efficiency=(grouped_curve(raw["grouped_gemm"], peak) if raw["precision"] != "fp8" else None)
         or base.grouped_gemm_efficiency,
         collective_efficiency=tuple(sorted(curves.items())),

@@ -52,8 +52,9 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     report = {"device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
               "gemm": gemm.measure_gemm(gemm.default_shapes(device, plan.quick), device, gemm_dtype)}
     for row in report["gemm"]:
-        say(f"  gemm {row['m']}x{row['n']}x{row['k']}  {row['seconds'] * 1e6:10.1f} us  "
-            f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+        say(f"  gemm {row['m']}x{row['n']}x{row['k']}  fwd {row['seconds'] * 1e6:10.1f} us "
+            f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us "
+            f"{2 * row['flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
     say("grouped GEMMs (tokens per expert)")
     report["grouped_gemm"] = grouped_gemm.measure_grouped_gemm(grouped_gemm.default_tokens(device, plan.quick),
                                                                device, dtype)
@@ -102,7 +103,8 @@ def merge_ranks(reports: list[dict]) -> dict:
     def merged(key: str, reducer) -> list[dict]:
         rows = []
         for i, row in enumerate(reports[0][key]):
-            rows.append({**row, "seconds": reducer([r[key][i]["seconds"] for r in reports])})
+            rows.append({**row, **{field: reducer([r[key][i][field] for r in reports])
+                                   for field in ("seconds", "bwd_seconds") if field in row}})
         return rows
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),

@@ -26,9 +26,11 @@ def test_calibrated_profile_takes_compute_fractions_only():
                        hbm_efficiency=0.8, overlap_slowdown=0.25, op_launch_s=1e-5, sustained_clock_factor=0.9,
                        attention_fwd_efficiency=MeasuredCurve(((256.0, 0.2), (8192.0, 0.6))),
                        attention_bwd_efficiency=MeasuredCurve(((256.0, 0.1), (8192.0, 0.5))),
+                       gemm_bwd_efficiency=MeasuredCurve(((1e9, 0.2), (1e12, 0.5))),
                        intra_node_bandwidth=1.0, collective_efficiency={})
     cal = validate_reference.calibrated(h100, measured)
     assert cal.gemm_efficiency == measured.gemm_efficiency and cal.hbm_efficiency == 0.8
+    assert cal.gemm_bwd_efficiency == measured.gemm_bwd_efficiency
     assert (cal.attention_fwd_efficiency, cal.attention_bwd_efficiency) == (measured.attention_fwd_efficiency,
                                                                             measured.attention_bwd_efficiency)
     assert cal.overlap_slowdown == 0.25 and cal.sustained_clock_factor == 0.9

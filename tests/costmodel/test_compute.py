@@ -137,7 +137,8 @@ def test_sustained_clock_factor_scales_every_compute_bound_kernel_and_no_memory_
 
 def test_profiles_written_before_the_sustained_clock_and_attention_curves_still_load():
     old = {k: v for k, v in replace(H100, sustained_clock_factor=0.8).to_dict().items()
-           if k not in ("sustained_clock_factor", "attention_fwd_efficiency", "attention_bwd_efficiency")}
+           if k not in ("sustained_clock_factor", "attention_fwd_efficiency", "attention_bwd_efficiency",
+                        "gemm_bwd_efficiency")}
     loaded = HardwareProfile.from_dict(old)
     assert loaded.sustained_clock_factor is None and loaded.attention_fwd_efficiency is None
     assert compute_rates(loaded, "bf16").bf16_peak == H100.gpu.peak("bf16")
@@ -152,3 +153,23 @@ def test_sustained_clock_factor_outside_0_1_is_refused(bad):
 
     with pytest.raises(SpecError, match="sustained_clock_factor"):
         replace(H100, sustained_clock_factor=bad)
+
+
+def test_a_measured_backward_curve_prices_both_backward_gemms_of_a_linear():
+    """Forward at 0.8 of the peak, backward measured at 0.4: the input- and weight-gradient GEMMs (twice the
+    forward's FLOPs) take 4x the forward. A 16-bit GEMM under fp8 training (the output layer) keeps the
+    shape-by-shape forward pricing: the curve was timed in fp8."""
+    flat = MeasuredCurve(((1e9, 0.8), (1e13, 0.8)))
+    slow_bwd = replace(H100, gemm_efficiency=flat, gemm_bwd_efficiency=MeasuredCurve(((1e9, 0.4), (1e13, 0.4))))
+    fwd, bwd = gemm_fwd_bwd(compute_rates(slow_bwd, "bf16"), 4096, 14336, 4096)
+    assert fwd == pytest.approx(2 * 4096 * 14336 * 4096 / (H100.gpu.peak("bf16") * 0.8))
+    assert bwd == pytest.approx(4 * fwd)
+    # without the curve each backward GEMM is a forward of its own shape: here the same flat 0.8
+    assert gemm_fwd_bwd(compute_rates(replace(H100, gemm_efficiency=flat), "bf16"), 4096, 14336, 4096)[1] == \
+        pytest.approx(2 * fwd)
+    fp8 = compute_rates(slow_bwd, "fp8")
+    assert gemm_fwd_bwd(fp8, 4096, 32000, 4096, low_precision=False)[1] == pytest.approx(
+        gemm_time(fp8, 4096, 4096, 32000, low_precision=False) + gemm_time(fp8, 4096, 32000, 4096, low_precision=False))
+    assert gemm_fwd_bwd(fp8, 4096, 14336, 4096)[1] == pytest.approx(
+        4 * 4096 * 14336 * 4096 / (H100.gpu.peak("fp8") * 0.4))
+    assert HardwareProfile.from_dict(slow_bwd.to_dict()) == slow_bwd

@@ -39,8 +39,13 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     raw, profile = calibrated
     base = get_hardware("cpu")
     assert profile.name == "cpu-calibrated" and profile.gpu == base.gpu
-    points = [*profile.gemm_efficiency.points, *profile.grouped_gemm_efficiency.points]
+    points = [*profile.gemm_efficiency.points, *profile.gemm_bwd_efficiency.points,
+              *profile.grouped_gemm_efficiency.points]
     assert all(math.isfinite(y) and y > 0 for _, y in points)
+    # every GEMM shape is timed forward and as its linear's backward (twice the FLOPs: at least the time of
+    # one forward, whatever the layouts cost)
+    assert [x for x, _ in profile.gemm_bwd_efficiency.points] == [x for x, _ in profile.gemm_efficiency.points]
+    assert all(row["bwd_seconds"] > row["seconds"] for row in raw["gemm"])
     # The 'cpu' datasheet figures are rough, so GEMM rates are checked against each other: a grouped
     # GEMM with 4 tokens per expert re-reads each expert's weights for almost no FLOPs and must be
     # far less efficient than one with 16 or 256 times the tokens.
