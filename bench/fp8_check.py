@@ -1,4 +1,4 @@
-"""FP8 training GEMMs (executor/kernels/fp8.py) on a GPU: kernels against their emulation, speed, a profile.
+"""FP8 training GEMMs (executor/kernels/fp8/) on a GPU: kernels against their emulation, speed, a profile.
 
 Parts (``--parts agree,speed,profile``, all by default):
 - ``agree``: ``torch._scaled_grouped_mm`` / ``torch._scaled_mm`` against the emulation (same quantisation,
@@ -45,6 +45,7 @@ from costmodel.catalog import get_model  # noqa: E402
 from costmodel.parallel_config import ParallelConfig  # noqa: E402
 from costmodel.training_spec import TrainingSpec  # noqa: E402
 from executor.kernels import fp8, get_backend  # noqa: E402
+from executor.kernels.fp8 import quantize
 from executor.kernels.torch_backend import TorchBackend  # noqa: E402
 from executor.moe import _swiglu  # noqa: E402
 from executor.options import ExecutorOptions  # noqa: E402
@@ -58,10 +59,10 @@ VARIANTS = (("bf16", "torch", {}),
             ("fp8_uncached", "torch-fp8", {"FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
             ("fp8", "torch-fp8", {}),
             ("fp8_bf16_wgrad", "torch-fp8", {"FOLDTUNE_FP8_WGRAD": "bf16"}))
-QUANTISERS = {"torch": {"rowwise": lambda t, _: fp8._quantize_rowwise_torch(t),
-                        "groups": fp8._quantize_groups_colwise_torch},
-              "triton": {"rowwise": lambda t, _: fp8._quantize_rowwise_triton(t),
-                         "groups": fp8._quantize_groups_colwise_triton}}
+QUANTISERS = {"torch": {"rowwise": lambda t, _: quantize._quantize_rowwise_torch(t),
+                        "groups": quantize._quantize_groups_colwise_torch},
+              "triton": {"rowwise": lambda t, _: quantize._quantize_rowwise_triton(t),
+                         "groups": quantize._quantize_groups_colwise_triton}}
 # profile runs: (label, precision, global batch, environment of the ranks)
 PROFILE_RUNS = (("bf16", "bf16", 1, {}), ("fp8", "fp8", 1, {}),
                 ("fp8_torch_quant", "fp8", 1, {"FOLDTUNE_FP8_TRITON": "0", "FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
@@ -104,7 +105,7 @@ def part_agree(dev: torch.device, shape) -> dict:
     fp32 = TorchBackend()
     with warnings.catch_warnings(record=True) as said:  # the quantisation's first-use self-check speaks here
         warnings.simplefilter("always")
-        triton_quantise = fp8._use_triton(dev)
+        triton_quantise = quantize._use_triton(dev)
     res = {"kernels": kernel, "emulated_because": fp8.emulation_reason(dev), "counts": counts.tolist(),
            "triton_quantise": triton_quantise, "triton_quantise_warnings": [str(msg.message) for msg in said]}
 
@@ -223,12 +224,12 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
     with torch.no_grad():
         res["quantise_s"] = {"torch": {name: timed(lambda k=kind, t=t: QUANTISERS["torch"][k](t, groups), iters)
                                        for name, (kind, t) in cases.items()}}
-        if fp8._use_triton(dev):
+        if quantize._use_triton(dev):
             res["quantise_s"]["triton"] = {
                 name: timed(lambda k=kind, t=t: QUANTISERS["triton"][k](t, groups), iters)
                 for name, (kind, t) in cases.items()}
             res["quantise_s"]["triton two-pass"] = {  # torch's amax, then the Triton cast
-                name: timed(lambda t=t: fp8._quantize_rowwise_two_pass(t), iters)
+                name: timed(lambda t=t: quantize._quantize_rowwise_two_pass(t), iters)
                 for name, (kind, t) in cases.items() if kind == "rowwise"}
         if fp8.emulation_reason(dev) is None:  # the w13 forward GEMM alone, operands already quantised
             (qx, sx), (qw, sw) = fp8.quantize_rowwise(x), fp8.quantize_rowwise(w13)

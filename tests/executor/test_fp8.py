@@ -1,4 +1,4 @@
-"""FP8 GEMMs with rowwise current scaling (executor/kernels/fp8.py), on CPU through the emulation.
+"""FP8 GEMMs with rowwise current scaling (executor/kernels/fp8/), on CPU through the emulation.
 
 Tolerances come from e4m3's precision. With u = 2^-4 (half the spacing of e4m3's 3 mantissa bits,
 relative) and subnormal spacing 2^-9, a value v of a row with scale s dequantises within
@@ -26,6 +26,7 @@ import torch
 from costmodel.catalog import get_model
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8, get_backend
+from executor.kernels.fp8 import gemm, quantize, selfcheck, weight_cache
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -196,9 +197,9 @@ def test_kernels_off_by_environment_after_first_use_are_off(monkeypatch):
     # an sm90 device whose self-check passed: the kernels run until FOLDTUNE_FP8_KERNELS=0 is set, and
     # from then on both the GEMMs and the reported reason say emulated (no cached verdict outlives it)
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(fp8, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gemm, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(torch, "_scaled_grouped_mm", getattr(torch, "_scaled_grouped_mm", None), raising=False)
-    monkeypatch.setitem(fp8._CHECKED, (str(gpu),), True)
+    monkeypatch.setitem(selfcheck._CHECKED, (str(gpu),), True)
     monkeypatch.delenv("FOLDTUNE_FP8_KERNELS", raising=False)
     assert fp8.kernels_ok(gpu) and fp8.emulation_reason(gpu) is None
     monkeypatch.setenv("FOLDTUNE_FP8_KERNELS", "0")
@@ -335,9 +336,9 @@ def test_expert_weights_through_a_view_hit_the_cache_and_die_with_the_parameter(
     for _ in range(3):
         fp8.grouped_mm(x, w13.flatten(1, 2), offs).backward(dy)
     assert cached() == {"quantised": 2, "reused": 4, "uncached": 0}
-    assert len(fp8._WEIGHT_CACHE) == 1
+    assert len(weight_cache._WEIGHT_CACHE) == 1
     del w13
-    assert len(fp8._WEIGHT_CACHE) == 0
+    assert len(weight_cache._WEIGHT_CACHE) == 0
 
 
 def test_weights_whose_version_counter_misses_writes_are_not_cached(cached, monkeypatch):
@@ -399,7 +400,7 @@ def test_triton_e4m3_rounding_is_torchs_on_every_kind_of_fp32():
                           2.0**-6 * 0.999, 2.0**-9, 2.0**-10, 3 * 2.0**-10, 5 * 2.0**-11, 2.0**-7, 1e-45, 0.0])
     v = torch.cat([bits.to(torch.int32).view(torch.float32), edges, -edges])
     q = torch.empty(1, 1, v.numel(), dtype=torch.float8_e4m3fn)
-    fp8._launch_cast(q, v.view(1, 1, -1), torch.ones(1, 1), (1, 1, 0))
+    quantize._launch_cast(q, v.view(1, 1, -1), torch.ones(1, 1), (1, 1, 0))
     assert torch.equal(q.view(torch.uint8).flatten(), v.to(torch.float8_e4m3fn).view(torch.uint8))
 
 
@@ -408,10 +409,10 @@ def test_triton_quantisation_passes_its_self_checks():
     """Rowwise (3-D, 2-D, through a transposed view, the bf16 ladder) and per-expert column scaling with
     empty and short groups, in two passes; rowwise in one kernel (rows longer than its chunk too): scales
     and bytes equal the torch path's."""
-    fp8._check_triton_quantise("quantise", "cpu")
-    fp8._check_fused_rows("rows", "cpu")
+    selfcheck._check_triton_quantise("quantise", "cpu")
+    selfcheck._check_fused_rows("rows", "cpu")
     x = _gaussian(5, 3000, seed=25)  # rows of six chunks and a partial one
-    fp8._compare_quantised("long rows", fp8._quantize_rows_fused(x), fp8._quantize_rowwise_torch(x))
+    selfcheck._compare_quantised("long rows", quantize._quantize_rows_fused(x), quantize._quantize_rowwise_torch(x))
 
 
 @inner_only
@@ -420,20 +421,21 @@ def test_triton_rowwise_quantisation_matches_the_public_function():
     transposed one; both equal the torch path."""
     w = _gaussian(3, 48, 64, seed=26)
     for t in (w, w.transpose(-2, -1), w[1]):
-        fp8._compare_quantised("dispatch", fp8._quantize_rowwise_triton(t), fp8._quantize_rowwise_torch(t))
+        selfcheck._compare_quantised("dispatch", quantize._quantize_rowwise_triton(t),
+                                     quantize._quantize_rowwise_torch(t))
 
 
 @inner_only
 @pytest.mark.parametrize("path,check", [("_quantize_rowwise_two_pass", "_check_triton_quantise"),
                                         ("_quantize_rows_fused", "_check_fused_rows")])
 def test_triton_self_checks_fail_on_a_wrong_byte(monkeypatch, path, check):
-    real = getattr(fp8, path)
+    real = getattr(selfcheck, path)  # the name the check reads
 
     def off_by_one(x):
         q, scale = real(x)
         q.view(torch.uint8).view(-1)[7] ^= 1
         return q, scale
 
-    monkeypatch.setattr(fp8, path, off_by_one)
+    monkeypatch.setattr(selfcheck, path, off_by_one)
     with pytest.raises(AssertionError, match="bytes differ"):
-        getattr(fp8, check)("quantise", "cpu")
+        getattr(selfcheck, check)("quantise", "cpu")

@@ -1,0 +1,70 @@
+"""FP8 training GEMMs with dynamic ("current") rowwise scaling, through torch's scaled (grouped) GEMMs.
+
+Every GEMM here is C = A·Bᵀ with both operands quantised to e4m3 along the contraction dim: each row of
+A [M, K] and of B [N, K] gets its own fp32 scale amax/448 (448: e4m3's largest finite value), the kernel
+multiplies the e4m3 values (products exact), accumulates in fp32, applies scale_a[m]·scale_b[n] in its
+epilogue and writes bf16. The three GEMMs of a linear layer all take that form, each operand quantised
+along the axis its GEMM contracts:
+
+    forward  y  = x·wᵀ     A = x [M, K]     B = w [N, K]
+    dgrad    dx = dy·w     A = dy [M, N]    B = wᵀ [K, N]
+    wgrad    dw = dyᵀ·x    A = dyᵀ [N, M]   B = xᵀ [K, M]
+
+so no quantised copy serves two GEMMs; autograd saves the bf16 inputs, as on the bf16 path (fp8 buys GEMM
+throughput here, not activation memory). Parameters, activations and gradients stay bf16.
+
+One module a job:
+
+- :mod:`.quantize`: e4m3 quantisation (per-row fp32 scales, e4m3 bytes) in torch ops, the reference, and in
+  Triton on CUDA; the expert wgrad's padded per-expert layout.
+- :mod:`.weight_cache`: weights quantised once per value, not per call.
+- :mod:`.gemm`: where the kernels run, the scaled GEMMs (``torch._scaled_mm``, ``torch._scaled_grouped_mm``)
+  and their emulation, and the autograd functions behind :func:`linear` and :func:`grouped_mm`.
+- :mod:`.selfcheck`: the first-use checks on a device (kernels against the emulation, Triton against the
+  torch ops) and their verdicts.
+- :mod:`.backend`: :class:`TorchFp8Backend`, the 'torch-fp8' kernel backend.
+
+This module re-exports their public names (``from executor.kernels.fp8 import X``). Private helpers and the
+module-level state (``_CHECKED``, ``_COUNTS``, ``_WEIGHT_CACHE``, ``_WEIGHT_COUNTS``) live in the module that
+owns them: read and patch them there.
+"""
+
+from __future__ import annotations
+
+from executor.kernels.fp8.backend import TorchFp8Backend
+from executor.kernels.fp8.gemm import (
+    OUT,
+    emulation_reason,
+    fp8_wgrad,
+    gemm_counts,
+    grouped_mm,
+    kernels_ok,
+    linear,
+    scaled_grouped_nt,
+    scaled_grouped_wgrad,
+    scaled_mm_nt,
+)
+from executor.kernels.fp8.quantize import (
+    ALIGN,
+    E4M3,
+    E4M3_MAX,
+    FP32_TINY,
+    GROUP_AMAX_BLOCK,
+    GROUP_AMAX_PROGRAMS,
+    INV_E4M3_MAX,
+    ROWS_BLOCK,
+    PaddedGroups,
+    dequantize,
+    padded_groups,
+    quantize_groups_colwise,
+    quantize_rowwise,
+)
+from executor.kernels.fp8.weight_cache import clear_weight_cache, quantized_weight, weight_cache_enabled, weight_counts
+
+__all__ = [
+    "ALIGN", "E4M3", "E4M3_MAX", "FP32_TINY", "GROUP_AMAX_BLOCK", "GROUP_AMAX_PROGRAMS", "INV_E4M3_MAX", "OUT",
+    "ROWS_BLOCK", "PaddedGroups", "TorchFp8Backend", "clear_weight_cache", "dequantize", "emulation_reason",
+    "fp8_wgrad", "gemm_counts", "grouped_mm", "kernels_ok", "linear", "padded_groups", "quantize_groups_colwise",
+    "quantize_rowwise", "quantized_weight", "scaled_grouped_nt", "scaled_grouped_wgrad", "scaled_mm_nt",
+    "weight_cache_enabled", "weight_counts",
+]

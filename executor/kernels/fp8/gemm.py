@@ -1,0 +1,239 @@
+"""The fp8 GEMMs (:mod:`executor.kernels.fp8`): C = A·Bᵀ with A [M, K] and B [N, K] quantised per row to
+e4m3 (1 byte an element, an fp32 scale amax/448 a row: :mod:`executor.kernels.fp8.quantize`), products
+accumulated in fp32, written in bf16; and the autograd functions that run a linear layer's forward, dgrad
+and wgrad, and the experts', through them.
+
+Kernels (CUDA sm90 only): ``torch._scaled_mm`` for dense linears (B column-major, scales [M, 1] and
+[1, N]; K and N multiples of 16, zero-padded here when they are not) and ``torch._scaled_grouped_mm`` for
+the experts (A row-major, B column-major, fp32 scales, int32 cumulative offsets). Forward and dgrad of
+the experts are its 2D×3D form (scales [M] and [G, N]). The expert wgrad is its 2D×2D form, groups along
+the contraction dim (the tokens), with scales per (group, row of A) and (group, row of B); that kernel
+needs every group's token count a positive multiple of 16, so the rows are copied into a layout where
+each group is padded with zero rows to such a count (an empty expert gets 16 zero rows: a zero
+gradient), which leaves amax and products unchanged. FOLDTUNE_FP8_WGRAD=bf16 runs the expert wgrad as a
+bf16 ``torch._grouped_mm`` instead (no quantisation passes over the two largest operands).
+(The padded layout is :class:`executor.kernels.fp8.quantize.PaddedGroups`.)
+
+Emulation (``kernel=False``): the same quantisation, then dequantise, matmul in fp32, round to bf16 — the
+kernels' numbers up to fp32 summation order. It runs where the kernels are absent (CPU, GPUs other than
+sm90, FOLDTUNE_FP8_KERNELS=0), for grouped GEMMs whose K or N is not a multiple of 16, and when the
+first-use self-check (kernels against emulation on the device) fails; :func:`emulation_reason` and
+:func:`gemm_counts` say which ran. The LM head, the router and attention's SDPA stay bf16.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+
+import torch
+
+from executor.kernels.fp8.quantize import (
+    ALIGN,
+    E4M3,
+    dequantize,
+    padded_groups,
+    quantize_groups_colwise,
+    quantize_rowwise,
+)
+from executor.kernels.fp8.weight_cache import quantized_weight
+from executor.kernels.torch_backend import TorchBackend, grouped_mm_works
+from executor.kernels.triton_permute import checked_once
+
+OUT = torch.bfloat16  # what the scaled GEMMs write
+
+_COUNTS: Counter = Counter()  # GEMM calls in this process: "kernel" / "emulated"
+
+
+# ---- where the kernels run ----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: str) -> tuple[int, int]:
+    """``device``'s compute capability (asked once: :func:`kernels_ok` runs on every GEMM call)."""
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
+def _kernels_absent(device: torch.device) -> str | None:
+    """Why the sm90 scaled GEMMs cannot run on ``device`` (None: they can, pending the self-check)."""
+    if device.type != "cuda":
+        return f"no fp8 GEMM kernels on {device.type}"
+    if os.environ.get("FOLDTUNE_FP8_KERNELS", "1") == "0":
+        return "FOLDTUNE_FP8_KERNELS=0"
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        return f"torch {torch.__version__} has no _scaled_grouped_mm"
+    major, minor = _capability(str(device))
+    if major != 9:
+        return f"rowwise fp8 grouped GEMMs need sm90, this GPU is sm{major}{minor}"
+    return None
+
+
+def kernels_ok(device: torch.device) -> bool:
+    """Whether the scaled GEMMs run on ``device``: present (asked every call, so FOLDTUNE_FP8_KERNELS set
+    later in the process counts, as :func:`emulation_reason` reports it), and equal to the emulation
+    (checked once per device)."""
+    # imported here: the selfcheck module imports this one
+    from executor.kernels.fp8.selfcheck import _CHECKED, _check_against_emulation
+
+    return _kernels_absent(device) is None and checked_once(_CHECKED, (str(device),), _check_against_emulation,
+                                                            "fp8 scaled GEMMs")
+
+
+def emulation_reason(device: torch.device | str) -> str | None:
+    """Why fp8 GEMMs on ``device`` are emulated, None where the kernels run."""
+    device = torch.device(device)
+    absent = _kernels_absent(device)
+    if absent is not None:
+        return absent
+    return None if kernels_ok(device) else "the kernels failed their self-check against the emulation"
+
+
+def gemm_counts() -> dict[str, int]:
+    """fp8 GEMM calls in this process so far, by path ('kernel', 'emulated')."""
+    return dict(_COUNTS)
+
+
+def _fp32_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
+    return TorchBackend().grouped_mm(a_MK, b_GNK, offs_G)
+
+
+def _fp32_grouped_2d2d(a_NT: torch.Tensor, b_KT: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
+    """[G, N, K]: group g is a[:, offs[g-1]:offs[g]] · b[:, same]ᵀ (fp32; a loop where _grouped_mm refuses)."""
+    if grouped_mm_works(a_NT.device, a_NT.dtype):
+        return torch._grouped_mm(a_NT, b_KT.t(), offs=offs_G)
+    bounds = [0, *offs_G.tolist()]
+    return torch.stack([a_NT[:, lo:hi] @ b_KT[:, lo:hi].t() for lo, hi in zip(bounds, bounds[1:])])
+
+
+# ---- dense: torch._scaled_mm ----------------------------------------------------------------------------
+
+def _pad_dim(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    extra = -x.shape[dim] % multiple
+    if not extra:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
+
+def _pad_quantised(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 [N, K] and its row scales zero-padded to multiples of 16 in both dims (zero bytes; scale 1 for
+    the new rows): the bytes and scales quantising the zero-padded operand gives."""
+    n, k = q.shape
+    if not (n % ALIGN or k % ALIGN):
+        return q, scale
+    padded = _pad_dim(_pad_dim(q.view(torch.uint8), 1, ALIGN), 0, ALIGN).view(E4M3)
+    return padded, torch.cat([scale, scale.new_ones(padded.shape[0] - n)])
+
+
+def scaled_mm_nt(a_MK: torch.Tensor, b_NK: torch.Tensor, kernel: bool,
+                 b_quantised: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """a·bᵀ [M, N] in bf16, both operands quantised per row (along K); ``kernel``: torch._scaled_mm;
+    ``b_quantised``: b's (q, scale) if made already (:func:`quantized_weight`)."""
+    _COUNTS["kernel" if kernel else "emulated"] += 1
+    n = b_NK.shape[0]
+    if kernel:  # zero columns change neither amax nor the products
+        a_MK = _pad_dim(a_MK, 1, ALIGN)
+    qa, sa = quantize_rowwise(a_MK)
+    qb, sb = b_quantised if b_quantised is not None else quantize_rowwise(b_NK)
+    if not kernel:
+        return (dequantize(qa, sa) @ dequantize(qb, sb).t()).to(OUT)
+    qb, sb = _pad_quantised(qb, sb)
+    out = torch._scaled_mm(qa, qb.t(), sa.unsqueeze(1), sb.unsqueeze(0), out_dtype=OUT)
+    return out[:, :n] if out.shape[1] != n else out
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_MK, w_NK, kernel):
+        ctx.save_for_backward(x_MK, w_NK)
+        ctx.kernel = kernel
+        return scaled_mm_nt(x_MK, w_NK, kernel, quantized_weight(w_NK)).to(x_MK.dtype)
+
+    @staticmethod
+    def backward(ctx, dy_MN):
+        x_MK, w_NK = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = scaled_mm_nt(dy_MN, w_NK.t(), ctx.kernel, quantized_weight(w_NK, transposed=True)).to(x_MK.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = scaled_mm_nt(dy_MN.t(), x_MK.t(), ctx.kernel).to(w_NK.dtype)
+        return dx, dw, None
+
+
+def linear(x: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w) (no bias) with fp8 forward, dgrad and wgrad; x is [..., K], the result [..., N]."""
+    x_MK = x.reshape(-1, x.shape[-1])
+    y = _Linear.apply(x_MK, w_NK, kernels_ok(x.device))
+    return y.view(*x.shape[:-1], w_NK.shape[0])
+
+
+# ---- grouped: torch._scaled_grouped_mm ------------------------------------------------------------------
+
+def _grouped_kernel_fits(*dims: int) -> bool:
+    return all(d % ALIGN == 0 for d in dims)
+
+
+def scaled_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Tensor, kernel: bool,
+                      b_quantised: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """[M, N] bf16: rows offs[g-1]:offs[g] of a times b[g]ᵀ, a quantised per row, b per (group, row);
+    ``b_quantised``: b's (q, scale) if made already (:func:`quantized_weight`)."""
+    kernel = kernel and _grouped_kernel_fits(*b_GNK.shape[1:])
+    _COUNTS["kernel" if kernel else "emulated"] += 1
+    qa, sa = quantize_rowwise(a_MK)
+    qb, sb = b_quantised if b_quantised is not None else quantize_rowwise(b_GNK)
+    if not kernel:
+        return _fp32_grouped_nt(dequantize(qa, sa), dequantize(qb, sb), offs_G).to(OUT)
+    return torch._scaled_grouped_mm(qa, qb.transpose(-2, -1), sa, sb, offs=offs_G, out_dtype=OUT)
+
+def scaled_grouped_wgrad(dy_MN: torch.Tensor, x_MK: torch.Tensor, offs_G: torch.Tensor, kernel: bool) -> torch.Tensor:
+    """[G, N, K] bf16: group g's dy rows ᵀ · its x rows, both quantised per (group, column)."""
+    kernel = kernel and _grouped_kernel_fits(dy_MN.shape[1], x_MK.shape[1])
+    _COUNTS["kernel" if kernel else "emulated"] += 1
+    groups = padded_groups(offs_G, dy_MN.shape[0])
+    qa, sa = quantize_groups_colwise(dy_MN, groups)  # [N, rows], [G, N]
+    qb, sb = quantize_groups_colwise(x_MK, groups)  # [K, rows], [G, K]
+    if kernel:
+        return torch._scaled_grouped_mm(qa, qb.t(), sa.flatten(), sb.flatten(), offs=groups.offs_G, out_dtype=OUT)
+
+    def dq(q, scale):  # column r of q is in group group_of_block[r // 16]
+        per_block = scale.t()[:, groups.group_of_block].unsqueeze(-1)  # [C, rows/16, 1]
+        return (q.float().view(q.shape[0], -1, ALIGN) * per_block).view(q.shape)
+
+    return _fp32_grouped_2d2d(dq(qa, sa), dq(qb, sb), groups.offs_G).to(OUT)
+
+
+def _bf16_grouped_wgrad(dy_MN: torch.Tensor, x_MK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
+    """[G, N, K] in dy's dtype without quantisation (FOLDTUNE_FP8_WGRAD=bf16)."""
+    if grouped_mm_works(dy_MN.device, dy_MN.dtype):
+        return torch._grouped_mm(dy_MN.t(), x_MK, offs=offs_G)
+    return _fp32_grouped_2d2d(dy_MN.t().float(), x_MK.t().float(), offs_G).to(dy_MN.dtype)
+
+
+def fp8_wgrad() -> bool:
+    return os.environ.get("FOLDTUNE_FP8_WGRAD", "fp8") != "bf16"
+
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_MK, w_GNK, offs_G, kernel):
+        ctx.save_for_backward(x_MK, w_GNK, offs_G)
+        ctx.kernel = kernel
+        return scaled_grouped_nt(x_MK, w_GNK, offs_G, kernel, quantized_weight(w_GNK)).to(x_MK.dtype)
+
+    @staticmethod
+    def backward(ctx, dy_MN):
+        x_MK, w_GNK, offs_G = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = scaled_grouped_nt(dy_MN, w_GNK.transpose(-2, -1), offs_G, ctx.kernel,
+                                   quantized_weight(w_GNK, transposed=True)).to(x_MK.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = (scaled_grouped_wgrad(dy_MN, x_MK, offs_G, ctx.kernel) if fp8_wgrad()
+                  else _bf16_grouped_wgrad(dy_MN, x_MK, offs_G)).to(w_GNK.dtype)
+        return dx, dw, None, None
+
+
+def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
+    """KernelBackend.grouped_mm in fp8: rows offs[g-1]:offs[g] of x times w[g]ᵀ (offs int32, offs[-1] == M)."""
+    return _GroupedMM.apply(x_MK, w_GNK, offs_G, kernels_ok(x_MK.device))
