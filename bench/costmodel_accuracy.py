@@ -5,8 +5,8 @@ devices (or reads a stored table with ``--table``), predicts each with the cost 
 profile (a catalog entry, or a calibrated one from ``foldtune calibrate`` with ``--profile``), and
 reports MAPE, max error and Spearman rank correlation of step time; on GPUs also the peak-memory error
 (predicted total vs ``torch.cuda.max_memory_allocated``); and, per term where the executor times a
-matching phase, the term's error, read on the rank that sets the pace (:func:`pace_phases`). Writes ``bench/results/costmodel_accuracy-<date>-<device>.json``,
-the measured table (``layout_table-...json``, replayable by ``bench/search_regret.py --table``) and a
+matching phase, the term's error, read on the rank that sets the pace (:func:`pace_phases`). Writes
+``bench/results/costmodel_accuracy-<date>-<device>.json``, the measured table (``layout_table-...json``, replayable by ``bench/search_regret.py --table``) and a
 section of docs/benchmarks.md.
 
     python bench/costmodel_accuracy.py --gpu cpu --gpus 4 --profile ~/.foldtune/hardware/cpu-calibrated.json

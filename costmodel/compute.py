@@ -88,7 +88,8 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         grouped_eff_max=grouped, bf16_peak=gpu.peak("bf16") * clock, bf16_eff_max=bf16_eff,
         hbm_bandwidth=gpu.hbm_bandwidth * hbm_eff, attn_fwd_eff=ATTENTION_FWD_EFFICIENCY,
         attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
-        gemm_curve=hardware.gemm_efficiency, gemm_bwd_curve=hardware.gemm_bwd_efficiency, grouped_curve=hardware.grouped_gemm_efficiency,
+        gemm_curve=hardware.gemm_efficiency, gemm_bwd_curve=hardware.gemm_bwd_efficiency,
+        grouped_curve=hardware.grouped_gemm_efficiency,
         attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency)
 
 
