@@ -6,8 +6,8 @@ profile (a catalog entry, or a calibrated one from ``foldtune calibrate`` with `
 reports MAPE, max error and Spearman rank correlation of step time; on GPUs also the peak-memory error
 (predicted total vs ``torch.cuda.max_memory_allocated``); and, per term where the executor times a
 matching phase, the term's error, read on the rank that sets the pace (:func:`pace_phases`). Writes
-``bench/results/costmodel_accuracy-<date>-<device>.json``, the measured table (``layout_table-...json``, replayable by ``bench/search_regret.py --table``) and a
-section of docs/benchmarks.md.
+``bench/results/costmodel_accuracy-<date>-<device>.json``, the measured table (``layout_table-...json``,
+replayable by ``bench/search_regret.py --table``) and a section of docs/benchmarks.md.
 
     python bench/costmodel_accuracy.py --gpu cpu --gpus 4 --profile ~/.foldtune/hardware/cpu-calibrated.json
     python bench/costmodel_accuracy.py --model small-moe --gpus 2 --gpu h100 --seq 2048 --gbs 16 \\
