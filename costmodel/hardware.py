@@ -71,7 +71,8 @@ class MeasuredCurve:
         object.__setattr__(self, "points", pts)
         p: list[str] = []
         require(p, len(pts) >= 1, "a curve needs at least one point")
-        require(p, all(x > 0 and y > 0 for x, y in pts), "curve points must have x > 0 and efficiency > 0")
+        require(p, all(math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0 for x, y in pts),
+                "curve points must be finite with x > 0 and efficiency > 0")
         raise_if(p, "measured curve")
 
     def __call__(self, x: float) -> float:

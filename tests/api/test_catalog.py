@@ -84,3 +84,26 @@ def test_a_profile_with_attention_curves_and_sustained_clock_round_trips(client,
     r = client.post("/v1/hardware-profiles", json={**stored, "name": "bad-clock", "sustained_clock_factor": 1.5},
                     headers=alice)
     assert r.status_code == 422 and "sustained_clock_factor" in r.json()["errors"][0]["loc"]
+
+
+def test_a_profile_with_a_gemm_backward_curve_round_trips_and_a_malformed_one_is_422(client, alice):
+    """``gemm_bwd_efficiency`` (``foldtune calibrate`` since it times each GEMM's backward) is kept as sent; a
+    curve the time model cannot price with (wrong shape, efficiency <= 0, non-finite) is refused with a 422."""
+    import json
+
+    curve = [[1e9, 0.3], [1e12, 0.6]]
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "bwd-curve", "gemm_bwd_efficiency": curve},
+                    headers=alice)
+    assert r.status_code == 201, r.text
+    assert client.get("/v1/hardware-profiles/bwd-curve", headers=alice).json()["profile"]["gemm_bwd_efficiency"] \
+        == curve
+    # 1e999 is JSON's way to an infinite float (Python's json writes it as Infinity, which pydantic also reads)
+    for bad in ("[]", "[[1e9]]", "[[1e9, 0.5, 1]]", '"fast"', "[[0, 0.5]]", "[[1e9, -0.5]]", "[[1e9, 0]]",
+                "[[1e999, 0.5]]", "[[1e9, 1e999]]"):
+        body = json.dumps({**H, "name": "bad-bwd"})[:-1] + f', "gemm_bwd_efficiency": {bad}}}'
+        r = client.post("/v1/hardware-profiles", content=body,
+                        headers={**alice, "content-type": "application/json"})
+        assert r.status_code == 422, (bad, r.status_code, r.text)
+        assert "gemm_bwd_efficiency" in r.json()["errors"][0]["loc"] or \
+            r.json()["errors"][0]["rule"] == "hardware_profile_rules", (bad, r.text)
+    assert client.get("/v1/hardware-profiles/bad-bwd", headers=alice).status_code == 404
