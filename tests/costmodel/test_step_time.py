@@ -458,3 +458,8 @@ def test_megatron_regathers_a_sequence_parallel_input_for_the_weight_gradient_th
     assert theirs - ours == pytest.approx(ring_time(link, "all_gather", gathered, place))
     assert (layer_times(model, executor, cluster, config)["attention"].fwd
             == layer_times(model, megatron, cluster, config)["attention"].fwd)
+    # the output layer too: its backward reduce-scatters the input gradient, Megatron's also re-gathers the input
+    ours_head, theirs_head = (dict(layer_times(model, t, cluster, config)["head"].bwd)["tp_comm"]
+                              for t in (executor, megatron))
+    assert ours_head == pytest.approx(ring_time(link, "reduce_scatter", gathered, place))
+    assert theirs_head - ours_head == pytest.approx(ring_time(link, "all_gather", gathered, place))
