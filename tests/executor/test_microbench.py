@@ -121,3 +121,19 @@ def test_fp8_calibration_keeps_the_base_grouped_curve():
     assert profile.grouped_gemm_efficiency == base.grouped_gemm_efficiency
     bf16 = build_profile(base, {**raw, "precision": "bf16"})
     assert bf16.grouped_gemm_efficiency is not None and bf16.grouped_gemm_efficiency != base.grouped_gemm_efficiency
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float8_e4m3fn"])
+def test_backward_products_are_a_linears_input_and_weight_gradients(dtype):
+    """Forward (m x k) @ (k x n): the backward yields dx (m x k) and dW in the weight's layout (n x k), for the
+    16-bit path and the fp8 one (torch._scaled_mm, which this torch also runs on CPU; skipped where not)."""
+    import torch
+
+    from executor.microbench.gemm import backward_products
+
+    m, n, k = 48, 32, 16
+    try:
+        dx, dw = backward_products(m, n, k, torch.device("cpu"), getattr(torch, dtype))()
+    except (RuntimeError, NotImplementedError) as exc:
+        pytest.skip(f"{dtype} GEMM on CPU: {exc}")
+    assert (tuple(dx.shape), tuple(dw.shape)) == ((m, k), (n, k))
