@@ -2,8 +2,8 @@
 
 Every function returns seconds on one GPU. Rates come from :func:`compute_rates`, which starts from the
 GPU's datasheet peaks and the default efficiencies below, and prefers the measured curves a calibrated
-:class:`~costmodel.hardware.HardwareProfile` carries (``gemm_efficiency``, ``grouped_gemm_efficiency``,
-``hbm_efficiency``).
+:class:`~costmodel.hardware.HardwareProfile` carries (``gemm_efficiency``, ``gemm_bwd_efficiency`` for a
+linear's backward GEMMs, ``grouped_gemm_efficiency``, ``hbm_efficiency``).
 
 Default efficiencies are hardware microbenchmark ceilings (measured on an H200, whose dense bf16/fp8
 peaks equal the H100's), never fits to end-to-end training results:

@@ -113,7 +113,7 @@ def test_crashed_run_resumes_exactly_and_reshards_to_another_layout(corpus, tmp_
     assert moved.start_step == 20 and moved.resumed_layout == tp2_ep2.label()
     moved_losses = [m.loss for m in moved.metrics]
     # another layout sums in another order: tight while the trajectories share their routing, loose after
-    assert moved_losses[:5] == pytest.approx(losses[20:25], rel=1e-4, abs=0)
+    assert moved_losses[:5] == pytest.approx(losses[20:25], rel=1e-3, abs=0)
     assert moved_losses == pytest.approx(losses[20:], rel=2e-2, abs=0)
     assert moved.metrics[-1].eval_loss == pytest.approx(straight.metrics[-1].eval_loss, rel=1e-2)
 
