@@ -15,9 +15,10 @@
 * ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
 * ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
   buffer / measured seconds) / ``intra_node_bandwidth``; latency is inside the curve. Every rank of a
-  local run shares one node, so only 'intra' curves come from here. Where several group sizes were
-  measured, the curve takes the median efficiency over them at each message size (the time model keys
-  curves by bytes only).
+  local run shares one node, so only 'intra' curves come from here. Each measured group size n gets its
+  own curve ``'<name>:intra:<n>'``, which the time model uses for groups of that size; the curve without a
+  size takes the median efficiency over all measured sizes at each message size, for groups of a size
+  calibration did not measure.
 * ``op_launch_s`` / ``collective_launch_s`` / ``moe_layer_host_s``: seconds per tiny eager op, per
   one-element all-reduce and per executor MoE layer on tiny shapes (``executor/microbench/launch.py``),
   copied as measured; raw files written before that benchmark existed keep the base profile's values.
@@ -85,12 +86,14 @@ def attention_curves(rows: list[dict], peak: float) -> tuple[MeasuredCurve | Non
 
 
 def collective_curves(rows: list[dict], link_bandwidth: float, scope: str = "intra") -> dict[str, MeasuredCurve]:
-    """``'<collective>:<scope>'`` -> curve of buffer bytes -> achieved / ``link_bandwidth``."""
+    """``'<collective>:<scope>'`` (all group sizes, median) and ``'<collective>:<scope>:<n>'`` (n ranks) ->
+    curve of buffer bytes -> achieved / ``link_bandwidth``."""
     grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         achieved = wire_bytes(row["collective"], row["bytes"], row["group_size"]) / row["seconds"]
-        grouped[row["collective"]][float(row["bytes"])].append(achieved / link_bandwidth)
-    return {f"{name}:{scope}": curve for name, pts in grouped.items() if (curve := _curve(pts)) is not None}
+        for key in (f"{row['collective']}:{scope}", f"{row['collective']}:{scope}:{row['group_size']}"):
+            grouped[key][float(row["bytes"])].append(achieved / link_bandwidth)
+    return {key: curve for key, pts in grouped.items() if (curve := _curve(pts)) is not None}
 
 
 def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> HardwareProfile:

@@ -85,3 +85,21 @@ def test_measured_collective_curve_replaces_efficiency_and_latency():
     # collectives without a curve keep the defaults
     assert ring_time(link, "all_gather", size, group_placement(1, 2, 8)) == pytest.approx(
         size / 2 / (450e9 * 0.8) + 5e-6)
+
+
+def test_a_curve_measured_at_the_groups_own_size_is_preferred():
+    """4 x H200 (10:19 calibration): 16 MiB all-gathers moved their wire bytes at 154 GB/s over 2 ranks and
+    191 GB/s over 4. A TP4 group uses the 4-rank curve, a TP2 group the 2-rank one, an unmeasured size (8)
+    the curve over all sizes; a group spanning nodes rings through its ranks on one node (here 4)."""
+    per_size = {2: MeasuredCurve(((1.0, 154 / 450),)), 4: MeasuredCurve(((1.0, 191 / 450),))}
+    merged = MeasuredCurve(((1.0, 172.5 / 450),))
+    hw = replace(H100, intra_node_bandwidth=450e9, collective_efficiency={
+        "all_gather:intra": merged, "all_gather:intra:2": per_size[2], "all_gather:intra:4": per_size[4]})
+    link = link_rates(hw)
+    size = 16 * MIB
+    for n, gbps in ((2, 154), (4, 191), (8, 172.5)):
+        assert ring_time(link, "all_gather", size, group_placement(1, n, 8)) == pytest.approx(
+            (n - 1) / n * size / (gbps * 1e9)), n
+    crossing = group_placement(1, 8, 4)  # 8 ranks on 2 nodes of 4: the NVLink part rings through 4
+    assert crossing.ranks_per_node == 4
+    assert link.efficiency("all_gather", "intra", size, crossing.ranks_per_node)[0] == pytest.approx(191 / 450)

@@ -32,6 +32,13 @@ def test_collective_efficiency_uses_the_cost_models_wire_bytes():
     rows = [{"collective": "all_reduce", "group_size": 4, "bytes": 8 << 20, "seconds": 0.01}]
     eff = collective_curves(rows, 2e9)["all_reduce:intra"](8 << 20)
     assert eff == pytest.approx(2 * 0.75 * (8 << 20) / 0.01 / 2e9)
+    # a 2-rank group of the same buffer in 4 ms: its own curve, and the merged one takes the median of both
+    rows.append({"collective": "all_reduce", "group_size": 2, "bytes": 8 << 20, "seconds": 0.004})
+    curves = collective_curves(rows, 2e9)
+    two, four = (2 * 0.5 * (8 << 20) / 0.004 / 2e9), eff
+    assert curves["all_reduce:intra:2"](8 << 20) == pytest.approx(two)
+    assert curves["all_reduce:intra:4"](8 << 20) == pytest.approx(four)
+    assert curves["all_reduce:intra"](8 << 20) == pytest.approx((two + four) / 2)
     assert wire_bytes("all_to_all", 1000, 4) == 750 and wire_bytes("p2p", 1000, 2) == 1000
 
 
@@ -57,6 +64,9 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     assert 0 < profile.hbm_efficiency <= 3.0
     # Links: within (0, 1.5] of the entry's 2 GB/s (gloo over loopback with ranks sharing two cores).
     expected = {f"{c}:intra" for c in ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "p2p")}
+    # one curve per collective over all group sizes, and one per measured group size
+    sizes = {(r["collective"], r["group_size"]) for r in raw["collectives"]}
+    expected |= {f"{c}:intra:{n}" for c, n in sizes}
     assert {k for k, _ in profile.collective_efficiency} == expected
     for key, curve in profile.collective_efficiency:
         assert all(0 < y <= 1.5 for _, y in curve.points), key
