@@ -54,7 +54,7 @@ class HardwareProfileIn(BaseModel):
     attention_fwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     attention_bwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     collective_efficiency: dict[Name, Curve] = Field(default_factory=dict,
-                                                    description="'<collective>:<intra|inter>' -> curve")
+                                                    description="'<collective>:<intra|inter>[:<group size>]' -> curve")
     hbm_efficiency: float | None = Field(None, gt=0, le=10)
     op_launch_s: float | None = Field(None, gt=0, le=1, description="seconds the host needs per eager op")
     collective_launch_s: float | None = Field(None, gt=0, le=1, description="seconds per near-empty collective")
