@@ -46,6 +46,7 @@ def calibrated(base: HardwareProfile, measured: HardwareProfile | None) -> Hardw
     return replace(base, name=f"{base.name}+{measured.name}", gemm_efficiency=measured.gemm_efficiency,
                    gemm_bwd_efficiency=measured.gemm_bwd_efficiency,
                    grouped_gemm_efficiency=measured.grouped_gemm_efficiency, hbm_efficiency=measured.hbm_efficiency,
+                   grouped_gemm_shape_efficiency=measured.grouped_gemm_shape_efficiency,
                    attention_fwd_efficiency=measured.attention_fwd_efficiency,
                    attention_bwd_efficiency=measured.attention_bwd_efficiency,
                    overlap_slowdown=measured.overlap_slowdown,

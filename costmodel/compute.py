@@ -21,10 +21,11 @@ replace them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.hardware import HardwareProfile, MeasuredCurve
+from costmodel.hardware import HardwareProfile, MeasuredCurve, expert_shape
 
 # ---- defaults (see the module docstring and docs/time-model.md for where each comes from) ---------
 GEMM_EFFICIENCY = {"bf16": 783.0 / 989.4, "fp16": 783.0 / 989.4, "fp32": 783.0 / 989.4,
@@ -66,6 +67,8 @@ class ComputeRates:
     gemm_curve: MeasuredCurve | None = None
     gemm_bwd_curve: MeasuredCurve | None = None  # forward FLOPs -> backward GEMMs' achieved / peak (measured)
     grouped_curve: MeasuredCurve | None = None
+    # (weights of one expert GEMM = hidden x ffn, its curve of tokens per expert), by size (measured shapes)
+    grouped_shape_curves: tuple[tuple[float, MeasuredCurve], ...] = ()
     attn_fwd_curve: MeasuredCurve | None = None  # key length -> achieved / bf16 peak (measured)
     attn_bwd_curve: MeasuredCurve | None = None
 
@@ -90,6 +93,9 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
         gemm_curve=hardware.gemm_efficiency, gemm_bwd_curve=hardware.gemm_bwd_efficiency,
         grouped_curve=hardware.grouped_gemm_efficiency,
+        grouped_shape_curves=tuple(sorted(((float(h * f), c) for (h, f), c in
+                                           ((expert_shape(k), c) for k, c in hardware.grouped_gemm_shape_efficiency)),
+                                          key=lambda size_curve: size_curve[0])),
         attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency)
 
 
@@ -141,15 +147,32 @@ def grouped_gemm_time(rates: ComputeRates, num_groups: int, tokens_per_group: fl
     ``tokens_per_group`` is the row count t of each group (the busiest expert's tokens on this rank).
     Default model: a roofline per group at the grouped-GEMM ceiling (small t makes it weight-bandwidth
     bound) plus one kernel's fixed cost. A measured ``grouped_gemm_efficiency`` curve (tokens per expert
-    -> achieved/peak) replaces it.
+    -> achieved/peak) replaces it; curves measured at several expert shapes replace that, read at this
+    GEMM's weight size ``n·k`` (interpolated in log size between the two nearest measured shapes).
     """
     if num_groups <= 0 or tokens_per_group <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * tokens_per_group * n * k * num_groups
+    if rates.grouped_shape_curves:
+        return flops / (rates.gemm_peak * _shape_efficiency(rates.grouped_shape_curves, float(n * k),
+                                                            tokens_per_group))
     if rates.grouped_curve is not None:
         return flops / (rates.gemm_peak * rates.grouped_curve(tokens_per_group))
     nbytes = num_groups * ((tokens_per_group * k + k * n) * rates.gemm_elem_bytes + 2 * tokens_per_group * n)
     return _roofline(flops, nbytes, rates.gemm_peak, rates.grouped_eff_max, rates)
+
+
+def _shape_efficiency(curves: tuple[tuple[float, MeasuredCurve], ...], weights: float, tokens: float) -> float:
+    """Efficiency at ``tokens`` per expert for an expert GEMM of ``weights`` elements, from curves measured
+    at other weight sizes: linear in log size between the nearest two, the end curve outside them."""
+    if weights <= curves[0][0] or len(curves) == 1:
+        return curves[0][1](tokens)
+    if weights >= curves[-1][0]:
+        return curves[-1][1](tokens)
+    i = next(j for j, (size, _) in enumerate(curves) if size >= weights)
+    (w0, c0), (w1, c1) = curves[i - 1], curves[i]
+    frac = (math.log(weights) - math.log(w0)) / (math.log(w1) - math.log(w0))
+    return c0(tokens) + frac * (c1(tokens) - c0(tokens))
 
 
 def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group: float, n: int,

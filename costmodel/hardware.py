@@ -93,7 +93,8 @@ class HardwareProfile:
 
     ``gemm_efficiency`` maps FLOPs of one GEMM to achieved/peak; ``gemm_bwd_efficiency`` maps a linear
     layer's forward FLOPs to achieved/peak of its two backward GEMMs; ``grouped_gemm_efficiency`` maps
-    tokens per expert to achieved/peak; ``collective_efficiency`` maps a collective name
+    tokens per expert to achieved/peak (one expert shape); ``grouped_gemm_shape_efficiency`` holds such a curve
+    per measured expert shape ('<hidden>x<expert ffn>'); ``collective_efficiency`` maps a collective name
     ('all_to_all', 'all_reduce', 'all_gather', 'reduce_scatter', 'p2p') plus a link scope
     ('intra'/'inter') to a curve of message bytes -> achieved/link bandwidth. All are optional: the
     time model falls back to datasheet peaks times default efficiencies. ``op_launch_s`` (seconds the
@@ -122,6 +123,8 @@ class HardwareProfile:
     # forward FLOPs of a GEMM shape -> achieved / peak of that linear's input- and weight-gradient GEMMs
     gemm_bwd_efficiency: MeasuredCurve | None = None
     grouped_gemm_efficiency: MeasuredCurve | None = None
+    # '<hidden>x<expert ffn>' of a measured expert shape -> its curve of tokens per expert -> achieved / peak
+    grouped_gemm_shape_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
     attention_fwd_efficiency: MeasuredCurve | None = None
     attention_bwd_efficiency: MeasuredCurve | None = None
@@ -137,14 +140,18 @@ class HardwareProfile:
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.collective_efficiency, dict):
-            object.__setattr__(self, "collective_efficiency", tuple(sorted(self.collective_efficiency.items())))
+        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency"):
+            if isinstance(getattr(self, name), dict):
+                object.__setattr__(self, name, tuple(sorted(getattr(self, name).items())))
         if isinstance(self.component_factors, dict):  # kept as sorted tuples: the profile must stay hashable
             object.__setattr__(self, "component_factors", tuple(sorted(
                 (str(k), tuple(sorted((str(t), float(f)) for t, f in dict(v).items())))
                 for k, v in self.component_factors.items())))
         p: list[str] = []
         positive_ints(p, self, ("gpus_per_node",))
+        bad = [k for k, _ in self.grouped_gemm_shape_efficiency if expert_shape(k) is None]
+        require(p, not bad, f"grouped_gemm_shape_efficiency keys must read '<hidden>x<expert ffn>' with positive "
+                            f"integers, got {bad}")
         for name in ("intra_node_bandwidth", "inter_node_bandwidth"):
             require(p, getattr(self, name) > 0, f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
         for name in ("intra_node_latency", "inter_node_latency"):
@@ -216,6 +223,8 @@ class HardwareProfile:
             "attention_bwd_efficiency": (list(self.attention_bwd_efficiency.points)
                                          if self.attention_bwd_efficiency else None),
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
+            **({"grouped_gemm_shape_efficiency": {k: list(c.points) for k, c in self.grouped_gemm_shape_efficiency}}
+               if self.grouped_gemm_shape_efficiency else {}),
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
             "moe_layer_host_s": self.moe_layer_host_s, "overlap_slowdown": self.overlap_slowdown,
@@ -232,12 +241,21 @@ class HardwareProfile:
                     "attention_bwd_efficiency"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
-        coll = d.get("collective_efficiency") or {}
-        if isinstance(coll, dict):
-            d["collective_efficiency"] = tuple(sorted(
-                (k, v if isinstance(v, MeasuredCurve) else MeasuredCurve(tuple(tuple(pt) for pt in v)))
-                for k, v in coll.items()))
+        for key in ("collective_efficiency", "grouped_gemm_shape_efficiency"):
+            curves = d.get(key) or {}
+            if isinstance(curves, dict):
+                d[key] = tuple(sorted(
+                    (k, v if isinstance(v, MeasuredCurve) else MeasuredCurve(tuple(tuple(pt) for pt in v)))
+                    for k, v in curves.items()))
         return cls(**d)
+
+
+def expert_shape(key: str) -> tuple[int, int] | None:
+    """(hidden, expert FFN) of a ``grouped_gemm_shape_efficiency`` key such as '4096x14336'; None if malformed."""
+    hidden, sep, ffn = str(key).partition("x")
+    if not (sep and hidden.isdigit() and ffn.isdigit() and int(hidden) > 0 and int(ffn) > 0):
+        return None
+    return int(hidden), int(ffn)
 
 
 def component_key(model_name: str, seq_length: int, micro_batch_size: int | None = None) -> str:

@@ -170,9 +170,10 @@ def run(args: argparse.Namespace) -> int:
     if profile.gemm_bwd_efficiency is not None:
         print("GEMM backward, input + weight gradients (forward FLOPs -> of peak): "
               + ", ".join(f"{x:.3g}:{y:.3f}" for x, y in profile.gemm_bwd_efficiency.points))
-    if profile.grouped_gemm_efficiency is not None:
-        print("grouped GEMM (tokens/expert -> of peak): "
-              + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in profile.grouped_gemm_efficiency.points))
+    for shape, curve in profile.grouped_gemm_shape_efficiency or (
+            (("reference shape", profile.grouped_gemm_efficiency),) if profile.grouped_gemm_efficiency else ()):
+        print(f"grouped GEMM {shape} (tokens/expert -> of peak): "
+              + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in curve.points))
     if profile.attention_fwd_efficiency is not None:
         print("causal attention fwd / bwd (key length -> of bf16 peak): " + ", ".join(
             f"{x:.0f}:{y:.3f}/{profile.attention_bwd_efficiency(x):.3f}" for x, y in profile.attention_fwd_efficiency.points))

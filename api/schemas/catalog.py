@@ -51,6 +51,8 @@ class HardwareProfileIn(BaseModel):
     gemm_bwd_efficiency: Curve | None = Field(None, description="a linear's forward FLOPs -> achieved / peak of its "
                                               "input- and weight-gradient GEMMs")
     grouped_gemm_efficiency: Curve | None = None
+    grouped_gemm_shape_efficiency: dict[Name, Curve] = Field(
+        default_factory=dict, description="'<hidden>x<expert ffn>' -> curve of tokens per expert -> achieved / peak")
     attention_fwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     attention_bwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     collective_efficiency: dict[Name, Curve] = Field(default_factory=dict,

@@ -1,4 +1,9 @@
-"""Grouped-GEMM throughput of the executor's expert kernel vs tokens per expert."""
+"""Grouped-GEMM throughput of the executor's expert kernel vs tokens per expert, at several expert shapes.
+
+The kernel's efficiency at a given number of tokens per expert depends on the expert's size too: a
+fine-grained expert (hidden 2048, FFN 768) has far fewer FLOPs per weight byte than a Mixtral one (4096 x
+14336). Each shape gets its own curve; the time model reads a GEMM's efficiency at its weight size.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,13 @@ import torch
 from executor.kernels.torch_backend import TorchBackend
 from executor.microbench.timing import time_op
 
-# (experts on the rank, hidden, expert FFN): a Mixtral-like slice on GPU, a tiny-moe-like one on CPU.
+# (experts on the rank, hidden, expert FFN). GPU: a Mixtral-8x7B slice (the reference: its curve is the
+# profile's grouped_gemm_efficiency), a DeepSeek-V3-like slice (8 of 256 experts) and a fine-grained one
+# (hidden 2048, FFN 768, as the executor benchmark's fine-grained MoE layer). CPU: tiny-moe-like toys.
 GPU_EXPERT_SHAPE = (8, 4096, 14336)
+GPU_EXPERT_SHAPES = (GPU_EXPERT_SHAPE, (8, 7168, 2048), (16, 2048, 768))
 CPU_EXPERT_SHAPE = (4, 64, 128)
+CPU_EXPERT_SHAPES = (CPU_EXPERT_SHAPE, (8, 32, 64))
 GPU_TOKENS = (16, 64, 256, 1024, 4096, 16384)
 CPU_TOKENS = (4, 16, 64, 256, 1024)
 
@@ -18,6 +27,11 @@ def default_tokens(device: torch.device, quick: bool) -> tuple[int, ...]:
     """Tokens per expert to measure on ``device``."""
     tokens = GPU_TOKENS if device.type == "cuda" else CPU_TOKENS
     return tokens[::2] if quick and len(tokens) > 3 else tokens
+
+
+def default_shapes(device: torch.device) -> tuple[tuple[int, int, int], ...]:
+    """(experts, hidden, expert FFN) shapes to measure on ``device``, the reference shape first."""
+    return GPU_EXPERT_SHAPES if device.type == "cuda" else CPU_EXPERT_SHAPES
 
 
 def measure_grouped_gemm(tokens_per_expert: tuple[int, ...], device: torch.device, dtype: torch.dtype,

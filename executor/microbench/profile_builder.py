@@ -5,9 +5,11 @@
 * ``gemm_bwd_efficiency``: forward FLOPs of a GEMM shape -> (2 x those FLOPs / measured seconds of the linear
   layer's input- and weight-gradient GEMMs) / the same peak; raw files without backward timings leave it unset
   (the time model then prices each backward GEMM on the forward curve by its own shape).
-* ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak. An fp8 calibration times its
-  GEMMs with ``torch._scaled_mm`` against the fp8 peak but its grouped GEMMs in bf16, which the time model
-  would read as fractions of the fp8 peak: it keeps the base profile's grouped curve (the default ratio).
+* ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak at the reference expert shape
+  (the first measured); ``grouped_gemm_shape_efficiency``: the same curve for every measured expert shape,
+  keyed '<hidden>x<ffn>'. An fp8 calibration times its GEMMs with ``torch._scaled_mm`` against the fp8 peak
+  but its grouped GEMMs in bf16, which the time model would read as fractions of the fp8 peak: it keeps the
+  base profile's grouped curves (the default ratio).
 * ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: key length -> (the time model's causal
   attention FLOPs / measured seconds) / 16-bit datasheet peak, forward and backward (SDPA, the executor's
   kernel; ``executor/microbench/attention.py``). An fp8 calibration times attention in bf16 against the bf16
@@ -69,10 +71,27 @@ def gemm_bwd_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
 
 
 def grouped_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
+    """Tokens per expert -> achieved / ``peak`` at the first measured expert shape (the reference one)."""
+    first = _shape_key(rows[0]) if rows else None
     by_tokens: dict[float, list[float]] = defaultdict(list)
     for row in rows:
-        by_tokens[float(row["tokens_per_expert"])].append(row["flops"] / row["seconds"] / peak)
+        if _shape_key(row) == first:
+            by_tokens[float(row["tokens_per_expert"])].append(row["flops"] / row["seconds"] / peak)
     return _curve(by_tokens)
+
+
+def grouped_shape_curves(rows: list[dict], peak: float) -> dict[str, MeasuredCurve]:
+    """``'<hidden>x<ffn>'`` -> tokens per expert -> achieved / ``peak``, one curve per measured expert shape."""
+    by_shape: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if (key := _shape_key(row)) is not None:
+            by_shape[key][float(row["tokens_per_expert"])].append(row["flops"] / row["seconds"] / peak)
+    return {key: curve for key, pts in by_shape.items() if (curve := _curve(pts)) is not None}
+
+
+def _shape_key(row: dict) -> str | None:
+    """'<hidden>x<ffn>' of a grouped-GEMM row; None for a row that does not record its shape."""
+    return f"{row['hidden']}x{row['ffn']}" if "hidden" in row and "ffn" in row else None
 
 
 def attention_curves(rows: list[dict], peak: float) -> tuple[MeasuredCurve | None, MeasuredCurve | None]:
@@ -110,6 +129,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         gemm_bwd_efficiency=gemm_bwd_curve(raw["gemm"], peak) or base.gemm_bwd_efficiency,
         grouped_gemm_efficiency=(grouped_curve(raw["grouped_gemm"], peak) if raw["precision"] != "fp8" else None)
         or base.grouped_gemm_efficiency,
+        grouped_gemm_shape_efficiency=tuple(sorted(grouped_shape_curves(raw["grouped_gemm"], peak).items()))
+        if raw["precision"] != "fp8" and raw["grouped_gemm"] else base.grouped_gemm_shape_efficiency,
         collective_efficiency=tuple(sorted(curves.items())),
         attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
         attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,

@@ -55,12 +55,13 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
         say(f"  gemm {row['m']}x{row['n']}x{row['k']}  fwd {row['seconds'] * 1e6:10.1f} us "
             f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us "
             f"{2 * row['flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
-    say("grouped GEMMs (tokens per expert)")
-    report["grouped_gemm"] = grouped_gemm.measure_grouped_gemm(grouped_gemm.default_tokens(device, plan.quick),
-                                                               device, dtype)
+    say("grouped GEMMs (expert shape, tokens per expert)")
+    report["grouped_gemm"] = [row for shape in grouped_gemm.default_shapes(device) for row in
+                              grouped_gemm.measure_grouped_gemm(grouped_gemm.default_tokens(device, plan.quick),
+                                                                device, dtype, shape)]
     for row in report["grouped_gemm"]:
-        say(f"  t={row['tokens_per_expert']:<6} {row['seconds'] * 1e6:10.1f} us  "
-            f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+        say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
+            f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
     say("causal attention (key length)")
     report["attention"] = attention.measure_attention(attention.default_seqs(device, plan.quick), device, dtype)
     for row in report["attention"]:

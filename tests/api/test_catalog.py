@@ -107,3 +107,15 @@ def test_a_profile_with_a_gemm_backward_curve_round_trips_and_a_malformed_one_is
         assert "gemm_bwd_efficiency" in r.json()["errors"][0]["loc"] or \
             r.json()["errors"][0]["rule"] == "hardware_profile_rules", (bad, r.text)
     assert client.get("/v1/hardware-profiles/bad-bwd", headers=alice).status_code == 404
+
+
+def test_grouped_gemm_curves_per_expert_shape_round_trip_and_a_bad_shape_key_is_422(client, alice):
+    curves = {"4096x14336": [[256.0, 0.5], [4096.0, 0.75]], "2048x768": [[256.0, 0.2], [4096.0, 0.45]]}
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "shapes", "grouped_gemm_shape_efficiency": curves},
+                    headers=alice)
+    assert r.status_code == 201, r.text
+    got = client.get("/v1/hardware-profiles/shapes", headers=alice).json()["profile"]
+    assert got["grouped_gemm_shape_efficiency"] == curves
+    r = client.post("/v1/hardware-profiles", headers=alice,
+                    json={**H, "name": "bad-shape", "grouped_gemm_shape_efficiency": {"4096 by 14336": [[256.0, 0.5]]}})
+    assert r.status_code == 422 and "grouped_gemm_shape_efficiency" in r.text, r.text

@@ -1,10 +1,12 @@
 """Compute-time primitives against hand-worked figures."""
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from costmodel import MeasuredCurve, get_hardware
+from costmodel.errors import FoldtuneError
 from costmodel.hardware import HardwareProfile
 from costmodel.compute import (
     GEMM_EFFICIENCY,
@@ -173,3 +175,33 @@ def test_a_measured_backward_curve_prices_both_backward_gemms_of_a_linear():
     assert gemm_fwd_bwd(fp8, 4096, 14336, 4096)[1] == pytest.approx(
         4 * 4096 * 14336 * 4096 / (H100.gpu.peak("fp8") * 0.4))
     assert HardwareProfile.from_dict(slow_bwd.to_dict()) == slow_bwd
+
+
+def test_grouped_gemms_read_the_curve_of_the_nearest_measured_expert_shapes():
+    """Curves measured at a fine-grained expert (2048 x 768: 1.57 M weights) and a Mixtral one (4096 x 14336:
+    58.7 M): each shape prices at its own curve, a DeepSeek-like 7168 x 2048 (14.7 M) between them, linearly
+    in log size, and shapes outside the measured range at the nearest end."""
+    fine, mixtral = MeasuredCurve(((16.0, 0.05), (4096.0, 0.4))), MeasuredCurve(((16.0, 0.1), (4096.0, 0.7)))
+    hw = replace(H100, grouped_gemm_efficiency=mixtral,
+                 grouped_gemm_shape_efficiency={"2048x768": fine, "4096x14336": mixtral})
+    rates = compute_rates(hw, "bf16")
+
+    def eff(n, k, t=4096):
+        return 2.0 * 8 * t * n * k / grouped_gemm_time(rates, 8, t, n, k) / rates.gemm_peak
+
+    assert eff(14336, 4096) == pytest.approx(0.7) and eff(768, 2048) == pytest.approx(0.4)
+    frac = (math.log(7168 * 2048) - math.log(2048 * 768)) / (math.log(4096 * 14336) - math.log(2048 * 768))
+    assert eff(2048, 7168) == pytest.approx(0.4 + frac * 0.3)
+    assert eff(128, 256) == pytest.approx(0.4) and eff(28672, 8192) == pytest.approx(0.7)
+    assert eff(768, 2048, t=16) == pytest.approx(0.05)
+    # a profile without shape curves keeps the single curve for every shape
+    plain = compute_rates(replace(hw, grouped_gemm_shape_efficiency=()), "bf16")
+    assert grouped_gemm_time(plain, 8, 4096, 768, 2048) == pytest.approx(
+        2.0 * 8 * 4096 * 768 * 2048 / (plain.gemm_peak * 0.7))
+    assert HardwareProfile.from_dict(hw.to_dict()) == hw
+
+
+@pytest.mark.parametrize("key", ["4096", "x768", "4096x", "0x768", "4096x-1", "4096*14336"])
+def test_malformed_expert_shape_keys_are_refused(key):
+    with pytest.raises(FoldtuneError, match="grouped_gemm_shape_efficiency"):
+        replace(H100, grouped_gemm_shape_efficiency={key: MeasuredCurve(((16.0, 0.5),))})

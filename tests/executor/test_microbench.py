@@ -14,6 +14,7 @@ from costmodel.parallel_config import ParallelConfig
 from costmodel.profile_io import load_profile, save_profile
 from costmodel.step_time import estimate_step_time
 from costmodel.training_spec import TrainingSpec
+from executor.microbench.grouped_gemm import CPU_EXPERT_SHAPES
 from executor.microbench.profile_builder import build_profile, collective_curves, wire_bytes
 from executor.microbench.runner import BenchPlan, run_benchmarks
 
@@ -59,6 +60,10 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     # far less efficient than one with 16 or 256 times the tokens.
     grouped = profile.grouped_gemm_efficiency.points
     assert max(y for _, y in grouped[1:]) > 2 * grouped[0][1]
+    # one curve per measured expert shape, the reference one equal to grouped_gemm_efficiency
+    shapes = dict(profile.grouped_gemm_shape_efficiency)
+    assert set(shapes) == {f"{h}x{f}" for _, h, f in CPU_EXPERT_SHAPES}
+    assert shapes[f"{CPU_EXPERT_SHAPES[0][1]}x{CPU_EXPERT_SHAPES[0][2]}"] == profile.grouped_gemm_efficiency
     # RAM copy against the entry's rough 10 GB/s per rank: one process's DRAM copy lies within 3x of it,
     # while a copy that stayed in cache (the mistake this catches) would run at 50-100 GB/s.
     assert 0 < profile.hbm_efficiency <= 3.0
@@ -132,6 +137,28 @@ def test_fp8_calibration_keeps_the_base_grouped_curve():
     assert profile.grouped_gemm_efficiency == base.grouped_gemm_efficiency
     bf16 = build_profile(base, {**raw, "precision": "bf16"})
     assert bf16.grouped_gemm_efficiency is not None and bf16.grouped_gemm_efficiency != base.grouped_gemm_efficiency
+
+
+def test_grouped_gemm_curves_per_expert_shape():
+    """Two expert shapes measured: one curve each, keyed '<hidden>x<ffn>'; the reference (first) shape's curve
+    is also the profile's grouped_gemm_efficiency, which older cost-model code reads."""
+    base = get_hardware("h200")
+    peak = base.gpu.peak("bf16")
+
+    def row(hidden, ffn, t, eff):
+        flops = 2.0 * 8 * t * hidden * ffn
+        return {"tokens_per_expert": t, "experts": 8, "hidden": hidden, "ffn": ffn, "flops": flops,
+                "seconds": flops / (eff * peak)}
+
+    rows = [row(4096, 14336, 256, 0.5), row(4096, 14336, 4096, 0.75), row(2048, 768, 256, 0.2),
+            row(2048, 768, 4096, 0.45)]
+    raw = {"precision": "bf16", "gemm": [], "grouped_gemm": rows, "copy": [], "collectives": [], "ranks": 1,
+           "device_name": "NVIDIA H200", "backend": "nccl", "measured_at": "2026-11-26T13:00:00+00:00"}
+    profile = build_profile(base, raw)
+    curves = dict(profile.grouped_gemm_shape_efficiency)
+    assert set(curves) == {"4096x14336", "2048x768"}
+    assert curves["2048x768"](4096) == pytest.approx(0.45) and curves["4096x14336"](256) == pytest.approx(0.5)
+    assert profile.grouped_gemm_efficiency.points == ((256.0, pytest.approx(0.5)), (4096.0, pytest.approx(0.75)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float8_e4m3fn"])
