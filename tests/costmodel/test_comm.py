@@ -103,3 +103,27 @@ def test_a_curve_measured_at_the_groups_own_size_is_preferred():
     crossing = group_placement(1, 8, 4)  # 8 ranks on 2 nodes of 4: the NVLink part rings through 4
     assert crossing.ranks_per_node == 4
     assert link.efficiency("all_gather", "intra", size, crossing.ranks_per_node)[0] == pytest.approx(191 / 450)
+
+
+def test_ring_and_all_to_all_across_nodes_read_the_curve_of_their_ranks_per_node():
+    """The calling paths, not just LinkRates.efficiency: a ring or an all-to-all over 8 ranks on 2 nodes of 4
+    prices its NVLink part at the 4-rank curve (the network made fast enough that NVLink binds), and an
+    all-to-all inside a node at its own size's curve."""
+    hw = replace(H100, intra_node_bandwidth=450e9, inter_node_bandwidth=1e15, gpus_per_node=4,
+                 collective_efficiency={
+                     "all_gather:intra": MeasuredCurve(((1.0, 0.5),)),
+                     "all_gather:intra:4": MeasuredCurve(((1.0, 0.25),)),
+                     "all_gather:inter": MeasuredCurve(((1.0, 1.0),)),
+                     "all_to_all:intra": MeasuredCurve(((1.0, 0.5),)),
+                     "all_to_all:intra:2": MeasuredCurve(((1.0, 0.4),)),
+                     "all_to_all:intra:4": MeasuredCurve(((1.0, 0.2),)),
+                     "all_to_all:inter": MeasuredCurve(((1.0, 1.0),))})
+    link = link_rates(hw)
+    size = 16 * MIB
+    crossing = group_placement(1, 8, 4)
+    assert (crossing.nodes, crossing.ranks_per_node) == (2, 4)
+    assert ring_time(link, "all_gather", size, crossing) == pytest.approx(7 / 8 * size / (450e9 * 0.25))
+    assert all_to_all_time(link, size, crossing) == pytest.approx(size * 3 / 8 / (450e9 * 0.2))
+    for n, eff in ((2, 0.4), (4, 0.2)):
+        assert all_to_all_time(link, size, group_placement(1, n, 4)) == pytest.approx(
+            size * (n - 1) / n / (450e9 * eff)), n
