@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -252,10 +253,10 @@ class HardwareProfile:
 
 def expert_shape(key: str) -> tuple[int, int] | None:
     """(hidden, expert FFN) of a ``grouped_gemm_shape_efficiency`` key such as '4096x14336'; None if malformed."""
-    hidden, sep, ffn = str(key).partition("x")
-    if not (sep and hidden.isdigit() and ffn.isdigit() and int(hidden) > 0 and int(ffn) > 0):
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", str(key))  # ASCII digits: str.isdigit() passes '²', int() fails
+    if match is None or int(match[1]) <= 0 or int(match[2]) <= 0:
         return None
-    return int(hidden), int(ffn)
+    return int(match[1]), int(match[2])
 
 
 def component_key(model_name: str, seq_length: int, micro_batch_size: int | None = None) -> str:

@@ -201,7 +201,7 @@ def test_grouped_gemms_read_the_curve_of_the_nearest_measured_expert_shapes():
     assert HardwareProfile.from_dict(hw.to_dict()) == hw
 
 
-@pytest.mark.parametrize("key", ["4096", "x768", "4096x", "0x768", "4096x-1", "4096*14336"])
+@pytest.mark.parametrize("key", ["4096", "x768", "4096x", "0x768", "4096x-1", "4096*14336", "²x768", "4096x1²"])
 def test_malformed_expert_shape_keys_are_refused(key):
     with pytest.raises(FoldtuneError, match="grouped_gemm_shape_efficiency"):
         replace(H100, grouped_gemm_shape_efficiency={key: MeasuredCurve(((16.0, 0.5),))})
