@@ -119,8 +119,13 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     """``base`` (datasheet figures) with the curves measured in ``raw`` (from ``runner.run_benchmarks``)."""
     peak = base.gpu.peak(raw["precision"])
     copy = max(raw["copy"], key=lambda r: r["bytes"]) if raw["copy"] else None
-    curves = dict(base.collective_efficiency)
-    curves.update(collective_curves(raw["collectives"], base.intra_node_bandwidth))
+    measured = collective_curves(raw["collectives"], base.intra_node_bandwidth)
+    # a collective measured here replaces all of the base's intra-node curves for it, per-size ones included:
+    # a group size this run did not form must fall back to this run's median, not to another machine's curve
+    remeasured = {key.split(":")[0] for key in measured}
+    curves = {key: curve for key, curve in base.collective_efficiency
+              if not (key.split(":")[0] in remeasured and key.split(":")[1:2] == ["intra"])}
+    curves.update(measured)
     launch = raw.get("launch") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
     return replace(

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from costmodel.catalog import get_hardware, get_model
-from costmodel.hardware import ClusterSpec, HardwareProfile
+from costmodel.hardware import ClusterSpec, HardwareProfile, MeasuredCurve
 from costmodel.parallel_config import ParallelConfig
 from costmodel.profile_io import load_profile, save_profile
 from costmodel.step_time import estimate_step_time
@@ -137,6 +137,22 @@ def test_fp8_calibration_keeps_the_base_grouped_curve():
     assert profile.grouped_gemm_efficiency == base.grouped_gemm_efficiency
     bf16 = build_profile(base, {**raw, "precision": "bf16"})
     assert bf16.grouped_gemm_efficiency is not None and bf16.grouped_gemm_efficiency != base.grouped_gemm_efficiency
+
+
+def test_a_remeasured_collective_drops_the_base_profiles_per_size_curves_for_it():
+    """Rebuilt from a 2-rank run on top of a 4-rank profile: the base's all_gather ':4' curve goes (a TP4 group
+    then reads this run's median), its curves of collectives this run did not time and its 'inter' ones stay."""
+    old = MeasuredCurve(((1.0, 0.9),))
+    base = HardwareProfile.from_dict({**get_hardware("h200").to_dict(), "collective_efficiency": {
+        "all_gather:intra": [[1.0, 0.9]], "all_gather:intra:4": [[1.0, 0.9]], "all_gather:inter": [[1.0, 0.9]],
+        "p2p:intra:2": [[1.0, 0.9]]}})
+    raw = {"precision": "bf16", "gemm": [], "grouped_gemm": [], "copy": [], "ranks": 2, "device_name": "NVIDIA H200",
+           "backend": "nccl", "measured_at": "2026-11-26T14:00:00+00:00",
+           "collectives": [{"collective": "all_gather", "group_size": 2, "bytes": 16 << 20, "seconds": 54.4e-6}]}
+    curves = dict(build_profile(base, raw).collective_efficiency)
+    assert "all_gather:intra:4" not in curves
+    assert curves["all_gather:intra"] == curves["all_gather:intra:2"] != old
+    assert curves["all_gather:inter"] == old and curves["p2p:intra:2"] == old
 
 
 def test_grouped_gemm_curves_per_expert_shape():
