@@ -48,12 +48,13 @@ import weakref
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from executor.kernels.aliasing import register_written_through_buffer
 from executor.parallel.collectives import _all_gather_tensor, all_gather_nograd
 from executor.parallel.grad_reduce import GradReducer, _grad_or_zeros, attach_main_grads, padded_numel
 from executor.parallel.groups import Group
 
 # attach_main_grads: re-exported
-__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather", "params_gathered_in_place"]
+__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather"]
 
 #: Byte alignment every parameter must keep when it becomes a view of a unit's gather buffer (the base of
 #: a CUDA allocation is 512-byte aligned; GEMM and grouped-GEMM kernels want 16-byte aligned operands).
@@ -68,14 +69,6 @@ def finish_param_gather(model: torch.nn.Module) -> None:
     optimizer = _PENDING_GATHERS.get(model)
     if optimizer is not None:
         optimizer.finish_param_gather()
-
-
-def params_gathered_in_place() -> frozenset[int]:
-    """ids of the parameters that a live optimizer's overlapped parameter all-gathers write through a flat
-    buffer whose ``.data`` views they are (overlap_param_gather). That write bumps the buffer's version
-    counter, not theirs, so a parameter's ``_version`` does not tell when these change (executor.kernels.fp8
-    keeps no cached fp8 copy of them)."""
-    return frozenset().union(*(opt.gathered_param_ids for opt in list(_PENDING_GATHERS.values())))
 
 
 class _Unit:
@@ -181,7 +174,8 @@ class MixedPrecisionAdam:
             position = {id(p): i for i, p in enumerate(self.params)}
             ordered = sorted(self.units, key=lambda u: min(position[id(p)] for p in u.params))
             self._overlapped = [u for u in ordered if u.group.size > 1 and u.attach_gather_buffer()]
-        self.gathered_param_ids = frozenset(id(p) for unit in self._overlapped for p in unit.params)
+        # the gathers write these through their unit's flat buffer: their own _version does not move
+        register_written_through_buffer(self, (p for unit in self._overlapped for p in unit.params))
         if self._overlapped:
             self._install_waits(model)
             _PENDING_GATHERS[model] = self

@@ -19,9 +19,9 @@ from torch.overrides import TorchFunctionMode
 from costmodel.catalog import get_model
 from costmodel.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
+from executor.kernels.aliasing import written_through_buffer
 from executor.launch_local import launch
 from executor.model import MoEGPT
-from executor.optimizer import params_gathered_in_place
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd
 from executor.parallel.groups import build_parallel_state
@@ -146,7 +146,7 @@ def _async_worker(rank, world):
     views = all(p.untyped_storage().data_ptr() == u.gather_buffer.untyped_storage().data_ptr()
                 for u in optimizer._overlapped for p in u.params)
     # what fp8's weight cache asks: exactly the parameters the overlapped gathers write, every one of them
-    reported = params_gathered_in_place() == {id(p) for p in model.parameters()}
+    reported = written_through_buffer() == {id(p) for p in model.parameters()}
     return len(pending), len(optimizer._overlapped), len(optimizer.units), len(left), equal, views, reported
 
 
@@ -165,7 +165,7 @@ def _no_overlap(model: MoEGPT, trainer: Trainer, micro) -> list[str]:
     problems = []
     if trainer.optimizer._overlapped:
         problems.append("overlapped units")
-    if params_gathered_in_place():
+    if written_through_buffer():
         problems.append("parameters reported as gathered in place")
     if type(model._parameters) is not dict:
         problems.append("waiting parameter dict")

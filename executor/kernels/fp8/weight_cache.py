@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor.kernels.aliasing import written_through_buffer
 from executor.kernels.fp8.quantize import quantize_rowwise
 
 # ---- weights: quantised once per update ----------------------------------------------------------------
@@ -34,15 +35,13 @@ _WEIGHT_COUNTS: Counter = Counter()  # weight quantisations: "quantised", "reuse
 
 def _cacheable(base: torch.Tensor) -> bool:
     """Whether ``base``'s version counter sees every write to its values: a leaf that owns its storage
-    exactly (no other tensor with a counter of its own aliases it) and is not gathered in place."""
+    exactly (no other tensor with a counter of its own aliases it) and is not written through a buffer
+    (:mod:`executor.kernels.aliasing`)."""
     if base.is_inference() or not base.is_leaf or not (base.requires_grad or isinstance(base, torch.nn.Parameter)):
         return False
     if base.storage_offset() or base.untyped_storage().nbytes() != base.numel() * base.element_size():
         return False
-    # imported here: the optimizer's package imports the model, which imports this module
-    from executor.optimizer import params_gathered_in_place
-
-    return id(base) not in params_gathered_in_place()
+    return id(base) not in written_through_buffer()
 
 
 def weight_cache_enabled() -> bool:
