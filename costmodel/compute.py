@@ -93,10 +93,17 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_bwd_eff=ATTENTION_BWD_EFFICIENCY, kernel_overhead=KERNEL_OVERHEAD_S,
         gemm_curve=hardware.gemm_efficiency, gemm_bwd_curve=hardware.gemm_bwd_efficiency,
         grouped_curve=hardware.grouped_gemm_efficiency,
-        grouped_shape_curves=tuple(sorted(((float(h * f), c) for (h, f), c in
-                                           ((expert_shape(k), c) for k, c in hardware.grouped_gemm_shape_efficiency)),
-                                          key=lambda size_curve: size_curve[0])),
+        grouped_shape_curves=_by_weight_size(hardware.grouped_gemm_shape_efficiency),
         attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency)
+
+
+def _by_weight_size(shape_curves: tuple[tuple[str, MeasuredCurve], ...]) -> tuple[tuple[float, MeasuredCurve], ...]:
+    """'<hidden>x<ffn>' -> curve, as (weight elements of that expert GEMM, curve) sorted by size."""
+    sized = []
+    for key, curve in shape_curves:
+        hidden, ffn = expert_shape(key)  # HardwareProfile refuses malformed keys
+        sized.append((float(hidden * ffn), curve))
+    return tuple(sorted(sized, key=lambda size_curve: size_curve[0]))
 
 
 def _roofline(flops: float, nbytes: float, peak: float, eff: float, rates: ComputeRates) -> float:

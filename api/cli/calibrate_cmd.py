@@ -170,8 +170,10 @@ def run(args: argparse.Namespace) -> int:
     if profile.gemm_bwd_efficiency is not None:
         print("GEMM backward, input + weight gradients (forward FLOPs -> of peak): "
               + ", ".join(f"{x:.3g}:{y:.3f}" for x, y in profile.gemm_bwd_efficiency.points))
-    for shape, curve in profile.grouped_gemm_shape_efficiency or (
-            (("reference shape", profile.grouped_gemm_efficiency),) if profile.grouped_gemm_efficiency else ()):
+    grouped = list(profile.grouped_gemm_shape_efficiency)
+    if not grouped and profile.grouped_gemm_efficiency is not None:  # a profile of one measured shape
+        grouped = [("reference shape", profile.grouped_gemm_efficiency)]
+    for shape, curve in grouped:
         print(f"grouped GEMM {shape} (tokens/expert -> of peak): "
               + ", ".join(f"{x:.0f}:{y:.3f}" for x, y in curve.points))
     if profile.attention_fwd_efficiency is not None:

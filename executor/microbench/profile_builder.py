@@ -54,39 +54,43 @@ def _curve(points: dict[float, list[float]]) -> MeasuredCurve | None:
     return MeasuredCurve(pts) if pts else None
 
 
-def gemm_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
-    by_flops: dict[float, list[float]] = defaultdict(list)
+def _efficiency_curve(rows: list[dict], x_key: str, efficiency) -> MeasuredCurve | None:
+    """Curve of ``row[x_key]`` -> ``efficiency(row)``, the median where a value of x was measured more than once."""
+    points: dict[float, list[float]] = defaultdict(list)
     for row in rows:
-        by_flops[row["flops"]].append(row["flops"] / row["seconds"] / peak)
-    return _curve(by_flops)
+        points[float(row[x_key])].append(efficiency(row))
+    return _curve(points)
+
+
+def gemm_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
+    """FLOPs of one GEMM -> achieved / ``peak`` of the forward GEMM."""
+    return _efficiency_curve(rows, "flops", lambda row: row["flops"] / row["seconds"] / peak)
 
 
 def gemm_bwd_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
     """Forward FLOPs -> achieved / ``peak`` of the two backward GEMMs (twice the forward's FLOPs)."""
-    by_flops: dict[float, list[float]] = defaultdict(list)
-    for row in rows:
-        if row.get("bwd_seconds"):
-            by_flops[row["flops"]].append(2.0 * row["flops"] / row["bwd_seconds"] / peak)
-    return _curve(by_flops)
+    return _efficiency_curve([row for row in rows if row.get("bwd_seconds")], "flops",
+                             lambda row: 2.0 * row["flops"] / row["bwd_seconds"] / peak)
 
 
 def grouped_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
-    """Tokens per expert -> achieved / ``peak`` at the first measured expert shape (the reference one)."""
+    """Tokens per expert -> achieved / ``peak`` at the first measured expert shape (the reference one); raw
+    rows that do not record their shape count as one shape."""
     first = _shape_key(rows[0]) if rows else None
-    by_tokens: dict[float, list[float]] = defaultdict(list)
-    for row in rows:
-        if _shape_key(row) == first:
-            by_tokens[float(row["tokens_per_expert"])].append(row["flops"] / row["seconds"] / peak)
-    return _curve(by_tokens)
+    return _tokens_curve([row for row in rows if _shape_key(row) == first], peak)
 
 
 def grouped_shape_curves(rows: list[dict], peak: float) -> dict[str, MeasuredCurve]:
     """``'<hidden>x<ffn>'`` -> tokens per expert -> achieved / ``peak``, one curve per measured expert shape."""
-    by_shape: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    by_shape: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         if (key := _shape_key(row)) is not None:
-            by_shape[key][float(row["tokens_per_expert"])].append(row["flops"] / row["seconds"] / peak)
-    return {key: curve for key, pts in by_shape.items() if (curve := _curve(pts)) is not None}
+            by_shape[key].append(row)
+    return {key: curve for key, shape_rows in by_shape.items() if (curve := _tokens_curve(shape_rows, peak))}
+
+
+def _tokens_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
+    return _efficiency_curve(rows, "tokens_per_expert", lambda row: row["flops"] / row["seconds"] / peak)
 
 
 def _shape_key(row: dict) -> str | None:
@@ -128,14 +132,15 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     curves.update(measured)
     launch = raw.get("launch") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
+    # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
+    grouped_rows = raw["grouped_gemm"] if raw["precision"] != "fp8" else []
+    grouped_shapes = tuple(sorted(grouped_shape_curves(grouped_rows, peak).items()))
     return replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
         gemm_bwd_efficiency=gemm_bwd_curve(raw["gemm"], peak) or base.gemm_bwd_efficiency,
-        grouped_gemm_efficiency=(grouped_curve(raw["grouped_gemm"], peak) if raw["precision"] != "fp8" else None)
-        or base.grouped_gemm_efficiency,
-        grouped_gemm_shape_efficiency=tuple(sorted(grouped_shape_curves(raw["grouped_gemm"], peak).items()))
-        if raw["precision"] != "fp8" and raw["grouped_gemm"] else base.grouped_gemm_shape_efficiency,
+        grouped_gemm_efficiency=grouped_curve(grouped_rows, peak) or base.grouped_gemm_efficiency,
+        grouped_gemm_shape_efficiency=grouped_shapes if grouped_rows else base.grouped_gemm_shape_efficiency,
         collective_efficiency=tuple(sorted(curves.items())),
         attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
         attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,
