@@ -15,7 +15,6 @@ it. Everything the raw record does not measure (component factors, the datasheet
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from costmodel.errors import FoldtuneError
 from costmodel.hardware import HardwareProfile
-from costmodel.profile_io import load_profile, save_profile
+from costmodel.profile_io import load_profile, load_raw, save_profile
 from executor.microbench.profile_builder import build_profile
 
 
@@ -49,17 +48,6 @@ def changed_fields(old: HardwareProfile, new: HardwareProfile) -> list[str]:
     return out
 
 
-def _raw_of(path: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise FoldtuneError(f"cannot read {path!r}: {exc}") from None
-    raw = data.get("raw") if isinstance(data, dict) else None
-    if not isinstance(raw, dict) or "gemm" not in raw:
-        raise FoldtuneError(f"{path!r} holds no raw calibration timings (a file written by foldtune calibrate)")
-    return raw
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="the calibrated profile JSON to re-derive")
@@ -68,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         old = load_profile(args.profile)
-        raw = _raw_of(args.raw_from or args.profile)
+        raw = load_raw(args.raw_from or args.profile)
         new = rebuild(old, raw)
     except FoldtuneError as exc:
         print(f"rebuild_profile: {exc}", file=sys.stderr)

@@ -52,6 +52,22 @@ def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
         raise CatalogError(f"hardware profile {str(p)!r}: {exc}") from None
 
 
+def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The raw microbenchmark timings :func:`save_profile` kept beside the profile in ``path``; CatalogError
+    naming the file when it holds none (a bare profile, a catalog file, not JSON)."""
+    p = Path(path).expanduser()
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise CatalogError(f"cannot read {str(p)!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CatalogError(f"{str(p)!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    raw = data.get("raw") if isinstance(data, dict) else None
+    if not isinstance(raw, dict) or "gemm" not in raw:
+        raise CatalogError(f"{str(p)!r} holds no raw calibration timings (a file written by foldtune calibrate)")
+    return raw
+
+
 def use_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
     """Load ``path`` and register it in this process's catalog under its own name (so a command that
     resolves hardware by name prices with it); returns the profile."""
