@@ -102,14 +102,6 @@ class BarInputs:
     gs: torch.Tensor
     balanced: torch.Tensor
 
-    def layer_step(self, layer: torch.nn.Module | None = None):
-        """fwd+bwd of ``layer`` (default: this one) on ``x`` (:func:`layer_fwd_bwd`)."""
-        return layer_fwd_bwd(layer or self.layer, self.x, self.gy)
-
-    def ideal_step(self, group_rows: torch.Tensor | None = None):
-        """fwd+bwd of the ideal in groups of ``group_rows`` (default: balanced) (:func:`ideal_fwd_bwd`)."""
-        return ideal_fwd_bwd(self.ideal, self.xs, self.gs, self.balanced if group_rows is None else group_rows)
-
 
 def bar_inputs(h: int, f: int, experts: int, topk: int, seq: int, mbs: int, dev: torch.device,
                dtype: torch.dtype, options=None) -> BarInputs:
@@ -464,8 +456,10 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
     dev = dev or torch.device("cuda", 0)
     bar = bar_inputs(h, f, experts, topk, tokens, 1, dev, dtype)
     layer, x, gy, spec, state = bar.layer, bar.x, bar.gy, bar.layer.router.spec, single_process_state()
-    layer_step = bar.layer_step()
-    ideal = bar.ideal_step
+    layer_step = layer_fwd_bwd(layer, x, gy)
+
+    def ideal(group_rows):
+        return ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, group_rows)
 
     result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens}}
     real_router = layer.router

@@ -112,10 +112,11 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
 
 def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
     from bench import executor_gpu as eg
-    from bench.moe_breakdown import bar_inputs
+    from bench.moe_breakdown import bar_inputs, ideal_fwd_bwd, layer_fwd_bwd
 
     bar = bar_inputs(*eg.MOE_SHAPES["mixtral"], eg.SEQ, 1, torch.device("cuda"), torch.bfloat16)
-    layer, layer_step, ideal_step = bar.layer, bar.layer_step(), bar.ideal_step()
+    layer = bar.layer
+    layer_step, ideal_step = layer_fwd_bwd(layer, bar.x, bar.gy), ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced)
 
     for fn in (layer_step, ideal_step, layer_step, ideal_step):
         fn()
