@@ -30,12 +30,7 @@ def save_profile(profile: HardwareProfile, path: str | os.PathLike[str], raw: di
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """The HardwareProfile stored in ``path``; CatalogError naming the file when it holds none."""
     p = Path(path).expanduser()
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise CatalogError(f"cannot read hardware profile {str(p)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CatalogError(f"hardware profile {str(p)!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    data = _read_json(p)
     if isinstance(data, dict) and isinstance(data.get("profile"), dict):
         data = data["profile"]
     elif isinstance(data, dict) and isinstance(data.get("hardware"), dict):
@@ -56,16 +51,21 @@ def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw microbenchmark timings :func:`save_profile` kept beside the profile in ``path``; CatalogError
     naming the file when it holds none (a bare profile, a catalog file, not JSON)."""
     p = Path(path).expanduser()
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise CatalogError(f"cannot read {str(p)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CatalogError(f"{str(p)!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    data = _read_json(p)
     raw = data.get("raw") if isinstance(data, dict) else None
     if not isinstance(raw, dict) or "gemm" not in raw:
         raise CatalogError(f"{str(p)!r} holds no raw calibration timings (a file written by foldtune calibrate)")
     return raw
+
+
+def _read_json(p: Path) -> Any:
+    """The JSON in ``p``; CatalogError naming the file when it cannot be read or parsed."""
+    try:
+        return json.loads(p.read_text())
+    except OSError as exc:
+        raise CatalogError(f"cannot read hardware profile {str(p)!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CatalogError(f"hardware profile {str(p)!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
 
 
 def use_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
