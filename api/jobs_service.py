@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 
 from api.problems import ProblemError, rule_violation
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
-from costmodel.catalog import get_hardware, get_model
-from costmodel.errors import FoldtuneError
-from costmodel.hardware import ClusterSpec, HardwareProfile
-from costmodel.model_spec import ModelSpec
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware, get_model
+from spec.errors import FoldtuneError
+from spec.hardware import ClusterSpec, HardwareProfile
+from spec.model_spec import ModelSpec
+from spec.training_spec import TrainingSpec
 from db.models import HardwareProfileRow, Job, Owner, Trial, utcnow
 
 

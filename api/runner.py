@@ -34,10 +34,10 @@ from typing import Any
 
 from api.runner_trainings import run_next_training
 from api.runner_trials import JobStopped, TrialExecutor, TrialSettings, trial_settings_from_env
-from costmodel.errors import FoldtuneError, SpecError
-from costmodel.hardware import ClusterSpec, HardwareProfile
-from costmodel.model_spec import ModelSpec
-from costmodel.training_spec import TrainingSpec
+from spec.errors import FoldtuneError, SpecError
+from spec.hardware import ClusterSpec, HardwareProfile
+from spec.model_spec import ModelSpec
+from spec.training_spec import TrainingSpec
 from db import runner_store
 from db.models import Job
 

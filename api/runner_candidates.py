@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 from costmodel.estimate import Estimate
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.training_spec import TrainingSpec
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.training_spec import TrainingSpec
 from planner.search import Candidate
 
 CANDIDATES_PER_TRIAL = 4

@@ -16,9 +16,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from costmodel.hardware import HardwareProfile
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.hardware import HardwareProfile
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 from db.models import Training
 
 log = logging.getLogger("foldtune.runner")

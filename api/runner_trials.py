@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from costmodel.errors import SpecError
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.errors import SpecError
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 FAULT_ENV = "FOLDTUNE_FAULT"
 

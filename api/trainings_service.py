@@ -18,11 +18,11 @@ from api.jobs_service import owned_job, resolve_cluster, resolve_model
 from api.problems import ProblemError, not_found, rule_violation
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
-from costmodel.errors import FoldtuneError
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.errors import FoldtuneError
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from db.models import Owner, Training, TrainingMetric, Trial, utcnow
 from planner.validity import check_config
 

@@ -314,8 +314,8 @@ def worker(rank: int, world: int, cfg: ProbeConfig) -> dict:
     """Every case on this rank (launched by executor.launch_local.launch, one process per rank)."""
     import torch
 
-    from costmodel.model_spec import ModelSpec
-    from costmodel.parallel_config import ParallelConfig
+    from spec.model_spec import ModelSpec
+    from spec.parallel_config import ParallelConfig
     from executor.parallel.groups import build_parallel_state
 
     dev = torch.device("cuda", rank) if cfg.device == "cuda" else torch.device("cpu")

@@ -82,10 +82,10 @@ def bench_space(args: argparse.Namespace):
 
 
 def specs(args: argparse.Namespace):
-    from costmodel.catalog import get_hardware, get_model
-    from costmodel.hardware import ClusterSpec
-    from costmodel.profile_io import load_profile
-    from costmodel.training_spec import TrainingSpec
+    from spec.catalog import get_hardware, get_model
+    from spec.hardware import ClusterSpec
+    from spec.profile_io import load_profile
+    from spec.training_spec import TrainingSpec
 
     model = get_model(args.model)
     if args.layers:
@@ -218,7 +218,7 @@ def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
 def compare(model, training, cluster, table_rows: list[dict]) -> tuple[list[dict], dict]:
     """Predict every measured layout of ``table_rows`` on ``cluster``; (rows, summary)."""
     from costmodel.estimate import estimate
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
 
     rows, failed = [], []
     for r in table_rows:
@@ -312,8 +312,8 @@ def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int)
 
 
 def main() -> int:
-    from costmodel.catalog import get_hardware, has_hardware
-    from costmodel.hardware import ClusterSpec
+    from spec.catalog import get_hardware, has_hardware
+    from spec.hardware import ClusterSpec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)

@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from costmodel.catalog import get_model
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from executor.options import ExecutorOptions
 from executor.pipeline import build_schedule
 from executor.profile import profile_layout

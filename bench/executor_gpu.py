@@ -48,10 +48,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from costmodel.catalog import get_model
-from costmodel.flops import flops_per_token
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_model
+from spec.flops import flops_per_token
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from executor.attention import rope_tables
 from executor.kernels import get_backend
 from executor.model import DecoderLayer

@@ -41,9 +41,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from costmodel.catalog import get_model  # noqa: E402
-from costmodel.parallel_config import ParallelConfig  # noqa: E402
-from costmodel.training_spec import TrainingSpec  # noqa: E402
+from spec.catalog import get_model  # noqa: E402
+from spec.parallel_config import ParallelConfig  # noqa: E402
+from spec.training_spec import TrainingSpec  # noqa: E402
 from executor.kernels import fp8, get_backend  # noqa: E402
 from executor.kernels.fp8 import quantize
 from executor.kernels.torch_backend import TorchBackend  # noqa: E402

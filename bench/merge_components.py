@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.catalog import get_model  # noqa: E402
+from spec.catalog import get_model  # noqa: E402
 from costmodel.component_factors import build_report  # noqa: E402
-from costmodel.hardware import HardwareProfile  # noqa: E402
-from costmodel.profile_io import load_profile, save_profile  # noqa: E402
+from spec.hardware import HardwareProfile  # noqa: E402
+from spec.profile_io import load_profile, save_profile  # noqa: E402
 
 
 def model_of(name: str):

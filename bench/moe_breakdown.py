@@ -81,7 +81,7 @@ class SeparateGateUpExperts(torch.nn.Module):
 
 def moe_spec(h: int, f: int, experts: int, topk: int):
     """A one-layer ModelSpec of the benchmarked MoE shape (hidden, expert FFN, experts, top-k)."""
-    from costmodel.model_spec import ModelSpec
+    from spec.model_spec import ModelSpec
 
     return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h, num_attention_heads=16,
                      ffn_hidden_size=f, vocab_size=32000, num_experts=experts, moe_router_topk=topk,

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from costmodel.catalog import get_model  # noqa: E402
-from costmodel.parallel_config import ParallelConfig  # noqa: E402
+from spec.catalog import get_model  # noqa: E402
+from spec.parallel_config import ParallelConfig  # noqa: E402
 from executor.options import ExecutorOptions  # noqa: E402
 
 TINY = get_model("tiny-moe")

@@ -38,9 +38,9 @@ CASES = {
 
 def exact_check(case: str, workers: int | None) -> dict:
     """Run in a child process: the default ranking against the exhaustive one (every fitting config timed)."""
-    from costmodel.catalog import get_hardware, get_model
-    from costmodel.hardware import ClusterSpec
-    from costmodel.training_spec import TrainingSpec
+    from spec.catalog import get_hardware, get_model
+    from spec.hardware import ClusterSpec
+    from spec.training_spec import TrainingSpec
     from planner.rank import plan
 
     model_name, gpus, gpu, seq, gbs = CASES[case]
@@ -56,9 +56,9 @@ def exact_check(case: str, workers: int | None) -> dict:
 def one_run(case: str, workers: int | None) -> dict:
     """Run in a child process: time planner.plan on one case and return the numbers."""
     t_start = time.perf_counter()
-    from costmodel.catalog import get_hardware, get_model
-    from costmodel.hardware import ClusterSpec
-    from costmodel.training_spec import TrainingSpec
+    from spec.catalog import get_hardware, get_model
+    from spec.hardware import ClusterSpec
+    from spec.training_spec import TrainingSpec
     from planner.rank import plan
 
     model_name, gpus, gpu, seq, gbs = CASES[case]

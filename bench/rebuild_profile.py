@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from costmodel.errors import FoldtuneError
-from costmodel.hardware import HardwareProfile
-from costmodel.profile_io import load_profile, load_raw, save_profile
+from spec.errors import FoldtuneError
+from spec.hardware import HardwareProfile
+from spec.profile_io import load_profile, load_raw, save_profile
 from executor.microbench.profile_builder import build_profile
 
 

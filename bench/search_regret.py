@@ -106,7 +106,7 @@ def main() -> int:
     import optuna
 
     from costmodel.estimate import estimate
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
     from planner.search import Candidate
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

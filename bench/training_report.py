@@ -73,7 +73,7 @@ def main() -> int:
     args = parser.parse_args()
     training, metrics = load(args.database_url, args.training)
     lines, head = summarise(training, metrics, args.every)
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
 
     layout = ParallelConfig.from_dict(training["config"]).label()
     predicted = head["predicted_step_s"]

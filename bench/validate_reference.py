@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.layout_table import replace_section  # noqa: E402
 from costmodel import reference  # noqa: E402
-from costmodel.catalog import get_hardware  # noqa: E402
-from costmodel.hardware import HardwareProfile  # noqa: E402
-from costmodel.profile_io import load_profile  # noqa: E402
+from spec.catalog import get_hardware  # noqa: E402
+from spec.hardware import HardwareProfile  # noqa: E402
+from spec.profile_io import load_profile  # noqa: E402
 
 REFERENCE = ROOT / "tests" / "data" / "reference.json"
 HEADING = "## Cost model against published measurements (reference.json)"

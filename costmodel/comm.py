@@ -2,9 +2,9 @@
 
 A group's placement (how many nodes it spans, how many of its ranks share a node) follows from its
 rank stride in Megatron's ``tp-cp-ep-dp-pp`` order and ``gpus_per_node``
-(:func:`costmodel.rank_groups.group_stride_span`), so no rank lists are built in the hot path.
+(:func:`spec.rank_groups.group_stride_span`), so no rank lists are built in the hot path.
 
-Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~costmodel.hardware.HardwareProfile`):
+Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~spec.hardware.HardwareProfile`):
 
 * ring all-gather / reduce-scatter of a ``buffer_bytes`` (gathered, i.e. full-size) buffer over n ranks:
   each rank sends ``(n-1)/n · buffer_bytes`` in ``n-1`` steps; all-reduce is twice that.
@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from costmodel.hardware import HardwareProfile, MeasuredCurve
-from costmodel.rank_groups import group_stride_span
+from spec.hardware import HardwareProfile, MeasuredCurve
+from spec.rank_groups import group_stride_span
 
 # Default fraction of the datasheet link bandwidth a collective achieves.
 # all-to-all: microbenchmark, 2-GPU NVLink all-to-all at 256 MiB moved 474 GB/s counted over both

@@ -2,7 +2,7 @@
 
 Every function returns seconds on one GPU. Rates come from :func:`compute_rates`, which starts from the
 GPU's datasheet peaks and the default efficiencies below, and prefers the measured curves a calibrated
-:class:`~costmodel.hardware.HardwareProfile` carries (``gemm_efficiency``, ``gemm_bwd_efficiency`` for a
+:class:`~spec.hardware.HardwareProfile` carries (``gemm_efficiency``, ``gemm_bwd_efficiency`` for a
 linear's backward GEMMs, ``grouped_gemm_efficiency``, ``hbm_efficiency``).
 
 Default efficiencies are hardware microbenchmark ceilings (measured on an H200, whose dense bf16/fp8
@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.hardware import HardwareProfile, MeasuredCurve, expert_shape
+from spec.flops import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
+from spec.hardware import HardwareProfile, MeasuredCurve, expert_shape
 
 # ---- defaults (see the module docstring and docs/time-model.md for where each comes from) ---------
 GEMM_EFFICIENCY = {"bf16": 783.0 / 989.4, "fp16": 783.0 / 989.4, "fp32": 783.0 / 989.4,
@@ -38,8 +39,6 @@ HBM_EFFICIENCY = 4.2 / 4.8
 ATTENTION_FWD_EFFICIENCY = 0.60
 ATTENTION_BWD_EFFICIENCY = 0.45
 ATTENTION_HALF_SEQ = 512  # key length at which attention runs at half its asymptotic efficiency
-# Flash attention's backward recomputes the score matrix: 5 matmuls against the forward's 2.
-ATTENTION_BWD_FLOP_RATIO = 2.5
 # Fixed cost of one kernel (launch gap, prologue/epilogue, partial last wave); makes tiny ops cost more
 # than their FLOPs or bytes say. An assumption of a few microseconds, replaced by measured curves.
 KERNEL_OVERHEAD_S = 3e-6
@@ -188,13 +187,6 @@ def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group:
     fwd = grouped_gemm_time(rates, num_groups, tokens_per_group, n, k)
     # dgrad has the forward's shape transposed (same t); wgrad reduces over t: both priced at t.
     return fwd, 2.0 * grouped_gemm_time(rates, num_groups, tokens_per_group, k, n)
-
-
-def attention_fwd_flops(batch_queries: float, seq_kv: float, heads: float, qk_dim: int, v_dim: int,
-                        causal: bool = True) -> float:
-    """Forward FLOPs of the attention core: ``2·q·kv·heads·(qk + v)``, halved by a causal mask (the
-    convention of :func:`attention_time` and of the attention microbenchmark that calibrates it)."""
-    return 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)
 
 
 @lru_cache(maxsize=4096)

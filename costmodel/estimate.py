@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.hardware import GIB, ClusterSpec
+from spec.hardware import GIB, ClusterSpec
 from costmodel.host import seconds_per_op
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.rank_groups import group_stride_span
-from costmodel.training_spec import TrainingSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.rank_groups import group_stride_span
+from spec.training_spec import TrainingSpec
 
 if TYPE_CHECKING:  # the two models are imported where they are called, so this module loads on its own
     from costmodel.memory import MemoryBreakdown

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import NamedTuple
 
-from costmodel.errors import InvalidConfigError
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.params import layer_chunks, moe_pattern, per_model_cache, stage_counts_and_gemm
-from costmodel.training_spec import TrainingSpec
+from spec.errors import InvalidConfigError
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
+from spec.pipeline_layout import layer_chunks
+from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
 #: loses to block rounding and fragmentation. Not measured yet: a prior that calibration from real peak

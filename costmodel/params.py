@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache, wraps
 from typing import TypeVar
 
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.pipeline_layout import layer_chunks
 
 
 @dataclass(frozen=True)
@@ -89,25 +90,6 @@ def moe_pattern(model: ModelSpec) -> tuple[int, ...]:
 
 
 # ---- layer placement ------------------------------------------------------------------------------
-@lru_cache(maxsize=4096)
-def layer_chunks(num_layers: int, pp: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Decoder-layer indices of every pipeline rank, one tuple per virtual chunk: ``[stage][chunk]``.
-
-    The model is cut into ``pp·vpp`` consecutive chunks; chunk ``j`` holds ``L // (pp·vpp)`` layers plus
-    one more when ``j < L % (pp·vpp)`` (uneven layer counts put the extra layers on the earliest chunks).
-    Pipeline rank ``i`` runs chunks ``i, i + pp, i + 2·pp, ...`` (Megatron's interleaved order).
-    """
-    chunks = pp * vpp
-    base, extra = divmod(num_layers, chunks)
-    bounds = [0]
-    for j in range(chunks):
-        bounds.append(bounds[-1] + base + (1 if j < extra else 0))
-    return tuple(
-        tuple(tuple(range(bounds[v * pp + i], bounds[v * pp + i + 1])) for v in range(vpp))
-        for i in range(pp)
-    )
-
-
 def stage_layers(model: ModelSpec, config: ParallelConfig, stage: int) -> tuple[int, ...]:
     """Decoder-layer indices held by pipeline rank ``stage`` (all its virtual chunks, in model order)."""
     return tuple(i for chunk in layer_chunks(model.num_layers, config.pp, config.vpp)[stage] for i in chunk)
@@ -264,7 +246,7 @@ def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: in
 def stage_param_counts(model: ModelSpec, config: ParallelConfig, stage: int) -> ParamCounts:
     """Parameters held by one GPU of pipeline rank ``stage`` (all its virtual chunks), by sharding bucket."""
     if not 0 <= stage < config.pp:
-        from costmodel.errors import InvalidConfigError
+        from spec.errors import InvalidConfigError
 
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
     return _stage_counts(model, config.tp, config.pp, config.vpp, config.ep, config.etp, stage)

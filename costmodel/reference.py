@@ -10,11 +10,11 @@ Nothing in the cost model is fitted to these rows: they are what its error is pu
 
 from __future__ import annotations
 
-from costmodel.hardware import ClusterSpec, HardwareProfile
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.hardware import ClusterSpec, HardwareProfile
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 from costmodel.step_time import estimate_step_time, layer_times
-from costmodel.training_spec import TrainingSpec
+from spec.training_spec import TrainingSpec
 
 Row = tuple[str, float, float]
 

@@ -40,12 +40,12 @@ from costmodel.compute import (
     grouped_gemm_fwd_bwd,
     memory_time,
 )
-from costmodel.errors import InvalidConfigError
-from costmodel.flops import flops_per_step
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.errors import InvalidConfigError
+from spec.flops import flops_per_step
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_a2a",
          "etp_comm", "dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer", "host_overhead")
@@ -100,7 +100,7 @@ class StepTimeBreakdown:
     terms: tuple[tuple[str, float], ...]  # exposed (critical-path) seconds per term, names in TERMS
     hidden: tuple[tuple[str, float], ...]  # communication seconds hidden by overlap, per HIDDEN_TERMS name
     tokens_per_s_per_gpu: float
-    tflops_per_gpu: float  # model TFLOP/s per GPU (costmodel.flops conventions)
+    tflops_per_gpu: float  # model TFLOP/s per GPU (spec.flops conventions)
     mfu: float  # against cluster.gpu.peak(training.precision)
     bottleneck: str  # 'compute' or the largest non-compute limiter (see BOTTLENECK_OF_TERM)
 

@@ -4,7 +4,7 @@ Layout of the package (one concept per module):
 - ``model`` (MoEGPT, DecoderLayer), ``attention``, ``mlp`` (dense / shared-expert SwiGLU), ``moe`` (MoELayer,
   GroupedExperts), ``router`` (top-k rules, aux/z losses, expert bias, capacity), ``dispatcher`` (alltoall and
   allgather token dispatchers, loop-free permutation).
-- ``parallel``: ``groups`` (ParallelState built from costmodel.rank_groups.FoldedGroups), ``collectives``
+- ``parallel``: ``groups`` (ParallelState built from spec.rank_groups.FoldedGroups), ``collectives``
   (autograd collectives), ``tensor_parallel`` (SP enter/leave, layout checks), ``vocab`` (vocab-parallel
   embedding and cross-entropy), ``sharding`` (ShardInfo per parameter, deterministic full-size init, gather back),
   ``grad_reduce`` (bucketed TP/DP/EDP gradient reduction).

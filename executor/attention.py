@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from costmodel.model_spec import ModelSpec
+from spec.model_spec import ModelSpec
 from executor import recompute
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from costmodel.model_spec import ModelSpec
-from costmodel.params import layer_chunks
+from spec.model_spec import ModelSpec
+from spec.pipeline_layout import layer_chunks
 from executor import recompute
 from executor.attention import Attention, rope_tables
 from executor.kernels import get_backend
@@ -78,7 +78,7 @@ class DecoderLayer(torch.nn.Module):
 class MoEGPT(torch.nn.Module):
     """This rank's slice of the model: under pipeline parallelism, its stage's virtual chunks only.
 
-    Chunk ``v`` of pipeline rank ``i`` holds the decoder layers ``costmodel.params.layer_chunks(L, pp,
+    Chunk ``v`` of pipeline rank ``i`` holds the decoder layers ``spec.pipeline_layout.layer_chunks(L, pp,
     vpp)[i][v]``; the embedding lives on the first chunk of the model and the final norm, LM head and loss on
     the last. Parameter names are the full model's, so every layout gathers to the same state.
     """

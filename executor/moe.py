@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from costmodel.model_spec import ModelSpec
+from spec.model_spec import ModelSpec
 from executor import recompute
 from executor.dispatcher import make_dispatcher
 from executor.kernels import triton_swiglu as fused_act

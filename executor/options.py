@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from costmodel.errors import SpecError
-from costmodel.model_spec import ModelSpec
-from costmodel.training_spec import TrainingSpec
+from spec.errors import SpecError
+from spec.model_spec import ModelSpec
+from spec.training_spec import TrainingSpec
 
 DROP_POLICIES = ("probs", "position")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from costmodel.errors import InvalidConfigError
+from spec.errors import InvalidConfigError
 
 
 @dataclass(frozen=True)

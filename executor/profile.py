@@ -14,12 +14,12 @@ import time
 
 import torch
 
-from costmodel.catalog import get_hardware
-from costmodel.errors import CatalogError, FoldtuneError
-from costmodel.flops import flops_per_step, mfu, tflops_per_gpu
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware
+from spec.errors import CatalogError, FoldtuneError
+from spec.flops import flops_per_step, mfu, tflops_per_gpu
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from executor import progress
 from executor.data import global_batch, micro_batches
 from executor.measurement import Measurement

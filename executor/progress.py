@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from costmodel.errors import SpecError
+from spec.errors import SpecError
 
 StepSink = Callable[[int, float], bool]
 FAULT_ENV = "FOLDTUNE_FAULT"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.utils.checkpoint
 
-from costmodel.parallel_config import ParallelConfig
+from spec.parallel_config import ParallelConfig
 
 
 def selective(config: ParallelConfig, module: str) -> bool:

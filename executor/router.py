@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from costmodel.errors import InvalidConfigError
-from costmodel.model_spec import ModelSpec
+from spec.errors import InvalidConfigError
+from spec.model_spec import ModelSpec
 from executor.kernels import triton_router as fused_router
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd, all_reduce_

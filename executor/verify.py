@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions

@@ -3,7 +3,7 @@
 Only what the layout and the training recipe decide is emitted; the model's architecture arguments
 (--num-layers, --hidden-size, ...) come from the user's model script. When pp·vpp divides the layers,
 interleaving is ``--num-virtual-stages-per-pipeline-rank``; otherwise the chunks of
-:func:`costmodel.params.layer_chunks` (sizes differing by at most one) are spelled out as
+:func:`spec.pipeline_layout.layer_chunks` (sizes differing by at most one) are spelled out as
 ``--pipeline-model-parallel-layout`` (E = embedding, t = decoder layer, m = MTP layer, L = loss, '|' between
 chunks, ``(x|)*n`` and ``t*n`` repeat), which also fixes vpp.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import shlex
 
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
-from costmodel.params import layer_chunks
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
+from spec.pipeline_layout import layer_chunks
 
 
 def pipeline_layout(num_layers: int, pp: int, vpp: int, mtp_num_layers: int = 0) -> str:

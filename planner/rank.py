@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from costmodel.estimate import Estimate, combine
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
-from costmodel.errors import InvalidConfigError
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
+from spec.errors import InvalidConfigError
 from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts
 from planner.validity import Rejection, Validator, check_config, parse_layout
 

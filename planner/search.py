@@ -33,7 +33,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.samplers._base import _process_constraints_after_trial  # the hook Optuna's own samplers use
 from optuna.trial import FrozenTrial, TrialState
 
-from costmodel.parallel_config import ParallelConfig
+from spec.parallel_config import ParallelConfig
 from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
 
 # Trial user attributes written by the driver and read back by the sampler.

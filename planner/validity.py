@@ -40,12 +40,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from costmodel.errors import InvalidConfigError
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.params import layer_chunks
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.errors import InvalidConfigError
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.pipeline_layout import layer_chunks
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 # rule id -> what it demands (shown by `foldtune plan` next to its rejection count)
 RULES: dict[str, str] = {
@@ -87,7 +87,7 @@ def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | 
     """Decoder layers held by each of the ``pp`` pipeline ranks, or None when there are fewer layers than chunks.
 
     foldtune supports uneven stages: the model is cut into pp·vpp consecutive chunks whose sizes differ by
-    at most one (:func:`costmodel.params.layer_chunks`, the placement the memory and time models price);
+    at most one (:func:`spec.pipeline_layout.layer_chunks`, the placement the memory and time models price);
     when they are unequal Megatron-LM gets the cut as ``--pipeline-model-parallel-layout``. MTP layers are
     not part of ``num_layers`` (they follow the decoder on the last rank).
     """

@@ -3,7 +3,7 @@ reached or migrated as one FoldtuneError line instead of a driver traceback."""
 
 from __future__ import annotations
 
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 
 
 class DatabaseUnavailableError(FoldtuneError):

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from api.settings import DEFAULT_HOST, DEFAULT_PORT
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 

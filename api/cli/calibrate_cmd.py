@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _guess_gpu(device_name: str) -> str:
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
 
     lowered = device_name.lower()
     for key in ("h200", "h100", "a100"):
@@ -56,7 +56,7 @@ def _store(profile, url: str | None) -> str:
     from sqlalchemy import select
 
     from api.cli._db import migrate_or_explain
-    from costmodel.errors import FoldtuneError
+    from spec.errors import FoldtuneError
     from db.engine import make_engine, make_sessionmaker
     from db.models import HardwareProfileRow
     from db.settings import database_settings
@@ -89,9 +89,9 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
     from dataclasses import replace
     from pathlib import Path
 
-    from costmodel.catalog import get_model
-    from costmodel.errors import FoldtuneError
-    from costmodel.profile_io import load_profile
+    from spec.catalog import get_model
+    from spec.errors import FoldtuneError
+    from spec.profile_io import load_profile
     from costmodel.component_factors import build_report
     from executor.microbench.components import measure_components
 
@@ -120,9 +120,9 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from costmodel.catalog import get_hardware
-    from costmodel.errors import SpecError
-    from costmodel.profile_io import save_profile
+    from spec.catalog import get_hardware
+    from spec.errors import SpecError
+    from spec.profile_io import save_profile
     from db.settings import default_data_dir
     from executor.microbench.profile_builder import build_profile
     from executor.microbench.runner import BenchPlan, run_benchmarks
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu:
         get_hardware(args.gpu)  # an unknown name is the first thing to report
     if args.model:
-        from costmodel.catalog import get_model
+        from spec.catalog import get_model
 
         get_model(args.model)
     if not cpu and not torch.cuda.is_available():

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
 
     if (args.cancel or args.wait) and args.id is None:
         raise SpecError("--cancel and --wait need a job ID")

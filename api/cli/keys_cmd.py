@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from api.cli._db import migrate_or_explain
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
     from db.engine import make_engine, make_sessionmaker
     from db.keys import create_api_key, revoke_keys
     from db.settings import database_settings

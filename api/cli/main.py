@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from costmodel.catalog import load_catalog_file, load_env_catalog
-    from costmodel.errors import FoldtuneError
+    from spec.catalog import load_catalog_file, load_env_catalog
+    from spec.errors import FoldtuneError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -44,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---- inputs ------------------------------------------------------------------------------------
 def _specs(args: argparse.Namespace):
-    from costmodel.catalog import get_hardware, get_model
-    from costmodel.errors import SpecError
-    from costmodel.hardware import ClusterSpec
-    from costmodel.training_spec import TrainingSpec
+    from spec.catalog import get_hardware, get_model
+    from spec.errors import SpecError
+    from spec.hardware import ClusterSpec
+    from spec.training_spec import TrainingSpec
 
     problems = []
     if args.top < 1:
@@ -61,7 +61,7 @@ def _specs(args: argparse.Namespace):
     if problems:
         raise SpecError("; ".join(problems))
     model = get_model(args.model)
-    from costmodel.profile_io import load_profile
+    from spec.profile_io import load_profile
 
     cluster = ClusterSpec(load_profile(args.profile) if args.profile else get_hardware(args.gpu), args.gpus)
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,

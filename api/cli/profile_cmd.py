@@ -39,10 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from costmodel.catalog import get_model
-    from costmodel.errors import SpecError
-    from costmodel.parallel_config import ParallelConfig
-    from costmodel.training_spec import TrainingSpec
+    from spec.catalog import get_model
+    from spec.errors import SpecError
+    from spec.parallel_config import ParallelConfig
+    from spec.training_spec import TrainingSpec
     from executor.options import ExecutorOptions
     from executor.profile import profile_layout
 

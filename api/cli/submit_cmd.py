@@ -36,7 +36,7 @@ def _model_fields(args: argparse.Namespace) -> dict:
 
     import yaml
 
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
 
     path = Path(args.model_file)
     try:

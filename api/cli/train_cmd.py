@@ -113,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         return run_job_training(args)
     import torch
 
-    from costmodel.catalog import get_model
-    from costmodel.errors import SpecError
-    from costmodel.parallel_config import ParallelConfig
+    from spec.catalog import get_model
+    from spec.errors import SpecError
+    from spec.parallel_config import ParallelConfig
     from executor.options import ExecutorOptions
     from executor.parallel.tensor_parallel import check_layout
     from executor.train.loop import TrainConfig, train_local

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from costmodel.errors import SpecError
+from spec.errors import SpecError
 
 
 def _job_fields(job) -> dict[str, object]:
@@ -90,7 +90,7 @@ def run_job_training(args: argparse.Namespace) -> int:
     from api.problems import ProblemError
     from api.runner import Runner, RunnerSettings
     from api.trainings_service import cancel_training, submit_training, training_views
-    from costmodel.hardware import HardwareProfile
+    from spec.hardware import HardwareProfile
     from db.models import Job, Owner, Training
 
     start = time.monotonic()

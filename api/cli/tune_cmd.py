@@ -90,7 +90,7 @@ def _check_ray_has_room(gpu: str, gpus: int) -> None:
     """One clear error before anything is stored when the Ray cluster cannot place the job's ranks."""
     import ray
 
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
     from executor.launch_ray import ensure_ray
 
     ensure_ray()
@@ -116,12 +116,12 @@ def run(args: argparse.Namespace) -> int:
     from api.runner import Runner, RunnerSettings
     from api.runner_trials import TrialSettings
     from api.schemas.jobs import JobCreate
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
     from db.keys import get_or_create_owner
 
     hardware_name = args.gpu
     if args.profile:  # registered under its own name; its GPU kind decides CPU or GPU ranks
-        from costmodel.profile_io import use_profile_file
+        from spec.profile_io import use_profile_file
         profile = use_profile_file(args.profile)
         hardware_name, args.gpu = profile.name, profile.gpu.name
     precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")

@@ -14,8 +14,8 @@ from api.schemas.best import BestOut
 from api.schemas.common import Name
 from api.schemas.jobs import ClusterOut, TrialOut
 from api.schemas.problem import problem_responses
-from costmodel.errors import FoldtuneError
-from costmodel.training_spec import PRECISIONS, TrainingSpec
+from spec.errors import FoldtuneError
+from spec.training_spec import PRECISIONS, TrainingSpec
 from db.models import Job
 from db.trials import best_trial
 

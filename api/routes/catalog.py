@@ -13,9 +13,9 @@ from api.problems import ProblemError, not_found, rule_violation
 from api.schemas.catalog import HardwareProfileIn, HardwareProfileList, HardwareProfileOut, ModelList, ModelOut
 from api.schemas.common import Name
 from api.schemas.problem import problem_responses
-from costmodel.catalog import get_hardware, get_model, hardware_names, has_hardware, model_names
-from costmodel.errors import CatalogError, FoldtuneError
-from costmodel.hardware import HardwareProfile
+from spec.catalog import get_hardware, get_model, hardware_names, has_hardware, model_names
+from spec.errors import CatalogError, FoldtuneError
+from spec.hardware import HardwareProfile
 from db.models import HardwareProfileRow
 
 router = APIRouter(prefix="/v1", responses=problem_responses(401))

@@ -36,7 +36,7 @@ Curve = Annotated[list[tuple[float, float]], Field(min_length=1, max_length=10_0
 
 class HardwareProfileIn(BaseModel):
     """A HardwareProfile: bandwidths in bytes/s per GPU per direction, latencies in seconds; optional
-    measured efficiency curves as [x, efficiency] points (see costmodel.hardware)."""
+    measured efficiency curves as [x, efficiency] points (see spec.hardware)."""
 
     model_config = ConfigDict(extra="forbid")
 

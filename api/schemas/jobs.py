@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from api.schemas.common import Name, spec_validator
-from costmodel.model_spec import ModelSpec
-from costmodel.training_spec import TrainingSpec
+from spec.model_spec import ModelSpec
+from spec.training_spec import TrainingSpec
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TrialStatus = Literal["running", "succeeded", "pruned", "failed"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 from executor.dataset import tokenizer
 
 INDEX = "index.json"

@@ -23,7 +23,7 @@ _BACKENDS = {"torch": TorchBackend, "torch-fp8": TorchFp8Backend}
 
 def get_backend(name: str = "torch") -> KernelBackend:
     """The kernel backend called ``name`` ('torch' or 'torch-fp8')."""
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
 
     if name not in _BACKENDS:
         raise SpecError(f"unknown kernel backend {name!r}; known: {', '.join(sorted(_BACKENDS))}")

@@ -5,6 +5,6 @@ executor's grouped GEMM vs tokens per expert), :mod:`.hbm` (device-memory copy b
 :mod:`.collectives` (all-to-all, all-reduce, all-gather, reduce-scatter, p2p over message and group
 sizes). :mod:`.runner` runs them on every local rank at once (as training would load the devices) and
 :mod:`.profile_builder` turns the raw timings into a calibrated
-:class:`~costmodel.hardware.HardwareProfile` in the units of the calibration contract of
+:class:`~spec.hardware.HardwareProfile` in the units of the calibration contract of
 ``docs/time-model.md``.
 """

@@ -2,7 +2,7 @@
 
 The time model prices the attention core as FLOPs over the 16-bit peak times an efficiency; this measures
 that efficiency, forward and backward, at the key lengths a step produces. FLOPs are the time model's own
-(``costmodel.compute.attention_fwd_flops``, causal; backward ``ATTENTION_BWD_FLOP_RATIO`` times that),
+(``spec.flops.attention_fwd_flops``, causal; backward ``ATTENTION_BWD_FLOP_RATIO`` times that),
 whatever the kernel actually executes.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from costmodel.compute import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
+from spec.flops import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
 from executor.kernels.torch_backend import TorchBackend
 from executor.microbench.timing import time_op
 

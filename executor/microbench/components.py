@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from costmodel.model_spec import ModelSpec
+from spec.model_spec import ModelSpec
 from executor.microbench.timing import time_device
 
 # parameters in the optimizer benchmark's buffer: large enough that per-kernel overhead is < 1 % on a GPU,
@@ -46,7 +46,7 @@ def _blocks(spec: ModelSpec, seq_length: int, mbs: int, device: torch.device, dt
     """{component name: fwd+bwd closure} built from the executor's modules on a world-size-1 layout."""
     import torch.nn.functional as F
 
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
     from executor.attention import rope_tables
     from executor.kernels import get_backend
     from executor.model import DecoderLayer

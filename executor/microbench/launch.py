@@ -62,7 +62,7 @@ def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dt
     import statistics
     import time
 
-    from costmodel.catalog import get_model
+    from spec.catalog import get_model
     from executor.data import global_batch, micro_batches
     from executor.microbench.timing import synchronize
     from executor.model import MoEGPT

@@ -37,7 +37,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from costmodel.comm import ring_wire_bytes
-from costmodel.hardware import HardwareProfile, MeasuredCurve
+from spec.hardware import HardwareProfile, MeasuredCurve
 
 
 def wire_bytes(collective: str, buffer_bytes: float, group_size: int) -> float:

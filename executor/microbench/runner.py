@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 from executor.microbench.sustained import SUSTAINED_SECONDS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}

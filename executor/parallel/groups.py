@@ -1,4 +1,4 @@
-"""The process groups of one folded layout, built from :class:`costmodel.rank_groups.FoldedGroups`.
+"""The process groups of one folded layout, built from :class:`spec.rank_groups.FoldedGroups`.
 
 Every rank creates every group of every kind in the same order (``torch.distributed.new_group`` is a
 collective over the whole world) and keeps the one it belongs to. A group of size one needs no
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from costmodel.parallel_config import ParallelConfig
-from costmodel.rank_groups import FoldedGroups
+from spec.parallel_config import ParallelConfig
+from spec.rank_groups import FoldedGroups
 
 # The groups the executor uses (cp and pp: context and pipeline parallelism; dp_cp: dense gradient reduction).
 GROUP_NAMES = ("tp", "cp", "dp", "dp_cp", "pp", "etp", "ep", "edp", "tp_ep")

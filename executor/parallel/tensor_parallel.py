@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from costmodel.errors import InvalidConfigError
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.errors import InvalidConfigError
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 from executor.parallel.collectives import all_gather, reduce_scatter
 from executor.parallel.groups import ParallelState
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 from executor.optimizer import finish_param_gather
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, _slice, gather_full

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from costmodel.errors import FoldtuneError, SpecError
-from costmodel.flops import flops_per_step, tflops_per_gpu
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.errors import FoldtuneError, SpecError
+from spec.flops import flops_per_step, tflops_per_gpu
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 from executor.data import micro_batches
 from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.options import ExecutorOptions

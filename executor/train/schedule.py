@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from costmodel.errors import SpecError
+from spec.errors import SpecError
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import json
 from dataclasses import replace
 
 from api.cli.main import main
-from costmodel.catalog import get_hardware
-from costmodel.hardware import MeasuredCurve
-from costmodel.profile_io import save_profile
+from spec.catalog import get_hardware
+from spec.hardware import MeasuredCurve
+from spec.profile_io import save_profile
 
 PLAN = ["plan", "--model", "tiny-moe", "--gpus", "4", "--seq", "64", "--gbs", "8", "--precision", "fp32", "--json"]
 

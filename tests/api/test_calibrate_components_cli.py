@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api.cli.main import main
-from costmodel.profile_io import load_profile
+from spec.profile_io import load_profile
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ import pytest
 from api.runner import RunnerSettings, failure_kind
 from api.runner_candidates import CANDIDATES_PER_TRIAL, job_candidates
 from api.runner_trials import faults_for_trial
-from costmodel.catalog import get_hardware, get_model
-from costmodel.errors import SpecError
-from costmodel.hardware import ClusterSpec
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware, get_model
+from spec.errors import SpecError
+from spec.hardware import ClusterSpec
+from spec.training_spec import TrainingSpec
 
 
 def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():

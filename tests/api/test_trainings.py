@@ -3,7 +3,7 @@ metrics pagination by step, cancel."""
 
 import pytest
 
-from costmodel.parallel_config import ParallelConfig
+from spec.parallel_config import ParallelConfig
 from db.queue import claim_next_job, claim_next_training, finish_training
 from db.trainings import record_training_metrics
 from db.trials import finish_trial, start_trial

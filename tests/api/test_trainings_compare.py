@@ -7,11 +7,11 @@ import pytest
 from test_trainings import _give_best, body  # noqa: F401 (body is a fixture used here)
 
 from api.cli.main import main
-from costmodel.catalog import get_hardware, get_model
-from costmodel.hardware import ClusterSpec
-from costmodel.parallel_config import ParallelConfig
+from spec.catalog import get_hardware, get_model
+from spec.hardware import ClusterSpec
+from spec.parallel_config import ParallelConfig
 from costmodel.step_time import estimate_step_time
-from costmodel.training_spec import TrainingSpec
+from spec.training_spec import TrainingSpec
 from db.queue import claim_next_training, finish_training
 from db.trainings import record_training_metrics
 

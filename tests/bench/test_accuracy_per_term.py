@@ -26,7 +26,7 @@ def test_compare_reads_the_ep_all_to_all_on_the_pace_setting_rank():
     """A measured EP2 row whose rank 0 waited 80 ms in its all-to-all for rank 1's experts: the per-term error
     is taken against rank 1's 2 ms, not rank 0's 80 ms."""
     from bench.costmodel_accuracy import compare
-    from costmodel import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
+    from spec import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
 
     model, training = get_model("mixtral-8x7b").with_layers(2), TrainingSpec(seq_length=4096, global_batch_size=8)
     config = ParallelConfig(world_size=2, ep=2)

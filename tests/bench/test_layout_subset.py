@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from costmodel.catalog import get_hardware, get_model
-from costmodel.hardware import ClusterSpec
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware, get_model
+from spec.hardware import ClusterSpec
+from spec.training_spec import TrainingSpec
 from bench.layout_table import _features, diverse_subset, executable_space
 from planner.enumerate import SearchSpace
 

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import merge_components  # noqa: E402
 
-from costmodel.catalog import get_hardware, get_model  # noqa: E402
+from spec.catalog import get_hardware, get_model  # noqa: E402
 from costmodel.component_factors import build_report, predicted_parts  # noqa: E402
-from costmodel.profile_io import load_profile, save_profile  # noqa: E402
+from spec.profile_io import load_profile, save_profile  # noqa: E402
 
 
 def _run_file(tmp_path, run_profile, seq, mbs, scale):

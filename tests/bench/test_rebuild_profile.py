@@ -7,8 +7,8 @@ import json
 import pytest
 
 from bench import rebuild_profile
-from costmodel.catalog import get_hardware
-from costmodel.profile_io import load_profile, save_profile
+from spec.catalog import get_hardware
+from spec.profile_io import load_profile, save_profile
 
 RAW = {"precision": "bf16", "measured_at": "2026-11-26T10:20:17+00:00", "ranks": 4, "device_name": "NVIDIA H200",
        "backend": "nccl", "gemm": [{"m": 4096, "n": 4096, "k": 4096, "flops": 2 * 4096**3, "seconds": 2e-4}],

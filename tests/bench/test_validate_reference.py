@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import validate_reference  # noqa: E402
 
-from costmodel.catalog import get_hardware  # noqa: E402
-from costmodel.hardware import MeasuredCurve  # noqa: E402
-from costmodel.profile_io import save_profile  # noqa: E402
+from spec.catalog import get_hardware  # noqa: E402
+from spec.hardware import MeasuredCurve  # noqa: E402
+from spec.profile_io import save_profile  # noqa: E402
 
 if not validate_reference.REFERENCE.exists():
     pytest.skip("tests/data/reference.json not present", allow_module_level=True)

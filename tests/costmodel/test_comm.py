@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel import MeasuredCurve, get_hardware
+from spec import MeasuredCurve, get_hardware
 from costmodel.comm import (
     COLLECTIVE_EFFICIENCY,
     all_to_all_time,

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.catalog import get_hardware, get_model
+from spec.catalog import get_hardware, get_model
 from costmodel.estimate import estimate, step_time
-from costmodel.hardware import ClusterSpec, HardwareProfile, component_key, parse_component_key
-from costmodel.parallel_config import ParallelConfig
-from costmodel.profile_io import load_profile, save_profile
-from costmodel.training_spec import TrainingSpec
+from spec.hardware import ClusterSpec, HardwareProfile, component_key, parse_component_key
+from spec.parallel_config import ParallelConfig
+from spec.profile_io import load_profile, save_profile
+from spec.training_spec import TrainingSpec
 
 FACTORS = {"gemm": 1.25, "grouped_gemm": 1.5, "attention_core": 3.0, "memory_bound": 2.0, "optimizer": 4.0}
 MODEL = get_model("mixtral-8x7b").with_layers(2)

@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel import MeasuredCurve, get_hardware
-from costmodel.errors import FoldtuneError
-from costmodel.hardware import HardwareProfile
+from spec import MeasuredCurve, get_hardware
+from spec.errors import FoldtuneError
+from spec.hardware import HardwareProfile
 from costmodel.compute import (
     GEMM_EFFICIENCY,
     HBM_EFFICIENCY,
@@ -151,7 +151,7 @@ def test_profiles_written_before_the_sustained_clock_and_attention_curves_still_
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.2])
 def test_sustained_clock_factor_outside_0_1_is_refused(bad):
-    from costmodel.errors import SpecError
+    from spec.errors import SpecError
 
     with pytest.raises(SpecError, match="sustained_clock_factor"):
         replace(H100, sustained_clock_factor=bad)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from costmodel import get_model
-from costmodel.flops import flops_per_step, flops_per_token, mfu, tflops_per_gpu
-from costmodel.model_spec import ModelSpec
+from spec import get_model
+from spec.flops import flops_per_step, flops_per_token, mfu, tflops_per_gpu
+from spec.model_spec import ModelSpec
 
 
 def test_mixtral_8x7b_per_token_hand_worked():

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
-from costmodel.errors import InvalidConfigError
+from spec import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
+from spec.errors import InvalidConfigError
 from costmodel.memory import (
     MemoryBreakdown,
     _comm_per_token,
@@ -360,8 +360,8 @@ def test_random_layouts_pick_the_largest_rank_and_details_add_up():
     # the candidate-rank shortcut equals the max over all ranks, details sum to the total, nothing negative.
     import random
 
-    from costmodel import model_names
-    from costmodel.parallel_config import RECOMPUTE_MODULES
+    from spec import model_names
+    from spec.parallel_config import RECOMPUTE_MODULES
 
     rng = random.Random(0)
     dense = ModelSpec(name="dense", num_layers=12, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048,

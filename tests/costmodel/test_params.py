@@ -2,9 +2,10 @@
 
 import pytest
 
-from costmodel import ModelSpec, ParallelConfig, get_model
-from costmodel.errors import InvalidConfigError
-from costmodel.params import ParamCounts, layer_chunks, stage_layers, stage_param_counts, total_param_counts
+from spec import ModelSpec, ParallelConfig, get_model
+from spec.errors import InvalidConfigError
+from spec.pipeline_layout import layer_chunks
+from costmodel.params import ParamCounts, stage_layers, stage_param_counts, total_param_counts
 
 
 def test_mixtral_8x7b_matches_published_46_7b_total_12_9b_active():

@@ -1,7 +1,7 @@
 """Rank groups against Megatron-LM's documented tp-cp-ep-dp-pp layout."""
 
-from costmodel import FoldedGroups, ParallelConfig
-from costmodel.rank_groups import group_span
+from spec import FoldedGroups, ParallelConfig
+from spec.rank_groups import group_span
 
 
 def test_world16_tp2_cp2_dp2_pp2_with_etp1_ep4_edp2():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from costmodel import (CatalogError, ClusterSpec, InvalidConfigError, ModelSpec, ParallelConfig, SpecError,
-                       TrainingSpec, get_hardware, get_model, load_catalog_file, model_names)
+from spec import (CatalogError, ClusterSpec, InvalidConfigError, ModelSpec, ParallelConfig, SpecError,
+                  TrainingSpec, get_hardware, get_model, load_catalog_file, model_names)
 
 REQUIRED_MODELS = ["mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b", "qwen3-30b-a3b", "qwen3-235b-a22b",
                    "deepseek-v2-lite", "deepseek-v3", "olmoe-1b-7b", "gpt-oss-120b", "tiny-moe"]
@@ -84,7 +84,7 @@ def test_catalog_file_extends_and_reports_errors(tmp_path):
 
 
 def test_has_hardware_follows_get_hardware_names_and_aliases():
-    from costmodel.catalog import has_hardware
+    from spec.catalog import has_hardware
 
     assert has_hardware("h100") and has_hardware("H100_SXM") and has_hardware("cpu")
     assert not has_hardware("h100-calibrated")
@@ -93,8 +93,8 @@ def test_has_hardware_follows_get_hardware_names_and_aliases():
 def test_measured_expert_load_gives_the_busiest_ep_rank():
     """Shares (1, 1, 2, 0) of four experts: EP2 ranks hold 2 and 2 (balanced), EP4 ranks 1, 1, 2, 0 (the
     busiest carries twice the mean); EP1 is never imbalanced; lists from JSON become a hashable tuple."""
-    from costmodel.errors import SpecError
-    from costmodel.training_spec import TrainingSpec
+    from spec.errors import SpecError
+    from spec.training_spec import TrainingSpec
 
     spec = TrainingSpec(seq_length=64, global_batch_size=4, moe_expert_load=[1, 1, 2, 0])
     assert spec.moe_expert_load == (1.0, 1.0, 2.0, 0.0) and hash(spec)

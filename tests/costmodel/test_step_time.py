@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import (
+from spec import (
     ClusterSpec,
     InvalidConfigError,
     MeasuredCurve,
@@ -18,7 +18,7 @@ from costmodel import (
 )
 from costmodel import reference
 from costmodel.compute import KERNEL_OVERHEAD_S, compute_rates, memory_time
-from costmodel.flops import flops_per_step
+from spec.flops import flops_per_step
 from costmodel.params import stage_param_counts
 from costmodel.step_time import (
     TERMS,
@@ -80,7 +80,7 @@ def test_gemm_shapes_match_megatron_flops(name):
     """With GEMMs at exactly peak, GEMM + grouped-GEMM seconds are the model's linear-layer FLOPs / peak.
 
     This checks every GEMM shape (GQA and MLA projections, dense-first layers, shared and routed experts,
-    MTP, logits) against costmodel.flops, which follows Megatron's formula.
+    MTP, logits) against spec.flops, which follows Megatron's formula.
     """
     one = MeasuredCurve(((1.0, 1.0),))
     hw = replace(H100, gemm_efficiency=one, grouped_gemm_efficiency=one)
@@ -324,7 +324,7 @@ def test_validation_megatron_moe_layer():
 # ---- speed ----------------------------------------------------------------------------------------
 _SWEEP = """
 import itertools, time
-from costmodel import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
+from spec import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
 from costmodel.step_time import estimate_step_time
 
 model = get_model("deepseek-v3")

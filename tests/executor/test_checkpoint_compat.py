@@ -7,7 +7,7 @@ import shutil
 import torch
 import torch.distributed.checkpoint as dcp
 
-from costmodel.catalog import get_model
+from spec.catalog import get_model
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions

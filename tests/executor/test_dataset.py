@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from api.cli.main import main
-from costmodel.errors import FoldtuneError
+from spec.errors import FoldtuneError
 from executor.data import micro_batches
 from executor.dataset import tokenizer
 from executor.dataset.prepare import DatasetError, prepare_dataset

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel.catalog import get_model
-from costmodel.parallel_config import ParallelConfig
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
 from executor.model import MoEGPT
@@ -109,7 +109,7 @@ def test_pipeline_schedules_have_the_textbook_bubble():
 
 @pytest.mark.slow
 def test_profile_of_a_pipeline_reports_its_bubble():
-    from costmodel.training_spec import TrainingSpec
+    from spec.training_spec import TrainingSpec
     from executor.profile import profile_layout
 
     training = TrainingSpec(seq_length=16, global_batch_size=4)

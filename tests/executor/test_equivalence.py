@@ -13,9 +13,9 @@ import functools
 
 import pytest
 
-from costmodel.catalog import get_model
-from costmodel.parallel_config import ParallelConfig
-from costmodel.rank_groups import FoldedGroups
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
+from spec.rank_groups import FoldedGroups
 from executor.launch_local import launch
 from executor.options import ExecutorOptions
 from executor.parallel.groups import GROUP_NAMES

@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from costmodel.catalog import get_model
+from spec.catalog import get_model
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8, get_backend
 from executor.kernels.fp8 import gemm, quantize, selfcheck, weight_cache

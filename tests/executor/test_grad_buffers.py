@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel import ClusterSpec, TrainingSpec, get_hardware
-from costmodel.catalog import get_model
+from spec import ClusterSpec, TrainingSpec, get_hardware
+from spec.catalog import get_model
 from costmodel.memory import estimate_memory
-from costmodel.parallel_config import ParallelConfig
+from spec.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
 from executor.model import MoEGPT

@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from costmodel import host
-from costmodel.catalog import get_model
-from costmodel.parallel_config import ParallelConfig
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def _model(layers: int, variant: str):
 
 
 def _worker(rank: int, world: int, cfg: dict, layers: int, micro: int, variant: str) -> tuple[int, int]:
-    from costmodel.training_spec import TrainingSpec
+    from spec.training_spec import TrainingSpec
     from executor.data import global_batch, micro_batches
     from executor.model import MoEGPT
     from executor.options import ExecutorOptions

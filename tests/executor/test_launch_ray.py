@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from costmodel.catalog import get_model
-from costmodel.errors import SpecError
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_model
+from spec.errors import SpecError
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from executor import progress
 
 TRAINING = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")

@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from costmodel.catalog import get_hardware, get_model
-from costmodel.hardware import ClusterSpec, HardwareProfile, MeasuredCurve
-from costmodel.parallel_config import ParallelConfig
-from costmodel.profile_io import load_profile, save_profile
+from spec.catalog import get_hardware, get_model
+from spec.hardware import ClusterSpec, HardwareProfile, MeasuredCurve
+from spec.parallel_config import ParallelConfig
+from spec.profile_io import load_profile, save_profile
 from costmodel.step_time import estimate_step_time
-from costmodel.training_spec import TrainingSpec
+from spec.training_spec import TrainingSpec
 from executor.microbench.grouped_gemm import CPU_EXPERT_SHAPES
 from executor.microbench.profile_builder import build_profile, collective_curves, wire_bytes
 from executor.microbench.runner import BenchPlan, run_benchmarks

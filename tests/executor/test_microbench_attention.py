@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from costmodel.catalog import get_hardware
-from costmodel.compute import KERNEL_OVERHEAD_S, attention_fwd_flops, attention_time, compute_rates
-from costmodel.hardware import HardwareProfile, MeasuredCurve
+from spec.catalog import get_hardware
+from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates
+from spec.flops import attention_fwd_flops
+from spec.hardware import HardwareProfile, MeasuredCurve
 from executor.microbench.attention import measure_attention
 from executor.microbench.profile_builder import attention_curves, build_profile
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from costmodel.catalog import get_hardware
-from costmodel.errors import FoldtuneError
-from costmodel.hardware import DEFAULT_COLLECTIVE_LAUNCH_S, DEFAULT_OP_LAUNCH_S, HardwareProfile
-from costmodel.profile_io import load_profile, save_profile
+from spec.catalog import get_hardware
+from spec.errors import FoldtuneError
+from spec.hardware import DEFAULT_COLLECTIVE_LAUNCH_S, DEFAULT_OP_LAUNCH_S, HardwareProfile
+from spec.profile_io import load_profile, save_profile
 from executor.launch_local import launch
 from executor.microbench.launch import (
     _forward_backward_seconds,

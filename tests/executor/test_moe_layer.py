@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from costmodel.catalog import get_model
+from spec.catalog import get_model
 from executor.dispatcher import chunk_order
 from executor.kernels import get_backend
 from executor.kernels.torch_backend import padded_grouped_mm
@@ -191,7 +191,7 @@ def test_forced_load_balancing_spreads_assignments_evenly():
 
 def _fake_state(etp: int, etp_rank: int, ep: int, ep_rank: int):
     """A ParallelState whose etp/ep groups have the given size and rank (no communicators: slicing only)."""
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
     from executor.parallel.groups import Group, ParallelState
 
     groups = {"tp": Group("tp", (0,), 0), "etp": Group("etp", tuple(range(etp)), etp_rank),
@@ -239,7 +239,7 @@ def test_fused_gate_up_gemm_equals_separate_gate_and_up_gemms():
 
 
 def test_selective_moe_act_recompute_gives_the_same_gradients(monkeypatch):
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
     from executor import moe
 
     calls = []
@@ -281,7 +281,7 @@ def test_swiglu_falls_back_to_torch_when_the_fused_kernel_fails_its_check(monkey
 
 
 def _w13_round_trip(rank: int, world_size: int, label: str) -> dict:
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
     from executor.parallel.groups import build_parallel_state
     from executor.parallel.sharding import gather_full
     from executor.train.checkpoint import _local_slice

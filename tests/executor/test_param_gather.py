@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from costmodel.catalog import get_model
-from costmodel.parallel_config import ParallelConfig
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
 from executor.kernels.aliasing import written_through_buffer
 from executor.launch_local import launch

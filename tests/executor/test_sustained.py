@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel.catalog import get_hardware
+from spec.catalog import get_hardware
 from executor.microbench import sustained
 from executor.microbench.profile_builder import build_profile
 from executor.microbench.runner import merge_ranks

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from costmodel.catalog import get_model
-from costmodel.errors import FoldtuneError
-from costmodel.parallel_config import ParallelConfig
+from spec.catalog import get_model
+from spec.errors import FoldtuneError
+from spec.parallel_config import ParallelConfig
 from executor.dataset.sampler import TokenDataset
 from executor.options import ExecutorOptions
 from executor.train.checkpoint import CheckpointError, latest_checkpoint

@@ -110,7 +110,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
     """The router, dispatcher and combine wiring of the fused path: same output, losses and gradients."""
     import dataclasses
 
-    from costmodel.catalog import get_model
+    from spec.catalog import get_model
     from executor.kernels import get_backend
     from executor.kernels import triton_permute, triton_router, triton_swiglu
     from executor.moe import MoELayer

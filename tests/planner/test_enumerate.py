@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from costmodel.catalog import get_hardware, get_model
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware, get_model
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from planner.enumerate import RECOMPUTE_OPTIONS, RULE_ORDER, SearchSpace, divisors, enumerate_layouts
 from planner.validity import check_config
 

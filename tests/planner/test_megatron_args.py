@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from costmodel.catalog import get_model
-from costmodel.params import layer_chunks
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_model
+from spec.pipeline_layout import layer_chunks
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from planner.megatron_args import format_megatron_args, megatron_args, pipeline_layout
 
 

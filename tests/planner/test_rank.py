@@ -12,9 +12,9 @@ from functools import partial
 
 import pytest
 
-from costmodel.catalog import get_hardware, get_model
-from costmodel.hardware import ClusterSpec
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware, get_model
+from spec.hardware import ClusterSpec
+from spec.training_spec import TrainingSpec
 from planner.enumerate import SearchSpace, enumerate_layouts
 from planner.rank import NoValidLayoutError, _staircase, explain_layout, pareto_front, plan
 from tests.planner.fakes import GIB, fake_memory, fake_time
@@ -184,7 +184,7 @@ def test_headroom_limiter_and_explanations_from_breakdowns():
 
 def test_memory_fits_and_time_are_called_with_fast_built_configs_equal_to_real_ones():
     """The ConfigMaker shortcut must produce configs equal to (and hashing like) validated constructions."""
-    from costmodel.parallel_config import ParallelConfig
+    from spec.parallel_config import ParallelConfig
 
     seen = []
 

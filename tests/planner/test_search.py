@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import optuna
 import pytest
 
-from costmodel.parallel_config import ParallelConfig
+from spec.parallel_config import ParallelConfig
 from planner.calibration import Observation, fit_calibration, group_seconds
 from planner.search import Candidate, SearchBudget, SlowTrialPruner, run_search
 

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.catalog import get_hardware, get_model
-from costmodel.errors import InvalidConfigError
-from costmodel.hardware import ClusterSpec
-from costmodel.model_spec import ModelSpec
-from costmodel.parallel_config import ParallelConfig
-from costmodel.training_spec import TrainingSpec
+from spec.catalog import get_hardware, get_model
+from spec.errors import InvalidConfigError
+from spec.hardware import ClusterSpec
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 from planner.validity import RULES, Validator, check_config, parse_layout, pipeline_split
 
 H100 = get_hardware("h100-sxm")

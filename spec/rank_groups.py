@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from costmodel.errors import InvalidConfigError
-from costmodel.parallel_config import ParallelConfig
+from spec.errors import InvalidConfigError
+from spec.parallel_config import ParallelConfig
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 

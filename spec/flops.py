@@ -9,7 +9,7 @@ Recomputation is not counted (these are *model* FLOPs, which MFU is defined agai
 
 from __future__ import annotations
 
-from costmodel.model_spec import ModelSpec
+from spec.model_spec import ModelSpec
 
 # 3 GEMM passes (fwd, dgrad, wgrad) x 2 FLOPs per multiply-add x 2 GEMMs per block (up and down)
 _EXPANSION = 3 * 2 * 2
@@ -79,3 +79,14 @@ def tflops_per_gpu(flops: float, seconds: float, num_gpus: int) -> float:
 def mfu(flops: float, seconds: float, num_gpus: int, peak_flops_per_gpu: float) -> float:
     """Model FLOPs utilisation: achieved FLOP/s per GPU over the GPU's dense peak (0..1)."""
     return flops / seconds / num_gpus / peak_flops_per_gpu
+
+
+# Flash attention's backward recomputes the score matrix: 5 matmuls against the forward's 2.
+ATTENTION_BWD_FLOP_RATIO = 2.5
+
+
+def attention_fwd_flops(batch_queries: float, seq_kv: float, heads: float, qk_dim: int, v_dim: int,
+                        causal: bool = True) -> float:
+    """Forward FLOPs of the attention core: ``2·q·kv·heads·(qk + v)``, halved by a causal mask (the
+    convention of :func:`costmodel.compute.attention_time` and of the attention microbenchmark that calibrates it)."""
+    return 2.0 * batch_queries * seq_kv * heads * (qk_dim + v_dim) * (0.5 if causal else 1.0)

@@ -6,8 +6,8 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from costmodel._validate import positive_ints, raise_if, require
-from costmodel.errors import InvalidConfigError, SpecError
+from spec._validate import positive_ints, raise_if, require
+from spec.errors import InvalidConfigError, SpecError
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")

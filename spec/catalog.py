@@ -23,9 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import CatalogError, FoldtuneError
-from costmodel.hardware import GIB, GPUSpec, HardwareProfile
-from costmodel.model_spec import ModelSpec
+from spec.errors import CatalogError, FoldtuneError
+from spec.hardware import GIB, GPUSpec, HardwareProfile
+from spec.model_spec import ModelSpec
 
 _T = 1e12
 _GB = 1e9

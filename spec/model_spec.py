@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from costmodel._validate import positive_ints, raise_if, require
-from costmodel.errors import SpecError
+from spec._validate import positive_ints, raise_if, require
+from spec.errors import SpecError
 
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 NORMALIZATIONS = ("rmsnorm", "layernorm")

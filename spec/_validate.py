@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from costmodel.errors import SpecError
+from spec.errors import SpecError
 
 
 def require(problems: list[str], ok: bool, message: str) -> None:

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import CatalogError, FoldtuneError
-from costmodel.hardware import HardwareProfile
+from spec.errors import CatalogError, FoldtuneError
+from spec.hardware import HardwareProfile
 
 
 def save_profile(profile: HardwareProfile, path: str | os.PathLike[str], raw: dict[str, Any] | None = None) -> Path:
@@ -71,7 +71,7 @@ def _read_json(p: Path) -> Any:
 def use_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
     """Load ``path`` and register it in this process's catalog under its own name (so a command that
     resolves hardware by name prices with it); returns the profile."""
-    from costmodel.catalog import register_hardware
+    from spec.catalog import register_hardware
 
     profile = load_profile(path)
     register_hardware(profile)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from costmodel._validate import positive_ints, raise_if, require
+from spec._validate import positive_ints, raise_if, require
 
 GIB = 1024**3
 
