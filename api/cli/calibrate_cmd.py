@@ -9,14 +9,29 @@ With ``--model NAME --seq S`` it also times the executor's own components (atten
 real routing, LM head + loss, optimizer step) at that model's shapes on one device and stores measured /
 predicted per cost-model term in the profile's ``component_factors`` (executor/microbench/components.py),
 which the estimate applies to that model shape.
+
+Two steps work on saved files without a device: ``foldtune calibrate merge`` puts the component factors of
+several ``--model`` runs into one machine profile (:mod:`costmodel.calibrate.merge`) and ``foldtune
+calibrate rebuild`` re-derives a profile's curves from its stored raw timings (:mod:`costmodel.calibrate.rebuild`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from dataclasses import replace
+from pathlib import Path
+
+from costmodel.calibrate.component_factors import build_report
+from costmodel.calibrate.merge import component_record, merged_profile
+from costmodel.calibrate.profile_builder import build_profile
+from costmodel.calibrate.rebuild import changed_fields, rebuild
+from spec.profile_io import load_profile, load_raw, save_profile
 
 HELP = "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"
+MERGE_HELP = "recompute the component factors of several `calibrate --model` runs against one machine profile"
+REBUILD_HELP = "re-derive a calibrated profile's curves from the raw timings stored with it"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +55,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, help="with --model: a proxy with this many layers (its own key)")
     parser.add_argument("--seq", type=int, help="with --model: sequence length (required with --model)")
     parser.add_argument("--mbs", type=int, default=1, help="with --model: micro-batch size (default 1)")
+    actions = parser.add_subparsers(dest="action", metavar="{merge,rebuild}",
+                                    help="work on saved profiles instead of measuring (no device needed)")
+    merge = actions.add_parser("merge", help=MERGE_HELP, description=MERGE_HELP)
+    merge.add_argument("--profile", required=True, help="target machine profile (JSON from foldtune calibrate)")
+    merge.add_argument("--components", required=True, help="comma list of component-run profile files")
+    merge.add_argument("--out", required=True)
+    merge.add_argument("--name", help="name of the merged profile (default: the target's name)")
+    rebuild_parser = actions.add_parser("rebuild", help=REBUILD_HELP, description=REBUILD_HELP)
+    rebuild_parser.add_argument("--profile", required=True, help="the calibrated profile JSON to re-derive")
+    rebuild_parser.add_argument("--raw-from", help="take the raw timings from this file (default: --profile's own)")
+    rebuild_parser.add_argument("--out", required=True, help="where to write the re-derived profile")
+
+
+def _merge(args: argparse.Namespace) -> int:
+    reports = [component_record(json.loads(Path(path).read_text()), path) for path in args.components.split(",")]
+    target = load_profile(args.profile)
+    profile, rebuilt = merged_profile(replace(target, name=args.name or target.name), reports)
+    for report in rebuilt:
+        print(f"{report.key}: " + ", ".join(f"{c.name} {c.measured_s * 1e3:.3f}/{c.predicted_s * 1e3:.3f} ms"
+                                            for c in report.components if c.name != "optimizer")
+              + " | factors " + ", ".join(f"{t} {f:.3f}" for t, f in report.factors.items()))
+    save_profile(profile, args.out)
+    print(f"wrote {args.out} ({len(profile.component_factors)} component shapes)")
+    return 0
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    old = load_profile(args.profile)
+    raw = load_raw(args.raw_from or args.profile)
+    new = rebuild(old, raw)
+    save_profile(new, args.out, raw)
+    changes = changed_fields(old, new)
+    print(f"{args.out}: re-derived from the raw timings of {args.raw_from or args.profile} "
+          f"(measured {raw.get('measured_at', '?')}); changed: {'; '.join(changes) or 'nothing'}")
+    return 0
 
 
 def _guess_gpu(device_name: str) -> str:
@@ -86,14 +136,9 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
     Factors of other model shapes already in ``path`` (an earlier ``calibrate --model`` to the same file)
     are kept; the same shape is replaced.
     """
-    from dataclasses import replace
-    from pathlib import Path
-
     from spec.catalog import get_model
     from spec.errors import FoldtuneError
-    from spec.profile_io import load_profile
-    from costmodel.component_factors import build_report
-    from executor.microbench.components import measure_components
+    from executor.microbench.components import measure_components  # torch: only when --model runs
 
     spec = get_model(args.model)
     if args.layers:
@@ -118,13 +163,15 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    if args.action == "merge":
+        return _merge(args)
+    if args.action == "rebuild":
+        return _rebuild(args)
+    import torch  # kept out of every other foldtune command, which loads this module to build its parser
 
     from spec.catalog import get_hardware
     from spec.errors import SpecError
-    from spec.profile_io import save_profile
     from db.settings import default_data_dir
-    from executor.microbench.profile_builder import build_profile
     from executor.microbench.runner import BenchPlan, run_benchmarks
     from executor.microbench.sustained import SUSTAINED_SECONDS
 

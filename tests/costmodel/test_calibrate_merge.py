@@ -1,21 +1,20 @@
-"""bench/merge_components.py: component factors recomputed against the profile they are stored in."""
+"""``foldtune calibrate merge``: component factors recomputed against the profile they are stored in."""
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from api.cli.main import main
+from costmodel.calibrate.component_factors import build_report, predicted_parts
+from spec.catalog import get_hardware, get_model
+from spec.profile_io import load_profile, save_profile
 
-import merge_components  # noqa: E402
 
-from spec.catalog import get_hardware, get_model  # noqa: E402
-from costmodel.component_factors import build_report, predicted_parts  # noqa: E402
-from spec.profile_io import load_profile, save_profile  # noqa: E402
+def _merge(argv: list[str]) -> int:
+    return main(["calibrate", "merge", *argv])
 
 
 def _run_file(tmp_path, run_profile, seq, mbs, scale):
@@ -38,7 +37,7 @@ def test_factors_are_recomputed_against_the_target_profile(tmp_path):
     b, _ = _run_file(tmp_path, run, 2048, 1, 1.1)
     target_path = save_profile(target, tmp_path / "machine.json")
     out = tmp_path / "merged.json"
-    assert merge_components.main(["--profile", str(target_path), "--components", f"{a},{b}", "--out", str(out)]) == 0
+    assert _merge(["--profile", str(target_path), "--components", f"{a},{b}", "--out", str(out)]) == 0
     merged = load_profile(out)
     factors = {k: dict(v) for k, v in merged.component_factors}
     assert set(factors) == {"mixtral-8x7b@2L@seq4096@mbs1", "mixtral-8x7b@2L@seq2048@mbs1"}
@@ -52,7 +51,7 @@ def test_factors_are_recomputed_against_the_target_profile(tmp_path):
 
 def test_a_file_without_components_is_refused(tmp_path, capsys):
     plain = save_profile(get_hardware("h200"), tmp_path / "plain.json")
-    assert merge_components.main(["--profile", str(plain), "--components", str(plain),
+    assert _merge(["--profile", str(plain), "--components", str(plain),
                                   "--out", str(tmp_path / "o.json")]) == 2
     assert "no component measurements" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()

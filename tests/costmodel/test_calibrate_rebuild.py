@@ -1,4 +1,4 @@
-"""bench/rebuild_profile: a stored calibration's raw timings give the profile this checkout's builder derives."""
+"""``foldtune calibrate rebuild``: a stored calibration's raw timings give the profile this checkout's builder derives."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import json
 
 import pytest
 
-from bench import rebuild_profile
+from api.cli.main import main
 from spec.catalog import get_hardware
 from spec.profile_io import load_profile, save_profile
+
+
+def _rebuild(argv: list[str]) -> int:
+    return main(["calibrate", "rebuild", *argv])
+
 
 RAW = {"precision": "bf16", "measured_at": "2026-11-26T10:20:17+00:00", "ranks": 4, "device_name": "NVIDIA H200",
        "backend": "nccl", "gemm": [{"m": 4096, "n": 4096, "k": 4096, "flops": 2 * 4096**3, "seconds": 2e-4}],
@@ -23,7 +28,7 @@ def test_rebuild_adds_per_group_size_curves_and_keeps_component_factors(tmp_path
                                     "component_factors": {"m@seq4096@mbs1": {"gemm": 1.2}},
                                     "collective_efficiency": {"all_gather:intra": [[1.0, 0.5]]}})
     save_profile(old, tmp_path / "old.json", RAW)
-    assert rebuild_profile.main(["--profile", str(tmp_path / "old.json"), "--out", str(tmp_path / "new.json")]) == 0
+    assert _rebuild(["--profile", str(tmp_path / "old.json"), "--out", str(tmp_path / "new.json")]) == 0
     new = load_profile(tmp_path / "new.json")
     curves = dict(new.collective_efficiency)
     # 16 MiB over 2 ranks in 54.4 us and over 4 in 66.0 us, in wire bytes over 450 GB/s NVLink
@@ -38,7 +43,7 @@ def test_rebuild_adds_per_group_size_curves_and_keeps_component_factors(tmp_path
 
 def test_a_file_without_raw_timings_is_refused_in_one_line(tmp_path, capsys):
     save_profile(get_hardware("h200"), tmp_path / "bare.json")
-    assert rebuild_profile.main(["--profile", str(tmp_path / "bare.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert _rebuild(["--profile", str(tmp_path / "bare.json"), "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no raw calibration timings" in err
     assert not (tmp_path / "x.json").exists()

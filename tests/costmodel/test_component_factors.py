@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from costmodel.calibrate.component_factors import build_report
 from spec.catalog import get_hardware, get_model
 from costmodel.estimate import estimate, step_time
 from spec.hardware import ClusterSpec, HardwareProfile, component_key, parse_component_key
@@ -102,8 +103,6 @@ def test_estimate_with_factors_scales_exactly_the_named_terms():
 
 
 def test_report_names_every_component_without_a_usable_time():
-    from costmodel.component_factors import build_report
-
     measured = {"attention": 1e-3, "moe": 0.0, "head": float("nan"), "optimizer": 1e-9}
     with pytest.raises(ValueError, match="moe: measured 0.0 s.*head: measured nan s"):
         build_report(get_model("tiny-moe"), 32, 2, "fp32", "cpu", measured, get_hardware("cpu"))

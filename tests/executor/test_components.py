@@ -9,7 +9,7 @@ import math
 import pytest
 
 from spec.catalog import get_hardware, get_model
-from costmodel.component_factors import FACTOR_TERMS, ComponentTime, build_report, term_factors
+from costmodel.calibrate.component_factors import FACTOR_TERMS, ComponentTime, build_report, term_factors
 from executor.microbench.components import measure_components
 
 

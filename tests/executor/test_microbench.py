@@ -15,7 +15,7 @@ from spec.profile_io import load_profile, save_profile
 from costmodel.step_time import estimate_step_time
 from spec.training_spec import TrainingSpec
 from executor.microbench.grouped_gemm import CPU_EXPERT_SHAPES
-from executor.microbench.profile_builder import build_profile, collective_curves, wire_bytes
+from costmodel.calibrate.profile_builder import build_profile, collective_curves, wire_bytes
 from executor.microbench.runner import BenchPlan, run_benchmarks
 
 pytestmark = pytest.mark.slow

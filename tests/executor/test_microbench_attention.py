@@ -12,7 +12,7 @@ from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates
 from spec.flops import attention_fwd_flops
 from spec.hardware import HardwareProfile, MeasuredCurve
 from executor.microbench.attention import measure_attention
-from executor.microbench.profile_builder import attention_curves, build_profile
+from costmodel.calibrate.profile_builder import attention_curves, build_profile
 
 H100 = get_hardware("h100-sxm")
 

@@ -21,7 +21,7 @@ from executor.microbench.launch import (
     measure_launch,
     measure_op_launch,
 )
-from executor.microbench.profile_builder import build_profile
+from costmodel.calibrate.profile_builder import build_profile
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 

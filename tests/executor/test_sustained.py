@@ -7,7 +7,7 @@ import torch
 
 from spec.catalog import get_hardware
 from executor.microbench import sustained
-from executor.microbench.profile_builder import build_profile
+from costmodel.calibrate.profile_builder import build_profile
 from executor.microbench.runner import merge_ranks
 
 
