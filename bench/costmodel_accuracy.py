@@ -9,8 +9,8 @@ matching phase, the term's error, read on the rank that sets the pace (:func:`pa
 ``bench/results/costmodel_accuracy-<date>-<device>.json``, the measured table (``layout_table-...json``,
 replayable by ``bench/search_regret.py --table``) and a section of docs/benchmarks.md.
 
-    python bench/costmodel_accuracy.py --gpu cpu --gpus 4 --profile ~/.foldtune/hardware/cpu-calibrated.json
-    python bench/costmodel_accuracy.py --model small-moe --gpus 2 --gpu h100 --seq 2048 --gbs 16 \\
+    python -m bench.costmodel_accuracy --gpu cpu --gpus 4 --profile ~/.foldtune/hardware/cpu-calibrated.json
+    python -m bench.costmodel_accuracy --model small-moe --gpus 2 --gpu h100 --seq 2048 --gbs 16 \\
         --precision bf16 --profile h100-calibrated.json            # on the GPU machine
 """
 
@@ -23,9 +23,14 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench.layout_table import diverse_subset, executable_space, machine, measure_table, replace_section, save_json, utc_now
+from costmodel.estimate import estimate
+from planner.calibration import Observation, fit_calibration
+from planner.enumerate import SearchSpace
+from spec.catalog import get_hardware, has_hardware
+from spec.hardware import ClusterSpec
+from spec.inputs import build_specs
+from spec.parallel_config import ParallelConfig
 
 # cost-model term(s) -> executor phase(s) timing the same work (executor/timing.py marks). The overlapped
 # parameter all-gather is waited for at the next forward's first use of each bucket, not in the grad_reduce
@@ -73,8 +78,6 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def bench_space(args: argparse.Namespace):
-    from planner.enumerate import SearchSpace
-
     recompute = tuple(("none", ()) if r == "none" else ("full", ()) if r == "full" else ("selective", tuple(r.split("+")))
                       for r in args.recompute.split(","))
     return SearchSpace(mbs_max=args.mbs_max, recompute=recompute, dispatchers=tuple(args.dispatchers.split(",")),
@@ -82,18 +85,11 @@ def bench_space(args: argparse.Namespace):
 
 
 def specs(args: argparse.Namespace):
-    from spec.catalog import get_hardware, get_model
-    from spec.hardware import ClusterSpec
-    from spec.profile_io import load_profile
-    from spec.training_spec import TrainingSpec
-
-    model = get_model(args.model)
-    if args.layers:
-        model = model.with_layers(args.layers)
-    training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
-                            distributed_optimizer=True, moe_expert_load=expert_load(getattr(args, "expert_load_from", None)))
-    hardware = load_profile(args.profile) if args.profile else get_hardware(args.gpu)
-    return model, training, ClusterSpec(hardware, args.gpus)
+    """(model, training, cluster) of the common options (:func:`add_common_arguments`)."""
+    return build_specs(args.model, args.gpus, gpu=args.gpu, profile=args.profile, layers=args.layers,
+                       seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
+                       distributed_optimizer=True,
+                       moe_expert_load=expert_load(getattr(args, "expert_load_from", None)))
 
 
 def expert_load(source: str | None) -> tuple[float, ...] | None:
@@ -217,9 +213,6 @@ def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
 
 def compare(model, training, cluster, table_rows: list[dict]) -> tuple[list[dict], dict]:
     """Predict every measured layout of ``table_rows`` on ``cluster``; (rows, summary)."""
-    from costmodel.estimate import estimate
-    from spec.parallel_config import ParallelConfig
-
     rows, failed = [], []
     for r in table_rows:
         e = estimate(model, training, cluster, ParallelConfig.from_dict(r["config"]))
@@ -283,8 +276,6 @@ def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int)
     multipliers on those; MAPE, Spearman and memory errors are over the remaining measured layouts only,
     never over the ones the fit saw.
     """
-    from planner.calibration import Observation, fit_calibration
-
     ranked = sorted([*rows, *failed], key=lambda r: r["predicted_s"])
     tried, rest = ranked[:k], [r for r in ranked[k:] if "measured_s" in r]
     if len(rest) < 2:
@@ -312,9 +303,6 @@ def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int)
 
 
 def main() -> int:
-    from spec.catalog import get_hardware, has_hardware
-    from spec.hardware import ClusterSpec
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)
     args = parser.parse_args()

@@ -44,10 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---- inputs ------------------------------------------------------------------------------------
 def _specs(args: argparse.Namespace):
-    from spec.catalog import get_hardware, get_model
     from spec.errors import SpecError
-    from spec.hardware import ClusterSpec
-    from spec.training_spec import TrainingSpec
+    from spec.inputs import build_specs
 
     problems = []
     if args.top < 1:
@@ -60,15 +58,11 @@ def _specs(args: argparse.Namespace):
         problems.append("--capacity-factor needs --routing capacity")
     if problems:
         raise SpecError("; ".join(problems))
-    model = get_model(args.model)
-    from spec.profile_io import load_profile
-
-    cluster = ClusterSpec(load_profile(args.profile) if args.profile else get_hardware(args.gpu), args.gpus)
-    training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
-                            distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
-                            routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
-                            moe_routing_imbalance=args.imbalance)
-    return model, training, cluster
+    return build_specs(args.model, args.gpus, gpu=args.gpu, profile=args.profile,
+                       seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
+                       distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
+                       routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
+                       moe_routing_imbalance=args.imbalance)
 
 
 def _space(args: argparse.Namespace):
