@@ -29,8 +29,8 @@ Received rows per call are recorded on every rank (max/min across ranks shows th
 received chunks are checked by content (each row carries its source rank), so a run that did not honour
 the uneven split says so (``verified``).
 
-    python bench/a2a_probe.py --world 2 --out $OUT/a2a_probe_ep2.json          # NCCL, one process per GPU
-    python bench/a2a_probe.py --device cpu --world 2 --tiny                     # gloo smoke run
+    python -m bench.a2a_probe --world 2 --out $OUT/a2a_probe_ep2.json          # NCCL, one process per GPU
+    python -m bench.a2a_probe --device cpu --world 2 --tiny                     # gloo smoke run
 """
 
 from __future__ import annotations
@@ -44,7 +44,21 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.distributed as dist
+
+from executor.dispatcher import AllToAllDispatcher
+from executor.kernels import get_backend
+from executor.launch_local import launch
+from executor.microbench.timing import synchronize, time_device
+from executor.moe import MoELayer
+from executor.options import ExecutorOptions
+from executor.parallel.collectives import all_to_all
+from executor.parallel.groups import build_parallel_state
+from executor.router import Router
+from executor.timing import PhaseTimer
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 
 CASES = ("A", "A2", "B", "C", "D", "E", "F", "G", "G_balanced")
 DESCRIPTIONS = {
@@ -103,10 +117,6 @@ def _timed(op, dev, cfg: ProbeConfig, barrier: bool, after=None) -> list[float]:
     """Seconds of each of ``cfg.iters`` calls of ``op`` after ``cfg.warmup`` calls; with ``barrier`` every
     rank passes a barrier and a device sync before each call. ``after(i)`` runs after each timed call,
     outside the timing (it may sync)."""
-    import torch.distributed as dist
-
-    from executor.microbench.timing import synchronize, time_device
-
     for _ in range(cfg.warmup):
         op()
         if after:
@@ -132,12 +142,6 @@ def _summary(times: list[float], cross_bytes: int, recv_rows: int, **extra) -> d
 
 def _collective_cases(rank: int, world: int, cfg: ProbeConfig, state, dev, dtype) -> dict:
     """A, A2, B, C, F: the collectives alone on [rows, hidden] buffers."""
-    import torch
-    import torch.distributed as dist
-
-    from executor.microbench.timing import synchronize
-    from executor.parallel.collectives import all_to_all
-
     ep = state.ep
     rows = cfg.tokens * cfg.topk
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -219,13 +223,6 @@ def _collective_cases(rank: int, world: int, cfg: ProbeConfig, state, dev, dtype
 
 def _dispatch_cases(rank: int, world: int, cfg: ProbeConfig, state, spec, dev, dtype) -> dict:
     """D, E: the dispatcher around a copy standing in for the experts, real router."""
-    import torch
-
-    from executor.dispatcher import AllToAllDispatcher
-    from executor.options import ExecutorOptions
-    from executor.router import Router
-    from executor.timing import PhaseTimer
-
     timer = PhaseTimer(enabled=True, device=dev)
     router = Router(spec, ExecutorOptions(seed=cfg.seed), state, 0, dev, dtype)
     dispatcher = AllToAllDispatcher(state, spec.num_experts, spec.moe_router_topk, timer)
@@ -249,8 +246,6 @@ def _dispatch_cases(rank: int, world: int, cfg: ProbeConfig, state, spec, dev, d
 
 def _phase_case(op, timer, seen: dict, dev, cfg: ProbeConfig, barrier: bool, rank: int, dtype) -> dict:
     """Time ``op`` (one fwd+bwd with an enabled PhaseTimer) and its ``ep_alltoall`` phase per big call."""
-    import torch
-
     phases: list[dict] = []
 
     def collect(i):
@@ -272,13 +267,6 @@ def _phase_case(op, timer, seen: dict, dev, cfg: ProbeConfig, barrier: bool, ran
 
 def _layer_cases(rank: int, world: int, cfg: ProbeConfig, state, spec, dev, dtype) -> dict:
     """G, G_balanced: the MoE layer with its real grouped experts under EP, as in a training step."""
-    import torch
-
-    from executor.kernels import get_backend
-    from executor.moe import MoELayer
-    from executor.options import ExecutorOptions
-    from executor.timing import PhaseTimer
-
     out = {}
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
     x = torch.randn(cfg.tokens, 1, cfg.hidden, generator=gen).to(dev, dtype).requires_grad_()
@@ -312,12 +300,6 @@ def _layer_cases(rank: int, world: int, cfg: ProbeConfig, state, spec, dev, dtyp
 
 def worker(rank: int, world: int, cfg: ProbeConfig) -> dict:
     """Every case on this rank (launched by executor.launch_local.launch, one process per rank)."""
-    import torch
-
-    from spec.model_spec import ModelSpec
-    from spec.parallel_config import ParallelConfig
-    from executor.parallel.groups import build_parallel_state
-
     dev = torch.device("cuda", rank) if cfg.device == "cuda" else torch.device("cpu")
     dtype = getattr(torch, cfg.dtype)
     state = build_parallel_state(ParallelConfig.parse(f"ep{world}", world_size=world), rank)
@@ -362,8 +344,6 @@ def format_table(cases: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--world", type=int, help="ranks (default: every GPU; 2 on CPU)")
@@ -382,7 +362,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.a2a_probe import ProbeConfig as Config, worker as probe_worker  # importable by spawned ranks
-    from executor.launch_local import launch
 
     over = {k: v for k, v in (("tokens", args.tokens), ("topk", args.topk), ("hidden", args.hidden),
                               ("experts", args.experts), ("ffn", args.ffn), ("skew", args.skew),

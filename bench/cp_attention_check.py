@@ -27,7 +27,7 @@ it in the same run).
 
 Inputs are laid out as the executor has them ([s, b, heads, d] storage seen as [b, heads, s, d]).
 
-Needs only torch and the executor:  python3 bench/cp_attention_check.py --out cp.json
+Needs only torch and the executor:  python3 -m bench.cp_attention_check --out cp.json
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +163,6 @@ def alignment_check(args, dtype) -> dict:
 
 def dispatch_check(args, dtype) -> str:
     """What the executor's ``cp_attention`` takes here after its first-use check (threaded, as in training)."""
-    import warnings
     gen = torch.Generator(device=args.device).manual_seed(5)
     cp, s = 2, 512
     q = torch.randn(1, args.heads, s // cp, args.head_dim, device=args.device, generator=gen).to(dtype)

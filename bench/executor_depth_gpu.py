@@ -5,7 +5,7 @@ Full training steps (bf16, Megatron's mixed-precision Adam with the distributed 
   one GPU (pp1 cp1), PP2 (1F1B, one stage per GPU) and CP2 (load-balanced causal attention over 2 GPUs).
 Reports step time, tokens/s/GPU, peak allocated/reserved memory (max over ranks) and, for PP2, the
 ``pp_bubble`` phase (rank 0's time blocked in pipeline send/recv) next to the schedule's own idle fraction.
-Usage: python bench/executor_depth_gpu.py [--layers 2] [--gbs 8]   (writes $OUT/executor_depth_gpu.json)
+Usage: python -m bench.executor_depth_gpu [--layers 2] [--gbs 8]   (writes $OUT/executor_depth_gpu.json)
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig

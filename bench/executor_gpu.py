@@ -30,8 +30,8 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
             random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
             (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
             FOLDTUNE_FUSED_ROUTER/PERMUTE/SWIGLU=0 (the torch paths), for an A/B per stage
-Usage: python bench/executor_gpu.py [--parts gemm,moe,stack,check,ep2] [--layers 2]
-       python bench/executor_gpu.py --device cpu --tiny --parts moe,moe_breakdown   (CPU smoke run)
+Usage: python -m bench.executor_gpu [--parts gemm,moe,stack,check,ep2] [--layers 2]
+       python -m bench.executor_gpu --device cpu --tiny --parts moe,moe_breakdown   (CPU smoke run)
 """
 
 from __future__ import annotations
@@ -43,25 +43,28 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from spec.catalog import get_model
-from spec.flops import flops_per_token
-from spec.parallel_config import ParallelConfig
-from spec.training_spec import TrainingSpec
+from bench.moe_breakdown import (bar_inputs, breakdown, format_table, fused_paths, host_seconds, ideal_fwd_bwd,
+                                 layer_fwd_bwd, paired_steady, steady_seconds, wall_seconds)
 from executor.attention import rope_tables
+from executor.dispatcher import permute, slot_rows, unpermute
 from executor.kernels import get_backend
+from executor.launch_local import launch
 from executor.model import DecoderLayer
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
+from executor.profile import profile_layout
 from executor.timing import NULL_TIMER
-
-from bench.moe_breakdown import (bar_inputs, breakdown, format_table, fused_paths, host_seconds, ideal_fwd_bwd,
-                                 layer_fwd_bwd, paired_steady, steady_seconds, wall_seconds)
+from executor.verify import Scenario, compare, layout_worker, reference
+from spec.catalog import get_model
+from spec.flops import flops_per_token
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
@@ -181,8 +184,6 @@ def part_moe_breakdown(h: int, f: int, experts: int, topk: int) -> dict:
 
 def part_trace(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dict:
     """Top CUDA kernels of one MoE layer fwd+bwd (torch.profiler), to see where the overhead goes."""
-    from torch.profiler import ProfilerActivity, profile
-
     bar = bar_inputs(h, f, experts, topk, tokens, 1, DEV, BF16)
     layer, x, gy = bar.layer, bar.x, bar.gy
     for _ in range(3):
@@ -218,8 +219,6 @@ def part_router_gemm(tokens: int = 4096) -> dict:
 
 def part_fused_check() -> dict:
     """Fused (Triton) vs torch unpermute/permute-backward on random data with dropped slots: max abs error."""
-    from executor.dispatcher import permute, slot_rows, unpermute
-
     out = {}
     for n, k, h, e in ((4096, 8, 2048, 128), (4096, 2, 4096, 8)):
         x = torch.randn(n, h, device=DEV, dtype=BF16, requires_grad=True)
@@ -272,9 +271,6 @@ def part_stack(layers: int, seq: int = 4096) -> dict:
 
 
 def part_check() -> dict:
-    from executor.launch_local import launch
-    from executor.verify import Scenario, compare, layout_worker, reference
-
     spec = get_model("tiny-moe")
     out = {}
     for label, world in (("ep2", 2), ("tp2", 2), ("etp2", 2)):
@@ -294,8 +290,6 @@ def part_check() -> dict:
 
 def part_ep2(layers: int, seq: int = 4096, balanced: bool = False) -> dict:
     """Full training steps of the Mixtral proxy: 1 GPU vs EP2 (dp2) on 2 GPUs, same tokens per GPU."""
-    from executor.profile import profile_layout
-
     spec = get_model("mixtral-8x7b").with_layers(layers)
     options = ExecutorOptions(moe_router_force_load_balancing=balanced)
     runs = {}
@@ -358,7 +352,6 @@ def main() -> int:
         try:
             report[name] = fn(*a)
         except Exception as exc:  # noqa: BLE001  (one failing part must not lose the others' numbers)
-            import traceback
 
             traceback.print_exc()
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -24,7 +24,7 @@ Parts (``--parts agree,speed,profile``, all by default):
 ``--device cpu --tiny``: the same at toy sizes on CPU (emulated fp8, tiny-moe profile): a smoke test.
 The JSON (--out) is rewritten after every part; a short table is printed at the end.
 
-Usage (GPU): python3 bench/fp8_check.py --out fp8.json
+Usage (GPU): python3 -m bench.fp8_check --out fp8.json
 """
 
 from __future__ import annotations
@@ -39,18 +39,16 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from spec.catalog import get_model  # noqa: E402
-from spec.parallel_config import ParallelConfig  # noqa: E402
-from spec.training_spec import TrainingSpec  # noqa: E402
-from executor.kernels import fp8, get_backend  # noqa: E402
+from bench.moe_breakdown import steady_window
+from executor.kernels import fp8, get_backend
 from executor.kernels.fp8 import quantize
-from executor.kernels.torch_backend import TorchBackend  # noqa: E402
-from executor.moe import _swiglu  # noqa: E402
-from executor.options import ExecutorOptions  # noqa: E402
-
-from bench.moe_breakdown import steady_window  # noqa: E402
+from executor.kernels.torch_backend import TorchBackend
+from executor.moe import _swiglu
+from executor.options import ExecutorOptions
+from executor.profile import profile_layout
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 BF16 = torch.bfloat16
 # speed variants: (label, kernel backend, environment while it runs)
@@ -257,8 +255,6 @@ class _Lines(logging.Handler):
 def part_profile(dev: torch.device, tiny: bool, runs: list[str], save) -> dict:
     """``executor.profile`` of each run in ``runs`` (labels of :data:`PROFILE_RUNS`, in that order); ``save(part)``
     after each."""
-    from executor.profile import profile_layout
-
     said = _Lines()
     profile_log = logging.getLogger("executor.profile")
     profile_log.addHandler(said)

@@ -63,7 +63,7 @@ table() {  # table N [CUDA_VISIBLE_DEVICES] [extra args...]
   local extra=(--mbs-max 2 --recompute none,full --dispatchers alltoall,allgather --max-layouts "${TABLE_LAYOUTS:-24}")
   [ "$n" = 1 ] && extra=(--mbs-max 4 --recompute "none,full,core_attn,moe_act+layernorm" --dispatchers alltoall)
   [ $# -gt 0 ] && extra=("$@")
-  CUDA_VISIBLE_DEVICES=${devs:-$CUDA_VISIBLE_DEVICES_ALL} python3 bench/costmodel_accuracy.py --model mixtral-8x7b \
+  CUDA_VISIBLE_DEVICES=${devs:-$CUDA_VISIBLE_DEVICES_ALL} python3 -m bench.costmodel_accuracy --model mixtral-8x7b \
     --layers 2 --gpus "$n" --gpu "$GPU" "${prof[@]}" --seq 4096 --gbs $((n >= 4 ? 16 : 8)) --precision bf16 \
     --cp-min-chunk 1024 --warmup 1 --steps 3 --trial-timeout 150 --results-dir "$RES/table$n" --no-write "${extra[@]}"
 }
@@ -72,7 +72,7 @@ CUDA_VISIBLE_DEVICES_ALL=$(seq -s, 0 $((NGPU - 1)))
 for p in "$@"; do
   phase "$p"; rc=0
   case "$p" in
-    equiv) timeout 420 python3 bench/nccl_equivalence.py --out "$RES/nccl_equivalence.json"; rc=$? ;;
+    equiv) timeout 420 python3 -m bench.nccl_equivalence --out "$RES/nccl_equivalence.json"; rc=$? ;;
     calibrate)
       timeout 240 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks "$NGPU" --name "$GPU-x$NGPU-calibrated" \
         ${SUSTAINED_S:+--sustained-seconds "$SUSTAINED_S"} --out "$RES/$GPU-x$NGPU-calibrated.json"; rc=$?
@@ -99,18 +99,18 @@ for p in "$@"; do
         wait $t0; rc=$((rc + $? + rc1)); cat "$OUT/t0.log" "$OUT/t1.log"; rm -f "$OUT/t0.log" "$OUT/t1.log"
       fi ;;
     last4)
-      CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
+      CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 -m bench.executor_gpu --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
         --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!
-      CUDA_VISIBLE_DEVICES=$((NGPU > 2 ? 2 : 0)) timeout 300 python3 bench/fp8_check.py --out "$RES/fp8_check.json" \
+      CUDA_VISIBLE_DEVICES=$((NGPU > 2 ? 2 : 0)) timeout 300 python3 -m bench.fp8_check --out "$RES/fp8_check.json" \
         > "$OUT/fp8.log" 2>&1 & f8=$!
       table 1 $((NGPU - 1)) > "$OUT/t1.log" 2>&1; rc=$?
       wait $f8; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
       for f in ex fp8 t1; do echo "---- $f"; grep -v -E "TensorLikePair|^\s+\[\[?-?[0-9]|^\s+tensor\(|device='cuda" "$OUT/$f.log"; done
       rm -f "$OUT/ex.log" "$OUT/fp8.log" "$OUT/t1.log" ;;
-    fp8check) CUDA_VISIBLE_DEVICES=0 timeout 300 python3 bench/fp8_check.py --out "$RES/fp8_check.json"; rc=$? ;;
-    power) CUDA_VISIBLE_DEVICES=0 timeout 200 python3 bench/power_probe.py --seconds 20 --out "$RES/power_probe.json"; rc=$? ;;
+    fp8check) CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m bench.fp8_check --out "$RES/fp8_check.json"; rc=$? ;;
+    power) CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m bench.power_probe --seconds 20 --out "$RES/power_probe.json"; rc=$? ;;
     last3)  # a 4-GPU machine's last call: executor bench (GPUs 0,1) | component calibration (2) | table1 (3)
-      CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
+      CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 -m bench.executor_gpu --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
         --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!
       ( for mbs in 1 2; do CUDA_VISIBLE_DEVICES=2 timeout 200 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 1 \
           --quick --model mixtral-8x7b --layers 2 --seq 4096 --mbs $mbs --out "$RES/$GPU-components-mbs$mbs.json"; done
@@ -120,13 +120,13 @@ for p in "$@"; do
       for f in ex comp t1; do echo "---- $f"; grep -v -E "TensorLikePair|^\s+\[\[?-?[0-9]|^\s+tensor\(|device='cuda" "$OUT/$f.log"; done
       rm -f "$OUT/ex.log" "$OUT/comp.log" "$OUT/t1.log" ;;
     probe)
-      CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/cp_attention_check.py --out "$RES/cp_attention.json" \
+      CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m bench.cp_attention_check --out "$RES/cp_attention.json" \
         > "$OUT/cp.log" 2>&1 & cp=$!
-      CUDA_VISIBLE_DEVICES=$((NGPU - 2)),$((NGPU - 1)) timeout 240 python3 bench/a2a_probe.py --world 2 \
+      CUDA_VISIBLE_DEVICES=$((NGPU - 2)),$((NGPU - 1)) timeout 240 python3 -m bench.a2a_probe --world 2 \
         --out "$RES/a2a_probe_ep2.json"; rc=$?
       wait $cp; rc=$((rc + $?)); echo "---- cp attention"; cat "$OUT/cp.log"; rm -f "$OUT/cp.log"
       if [ "$NGPU" -gt 2 ]; then
-        timeout 240 python3 bench/a2a_probe.py --world "$NGPU" --out "$RES/a2a_probe_ep$NGPU.json"; rc=$((rc + $?))
+        timeout 240 python3 -m bench.a2a_probe --world "$NGPU" --out "$RES/a2a_probe_ep$NGPU.json"; rc=$((rc + $?))
       fi ;;
     components)
       shapes=("4096 1" "4096 2" "2048 1" "1024 1"); pids=(); files=()
@@ -140,14 +140,14 @@ for p in "$@"; do
       for q in "${pids[@]}"; do wait "$q" || rc=$((rc + 1)); done
       for i in "${!shapes[@]}"; do grep -A6 "^components of" "$OUT/comp$i.log"; rm -f "$OUT/comp$i.log"; done
       if [ -n "${PROFILE:-}" ] && [ -f "$PROFILE" ]; then
-        python3 bench/merge_components.py --profile "$PROFILE" --components "$(IFS=,; echo "${files[*]}")" \
+        ft calibrate merge --profile "$PROFILE" --components "$(IFS=,; echo "${files[*]}")" \
           --out "$RES/$GPU-x$NGPU-components.json" --name "$GPU-x$NGPU-components" && \
           PROFILE=$RES/$GPU-x$NGPU-components.json
       fi ;;
     last)
-      CUDA_VISIBLE_DEVICES=0,1 timeout 420 python3 bench/executor_gpu.py --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
+      CUDA_VISIBLE_DEVICES=0,1 timeout 420 python3 -m bench.executor_gpu --parts "${EXEC_PARTS:-gemm,moe,stack,ep2}" \
         --out "$RES/executor_gpu.json" > "$OUT/ex.log" 2>&1 & ex=$!
-      CUDA_VISIBLE_DEVICES=2 timeout 240 python3 bench/cp_attention_check.py --out "$RES/cp_attention.json" \
+      CUDA_VISIBLE_DEVICES=2 timeout 240 python3 -m bench.cp_attention_check --out "$RES/cp_attention.json" \
         > "$OUT/cp.log" 2>&1 & cp=$!
       table 1 3 > "$OUT/t1.log" 2>&1; rc=$?
       wait $cp; rc=$((rc + $?)); wait $ex; rc=$((rc + $?))
@@ -170,7 +170,7 @@ for p in "$@"; do
       awk 'NR % 25 == 1' "$OUT/train.log" | head -80; tail -15 "$OUT/train.log"
       mv "$OUT/train.log" "$RES/train.log" ;;  # metrics: training_metrics of $RES/foldtune.sqlite3
     executor)
-      timeout 420 python3 bench/executor_gpu.py --parts gemm,moe,stack,ep2 --out "$RES/executor_gpu.json"; rc=$? ;;
+      timeout 420 python3 -m bench.executor_gpu --parts gemm,moe,stack,ep2 --out "$RES/executor_gpu.json"; rc=$? ;;
     *) echo "unknown phase $p"; rc=2 ;;
   esac
   cp -f "$FOLDTUNE_DATA_DIR"/foldtune.sqlite3 "$RES/" 2>/dev/null

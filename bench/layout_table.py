@@ -90,7 +90,7 @@ def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[Parall
                   steps: int, device: str, hardware: str | None, timeout_s: float,
                   on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Profile every layout; one row per layout (failed ones keep their reason), each passed to ``on_row``."""
-    from executor.profile import profile_layout
+    from executor.profile import profile_layout  # torch: a replayed --table never measures
 
     rows = []
     for i, config in enumerate(configs, 1):
@@ -114,7 +114,7 @@ def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[Parall
 def machine() -> str:
     """The devices a table was measured on, in words."""
     try:
-        import torch
+        import torch  # optional: a machine without torch is described by its CPU
 
         if torch.cuda.is_available():
             return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"

@@ -32,8 +32,13 @@ import time
 
 import torch
 
-from executor.kernels import triton_swiglu
+from executor.kernels import get_backend, triton_permute, triton_router, triton_swiglu
+from executor.moe import MoELayer
 from executor.moe import _swiglu
+from executor.options import ExecutorOptions
+from executor.parallel.groups import single_process_state
+from executor.router import Router, Routing
+from spec.model_spec import ModelSpec
 
 SPIN_CYCLES_PER_S: list[float] = []  # measured once per process
 
@@ -48,8 +53,6 @@ class BalancedRouter(torch.nn.Module):
         self.counts_E = torch.full((experts,), tokens * topk // experts, device=dev)
 
     def forward(self, x_NH):
-        from executor.router import Routing
-
         return Routing(self.experts_NK, self.probs_NK, x_NH.new_zeros((), dtype=torch.float32), self.counts_E)
 
 
@@ -81,8 +84,6 @@ class SeparateGateUpExperts(torch.nn.Module):
 
 def moe_spec(h: int, f: int, experts: int, topk: int):
     """A one-layer ModelSpec of the benchmarked MoE shape (hidden, expert FFN, experts, top-k)."""
-    from spec.model_spec import ModelSpec
-
     return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h, num_attention_heads=16,
                      ffn_hidden_size=f, vocab_size=32000, num_experts=experts, moe_router_topk=topk,
                      moe_ffn_hidden_size=f)
@@ -106,11 +107,6 @@ class BarInputs:
 def bar_inputs(h: int, f: int, experts: int, topk: int, seq: int, mbs: int, dev: torch.device,
                dtype: torch.dtype, options=None) -> BarInputs:
     """The layer of this shape (``options``: ExecutorOptions, default ones) and its ideal, on random data."""
-    from executor.kernels import get_backend
-    from executor.moe import MoELayer
-    from executor.options import ExecutorOptions
-    from executor.parallel.groups import single_process_state
-
     layer = MoELayer(moe_spec(h, f, experts, topk), options or ExecutorOptions(), single_process_state(), 0,
                      get_backend("torch"), dev, dtype)
     rows = seq * mbs * topk
@@ -435,8 +431,6 @@ def stage_device_seconds(staged: StagedLayer, dev: torch.device) -> tuple[dict[s
 
 def fused_paths() -> dict[str, bool]:
     """Which fused Triton paths passed their one-time self-check in this process (key → on)."""
-    from executor.kernels import triton_permute, triton_router, triton_swiglu
-
     caches = (triton_router._CHECKED, triton_permute._CHECKED, triton_swiglu._CHECKED)
     return {str(key): ok for cache in caches for key, ok in cache.items()}
 
@@ -449,10 +443,6 @@ def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:
 def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: torch.device | None = None,
               dtype: torch.dtype = torch.bfloat16) -> dict:
     """The stage table of one MoE shape (see the module docstring); seconds everywhere."""
-    from executor.options import ExecutorOptions
-    from executor.parallel.groups import single_process_state
-    from executor.router import Router
-
     dev = dev or torch.device("cuda", 0)
     bar = bar_inputs(h, f, experts, topk, tokens, 1, dev, dtype)
     layer, x, gy, spec, state = bar.layer, bar.x, bar.gy, bar.layer.router.spec, single_process_state()

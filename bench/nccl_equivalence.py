@@ -10,8 +10,8 @@ GPU kernels and reduction orders differ from the CPU reference, so the tolerance
 suite uses 1e-4 between gloo processes); parameters after Adam are reported, not judged, because Adam
 divides by sqrt(v) and turns ~1e-9 gradient noise into visible parameter differences.
 
-    python bench/nccl_equivalence.py                 # every GPU; writes $OUT or bench/results JSON
-    python bench/nccl_equivalence.py --device cpu --world 4 --only "ep4"    # same matrix on gloo ranks
+    python -m bench.nccl_equivalence                 # every GPU; writes $OUT or bench/results JSON
+    python -m bench.nccl_equivalence --device cpu --world 4 --only "ep4"    # same matrix on gloo ranks
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-from spec.catalog import get_model  # noqa: E402
-from spec.parallel_config import ParallelConfig  # noqa: E402
-from executor.options import ExecutorOptions  # noqa: E402
+from executor.launch_local import launch
+from executor.options import ExecutorOptions
+from executor.verify import Scenario, compare, layout_worker, reference
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
 
 TINY = get_model("tiny-moe")
 SHARED = get_model("tiny-moe-shared")  # shared experts, first layer dense
@@ -73,9 +75,6 @@ def matrix_for(world: int) -> list[tuple[str, list[tuple[str, str]]]]:
 
 def run_layout(label: str, world: int, runs: list[tuple[str, str]], device: str, rtol: float) -> dict:
     """Launch one world for ``label`` and compare each run with its single-process reference."""
-    from executor.launch_local import launch
-    from executor.verify import Scenario, compare, layout_worker, reference
-
     configs, scenarios = [], []
     for dispatcher, name in runs:
         model, options = SCENARIOS[name]
@@ -101,8 +100,6 @@ def run_layout(label: str, world: int, runs: list[tuple[str, str]], device: str,
 
 
 def main() -> int:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--world", type=int, help="ranks (default: every GPU; 4 on CPU)")

@@ -5,10 +5,10 @@ machine. Each run is a new Python process, so the cost models' caches start cold
 the time reported is ``planner.plan`` itself (enumerate + prune + rank + the top-10 estimates), with the
 interpreter start and imports reported beside it.
 
-    python bench/plan_speed.py                 # the bar case and two more, 3 runs each, updates docs/benchmarks.md
-    python bench/plan_speed.py --no-write      # print only
-    python bench/plan_speed.py --cases deepseek-v3@1024 --repeat 5
-    python bench/plan_speed.py --check-exact   # also compare the top 10 with an exhaustive ranking (minutes)
+    python -m bench.plan_speed                 # the bar case and two more, 3 runs each, updates docs/benchmarks.md
+    python -m bench.plan_speed --no-write      # print only
+    python -m bench.plan_speed --cases deepseek-v3@1024 --repeat 5
+    python -m bench.plan_speed --check-exact   # also compare the top 10 with an exhaustive ranking (minutes)
 """
 
 from __future__ import annotations
@@ -17,11 +17,17 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from planner.rank import plan
+from spec.catalog import get_hardware, get_model
+from spec.hardware import ClusterSpec
+from spec.training_spec import TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -38,11 +44,6 @@ CASES = {
 
 def exact_check(case: str, workers: int | None) -> dict:
     """Run in a child process: the default ranking against the exhaustive one (every fitting config timed)."""
-    from spec.catalog import get_hardware, get_model
-    from spec.hardware import ClusterSpec
-    from spec.training_spec import TrainingSpec
-    from planner.rank import plan
-
     model_name, gpus, gpu, seq, gbs = CASES[case]
     args = (get_model(model_name), TrainingSpec(seq_length=seq, global_batch_size=gbs),
             ClusterSpec(get_hardware(gpu), gpus))
@@ -56,10 +57,6 @@ def exact_check(case: str, workers: int | None) -> dict:
 def one_run(case: str, workers: int | None) -> dict:
     """Run in a child process: time planner.plan on one case and return the numbers."""
     t_start = time.perf_counter()
-    from spec.catalog import get_hardware, get_model
-    from spec.hardware import ClusterSpec
-    from spec.training_spec import TrainingSpec
-    from planner.rank import plan
 
     model_name, gpus, gpu, seq, gbs = CASES[case]
     model, cluster = get_model(model_name), ClusterSpec(get_hardware(gpu), gpus)
@@ -82,8 +79,6 @@ def one_run(case: str, workers: int | None) -> dict:
 
 
 def _cpu_seconds() -> float:
-    import resource
-
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
@@ -192,7 +187,7 @@ def main() -> int:
         text = "\n".join([
             SECTION, "",
             f"Measured {date} on {cpu_model()} ({os.cpu_count()} logical CPUs), Python "
-            f"{platform.python_version()}, by `python bench/plan_speed.py --repeat {args.repeat}`"
+            f"{platform.python_version()}, by `python -m bench.plan_speed --repeat {args.repeat}`"
             + (f" --workers {args.workers}" if args.workers else "") + ". Each run is a fresh process (cold "
             "cost-model caches); 'plan wall' is `planner.plan` (enumerate, prune by memory, rank, build the top-10 "
             "estimates), without the interpreter start and imports "

@@ -14,7 +14,7 @@ and two timings taken one after the other drift apart for no reason in the code.
 - nvidia-smi sampled every 100 ms throughout (SM clock, power, temperature, throttle reasons): the
   summary gives each part's clock and power.
 
-Usage (GPU): python3 bench/power_probe.py [--parts gemm,moe] [--seconds 3] [--rounds 6] --out probe.json
+Usage (GPU): python3 -m bench.power_probe [--parts gemm,moe] [--seconds 3] [--rounds 6] --out probe.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import executor_gpu as eg
+from bench.moe_breakdown import bar_inputs, ideal_fwd_bwd, layer_fwd_bwd
+from executor.microbench.sustained import WINDOW_S, measure_sustained
 
 SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 
@@ -82,8 +84,6 @@ class SmiSampler:
 
 
 def part_gemm(smi: SmiSampler, seconds: float) -> dict:
-    from executor.microbench.sustained import WINDOW_S, measure_sustained
-
     n = 8192
     dev = torch.device("cuda")
     per_second = max(1, round(1 / WINDOW_S))
@@ -111,9 +111,6 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
 
 
 def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
-    from bench import executor_gpu as eg
-    from bench.moe_breakdown import bar_inputs, ideal_fwd_bwd, layer_fwd_bwd
-
     bar = bar_inputs(*eg.MOE_SHAPES["mixtral"], eg.SEQ, 1, torch.device("cuda"), torch.bfloat16)
     layer = bar.layer
     layer_step, ideal_step = layer_fwd_bwd(layer, bar.x, bar.gy), ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced)

@@ -19,7 +19,7 @@ Reports, per strategy, the median (over seeds) trials to reach within 2 % of the
 a share of the space, and the share of seeds that got there within 20 % of the space. Writes
 ``bench/results/search_regret-...json`` and a section of docs/benchmarks.md.
 
-    python bench/search_regret.py --table bench/results/layout_table-tiny-moe-4-2026-11-26-cpu.json \\
+    python -m bench.search_regret --table bench/results/layout_table-tiny-moe-4-2026-11-26-cpu.json \\
         --profile bench/results/cpu-calibrated-2026-11-26.json --seeds 20
 """
 
@@ -33,10 +33,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import optuna
 
 from bench.costmodel_accuracy import add_common_arguments, load_or_measure, specs
 from bench.layout_table import replace_section, save_json, utc_now
+from costmodel.estimate import estimate
+from planner.search import Candidate, CostModelSampler, SearchBudget, _key, run_search, search_space
+from spec.parallel_config import ParallelConfig
 
 WITHIN = 0.02
 BUDGET_SHARE = 0.20
@@ -59,8 +62,6 @@ def first_hit(times: list[float], target: float) -> int | None:
 
 
 def run_guided(candidates, table: dict, capacity: float, seed: int, max_trials: int) -> list[float]:
-    from planner.search import CostModelSampler, SearchBudget, run_search
-
     rng = random.Random(seed)
     by_label = {r["layout"]: r for r in table.values()}
 
@@ -74,10 +75,6 @@ def run_guided(candidates, table: dict, capacity: float, seed: int, max_trials: 
 
 
 def run_tpe(candidates, table: dict, seed: int, max_trials: int) -> list[float]:
-    import optuna
-
-    from planner.search import _key, search_space
-
     rng = random.Random(seed)
     by_key = {_key(c.params): c for c in candidates}
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
@@ -103,12 +100,6 @@ def run_random(candidates, table: dict, seed: int) -> list[float]:
 
 
 def main() -> int:
-    import optuna
-
-    from costmodel.estimate import estimate
-    from spec.parallel_config import ParallelConfig
-    from planner.search import Candidate
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)
     parser.add_argument("--seeds", type=int, default=20, help="replays per strategy (default: 20)")

@@ -3,7 +3,7 @@
 Reads the ``trainings`` and ``training_metrics`` rows that ``foldtune train`` (or the runner) stored, prints
 a short table and, unless ``--no-write``, replaces a section of docs/benchmarks.md with it.
 
-    python bench/training_report.py --database-url sqlite:///out/res/foldtune.sqlite3 --training 1 \\
+    python -m bench.training_report --database-url sqlite:///out/res/foldtune.sqlite3 --training 1 \\
         --device "4x NVIDIA H100 80GB HBM3" --heading "## Training from a tuning job (GPU)"
 """
 
@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
 
-from bench.layout_table import replace_section  # noqa: E402
+from bench.layout_table import replace_section
+from db.models import Training, TrainingMetric
+from spec.parallel_config import ParallelConfig
 
 
 def load(url: str, training_id: int) -> tuple[dict, list[dict]]:
     """The training row (as a dict) and its metrics in step order."""
-    from sqlalchemy import create_engine, select
-    from sqlalchemy.orm import Session
-
-    from db.models import Training, TrainingMetric
-
     with Session(create_engine(url)) as session:
         training = session.get(Training, training_id)
         if training is None:
@@ -73,7 +69,6 @@ def main() -> int:
     args = parser.parse_args()
     training, metrics = load(args.database_url, args.training)
     lines, head = summarise(training, metrics, args.every)
-    from spec.parallel_config import ParallelConfig
 
     layout = ParallelConfig.from_dict(training["config"]).label()
     predicted = head["predicted_step_s"]

@@ -13,7 +13,7 @@ Measured fractions are of the datasheet peak, so a curve measured on an H200 pri
 GH100 tensor cores and clocks; the H100's own HBM bandwidth stays in the datasheet). A100 rows have no
 calibration and keep the datasheet figures.
 
-    python3 bench/validate_reference.py --bf16 BF16_PROFILE.json --fp8 FP8_PROFILE.json [--no-write]
+    python3 -m bench.validate_reference --bf16 BF16_PROFILE.json --fp8 FP8_PROFILE.json [--no-write]
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.layout_table import replace_section  # noqa: E402
-from costmodel import reference  # noqa: E402
-from spec.catalog import get_hardware  # noqa: E402
-from spec.hardware import HardwareProfile  # noqa: E402
-from spec.profile_io import load_profile  # noqa: E402
+from bench.layout_table import replace_section
+from costmodel import reference
+from spec.catalog import get_hardware
+from spec.hardware import HardwareProfile
+from spec.profile_io import load_profile
 
 REFERENCE = ROOT / "tests" / "data" / "reference.json"
 HEADING = "## Cost model against published measurements (reference.json)"
@@ -116,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     result = tables(ref, bf16, fp8)
     sources = {k: f"`{p}` ({prof.source})" for k, p, prof in (("bf16", args.bf16, bf16), ("fp8", args.fp8, fp8))
                if prof is not None}
-    text = render(result, "python3 bench/validate_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    text = render(result, "python3 -m bench.validate_reference " + " ".join(argv if argv is not None else sys.argv[1:]),
                   sources)
     print(text)
     if not args.no_write:

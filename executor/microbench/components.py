@@ -6,7 +6,7 @@ real router, permutation, SwiGLU, norms, rope, the fp32 loss, gradient hooks int
 the cost model under-predicts them. This module times forward + backward of each block, built from the
 executor's real modules (:class:`executor.model.DecoderLayer`, the LM head + vocab-parallel cross-entropy,
 :class:`executor.optimizer.MixedPrecisionAdam`) on a world-size-1 layout (TP = EP = 1), for
-:mod:`costmodel.component_factors` to compare with the cost model.
+:mod:`costmodel.calibrate.component_factors` to compare with the cost model.
 
 Components and the cost-model parts they are compared with (``costmodel.step_time.layer_times`` on a
 1-GPU layout of the same micro-batch):
@@ -20,7 +20,7 @@ Components and the cost-model parts they are compared with (``costmodel.step_tim
 * ``optimizer``: one ``MixedPrecisionAdam.step`` over a bf16/fp32 parameter buffer of known size, in
   seconds per parameter -> the time model's optimizer seconds per parameter.
 
-The measured seconds go to :func:`costmodel.component_factors.build_report`, which compares them with the
+The measured seconds go to :func:`costmodel.calibrate.component_factors.build_report`, which compares them with the
 cost model's prediction of the same work and turns the ratios into per-term factors; this module only
 measures (device times at real shapes, never end-to-end step times).
 """
