@@ -23,10 +23,14 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from api.cli._db import migrate_or_explain
 from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
 from costmodel.calibrate.rebuild import changed_fields, rebuild
+from db.settings import database_settings, default_data_dir
+from spec.catalog import get_hardware, get_model
+from spec.errors import FoldtuneError, SpecError
 from spec.profile_io import load_profile, load_raw, save_profile
 
 HELP = "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"
@@ -93,8 +97,6 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _guess_gpu(device_name: str) -> str:
-    from spec.errors import SpecError
-
     lowered = device_name.lower()
     for key in ("h200", "h100", "a100"):
         if key in lowered:
@@ -103,13 +105,11 @@ def _guess_gpu(device_name: str) -> str:
 
 
 def _store(profile, url: str | None) -> str:
+    # SQLAlchemy loads only for --store: every foldtune command imports this module for its parser
     from sqlalchemy import select
 
-    from api.cli._db import migrate_or_explain
-    from spec.errors import FoldtuneError
     from db.engine import make_engine, make_sessionmaker
     from db.models import HardwareProfileRow
-    from db.settings import database_settings
 
     url = database_settings(url).url
     migrate_or_explain(url)
@@ -136,8 +136,6 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
     Factors of other model shapes already in ``path`` (an earlier ``calibrate --model`` to the same file)
     are kept; the same shape is replaced.
     """
-    from spec.catalog import get_model
-    from spec.errors import FoldtuneError
     from executor.microbench.components import measure_components  # torch: only when --model runs
 
     spec = get_model(args.model)
@@ -167,11 +165,9 @@ def run(args: argparse.Namespace) -> int:
         return _merge(args)
     if args.action == "rebuild":
         return _rebuild(args)
-    import torch  # kept out of every other foldtune command, which loads this module to build its parser
+    # torch stays out of every other foldtune command, which loads this module to build its parser
+    import torch
 
-    from spec.catalog import get_hardware
-    from spec.errors import SpecError
-    from db.settings import default_data_dir
     from executor.microbench.runner import BenchPlan, run_benchmarks
     from executor.microbench.sustained import SUSTAINED_SECONDS
 
@@ -181,8 +177,6 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu:
         get_hardware(args.gpu)  # an unknown name is the first thing to report
     if args.model:
-        from spec.catalog import get_model
-
         get_model(args.model)
     if not cpu and not torch.cuda.is_available():
         raise SpecError(f"--gpu {args.gpu} needs CUDA GPUs and this machine has none (--gpu cpu runs CPU ranks)")
