@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import validate_reference  # noqa: E402
-
-from spec.catalog import get_hardware  # noqa: E402
-from spec.hardware import MeasuredCurve  # noqa: E402
-from spec.profile_io import save_profile  # noqa: E402
+from bench import validate_reference
+from spec.catalog import get_hardware
+from spec.hardware import MeasuredCurve
+from spec.profile_io import save_profile
 
 if not validate_reference.REFERENCE.exists():
     pytest.skip("tests/data/reference.json not present", allow_module_level=True)
