@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     merge = actions.add_parser("merge", help=MERGE_HELP, description=MERGE_HELP)
     merge.add_argument("--profile", required=True, help="target machine profile (JSON from foldtune calibrate)")
     merge.add_argument("--components", required=True, help="comma list of component-run profile files")
-    merge.add_argument("--out", required=True)
+    merge.add_argument("--out", required=True, help="where to write the merged profile")
     merge.add_argument("--name", help="name of the merged profile (default: the target's name)")
     rebuild_parser = actions.add_parser("rebuild", help=REBUILD_HELP, description=REBUILD_HELP)
     rebuild_parser.add_argument("--profile", required=True, help="the calibrated profile JSON to re-derive")
