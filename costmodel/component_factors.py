@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from costmodel.compute import compute_rates
+from costmodel.step_time import OPTIMIZER_BYTES_PER_PARAM, layer_times
+from costmodel.terms import FACTOR_TERMS
 from spec.hardware import ClusterSpec, HardwareProfile, component_key
 from spec.model_spec import ModelSpec
-
-# term groups a component factor may scale (costmodel.step_time.TERMS names)
-FACTOR_TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "optimizer")
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,6 @@ class ComponentReport:
 def predicted_parts(spec: ModelSpec, seq_length: int, mbs: int, precision: str,
                     hardware: HardwareProfile) -> tuple[dict[str, dict[str, float]], float]:
     """({part: {term: seconds fwd+bwd}} of one micro-batch on one GPU, optimizer seconds per parameter)."""
-    from costmodel.compute import compute_rates
-    from spec.parallel_config import ParallelConfig
-    from costmodel.step_time import OPTIMIZER_BYTES_PER_PARAM, layer_times
-    from spec.training_spec import TrainingSpec
-
     training = TrainingSpec(seq_length=seq_length, global_batch_size=mbs, precision=precision)
     parts = layer_times(spec, training, ClusterSpec(hardware, 1), ParallelConfig(world_size=1, micro_batch_size=mbs))
     out = {}
