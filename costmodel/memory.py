@@ -31,6 +31,7 @@ from functools import lru_cache, partial
 from typing import NamedTuple
 
 from costmodel.dispatch import dispatcher_pricing
+from spec.dispatchers import DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -393,7 +394,8 @@ def _kind_terms_for(ctx: _Context, s: _Shape, modules: tuple[str, ...]) -> _Kind
     akey = (s.tp, s.sp, s.ep > 1, s.etp, modules)
     acts = ctx.acts.get(akey)
     if acts is None:
-        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, "alltoall")
+        # any dispatcher: the stored tensors do not depend on it, only the comm buffers below do
+        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, DISPATCHERS[0])
         acts = ctx.acts[akey] = _kind_terms(ctx.model, ctx.training, canonical, frozenset(modules))
     comm = ctx.comms.get(s)
     if comm is None:
