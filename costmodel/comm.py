@@ -57,6 +57,12 @@ def group_placement(stride: int, size: int, gpus_per_node: int) -> Placement:
     return Placement(size=size, nodes=nodes, ranks_per_node=max(1, size // nodes))
 
 
+def span_text(stride: int, size: int, gpus_per_node: int) -> str:
+    """Where a group of ``size`` ranks spaced ``stride`` apart sits, in words: 'spans N nodes' or 'within one node'."""
+    nodes = group_stride_span(stride, size, gpus_per_node)
+    return f"spans {nodes} nodes" if nodes > 1 else "within one node"
+
+
 @dataclass(frozen=True)
 class LinkRates:
     """The network of one hardware profile with default efficiencies and any measured curves."""

@@ -8,36 +8,20 @@ term is the largest).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from spec.hardware import GIB, ClusterSpec
+from costmodel.comm import span_text
+from costmodel.dispatch import dispatcher_pricing
 from costmodel.host import seconds_per_op
+from costmodel.memory import MemoryBreakdown, estimate_memory
+from costmodel.step_time import StepTimeBreakdown, estimate_step_time
+from costmodel.terms import BOTTLENECK_TERMS
+from spec.hardware import GIB, ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
-from spec.rank_groups import group_stride_span
 from spec.training_spec import TrainingSpec
-
-if TYPE_CHECKING:  # the two models are imported where they are called, so this module loads on its own
-    from costmodel.memory import MemoryBreakdown
-    from costmodel.step_time import StepTimeBreakdown
 
 HEADROOM_FRACTION = 0.05  # below this share of usable HBM free, memory is called the limiter
 MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "allocator_overhead")
-
-# bottleneck name (StepTimeBreakdown.bottleneck) -> the time terms it sums
-BOTTLENECK_TERMS: dict[str, tuple[str, ...]] = {
-    "compute": ("gemm", "grouped_gemm", "attention_core", "recompute"),
-    "all-to-all": ("ep_a2a", "etp_comm"),
-    "tp-comm": ("tp_comm",),
-    "cp-comm": ("cp_comm",),
-    "dp-comm": ("dp_grad", "edp_grad", "param_gather"),
-    "pp-bubble": ("pp_bubble",),
-    "pp-comm": ("pp_p2p",),
-    "memory-bound": ("memory_bound",),
-    "optimizer": ("optimizer",),
-    "host-overhead": ("host_overhead",),
-}
-
 
 @dataclass(frozen=True)
 class Estimate:
@@ -57,25 +41,18 @@ def largest_memory_term(memory: MemoryBreakdown) -> tuple[str, float]:
     return max(((name, getattr(memory, name)) for name in MEMORY_TERMS), key=lambda kv: kv[1])
 
 
-def _span(sizes_before: int, size: int, gpus_per_node: int) -> str:
-    nodes = group_stride_span(sizes_before, size, gpus_per_node)
-    return f"spans {nodes} nodes" if nodes > 1 else "within one node"
-
-
 def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec,
                   time: StepTimeBreakdown) -> str:
     """The fact of the layout behind a time bottleneck, e.g. 'EP16 group spans 2 nodes'."""
     gpn = cluster.gpus_per_node
     if bottleneck == "all-to-all":
-        if c.moe_token_dispatcher_type == "allgather":
-            return f"allgather dispatcher over ETP·EP {c.etp * c.ep} ({_span(1, c.etp * c.ep, gpn)})"
-        return f"EP{c.ep} group {_span(c.etp, c.ep, gpn)}" + (f", ETP{c.etp}" if c.etp > 1 else "")
+        return dispatcher_pricing(c.moe_token_dispatcher_type).describe(c, gpn)
     if bottleneck == "tp-comm":
-        return f"TP{c.tp} group {_span(1, c.tp, gpn)}"
+        return f"TP{c.tp} group {span_text(1, c.tp, gpn)}"
     if bottleneck == "cp-comm":
-        return f"CP{c.cp} group {_span(c.tp, c.cp, gpn)}"
+        return f"CP{c.cp} group {span_text(c.tp, c.cp, gpn)}"
     if bottleneck == "dp-comm":
-        return (f"DP{c.dp} {_span(c.tp * c.cp, c.dp, gpn)}, EDP{c.edp} {_span(c.etp * c.ep, c.edp, gpn)}"
+        return (f"DP{c.dp} {span_text(c.tp * c.cp, c.dp, gpn)}, EDP{c.edp} {span_text(c.etp * c.ep, c.edp, gpn)}"
                 + ("" if c.use_distributed_optimizer else ", no distributed optimizer"))
     if bottleneck in ("pp-bubble", "pp-comm"):
         m = c.num_micro_batches(training.global_batch_size)
@@ -124,9 +101,6 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, con
 
     The step time carries the profile's component factors for this model shape, when it has some.
     """
-    from costmodel.memory import estimate_memory
-    from costmodel.step_time import estimate_step_time
-
     memory = estimate_memory(model, training, cluster, config)
     time = estimate_step_time(model, training, cluster, config,
                               corrections=component_corrections(model, training, cluster, config))
@@ -136,8 +110,6 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, con
 def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> StepTimeBreakdown:
     """``estimate_step_time`` with the profile's component factors for this model shape (the planner's time
     function: same signature, picklable)."""
-    from costmodel.step_time import estimate_step_time
-
     return estimate_step_time(model, training, cluster, config,
                               corrections=component_corrections(model, training, cluster, config))
 

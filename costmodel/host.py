@@ -26,33 +26,10 @@ timer's events) is not in it: a lower bound on the host time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from costmodel.dispatch import dispatcher_pricing
+from costmodel.host_ops import ZERO, HostOps
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
-
-
-@dataclass(frozen=True)
-class HostOps:
-    """Kernel-launching eager ops and collectives issued on one rank (forward + backward unless stated)."""
-
-    ops: float
-    collectives: float = 0.0
-
-    def __add__(self, other: HostOps) -> HostOps:
-        return HostOps(self.ops + other.ops, self.collectives + other.collectives)
-
-    def __mul__(self, k: float) -> HostOps:
-        return HostOps(self.ops * k, self.collectives * k)
-
-    __rmul__ = __mul__
-
-    def seconds(self, op_launch_s: float, collective_launch_s: float) -> float:
-        """Host seconds to issue these: ops at ``op_launch_s``, collectives at ``collective_launch_s`` each."""
-        return self.ops * op_launch_s + self.collectives * collective_launch_s
-
-
-ZERO = HostOps(0.0)
 
 # ---- per layer, per micro-batch, forward + backward (bf16, torch 2.13 executor; see module docstring) ----
 # An MoE layer on one rank (tp = cp = ep = etp = 1, alltoall dispatcher): norms, Q/K/V/O projections,
@@ -68,14 +45,6 @@ SHARED_EXPERTS = HostOps(20.0)
 TP_PER_BLOCK = HostOps(6.0, 4.0)
 # CP > 1: all-gather of K and V (reduce-scatter of their gradients), the causal-mask attention path.
 CP_PER_LAYER = HostOps(15.0, 4.0)
-# alltoall dispatcher with EP > 1: counts all-to-all, dispatch and combine all-to-alls (and backward),
-# the (source, expert) chunk reordering and its inverse.
-EP_ALLTOALL = HostOps(31.0, 5.0)
-# ETP > 1 under the alltoall dispatcher: count all-gather, uneven all-gather / reduce-scatter of rows.
-ETP_ALLTOALL = HostOps(46.0, 5.0)
-# allgather dispatcher over TP·EP > 1: all-gather of tokens, probabilities and expert ids, the local
-# selection, the reduce-scatter of the output (and backward).
-ALLGATHER_DISPATCH = HostOps(27.0, 7.0)
 # Forward ops a layer re-runs under full recomputation (its forward again, plus the checkpoint wrapper).
 FULL_RECOMPUTE_MOE = HostOps(63.0)
 FULL_RECOMPUTE_DENSE = HostOps(50.0)  # not counted: the MoE layer's 63 scaled by 126/162 (dense/MoE layer)
@@ -117,14 +86,7 @@ def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostO
     if config.cp > 1:
         out = out + CP_PER_LAYER
     if moe:
-        if config.moe_token_dispatcher_type == "allgather":
-            if config.tp * config.ep * config.etp > 1:
-                out = out + ALLGATHER_DISPATCH
-        else:
-            if config.ep > 1:
-                out = out + EP_ALLTOALL
-            if config.etp > 1:
-                out = out + ETP_ALLTOALL
+        out = out + dispatcher_pricing(config.moe_token_dispatcher_type).host_ops(config)
     if config.recompute_granularity == "selective":
         for module in config.recompute_modules:
             out = out + SELECTIVE_RECOMPUTE.get(module, ZERO)

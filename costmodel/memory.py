@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import NamedTuple
 
+from costmodel.dispatch import dispatcher_pricing
+from spec.dispatchers import DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -291,11 +293,7 @@ def _comm_per_token(model: ModelSpec, training: TrainingSpec, s: _Shape,
         out.append(("comm.sp.gather_scatter", 2 * h * b))
     if has_moe:
         te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
-        if s.dispatcher == "allgather":
-            group = s.ep * s.etp
-            out.append(("comm.moe.allgather", group * (2 * h * b + (model.num_experts or 0) * (_FP32 + _MASK)) / dsp))
-        else:  # a2a receive buffer next to its permuted copy (dispatch), and the mirror image on combine
-            out.append(("comm.moe.dispatch_combine", (2 if s.ep * s.etp > 1 else 1) * te * h * b))
+        out.append(dispatcher_pricing(s.dispatcher).comm_buffer(model, b, dsp, s.ep, s.etp, te))
     if s.cp > 1:  # two key/value chunks in flight around the CP ring
         if model.multi_latent_attention:
             kv = model.num_attention_heads * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
@@ -396,7 +394,8 @@ def _kind_terms_for(ctx: _Context, s: _Shape, modules: tuple[str, ...]) -> _Kind
     akey = (s.tp, s.sp, s.ep > 1, s.etp, modules)
     acts = ctx.acts.get(akey)
     if acts is None:
-        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, "alltoall")
+        # any dispatcher: the stored tensors do not depend on it, only the comm buffers below do
+        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, DISPATCHERS[0])
         acts = ctx.acts[akey] = _kind_terms(ctx.model, ctx.training, canonical, frozenset(modules))
     comm = ctx.comms.get(s)
     if comm is None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache, wraps
 from typing import TypeVar
 
+from spec.errors import InvalidConfigError
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import layer_chunks
@@ -246,8 +247,6 @@ def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: in
 def stage_param_counts(model: ModelSpec, config: ParallelConfig, stage: int) -> ParamCounts:
     """Parameters held by one GPU of pipeline rank ``stage`` (all its virtual chunks), by sharding bucket."""
     if not 0 <= stage < config.pp:
-        from spec.errors import InvalidConfigError
-
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
     return _stage_counts(model, config.tp, config.pp, config.vpp, config.ep, config.etp, stage)
 

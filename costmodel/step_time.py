@@ -26,7 +26,6 @@ from costmodel import params as _params
 from costmodel.comm import (
     LinkRates,
     Placement,
-    all_to_all_time,
     group_placement,
     link_rates,
     p2p_time,
@@ -40,6 +39,17 @@ from costmodel.compute import (
     grouped_gemm_fwd_bwd,
     memory_time,
 )
+from costmodel.dispatch import dispatcher_pricing
+from costmodel.terms import (
+    BOTTLENECK_TERMS,
+    HIDDEN_TERMS,
+    LAYER_SLOT,
+    LAYER_TERMS,
+    TERM_INDEX,
+    TERM_TABLE,
+    TERMS,
+    term_index,
+)
 from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
@@ -47,15 +57,6 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
-TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_a2a",
-         "etp_comm", "dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer", "host_overhead")
-HIDDEN_TERMS = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
-BOTTLENECK_OF_TERM = {
-    "gemm": "compute", "grouped_gemm": "compute", "attention_core": "compute", "recompute": "compute",
-    "memory_bound": "memory-bound", "tp_comm": "tp-comm", "cp_comm": "cp-comm", "ep_a2a": "all-to-all",
-    "etp_comm": "all-to-all", "dp_grad": "dp-comm", "edp_grad": "dp-comm", "param_gather": "dp-comm",
-    "pp_p2p": "pp-comm", "pp_bubble": "pp-bubble", "optimizer": "optimizer", "host_overhead": "host-overhead",
-}
 # A non-compute limiter is named only when it takes at least this share of the step.
 BOTTLENECK_MIN_SHARE = 0.10
 
@@ -85,11 +86,29 @@ ELEMENTWISE_BWD_RATIO = 2.0
 MAIN_GRAD_ACCUM_BYTES = 10
 FP32_GRAD_ACCUM_BYTES = 12
 
-# indices of the per-micro-batch terms in a layer vector
-GEMM, GROUPED, ATTN, MEM, TP, CP, A2A, ETP = range(8)
-_MB_TERM_NAMES = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "tp_comm", "cp_comm", "ep_a2a",
-                  "etp_comm")
-_COMPUTE = (GEMM, GROUPED, ATTN, MEM)
+# Slots of a layer vector (per-micro-batch seconds of one layer kind), from the term table.
+N_SLOTS = len(LAYER_TERMS)
+GEMM, GROUPED, ATTN, MEM = (LAYER_SLOT[n] for n in ("gemm", "grouped_gemm", "attention_core", "memory_bound"))
+TP, CP, A2A, ETP = (LAYER_SLOT[n] for n in ("tp_comm", "cp_comm", "ep_a2a", "etp_comm"))
+# the slots of work on the device that communication can overlap with (the layer's window)
+_COMPUTE = tuple(LAYER_SLOT[t.name] for t in TERM_TABLE
+                 if t.scope == "layer" and t.group in ("compute", "memory_bound"))
+# StepTimeBreakdown.terms starts with every term up to the last layer term (the per-micro-batch prefix);
+# a layer's contribution to it: its slot, or None where the term is not a layer term (recompute)
+_PREFIX_SLOTS = tuple(LAYER_SLOT.get(name) for name in TERMS[:max(TERM_INDEX[n] for n in LAYER_TERMS) + 1])
+N_PREFIX = len(_PREFIX_SLOTS)
+# positions in StepTimeBreakdown.terms and .hidden the step assembly writes by name
+_I_RECOMPUTE, _I_A2A, _I_ETP, _I_BUBBLE = (TERM_INDEX[n] for n in ("recompute", "ep_a2a", "etp_comm", "pp_bubble"))
+_H_TP, _H_CP, _H_A2A, _H_DP, _H_EDP, _H_GATHER, _H_P2P = (
+    HIDDEN_TERMS.index(n) for n in ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p"))
+# the terms after the prefix, in the order estimate_step_time appends them
+_STEP_TAIL = ("dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer", "host_overhead")
+if TERMS[N_PREFIX:] != _STEP_TAIL or len(HIDDEN_TERMS) != 7:
+    raise ImportError("costmodel.terms.TERM_TABLE changed: estimate_step_time must price the new term "
+                      f"(after the prefix it appends {_STEP_TAIL}, the table has {TERMS[N_PREFIX:]})")
+# (bottleneck label, position of its first term, positions of the others), the labels after 'compute' in table order
+_LIMITERS = tuple((label, TERM_INDEX[names[0]], tuple(TERM_INDEX[n] for n in names[1:]))
+                  for label, names in BOTTLENECK_TERMS.items() if label != "compute")
 
 
 @dataclass(frozen=True)
@@ -97,12 +116,12 @@ class StepTimeBreakdown:
     """Predicted time of one optimizer step and where it goes (all times in seconds)."""
 
     step_time: float  # seconds per optimizer step
-    terms: tuple[tuple[str, float], ...]  # exposed (critical-path) seconds per term, names in TERMS
+    terms: tuple[tuple[str, float], ...]  # exposed (critical-path) seconds per term, in TERMS order
     hidden: tuple[tuple[str, float], ...]  # communication seconds hidden by overlap, per HIDDEN_TERMS name
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float  # model TFLOP/s per GPU (spec.flops conventions)
     mfu: float  # against cluster.gpu.peak(training.precision)
-    bottleneck: str  # 'compute' or the largest non-compute limiter (see BOTTLENECK_OF_TERM)
+    bottleneck: str  # 'compute' or the largest non-compute limiter (costmodel.terms: bottleneck column)
 
     def term(self, name: str) -> float:
         """Exposed seconds of term ``name`` (0.0 for a term this layout does not have)."""
@@ -116,8 +135,8 @@ class _Block:
     __slots__ = ("fwd", "bwd", "modules")
 
     def __init__(self) -> None:
-        self.fwd = [0.0] * 8
-        self.bwd = [0.0] * 8
+        self.fwd = [0.0] * N_SLOTS
+        self.bwd = [0.0] * N_SLOTS
         self.modules: dict[str, float] = {}  # recompute module -> forward seconds it re-runs
 
     def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
@@ -134,15 +153,15 @@ class _LayerCost:
 
     def __init__(self, exposed: tuple[float, ...], hidden: tuple[float, ...], fwd_total: float, compute_fwd: float,
                  compute_bwd: float, a2a: float, modules: dict[str, float]) -> None:
-        self.exposed = exposed  # 8 per-micro-batch terms, forward + backward
-        self.hidden = hidden  # communication hidden by in-layer overlap, same 8 slots
+        self.exposed = exposed  # per-micro-batch seconds per layer slot, forward + backward
+        self.hidden = hidden  # communication hidden by in-layer overlap, same slots
         self.total = sum(exposed)
         self.fwd_total = fwd_total  # forward compute + exposed forward communication (full recompute re-runs it)
         self.compute_fwd, self.compute_bwd = compute_fwd, compute_bwd
         self.a2a = a2a  # exposed EP all-to-all + ETP seconds (what EP overlap can hide)
         self.modules = modules  # recompute module -> forward seconds it re-runs
-        e = exposed  # the first nine TERMS in order, with the recompute slot at 0
-        self.terms = (e[GEMM], e[GROUPED], e[ATTN], e[MEM], 0.0, e[TP], e[CP], e[A2A], e[ETP])
+        # the per-micro-batch prefix of TERMS; terms that are not layer slots (recompute) are 0 here
+        self.terms = tuple([0.0 if slot is None else exposed[slot] for slot in _PREFIX_SLOTS])
 
     def __add__(self, other: _LayerCost) -> _LayerCost:
         modules = dict(self.modules)
@@ -155,13 +174,13 @@ class _LayerCost:
 
 
 _new_object = object.__new__
-_ZERO_LAYER = _LayerCost((0.0,) * 8, (0.0,) * 8, 0.0, 0.0, 0.0, 0.0, {})
+_ZERO_LAYER = _LayerCost((0.0,) * N_SLOTS, (0.0,) * N_SLOTS, 0.0, 0.0, 0.0, 0.0, {})
 
 
 def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     """Apply the overlap that happens inside a layer: TP comm under its GEMMs, ring-attention KV under the core."""
     exposed = [f + b for f, b in zip(block.fwd, block.bwd)]
-    hidden = [0.0] * 8
+    hidden = [0.0] * N_SLOTS
     fwd_comm = block.fwd[TP] + block.fwd[A2A] + block.fwd[ETP]
     if tp_overlap:
         tp_exposed_f = max(block.fwd[TP] - block.fwd[GEMM], TP_OVERLAP_EXPOSED_FRACTION * block.fwd[TP])
@@ -387,24 +406,7 @@ class _Shape:
         self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # permute: gather token copies
         received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
         local_experts = max(1, experts // self.ep)
-        if self.dispatcher == "allgather":
-            place = self.tp_ep_place
-            gathered = local * place.size
-            buffer = gathered * h * ab + gathered * topk * 12  # hidden states + top-k probs and indices
-            ag = ring_time(self.link, "all_gather", buffer, place)
-            rs = ring_time(self.link, "reduce_scatter", gathered * h * ab, place)
-            block.add(A2A, ag + rs, ag + rs, "moe")
-            self.elementwise(block, (gathered + received) * h * ab, "moe")  # pick local experts' tokens
-        else:
-            a2a = all_to_all_time(self.link, local * topk * h * ab * self.imbalance, self.ep_place)
-            block.add(A2A, 2 * a2a, 2 * a2a, "moe")
-            if self.etp > 1:
-                buffer = received * h * ab
-                ag = ring_time(self.link, "all_gather", buffer, self.etp_place)
-                rs = ring_time(self.link, "reduce_scatter", buffer, self.etp_place)
-                block.add(ETP, ag + rs, ag + rs, "moe")
-            if local_experts > 1:
-                self.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+        dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
         per_expert = received / local_experts
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
         fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)
@@ -757,8 +759,9 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     _, nd, nm, ends, _ = kinds[i]
     d, e, x = layers.dense, layers.moe, layers.extras[ends]
     values = [m * (nd * a + nm * b + c_) for a, b, c_ in zip(d.terms, e.terms, x.terms)]
-    values[4] = m * recompute[i]
+    values[_I_RECOMPUTE] = m * recompute[i]
     dh, eh, xh = d.hidden, e.hidden, x.hidden
+    # HIDDEN_TERMS order: tp_comm, cp_comm, ep_a2a, then the once-per-step terms filled below
     hidden = [m * (nd * dh[TP] + nm * eh[TP] + xh[TP]), m * (nd * dh[CP] + nm * eh[CP] + xh[CP]),
               m * (nd * dh[A2A] + nm * eh[A2A] + xh[A2A]), 0.0, 0.0, 0.0, 0.0]
     window_fwd = nd * d.compute_fwd + nm * e.compute_fwd + x.compute_fwd
@@ -769,10 +772,10 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
             total_a2a = m * crit_a2a
             shown = min(total_a2a, (m - 1) * max(0.0, crit_a2a - window_fwd - window_bwd) + crit_a2a)
-            share = values[7] / (values[7] + values[8])
-            values[7] = shown * share
-            values[8] = shown * (1.0 - share)
-            hidden[2] += total_a2a - shown
+            share = values[_I_A2A] / (values[_I_A2A] + values[_I_ETP])
+            values[_I_A2A] = shown * share
+            values[_I_ETP] = shown * (1.0 - share)
+            hidden[_H_A2A] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters
     dense = ctx.dense_params.get((c.tp, pp, vpp))
@@ -797,17 +800,17 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             exposed = min(grads, max(grads - window_bwd, dg_b, eg_b))
         dp_grad = exposed * dg / grads
         edp_grad = exposed * eg / grads
-        hidden[3] = dg - dp_grad
-        hidden[4] = eg - edp_grad
+        hidden[_H_DP] = dg - dp_grad
+        hidden[_H_EDP] = eg - edp_grad
         # hidden is not free: the compute beside the collective loses the measured share of its seconds
-        dp_grad += ctx.overlap_slowdown * hidden[3]
-        edp_grad += ctx.overlap_slowdown * hidden[4]
+        dp_grad += ctx.overlap_slowdown * hidden[_H_DP]
+        edp_grad += ctx.overlap_slowdown * hidden[_H_EDP]
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
             param_gather = min(gathers, max(gathers - window_fwd, dpg_b, epg_b))
-        hidden[5] = gathers - param_gather
-        param_gather += ctx.overlap_slowdown * hidden[5]
+        hidden[_H_GATHER] = gathers - param_gather
+        param_gather += ctx.overlap_slowdown * hidden[_H_GATHER]
     if pp > 1:
         hkey = (layers.p2p_bytes, world, pp)
         hop = ctx.hops.get(hkey)
@@ -816,13 +819,13 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             hop = ctx.hops[hkey] = p2p_time(ctx.link, layers.p2p_bytes, place.crosses_nodes)
         pp_p2p = 2 * (pp * vpp - 1) * hop  # the first micro-batch's trip through every chunk boundary
         if vpp > 1:  # interleaved schedules overlap their steady-state p2p with compute
-            hidden[6] = 2 * m * vpp * hop
+            hidden[_H_P2P] = 2 * m * vpp * hop
         else:
             pp_p2p += 2 * m * hop
     # once per step the host issues the reduction, optimizer and zeroing ops of the rank's layers
     once = dp_grad + edp_grad + param_gather + optimizer
     host_step = host[1]
-    values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer,
+    values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer,  # _STEP_TAIL order
                host_overhead + (host_step - once if host_step > once else 0.0))
     if corrections:
         values = _corrected(values, corrections)
@@ -830,7 +833,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     else:
         # the same sum, grouped so that layouts whose once-per-step work hides under the same host floor get
         # bit-identical step times (the ranker orders them without a tolerance)
-        step = (sum(values[:9]) + pp_p2p + values[13] + host_overhead) + (host_step if host_step > once else once)
+        step = (sum(values[:N_PREFIX]) + pp_p2p + values[_I_BUBBLE] + host_overhead) + (host_step if host_step > once
+                                                                                          else once)
     per_gpu = step * world
     # The frozen dataclass's generated __init__ sets each field through object.__setattr__ and costs
     # about as much as the arithmetic above; filling the instance dict directly gives the same object.
@@ -846,34 +850,22 @@ def _corrected(values: list[float], corrections: Mapping[str, float]) -> list[fl
     """``values`` (in TERMS order) with each named term multiplied by its correction factor."""
     out = list(values)
     for name, factor in corrections.items():
-        if name not in BOTTLENECK_OF_TERM:
-            raise InvalidConfigError(f"unknown correction term {name!r}; terms are {', '.join(TERMS)}")
-        out[TERMS.index(name)] *= factor
+        out[term_index(name, "correction term")] *= factor
     return out
 
 
 def _bottleneck(v: list[float], step: float) -> str:
     """The largest non-compute limiter when it takes BOTTLENECK_MIN_SHARE of the step, else 'compute'.
 
-    ``v`` is in TERMS order; each candidate sums the terms BOTTLENECK_OF_TERM maps to it.
+    ``v`` is in TERMS order; each candidate sums the terms the term table gives its label.
     """
-    label, seconds = "memory-bound", v[3]
-    if v[5] > seconds:
-        label, seconds = "tp-comm", v[5]
-    if v[6] > seconds:
-        label, seconds = "cp-comm", v[6]
-    if v[7] + v[8] > seconds:
-        label, seconds = "all-to-all", v[7] + v[8]
-    if v[9] + v[10] + v[11] > seconds:
-        label, seconds = "dp-comm", v[9] + v[10] + v[11]
-    if v[12] > seconds:
-        label, seconds = "pp-comm", v[12]
-    if v[13] > seconds:
-        label, seconds = "pp-bubble", v[13]
-    if v[14] > seconds:
-        label, seconds = "optimizer", v[14]
-    if v[15] > seconds:
-        label, seconds = "host-overhead", v[15]
+    label, seconds = None, 0.0
+    for name, first, rest in _LIMITERS:
+        s = v[first]
+        for i in rest:
+            s += v[i]
+        if label is None or s > seconds:  # the earlier label wins a tie
+            label, seconds = name, s
     return label if seconds >= BOTTLENECK_MIN_SHARE * step > 0.0 else "compute"
 
 
@@ -913,5 +905,5 @@ def layer_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     for name, build in parts.items():
         block = _Block()
         build(block)
-        out[name] = PartTime(tuple(zip(_MB_TERM_NAMES, block.fwd)), tuple(zip(_MB_TERM_NAMES, block.bwd)))
+        out[name] = PartTime(tuple(zip(LAYER_TERMS, block.fwd)), tuple(zip(LAYER_TERMS, block.bwd)))
     return out

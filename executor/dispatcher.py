@@ -1,9 +1,32 @@
 """Token dispatchers: move routed tokens from the attention layout to the expert layout and back.
 
-Attention layout: each rank holds ``n`` tokens (its TP·SP shard of its DP replica's micro-batch).
-Expert layout: rank (etp, ep) owns experts ``ep·E_local ... (ep+1)·E_local - 1`` and a 1/etp slice of
-their FFN dimension. Both dispatchers hand the experts a [rows, hidden] tensor sorted by local expert
-plus the rows per local expert, and take back the expert output in the same order.
+Every dispatcher implements :class:`TokenDispatcher` and is registered under its
+``ParallelConfig.moe_token_dispatcher_type`` name with :func:`register_dispatcher`; :func:`make_dispatcher`
+builds the one a layout names. The names a user may choose are ``spec.dispatchers.DISPATCHERS``, and
+``tests/executor/test_dispatcher_registry.py`` checks that this registry and the cost model's pricings
+(``costmodel.dispatch.PRICING``) hold exactly those names.
+
+Notation (per MoE layer, per micro-batch, on one rank):
+
+- ``n``: tokens of this rank in the attention layout (its TP·SP shard of its DP replica's micro-batch);
+  ``k``: top-k; ``h``: hidden size; ``E``: experts; ``E_local = E / ep`` experts on this rank.
+- Expert layout: rank (etp, ep) owns experts ``ep·E_local ... (ep+1)·E_local - 1`` and a 1/etp slice of
+  their FFN dimension.
+- ``M``: rows handed to the experts on this rank (token copies routed to its local experts, from every
+  rank whose tokens it serves; dropped copies are absent).
+
+Stages of a dispatcher (the :class:`TokenDispatcher` contract):
+
+- ``dispatch(x_NH, routing) -> Dispatched``: ``x_NH`` [n, h] and the router's ``Routing`` (experts_NK,
+  probs_NK [n, k]). Returns ``x_MH`` [M, h] sorted by local expert, ``tokens_per_expert`` [E_local] (int64,
+  on device, summing to M) and a ``ctx`` that only its own ``combine`` reads. Autograd flows through
+  ``x_MH`` back to ``x_NH``.
+- ``combine(y_MH, dispatched) -> y_NH``: ``y_MH`` [M, h] the experts' output in ``x_MH``'s row order (for
+  etp > 1 a partial sum over the etp slice). Returns [n, h]: for each token, Σ over its k routed copies of
+  probability · expert output, summed over etp, in the attention layout of ``x_NH``; dropped copies add 0.
+  Gradients flow to ``y_MH`` and to ``routing.probs_NK``.
+- Groups: only ``state.ep``, ``state.etp`` and ``state.tp_ep`` (and their sizes/ranks) are used; a
+  dispatcher marks its communication with ``timer.mark`` phases named after the collective.
 
 - ``alltoall``: permute by expert, all-to-all over ep with uneven splits, all-gather over etp (uneven),
   sort the (source, expert) chunks by expert; combine runs the transposes in reverse.
@@ -19,6 +42,7 @@ permute/unpermute are single kernels; same order, same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -34,6 +58,7 @@ from executor.parallel.collectives import (
 from executor.parallel.groups import ParallelState
 from executor.router import Routing, count_per_expert
 from executor.timing import NULL_TIMER, PhaseTimer
+from spec.errors import InvalidConfigError
 
 
 def slot_rows(slots_M: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -133,6 +158,35 @@ class Dispatched:
     ctx: dict
 
 
+class TokenDispatcher(Protocol):
+    """A token dispatcher (module docstring: notation and the contract of each stage)."""
+
+    name: str
+
+    def __init__(self, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER) -> None:
+        ...
+
+    def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
+        """[n, h] tokens in the attention layout -> [M, h] rows sorted by local expert, with their counts."""
+        ...
+
+    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """[M, h] expert outputs -> [n, h]: each token's probability-weighted sum over its k copies."""
+        ...
+
+
+DISPATCHER_CLASSES: dict[str, type[TokenDispatcher]] = {}
+
+
+def register_dispatcher(cls: type[TokenDispatcher]) -> type[TokenDispatcher]:
+    """Class decorator: add ``cls`` to :data:`DISPATCHER_CLASSES` under ``cls.name`` (one class per name)."""
+    if cls.name in DISPATCHER_CLASSES:
+        raise ValueError(f"dispatcher {cls.name!r} is registered twice")
+    DISPATCHER_CLASSES[cls.name] = cls
+    return cls
+
+
+@register_dispatcher
 class AllToAllDispatcher:
     name = "alltoall"
 
@@ -196,6 +250,7 @@ class AllToAllDispatcher:
         return unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
 
 
+@register_dispatcher
 class AllGatherDispatcher:
     name = "allgather"
 
@@ -228,6 +283,12 @@ class AllGatherDispatcher:
         return self.timer.mark(y, "tp_ep_reduce_scatter", "combine")
 
 
-def make_dispatcher(kind: str, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER):
-    """The dispatcher named by ParallelConfig.moe_token_dispatcher_type."""
-    return {"alltoall": AllToAllDispatcher, "allgather": AllGatherDispatcher}[kind](state, num_experts, topk, timer)
+def make_dispatcher(kind: str, state: ParallelState, num_experts: int, topk: int,
+                    timer: PhaseTimer = NULL_TIMER) -> TokenDispatcher:
+    """The dispatcher named by ParallelConfig.moe_token_dispatcher_type; InvalidConfigError for a name
+    without a registered implementation."""
+    cls = DISPATCHER_CLASSES.get(kind)
+    if cls is None:
+        raise InvalidConfigError(f"no executor implementation of dispatcher {kind!r}; "
+                                 f"implemented: {', '.join(DISPATCHER_CLASSES)}")
+    return cls(state, num_experts, topk, timer)

@@ -15,25 +15,20 @@ under-predicts memory wastes trials on OOMs; one that over-predicts a little onl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# Term names of costmodel.step_time grouped by what usually mis-predicts together.
-TERM_GROUPS: Mapping[str, tuple[str, ...]] = {
-    "compute": ("gemm", "grouped_gemm", "attention_core", "recompute", "pp_bubble"),
-    "memory_bound": ("memory_bound", "optimizer"),
-    "comm": ("tp_comm", "cp_comm", "etp_comm", "dp_grad", "edp_grad", "param_gather", "pp_p2p"),
-    "all_to_all": ("ep_a2a",),
-}
-_GROUP_OF = {term: group for group, terms in TERM_GROUPS.items() for term in terms}
+from costmodel.terms import TERM_GROUPS, calibration_group
+
+# The term groups (what usually mis-predicts together) are the term table's ``group`` column.
 GROUPS = tuple(TERM_GROUPS)
 
 
 def group_seconds(terms: Sequence[tuple[str, float]]) -> dict[str, float]:
-    """Sum exposed seconds per term group; terms not in a known group count as 'compute'."""
+    """Sum exposed seconds (s) per term group; InvalidConfigError for a term the term table does not hold."""
     out = dict.fromkeys(GROUPS, 0.0)
     for name, seconds in terms:
-        out[_GROUP_OF.get(name, "compute")] += seconds
+        out[calibration_group(name)] += seconds
     return out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from spec.dispatchers import DISPATCHERS
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -47,7 +48,6 @@ RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("selective", ("core_attn", "moe_act", "layernorm")),
     ("full", ()),
 )
-DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather")
 RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
                                "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
                                "expert_ffn_etp", "recompute_modules")

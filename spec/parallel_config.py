@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
+from spec.dispatchers import DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
-DISPATCHERS = ("alltoall", "allgather")
 DEFAULT_SELECTIVE_MODULES = ("core_attn",)
 
 

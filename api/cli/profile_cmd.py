@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from spec.dispatchers import DISPATCHERS
+
 HELP = "run and measure one layout of the real MoE training step locally"
 
 
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", type=int, default=1, help=f"{name} size (default: 1)")
     parser.add_argument("--dp", type=int, help="data-parallel size (default: the smallest that fits tp and ep·etp)")
     parser.add_argument("--mbs", type=int, default=1, help="micro-batch size (default: 1)")
-    parser.add_argument("--dispatcher", choices=("alltoall", "allgather"), default="alltoall")
+    parser.add_argument("--dispatcher", choices=DISPATCHERS, default=DISPATCHERS[0])
     parser.add_argument("--seq", type=int, default=128, help="sequence length in tokens (default: 128)")
     parser.add_argument("--gbs", type=int, help="global batch size in sequences (default: mbs·dp)")
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"), default=None,

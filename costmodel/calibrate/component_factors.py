@@ -21,13 +21,11 @@ from dataclasses import asdict, dataclass, field
 
 from costmodel.compute import compute_rates
 from costmodel.step_time import OPTIMIZER_BYTES_PER_PARAM, layer_times
+from costmodel.terms import FACTOR_TERMS
 from spec.hardware import ClusterSpec, HardwareProfile, component_key
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-
-# term groups a component factor may scale (costmodel.step_time.TERMS names)
-FACTOR_TERMS = ("gemm", "grouped_gemm", "attention_core", "memory_bound", "optimizer")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Component calibration on CPU: the executor's blocks timed at tiny-moe shapes, and (with
-costmodel.component_factors) the per-term factors that spread each component's measured/predicted ratio so
+costmodel.calibrate.component_factors) the per-term factors that spread each component's measured/predicted ratio so
 that the corrected pass sums to the measured one."""
 
 from __future__ import annotations

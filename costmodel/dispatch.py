@@ -1,0 +1,181 @@
+"""Pricing of the token dispatchers: one :class:`DispatcherPricing` per dispatcher, in one registry.
+
+The names come from ``spec.dispatchers``; the executor's implementations of the same names are in
+``executor/dispatcher.py``. Everything the cost model knows about a dispatcher is here, so the time model
+(``costmodel.step_time``), the memory model (``costmodel.memory``), the host-op counts (``costmodel.host``)
+and the explanation line (``costmodel.estimate``) ask :func:`dispatcher_pricing` and never branch on the
+name. A name without a registered pricing is an error (:class:`~spec.errors.InvalidConfigError`), never
+priced as another dispatcher.
+
+Contract of a pricing, for one MoE layer, one micro-batch, on the busiest rank of the ETP·EP group:
+
+==================  ===========================================================================================
+``routed_time``     adds to the layer block the exposed forward and backward seconds of moving the routed
+                    token copies to the experts and back (``ep_a2a`` / ``etp_comm`` slots) and the memory-bound
+                    passes the dispatcher adds around the experts (``memory_bound``); router, permute,
+                    experts and unpermute are priced by the caller, the same for every dispatcher.
+``comm_buffer``     (name, bytes per local token) of the largest buffer the dispatcher holds at once.
+``host_ops``        eager ops and collectives it issues per MoE layer and micro-batch (forward + backward),
+                    counted as ``costmodel/host.py`` describes.
+``describe``        the layout fact behind an 'all-to-all' bottleneck, for the explanation line.
+==================  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from costmodel.comm import LinkRates, Placement, all_to_all_time, ring_time, span_text
+from costmodel.host_ops import ZERO, HostOps
+from costmodel.terms import LAYER_SLOT
+from spec.errors import InvalidConfigError
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+
+A2A, ETP, MEM = LAYER_SLOT["ep_a2a"], LAYER_SLOT["etp_comm"], LAYER_SLOT["memory_bound"]
+# a routed token's top-k probability (fp32) and its one-byte routing-map entry, per expert
+_PROB_AND_MAP_BYTES = 4 + 1
+
+
+class LayerBlock(Protocol):
+    """Where a pricing adds seconds: step_time's per-layer block (``term`` is a LAYER_SLOT index)."""
+
+    def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None: ...
+
+
+class RoutedShape(Protocol):
+    """What a pricing may read of the layer being priced (step_time's layer shape)."""
+
+    model: ModelSpec
+    link: LinkRates
+    act_bytes: int
+    etp: int
+    imbalance: float  # busiest EP rank's load over the mean
+    ep_place: Placement
+    etp_place: Placement
+    tp_ep_place: Placement
+
+    def elementwise(self, block: LayerBlock, fwd_bytes: float, module: str | tuple[str, ...] = (),
+                    bwd_bytes: float | None = None, term: int = MEM) -> None: ...
+
+
+class DispatcherPricing(Protocol):
+    """One dispatcher as the cost model sees it (module docstring: the contract of each method)."""
+
+    name: str
+
+    def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
+                    local_experts: int) -> None:
+        """Add dispatch + combine seconds for ``local`` tokens entering the layer on this rank, ``received``
+        token copies its ``local_experts`` experts process."""
+        ...
+
+    def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
+                    routed: float) -> tuple[str, float]:
+        """(name, bytes per local token) of the dispatcher's largest live buffer; ``sp_split`` is tp with
+        sequence parallelism else 1, ``routed`` the token copies per local token the experts process."""
+        ...
+
+    def host_ops(self, config: ParallelConfig) -> HostOps:
+        """Ops and collectives per MoE layer and micro-batch that this dispatcher adds under ``config``."""
+        ...
+
+    def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
+        """The layout fact behind an 'all-to-all' bottleneck, e.g. 'EP16 group spans 2 nodes'."""
+        ...
+
+
+PRICING: dict[str, DispatcherPricing] = {}
+
+
+def register_pricing(pricing: DispatcherPricing) -> DispatcherPricing:
+    """Add ``pricing`` to :data:`PRICING` under its name (one pricing per name)."""
+    if pricing.name in PRICING:
+        raise ValueError(f"dispatcher pricing {pricing.name!r} is registered twice")
+    PRICING[pricing.name] = pricing
+    return pricing
+
+
+def dispatcher_pricing(name: str) -> DispatcherPricing:
+    """The pricing of dispatcher ``name``; InvalidConfigError when none is registered."""
+    pricing = PRICING.get(name)
+    if pricing is None:
+        raise InvalidConfigError(f"no cost-model pricing for dispatcher {name!r}; priced: {', '.join(PRICING)}")
+    return pricing
+
+
+class AllToAllPricing:
+    """``alltoall``: all-to-all of the routed copies over EP, uneven all-gather / reduce-scatter over ETP."""
+
+    name = "alltoall"
+    # Host counts (measured as costmodel/host.py describes). EP > 1: counts all-to-all, dispatch and combine
+    # all-to-alls (and backward), the (source, expert) chunk reordering and its inverse.
+    EP_OPS = HostOps(31.0, 5.0)
+    # ETP > 1: count all-gather, uneven all-gather / reduce-scatter of rows.
+    ETP_OPS = HostOps(46.0, 5.0)
+
+    def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
+                    local_experts: int) -> None:
+        h, ab, link = shape.model.hidden_size, shape.act_bytes, shape.link
+        a2a = all_to_all_time(link, local * shape.model.moe_router_topk * h * ab * shape.imbalance, shape.ep_place)
+        block.add(A2A, 2 * a2a, 2 * a2a, "moe")
+        if shape.etp > 1:
+            buffer = received * h * ab
+            ag = ring_time(link, "all_gather", buffer, shape.etp_place)
+            rs = ring_time(link, "reduce_scatter", buffer, shape.etp_place)
+            block.add(ETP, ag + rs, ag + rs, "moe")
+        if local_experts > 1:
+            shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+
+    def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
+                    routed: float) -> tuple[str, float]:
+        # a2a receive buffer next to its permuted copy (dispatch), and the mirror image on combine
+        return "comm.moe.dispatch_combine", (2 if ep * etp > 1 else 1) * routed * model.hidden_size * act_bytes
+
+    def host_ops(self, config: ParallelConfig) -> HostOps:
+        out = ZERO
+        if config.ep > 1:
+            out = out + self.EP_OPS
+        if config.etp > 1:
+            out = out + self.ETP_OPS
+        return out
+
+    def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
+        c = config
+        return f"EP{c.ep} group {span_text(c.etp, c.ep, gpus_per_node)}" + (f", ETP{c.etp}" if c.etp > 1 else "")
+
+
+class AllGatherPricing:
+    """``allgather``: all-gather of every token over ETP·EP, reduce-scatter of the weighted outputs back."""
+
+    name = "allgather"
+    # Host counts over TP·EP > 1: all-gather of tokens, probabilities and expert ids, the local selection,
+    # the reduce-scatter of the output (and backward).
+    OPS = HostOps(27.0, 7.0)
+
+    def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
+                    local_experts: int) -> None:
+        h, ab, link, place = shape.model.hidden_size, shape.act_bytes, shape.link, shape.tp_ep_place
+        gathered = local * place.size
+        buffer = gathered * h * ab + gathered * shape.model.moe_router_topk * 12  # + top-k probs and indices
+        ag = ring_time(link, "all_gather", buffer, place)
+        rs = ring_time(link, "reduce_scatter", gathered * h * ab, place)
+        block.add(A2A, ag + rs, ag + rs, "moe")
+        shape.elementwise(block, (gathered + received) * h * ab, "moe")  # pick local experts' tokens
+
+    def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
+                    routed: float) -> tuple[str, float]:
+        group = ep * etp
+        return ("comm.moe.allgather",
+                group * (2 * model.hidden_size * act_bytes + (model.num_experts or 0) * _PROB_AND_MAP_BYTES) / sp_split)
+
+    def host_ops(self, config: ParallelConfig) -> HostOps:
+        return self.OPS if config.tp * config.ep * config.etp > 1 else ZERO
+
+    def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
+        group = config.etp * config.ep
+        return f"allgather dispatcher over ETP·EP {group} ({span_text(1, group, gpus_per_node)})"
+
+
+register_pricing(AllToAllPricing())
+register_pricing(AllGatherPricing())
