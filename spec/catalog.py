@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from spec.errors import CatalogError, FoldtuneError
 from spec.hardware import GIB, GPUSpec, HardwareProfile
 from spec.model_spec import ModelSpec
@@ -193,8 +195,6 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
             data = yaml.safe_load(text)
     except Exception as exc:  # yaml/json raise many types; one line is what the user needs
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

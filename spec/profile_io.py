@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from spec.catalog import register_hardware
 from spec.errors import CatalogError, FoldtuneError
 from spec.hardware import HardwareProfile
 
@@ -71,8 +72,6 @@ def _read_json(p: Path) -> Any:
 def use_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
     """Load ``path`` and register it in this process's catalog under its own name (so a command that
     resolves hardware by name prices with it); returns the profile."""
-    from spec.catalog import register_hardware
-
     profile = load_profile(path)
     register_hardware(profile)
     return profile
