@@ -24,7 +24,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from db.models import Owner, Training, TrainingMetric, Trial, utcnow
-from planner.validity import check_config
+from spec.validity import check_config
 
 RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
 

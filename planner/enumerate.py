@@ -38,7 +38,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from planner.validity import Rejection, Validator
+from spec.validity import Rejection, Validator
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -52,7 +52,7 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError
 from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts
-from planner.validity import Rejection, Validator, check_config, parse_layout
+from spec.validity import Rejection, Validator, check_config, parse_layout
 
 if TYPE_CHECKING:
     from costmodel.memory import MemoryBreakdown

@@ -1,4 +1,4 @@
-"""Every validity rule has a case that trips it (checked against planner.validity.RULES), plus the helpers."""
+"""Every validity rule has a case that trips it (checked against spec.validity.RULES), plus the helpers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from planner.validity import RULES, Validator, check_config, parse_layout, pipeline_split
+from spec.validity import RULES, Validator, check_config, parse_layout, pipeline_split
 
 H100 = get_hardware("h100-sxm")
 TINY = get_model("tiny-moe")  # 2 layers, hidden 64, 4 heads / 2 KV groups, 8 experts of FFN 32
