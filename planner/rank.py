@@ -52,7 +52,7 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError
 from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts
-from spec.validity import Rejection, Validator, check_config, parse_layout
+from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
 
 if TYPE_CHECKING:
     from costmodel.memory import MemoryBreakdown
@@ -273,7 +273,7 @@ def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
     d.update(knob)
     d.update(pp=1, vpp=1, micro_batch_size=mbs)
     world = cfg.world_size
-    if job.training.global_batch_size % (mbs * (world // (cfg.tp * cfg.cp))):
+    if batch_rule(job.training.global_batch_size, mbs, world // (cfg.tp * cfg.cp)) is not None:
         return 0.0
     try:
         t = job.time_fn(job.model, job.training, job.cluster, cfg)

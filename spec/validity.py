@@ -27,6 +27,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   recompute, and vpp when pp > 1);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
 
+The executor's capability rules (:data:`EXECUTOR_RULES`, :meth:`Validator.executor`) say what
+``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it plans
+for Megatron); the tuning runner, the trainings, benchmarks and the executor itself do.
+
 foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
 spec forced the distributed optimizer on or off). Not rules: a TP group wider than a node is valid but slow
@@ -71,10 +75,25 @@ RULES: dict[str, str] = {
     "distopt_choice": "the distributed optimizer setting matches the training spec",
 }
 
+# rule id -> what executor/ needs beyond Megatron's rules (its reasons name the executor's own limits)
+EXECUTOR_RULES: dict[str, str] = {
+    "executor_model": "RMSNorm, RoPE, SwiGLU, no biases, no qk_layernorm, no dropout, no MLA, no MTP",
+    "executor_sp": "tp > 1 needs sequence parallelism",
+    "executor_seq_cp": "seq_length % (2·cp) == 0",
+    "executor_layers_pp": "num_layers >= pp·vpp",
+    "executor_vpp_pp": "vpp > 1 needs pp > 1",
+    "executor_untied_pp": "pp > 1 needs untied embedding and output weights",
+    "executor_heads_tp": "attention heads and kv heads % tp == 0",
+    "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
+    "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
+    "executor_experts_ep": "num_experts % ep == 0, expert FFN size % etp == 0; ep, etp > 1 need a MoE model",
+}
+
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a layout is invalid: the id of the rule it breaks (a key of :data:`RULES`) and one readable line."""
+    """Why a layout is invalid: the id of the rule it breaks (a key of :data:`RULES` or
+    :data:`EXECUTOR_RULES`) and one readable line."""
 
     rule: str
     reason: str
@@ -94,6 +113,89 @@ def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | 
     if pp < 1 or vpp < 1 or num_layers < pp * vpp:
         return None
     return tuple(sum(len(chunk) for chunk in rank) for rank in layer_chunks(num_layers, pp, vpp))
+
+
+def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Rejection | None:
+    """Megatron's batch rule: the global batch (sequences) splits into whole micro-batches on every DP rank."""
+    if global_batch_size % (micro_batch_size * dp):
+        return Rejection("gbs_mbs_dp", f"global_batch_size ({global_batch_size}) is not divisible by "
+                                       f"micro_batch_size·dp = {micro_batch_size}·{dp} = {micro_batch_size * dp}")
+    return None
+
+
+def unsupported_features(model: ModelSpec) -> list[str]:
+    """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
+    unsupported = []
+    if model.multi_latent_attention:
+        unsupported.append("multi_latent_attention")
+    if model.mtp_num_layers:
+        unsupported.append("mtp_num_layers")
+    if model.normalization != "rmsnorm":
+        unsupported.append(f"normalization={model.normalization}")
+    if model.position_embedding_type != "rope":
+        unsupported.append(f"position_embedding_type={model.position_embedding_type}")
+    if not model.swiglu:
+        unsupported.append("swiglu=False")
+    if model.add_bias_linear or model.add_qkv_bias:
+        unsupported.append("linear biases")
+    if model.qk_layernorm:
+        unsupported.append("qk_layernorm")
+    if model.hidden_dropout or model.attention_dropout:
+        unsupported.append("dropout")
+    return unsupported
+
+
+def executor_model_rule(model: ModelSpec) -> Rejection | None:
+    """The executor's model rule: a Rejection naming every feature of ``model`` it does not build."""
+    unsupported = unsupported_features(model)
+    if unsupported:
+        return Rejection("executor_model", f"model {model.name!r}: the executor does not support "
+                                           f"{', '.join(unsupported)}")
+    return None
+
+
+def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: int) -> list[Rejection]:
+    """Every executor capability rule (:data:`EXECUTOR_RULES`, the model rule aside) that ``config`` breaks
+    for ``model`` at ``seq_length`` tokens per sequence; empty when the executor can run it."""
+    c, m = config, model
+    found = []
+
+    def rule(name: str, broken: bool, reason: str) -> None:
+        if broken:
+            found.append(Rejection(name, reason))
+
+    rule("executor_sp", c.tp > 1 and not c.sequence_parallel,
+         "tp > 1 needs sequence_parallel (as Megatron requires for MoE)")
+    rule("executor_seq_cp", seq_length % (2 * c.cp) != 0,
+         f"seq_length ({seq_length}) must be divisible by 2·cp ({2 * c.cp})")
+    rule("executor_layers_pp", m.num_layers < c.pp * c.vpp,
+         f"num_layers ({m.num_layers}) must be at least pp·vpp ({c.pp}·{c.vpp})")
+    rule("executor_vpp_pp", c.vpp > 1 and c.pp == 1, f"vpp={c.vpp} needs pp > 1")
+    rule("executor_untied_pp", c.pp > 1 and not m.untie_embeddings_and_output_weights,
+         "pp > 1 needs untied embedding and output weights")
+    rule("executor_heads_tp", m.num_attention_heads % c.tp != 0 or m.num_kv_heads % c.tp != 0,
+         f"attention heads ({m.num_attention_heads}) and kv heads ({m.num_kv_heads}) "
+         f"must be divisible by tp ({c.tp})")
+    rule("executor_ffn_tp", m.ffn_hidden_size % c.tp != 0,
+         f"ffn_hidden_size ({m.ffn_hidden_size}) must be divisible by tp ({c.tp})")
+    rule("executor_ffn_tp", m.shared_expert_ffn_hidden_size % c.tp != 0,
+         f"moe_shared_expert_intermediate_size ({m.shared_expert_ffn_hidden_size}) must be "
+         f"divisible by tp ({c.tp})")
+    rule("executor_seq_tp_cp", seq_length % (c.tp * c.cp) != 0,
+         f"seq_length ({seq_length}) must be divisible by tp·cp ({c.tp}·{c.cp})")
+    if m.is_moe:
+        rule("executor_experts_ep", m.num_experts % c.ep != 0,
+             f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
+        rule("executor_experts_ep", m.expert_ffn_hidden_size % c.etp != 0,
+             f"expert ffn ({m.expert_ffn_hidden_size}) must be divisible by etp ({c.etp})")
+    else:
+        rule("executor_experts_ep", c.ep > 1 or c.etp > 1, f"ep={c.ep}, etp={c.etp} need a MoE model")
+    return found
+
+
+def executor_layout_error(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:
+    """One line naming the layout, the model and every executor rule the layout breaks."""
+    return f"layout {config.label()} for {model.name}: " + "; ".join(r.reason for r in rejections)
 
 
 def world_dense(world: int, tp: int, cp: int, pp: int) -> Rejection | None:
@@ -194,9 +296,9 @@ class Validator:
 
     def batch(self, dp: int, mbs: int, pp: int, vpp: int) -> Rejection | None:
         gbs = self.training.global_batch_size
-        if gbs % (mbs * dp):
-            return Rejection("gbs_mbs_dp", f"global_batch_size ({gbs}) is not divisible by "
-                                           f"micro_batch_size·dp = {mbs}·{dp} = {mbs * dp}")
+        rejection = batch_rule(gbs, mbs, dp)
+        if rejection is not None:
+            return rejection
         if vpp > 1 and (gbs // (mbs * dp)) % pp:
             return Rejection("vpp_microbatches", f"interleaved schedule (vpp {vpp}) needs the micro-batch count "
                                                  f"({gbs // (mbs * dp)}) to be a multiple of pp ({pp})")
@@ -247,6 +349,12 @@ class Validator:
             found.append(self.batch(c.dp, c.micro_batch_size, c.pp, c.vpp))
         found.append(self.knobs(c))
         return [r for r in found if r is not None]
+
+    # ---- what executor/ can run (a subset of the above) ----------------------------------------------
+    def executor(self, c: ParallelConfig) -> list[Rejection]:
+        """Every executor capability rule ``c`` breaks with this model and sequence length (empty: it runs)."""
+        model_rule = executor_model_rule(self.model)
+        return ([model_rule] if model_rule else []) + executor_layout_rules(self.model, c, self.training.seq_length)
 
 
 def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
