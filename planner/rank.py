@@ -170,10 +170,9 @@ def _scan(job: _Job, indices: range) -> _Scan:
     n_opt = len(job.distopts)
     model, training, cluster = job.model, job.training, job.cluster
     mem_fn, time_fn = job.memory_total_fn, job.time_fn
-    new_config = ParallelConfig.__new__
+    trusted = ParallelConfig.trusted
     # the knob fields of every (optimizer, recompute) pair, merged into a layout's fields per call
-    knobs = [[{"use_distributed_optimizer": d, "overlap_param_gather": d, "recompute_granularity": g,
-               "recompute_modules": mods} for g, mods in job.recompute] for d in job.distopts]
+    knobs = [[ConfigMaker.knobs(d, g, mods) for g, mods in job.recompute] for d in job.distopts]
     heads = out.heads
     memory_calls = time_calls = fitting = bound_calls = 0
     closest = out.closest
@@ -201,11 +200,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     nonlocal memory_calls, closest
                     ok = known[k * n_rec + r]
                     if ok is None:
-                        cfg = new_config(ParallelConfig)
-                        d = cfg.__dict__
-                        d.update(base)
-                        d.update(row[r])
-                        d["micro_batch_size"] = sizes[k]
+                        cfg = trusted(base, row[r], {"micro_batch_size": sizes[k]})
                         total = mem_fn(model, training, cluster, cfg)
                         memory_calls += 1
                         ok = known[k * n_rec + r] = total <= usable
@@ -267,11 +262,7 @@ def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
     docstring). 0 when the single-stage layout is not a valid config (its larger dp may not divide the
     global batch): then the group is not bounded and its candidates are all timed.
     """
-    cfg = ParallelConfig.__new__(ParallelConfig)
-    d = cfg.__dict__
-    d.update(base)
-    d.update(knob)
-    d.update(pp=1, vpp=1, micro_batch_size=mbs)
+    cfg = ParallelConfig.trusted(base, knob, {"pp": 1, "vpp": 1, "micro_batch_size": mbs})
     world = cfg.world_size
     if batch_rule(job.training.global_batch_size, mbs, world // (cfg.tp * cfg.cp)) is not None:
         return 0.0

@@ -41,7 +41,6 @@ alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never b
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from spec.errors import InvalidConfigError
@@ -366,9 +365,6 @@ def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     return Validator(model, training, cluster).check(config)
 
 
-_SIZE_TOKEN = re.compile(r"(?<![a-z])(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
-
-
 def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None = None,
                  validator: Validator | None = None) -> tuple[ParallelConfig | None, list[Rejection]]:
     """A layout string (``ParallelConfig.label`` form, any subset, e.g. "tp2 pp4 ep8 mbs1") for ``world_size`` GPUs.
@@ -378,12 +374,10 @@ def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None 
     cannot be read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
     follows ``distributed_optimizer`` (None: on).
     """
-    sizes = {name: int(value) for name, value in _SIZE_TOKEN.findall(text.lower())}
+    sizes, fields = ParallelConfig.read_label(text)  # raises for a token it cannot read
     try:
         config = ParallelConfig.parse(text, world_size=world_size)
-    except InvalidConfigError as exc:
-        if str(exc).startswith("cannot parse"):
-            raise
+    except InvalidConfigError:
         tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
         ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
         found = []
@@ -396,7 +390,7 @@ def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None 
             found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp), validator.pp(pp, vpp),
                                   validator.ep(ep), validator.etp(etp)) if r is not None]
         return None, found
-    if "distopt" not in text.lower():
+    if "use_distributed_optimizer" not in fields:
         distopt = True if distributed_optimizer is None else distributed_optimizer
         config = config.replace(use_distributed_optimizer=distopt, overlap_param_gather=distopt)
     return config, []
