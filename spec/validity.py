@@ -109,9 +109,30 @@ def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | 
     when they are unequal Megatron-LM gets the cut as ``--pipeline-model-parallel-layout``. MTP layers are
     not part of ``num_layers`` (they follow the decoder on the last rank).
     """
-    if pp < 1 or vpp < 1 or num_layers < pp * vpp:
+    if pp < 1 or vpp < 1 or fewer_layers_than_chunks(num_layers, pp, vpp):
         return None
     return tuple(sum(len(chunk) for chunk in rank) for rank in layer_chunks(num_layers, pp, vpp))
+
+
+# Conditions Megatron's rules and the executor's share (each rule set words its own reason).
+def interleaving_without_pipeline(pp: int, vpp: int) -> bool:
+    """Virtual stages (vpp > 1) without a pipeline (pp == 1)."""
+    return vpp > 1 and pp == 1
+
+
+def fewer_layers_than_chunks(num_layers: int, pp: int, vpp: int) -> bool:
+    """Fewer decoder layers than pp·vpp pipeline chunks."""
+    return num_layers < pp * vpp
+
+
+def experts_do_not_split(model: ModelSpec, ep: int) -> bool:
+    """The experts do not split evenly over ``ep`` ranks (ep > 1 without experts included)."""
+    return model.num_experts % ep != 0 if model.is_moe else ep > 1
+
+
+def expert_ffn_does_not_split(model: ModelSpec, etp: int) -> bool:
+    """An expert's FFN does not split evenly over ``etp`` ranks (etp > 1 without experts included)."""
+    return model.expert_ffn_hidden_size % etp != 0 if model.is_moe else etp > 1
 
 
 def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Rejection | None:
@@ -167,9 +188,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          "tp > 1 needs sequence_parallel (as Megatron requires for MoE)")
     rule("executor_seq_cp", seq_length % (2 * c.cp) != 0,
          f"seq_length ({seq_length}) must be divisible by 2·cp ({2 * c.cp})")
-    rule("executor_layers_pp", m.num_layers < c.pp * c.vpp,
+    rule("executor_layers_pp", fewer_layers_than_chunks(m.num_layers, c.pp, c.vpp),
          f"num_layers ({m.num_layers}) must be at least pp·vpp ({c.pp}·{c.vpp})")
-    rule("executor_vpp_pp", c.vpp > 1 and c.pp == 1, f"vpp={c.vpp} needs pp > 1")
+    rule("executor_vpp_pp", interleaving_without_pipeline(c.pp, c.vpp), f"vpp={c.vpp} needs pp > 1")
     rule("executor_untied_pp", c.pp > 1 and not m.untie_embeddings_and_output_weights,
          "pp > 1 needs untied embedding and output weights")
     rule("executor_heads_tp", m.num_attention_heads % c.tp != 0 or m.num_kv_heads % c.tp != 0,
@@ -182,13 +203,13 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          f"divisible by tp ({c.tp})")
     rule("executor_seq_tp_cp", seq_length % (c.tp * c.cp) != 0,
          f"seq_length ({seq_length}) must be divisible by tp·cp ({c.tp}·{c.cp})")
+    ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
     if m.is_moe:
-        rule("executor_experts_ep", m.num_experts % c.ep != 0,
-             f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
-        rule("executor_experts_ep", m.expert_ffn_hidden_size % c.etp != 0,
+        rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
+        rule("executor_experts_ep", etp_broken,
              f"expert ffn ({m.expert_ffn_hidden_size}) must be divisible by etp ({c.etp})")
     else:
-        rule("executor_experts_ep", c.ep > 1 or c.etp > 1, f"ep={c.ep}, etp={c.etp} need a MoE model")
+        rule("executor_experts_ep", ep_broken or etp_broken, f"ep={c.ep}, etp={c.etp} need a MoE model")
     return found
 
 
@@ -269,7 +290,7 @@ class Validator:
         return self._split_cache[key]
 
     def pp(self, pp: int, vpp: int) -> Rejection | None:
-        if vpp > 1 and pp == 1:
+        if interleaving_without_pipeline(pp, vpp):
             return Rejection("vpp_needs_pp", f"vpp {vpp} (interleaving) needs pp > 1, got pp 1")
         if self.split(pp, vpp) is None:
             return Rejection("layers_pp", f"num_layers ({self.model.num_layers}) is smaller than pp·vpp = "
@@ -277,21 +298,21 @@ class Validator:
         return None
 
     def ep(self, ep: int) -> Rejection | None:
-        experts = self.model.num_experts
-        if ep > 1 and experts is None:
-            return Rejection("experts_ep", f"ep {ep} needs a MoE model; {self.model.name} has no experts")
-        if experts is not None and experts % ep:
-            return Rejection("experts_ep", f"num_experts ({experts}) is not divisible by ep ({ep})")
-        return None
+        m = self.model
+        if not experts_do_not_split(m, ep):
+            return None
+        if not m.is_moe:
+            return Rejection("experts_ep", f"ep {ep} needs a MoE model; {m.name} has no experts")
+        return Rejection("experts_ep", f"num_experts ({m.num_experts}) is not divisible by ep ({ep})")
 
     def etp(self, etp: int) -> Rejection | None:
         m = self.model
-        if etp > 1 and not m.is_moe:
+        if not expert_ffn_does_not_split(m, etp):
+            return None
+        if not m.is_moe:
             return Rejection("expert_ffn_etp", f"etp {etp} needs a MoE model; {m.name} has no experts")
-        if m.is_moe and m.expert_ffn_hidden_size % etp:
-            return Rejection("expert_ffn_etp", f"expert FFN size ({m.expert_ffn_hidden_size}) is not divisible "
-                                               f"by etp ({etp})")
-        return None
+        return Rejection("expert_ffn_etp", f"expert FFN size ({m.expert_ffn_hidden_size}) is not divisible "
+                                           f"by etp ({etp})")
 
     def batch(self, dp: int, mbs: int, pp: int, vpp: int) -> Rejection | None:
         gbs = self.training.global_batch_size
