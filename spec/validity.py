@@ -74,7 +74,7 @@ RULES: dict[str, str] = {
     "distopt_choice": "the distributed optimizer setting matches the training spec",
 }
 
-# rule id -> what executor/ needs beyond Megatron's rules (its reasons name the executor's own limits)
+# rule id -> what executor/ can run: a subset of Megatron's layouts (the reasons name the executor's limits)
 EXECUTOR_RULES: dict[str, str] = {
     "executor_model": "RMSNorm, RoPE, SwiGLU, no biases, no qk_layernorm, no dropout, no MLA, no MTP",
     "executor_sp": "tp > 1 needs sequence parallelism",
