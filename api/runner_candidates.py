@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.errors import FoldtuneError
 from costmodel.estimate import Estimate
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
+from spec.validity import executor_layout_rules
 from planner.search import Candidate
 
 CANDIDATES_PER_TRIAL = 4
@@ -45,14 +45,8 @@ class CandidateSet:
 
 
 def _executor_rejects(model: ModelSpec, training: TrainingSpec, estimate: Estimate) -> str | None:
-    from executor.parallel.tensor_parallel import check_layout
-
-    try:
-        check_layout(model, estimate.config, training.seq_length)
-    except FoldtuneError as exc:
-        text = str(exc)
-        return text.split(": ", 1)[1] if ": " in text else text
-    return None
+    rejections = executor_layout_rules(model, estimate.config, training.seq_length)
+    return "; ".join(r.reason for r in rejections) if rejections else None
 
 
 def predicted_dict(estimate: Estimate) -> dict[str, Any]:

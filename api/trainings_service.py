@@ -24,7 +24,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from db.models import Owner, Training, TrainingMetric, Trial, utcnow
-from planner.validity import check_config
+from spec.validity import batch_rule, check_config
 
 RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
 
@@ -45,10 +45,10 @@ def _training_spec(base: dict[str, Any], request: TrainingCreate) -> TrainingSpe
 
 
 def _check_batch(training: TrainingSpec, config: ParallelConfig) -> None:
-    if training.global_batch_size % (config.dp * config.micro_batch_size):
+    rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
+    if rejection is not None:
         raise rule_violation("body.global_batch_size", "batch_divides",
-                             f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
-                             f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
+                             f"{rejection.reason} (layout {config.label()})")
 
 
 def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

@@ -2,8 +2,7 @@
 search-regret benchmarks (``bench/costmodel_accuracy.py``, ``bench/search_regret.py``).
 
 The space is the planner's enumeration (``planner.enumerate``) under a benchmark ``SearchSpace``, minus
-what the executor cannot run today (``executor.options.check_model_supported``,
-``executor.parallel.tensor_parallel.check_layout``). Each layout is measured by
+what the executor cannot run today (the executor rules of ``spec.validity``). Each layout is measured by
 ``executor.profile.profile_layout`` on the local devices (GPUs with NCCL, else CPU ranks with gloo).
 """
 
@@ -17,11 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from spec.errors import FoldtuneError
+from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
+from spec.validity import Validator, executor_model_rule
+from planner.enumerate import enumerate_layouts
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -30,19 +31,12 @@ RESULTS = ROOT / "bench" / "results"
 
 def executable_space(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space) -> list[ParallelConfig]:
     """Every valid layout of the enumeration that the executor can build, in enumeration order."""
-    from executor.options import check_model_supported
-    from executor.parallel.tensor_parallel import check_layout
-    from planner.enumerate import enumerate_layouts
-
-    check_model_supported(model)
-    out = []
-    for config in enumerate_layouts(model, training, cluster, space).configs():
-        try:
-            check_layout(model, config, training.seq_length)
-        except FoldtuneError:
-            continue
-        out.append(config)
-    return out
+    validator = Validator(model, training, cluster)
+    model_rule = executor_model_rule(model)
+    if model_rule is not None:
+        raise SpecError(model_rule.reason)
+    return [config for config in enumerate_layouts(model, training, cluster, space).configs()
+            if not validator.executor(config)]
 
 
 # The layout dimensions a subset must spread over (ParallelConfig fields; recompute and dispatcher are

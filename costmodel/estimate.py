@@ -8,6 +8,7 @@ term is the largest).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from costmodel.comm import span_text
 from costmodel.dispatch import dispatcher_pricing
@@ -34,6 +35,31 @@ class Estimate:
     memory_headroom_bytes: float
     limiter: str  # 'memory' when it does not fit or has < 5 % headroom, else time.bottleneck
     explanation: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``foldtune plan --json`` and POST /v1/plans): seconds, tokens/s/GPU, TFLOP/s per
+        GPU, bytes; ``time_terms_s`` / ``time_hidden_s`` are the exposed / overlapped seconds per term."""
+        mem = self.memory
+        t = self.time
+        return {
+            "layout": self.config.label(),
+            "config": self.config.to_dict(),
+            "step_time_s": t.step_time,
+            "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+            "tflops_per_gpu": t.tflops_per_gpu,
+            "mfu": t.mfu,
+            "fits": self.fits,
+            "memory_headroom_bytes": self.memory_headroom_bytes,
+            "limiter": self.limiter,
+            "explanation": self.explanation,
+            "bottleneck": t.bottleneck,
+            "time_terms_s": dict(t.terms),
+            "time_hidden_s": dict(t.hidden),
+            "memory_bytes": {"total": mem.total, "stage": mem.stage, "weights": mem.weights, "grads": mem.grads,
+                             "optimizer": mem.optimizer, "activations": mem.activations, "logits": mem.logits,
+                             "comm_buffers": mem.comm_buffers, "allocator_overhead": mem.allocator_overhead,
+                             "details": dict(mem.details)},
+        }
 
 
 def largest_memory_term(memory: MemoryBreakdown) -> tuple[str, float]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from spec.validity import batch_rule
+
 
 def global_batch(vocab_size: int, seq_length: int, global_batch_size: int, seed: int, step: int) -> torch.Tensor:
     """Token ids [global_batch_size, seq_length + 1] (inputs are [:, :-1], labels [:, 1:]), CPU int64."""
@@ -18,9 +20,9 @@ def micro_batches(batch: torch.Tensor, dp_size: int, dp_rank: int, micro_batch_s
     Raises ValueError when the batch does not split evenly: a rank left without micro-batches would
     train on nothing and report a loss of zero.
     """
-    if batch.shape[0] % (dp_size * micro_batch_size):
-        raise ValueError(f"global batch of {batch.shape[0]} sequences does not split into dp {dp_size} x "
-                         f"micro-batch {micro_batch_size}")
+    rejection = batch_rule(batch.shape[0], micro_batch_size, dp_size)
+    if rejection is not None:
+        raise ValueError(rejection.reason)
     per_rank = batch.shape[0] // dp_size
     mine = batch[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device)
     return [(mine[i:i + micro_batch_size, :-1], mine[i:i + micro_batch_size, 1:])

@@ -8,6 +8,7 @@ from typing import Any
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
+from spec.validity import executor_model_rule
 
 DROP_POLICIES = ("probs", "position")
 
@@ -54,22 +55,6 @@ class ExecutorOptions:
 
 def check_model_supported(model: ModelSpec) -> None:
     """Raise SpecError for architecture features this executor does not build (yet)."""
-    unsupported = []
-    if model.multi_latent_attention:
-        unsupported.append("multi_latent_attention")
-    if model.mtp_num_layers:
-        unsupported.append("mtp_num_layers")
-    if model.normalization != "rmsnorm":
-        unsupported.append(f"normalization={model.normalization}")
-    if model.position_embedding_type != "rope":
-        unsupported.append(f"position_embedding_type={model.position_embedding_type}")
-    if not model.swiglu:
-        unsupported.append("swiglu=False")
-    if model.add_bias_linear or model.add_qkv_bias:
-        unsupported.append("linear biases")
-    if model.qk_layernorm:
-        unsupported.append("qk_layernorm")
-    if model.hidden_dropout or model.attention_dropout:
-        unsupported.append("dropout")
-    if unsupported:
-        raise SpecError(f"model {model.name!r}: the executor does not support {', '.join(unsupported)}")
+    rejection = executor_model_rule(model)
+    if rejection is not None:
+        raise SpecError(rejection.reason)

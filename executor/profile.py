@@ -20,6 +20,7 @@ from spec.flops import flops_per_step, mfu, tflops_per_gpu
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
+from spec.validity import batch_rule
 from executor import progress
 from executor.data import global_batch, micro_batches
 from executor.measurement import Measurement
@@ -175,9 +176,9 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         check_model_supported(model)
         check_layout(model, config, training.seq_length)
         options_for_precision(options, training.precision)  # a backend without an fp8 variant fails here
-        if training.global_batch_size % (config.micro_batch_size * config.dp):
-            raise FoldtuneError(f"global_batch_size ({training.global_batch_size}) must be divisible by "
-                                f"micro_batch_size·dp ({config.micro_batch_size}·{config.dp})")
+        rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
+        if rejection is not None:
+            raise FoldtuneError(rejection.reason)
     except FoldtuneError as exc:
         return Measurement.failed(str(exc), **context)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available()

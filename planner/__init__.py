@@ -13,7 +13,7 @@ import stays free of Optuna.
 from planner.enumerate import Enumeration, Layout, SearchSpace, enumerate_layouts
 from planner.megatron_args import format_megatron_args, megatron_args, pipeline_layout
 from planner.rank import LayoutVerdict, NoValidLayoutError, PlanResult, explain_layout, pareto_front, plan
-from planner.validity import RULES, Rejection, Validator, check_config, parse_layout, pipeline_split
+from spec.validity import RULES, Rejection, Validator, check_config, parse_layout, pipeline_split
 
 __all__ = [
     "Enumeration", "Layout", "SearchSpace", "enumerate_layouts",

@@ -39,7 +39,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from planner.validity import Rejection, Validator
+from spec.validity import Rejection, Validator
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -147,14 +147,11 @@ class Enumeration:
 
 
 class ConfigMaker:
-    """Builds ParallelConfig objects for layouts the Validator already accepted, without re-validating.
-
-    ParallelConfig's constructor re-checks every field (a few microseconds); the planner builds hundreds of
-    thousands of configs whose validity it has just established, so it fills a copy of a template's fields.
-    """
+    """Builds ParallelConfig objects for layouts the Validator already accepted, without re-validating
+    (:meth:`ParallelConfig.trusted`: the planner builds hundreds of thousands of them)."""
 
     def __init__(self, world_size: int) -> None:
-        self._template = dict(ParallelConfig(world_size=world_size).__dict__)
+        self._template = ParallelConfig(world_size=world_size).field_values()
 
     def base(self, lay: Layout, dispatcher: str) -> dict:
         """The fields every config of ``lay`` with ``dispatcher`` shares (pass to :meth:`from_base`)."""
@@ -164,15 +161,15 @@ class ConfigMaker:
         return d
 
     @staticmethod
-    def from_base(base: dict, mbs: int, distopt: bool, granularity: str, modules: tuple[str, ...]) -> ParallelConfig:
-        cfg = object.__new__(ParallelConfig)
-        d = dict(base)
-        d["micro_batch_size"] = mbs
-        d["use_distributed_optimizer"] = d["overlap_param_gather"] = distopt
-        d["recompute_granularity"] = granularity
-        d["recompute_modules"] = modules
-        object.__setattr__(cfg, "__dict__", d)
-        return cfg
+    def knobs(distopt: bool, granularity: str, modules: tuple[str, ...]) -> dict:
+        """The optimizer and recompute fields (merged over a :meth:`base` by ``ParallelConfig.trusted``)."""
+        return {"use_distributed_optimizer": distopt, "overlap_param_gather": distopt,
+                "recompute_granularity": granularity, "recompute_modules": modules}
+
+    @classmethod
+    def from_base(cls, base: dict, mbs: int, distopt: bool, granularity: str,
+                  modules: tuple[str, ...]) -> ParallelConfig:
+        return ParallelConfig.trusted(base, cls.knobs(distopt, granularity, modules), {"micro_batch_size": mbs})
 
     def make(self, lay: Layout, mbs: int, dispatcher: str, distopt: bool, granularity: str,
              modules: tuple[str, ...]) -> ParallelConfig:

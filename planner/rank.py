@@ -38,31 +38,30 @@ from __future__ import annotations
 
 import gc
 import heapq
+import multiprocessing
 import os
 import threading
 import time as _time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
-from costmodel.estimate import Estimate, combine
+from costmodel.estimate import Estimate, combine, step_time
+from costmodel.memory import MemoryBreakdown, estimate_memory, peak_memory_bytes
+from costmodel.step_time import StepTimeBreakdown
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError
+from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
 from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts
-from planner.validity import Rejection, Validator, check_config, parse_layout
 
-if TYPE_CHECKING:
-    from costmodel.memory import MemoryBreakdown
-    from costmodel.step_time import StepTimeBreakdown
-
-MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], "MemoryBreakdown"]
+MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
 # Terms paid once per step or only because of pipelining; the rest is the steady state of the micro-batches.
 PER_STEP_TERMS = frozenset({"dp_grad", "edp_grad", "param_gather", "optimizer", "pp_p2p", "pp_bubble"})
-TimeFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], "StepTimeBreakdown"]
+TimeFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], StepTimeBreakdown]
 
 PARALLEL_THRESHOLD = 20_000  # valid configs above which the scan is split over processes
 
@@ -72,21 +71,15 @@ class NoValidLayoutError(InvalidConfigError):
 
 
 def default_memory_fn() -> MemoryFn:
-    from costmodel.memory import estimate_memory
-
     return estimate_memory
 
 
 def default_memory_total_fn() -> MemoryTotalFn:
-    from costmodel.memory import peak_memory_bytes
-
     return peak_memory_bytes
 
 
 def default_time_fn() -> TimeFn:
-    from costmodel.estimate import step_time  # estimate_step_time with the profile's component factors
-
-    return step_time
+    return step_time  # estimate_step_time with the profile's component factors
 
 
 @dataclass
@@ -120,6 +113,18 @@ class PlanResult:
         return self.ranked[0] if self.ranked else None
 
 
+class Choice(NamedTuple):
+    """One config of a :class:`_Job` by reference: the index of its layout, its micro-batch size and
+    dispatcher, and the indices of its optimizer and recompute options (ParallelConfig objects are built
+    only for the few configs that are priced or reported)."""
+
+    idx: int
+    mbs: int
+    dispatcher: str
+    o: int
+    r: int
+
+
 @dataclass(frozen=True)
 class _Job:
     model: ModelSpec
@@ -134,9 +139,10 @@ class _Job:
     exhaustive: bool
     top: int = 10
 
-    def config(self, maker: ConfigMaker, idx: int, mbs: int, dispatcher: str, o: int, r: int) -> ParallelConfig:
-        granularity, modules = self.recompute[r]
-        return maker.make(self.layouts[idx], mbs, dispatcher, self.distopts[o], granularity, modules)
+    def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
+        granularity, modules = self.recompute[choice.r]
+        return maker.make(self.layouts[choice.idx], choice.mbs, choice.dispatcher, self.distopts[choice.o],
+                          granularity, modules)
 
     def config_from(self, base: dict, mbs: int, o: int, r: int) -> ParallelConfig:
         granularity, modules = self.recompute[r]
@@ -147,8 +153,8 @@ class _Job:
 class _Scan:
     """What one process learned about a slice of the layouts."""
 
-    # default mode: the slice's top N as (step_time, idx, mbs, dispatcher, o, r);
-    # exhaustive mode: every fitting config as (step_time, idx, mbs, dispatcher, o, r, memory total).
+    # default mode: the slice's top N as (step_time, Choice);
+    # exhaustive mode: every fitting config as (step_time, Choice, memory total).
     heads: list[tuple] = field(default_factory=list)
     fitting: int = 0
     memory_calls: int = 0
@@ -156,7 +162,7 @@ class _Scan:
     bound_calls: int = 0
     order_violations: int = 0
     bound_violations: int = 0
-    closest: tuple[float, int, int, str, int, int] | None = None  # (memory total, idx, mbs, dispatcher, o, r)
+    closest: tuple[float, Choice] | None = None  # (memory total, the config)
 
 
 _JOB: _Job | None = None  # set before forking workers, so they inherit it instead of unpickling it
@@ -170,10 +176,9 @@ def _scan(job: _Job, indices: range) -> _Scan:
     n_opt = len(job.distopts)
     model, training, cluster = job.model, job.training, job.cluster
     mem_fn, time_fn = job.memory_total_fn, job.time_fn
-    new_config = ParallelConfig.__new__
+    trusted = ParallelConfig.trusted
     # the knob fields of every (optimizer, recompute) pair, merged into a layout's fields per call
-    knobs = [[{"use_distributed_optimizer": d, "overlap_param_gather": d, "recompute_granularity": g,
-               "recompute_modules": mods} for g, mods in job.recompute] for d in job.distopts]
+    knobs = [[ConfigMaker.knobs(d, g, mods) for g, mods in job.recompute] for d in job.distopts]
     heads = out.heads
     memory_calls = time_calls = fitting = bound_calls = 0
     closest = out.closest
@@ -201,16 +206,12 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     nonlocal memory_calls, closest
                     ok = known[k * n_rec + r]
                     if ok is None:
-                        cfg = new_config(ParallelConfig)
-                        d = cfg.__dict__
-                        d.update(base)
-                        d.update(row[r])
-                        d["micro_batch_size"] = sizes[k]
+                        cfg = trusted(base, row[r], {"micro_batch_size": sizes[k]})
                         total = mem_fn(model, training, cluster, cfg)
                         memory_calls += 1
                         ok = known[k * n_rec + r] = total <= usable
                         if closest is None or total < closest[0]:
-                            closest = (total, idx, sizes[k], dispatcher, o, r)
+                            closest = (total, Choice(idx, sizes[k], dispatcher, o, r))
                     return ok
 
                 guess = guesses[o] if guesses[o] is not None else earlier.get(shape + (o,))
@@ -240,7 +241,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             total = mem_fn(model, training, cluster, cfg)
                             time_calls += 1
                             memory_calls += 1
-                            heads.append((t, idx, mbs, dispatcher, o, r, total))
+                            heads.append((t, Choice(idx, mbs, dispatcher, o, r), total))
                     continue
                 r0 = per_option[0]
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
@@ -250,7 +251,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 if lb is None:
                     lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
                     bound_calls += 1
-                heads.append((lb, idx, mbs, dispatcher, 0, r0, per_option))
+                heads.append((lb, Choice(idx, mbs, dispatcher, 0, r0), per_option))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
     if not job.exhaustive:
@@ -267,13 +268,9 @@ def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
     docstring). 0 when the single-stage layout is not a valid config (its larger dp may not divide the
     global batch): then the group is not bounded and its candidates are all timed.
     """
-    cfg = ParallelConfig.__new__(ParallelConfig)
-    d = cfg.__dict__
-    d.update(base)
-    d.update(knob)
-    d.update(pp=1, vpp=1, micro_batch_size=mbs)
+    cfg = ParallelConfig.trusted(base, knob, {"pp": 1, "vpp": 1, "micro_batch_size": mbs})
     world = cfg.world_size
-    if job.training.global_batch_size % (mbs * (world // (cfg.tp * cfg.cp))):
+    if batch_rule(job.training.global_batch_size, mbs, world // (cfg.tp * cfg.cp)) is not None:
         return 0.0
     try:
         t = job.time_fn(job.model, job.training, job.cluster, cfg)
@@ -337,8 +334,6 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
     n = len(job.layouts)
     if workers <= 1 or n < 2:
         return _scan(job, range(n))
-    import multiprocessing
-
     # Slices are runs of whole (tp, cp) blocks: the layouts of a block share the cost models' cached
     # parts and the steady-state bounds, so no two processes compute the same ones; about three slices
     # per worker even out the unequal blocks.
@@ -441,21 +436,21 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                         bound_violations=scan.bound_violations, exhaustive=exhaustive,
                         enumerate_seconds=t1 - t0, workers=n_workers)
 
-    def estimate_of(idx: int, mbs: int, dispatcher: str, o: int, r: int) -> Estimate:
-        cfg = job.config(maker, idx, mbs, dispatcher, o, r)
+    def estimate_of(choice: Choice) -> Estimate:
+        cfg = job.config(maker, choice)
         return combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
                        time_fn(model, training, cluster, cfg))
 
     if exhaustive:
-        heads = sorted(scan.heads, key=lambda h: (h[0], h[6]))
-        result.ranked = [estimate_of(*h[1:6]) for h in heads[:top]]
-        front = pareto_front([(h[0], h[6], h) for h in heads])
-        result.pareto = [estimate_of(*h[1:6]) for h in front]
-    else:  # the slices' top Ns, (time, idx, mbs, dispatcher, o, r)
+        heads = sorted(scan.heads, key=lambda h: (h[0], h[2]))
+        result.ranked = [estimate_of(h[1]) for h in heads[:top]]
+        front = pareto_front([(h[0], h[2], h) for h in heads])
+        result.pareto = [estimate_of(h[1]) for h in front]
+    else:  # the slices' top Ns, (time, Choice)
         best = sorted(scan.heads, key=lambda p: p[0])[:top]
-        result.ranked = [estimate_of(*p[1:]) for p in best]
+        result.ranked = [estimate_of(p[1]) for p in best]
     if not result.ranked and scan.closest is not None:
-        result.closest = estimate_of(*scan.closest[1:])
+        result.closest = estimate_of(scan.closest[1])
     result.rank_seconds = _time.perf_counter() - t1
     return result
 
@@ -463,38 +458,39 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
 def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan) -> list[tuple]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
-    Heads are (bound, idx, mbs, dispatcher, o, r, r_mins). Returns (time, idx, mbs, dispatcher, o, r),
-    fastest first; counts time calls and breaches of the monotone properties in ``out``.
+    Heads are (bound, Choice, r_mins). Returns (time, Choice), fastest first; counts time calls and
+    breaches of the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
-    # (key, tiebreak, timed, idx, mbs, dispatcher, o, r, r_mins, is_family_head); key = bound or time
-    heap = [(h[0], i, False, h[1], h[2], h[3], h[4], h[5], h[6], True) for i, h in enumerate(heads)]
+    # (key, tiebreak, timed, Choice, r_mins, is_family_head); key = bound or time
+    heap = [(h[0], i, False, h[1], h[2], True) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
     picked: list[tuple] = []
     last = float("-inf")
     while heap and len(picked) < top:
-        key, _, timed, idx, mbs, dispatcher, o, r, r_mins, head = heapq.heappop(heap)
+        key, _, timed, choice, r_mins, head = heapq.heappop(heap)
         if not timed:
-            cfg = job.config(maker, idx, mbs, dispatcher, o, r)
+            cfg = job.config(maker, choice)
             t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
             out.time_calls += 1
             if t < key * (1 - 1e-9):
                 out.bound_violations += 1
             counter += 1
-            heapq.heappush(heap, (t, counter, True, idx, mbs, dispatcher, o, r, r_mins, head))
+            heapq.heappush(heap, (t, counter, True, choice, r_mins, head))
             continue
         if key < last:
             out.order_violations += 1
         last = max(last, key)
-        picked.append((key, idx, mbs, dispatcher, o, r))
+        picked.append((key, choice))
         # slower siblings: bounded by this config's time until they are popped
+        o, r = choice.o, choice.r
         siblings = [(o, r + 1)] if r + 1 < n_rec else []
         if head:
             siblings += [(o2, r_mins[o2]) for o2 in range(o + 1, len(r_mins)) if r_mins[o2] is not None]
         for o2, r2 in siblings:
             counter += 1
-            heapq.heappush(heap, (key, counter, False, idx, mbs, dispatcher, o2, r2, r_mins, False))
+            heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False))
     picked.sort(key=lambda p: p[0])
     return picked
 

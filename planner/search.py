@@ -33,7 +33,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.samplers._base import _process_constraints_after_trial  # the hook Optuna's own samplers use
 from optuna.trial import FrozenTrial, TrialState
 
-from spec.parallel_config import ParallelConfig
+from spec.parallel_config import OPTUNA_PARAMS, ParallelConfig
 from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
 
 # Trial user attributes written by the driver and read back by the sampler.
@@ -53,20 +53,7 @@ ATTR_EXPERT_LOAD = "expert_load"  # the measured share of routed tokens per expe
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
 
-PARAM_NAMES = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt")
-
-
-def config_params(config: ParallelConfig) -> dict[str, Any]:
-    """The Optuna parameters of a layout: one categorical per dimension and knob."""
-    if config.recompute_granularity == "selective":
-        recompute = "selective:" + "+".join(config.recompute_modules)
-    elif config.recompute_granularity == "full":
-        recompute = f"full:{config.recompute_num_layers}"
-    else:
-        recompute = "none"
-    return {"tp": config.tp, "cp": config.cp, "pp": config.pp, "vpp": config.vpp, "ep": config.ep,
-            "etp": config.etp, "mbs": config.micro_batch_size, "recompute": recompute,
-            "dispatcher": config.moe_token_dispatcher_type, "distopt": config.use_distributed_optimizer}
+PARAM_NAMES = OPTUNA_PARAMS
 
 
 def _key(params: dict[str, Any]) -> tuple:
@@ -84,7 +71,7 @@ class Candidate:
 
     @property
     def params(self) -> dict[str, Any]:
-        return config_params(self.config)
+        return self.config.to_optuna_params()
 
 
 class MeasurementLike(Protocol):

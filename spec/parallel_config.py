@@ -13,6 +13,21 @@ from spec.errors import InvalidConfigError, SpecError
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT_SELECTIVE_MODULES = ("core_attn",)
+OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt")
+
+_TOKEN_SEPARATOR = re.compile(r"[\s,]+")
+_SIZE_TOKEN = re.compile(r"(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
+
+
+def _recompute_fields(text: str) -> dict[str, Any]:
+    """The recompute fields of :meth:`ParallelConfig.recompute_text` output ('full:0' reads as 'full')."""
+    granularity, _, rest = text.partition(":")
+    fields_: dict[str, Any] = {"recompute_granularity": granularity}
+    if granularity == "selective" and rest:
+        fields_["recompute_modules"] = tuple(rest.split("+"))
+    elif granularity == "full" and rest:
+        fields_["recompute_num_layers"] = int(rest)
+    return fields_
 
 
 @dataclass(frozen=True)
@@ -88,19 +103,53 @@ class ParallelConfig:
         return global_batch_size // (self.micro_batch_size * self.dp)
 
     # ---- text form: "tp2 cp1 pp4 vpp2 ep8 etp1 mbs1 recompute=selective:core_attn+moe_act dispatcher=alltoall"
+    def recompute_text(self) -> str:
+        """The recomputation as one word: 'none', 'selective:core_attn+moe_act', 'full' or 'full:<layers>'."""
+        if self.recompute_granularity == "selective":
+            return "selective:" + "+".join(self.recompute_modules)
+        if self.recompute_granularity == "full":
+            return "full" + (f":{self.recompute_num_layers}" if self.recompute_num_layers else "")
+        return "none"
+
     def label(self) -> str:
         """A compact, parseable one-line description of the layout and its knobs."""
         parts = [f"tp{self.tp}", f"cp{self.cp}", f"pp{self.pp}", f"vpp{self.vpp}", f"ep{self.ep}", f"etp{self.etp}",
                  f"dp{self.dp}", f"edp{self.edp}", f"mbs{self.micro_batch_size}"]
-        if self.recompute_granularity == "selective":
-            parts.append("recompute=selective:" + "+".join(self.recompute_modules))
-        elif self.recompute_granularity == "full":
-            parts.append("recompute=full" + (f":{self.recompute_num_layers}" if self.recompute_num_layers else ""))
+        if self.recompute_granularity != "none":
+            parts.append("recompute=" + self.recompute_text())
         if self.moe_token_dispatcher_type != "alltoall":
             parts.append(f"dispatcher={self.moe_token_dispatcher_type}")
         if not self.use_distributed_optimizer:
             parts.append("distopt=off")
         return " ".join(parts)
+
+    @staticmethod
+    def read_label(text: str) -> tuple[dict[str, int], dict[str, Any]]:
+        """The tokens of a :meth:`label` (or any subset, separated by spaces or commas), unchecked.
+
+        Returns (sizes by token name: tp, cp, pp, vpp, ep, etp, dp, edp, mbs; the other fields by field
+        name). Raises InvalidConfigError "cannot parse ..." for a token that is neither.
+        """
+        sizes: dict[str, int] = {}
+        kwargs: dict[str, Any] = {}
+        for token in _TOKEN_SEPARATOR.split(text.strip()):
+            if not token:
+                continue
+            m = _SIZE_TOKEN.fullmatch(token.lower())
+            if m:
+                sizes[m.group(1)] = int(m.group(2))
+                continue
+            key, _, value = token.partition("=")
+            key = key.lower()
+            if key == "recompute":
+                kwargs.update(_recompute_fields(value))
+            elif key == "dispatcher":
+                kwargs["moe_token_dispatcher_type"] = value
+            elif key == "distopt":
+                kwargs["use_distributed_optimizer"] = value.lower() in ("on", "1", "true", "yes")
+            else:
+                raise InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}")
+        return sizes, kwargs
 
     @classmethod
     def parse(cls, text: str, world_size: int | None = None) -> ParallelConfig:
@@ -109,30 +158,7 @@ class ParallelConfig:
         ``dp``/``edp`` tokens are checked against ``world_size`` when given; when ``world_size`` is None
         it is derived from ``dp``.
         """
-        sizes: dict[str, int] = {}
-        kwargs: dict[str, Any] = {}
-        for token in re.split(r"[\s,]+", text.strip()):
-            if not token:
-                continue
-            m = re.fullmatch(r"(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)", token.lower())
-            if m:
-                sizes[m.group(1)] = int(m.group(2))
-                continue
-            key, _, value = token.partition("=")
-            key = key.lower()
-            if key == "recompute":
-                gran, _, rest = value.partition(":")
-                kwargs["recompute_granularity"] = gran
-                if gran == "selective" and rest:
-                    kwargs["recompute_modules"] = tuple(rest.split("+"))
-                elif gran == "full" and rest:
-                    kwargs["recompute_num_layers"] = int(rest)
-            elif key == "dispatcher":
-                kwargs["moe_token_dispatcher_type"] = value
-            elif key == "distopt":
-                kwargs["use_distributed_optimizer"] = value.lower() in ("on", "1", "true", "yes")
-            else:
-                raise InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}")
+        sizes, kwargs = cls.read_label(text)
         tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
         if world_size is None:
             if "dp" in sizes:
@@ -145,6 +171,43 @@ class ParallelConfig:
             if name in sizes and sizes[name] != getattr(cfg, name):
                 raise InvalidConfigError(f"layout {text!r}: {name}={sizes[name]} contradicts world size "
                                          f"{world_size} (derived {name}={getattr(cfg, name)})")
+        return cfg
+
+    # ---- Optuna form: one categorical parameter per dimension and knob ------------------------------
+    def to_optuna_params(self) -> dict[str, Any]:
+        """The Optuna parameters of this layout (names in :data:`OPTUNA_PARAMS`; recompute as :meth:`recompute_text`)."""
+        return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "ep": self.ep, "etp": self.etp,
+                "mbs": self.micro_batch_size, "recompute": self.recompute_text(),
+                "dispatcher": self.moe_token_dispatcher_type, "distopt": self.use_distributed_optimizer}
+
+    @classmethod
+    def from_optuna_params(cls, params: dict[str, Any], world_size: int) -> ParallelConfig:
+        """The layout of :meth:`to_optuna_params` output for ``world_size`` GPUs; parameter-gather overlap
+        follows the distributed optimizer, as in every layout the planner proposes."""
+        distopt = bool(params["distopt"])
+        return cls(world_size=world_size, tp=params["tp"], cp=params["cp"], pp=params["pp"], vpp=params["vpp"],
+                   ep=params["ep"], etp=params["etp"], micro_batch_size=params["mbs"],
+                   moe_token_dispatcher_type=params["dispatcher"], use_distributed_optimizer=distopt,
+                   overlap_param_gather=distopt, **_recompute_fields(str(params["recompute"])))
+
+    # ---- field form: the fast path for layouts a Validator has already accepted --------------------
+    def field_values(self) -> dict[str, Any]:
+        """Every field by name (a template for :meth:`trusted`)."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def trusted(cls, *parts: dict[str, Any]) -> ParallelConfig:
+        """A config from field mappings merged left to right (the first one complete, e.g. from
+        :meth:`field_values`), without the checks of the constructor.
+
+        Only for layouts whose every field is already known to be valid: the planner builds hundreds of
+        thousands of configs that its Validator has just accepted, and the constructor's checks cost a few
+        microseconds each.
+        """
+        cfg = object.__new__(cls)
+        d = cfg.__dict__
+        for part in parts:
+            d.update(part)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:

@@ -93,30 +93,6 @@ def _count(n: float) -> str:
     return f"{n / 1e9:.1f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
-def _estimate_dict(e) -> dict[str, Any]:
-    mem = e.memory
-    t = e.time
-    return {
-        "layout": e.config.label(),
-        "config": e.config.to_dict(),
-        "step_time_s": t.step_time,
-        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
-        "tflops_per_gpu": t.tflops_per_gpu,
-        "mfu": t.mfu,
-        "fits": e.fits,
-        "memory_headroom_bytes": e.memory_headroom_bytes,
-        "limiter": e.limiter,
-        "explanation": e.explanation,
-        "bottleneck": t.bottleneck,
-        "time_terms_s": dict(t.terms),
-        "time_hidden_s": dict(t.hidden),
-        "memory_bytes": {"total": mem.total, "stage": mem.stage, "weights": mem.weights, "grads": mem.grads,
-                         "optimizer": mem.optimizer, "activations": mem.activations, "logits": mem.logits,
-                         "comm_buffers": mem.comm_buffers, "allocator_overhead": mem.allocator_overhead,
-                         "details": dict(mem.details)},
-    }
-
-
 def _header(model, training, cluster, space) -> dict[str, Any]:
     from costmodel.params import total_param_counts
 
@@ -215,7 +191,7 @@ def _explain(args, model, training, cluster) -> int:
     if args.json:
         out = {**header, "explain": args.explain, "valid": verdict.valid,
                "rejections": [{"rule": r.rule, "reason": r.reason} for r in verdict.rejections],
-               "estimate": _estimate_dict(verdict.estimate) if verdict.estimate else None}
+               "estimate": verdict.estimate.to_dict() if verdict.estimate else None}
         if args.megatron_args and verdict.estimate:
             out["megatron_args"] = _argv(verdict.config, model, training)
         print(json.dumps(out, indent=2))
@@ -272,9 +248,9 @@ def _run(args: argparse.Namespace) -> int:
                        "bound_calls": result.bound_calls, "workers": result.workers,
                        "exhaustive": result.exhaustive, "order_violations": result.order_violations,
                        "bound_violations": result.bound_violations},
-            "ranked": [_estimate_dict(e) for e in result.ranked],
-            "pareto": [_estimate_dict(e) for e in result.pareto] if result.exhaustive else None,
-            "closest": _estimate_dict(result.closest) if result.closest else None,
+            "ranked": [e.to_dict() for e in result.ranked],
+            "pareto": [e.to_dict() for e in result.pareto] if result.exhaustive else None,
+            "closest": result.closest.to_dict() if result.closest else None,
         }
         if args.megatron_args and best:
             out["megatron_args"] = _argv(best.config, model, training)

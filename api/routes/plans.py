@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api import jobs_service
-from api.cli.plan_cmd import _estimate_dict  # the one JSON shape of an Estimate, shared with `foldtune plan --json`
 from api.deps import OwnerDep, SessionDep
 from api.problems import rule_violation
 from api.schemas.jobs import ClusterOut
@@ -34,6 +33,6 @@ def create_plan(body: PlanCreate, _owner: OwnerDep, session: SessionDep) -> Plan
         considered=enum.considered, valid=enum.valid,
         rejected={rule: RejectedRule(count=n, example=enum.examples[rule].reason) for rule, n in enum.rejected.items()},
         pruned_by_memory=result.pruned_by_memory, fitting=result.fitting,
-        ranked=[_estimate_dict(e) for e in result.ranked],
-        closest=_estimate_dict(result.closest) if result.closest else None,
+        ranked=[e.to_dict() for e in result.ranked],
+        closest=result.closest.to_dict() if result.closest else None,
         seconds=result.enumerate_seconds + result.rank_seconds)

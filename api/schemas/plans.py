@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spec.parallel_config import ParallelConfig
 from api.schemas.jobs import ClusterOut, WorkloadIn
 
 
@@ -22,6 +23,45 @@ class RejectedRule(BaseModel):
     example: str = Field(description="the reason, for one of them")
 
 
+# Seconds or bytes as the cost model computed them: a whole number stays an int, so this JSON is the same
+# as `foldtune plan --json` writes (a bare float would turn 313984 into 313984.0).
+Number = int | float
+
+
+class MemoryBytesOut(BaseModel):
+    """Predicted peak memory of the most loaded pipeline stage, bytes per GPU by term."""
+
+    total: Number
+    stage: int = Field(description="the pipeline stage the peak is on")
+    weights: Number
+    grads: Number
+    optimizer: Number
+    activations: Number
+    logits: Number
+    comm_buffers: Number
+    allocator_overhead: Number
+    details: dict[str, Number] = Field(description="finer terms (bytes), e.g. per activation tensor")
+
+
+class EstimateOut(BaseModel):
+    """One layout's prediction: ``Estimate.to_dict`` (seconds, tokens/s/GPU, TFLOP/s per GPU, bytes)."""
+
+    layout: str = Field(description="ParallelConfig.label(); parses back with ParallelConfig.parse")
+    config: ParallelConfig
+    step_time_s: Number
+    tokens_per_s_per_gpu: Number
+    tflops_per_gpu: Number
+    mfu: Number
+    fits: bool
+    memory_headroom_bytes: Number = Field(description="usable HBM minus the predicted peak (negative: over)")
+    limiter: str = Field(description="'memory' when it does not fit or has < 5 % headroom, else the bottleneck")
+    explanation: str
+    bottleneck: str
+    time_terms_s: dict[str, Number] = Field(description="exposed seconds per step by term")
+    time_hidden_s: dict[str, Number] = Field(description="seconds per step hidden behind other work, by term")
+    memory_bytes: MemoryBytesOut
+
+
 class PlanOut(BaseModel):
     """Estimates (fastest first) carry the layout, its ParallelConfig, predicted step time (s),
     tokens/s/GPU, TFLOPS/GPU, MFU, memory bytes by term, the limiter and a one-line explanation."""
@@ -34,6 +74,6 @@ class PlanOut(BaseModel):
     rejected: dict[str, RejectedRule]
     pruned_by_memory: int
     fitting: int
-    ranked: list[dict[str, Any]]
-    closest: dict[str, Any] | None = Field(description="the least-over-memory config when none fits")
+    ranked: list[EstimateOut]
+    closest: EstimateOut | None = Field(description="the least-over-memory config when none fits")
     seconds: float = Field(description="planning wall time")

@@ -21,6 +21,7 @@ from spec.errors import FoldtuneError, SpecError
 from spec.flops import flops_per_step, tflops_per_gpu
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.validity import batch_rule
 from executor.data import micro_batches
 from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.options import ExecutorOptions
@@ -140,9 +141,9 @@ def _check(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, dataset: 
     if dataset.vocab_size > model.vocab_size:
         raise SpecError(f"dataset {dataset.path!r} has vocab_size {dataset.vocab_size}, model {model.name!r} "
                         f"only {model.vocab_size}")
-    if cfg.global_batch_size % (config.micro_batch_size * config.dp):
-        raise SpecError(f"global_batch_size ({cfg.global_batch_size}) must be divisible by micro_batch_size·dp "
-                        f"({config.micro_batch_size}·{config.dp})")
+    rejection = batch_rule(cfg.global_batch_size, config.micro_batch_size, config.dp)
+    if rejection is not None:
+        raise SpecError(rejection.reason)
 
 
 def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelConfig, options: ExecutorOptions,

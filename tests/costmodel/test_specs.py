@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from spec.parallel_config import OPTUNA_PARAMS
 from spec import (CatalogError, ClusterSpec, InvalidConfigError, ModelSpec, ParallelConfig, SpecError,
                   TrainingSpec, get_hardware, get_model, load_catalog_file, model_names)
 
@@ -55,6 +56,23 @@ def test_parallel_config_derives_dp_edp_and_round_trips_text():
         ParallelConfig(world_size=8, ep=3)
     with pytest.raises(InvalidConfigError, match="contradicts world size"):
         ParallelConfig.parse("tp2 dp4 edp3 ep1", world_size=8)
+
+
+def test_parallel_config_optuna_params_and_fields_round_trip():
+    for c in (ParallelConfig(world_size=16, tp=2, pp=2, vpp=2, ep=4, micro_batch_size=2,
+                             recompute_granularity="selective", recompute_modules=("core_attn", "moe_act")),
+              ParallelConfig(world_size=8, ep=8, recompute_granularity="full", recompute_num_layers=2,
+                             moe_token_dispatcher_type="allgather", use_distributed_optimizer=False,
+                             overlap_param_gather=False),
+              ParallelConfig(world_size=8, recompute_granularity="full")):
+        params = c.to_optuna_params()
+        assert set(params) == set(OPTUNA_PARAMS)
+        assert params["recompute"] == c.recompute_text() and f"recompute={params['recompute']}" in c.label()
+        assert ParallelConfig.from_optuna_params(params, c.world_size) == c
+        assert ParallelConfig.trusted(c.field_values()) == c
+    assert ParallelConfig.parse("dp8 recompute=full:0") == ParallelConfig(world_size=8, recompute_granularity="full")
+    sizes, fields = ParallelConfig.read_label("tp2, pp4 dispatcher=allgather")
+    assert sizes == {"tp": 2, "pp": 4} and fields == {"moe_token_dispatcher_type": "allgather"}
 
 
 def test_cluster_spans_whole_nodes():

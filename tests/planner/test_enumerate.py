@@ -11,7 +11,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from planner.enumerate import RECOMPUTE_OPTIONS, RULE_ORDER, SearchSpace, divisors, enumerate_layouts
-from planner.validity import check_config
+from spec.validity import check_config
 
 TINY = get_model("tiny-moe")  # 2 layers, 4 heads / 2 KV groups, 8 experts, expert FFN 32
 CPU = get_hardware("cpu")

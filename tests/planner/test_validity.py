@@ -1,4 +1,4 @@
-"""Every validity rule has a case that trips it (checked against planner.validity.RULES), plus the helpers."""
+"""Every validity rule has a case that trips it (checked against spec.validity.RULES), plus the helpers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from planner.validity import RULES, Validator, check_config, parse_layout, pipeline_split
+from spec.validity import (EXECUTOR_RULES, RULES, Validator, batch_rule, check_config, executor_layout_rules,
+                           executor_model_rule, parse_layout, pipeline_split)
 
 H100 = get_hardware("h100-sxm")
 TINY = get_model("tiny-moe")  # 2 layers, hidden 64, 4 heads / 2 KV groups, 8 experts of FFN 32
@@ -120,3 +121,23 @@ def test_parse_layout_follows_the_optimizer_choice_and_rejects_garbage():
         parse_layout("tp2 banana", 128)
     with pytest.raises(InvalidConfigError, match="dp=3 contradicts"):
         parse_layout("tp2 dp3", 128)
+
+
+def test_batch_rule_is_the_validators():
+    assert batch_rule(16, 2, 8) is None
+    r = batch_rule(12, 1, 8)
+    assert r.rule == "gbs_mbs_dp" and r.reason == "global_batch_size (12) is not divisible by micro_batch_size·dp = 1·8 = 8"
+    v = Validator(TINY, TrainingSpec(seq_length=64, global_batch_size=12), ClusterSpec(H100, 8))
+    assert v.batch(8, 1, 1, 1) == r
+
+
+def test_executor_rules_name_what_the_executor_cannot_run():
+    cluster = ClusterSpec(H100, 8)
+    v = Validator(TINY, TRAIN, cluster)
+    assert v.executor(ParallelConfig(world_size=8, tp=2, ep=4)) == []
+    found = executor_layout_rules(TINY, ParallelConfig(world_size=16, ep=8, pp=2, vpp=2), seq_length=64)
+    assert {r.rule for r in found} <= set(EXECUTOR_RULES) and found
+    assert any("num_layers (2) must be at least pp·vpp (2·2)" == r.reason for r in found)
+    mla = get_model("deepseek-v3")
+    assert executor_model_rule(mla).rule == "executor_model" and "multi_latent_attention" in executor_model_rule(mla).reason
+    assert v.executor(ParallelConfig(world_size=8)) == []

@@ -27,6 +27,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   recompute, and vpp when pp > 1);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
 
+The executor's capability rules (:data:`EXECUTOR_RULES`, :meth:`Validator.executor`) say what
+``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it plans
+for Megatron); the tuning runner, the trainings, benchmarks and the executor itself do.
+
 foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
 spec forced the distributed optimizer on or off). Not rules: a TP group wider than a node is valid but slow
@@ -37,7 +41,6 @@ alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never b
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from spec.errors import InvalidConfigError
@@ -71,10 +74,25 @@ RULES: dict[str, str] = {
     "distopt_choice": "the distributed optimizer setting matches the training spec",
 }
 
+# rule id -> what executor/ can run: a subset of Megatron's layouts (the reasons name the executor's limits)
+EXECUTOR_RULES: dict[str, str] = {
+    "executor_model": "RMSNorm, RoPE, SwiGLU, no biases, no qk_layernorm, no dropout, no MLA, no MTP",
+    "executor_sp": "tp > 1 needs sequence parallelism",
+    "executor_seq_cp": "seq_length % (2·cp) == 0",
+    "executor_layers_pp": "num_layers >= pp·vpp",
+    "executor_vpp_pp": "vpp > 1 needs pp > 1",
+    "executor_untied_pp": "pp > 1 needs untied embedding and output weights",
+    "executor_heads_tp": "attention heads and kv heads % tp == 0",
+    "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
+    "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
+    "executor_experts_ep": "num_experts % ep == 0, expert FFN size % etp == 0; ep, etp > 1 need a MoE model",
+}
+
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a layout is invalid: the id of the rule it breaks (a key of :data:`RULES`) and one readable line."""
+    """Why a layout is invalid: the id of the rule it breaks (a key of :data:`RULES` or
+    :data:`EXECUTOR_RULES`) and one readable line."""
 
     rule: str
     reason: str
@@ -91,9 +109,113 @@ def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | 
     when they are unequal Megatron-LM gets the cut as ``--pipeline-model-parallel-layout``. MTP layers are
     not part of ``num_layers`` (they follow the decoder on the last rank).
     """
-    if pp < 1 or vpp < 1 or num_layers < pp * vpp:
+    if pp < 1 or vpp < 1 or fewer_layers_than_chunks(num_layers, pp, vpp):
         return None
     return tuple(sum(len(chunk) for chunk in rank) for rank in layer_chunks(num_layers, pp, vpp))
+
+
+# Conditions Megatron's rules and the executor's share (each rule set words its own reason).
+def interleaving_without_pipeline(pp: int, vpp: int) -> bool:
+    """Virtual stages (vpp > 1) without a pipeline (pp == 1)."""
+    return vpp > 1 and pp == 1
+
+
+def fewer_layers_than_chunks(num_layers: int, pp: int, vpp: int) -> bool:
+    """Fewer decoder layers than pp·vpp pipeline chunks."""
+    return num_layers < pp * vpp
+
+
+def experts_do_not_split(model: ModelSpec, ep: int) -> bool:
+    """The experts do not split evenly over ``ep`` ranks (ep > 1 without experts included)."""
+    return model.num_experts % ep != 0 if model.is_moe else ep > 1
+
+
+def expert_ffn_does_not_split(model: ModelSpec, etp: int) -> bool:
+    """An expert's FFN does not split evenly over ``etp`` ranks (etp > 1 without experts included)."""
+    return model.expert_ffn_hidden_size % etp != 0 if model.is_moe else etp > 1
+
+
+def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Rejection | None:
+    """Megatron's batch rule: the global batch (sequences) splits into whole micro-batches on every DP rank."""
+    if global_batch_size % (micro_batch_size * dp):
+        return Rejection("gbs_mbs_dp", f"global_batch_size ({global_batch_size}) is not divisible by "
+                                       f"micro_batch_size·dp = {micro_batch_size}·{dp} = {micro_batch_size * dp}")
+    return None
+
+
+def unsupported_features(model: ModelSpec) -> list[str]:
+    """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
+    unsupported = []
+    if model.multi_latent_attention:
+        unsupported.append("multi_latent_attention")
+    if model.mtp_num_layers:
+        unsupported.append("mtp_num_layers")
+    if model.normalization != "rmsnorm":
+        unsupported.append(f"normalization={model.normalization}")
+    if model.position_embedding_type != "rope":
+        unsupported.append(f"position_embedding_type={model.position_embedding_type}")
+    if not model.swiglu:
+        unsupported.append("swiglu=False")
+    if model.add_bias_linear or model.add_qkv_bias:
+        unsupported.append("linear biases")
+    if model.qk_layernorm:
+        unsupported.append("qk_layernorm")
+    if model.hidden_dropout or model.attention_dropout:
+        unsupported.append("dropout")
+    return unsupported
+
+
+def executor_model_rule(model: ModelSpec) -> Rejection | None:
+    """The executor's model rule: a Rejection naming every feature of ``model`` it does not build."""
+    unsupported = unsupported_features(model)
+    if unsupported:
+        return Rejection("executor_model", f"model {model.name!r}: the executor does not support "
+                                           f"{', '.join(unsupported)}")
+    return None
+
+
+def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: int) -> list[Rejection]:
+    """Every executor capability rule (:data:`EXECUTOR_RULES`, the model rule aside) that ``config`` breaks
+    for ``model`` at ``seq_length`` tokens per sequence; empty when the executor can run it."""
+    c, m = config, model
+    found = []
+
+    def rule(name: str, broken: bool, reason: str) -> None:
+        if broken:
+            found.append(Rejection(name, reason))
+
+    rule("executor_sp", c.tp > 1 and not c.sequence_parallel,
+         "tp > 1 needs sequence_parallel (as Megatron requires for MoE)")
+    rule("executor_seq_cp", seq_length % (2 * c.cp) != 0,
+         f"seq_length ({seq_length}) must be divisible by 2·cp ({2 * c.cp})")
+    rule("executor_layers_pp", fewer_layers_than_chunks(m.num_layers, c.pp, c.vpp),
+         f"num_layers ({m.num_layers}) must be at least pp·vpp ({c.pp}·{c.vpp})")
+    rule("executor_vpp_pp", interleaving_without_pipeline(c.pp, c.vpp), f"vpp={c.vpp} needs pp > 1")
+    rule("executor_untied_pp", c.pp > 1 and not m.untie_embeddings_and_output_weights,
+         "pp > 1 needs untied embedding and output weights")
+    rule("executor_heads_tp", m.num_attention_heads % c.tp != 0 or m.num_kv_heads % c.tp != 0,
+         f"attention heads ({m.num_attention_heads}) and kv heads ({m.num_kv_heads}) "
+         f"must be divisible by tp ({c.tp})")
+    rule("executor_ffn_tp", m.ffn_hidden_size % c.tp != 0,
+         f"ffn_hidden_size ({m.ffn_hidden_size}) must be divisible by tp ({c.tp})")
+    rule("executor_ffn_tp", m.shared_expert_ffn_hidden_size % c.tp != 0,
+         f"moe_shared_expert_intermediate_size ({m.shared_expert_ffn_hidden_size}) must be "
+         f"divisible by tp ({c.tp})")
+    rule("executor_seq_tp_cp", seq_length % (c.tp * c.cp) != 0,
+         f"seq_length ({seq_length}) must be divisible by tp·cp ({c.tp}·{c.cp})")
+    ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
+    if m.is_moe:
+        rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
+        rule("executor_experts_ep", etp_broken,
+             f"expert ffn ({m.expert_ffn_hidden_size}) must be divisible by etp ({c.etp})")
+    else:
+        rule("executor_experts_ep", ep_broken or etp_broken, f"ep={c.ep}, etp={c.etp} need a MoE model")
+    return found
+
+
+def executor_layout_error(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:
+    """One line naming the layout, the model and every executor rule the layout breaks."""
+    return f"layout {config.label()} for {model.name}: " + "; ".join(r.reason for r in rejections)
 
 
 def world_dense(world: int, tp: int, cp: int, pp: int) -> Rejection | None:
@@ -168,7 +290,7 @@ class Validator:
         return self._split_cache[key]
 
     def pp(self, pp: int, vpp: int) -> Rejection | None:
-        if vpp > 1 and pp == 1:
+        if interleaving_without_pipeline(pp, vpp):
             return Rejection("vpp_needs_pp", f"vpp {vpp} (interleaving) needs pp > 1, got pp 1")
         if self.split(pp, vpp) is None:
             return Rejection("layers_pp", f"num_layers ({self.model.num_layers}) is smaller than pp·vpp = "
@@ -176,27 +298,27 @@ class Validator:
         return None
 
     def ep(self, ep: int) -> Rejection | None:
-        experts = self.model.num_experts
-        if ep > 1 and experts is None:
-            return Rejection("experts_ep", f"ep {ep} needs a MoE model; {self.model.name} has no experts")
-        if experts is not None and experts % ep:
-            return Rejection("experts_ep", f"num_experts ({experts}) is not divisible by ep ({ep})")
-        return None
+        m = self.model
+        if not experts_do_not_split(m, ep):
+            return None
+        if not m.is_moe:
+            return Rejection("experts_ep", f"ep {ep} needs a MoE model; {m.name} has no experts")
+        return Rejection("experts_ep", f"num_experts ({m.num_experts}) is not divisible by ep ({ep})")
 
     def etp(self, etp: int) -> Rejection | None:
         m = self.model
-        if etp > 1 and not m.is_moe:
+        if not expert_ffn_does_not_split(m, etp):
+            return None
+        if not m.is_moe:
             return Rejection("expert_ffn_etp", f"etp {etp} needs a MoE model; {m.name} has no experts")
-        if m.is_moe and m.expert_ffn_hidden_size % etp:
-            return Rejection("expert_ffn_etp", f"expert FFN size ({m.expert_ffn_hidden_size}) is not divisible "
-                                               f"by etp ({etp})")
-        return None
+        return Rejection("expert_ffn_etp", f"expert FFN size ({m.expert_ffn_hidden_size}) is not divisible "
+                                           f"by etp ({etp})")
 
     def batch(self, dp: int, mbs: int, pp: int, vpp: int) -> Rejection | None:
         gbs = self.training.global_batch_size
-        if gbs % (mbs * dp):
-            return Rejection("gbs_mbs_dp", f"global_batch_size ({gbs}) is not divisible by "
-                                           f"micro_batch_size·dp = {mbs}·{dp} = {mbs * dp}")
+        rejection = batch_rule(gbs, mbs, dp)
+        if rejection is not None:
+            return rejection
         if vpp > 1 and (gbs // (mbs * dp)) % pp:
             return Rejection("vpp_microbatches", f"interleaved schedule (vpp {vpp}) needs the micro-batch count "
                                                  f"({gbs // (mbs * dp)}) to be a multiple of pp ({pp})")
@@ -248,6 +370,12 @@ class Validator:
         found.append(self.knobs(c))
         return [r for r in found if r is not None]
 
+    # ---- what executor/ can run (a subset of the above) ----------------------------------------------
+    def executor(self, c: ParallelConfig) -> list[Rejection]:
+        """Every executor capability rule ``c`` breaks with this model and sequence length (empty: it runs)."""
+        model_rule = executor_model_rule(self.model)
+        return ([model_rule] if model_rule else []) + executor_layout_rules(self.model, c, self.training.seq_length)
+
 
 def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                  config: ParallelConfig) -> list[Rejection]:
@@ -256,9 +384,6 @@ def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
         return [Rejection("world_dense", f"the layout is for {config.world_size} GPUs, the cluster has "
                                          f"{cluster.num_gpus}")]
     return Validator(model, training, cluster).check(config)
-
-
-_SIZE_TOKEN = re.compile(r"(?<![a-z])(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
 
 
 def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None = None,
@@ -270,12 +395,10 @@ def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None 
     cannot be read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
     follows ``distributed_optimizer`` (None: on).
     """
-    sizes = {name: int(value) for name, value in _SIZE_TOKEN.findall(text.lower())}
+    sizes, fields = ParallelConfig.read_label(text)  # raises for a token it cannot read
     try:
         config = ParallelConfig.parse(text, world_size=world_size)
-    except InvalidConfigError as exc:
-        if str(exc).startswith("cannot parse"):
-            raise
+    except InvalidConfigError:
         tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
         ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
         found = []
@@ -288,7 +411,7 @@ def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None 
             found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp), validator.pp(pp, vpp),
                                   validator.ep(ep), validator.etp(etp)) if r is not None]
         return None, found
-    if "distopt" not in text.lower():
+    if "use_distributed_optimizer" not in fields:
         distopt = True if distributed_optimizer is None else distributed_optimizer
         config = config.replace(use_distributed_optimizer=distopt, overlap_param_gather=distopt)
     return config, []
