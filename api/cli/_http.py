@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from api.settings import DEFAULT_HOST, DEFAULT_PORT
+from api.http.settings import DEFAULT_HOST, DEFAULT_PORT
 from spec.errors import FoldtuneError
 
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from api.cli.tune_cmd import TrialPrinter
-    from api.runner import Runner, RunnerSettings
+    from api.worker.runner import Runner, RunnerSettings
 
     if args.ray_address:
         os.environ["FOLDTUNE_RAY_ADDRESS"] = args.ray_address

@@ -21,9 +21,9 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from api.app import create_app
+    from api.http.app import create_app
     from api.cli._db import migrate_or_explain
-    from api.settings import ApiSettings
+    from api.http.settings import ApiSettings
     from db.migrate import head_revision
 
     settings = ApiSettings.from_env(args.database_url)

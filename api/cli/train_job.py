@@ -1,9 +1,9 @@
 """``foldtune train --job ID``: train the best layout of a finished tuning job, through the service code.
 
 The training is stored exactly as ``POST /v1/trainings {"job_id": ID}`` stores it
-(:func:`api.trainings_service.submit_training`: the job's model, cluster, sequence length, batch and
+(:func:`api.service.trainings.submit_training`: the job's model, cluster, sequence length, batch and
 precision, its best trial's layout and that trial's predicted step time), then run in this process by the
-same runner code ``foldtune runner`` uses (:meth:`api.runner.Runner.run_training_id`: Ray launcher, rank 0
+same runner code ``foldtune runner`` uses (:meth:`api.worker.runner.Runner.run_training_id`: Ray launcher, rank 0
 writing every step's metrics to the database, heartbeat), as ``foldtune tune`` runs its job. Each step is
 printed from the stored metrics row, with the measured step time next to the cost model's prediction.
 """
@@ -87,9 +87,9 @@ def run_job_training(args: argparse.Namespace) -> int:
     from api.cli._db import migrate_or_explain
     from api.cli.trainings_cmd import step_time_line
     from api.cli.tune_cmd import _check_ray_has_room
-    from api.problems import ProblemError
-    from api.runner import Runner, RunnerSettings
-    from api.trainings_service import cancel_training, submit_training, training_views
+    from api.http.problems import ProblemError
+    from api.worker.runner import Runner, RunnerSettings
+    from api.service.trainings import cancel_training, submit_training, training_views
     from spec.hardware import HardwareProfile
     from db.models import Job, Owner, Training
 

@@ -111,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from api.jobs_service import submit_job
-    from api.problems import ProblemError
-    from api.runner import Runner, RunnerSettings
-    from api.runner_trials import TrialSettings
+    from api.service.jobs import submit_job
+    from api.http.problems import ProblemError
+    from api.worker.runner import Runner, RunnerSettings
+    from api.worker.trials import TrialSettings
     from api.schemas.jobs import JobCreate
     from spec.errors import SpecError
     from db.keys import get_or_create_owner

@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from api.jobs_service import owned_job, resolve_cluster, resolve_model
-from api.problems import ProblemError, not_found, rule_violation
+from api.service.jobs import owned_job, resolve_cluster, resolve_model
+from api.http.problems import ProblemError, not_found, rule_violation
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
 from spec.errors import FoldtuneError

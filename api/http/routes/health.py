@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from sqlalchemy import text
 
-from api.problems import ProblemError
+from api.http.problems import ProblemError
 from api.schemas.problem import problem_responses
 from db.migrate import current_revision, head_revision
 

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from sqlalchemy import func, select
 
-from api import jobs_service
-from api.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.service import jobs as jobs_service
+from api.http.deps import Limit, Offset, OwnerDep, SessionDep, page
 from api.schemas.common import MAX_ID, Name, Page
 from api.schemas.jobs import JobCreate, JobOut, JobStatus, TrialOut
 from api.schemas.problem import problem_responses

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api import jobs_service
+from api.service import jobs as jobs_service
 from api.cli.plan_cmd import _estimate_dict  # the one JSON shape of an Estimate, shared with `foldtune plan --json`
-from api.deps import OwnerDep, SessionDep
-from api.problems import rule_violation
+from api.http.deps import OwnerDep, SessionDep
+from api.http.problems import rule_violation
 from api.schemas.jobs import ClusterOut
 from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
 from api.schemas.problem import problem_responses

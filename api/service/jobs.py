@@ -16,7 +16,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.problems import ProblemError, rule_violation
+from api.http.problems import ProblemError, rule_violation
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError

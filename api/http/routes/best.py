@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
-from api import jobs_service
-from api.deps import OwnerDep, SessionDep
-from api.problems import ProblemError, rule_violation
+from api.service import jobs as jobs_service
+from api.http.deps import OwnerDep, SessionDep
+from api.http.problems import ProblemError, rule_violation
 from api.schemas.best import BestOut
 from api.schemas.common import Name
 from api.schemas.jobs import ClusterOut, TrialOut

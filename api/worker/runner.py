@@ -4,10 +4,10 @@ It is its own process, never the request handler. Several runners may share one 
 (claims use ``SKIP LOCKED``, see db.queue). Per job it
 
 1. builds the ModelSpec / TrainingSpec / ClusterSpec stored with the job, asks the planner for the
-   ranked fitting layouts the executor can run (:mod:`api.runner_candidates`);
+   ranked fitting layouts the executor can run (:mod:`api.worker.candidates`);
 2. runs :func:`planner.search.run_search` with the job's Optuna study (``job-<id>`` in the Optuna storage
    beside the service database), each trial a short profiled run through the Ray launcher
-   (:mod:`api.runner_trials`);
+   (:mod:`api.worker.trials`);
 3. records every trial in the ``trials`` table when it starts and when it ends, keyed by (job, Optuna
    trial number), so a trial is stored exactly once even across restarts;
 4. heartbeats the job (and its running trials) from a background thread; a heartbeat refused means the
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.runner_trainings import run_next_training
-from api.runner_trials import JobStopped, TrialExecutor, TrialSettings, trial_settings_from_env
+from api.worker.trainings import run_next_training
+from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, trial_settings_from_env
 from spec.errors import FoldtuneError, SpecError
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
@@ -61,7 +61,7 @@ class RunnerSettings:
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:
         """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.runner_trials)."""
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.worker.trials)."""
         from db.settings import database_settings
 
         env = os.environ if environ is None else environ
@@ -181,8 +181,8 @@ class Runner:
     def run_training_id(self, training_id: int, on_step: Callable[[int], None] | None = None) -> str | None:
         """Claim the queued training ``training_id`` and run it; its final status as this runner saw it
         ('stopped' when stopped before its end), or None if it was not queued. ``on_step(step)`` as in
-        :func:`api.runner_trainings.run_claimed_training`."""
-        from api.runner_trainings import run_claimed_training
+        :func:`api.worker.trainings.run_claimed_training`."""
+        from api.worker.trainings import run_claimed_training
 
         with self.sessions() as session:
             training = runner_store.claim_training(session, training_id, self.settings.runner_id)
@@ -222,7 +222,7 @@ class Runner:
                 stop.set()
 
     def _run_job(self, job: Job, stop: threading.Event) -> str:
-        from api.runner_candidates import job_candidates, repricer
+        from api.worker.candidates import job_candidates, repricer
         from db.queue import finish_job, release_job
         from planner.search import SearchBudget, run_search
 
@@ -322,7 +322,7 @@ class Runner:
     def _parallel_trials(self, cluster: ClusterSpec) -> int:
         if self.settings.parallel_trials:
             return self.settings.parallel_trials
-        from api.runner_trials import is_cpu_cluster
+        from api.worker.trials import is_cpu_cluster
 
         if is_cpu_cluster(cluster):
             return 1  # CPU ranks share the same cores: concurrent trials would distort each other's times
@@ -368,7 +368,7 @@ class _TrialRecorder:
             return self._numbers.get(label)
 
     def __call__(self, kind: str, data: dict) -> None:
-        from api.runner_candidates import predicted_dict
+        from api.worker.candidates import predicted_dict
 
         job_id = self.job.id
         if kind == "trial_started":

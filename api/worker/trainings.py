@@ -52,7 +52,7 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
     ``on_step(step)`` is called on the driver for every step rank 0 reports (1-based)."""
     from api.cli.train_cmd import DatabaseMetrics
     from api.schemas.trainings import LOSS_OPTIONS
-    from api.trainings_service import split_training_spec
+    from api.service.trainings import split_training_spec
     from executor import launch_ray
     from executor.options import ExecutorOptions
     from executor.profile import _peak_flops

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Path, Request, Response
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from api.deps import OwnerDep, SessionDep
-from api.problems import ProblemError, not_found, rule_violation
+from api.http.deps import OwnerDep, SessionDep
+from api.http.problems import ProblemError, not_found, rule_violation
 from api.schemas.catalog import HardwareProfileIn, HardwareProfileList, HardwareProfileOut, ModelList, ModelOut
 from api.schemas.common import Name
 from api.schemas.problem import problem_responses

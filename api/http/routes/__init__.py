@@ -1,0 +1,1 @@
+"""Thin routers: parse, authorise, call api.service.jobs / db, shape the answer."""
