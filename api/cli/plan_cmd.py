@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
+
+from api.service.estimates import estimate_dict as _estimate_dict
+from costmodel.params import total_param_counts
+from planner.enumerate import SearchSpace
+from planner.megatron_args import format_megatron_args, megatron_args
+from planner.rank import explain_layout, plan
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -72,8 +79,6 @@ def _specs(args: argparse.Namespace):
 
 
 def _space(args: argparse.Namespace):
-    from planner.enumerate import SearchSpace
-
     return SearchSpace(mbs_max=args.mbs_max)
 
 
@@ -99,33 +104,7 @@ def _count(n: float) -> str:
     return f"{n / 1e9:.1f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
-def _estimate_dict(e) -> dict[str, Any]:
-    mem = e.memory
-    t = e.time
-    return {
-        "layout": e.config.label(),
-        "config": e.config.to_dict(),
-        "step_time_s": t.step_time,
-        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
-        "tflops_per_gpu": t.tflops_per_gpu,
-        "mfu": t.mfu,
-        "fits": e.fits,
-        "memory_headroom_bytes": e.memory_headroom_bytes,
-        "limiter": e.limiter,
-        "explanation": e.explanation,
-        "bottleneck": t.bottleneck,
-        "time_terms_s": dict(t.terms),
-        "time_hidden_s": dict(t.hidden),
-        "memory_bytes": {"total": mem.total, "stage": mem.stage, "weights": mem.weights, "grads": mem.grads,
-                         "optimizer": mem.optimizer, "activations": mem.activations, "logits": mem.logits,
-                         "comm_buffers": mem.comm_buffers, "allocator_overhead": mem.allocator_overhead,
-                         "details": dict(mem.details)},
-    }
-
-
 def _header(model, training, cluster, space) -> dict[str, Any]:
-    from costmodel.params import total_param_counts
-
     total, active = total_param_counts(model)
     return {
         "model": model.name, "params_total": total, "params_active": active,
@@ -207,15 +186,10 @@ def _breakdown_lines(e) -> list[str]:
 
 def _argv(config, model, training) -> list[str]:
     """Megatron-LM arguments as an argv list (JSON: no shell quoting needed)."""
-    from planner.megatron_args import megatron_args
-
     return [token for flag in megatron_args(config, model, training) for token in flag]
 
 
 def _explain(args, model, training, cluster) -> int:
-    from planner.megatron_args import format_megatron_args
-    from planner.rank import explain_layout
-
     verdict = explain_layout(model, training, cluster, args.explain)
     header = _header(model, training, cluster, _space(args))
     if args.json:
@@ -248,8 +222,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except BrokenPipeError:  # `foldtune plan ... | head`: the reader left; exit quietly, as Unix tools do
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
@@ -258,9 +230,6 @@ def _run(args: argparse.Namespace) -> int:
     model, training, cluster = _specs(args)
     if args.explain is not None:
         return _explain(args, model, training, cluster)
-    from planner.megatron_args import format_megatron_args
-    from planner.rank import plan
-
     space = _space(args)
     result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
                   workers=args.workers)

@@ -1,0 +1,35 @@
+"""The plan use case: rank every valid folded layout of a request with the cost model (nothing is run
+or stored)."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from api.schemas.jobs import ClusterOut
+from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
+from api.service.errors import RuleViolation
+from api.service.estimates import estimate_dict
+from api.service.jobs import resolve_job
+from planner import NoValidLayoutError, plan
+
+
+def create_plan(session: Session, request: PlanCreate) -> PlanOut:
+    """The ``top`` fastest layouts predicted to fit, with their memory and step-time breakdowns;
+    RuleViolation when no layout is valid. Ends the session's transaction before the planner runs."""
+    resolved = resolve_job(session, request)
+    session.commit()
+    try:
+        # one process: forking planner workers inside a server would copy the whole server
+        result = plan(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1)
+    except NoValidLayoutError as exc:
+        raise RuleViolation("body", "has_valid_layout", str(exc)) from None
+    enum = result.enumeration
+    return PlanOut(
+        model=resolved.model.name, training=resolved.training.to_dict(),
+        cluster=ClusterOut(gpu=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus),
+        considered=enum.considered, valid=enum.valid,
+        rejected={rule: RejectedRule(count=n, example=enum.examples[rule].reason) for rule, n in enum.rejected.items()},
+        pruned_by_memory=result.pruned_by_memory, fitting=result.fitting,
+        ranked=[estimate_dict(e) for e in result.ranked],
+        closest=estimate_dict(result.closest) if result.closest else None,
+        seconds=result.enumerate_seconds + result.rank_seconds)
