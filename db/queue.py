@@ -1,5 +1,5 @@
-"""The work queue runners pull from: claim a queued job (or training), the oldest or a given one, heartbeat it, finish or release
-it, and give back work whose runner died.
+"""The work queue runners pull from: claim a queued job (or training), the oldest or a given one,
+heartbeat it, finish or release it, and give back work whose runner died.
 
 Every function here is one short transaction and commits it, so a runner never holds a lock while it
 computes. Claims are safe with many runners on one database: on PostgreSQL the candidate row is picked

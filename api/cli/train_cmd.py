@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "default is <data dir>/checkpoints/job-ID")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
     parser.add_argument("--aux-loss-coeff", type=float,
-                        help=f"MoE load-balancing loss coefficient (default: {recipe.moe_aux_loss_coeff}; not with --job)")
+                        help=f"MoE load-balancing loss coefficient (default: {recipe.moe_aux_loss_coeff}; "
+                             "not with --job)")
     parser.add_argument("--z-loss-coeff", type=float,
                         help=f"router z-loss coefficient (default: {recipe.moe_z_loss_coeff}; not with --job)")
     parser.add_argument("--seed", type=int, default=recipe.data_seed, help="data order seed")

@@ -35,8 +35,9 @@ from executor.train.schedule import LRSchedule
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run's recipe (the layout and model are separate; defaults: spec.recipe). Steps are optimizer steps; sizes in
-    sequences and tokens; ``eval_every``/``checkpoint_every`` 0 means only at the end."""
+    """One training run's recipe (the layout and model are separate; the defaults are spec.recipe's). Steps
+    are optimizer steps; sizes in sequences and tokens; ``eval_every``/``checkpoint_every`` 0 means only at
+    the end."""
 
     data_path: str
     steps: int

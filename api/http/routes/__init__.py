@@ -1,1 +1,1 @@
-"""Thin routers: parse, authorise, call api.service.jobs / db, shape the answer."""
+"""Thin routers: parse, authorise, call one use case of api.service, shape the answer; no queries here."""
