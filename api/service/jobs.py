@@ -113,7 +113,7 @@ def _same_request_or_conflict(existing: Job, new: Job) -> Job:
                                                                                new.max_seconds)
     if not same:
         raise Conflict("idempotency-key-reused", "Idempotency key reused",
-                           f"job {existing.id} was submitted with this Idempotency-Key and a different request")
+                       f"job {existing.id} was submitted with this Idempotency-Key and a different request")
     return existing
 
 

@@ -49,8 +49,8 @@ def _training_spec(base: dict[str, Any], request: TrainingCreate) -> TrainingSpe
 def _check_batch(training: TrainingSpec, config: ParallelConfig) -> None:
     if training.global_batch_size % (config.dp * config.micro_batch_size):
         raise RuleViolation("body.global_batch_size", "batch_divides",
-                             f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
-                             f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
+                            f"global_batch_size {training.global_batch_size} is not a multiple of dp {config.dp} "
+                            f"x micro_batch_size {config.micro_batch_size} of layout {config.label()}")
 
 
 def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -76,12 +76,12 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
         best = session.get(Trial, job.best_trial_id) if job.best_trial_id is not None else None
         if best is None:
             raise RuleViolation("body.job_id", "job_has_best",
-                                 f"job {job.id} ({job.status}) has no best trial to train yet")
+                                f"job {job.id} ({job.status}) has no best trial to train yet")
         try:
             config = ParallelConfig.from_dict(best.config)
         except (FoldtuneError, TypeError) as exc:
             raise RuleViolation("body.job_id", "best_config_valid",
-                                 f"job {job.id}'s best trial has an unusable layout: {exc}") from None
+                                f"job {job.id}'s best trial has an unusable layout: {exc}") from None
         model_spec, cluster = job.model_spec, job.cluster
         training = _training_spec(job.training_spec, request)
         _check_batch(training, config)
@@ -107,7 +107,7 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
                    "hardware": resolved.hardware.to_dict()}
     if not os.path.exists(request.data_path):
         raise RuleViolation("body.data_path", "data_path_exists",
-                             f"data path {request.data_path!r} does not exist on the server")
+                            f"data path {request.data_path!r} does not exist on the server")
     row = Training(owner_id=owner.id, job_id=request.job_id, status="queued", config=config.to_dict(),
                    model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: request.recipe()},
                    cluster=cluster, data_path=request.data_path, steps=request.steps,
@@ -188,5 +188,5 @@ def cancel_training(session: Session, training: Training) -> Training:
     session.refresh(training)
     if training.status in ("succeeded", "failed"):
         raise Conflict("training-finished", "Training already finished",
-                           f"training {training.id} already {training.status}")
+                       f"training {training.id} already {training.status}")
     return training
