@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -63,3 +63,9 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 def is_postgres(engine_or_session) -> bool:
     bind = engine_or_session.get_bind() if isinstance(engine_or_session, Session) else engine_or_session
     return bind.dialect.name == "postgresql"
+
+
+def ping(engine: Engine) -> None:
+    """One round trip to the database; raises whatever the driver raises when it does not answer."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))

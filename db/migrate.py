@@ -15,6 +15,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from db.settings import database_settings
+
 VERSION_TABLE = "foldtune_alembic_version"
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -47,8 +49,6 @@ def current_revision(engine) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from db.settings import database_settings
-
     args = sys.argv[1:] if argv is None else argv
     url = database_settings(args[0] if args else None).url
     upgrade(url)

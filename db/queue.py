@@ -1,5 +1,5 @@
-"""The work queue runners pull from: claim a queued job (or training), heartbeat it, finish or release
-it, and give back work whose runner died.
+"""The work queue runners pull from: claim a queued job (or training), the oldest or a given one,
+heartbeat it, finish or release it, and give back work whose runner died.
 
 Every function here is one short transaction and commits it, so a runner never holds a lock while it
 computes. Claims are safe with many runners on one database: on PostgreSQL the candidate row is picked
@@ -66,6 +66,30 @@ def claim_next_job(session: Session, runner_id: str, *, now: datetime | None = N
 def claim_next_training(session: Session, runner_id: str, *, now: datetime | None = None) -> Training | None:
     """Like :func:`claim_next_job`, for trainings."""
     return _claim(session, Training, runner_id, now)
+
+
+def _claim_id(session: Session, model, row_id: int, runner_id: str, now: datetime | None):
+    now = now or utcnow()
+    result = session.execute(
+        update(model).where(model.id == row_id, model.status == "queued")
+        .values(status="running", claimed_by=runner_id, heartbeat_at=now, attempts=model.attempts + 1,
+                started_at=func.coalesce(model.started_at, now), updated_at=now)
+        .execution_options(synchronize_session=False))
+    session.commit()
+    return session.get(model, row_id, populate_existing=True) if result.rowcount == 1 else None
+
+
+def claim_job(session: Session, job_id: int, runner_id: str, *, now: datetime | None = None) -> Job | None:
+    """Claim the queued job ``job_id`` for ``runner_id`` (as :func:`claim_next_job` does for the oldest);
+    None when it is not queued (already claimed, finished or cancelled)."""
+    return _claim_id(session, Job, job_id, runner_id, now)
+
+
+def claim_training(session: Session, training_id: int, runner_id: str, *,
+                   now: datetime | None = None) -> Training | None:
+    """Like :func:`claim_job`, for the queued training ``training_id`` (``foldtune train --job`` runs the
+    one it just stored, not the oldest in the queue)."""
+    return _claim_id(session, Training, training_id, runner_id, now)
 
 
 def _guarded_update(session: Session, model, row_id: int, runner_id: str, **values) -> bool:

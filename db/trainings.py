@@ -1,14 +1,15 @@
-"""Per-step metrics of a training run. Claims and heartbeats of trainings are in db.queue."""
+"""Trainings as stored rows and their per-step metrics: record, page through, cancel. Claims and
+heartbeats of trainings are the queue's (db.queue)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from db.models import TrainingMetric
+from db.models import Training, TrainingMetric, utcnow
 
 METRIC_FIELDS = ("loss", "eval_loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
                  "peak_memory_bytes", "expert_load_max", "expert_load_mean")
@@ -28,3 +29,59 @@ def record_training_metrics(session: Session, training_id: int, rows: Iterable[d
         session.add_all(TrainingMetric(training_id=training_id, **row) for row in rows)
     session.commit()
     return len(rows)
+
+
+def trainings_page(session: Session, owner_id: int, *, status: str | None, limit: int,
+                    offset: int) -> tuple[list[Training], int]:
+    """A page of the owner's trainings, newest first, and how many match in all."""
+    where = [Training.owner_id == owner_id]
+    if status is not None:
+        where.append(Training.status == status)
+    total = session.scalar(select(func.count()).select_from(Training).where(*where))
+    rows = list(session.scalars(select(Training).where(*where)
+                                .order_by(Training.created_at.desc(), Training.id.desc()).limit(limit).offset(offset)))
+    return rows, total
+
+
+def latest_metrics(session: Session, ids: list[int]) -> dict[int, TrainingMetric]:
+    """The last stored metrics row of each training in ``ids``."""
+    if not ids:
+        return {}
+    last = (select(TrainingMetric.training_id, func.max(TrainingMetric.step).label("step"))
+            .where(TrainingMetric.training_id.in_(ids)).group_by(TrainingMetric.training_id).subquery())
+    rows = session.scalars(select(TrainingMetric).join(
+        last, (TrainingMetric.training_id == last.c.training_id) & (TrainingMetric.step == last.c.step)))
+    return {m.training_id: m for m in rows}
+
+
+def metrics_after(session: Session, training_id: int, after_step: int, limit: int) -> list[TrainingMetric]:
+    """Up to ``limit`` metrics rows of the training with step > ``after_step``, in step order."""
+    return list(session.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id,
+                                                             TrainingMetric.step > after_step)
+                                .order_by(TrainingMetric.step).limit(limit)))
+
+
+def metric_of_step(session: Session, training_id: int, step: int) -> TrainingMetric | None:
+    """The stored metrics row of one step (1-based) of the training, or None."""
+    return session.scalar(select(TrainingMetric).where(TrainingMetric.training_id == training_id,
+                                                       TrainingMetric.step == step))
+
+
+def step_times(session: Session, training_id: int) -> list[float | None]:
+    """Seconds per step of every stored step of the training (None where a step has none)."""
+    return list(session.scalars(select(TrainingMetric.step_time_s).where(TrainingMetric.training_id == training_id)))
+
+
+def predicted_step_time(session: Session, training_id: int) -> float | None:
+    return session.scalar(select(Training.predicted_step_time_s).where(Training.id == training_id))
+
+
+def cancel_training(session: Session, training_id: int) -> bool:
+    """Cancel the training if it is queued or running (one guarded UPDATE, as db.jobs.cancel_job); whether
+    it was. Commits."""
+    now = utcnow()
+    result = session.execute(
+        update(Training).where(Training.id == training_id, Training.status.in_(("queued", "running")))
+        .values(status="cancelled", finished_at=now, updated_at=now).execution_options(synchronize_session=False))
+    session.commit()
+    return result.rowcount == 1

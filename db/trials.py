@@ -1,8 +1,9 @@
-"""Trials of a job as the search runs them: start, heartbeat, finish, and the best one.
+"""Trials of a job as the search runs them: start, heartbeat, finish, the best one, and a page of them.
 
-Each function is one short transaction and commits it. A trial's ``number`` is its Optuna trial
-number; (job_id, number) is unique, so a trial recorded twice raises ``sqlalchemy.exc.IntegrityError``
-instead of appearing twice.
+Each writing function is one short transaction and commits it. A trial's ``number`` is its Optuna
+trial number and the key the runner records it under; (job_id, number) is unique, so :func:`start_trial`
+raises ``sqlalchemy.exc.IntegrityError`` for a trial stored twice, and :func:`record_trial_start` (the
+runner's, which may replay a trial after a restart) returns the stored one instead.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.models import Job, Trial, utcnow
 
 FINISHED_TRIAL_STATUSES = ("succeeded", "pruned", "failed")
+LOST = "lost"  # failure_kind of a trial whose runner stopped mid-trial
 
 
 def start_trial(session: Session, job_id: int, number: int, config: dict[str, Any], *, runner_id: str,
@@ -29,14 +32,6 @@ def start_trial(session: Session, job_id: int, number: int, config: dict[str, An
     session.add(trial)
     session.commit()
     return trial
-
-
-def heartbeat_trial(session: Session, trial_id: int, *, now: datetime | None = None) -> bool:
-    """Keep a running trial alive; False when it is no longer running (declared lost, or its job cancelled)."""
-    result = session.execute(update(Trial).where(Trial.id == trial_id, Trial.status == "running")
-                             .values(heartbeat_at=now or utcnow()).execution_options(synchronize_session=False))
-    session.commit()
-    return result.rowcount == 1
 
 
 def finish_trial(session: Session, trial_id: int, status: str, *, measurement: dict[str, Any] | None = None,
@@ -86,3 +81,70 @@ def best_trial(session: Session, *, owner_id: int, signature: str) -> Trial | No
 def trials_of_job(session: Session, job_id: int) -> list[Trial]:
     """Every trial of a job in Optuna number order (what a resumed runner replays into its study)."""
     return list(session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)))
+
+
+def trial_by_number(session: Session, job_id: int, number: int) -> Trial | None:
+    return session.scalar(select(Trial).where(Trial.job_id == job_id, Trial.number == number))
+
+
+def record_trial_start(session: Session, job_id: int, number: int, config: dict[str, Any], *, runner_id: str,
+                       label: str | None, predicted: dict[str, Any] | None,
+                       predicted_step_time_s: float | None) -> int:
+    """Insert trial ``number`` of ``job_id`` as running, or return the existing row's id (a replay after a
+    restart, or a concurrent insert): a trial is stored once whatever happens."""
+    existing = trial_by_number(session, job_id, number)
+    if existing is not None:
+        return existing.id
+    try:
+        return start_trial(session, job_id, number, config, runner_id=runner_id, label=label, predicted=predicted,
+                           predicted_step_time_s=predicted_step_time_s).id
+    except IntegrityError:
+        session.rollback()
+        return trial_by_number(session, job_id, number).id
+
+
+def record_trial_finish(session: Session, job_id: int, number: int, status: str, *,
+                        measurement: dict[str, Any] | None = None, step_time_s: float | None = None,
+                        failure_kind: str | None = None, failure_reason: str | None = None) -> bool:
+    """Finish trial ``number`` with what the search decided. A row that was declared lost meanwhile (its
+    runner missed heartbeats) is overwritten: the search's verdict is the truth. A cancelled or already
+    finished row is left alone. Returns whether the row changed."""
+    trial = trial_by_number(session, job_id, number)
+    if trial is None:
+        return False
+    if trial.status != "running":
+        if trial.failure_kind != LOST:
+            return False
+        session.execute(update(Trial).where(Trial.id == trial.id, Trial.failure_kind == LOST)
+                        .values(status="running", failure_kind=None, failure_reason=None, finished_at=None)
+                        .execution_options(synchronize_session=False))
+        session.commit()
+    return finish_trial(session, trial.id, status, measurement=measurement, step_time_s=step_time_s,
+                        failure_kind=failure_kind, failure_reason=failure_reason)
+
+
+def fail_running_trials(session: Session, job_id: int, reason: str) -> list[int]:
+    """Mark the job's still-running trials failed as lost (their runner stopped); returns their numbers."""
+    numbers = list(session.scalars(select(Trial.number).where(Trial.job_id == job_id, Trial.status == "running")))
+    session.execute(update(Trial).where(Trial.job_id == job_id, Trial.status == "running")
+                    .values(status="failed", failure_kind=LOST, failure_reason=reason, finished_at=utcnow())
+                    .execution_options(synchronize_session=False))
+    session.commit()
+    return numbers
+
+
+def heartbeat_running_trials(session: Session, job_id: int, runner_id: str) -> int:
+    """Refresh the heartbeat of the job's trials this runner is running; returns how many."""
+    result = session.execute(update(Trial).where(Trial.job_id == job_id, Trial.status == "running",
+                                                 Trial.runner_id == runner_id)
+                             .values(heartbeat_at=utcnow()).execution_options(synchronize_session=False))
+    session.commit()
+    return result.rowcount
+
+
+def trials_page(session: Session, job_id: int, limit: int, offset: int) -> tuple[list[Trial], int]:
+    """A page of the job's trials in Optuna number order, and how many it has in all."""
+    total = session.scalar(select(func.count()).select_from(Trial).where(Trial.job_id == job_id))
+    trials = list(session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)
+                                  .limit(limit).offset(offset)))
+    return trials, total

@@ -31,6 +31,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from executor import progress
@@ -162,6 +163,21 @@ def _cluster_total(resource_name: str) -> float:
     import ray
 
     return ray.cluster_resources().get(resource_name, 0.0)
+
+
+@dataclass(frozen=True)
+class RayCapacity:
+    """What the Ray cluster has in all: CPUs and GPUs (whole or fractional units)."""
+
+    cpus: float
+    gpus: float
+
+
+def attach_ray(address: str | None = None) -> RayCapacity:
+    """Start or attach to Ray as :func:`ensure_ray` does, and size the cluster. Call it from the main
+    thread before any other: Ray installs its signal handlers only there."""
+    ensure_ray(address)
+    return RayCapacity(cpus=_cluster_total("CPU"), gpus=_cluster_total("GPU"))
 
 
 def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,

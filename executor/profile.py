@@ -127,7 +127,9 @@ def _max_of(reports: list[dict], key: str) -> int | None:
     return max(values) if values else None
 
 
-def _peak_flops(device_name: str, precision: str, hardware: str | None) -> float | None:
+def peak_flops(device_name: str, precision: str, hardware: str | None) -> float | None:
+    """The datasheet peak (FLOP/s per GPU) at ``precision`` of the hardware profile ``hardware``, else of
+    the one ``device_name`` (a torch device name, or "cpu") points to; None for an unknown device."""
     name = hardware
     if name is None:
         lowered = device_name.lower()
@@ -203,7 +205,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     phases = by_rank[0]
     device_name = reports[0].get("device_name", "cpu")
     flops = flops_per_step(model, training.seq_length, training.global_batch_size)
-    peak = _peak_flops(device_name, training.precision, hardware)
+    peak = peak_flops(device_name, training.precision, hardware)
     return Measurement(
         ok=True, device=device_name, step_time=step_time, step_times=per_step, phases=phases,
         tokens_per_s_per_gpu=training.global_batch_size * training.seq_length / step_time / config.world_size,

@@ -410,6 +410,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
             study.tell(trial, state=TrialState.FAIL)
             state = "failed"
         emit("trial_finished", {"number": trial.number, "layout": cand.config.label(), "state": state,
+                                "measurement": m,
                                 "step_time": getattr(m, "step_time", None) if m is not None else None,
                                 "predicted_step_time": cand.predicted_step_time,
                                 "failure_reason": trial.user_attrs.get(ATTR_FAILURE) if state == "failed" else None})

@@ -3,7 +3,11 @@ reached or migrated as one FoldtuneError line instead of a driver traceback."""
 
 from __future__ import annotations
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
 from spec.errors import FoldtuneError
+from db.migrate import upgrade
 
 
 class DatabaseUnavailableError(FoldtuneError):
@@ -12,11 +16,6 @@ class DatabaseUnavailableError(FoldtuneError):
 
 def migrate_or_explain(url: str) -> None:
     """``db.migrate.upgrade(url)``; database failures become a DatabaseUnavailableError naming the URL."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
-    from db.migrate import upgrade
-
     try:
         safe = make_url(url).render_as_string(hide_password=True)
     except ArgumentError:

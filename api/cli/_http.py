@@ -7,7 +7,9 @@ import argparse
 import os
 from typing import Any
 
-from api.settings import DEFAULT_HOST, DEFAULT_PORT
+import httpx
+
+from api.http.settings import DEFAULT_HOST, DEFAULT_PORT
 from spec.errors import FoldtuneError
 
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
@@ -26,8 +28,6 @@ class ApiClient:
     """Calls ``/v1`` endpoints and returns their JSON bodies."""
 
     def __init__(self, url: str, api_key: str | None, timeout_s: float = 30.0) -> None:
-        import httpx
-
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
@@ -42,8 +42,6 @@ class ApiClient:
         return cls(url, key)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
-
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError:

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.dataset.prepare import prepare_dataset
+    from executor.dataset.prepare import prepare_dataset  # imports torch: not for `foldtune --help`
 
     done = prepare_dataset(args.inputs, args.out, args.heldout, args.shard_tokens, args.overwrite)
     print(f"prepared {done.path}: {done.documents} documents, {done.train_tokens} training tokens, "

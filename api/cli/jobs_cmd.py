@@ -6,6 +6,7 @@ import argparse
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
 from api.cli.submit_cmd import _all_trials, follow_job, trial_line
+from spec.errors import SpecError
 
 HELP = "list tuning jobs, or show one job and its trials"
 
@@ -22,8 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spec.errors import SpecError
-
     if (args.cancel or args.wait) and args.id is None:
         raise SpecError("--cancel and --wait need a job ID")
     with ApiClient.from_args(args) as client:

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from api.cli._db import migrate_or_explain
+from spec.errors import SpecError
+from db.engine import make_engine, make_sessionmaker
+from db.keys import create_api_key, revoke_keys
+from db.settings import database_settings
+
 HELP = "create API keys in the local database (printed once)"
 
 
@@ -18,11 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from api.cli._db import migrate_or_explain
-    from spec.errors import SpecError
-    from db.engine import make_engine, make_sessionmaker
-    from db.keys import create_api_key, revoke_keys
-    from db.settings import database_settings
 
     name = args.name.strip()
     if not 1 <= len(name) <= 100 or "\x00" in name:

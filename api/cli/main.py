@@ -13,6 +13,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from spec.catalog import load_catalog_file, load_env_catalog
+from spec.errors import FoldtuneError
+
 # command name -> (module, one-line help). Help is duplicated here so `foldtune --help` stays instant.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("api.cli.plan_cmd", "rank every valid folded layout for a model on a cluster (cost model only)"),
@@ -56,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spec.catalog import load_catalog_file, load_env_catalog
-    from spec.errors import FoldtuneError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
+
+from costmodel.params import total_param_counts
+from planner.enumerate import SearchSpace
+from planner.megatron_args import format_megatron_args, megatron_args
+from planner.rank import explain_layout, plan
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -66,8 +72,6 @@ def _specs(args: argparse.Namespace):
 
 
 def _space(args: argparse.Namespace):
-    from planner.enumerate import SearchSpace
-
     return SearchSpace(mbs_max=args.mbs_max)
 
 
@@ -94,8 +98,6 @@ def _count(n: float) -> str:
 
 
 def _header(model, training, cluster, space) -> dict[str, Any]:
-    from costmodel.params import total_param_counts
-
     total, active = total_param_counts(model)
     return {
         "model": model.name, "params_total": total, "params_active": active,
@@ -177,15 +179,10 @@ def _breakdown_lines(e) -> list[str]:
 
 def _argv(config, model, training) -> list[str]:
     """Megatron-LM arguments as an argv list (JSON: no shell quoting needed)."""
-    from planner.megatron_args import megatron_args
-
     return [token for flag in megatron_args(config, model, training) for token in flag]
 
 
 def _explain(args, model, training, cluster) -> int:
-    from planner.megatron_args import format_megatron_args
-    from planner.rank import explain_layout
-
     verdict = explain_layout(model, training, cluster, args.explain)
     header = _header(model, training, cluster, _space(args))
     if args.json:
@@ -218,8 +215,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except BrokenPipeError:  # `foldtune plan ... | head`: the reader left; exit quietly, as Unix tools do
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
@@ -228,9 +223,6 @@ def _run(args: argparse.Namespace) -> int:
     model, training, cluster = _specs(args)
     if args.explain is not None:
         return _explain(args, model, training, cluster)
-    from planner.megatron_args import format_megatron_args
-    from planner.rank import plan
-
     space = _space(args)
     result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
                   workers=args.workers)

@@ -11,6 +11,10 @@ import argparse
 import math
 
 from spec.dispatchers import DISPATCHERS
+from spec.catalog import get_model
+from spec.errors import SpecError
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 HELP = "run and measure one layout of the real MoE training step locally"
 
@@ -39,12 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and the executor: only the command that profiles pays for them, not `foldtune --help`
     import torch
 
-    from spec.catalog import get_model
-    from spec.errors import SpecError
-    from spec.parallel_config import ParallelConfig
-    from spec.training_spec import TrainingSpec
     from executor.options import ExecutorOptions
     from executor.profile import profile_layout
 

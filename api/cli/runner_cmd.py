@@ -7,6 +7,11 @@ queue for this or another runner), or with ``--once`` until the queue is empty.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+
+from api.cli.tune_cmd import TrialPrinter
 
 HELP = "claim queued tuning jobs from the database and run their trials through Ray"
 
@@ -23,12 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-    import os
-    import signal
-
-    from api.cli.tune_cmd import TrialPrinter
-    from api.runner import Runner, RunnerSettings
+    # the worker imports torch, Optuna and the executor: only `foldtune runner` itself pays for them
+    from api.worker.runner import Runner, RunnerSettings
 
     if args.ray_address:
         os.environ["FOLDTUNE_RAY_ADDRESS"] = args.ray_address

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from api.cli._db import migrate_or_explain
+from api.http.app import create_app
+from api.http.settings import ApiSettings
+from db.migrate import head_revision
 
 HELP = "migrate the database and serve the HTTP API"
 
@@ -17,15 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    import uvicorn
-
-    from api.app import create_app
-    from api.cli._db import migrate_or_explain
-    from api.settings import ApiSettings
-    from db.migrate import head_revision
-
     settings = ApiSettings.from_env(args.database_url)
     settings = replace(settings, host=args.host or settings.host, port=args.port or settings.port)
     migrate_or_explain(settings.database_url)
@@ -35,6 +35,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
     return make_url(url).render_as_string(hide_password=True)

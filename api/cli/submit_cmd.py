@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
+
+import yaml
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from spec.errors import SpecError
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -31,13 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _model_fields(args: argparse.Namespace) -> dict:
     if args.model:
         return {"model": args.model}
-    import json
-    from pathlib import Path
-
-    import yaml
-
-    from spec.errors import SpecError
-
     path = Path(args.model_file)
     try:
         text = path.read_text()

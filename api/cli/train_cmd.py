@@ -10,9 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from api.cli._db import migrate_or_explain
+from api.cli.train_job import run_job_training
+from api.worker.metrics import DatabaseMetrics
+from spec.catalog import get_model
+from spec.errors import SpecError
+from spec.parallel_config import ParallelConfig
+from spec.recipe import DEFAULT_RECIPE
+from db.settings import database_settings
+
 HELP = "train a model with one folded layout (or a tuning job's best) on local data, with checkpoints and resume"
 DEFAULT_SEQ, DEFAULT_GBS = 256, 16
-DEFAULT_AUX_LOSS, DEFAULT_Z_LOSS = 1e-2, 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,21 +35,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps in total (a resume continues)")
     parser.add_argument("--seq", type=int, help=f"sequence length in tokens (default: {DEFAULT_SEQ})")
     parser.add_argument("--gbs", type=int, help=f"global batch size in sequences (default: {DEFAULT_GBS})")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
-    parser.add_argument("--min-lr", type=float, default=3e-4, help="final learning rate (default: 3e-4)")
-    parser.add_argument("--warmup", type=int, default=20, help="warm-up steps (default: 20)")
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--clip-grad", type=float, default=1.0, help="max global gradient norm (0: no clipping)")
-    parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (0: end only)")
-    parser.add_argument("--eval-batches", type=int, default=4, help="held-out global batches per evaluation")
+    recipe = DEFAULT_RECIPE
+    parser.add_argument("--lr", type=float, default=recipe.lr, help=f"peak learning rate (default: {recipe.lr:g})")
+    parser.add_argument("--min-lr", type=float, default=recipe.min_lr,
+                        help=f"final learning rate (default: {recipe.min_lr:g})")
+    parser.add_argument("--warmup", type=int, default=recipe.warmup_steps,
+                        help=f"warm-up steps (default: {recipe.warmup_steps})")
+    parser.add_argument("--weight-decay", type=float, default=recipe.weight_decay)
+    parser.add_argument("--clip-grad", type=float, default=recipe.max_grad_norm,
+                        help="max global gradient norm (0: no clipping)")
+    parser.add_argument("--eval-every", type=int, default=recipe.eval_every,
+                        help=f"steps between held-out evaluations (default: {recipe.eval_every}; 0: end only)")
+    parser.add_argument("--eval-batches", type=int, default=recipe.eval_batches,
+                        help="held-out global batches per evaluation")
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from); with --job the "
                                                  "default is <data dir>/checkpoints/job-ID")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
     parser.add_argument("--aux-loss-coeff", type=float,
-                        help=f"MoE load-balancing loss coefficient (default: {DEFAULT_AUX_LOSS}; not with --job)")
+                        help=f"MoE load-balancing loss coefficient (default: {recipe.moe_aux_loss_coeff}; "
+                             "not with --job)")
     parser.add_argument("--z-loss-coeff", type=float,
-                        help=f"router z-loss coefficient (default: {DEFAULT_Z_LOSS}; not with --job)")
-    parser.add_argument("--seed", type=int, default=0, help="data order seed")
+                        help=f"router z-loss coefficient (default: {recipe.moe_z_loss_coeff}; not with --job)")
+    parser.add_argument("--seed", type=int, default=recipe.data_seed, help="data order seed")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="with --job: the job's hardware decides (a GPU profile: cuda, cpu: cpu)")
     parser.add_argument("--training-id", type=int,
@@ -49,38 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="service database (default: FOLDTUNE_DATABASE_URL or ~/.foldtune)")
 
 
-class DatabaseMetrics:
-    """``on_step`` sink: rank 0 stores each step's metrics of training ``training_id`` (db.trainings).
-
-    Picklable (it holds only the URL), so spawned ranks open their own engine on first use. ``peak_flops``
-    (per GPU, FLOP/s) turns TFLOPS into MFU; ``None`` leaves MFU empty.
-    """
-
-    def __init__(self, url: str, training_id: int, peak_flops: float | None = None):
-        self.url, self.training_id, self.peak_flops = url, training_id, peak_flops
-        self._sessions = None
-
-    def row(self, m) -> dict:
-        mfu = m.tflops_per_gpu * 1e12 / self.peak_flops if self.peak_flops else None
-        return {"step": m.step + 1, "loss": m.loss, "eval_loss": m.eval_loss, "lr": m.lr, "grad_norm": m.grad_norm,
-                "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s, "tflops_per_gpu": m.tflops_per_gpu,
-                "mfu": mfu, "peak_memory_bytes": m.peak_memory_bytes, "expert_load_max": m.expert_load_max,
-                "expert_load_mean": m.expert_load_mean}
-
-    def __call__(self, rank: int, m) -> None:
-        if rank != 0:
-            return
-        from db.trainings import record_training_metrics
-
-        if self._sessions is None:
-            from db.engine import make_engine, make_sessionmaker
-
-            self._sessions = make_sessionmaker(make_engine(self.url))
-        with self._sessions() as session:
-            record_training_metrics(session, self.training_id, [self.row(m)])
-
-    def __getstate__(self):
-        return {"url": self.url, "training_id": self.training_id, "peak_flops": self.peak_flops, "_sessions": None}
 
 
 class _Progress:
@@ -108,16 +91,13 @@ def print_progress(rank: int, m) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.job is not None:
-        from api.cli.train_job import run_job_training
-
         return run_job_training(args)
+    # torch and the executor: only the command that trains pays for them, not `foldtune --help`
     import torch
 
-    from spec.catalog import get_model
-    from spec.errors import SpecError
-    from spec.parallel_config import ParallelConfig
     from executor.options import ExecutorOptions
     from executor.parallel.tensor_parallel import check_layout
+    from executor.profile import peak_flops
     from executor.train.loop import TrainConfig, train_local
 
     if args.model is None:
@@ -134,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       data_seed=args.seed)
     options = ExecutorOptions(
-        moe_aux_loss_coeff=DEFAULT_AUX_LOSS if args.aux_loss_coeff is None else args.aux_loss_coeff,
-        moe_z_loss_coeff=DEFAULT_Z_LOSS if args.z_loss_coeff is None else args.z_loss_coeff)
+        moe_aux_loss_coeff=DEFAULT_RECIPE.moe_aux_loss_coeff if args.aux_loss_coeff is None else args.aux_loss_coeff,
+        moe_z_loss_coeff=DEFAULT_RECIPE.moe_z_loss_coeff if args.z_loss_coeff is None else args.z_loss_coeff)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
@@ -143,14 +123,10 @@ def run(args: argparse.Namespace) -> int:
           f"of {args.gbs}×{args.seq} tokens", flush=True)
     sink = None
     if args.training_id is not None:
-        from api.cli._db import migrate_or_explain
-        from db.settings import database_settings
-        from executor.profile import _peak_flops
-
         url = database_settings(args.database_url).url
         migrate_or_explain(url)
         name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-        sink = DatabaseMetrics(url, args.training_id, _peak_flops(name, "bf16" if device == "cuda" else "fp32", None))
+        sink = DatabaseMetrics(url, args.training_id, peak_flops(name, "bf16" if device == "cuda" else "fp32", None))
     report = train_local(model, config, cfg, options, on_step=_Progress(sink), device=device)
     if report.resumed_from:
         print(f"resumed from {report.resumed_from} (saved as {report.resumed_layout}) at step {report.start_step}")

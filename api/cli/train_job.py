@@ -1,9 +1,9 @@
 """``foldtune train --job ID``: train the best layout of a finished tuning job, through the service code.
 
 The training is stored exactly as ``POST /v1/trainings {"job_id": ID}`` stores it
-(:func:`api.trainings_service.submit_training`: the job's model, cluster, sequence length, batch and
+(:func:`api.service.trainings.submit_training`: the job's model, cluster, sequence length, batch and
 precision, its best trial's layout and that trial's predicted step time), then run in this process by the
-same runner code ``foldtune runner`` uses (:meth:`api.runner.Runner.run_training_id`: Ray launcher, rank 0
+same runner code ``foldtune runner`` uses (:meth:`api.worker.runner.Runner.run_training_id`: Ray launcher, rank 0
 writing every step's metrics to the database, heartbeat), as ``foldtune tune`` runs its job. Each step is
 printed from the stored metrics row, with the measured step time next to the cost model's prediction.
 """
@@ -15,7 +15,19 @@ import os
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+
+from api.cli._db import migrate_or_explain
+from api.cli.trainings_cmd import metric_line, step_time_line
+from api.cli.tune_cmd import check_ray_has_room
+from api.schemas.trainings import TrainingCreate, TrainingMetricOut
+from api.service.trainings import cancel_training, submit_training, training_views
 from spec.errors import SpecError
+from spec.hardware import HardwareProfile
+from db.models import Job, Owner, Training
+from db.settings import database_settings
+from db.trainings import metric_of_step
 
 
 def _job_fields(job) -> dict[str, object]:
@@ -40,10 +52,6 @@ def check_no_conflicts(args: argparse.Namespace, job, device: str) -> None:
 
 def training_request(args: argparse.Namespace, checkpoint_dir: str):
     """The POST /v1/trainings body ``foldtune train --job`` stands for (schema errors as one SpecError)."""
-    from pydantic import ValidationError
-
-    from api.schemas.trainings import TrainingCreate
-
     body = {"job_id": args.job, "data_path": os.path.abspath(args.data), "steps": args.steps,
             "checkpoint_dir": checkpoint_dir, "checkpoint_every": args.checkpoint_every, "lr": args.lr,
             "min_lr": args.min_lr, "warmup_steps": args.warmup, "weight_decay": args.weight_decay,
@@ -67,15 +75,8 @@ class StoredStepPrinter:
         self.sessions, self.training_id, self.predicted_s = sessions, training_id, predicted_s
 
     def __call__(self, step: int) -> None:
-        from sqlalchemy import select
-
-        from api.cli.trainings_cmd import metric_line
-        from api.schemas.trainings import TrainingMetricOut
-        from db.models import TrainingMetric
-
         with self.sessions() as session:
-            row = session.scalar(select(TrainingMetric).where(TrainingMetric.training_id == self.training_id,
-                                                              TrainingMetric.step == step))
+            row = metric_of_step(session, self.training_id, step)
             if row is None:  # rank 0 stores before it reports, so only a lost write gets here
                 print(f"step {step:>6}  (metrics not stored)", flush=True)
                 return
@@ -84,14 +85,8 @@ class StoredStepPrinter:
 
 
 def run_job_training(args: argparse.Namespace) -> int:
-    from api.cli._db import migrate_or_explain
-    from api.cli.trainings_cmd import step_time_line
-    from api.cli.tune_cmd import _check_ray_has_room
-    from api.problems import ProblemError
-    from api.runner import Runner, RunnerSettings
-    from api.trainings_service import cancel_training, submit_training, training_views
-    from spec.hardware import HardwareProfile
-    from db.models import Job, Owner, Training
+    # the worker imports torch, Optuna and the executor: only `foldtune train --job` itself pays for them
+    from api.worker.runner import Runner, RunnerSettings
 
     start = time.monotonic()
     settings = RunnerSettings.from_env(args.database_url, runner_id=f"train-{os.getpid()}")
@@ -111,14 +106,11 @@ def run_job_training(args: argparse.Namespace) -> int:
             job_id, num_gpus, owner_id = job.id, job.num_gpus, job.owner_id
         checkpoint_dir = args.checkpoint_dir or str(_default_checkpoint_dir(args.database_url, job_id))
         request = training_request(args, checkpoint_dir)
-        _check_ray_has_room(gpu, num_gpus)  # outside a transaction: starting Ray takes seconds
+        check_ray_has_room(gpu, num_gpus)  # outside a transaction: starting Ray takes seconds
         with runner.sessions() as session:
             # The local CLI reads the database directly: the job's owner (the local one for `foldtune tune`,
             # an API key's owner for a submitted job) owns the training too, as over HTTP.
-            try:
-                row = submit_training(session, session.get(Owner, owner_id), request)
-            except ProblemError as exc:
-                raise SpecError(str(exc)) from None
+            row = submit_training(session, session.get(Owner, owner_id), request)  # domain errors: main reports
             view = training_views(session, [row])[0]
         predicted = view.predicted_step_time_s
         print(f"database {_safe_url(settings.database_url)}; training {view.id} stored: job {job_id}'s best layout "
@@ -146,14 +138,10 @@ def run_job_training(args: argparse.Namespace) -> int:
 
 
 def _default_checkpoint_dir(database_url: str | None, job_id: int) -> Path:
-    from db.settings import database_settings
-
     return database_settings(database_url).data_dir / "checkpoints" / f"job-{job_id}"
 
 
 def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
     return make_url(url).render_as_string(hide_password=True)
 
 

@@ -73,8 +73,6 @@ def follow(client: ApiClient, training_id: int, poll_s: float) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spec.errors import SpecError
-
     if (args.cancel or args.wait) and args.id is None:
         raise SpecError("--cancel and --wait need a training ID")
     with ApiClient.from_args(args) as client:

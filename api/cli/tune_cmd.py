@@ -13,7 +13,17 @@ ends with the best layout and the measured-vs-predicted table.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
+
+from pydantic import ValidationError
+
+from api.schemas.jobs import JobCreate
+from api.service.jobs import submit_job
+from spec.errors import SpecError
+from spec.profile_io import use_profile_file
+from db.keys import get_or_create_owner
 
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
 LOCAL_OWNER = "local"
@@ -86,16 +96,14 @@ class TrialPrinter:
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
 
 
-def _check_ray_has_room(gpu: str, gpus: int) -> None:
-    """One clear error before anything is stored when the Ray cluster cannot place the job's ranks."""
-    import ray
+def check_ray_has_room(gpu: str, gpus: int) -> None:
+    """Start or attach to Ray (the launcher's :func:`attach_ray`), and one clear error before anything is
+    stored when its cluster cannot place the job's ``gpus`` ranks."""
+    from executor import launch_ray  # starts Ray and imports torch: only for the commands that run ranks
 
-    from spec.errors import SpecError
-    from executor.launch_ray import ensure_ray
-
-    ensure_ray()
+    capacity = launch_ray.attach_ray()
     kind = "CPU" if gpu.lower() == "cpu" else "GPU"
-    have = ray.cluster_resources().get(kind, 0.0)
+    have = capacity.cpus if kind == "CPU" else capacity.gpus
     if have < gpus:
         hint = " (--gpu cpu runs CPU ranks)" if kind == "GPU" else f" (set FOLDTUNE_RAY_NUM_CPUS >= {gpus})"
         raise SpecError(f"--gpus {gpus} x {gpu} needs {gpus} {kind}s in the Ray cluster, it has {have:g}{hint}")
@@ -106,22 +114,12 @@ def _ms(seconds: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-    import time
-
-    from pydantic import ValidationError
-
-    from api.jobs_service import submit_job
-    from api.problems import ProblemError
-    from api.runner import Runner, RunnerSettings
-    from api.runner_trials import TrialSettings
-    from api.schemas.jobs import JobCreate
-    from spec.errors import SpecError
-    from db.keys import get_or_create_owner
+    # the worker imports torch, Optuna and the executor: only `foldtune tune` itself pays for them
+    from api.worker.runner import Runner, RunnerSettings
+    from api.worker.trials import TrialSettings
 
     hardware_name = args.gpu
     if args.profile:  # registered under its own name; its GPU kind decides CPU or GPU ranks
-        from spec.profile_io import use_profile_file
         profile = use_profile_file(args.profile)
         hardware_name, args.gpu = profile.name, profile.gpu.name
     precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")
@@ -140,16 +138,13 @@ def run(args: argparse.Namespace) -> int:
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial)
-    _check_ray_has_room(args.gpu, args.gpus)
+    check_ray_has_room(args.gpu, args.gpus)
     runner = Runner(settings, on_event=TrialPrinter())
     try:
         with runner.sessions() as session:
             owner = get_or_create_owner(session, LOCAL_OWNER)
             session.commit()
-            try:
-                job, _ = submit_job(session, owner, request, None)
-            except ProblemError as exc:
-                raise SpecError(str(exc)) from None
+            job, _ = submit_job(session, owner, request, None)  # a domain error is a FoldtuneError: main reports it
         print(f"database {settings.database_url}; job {job.id} stored, running it here "
               f"(Ray: {os.environ.get('FOLDTUNE_RAY_ADDRESS') or 'local'})", flush=True)
         status = runner.run_job_id(job.id)

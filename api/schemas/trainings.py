@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 
 from api.schemas.common import MAX_ID, Name, _no_nul
 from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
+from spec.recipe import DEFAULT_RECIPE
 
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -44,17 +45,20 @@ class TrainingCreate(BaseModel):
     steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps")
     checkpoint_dir: ServerPath = Field(description="where checkpoints are written and resumed from, on the server")
     checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints; 0: only at the end")
-    lr: float = Field(3e-3, gt=0, le=10, description="peak learning rate")
-    min_lr: float = Field(3e-4, ge=0, le=10, description="learning rate at the end of the cosine decay")
-    warmup_steps: int = Field(10, ge=0, le=MAX_STEPS)
-    weight_decay: float = Field(0.01, ge=0, le=10)
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
-    eval_every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations; 0: at the end")
-    eval_batches: int = Field(4, ge=1, le=10_000)
-    data_seed: int = Field(0, ge=0, le=MAX_ID)
-    moe_aux_loss_coeff: float = Field(1e-2, ge=0, le=100, description="MoE load-balancing loss coefficient "
-                                                                      "(as `foldtune train`)")
-    moe_z_loss_coeff: float = Field(1e-3, ge=0, le=100, description="router z-loss coefficient")
+    lr: float = Field(DEFAULT_RECIPE.lr, gt=0, le=10, description="peak learning rate")
+    min_lr: float = Field(DEFAULT_RECIPE.min_lr, ge=0, le=10,
+                          description="learning rate at the end of the cosine decay")
+    warmup_steps: int = Field(DEFAULT_RECIPE.warmup_steps, ge=0, le=MAX_STEPS)
+    weight_decay: float = Field(DEFAULT_RECIPE.weight_decay, ge=0, le=10)
+    max_grad_norm: float = Field(DEFAULT_RECIPE.max_grad_norm, gt=0, le=1e6)
+    eval_every: int = Field(DEFAULT_RECIPE.eval_every, ge=0, le=MAX_STEPS,
+                            description="steps between held-out evaluations; 0: at the end")
+    eval_batches: int = Field(DEFAULT_RECIPE.eval_batches, ge=1, le=10_000)
+    data_seed: int = Field(DEFAULT_RECIPE.data_seed, ge=0, le=MAX_ID)
+    moe_aux_loss_coeff: float = Field(DEFAULT_RECIPE.moe_aux_loss_coeff, ge=0, le=100,
+                                      description="MoE load-balancing loss coefficient (as `foldtune train`)")
+    moe_z_loss_coeff: float = Field(DEFAULT_RECIPE.moe_z_loss_coeff, ge=0, le=100,
+                                    description="router z-loss coefficient")
 
     @model_validator(mode="after")
     def _one_source(self) -> TrainingCreate:
@@ -77,8 +81,7 @@ class TrainingCreate(BaseModel):
 
     def recipe(self) -> dict[str, Any]:
         """The optimizer/evaluation settings the runner passes to the training loop."""
-        return self.model_dump(include={"lr", "min_lr", "warmup_steps", "weight_decay", "max_grad_norm",
-                                        "eval_every", "eval_batches", "data_seed", *LOSS_OPTIONS})
+        return self.model_dump(include=set(DEFAULT_RECIPE.to_dict()))
 
 
 class TrainingMetricOut(BaseModel):

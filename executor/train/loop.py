@@ -22,6 +22,7 @@ from spec.flops import flops_per_step, tflops_per_gpu
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.validity import batch_rule
+from spec.recipe import DEFAULT_RECIPE
 from executor.data import micro_batches
 from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.options import ExecutorOptions
@@ -35,23 +36,24 @@ from executor.train.schedule import LRSchedule
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run's recipe (the layout and model are separate). Steps are optimizer steps; sizes in
-    sequences and tokens; ``eval_every``/``checkpoint_every`` 0 means only at the end."""
+    """One training run's recipe (the layout and model are separate; the defaults are spec.recipe's). Steps
+    are optimizer steps; sizes in sequences and tokens; ``eval_every``/``checkpoint_every`` 0 means only at
+    the end."""
 
     data_path: str
     steps: int
     seq_length: int
     global_batch_size: int
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 10
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    eval_every: int = 0
-    eval_batches: int = 4
+    lr: float = DEFAULT_RECIPE.lr
+    min_lr: float = DEFAULT_RECIPE.min_lr
+    warmup_steps: int = DEFAULT_RECIPE.warmup_steps
+    weight_decay: float = DEFAULT_RECIPE.weight_decay
+    max_grad_norm: float = DEFAULT_RECIPE.max_grad_norm
+    eval_every: int = DEFAULT_RECIPE.eval_every
+    eval_batches: int = DEFAULT_RECIPE.eval_batches
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
-    data_seed: int = 0
+    data_seed: int = DEFAULT_RECIPE.data_seed
 
     def __post_init__(self) -> None:
         problems = []

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.settings import ApiSettings
+from api.http.app import create_app
+from api.http.settings import ApiSettings
 from db.keys import create_api_key
 from db.migrate import upgrade
 from db.testing import postgres_unavailable_reason, temporary_database

@@ -10,8 +10,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from api.runner import Runner, RunnerSettings
-from api.runner_trials import TrialSettings
+from api.worker.runner import Runner, RunnerSettings
+from api.worker.trials import TrialSettings
 
 TINY_JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8, "precision": "fp32"},
             "cluster": {"gpu": "cpu", "num_gpus": 2}, "budget": {"max_trials": 6, "max_seconds": 900}}

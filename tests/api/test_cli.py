@@ -33,7 +33,7 @@ def test_keys_create_prints_a_working_key(capsys, tmp_path, monkeypatch):
     token = out.strip().splitlines()[-1]
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from api.http.app import create_app
 
     with TestClient(create_app()) as client:
         assert client.get("/v1/jobs", headers={"X-API-Key": token}).status_code == 200

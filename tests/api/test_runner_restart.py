@@ -21,7 +21,7 @@ STALE_AFTER_S = 4.0
 
 
 def _submit(db_url: str, max_trials: int) -> int:
-    from api.jobs_service import submit_job
+    from api.service.jobs import submit_job
     from api.schemas.jobs import JobCreate
 
     with owner_session(db_url) as (session, owner):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from api.runner import RunnerSettings, failure_kind
-from api.runner_candidates import CANDIDATES_PER_TRIAL, job_candidates
-from api.runner_trials import faults_for_trial
+from api.worker.runner import RunnerSettings, failure_kind
+from api.worker.candidates import CANDIDATES_PER_TRIAL, job_candidates
+from api.worker.trials import faults_for_trial
 from spec.catalog import get_hardware, get_model
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec

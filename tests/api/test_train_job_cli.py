@@ -71,7 +71,7 @@ def test_train_job_trains_the_best_layout_through_the_runner(tmp_path, dataset):
     assert Path(ckpt) == tmp_path / "home" / "checkpoints" / "job-1" and any(Path(ckpt).iterdir())
 
     # The served view compares every stored step with the prediction.
-    from api.trainings_service import metric_views
+    from api.service.trainings import metric_views
     from db.engine import make_engine, make_sessionmaker
 
     engine = make_engine(f"sqlite:///{tmp_path / 'home' / 'foldtune.sqlite3'}")
@@ -88,7 +88,7 @@ def test_train_job_trains_the_best_layout_through_the_runner(tmp_path, dataset):
 @pytest.fixture
 def queued_job(db_url):
     """A tuning job stored but never run (so it has no successful trial), owned by the local owner."""
-    from api.jobs_service import submit_job
+    from api.service.jobs import submit_job
     from api.schemas.jobs import JobCreate
     from db.engine import make_engine, make_sessionmaker
     from db.keys import get_or_create_owner

@@ -29,7 +29,7 @@ KILL_AFTER_STEP = 6  # past a checkpoint, and a few steps past it
 
 def _submit(db_url: str, data: str, ckpt: str) -> int:
     from api.schemas.trainings import TrainingCreate
-    from api.trainings_service import submit_training
+    from api.service.trainings import submit_training
 
     with owner_session(db_url) as (session, owner):
         request = TrainingCreate.model_validate({

@@ -11,7 +11,7 @@ from db.keys import get_or_create_owner
 from db.models import Job, Training, Trial, utcnow
 from db.queue import (claim_next_job, claim_next_training, finish_job, heartbeat_job, release_job,
                       requeue_stale)
-from db.trials import best_trial, finish_trial, heartbeat_trial, start_trial
+from db.trials import best_trial, finish_trial, heartbeat_running_trials, start_trial
 
 
 def test_claims_oldest_first_and_none_when_empty(sessions, add_jobs):
@@ -137,11 +137,11 @@ def test_trial_lifecycle_and_best(sessions, add_jobs):
         slow = start_trial(s, job_id, 0, {"tp": 1}, runner_id="r1", predicted_step_time_s=0.5)
         fast = start_trial(s, job_id, 1, {"tp": 2}, runner_id="r1")
         oom = start_trial(s, job_id, 2, {"tp": 4}, runner_id="r1")
-        assert heartbeat_trial(s, slow.id)
+        assert heartbeat_running_trials(s, job_id, "r1")  # slow, fast and oom are running
         assert finish_trial(s, slow.id, "succeeded", measurement={"step_time_s": 0.9}, step_time_s=0.9)
         assert finish_trial(s, fast.id, "succeeded", measurement={"step_time_s": 0.4}, step_time_s=0.4)
         assert finish_trial(s, oom.id, "failed", failure_kind="oom", failure_reason="CUDA out of memory")
-        assert not heartbeat_trial(s, oom.id)
+        assert not heartbeat_running_trials(s, job_id, "r1")  # none is running any more
         with pytest.raises(ValueError, match="failure_kind"):
             finish_trial(s, slow.id, "failed")
         job = s.get(Job, job_id, populate_existing=True)

@@ -8,9 +8,9 @@ from collections import Counter
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-from sqlalchemy import func, select
 
-from db.models import JOB_STATUSES, Job
+from db.jobs import count_by_status
+from db.models import JOB_STATUSES
 
 router = APIRouter(tags=["operations"])
 
@@ -41,7 +41,7 @@ def _label(value: str) -> str:
 def get_metrics(request: Request) -> PlainTextResponse:
     metrics: Metrics = request.app.state.metrics
     with request.app.state.sessions() as session:
-        by_status = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+        by_status = count_by_status(session)
         session.commit()
     lines = ["# HELP foldtune_http_requests_total HTTP requests served, by method, route template and status.",
              "# TYPE foldtune_http_requests_total counter"]

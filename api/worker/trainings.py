@@ -16,10 +16,18 @@ import logging
 import threading
 from collections.abc import Callable
 
+from api.schemas.trainings import LOSS_OPTIONS
+from api.service.trainings import split_training_spec
+from api.worker.metrics import DatabaseMetrics
 from spec.hardware import HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from db.models import Training
+from db.queue import claim_next_training, finish_training, heartbeat_training
+from executor import launch_ray, progress
+from executor.options import ExecutorOptions
+from executor.profile import peak_flops
+from executor.train.loop import TrainConfig, train_worker
 
 log = logging.getLogger("foldtune.runner")
 
@@ -39,8 +47,6 @@ class RankStep:
         self.sink = sink
 
     def __call__(self, rank: int, metrics) -> None:
-        from executor import progress
-
         self.sink(rank, metrics)
         if rank == 0 and progress.report_step(metrics.step, metrics.step_time_s):
             raise TrainingStopped(f"stopped after step {metrics.step + 1}")
@@ -50,14 +56,6 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
                  on_step: Callable[[int], None] | None = None) -> tuple[bool, str | None]:
     """Train the claimed ``training`` until its step budget, a failure or ``stop``; returns (ok, error).
     ``on_step(step)`` is called on the driver for every step rank 0 reports (1-based)."""
-    from api.cli.train_cmd import DatabaseMetrics
-    from api.schemas.trainings import LOSS_OPTIONS
-    from api.trainings_service import split_training_spec
-    from executor import launch_ray
-    from executor.options import ExecutorOptions
-    from executor.profile import _peak_flops
-    from executor.train.loop import TrainConfig, train_worker
-
     model = ModelSpec.from_dict(training.model_spec)
     config = ParallelConfig.from_dict(training.config)
     spec, recipe = split_training_spec(training.training_spec)
@@ -68,7 +66,7 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
                       checkpoint_every=training.checkpoint_every or 0, **recipe)
     hardware = HardwareProfile.from_dict(training.cluster["hardware"])
     cpu = hardware.gpu.name.lower() == "cpu"
-    peak = _peak_flops(hardware.gpu.name, "fp32" if cpu else spec.precision, None)
+    peak = peak_flops(hardware.gpu.name, "fp32" if cpu else spec.precision, None)
     sink = RankStep(DatabaseMetrics(database_url, training.id, peak))
 
     def driver_step(step: int, _seconds: float) -> bool:
@@ -89,8 +87,6 @@ def run_next_training(sessions: Callable, database_url: str, runner_id: str, hea
                       shutdown: threading.Event) -> bool:
     """Claim the oldest queued training (db.queue) and run it (:func:`run_claimed_training`); False when
     none was queued."""
-    from db.queue import claim_next_training
-
     with sessions() as session:
         training = claim_next_training(session, runner_id)
     if training is None:
@@ -106,8 +102,6 @@ def run_claimed_training(training: Training, sessions: Callable, database_url: s
     (1-based) runs on the driver after rank 0 stored each step. Ends it as succeeded or failed unless it
     was cancelled meanwhile or the runner is shutting down (then the stale-claim requeue resumes it
     later). Returns its status as this runner saw it."""
-    from db.queue import finish_training, heartbeat_training
-
     stop = threading.Event()
     if shutdown.is_set():
         stop.set()

@@ -10,10 +10,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from sqlalchemy import Engine
 
-from api.problems import install_problem_handlers
+from api.http.problems import install_problem_handlers
 from api.schemas.problem import Problem
-from api.routes import best, catalog, health, jobs, metrics, plans, trainings
-from api.settings import ApiSettings
+from api.http.routes import best, catalog, health, jobs, metrics, plans, trainings
+from api.http.settings import ApiSettings
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
 

@@ -4,10 +4,10 @@ It is its own process, never the request handler. Several runners may share one 
 (claims use ``SKIP LOCKED``, see db.queue). Per job it
 
 1. builds the ModelSpec / TrainingSpec / ClusterSpec stored with the job, asks the planner for the
-   ranked fitting layouts the executor can run (:mod:`api.runner_candidates`);
+   ranked fitting layouts the executor can run (:mod:`api.worker.candidates`);
 2. runs :func:`planner.search.run_search` with the job's Optuna study (``job-<id>`` in the Optuna storage
    beside the service database), each trial a short profiled run through the Ray launcher
-   (:mod:`api.runner_trials`);
+   (:mod:`api.worker.trials`);
 3. records every trial in the ``trials`` table when it starts and when it ends, keyed by (job, Optuna
    trial number), so a trial is stored exactly once even across restarts;
 4. heartbeats the job (and its running trials) from a background thread; a heartbeat refused means the
@@ -32,14 +32,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.runner_trainings import run_next_training
-from api.runner_trials import JobStopped, TrialExecutor, TrialSettings, trial_settings_from_env
+import optuna
+from optuna.trial import TrialState
+
+from api.worker.candidates import job_candidates, predicted_dict, repricer
+from api.worker.trainings import run_claimed_training, run_next_training
+from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
 from spec.errors import FoldtuneError, SpecError
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
-from db import runner_store
-from db.models import Job
+from db.engine import make_engine, make_sessionmaker
+from db.jobs import job_claim, job_status
+from db.migrate import upgrade
+from db.models import Job, utcnow
+from db.optuna_storage import ensure_optuna_storage
+from db.queue import claim_job, claim_next_job, claim_training, finish_job, heartbeat_job, release_job, requeue_stale
+from db.settings import database_settings
+from db.trials import (LOST, fail_running_trials, heartbeat_running_trials, record_trial_finish, record_trial_start,
+                       trial_by_number)
+from executor import launch_ray
+from planner.search import ATTR_CONFIG, ATTR_FAILURE, ATTR_LAYOUT, ATTR_PRED_TIME, SearchBudget, run_search
 
 log = logging.getLogger("foldtune.runner")
 EventHook = Callable[[str, dict], None]
@@ -61,9 +74,7 @@ class RunnerSettings:
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:
         """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.runner_trials)."""
-        from db.settings import database_settings
-
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.worker.trials)."""
         env = os.environ if environ is None else environ
         try:
             parallel = env.get("FOLDTUNE_PARALLEL_TRIALS")
@@ -105,12 +116,6 @@ class Runner:
     """Claims jobs and runs them until told to stop (``stop()``, SIGTERM in the CLI)."""
 
     def __init__(self, settings: RunnerSettings, on_event: EventHook | None = None, migrate: bool = True) -> None:
-        import optuna
-
-        from db.engine import make_engine, make_sessionmaker
-        from db.migrate import upgrade
-        from db.optuna_storage import ensure_optuna_storage
-
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
         self.settings = settings
@@ -135,8 +140,6 @@ class Runner:
     # The loop ----------------------------------------------------------------------------------------
     def run(self, once: bool = False) -> int:
         """Claim and run jobs; with ``once`` return when the queue is empty. Returns how many jobs ran."""
-        from db.queue import claim_next_job, requeue_stale
-
         ran = 0
         while not self._shutdown.is_set():
             with self.sessions() as session:
@@ -162,8 +165,6 @@ class Runner:
         return ran
 
     def _fail_job(self, job_id: int, error: str) -> None:
-        from db.queue import finish_job
-
         try:
             with self.sessions() as session:
                 finish_job(session, job_id, self.settings.runner_id, "failed", error=error)
@@ -173,7 +174,7 @@ class Runner:
     def run_job_id(self, job_id: int) -> str | None:
         """Claim the queued job ``job_id`` and run it; its final status, or None if it was not queued."""
         with self.sessions() as session:
-            job = runner_store.claim_job(session, job_id, self.settings.runner_id)
+            job = claim_job(session, job_id, self.settings.runner_id)
         if job is None:
             return None
         return self.run_job(job)
@@ -181,11 +182,9 @@ class Runner:
     def run_training_id(self, training_id: int, on_step: Callable[[int], None] | None = None) -> str | None:
         """Claim the queued training ``training_id`` and run it; its final status as this runner saw it
         ('stopped' when stopped before its end), or None if it was not queued. ``on_step(step)`` as in
-        :func:`api.runner_trainings.run_claimed_training`."""
-        from api.runner_trainings import run_claimed_training
-
+        :func:`api.worker.trainings.run_claimed_training`."""
         with self.sessions() as session:
-            training = runner_store.claim_training(session, training_id, self.settings.runner_id)
+            training = claim_training(session, training_id, self.settings.runner_id)
         if training is None:
             return None
         return run_claimed_training(training, self.sessions, self.settings.database_url, self.settings.runner_id,
@@ -206,8 +205,6 @@ class Runner:
             beat.join(5)
 
     def _heartbeat(self, job_id: int, stop: threading.Event) -> None:
-        from db.queue import heartbeat_job
-
         while not stop.wait(self.settings.heartbeat_s):
             try:
                 with self.sessions() as session:
@@ -215,17 +212,13 @@ class Runner:
                         log.info("job %s: heartbeat refused (cancelled or reassigned); stopping", job_id)
                         stop.set()
                         return
-                    runner_store.heartbeat_running_trials(session, job_id, self.settings.runner_id)
+                    heartbeat_running_trials(session, job_id, self.settings.runner_id)
             except Exception as exc:  # a database hiccup must not kill the job; the next beat retries
                 log.warning("job %s: heartbeat failed: %s", job_id, exc)
             if self._shutdown.is_set():
                 stop.set()
 
     def _run_job(self, job: Job, stop: threading.Event) -> str:
-        from api.runner_candidates import job_candidates, repricer
-        from db.queue import finish_job, release_job
-        from planner.search import SearchBudget, run_search
-
         sid = self.settings.runner_id
         try:
             model, training, cluster = job_specs(job)
@@ -239,15 +232,12 @@ class Runner:
             self.on_event("job_finished", {"job_id": job.id, "status": "failed", "error": str(exc)})
             return "failed"
         self._recover(job)
-        from executor.launch_ray import ensure_ray
-
-        ensure_ray()  # from this (main) thread: Ray installs its signal handlers only here
+        ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
         executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, recorder.number_of)
-        recorder.executor = executor
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
-                              parallel_trials=self._parallel_trials(cluster))
+                              parallel_trials=self._parallel_trials(cluster, ray_gpus))
         self.on_event("job_started", {"job_id": job.id, "model": model.name, "gpus": cluster.num_gpus,
                                       "gpu": cluster.hardware.name, "candidates": cands.summary(),
                                       "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials})
@@ -257,9 +247,9 @@ class Runner:
                                 repredict=repricer(model, training, cluster, cands) if model.is_moe else None)
         except JobStopped:
             with self.sessions() as session:
-                status, holder = runner_store.job_claim(session, job.id)
+                status, holder = job_claim(session, job.id)
                 if self._shutdown.is_set() and status == "running" and holder == sid:
-                    runner_store.fail_running_trials(session, job.id, "the runner shut down mid-trial; retried")
+                    fail_running_trials(session, job.id, "the runner shut down mid-trial; retried")
                     release_job(session, job.id, sid)
                     status = "queued"
             self.on_event("job_finished", {"job_id": job.id, "status": status})
@@ -275,7 +265,7 @@ class Runner:
             status, error = "failed", "no layout ran successfully: " + ("; ".join(reasons[:3]) or "no trials")
         with self.sessions() as session:
             finished = finish_job(session, job.id, sid, status, error=error, calibration=summary)
-            final = status if finished else (runner_store.job_status(session, job.id) or status)
+            final = status if finished else (job_status(session, job.id) or status)
         self.on_event("job_finished", {"job_id": job.id, "status": final, "error": error, "result": summary,
                                        "rows": result.rows, "best": result.best_config,
                                        "best_step_time": result.best_step_time})
@@ -284,13 +274,8 @@ class Runner:
     def _recover(self, job: Job) -> None:
         """Before resuming a job: trials its previous runner left running are lost (retried under new
         numbers), and trials the Optuna study finished but the database missed are written now."""
-        import optuna
-        from optuna.trial import TrialState
-
-        from planner.search import ATTR_CONFIG, ATTR_FAILURE, ATTR_LAYOUT, ATTR_PRED_TIME
-
         with self.sessions() as session:
-            lost = runner_store.fail_running_trials(session, job.id, "its runner stopped mid-trial; retried")
+            lost = fail_running_trials(session, job.id, "its runner stopped mid-trial; retried")
         if lost:
             log.info("job %s: trials %s were running when the previous runner stopped", job.id, lost)
         try:
@@ -301,49 +286,37 @@ class Runner:
             if not t.state.is_finished() or ATTR_LAYOUT not in t.user_attrs:
                 continue
             with self.sessions() as session:
-                row = runner_store.trial_by_number(session, job.id, t.number)
-                if row is not None and (row.status != "running" and row.failure_kind != runner_store.LOST):
+                row = trial_by_number(session, job.id, t.number)
+                if row is not None and (row.status != "running" and row.failure_kind != LOST):
                     continue
-                runner_store.record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
+                record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
                                                 runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT],
                                                 predicted=None,
                                                 predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
                 if t.state == TrialState.COMPLETE:
-                    runner_store.record_trial_finish(session, job.id, t.number, "succeeded", step_time_s=t.value,
+                    record_trial_finish(session, job.id, t.number, "succeeded", step_time_s=t.value,
                                                      measurement={"ok": True, "step_time": t.value,
                                                                   "recovered_from": "optuna"})
                 elif t.state == TrialState.PRUNED:
-                    runner_store.record_trial_finish(session, job.id, t.number, "pruned")
+                    record_trial_finish(session, job.id, t.number, "pruned")
                 else:
                     reason = t.user_attrs.get(ATTR_FAILURE) or "failed"
-                    runner_store.record_trial_finish(session, job.id, t.number, "failed",
+                    record_trial_finish(session, job.id, t.number, "failed",
                                                      failure_kind=failure_kind(reason), failure_reason=reason)
 
-    def _parallel_trials(self, cluster: ClusterSpec) -> int:
+    def _parallel_trials(self, cluster: ClusterSpec, ray_gpus: float) -> int:
+        """Trials at once: the setting, else as many as the Ray cluster's ``ray_gpus`` hold (1 on CPU)."""
         if self.settings.parallel_trials:
             return self.settings.parallel_trials
-        from api.runner_trials import is_cpu_cluster
-
         if is_cpu_cluster(cluster):
             return 1  # CPU ranks share the same cores: concurrent trials would distort each other's times
-        try:
-            import ray
-
-            from executor.launch_ray import ensure_ray
-
-            ensure_ray()
-            gpus = ray.cluster_resources().get("GPU", 0)
-        except Exception:
-            return 1
-        return max(1, int(gpus // cluster.num_gpus))
+        return max(1, int(ray_gpus // cluster.num_gpus))
 
 
 def _remaining_seconds(job: Job) -> float | None:
     """What is left of the job's wall-clock budget, counted from its first claim."""
     if job.max_seconds is None:
         return None
-    from db.models import utcnow
-
     spent = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
     return max(1.0, job.max_seconds - spent)
 
@@ -359,7 +332,6 @@ class _TrialRecorder:
 
     def __init__(self, runner: Runner, job: Job, cands: Any, stop: threading.Event) -> None:
         self.runner, self.job, self.cands, self.stop = runner, job, cands, stop
-        self.executor: TrialExecutor | None = None
         self._numbers: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -368,8 +340,6 @@ class _TrialRecorder:
             return self._numbers.get(label)
 
     def __call__(self, kind: str, data: dict) -> None:
-        from api.runner_candidates import predicted_dict
-
         job_id = self.job.id
         if kind == "trial_started":
             if self.stop.is_set():
@@ -379,7 +349,7 @@ class _TrialRecorder:
                 self._numbers[label] = data["number"]
             est = self.cands.estimates.get(label)
             with self.runner.sessions() as session:
-                runner_store.record_trial_start(
+                record_trial_start(
                     session, job_id, data["number"], est.config.to_dict() if est else {},
                     runner_id=self.runner.settings.runner_id, label=label,
                     predicted=predicted_dict(est) if est else None,
@@ -389,18 +359,18 @@ class _TrialRecorder:
         self.runner.on_event(kind, {"job_id": job_id, **data})
 
     def _finish(self, data: dict) -> None:
-        m = self.executor.measurements.get(data["layout"]) if self.executor else None
+        m = data.get("measurement")
         measurement = m.to_dict() if m is not None else None
         state = data["state"]
         with self.runner.sessions() as session:
             if state == "complete":
-                runner_store.record_trial_finish(session, self.job.id, data["number"], "succeeded",
+                record_trial_finish(session, self.job.id, data["number"], "succeeded",
                                                  measurement=measurement, step_time_s=data["step_time"])
             elif state == "pruned":
-                runner_store.record_trial_finish(session, self.job.id, data["number"], "pruned",
+                record_trial_finish(session, self.job.id, data["number"], "pruned",
                                                  measurement=measurement, step_time_s=data.get("step_time"))
             else:
                 reason = data.get("failure_reason") or "failed"
-                runner_store.record_trial_finish(session, self.job.id, data["number"], "failed",
+                record_trial_finish(session, self.job.id, data["number"], "failed",
                                                  measurement=measurement, failure_kind=failure_kind(reason),
                                                  failure_reason=reason)

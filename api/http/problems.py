@@ -1,8 +1,10 @@
 """Every error of the API as an RFC 9457 problem (``application/problem+json``).
 
-Routes raise :class:`ProblemError`; the handlers installed here also turn FastAPI's validation errors
-(listing each violated rule by name and location), Starlette's HTTP errors (unknown route, wrong method)
-and foldtune's own spec errors into problems, and any unexpected exception into a 500 problem that
+The use cases raise domain errors (:mod:`api.service.errors`); this module is the one place that maps
+them to problems (NotFound 404, Conflict 409, RuleViolation 422). Routes raise :class:`ProblemError`
+only for what is HTTP's own (a missing API key, an unready database). The handlers installed here also
+turn FastAPI's validation errors (listing each violated rule by name and location) and Starlette's HTTP
+errors (unknown route, wrong method) into problems, and any unexpected exception into a 500 problem that
 reveals nothing internal.
 """
 
@@ -19,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from api.schemas.problem import Problem, ViolatedRule
+from api.service.errors import Conflict, NotFound, RuleViolation, ServiceError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:foldtune:problem:"
@@ -27,7 +30,7 @@ log = logging.getLogger("foldtune.api")
 
 
 class ProblemError(Exception):
-    """An error a route reports on purpose: ``status``, a short ``kind`` slug (the problem type), a
+    """An HTTP error a route reports on purpose: ``status``, a short ``kind`` slug (the problem type), a
     ``title`` and a ``detail`` sentence, and optionally the violated rules."""
 
     def __init__(self, status: int, kind: str, title: str, detail: str | None = None,
@@ -38,18 +41,20 @@ class ProblemError(Exception):
         self.headers = headers
 
 
-def rule_violation(loc: str, rule: str, message: str) -> ProblemError:
-    """A 422 problem for one broken rule found after schema validation (unknown model, GPU, ...)."""
-    violated = ViolatedRule(loc=loc, rule=rule, message=message)
-    return ProblemError(422, "validation", "Request breaks a validation rule", _rule_line(violated), errors=[violated])
-
-
 def _rule_line(rule: ViolatedRule) -> str:
     return f"{rule.loc}: {rule.message} [{rule.rule}]"
 
 
-def not_found(what: str) -> ProblemError:
-    return ProblemError(404, "not-found", "Not found", f"{what} does not exist")
+_DOMAIN_STATUS: tuple[tuple[type[ServiceError], int], ...] = ((NotFound, 404), (Conflict, 409), (RuleViolation, 422))
+
+
+def problem_of(error: ServiceError) -> ProblemError:
+    """The problem a domain error answers as: NotFound 404, Conflict 409, RuleViolation 422 (with its rule)."""
+    status = next((code for cls, code in _DOMAIN_STATUS if isinstance(error, cls)), 400)
+    errors = None
+    if isinstance(error, RuleViolation):
+        errors = [ViolatedRule(loc=error.loc, rule=error.rule, message=error.message)]
+    return ProblemError(status, error.kind, error.title, error.detail, errors=errors)
 
 
 def problem_response(request: Request, status: int, kind: str, title: str, detail: str | None = None,
@@ -93,6 +98,10 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(request, exc.status, exc.kind, exc.title, exc.detail, exc.errors, exc.headers)
+
+    @app.exception_handler(ServiceError)
+    async def _domain(request: Request, exc: ServiceError) -> JSONResponse:
+        return await _problem(request, problem_of(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

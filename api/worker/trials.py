@@ -22,6 +22,8 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
+from executor import launch_ray
+from executor.profile import profile_layout
 
 FAULT_ENV = "FOLDTUNE_FAULT"
 
@@ -85,13 +87,8 @@ class TrialExecutor:
                  stop: threading.Event, number_of: Callable[[str], int | None]) -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
         self.stop, self.number_of = stop, number_of
-        self.measurements: dict[str, object] = {}  # layout label -> the last Measurement of it
-        self._lock = threading.Lock()
 
     def __call__(self, config: ParallelConfig, report: Callable[[int, float], bool]):
-        from executor import launch_ray
-        from executor.profile import profile_layout
-
         label = config.label()
         if self.stop.is_set():
             raise JobStopped(f"stopped before trial {label} ran")
@@ -114,8 +111,6 @@ class TrialExecutor:
                                      launcher=launcher)
         if self.stop.is_set() and not pruned.is_set():
             raise JobStopped(f"stopped during trial {label}")
-        with self._lock:
-            self.measurements[label] = measurement
         return measurement
 
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from api import trainings_service
-from api.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.service import trainings as trainings_service
+from api.http.deps import Limit, Offset, OwnerDep, SessionDep, page
 from api.schemas.common import MAX_ID, Page
 from api.schemas.problem import problem_responses
 from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingOut, TrainingStatus

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from sqlalchemy import func, select
 
-from api import jobs_service
-from api.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.service import jobs as jobs_service
+from api.http.deps import Limit, Offset, OwnerDep, SessionDep, page
 from api.schemas.common import MAX_ID, Name, Page
 from api.schemas.jobs import JobCreate, JobOut, JobStatus, TrialOut
 from api.schemas.problem import problem_responses
-from db.models import Trial
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422))
 
@@ -70,10 +68,6 @@ def cancel_job(job_id: JobId, owner: OwnerDep, session: SessionDep) -> JobOut:
 def list_job_trials(job_id: JobId, owner: OwnerDep, session: SessionDep, limit: Limit = 50,
                     offset: Offset = 0) -> dict:
     """The job's trials in Optuna number order, each with its config, prediction and measurement."""
-    jobs_service.owned_job(session, owner, job_id)
-    total = session.scalar(select(func.count()).select_from(Trial).where(Trial.job_id == job_id))
-    trials = session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)
-                             .limit(limit).offset(offset)).all()
-    items = [TrialOut.model_validate(t, from_attributes=True) for t in trials]
+    items, total = jobs_service.list_trials(session, owner, job_id, limit, offset)
     session.commit()
     return page(items, total, limit, offset)

@@ -12,9 +12,9 @@ from fastapi import Depends, Query, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from api.problems import ProblemError
+from api.http.problems import ProblemError
 from api.schemas.common import MAX_ID, MAX_PAGE_SIZE
-from api.settings import ApiSettings
+from api.http.settings import ApiSettings
 from db.keys import owner_for_token
 from db.models import Owner
 

@@ -1,31 +1,27 @@
-"""POST /plans: rank every valid folded layout with the cost model, instantly (nothing is run or stored)."""
+"""The plan use case: rank every valid folded layout of a request with the cost model (nothing is run
+or stored)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from sqlalchemy.orm import Session
 
-from api import jobs_service
-from api.deps import OwnerDep, SessionDep
-from api.problems import rule_violation
 from api.schemas.jobs import ClusterOut
 from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
-from api.schemas.problem import problem_responses
+from api.service.errors import RuleViolation
+from api.service.jobs import resolve_job
+from planner import NoValidLayoutError, plan
 
-router = APIRouter(prefix="/v1", tags=["plans"], responses=problem_responses(401, 422))
 
-
-@router.post("/plans", operation_id="create_plan", response_model=PlanOut)
-def create_plan(body: PlanCreate, _owner: OwnerDep, session: SessionDep) -> PlanOut:
-    """The ``top`` fastest layouts predicted to fit, with their memory and step-time breakdowns."""
-    from planner import NoValidLayoutError, plan
-
-    resolved = jobs_service.resolve_job(session, body)
+def create_plan(session: Session, request: PlanCreate) -> PlanOut:
+    """The ``top`` fastest layouts predicted to fit, with their memory and step-time breakdowns;
+    RuleViolation when no layout is valid. Ends the session's transaction before the planner runs."""
+    resolved = resolve_job(session, request)
     session.commit()
     try:
         # one process: forking planner workers inside a server would copy the whole server
-        result = plan(resolved.model, resolved.training, resolved.cluster, top=body.top, workers=1)
+        result = plan(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1)
     except NoValidLayoutError as exc:
-        raise rule_violation("body", "has_valid_layout", str(exc)) from None
+        raise RuleViolation("body", "has_valid_layout", str(exc)) from None
     enum = result.enumeration
     return PlanOut(
         model=resolved.model.name, training=resolved.training.to_dict(),

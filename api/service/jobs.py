@@ -12,18 +12,21 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.problems import ProblemError, rule_violation
+from api.service.errors import Conflict, NotFound, RuleViolation
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
-from db.models import HardwareProfileRow, Job, Owner, Trial, utcnow
+from db import jobs as db_jobs
+from db.hardware_profiles import stored_profile
+from db.jobs import job_by_idempotency_key, jobs_page, trial_status_counts, trials_by_id
+from db.models import Job, Owner
+from db.trials import trials_page
 
 
 def job_signature(model_spec: dict[str, Any], training_spec: dict[str, Any], gpu: str, num_gpus: int) -> str:
@@ -35,7 +38,7 @@ def job_signature(model_spec: dict[str, Any], training_spec: dict[str, Any], gpu
 
 def resolve_hardware(session: Session, name: str) -> HardwareProfile:
     """A stored hardware profile called ``name``, else the built-in one; CatalogError when neither exists."""
-    row = session.scalar(select(HardwareProfileRow).where(HardwareProfileRow.name == name.strip().lower()))
+    row = stored_profile(session, name.strip())
     if row is not None:
         return HardwareProfile.from_dict(row.profile)
     return get_hardware(name)
@@ -57,22 +60,22 @@ def resolve_model(name: str, loc: str = "body.model") -> ModelSpec:
     try:
         return get_model(name)
     except FoldtuneError as exc:
-        raise rule_violation(loc, "known_model", str(exc)) from None
+        raise RuleViolation(loc, "known_model", str(exc)) from None
 
 
 def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
     try:
         hardware = resolve_hardware(session, gpu)
     except FoldtuneError as exc:
-        raise rule_violation(f"{loc}.gpu", "known_gpu", str(exc)) from None
+        raise RuleViolation(f"{loc}.gpu", "known_gpu", str(exc)) from None
     try:
         return ClusterSpec(hardware=hardware, num_gpus=num_gpus)
     except FoldtuneError as exc:
-        raise rule_violation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
+        raise RuleViolation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
 
 
 def resolve_job(session: Session, request: WorkloadIn) -> ResolvedJob:
-    """The specs of a job or plan request; 422 problems for an unknown model or GPU, or partial nodes."""
+    """The specs of a job or plan request; RuleViolation for an unknown model or GPU, or partial nodes."""
     model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
     cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
     return ResolvedJob(model=model, training=request.training, cluster=cluster)
@@ -80,7 +83,7 @@ def resolve_job(session: Session, request: WorkloadIn) -> ResolvedJob:
 
 def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None) -> tuple[Job, bool]:
     """Store a queued job; returns it and whether it is new. A repeated ``idempotency_key`` returns the job
-    stored the first time (409 if the request differs), so a retried submission is stored exactly once."""
+    stored the first time (Conflict if the request differs), so a retried submission is stored exactly once."""
     resolved = resolve_job(session, request)
     job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
               model_spec=resolved.model.to_dict(), training_spec=resolved.training.to_dict(),
@@ -90,7 +93,7 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
               signature=resolved.signature, max_trials=request.budget.max_trials,
               max_seconds=request.budget.max_seconds, idempotency_key=idempotency_key)
     if idempotency_key is not None:
-        existing = _by_idempotency_key(session, owner.id, idempotency_key)
+        existing = job_by_idempotency_key(session, owner.id, idempotency_key)
         if existing is not None:
             return _same_request_or_conflict(existing, job), False
     session.add(job)
@@ -98,42 +101,35 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
         session.commit()
     except IntegrityError:  # a concurrent request with the same key won the race
         session.rollback()
-        existing = _by_idempotency_key(session, owner.id, idempotency_key) if idempotency_key else None
+        existing = job_by_idempotency_key(session, owner.id, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
         return _same_request_or_conflict(existing, job), False
     return job, True
 
 
-def _by_idempotency_key(session: Session, owner_id: int, key: str) -> Job | None:
-    return session.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key))
-
-
 def _same_request_or_conflict(existing: Job, new: Job) -> Job:
     same = (existing.signature, existing.max_trials, existing.max_seconds) == (new.signature, new.max_trials,
                                                                                new.max_seconds)
     if not same:
-        raise ProblemError(409, "idempotency-key-reused", "Idempotency key reused",
-                           f"job {existing.id} was submitted with this Idempotency-Key and a different request")
+        raise Conflict("idempotency-key-reused", "Idempotency key reused",
+                       f"job {existing.id} was submitted with this Idempotency-Key and a different request")
     return existing
 
 
 def owned_job(session: Session, owner: Owner, job_id: int) -> Job:
-    """The owner's job ``job_id``; another owner's job is reported exactly like a missing one (404)."""
+    """The owner's job ``job_id``; another owner's job is reported exactly like a missing one (NotFound)."""
     job = session.get(Job, job_id)
     if job is None or job.owner_id != owner.id:
-        raise ProblemError(404, "not-found", "Not found", f"job {job_id} does not exist")
+        raise NotFound(f"job {job_id} does not exist")
     return job
 
 
 def trial_counts(session: Session, job_ids: list[int]) -> dict[int, TrialCounts]:
     counts = {job_id: TrialCounts() for job_id in job_ids}
-    if job_ids:
-        rows = session.execute(select(Trial.job_id, Trial.status, func.count()).where(Trial.job_id.in_(job_ids))
-                               .group_by(Trial.job_id, Trial.status))
-        for job_id, status, n in rows:
-            setattr(counts[job_id], status, n)
-            counts[job_id].total += n
+    for job_id, status, n in trial_status_counts(session, job_ids):
+        setattr(counts[job_id], status, n)
+        counts[job_id].total += n
     return counts
 
 
@@ -141,7 +137,7 @@ def job_views(session: Session, jobs: list[Job]) -> list[JobOut]:
     """Jobs as the API shows them, with trial counts and best trial (two queries for the whole list)."""
     counts = trial_counts(session, [j.id for j in jobs])
     best_ids = [j.best_trial_id for j in jobs if j.best_trial_id is not None]
-    best = {t.id: t for t in session.scalars(select(Trial).where(Trial.id.in_(best_ids)))} if best_ids else {}
+    best = trials_by_id(session, best_ids)
     return [JobOut(
         id=j.id, status=j.status, model=j.model_name, model_spec=j.model_spec, training=j.training_spec,
         cluster=ClusterOut(gpu=j.gpu_name, num_gpus=j.num_gpus),
@@ -157,33 +153,25 @@ def job_views(session: Session, jobs: list[Job]) -> list[JobOut]:
 def list_jobs(session: Session, owner: Owner, *, status: str | None, model: str | None, limit: int,
               offset: int) -> tuple[list[Job], int]:
     """A page of the owner's jobs, newest first, and how many match in all."""
-    where = [Job.owner_id == owner.id]
-    if status is not None:
-        where.append(Job.status == status)
-    if model is not None:
-        where.append(Job.model_name == model)
-    total = session.scalar(select(func.count()).select_from(Job).where(*where))
-    jobs = list(session.scalars(select(Job).where(*where).order_by(Job.created_at.desc(), Job.id.desc())
-                                .limit(limit).offset(offset)))
-    return jobs, total
+    return jobs_page(session, owner.id, status=status, model=model, limit=limit, offset=offset)
+
+
+def list_trials(session: Session, owner: Owner, job_id: int, limit: int, offset: int) -> tuple[list[TrialOut], int]:
+    """A page of the owner's job's trials in Optuna number order, and how many it has; NotFound for
+    another owner's job."""
+    owned_job(session, owner, job_id)
+    trials, total = trials_page(session, job_id, limit, offset)
+    return [TrialOut.model_validate(t, from_attributes=True) for t in trials], total
 
 
 def cancel_job(session: Session, job: Job) -> Job:
     """Cancel a queued or running job (its runner learns it at its next heartbeat) and fail its running
-    trials; cancelling a cancelled job is a no-op; a finished one is a 409 problem. Commits.
+    trials; cancelling a cancelled job is a no-op; a finished one is a Conflict. Commits.
 
-    The status change is one guarded UPDATE, so a runner finishing the job at the same moment either
-    wins (409 here) or loses (its finish_job returns False); never both."""
-    now = utcnow()
-    result = session.execute(
-        update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running")))
-        .values(status="cancelled", finished_at=now, updated_at=now).execution_options(synchronize_session=False))
-    if result.rowcount == 1:
-        session.execute(update(Trial).where(Trial.job_id == job.id, Trial.status == "running")
-                        .values(status="failed", failure_kind="cancelled", failure_reason="the job was cancelled",
-                                finished_at=now).execution_options(synchronize_session=False))
-    session.commit()
+    The status change is one guarded UPDATE (db.jobs.cancel_job), so a runner finishing the job at the
+    same moment either wins (Conflict here) or loses (its finish_job returns False); never both."""
+    db_jobs.cancel_job(session, job.id)
     session.refresh(job)
     if job.status in ("succeeded", "failed"):
-        raise ProblemError(409, "job-finished", "Job already finished", f"job {job.id} already {job.status}")
+        raise Conflict("job-finished", "Job already finished", f"job {job.id} already {job.status}")
     return job

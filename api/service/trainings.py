@@ -11,19 +11,21 @@ import os
 import statistics
 from typing import Any
 
-from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from api.jobs_service import owned_job, resolve_cluster, resolve_model
-from api.problems import ProblemError, not_found, rule_violation
+from api.service.jobs import owned_job, resolve_cluster, resolve_model
+from api.service.errors import Conflict, NotFound, RuleViolation, not_found
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
+from costmodel.step_time import estimate_step_time
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from db.models import Owner, Training, TrainingMetric, Trial, utcnow
+from db import trainings as db_trainings
+from db.models import Owner, Training, Trial
+from db.trainings import latest_metrics, metrics_after, predicted_step_time, step_times, trainings_page
 from spec.validity import batch_rule, check_config
 
 RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
@@ -41,14 +43,13 @@ def _training_spec(base: dict[str, Any], request: TrainingCreate) -> TrainingSpe
     try:
         return TrainingSpec.from_dict({**base, **overrides})
     except FoldtuneError as exc:
-        raise rule_violation("body", "training_spec_rules", str(exc)) from None
+        raise RuleViolation("body", "training_spec_rules", str(exc)) from None
 
 
 def _check_batch(training: TrainingSpec, config: ParallelConfig) -> None:
     rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
     if rejection is not None:
-        raise rule_violation("body.global_batch_size", "batch_divides",
-                             f"{rejection.reason} (layout {config.label()})")
+        raise RuleViolation("body.global_batch_size", "batch_divides", f"{rejection.reason} (layout {config.label()})")
 
 
 def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -56,8 +57,6 @@ def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: Clus
     """The cost model's seconds per step for an explicit layout on the cluster's hardware profile: the same
     (uncalibrated) figure a tuning job stores as its trials' ``predicted_step_time_s``. None where the cost
     model cannot price the layout (it has already passed the planner's validity rules)."""
-    from costmodel.step_time import estimate_step_time
-
     try:
         return estimate_step_time(model, training, cluster, config).step_time
     except FoldtuneError:
@@ -65,23 +64,23 @@ def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: Clus
 
 
 def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> Training:
-    """Store a queued training; 422 problems name the broken rule (known_job, job_has_best, layout_parses,
+    """Store a queued training; RuleViolation names the broken rule (known_job, job_has_best, layout_parses,
     data_path_exists, ...). Commits."""
     predicted = None
     if request.job_id is not None:
         try:
             job = owned_job(session, owner, request.job_id)
-        except ProblemError:
-            raise rule_violation("body.job_id", "known_job", f"job {request.job_id} does not exist") from None
+        except NotFound:
+            raise RuleViolation("body.job_id", "known_job", f"job {request.job_id} does not exist") from None
         best = session.get(Trial, job.best_trial_id) if job.best_trial_id is not None else None
         if best is None:
-            raise rule_violation("body.job_id", "job_has_best",
-                                 f"job {job.id} ({job.status}) has no best trial to train yet")
+            raise RuleViolation("body.job_id", "job_has_best",
+                                f"job {job.id} ({job.status}) has no best trial to train yet")
         try:
             config = ParallelConfig.from_dict(best.config)
         except (FoldtuneError, TypeError) as exc:
-            raise rule_violation("body.job_id", "best_config_valid",
-                                 f"job {job.id}'s best trial has an unusable layout: {exc}") from None
+            raise RuleViolation("body.job_id", "best_config_valid",
+                                f"job {job.id}'s best trial has an unusable layout: {exc}") from None
         model_spec, cluster = job.model_spec, job.cluster
         training = _training_spec(job.training_spec, request)
         _check_batch(training, config)
@@ -92,22 +91,22 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
         try:
             config = ParallelConfig.parse(request.layout or "", world_size=resolved.num_gpus)
         except (FoldtuneError, ValueError) as exc:  # ValueError: a non-integer count, e.g. recompute=full:x
-            raise rule_violation("body.layout", "layout_parses", str(exc)) from None
+            raise RuleViolation("body.layout", "layout_parses", str(exc)) from None
         training = _training_spec({}, request)
         _check_batch(training, config)
         try:
             rejections = check_config(model, training, resolved, config)
         except FoldtuneError as exc:
-            raise rule_violation("body.layout", "layout_valid", str(exc)) from None
+            raise RuleViolation("body.layout", "layout_valid", str(exc)) from None
         if rejections:  # the planner's rule ids (layers_pp, experts_ep, ...), as `foldtune plan --explain`
-            raise rule_violation("body.layout", rejections[0].rule, "; ".join(str(r) for r in rejections))
+            raise RuleViolation("body.layout", rejections[0].rule, "; ".join(str(r) for r in rejections))
         predicted = _predicted_step_time(model, training, resolved, config)
         model_spec = model.to_dict()
         cluster = {"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
                    "hardware": resolved.hardware.to_dict()}
     if not os.path.exists(request.data_path):
-        raise rule_violation("body.data_path", "data_path_exists",
-                             f"data path {request.data_path!r} does not exist on the server")
+        raise RuleViolation("body.data_path", "data_path_exists",
+                            f"data path {request.data_path!r} does not exist on the server")
     row = Training(owner_id=owner.id, job_id=request.job_id, status="queued", config=config.to_dict(),
                    model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: request.recipe()},
                    cluster=cluster, data_path=request.data_path, steps=request.steps,
@@ -119,28 +118,19 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
 
 
 def owned_training(session: Session, owner: Owner, training_id: int) -> Training:
-    """The owner's training; another owner's is reported exactly like a missing one (404)."""
+    """The owner's training; another owner's is reported exactly like a missing one (NotFound)."""
     row = session.get(Training, training_id)
     if row is None or row.owner_id != owner.id:
         raise not_found(f"training {training_id}")
     return row
 
 
-def _latest_metrics(session: Session, ids: list[int]) -> dict[int, TrainingMetric]:
-    if not ids:
-        return {}
-    last = (select(TrainingMetric.training_id, func.max(TrainingMetric.step).label("step"))
-            .where(TrainingMetric.training_id.in_(ids)).group_by(TrainingMetric.training_id).subquery())
-    rows = session.scalars(select(TrainingMetric).join(
-        last, (TrainingMetric.training_id == last.c.training_id) & (TrainingMetric.step == last.c.step)))
-    return {m.training_id: m for m in rows}
 
 
 def measured_step_time(session: Session, training_id: int) -> float | None:
     """Median seconds per step over the training's stored steps (the median, so that the first step's
     one-off start-up and evaluation steps do not move it); None before the first step."""
-    times = [t for t in session.scalars(select(TrainingMetric.step_time_s)
-                                        .where(TrainingMetric.training_id == training_id)) if t is not None]
+    times = [t for t in step_times(session, training_id) if t is not None]
     return statistics.median(times) if times else None
 
 
@@ -148,7 +138,7 @@ def training_views(session: Session, rows: list[Training], *, measured: bool = F
     """Trainings as the API shows them, each with its latest metrics row (one query for the whole list).
     ``measured`` adds the median measured step time and its comparison with the prediction (one query
     per training over its whole series, so only for single trainings)."""
-    latest = _latest_metrics(session, [t.id for t in rows])
+    latest = latest_metrics(session, [t.id for t in rows])
     views = []
     for t in rows:
         median = measured_step_time(session, t.id) if measured else None
@@ -172,43 +162,30 @@ def training_views(session: Session, rows: list[Training], *, measured: bool = F
     return views
 
 
+
+
+
+
 def list_trainings(session: Session, owner: Owner, *, status: str | None, limit: int,
                    offset: int) -> tuple[list[Training], int]:
     """A page of the owner's trainings, newest first, and how many match in all."""
-    where = [Training.owner_id == owner.id]
-    if status is not None:
-        where.append(Training.status == status)
-    total = session.scalar(select(func.count()).select_from(Training).where(*where))
-    rows = list(session.scalars(select(Training).where(*where)
-                                .order_by(Training.created_at.desc(), Training.id.desc()).limit(limit).offset(offset)))
-    return rows, total
-
-
-def metrics_after(session: Session, training_id: int, after_step: int, limit: int) -> list[TrainingMetric]:
-    """Up to ``limit`` metrics rows of the training with step > ``after_step``, in step order."""
-    return list(session.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id,
-                                                             TrainingMetric.step > after_step)
-                                .order_by(TrainingMetric.step).limit(limit)))
+    return trainings_page(session, owner.id, status=status, limit=limit, offset=offset)
 
 
 def metric_views(session: Session, training_id: int, after_step: int, limit: int) -> list[TrainingMetricOut]:
-    """:func:`metrics_after` as the API shows it: each step with the training's predicted step time and
+    """:func:`db.trainings.metrics_after` as the API shows it: each step with the training's predicted step time and
     the error of that prediction against the step's measured time."""
-    predicted = session.scalar(select(Training.predicted_step_time_s).where(Training.id == training_id))
+    predicted = predicted_step_time(session, training_id)
     return [TrainingMetricOut.model_validate(m).compared(predicted)
             for m in metrics_after(session, training_id, after_step, limit)]
 
 
 def cancel_training(session: Session, training: Training) -> Training:
     """Cancel a queued or running training (its runner learns it at its next heartbeat); cancelling a
-    cancelled one is a no-op; a finished one is a 409 problem. One guarded UPDATE, as for jobs. Commits."""
-    now = utcnow()
-    session.execute(update(Training).where(Training.id == training.id, Training.status.in_(("queued", "running")))
-                    .values(status="cancelled", finished_at=now, updated_at=now)
-                    .execution_options(synchronize_session=False))
-    session.commit()
+    cancelled one is a no-op; a finished one is a Conflict. One guarded UPDATE, as for jobs. Commits."""
+    db_trainings.cancel_training(session, training.id)
     session.refresh(training)
     if training.status in ("succeeded", "failed"):
-        raise ProblemError(409, "training-finished", "Training already finished",
-                           f"training {training.id} already {training.status}")
+        raise Conflict("training-finished", "Training already finished",
+                       f"training {training.id} already {training.status}")
     return training

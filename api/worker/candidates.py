@@ -13,13 +13,15 @@ with its reason counted.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from costmodel.estimate import Estimate
+from costmodel.estimate import estimate as price_layout
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
+from planner.rank import plan
 from spec.validity import executor_layout_rules
 from planner.search import Candidate
 
@@ -70,8 +72,6 @@ def _candidate(estimate: Estimate) -> Candidate:
 
 def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int) -> CandidateSet:
     """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials."""
-    from planner.rank import plan
-
     cap = CANDIDATES_PER_TRIAL * max_trials
     result = plan(model, training, cluster, top=max(MIN_PLANNED, PLAN_FACTOR * max_trials))
     dropped: Counter[str] = Counter()
@@ -91,15 +91,11 @@ def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, can
     """The search's ``repredict``: the same candidates priced with a measured per-expert routing load
     (``TrainingSpec.moe_expert_load``: the busiest EP rank paces EP layouts). Updates ``cands.estimates`` so
     the trials that follow store the re-priced prediction."""
-    from dataclasses import replace
-
-    from costmodel.estimate import estimate
-
     def reprice(load: tuple[float, ...], current: list[Candidate]) -> list[Candidate]:
         measured = replace(training, moe_expert_load=tuple(load))
         out = []
         for c in current:
-            e = estimate(model, measured, cluster, c.config)
+            e = price_layout(model, measured, cluster, c.config)
             cands.estimates[c.config.label()] = e
             out.append(_candidate(e))
         return out

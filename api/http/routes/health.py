@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from sqlalchemy import text
 
-from api.problems import ProblemError
+from api.http.problems import ProblemError
 from api.schemas.problem import problem_responses
+from db.engine import ping
 from db.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["operations"])
@@ -16,8 +16,7 @@ router = APIRouter(tags=["operations"])
 def get_health(request: Request) -> dict[str, str]:
     engine = request.app.state.engine
     try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        ping(engine)
         revision = current_revision(engine)
     except Exception as exc:  # any database failure means "not ready"
         raise ProblemError(503, "database-unavailable", "Database unavailable",

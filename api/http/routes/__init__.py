@@ -1,0 +1,1 @@
+"""Thin routers: parse, authorise, call one use case of api.service, shape the answer; no queries here."""

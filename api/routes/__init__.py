@@ -1,1 +1,0 @@
-"""Thin routers: parse, authorise, call api.jobs_service / db, shape the answer."""

@@ -1,0 +1,34 @@
+"""Hardware profiles stored by users (built-in ones live in spec.catalog). Names are stored lower-case."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from db.models import HardwareProfileRow
+
+
+def stored_profile(session: Session, name: str) -> HardwareProfileRow | None:
+    """The stored profile called ``name`` (compared lower-case), or None."""
+    return session.scalar(select(HardwareProfileRow).where(HardwareProfileRow.name == name.lower()))
+
+
+def stored_profiles(session: Session) -> list[HardwareProfileRow]:
+    """Every stored profile, by name."""
+    return list(session.scalars(select(HardwareProfileRow).order_by(HardwareProfileRow.name)))
+
+
+def add_profile(session: Session, name: str, profile: dict[str, Any], source: str,
+                owner_id: int) -> HardwareProfileRow | None:
+    """Store a profile (a HardwareProfile dict); None when the name is taken. Commits."""
+    row = HardwareProfileRow(name=name, profile=profile, source=source, owner_id=owner_id)
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return None
+    return row
