@@ -16,6 +16,7 @@ import torch
 
 from spec.catalog import get_hardware
 from spec.errors import CatalogError, FoldtuneError
+from spec.failure import FailureKind
 from spec.flops import flops_per_step, mfu, tflops_per_gpu
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -189,7 +190,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
                       (model, training, config, options, warmup_steps, timed_steps, use_cuda),
                       backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s)
     if not launched.ok:
-        return Measurement.failed(launched.failure_reason, **context)
+        return Measurement.failed(launched.failure_reason, launched.failure_kind or FailureKind.ERROR, **context)
     reports = launched.results
     if training.precision == "fp8":
         _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))
