@@ -47,7 +47,7 @@ from spec.training_spec import TrainingSpec  # noqa: E402
 from executor.kernels import fp8, get_backend  # noqa: E402
 from executor.kernels.fp8 import quantize
 from executor.kernels.torch_backend import TorchBackend  # noqa: E402
-from executor.moe import _swiglu  # noqa: E402
+from executor.moe import expert_swiglu  # noqa: E402
 from executor.options import ExecutorOptions  # noqa: E402
 
 from bench.moe_breakdown import steady_window  # noqa: E402
@@ -167,7 +167,7 @@ def _rows_sweep(dev, shape, w13, w2, timed, iters) -> dict:
             os.environ["FOLDTUNE_FP8_WEIGHT_CACHE"] = cache
 
             def step():
-                y = be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
+                y = be.grouped_mm(expert_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
                 torch.autograd.grad(y, (x, w13, w2), dy)
 
             out[rows][label] = timed(step, iters)
@@ -196,7 +196,7 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
         be = get_backend(backend_name)
 
         def ffn_fwd():
-            return be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
+            return be.grouped_mm(expert_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
 
         def ffn_fwd_bwd():
             torch.autograd.grad(ffn_fwd(), (x, w13, w2), dy)

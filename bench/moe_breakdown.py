@@ -33,7 +33,7 @@ import time
 import torch
 
 from executor.kernels import triton_swiglu
-from executor.moe import _swiglu
+from executor.moe import expert_swiglu
 
 SPIN_CYCLES_PER_S: list[float] = []  # measured once per process
 
@@ -340,7 +340,7 @@ class StagedLayer:
     def f_swiglu(self):
         s = self.s
         s["h13l"] = _leaf(s["h13"])
-        s["a"] = _swiglu(s["h13l"])
+        s["a"] = expert_swiglu(s["h13l"])
 
     def f_gemm_w2(self):
         s = self.s

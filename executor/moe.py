@@ -23,7 +23,7 @@ from executor.router import Router
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
-def _swiglu(x_M2F: torch.Tensor) -> torch.Tensor:
+def expert_swiglu(x_M2F: torch.Tensor) -> torch.Tensor:
     """silu(gate) · up of the fused gate/up GEMM's output [rows, 2f] (gate = first half) → [rows, f]."""
     if fused_act.available(x_M2F) and fused_act.swiglu_checked(x_M2F.dtype, x_M2F.device):
         return fused_act.swiglu(x_M2F)  # one read of gate and up, gradient written as one [rows, 2f] buffer
@@ -69,7 +69,7 @@ class GroupedExperts(torch.nn.Module):
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         gmm = self.kernels.grouped_mm
         gate_up = gmm(x_MH, self.w13.flatten(1, 2), offs)  # [rows, 2·f/etp]: gate | up
-        act = recompute.run(self.recompute_act, _swiglu, gate_up)
+        act = recompute.run(self.recompute_act, expert_swiglu, gate_up)
         return gmm(act, self.w2, offs)
 
 

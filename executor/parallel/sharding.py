@@ -46,6 +46,14 @@ def _slice(full: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
     return full.chunk(group.size, dim=dim)[group.rank]
 
 
+def local_shard(full: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch.Tensor:
+    """This rank's slice of the full logical tensor ``full`` (a view): cut along TP, ETP and EP as ``info``
+    says (what :func:`gather_full` concatenates back)."""
+    local = _slice(full, info.tp_dim, state.tp)
+    local = _slice(local, info.etp_dim, state.etp)
+    return _slice(local, info.ep_dim, state.ep)
+
+
 def make_param(info: ShardInfo, state: ParallelState, init: str, std: float, seed: int,
                device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
     """A parameter holding this rank's slice of a deterministically initialised full tensor.
@@ -68,10 +76,7 @@ def make_param(info: ShardInfo, state: ParallelState, init: str, std: float, see
         full = (torch.randn(info.full_shape, generator=gen, device=where) * std).to(device)
         if info.rows is not None:
             full[info.rows:] = 0  # padded vocabulary rows
-    local = _slice(full, info.tp_dim, state.tp)
-    local = _slice(local, info.etp_dim, state.etp)
-    local = _slice(local, info.ep_dim, state.ep)
-    param = torch.nn.Parameter(local.to(dtype).contiguous())
+    param = torch.nn.Parameter(local_shard(full, info, state).to(dtype).contiguous())
     param.shard_info = info
     return param
 
