@@ -9,6 +9,7 @@ out-of-memory error, a rank that raises or dies, or a timeout ends every rank an
 from __future__ import annotations
 
 import contextlib
+import datetime
 import multiprocessing
 import os
 import shutil
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from executor.failure import is_out_of_memory
 from spec.failure import FailureKind
@@ -49,10 +51,6 @@ def _free_port() -> int:
 
 def _child(rank: int, world_size: int, port: int, backend: str, threads: int, outdir: str,
            fn: Callable, args: tuple, dist_timeout_s: float) -> None:
-    import datetime
-
-    import torch.distributed as dist
-
     os.environ.update(SAFE_ENV)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))

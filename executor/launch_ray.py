@@ -14,15 +14,17 @@ exactly when there is room), starts the rank actors in their bundles, rendezvous
 IP and a port it picks), and always tears everything down: actors killed, placement group removed, and,
 on this node, waits until the rank processes are gone.
 
-Ray is imported only here and only when a launch happens. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS``
-(e.g. ``ray://head:10001`` or ``head:6379``) when set, else starts a local Ray without the dashboard,
-token auth disabled (Ray >= 2.60 enables it for local clusters) and ``FOLDTUNE_RAY_NUM_CPUS`` CPUs
-(default max(cores, 8): CPU ranks of a tuning job oversubscribe a small machine on purpose).
+Ray is imported only here: the front ends import this module where they launch or size a Ray cluster,
+never on a light command. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS`` (e.g. ``ray://head:10001`` or
+``head:6379``) when set, else starts a local Ray without the dashboard, token auth disabled (Ray >= 2.60
+enables it for local clusters) and ``FOLDTUNE_RAY_NUM_CPUS`` CPUs (default max(cores, 8): CPU ranks of a
+tuning job oversubscribe a small machine on purpose).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import resource
 import signal
@@ -32,6 +34,12 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from executor import progress
 from executor.failure import is_out_of_memory
@@ -50,10 +58,6 @@ _init_lock = threading.Lock()
 
 def ensure_ray(address: str | None = None) -> None:
     """Connect to Ray once per process: ``address`` or FOLDTUNE_RAY_ADDRESS, else a local instance."""
-    import logging
-
-    import ray
-
     with _init_lock:
         if ray.is_initialized():
             return
@@ -91,8 +95,6 @@ class RankActor:
 
     def address(self) -> tuple[str, int, int]:
         """(node IP, a free port on it, this process's pid)."""
-        import ray
-
         ip = ray.util.get_node_ip_address()
         return ip, _free_port(ip), os.getpid()
 
@@ -115,9 +117,6 @@ class RankActor:
     def run(self, master: tuple[str, int], backend: str, fn: Callable, args: tuple, dist_timeout_s: float,
             memory_limit_bytes: int | None) -> tuple[str, Any]:
         """Run ``fn`` as this rank: ('ok', result) or ('oom' | 'error', one-line reason, traceback)."""
-        import torch
-        import torch.distributed as dist
-
         torch.set_num_threads(self.threads)
         if memory_limit_bytes:
             _limit_address_space(memory_limit_bytes)
@@ -155,8 +154,6 @@ def _limit_address_space(extra_bytes: int) -> None:
 
 
 def _cluster_total(resource_name: str) -> float:
-    import ray
-
     return ray.cluster_resources().get(resource_name, 0.0)
 
 
@@ -172,10 +169,6 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     each CPU rank's additional address space (ignored for NCCL: CUDA maps huge address ranges).
     ``env`` adds environment variables to every rank (FOLDTUNE_FAULT etc. are forwarded from this process).
     """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     ensure_ray(address)
     start = time.monotonic()
     if backend is None:
@@ -219,15 +212,13 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
             return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
         return LaunchResult(True, None, results, time.monotonic() - start)
     finally:
-        _teardown(actors, pg, pids, remove_placement_group)
+        _teardown(actors, pg, pids)
 
 
 def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] | None, run_start: float,
                timeout_s: float, world_size: int) -> tuple[tuple[FailureKind, str] | None, list[Any]]:
     """Wait for every rank, relaying rank 0's steps to ``on_step``; ((kind, reason) of a failure or None,
     results)."""
-    import ray
-
     pending = {ref: rank for rank, ref in enumerate(runs)}
     outcomes: dict[int, tuple] = {}
     stop_sent = False
@@ -279,8 +270,6 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
 
 def _laggards(actors: list, running: list[int]) -> str:
     """'; rank 1 stuck after step 0 while others finished step 1' when some running ranks lag behind."""
-    import ray
-
     try:
         steps = dict(zip(running, ray.get([actors[r].last_step.remote() for r in running], timeout=5)))
     except Exception:  # a rank too wedged to answer: the plain reason must do
@@ -318,8 +307,6 @@ def _death_detail(exc: BaseException) -> str:
 
 
 def _startup_failure(exc: BaseException, timeout_s: float) -> tuple[FailureKind, str]:
-    import ray
-
     if isinstance(exc, ray.exceptions.GetTimeoutError):
         return FailureKind.TIMEOUT, f"timeout after {timeout_s:.0f} s starting the rank actors"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -327,17 +314,13 @@ def _startup_failure(exc: BaseException, timeout_s: float) -> tuple[FailureKind,
 
 
 def _is_local(ip: str) -> bool:
-    import ray
-
     try:
         return ip == ray.util.get_node_ip_address()
     except Exception:
         return False
 
 
-def _teardown(actors: list, pg: Any, pids: list[int], remove_placement_group: Callable) -> None:
-    import ray
-
+def _teardown(actors: list, pg: Any, pids: list[int]) -> None:
     for actor in actors:
         try:
             ray.kill(actor, no_restart=True)

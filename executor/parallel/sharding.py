@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from executor.optimizer import finish_param_gather
 from executor.parallel.groups import Group, ParallelState
 
 _CPU_INIT_LIMIT = 2**24  # elements
@@ -101,8 +102,6 @@ def gather_full(t: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch
 
 def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = False) -> dict[str, torch.Tensor]:
     """Full-shape parameters (or gradients) of ``model`` keyed by ShardInfo name. Every rank must call it."""
-    from executor.optimizer import finish_param_gather  # lazy: the optimizer builds on this package
-
     finish_param_gather(model)  # overlapped parameter all-gathers still writing the parameters
     out = {}
     for param in model.parameters():
