@@ -9,9 +9,10 @@ runner that restarts mid-job resumes the same search from the study's storage.
 
 Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
 seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the
-run stopped. Memory enters as an Optuna constraint (calibrated predicted bytes minus capacity) and
-through the calibration; a trial that runs out of memory raises the memory multiplier and so removes
-similar layouts from the rest of the search. Failed trials never end the job.
+run stopped. Memory enters as an Optuna constraint (measured peak, else predicted bytes, minus
+capacity) and through the calibration; a trial whose measurement says ``failure_kind`` oom raises the
+memory multiplier and so removes similar layouts from the rest of the search (the search reads that
+word, never the reason text). Failed trials never end the job.
 """
 
 from __future__ import annotations
@@ -216,10 +217,11 @@ class CostModelSampler(BaseSampler):
 
 
 def memory_constraint(trial: FrozenTrial | optuna.Trial) -> tuple[float]:
-    """Optuna constraint of a finished trial (<= 0 is feasible): bytes over device memory.
+    """Optuna constraint of a measured trial (<= 0 is feasible): bytes over device memory.
 
-    Uses the measured peak when the run reported one (GPUs), else the prediction. Optuna records it
-    for complete and pruned trials; a run that failed with out-of-memory is a failed trial instead.
+    Uses the measured peak when the run reported one (GPUs), else the prediction. :func:`run_search`
+    records it (as ``MEMORY_CONSTRAINT``) for complete and pruned trials; a run that failed with
+    out-of-memory is a failed trial instead.
     """
     capacity = float(trial.user_attrs.get(ATTR_CAPACITY, math.inf))
     peak = trial.user_attrs.get(ATTR_PEAK)
