@@ -43,7 +43,7 @@ from bench.moe_breakdown import steady_window
 from executor.kernels import fp8, get_backend
 from executor.kernels.fp8 import quantize
 from executor.kernels.torch_backend import TorchBackend
-from executor.moe import _swiglu
+from executor.moe import expert_swiglu
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
 from spec.catalog import get_model
@@ -165,7 +165,7 @@ def _rows_sweep(dev, shape, w13, w2, timed, iters) -> dict:
             os.environ["FOLDTUNE_FP8_WEIGHT_CACHE"] = cache
 
             def step():
-                y = be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
+                y = be.grouped_mm(expert_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
                 torch.autograd.grad(y, (x, w13, w2), dy)
 
             out[rows][label] = timed(step, iters)
@@ -194,7 +194,7 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
         be = get_backend(backend_name)
 
         def ffn_fwd():
-            return be.grouped_mm(_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
+            return be.grouped_mm(expert_swiglu(be.grouped_mm(x, w13, offs)), w2, offs)
 
         def ffn_fwd_bwd():
             torch.autograd.grad(ffn_fwd(), (x, w13, w2), dy)

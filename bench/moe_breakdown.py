@@ -34,7 +34,7 @@ import torch
 
 from executor.kernels import get_backend, triton_permute, triton_router, triton_swiglu
 from executor.moe import MoELayer
-from executor.moe import _swiglu
+from executor.moe import expert_swiglu
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.router import Router, Routing
@@ -336,7 +336,7 @@ class StagedLayer:
     def f_swiglu(self):
         s = self.s
         s["h13l"] = _leaf(s["h13"])
-        s["a"] = _swiglu(s["h13l"])
+        s["a"] = expert_swiglu(s["h13l"])
 
     def f_gemm_w2(self):
         s = self.s

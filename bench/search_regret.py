@@ -76,13 +76,13 @@ def run_guided(candidates, table: dict, capacity: float, seed: int, max_trials: 
 
 def run_tpe(candidates, table: dict, seed: int, max_trials: int) -> list[float]:
     rng = random.Random(seed)
-    by_key = {_key(c.params): c for c in candidates}
+    by_key = {params_key(c.params): c for c in candidates}
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     distributions = search_space(candidates)
     seen = []
     for _ in range(max_trials):
         trial = study.ask(distributions)
-        cand = by_key.get(_key(trial.params))
+        cand = by_key.get(params_key(trial.params))
         if cand is None:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             seen.append(math.inf)

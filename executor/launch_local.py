@@ -9,6 +9,7 @@ out-of-memory error, a rank that raises or dies, or a timeout ends every rank an
 from __future__ import annotations
 
 import contextlib
+import datetime
 import multiprocessing
 import os
 import shutil
@@ -21,11 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from executor.failure import is_out_of_memory
+from spec.failure import FailureKind
 
 OOM_EXIT = 3
 ERROR_EXIT = 1
+OOM_PREFIX = "out of memory"  # how a rank's out-of-memory reason starts ('out of memory on rank N: ...')
 # NVLink multicast stays off on shared GPU hosts (see the device notes); harmless elsewhere.
-_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass
@@ -34,6 +40,7 @@ class LaunchResult:
     failure_reason: str | None = None
     results: list[Any] = field(default_factory=list)  # per rank, what fn returned
     wall_s: float = 0.0
+    failure_kind: FailureKind | None = None  # set exactly when not ok
 
 
 def _free_port() -> int:
@@ -42,17 +49,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 def _child(rank: int, world_size: int, port: int, backend: str, threads: int, outdir: str,
            fn: Callable, args: tuple, dist_timeout_s: float) -> None:
-    import datetime
-
-    import torch.distributed as dist
-
-    os.environ.update(_SAFE_ENV)
+    os.environ.update(SAFE_ENV)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(threads)
@@ -66,8 +65,8 @@ def _child(rank: int, world_size: int, port: int, backend: str, threads: int, ou
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
     except BaseException as exc:  # noqa: BLE001  (report every failure to the parent, then exit non-zero)
-        code = OOM_EXIT if _is_oom(exc) else ERROR_EXIT
-        kind = "out of memory" if code == OOM_EXIT else type(exc).__name__
+        code = OOM_EXIT if is_out_of_memory(exc) else ERROR_EXIT
+        kind = OOM_PREFIX if code == OOM_EXIT else type(exc).__name__
         last = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
             f.write(f"{kind} on rank {rank}: {last}\n{traceback.format_exc()}")
@@ -143,12 +142,13 @@ def _launch_once(fn: Callable, world_size: int, args: tuple, backend: str, timeo
             if all(c == 0 for c in codes):
                 break
             if time.monotonic() - start > timeout_s:
-                failure = f"timeout after {timeout_s:.0f} s ({sum(c is None for c in codes)} of {world_size} " \
-                          f"ranks still running)"
+                failure = (FailureKind.TIMEOUT, f"timeout after {timeout_s:.0f} s ({sum(c is None for c in codes)} "
+                                                f"of {world_size} ranks still running)")
                 break
             time.sleep(0.02)
         if failure:
-            return LaunchResult(False, failure, wall_s=time.monotonic() - start)
+            kind, reason = failure
+            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=kind)
         results = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
         return LaunchResult(True, None, results, time.monotonic() - start)
     finally:
@@ -156,23 +156,25 @@ def _launch_once(fn: Callable, world_size: int, args: tuple, backend: str, timeo
         shutil.rmtree(outdir, ignore_errors=True)
 
 
-def _reason(outdir: str, bad: list[tuple[int, int]]) -> str:
-    """The most likely root cause: a rank that died silently, else an OOM, else the earliest error."""
+def _reason(outdir: str, bad: list[tuple[int, int]]) -> tuple[FailureKind, str]:
+    """The most likely root cause (its kind and reason): a rank that died silently, else an OOM, else the
+    earliest error."""
     silent = [(rank, code) for rank, code in bad if code not in (ERROR_EXIT, OOM_EXIT)]
     if silent:
         rank, code = silent[0]
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        return f"rank {rank} died ({how}) without a message"
+        return FailureKind.CRASH, f"rank {rank} died ({how}) without a message"
     files = sorted((os.path.join(outdir, name) for name in os.listdir(outdir) if name.endswith(".err")),
                    key=os.path.getmtime)
     reasons = []
     for path in files:
         with open(path) as f:
             reasons.append(f.readline().strip())
-    ooms = [r for r in reasons if r.startswith("out of memory")]
+    ooms = [r for r in reasons if r.startswith(OOM_PREFIX)]
+    kind = FailureKind.OOM if ooms else FailureKind.ERROR
     if ooms:
         reasons = ooms
     if reasons:
-        return reasons[0] + (f" (and {len(reasons) - 1} more rank(s) failed)" if len(reasons) > 1 else "")
+        return kind, reasons[0] + (f" (and {len(reasons) - 1} more rank(s) failed)" if len(reasons) > 1 else "")
     rank, code = bad[0]
-    return f"rank {rank} exited with code {code} without a message"
+    return FailureKind.ERROR, f"rank {rank} exited with code {code} without a message"

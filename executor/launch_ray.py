@@ -14,15 +14,17 @@ exactly when there is room), starts the rank actors in their bundles, rendezvous
 IP and a port it picks), and always tears everything down: actors killed, placement group removed, and,
 on this node, waits until the rank processes are gone.
 
-Ray is imported only here and only when a launch happens. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS``
-(e.g. ``ray://head:10001`` or ``head:6379``) when set, else starts a local Ray without the dashboard,
-token auth disabled (Ray >= 2.60 enables it for local clusters) and ``FOLDTUNE_RAY_NUM_CPUS`` CPUs
-(default max(cores, 8): CPU ranks of a tuning job oversubscribe a small machine on purpose).
+Ray is imported only here: the front ends import this module where they launch or size a Ray cluster,
+never on a light command. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS`` (e.g. ``ray://head:10001`` or
+``head:6379``) when set, else starts a local Ray without the dashboard, token auth disabled (Ray >= 2.60
+enables it for local clusters) and ``FOLDTUNE_RAY_NUM_CPUS`` CPUs (default max(cores, 8): CPU ranks of a
+tuning job oversubscribe a small machine on purpose).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import resource
 import signal
@@ -34,8 +36,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+import torch
+import torch.distributed as dist
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
 from executor import progress
-from executor.launch_local import _SAFE_ENV, LaunchResult
+from executor.failure import is_out_of_memory
+from executor.launch_local import OOM_PREFIX, SAFE_ENV, LaunchResult
+from spec.failure import FailureKind
 
 RAY_ADDRESS_ENV = "FOLDTUNE_RAY_ADDRESS"
 RAY_NUM_CPUS_ENV = "FOLDTUNE_RAY_NUM_CPUS"
@@ -49,10 +59,6 @@ _init_lock = threading.Lock()
 
 def ensure_ray(address: str | None = None) -> None:
     """Connect to Ray once per process: ``address`` or FOLDTUNE_RAY_ADDRESS, else a local instance."""
-    import logging
-
-    import ray
-
     with _init_lock:
         if ray.is_initialized():
             return
@@ -69,12 +75,6 @@ def ensure_ray(address: str | None = None) -> None:
         ray.init(address=address, **kwargs)
 
 
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text
-            or "can't allocate memory" in text or "cannot allocate memory" in text)
-
-
 def _free_port(ip: str) -> int:
     with socket.socket() as s:
         s.bind((ip, 0))
@@ -87,7 +87,7 @@ class RankActor:
 
     def __init__(self, rank: int, world_size: int, env: dict[str, str], threads: int) -> None:
         os.environ.update(env)
-        os.environ.update(_SAFE_ENV)
+        os.environ.update(SAFE_ENV)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         self.rank, self.world_size, self.threads = rank, world_size, threads
         self._lock = threading.Lock()
@@ -96,8 +96,6 @@ class RankActor:
 
     def address(self) -> tuple[str, int, int]:
         """(node IP, a free port on it, this process's pid)."""
-        import ray
-
         ip = ray.util.get_node_ip_address()
         return ip, _free_port(ip), os.getpid()
 
@@ -120,9 +118,6 @@ class RankActor:
     def run(self, master: tuple[str, int], backend: str, fn: Callable, args: tuple, dist_timeout_s: float,
             memory_limit_bytes: int | None) -> tuple[str, Any]:
         """Run ``fn`` as this rank: ('ok', result) or ('oom' | 'error', one-line reason, traceback)."""
-        import torch
-        import torch.distributed as dist
-
         torch.set_num_threads(self.threads)
         if memory_limit_bytes:
             _limit_address_space(memory_limit_bytes)
@@ -139,9 +134,9 @@ class RankActor:
             dist.destroy_process_group()
             return "ok", result
         except BaseException as exc:  # every failure goes back to the driver as a reason
-            oom = _is_oom(exc)
+            oom = is_out_of_memory(exc)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            kind = "out of memory" if oom else type(exc).__name__
+            kind = OOM_PREFIX if oom else type(exc).__name__
             return ("oom" if oom else "error"), f"{kind} on rank {self.rank}: {first}", traceback.format_exc()
         finally:
             progress.install(None)
@@ -160,8 +155,6 @@ def _limit_address_space(extra_bytes: int) -> None:
 
 
 def _cluster_total(resource_name: str) -> float:
-    import ray
-
     return ray.cluster_resources().get(resource_name, 0.0)
 
 
@@ -192,10 +185,6 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     each CPU rank's additional address space (ignored for NCCL: CUDA maps huge address ranges).
     ``env`` adds environment variables to every rank (FOLDTUNE_FAULT etc. are forwarded from this process).
     """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     ensure_ray(address)
     start = time.monotonic()
     if backend is None:
@@ -204,7 +193,8 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     available = _cluster_total(kind)
     if available < world_size:
         return LaunchResult(False, f"layout needs {world_size} {kind} bundles, the Ray cluster has "
-                                   f"{available:g} {kind}s", wall_s=time.monotonic() - start)
+                                   f"{available:g} {kind}s", wall_s=time.monotonic() - start,
+                            failure_kind=FailureKind.ERROR)
     bundle = {"CPU": 1, "GPU": 1} if kind == "GPU" else {"CPU": 1}
     rank_env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     rank_env.update(env or {})
@@ -216,7 +206,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         ready, _ = ray.wait([pg.ready()], timeout=wait_s)
         if not ready:
             return LaunchResult(False, f"timeout after {wait_s:.0f} s waiting for {world_size} free {kind} "
-                                       f"bundles", wall_s=time.monotonic() - start)
+                                       f"bundles", wall_s=time.monotonic() - start, failure_kind=FailureKind.TIMEOUT)
         remote_cls = ray.remote(RankActor)
         actors = [remote_cls.options(
             num_cpus=1, num_gpus=1 if kind == "GPU" else 0, max_concurrency=2, max_restarts=0,
@@ -226,24 +216,25 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         try:
             addresses = ray.get([a.address.remote() for a in actors], timeout=timeout_s)
         except Exception as exc:
-            return LaunchResult(False, _startup_failure(exc, timeout_s), wall_s=time.monotonic() - start)
+            failure_kind, reason = _startup_failure(exc, timeout_s)
+            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
         pids = [pid for ip, _, pid in addresses if ip == addresses[0][0] and _is_local(ip)]
         master = addresses[0][:2]
         limit = memory_limit_bytes if backend == "gloo" else None
         runs = [a.run.remote(master, backend, fn, args, timeout_s, limit) for a in actors]
         failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size)
         if failure:
-            return LaunchResult(False, failure, wall_s=time.monotonic() - start)
+            failure_kind, reason = failure
+            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
         return LaunchResult(True, None, results, time.monotonic() - start)
     finally:
-        _teardown(actors, pg, pids, remove_placement_group)
+        _teardown(actors, pg, pids)
 
 
 def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] | None, run_start: float,
-               timeout_s: float, world_size: int) -> tuple[str | None, list[Any]]:
-    """Wait for every rank, relaying rank 0's steps to ``on_step``; (failure reason or None, results)."""
-    import ray
-
+               timeout_s: float, world_size: int) -> tuple[tuple[FailureKind, str] | None, list[Any]]:
+    """Wait for every rank, relaying rank 0's steps to ``on_step``; ((kind, reason) of a failure or None,
+    results)."""
     pending = {ref: rank for rank, ref in enumerate(runs)}
     outcomes: dict[int, tuple] = {}
     stop_sent = False
@@ -279,7 +270,8 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
                 return _failure_reason(outcomes), []
         elif pending and time.monotonic() - run_start > timeout_s:
             running = sorted(pending.values())
-            return (f"timeout after {timeout_s:.0f} s ({len(running)} of {world_size} ranks still running: "
+            return (FailureKind.TIMEOUT,
+                    f"timeout after {timeout_s:.0f} s ({len(running)} of {world_size} ranks still running: "
                     f"rank {', '.join(str(r) for r in running)}{_laggards(actors, running)})"), []
     if on_step is not None:  # steps rank 0 reported just before it returned (its actor is still alive)
         refs = ([poll_ref] if poll_ref is not None else []) + [actors[0].poll.remote(stop_sent)]
@@ -294,8 +286,6 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
 
 def _laggards(actors: list, running: list[int]) -> str:
     """'; rank 1 stuck after step 0 while others finished step 1' when some running ranks lag behind."""
-    import ray
-
     try:
         steps = dict(zip(running, ray.get([actors[r].last_step.remote() for r in running], timeout=5)))
     except Exception:  # a rank too wedged to answer: the plain reason must do
@@ -309,14 +299,18 @@ def _laggards(actors: list, running: list[int]) -> str:
     return f"; rank {', '.join(map(str, behind))} stuck {where} while others finished step {ahead}"
 
 
-def _failure_reason(outcomes: dict[int, tuple]) -> str:
+# A rank's outcome word -> the run's failure kind, in the order the root cause is looked for.
+_OUTCOME_KINDS = {"oom": FailureKind.OOM, "died": FailureKind.CRASH, "error": FailureKind.ERROR}
+
+
+def _failure_reason(outcomes: dict[int, tuple]) -> tuple[FailureKind, str]:
     bad = sorted((rank, o) for rank, o in outcomes.items() if o[0] != "ok")
-    for kind in ("oom", "died", "error"):
-        of_kind = [o[1] for _, o in bad if o[0] == kind]
+    for outcome, kind in _OUTCOME_KINDS.items():
+        of_kind = [o[1] for _, o in bad if o[0] == outcome]
         if of_kind:
             more = len(bad) - 1
-            return of_kind[0] + (f" (and {more} more rank(s) failed)" if more else "")
-    return "a rank failed without a reason"
+            return kind, of_kind[0] + (f" (and {more} more rank(s) failed)" if more else "")
+    return FailureKind.ERROR, "a rank failed without a reason"
 
 
 def _death_detail(exc: BaseException) -> str:
@@ -328,27 +322,21 @@ def _death_detail(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _startup_failure(exc: BaseException, timeout_s: float) -> str:
-    import ray
-
+def _startup_failure(exc: BaseException, timeout_s: float) -> tuple[FailureKind, str]:
     if isinstance(exc, ray.exceptions.GetTimeoutError):
-        return f"timeout after {timeout_s:.0f} s starting the rank actors"
+        return FailureKind.TIMEOUT, f"timeout after {timeout_s:.0f} s starting the rank actors"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"rank actors failed to start: {first}"
+    return FailureKind.ERROR, f"rank actors failed to start: {first}"
 
 
 def _is_local(ip: str) -> bool:
-    import ray
-
     try:
         return ip == ray.util.get_node_ip_address()
     except Exception:
         return False
 
 
-def _teardown(actors: list, pg: Any, pids: list[int], remove_placement_group: Callable) -> None:
-    import ray
-
+def _teardown(actors: list, pg: Any, pids: list[int]) -> None:
     for actor in actors:
         try:
             ray.kill(actor, no_restart=True)

@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from spec.failure import FailureKind
+
 
 @dataclass
 class Measurement:
@@ -18,6 +20,7 @@ class Measurement:
 
     ok: bool
     failure_reason: str | None = None
+    failure_kind: FailureKind | None = None  # None on success and in records written before this field existed
     model: str | None = None
     layout: str | None = None
     world_size: int | None = None
@@ -45,12 +48,19 @@ class Measurement:
     losses: list[float] = field(default_factory=list)
     pruned: bool = False  # the driver stopped the run early (fewer timed steps than asked)
 
+    def __post_init__(self) -> None:
+        if self.failure_kind is not None:  # read back from JSON as its string value
+            self.failure_kind = FailureKind(self.failure_kind)
+
     @classmethod
-    def failed(cls, reason: str, **context: Any) -> Measurement:
-        return cls(ok=False, failure_reason=reason, **context)
+    def failed(cls, reason: str, kind: FailureKind = FailureKind.ERROR, **context: Any) -> Measurement:
+        """A failed run: ``reason`` is the readable sentence, ``kind`` the word the search and storage use."""
+        return cls(ok=False, failure_reason=reason, failure_kind=kind, **context)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["failure_kind"] = self.failure_kind.value if self.failure_kind is not None else None
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -23,7 +23,7 @@ from executor.router import Router
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
-def _swiglu(x_M2F: torch.Tensor) -> torch.Tensor:
+def expert_swiglu(x_M2F: torch.Tensor) -> torch.Tensor:
     """silu(gate) · up of the fused gate/up GEMM's output [rows, 2f] (gate = first half) → [rows, f]."""
     if fused_act.available(x_M2F) and fused_act.swiglu_checked(x_M2F.dtype, x_M2F.device):
         return fused_act.swiglu(x_M2F)  # one read of gate and up, gradient written as one [rows, 2f] buffer
@@ -37,11 +37,10 @@ class GroupedExperts(torch.nn.Module):
     ``w13`` is [E_local, 2, F/etp, H] with ETP cutting dim 2, so every ETP rank holds its slice of both gate
     and up and one contiguous [E_local, 2·F/etp, H] view feeds the GEMM. The fused GEMM has twice the width
     forward and in both backward GEMMs (dgrad, wgrad), and the dgrad adds gate's and up's contributions to
-    the rows' gradient inside the GEMM (no separate add). On an H200 (bench/moe_breakdown.py, device time per
-    stage, random routing, 4096 tokens; the 06:01 and 08:19 runs, bench/results/gpu-2026-11-26-4xH200*/
-    executor_gpu.json) the width bought nothing forward (fine-grained h2048/f768/128 experts: 0.450 ms fused
-    against 0.229 + 0.222 ms; Mixtral: 2.87 against 1.44 + 1.43 ms); backward the fine-grained GEMMs took
-    0.97 ms against 0.52 + 0.52 ms plus a 0.09 ms add, Mixtral's 5.89 against 2.88 + 2.89 ms plus 0.05 ms."""
+    the rows' gradient inside the GEMM (no separate add). Measured, the width buys no speed: forward the fused
+    GEMM takes as long as the two separate ones, backward about as long as they plus their add
+    (docs/benchmarks.md, the fused gate/up GEMM under "Executor (08:19)"). The layout is Megatron's
+    GroupedMLP one and hands the fused SwiGLU a single [rows, 2·F/etp] tensor."""
 
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype):
@@ -69,7 +68,7 @@ class GroupedExperts(torch.nn.Module):
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         gmm = self.kernels.grouped_mm
         gate_up = gmm(x_MH, self.w13.flatten(1, 2), offs)  # [rows, 2·f/etp]: gate | up
-        act = recompute.run(self.recompute_act, _swiglu, gate_up)
+        act = recompute.run(self.recompute_act, expert_swiglu, gate_up)
         return gmm(act, self.w2, offs)
 
 

@@ -49,8 +49,8 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from executor.kernels.aliasing import register_written_through_buffer
-from executor.parallel.collectives import _all_gather_tensor, all_gather_nograd
-from executor.parallel.grad_reduce import GradReducer, _grad_or_zeros, attach_main_grads, padded_numel
+from executor.parallel.collectives import all_gather_tensor, all_gather_nograd
+from executor.parallel.grad_reduce import GradReducer, grad_or_zeros, attach_main_grads, padded_numel
 from executor.parallel.groups import Group
 
 # attach_main_grads: re-exported
@@ -114,7 +114,7 @@ class _Unit:
         """Write the master shard into this rank's slice of the parameters and start the in-place all-gather."""
         own = self.gather_buffer.chunk(self.group.size)[self.group.rank]
         own.copy_(self.master)  # the same rounding as write_back's master.to(dtype)
-        self.work = _all_gather_tensor(self.gather_buffer, own, group=self.group.pg, async_op=True)
+        self.work = all_gather_tensor(self.gather_buffer, own, group=self.group.pg, async_op=True)
 
     def wait_gather(self) -> None:
         """Wait for the pending all-gather (on CUDA the current stream waits; the host does not)."""
@@ -127,7 +127,7 @@ class _Unit:
             return self.entry.shards[self.index]
         if self.buffer is not None:
             return self.buffer[: self.master.numel()]
-        return _flatten_dense_tensors([_grad_or_zeros(p).float() for p in self.params])
+        return _flatten_dense_tensors([grad_or_zeros(p).float() for p in self.params])
 
     @torch.no_grad()
     def write_back(self) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from spec.catalog import get_hardware
 from spec.errors import CatalogError, FoldtuneError
+from spec.failure import FailureKind
 from spec.flops import flops_per_step, mfu, tflops_per_gpu
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -23,11 +24,15 @@ from spec.training_spec import TrainingSpec
 from spec.validity import batch_rule
 from executor import progress
 from executor.data import global_batch, micro_batches
+from executor.kernels import fp8
+from executor.launch_local import launch as launch_local
 from executor.measurement import Measurement
+from executor.model import MoEGPT
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.groups import build_parallel_state
 from executor.parallel.tensor_parallel import check_layout
 from executor.timing import PhaseTimer
+from executor.train_step import Trainer
 
 # Parameter and activation dtype per precision; fp8 keeps them bf16 and runs the linears and expert GEMMs
 # in fp8 through the 'torch-fp8' kernel backend (executor.kernels.fp8). The LM head and router stay bf16.
@@ -48,8 +53,6 @@ def options_for_precision(options: ExecutorOptions, precision: str) -> ExecutorO
 
 def _fp8_report(device: torch.device) -> dict:
     """How this rank ran its fp8 GEMMs: the reason they were emulated (None: kernels) and calls per path."""
-    from executor.kernels import fp8
-
     return {"emulated_because": fp8.emulation_reason(device), "calls": fp8.gemm_counts()}
 
 
@@ -64,9 +67,6 @@ def _sync(device: torch.device) -> None:
 def profile_worker(rank: int, world_size: int, model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                    options: ExecutorOptions, warmup_steps: int, timed_steps: int, use_cuda: bool) -> dict:
     """One rank: build its slice, run warm-up and timed steps, report times, phases, memory and counts."""
-    from executor.model import MoEGPT
-    from executor.train_step import Trainer
-
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if training.precision not in DTYPES:
         raise FoldtuneError(f"precision {training.precision!r} is not supported by the executor yet "
@@ -168,8 +168,6 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     ``hardware`` names the catalog GPU whose peak MFU is taken against (default: guessed from the device).
     ``launcher`` replaces :func:`executor.launch_local.launch` (same signature), e.g. the Ray launcher.
     """
-    from executor.launch_local import launch as launch_local
-
     options = options or ExecutorOptions.for_training(training)
     context = {"model": model.name, "layout": config.label(), "world_size": config.world_size,
                "precision": training.precision, "seq_length": training.seq_length,
@@ -192,7 +190,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
                       (model, training, config, options, warmup_steps, timed_steps, use_cuda),
                       backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s)
     if not launched.ok:
-        return Measurement.failed(launched.failure_reason, **context)
+        return Measurement.failed(launched.failure_reason, launched.failure_kind or FailureKind.ERROR, **context)
     reports = launched.results
     if training.precision == "fp8":
         _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))

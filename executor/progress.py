@@ -28,6 +28,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+
 from spec.errors import SpecError
 
 StepSink = Callable[[int, float], bool]
@@ -94,11 +97,8 @@ def _inject(rank: int, step: int) -> None:
             while True:
                 time.sleep(3600)
         elif fault.kind == "oom":
-            import torch
-
             # More than any rank may have: the address-space limit when the launcher set one, else a
             # petabyte (beyond RAM + swap of any machine, so even an overcommitting kernel refuses it).
-
             soft, _ = resource.getrlimit(resource.RLIMIT_AS)
             nbytes = soft + (1 << 30) if soft != resource.RLIM_INFINITY else 1 << 50
             torch.empty(nbytes, dtype=torch.uint8)
@@ -110,9 +110,6 @@ def step_done(step: int, seconds: float) -> bool:
     Collective when torch.distributed is initialised with more than one rank (every rank must call it
     after the same steps): the slowest rank's time is reported by rank 0, whose answer all ranks get.
     """
-    import torch
-    import torch.distributed as dist
-
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     rank = dist.get_rank() if distributed else 0
     _inject(rank, step)

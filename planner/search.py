@@ -9,9 +9,10 @@ runner that restarts mid-job resumes the same search from the study's storage.
 
 Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
 seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the
-run stopped. Memory enters as an Optuna constraint (calibrated predicted bytes minus capacity) and
-through the calibration; a trial that runs out of memory raises the memory multiplier and so removes
-similar layouts from the rest of the search. Failed trials never end the job.
+run stopped. Memory enters as an Optuna constraint (measured peak, else predicted bytes, minus
+capacity) and through the calibration; a trial whose measurement says ``failure_kind`` oom raises the
+memory multiplier and so removes similar layouts from the rest of the search (the search reads that
+word, never the reason text). Failed trials never end the job.
 """
 
 from __future__ import annotations
@@ -24,17 +25,17 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler, RandomSampler
-from optuna.samplers._base import _process_constraints_after_trial  # the hook Optuna's own samplers use
 from optuna.trial import FrozenTrial, TrialState
 
-from spec.parallel_config import OPTUNA_PARAMS, ParallelConfig
 from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
+from spec.failure import FailureKind
+from spec.parallel_config import OPTUNA_PARAMS, ParallelConfig
 
 # Trial user attributes written by the driver and read back by the sampler.
 ATTR_LAYOUT = "layout"
@@ -45,10 +46,12 @@ ATTR_PRED_MEMORY = "predicted_memory_bytes"
 ATTR_PEAK = "measured_peak_bytes"
 ATTR_OOM = "out_of_memory"
 ATTR_FAILURE = "failure_reason"
+ATTR_FAILURE_KIND = "failure_kind"  # a FailureKind value
 ATTR_RETRY = "retryable"
 ATTR_MEM_EXCESS = "memory_excess_bytes"
 ATTR_CAPACITY = "capacity_bytes"
 ATTR_EXPERT_LOAD = "expert_load"  # the measured share of routed tokens per expert
+MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a trial's Optuna constraints
 
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
@@ -56,7 +59,10 @@ Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candi
 PARAM_NAMES = OPTUNA_PARAMS
 
 
-def _key(params: dict[str, Any]) -> tuple:
+def params_key(params: dict[str, Any]) -> tuple:
+    """A hashable key of a layout's Optuna parameters (one value per name in ``PARAM_NAMES``)."""
+    if params.get("recompute") == "full:0":  # how studies begun before ParallelConfig's codec wrote 'full'
+        params = {**params, "recompute": "full"}
     return tuple(params.get(name) for name in PARAM_NAMES)
 
 
@@ -72,21 +78,6 @@ class Candidate:
     @property
     def params(self) -> dict[str, Any]:
         return self.config.to_optuna_params()
-
-
-class MeasurementLike(Protocol):
-    """What the search needs of an executor Measurement."""
-
-    ok: bool
-    step_time: float | None
-    peak_allocated_bytes: float | None
-    failure_reason: str | None
-
-
-def _is_oom(measurement: Any) -> bool:
-    kind = getattr(measurement, "failure_kind", None)
-    reason = (getattr(measurement, "failure_reason", None) or "").lower()
-    return kind == "oom" or "out of memory" in reason
 
 
 def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float,
@@ -125,7 +116,7 @@ class CostModelSampler(BaseSampler):
                  exploration: float = 1.0, prior_strength: float = 0.5, seed: int | None = None,
                  repredict: Repredict | None = None) -> None:
         self._candidates = sorted(candidates, key=lambda c: c.predicted_step_time)
-        self._by_key = {_key(c.params): c for c in self._candidates}
+        self._by_key = {params_key(c.params): c for c in self._candidates}
         # The model prices EP layouts for balanced routing until a trial measures the real per-expert load
         # (the same for every layout of one workload); then every candidate is re-priced once with it.
         self._repredict = repredict
@@ -152,16 +143,10 @@ class CostModelSampler(BaseSampler):
     def sample_independent(self, study, trial, param_name, param_distribution):  # noqa: ANN001
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
-        # Memory enters Optuna's constraint API, so the study (and any sampler replaying it, such as
-        # TPE with constraints_func=memory_constraint) knows which measured layouts were feasible.
-        _process_constraints_after_trial(memory_constraint, study, trial, state)
-
     # The policy ------------------------------------------------------------------------------------
     def candidate(self, params: dict[str, Any]) -> Candidate | None:
         """The candidate with these parameters, with its current (possibly re-priced) prediction."""
-        return self._by_key.get(_key(params))
+        return self._by_key.get(params_key(params))
 
     def _reprice(self, trials: Sequence[FrozenTrial]) -> None:
         if self._repredict is None or self.expert_load is not None:
@@ -172,21 +157,21 @@ class CostModelSampler(BaseSampler):
                 self.expert_load = tuple(float(x) for x in load)
                 try:
                     priced = list(self._repredict(self.expert_load, self._candidates))
-                    if [_key(c.params) for c in priced] != [_key(c.params) for c in self._candidates]:
+                    if [params_key(c.params) for c in priced] != [params_key(c.params) for c in self._candidates]:
                         raise ValueError("repredict returned other layouts than it was given")
                 except Exception as exc:  # a failed re-pricing must not end the job: keep the balanced prices
                     logging.getLogger(__name__).warning("routing load not applied to the predictions: %s", exc)
                     self._repredict = None
                     return
                 self._candidates = sorted(priced, key=lambda c: c.predicted_step_time)
-                self._by_key = {_key(c.params): c for c in self._candidates}
+                self._by_key = {params_key(c.params): c for c in self._candidates}
                 return
 
     def calibration(self, trials: Sequence[FrozenTrial]) -> Calibration:
         terms_of = None
         if self.expert_load is not None:  # compare measurements with the re-priced predictions
             def terms_of(t: FrozenTrial):
-                c = self._by_key.get(_key(t.params))
+                c = self._by_key.get(params_key(t.params))
                 return c.predicted_terms if c is not None else None
         return fit_calibration(observations_from_trials(trials, self._capacity, terms_of), self._prior_strength)
 
@@ -200,10 +185,10 @@ class CostModelSampler(BaseSampler):
                 continue
             if t.state == TrialState.FAIL and t.user_attrs.get(ATTR_RETRY):
                 continue  # its runner died: measure it again
-            taken.add(_key(t.params))
+            taken.add(params_key(t.params))
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and ATTR_PRED_TERMS in t.user_attrs:
                 measured_shares.append(_shares(t.user_attrs[ATTR_PRED_TERMS]))
-        untried = [c for c in self._candidates if _key(c.params) not in taken]
+        untried = [c for c in self._candidates if params_key(c.params) not in taken]
         if not untried:
             return None
         finished = [t for t in trials if t.state.is_finished()]
@@ -220,11 +205,12 @@ class CostModelSampler(BaseSampler):
         return min(fitting, key=score)
 
 
-def memory_constraint(trial: FrozenTrial) -> tuple[float]:
-    """Optuna constraint of a finished trial (<= 0 is feasible): bytes over device memory.
+def memory_constraint(trial: FrozenTrial | optuna.Trial) -> tuple[float]:
+    """Optuna constraint of a measured trial (<= 0 is feasible): bytes over device memory.
 
-    Uses the measured peak when the run reported one (GPUs), else the prediction. Optuna records it
-    for complete and pruned trials; a run that failed with out-of-memory is a failed trial instead.
+    Uses the measured peak when the run reported one (GPUs), else the prediction. :func:`run_search`
+    records it (as ``MEMORY_CONSTRAINT``) for complete and pruned trials; a run that failed with
+    out-of-memory is a failed trial instead.
     """
     capacity = float(trial.user_attrs.get(ATTR_CAPACITY, math.inf))
     peak = trial.user_attrs.get(ATTR_PEAK)
@@ -341,7 +327,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     """
     if not candidates:
         raise ValueError("no candidate layouts to search")
-    by_key = {_key(c.params): c for c in candidates}
+    by_key = {params_key(c.params): c for c in candidates}
     sampler = sampler or CostModelSampler(candidates, capacity_bytes, repredict=repredict)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", sampler=sampler,
                                 pruner=pruner or SlowTrialPruner(), load_if_exists=True)
@@ -349,6 +335,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(stale._trial_id, ATTR_RETRY, True)
         study._storage.set_trial_user_attr(stale._trial_id, ATTR_FAILURE, "runner stopped mid-trial; retried")
+        study._storage.set_trial_user_attr(stale._trial_id, ATTR_FAILURE_KIND, FailureKind.LOST.value)
         study.tell(stale.number, state=TrialState.FAIL)
     start = time.monotonic()
     distributions = search_space(candidates)
@@ -359,11 +346,12 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
 
     def start_trial() -> tuple[optuna.Trial, Candidate] | None:
         trial = study.ask(distributions)
-        cand = by_key.get(_key(trial.params))
+        cand = by_key.get(params_key(trial.params))
         if cand is not None and isinstance(sampler, CostModelSampler):
             cand = sampler.candidate(trial.params) or cand  # re-priced after a routing measurement
         if cand is None:  # the sampler had nothing left (or an outside sampler proposed an invalid combo)
             trial.set_user_attr(ATTR_FAILURE, "not a valid candidate layout")
+            trial.set_user_attr(ATTR_FAILURE_KIND, FailureKind.INVALID.value)
             study.tell(trial, state=TrialState.FAIL)
             return None
         trial.set_user_attr(ATTR_LAYOUT, cand.config.label())
@@ -397,6 +385,9 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
             trial.set_user_attr(ATTR_EXPERT_LOAD, [c / sum(counts) for c in counts])
         if m is not None and getattr(m, "ok", False) and getattr(m, "step_time", None):
             pruned = getattr(m, "pruned", False)
+            # Memory enters Optuna's constraint API, so the study (and any sampler replaying it) knows which
+            # measured layouts were feasible; Optuna records constraints of complete and pruned trials only.
+            trial.set_constraint(MEMORY_CONSTRAINT, memory_constraint(trial)[0])
             if pruned:
                 study.tell(trial, state=TrialState.PRUNED)
             else:
@@ -404,16 +395,20 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
             state = "pruned" if pruned else "complete"
         else:
             reason = error or getattr(m, "failure_reason", None) or "trial failed without a reason"
+            kind = FailureKind((getattr(m, "failure_kind", None) if m is not None else None) or FailureKind.ERROR)
             trial.set_user_attr(ATTR_FAILURE, reason)
-            if m is not None and _is_oom(m):
+            trial.set_user_attr(ATTR_FAILURE_KIND, kind.value)
+            if kind == FailureKind.OOM:
                 trial.set_user_attr(ATTR_OOM, True)
             study.tell(trial, state=TrialState.FAIL)
             state = "failed"
+        failed = state == "failed"
         emit("trial_finished", {"number": trial.number, "layout": cand.config.label(), "state": state,
                                 "measurement": m,
                                 "step_time": getattr(m, "step_time", None) if m is not None else None,
                                 "predicted_step_time": cand.predicted_step_time,
-                                "failure_reason": trial.user_attrs.get(ATTR_FAILURE) if state == "failed" else None})
+                                "failure_reason": trial.user_attrs.get(ATTR_FAILURE) if failed else None,
+                                "failure_kind": trial.user_attrs.get(ATTR_FAILURE_KIND) if failed else None})
 
     stopped = "budget: max trials"
     running: dict[Future, tuple[optuna.Trial, Candidate]] = {}

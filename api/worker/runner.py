@@ -39,6 +39,7 @@ from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
 from spec.errors import FoldtuneError, SpecError
+from spec.failure import FailureKind
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
@@ -52,7 +53,8 @@ from db.settings import database_settings
 from db.trials import (LOST, fail_running_trials, heartbeat_running_trials, record_trial_finish, record_trial_start,
                        trial_by_number)
 from executor import launch_ray
-from planner.search import ATTR_CONFIG, ATTR_FAILURE, ATTR_LAYOUT, ATTR_PRED_TIME, SearchBudget, run_search
+from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_LAYOUT, ATTR_PRED_TIME, SearchBudget,
+                            run_search)
 
 log = logging.getLogger("foldtune.runner")
 EventHook = Callable[[str, dict], None]
@@ -94,22 +96,6 @@ def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
     hardware = HardwareProfile.from_dict(job.cluster["hardware"])
     return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(job.training_spec),
             ClusterSpec(hardware=hardware, num_gpus=job.num_gpus))
-
-
-def failure_kind(reason: str | None) -> str:
-    """The short word stored with a failed trial (oom, timeout, crash, cancelled, invalid, error)."""
-    text = (reason or "").lower()
-    if "out of memory" in text:
-        return "oom"
-    if text.startswith("timeout"):
-        return "timeout"
-    if " died" in text:
-        return "crash"
-    if "stopped" in text or "cancel" in text:
-        return "cancelled"
-    if "not a valid candidate" in text:
-        return "invalid"
-    return "error"
 
 
 class Runner:
@@ -301,8 +287,8 @@ class Runner:
                     record_trial_finish(session, job.id, t.number, "pruned")
                 else:
                     reason = t.user_attrs.get(ATTR_FAILURE) or "failed"
-                    record_trial_finish(session, job.id, t.number, "failed",
-                                                     failure_kind=failure_kind(reason), failure_reason=reason)
+                    kind = t.user_attrs.get(ATTR_FAILURE_KIND) or FailureKind.ERROR.value
+                    record_trial_finish(session, job.id, t.number, "failed", failure_kind=kind, failure_reason=reason)
 
     def _parallel_trials(self, cluster: ClusterSpec, ray_gpus: float) -> int:
         """Trials at once: the setting, else as many as the Ray cluster's ``ray_gpus`` hold (1 on CPU)."""
@@ -371,6 +357,6 @@ class _TrialRecorder:
                                                  measurement=measurement, step_time_s=data.get("step_time"))
             else:
                 reason = data.get("failure_reason") or "failed"
+                kind = data.get("failure_kind") or FailureKind.ERROR.value
                 record_trial_finish(session, self.job.id, data["number"], "failed",
-                                                 measurement=measurement, failure_kind=failure_kind(reason),
-                                                 failure_reason=reason)
+                                    measurement=measurement, failure_kind=kind, failure_reason=reason)

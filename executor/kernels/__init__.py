@@ -15,6 +15,7 @@ from __future__ import annotations
 from executor.kernels.base import KernelBackend
 from executor.kernels.fp8 import TorchFp8Backend
 from executor.kernels.torch_backend import TorchBackend
+from spec.errors import SpecError
 
 __all__ = ["KernelBackend", "get_backend"]
 
@@ -23,8 +24,6 @@ _BACKENDS = {"torch": TorchBackend, "torch-fp8": TorchFp8Backend}
 
 def get_backend(name: str = "torch") -> KernelBackend:
     """The kernel backend called ``name`` ('torch' or 'torch-fp8')."""
-    from spec.errors import SpecError
-
     if name not in _BACKENDS:
         raise SpecError(f"unknown kernel backend {name!r}; known: {', '.join(sorted(_BACKENDS))}")
     return _BACKENDS[name]()

@@ -5,18 +5,16 @@ chunks 0..j−1 fully and to chunk j causally. With the keys in global order tha
 queries against the first (j+1)·c keys with the diagonal aligned to the bottom-right corner: query row r of
 the chunk sees keys 0..j·c+r. FlashAttention ≥ 2.1, which PyTorch's CUDA flash kernel is, aligns its causal
 mask bottom-right when seq_q < seq_k, so ``aten._scaled_dot_product_flash_attention(q, k, v, 0, True)``
-computes exactly this chunk (it is how ``torch.nn.attention.bias.causal_lower_right`` reaches flash; checked
-on an H200, bench/cp_attention_check.py): one kernel per chunk forward and one backward, masked blocks
+computes exactly this chunk (it is how ``torch.nn.attention.bias.causal_lower_right`` reaches flash; the
+executor's first-use check verifies it on each GPU): one kernel per chunk forward and one backward, masked blocks
 skipped, no log-sum-exp merge, no fp32 gradient buffers. The kernel takes GQA natively (fewer K/V heads than
 query heads; its backward sums dk/dv over each head group), so K/V are not repeated.
 
 The reorder of the gathered K/V into global order, both chunk calls, the output concatenation and the
 gradient accumulation of the overlapping key ranges form ONE autograd node, to save host issue time (the
-slices, cats and zero-filled backward buffers of separate autograd ops). Measured on an H200 (s = 4096,
-32/8 heads, d = 128, bf16; bench/results/gpu-2026-11-26-4xH200-s3/cp_attention-0819.json), steady ms per
-forward+backward, one node vs composed ops: 1.264 vs 1.277 at cp = 2, 1.138 vs 1.329 at cp = 4. Both stay
-host-bound at cp = 4 (host issue 1.13 and 1.32 ms against 0.66 and 0.71 ms of GPU time), and there the
-masked SDPA fallback measured faster (0.954 ms).
+slices, cats and zero-filled backward buffers of separate autograd ops): the chunks are short, so at larger
+cp the host, not the GPU, sets the pace, and there the masked SDPA fallback can be the faster path
+(docs/benchmarks.md, "CP attention", has the measurements).
 
 The CPU flash op aligns causal top-left; off CUDA each chunk runs on it with the queries front-padded by
 sk − sq zero rows, whose last sq rows are then exactly the bottom-right-aligned rows (the padded rows get a

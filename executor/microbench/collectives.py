@@ -13,16 +13,13 @@ import torch
 import torch.distributed as dist
 
 from executor.microbench.timing import time_op
+from executor.parallel.collectives import all_gather_tensor, reduce_scatter_tensor
 
 COLLECTIVES = ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "p2p")
 GPU_BYTES = (1 << 16, 1 << 20, 1 << 24, 1 << 28)
 GPU_BYTES_QUICK = (1 << 20, 1 << 26)
 CPU_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 22)
 CPU_BYTES_QUICK = (1 << 12, 1 << 16, 1 << 20)
-
-# torch 2.13 renames the tensor collectives (*_single); older versions have only the old names.
-_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def default_bytes(device: torch.device, quick: bool) -> tuple[int, ...]:
@@ -54,11 +51,11 @@ def _op(collective: str, nbytes: int, n: int, pg, rank: int, device: torch.devic
     if collective == "all_gather":
         full = torch.empty(numel, device=device, dtype=dtype)
         shard = torch.ones(numel // n, device=device, dtype=dtype)
-        return lambda: _all_gather_tensor(full, shard, group=pg)
+        return lambda: all_gather_tensor(full, shard, group=pg)
     if collective == "reduce_scatter":
         full = torch.ones(numel, device=device, dtype=dtype)
         shard = torch.empty(numel // n, device=device, dtype=dtype)
-        return lambda: _reduce_scatter_tensor(shard, full, group=pg)
+        return lambda: reduce_scatter_tensor(shard, full, group=pg)
     if collective == "p2p":  # pairs (2i, 2i+1): the even rank sends, the odd one receives
         x = torch.ones(numel, device=device, dtype=dtype)
         peer = rank + 1 if rank % 2 == 0 else rank - 1

@@ -30,9 +30,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from spec.model_spec import ModelSpec
+from executor.attention import rope_tables
+from executor.kernels import get_backend
 from executor.microbench.timing import time_device
+from executor.model import DecoderLayer
+from executor.optimizer import MixedPrecisionAdam, attach_main_grads
+from executor.options import ExecutorOptions, check_model_supported
+from executor.parallel.grad_reduce import GradReducer
+from executor.parallel.groups import single_process_state
+from executor.parallel.sharding import ShardInfo, make_param
+from executor.parallel.vocab import cross_entropy
+from executor.timing import NULL_TIMER
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 
 # parameters in the optimizer benchmark's buffer: large enough that per-kernel overhead is < 1 % on a GPU,
 # small enough for a few GiB of fp32 state
@@ -44,18 +56,6 @@ PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch
 # ---- the executor's blocks ------------------------------------------------------------------------
 def _blocks(spec: ModelSpec, seq_length: int, mbs: int, device: torch.device, dtype: torch.dtype, options):
     """{component name: fwd+bwd closure} built from the executor's modules on a world-size-1 layout."""
-    import torch.nn.functional as F
-
-    from spec.parallel_config import ParallelConfig
-    from executor.attention import rope_tables
-    from executor.kernels import get_backend
-    from executor.model import DecoderLayer
-    from executor.optimizer import attach_main_grads
-    from executor.parallel.groups import single_process_state
-    from executor.parallel.sharding import ShardInfo, make_param
-    from executor.parallel.vocab import cross_entropy
-    from executor.timing import NULL_TIMER
-
     state = single_process_state(ParallelConfig(world_size=1, micro_batch_size=mbs))
     kernels = get_backend(options.kernel_backend)
     h = spec.hidden_size
@@ -125,11 +125,6 @@ def _blocks(spec: ModelSpec, seq_length: int, mbs: int, device: torch.device, dt
 def measure_optimizer(device: torch.device, dtype: torch.dtype, num_params: int, seed: int = 0) -> float:
     """Seconds per parameter of one ``MixedPrecisionAdam.step`` (unsharded, world size 1) over a buffer of
     ``num_params`` parameters of ``dtype`` with fp32 main gradients (the executor's recipe)."""
-    from executor.optimizer import MixedPrecisionAdam, attach_main_grads
-    from executor.parallel.grad_reduce import GradReducer
-    from executor.parallel.groups import single_process_state
-    from executor.parallel.sharding import ShardInfo, make_param
-
     state = single_process_state()
     module = torch.nn.Module()
     # four tensors, as the executor's units flatten several parameters per bucket
@@ -155,8 +150,6 @@ def measure_components(spec: ModelSpec, seq_length: int, micro_batch_size: int, 
                        optimizer_params: int | None = None) -> tuple[str, dict[str, float]]:
     """(device name, {component: seconds}) for every component of ``spec`` at (``seq_length``,
     ``micro_batch_size``) on ``device``: fwd+bwd of one micro-batch, 'optimizer' in seconds per parameter."""
-    from executor.options import ExecutorOptions, check_model_supported
-
     check_model_supported(spec)
     device = torch.device(device)
     dtype = PRECISION_DTYPES[precision]

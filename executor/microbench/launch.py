@@ -20,10 +20,19 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 import torch.distributed as dist
 
-from executor.microbench.timing import time_op
+from executor.data import global_batch, micro_batches
+from executor.microbench.timing import synchronize, time_op
+from executor.model import MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import single_process_state
+from executor.train_step import Trainer
+from spec.catalog import get_model
 
 # Loop lengths: long enough that the final synchronisation (~10-50 us) is under 1 % of the loop and
 # a 5-10 us launch cost is resolved; short enough for well under a second per benchmark on a GPU.
@@ -59,17 +68,6 @@ LAYER_REPEATS = 5  # timed forward-backward passes per model (after two warm-up 
 
 def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dtype) -> float:
     """Median wall seconds of ``Trainer.forward_backward`` of a ``layers``-layer small-moe on one rank."""
-    import statistics
-    import time
-
-    from spec.catalog import get_model
-    from executor.data import global_batch, micro_batches
-    from executor.microbench.timing import synchronize
-    from executor.model import MoEGPT
-    from executor.options import ExecutorOptions
-    from executor.parallel.groups import single_process_state
-    from executor.train_step import Trainer
-
     spec = get_model("small-moe").with_layers(layers)
     net = MoEGPT(spec, single_process_state(), ExecutorOptions(), LAYER_TOKENS, device, dtype)
     trainer = Trainer(net)

@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from executor.microbench.timing import synchronize
-
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+from executor.parallel.collectives import reduce_scatter_tensor
 
 GPU_GEMM_N = 8192
 GPU_COMM_BYTES = 1 << 29  # 512 MiB of fp32 gradients: a few 25 MiB buckets' worth times the world size
@@ -57,7 +56,7 @@ def measure_overlap(world_size: int, device: torch.device, dtype: torch.dtype) -
     shard = torch.empty(numel // world_size, device=device, dtype=torch.float32)
 
     def comm(async_op: bool = False):
-        return _reduce_scatter_tensor(shard, full, async_op=async_op)
+        return reduce_scatter_tensor(shard, full, async_op=async_op)
 
     def gemms(iters: int) -> None:
         for _ in range(iters):

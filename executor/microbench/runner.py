@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from spec.errors import FoldtuneError
+from executor.launch_local import launch as launch_ranks
+from executor.microbench import attention, collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
 from executor.microbench.sustained import SUSTAINED_SECONDS
+from spec.errors import FoldtuneError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
 
@@ -40,8 +42,6 @@ def _say(rank: int):
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM, attention and copy benchmarks, the sustained-load run (GPUs), launch
     overheads, then the collectives; returns its raw timings."""
-    from executor.microbench import attention, collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
-
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     gemm_dtype = DTYPES[plan.precision]
@@ -133,8 +133,6 @@ def _merged_launch(rows: list[dict]) -> dict:
 def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0) -> dict:
     """Launch ``world_size`` local ranks (NCCL on as many GPUs, else gloo on CPU), run every benchmark,
     and return the merged raw timings plus ``precision``, ``backend`` and ``measured_at`` (UTC ISO)."""
-    from executor.launch_local import launch
-
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda and torch.cuda.device_count() < world_size:
         raise FoldtuneError(f"calibration on {world_size} GPUs needs as many, this machine has "
@@ -144,7 +142,7 @@ def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeo
     if plan.precision == "fp8" and not use_cuda:
         raise FoldtuneError("precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
     backend = "nccl" if use_cuda else "gloo"
-    result = launch(calibrate_worker, world_size, (plan,), backend=backend, timeout_s=timeout_s)
+    result = launch_ranks(calibrate_worker, world_size, (plan,), backend=backend, timeout_s=timeout_s)
     if not result.ok:
         raise FoldtuneError(f"calibration run failed: {result.failure_reason}")
     raw = merge_ranks(result.results)

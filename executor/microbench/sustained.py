@@ -3,12 +3,10 @@
 The GEMM curve (:mod:`executor.microbench.gemm`) times loops of about 10 ms from an idle device: the card is
 cool and at its boost clock. A training step keeps the tensor cores busy for seconds, and a 700 W Hopper
 card then lowers its SM clock to stay under its power limit (nvidia-smi reports the software power cap as the
-reason). Measured with bench/power_probe.py on one H100 SXM (2026-11-26 10:03 UTC, 40 s per dtype): an
-8192³ bf16 GEMM fell from 756 TFLOP/s in its first window to 679 over the last 10 s (SM clock 1365 MHz of
-1980, 78 °C, 698 W), fp8 from 1359 to 1243 (1245 MHz); this module's 6 s run on the same card read 0.889
-(bf16) and 0.871 (fp8) of the burst, the 40 s run's settled rates are 0.864 and 0.861 of the calibration's
-bursts (786 and 1443 TFLOP/s): the default run is 10 s. :func:`measure_sustained` measures the ratio on the benchmarked dtype; the time model scales the GPU's
-compute peaks by it (``HardwareProfile.sustained_clock_factor``).
+reason), so the sustained rate is several per cent below the burst (docs/benchmarks.md, "Sustained load",
+has the H100 measurements). :func:`measure_sustained` measures the ratio on the benchmarked dtype over a run
+long enough to pass the first seconds' fall (``SUSTAINED_SECONDS``); the time model scales the GPU's compute
+peaks by it (``HardwareProfile.sustained_clock_factor``).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import torch
 from executor.microbench.gemm import gemm_product
 from executor.microbench.timing import synchronize, time_op
 
-SUSTAINED_SECONDS = 10.0  # its second half: past the first seconds' fall, near the 40 s run's settled rate
+SUSTAINED_SECONDS = 10.0  # its second half: past the first seconds' fall, near a 40 s run's settled rate
 WINDOW_S = 0.05
 
 

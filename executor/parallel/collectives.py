@@ -12,14 +12,14 @@ import torch.distributed as dist
 from executor.parallel.groups import Group
 
 # torch 2.13 renames the tensor collectives (*_single); 2.11 on the GPU machine has only the old names.
-_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _all_gather_tensor(out, x, group=group.pg)
+    all_gather_tensor(out, x, group=group.pg)
     return out
 
 
@@ -28,7 +28,7 @@ def _reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
         raise ValueError(f"reduce-scatter over {group.name}: dim 0 ({x.shape[0]}) not divisible by {group.size}")
     x = x.contiguous()
     out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _reduce_scatter_tensor(out, x, group=group.pg)
+    reduce_scatter_tensor(out, x, group=group.pg)
     return out
 
 

@@ -9,9 +9,9 @@ On CUDA (bf16/fp16, head_dim a multiple of 8 up to 256) the attention itself run
 instead (:func:`executor.kernels.cp_flash.chunked_causal_attention`, one autograd node): the gathered K/V
 are put in global order (one copy, no GQA repeat) and each local query chunk j attends to keys 0..(j+1)·c
 with the causal diagonal bottom-right, one flash call per chunk with no merge; this skips the masked half
-of the [s/cp, s] score matrix that the masked SDPA computes. It is not always faster: on an H200 at s = 4096
-(cp_attention-0819.json) it took 1.264 ms per fwd+bwd at cp = 2 against the masked path's 1.761, but 1.138
-against 0.954 at cp = 4, where its host issue time, not the GPU, sets the pace. A first-use check per
+of the [s/cp, s] score matrix that the masked SDPA computes. It is not always faster: at larger cp its host
+issue time, not the GPU, sets the pace and the masked path can win (docs/benchmarks.md, "CP attention"). A
+first-use check per
 (dtype, head_dim, device) compares it with the masked path on small random GQA tensors, forward and
 backward; if it fails, or on CPU, the masked path runs. FOLDTUNE_CP_FLASH=0 turns the flash path off.
 """

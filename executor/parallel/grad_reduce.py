@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from executor.parallel.collectives import _reduce_scatter_tensor, all_gather_nograd, all_reduce_
+from executor.parallel.collectives import reduce_scatter_tensor, all_gather_nograd, all_reduce_
 from executor.parallel.groups import Group, ParallelState
 
 
@@ -45,7 +45,8 @@ def grad_of(p: torch.nn.Parameter) -> torch.Tensor | None:
     return main if main is not None else p.grad
 
 
-def _grad_or_zeros(p: torch.nn.Parameter) -> torch.Tensor:
+def grad_or_zeros(p: torch.nn.Parameter) -> torch.Tensor:
+    """``p``'s gradient (:func:`grad_of`: its main_grad where it has one), or zeros of its shape before any."""
     g = grad_of(p)
     return g if g is not None else torch.zeros_like(p)
 
@@ -144,7 +145,7 @@ class _Entry:
     def launch(self, index: int, async_op: bool):
         bucket, flat = self.buckets[index], self.buffers[index]
         if flat is None:
-            flat = _flatten_dense_tensors([_grad_or_zeros(p) for p in bucket])
+            flat = _flatten_dense_tensors([grad_or_zeros(p) for p in bucket])
         work = None
         if self.sharded:
             size = self.group.size
@@ -156,7 +157,7 @@ class _Entry:
                 shard = self.shards[index]
                 if shard is None:  # the first step (a bucket's size and dtype never change)
                     shard = flat.new_empty(flat.numel() // size)
-                work = _reduce_scatter_tensor(shard, flat, group=self.group.pg, async_op=async_op)
+                work = reduce_scatter_tensor(shard, flat, group=self.group.pg, async_op=async_op)
                 flat = shard
             # a group of one: the shard is the (padded) bucket itself, a view of its buffer when it has one
             self.pending.append((work, flat, index))
@@ -187,7 +188,7 @@ class _Entry:
             if self.buffers[index] is not None:  # reduced in place: the main grads are views of it
                 continue
             bucket = self.buckets[index]
-            for p, g in zip(bucket, _unflatten_dense_tensors(flat, [_grad_or_zeros(p) for p in bucket])):
+            for p, g in zip(bucket, _unflatten_dense_tensors(flat, [grad_or_zeros(p) for p in bucket])):
                 target = grad_of(p)
                 if target is None:
                     p.grad = g.clone()
@@ -206,7 +207,7 @@ class _Entry:
                     buffer.copy_(flat)
                 continue
             for p, g in zip(bucket, _unflatten_dense_tensors(flat[: sum(q.numel() for q in bucket)],
-                                                             [_grad_or_zeros(q) for q in bucket])):
+                                                             [grad_or_zeros(q) for q in bucket])):
                 target = grad_of(p)
                 if target is None:
                     p.grad = g.clone().to(p.dtype)

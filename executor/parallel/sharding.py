@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from executor.optimizer import finish_param_gather
 from executor.parallel.groups import Group, ParallelState
 
 _CPU_INIT_LIMIT = 2**24  # elements
@@ -46,6 +47,14 @@ def _slice(full: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
     return full.chunk(group.size, dim=dim)[group.rank]
 
 
+def local_shard(full: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch.Tensor:
+    """This rank's slice of the full logical tensor ``full`` (a view): cut along TP, ETP and EP as ``info``
+    says (what :func:`gather_full` concatenates back)."""
+    local = _slice(full, info.tp_dim, state.tp)
+    local = _slice(local, info.etp_dim, state.etp)
+    return _slice(local, info.ep_dim, state.ep)
+
+
 def make_param(info: ShardInfo, state: ParallelState, init: str, std: float, seed: int,
                device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
     """A parameter holding this rank's slice of a deterministically initialised full tensor.
@@ -68,10 +77,7 @@ def make_param(info: ShardInfo, state: ParallelState, init: str, std: float, see
         full = (torch.randn(info.full_shape, generator=gen, device=where) * std).to(device)
         if info.rows is not None:
             full[info.rows:] = 0  # padded vocabulary rows
-    local = _slice(full, info.tp_dim, state.tp)
-    local = _slice(local, info.etp_dim, state.etp)
-    local = _slice(local, info.ep_dim, state.ep)
-    param = torch.nn.Parameter(local.to(dtype).contiguous())
+    param = torch.nn.Parameter(local_shard(full, info, state).to(dtype).contiguous())
     param.shard_info = info
     return param
 
@@ -96,8 +102,6 @@ def gather_full(t: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch
 
 def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = False) -> dict[str, torch.Tensor]:
     """Full-shape parameters (or gradients) of ``model`` keyed by ShardInfo name. Every rank must call it."""
-    from executor.optimizer import finish_param_gather  # lazy: the optimizer builds on this package
-
     finish_param_gather(model)  # overlapped parameter all-gathers still writing the parameters
     out = {}
     for param in model.parameters():

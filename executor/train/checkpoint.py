@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 from spec.errors import FoldtuneError
 from executor.optimizer import finish_param_gather
 from executor.parallel.groups import ParallelState
-from executor.parallel.sharding import ShardInfo, _slice, gather_full
+from executor.parallel.sharding import ShardInfo, gather_full, local_shard
 from executor.train.optim_state import MOMENTS, adam_step, load_local_state, local_state
 
 LATEST = "latest"
@@ -98,9 +98,7 @@ def _local_slice(full: torch.Tensor, info: ShardInfo, state: ParallelState) -> t
     """This rank's slice of a full logical tensor (re-padding vocabulary rows for this layout's TP)."""
     if info.rows is not None and full.shape[0] < info.full_shape[0]:
         full = torch.cat([full, full.new_zeros((info.full_shape[0] - full.shape[0], *full.shape[1:]))])
-    local = _slice(full, info.tp_dim, state.tp)
-    local = _slice(local, info.etp_dim, state.etp)
-    return _slice(local, info.ep_dim, state.ep)
+    return local_shard(full, info, state)
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

@@ -25,6 +25,8 @@ from spec.validity import batch_rule
 from spec.recipe import DEFAULT_RECIPE
 from executor.data import micro_batches
 from executor.dataset.sampler import BatchSampler, TokenDataset
+from executor.launch_local import launch
+from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.groups import ParallelState, build_parallel_state
@@ -32,6 +34,7 @@ from executor.train.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from executor.train.grad_norm import GradClipper
 from executor.train.optim_state import set_lr
 from executor.train.schedule import LRSchedule
+from executor.train_step import Trainer
 
 
 @dataclass(frozen=True)
@@ -152,9 +155,6 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
                  cfg: TrainConfig, on_step: Callable[[int, StepMetrics], None] | None = None,
                  use_cuda: bool = False) -> TrainReport:
     """One rank of a run (fp32 on CPU, bf16 on CUDA). ``on_step(rank, metrics)`` is called after each step."""
-    from executor.model import MoEGPT
-    from executor.train_step import Trainer
-
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     dtype = torch.bfloat16 if use_cuda else torch.float32
     dataset = TokenDataset(cfg.data_path)
@@ -222,8 +222,6 @@ def train_local(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, opti
                 timeout_s: float = 3600.0, start_method: str = "spawn") -> TrainReport:
     """Run (or resume) a training on ``config.world_size`` local processes; rank 0's report. A rank that fails
     raises :class:`executor.train.loop.TrainingFailed` with its reason."""
-    from executor.launch_local import launch
-
     options = options or ExecutorOptions()
     _check(model, config, cfg, TokenDataset(cfg.data_path))  # fail here, before starting any process
     use_cuda = device == "cuda"

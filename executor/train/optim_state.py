@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from executor.parallel.collectives import all_gather_nograd
+
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -42,8 +44,6 @@ def _padded(n: int, size: int) -> int:
 
 
 def _gather_unit(tensor: torch.Tensor, unit) -> torch.Tensor:
-    from executor.parallel.collectives import all_gather_nograd
-
     return all_gather_nograd(tensor, unit.group)[: unit.numel] if unit.group.size > 1 else tensor[: unit.numel]
 
 

@@ -1,10 +1,11 @@
-"""The runner's small decisions, without Ray: candidates, failure kinds, fault selection, settings."""
+"""The runner's small decisions, without Ray: candidates, fault selection, settings (failure kinds come typed
+from the launchers: tests/executor/test_launch*.py, and end to end tests/api/test_faults.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.worker.runner import RunnerSettings, failure_kind
+from api.worker.runner import RunnerSettings
 from api.worker.candidates import CANDIDATES_PER_TRIAL, job_candidates
 from api.worker.trials import faults_for_trial
 from spec.catalog import get_hardware, get_model
@@ -23,17 +24,6 @@ def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
     assert times == sorted(times)
     assert set(cands.estimates) == {c.config.label() for c in cands.candidates}
     assert cands.summary()["searched"] == len(cands.candidates) and cands.fitting <= cands.valid
-
-
-@pytest.mark.parametrize(("reason", "kind"), [
-    ("out of memory on rank 1: DefaultCPUAllocator: can't allocate memory", "oom"),
-    ("timeout after 25 s (2 of 2 ranks still running: rank 0, 1)", "timeout"),
-    ("rank 1 died (killed by SIGKILL)", "crash"),
-    ("the job was stopped before this trial ran", "cancelled"),
-    ("RuntimeError on rank 0: boom", "error"),
-])
-def test_failure_kinds(reason, kind):
-    assert failure_kind(reason) == kind
 
 
 def test_faults_select_trials():

@@ -26,7 +26,7 @@ import torch
 from spec.catalog import get_model
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8, get_backend
-from executor.kernels.fp8 import gemm, quantize, selfcheck, weight_cache
+from executor.kernels.fp8 import gemm, quantize, weight_cache
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -199,7 +199,7 @@ def test_kernels_off_by_environment_after_first_use_are_off(monkeypatch):
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(gemm, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(torch, "_scaled_grouped_mm", getattr(torch, "_scaled_grouped_mm", None), raising=False)
-    monkeypatch.setitem(selfcheck._CHECKED, (str(gpu),), True)
+    monkeypatch.setitem(gemm._CHECKED, (str(gpu),), True)
     monkeypatch.delenv("FOLDTUNE_FP8_KERNELS", raising=False)
     assert fp8.kernels_ok(gpu) and fp8.emulation_reason(gpu) is None
     monkeypatch.setenv("FOLDTUNE_FP8_KERNELS", "0")
@@ -414,10 +414,10 @@ def test_triton_quantisation_passes_its_self_checks():
     """Rowwise (3-D, 2-D, through a transposed view, the bf16 ladder) and per-expert column scaling with
     empty and short groups, in two passes; rowwise in one kernel (rows longer than its chunk too): scales
     and bytes equal the torch path's."""
-    selfcheck._check_triton_quantise("quantise", "cpu")
-    selfcheck._check_fused_rows("rows", "cpu")
+    quantize._check_triton_quantise("quantise", "cpu")
+    quantize._check_fused_rows("rows", "cpu")
     x = _gaussian(5, 3000, seed=25)  # rows of six chunks and a partial one
-    selfcheck._compare_quantised("long rows", quantize._quantize_rows_fused(x), quantize._quantize_rowwise_torch(x))
+    quantize._compare_quantised("long rows", quantize._quantize_rows_fused(x), quantize._quantize_rowwise_torch(x))
 
 
 @inner_only
@@ -426,21 +426,21 @@ def test_triton_rowwise_quantisation_matches_the_public_function():
     transposed one; both equal the torch path."""
     w = _gaussian(3, 48, 64, seed=26)
     for t in (w, w.transpose(-2, -1), w[1]):
-        selfcheck._compare_quantised("dispatch", quantize._quantize_rowwise_triton(t),
-                                     quantize._quantize_rowwise_torch(t))
+        quantize._compare_quantised("dispatch", quantize._quantize_rowwise_triton(t),
+                                    quantize._quantize_rowwise_torch(t))
 
 
 @inner_only
 @pytest.mark.parametrize("path,check", [("_quantize_rowwise_two_pass", "_check_triton_quantise"),
                                         ("_quantize_rows_fused", "_check_fused_rows")])
 def test_triton_self_checks_fail_on_a_wrong_byte(monkeypatch, path, check):
-    real = getattr(selfcheck, path)  # the name the check reads
+    real = getattr(quantize, path)  # the name the check reads
 
     def off_by_one(x):
         q, scale = real(x)
         q.view(torch.uint8).view(-1)[7] ^= 1
         return q, scale
 
-    monkeypatch.setattr(selfcheck, path, off_by_one)
+    monkeypatch.setattr(quantize, path, off_by_one)
     with pytest.raises(AssertionError, match="bytes differ"):
-        getattr(selfcheck, check)("quantise", "cpu")
+        getattr(quantize, check)("quantise", "cpu")

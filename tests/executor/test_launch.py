@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from executor.failure import is_out_of_memory
 from executor.launch_local import launch
+from spec.failure import FailureKind
 
 
 def _ok(rank, world):
@@ -58,13 +60,22 @@ def test_ranks_run_and_return_results():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fn,reason", [(_raises, "ValueError on rank 1: bad shard on purpose"),
-                                       (_oom, "out of memory on rank"),
-                                       (_dies, "rank 0 died (exit code 17)")])
-def test_failures_become_reasons(fn, reason):
+@pytest.mark.parametrize("fn,reason,kind", [(_raises, "ValueError on rank 1: bad shard on purpose", FailureKind.ERROR),
+                                            (_oom, "out of memory on rank", FailureKind.OOM),
+                                            (_dies, "rank 0 died (exit code 17)", FailureKind.CRASH)])
+def test_failures_become_reasons(fn, reason, kind):
     result = launch(fn, 2, backend="gloo", timeout_s=60, start_method="fork")
     assert not result.ok
     assert reason in result.failure_reason
+    assert result.failure_kind == kind
+
+
+def test_out_of_memory_is_detected_from_the_exception():
+    assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(type("OutOfMemoryError", (RuntimeError,), {})("no text"))
+    assert not is_out_of_memory(ValueError("bad shard on purpose"))
 
 
 @pytest.mark.slow
@@ -72,6 +83,7 @@ def test_timeout_kills_every_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("FOLDTUNE_TEST_DIR", str(tmp_path))
     result = launch(_hangs, 2, backend="gloo", timeout_s=3, start_method="fork")
     assert not result.ok and result.failure_reason.startswith("timeout after 3 s")
+    assert result.failure_kind == FailureKind.TIMEOUT
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
     assert not any(_alive(p) for p in pids)
 

@@ -10,6 +10,7 @@ import pytest
 
 from spec.catalog import get_model
 from spec.errors import SpecError
+from spec.failure import FailureKind
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from executor import progress
@@ -93,6 +94,7 @@ def test_a_world_larger_than_the_cluster_fails_at_once(ray_launch):
     cpus = int(ray.cluster_resources()["CPU"])
     result = ray_launch(print, cpus + 1, backend="gloo", timeout_s=5)
     assert not result.ok and result.failure_reason.startswith(f"layout needs {cpus + 1} CPU bundles")
+    assert result.failure_kind == FailureKind.ERROR
 
 
 def test_fault_specs_parse_and_bad_ones_name_the_part():

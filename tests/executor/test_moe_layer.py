@@ -243,7 +243,7 @@ def test_selective_moe_act_recompute_gives_the_same_gradients(monkeypatch):
     from executor import moe
 
     calls = []
-    monkeypatch.setattr(moe, "_swiglu", lambda t, _fn=moe._swiglu: calls.append(t.shape) or _fn(t))
+    monkeypatch.setattr(moe, "expert_swiglu", lambda t, _fn=moe.expert_swiglu: calls.append(t.shape) or _fn(t))
     results = []
     for config in (ParallelConfig(world_size=1),
                    ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("moe_act",))):
@@ -272,7 +272,7 @@ def test_swiglu_falls_back_to_torch_when_the_fused_kernel_fails_its_check(monkey
     monkeypatch.setattr(triton_swiglu, "_CHECKED", {})
     x = torch.randn(6, 2 * 5, requires_grad=True)
     with pytest.warns(UserWarning, match="fused SwiGLU off.*kernel disagrees"):
-        y = moe._swiglu(x)
+        y = moe.expert_swiglu(x)
     ref = F.silu(x[:, :5]) * x[:, 5:]
     torch.testing.assert_close(y, ref)
     (gx,) = torch.autograd.grad(y.sum(), x)

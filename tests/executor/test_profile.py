@@ -8,6 +8,7 @@ import pytest
 
 from api.cli.main import main
 from executor.measurement import Measurement
+from spec.failure import FailureKind
 
 
 def test_measurement_round_trips_through_json():
@@ -15,8 +16,10 @@ def test_measurement_round_trips_through_json():
                     step_times=[0.1, 0.12], phases={"experts": 0.02}, tokens_per_s_per_gpu=10.0,
                     tflops_per_gpu=0.01, mfu=0.1, tokens_per_expert=[3, 5])
     assert Measurement.from_dict(json.loads(m.to_json())) == m
-    failed = Measurement.failed("out of memory on rank 1: ...", model="x")
+    failed = Measurement.failed("out of memory on rank 1: ...", FailureKind.OOM, model="x")
     assert not failed.ok and "out of memory" in failed.summary()
+    assert Measurement.from_dict(json.loads(failed.to_json())) == failed
+    assert failed.to_dict()["failure_kind"] == "oom" and m.failure_kind is None
 
 
 def test_measurement_keeps_static_memory_and_reads_records_without_it():

@@ -168,7 +168,7 @@ def test_self_checks_pass_on_good_kernels_and_turn_a_failing_kernel_off():
 @pytest.mark.parametrize("m,f", [(5, 1000), (19, 128), (8, 40), (1, 8), (0, 16)])
 def test_fused_swiglu_matches_torch_and_is_used_by_the_experts(monkeypatch, m, f):
     """The kernels on [m, 2f] (partial and full row/column tiles, no rows): output and the one [m, 2f]
-    gradient against the torch formula, through the experts' ``_swiglu``."""
+    gradient against the torch formula, through the experts' ``expert_swiglu``."""
     from executor import moe
     from executor.kernels import triton_swiglu
 
@@ -176,7 +176,7 @@ def test_fused_swiglu_matches_torch_and_is_used_by_the_experts(monkeypatch, m, f
     x = torch.randn(m, 2 * f, requires_grad=True)
     g = torch.randn(m, f)
     monkeypatch.setattr(triton_swiglu, "available", lambda t: True)
-    fused = moe._swiglu(x)
+    fused = moe.expert_swiglu(x)
     assert fused.grad_fn is not None and "SwiGLU" in type(fused.grad_fn).__name__
     ref = torch.nn.functional.silu(x[:, :f]) * x[:, f:]
     torch.testing.assert_close(fused, ref)

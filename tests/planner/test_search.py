@@ -103,12 +103,19 @@ def test_oom_and_crash_are_recorded_and_the_search_goes_on():
     capacity = 40 * GIB
     calls: list[str] = []
     best_pred = min(cands, key=lambda c: c.predicted_step_time)
+    events: list[dict] = []
     result = run_search(cands, machine(cands, capacity, calls, crash_layouts={best_pred.config.label()}),
-                        capacity_bytes=capacity, budget=SearchBudget(max_trials=10))
+                        capacity_bytes=capacity, budget=SearchBudget(max_trials=10),
+                        on_event=lambda kind, data: events.append(data) if kind == "trial_finished" else None)
     states = {r.layout: r for r in result.rows}
     crashed = states[best_pred.config.label()]
     assert crashed.state == "fail" and "exited with code -9" in crashed.failure_reason
     ooms = [r for r in result.rows if r.failure_reason and "out of memory" in r.failure_reason]
+    # The kind travels typed beside the reason: the search never reads the reason text.
+    kinds = {e["layout"]: e["failure_kind"] for e in events}
+    assert kinds[best_pred.config.label()] == "crash"
+    assert all(kinds[r.layout] == "oom" for r in ooms)
+    assert all(kinds[r.layout] is None for r in result.rows if r.state != "fail")
     assert result.best_config is not None
     # An OOM teaches the memory model: afterwards it predicts at least the true 1.15x.
     if ooms:

@@ -16,17 +16,20 @@ throughput here, not activation memory). Parameters, activations and gradients s
 One module a job:
 
 - :mod:`.quantize`: e4m3 quantisation (per-row fp32 scales, e4m3 bytes) in torch ops, the reference, and in
-  Triton on CUDA; the expert wgrad's padded per-expert layout.
+  Triton on CUDA, with the first-use check of the Triton paths against the torch ops; the expert wgrad's
+  padded per-expert layout.
 - :mod:`.weight_cache`: weights quantised once per value, not per call.
-- :mod:`.gemm`: where the kernels run, the scaled GEMMs (``torch._scaled_mm``, ``torch._scaled_grouped_mm``)
-  and their emulation, and the autograd functions behind :func:`linear` and :func:`grouped_mm`.
-- :mod:`.selfcheck`: the first-use checks on a device (kernels against the emulation, Triton against the
-  torch ops) and their verdicts.
+- :mod:`.gemm`: where the kernels run (with their first-use check against the emulation), the scaled GEMMs
+  (``torch._scaled_mm``, ``torch._scaled_grouped_mm``) and their emulation, and the autograd functions
+  behind :func:`linear` and :func:`grouped_mm`.
 - :mod:`.backend`: :class:`TorchFp8Backend`, the 'torch-fp8' kernel backend.
 
+Imports run one way, quantize ← weight_cache ← gemm ← backend: each self-check sits in the module whose
+paths it checks, beside the gate that reads its verdict.
+
 This module re-exports their public names (``from executor.kernels.fp8 import X``). Private helpers and the
-module-level state (``_CHECKED``, ``_COUNTS``, ``_WEIGHT_CACHE``, ``_WEIGHT_COUNTS``) live in the module that
-owns them: read and patch them there.
+module-level state (``_CHECKED`` in quantize and gemm, ``_COUNTS``, ``_WEIGHT_CACHE``, ``_WEIGHT_COUNTS``)
+live in the module that owns them: read and patch them there.
 """
 
 from __future__ import annotations

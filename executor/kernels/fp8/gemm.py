@@ -17,8 +17,13 @@ bf16 ``torch._grouped_mm`` instead (no quantisation passes over the two largest 
 Emulation (``kernel=False``): the same quantisation, then dequantise, matmul in fp32, round to bf16 — the
 kernels' numbers up to fp32 summation order. It runs where the kernels are absent (CPU, GPUs other than
 sm90, FOLDTUNE_FP8_KERNELS=0), for grouped GEMMs whose K or N is not a multiple of 16, and when the
-first-use self-check (kernels against emulation on the device) fails; :func:`emulation_reason` and
-:func:`gemm_counts` say which ran. The LM head, the router and attention's SDPA stay bf16.
+first-use self-check fails; :func:`emulation_reason` and :func:`gemm_counts` say which ran. The LM head,
+the router and attention's SDPA stay bf16.
+
+The self-check runs once per device and process through
+:func:`executor.kernels.triton_permute.checked_once` (on a thread of its own; a check that raises turns the
+kernels off, with a warning): each kernel against the emulation, within bf16 rounding (2^-7 relative). It
+lives here, beside the gate that reads its verdict (``_CHECKED``), as the other kernels' checks do.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from executor.kernels.triton_permute import checked_once
 OUT = torch.bfloat16  # what the scaled GEMMs write
 
 _COUNTS: Counter = Counter()  # GEMM calls in this process: "kernel" / "emulated"
+_CHECKED: dict[tuple, bool] = {}  # first-use verdicts, keyed (device,): True where the kernels equal the emulation
 
 
 # ---- where the kernels run ----------------------------------------------------------------------------
@@ -72,9 +78,6 @@ def kernels_ok(device: torch.device) -> bool:
     """Whether the scaled GEMMs run on ``device``: present (asked every call, so FOLDTUNE_FP8_KERNELS set
     later in the process counts, as :func:`emulation_reason` reports it), and equal to the emulation
     (checked once per device)."""
-    # imported here: the selfcheck module imports this one
-    from executor.kernels.fp8.selfcheck import _CHECKED, _check_against_emulation
-
     return _kernels_absent(device) is None and checked_once(_CHECKED, (str(device),), _check_against_emulation,
                                                             "fp8 scaled GEMMs")
 
@@ -237,3 +240,38 @@ class _GroupedMM(torch.autograd.Function):
 def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
     """KernelBackend.grouped_mm in fp8: rows offs[g-1]:offs[g] of x times w[g]ᵀ (offs int32, offs[-1] == M)."""
     return _GroupedMM.apply(x_MK, w_GNK, offs_G, kernels_ok(x_MK.device))
+
+
+# ---- first-use self-check: the kernels against the emulation -----------------------------------------
+
+def _check_against_emulation(device: str) -> None:
+    """Raise if a kernel differs from the emulation by more than bf16 rounding (2^-7 relative: one or two
+    bf16 ulps after a different fp32 summation order) on random data: dense forward and a wgrad whose
+    token count is no multiple of 16; grouped forward, dgrad and wgrad with an empty group, a group of 5
+    rows and a final group of 67."""
+    counted = Counter(_COUNTS)
+    try:
+        _compare_on(device)
+    finally:  # the check's own calls are not the run's
+        _COUNTS.clear()
+        _COUNTS.update(counted)
+
+
+def _compare_on(device: str) -> None:
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
+
+    def same(kernel, emulated):
+        torch.testing.assert_close(kernel.float(), emulated.float(), rtol=2**-7,
+                                   atol=1e-3 * float(emulated.abs().max()))
+
+    x, dy, w = rand(72, 64), rand(72, 48), rand(3, 48, 64)
+    offs = torch.tensor([5, 5, 72], device=device, dtype=torch.int32)
+    same(scaled_mm_nt(x, w[0], True), scaled_mm_nt(x, w[0], False))
+    same(scaled_mm_nt(dy.t(), x.t(), True), scaled_mm_nt(dy.t(), x.t(), False))
+    same(scaled_grouped_nt(x, w, offs, True), scaled_grouped_nt(x, w, offs, False))
+    wt = w.transpose(-2, -1)
+    same(scaled_grouped_nt(dy, wt, offs, True), scaled_grouped_nt(dy, wt, offs, False))
+    same(scaled_grouped_wgrad(dy, x, offs, True), scaled_grouped_wgrad(dy, x, offs, False))

@@ -11,6 +11,12 @@ multiplies by 1/scale, rounds to e4m3 exactly as torch's cast does and writes th
 between); the wgrad's per-(expert, column) amax is a Triton segmented reduction. The torch ops (an fp32
 product and a rounding copy) are the reference, run on CPU, without Triton, with FOLDTUNE_FP8_TRITON=0, or
 if the first-use check (Triton against torch, byte for byte) fails.
+
+The first-use checks run once per device and process through
+:func:`executor.kernels.triton_permute.checked_once` (on a thread of their own; a check that raises turns its
+path off, with a warning): the two-pass and the one-kernel rowwise paths against the torch ops, scales
+exactly and e4m3 bytes one for one. A failed check costs speed, never the run: the quantisation stays on the
+torch ops (on two Triton passes where only the one-kernel path failed). ``_CHECKED`` holds the verdicts.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 INV_E4M3_MAX = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32).item()
 FP32_TINY = torch.finfo(torch.float32).tiny
 ALIGN = 16  # the scaled GEMMs' granularity: 16 bytes of e4m3 (dims, wgrad group sizes)
+
+# first-use verdicts of the Triton paths, keyed ("quantise", device) and ("rows", device): True where the
+# check passed
+_CHECKED: dict[tuple, bool] = {}
 
 
 # ---- quantisation: torch ops (the reference; CPU and the fallback) ------------------------------------
@@ -304,9 +314,6 @@ def _quantize_groups_colwise_triton(x_MC: torch.Tensor, groups: PaddedGroups) ->
 def _use_triton(device: torch.device) -> bool:
     """Triton quantisation on CUDA where it imports, FOLDTUNE_FP8_TRITON is not 0 and the first-use check
     (byte for byte against the torch path) passed."""
-    # imported here: the selfcheck module imports this one
-    from executor.kernels.fp8.selfcheck import _CHECKED, _check_triton_quantise
-
     return (triton is not None and device.type == "cuda" and os.environ.get("FOLDTUNE_FP8_TRITON", "1") != "0"
             and checked_once(_CHECKED, ("quantise", str(device)), _check_triton_quantise, "fp8 Triton quantisation"))
 
@@ -314,9 +321,6 @@ def _use_triton(device: torch.device) -> bool:
 def _fused_rows_ok(device: torch.device) -> bool:
     """The one-kernel rowwise path, checked once per device against the torch path on its own (a failure
     keeps the two-pass Triton path)."""
-    # imported here: the selfcheck module imports this one
-    from executor.kernels.fp8.selfcheck import _CHECKED, _check_fused_rows
-
     return device.type != "cuda" or checked_once(_CHECKED, ("rows", str(device)), _check_fused_rows,
                                                  "fp8 fused rowwise quantisation")
 
@@ -372,3 +376,62 @@ def padded_groups(offs_G: torch.Tensor, m: int) -> PaddedGroups:
     dest = torch.arange(m, device=device) + shift[group_of_row]
     group_of_block = torch.repeat_interleave(groups, padded // ALIGN, output_size=rows // ALIGN)
     return PaddedGroups(dest, padded_ends.int(), group_of_block, rows, offs_G)
+
+
+# ---- first-use self-checks: the Triton paths against the torch ops, byte for byte -------------------------
+
+def _bf16_ladder(device) -> torch.Tensor:
+    """Every finite bf16 value of magnitude up to 448, both signs, as a [4, n] tensor whose rows all have
+    amax 448: scale 1, so the cast sees each value exactly (all of e4m3's rounding cases, subnormals too)."""
+    codes = torch.arange(0, 0x43E1, dtype=torch.int32).to(torch.int16)  # 0x43E0 is 448.0
+    values = codes.view(torch.bfloat16).to(device)
+    return torch.stack([values, -values, values.flip(0), -values.flip(0)])
+
+
+def _compare_quantised(name: str, got: tuple, want: tuple) -> None:
+    """Raise unless two (q, scale) pairs are equal: scales exactly, e4m3 bytes one for one."""
+    (q, scale), (q_ref, scale_ref) = got, want
+    if not torch.equal(scale, scale_ref):
+        raise AssertionError(f"Triton quantisation scales differ from torch's ({name})")
+    differ = q.view(torch.uint8) != q_ref.view(torch.uint8)
+    if bool(differ.any()):
+        at = differ.nonzero()[0].tolist()
+        raise AssertionError(f"Triton e4m3 bytes differ from torch's ({name}): {int(differ.sum())} of "
+                             f"{differ.numel()}, first at {at}: {int(q.view(torch.uint8)[tuple(at)])} "
+                             f"against {int(q_ref.view(torch.uint8)[tuple(at)])}")
+
+
+def _check_fused_rows(_: str, device: str) -> None:
+    """Raise unless the one-kernel rowwise quantisation gives the torch path's scales and bytes: the bf16
+    ladder (rows longer than a chunk), rows of mixed magnitude in 3-D with partial tiles, a 2-D slice."""
+    x = _mixed_rows(device)
+    cases = (("ladder", _bf16_ladder(device)), ("3-D", x), ("2-D", x[0, :37]), ("long rows", x.view(6, -1)))
+    for name, t in cases:
+        _compare_quantised(name, _quantize_rows_fused(t), _quantize_rowwise_torch(t))
+
+
+def _mixed_rows(device) -> torch.Tensor:
+    """[3, 70, 100] bf16 Gaussian rows with a large row, a tiny one and a zero one."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(3, 70, 100, device=device, generator=gen)
+    x[0, 1] *= 1e4
+    x[1, 2] *= 1e-30
+    x[2, 3] = 0.0
+    return x.to(torch.bfloat16)
+
+
+def _check_triton_quantise(_: str, device: str) -> None:
+    """Raise unless the two-pass Triton quantisation writes the torch path's scales and bytes: the bf16
+    ladder; rows of mixed magnitude in 3-D with partial tiles, rowwise and through a transposed view; per-
+    expert column scaling with an empty group, a group of 5 and one of 67 rows."""
+    x = _mixed_rows(device)
+    offs = torch.tensor([5, 5, 72], device=device, dtype=torch.int32)
+    groups = padded_groups(offs, 72)
+    cases = [("ladder", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (_bf16_ladder(device),)),
+             ("rowwise 3-D", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (x,)),
+             ("transposed", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (x.transpose(1, 2),)),
+             ("2-D", _quantize_rowwise_two_pass, _quantize_rowwise_torch, (x[0, :37],)),
+             ("groups colwise", _quantize_groups_colwise_triton, _quantize_groups_colwise_torch,
+              (x[0].t()[:72], groups))]
+    for name, triton_path, torch_path, args in cases:
+        _compare_quantised(name, triton_path(*args), torch_path(*args))
