@@ -32,3 +32,17 @@ def add_profile(session: Session, name: str, profile: dict[str, Any], source: st
         session.rollback()
         return None
     return row
+
+
+def store_calibrated_profile(session: Session, name: str, profile: dict[str, Any]) -> bool:
+    """Store or replace the profile ``foldtune calibrate --store`` measured under ``name``; False (nothing
+    written) when a profile of that name exists that calibrate did not write. Commits."""
+    row = session.scalar(select(HardwareProfileRow).where(HardwareProfileRow.name == name))
+    if row is None:
+        session.add(HardwareProfileRow(name=name, profile=profile, source="calibrate"))
+    elif row.source != "calibrate":
+        return False
+    else:  # a re-calibration of the same machine replaces the previous measurement
+        row.profile = profile
+    session.commit()
+    return True

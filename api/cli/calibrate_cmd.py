@@ -28,6 +28,8 @@ from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
 from costmodel.calibrate.rebuild import changed_fields, rebuild
+from db.engine import make_engine, make_sessionmaker
+from db.hardware_profiles import store_calibrated_profile
 from db.settings import database_settings, default_data_dir
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError, SpecError
@@ -105,26 +107,14 @@ def _guess_gpu(device_name: str) -> str:
 
 
 def _store(profile, url: str | None) -> str:
-    # SQLAlchemy loads only for --store: every foldtune command imports this module for its parser
-    from sqlalchemy import select
-
-    from db.engine import make_engine, make_sessionmaker
-    from db.models import HardwareProfileRow
-
     url = database_settings(url).url
     migrate_or_explain(url)
     engine = make_engine(url)
     try:
         with make_sessionmaker(engine)() as session:
-            row = session.scalar(select(HardwareProfileRow).where(HardwareProfileRow.name == profile.name))
-            if row is None:
-                session.add(HardwareProfileRow(name=profile.name, profile=profile.to_dict(), source="calibrate"))
-            elif row.source != "calibrate":
+            if not store_calibrated_profile(session, profile.name, profile.to_dict()):
                 raise FoldtuneError(f"the database already holds a hardware profile {profile.name!r} that "
                                     f"calibrate did not write; choose another --name")
-            else:  # a re-calibration of the same machine replaces the previous measurement
-                row.profile = profile.to_dict()
-            session.commit()
     finally:
         engine.dispose()
     return url

@@ -18,6 +18,8 @@ from costmodel.params import total_param_counts
 from planner.enumerate import SearchSpace
 from planner.megatron_args import format_megatron_args, megatron_args
 from planner.rank import explain_layout, plan
+from spec.errors import SpecError
+from spec.inputs import build_specs
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -50,9 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---- inputs ------------------------------------------------------------------------------------
 def _specs(args: argparse.Namespace):
-    from spec.errors import SpecError
-    from spec.inputs import build_specs
-
     problems = []
     if args.top < 1:
         problems.append(f"--top must be >= 1, got {args.top}")
