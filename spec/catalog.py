@@ -176,11 +176,6 @@ def get_hardware(name: str) -> HardwareProfile:
     return _HARDWARE[key]
 
 
-def register_model(spec: ModelSpec) -> None:
-    """Add or replace a model in the catalog of this process."""
-    _add_model(spec)
-
-
 def register_hardware(profile: HardwareProfile) -> None:
     """Add or replace a hardware profile in the catalog of this process."""
     _add_hardware(profile)

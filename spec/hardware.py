@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
@@ -310,6 +310,3 @@ class ClusterSpec:
     def usable_hbm_bytes(self) -> int:
         """Bytes of device memory a training process may plan to use."""
         return self.gpu.hbm_bytes - self.hbm_reserved_bytes
-
-    def with_gpus(self, num_gpus: int) -> ClusterSpec:
-        return replace(self, num_gpus=num_gpus)

@@ -113,11 +113,6 @@ class FoldedGroups:
         raise InvalidConfigError(f"rank {rank} is outside a world of {self.config.world_size}")
 
 
-def spans_nodes(group: list[int], gpus_per_node: int) -> bool:
-    """True when the ranks of ``group`` live on more than one node (rank r is on node r // gpus_per_node)."""
-    return len({r // gpus_per_node for r in group}) > 1
-
-
 def nodes_spanned(group: list[int], gpus_per_node: int) -> int:
     """How many nodes the ranks of ``group`` occupy."""
     return len({r // gpus_per_node for r in group})
