@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
+from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -65,6 +66,14 @@ class SearchSpace:
     gathering_within_node: bool = True
     recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
     dispatchers: tuple[str, ...] = DISPATCHERS
+
+    def __post_init__(self) -> None:
+        # configs of the enumeration are built unchecked (ParallelConfig.trusted), so an unknown dispatcher
+        # name must fail here rather than reach the cost model as a config ParallelConfig would refuse
+        unknown = [d for d in self.dispatchers if d not in DISPATCHERS]
+        if unknown:
+            raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
+                                     f"dispatchers are {', '.join(DISPATCHERS)}")
 
     def allows_cp(self, cp: int, seq_length: int) -> bool:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
