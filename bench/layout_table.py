@@ -20,7 +20,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.validity import executor_layout_rules
+from spec.validity import Validator
 from executor.options import check_model_supported  # spec only, no torch
 from planner.enumerate import enumerate_layouts
 
@@ -31,9 +31,10 @@ RESULTS = ROOT / "bench" / "results"
 
 def executable_space(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space) -> list[ParallelConfig]:
     """Every valid layout of the enumeration that the executor can build, in enumeration order."""
-    check_model_supported(model)
+    check_model_supported(model)  # a model the executor cannot build fails loudly, not as an empty space
+    validator = Validator(model, training, cluster)
     return [config for config in enumerate_layouts(model, training, cluster, space).configs()
-            if not executor_layout_rules(model, config, training.seq_length)]
+            if not validator.executor(config)]
 
 
 # The layout dimensions a subset must spread over (ParallelConfig fields; recompute and dispatcher are
