@@ -361,14 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON file (default: $OUT/a2a_probe.json or ./a2a_probe.json)")
     args = parser.parse_args(argv)
 
-    from bench.a2a_probe import ProbeConfig as Config, worker as probe_worker  # importable by spawned ranks
-
     over = {k: v for k, v in (("tokens", args.tokens), ("topk", args.topk), ("hidden", args.hidden),
                               ("experts", args.experts), ("ffn", args.ffn), ("skew", args.skew),
                               ("concurrent_mib", args.concurrent_mib), ("iters", args.iters)) if v is not None}
     if args.no_layer:
         over["layer"] = False
-    cfg = Config.tiny(device=args.device, **over) if args.tiny else Config(device=args.device, **over)
+    cfg = ProbeConfig.tiny(device=args.device, **over) if args.tiny else ProbeConfig(device=args.device, **over)
     if args.device == "cpu" and cfg.dtype == "bfloat16":
         cfg = dataclasses.replace(cfg, dtype="float32")  # gloo: fp32
     world = args.world or (torch.cuda.device_count() if args.device == "cuda" else 2)
@@ -376,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--world {world}: needs >= 2 ranks dividing the {cfg.experts} experts")
     device_name = (f"{world}x {torch.cuda.get_device_name(0)}" if args.device == "cuda"
                    else f"{world} CPU ranks (gloo)")
-    launched = launch(probe_worker, world, (cfg,), backend="nccl" if args.device == "cuda" else "gloo",
+    launched = launch(worker, world, (cfg,), backend="nccl" if args.device == "cuda" else "gloo",
                       timeout_s=args.timeout, threads_per_rank=1)
     report = {"device": device_name, "torch": torch.__version__,
               "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -399,4 +397,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # run the package module's main, so the worker and config it launches pickle as bench.a2a_probe.*,
+    # which the spawned ranks can import (this file's own names would pickle as __main__.*)
+    from bench.a2a_probe import main as package_main
+
+    raise SystemExit(package_main())

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.validity import Validator, executor_model_rule
+from spec.validity import Validator
+from executor.options import check_model_supported  # spec only, no torch
 from planner.enumerate import enumerate_layouts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,10 +31,8 @@ RESULTS = ROOT / "bench" / "results"
 
 def executable_space(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space) -> list[ParallelConfig]:
     """Every valid layout of the enumeration that the executor can build, in enumeration order."""
+    check_model_supported(model)  # a model the executor cannot build fails loudly, not as an empty space
     validator = Validator(model, training, cluster)
-    model_rule = executor_model_rule(model)
-    if model_rule is not None:
-        raise SpecError(model_rule.reason)
     return [config for config in enumerate_layouts(model, training, cluster, space).configs()
             if not validator.executor(config)]
 

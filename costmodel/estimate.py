@@ -55,9 +55,7 @@ class Estimate:
             "bottleneck": t.bottleneck,
             "time_terms_s": dict(t.terms),
             "time_hidden_s": dict(t.hidden),
-            "memory_bytes": {"total": mem.total, "stage": mem.stage, "weights": mem.weights, "grads": mem.grads,
-                             "optimizer": mem.optimizer, "activations": mem.activations, "logits": mem.logits,
-                             "comm_buffers": mem.comm_buffers, "allocator_overhead": mem.allocator_overhead,
+            "memory_bytes": {"total": mem.total, "stage": mem.stage, **{n: getattr(mem, n) for n in MEMORY_TERMS},
                              "details": dict(mem.details)},
         }
 

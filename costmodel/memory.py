@@ -31,7 +31,7 @@ from functools import lru_cache, partial
 from typing import NamedTuple
 
 from costmodel.dispatch import dispatcher_pricing
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -395,7 +395,7 @@ def _kind_terms_for(ctx: _Context, s: _Shape, modules: tuple[str, ...]) -> _Kind
     acts = ctx.acts.get(akey)
     if acts is None:
         # any dispatcher: the stored tensors do not depend on it, only the comm buffers below do
-        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, DISPATCHERS[0])
+        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, DEFAULT_DISPATCHER)
         acts = ctx.acts[akey] = _kind_terms(ctx.model, ctx.training, canonical, frozenset(modules))
     comm = ctx.comms.get(s)
     if comm is None:

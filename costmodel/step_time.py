@@ -99,13 +99,15 @@ _PREFIX_SLOTS = tuple(LAYER_SLOT.get(name) for name in TERMS[:max(TERM_INDEX[n] 
 N_PREFIX = len(_PREFIX_SLOTS)
 # positions in StepTimeBreakdown.terms and .hidden the step assembly writes by name
 _I_RECOMPUTE, _I_A2A, _I_ETP, _I_BUBBLE = (TERM_INDEX[n] for n in ("recompute", "ep_a2a", "etp_comm", "pp_bubble"))
-_H_TP, _H_CP, _H_A2A, _H_DP, _H_EDP, _H_GATHER, _H_P2P = (
-    HIDDEN_TERMS.index(n) for n in ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p"))
+# the hidden seconds estimate_step_time computes, by name
+_HIDDEN_PRICED = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
+_H_TP, _H_CP, _H_A2A, _H_DP, _H_EDP, _H_GATHER, _H_P2P = (HIDDEN_TERMS.index(n) for n in _HIDDEN_PRICED)
 # the terms after the prefix, in the order estimate_step_time appends them
 _STEP_TAIL = ("dp_grad", "edp_grad", "param_gather", "pp_p2p", "pp_bubble", "optimizer", "host_overhead")
-if TERMS[N_PREFIX:] != _STEP_TAIL or len(HIDDEN_TERMS) != 7:
+if TERMS[N_PREFIX:] != _STEP_TAIL or set(HIDDEN_TERMS) != set(_HIDDEN_PRICED):
     raise ImportError("costmodel.terms.TERM_TABLE changed: estimate_step_time must price the new term "
-                      f"(after the prefix it appends {_STEP_TAIL}, the table has {TERMS[N_PREFIX:]})")
+                      f"(after the prefix it appends {_STEP_TAIL}, the table has {TERMS[N_PREFIX:]}; it hides "
+                      f"{_HIDDEN_PRICED}, the table has {HIDDEN_TERMS})")
 # (bottleneck label, position of its first term, positions of the others), the labels after 'compute' in table order
 _LIMITERS = tuple((label, TERM_INDEX[names[0]], tuple(TERM_INDEX[n] for n in names[1:]))
                   for label, names in BOTTLENECK_TERMS.items() if label != "compute")

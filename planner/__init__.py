@@ -2,22 +2,20 @@
 
 Public API::
 
-    from planner import plan, explain_layout, enumerate_layouts, check_config, megatron_args
+    from planner import plan, explain_layout, enumerate_layouts, megatron_args
     result = plan(model, training, cluster, top=10)        # PlanResult: counts, ranked Estimates, timings
     verdict = explain_layout(model, training, cluster, "tp2 pp4 ep8 mbs1")
 
 ``planner.search`` (the Optuna study) and ``planner.calibration`` are imported on their own; this package
-import stays free of Optuna.
+import stays free of Optuna. The validity rules the enumeration applies are ``spec.validity``'s.
 """
 
 from planner.enumerate import Enumeration, Layout, SearchSpace, enumerate_layouts
 from planner.megatron_args import format_megatron_args, megatron_args, pipeline_layout
 from planner.rank import LayoutVerdict, NoValidLayoutError, PlanResult, explain_layout, pareto_front, plan
-from spec.validity import RULES, Rejection, Validator, check_config, parse_layout, pipeline_split
 
 __all__ = [
     "Enumeration", "Layout", "SearchSpace", "enumerate_layouts",
     "format_megatron_args", "megatron_args", "pipeline_layout",
     "LayoutVerdict", "NoValidLayoutError", "PlanResult", "explain_layout", "pareto_front", "plan",
-    "RULES", "Rejection", "Validator", "check_config", "parse_layout", "pipeline_split",
 ]

@@ -14,10 +14,11 @@ The search space is a product of candidate axes:
 - micro_batch_size: 1 .. ``SearchSpace.mbs_max`` (8 by default; larger micro-batches rarely help an MoE
   GEMM that already has seq·mbs/tp/cp rows, and cost activation memory);
 - recompute: none, selective(core_attn), selective(core_attn+moe_act+layernorm), full (uniform, every layer);
-- dispatcher: alltoall, and allgather when tokens leave the GPU (ep·etp > 1) and, by default
-  (``SearchSpace.allgather_within_node``), the ETP·EP group fits in one node: allgather sends every token
-  to all etp·ep ranks instead of its top-k experts' ranks, which only pays off for small groups on
-  NVLink; with ep·etp = 1 both dispatchers only permute locally, so only alltoall is considered;
+- dispatcher: every name of ``spec.dispatchers`` when tokens leave the GPU (ep·etp > 1), except that by
+  default (``SearchSpace.gathering_within_node``) a dispatcher that gathers every token (allgather: every
+  token to all etp·ep ranks instead of its top-k experts' ranks, which only pays off for small groups on
+  NVLink) is tried only while the ETP·EP group fits in one node; with ep·etp = 1 every dispatcher only
+  permutes locally, so only the default (alltoall) is considered;
 - distributed optimizer: on and off, or the one the training spec forces.
 
 Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
@@ -34,7 +35,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
+from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -61,9 +63,17 @@ class SearchSpace:
     vpp_max: int = 4
     cp_min_chunk_tokens: int = 128
     expert_ffn_min_columns: int = 128
-    allgather_within_node: bool = True
+    gathering_within_node: bool = True
     recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
     dispatchers: tuple[str, ...] = DISPATCHERS
+
+    def __post_init__(self) -> None:
+        # configs of the enumeration are built unchecked (ParallelConfig.trusted), so an unknown dispatcher
+        # name must fail here rather than reach the cost model as a config ParallelConfig would refuse
+        unknown = [d for d in self.dispatchers if d not in DISPATCHERS]
+        if unknown:
+            raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
+                                     f"dispatchers are {', '.join(DISPATCHERS)}")
 
     def allows_cp(self, cp: int, seq_length: int) -> bool:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
@@ -78,15 +88,16 @@ class SearchSpace:
         group = ep * etp
         if not moe or group == 1:
             return self.dispatchers[:1]
-        if self.allgather_within_node and group > gpus_per_node:
-            return tuple(d for d in self.dispatchers if d != "allgather") or self.dispatchers[:1]
+        if self.gathering_within_node and group > gpus_per_node:
+            return tuple(d for d in self.dispatchers if d not in GATHERING_DISPATCHERS) or self.dispatchers[:1]
         return self.dispatchers
 
     def describe(self) -> str:
         """One line naming the caps of this search space."""
         return (f"micro-batch <= {self.mbs_max}, vpp <= {self.vpp_max}, CP chunks >= {self.cp_min_chunk_tokens} "
-                f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, allgather dispatcher "
-                f"{'within a node' if self.allgather_within_node else 'everywhere'}")
+                f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, "
+                f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
+                f"{'within a node' if self.gathering_within_node else 'everywhere'}")
 
 
 @dataclass(frozen=True)

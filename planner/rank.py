@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 from costmodel.estimate import Estimate, combine, step_time
 from costmodel.memory import MemoryBreakdown, estimate_memory, peak_memory_bytes
 from costmodel.step_time import StepTimeBreakdown
+from costmodel.terms import TERM_TABLE
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -59,8 +60,9 @@ from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enu
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
-# Terms paid once per step or only because of pipelining; the rest is the steady state of the micro-batches.
-PER_STEP_TERMS = frozenset({"dp_grad", "edp_grad", "param_gather", "optimizer", "pp_p2p", "pp_bubble"})
+# Terms paid once per step (the term table's per-step rows) or only because of pipelining (the bubble); the rest
+# is the steady state of the micro-batches. Derived, so a new per-step term cannot pass for steady state.
+PER_STEP_TERMS = frozenset(t.name for t in TERM_TABLE if t.per_step) | {"pp_bubble"}
 TimeFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], StepTimeBreakdown]
 
 PARALLEL_THRESHOLD = 20_000  # valid configs above which the scan is split over processes

@@ -1,9 +1,11 @@
 """foldtune's shared vocabulary: the specs every layer speaks, in Megatron-LM's words.
 
-ModelSpec, TrainingSpec, ParallelConfig (with its label codec), GPUSpec/HardwareProfile/ClusterSpec,
-the folded rank groups, the model and hardware catalog, Megatron's FLOP-counting conventions and the
-project's errors. Pure Python and a leaf: it imports nothing of foldtune's other packages, so the
-executor (torch), the cost model (pure Python) and the service can all depend on it.
+ModelSpec, TrainingSpec, ParallelConfig (with its label, dict and Optuna codecs), GPUSpec/HardwareProfile/
+ClusterSpec, the folded rank groups, the pipeline layer placement, the dispatcher names, the validity rules
+(Megatron's and the executor's), the model and hardware catalog with profile files, Megatron's
+FLOP-counting conventions and the project's errors. Pure Python and a leaf: it imports nothing of
+foldtune's other packages, so the executor (torch), the cost model (pure Python) and the service can all
+depend on it.
 """
 
 from spec.catalog import get_hardware, get_model, hardware_names, load_catalog_file, model_names

@@ -19,10 +19,17 @@ class DispatcherKind:
 
     name: str
     summary: str
+    # sends every token to every rank of the ETP·EP group rather than only to its top-k experts' ranks, which
+    # pays off only on NVLink: the planner's search space keeps such a dispatcher inside one node
+    # (planner.enumerate.SearchSpace.gathering_within_node)
+    gathers_every_token: bool = False
 
 
 DISPATCHER_KINDS: tuple[DispatcherKind, ...] = (
     DispatcherKind("alltoall", "all-to-all of the routed token copies over EP, all-gather of them over ETP"),
-    DispatcherKind("allgather", "all-gather of every token over ETP·EP, each rank keeps its experts' copies"),
+    DispatcherKind("allgather", "all-gather of every token over ETP·EP, each rank keeps its experts' copies",
+                   gathers_every_token=True),
 )
 DISPATCHERS: tuple[str, ...] = tuple(k.name for k in DISPATCHER_KINDS)  # the first is the default
+DEFAULT_DISPATCHER = DISPATCHERS[0]
+GATHERING_DISPATCHERS: tuple[str, ...] = tuple(k.name for k in DISPATCHER_KINDS if k.gathers_every_token)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
@@ -52,7 +52,7 @@ class ParallelConfig:
     recompute_granularity: str = "none"
     recompute_modules: tuple[str, ...] = ()
     recompute_num_layers: int = 0
-    moe_token_dispatcher_type: str = "alltoall"
+    moe_token_dispatcher_type: str = DEFAULT_DISPATCHER
     use_distributed_optimizer: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -117,7 +117,7 @@ class ParallelConfig:
                  f"dp{self.dp}", f"edp{self.edp}", f"mbs{self.micro_batch_size}"]
         if self.recompute_granularity != "none":
             parts.append("recompute=" + self.recompute_text())
-        if self.moe_token_dispatcher_type != "alltoall":
+        if self.moe_token_dispatcher_type != DEFAULT_DISPATCHER:
             parts.append(f"dispatcher={self.moe_token_dispatcher_type}")
         if not self.use_distributed_optimizer:
             parts.append("distopt=off")

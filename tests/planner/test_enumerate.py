@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import pytest
+
 from spec.catalog import get_hardware, get_model
+from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -125,3 +128,9 @@ def test_large_cluster_enumerates_fast_and_counts_add_up():
     # uneven pipelines are enumerated (61 layers is prime)
     assert any(lay.pp == 16 for lay in enum.layouts)
     assert all(sum(lay.stage_layers) == 61 for lay in enum.layouts)
+
+
+def test_an_unknown_dispatcher_in_the_search_space_is_an_error():
+    # the enumeration builds its configs unchecked, so the search space refuses the name up front
+    with pytest.raises(InvalidConfigError, match="'bogus'"):
+        SearchSpace(dispatchers=("alltoall", "bogus"))
