@@ -4,9 +4,9 @@ The search calls ``run_trial(config, report)``; here that becomes ``executor.pro
 the Ray launcher, whose rank 0 streams every timed step to ``report`` (Optuna's intermediate values and
 pruner) and stops all ranks when the search prunes the trial or the job is stopped.
 
-Fault injection for tests and drills: the runner's ``FOLDTUNE_FAULT`` may select trials,
-``kill:rank=1:step=0:trial=2`` (see :mod:`executor.progress`); the part without ``trial=`` reaches the
-ranks of that trial only. Parts without ``trial=`` reach every trial.
+Fault injection for tests and drills: the runner's ``FOLDTUNE_FAULT`` may select trials by their Optuna
+number, ``kill:rank=1:step=0:trial=2`` (see :mod:`executor.progress`); a part with ``trial=`` reaches the
+ranks of those trials only, a part without it reaches every trial.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from executor import launch_ray
 from executor.profile import profile_layout
-
-FAULT_ENV = "FOLDTUNE_FAULT"
+from executor.progress import FAULT_ENV
 
 
 class JobStopped(BaseException):  # noqa: N818 (a control-flow signal, like KeyboardInterrupt)
