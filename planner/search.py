@@ -9,7 +9,7 @@ runner that restarts mid-job resumes the same search from the study's storage.
 
 Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
 seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the
-run stopped. Memory enters as an Optuna constraint (measured peak, else predicted bytes, minus
+run stopped, and ``report.number`` is the trial's Optuna number. Memory enters as an Optuna constraint (measured peak, else predicted bytes, minus
 capacity) and through the calibration; a trial whose measurement says ``failure_kind`` oom raises the
 memory multiplier and so removes similar layouts from the rest of the search (the search reads that
 word, never the reason text). Failed trials never end the job.
@@ -308,7 +308,21 @@ class SearchResult:
     extra: dict = field(default_factory=dict)
 
 
-RunTrial = Callable[[ParallelConfig, Callable[[int, float], bool]], Any]
+class TrialReport:
+    """The ``report`` handed to ``run_trial``: ``report(step, seconds)`` streams one step's time to Optuna and
+    returns True when the pruner wants the run stopped; ``number`` is the Optuna trial number being measured
+    (what stored trials are keyed by)."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self._trial = trial
+        self.number: int = trial.number
+
+    def __call__(self, step: int, seconds: float) -> bool:
+        self._trial.report(seconds, step)
+        return self._trial.should_prune()
+
+
+RunTrial = Callable[[ParallelConfig, TrialReport], Any]
 
 
 def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity_bytes: float,
@@ -366,10 +380,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         return trial, cand
 
     def execute(trial: optuna.Trial, cand: Candidate) -> Any:
-        def report(step: int, seconds: float) -> bool:
-            trial.report(seconds, step)
-            return trial.should_prune()
-        return run_trial(cand.config, report)
+        return run_trial(cand.config, TrialReport(trial))
 
     def finish(trial: optuna.Trial, cand: Candidate, fut: Future) -> None:
         try:

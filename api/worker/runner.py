@@ -220,7 +220,7 @@ class Runner:
         self._recover(job)
         ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
-        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, recorder.number_of)
+        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop)
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, ray_gpus))
@@ -318,12 +318,6 @@ class _TrialRecorder:
 
     def __init__(self, runner: Runner, job: Job, cands: Any, stop: threading.Event) -> None:
         self.runner, self.job, self.cands, self.stop = runner, job, cands, stop
-        self._numbers: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def number_of(self, label: str) -> int | None:
-        with self._lock:
-            return self._numbers.get(label)
 
     def __call__(self, kind: str, data: dict) -> None:
         job_id = self.job.id
@@ -331,8 +325,6 @@ class _TrialRecorder:
             if self.stop.is_set():
                 raise JobStopped(f"job {job_id} stopped")
             label = data["layout"]
-            with self._lock:
-                self._numbers[label] = data["number"]
             est = self.cands.estimates.get(label)
             with self.runner.sessions() as session:
                 record_trial_start(

@@ -14,9 +14,9 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from planner.search import TrialReport
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -78,22 +78,20 @@ def is_cpu_cluster(cluster: ClusterSpec) -> bool:
 class TrialExecutor:
     """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
 
-    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`;
-    ``number_of(label)`` gives the Optuna number of the trial measuring a layout (for fault selection), or None.
+    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
-                 stop: threading.Event, number_of: Callable[[str], int | None]) -> None:
+                 stop: threading.Event) -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
-        self.stop, self.number_of = stop, number_of
+        self.stop = stop
 
-    def __call__(self, config: ParallelConfig, report: Callable[[int, float], bool]):
+    def __call__(self, config: ParallelConfig, report: TrialReport):
         label = config.label()
         if self.stop.is_set():
             raise JobStopped(f"stopped before trial {label} ran")
         cpu = is_cpu_cluster(self.cluster)
-        number = self.number_of(label)
-        faults = faults_for_trial(self.settings.faults, number) if number is not None else ""
+        faults = faults_for_trial(self.settings.faults, report.number)
         memory = self.settings.rank_memory_bytes or (self.cluster.hardware.gpu.hbm_bytes if cpu else None)
         pruned = threading.Event()
 
