@@ -79,7 +79,7 @@ def best_trial(session: Session, *, owner_id: int, signature: str) -> Trial | No
 
 
 def trials_of_job(session: Session, job_id: int) -> list[Trial]:
-    """Every trial of a job in Optuna number order (what a resumed runner replays into its study)."""
+    """Every trial of a job in Optuna number order."""
     return list(session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)))
 
 
