@@ -276,13 +276,11 @@ class Runner:
                 if row is not None and (row.status != "running" and row.failure_kind != LOST):
                     continue
                 record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
-                                                runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT],
-                                                predicted=None,
-                                                predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
+                                   runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT], predicted=None,
+                                   predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
                 if t.state == TrialState.COMPLETE:
                     record_trial_finish(session, job.id, t.number, "succeeded", step_time_s=t.value,
-                                                     measurement={"ok": True, "step_time": t.value,
-                                                                  "recovered_from": "optuna"})
+                                        measurement={"ok": True, "step_time": t.value, "recovered_from": "optuna"})
                 elif t.state == TrialState.PRUNED:
                     record_trial_finish(session, job.id, t.number, "pruned")
                 else:
@@ -343,10 +341,10 @@ class _TrialRecorder:
         with self.runner.sessions() as session:
             if state == "complete":
                 record_trial_finish(session, self.job.id, data["number"], "succeeded",
-                                                 measurement=measurement, step_time_s=data["step_time"])
+                                    measurement=measurement, step_time_s=data["step_time"])
             elif state == "pruned":
                 record_trial_finish(session, self.job.id, data["number"], "pruned",
-                                                 measurement=measurement, step_time_s=data.get("step_time"))
+                                    measurement=measurement, step_time_s=data.get("step_time"))
             else:
                 reason = data.get("failure_reason") or "failed"
                 kind = data.get("failure_kind") or FailureKind.ERROR.value
