@@ -16,9 +16,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.models import Job, Trial, utcnow
+from spec.failure import FailureKind
 
 FINISHED_TRIAL_STATUSES = ("succeeded", "pruned", "failed")
-LOST = "lost"  # failure_kind of a trial whose runner stopped mid-trial
+LOST = FailureKind.LOST.value  # failure_kind of a trial whose runner stopped mid-trial
 
 
 def start_trial(session: Session, job_id: int, number: int, config: dict[str, Any], *, runner_id: str,
