@@ -16,15 +16,15 @@ import os
 import threading
 from dataclasses import dataclass
 
+from executor import launch_ray
+from executor.profile import profile_layout
+from executor.progress import FAULT_ENV
 from planner.search import TrialReport
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from executor import launch_ray
-from executor.profile import profile_layout
-from executor.progress import FAULT_ENV
 
 
 class JobStopped(BaseException):  # noqa: N818 (a control-flow signal, like KeyboardInterrupt)
