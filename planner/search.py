@@ -56,14 +56,12 @@ MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a tr
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
 
-PARAM_NAMES = OPTUNA_PARAMS
-
 
 def params_key(params: dict[str, Any]) -> tuple:
-    """A hashable key of a layout's Optuna parameters (one value per name in ``PARAM_NAMES``)."""
+    """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``)."""
     if params.get("recompute") == "full:0":  # how studies begun before ParallelConfig's codec wrote 'full'
         params = {**params, "recompute": "full"}
-    return tuple(params.get(name) for name in PARAM_NAMES)
+    return tuple(params.get(name) for name in OPTUNA_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -239,7 +237,7 @@ def _novelty(shares: dict[str, float], measured: list[dict[str, float]]) -> floa
 
 def search_space(candidates: Sequence[Candidate]) -> dict[str, CategoricalDistribution]:
     """One categorical distribution per layout parameter, over the values the candidates use."""
-    values: dict[str, set] = {name: set() for name in PARAM_NAMES}
+    values: dict[str, set] = {name: set() for name in OPTUNA_PARAMS}
     for c in candidates:
         for name, value in c.params.items():
             values[name].add(value)
