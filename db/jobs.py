@@ -9,6 +9,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from db.models import Job, Trial, utcnow
+from spec.failure import FailureKind
 
 
 def job_by_idempotency_key(session: Session, owner_id: int, key: str) -> Job | None:
@@ -66,8 +67,9 @@ def cancel_job(session: Session, job_id: int) -> bool:
         .values(status="cancelled", finished_at=now, updated_at=now).execution_options(synchronize_session=False))
     if result.rowcount == 1:
         session.execute(update(Trial).where(Trial.job_id == job_id, Trial.status == "running")
-                        .values(status="failed", failure_kind="cancelled", failure_reason="the job was cancelled",
-                                finished_at=now).execution_options(synchronize_session=False))
+                        .values(status="failed", failure_kind=FailureKind.CANCELLED.value,
+                                failure_reason="the job was cancelled", finished_at=now)
+                        .execution_options(synchronize_session=False))
     session.commit()
     return result.rowcount == 1
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from db.engine import is_postgres
 from db.models import Job, Training, Trial, utcnow
+from spec.failure import FailureKind
 
 Claimable = TypeVar("Claimable", Job, Training)
 
@@ -183,7 +184,7 @@ def requeue_stale(session: Session, timeout_s: float, *, max_attempts: int = DEF
     )
     report.trials_failed = sorted(session.scalars(
         update(Trial).where(lost)
-        .values(status="failed", failure_kind="lost", finished_at=now,
+        .values(status="failed", failure_kind=FailureKind.LOST.value, finished_at=now,
                 failure_reason=f"no heartbeat from its runner for more than {timeout_s:g} s")
         .returning(Trial.id)).all())
     report.jobs_requeued, report.jobs_failed = _requeue_model(session, Job, cutoff, now, max_attempts)

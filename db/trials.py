@@ -16,9 +16,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.models import Job, Trial, utcnow
+from spec.failure import FailureKind
 
 FINISHED_TRIAL_STATUSES = ("succeeded", "pruned", "failed")
-LOST = "lost"  # failure_kind of a trial whose runner stopped mid-trial
+LOST = FailureKind.LOST.value  # failure_kind of a trial whose runner stopped mid-trial
 
 
 def start_trial(session: Session, job_id: int, number: int, config: dict[str, Any], *, runner_id: str,
@@ -79,7 +80,7 @@ def best_trial(session: Session, *, owner_id: int, signature: str) -> Trial | No
 
 
 def trials_of_job(session: Session, job_id: int) -> list[Trial]:
-    """Every trial of a job in Optuna number order (what a resumed runner replays into its study)."""
+    """Every trial of a job in Optuna number order."""
     return list(session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)))
 
 

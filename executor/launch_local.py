@@ -30,6 +30,8 @@ from spec.failure import FailureKind
 OOM_EXIT = 3
 ERROR_EXIT = 1
 OOM_PREFIX = "out of memory"  # how a rank's out-of-memory reason starts ('out of memory on rank N: ...')
+ERROR_SUFFIX = ".err"  # a failed rank's reason file: rankN.err, or rankN.oom.err when it ran out of memory
+OOM_SUFFIX = ".oom" + ERROR_SUFFIX
 # NVLink multicast stays off on shared GPU hosts (see the device notes); harmless elsewhere.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -68,7 +70,9 @@ def _child(rank: int, world_size: int, port: int, backend: str, threads: int, ou
         code = OOM_EXIT if is_out_of_memory(exc) else ERROR_EXIT
         kind = OOM_PREFIX if code == OOM_EXIT else type(exc).__name__
         last = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
+        # the file name carries the kind, so that the parent never reads it back from the reason text
+        name = f"rank{rank}{OOM_SUFFIX if code == OOM_EXIT else ERROR_SUFFIX}"
+        with open(os.path.join(outdir, name), "w") as f:
             f.write(f"{kind} on rank {rank}: {last}\n{traceback.format_exc()}")
     finally:
         if code == 0 and dist.is_initialized():
@@ -164,13 +168,14 @@ def _reason(outdir: str, bad: list[tuple[int, int]]) -> tuple[FailureKind, str]:
         rank, code = silent[0]
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         return FailureKind.CRASH, f"rank {rank} died ({how}) without a message"
-    files = sorted((os.path.join(outdir, name) for name in os.listdir(outdir) if name.endswith(".err")),
+    files = sorted((os.path.join(outdir, name) for name in os.listdir(outdir) if name.endswith(ERROR_SUFFIX)),
                    key=os.path.getmtime)
-    reasons = []
+    reasons, ooms = [], []
     for path in files:
         with open(path) as f:
             reasons.append(f.readline().strip())
-    ooms = [r for r in reasons if r.startswith(OOM_PREFIX)]
+        if path.endswith(OOM_SUFFIX):
+            ooms.append(reasons[-1])
     kind = FailureKind.OOM if ooms else FailureKind.ERROR
     if ooms:
         reasons = ooms

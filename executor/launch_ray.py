@@ -57,7 +57,7 @@ FORWARDED_ENV = (progress.FAULT_ENV, "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "GLOO_S
 _init_lock = threading.Lock()
 
 
-def ensure_ray(address: str | None = None) -> None:
+def _connect(address: str | None = None) -> None:
     """Connect to Ray once per process: ``address`` or FOLDTUNE_RAY_ADDRESS, else a local instance."""
     with _init_lock:
         if ray.is_initialized():
@@ -167,9 +167,10 @@ class RayCapacity:
 
 
 def attach_ray(address: str | None = None) -> RayCapacity:
-    """Start or attach to Ray as :func:`ensure_ray` does, and size the cluster. Call it from the main
-    thread before any other: Ray installs its signal handlers only there."""
-    ensure_ray(address)
+    """Start or attach to Ray once per process (``address``, else FOLDTUNE_RAY_ADDRESS, else a local
+    instance), and size the cluster. The one place Ray is started; call it from the main thread before any
+    other: Ray installs its signal handlers only there."""
+    _connect(address)
     return RayCapacity(cpus=_cluster_total("CPU"), gpus=_cluster_total("GPU"))
 
 
@@ -185,7 +186,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     each CPU rank's additional address space (ignored for NCCL: CUDA maps huge address ranges).
     ``env`` adds environment variables to every rank (FOLDTUNE_FAULT etc. are forwarded from this process).
     """
-    ensure_ray(address)
+    attach_ray(address)  # connects only where no front end attached first (a bare launch, tests)
     start = time.monotonic()
     if backend is None:
         backend = "nccl" if _cluster_total("GPU") >= world_size else "gloo"

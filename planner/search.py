@@ -9,7 +9,7 @@ runner that restarts mid-job resumes the same search from the study's storage.
 
 Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
 seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the
-run stopped. Memory enters as an Optuna constraint (measured peak, else predicted bytes, minus
+run stopped, and ``report.number`` is the trial's Optuna number. Memory enters as an Optuna constraint (measured peak, else predicted bytes, minus
 capacity) and through the calibration; a trial whose measurement says ``failure_kind`` oom raises the
 memory multiplier and so removes similar layouts from the rest of the search (the search reads that
 word, never the reason text). Failed trials never end the job.
@@ -56,14 +56,12 @@ MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a tr
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
 
-PARAM_NAMES = OPTUNA_PARAMS
-
 
 def params_key(params: dict[str, Any]) -> tuple:
-    """A hashable key of a layout's Optuna parameters (one value per name in ``PARAM_NAMES``)."""
+    """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``)."""
     if params.get("recompute") == "full:0":  # how studies begun before ParallelConfig's codec wrote 'full'
         params = {**params, "recompute": "full"}
-    return tuple(params.get(name) for name in PARAM_NAMES)
+    return tuple(params.get(name) for name in OPTUNA_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -239,7 +237,7 @@ def _novelty(shares: dict[str, float], measured: list[dict[str, float]]) -> floa
 
 def search_space(candidates: Sequence[Candidate]) -> dict[str, CategoricalDistribution]:
     """One categorical distribution per layout parameter, over the values the candidates use."""
-    values: dict[str, set] = {name: set() for name in PARAM_NAMES}
+    values: dict[str, set] = {name: set() for name in OPTUNA_PARAMS}
     for c in candidates:
         for name, value in c.params.items():
             values[name].add(value)
@@ -308,7 +306,21 @@ class SearchResult:
     extra: dict = field(default_factory=dict)
 
 
-RunTrial = Callable[[ParallelConfig, Callable[[int, float], bool]], Any]
+class TrialReport:
+    """The ``report`` handed to ``run_trial``: ``report(step, seconds)`` streams one step's time to Optuna and
+    returns True when the pruner wants the run stopped; ``number`` is the Optuna trial number being measured
+    (what stored trials are keyed by)."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self._trial = trial
+        self.number: int = trial.number
+
+    def __call__(self, step: int, seconds: float) -> bool:
+        self._trial.report(seconds, step)
+        return self._trial.should_prune()
+
+
+RunTrial = Callable[[ParallelConfig, TrialReport], Any]
 
 
 def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity_bytes: float,
@@ -366,10 +378,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         return trial, cand
 
     def execute(trial: optuna.Trial, cand: Candidate) -> Any:
-        def report(step: int, seconds: float) -> bool:
-            trial.report(seconds, step)
-            return trial.should_prune()
-        return run_trial(cand.config, report)
+        return run_trial(cand.config, TrialReport(trial))
 
     def finish(trial: optuna.Trial, cand: Candidate, fut: Future) -> None:
         try:

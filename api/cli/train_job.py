@@ -15,12 +15,11 @@ import os
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from api.cli._db import migrate_or_explain
+from api.cli._local import check_ray_has_room, validated_request
 from api.cli.trainings_cmd import metric_line, step_time_line
-from api.cli.tune_cmd import check_ray_has_room
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut
 from api.service.trainings import cancel_training, submit_training, training_views
 from spec.errors import SpecError
@@ -60,11 +59,7 @@ def training_request(args: argparse.Namespace, checkpoint_dir: str):
     for key, value in (("moe_aux_loss_coeff", args.aux_loss_coeff), ("moe_z_loss_coeff", args.z_loss_coeff)):
         if value is not None:
             body[key] = value
-    try:
-        return TrainingCreate.model_validate(body)
-    except ValidationError as exc:
-        raise SpecError("; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}"
-                                  for e in exc.errors())) from None
+    return validated_request(TrainingCreate, body, whole="options")
 
 
 class StoredStepPrinter:

@@ -17,11 +17,9 @@ import os
 import sys
 import time
 
-from pydantic import ValidationError
-
+from api.cli._local import check_ray_has_room, validated_request
 from api.schemas.jobs import JobCreate
 from api.service.jobs import submit_job
-from spec.errors import SpecError
 from spec.profile_io import use_profile_file
 from db.keys import get_or_create_owner
 
@@ -96,19 +94,6 @@ class TrialPrinter:
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
 
 
-def check_ray_has_room(gpu: str, gpus: int) -> None:
-    """Start or attach to Ray (the launcher's :func:`attach_ray`), and one clear error before anything is
-    stored when its cluster cannot place the job's ``gpus`` ranks."""
-    from executor import launch_ray  # starts Ray and imports torch: only for the commands that run ranks
-
-    capacity = launch_ray.attach_ray()
-    kind = "CPU" if gpu.lower() == "cpu" else "GPU"
-    have = capacity.cpus if kind == "CPU" else capacity.gpus
-    if have < gpus:
-        hint = " (--gpu cpu runs CPU ranks)" if kind == "GPU" else f" (set FOLDTUNE_RAY_NUM_CPUS >= {gpus})"
-        raise SpecError(f"--gpus {gpus} x {gpu} needs {gpus} {kind}s in the Ray cluster, it has {have:g}{hint}")
-
-
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
@@ -123,14 +108,11 @@ def run(args: argparse.Namespace) -> int:
         profile = use_profile_file(args.profile)
         hardware_name, args.gpu = profile.name, profile.gpu.name
     precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")
-    try:
-        request = JobCreate.model_validate({
-            "model": args.model, "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
-                                              "precision": precision},
-            "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
-            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}})
-    except ValidationError as exc:
-        raise SpecError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+    request = validated_request(JobCreate, {
+        "model": args.model, "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
+                                          "precision": precision},
+        "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
+        "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}})
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
     trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,

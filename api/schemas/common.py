@@ -34,8 +34,9 @@ class Page(BaseModel, Generic[T]):
 
 
 def spec_validator(spec_class: type, rule: str, max_name_length: int = 200) -> WrapValidator:
-    """A wrap validator for a costmodel spec dataclass: unknown fields and every rule the dataclass checks
-    in ``__post_init__`` become one validation error of type ``rule`` whose message is the spec's own."""
+    """A wrap validator for a spec-layer dataclass (ModelSpec, TrainingSpec, ...): unknown fields and every
+    rule the dataclass checks in ``__post_init__`` become one validation error of type ``rule`` whose
+    message is the spec's own."""
     known = {f.name for f in dataclasses.fields(spec_class)}
 
     def validate(value: Any, handler):

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.service.errors import Conflict, NotFound, RuleViolation
+from api.service.errors import Conflict, RuleViolation, not_found
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
@@ -121,7 +121,7 @@ def owned_job(session: Session, owner: Owner, job_id: int) -> Job:
     """The owner's job ``job_id``; another owner's job is reported exactly like a missing one (NotFound)."""
     job = session.get(Job, job_id)
     if job is None or job.owner_id != owner.id:
-        raise NotFound(f"job {job_id} does not exist")
+        raise not_found(f"job {job_id}")
     return job
 
 

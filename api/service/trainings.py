@@ -125,8 +125,6 @@ def owned_training(session: Session, owner: Owner, training_id: int) -> Training
     return row
 
 
-
-
 def measured_step_time(session: Session, training_id: int) -> float | None:
     """Median seconds per step over the training's stored steps (the median, so that the first step's
     one-off start-up and evaluation steps do not move it); None before the first step."""

@@ -18,12 +18,12 @@ from typing import Any
 
 from costmodel.estimate import Estimate
 from costmodel.estimate import estimate as price_layout
+from planner.rank import plan
+from planner.search import Candidate
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
-from planner.rank import plan
 from spec.validity import executor_layout_rules
-from planner.search import Candidate
 
 CANDIDATES_PER_TRIAL = 4
 PLAN_FACTOR = 16

@@ -220,7 +220,7 @@ class Runner:
         self._recover(job)
         ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
-        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, recorder.number_of)
+        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop)
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, ray_gpus))
@@ -276,13 +276,11 @@ class Runner:
                 if row is not None and (row.status != "running" and row.failure_kind != LOST):
                     continue
                 record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
-                                                runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT],
-                                                predicted=None,
-                                                predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
+                                   runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT], predicted=None,
+                                   predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
                 if t.state == TrialState.COMPLETE:
                     record_trial_finish(session, job.id, t.number, "succeeded", step_time_s=t.value,
-                                                     measurement={"ok": True, "step_time": t.value,
-                                                                  "recovered_from": "optuna"})
+                                        measurement={"ok": True, "step_time": t.value, "recovered_from": "optuna"})
                 elif t.state == TrialState.PRUNED:
                     record_trial_finish(session, job.id, t.number, "pruned")
                 else:
@@ -318,12 +316,6 @@ class _TrialRecorder:
 
     def __init__(self, runner: Runner, job: Job, cands: Any, stop: threading.Event) -> None:
         self.runner, self.job, self.cands, self.stop = runner, job, cands, stop
-        self._numbers: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def number_of(self, label: str) -> int | None:
-        with self._lock:
-            return self._numbers.get(label)
 
     def __call__(self, kind: str, data: dict) -> None:
         job_id = self.job.id
@@ -331,8 +323,6 @@ class _TrialRecorder:
             if self.stop.is_set():
                 raise JobStopped(f"job {job_id} stopped")
             label = data["layout"]
-            with self._lock:
-                self._numbers[label] = data["number"]
             est = self.cands.estimates.get(label)
             with self.runner.sessions() as session:
                 record_trial_start(
@@ -351,10 +341,10 @@ class _TrialRecorder:
         with self.runner.sessions() as session:
             if state == "complete":
                 record_trial_finish(session, self.job.id, data["number"], "succeeded",
-                                                 measurement=measurement, step_time_s=data["step_time"])
+                                    measurement=measurement, step_time_s=data["step_time"])
             elif state == "pruned":
                 record_trial_finish(session, self.job.id, data["number"], "pruned",
-                                                 measurement=measurement, step_time_s=data.get("step_time"))
+                                    measurement=measurement, step_time_s=data.get("step_time"))
             else:
                 reason = data.get("failure_reason") or "failed"
                 kind = data.get("failure_kind") or FailureKind.ERROR.value

@@ -4,9 +4,9 @@ The search calls ``run_trial(config, report)``; here that becomes ``executor.pro
 the Ray launcher, whose rank 0 streams every timed step to ``report`` (Optuna's intermediate values and
 pruner) and stops all ranks when the search prunes the trial or the job is stopped.
 
-Fault injection for tests and drills: the runner's ``FOLDTUNE_FAULT`` may select trials,
-``kill:rank=1:step=0:trial=2`` (see :mod:`executor.progress`); the part without ``trial=`` reaches the
-ranks of that trial only. Parts without ``trial=`` reach every trial.
+Fault injection for tests and drills: the runner's ``FOLDTUNE_FAULT`` may select trials by their Optuna
+number, ``kill:rank=1:step=0:trial=2`` (see :mod:`executor.progress`); a part with ``trial=`` reaches the
+ranks of those trials only, a part without it reaches every trial.
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from executor import launch_ray
+from executor.profile import profile_layout
+from executor.progress import FAULT_ENV
+from planner.search import TrialReport
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from executor import launch_ray
-from executor.profile import profile_layout
-
-FAULT_ENV = "FOLDTUNE_FAULT"
 
 
 class JobStopped(BaseException):  # noqa: N818 (a control-flow signal, like KeyboardInterrupt)
@@ -79,22 +78,20 @@ def is_cpu_cluster(cluster: ClusterSpec) -> bool:
 class TrialExecutor:
     """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
 
-    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`;
-    ``number_of(label)`` gives the Optuna number of the trial measuring a layout (for fault selection), or None.
+    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
-                 stop: threading.Event, number_of: Callable[[str], int | None]) -> None:
+                 stop: threading.Event) -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
-        self.stop, self.number_of = stop, number_of
+        self.stop = stop
 
-    def __call__(self, config: ParallelConfig, report: Callable[[int, float], bool]):
+    def __call__(self, config: ParallelConfig, report: TrialReport):
         label = config.label()
         if self.stop.is_set():
             raise JobStopped(f"stopped before trial {label} ran")
         cpu = is_cpu_cluster(self.cluster)
-        number = self.number_of(label)
-        faults = faults_for_trial(self.settings.faults, number) if number is not None else ""
+        faults = faults_for_trial(self.settings.faults, report.number)
         memory = self.settings.rank_memory_bytes or (self.cluster.hardware.gpu.hbm_bytes if cpu else None)
         pruned = threading.Event()
 

@@ -22,12 +22,11 @@ bits may differ between runs (the torch path is deterministic).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-import warnings
 
 import torch
+
+from executor.kernels.first_use import checked_once
 
 try:
     import triton
@@ -38,35 +37,6 @@ except ImportError:  # CPU-only installs
 
 def available(t: torch.Tensor) -> bool:
     return triton is not None and t.is_cuda and os.environ.get("FOLDTUNE_FUSED_PERMUTE", "1") != "0"
-
-
-def checked_once(cache: dict, key: tuple, check, what: str) -> bool:
-    """``check(*key)`` once per key (with grad on): True if it returns, False (with a warning saying why)
-    if it raises, so a kernel that fails to compile or disagrees with torch costs speed, never the run."""
-    if key not in cache:
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                device = next((k for k in key if isinstance(k, torch.device) or
-                               (isinstance(k, str) and k.startswith("cuda"))), None)
-                with torch.enable_grad(), (torch.cuda.device(torch.device(device)) if device is not None
-                                           else contextlib.nullcontext()):
-                    check(*key)
-            except Exception as exc:  # noqa: BLE001
-                failure.append(exc)
-
-        # The first call comes from inside a forward, possibly under activation checkpointing, whose
-        # saved-tensor hooks would count the check's tensors and then fail the recomputation; autograd's
-        # hooks and grad mode are thread-local, so the check runs on its own thread.
-        thread = threading.Thread(target=run, name=f"foldtune-check-{what}")
-        thread.start()
-        thread.join()
-        if failure:
-            exc = failure[0]
-            warnings.warn(f"{what} off for {key}: {type(exc).__name__}: {exc}", stacklevel=3)
-        cache[key] = not failure
-    return cache[key]
 
 
 _CHECKED: dict[tuple, bool] = {}

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from executor.kernels.triton_permute import checked_once
+from executor.kernels.first_use import checked_once
 
 try:
     import triton

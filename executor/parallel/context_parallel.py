@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.kernels.cp_flash import chunked_causal_attention, take_chunks
-from executor.kernels.triton_permute import checked_once
+from executor.kernels.first_use import checked_once
 from executor.parallel.collectives import all_gather
 from executor.parallel.groups import Group
 

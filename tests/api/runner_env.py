@@ -21,10 +21,10 @@ def session_ray() -> str:
     """Start (once per process) the local Ray every runner test shares; returns its GCS address."""
     import ray
 
-    from executor.launch_ray import ensure_ray
+    from executor.launch_ray import attach_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ensure_ray()
+    attach_ray()
     return ray.get_runtime_context().gcs_address
 
 

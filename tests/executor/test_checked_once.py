@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from executor.kernels.triton_permute import checked_once
+from executor.kernels.first_use import checked_once
 
 
 def _autograd_check(n: int, device: str) -> None:

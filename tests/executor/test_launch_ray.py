@@ -23,7 +23,7 @@ def ray_launch():
     from executor import launch_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    launch_ray.ensure_ray()
+    launch_ray.attach_ray()
     return launch_ray.launch
 
 

@@ -148,7 +148,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
 
 @inner_only
 def test_self_checks_pass_on_good_kernels_and_turn_a_failing_kernel_off():
-    from executor.kernels import triton_permute, triton_router
+    from executor.kernels import first_use, triton_permute, triton_router
 
     triton_router._check_against_torch(8, 2, False, 1.0, torch.float32, "cpu")
     triton_router._check_against_torch(20, 4, True, 2.5, torch.float32, "cpu")
@@ -160,8 +160,8 @@ def test_self_checks_pass_on_good_kernels_and_turn_a_failing_kernel_off():
 
     cache = {}
     with pytest.warns(UserWarning, match="does not compile"):
-        assert triton_permute.checked_once(cache, ("x",), broken, "a kernel") is False
-    assert triton_permute.checked_once(cache, ("x",), lambda *_: None, "a kernel") is False  # cached: once
+        assert first_use.checked_once(cache, ("x",), broken, "a kernel") is False
+    assert first_use.checked_once(cache, ("x",), lambda *_: None, "a kernel") is False  # cached: once
 
 
 @inner_only

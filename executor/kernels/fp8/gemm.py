@@ -21,7 +21,7 @@ first-use self-check fails; :func:`emulation_reason` and :func:`gemm_counts` say
 the router and attention's SDPA stay bf16.
 
 The self-check runs once per device and process through
-:func:`executor.kernels.triton_permute.checked_once` (on a thread of its own; a check that raises turns the
+:func:`executor.kernels.first_use.checked_once` (on a thread of its own; a check that raises turns the
 kernels off, with a warning): each kernel against the emulation, within bf16 rounding (2^-7 relative). It
 lives here, beside the gate that reads its verdict (``_CHECKED``), as the other kernels' checks do.
 """
@@ -44,7 +44,7 @@ from executor.kernels.fp8.quantize import (
 )
 from executor.kernels.fp8.weight_cache import quantized_weight
 from executor.kernels.torch_backend import TorchBackend, grouped_mm_works
-from executor.kernels.triton_permute import checked_once
+from executor.kernels.first_use import checked_once
 
 OUT = torch.bfloat16  # what the scaled GEMMs write
 

@@ -13,7 +13,7 @@ product and a rounding copy) are the reference, run on CPU, without Triton, with
 if the first-use check (Triton against torch, byte for byte) fails.
 
 The first-use checks run once per device and process through
-:func:`executor.kernels.triton_permute.checked_once` (on a thread of their own; a check that raises turns its
+:func:`executor.kernels.first_use.checked_once` (on a thread of their own; a check that raises turns its
 path off, with a warning): the two-pass and the one-kernel rowwise paths against the torch ops, scales
 exactly and e4m3 bytes one for one. A failed check costs speed, never the run: the quantisation stays on the
 torch ops (on two Triton passes where only the one-kernel path failed). ``_CHECKED`` holds the verdicts.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.kernels.triton_permute import checked_once
+from executor.kernels.first_use import checked_once
 
 try:
     import triton
