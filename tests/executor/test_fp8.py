@@ -242,16 +242,17 @@ def test_tiny_moe_training_steps_in_fp8_track_bf16():
 
 
 def test_bench_smoke_mode_runs_on_cpu(tmp_path):
-    """bench/fp8_check.py --device cpu --tiny: emulated GEMMs land in the e4m3 band, every speed variant runs."""
+    """python -m bench.fp8_check --device cpu --tiny: emulated GEMMs land in the e4m3 band, every speed variant
+    runs (from the repository root, as the bench drivers are run)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     out = tmp_path / "fp8.json"
-    bench = Path(__file__).resolve().parents[2] / "bench" / "fp8_check.py"
-    subprocess.run([sys.executable, str(bench), "--device", "cpu", "--tiny", "--parts", "agree,speed", "--iters", "1",
-                    "--out", str(out)], check=True, capture_output=True, timeout=120)
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "bench.fp8_check", "--device", "cpu", "--tiny", "--parts", "agree,speed",
+                    "--iters", "1", "--out", str(out)], check=True, capture_output=True, timeout=120, cwd=root)
     res = json.loads(out.read_text())
     assert res["agree"]["kernels"] is False
     for name in ("grouped_fwd", "grouped_dgrad", "grouped_wgrad", "linear_fwd", "linear_dgrad", "linear_wgrad"):
