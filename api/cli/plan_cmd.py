@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     parser.add_argument("--explain", metavar="LAYOUT",
-                        help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label)')
+                        help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label); exits 0 when it is valid and fits in memory, else 1')
     parser.add_argument("--megatron-args", action="store_true",
                         help="also print the best (or explained) layout as Megatron-LM arguments")
     parser.add_argument("--pareto", action="store_true",
@@ -191,7 +191,7 @@ def _explain(args, model, training, cluster) -> int:
         if args.megatron_args and verdict.estimate:
             out["megatron_args"] = _argv(verdict.config, model, training)
         print(json.dumps(out, indent=2))
-        return 0 if verdict.valid else 1
+        return _explain_exit_code(verdict)
     print("\n".join(_header_lines(header)[:3]))
     label = verdict.config.label() if verdict.config else args.explain
     if not verdict.valid:
@@ -207,7 +207,12 @@ def _explain(args, model, training, cluster) -> int:
     print("\n".join(_breakdown_lines(e)))
     if args.megatron_args:
         print("\nMegatron-LM arguments:\n" + format_megatron_args(e.config, model, training))
-    return 0 if e.fits else 1
+    return _explain_exit_code(verdict)
+
+
+def _explain_exit_code(verdict) -> int:
+    """0 when the layout is valid and fits in memory, else 1: the same answer with or without --json."""
+    return 0 if verdict.valid and verdict.estimate is not None and verdict.estimate.fits else 1
 
 
 def run(args: argparse.Namespace) -> int:

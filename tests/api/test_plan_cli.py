@@ -63,6 +63,20 @@ def test_explain_invalid_layouts_give_a_verdict_not_an_error(capsys):
     assert code == 1 and "[world_dense] tp·cp·pp = 3·1·1 = 3 does not divide the world size 8" in out
 
 
+def test_explain_exit_code_is_the_same_with_and_without_json(capsys):
+    """Valid but out of memory (Mixtral-8x22B replicated over TP8 on 128 H100s) exits 1 either way; a valid
+    layout that fits exits 0 either way."""
+    big = ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--seq", "4096", "--gbs", "256"]
+    code, out, _ = run(capsys, big + ["--explain", "tp8 pp1 ep1 mbs8"])
+    assert code == 1 and "does NOT fit in memory" in out
+    code, out, _ = run(capsys, big + ["--explain", "tp8 pp1 ep1 mbs8", "--json"])
+    verdict = json.loads(out)
+    assert code == 1 and verdict["valid"] and not verdict["estimate"]["fits"]
+    for extra in ([], ["--json"]):
+        code, _, _ = run(capsys, TINY + ["--explain", "tp2 ep4 mbs2"] + extra)
+        assert code == 0
+
+
 def test_pareto_lists_the_front(capsys):
     code, out, _ = run(capsys, TINY + ["--top", "2", "--pareto", "--mbs-max", "2"])
     assert code == 0 and "Pareto front (step time vs memory)" in out and "every fitting config timed" in out
