@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     parser.add_argument("--explain", metavar="LAYOUT",
-                        help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label); exits 0 when it is valid and fits in memory, else 1')
+                        help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label); '
+                             'exits 0 when it is valid and fits in memory, else 1')
     parser.add_argument("--megatron-args", action="store_true",
                         help="also print the best (or explained) layout as Megatron-LM arguments")
     parser.add_argument("--pareto", action="store_true",
