@@ -19,7 +19,6 @@ from db.models import Job, Trial, utcnow
 from spec.failure import FailureKind
 
 FINISHED_TRIAL_STATUSES = ("succeeded", "pruned", "failed")
-LOST = FailureKind.LOST.value  # failure_kind of a trial whose runner stopped mid-trial
 
 
 def start_trial(session: Session, job_id: int, number: int, config: dict[str, Any], *, runner_id: str,
@@ -114,9 +113,9 @@ def record_trial_finish(session: Session, job_id: int, number: int, status: str,
     if trial is None:
         return False
     if trial.status != "running":
-        if trial.failure_kind != LOST:
+        if trial.failure_kind != FailureKind.LOST.value:
             return False
-        session.execute(update(Trial).where(Trial.id == trial.id, Trial.failure_kind == LOST)
+        session.execute(update(Trial).where(Trial.id == trial.id, Trial.failure_kind == FailureKind.LOST.value)
                         .values(status="running", failure_kind=None, failure_reason=None, finished_at=None)
                         .execution_options(synchronize_session=False))
         session.commit()
@@ -128,7 +127,7 @@ def fail_running_trials(session: Session, job_id: int, reason: str) -> list[int]
     """Mark the job's still-running trials failed as lost (their runner stopped); returns their numbers."""
     numbers = list(session.scalars(select(Trial.number).where(Trial.job_id == job_id, Trial.status == "running")))
     session.execute(update(Trial).where(Trial.job_id == job_id, Trial.status == "running")
-                    .values(status="failed", failure_kind=LOST, failure_reason=reason, finished_at=utcnow())
+                    .values(status="failed", failure_kind=FailureKind.LOST.value, failure_reason=reason, finished_at=utcnow())
                     .execution_options(synchronize_session=False))
     session.commit()
     return numbers

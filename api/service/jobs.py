@@ -26,6 +26,7 @@ from db import jobs as db_jobs
 from db.hardware_profiles import stored_profile
 from db.jobs import job_by_idempotency_key, jobs_page, trial_status_counts, trials_by_id
 from db.models import Job, Owner
+from db.ownership import owned_row
 from db.trials import trials_page
 
 
@@ -119,8 +120,8 @@ def _same_request_or_conflict(existing: Job, new: Job) -> Job:
 
 def owned_job(session: Session, owner: Owner, job_id: int) -> Job:
     """The owner's job ``job_id``; another owner's job is reported exactly like a missing one (NotFound)."""
-    job = session.get(Job, job_id)
-    if job is None or job.owner_id != owner.id:
+    job = owned_row(session, Job, job_id, owner.id)
+    if job is None:
         raise not_found(f"job {job_id}")
     return job
 

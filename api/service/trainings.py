@@ -25,6 +25,7 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from db import trainings as db_trainings
 from db.models import Owner, Training, Trial
+from db.ownership import owned_row
 from db.trainings import latest_metrics, metrics_after, predicted_step_time, step_times, trainings_page
 from spec.validity import batch_rule, check_config
 
@@ -119,8 +120,8 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
 
 def owned_training(session: Session, owner: Owner, training_id: int) -> Training:
     """The owner's training; another owner's is reported exactly like a missing one (NotFound)."""
-    row = session.get(Training, training_id)
-    if row is None or row.owner_id != owner.id:
+    row = owned_row(session, Training, training_id, owner.id)
+    if row is None:
         raise not_found(f"training {training_id}")
     return row
 

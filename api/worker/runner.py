@@ -50,7 +50,7 @@ from db.models import Job, utcnow
 from db.optuna_storage import ensure_optuna_storage
 from db.queue import claim_job, claim_next_job, claim_training, finish_job, heartbeat_job, release_job, requeue_stale
 from db.settings import database_settings
-from db.trials import (LOST, fail_running_trials, heartbeat_running_trials, record_trial_finish, record_trial_start,
+from db.trials import (fail_running_trials, heartbeat_running_trials, record_trial_finish, record_trial_start,
                        trial_by_number)
 from executor import launch_ray
 from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_LAYOUT, ATTR_PRED_TIME, SearchBudget,
@@ -273,7 +273,7 @@ class Runner:
                 continue
             with self.sessions() as session:
                 row = trial_by_number(session, job.id, t.number)
-                if row is not None and (row.status != "running" and row.failure_kind != LOST):
+                if row is not None and (row.status != "running" and row.failure_kind != FailureKind.LOST.value):
                     continue
                 record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
                                    runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT], predicted=None,
