@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHER_KINDS, DISPATCHERS
 from spec.catalog import get_model
 from spec.errors import SpecError
 from spec.parallel_config import ParallelConfig
@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", type=int, default=1, help=f"{name} size (default: 1)")
     parser.add_argument("--dp", type=int, help="data-parallel size (default: the smallest that fits tp and ep·etp)")
     parser.add_argument("--mbs", type=int, default=1, help="micro-batch size (default: 1)")
-    parser.add_argument("--dispatcher", choices=DISPATCHERS, default=DISPATCHERS[0])
+    parser.add_argument("--dispatcher", choices=DISPATCHERS, default=DEFAULT_DISPATCHER,
+                        help="; ".join(f"{k.name}: {k.summary}" for k in DISPATCHER_KINDS)
+                        + f" (default: {DEFAULT_DISPATCHER})")
     parser.add_argument("--seq", type=int, default=128, help="sequence length in tokens (default: 128)")
     parser.add_argument("--gbs", type=int, help="global batch size in sequences (default: mbs·dp)")
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"), default=None,
