@@ -146,8 +146,6 @@ def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Reject
 def unsupported_features(model: ModelSpec) -> list[str]:
     """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
     unsupported = []
-    if model.multi_latent_attention:
-        unsupported.append("multi_latent_attention")
     if model.mtp_num_layers:
         unsupported.append("mtp_num_layers")
     if model.normalization != "rmsnorm":
