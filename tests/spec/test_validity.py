@@ -142,4 +142,6 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     assert executor_model_rule(dropout).rule == "executor_model" and "dropout" in executor_model_rule(dropout).reason
     mla = replace(TINY, num_query_groups=None, multi_latent_attention=True, q_lora_rank=24)
     assert executor_model_rule(mla) is None  # the executor builds multi-latent attention
+    up_proj = ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("mla_up_proj",))
+    assert [r.rule for r in executor_layout_rules(mla, up_proj, seq_length=64)] == ["executor_recompute"]
     assert v.executor(ParallelConfig(world_size=8)) == []
