@@ -170,7 +170,7 @@ def dispatch_check(args, dtype) -> str:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = cpm.cp_attention(q, k, v, cpm.causal_mask(s, cp, 0, args.device), cp, 0)
-    flash = cpm._flash_supported(q) and bool(cpm._CHECKED) and all(cpm._CHECKED.values())
+    flash = cpm._flash_supported(q, v) and bool(cpm._CHECKED) and all(cpm._CHECKED.values())
     agrees = rel_err(out, cpm.flash_attention(q, k, v, cp, 0))
     return (("flash path" if flash else "masked path") + f" (vs flash_attention {agrees:.1e})"
             + "".join(f"; warning: {w.message}" for w in caught))

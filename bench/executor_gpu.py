@@ -248,7 +248,7 @@ def part_stack(layers: int, seq: int = 4096) -> dict:
     kernels = get_backend("torch")
     stack = torch.nn.ModuleList(DecoderLayer(spec, opts, state, i, True, kernels, DEV, BF16, NULL_TIMER)
                                 for i in range(layers))
-    rope = rope_tables(seq, spec.head_dim, opts.rotary_base, DEV)
+    rope = rope_tables(seq, spec.rotary_head_dim, opts.rotary_base, DEV)
     x = torch.randn(seq, 1, spec.hidden_size, device=DEV, dtype=BF16, requires_grad=True)
     gy = torch.randn_like(x)
 

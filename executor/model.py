@@ -18,6 +18,7 @@ from spec.pipeline_layout import layer_chunks
 from executor import recompute
 from executor.attention import Attention, rope_tables
 from executor.kernels import get_backend
+from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions, check_model_supported
@@ -46,7 +47,8 @@ class DecoderLayer(torch.nn.Module):
                  kernels, device, dtype, timer: PhaseTimer):
         super().__init__()
         self.kernels, self.options, self.timer = kernels, options, timer
-        self.attention = Attention(spec, options, state, layer, kernels, device, dtype, timer)
+        attention = MLASelfAttention if spec.multi_latent_attention else Attention
+        self.attention = attention(spec, options, state, layer, kernels, device, dtype, timer)
         info = ShardInfo(f"layers.{layer}.mlp_norm.weight", (spec.hidden_size,), tp_partial=True)
         self.mlp_norm = make_param(info, state, "ones", 0.0, options.seed, device, dtype)
         if moe:
@@ -124,7 +126,7 @@ class MoEGPT(torch.nn.Module):
             self.final_norm = make_param(info, state, "ones", 0.0, options.seed, device, dtype)
             # tied output weights reuse the embedding: only without a pipeline (check_layout says so)
             self.lm_head = vocab_param("lm_head.weight") if spec.untie_embeddings_and_output_weights else None
-        cos, sin = rope_tables(self.seq_length, spec.head_dim, options.rotary_base, device)
+        cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
         cp = state["cp"]
         self.cp_positions = None
         if cp.size > 1:  # this rank's load-balanced share of the sequence and its causal mask

@@ -127,8 +127,16 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        """Per-head dimension of Q/K/V for MHA/GQA."""
+        """Per-head dimension of Q/K/V for MHA/GQA; of Q and K under MLA (qk_head_dim + qk_pos_emb_head_dim,
+        Megatron's q_head_dim, which also sets the softmax scale; V has v_head_dim)."""
+        if self.multi_latent_attention:
+            return self.qk_head_dim + self.qk_pos_emb_head_dim
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_head_dim(self) -> int:
+        """Per-head dimension RoPE rotates: the decoupled qk_pos_emb_head_dim under MLA, else head_dim."""
+        return self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
 
     @property
     def num_kv_heads(self) -> int:

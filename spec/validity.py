@@ -76,7 +76,7 @@ RULES: dict[str, str] = {
 
 # rule id -> what executor/ can run: a subset of Megatron's layouts (the reasons name the executor's limits)
 EXECUTOR_RULES: dict[str, str] = {
-    "executor_model": "RMSNorm, RoPE, SwiGLU, no biases, no qk_layernorm, no dropout, no MLA, no MTP",
+    "executor_model": "RMSNorm, RoPE, SwiGLU, no biases, no qk_layernorm, no dropout, no MTP",
     "executor_sp": "tp > 1 needs sequence parallelism",
     "executor_seq_cp": "seq_length % (2·cp) == 0",
     "executor_layers_pp": "num_layers >= pp·vpp",
@@ -86,6 +86,7 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size % etp == 0; ep, etp > 1 need a MoE model",
+    "executor_recompute": "selective recompute of mla_up_proj is not built",
 }
 
 
@@ -146,8 +147,6 @@ def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Reject
 def unsupported_features(model: ModelSpec) -> list[str]:
     """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
     unsupported = []
-    if model.multi_latent_attention:
-        unsupported.append("multi_latent_attention")
     if model.mtp_num_layers:
         unsupported.append("mtp_num_layers")
     if model.normalization != "rmsnorm":
@@ -203,6 +202,10 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          f"divisible by tp ({c.tp})")
     rule("executor_seq_tp_cp", seq_length % (c.tp * c.cp) != 0,
          f"seq_length ({seq_length}) must be divisible by tp·cp ({c.tp}·{c.cp})")
+    # a run that ignored it would be measured as a different layout than its label says
+    rule("executor_recompute", c.recompute_granularity == "selective" and "mla_up_proj" in c.recompute_modules,
+         "selective recompute of mla_up_proj is not built (core_attn, layernorm, moe_act, mlp, moe and "
+         "shared_experts are)")
     ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
     if m.is_moe:
         rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")

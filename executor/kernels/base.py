@@ -17,7 +17,8 @@ class KernelBackend(Protocol):
         """x · wᵀ over the last dim ([..., K] → [..., N], no bias): attention's Q/K/V/O and the dense MLPs."""
 
     def attention(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
-        """Causal attention with grouped K/V heads (H % K == 0); returns [B, H, S, D]."""
+        """Causal attention with grouped K/V heads (H % K == 0), softmax scale 1/sqrt(D); V may have its own
+        head dim D_v (multi-latent attention); returns [B, H, S, D_v]."""
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dim, computed in fp32, returned in ``x``'s dtype."""

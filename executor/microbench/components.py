@@ -60,7 +60,7 @@ def _blocks(spec: ModelSpec, seq_length: int, mbs: int, device: torch.device, dt
     kernels = get_backend(options.kernel_backend)
     h = spec.hidden_size
     pattern = spec.moe_layer_pattern()
-    cos, sin = rope_tables(seq_length, spec.head_dim, options.rotary_base, device)
+    cos, sin = rope_tables(seq_length, spec.rotary_head_dim, options.rotary_base, device)
     gen = torch.Generator(device="cpu").manual_seed(options.seed)
 
     def activations():  # [s, b, h] like a layer's input, and an output gradient of the same scale

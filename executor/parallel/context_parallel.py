@@ -13,7 +13,8 @@ of the [s/cp, s] score matrix that the masked SDPA computes. It is not always fa
 issue time, not the GPU, sets the pace and the masked path can win (docs/benchmarks.md, "CP attention"). A
 first-use check per
 (dtype, head_dim, device) compares it with the masked path on small random GQA tensors, forward and
-backward; if it fails, or on CPU, the masked path runs. FOLDTUNE_CP_FLASH=0 turns the flash path off.
+backward; if it fails, on CPU, or when V's head dim differs from Q's (multi-latent attention), the masked
+path runs. FOLDTUNE_CP_FLASH=0 turns the flash path off.
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ def causal_mask(seq_length: int, cp: int, rank: int, device: torch.device | str 
     return keys.unsqueeze(0) <= cp_positions(seq_length, cp, rank, device).unsqueeze(1)
 
 
-def _flash_supported(q_BHSD: torch.Tensor) -> bool:
+def _flash_supported(q_BHSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
     d = q_BHSD.shape[-1]
+    # the flash kernel needs V as wide as Q and K: multi-latent attention (v_head_dim) takes the masked path
     return (q_BHSD.is_cuda and q_BHSD.dtype in (torch.bfloat16, torch.float16) and d % 8 == 0 and d <= 256
-            and os.environ.get("FOLDTUNE_CP_FLASH", "1") != "0")
+            and v_BKSD.shape[-1] == d and os.environ.get("FOLDTUNE_CP_FLASH", "1") != "0")
 
 
 def check_flash(dtype: torch.dtype, head_dim: int, device: str) -> None:
@@ -132,8 +134,9 @@ _CHECKED: dict[tuple, bool] = {}
 def cp_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, mask_QK: torch.Tensor,
                  cp: int, rank: int) -> torch.Tensor:
     """Causal GQA attention of this CP rank's queries [b, heads, s/cp, d] against the gathered K/V
-    [b, kv_heads, s, d]: the flash path where it is supported and checked, else the masked SDPA."""
-    if _flash_supported(q_BHSD) and checked_once(
+    [b, kv_heads, s, d] (V may be d_v wide: [b, heads, s/cp, d_v] out): the flash path where it is supported
+    and checked, else the masked SDPA."""
+    if _flash_supported(q_BHSD, v_BKSD) and checked_once(
             _CHECKED, (q_BHSD.dtype, q_BHSD.shape[-1], str(q_BHSD.device)), check_flash, "CP flash attention"):
         return flash_attention(q_BHSD, k_BKSD, v_BKSD, cp, rank)
     return masked_attention(q_BHSD, k_BKSD, v_BKSD, mask_QK)

@@ -113,7 +113,7 @@ def _force_flash(monkeypatch) -> list[int]:
         calls[0] += 1
         return real(*args)
 
-    monkeypatch.setattr(cpm, "_flash_supported", lambda q: True)
+    monkeypatch.setattr(cpm, "_flash_supported", lambda q, v: True)
     monkeypatch.setattr(cpm, "_CHECKED", {})
     monkeypatch.setattr(cpm, "flash_attention", counted)
     return calls

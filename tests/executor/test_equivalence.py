@@ -26,6 +26,12 @@ SHARED = get_model("tiny-moe-shared")  # shared experts, first layer dense
 PRE_SOFTMAX = dataclasses.replace(TINY, name="tiny-moe-presoftmax", moe_router_pre_softmax=True)
 SIGMOID = dataclasses.replace(TINY, name="tiny-moe-sigmoid", moe_router_score_function="sigmoid",
                               moe_router_num_groups=4, moe_router_group_topk=2, moe_router_topk_scaling_factor=2.5)
+# DeepSeek-V3 in miniature: multi-latent attention (value head dim unlike the query/key one), shared experts,
+# first layer dense, sigmoid group-limited routing; the _q_proj variant has no query LoRA (DeepSeek-V2-Lite)
+MLA = dataclasses.replace(SIGMOID, name="tiny-mla", num_layers=4, num_query_groups=None, moe_first_k_dense=1,
+                          moe_shared_expert_intermediate_size=48, multi_latent_attention=True, q_lora_rank=24,
+                          kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12)
+MLA_Q_PROJ = dataclasses.replace(MLA, name="tiny-mla-q-proj", q_lora_rank=None)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -45,35 +51,43 @@ SCENARIOS = {
     "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
+    "mla": Scenario("mla", MLA, dataclasses.replace(LOSSES, moe_router_enable_expert_bias=True,
+                                                    moe_router_bias_update_rate=1e-2), adam_eps=1e-5),
+    "mla_q_proj": Scenario("mla_q_proj", MLA_Q_PROJ, LOSSES, adam_eps=1e-5),
 }
 
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
-    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
+    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
+                ("allgather", "mla_q_proj")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
-                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
-    ("pp2 vpp2", 2, [("alltoall", "shared")]),
+    ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla")]),
     ("pp4", 4, [("alltoall", "deep")]),
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
     ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
-                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
+                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
+                ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
-    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep")]),
+    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
     ("tp2 ep2 etp1", 2, [("alltoall", "shared", {"recompute_granularity": "selective",
                                                  "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
                          ("alltoall", "shared", {"recompute_granularity": "full"}),
                          ("allgather", "sigmoid_bias", {"recompute_granularity": "full", "recompute_num_layers": 1}),
                          ("alltoall", "shared", {"recompute_granularity": "selective",
-                                                 "recompute_modules": ("mlp", "moe", "shared_experts")})]),
+                                                 "recompute_modules": ("mlp", "moe", "shared_experts")}),
+                         ("alltoall", "mla", {"recompute_granularity": "selective",
+                                              "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
+                         ("allgather", "mla_q_proj", {"recompute_granularity": "full"})]),
     ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("allgather", "capacity_probs")]),
     ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
                      ("alltoall", "capacity_position")]),

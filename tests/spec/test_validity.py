@@ -138,6 +138,10 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     found = executor_layout_rules(TINY, ParallelConfig(world_size=16, ep=8, pp=2, vpp=2), seq_length=64)
     assert {r.rule for r in found} <= set(EXECUTOR_RULES) and found
     assert any("num_layers (2) must be at least pp·vpp (2·2)" == r.reason for r in found)
-    mla = get_model("deepseek-v3")
-    assert executor_model_rule(mla).rule == "executor_model" and "multi_latent_attention" in executor_model_rule(mla).reason
+    dropout = replace(TINY, hidden_dropout=0.1)
+    assert executor_model_rule(dropout).rule == "executor_model" and "dropout" in executor_model_rule(dropout).reason
+    mla = replace(TINY, num_query_groups=None, multi_latent_attention=True, q_lora_rank=24)
+    assert executor_model_rule(mla) is None  # the executor builds multi-latent attention
+    up_proj = ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("mla_up_proj",))
+    assert [r.rule for r in executor_layout_rules(mla, up_proj, seq_length=64)] == ["executor_recompute"]
     assert v.executor(ParallelConfig(world_size=8)) == []
