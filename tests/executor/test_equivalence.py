@@ -26,6 +26,14 @@ SHARED = get_model("tiny-moe-shared")  # shared experts, first layer dense
 PRE_SOFTMAX = dataclasses.replace(TINY, name="tiny-moe-presoftmax", moe_router_pre_softmax=True)
 SIGMOID = dataclasses.replace(TINY, name="tiny-moe-sigmoid", moe_router_score_function="sigmoid",
                               moe_router_num_groups=4, moe_router_group_topk=2, moe_router_topk_scaling_factor=2.5)
+# Qwen2: Q/K/V biases; Qwen3 / OLMoE: per-head RMSNorm of Q and K
+QWEN2 = dataclasses.replace(SHARED, name="tiny-qwen2", add_qkv_bias=True)
+QWEN3 = dataclasses.replace(TINY, name="tiny-qwen3", qk_layernorm=True)
+# GPT-OSS: every linear biased (experts and router too), learned sinks, a 4-token window on layers 1 and 3
+# (1-based) of 16 tokens, clamped quick-GeGLU; the clamp is lowered to 0.1 so that tiny weights reach it
+GPTOSS = dataclasses.replace(SHARED, name="tiny-gptoss", add_bias_linear=True, add_qkv_bias=True, swiglu=False,
+                             quick_geglu=True, activation_func_clamp_value=0.1, glu_linear_offset=1.0,
+                             softmax_type="learnable", window_size=(4, 0), window_attn_skip_freq=2)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -43,13 +51,17 @@ SCENARIOS = {
     "base8": Scenario("base8", TINY, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "shared8": Scenario("shared8", SHARED, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
+    "qwen2": Scenario("qwen2", QWEN2, LOSSES, adam_eps=1e-5),
+    "qwen3": Scenario("qwen3", QWEN3, LOSSES, adam_eps=1e-5),
+    "gptoss": Scenario("gptoss", GPTOSS, LOSSES, adam_eps=1e-5),
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
 }
 
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
-    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
+    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "gptoss"), ("alltoall", "qwen2"),
+                ("allgather", "qwen3")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
