@@ -65,18 +65,20 @@ LAYOUTS = [
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "gptoss")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False})]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
-    ("pp2 vpp2", 2, [("alltoall", "shared")]),
+    ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "gptoss")]),
     ("pp4", 4, [("alltoall", "deep")]),
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
     ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
-                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
+                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
+                ("alltoall", "gptoss", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
+                ("allgather", "qwen3")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
@@ -85,10 +87,14 @@ LAYOUTS = [
                          ("alltoall", "shared", {"recompute_granularity": "full"}),
                          ("allgather", "sigmoid_bias", {"recompute_granularity": "full", "recompute_num_layers": 1}),
                          ("alltoall", "shared", {"recompute_granularity": "selective",
-                                                 "recompute_modules": ("mlp", "moe", "shared_experts")})]),
+                                                 "recompute_modules": ("mlp", "moe", "shared_experts")}),
+                         ("alltoall", "gptoss", {"recompute_granularity": "selective",
+                                                 "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
+                         ("allgather", "gptoss", {"recompute_granularity": "full"})]),
     ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("allgather", "capacity_probs")]),
     ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
-                     ("alltoall", "capacity_position")]),
+                     ("alltoall", "capacity_position"), ("alltoall", "gptoss"), ("allgather", "gptoss"),
+                     ("alltoall", "qwen2")]),
     ("tp2 ep4 etp1", 8, [("alltoall", "base"), ("allgather", "shared"), ("alltoall", "capacity_probs")]),
     # layouts that need more than 4 ranks (run on 8 GPUs by bench/nccl_equivalence.py)
     ("ep8", 8, [("alltoall", "base8"), ("allgather", "shared8")]),
