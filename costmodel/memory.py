@@ -193,7 +193,7 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
 def _mlp_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
     b, h, t = training.activation_bytes, model.hidden_size, s.tp
     dsp = t if s.sp else 1
-    ffn, gate = model.ffn_hidden_size, (2 if model.swiglu else 1)
+    ffn, gate = model.ffn_hidden_size, (2 if model.gated_linear_unit else 1)
     out: list[_Tensor] = [("act.mlp.norm_input", h * b / dsp, _NONE),
                           ("act.mlp.fc1_input", h * b / dsp, _drops("layernorm")),
                           ("act.mlp.fc1_output", gate * ffn * b / t, _drops("mlp")),
@@ -221,7 +221,7 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
     b, h, t = training.activation_bytes, model.hidden_size, s.tp
     dsp = t if s.sp else 1
     experts = model.num_experts or 0
-    fe, gate = model.expert_ffn_hidden_size / s.etp, (2 if model.swiglu else 1)
+    fe, gate = model.expert_ffn_hidden_size / s.etp, (2 if model.gated_linear_unit else 1)
     te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
     moe = _drops("moe")
     out: list[_Tensor] = [
@@ -263,7 +263,7 @@ def _gradient_peak(model: ModelSpec, training: TrainingSpec, s: _Shape, is_moe: 
     with flash attention, or two s×s gradients (probabilities and scores) without it.
     """
     b, h, t = training.activation_bytes, model.hidden_size, s.tp
-    gate = 2 if model.swiglu else 1
+    gate = 2 if model.gated_linear_unit else 1
 
     def chain(tokens: float, ffn: float) -> float:
         return max(tokens * (h + gate * ffn), tokens * (gate + 1) * ffn, tokens * (ffn + h)) * b

@@ -134,7 +134,7 @@ def attention_params(model: ModelSpec, tp: int) -> ParamCounts:
 def _mlp(model: ModelSpec, ffn: int, split: int) -> tuple[int, int]:
     """(split weights + column bias, whole fc2 bias) of one MLP whose FFN dim is split ``split`` ways."""
     h = model.hidden_size
-    up = (2 if model.swiglu else 1) * ffn
+    up = (2 if model.gated_linear_unit else 1) * ffn
     weights = h * up // split + ffn * h // split
     if model.add_bias_linear:
         return weights + up // split, h

@@ -362,7 +362,7 @@ class _Shape:
 
     def dense_mlp(self, block: _Block) -> None:
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
-        h, ffn, gate = m.hidden_size, m.ffn_hidden_size, 2 if m.swiglu else 1
+        h, ffn, gate = m.hidden_size, m.ffn_hidden_size, 2 if m.gated_linear_unit else 1
         self.norm(block, h)
         self.tp_block_comm(block, t * h * ab, t * h * ab, "mlp")
         self.linear(block, t, gate * ffn / tp, h, "mlp")
@@ -378,7 +378,7 @@ class _Shape:
     def moe_dense(self, block: _Block) -> None:
         """The TP-side parts of an MoE block: pre-MLP norm, shared experts, residual add."""
         m, ab = self.model, self.act_bytes
-        h, gate = m.hidden_size, 2 if m.swiglu else 1
+        h, gate = m.hidden_size, 2 if m.gated_linear_unit else 1
         self.norm(block, h)
         shared = m.shared_expert_ffn_hidden_size
         if shared:
@@ -397,7 +397,7 @@ class _Shape:
         """
         m, ab = self.model, self.act_bytes
         h, experts, topk = m.hidden_size, m.num_experts or 1, m.moe_router_topk
-        gate = 2 if m.swiglu else 1
+        gate = 2 if m.gated_linear_unit else 1
         ffn = m.expert_ffn_hidden_size
         local = self.moe_tokens
         # router: a small bf16 GEMM over the local tokens, then fp32 scores, top-k and the aux loss

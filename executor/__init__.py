@@ -1,8 +1,9 @@
 """foldtune executor: the real MoE training step under a folded layout, on torch alone.
 
 Layout of the package (one concept per module):
-- ``model`` (MoEGPT, DecoderLayer), ``attention``, ``mlp`` (dense / shared-expert SwiGLU), ``moe`` (MoELayer,
-  GroupedExperts), ``router`` (top-k rules, aux/z losses, expert bias, capacity), ``dispatcher`` (alltoall and
+- ``model`` (MoEGPT, DecoderLayer), ``attention``, ``attention_core`` (sliding windows and attention sinks on
+  a mask), ``mlp`` (dense / shared-expert gated MLP), ``activation`` (SwiGLU or GPT-OSS's clamped quick-GeGLU),
+  ``moe`` (MoELayer, GroupedExperts), ``router`` (top-k rules, aux/z losses, expert bias, capacity), ``dispatcher`` (alltoall and
   allgather token dispatchers, loop-free permutation).
 - ``parallel``: ``groups`` (ParallelState built from spec.rank_groups.FoldedGroups), ``collectives``
   (autograd collectives), ``tensor_parallel`` (SP enter/leave, layout checks), ``vocab`` (vocab-parallel

@@ -1,7 +1,10 @@
 """Self-attention block: RMSNorm → column-parallel Q/K/V → RoPE → causal GQA SDPA → row-parallel output.
 
 TP splits query and key/value heads (heads/tp and kv_heads/tp per rank); under SP the block takes and
-returns this rank's sequence slice [s/tp, b, h].
+returns this rank's sequence slice [s/tp, b, h]. Q/K/V biases (``add_qkv_bias`` or ``add_bias_linear``) and
+learned sinks split with their heads; the output bias (``add_bias_linear``) is replicated and added once,
+after the reduce-scatter, to this rank's sequence slice, so its gradient is a TP-partial sum. Layers with a
+sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import torch
 
 from spec.model_spec import ModelSpec
 from executor import recompute
+from executor.attention_core import special_attention
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
 from executor.parallel.context_parallel import cp_attention, gather_kv
@@ -42,7 +46,10 @@ class Attention(torch.nn.Module):
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
         self.cp = state["cp"]
-        self.cp_mask = None  # [s/cp, s] causal mask in global positions, set by the model under CP
+        self.window = spec.attention_window(layer)
+        self.plain = self.window is None and spec.softmax_type == "vanilla"  # the causal kernels take it
+        # [s/cp, s] mask (True = attend) in global positions, set by the model under CP or when not plain
+        self.mask = None
         self.heads = spec.num_attention_heads // state.tp.size
         self.kv_heads = spec.num_kv_heads // state.tp.size
         p = f"layers.{layer}.attention."
@@ -56,6 +63,17 @@ class Attention(torch.nn.Module):
         self.wk = param("wk.weight", (spec.num_kv_heads * d, h), tp_dim=0)
         self.wv = param("wv.weight", (spec.num_kv_heads * d, h), tp_dim=0)
         self.wo = param("wo.weight", (h, spec.num_attention_heads * d), tp_dim=1)
+        self.bq = self.bk = self.bv = self.bo = self.sinks = None
+        if spec.add_qkv_bias or spec.add_bias_linear:
+            self.bq = param("wq.bias", (spec.num_attention_heads * d,), "zeros", tp_dim=0)
+            self.bk = param("wk.bias", (spec.num_kv_heads * d,), "zeros", tp_dim=0)
+            self.bv = param("wv.bias", (spec.num_kv_heads * d,), "zeros", tp_dim=0)
+        if spec.add_bias_linear:
+            self.bo = param("wo.bias", (h,), "zeros", tp_partial=True)
+        if spec.softmax_type == "learnable":
+            self.sinks = param("sinks", (spec.num_attention_heads,), "zeros", tp_dim=0)
+        elif spec.softmax_type == "off-by-one":
+            self.register_buffer("sinks", torch.zeros(self.heads, device=device, dtype=dtype), persistent=False)
         if spec.qk_layernorm:
             self.q_norm = param("q_norm.weight", (d,), "ones", tp_partial=True)
             self.k_norm = param("k_norm.weight", (d,), "ones", tp_partial=True)
@@ -69,9 +87,9 @@ class Attention(torch.nn.Module):
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
         s, b, _ = x.shape
-        q = self.kernels.linear(x, self.wq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
-        k = self.kernels.linear(x, self.wk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        v = self.kernels.linear(x, self.wv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        q = self._project(x, self.wq, self.bq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
+        k = self._project(x, self.wk, self.bk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        v = self._project(x, self.wv, self.bv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
         if self.spec.qk_layernorm:
             q = self.kernels.rms_norm(q, self.q_norm, eps)
             k = self.kernels.rms_norm(k, self.k_norm, eps)
@@ -81,11 +99,20 @@ class Attention(torch.nn.Module):
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.cp_mask, self.cp.size, self.cp.rank)
+        if not self.plain:  # a window or sinks: the masked path (the CP flash kernel takes neither)
+            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks)
+        elif self.cp.size > 1:
+            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
         else:
             o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = self.kernels.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
         o = leave_tp(o, self.state)
+        if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
+            o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = self.kernels.linear(x, w)
+        return y if bias is None else y + bias

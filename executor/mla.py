@@ -61,7 +61,9 @@ class MLASelfAttention(torch.nn.Module):
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
         self.cp = state["cp"]
-        self.cp_mask = None  # [s/cp, s] causal mask in global positions, set by the model under CP
+        # plain causal attention (the executor rule rejects MLA with windows or sinks); under CP the model sets
+        # ``mask`` [s/cp, s], the causal mask in global positions
+        self.window, self.plain, self.mask = None, True, None
         self.heads = n // state.tp.size
         p = f"layers.{layer}.attention."
 
@@ -126,7 +128,7 @@ class MLASelfAttention(torch.nn.Module):
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.cp_mask, self.cp.size, self.cp.rank)
+            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
         else:
             o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, v_head_dim]
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.spec.v_head_dim)

@@ -17,13 +17,15 @@ from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
 from executor import recompute
 from executor.attention import Attention, rope_tables
+from executor.activation import mlp_activation
+from executor.attention_core import attention_mask
 from executor.kernels import get_backend
 from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
-from executor.parallel.context_parallel import causal_mask, cp_positions
+from executor.parallel.context_parallel import all_positions, cp_positions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
@@ -55,7 +57,7 @@ class DecoderLayer(torch.nn.Module):
             self.mlp = MoELayer(spec, options, state, layer, kernels, device, dtype, timer)
         else:
             self.mlp = SwiGLUMLP(f"layers.{layer}.mlp.", spec.hidden_size, spec.ffn_hidden_size, options, state,
-                                 device, dtype, timer)
+                                 device, dtype, timer, bias=spec.add_bias_linear, act=mlp_activation(spec))
         self.is_moe = moe
         config = state.config
         self.recompute_norm = recompute.selective(config, "layernorm")
@@ -129,12 +131,18 @@ class MoEGPT(torch.nn.Module):
         cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
         cp = state["cp"]
         self.cp_positions = None
-        if cp.size > 1:  # this rank's load-balanced share of the sequence and its causal mask
-            self.cp_positions = cp_positions(self.seq_length, cp.size, cp.rank, device)
-            mask = causal_mask(self.seq_length, cp.size, cp.rank, device)
-            for layer in self.layers:
-                layer.attention.cp_mask = mask
+        keys = queries = torch.arange(self.seq_length, device=device)
+        if cp.size > 1:  # this rank's load-balanced share of the sequence, against every rank's keys
+            self.cp_positions = queries = cp_positions(self.seq_length, cp.size, cp.rank, device)
+            keys = all_positions(self.seq_length, cp.size, device)
             cos, sin = cos[self.cp_positions], sin[self.cp_positions]
+        masks = {}  # one mask per window size, shared by the layers that use it
+        for layer in self.layers:
+            attention = layer.attention
+            if cp.size > 1 or not attention.plain:
+                if attention.window not in masks:
+                    masks[attention.window] = attention_mask(queries, keys, attention.window)
+                attention.mask = masks[attention.window]
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -1,5 +1,11 @@
 """MoE layer: router → dispatcher → grouped SwiGLU experts → combine, plus optional shared experts.
 
+With ``add_bias_linear`` each expert has biases like its weights: ``b13`` [E_local, 2, F/etp] (ETP cuts the
+FFN dimension with the weights) and ``b2`` [E_local, H/etp]: ETP cuts the down bias along H, so each ETP rank
+adds its own columns to its partial product and the ETP sum carries every column exactly once. A model
+whose activation is not plain SwiGLU (GPT-OSS's clamped quick-GeGLU) runs it with torch ops, not the fused
+kernel.
+
 Expert weights are stored per local expert in nn.Linear's [out, in] order: the gate and up projections
 together as ``w13`` [E_local, 2, F/etp, H] (one grouped GEMM of width 2·F/etp, as Megatron's GroupedMLP
 with gated_linear_unit), ``w2`` as [E_local, H, F/etp]. ETP splits the expert FFN dimension, EP the expert
@@ -9,9 +15,11 @@ dimension. The layer takes and returns this rank's token slice.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from spec.model_spec import ModelSpec
 from executor import recompute
+from executor.activation import fused_rows_activation, is_plain_swiglu, mlp_activation
 from executor.dispatcher import make_dispatcher
 from executor.kernels import triton_swiglu as fused_act
 from executor.kernels.base import KernelBackend
@@ -46,6 +54,7 @@ class GroupedExperts(torch.nn.Module):
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype):
         super().__init__()
         self.kernels = kernels
+        self._etp_rank = state.etp.rank
         self.recompute_act = recompute.selective(state.config, "moe_act")
         e, h, f = spec.num_experts, spec.hidden_size, spec.expert_ffn_hidden_size
         p = f"layers.{layer}.experts."
@@ -63,13 +72,32 @@ class GroupedExperts(torch.nn.Module):
         self.w13 = torch.nn.Parameter(torch.stack([gate.detach(), up.detach()], 1))  # [:, 0] gate, [:, 1] up
         self.w13.shard_info = ShardInfo(p + "w13", (e, 2, f, h), etp_dim=2, ep_dim=0, expert=True)
         self.w2 = param("w2", (e, h, f), 2)
+        self.act = expert_swiglu if is_plain_swiglu(spec) else fused_rows_activation(spec)
+        self.b13 = self.b2 = None
+        if spec.add_bias_linear:
+            def bias(name, shape, etp_dim):
+                info = ShardInfo(p + name, shape, etp_dim=etp_dim, ep_dim=0, expert=True)
+                return make_param(info, state, "zeros", 0.0, options.seed, device, dtype)
+            self.b13 = bias("b13", (e, 2, f), 2)
+            self.b2 = bias("b2", (e, h), 1)
 
     def forward(self, x_MH: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         gmm = self.kernels.grouped_mm
         gate_up = gmm(x_MH, self.w13.flatten(1, 2), offs)  # [rows, 2·f/etp]: gate | up
-        act = recompute.run(self.recompute_act, expert_swiglu, gate_up)
-        return gmm(act, self.w2, offs)
+        expert_of_row = None
+        if self.b13 is not None:
+            expert_of_row = torch.repeat_interleave(
+                torch.arange(tokens_per_expert.numel(), device=x_MH.device), tokens_per_expert,
+                output_size=x_MH.shape[0])
+            gate_up = gate_up + self.b13.flatten(1, 2).index_select(0, expert_of_row)
+        act = recompute.run(self.recompute_act, self.act, gate_up)
+        y = gmm(act, self.w2, offs)
+        if self.b2 is not None:  # this ETP rank's columns of the bias; the ETP sum adds each once
+            start = self._etp_rank * self.b2.shape[1]
+            bias = self.b2.index_select(0, expert_of_row)
+            y = y + F.pad(bias, (start, y.shape[1] - start - bias.shape[1]))
+        return y
 
 
 class MoELayer(torch.nn.Module):
@@ -85,7 +113,7 @@ class MoELayer(torch.nn.Module):
         if spec.shared_expert_ffn_hidden_size:
             self.shared = SwiGLUMLP(f"layers.{layer}.shared_experts.", spec.hidden_size,
                                     spec.shared_expert_ffn_hidden_size, options, state, device, dtype, timer,
-                                    phase="shared_experts")
+                                    phase="shared_experts", bias=spec.add_bias_linear, act=mlp_activation(spec))
         self.last_tokens_per_expert: torch.Tensor | None = None
         self.recompute_shared = recompute.selective(state.config, "shared_experts")
 

@@ -72,7 +72,8 @@ def _capacity_keep(experts_TK: torch.Tensor, probs_TK: torch.Tensor, num_experts
 
 
 class Router(torch.nn.Module):
-    """Linear gate [num_experts, hidden] (replicated, gradient summed over TP) and the top-k rule."""
+    """Linear gate [num_experts, hidden] (and bias [num_experts] with add_bias_linear; replicated, gradients
+    summed over TP) and the top-k rule."""
 
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
                  device: torch.device, dtype: torch.dtype):
@@ -82,6 +83,10 @@ class Router(torch.nn.Module):
         self.topk = spec.moe_router_topk
         info = ShardInfo(f"layers.{layer}.router.weight", (spec.num_experts, spec.hidden_size), tp_partial=True)
         self.weight = make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
+        self.bias = None
+        if spec.add_bias_linear:  # Megatron's router takes add_bias_linear too (GPT-OSS's router has a bias)
+            info = ShardInfo(f"layers.{layer}.router.bias", (spec.num_experts,), tp_partial=True)
+            self.bias = make_param(info, state, "zeros", 0.0, options.seed, device, dtype)
         if options.moe_expert_capacity_factor is not None and state["cp"].size > 1:
             raise InvalidConfigError(f"capacity factor {options.moe_expert_capacity_factor} with cp="
                                      f"{state['cp'].size}: token dropping under context parallelism is not built")
@@ -137,7 +142,7 @@ class Router(torch.nn.Module):
         n = x_NH.shape[0]
         cp = self.state["cp"]
         total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
-        logits = F.linear(x_NH, self.weight)
+        logits = F.linear(x_NH, self.weight, self.bias)
         fused = self._fusable(logits)
         # fp32 logits for the losses and the torch top-k; the fused kernel reads the raw ones itself
         logits_NE = logits.float() if not fused or opts.moe_z_loss_coeff or opts.moe_aux_loss_coeff else None

@@ -84,7 +84,9 @@ _add_model(ModelSpec(
 _add_model(ModelSpec(
     name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_query_groups=8,
     kv_channels=64, ffn_hidden_size=2880, vocab_size=201088, add_bias_linear=True, add_qkv_bias=True,
-    max_position_embeddings=131072, num_experts=128, moe_router_topk=4, moe_ffn_hidden_size=2880))
+    max_position_embeddings=131072, num_experts=128, moe_router_topk=4, moe_ffn_hidden_size=2880,
+    swiglu=False, quick_geglu=True, activation_func_clamp_value=7.0, glu_linear_offset=1.0,
+    softmax_type="learnable", window_size=(128, 0), window_attn_skip_freq=2))
 # Small models for tests and CPU tuning runs.
 _add_model(ModelSpec(
     name="tiny-moe", num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,

@@ -53,7 +53,7 @@ def flops_per_token(model: ModelSpec, seq_length: int) -> float:
         num_moe += last_is_moe * mtp
         num_dense += (1 - last_is_moe) * mtp
     num_layers = model.num_layers + mtp
-    gated = 3 / 2 if model.swiglu else 1
+    gated = 3 / 2 if model.gated_linear_unit else 1
     routed = model.moe_router_topk if model.is_moe else 0
     mlp = (
         _EXPANSION * num_layers * h

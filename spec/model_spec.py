@@ -11,6 +11,7 @@ from spec.errors import SpecError
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 NORMALIZATIONS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,22 @@ class ModelSpec:
     num_query_groups: int | None = None  # GQA key/value heads; None means MHA
     kv_channels: int | None = None  # per-head dim; None means hidden_size // num_attention_heads
     swiglu: bool = True
+    # GPT-OSS's GLU: quick_gelu(gate) = gate·sigmoid(1.702·gate) times (up + glu_linear_offset), gate clamped
+    # above and up clamped on both sides at activation_func_clamp_value (Megatron's --quick-geglu)
+    quick_geglu: bool = False
+    activation_func_clamp_value: float | None = None
+    glu_linear_offset: float = 0.0
     normalization: str = "rmsnorm"
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
+    # 'learnable': one learned logit per head joins the softmax denominator (GPT-OSS attention sinks);
+    # 'off-by-one': that logit is fixed at 0
+    softmax_type: str = "vanilla"
+    # Sliding-window attention: (left, right) tokens around the query, -1 unbounded; with
+    # window_attn_skip_freq N every N-th layer (1-based) attends fully, or a 0/1 pattern with 1 = windowed
+    window_size: tuple[int, int] | None = None
+    window_attn_skip_freq: int | tuple[int, ...] | None = None
     position_embedding_type: str = "rope"
     max_position_embeddings: int = 4096
     untie_embeddings_and_output_weights: bool = True
@@ -65,8 +78,9 @@ class ModelSpec:
     mtp_num_layers: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.moe_layer_freq, list):
-            object.__setattr__(self, "moe_layer_freq", tuple(self.moe_layer_freq))
+        for name in ("moe_layer_freq", "window_size", "window_attn_skip_freq"):  # lists from JSON
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         p: list[str] = []
         positive_ints(p, self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                                 "vocab_size", "max_position_embeddings", "make_vocab_size_divisible_by"))
@@ -89,6 +103,7 @@ class ModelSpec:
                 f"position_embedding_type must be one of {POSITION_EMBEDDINGS}, got {self.position_embedding_type!r}")
         require(p, 0.0 <= self.hidden_dropout < 1.0 and 0.0 <= self.attention_dropout < 1.0,
                 "dropout probabilities must lie in [0, 1)")
+        self._check_attention_and_activation(p)
         require(p, self.mtp_num_layers >= 0, f"mtp_num_layers must be >= 0, got {self.mtp_num_layers}")
         if self.multi_latent_attention:
             require(p, self.num_query_groups is None, "multi_latent_attention excludes num_query_groups (GQA)")
@@ -120,6 +135,31 @@ class ModelSpec:
                         f"moe_router_group_topk ({self.moe_router_group_topk}) must lie in [1, moe_router_num_groups={groups}]")
         raise_if(p, f"model {self.name!r}")
 
+    def _check_attention_and_activation(self, p: list[str]) -> None:
+        require(p, not (self.swiglu and self.quick_geglu), "swiglu and quick_geglu exclude each other")
+        clamp = self.activation_func_clamp_value
+        require(p, clamp is None or (isinstance(clamp, (int, float)) and clamp > 0),
+                f"activation_func_clamp_value must be positive or None, got {clamp!r}")
+        require(p, (clamp is None and not self.glu_linear_offset) or self.gated_linear_unit,
+                "activation_func_clamp_value and glu_linear_offset need a gated linear unit (swiglu or quick_geglu)")
+        require(p, self.softmax_type in SOFTMAX_TYPES,
+                f"softmax_type must be one of {SOFTMAX_TYPES}, got {self.softmax_type!r}")
+        window = self.window_size
+        if window is not None:
+            require(p, isinstance(window, tuple) and len(window) == 2
+                    and all(isinstance(w, int) and w >= -1 for w in window),
+                    f"window_size must be two integers >= -1 (left, right), got {window!r}")
+        freq = self.window_attn_skip_freq
+        if freq is not None:
+            require(p, window is not None, "window_attn_skip_freq needs window_size")
+            if isinstance(freq, tuple):
+                require(p, len(freq) == self.num_layers and set(freq) <= {0, 1},
+                        f"window_attn_skip_freq as a pattern must hold num_layers ({self.num_layers}) zeros "
+                        f"and ones, got {len(freq)} entries")
+            else:
+                require(p, isinstance(freq, int) and freq >= 1,
+                        f"window_attn_skip_freq must be a positive integer or a 0/1 pattern, got {freq!r}")
+
     # ---- derived shapes -------------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
@@ -137,6 +177,23 @@ class ModelSpec:
     def rotary_head_dim(self) -> int:
         """Per-head dimension RoPE rotates: the decoupled qk_pos_emb_head_dim under MLA, else head_dim."""
         return self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """Whether the MLPs are gated (gate and up projections): SwiGLU or GPT-OSS's quick-GeGLU."""
+        return self.swiglu or self.quick_geglu
+
+    def attention_window(self, layer: int) -> int | None:
+        """Keys before the query that layer ``layer`` (0-based) attends to, None for full causal attention
+        (Megatron's is_layer_window_attention, whose layer numbers are 1-based)."""
+        if self.window_size is None or self.window_size[0] < 0:
+            return None
+        freq = self.window_attn_skip_freq
+        if isinstance(freq, tuple):
+            windowed = bool(freq[layer])
+        else:
+            windowed = freq is None or (layer + 1) % freq != 0
+        return self.window_size[0] if windowed else None
 
     @property
     def num_kv_heads(self) -> int:
@@ -178,8 +235,9 @@ class ModelSpec:
     # ---- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if isinstance(d["moe_layer_freq"], tuple):
-            d["moe_layer_freq"] = list(d["moe_layer_freq"])
+        for name in ("moe_layer_freq", "window_size", "window_attn_skip_freq"):
+            if isinstance(d[name], tuple):
+                d[name] = list(d[name])
         return d
 
     @classmethod
@@ -195,10 +253,12 @@ class ModelSpec:
 
     def with_layers(self, num_layers: int) -> ModelSpec:
         """A proxy of this model with fewer (or more) layers, the MoE pattern kept per layer index."""
-        pattern = None
+        patterns = {}
         if isinstance(self.moe_layer_freq, tuple):
             base = self.moe_layer_pattern()
-            pattern = tuple(base[i % len(base)] for i in range(num_layers))
+            patterns["moe_layer_freq"] = tuple(base[i % len(base)] for i in range(num_layers))
+        if isinstance(self.window_attn_skip_freq, tuple):
+            base = self.window_attn_skip_freq
+            patterns["window_attn_skip_freq"] = tuple(base[i % len(base)] for i in range(num_layers))
         return replace(self, name=f"{self.name}@{num_layers}L", num_layers=num_layers,
-                       moe_first_k_dense=min(self.moe_first_k_dense, num_layers),
-                       **({"moe_layer_freq": pattern} if pattern is not None else {}))
+                       moe_first_k_dense=min(self.moe_first_k_dense, num_layers), **patterns)

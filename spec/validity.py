@@ -76,7 +76,7 @@ RULES: dict[str, str] = {
 
 # rule id -> what executor/ can run: a subset of Megatron's layouts (the reasons name the executor's limits)
 EXECUTOR_RULES: dict[str, str] = {
-    "executor_model": "RMSNorm, RoPE, SwiGLU, no biases, no qk_layernorm, no dropout, no MTP",
+    "executor_model": "RMSNorm, RoPE, SwiGLU or quick-GeGLU, causal windows, no dropout, no MTP",
     "executor_sp": "tp > 1 needs sequence parallelism",
     "executor_seq_cp": "seq_length % (2·cp) == 0",
     "executor_layers_pp": "num_layers >= pp·vpp",
@@ -85,7 +85,7 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_heads_tp": "attention heads and kv heads % tp == 0",
     "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
-    "executor_experts_ep": "num_experts % ep == 0, expert FFN size % etp == 0; ep, etp > 1 need a MoE model",
+    "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
     "executor_recompute": "selective recompute of mla_up_proj is not built",
 }
 
@@ -153,12 +153,12 @@ def unsupported_features(model: ModelSpec) -> list[str]:
         unsupported.append(f"normalization={model.normalization}")
     if model.position_embedding_type != "rope":
         unsupported.append(f"position_embedding_type={model.position_embedding_type}")
-    if not model.swiglu:
+    if not model.gated_linear_unit:
         unsupported.append("swiglu=False")
-    if model.add_bias_linear or model.add_qkv_bias:
-        unsupported.append("linear biases")
-    if model.qk_layernorm:
-        unsupported.append("qk_layernorm")
+    if model.window_size is not None and model.window_size[1] != 0:
+        unsupported.append(f"window_size right extent {model.window_size[1]} (causal models only)")
+    if model.multi_latent_attention and (model.window_size is not None or model.softmax_type != "vanilla"):
+        unsupported.append("multi_latent_attention with a window or attention sinks")
     if model.hidden_dropout or model.attention_dropout:
         unsupported.append("dropout")
     return unsupported
@@ -211,6 +211,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
         rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
         rule("executor_experts_ep", etp_broken,
              f"expert ffn ({m.expert_ffn_hidden_size}) must be divisible by etp ({c.etp})")
+        # each ETP rank adds its 1/etp slice of an expert's output bias, so the partial sums carry it once
+        rule("executor_experts_ep", m.add_bias_linear and m.hidden_size % c.etp != 0,
+             f"hidden_size ({m.hidden_size}) must be divisible by etp ({c.etp}) with add_bias_linear")
     else:
         rule("executor_experts_ep", ep_broken or etp_broken, f"ep={c.ep}, etp={c.etp} need a MoE model")
     return found

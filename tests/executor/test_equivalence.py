@@ -32,6 +32,14 @@ MLA = dataclasses.replace(SIGMOID, name="tiny-mla", num_layers=4, num_query_grou
                           moe_shared_expert_intermediate_size=48, multi_latent_attention=True, q_lora_rank=24,
                           kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12)
 MLA_Q_PROJ = dataclasses.replace(MLA, name="tiny-mla-q-proj", q_lora_rank=None)
+# Qwen2: Q/K/V biases; Qwen3 / OLMoE: per-head RMSNorm of Q and K
+QWEN2 = dataclasses.replace(SHARED, name="tiny-qwen2", add_qkv_bias=True)
+QWEN3 = dataclasses.replace(TINY, name="tiny-qwen3", qk_layernorm=True)
+# GPT-OSS: every linear biased (experts and router too), learned sinks, a 4-token window on layers 1 and 3
+# (1-based) of 16 tokens, clamped quick-GeGLU; the clamp is lowered to 0.1 so that tiny weights reach it
+GPTOSS = dataclasses.replace(SHARED, name="tiny-gptoss", add_bias_linear=True, add_qkv_bias=True, swiglu=False,
+                             quick_geglu=True, activation_func_clamp_value=0.1, glu_linear_offset=1.0,
+                             softmax_type="learnable", window_size=(4, 0), window_attn_skip_freq=2)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -49,6 +57,9 @@ SCENARIOS = {
     "base8": Scenario("base8", TINY, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "shared8": Scenario("shared8", SHARED, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
+    "qwen2": Scenario("qwen2", QWEN2, LOSSES, adam_eps=1e-5),
+    "qwen3": Scenario("qwen3", QWEN3, LOSSES, adam_eps=1e-5),
+    "gptoss": Scenario("gptoss", GPTOSS, LOSSES, adam_eps=1e-5),
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
     "mla": Scenario("mla", MLA, dataclasses.replace(LOSSES, moe_router_enable_expert_bias=True,
@@ -59,23 +70,25 @@ SCENARIOS = {
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
-                ("allgather", "mla_q_proj")]),
+                ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla")]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
-    ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla")]),
+    ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla"), ("alltoall", "gptoss")]),
     ("pp4", 4, [("alltoall", "deep")]),
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
     ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
                 ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
-                ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
+                ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
+                ("alltoall", "gptoss", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
+                ("allgather", "qwen3")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
@@ -87,10 +100,14 @@ LAYOUTS = [
                                                  "recompute_modules": ("mlp", "moe", "shared_experts")}),
                          ("alltoall", "mla", {"recompute_granularity": "selective",
                                               "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
-                         ("allgather", "mla_q_proj", {"recompute_granularity": "full"})]),
+                         ("allgather", "mla_q_proj", {"recompute_granularity": "full"}),
+                         ("alltoall", "gptoss", {"recompute_granularity": "selective",
+                                                 "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
+                         ("allgather", "gptoss", {"recompute_granularity": "full"})]),
     ("ep4", 4, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("allgather", "capacity_probs")]),
     ("etp2 ep2", 4, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "shared"),
-                     ("alltoall", "capacity_position")]),
+                     ("alltoall", "capacity_position"), ("alltoall", "gptoss"), ("allgather", "gptoss"),
+                     ("alltoall", "qwen2")]),
     ("tp2 ep4 etp1", 8, [("alltoall", "base"), ("allgather", "shared"), ("alltoall", "capacity_probs")]),
     # layouts that need more than 4 ranks (run on 8 GPUs by bench/nccl_equivalence.py)
     ("ep8", 8, [("alltoall", "base8"), ("allgather", "shared8")]),
