@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from spec.catalog import get_model
+from spec.errors import SpecError
 from executor.dispatcher import chunk_order
 from executor.kernels import get_backend
 from executor.kernels.torch_backend import padded_grouped_mm
@@ -306,3 +307,26 @@ def test_w13_gathers_to_the_reference_and_reslices_under_etp2_ep2():
     for result in launched.results:
         assert torch.equal(result["full"], ref.w13.detach())
         assert result["resliced"]
+
+
+def test_shared_expert_gate_scales_shared_output_per_token_by_sigmoid():
+    """Qwen2-MoE: y = routed + sigmoid(x · w_gate) · shared(x); the gate weight [1, h] gets its gradient."""
+    spec = dataclasses.replace(get_model("tiny-moe-shared"), moe_shared_expert_gate=True)
+    layer, x = _layer(spec, ExecutorOptions())
+    with torch.no_grad():
+        layer.shared_gate.normal_(0.0, 0.5)  # far from 0 so the per-token factors differ visibly
+    y, _ = layer(x)
+    gate = torch.sigmoid(x @ layer.shared_gate.t())  # [n, 1, 1]
+    shared = layer.shared(x)
+    ungated, _ = _layer(dataclasses.replace(spec, moe_shared_expert_gate=False), ExecutorOptions())
+    routed = ungated(x)[0] - ungated.shared(x)  # parameters are drawn per name: same router and experts
+    torch.testing.assert_close(y, routed + gate * shared, rtol=1e-5, atol=1e-6)
+    assert gate.std() > 0.05
+    y.square().sum().backward()
+    assert layer.shared_gate.grad is not None and layer.shared_gate.grad.abs().sum() > 0
+
+
+def test_shared_expert_gate_needs_shared_experts():
+    with pytest.raises(SpecError, match="moe_shared_expert_gate"):
+        dataclasses.replace(TINY, moe_shared_expert_gate=True)
+
