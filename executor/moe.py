@@ -127,7 +127,7 @@ class MoELayer(torch.nn.Module):
         s, b, h = x_SBH.shape
         x = self.timer.mark(x_SBH, "other", "router")
         tokens = x.reshape(s * b, h)
-        routing = self.router(tokens)
+        routing = self.router(tokens, b)
         self.last_tokens_per_expert = routing.tokens_per_expert
         tokens = self.timer.mark(tokens, "router", "dispatch")
         dispatched = self.dispatcher.dispatch(tokens, routing)

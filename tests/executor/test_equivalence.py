@@ -62,8 +62,12 @@ SCENARIOS = {
     "qwen2": Scenario("qwen2", QWEN2, LOSSES, adam_eps=1e-4),
     "qwen3": Scenario("qwen3", QWEN3, LOSSES, adam_eps=1e-5),
     "gptoss": Scenario("gptoss", GPTOSS, LOSSES, adam_eps=1e-5),
+    # DeepSeek-V3's routing: expert bias, per-sequence aux loss (two sequences per micro-batch, so that the
+    # per-sequence counts differ from the micro-batch's), z-loss
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
-        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
+        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3,
+        moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-2),
+        global_batch_size=8, micro_batch_size=2),
     "mla": Scenario("mla", MLA, dataclasses.replace(LOSSES, moe_router_enable_expert_bias=True,
                                                     moe_router_bias_update_rate=1e-2), adam_eps=1e-5),
     "mla_q_proj": Scenario("mla_q_proj", MLA_Q_PROJ, LOSSES, adam_eps=1e-5),
@@ -72,19 +76,21 @@ SCENARIOS = {
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
-                ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3")]),
+                ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3"),
+                ("alltoall", "sigmoid_bias")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss"),
-                ("allgather", "qwen2")]),
+                ("allgather", "qwen2"), ("alltoall", "sigmoid_bias")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj"),
                 ("alltoall", "qwen2")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
-                ("alltoall", "qwen2", {"recompute_granularity": "selective", "recompute_modules": ("shared_experts",)})]),
+                ("alltoall", "qwen2", {"recompute_granularity": "selective", "recompute_modules": ("shared_experts",)}),
+                ("alltoall", "sigmoid_bias")]),
     ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla"), ("alltoall", "gptoss")]),
     ("pp4", 4, [("alltoall", "deep")]),
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
