@@ -53,11 +53,17 @@ class ExecutorOptions:
         options (defaults: RouterOptions()), resolved for ``model`` when given (expert bias None: the model
         decides; without a model, off). SpecError when the router options do not fit the model."""
         cf = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
+        return cls.for_router(router, model, **{"moe_expert_capacity_factor": cf, **overrides})
+
+    @classmethod
+    def for_router(cls, router: RouterOptions | None = None, model: ModelSpec | None = None,
+                   **overrides: Any) -> ExecutorOptions:
+        """Options carrying ``router`` (as :meth:`for_training`, dropless unless ``overrides`` say otherwise)."""
         router = router or RouterOptions()
         if model is not None:
             router = router.resolve(model)
         fields = {**router.to_dict(), "moe_router_enable_expert_bias": bool(router.moe_router_enable_expert_bias)}
-        return cls(**{"moe_expert_capacity_factor": cf, **fields, **overrides})
+        return cls(**{**fields, **overrides})
 
     def router_options(self) -> RouterOptions:
         """The router options these executor options carry."""

@@ -63,12 +63,16 @@ class RouterOptions:
                     f"{name} must lie in [{low:g}, {high:g}], got {value!r}")
         raise_if(p, "router options")
 
-    def resolve(self, model: ModelSpec) -> RouterOptions:
-        """These options with the model-dependent defaults decided; SpecError when they do not fit the model."""
+    def resolve_model_defaults(self, model: ModelSpec) -> RouterOptions:
+        """These options with the model-dependent defaults decided (expert bias None: on for sigmoid scores)."""
         bias = self.moe_router_enable_expert_bias
         if bias is None:
             bias = model.is_moe and model.moe_router_score_function == "sigmoid"
-        resolved = replace(self, moe_router_enable_expert_bias=bool(bias))
+        return replace(self, moe_router_enable_expert_bias=bool(bias))
+
+    def resolve(self, model: ModelSpec) -> RouterOptions:
+        """:meth:`resolve_model_defaults`, and SpecError when the options do not fit the model."""
+        resolved = self.resolve_model_defaults(model)
         problem = resolved.model_problem(model)
         if problem:
             raise SpecError(problem)
