@@ -157,7 +157,7 @@ def moe_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
     if model.shared_expert_ffn_hidden_size:
         split, whole = _mlp(model, model.shared_expert_ffn_hidden_size, tp)
         sharded += split
-        replicated += whole
+        replicated += whole + (h if model.moe_shared_expert_gate else 0)  # the gate's [1, h] weight
     split, whole = _mlp(model, model.expert_ffn_hidden_size, etp)
     expert = ((model.num_experts or 0) // ep) * (split + whole)
     return ParamCounts(sharded, replicated, expert)

@@ -114,6 +114,11 @@ class MoELayer(torch.nn.Module):
             self.shared = SwiGLUMLP(f"layers.{layer}.shared_experts.", spec.hidden_size,
                                     spec.shared_expert_ffn_hidden_size, options, state, device, dtype, timer,
                                     phase="shared_experts", bias=spec.add_bias_linear, act=mlp_activation(spec))
+        self.shared_gate = None
+        if spec.moe_shared_expert_gate:
+            # replicated [1, h]; each TP rank sees its sequence slice, so its gradient is TP-partial
+            info = ShardInfo(f"layers.{layer}.shared_experts.gate_weight", (1, spec.hidden_size), tp_partial=True)
+            self.shared_gate = make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
         self.last_tokens_per_expert: torch.Tensor | None = None
         self.recompute_shared = recompute.selective(state.config, "shared_experts")
 
@@ -122,7 +127,7 @@ class MoELayer(torch.nn.Module):
         s, b, h = x_SBH.shape
         x = self.timer.mark(x_SBH, "other", "router")
         tokens = x.reshape(s * b, h)
-        routing = self.router(tokens)
+        routing = self.router(tokens, b)
         self.last_tokens_per_expert = routing.tokens_per_expert
         tokens = self.timer.mark(tokens, "router", "dispatch")
         dispatched = self.dispatcher.dispatch(tokens, routing)
@@ -132,5 +137,13 @@ class MoELayer(torch.nn.Module):
         y = self.dispatcher.combine(rows, dispatched).view(s, b, h)
         y = self.timer.mark(y, "combine", "other")
         if self.shared is not None:
-            y = y + recompute.run(self.recompute_shared, self.shared, x_SBH)
+            y = y + recompute.run(self.recompute_shared, self._shared_experts, x_SBH)
         return y, routing.loss
+
+    def _shared_experts(self, x_SBH: torch.Tensor) -> torch.Tensor:
+        """Shared experts' output for this rank's slice, scaled per token by sigmoid(x · w_gate) when gated
+        (Megatron's moe_shared_expert_gate, Qwen2-MoE's shared_expert_gate)."""
+        y = self.shared(x_SBH)
+        if self.shared_gate is None:
+            return y
+        return y * torch.sigmoid(F.linear(x_SBH, self.shared_gate))

@@ -7,21 +7,21 @@ from typing import Any
 
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
+from spec.router_options import DROP_POLICIES, LOAD_BALANCING_TYPES, RouterOptions
 from spec.training_spec import TrainingSpec
 from spec.validity import executor_model_rule
-
-DROP_POLICIES = ("probs", "position")
 
 
 @dataclass(frozen=True)
 class ExecutorOptions:
     """Router losses, expert bias, capacity, kernels and initialisation (Megatron argument names).
 
-    ``moe_expert_capacity_factor`` None means dropless; ``moe_token_drop_policy`` 'probs' keeps the
-    tokens with the highest routing probability per expert, 'position' the earliest ones.
-    ``moe_router_bias_update_rate`` > 0 turns on aux-loss-free load balancing (DeepSeek-V3 expert bias).
+    The router fields are :class:`spec.router_options.RouterOptions`' (see there; here the expert bias is
+    decided, not None); :meth:`for_training` builds them from a TrainingSpec and RouterOptions.
+    ``moe_expert_capacity_factor`` None means dropless.
     """
 
+    moe_router_load_balancing_type: str = "aux_loss"
     moe_aux_loss_coeff: float = 0.0
     moe_z_loss_coeff: float = 0.0
     moe_router_enable_expert_bias: bool = False
@@ -38,16 +38,36 @@ class ExecutorOptions:
     seed: int = 1234
 
     def __post_init__(self) -> None:
+        if self.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
+            raise SpecError(f"moe_router_load_balancing_type must be one of {LOAD_BALANCING_TYPES}, "
+                            f"got {self.moe_router_load_balancing_type!r}")
         if self.moe_token_drop_policy not in DROP_POLICIES:
             raise SpecError(f"moe_token_drop_policy must be one of {DROP_POLICIES}, got {self.moe_token_drop_policy!r}")
         if self.moe_expert_capacity_factor is not None and self.moe_expert_capacity_factor <= 0:
             raise SpecError(f"moe_expert_capacity_factor must be > 0, got {self.moe_expert_capacity_factor}")
 
     @classmethod
-    def for_training(cls, training: TrainingSpec, **overrides: Any) -> ExecutorOptions:
-        """Options that follow a TrainingSpec's routing mode (capacity factor when 'capacity')."""
+    def for_training(cls, training: TrainingSpec, router: RouterOptions | None = None,
+                     model: ModelSpec | None = None, **overrides: Any) -> ExecutorOptions:
+        """Options that follow a TrainingSpec's routing mode (capacity factor when 'capacity') and the router
+        options (defaults: RouterOptions()), resolved for ``model`` when given (expert bias None: the model
+        decides; without a model, off). SpecError when the router options do not fit the model."""
         cf = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
-        return cls(**{"moe_expert_capacity_factor": cf, **overrides})
+        return cls.for_router(router, model, **{"moe_expert_capacity_factor": cf, **overrides})
+
+    @classmethod
+    def for_router(cls, router: RouterOptions | None = None, model: ModelSpec | None = None,
+                   **overrides: Any) -> ExecutorOptions:
+        """Options carrying ``router`` (as :meth:`for_training`, dropless unless ``overrides`` say otherwise)."""
+        router = router or RouterOptions()
+        if model is not None:
+            router = router.resolve(model)
+        fields = {**router.to_dict(), "moe_router_enable_expert_bias": bool(router.moe_router_enable_expert_bias)}
+        return cls(**{**fields, **overrides})
+
+    def router_options(self) -> RouterOptions:
+        """The router options these executor options carry."""
+        return RouterOptions.pick(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -168,7 +168,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     ``hardware`` names the catalog GPU whose peak MFU is taken against (default: guessed from the device).
     ``launcher`` replaces :func:`executor.launch_local.launch` (same signature), e.g. the Ray launcher.
     """
-    options = options or ExecutorOptions.for_training(training)
+    options = options or ExecutorOptions.for_training(training, model=model)  # the model's router defaults
     context = {"model": model.name, "layout": config.label(), "world_size": config.world_size,
                "precision": training.precision, "seq_length": training.seq_length,
                "global_batch_size": training.global_batch_size}

@@ -90,6 +90,9 @@ class Router(torch.nn.Module):
         if options.moe_expert_capacity_factor is not None and state["cp"].size > 1:
             raise InvalidConfigError(f"capacity factor {options.moe_expert_capacity_factor} with cp="
                                      f"{state['cp'].size}: token dropping under context parallelism is not built")
+        problem = options.router_options().model_problem(spec)  # the expert bias needs sigmoid scores
+        if problem:
+            raise InvalidConfigError(problem)
         if options.moe_router_enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(spec.num_experts, device=device))
             self.register_buffer("step_counts", torch.zeros(spec.num_experts, device=device))
@@ -137,7 +140,43 @@ class Router(torch.nn.Module):
             probs_NK = probs_NK * spec.moe_router_topk_scaling_factor
         return experts_NK, probs_NK
 
-    def forward(self, x_NH: torch.Tensor) -> Routing:
+    def _plain_topk(self) -> bool:
+        """Whether the routed experts are the plain top-k of the scores (no bias, groups or forced balance)."""
+        return (self.expert_bias is None and not self.spec.moe_router_num_groups
+                and not self.options.moe_router_force_load_balancing)
+
+    def _load_balancing_loss(self, logits_NE: torch.Tensor, experts_NK: torch.Tensor, micro_batch_size: int,
+                             total_tokens: int) -> torch.Tensor:
+        """This rank's share of Megatron's switch load-balancing loss, E·coeff/(k·T²) · Σ_e P_e · f_e.
+
+        P_e sums the normalised scores (softmax, or sigmoid over its row sum) of this rank's tokens; f_e counts
+        the tokens whose plain top-k of those scores holds e, over the TP·CP group: Megatron's
+        compute_routing_scores_for_aux_loss ignores the expert bias, the group limit and dropping, so the
+        loss does not follow the routing they change. 'aux_loss' takes the micro-batch as one set of T tokens;
+        'seq_aux_loss' (DeepSeek-V2/V3) takes each sequence on its own (T = its length) and averages the
+        sequences' losses. Tokens arrive sequence-major ([s, b] flattened), so token i is of sequence i % b.
+        """
+        spec, opts, tp, cp = self.spec, self.options, self.state.tp, self.state["cp"]
+        n, e, k = logits_NE.shape[0], self.num_experts, self.topk
+        if spec.moe_router_score_function == "sigmoid":
+            scores_NE = torch.sigmoid(logits_NE)
+            scores_NE = scores_NE / (scores_NE.sum(-1, keepdim=True) + 1e-20)
+        else:
+            scores_NE = torch.softmax(logits_NE, dim=-1)
+        sequences = micro_batch_size if opts.moe_router_load_balancing_type == "seq_aux_loss" else 1
+        ids_NK = experts_NK if self._plain_topk() else scores_NE.detach().topk(k, dim=-1).indices
+        if sequences > 1:  # experts of sequence j become columns j·E .. j·E + E - 1
+            ids_NK = ids_NK + (torch.arange(n, device=ids_NK.device) % sequences * e).unsqueeze(1)
+        counts = count_per_expert(ids_NK, sequences * e)
+        if tp.size > 1 or cp.size > 1:
+            counts = all_reduce_(all_reduce_(counts, tp), cp)
+        probs = scores_NE.reshape(n // sequences, sequences * e).sum(0)
+        tokens = total_tokens // sequences  # of one set (the micro-batch, or one sequence), over TP·CP
+        scale = e * opts.moe_aux_loss_coeff / (k * tokens * tokens * sequences)
+        return (probs * counts.float()).sum() * scale
+
+    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1) -> Routing:
+        """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``)."""
         spec, opts, tp = self.spec, self.options, self.state.tp
         n = x_NH.shape[0]
         cp = self.state["cp"]
@@ -156,18 +195,8 @@ class Router(torch.nn.Module):
         else:
             experts_NK, probs_NK = self._select(logits_NE)
             counts_E = count_per_expert(experts_NK, self.num_experts)
-        if opts.moe_aux_loss_coeff:
-            reduced = counts_E if tp.size == 1 and cp.size == 1 else all_reduce_(all_reduce_(counts_E.clone(), tp), cp)
-            global_counts = reduced.float()
-            if spec.moe_router_score_function == "sigmoid":
-                aux_scores = torch.sigmoid(logits_NE)
-                aux_scores = aux_scores / (aux_scores.sum(-1, keepdim=True) + 1e-20)
-            else:
-                aux_scores = torch.softmax(logits_NE, dim=-1)
-            scale = self.num_experts * opts.moe_aux_loss_coeff / (self.topk * total_tokens * total_tokens)
-            loss = loss + (aux_scores.sum(0) * global_counts).sum() * scale
-        if self.expert_bias is not None and self.training and not recomputing():
-            self.step_counts += counts_E.float()
+        if opts.moe_aux_loss_coeff and opts.moe_router_load_balancing_type != "none":
+            loss = loss + self._load_balancing_loss(logits_NE, experts_NK, micro_batch_size, total_tokens)
 
         if opts.moe_expert_capacity_factor is not None:
             capacity = math.ceil(total_tokens * self.topk / self.num_experts * opts.moe_expert_capacity_factor)
@@ -177,6 +206,11 @@ class Router(torch.nn.Module):
             keep = keep[tp.rank * n:(tp.rank + 1) * n]
             experts_NK = experts_NK.masked_fill(~keep, self.num_experts)
             probs_NK = probs_NK * keep
+        if self.expert_bias is not None and self.training and not recomputing():
+            # the load the bias balances is what the experts receive: after dropping (Megatron counts its
+            # routing map after apply_router_token_dropping); dropped slots hold the id num_experts
+            dropped = opts.moe_expert_capacity_factor is not None
+            self.step_counts += (count_per_expert(experts_NK, self.num_experts) if dropped else counts_E).float()
         return Routing(experts_NK, probs_NK, loss, counts_E, opts.moe_expert_capacity_factor is not None)
 
     @torch.no_grad()

@@ -56,7 +56,8 @@ _add_model(ModelSpec(
 _add_model(ModelSpec(
     name="qwen2-57b-a14b", num_layers=28, hidden_size=3584, num_attention_heads=28, num_query_groups=4,
     ffn_hidden_size=18944, vocab_size=151936, add_qkv_bias=True, max_position_embeddings=32768,
-    num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=2560, moe_shared_expert_intermediate_size=20480))
+    num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=2560, moe_shared_expert_intermediate_size=20480,
+    moe_shared_expert_gate=True))
 _add_model(ModelSpec(
     name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
     kv_channels=128, ffn_hidden_size=6144, vocab_size=151936, qk_layernorm=True,

@@ -67,6 +67,8 @@ class ModelSpec:
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
+    # Qwen2-MoE: the shared experts' output scaled per token by sigmoid(x · w), w [1, hidden_size]
+    moe_shared_expert_gate: bool = False
     moe_layer_freq: int | tuple[int, ...] = 1
     moe_first_k_dense: int = 0
     moe_router_score_function: str = "softmax"
@@ -118,6 +120,8 @@ class ModelSpec:
             require(p, self.moe_router_score_function in ROUTER_SCORE_FUNCTIONS,
                     f"moe_router_score_function must be one of {ROUTER_SCORE_FUNCTIONS}, "
                     f"got {self.moe_router_score_function!r}")
+            require(p, not self.moe_shared_expert_gate or bool(self.moe_shared_expert_intermediate_size),
+                    "moe_shared_expert_gate needs shared experts (moe_shared_expert_intermediate_size)")
             require(p, 0 <= self.moe_first_k_dense <= self.num_layers,
                     f"moe_first_k_dense ({self.moe_first_k_dense}) must lie in [0, num_layers={self.num_layers}]")
             if isinstance(self.moe_layer_freq, tuple):

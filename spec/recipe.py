@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spec.router_options import RouterOptions
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -29,6 +31,11 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def router_defaults(self) -> RouterOptions:
+        """The router options a training starts from: RouterOptions' defaults with this recipe's loss
+        coefficients."""
+        return RouterOptions(moe_aux_loss_coeff=self.moe_aux_loss_coeff, moe_z_loss_coeff=self.moe_z_loss_coeff)
 
 
 DEFAULT_RECIPE = Recipe()

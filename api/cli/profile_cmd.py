@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from api.cli._router_args import add_router_arguments, router_options_from
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHER_KINDS, DISPATCHERS
 from spec.catalog import get_model
 from spec.errors import SpecError
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--routing", choices=("dropless", "capacity"), default="dropless")
     parser.add_argument("--capacity-factor", type=float, help="expert capacity factor (with --routing capacity)")
-    parser.add_argument("--aux-loss-coeff", type=float, default=0.0, help="load-balancing loss coefficient")
+    add_router_arguments(parser)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (default: 2)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default: 5)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs or args.mbs * config.dp,
                             precision=precision, routing_mode=args.routing,
                             moe_expert_capacity_factor=args.capacity_factor)
-    options = ExecutorOptions.for_training(training, moe_aux_loss_coeff=args.aux_loss_coeff)
+    options = ExecutorOptions.for_training(training, router_options_from(args), model)
     measurement = profile_layout(model, training, config, options, args.warmup, args.steps, args.timeout,
                                  "cuda" if on_gpu else "cpu", args.gpu)
     print(measurement.to_json() if args.json else measurement.summary())

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._router_args import add_router_arguments, router_body_from
 from spec.errors import SpecError
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
     parser.add_argument("--wait", action="store_true", help="follow the job and print each trial until it ends")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
+    add_router_arguments(parser)
     add_connection_arguments(parser)
 
 
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     body = {**_model_fields(args),
             "training": {"seq_length": args.seq, "global_batch_size": args.gbs, "precision": args.precision},
             "cluster": {"gpu": args.gpu, "num_gpus": args.gpus},
-            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}}
+            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)}
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     with ApiClient.from_args(args) as client:
         job = client.post("/v1/jobs", body, headers=headers)

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from api.cli._db import migrate_or_explain
+from api.cli._router_args import add_router_arguments, router_options_from
 from api.cli.train_job import run_job_training
 from api.worker.metrics import DatabaseMetrics
 from spec.catalog import get_model
@@ -51,11 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from); with --job the "
                                                  "default is <data dir>/checkpoints/job-ID")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
-    parser.add_argument("--aux-loss-coeff", type=float,
-                        help=f"MoE load-balancing loss coefficient (default: {recipe.moe_aux_loss_coeff}; "
-                             "not with --job)")
-    parser.add_argument("--z-loss-coeff", type=float,
-                        help=f"router z-loss coefficient (default: {recipe.moe_z_loss_coeff}; not with --job)")
+    add_router_arguments(parser, recipe.router_defaults())  # with --job: the job's unless given
     parser.add_argument("--seed", type=int, default=recipe.data_seed, help="data order seed")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="with --job: the job's hardware decides (a GPU profile: cuda, cpu: cpu)")
@@ -113,9 +110,7 @@ def run(args: argparse.Namespace) -> int:
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       data_seed=args.seed)
-    options = ExecutorOptions(
-        moe_aux_loss_coeff=DEFAULT_RECIPE.moe_aux_loss_coeff if args.aux_loss_coeff is None else args.aux_loss_coeff,
-        moe_z_loss_coeff=DEFAULT_RECIPE.moe_z_loss_coeff if args.z_loss_coeff is None else args.z_loss_coeff)
+    options = ExecutorOptions.for_router(router_options_from(args, DEFAULT_RECIPE.router_defaults()), model)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from api.cli._db import migrate_or_explain
 from api.cli._local import check_ray_has_room, validated_request
+from api.cli._router_args import router_body_from
 from api.cli.trainings_cmd import metric_line, step_time_line
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut
 from api.service.trainings import cancel_training, submit_training, training_views
@@ -56,9 +57,7 @@ def training_request(args: argparse.Namespace, checkpoint_dir: str):
             "min_lr": args.min_lr, "warmup_steps": args.warmup, "weight_decay": args.weight_decay,
             "max_grad_norm": args.clip_grad, "eval_every": args.eval_every, "eval_batches": args.eval_batches,
             "data_seed": args.seed}
-    for key, value in (("moe_aux_loss_coeff", args.aux_loss_coeff), ("moe_z_loss_coeff", args.z_loss_coeff)):
-        if value is not None:
-            body[key] = value
+    body.update(router_body_from(args))
     return validated_request(TrainingCreate, body, whole="options")
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 
 from api.cli._local import check_ray_has_room, validated_request
+from api.cli._router_args import add_router_arguments, router_body_from
 from api.schemas.jobs import JobCreate
 from api.service.jobs import submit_job
 from spec.profile_io import use_profile_file
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
+    add_router_arguments(parser)
 
 
 class TrialPrinter:
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model, "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
                                           "precision": precision},
         "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
-        "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}})
+        "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)})
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
     trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,

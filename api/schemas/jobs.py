@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from api.schemas.common import Name, spec_validator
+from api.schemas.router import RouterOptionsIn
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
 
@@ -57,8 +58,8 @@ class WorkloadIn(BaseModel):
         return self
 
 
-class JobCreate(WorkloadIn):
-    """A tuning job: the workload and the search budget."""
+class JobCreate(WorkloadIn, RouterOptionsIn):
+    """A tuning job: the workload, the search budget and the router options its trials train with."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "model": "tiny-moe", "training": {"seq_length": 128, "global_batch_size": 8},

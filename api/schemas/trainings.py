@@ -11,6 +11,8 @@ from pydantic_core import PydanticCustomError
 
 from api.schemas.common import MAX_ID, Name, _no_nul
 from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
+from api.schemas.router import RouterOptionsIn
+from spec.router_options import FIELDS as ROUTER_FIELDS
 from spec.recipe import DEFAULT_RECIPE
 
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -20,10 +22,9 @@ ServerPath = Annotated[str, StringConstraints(min_length=1, max_length=4096, str
 
 MAX_STEPS = 10_000_000
 MAX_SEQUENCES = 1 << 24
-LOSS_OPTIONS = ("moe_aux_loss_coeff", "moe_z_loss_coeff")  # recipe keys that are ExecutorOptions fields
 
 
-class TrainingCreate(BaseModel):
+class TrainingCreate(RouterOptionsIn):
     """A training of one layout: either the best trial of a tuning job (``job_id``) or an explicit
     ``layout`` string (``foldtune`` label syntax, e.g. ``tp2 ep2 mbs1``) with its model and cluster. Paths
     are on the server that runs the training."""
@@ -80,8 +81,8 @@ class TrainingCreate(BaseModel):
         return self
 
     def recipe(self) -> dict[str, Any]:
-        """The optimizer/evaluation settings the runner passes to the training loop."""
-        return self.model_dump(include=set(DEFAULT_RECIPE.to_dict()))
+        """The optimizer/evaluation settings and the router options the runner passes to the training loop."""
+        return self.model_dump(include=set(DEFAULT_RECIPE.to_dict()) | set(ROUTER_FIELDS))
 
 
 class TrainingMetricOut(BaseModel):
@@ -124,7 +125,7 @@ class TrainingOut(BaseModel):
     model_spec: dict[str, Any]
     training: dict[str, Any] = Field(description="the TrainingSpec (seq_length, global_batch_size, ...)")
     recipe: dict[str, Any] = Field(description="lr, min_lr, warmup_steps, weight_decay, max_grad_norm, eval_*, "
-                                               "moe_aux_loss_coeff, moe_z_loss_coeff")
+                                               "and the router options (moe_aux_loss_coeff, ...)")
     cluster: ClusterOut
     data_path: str
     steps: int

@@ -21,6 +21,7 @@ from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
+from spec.router_options import RouterOptions, with_router
 from spec.training_spec import TrainingSpec
 from db import jobs as db_jobs
 from db.hardware_profiles import stored_profile
@@ -57,6 +58,14 @@ class ResolvedJob:
                              self.cluster.num_gpus)
 
 
+def check_router_options(router: RouterOptions, model: ModelSpec, loc: str = "body") -> RouterOptions:
+    """``router`` unchanged when it can train ``model``; RuleViolation naming the rule otherwise."""
+    problem = router.resolve_model_defaults(model).model_problem(model)
+    if problem:
+        raise RuleViolation(f"{loc}.moe_router_enable_expert_bias", "expert_bias_needs_sigmoid", problem)
+    return router
+
+
 def resolve_model(name: str, loc: str = "body.model") -> ModelSpec:
     try:
         return get_model(name)
@@ -86,12 +95,16 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     """Store a queued job; returns it and whether it is new. A repeated ``idempotency_key`` returns the job
     stored the first time (Conflict if the request differs), so a retried submission is stored exactly once."""
     resolved = resolve_job(session, request)
+    router = check_router_options(request.router_options(), resolved.model)
+    # router options that differ from the defaults ride in the stored training spec (and so in the signature)
+    training_spec = with_router(resolved.training.to_dict(), router)
     job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
-              model_spec=resolved.model.to_dict(), training_spec=resolved.training.to_dict(),
+              model_spec=resolved.model.to_dict(), training_spec=training_spec,
               cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,
                        "hardware": resolved.cluster.hardware.to_dict()},
               gpu_name=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
-              signature=resolved.signature, max_trials=request.budget.max_trials,
+              signature=job_signature(resolved.model.to_dict(), training_spec, resolved.cluster.hardware.name,
+                                      resolved.cluster.num_gpus), max_trials=request.budget.max_trials,
               max_seconds=request.budget.max_seconds, idempotency_key=idempotency_key)
     if idempotency_key is not None:
         existing = job_by_idempotency_key(session, owner.id, idempotency_key)

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.service.jobs import owned_job, resolve_cluster, resolve_model
+from api.service.jobs import check_router_options, owned_job, resolve_cluster, resolve_model
 from api.service.errors import Conflict, NotFound, RuleViolation, not_found
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
@@ -22,6 +22,7 @@ from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db import trainings as db_trainings
 from db.models import Owner, Training, Trial
@@ -83,9 +84,12 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
             raise RuleViolation("body.job_id", "best_config_valid",
                                 f"job {job.id}'s best trial has an unusable layout: {exc}") from None
         model_spec, cluster = job.model_spec, job.cluster
-        training = _training_spec(job.training_spec, request)
+        job_training, job_router = split_router(job.training_spec)
+        training = _training_spec(job_training, request)
         _check_batch(training, config)
         predicted = best.predicted_step_time_s
+        # the job's router options (what its trials measured), unless the request sets them
+        recipe = {**request.recipe(), **job_router.non_default(), **request.given_router_options()}
     else:
         model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
         resolved = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
@@ -105,11 +109,13 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
         model_spec = model.to_dict()
         cluster = {"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
                    "hardware": resolved.hardware.to_dict()}
+        recipe = request.recipe()
+    check_router_options(RouterOptions.pick(recipe), ModelSpec.from_dict(model_spec))
     if not os.path.exists(request.data_path):
         raise RuleViolation("body.data_path", "data_path_exists",
                             f"data path {request.data_path!r} does not exist on the server")
     row = Training(owner_id=owner.id, job_id=request.job_id, status="queued", config=config.to_dict(),
-                   model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: request.recipe()},
+                   model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: recipe},
                    cluster=cluster, data_path=request.data_path, steps=request.steps,
                    checkpoint_dir=request.checkpoint_dir, checkpoint_every=request.checkpoint_every,
                    predicted_step_time_s=predicted)

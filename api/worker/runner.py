@@ -42,6 +42,7 @@ from spec.errors import FoldtuneError, SpecError
 from spec.failure import FailureKind
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
+from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db.engine import make_engine, make_sessionmaker
 from db.jobs import job_claim, job_status
@@ -94,8 +95,14 @@ class RunnerSettings:
 def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
     """The specs a job was submitted with (snapshots stored on the row)."""
     hardware = HardwareProfile.from_dict(job.cluster["hardware"])
-    return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(job.training_spec),
+    training, _ = split_router(job.training_spec)
+    return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(training),
             ClusterSpec(hardware=hardware, num_gpus=job.num_gpus))
+
+
+def job_router(job: Job) -> RouterOptions:
+    """The router options a job's trials train with (stored with its training spec; defaults if none)."""
+    return split_router(job.training_spec)[1]
 
 
 class Runner:
@@ -220,7 +227,7 @@ class Runner:
         self._recover(job)
         ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
-        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop)
+        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job))
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, ray_gpus))

@@ -16,12 +16,12 @@ import logging
 import threading
 from collections.abc import Callable
 
-from api.schemas.trainings import LOSS_OPTIONS
 from api.service.trainings import split_training_spec
 from api.worker.metrics import DatabaseMetrics
 from spec.hardware import HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.router_options import FIELDS as ROUTER_FIELDS, RouterOptions
 from db.models import Training
 from db.queue import claim_next_training, finish_training, heartbeat_training
 from executor import launch_ray, progress
@@ -52,18 +52,27 @@ class RankStep:
             raise TrainingStopped(f"stopped after step {metrics.step + 1}")
 
 
+def training_inputs(training: Training) -> tuple[ModelSpec, ParallelConfig, ExecutorOptions, TrainConfig]:
+    """What the training loop gets for a stored training: model, layout, executor options (the recipe's router
+    options, model defaults decided) and the loop's settings."""
+    model = ModelSpec.from_dict(training.model_spec)
+    config = ParallelConfig.from_dict(training.config)
+    spec, recipe = split_training_spec(training.training_spec)
+    # Trainings stored before the router options were part of the recipe ran without them (defaults).
+    router = RouterOptions.pick({key: recipe.pop(key) for key in ROUTER_FIELDS if key in recipe})
+    options = ExecutorOptions.for_training(spec, router, model)
+    cfg = TrainConfig(training.data_path, steps=training.steps, seq_length=spec.seq_length,
+                      global_batch_size=spec.global_batch_size, checkpoint_dir=training.checkpoint_dir,
+                      checkpoint_every=training.checkpoint_every or 0, **recipe)
+    return model, config, options, cfg
+
+
 def run_training(training: Training, database_url: str, stop: threading.Event,
                  on_step: Callable[[int], None] | None = None) -> tuple[bool, str | None]:
     """Train the claimed ``training`` until its step budget, a failure or ``stop``; returns (ok, error).
     ``on_step(step)`` is called on the driver for every step rank 0 reports (1-based)."""
-    model = ModelSpec.from_dict(training.model_spec)
-    config = ParallelConfig.from_dict(training.config)
-    spec, recipe = split_training_spec(training.training_spec)
-    # Trainings stored before the loss coefficients were part of the recipe ran without those losses.
-    options = ExecutorOptions(**{key: recipe.pop(key) for key in LOSS_OPTIONS if key in recipe})
-    cfg = TrainConfig(training.data_path, steps=training.steps, seq_length=spec.seq_length,
-                      global_batch_size=spec.global_batch_size, checkpoint_dir=training.checkpoint_dir,
-                      checkpoint_every=training.checkpoint_every or 0, **recipe)
+    model, config, options, cfg = training_inputs(training)
+    spec, _ = split_training_spec(training.training_spec)
     hardware = HardwareProfile.from_dict(training.cluster["hardware"])
     cpu = hardware.gpu.name.lower() == "cpu"
     peak = peak_flops(hardware.gpu.name, "fp32" if cpu else spec.precision, None)

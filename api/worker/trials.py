@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from executor import launch_ray
+from executor.options import ExecutorOptions
 from executor.profile import profile_layout
 from executor.progress import FAULT_ENV
 from planner.search import TrialReport
@@ -24,6 +25,7 @@ from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 
 
@@ -82,9 +84,11 @@ class TrialExecutor:
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, router: RouterOptions | None = None) -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
         self.stop = stop
+        # the job's router options, model defaults decided (DeepSeek-V3's expert bias on unless switched off)
+        self.options = ExecutorOptions.for_training(training, router, model)
 
     def __call__(self, config: ParallelConfig, report: TrialReport):
         label = config.label()
@@ -102,7 +106,8 @@ class TrialExecutor:
 
         launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
                                      env={FAULT_ENV: faults})
-        measurement = profile_layout(self.model, self.training, config, warmup_steps=self.settings.warmup_steps,
+        measurement = profile_layout(self.model, self.training, config, self.options,
+                                     warmup_steps=self.settings.warmup_steps,
                                      timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
                                      device="cpu" if cpu else "cuda", hardware=self.cluster.hardware.name,
                                      launcher=launcher)

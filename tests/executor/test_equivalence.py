@@ -32,8 +32,8 @@ MLA = dataclasses.replace(SIGMOID, name="tiny-mla", num_layers=4, num_query_grou
                           moe_shared_expert_intermediate_size=48, multi_latent_attention=True, q_lora_rank=24,
                           kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12)
 MLA_Q_PROJ = dataclasses.replace(MLA, name="tiny-mla-q-proj", q_lora_rank=None)
-# Qwen2: Q/K/V biases; Qwen3 / OLMoE: per-head RMSNorm of Q and K
-QWEN2 = dataclasses.replace(SHARED, name="tiny-qwen2", add_qkv_bias=True)
+# Qwen2: Q/K/V biases and the sigmoid shared-expert gate; Qwen3 / OLMoE: per-head RMSNorm of Q and K
+QWEN2 = dataclasses.replace(SHARED, name="tiny-qwen2", add_qkv_bias=True, moe_shared_expert_gate=True)
 QWEN3 = dataclasses.replace(TINY, name="tiny-qwen3", qk_layernorm=True)
 # GPT-OSS: every linear biased (experts and router too), learned sinks, a 4-token window on layers 1 and 3
 # (1-based) of 16 tokens, clamped quick-GeGLU; the clamp is lowered to 0.1 so that tiny weights reach it
@@ -57,11 +57,17 @@ SCENARIOS = {
     "base8": Scenario("base8", TINY, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "shared8": Scenario("shared8", SHARED, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
-    "qwen2": Scenario("qwen2", QWEN2, LOSSES, adam_eps=1e-5),
+    # the shared-expert gate halves the shared path, leaving embedding rows with gradients near 1e-7 whose
+    # fp32 reduction-order noise (~1%) Adam at eps 1e-5 still turns into parameter differences
+    "qwen2": Scenario("qwen2", QWEN2, LOSSES, adam_eps=1e-4),
     "qwen3": Scenario("qwen3", QWEN3, LOSSES, adam_eps=1e-5),
     "gptoss": Scenario("gptoss", GPTOSS, LOSSES, adam_eps=1e-5),
+    # DeepSeek-V3's routing: expert bias, per-sequence aux loss (two sequences per micro-batch, so that the
+    # per-sequence counts differ from the micro-batch's), z-loss
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
-        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
+        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3,
+        moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-2),
+        global_batch_size=8, micro_batch_size=2),
     "mla": Scenario("mla", MLA, dataclasses.replace(LOSSES, moe_router_enable_expert_bias=True,
                                                     moe_router_bias_update_rate=1e-2), adam_eps=1e-5),
     "mla_q_proj": Scenario("mla_q_proj", MLA_Q_PROJ, LOSSES, adam_eps=1e-5),
@@ -70,16 +76,21 @@ SCENARIOS = {
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
-                ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3")]),
+                ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3"),
+                ("alltoall", "sigmoid_bias")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss")]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss"),
+                ("allgather", "qwen2"), ("alltoall", "sigmoid_bias")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
-                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj")]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj"),
+                ("alltoall", "qwen2")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
-    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
+    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
+                ("alltoall", "qwen2", {"recompute_granularity": "selective", "recompute_modules": ("shared_experts",)}),
+                ("alltoall", "sigmoid_bias")]),
     ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla"), ("alltoall", "gptoss")]),
     ("pp4", 4, [("alltoall", "deep")]),
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
@@ -88,7 +99,7 @@ LAYOUTS = [
                 ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "gptoss", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
-                ("allgather", "qwen3")]),
+                ("allgather", "qwen3"), ("alltoall", "qwen2")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from spec.catalog import get_model
+from spec.errors import InvalidConfigError, SpecError
 from executor.dispatcher import chunk_order
 from executor.kernels import get_backend
 from executor.kernels.torch_backend import padded_grouped_mm
@@ -306,3 +307,86 @@ def test_w13_gathers_to_the_reference_and_reslices_under_etp2_ep2():
     for result in launched.results:
         assert torch.equal(result["full"], ref.w13.detach())
         assert result["resliced"]
+
+
+def test_shared_expert_gate_scales_shared_output_per_token_by_sigmoid():
+    """Qwen2-MoE: y = routed + sigmoid(x · w_gate) · shared(x); the gate weight [1, h] gets its gradient."""
+    spec = dataclasses.replace(get_model("tiny-moe-shared"), moe_shared_expert_gate=True)
+    layer, x = _layer(spec, ExecutorOptions())
+    with torch.no_grad():
+        layer.shared_gate.normal_(0.0, 0.5)  # far from 0 so the per-token factors differ visibly
+    y, _ = layer(x)
+    gate = torch.sigmoid(x @ layer.shared_gate.t())  # [n, 1, 1]
+    shared = layer.shared(x)
+    ungated, _ = _layer(dataclasses.replace(spec, moe_shared_expert_gate=False), ExecutorOptions())
+    routed = ungated(x)[0] - ungated.shared(x)  # parameters are drawn per name: same router and experts
+    torch.testing.assert_close(y, routed + gate * shared, rtol=1e-5, atol=1e-6)
+    assert gate.std() > 0.05
+    y.square().sum().backward()
+    assert layer.shared_gate.grad is not None and layer.shared_gate.grad.abs().sum() > 0
+
+
+def test_shared_expert_gate_needs_shared_experts():
+    with pytest.raises(SpecError, match="moe_shared_expert_gate"):
+        dataclasses.replace(TINY, moe_shared_expert_gate=True)
+
+
+def _switch_loss(scores, ids, e, k, coeff):
+    """Megatron's switch loss of one token set, by a loop over tokens: E·coeff/(k·T²) · Σ_e P_e · f_e."""
+    counts = torch.zeros(e)
+    for row in ids:
+        for j in row:
+            counts[int(j)] += 1
+    t = scores.shape[0]
+    return (scores.sum(0) * counts).sum() * e * coeff / (k * t * t)
+
+
+def test_aux_loss_counts_the_plain_top_k_not_the_biased_group_limited_routing():
+    """Megatron's aux loss counts a plain top-k of the normalised sigmoid scores (compute_routing_scores_for_
+    aux_loss): the expert bias and the group limit steer the routing but not the loss."""
+    spec, coeff = SPECS["sigmoid_grouped"], 1e-2
+    layer, x = _layer(spec, ExecutorOptions(moe_aux_loss_coeff=coeff, moe_router_enable_expert_bias=True))
+    with torch.no_grad():
+        layer.router.expert_bias.copy_(torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]))  # group 3 wins
+    tokens = x.view(N_TOKENS, -1)
+    routing = layer.router(tokens)
+    assert set(routing.experts_NK.reshape(-1).tolist()) == {6, 7}
+    scores = torch.sigmoid(F.linear(tokens, layer.router.weight))
+    scores = scores / scores.sum(-1, keepdim=True)
+    plain = _switch_loss(scores, scores.topk(spec.moe_router_topk).indices, spec.num_experts, spec.moe_router_topk, coeff)
+    routed = _switch_loss(scores, routing.experts_NK, spec.num_experts, spec.moe_router_topk, coeff)
+    torch.testing.assert_close(routing.loss, plain)
+    assert not torch.allclose(plain, routed, rtol=1e-2)  # the old rule (routed counts) gave a different loss
+
+
+def test_seq_aux_loss_averages_per_sequence_losses():
+    """seq_aux_loss (DeepSeek-V2/V3): the switch loss of each sequence alone, averaged over the micro-batch."""
+    coeff, b = 1e-2, 3
+    layer, x = _layer(TINY, ExecutorOptions(moe_aux_loss_coeff=coeff, moe_router_load_balancing_type="seq_aux_loss"))
+    x_SBH = x.view(N_TOKENS // b, b, -1)  # 8 positions of 3 sequences, sequence-major as the layer sees them
+    routing = layer.router(x_SBH.reshape(N_TOKENS, -1), b)
+    e, k = TINY.num_experts, TINY.moe_router_topk
+    per_sequence = []
+    for j in range(b):
+        scores = torch.softmax(F.linear(x_SBH[:, j], layer.router.weight), -1)
+        per_sequence.append(_switch_loss(scores, scores.topk(k).indices, e, k, coeff))
+    torch.testing.assert_close(routing.loss, torch.stack(per_sequence).mean())
+    whole = layer.router(x_SBH.reshape(N_TOKENS, -1), 1).loss  # one sequence: seq_aux_loss is aux_loss
+    assert not torch.allclose(routing.loss, whole)
+    none, _ = _layer(TINY, ExecutorOptions(moe_aux_loss_coeff=coeff, moe_router_load_balancing_type="none"))
+    assert none.router(x.view(N_TOKENS, -1)).loss.item() == 0.0
+
+
+def test_expert_bias_counts_the_tokens_kept_after_dropping():
+    """Megatron counts the routing map after apply_router_token_dropping for the bias update."""
+    spec = SPECS["sigmoid_grouped"]
+    layer, x = _layer(spec, ExecutorOptions(moe_router_enable_expert_bias=True, moe_expert_capacity_factor=0.5))
+    routing = layer.router(x.view(N_TOKENS, -1))
+    kept = torch.bincount(routing.experts_NK.reshape(-1), minlength=spec.num_experts + 1)[:spec.num_experts]
+    assert routing.may_drop and kept.sum() < routing.tokens_per_expert.sum()  # something was dropped
+    torch.testing.assert_close(layer.router.step_counts, kept.float())
+
+
+def test_expert_bias_needs_sigmoid_scores():
+    with pytest.raises(InvalidConfigError, match="sigmoid"):
+        _layer(TINY, ExecutorOptions(moe_router_enable_expert_bias=True))

@@ -220,3 +220,32 @@ def test_cli_writes_every_step_into_the_service_database(corpus, tmp_path, capfd
                    for r in rows)
         assert all(r.expert_load_max >= r.expert_load_mean > 0 for r in rows)
         assert rows[-1].eval_loss is not None and rows[0].eval_loss is None
+
+
+def test_expert_bias_is_checkpointed_and_resumed(corpus, tmp_path):
+    """DeepSeek-V3's routing (sigmoid scores, groups, expert bias): the bias, updated once per optimizer step,
+    is saved with the checkpoint and restored, so a resumed run routes and trains as the straight one."""
+    torch.set_num_threads(1)
+    model = dataclasses.replace(TINY, name="tiny-sigmoid", moe_router_score_function="sigmoid",
+                                moe_router_num_groups=4, moe_router_group_topk=2)
+    biased = ExecutorOptions(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.05,
+                             moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-3)
+    config = ParallelConfig(world_size=1, micro_batch_size=2)
+
+    def run(options: ExecutorOptions, ckpt: str | None = None, on_step=None):
+        cfg = TrainConfig(corpus, steps=6, seq_length=32, global_batch_size=4, lr=3e-3, warmup_steps=1,
+                          checkpoint_dir=ckpt, checkpoint_every=3 if ckpt else 0)
+        return [m.loss for m in train_worker(0, 1, model, config, options, cfg, on_step).metrics]
+
+    def crash_at_step_4(rank, metrics):
+        if metrics.step == 4:
+            raise RuntimeError("simulated kill")
+
+    straight = run(biased)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        run(biased, str(tmp_path / "ck"), crash_at_step_4)
+    assert latest_checkpoint(tmp_path / "ck").name == "step-00000003"
+    assert run(biased, str(tmp_path / "ck")) == pytest.approx(straight[3:], rel=1e-6)  # resumed at step 3
+    unbiased = run(dataclasses.replace(biased, moe_router_enable_expert_bias=False))
+    assert unbiased[0] == pytest.approx(straight[0], rel=1e-6)  # the bias starts at zero ...
+    assert unbiased[3:] != pytest.approx(straight[3:], rel=1e-4)  # ... and steers the routing once updated
