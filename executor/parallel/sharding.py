@@ -26,7 +26,9 @@ class ShardInfo:
     ``tp_dim``/``etp_dim``: dimension split over the tp/etp group; ``ep_dim``: expert dimension split over
     ep. ``expert``: gradients reduce over EDP instead of DP. ``tp_partial``: a TP-replicated parameter whose
     gradient on each TP rank covers only part of the input (sequence shard or head shard), so TP ranks sum it.
-    ``rows``: true row count when dim 0 was padded (vocabulary).
+    ``rows``: true row count when dim 0 was padded (vocabulary). ``pp_shared``: one of two copies, on the
+    first and the last pipeline stage, of the same parameter (the word embedding under MTP or tied output
+    weights with pp > 1), whose gradients sum over the embedding group.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ShardInfo:
     expert: bool = False
     tp_partial: bool = False
     rows: int | None = None
+    pp_shared: bool = False
 
 
 def _slice(full: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
