@@ -26,6 +26,10 @@ SHARED = get_model("tiny-moe-shared")  # shared experts, first layer dense
 PRE_SOFTMAX = dataclasses.replace(TINY, name="tiny-moe-presoftmax", moe_router_pre_softmax=True)
 SIGMOID = dataclasses.replace(TINY, name="tiny-moe-sigmoid", moe_router_score_function="sigmoid",
                               moe_router_num_groups=4, moe_router_group_topk=2, moe_router_topk_scaling_factor=2.5)
+# multi-token prediction (the MTP layer is MoE, as the last decoder layer); tied output weights under PP
+MTP = dataclasses.replace(SHARED, name="tiny-moe-mtp", mtp_num_layers=1)
+MTP2 = dataclasses.replace(SHARED, name="tiny-moe-mtp2", mtp_num_layers=2)
+TIED = dataclasses.replace(SHARED, name="tiny-moe-tied", untie_embeddings_and_output_weights=False)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -45,32 +49,40 @@ SCENARIOS = {
     "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
+    # MTP scaled by 0.3 (Megatron's default 0.1) so its gradients weigh more in the comparison
+    "mtp": Scenario("mtp", MTP, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
+    "mtp2": Scenario("mtp2", MTP2, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
+    "tied": Scenario("tied", TIED, LOSSES, adam_eps=1e-5),
 }
 
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
-    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
+    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mtp")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mtp")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
-                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("allgather", "mtp")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
-    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
+    # mtp / tied: the last stage's copy of the embedding, its gradient summed over the embedding group
+    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
+                ("alltoall", "mtp"), ("alltoall", "tied")]),
     ("pp2 vpp2", 2, [("alltoall", "shared")]),
     ("pp4", 4, [("alltoall", "deep")]),
-    ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
+    ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mtp2")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
     ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
-                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
+                ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
+                ("alltoall", "mtp")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
-    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep")]),
+    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mtp")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
     ("tp2 ep2 etp1", 2, [("alltoall", "shared", {"recompute_granularity": "selective",
                                                  "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
                          ("alltoall", "shared", {"recompute_granularity": "full"}),
+                         ("alltoall", "mtp", {"recompute_granularity": "full"}),
                          ("allgather", "sigmoid_bias", {"recompute_granularity": "full", "recompute_num_layers": 1}),
                          ("alltoall", "shared", {"recompute_granularity": "selective",
                                                  "recompute_modules": ("mlp", "moe", "shared_experts")})]),
