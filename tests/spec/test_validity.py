@@ -140,4 +140,9 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     assert any("num_layers (2) must be at least pp·vpp (2·2)" == r.reason for r in found)
     mla = get_model("deepseek-v3")
     assert executor_model_rule(mla).rule == "executor_model" and "multi_latent_attention" in executor_model_rule(mla).reason
+    # MTP and tied output weights under a pipeline: the last stage holds a copy of the embedding
+    tied_mtp = replace(get_model("tiny-moe-shared"), mtp_num_layers=2,
+                       untie_embeddings_and_output_weights=False)
+    assert executor_model_rule(tied_mtp) is None
+    assert executor_layout_rules(tied_mtp, ParallelConfig(world_size=4, pp=2, ep=2), seq_length=64) == []
     assert v.executor(ParallelConfig(world_size=8)) == []
