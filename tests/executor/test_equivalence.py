@@ -30,6 +30,7 @@ SIGMOID = dataclasses.replace(TINY, name="tiny-moe-sigmoid", moe_router_score_fu
 MTP = dataclasses.replace(SHARED, name="tiny-moe-mtp", mtp_num_layers=1)
 MTP2 = dataclasses.replace(SHARED, name="tiny-moe-mtp2", mtp_num_layers=2)
 TIED = dataclasses.replace(SHARED, name="tiny-moe-tied", untie_embeddings_and_output_weights=False)
+MTP_SIGMOID = dataclasses.replace(SIGMOID, name="tiny-moe-sigmoid-mtp", mtp_num_layers=1)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -53,6 +54,9 @@ SCENARIOS = {
     "mtp": Scenario("mtp", MTP, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
     "mtp2": Scenario("mtp2", MTP2, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
     "tied": Scenario("tied", TIED, LOSSES, adam_eps=1e-5),
+    "mtp_sigmoid_bias": Scenario("mtp_sigmoid_bias", MTP_SIGMOID, ExecutorOptions(
+        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3,
+        mtp_loss_scaling_factor=0.3)),
 }
 
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
@@ -63,14 +67,15 @@ LAYOUTS = [
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mtp")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
-                ("alltoall", "base", {"use_distributed_optimizer": False}), ("allgather", "mtp")]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}),
+                ("allgather", "mtp_sigmoid_bias")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
     # mtp / tied: the last stage's copy of the embedding, its gradient summed over the embedding group
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
                 ("alltoall", "mtp"), ("alltoall", "tied")]),
     ("pp2 vpp2", 2, [("alltoall", "shared")]),
-    ("pp4", 4, [("alltoall", "deep")]),
+    ("pp4", 4, [("alltoall", "deep"), ("alltoall", "mtp")]),  # mtp: an embedding group apart from pp
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mtp2")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
     ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
