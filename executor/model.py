@@ -188,7 +188,8 @@ class MoEGPT(torch.nn.Module):
     def forward_chunk(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor) -> LossOutput:
         """Run virtual chunk ``chunk``: its input is token ids [b, s] on the model's first chunk, else the
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
-        losses; elsewhere ``hidden`` is the output and ``loss`` the chunk's router losses (ce = 0)."""
+        losses (+ the MTP depths' router losses and their scaled loss); elsewhere ``hidden`` is the output and
+        ``loss`` the chunk's router losses (ce = 0)."""
         timer, state = self.timer, self.state
         full_labels_BS = labels_BS  # MTP shifts the labels over the whole sequence before CP slicing
         if self.cp_positions is not None:  # the full micro-batch comes in; this CP rank keeps its tokens

@@ -128,8 +128,8 @@ def run_schedule(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_l
     """Forward and backward of every micro-batch through this rank's chunks, exchanging with the others.
 
     Gradients accumulate into the parameters as for ``(loss / len(micro)).backward()`` per micro-batch.
-    Returns ([ce, router loss, mtp loss] summed over this rank's chunks and averaged over micro-batches, the routed
-    token counts summed over this rank's MoE layers and micro-batches (or None)).
+    Returns ([ce, router loss, mtp loss] summed over this rank's chunks and averaged over micro-batches, the
+    routed token counts summed over this rank's MoE layers and micro-batches (or None)).
     ``before_last_backward`` is called before this rank's last backward operation.
     """
     state, timer = model.state, model.timer
