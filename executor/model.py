@@ -1,7 +1,8 @@
 """The MoE GPT decoder built from a ModelSpec, sharded for one rank of a folded layout.
 
 ``MoEGPT(spec, state, options, seq_length)`` builds embedding, decoder layers (attention + dense MLP or
-MoE per ``spec.moe_layer_pattern()``), final norm and LM head. Pass ``spec.with_layers(n)`` for a proxy
+MoE per ``spec.moe_layer_pattern()``), final norm and LM head, and with ``spec.mtp_num_layers`` the
+multi-token-prediction depths (:mod:`executor.mtp`). Pass ``spec.with_layers(n)`` for a proxy
 with fewer layers. ``forward(ids, labels)`` takes this DP rank's micro-batch at full sequence length
 ([b, s] token ids) and returns a :class:`LossOutput`.
 """
@@ -23,6 +24,7 @@ from executor.kernels import get_backend
 from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
+from executor.mtp import MultiTokenPrediction
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.context_parallel import all_positions, cp_positions
@@ -35,13 +37,21 @@ from executor.timing import NULL_TIMER, PhaseTimer
 
 @dataclass
 class LossOutput:
-    """``loss``: what this rank back-propagates (CE + its share of router losses); ``ce``/``router_loss``
-    detached, ``router_loss`` already summed over TP (the micro-batch's value)."""
+    """``loss``: what this rank back-propagates (CE + its share of router losses + the scaled MTP loss);
+    ``ce``/``router_loss``/``mtp_loss`` detached, ``router_loss`` already summed over TP (the micro-batch's
+    value), ``mtp_loss`` the mean over depths of the MTP cross-entropies before ``mtp_loss_scaling_factor``
+    (zero without MTP and off the last chunk)."""
 
     loss: torch.Tensor
     ce: torch.Tensor
     router_loss: torch.Tensor
     hidden: torch.Tensor | None = None  # a pipeline chunk's output activations (all but the last chunk)
+    mtp_loss: torch.Tensor | None = None
+
+    def stats(self) -> torch.Tensor:
+        """[ce, router_loss, mtp_loss] (detached), what a step averages and reports."""
+        mtp = self.mtp_loss if self.mtp_loss is not None else torch.zeros_like(self.ce)
+        return torch.stack([self.ce, self.router_loss, mtp])
 
 
 class DecoderLayer(torch.nn.Module):
@@ -83,8 +93,11 @@ class MoEGPT(torch.nn.Module):
     """This rank's slice of the model: under pipeline parallelism, its stage's virtual chunks only.
 
     Chunk ``v`` of pipeline rank ``i`` holds the decoder layers ``spec.pipeline_layout.layer_chunks(L, pp,
-    vpp)[i][v]``; the embedding lives on the first chunk of the model and the final norm, LM head and loss on
-    the last. Parameter names are the full model's, so every layout gathers to the same state.
+    vpp)[i][v]``; the embedding lives on the first chunk of the model and the final norm, LM head, MTP depths
+    and loss on the last. Parameter names are the full model's, so every layout gathers to the same state.
+    When the last stage needs the word embedding too (MTP embeds the shifted tokens; tied output weights) and
+    pp > 1, it holds its own copy (``ShardInfo.pp_shared``, same name and initial values) whose gradient the
+    reducer sums with the first stage's over the embedding group, as Megatron does.
     """
 
     def __init__(self, spec: ModelSpec, state: ParallelState, options: ExecutorOptions | None = None,
@@ -106,11 +119,15 @@ class MoEGPT(torch.nn.Module):
         chunks = layer_chunks(spec.num_layers, config.pp, config.vpp)[pp.rank]
         self.first_stage, self.last_stage = pp.rank == 0, pp.rank == pp.size - 1
 
-        def vocab_param(name):
-            info = ShardInfo(name, (self.padded_vocab, h), tp_dim=0, rows=spec.vocab_size)
+        def vocab_param(name, pp_shared=False):
+            info = ShardInfo(name, (self.padded_vocab, h), tp_dim=0, rows=spec.vocab_size, pp_shared=pp_shared)
             return make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
 
-        self.embedding = vocab_param("embedding.weight") if self.first_stage else None
+        tied = not spec.untie_embeddings_and_output_weights
+        last_needs_embedding = bool(spec.mtp_num_layers) or tied
+        shared = pp.size > 1 and last_needs_embedding
+        self.embedding = vocab_param("embedding.weight", shared) \
+            if self.first_stage or (self.last_stage and last_needs_embedding) else None
         pattern = spec.moe_layer_pattern()
         self.layers = torch.nn.ModuleList(
             DecoderLayer(spec, options, state, i, bool(pattern[i]), self.kernels, device, dtype, timer)
@@ -122,12 +139,18 @@ class MoEGPT(torch.nn.Module):
             self.chunk_layers.append(list(range(start, start + len(chunk))))
             for index, position in enumerate(self.chunk_layers[-1]):
                 self.layers[position].recompute_layer = recompute.full_layer(config, index)
-        self.final_norm = self.lm_head = None
+        self.final_norm = self.lm_head = self.mtp = None
         if self.last_stage:
             info = ShardInfo("final_norm.weight", (h,), tp_partial=True)
             self.final_norm = make_param(info, state, "ones", 0.0, options.seed, device, dtype)
-            # tied output weights reuse the embedding: only without a pipeline (check_layout says so)
-            self.lm_head = vocab_param("lm_head.weight") if spec.untie_embeddings_and_output_weights else None
+            # tied output weights reuse the embedding (the last stage's copy under pp > 1)
+            self.lm_head = vocab_param("lm_head.weight") if not tied else None
+            if spec.mtp_num_layers:  # depths of the last decoder layer's kind, named as layers L, L+1, ...
+                mtp_layers = [DecoderLayer(spec, options, state, spec.num_layers + k, bool(pattern[-1]),
+                                           self.kernels, device, dtype, timer) for k in range(spec.mtp_num_layers)]
+                for layer in mtp_layers:  # Megatron checkpoints a whole MTP layer under full recompute
+                    layer.recompute_layer = config.recompute_granularity == "full"
+                self.mtp = MultiTokenPrediction(spec, options, state, mtp_layers, self.kernels, device, dtype, timer)
         cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
         cp = state["cp"]
         self.cp_positions = None
@@ -137,7 +160,7 @@ class MoEGPT(torch.nn.Module):
             keys = all_positions(self.seq_length, cp.size, device)
             cos, sin = cos[self.cp_positions], sin[self.cp_positions]
         masks = {}  # one mask per window size, shared by the layers that use it
-        for layer in self.layers:
+        for layer in self.decoder_layers():
             attention = layer.attention
             if cp.size > 1 or not attention.plain:
                 if attention.window not in masks:
@@ -146,8 +169,20 @@ class MoEGPT(torch.nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """This rank's decoder layers, then the MTP depths' layers (last stage)."""
+        extra = [depth.layer for depth in self.mtp.depths] if self.mtp is not None else []
+        return list(self.layers) + extra
+
     def moe_layers(self) -> list[MoELayer]:
-        return [layer.mlp for layer in self.layers if layer.is_moe]
+        return [layer.mlp for layer in self.decoder_layers() if layer.is_moe]
+
+    def chunk_moe_layers(self, chunk: int) -> list[MoELayer]:
+        """The MoE layers virtual chunk ``chunk`` runs (the MTP depths' with the model's last chunk)."""
+        layers = [self.layers[i] for i in self.chunk_layers[chunk]]
+        if self.mtp is not None and self.is_last_chunk(chunk):
+            layers += [depth.layer for depth in self.mtp.depths]
+        return [layer.mlp for layer in layers if layer.is_moe]
 
     def is_first_chunk(self, chunk: int) -> bool:
         return self.first_stage and chunk == 0
@@ -163,8 +198,10 @@ class MoEGPT(torch.nn.Module):
     def forward_chunk(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor) -> LossOutput:
         """Run virtual chunk ``chunk``: its input is token ids [b, s] on the model's first chunk, else the
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
-        losses; elsewhere ``hidden`` is the output and ``loss`` the chunk's router losses (ce = 0)."""
+        losses (+ the MTP depths' router losses and their scaled loss); elsewhere ``hidden`` is the output and
+        ``loss`` the chunk's router losses (ce = 0)."""
         timer, state = self.timer, self.state
+        full_labels_BS = labels_BS  # MTP shifts the labels over the whole sequence before CP slicing
         if self.cp_positions is not None:  # the full micro-batch comes in; this CP rank keeps its tokens
             if self.is_first_chunk(chunk):
                 x_or_ids = x_or_ids[:, self.cp_positions]
@@ -188,13 +225,22 @@ class MoEGPT(torch.nn.Module):
         if not self.is_last_chunk(chunk):
             return LossOutput(router_loss, router_loss.new_zeros(()), total_router, hidden=x)
         x = timer.mark(x, "other", "lm_head_loss")
-        x = self.kernels.rms_norm(x, self.final_norm, self.options.norm_epsilon)
+        x = h0 = self.kernels.rms_norm(x, self.final_norm, self.options.norm_epsilon)
         x = enter_tp(x, state)
         logits = F.linear(x, self.lm_head if self.lm_head is not None else self.embedding)
         ce = cross_entropy(logits, labels_BS.t(), self.spec.vocab_size, self.padded_vocab, state).mean()
         loss = ce + router_loss
         loss = timer.mark(loss, "lm_head_loss", "other")
-        return LossOutput(loss, ce.detach(), total_router)
+        if self.mtp is None:
+            return LossOutput(loss, ce.detach(), total_router)
+        mtp_loss, mtp_router = self.mtp(h0, full_labels_BS, rope, self.embedding,
+                                        self.lm_head if self.lm_head is not None else self.embedding,
+                                        self.cp_positions)
+        mtp_router = mtp_router * state["cp"].size  # as the decoder's router losses above
+        with torch.no_grad():
+            total_router = total_router + all_reduce_(mtp_router.detach().clone(), state.tp)
+        loss = loss + self.options.mtp_loss_scaling_factor * mtp_loss + mtp_router
+        return LossOutput(loss, ce.detach(), total_router, mtp_loss=mtp_loss.detach())
 
     def forward(self, ids_BS: torch.Tensor, labels_BS: torch.Tensor) -> LossOutput:
         """Mean cross-entropy of the micro-batch plus router losses (the whole model: pp = 1 only)."""

@@ -19,6 +19,8 @@ class ExecutorOptions:
     The router fields are :class:`spec.router_options.RouterOptions`' (see there; here the expert bias is
     decided, not None); :meth:`for_training` builds them from a TrainingSpec and RouterOptions.
     ``moe_expert_capacity_factor`` None means dropless.
+    ``mtp_loss_scaling_factor``: weight of the multi-token-prediction loss (the mean over depths of each
+    depth's cross-entropy) added to the main loss, Megatron's default 0.1 (models with ``mtp_num_layers``).
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -31,6 +33,7 @@ class ExecutorOptions:
     # Benchmarks only: assign experts round-robin (perfect balance) instead of by score, as Megatron's
     # --moe-router-force-load-balancing does, to measure the layout without an untrained router's skew.
     moe_router_force_load_balancing: bool = False
+    mtp_loss_scaling_factor: float = 0.1
     kernel_backend: str = "torch"
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
@@ -45,6 +48,8 @@ class ExecutorOptions:
             raise SpecError(f"moe_token_drop_policy must be one of {DROP_POLICIES}, got {self.moe_token_drop_policy!r}")
         if self.moe_expert_capacity_factor is not None and self.moe_expert_capacity_factor <= 0:
             raise SpecError(f"moe_expert_capacity_factor must be > 0, got {self.moe_expert_capacity_factor}")
+        if self.mtp_loss_scaling_factor < 0:
+            raise SpecError(f"mtp_loss_scaling_factor must be >= 0, got {self.mtp_loss_scaling_factor}")
 
     @classmethod
     def for_training(cls, training: TrainingSpec, router: RouterOptions | None = None,

@@ -128,8 +128,8 @@ def run_schedule(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_l
     """Forward and backward of every micro-batch through this rank's chunks, exchanging with the others.
 
     Gradients accumulate into the parameters as for ``(loss / len(micro)).backward()`` per micro-batch.
-    Returns ([ce, router loss] summed over this rank's chunks and averaged over micro-batches, the routed
-    token counts summed over this rank's MoE layers and micro-batches (or None)).
+    Returns ([ce, router loss, mtp loss] summed over this rank's chunks and averaged over micro-batches, the
+    routed token counts summed over this rank's MoE layers and micro-batches (or None)).
     ``before_last_backward`` is called before this rank's last backward operation.
     """
     state, timer = model.state, model.timer
@@ -142,7 +142,7 @@ def run_schedule(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_l
     inbox: dict[tuple[str, int, int], torch.Tensor] = {}  # (kind, micro, chunk) -> received tensor
     saved: dict[tuple[int, int], tuple] = {}  # (micro, chunk) -> (input, output)
     outbox: dict[tuple[str, int], torch.Tensor] = {}  # (kind, micro) -> tensor produced this tick
-    stats = torch.zeros(2, device=device)
+    stats = torch.zeros(3, device=device)
     counts = None
     my_ops = [op for op in schedule.ticks[pp.rank] if op is not None]
     last_backward = max(i for i, op in enumerate(my_ops) if op.kind == "B")
@@ -157,8 +157,8 @@ def run_schedule(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_l
                     x = inbox.pop(("F", op.micro, op.chunk)).requires_grad_()
                 out = model.forward_chunk(op.chunk, x, labels)
                 saved[(op.micro, op.chunk)] = (x, out)
-                stats += torch.stack([out.ce, out.router_loss]) / num_micro
-                for moe in (model.layers[i].mlp for i in model.chunk_layers[op.chunk] if model.layers[i].is_moe):
+                stats += out.stats() / num_micro
+                for moe in model.chunk_moe_layers(op.chunk):
                     c = moe.last_tokens_per_expert
                     counts = c.clone() if counts is None else counts + c
                 if out.hidden is not None:

@@ -16,12 +16,15 @@ from executor.pipeline import run_schedule
 @dataclass
 class StepResult:
     """Step statistics, identical on every rank: mean loss over the global batch, its CE and router parts,
-    and routed tokens per expert summed over MoE layers and the whole global batch."""
+    routed tokens per expert summed over MoE layers (MTP layers included) and the whole global batch, and the
+    MTP loss (mean over depths of their CE, before ``mtp_loss_scaling_factor``; 0 without MTP). ``loss`` is
+    ce + router_loss + mtp_loss_scaling_factor · mtp_loss, the objective trained."""
 
     loss: float
     ce: float
     router_loss: float
     tokens_per_expert: list[int]
+    mtp_loss: float = 0.0
 
 
 class Trainer:
@@ -57,21 +60,22 @@ class Trainer:
         self.optimizer.finish_param_gather()
 
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Accumulate gradients of the mean loss over this rank's micro-batches; returns [ce, router] sums."""
+        """Accumulate gradients of the mean loss over this rank's micro-batches; returns the mean
+        [ce, router, mtp] (:meth:`LossOutput.stats`)."""
         model = self.model
         if self.pipelined:
             # With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
             # rank's: only the non-interleaved schedule overlaps the reduction with the last backward.
             stats, self._counts = run_schedule(model, micro, self.reducer.arm if model.vpp == 1 else None)
             return stats
-        stats = torch.zeros(2, device=self.model.rope_cos.device)
+        stats = torch.zeros(3, device=self.model.rope_cos.device)
         counts = None
         for i, (ids, labels) in enumerate(micro):
             out = model(ids, labels)
             if i == len(micro) - 1:
                 self.reducer.arm()  # the last backward's final gradients start their all-reduce at once
             (out.loss / len(micro)).backward()
-            stats += torch.stack([out.ce, out.router_loss]) / len(micro)
+            stats += out.stats() / len(micro)
             for moe in model.moe_layers():
                 c = moe.last_tokens_per_expert
                 counts = c.clone() if counts is None else counts + c
@@ -100,5 +104,6 @@ class Trainer:
         timer.switch("optimizer")
         self.optimizer.step()  # ends with the parameter all-gather when sharded (left running when overlapped)
         timer.switch("other")
-        ce, router = stats.tolist()
-        return StepResult(ce + router, ce, router, [int(c) for c in counts.tolist()])
+        ce, router, mtp = stats.tolist()
+        loss = ce + router + model.options.mtp_loss_scaling_factor * mtp
+        return StepResult(loss, ce, router, [int(c) for c in counts.tolist()], mtp_loss=mtp)

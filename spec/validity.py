@@ -76,12 +76,11 @@ RULES: dict[str, str] = {
 
 # rule id -> what executor/ can run: a subset of Megatron's layouts (the reasons name the executor's limits)
 EXECUTOR_RULES: dict[str, str] = {
-    "executor_model": "RMSNorm, RoPE, SwiGLU or quick-GeGLU, causal windows, no dropout, no MTP",
+    "executor_model": "RMSNorm, RoPE, SwiGLU or quick-GeGLU, causal windows, no dropout",
     "executor_sp": "tp > 1 needs sequence parallelism",
     "executor_seq_cp": "seq_length % (2·cp) == 0",
     "executor_layers_pp": "num_layers >= pp·vpp",
     "executor_vpp_pp": "vpp > 1 needs pp > 1",
-    "executor_untied_pp": "pp > 1 needs untied embedding and output weights",
     "executor_heads_tp": "attention heads and kv heads % tp == 0",
     "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
@@ -147,8 +146,6 @@ def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Reject
 def unsupported_features(model: ModelSpec) -> list[str]:
     """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
     unsupported = []
-    if model.mtp_num_layers:
-        unsupported.append("mtp_num_layers")
     if model.normalization != "rmsnorm":
         unsupported.append(f"normalization={model.normalization}")
     if model.position_embedding_type != "rope":
@@ -190,8 +187,6 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
     rule("executor_layers_pp", fewer_layers_than_chunks(m.num_layers, c.pp, c.vpp),
          f"num_layers ({m.num_layers}) must be at least pp·vpp ({c.pp}·{c.vpp})")
     rule("executor_vpp_pp", interleaving_without_pipeline(c.pp, c.vpp), f"vpp={c.vpp} needs pp > 1")
-    rule("executor_untied_pp", c.pp > 1 and not m.untie_embeddings_and_output_weights,
-         "pp > 1 needs untied embedding and output weights")
     rule("executor_heads_tp", m.num_attention_heads % c.tp != 0 or m.num_kv_heads % c.tp != 0,
          f"attention heads ({m.num_attention_heads}) and kv heads ({m.num_kv_heads}) "
          f"must be divisible by tp ({c.tp})")

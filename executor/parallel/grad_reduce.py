@@ -25,6 +25,13 @@ With ``overlap`` (ParallelConfig.overlap_grad_reduce), :meth:`GradReducer.arm` b
 backward makes each DP/EDP bucket start an asynchronous all-reduce as soon as all its gradients are final;
 buckets start strictly in bucket order, so every rank issues the same collectives in the same order.
 :meth:`GradReducer.reduce` then waits for them and does what is left (the TP sums).
+
+Parameters held on both the first and the last pipeline stage (``ShardInfo.pp_shared``: the word embedding
+under MTP or tied output weights, Megatron's embedding group) first sum their local gradients over the
+embedding group (first and last stage of this pipeline), then reduce over DP like any dense parameter: both
+sums commute, and summing before the DP reduction works alike for the all-reduce and the reduce-scatter.
+They sit in their own last dense bucket, which never starts during the backward (the other stage's part is
+not there yet): :meth:`GradReducer.reduce` syncs them, then reduces that bucket.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from executor.parallel.collectives import reduce_scatter_tensor, all_gather_nograd, all_reduce_
-from executor.parallel.groups import Group, ParallelState
+from executor.parallel.groups import EMBEDDING_GROUP, Group, ParallelState
 
 
 def grad_of(p: torch.nn.Parameter) -> torch.Tensor | None:
@@ -234,11 +241,15 @@ class GradReducer:
         self.buckets: list[tuple[list[torch.nn.Parameter], torch.Tensor | None]] = []
         dense = [p for p in params if not p.shard_info.expert]
         expert = [p for p in params if p.shard_info.expert]
+        self.pp_shared = [p for p in params if p.shard_info.pp_shared]
+        self.embedding_group = state.groups.get(EMBEDDING_GROUP) if self.pp_shared else None
         for group, kind, reduce in ((dp, dense, dp.size > 1 or sharded),
                                     (state.edp, expert, state.edp.size > 1 or dp.size > 1 or sharded)):
             if not kind:
                 continue
-            buckets = _buckets(kind, bucket_bytes)
+            own = [p for p in kind if not p.shard_info.pp_shared]
+            shared = [p for p in kind if p.shard_info.pp_shared]
+            buckets = (_buckets(own, bucket_bytes) if own else []) + (_buckets(shared, bucket_bytes) if shared else [])
             size = group.size if sharded else 1  # a sharded bucket splits into equal shards
             buffers = [_grad_buffer(b, size) if main_grads else None for b in buckets]
             self.buckets += list(zip(buckets, buffers))
@@ -253,6 +264,8 @@ class GradReducer:
         if self.overlap:
             for entry in self.entries:
                 for index, bucket in enumerate(entry.buckets):
+                    if any(p.shard_info.pp_shared for p in bucket):
+                        continue  # launched by reduce(), after the embedding-group sum
                     for p in bucket:
                         p.register_post_accumulate_grad_hook(self._hook(entry, index))
 
@@ -276,10 +289,21 @@ class GradReducer:
         """Finish (or run) every reduction; afterwards each gradient (``main_grad`` or ``.grad``) holds the
         reduced gradient, or with ``sharded`` each entry's ``shards`` hold this rank's slice of it."""
         self.armed = False
+        self._sum_pp_shared()
         for entry in self.entries:
             entry.finish()
         if self.tp_entry is not None:
             self.tp_entry.finish()
+
+    def _sum_pp_shared(self) -> None:
+        """Sum the gradients of the first and last stage's copies of a shared parameter (embedding group)."""
+        group = self.embedding_group
+        if group is None or group.size == 1:
+            return
+        for p in self.pp_shared:
+            if grad_of(p) is None:  # this stage's copy saw no use this step: its part is zero
+                p.grad = torch.zeros_like(p)
+            all_reduce_(grad_of(p), group)
 
     @torch.no_grad()
     def materialize(self) -> None:

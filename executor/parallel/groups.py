@@ -16,6 +16,10 @@ from spec.rank_groups import FoldedGroups
 
 # The groups the executor uses (cp and pp: context and pipeline parallelism; dp_cp: dense gradient reduction).
 GROUP_NAMES = ("tp", "cp", "dp", "dp_cp", "pp", "etp", "ep", "edp", "tp_ep")
+#: Megatron's embedding group: the first and the last rank of each pipeline group, which both hold the word
+#: embedding when the last stage needs it too (MTP, tied output weights) and sum its gradient. Only those
+#: ranks have it in ``ParallelState.groups``.
+EMBEDDING_GROUP = "embedding"
 
 
 @dataclass
@@ -87,6 +91,15 @@ def build_parallel_state(config: ParallelConfig, rank: int) -> ParallelState:
                 pg = dist.new_group(ranks)  # every rank must call this for every group, in order
             if rank in ranks:
                 state.groups[name] = Group(name, tuple(ranks), ranks.index(rank), pg)
+    for ranks in folded.groups("pp"):
+        ends = (ranks[0], ranks[-1]) if len(ranks) > 1 else (ranks[0],)
+        pg = None
+        if len(ranks) > 2:
+            pg = dist.new_group(list(ends))  # every rank must call this for every group, in order
+        elif len(ranks) == 2 and rank in ranks:
+            pg = state["pp"].pg  # pp == 2: the pipeline group is the embedding group
+        if rank in ends:
+            state.groups[EMBEDDING_GROUP] = Group(EMBEDDING_GROUP, ends, ends.index(rank), pg)
     return state
 
 

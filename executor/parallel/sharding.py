@@ -26,7 +26,9 @@ class ShardInfo:
     ``tp_dim``/``etp_dim``: dimension split over the tp/etp group; ``ep_dim``: expert dimension split over
     ep. ``expert``: gradients reduce over EDP instead of DP. ``tp_partial``: a TP-replicated parameter whose
     gradient on each TP rank covers only part of the input (sequence shard or head shard), so TP ranks sum it.
-    ``rows``: true row count when dim 0 was padded (vocabulary).
+    ``rows``: true row count when dim 0 was padded (vocabulary). ``pp_shared``: one of two copies, on the
+    first and the last pipeline stage, of the same parameter (the word embedding under MTP or tied output
+    weights with pp > 1), whose gradients sum over the embedding group.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ShardInfo:
     expert: bool = False
     tp_partial: bool = False
     rows: int | None = None
+    pp_shared: bool = False
 
 
 def _slice(full: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
@@ -101,7 +104,10 @@ def gather_full(t: torch.Tensor, info: ShardInfo, state: ParallelState) -> torch
 
 
 def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = False) -> dict[str, torch.Tensor]:
-    """Full-shape parameters (or gradients) of ``model`` keyed by ShardInfo name. Every rank must call it."""
+    """Full-shape parameters (or gradients) of ``model`` keyed by ShardInfo name. Every rank must call it.
+
+    The copies of a ``pp_shared`` parameter (first and last stage) must be equal: a later stage's copy that
+    differs comes back under ``name@pp{stage}``, so a comparison with the reference names it."""
     finish_param_gather(model)  # overlapped parameter all-gathers still writing the parameters
     out = {}
     for param in model.parameters():
@@ -115,5 +121,10 @@ def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = Fal
     if pp.size > 1:  # each stage holds other layers: every rank gets the whole model
         parts = [None] * pp.size
         dist.all_gather_object(parts, out, group=pp.pg)
-        out = {name: t for part in parts for name, t in part.items()}
+        out = {}
+        for stage, part in enumerate(parts):
+            for name, t in part.items():
+                if name in out and not torch.equal(out[name], t):
+                    name = f"{name}@pp{stage}"  # a pp_shared copy that drifted from the first stage's: show it
+                out[name] = t
     return out

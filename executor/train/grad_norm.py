@@ -8,7 +8,9 @@ unique shard once — dense, TP-split and expert parameters alike — in one all
 With the distributed optimizer the reducer leaves each rank only its 1/g slice of every bucket's reduced
 gradient (g = the bucket's DP·CP or EDP group); those slices are distinct within the group, so each element
 there weighs ``n · g / world_size``. Clipping scales exactly the tensors the optimizer reads next: the
-slices, or the parameters' (main) gradients.
+slices, or the parameters' (main) gradients. The last pipeline stage's copy of a parameter the first stage
+holds too (``ShardInfo.pp_shared``: the embedding under MTP or tied output weights) weighs 0: its gradient is
+the first stage's, counted there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from executor.parallel.groups import ParallelState
 
 
 def _num_shards(info, state: ParallelState) -> int:
+    if info.pp_shared and state["pp"].rank != 0:
+        return 0  # the copy of a first-stage parameter: counted on the first stage
     n = 1
     if info.tp_dim is not None:
         n *= state.tp.size

@@ -3,7 +3,8 @@
 Each step: the schedule's learning rate, this DP rank's rows of global batch ``step`` (the data position is
 the step), forward/backward over micro-batches, gradient reduction, clipping by the global gradient norm,
 AdamW (all through :class:`executor.train_step.Trainer`, whose optimizer gets a pre-step hook for the
-clipping). Loss is CE plus the MoE router losses (aux and z-loss per :class:`ExecutorOptions`). Every
+clipping). Loss is CE plus the MoE router losses (aux and z-loss per :class:`ExecutorOptions`) plus, for models
+with ``mtp_num_layers``, ``mtp_loss_scaling_factor`` times the MTP loss (logged unscaled as ``mtp_loss``). Every
 ``eval_every`` steps and at the end the mean CE over fixed held-out batches is measured; every
 ``checkpoint_every`` steps and at the end a checkpoint is saved; a run whose checkpoint directory holds one
 resumes from it, under whatever layout it is launched with.
@@ -98,6 +99,7 @@ class StepMetrics:
     expert_load_mean: float
     eval_loss: float | None = None
     peak_memory_bytes: int | None = None
+    mtp_loss: float = 0.0  # mean over MTP depths of their CE, before mtp_loss_scaling_factor (0: no MTP)
 
 
 @dataclass
@@ -203,7 +205,8 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
                               tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
                               tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
                               expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
-                              peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None)
+                              peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None,
+                              mtp_loss=result.mtp_loss)
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
             metrics.eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size, device)

@@ -40,6 +40,11 @@ QWEN3 = dataclasses.replace(TINY, name="tiny-qwen3", qk_layernorm=True)
 GPTOSS = dataclasses.replace(SHARED, name="tiny-gptoss", add_bias_linear=True, add_qkv_bias=True, swiglu=False,
                              quick_geglu=True, activation_func_clamp_value=0.1, glu_linear_offset=1.0,
                              softmax_type="learnable", window_size=(4, 0), window_attn_skip_freq=2)
+# multi-token prediction (the MTP layer is MoE, as the last decoder layer); tied output weights under PP
+MTP = dataclasses.replace(SHARED, name="tiny-moe-mtp", mtp_num_layers=1)
+MTP2 = dataclasses.replace(SHARED, name="tiny-moe-mtp2", mtp_num_layers=2)
+TIED = dataclasses.replace(SHARED, name="tiny-moe-tied", untie_embeddings_and_output_weights=False)
+MTP_SIGMOID = dataclasses.replace(SIGMOID, name="tiny-moe-sigmoid-mtp", mtp_num_layers=1)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -71,41 +76,51 @@ SCENARIOS = {
     "mla": Scenario("mla", MLA, dataclasses.replace(LOSSES, moe_router_enable_expert_bias=True,
                                                     moe_router_bias_update_rate=1e-2), adam_eps=1e-5),
     "mla_q_proj": Scenario("mla_q_proj", MLA_Q_PROJ, LOSSES, adam_eps=1e-5),
+    # MTP scaled by 0.3 (Megatron's default 0.1) so its gradients weigh more in the comparison
+    "mtp": Scenario("mtp", MTP, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
+    "mtp2": Scenario("mtp2", MTP2, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
+    "tied": Scenario("tied", TIED, LOSSES, adam_eps=1e-5),
+    "mtp_sigmoid_bias": Scenario("mtp_sigmoid_bias", MTP_SIGMOID, ExecutorOptions(
+        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3,
+        mtp_loss_scaling_factor=0.3)),
 }
 
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
                 ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3"),
-                ("alltoall", "sigmoid_bias")]),
+                ("alltoall", "sigmoid_bias"), ("alltoall", "mtp")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss"),
-                ("allgather", "qwen2"), ("alltoall", "sigmoid_bias")]),
+                ("allgather", "qwen2"), ("alltoall", "sigmoid_bias"), ("alltoall", "mtp")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj"),
-                ("alltoall", "qwen2")]),
+                ("alltoall", "qwen2"), ("allgather", "mtp_sigmoid_bias")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
+    # mtp / tied: the last stage's copy of the embedding, its gradient summed over the embedding group
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
                 ("alltoall", "qwen2", {"recompute_granularity": "selective", "recompute_modules": ("shared_experts",)}),
-                ("alltoall", "sigmoid_bias")]),
+                ("alltoall", "sigmoid_bias"), ("alltoall", "mtp"), ("alltoall", "tied")]),
     ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla"), ("alltoall", "gptoss")]),
-    ("pp4", 4, [("alltoall", "deep")]),
-    ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
+    ("pp4", 4, [("alltoall", "deep"), ("alltoall", "mtp")]),  # mtp: an embedding group apart from pp
+    ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mtp2")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
     ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
                 ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "gptoss", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
-                ("allgather", "qwen3"), ("alltoall", "qwen2")]),
+                ("allgather", "qwen3"), ("alltoall", "qwen2"), ("alltoall", "mtp")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
-    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla")]),
+    ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla"),
+                                 ("alltoall", "mtp")]),
     # recomputation: collectives (TP, EP all-to-all) re-run inside the checkpointed regions
     ("tp2 ep2 etp1", 2, [("alltoall", "shared", {"recompute_granularity": "selective",
                                                  "recompute_modules": ("core_attn", "moe_act", "layernorm")}),
                          ("alltoall", "shared", {"recompute_granularity": "full"}),
+                         ("alltoall", "mtp", {"recompute_granularity": "full"}),
                          ("allgather", "sigmoid_bias", {"recompute_granularity": "full", "recompute_num_layers": 1}),
                          ("alltoall", "shared", {"recompute_granularity": "selective",
                                                  "recompute_modules": ("mlp", "moe", "shared_experts")}),

@@ -215,7 +215,7 @@ def test_training_with_checkpoints_and_evaluation_equals_the_synchronous_gather(
     """Evaluation (a forward, or under PP the pipeline schedule) and checkpoint saves between steps, then a
     resume from the middle checkpoint: every number equals the run with the synchronous gather."""
     torch.set_num_threads(1)
-    spec = dataclasses.replace(TINY, untie_embeddings_and_output_weights=True)  # a pipeline needs it
+    spec = dataclasses.replace(TINY, untie_embeddings_and_output_weights=True)
     overlapped = ParallelConfig.parse(label, world_size=world)
     assert overlapped.use_distributed_optimizer and overlapped.overlap_param_gather
 

@@ -122,7 +122,7 @@ def test_crashed_run_resumes_exactly_and_reshards_to_another_layout(corpus, tmp_
 @pytest.mark.skipif(not hasattr(importlib.import_module("executor.train_step"), "run_schedule"),
                     reason="the executor's trainer does not run pipeline schedules yet")
 def test_checkpoint_reshards_into_a_pipeline_layout(corpus, tmp_path):
-    """Trained with TP2·EP2, resumed with PP2·EP2 (a pipeline needs untied embedding and output weights)."""
+    """Trained with TP2·EP2, resumed with PP2·EP2."""
     torch.set_num_threads(1)
     untied = dataclasses.replace(TINY, untie_embeddings_and_output_weights=True)
 

@@ -144,4 +144,9 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     assert executor_model_rule(mla) is None  # the executor builds multi-latent attention
     up_proj = ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("mla_up_proj",))
     assert [r.rule for r in executor_layout_rules(mla, up_proj, seq_length=64)] == ["executor_recompute"]
+    # MTP and tied output weights under a pipeline: the last stage holds a copy of the embedding
+    tied_mtp = replace(get_model("tiny-moe-shared"), mtp_num_layers=2,
+                       untie_embeddings_and_output_weights=False)
+    assert executor_model_rule(tied_mtp) is None
+    assert executor_layout_rules(tied_mtp, ParallelConfig(world_size=4, pp=2, ep=2), seq_length=64) == []
     assert v.executor(ParallelConfig(world_size=8)) == []
