@@ -11,6 +11,8 @@ from spec.training_spec import TrainingSpec
 from spec.validity import executor_model_rule
 
 DROP_POLICIES = ("probs", "position")
+#: Logits per block of the fused output layer + loss: 2**26 (its fp32 copy is 256 MiB).
+DEFAULT_CHUNK_LOGITS = 2**26
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,10 @@ class ExecutorOptions:
     ``moe_expert_capacity_factor`` None means dropless; ``moe_token_drop_policy`` 'probs' keeps the
     tokens with the highest routing probability per expert, 'position' the earliest ones.
     ``moe_router_bias_update_rate`` > 0 turns on aux-loss-free load balancing (DeepSeek-V3 expert bias).
+    ``cross_entropy_chunk_logits``: the output layer and loss hold at most this many logits (tokens × this
+    rank's vocabulary rows) at once, fused and blocked over the vocabulary (default 2**26: a 256 MiB fp32
+    block); 0 computes the whole [tokens, vocab/tp] logits and their fp32 copies, as Megatron does without
+    ``--cross-entropy-loss-fusion`` (see ``executor.parallel.linear_cross_entropy``).
     """
 
     moe_aux_loss_coeff: float = 0.0
@@ -32,6 +38,7 @@ class ExecutorOptions:
     # --moe-router-force-load-balancing does, to measure the layout without an untrained router's skew.
     moe_router_force_load_balancing: bool = False
     kernel_backend: str = "torch"
+    cross_entropy_chunk_logits: int = DEFAULT_CHUNK_LOGITS
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
@@ -42,6 +49,8 @@ class ExecutorOptions:
             raise SpecError(f"moe_token_drop_policy must be one of {DROP_POLICIES}, got {self.moe_token_drop_policy!r}")
         if self.moe_expert_capacity_factor is not None and self.moe_expert_capacity_factor <= 0:
             raise SpecError(f"moe_expert_capacity_factor must be > 0, got {self.moe_expert_capacity_factor}")
+        if self.cross_entropy_chunk_logits < 0:
+            raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
 
     @classmethod
     def for_training(cls, training: TrainingSpec, **overrides: Any) -> ExecutorOptions:
