@@ -26,6 +26,10 @@ SHARED = get_model("tiny-moe-shared")  # shared experts, first layer dense
 PRE_SOFTMAX = dataclasses.replace(TINY, name="tiny-moe-presoftmax", moe_router_pre_softmax=True)
 SIGMOID = dataclasses.replace(TINY, name="tiny-moe-sigmoid", moe_router_score_function="sigmoid",
                               moe_router_num_groups=4, moe_router_group_topk=2, moe_router_topk_scaling_factor=2.5)
+# the output layer + loss in blocks of 37 vocabulary rows (16 tokens per TP group; 74 rows under cp2) over a
+# padded vocabulary (250 of 256 rows), tied to the embedding or not; and the unfused path (whole logits)
+PADDED_VOCAB = dataclasses.replace(TINY, name="tiny-moe-vocab250", vocab_size=250)
+TIED = dataclasses.replace(PADDED_VOCAB, name="tiny-moe-vocab250-tied", untie_embeddings_and_output_weights=False)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -43,27 +47,35 @@ SCENARIOS = {
     "base8": Scenario("base8", TINY, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "shared8": Scenario("shared8", SHARED, LOSSES, global_batch_size=8, adam_eps=1e-5),
     "deep8": Scenario("deep8", SHARED.with_layers(8), LOSSES, adam_eps=1e-5),  # PP4 x VPP2: 8 one-layer chunks
+    "ce_blocks": Scenario("ce_blocks", PADDED_VOCAB, dataclasses.replace(LOSSES, cross_entropy_chunk_logits=16 * 37)),
+    # tied: the embedding's gradient sums its two uses; rows of rare tokens get ~1e-7 gradients whose fp32
+    # reduction-order noise Adam at eps 1e-6 amplifies to 3e-4 (the unfused path alike), hence eps 1e-5
+    "ce_blocks_tied": Scenario("ce_blocks_tied", TIED, dataclasses.replace(LOSSES, cross_entropy_chunk_logits=16 * 37),
+                               adam_eps=1e-5),
+    "ce_unfused": Scenario("ce_unfused", TINY, dataclasses.replace(LOSSES, cross_entropy_chunk_logits=0)),
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3)),
 }
 
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
-    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs")]),
+    ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "ce_blocks_tied"),
+                ("alltoall", "ce_unfused")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False})]),
+                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "ce_blocks")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False})]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)
-    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"})]),
+    ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
+                ("alltoall", "ce_blocks")]),
     ("pp2 vpp2", 2, [("alltoall", "shared")]),
     ("pp4", 4, [("alltoall", "deep")]),
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep")]),
     # context parallelism: load-balanced causal attention with K/V all-gathered over CP
-    ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"),
+    ("cp2", 2, [("alltoall", "base"), ("allgather", "sigmoid_bias"), ("alltoall", "ce_blocks"),
                 ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)})]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep")]),
