@@ -24,8 +24,8 @@ class ExecutorOptions:
     ``moe_router_bias_update_rate`` > 0 turns on aux-loss-free load balancing (DeepSeek-V3 expert bias).
     ``cross_entropy_chunk_logits``: the output layer and loss hold at most this many logits (tokens × this
     rank's vocabulary rows) at once, fused and blocked over the vocabulary (default 2**26: a 256 MiB fp32
-    block); 0 computes the whole [tokens, vocab/tp] logits and their fp32 copies, as Megatron does without
-    ``--cross-entropy-loss-fusion`` (see ``executor.parallel.linear_cross_entropy``).
+    block); 0 computes the whole [tokens, vocab/tp] logits and then their fp32 copies, as Megatron's
+    unfused loss does (see ``executor.parallel.linear_cross_entropy``).
     """
 
     moe_aux_loss_coeff: float = 0.0
