@@ -7,7 +7,8 @@ Layout of the package (one concept per module):
   allgather token dispatchers, loop-free permutation).
 - ``parallel``: ``groups`` (ParallelState built from spec.rank_groups.FoldedGroups), ``collectives``
   (autograd collectives), ``tensor_parallel`` (SP enter/leave, layout checks), ``vocab`` (vocab-parallel
-  embedding and cross-entropy), ``sharding`` (ShardInfo per parameter, deterministic full-size init, gather back),
+  embedding and cross-entropy), ``linear_cross_entropy`` (output layer and loss fused, in vocabulary blocks),
+  ``sharding`` (ShardInfo per parameter, deterministic full-size init, gather back),
   ``grad_reduce`` (bucketed TP/DP/EDP gradient reduction).
 - ``kernels``: the kernel interface (torch backend; fused Triton permutation on CUDA).
 - ``train_step`` (Trainer: micro-batches, reduction, AdamW, expert bias), ``data`` (synthetic batches),

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
@@ -31,7 +30,7 @@ from executor.parallel.context_parallel import all_positions, cp_positions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
-from executor.parallel.vocab import cross_entropy, embed
+from executor.parallel.vocab import embed, output_cross_entropy
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
@@ -227,8 +226,9 @@ class MoEGPT(torch.nn.Module):
         x = timer.mark(x, "other", "lm_head_loss")
         x = h0 = self.kernels.rms_norm(x, self.final_norm, self.options.norm_epsilon)
         x = enter_tp(x, state)
-        logits = F.linear(x, self.lm_head if self.lm_head is not None else self.embedding)
-        ce = cross_entropy(logits, labels_BS.t(), self.spec.vocab_size, self.padded_vocab, state).mean()
+        weight = self.lm_head if self.lm_head is not None else self.embedding
+        ce = output_cross_entropy(x, weight, labels_BS.t(), self.spec.vocab_size, self.padded_vocab, state,
+                                  self.options.cross_entropy_chunk_logits).mean()
         loss = ce + router_loss
         loss = timer.mark(loss, "lm_head_loss", "other")
         if self.mtp is None:

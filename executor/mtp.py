@@ -24,7 +24,6 @@ loss (Megatron divides by each rank's count).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from spec.model_spec import ModelSpec
 from executor.kernels.base import KernelBackend
@@ -33,7 +32,7 @@ from executor.parallel.collectives import all_gather
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
-from executor.parallel.vocab import cross_entropy, embed
+from executor.parallel.vocab import embed, output_cross_entropy
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
@@ -99,7 +98,7 @@ class MultiTokenPrediction(torch.nn.Module):
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layers: list,
                  kernels: KernelBackend, device, dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()
-        self.spec, self.state, self.timer = spec, state, timer
+        self.spec, self.state, self.timer, self.chunk_logits = spec, state, timer, options.cross_entropy_chunk_logits
         self.padded_vocab = spec.padded_vocab_size(state.tp.size)
         self.depths = torch.nn.ModuleList(
             MTPDepth(spec, options, state, k, layer, kernels, device, dtype) for k, layer in enumerate(layers))
@@ -127,8 +126,8 @@ class MultiTokenPrediction(torch.nn.Module):
             h, layer_loss = depth(h, e, rope, state)
             router_loss = router_loss + layer_loss
             x = timer.mark(h, "other", "lm_head_loss")
-            logits = F.linear(enter_tp(x, state), output_VH)
-            ce = cross_entropy(logits, targets.t(), spec.vocab_size, self.padded_vocab, state)  # [s_local, b]
+            ce = output_cross_entropy(enter_tp(x, state), output_VH, targets.t(), spec.vocab_size, self.padded_vocab,
+                                      state, self.chunk_logits)  # [s_local, b]
             # global mean over the micro-batch's valid positions: CP ranks' parts average to it
             loss_k = (ce * valid.t()).sum() * cp / max(b * (s - k), 1)
             total = total + timer.mark(loss_k, "lm_head_loss", "other")

@@ -11,6 +11,9 @@ from spec.router_options import DROP_POLICIES, LOAD_BALANCING_TYPES, RouterOptio
 from spec.training_spec import TrainingSpec
 from spec.validity import executor_model_rule
 
+#: Logits per block of the fused output layer + loss: 2**26 (its fp32 copy is 256 MiB).
+DEFAULT_CHUNK_LOGITS = 2**26
+
 
 @dataclass(frozen=True)
 class ExecutorOptions:
@@ -21,6 +24,10 @@ class ExecutorOptions:
     ``moe_expert_capacity_factor`` None means dropless.
     ``mtp_loss_scaling_factor``: weight of the multi-token-prediction loss (the mean over depths of each
     depth's cross-entropy) added to the main loss, Megatron's default 0.1 (models with ``mtp_num_layers``).
+    ``cross_entropy_chunk_logits``: the output layer and loss hold at most this many logits (tokens × this
+    rank's vocabulary rows) at once, fused and blocked over the vocabulary (default 2**26: a 256 MiB fp32
+    block); 0 computes the whole [tokens, vocab/tp] logits and then their fp32 copies, as Megatron's
+    unfused loss does (see ``executor.parallel.linear_cross_entropy``).
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -35,6 +42,7 @@ class ExecutorOptions:
     moe_router_force_load_balancing: bool = False
     mtp_loss_scaling_factor: float = 0.1
     kernel_backend: str = "torch"
+    cross_entropy_chunk_logits: int = DEFAULT_CHUNK_LOGITS
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
@@ -50,6 +58,8 @@ class ExecutorOptions:
             raise SpecError(f"moe_expert_capacity_factor must be > 0, got {self.moe_expert_capacity_factor}")
         if self.mtp_loss_scaling_factor < 0:
             raise SpecError(f"mtp_loss_scaling_factor must be >= 0, got {self.mtp_loss_scaling_factor}")
+        if self.cross_entropy_chunk_logits < 0:
+            raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
 
     @classmethod
     def for_training(cls, training: TrainingSpec, router: RouterOptions | None = None,

@@ -16,7 +16,8 @@ Components and the cost-model parts they are compared with (``costmodel.step_tim
 * ``moe``: pre-MLP RMSNorm + router (real, random-init routing) + permute + grouped SwiGLU experts +
   combine (+ shared experts) + residual add -> part 'moe' (grouped_gemm, memory_bound, gemm).
 * ``dense_mlp`` (models with dense layers only): pre-MLP RMSNorm + SwiGLU MLP + residual -> 'dense_mlp'.
-* ``head``: final RMSNorm + LM head GEMM + cross-entropy -> part 'head' (gemm, memory_bound).
+* ``head``: final RMSNorm + LM head GEMM + cross-entropy, fused or not as ``options.cross_entropy_chunk_logits``
+  says (the executor's path) -> part 'head' (gemm, memory_bound).
 * ``optimizer``: one ``MixedPrecisionAdam.step`` over a bf16/fp32 parameter buffer of known size, in
   seconds per parameter -> the time model's optimizer seconds per parameter.
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from executor.attention import rope_tables
 from executor.kernels import get_backend
@@ -41,7 +41,7 @@ from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.grad_reduce import GradReducer
 from executor.parallel.groups import single_process_state
 from executor.parallel.sharding import ShardInfo, make_param
-from executor.parallel.vocab import cross_entropy
+from executor.parallel.vocab import output_cross_entropy
 from executor.timing import NULL_TIMER
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -115,8 +115,9 @@ def _blocks(spec: ModelSpec, seq_length: int, mbs: int, device: torch.device, dt
     labels = torch.randint(0, spec.vocab_size, (seq_length, mbs), generator=gen).to(device)
 
     def lm_head():
-        logits = F.linear(kernels.rms_norm(x_head, norm, options.norm_epsilon), head)
-        cross_entropy(logits, labels, spec.vocab_size, padded, state).mean().backward()
+        x = kernels.rms_norm(x_head, norm, options.norm_epsilon)
+        output_cross_entropy(x, head, labels, spec.vocab_size, padded, state,
+                             options.cross_entropy_chunk_logits).mean().backward()
         x_head.grad = None
     blocks["head"] = lm_head
     return blocks

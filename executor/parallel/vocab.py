@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from executor.parallel.collectives import all_reduce, all_reduce_, reduce_scatter
 from executor.parallel.groups import ParallelState
+from executor.parallel.linear_cross_entropy import linear_cross_entropy
 
 
 def vocab_range(padded_vocab: int, state: ParallelState) -> tuple[int, int]:
@@ -42,6 +43,23 @@ def cross_entropy(logits_SBV: torch.Tensor, labels_SB: torch.Tensor, vocab_size:
     sum_exp = all_reduce(shifted.exp().sum(-1), state.tp)
     mine = (labels_SB >= start) & (labels_SB < end)
     local = torch.where(mine, labels_SB - start, 0)
-    target = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * mine
+    # where, not a product with the mask: a rank holding only padded rows gathers -inf, and -inf·0 is nan
+    target = torch.where(mine, shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1), 0.0)
     target = all_reduce(target, state.tp)
     return torch.log(sum_exp) - target
+
+
+def output_cross_entropy(hidden_SBH: torch.Tensor, weight_VH: torch.Tensor, labels_SB: torch.Tensor, vocab_size: int,
+                         padded_vocab: int, state: ParallelState, chunk_logits: int) -> torch.Tensor:
+    """Per-token cross-entropy [s, b] (fp32) of the output layer ``hidden @ weight.T`` over gathered tokens.
+
+    ``chunk_logits`` > 0: :func:`executor.parallel.linear_cross_entropy.linear_cross_entropy`, at most that many
+    logits at once; 0: the unfused path (full [s, b, V/tp] logits, then :func:`cross_entropy`'s fp32 copies),
+    kept so benchmarks and the cost model can compare both.
+    """
+    if chunk_logits == 0:
+        return cross_entropy(F.linear(hidden_SBH, weight_VH), labels_SB, vocab_size, padded_vocab, state)
+    s, b, h = hidden_SBH.shape
+    loss = linear_cross_entropy(hidden_SBH.reshape(s * b, h), weight_VH, labels_SB.reshape(s * b), vocab_size,
+                                padded_vocab, state, chunk_logits)
+    return loss.view(s, b)

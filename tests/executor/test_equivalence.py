@@ -45,6 +45,10 @@ MTP = dataclasses.replace(SHARED, name="tiny-moe-mtp", mtp_num_layers=1)
 MTP2 = dataclasses.replace(SHARED, name="tiny-moe-mtp2", mtp_num_layers=2)
 TIED = dataclasses.replace(SHARED, name="tiny-moe-tied", untie_embeddings_and_output_weights=False)
 MTP_SIGMOID = dataclasses.replace(SIGMOID, name="tiny-moe-sigmoid-mtp", mtp_num_layers=1)
+# the output layer + loss in blocks of 37 vocabulary rows (16 tokens per TP group; 74 rows under cp2) over a
+# padded vocabulary (250 of 256 rows), tied to the embedding or not; and the unfused path (whole logits)
+PADDED_VOCAB = dataclasses.replace(TINY, name="tiny-moe-vocab250", vocab_size=250)
+TIED_VOCAB250 = dataclasses.replace(PADDED_VOCAB, name="tiny-moe-vocab250-tied", untie_embeddings_and_output_weights=False)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -69,6 +73,12 @@ SCENARIOS = {
     "gptoss": Scenario("gptoss", GPTOSS, LOSSES, adam_eps=1e-5),
     # DeepSeek-V3's routing: expert bias, per-sequence aux loss (two sequences per micro-batch, so that the
     # per-sequence counts differ from the micro-batch's), z-loss
+    "ce_blocks": Scenario("ce_blocks", PADDED_VOCAB, dataclasses.replace(LOSSES, cross_entropy_chunk_logits=16 * 37)),
+    # tied: the embedding's gradient sums its two uses; rows of rare tokens get ~1e-7 gradients whose fp32
+    # reduction-order noise Adam at eps 1e-6 amplifies to 3e-4 (the unfused path alike), hence eps 1e-5
+    "ce_blocks_tied": Scenario("ce_blocks_tied", TIED_VOCAB250, dataclasses.replace(LOSSES, cross_entropy_chunk_logits=16 * 37),
+                               adam_eps=1e-5),
+    "ce_unfused": Scenario("ce_unfused", TINY, dataclasses.replace(LOSSES, cross_entropy_chunk_logits=0)),
     "sigmoid_bias": Scenario("sigmoid_bias", SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3,
         moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-2),
@@ -89,12 +99,14 @@ SCENARIOS = {
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
                 ("allgather", "mla_q_proj"), ("alltoall", "gptoss"), ("alltoall", "qwen2"), ("allgather", "qwen3"),
-                ("alltoall", "sigmoid_bias"), ("alltoall", "mtp")]),
+                ("alltoall", "sigmoid_bias"), ("alltoall", "mtp"),
+                ("alltoall", "ce_blocks_tied"), ("alltoall", "ce_unfused")]),
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss"),
-                ("allgather", "qwen2"), ("alltoall", "sigmoid_bias"), ("alltoall", "mtp")]),
+                ("allgather", "qwen2"), ("alltoall", "sigmoid_bias"), ("alltoall", "mtp"),
+                ("alltoall", "ce_blocks")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
                 ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj"),
                 ("alltoall", "qwen2"), ("allgather", "mtp_sigmoid_bias")]),
@@ -103,7 +115,8 @@ LAYOUTS = [
     # mtp / tied: the last stage's copy of the embedding, its gradient summed over the embedding group
     ("pp2", 2, [("alltoall", "shared"), ("allgather", "shared", {"recompute_granularity": "full"}),
                 ("alltoall", "qwen2", {"recompute_granularity": "selective", "recompute_modules": ("shared_experts",)}),
-                ("alltoall", "sigmoid_bias"), ("alltoall", "mtp"), ("alltoall", "tied")]),
+                ("alltoall", "sigmoid_bias"), ("alltoall", "mtp"), ("alltoall", "tied"),
+                ("alltoall", "ce_blocks")]),
     ("pp2 vpp2", 2, [("alltoall", "shared"), ("alltoall", "mla"), ("alltoall", "gptoss")]),
     ("pp4", 4, [("alltoall", "deep"), ("alltoall", "mtp")]),  # mtp: an embedding group apart from pp
     ("pp2 vpp2 dp2 ep2", 4, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mtp2")]),
@@ -112,7 +125,7 @@ LAYOUTS = [
                 ("alltoall", "shared", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "gptoss", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
-                ("allgather", "qwen3"), ("alltoall", "qwen2"), ("alltoall", "mtp")]),
+                ("allgather", "qwen3"), ("alltoall", "qwen2"), ("alltoall", "mtp"), ("alltoall", "ce_blocks")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla"),
                                  ("alltoall", "mtp")]),
