@@ -113,7 +113,7 @@ def proxy_model(model: ModelSpec, num_layers: int | None = None, proxy: str | No
     if proxy is not None and proxy not in PROXIES:
         raise ProxyError("proxy_kind", f"proxy must be one of {', '.join(PROXIES)} (or none), got {proxy!r}")
     if num_layers is not None and not 1 <= num_layers <= model.num_layers:
-        raise ProxyError("proxy_layers", f"num_layers_override ({num_layers}) must lie in [1, "
+        raise ProxyError("proxy_layers", f"a proxy's layer count ({num_layers}) must lie in [1, "
                                          f"{model.num_layers}] (the layers of {model.name})")
     out = tiny_proxy(model) if proxy == "tiny" else model
     if num_layers is not None and num_layers != out.num_layers:

@@ -39,9 +39,10 @@ def job_signature(model_spec: dict[str, Any], training_spec: dict[str, Any], gpu
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def resolve_hardware(session: Session, name: str) -> HardwareProfile:
-    """A stored hardware profile called ``name``, else the built-in one; CatalogError when neither exists."""
-    row = stored_profile(session, name.strip())
+def resolve_hardware(session: Session | None, name: str) -> HardwareProfile:
+    """A stored hardware profile called ``name``, else the built-in one; CatalogError when neither exists.
+    Without a session (a CLI checking before it opens the database) only the catalog is asked."""
+    row = stored_profile(session, name.strip()) if session is not None else None
     if row is not None:
         return HardwareProfile.from_dict(row.profile)
     return get_hardware(name)
@@ -66,7 +67,7 @@ def resolve_model(name: str, loc: str = "body.model") -> ModelSpec:
         raise RuleViolation(loc, "known_model", str(exc)) from None
 
 
-def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
+def resolve_cluster(session: Session | None, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
     try:
         hardware = resolve_hardware(session, gpu)
     except FoldtuneError as exc:
@@ -77,7 +78,7 @@ def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.
         raise RuleViolation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
 
 
-def resolve_job(session: Session, request: WorkloadIn) -> ResolvedJob:
+def resolve_job(session: Session | None, request: WorkloadIn) -> ResolvedJob:
     """The specs of a job or plan request, the model as the proxy asked for; RuleViolation for an unknown
     model or GPU, partial nodes, or a proxy out of bounds."""
     model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
