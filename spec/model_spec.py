@@ -256,7 +256,14 @@ class ModelSpec:
             raise SpecError(f"model spec {data.get('name', '?')!r}: {exc}") from None
 
     def with_layers(self, num_layers: int) -> ModelSpec:
-        """A proxy of this model with fewer (or more) layers, the MoE pattern kept per layer index."""
+        """A proxy of this model with ``num_layers`` decoder layers (fewer or more), the widths kept and the
+        MoE pattern kept per layer index; named ``<name>@<num_layers>L``.
+
+        A MoE model keeps at least one MoE layer: where the cut would leave only dense layers (DeepSeek-V3's
+        three dense first layers cut to two), the first-k-dense count shrinks to ``num_layers - 1``, and
+        failing that (a sparse ``moe_layer_freq``) the last layer becomes MoE, so the proxy still measures
+        the experts and their communication.
+        """
         patterns = {}
         if isinstance(self.moe_layer_freq, tuple):
             base = self.moe_layer_pattern()
@@ -264,5 +271,12 @@ class ModelSpec:
         if isinstance(self.window_attn_skip_freq, tuple):
             base = self.window_attn_skip_freq
             patterns["window_attn_skip_freq"] = tuple(base[i % len(base)] for i in range(num_layers))
-        return replace(self, name=f"{self.name}@{num_layers}L", num_layers=num_layers,
-                       moe_first_k_dense=min(self.moe_first_k_dense, num_layers), **patterns)
+        proxy = replace(self, name=f"{self.name}@{num_layers}L", num_layers=num_layers,
+                        moe_first_k_dense=min(self.moe_first_k_dense, num_layers), **patterns)
+        if self.num_moe_layers and not proxy.num_moe_layers:
+            proxy = replace(proxy, moe_first_k_dense=min(self.moe_first_k_dense, num_layers - 1))
+            if not proxy.num_moe_layers:
+                forced = list(proxy.moe_layer_pattern())
+                forced[-1] = 1
+                proxy = replace(proxy, moe_layer_freq=tuple(forced))
+        return proxy

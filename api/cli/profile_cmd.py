@@ -12,7 +12,7 @@ import math
 
 from api.cli._router_args import add_router_arguments, router_options_from
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHER_KINDS, DISPATCHERS
-from spec.catalog import get_model
+from api.cli._model_args import add_model_arguments, check_local_run, model_from_args
 from spec.errors import SpecError
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -21,8 +21,7 @@ HELP = "run and measure one layout of the real MoE training step locally"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="catalog model name, e.g. tiny-moe")
-    parser.add_argument("--layers", type=int, help="build a proxy with this many layers (default: all)")
+    add_model_arguments(parser, model_help="catalog model name, e.g. tiny-moe")
     for name in ("tp", "ep", "etp"):
         parser.add_argument(f"--{name}", type=int, default=1, help=f"{name} size (default: 1)")
     parser.add_argument("--dp", type=int, help="data-parallel size (default: the smallest that fits tp and ep·etp)")
@@ -55,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("tp", "ep", "etp", "mbs", "seq", "warmup", "steps"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             raise SpecError(f"--{name} must be positive, got {getattr(args, name)}")
-    model = get_model(args.model)
-    if args.layers:
-        model = model.with_layers(args.layers)
+    model = model_from_args(args)
     dense, expert = args.tp, args.ep * args.etp
     world = args.dp * dense if args.dp else dense * expert // math.gcd(dense, expert)
     config = ParallelConfig(world_size=world, tp=args.tp, ep=args.ep, etp=args.etp, micro_batch_size=args.mbs,
@@ -68,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs or args.mbs * config.dp,
                             precision=precision, routing_mode=args.routing,
                             moe_expert_capacity_factor=args.capacity_factor)
+    check_local_run(model, training, config)
     options = ExecutorOptions.for_training(training, router_options_from(args), model)
     measurement = profile_layout(model, training, config, options, args.warmup, args.steps, args.timeout,
                                  "cuda" if on_gpu else "cpu", args.gpu)

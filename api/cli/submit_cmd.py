@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
-
-import yaml
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
 from api.cli._router_args import add_router_arguments, router_body_from
 from spec.errors import SpecError
+from api.cli._model_args import add_model_arguments, model_body
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", help="catalog model name (foldtune plan --help lists them)")
-    model.add_argument("--model-file", metavar="FILE", help="YAML/JSON file of ModelSpec fields (Megatron names)")
+    add_model_arguments(parser)
     parser.add_argument("--gpu", required=True, help="hardware profile name, e.g. h100, cpu")
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
     parser.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
@@ -35,25 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
 
 
-def _model_fields(args: argparse.Namespace) -> dict:
-    if args.model:
-        return {"model": args.model}
-    path = Path(args.model_file)
-    try:
-        text = path.read_text()
-        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except OSError as exc:
-        raise SpecError(f"cannot read model file {str(path)!r}: {exc.strerror}") from None
-    except Exception as exc:  # yaml/json raise many types; one line is what the user needs
-        raise SpecError(f"model file {str(path)!r} is not valid JSON/YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(spec, dict):
-        raise SpecError(f"model file {str(path)!r} must hold a mapping of ModelSpec fields")
-    spec.setdefault("name", path.stem)
-    return {"model_spec": spec}
-
-
 def run(args: argparse.Namespace) -> int:
-    body = {**_model_fields(args),
+    body = {**model_body(args),
             "training": {"seq_length": args.seq, "global_batch_size": args.gbs, "precision": args.precision},
             "cluster": {"gpu": args.gpu, "num_gpus": args.gpus},
             "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)}

@@ -14,10 +14,11 @@ from api.cli._db import migrate_or_explain
 from api.cli._router_args import add_router_arguments, router_options_from
 from api.cli.train_job import run_job_training
 from api.worker.metrics import DatabaseMetrics
-from spec.catalog import get_model
+from api.cli._model_args import add_model_arguments, check_local_run, model_from_args
 from spec.errors import SpecError
 from spec.parallel_config import ParallelConfig
 from spec.recipe import DEFAULT_RECIPE
+from spec.training_spec import TrainingSpec
 from db.settings import database_settings
 
 HELP = "train a model with one folded layout (or a tuning job's best) on local data, with checkpoints and resume"
@@ -26,7 +27,8 @@ DEFAULT_SEQ, DEFAULT_GBS = 256, 16
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory written by `foldtune data prepare`")
-    parser.add_argument("--model", help="catalog model name, e.g. tiny-moe (with --layout; --job gives its own)")
+    add_model_arguments(parser, required=False,
+                        model_help="catalog model name, e.g. tiny-moe (with --layout; --job gives its own)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--layout", help='folded layout, e.g. "tp2 ep2 mbs4" (default: dp1)')
     source.add_argument("--job", type=int, metavar="ID",
@@ -88,23 +90,26 @@ def print_progress(rank: int, m) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.job is not None:
+        if args.model_file or args.layers or args.proxy:  # --model may repeat the job's (train_job checks it)
+            raise SpecError("--job trains the job's model (and its proxy); leave out --model-file, --layers "
+                            "and --proxy")
         return run_job_training(args)
     # torch and the executor: only the command that trains pays for them, not `foldtune --help`
     import torch
 
     from executor.options import ExecutorOptions
-    from executor.parallel.tensor_parallel import check_layout
     from executor.profile import peak_flops
     from executor.train.loop import TrainConfig, train_local
 
-    if args.model is None:
-        raise SpecError("--model is required with --layout (or give --job ID to train a tuning job's best layout)")
+    if not (args.model or args.model_file):
+        raise SpecError("--model is required with --layout (or --model-file; or give --job ID to train a "
+                        "tuning job's best layout)")
     args.layout = args.layout or "dp1"
     args.seq = args.seq or DEFAULT_SEQ
     args.gbs = args.gbs or DEFAULT_GBS
-    model = get_model(args.model)
+    model = model_from_args(args)
     config = ParallelConfig.parse(args.layout, world_size=args.gpus)
-    check_layout(model, config, args.seq)
+    check_local_run(model, TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs), config)
     cfg = TrainConfig(args.data, steps=args.steps, seq_length=args.seq, global_batch_size=args.gbs, lr=args.lr,
                       min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,

@@ -19,8 +19,11 @@ import time
 
 from api.cli._local import check_ray_has_room, validated_request
 from api.cli._router_args import add_router_arguments, router_body_from
+from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
-from api.service.jobs import submit_job
+from api.service.capability import check_job_runnable
+from api.service.jobs import resolve_job, submit_job
+from spec.catalog import has_hardware
 from spec.profile_io import use_profile_file
 from db.keys import get_or_create_owner
 
@@ -29,7 +32,7 @@ LOCAL_OWNER = "local"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny-moe", help="catalog model name (default: tiny-moe)")
+    add_model_arguments(parser, default="tiny-moe", model_help="catalog model name")
     parser.add_argument("--gpu", default="cpu", help="hardware profile: cpu runs CPU ranks with gloo; a GPU "
                                                      "name (h100-sxm, ...) runs on GPUs with NCCL (default: cpu)")
     parser.add_argument("--profile", metavar="FILE",
@@ -111,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
         hardware_name, args.gpu = profile.name, profile.gpu.name
     precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")
     request = validated_request(JobCreate, {
-        "model": args.model, "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
-                                          "precision": precision},
+        **model_body(args), "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
+                                         "precision": precision},
         "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
         "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)})
     start = time.monotonic()
@@ -122,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial)
+    if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
+        resolved = resolve_job(None, request)
+        check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)
     check_ray_has_room(args.gpu, args.gpus)
     runner = Runner(settings, on_event=TrialPrinter())
     try:

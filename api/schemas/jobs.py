@@ -10,6 +10,7 @@ from pydantic_core import PydanticCustomError
 
 from api.schemas.common import Name, spec_validator
 from api.schemas.router import RouterOptionsIn
+from api.schemas.proxy import ProxyIn, ProxyOut
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
 
@@ -39,9 +40,9 @@ class BudgetIn(BaseModel):
     max_seconds: float | None = Field(3600.0, gt=0, le=MAX_SECONDS, description="wall-clock seconds of search at most")
 
 
-class WorkloadIn(BaseModel):
-    """What to lay out: a model (by catalog name ``model`` or inline ``model_spec``), the training recipe and
-    the cluster."""
+class WorkloadIn(ProxyIn):
+    """What to lay out: a model (by catalog name ``model`` or inline ``model_spec``, optionally as a proxy),
+    the training recipe and the cluster."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -108,8 +109,9 @@ class TrialOut(BaseModel):
 class JobOut(BaseModel):
     id: int
     status: JobStatus
-    model: str
+    model: str = Field(description="the model measured: a proxy's name says so (<model>@tiny, <model>@<N>L)")
     model_spec: dict[str, Any]
+    proxy: ProxyOut | None = Field(None, description="the proxy measured instead of the full model, if any")
     training: dict[str, Any]
     cluster: ClusterOut
     budget: BudgetOut

@@ -13,6 +13,7 @@ from api.schemas.common import MAX_ID, Name, _no_nul
 from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
 from api.schemas.router import RouterOptionsIn
 from spec.router_options import FIELDS as ROUTER_FIELDS
+from api.schemas.proxy import ProxyIn, ProxyOut
 from spec.recipe import DEFAULT_RECIPE
 
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -24,7 +25,7 @@ MAX_STEPS = 10_000_000
 MAX_SEQUENCES = 1 << 24
 
 
-class TrainingCreate(RouterOptionsIn):
+class TrainingCreate(RouterOptionsIn, ProxyIn):
     """A training of one layout: either the best trial of a tuning job (``job_id``) or an explicit
     ``layout`` string (``foldtune`` label syntax, e.g. ``tp2 ep2 mbs1``) with its model and cluster. Paths
     are on the server that runs the training."""
@@ -72,9 +73,10 @@ class TrainingCreate(RouterOptionsIn):
             if self.cluster is None or self.seq_length is None or self.global_batch_size is None:
                 raise PydanticCustomError("layout_needs_workload",
                                           "with layout, give cluster, seq_length and global_batch_size")
-        elif self.model is not None or self.model_spec is not None or self.cluster is not None:
-            raise PydanticCustomError("job_fixes_workload",
-                                      "with job_id, the model and cluster are the job's; leave them out")
+        elif (self.model is not None or self.model_spec is not None or self.cluster is not None
+              or self.num_layers_override is not None or self.proxy is not None):
+            raise PydanticCustomError("job_fixes_workload", "with job_id, the model (and its proxy) and cluster "
+                                                            "are the job's; leave them out")
         if self.min_lr > self.lr:
             raise PydanticCustomError("min_lr_le_lr", "min_lr ({min_lr}) must not exceed lr ({lr})",
                                       {"min_lr": self.min_lr, "lr": self.lr})
@@ -121,8 +123,9 @@ class TrainingOut(BaseModel):
     job_id: int | None = Field(description="the tuning job whose best layout this trains, if any")
     config: dict[str, Any] = Field(description="the ParallelConfig trained")
     label: str
-    model: str
+    model: str = Field(description="the model trained: a proxy's name says so (<model>@tiny, <model>@<N>L)")
     model_spec: dict[str, Any]
+    proxy: ProxyOut | None = Field(None, description="the proxy trained instead of the full model, if any")
     training: dict[str, Any] = Field(description="the TrainingSpec (seq_length, global_batch_size, ...)")
     recipe: dict[str, Any] = Field(description="lr, min_lr, warmup_steps, weight_decay, max_grad_norm, eval_*, "
                                                "and the router options (moe_aux_loss_coeff, ...)")

@@ -15,7 +15,9 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api.service.capability import apply_proxy, check_job_runnable
 from api.service.errors import Conflict, RuleViolation, not_found
+from api.schemas.proxy import proxy_view
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
@@ -38,9 +40,10 @@ def job_signature(model_spec: dict[str, Any], training_spec: dict[str, Any], gpu
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def resolve_hardware(session: Session, name: str) -> HardwareProfile:
-    """A stored hardware profile called ``name``, else the built-in one; CatalogError when neither exists."""
-    row = stored_profile(session, name.strip())
+def resolve_hardware(session: Session | None, name: str) -> HardwareProfile:
+    """A stored hardware profile called ``name``, else the built-in one; CatalogError when neither exists.
+    Without a session (a CLI checking before it opens the database) only the catalog is asked."""
+    row = stored_profile(session, name.strip()) if session is not None else None
     if row is not None:
         return HardwareProfile.from_dict(row.profile)
     return get_hardware(name)
@@ -73,7 +76,7 @@ def resolve_model(name: str, loc: str = "body.model") -> ModelSpec:
         raise RuleViolation(loc, "known_model", str(exc)) from None
 
 
-def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
+def resolve_cluster(session: Session | None, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
     try:
         hardware = resolve_hardware(session, gpu)
     except FoldtuneError as exc:
@@ -84,20 +87,26 @@ def resolve_cluster(session: Session, gpu: str, num_gpus: int, loc: str = "body.
         raise RuleViolation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
 
 
-def resolve_job(session: Session, request: WorkloadIn) -> ResolvedJob:
-    """The specs of a job or plan request; RuleViolation for an unknown model or GPU, or partial nodes."""
+def resolve_job(session: Session | None, request: WorkloadIn) -> ResolvedJob:
+    """The specs of a job or plan request, the model as the proxy asked for; RuleViolation for an unknown
+    model or GPU, partial nodes, or a proxy out of bounds."""
     model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
+    model = apply_proxy(model, request.num_layers_override, request.proxy)
     cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
     return ResolvedJob(model=model, training=request.training, cluster=cluster)
 
 
 def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None) -> tuple[Job, bool]:
     """Store a queued job; returns it and whether it is new. A repeated ``idempotency_key`` returns the job
-    stored the first time (Conflict if the request differs), so a retried submission is stored exactly once."""
+    stored the first time (Conflict if the request differs), so a retried submission is stored exactly once.
+    A job the executor cannot run (its model, or no runnable fitting layout on the cluster) is refused here
+    with the rule it breaks, never queued to fail later."""
     resolved = resolve_job(session, request)
     router = check_router_options(request.router_options(), resolved.model)
     # router options that differ from the defaults ride in the stored training spec (and so in the signature)
     training_spec = with_router(resolved.training.to_dict(), router)
+    session.commit()  # the check below plans for seconds at most; no transaction is held open meanwhile
+    check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)
     job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
               model_spec=resolved.model.to_dict(), training_spec=training_spec,
               cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,
@@ -153,7 +162,8 @@ def job_views(session: Session, jobs: list[Job]) -> list[JobOut]:
     best_ids = [j.best_trial_id for j in jobs if j.best_trial_id is not None]
     best = trials_by_id(session, best_ids)
     return [JobOut(
-        id=j.id, status=j.status, model=j.model_name, model_spec=j.model_spec, training=j.training_spec,
+        id=j.id, status=j.status, model=j.model_name, model_spec=j.model_spec, proxy=proxy_view(j.model_spec),
+        training=j.training_spec,
         cluster=ClusterOut(gpu=j.gpu_name, num_gpus=j.num_gpus),
         budget=BudgetOut(max_trials=j.max_trials, max_seconds=j.max_seconds), signature=j.signature,
         created_at=j.created_at, updated_at=j.updated_at, started_at=j.started_at, finished_at=j.finished_at,

@@ -13,6 +13,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from api.schemas.proxy import proxy_view
+from api.service.capability import apply_proxy, check_layout_runnable, check_model_runnable, check_training_layout
 from api.service.jobs import check_router_options, owned_job, resolve_cluster, resolve_model
 from api.service.errors import Conflict, NotFound, RuleViolation, not_found
 from api.schemas.jobs import ClusterOut
@@ -28,7 +30,7 @@ from db import trainings as db_trainings
 from db.models import Owner, Training, Trial
 from db.ownership import owned_row
 from db.trainings import latest_metrics, metrics_after, predicted_step_time, step_times, trainings_page
-from spec.validity import batch_rule, check_config
+from spec.validity import batch_rule
 
 RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
 
@@ -87,11 +89,18 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
         job_training, job_router = split_router(job.training_spec)
         training = _training_spec(job_training, request)
         _check_batch(training, config)
+        try:
+            job_model = ModelSpec.from_dict(model_spec)
+        except FoldtuneError as exc:
+            raise RuleViolation("body.job_id", "best_config_valid", f"job {job.id}'s model is unusable: {exc}") from None
+        # the job ran this layout, but the executor's rules may have changed since (and seq_length may not)
+        check_layout_runnable(job_model, training, config, "body.job_id")
         predicted = best.predicted_step_time_s
         # the job's router options (what its trials measured), unless the request sets them
         recipe = {**request.recipe(), **job_router.non_default(), **request.given_router_options()}
     else:
         model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
+        model = apply_proxy(model, request.num_layers_override, request.proxy)
         resolved = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
         try:
             config = ParallelConfig.parse(request.layout or "", world_size=resolved.num_gpus)
@@ -99,12 +108,9 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
             raise RuleViolation("body.layout", "layout_parses", str(exc)) from None
         training = _training_spec({}, request)
         _check_batch(training, config)
-        try:
-            rejections = check_config(model, training, resolved, config)
-        except FoldtuneError as exc:
-            raise RuleViolation("body.layout", "layout_valid", str(exc)) from None
-        if rejections:  # the planner's rule ids (layers_pp, experts_ep, ...), as `foldtune plan --explain`
-            raise RuleViolation("body.layout", rejections[0].rule, "; ".join(str(r) for r in rejections))
+        check_model_runnable(model)
+        # the planner's rule ids (layers_pp, experts_ep, ...) as `foldtune plan --explain`, then the executor's
+        check_training_layout(model, training, resolved, config)
         predicted = _predicted_step_time(model, training, resolved, config)
         model_spec = model.to_dict()
         cluster = {"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
@@ -154,7 +160,8 @@ def training_views(session: Session, rows: list[Training], *, measured: bool = F
         metric = latest.get(t.id)
         views.append(TrainingOut(
             id=t.id, status=t.status, job_id=t.job_id, config=t.config, label=ParallelConfig.from_dict(t.config).label(),
-            model=str(t.model_spec.get("name", "")), model_spec=t.model_spec, training=spec,
+            model=str(t.model_spec.get("name", "")), model_spec=t.model_spec, proxy=proxy_view(t.model_spec),
+            training=spec,
             recipe=t.training_spec.get(RECIPE_KEY, {}),
             cluster=ClusterOut(gpu=t.cluster["gpu"], num_gpus=t.cluster["num_gpus"]), data_path=t.data_path,
             steps=t.steps, checkpoint_dir=t.checkpoint_dir, checkpoint_every=t.checkpoint_every,

@@ -5,29 +5,26 @@ and then moves by per-term-group calibration multipliers fitted on at most max_t
 layout ranked far below the top few × budget would need its dominant term group mispredicted several
 times more than every measured layout's, which the calibration (ridge towards 1, capped multipliers)
 would not learn from so few points anyway; meanwhile every candidate costs the sampler work at each
-ask. The planner is asked for more than the cap (``PLAN_FACTOR``) because some ranked layouts use
+ask. The planner is asked for more than the cap (``planner.runnable.job_top``) because some ranked layouts use
 features the executor does not build yet (context or pipeline parallelism) and are dropped here, each
 with its reason counted.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from costmodel.estimate import Estimate
 from costmodel.estimate import estimate as price_layout
-from planner.rank import plan
+from planner.runnable import job_top, runnable_plan
 from planner.search import Candidate
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
-from spec.validity import executor_layout_rules
+from spec.validity import Rejection
 
 CANDIDATES_PER_TRIAL = 4
-PLAN_FACTOR = 16
-MIN_PLANNED = 64
 
 
 @dataclass
@@ -40,15 +37,11 @@ class CandidateSet:
     valid: int  # valid layouts of the enumeration
     fitting: int  # of which predicted to fit in memory
     not_executable: dict[str, int] = field(default_factory=dict)  # reason -> count
+    rejection: Rejection | None = None  # why there is no candidate (None when there are some)
 
     def summary(self) -> dict[str, Any]:
         return {"valid": self.valid, "fitting": self.fitting, "planned": self.planned,
                 "searched": len(self.candidates), "not_executable": self.not_executable}
-
-
-def _executor_rejects(model: ModelSpec, training: TrainingSpec, estimate: Estimate) -> str | None:
-    rejections = executor_layout_rules(model, estimate.config, training.seq_length)
-    return "; ".join(r.reason for r in rejections) if rejections else None
 
 
 def predicted_dict(estimate: Estimate) -> dict[str, Any]:
@@ -71,20 +64,12 @@ def _candidate(estimate: Estimate) -> Candidate:
 
 
 def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int) -> CandidateSet:
-    """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials."""
-    cap = CANDIDATES_PER_TRIAL * max_trials
-    result = plan(model, training, cluster, top=max(MIN_PLANNED, PLAN_FACTOR * max_trials))
-    dropped: Counter[str] = Counter()
-    kept: list[Estimate] = []
-    for est in result.ranked:
-        why = _executor_rejects(model, training, est)
-        if why is not None:
-            dropped[why] += 1
-        elif len(kept) < cap:
-            kept.append(est)
-    candidates = [_candidate(e) for e in kept]
-    return CandidateSet(candidates, {e.config.label(): e for e in kept}, len(result.ranked),
-                        result.enumeration.valid, result.fitting, dict(dropped))
+    """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials.
+    No candidate: ``rejection`` names the rule (the front door's check, :func:`planner.runnable.runnable_plan`)."""
+    result = runnable_plan(model, training, cluster, job_top(max_trials), keep=CANDIDATES_PER_TRIAL * max_trials,
+                           workers=None)
+    return CandidateSet([_candidate(e) for e in result.runnable], {e.config.label(): e for e in result.runnable},
+                        result.planned, result.valid, result.fitting, result.not_executable, result.rejection)
 
 
 def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cands: CandidateSet):

@@ -216,9 +216,8 @@ class Runner:
         try:
             model, training, cluster = job_specs(job)
             cands = job_candidates(model, training, cluster, job.max_trials)
-            if not cands.candidates:
-                raise FoldtuneError(f"none of the {cands.planned} fitting layouts can be run by the executor: "
-                                    + "; ".join(f"{why} ({n})" for why, n in cands.not_executable.items()))
+            if cands.rejection is not None:  # the front door's check; the job was stored before it, or by hand
+                raise FoldtuneError(str(cands.rejection))
         except FoldtuneError as exc:
             with self.sessions() as session:
                 finish_job(session, job.id, sid, "failed", error=str(exc))

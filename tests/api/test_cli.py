@@ -124,3 +124,19 @@ def test_unreachable_database_is_one_line(capsys, monkeypatch, argv):
     code, out, err = _cli(capsys, *argv)
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("foldtune: error: cannot open the database postgresql+psycopg://nobody@127.0.0.1:9/none")
+
+
+def test_submit_refuses_what_the_executor_cannot_run_in_one_line(capsys, conn, tmp_path):
+    dropout = tmp_path / "drop-moe.yaml"
+    dropout.write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nffn_hidden_size: 128\n"
+                       "vocab_size: 256\nnum_experts: 4\nmoe_router_topk: 2\nhidden_dropout: 0.1\n")
+    cases = [(["--model-file", str(dropout), "--gpu", "cpu", "--gpus", "2"], "[executor_model]", "dropout"),
+             (["--model", "tiny-moe", "--layers", "9", "--gpu", "cpu", "--gpus", "4"], "[proxy_layers]", "[1, 2]"),
+             (["--model", "mixtral-8x22b", "--gpu", "h100", "--gpus", "8", "--seq", "4096", "--gbs", "1024"],
+              "[layout_fits]", "fit in GPU memory")]
+    for argv, rule, says in cases:
+        code, out, err = _cli(capsys, "submit", "--seq", "64", "--gbs", "8", *argv, *conn)
+        assert code == 2 and out == "" and err.count("\n") == 1 and rule in err and says in err, err
+    code, out, _ = _cli(capsys, "submit", "--model", "mixtral-8x7b", "--proxy", "tiny", "--layers", "1", "--gpu",
+                        "cpu", "--gpus", "2", "--seq", "64", "--gbs", "4", *conn)
+    assert code == 0 and "mixtral-8x7b@tiny@1L on 2x cpu" in out

@@ -3,6 +3,8 @@ from the launchers: tests/executor/test_launch*.py, and end to end tests/api/tes
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from api.worker.runner import RunnerSettings
@@ -46,3 +48,16 @@ def test_settings_from_the_environment():
         RunnerSettings.from_env(environ={**env, "FOLDTUNE_TRIAL_STEPS": "0"})
     with pytest.raises(SpecError, match="bad"):
         RunnerSettings.from_env(environ={**env, "FOLDTUNE_HEARTBEAT_S": "soon"})
+
+
+@pytest.mark.parametrize("model, cluster, rule, says", [
+    (get_model("mixtral-8x22b"), ClusterSpec(get_hardware("h100"), 8), "layout_fits", "fit in GPU memory"),
+    (dataclasses.replace(get_model("tiny-moe"), hidden_dropout=0.1), ClusterSpec(get_hardware("cpu"), 4),
+     "executor_model", "dropout"),
+])
+def test_no_candidate_comes_with_the_rule_and_a_reason(model, cluster, rule, says):
+    # a job stored without the front door's check (an older server, a direct insert) fails with this reason
+    training = TrainingSpec(seq_length=4096, global_batch_size=1024)
+    cands = job_candidates(model, training, cluster, max_trials=3)
+    assert cands.candidates == [] and cands.rejection.rule == rule and says in cands.rejection.reason
+    assert str(cands.rejection).split("]", 1)[1].split(":", 1)[-1].strip()  # never empty after the colon

@@ -57,9 +57,9 @@ def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
 
 def test_profile_reports_an_impossible_layout_without_running(capsys):
     code = main(["profile", "--model", "tiny-moe", "--ep", "3", "--steps", "1"])
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "num_experts (8) must be divisible by ep (3)" in out
+    err = capsys.readouterr().err  # the front door's one line (api.cli._model_args.check_local_run), exit 2
+    assert code == 2 and err.count("\n") == 1
+    assert "num_experts (8) must be divisible by ep (3)" in err and "[executor_experts_ep]" in err
 
 
 def test_profile_rejects_bad_numbers_with_one_line(capsys):

@@ -1,0 +1,84 @@
+"""The model arguments of ``foldtune profile``, ``tune``, ``submit`` and ``train``: ``--model`` or
+``--model-file``, and the proxy (``--layers N``, ``--proxy tiny``), resolved into a request body (for the
+API's schema) or a ModelSpec (for a local run), and the front door's check of a local run.
+
+Each refusal is a FoldtuneError, which ``foldtune`` prints as one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from api.service.capability import check_layout_runnable, check_model_runnable
+from spec.catalog import get_model
+from spec.errors import SpecError
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.proxy import PROXIES, ProxyError, proxy_model
+from spec.training_spec import TrainingSpec
+from spec.validity import batch_rule
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = True, default: str | None = None,
+                        model_help: str = "catalog model name (foldtune plan --help lists them)") -> None:
+    """``--model`` / ``--model-file`` (one of them; ``required`` unless a ``default`` model is given) and the
+    proxy options ``--layers`` and ``--proxy``."""
+    model = parser.add_mutually_exclusive_group(required=required and default is None)
+    model.add_argument("--model", default=default, help=model_help + (f" (default: {default})" if default else ""))
+    model.add_argument("--model-file", metavar="FILE", help="YAML/JSON file of ModelSpec fields (Megatron names)")
+    parser.add_argument("--layers", type=int, metavar="N",
+                        help="run a proxy with N decoder layers, the model's widths and features (default: all)")
+    parser.add_argument("--proxy", choices=PROXIES,
+                        help="tiny: every architecture feature of the model at test widths (hidden 64, vocab 256)")
+
+
+def _read_model_file(path_text: str) -> dict[str, Any]:
+    path = Path(path_text)
+    try:
+        text = path.read_text()
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except OSError as exc:
+        raise SpecError(f"cannot read model file {str(path)!r}: {exc.strerror}") from None
+    except Exception as exc:  # yaml/json raise many types; one line is what the user needs
+        raise SpecError(f"model file {str(path)!r} is not valid JSON/YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(spec, dict):
+        raise SpecError(f"model file {str(path)!r} must hold a mapping of ModelSpec fields")
+    spec.setdefault("name", path.stem)
+    return spec
+
+
+def model_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The model fields of a job or training body: ``model`` or ``model_spec``, and the proxy's
+    ``num_layers_override`` / ``proxy`` when given."""
+    # a file wins over a default --model (the group makes giving both on the command line an error)
+    body: dict[str, Any] = ({"model_spec": _read_model_file(args.model_file)} if args.model_file
+                            else {"model": args.model})
+    if args.layers is not None:
+        body["num_layers_override"] = args.layers
+    if args.proxy is not None:
+        body["proxy"] = args.proxy
+    return body
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The ModelSpec a local run builds: the catalog model or the file's, as the proxy asked for."""
+    base = ModelSpec.from_dict(_read_model_file(args.model_file)) if args.model_file else get_model(args.model)
+    try:
+        return proxy_model(base, args.layers, args.proxy)
+    except ProxyError as exc:
+        raise SpecError(f"--{'layers' if exc.rule == 'proxy_layers' else 'proxy'}: {exc} [{exc.rule}]") from None
+
+
+def check_local_run(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
+    """The front door of a local run (``profile``, ``train``): the executor's model rule, its layout rules and
+    the batch rule, each a RuleViolation naming its rule, before any rank process starts."""
+    check_model_runnable(model, "--model")
+    check_layout_runnable(model, training, config, "--layout")
+    rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
+    if rejection is not None:
+        raise SpecError(f"--gbs: {rejection.reason} [{rejection.rule}]")
