@@ -96,9 +96,9 @@ class MoEShape:
         return ExecutorOptions(moe_router_enable_expert_bias=self.expert_bias, **overrides)
 
 
-# DeepSeek-V3 on one GPU: 32 of its 256 experts, the share of one rank at EP8 (its 8 router groups are then
-# 8 groups of 4 experts; group_topk 4 of 8 and the top-2-per-group group score stay as in the model). At seq
-# 4096 the 32 experts get 4096·8/32 = 1024 rows each, as each expert of an EP8 rank does when 8 ranks of 4096
+# DeepSeek-V3 on one GPU: 32 of its 256 experts, the share of one rank at EP8. The router keeps the model's
+# rule: 8 groups (here of 4 experts; on a real EP8 rank its 32 experts are one whole group), the best 4 groups
+# by the sum of their top-2 scores, sigmoid scores, scaling 2.5, expert bias. At seq 4096 the 32 experts get 4096·8/32 = 1024 rows each, as each expert of an EP8 rank does when 8 ranks of 4096
 # tokens send it 8·4096·8/256 rows: the same grouped GEMMs (32 groups × 1024 rows × h7168 × f2048) and the
 # same 32768 rows to permute and combine per rank, and the shared expert runs on the rank's own 4096 tokens in
 # both. What one GPU leaves out is the EP all-to-all and the router's 256-wide logits and top-k (a 4096 × 7168
