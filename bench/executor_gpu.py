@@ -2,11 +2,19 @@
 
 Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   gemm      dense bf16 GEMM 8192³ TFLOP/s (the ceiling of the stack bar)
-  moe       MoE layer fwd+bwd (router, dispatch, grouped experts, combine) vs the ideal expert FFN
-            (three separate grouped GEMMs — gate, up, down — + SwiGLU, fwd+bwd, on pre-permuted, perfectly
-            balanced tokens; the layer fuses gate and up into one GEMM, the ideal keeps three):
-            Mixtral (h4096, ffn14336, 8 experts, top-2) bar ≥ 0.95; fine-grained (h2048, ffn768,
-            128 experts, top-8) bar ≥ 0.85; seq 4096, bf16. The headline ``ratio`` is the layer with its
+  moe       MoE layer fwd+bwd (router, dispatch, grouped experts, combine, shared expert) vs the ideal expert
+            FFN (three separate grouped GEMMs — gate, up, down — + SwiGLU, fwd+bwd, on pre-permuted, perfectly
+            balanced tokens; the layer fuses gate and up into one GEMM, the ideal keeps three; with a shared
+            expert the ideal adds its three dense GEMMs + SwiGLU fwd+bwd on the same tokens), one row per
+            MOE_SHAPES entry (--shapes picks some), seq 4096, bf16:
+              mixtral        h4096, ffn 14336, 8 experts, top-2, softmax                          bar ≥ 0.95
+              qwen3-30b-a3b  h2048, ffn 768, 128 experts, top-8, softmax (Qwen3's normalised top-k)  bar ≥ 0.90
+              deepseek-v3    h7168, ffn 2048, 32 of its 256 experts, top-8, sigmoid scores with group-limited
+                             top-k (8 groups of 4 experts, best 4 groups), top-k scaling 2.5, expert bias, shared
+                             expert ffn 2048                                                     bar ≥ 0.90
+            (the keys moe_finegrained* of earlier results are the qwen3-30b-a3b shape, then with bar 0.85;
+            DEEPSEEK_V3_EXPERTS says why 32 experts on one GPU stand for one EP8 rank of the real model).
+            The headline ``ratio`` is the layer with its
             router's load balancing forced (scores and probabilities computed, experts assigned round-robin:
             Megatron's --moe-router-force-load-balancing, as its published MoE-layer baselines run), so the
             layer and the ideal do the same GEMM work and the ratio is what routing and permutation cost. It
@@ -18,19 +26,20 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
             groups also slow the grouped GEMM itself (``uneven_ideal_over_ideal``; ``random_vs_uneven_ideal``
             compares the layer with the ideal on those groups). ``sequential_ratio`` is the earlier timing
             (layer's windows, then the ideal's); ``isolated_ratio`` times each fwd+bwd from an idle device
-            (sync per iteration, launch latency exposed); ``host_issue_s`` shows when the host is the limit. Also at 8192 tokens (mbs 2 x seq
-            4096: keys moe_mixtral_mbs2, moe_finegrained_mbs2; no bar)
+            (sync per iteration, launch latency exposed); ``host_issue_s`` shows when the host is the limit.
+            Also at 8192 tokens (mbs 2 x seq 4096: keys moe_<shape>_mbs2; no bar)
   stack     Mixtral-8x7B-shaped decoder layers (GQA 32/8) fwd+bwd TFLOP/s vs the dense GEMM, bar ≥ 0.55,
             with peak memory
   check     NCCL equivalence: EP2 and TP2 on 2 GPUs (fp32) vs the CPU single-process reference
   ep2       full training step (proxy with --layers layers) on 1 GPU vs EP2 on 2 GPUs:
             per-GPU tokens/s ratio, bar ≥ 0.90
-  moe_breakdown (not in the default list) both MoE shapes cut into router / permute / grouped GEMMs (gate+up
+  moe_breakdown (not in the default list) each MoE shape cut into router / permute / grouped GEMMs (gate+up
             fused, down) / SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
             random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
             (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
             FOLDTUNE_FUSED_ROUTER/PERMUTE/SWIGLU=0 (the torch paths), for an A/B per stage
 Usage: python -m bench.executor_gpu [--parts gemm,moe,stack,check,ep2] [--layers 2]
+                                   [--shapes mixtral,qwen3-30b-a3b,deepseek-v3]
        python -m bench.executor_gpu --device cpu --tiny --parts moe,moe_breakdown   (CPU smoke run)
 """
 
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -49,7 +59,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.moe_breakdown import (bar_inputs, breakdown, format_table, fused_paths, host_seconds, ideal_fwd_bwd,
-                                 layer_fwd_bwd, paired_steady, steady_seconds, wall_seconds)
+                                 layer_fwd_bwd, moe_spec, paired_steady, steady_seconds, wall_seconds)
 from executor.attention import rope_tables
 from executor.dispatcher import permute, slot_rows, unpermute
 from executor.kernels import get_backend
@@ -63,16 +73,54 @@ from executor.timing import NULL_TIMER
 from executor.verify import Scenario, compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.flops import flops_per_token
+from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16 by fp32
 BF16 = torch.bfloat16
-# The bar's MoE shapes (hidden, ffn, experts, top-k) and the sequence of one micro-batch.
-MOE_SHAPES = {"mixtral": (4096, 14336, 8, 2), "finegrained": (2048, 768, 128, 8)}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEShape:
+    """One MoE layer of the bar: its one-layer ModelSpec (sizes, the router's rule and the shared expert of the
+    catalog model it stands for), whether its router carries DeepSeek-V3's expert bias (aux-loss-free
+    balancing, an executor option), and its bar on ideal / layer (None: reported without a bar)."""
+
+    spec: ModelSpec
+    bar: float | None
+    expert_bias: bool = False
+
+    def options(self, **overrides) -> ExecutorOptions:
+        """The layer's ExecutorOptions: the expert bias as the model trains with it, plus ``overrides``."""
+        return ExecutorOptions(moe_router_enable_expert_bias=self.expert_bias, **overrides)
+
+
+# DeepSeek-V3 on one GPU: 32 of its 256 experts, the share of one rank at EP8. The router keeps the model's
+# rule: 8 groups (here of 4 experts; on a real EP8 rank its 32 experts are one whole group), the best 4 groups
+# by the sum of their top-2 scores, sigmoid scores, scaling 2.5, expert bias. At seq 4096 the 32 experts get 4096·8/32 = 1024 rows each, as each expert of an EP8 rank does when 8 ranks of 4096
+# tokens send it 8·4096·8/256 rows: the same grouped GEMMs (32 groups × 1024 rows × h7168 × f2048) and the
+# same 32768 rows to permute and combine per rank, and the shared expert runs on the rank's own 4096 tokens in
+# both. What one GPU leaves out is the EP all-to-all and the router's 256-wide logits and top-k (a 4096 × 7168
+# × 256 GEMM, 0.5 % of the expert GEMMs' FLOPs).
+DEEPSEEK_V3_EXPERTS = 32
+_DSV3 = get_model("deepseek-v3")
+# The bar's MoE layers and the sequence of one micro-batch.
+MOE_SHAPES = {
+    "mixtral": MoEShape(moe_spec(4096, 14336, 8, 2, like=get_model("mixtral-8x7b")), 0.95),
+    "qwen3-30b-a3b": MoEShape(moe_spec(2048, 768, 128, 8, like=get_model("qwen3-30b-a3b")), 0.90),
+    "deepseek-v3": MoEShape(moe_spec(_DSV3.hidden_size, _DSV3.expert_ffn_hidden_size, DEEPSEEK_V3_EXPERTS,
+                                     _DSV3.moe_router_topk, _DSV3.shared_expert_ffn_hidden_size, like=_DSV3),
+                            0.90, expert_bias=True),
+}
 SEQ = 4096
-# --tiny: the same code paths at shapes a CPU runs in seconds (dims multiples of 8 for the grouped GEMM)
-TINY_MOE_SHAPES = {"mixtral": (64, 96, 8, 2), "finegrained": (32, 16, 16, 4)}
+# --tiny: the same code paths at shapes a CPU runs in seconds (dims multiples of 8 for the grouped GEMM); the
+# tiny DeepSeek-V3 keeps 8 groups (of 2 experts), 4 of them chosen, for a top-4
+TINY_MOE_SHAPES = {
+    "mixtral": MoEShape(moe_spec(64, 96, 8, 2), 0.95),
+    "qwen3-30b-a3b": MoEShape(moe_spec(32, 16, 16, 4, like=get_model("qwen3-30b-a3b")), 0.90),
+    "deepseek-v3": MoEShape(moe_spec(32, 16, 16, 4, 24, like=_DSV3), 0.90, expert_bias=True),
+}
 TINY_SEQ = 64
 STEADY_ITERS = 20
 PAIRED_ROUNDS = 6
@@ -116,8 +164,8 @@ def part_gemm() -> dict:
     return {"shape": [n, n, n], "seconds": t, "tflops": 2 * n**3 / t / 1e12}
 
 
-def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int = 1) -> dict:
-    """MoE layer fwd+bwd vs the ideal on ``seq·mbs`` tokens: seconds per fwd+bwd, ratios ideal / layer.
+def part_moe(shape: MoEShape, seq: int = SEQ, mbs: int = 1) -> dict:
+    """MoE layer fwd+bwd of ``shape`` vs the ideal on ``seq·mbs`` tokens: seconds per fwd+bwd, ratios ideal / layer.
 
     The bar (``ratio``, ``layer_s``, ``ideal_s``): the layer with its router's load balancing forced
     (``moe_router_force_load_balancing``: logits, softmax and probabilities computed as always, the experts
@@ -128,12 +176,15 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
     multiple of the kernel's tile pays a partial tile), which no dispatcher removes: ``uneven_ideal_over_ideal``
     is the ideal's seconds on those same group sizes over its seconds on balanced groups (≥ 1), and ``random_vs_uneven_ideal`` compares the layer
     with it. ``sequential_*`` and ``isolated_*`` are the forced layer timed as earlier tables did
-    (back-to-back windows, layer first; sync per call); ``*host_issue_s``: host seconds to issue one fwd+bwd."""
+    (back-to-back windows, layer first; sync per call); ``*host_issue_s``: host seconds to issue one fwd+bwd.
+    With a shared expert both ideals include its dense GEMMs on the same tokens."""
+    spec = shape.spec
+    h, f, experts, topk = spec.hidden_size, spec.expert_ffn_hidden_size, spec.num_experts, spec.moe_router_topk
+    shared_f = spec.shared_expert_ffn_hidden_size
     tokens = seq * mbs
-    bar = bar_inputs(h, f, experts, topk, seq, mbs, DEV, BF16, ExecutorOptions(moe_router_force_load_balancing=True))
+    bar = bar_inputs(spec, seq, mbs, DEV, BF16, shape.options(moe_router_force_load_balancing=True))
     layer = bar.layer
-    random_layer = MoELayer(layer.router.spec, ExecutorOptions(), single_process_state(), 0, get_backend("torch"),
-                            DEV, BF16)
+    random_layer = MoELayer(spec, shape.options(), single_process_state(), 0, get_backend("torch"), DEV, BF16)
     random_layer.load_state_dict(layer.state_dict())
 
     layer_step, random_step = layer_fwd_bwd(layer, bar.x, bar.gy), layer_fwd_bwd(random_layer, bar.x, bar.gy)
@@ -141,16 +192,18 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
     counts = random_layer.last_tokens_per_expert
     rows = tokens * topk
     # the ideal keeps three separate GEMMs, though the layer fuses gate+up
-    ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced)
-    uneven_ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, counts.clone())
+    ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced, bar.shared)
+    uneven_ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, counts.clone(), bar.shared)
     t_layer, t_random, t_ideal = both_timings(layer_step), both_timings(random_step), both_timings(ideal_step)
     paired = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     paired_random = paired_steady(random_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     paired_uneven = paired_steady(random_step, uneven_ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
     uneven_vs_ideal = paired_steady(ideal_step, uneven_ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-    flops = 3 * 3 * 2 * rows * h * f
+    flops = 3 * 3 * 2 * (rows * h * f + tokens * h * shared_f)  # fwd+bwd of three GEMMs, experts and shared
     return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens, "seq": seq,
-                      "mbs": mbs},
+                      "mbs": mbs, "shared_ffn": shared_f, "score_function": spec.moe_router_score_function,
+                      "num_groups": spec.moe_router_num_groups, "group_topk": spec.moe_router_group_topk,
+                      "topk_scaling_factor": spec.moe_router_topk_scaling_factor, "expert_bias": shape.expert_bias},
             "timing": f"ratio: ideal / layer (router load balancing forced) in {PAIRED_ROUNDS} alternated "
                       f"steady-state windows of {STEADY_ITERS} fwd+bwd each (median of the rounds' ratios; the "
                       "windows share the card's power-limited clock); random_*: the random-weight router's own "
@@ -174,17 +227,17 @@ def part_moe(h: int, f: int, experts: int, topk: int, seq: int = SEQ, mbs: int =
             "fused_paths": fused_paths()}
 
 
-def part_moe_breakdown(h: int, f: int, experts: int, topk: int) -> dict:
+def part_moe_breakdown(shape: MoEShape) -> dict:
     """Each MoE sub-step fwd and bwd timed alone and inline, random vs balanced routing, the ideal on the
     random routing's uneven group sizes (bench/moe_breakdown.py)."""
-    result = breakdown(h, f, experts, topk, tokens=SEQ, dev=DEV, dtype=BF16)
-    print(format_table(f"moe_breakdown h{h} f{f} e{experts} k{topk}", result), flush=True)
+    result = breakdown(shape.spec, tokens=SEQ, dev=DEV, dtype=BF16, options=shape.options())
+    print(format_table(f"moe_breakdown {shape.spec.name}", result), flush=True)
     return result
 
 
-def part_trace(h: int, f: int, experts: int, topk: int, tokens: int = 4096) -> dict:
+def part_trace(shape: MoEShape, tokens: int = 4096) -> dict:
     """Top CUDA kernels of one MoE layer fwd+bwd (torch.profiler), to see where the overhead goes."""
-    bar = bar_inputs(h, f, experts, topk, tokens, 1, DEV, BF16)
+    bar = bar_inputs(shape.spec, tokens, 1, DEV, BF16, shape.options())
     layer, x, gy = bar.layer, bar.x, bar.gy
     for _ in range(3):
         layer(x)[0].backward(gy)
@@ -311,7 +364,7 @@ def moe_rows(key: str, r: dict, bar: float | None) -> list[tuple[str, str, str, 
     if "ratio" not in r:
         return []
     tokens = r["shape"]["tokens"]
-    judged = ("", "") if bar is None else (f"{bar}", "yes" if r["ratio"] >= bar else "NO")
+    judged = ("", "") if bar is None else (f"{bar:.2f}", "yes" if r["ratio"] >= bar else "NO")
     ms = f"{r['layer_s'] * 1e3:.2f}/{r['isolated_layer_s'] * 1e3:.2f}/{r['host_issue_s'] * 1e3:.2f}"
     return [(f"{key} ({tokens} tok) layer/ideal, balanced routing", f"{r['ratio']:.3f}", *judged),
             (f"  random router (max/mean {r['imbalance_max_over_mean']:.3f}) / vs ideal on its groups",
@@ -323,20 +376,27 @@ def moe_rows(key: str, r: dict, bar: float | None) -> list[tuple[str, str, str, 
 
 
 def main() -> int:
+    global DEV, BF16, SEQ, MOE_SHAPES
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="gemm,moe,stack,check,ep2")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers of the Mixtral proxy")
+    parser.add_argument("--shapes", default=None,
+                        help=f"comma list of the MoE parts' shapes (default all: {','.join(MOE_SHAPES)})")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "executor_gpu.json"))
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: smoke run of the moe and moe_breakdown parts in fp32 (use with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny MoE shapes and seq 64 (CPU smoke runs)")
     args = parser.parse_args()
     parts = args.parts.split(",")
-    global DEV, BF16, SEQ, MOE_SHAPES
     if args.device == "cpu":
         DEV, BF16 = torch.device("cpu"), torch.float32
     if args.tiny:
         SEQ, MOE_SHAPES = TINY_SEQ, TINY_MOE_SHAPES
+    if args.shapes:
+        unknown = sorted(set(args.shapes.split(",")) - set(MOE_SHAPES))
+        if unknown:
+            parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(MOE_SHAPES)}")
+        MOE_SHAPES = {name: MOE_SHAPES[name] for name in args.shapes.split(",")}
     cuda = DEV.type == "cuda"
     report = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "gpus": torch.cuda.device_count(),
               "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -367,24 +427,24 @@ def main() -> int:
     if "unfused" in parts:  # A/B: the torch router and permutation paths
         with torch_paths():
             for name, shape in MOE_SHAPES.items():
-                run(f"moe_{name}_unfused", part_moe, *shape, SEQ)
+                run(f"moe_{name}_unfused", part_moe, shape, SEQ)
     if "moe" in parts:
         for name, shape in MOE_SHAPES.items():
-            run(f"moe_{name}", part_moe, *shape, SEQ)
+            run(f"moe_{name}", part_moe, shape, SEQ)
         for name, shape in MOE_SHAPES.items():  # 8192 tokens: mbs 2 x seq 4096 (no bar)
-            run(f"moe_{name}_mbs2", part_moe, *shape, SEQ, 2)
+            run(f"moe_{name}_mbs2", part_moe, shape, SEQ, 2)
     if "moe_breakdown" in parts:
         for name, shape in MOE_SHAPES.items():
-            run(f"moe_breakdown_{name}", part_moe_breakdown, *shape)
+            run(f"moe_breakdown_{name}", part_moe_breakdown, shape)
     if "moe_breakdown_unfused" in parts:  # the same stages on the torch router and permutation paths
         with torch_paths():
             for name, shape in MOE_SHAPES.items():
-                run(f"moe_breakdown_{name}_unfused", part_moe_breakdown, *shape)
+                run(f"moe_breakdown_{name}_unfused", part_moe_breakdown, shape)
     if "router" in parts:
         run("router_gemm", part_router_gemm)
     if "trace" in parts:
-        run("trace_finegrained", part_trace, 2048, 768, 128, 8)
-        run("trace_mixtral", part_trace, 4096, 14336, 8, 2)
+        for name, shape in MOE_SHAPES.items():
+            run(f"trace_{name}", part_trace, shape)
     if "stack" in parts:
         run("stack", part_stack, args.layers)
     if "check" in parts and torch.cuda.device_count() >= 2:
@@ -398,13 +458,13 @@ def main() -> int:
     print(f"{'measure':<54}{'value':>22}{'bar':>8}  pass")
     if gemm:
         rows.append(("dense bf16 GEMM 8192^3 TFLOP/s", f"{gemm:.0f}", "", ""))
-    for key, bar in (("moe_mixtral_unfused", 0.95), ("moe_finegrained_unfused", 0.85), ("moe_mixtral", 0.95),
-                     ("moe_finegrained", 0.85), ("moe_mixtral_mbs2", None), ("moe_finegrained_mbs2", None)):
-        rows.extend(moe_rows(key, report.get(key, {}), bar))
-    for key in ("moe_breakdown_mixtral", "moe_breakdown_finegrained"):
-        r = report.get(key, {})
+    for suffix, barred in (("_unfused", True), ("", True), ("_mbs2", False)):
+        for name, shape in MOE_SHAPES.items():
+            rows.extend(moe_rows(f"moe_{name}{suffix}", report.get(f"moe_{name}{suffix}", {}),
+                                 shape.bar if barred else None))
+    for name in MOE_SHAPES:
+        r = report.get(f"moe_breakdown_{name}", {})
         if "random" in r:  # diagnostics, no bar: the layer against the ideal on its own uneven groups
-            name = key[len("moe_breakdown_"):]
             rows.append((f"{name} layer/uneven ideal, steady", f"{r['random']['ratio_vs_uneven_ideal']:.3f}", "", ""))
             rows.append(("  uneven ideal / ideal, steady", f"{r['uneven_ideal_over_ideal']:.3f}", "", ""))
     st = report.get("stack", {})

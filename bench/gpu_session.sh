@@ -26,8 +26,22 @@
 #              (bench/a2a_probe.py) on the last two GPUs, then the probe over every GPU
 #   components component calibration of the Mixtral proxy at seq 4096 mbs 1 and 2, seq 2048 and 1024 mbs 1,
 #              one shape per GPU at once, merged into the machine profile -> $RES/<gpu>-x<N>-components.json
+#   archmoe    bench/executor_gpu.py on GPU 0: the MoE layer / ideal bars of the Qwen3-30B-A3B (>= 0.90) and
+#              DeepSeek-V3 (32 of 256 experts, shared expert, sigmoid group-limited routing; >= 0.90) layers,
+#              forced balance (headline) and the router's own choices, plus the dense GEMM ceiling and the
+#              per-stage breakdown (ARCH_PARTS, default gemm,moe,moe_breakdown; ARCH_SHAPES, default
+#              qwen3-30b-a3b,deepseek-v3; add mixtral for its row) -> $RES/executor_gpu_arch.json
+#   archtune   over HTTP on all GPUs: foldtune serve + foldtune runner, one tuning job per model of
+#              ARCHTUNE_MODELS (default "qwen3-30b-a3b deepseek-v2-lite") submitted as an ARCHTUNE_LAYERS-layer
+#              proxy (submit --layers, default 4) at seq ARCHTUNE_SEQ (4096), gbs ARCHTUNE_GBS (2 per GPU),
+#              ARCHTUNE_TRIALS trials (6) within ARCHTUNE_SECONDS (150 s) each; waits for each job, prints its
+#              trials and best layout, then foldtune train --job on that layout for ARCHTUNE_STEPS steps (200,
+#              TRAIN_TIMEOUT each) -> $RES/archtune-<model>-job.json, $RES/archtune-<model>-train.log, service
+#              logs in $RES/archtune-{serve,runner}.log. Both models need more than one 10-minute call: run
+#              one model per call (ARCHTUNE_MODELS=qwen3-30b-a3b, then ARCHTUNE_MODELS=deepseek-v2-lite)
 # Environment: TRAIN_STEPS (default 1200), TABLE_LAYOUTS (default 24), TRAIN_TIMEOUT (s, default 240),
-# SUSTAINED_S (seconds of calibrate's sustained-load run; default: calibrate's own, 10).
+# SUSTAINED_S (seconds of calibrate's sustained-load run; default: calibrate's own, 10), and the ARCH*
+# variables of archmoe and archtune above.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_AUTH_MODE=disabled FOLDTUNE_DATA_DIR=/tmp/foldtune TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING=0
@@ -68,6 +82,81 @@ table() {  # table N [CUDA_VISIBLE_DEVICES] [extra args...]
     --cp-min-chunk 1024 --warmup 1 --steps 3 --trial-timeout 150 --results-dir "$RES/table$n" --no-write "${extra[@]}"
 }
 CUDA_VISIBLE_DEVICES_ALL=$(seq -s, 0 $((NGPU - 1)))
+
+prep_data() {  # the byte-level training text of the train phases (/tmp/data), once per machine
+  [ -f /tmp/data.prepared ] && return 0
+  local site; site=$(python3 -c "import site; print(site.getsitepackages()[0])")
+  ft data prepare "$site" /tmp/site --out /tmp/data --heldout 0.02 --overwrite | tail -3 && touch /tmp/data.prepared
+}
+
+stop_pid() {  # SIGTERM, up to 30 s to exit (a runner hands its job back), then SIGKILL
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 30); do kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }; sleep 1; done
+  kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+}
+
+api_json() {  # api_json PATH: GET $FOLDTUNE_URL/PATH with the phase's key, pretty JSON on stdout
+  python3 -c "import json, os, sys, httpx
+r = httpx.get(os.environ['FOLDTUNE_URL'] + sys.argv[1], headers={'X-API-Key': os.environ['FOLDTUNE_API_KEY']}, timeout=30)
+print(json.dumps(r.json(), indent=1))" "$1"
+}
+
+archtune() {  # see the header; returns the number of models whose job or training did not succeed
+  local models=(${ARCHTUNE_MODELS:-qwen3-30b-a3b deepseek-v2-lite}) layers=${ARCHTUNE_LAYERS:-4}
+  local seq=${ARCHTUNE_SEQ:-4096} gbs=${ARCHTUNE_GBS:-$((2 * NGPU))} seconds=${ARCHTUNE_SECONDS:-150}
+  local port=${ARCHTUNE_PORT:-8321} failed=0 srv runner m id out i
+  local -A job_of=()
+  if ! ft submit --help | grep -q -- "--layers"; then
+    echo "archtune: foldtune submit has no --layers (the proxy depth) in this checkout; not run"; return 1
+  fi
+  prep_data || { echo "archtune: data prepare failed"; return 1; }
+  export FOLDTUNE_URL=http://127.0.0.1:$port
+  FOLDTUNE_API_KEY=$(ft keys create "archtune-$$" | tail -1); export FOLDTUNE_API_KEY
+  case "$FOLDTUNE_API_KEY" in ft_*) ;; *) echo "archtune: no API key ($FOLDTUNE_API_KEY)"; return 1 ;; esac
+  ft serve --port "$port" --log-level warning > "$RES/archtune-serve.log" 2>&1 & srv=$!
+  for i in $(seq 60); do ft jobs --limit 1 > /dev/null 2>&1 && break; sleep 1; done
+  if ! ft jobs --limit 1 > /dev/null; then
+    echo "archtune: the API did not come up in 60 s"; tail -20 "$RES/archtune-serve.log"; stop_pid "$srv"; return 1
+  fi
+  # trial budget as the tune phase's: 1 warm-up and 3 timed steps, 90 s per trial
+  FOLDTUNE_TRIAL_WARMUP_STEPS=1 FOLDTUNE_TRIAL_STEPS=3 FOLDTUNE_TRIAL_TIMEOUT_S=90 \
+    ft runner --runner-id archtune > "$RES/archtune-runner.log" 2>&1 & runner=$!
+  for m in "${models[@]}"; do  # all queued at once: the runner takes them one after the other
+    out=$(ft submit --model "$m" --layers "$layers" --gpu "$GPU" --gpus "$NGPU" --seq "$seq" --gbs "$gbs" \
+            --max-trials "${ARCHTUNE_TRIALS:-6}" --max-seconds "$seconds" 2>&1)
+    echo "$out"
+    id=$(sed -n 's/^job \([0-9][0-9]*\) .*/\1/p' <<< "$out" | head -1)
+    if [ -n "$id" ]; then job_of[$m]=$id; else echo "archtune: $m not submitted"; failed=$((failed + 1)); fi
+  done
+  for m in "${models[@]}"; do
+    id=${job_of[$m]:-}; [ -n "$id" ] || continue
+    echo "---- $m: job $id"
+    # a job waits for the one before it; its own budget is $seconds, plus Ray start and the last trial
+    timeout $((seconds + 240)) python3 -m api.cli.main jobs "$id" --wait; i=$?
+    if [ $i = 124 ]; then echo "archtune: job $id still running after $((seconds + 240)) s: cancelled"; ft jobs "$id" --cancel; fi
+    ft jobs "$id"
+    api_json "/v1/jobs/$id" > "$RES/archtune-$m-job.json"
+    python3 -c "import json, sys
+j = json.load(open(sys.argv[1])); b = j.get('best_trial') or {}
+print(f\"{sys.argv[2]}: job {j.get('id')} {j.get('status')}; best layout: {b.get('label') or b.get('config') or 'none'}\"
+      + (f\" at {b['step_time_s'] * 1e3:.1f} ms/step\" if b.get('step_time_s') else ''))" "$RES/archtune-$m-job.json" "$m"
+    [ $i = 0 ] || { failed=$((failed + 1)); unset "job_of[$m]"; }
+  done
+  stop_pid "$runner"  # its Ray gives the GPUs back before the trainings start their own
+  tail -5 "$RES/archtune-runner.log"
+  for m in "${models[@]}"; do
+    id=${job_of[$m]:-}; [ -n "$id" ] || continue
+    echo "---- $m: train --job $id, ${ARCHTUNE_STEPS:-200} steps"
+    # the job fixes the model (its proxy depth included), GPUs, seq, batch and precision
+    timeout "${TRAIN_TIMEOUT:-240}" python3 -m api.cli.main train --job "$id" --data /tmp/data \
+      --steps "${ARCHTUNE_STEPS:-200}" --warmup 20 --eval-every 100 --checkpoint-dir "/tmp/ckpt-archtune-$id" \
+      > "$RES/archtune-$m-train.log" 2>&1 || { echo "archtune: training of job $id failed (rc $?)"; failed=$((failed + 1)); }
+    awk 'NR % 20 == 1' "$RES/archtune-$m-train.log" | head -30; tail -6 "$RES/archtune-$m-train.log"
+  done
+  stop_pid "$srv"
+  return $failed
+}
 
 for p in "$@"; do
   phase "$p"; rc=0
@@ -163,14 +252,17 @@ for p in "$@"; do
       timeout 300 python3 -m api.cli.main tune --model byte-moe-650m "${prof[@]}" --gpus "$NGPU" --seq 1024 --gbs 32 \
         --max-trials 6 --max-seconds 200 --warmup 2 --steps 3 --trial-timeout 90; rc=$? ;;
     train)
-      SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
-      ft data prepare "$SITE" /tmp/site --out /tmp/data --heldout 0.02 --overwrite | tail -3
+      prep_data
       timeout "${TRAIN_TIMEOUT:-240}" python3 -m api.cli.main train --job 1 --data /tmp/data --steps "${TRAIN_STEPS:-1200}" \
         --lr 1e-3 --min-lr 1e-4 --warmup 50 --eval-every 200 --checkpoint-dir /tmp/ckpt > "$OUT/train.log" 2>&1; rc=$?
       awk 'NR % 25 == 1' "$OUT/train.log" | head -80; tail -15 "$OUT/train.log"
       mv "$OUT/train.log" "$RES/train.log" ;;  # metrics: training_metrics of $RES/foldtune.sqlite3
     executor)
       timeout 420 python3 -m bench.executor_gpu --parts gemm,moe,stack,ep2 --out "$RES/executor_gpu.json"; rc=$? ;;
+    archmoe)
+      CUDA_VISIBLE_DEVICES=0 timeout 540 python3 -m bench.executor_gpu --parts "${ARCH_PARTS:-gemm,moe,moe_breakdown}" \
+        --shapes "${ARCH_SHAPES:-qwen3-30b-a3b,deepseek-v3}" --out "$RES/executor_gpu_arch.json"; rc=$? ;;
+    archtune) archtune; rc=$? ;;
     *) echo "unknown phase $p"; rc=2 ;;
   esac
   cp -f "$FOLDTUNE_DATA_DIR"/foldtune.sqlite3 "$RES/" 2>/dev/null

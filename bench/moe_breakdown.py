@@ -1,10 +1,12 @@
 """Where an MoE layer's forward+backward time goes: each sub-step timed on its own, on the device.
 
-``breakdown(h, f, experts, topk)`` (bench/executor_gpu.py part ``moe_breakdown``) runs the layer the bar
-measures (``MoELayer``, one GPU, bf16) cut into the stages it is made of — router, permute (the
-dispatcher), the two grouped GEMMs (gate and up fused as ``gemm_w13``, N = 2·f; down as ``gemm_w2``),
-SwiGLU, combine — and their backward passes (each GEMM's backward is its dgrad and wgrad), once with the real
-(random-weight) router and once with a round-robin router (perfect balance). Each stage is reported twice:
+``breakdown(spec)`` (bench/executor_gpu.py part ``moe_breakdown``) runs the layer the bar measures
+(``MoELayer`` of a one-layer ModelSpec, one GPU, bf16) cut into the stages it is made of — router, permute
+(the dispatcher), the two grouped GEMMs (gate and up fused as ``gemm_w13``, N = 2·f; down as ``gemm_w2``),
+SwiGLU, combine, and the shared expert where the model has one (``shared``: its three dense GEMMs and SwiGLU
+on the layer's tokens, added to the combined output) — and their backward passes (each GEMM's backward is its
+dgrad and wgrad), once with the real (random-weight) router and once with a round-robin router (perfect
+balance). Each stage is reported twice:
 
 - ``device_s``: the stage replayed back to back while a spin kernel (``torch.cuda._sleep``) holds the
   stream, so every launch is queued before the GPU starts: pure device time, launch latency hidden.
@@ -16,11 +18,12 @@ SwiGLU, combine — and their backward passes (each GEMM's backward is its dgrad
 Next to the stages: the whole layer step (steady state as the bar times it, isolated wall from an idle
 device, device-only, host issue time), the ideal (:class:`SeparateGateUpExperts`: three separate grouped
 GEMMs — gate, up, down — + SwiGLU fwd+bwd on pre-permuted balanced rows; it keeps this definition although
-the layer now fuses gate and up), and the same ideal on pre-permuted rows with the random router's uneven
-group sizes, which separates what uneven groups cost the grouped GEMM itself (tile quantisation, no
-dispatcher can remove it) from the layer's own overheads. ``ratio`` is ideal / layer in steady state (the
-bar's definition, see :func:`steady_seconds`), ``isolated_ratio`` the same from an idle device
-(:func:`wall_seconds`); ``ratio_vs_uneven_ideal`` is uneven-ideal / layer in steady state.
+the layer now fuses gate and up; with a shared expert the ideal adds that expert's three dense GEMMs and
+SwiGLU fwd+bwd on the layer's tokens, :class:`SharedExpertIdeal`), and the same ideal on pre-permuted rows
+with the random router's uneven group sizes, which separates what uneven groups cost the grouped GEMM itself
+(tile quantisation, no dispatcher can remove it) from the layer's own overheads. ``ratio`` is ideal / layer in
+steady state (the bar's definition, see :func:`steady_seconds`), ``isolated_ratio`` the same from an idle
+device (:func:`wall_seconds`); ``ratio_vs_uneven_ideal`` is uneven-ideal / layer in steady state.
 On CPU (smoke runs) device times fall back to wall clocks.
 """
 
@@ -56,6 +59,13 @@ class BalancedRouter(torch.nn.Module):
         return Routing(self.experts_NK, self.probs_NK, x_NH.new_zeros((), dtype=torch.float32), self.counts_E)
 
 
+def _swiglu_pair(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up of two separate [rows, f] tensors: the fused kernel where it passed its self-check."""
+    if triton_swiglu.available(gate) and triton_swiglu.swiglu_checked(gate.dtype, gate.device):
+        return triton_swiglu.swiglu_pair(gate, up)
+    return torch.nn.functional.silu(gate) * up
+
+
 class SeparateGateUpExperts(torch.nn.Module):
     """The ideal expert FFN: gate (w1), up (w3) and down (w2) as three separate grouped GEMMs with the fused
     SwiGLU between, as the layer ran before gate and up were fused into one GEMM (``w13``).
@@ -75,25 +85,55 @@ class SeparateGateUpExperts(torch.nn.Module):
     def forward(self, x_MH: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         gate, up = self.grouped_mm(x_MH, self.w1, offs), self.grouped_mm(x_MH, self.w3, offs)
-        if triton_swiglu.available(gate) and triton_swiglu.swiglu_checked(gate.dtype, gate.device):
-            act = triton_swiglu.swiglu_pair(gate, up)
-        else:
-            act = torch.nn.functional.silu(gate) * up
-        return self.grouped_mm(act, self.w2, offs)
+        return self.grouped_mm(_swiglu_pair(gate, up), self.w2, offs)
 
 
-def moe_spec(h: int, f: int, experts: int, topk: int):
-    """A one-layer ModelSpec of the benchmarked MoE shape (hidden, expert FFN, experts, top-k)."""
-    return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}", num_layers=1, hidden_size=h, num_attention_heads=16,
-                     ffn_hidden_size=f, vocab_size=32000, num_experts=experts, moe_router_topk=topk,
-                     moe_ffn_hidden_size=f)
+class SharedExpertIdeal(torch.nn.Module):
+    """The ideal of a shared expert: its three dense GEMMs (gate, up, down) with the fused SwiGLU between, on
+    the layer's tokens [tokens, h]; weights are copies of the layer's shared expert (a ``SwiGLUMLP``)."""
+
+    def __init__(self, shared):
+        super().__init__()
+        self.linear = shared.kernels.linear
+        self.w1, self.w3, self.w2 = (torch.nn.Parameter(w.detach().clone()) for w in (shared.w1, shared.w3, shared.w2))
+
+    def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
+        return self.linear(_swiglu_pair(self.linear(x_TH, self.w1), self.linear(x_TH, self.w3)), self.w2)
+
+
+# The router's rule as a model defines it (Megatron's names): what a bar layer copies from its catalog model.
+ROUTING_FIELDS = ("moe_router_score_function", "moe_router_pre_softmax", "moe_router_num_groups",
+                  "moe_router_group_topk", "moe_router_topk_scaling_factor")
+
+
+def moe_spec(h: int, f: int, experts: int, topk: int, shared: int | None = None, like: ModelSpec | None = None):
+    """A one-layer ModelSpec of the benchmarked MoE shape: hidden ``h``, expert FFN ``f``, ``experts`` experts,
+    top-``topk``, a shared expert of FFN ``shared`` (None: none), and the routing rule (score function,
+    pre-softmax, group-limited top-k, top-k scaling: :data:`ROUTING_FIELDS`) of the model ``like`` (None: a
+    plain softmax top-k)."""
+    routing = {name: getattr(like, name) for name in ROUTING_FIELDS} if like is not None else {}
+    return ModelSpec(name=f"moe-h{h}-f{f}-e{experts}-k{topk}" + (f"-s{shared}" if shared else ""), num_layers=1,
+                     hidden_size=h, num_attention_heads=16, ffn_hidden_size=f, vocab_size=32000,
+                     num_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=f,
+                     moe_shared_expert_intermediate_size=shared, **routing)
+
+
+@dataclasses.dataclass
+class SharedBar:
+    """The shared expert's part of the ideal: :class:`SharedExpertIdeal` on random tokens ``x`` [tokens, h]
+    with output gradient ``gy``."""
+
+    ideal: SharedExpertIdeal
+    x: torch.Tensor
+    gy: torch.Tensor
 
 
 @dataclasses.dataclass
 class BarInputs:
     """What the MoE bar runs: a one-GPU MoE layer on random tokens ``x`` [seq, mbs, h] with output gradient
     ``gy``, and its ideal (the same weights as three separate expert GEMMs) on random pre-permuted rows
-    ``xs`` [seq·mbs·topk, h] with gradient ``gs``; ``balanced`` is the ideal's rows per expert."""
+    ``xs`` [seq·mbs·topk, h] with gradient ``gs``; ``balanced`` is the ideal's rows per expert; ``shared`` the
+    shared expert's part of the ideal (None when the model has no shared expert)."""
 
     layer: torch.nn.Module
     x: torch.Tensor
@@ -102,19 +142,32 @@ class BarInputs:
     xs: torch.Tensor
     gs: torch.Tensor
     balanced: torch.Tensor
+    shared: SharedBar | None = None
+
+    def ideal_step(self, group_rows: torch.Tensor | None = None):
+        """A call that runs one fwd+bwd of the whole ideal (experts in groups of ``group_rows`` rows, default
+        balanced, plus the shared expert's part)."""
+        return ideal_fwd_bwd(self.ideal, self.xs, self.gs, self.balanced if group_rows is None else group_rows,
+                             self.shared)
 
 
-def bar_inputs(h: int, f: int, experts: int, topk: int, seq: int, mbs: int, dev: torch.device,
-               dtype: torch.dtype, options=None) -> BarInputs:
-    """The layer of this shape (``options``: ExecutorOptions, default ones) and its ideal, on random data."""
-    layer = MoELayer(moe_spec(h, f, experts, topk), options or ExecutorOptions(), single_process_state(), 0,
-                     get_backend("torch"), dev, dtype)
-    rows = seq * mbs * topk
+def bar_inputs(spec: ModelSpec, seq: int, mbs: int, dev: torch.device, dtype: torch.dtype,
+               options=None) -> BarInputs:
+    """The MoE layer of the one-layer ``spec`` (:func:`moe_spec`; ``options``: ExecutorOptions, default ones)
+    and its ideal, on random data: ``seq·mbs`` tokens."""
+    layer = MoELayer(spec, options or ExecutorOptions(), single_process_state(), 0, get_backend("torch"), dev, dtype)
+    h, experts, tokens = spec.hidden_size, spec.num_experts, seq * mbs
+    rows = tokens * spec.moe_router_topk
+    shared = None
+    if layer.shared is not None:
+        shared = SharedBar(SharedExpertIdeal(layer.shared),
+                           torch.randn(tokens, h, device=dev, dtype=dtype, requires_grad=True),
+                           torch.randn(tokens, h, device=dev, dtype=dtype))
     return BarInputs(layer, torch.randn(seq, mbs, h, device=dev, dtype=dtype, requires_grad=True),
                      torch.randn(seq, mbs, h, device=dev, dtype=dtype), SeparateGateUpExperts(layer.experts),
                      torch.randn(rows, h, device=dev, dtype=dtype, requires_grad=True),
                      torch.randn(rows, h, device=dev, dtype=dtype),
-                     torch.full((experts,), rows // experts, device=dev, dtype=torch.long))
+                     torch.full((experts,), rows // experts, device=dev, dtype=torch.long), shared)
 
 
 def layer_fwd_bwd(layer: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor):
@@ -128,13 +181,20 @@ def layer_fwd_bwd(layer: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor):
     return step
 
 
-def ideal_fwd_bwd(ideal: SeparateGateUpExperts, xs: torch.Tensor, gs: torch.Tensor, group_rows: torch.Tensor):
+def ideal_fwd_bwd(ideal: SeparateGateUpExperts, xs: torch.Tensor, gs: torch.Tensor, group_rows: torch.Tensor,
+                  shared: SharedBar | None = None):
     """A call that runs one fwd+bwd of the ideal experts on the pre-permuted rows ``xs`` in groups of
-    ``group_rows`` (rows per expert), output gradient ``gs``."""
+    ``group_rows`` (rows per expert), output gradient ``gs``, and of the ``shared`` expert's ideal if given."""
     def step():
         ideal.zero_grad(set_to_none=True)
         xs.grad = None
-        ideal(xs, group_rows).backward(gs)
+        outs, grads = [ideal(xs, group_rows)], [gs]
+        if shared is not None:
+            shared.ideal.zero_grad(set_to_none=True)
+            shared.x.grad = None
+            outs.append(shared.ideal(shared.x))
+            grads.append(shared.gy)
+        torch.autograd.backward(outs, grads)
     return step
 
 
@@ -307,7 +367,9 @@ class StagedLayer:
 
     State lives in ``self.s``; each stage reads the previous stage's outputs as fresh leaves, so its
     backward is only its own. ``x_grad_add`` is the sum autograd does where a tensor feeds two stages
-    (tokens → router and permute); the expert rows feed one GEMM (``gemm_w13``), so they need none."""
+    (tokens → router and permute, and the shared expert where there is one); the expert rows feed one GEMM
+    (``gemm_w13``), so they need none. ``shared`` (layers with a shared expert only) runs the shared expert on
+    the tokens and adds its output to the combined one; its backward is the shared expert's."""
 
     FWD = ("router", "permute", "gemm_w13", "swiglu", "gemm_w2", "combine")
     BWD = ("combine", "gemm_w2", "swiglu", "gemm_w13", "permute", "router", "x_grad_add")
@@ -315,6 +377,9 @@ class StagedLayer:
     def __init__(self, layer, x_NH: torch.Tensor, gy_NH: torch.Tensor):
         self.layer, self.gmm, self.ex = layer, layer.experts.kernels.grouped_mm, layer.experts
         self.s = {"x": x_NH, "gy": gy_NH}
+        if layer.shared is not None:  # the shared expert runs after the combine, as MoELayer.forward adds it
+            self.FWD = self.FWD + ("shared",)
+            self.BWD = ("shared",) + self.BWD
 
     # forward stages
     def f_router(self):
@@ -348,7 +413,18 @@ class StagedLayer:
         s["yl"] = _leaf(s["y"])
         s["out"] = self.layer.dispatcher.combine(s["yl"], s["d"])
 
+    def f_shared(self):
+        s = self.s
+        s["x_s"] = _leaf(s["x"])
+        n, h = s["x_s"].shape
+        s["ys"] = self.layer.shared(s["x_s"].view(n, 1, h)).view(n, h)
+        s["out_total"] = s["out"] + s["ys"]
+
     # backward stages
+    def b_shared(self):
+        s = self.s
+        s["g_xs"] = _grad([s["ys"]], [s["x_s"], *self.layer.shared.parameters()], [s["gy"]])[0]
+
     def b_combine(self):
         s = self.s
         s["g_y"], s["g_probs"] = _grad([s["out"]], [s["yl"], s["probs"]], [s["gy"]])
@@ -378,6 +454,8 @@ class StagedLayer:
     def b_x_grad_add(self):
         s = self.s
         s["g_x"] = s["g_xp"] if s["g_xr"] is None else s["g_xp"] + s["g_xr"]
+        if s.get("g_xs") is not None:
+            s["g_x"] = s["g_x"] + s["g_xs"]
 
     def step(self, mark=None) -> None:
         """Every stage once, forward then backward; ``mark(name)`` before each (and 'end')."""
@@ -440,18 +518,21 @@ def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:
     return int(((counts + tile - 1) // tile).sum())
 
 
-def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: torch.device | None = None,
-              dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The stage table of one MoE shape (see the module docstring); seconds everywhere."""
+def breakdown(spec: ModelSpec, tokens: int = 4096, dev: torch.device | None = None,
+              dtype: torch.dtype = torch.bfloat16, options: ExecutorOptions | None = None) -> dict:
+    """The stage table of the MoE layer of the one-layer ``spec`` (:func:`moe_spec`) under ``options``
+    (default ones) on ``tokens`` tokens (see the module docstring); seconds everywhere."""
     dev = dev or torch.device("cuda", 0)
-    bar = bar_inputs(h, f, experts, topk, tokens, 1, dev, dtype)
-    layer, x, gy, spec, state = bar.layer, bar.x, bar.gy, bar.layer.router.spec, single_process_state()
+    h, f, experts, topk = spec.hidden_size, spec.expert_ffn_hidden_size, spec.num_experts, spec.moe_router_topk
+    bar = bar_inputs(spec, tokens, 1, dev, dtype, options)
+    layer, x, gy, state = bar.layer, bar.x, bar.gy, single_process_state()
     layer_step = layer_fwd_bwd(layer, x, gy)
+    ideal = bar.ideal_step
 
-    def ideal(group_rows):
-        return ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, group_rows)
-
-    result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens}}
+    result: dict = {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens,
+                              "shared": spec.shared_expert_ffn_hidden_size,
+                              "score_function": spec.moe_router_score_function,
+                              "num_groups": spec.moe_router_num_groups, "group_topk": spec.moe_router_group_topk}}
     real_router = layer.router
     for mode in ("random", "balanced"):
         layer.router = real_router if mode == "random" else BalancedRouter(tokens, experts, topk, dev)
@@ -481,7 +562,8 @@ def breakdown(h: int, f: int, experts: int, topk: int, tokens: int = 4096, dev: 
                         "host_issue_s": host_seconds(ideal(counts), dev)}
 
     # The router with Megatron's aux loss and z-loss on (the bar's layer has them off, as the defaults).
-    lossy = Router(spec, ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3), state, 0, dev, dtype)
+    lossy = Router(spec, dataclasses.replace(options or ExecutorOptions(), moe_aux_loss_coeff=1e-2,
+                                             moe_z_loss_coeff=1e-3), state, 0, dev, dtype)
     x_r = x.detach().view(tokens, h).requires_grad_()
     routing = lossy(x_r)
     g_probs = torch.randn_like(routing.probs_NK)

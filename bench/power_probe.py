@@ -111,7 +111,7 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
 
 
 def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
-    bar = bar_inputs(*eg.MOE_SHAPES["mixtral"], eg.SEQ, 1, torch.device("cuda"), torch.bfloat16)
+    bar = bar_inputs(eg.MOE_SHAPES["mixtral"].spec, eg.SEQ, 1, torch.device("cuda"), torch.bfloat16)
     layer = bar.layer
     layer_step, ideal_step = layer_fwd_bwd(layer, bar.x, bar.gy), ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced)
 
