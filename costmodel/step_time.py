@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel import host as _host
+from costmodel.attention_kinds import fused_causal_fraction, has_sinks, masked_layer_share
 from costmodel import params as _params
 from costmodel.comm import (
     LinkRates,
@@ -38,6 +39,7 @@ from costmodel.compute import (
     gemm_fwd_bwd,
     grouped_gemm_fwd_bwd,
     memory_time,
+    sink_attention_time,
 )
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.terms import (
@@ -247,6 +249,7 @@ class _Shape:
             self.accum_bytes = MAIN_GRAD_ACCUM_BYTES if training.main_grads_fp32 else 3 * training.param_bytes
         self.flash = training.flash_attention
         self.regather = training.sequence_parallel_regather
+        self.fused_special = training.fused_window_sink_attention
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
         gpn = ctx.gpus_per_node
@@ -341,12 +344,36 @@ class _Shape:
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
-            fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), d, d, True, self.flash,
-                                      self.dropout, self.cp)
+            fwd, bwd = self._gqa_core(max(1, heads // tp), d)
             self._cp_comm(block, t * max(1.0, kv / tp) * 2 * d * ab)
             self.linear(block, t, h, heads * d / tp)
         block.add(ATTN, fwd, bwd, "core_attn")
         self.residual(block)
+
+    def _gqa_core(self, heads: int, d: int) -> tuple[float, float]:
+        """(forward, backward) seconds of the attention core per layer, the mean over the model's layers.
+
+        Plain causal layers take the flash kernel. Layers with a window or sinks take, in the executor, the
+        masked path over the whole [s/cp, s] score matrix: with sinks an explicit fp32 softmax, with a window
+        only SDPA under a mask (every score computed, plus the mask's conversion to an additive bias); under
+        ``fused_window_sink_attention`` (Megatron) the flash kernel, a window costing its keys only.
+        """
+        t, seq, rates = self.tokens, self.seq, self.rates
+        fwd, bwd = attention_time(rates, t, seq, heads, d, d, True, self.flash, self.dropout, self.cp)
+        if not self.flash:  # the unfused path already computes the whole score matrix
+            return fwd, bwd
+        if self.fused_special:
+            share = fused_causal_fraction(self.model, seq)
+            return fwd * share, bwd * share
+        share = masked_layer_share(self.model)
+        if not share:
+            return fwd, bwd
+        if has_sinks(self.model):
+            mfwd, mbwd = sink_attention_time(rates, t, seq, heads, d)
+        else:
+            mfwd, mbwd = attention_time(rates, t, seq, heads, d, d, False, True, self.dropout, 1)
+            mfwd += memory_time(rates, t * seq * (1 + self.act_bytes))  # boolean mask -> additive bias
+        return (1 - share) * fwd + share * mfwd, (1 - share) * bwd + share * mbwd
 
     def _cp_comm(self, block: _Block, kv_bytes: float) -> None:
         """Ring attention: cp-1 steps pass this rank's K,V forward; backward passes K,V and their grads."""
