@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import NamedTuple
 
+from costmodel.activation import glu_saved_intermediates
 from costmodel.attention_kinds import has_sinks, masked_layer_share
 from costmodel.dispatch import dispatcher_pricing
 from spec.dispatchers import DEFAULT_DISPATCHER
@@ -245,6 +246,9 @@ def _mlp_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
                           ("act.mlp.fc1_input", h * b / dsp, _drops("layernorm")),
                           ("act.mlp.fc1_output", gate * ffn * b / t, _drops("mlp")),
                           ("act.mlp.act_output", ffn * b / t, _drops("mlp"))]
+    glu = glu_saved_intermediates(model)
+    if glu:
+        out.append(("act.mlp.glu_intermediates", glu * ffn * b / t, _drops("mlp")))
     if model.hidden_dropout > 0:
         out.append(("act.mlp.dropout_mask", h * _MASK / dsp, _NONE))
     return out
@@ -290,13 +294,20 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
     out += [("act.moe.unpermute_input", k * h * b / dsp, moe), ("act.moe.dispatch_indices", 2 * 8 * k / dsp, moe)]
     if s.ep * s.etp > 1:
         out.append(("act.moe.reorder_indices", 2 * 8 * te, moe))
-    if not model.swiglu:  # unfused act·prob keeps both the activation and the weighted product
+    if not model.gated_linear_unit:  # unfused act·prob keeps both the activation and the weighted product
         out.append(("act.moe.expert_weighted_output", te * fe * b, moe))
+    glu = glu_saved_intermediates(model)
+    if glu:
+        out.append(("act.moe.expert_glu_intermediates", glu * te * fe * b, _drops("moe", "moe_act")))
+    if model.add_bias_linear:  # each routed row's expert index (int64), to pick its biases
+        out.append(("act.moe.expert_bias_rows", 8 * te, moe))
     fs = model.shared_expert_ffn_hidden_size
     if fs:
         shared = _drops("moe", "shared_experts")
         out += [("act.shared.fc1_output", gate * fs * b / t, shared),
                 ("act.shared.act_output", fs * b / t, shared)]
+        if glu:
+            out.append(("act.shared.glu_intermediates", glu * fs * b / t, shared))
     if model.hidden_dropout > 0:
         out.append(("act.moe.dropout_mask", h * _MASK / dsp, _NONE))
     return out

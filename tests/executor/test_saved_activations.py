@@ -92,3 +92,27 @@ def test_attention_block_saves_what_the_memory_model_counts(name, monkeypatch):
             norms += spec.num_attention_heads + spec.num_kv_heads
         unmodelled = norms * 4 * SEQ * MBS + (SEQ * SEQ if spec.softmax_type != "vanilla" else 0)
         assert measured - unmodelled == modelled, (name, measured, unmodelled, modelled)
+
+
+def test_clamped_quick_geglu_mlp_and_experts_save_what_the_memory_model_counts():
+    """GPT-OSS's activation runs as torch ops: the dense MLP and the routed experts keep the clamped gate, the
+    sigmoid, the activated gate and the shifted up beside the fused path's tensors; biased experts keep each
+    row's expert index. (Offsets [E] int32 of the grouped GEMM: not modelled, added here.)"""
+    spec = MODELS["gptoss"]
+    model = MoEGPT(spec, single_process_state(), ExecutorOptions(), seq_length=SEQ)
+    training = TrainingSpec(seq_length=SEQ, global_batch_size=MBS, precision="fp32")
+    config = ParallelConfig(world_size=1, micro_batch_size=MBS)
+    tokens = SEQ * MBS
+    params = list(model.parameters())
+    dense = dict(layer_activation_bytes(spec, training, config, False))
+    h = torch.randn(SEQ, MBS, spec.hidden_size, requires_grad=True)  # the pre-MLP norm's output
+    measured = _saved_bytes(lambda: model.layers[0].mlp(h), params)
+    assert measured == sum(v for n, v in dense.items() if n.startswith("act.mlp.") and n != "act.mlp.norm_input")
+    moe = dict(layer_activation_bytes(spec, training, config, True))
+    experts = model.layers[1].mlp.experts
+    rows = torch.randn(tokens * spec.moe_router_topk, spec.hidden_size, requires_grad=True)  # ep1: every copy here
+    counts = torch.full((spec.num_experts,), tokens * spec.moe_router_topk // spec.num_experts)
+    measured = _saved_bytes(lambda: experts(rows, counts), params)
+    names = ("act.moe.permuted_tokens", "act.moe.expert_fc1_output", "act.moe.expert_act_output",
+             "act.moe.expert_glu_intermediates", "act.moe.expert_bias_rows")
+    assert measured - 4 * spec.num_experts == sum(moe[n] for n in names)
