@@ -517,3 +517,21 @@ def test_gpt_oss_step_time_moves_with_the_attention_switch():
     ours, theirs = (estimate_step_time(model, t, cluster, config) for t in (executor, megatron))
     assert ours.term("attention_core") > 10 * theirs.term("attention_core")
     assert ours.step_time > theirs.step_time and ours.tflops_per_gpu < theirs.tflops_per_gpu
+
+
+def test_moe_layer_pattern_and_dense_first_layers_are_priced_per_stage():
+    # layers: dense, MoE (with a shared expert), dense, MoE on pp4: each middle stage costs exactly its layer kind
+    model = replace(get_model("tiny-moe-shared"), moe_layer_freq=(0, 1, 0, 1), moe_first_k_dense=0)
+    training, cluster = TrainingSpec(seq_length=128, global_batch_size=8), ClusterSpec(H100, 8)
+    config = ParallelConfig(world_size=8, pp=4, ep=2)
+    parts = layer_times(model, training, cluster, config)
+
+    def total(*names):
+        return sum(v for name in names for _, v in parts[name].fwd + parts[name].bwd)
+
+    first, moe_stage, dense_stage, last = stage_times(model, training, cluster, config)
+    assert moe_stage == pytest.approx(total("attention", "moe"), rel=1e-12)
+    assert dense_stage == pytest.approx(total("attention", "dense_mlp"), rel=1e-12)
+    assert first == pytest.approx(total("attention", "dense_mlp", "embedding"), rel=1e-12)
+    assert last == pytest.approx(total("attention", "moe", "head"), rel=1e-12)
+    assert moe_stage > dense_stage  # top-2 of 8 experts + the shared expert over one dense FFN
