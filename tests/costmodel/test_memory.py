@@ -12,13 +12,14 @@ from costmodel.memory import (
     _comm_per_token,
     _gradient_peak,
     _shape,
+    _tensor_split,
     estimate_memory,
     estimate_stage_memory,
     in_flight_micro_batches,
     layer_activation_bytes,
     peak_memory_bytes,
 )
-from costmodel.params import moe_params, stage_param_counts
+from costmodel.params import attention_params, mlp_params, moe_params, stage_param_counts
 
 GIB = 2**30
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference.json"  # copy of shared/validation
@@ -511,3 +512,16 @@ def test_gpt_oss_executor_attention_does_not_fit_where_megatrons_does():
     ex, mg = estimate_memory(model, executor, cluster, cfg), estimate_memory(model, megatron, cluster, cfg)
     assert mg.total < cluster.usable_hbm_bytes < ex.total
     assert ex.weights == mg.weights and ex.optimizer == mg.optimizer
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "gpt-oss-120b", "qwen3-30b-a3b"])
+def test_executor_parameter_tensors_add_up_to_the_layer_counts(name):
+    """_tensor_split lists the executor's parameter tensors (MLA's projections and latent norms, biases, sinks,
+    q/k norms); with an unbounded bucket its per-layer sums are the parameter counts of a dense and an MoE layer."""
+    model = get_model(name)
+    tp, ep = 2, 4
+    dense, moe, *_ = _tensor_split(model, tp, ep, 1, float("inf"))
+    attention = attention_params(model, tp).total
+    if model.num_dense_layers:
+        assert dense == attention + mlp_params(model, tp).total
+    assert moe == attention + moe_params(model, tp, ep, 1).total
