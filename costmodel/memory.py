@@ -169,7 +169,9 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
                           ("act.attn.norm_output", h * b / dsp, _drops("layernorm"))]
     masked = 0.0  # share of layers on the executor's masked path (a window or sinks)
     if model.multi_latent_attention:
-        out += _mla_tensors(model, b, t, dsp)
+        # Megatron's linears under SP keep their input sharded (re-gathered in backward); the executor keeps
+        # the gathered latents
+        out += _mla_tensors(model, b, t, dsp, dsp if training.sequence_parallel_regather else 1)
         v_width = n * model.v_head_dim
     else:
         d = model.head_dim
@@ -195,7 +197,7 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     return out
 
 
-def _mla_tensors(model: ModelSpec, b: int, t: int, dsp: int) -> list[_Tensor]:
+def _mla_tensors(model: ModelSpec, b: int, t: int, dsp: int, latent_split: int) -> list[_Tensor]:
     """What the executor's multi-latent attention keeps (executor/mla.py), bytes per local token.
 
     On this rank's sequence slice: the query down projection's output (q_layernorm's input) and the kv down
@@ -203,6 +205,8 @@ def _mla_tensors(model: ModelSpec, b: int, t: int, dsp: int) -> list[_Tensor]:
     TP: the latents [q latent (or, without q_lora_rank, the normalised input) | kv latent | k_pe], which the
     up projections keep. Per head: q and k after RoPE, the kv up projection's output (v is a view of it,
     keeping the key part alive), the attention output before its copy into linear_proj's input.
+    ``latent_split`` divides the latents: TP under SP when the up projections keep their input sharded and
+    re-gather it in backward (Megatron, ``TrainingSpec.sequence_parallel_regather``), else 1.
     """
     n, h = model.num_attention_heads, model.hidden_size
     qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
@@ -211,7 +215,7 @@ def _mla_tensors(model: ModelSpec, b: int, t: int, dsp: int) -> list[_Tensor]:
     if model.q_lora_rank is not None:
         out.append(("act.mla.q_down_output", model.q_lora_rank * b / dsp, _NONE))
     out += [("act.mla.kv_down_output", (model.kv_lora_rank + rope) * b / dsp, _NONE),
-            ("act.mla.latents", (q_in + model.kv_lora_rank + rope) * b, _NONE),
+            ("act.mla.latents", (q_in + model.kv_lora_rank + rope) * b / latent_split, _NONE),
             ("act.attn.qkv", n * (2 * (qk + rope) + qk + v) * b / t, _drops("mla_up_proj")),
             ("act.mla.core_output", n * v * b / t, _drops("core_attn"))]
     return out

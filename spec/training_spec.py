@@ -52,7 +52,8 @@ class TrainingSpec:
     # so the default prices that traffic; set True to model Megatron runs.
     gradient_accumulation_fusion: bool = False
     # Megatron re-gathers a sequence-parallel linear's input in backward (memory for traffic); the executor's
-    # autograd keeps the gathered input, (1 - 1/tp) of it more per TP block, which the memory model does not add
+    # autograd keeps the gathered input, (1 - 1/tp) of it more per TP block, which the memory model adds only
+    # for MLA's gathered latents (whole by default, split over TP under this switch)
     sequence_parallel_regather: bool = False
     # Megatron's fused kernel for windowed / sink attention layers; the executor's masked path when False
     fused_window_sink_attention: bool = False

@@ -454,6 +454,9 @@ def test_mla_keeps_the_executors_latents_and_per_head_tensors_hand_worked():
     lite = dict(layer_activation_bytes(get_model("deepseek-v2-lite"), training, cfg, True))
     assert "act.mla.q_down_output" not in lite
     assert lite["act.mla.latents"] == tokens * (2048 + 512 + 64) * b
+    # Megatron's up projections keep their SP-sharded input and re-gather it in backward
+    regather = dict(layer_activation_bytes(model, _moe_training(sequence_parallel_regather=True), cfg, True))
+    assert regather["act.mla.latents"] == got["act.mla.latents"] / 8
 
 
 def _sinks(**kw):
