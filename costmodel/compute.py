@@ -70,6 +70,7 @@ class ComputeRates:
     grouped_shape_curves: tuple[tuple[float, MeasuredCurve], ...] = ()
     attn_fwd_curve: MeasuredCurve | None = None  # key length -> achieved / bf16 peak (measured)
     attn_bwd_curve: MeasuredCurve | None = None
+    fp32_peak: float = 0.0  # FLOP/s of fp32 GEMMs without TF32 (the executor's fp32 attention with sinks)
 
 
 @lru_cache(maxsize=64)
@@ -93,7 +94,8 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         gemm_curve=hardware.gemm_efficiency, gemm_bwd_curve=hardware.gemm_bwd_efficiency,
         grouped_curve=hardware.grouped_gemm_efficiency,
         grouped_shape_curves=_by_weight_size(hardware.grouped_gemm_shape_efficiency),
-        attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency)
+        attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency,
+        fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock)
 
 
 def _by_weight_size(shape_curves: tuple[tuple[str, MeasuredCurve], ...]) -> tuple[tuple[float, MeasuredCurve], ...]:
@@ -234,11 +236,37 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
     return fwd, bwd
 
 
-def _batched_gemm(rates: ComputeRates, batch: int, m: int, n: int, k: int) -> tuple[float, float]:
-    """(forward, backward) seconds of ``batch`` independent 16-bit ``(m x k) @ (k x n)`` GEMMs in one kernel."""
+def _batched_gemm(rates: ComputeRates, batch: int, m: int, n: int, k: int, fp32: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of ``batch`` independent ``(m x k) @ (k x n)`` GEMMs in one kernel, 16-bit
+    (or fp32 without TF32 at the fp32 peak)."""
     flops = 2.0 * batch * m * n * k
-    fwd = _roofline(flops, 2.0 * batch * (m * k + k * n + m * n), rates.bf16_peak, rates.bf16_eff_max, rates)
+    peak, width = (rates.fp32_peak or rates.bf16_peak / 16, 4.0) if fp32 else (rates.bf16_peak, 2.0)
+    fwd = _roofline(flops, width * batch * (m * k + k * n + m * n), peak, rates.bf16_eff_max, rates)
     return fwd, 2.0 * fwd
+
+
+# HBM bytes per fp32 score of the executor's sink attention (executor/attention_core.py: sink_attention).
+# Forward: scale, masked_fill, the concatenated sink column and the softmax each read and write the score
+# matrix (4 kernels x 8 B). Backward: the slice's zero-padded gradient, softmax backward (reads probabilities
+# and gradient, writes one), the concatenation's slice, masked_fill and scale (5 kernels, 44 B).
+SINK_SCORE_BYTES_FWD, SINK_KERNELS_FWD = 32.0, 4
+SINK_SCORE_BYTES_BWD, SINK_KERNELS_BWD = 44.0, 5
+
+
+@lru_cache(maxsize=4096)
+def sink_attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: int,
+                        head_dim: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the executor's explicit attention with sinks on one GPU: two fp32
+    batched GEMMs over every (query, key) pair (no causal or window skipping: the mask is applied to the
+    scores) and the memory-bound passes over the fp32 score matrix. Arguments as :func:`attention_time`."""
+    if batch_queries <= 0 or heads <= 0:
+        return 0.0, 0.0
+    scores = float(batch_queries) * (seq_kv + 1) * heads
+    qk_fwd, qk_bwd = _batched_gemm(rates, heads, batch_queries, seq_kv, head_dim, fp32=True)
+    pv_fwd, pv_bwd = _batched_gemm(rates, heads, batch_queries, head_dim, seq_kv, fp32=True)
+    fwd = qk_fwd + pv_fwd + memory_time(rates, SINK_SCORE_BYTES_FWD * scores, SINK_KERNELS_FWD)
+    bwd = qk_bwd + pv_bwd + memory_time(rates, SINK_SCORE_BYTES_BWD * scores, SINK_KERNELS_BWD)
+    return fwd, bwd
 
 
 def memory_time(rates: ComputeRates, nbytes: float, kernels: int = 1) -> float:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import NamedTuple
 
+from costmodel.activation import glu_saved_intermediates
+from costmodel.attention_kinds import has_sinks, masked_layer_share
 from costmodel.dispatch import dispatcher_pricing
 from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
@@ -165,20 +167,25 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     dsp = t if s.sp else 1  # tensors in the sequence-parallel region are split over TP only with SP
     out: list[_Tensor] = [("act.attn.norm_input", h * b / dsp, _NONE),
                           ("act.attn.norm_output", h * b / dsp, _drops("layernorm"))]
+    masked = 0.0  # share of layers on the executor's masked path (a window or sinks)
     if model.multi_latent_attention:
-        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-        if model.q_lora_rank is not None:  # q_layernorm input and q_up input, both sequence-split
-            out.append(("act.mla.q_compressed", 2 * model.q_lora_rank * b / dsp, _NONE))
-        # Megatron gathers the compressed kv over the sequence before its norm and up projection.
-        out.append(("act.mla.kv_compressed", 2 * model.kv_lora_rank * b, _NONE))
-        out.append(("act.attn.qkv", n * (2 * (qk + rope) + v) * b / t, _drops("mla_up_proj")))
-        v_width = n * v
+        # Megatron's linears under SP keep their input sharded (re-gathered in backward); the executor keeps
+        # the gathered latents
+        out += _mla_tensors(model, b, t, dsp, dsp if training.sequence_parallel_regather else 1)
+        v_width = n * model.v_head_dim
     else:
         d = model.head_dim
         out.append(("act.attn.qkv", (n + 2 * model.num_kv_heads) * d * b / t, _NONE))
+        if model.qk_layernorm:  # the per-head norms keep their inputs (q and k before the norm)
+            out.append(("act.attn.qk_norm_input", (n + model.num_kv_heads) * d * b / t, _NONE))
         v_width = n * d
+        if training.flash_attention and not training.fused_window_sink_attention:
+            masked = masked_layer_share(model)
+            out += [(name, masked * v, drop) for name, v, drop in _masked_path_tensors(model, training, s)]
     if training.flash_attention:
-        out.append(("act.attn.softmax_lse", n * _FP32 / t, _drops("core_attn")))
+        lse_share = 1.0 - masked if has_sinks(model) else 1.0  # the fp32 sink path keeps no log-sum-exp
+        if lse_share:
+            out.append(("act.attn.softmax_lse", lse_share * n * _FP32 / t, _drops("core_attn")))
     else:  # unfused path keeps the s×s probabilities (and dropout mask + output) per head
         keys = training.seq_length
         out.append(("act.attn.softmax", n * keys * b / t, _drops("core_attn")))
@@ -190,6 +197,51 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     return out
 
 
+def _mla_tensors(model: ModelSpec, b: int, t: int, dsp: int, latent_split: int) -> list[_Tensor]:
+    """What the executor's multi-latent attention keeps (executor/mla.py), bytes per local token.
+
+    On this rank's sequence slice: the query down projection's output (q_layernorm's input) and the kv down
+    projection's output (kv_layernorm's input keeps the whole [kv latent | k_pe] tensor). All-gathered over
+    TP: the latents [q latent (or, without q_lora_rank, the normalised input) | kv latent | k_pe], which the
+    up projections keep. Per head: q and k after RoPE, the kv up projection's output (v is a view of it,
+    keeping the key part alive), the attention output before its copy into linear_proj's input.
+    ``latent_split`` divides the latents: TP under SP when the up projections keep their input sharded and
+    re-gather it in backward (Megatron, ``TrainingSpec.sequence_parallel_regather``), else 1.
+    """
+    n, h = model.num_attention_heads, model.hidden_size
+    qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    q_in = model.q_lora_rank if model.q_lora_rank is not None else h
+    out: list[_Tensor] = []
+    if model.q_lora_rank is not None:
+        out.append(("act.mla.q_down_output", model.q_lora_rank * b / dsp, _NONE))
+    out += [("act.mla.kv_down_output", (model.kv_lora_rank + rope) * b / dsp, _NONE),
+            ("act.mla.latents", (q_in + model.kv_lora_rank + rope) * b / latent_split, _NONE),
+            ("act.attn.qkv", n * (2 * (qk + rope) + qk + v) * b / t, _drops("mla_up_proj")),
+            ("act.mla.core_output", n * v * b / t, _drops("core_attn"))]
+    return out
+
+
+def _masked_path_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
+    """What one layer on the executor's masked path keeps beyond a plain layer (executor/attention_core.py),
+    bytes per local token; all of it goes with core_attn recompute.
+
+    With sinks: the fp32 probabilities [heads, s/cp, s + 1] and the fp32 copies of q and of k and v repeated
+    to every query head (all-gathered over CP: cp times the local rows), in place of the 16-bit q, k, v. With a
+    window only: SDPA's additive mask [s/cp, s] in the activation dtype and, with GQA, k and v repeated.
+    """
+    b, t, cp = training.activation_bytes, s.tp, s.cp
+    n, g, d, keys = model.num_attention_heads, model.num_kv_heads, model.head_dim, training.seq_length
+    core = _drops("core_attn")
+    if has_sinks(model):
+        copies = (n * d + 2 * n * d * cp) * _FP32 / t - (n + 2 * g) * d * b / t
+        return [("act.attn.sink_probs", n * (keys + 1) * _FP32 / t, core),
+                ("act.attn.sink_fp32_qkv", max(0.0, copies), core)]
+    out: list[_Tensor] = [("act.attn.window_mask_bias", keys * b, core)]
+    if n > g:
+        out.append(("act.attn.window_repeated_kv", 2 * n * d * b * cp / t, core))
+    return out
+
+
 def _mlp_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
     b, h, t = training.activation_bytes, model.hidden_size, s.tp
     dsp = t if s.sp else 1
@@ -198,6 +250,9 @@ def _mlp_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
                           ("act.mlp.fc1_input", h * b / dsp, _drops("layernorm")),
                           ("act.mlp.fc1_output", gate * ffn * b / t, _drops("mlp")),
                           ("act.mlp.act_output", ffn * b / t, _drops("mlp"))]
+    glu = glu_saved_intermediates(model)
+    if glu:
+        out.append(("act.mlp.glu_intermediates", glu * ffn * b / t, _drops("mlp")))
     if model.hidden_dropout > 0:
         out.append(("act.mlp.dropout_mask", h * _MASK / dsp, _NONE))
     return out
@@ -243,13 +298,20 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
     out += [("act.moe.unpermute_input", k * h * b / dsp, moe), ("act.moe.dispatch_indices", 2 * 8 * k / dsp, moe)]
     if s.ep * s.etp > 1:
         out.append(("act.moe.reorder_indices", 2 * 8 * te, moe))
-    if not model.swiglu:  # unfused act·prob keeps both the activation and the weighted product
+    if not model.gated_linear_unit:  # unfused act·prob keeps both the activation and the weighted product
         out.append(("act.moe.expert_weighted_output", te * fe * b, moe))
+    glu = glu_saved_intermediates(model)
+    if glu:
+        out.append(("act.moe.expert_glu_intermediates", glu * te * fe * b, _drops("moe", "moe_act")))
+    if model.add_bias_linear:  # each routed row's expert index (int64), to pick its biases
+        out.append(("act.moe.expert_bias_rows", 8 * te, moe))
     fs = model.shared_expert_ffn_hidden_size
     if fs:
         shared = _drops("moe", "shared_experts")
         out += [("act.shared.fc1_output", gate * fs * b / t, shared),
                 ("act.shared.act_output", fs * b / t, shared)]
+        if glu:
+            out.append(("act.shared.glu_intermediates", glu * fs * b / t, shared))
     if model.hidden_dropout > 0:
         out.append(("act.moe.dropout_mask", h * _MASK / dsp, _NONE))
     return out
@@ -274,6 +336,9 @@ def _gradient_peak(model: ModelSpec, training: TrainingSpec, s: _Shape, is_moe: 
         qkv = (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
     attn = qkv * b / t if training.flash_attention else \
         2 * model.num_attention_heads * training.seq_length * b / t
+    if training.flash_attention and not training.fused_window_sink_attention and has_sinks(model) \
+            and masked_layer_share(model):  # softmax backward: the probabilities' and the scores' fp32 gradients
+        attn = max(attn, 2 * model.num_attention_heads * (training.seq_length + 1) * _FP32 / t)
     if not is_moe:
         return max(attn, chain(1.0, model.ffn_hidden_size / t))
     te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
@@ -390,12 +455,14 @@ def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: fr
 
 
 def _kind_terms_for(ctx: _Context, s: _Shape, modules: tuple[str, ...]) -> _KindTerms:
-    """:func:`_kind_terms` (shared by every CP size, EP > 1 and dispatcher) plus this shape's buffers."""
-    akey = (s.tp, s.sp, s.ep > 1, s.etp, modules)
+    """:func:`_kind_terms` (shared by every EP > 1 and dispatcher, and by every CP size unless some layers take
+    the executor's masked attention path, whose gathered keys scale with CP) plus this shape's buffers."""
+    cp = s.cp if masked_layer_share(ctx.model) else 1
+    akey = (s.tp, cp, s.sp, s.ep > 1, s.etp, modules)
     acts = ctx.acts.get(akey)
     if acts is None:
         # any dispatcher: the stored tensors do not depend on it, only the comm buffers below do
-        canonical = _Shape(s.tp, 1, 2 if s.ep > 1 else 1, s.etp, s.sp, DEFAULT_DISPATCHER)
+        canonical = _Shape(s.tp, cp, 2 if s.ep > 1 else 1, s.etp, s.sp, DEFAULT_DISPATCHER)
         acts = ctx.acts[akey] = _kind_terms(ctx.model, ctx.training, canonical, frozenset(modules))
     comm = ctx.comms.get(s)
     if comm is None:
@@ -622,16 +689,18 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
     extras; then the largest dense tensor and the largest expert tensor. A tensor larger than a bucket is a
     bucket alone, whose flat gradient is a view of the tensor's own gradient (no copy; fp32 weights only,
     16-bit ones reduce in their buffer)."""
-    h, d = model.hidden_size, model.head_dim
-    heads, kv = model.num_attention_heads * d / tp, model.num_kv_heads * d / tp
-    attention = [heads * h, kv * h, kv * h, h * heads, h, h]  # wq, wk, wv, wo, the two norms
-    mlp = [model.ffn_hidden_size / tp * h] * 3
-    router = [(model.num_experts or 0) * h]
+    h = model.hidden_size
+    attention = _attention_param_tensors(model, tp) + [h]  # + the pre-MLP norm
+    mlp = _mlp_param_tensors(model, model.ffn_hidden_size / tp)
+    router = [(model.num_experts or 0) * h] + ([model.num_experts or 0] if model.add_bias_linear else [])
     experts: list[float] = []
-    if model.is_moe:  # the executor's experts: gate and up in one w13 tensor, then w2
-        expert = (model.num_experts or 1) / ep * model.expert_ffn_hidden_size / etp * h
-        experts = [2 * expert, expert]
-    shared = [model.shared_expert_ffn_hidden_size / tp * h] * 3 if model.shared_expert_ffn_hidden_size else []
+    if model.is_moe:  # the executor's experts: gate and up in one w13 tensor, then w2 (and their biases)
+        local, f = (model.num_experts or 1) / ep, model.expert_ffn_hidden_size / etp
+        experts = [2 * local * f * h, local * f * h]
+        if model.add_bias_linear:
+            experts += [2 * local * f, local * h / etp]
+    shared = (_mlp_param_tensors(model, model.shared_expert_ffn_hidden_size / tp)
+              if model.shared_expert_ffn_hidden_size else [])
     vocab = model.padded_vocab_size(tp) / tp * h
     first, last = [vocab], [h] + ([vocab] if model.untie_embeddings_and_output_weights else [])
 
@@ -639,6 +708,38 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
         return sum(n for n in tensors if n <= bucket)
     return (small(attention + mlp), small(attention + router + experts + shared), small(first), small(last),
             max(attention + mlp + router + shared + first + last), max(experts, default=0.0))
+
+
+def _attention_param_tensors(model: ModelSpec, tp: int) -> list[float]:
+    """Elements of the executor's attention parameter tensors on one TP rank (executor/attention.py, mla.py)."""
+    h, n = model.hidden_size, model.num_attention_heads
+    if model.multi_latent_attention:
+        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        q_width = n * (qk + rope) / tp
+        if model.q_lora_rank is None:
+            query = [q_width * h]
+        else:
+            query = [model.q_lora_rank * h, model.q_lora_rank, q_width * model.q_lora_rank]
+        return query + [(model.kv_lora_rank + rope) * h, model.kv_lora_rank,
+                        n * (qk + v) / tp * model.kv_lora_rank, h * n * v / tp, h]
+    d = model.head_dim
+    heads, kv = n * d / tp, model.num_kv_heads * d / tp
+    out = [heads * h, kv * h, kv * h, h * heads, h]  # wq, wk, wv, wo, the input norm
+    if model.add_qkv_bias or model.add_bias_linear:
+        out += [heads, kv, kv]
+    if model.add_bias_linear:
+        out.append(h)
+    if model.qk_layernorm:
+        out += [d, d]
+    if model.softmax_type == "learnable":
+        out.append(n / tp)
+    return out
+
+
+def _mlp_param_tensors(model: ModelSpec, ffn: float) -> list[float]:
+    """Elements of a TP-split MLP's parameter tensors (w1, w3, w2; their biases with add_bias_linear)."""
+    h = model.hidden_size
+    return [ffn * h] * 3 + ([ffn, ffn, h] if model.add_bias_linear else [])
 
 
 def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,

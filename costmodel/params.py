@@ -3,9 +3,11 @@
 Counted as a Megatron-Core GPT model holds them (element counts, not bytes):
 
 - attention: QKV (GQA: ``n·d + 2·g·d`` output rows) or MLA (q/kv down projections, their norms, q/kv up
-  projections), the output projection, optional QKV / linear biases, optional per-head q/k norms;
-- MLP: dense layers ``fc1`` (``2·ffn`` rows with SwiGLU) and ``fc2``; MoE layers a router ``E×h``, the
-  routed experts (each an MLP of ``moe_ffn_hidden_size``) and the shared experts;
+  projections), the output projection, optional QKV / linear biases, optional per-head q/k norms, learned
+  attention sinks (one per head);
+- MLP: dense layers ``fc1`` (``2·ffn`` rows with SwiGLU) and ``fc2``; MoE layers a router ``E×h`` (and an
+  ``E`` bias with add_bias_linear), the routed experts (each an MLP of ``moe_ffn_hidden_size``) and the
+  shared experts;
 - two norms per layer (LayerNorm has a weight and a bias, RMSNorm a weight);
 - the first stage: the word embedding (vocabulary padded as Megatron pads it, split over TP) and a
   learned absolute position table (not split over TP); the last stage: the final norm and the output
@@ -126,6 +128,8 @@ def attention_params(model: ModelSpec, tp: int) -> ParamCounts:
             sharded += qkv_rows // tp
         if model.qk_layernorm:
             replicated += 2 * _norm(model, d)
+        if model.softmax_type == "learnable":  # one sink logit per head, split with the heads
+            sharded += n // tp
     if model.add_bias_linear:
         replicated += h  # output-projection bias (row parallel: whole on every TP rank)
     return ParamCounts(sharded, replicated, 0)
@@ -152,7 +156,8 @@ def mlp_params(model: ModelSpec, tp: int) -> ParamCounts:
 def moe_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
     """MoE block of one layer on one GPU: pre-MLP norm, router, shared experts (TP) and E/EP routed experts."""
     h = model.hidden_size
-    replicated = _norm(model, h) + (model.num_experts or 0) * h
+    # the router's weight, and its bias with add_bias_linear (GPT-OSS's router has one)
+    replicated = _norm(model, h) + (model.num_experts or 0) * (h + (1 if model.add_bias_linear else 0))
     sharded = 0
     if model.shared_expert_ffn_hidden_size:
         split, whole = _mlp(model, model.shared_expert_ffn_hidden_size, tp)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel import host as _host
+from costmodel.activation import glu_traffic, is_plain_swiglu
+from costmodel.attention_kinds import fused_causal_fraction, has_sinks, masked_layer_share
 from costmodel import params as _params
 from costmodel.comm import (
     LinkRates,
@@ -38,6 +40,7 @@ from costmodel.compute import (
     gemm_fwd_bwd,
     grouped_gemm_fwd_bwd,
     memory_time,
+    sink_attention_time,
 )
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.terms import (
@@ -247,6 +250,7 @@ class _Shape:
             self.accum_bytes = MAIN_GRAD_ACCUM_BYTES if training.main_grads_fp32 else 3 * training.param_bytes
         self.flash = training.flash_attention
         self.regather = training.sequence_parallel_regather
+        self.fused_special = training.fused_window_sink_attention
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
         gpn = ctx.gpus_per_node
@@ -305,6 +309,22 @@ class _Shape:
             block.add(TP, ring_time(link, "all_reduce", scatter_bytes, place),
                       ring_time(link, "all_reduce", gather_bytes, place), module)
 
+    def activation(self, block: _Block, elements: float, module: str | tuple[str, ...]) -> None:
+        """The activation of an MLP or experts over ``elements`` outputs: one fused kernel for plain SwiGLU (or
+        a non-gated MLP), else the executor's separate torch ops (GPT-OSS's clamped quick-GeGLU)."""
+        m, ab = self.model, self.act_bytes
+        if not m.gated_linear_unit or is_plain_swiglu(m):
+            self.elementwise(block, (2 if m.gated_linear_unit else 1) * elements * ab + elements * ab, module)
+            return
+        moved, kernels = glu_traffic(m)
+        block.add(MEM, memory_time(self.rates, moved * elements * ab, kernels),
+                  memory_time(self.rates, ELEMENTWISE_BWD_RATIO * moved * elements * ab, kernels), module)
+
+    def biases(self, block: _Block, column: float, row: float, module: str | tuple[str, ...] = ()) -> None:
+        """Bias adds of a column-parallel output (``column`` elements per token on this rank, full-sequence) and a
+        row-parallel one (``row``, on the sequence slice): each reads and writes its tensor."""
+        self.elementwise(block, 2 * (column * self.tokens + row * self.tokens_local) * self.act_bytes, module)
+
     def norm(self, block: _Block, width: float, module: str | tuple[str, ...] = ("layernorm",)) -> None:
         self.elementwise(block, 2 * width * self.tokens_local * self.act_bytes, module)
 
@@ -329,6 +349,8 @@ class _Shape:
             self.linear(block, t, heads * (qk + rope) / tp, q_in, "mla_up_proj")
             self.linear(block, t, heads * (qk + v) / tp, m.kv_lora_rank, "mla_up_proj")
             self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
+            # the executor concatenates q's and k's halves per head (k's rope part broadcast): a copy of each
+            self.elementwise(block, 2 * 2 * heads / tp * (qk + rope) * t * ab)
             fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), qk + rope, v, True,
                                       self.flash, self.dropout, self.cp)
             self._cp_comm(block, t * heads / tp * (qk + rope + v) * ab)
@@ -337,16 +359,42 @@ class _Shape:
             d, kv = m.head_dim, m.num_kv_heads
             self.tp_block_comm(block, t * h * ab, t * h * ab)
             self.linear(block, t, (heads + 2 * kv) * d / tp, h)
+            if m.add_qkv_bias or m.add_bias_linear:
+                self.biases(block, (heads + 2 * kv) * d / tp, h if m.add_bias_linear else 0)
             if m.qk_layernorm:
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
-            fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), d, d, True, self.flash,
-                                      self.dropout, self.cp)
+            fwd, bwd = self._gqa_core(max(1, heads // tp), d)
             self._cp_comm(block, t * max(1.0, kv / tp) * 2 * d * ab)
             self.linear(block, t, h, heads * d / tp)
         block.add(ATTN, fwd, bwd, "core_attn")
         self.residual(block)
+
+    def _gqa_core(self, heads: int, d: int) -> tuple[float, float]:
+        """(forward, backward) seconds of the attention core per layer, the mean over the model's layers.
+
+        Plain causal layers take the flash kernel. Layers with a window or sinks take, in the executor, the
+        masked path over the whole [s/cp, s] score matrix: with sinks an explicit fp32 softmax, with a window
+        only SDPA under a mask (every score computed, plus the mask's conversion to an additive bias); under
+        ``fused_window_sink_attention`` (Megatron) the flash kernel, a window costing its keys only.
+        """
+        t, seq, rates = self.tokens, self.seq, self.rates
+        fwd, bwd = attention_time(rates, t, seq, heads, d, d, True, self.flash, self.dropout, self.cp)
+        if not self.flash:  # the unfused path already computes the whole score matrix
+            return fwd, bwd
+        if self.fused_special:
+            share = fused_causal_fraction(self.model, seq)
+            return fwd * share, bwd * share
+        share = masked_layer_share(self.model)
+        if not share:
+            return fwd, bwd
+        if has_sinks(self.model):
+            mfwd, mbwd = sink_attention_time(rates, t, seq, heads, d)
+        else:
+            mfwd, mbwd = attention_time(rates, t, seq, heads, d, d, False, True, self.dropout, 1)
+            mfwd += memory_time(rates, t * seq * (1 + self.act_bytes))  # boolean mask -> additive bias
+        return (1 - share) * fwd + share * mfwd, (1 - share) * bwd + share * mbwd
 
     def _cp_comm(self, block: _Block, kv_bytes: float) -> None:
         """Ring attention: cp-1 steps pass this rank's K,V forward; backward passes K,V and their grads."""
@@ -366,8 +414,10 @@ class _Shape:
         self.norm(block, h)
         self.tp_block_comm(block, t * h * ab, t * h * ab, "mlp")
         self.linear(block, t, gate * ffn / tp, h, "mlp")
-        self.elementwise(block, (gate + 1) * ffn / tp * t * ab, "mlp")
+        self.activation(block, ffn / tp * t, "mlp")
         self.linear(block, t, h, ffn / tp, "mlp")
+        if m.add_bias_linear:
+            self.biases(block, gate * ffn / tp, h, "mlp")
         self.residual(block)
 
     def moe(self, block: _Block) -> None:
@@ -386,8 +436,10 @@ class _Shape:
             mods = ("moe", "shared_experts")
             self.tp_block_comm(block, t * h * ab, t * h * ab, mods)
             self.linear(block, t, gate * shared / tp, h, mods)
-            self.elementwise(block, (gate + 1) * shared / tp * t * ab, mods)
+            self.activation(block, shared / tp * t, mods)
             self.linear(block, t, h, shared / tp, mods)
+            if m.add_bias_linear:
+                self.biases(block, gate * shared / tp, h, mods)
         self.residual(block)
 
     def moe_routed(self, block: _Block) -> None:
@@ -417,7 +469,9 @@ class _Shape:
         if self.fp8:
             self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * received * (h + ffn / self.etp), "moe",
                              bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * received * (gate * ffn / self.etp + h))
-        self.elementwise(block, (gate + 1) * ffn / self.etp * received * ab, ("moe", "moe_act"))
+        self.activation(block, ffn / self.etp * received, ("moe", "moe_act"))
+        if m.add_bias_linear:  # gather each row's gate/up and down biases, add them (the down one zero-padded to h)
+            self.elementwise(block, received * (4 * gate * ffn / self.etp + (1 / self.etp + 4) * h) * ab, "moe")
         self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # unpermute and weight by probs
 
     def embedding(self, block: _Block) -> None:

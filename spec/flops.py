@@ -4,7 +4,9 @@ Counted per token: every GEMM three times (forward, dgrad, wgrad), two FLOPs per
 causal attention core at half of the full score matrix, routed experts at top-k, shared experts and
 dense-first layers separately, MTP layers as extra decoder layers plus their norms and projection, and
 the logit GEMM once per output head (1 + MTP depth) over the vocabulary padded as Megatron pads it.
-Recomputation is not counted (these are *model* FLOPs, which MFU is defined against).
+Recomputation is not counted (these are *model* FLOPs, which MFU is defined against). As in Megatron, every
+layer's attention core counts ``seq/2`` keys per query whether or not it has a sliding window, gated MLPs
+(SwiGLU or GPT-OSS's quick-GeGLU) count three GEMMs, and biases, norms, sinks and activations count nothing.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ class TrainingSpec:
     ``sequence_parallel_regather`` True models Megatron's column-parallel linears under sequence parallelism,
     which keep their input sharded and all-gather it again in backward for the weight gradient; foldtune's
     executor keeps the gathered input instead (one all-gather fewer per TP block in backward).
+    ``fused_window_sink_attention`` True models Megatron's fused attention kernel (Transformer Engine / cuDNN)
+    for layers with a sliding window or attention sinks: flash-style, a windowed layer computes only the
+    scores inside its window and nothing of size s×s is stored. foldtune's executor (False) runs those layers
+    as an explicit masked softmax over the whole [s/cp, s] score matrix (in fp32 with sinks) and keeps it.
     """
 
     seq_length: int
@@ -48,8 +52,11 @@ class TrainingSpec:
     # so the default prices that traffic; set True to model Megatron runs.
     gradient_accumulation_fusion: bool = False
     # Megatron re-gathers a sequence-parallel linear's input in backward (memory for traffic); the executor's
-    # autograd keeps the gathered input, (1 - 1/tp) of it more per TP block, which the memory model does not add
+    # autograd keeps the gathered input, (1 - 1/tp) of it more per TP block, which the memory model adds only
+    # for MLA's gathered latents (whole by default, split over TP under this switch)
     sequence_parallel_regather: bool = False
+    # Megatron's fused kernel for windowed / sink attention layers; the executor's masked path when False
+    fused_window_sink_attention: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--imbalance", type=float, default=1.0,
                         help="busiest expert's tokens over the mean (default: 1.0, perfectly balanced)")
     parser.add_argument("--mbs-max", type=int, default=8, help="largest micro-batch size tried (default: 8)")
+    parser.add_argument("--fused-window-sink-attention", action="store_true",
+                        help="price attention layers with a sliding window or sinks (GPT-OSS) as Megatron's "
+                             "fused kernel; default: foldtune's executor, an fp32 masked softmax over s x s")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -68,7 +71,8 @@ def _specs(args: argparse.Namespace):
                        seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
-                       moe_routing_imbalance=args.imbalance)
+                       moe_routing_imbalance=args.imbalance,
+                       fused_window_sink_attention=args.fused_window_sink_attention)
 
 
 def _space(args: argparse.Namespace):
@@ -119,7 +123,8 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
         f"{h['gpus_per_node']}), {_bytes(h['usable_hbm_bytes'])} usable per GPU",
         f"training seq {t['seq_length']}, global batch {t['global_batch_size']}, {t['precision']}, {routing} routing"
         + (f", imbalance {t['moe_routing_imbalance']:g}" if t["moe_routing_imbalance"] != 1.0 else "")
-        + f", distributed optimizer {distopt}",
+        + f", distributed optimizer {distopt}"
+        + (", Megatron's fused window/sink attention" if t.get("fused_window_sink_attention") else ""),
         f"search   {h['search_space']}",
     ]
 

@@ -122,3 +122,19 @@ def test_module_entry_point_never_shows_a_traceback():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("foldtune: error: unknown model 'nope'")
+
+
+def test_fused_window_sink_attention_reaches_the_cost_model(capsys):
+    """GPT-OSS: the executor's fp32 masked softmax over the whole score matrix against Megatron's fused kernel."""
+    argv = ["plan", "--model", "gpt-oss-120b", "--gpus", "64", "--gbs", "512", "--json",
+            "--explain", "tp2 pp2 ep16 mbs1"]
+    code, out, _ = run(capsys, argv)
+    ours = json.loads(out)
+    code_fused, out, _ = run(capsys, argv + ["--fused-window-sink-attention"])
+    theirs = json.loads(out)
+    assert not ours["training"]["fused_window_sink_attention"] and theirs["training"]["fused_window_sink_attention"]
+    assert (code, code_fused) == (1, 0)  # the executor's s x s probabilities do not fit; Megatron's layout does
+    assert not ours["estimate"]["fits"] and theirs["estimate"]["fits"]
+    assert ours["estimate"]["step_time_s"] > 2 * theirs["estimate"]["step_time_s"]
+    code, out, _ = run(capsys, argv[:-3] + ["--top", "1", "--fused-window-sink-attention"])
+    assert "Megatron's fused window/sink attention" in out

@@ -29,3 +29,19 @@ def test_plan_problems(client, alice):
     r = client.post("/v1/plans", json={**PLAN, "top": 0}, headers=alice)
     assert r.json()["errors"][0]["loc"] == "body.top"
     assert client.post("/v1/plans", json=PLAN).status_code == 401
+
+
+def test_plan_takes_megatrons_fused_window_sink_attention_switch(client, alice):
+    # a GPT-OSS-shaped model in miniature: sinks on every layer, a window on every second one
+    gptoss = {"name": "mini-gptoss", "num_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+              "num_query_groups": 2, "ffn_hidden_size": 256, "vocab_size": 1024, "num_experts": 8,
+              "moe_router_topk": 2, "swiglu": False, "quick_geglu": True, "softmax_type": "learnable",
+              "window_size": [128, 0], "window_attn_skip_freq": 2}
+    body = {"model_spec": gptoss, "training": {"seq_length": 4096, "global_batch_size": 8},
+            "cluster": {"gpu": "h100", "num_gpus": 8}, "top": 1}
+    ours = client.post("/v1/plans", json=body, headers=alice)
+    fused = {**body, "training": {**body["training"], "fused_window_sink_attention": True}}
+    theirs = client.post("/v1/plans", json=fused, headers=alice)
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    assert theirs.json()["training"]["fused_window_sink_attention"] is True
+    assert ours.json()["ranked"][0]["step_time_s"] > theirs.json()["ranked"][0]["step_time_s"]

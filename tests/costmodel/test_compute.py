@@ -18,6 +18,7 @@ from costmodel.compute import (
     gemm_time,
     grouped_gemm_time,
     memory_time,
+    sink_attention_time,
 )
 
 H100 = get_hardware("h100-sxm")
@@ -205,3 +206,18 @@ def test_grouped_gemms_read_the_curve_of_the_nearest_measured_expert_shapes():
 def test_malformed_expert_shape_keys_are_refused(key):
     with pytest.raises(FoldtuneError, match="grouped_gemm_shape_efficiency"):
         replace(H100, grouped_gemm_shape_efficiency={key: MeasuredCurve(((16.0, 0.5),))})
+
+
+def test_executor_sink_attention_is_fp32_gemms_over_every_pair_plus_passes_over_the_score_matrix():
+    # 4096 queries x 4096 keys, 8 heads of 64: each of the two GEMMs 2·4096·4096·8·64 FLOPs at the fp32 peak
+    # (no causal skipping); 4096·4097·8 fp32 scores read and written by 4 kernels forward (32 B) and 5 backward
+    rates = compute_rates(H100, "bf16")
+    fwd, bwd = sink_attention_time(rates, 4096, 4096, 8, 64)
+    assert rates.fp32_peak == pytest.approx(66.9e12)
+    gemm = 2.0 * 4096 * 4096 * 8 * 64 / (66.9e12 * GEMM_EFFICIENCY["bf16"]) + KERNEL_OVERHEAD_S
+    scores = 4096 * 4097 * 8
+    assert fwd == pytest.approx(2 * gemm + memory_time(rates, 32 * scores, 4), rel=1e-9)
+    assert bwd == pytest.approx(4 * gemm + memory_time(rates, 44 * scores, 5), rel=1e-9)
+    # some 30x the causal flash kernel on the same shape
+    flash = attention_time(rates, 4096, 4096, 8, 64, 64)
+    assert fwd > 20 * flash[0]

@@ -12,13 +12,14 @@ from costmodel.memory import (
     _comm_per_token,
     _gradient_peak,
     _shape,
+    _tensor_split,
     estimate_memory,
     estimate_stage_memory,
     in_flight_micro_batches,
     layer_activation_bytes,
     peak_memory_bytes,
 )
-from costmodel.params import moe_params, stage_param_counts
+from costmodel.params import attention_params, mlp_params, moe_params, stage_param_counts
 
 GIB = 2**30
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference.json"  # copy of shared/validation
@@ -431,3 +432,99 @@ def test_executor_terms_cublas_workspace_reduced_shards_and_gradient_flats():
         "allocator.cublas_workspace")
     w13 = 4 * 2 * 14336 * 4096
     assert big_dynamic == pytest.approx(8 * w13, rel=1e-9)
+
+
+# ---- modern attention: MLA, sinks and windows, qk-layernorm ------------------------------------------------
+def test_mla_keeps_the_executors_latents_and_per_head_tensors_hand_worked():
+    # DeepSeek-V3 at tp8 with SP, seq 4096, bf16, per local token (4096 tokens of one micro-batch):
+    # q_down output 1536/8 and kv_down output (512+64)/8 on the SP slice; the gathered latents
+    # 1536+512+64 whole; q and k 128·192/8 each, the kv up projection 128·256/8, the core output and
+    # linear_proj's input 128·128/8 each, the fp32 log-sum-exp 128/8
+    model, training = get_model("deepseek-v3"), _moe_training()
+    cfg = ParallelConfig(world_size=64, tp=8, ep=8)
+    got = dict(layer_activation_bytes(model, training, cfg, True))
+    tokens, b = 4096, 2
+    assert got["act.mla.q_down_output"] == tokens * 1536 / 8 * b
+    assert got["act.mla.kv_down_output"] == tokens * 576 / 8 * b
+    assert got["act.mla.latents"] == tokens * (1536 + 512 + 64) * b
+    assert got["act.attn.qkv"] == tokens * 128 * (2 * 192 + 256) / 8 * b
+    assert got["act.mla.core_output"] == got["act.attn.proj_input"] == tokens * 128 * 128 / 8 * b
+    assert got["act.attn.softmax_lse"] == tokens * 128 / 8 * 4
+    # without a query LoRA the normalised input itself is gathered with the kv latent
+    lite = dict(layer_activation_bytes(get_model("deepseek-v2-lite"), training, cfg, True))
+    assert "act.mla.q_down_output" not in lite
+    assert lite["act.mla.latents"] == tokens * (2048 + 512 + 64) * b
+    # Megatron's up projections keep their SP-sharded input and re-gather it in backward
+    regather = dict(layer_activation_bytes(model, _moe_training(sequence_parallel_regather=True), cfg, True))
+    assert regather["act.mla.latents"] == got["act.mla.latents"] / 8
+
+
+def _sinks(**kw):
+    return ModelSpec(name="sinks", num_layers=4, hidden_size=1024, num_attention_heads=16, num_query_groups=4,
+                     ffn_hidden_size=1024, vocab_size=1024, softmax_type="learnable", window_size=(128, 0),
+                     window_attn_skip_freq=2, swiglu=False, quick_geglu=True, **kw)
+
+
+def test_executor_sink_layers_keep_the_fp32_score_matrix_megatrons_fused_kernel_does_not():
+    model = _sinks()
+    executor = TrainingSpec(seq_length=4096, global_batch_size=8)
+    megatron = TrainingSpec(seq_length=4096, global_batch_size=8, fused_window_sink_attention=True)
+    cfg = ParallelConfig(world_size=2, tp=2)
+    ex = dict(layer_activation_bytes(model, executor, cfg, False))
+    mg = dict(layer_activation_bytes(model, megatron, cfg, False))
+    tokens, heads, d = 4096, 16 / 2, 64
+    # every layer has sinks, windowed or not: fp32 probabilities over the 4096 keys plus the sink column
+    assert ex["act.attn.sink_probs"] == tokens * heads * 4097 * 4
+    # fp32 q, and k, v repeated to all 16 heads, in place of the 16-bit q and the 4 kv heads' k, v
+    assert ex["act.attn.sink_fp32_qkv"] == tokens * ((heads * d * 3) * 4 - (16 + 8) / 2 * d * 2)
+    assert "act.attn.softmax_lse" not in ex and "act.attn.softmax_lse" in mg
+    assert not any(name.startswith("act.attn.sink") for name in mg)
+    # core_attn recompute drops them all
+    sel = dict(layer_activation_bytes(model, executor, cfg.replace(recompute_granularity="selective",
+                                                                   recompute_modules=("core_attn",)), False))
+    assert not any(name.startswith("act.attn.sink") for name in sel)
+    # under CP the gathered keys and values are cp times the local rows; the probabilities do not change
+    cp2 = dict(layer_activation_bytes(model, executor, ParallelConfig(world_size=4, tp=2, cp=2), False))
+    assert cp2["act.attn.sink_probs"] == ex["act.attn.sink_probs"] / 2
+    assert cp2["act.attn.sink_fp32_qkv"] == tokens / 2 * ((heads * d * 5) * 4 - (16 + 8) / 2 * d * 2)
+
+
+def test_window_only_layers_keep_a_mask_bias_on_their_share_of_layers():
+    model = ModelSpec(**{**_sinks().to_dict(), "softmax_type": "vanilla"})
+    training = TrainingSpec(seq_length=1024, global_batch_size=8)
+    got = dict(layer_activation_bytes(model, training, ParallelConfig(world_size=1), False))
+    # layers 1 and 3 (1-based) windowed: half the layers, the [s, s] bias in bf16 and k, v repeated 4 -> 16 heads
+    assert got["act.attn.window_mask_bias"] == 0.5 * 1024 * 1024 * 2
+    assert got["act.attn.window_repeated_kv"] == 0.5 * 1024 * 2 * 16 * 64 * 2
+    assert "act.attn.softmax_lse" in got
+
+
+def test_qk_layernorm_keeps_q_and_k_before_the_norm():
+    qwen = get_model("qwen3-30b-a3b")
+    training, cfg = _moe_training(), ParallelConfig(world_size=8, tp=4, ep=8)
+    got = dict(layer_activation_bytes(qwen, training, cfg, True))
+    assert got["act.attn.qk_norm_input"] == 4096 * (32 + 4) * 128 / 4 * 2
+
+
+def test_gpt_oss_executor_attention_does_not_fit_where_megatrons_does():
+    model = get_model("gpt-oss-120b")
+    cfg = ParallelConfig(world_size=64, tp=2, pp=2, ep=16)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=512)
+    megatron = TrainingSpec(seq_length=4096, global_batch_size=512, fused_window_sink_attention=True)
+    cluster = ClusterSpec(get_hardware("h100-sxm"), 64)
+    ex, mg = estimate_memory(model, executor, cluster, cfg), estimate_memory(model, megatron, cluster, cfg)
+    assert mg.total < cluster.usable_hbm_bytes < ex.total
+    assert ex.weights == mg.weights and ex.optimizer == mg.optimizer
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "gpt-oss-120b", "qwen3-30b-a3b"])
+def test_executor_parameter_tensors_add_up_to_the_layer_counts(name):
+    """_tensor_split lists the executor's parameter tensors (MLA's projections and latent norms, biases, sinks,
+    q/k norms); with an unbounded bucket its per-layer sums are the parameter counts of a dense and an MoE layer."""
+    model = get_model(name)
+    tp, ep = 2, 4
+    dense, moe, *_ = _tensor_split(model, tp, ep, 1, float("inf"))
+    attention = attention_params(model, tp).total
+    if model.num_dense_layers:
+        assert dense == attention + mlp_params(model, tp).total
+    assert moe == attention + moe_params(model, tp, ep, 1).total

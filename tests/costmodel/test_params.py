@@ -5,7 +5,15 @@ import pytest
 from spec import ModelSpec, ParallelConfig, get_model
 from spec.errors import InvalidConfigError
 from spec.pipeline_layout import layer_chunks
-from costmodel.params import ParamCounts, stage_layers, stage_param_counts, total_param_counts
+from costmodel.params import (
+    ParamCounts,
+    attention_params,
+    mlp_params,
+    moe_params,
+    stage_layers,
+    stage_param_counts,
+    total_param_counts,
+)
 
 
 def test_mixtral_8x7b_matches_published_46_7b_total_12_9b_active():
@@ -136,3 +144,69 @@ def test_more_tp_ep_pp_shrink_the_right_buckets_exactly():
 def test_stage_outside_pipeline_is_a_clear_error():
     with pytest.raises(InvalidConfigError, match="stage 2 is outside the pipeline"):
         stage_param_counts(get_model("tiny-moe"), ParallelConfig(world_size=2, pp=2), 2)
+
+
+# ---- the modern architectures against their published totals ---------------------------------------------
+# (model, published total, published active, one unit of the published figures' last digit). Tolerance: one
+# unit of the last published digit, since a model card may truncate rather than round (DeepSeek-V2-Lite's
+# "2.4B" active is 2.45B by its own configuration). Active is compared without the input embedding: a lookup,
+# no GEMM, and the convention of OpenAI's exact 5.13B (with the embedding gpt-oss-120b has 5.71B active).
+PUBLISHED = [
+    ("deepseek-v2-lite", 15.7e9, 2.4e9, 0.1e9),
+    ("deepseek-v3", 671e9, 37e9, 1e9),  # the 14B MTP module is left out of 671B, as here
+    ("qwen2-57b-a14b", 57e9, 14e9, 1e9),
+    ("gpt-oss-120b", 116.83e9, 5.13e9, 0.01e9),
+]
+
+
+@pytest.mark.parametrize("name,total,active,unit", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_modern_architectures_match_their_published_totals(name, total, active, unit):
+    model = get_model(name)
+    counted_total, counted_active = total_param_counts(model)
+    input_embedding = model.padded_vocab_size() * model.hidden_size
+    assert abs(counted_total - total) <= unit
+    assert abs(counted_active - input_embedding - active) <= unit
+
+
+def test_mla_attention_per_layer_hand_count_deepseek_v2_lite_and_v3():
+    # V2-Lite (no query LoRA): q_proj 2048·16·(128+64), kv_down 2048·(512+64), kv norm 512,
+    # kv_up 512·16·(128+128), proj 16·128·2048, input norm 2048
+    lite = get_model("deepseek-v2-lite")
+    assert attention_params(lite, 1).total == (2048 * 16 * 192 + 2048 * 576 + 512 + 512 * 16 * 256
+                                               + 16 * 128 * 2048 + 2048) == 13_765_120
+    # V3: q_down 7168·1536, q norm 1536, q_up 1536·128·192, kv_down 7168·576, kv norm 512,
+    # kv_up 512·128·256, proj 128·128·7168, input norm 7168
+    v3 = get_model("deepseek-v3")
+    assert attention_params(v3, 1).total == (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512
+                                             + 512 * 128 * 256 + 128 * 128 * 7168 + 7168) == 187_114_496
+    # TP splits the up projections and linear_proj; the down projections and latent norms stay whole
+    tp8 = attention_params(v3, 8)
+    assert tp8.dense_tp_sharded == (1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168) // 8
+    assert tp8.dense_replicated == 7168 * 1536 + 1536 + 7168 * 576 + 512 + 7168
+
+
+def test_deepseek_v3_dense_first_layers_and_shared_expert_per_layer():
+    # layers 0-2 dense (SwiGLU FFN 18432); 58 MoE layers: router 256·h, one shared expert and 256 routed
+    # experts of FFN 2048, top-8 active
+    v3 = get_model("deepseek-v3")
+    h = 7168
+    assert mlp_params(v3, 1).total == 3 * h * 18432 + h
+    moe = moe_params(v3, 1, 1, 1)
+    assert moe.dense_tp_sharded == 3 * h * 2048 and moe.dense_replicated == 256 * h + h
+    assert moe.expert == 256 * 3 * h * 2048
+    assert (v3.num_dense_layers, v3.num_moe_layers) == (3, 58)
+
+
+def test_gpt_oss_biases_sinks_and_router_bias_hand_count():
+    # every linear biased: QKV rows (64 + 2·8)·64, proj bias h; one learned sink per head; router bias E;
+    # expert biases 2·ffn (gate and up) + h (down) per expert
+    model = get_model("gpt-oss-120b")
+    h, n, g, d, e, f = 2880, 64, 8, 64, 128, 2880
+    qkv = (n + 2 * g) * d
+    assert attention_params(model, 1).total == h * qkv + qkv + n * d * h + h + n + h
+    two = attention_params(model, 2)
+    assert two.dense_tp_sharded == (h * qkv + qkv + n * d * h + n) // 2  # sinks split with their heads
+    assert two.dense_replicated == h + h  # input norm and the row-parallel output bias
+    moe = moe_params(model, 1, 1, 1)
+    assert moe.dense_replicated == h + e * (h + 1)
+    assert moe.expert == e * (3 * h * f + 2 * f + h)

@@ -17,7 +17,8 @@ from spec import (
     get_model,
 )
 from costmodel import reference
-from costmodel.compute import KERNEL_OVERHEAD_S, compute_rates, memory_time
+from costmodel.attention_kinds import fused_causal_fraction, window_keys
+from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates, memory_time, sink_attention_time
 from spec.flops import flops_per_step
 from costmodel.params import stage_param_counts
 from costmodel.step_time import (
@@ -463,3 +464,74 @@ def test_megatron_regathers_a_sequence_parallel_input_for_the_weight_gradient_th
                               for t in (executor, megatron))
     assert ours_head == pytest.approx(ring_time(link, "reduce_scatter", gathered, place))
     assert theirs_head - ours_head == pytest.approx(ring_time(link, "all_gather", gathered, place))
+
+
+# ---- sinks and sliding windows: the executor's masked path against Megatron's fused kernel ---------------
+def _attention_core(model, training, tp=1):
+    times = layer_times(model, training, ClusterSpec(H100, tp), ParallelConfig(world_size=tp, tp=tp))["attention"]
+    return dict(times.fwd)["attention_core"], dict(times.bwd)["attention_core"]
+
+
+def test_window_keys_hand_worked():
+    # seq 8, window 2: queries 0..7 see 1, 2, 3, 3, 3, 3, 3, 3 keys
+    assert window_keys(8, 2) == pytest.approx(21 / 8)
+    assert window_keys(4, 10) == pytest.approx((1 + 2 + 3 + 4) / 4)  # a window longer than the sequence
+
+
+def test_fused_window_attention_costs_its_keys_executor_sink_attention_the_whole_fp32_matrix():
+    plain = replace(DENSE, name="plain")
+    gptoss_like = replace(DENSE, name="sinks", softmax_type="learnable", window_size=(128, 0), window_attn_skip_freq=2)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=8)
+    megatron = replace(executor, fused_window_sink_attention=True)
+    causal = _attention_core(plain, executor)
+    # Megatron: half the layers full causal, half with a 128-key window (128.x of 2048.5 mean causal keys)
+    share = (1 + window_keys(4096, 128) / 2048.5) / 2
+    assert fused_causal_fraction(gptoss_like, 4096) == pytest.approx(share)
+    fused = _attention_core(gptoss_like, megatron)
+    assert fused == pytest.approx((causal[0] * share, causal[1] * share), rel=1e-12)
+    # the executor: every layer has sinks, so every layer runs the explicit fp32 path (32 heads of 128)
+    ours = _attention_core(gptoss_like, executor)
+    assert ours == pytest.approx(sink_attention_time(compute_rates(H100, "bf16"), 4096, 4096, 32, 128), rel=1e-12)
+    assert ours[0] > 20 * causal[0]
+    # a plain model is priced the same under both switches
+    assert _attention_core(plain, megatron) == causal
+
+
+def test_window_only_layers_run_masked_sdpa_on_their_share_of_layers():
+    windowed = replace(DENSE, name="window", window_size=(128, 0), window_attn_skip_freq=2)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=8)
+    rates = compute_rates(H100, "bf16")
+    causal = attention_time(rates, 4096, 4096, 32, 128, 128, True)
+    full = attention_time(rates, 4096, 4096, 32, 128, 128, False)
+    bias = memory_time(rates, 4096 * 4096 * 3)
+    fwd, bwd = _attention_core(windowed, executor)
+    assert fwd == pytest.approx(0.5 * causal[0] + 0.5 * (full[0] + bias), rel=1e-12)
+    assert bwd == pytest.approx(0.5 * causal[1] + 0.5 * full[1], rel=1e-12)
+
+
+def test_gpt_oss_step_time_moves_with_the_attention_switch():
+    model = get_model("gpt-oss-120b")
+    cluster, config = ClusterSpec(H100, 64), ParallelConfig(world_size=64, tp=2, pp=2, ep=16)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=512)
+    megatron = replace(executor, fused_window_sink_attention=True)
+    ours, theirs = (estimate_step_time(model, t, cluster, config) for t in (executor, megatron))
+    assert ours.term("attention_core") > 10 * theirs.term("attention_core")
+    assert ours.step_time > theirs.step_time and ours.tflops_per_gpu < theirs.tflops_per_gpu
+
+
+def test_moe_layer_pattern_and_dense_first_layers_are_priced_per_stage():
+    # layers: dense, MoE (with a shared expert), dense, MoE on pp4: each middle stage costs exactly its layer kind
+    model = replace(get_model("tiny-moe-shared"), moe_layer_freq=(0, 1, 0, 1), moe_first_k_dense=0)
+    training, cluster = TrainingSpec(seq_length=128, global_batch_size=8), ClusterSpec(H100, 8)
+    config = ParallelConfig(world_size=8, pp=4, ep=2)
+    parts = layer_times(model, training, cluster, config)
+
+    def total(*names):
+        return sum(v for name in names for _, v in parts[name].fwd + parts[name].bwd)
+
+    first, moe_stage, dense_stage, last = stage_times(model, training, cluster, config)
+    assert moe_stage == pytest.approx(total("attention", "moe"), rel=1e-12)
+    assert dense_stage == pytest.approx(total("attention", "dense_mlp"), rel=1e-12)
+    assert first == pytest.approx(total("attention", "dense_mlp", "embedding"), rel=1e-12)
+    assert last == pytest.approx(total("attention", "moe", "head"), rel=1e-12)
+    assert moe_stage > dense_stage  # top-2 of 8 experts + the shared expert over one dense FFN
