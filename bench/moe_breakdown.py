@@ -55,7 +55,7 @@ class BalancedRouter(torch.nn.Module):
         self.probs_NK = torch.full((tokens, topk), 1.0 / topk, device=dev, requires_grad=True)
         self.counts_E = torch.full((experts,), tokens * topk // experts, device=dev)
 
-    def forward(self, x_NH):
+    def forward(self, x_NH, micro_batch_size: int = 1):
         return Routing(self.experts_NK, self.probs_NK, x_NH.new_zeros((), dtype=torch.float32), self.counts_E)
 
 
