@@ -30,12 +30,12 @@ import datetime
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from bench.moe_breakdown import steady_window
 from executor.options import DEFAULT_CHUNK_LOGITS
 from executor.parallel.groups import single_process_state
 from executor.parallel.vocab import output_cross_entropy
@@ -75,21 +75,10 @@ def _sync(dev: torch.device) -> None:
 
 
 def _seconds_per_call(fn, dev: torch.device, iters: int) -> float:
-    for _ in range(2):
-        fn()
+    """Seconds per call in steady state after two warm-up calls (bench.moe_breakdown.steady_window)."""
+    fn()
     _sync(dev)
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t0) / iters
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / 1e3 / iters
+    return steady_window(fn, dev, iters, lead=2)
 
 
 def _inputs(case: Case, dev: torch.device, dtype: torch.dtype):
