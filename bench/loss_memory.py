@@ -39,6 +39,7 @@ from bench.moe_breakdown import steady_window
 from executor.options import DEFAULT_CHUNK_LOGITS
 from executor.parallel.groups import single_process_state
 from executor.parallel.vocab import output_cross_entropy
+from executor.saved_tensors import saved_storage_bytes
 from spec.catalog import get_model
 
 MIB = 2**20
@@ -106,19 +107,7 @@ def measure_path(case: Case, chunk_logits: int, dev: torch.device, dtype: torch.
 
     row = {"path": "unfused" if chunk_logits == 0 else "fused", "chunk_logits": chunk_logits}
     clear()
-    inputs_storage = {hidden.untyped_storage().data_ptr(), weight.untyped_storage().data_ptr()}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in inputs_storage:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        value = loss()
-    row["saved_mib"] = sum(saved.values()) / MIB
-    del value
+    row["saved_mib"] = saved_storage_bytes(loss, [hidden, weight]) / MIB
     _sync(dev)
     if dev.type == "cuda":
         base = torch.cuda.memory_allocated(dev)

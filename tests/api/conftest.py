@@ -24,6 +24,16 @@ def job_body():
     return copy.deepcopy(JOB)
 
 
+@pytest.fixture
+def training_body(tmp_path):
+    """A valid POST /v1/trainings body (tiny-moe on 2 CPU ranks, an existing data directory of this test's own)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    return {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
+            "seq_length": 64, "global_batch_size": 8, "data_path": str(data), "steps": 20,
+            "checkpoint_dir": str(tmp_path / "ckpt")}
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory):
     """A SQLite file migrated once per session; copying it is faster than migrating every test's database."""

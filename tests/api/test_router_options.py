@@ -14,26 +14,13 @@ from spec.parallel_config import ParallelConfig
 from db.models import Job, Training
 from db.queue import claim_next_job
 from db.trials import finish_trial, start_trial
+from problem_rules import validation_rules
 
 # DeepSeek-V3's routing on the tiny model: sigmoid scores, four groups of two experts
 SIGMOID = {**get_model("tiny-moe").to_dict(), "name": "tiny-sigmoid", "moe_router_score_function": "sigmoid",
            "moe_router_num_groups": 4, "moe_router_group_topk": 2}
 ROUTER = {"moe_router_enable_expert_bias": True, "moe_router_bias_update_rate": 0.01,
           "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-4}
-
-
-@pytest.fixture
-def training_body(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    return {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
-            "seq_length": 64, "global_batch_size": 8, "data_path": str(data), "steps": 20,
-            "checkpoint_dir": str(tmp_path / "ckpt")}
-
-
-def _rules(response):
-    assert response.status_code == 422, response.text
-    return {(e["loc"], e["rule"]) for e in response.json()["errors"]}
 
 
 def _trial_options(app, job_id):
@@ -103,13 +90,13 @@ def test_a_training_from_a_job_keeps_the_jobs_router_options_unless_given(client
     ("moe_token_drop_policy", "random", "literal_error"),
 ])
 def test_bad_router_values_are_named_problems(client, alice, job_body, training_body, field, value, rule):
-    assert (f"body.{field}", rule) in _rules(client.post("/v1/jobs", json={**job_body, field: value}, headers=alice))
-    assert (f"body.{field}", rule) in _rules(
+    assert (f"body.{field}", rule) in validation_rules(client.post("/v1/jobs", json={**job_body, field: value}, headers=alice))
+    assert (f"body.{field}", rule) in validation_rules(
         client.post("/v1/trainings", json={**training_body, field: value}, headers=alice))
 
 
 def test_expert_bias_on_softmax_scores_is_refused(client, alice, job_body, training_body):
     bias = {"moe_router_enable_expert_bias": True}
     rule = ("body.moe_router_enable_expert_bias", "expert_bias_needs_sigmoid")
-    assert rule in _rules(client.post("/v1/jobs", json={**job_body, **bias}, headers=alice))
-    assert rule in _rules(client.post("/v1/trainings", json={**training_body, **bias}, headers=alice))
+    assert rule in validation_rules(client.post("/v1/jobs", json={**job_body, **bias}, headers=alice))
+    assert rule in validation_rules(client.post("/v1/trainings", json={**training_body, **bias}, headers=alice))

@@ -7,21 +7,12 @@ from spec.parallel_config import ParallelConfig
 from db.queue import claim_next_job, claim_next_training, finish_training
 from db.trainings import record_training_metrics
 from db.trials import finish_trial, start_trial
+from problem_rules import validation_rules
 
 
 @pytest.fixture
-def body(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    return {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
-            "seq_length": 64, "global_batch_size": 8, "data_path": str(data), "steps": 20,
-            "checkpoint_dir": str(tmp_path / "ckpt")}
-
-
-def _rules(response):
-    assert response.status_code == 422, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    return {(e["loc"], e["rule"]) for e in response.json()["errors"]}
+def body(training_body):
+    return training_body
 
 
 def test_needs_an_api_key(client, body):
@@ -59,7 +50,7 @@ def test_create_explicit_layout_and_show(client, alice, body):
 ])
 def test_validation_rules_are_named(client, alice, body, mutate, loc, rule):
     mutate(body)
-    assert (loc, rule) in _rules(client.post("/v1/trainings", json=body, headers=alice))
+    assert (loc, rule) in validation_rules(client.post("/v1/trainings", json=body, headers=alice))
 
 
 def _give_best(app, job_id):
@@ -75,14 +66,14 @@ def _give_best(app, job_id):
 def test_create_from_a_jobs_best(client, app, alice, bob, body, job_body):
     job_id = client.post("/v1/jobs", json=job_body, headers=alice).json()["id"]
     from_job = {k: body[k] for k in ("data_path", "steps", "checkpoint_dir")}
-    assert ("body.job_id", "job_has_best") in _rules(
+    assert ("body.job_id", "job_has_best") in validation_rules(
         client.post("/v1/trainings", json={**from_job, "job_id": job_id}, headers=alice))
     config = _give_best(app, job_id)
-    assert ("body.job_id", "known_job") in _rules(
+    assert ("body.job_id", "known_job") in validation_rules(
         client.post("/v1/trainings", json={**from_job, "job_id": job_id}, headers=bob))
-    assert ("body", "job_fixes_workload") in _rules(
+    assert ("body", "job_fixes_workload") in validation_rules(
         client.post("/v1/trainings", json={**from_job, "job_id": job_id, "model": "tiny-moe"}, headers=alice))
-    assert ("body.global_batch_size", "batch_divides") in _rules(
+    assert ("body.global_batch_size", "batch_divides") in validation_rules(
         client.post("/v1/trainings", json={**from_job, "job_id": job_id, "global_batch_size": 3}, headers=alice))
     r = client.post("/v1/trainings", json={**from_job, "job_id": job_id, "lr": 1e-3}, headers=alice)
     assert r.status_code == 201, r.text

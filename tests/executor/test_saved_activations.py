@@ -23,6 +23,7 @@ from costmodel.memory import layer_activation_bytes
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
+from executor.saved_tensors import saved_storage_bytes
 
 SEQ, MBS = 16, 2
 SHARED = get_model("tiny-moe-shared")
@@ -56,21 +57,6 @@ class _FlashAttention(torch.autograd.Function):
         return out
 
 
-def _saved_bytes(run, skip: list[torch.Tensor]) -> int:
-    skipped = {t.untyped_storage().data_ptr() for t in skip}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skipped:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_attention_block_saves_what_the_memory_model_counts(name, monkeypatch):
     spec = MODELS[name]
@@ -86,7 +72,7 @@ def test_attention_block_saves_what_the_memory_model_counts(name, monkeypatch):
         attention = layer.attention
         x = torch.randn(SEQ, MBS, spec.hidden_size, requires_grad=True)
         skip = [*model.parameters(), *model.buffers()] + ([attention.mask] if attention.mask is not None else [])
-        measured = _saved_bytes(lambda: attention(x, rope), skip)
+        measured = saved_storage_bytes(lambda: attention(x, rope), skip)
         norms = 3 if spec.multi_latent_attention and spec.q_lora_rank else 2 if spec.multi_latent_attention else 1
         if spec.qk_layernorm:  # per-head norms of q and k: one reciprocal RMS per head and token
             norms += spec.num_attention_heads + spec.num_kv_heads
@@ -106,13 +92,13 @@ def test_clamped_quick_geglu_mlp_and_experts_save_what_the_memory_model_counts()
     params = list(model.parameters())
     dense = dict(layer_activation_bytes(spec, training, config, False))
     h = torch.randn(SEQ, MBS, spec.hidden_size, requires_grad=True)  # the pre-MLP norm's output
-    measured = _saved_bytes(lambda: model.layers[0].mlp(h), params)
+    measured = saved_storage_bytes(lambda: model.layers[0].mlp(h), params)
     assert measured == sum(v for n, v in dense.items() if n.startswith("act.mlp.") and n != "act.mlp.norm_input")
     moe = dict(layer_activation_bytes(spec, training, config, True))
     experts = model.layers[1].mlp.experts
     rows = torch.randn(tokens * spec.moe_router_topk, spec.hidden_size, requires_grad=True)  # ep1: every copy here
     counts = torch.full((spec.num_experts,), tokens * spec.moe_router_topk // spec.num_experts)
-    measured = _saved_bytes(lambda: experts(rows, counts), params)
+    measured = saved_storage_bytes(lambda: experts(rows, counts), params)
     names = ("act.moe.permuted_tokens", "act.moe.expert_fc1_output", "act.moe.expert_act_output",
              "act.moe.expert_glu_intermediates", "act.moe.expert_bias_rows")
     assert measured - 4 * spec.num_experts == sum(moe[n] for n in names)
