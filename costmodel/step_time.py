@@ -59,6 +59,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
+from spec.validity import experts_do_not_split
 
 # A non-compute limiter is named only when it takes at least this share of the step.
 BOTTLENECK_MIN_SHARE = 0.10
@@ -727,7 +728,7 @@ def _context_by_value(model: ModelSpec, training: TrainingSpec, cluster: Cluster
 
 def _check(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
     """Raise InvalidConfigError for a layout the time model cannot price (checked once per layer shape)."""
-    if model.is_moe and (model.num_experts or 0) % config.ep:
+    if model.is_moe and experts_do_not_split(model, config.ep):
         raise InvalidConfigError(f"num_experts ({model.num_experts}) must be divisible by ep ({config.ep})")
     if training.seq_length % config.cp:
         raise InvalidConfigError(f"seq_length ({training.seq_length}) must be divisible by cp ({config.cp})")

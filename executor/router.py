@@ -100,17 +100,24 @@ class Router(torch.nn.Module):
             self.expert_bias = None
 
     def _fusable(self, logits: torch.Tensor) -> bool:
-        """Whether the fused Triton top-k covers this router (softmax scores, plain top-k, on CUDA)."""
+        """Whether the fused Triton kernel covers this router (softmax scores, plain top-k or forced balance,
+        on CUDA)."""
         spec = self.spec
         return (fused_router.available(logits) and spec.moe_router_score_function == "softmax"
                 and not spec.moe_router_num_groups and self.expert_bias is None
-                and not self.options.moe_router_force_load_balancing
                 and fused_router.self_checked(self.num_experts, self.topk, spec.moe_router_pre_softmax,
-                                              spec.moe_router_topk_scaling_factor or 1.0, logits.dtype, logits.device))
+                                              spec.moe_router_topk_scaling_factor or 1.0, logits.dtype, logits.device,
+                                              self.options.moe_router_force_load_balancing))
+
+    def _forced_first(self, n: int) -> int:
+        """Forced balancing: the slot of this rank's first token in the micro-batch (its global index over
+        TP·CP times k), so that token t takes experts (t·k + j) mod E whatever the layout."""
+        tp, cp = self.state.tp, self.state["cp"]
+        return (cp.rank * tp.size + tp.rank) * n * self.topk
 
     def _select(self, logits_NE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(experts [n, k], probs [n, k]) from fp32 logits with torch ops (every router variant)."""
-        spec, opts, tp, cp = self.spec, self.options, self.state.tp, self.state["cp"]
+        spec, opts = self.spec, self.options
         n = logits_NE.shape[0]
         if spec.moe_router_score_function == "sigmoid":
             scores_NE = torch.sigmoid(logits_NE)
@@ -124,10 +131,8 @@ class Router(torch.nn.Module):
         if spec.moe_router_num_groups:
             select_NE = _group_limited(select_NE, spec.moe_router_num_groups, spec.moe_router_group_topk, self.topk)
         if opts.moe_router_force_load_balancing:
-            # token t of the micro-batch (global index over TP) takes experts (t·k + j) mod E
-            first = (cp.rank * tp.size + tp.rank) * n * self.topk
-            slot = torch.arange(first, first + n * self.topk, device=logits_NE.device)
-            experts_NK = (slot % self.num_experts).view(n, self.topk)
+            experts_NK = fused_router.forced_experts(self._forced_first(n), n, self.topk, self.num_experts,
+                                                     logits_NE.device)
         else:
             experts_NK = select_NE.topk(self.topk, dim=-1).indices
         probs_NK = scores_NE.gather(1, experts_NK)
@@ -190,8 +195,10 @@ class Router(torch.nn.Module):
             loss = loss + opts.moe_z_loss_coeff * torch.logsumexp(logits_NE, -1).square().sum() / total_tokens
 
         if fused:
+            forced_first = self._forced_first(n) if opts.moe_router_force_load_balancing else None
             experts_NK, probs_NK, counts_E = fused_router.softmax_topk(
-                logits, self.topk, spec.moe_router_pre_softmax, spec.moe_router_topk_scaling_factor or 1.0)
+                logits, self.topk, spec.moe_router_pre_softmax, spec.moe_router_topk_scaling_factor or 1.0,
+                forced_first)
         else:
             experts_NK, probs_NK = self._select(logits_NE)
             counts_E = count_per_expert(experts_NK, self.num_experts)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from executor.dataset.prepare import FORMAT, INDEX, DatasetError
+from spec.validity import batch_rule
 
 _DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32}
 SPLITS = ("train", "heldout")
@@ -99,8 +100,9 @@ class BatchSampler:
 
     def batch(self, position: int, dp_size: int = 1, dp_rank: int = 0) -> torch.Tensor:
         """Rows of global batch ``position`` for DP rank ``dp_rank`` of ``dp_size``: int64 [G/dp, seq_length+1]."""
-        if self.global_batch_size % dp_size:
-            raise DatasetError(f"global_batch_size ({self.global_batch_size}) is not divisible by dp ({dp_size})")
+        rejection = batch_rule(self.global_batch_size, 1, dp_size)  # whole sequences per DP rank
+        if rejection is not None:
+            raise DatasetError(rejection.reason)
         per_rank = self.global_batch_size // dp_size
         first = position * self.global_batch_size + dp_rank * per_rank
         rows = [self.stream.read(self._window(d) * self.seq_length, self.seq_length + 1)

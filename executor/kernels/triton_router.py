@@ -11,7 +11,9 @@ logits gradient. Both Megatron softmax variants are covered:
 - post-softmax (``pre_softmax=False``): p = scale · softmax over the k selected logits;
 - pre-softmax: p = scale · softmax over all E logits, at the k selected experts.
 
-Sigmoid scores, group-limited selection, expert bias and forced balancing keep the torch path. Set
+Forced balancing (Megatron's --moe-router-force-load-balancing) runs in the same kernel: the k experts of
+token t are (first + t·k + j) mod E instead of the arg-maxes, the probabilities as above. Sigmoid scores,
+group-limited selection and expert bias keep the torch path. Set
 FOLDTUNE_FUSED_ROUTER=0 to use the torch path on CUDA too.
 """
 
@@ -37,15 +39,24 @@ def available(t: torch.Tensor) -> bool:
 _CHECKED: dict[tuple, bool] = {}
 
 
+def forced_experts(first: int, n: int, k: int, e: int, device: torch.device) -> torch.Tensor:
+    """Forced balancing's experts [n, k]: token t takes (first + t·k + j) mod e."""
+    return (torch.arange(first, first + n * k, device=device) % e).view(n, k)
+
+
 def _check_against_torch(e: int, k: int, pre_softmax: bool, scale: float, dtype: torch.dtype,
-                         device: torch.device) -> None:
+                         device: torch.device, forced: bool = False) -> None:
     """Raise if the kernels differ from the torch router on 64 random tokens of this shape."""
     gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG streams alone
     logits = torch.randn(64, e, device=device, generator=gen).to(dtype).requires_grad_()
-    experts, probs, counts = softmax_topk(logits, k, pre_softmax, scale)
+    first = 3 * 64 * k if forced else None  # an offset as a later TP rank has
+    experts, probs, counts = softmax_topk(logits, k, pre_softmax, scale, forced_first=first)
     x = logits.float()
     picked = x.gather(1, experts)
-    if not torch.equal(picked, x.topk(k, -1).values):  # same values: on ties another id may be picked
+    if forced:
+        if not torch.equal(experts, forced_experts(first, 64, k, e, experts.device)):
+            raise AssertionError("forced experts differ from the round-robin rule")
+    elif not torch.equal(picked, x.topk(k, -1).values):  # same values: on ties another id may be picked
         raise AssertionError("top-k picks differ from torch.topk")
     if not torch.equal(counts, torch.bincount(experts.reshape(-1), minlength=e)):
         raise AssertionError("counts differ from bincount")
@@ -56,11 +67,12 @@ def _check_against_torch(e: int, k: int, pre_softmax: bool, scale: float, dtype:
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=1e-2)
 
 
-def self_checked(e: int, k: int, pre_softmax: bool, scale: float, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the kernels of this shape compile and agree with torch (checked once per shape; on a failure
-    a warning says why and the caller keeps the torch path)."""
-    return checked_once(_CHECKED, (e, k, pre_softmax, scale, dtype, str(device)), _check_against_torch,
-                        "fused router top-k")
+def self_checked(e: int, k: int, pre_softmax: bool, scale: float, dtype: torch.dtype, device: torch.device,
+                 forced: bool = False) -> bool:
+    """Whether the kernels of this shape (and routing rule: top-k or forced balance) compile and agree with
+    torch (checked once per shape; on a failure a warning says why and the caller keeps the torch path)."""
+    return checked_once(_CHECKED, (e, k, pre_softmax, scale, dtype, str(device), forced), _check_against_torch,
+                        "fused router forced balance" if forced else "fused router top-k")
 
 
 if triton is not None:
@@ -73,9 +85,9 @@ if triton is not None:
         return tl.where(cols[None, :] < E, x, float("-inf"))
 
     @triton.jit
-    def _topk_kernel(x_ptr, experts_ptr, probs_ptr, counts_ptr, N, E, stride_x, scale,
+    def _topk_kernel(x_ptr, experts_ptr, probs_ptr, counts_ptr, N, E, stride_x, scale, first,
                      K: tl.constexpr, K_PAD: tl.constexpr, PRE: tl.constexpr, E_PAD: tl.constexpr,
-                     BT: tl.constexpr):
+                     BT: tl.constexpr, FORCED: tl.constexpr):
         rows = tl.program_id(0) * BT + tl.arange(0, BT)
         cols = tl.arange(0, E_PAD)
         kc = tl.arange(0, K_PAD)
@@ -86,16 +98,23 @@ if triton is not None:
         vals = tl.full([BT, K_PAD], float("-inf"), tl.float32)
         ids = tl.zeros([BT, K_PAD], dtype=tl.int64)
         for j in tl.static_range(K):
-            m = tl.max(work, axis=1)
-            idx = tl.min(tl.where(work == m[:, None], cols[None, :], E_PAD), axis=1)
-            work = tl.where(cols[None, :] == idx[:, None], float("-inf"), work)
+            if FORCED:
+                idx = (rows.to(tl.int64) * K + j + first) % E
+                m = tl.sum(tl.where(cols[None, :] == idx[:, None], x, 0.0), axis=1)
+            else:
+                m = tl.max(work, axis=1)
+                idx = tl.min(tl.where(work == m[:, None], cols[None, :], E_PAD), axis=1)
+                work = tl.where(cols[None, :] == idx[:, None], float("-inf"), work)
             vals = tl.where(kc[None, :] == j, m[:, None], vals)
             ids = tl.where(kc[None, :] == j, idx[:, None].to(tl.int64), ids)
         if PRE:
-            denom = tl.sum(tl.exp(x - row_max[:, None]), axis=1)
+            shift = row_max
+            denom = tl.sum(tl.exp(x - shift[:, None]), axis=1)
         else:
-            denom = tl.sum(tl.exp(vals - row_max[:, None]), axis=1)  # the first pick is the row maximum
-        p = tl.exp(vals - row_max[:, None]) / denom[:, None] * scale
+            # the largest pick (the row maximum under top-k; forced picks may all lie far below it)
+            shift = tl.max(vals, axis=1)
+            denom = tl.sum(tl.exp(vals - shift[:, None]), axis=1)
+        p = tl.exp(vals - shift[:, None]) / denom[:, None] * scale
         kmask = rmask[:, None] & (kc[None, :] < K)
         out = rows[:, None] * K + kc[None, :]
         tl.store(experts_ptr + out, ids, mask=kmask)
@@ -147,17 +166,20 @@ def _blocks(e: int, k: int) -> tuple[int, int, int]:
     return e_pad, k_pad, max(1, min(128, 4096 // e_pad))
 
 
-def topk_forward(logits_NE: torch.Tensor, k: int, pre_softmax: bool, scale: float
+def topk_forward(logits_NE: torch.Tensor, k: int, pre_softmax: bool, scale: float, forced_first: int | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(experts [n, k] int64 in descending score order, probs [n, k] fp32, counts [E] int64)."""
+    """(experts [n, k] int64 in descending score order, probs [n, k] fp32, counts [E] int64); with
+    ``forced_first`` the experts of forced balancing (see :func:`forced_experts`) instead of the top-k."""
     logits_NE = logits_NE.contiguous()
     n, e = logits_NE.shape
     experts = torch.empty((n, k), device=logits_NE.device, dtype=torch.long)
     probs = torch.empty((n, k), device=logits_NE.device, dtype=torch.float32)
     counts = torch.zeros(e, device=logits_NE.device, dtype=torch.long)
     e_pad, k_pad, bt = _blocks(e, k)
+    forced = forced_first is not None
     _topk_kernel[(triton.cdiv(n, bt),)](logits_NE, experts, probs, counts, n, e, logits_NE.stride(0), float(scale),
-                                        K=k, K_PAD=k_pad, PRE=pre_softmax, E_PAD=e_pad, BT=bt)
+                                        (forced_first % e) if forced else 0, K=k, K_PAD=k_pad, PRE=pre_softmax,
+                                        E_PAD=e_pad, BT=bt, FORCED=forced)
     return experts, probs, counts
 
 
@@ -177,8 +199,8 @@ def topk_backward(grad_NK: torch.Tensor, probs_NK: torch.Tensor, experts_NK: tor
 
 class _SoftmaxTopK(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits_NE, k, pre_softmax, scale):
-        experts, probs, counts = topk_forward(logits_NE, k, pre_softmax, scale)
+    def forward(ctx, logits_NE, k, pre_softmax, scale, forced_first):
+        experts, probs, counts = topk_forward(logits_NE, k, pre_softmax, scale, forced_first)
         ctx.save_for_backward(logits_NE, probs, experts)
         ctx.pre_softmax, ctx.scale = pre_softmax, scale
         ctx.mark_non_differentiable(experts, counts)
@@ -187,10 +209,12 @@ class _SoftmaxTopK(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _g_experts, grad_probs, _g_counts):
         logits_NE, probs, experts = ctx.saved_tensors
-        return topk_backward(grad_probs, probs, experts, logits_NE, ctx.pre_softmax, ctx.scale), None, None, None
+        grad = topk_backward(grad_probs, probs, experts, logits_NE, ctx.pre_softmax, ctx.scale)
+        return grad, None, None, None, None
 
 
-def softmax_topk(logits_NE: torch.Tensor, k: int, pre_softmax: bool, scale: float
+def softmax_topk(logits_NE: torch.Tensor, k: int, pre_softmax: bool, scale: float, forced_first: int | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Differentiable (experts [n, k], probs [n, k] fp32, counts [E]) from raw gate logits (any float dtype)."""
-    return _SoftmaxTopK.apply(logits_NE, k, pre_softmax, scale)
+    """Differentiable (experts [n, k], probs [n, k] fp32, counts [E]) from raw gate logits (any float dtype);
+    ``forced_first``: the slot offset of this rank's first token under forced balancing (None: top-k)."""
+    return _SoftmaxTopK.apply(logits_NE, k, pre_softmax, scale, forced_first)

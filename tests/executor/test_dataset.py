@@ -106,7 +106,7 @@ def test_bad_paths_and_sizes_raise_one_clear_error(corpus, tmp_path):
     stream = TokenDataset(tmp_path / "d").splits["heldout"]
     with pytest.raises(DatasetError, match="no window of seq_length 100000"):
         BatchSampler(stream, 100_000, 1)
-    with pytest.raises(DatasetError, match="not divisible by dp"):
+    with pytest.raises(DatasetError, match=r"global_batch_size \(6\) is not divisible by micro_batch_size·dp"):
         BatchSampler(stream, 8, 6).batch(0, 4, 0)
     (tmp_path / "d" / "train-00000.bin").write_bytes(b"short")
     with pytest.raises(DatasetError, match="train-00000.bin"):

@@ -64,6 +64,32 @@ def test_softmax_topk_matches_torch_forward_and_backward(pre, scale, n, e, k):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("pre,scale,n,e,k,first", [(False, 1.0, 37, 8, 2, 0), (True, 2.5, 50, 20, 4, 200),
+                                                   (False, 1.0, 9, 128, 8, 3 * 9 * 8)])
+@inner_only
+def test_forced_balance_in_the_fused_kernel_matches_torch_forward_and_backward(pre, scale, n, e, k, first):
+    """Forced balancing: experts (first + t·k + j) mod E, probabilities and gradients as the torch router's,
+    also when the forced picks lie far below the row maximum (post-softmax must not underflow)."""
+    from executor.kernels import triton_router as mod
+
+    torch.manual_seed(1)
+    logits = torch.randn(n, e)
+    want_experts = mod.forced_experts(first, n, k, e, logits.device)
+    logits.scatter_(1, want_experts[:, :1], -200.0)  # one pick of every token ≪ the row maximum
+    logits.requires_grad_()
+    experts, probs, counts = mod.softmax_topk(logits, k, pre, scale, forced_first=first)
+    assert torch.equal(experts, want_experts)
+    x = logits.float()
+    ref = (torch.softmax(x, -1).gather(1, experts) if pre else torch.softmax(x.gather(1, experts), -1)) * scale
+    torch.testing.assert_close(probs, ref, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(probs).all()
+    assert torch.equal(counts, torch.bincount(want_experts.reshape(-1), minlength=e))
+    g = torch.randn(n, k)
+    (got,) = torch.autograd.grad(probs, logits, g)
+    (want,) = torch.autograd.grad(ref, logits, g)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("m,e", [(1, 4), (64, 8), (300, 16), (1000, 128), (513, 3)])
 @inner_only
 def test_counting_sort_equals_stable_argsort(m, e):
@@ -105,8 +131,8 @@ def test_fused_permute_and_combine_match_torch():
 
 
 @inner_only
-@pytest.mark.parametrize("pre_softmax", [False, True])
-def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_softmax):
+@pytest.mark.parametrize("pre_softmax,forced", [(False, False), (True, False), (False, True)])
+def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_softmax, forced):
     """The router, dispatcher and combine wiring of the fused path: same output, losses and gradients."""
     import dataclasses
 
@@ -119,7 +145,7 @@ def test_moe_layer_with_every_fused_kernel_matches_torch_path(monkeypatch, pre_s
 
     spec = dataclasses.replace(get_model("tiny-moe"), moe_router_pre_softmax=pre_softmax,
                                moe_router_topk_scaling_factor=2.0 if pre_softmax else None)
-    options = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
+    options = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3, moe_router_force_load_balancing=forced)
     calls = []
     for module, name in ((triton_router, "topk_forward"), (triton_router, "topk_backward"),
                          (triton_permute, "sort_slots"), (triton_permute, "permute"), (triton_permute, "combine"),
@@ -152,6 +178,7 @@ def test_self_checks_pass_on_good_kernels_and_turn_a_failing_kernel_off():
 
     triton_router._check_against_torch(8, 2, False, 1.0, torch.float32, "cpu")
     triton_router._check_against_torch(20, 4, True, 2.5, torch.float32, "cpu")
+    triton_router._check_against_torch(20, 4, False, 1.0, torch.float32, "cpu", True)
     triton_permute._check_sort(7, "cpu")
     triton_permute._check_permute(3, 24, torch.float32, "cpu")
 
