@@ -21,8 +21,10 @@ from spec.model_spec import ModelSpec
 from executor import recompute
 from executor.activation import fused_rows_activation, is_plain_swiglu, mlp_activation
 from executor.dispatcher import make_dispatcher
+from executor.grouped_swiglu import grouped_swiglu
 from executor.kernels import triton_swiglu as fused_act
 from executor.kernels.base import KernelBackend
+from executor.kernels.torch_backend import grouped_mm_works
 from executor.mlp import SwiGLUMLP
 from executor.options import ExecutorOptions
 from executor.parallel.groups import ParallelState
@@ -73,6 +75,10 @@ class GroupedExperts(torch.nn.Module):
         self.w13.shard_info = ShardInfo(p + "w13", (e, 2, f, h), etp_dim=2, ep_dim=0, expert=True)
         self.w2 = param("w2", (e, h, f), 2)
         self.act = expert_swiglu if is_plain_swiglu(spec) else fused_rows_activation(spec)
+        # one autograd node for GEMM → SwiGLU → GEMM where the plain torch backend runs them (less host work
+        # per layer; executor/grouped_swiglu.py); fp8 backends, other activations and biases keep the graph
+        self._one_node = (getattr(kernels, "name", None) == "torch" and is_plain_swiglu(spec)
+                          and not spec.add_bias_linear)
         self.b13 = self.b2 = None
         if spec.add_bias_linear:
             def bias(name, shape, etp_dim):
@@ -83,6 +89,8 @@ class GroupedExperts(torch.nn.Module):
 
     def forward(self, x_MH: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
+        if self._one_node and x_MH.shape[0] and grouped_mm_works(x_MH.device, x_MH.dtype):
+            return grouped_swiglu(x_MH, self.w13, self.w2, offs, self.recompute_act and torch.is_grad_enabled())
         gmm = self.kernels.grouped_mm
         gate_up = gmm(x_MH, self.w13.flatten(1, 2), offs)  # [rows, 2·f/etp]: gate | up
         expert_of_row = None

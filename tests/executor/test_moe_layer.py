@@ -241,10 +241,11 @@ def test_fused_gate_up_gemm_equals_separate_gate_and_up_gemms():
 
 def test_selective_moe_act_recompute_gives_the_same_gradients(monkeypatch):
     from spec.parallel_config import ParallelConfig
-    from executor import moe
+    from executor import grouped_swiglu
 
-    calls = []
-    monkeypatch.setattr(moe, "expert_swiglu", lambda t, _fn=moe.expert_swiglu: calls.append(t.shape) or _fn(t))
+    calls = []  # the experts' activation runs in their one-node FFN (executor/grouped_swiglu.py)
+    monkeypatch.setattr(grouped_swiglu, "_swiglu",
+                        lambda t, _fn=grouped_swiglu._swiglu: calls.append(t.shape) or _fn(t))
     results = []
     for config in (ParallelConfig(world_size=1),
                    ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("moe_act",))):
