@@ -1,7 +1,11 @@
 """``foldtune runner``: claim queued tuning jobs from the database and run them through Ray.
 
-Runs until SIGTERM/SIGINT (then the running trial stops at its next step and the job goes back to the
-queue for this or another runner), or with ``--once`` until the queue is empty.
+Runs until SIGTERM/SIGINT, or with ``--once`` until the queue is empty. Ray is started (or attached to)
+first, and the signal handlers are installed after it: ``ray.init`` replaces the SIGTERM handler with one
+that exits the process on the spot, which left the job ``running`` until the stale-claim requeue and Ray's
+processes orphaned. With ours, a signal stops claiming, abandons the running trial (its ranks killed, the
+trial failed as lost with the reason 'runner shut down'), puts the job back in the queue at once and shuts
+Ray down (the local Ray this process started goes with it). A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 
 from api.cli.tune_cmd import TrialPrinter
 
@@ -29,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the worker imports torch, Optuna and the executor: only `foldtune runner` itself pays for them
+    from executor import launch_ray  # first: it sets up Ray's token auth before Ray is imported
+
+    import ray  # noqa: I001
+
     from api.worker.runner import Runner, RunnerSettings
 
     if args.ray_address:
@@ -38,12 +47,24 @@ def run(args: argparse.Namespace) -> int:
     settings = RunnerSettings.from_env(args.database_url, args.runner_id)
     printer = TrialPrinter()
     runner = Runner(settings, on_event=printer)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: runner.stop())
-    print(f"runner {settings.runner_id} on {settings.database_url.split('@')[-1]}", flush=True)
     try:
+        launch_ray.attach_ray()  # before our handlers: ray.init installs its own SIGTERM handler (exit at once)
+        stopping = []
+
+        def on_signal(signum: int, _frame) -> None:
+            if stopping:  # a second signal: the operator insists
+                os._exit(128 + signum)
+            stopping.append(signum)
+            print(f"runner {settings.runner_id}: {signal.Signals(signum).name}, shutting down", file=sys.stderr,
+                  flush=True)
+            runner.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        print(f"runner {settings.runner_id} on {settings.database_url.split('@')[-1]}", flush=True)
         ran = runner.run(once=args.once)
     finally:
         runner.close()
+        ray.shutdown()  # a local Ray started here stops with its processes; a cluster is only disconnected
     print(f"runner {settings.runner_id}: ran {ran} job(s)", flush=True)
     return 0
