@@ -194,6 +194,14 @@ def attach_ray(address: str | None = None) -> RayCapacity:
     return RayCapacity(cpus=_cluster_total("CPU"), gpus=_cluster_total("GPU"))
 
 
+def ping_ray() -> None:
+    """Raise unless this process is connected to Ray and the cluster's GCS answers (a health check)."""
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialised in this process")
+    if not ray.cluster_resources():
+        raise RuntimeError("the Ray cluster reports no resources")
+
+
 def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,
            threads_per_rank: int = 1, *, on_step: Callable[[int, float], bool] | None = None,
            memory_limit_bytes: int | None = None, env: dict[str, str] | None = None,

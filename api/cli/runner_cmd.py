@@ -17,6 +17,7 @@ import signal
 import sys
 
 from api.cli.tune_cmd import TrialPrinter
+from spec.errors import SpecError
 
 HELP = "claim queued tuning jobs from the database and run their trials through Ray"
 
@@ -28,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                               "a local Ray)")
     parser.add_argument("--runner-id", help="stable id of this runner (also: FOLDTUNE_RUNNER_ID; default host-pid); "
                                             "restarted under the same id it resumes its job at once")
+    parser.add_argument("--health-port", type=int, default=None,
+                        help="serve GET /healthz on this port (also: FOLDTUNE_RUNNER_HEALTH_PORT; default: none): 200 "
+                             "while the runner runs and its database and Ray answer, else 503")
+    parser.add_argument("--health-host", default=None,
+                        help="address of /healthz (also: FOLDTUNE_RUNNER_HEALTH_HOST; default 127.0.0.1)")
     parser.add_argument("--once", action="store_true", help="exit when no job is queued")
     parser.add_argument("--verbose", action="store_true", help="log every trial")
 
@@ -38,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     import ray  # noqa: I001
 
+    from api.worker.health import HealthServer
     from api.worker.runner import Runner, RunnerSettings
 
     if args.ray_address:
@@ -45,10 +52,16 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = RunnerSettings.from_env(args.database_url, args.runner_id)
+    health_port = args.health_port if args.health_port is not None else _int_env("FOLDTUNE_RUNNER_HEALTH_PORT")
+    health_host = args.health_host or os.environ.get("FOLDTUNE_RUNNER_HEALTH_HOST") or "127.0.0.1"
     printer = TrialPrinter()
     runner = Runner(settings, on_event=printer)
+    health = None
     try:
         launch_ray.attach_ray()  # before our handlers: ray.init installs its own SIGTERM handler (exit at once)
+        if health_port is not None:
+            health = HealthServer(health_host, health_port, {**runner.health_checks(), "ray": launch_ray.ping_ray},
+                                  {"runner_id": settings.runner_id}).start()
         stopping = []
 
         def on_signal(signum: int, _frame) -> None:
@@ -64,7 +77,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"runner {settings.runner_id} on {settings.database_url.split('@')[-1]}", flush=True)
         ran = runner.run(once=args.once)
     finally:
+        if health is not None:
+            health.close()
         runner.close()
         ray.shutdown()  # a local Ray started here stops with its processes; a cluster is only disconnected
     print(f"runner {settings.runner_id}: ran {ran} job(s)", flush=True)
     return 0
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise SpecError(f"{name}={value!r} is not a port number") from None

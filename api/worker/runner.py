@@ -46,7 +46,7 @@ from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
-from db.engine import make_engine, make_sessionmaker
+from db.engine import make_engine, make_sessionmaker, ping
 from db.jobs import job_claim, job_status
 from db.migrate import upgrade
 from db.models import Job, utcnow
@@ -135,6 +135,14 @@ class Runner:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def health_checks(self) -> dict[str, Callable[[], None]]:
+        """The runner's part of its ``/healthz`` (api.worker.health): still running, its database answers."""
+        def running() -> None:
+            if self._shutdown.is_set():
+                raise RuntimeError(f"runner {self.settings.runner_id} is shutting down")
+
+        return {"runner": running, "database": lambda: ping(self.engine)}
 
     # The loop ----------------------------------------------------------------------------------------
     def run(self, once: bool = False) -> int:

@@ -5,12 +5,15 @@ started (Ray's own, the rank actors) outlives it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,12 @@ def _submit(db_url: str) -> int:
             "model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8, "precision": "fp32"},
             "cluster": {"gpu": "cpu", "num_gpus": 2}, "budget": {"max_trials": 4, "max_seconds": 900}})
         return submit_job(session, owner, request, None)[0].id
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -87,6 +96,8 @@ def test_sigterm_mid_trial_requeues_the_job_at_once_and_leaves_no_process(db_url
                 # trial 1's rank 0 hangs after its first timed step: only a real cancel ends it before 300 s
                 "FOLDTUNE_FAULT": "hang:rank=0:step=0:trial=1",
                 "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    port = _free_port()
+    env["FOLDTUNE_RUNNER_HEALTH_PORT"] = str(port)
     log_path = tmp_path / "runner.log"
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
@@ -121,6 +132,9 @@ def test_sigterm_mid_trial_requeues_the_job_at_once_and_leaves_no_process(db_url
         for pid in ray_procs:
             ray_env = _environ(pid)
             assert ray_env.get("RAY_AUTH_MODE") == "token" and ray_env.get("RAY_AUTH_TOKEN_PATH") == str(token)
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert answer.status == 200 and json.load(answer) == {"status": "ok", "runner_id": "leaving"}
 
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
