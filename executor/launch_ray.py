@@ -82,7 +82,9 @@ def _connect(address: str | None = None) -> None:
             kwargs["_system_config"] = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
         else:
             kwargs.pop("include_dashboard")
-        ray.init(address=address, **kwargs)
+        # 'local' starts a new Ray: with None, Ray would join any Ray it finds on this machine (another
+        # user's, found by scanning for gcs_server processes), with its resources and its token.
+        ray.init(address=address or "local", **kwargs)
 
 
 def _check_ray_auth_mode() -> None:
