@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from runner_env import owner_session
+from runner_env import owner_session, rank_actor_pids
 from sqlalchemy import select
 
 from db.engine import make_engine, make_sessionmaker
@@ -123,6 +123,8 @@ def test_sigterm_mid_trial_requeues_the_job_at_once_and_leaves_no_process(db_url
         assert rows[0].status == "succeeded", rows[0].failure_reason  # a real trial ran with token auth on
         time.sleep(1.5)  # well into the hung step
         tree = _descendants(proc.pid)
+        # the session mark reaches the rank actors (runner_env.rank_actor_pids relies on it)
+        assert sorted(rank_actor_pids()) == sorted(p for p, cmd in tree.items() if cmd.startswith("ray::RankActor"))
 
         # Ray was started with token auth and the token file the runner generated (0600) in its data dir.
         token = data_dir / "ray_auth_token"
