@@ -138,6 +138,12 @@ def release_job(session: Session, job_id: int, runner_id: str) -> bool:
                            attempts=Job.attempts - 1)
 
 
+def release_training(session: Session, training_id: int, runner_id: str) -> bool:
+    """Like :func:`release_job`, for a training (it resumes from its latest checkpoint when claimed next)."""
+    return _guarded_update(session, Training, training_id, runner_id, status="queued", claimed_by=None,
+                           heartbeat_at=None, attempts=Training.attempts - 1)
+
+
 @dataclass
 class StaleReport:
     """What :func:`requeue_stale` did: ids of jobs/trainings requeued or failed, and of trials failed."""

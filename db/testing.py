@@ -37,6 +37,17 @@ def postgres_unavailable_reason() -> str | None:
     return None
 
 
+REQUIRE_POSTGRES_ENV = "FOLDTUNE_REQUIRE_POSTGRES"
+
+
+def postgres_required(environ: dict[str, str] | None = None) -> bool:
+    """True where PostgreSQL is part of the test environment (CI sets FOLDTUNE_REQUIRE_POSTGRES=1): there an
+    unreachable server fails the PostgreSQL tests instead of skipping them, so that they cannot silently
+    stop running."""
+    env = os.environ if environ is None else environ
+    return env.get(REQUIRE_POSTGRES_ENV, "").strip() not in ("", "0")
+
+
 @contextmanager
 def temporary_postgres_schema() -> Iterator[str]:
     """Yield a database URL whose search_path is a fresh schema; drop it (and its Optuna schema) after."""

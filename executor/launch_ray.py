@@ -16,9 +16,10 @@ on this node, waits until the rank processes are gone.
 
 Ray is imported only here: the front ends import this module where they launch or size a Ray cluster,
 never on a light command. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS`` (e.g. ``ray://head:10001`` or
-``head:6379``) when set, else starts a local Ray without the dashboard, token auth disabled (Ray >= 2.60
-enables it for local clusters) and ``FOLDTUNE_RAY_NUM_CPUS`` CPUs (default max(cores, 8): CPU ranks of a
-tuning job oversubscribe a small machine on purpose).
+``head:6379``) when set, else starts a local Ray without the dashboard and with ``FOLDTUNE_RAY_NUM_CPUS``
+CPUs (default max(cores, 8): CPU ranks of a tuning job oversubscribe a small machine on purpose). Either
+way with Ray's token authentication on (:mod:`executor.ray_auth`: the cluster's token file, generated on
+first use) unless ``RAY_AUTH_MODE=disabled`` is set explicitly.
 """
 
 from __future__ import annotations
@@ -36,15 +37,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 import torch
 import torch.distributed as dist
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from executor import progress
+from executor import ray_auth
+
+# Before the first `import ray` of the process: Ray reads RAY_AUTH_MODE (and where the token is) once, when
+# it is imported (measured on Ray 2.60: setting the environment afterwards leaves the mode disabled).
+_AUTH_MODE = ray_auth.configure()
+
+import ray  # noqa: E402
+from ray._raylet import AuthenticationMode, get_authentication_mode  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
+
+from executor import progress  # noqa: E402
 from executor.failure import is_out_of_memory
 from executor.launch_local import OOM_PREFIX, SAFE_ENV, LaunchResult
+from spec.errors import SpecError
 from spec.failure import FailureKind
 
 RAY_ADDRESS_ENV = "FOLDTUNE_RAY_ADDRESS"
@@ -63,16 +73,28 @@ def _connect(address: str | None = None) -> None:
         if ray.is_initialized():
             return
         address = address or os.environ.get(RAY_ADDRESS_ENV) or None
+        _check_ray_auth_mode()
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "logging_level": logging.WARNING, "configure_logging": True}
         if address is None:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             kwargs["num_cpus"] = int(os.environ.get(RAY_NUM_CPUS_ENV) or max(os.cpu_count() or 1, 8))
             # Rank actors get fresh processes anyway; idle pre-started workers only compete for the cores.
             kwargs["_system_config"] = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
         else:
             kwargs.pop("include_dashboard")
-        ray.init(address=address, **kwargs)
+        # 'local' starts a new Ray: with None, Ray would join any Ray it finds on this machine (another
+        # user's, found by scanning for gcs_server processes), with its resources and its token.
+        ray.init(address=address or "local", **kwargs)
+
+
+def _check_ray_auth_mode() -> None:
+    """Raise unless the imported Ray runs in the mode :mod:`executor.ray_auth` configured: a ``ray`` imported
+    before this module read the environment too early, stays disabled, and could not join a cluster with
+    a token (or would start one without)."""
+    actual = "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
+    if actual != _AUTH_MODE:
+        raise SpecError(f"Ray runs with RAY_AUTH_MODE={actual}, foldtune configured {_AUTH_MODE}: ray was imported "
+                        f"before executor.launch_ray; import that first")
 
 
 def _free_port(ip: str) -> int:
@@ -174,10 +196,19 @@ def attach_ray(address: str | None = None) -> RayCapacity:
     return RayCapacity(cpus=_cluster_total("CPU"), gpus=_cluster_total("GPU"))
 
 
+def ping_ray() -> None:
+    """Raise unless this process is connected to Ray and the cluster's GCS answers (a health check)."""
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialised in this process")
+    if not ray.cluster_resources():
+        raise RuntimeError("the Ray cluster reports no resources")
+
+
 def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,
            threads_per_rank: int = 1, *, on_step: Callable[[int, float], bool] | None = None,
            memory_limit_bytes: int | None = None, env: dict[str, str] | None = None,
-           placement_timeout_s: float | None = None, address: str | None = None) -> LaunchResult:
+           placement_timeout_s: float | None = None, address: str | None = None,
+           cancel: threading.Event | None = None) -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` Ray actors; see the module docstring.
 
     ``backend`` defaults to 'nccl' when the Ray cluster has ``world_size`` GPUs, else 'gloo'.
@@ -185,6 +216,9 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     ``placement_timeout_s`` (default ``timeout_s``) bounds the wait for it. ``memory_limit_bytes`` caps
     each CPU rank's additional address space (ignored for NCCL: CUDA maps huge address ranges).
     ``env`` adds environment variables to every rank (FOLDTUNE_FAULT etc. are forwarded from this process).
+    ``cancel`` set (the job was cancelled, the runner shuts down) abandons the run at once, wherever it is
+    (waiting for its bundles, starting its actors, between steps or in a hung step): the ranks are killed
+    and the result is a failure of kind ``cancelled`` (a stop through ``on_step`` waits for the next step).
     """
     attach_ray(address)  # connects only where no front end attached first (a bare launch, tests)
     start = time.monotonic()
@@ -204,7 +238,9 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     pids: list[int] = []
     try:
         wait_s = timeout_s if placement_timeout_s is None else placement_timeout_s
-        ready, _ = ray.wait([pg.ready()], timeout=wait_s)
+        ready = _wait_ready([pg.ready()], wait_s, cancel)
+        if ready is None:
+            return _cancelled(start)
         if not ready:
             return LaunchResult(False, f"timeout after {wait_s:.0f} s waiting for {world_size} free {kind} "
                                        f"bundles", wall_s=time.monotonic() - start, failure_kind=FailureKind.TIMEOUT)
@@ -215,7 +251,10 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         ).remote(r, world_size, rank_env, threads_per_rank) for r in range(world_size)]
         run_start = time.monotonic()
         try:
-            addresses = ray.get([a.address.remote() for a in actors], timeout=timeout_s)
+            refs = [a.address.remote() for a in actors]
+            if _wait_ready(refs, timeout_s, cancel) is None:
+                return _cancelled(start)
+            addresses = ray.get(refs, timeout=max(1.0, timeout_s - (time.monotonic() - run_start)))
         except Exception as exc:
             failure_kind, reason = _startup_failure(exc, timeout_s)
             return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
@@ -223,7 +262,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         master = addresses[0][:2]
         limit = memory_limit_bytes if backend == "gloo" else None
         runs = [a.run.remote(master, backend, fn, args, timeout_s, limit) for a in actors]
-        failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size)
+        failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size, cancel)
         if failure:
             failure_kind, reason = failure
             return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
@@ -232,8 +271,29 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         _teardown(actors, pg, pids)
 
 
+CANCELLED_REASON = "cancelled: the run was stopped before it finished"
+
+
+def _cancelled(start: float) -> LaunchResult:
+    return LaunchResult(False, CANCELLED_REASON, wall_s=time.monotonic() - start, failure_kind=FailureKind.CANCELLED)
+
+
+def _wait_ready(refs: list, timeout_s: float, cancel: threading.Event | None) -> list | None:
+    """``ray.wait`` for all of ``refs`` up to ``timeout_s``, in short slices so that ``cancel`` is seen at
+    once: the ready refs (all of them, or fewer on a timeout), or None when cancelled."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if cancel is not None and cancel.is_set():
+            return None
+        left = deadline - time.monotonic()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(POLL_S, left)))
+        if len(ready) == len(refs) or left <= 0:
+            return ready if len(ready) == len(refs) else []
+
+
 def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] | None, run_start: float,
-               timeout_s: float, world_size: int) -> tuple[tuple[FailureKind, str] | None, list[Any]]:
+               timeout_s: float, world_size: int, cancel: threading.Event | None = None,
+               ) -> tuple[tuple[FailureKind, str] | None, list[Any]]:
     """Wait for every rank, relaying rank 0's steps to ``on_step``; ((kind, reason) of a failure or None,
     results)."""
     pending = {ref: rank for rank, ref in enumerate(runs)}
@@ -242,6 +302,8 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
     poll_ref = None
     first_failure_at: float | None = None
     while pending:
+        if cancel is not None and cancel.is_set():
+            return (FailureKind.CANCELLED, CANCELLED_REASON), []
         done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
         for ref in done:
             rank = pending.pop(ref)

@@ -11,11 +11,13 @@ It is its own process, never the request handler. Several runners may share one 
 3. records every trial in the ``trials`` table when it starts and when it ends, keyed by (job, Optuna
    trial number), so a trial is stored exactly once even across restarts;
 4. heartbeats the job (and its running trials) from a background thread; a heartbeat refused means the
-   job was cancelled or given to another runner, and the running trial is stopped at its next step;
+   job was cancelled or given to another runner, and the running trial is abandoned at once;
 5. ends the job with its best trial (``best_trial_id``) and, in ``calibration``, what the search learned:
    the calibration multipliers, the measured-vs-predicted table and why the search stopped.
 
-A runner restarted mid-job resumes it: under the same runner id it takes its job back at once, under
+On SIGTERM/SIGINT (``foldtune runner``; :meth:`Runner.stop`) the runner stops claiming, abandons its
+running trial (failed as lost with the reason 'runner shut down') and puts the job back in the queue at
+once, for itself or another runner. A runner restarted mid-job resumes it: under the same runner id it takes its job back at once, under
 another one after the stale-claim timeout; the Optuna study resumes where it stopped (the trial that was
 running is failed as 'lost' and measured again under a new number).
 """
@@ -44,7 +46,7 @@ from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
-from db.engine import make_engine, make_sessionmaker
+from db.engine import make_engine, make_sessionmaker, ping
 from db.jobs import job_claim, job_status
 from db.migrate import upgrade
 from db.models import Job, utcnow
@@ -58,6 +60,9 @@ from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_L
                             run_search)
 
 log = logging.getLogger("foldtune.runner")
+# The failure reason of a trial the runner abandoned on SIGTERM/SIGINT (kind 'lost': the layout is measured
+# again under a new number when the job, released at once, is claimed next).
+SHUTDOWN_REASON = "runner shut down"
 EventHook = Callable[[str, dict], None]
 
 
@@ -122,13 +127,22 @@ class Runner:
         self._job_stop: threading.Event | None = None
 
     def stop(self) -> None:
-        """Stop after the running trial's next step; the job goes back to the queue."""
+        """Stop claiming, abandon the running trial at once (its ranks are killed) and give the job back to
+        the queue; :meth:`run` returns. Safe to call from a signal handler (it only sets events)."""
         self._shutdown.set()
         if self._job_stop is not None:
             self._job_stop.set()
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def health_checks(self) -> dict[str, Callable[[], None]]:
+        """The runner's part of its ``/healthz`` (api.worker.health): still running, its database answers."""
+        def running() -> None:
+            if self._shutdown.is_set():
+                raise RuntimeError(f"runner {self.settings.runner_id} is shutting down")
+
+        return {"runner": running, "database": lambda: ping(self.engine)}
 
     # The loop ----------------------------------------------------------------------------------------
     def run(self, once: bool = False) -> int:
@@ -241,7 +255,7 @@ class Runner:
             with self.sessions() as session:
                 status, holder = job_claim(session, job.id)
                 if self._shutdown.is_set() and status == "running" and holder == sid:
-                    fail_running_trials(session, job.id, "the runner shut down mid-trial; retried")
+                    fail_running_trials(session, job.id, SHUTDOWN_REASON)
                     release_job(session, job.id, sid)
                     status = "queued"
             self.on_event("job_finished", {"job_id": job.id, "status": status})

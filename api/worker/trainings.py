@@ -5,8 +5,8 @@ heartbeat from the runner, and a stop when the training is cancelled (or the run
 Cancel path: rank 0 streams each step to the driver (:mod:`executor.progress`); when the heartbeat is
 refused the driver answers "stop", rank 0 raises :class:`TrainingStopped` after storing that step, and
 the launcher tears every rank down. A stopped training is not finished here: a cancelled one already is,
-and one the runner gave up on (shutdown) is requeued by the stale-claim timeout and resumes from its
-latest checkpoint.
+and one the runner gave up on (shutdown) goes back to the queue at once and resumes from its latest
+checkpoint when claimed next.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.router_options import FIELDS as ROUTER_FIELDS, RouterOptions
 from db.models import Training
-from db.queue import claim_next_training, finish_training, heartbeat_training
+from db.queue import claim_next_training, finish_training, heartbeat_training, release_training
 from executor import launch_ray, progress
 from executor.options import ExecutorOptions
 from executor.profile import peak_flops
@@ -109,8 +109,8 @@ def run_claimed_training(training: Training, sessions: Callable, database_url: s
                          on_step: Callable[[int], None] | None = None) -> str:
     """Run a claimed training to its end, heartbeating every ``heartbeat_s`` seconds; ``on_step(step)``
     (1-based) runs on the driver after rank 0 stored each step. Ends it as succeeded or failed unless it
-    was cancelled meanwhile or the runner is shutting down (then the stale-claim requeue resumes it
-    later). Returns its status as this runner saw it."""
+    was cancelled meanwhile or the runner is shutting down (then it is put back in the queue). Returns its
+    status as this runner saw it."""
     stop = threading.Event()
     if shutdown.is_set():
         stop.set()
@@ -139,6 +139,9 @@ def run_claimed_training(training: Training, sessions: Callable, database_url: s
     thread.join(5)
     if stopped and not ok:
         log.info("training %s stopped: %s", training.id, error)
+        if shutdown.is_set():  # not cancelled: give it back now rather than after the stale-claim timeout
+            with sessions() as session:
+                release_training(session, training.id, runner_id)
         return "stopped"
     status = "succeeded" if ok else "failed"
     with sessions() as session:

@@ -80,7 +80,8 @@ def is_cpu_cluster(cluster: ClusterSpec) -> bool:
 class TrialExecutor:
     """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
 
-    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`.
+    ``stop`` (an Event) abandons a running trial at once (the launcher kills its ranks, even in a hung
+    step) and raises :class:`JobStopped`.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
@@ -105,7 +106,7 @@ class TrialExecutor:
             return pruned.is_set() or self.stop.is_set()
 
         launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
-                                     env={FAULT_ENV: faults})
+                                     env={FAULT_ENV: faults}, cancel=self.stop)
         measurement = profile_layout(self.model, self.training, config, self.options,
                                      warmup_steps=self.settings.warmup_steps,
                                      timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,

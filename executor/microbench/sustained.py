@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -24,29 +25,32 @@ WINDOW_S = 0.05
 
 
 def measure_sustained(device: torch.device, dtype: torch.dtype, seconds: float = SUSTAINED_SECONDS,
-                      n: int = 8192) -> dict:
+                      n: int = 8192, *, clock: Callable[[], float] = time.perf_counter,
+                      sleep: Callable[[float], None] = time.sleep) -> dict:
     """Burst and sustained FLOP/s of one ``n``³ GEMM in ``dtype``.
 
     ``burst_flops_per_s``: timed as the GEMM curve is (short loops, after an idle second).
     ``sustained_flops_per_s``: the median of ~50 ms windows over the second half of ``seconds`` of
     back-to-back GEMMs. ``factor`` = sustained / burst, capped at 1 (a card that holds its clock reads 1;
     noise above it is not a speed-up). Returns those plus ``windows_flops_per_s`` (every window, in order).
+    ``clock`` (seconds) and ``sleep`` time the run and its windows; tests pass their own, so that the number
+    of windows does not depend on how busy the machine is.
     """
     op = gemm_product(n, n, n, device, dtype)
     flops = 2.0 * n**3
     op()
     synchronize(device)
-    time.sleep(1.0)  # idle, as before the curve's own loops
+    sleep(1.0)  # idle, as before the curve's own loops
     burst = flops / time_op(op, device)
     per_window = max(1, int(WINDOW_S * burst / flops))
     windows: list[tuple[float, float]] = []  # (seconds since start, FLOP/s)
-    start = time.perf_counter()
-    while (now := time.perf_counter() - start) < seconds:
-        t0 = time.perf_counter()
+    start = clock()
+    while (now := clock() - start) < seconds:
+        t0 = clock()
         for _ in range(per_window):
             op()
         synchronize(device)
-        windows.append((now, flops * per_window / (time.perf_counter() - t0)))
+        windows.append((now, flops * per_window / (clock() - t0)))
     return {"n": n, **summarize(windows, seconds, burst)}
 
 

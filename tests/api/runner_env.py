@@ -81,7 +81,11 @@ def run_one_claim(db_url: str) -> None:
 
 
 def rank_actor_pids() -> list[int]:
-    """Processes of rank actors (their title is ``ray::RankActor...``) still alive on this machine."""
+    """Processes of rank actors (their title is ``ray::RankActor...``) of this test session still alive: those
+    whose environment carries this session's FOLDTUNE_TEST_SESSION (tests/conftest.py), inherited through
+    every Ray this session starts or joins, also by orphans. Other users' tests on a shared machine have
+    rank actors of their own; those are not ours to count."""
+    mark = f"FOLDTUNE_TEST_SESSION={os.environ['FOLDTUNE_TEST_SESSION']}".encode()
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -89,11 +93,15 @@ def rank_actor_pids() -> list[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if not cmd.startswith("ray::RankActor"):
+                continue
             with open(f"/proc/{entry}/stat") as f:
                 zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                ours = mark in f.read().split(b"\0")
+        except (OSError, IndexError):
             continue
-        if cmd.startswith("ray::RankActor") and not zombie:
+        if ours and not zombie:
             pids.append(int(entry))
     return pids
 

@@ -12,6 +12,7 @@ from api.worker.candidates import CANDIDATES_PER_TRIAL, job_candidates
 from api.worker.trials import faults_for_trial
 from spec.catalog import get_hardware, get_model
 from spec.errors import SpecError
+from spec.validity import executor_layout_rules
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
 
@@ -20,12 +21,19 @@ def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
     training = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
     cands = job_candidates(get_model("tiny-moe"), training, ClusterSpec(get_hardware("cpu"), 4), max_trials=3)
     assert 0 < len(cands.candidates) <= CANDIDATES_PER_TRIAL * 3
-    assert all(c.config.cp == 1 and c.config.pp == 1 for c in cands.candidates)  # not built by the executor yet
-    assert all("cp=" in why or "pp=" in why or "tp" in why for why in cands.not_executable)
     times = [c.predicted_step_time for c in cands.candidates]
     assert times == sorted(times)
     assert set(cands.estimates) == {c.config.label() for c in cands.candidates}
     assert cands.summary()["searched"] == len(cands.candidates) and cands.fitting <= cands.valid
+    # A wider search reaches layouts the executor cannot build (tp 4 does not divide tiny-moe's 2 kv heads):
+    # they are dropped with their reason counted, and no candidate breaks an executor rule.
+    wide = job_candidates(get_model("tiny-moe"), training, ClusterSpec(get_hardware("cpu"), 4), max_trials=30)
+    assert wide.not_executable, wide.summary()  # non-empty, so the checks below check something
+    assert all("must be divisible by tp (4)" in why for why in wide.not_executable)
+    assert 0 < sum(wide.not_executable.values()) <= wide.planned - len(wide.candidates)
+    assert wide.candidates and all(c.config.tp < 4 for c in wide.candidates)
+    for c in (*cands.candidates, *wide.candidates):
+        assert executor_layout_rules(get_model("tiny-moe"), c.config, training.seq_length) == [], c.config.label()
 
 
 def test_faults_select_trials():

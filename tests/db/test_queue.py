@@ -9,7 +9,7 @@ from sqlalchemy import select, text
 from db.engine import is_postgres
 from db.keys import get_or_create_owner
 from db.models import Job, Training, Trial, utcnow
-from db.queue import (claim_next_job, claim_next_training, finish_job, heartbeat_job, release_job,
+from db.queue import (claim_next_job, claim_next_training, finish_job, heartbeat_job, release_job, release_training,
                       requeue_stale)
 from db.trials import best_trial, finish_trial, heartbeat_running_trials, start_trial
 
@@ -173,4 +173,20 @@ def test_training_claim_and_stale_requeue(sessions, add_jobs):
         claimed = claim_next_training(s, "dead", now=utcnow() - timedelta(hours=1))
         assert claimed.id == tr.id
         assert requeue_stale(s, timeout_s=60).trainings_requeued == [tr.id]
+        assert claim_next_training(s, "r2").id == tr.id
+
+
+def test_release_puts_a_training_back_without_counting_the_attempt(sessions, add_jobs):
+    (job_id,) = add_jobs(1)
+    with sessions() as s:
+        owner_id = s.get(Job, job_id).owner_id
+        tr = Training(owner_id=owner_id, job_id=job_id, config={"tp": 1}, model_spec={}, training_spec={},
+                      cluster={}, data_path="/data", steps=10, checkpoint_dir="/ckpt")
+        s.add(tr)
+        s.commit()
+        assert claim_next_training(s, "r1").id == tr.id
+        assert not release_training(s, tr.id, "r2")  # only its holder gives it back
+        assert release_training(s, tr.id, "r1")
+        row = s.get(Training, tr.id, populate_existing=True)
+        assert (row.status, row.claimed_by, row.heartbeat_at, row.attempts) == ("queued", None, None, 0)
         assert claim_next_training(s, "r2").id == tr.id

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -11,13 +13,35 @@ from costmodel.calibrate.profile_builder import build_profile
 from executor.microbench.runner import merge_ranks
 
 
+class _SteppingClock:
+    """A clock that advances ``step`` seconds per reading: the run has a fixed number of windows, however
+    busy the machine is (the GEMMs themselves still run)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 100.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 def test_measure_sustained_reports_the_median_of_the_late_windows_against_the_burst():
-    row = sustained.measure_sustained(torch.device("cpu"), torch.float32, seconds=0.4, n=64)
+    # Readings per window: its start (loop test), t0, its end: 3 x 0.01 s, so windows start at 0.01, 0.04, ...
+    # 0.37 s: 13 windows, each timed 0.01 s long; the 6 starting at >= 0.2 s are the late ones.
+    slept: list[float] = []
+    row = sustained.measure_sustained(torch.device("cpu"), torch.float32, seconds=0.4, n=64,
+                                      clock=_SteppingClock(0.01), sleep=slept.append)
     w = row["windows_flops_per_s"]
-    assert len(w) >= 4 and all(rate > 0 for rate in w)
+    assert slept == [1.0]  # the idle second before the burst
+    assert len(w) == 13 and all(rate > 0 for rate in w)
     assert row["burst_flops_per_s"] > 0
-    # the sustained figure is one of the windows of the second half (their median), never the burst
-    assert min(w) <= row["sustained_flops_per_s"] <= max(w)
+    # the sustained figure is the median of the windows of the second half (here all equal), never the burst
+    starts = [0.01 + 0.03 * i for i in range(13)]
+    late = [rate for t, rate in zip(starts, w) if t >= 0.2]
+    assert len(late) == 6 and row["sustained_flops_per_s"] == pytest.approx(statistics.median(late))
+    # every window is a whole number of n^3 GEMMs over the 0.01 s its clock readings span
+    per_window = w[0] * 0.01 / (2.0 * 64**3)
+    assert round(per_window) >= 1 and per_window == pytest.approx(round(per_window)) and w == pytest.approx([w[0]] * 13)
     assert row["factor"] == pytest.approx(min(1.0, row["sustained_flops_per_s"] / row["burst_flops_per_s"]))
     assert 0 < row["factor"] <= 1.0
 

@@ -119,12 +119,13 @@ def test_large_cluster_enumerates_fast_and_counts_add_up():
 
     model = get_model("deepseek-v3")
     cluster = ClusterSpec(get_hardware("h100-sxm"), 1024)
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: other jobs on a busy machine do not count against it
+    t0 = time.process_time()
     enum = enumerate_layouts(model, TrainingSpec(seq_length=4096, global_batch_size=8192), cluster)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert enum.considered == enum.valid + sum(enum.rejected.values())
     assert enum.valid > 100_000 and len(enum.layouts) > 10_000
-    assert elapsed < 5.0  # ~0.2 s on the 2-core CI machine; generous for a loaded one
+    assert elapsed < 5.0  # ~0.2 s of CPU on the 2-core CI machine
     # uneven pipelines are enumerated (61 layers is prime)
     assert any(lay.pp == 16 for lay in enum.layouts)
     assert all(sum(lay.stage_layers) == 61 for lay in enum.layouts)

@@ -100,7 +100,9 @@ def test_guided_search_finds_true_best_within_a_fifth_of_the_space():
 
 def test_oom_and_crash_are_recorded_and_the_search_goes_on():
     cands = make_candidates()
-    capacity = 40 * GIB
+    # 20 GiB: several layouts the model predicts to fit (up to 20 GiB) truly need 15 % more, so some run OOM
+    capacity = 20 * GIB
+    assert any(capacity / 1.15 < c.predicted_memory_bytes <= capacity for c in cands)
     calls: list[str] = []
     best_pred = min(cands, key=lambda c: c.predicted_step_time)
     events: list[dict] = []
@@ -111,6 +113,7 @@ def test_oom_and_crash_are_recorded_and_the_search_goes_on():
     crashed = states[best_pred.config.label()]
     assert crashed.state == "fail" and "exited with code -9" in crashed.failure_reason
     ooms = [r for r in result.rows if r.failure_reason and "out of memory" in r.failure_reason]
+    assert ooms  # the OOM path ran (the checks on it below are not vacuous)
     # The kind travels typed beside the reason: the search never reads the reason text.
     kinds = {e["layout"]: e["failure_kind"] for e in events}
     assert kinds[best_pred.config.label()] == "crash"
@@ -118,8 +121,7 @@ def test_oom_and_crash_are_recorded_and_the_search_goes_on():
     assert all(kinds[r.layout] is None for r in result.rows if r.state != "fail")
     assert result.best_config is not None
     # An OOM teaches the memory model: afterwards it predicts at least the true 1.15x.
-    if ooms:
-        assert result.calibration.memory_multiplier >= 1.15 * 0.99
+    assert result.calibration.memory_multiplier >= 1.15 * 0.99
     assert len(result.rows) == 10
 
 

@@ -1,0 +1,32 @@
+"""FOLDTUNE_REQUIRE_POSTGRES (set by .ci/run) turns an unreachable PostgreSQL into failures, not skips."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from db.testing import postgres_required
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_setting_reads_as_a_flag():
+    assert postgres_required({"FOLDTUNE_REQUIRE_POSTGRES": "1"})
+    assert not postgres_required({}) and not postgres_required({"FOLDTUNE_REQUIRE_POSTGRES": "0"})
+
+
+def test_ci_requires_postgres_and_an_unreachable_server_fails_the_postgres_tests(tmp_path):
+    assert "export FOLDTUNE_REQUIRE_POSTGRES=1" in (ROOT / ".ci" / "run").read_text()
+    env = {**os.environ, "FOLDTUNE_TEST_POSTGRES_URL": "postgresql+psycopg://nobody@127.0.0.1:1/none",
+           "PYTHONPATH": str(ROOT)}
+    test = "tests/db/test_migrations.py::test_upgrade_from_empty_creates_every_table_and_own_version_table"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), test]
+    required = subprocess.run(args, env={**env, "FOLDTUNE_REQUIRE_POSTGRES": "1"}, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert required.returncode == 1 and "1 passed, 1 error" in required.stdout, required.stdout[-2000:]
+    assert "unreachable" in required.stdout and "FOLDTUNE_REQUIRE_POSTGRES is set" in required.stdout
+    optional = subprocess.run(args, env={**env, "FOLDTUNE_REQUIRE_POSTGRES": ""}, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert optional.returncode == 0 and "1 passed, 1 skipped" in optional.stdout, optional.stdout[-2000:]
