@@ -267,7 +267,7 @@ async function jobPage(id) {
       {name: "best so far", points: steps, line: true, cls: "best"},
       {name: "each trial", points: measured.map(t => ({x: t.number, y: t.step_time_s * 1e3,
         tip: `trial ${t.number}: ${ms(t.step_time_s)} (${t.label})`})), cls: "trial", radius: 2.5}],
-      {xLabel: "trial number", yLabel: "measured step time (ms)", zeroY: true});
+      {xLabel: "trial number", yLabel: "measured step time (ms)", zeroY: true, integerX: true});
     const pair = byTime.slice(0, 2).filter(t => t.predicted && t.predicted.terms_s);
     Plot.stacked(terms, pair.map((t, i) => ({
       label: `${i ? "runner-up" : "best"} (#${t.number})`,
@@ -314,7 +314,8 @@ function planPage() {
     m.replaceChildren(...models.items.map(x => h("option", {value: x.name}, x.name)));
     g.replaceChildren(...gpus.items.map(x => h("option", {value: x.name}, x.name)));
     if (models.items.some(x => x.name === "mixtral-8x7b")) m.value = "mixtral-8x7b";
-    if (gpus.items.some(x => x.name === "h100")) g.value = "h100";
+    const h100 = gpus.items.find(x => x.name.startsWith("h100"));
+    if (h100) g.value = h100.name;
     form.dataset.ready = "1";
   };
   const node = h("div", {}, card("Plan explorer",
@@ -408,18 +409,21 @@ async function trainingPage(id) {
        line: true, cls: "train-loss", radius: 2.5},
       {name: "eval loss", points: series("eval_loss").map(m => ({x: m.step, y: m.eval_loss, tip: `step ${m.step}: eval loss ${num(m.eval_loss)}`})),
        line: true, cls: "eval-loss"}],
-      {xLabel: "step", yLabel: "loss (nats/token)"});
+      {xLabel: "step", yLabel: "loss (nats/token)", integerX: true});
     Plot.xy(tps, [{name: "tokens/s", points: series("tokens_per_s").map(m => ({x: m.step, y: m.tokens_per_s,
       tip: `step ${m.step}: ${num(m.tokens_per_s)} tokens/s`})), line: true, cls: "tokens", radius: 2.5}],
-      {xLabel: "step", yLabel: "tokens/s (all GPUs)", zeroY: true});
+      {xLabel: "step", yLabel: "tokens/s (all GPUs)", zeroY: true, integerX: true});
     const measured = series("step_time_s");
     const predicted = t.predicted_step_time_s;
+    // The first steps (compilation, allocator warm-up) can be 100x the rest: a log axis keeps both readable.
+    const times = measured.map(m => m.step_time_s).concat(predicted ? [predicted] : []);
+    const logY = times.length > 1 && Math.max(...times) > 10 * Math.min(...times);
     Plot.xy(stepTime, [
       {name: "measured", points: measured.map(m => ({x: m.step, y: m.step_time_s * 1e3,
         tip: `step ${m.step}: ${ms(m.step_time_s)} (error ${pct(m.step_time_error)})`})), line: true, cls: "measured", radius: 2.5},
       {name: "predicted", points: predicted && measured.length ? [measured[0], measured[measured.length - 1]].map(m => ({x: m.step, y: predicted * 1e3}))
         : [], line: true, markers: false, cls: "predicted"}],
-      {xLabel: "step", yLabel: "step time (ms)", zeroY: true});
+      {xLabel: "step", yLabel: logY ? "step time (ms, log scale)" : "step time (ms)", logY, zeroY: !logY, integerX: true});
   };
   return {node, after, live: LIVE.has(t.status)};
 }

@@ -17,13 +17,15 @@ const Plot = (() => {
   }
 
   // About five round ticks covering [lo, hi].
-  function ticks(lo, hi) {
+  // integer: steps of whole numbers (trial numbers, steps); log: the axis holds log10 of the values.
+  function ticks(lo, hi, integer, log) {
     if (!(hi > lo)) { const d = Math.abs(lo) * 0.1 || 1; lo -= d; hi += d; }
     const raw = (hi - lo) / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
-    const step = [1, 2, 2.5, 5, 10].map(f => f * mag).find(s => s >= raw);
+    let step = [1, 2, 2.5, 5, 10].map(f => f * mag).find(s => s >= raw);
+    if (integer || (log && hi - lo >= 2)) step = Math.max(1, Math.round(step));
     const out = [];
     for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(+t.toPrecision(12));
-    return {lo: Math.min(lo, out[0]), hi: Math.max(hi, out[out.length - 1]), values: out};
+    return {lo: Math.min(lo, out[0]), hi: Math.max(hi, out[out.length - 1]), values: out, log};
   }
 
   function fmtTick(v) {
@@ -48,7 +50,8 @@ const Plot = (() => {
     const g = el("g", {class: "axes"}, svg);
     for (const t of ys.values) {
       el("line", {x1: M.left, x2: M.left + pw, y1: sy(t), y2: sy(t), class: "grid"}, g);
-      el("text", {x: M.left - 6, y: sy(t) + 4, "text-anchor": "end", class: "tick"}, g).textContent = fmtTick(t);
+      el("text", {x: M.left - 6, y: sy(t) + 4, "text-anchor": "end", class: "tick"}, g)
+        .textContent = fmtTick(ys.log ? Math.pow(10, t) : t);
     }
     for (const t of xs.values || []) {
       el("line", {x1: sx(t), x2: sx(t), y1: M.top, y2: M.top + ph, class: "grid"}, g);
@@ -68,7 +71,7 @@ const Plot = (() => {
       if (!s.name) continue;
       const text = el("text", {x, y: 18, "text-anchor": "end", class: "legend"}, svg);
       text.textContent = s.name;
-      const w = s.name.length * 6.2 + 14;
+      const w = (text.getComputedTextLength() || s.name.length * 6.6) + 14;
       el("circle", {cx: x - w + 6, cy: 14, r: 4, fill: s.color}, svg);
       x -= w + 10;
     }
@@ -79,9 +82,12 @@ const Plot = (() => {
   }
 
   // series: [{name, color, points: [{x, y, tip}], line: bool, markers: bool (default true), cls}]
-  // opts: {title, xLabel, yLabel, identity: bool (draw y = x), front: [{x, y}] (Pareto front path), zeroY}
-  function xy(target, series, opts) {
+  // opts: {title, xLabel, yLabel, identity: bool (draw y = x), front: [{x, y}] (Pareto front path), zeroY,
+  //        integerX: whole-number x ticks, logY: logarithmic y axis (values must be > 0)}
+  function xy(target, rawSeries, opts) {
     const svg = frame(target, opts);
+    const series = opts.logY ? rawSeries.map(s => ({...s, points: s.points.filter(p => p.y > 0)
+      .map(p => ({...p, y: Math.log10(p.y)}))})) : rawSeries;
     const all = series.flatMap(s => s.points).filter(p => isFinite(p.x) && isFinite(p.y));
     if (!all.length) {
       el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, svg).textContent = "no data yet";
@@ -94,7 +100,7 @@ const Plot = (() => {
     const pad = (lo, hi) => [lo - (hi - lo) * 0.04, hi + (hi - lo) * 0.04];
     [xlo, xhi] = pad(xlo, xhi); [ylo, yhi] = pad(ylo, yhi);
     if (opts.zeroY && ylo < 0 && Math.min(...all.map(p => p.y)) >= 0) ylo = 0;
-    const xs = ticks(xlo, xhi), ys = opts.identity ? xs : ticks(ylo, yhi);
+    const xs = ticks(xlo, xhi, opts.integerX), ys = opts.identity ? xs : ticks(ylo, yhi, false, opts.logY);
     const {sx, sy} = axes(svg, xs, ys, opts);
     if (opts.identity) {
       const ref = el("path", {d: `M${sx(xs.lo)},${sy(xs.lo)}L${sx(xs.hi)},${sy(xs.hi)}`, class: "ref"}, svg);
@@ -108,6 +114,7 @@ const Plot = (() => {
     }
     series.forEach((s, i) => {
       s.color = s.color || PALETTE[i % PALETTE.length];
+      rawSeries[i].color = s.color;
       const pts = s.points.filter(p => isFinite(p.x) && isFinite(p.y));
       const g = el("g", {class: "series-group", "data-series": s.name || ""}, svg);
       if (s.line && pts.length > 1) el("path", {d: pathOf(pts, sx, sy), class: "series", stroke: s.color}, g);
