@@ -44,7 +44,7 @@ def build_dashboard_data(workdir: Path) -> DashboardData:
     with make_sessionmaker(engine)() as session:
         keys = {name: create_api_key(session, name)[1] for name in ("alice", "bob")}
     engine.dispose()
-    session_ray()
+    _own_ray()
     app = create_app(ApiSettings(database_url=url))
     with TestClient(app) as client:
         alice = {"X-API-Key": keys["alice"]}
@@ -69,6 +69,21 @@ def build_dashboard_data(workdir: Path) -> DashboardData:
         assert bob_job.status_code == 201, bob_job.text
     app.state.engine.dispose()
     return DashboardData(url, keys, job_id, bob_job.json()["id"], training_id)
+
+
+def _own_ray() -> None:
+    """This process's Ray: a local instance of its own even when someone on the machine ran `ray start`
+    (ray.init() without an address would join that cluster: /tmp/ray/ray_current_cluster)."""
+    import os
+
+    had = os.environ.get("RAY_ADDRESS")
+    if had is None:
+        os.environ["RAY_ADDRESS"] = "local"
+    try:
+        session_ray()
+    finally:
+        if had is None:
+            os.environ.pop("RAY_ADDRESS", None)
 
 
 def _run_once(url: str) -> None:
