@@ -30,8 +30,9 @@ class DashboardData:
     training_id: int              # alice's finished training
 
 
-def build_dashboard_data(workdir: Path) -> DashboardData:
-    """Run the job and the training for real (about 30-60 s on 2 CPU cores) into a SQLite file in ``workdir``."""
+def build_dashboard_data(workdir: Path, max_trials: int = 3, train_steps: int = TRAIN_STEPS) -> DashboardData:
+    """Run the job (``max_trials`` trials) and the training (``train_steps`` steps) for real into a SQLite file
+    in ``workdir``: about 30 s on 2 idle CPU cores with the defaults."""
     from fastapi.testclient import TestClient
 
     from api.http.app import create_app
@@ -48,7 +49,8 @@ def build_dashboard_data(workdir: Path) -> DashboardData:
     app = create_app(ApiSettings(database_url=url))
     with TestClient(app) as client:
         alice = {"X-API-Key": keys["alice"]}
-        job = client.post("/v1/jobs", json=DASH_JOB, headers=alice)
+        job = client.post("/v1/jobs", json={**DASH_JOB, "budget": {**DASH_JOB["budget"], "max_trials": max_trials}},
+                          headers=alice)
         assert job.status_code == 201, job.text
         job_id = job.json()["id"]
         _run_once(url)
@@ -57,8 +59,8 @@ def build_dashboard_data(workdir: Path) -> DashboardData:
         docs = Path(__file__).resolve().parents[2] / "docs"
         data = prepare_dataset([str(docs)], str(workdir / "data"), heldout_fraction=0.1).path
         training = client.post("/v1/trainings", headers=alice, json={
-            "job_id": job_id, "data_path": str(data), "steps": TRAIN_STEPS, "checkpoint_dir": str(workdir / "ckpt"),
-            "checkpoint_every": TRAIN_STEPS // 2, "warmup_steps": 2, "eval_every": TRAIN_STEPS // 3,
+            "job_id": job_id, "data_path": str(data), "steps": train_steps, "checkpoint_dir": str(workdir / "ckpt"),
+            "checkpoint_every": train_steps // 2, "warmup_steps": 2, "eval_every": max(train_steps // 3, 1),
             "eval_batches": 1})
         assert training.status_code == 201, training.text
         training_id = training.json()["id"]
