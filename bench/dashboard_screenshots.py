@@ -73,7 +73,7 @@ def _shot(driver, path: Path, settle_s: float = 1.0) -> None:
     """The whole page: the window is resized to the document's height first."""
     time.sleep(settle_s)
     height = driver.execute_script("return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
-    driver.set_window_size(1400, min(max(height, 600), 4000))
+    driver.set_window_size(1400, min(max(height, 600), 4000) + 160)  # + the window frame around the viewport
     time.sleep(0.3)
     driver.save_screenshot(str(path))
     print("wrote", path)

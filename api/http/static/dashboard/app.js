@@ -255,7 +255,8 @@ async function jobPage(id) {
         x: t.step_time_s * 1e3, y: calibrated.get(t.number) * 1e3,
         tip: `trial ${t.number} ${t.label}\nmeasured ${ms(t.step_time_s)}, calibrated ${ms(calibrated.get(t.number))}`})),
         cls: "calibrated"}],
-      {xLabel: "measured step time (ms)", yLabel: "predicted step time (ms)", identity: true});
+      {xLabel: "measured step time (ms, log scale)", yLabel: "predicted step time (ms, log scale)", identity: true,
+       logX: true, logY: true});
     let best = Infinity;
     const steps = [];
     for (const t of [...trials].sort((a, b) => a.number - b.number)) {

@@ -16,16 +16,34 @@ const Plot = (() => {
     return node;
   }
 
-  // About five round ticks covering [lo, hi].
-  // integer: steps of whole numbers (trial numbers, steps); log: the axis holds log10 of the values.
-  function ticks(lo, hi, integer, log) {
+  // About six round ticks covering [lo, hi].
+  // integer: steps of whole numbers (trial numbers, steps).
+  function ticks(lo, hi, integer) {
     if (!(hi > lo)) { const d = Math.abs(lo) * 0.1 || 1; lo -= d; hi += d; }
-    const raw = (hi - lo) / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const raw = (hi - lo) / 6, mag = Math.pow(10, Math.floor(Math.log10(raw)));
     let step = [1, 2, 2.5, 5, 10].map(f => f * mag).find(s => s >= raw);
-    if (integer || (log && hi - lo >= 2)) step = Math.max(1, Math.round(step));
+    if (integer) step = Math.max(1, Math.round(step));
     const out = [];
     for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(+t.toPrecision(12));
-    return {lo: Math.min(lo, out[0]), hi: Math.max(hi, out[out.length - 1]), values: out, log};
+    return {lo: Math.min(lo, out[0]), hi: Math.max(hi, out[out.length - 1]), values: out};
+  }
+
+  // Ticks of a log10 axis ([lo, hi] in log10 units) at 1, 2, 5 × 10^k, or only at 10^k when those are many.
+  function logTicks(lo, hi) {
+    const pick = mults => {
+      const out = [];
+      for (let k = Math.floor(lo); k <= Math.ceil(hi); k++) {
+        for (const m of mults) {
+          const t = k + Math.log10(m);
+          if (t >= lo - 1e-9 && t <= hi + 1e-9) out.push(t);
+        }
+      }
+      return out;
+    };
+    let values = pick([1, 2, 5]);
+    if (values.length > 8) values = pick([1]);
+    if (values.length < 2) values = pick([1, 1.5, 2, 3, 5, 7]);
+    return {lo, hi, values, log: true};
   }
 
   function fmtTick(v) {
@@ -43,8 +61,8 @@ const Plot = (() => {
     return svg;
   }
 
-  function axes(svg, xs, ys, opts) {
-    const pw = W - M.left - M.right, ph = H - M.top - M.bottom;
+  function axes(svg, xs, ys, opts, right) {
+    const pw = W - M.left - (right || M.right), ph = H - M.top - M.bottom;
     const sx = v => M.left + (v - xs.lo) / (xs.hi - xs.lo) * pw;
     const sy = v => M.top + ph - (v - ys.lo) / (ys.hi - ys.lo) * ph;
     const g = el("g", {class: "axes"}, svg);
@@ -55,7 +73,8 @@ const Plot = (() => {
     }
     for (const t of xs.values || []) {
       el("line", {x1: sx(t), x2: sx(t), y1: M.top, y2: M.top + ph, class: "grid"}, g);
-      el("text", {x: sx(t), y: M.top + ph + 16, "text-anchor": "middle", class: "tick"}, g).textContent = fmtTick(t);
+      el("text", {x: sx(t), y: M.top + ph + 16, "text-anchor": "middle", class: "tick"}, g)
+        .textContent = fmtTick(xs.log ? Math.pow(10, t) : t);
     }
     el("rect", {x: M.left, y: M.top, width: pw, height: ph, class: "plot-box"}, g);
     el("text", {x: M.left + pw / 2, y: H - 8, "text-anchor": "middle", class: "axis-label"}, g)
@@ -83,11 +102,15 @@ const Plot = (() => {
 
   // series: [{name, color, points: [{x, y, tip}], line: bool, markers: bool (default true), cls}]
   // opts: {title, xLabel, yLabel, identity: bool (draw y = x), front: [{x, y}] (Pareto front path), zeroY,
-  //        integerX: whole-number x ticks, logY: logarithmic y axis (values must be > 0)}
+  //        integerX: whole-number x ticks, logX / logY: logarithmic axes (points <= 0 are left out)}
   function xy(target, rawSeries, opts) {
     const svg = frame(target, opts);
-    const series = opts.logY ? rawSeries.map(s => ({...s, points: s.points.filter(p => p.y > 0)
-      .map(p => ({...p, y: Math.log10(p.y)}))})) : rawSeries;
+    // On a log axis the plot works in log10 units; labels show the values again.
+    const tx = opts.logX ? Math.log10 : v => v, ty = opts.logY ? Math.log10 : v => v;
+    const keep = p => (!opts.logX || p.x > 0) && (!opts.logY || p.y > 0);
+    const series = opts.logX || opts.logY ? rawSeries.map(s => ({...s, points: s.points.filter(keep)
+      .map(p => ({...p, x: tx(p.x), y: ty(p.y)}))})) : rawSeries;
+    if (opts.front) opts = {...opts, front: opts.front.filter(keep).map(p => ({x: tx(p.x), y: ty(p.y)}))};
     const all = series.flatMap(s => s.points).filter(p => isFinite(p.x) && isFinite(p.y));
     if (!all.length) {
       el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, svg).textContent = "no data yet";
@@ -100,7 +123,8 @@ const Plot = (() => {
     const pad = (lo, hi) => [lo - (hi - lo) * 0.04, hi + (hi - lo) * 0.04];
     [xlo, xhi] = pad(xlo, xhi); [ylo, yhi] = pad(ylo, yhi);
     if (opts.zeroY && ylo < 0 && Math.min(...all.map(p => p.y)) >= 0) ylo = 0;
-    const xs = ticks(xlo, xhi, opts.integerX), ys = opts.identity ? xs : ticks(ylo, yhi, false, opts.logY);
+    const xs = opts.logX ? logTicks(xlo, xhi) : ticks(xlo, xhi, opts.integerX);
+    const ys = opts.identity ? xs : opts.logY ? logTicks(ylo, yhi) : ticks(ylo, yhi);
     const {sx, sy} = axes(svg, xs, ys, opts);
     if (opts.identity) {
       const ref = el("path", {d: `M${sx(xs.lo)},${sy(xs.lo)}L${sx(xs.hi)},${sy(xs.hi)}`, class: "ref"}, svg);
@@ -135,8 +159,9 @@ const Plot = (() => {
     const terms = [...new Set(bars.flatMap(b => Object.keys(b.parts)))];
     const totals = bars.map(b => Object.values(b.parts).reduce((a, v) => a + v, 0));
     const ys = ticks(0, Math.max(...totals, 0) * 1.05 || 1);
-    const {sy, pw} = axes(svg, {lo: 0, hi: 1, values: []}, ys, opts);
-    const slot = (pw - 130) / Math.max(bars.length, 1), bw = Math.min(90, slot * 0.5);
+    const legendW = 130;  // the term legend sits right of the plot box
+    const {sy, pw} = axes(svg, {lo: 0, hi: 1, values: []}, ys, opts, M.right + legendW);
+    const slot = pw / Math.max(bars.length, 1), bw = Math.min(90, slot * 0.5);
     bars.forEach((b, i) => {
       const x = M.left + slot * i + (slot - bw) / 2;
       let acc = 0;
@@ -158,8 +183,8 @@ const Plot = (() => {
     const lg = el("g", {class: "stack-legend"}, svg);
     terms.forEach((t, k) => {
       const y = M.top + 4 + k * 14;
-      el("rect", {x: W - M.right - 118, y: y - 8, width: 9, height: 9, fill: PALETTE[k % PALETTE.length]}, lg);
-      el("text", {x: W - M.right - 104, y, class: "legend"}, lg).textContent = t;
+      el("rect", {x: W - M.right - legendW + 12, y: y - 8, width: 9, height: 9, fill: PALETTE[k % PALETTE.length]}, lg);
+      el("text", {x: W - M.right - legendW + 26, y, class: "legend"}, lg).textContent = t;
     });
     return svg;
   }
