@@ -350,7 +350,9 @@ async function runPlan(form, out) {
   const detail = h("pre", {id: "plan-detail", class: "detail"}, "Hover a point for its layout and prediction.");
   const rejected = Object.entries(plan.rejected).sort((a, b) => b[1].count - a[1].count);
   out.replaceChildren(
-    h("p", {id: "plan-counts"}, `${plan.considered} layouts considered, ${plan.valid} valid, ${plan.pruned_by_memory} predicted not to fit, ${plan.fitting} fit; showing the ${plan.ranked.length} fastest (${num(plan.seconds, 3)} s).`),
+    h("p", {id: "plan-counts"}, `${plan.considered} layouts considered, ${plan.valid} valid, ${plan.pruned_by_memory} predicted not to fit, ${plan.fitting} fit; ` +
+      (plan.ranked.length ? `showing the ${plan.ranked.length} fastest` : plan.closest ? "none fits: showing the least over memory" : "none is valid") +
+      ` (${num(plan.seconds, 3)} s).`),
     h("div", {class: "grid2"},
       h("div", {}, plotDiv, detail),
       h("div", {}, h("h3", {}, "Rejected by rule"),

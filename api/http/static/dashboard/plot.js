@@ -156,6 +156,10 @@ const Plot = (() => {
   // bars: [{label, parts: {term: value}}]; the same term gets the same colour in every bar.
   function stacked(target, bars, opts) {
     const svg = frame(target, opts);
+    if (!bars.length) {
+      el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, svg).textContent = "no data yet";
+      return svg;
+    }
     const terms = [...new Set(bars.flatMap(b => Object.keys(b.parts)))];
     const totals = bars.map(b => Object.values(b.parts).reduce((a, v) => a + v, 0));
     const ys = ticks(0, Math.max(...totals, 0) * 1.05 || 1);
