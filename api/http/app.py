@@ -12,7 +12,8 @@ from sqlalchemy import Engine
 
 from api.http.problems import install_problem_handlers
 from api.schemas.problem import Problem
-from api.http.routes import best, catalog, health, jobs, metrics, plans, trainings
+from api.http.routes import best, catalog, health, jobs, metrics, plans, trainings, views
+from api.http.routes.dashboard import install_dashboard
 from api.http.settings import ApiSettings
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
@@ -37,7 +38,7 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
             engine.dispose()
 
     app = FastAPI(
-        title="foldtune", version=API_VERSION, lifespan=lifespan,
+        title="foldtune", version=API_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
         description="Finds, proves and runs the fastest folded parallel layout for training a Mixture-of-Experts "
                     "transformer. Every error is an RFC 9457 problem (application/problem+json).")
     app.state.settings = settings
@@ -56,8 +57,9 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
         app.state.metrics.count_request(request.method, _route_of(request), response.status_code)
         return response
 
-    for module in (jobs, best, plans, catalog, health, metrics, trainings):
+    for module in (jobs, best, plans, catalog, health, metrics, trainings, views):
         app.include_router(module.router)
+    install_dashboard(app)  # GET / and the offline /docs (Swagger UI vendored in api/http/static)
     _problems_in_openapi(app)
     return app
 

@@ -33,10 +33,9 @@ from spec.errors import FoldtuneError
 from executor.optimizer import finish_param_gather
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, gather_full, local_shard
+from executor.train.checkpoint_names import LATEST, TRAINER_FILE, step_dir_name
 from executor.train.optim_state import MOMENTS, adam_step, load_local_state, local_state
 
-LATEST = "latest"
-TRAINER_FILE = "trainer.pt"
 
 
 class CheckpointError(FoldtuneError):
@@ -126,7 +125,7 @@ def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Modul
     for name, t in _buffers(model).items():
         full[f"buffer/{name}"] = t.detach().cpu()
     full["optim/step"] = torch.tensor(float(adam_step(optimizer)), dtype=torch.float64)
-    path = Path(directory) / f"step-{next_step:08d}"
+    path = Path(directory) / step_dir_name(next_step)
     with warnings.catch_warnings():  # one process without torch.distributed is a valid single-rank save
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(full, checkpoint_id=str(path))

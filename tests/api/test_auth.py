@@ -25,7 +25,7 @@ def test_unknown_key_is_401_and_both_headers_work(client, keys):
 def test_another_owners_job_is_404_everywhere(client, alice, bob, job_body):
     job_id = client.post("/v1/jobs", json=job_body, headers=alice).json()["id"]
     for method, path in [("GET", f"/v1/jobs/{job_id}"), ("POST", f"/v1/jobs/{job_id}/cancel"),
-                         ("GET", f"/v1/jobs/{job_id}/trials")]:
+                         ("GET", f"/v1/jobs/{job_id}/trials"), ("GET", f"/v1/jobs/{job_id}/megatron-args")]:
         r = client.request(method, path, headers=bob)
         assert r.status_code == 404, (method, path)
         assert r.headers["content-type"].startswith(PROBLEM)

@@ -1,0 +1,43 @@
+"""Read-only views for the dashboard: a job's best measured layout as Megatron-LM arguments, a training's
+checkpoints. Both go through the owner checks of the jobs and trainings use cases."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from api.schemas.views import CheckpointOut, CheckpointsOut, MegatronArgsOut
+from api.service.errors import NotFound
+from api.service.jobs import owned_job
+from api.service.trainings import owned_training
+from db.models import Owner, Trial
+from executor.train.checkpoint_names import list_checkpoints
+from planner.megatron_args import format_megatron_args, megatron_args
+from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
+
+MAX_CHECKPOINTS = 1000
+
+
+def best_megatron_args(session: Session, owner: Owner, job_id: int) -> MegatronArgsOut:
+    """The arguments of the job's fastest succeeded trial (jobs.best_trial_id, kept by finish_trial);
+    NotFound when nothing has been measured yet."""
+    job = owned_job(session, owner, job_id)
+    trial = session.get(Trial, job.best_trial_id) if job.best_trial_id is not None else None
+    if trial is None or trial.step_time_s is None:
+        raise NotFound(f"job {job_id} has no measured layout yet", kind="no-measured-layout",
+                       title="No measured layout")
+    config = ParallelConfig.from_dict(trial.config)
+    model, training = ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(job.training_spec)
+    return MegatronArgsOut(job_id=job.id, trial_number=trial.number, layout=config.label(),
+                           step_time_s=trial.step_time_s, args=megatron_args(config, model, training),
+                           text=format_megatron_args(config, model, training))
+
+
+def training_checkpoints(session: Session, owner: Owner, training_id: int) -> CheckpointsOut:
+    """The checkpoints under the training's own checkpoint_dir (as the server sees that path; a runner on
+    another machine writes where the server may not look: the list is then empty)."""
+    row = owned_training(session, owner, training_id)
+    entries = list_checkpoints(row.checkpoint_dir, limit=MAX_CHECKPOINTS)
+    return CheckpointsOut(training_id=row.id, checkpoint_dir=row.checkpoint_dir,
+                          items=[CheckpointOut(**vars(e)) for e in entries])

@@ -1,0 +1,289 @@
+"""The dashboard in a real browser: headless Chromium (Debian's ``chromium`` + ``chromium-driver``) driven by
+Selenium against a live ``foldtune serve`` whose database holds a real finished tuning job and training
+(tests/api/dashboard_env.py runs them). The tests check what a person sees: table rows, one SVG circle per
+data point, another owner's job absent, and /docs rendered by the vendored Swagger UI with every request
+going to the server itself (the browser resolves no other host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+try:
+    import selenium  # noqa: F401
+    SELENIUM = True
+except ImportError:
+    SELENIUM = False
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                       reason="needs Chromium and its driver: apt-get install -y chromium chromium-driver"),
+    pytest.mark.skipif(not SELENIUM, reason="needs selenium (pip install -e '.[dev]')"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 30
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory):
+    """(base URL, DashboardData) of a `foldtune serve` subprocess on a database with real results."""
+    from dashboard_env import build_dashboard_data
+
+    data = build_dashboard_data(tmp_path_factory.mktemp("dashboard"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli.main", "serve", "--port", str(port),
+                             "--database-url", data.database_url, "--log-level", "warning"],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "foldtune serve did not start"
+                time.sleep(0.2)
+        yield base, data
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800",
+                "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                # Every host but the test server resolves to nothing: a page that needs a CDN breaks.
+                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(driver, predicate, what):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(lambda d: predicate(d), message=what)
+
+
+def _css(driver, selector):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def _open(driver, base, hash_):
+    """Show page ``hash_`` (e.g. '#/jobs/1') and wait until it has rendered."""
+    driver.get(f"{base}/{hash_}")
+    _wait(driver, lambda d: d.execute_script("return document.getElementById('main').dataset.loaded") == hash_,
+          f"page {hash_} rendered")
+
+
+def sign_in(driver, base, key, accepted=True):
+    driver.get(base + "/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(base + "/")
+    _wait(driver, lambda d: _css(d, "#api-key"), "the sign-in form")
+    _css(driver, "#api-key")[0].send_keys(key)
+    _css(driver, "#signin button")[0].click()
+    if accepted:
+        _wait(driver, lambda d: d.execute_script("return document.getElementById('main').dataset.loaded") == "#/jobs",
+              "the jobs page after signing in")
+
+
+def _api(base, key, path):
+    req = urllib.request.Request(base + path, headers={"X-API-Key": key})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _rows(driver, table_id):
+    """The table's cells as text, read in one script (a live page may re-render between two reads)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.innerText.trim()))",
+        f"#{table_id} tbody tr")
+
+
+def _circles(driver, plot_id, cls=""):
+    return _css(driver, f"#{plot_id} svg circle.pt{'.' + cls if cls else ''}")
+
+
+def test_sign_in_shows_only_the_owners_jobs_and_updates_them_live(dash, browser):
+    base, data = dash
+    sign_in(browser, base, "ft_not-a-key", accepted=False)
+    driver = browser
+    _wait(driver, lambda d: _css(d, "#signin-error"), "the rejected key's message")
+    assert "not accepted" in _css(driver, "#signin-error")[0].text
+    assert driver.execute_script("return sessionStorage.getItem('foldtune.apiKey')") is None
+
+    sign_in(driver, base, data.keys["alice"])
+    job = _api(base, data.keys["alice"], f"/v1/jobs/{data.job_id}")
+    rows = _rows(driver, "jobs-table")
+    assert len(rows) == 1  # alice's one job; bob's is not listed
+    ident, status, model, cluster, trials, best, _ = rows[0]
+    assert (ident, status, model, cluster) == (f"#{data.job_id}", "succeeded", "tiny-moe", "2 × cpu")
+    assert trials == f"{job['trials']['total']}/{job['budget']['max_trials']}" == "3/3"
+    assert best.endswith(" ms") and float(best[:-3]) == pytest.approx(job["best_trial"]["step_time_s"] * 1e3, rel=1e-3)
+    _open(driver, base, f"#/jobs/{data.bob_job_id}")
+    assert "Not found" in _css(driver, "#page-error")[0].text  # bob's job reads like a missing one
+
+    # Bob sees his queued job; the page polls while it is live, so a cancel shows up without a reload.
+    _css(driver, "#sign-out")[0].click()
+    sign_in(driver, base, data.keys["bob"])
+    assert [r[:2] for r in _rows(driver, "jobs-table")] == [[f"#{data.bob_job_id}", "queued"]]
+    req = urllib.request.Request(f"{base}/v1/jobs/{data.bob_job_id}/cancel", method="POST",
+                                 headers={"X-API-Key": data.keys["bob"]})
+    urllib.request.urlopen(req, timeout=30).close()
+    _wait(driver, lambda d: [r[1] for r in _rows(d, "jobs-table")] == ["cancelled"], "the cancel, by polling")
+
+
+def test_job_page_tables_and_plots(dash, browser):
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    _open(browser, base, f"#/jobs/{data.job_id}")
+    job = _api(base, key, f"/v1/jobs/{data.job_id}")
+    trials = _api(base, key, f"/v1/jobs/{data.job_id}/trials")["items"]
+    measured = [t for t in trials if t["step_time_s"] is not None and t["predicted_step_time_s"] is not None]
+    assert len(measured) >= 2, [t["failure_reason"] for t in trials]
+
+    rows = _rows(browser, "trials-table")
+    assert [r[0] for r in rows] == [str(t["number"]) for t in trials]
+    assert [r[1] for r in rows] == [t["status"] for t in trials]
+    assert [r[2] for r in rows] == [t["label"] for t in trials]
+    assert all(r[3].endswith(" ms") and r[4].endswith(" ms") for r in rows)  # predicted, calibrated
+
+    calibrated = {r["number"] for r in job["calibration"]["measured_vs_predicted"] if r["calibrated_step_time"]}
+    assert len(_circles(browser, "plot-pred-vs-measured", "raw")) == len(measured)
+    assert len(_circles(browser, "plot-pred-vs-measured", "calibrated")) == len(
+        [t for t in measured if t["number"] in calibrated])
+    assert len(_css(browser, "#plot-pred-vs-measured svg path.ref")) == 1  # y = x
+    assert len(_circles(browser, "plot-best-so-far", "best")) == len(measured)
+    assert len(_css(browser, "#plot-best-so-far svg path.series")) == 1
+
+    ranked = sorted(measured, key=lambda t: t["step_time_s"])[:2]
+    bars = _css(browser, "#plot-terms svg g.bar")
+    assert len(bars) == 2
+    for bar, trial in zip(bars, ranked):
+        assert f"#{trial['number']}" in bar.get_attribute("data-bar")
+        terms = {seg.get_attribute("data-term") for seg in _css(bar, "rect.seg")}
+        assert terms == {k for k, v in trial["predicted"]["terms_s"].items() if v > 0}
+
+    factors = job["calibration"]["time_multipliers"]
+    assert len(_rows(browser, "calibration-table")) == len(factors) + 3
+    args = _api(base, key, f"/v1/jobs/{data.job_id}/megatron-args")
+    assert args["layout"] == job["best_trial"]["label"]
+    assert _css(browser, "#megatron-args")[0].text == args["text"]
+    _css(browser, "#copy-args")[0].click()
+    _wait(browser, lambda d: "copied" in d.find_element("css selector", "#copy-args + .hint").text or
+          "selected" in d.find_element("css selector", "#copy-args + .hint").text, "the copy button's answer")
+
+
+def test_training_page_plots_every_step_and_lists_checkpoints(dash, browser):
+    from dashboard_env import TRAIN_STEPS
+
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    _open(browser, base, "#/trainings")
+    assert [r[:2] for r in _rows(browser, "trainings-table")] == [[f"#{data.training_id}", "succeeded"]]
+    _open(browser, base, f"#/trainings/{data.training_id}")
+    metrics = _api(base, key, f"/v1/trainings/{data.training_id}/metrics?limit=200")["items"]
+    assert len(metrics) == TRAIN_STEPS
+    assert len(_circles(browser, "plot-loss", "train-loss")) == TRAIN_STEPS
+    evals = [m for m in metrics if m["eval_loss"] is not None]
+    assert evals and len(_circles(browser, "plot-loss", "eval-loss")) == len(evals)
+    assert len(_circles(browser, "plot-tokens", "tokens")) == TRAIN_STEPS
+    assert len(_circles(browser, "plot-step-time", "measured")) == TRAIN_STEPS
+    assert len(_css(browser, "#plot-step-time svg g[data-series=predicted] path.series")) == 1
+    checkpoints = _api(base, key, f"/v1/trainings/{data.training_id}/checkpoints")["items"]
+    assert [c["step"] for c in checkpoints] == [TRAIN_STEPS // 2, TRAIN_STEPS]
+    assert [r[0] for r in _rows(browser, "checkpoints-table")] == [str(c["step"]) for c in checkpoints]
+    assert _rows(browser, "checkpoints-table")[-1][3] == "complete, latest"
+
+
+def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    _open(browser, base, "#/plan")
+    _wait(browser, lambda d: d.execute_script("return document.getElementById('plan-form').dataset.ready"),
+          "the model and GPU lists")
+    from selenium.webdriver.support.ui import Select
+
+    Select(_css(browser, "#plan-model")[0]).select_by_value("tiny-moe")
+    Select(_css(browser, "#plan-gpu")[0]).select_by_value("h100-sxm")
+    for field, value in (("#plan-gpus", 16), ("#plan-seq", 512), ("#plan-gbs", 32), ("#plan-top", 40)):
+        _css(browser, field)[0].clear()
+        _css(browser, field)[0].send_keys(str(value))
+    _css(browser, "#plan-form button")[0].click()
+    _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
+    body = json.dumps({"model": "tiny-moe", "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+                       "training": {"seq_length": 512, "global_batch_size": 32, "precision": "bf16"}, "top": 40})
+    req = urllib.request.Request(base + "/v1/plans", data=body.encode(), method="POST",
+                                 headers={"X-API-Key": key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        plan = json.loads(r.read())
+    points = [(e["memory_bytes"]["total"], e["step_time_s"]) for e in plan["ranked"]]
+    front, best = [], float("inf")
+    for mem, step in sorted(points):
+        if step < best:
+            front.append((mem, step))
+            best = step
+    assert len(_circles(browser, "plot-plan")) == len(plan["ranked"]) == 40
+    assert len(_circles(browser, "plot-plan", "pareto")) == len(front)
+    assert len(_css(browser, "#plot-plan svg path.front")) == 1
+    assert len(_rows(browser, "rejected-table")) == len(plan["rejected"]) > 0
+    assert f"{plan['considered']} layouts considered" in _css(browser, "#plan-counts")[0].text
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(browser).move_to_element(_circles(browser, "plot-plan", "pareto")[0]).perform()
+    _wait(browser, lambda d: "MFU" in _css(d, "#plan-detail")[0].text, "details on hover")
+    assert _css(browser, "#plan-detail")[0].text.split("\n")[0] in {e["layout"] for e in plan["ranked"]}
+
+
+def test_docs_render_swagger_ui_without_the_network(dash, browser):
+    base, _ = dash
+    browser.get_log("performance")  # drop what earlier pages requested
+    browser.get(base + "/docs")
+    _wait(browser, lambda d: len(_css(d, ".swagger-ui .opblock")) > 0, "Swagger UI's operations")
+    spec = json.loads(urllib.request.urlopen(base + "/openapi.json", timeout=30).read())
+    operations = sum(len(ops) for ops in spec["paths"].values())
+    assert len(_css(browser, ".swagger-ui .opblock")) == operations
+    assert "foldtune" in _css(browser, ".swagger-ui .info .title")[0].text
+    requested = set()
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            requested.add(message["params"]["request"]["url"])
+    hosts = {urlparse(u).hostname for u in requested if urlparse(u).scheme in ("http", "https")}
+    assert requested and hosts == {"127.0.0.1"}, sorted(requested)

@@ -1,0 +1,83 @@
+"""The API views the dashboard reads: the Megatron-LM arguments of a job's best measured layout, and a
+training's checkpoints; both only for their owner. Also GET / and the offline /docs pages."""
+
+from __future__ import annotations
+
+import re
+
+from db.engine import make_engine, make_sessionmaker
+from db.queue import claim_job
+from db.trials import finish_trial, start_trial
+from spec.parallel_config import ParallelConfig
+
+LAYOUT = "tp1 cp1 pp1 vpp1 ep2 etp1 dp4 edp2 mbs1"
+
+
+def _measure(db_url, job_id, number, label, step_time_s):
+    engine = make_engine(db_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            config = ParallelConfig.parse(label, world_size=4)
+            trial = start_trial(session, job_id, number, config.to_dict(), runner_id="r", label=config.label())
+            assert finish_trial(session, trial.id, "succeeded", step_time_s=step_time_s,
+                                measurement={"ok": True, "step_time": step_time_s})
+    finally:
+        engine.dispose()
+
+
+def test_megatron_args_of_the_best_measured_trial_owner_only(client, alice, bob, db_url, job_body):
+    job_id = client.post("/v1/jobs", json=job_body, headers=alice).json()["id"]
+    r = client.get(f"/v1/jobs/{job_id}/megatron-args", headers=alice)
+    assert r.status_code == 404 and r.json()["type"] == "urn:foldtune:problem:no-measured-layout"
+    engine = make_engine(db_url)
+    with make_sessionmaker(engine)() as session:
+        assert claim_job(session, job_id, "r") is not None
+    engine.dispose()
+    _measure(db_url, job_id, 0, "tp1 ep2 dp4 mbs1", 0.50)
+    _measure(db_url, job_id, 1, "tp2 ep2 dp2 mbs1", 0.25)  # the faster one is the best
+    r = client.get(f"/v1/jobs/{job_id}/megatron-args", headers=alice)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["trial_number"] == 1 and body["step_time_s"] == 0.25 and body["layout"].startswith("tp2 ")
+    assert ["--tensor-model-parallel-size", "2"] in body["args"]
+    assert ["--global-batch-size", str(job_body["training"]["global_batch_size"])] in body["args"]
+    assert body["text"].split(" \\\n")[0] == "--tensor-model-parallel-size 2"
+    other = client.get(f"/v1/jobs/{job_id}/megatron-args", headers=bob)
+    assert other.status_code == 404 and other.json()["type"] == "urn:foldtune:problem:not-found"
+    assert client.get(f"/v1/jobs/{job_id}/megatron-args").status_code == 401
+
+
+def test_training_checkpoints_listed_in_step_order_owner_only(client, alice, bob, training_body, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    for step, complete in ((20, True), (10, True), (30, False)):
+        d = ckpt / f"step-{step:08d}"
+        d.mkdir(parents=True)
+        (d / "shard.distcp").write_bytes(b"x" * step)
+        if complete:
+            (d / "trainer.pt").write_bytes(b"t")
+    (ckpt / "latest").write_text("step-00000020\n")
+    (ckpt / "notes").mkdir()  # not a checkpoint
+    r = client.post("/v1/trainings", json=training_body, headers=alice)
+    assert r.status_code == 201, r.text
+    tid = r.json()["id"]
+    body = client.get(f"/v1/trainings/{tid}/checkpoints", headers=alice).json()
+    assert body["checkpoint_dir"] == str(ckpt)
+    assert [(c["step"], c["complete"], c["latest"], c["bytes"]) for c in body["items"]] == [
+        (10, True, False, 11), (20, True, True, 21), (30, False, False, 30)]
+    assert client.get(f"/v1/trainings/{tid}/checkpoints", headers=bob).status_code == 404
+
+
+def test_dashboard_and_docs_are_served_from_the_package(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'src="/static/dashboard/app.js"' in page.text
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    assets = re.findall(r'(?:href|src)="([^"]+)"', docs.text)
+    assert assets and all(a.startswith("/static/swagger-ui/") for a in assets), assets
+    for asset in assets + ["/static/dashboard/plot.js", "/static/dashboard/style.css"]:
+        assert client.get(asset).status_code == 200, asset
+    assert "http://" not in docs.text and "https://" not in docs.text  # nothing from a CDN
+    assert client.get("/redoc").status_code == 404  # ReDoc would load from a CDN: not served
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/" not in paths and "/docs" not in paths
