@@ -1,7 +1,7 @@
 """Every error of the API as an RFC 9457 problem (``application/problem+json``).
 
 The use cases raise domain errors (:mod:`api.service.errors`); this module is the one place that maps
-them to problems (NotFound 404, Conflict 409, RuleViolation 422). Routes raise :class:`ProblemError`
+them to problems (NotFound 404, Conflict 409, RuleViolation 422, QuotaExceeded 403). Routes raise :class:`ProblemError`
 only for what is HTTP's own (a missing API key, an unready database). The handlers installed here also
 turn FastAPI's validation errors (listing each violated rule by name and location) and Starlette's HTTP
 errors (unknown route, wrong method) into problems, and any unexpected exception into a 500 problem that
@@ -22,6 +22,7 @@ from starlette.routing import Match
 
 from api.schemas.problem import Problem, ViolatedRule
 from api.service.errors import Conflict, NotFound, RuleViolation, ServiceError
+from api.service.quotas import QuotaExceeded
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:foldtune:problem:"
@@ -45,15 +46,19 @@ def _rule_line(rule: ViolatedRule) -> str:
     return f"{rule.loc}: {rule.message} [{rule.rule}]"
 
 
-_DOMAIN_STATUS: tuple[tuple[type[ServiceError], int], ...] = ((NotFound, 404), (Conflict, 409), (RuleViolation, 422))
+_DOMAIN_STATUS: tuple[tuple[type[ServiceError], int], ...] = ((NotFound, 404), (Conflict, 409), (RuleViolation, 422),
+                                                              (QuotaExceeded, 403))
 
 
 def problem_of(error: ServiceError) -> ProblemError:
-    """The problem a domain error answers as: NotFound 404, Conflict 409, RuleViolation 422 (with its rule)."""
+    """The problem a domain error answers as: NotFound 404, Conflict 409, RuleViolation 422 (with its rule),
+    QuotaExceeded 403 (with the quota as its rule)."""
     status = next((code for cls, code in _DOMAIN_STATUS if isinstance(error, cls)), 400)
     errors = None
     if isinstance(error, RuleViolation):
         errors = [ViolatedRule(loc=error.loc, rule=error.rule, message=error.message)]
+    elif isinstance(error, QuotaExceeded):
+        errors = [ViolatedRule(loc=error.loc, rule=error.quota, message=error.message)]
     return ProblemError(status, error.kind, error.title, error.detail, errors=errors)
 
 
