@@ -8,7 +8,9 @@ the text the user sent, never on what the server holds: an outside path that exi
 not read alike, and the resolved target of a symbolic link is never shown. So no user can probe the
 server's files, read another owner's data or write into (and resume from) another owner's checkpoints.
 
-The HTTP service checks at submission and stores the resolved path; the runner checks the stored path
+The data root itself belongs to the operator: an owner who could replace their own directory with a link
+could point it anywhere, so owners must not have write access to the data root (only below their own
+directory). The HTTP service checks at submission and stores the resolved path; the runner checks the stored path
 again before it trains (a link swapped in after submission is refused there). The local CLI
 (``foldtune train``, a local user on their own machine) trusts the paths it is given and skips both.
 """
@@ -20,6 +22,7 @@ import re
 from pathlib import Path
 
 from api.service.errors import RuleViolation
+from db.settings import default_data_dir
 
 DEFAULT_DATA_ROOT_NAME = "users"  # under FOLDTUNE_DATA_DIR (default ~/.foldtune)
 PATH_RULE = "path_in_owner_root"
@@ -30,9 +33,8 @@ _PLAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 
 
 def default_data_root(environ: dict[str, str] | None = None) -> Path:
-    """``FOLDTUNE_DATA_ROOT``, else ``<FOLDTUNE_DATA_DIR or ~/.foldtune>/users``."""
-    from db.settings import default_data_dir  # the service's home: the same data dir as the SQLite database
-
+    """``FOLDTUNE_DATA_ROOT``, else ``<FOLDTUNE_DATA_DIR or ~/.foldtune>/users`` (the service's home: the
+    data directory of the SQLite database)."""
     env = os.environ if environ is None else environ
     given = env.get("FOLDTUNE_DATA_ROOT")
     return Path(given).expanduser() if given else default_data_dir(env) / DEFAULT_DATA_ROOT_NAME
@@ -55,8 +57,11 @@ def confine(given: str, root: Path, loc: str) -> str:
     RuleViolation ``path_in_owner_root`` at ``loc`` when it resolves anywhere else. The message repeats only
     ``given``: it reads the same whether or not the outside path exists."""
     real_root = os.path.realpath(root)
-    resolved = os.path.realpath(os.path.join(real_root, given))  # an absolute ``given`` replaces the root
-    if resolved != real_root and not resolved.startswith(real_root.rstrip(os.sep) + os.sep):
+    try:
+        resolved = os.path.realpath(os.path.join(real_root, given))  # an absolute ``given`` replaces the root
+    except (ValueError, OSError):  # NUL or unencodable text (the schemas refuse both first): outside alike
+        resolved = ""
+    if not resolved or (resolved != real_root and not resolved.startswith(real_root.rstrip(os.sep) + os.sep)):
         raise RuleViolation(loc, PATH_RULE, f"{given!r} is not inside your data directory; give a path relative "
                                             "to it (or an absolute one below it) that stays inside it, "
                                             "through every '..' and symbolic link")

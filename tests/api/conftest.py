@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.http.app import create_app
 from api.http.settings import ApiSettings
+from api.service.quotas import Quotas
 from db.keys import create_api_key
 from db.migrate import upgrade
 from db.testing import postgres_unavailable_reason, temporary_database
@@ -65,13 +66,16 @@ def db_url(request, tmp_path, sqlite_template):
         yield url
 
 
-# the rate limit is tested on its own (test_limits.py); fuzzing and concurrency tests must not meet it
+# the rate limit and the quotas are tested on their own (test_limits.py); fuzzing and concurrency tests
+# (50 jobs of one owner at once) must not meet them
 UNLIMITED_RATE = {"rate_per_s": 1e9, "rate_burst": 10**9}
+ROOMY = {**UNLIMITED_RATE, "quotas": Quotas(active_jobs=10**6, active_trainings=10**6, trials_per_job=10**6,
+                                            profiles=10**6)}
 
 
 @pytest.fixture
 def app(db_url, data_root):
-    application = create_app(ApiSettings(database_url=db_url, data_root=data_root, **UNLIMITED_RATE), migrate=True)
+    application = create_app(ApiSettings(database_url=db_url, data_root=data_root, **ROOMY), migrate=True)
     yield application
     application.state.engine.dispose()
 

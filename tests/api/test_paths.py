@@ -4,6 +4,7 @@ directory are refused with one answer that does not say whether the path exists;
 the owner's; a service runner checks the stored paths again (a link swapped in after submission)."""
 
 import os
+import threading
 
 import pytest
 from problem_rules import validation_rules
@@ -81,7 +82,7 @@ def test_the_runner_checks_the_stored_paths_again(client, alice, app, training_b
     (data_root / "alice" / "ckpt").symlink_to(outside)
     with app.state.sessions() as s:
         training = claim_next_training(s, "r1")
-    status = run_claimed_training(training, app.state.sessions, db_url, "r1", 1.0, __import__("threading").Event(),
+    status = run_claimed_training(training, app.state.sessions, db_url, "r1", 1.0, threading.Event(),
                                   data_root=data_root)
     assert status == "failed"
     with app.state.sessions() as s:
