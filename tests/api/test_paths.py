@@ -24,18 +24,16 @@ def _refused(client, headers, body, field):
     return r.json()
 
 
-@pytest.mark.parametrize("field", ["data_path", "checkpoint_dir"])
-def test_outside_paths_are_refused_alike_whether_or_not_they_exist(client, alice, training_body, data_root, tmp_path,
-                                                                   field):
+def test_outside_paths_are_refused_alike_whether_or_not_they_exist(client, alice, training_body, data_root, tmp_path):
     (tmp_path / "exists").mkdir()
     link = data_root / "alice" / "out"
     link.symlink_to(tmp_path / "exists")  # a link inside alice's directory pointing out of the root
     answers = {}
-    for path in ("/etc", "/etc/no-such-dir-foldtune", str(tmp_path / "exists"), str(tmp_path / "missing"),
-                 "../../exists", "../../missing", "data/../../../exists", "out", "out/sub"):
+    for field, path in ((f, p) for f in ("data_path", "checkpoint_dir") for p in ("/etc", "/etc/no-such-dir-foldtune", str(tmp_path / "exists"), str(tmp_path / "missing"),
+                 "../../exists", "../../missing", "data/../../../exists", "out", "out/sub")):
         problem = _refused(client, alice, {**training_body, field: path}, field)
         # nothing but the text sent shows in the answer: not the resolved target, not whether it exists
-        answers[path] = problem["detail"].replace(repr(path), "PATH")
+        answers[field, path] = problem["detail"].replace(repr(path), "PATH").replace(field, "FIELD")
         assert str(tmp_path / "exists") not in problem["detail"] or path == str(tmp_path / "exists")
     assert len(set(answers.values())) == 1, answers
 

@@ -4,9 +4,9 @@ trainings, hardware profiles), in query parameters and in owner names, before th
 PostgreSQL a NUL in a profile's ``source`` used to answer 500 and reset the connection (the fixtures run
 each test on SQLite and PostgreSQL)."""
 
+import copy
 import json
 
-import pytest
 from problem_rules import validation_rules
 
 from api.cli.main import main
@@ -26,11 +26,11 @@ def _refused(response):
     return response.json()
 
 
-@pytest.mark.parametrize("bad", ["calibrated\x00on h100", "bell\x07", "half \ud800 a pair", "\x1b[31mred"])
-def test_a_profile_source_with_invalid_text_is_refused_and_nothing_stored(client, alice, bad):
-    _refused(_post(client, "/v1/hardware-profiles", {**H, "source": bad}, alice))
-    assert client.get("/v1/hardware-profiles/my-gpu", headers=alice).status_code == 404
-    assert client.get("/healthz").status_code == 200  # the database connection is fine afterwards
+def test_a_profile_source_with_invalid_text_is_refused_and_nothing_stored(client, alice):
+    for bad in ("calibrated\x00on h100", "bell\x07", "half \ud800 a pair", "\x1b[31mred"):
+        _refused(_post(client, "/v1/hardware-profiles", {**H, "source": bad}, alice))
+        assert client.get("/v1/hardware-profiles/my-gpu", headers=alice).status_code == 404
+        assert client.get("/healthz").status_code == 200  # the database connection is fine afterwards
 
 
 def test_free_text_keeps_line_breaks_but_names_do_not(client, alice):
@@ -38,7 +38,7 @@ def test_free_text_keeps_line_breaks_but_names_do_not(client, alice):
     _refused(_post(client, "/v1/hardware-profiles", {**H, "name": "x", "gpu": {**H["gpu"], "name": "a\tb"}}, alice))
 
 
-@pytest.mark.parametrize("path, mutate", [
+CASES = [
     ("/v1/jobs", lambda b: b.update(model="tiny-moe\x00")),
     ("/v1/jobs", lambda b: b["training"].update(precision="bf16\ud800")),
     ("/v1/plans", lambda b: b.update(model="tiny\x01moe")),
@@ -48,12 +48,19 @@ def test_free_text_keeps_line_breaks_but_names_do_not(client, alice):
     ("/v1/trainings", lambda b: b.update(layout="tp1 ep2\x00")),
     ("/v1/trainings", lambda b: b.update(checkpoint_dir="ckpt\nrun")),
     ("/v1/trainings", lambda b: b.update(data_path="data\x00")),
-])
-def test_every_body_refuses_invalid_text(client, alice, job_body, training_body, path, mutate):
-    body = {"/v1/jobs": job_body, "/v1/plans": {k: job_body[k] for k in ("model", "training", "cluster")},
-            "/v1/hardware-profiles": dict(H), "/v1/trainings": training_body}[path]
-    mutate(body)
-    _refused(_post(client, path, body, alice))
+]
+
+
+def test_every_body_refuses_invalid_text(client, alice, job_body, training_body):
+    for path, mutate in CASES:
+        body = copy.deepcopy({"/v1/jobs": job_body, "/v1/plans": {k: job_body[k] for k in ("model", "training", "cluster")},
+                              "/v1/hardware-profiles": H, "/v1/trainings": training_body}[path])
+        mutate(body)
+        _refused(_post(client, path, body, alice))
+    assert client.get("/v1/jobs", headers=alice).json()["total"] == 0  # nothing was stored
+    assert client.get("/v1/trainings", headers=alice).json()["total"] == 0
+    profiles = client.get("/v1/hardware-profiles", params={"limit": 50}, headers=alice).json()["items"]
+    assert all(p["builtin"] for p in profiles)
 
 
 def test_query_parameters_obey_the_rule(client, alice):
