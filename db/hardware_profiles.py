@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -19,6 +19,19 @@ def stored_profile(session: Session, name: str) -> HardwareProfileRow | None:
 def stored_profiles(session: Session) -> list[HardwareProfileRow]:
     """Every stored profile, by name."""
     return list(session.scalars(select(HardwareProfileRow).order_by(HardwareProfileRow.name)))
+
+
+def stored_profiles_page(session: Session, limit: int, offset: int) -> tuple[list[HardwareProfileRow], int]:
+    """``limit`` stored profiles by name from ``offset``, and how many are stored in all."""
+    total = session.scalar(select(func.count()).select_from(HardwareProfileRow)) or 0
+    rows = list(session.scalars(select(HardwareProfileRow).order_by(HardwareProfileRow.name)
+                                .limit(limit).offset(offset)))
+    return rows, total
+
+
+def stored_names_among(session: Session, names: list[str]) -> set[str]:
+    """Which of ``names`` (lower-case) are stored."""
+    return set(session.scalars(select(HardwareProfileRow.name).where(HardwareProfileRow.name.in_(names))))
 
 
 def add_profile(session: Session, name: str, profile: dict[str, Any], source: str,

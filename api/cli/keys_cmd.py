@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from api.cli._db import migrate_or_explain
+from api.schemas.common import text_problem
 from spec.errors import SpecError
 from db.engine import make_engine, make_sessionmaker
 from db.keys import create_api_key, revoke_keys
@@ -26,8 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     name = args.name.strip()
-    if not 1 <= len(name) <= 100 or "\x00" in name:
-        raise SpecError(f"owner name must be 1 to 100 characters, got {args.name!r}")
+    problem = text_problem(name, single_line=True)
+    if not 1 <= len(name) <= 100 or problem:
+        raise SpecError(f"owner name must be 1 to 100 characters without control characters, got {args.name!r}"
+                        + (f" ({problem})" if problem else ""))
     url = database_settings(args.database_url).url
     migrate_or_explain(url)
     engine = make_engine(url)

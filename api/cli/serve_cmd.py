@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
     settings = replace(settings, host=args.host or settings.host, port=args.port or settings.port)
     migrate_or_explain(settings.database_url)
     print(f"foldtune: database {_safe(settings.database_url)} at revision {head_revision()}", flush=True)
+    print(f"foldtune: training paths confined to {settings.data_root}/<owner>/ (FOLDTUNE_DATA_ROOT); public URL "
+          f"{settings.base_url} (FOLDTUNE_PUBLIC_URL)", flush=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
     return 0
 

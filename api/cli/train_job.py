@@ -11,6 +11,7 @@ printed from the stored metrics row, with the measured step time next to the cos
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -83,7 +84,9 @@ def run_job_training(args: argparse.Namespace) -> int:
     from api.worker.runner import Runner, RunnerSettings
 
     start = time.monotonic()
-    settings = RunnerSettings.from_env(args.database_url, runner_id=f"train-{os.getpid()}")
+    # the local user's own training: any path of this machine, as stored below (no FOLDTUNE_DATA_ROOT)
+    settings = dataclasses.replace(RunnerSettings.from_env(args.database_url, runner_id=f"train-{os.getpid()}"),
+                                   data_root=None)
     migrate_or_explain(settings.database_url)
     runner = Runner(settings, migrate=False)
     try:
@@ -104,7 +107,8 @@ def run_job_training(args: argparse.Namespace) -> int:
         with runner.sessions() as session:
             # The local CLI reads the database directly: the job's owner (the local one for `foldtune tune`,
             # an API key's owner for a submitted job) owns the training too, as over HTTP.
-            row = submit_training(session, session.get(Owner, owner_id), request)  # domain errors: main reports
+            # ... and names any path of this machine (data_root=None: the paths are the local user's own)
+            row = submit_training(session, session.get(Owner, owner_id), request, data_root=None)
             view = training_views(session, [row])[0]
         predicted = view.predicted_step_time_s
         print(f"database {_safe_url(settings.database_url)}; training {view.id} stored: job {job_id}'s best layout "

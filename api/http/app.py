@@ -1,5 +1,5 @@
-"""The FastAPI application: ``create_app()`` wires settings, the database, problem handlers, metrics and
-the routers. Migrations are applied by ``foldtune serve`` before it starts the app (or here, with
+"""The FastAPI application: ``create_app()`` wires settings, the database, problem handlers, metrics, the
+request limits (body size: api.http.bodylimit; rate: api.http.ratelimit) and the routers. Migrations are applied by ``foldtune serve`` before it starts the app (or here, with
 ``migrate=True``); request handlers never run a job, a runner process does."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from sqlalchemy import Engine
 
+from api.http.bodylimit import BodyLimit
 from api.http.problems import install_problem_handlers
+from api.http.ratelimit import RateLimiter
 from api.schemas.problem import Problem
 from api.http.routes import best, catalog, health, jobs, metrics, plans, trainings, views
 from api.http.routes.dashboard import install_dashboard
@@ -45,6 +47,7 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = metrics.Metrics()
+    app.state.rate_limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
     install_problem_handlers(app)
 
     @app.middleware("http")
@@ -60,6 +63,7 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
     for module in (jobs, best, plans, catalog, health, metrics, trainings, views):
         app.include_router(module.router)
     install_dashboard(app)  # GET / and the offline /docs (Swagger UI vendored in api/http/static)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # outermost: before anything reads the body
     _problems_in_openapi(app)
     return app
 

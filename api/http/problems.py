@@ -1,7 +1,7 @@
 """Every error of the API as an RFC 9457 problem (``application/problem+json``).
 
 The use cases raise domain errors (:mod:`api.service.errors`); this module is the one place that maps
-them to problems (NotFound 404, Conflict 409, RuleViolation 422). Routes raise :class:`ProblemError`
+them to problems (NotFound 404, Conflict 409, RuleViolation 422, QuotaExceeded 403). Routes raise :class:`ProblemError`
 only for what is HTTP's own (a missing API key, an unready database). The handlers installed here also
 turn FastAPI's validation errors (listing each violated rule by name and location) and Starlette's HTTP
 errors (unknown route, wrong method) into problems, and any unexpected exception into a 500 problem that
@@ -22,6 +22,7 @@ from starlette.routing import Match
 
 from api.schemas.problem import Problem, ViolatedRule
 from api.service.errors import Conflict, NotFound, RuleViolation, ServiceError
+from api.service.quotas import QuotaExceeded
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:foldtune:problem:"
@@ -45,15 +46,19 @@ def _rule_line(rule: ViolatedRule) -> str:
     return f"{rule.loc}: {rule.message} [{rule.rule}]"
 
 
-_DOMAIN_STATUS: tuple[tuple[type[ServiceError], int], ...] = ((NotFound, 404), (Conflict, 409), (RuleViolation, 422))
+_DOMAIN_STATUS: tuple[tuple[type[ServiceError], int], ...] = ((NotFound, 404), (Conflict, 409), (RuleViolation, 422),
+                                                              (QuotaExceeded, 403))
 
 
 def problem_of(error: ServiceError) -> ProblemError:
-    """The problem a domain error answers as: NotFound 404, Conflict 409, RuleViolation 422 (with its rule)."""
+    """The problem a domain error answers as: NotFound 404, Conflict 409, RuleViolation 422 (with its rule),
+    QuotaExceeded 403 (with the quota as its rule)."""
     status = next((code for cls, code in _DOMAIN_STATUS if isinstance(error, cls)), 400)
     errors = None
     if isinstance(error, RuleViolation):
         errors = [ViolatedRule(loc=error.loc, rule=error.rule, message=error.message)]
+    elif isinstance(error, QuotaExceeded):
+        errors = [ViolatedRule(loc=error.loc, rule=error.quota, message=error.message)]
     return ProblemError(status, error.kind, error.title, error.detail, errors=errors)
 
 
@@ -84,12 +89,15 @@ _STATUS_KINDS = {400: "bad-request", 401: "unauthorized", 403: "forbidden", 404:
                  415: "unsupported-media-type", 429: "too-many-requests"}
 
 
+_METHODS = ("DELETE", "GET", "OPTIONS", "PATCH", "POST", "PUT")  # HEAD goes with GET and is not listed
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        if route.matches(request.scope)[0] != Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    return sorted(methods - {"HEAD"})
+    """The methods some route fully matches for this path: each one asked of the router as a request of its
+    own (routers included with ``include_router`` hide their routes' method sets, so they are not read)."""
+    return [method for method in _METHODS
+            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+                   for route in request.app.router.routes)]
 
 
 def install_problem_handlers(app: FastAPI) -> None:

@@ -1,28 +1,72 @@
-"""Settings of the HTTP service, read from the environment (``FOLDTUNE_*``) or given explicitly."""
+"""Settings of the HTTP service, read from the environment (``FOLDTUNE_*``) or given explicitly.
+
+Every limit of the multi-user service is here, with its environment variable and default (the table in
+docs/service.md, "Limits"). Limits counted in memory (the request rate) hold per API process.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from api.service.paths import default_data_root
+from api.service.quotas import Quotas
 from db.settings import database_settings
+from spec.errors import SpecError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8321
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest legitimate body is a measured hardware profile (~100 KB)
+DEFAULT_RATE_PER_S = 20.0
+DEFAULT_RATE_BURST = 200
 
 
 @dataclass(frozen=True)
 class ApiSettings:
     """``database_url``: SQLAlchemy URL of the service database (see db.settings for the default);
-    ``host``/``port``: where ``foldtune serve`` listens."""
+    ``host``/``port``: where ``foldtune serve`` listens; ``public_url``: the base URL clients reach the
+    service at, from which ``Location`` headers are built (default ``http://<host>:<port>``; never the
+    client's ``Host`` header); ``data_root``: the directory whose ``<owner>/`` subdirectories hold the
+    only server paths an owner may name (api.service.paths); ``max_body_bytes``: the largest request body
+    (413 beyond); ``rate_per_s``/``rate_burst``: requests per second each API key may send on average and
+    at once (and each client address with a missing or unknown key), 429 beyond; ``quotas``: what each
+    owner may store (api.service.quotas)."""
 
     database_url: str
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    public_url: str | None = None
+    data_root: Path = field(default_factory=default_data_root)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    rate_per_s: float = DEFAULT_RATE_PER_S
+    rate_burst: int = DEFAULT_RATE_BURST
+    quotas: Quotas = field(default_factory=Quotas)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.rate_per_s <= 0 or self.rate_burst < 1:
+            raise SpecError("FOLDTUNE_MAX_BODY_BYTES, FOLDTUNE_RATE_LIMIT_PER_S and FOLDTUNE_RATE_LIMIT_BURST "
+                            "must be positive")
+        if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
+            raise SpecError(f"FOLDTUNE_PUBLIC_URL must start with http:// or https://, got {self.public_url!r}")
+
+    @property
+    def base_url(self) -> str:
+        """The public base URL without a trailing slash."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @classmethod
     def from_env(cls, database_url: str | None = None, environ: dict[str, str] | None = None) -> ApiSettings:
         env = os.environ if environ is None else environ
-        return cls(database_url=database_settings(database_url, env).url,
-                   host=env.get("FOLDTUNE_HOST", DEFAULT_HOST),
-                   port=int(env.get("FOLDTUNE_PORT", DEFAULT_PORT)))
+        try:
+            return cls(database_url=database_settings(database_url, env).url,
+                       host=env.get("FOLDTUNE_HOST", DEFAULT_HOST),
+                       port=int(env.get("FOLDTUNE_PORT", DEFAULT_PORT)),
+                       public_url=env.get("FOLDTUNE_PUBLIC_URL") or None,
+                       data_root=default_data_root(env),
+                       max_body_bytes=int(env.get("FOLDTUNE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
+                       rate_per_s=float(env.get("FOLDTUNE_RATE_LIMIT_PER_S", DEFAULT_RATE_PER_S)),
+                       rate_burst=int(env.get("FOLDTUNE_RATE_LIMIT_BURST", DEFAULT_RATE_BURST)),
+                       quotas=Quotas.from_env(env))
+        except ValueError as exc:
+            raise SpecError(f"bad service setting in the environment: {exc}") from None

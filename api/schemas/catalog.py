@@ -7,7 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas.common import Name
+from pydantic import AfterValidator
+
+from api.schemas.common import BodyIn, Name, valid_text
 
 
 class ModelOut(BaseModel):
@@ -34,7 +36,7 @@ class GPUIn(BaseModel):
 Curve = Annotated[list[tuple[float, float]], Field(min_length=1, max_length=10_000)]
 
 
-class HardwareProfileIn(BaseModel):
+class HardwareProfileIn(BodyIn):
     """A HardwareProfile: bandwidths in bytes/s per GPU per direction, latencies in seconds; optional
     measured efficiency curves as [x, efficiency] points (see spec.hardware)."""
 
@@ -68,7 +70,7 @@ class HardwareProfileIn(BaseModel):
                                                  "seconds of load / in a short burst (power-limited clock)")
     component_factors: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1000)]]] = Field(
         default_factory=dict, description="'MODEL@seqS[@mbsM]' -> {cost-model term: measured/predicted}")
-    source: Annotated[str, Field(min_length=1, max_length=2000)] = "api"
+    source: Annotated[str, Field(min_length=1, max_length=2000), AfterValidator(valid_text)] = "api"
 
 
 class HardwareProfileOut(BaseModel):
@@ -78,6 +80,3 @@ class HardwareProfileOut(BaseModel):
     created_at: datetime | None
     profile: dict[str, Any]
 
-
-class HardwareProfileList(BaseModel):
-    items: list[HardwareProfileOut]

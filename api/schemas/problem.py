@@ -30,6 +30,8 @@ def problem_responses(*statuses: int) -> dict[int | str, dict]:
 
 _DESCRIPTIONS = {
     401: "missing or unknown API key", 404: "no such resource (or not the caller's)",
-    409: "conflict with the current state",
+    403: "a quota of the caller's is used up (the quota named in errors)", 409: "conflict with the current state",
+    413: "the request body is larger than the service accepts",
+    429: "too many requests from this API key or address; retry after the Retry-After seconds",
     422: "the request breaks a validation rule (each listed in errors)", 503: "the database is unreachable",
 }

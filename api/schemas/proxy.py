@@ -7,12 +7,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from api.schemas.common import BodyIn
+
 from spec.proxy import proxy_of
 
 MAX_LAYERS = 4096  # the schema's bound; the model's own layer count is checked against its spec (proxy_layers)
 
 
-class ProxyIn(BaseModel):
+class ProxyIn(BodyIn):
     """Run a proxy of the model: the same widths with fewer layers, and/or every feature at test widths."""
 
     num_layers_override: int | None = Field(

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from api.schemas.common import BodyIn
 
 from spec.router_options import BOUNDS, FIELDS, RouterOptions
 
@@ -21,7 +23,7 @@ def _bounded(name: str, description: str) -> Any:
     return Field(getattr(_DEFAULT, name), ge=low, le=high, description=description)
 
 
-class RouterOptionsIn(BaseModel):
+class RouterOptionsIn(BodyIn):
     """MoE router training options (see RouterOptions); every field optional."""
 
     moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = Field(

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
-from api.schemas.common import MAX_ID, Name, _no_nul
+from api.schemas.common import MAX_ID, Name, valid_line
 from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
 from api.schemas.router import RouterOptionsIn
 from spec.router_options import FIELDS as ROUTER_FIELDS
@@ -19,7 +19,7 @@ from spec.recipe import DEFAULT_RECIPE
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 ServerPath = Annotated[str, StringConstraints(min_length=1, max_length=4096, strip_whitespace=True),
-                       AfterValidator(_no_nul)]
+                       AfterValidator(valid_line)]
 
 MAX_STEPS = 10_000_000
 MAX_SEQUENCES = 1 << 24

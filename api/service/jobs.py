@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from api.service.capability import apply_proxy, check_job_runnable
 from api.service.errors import Conflict, RuleViolation, not_found
+from api.service.quotas import Quotas, check_active_jobs, check_trials_per_job
 from api.schemas.proxy import proxy_view
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from spec.catalog import get_hardware, get_model
@@ -96,12 +97,17 @@ def resolve_job(session: Session | None, request: WorkloadIn) -> ResolvedJob:
     return ResolvedJob(model=model, training=request.training, cluster=cluster)
 
 
-def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None) -> tuple[Job, bool]:
+def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None, *,
+               quotas: Quotas | None = None) -> tuple[Job, bool]:
     """Store a queued job; returns it and whether it is new. A repeated ``idempotency_key`` returns the job
     stored the first time (Conflict if the request differs), so a retried submission is stored exactly once.
     A job the executor cannot run (its model, or no runnable fitting layout on the cluster) is refused here
-    with the rule it breaks, never queued to fail later."""
+    with the rule it breaks, never queued to fail later. ``quotas`` (the HTTP service's; none for the local
+    CLI): QuotaExceeded past the trials per job or the owner's active jobs (a retry of a stored job is
+    answered with it, whatever the quota)."""
     resolved = resolve_job(session, request)
+    if quotas is not None:
+        check_trials_per_job(quotas, request.budget.max_trials)
     router = check_router_options(request.router_options(), resolved.model)
     # router options that differ from the defaults ride in the stored training spec (and so in the signature)
     training_spec = with_router(resolved.training.to_dict(), router)
@@ -119,6 +125,8 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
         existing = job_by_idempotency_key(session, owner.id, idempotency_key)
         if existing is not None:
             return _same_request_or_conflict(existing, job), False
+    if quotas is not None:
+        check_active_jobs(session, owner, quotas)
     session.add(job)
     try:
         session.commit()

@@ -7,10 +7,11 @@ from sqlalchemy.orm import Session
 
 from api.schemas.catalog import HardwareProfileIn, HardwareProfileOut
 from api.service.errors import Conflict, RuleViolation, not_found
+from api.service.quotas import Quotas, check_profile, profile_size
 from spec.catalog import get_hardware, hardware_names, has_hardware
 from spec.errors import CatalogError, FoldtuneError
 from spec.hardware import HardwareProfile
-from db.hardware_profiles import add_profile, stored_profile, stored_profiles
+from db.hardware_profiles import add_profile, stored_names_among, stored_profile, stored_profiles_page
 from db.models import HardwareProfileRow, Owner
 
 
@@ -24,13 +25,17 @@ def _builtin_view(profile: HardwareProfile) -> HardwareProfileOut:
                               profile=profile.to_dict())
 
 
-def list_profiles(session: Session) -> list[HardwareProfileOut]:
-    """Stored profiles first (they win over a built-in one of the same name), then the built-in catalog."""
-    rows = stored_profiles(session)
+def list_profiles(session: Session, limit: int, offset: int) -> tuple[list[HardwareProfileOut], int]:
+    """One page of the list "stored profiles by name (they win over a built-in one of the same name),
+    then the built-in catalog", and the length of that whole list."""
+    builtin_names = list(hardware_names())
+    shadowed = stored_names_among(session, builtin_names)
+    builtins = [name for name in builtin_names if name not in shadowed]
+    rows, n_stored = stored_profiles_page(session, limit, offset)
     session.commit()
-    stored = {row.name for row in rows}
-    return [_stored_view(r) for r in rows] + [
-        _builtin_view(get_hardware(name)) for name in hardware_names() if name not in stored]
+    first_builtin = max(0, offset - n_stored)
+    more = builtins[first_builtin:first_builtin + limit - len(rows)]
+    return [_stored_view(r) for r in rows] + [_builtin_view(get_hardware(n)) for n in more], n_stored + len(builtins)
 
 
 def get_profile(session: Session, name: str) -> HardwareProfileOut:
@@ -45,14 +50,18 @@ def get_profile(session: Session, name: str) -> HardwareProfileOut:
         raise not_found(f"hardware profile {name!r}") from None
 
 
-def create_profile(session: Session, owner: Owner, body: HardwareProfileIn) -> HardwareProfileOut:
-    """Store a profile under a new name; RuleViolation for a broken profile, Conflict for a taken name."""
+def create_profile(session: Session, owner: Owner, body: HardwareProfileIn,
+                   quotas: Quotas | None = None) -> HardwareProfileOut:
+    """Store a profile under a new name; RuleViolation for a broken profile, Conflict for a taken name,
+    QuotaExceeded past the owner's profile quotas (count, bytes of one)."""
     try:
         profile = HardwareProfile.from_dict(body.model_dump())
     except (FoldtuneError, TypeError, ValueError) as exc:
         raise RuleViolation("body", "hardware_profile_rules", str(exc)) from None
     if has_hardware(body.name):  # stored profiles are shared: none may shadow a built-in name or alias
         raise Conflict("name-taken", "Name taken", f"{body.name!r} names a built-in hardware profile")
+    if quotas is not None:
+        check_profile(session, owner, quotas, profile_size(profile.to_dict(), body.source))
     row = add_profile(session, body.name, profile.to_dict(), body.source, owner.id)
     if row is None:
         raise Conflict("name-taken", "Name taken", f"hardware profile {body.name!r} already exists")

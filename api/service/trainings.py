@@ -3,12 +3,14 @@ explicit one) into a stored queued training, show trainings with their latest me
 metrics series, and cancel.
 
 Everything a runner needs is checked here, at submission: the layout parses for the cluster and passes
-the planner's validity rules for the model, the job has a best trial, and the data path exists on this server."""
+the planner's validity rules for the model, the job has a best trial, the paths lie in the owner's own
+directory (api.service.paths) and the data path exists there."""
 
 from __future__ import annotations
 
 import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -17,6 +19,8 @@ from api.schemas.proxy import proxy_view
 from api.service.capability import apply_proxy, check_layout_runnable, check_model_runnable, check_training_layout
 from api.service.jobs import check_router_options, owned_job, resolve_cluster, resolve_model
 from api.service.errors import Conflict, NotFound, RuleViolation, not_found
+from api.service.paths import confine, owner_root
+from api.service.quotas import Quotas, check_training
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
 from costmodel.step_time import estimate_step_time
@@ -67,9 +71,21 @@ def _predicted_step_time(model: ModelSpec, training: TrainingSpec, cluster: Clus
         return None
 
 
-def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> Training:
+def confined_paths(data_path: str, checkpoint_dir: str, owner: Owner, data_root: str | Path) -> tuple[str, str]:
+    """(data_path, checkpoint_dir) resolved inside the owner's directory under ``data_root``; RuleViolation
+    ``path_in_owner_root`` for either one that is not (api.service.paths)."""
+    root = owner_root(data_root, owner.name, owner.id)
+    return confine(data_path, root, "body.data_path"), confine(checkpoint_dir, root, "body.checkpoint_dir")
+
+
+def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, data_root: str | Path | None,
+                    quotas: Quotas | None = None) -> Training:
     """Store a queued training; RuleViolation names the broken rule (known_job, job_has_best, layout_parses,
-    data_path_exists, ...). Commits."""
+    path_in_owner_root, data_path_exists, ...), QuotaExceeded the quota. ``data_root``: the service's data
+    root, whose ``<owner>/`` directory must hold both paths (they are stored resolved); None only for the
+    local CLI, whose user names any path of their own machine. Commits."""
+    if quotas is not None:
+        check_training(session, owner, quotas)
     predicted = None
     if request.job_id is not None:
         try:
@@ -117,13 +133,16 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate) -> 
                    "hardware": resolved.hardware.to_dict()}
         recipe = request.recipe()
     check_router_options(RouterOptions.pick(recipe), ModelSpec.from_dict(model_spec))
-    if not os.path.exists(request.data_path):
+    data_path, checkpoint_dir = request.data_path, request.checkpoint_dir
+    if data_root is not None:
+        data_path, checkpoint_dir = confined_paths(data_path, checkpoint_dir, owner, data_root)
+    if not os.path.exists(data_path):
         raise RuleViolation("body.data_path", "data_path_exists",
                             f"data path {request.data_path!r} does not exist on the server")
     row = Training(owner_id=owner.id, job_id=request.job_id, status="queued", config=config.to_dict(),
                    model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: recipe},
-                   cluster=cluster, data_path=request.data_path, steps=request.steps,
-                   checkpoint_dir=request.checkpoint_dir, checkpoint_every=request.checkpoint_every,
+                   cluster=cluster, data_path=data_path, steps=request.steps,
+                   checkpoint_dir=checkpoint_dir, checkpoint_every=request.checkpoint_every,
                    predicted_step_time_s=predicted)
     session.add(row)
     session.commit()
@@ -172,10 +191,6 @@ def training_views(session: Session, rows: list[Training], *, measured: bool = F
             latest_metrics=(TrainingMetricOut.model_validate(metric).compared(t.predicted_step_time_s)
                             if metric is not None else None)))
     return views
-
-
-
-
 
 
 def list_trainings(session: Session, owner: Owner, *, status: str | None, limit: int,

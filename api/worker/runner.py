@@ -32,11 +32,13 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from api.service.paths import default_data_root
 from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
@@ -68,7 +70,9 @@ EventHook = Callable[[str, dict], None]
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    """Where the jobs are and how the runner paces itself (seconds)."""
+    """Where the jobs are and how the runner paces itself (seconds). ``data_root``: the service's data root
+    (FOLDTUNE_DATA_ROOT), inside whose owner directories a training's paths must lie when it runs; None
+    trusts the stored paths (the local CLI's own trainings)."""
 
     database_url: str
     runner_id: str
@@ -77,12 +81,14 @@ class RunnerSettings:
     poll_s: float = 2.0
     parallel_trials: int | None = None  # None: as many as the Ray cluster has room for (GPU), 1 on CPU
     trial: TrialSettings = field(default_factory=TrialSettings)
+    data_root: Path | None = None
 
     @classmethod
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:
         """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.worker.trials)."""
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_DATA_ROOT and the trial settings
+        (api.worker.trials)."""
         env = os.environ if environ is None else environ
         try:
             parallel = env.get("FOLDTUNE_PARALLEL_TRIALS")
@@ -92,7 +98,7 @@ class RunnerSettings:
                        stale_after_s=float(env.get("FOLDTUNE_STALE_AFTER_S", 60)),
                        poll_s=float(env.get("FOLDTUNE_POLL_S", 2)),
                        parallel_trials=int(parallel) if parallel else None,
-                       trial=trial_settings_from_env(env))
+                       trial=trial_settings_from_env(env), data_root=default_data_root(env))
         except ValueError as exc:
             raise SpecError(f"bad runner setting in the environment: {exc}") from None
 
@@ -155,7 +161,7 @@ class Runner:
                     log.info("requeued stale jobs %s, failed %s", stale.jobs_requeued, stale.jobs_failed)
                 job = claim_next_job(session, self.settings.runner_id)
             if job is None and run_next_training(self.sessions, self.settings.database_url, self.settings.runner_id,
-                                                 self.settings.heartbeat_s, self._shutdown):
+                                                 self.settings.heartbeat_s, self._shutdown, self.settings.data_root):
                 ran += 1
                 continue
             if job is None:
@@ -195,7 +201,7 @@ class Runner:
         if training is None:
             return None
         return run_claimed_training(training, self.sessions, self.settings.database_url, self.settings.runner_id,
-                                    self.settings.heartbeat_s, self._shutdown, on_step)
+                                    self.settings.heartbeat_s, self._shutdown, on_step, data_root=self.settings.data_root)
 
     def run_job(self, job: Job) -> str:
         """Run a claimed job to its end; returns its final status as this runner saw it."""

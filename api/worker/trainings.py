@@ -7,6 +7,10 @@ refused the driver answers "stop", rank 0 raises :class:`TrainingStopped` after 
 the launcher tears every rank down. A stopped training is not finished here: a cancelled one already is,
 and one the runner gave up on (shutdown) goes back to the queue at once and resumes from its latest
 checkpoint when claimed next.
+
+Paths: a service runner (``data_root`` set) checks the stored ``data_path`` and ``checkpoint_dir`` again
+against the owner's directory before it trains (api.service.paths: a symbolic link placed after
+submission is refused here) and fails the training with the rule otherwise.
 """
 
 from __future__ import annotations
@@ -15,14 +19,16 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
-from api.service.trainings import split_training_spec
+from api.service.errors import RuleViolation
+from api.service.trainings import confined_paths, split_training_spec
 from api.worker.metrics import DatabaseMetrics
 from spec.hardware import HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.router_options import FIELDS as ROUTER_FIELDS, RouterOptions
-from db.models import Training
+from db.models import Owner, Training
 from db.queue import claim_next_training, finish_training, heartbeat_training, release_training
 from executor import launch_ray, progress
 from executor.options import ExecutorOptions
@@ -93,24 +99,45 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
 
 
 def run_next_training(sessions: Callable, database_url: str, runner_id: str, heartbeat_s: float,
-                      shutdown: threading.Event) -> bool:
+                      shutdown: threading.Event, data_root: str | Path | None = None) -> bool:
     """Claim the oldest queued training (db.queue) and run it (:func:`run_claimed_training`); False when
     none was queued."""
     with sessions() as session:
         training = claim_next_training(session, runner_id)
     if training is None:
         return False
-    run_claimed_training(training, sessions, database_url, runner_id, heartbeat_s, shutdown)
+    run_claimed_training(training, sessions, database_url, runner_id, heartbeat_s, shutdown, data_root=data_root)
     return True
+
+
+def paths_problem(training: Training, sessions: Callable, data_root: str | Path) -> str | None:
+    """Why the training's stored paths are not (any longer) inside its owner's directory under ``data_root``,
+    or None when both are."""
+    with sessions() as session:
+        owner = session.get(Owner, training.owner_id)
+        if owner is None:
+            return "the training's owner no longer exists"
+        try:
+            confined_paths(training.data_path, training.checkpoint_dir, owner, data_root)
+        except RuleViolation as exc:
+            return str(exc)
+    return None
 
 
 def run_claimed_training(training: Training, sessions: Callable, database_url: str, runner_id: str,
                          heartbeat_s: float, shutdown: threading.Event,
-                         on_step: Callable[[int], None] | None = None) -> str:
+                         on_step: Callable[[int], None] | None = None, data_root: str | Path | None = None) -> str:
     """Run a claimed training to its end, heartbeating every ``heartbeat_s`` seconds; ``on_step(step)``
     (1-based) runs on the driver after rank 0 stored each step. Ends it as succeeded or failed unless it
-    was cancelled meanwhile or the runner is shutting down (then it is put back in the queue). Returns its
-    status as this runner saw it."""
+    was cancelled meanwhile or the runner is shutting down (then it is put back in the queue). ``data_root``:
+    the service's data root, whose owner directory must still hold the training's paths (else it fails); None
+    for the local CLI, which trusts them. Returns its status as this runner saw it."""
+    problem = paths_problem(training, sessions, data_root) if data_root is not None else None
+    if problem is not None:
+        with sessions() as session:
+            finish_training(session, training.id, runner_id, "failed", error=problem)
+        log.warning("training %s refused: %s", training.id, problem)
+        return "failed"
     stop = threading.Event()
     if shutdown.is_set():
         stop.set()

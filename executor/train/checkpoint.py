@@ -16,11 +16,17 @@ rank's slice as a DTensor instead.
 Directory: ``<dir>/step-00000020/`` (DCP files + ``trainer.pt``) and ``<dir>/latest`` naming the last
 complete one, replaced atomically after every rank has finished writing, so a run killed while saving
 resumes from the previous checkpoint.
+
+Loading runs no code from the checkpoint: ``trainer.pt`` holds only ints, strings, lists and tensors and is
+read with ``torch.load(weights_only=True)``; the DCP metadata through :class:`executor.train.safe_dcp.SafeReader`;
+``latest`` must name a directory directly inside the checkpoint directory. A file holding anything else
+is refused with a :class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,7 @@ from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, gather_full, local_shard
 from executor.train.checkpoint_names import LATEST, TRAINER_FILE, step_dir_name
 from executor.train.optim_state import MOMENTS, adam_step, load_local_state, local_state
+from executor.train.safe_dcp import SafeReader
 
 
 
@@ -86,9 +93,12 @@ def _gate_up_keys(key: str) -> tuple[str | None, str | None]:
 
 
 def _stored_keys(path: Path) -> set[str]:
-    """Keys the checkpoint at ``path`` holds (empty when its metadata cannot be read: dcp.load reports it)."""
+    """Keys the checkpoint at ``path`` holds (empty when its metadata cannot be read: dcp.load reports it);
+    CheckpointError when the metadata holds objects foldtune never writes (:mod:`executor.train.safe_dcp`)."""
     try:
-        return set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        return set(SafeReader(str(path)).read_metadata().state_dict_metadata)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"checkpoint {path} refused: {exc}") from exc
     except Exception:  # noqa: BLE001 — a missing or broken checkpoint gets dcp.load's own error below
         return set()
 
@@ -105,7 +115,11 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     marker = Path(directory) / LATEST
     if not marker.is_file():
         return None
-    path = Path(directory) / marker.read_text().strip()
+    name = marker.read_text().strip()
+    path = Path(directory) / name
+    if (not name or name in (".", "..") or "/" in name or "\\" in name
+            or os.path.realpath(path.parent) != os.path.realpath(directory)):
+        raise CheckpointError(f"{marker} names {name!r}, not a checkpoint directly inside {directory}; refused")
     if not (path / TRAINER_FILE).is_file():
         raise CheckpointError(f"{marker} names {path.name!r}, which holds no {TRAINER_FILE}")
     return path
@@ -149,15 +163,29 @@ def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Modul
     return path
 
 
+def _trainer_state(file: Path) -> dict:
+    """``trainer.pt`` read with ``weights_only=True``; CheckpointError when it cannot be read, holds any
+    other object (a pickled class or function: refused, never run) or lacks a field."""
+    try:
+        trainer = torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{file} holds objects other than tensors, numbers, strings, lists and dicts; refused "
+                              f"(torch.load weights_only=True: {first})") from exc
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {file}: {exc}") from exc
+    fields = {"next_step": int, "layout": str, "world_size": int, "model": str, "rng": list}
+    if not isinstance(trainer, dict) or any(not isinstance(trainer.get(k), t) for k, t in fields.items()):
+        raise CheckpointError(f"{file} is not a foldtune trainer state ({', '.join(fields)})")
+    return trainer
+
+
 def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: ParallelState, model_name: str) -> Resumed:
     """Restore model, AdamW moments and step, buffers and (same world size) RNG from ``path`` into this
     layout's slices. Collective: every rank must call it."""
     path = Path(path)
-    try:
-        trainer = torch.load(path / TRAINER_FILE, weights_only=False)
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read {path / TRAINER_FILE}: {exc}") from exc
+    trainer = _trainer_state(path / TRAINER_FILE)
     if trainer["model"] != model_name:
         raise CheckpointError(f"checkpoint {path} is of model {trainer['model']!r}, not {model_name!r}")
     finish_param_gather(model)  # a pending gather would overwrite the loaded parameters
@@ -184,7 +212,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(full, checkpoint_id=str(path))
+            dcp.load(full, checkpoint_id=str(path), storage_reader=SafeReader(str(path)))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} does not fit this model: {first}") from exc

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.http.app import create_app
 from api.http.settings import ApiSettings
+from api.service.quotas import Quotas
 from db.keys import create_api_key
 from db.migrate import upgrade
 from db.testing import postgres_required, postgres_unavailable_reason, temporary_database
@@ -25,13 +26,22 @@ def job_body():
 
 
 @pytest.fixture
-def training_body(tmp_path):
-    """A valid POST /v1/trainings body (tiny-moe on 2 CPU ranks, an existing data directory of this test's own)."""
-    data = tmp_path / "data"
-    data.mkdir()
+def data_root(tmp_path):
+    """The test service's FOLDTUNE_DATA_ROOT: owner ``alice``'s server paths lie in ``data_root / "alice"``."""
+    root = tmp_path / "data-root"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def training_body(data_root):
+    """A valid POST /v1/trainings body for alice (tiny-moe on 2 CPU ranks, an existing data directory in her
+    own directory under the data root)."""
+    data = data_root / "alice" / "data"
+    data.mkdir(parents=True)
     return {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
             "seq_length": 64, "global_batch_size": 8, "data_path": str(data), "steps": 20,
-            "checkpoint_dir": str(tmp_path / "ckpt")}
+            "checkpoint_dir": str(data_root / "alice" / "ckpt")}
 
 
 @pytest.fixture(scope="session")
@@ -58,9 +68,16 @@ def db_url(request, tmp_path, sqlite_template):
         yield url
 
 
+# the rate limit and the quotas are tested on their own (test_limits.py); fuzzing and concurrency tests
+# (50 jobs of one owner at once) must not meet them
+UNLIMITED_RATE = {"rate_per_s": 1e9, "rate_burst": 10**9}
+ROOMY = {**UNLIMITED_RATE, "quotas": Quotas(active_jobs=10**6, active_trainings=10**6, trials_per_job=10**6,
+                                            profiles=10**6)}
+
+
 @pytest.fixture
-def app(db_url):
-    application = create_app(ApiSettings(database_url=db_url), migrate=True)
+def app(db_url, data_root):
+    application = create_app(ApiSettings(database_url=db_url, data_root=data_root, **ROOMY), migrate=True)
     yield application
     application.state.engine.dispose()
 

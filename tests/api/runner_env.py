@@ -28,11 +28,14 @@ def session_ray() -> str:
     return ray.get_runtime_context().gcs_address
 
 
-def make_runner(db_url: str, runner_id: str = "test-runner", stale_after_s: float = 30.0, **trial: object) -> Runner:
-    """A runner on ``db_url`` with a short step budget (1 warm-up, 1 timed step)."""
+def make_runner(db_url: str, runner_id: str = "test-runner", stale_after_s: float = 30.0, data_root=None,
+                **trial: object) -> Runner:
+    """A runner on ``db_url`` with a short step budget (1 warm-up, 1 timed step); ``data_root`` as the
+    service's FOLDTUNE_DATA_ROOT (None: trusts stored training paths, as the local CLI)."""
     settings = RunnerSettings(database_url=db_url, runner_id=runner_id, heartbeat_s=1.0, stale_after_s=stale_after_s,
                               poll_s=0.5, trial=TrialSettings(**{"warmup_steps": 1, "timed_steps": 1,
-                                                                 "timeout_s": 120.0, **trial}))
+                                                                 "timeout_s": 120.0, **trial}),
+                              data_root=data_root)
     return Runner(settings)
 
 
@@ -71,9 +74,9 @@ def runner_process(db_url: str, runner_id: str, log_path, **env: str) -> Iterato
                 proc.wait(10)
 
 
-def run_one_claim(db_url: str) -> None:
+def run_one_claim(db_url: str, data_root=None) -> None:
     """Let a fresh test runner claim and finish exactly one queued job or training, then close it."""
-    runner = make_runner(db_url)
+    runner = make_runner(db_url, data_root=data_root)
     try:
         assert runner.run(once=True) == 1
     finally:

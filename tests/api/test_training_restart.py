@@ -27,7 +27,7 @@ CHECKPOINT_EVERY = 4
 KILL_AFTER_STEP = 6  # past a checkpoint, and a few steps past it
 
 
-def _submit(db_url: str, data: str, ckpt: str) -> int:
+def _submit(db_url: str, data: str, ckpt: str, data_root: Path) -> int:
     from api.schemas.trainings import TrainingCreate
     from api.service.trainings import submit_training
 
@@ -36,7 +36,7 @@ def _submit(db_url: str, data: str, ckpt: str) -> int:
             "layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
             "seq_length": 32, "global_batch_size": 4, "data_path": data, "steps": STEPS, "checkpoint_dir": ckpt,
             "checkpoint_every": CHECKPOINT_EVERY, "warmup_steps": 2, "eval_batches": 1})
-        return submit_training(session, owner, request).id
+        return submit_training(session, owner, request, data_root=data_root).id
 
 
 def _descendants(pids: list[int]) -> list[int]:
@@ -69,12 +69,13 @@ def _metrics(sessions, training_id: int) -> dict[int, tuple[int, float]]:
 def test_a_training_whose_runner_died_resumes_from_its_checkpoint_under_another_runner(db_url, tmp_path):
     session_ray()
     docs = Path(__file__).resolve().parents[2] / "docs"
-    data = str(prepare_dataset([str(docs)], str(tmp_path / "data"), heldout_fraction=0.1).path)
-    ckpt = tmp_path / "ckpt"
-    training_id = _submit(db_url, data, str(ckpt))
+    root = tmp_path / "data-root"  # the service's FOLDTUNE_DATA_ROOT: both runners check the paths against it
+    data = str(prepare_dataset([str(docs)], str(root / "alice" / "data"), heldout_fraction=0.1).path)
+    ckpt = root / "alice" / "ckpt"
+    training_id = _submit(db_url, data, "ckpt", root)  # relative: in alice's directory
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
-    with runner_process(db_url, "doomed", tmp_path / "runner1.log") as first:
+    with runner_process(db_url, "doomed", tmp_path / "runner1.log", FOLDTUNE_DATA_ROOT=str(root)) as first:
         deadline = time.monotonic() + 120
         while max(_metrics(sessions, training_id), default=0) < KILL_AFTER_STEP:
             assert first.poll() is None, (tmp_path / "runner1.log").read_text()
@@ -102,7 +103,7 @@ def test_a_training_whose_runner_died_resumes_from_its_checkpoint_under_another_
             requeued = session.get(Training, training_id)
             assert (requeued.status, requeued.claimed_by) == ("queued", None)
 
-        run_one_claim(db_url)  # another runner (id test-runner)
+        run_one_claim(db_url, data_root=root)  # another runner (id test-runner)
         with sessions() as session:
             training = session.get(Training, training_id)
         after = _metrics(sessions, training_id)

@@ -36,7 +36,8 @@ def test_create_explicit_layout_and_show(client, alice, body):
 
 
 @pytest.mark.parametrize("mutate, loc, rule", [
-    (lambda b: b.update(data_path="/nonexistent/foldtune-data"), "body.data_path", "data_path_exists"),
+    (lambda b: b.update(data_path="no-such-data"), "body.data_path", "data_path_exists"),
+    (lambda b: b.update(data_path="/nonexistent/foldtune-data"), "body.data_path", "path_in_owner_root"),
     (lambda b: b.update(layout="tp2 zz3"), "body.layout", "layout_parses"),
     (lambda b: b.update(layout="tp4 mbs1"), "body.layout", "layout_parses"),
     (lambda b: b.update(layout="recompute=full:x"), "body.layout", "layout_parses"),

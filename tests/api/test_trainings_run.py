@@ -14,22 +14,22 @@ STEPS = 20
 
 
 @pytest.fixture
-def dataset(tmp_path):
+def dataset(data_root):
     docs = Path(__file__).resolve().parents[2] / "docs"
-    return str(prepare_dataset([str(docs)], str(tmp_path / "data"), heldout_fraction=0.1).path)
+    return str(prepare_dataset([str(docs)], str(data_root / "alice" / "data"), heldout_fraction=0.1).path)
 
 
 @pytest.mark.slow
 def test_http_training_runs_through_the_runner_and_its_metrics_are_served(client, alice, keys, server_url, db_url,
-                                                                          dataset, tmp_path, capsys):
+                                                                          dataset, data_root, capsys):
     session_ray()
     body = {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
             "seq_length": 32, "global_batch_size": 4, "data_path": dataset, "steps": STEPS,
-            "checkpoint_dir": str(tmp_path / "ckpt"), "warmup_steps": 2, "eval_batches": 1}
+            "checkpoint_dir": "ckpt", "warmup_steps": 2, "eval_batches": 1}
     r = client.post("/v1/trainings", json=body, headers=alice)
     assert r.status_code == 201, r.text
     tid = r.json()["id"]
-    run_one_claim(db_url)
+    run_one_claim(db_url, data_root=data_root)  # a service runner: checks the paths again
     t = client.get(f"/v1/trainings/{tid}", headers=alice).json()
     assert t["status"] == "succeeded", t["error"]
     assert t["latest_metrics"]["step"] == STEPS and t["latest_metrics"]["eval_loss"] is not None
@@ -39,7 +39,7 @@ def test_http_training_runs_through_the_runner_and_its_metrics_are_served(client
     losses = [m["loss"] for m in page["items"]]
     assert all(m["tokens_per_s"] > 0 and m["lr"] > 0 for m in page["items"])
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # 20 steps on real text already lower the loss
-    assert any((tmp_path / "ckpt").iterdir())
+    assert any((data_root / "alice" / "ckpt").iterdir())  # the relative checkpoint_dir is in alice's directory
     assert wait_no_rank_actors() == []
     cli = ["--url", server_url, "--api-key", keys["alice"]]
     capsys.readouterr()
@@ -53,14 +53,14 @@ def test_http_training_runs_through_the_runner_and_its_metrics_are_served(client
 
 
 @pytest.mark.slow
-def test_cancel_stops_a_running_training(client, alice, db_url, dataset, tmp_path):
+def test_cancel_stops_a_running_training(client, alice, db_url, dataset):
     import threading
     import time
 
     session_ray()
     body = {"layout": "ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
             "seq_length": 32, "global_batch_size": 4, "data_path": dataset, "steps": 100_000,
-            "checkpoint_dir": str(tmp_path / "ckpt"), "eval_batches": 1}
+            "checkpoint_dir": "ckpt", "eval_batches": 1}
     tid = client.post("/v1/trainings", json=body, headers=alice).json()["id"]
     runner = make_runner(db_url)
     thread = threading.Thread(target=runner.run, kwargs={"once": True}, daemon=True)

@@ -7,27 +7,28 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from api.service import jobs as jobs_service
-from api.http.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.http.deps import Limit, Offset, OwnerDep, SessionDep, SettingsDep, location, page
 from api.schemas.common import MAX_ID, Name, Page
 from api.schemas.jobs import JobCreate, JobOut, JobStatus, TrialOut
 from api.schemas.problem import problem_responses
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422))
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422, 429))
 
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 
 
 @router.post("", operation_id="create_job", status_code=201, response_model=JobOut,
              responses={200: {"model": JobOut, "description": "the job first stored under this Idempotency-Key"},
-                        **problem_responses(409)})
-def create_job(body: JobCreate, owner: OwnerDep, session: SessionDep, request: Request, response: Response,
+                        **problem_responses(403, 409, 413)})
+def create_job(body: JobCreate, owner: OwnerDep, session: SessionDep, settings: SettingsDep, request: Request,
+               response: Response,
                idempotency_key: Annotated[Name | None, Header(
                    description="retries with the same key return the first job instead of storing another")] = None,
                ) -> JobOut:
     """Store a tuning job as queued; a runner (`foldtune runner`) claims and executes it."""
-    job, created = jobs_service.submit_job(session, owner, body, idempotency_key)
+    job, created = jobs_service.submit_job(session, owner, body, idempotency_key, quotas=settings.quotas)
     response.status_code = 201 if created else 200
-    response.headers["Location"] = str(request.url_for("get_job", job_id=job.id))
+    response.headers["Location"] = location(request, "get_job", job_id=job.id)
     if created:
         request.app.state.metrics.count_job_submitted()
     view = jobs_service.job_views(session, [job])[0]

@@ -7,22 +7,25 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from api.service import trainings as trainings_service
-from api.http.deps import Limit, Offset, OwnerDep, SessionDep, page
+from api.http.deps import Limit, Offset, OwnerDep, SessionDep, SettingsDep, location, page
 from api.schemas.common import MAX_ID, Page
 from api.schemas.problem import problem_responses
 from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingOut, TrainingStatus
 
-router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=problem_responses(401, 422))
+router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=problem_responses(401, 422, 429))
 
 TrainingId = Annotated[int, Path(ge=1, le=MAX_ID, description="training id")]
 
 
-@router.post("", operation_id="create_training", status_code=201, response_model=TrainingOut)
-def create_training(body: TrainingCreate, owner: OwnerDep, session: SessionDep, request: Request,
-                    response: Response) -> TrainingOut:
-    """Store a training as queued; a runner (`foldtune runner`) claims it and trains through Ray."""
-    row = trainings_service.submit_training(session, owner, body)
-    response.headers["Location"] = str(request.url_for("get_training", training_id=row.id))
+@router.post("", operation_id="create_training", status_code=201, response_model=TrainingOut,
+             responses=problem_responses(403, 413))
+def create_training(body: TrainingCreate, owner: OwnerDep, session: SessionDep, settings: SettingsDep,
+                    request: Request, response: Response) -> TrainingOut:
+    """Store a training as queued; a runner (`foldtune runner`) claims it and trains through Ray. Both
+    paths must lie in the caller's own directory on the server (relative ones are taken relative to it)."""
+    row = trainings_service.submit_training(session, owner, body, data_root=settings.data_root,
+                                            quotas=settings.quotas)
+    response.headers["Location"] = location(request, "get_training", training_id=row.id)
     view = trainings_service.training_views(session, [row])[0]
     session.commit()
     return view
