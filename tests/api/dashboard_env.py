@@ -46,25 +46,27 @@ def build_dashboard_data(workdir: Path, max_trials: int = 3, train_steps: int = 
         keys = {name: create_api_key(session, name)[1] for name in ("alice", "bob")}
     engine.dispose()
     _own_ray()
-    app = create_app(ApiSettings(database_url=url))
+    root = workdir / "users"  # the service's data root: alice's paths lie in root / "alice"
+    (root / "alice").mkdir(parents=True, exist_ok=True)
+    app = create_app(ApiSettings(database_url=url, data_root=root))
     with TestClient(app) as client:
         alice = {"X-API-Key": keys["alice"]}
         job = client.post("/v1/jobs", json={**DASH_JOB, "budget": {**DASH_JOB["budget"], "max_trials": max_trials}},
                           headers=alice)
         assert job.status_code == 201, job.text
         job_id = job.json()["id"]
-        _run_once(url)
+        _run_once(url, root)
         finished = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
         assert finished["status"] == "succeeded", finished["error"]
         docs = Path(__file__).resolve().parents[2] / "docs"
-        data = prepare_dataset([str(docs)], str(workdir / "data"), heldout_fraction=0.1).path
+        data = prepare_dataset([str(docs)], str(root / "alice" / "data"), heldout_fraction=0.1).path
         training = client.post("/v1/trainings", headers=alice, json={
-            "job_id": job_id, "data_path": str(data), "steps": train_steps, "checkpoint_dir": str(workdir / "ckpt"),
+            "job_id": job_id, "data_path": str(data), "steps": train_steps, "checkpoint_dir": str(root / "alice" / "ckpt"),
             "checkpoint_every": train_steps // 2, "warmup_steps": 2, "eval_every": max(train_steps // 3, 1),
             "eval_batches": 1})
         assert training.status_code == 201, training.text
         training_id = training.json()["id"]
-        _run_once(url)
+        _run_once(url, root)
         done = client.get(f"/v1/trainings/{training_id}", headers=alice).json()
         assert done["status"] == "succeeded", done["error"]
         bob_job = client.post("/v1/jobs", json=BOB_JOB, headers={"X-API-Key": keys["bob"]})
@@ -88,8 +90,8 @@ def _own_ray() -> None:
             os.environ.pop("RAY_ADDRESS", None)
 
 
-def _run_once(url: str) -> None:
-    runner = make_runner(url)
+def _run_once(url: str, data_root: Path) -> None:
+    runner = make_runner(url, data_root=data_root)
     try:
         assert runner.run(once=True) == 1
     finally:

@@ -4,6 +4,7 @@ training's checkpoints; both only for their owner. Also GET / and the offline /d
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from db.engine import make_engine, make_sessionmaker
 from db.queue import claim_job
@@ -47,8 +48,8 @@ def test_megatron_args_of_the_best_measured_trial_owner_only(client, alice, bob,
     assert client.get(f"/v1/jobs/{job_id}/megatron-args").status_code == 401
 
 
-def test_training_checkpoints_listed_in_step_order_owner_only(client, alice, bob, training_body, tmp_path):
-    ckpt = tmp_path / "ckpt"
+def test_training_checkpoints_listed_in_step_order_owner_only(client, alice, bob, training_body):
+    ckpt = Path(training_body["checkpoint_dir"])  # in alice's directory under the data root
     for step, complete in ((20, True), (10, True), (30, False)):
         d = ckpt / f"step-{step:08d}"
         d.mkdir(parents=True)
