@@ -1,0 +1,57 @@
+"""`foldtune train --model-dir DIR --export-hf OUT`: the real training loop starts from a Hugging Face
+checkpoint under a folded layout (ep2, 2 CPU ranks) and exports what it trained, which transformers loads.
+
+With a learning rate of 1e-12 the trained weights are the loaded ones to fp32 precision: the exported model's
+logits equal the source model's, which only holds if loading (each rank its expert slice) and exporting are
+both right; with --hf-config the run starts from foldtune's own initialisation, and the logits differ.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_tiny import batch, tiny_hf_model
+from api.cli.main import main
+from executor.dataset.prepare import prepare_dataset
+
+transformers = pytest.importorskip("transformers")
+
+
+def _train(capsys, data, model_args, out):
+    argv = ["train", "--data", data, *model_args, "--layout", "ep2", "--gpus", "2", "--steps", "1", "--seq", "16",
+            "--gbs", "2", "--lr", "1e-12", "--min-lr", "0", "--warmup", "0", "--eval-batches", "1",
+            "--export-hf", str(out)]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    return captured.out
+
+
+def _logits(directory, ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.slow
+def test_train_from_hf_weights_and_export(capsys, tmp_path):
+    source = tmp_path / "tiny-mixtral"
+    tiny_hf_model("mixtral").save_pretrained(source)
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    data = prepare_dataset([str(docs / "training.md")], str(tmp_path / "corpus")).path
+    out = _train(capsys, data, ["--model-dir", str(source)], tmp_path / "out")
+    assert f"from the weights in {source}" in out and "exported the trained model" in out
+    ids, _ = batch()
+    torch.testing.assert_close(_logits(tmp_path / "out", ids), _logits(source, ids), rtol=1e-4, atol=1e-5)
+    _train(capsys, data, ["--hf-config", str(source / "config.json")], tmp_path / "fresh")
+    assert (_logits(tmp_path / "fresh", ids) - _logits(source, ids)).abs().max() > 1e-2
+
+
+def test_export_needs_a_hugging_face_config(capsys, tmp_path):
+    code = main(["train", "--data", str(tmp_path), "--model", "tiny-moe", "--steps", "1", "--export-hf",
+                 str(tmp_path / "x")])
+    assert code == 2 and "--export-hf needs --model-dir or --hf-config" in capsys.readouterr().err
