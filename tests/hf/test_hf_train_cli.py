@@ -3,7 +3,7 @@ checkpoint under a folded layout (ep2, 2 CPU ranks) and exports what it trained,
 
 With a learning rate of 1e-12 the trained weights are the loaded ones to fp32 precision: the exported model's
 logits equal the source model's, which only holds if loading (each rank its expert slice) and exporting are
-both right; with --hf-config the run starts from foldtune's own initialisation, and the logits differ.
+both right (foldtune's own initialisation would give other logits).
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ def test_train_from_hf_weights_and_export(capsys, tmp_path):
     assert f"from the weights in {source}" in out and "exported the trained model" in out
     ids, _ = batch()
     torch.testing.assert_close(_logits(tmp_path / "out", ids), _logits(source, ids), rtol=1e-4, atol=1e-5)
-    _train(capsys, data, ["--hf-config", str(source / "config.json")], tmp_path / "fresh")
-    assert (_logits(tmp_path / "fresh", ids) - _logits(source, ids)).abs().max() > 1e-2
 
 
 def test_export_needs_a_hugging_face_config(capsys, tmp_path):
