@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 CONFIG = json.loads((Path(__file__).parents[1] / "spec" / "hf_configs" / "qwen3-30b-a3b" / "config.json").read_text())
 PLAN = {"training": {"seq_length": 4096, "global_batch_size": 64}, "cluster": {"gpu": "h100", "num_gpus": 16}, "top": 2}
 
@@ -41,3 +43,24 @@ def test_job_from_hf_config_stores_the_mapped_spec(client, alice):
     assert r.status_code in (200, 201, 202), r.text
     spec = r.json()["model_spec"]
     assert spec["name"] == "hf-qwen3_moe" and spec["num_experts"] == 128 and spec["qk_layernorm"] is True
+
+
+def test_cli_model_dir_becomes_the_inline_hf_config(tmp_path):
+    """profile/tune/submit/train read --model-dir / --hf-config; the service gets the config, not a path."""
+    import argparse
+
+    from api.cli._model_args import add_model_arguments, model_body, model_from_args
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    directory = tmp_path / "my-qwen3"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(CONFIG))
+    args = parser.parse_args(["--model-dir", str(directory), "--layers", "2"])
+    assert model_body(args) == {"hf_config": CONFIG, "hf_name": "my-qwen3", "num_layers_override": 2}
+    spec = model_from_args(args)
+    assert spec.name == "my-qwen3@2L" and spec.num_layers == 2 and spec.qk_layernorm
+    args = parser.parse_args(["--hf-config", str(directory / "config.json"), "--proxy", "tiny"])
+    assert model_from_args(args).hidden_size == 64
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "tiny-moe", "--model-dir", str(directory)])
