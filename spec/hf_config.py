@@ -37,6 +37,8 @@ from spec.model_spec import ModelSpec
 
 #: The largest config.json read (bytes); published ones are a few KiB.
 MAX_CONFIG_BYTES = 1 << 20
+#: The most decoder layers a config may declare (per-layer patterns are built from it; published: <= 94).
+MAX_LAYERS = 4096
 
 #: Keys that do not change the model foldtune computes, and why.
 IGNORED: dict[str, str] = {
@@ -316,7 +318,7 @@ def _gpt_oss(f: _Fields, name: str, issues: list[str]) -> dict[str, Any]:
     _head_dim(f, spec)
     f.expect("attention_bias", (True,), True, "GPT-OSS's projections carry biases")
     topk = f.get("num_experts_per_tok", f.get("experts_per_token"))
-    if not isinstance(topk, int):
+    if isinstance(topk, bool) or not isinstance(topk, int):
         raise SpecError(f"{f.where}: field 'num_experts_per_tok' (or 'experts_per_token') is required")
     alpha = f.get("swiglu_alpha", 1.702)
     if abs(alpha - 1.702) > 1e-9:
@@ -357,9 +359,17 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "hf_con
     if family not in _MAPPERS:
         raise SpecError(f"{where}: field 'model_type' = {family!r} is not supported; supported: {', '.join(FAMILIES)}")
     f = _Fields(config, where)
+    layers = config.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > MAX_LAYERS:
+        raise SpecError(f"{where}: field 'num_hidden_layers' = {layers} exceeds {MAX_LAYERS}")
     issues: list[str] = []
-    fields = _MAPPERS[family](f, name, issues)
-    rotary_base = _rope(f, issues)
+    try:
+        fields = _MAPPERS[family](f, name, issues)
+        rotary_base = _rope(f, issues)
+    except SpecError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong JSON type
+        raise SpecError(f"{where}: a {family} field holds a value of the wrong type ({exc})") from None
     eps = f.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
         raise SpecError(f"{where}: field 'rms_norm_eps' must be a positive number, got {eps!r}")

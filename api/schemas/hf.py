@@ -56,5 +56,8 @@ class HFConfigIn(BaseModel):
             mapped = model_from_hf_config(config, name.strip(), where="body.hf_config")
         except FoldtuneError as exc:
             raise PydanticCustomError("hf_config_rules", "{reason}", {"reason": str(exc)}) from None
+        except Exception as exc:  # noqa: BLE001 - a client's odd JSON must be a 422, never a 500
+            raise PydanticCustomError("hf_config_rules", "hf_config cannot be mapped: {reason}",
+                                      {"reason": str(exc) or type(exc).__name__}) from None
         rest = {k: v for k, v in data.items() if k not in ("hf_config", "hf_name")}
         return {**rest, "model_spec": mapped.spec.to_dict()}

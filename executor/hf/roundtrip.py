@@ -1,10 +1,11 @@
 """Hugging Face directory → foldtune under a folded layout → a few training steps → Hugging Face directory.
 
 :func:`roundtrip_worker` is a launched-world entry point (``executor.launch_local.launch``): for each job it
-builds the model of an HF directory under the layout, loads the weights (each rank its slice), trains
-``steps`` AdamW steps on synthetic batches (:mod:`executor.data`), computes the logits of a probe batch and
-exports the trained model as a new HF directory. Several jobs share one world (one process start).
-Rank 0 returns, per job, the probe logits [b, s, vocab] and the losses; the other ranks None.
+builds the model of an HF directory under the job's layout, loads the weights (each rank its slice), trains
+``steps`` AdamW steps on synthetic batches (:mod:`executor.data`), computes the logits of a probe batch
+(pp = 1 only: :mod:`executor.hf.logits`) and exports the trained model as a new HF directory. Several jobs
+share one world (one process start). Rank 0 returns, per job, the probe logits [b, s, vocab] (None under
+pp > 1) and the losses; the other ranks None.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from executor.train_step import Trainer
 
 @dataclass(frozen=True)
 class RoundTrip:
-    """One model's trip: ``source`` HF directory in, ``target`` out, ``probe`` ids [b, s] to compare logits on."""
+    """One model's trip under layout ``config``: ``source`` HF directory in, ``target`` out, ``probe`` ids [b, s]
+    to compare logits on."""
 
+    config: ParallelConfig
     source: str
     target: str
     probe: torch.Tensor
@@ -39,10 +42,11 @@ class RoundTrip:
     lr: float = 1e-3
 
 
-def roundtrip_worker(rank: int, world_size: int, config: ParallelConfig, jobs: list[RoundTrip]) -> list | None:
-    state = build_parallel_state(config, rank)
+def roundtrip_worker(rank: int, world_size: int, jobs: list[RoundTrip]) -> list | None:
     out = []
     for job in jobs:
+        config = job.config
+        state = build_parallel_state(config, rank)
         hf = load_hf_model(job.source)
         options = ExecutorOptions(**hf.executor_options())
         model = MoEGPT(hf.spec, state, options, job.seq_length)
@@ -54,7 +58,7 @@ def roundtrip_worker(rank: int, world_size: int, config: ParallelConfig, jobs: l
             losses.append(trainer.step(micro_batches(batch, state.dp.size, state.dp.rank,
                                                      config.micro_batch_size)).loss)
         trainer.finish_param_gather()
-        logits = model_logits(model, job.probe)
+        logits = model_logits(model, job.probe) if config.pp == 1 else None
         export_hf(model, state, job.target, hf.family, json.loads((Path(job.source) / "config.json").read_text()))
         out.append({"logits": logits, "losses": losses})
     return out if rank == 0 else None

@@ -94,3 +94,15 @@ def test_qwen_dense_layers_and_gptoss_window_pattern():
     config.update(num_hidden_layers=3, layer_types=["full_attention", "sliding_attention", "sliding_attention"])
     spec = model_from_hf_config(config, "g").spec
     assert [spec.attention_window(i) for i in range(3)] == [None, 127, 127]
+
+
+@pytest.mark.parametrize("key, value", [("layer_types", 3), ("rope_parameters", [1]), ("swiglu_alpha", "x"),
+                                        ("num_hidden_layers", 10**9), ("mlp_only_layers", "0"),
+                                        ("num_experts_per_tok", True)])
+def test_wrong_json_types_are_spec_errors(key, value):
+    """What a client may send in an API body: never an exception other than SpecError (a 422, not a 500)."""
+    family = "gpt_oss" if key in ("layer_types", "swiglu_alpha", "num_experts_per_tok") else "qwen3_moe"
+    config = _config("gpt-oss-120b" if family == "gpt_oss" else "qwen3-30b-a3b")
+    config[key] = value
+    with pytest.raises(SpecError):
+        model_from_hf_config(config, "x")
