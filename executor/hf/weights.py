@@ -139,12 +139,22 @@ def export_hf(model: torch.nn.Module, state: ParallelState, directory: str | Pat
     drifted = [n for n in full if "@pp" in n]
     if drifted:
         raise HFWeightsError(f"pipeline copies of {drifted} differ; the export would be ambiguous")
-    tensors = foldtune_to_hf(model.spec, family, {**full, **buffers})
+    return write_hf_directory(foldtune_to_hf(model.spec, family, {**full, **buffers}), config, directory, dtype)
+
+
+def write_hf_directory(tensors: dict[str, torch.Tensor], config: dict[str, Any], directory: str | Path,
+                       dtype: torch.dtype = torch.float32) -> Path:
+    """Write HF-named ``tensors`` (as ``dtype``) to ``model.safetensors`` and ``config`` to ``config.json``, its
+    dtype set to what was written and its quantization_config dropped (the weights are not quantised)."""
+    _need_safetensors()
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    _save_file({k: v.to(dtype).contiguous() for k, v in tensors.items()}, str(out / SINGLE_FILE),
-               metadata={"format": "pt"})
-    config = {k: v for k, v in config.items() if k not in ("torch_dtype", "quantization_config")}
-    config["dtype"] = str(dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _save_file({k: v.to(dtype).contiguous() for k, v in tensors.items()}, str(out / SINGLE_FILE),
+                   metadata={"format": "pt"})
+        config = {k: v for k, v in config.items() if k not in ("torch_dtype", "quantization_config")}
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise HFWeightsError(f"cannot write the Hugging Face directory {out}: {exc.strerror}") from None
     return out

@@ -1,0 +1,33 @@
+"""``foldtune export-hf``: a foldtune training checkpoint (any layout) as a Hugging Face model directory.
+
+The checkpoint holds full tensors, so the conversion runs in this process, without ranks; the config.json
+comes from the Hugging Face model the run was trained from (``--model-dir`` / ``--hf-config``). See
+docs/huggingface.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "write a training checkpoint as a Hugging Face model directory (config.json + model.safetensors)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a --checkpoint-dir of foldtune train (its latest step) or one step-N dir")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", metavar="DIR", help="the Hugging Face model the run was trained from")
+    source.add_argument("--hf-config", metavar="FILE", help="its config.json")
+    parser.add_argument("--out", required=True, help="the directory to write")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="weights' dtype in the safetensors file (default: float32)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # torch and the executor: only this command pays for them
+    import torch
+
+    from executor.hf.convert import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.model_dir or args.hf_config, args.out, getattr(torch, args.dtype))
+    print(f"wrote {out} ({args.dtype})")
+    return 0
