@@ -413,3 +413,79 @@ def load_hf_model(path: str | os.PathLike[str], name: str | None = None) -> HFMo
     """The :class:`HFModel` of a Hugging Face model directory or config.json file."""
     data, default = read_hf_config(path)
     return model_from_hf_config(data, name or default, where=str(path))
+
+
+# ---- the other way: a ModelSpec as a Hugging Face config ------------------------------------------------------
+def _family_of(spec: ModelSpec) -> str:
+    if not spec.is_moe:
+        raise SpecError(f"model {spec.name!r} is dense; the Hugging Face families foldtune writes are MoE")
+    if spec.quick_geglu:
+        return "gpt_oss"
+    if spec.multi_latent_attention:
+        return "deepseek_v3" if spec.moe_router_score_function == "sigmoid" else "deepseek_v2"
+    if spec.moe_shared_expert_gate:
+        return "qwen2_moe"
+    if spec.qk_layernorm:
+        return "qwen3_moe"
+    return "mixtral"
+
+
+def hf_config_from_spec(spec: ModelSpec, rotary_base: float = 10000.0, norm_epsilon: float = 1e-6) -> dict[str, Any]:
+    """A config.json object of the Hugging Face family that computes ``spec`` (GPT-OSS for quick-GeGLU, DeepSeek
+    for MLA, Qwen2-MoE for a gated shared expert, Qwen3-MoE for q/k norms, else Mixtral).
+
+    Checked by mapping it back (:func:`model_from_hf_config`): a spec no family represents exactly (ungated
+    shared experts without MLA, dense layers in a Mixtral, ...) raises a SpecError naming the fields that
+    would change."""
+    family = _family_of(spec)
+    h, heads = spec.hidden_size, spec.num_attention_heads
+    c: dict[str, Any] = {
+        "model_type": family, "hidden_size": h, "num_hidden_layers": spec.num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": spec.num_kv_heads, "intermediate_size": spec.ffn_hidden_size,
+        "vocab_size": spec.vocab_size, "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": not spec.untie_embeddings_and_output_weights, "rms_norm_eps": norm_epsilon,
+        "rope_theta": rotary_base, "attention_dropout": spec.attention_dropout, "hidden_act": "silu",
+        "num_experts_per_tok": spec.moe_router_topk,
+    }
+    if spec.kv_channels is not None and not spec.multi_latent_attention:
+        c["head_dim"] = spec.kv_channels
+    pattern = spec.moe_layer_pattern()
+    if family == "mixtral":
+        c.update(num_local_experts=spec.num_experts, intermediate_size=spec.expert_ffn_hidden_size)
+        if spec.window_size is not None:
+            c["sliding_window"] = spec.window_size[0] + 1
+    elif family in ("qwen2_moe", "qwen3_moe"):
+        c.update(num_experts=spec.num_experts, moe_intermediate_size=spec.expert_ffn_hidden_size,
+                 norm_topk_prob=not spec.moe_router_pre_softmax, decoder_sparse_step=1,
+                 mlp_only_layers=[i for i, moe in enumerate(pattern) if not moe])
+        if family == "qwen2_moe":
+            c.update(qkv_bias=spec.add_qkv_bias, shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size)
+    elif family == "gpt_oss":
+        c.update(num_local_experts=spec.num_experts, attention_bias=True, swiglu_limit=spec.activation_func_clamp_value,
+                 layer_types=["sliding_attention" if spec.attention_window(i) is not None else "full_attention"
+                              for i in range(spec.num_layers)])
+        if spec.window_size is not None:
+            c["sliding_window"] = spec.window_size[0] + 1
+    else:  # DeepSeek
+        ffn = spec.expert_ffn_hidden_size
+        c.update(n_routed_experts=spec.num_experts, moe_intermediate_size=ffn, q_lora_rank=spec.q_lora_rank,
+                 kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_head_dim,
+                 qk_rope_head_dim=spec.qk_pos_emb_head_dim, v_head_dim=spec.v_head_dim,
+                 n_shared_experts=spec.shared_expert_ffn_hidden_size // ffn, first_k_dense_replace=spec.moe_first_k_dense,
+                 routed_scaling_factor=spec.moe_router_topk_scaling_factor or 1.0, num_key_value_heads=heads,
+                 norm_topk_prob=not spec.moe_router_pre_softmax)
+        if isinstance(spec.moe_layer_freq, int):
+            c["moe_layer_freq"] = spec.moe_layer_freq
+        if family == "deepseek_v3":
+            c.update(n_group=spec.moe_router_num_groups or 1, topk_group=spec.moe_router_group_topk or 1,
+                     num_nextn_predict_layers=spec.mtp_num_layers, topk_method="noaux_tc")
+        else:
+            c["topk_method"] = "greedy"
+    mapped = model_from_hf_config(c, spec.name, where=f"the {family} config of {spec.name!r}").spec
+    # not part of the computed model: the vocabulary padding, and the dense FFN width of a model without dense layers
+    unused = {"make_vocab_size_divisible_by"} | ({"ffn_hidden_size"} if not spec.num_dense_layers else set())
+    differ = [f for f in spec.to_dict() if f not in unused and getattr(mapped, f) != getattr(spec, f)]
+    if differ:
+        raise SpecError(f"model {spec.name!r} has no exact Hugging Face {family} form: {', '.join(differ)} would "
+                        f"change")
+    return c

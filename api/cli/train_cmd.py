@@ -17,6 +17,7 @@ from api.cli.train_job import run_job_training
 from api.worker.metrics import DatabaseMetrics
 from api.cli._model_args import add_model_arguments, check_local_run, hf_model_from_args, model_from_args
 from spec.errors import SpecError
+from spec.hf_config import hf_config_from_spec, read_hf_config
 from spec.parallel_config import ParallelConfig
 from spec.recipe import DEFAULT_RECIPE
 from spec.training_spec import TrainingSpec
@@ -57,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
     parser.add_argument("--export-hf", metavar="DIR",
                         help="at the end, write the trained model as a Hugging Face directory (config.json + "
-                             "model.safetensors; needs --model-dir or --hf-config for the config)")
+                             "model.safetensors): the config of --model-dir/--hf-config, else one written for "
+                             "the model (docs/huggingface.md)")
     add_router_arguments(parser, recipe.router_defaults())  # with --job: the job's unless given
     parser.add_argument("--seed", type=int, default=recipe.data_seed, help="data order seed")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -67,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="service database (default: FOLDTUNE_DATABASE_URL or ~/.foldtune)")
 
 
+
+
+def _export_config(model, hf_source: str | None, defaults) -> dict:
+    """The config.json --export-hf writes: the Hugging Face source's, else one for the model with the
+    executor's default RoPE θ and norm ε (``defaults``: what a run without a Hugging Face config trains with)."""
+    if hf_source:
+        return read_hf_config(hf_source)[0]
+    return hf_config_from_spec(model, defaults.rotary_base, defaults.norm_epsilon)
 
 
 class _Progress:
@@ -111,13 +121,11 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--model is required with --layout (or --model-file, --model-dir, --hf-config; or give "
                         "--job ID to train a tuning job's best layout)")
     hf = hf_model_from_args(args)
-    if args.export_hf and hf is None:
-        raise SpecError("--export-hf needs --model-dir or --hf-config: the Hugging Face config to write")
     hf_source = args.model_dir or args.hf_config
     # --model-dir with weights: a fresh run starts from them (the full model only: a proxy has other shapes)
     weights = args.model_dir and any((Path(args.model_dir) / name).is_file() for name in (SINGLE_FILE, INDEX_FILE))
     hf_init = args.model_dir if weights else None
-    if (hf_init or args.export_hf) and (args.layers or args.proxy):
+    if (hf_init or (hf_source and args.export_hf)) and (args.layers or args.proxy):
         raise SpecError("--layers/--proxy change the model's shapes: its Hugging Face weights would not fit")
     if hf_init:
         check_loadable(hf)
@@ -132,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       data_seed=args.seed, hf_init_dir=hf_init, hf_export_dir=args.export_hf,
-                      hf_config_dir=hf_source if args.export_hf else None)
+                      hf_export_config=_export_config(model, hf_source, ExecutorOptions()) if args.export_hf else None)
     options = ExecutorOptions.for_router(router_options_from(args, DEFAULT_RECIPE.router_defaults()), model,
                                          **(hf.executor_options() if hf is not None else {}))
     device = args.device
@@ -158,5 +166,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"nothing to do: the checkpoint is already at step {report.start_step}", file=sys.stderr)
     if args.export_hf:
-        print(f"exported the trained model to {args.export_hf} (Hugging Face {hf.family})")
+        print(f"exported the trained model to {args.export_hf} (Hugging Face {cfg.hf_export_config['model_type']})")
     return 0

@@ -9,7 +9,6 @@ stacked into ``experts.w13`` first.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from spec.hf_config import load_hf_model
+from spec.hf_config import model_from_hf_config
 from executor.hf.names import foldtune_to_hf
 from executor.hf.weights import write_hf_directory
 from executor.train.checkpoint import CheckpointError, latest_checkpoint
@@ -55,13 +54,11 @@ def read_checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_checkpoint(checkpoint: str | Path, hf_source: str | Path, target: str | Path,
+def export_checkpoint(checkpoint: str | Path, config: dict[str, Any], target: str | Path,
                       dtype: torch.dtype = torch.float32) -> Path:
-    """Write the model of ``checkpoint`` as a Hugging Face directory ``target``, with the config.json of the
-    Hugging Face model ``hf_source`` (a directory or the file) it was trained from."""
-    hf = load_hf_model(hf_source)
-    source = Path(hf_source)
-    config: dict[str, Any] = json.loads((source / "config.json" if source.is_dir() else source).read_text())
+    """Write the model of ``checkpoint`` as a Hugging Face directory ``target`` with ``config`` (a config.json
+    object: of the Hugging Face model it was trained from, or :func:`spec.hf_config.hf_config_from_spec`'s)."""
+    hf = model_from_hf_config(config, "checkpoint", where="the export's config")
     weights = read_checkpoint_weights(checkpoint)
     vocab = hf.spec.vocab_size
     for name in ("embedding.weight", "lm_head.weight"):  # older checkpoints may hold padded rows

@@ -20,7 +20,7 @@ import torch
 
 from spec.errors import FoldtuneError, SpecError
 from spec.flops import flops_per_step, tflops_per_gpu
-from spec.hf_config import load_hf_model, read_hf_config
+from spec.hf_config import load_hf_model
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.validity import batch_rule
@@ -61,10 +61,11 @@ class TrainConfig:
     checkpoint_every: int = 0
     data_seed: int = DEFAULT_RECIPE.data_seed
     # Hugging Face model directory whose safetensors a fresh run starts from (a resume ignores it), and the
-    # directory the trained model is exported to at the end (config.json of ``hf_config_dir``); docs/huggingface.md
+    # directory the trained model is exported to at the end with ``hf_export_config`` as its config.json (the
+    # source's, or spec.hf_config.hf_config_from_spec's); docs/huggingface.md
     hf_init_dir: str | None = None
     hf_export_dir: str | None = None
-    hf_config_dir: str | None = None
+    hf_export_config: dict | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -78,8 +79,8 @@ class TrainConfig:
                             f"be >= 0, eval_batches ({self.eval_batches}) >= 1")
         if self.checkpoint_every and not self.checkpoint_dir:
             problems.append("checkpoint_every needs a checkpoint_dir")
-        if self.hf_export_dir and not self.hf_config_dir:
-            problems.append("hf_export_dir needs hf_config_dir (the Hugging Face config of the model)")
+        if self.hf_export_dir and not self.hf_export_config:
+            problems.append("hf_export_dir needs hf_export_config (the Hugging Face config of the model)")
         if problems:
             raise SpecError("; ".join(problems))
         self.schedule()  # validates the learning rates
@@ -229,8 +230,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
             report.checkpoints.append(str(path))
     trainer.finish_param_gather()  # no collective left running when the rank leaves
     if cfg.hf_export_dir:
-        config, _ = read_hf_config(cfg.hf_config_dir)
-        export_hf(net, state, cfg.hf_export_dir, load_hf_model(cfg.hf_config_dir, model.name).family, config)
+        export_hf(net, state, cfg.hf_export_dir, cfg.hf_export_config["model_type"], cfg.hf_export_config)
     return report
 
 

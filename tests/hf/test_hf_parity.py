@@ -84,3 +84,28 @@ def test_olmoe_is_refused_with_the_reason(tmp_path):
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     with pytest.raises(HFWeightsError, match="normalises q and k over all heads at once"):
         _foldtune(tmp_path)
+
+
+def test_catalog_model_exports_to_a_directory_transformers_computes_equally(tmp_path):
+    """A model foldtune initialised itself (tiny-moe, no Hugging Face origin): the config written for it and the
+    exported weights give transformers the executor's logits."""
+    transformers = pytest.importorskip("transformers")
+    from spec.catalog import get_model
+    from spec.hf_config import hf_config_from_spec
+    from executor.hf.weights import export_hf
+
+    spec = get_model("tiny-moe")
+    options = ExecutorOptions()
+    state = build_parallel_state(ParallelConfig(1), 0)
+    model = MoEGPT(spec, state, options, seq_length=16)
+    with torch.no_grad():  # router weights scaled against ties, as hf_tiny does
+        for layer in model.moe_layers():
+            layer.router.weight.mul_(25.0)
+    config = hf_config_from_spec(spec, options.rotary_base, options.norm_epsilon)
+    export_hf(model, state, tmp_path, config["model_type"], config)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager",
+                                                               dtype=torch.float32).eval()
+    ids, _ = batch()
+    assert routing_margin(theirs, ids) > 1e-3
+    with torch.no_grad():
+        torch.testing.assert_close(model_logits(model, ids), theirs(ids).logits.float(), rtol=1e-4, atol=1e-5)

@@ -106,3 +106,22 @@ def test_wrong_json_types_are_spec_errors(key, value):
     config[key] = value
     with pytest.raises(SpecError):
         model_from_hf_config(config, "x")
+
+
+@pytest.mark.parametrize("name", NAMES + ["tiny-moe"])
+def test_catalog_models_write_a_config_that_maps_back(name):
+    from spec.hf_config import hf_config_from_spec
+
+    spec = get_model(name)
+    config = hf_config_from_spec(spec, 1e6, 1e-5)
+    mapped = model_from_hf_config(config, name)
+    ffn = spec.ffn_hidden_size if spec.num_dense_layers else mapped.spec.ffn_hidden_size  # unused without dense layers
+    assert mapped.spec.to_dict() == {**spec.to_dict(), "make_vocab_size_divisible_by": 128, "ffn_hidden_size": ffn}
+    assert (mapped.rotary_base, mapped.norm_epsilon) == (1e6, 1e-5)
+
+
+def test_a_spec_without_a_hugging_face_form_is_named():
+    from spec.hf_config import hf_config_from_spec
+
+    with pytest.raises(SpecError, match="no exact Hugging Face mixtral form: .*moe_shared_expert_intermediate_size"):
+        hf_config_from_spec(get_model("tiny-moe-shared"))
