@@ -45,6 +45,9 @@ def _add_hardware(profile: HardwareProfile) -> None:
 
 
 # ---- models ---------------------------------------------------------------------------------------
+# Routers: Qwen2-MoE, DeepSeek-V2 and OLMoE weight their top-k by the softmax over all experts, not renormalised
+# (norm_topk_prob false: moe_router_pre_softmax); GPT-OSS's sliding_window 128 attends to 128 keys, the query's
+# own included: Megatron's window_size (127, 0). tests/spec/test_hf_config.py maps each published config.json.
 _add_model(ModelSpec(
     name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
     ffn_hidden_size=14336, vocab_size=32000, max_position_embeddings=32768,
@@ -57,7 +60,7 @@ _add_model(ModelSpec(
     name="qwen2-57b-a14b", num_layers=28, hidden_size=3584, num_attention_heads=28, num_query_groups=4,
     ffn_hidden_size=18944, vocab_size=151936, add_qkv_bias=True, max_position_embeddings=32768,
     num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=2560, moe_shared_expert_intermediate_size=20480,
-    moe_shared_expert_gate=True))
+    moe_shared_expert_gate=True, moe_router_pre_softmax=True))
 _add_model(ModelSpec(
     name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
     kv_channels=128, ffn_hidden_size=6144, vocab_size=151936, qk_layernorm=True,
@@ -71,7 +74,7 @@ _add_model(ModelSpec(
     vocab_size=102400, max_position_embeddings=163840, multi_latent_attention=True, q_lora_rank=None,
     kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
     num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=2816,
-    moe_first_k_dense=1))
+    moe_first_k_dense=1, moe_router_pre_softmax=True))
 _add_model(ModelSpec(
     name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
     vocab_size=129280, max_position_embeddings=163840, multi_latent_attention=True, q_lora_rank=1536,
@@ -81,13 +84,14 @@ _add_model(ModelSpec(
     moe_router_group_topk=4, moe_router_topk_scaling_factor=2.5, mtp_num_layers=1))
 _add_model(ModelSpec(
     name="olmoe-1b-7b", num_layers=16, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=1024,
-    vocab_size=50304, qk_layernorm=True, num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=1024))
+    vocab_size=50304, qk_layernorm=True, num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=1024,
+    moe_router_pre_softmax=True))
 _add_model(ModelSpec(
     name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_query_groups=8,
     kv_channels=64, ffn_hidden_size=2880, vocab_size=201088, add_bias_linear=True, add_qkv_bias=True,
     max_position_embeddings=131072, num_experts=128, moe_router_topk=4, moe_ffn_hidden_size=2880,
     swiglu=False, quick_geglu=True, activation_func_clamp_value=7.0, glu_linear_offset=1.0,
-    softmax_type="learnable", window_size=(128, 0), window_attn_skip_freq=2))
+    softmax_type="learnable", window_size=(127, 0), window_attn_skip_freq=2))
 # Small models for tests and CPU tuning runs.
 _add_model(ModelSpec(
     name="tiny-moe", num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,

@@ -16,13 +16,13 @@ from spec.profile_io import load_profile
 from spec.training_spec import TrainingSpec
 
 
-def build_specs(model: str, gpus: int, *, gpu: str | None = None, profile: str | None = None,
+def build_specs(model: str | ModelSpec, gpus: int, *, gpu: str | None = None, profile: str | None = None,
                 layers: int | None = None, **training: Any) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
-    """(catalog ``model``, cut to ``layers`` when given; a TrainingSpec of the ``training`` fields; ``gpus``
+    """(catalog ``model`` (or the ModelSpec itself), cut to ``layers`` when given; a TrainingSpec of the ``training`` fields; ``gpus``
     GPUs of the hardware profile in the file ``profile``, else of the catalog hardware ``gpu``).
 
     Raises CatalogError for an unknown name or an unreadable profile file, SpecError for a bad value."""
-    spec = get_model(model)
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
     if layers:
         spec = spec.with_layers(layers)
     cluster = ClusterSpec(load_profile(profile) if profile else get_hardware(gpu), gpus)

@@ -1,5 +1,5 @@
-"""The model arguments of ``foldtune profile``, ``tune``, ``submit`` and ``train``: ``--model`` or
-``--model-file``, and the proxy (``--layers N``, ``--proxy tiny``), resolved into a request body (for the
+"""The model arguments of ``foldtune profile``, ``tune``, ``submit`` and ``train``: ``--model``,
+``--model-file``, or a Hugging Face model (``--model-dir DIR`` / ``--hf-config FILE``, :mod:`spec.hf_config`), and the proxy (``--layers N``, ``--proxy tiny``), resolved into a request body (for the
 API's schema) or a ModelSpec (for a local run), and the front door's check of a local run.
 
 Each refusal is a FoldtuneError, which ``foldtune`` prints as one line and exit code 2.
@@ -17,6 +17,7 @@ import yaml
 from api.service.capability import check_layout_runnable, check_model_runnable
 from spec.catalog import get_model
 from spec.errors import SpecError
+from spec.hf_config import HFModel, load_hf_model, model_from_hf_config, read_hf_config
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.proxy import PROXIES, ProxyError, proxy_model
@@ -31,10 +32,24 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = Tru
     model = parser.add_mutually_exclusive_group(required=required and default is None)
     model.add_argument("--model", default=default, help=model_help + (f" (default: {default})" if default else ""))
     model.add_argument("--model-file", metavar="FILE", help="YAML/JSON file of ModelSpec fields (Megatron names)")
+    add_hf_arguments(model)
     parser.add_argument("--layers", type=int, metavar="N",
                         help="run a proxy with N decoder layers, the model's widths and features (default: all)")
     parser.add_argument("--proxy", choices=PROXIES,
                         help="tiny: every architecture feature of the model at test widths (hidden 64, vocab 256)")
+
+
+def add_hf_arguments(group) -> None:
+    """``--model-dir DIR`` and ``--hf-config FILE``: a Hugging Face model's config.json (docs/huggingface.md)."""
+    group.add_argument("--model-dir", metavar="DIR",
+                       help="Hugging Face model directory (its config.json; the model is named after DIR)")
+    group.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json file")
+
+
+def hf_model_from_args(args: argparse.Namespace) -> HFModel | None:
+    """The mapped Hugging Face model of ``--model-dir`` / ``--hf-config``, None when neither is given."""
+    path = getattr(args, "model_dir", None) or getattr(args, "hf_config", None)
+    return load_hf_model(path) if path else None
 
 
 def _read_model_file(path_text: str) -> dict[str, Any]:
@@ -56,8 +71,15 @@ def model_body(args: argparse.Namespace) -> dict[str, Any]:
     """The model fields of a job or training body: ``model`` or ``model_spec``, and the proxy's
     ``num_layers_override`` / ``proxy`` when given."""
     # a file wins over a default --model (the group makes giving both on the command line an error)
-    body: dict[str, Any] = ({"model_spec": _read_model_file(args.model_file)} if args.model_file
-                            else {"model": args.model})
+    path = getattr(args, "model_dir", None) or getattr(args, "hf_config", None)
+    if path:
+        config, name = read_hf_config(path)
+        model_from_hf_config(config, name, where=str(path))  # refuse here, with the file's name, not at the server
+        body: dict[str, Any] = {"hf_config": config, "hf_name": name}
+    elif args.model_file:
+        body = {"model_spec": _read_model_file(args.model_file)}
+    else:
+        body = {"model": args.model}
     if args.layers is not None:
         body["num_layers_override"] = args.layers
     if args.proxy is not None:
@@ -67,7 +89,11 @@ def model_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
     """The ModelSpec a local run builds: the catalog model or the file's, as the proxy asked for."""
-    base = ModelSpec.from_dict(_read_model_file(args.model_file)) if args.model_file else get_model(args.model)
+    hf = hf_model_from_args(args)
+    if hf is not None:
+        base = hf.spec
+    else:
+        base = ModelSpec.from_dict(_read_model_file(args.model_file)) if args.model_file else get_model(args.model)
     try:
         return proxy_model(base, args.layers, args.proxy)
     except ProxyError as exc:

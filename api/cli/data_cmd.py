@@ -1,8 +1,11 @@
-"""``foldtune data prepare``: tokenize local text files (byte-level) into memory-mapped training shards."""
+"""``foldtune data prepare``: tokenize local text files (byte-level, or a local Hugging Face tokenizer.json)
+into memory-mapped training shards."""
 
 from __future__ import annotations
 
 import argparse
+
+from spec.errors import SpecError
 
 HELP = "prepare a tokenized training dataset from local text files"
 
@@ -16,12 +19,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="fraction of every document kept for evaluation (default: 0.1)")
     prep.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard file (default: 2^26)")
     prep.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
+    prep.add_argument("--tokenizer", metavar="DIR",
+                      help="a local Hugging Face tokenizer (a directory with tokenizer.json, or the file); "
+                           "default: the byte-level tokenizer (vocab 256)")
+    prep.add_argument("--eos-id", type=int, help="the id separating documents (default: the tokenizer's EOS)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.dataset.prepare import prepare_dataset  # imports torch: not for `foldtune --help`
+    # imports torch: not for `foldtune --help`
+    from executor.dataset.hf_tokenizer import HFTokenizer, token_dtype
+    from executor.dataset.prepare import prepare_dataset
 
-    done = prepare_dataset(args.inputs, args.out, args.heldout, args.shard_tokens, args.overwrite)
+    if args.eos_id is not None and not args.tokenizer:
+        raise SpecError("--eos-id needs --tokenizer (the byte tokenizer separates documents by a blank line)")
+    tokenizer = HFTokenizer(args.tokenizer, args.eos_id) if args.tokenizer else None
+    done = prepare_dataset(args.inputs, args.out, args.heldout, args.shard_tokens, args.overwrite, tokenizer)
+    what = ("byte-level tokenizer, vocab 256" if tokenizer is None else
+            f"{tokenizer.name}, vocab {tokenizer.vocab_size}, {token_dtype(tokenizer.vocab_size)} ids, "
+            f"documents separated by EOS id {tokenizer.eos_id}")
     print(f"prepared {done.path}: {done.documents} documents, {done.train_tokens} training tokens, "
-          f"{done.heldout_tokens} held-out tokens (byte-level tokenizer, vocab 256)")
+          f"{done.heldout_tokens} held-out tokens ({what})")
     return 0

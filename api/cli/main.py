@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trainings": ("api.cli.trainings_cmd", "list trainings, or show, follow (--wait) or cancel one"),
     "train": ("api.cli.train_cmd", "train a model with one folded layout on local data, with checkpoints and resume"),
     "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
+    "export-hf": ("api.cli.export_cmd", "write a training checkpoint as a Hugging Face model directory"),
     "calibrate": ("api.cli.calibrate_cmd", "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"),
 }
 

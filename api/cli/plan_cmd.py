@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from api.cli._model_args import add_hf_arguments, hf_model_from_args
 from costmodel.params import total_param_counts
 from planner.enumerate import SearchSpace
 from planner.megatron_args import format_megatron_args, megatron_args
@@ -25,7 +26,9 @@ HELP = "rank every valid folded layout for a model on a cluster (cost model only
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="catalog model name, e.g. mixtral-8x22b")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="catalog model name, e.g. mixtral-8x22b")
+    add_hf_arguments(model)
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole nodes when several)")
     parser.add_argument("--gpu", default="h100-sxm", help="catalog hardware name (default: h100-sxm)")
     parser.add_argument("--profile", metavar="FILE", help="hardware profile JSON (from foldtune calibrate); replaces --gpu")
@@ -67,7 +70,8 @@ def _specs(args: argparse.Namespace):
         problems.append("--capacity-factor needs --routing capacity")
     if problems:
         raise SpecError("; ".join(problems))
-    return build_specs(args.model, args.gpus, gpu=args.gpu, profile=args.profile,
+    hf = hf_model_from_args(args)
+    return build_specs(hf.spec if hf is not None else args.model, args.gpus, gpu=args.gpu, profile=args.profile,
                        seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,

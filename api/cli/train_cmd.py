@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from api.cli._db import migrate_or_explain
 from api.cli._router_args import add_router_arguments, router_options_from
 from api.cli.train_job import run_job_training
 from api.worker.metrics import DatabaseMetrics
-from api.cli._model_args import add_model_arguments, check_local_run, model_from_args
+from api.cli._model_args import add_model_arguments, check_local_run, hf_model_from_args, model_from_args
 from spec.errors import SpecError
+from spec.hf_config import hf_config_from_spec, read_hf_config
 from spec.parallel_config import ParallelConfig
 from spec.recipe import DEFAULT_RECIPE
 from spec.training_spec import TrainingSpec
@@ -54,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from); with --job the "
                                                  "default is <data dir>/checkpoints/job-ID")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
+    parser.add_argument("--export-hf", metavar="DIR",
+                        help="at the end, write the trained model as a Hugging Face directory (config.json + "
+                             "model.safetensors): the config of --model-dir/--hf-config, else one written for "
+                             "the model (docs/huggingface.md)")
     add_router_arguments(parser, recipe.router_defaults())  # with --job: the job's unless given
     parser.add_argument("--seed", type=int, default=recipe.data_seed, help="data order seed")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -63,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="service database (default: FOLDTUNE_DATABASE_URL or ~/.foldtune)")
 
 
+
+
+def _export_config(model, hf_source: str | None, defaults) -> dict:
+    """The config.json --export-hf writes: the Hugging Face source's, else one for the model with the
+    executor's default RoPE θ and norm ε (``defaults``: what a run without a Hugging Face config trains with)."""
+    if hf_source:
+        return read_hf_config(hf_source)[0]
+    return hf_config_from_spec(model, defaults.rotary_base, defaults.norm_epsilon)
 
 
 class _Progress:
@@ -90,20 +104,31 @@ def print_progress(rank: int, m) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.job is not None:
-        if args.model_file or args.layers or args.proxy:  # --model may repeat the job's (train_job checks it)
-            raise SpecError("--job trains the job's model (and its proxy); leave out --model-file, --layers "
-                            "and --proxy")
+        if (args.model_file or args.model_dir or args.hf_config or args.export_hf or args.layers
+                or args.proxy):  # --model may repeat the job's (train_job checks it)
+            raise SpecError("--job trains the job's model (and its proxy); leave out --model-file, --model-dir, "
+                            "--hf-config, --export-hf, --layers and --proxy")
         return run_job_training(args)
     # torch and the executor: only the command that trains pays for them, not `foldtune --help`
     import torch
 
+    from executor.hf.weights import INDEX_FILE, SINGLE_FILE, check_loadable
     from executor.options import ExecutorOptions
     from executor.profile import peak_flops
     from executor.train.loop import TrainConfig, train_local
 
-    if not (args.model or args.model_file):
-        raise SpecError("--model is required with --layout (or --model-file; or give --job ID to train a "
-                        "tuning job's best layout)")
+    if not (args.model or args.model_file or args.model_dir or args.hf_config):
+        raise SpecError("--model is required with --layout (or --model-file, --model-dir, --hf-config; or give "
+                        "--job ID to train a tuning job's best layout)")
+    hf = hf_model_from_args(args)
+    hf_source = args.model_dir or args.hf_config
+    # --model-dir with weights: a fresh run starts from them (the full model only: a proxy has other shapes)
+    weights = args.model_dir and any((Path(args.model_dir) / name).is_file() for name in (SINGLE_FILE, INDEX_FILE))
+    hf_init = args.model_dir if weights else None
+    if (hf_init or (hf_source and args.export_hf)) and (args.layers or args.proxy):
+        raise SpecError("--layers/--proxy change the model's shapes: its Hugging Face weights would not fit")
+    if hf_init:
+        check_loadable(hf)
     args.layout = args.layout or "dp1"
     args.seq = args.seq or DEFAULT_SEQ
     args.gbs = args.gbs or DEFAULT_GBS
@@ -114,13 +139,15 @@ def run(args: argparse.Namespace) -> int:
                       min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                      data_seed=args.seed)
-    options = ExecutorOptions.for_router(router_options_from(args, DEFAULT_RECIPE.router_defaults()), model)
+                      data_seed=args.seed, hf_init_dir=hf_init, hf_export_dir=args.export_hf,
+                      hf_export_config=_export_config(model, hf_source, ExecutorOptions()) if args.export_hf else None)
+    options = ExecutorOptions.for_router(router_options_from(args, DEFAULT_RECIPE.router_defaults()), model,
+                                         **(hf.executor_options() if hf is not None else {}))
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
     print(f"training {model.name} with {config.label()} on {config.world_size} {device} rank(s): {args.steps} steps "
-          f"of {args.gbs}×{args.seq} tokens", flush=True)
+          f"of {args.gbs}×{args.seq} tokens" + (f", from the weights in {hf_init}" if hf_init else ""), flush=True)
     sink = None
     if args.training_id is not None:
         url = database_settings(args.database_url).url
@@ -138,4 +165,6 @@ def run(args: argparse.Namespace) -> int:
               + (f", last checkpoint {report.checkpoints[-1]}" if report.checkpoints else ""))
     else:
         print(f"nothing to do: the checkpoint is already at step {report.start_step}", file=sys.stderr)
+    if args.export_hf:
+        print(f"exported the trained model to {args.export_hf} (Hugging Face {cfg.hf_export_config['model_type']})")
     return 0

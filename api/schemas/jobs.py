@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from api.schemas.common import Name, spec_validator
+from api.schemas.hf import HFConfigIn
 from api.schemas.router import RouterOptionsIn
 from api.schemas.proxy import ProxyIn, ProxyOut
 from spec.model_spec import ModelSpec
@@ -40,9 +41,9 @@ class BudgetIn(BaseModel):
     max_seconds: float | None = Field(3600.0, gt=0, le=MAX_SECONDS, description="wall-clock seconds of search at most")
 
 
-class WorkloadIn(ProxyIn):
-    """What to lay out: a model (by catalog name ``model`` or inline ``model_spec``, optionally as a proxy),
-    the training recipe and the cluster."""
+class WorkloadIn(ProxyIn, HFConfigIn):
+    """What to lay out: a model (by catalog name ``model``, inline ``model_spec`` or a Hugging Face ``hf_config``,
+    optionally as a proxy), the training recipe and the cluster."""
 
     model_config = ConfigDict(extra="forbid")
 

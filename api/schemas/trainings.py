@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic_core import PydanticCustomError
 
 from api.schemas.common import MAX_ID, Name, valid_line
+from api.schemas.hf import HFConfigIn
 from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
 from api.schemas.router import RouterOptionsIn
 from spec.router_options import FIELDS as ROUTER_FIELDS
@@ -25,7 +26,7 @@ MAX_STEPS = 10_000_000
 MAX_SEQUENCES = 1 << 24
 
 
-class TrainingCreate(RouterOptionsIn, ProxyIn):
+class TrainingCreate(RouterOptionsIn, ProxyIn, HFConfigIn):
     """A training of one layout: either the best trial of a tuning job (``job_id``) or an explicit
     ``layout`` string (``foldtune`` label syntax, e.g. ``tp2 ep2 mbs1``) with its model and cluster. Paths
     are on the server that runs the training."""

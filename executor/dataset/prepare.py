@@ -9,6 +9,11 @@ Layout of the output directory::
 
 Each document (file) contributes its last ``heldout_fraction`` of tokens to the held-out split and the rest
 to the training split, so the held-out text is drawn from every document rather than from the last one.
+
+Tokenizers: the byte-level one (the default: ids are UTF-8 bytes, documents end with a blank line, uint8), or
+a local Hugging Face ``tokenizer.json`` (:mod:`executor.dataset.hf_tokenizer`): every document followed by
+the tokenizer's end-of-sequence id, ids stored as uint8, uint16 or uint32, whichever the vocabulary needs;
+index.json then also records ``eos_id``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 from spec.errors import FoldtuneError
 from executor.dataset import tokenizer
+from executor.dataset.hf_tokenizer import DTYPES, HFTokenizer, token_dtype
 
 INDEX = "index.json"
 FORMAT = 1
@@ -57,7 +63,7 @@ def _input_files(inputs: list[str]) -> list[Path]:
 
 
 def _write_split(out: Path, split: str, parts: list[torch.Tensor], shard_tokens: int) -> list[dict]:
-    stream = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    stream = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)  # one dtype: the index's
     shards = []
     for i, start in enumerate(range(0, stream.numel(), shard_tokens)):
         chunk = stream[start:start + shard_tokens].contiguous()
@@ -69,11 +75,13 @@ def _write_split(out: Path, split: str, parts: list[torch.Tensor], shard_tokens:
 
 
 def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.1,
-                    shard_tokens: int = 1 << 26, overwrite: bool = False) -> PreparedDataset:
+                    shard_tokens: int = 1 << 26, overwrite: bool = False,
+                    hf_tokenizer: HFTokenizer | None = None) -> PreparedDataset:
     """Tokenize ``inputs`` (files, or directories searched for .txt/.md/.rst) into ``output``.
 
     ``heldout_fraction`` of every document's tokens go to the held-out split; shards hold at most
-    ``shard_tokens`` tokens. Raises :class:`DatasetError` on missing or empty input, a bad fraction, or an
+    ``shard_tokens`` tokens; ``hf_tokenizer`` replaces the byte tokenizer. Raises :class:`DatasetError` on
+    missing or empty input, a bad fraction, or an
     ``output`` that already holds a dataset (unless ``overwrite``).
     """
     if not inputs:
@@ -88,6 +96,7 @@ def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.
     if (out / INDEX).exists() and not overwrite:
         raise DatasetError(f"output {output!r} already holds a dataset (pass overwrite to replace it)")
     files = _input_files(inputs)
+    dtype = "uint8" if hf_tokenizer is None else token_dtype(hf_tokenizer.vocab_size)
     train, heldout = [], []
     documents = 0
     for path in files:
@@ -95,7 +104,11 @@ def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise DatasetError(f"cannot read {str(path)!r} as UTF-8 text: {exc}") from exc
-        ids = tokenizer.encode(text.strip() + "\n\n")
+        if hf_tokenizer is None:
+            ids = tokenizer.encode(text.strip() + "\n\n")
+        else:  # the document, then the end-of-sequence id that separates it from the next
+            ids = torch.cat([hf_tokenizer.encode(text.strip()), torch.tensor([hf_tokenizer.eos_id])])
+            ids = ids.to(DTYPES[dtype][0])
         if ids.numel() <= 2:
             continue
         cut = ids.numel() - max(1, int(ids.numel() * heldout_fraction))
@@ -109,8 +122,10 @@ def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.
         old.unlink()
     splits = {"train": _write_split(out, "train", train, shard_tokens),
               "heldout": _write_split(out, "heldout", heldout, shard_tokens)}
-    index = {"format": FORMAT, "tokenizer": tokenizer.NAME, "vocab_size": tokenizer.VOCAB_SIZE, "dtype": "uint8",
+    index = {"format": FORMAT, "tokenizer": tokenizer.NAME, "vocab_size": tokenizer.VOCAB_SIZE, "dtype": dtype,
              "documents": documents, "splits": splits}
+    if hf_tokenizer is not None:
+        index.update(tokenizer=hf_tokenizer.name, vocab_size=hf_tokenizer.vocab_size, eos_id=hf_tokenizer.eos_id)
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return PreparedDataset(str(out), documents, sum(s["tokens"] for s in splits["train"]),
                            sum(s["tokens"] for s in splits["heldout"]))

@@ -18,7 +18,8 @@ import torch
 from executor.dataset.prepare import FORMAT, INDEX, DatasetError
 from spec.validity import batch_rule
 
-_DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32}
+_DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32, "uint16": torch.uint16,
+           "uint32": torch.uint32}
 SPLITS = ("train", "heldout")
 
 

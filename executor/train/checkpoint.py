@@ -78,6 +78,11 @@ def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Persistent buffers by their layout-independent name (what checkpoints and Hugging Face exports hold)."""
+    return _buffers(model)
+
+
 def _logical_shape(info: ShardInfo) -> tuple[int, ...]:
     shape = list(info.full_shape)
     if info.rows is not None:

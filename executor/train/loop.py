@@ -20,12 +20,14 @@ import torch
 
 from spec.errors import FoldtuneError, SpecError
 from spec.flops import flops_per_step, tflops_per_gpu
+from spec.hf_config import load_hf_model
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.validity import batch_rule
 from spec.recipe import DEFAULT_RECIPE
 from executor.data import micro_batches
 from executor.dataset.sampler import BatchSampler, TokenDataset
+from executor.hf.weights import export_hf, load_hf_weights
 from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
@@ -58,6 +60,12 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     data_seed: int = DEFAULT_RECIPE.data_seed
+    # Hugging Face model directory whose safetensors a fresh run starts from (a resume ignores it), and the
+    # directory the trained model is exported to at the end with ``hf_export_config`` as its config.json (the
+    # source's, or spec.hf_config.hf_config_from_spec's); docs/huggingface.md
+    hf_init_dir: str | None = None
+    hf_export_dir: str | None = None
+    hf_export_config: dict | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -71,6 +79,8 @@ class TrainConfig:
                             f"be >= 0, eval_batches ({self.eval_batches}) >= 1")
         if self.checkpoint_every and not self.checkpoint_dir:
             problems.append("checkpoint_every needs a checkpoint_dir")
+        if self.hf_export_dir and not self.hf_export_config:
+            problems.append("hf_export_dir needs hf_export_config (the Hugging Face config of the model)")
         if problems:
             raise SpecError("; ".join(problems))
         self.schedule()  # validates the learning rates
@@ -170,6 +180,9 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
     state = build_parallel_state(config, rank)
     dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
     net = MoEGPT(model, state, options, cfg.seq_length, device, dtype)
+    latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    if latest is None and cfg.hf_init_dir:  # before the optimizer takes (and copies) the parameters
+        load_hf_weights(net, state, cfg.hf_init_dir, load_hf_model(cfg.hf_init_dir, model.name))
     trainer = Trainer(net, lr=cfg.lr, weight_decay=cfg.weight_decay)
     clipper = GradClipper(net, state, trainer.reducer)
     norms: list[float] = []
@@ -182,7 +195,6 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
     trainer.optimizer.step = clipped_step
     schedule = cfg.schedule()
     report = TrainReport(0, None, None)
-    latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     if latest is not None:
         resumed = load_checkpoint(latest, net, trainer.optimizer, state, model.name)
         report.start_step, report.resumed_from, report.resumed_layout = resumed.step, resumed.path, resumed.saved_layout
@@ -217,6 +229,8 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
             path = save_checkpoint(cfg.checkpoint_dir, step + 1, net, trainer.optimizer, state, model.name)
             report.checkpoints.append(str(path))
     trainer.finish_param_gather()  # no collective left running when the rank leaves
+    if cfg.hf_export_dir:
+        export_hf(net, state, cfg.hf_export_dir, cfg.hf_export_config["model_type"], cfg.hf_export_config)
     return report
 
 

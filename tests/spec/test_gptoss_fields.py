@@ -16,10 +16,11 @@ GPTOSS = get_model("gpt-oss-120b")
 
 
 def test_gpt_oss_alternates_windowed_and_full_layers_as_megatron_numbers_them():
-    # Megatron's layer numbers are 1-based: with skip frequency 2 layers 2, 4, ... attend fully
-    assert [GPTOSS.attention_window(i) for i in range(4)] == [128, None, 128, None]
+    # Megatron's layer numbers are 1-based: with skip frequency 2 layers 2, 4, ... attend fully; the published
+    # sliding_window 128 counts the query's own key, Megatron's window the keys before it (127)
+    assert [GPTOSS.attention_window(i) for i in range(4)] == [127, None, 127, None]
     pattern = dataclasses.replace(GPTOSS, window_attn_skip_freq=(0, 1) * 18)
-    assert [pattern.attention_window(i) for i in range(4)] == [None, 128, None, 128]
+    assert [pattern.attention_window(i) for i in range(4)] == [None, 127, None, 127]
     assert get_model("tiny-moe").attention_window(0) is None
 
 
