@@ -39,7 +39,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
-from spec.pipeline_layout import layer_chunks
+from spec.pipeline_layout import PipelineSplit, layer_chunks
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -485,11 +485,12 @@ class _StageLayout(NamedTuple):
     cap: int  # chunk-micro-batches in flight given enough micro-batches (Megatron's warm-up + 1)
 
 
-def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int) -> _StageLayout:
+def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int,
+                  split: PipelineSplit) -> _StageLayout:
     """Layer kinds of rank ``stage``; ``full_layers`` is -1 without full recompute, 0 for all layers of a chunk."""
     pattern = moe_pattern(model)
     counts = [0, 0, 0, 0]  # stored dense, stored moe, recomputed dense, recomputed moe
-    for chunk in layer_chunks(model.num_layers, pp, vpp)[stage]:
+    for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage]:
         for pos, layer in enumerate(chunk):
             recomputed = full_layers == 0 or pos < full_layers
             counts[2 * recomputed + pattern[layer]] += 1
@@ -505,14 +506,14 @@ def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...
 
 
 @per_model_cache
-def _candidate_stages(model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...]:
+def _candidate_stages(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit) -> tuple[int, ...]:
     """Pipeline ranks that can be the most loaded: first, last, and middle ranks not dominated by an earlier one.
 
     Earlier ranks hold at least as many micro-batches in flight, so a middle rank with no more dense and
     no more MoE layers than an earlier middle rank cannot hold more bytes.
     """
     pattern = moe_pattern(model)
-    chunks = layer_chunks(model.num_layers, pp, vpp)
+    chunks = layer_chunks(model.num_layers, pp, vpp, split)
     kept: list[tuple[int, int, int]] = []
     for i in range(1, pp - 1):
         layers = [j for chunk in chunks[i] for j in chunk]
@@ -594,21 +595,22 @@ _Row = tuple
 def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[_Row, ...]:
     model = ctx.model
     tp, pp, vpp, ep, etp = config.tp, config.pp, config.vpp, config.ep, config.etp
+    split = config.pipeline_split
     if only_stage is not None:
-        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage),)
-        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage),))
+        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage, split),)
+        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),))
     else:
-        lkey = (pp, vpp, full)
+        lkey = (pp, vpp, full, split)
         layouts = ctx.layouts.get(lkey)
         if layouts is None:
-            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage)
-                                                for stage in _candidate_stages(model, pp, vpp))
-        pkey = (tp, pp, vpp, ep, etp)
+            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
+                                                for stage in _candidate_stages(model, pp, vpp, split))
+        pkey = (tp, pp, vpp, ep, etp, split)
         params = ctx.params.get(pkey)
         if params is None:
             params = ctx.params[pkey] = _param_entries(ctx, tuple(
-                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)
-                for stage in _candidate_stages(model, pp, vpp)))
+                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
+                for stage in _candidate_stages(model, pp, vpp, split)))
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
      pp_buffer, head_input, mtp, logits_tok, embedding_mask) = k
     if pp == 1:
@@ -645,7 +647,7 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     modules = config.recompute_modules if granularity == "selective" else ()
     full = config.recompute_num_layers if granularity == "full" else -1
     kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
-    rkey = (kkey, pp, vpp, full)
+    rkey = (kkey, pp, vpp, full, config.pipeline_split)
     rows = ctx.rows.get(rkey) if only_stage is None else None
     if rows is None:
         k = ctx.kinds.get(kkey)
