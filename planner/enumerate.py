@@ -18,11 +18,14 @@ The search space is a product of candidate axes:
 - micro_batch_size: 1 .. ``SearchSpace.mbs_max`` (8 by default; larger micro-batches rarely help an MoE
   GEMM that already has seq·mbs/tp/cp rows, and cost activation memory);
 - recompute: a chain of increasing recomputation (the ranker needs each option to save memory and cost time
-  over the one before): none, selective(core_attn), selective(layernorm+moe_act) and
-  selective(core_attn+layernorm+moe_act) (MoE), that plus mla_up_proj (MLA models: Megatron's DeepSeek
-  recipe), full (uniform, every layer). Options a model cannot use are rejected by the ``recompute_modules``
-  rule; those the executor does not build (mla_up_proj) stay priced and are filtered where layouts must run
-  (``planner.runnable``, rule ``executor_recompute``);
+  over the one before). MoE models (:data:`MOE_RECOMPUTE`): none, selective(layernorm+moe_act) (what
+  Megatron's MoE recipes run), selective(core_attn+moe_act+layernorm), that plus mla_up_proj (Megatron's
+  DeepSeek recipe), full (uniform, every layer); core_attn alone is left out there because the cost model
+  finds it saving less memory than layernorm+moe_act for about the same time (measured on the catalog's
+  Qwen3, Mixtral and DeepSeek models: it would break the chain). Dense models (:data:`RECOMPUTE_OPTIONS`):
+  none, selective(core_attn), selective(core_attn+moe_act+layernorm), full. Options a model cannot use
+  are rejected by the ``recompute_modules`` rule; those the executor does not build (mla_up_proj) stay
+  priced and are filtered where layouts must run (``planner.runnable``, rule ``executor_recompute``);
 - dispatcher: every name of ``spec.dispatchers`` when tokens leave the GPU (ep·etp > 1), except that by
   default (``SearchSpace.gathering_within_node``) a dispatcher that gathers every token (allgather: every
   token to all etp·ep ranks instead of its top-k experts' ranks, which only pays off for small groups on
@@ -60,6 +63,11 @@ from spec.validity import Rejection, Validator
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("none", ()),
     ("selective", ("core_attn",)),
+    ("selective", ("core_attn", "moe_act", "layernorm")),
+    ("full", ()),
+)
+MOE_RECOMPUTE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("none", ()),
     ("selective", ("layernorm", "moe_act")),
     ("selective", ("core_attn", "moe_act", "layernorm")),
     ("selective", ("core_attn", "moe_act", "layernorm", "mla_up_proj")),
@@ -87,7 +95,7 @@ class SearchSpace:
     cp_min_chunk_tokens: int = 128
     expert_ffn_min_columns: int = 128
     gathering_within_node: bool = True
-    recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
+    recompute: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # None: the chain for the model
     dispatchers: tuple[str, ...] = DISPATCHERS
     ep_overlap: bool = True
     pipeline: PipelineSplit = DEFAULT_SPLIT
@@ -104,6 +112,12 @@ class SearchSpace:
         if unknown:
             raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
                                      f"dispatchers are {', '.join(DISPATCHERS)}")
+
+    def recompute_for(self, model: ModelSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The recompute chain tried for ``model`` (see the module docstring)."""
+        if self.recompute is not None:
+            return self.recompute
+        return MOE_RECOMPUTE if model.is_moe else RECOMPUTE_OPTIONS
 
     def allows_cp(self, cp: int, seq_length: int) -> bool:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
@@ -283,14 +297,15 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     recompute_bad: list[Rejection] = []
     distopt = distopt_options(training)[0]
     probe = ParallelConfig(world_size=world, use_distributed_optimizer=distopt, overlap_param_gather=distopt)
-    for granularity, modules in space.recompute:
+    chain = space.recompute_for(model)
+    for granularity, modules in chain:
         r = v.knobs(probe.replace(recompute_granularity=granularity, recompute_modules=modules))
         if r:
             recompute_bad.append(r)
         else:
             recompute_ok.append((granularity, modules))
     n_opt = len(distopt_options(training))
-    n_rec = len(space.recompute)
+    n_rec = len(chain)
     result = Enumeration(world_size=world, layouts=[], recompute=tuple(recompute_ok),
                          distributed_optimizer=distopt_options(training), pipeline=space.pipeline)
 

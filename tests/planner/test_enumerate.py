@@ -78,7 +78,7 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                             for mbs in range(1, space.mbs_max + 1):
                                 for disp in dispatchers:
                                     for distopt in distopts:
-                                        for gran, mods in space.recompute:
+                                        for gran, mods in space.recompute_for(model):
                                             cfg = ParallelConfig(world, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
                                                                  etp=etp, micro_batch_size=mbs,
                                                                  recompute_granularity=gran, recompute_modules=mods,
