@@ -248,7 +248,8 @@ class ConfigMaker:
     (:meth:`ParallelConfig.trusted`: the planner builds hundreds of thousands of them)."""
 
     def __init__(self, world_size: int, pipeline: PipelineSplit = DEFAULT_SPLIT) -> None:
-        self._template = ParallelConfig(world_size=world_size, **pipeline_fields(pipeline)).field_values()
+        # the placement options were checked by the SearchSpace; pp·vpp by the layers_pp rule per layout
+        self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline)}
 
     def base(self, lay: Layout, dispatcher: str) -> dict:
         """The fields every config of ``lay`` with the dispatcher option ``dispatcher`` shares (pass to

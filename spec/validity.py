@@ -91,6 +91,7 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
     "executor_recompute": "selective recompute of mla_up_proj is not built",
+    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built",
 }
 
 
@@ -218,6 +219,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
     rule("executor_recompute", c.recompute_granularity == "selective" and "mla_up_proj" in c.recompute_modules,
          "selective recompute of mla_up_proj is not built (core_attn, layernorm, moe_act, mlp, moe and "
          "shared_experts are)")
+    rule("executor_ep_overlap", c.overlap_moe_expert_parallel_comm,
+         "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built: the executor runs each "
+         "micro-batch's dispatch and combine in line")
     ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
     if m.is_moe:
         rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
