@@ -21,7 +21,9 @@ def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
     cands = job_candidates(get_model("tiny-moe"), training, ClusterSpec(get_hardware("cpu"), 4), max_trials=3)
     assert 0 < len(cands.candidates) <= CANDIDATES_PER_TRIAL * 3
     assert all(c.config.cp == 1 and c.config.pp == 1 for c in cands.candidates)  # not built by the executor yet
-    assert all("cp=" in why or "pp=" in why or "tp" in why for why in cands.not_executable)
+    assert all("cp=" in why or "pp=" in why or "tp" in why or "overlap_moe_expert_parallel_comm" in why
+               for why in cands.not_executable)
+    assert not any(c.config.overlap_moe_expert_parallel_comm for c in cands.candidates)  # searched, not built
     times = [c.predicted_step_time for c in cands.candidates]
     assert times == sorted(times)
     assert set(cands.estimates) == {c.config.label() for c in cands.candidates}
