@@ -90,7 +90,7 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
-    "executor_recompute": "selective recompute of mla_up_proj is not built",
+    "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
     "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built",
 }
 
@@ -216,9 +216,10 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
     rule("executor_seq_tp_cp", seq_length % (c.tp * c.cp) != 0,
          f"seq_length ({seq_length}) must be divisible by tp·cp ({c.tp}·{c.cp})")
     # a run that ignored it would be measured as a different layout than its label says
-    rule("executor_recompute", c.recompute_granularity == "selective" and "mla_up_proj" in c.recompute_modules,
-         "selective recompute of mla_up_proj is not built (core_attn, layernorm, moe_act, mlp, moe and "
-         "shared_experts are)")
+    rule("executor_recompute", c.recompute_granularity == "selective" and "mla_up_proj" in c.recompute_modules
+         and "core_attn" not in c.recompute_modules,
+         "selective recompute of mla_up_proj is built together with core_attn only (one checkpoint covers the up "
+         "projections and the attention core; every other module is built alone)")
     rule("executor_ep_overlap", c.overlap_moe_expert_parallel_comm,
          "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built: the executor runs each "
          "micro-batch's dispatch and combine in line")

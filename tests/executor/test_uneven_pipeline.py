@@ -3,7 +3,8 @@
 Uneven stages from a layout string (1F1B and interleaved), stages that hold no decoder layer (only the
 embedding, only the loss, only the MTP depth and the loss) and the embedding/loss accounted as layers of the
 split, each compared with :func:`executor.verify.compare` (losses, step-1 gradients gathered to full shape,
-routed tokens, parameters after three AdamW steps) against the run of the same global batch on one process.
+routed tokens, parameters after three AdamW steps) against the run of the same global batch on one process;
+one run also recomputes MLA's up projections (mla_up_proj with core_attn).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ FOUR = Scenario("four", SHARED, LOSSES, adam_eps=1e-5)
 TWO = Scenario("two", SHARED.with_layers(2), LOSSES, adam_eps=1e-5)
 MTP = Scenario("mtp", dataclasses.replace(SHARED.with_layers(2), name="tiny-moe-mtp", mtp_num_layers=1), LOSSES,
                adam_eps=1e-5)
+MLA = Scenario("mla", dataclasses.replace(SHARED, name="tiny-mla", num_query_groups=None, multi_latent_attention=True,
+                                          q_lora_rank=24, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8,
+                                          v_head_dim=12), LOSSES, adam_eps=1e-5)
+DEEPSEEK_RECOMPUTE = {"recompute_granularity": "selective",
+                      "recompute_modules": ("core_attn", "moe_act", "layernorm", "mla_up_proj")}
 
 # (fields of a pp2 layout, scenario, decoder layers per [rank][chunk] it must build); the runs marked
 # placement-only differ from another run only in how the placement is spelled (the executor reads
@@ -40,6 +46,8 @@ RUNS = [
     ({"vpp": 2, "account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True},
      TWO, ((0, 1), (1, 0))),
     ({"pipeline_layout": "Ett|mL"}, MTP, ((2,), (0,))),  # the last stage: the MTP depth and the loss only
+    # Megatron's DeepSeek recompute set (mla_up_proj with core_attn) on an uneven MLA pipeline
+    ({"pipeline_layout": "Et|tttL", **DEEPSEEK_RECOMPUTE}, MLA, ((1,), (3,))),
 ]
 
 
