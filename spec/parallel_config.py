@@ -131,10 +131,6 @@ class ParallelConfig:
                              self.decoder_last_pipeline_num_layers, self.account_for_embedding_in_pipeline_split,
                              self.account_for_loss_in_pipeline_split)
 
-    def pipeline_fields(self) -> dict[str, Any]:
-        """The pipeline placement fields by name (what a planner copies onto every layout it builds)."""
-        return {name: getattr(self, name) for name in PIPELINE_FIELDS}
-
     def num_micro_batches(self, global_batch_size: int) -> int:
         """Micro-batches per pipeline per step (gradient-accumulation steps)."""
         return global_batch_size // (self.micro_batch_size * self.dp)
@@ -177,7 +173,8 @@ class ParallelConfig:
         """The tokens of a :meth:`label` (or any subset, separated by spaces or commas), unchecked.
 
         Returns (sizes by token name: tp, cp, pp, vpp, ep, etp, dp, edp, mbs; the other fields by field
-        name). ``layout=`` takes a Megatron layout string, commas included. Raises InvalidConfigError "cannot parse ..." for a token that is neither.
+        name). ``layout=`` takes a Megatron layout string, commas included. Raises InvalidConfigError "cannot
+        parse ..." for a token that is neither.
         """
         sizes: dict[str, int] = {}
         kwargs: dict[str, Any] = {}
@@ -252,7 +249,8 @@ class ParallelConfig:
     def from_optuna_params(cls, params: dict[str, Any], world_size: int, **fixed: Any) -> ParallelConfig:
         """The layout of :meth:`to_optuna_params` output for ``world_size`` GPUs; parameter-gather overlap
         follows the distributed optimizer, as in every layout the planner proposes. ``fixed`` are fields the
-        search does not vary (e.g. :meth:`pipeline_fields`); studies begun before 'ep_overlap' read as off."""
+        search does not vary (e.g. the pipeline placement fields, :data:`PIPELINE_FIELDS`); studies begun
+        before 'ep_overlap' was searched read as off."""
         distopt = bool(params["distopt"])
         return cls(world_size=world_size, tp=params["tp"], cp=params["cp"], pp=params["pp"], vpp=params["vpp"],
                    ep=params["ep"], etp=params["etp"], micro_batch_size=params["mbs"],
