@@ -483,6 +483,29 @@ class _StageLayout(NamedTuple):
     last: bool
     has_moe: bool
     cap: int  # chunk-micro-batches in flight given enough micro-batches (Megatron's warm-up + 1)
+    # decoder layers of each of the rank's virtual chunks when they differ (None: equal chunks)
+    chunk_sizes: tuple[int, ...] | None = None
+
+
+def in_flight_chunk_equivalents(lay: _StageLayout, n: float, pp: int, vpp: int) -> float:
+    """The ``n`` chunk-micro-batches a rank holds at its peak, as a count of average chunks of the rank.
+
+    Each holds ``1/vpp`` of the rank's layers when its chunks are equal. When they are not (Megatron's
+    placement options, or layers % (pp·vpp) != 0), the warm-up forwards in flight are those of Megatron's
+    order, chunk ``(k // pp) % vpp`` for the k-th: their layers, over the rank's mean layers per chunk.
+    """
+    sizes = lay.chunk_sizes
+    if sizes is None or vpp == 1:
+        return n
+    layers = sum(sizes)
+    if layers == 0:
+        return n
+    whole = int(n)
+    cycles, rest = divmod(whole, pp * vpp)
+    held = cycles * pp * layers + pp * sum(sizes[:rest // pp])
+    if rest // pp < vpp:
+        held += (rest % pp) * sizes[rest // pp]
+    return held * vpp / layers
 
 
 def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int,
@@ -496,7 +519,9 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
             counts[2 * recomputed + pattern[layer]] += 1
     last = stage == pp - 1
     has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
-    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62))
+    sizes = tuple(len(chunk) for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage])
+    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62),
+                        sizes if len(set(sizes)) > 1 else None)
 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
@@ -510,8 +535,11 @@ def _candidate_stages(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit)
     """Pipeline ranks that can be the most loaded: first, last, and middle ranks not dominated by an earlier one.
 
     Earlier ranks hold at least as many micro-batches in flight, so a middle rank with no more dense and
-    no more MoE layers than an earlier middle rank cannot hold more bytes.
+    no more MoE layers than an earlier middle rank cannot hold more bytes. Under Megatron's placement options
+    a rank's chunks may differ, and which chunks are in flight decides its bytes: every rank is a candidate.
     """
+    if not split.is_default:
+        return tuple(range(pp))
     pattern = moe_pattern(model)
     chunks = layer_chunks(model.num_layers, pp, vpp, split)
     kept: list[tuple[int, int, int]] = []
@@ -618,7 +646,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
     ob = ctx.opt_bytes
     rows = []
     for lay, par in zip(layouts, params):
-        _, sd, sm, rd, rm, first, last, has_moe, cap = lay
+        _, sd, sm, rd, rm, first, last, has_moe, cap, _ = lay
         per_chunk = (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         if first:
             per_chunk += embedding_mask / vpp
@@ -675,6 +703,8 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     best, best_total = rows[0], -1.0
     for row in rows:
         n = row[5] if row[5] < mv else mv
+        if row[6].chunk_sizes is not None:
+            n = in_flight_chunk_equivalents(row[6], n, pp, vpp)
         dynamic = (n * row[3] + row[4]) * scale
         reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
@@ -779,6 +809,8 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
                config: ParallelConfig, workspace: float) -> MemoryBreakdown:
     _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work = row
     n = min(cap, mv)
+    if lay.chunk_sizes is not None:
+        n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits, tokens * comm, tokens * work
     overhead = work + FRAGMENTATION * (activations + logits + comm + work)

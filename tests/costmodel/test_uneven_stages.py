@@ -59,3 +59,19 @@ def test_priced_with_uneven_stages():
     assert t.step_time >= m * slowest
     memory = estimate_memory(MODEL, TRAINING, CLUSTER, CONFIG)
     assert memory.total > 0 and 0 <= memory.stage < 32
+
+
+def test_in_flight_activations_follow_the_chunks_megatron_runs_first():
+    """Interleaved warm-up runs chunk (k // pp) % vpp for its k-th forward: on rank 0 the 127 in flight are 32
+    of the empty embedding chunk, 32 + 32 of its two one-layer chunks and 31 more of the empty one (64 layers);
+    on rank 31, 65 in flight: 32 + 32 of its one-layer chunks and one of the loss's empty chunk (64 layers,
+    where an even spread over the rank's chunks would say 43); a middle rank holds one layer per chunk."""
+    from costmodel.memory import _stage_layout, in_flight_chunk_equivalents, in_flight_micro_batches
+
+    split = CONFIG.pipeline_split
+    for stage, in_flight, layers_held in ((0, 127, 64), (1, 125, 125), (31, 65, 64)):
+        lay = _stage_layout(MODEL, 32, 3, -1, stage, split)
+        n = in_flight_micro_batches(32, 3, stage, 256)
+        assert n == in_flight
+        rank_layers = lay.stored_dense + lay.stored_moe
+        assert in_flight_chunk_equivalents(lay, n, 32, 3) * rank_layers / 3 == pytest.approx(layers_held)
