@@ -82,7 +82,7 @@ def bench_space(args: argparse.Namespace):
     recompute = tuple(("none", ()) if r == "none" else ("full", ()) if r == "full" else ("selective", tuple(r.split("+")))
                       for r in args.recompute.split(","))
     return SearchSpace(mbs_max=args.mbs_max, recompute=recompute, dispatchers=tuple(args.dispatchers.split(",")),
-                       cp_min_chunk_tokens=args.cp_min_chunk)
+                       cp_min_chunk_tokens=args.cp_min_chunk, ep_overlap=False)  # the executor runs no EP overlap
 
 
 def specs(args: argparse.Namespace):

@@ -41,7 +41,12 @@ SCENARIOS = {
     "shared": (SHARED, LOSSES),
     "capacity": (TINY, dataclasses.replace(LOSSES, moe_expert_capacity_factor=1.0, moe_token_drop_policy="probs")),
     "deep8": (SHARED.with_layers(8), LOSSES),  # 8 layers: PP4 x VPP2 chunks of one layer
+    "deep6": (SHARED.with_layers(6), LOSSES),  # 6 layers + embedding + loss: PP4 x VPP2 slots of one
 }
+# Megatron's pipeline placements (spec.pipeline_layout): the model's first chunk holds only the embedding and
+# its last only the loss (both accounted as layers), and a first stage holding nothing but the embedding
+PLACEMENTS = [("pp4 vpp2 pp_account=embedding+loss", [("alltoall", "deep6")]),
+              ("pp2 layout=E|t*4L", [("alltoall", "shared")])]
 
 # world size -> [(layout, [(dispatcher, scenario)])]
 MATRIX: dict[int, list[tuple[str, list[tuple[str, str]]]]] = {
@@ -51,6 +56,7 @@ MATRIX: dict[int, list[tuple[str, list[tuple[str, str]]]]] = {
         ("ep8", [("alltoall", "base"), ("alltoall", "capacity")]),
         ("etp2 ep4", [("alltoall", "base"), ("allgather", "shared")]),
         ("pp4 vpp2", [("alltoall", "deep8")]),
+        *PLACEMENTS,
     ],
     4: [
         ("tp2 ep4 etp1", [("alltoall", "base"), ("allgather", "shared")]),  # EP spans the TP x DP ranks
@@ -59,6 +65,7 @@ MATRIX: dict[int, list[tuple[str, list[tuple[str, str]]]]] = {
         ("etp2 ep2", [("alltoall", "base"), ("allgather", "shared")]),      # stands in for ETP2 EP4
         ("pp4 vpp2", [("alltoall", "deep8")]),
         ("tp2 pp2 ep2 etp1", [("alltoall", "shared")]),
+        *PLACEMENTS,
     ],
 }
 

@@ -39,7 +39,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
-from spec.pipeline_layout import layer_chunks
+from spec.pipeline_layout import PipelineSplit, layer_chunks
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -483,19 +483,45 @@ class _StageLayout(NamedTuple):
     last: bool
     has_moe: bool
     cap: int  # chunk-micro-batches in flight given enough micro-batches (Megatron's warm-up + 1)
+    # decoder layers of each of the rank's virtual chunks when they differ (None: equal chunks)
+    chunk_sizes: tuple[int, ...] | None = None
 
 
-def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int) -> _StageLayout:
+def in_flight_chunk_equivalents(lay: _StageLayout, n: float, pp: int, vpp: int) -> float:
+    """The ``n`` chunk-micro-batches a rank holds at its peak, as a count of average chunks of the rank.
+
+    Each holds ``1/vpp`` of the rank's layers when its chunks are equal. When they are not (Megatron's
+    placement options, or layers % (pp·vpp) != 0), the warm-up forwards in flight are those of Megatron's
+    order, chunk ``(k // pp) % vpp`` for the k-th: their layers, over the rank's mean layers per chunk.
+    """
+    sizes = lay.chunk_sizes
+    if sizes is None or vpp == 1:
+        return n
+    layers = sum(sizes)
+    if layers == 0:
+        return n
+    whole = int(n)
+    cycles, rest = divmod(whole, pp * vpp)
+    held = cycles * pp * layers + pp * sum(sizes[:rest // pp])
+    if rest // pp < vpp:
+        held += (rest % pp) * sizes[rest // pp]
+    return held * vpp / layers
+
+
+def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int,
+                  split: PipelineSplit) -> _StageLayout:
     """Layer kinds of rank ``stage``; ``full_layers`` is -1 without full recompute, 0 for all layers of a chunk."""
     pattern = moe_pattern(model)
     counts = [0, 0, 0, 0]  # stored dense, stored moe, recomputed dense, recomputed moe
-    for chunk in layer_chunks(model.num_layers, pp, vpp)[stage]:
+    for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage]:
         for pos, layer in enumerate(chunk):
             recomputed = full_layers == 0 or pos < full_layers
             counts[2 * recomputed + pattern[layer]] += 1
     last = stage == pp - 1
     has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
-    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62))
+    sizes = tuple(len(chunk) for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage])
+    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62),
+                        sizes if len(set(sizes)) > 1 else None)
 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
@@ -505,14 +531,17 @@ def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...
 
 
 @per_model_cache
-def _candidate_stages(model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...]:
+def _candidate_stages(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit) -> tuple[int, ...]:
     """Pipeline ranks that can be the most loaded: first, last, and middle ranks not dominated by an earlier one.
 
     Earlier ranks hold at least as many micro-batches in flight, so a middle rank with no more dense and
-    no more MoE layers than an earlier middle rank cannot hold more bytes.
+    no more MoE layers than an earlier middle rank cannot hold more bytes. Under Megatron's placement options
+    a rank's chunks may differ, and which chunks are in flight decides its bytes: every rank is a candidate.
     """
+    if not split.is_default:
+        return tuple(range(pp))
     pattern = moe_pattern(model)
-    chunks = layer_chunks(model.num_layers, pp, vpp)
+    chunks = layer_chunks(model.num_layers, pp, vpp, split)
     kept: list[tuple[int, int, int]] = []
     for i in range(1, pp - 1):
         layers = [j for chunk in chunks[i] for j in chunk]
@@ -594,21 +623,22 @@ _Row = tuple
 def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[_Row, ...]:
     model = ctx.model
     tp, pp, vpp, ep, etp = config.tp, config.pp, config.vpp, config.ep, config.etp
+    split = config.pipeline_split
     if only_stage is not None:
-        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage),)
-        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage),))
+        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage, split),)
+        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),))
     else:
-        lkey = (pp, vpp, full)
+        lkey = (pp, vpp, full, split)
         layouts = ctx.layouts.get(lkey)
         if layouts is None:
-            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage)
-                                                for stage in _candidate_stages(model, pp, vpp))
-        pkey = (tp, pp, vpp, ep, etp)
+            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
+                                                for stage in _candidate_stages(model, pp, vpp, split))
+        pkey = (tp, pp, vpp, ep, etp, split)
         params = ctx.params.get(pkey)
         if params is None:
             params = ctx.params[pkey] = _param_entries(ctx, tuple(
-                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)
-                for stage in _candidate_stages(model, pp, vpp)))
+                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
+                for stage in _candidate_stages(model, pp, vpp, split)))
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
      pp_buffer, head_input, mtp, logits_tok, embedding_mask) = k
     if pp == 1:
@@ -616,7 +646,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
     ob = ctx.opt_bytes
     rows = []
     for lay, par in zip(layouts, params):
-        _, sd, sm, rd, rm, first, last, has_moe, cap = lay
+        _, sd, sm, rd, rm, first, last, has_moe, cap, _ = lay
         per_chunk = (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         if first:
             per_chunk += embedding_mask / vpp
@@ -645,7 +675,7 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     modules = config.recompute_modules if granularity == "selective" else ()
     full = config.recompute_num_layers if granularity == "full" else -1
     kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
-    rkey = (kkey, pp, vpp, full)
+    rkey = (kkey, pp, vpp, full, config.pipeline_split)
     rows = ctx.rows.get(rkey) if only_stage is None else None
     if rows is None:
         k = ctx.kinds.get(kkey)
@@ -673,6 +703,8 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     best, best_total = rows[0], -1.0
     for row in rows:
         n = row[5] if row[5] < mv else mv
+        if row[6].chunk_sizes is not None:
+            n = in_flight_chunk_equivalents(row[6], n, pp, vpp)
         dynamic = (n * row[3] + row[4]) * scale
         reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
@@ -777,6 +809,8 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
                config: ParallelConfig, workspace: float) -> MemoryBreakdown:
     _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work = row
     n = min(cap, mv)
+    if lay.chunk_sizes is not None:
+        n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits, tokens * comm, tokens * work
     overhead = work + FRAGMENTATION * (activations + logits + comm + work)

@@ -19,7 +19,8 @@ Counted as a Megatron-Core GPT model holds them (element counts, not bytes):
 Sharding per GPU: column/row-parallel weights and column-parallel biases are split by TP; norms, the
 router, row-parallel biases, position embeddings and the MLA down projections (Megatron builds them
 duplicated) are replicated over TP; routed experts are split by EP (whole experts) and ETP (each expert's
-FFN dimension; the fc2 bias stays whole). Layers go to pipeline stages by :func:`layer_chunks`.
+FFN dimension; the fc2 bias stays whole). Layers go to pipeline stages by :func:`layer_chunks` (with the
+layout's Megatron placement options, ``ParallelConfig.pipeline_split``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import TypeVar
 from spec.errors import InvalidConfigError
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
-from spec.pipeline_layout import layer_chunks
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, layer_chunks
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def moe_pattern(model: ModelSpec) -> tuple[int, ...]:
 # ---- layer placement ------------------------------------------------------------------------------
 def stage_layers(model: ModelSpec, config: ParallelConfig, stage: int) -> tuple[int, ...]:
     """Decoder-layer indices held by pipeline rank ``stage`` (all its virtual chunks, in model order)."""
-    return tuple(i for chunk in layer_chunks(model.num_layers, config.pp, config.vpp)[stage] for i in chunk)
+    chunks = layer_chunks(model.num_layers, config.pp, config.vpp, config.pipeline_split)
+    return tuple(i for chunk in chunks[stage] for i in chunk)
 
 
 # ---- per-module counts ----------------------------------------------------------------------------
@@ -191,10 +193,10 @@ def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCount
 
 # ---- stages and totals ----------------------------------------------------------------------------
 @per_model_cache
-def _stage_kinds(model: ModelSpec, pp: int, vpp: int, stage: int) -> tuple[int, int]:
+def _stage_kinds(model: ModelSpec, pp: int, vpp: int, stage: int, split: PipelineSplit) -> tuple[int, int]:
     """(dense layers, MoE layers) of pipeline rank ``stage``."""
     pattern = moe_pattern(model)
-    layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp)[stage] for i in chunk]
+    layers = [i for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage] for i in chunk]
     num_moe = sum(pattern[i] for i in layers)
     return len(layers) - num_moe, num_moe
 
@@ -218,13 +220,13 @@ def _edge_params(model: ModelSpec, tp: int, ep: int, etp: int, first: bool, last
 
 @per_model_cache
 def stage_counts_and_gemm(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int,
-                          stage: int) -> tuple[ParamCounts, int]:
+                          stage: int, split: PipelineSplit = DEFAULT_SPLIT) -> tuple[ParamCounts, int]:
     """(parameters of rank ``stage`` on one GPU, the part of them in decoder-layer GEMM weights).
 
     The GEMM part (attention, MLP, shared and routed experts; not norms, router, embedding, output, MTP)
     is what fp8 training keeps an extra fp8 copy of. Cached: the planner asks for every layout.
     """
-    num_dense, num_moe = _stage_kinds(model, pp, vpp, stage)
+    num_dense, num_moe = _stage_kinds(model, pp, vpp, stage, split)
     attn = attention_params(model, tp)
     layers = num_dense + num_moe
     sharded, replicated, expert = attn.dense_tp_sharded * layers, attn.dense_replicated * layers, 0
@@ -245,15 +247,16 @@ def stage_counts_and_gemm(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int,
                        expert + edges.expert), gemm
 
 
-def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int) -> ParamCounts:
-    return stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)[0]
+def _stage_counts(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, stage: int,
+                  split: PipelineSplit = DEFAULT_SPLIT) -> ParamCounts:
+    return stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)[0]
 
 
 def stage_param_counts(model: ModelSpec, config: ParallelConfig, stage: int) -> ParamCounts:
     """Parameters held by one GPU of pipeline rank ``stage`` (all its virtual chunks), by sharding bucket."""
     if not 0 <= stage < config.pp:
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
-    return _stage_counts(model, config.tp, config.pp, config.vpp, config.ep, config.etp, stage)
+    return _stage_counts(model, config.tp, config.pp, config.vpp, config.ep, config.etp, stage, config.pipeline_split)
 
 
 @lru_cache(maxsize=256)

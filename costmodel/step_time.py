@@ -10,7 +10,7 @@ Speed: the planner calls :func:`estimate_step_time` for 10^4-10^5 layouts. Every
 few fields is cached inside a context per (model, training, cluster) object triple (looked up by
 identity): layer parts keyed on the fields each part depends on (attention and TP-side parts on tp, cp,
 micro-batch, SP, TP overlap; the routed-expert part on MoE tokens per rank, ep, etp, dispatcher), stage
-sums keyed on the layer shape and (pp, vpp), and the once-per-step collectives keyed on the layout and
+sums keyed on the layer shape and (pp, vpp, pipeline placement), and the once-per-step collectives keyed on the layout and
 the optimizer. No rank group is enumerated: placements come from strides
 (:func:`costmodel.comm.group_placement`). The per-call path only combines cached vectors.
 """
@@ -58,6 +58,7 @@ from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.pipeline_layout import PipelineSplit, check_placement
 from spec.training_spec import TrainingSpec
 from spec.validity import experts_do_not_split
 
@@ -567,17 +568,20 @@ def _layers(ctx: _Context, c: ParallelConfig) -> _Layers:
 
 
 # ---- pipeline stages ------------------------------------------------------------------------------
-def _stage_kinds(ctx: _Context, pp: int, vpp: int) -> tuple[tuple, ...]:
-    """Pipeline ranks grouped by what they hold: (count, dense layers, MoE layers, (first, last), ranks)."""
-    kinds = ctx.kinds.get((pp, vpp))
+def _stage_kinds(ctx: _Context, pp: int, vpp: int, split: PipelineSplit) -> tuple[tuple, ...]:
+    """Pipeline ranks grouped by what they hold: (count, dense layers, MoE layers, (first, last), ranks).
+
+    Uneven placements (Megatron's options, ``split``) give ranks of different layer counts, zero included:
+    each kind is priced on its own and the slowest runs the steady state."""
+    kinds = ctx.kinds.get((pp, vpp, split))
     if kinds is None:
-        chunks = _params.layer_chunks(len(ctx.pattern), pp, vpp)
+        chunks = _params.layer_chunks(len(ctx.pattern), pp, vpp, split)
         groups: dict[tuple[int, int, tuple[bool, bool]], list[int]] = {}
         for stage in range(pp):
             layers = [i for chunk in chunks[stage] for i in chunk]
             num_moe = sum(ctx.pattern[i] for i in layers)
             groups.setdefault((len(layers) - num_moe, num_moe, (stage == 0, stage == pp - 1)), []).append(stage)
-        kinds = ctx.kinds[(pp, vpp)] = tuple((len(ranks), nd, nm, ends, tuple(ranks))
+        kinds = ctx.kinds[(pp, vpp, split)] = tuple((len(ranks), nd, nm, ends, tuple(ranks))
                                              for (nd, nm, ends), ranks in groups.items())
     return kinds
 
@@ -654,13 +658,14 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
 def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters per GPU of the pipeline ranks holding the most of each.
 
-    Dense counts depend on (tp, pp, vpp) only and expert counts on (ep, etp, pp, vpp), so each is cached
-    on those fields.
+    Dense counts depend on (tp, pp, vpp, placement) only and expert counts on (ep, etp, pp, vpp, placement),
+    so each is cached on those fields.
     """
-    dkey, ekey = (c.tp, c.pp, c.vpp), (c.ep, c.etp, c.pp, c.vpp)
+    split = c.pipeline_split
+    dkey, ekey = (c.tp, c.pp, c.vpp, split), (c.ep, c.etp, c.pp, c.vpp, split)
     dense, expert = ctx.dense_params.get(dkey), ctx.expert_params.get(ekey)
     if dense is None or expert is None:
-        counts = [_params.stage_param_counts(ctx.model, c, kind[4][0]) for kind in _stage_kinds(ctx, c.pp, c.vpp)]
+        counts = [_params.stage_param_counts(ctx.model, c, kind[4][0]) for kind in _stage_kinds(ctx, c.pp, c.vpp, split)]
         dense = ctx.dense_params[dkey] = max(n.dense for n in counts)
         expert = ctx.expert_params[ekey] = max(n.expert for n in counts)
     return dense, expert
@@ -694,7 +699,7 @@ class _Context:
         self.parts: dict[tuple, _LayerCost] = {}
         self.combos: dict[tuple, tuple[_LayerCost, ...]] = {}
         self.layers: dict[tuple, _Layers] = {}
-        self.kinds: dict[tuple[int, int], tuple[tuple, ...]] = {}
+        self.kinds: dict[tuple, tuple[tuple, ...]] = {}
         self.dense_params: dict[tuple, int] = {}
         self.expert_params: dict[tuple, int] = {}
         self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
@@ -750,7 +755,7 @@ def stage_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     """Exposed seconds per micro-batch (forward + backward + recomputation) of every pipeline rank."""
     ctx = _context(model, training, cluster)
     _check_pipeline(model, config)
-    kinds = _stage_kinds(ctx, config.pp, config.vpp)
+    kinds = _stage_kinds(ctx, config.pp, config.vpp, config.pipeline_split)
     times = _stage_times(_layers(ctx, config), kinds, config)[0]
     out = [0.0] * config.pp
     for kind, t in zip(kinds, times):
@@ -760,9 +765,8 @@ def stage_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
 
 
 def _check_pipeline(model: ModelSpec, config: ParallelConfig) -> None:
-    if model.num_layers < config.pp * config.vpp:
-        raise InvalidConfigError(f"num_layers ({model.num_layers}) is smaller than pp·vpp "
-                                 f"({config.pp}·{config.vpp} = {config.pp * config.vpp})")
+    # raises PipelineLayoutError (an InvalidConfigError) naming what does not fit
+    check_placement(model.num_layers, config.pp, config.vpp, config.pipeline_split, model.mtp_num_layers)
 
 
 def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
@@ -790,10 +794,11 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     if layers is None:
         layers = _layers(ctx, c)
     pp, vpp = c.pp, c.vpp
-    kinds = ctx.kinds.get((pp, vpp))
+    split = c.pipeline_split
+    kinds = ctx.kinds.get((pp, vpp, split))
     if kinds is None:
         _check_pipeline(model, c)
-        kinds = _stage_kinds(ctx, pp, vpp)
+        kinds = _stage_kinds(ctx, pp, vpp, split)
 
     # the slowest pipeline rank runs the steady state; the others' time per micro-batch makes the bubble
     ep_overlap = c.overlap_moe_expert_parallel_comm and m > 1
@@ -804,7 +809,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         times, recompute = _stage_times(layers, kinds, c)
     # a rank cannot finish a micro-batch before its host has issued the micro-batch's kernels
     hkey = (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type, c.recompute_granularity,
-            c.recompute_modules, c.recompute_num_layers, pp, vpp)
+            c.recompute_modules, c.recompute_num_layers, pp, vpp, split)
     host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
     floored = [t if t >= h else h for t, h in zip(times, host[0])]
     if len(times) == 1:
@@ -835,8 +840,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             hidden[_H_A2A] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters
-    dense = ctx.dense_params.get((c.tp, pp, vpp))
-    expert = ctx.expert_params.get((c.ep, c.etp, pp, vpp))
+    dense = ctx.dense_params.get((c.tp, pp, vpp, split))
+    expert = ctx.expert_params.get((c.ep, c.etp, pp, vpp, split))
     if dense is None or expert is None:
         dense, expert = _most_params(ctx, c)
     distributed = c.use_distributed_optimizer

@@ -60,6 +60,10 @@ class MLASelfAttention(torch.nn.Module):
         qk, rope, v = spec.qk_head_dim, spec.qk_pos_emb_head_dim, spec.v_head_dim
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
+        # Megatron's mla_up_proj: the up projections (and RoPE) re-run in backward, so only the gathered
+        # latents stay. Torch's checkpoint keeps a region's inputs, so the region is the up projections and
+        # the attention core together (the executor rule asks core_attn beside mla_up_proj)
+        self.recompute_up = recompute.selective(state.config, "mla_up_proj")
         self.cp = state["cp"]
         # plain causal attention (the executor rule rejects MLA with windows or sinks); under CP the model sets
         # ``mask`` [s/cp, s], the causal mask in global positions
@@ -123,16 +127,33 @@ class MLASelfAttention(torch.nn.Module):
         latents = enter_tp(latents, self.state)
         latents = self.timer.mark(latents, "tp_allgather", "attention")
         s, b, _ = latents.shape
-        q, k, v = self._qkv(latents, *rope)
-        if self.cp.size > 1:
-            q = self.timer.mark(q, "attention", "cp_allgather")
-            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
-            k = self.timer.mark(k, "cp_allgather", "attention")
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
+        if self.recompute_up:
+            o = recompute.run(True, self._up_and_core, latents, *rope)
         else:
-            o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, v_head_dim]
+            o = self._core(*self._qkv(latents, *rope))
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.spec.v_head_dim)
         o = self.kernels.linear(o, self.linear_proj)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
         o = leave_tp(o, self.state)
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def _up_and_core(self, latents_SBL: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The up projections, RoPE and the attention core in one recomputed region (mla_up_proj)."""
+        q, k, v = self._qkv(latents_SBL, cos, sin)
+        return self._attend(q, k, v)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core without its own checkpoint (inside the mla_up_proj region)."""
+        if self.cp.size > 1:
+            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
+            return cp_attention(q, k, v, self.mask, self.cp.size, self.cp.rank)
+        return self.kernels.attention(q, k, v)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention output [b, heads, s, v_head_dim]; K/V all-gathered over CP; core_attn recompute."""
+        if self.cp.size > 1:
+            q = self.timer.mark(q, "attention", "cp_allgather")
+            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
+            k = self.timer.mark(k, "cp_allgather", "attention")
+            return recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
+        return recompute.run(self.recompute_core, self.kernels.attention, q, k, v)

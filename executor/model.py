@@ -92,7 +92,9 @@ class MoEGPT(torch.nn.Module):
     """This rank's slice of the model: under pipeline parallelism, its stage's virtual chunks only.
 
     Chunk ``v`` of pipeline rank ``i`` holds the decoder layers ``spec.pipeline_layout.layer_chunks(L, pp,
-    vpp)[i][v]``; the embedding lives on the first chunk of the model and the final norm, LM head, MTP depths
+    vpp, split)[i][v]`` (``split``: the layout's Megatron placement options, ``ParallelConfig.pipeline_split``;
+    a chunk may hold no decoder layer: only the embedding, only the loss, or nothing but the hand-over of its
+    activations); the embedding lives on the first chunk of the model and the final norm, LM head, MTP depths
     and loss on the last. Parameter names are the full model's, so every layout gathers to the same state.
     When the last stage needs the word embedding too (MTP embeds the shifted tokens; tied output weights) and
     pp > 1, it holds its own copy (``ShardInfo.pp_shared``, same name and initial values) whose gradient the
@@ -115,7 +117,7 @@ class MoEGPT(torch.nn.Module):
         config = state.config
         pp = state["pp"]
         self.vpp = config.vpp
-        chunks = layer_chunks(spec.num_layers, config.pp, config.vpp)[pp.rank]
+        chunks = layer_chunks(spec.num_layers, config.pp, config.vpp, config.pipeline_split)[pp.rank]
         self.first_stage, self.last_stage = pp.rank == 0, pp.rank == pp.size - 1
 
         def vocab_param(name, pp_shared=False):

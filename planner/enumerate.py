@@ -7,18 +7,33 @@ The search space is a product of candidate axes:
   causal split gives each CP rank two chunks of seq/(2·cp) tokens, and below one 128-row flash-attention
   tile per chunk the attention kernel and every GEMM run mostly empty);
 - vpp: 1 .. ``SearchSpace.vpp_max`` (4 by default: more virtual stages only shave a bubble that is
-  already (pp-1)/(vpp·m) small, and multiply the p2p traffic);
+  already (pp-1)/(vpp·m) small, and multiply the p2p traffic; Megatron itself has no cap, so a user may
+  raise it up to ``VPP_LIMIT``); with a Megatron layout string (``SearchSpace.pipeline``) pp·vpp is the
+  string's chunk count, so each pp has at most one vpp, whatever the cap;
+- the pipeline placement: Megatron's options in ``SearchSpace.pipeline`` (``spec.pipeline_layout``), the
+  same for every layout (the ``layers_pp`` rule rejects the pp/vpp they do not fit);
 - (ep, etp, edp): every ordered factorisation of world / pp, except ETP degrees that leave each rank fewer
   than ``SearchSpace.expert_ffn_min_columns`` columns of an expert's FFN (128 by default: one GEMM tile;
   below it the grouped GEMM runs mostly empty while ETP still moves every token);
 - micro_batch_size: 1 .. ``SearchSpace.mbs_max`` (8 by default; larger micro-batches rarely help an MoE
   GEMM that already has seq·mbs/tp/cp rows, and cost activation memory);
-- recompute: none, selective(core_attn), selective(core_attn+moe_act+layernorm), full (uniform, every layer);
+- recompute: a chain of increasing recomputation (the ranker needs each option to save memory and cost time
+  over the one before). MoE models (:data:`MOE_RECOMPUTE`): none, selective(layernorm+moe_act) (what
+  Megatron's MoE recipes run), selective(core_attn+moe_act+layernorm), that plus mla_up_proj (Megatron's
+  DeepSeek recipe), full (uniform, every layer); core_attn alone is left out there because the cost model
+  finds it saving less memory than layernorm+moe_act for about the same time (measured on the catalog's
+  Qwen3, Mixtral and DeepSeek models: it would break the chain). Dense models (:data:`RECOMPUTE_OPTIONS`):
+  none, selective(core_attn), selective(core_attn+moe_act+layernorm), full. Options a model cannot use
+  are rejected by the ``recompute_modules`` rule; those the executor does not build (mla_up_proj) stay
+  priced and are filtered where layouts must run (``planner.runnable``, rule ``executor_recompute``);
 - dispatcher: every name of ``spec.dispatchers`` when tokens leave the GPU (ep·etp > 1), except that by
   default (``SearchSpace.gathering_within_node``) a dispatcher that gathers every token (allgather: every
   token to all etp·ep ranks instead of its top-k experts' ranks, which only pays off for small groups on
   NVLink) is tried only while the ETP·EP group fits in one node; with ep·etp = 1 every dispatcher only
   permutes locally, so only the default (alltoall) is considered;
+- EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
+  plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
+  ``ep_overlap`` rule); it rides the dispatcher axis as the option ``alltoall+ep_overlap``;
 - distributed optimizer: on and off, or the one the training spec forces.
 
 Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
@@ -39,7 +54,8 @@ from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
-from spec.parallel_config import ParallelConfig
+from spec.parallel_config import PIPELINE_FIELDS, ParallelConfig
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.validity import Rejection, Validator
 
@@ -50,9 +66,24 @@ RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("selective", ("core_attn", "moe_act", "layernorm")),
     ("full", ()),
 )
+MOE_RECOMPUTE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("none", ()),
+    ("selective", ("layernorm", "moe_act")),
+    ("selective", ("core_attn", "moe_act", "layernorm")),
+    ("selective", ("core_attn", "moe_act", "layernorm", "mla_up_proj")),
+    ("full", ()),
+)
+EP_OVERLAP = "+ep_overlap"  # suffix of a dispatcher option with overlap_moe_expert_parallel_comm on
+VPP_LIMIT = 64  # the largest vpp_max a search space accepts (a bound on the enumeration, not Megatron's)
+
+
+def dispatch_fields(option: str) -> dict:
+    """The config fields of a dispatcher option: 'alltoall' or 'alltoall+ep_overlap'."""
+    name, plus, _ = option.partition("+")
+    return {"moe_token_dispatcher_type": name, "overlap_moe_expert_parallel_comm": bool(plus)}
 RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
                                "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
-                               "expert_ffn_etp", "recompute_modules")
+                               "expert_ffn_etp", "recompute_modules", "ep_overlap")
 
 
 @dataclass(frozen=True)
@@ -64,16 +95,29 @@ class SearchSpace:
     cp_min_chunk_tokens: int = 128
     expert_ffn_min_columns: int = 128
     gathering_within_node: bool = True
-    recompute: tuple[tuple[str, tuple[str, ...]], ...] = RECOMPUTE_OPTIONS
+    recompute: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # None: the chain for the model
     dispatchers: tuple[str, ...] = DISPATCHERS
+    ep_overlap: bool = True
+    pipeline: PipelineSplit = DEFAULT_SPLIT
 
     def __post_init__(self) -> None:
+        if not 1 <= self.vpp_max <= VPP_LIMIT:
+            raise InvalidConfigError(f"vpp_max must be in 1..{VPP_LIMIT}, got {self.vpp_max}")
+        problems = self.pipeline.problems()
+        if problems:
+            raise InvalidConfigError("; ".join(problems))
         # configs of the enumeration are built unchecked (ParallelConfig.trusted), so an unknown dispatcher
         # name must fail here rather than reach the cost model as a config ParallelConfig would refuse
         unknown = [d for d in self.dispatchers if d not in DISPATCHERS]
         if unknown:
             raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
                                      f"dispatchers are {', '.join(DISPATCHERS)}")
+
+    def recompute_for(self, model: ModelSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The recompute chain tried for ``model`` (see the module docstring)."""
+        if self.recompute is not None:
+            return self.recompute
+        return MOE_RECOMPUTE if model.is_moe else RECOMPUTE_OPTIONS
 
     def allows_cp(self, cp: int, seq_length: int) -> bool:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
@@ -84,20 +128,54 @@ class SearchSpace:
         return etp == 1 or not model.is_moe or model.expert_ffn_hidden_size // etp >= self.expert_ffn_min_columns
 
     def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int) -> tuple[str, ...]:
-        """The dispatchers tried for an expert layout (see the module docstring)."""
+        """The dispatchers tried for an expert layout (see the module docstring); with EP the alltoall one
+        also as 'alltoall+ep_overlap' when ``ep_overlap`` is searched (the ``ep_overlap`` rule then decides
+        per pp/vpp and recompute)."""
         group = ep * etp
         if not moe or group == 1:
             return self.dispatchers[:1]
         if self.gathering_within_node and group > gpus_per_node:
-            return tuple(d for d in self.dispatchers if d not in GATHERING_DISPATCHERS) or self.dispatchers[:1]
-        return self.dispatchers
+            names = tuple(d for d in self.dispatchers if d not in GATHERING_DISPATCHERS) or self.dispatchers[:1]
+        else:
+            names = self.dispatchers
+        if self.ep_overlap and ep > 1 and "alltoall" in names:
+            names = names + ("alltoall" + EP_OVERLAP,)
+        return names
+
+    def vpps_for(self, pp: int) -> range | tuple[int, ...]:
+        """The vpp values tried with ``pp`` (a layout string fixes pp·vpp: at most one)."""
+        chunks = self.pipeline.num_chunks()
+        if chunks is None:
+            return range(1, self.vpp_max + 1)
+        return (chunks // pp,) if chunks % pp == 0 else ()
 
     def describe(self) -> str:
         """One line naming the caps of this search space."""
-        return (f"micro-batch <= {self.mbs_max}, vpp <= {self.vpp_max}, CP chunks >= {self.cp_min_chunk_tokens} "
+        vpp = (f"vpp from the layout's {self.pipeline.num_chunks()} chunks" if self.pipeline.layout is not None
+               else f"vpp <= {self.vpp_max}")
+        text = (f"micro-batch <= {self.mbs_max}, {vpp}, CP chunks >= {self.cp_min_chunk_tokens} "
                 f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, "
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
-                f"{'within a node' if self.gathering_within_node else 'everywhere'}")
+                f"{'within a node' if self.gathering_within_node else 'everywhere'}"
+                f"{', EP a2a overlap tried' if self.ep_overlap else ''}")
+        placement = pipeline_label(self.pipeline)
+        return text + (f", pipeline {placement}" if placement else "")
+
+
+def pipeline_fields(split: PipelineSplit) -> dict:
+    """ParallelConfig's pipeline placement fields for ``split``."""
+    values = (split.layout, split.first, split.last, split.embedding, split.loss)
+    return dict(zip(PIPELINE_FIELDS, values))
+
+
+def pipeline_label(split: PipelineSplit) -> str:
+    """The placement tokens of a ParallelConfig label for ``split`` ('' by default)."""
+    if split.is_default:
+        return ""
+    probe = ParallelConfig(world_size=1, **pipeline_fields(split)) if split.layout is None else None
+    if probe is not None:
+        return " ".join(t for t in probe.label().split() if t.startswith(("pp_first", "pp_last", "pp_account")))
+    return f"layout={split.layout}"
 
 
 @dataclass(frozen=True)
@@ -138,22 +216,30 @@ class Enumeration:
     @property
     def valid(self) -> int:
         """Number of valid complete configs (layouts times their knobs)."""
-        per = len(self.recompute) * len(self.distributed_optimizer)
-        return sum(len(lay.micro_batch_sizes) * len(lay.dispatchers) for lay in self.layouts) * per
+        n_opt = len(self.distributed_optimizer)
+        return sum(len(lay.micro_batch_sizes) * sum(self.recompute_count(d) for d in lay.dispatchers)
+                   for lay in self.layouts) * n_opt
+
+    def recompute_count(self, dispatcher: str) -> int:
+        """How many of the recompute options (a prefix of ``recompute``) go with a dispatcher option: EP
+        overlap excludes full recompute (the ``ep_overlap`` rule), which closes the chain."""
+        return recompute_count(self.recompute, dispatcher)
 
     def _reject(self, rejection: Rejection, count: int) -> None:
         if count:
             self.rejected[rejection.rule] = self.rejected.get(rejection.rule, 0) + count
             self.examples.setdefault(rejection.rule, rejection)
 
+    pipeline: PipelineSplit = DEFAULT_SPLIT
+
     def configs(self) -> Iterator[ParallelConfig]:
         """Every valid config, layout by layout (micro-batch, dispatcher, optimizer, recompute vary fastest)."""
-        maker = ConfigMaker(self.world_size)
+        maker = ConfigMaker(self.world_size, self.pipeline)
         for lay in self.layouts:
             for mbs in lay.micro_batch_sizes:
                 for dispatcher in lay.dispatchers:
                     for distopt in self.distributed_optimizer:
-                        for granularity, modules in self.recompute:
+                        for granularity, modules in self.recompute[:self.recompute_count(dispatcher)]:
                             yield maker.make(lay, mbs, dispatcher, distopt, granularity, modules)
 
 
@@ -161,14 +247,16 @@ class ConfigMaker:
     """Builds ParallelConfig objects for layouts the Validator already accepted, without re-validating
     (:meth:`ParallelConfig.trusted`: the planner builds hundreds of thousands of them)."""
 
-    def __init__(self, world_size: int) -> None:
-        self._template = ParallelConfig(world_size=world_size).field_values()
+    def __init__(self, world_size: int, pipeline: PipelineSplit = DEFAULT_SPLIT) -> None:
+        # the placement options were checked by the SearchSpace; pp·vpp by the layers_pp rule per layout
+        self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline)}
 
     def base(self, lay: Layout, dispatcher: str) -> dict:
-        """The fields every config of ``lay`` with ``dispatcher`` shares (pass to :meth:`from_base`)."""
+        """The fields every config of ``lay`` with the dispatcher option ``dispatcher`` shares (pass to
+        :meth:`from_base`)."""
         d = dict(self._template)
         d.update(tp=lay.tp, cp=lay.cp, pp=lay.pp, vpp=lay.vpp, ep=lay.ep, etp=lay.etp,
-                 sequence_parallel=lay.tp > 1, moe_token_dispatcher_type=dispatcher)
+                 sequence_parallel=lay.tp > 1, **dispatch_fields(dispatcher))
         return d
 
     @staticmethod
@@ -187,6 +275,13 @@ class ConfigMaker:
         return self.from_base(self.base(lay, dispatcher), mbs, distopt, granularity, modules)
 
 
+def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatcher: str) -> int:
+    """See :meth:`Enumeration.recompute_count`."""
+    if dispatcher.endswith(EP_OVERLAP) and recompute and recompute[-1][0] == "full":
+        return len(recompute) - 1
+    return len(recompute)
+
+
 def distopt_options(training: TrainingSpec) -> tuple[bool, ...]:
     """The distributed-optimizer settings to try: the forced one, or both (on first: it is the usual winner)."""
     return (True, False) if training.distributed_optimizer is None else (training.distributed_optimizer,)
@@ -196,23 +291,24 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                       space: SearchSpace | None = None) -> Enumeration:
     """Every valid layout of ``model`` on ``cluster`` for ``training``, with rejection counts per rule."""
     space = space or SearchSpace()
-    v = Validator(model, training, cluster)
+    v = Validator(model, training, cluster, space.pipeline)
     world = cluster.num_gpus
     moe = model.is_moe
     recompute_ok: list[tuple[str, tuple[str, ...]]] = []
     recompute_bad: list[Rejection] = []
     distopt = distopt_options(training)[0]
     probe = ParallelConfig(world_size=world, use_distributed_optimizer=distopt, overlap_param_gather=distopt)
-    for granularity, modules in space.recompute:
+    chain = space.recompute_for(model)
+    for granularity, modules in chain:
         r = v.knobs(probe.replace(recompute_granularity=granularity, recompute_modules=modules))
         if r:
             recompute_bad.append(r)
         else:
             recompute_ok.append((granularity, modules))
     n_opt = len(distopt_options(training))
-    n_rec = len(space.recompute)
+    n_rec = len(chain)
     result = Enumeration(world_size=world, layouts=[], recompute=tuple(recompute_ok),
-                         distributed_optimizer=distopt_options(training))
+                         distributed_optimizer=distopt_options(training), pipeline=space.pipeline)
 
     # Expert factorisations per pp and the knob leaves under each one.
     expert_pairs: dict[int, list[tuple[int, int, tuple[str, ...]]]] = {}
@@ -239,11 +335,12 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                 dp = world // (tp * cp * pp)
                 per_mbs = expert_leaves[pp]
                 per_vpp = space.mbs_max * per_mbs
-                result.considered += space.vpp_max * per_vpp
+                vpps = space.vpps_for(pp)
+                result.considered += len(vpps) * per_vpp
                 if cp_rej:
-                    result._reject(cp_rej, space.vpp_max * per_vpp)
+                    result._reject(cp_rej, len(vpps) * per_vpp)
                     continue
-                for vpp in range(1, space.vpp_max + 1):
+                for vpp in vpps:
                     pp_rej = v.pp(pp, vpp)
                     if pp_rej:
                         result._reject(pp_rej, per_vpp)
@@ -267,6 +364,14 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                             continue
                         for bad in recompute_bad:
                             result._reject(bad, n_mbs * len(dispatchers) * n_opt)
+                        overlap = [d for d in dispatchers if d.endswith(EP_OVERLAP)]
+                        if overlap and pp > 1 and vpp == 1:
+                            result._reject(Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs vpp > 1 "
+                                                                   "when pp > 1"), n_mbs * len(recompute_ok) * n_opt)
+                            dispatchers = tuple(d for d in dispatchers if not d.endswith(EP_OVERLAP))
+                        elif overlap and recompute_count(result.recompute, overlap[0]) < len(recompute_ok):
+                            result._reject(Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs no "
+                                                                   "full recompute"), n_mbs * n_opt)
                         result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                      split, tuple(ok_mbs), dispatchers))
     return result

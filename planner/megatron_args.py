@@ -1,11 +1,15 @@
 """A folded layout as Megatron-LM command-line arguments (parallelism, batch, recompute, dispatcher, optimizer).
 
 Only what the layout and the training recipe decide is emitted; the model's architecture arguments
-(--num-layers, --hidden-size, ...) come from the user's model script. When pp·vpp divides the layers,
-interleaving is ``--num-virtual-stages-per-pipeline-rank``; otherwise the chunks of
-:func:`spec.pipeline_layout.layer_chunks` (sizes differing by at most one) are spelled out as
-``--pipeline-model-parallel-layout`` (E = embedding, t = decoder layer, m = MTP layer, L = loss, '|' between
-chunks, ``(x|)*n`` and ``t*n`` repeat), which also fixes vpp.
+(--num-layers, --hidden-size, ...) come from the user's model script. The pipeline placement:
+
+- a layout with Megatron's own placement options passes them on as given: ``--pipeline-model-parallel-layout``
+  (which fixes vpp), or ``--decoder-first/last-pipeline-num-layers`` / ``--account-for-embedding-in-pipeline-
+  split`` / ``--account-for-loss-in-pipeline-split`` with ``--num-virtual-stages-per-pipeline-rank``;
+- otherwise, when pp·vpp divides the layers, interleaving is ``--num-virtual-stages-per-pipeline-rank``; when
+  it does not, the chunks of :func:`spec.pipeline_layout.layer_chunks` (sizes differing by at most one) are
+  spelled out as ``--pipeline-model-parallel-layout`` (E = embedding, t = decoder layer, m = MTP layer,
+  L = loss, '|' between chunks, ``(x|)*n`` and ``t*n`` repeat).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import shlex
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.pipeline_layout import layer_chunks
+from spec.pipeline_layout import chunk_sizes, format_layout
 
 
 def pipeline_layout(num_layers: int, pp: int, vpp: int, mtp_num_layers: int = 0) -> str:
@@ -24,20 +28,7 @@ def pipeline_layout(num_layers: int, pp: int, vpp: int, mtp_num_layers: int = 0)
     Chunks are listed in Megatron's flattened order (chunk j = virtual stage j // pp of rank j % pp), the
     embedding opens the first, MTP layers and the loss close the last; runs of equal chunks are folded.
     """
-    chunks = layer_chunks(num_layers, pp, vpp)
-    sizes = [len(chunks[j % pp][j // pp]) for j in range(pp * vpp)]
-    parts = [f"t*{n}" if n > 1 else "t" * n for n in sizes]
-    parts[0] = "E" + parts[0]
-    parts[-1] = parts[-1] + "m" * mtp_num_layers + "L"
-    out = []
-    i = 0
-    while i < len(parts):
-        run = 1
-        while i + run < len(parts) and parts[i + run] == parts[i]:
-            run += 1
-        out.append(f"({parts[i]}|)*{run}" if run > 1 else parts[i] + "|")
-        i += run
-    return "".join(out)[:-1]
+    return format_layout(chunk_sizes(num_layers, pp, vpp), mtp_num_layers)
 
 
 def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> list[list[str]]:
@@ -47,7 +38,21 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         ["--tensor-model-parallel-size", str(c.tp)],
         ["--pipeline-model-parallel-size", str(c.pp)],
     ]
-    if model.num_layers % (c.pp * c.vpp):
+    split = c.pipeline_split
+    if split.layout is not None:
+        args.append(["--pipeline-model-parallel-layout", split.layout])
+    elif not split.is_default:
+        if split.first is not None:
+            args.append(["--decoder-first-pipeline-num-layers", str(split.first)])
+        if split.last is not None:
+            args.append(["--decoder-last-pipeline-num-layers", str(split.last)])
+        if split.embedding:
+            args.append(["--account-for-embedding-in-pipeline-split"])
+        if split.loss:
+            args.append(["--account-for-loss-in-pipeline-split"])
+        if c.vpp > 1:
+            args.append(["--num-virtual-stages-per-pipeline-rank", str(c.vpp)])
+    elif model.num_layers % (c.pp * c.vpp):
         args.append(["--pipeline-model-parallel-layout", pipeline_layout(model.num_layers, c.pp, c.vpp,
                                                                          model.mtp_num_layers)])
     elif c.vpp > 1:

@@ -53,10 +53,12 @@ from costmodel.terms import TERM_TABLE
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError
 from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
-from planner.enumerate import ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts
+from planner.enumerate import (ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
+                               pipeline_fields, recompute_count)
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
@@ -140,6 +142,7 @@ class _Job:
     time_fn: Any
     exhaustive: bool
     top: int = 10
+    pipeline: PipelineSplit = DEFAULT_SPLIT
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -172,7 +175,7 @@ _JOB: _Job | None = None  # set before forking workers, so they inherit it inste
 
 def _scan(job: _Job, indices: range) -> _Scan:
     out = _Scan()
-    maker = ConfigMaker(job.cluster.num_gpus)
+    maker = ConfigMaker(job.cluster.num_gpus, job.pipeline)
     usable = job.cluster.usable_hbm_bytes
     n_rec = len(job.recompute)
     n_opt = len(job.distopts)
@@ -195,6 +198,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
         sizes = lay.micro_batch_sizes
         for dispatcher in lay.dispatchers:
             base = maker.base(lay, dispatcher)
+            n_rec = recompute_count(job.recompute, dispatcher)  # EP overlap stops before full recompute
             floors: list[int | None] = [0] * len(sizes)
             guesses = same_layout if dispatcher != lay.dispatchers[0] else [None] * n_opt
             same_layout: list[list[int | None] | None] = []
@@ -270,7 +274,9 @@ def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
     docstring). 0 when the single-stage layout is not a valid config (its larger dp may not divide the
     global batch): then the group is not bounded and its candidates are all timed.
     """
-    cfg = ParallelConfig.trusted(base, knob, {"pp": 1, "vpp": 1, "micro_batch_size": mbs})
+    # one stage holds every layer, the embedding and the loss: the placement options do not apply
+    cfg = ParallelConfig.trusted(base, knob, pipeline_fields(DEFAULT_SPLIT),
+                                 {"pp": 1, "vpp": 1, "micro_batch_size": mbs})
     world = cfg.world_size
     if batch_rule(job.training.global_batch_size, mbs, world // (cfg.tp * cfg.cp)) is not None:
         return 0.0
@@ -278,7 +284,11 @@ def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
         t = job.time_fn(job.model, job.training, job.cluster, cfg)
     except InvalidConfigError:
         return 0.0
-    return max(0.0, t.step_time - sum(v for name, v in t.terms if name in PER_STEP_TERMS))
+    # with EP overlap the a2a left exposed depends on the micro-batch count and on the stage's share of the
+    # layers (the first forward and last backward of a stage show one micro-batch's a2a): not bounded by the
+    # single stage's, so the bound leaves it out
+    skip = PER_STEP_TERMS | {"ep_a2a"} if cfg.overlap_moe_expert_parallel_comm else PER_STEP_TERMS
+    return max(0.0, t.step_time - sum(v for name, v in t.terms if name in skip))
 
 
 def _staircase(fits: Callable[[int, int], bool], n_mbs: int, n_rec: int, floors: list[int | None],
@@ -428,10 +438,10 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
     job = _Job(model, training, cluster, enum.layouts, enum.recompute, enum.distributed_optimizer,
-               memory_fn, memory_total_fn, time_fn, exhaustive, top)
+               memory_fn, memory_total_fn, time_fn, exhaustive, top, enum.pipeline)
     n_workers = workers if workers is not None else _default_workers(enum.valid)
     scan = _scan_all(job, n_workers)
-    maker = ConfigMaker(cluster.num_gpus)
+    maker = ConfigMaker(cluster.num_gpus, enum.pipeline)
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
                         bound_calls=scan.bound_calls, order_violations=scan.order_violations,
@@ -487,7 +497,7 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
         picked.append((key, choice))
         # slower siblings: bounded by this config's time until they are popped
         o, r = choice.o, choice.r
-        siblings = [(o, r + 1)] if r + 1 < n_rec else []
+        siblings = [(o, r + 1)] if r + 1 < min(n_rec, recompute_count(job.recompute, choice.dispatcher)) else []
         if head:
             siblings += [(o2, r_mins[o2]) for o2 in range(o + 1, len(r_mins)) if r_mins[o2] is not None]
         for o2, r2 in siblings:

@@ -61,6 +61,8 @@ def params_key(params: dict[str, Any]) -> tuple:
     """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``)."""
     if params.get("recompute") == "full:0":  # how studies begun before ParallelConfig's codec wrote 'full'
         params = {**params, "recompute": "full"}
+    if "ep_overlap" not in params:  # studies begun before EP overlap was searched ran it off
+        params = {**params, "ep_overlap": False}
     return tuple(params.get(name) for name in OPTUNA_PARAMS)
 
 

@@ -9,14 +9,18 @@ from typing import Any
 from spec._validate import positive_ints, raise_if, require
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, canonical_layout
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT_SELECTIVE_MODULES = ("core_attn",)
-OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt")
+OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap")
+ON_WORDS = ("on", "1", "true", "yes")
 
 _TOKEN_SEPARATOR = re.compile(r"[\s,]+")
 _SIZE_TOKEN = re.compile(r"(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
+# a Megatron layout string may carry cosmetic commas, which elsewhere separate tokens: read it first
+_LAYOUT_TOKEN = re.compile(r"(?i)(?:^|(?<=[\s,]))layout=([^\s]+)")
 
 
 def _recompute_fields(text: str) -> dict[str, Any]:
@@ -38,6 +42,11 @@ class ParallelConfig:
     Megatron-LM: ``vpp`` is the number of virtual stages per pipeline rank (1 = no interleaving),
     ``sequence_parallel`` defaults to on whenever ``tp > 1`` (Megatron requires it for MoE),
     ``recompute_num_layers`` is how many layers per stage a 'full' recompute covers (0 = all).
+    ``overlap_moe_expert_parallel_comm`` hides the EP all-to-all of one micro-batch behind another's compute.
+    The pipeline placement options are Megatron's (``spec.pipeline_layout``): ``pipeline_layout``
+    (``--pipeline-model-parallel-layout``, stored without its cosmetic commas; it fixes pp·vpp),
+    ``decoder_first/last_pipeline_num_layers`` and ``account_for_embedding/loss_in_pipeline_split``; none
+    given, the layers split into pp·vpp chunks that differ by at most one.
     """
 
     world_size: int
@@ -58,8 +67,15 @@ class ParallelConfig:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
+    pipeline_layout: str | None = None
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
+        if self.pipeline_layout is not None:
+            object.__setattr__(self, "pipeline_layout", canonical_layout(str(self.pipeline_layout)))
         if isinstance(self.recompute_modules, (list, set)):
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
         if self.sequence_parallel is None:
@@ -85,6 +101,12 @@ class ParallelConfig:
         require(p, self.moe_token_dispatcher_type in DISPATCHERS,
                 f"moe_token_dispatcher_type must be one of {DISPATCHERS}, got {self.moe_token_dispatcher_type!r}")
         require(p, not (self.sequence_parallel and self.tp == 1), "sequence_parallel needs tp > 1")
+        split = self.pipeline_split
+        split_problems = split.problems()
+        p += split_problems
+        if not split_problems and split.layout is not None and split.num_chunks() != self.pp * self.vpp:
+            p.append(f"pipeline_layout has {split.num_chunks()} chunks; pp·vpp = {self.pp}·{self.vpp} = "
+                     f"{self.pp * self.vpp} (vpp = chunks / pp)")
         if p:
             raise InvalidConfigError("invalid parallel config: " + "; ".join(p))
 
@@ -97,6 +119,17 @@ class ParallelConfig:
     def edp(self) -> int:
         """Expert data-parallel size of the MoE layout."""
         return self.world_size // (self.etp * self.ep * self.pp)
+
+    @property
+    def pipeline_split(self) -> PipelineSplit:
+        """Megatron's pipeline placement options of this layout (``spec.pipeline_layout``)."""
+        if (self.pipeline_layout is None and self.decoder_first_pipeline_num_layers is None
+                and self.decoder_last_pipeline_num_layers is None and not self.account_for_embedding_in_pipeline_split
+                and not self.account_for_loss_in_pipeline_split):
+            return DEFAULT_SPLIT
+        return PipelineSplit(self.pipeline_layout, self.decoder_first_pipeline_num_layers,
+                             self.decoder_last_pipeline_num_layers, self.account_for_embedding_in_pipeline_split,
+                             self.account_for_loss_in_pipeline_split)
 
     def num_micro_batches(self, global_batch_size: int) -> int:
         """Micro-batches per pipeline per step (gradient-accumulation steps)."""
@@ -121,6 +154,18 @@ class ParallelConfig:
             parts.append(f"dispatcher={self.moe_token_dispatcher_type}")
         if not self.use_distributed_optimizer:
             parts.append("distopt=off")
+        if self.overlap_moe_expert_parallel_comm:
+            parts.append("ep_overlap=on")
+        if self.pipeline_layout is not None:
+            parts.append(f"layout={self.pipeline_layout}")
+        if self.decoder_first_pipeline_num_layers is not None:
+            parts.append(f"pp_first={self.decoder_first_pipeline_num_layers}")
+        if self.decoder_last_pipeline_num_layers is not None:
+            parts.append(f"pp_last={self.decoder_last_pipeline_num_layers}")
+        accounted = [name for name, on in (("embedding", self.account_for_embedding_in_pipeline_split),
+                                           ("loss", self.account_for_loss_in_pipeline_split)) if on]
+        if accounted:
+            parts.append("pp_account=" + "+".join(accounted))
         return " ".join(parts)
 
     @staticmethod
@@ -128,10 +173,15 @@ class ParallelConfig:
         """The tokens of a :meth:`label` (or any subset, separated by spaces or commas), unchecked.
 
         Returns (sizes by token name: tp, cp, pp, vpp, ep, etp, dp, edp, mbs; the other fields by field
-        name). Raises InvalidConfigError "cannot parse ..." for a token that is neither.
+        name). ``layout=`` takes a Megatron layout string, commas included. Raises InvalidConfigError "cannot
+        parse ..." for a token that is neither.
         """
         sizes: dict[str, int] = {}
         kwargs: dict[str, Any] = {}
+        layout = _LAYOUT_TOKEN.search(text)
+        if layout is not None:
+            kwargs["pipeline_layout"] = canonical_layout(layout.group(1))
+            text = text[:layout.start()] + " " + text[layout.end():]
         for token in _TOKEN_SEPARATOR.split(text.strip()):
             if not token:
                 continue
@@ -146,7 +196,15 @@ class ParallelConfig:
             elif key == "dispatcher":
                 kwargs["moe_token_dispatcher_type"] = value
             elif key == "distopt":
-                kwargs["use_distributed_optimizer"] = value.lower() in ("on", "1", "true", "yes")
+                kwargs["use_distributed_optimizer"] = value.lower() in ON_WORDS
+            elif key == "ep_overlap":
+                kwargs["overlap_moe_expert_parallel_comm"] = value.lower() in ON_WORDS
+            elif key in ("pp_first", "pp_last") and value.isdigit():
+                kwargs[f"decoder_{key[3:]}_pipeline_num_layers"] = int(value)
+            elif key == "pp_account" and value and set(value.lower().split("+")) <= {"embedding", "loss"}:
+                parts = value.lower().split("+")
+                kwargs["account_for_embedding_in_pipeline_split"] = "embedding" in parts
+                kwargs["account_for_loss_in_pipeline_split"] = "loss" in parts
             else:
                 raise InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}")
         return sizes, kwargs
@@ -165,7 +223,13 @@ class ParallelConfig:
                 world_size = tp * cp * pp * sizes["dp"]
             else:
                 raise InvalidConfigError(f"layout {text!r} names no dp and no world size was given")
-        cfg = cls(world_size=world_size, tp=tp, cp=cp, pp=pp, vpp=sizes.get("vpp", 1), ep=sizes.get("ep", 1),
+        vpp = sizes.get("vpp")
+        if vpp is None:  # a layout string fixes pp·vpp
+            vpp = 1
+            if kwargs.get("pipeline_layout"):
+                chunks = PipelineSplit(kwargs["pipeline_layout"]).num_chunks()
+                vpp = max(1, chunks // pp) if chunks % pp == 0 else 1
+        cfg = cls(world_size=world_size, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=sizes.get("ep", 1),
                   etp=sizes.get("etp", 1), micro_batch_size=sizes.get("mbs", 1), **kwargs)
         for name in ("dp", "edp"):
             if name in sizes and sizes[name] != getattr(cfg, name):
@@ -178,17 +242,22 @@ class ParallelConfig:
         """The Optuna parameters of this layout (names in :data:`OPTUNA_PARAMS`; recompute as :meth:`recompute_text`)."""
         return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "ep": self.ep, "etp": self.etp,
                 "mbs": self.micro_batch_size, "recompute": self.recompute_text(),
-                "dispatcher": self.moe_token_dispatcher_type, "distopt": self.use_distributed_optimizer}
+                "dispatcher": self.moe_token_dispatcher_type, "distopt": self.use_distributed_optimizer,
+                "ep_overlap": self.overlap_moe_expert_parallel_comm}
 
     @classmethod
-    def from_optuna_params(cls, params: dict[str, Any], world_size: int) -> ParallelConfig:
+    def from_optuna_params(cls, params: dict[str, Any], world_size: int, **fixed: Any) -> ParallelConfig:
         """The layout of :meth:`to_optuna_params` output for ``world_size`` GPUs; parameter-gather overlap
-        follows the distributed optimizer, as in every layout the planner proposes."""
+        follows the distributed optimizer, as in every layout the planner proposes. ``fixed`` are fields the
+        search does not vary (e.g. the pipeline placement fields, :data:`PIPELINE_FIELDS`); studies begun
+        before 'ep_overlap' was searched read as off."""
         distopt = bool(params["distopt"])
         return cls(world_size=world_size, tp=params["tp"], cp=params["cp"], pp=params["pp"], vpp=params["vpp"],
                    ep=params["ep"], etp=params["etp"], micro_batch_size=params["mbs"],
                    moe_token_dispatcher_type=params["dispatcher"], use_distributed_optimizer=distopt,
-                   overlap_param_gather=distopt, **_recompute_fields(str(params["recompute"])))
+                   overlap_param_gather=distopt,
+                   overlap_moe_expert_parallel_comm=bool(params.get("ep_overlap", False)),
+                   **_recompute_fields(str(params["recompute"])), **fixed)
 
     # ---- field form: the fast path for layouts a Validator has already accepted --------------------
     def field_values(self) -> dict[str, Any]:
@@ -225,3 +294,7 @@ class ParallelConfig:
 
     def replace(self, **changes: Any) -> ParallelConfig:
         return replace(self, **changes)
+
+
+PIPELINE_FIELDS = ("pipeline_layout", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")

@@ -17,9 +17,13 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   so the rule is pp > 1;
 - vpp_microbatches: ``schedules.py`` (interleaved 1F1B with the default
   ``microbatch_group_size_per_vp_stage = pp`` needs the micro-batch count to be a multiple of pp);
-- layers_pp: ``arguments.py`` / ``PipelineParallelLayerLayout`` (num_layers % (pp·vpp) unless an explicit
-  ``--pipeline-model-parallel-layout`` places the layers; foldtune emits one for uneven splits, so the
-  rule left is one decoder layer per chunk at least, see :func:`pipeline_split`);
+- layers_pp: ``arguments.py`` / ``PipelineParallelLayerLayout`` / ``get_num_layers_to_build`` (num_layers %
+  (pp·vpp) unless an explicit ``--pipeline-model-parallel-layout`` places the layers; foldtune emits one for
+  uneven splits, so without Megatron's placement options the rule left is one decoder layer per chunk at
+  least; with them, what :func:`spec.pipeline_layout.chunk_sizes` demands: a layout string that places every
+  decoder and MTP layer, the embedding first and the loss last, in pp·vpp chunks; first/last stage layers
+  that leave an even share for the middle ranks; (layers + embedding + loss) % (pp·vpp) when those are
+  accounted as layers; every rank's layers a multiple of vpp; see :func:`pipeline_split`);
 - sp_with_tp: ``moe_layer.py`` refuses to train MoE with tp > 1 and no sequence parallelism;
 - recompute_modules: ``TransformerConfig`` (moe_act needs grouped-GEMM MoE, mla_up_proj needs MLA);
 - param_gather_distopt: ``arguments.py`` (overlap_param_gather needs the distributed optimizer);
@@ -46,7 +50,7 @@ from dataclasses import dataclass
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
-from spec.pipeline_layout import layer_chunks
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
@@ -60,7 +64,8 @@ RULES: dict[str, str] = {
     "hidden_tp": "hidden_size % tp == 0",
     "ffn_tp": "dense and shared-expert FFN sizes % tp == 0",
     "seq_cp": "seq_length % (2·cp) == 0 when cp > 1",
-    "layers_pp": "at least one decoder layer per pipeline chunk (num_layers >= pp·vpp; uneven splits allowed)",
+    "layers_pp": "the pipeline placement fits the model: at least one decoder layer per chunk by default (uneven "
+                 "splits allowed), or Megatron's layout / first-last / embedding-loss options place every layer",
     "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
     "experts_ep": "num_experts % ep == 0 (ep > 1 needs a MoE model)",
     "expert_ffn_etp": "expert FFN size % etp == 0 (etp > 1 needs a MoE model)",
@@ -79,13 +84,14 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_model": "RMSNorm, RoPE, SwiGLU or quick-GeGLU, causal windows, no dropout",
     "executor_sp": "tp > 1 needs sequence parallelism",
     "executor_seq_cp": "seq_length % (2·cp) == 0",
-    "executor_layers_pp": "num_layers >= pp·vpp",
+    "executor_layers_pp": "the pipeline placement fits the model (the executor runs any chunk sizes, empty included)",
     "executor_vpp_pp": "vpp > 1 needs pp > 1",
     "executor_heads_tp": "attention heads and kv heads % tp == 0",
     "executor_ffn_tp": "ffn_hidden_size and the shared-expert FFN size % tp == 0",
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
-    "executor_recompute": "selective recompute of mla_up_proj is not built",
+    "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
+    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built",
 }
 
 
@@ -101,17 +107,28 @@ class Rejection:
         return f"[{self.rule}] {self.reason}"
 
 
-def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
-    """Decoder layers held by each of the ``pp`` pipeline ranks, or None when there are fewer layers than chunks.
+def pipeline_split(num_layers: int, pp: int, vpp: int = 1, split: PipelineSplit = DEFAULT_SPLIT,
+                   mtp_num_layers: int = 0) -> tuple[int, ...] | None:
+    """Decoder layers held by each of the ``pp`` pipeline ranks, or None when the placement does not fit.
 
-    foldtune supports uneven stages: the model is cut into pp·vpp consecutive chunks whose sizes differ by
-    at most one (:func:`spec.pipeline_layout.layer_chunks`, the placement the memory and time models price);
-    when they are unequal Megatron-LM gets the cut as ``--pipeline-model-parallel-layout``. MTP layers are
-    not part of ``num_layers`` (they follow the decoder on the last rank).
+    foldtune supports uneven stages: by default the model is cut into pp·vpp consecutive chunks whose sizes
+    differ by at most one; Megatron's placement options (``split``) cut it as
+    :func:`spec.pipeline_layout.chunk_sizes` says (the placement the memory and time models price and the
+    executor builds). MTP layers are not part of ``num_layers`` (they follow the decoder on the last rank).
     """
-    if pp < 1 or vpp < 1 or fewer_layers_than_chunks(num_layers, pp, vpp):
-        return None
-    return tuple(sum(len(chunk) for chunk in rank) for rank in layer_chunks(num_layers, pp, vpp))
+    return pipeline_split_or_reason(num_layers, pp, vpp, split, mtp_num_layers)[0]
+
+
+def pipeline_split_or_reason(num_layers: int, pp: int, vpp: int, split: PipelineSplit = DEFAULT_SPLIT,
+                             mtp_num_layers: int = 0) -> tuple[tuple[int, ...] | None, str]:
+    """(decoder layers per pipeline rank, "") or (None, why the placement does not fit)."""
+    if pp < 1 or vpp < 1:
+        return None, f"pp ({pp}) and vpp ({vpp}) must be positive"
+    try:
+        sizes = check_placement(num_layers, pp, vpp, split, mtp_num_layers)
+    except PipelineLayoutError as exc:
+        return None, exc.reason
+    return tuple(sum(sizes[v * pp + rank] for v in range(vpp)) for rank in range(pp)), ""
 
 
 # Conditions Megatron's rules and the executor's share (each rule set words its own reason).
@@ -184,8 +201,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          "tp > 1 needs sequence_parallel (as Megatron requires for MoE)")
     rule("executor_seq_cp", seq_length % (2 * c.cp) != 0,
          f"seq_length ({seq_length}) must be divisible by 2·cp ({2 * c.cp})")
-    rule("executor_layers_pp", fewer_layers_than_chunks(m.num_layers, c.pp, c.vpp),
-         f"num_layers ({m.num_layers}) must be at least pp·vpp ({c.pp}·{c.vpp})")
+    placed, why = pipeline_split_or_reason(m.num_layers, c.pp, c.vpp, c.pipeline_split, m.mtp_num_layers)
+    rule("executor_layers_pp", placed is None, f"pipeline placement of {m.num_layers} layers on pp·vpp "
+                                               f"{c.pp}·{c.vpp}: {why}")
     rule("executor_vpp_pp", interleaving_without_pipeline(c.pp, c.vpp), f"vpp={c.vpp} needs pp > 1")
     rule("executor_heads_tp", m.num_attention_heads % c.tp != 0 or m.num_kv_heads % c.tp != 0,
          f"attention heads ({m.num_attention_heads}) and kv heads ({m.num_kv_heads}) "
@@ -198,9 +216,13 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
     rule("executor_seq_tp_cp", seq_length % (c.tp * c.cp) != 0,
          f"seq_length ({seq_length}) must be divisible by tp·cp ({c.tp}·{c.cp})")
     # a run that ignored it would be measured as a different layout than its label says
-    rule("executor_recompute", c.recompute_granularity == "selective" and "mla_up_proj" in c.recompute_modules,
-         "selective recompute of mla_up_proj is not built (core_attn, layernorm, moe_act, mlp, moe and "
-         "shared_experts are)")
+    rule("executor_recompute", c.recompute_granularity == "selective" and "mla_up_proj" in c.recompute_modules
+         and "core_attn" not in c.recompute_modules,
+         "selective recompute of mla_up_proj is built together with core_attn only (one checkpoint covers the up "
+         "projections and the attention core; every other module is built alone)")
+    rule("executor_ep_overlap", c.overlap_moe_expert_parallel_comm,
+         "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built: the executor runs each "
+         "micro-batch's dispatch and combine in line")
     ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
     if m.is_moe:
         rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")
@@ -238,12 +260,16 @@ def world_expert(world: int, ep: int, etp: int, pp: int) -> Rejection | None:
 class Validator:
     """The validity rules bound to one (model, training, cluster); each level check returns a Rejection or None."""
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> None:
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                 split: PipelineSplit = DEFAULT_SPLIT) -> None:
+        """``split``: Megatron's pipeline placement options every layout of the level checks uses (the
+        planner's search space); :meth:`check` reads them from the config it judges."""
         self.model = model
         self.training = training
         self.cluster = cluster
         self.world = cluster.num_gpus
-        self._split_cache: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        self.pipeline = split
+        self._split_cache: dict[tuple, tuple[tuple[int, ...] | None, str]] = {}
 
     # ---- level checks (cheap; the enumerator calls them as soon as their inputs are bound) ----------
     def global_(self) -> Rejection | None:
@@ -284,18 +310,27 @@ class Validator:
     def world_expert(self, ep: int, etp: int, pp: int) -> Rejection | None:
         return world_expert(self.world, ep, etp, pp)
 
-    def split(self, pp: int, vpp: int) -> tuple[int, ...] | None:
-        key = (pp, vpp)
-        if key not in self._split_cache:
-            self._split_cache[key] = pipeline_split(self.model.num_layers, pp, vpp)
-        return self._split_cache[key]
+    def _split(self, pp: int, vpp: int, split: PipelineSplit | None) -> tuple[tuple[int, ...] | None, str]:
+        split = self.pipeline if split is None else split
+        key = (pp, vpp, split)
+        hit = self._split_cache.get(key)
+        if hit is None:
+            hit = self._split_cache[key] = pipeline_split_or_reason(self.model.num_layers, pp, vpp, split,
+                                                                    self.model.mtp_num_layers)
+        return hit
 
-    def pp(self, pp: int, vpp: int) -> Rejection | None:
+    def split(self, pp: int, vpp: int, split: PipelineSplit | None = None) -> tuple[int, ...] | None:
+        """Decoder layers per pipeline rank (None: the placement does not fit); ``split`` defaults to the
+        validator's own options."""
+        return self._split(pp, vpp, split)[0]
+
+    def pp(self, pp: int, vpp: int, split: PipelineSplit | None = None) -> Rejection | None:
         if interleaving_without_pipeline(pp, vpp):
             return Rejection("vpp_needs_pp", f"vpp {vpp} (interleaving) needs pp > 1, got pp 1")
-        if self.split(pp, vpp) is None:
-            return Rejection("layers_pp", f"num_layers ({self.model.num_layers}) is smaller than pp·vpp = "
-                                          f"{pp}·{vpp} = {pp * vpp} pipeline chunks")
+        placed, why = self._split(pp, vpp, split)
+        if placed is None:
+            return Rejection("layers_pp", f"pipeline placement of {self.model.num_layers} layers on pp·vpp = "
+                                          f"{pp}·{vpp}: {why}")
         return None
 
     def ep(self, ep: int) -> Rejection | None:
@@ -363,7 +398,8 @@ class Validator:
     def check(self, c: ParallelConfig) -> list[Rejection]:
         """Every rule ``c`` breaks, in enumeration order (empty when valid)."""
         found = [
-            self.global_(), self.tp(c.tp), self.cp(c.cp), self.world_dense(c.tp, c.cp, c.pp), self.pp(c.pp, c.vpp),
+            self.global_(), self.tp(c.tp), self.cp(c.cp), self.world_dense(c.tp, c.cp, c.pp),
+            self.pp(c.pp, c.vpp, c.pipeline_split),
             self.ep(c.ep), self.world_expert(c.ep, c.etp, c.pp), self.etp(c.etp),
         ]
         if not self.world % (c.tp * c.cp * c.pp):
@@ -409,7 +445,8 @@ def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None 
             raise
         if validator is not None:
             vpp = sizes.get("vpp", 1)
-            found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp), validator.pp(pp, vpp),
+            found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp),
+                                  validator.pp(pp, vpp, DEFAULT_SPLIT),
                                   validator.ep(ep), validator.etp(etp)) if r is not None]
         return None, found
     if "use_distributed_optimizer" not in fields:

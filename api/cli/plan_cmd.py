@@ -16,7 +16,8 @@ from typing import Any
 
 from api.cli._model_args import add_hf_arguments, hf_model_from_args
 from costmodel.params import total_param_counts
-from planner.enumerate import SearchSpace
+from planner.enumerate import VPP_LIMIT, SearchSpace, pipeline_label
+from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
 from planner.rank import explain_layout, plan
 from spec.errors import SpecError
@@ -54,6 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fused-window-sink-attention", action="store_true",
                         help="price attention layers with a sliding window or sinks (GPT-OSS) as Megatron's "
                              "fused kernel; default: foldtune's executor, an fp32 masked softmax over s x s")
+    parser.add_argument("--vpp-max", type=int, default=4,
+                        help=f"largest vpp (virtual stages per pipeline rank) tried, up to {VPP_LIMIT} (default: 4)")
+    parser.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
+                        help="Megatron's layout string, e.g. 'Et*3|(tt|)*29,m|L' (E embedding, t decoder layer, "
+                             "m MTP layer, L loss, '|' between chunks); it fixes pp·vpp for every layout")
+    parser.add_argument("--decoder-first-pipeline-num-layers", type=int, metavar="N",
+                        help="decoder layers of the first pipeline stage (the middle stages share the rest)")
+    parser.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
+                        help="decoder layers of the last pipeline stage")
+    parser.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                        help="count the embedding as a layer of the pipeline split (its chunk holds one layer fewer)")
+    parser.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                        help="count the loss as a layer of the pipeline split (its chunk holds one layer fewer)")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -64,6 +78,9 @@ def _specs(args: argparse.Namespace):
         problems.append(f"--top must be >= 1, got {args.top}")
     if args.mbs_max < 1:
         problems.append(f"--mbs-max must be >= 1, got {args.mbs_max}")
+    if not 1 <= args.vpp_max <= VPP_LIMIT:
+        problems.append(f"--vpp-max must be in 1..{VPP_LIMIT}, got {args.vpp_max}")
+    problems += [f"pipeline options: {p}" for p in _split(args).problems()]
     if args.routing == "capacity" and args.capacity_factor is None:
         problems.append("--routing capacity needs --capacity-factor")
     if args.routing == "dropless" and args.capacity_factor is not None:
@@ -79,8 +96,23 @@ def _specs(args: argparse.Namespace):
                        fused_window_sink_attention=args.fused_window_sink_attention)
 
 
+def _split(args: argparse.Namespace) -> PipelineSplit:
+    """Megatron's pipeline placement options of the command line."""
+    return PipelineSplit(args.pipeline_model_parallel_layout, args.decoder_first_pipeline_num_layers,
+                         args.decoder_last_pipeline_num_layers, args.account_for_embedding_in_pipeline_split,
+                         args.account_for_loss_in_pipeline_split)
+
+
 def _space(args: argparse.Namespace):
-    return SearchSpace(mbs_max=args.mbs_max)
+    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args))
+
+
+def _explain_text(args: argparse.Namespace) -> str:
+    """The --explain layout with the command line's placement options added (unless it names its own)."""
+    text = args.explain
+    if any(token in text for token in ("layout=", "pp_first=", "pp_last=", "pp_account=")):
+        return text
+    return f"{text} {pipeline_label(_split(args))}".strip()
 
 
 # ---- numbers -----------------------------------------------------------------------------------
@@ -192,7 +224,7 @@ def _argv(config, model, training) -> list[str]:
 
 
 def _explain(args, model, training, cluster) -> int:
-    verdict = explain_layout(model, training, cluster, args.explain)
+    verdict = explain_layout(model, training, cluster, _explain_text(args))
     header = _header(model, training, cluster, _space(args))
     if args.json:
         out = {**header, "explain": args.explain, "valid": verdict.valid,

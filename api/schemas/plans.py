@@ -7,7 +7,31 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from spec.parallel_config import ParallelConfig
+from spec.pipeline_layout import MAX_LAYOUT_CHARS, PipelineSplit
+from planner.enumerate import VPP_LIMIT
 from api.schemas.jobs import ClusterOut, WorkloadIn
+
+
+class PipelineIn(BaseModel):
+    """Megatron-LM's pipeline placement options, applied to every layout of the plan (``spec.pipeline_layout``).
+    The layout string excludes the others; first/last stage layers exclude the embedding/loss accounting."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}]})
+
+    pipeline_model_parallel_layout: str | None = Field(
+        None, min_length=1, max_length=MAX_LAYOUT_CHARS,
+        description="e.g. 'Et*3|(tt|)*29,m|L': E embedding, t decoder layer, m MTP layer, L loss, '|' between "
+                    "chunks (flattened: chunk j is virtual stage j // pp of rank j % pp); it fixes pp·vpp")
+    decoder_first_pipeline_num_layers: int | None = Field(None, ge=0, le=100_000)
+    decoder_last_pipeline_num_layers: int | None = Field(None, ge=0, le=100_000)
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    def split(self) -> PipelineSplit:
+        return PipelineSplit(self.pipeline_model_parallel_layout, self.decoder_first_pipeline_num_layers,
+                             self.decoder_last_pipeline_num_layers, self.account_for_embedding_in_pipeline_split,
+                             self.account_for_loss_in_pipeline_split)
 
 
 class PlanCreate(WorkloadIn):
@@ -16,6 +40,10 @@ class PlanCreate(WorkloadIn):
         "cluster": {"gpu": "h100", "num_gpus": 64}, "top": 5}]})
 
     top: int = Field(10, ge=1, le=100, description="how many of the fastest fitting layouts to return")
+    pipeline: PipelineIn | None = Field(None, description="Megatron's pipeline placement options (default: "
+                                                          "pp·vpp chunks differing by at most one layer)")
+    vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
+                                                             "tried (a layout string fixes it instead)")
 
 
 class RejectedRule(BaseModel):

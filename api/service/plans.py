@@ -9,7 +9,8 @@ from api.schemas.jobs import ClusterOut
 from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
 from api.service.errors import RuleViolation
 from api.service.jobs import resolve_job
-from planner import NoValidLayoutError, plan
+from planner import NoValidLayoutError, SearchSpace, plan
+from spec.errors import InvalidConfigError
 
 
 def create_plan(session: Session, request: PlanCreate) -> PlanOut:
@@ -18,8 +19,13 @@ def create_plan(session: Session, request: PlanCreate) -> PlanOut:
     resolved = resolve_job(session, request)
     session.commit()
     try:
+        space = SearchSpace(vpp_max=request.vpp_max,
+                            **({"pipeline": request.pipeline.split()} if request.pipeline is not None else {}))
+    except InvalidConfigError as exc:
+        raise RuleViolation("body.pipeline", "pipeline_options", str(exc)) from None
+    try:
         # one process: forking planner workers inside a server would copy the whole server
-        result = plan(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1)
+        result = plan(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1, space=space)
     except NoValidLayoutError as exc:
         raise RuleViolation("body", "has_valid_layout", str(exc)) from None
     enum = result.enumeration

@@ -21,6 +21,7 @@ def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
     training = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
     cands = job_candidates(get_model("tiny-moe"), training, ClusterSpec(get_hardware("cpu"), 4), max_trials=3)
     assert 0 < len(cands.candidates) <= CANDIDATES_PER_TRIAL * 3
+    assert not any(c.config.overlap_moe_expert_parallel_comm for c in cands.candidates)  # searched, not built
     times = [c.predicted_step_time for c in cands.candidates]
     assert times == sorted(times)
     assert set(cands.estimates) == {c.config.label() for c in cands.candidates}
@@ -29,7 +30,9 @@ def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
     # they are dropped with their reason counted, and no candidate breaks an executor rule.
     wide = job_candidates(get_model("tiny-moe"), training, ClusterSpec(get_hardware("cpu"), 4), max_trials=30)
     assert wide.not_executable, wide.summary()  # non-empty, so the checks below check something
-    assert all("must be divisible by tp (4)" in why for why in wide.not_executable)
+    assert all("must be divisible by tp (4)" in why or "overlap_moe_expert_parallel_comm" in why
+               for why in wide.not_executable)
+    assert any("must be divisible by tp (4)" in why for why in wide.not_executable)
     assert 0 < sum(wide.not_executable.values()) <= wide.planned - len(wide.candidates)
     assert wide.candidates and all(c.config.tp < 4 for c in wide.candidates)
     for c in (*cands.candidates, *wide.candidates):

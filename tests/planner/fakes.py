@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 2**30
-RECOMPUTE_LEVEL = {("none", ()): 0, ("selective", ("core_attn",)): 1,
-                   ("selective", ("core_attn", "moe_act", "layernorm")): 2, ("full", ()): 3}
+RECOMPUTE_LEVEL = {("none", ()): 0, ("selective", ("core_attn",)): 1, ("selective", ("layernorm", "moe_act")): 2,
+                   ("selective", ("core_attn", "moe_act", "layernorm")): 3,
+                   ("selective", ("core_attn", "moe_act", "layernorm", "mla_up_proj")): 4, ("full", ()): 5}
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def fake_memory(model, training, cluster, c, *, weight_gib: float = 64.0, act_gi
     """Weights split over tp·pp·ep; activations over tp·cp·pp, times mbs, shrunk by recompute."""
     weights = weight_gib * GIB / (c.tp * c.pp * c.ep * c.etp)
     optimizer = 6 * weights / (c.dp if c.use_distributed_optimizer else 1)
-    acts = act_gib * GIB * c.micro_batch_size / (c.tp * c.cp) * (1.0, 0.7, 0.4, 0.1)[level(c)]
+    acts = act_gib * GIB * c.micro_batch_size / (c.tp * c.cp) * (1.0, 0.7, 0.55, 0.4, 0.3, 0.1)[level(c)]
     if c.moe_token_dispatcher_type == "allgather":
         acts *= 1.5
     return FakeMemory(stage=0, weights=weights, grads=2 * weights, optimizer=optimizer, activations=acts)

@@ -13,7 +13,11 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from planner.enumerate import RECOMPUTE_OPTIONS, RULE_ORDER, SearchSpace, divisors, enumerate_layouts
+from planner.enumerate import RULE_ORDER, SearchSpace, dispatch_fields, divisors, enumerate_layouts
+
+# the four recompute options this hand-worked case was counted with (the default chain has more)
+FOUR_RECOMPUTE = (("none", ()), ("selective", ("core_attn",)), ("selective", ("core_attn", "moe_act", "layernorm")),
+                  ("full", ()))
 from spec.validity import check_config
 
 TINY = get_model("tiny-moe")  # 2 layers, 4 heads / 2 KV groups, 8 experts, expert FFN 32
@@ -22,7 +26,8 @@ H100 = get_hardware("h100-sxm")
 
 
 def test_tiny_moe_on_4_gpus_worked_by_hand():
-    """tiny-moe on 4 GPUs, seq 64, global batch 8, mbs 1 only, no interleaving, distributed optimizer on.
+    """tiny-moe on 4 GPUs, seq 64, global batch 8, mbs 1 only, no interleaving, distributed optimizer on,
+    four recompute options, EP overlap not searched.
 
     (tp, cp, pp, dp) factorisations of 4: 10 (exponent 2 spread over 4 slots). pp4 needs 4 layers > 2:
     rejected (layers_pp); every tp <= 4 divides 4 heads and 2 KV groups works (tp 4 replicates KV); any cp
@@ -36,13 +41,15 @@ def test_tiny_moe_on_4_gpus_worked_by_hand():
     training = TrainingSpec(seq_length=64, global_batch_size=8, distributed_optimizer=True)
     enum = enumerate_layouts(TINY, training, ClusterSpec(CPU, 4), SearchSpace(mbs_max=1, vpp_max=1,
                                                                               cp_min_chunk_tokens=1,
-                                                                              expert_ffn_min_columns=1))
+                                                                              expert_ffn_min_columns=1,
+                                                                              recompute=FOUR_RECOMPUTE,
+                                                                              ep_overlap=False))
     assert len(enum.layouts) == 45
     assert enum.valid == 324
     assert enum.considered == 328
     assert enum.rejected == {"layers_pp": 4}
     assert "num_layers (2) is smaller than pp·vpp = 4·1 = 4" in enum.examples["layers_pp"].reason
-    assert enum.recompute == RECOMPUTE_OPTIONS and enum.distributed_optimizer == (True,)
+    assert enum.recompute == FOUR_RECOMPUTE and enum.distributed_optimizer == (True,)
     configs = list(enum.configs())
     assert len(configs) == 324 == len(set(configs))
     assert all(c.dp * c.tp * c.cp * c.pp == 4 == c.edp * c.ep * c.etp * c.pp for c in configs)
@@ -71,11 +78,11 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                             for mbs in range(1, space.mbs_max + 1):
                                 for disp in dispatchers:
                                     for distopt in distopts:
-                                        for gran, mods in space.recompute:
+                                        for gran, mods in space.recompute_for(model):
                                             cfg = ParallelConfig(world, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
                                                                  etp=etp, micro_batch_size=mbs,
                                                                  recompute_granularity=gran, recompute_modules=mods,
-                                                                 moe_token_dispatcher_type=disp,
+                                                                 **dispatch_fields(disp),
                                                                  use_distributed_optimizer=distopt,
                                                                  overlap_param_gather=distopt)
                                             found = check_config(model, training, cluster, cfg)
