@@ -17,6 +17,17 @@ OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "disp
 
 _TOKEN_SEPARATOR = re.compile(r"[\s,]+")
 _SIZE_TOKEN = re.compile(r"(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
+SIZE_KEYS = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "mbs")
+_ON_OFF = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
+# What a bad token's error lists: every form a label token takes.
+LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
+    f"recompute={{none|selective[:MODULE+...]|full[:LAYERS]}} (modules: {'+'.join(RECOMPUTE_MODULES)})",
+    f"dispatcher={{{'|'.join(DISPATCHERS)}}}", "distopt={on|off}")
+
+
+def _bad_token(token: str, text: str, why: str = "") -> InvalidConfigError:
+    return InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}{why}; valid tokens: "
+                              + ", ".join(LABEL_KEYS))
 
 
 def _recompute_fields(text: str) -> dict[str, Any]:
@@ -142,13 +153,20 @@ class ParallelConfig:
             key, _, value = token.partition("=")
             key = key.lower()
             if key == "recompute":
-                kwargs.update(_recompute_fields(value))
+                try:
+                    kwargs.update(_recompute_fields(value))
+                except ValueError:  # 'full:x'
+                    raise _bad_token(token, text) from None
             elif key == "dispatcher":
                 kwargs["moe_token_dispatcher_type"] = value
             elif key == "distopt":
-                kwargs["use_distributed_optimizer"] = value.lower() in ("on", "1", "true", "yes")
+                if value.lower() not in _ON_OFF:
+                    raise _bad_token(token, text, " (distopt is on or off)")
+                # parameter-gather overlap follows the distributed optimizer, as in every layout the planner
+                # enumerates and in from_optuna_params: without it 'distopt=off' would be an invalid layout
+                kwargs["use_distributed_optimizer"] = kwargs["overlap_param_gather"] = _ON_OFF[value.lower()]
             else:
-                raise InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}")
+                raise _bad_token(token, text)
         return sizes, kwargs
 
     @classmethod
