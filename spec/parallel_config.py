@@ -9,6 +9,7 @@ from typing import Any
 from spec._validate import positive_ints, raise_if, require
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
+from spec.suggest import unknown_fields
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
@@ -238,7 +239,7 @@ class ParallelConfig:
         d = {k: v for k, v in data.items() if k not in ("dp", "edp")}
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
-            raise SpecError(f"unknown parallel config field(s): {', '.join(unknown)}")
+            raise SpecError(unknown_fields("parallel config", unknown, [f.name for f in fields(cls)]))
         return cls(**d)
 
     def replace(self, **changes: Any) -> ParallelConfig:
