@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from api.cli._db import migrate_or_explain
-from api.cli._shape_args import add_gpu_argument, default_precision, guess_gpu
+from api.cli._shape_args import add_gpu_argument, add_shape_arguments, default_precision, guess_gpu
 from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
@@ -44,9 +44,7 @@ REBUILD_HELP = "re-derive a calibrated profile's curves from the raw timings sto
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gpu_argument(parser, local=True)
     parser.add_argument("--ranks", type=int, help="local ranks (default: every GPU, or 4 CPU ranks)")
-    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"),
-                        help="GEMM precision (default: bf16 on GPUs, fp32 on CPU; fp8: torch._scaled_mm GEMMs, "
-                             "the rest in bf16, GPUs only)")
+    add_shape_arguments(parser, seq=False, gbs=False)  # GEMM precision; fp8: torch._scaled_mm GEMMs, GPUs only
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
     parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
                         help="seconds of back-to-back GEMMs that measure the clock under sustained load (GPUs only; "

@@ -72,13 +72,13 @@ def _config(args: argparse.Namespace) -> ParallelConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = _config(args)  # a bad layout is reported before torch is imported
     # torch and the executor: only the command that profiles pays for them, not `foldtune --help`
     import torch
 
     from executor.options import ExecutorOptions
     from executor.profile import profile_layout
 
-    config = _config(args)
     for name in ("seq", "gbs", "warmup", "steps"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "warmup" else 1):
