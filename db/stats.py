@@ -27,8 +27,9 @@ def runner_heartbeats(session: Session) -> dict[str, datetime]:
         .where(Training.status == "running"),
         select(Trial.runner_id.label("runner"), Trial.heartbeat_at.label("at")).where(Trial.status == "running"),
     ).subquery()
-    rows = session.execute(select(held.c.runner, func.max(held.c.at, type_=UTCDateTime())).where(held.c.runner.is_not(None),
-                                                                             held.c.at.is_not(None))
+    latest = func.max(held.c.at, type_=UTCDateTime())
+    rows = session.execute(select(held.c.runner, latest)
+                           .where(held.c.runner.is_not(None), held.c.at.is_not(None))
                            .group_by(held.c.runner)).all()
     return {runner: at for runner, at in rows}
 
