@@ -50,6 +50,14 @@ def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_
     assert "measured vs predicted" in out and "best layout: tp" in out and "job 1: succeeded" in out
     db = tmp_path / "data" / "foldtune.sqlite3"
     assert db.exists() and (tmp_path / "data" / "foldtune-optuna.sqlite3").exists()
+    # the Optuna study (what optuna-dashboard opens) says what it searched
+    import optuna
+
+    study = optuna.load_study(study_name="job-1", storage=f"sqlite:///{tmp_path / 'data' / 'foldtune-optuna.sqlite3'}")
+    assert {k: study.user_attrs[k] for k in ("foldtune_job_id", "model", "gpu", "num_gpus", "seq_length",
+                                             "global_batch_size", "precision")} == {
+        "foldtune_job_id": 1, "model": "tiny-moe", "gpu": "cpu", "num_gpus": 2, "seq_length": 64,
+        "global_batch_size": 8, "precision": "fp32"}
     engine = create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
         status, best = conn.execute(text("SELECT status, best_trial_id FROM jobs WHERE id = 1")).one()
