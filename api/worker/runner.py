@@ -235,7 +235,8 @@ class Runner:
         self._recover(job)
         ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
-        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job))
+        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job),
+                                 name=f"job-{job.id}")
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, ray_gpus))
