@@ -180,3 +180,13 @@ def test_trainings_submit_and_json(capsys, measured, training_body):
     assert [x["id"] for x in json.loads(out)["items"]] == [2, 1]
     code, out, _ = _cli(capsys, "trainings", "1", "--json", *conn)
     assert json.loads(out)["job_id"] == 1
+
+
+def test_a_misspelled_catalog_field_or_model_suggests_the_closest_name(capsys, tmp_path):
+    catalog = tmp_path / "cat.yaml"
+    catalog.write_text("models:\n  my-moe:\n    num_layer: 2\n    hidden_size: 64\n")
+    code, _, err = _cli(capsys, "--catalog", str(catalog), "plan", "--model", "my-moe", "--gpus", "1",
+                        "--gpu", "cpu")
+    assert code == 2 and "num_layer (did you mean 'num_layers'?)" in err and err.count("\n") == 1, err
+    code, _, err = _cli(capsys, "plan", "--model", "qwen3-30b", "--gpus", "8", "--gpu", "cpu")
+    assert code == 2 and "(did you mean 'qwen3-30b-a3b'?)" in err, err
