@@ -271,6 +271,9 @@ def _run(args: argparse.Namespace) -> int:
         }
         if args.megatron_args and best:
             out["megatron_args"] = _argv(best.config, model, training)
+        if best is None:  # how many GPUs of this kind would fit, as the text says
+            found = smallest_fitting_cluster(model, training, cluster, space=space)
+            out["fits_on"] = None if found is None else {"num_gpus": found[0], "best": found[1].to_dict()}
         print(json.dumps(out, indent=2))
         return 0 if best else 1
     print("\n".join(_header_lines(header) + _rule_lines(result)))

@@ -1,7 +1,9 @@
 """``foldtune tune``: the main job in one command: set up the embedded service and run one real tuning job.
 
 On a fresh machine it creates the data directory, migrates the SQLite database there (or the database of
-FOLDTUNE_DATABASE_URL), stores the job as the local owner's, and runs it in this process with the same
+FOLDTUNE_DATABASE_URL), stores the job under the owner of the local API key (FOLDTUNE_API_KEY, else the key
+file in the data dir, created with owner ``local`` on first use: api/cli/_local_key.py) so that ``foldtune jobs``
+and ``foldtune best`` see it, and runs it in this process with the same
 runner code ``foldtune runner`` uses: the job, its trials and its Optuna study go through the database,
 and every trial is a real profiled run of the MoE training step through Ray (a local Ray unless
 FOLDTUNE_RAY_ADDRESS names one). Running the runner in-process rather than starting the API and a runner

@@ -87,6 +87,9 @@ def test_nothing_fits_names_the_closest(capsys):
     assert code == 1
     assert "NO LAYOUT FITS in" in out and "Closest:" in out and "GiB usable" in out
     assert "256 x h100-sxm would fit (e.g. tp" in out  # how many GPUs of this kind would hold it
+    code, out, _ = run(capsys, ["plan", "--model", "deepseek-v3", "--gpus", "8", "--gpu", "h100-sxm", "--seq", "4096",
+                                "--gbs", "8", "--json"])
+    assert code == 1 and json.loads(out)["fits_on"]["num_gpus"] == 256
 
 
 BAD = [
