@@ -8,7 +8,6 @@ import time
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from api.cli._router_args import add_router_arguments, router_body_from
-from spec.errors import SpecError
 from api.cli._model_args import add_model_arguments, model_body
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
