@@ -147,3 +147,10 @@ def test_fused_window_sink_attention_reaches_the_cost_model(capsys):
     assert ours["estimate"]["step_time_s"] > 2 * theirs["estimate"]["step_time_s"]
     code, out, _ = run(capsys, argv[:-3] + ["--top", "1", "--fused-window-sink-attention"])
     assert "Megatron's fused window/sink attention" in out
+
+
+def test_plan_explain_accepts_the_distopt_off_label_tune_prints(capsys):
+    label = "tp1 cp1 pp1 vpp1 ep2 etp1 dp4 edp2 mbs1 distopt=off"  # as tune's trial lines print it
+    code = main(["plan", "--model", "tiny-moe", "--gpus", "4", "--gpu", "cpu", "--explain", label])
+    out = capsys.readouterr().out
+    assert code == 0 and f"layout   {label}: valid, fits in memory" in out, out

@@ -49,3 +49,4 @@ def test_a_bad_layout_token_lists_the_valid_keys(text, shown):
     for key in ("tpN", "cpN", "ppN", "vppN", "epN", "etpN", "dpN", "edpN", "mbsN", "recompute=", "dispatcher=",
                 "distopt={on|off}"):
         assert key in message
+
