@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -208,7 +209,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
            threads_per_rank: int = 1, *, on_step: Callable[[int, float], bool] | None = None,
            memory_limit_bytes: int | None = None, env: dict[str, str] | None = None,
            placement_timeout_s: float | None = None, address: str | None = None,
-           cancel: threading.Event | None = None) -> LaunchResult:
+           cancel: threading.Event | None = None, name: str = "launch") -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` Ray actors; see the module docstring.
 
     ``backend`` defaults to 'nccl' when the Ray cluster has ``world_size`` GPUs, else 'gloo'.
@@ -219,6 +220,8 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     ``cancel`` set (the job was cancelled, the runner shuts down) abandons the run at once, wherever it is
     (waiting for its bundles, starting its actors, between steps or in a hung step): the ranks are killed
     and the result is a failure of kind ``cancelled`` (a stop through ``on_step`` waits for the next step).
+    ``name`` names the run in Ray's dashboard and ``ray list``: the placement group is ``foldtune-<name>-<6 hex>``
+    and rank r's actor ``<that>-rank<r>`` (the hex keeps a retried run's names apart from lingering ones).
     """
     attach_ray(address)  # connects only where no front end attached first (a bare launch, tests)
     start = time.monotonic()
@@ -233,7 +236,8 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     bundle = {"CPU": 1, "GPU": 1} if kind == "GPU" else {"CPU": 1}
     rank_env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     rank_env.update(env or {})
-    pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    run_name = f"foldtune-{name}-{uuid.uuid4().hex[:6]}"
+    pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK", name=run_name)
     actors: list[Any] = []
     pids: list[int] = []
     try:
@@ -246,7 +250,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
                                        f"bundles", wall_s=time.monotonic() - start, failure_kind=FailureKind.TIMEOUT)
         remote_cls = ray.remote(RankActor)
         actors = [remote_cls.options(
-            num_cpus=1, num_gpus=1 if kind == "GPU" else 0, max_concurrency=2, max_restarts=0,
+            name=f"{run_name}-rank{r}", num_cpus=1, num_gpus=1 if kind == "GPU" else 0, max_concurrency=2, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
         ).remote(r, world_size, rank_env, threads_per_rank) for r in range(world_size)]
         run_start = time.monotonic()

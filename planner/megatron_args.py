@@ -109,3 +109,20 @@ def format_megatron_args(config: ParallelConfig, model: ModelSpec, training: Tra
     """The arguments as a shell fragment, one flag per line, joined by backslash-newlines (values quoted)."""
     return " \\\n".join(" ".join(shlex.quote(part) for part in flag)
                          for flag in megatron_args(config, model, training))
+
+
+def megatron_env(config: ParallelConfig) -> dict[str, str]:
+    """The environment Megatron-LM needs for ``config``: with TP or CP (sequence-parallel and context-parallel
+    communication overlapped with GEMMs) Megatron asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` so that
+    communication kernels are scheduled in issue order."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if config.tp > 1 or config.cp > 1 else {}
+
+
+def megatron_script(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> str:
+    """A shell fragment to paste before a Megatron-LM launch: the ``export`` lines of :func:`megatron_env`,
+    then ``MEGATRON_ARGS=(...)``, a bash array of :func:`megatron_args` (pass it as ``"${MEGATRON_ARGS[@]}"``)."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in megatron_env(config).items()]
+    lines.append("MEGATRON_ARGS=(")
+    lines += ["    " + " ".join(shlex.quote(part) for part in flag) for flag in megatron_args(config, model, training)]
+    lines.append(")")
+    return "\n".join(lines)

@@ -43,7 +43,7 @@ import os
 import threading
 import time as _time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from costmodel.estimate import Estimate, combine, step_time
@@ -55,7 +55,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
-from spec.errors import InvalidConfigError
+from spec.errors import InvalidConfigError, SpecError
 from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
 from planner.enumerate import (ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
                                pipeline_fields, recompute_count)
@@ -536,3 +536,29 @@ def explain_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     est = combine(config, training, cluster, memory_fn(model, training, cluster, config),
                   time_fn(model, training, cluster, config))
     return LayoutVerdict(text, config, [], est)
+
+
+def smallest_fitting_cluster(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *,
+                             max_gpus: int = 16384, space: SearchSpace | None = None,
+                             workers: int | None = 1) -> tuple[int, Estimate] | None:
+    """The smallest power-of-two multiple of ``cluster.num_gpus`` (same hardware, same training) up to ``max_gpus``
+    on which some layout fits in memory, with its fastest layout; None when none up to ``max_gpus`` does.
+
+    What "no layout fits" tells the user: how many GPUs of this kind would hold the model at this sequence
+    length and global batch (more GPUs shard weights and optimizer state further, down to the batch's limit
+    on data parallelism)."""
+    n = cluster.num_gpus * 2
+    while n <= max_gpus:
+        try:
+            bigger = replace(cluster, num_gpus=n)
+        except SpecError:  # not whole nodes; doubling a whole-node count stays whole nodes
+            n *= 2
+            continue
+        try:
+            found = plan(model, training, bigger, top=1, space=space, workers=workers)
+        except NoValidLayoutError:  # e.g. more data-parallel ranks than the global batch has sequences
+            return None
+        if found.best is not None:
+            return n, found.best
+        n *= 2
+    return None

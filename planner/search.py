@@ -329,7 +329,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
                budget: SearchBudget = SearchBudget(), storage: str | optuna.storages.BaseStorage | None = None,
                study_name: str = "foldtune", sampler: BaseSampler | None = None,
                pruner: BasePruner | None = None, on_event: Callable[[str, dict], None] | None = None,
-               repredict: Repredict | None = None) -> SearchResult:
+               repredict: Repredict | None = None, study_attrs: dict[str, Any] | None = None) -> SearchResult:
     """Search ``candidates`` by measuring them with ``run_trial`` until the budget is spent.
 
     ``storage`` is an Optuna storage URL or object (None = in memory); with the same storage and
@@ -338,6 +338,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     ``on_event(kind, data)`` receives 'trial_started', 'trial_finished' and 'search_finished'.
     ``repredict`` (default sampler only): re-prices the candidates once a trial has measured the routing
     load per expert (a measurement's ``tokens_per_expert``); later trials store the re-priced prediction.
+    ``study_attrs`` are stored on the study (``Study.set_user_attr``: JSON values), so that a study read by
+    other tools (optuna-dashboard) says what it searched: the model, the cluster, the job.
     """
     if not candidates:
         raise ValueError("no candidate layouts to search")
@@ -345,6 +347,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     sampler = sampler or CostModelSampler(candidates, capacity_bytes, repredict=repredict)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", sampler=sampler,
                                 pruner=pruner or SlowTrialPruner(), load_if_exists=True)
+    for key, value in (study_attrs or {}).items():
+        study.set_user_attr(key, value)
     emit = on_event or (lambda kind, data: None)
     for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(stale._trial_id, ATTR_RETRY, True)

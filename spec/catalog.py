@@ -28,6 +28,7 @@ import yaml
 from spec.errors import CatalogError, FoldtuneError
 from spec.hardware import GIB, GPUSpec, HardwareProfile
 from spec.model_spec import ModelSpec
+from spec.suggest import did_you_mean
 
 _T = 1e12
 _GB = 1e9
@@ -166,7 +167,8 @@ def get_model(name: str) -> ModelSpec:
     """The catalog model called ``name`` (case-insensitive)."""
     key = _normalise(name)
     if key not in _MODELS:
-        raise CatalogError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
+        raise CatalogError(f"unknown model {name!r}{did_you_mean(name, model_names())}; "
+                           f"known models: {', '.join(model_names())}")
     return _MODELS[key]
 
 
@@ -179,7 +181,8 @@ def get_hardware(name: str) -> HardwareProfile:
     """The catalog hardware profile called ``name`` (case-insensitive; 'h100' means 'h100-sxm')."""
     key = _normalise(name)
     if key not in _HARDWARE:
-        raise CatalogError(f"unknown GPU {name!r}; known GPUs: {', '.join(hardware_names())}")
+        raise CatalogError(f"unknown GPU {name!r}{did_you_mean(name, hardware_names())}; "
+                           f"known GPUs: {', '.join(hardware_names())}")
     return _HARDWARE[key]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
 from spec.errors import SpecError
+from spec.suggest import unknown_fields
 
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 NORMALIZATIONS = ("rmsnorm", "layernorm")
@@ -249,7 +250,7 @@ class ModelSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise SpecError(f"unknown model field(s): {', '.join(unknown)}")
+            raise SpecError(unknown_fields("model", unknown, known))
         try:
             return cls(**data)
         except TypeError as exc:  # a required field is missing

@@ -10,6 +10,7 @@ from spec._validate import positive_ints, raise_if, require
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, canonical_layout
+from spec.suggest import unknown_fields
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
@@ -21,6 +22,18 @@ _TOKEN_SEPARATOR = re.compile(r"[\s,]+")
 _SIZE_TOKEN = re.compile(r"(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)=?(\d+)")
 # a Megatron layout string may carry cosmetic commas, which elsewhere separate tokens: read it first
 _LAYOUT_TOKEN = re.compile(r"(?i)(?:^|(?<=[\s,]))layout=([^\s]+)")
+SIZE_KEYS = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "mbs")
+_ON_OFF = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
+# What a bad token's error lists: every form a label token takes.
+LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
+    f"recompute={{none|selective[:MODULE+...]|full[:LAYERS]}} (modules: {'+'.join(RECOMPUTE_MODULES)})",
+    f"dispatcher={{{'|'.join(DISPATCHERS)}}}", "distopt={on|off}", "ep_overlap={on|off}",
+    "layout=MEGATRON_PIPELINE_LAYOUT", "pp_first=N", "pp_last=N", "pp_account={embedding|loss|embedding+loss}")
+
+
+def _bad_token(token: str, text: str, why: str = "") -> InvalidConfigError:
+    return InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}{why}; valid tokens: "
+                              + ", ".join(LABEL_KEYS))
 
 
 def _recompute_fields(text: str) -> dict[str, Any]:
@@ -192,11 +205,18 @@ class ParallelConfig:
             key, _, value = token.partition("=")
             key = key.lower()
             if key == "recompute":
-                kwargs.update(_recompute_fields(value))
+                try:
+                    kwargs.update(_recompute_fields(value))
+                except ValueError:  # 'full:x'
+                    raise _bad_token(token, text) from None
             elif key == "dispatcher":
                 kwargs["moe_token_dispatcher_type"] = value
             elif key == "distopt":
-                kwargs["use_distributed_optimizer"] = value.lower() in ON_WORDS
+                if value.lower() not in _ON_OFF:
+                    raise _bad_token(token, text, " (distopt is on or off)")
+                # parameter-gather overlap follows the distributed optimizer, as in every layout the planner
+                # enumerates and in from_optuna_params: without it 'distopt=off' would be an invalid layout
+                kwargs["use_distributed_optimizer"] = kwargs["overlap_param_gather"] = _ON_OFF[value.lower()]
             elif key == "ep_overlap":
                 kwargs["overlap_moe_expert_parallel_comm"] = value.lower() in ON_WORDS
             elif key in ("pp_first", "pp_last") and value.isdigit():
@@ -206,7 +226,7 @@ class ParallelConfig:
                 kwargs["account_for_embedding_in_pipeline_split"] = "embedding" in parts
                 kwargs["account_for_loss_in_pipeline_split"] = "loss" in parts
             else:
-                raise InvalidConfigError(f"cannot parse layout token {token!r} in {text!r}")
+                raise _bad_token(token, text)
         return sizes, kwargs
 
     @classmethod
@@ -289,7 +309,7 @@ class ParallelConfig:
         d = {k: v for k, v in data.items() if k not in ("dp", "edp")}
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
-            raise SpecError(f"unknown parallel config field(s): {', '.join(unknown)}")
+            raise SpecError(unknown_fields("parallel config", unknown, [f.name for f in fields(cls)]))
         return cls(**d)
 
     def replace(self, **changes: Any) -> ParallelConfig:

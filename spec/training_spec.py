@@ -7,6 +7,7 @@ from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
 from spec.errors import SpecError
+from spec.suggest import unknown_fields
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 ROUTING_MODES = ("dropless", "capacity")
@@ -116,7 +117,7 @@ class TrainingSpec:
     def from_dict(cls, data: dict[str, Any]) -> TrainingSpec:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
-            raise SpecError(f"unknown training field(s): {', '.join(unknown)}")
+            raise SpecError(unknown_fields("training", unknown, [f.name for f in fields(cls)]))
         try:
             return cls(**data)
         except TypeError as exc:

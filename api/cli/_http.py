@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from api.cli._local_key import given_key, key_file
 from api.http.settings import DEFAULT_HOST, DEFAULT_PORT
 from spec.errors import FoldtuneError
 
@@ -21,7 +22,8 @@ class ApiClientError(FoldtuneError):
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help=f"API base URL (also: FOLDTUNE_URL; default {DEFAULT_URL})")
-    parser.add_argument("--api-key", default=None, help="API key (also: FOLDTUNE_API_KEY)")
+    parser.add_argument("--api-key", default=None,
+                        help="API key (also: FOLDTUNE_API_KEY; default: the local key `foldtune tune` wrote)")
 
 
 class ApiClient:
@@ -35,10 +37,10 @@ class ApiClient:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ApiClient:
         url = args.url or os.environ.get("FOLDTUNE_URL") or DEFAULT_URL
-        key = args.api_key or os.environ.get("FOLDTUNE_API_KEY")
+        key = given_key(args.api_key)
         if not key:
-            raise ApiClientError("no API key: pass --api-key or set FOLDTUNE_API_KEY "
-                                 "(create one with `foldtune keys create NAME`)")
+            raise ApiClientError(f"no API key: pass --api-key or set FOLDTUNE_API_KEY (create one with "
+                                 f"`foldtune keys create NAME`; `foldtune tune` writes one to {key_file()})")
         return cls(url, key)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:

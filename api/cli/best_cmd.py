@@ -1,33 +1,55 @@
-"""``foldtune best``: the fastest measured layout for a model/training/cluster, across your jobs."""
+"""``foldtune best``: the fastest measured layout for a model/training/cluster, across your jobs.
+
+``--gpu``, ``--seq``, ``--gbs`` and ``--precision`` follow the rule every command shares (api/cli/_shape_args.py):
+with ``--gpu cpu`` the defaults are what ``foldtune tune`` measures by default, so ``foldtune best --model
+tiny-moe --gpu cpu --gpus 4`` after ``foldtune tune`` finds its layout. ``--format`` exports that layout.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from api.cli._export import add_format_argument, render
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
+from spec.errors import SpecError
 
 HELP = "show the best measured layout for a model on a cluster (from your finished trials)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signature", help="a job's signature (instead of the flags below)")
-    parser.add_argument("--model", help="catalog model name")
-    parser.add_argument("--gpu", help="hardware profile name")
+    parser.add_argument("--model", help="catalog model name (a proxy: as the job names it, e.g. mixtral-8x7b@2L)")
+    add_gpu_argument(parser, local=False)
     parser.add_argument("--gpus", type=int, help="number of GPUs")
-    parser.add_argument("--seq", type=int, help="sequence length")
-    parser.add_argument("--gbs", type=int, help="global batch size")
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp8", "fp32"])
-    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_shape_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+    add_format_argument(parser, "the")
     add_connection_arguments(parser)
 
 
+def query(args: argparse.Namespace) -> dict:
+    """The GET /v1/best parameters of the flags (the shared defaults applied), or of ``--signature``."""
+    if args.signature:
+        return {"signature": args.signature}
+    missing = [flag for flag, value in (("--model", args.model), ("--gpus", args.gpus)) if value is None]
+    if missing:
+        raise SpecError(f"foldtune best needs {' and '.join(missing)} (or --signature)")
+    gpu = require_gpu(args, "best", " (or --signature)")
+    shape = resolve_shape(args, gpu, "best")
+    return {"model": args.model, "gpu": gpu, "num_gpus": args.gpus, "seq_length": shape.seq,
+            "global_batch_size": shape.gbs, "precision": shape.precision}
+
+
 def run(args: argparse.Namespace) -> int:
-    params = ({"signature": args.signature} if args.signature else
-              {"model": args.model, "gpu": args.gpu, "num_gpus": args.gpus, "seq_length": args.seq,
-               "global_batch_size": args.gbs, "precision": args.precision})
+    params = query(args)
     with ApiClient.from_args(args) as client:
         best = client.get("/v1/best", **params)
+        job = client.get(f"/v1/jobs/{best['job_id']}") if args.format else None
+    if args.format:
+        print(render({**job, "best_trial": best["trial"]}, args.format))
+        return 0
     if args.json:
         print(json.dumps(best, indent=2))
         return 0

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from api.cli._db import migrate_or_explain
+from api.cli._shape_args import add_gpu_argument, add_shape_arguments, default_precision, guess_gpu
 from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
@@ -41,12 +42,9 @@ REBUILD_HELP = "re-derive a calibrated profile's curves from the raw timings sto
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", help="catalog hardware profile to start from (default: guessed from the device; "
-                                      "'cpu' runs CPU ranks with gloo)")
+    add_gpu_argument(parser, local=True)
     parser.add_argument("--ranks", type=int, help="local ranks (default: every GPU, or 4 CPU ranks)")
-    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"),
-                        help="GEMM precision (default: bf16 on GPUs, fp32 on CPU; fp8: torch._scaled_mm GEMMs, "
-                             "the rest in bf16, GPUs only)")
+    add_shape_arguments(parser, seq=False, gbs=False)  # GEMM precision; fp8: torch._scaled_mm GEMMs, GPUs only
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
     parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
                         help="seconds of back-to-back GEMMs that measure the clock under sustained load (GPUs only; "
@@ -96,14 +94,6 @@ def _rebuild(args: argparse.Namespace) -> int:
     print(f"{args.out}: re-derived from the raw timings of {args.raw_from or args.profile} "
           f"(measured {raw.get('measured_at', '?')}); changed: {'; '.join(changes) or 'nothing'}")
     return 0
-
-
-def _guess_gpu(device_name: str) -> str:
-    lowered = device_name.lower()
-    for key in ("h200", "h100", "a100"):
-        if key in lowered:
-            return key
-    raise SpecError(f"no catalog profile matches the device {device_name!r}; name one with --gpu")
 
 
 def _store(profile, url: str | None) -> str:
@@ -170,12 +160,12 @@ def run(args: argparse.Namespace) -> int:
         get_model(args.model)
     if not cpu and not torch.cuda.is_available():
         raise SpecError(f"--gpu {args.gpu} needs CUDA GPUs and this machine has none (--gpu cpu runs CPU ranks)")
-    gpu = "cpu" if cpu else (args.gpu or _guess_gpu(torch.cuda.get_device_name(0)))
+    gpu = "cpu" if cpu else (args.gpu or guess_gpu(torch.cuda.get_device_name(0)))
     base = get_hardware(gpu)
     ranks = args.ranks if args.ranks is not None else (4 if cpu else torch.cuda.device_count())
     if ranks < 1:
         raise SpecError(f"--ranks must be >= 1, got {ranks}")
-    precision = args.precision or ("fp32" if cpu else "bf16")
+    precision = args.precision or default_precision(gpu)
     if precision == "fp8" and cpu:
         raise SpecError("--precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
     if precision == "fp8" and args.model:

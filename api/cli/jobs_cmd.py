@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 
+from api.cli._export import add_format_argument, render
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
 from api.cli.submit_cmd import _all_trials, follow_job, trial_line
 from spec.errors import SpecError
@@ -19,15 +21,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--cancel", action="store_true", help="cancel job ID")
     parser.add_argument("--wait", action="store_true", help="follow job ID until it ends")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON (job ID: with its trials)")
+    add_format_argument(parser, "job ID's")
     add_connection_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.cancel or args.wait) and args.id is None:
-        raise SpecError("--cancel and --wait need a job ID")
+    if (args.cancel or args.wait or args.format) and args.id is None:
+        raise SpecError("--cancel, --wait and --format need a job ID")
     with ApiClient.from_args(args) as client:
         if args.id is None:
             page = client.get("/v1/jobs", limit=args.limit, offset=args.offset, status=args.status, model=args.model)
+            if args.json:
+                print(json.dumps(page, indent=2))
+                return 0
             print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<20} {'CLUSTER':<14} {'TRIALS':>7}  {'BEST STEP':>10}  CREATED")
             for job in page["items"]:
                 best = job.get("best_trial") or {}
@@ -45,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
         if args.wait:
             return follow_job(client, args.id, 2.0)
         job = client.get(f"/v1/jobs/{args.id}")
+        if args.format:
+            print(render(job, args.format))
+            return 0
+        if args.json:
+            print(json.dumps({**job, "trial_list": _all_trials(client, args.id)}, indent=2))
+            return 0
         cluster = f"{job['cluster']['num_gpus']}x{job['cluster']['gpu']}"
         print(f"job {job['id']} {job['status']}: {job['model']} on {cluster}, "
               f"seq {job['training']['seq_length']}, gbs {job['training']['global_batch_size']}, "

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from spec.catalog import load_catalog_file, load_env_catalog
 from spec.errors import FoldtuneError
@@ -27,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "best": ("api.cli.best_cmd", "show the best measured layout for a model on a cluster (from your trials)"),
     "runner": ("api.cli.runner_cmd", "claim queued tuning jobs from the database and run their trials through Ray"),
     "data": ("api.cli.data_cmd", "prepare a tokenized training dataset from local text files"),
-    "trainings": ("api.cli.trainings_cmd", "list trainings, or show, follow (--wait) or cancel one"),
+    "trainings": ("api.cli.trainings_cmd", "list trainings, show, follow (--wait) or cancel one, or submit one"),
     "train": ("api.cli.train_cmd", "train a model with one folded layout on local data, with checkpoints and resume"),
     "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
     "export-hf": ("api.cli.export_cmd", "write a training checkpoint as a Hugging Face model directory"),
@@ -44,8 +45,17 @@ def _load(module_name: str):
         raise
 
 
+def version() -> str:
+    """The installed distribution's version (``pyproject.toml``), or the source tree's when not installed."""
+    try:
+        return metadata.version("foldtune")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="foldtune", description="Tune and run folded MoE training layouts.")
+    parser.add_argument("--version", action="version", version=f"foldtune {version()}")
     parser.add_argument("--catalog", metavar="FILE",
                         help="YAML/JSON file of extra models and hardware (also: FOLDTUNE_CATALOG)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -16,12 +16,14 @@ from typing import Any
 
 from api.cli._model_args import add_hf_arguments, hf_model_from_args
 from costmodel.params import total_param_counts
+from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from planner.enumerate import VPP_LIMIT, SearchSpace, pipeline_label
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
-from planner.rank import explain_layout, plan
+from planner.rank import explain_layout, plan, smallest_fitting_cluster
 from spec.errors import SpecError
 from spec.inputs import build_specs
+from spec.profile_io import load_profile
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -31,11 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--model", help="catalog model name, e.g. mixtral-8x22b")
     add_hf_arguments(model)
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole nodes when several)")
-    parser.add_argument("--gpu", default="h100-sxm", help="catalog hardware name (default: h100-sxm)")
+    add_gpu_argument(parser, local=False)
     parser.add_argument("--profile", metavar="FILE", help="hardware profile JSON (from foldtune calibrate); replaces --gpu")
-    parser.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: 4096)")
-    parser.add_argument("--gbs", type=int, required=True, help="global batch size in sequences")
-    parser.add_argument("--precision", choices=("bf16", "fp8", "fp16", "fp32"), default="bf16")
+    add_shape_arguments(parser)
     parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     parser.add_argument("--explain", metavar="LAYOUT",
@@ -88,8 +88,10 @@ def _specs(args: argparse.Namespace):
     if problems:
         raise SpecError("; ".join(problems))
     hf = hf_model_from_args(args)
+    gpu = load_profile(args.profile).gpu.name if args.profile else require_gpu(args, "plan", " or --profile FILE")
+    shape = resolve_shape(args, gpu, "plan")
     return build_specs(hf.spec if hf is not None else args.model, args.gpus, gpu=args.gpu, profile=args.profile,
-                       seq_length=args.seq, global_batch_size=args.gbs, precision=args.precision,
+                       seq_length=shape.seq, global_batch_size=shape.gbs, precision=shape.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
                        moe_routing_imbalance=args.imbalance,
@@ -252,6 +254,19 @@ def _explain(args, model, training, cluster) -> int:
     return _explain_exit_code(verdict)
 
 
+def _fitting_hint(model, training, cluster, space) -> str:
+    """How many GPUs of this kind would fit the model at this sequence length and batch (doubling the count)."""
+    found = smallest_fitting_cluster(model, training, cluster, space=space)
+    if found is None:
+        return (f"no count of {cluster.gpu.name} GPUs up to 16,384 fits it at seq {training.seq_length} and global "
+                f"batch {training.global_batch_size} (a larger --gbs allows more data parallelism; a GPU with more "
+                f"memory, a shorter sequence or a smaller model would fit)")
+    n, best = found
+    return (f"{n} x {cluster.gpu.name} would fit (e.g. {best.config.label()}: {_bytes(best.memory.total)} of "
+            f"{_bytes(best.memory.total + best.memory_headroom_bytes)} per GPU); so would a GPU with more memory, "
+            f"a shorter sequence or a smaller model")
+
+
 def _explain_exit_code(verdict) -> int:
     """0 when the layout is valid and fits in memory, else 1: the same answer with or without --json."""
     return 0 if verdict.valid and verdict.estimate is not None and verdict.estimate.fits else 1
@@ -292,6 +307,9 @@ def _run(args: argparse.Namespace) -> int:
         }
         if args.megatron_args and best:
             out["megatron_args"] = _argv(best.config, model, training)
+        if best is None:  # how many GPUs of this kind would fit, as the text says
+            found = smallest_fitting_cluster(model, training, cluster, space=space)
+            out["fits_on"] = None if found is None else {"num_gpus": found[0], "best": found[1].to_dict()}
         print(json.dumps(out, indent=2))
         return 0 if best else 1
     print("\n".join(_header_lines(header) + _rule_lines(result)))
@@ -300,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\nNO LAYOUT FITS in {_bytes(cluster.usable_hbm_bytes)} per GPU. Closest: {c.config.label()}")
         print(f"  {c.explanation}")
         print("\n".join("  " + line for line in _breakdown_lines(c)))
-        print("  (more GPUs, a GPU with more memory, a shorter sequence or a smaller model would fit)")
+        print("  " + _fitting_hint(model, training, cluster, space))
         return 1
     print()
     print("\n".join(_table(result.ranked, cluster.usable_hbm_bytes)))

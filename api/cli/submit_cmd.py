@@ -6,8 +6,8 @@ import argparse
 import time
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from api.cli._router_args import add_router_arguments, router_body_from
-from spec.errors import SpecError
 from api.cli._model_args import add_model_arguments, model_body
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
@@ -16,11 +16,9 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--gpu", required=True, help="hardware profile name, e.g. h100, cpu")
+    add_gpu_argument(parser, local=False)
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
-    parser.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
-    parser.add_argument("--gbs", type=int, required=True, help="global batch size (sequences per step)")
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp8", "fp32"])
+    add_shape_arguments(parser)
     parser.add_argument("--max-trials", type=int, default=20, help="measured trials at most (default 20)")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="search wall-clock budget (default 3600)")
     parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
@@ -31,9 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    gpu = require_gpu(args, "submit")
+    shape = resolve_shape(args, gpu, "submit")
     body = {**model_body(args),
-            "training": {"seq_length": args.seq, "global_batch_size": args.gbs, "precision": args.precision},
-            "cluster": {"gpu": args.gpu, "num_gpus": args.gpus},
+            "training": {"seq_length": shape.seq, "global_batch_size": shape.gbs, "precision": shape.precision},
+            "cluster": {"gpu": gpu, "num_gpus": args.gpus},
             "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)}
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     with ApiClient.from_args(args) as client:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from api.cli._db import migrate_or_explain
+from api.cli._shape_args import CPU_GBS, CPU_SEQ, detected_gpu, resolve_shape
 from api.cli._router_args import add_router_arguments, router_options_from
 from api.cli.train_job import run_job_training
 from api.worker.metrics import DatabaseMetrics
@@ -24,7 +25,6 @@ from spec.training_spec import TrainingSpec
 from db.settings import database_settings
 
 HELP = "train a model with one folded layout (or a tuning job's best) on local data, with checkpoints and resume"
-DEFAULT_SEQ, DEFAULT_GBS = 256, 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "model, GPUs, sequence length, batch and precision, through the runner (Ray)")
     parser.add_argument("--gpus", type=int, help="world size (default: derived from the layout's dp)")
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps in total (a resume continues)")
-    parser.add_argument("--seq", type=int, help=f"sequence length in tokens (default: {DEFAULT_SEQ})")
-    parser.add_argument("--gbs", type=int, help=f"global batch size in sequences (default: {DEFAULT_GBS})")
+    parser.add_argument("--seq", type=int, help=f"sequence length in tokens (default: {CPU_SEQ} on CPU ranks; on "
+                                                "GPUs give it; with --job the job's)")
+    parser.add_argument("--gbs", type=int, help=f"global batch size in sequences (default: {CPU_GBS} on CPU ranks; "
+                                                "on GPUs give it; with --job the job's)")
     recipe = DEFAULT_RECIPE
     parser.add_argument("--lr", type=float, default=recipe.lr, help=f"peak learning rate (default: {recipe.lr:g})")
     parser.add_argument("--min-lr", type=float, default=recipe.min_lr,
@@ -130,10 +132,13 @@ def run(args: argparse.Namespace) -> int:
     if hf_init:
         check_loadable(hf)
     args.layout = args.layout or "dp1"
-    args.seq = args.seq or DEFAULT_SEQ
-    args.gbs = args.gbs or DEFAULT_GBS
     model = model_from_args(args)
     config = ParallelConfig.parse(args.layout, world_size=args.gpus)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
+    shape = resolve_shape(args, "cpu" if device == "cpu" else detected_gpu(), "train")  # the shared defaults
+    args.seq, args.gbs = shape.seq, shape.gbs
     check_local_run(model, TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs), config)
     cfg = TrainConfig(args.data, steps=args.steps, seq_length=args.seq, global_batch_size=args.gbs, lr=args.lr,
                       min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
@@ -143,9 +148,6 @@ def run(args: argparse.Namespace) -> int:
                       hf_export_config=_export_config(model, hf_source, ExecutorOptions()) if args.export_hf else None)
     options = ExecutorOptions.for_router(router_options_from(args, DEFAULT_RECIPE.router_defaults()), model,
                                          **(hf.executor_options() if hf is not None else {}))
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
     print(f"training {model.name} with {config.label()} on {config.world_size} {device} rank(s): {args.steps} steps "
           f"of {args.gbs}×{args.seq} tokens" + (f", from the weights in {hf_init}" if hf_init else ""), flush=True)
     sink = None

@@ -1,26 +1,90 @@
 """``foldtune trainings [ID]``: list your trainings, or show one with its latest metrics (``--cancel``
-cancels it, ``--wait`` follows its steps until it ends)."""
+cancels it, ``--wait`` follows its steps until it ends); ``foldtune trainings submit`` sends a new one to the
+API (POST /v1/trainings): a tuning job's best layout (``--job ID``) or an explicit ``--layout``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._model_args import add_model_arguments, model_body
+from api.cli._shape_args import CPU_GBS, CPU_SEQ, add_gpu_argument, require_gpu, resolve_shape
+from spec.errors import SpecError
 
 HELP = "list trainings, or show, follow or cancel one"
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
+SUBMIT_FLAGS = ("job", "layout", "model", "model_file", "layers", "proxy", "gpu", "gpus", "seq", "gbs", "data",
+                "steps", "checkpoint_dir", "checkpoint_every", "lr", "warmup", "eval_every", "seed")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("id", nargs="?", type=int, help="a training id: show it")
+    parser.add_argument("target", nargs="?", metavar="ID|submit",
+                        help="a training id: show it; 'submit': send a new training (the options below)")
     parser.add_argument("--status", choices=["queued", "running", *FINISHED])
     parser.add_argument("--limit", type=int, default=20, help="trainings per page (default 20)")
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--cancel", action="store_true", help="cancel training ID")
-    parser.add_argument("--wait", action="store_true", help="print training ID's steps until it ends")
+    parser.add_argument("--wait", action="store_true", help="print training ID's (or the submitted one's) steps "
+                                                            "until it ends")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+    sub = parser.add_argument_group("trainings submit", "a new training: --job ID, or --layout with --model, --gpu "
+                                    "and --gpus; paths are on the server")
+    source = sub.add_mutually_exclusive_group()
+    source.add_argument("--job", type=int, metavar="ID", help="train the best measured layout of tuning job ID")
+    source.add_argument("--layout", metavar="LABEL", help='an explicit layout, e.g. "tp2 ep2 dp1 mbs1"')
+    add_model_arguments(sub, required=False, model_help="catalog model name (with --layout)")
+    add_gpu_argument(sub, local=False)
+    sub.add_argument("--gpus", type=int, help="number of GPUs (with --layout)")
+    sub.add_argument("--seq", type=int, default=None,
+                     help=f"sequence length in tokens (with --job: the job's; else {CPU_SEQ} with --gpu cpu, on GPUs "
+                          f"give it)")
+    sub.add_argument("--gbs", type=int, default=None,
+                     help=f"global batch size in sequences (with --job: the job's; else {CPU_GBS} with --gpu cpu, on "
+                          f"GPUs give it)")
+    sub.add_argument("--data", help="dataset directory from `foldtune data prepare`, on the server")
+    sub.add_argument("--steps", type=int, help="optimizer steps")
+    sub.add_argument("--checkpoint-dir", help="where checkpoints go and are resumed from, on the server")
+    sub.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: only at the end)")
+    sub.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's)")
+    sub.add_argument("--warmup", type=int, help="warm-up steps (default: the recipe's)")
+    sub.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: the recipe's)")
+    sub.add_argument("--seed", type=int, help="data order seed (default: the recipe's)")
     add_connection_arguments(parser)
+
+
+def submit_body(args: argparse.Namespace) -> dict:
+    """The POST /v1/trainings body of ``trainings submit``'s flags (the shared --gpu/--seq/--gbs rule)."""
+    missing = [f"--{name.replace('_', '-')}" for name in ("data", "steps", "checkpoint_dir")
+               if getattr(args, name) is None]
+    if args.job is None and args.layout is None:
+        missing.insert(0, "--job ID or --layout LABEL")
+    if missing:
+        raise SpecError("foldtune trainings submit needs " + ", ".join(missing))
+    body: dict = {"data_path": args.data, "steps": args.steps, "checkpoint_dir": args.checkpoint_dir}
+    if args.job is not None:
+        extra = [f"--{n.replace('_', '-')}" for n in ("model", "model_file", "layers", "proxy", "gpu", "gpus")
+                 if getattr(args, n) is not None]
+        if extra:
+            raise SpecError(f"--job trains the job's model on its GPUs: leave out {', '.join(extra)}")
+        body["job_id"] = args.job
+        body.update({k: v for k, v in (("seq_length", args.seq), ("global_batch_size", args.gbs)) if v is not None})
+    else:
+        if not (args.model or args.model_file) or args.gpus is None:
+            raise SpecError("--layout needs --model (or --model-file) and --gpus")
+        gpu = require_gpu(args, "trainings submit")
+        shape = resolve_shape(args, gpu, "trainings submit")
+        body.update(model_body(args), layout=args.layout, cluster={"gpu": gpu, "num_gpus": args.gpus},
+                    seq_length=shape.seq, global_batch_size=shape.gbs)
+    for flag, field in (("checkpoint_every", "checkpoint_every"), ("lr", "lr"), ("warmup", "warmup_steps"),
+                        ("eval_every", "eval_every"), ("seed", "data_seed")):
+        if getattr(args, flag) is not None:
+            body[field] = getattr(args, flag)
+    return body
 
 
 def metric_line(m: dict) -> str:
@@ -72,12 +136,39 @@ def follow(client: ApiClient, training_id: int, poll_s: float) -> int:
         time.sleep(poll_s)
 
 
+def _target(args: argparse.Namespace) -> None:
+    """``args.id`` (an int or None) and ``args.submit`` from the positional ``ID|submit``; submit options
+    without ``submit`` are refused rather than ignored."""
+    args.submit = args.target == "submit"
+    args.id = None
+    if args.target is not None and not args.submit:
+        if not args.target.isdigit():
+            raise SpecError(f"trainings takes a training ID or 'submit', got {args.target!r}")
+        args.id = int(args.target)
+    given = [f"--{n.replace('_', '-')}" for n in SUBMIT_FLAGS if getattr(args, n, None) is not None]
+    if given and not args.submit:
+        raise SpecError(f"{', '.join(given)} belong to `foldtune trainings submit`")
+
+
 def run(args: argparse.Namespace) -> int:
+    _target(args)
     if (args.cancel or args.wait) and args.id is None:
         raise SpecError("--cancel and --wait need a training ID")
     with ApiClient.from_args(args) as client:
+        if args.submit:
+            t = client.post("/v1/trainings", submit_body(args))
+            if args.json:
+                print(json.dumps(t, indent=2))
+            else:
+                print(f"training {t['id']} {t['status']}: {t['model']} with {t['label']} on "
+                      f"{t['cluster']['num_gpus']}x{t['cluster']['gpu']}, {t['steps']} steps; follow it with "
+                      f"`foldtune trainings {t['id']} --wait`", flush=True)
+            return follow(client, t["id"], args.poll) if args.wait else 0
         if args.id is None:
             page = client.get("/v1/trainings", limit=args.limit, offset=args.offset, status=args.status)
+            if args.json:
+                print(json.dumps(page, indent=2))
+                return 0
             print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<16} {'LAYOUT':<28} {'STEP':>13}  {'LOSS':>8}  CREATED")
             for t in page["items"]:
                 latest = t.get("latest_metrics") or {}
@@ -93,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         if args.wait:
             return follow(client, args.id, args.poll)
         t = client.get(f"/v1/trainings/{args.id}")
+        if args.json:
+            print(json.dumps(t, indent=2))
+            return 0
         print(f"training {t['id']} {t['status']}: {t['model']} with {t['label']} on "
               f"{t['cluster']['num_gpus']}x{t['cluster']['gpu']}, {t['steps']} steps of "
               f"{t['training']['global_batch_size']}x{t['training']['seq_length']} tokens, data {t['data_path']}")

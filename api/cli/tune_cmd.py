@@ -1,7 +1,9 @@
 """``foldtune tune``: the main job in one command: set up the embedded service and run one real tuning job.
 
 On a fresh machine it creates the data directory, migrates the SQLite database there (or the database of
-FOLDTUNE_DATABASE_URL), stores the job as the local owner's, and runs it in this process with the same
+FOLDTUNE_DATABASE_URL), stores the job under the owner of the local API key (FOLDTUNE_API_KEY, else the key
+file in the data dir, created with owner ``local`` on first use: api/cli/_local_key.py) so that ``foldtune jobs``
+and ``foldtune best`` see it, and runs it in this process with the same
 runner code ``foldtune runner`` uses: the job, its trials and its Optuna study go through the database,
 and every trial is a real profiled run of the MoE training step through Ray (a local Ray unless
 FOLDTUNE_RAY_ADDRESS names one). Running the runner in-process rather than starting the API and a runner
@@ -18,6 +20,7 @@ import sys
 import time
 
 from api.cli._local import check_ray_has_room, validated_request
+from api.cli._shape_args import add_gpu_argument, add_shape_arguments, detected_gpu, resolve_shape
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
@@ -25,23 +28,18 @@ from api.service.capability import check_job_runnable
 from api.service.jobs import resolve_job, submit_job
 from spec.catalog import has_hardware
 from spec.profile_io import use_profile_file
-from db.keys import get_or_create_owner
+from api.cli._local_key import owner_of_local_key
 
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
-LOCAL_OWNER = "local"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, default="tiny-moe", model_help="catalog model name")
-    parser.add_argument("--gpu", default="cpu", help="hardware profile: cpu runs CPU ranks with gloo; a GPU "
-                                                     "name (h100-sxm, ...) runs on GPUs with NCCL (default: cpu)")
+    add_gpu_argument(parser, local=True)
     parser.add_argument("--profile", metavar="FILE",
                         help="hardware profile JSON (from foldtune calibrate) to price layouts with; replaces --gpu")
     parser.add_argument("--gpus", type=int, default=4, help="number of GPUs / CPU ranks (default: 4)")
-    parser.add_argument("--seq", type=int, default=64, help="sequence length in tokens (default: 64)")
-    parser.add_argument("--gbs", type=int, default=8, help="global batch size in sequences (default: 8)")
-    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
-                        help="default: fp32 on cpu, bf16 on GPUs")
+    add_shape_arguments(parser)
     parser.add_argument("--max-trials", type=int, default=6, help="measured trials at most (default: 6)")
     parser.add_argument("--max-seconds", type=float, default=900.0, help="search wall-clock budget (default: 900)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
@@ -108,14 +106,15 @@ def run(args: argparse.Namespace) -> int:
     from api.worker.runner import Runner, RunnerSettings
     from api.worker.trials import TrialSettings
 
-    hardware_name = args.gpu
     if args.profile:  # registered under its own name; its GPU kind decides CPU or GPU ranks
         profile = use_profile_file(args.profile)
         hardware_name, args.gpu = profile.name, profile.gpu.name
-    precision = args.precision or ("fp32" if args.gpu.lower() == "cpu" else "bf16")
+    else:
+        args.gpu = hardware_name = args.gpu or detected_gpu()
+    shape = resolve_shape(args, args.gpu, "tune")
     request = validated_request(JobCreate, {
-        **model_body(args), "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
-                                         "precision": precision},
+        **model_body(args), "training": {"seq_length": shape.seq, "global_batch_size": shape.gbs,
+                                         "precision": shape.precision},
         "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
         "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)})
     start = time.monotonic()
@@ -132,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
     runner = Runner(settings, on_event=TrialPrinter())
     try:
         with runner.sessions() as session:
-            owner = get_or_create_owner(session, LOCAL_OWNER)
-            session.commit()
+            owner = owner_of_local_key(session, say=lambda text: print(text, flush=True))
             job, _ = submit_job(session, owner, request, None)  # a domain error is a FoldtuneError: main reports it
         print(f"database {settings.database_url}; job {job.id} stored, running it here "
               f"(Ray: {os.environ.get('FOLDTUNE_RAY_ADDRESS') or 'local'})", flush=True)

@@ -4,6 +4,7 @@ request limits (body size: api.http.bodylimit; rate: api.http.ratelimit) and the
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -46,18 +47,20 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
-    app.state.metrics = metrics.Metrics()
+    app.state.metrics = metrics.Metrics(app.state.sessions)
     app.state.rate_limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
     install_problem_handlers(app)
 
     @app.middleware("http")
     async def _count_requests(request: Request, call_next):
+        start = time.perf_counter()
         try:
             response = await call_next(request)
         except Exception:
-            app.state.metrics.count_request(request.method, _route_of(request), 500)
+            app.state.metrics.count_request(request.method, _route_of(request), 500, time.perf_counter() - start)
             raise
-        app.state.metrics.count_request(request.method, _route_of(request), response.status_code)
+        app.state.metrics.count_request(request.method, _route_of(request), response.status_code,
+                                        time.perf_counter() - start)
         return response
 
     for module in (jobs, best, plans, catalog, health, metrics, trainings, views):

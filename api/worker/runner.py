@@ -111,6 +111,15 @@ def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
             ClusterSpec(hardware=hardware, num_gpus=job.num_gpus))
 
 
+def study_attributes(job: Job, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> dict:
+    """What a job's Optuna study carries as user attributes (optuna-dashboard shows them): the job, its model,
+    cluster and training shape, so a study named ``job-<id>`` explains itself outside foldtune."""
+    return {"foldtune_job_id": job.id, "owner_id": job.owner_id, "signature": job.signature, "model": model.name,
+            "gpu": cluster.hardware.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+            "seq_length": training.seq_length, "global_batch_size": training.global_batch_size,
+            "precision": training.precision, "max_trials": job.max_trials}
+
+
 def job_router(job: Job) -> RouterOptions:
     """The router options a job's trials train with (stored with its training spec; defaults if none)."""
     return split_router(job.training_spec)[1]
@@ -246,7 +255,8 @@ class Runner:
         self._recover(job)
         ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
-        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job))
+        executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job),
+                                 name=f"job-{job.id}")
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, ray_gpus))
@@ -256,6 +266,7 @@ class Runner:
         try:
             result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes, budget=budget,
                                 storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder,
+                                study_attrs=study_attributes(job, model, training, cluster),
                                 repredict=repricer(model, training, cluster, cands) if model.is_moe else None)
         except JobStopped:
             with self.sessions() as session:

@@ -90,7 +90,8 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
         return stop.is_set()
 
     launcher = functools.partial(launch_ray.launch, on_step=driver_step, backend="gloo" if cpu else "nccl",
-                                 timeout_s=TRAINING_TIMEOUT_S, placement_timeout_s=600.0)
+                                 timeout_s=TRAINING_TIMEOUT_S, placement_timeout_s=600.0,
+                                 name=f"training-{training.id}")
     result = launcher(train_worker, config.world_size,
                       (model, config, options, cfg, sink, not cpu))
     if result.ok:

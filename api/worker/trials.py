@@ -85,8 +85,9 @@ class TrialExecutor:
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
-                 stop: threading.Event, router: RouterOptions | None = None) -> None:
+                 stop: threading.Event, router: RouterOptions | None = None, name: str = "trial") -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
+        self.name = name  # Ray names each trial's placement group and actors after it: <name>-trial-<number>
         self.stop = stop
         # the job's router options, model defaults decided (DeepSeek-V3's expert bias on unless switched off)
         self.options = ExecutorOptions.for_training(training, router, model)
@@ -106,7 +107,8 @@ class TrialExecutor:
             return pruned.is_set() or self.stop.is_set()
 
         launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
-                                     env={FAULT_ENV: faults}, cancel=self.stop)
+                                     env={FAULT_ENV: faults}, cancel=self.stop,
+                                     name=f"{self.name}-trial-{report.number}")
         measurement = profile_layout(self.model, self.training, config, self.options,
                                      warmup_steps=self.settings.warmup_steps,
                                      timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -35,6 +35,7 @@ from executor.parallel.collectives import all_reduce_
 from executor.parallel.groups import ParallelState, build_parallel_state
 from executor.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from executor.train.grad_norm import GradClipper
+from executor.train.metrics_log import MetricsLog
 from executor.train.optim_state import set_lr
 from executor.train.schedule import LRSchedule
 from executor.train_step import Trainer
@@ -201,33 +202,43 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
     else:
         report.initial_eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size, device)
     flops = flops_per_step(model, cfg.seq_length, cfg.global_batch_size)
-    for step in range(report.start_step, cfg.steps):
-        lr = schedule.at(step)
-        set_lr(trainer.optimizer, lr)
-        rows = train_sampler.batch(step, dp.size, dp.rank)
-        micro = micro_batches(rows, 1, 0, config.micro_batch_size, device)
-        if use_cuda:  # this stream only: the device would also finish the last step's overlapped param gathers
-            torch.cuda.current_stream(device).synchronize()
-        start = time.perf_counter()
-        result = trainer.step(micro)  # ends with a host read of the loss
-        elapsed = time.perf_counter() - start
-        counts = [float(c) for c in result.tokens_per_expert] or [0.0]
-        metrics = StepMetrics(step=step, loss=result.loss, ce=result.ce, router_loss=result.router_loss, lr=lr,
-                              grad_norm=norms[-1], step_time_s=elapsed,
-                              tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
-                              tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
-                              expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
-                              peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None,
-                              mtp_loss=result.mtp_loss)
-        last = step + 1 == cfg.steps
-        if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
-            metrics.eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size, device)
-        report.metrics.append(metrics)
-        if on_step is not None:
-            on_step(rank, metrics)
-        if cfg.checkpoint_dir and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
-            path = save_checkpoint(cfg.checkpoint_dir, step + 1, net, trainer.optimizer, state, model.name)
-            report.checkpoints.append(str(path))
+    # rank 0 keeps metrics.csv and TensorBoard events beside the checkpoints (executor/train/metrics_log.py)
+    log = (MetricsLog(cfg.checkpoint_dir, report.start_step, [f.name for f in fields(StepMetrics)])
+           if cfg.checkpoint_dir and rank == 0 else None)
+    try:
+        for step in range(report.start_step, cfg.steps):
+            lr = schedule.at(step)
+            set_lr(trainer.optimizer, lr)
+            rows = train_sampler.batch(step, dp.size, dp.rank)
+            micro = micro_batches(rows, 1, 0, config.micro_batch_size, device)
+            if use_cuda:  # this stream only: the device would also finish the last step's overlapped param gathers
+                torch.cuda.current_stream(device).synchronize()
+            start = time.perf_counter()
+            result = trainer.step(micro)  # ends with a host read of the loss
+            elapsed = time.perf_counter() - start
+            counts = [float(c) for c in result.tokens_per_expert] or [0.0]
+            metrics = StepMetrics(step=step, loss=result.loss, ce=result.ce, router_loss=result.router_loss, lr=lr,
+                                  grad_norm=norms[-1], step_time_s=elapsed,
+                                  tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
+                                  tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
+                                  expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
+                                  peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None,
+                                  mtp_loss=result.mtp_loss)
+            last = step + 1 == cfg.steps
+            if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
+                metrics.eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size,
+                                             device)
+            report.metrics.append(metrics)
+            if log is not None:
+                log.write(metrics)
+            if on_step is not None:
+                on_step(rank, metrics)
+            if cfg.checkpoint_dir and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
+                path = save_checkpoint(cfg.checkpoint_dir, step + 1, net, trainer.optimizer, state, model.name)
+                report.checkpoints.append(str(path))
+    finally:
+        if log is not None:
+            log.close()
     trainer.finish_param_gather()  # no collective left running when the rank leaves
     if cfg.hf_export_dir:
         export_hf(net, state, cfg.hf_export_dir, cfg.hf_export_config["model_type"], cfg.hf_export_config)

@@ -27,11 +27,13 @@ def test_metrics_count_requests_and_jobs(client, alice, job_body):
     r = client.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     text_ = r.text
-    assert 'foldtune_http_requests_total{method="POST",route="/v1/jobs",status="201"} 2' in text_
-    assert 'foldtune_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="404"} 1' in text_
-    assert 'foldtune_http_requests_total{method="GET",route="/v1/jobs",status="401"} 1' in text_
-    assert "foldtune_jobs_submitted_total 2" in text_
-    assert 'foldtune_jobs{status="queued"} 2' in text_ and 'foldtune_jobs{status="running"} 0' in text_
+    assert 'foldtune_http_requests_total{method="POST",route="/v1/jobs",status="201"} 2.0' in text_
+    assert 'foldtune_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="404"} 1.0' in text_
+    assert 'foldtune_http_requests_total{method="GET",route="/v1/jobs",status="401"} 1.0' in text_
+    assert 'foldtune_http_request_duration_seconds_count{method="POST",route="/v1/jobs"} 2.0' in text_
+    assert "foldtune_jobs_submitted_total 2.0" in text_
+    assert 'foldtune_jobs{status="queued"} 2.0' in text_ and 'foldtune_jobs{status="running"} 0.0' in text_
+    assert 'foldtune_queue_depth{kind="job"} 2.0' in text_ and 'foldtune_queue_depth{kind="training"} 0.0' in text_
     sample = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [0-9.e+-]+$')
     for line in text_.splitlines():
         assert line.startswith("# ") or sample.match(line), line

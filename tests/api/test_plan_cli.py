@@ -66,7 +66,7 @@ def test_explain_invalid_layouts_give_a_verdict_not_an_error(capsys):
 def test_explain_exit_code_is_the_same_with_and_without_json(capsys):
     """Valid but out of memory (Mixtral-8x22B replicated over TP8 on 128 H100s) exits 1 either way; a valid
     layout that fits exits 0 either way."""
-    big = ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--seq", "4096", "--gbs", "256"]
+    big = ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "256"]
     code, out, _ = run(capsys, big + ["--explain", "tp8 pp1 ep1 mbs8"])
     assert code == 1 and "does NOT fit in memory" in out
     code, out, _ = run(capsys, big + ["--explain", "tp8 pp1 ep1 mbs8", "--json"])
@@ -83,16 +83,25 @@ def test_pareto_lists_the_front(capsys):
 
 
 def test_nothing_fits_names_the_closest(capsys):
-    code, out, _ = run(capsys, ["plan", "--model", "deepseek-v3", "--gpus", "8", "--gbs", "8", "--top", "3"])
+    code, out, _ = run(capsys, ["plan", "--model", "deepseek-v3", "--gpus", "8", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "8", "--top", "3"])
     assert code == 1
     assert "NO LAYOUT FITS in" in out and "Closest:" in out and "GiB usable" in out
+    assert "256 x h100-sxm would fit (e.g. tp" in out  # how many GPUs of this kind would hold it
+    code, out, _ = run(capsys, ["plan", "--model", "deepseek-v3", "--gpus", "8", "--gpu", "h100-sxm", "--seq", "4096",
+                                "--gbs", "8", "--json"])
+    assert code == 1 and json.loads(out)["fits_on"]["num_gpus"] == 256
 
 
 BAD = [
-    (["plan", "--model", "gpt-5", "--gpus", "8", "--gbs", "8"], "unknown model 'gpt-5'"),
-    (["plan", "--model", "mixtral-8x7b", "--gpus", "12", "--gbs", "24"],
+    (["plan", "--model", "gpt-5", "--gpus", "8", "--gpu", "h100", "--seq", "4096", "--gbs", "8"], "unknown model 'gpt-5'"),
+    (["plan", "--model", "mixtral-8x7", "--gpus", "8", "--gpu", "h100", "--seq", "4096", "--gbs", "8"],
+     "unknown model 'mixtral-8x7' (did you mean 'mixtral-8x7b'?)"),
+    (["plan", "--model", "mixtral-8x7b", "--gpus", "8", "--gbs", "8"], "does not guess its hardware: give --gpu NAME"),
+    (["plan", "--model", "mixtral-8x7b", "--gpus", "8", "--gpu", "h100", "--gbs", "8"],
+     "does not guess the training shape: give --seq N (tokens)"),
+    (["plan", "--model", "mixtral-8x7b", "--gpus", "12", "--gpu", "h100", "--seq", "4096", "--gbs", "24"],
      "num_gpus (12) must be a multiple of gpus_per_node (8)"),
-    (["plan", "--model", "small-moe", "--gpus", "64", "--seq", "2", "--gbs", "3"], "no valid layout of small-moe"),
+    (["plan", "--model", "small-moe", "--gpus", "64", "--gpu", "h100", "--seq", "2", "--gbs", "3"], "no valid layout of small-moe"),
     (TINY + ["--explain", "tp2 banana"], "cannot parse layout token 'banana'"),
     (TINY + ["--routing", "capacity"], "--routing capacity needs --capacity-factor"),
     (TINY + ["--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'"),
@@ -118,7 +127,7 @@ def test_malformed_catalog_yaml_is_one_error_line(capsys, tmp_path):
 
 
 def test_module_entry_point_never_shows_a_traceback():
-    proc = subprocess.run([sys.executable, "-m", "api.cli.main", "plan", "--model", "nope", "--gpus", "8", "--gbs", "8"],
+    proc = subprocess.run([sys.executable, "-m", "api.cli.main", "plan", "--model", "nope", "--gpus", "8", "--gpu", "h100", "--seq", "4096", "--gbs", "8"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("foldtune: error: unknown model 'nope'")
@@ -126,7 +135,7 @@ def test_module_entry_point_never_shows_a_traceback():
 
 def test_fused_window_sink_attention_reaches_the_cost_model(capsys):
     """GPT-OSS: the executor's fp32 masked softmax over the whole score matrix against Megatron's fused kernel."""
-    argv = ["plan", "--model", "gpt-oss-120b", "--gpus", "64", "--gbs", "512", "--json",
+    argv = ["plan", "--model", "gpt-oss-120b", "--gpus", "64", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "512", "--json",
             "--explain", "tp2 pp2 ep16 mbs1"]
     code, out, _ = run(capsys, argv)
     ours = json.loads(out)
@@ -138,3 +147,10 @@ def test_fused_window_sink_attention_reaches_the_cost_model(capsys):
     assert ours["estimate"]["step_time_s"] > 2 * theirs["estimate"]["step_time_s"]
     code, out, _ = run(capsys, argv[:-3] + ["--top", "1", "--fused-window-sink-attention"])
     assert "Megatron's fused window/sink attention" in out
+
+
+def test_plan_explain_accepts_the_distopt_off_label_tune_prints(capsys):
+    label = "tp1 cp1 pp1 vpp1 ep2 etp1 dp4 edp2 mbs1 distopt=off"  # as tune's trial lines print it
+    code = main(["plan", "--model", "tiny-moe", "--gpus", "4", "--gpu", "cpu", "--explain", label])
+    out = capsys.readouterr().out
+    assert code == 0 and f"layout   {label}: valid, fits in memory" in out, out

@@ -4,12 +4,18 @@ runs a real tuning job through Ray, printing each trial and ending with the tabl
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from conftest import live_server
 from runner_env import session_ray, wait_no_rank_actors
 from sqlalchemy import create_engine, text
+
+from api.cli.main import main
+from api.http.app import create_app
+from api.http.settings import ApiSettings
 
 
 def _tune(tmp_path, *args: str, ray_address: str | None = None, timeout: float = 600):
@@ -22,14 +28,36 @@ def _tune(tmp_path, *args: str, ray_address: str | None = None, timeout: float =
 
 
 @pytest.mark.slow
-def test_tune_runs_a_real_job_on_a_fresh_data_dir(tmp_path):
+def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_path, monkeypatch, capsys):
     done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--steps", "1", ray_address=session_ray())
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    assert f"created an API key for owner 'local' in {tmp_path / 'data' / 'api-key'}" in out
+    # the README's `foldtune best ...` after `foldtune tune`: same owner (the local key), same precision (fp32)
+    tuned = re.search(r"^best layout: (.+?)  ", out, re.M).group(1)
+    monkeypatch.setenv("FOLDTUNE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("FOLDTUNE_API_KEY", raising=False)
+    app = create_app(ApiSettings(database_url=f"sqlite:///{tmp_path / 'data' / 'foldtune.sqlite3'}"))
+    with live_server(app) as url:
+        code = main(["best", "--model", "tiny-moe", "--gpu", "cpu", "--gpus", "2", "--url", url])
+        jobs_code = main(["jobs", "--url", url])
+    app.state.engine.dispose()
+    best_out = capsys.readouterr().out
+    assert code == 0 and jobs_code == 0, best_out
+    assert f"  layout:    {tuned}\n" in best_out and "job 1 trial" in best_out
+    assert "succeeded" in best_out.split("CREATED", 1)[1]  # `foldtune jobs` lists tune's job
     assert "trial  0" in out and "trial  1" in out and "measured" in out
     assert "measured vs predicted" in out and "best layout: tp" in out and "job 1: succeeded" in out
     db = tmp_path / "data" / "foldtune.sqlite3"
     assert db.exists() and (tmp_path / "data" / "foldtune-optuna.sqlite3").exists()
+    # the Optuna study (what optuna-dashboard opens) says what it searched
+    import optuna
+
+    study = optuna.load_study(study_name="job-1", storage=f"sqlite:///{tmp_path / 'data' / 'foldtune-optuna.sqlite3'}")
+    assert {k: study.user_attrs[k] for k in ("foldtune_job_id", "model", "gpu", "num_gpus", "seq_length",
+                                             "global_batch_size", "precision")} == {
+        "foldtune_job_id": 1, "model": "tiny-moe", "gpu": "cpu", "num_gpus": 2, "seq_length": 64,
+        "global_batch_size": 8, "precision": "fp32"}
     engine = create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
         status, best = conn.execute(text("SELECT status, best_trial_id FROM jobs WHERE id = 1")).one()
@@ -47,7 +75,8 @@ def test_tune_rejects_bad_input_in_one_line(tmp_path):
 
 
 def test_tune_on_gpus_the_ray_cluster_lacks_is_one_error_line(tmp_path):
-    done = _tune(tmp_path, "--gpu", "h100-sxm", "--gpus", "2", "--model", "small-moe", ray_address=session_ray(),
+    done = _tune(tmp_path, "--gpu", "h100-sxm", "--gpus", "2", "--seq", "64", "--gbs", "8", "--model", "small-moe",
+                 ray_address=session_ray(),
                  timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip() == ("foldtune: error: --gpus 2 x h100-sxm needs 2 GPUs in the Ray cluster, it has 0 "

@@ -51,6 +51,27 @@ def test_steps_stream_to_the_driver_and_a_stop_ends_every_rank_at_the_same_step(
 
 
 @pytest.mark.slow
+def test_the_placement_group_and_rank_actors_carry_the_run_name(ray_launch):
+    """What the Ray dashboard and `ray list` show: foldtune-<name>-<hex> and its -rank<r> actors."""
+    import ray
+    from ray.util import placement_group_table
+
+    named: list[tuple[str, bool]] = []
+
+    def on_step(step: int, seconds: float) -> bool:
+        if not named:
+            for group in placement_group_table().values():
+                if group["name"].startswith("foldtune-job-3-trial-0-") and group["state"] == "CREATED":
+                    actors = [ray.get_actor(f"{group['name']}-rank{r}") for r in range(2)]
+                    named.append((group["name"], len(actors) == 2))
+        return False
+
+    m = _profile(ray_launch, steps=1, on_step=on_step, name="job-3-trial-0")
+    assert m.ok, m.failure_reason
+    assert len(named) == 1 and named[0][1], named
+
+
+@pytest.mark.slow
 def test_a_full_run_reports_every_step_and_is_not_pruned(ray_launch):
     seen: list[int] = []
     m = _profile(ray_launch, steps=2, on_step=lambda step, seconds: seen.append(step) and False)

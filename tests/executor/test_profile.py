@@ -38,7 +38,7 @@ def test_measurement_keeps_static_memory_and_reads_records_without_it():
 
 @pytest.mark.slow
 def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
-    code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--warmup", "1",
+    code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--gbs", "1", "--warmup", "1",
                  "--steps", "2", "--json"])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -125,6 +125,15 @@ def test_oom_and_crash_are_recorded_and_the_search_goes_on():
     assert len(result.rows) == 10
 
 
+def test_the_study_carries_the_attributes_it_is_given(tmp_path):
+    cands = make_candidates()
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    attrs = {"foldtune_job_id": 7, "model": "mixtral-8x7b", "gpu": "h100-sxm", "num_gpus": 64}
+    run_search(cands, machine(cands, 80 * GIB, []), capacity_bytes=80 * GIB, budget=SearchBudget(max_trials=1),
+               storage=storage, study_name="job-7", study_attrs=attrs)
+    assert optuna.load_study(study_name="job-7", storage=storage).user_attrs == attrs
+
+
 def test_slow_trials_are_pruned():
     cands = make_candidates()
     calls: list[str] = []
