@@ -4,6 +4,10 @@ TensorBoard event files under ``tensorboard/`` (``tensorboard --logdir <checkpoi
 A resumed run continues both: rows and events of steps at or after the step it resumes from (steps that the
 previous run measured past its last checkpoint, which this run measures again) are dropped first, so every
 step appears once, with the values of the run whose weights the checkpoints hold.
+
+The event files need the ``tensorboard`` package (a dependency of foldtune's install); the executor itself
+needs torch alone, so where it is missing (a bare GPU image) the run keeps ``metrics.csv`` and says once that
+it writes no events.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (a core dependency)
+import warnings
 
 CSV_NAME = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
@@ -38,9 +42,7 @@ class MetricsLog:
             writer.writerows(kept)
         self._csv = open(self.csv_path, "a", newline="")
         self._writer = csv.DictWriter(self._csv, fieldnames=self.columns)
-        # purge_step drops events at or after start_step that an earlier run wrote past its last checkpoint
-        self._tb = SummaryWriter(log_dir=str(self.dir / TENSORBOARD_DIR),
-                                 purge_step=start_step if start_step > 0 else None)
+        self._tb = _summary_writer(self.dir / TENSORBOARD_DIR, start_step)
 
     def _rows_before(self, start_step: int) -> list[dict]:
         if start_step == 0 or not self.csv_path.exists():
@@ -53,6 +55,8 @@ class MetricsLog:
         row = asdict(m)
         self._writer.writerow({k: "" if row[k] is None else row[k] for k in self.columns})
         self._csv.flush()
+        if self._tb is None:
+            return
         for name, value in row.items():
             if name == "step" or value is None:
                 continue
@@ -61,4 +65,17 @@ class MetricsLog:
 
     def close(self) -> None:
         self._csv.close()
-        self._tb.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _summary_writer(log_dir: Path, start_step: int):
+    """A TensorBoard SummaryWriter on ``log_dir``, or None (with a warning) without the tensorboard package."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        warnings.warn(f"no TensorBoard event files ({exc}); metrics.csv only. pip install tensorboard to add them",
+                      stacklevel=3)
+        return None
+    # purge_step drops events at or after start_step that an earlier run wrote past its last checkpoint
+    return SummaryWriter(log_dir=str(log_dir), purge_step=start_step if start_step > 0 else None)

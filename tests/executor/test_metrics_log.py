@@ -39,3 +39,21 @@ def test_a_resume_replaces_the_steps_after_its_checkpoint(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(0, 10.0), (1, 9.0), (2, 8.0), (3, 103.0),
                                                                          (4, 104.0), (5, 105.0)]
     assert "train/tokens_per_s" in events.Tags()["scalars"] and "train/peak_memory_bytes" not in events.Tags()["scalars"]
+
+
+def test_without_the_tensorboard_package_the_run_keeps_its_csv(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with __import__("pytest").warns(UserWarning, match="no TensorBoard event files"):
+        log = MetricsLog(tmp_path, 0, COLUMNS)
+    log.write(_step(0, 1.0))
+    log.close()
+    assert (tmp_path / "metrics.csv").read_text().count("\n") == 2 and not (tmp_path / "tensorboard").exists()
