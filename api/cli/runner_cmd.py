@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                               "a local Ray)")
     parser.add_argument("--runner-id", help="stable id of this runner (also: FOLDTUNE_RUNNER_ID; default host-pid); "
                                             "restarted under the same id it resumes its job at once")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs per node the planner assumes (also: "
+                                                           "FOLDTUNE_GPUS_PER_NODE; default: read from the Ray cluster)")
     parser.add_argument("--once", action="store_true", help="exit when no job is queued")
     parser.add_argument("--verbose", action="store_true", help="log every trial")
 
@@ -33,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ray_address:
         os.environ["FOLDTUNE_RAY_ADDRESS"] = args.ray_address
+    if args.gpus_per_node is not None:
+        os.environ["FOLDTUNE_GPUS_PER_NODE"] = str(args.gpus_per_node)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = RunnerSettings.from_env(args.database_url, args.runner_id)

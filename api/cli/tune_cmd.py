@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                           rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
-                              parallel_trials=base.parallel_trials, trial=trial)
+                              parallel_trials=base.parallel_trials, gpus_per_node=base.gpus_per_node, trial=trial)
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
         check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)

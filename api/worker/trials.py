@@ -80,13 +80,17 @@ def is_cpu_cluster(cluster: ClusterSpec) -> bool:
 class TrialExecutor:
     """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
 
-    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`.
+    ``stop`` (an Event) stops a running trial at its next step and raises :class:`JobStopped`. A trial's
+    ranks sit ``cluster.gpus_per_node`` to a Ray node, in the planner's rank order; its placement group is
+    named ``<placement_name>-trial<N>`` (N: the Optuna trial number).
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
-                 stop: threading.Event, router: RouterOptions | None = None) -> None:
+                 stop: threading.Event, router: RouterOptions | None = None,
+                 placement_name: str = "foldtune") -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
         self.stop = stop
+        self.placement_name = placement_name
         # the job's router options, model defaults decided (DeepSeek-V3's expert bias on unless switched off)
         self.options = ExecutorOptions.for_training(training, router, model)
 
@@ -105,7 +109,8 @@ class TrialExecutor:
             return pruned.is_set() or self.stop.is_set()
 
         launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
-                                     env={FAULT_ENV: faults})
+                                     env={FAULT_ENV: faults}, ranks_per_node=self.cluster.gpus_per_node,
+                                     name=f"{self.placement_name}-trial{report.number}")
         measurement = profile_layout(self.model, self.training, config, self.options,
                                      warmup_steps=self.settings.warmup_steps,
                                      timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
