@@ -350,13 +350,15 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         pids = [pid for ip, _, pid, node, _ in addresses if node == _this_node()]
         master = addresses[0][:2]
         limit = memory_limit_bytes if backend == "gloo" else None
+        began = time.time()
         runs = [a.run.remote(master, backend, fn, args, timeout_s, limit) for a in actors]
         failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size, placement)
+        window = [began, time.time()]
         if failure:
             failure_kind, reason = failure
             return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind,
-                                placement=placement)
-        return LaunchResult(True, None, results, time.monotonic() - start, placement=placement)
+                                placement=placement, run_window=window)
+        return LaunchResult(True, None, results, time.monotonic() - start, placement=placement, run_window=window)
     finally:
         _teardown(actors, pg, pids)
 
