@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                               "a local Ray)")
     parser.add_argument("--runner-id", help="stable id of this runner (also: FOLDTUNE_RUNNER_ID; default host-pid); "
                                             "restarted under the same id it resumes its job at once")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs per node the planner assumes (also: "
-                                                           "FOLDTUNE_GPUS_PER_NODE; default: read from the Ray cluster)")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
+                             "the Ray cluster)")
     parser.add_argument("--once", action="store_true", help="exit when no job is queued")
     parser.add_argument("--verbose", action="store_true", help="log every trial")
 
