@@ -2,9 +2,9 @@
 without CPUs and two worker nodes of 2 CPUs and 2 units of ``fake_gpu`` each (the rank resource standing in
 for GPUs, ``FOLDTUNE_RAY_RANK_RESOURCE``), gloo ranks.
 
-- the Ray node of every rank agrees with the planner's rank -> node map, group by group;
 - a tuning job whose trials span both nodes completes with real measurements, its planner told the
-  cluster's shape by Ray;
+  cluster's shape by Ray, and the Ray node of every rank agrees with the planner's rank -> node map,
+  group by group of each measured layout;
 - a node removed mid-trial fails that trial with ``node_lost``, the trial beside it (on the other node, at
   the same time) succeeds, the job finishes and no actor or reservation is left.
 
@@ -87,30 +87,13 @@ def _nothing_left(resource: str = "fake_gpu", timeout_s: float = 20.0) -> dict:
         time.sleep(0.2)
 
 
-def test_every_rank_sits_on_the_ray_node_the_planner_put_it_on(cluster):
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planner_put_them(cluster, client, alice,
+                                                                                          db_url):
     from executor import launch_ray
 
     shape = launch_ray.cluster_shape("fake_gpu")
     assert (shape.num_nodes, shape.slots_per_node) == (2, SLOTS)
-    result = launch_ray.launch(max, 4, backend="gloo", ranks_per_node=SLOTS, timeout_s=120, name="rank-map")
-    assert result.ok, result.failure_reason
-    assert result.results == [4, 4, 4, 4]  # every rank ran fn after the gloo rendezvous across both nodes
-    ray_node = [p["node"] for p in result.placement]
-    assert len(set(ray_node)) == 2
-    # Same partition as the planner's: two ranks share a Ray node exactly when the planner says they do ...
-    for r in range(4):
-        for s in range(4):
-            assert (ray_node[r] == ray_node[s]) == (node_of_rank(r, SLOTS) == node_of_rank(s, SLOTS)), (r, s)
-    # ... so each group of a folded layout spans as many Ray nodes as the cost model priced it for.
-    groups = FoldedGroups(ParallelConfig(world_size=4, tp=2, ep=4))
-    for name in ("tp", "dp", "pp", "etp", "ep", "edp"):
-        for group in groups.groups(name):
-            assert len({ray_node[r] for r in group}) == nodes_spanned(group, SLOTS), (name, group)
-    assert _nothing_left() == {"used": 0, "groups": []}
-
-
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_tuning_job_whose_trials_span_two_nodes_completes(cluster, client, alice, db_url):
     job_id = _job(client, alice, num_gpus=4, max_trials=2)
     runner = make_runner(db_url)
     try:
@@ -124,10 +107,19 @@ def test_a_tuning_job_whose_trials_span_two_nodes_completes(cluster, client, ali
     trials = _trials(client, alice, job_id)
     assert [t["status"] for t in trials] == ["succeeded", "succeeded"], [t["failure_reason"] for t in trials]
     for t in trials:
-        m = t["measurement"]
+        m = t["measurement"]  # a real measurement of the training step, gloo across both nodes
         assert m["ok"] and m["world_size"] == 4 and m["step_time"] > 0 and m["losses"][0] > 0
-        nodes = [p["node"] for p in m["placement"]]
-        assert nodes[0] == nodes[1] != nodes[2] == nodes[3]  # ranks 0,1 on one node, 2,3 on the other
+        ray_node = [p["node"] for p in m["placement"]]
+        assert len(set(ray_node)) == 2
+        # two ranks share a Ray node exactly when the planner put them on one node ...
+        for r in range(4):
+            for s in range(4):
+                assert (ray_node[r] == ray_node[s]) == (node_of_rank(r, SLOTS) == node_of_rank(s, SLOTS)), (r, s)
+        # ... so every group of the measured layout spans as many Ray nodes as the cost model priced it for
+        groups = FoldedGroups(ParallelConfig.from_dict(t["config"]))
+        for name in ("tp", "cp", "dp", "pp", "etp", "ep", "edp"):
+            for group in groups.groups(name):
+                assert len({ray_node[r] for r in group}) == nodes_spanned(group, SLOTS), (t["label"], name, group)
     assert _nothing_left() == {"used": 0, "groups": []}
 
 
