@@ -70,7 +70,6 @@ TEARDOWN_WAIT_S = 15.0
 # How long a failed run waits for Ray to declare the node of a rank that stopped answering dead (seconds):
 # Ray's health check marks a vanished node dead after ~30 s by default.
 NODE_LOSS_WAIT_S = 60.0
-PING_S = 5.0  # a live rank actor answers a ping within this (its second concurrency slot is free)
 # Environment a rank inherits from the driver (the Ray workers were started by the raylet, not by us):
 # fault injection, and the settings that choose NCCL's and Gloo's network interface and transport.
 FORWARDED_ENV = (progress.FAULT_ENV, "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY",
@@ -465,8 +464,9 @@ def _lost_node(actors: list, running: list[int], outcomes: dict[int, tuple],
     """(NODE_LOST, reason) when a node of this run went away, else None.
 
     A rank already known dead with its node settles it. Ranks still running that do not answer a ping
-    (a live actor answers at once: ``poll`` runs beside ``run``) may sit on a node that vanished but that
-    Ray has not declared dead yet: wait up to NODE_LOSS_WAIT_S for Ray's verdict on their nodes.
+    (a live actor answers at once: ``last_step`` runs beside ``run``) may sit on a node that vanished but
+    that Ray has not declared dead yet: wait up to NODE_LOSS_WAIT_S for Ray's verdict on their nodes, and
+    stop waiting as soon as each of them answers or dies on a node that is still there.
     """
     for rank in sorted(outcomes):
         if outcomes[rank][0] == "lost":
@@ -474,24 +474,17 @@ def _lost_node(actors: list, running: list[int], outcomes: dict[int, tuple],
     if not running:
         return None
     pings = {actors[r].last_step.remote(): r for r in running}
-    answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=PING_S)
-    silent = set(running)
-    for ref in answered:
-        try:
-            ray.get(ref)
-            silent.discard(pings[ref])
-        except Exception:
-            pass  # died meanwhile: its node is examined below
-    nodes = {placement[r]["node"] for r in silent}
     deadline = time.monotonic() + NODE_LOSS_WAIT_S
-    while nodes:
-        dead = sorted(nodes - _alive_nodes())
+    while pings:
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=0.5)
+        for ref in answered:
+            pings.pop(ref)  # alive, or died while its node stayed (a crash: the run outcome says so)
+        dead = sorted({placement[r]["node"] for r in running} - _alive_nodes())
         if dead:
             ranks = [r for r, p in enumerate(placement) if p["node"] == dead[0]]
             return FailureKind.NODE_LOST, _node_text(dead[0], placement[ranks[0]]["ip"], ranks)
         if time.monotonic() > deadline:
             break
-        time.sleep(0.5)
     return None
 
 

@@ -70,3 +70,40 @@ def test_the_planner_node_boundary_comes_from_ray_unless_overridden():
     assert RunnerSettings.from_env("sqlite:///x.db", "r", {}).gpus_per_node is None
     with pytest.raises(SpecError, match="FOLDTUNE_GPUS_PER_NODE must be >= 1"):
         RunnerSettings.from_env("sqlite:///x.db", "r", {"FOLDTUNE_GPUS_PER_NODE": "0"})
+
+
+class _Actor:
+    """A rank actor handle whose ``last_step.remote()`` returns a ping token."""
+
+    def __init__(self, rank: int) -> None:
+        self.last_step = type("M", (), {"remote": staticmethod(lambda: f"ping{rank}")})()
+
+
+def test_a_silent_rank_on_a_node_ray_then_declares_dead_is_a_lost_node(monkeypatch):
+    from executor import launch_ray
+
+    placement = [{"node": "A" * 40, "ip": "10.0.0.1", "gpus": []}, {"node": "B" * 40, "ip": "10.0.0.2", "gpus": []}]
+    polls = []
+
+    def wait(refs, num_returns, timeout):  # rank 1 never answers: its node vanished
+        return [r for r in refs if r == "ping0"], [r for r in refs if r != "ping0"]
+
+    def alive():  # Ray declares node B dead at its third look
+        polls.append(1)
+        return {"A" * 40} | ({"B" * 40} if len(polls) < 3 else set())
+
+    monkeypatch.setattr(launch_ray.ray, "wait", wait)
+    monkeypatch.setattr(launch_ray, "_alive_nodes", alive)
+    actors = [_Actor(0), _Actor(1)]
+    kind, reason = launch_ray._lost_node(actors, [0, 1], {}, placement)
+    assert kind.value == "node_lost" and len(polls) == 3
+    assert reason == "node lost: Ray node BBBBBBBBBBBB (10.0.0.2) holding rank 1 went away mid-run"
+    # ranks that answer are alive: no wait for a verdict, and no lost node
+    polls.clear()
+    monkeypatch.setattr(launch_ray.ray, "wait", lambda refs, num_returns, timeout: (list(refs), []))
+    monkeypatch.setattr(launch_ray, "_alive_nodes", lambda: polls.append(1) or {"A" * 40, "B" * 40})
+    assert launch_ray._lost_node(actors, [0, 1], {}, placement) is None and len(polls) == 1
+    # a rank already known dead with its node settles it
+    lost = {1: ("lost", "node lost: Ray node B", "")}
+    assert launch_ray._lost_node(actors, [0], lost, placement) == (launch_ray.FailureKind.NODE_LOST,
+                                                                      "node lost: Ray node B")
