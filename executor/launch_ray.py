@@ -68,7 +68,7 @@ RANK_ENV_ENV = "FOLDTUNE_RANK_ENV"
 POLL_S = 0.1
 TEARDOWN_WAIT_S = 15.0
 # How long a failed run waits for Ray to declare the node of a rank that stopped answering dead (seconds):
-# Ray's health check marks a vanished node dead after ~30 s by default.
+# Ray's health check marks a vanished node dead after tens of seconds with its defaults.
 NODE_LOSS_WAIT_S = 60.0
 # Environment a rank inherits from the driver (the Ray workers were started by the raylet, not by us):
 # fault injection, and the settings that choose NCCL's and Gloo's network interface and transport.
