@@ -64,6 +64,11 @@ class TrialPrinter:
             say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "
                 f"layouts, {c['fitting']:,} fit in memory, searching the best {c['searched']} the executor runs "
                 f"with up to {data['max_trials']} trials")
+            ray = data.get("ray_cluster")
+            if ray:  # where the trials run: what Ray reported and what the planner was told
+                slots = ", ".join(map(str, ray["slots_per_node"])) or "none"
+                say(f"  Ray: {ray['nodes']} node(s) with {slots} {ray['resource']} each; the planner assumes "
+                    f"{ray['gpus_per_node']} per node; {ray['parallel_trials']} trial(s) at a time")
         elif kind == "trial_started":
             say(f"  trial {data['number']:>2}  {data['layout']:<60} predicted {_ms(data['predicted_step_time'])}"
                 f"  running ...")

@@ -107,3 +107,18 @@ def test_a_silent_rank_on_a_node_ray_then_declares_dead_is_a_lost_node(monkeypat
     lost = {1: ("lost", "node lost: Ray node B", "")}
     assert launch_ray._lost_node(actors, [0], lost, placement) == (launch_ray.FailureKind.NODE_LOST,
                                                                       "node lost: Ray node B")
+
+
+def test_the_job_start_line_says_what_ray_reported_and_what_the_planner_assumes():
+    import io
+
+    from api.cli.tune_cmd import TrialPrinter
+
+    out = io.StringIO()
+    TrialPrinter(out)("job_started", {
+        "job_id": 3, "model": "tiny-moe", "gpus": 4, "gpu": "cpu", "max_trials": 2,
+        "candidates": {"valid": 10, "fitting": 9, "searched": 8},
+        "ray_cluster": {"resource": "fake_gpu", "nodes": 2, "slots_per_node": [2, 2], "gpus_per_node": 2,
+                        "parallel_trials": 1}})
+    assert out.getvalue().splitlines()[1] == ("  Ray: 2 node(s) with 2, 2 fake_gpu each; the planner assumes 2 per "
+                                              "node; 1 trial(s) at a time")
