@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
+                             "the Ray cluster)")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
     add_router_arguments(parser)
 
@@ -129,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
                           rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
-                              parallel_trials=base.parallel_trials, gpus_per_node=base.gpus_per_node, trial=trial)
+                              parallel_trials=base.parallel_trials, trial=trial,
+                              gpus_per_node=base.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node)
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
         check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)

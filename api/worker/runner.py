@@ -77,6 +77,10 @@ class RunnerSettings:
     gpus_per_node: int | None = None  # None: read from the Ray cluster (the planner's node boundary)
     trial: TrialSettings = field(default_factory=TrialSettings)
 
+    def __post_init__(self) -> None:
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise SpecError(f"GPUs per node must be >= 1, got {self.gpus_per_node}")
+
     @classmethod
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:

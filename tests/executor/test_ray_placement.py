@@ -122,3 +122,13 @@ def test_the_job_start_line_says_what_ray_reported_and_what_the_planner_assumes(
                         "parallel_trials": 1}})
     assert out.getvalue().splitlines()[1] == ("  Ray: 2 node(s) with 2, 2 fake_gpu each; the planner assumes 2 per "
                                               "node; 1 trial(s) at a time")
+
+
+def test_a_gpus_per_node_override_below_one_is_refused_by_the_cli(monkeypatch, tmp_path, capsys):
+    from api.cli.main import main
+
+    monkeypatch.setenv("FOLDTUNE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FOLDTUNE_GPUS_PER_NODE", "")  # restored after the runner command sets it
+    for argv in (["tune", "--gpus-per-node", "0"], ["runner", "--gpus-per-node", "-1", "--once"]):
+        assert main(argv) == 2
+        assert "must be >= 1" in capsys.readouterr().err
