@@ -43,6 +43,10 @@ class LaunchResult:
     results: list[Any] = field(default_factory=list)  # per rank, what fn returned
     wall_s: float = 0.0
     failure_kind: FailureKind | None = None  # set exactly when not ok
+    # per rank where it ran, when the launcher knows (the Ray launcher: {'node': Ray node id, 'ip', 'gpus'})
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    # unix seconds when the ranks began running ``fn`` and when the launcher saw them end (the Ray launcher)
+    run_window: list[float] = field(default_factory=list)
 
 
 def _free_port() -> int:

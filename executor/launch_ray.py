@@ -8,11 +8,24 @@ of memory -> 'out of memory on rank N: ...', a crashed or killed rank -> 'rank N
 the ranks run (see :mod:`executor.progress`); ``on_step`` returning True stops every rank after the same
 step, and the run returns normally with what it measured so far.
 
-Per trial it reserves a placement group of ``world_size`` bundles ({'GPU': 1, 'CPU': 1} each, or
-{'CPU': 1} for gloo), waits for it (trials queue when the cluster is full, so several trials run at once
-exactly when there is room), starts the rank actors in their bundles, rendezvous through rank 0 (its node
-IP and a port it picks), and always tears everything down: actors killed, placement group removed, and,
-on this node, waits until the rank processes are gone.
+Placement follows the planner's idea of nodes (:func:`spec.rank_groups.node_of_rank`): with
+``ranks_per_node`` G, ranks 0..G-1 share a node, ranks G..2G-1 the next one, and so on, so the groups that
+Megatron's ``tp-cp-ep-dp-pp`` order keeps inside a node are inside one Ray node. Per trial the launcher
+reserves one placement group, ``STRICT_SPREAD``, with one bundle per node of the trial holding that
+node's G ranks ({'CPU': G, 'GPU': G}; for gloo ranks {'CPU': G}, or G units of ``FOLDTUNE_RAY_RANK_RESOURCE``
+beside the CPUs); rank r's actor reserves one unit of it in bundle ``node_of_rank(r, G)``. One group per
+trial keeps the reservation atomic: two trials waiting side by side never hold half a cluster each.
+Strict spreading puts each bundle on its own Ray node, so a trial never shares a device with another
+trial and a trial of G ranks or fewer sits on one node. It waits for the group (trials queue when the
+cluster is full, so several trials run at once exactly when there is room), starts the rank actors,
+rendezvous through rank 0 (its node's IP and a port that rank 0's actor picks on its own host), and always
+tears everything down through Ray: actors killed, placement group removed, and the actors confirmed dead
+on every node (on this node the launcher also waits until the rank processes are gone).
+
+Across nodes: the interface and transport settings of NCCL and Gloo (``NCCL_SOCKET_IFNAME``,
+``GLOO_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ... see ``FORWARDED_ENV``) are forwarded from the driver to every
+rank, plus the names listed in ``FOLDTUNE_RANK_ENV`` (comma-separated). A trial whose node goes away
+mid-run fails with ``FailureKind.NODE_LOST`` and the reason 'node lost: ...'.
 
 Ray is imported only here: the front ends import this module where they launch or size a Ray cluster,
 never on a light command. ``ray.init`` uses ``FOLDTUNE_RAY_ADDRESS`` (e.g. ``ray://head:10001`` or
@@ -57,13 +70,22 @@ from executor.failure import is_out_of_memory
 from executor.launch_local import OOM_PREFIX, SAFE_ENV, LaunchResult
 from spec.errors import SpecError
 from spec.failure import FailureKind
+from spec.rank_groups import node_of_rank
 
 RAY_ADDRESS_ENV = "FOLDTUNE_RAY_ADDRESS"
 RAY_NUM_CPUS_ENV = "FOLDTUNE_RAY_NUM_CPUS"
+RANK_RESOURCE_ENV = "FOLDTUNE_RAY_RANK_RESOURCE"
+RANK_ENV_ENV = "FOLDTUNE_RANK_ENV"
 POLL_S = 0.1
 TEARDOWN_WAIT_S = 15.0
-# Environment a rank inherits from the driver (the Ray workers were started by the raylet, not by us).
-FORWARDED_ENV = (progress.FAULT_ENV, "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# How long a failed run waits for Ray to declare the node of a rank that stopped answering dead (seconds):
+# Ray's health check marks a vanished node dead after tens of seconds with its defaults.
+NODE_LOSS_WAIT_S = 60.0
+# Environment a rank inherits from the driver (the Ray workers were started by the raylet, not by us):
+# fault injection, and the settings that choose NCCL's and Gloo's network interface and transport.
+FORWARDED_ENV = (progress.FAULT_ENV, "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY",
+                 "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_CROSS_NIC",
+                 "NCCL_P2P_DISABLE", "NCCL_NET_GDR_LEVEL", "GLOO_SOCKET_IFNAME", "GLOO_DEVICE_TRANSPORT")
 
 _init_lock = threading.Lock()
 
@@ -98,6 +120,88 @@ def _check_ray_auth_mode() -> None:
                         f"before executor.launch_ray; import that first")
 
 
+def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables every rank gets: ``FORWARDED_ENV`` and the names in FOLDTUNE_RANK_ENV."""
+    env = os.environ if environ is None else environ
+    extra = tuple(n.strip() for n in env.get(RANK_ENV_ENV, "").split(",") if n.strip())
+    return {k: env[k] for k in FORWARDED_ENV + extra if k in env}
+
+
+def rank_resource(backend: str) -> str:
+    """The Ray resource one rank reserves a unit of: 'GPU' for NCCL ranks; for gloo ranks
+    FOLDTUNE_RAY_RANK_RESOURCE when set (a custom resource standing for a device slot, e.g. in the simulated
+    multi-node tests), else 'CPU'."""
+    if backend == "nccl":
+        return "GPU"
+    return os.environ.get(RANK_RESOURCE_ENV) or "CPU"
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """One live Ray node: its id, IP and how many whole units of the rank resource it has."""
+
+    node_id: str
+    ip: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """The Ray cluster as the planner needs it: the nodes that have the rank ``resource``, and their slots."""
+
+    resource: str
+    nodes: tuple[RayNode, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def slots_per_node(self) -> int:
+        """Slots of the smallest node (0 without nodes): what every node can hold in a homogeneous cluster."""
+        return min((n.slots for n in self.nodes), default=0)
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+    @property
+    def exclusive_nodes(self) -> bool:
+        """CPU ranks share their node's cores: a trial takes its nodes whole (two on one would slow each other)."""
+        return self.resource == "CPU"
+
+    def concurrent_trials(self, world_size: int, ranks_per_node: int) -> int:
+        """How many trials of ``world_size`` ranks, ``ranks_per_node`` on each of their nodes, fit side by side."""
+        bundles = node_bundles(world_size, ranks_per_node)
+        per_node = [(1 if n.slots >= bundles[0] else 0) if self.exclusive_nodes else n.slots // bundles[0]
+                    for n in self.nodes]
+        trials = 0
+        while True:  # greedily give each next trial the len(bundles) nodes with the most room left
+            order = sorted(range(len(per_node)), key=lambda i: -per_node[i])[:len(bundles)]
+            if len(order) < len(bundles) or any(per_node[i] < 1 for i in order):
+                return trials
+            for i in order:
+                per_node[i] -= 1
+            trials += 1
+
+
+def cluster_shape(resource: str) -> ClusterShape:
+    """The live Ray nodes that have at least one unit of ``resource`` (call after :func:`attach_ray`)."""
+    nodes = [RayNode(n["NodeID"], n.get("NodeManagerAddress", ""), int(n.get("Resources", {}).get(resource, 0)))
+             for n in ray.nodes() if n.get("Alive")]
+    return ClusterShape(resource, tuple(sorted((n for n in nodes if n.slots >= 1), key=lambda n: n.node_id)))
+
+
+def node_bundles(world_size: int, ranks_per_node: int) -> list[int]:
+    """Ranks in each node's bundle: ``ranks_per_node`` (capped at the world) per node, in rank order."""
+    per = max(1, min(ranks_per_node, world_size))
+    return [per] * (world_size // per) + ([world_size % per] if world_size % per else [])
+
+
+def _alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
 def _free_port(ip: str) -> int:
     with socket.socket() as s:
         s.bind((ip, 0))
@@ -117,10 +221,12 @@ class RankActor:
         self._steps: list[tuple[int, float]] = []
         self._stop = False
 
-    def address(self) -> tuple[str, int, int]:
-        """(node IP, a free port on it, this process's pid)."""
+    def address(self) -> tuple[str, int, int, str, list[str]]:
+        """(node IP, a free port on this host, this process's pid, the Ray node id, the GPU ids Ray gave it).
+        Rank 0's answer is the rendezvous: the port is picked on the host that will bind it."""
         ip = ray.util.get_node_ip_address()
-        return ip, _free_port(ip), os.getpid()
+        return (ip, _free_port(ip), os.getpid(), ray.get_runtime_context().get_node_id(),
+                [str(g) for g in ray.get_gpu_ids()])
 
     def _record(self, step: int, seconds: float) -> bool:
         with self._lock:
@@ -208,7 +314,7 @@ def ping_ray() -> None:
 def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None = None, timeout_s: float = 600.0,
            threads_per_rank: int = 1, *, on_step: Callable[[int, float], bool] | None = None,
            memory_limit_bytes: int | None = None, env: dict[str, str] | None = None,
-           placement_timeout_s: float | None = None, address: str | None = None,
+           placement_timeout_s: float | None = None, address: str | None = None, ranks_per_node: int | None = None,
            cancel: threading.Event | None = None, name: str = "launch") -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` Ray actors; see the module docstring.
 
@@ -222,22 +328,38 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     and the result is a failure of kind ``cancelled`` (a stop through ``on_step`` waits for the next step).
     ``name`` names the run in Ray's dashboard and ``ray list``: the placement group is ``foldtune-<name>-<6 hex>``
     and rank r's actor ``<that>-rank<r>`` (the hex keeps a retried run's names apart from lingering ones).
+    ``ranks_per_node`` is the planner's GPUs per node (rank r on node r // it); None: the whole world on one
+    node when a node has room for it, else as many ranks per node as the smallest node holds.
+    The result's ``placement`` says where each rank ran (Ray node id, IP, GPU ids).
     """
     attach_ray(address)  # connects only where no front end attached first (a bare launch, tests)
     start = time.monotonic()
     if backend is None:
         backend = "nccl" if _cluster_total("GPU") >= world_size else "gloo"
-    kind = "GPU" if backend == "nccl" else "CPU"
-    available = _cluster_total(kind)
-    if available < world_size:
-        return LaunchResult(False, f"layout needs {world_size} {kind} bundles, the Ray cluster has "
-                                   f"{available:g} {kind}s", wall_s=time.monotonic() - start,
-                            failure_kind=FailureKind.ERROR)
-    bundle = {"CPU": 1, "GPU": 1} if kind == "GPU" else {"CPU": 1}
-    rank_env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    unit = rank_resource(backend)
+    shape = cluster_shape(unit)
+
+    def refused(reason: str, kind: FailureKind = FailureKind.ERROR) -> LaunchResult:
+        return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=kind)
+
+    if shape.total_slots < world_size:
+        return refused(f"layout needs {world_size} {unit} bundles, the Ray cluster has "
+                       f"{_cluster_total(unit):g} {unit}s")
+    if ranks_per_node is None:
+        biggest = max(n.slots for n in shape.nodes)
+        ranks_per_node = world_size if biggest >= world_size else shape.slots_per_node
+    sizes = node_bundles(world_size, ranks_per_node)
+    roomy = sum(1 for n in shape.nodes if n.slots >= sizes[0])
+    if roomy < len(sizes):
+        return refused(f"layout puts {sizes[0]} ranks on each of {len(sizes)} nodes, the Ray cluster has "
+                       f"{roomy} node(s) with {sizes[0]} {unit}s (nodes: "
+                       f"{', '.join(str(n.slots) for n in shape.nodes)})")
+    per_rank = sizes[0]
+    bundles = [{"CPU": n} if unit == "CPU" else {"CPU": n, unit: n} for n in sizes]
+    rank_env = forwarded_env()
     rank_env.update(env or {})
     run_name = f"foldtune-{name}-{uuid.uuid4().hex[:6]}"
-    pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK", name=run_name)
+    pg = placement_group(bundles, strategy="STRICT_SPREAD", name=run_name)
     actors: list[Any] = []
     pids: list[int] = []
     try:
@@ -246,12 +368,15 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
         if ready is None:
             return _cancelled(start)
         if not ready:
-            return LaunchResult(False, f"timeout after {wait_s:.0f} s waiting for {world_size} free {kind} "
-                                       f"bundles", wall_s=time.monotonic() - start, failure_kind=FailureKind.TIMEOUT)
+            return refused(f"timeout after {wait_s:.0f} s waiting for {world_size} free {unit} bundles "
+                           f"({len(sizes)} node(s) of {per_rank})", FailureKind.TIMEOUT)
         remote_cls = ray.remote(RankActor)
         actors = [remote_cls.options(
-            name=f"{run_name}-rank{r}", num_cpus=1, num_gpus=1 if kind == "GPU" else 0, max_concurrency=2, max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+            name=f"{run_name}-rank{r}", num_cpus=1, num_gpus=1 if unit == "GPU" else 0,
+            resources={unit: 1} if unit not in ("CPU", "GPU") else None,
+            max_concurrency=2, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=node_of_rank(r, per_rank)),
         ).remote(r, world_size, rank_env, threads_per_rank) for r in range(world_size)]
         run_start = time.monotonic()
         try:
@@ -260,17 +385,20 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
                 return _cancelled(start)
             addresses = ray.get(refs, timeout=max(1.0, timeout_s - (time.monotonic() - run_start)))
         except Exception as exc:
-            failure_kind, reason = _startup_failure(exc, timeout_s)
-            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
-        pids = [pid for ip, _, pid in addresses if ip == addresses[0][0] and _is_local(ip)]
+            return refused(*_startup_failure(exc, timeout_s, pg))
+        placement = [{"node": node, "ip": ip, "gpus": gpus} for ip, _, _, node, gpus in addresses]
+        pids = [pid for ip, _, pid, node, _ in addresses if node == _this_node()]
         master = addresses[0][:2]
         limit = memory_limit_bytes if backend == "gloo" else None
+        began = time.time()
         runs = [a.run.remote(master, backend, fn, args, timeout_s, limit) for a in actors]
-        failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size, cancel)
+        failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size, placement, cancel)
+        window = [began, time.time()]
         if failure:
             failure_kind, reason = failure
-            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind)
-        return LaunchResult(True, None, results, time.monotonic() - start)
+            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind,
+                                placement=placement, run_window=window)
+        return LaunchResult(True, None, results, time.monotonic() - start, placement=placement, run_window=window)
     finally:
         _teardown(actors, pg, pids)
 
@@ -296,10 +424,10 @@ def _wait_ready(refs: list, timeout_s: float, cancel: threading.Event | None) ->
 
 
 def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] | None, run_start: float,
-               timeout_s: float, world_size: int, cancel: threading.Event | None = None,
-               ) -> tuple[tuple[FailureKind, str] | None, list[Any]]:
+               timeout_s: float, world_size: int, placement: list[dict],
+               cancel: threading.Event | None = None) -> tuple[tuple[FailureKind, str] | None, list[Any]]:
     """Wait for every rank, relaying rank 0's steps to ``on_step``; ((kind, reason) of a failure or None,
-    results)."""
+    results). ``placement[r]['node']`` is rank r's Ray node, for telling a lost node from a crash."""
     pending = {ref: rank for rank, ref in enumerate(runs)}
     outcomes: dict[int, tuple] = {}
     stop_sent = False
@@ -313,8 +441,8 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
             rank = pending.pop(ref)
             try:
                 outcomes[rank] = ray.get(ref)
-            except Exception as exc:  # the actor's process died (killed, segfault, OOM-killer)
-                outcomes[rank] = ("died", f"rank {rank} died ({_death_detail(exc)})", "")
+            except Exception as exc:  # the actor's process died (killed, segfault, OOM-killer), or its node
+                outcomes[rank] = _death_outcome(exc, rank, placement)
             if outcomes[rank][0] != "ok" and first_failure_at is None:
                 first_failure_at = time.monotonic()
         if on_step is not None and 0 not in outcomes:
@@ -334,9 +462,13 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
             # Let the other ranks report for a moment: the root cause (an OOM, a dead rank) is often
             # reported after the peers' 'connection closed' errors it causes.
             if not pending or time.monotonic() - first_failure_at > 1.0:
-                return _failure_reason(outcomes), []
+                lost = _lost_node(actors, sorted(pending.values()), outcomes, placement)
+                return lost or _failure_reason(outcomes), []
         elif pending and time.monotonic() - run_start > timeout_s:
             running = sorted(pending.values())
+            lost = _lost_node(actors, running, outcomes, placement)
+            if lost:
+                return lost, []
             return (FailureKind.TIMEOUT,
                     f"timeout after {timeout_s:.0f} s ({len(running)} of {world_size} ranks still running: "
                     f"rank {', '.join(str(r) for r in running)}{_laggards(actors, running)})"), []
@@ -366,8 +498,57 @@ def _laggards(actors: list, running: list[int]) -> str:
     return f"; rank {', '.join(map(str, behind))} stuck {where} while others finished step {ahead}"
 
 
-# A rank's outcome word -> the run's failure kind, in the order the root cause is looked for.
-_OUTCOME_KINDS = {"oom": FailureKind.OOM, "died": FailureKind.CRASH, "error": FailureKind.ERROR}
+# A rank's outcome word -> the run's failure kind, in the order the root cause is looked for: a lost node
+# makes its peers fail too, and an OOM kills or breaks the other ranks' collectives.
+_OUTCOME_KINDS = {"lost": FailureKind.NODE_LOST, "oom": FailureKind.OOM, "died": FailureKind.CRASH,
+                  "error": FailureKind.ERROR}
+
+
+def _node_died(exc: BaseException) -> bool:
+    """True when Ray says the actor died with its node."""
+    return isinstance(exc, ray.exceptions.RayActorError) and "node has died" in str(exc)
+
+
+def _node_text(node: str, ip: str, ranks: list[int]) -> str:
+    return f"node lost: Ray node {node[:12]} ({ip}) holding rank {', '.join(map(str, ranks))} went away mid-run"
+
+
+def _death_outcome(exc: BaseException, rank: int, placement: list[dict]) -> tuple:
+    """The outcome of a rank whose actor died: 'lost' when its node died with it, else 'died'."""
+    where = placement[rank]
+    if _node_died(exc) or where["node"] not in _alive_nodes():
+        ranks = [r for r, p in enumerate(placement) if p["node"] == where["node"]]
+        return "lost", _node_text(where["node"], where["ip"], ranks), ""
+    return "died", f"rank {rank} died ({_death_detail(exc)})", ""
+
+
+def _lost_node(actors: list, running: list[int], outcomes: dict[int, tuple],
+               placement: list[dict]) -> tuple[FailureKind, str] | None:
+    """(NODE_LOST, reason) when a node of this run went away, else None.
+
+    A rank already known dead with its node settles it. Ranks still running that do not answer a ping
+    (a live actor answers at once: ``last_step`` runs beside ``run``) may sit on a node that vanished but
+    that Ray has not declared dead yet: wait up to NODE_LOSS_WAIT_S for Ray's verdict on their nodes, and
+    stop waiting as soon as each of them answers or dies on a node that is still there.
+    """
+    for rank in sorted(outcomes):
+        if outcomes[rank][0] == "lost":
+            return FailureKind.NODE_LOST, outcomes[rank][1]
+    if not running:
+        return None
+    pings = {actors[r].last_step.remote(): r for r in running}
+    deadline = time.monotonic() + NODE_LOSS_WAIT_S
+    while pings:
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=0.5)
+        for ref in answered:
+            pings.pop(ref)  # alive, or died while its node stayed (a crash: the run outcome says so)
+        dead = sorted({placement[r]["node"] for r in running} - _alive_nodes())
+        if dead:
+            ranks = [r for r, p in enumerate(placement) if p["node"] == dead[0]]
+            return FailureKind.NODE_LOST, _node_text(dead[0], placement[ranks[0]]["ip"], ranks)
+        if time.monotonic() > deadline:
+            break
+    return None
 
 
 def _failure_reason(outcomes: dict[int, tuple]) -> tuple[FailureKind, str]:
@@ -389,18 +570,32 @@ def _death_detail(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _startup_failure(exc: BaseException, timeout_s: float) -> tuple[FailureKind, str]:
+def _startup_failure(exc: BaseException, timeout_s: float, pg: Any) -> tuple[str, FailureKind]:
+    """(reason, kind) of rank actors that did not start: a node of the placement group lost, a timeout or an error."""
+    try:
+        nodes = set(ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).values())
+    except Exception:
+        nodes = set()
+    gone = sorted(nodes - _alive_nodes()) if nodes else []
+    if _node_died(exc) or gone:
+        where = f"Ray node {gone[0][:12]}" if gone else "a Ray node"
+        return f"node lost: {where} went away while the rank actors started", FailureKind.NODE_LOST
+    kind, reason = _startup_reason(exc, timeout_s)
+    return reason, kind
+
+
+def _startup_reason(exc: BaseException, timeout_s: float) -> tuple[FailureKind, str]:
     if isinstance(exc, ray.exceptions.GetTimeoutError):
         return FailureKind.TIMEOUT, f"timeout after {timeout_s:.0f} s starting the rank actors"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return FailureKind.ERROR, f"rank actors failed to start: {first}"
 
 
-def _is_local(ip: str) -> bool:
+def _this_node() -> str | None:
     try:
-        return ip == ray.util.get_node_ip_address()
+        return ray.get_runtime_context().get_node_id()
     except Exception:
-        return False
+        return None
 
 
 def _teardown(actors: list, pg: Any, pids: list[int]) -> None:
@@ -413,9 +608,11 @@ def _teardown(actors: list, pg: Any, pids: list[int]) -> None:
         remove_placement_group(pg)
     except Exception:
         pass
-    # ray.kill is asynchronous: wait until this node's rank processes are really gone, and make sure of
-    # it, so that a trial never leaves a process (or its memory, or a GPU context) to the next one.
+    # ray.kill is asynchronous: wait until Ray reports every rank actor dead, wherever it ran, and until
+    # this node's rank processes are really gone (made sure of), so that a trial never leaves an actor (or
+    # its memory, or a GPU context) to the next one.
     deadline = time.monotonic() + TEARDOWN_WAIT_S
+    _wait_actors_dead(actors, deadline)
     while pids and time.monotonic() < deadline:
         pids = [p for p in pids if _alive(p)]
         if pids:
@@ -425,6 +622,30 @@ def _teardown(actors: list, pg: Any, pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _wait_actors_dead(actors: list, deadline: float) -> None:
+    """Until ``deadline``: call every actor until each call fails (a killed actor's calls fail once Ray has
+    it dead; on a node that is gone they fail at once)."""
+    left = list(actors)
+    while left and time.monotonic() < deadline:
+        refs = {}
+        for actor in left:
+            try:
+                refs[actor.last_step.remote()] = actor
+            except Exception:
+                pass  # the handle itself refuses: dead
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        alive = [refs[r] for r in refs if r not in done]
+        for ref in done:
+            try:
+                ray.get(ref)
+                alive.append(refs[ref])  # it still answered
+            except Exception:
+                pass
+        left = alive
+        if left:
+            time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

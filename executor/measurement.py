@@ -47,6 +47,10 @@ class Measurement:
     phases_by_rank: list[dict[str, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     pruned: bool = False  # the driver stopped the run early (fewer timed steps than asked)
+    # per rank where it ran (the Ray launcher: {'node': Ray node id, 'ip': ..., 'gpus': [GPU ids]}); empty locally
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    # unix seconds when the ranks began the run and when it ended (the Ray launcher): shows trials side by side
+    run_window: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.failure_kind is not None:  # read back from JSON as its string value

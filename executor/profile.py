@@ -190,7 +190,9 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
                       (model, training, config, options, warmup_steps, timed_steps, use_cuda),
                       backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s)
     if not launched.ok:
-        return Measurement.failed(launched.failure_reason, launched.failure_kind or FailureKind.ERROR, **context)
+        return Measurement.failed(launched.failure_reason, launched.failure_kind or FailureKind.ERROR,
+                                  placement=list(getattr(launched, "placement", None) or []),
+                                  run_window=list(getattr(launched, "run_window", None) or []), **context)
     reports = launched.results
     if training.precision == "fp8":
         _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))
@@ -214,4 +216,6 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         static_allocated_bytes=_max_of(reports, "static_before_step"),
         static_after_step_allocated_bytes=_max_of(reports, "static_after_step"),
         tokens_per_expert=reports[0]["tokens_per_expert"], phases_by_rank=by_rank, losses=reports[0]["losses"],
-        pruned=any(r.get("pruned", False) for r in reports), **context)
+        pruned=any(r.get("pruned", False) for r in reports),
+        placement=list(getattr(launched, "placement", None) or []),
+        run_window=list(getattr(launched, "run_window", None) or []), **context)

@@ -18,5 +18,6 @@ class FailureKind(str, Enum):
     TIMEOUT = "timeout"      # the run, its placement or its start-up did not finish in time
     CANCELLED = "cancelled"  # the job was stopped before or during the run
     LOST = "lost"            # the runner measuring it went away; the search measures the layout again
+    NODE_LOST = "node_lost"  # a Ray node holding some of its ranks went away mid-run (reason 'node lost: ...')
     ERROR = "error"          # a rank raised, or the layout could not be run here (the reason says why)
     INVALID = "invalid"      # the search was handed parameters that are no candidate layout

@@ -113,9 +113,18 @@ class FoldedGroups:
         raise InvalidConfigError(f"rank {rank} is outside a world of {self.config.world_size}")
 
 
+def node_of_rank(rank: int, gpus_per_node: int) -> int:
+    """The node (0, 1, ...) that holds ``rank``: nodes are filled in rank order, ``gpus_per_node`` ranks each.
+
+    The one definition of where a rank lives: the cost model prices groups by it and the Ray launcher
+    puts rank r into the placement bundle of node ``node_of_rank(r)``, so both agree on who shares a node.
+    """
+    return rank // gpus_per_node
+
+
 def nodes_spanned(group: list[int], gpus_per_node: int) -> int:
     """How many nodes the ranks of ``group`` occupy."""
-    return len({r // gpus_per_node for r in group})
+    return len({node_of_rank(r, gpus_per_node) for r in group})
 
 
 def group_span(config: ParallelConfig, name: str, gpus_per_node: int) -> int:

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "while the runner runs and its database and Ray answer, else 503")
     parser.add_argument("--health-host", default=None,
                         help="address of /healthz (also: FOLDTUNE_RUNNER_HEALTH_HOST; default 127.0.0.1)")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
+                             "the Ray cluster)")
     parser.add_argument("--once", action="store_true", help="exit when no job is queued")
     parser.add_argument("--verbose", action="store_true", help="log every trial")
 
@@ -49,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ray_address:
         os.environ["FOLDTUNE_RAY_ADDRESS"] = args.ray_address
+    if args.gpus_per_node is not None:
+        os.environ["FOLDTUNE_GPUS_PER_NODE"] = str(args.gpus_per_node)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = RunnerSettings.from_env(args.database_url, args.runner_id)

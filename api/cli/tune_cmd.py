@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
+                             "the Ray cluster)")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
     add_router_arguments(parser)
 
@@ -62,6 +65,11 @@ class TrialPrinter:
             say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "
                 f"layouts, {c['fitting']:,} fit in memory, searching the best {c['searched']} the executor runs "
                 f"with up to {data['max_trials']} trials")
+            ray = data.get("ray_cluster")
+            if ray:  # where the trials run: what Ray reported and what the planner was told
+                slots = ", ".join(map(str, ray["slots_per_node"])) or "none"
+                say(f"  Ray: {ray['nodes']} node(s) with {slots} {ray['resource']} each; the planner assumes "
+                    f"{ray['gpus_per_node']} per node; {ray['parallel_trials']} trial(s) at a time")
         elif kind == "trial_started":
             say(f"  trial {data['number']:>2}  {data['layout']:<60} predicted {_ms(data['predicted_step_time'])}"
                 f"  running ...")
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                           rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
-                              parallel_trials=base.parallel_trials, trial=trial)
+                              parallel_trials=base.parallel_trials, trial=trial,
+                              gpus_per_node=base.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node)
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
         check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)

@@ -3,8 +3,11 @@
 It is its own process, never the request handler. Several runners may share one PostgreSQL database
 (claims use ``SKIP LOCKED``, see db.queue). Per job it
 
-1. builds the ModelSpec / TrainingSpec / ClusterSpec stored with the job, asks the planner for the
-   ranked fitting layouts the executor can run (:mod:`api.worker.candidates`);
+1. builds the ModelSpec / TrainingSpec / ClusterSpec stored with the job, with the GPUs per node that the
+   Ray cluster has (read from Ray; ``FOLDTUNE_GPUS_PER_NODE`` overrides it, else the hardware profile's
+   figure stands where Ray has no such nodes), asks the planner for the ranked fitting layouts the
+   executor can run (:mod:`api.worker.candidates`), and runs as many trials side by side as the Ray
+   cluster holds on disjoint devices (CPU ranks: on disjoint nodes);
 2. runs :func:`planner.search.run_search` with the job's Optuna study (``job-<id>`` in the Optuna storage
    beside the service database), each trial a short profiled run through the Ray launcher
    (:mod:`api.worker.trials`);
@@ -79,25 +82,35 @@ class RunnerSettings:
     heartbeat_s: float = 10.0
     stale_after_s: float = 60.0
     poll_s: float = 2.0
-    parallel_trials: int | None = None  # None: as many as the Ray cluster has room for (GPU), 1 on CPU
+    parallel_trials: int | None = None  # None: as many as fit the Ray cluster side by side (see _parallel_trials)
+    gpus_per_node: int | None = None  # None: read from the Ray cluster (the planner's node boundary)
     trial: TrialSettings = field(default_factory=TrialSettings)
     data_root: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise SpecError(f"GPUs per node must be >= 1, got {self.gpus_per_node}")
 
     @classmethod
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:
         """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_DATA_ROOT and the trial settings
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_GPUS_PER_NODE, FOLDTUNE_DATA_ROOT and the trial
+        settings
         (api.worker.trials)."""
         env = os.environ if environ is None else environ
         try:
             parallel = env.get("FOLDTUNE_PARALLEL_TRIALS")
+            per_node = env.get("FOLDTUNE_GPUS_PER_NODE")
+            if per_node and int(per_node) < 1:
+                raise ValueError(f"FOLDTUNE_GPUS_PER_NODE must be >= 1, got {per_node}")
             return cls(database_url=database_settings(database_url, env).url,
                        runner_id=runner_id or env.get("FOLDTUNE_RUNNER_ID") or f"{socket.gethostname()}-{os.getpid()}",
                        heartbeat_s=float(env.get("FOLDTUNE_HEARTBEAT_S", 10)),
                        stale_after_s=float(env.get("FOLDTUNE_STALE_AFTER_S", 60)),
                        poll_s=float(env.get("FOLDTUNE_POLL_S", 2)),
                        parallel_trials=int(parallel) if parallel else None,
+                       gpus_per_node=int(per_node) if per_node else None,
                        trial=trial_settings_from_env(env), data_root=default_data_root(env))
         except ValueError as exc:
             raise SpecError(f"bad runner setting in the environment: {exc}") from None
@@ -244,6 +257,10 @@ class Runner:
         sid = self.settings.runner_id
         try:
             model, training, cluster = job_specs(job)
+            # from this (main) thread: Ray installs its signal handlers only here
+            launch_ray.attach_ray()
+            shape = launch_ray.cluster_shape(launch_ray.rank_resource("gloo" if is_cpu_cluster(cluster) else "nccl"))
+            cluster = cluster_on_ray(cluster, self.settings.gpus_per_node or shape.slots_per_node or None)
             cands = job_candidates(model, training, cluster, job.max_trials)
             if cands.rejection is not None:  # the front door's check; the job was stored before it, or by hand
                 raise FoldtuneError(str(cands.rejection))
@@ -253,16 +270,19 @@ class Runner:
             self.on_event("job_finished", {"job_id": job.id, "status": "failed", "error": str(exc)})
             return "failed"
         self._recover(job)
-        ray_gpus = launch_ray.attach_ray().gpus  # from this (main) thread: Ray installs its signal handlers only here
         recorder = _TrialRecorder(self, job, cands, stop)
         executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job),
                                  name=f"job-{job.id}")
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
-                              parallel_trials=self._parallel_trials(cluster, ray_gpus))
+                              parallel_trials=self._parallel_trials(cluster, shape))
+        ray_cluster = {"resource": shape.resource, "nodes": shape.num_nodes,
+                       "slots_per_node": [n.slots for n in shape.nodes], "gpus_per_node": cluster.gpus_per_node,
+                       "parallel_trials": budget.parallel_trials}
         self.on_event("job_started", {"job_id": job.id, "model": model.name, "gpus": cluster.num_gpus,
                                       "gpu": cluster.hardware.name, "candidates": cands.summary(),
-                                      "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials})
+                                      "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials,
+                                      "ray_cluster": ray_cluster})
         try:
             result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes, budget=budget,
                                 storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder,
@@ -281,7 +301,8 @@ class Runner:
                    "measured_vs_predicted": [_row_dict(r) for r in result.rows],
                    "stopped_because": result.stopped_because,
                    "best_layout": result.best_config.label() if result.best_config else None,
-                   "best_step_time_s": result.best_step_time, "candidates": cands.summary()}
+                   "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
+                   "ray_cluster": ray_cluster}
         status, error = "succeeded", None
         if result.best_config is None:
             reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})
@@ -325,13 +346,26 @@ class Runner:
                     kind = t.user_attrs.get(ATTR_FAILURE_KIND) or FailureKind.ERROR.value
                     record_trial_finish(session, job.id, t.number, "failed", failure_kind=kind, failure_reason=reason)
 
-    def _parallel_trials(self, cluster: ClusterSpec, ray_gpus: float) -> int:
-        """Trials at once: the setting, else as many as the Ray cluster's ``ray_gpus`` hold (1 on CPU)."""
+    def _parallel_trials(self, cluster: ClusterSpec, shape: launch_ray.ClusterShape) -> int:
+        """Trials at once: the setting, else as many as fit the Ray cluster side by side, each on its own
+        devices, ``cluster.gpus_per_node`` ranks on each of its nodes. CPU ranks (the 'CPU' resource) take
+        their nodes whole: on a shared node they would share cores and distort each other's times, so one
+        machine runs one CPU trial at a time and N CPU nodes run N."""
         if self.settings.parallel_trials:
             return self.settings.parallel_trials
-        if is_cpu_cluster(cluster):
-            return 1  # CPU ranks share the same cores: concurrent trials would distort each other's times
-        return max(1, int(ray_gpus // cluster.num_gpus))
+        return max(1, shape.concurrent_trials(cluster.num_gpus, cluster.gpus_per_node))
+
+
+def cluster_on_ray(cluster: ClusterSpec, gpus_per_node: int | None) -> ClusterSpec:
+    """``cluster`` with the planner's node boundary at ``gpus_per_node`` (Ray's shape or the override); the
+    hardware profile's own figure when None. A SpecError when the job's GPUs do not fill such nodes."""
+    if not gpus_per_node or gpus_per_node == cluster.hardware.gpus_per_node:
+        return cluster
+    try:
+        return ClusterSpec(hardware=dataclasses.replace(cluster.hardware, gpus_per_node=gpus_per_node),
+                           num_gpus=cluster.num_gpus, hbm_reserved_bytes=cluster.hbm_reserved_bytes)
+    except SpecError as exc:
+        raise SpecError(f"on this Ray cluster ({gpus_per_node} per node): {exc}") from None
 
 
 def _remaining_seconds(job: Job) -> float | None:

@@ -81,7 +81,8 @@ class TrialExecutor:
     """``run_trial`` for :func:`planner.search.run_search`, bound to one job's model, training and cluster.
 
     ``stop`` (an Event) abandons a running trial at once (the launcher kills its ranks, even in a hung
-    step) and raises :class:`JobStopped`.
+    step) and raises :class:`JobStopped`. A trial's ranks sit ``cluster.gpus_per_node`` to a Ray node, in the
+    planner's rank order.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
@@ -108,6 +109,7 @@ class TrialExecutor:
 
         launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
                                      env={FAULT_ENV: faults}, cancel=self.stop,
+                                     ranks_per_node=self.cluster.gpus_per_node,
                                      name=f"{self.name}-trial-{report.number}")
         measurement = profile_layout(self.model, self.training, config, self.options,
                                      warmup_steps=self.settings.warmup_steps,

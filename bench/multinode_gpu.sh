@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 20's GPU bar on one host with 2 GPUs (from the repo root; .whl/ carried where the image lacks the
+# service's packages, as for bench/gpu_session.sh):
+#
+#   bench/multinode_gpu.sh            results and log under $OUT (default /tmp/out)
+#
+# 1. `foldtune tune --gpus 2`: every trial's two ranks run on the node's two GPUs (one each, where the planner
+#    put them): bench/multinode_check.py placement --want-gpus 2.
+# 2. `foldtune tune --gpus 1`: the runner runs two 1-GPU trials side by side on the two GPUs; their run
+#    windows (UTC timestamps printed) overlap and they share no GPU: bench/multinode_check.py overlap.
+# Environment: MODEL (default small-moe), SEQ (512), GBS (8), TRIALS (4).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING=0
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/multinode_log.txt") 2>&1
+
+if ! python3 -c "import optuna, sqlalchemy, ray" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')")
+case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU)"
+[ "$NGPU" -ge 2 ] || { echo "needs 2 GPUs, found $NGPU"; exit 2; }
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
+
+rc=0
+run() {  # run NAME GPUS CHECK...: a fresh data dir, one tuning job, then the check on its trials
+  local name=$1 gpus=$2; shift 2
+  export FOLDTUNE_DATA_DIR=$OUT/$name; rm -rf "$FOLDTUNE_DATA_DIR"; mkdir -p "$FOLDTUNE_DATA_DIR"
+  echo; echo "== $name: foldtune tune --gpus $gpus  start $(date -u +%T)"
+  timeout 420 python3 -m api.cli.main tune --model "${MODEL:-small-moe}" --gpu "$GPU" --gpus "$gpus" \
+    --seq "${SEQ:-512}" --gbs "${GBS:-8}" --max-trials "${TRIALS:-4}" --warmup 1 --steps 3 --trial-timeout 180 \
+    || { echo "== $name: tune failed"; rc=1; return; }
+  python3 -m bench.multinode_check "$@" --db "$FOLDTUNE_DATA_DIR/foldtune.sqlite3" || rc=1
+  echo "== $name: end $(date -u +%T) rc=$rc"
+}
+run gpus2 2 placement --want-gpus 2
+run side_by_side 1 overlap
+echo "== end $(date -u '+%F %T UTC') rc=$rc"
+exit $rc
