@@ -11,8 +11,11 @@ The model is the one described in ``docs/memory-model.md``. In short, per GPU of
   in flight (1F1B: ``min(PP − i, m)``; interleaved: Megatron's warm-up count + 1, which on rank 0 is
   Korthikanti's ``L·(1 + (PP−1)/(PP·VPP))``). Recomputation removes tensors per module or keeps only
   each layer's input (full).
-- logits: the fp32 loss copy of the vocab-parallel logits (one per output head) plus the transient bf16
-  logits, for one micro-batch on the last stage.
+- logits: the output layer and loss of one micro-batch on the last stage. The executor's fused loss, blocked
+  over the vocabulary, holds one block of logits (16-bit and fp32, at most ``CROSS_ENTROPY_CHUNK_LOGITS``),
+  the fp32 input-gradient accumulator, the per-token log-sum-exp of each head and the output weight's 16-bit
+  gradient; Megatron's loss (``TrainingSpec.megatron_cross_entropy``) the whole 16-bit logits and one fp32
+  softmax per output head.
 - comm_buffers: the largest per-layer communication buffer (SP gather / reduce-scatter, EP dispatch and
   combine, CP key/value ring) plus the PP send/receive pair.
 - allocator_overhead: the backward working set of one layer (recomputed tensors and the gradients of
@@ -33,6 +36,7 @@ from typing import NamedTuple
 from costmodel.activation import glu_saved_intermediates
 from costmodel.attention_kinds import has_sinks, masked_layer_share
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.loss import loss_fixed_bytes as _loss_fixed, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
@@ -52,10 +56,6 @@ _FP32 = 4
 _MASK = 1  # dropout masks and routing maps are stored as one byte per element
 _MIB = 2**20
 
-#: fp32 tensors per logit element that this project's executor holds while its vocab-parallel cross
-#: entropy runs (executor/parallel/vocab.py): the fp32 copy of the logits, the max-shifted logits and
-#: their exp (saved for backward), next to the 16-bit logits. Megatron's fused kernel keeps one.
-LOSS_FP32_COPIES = 3
 #: cuBLAS workspace per handle: 32 MiB on Hopper and newer, 4 MiB before (NVIDIA's recommendation for
 #: cublasSetWorkspace, which PyTorch follows). PyTorch takes it from its caching allocator, so it counts in
 #: ``memory_allocated``; one per (handle, stream), and training uses two handles: the Python thread's for
@@ -412,8 +412,9 @@ class _KindTerms(NamedTuple):
     pp_buffer: float
     head_input: float  # final-norm and output-layer inputs (last stage)
     mtp: float  # stored MTP blocks (last stage)
-    logits: float  # fp32 loss copies (main head + MTP heads) and the transient bf16 logits
+    logits: float  # per token: the output layer + loss (costmodel.loss.loss_memory_terms)
     embedding_mask: float  # embedding dropout mask (first stage)
+    loss_fixed: tuple[float, int, float] | None  # the blocked loss's fixed part (costmodel.loss)
 
 
 def _largest(comm: tuple[tuple[str, float], ...]) -> tuple[str, float]:
@@ -442,15 +443,14 @@ def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: fr
     layer_input = h * b / dsp
     last_kind_moe = bool(moe_pattern(model)[-1])
     mtp = model.mtp_num_layers * ((sum(moe) if last_kind_moe else sum(dense)) + 5 * h * b / dsp)
-    vocab = model.padded_vocab_size(s.tp) / s.tp
+    logits_per_token, loss_fixed = loss_memory_terms(model, training, s.tp)
     return _KindTerms(
         tuple(names), dense, moe, sum(dense), sum(moe), layer_input,
         full_dense - sum(dense) + grad_dense, full_moe - sum(moe) + grad_moe,
         full_dense - layer_input + grad_dense, full_moe - layer_input + grad_moe,
         ("comm.none", 0.0), ("comm.none", 0.0),  # filled per full layout shape by _kind_terms_for
-        2 * h * b / dsp, 2 * h * b / dsp, mtp,
-        vocab * (_FP32 * (LOSS_FP32_COPIES + model.mtp_num_layers) + b),
-        h * _MASK / dsp if model.hidden_dropout > 0 else 0.0,
+        2 * h * b / dsp, 2 * h * b / dsp, mtp, logits_per_token,
+        h * _MASK / dsp if model.hidden_dropout > 0 else 0.0, loss_fixed,
     )
 
 
@@ -587,7 +587,8 @@ def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
 # fields: static (weight + grad bytes), dense_states, expert_states (optimizer bytes before sharding),
 # per_chunk_mb (stored activations per in-flight chunk-micro-batch per token, embedding extras included),
 # once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
-# act_once, logits, comm, work (per token, for the breakdown).
+# act_once, logits, comm, work (per token, for the breakdown), loss_fixed (the last stage's blocked loss, whose
+# block and weight gradient do not scale with the tokens: added per call, see _loss_fixed).
 _Row = tuple
 
 
@@ -610,7 +611,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
                 stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage)
                 for stage in _candidate_stages(model, pp, vpp)))
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
-     pp_buffer, head_input, mtp, logits_tok, embedding_mask) = k
+     pp_buffer, head_input, mtp, logits_tok, embedding_mask, loss_fixed) = k
     if pp == 1:
         pp_buffer = 0.0
     ob = ctx.opt_bytes
@@ -633,7 +634,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
         rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
-                     lay, par, act_once, logits, comm, work))
+                     lay, par, act_once, logits, comm, work, loss_fixed if last else None))
     return tuple(rows)
 
 
@@ -674,6 +675,8 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     for row in rows:
         n = row[5] if row[5] < mv else mv
         dynamic = (n * row[3] + row[4]) * scale
+        if row[12] is not None:
+            dynamic += sum(_loss_fixed(row[12], tokens)) * (1.0 + FRAGMENTATION)
         reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
                  + (dynamic if dynamic > reduce else reduce))
@@ -775,10 +778,10 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
                config: ParallelConfig, workspace: float) -> MemoryBreakdown:
-    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work = row
+    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed = row
     n = min(cap, mv)
     activations = tokens * (n * per_chunk + act_once)
-    logits, comm, work = tokens * logits, tokens * comm, tokens * work
+    logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
     overhead = work + FRAGMENTATION * (activations + logits + comm + work)
     reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
                         - (activations + logits + comm + overhead))
@@ -792,7 +795,7 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
              vpp: int, reduce_excess: float, workspace: float) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
-    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work = row
+    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed = row
     p, gemm = par[0], par[1]
     dense_shard, expert_shard, ds, es = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
@@ -824,13 +827,18 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         details.append(("act.output.final_norm_and_head_input", tokens * k.head_input))
         if k.mtp:
             details.append(("act.mtp.blocks", tokens * k.mtp))
-        details.append(("logits.loss_and_output", tokens * row_logits))
+        if fixed is None:
+            details.append(("logits.loss_and_output", tokens * row_logits))
+        else:
+            block, weight_grad = _loss_fixed(fixed, tokens)
+            details += [("logits.loss_block", block), ("logits.output_weight_grad", weight_grad),
+                        ("logits.input_grad_and_lse", tokens * row_logits)]
     name, value = k.comm_moe if lay.has_moe else k.comm_dense
     if value:
         details.append((name, tokens * value))
     if row_comm > value:
         details.append(("comm.pp.send_recv", tokens * (row_comm - value)))
-    dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work)
+    dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work) + sum(_loss_fixed(fixed, tokens))
     details += [("allocator.backward_working_set", tokens * row_work),
                 ("allocator.fragmentation", FRAGMENTATION * dynamic)]
     if reduce_excess:

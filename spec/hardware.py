@@ -277,17 +277,54 @@ def _mbs_distance(measured: int | None, wanted: int | None) -> float:
     return abs(math.log2(measured) - math.log2(wanted))
 
 
+#: Bytes per GPU outside the PyTorch allocator: CUDA context, NCCL's buffers (``ClusterSpec.hbm_reserved_bytes``).
+DEFAULT_HBM_RESERVED = int(1.5 * GIB)
+#: Share of each GPU's memory the planner keeps free by default (``ClusterSpec.min_headroom``): the memory
+#: model's own error (its bar: within 5 % of the measured peak) must not turn a planned layout into an OOM.
+DEFAULT_MIN_HEADROOM = 0.05
+#: A fractional ``min_headroom`` must stay below this (a larger one leaves nothing to plan with).
+MAX_HEADROOM_FRACTION = 0.9
+
+
+def headroom_bytes(min_headroom: float, hbm_bytes: int) -> int:
+    """Bytes a ``min_headroom`` keeps free on a GPU of ``hbm_bytes``: a value below 1 is a fraction of the
+    GPU's memory, 1 or more a byte count."""
+    return int(min_headroom * hbm_bytes) if min_headroom < 1 else int(min_headroom)
+
+
+def headroom_problem(min_headroom: float, hbm_bytes: int, reserved_bytes: int) -> str | None:
+    """Why ``min_headroom`` cannot be kept on a GPU of ``hbm_bytes`` (``reserved_bytes`` already set aside),
+    or None when it can."""
+    if isinstance(min_headroom, bool) or not isinstance(min_headroom, (int, float)) or not min_headroom >= 0:
+        return f"min_headroom must be a number >= 0 (a fraction below 1 or bytes), got {min_headroom!r}"
+    if min_headroom < 1 and min_headroom > MAX_HEADROOM_FRACTION:
+        return f"min_headroom as a fraction must be <= {MAX_HEADROOM_FRACTION}, got {min_headroom}"
+    if min_headroom >= 1 and headroom_bytes(min_headroom, hbm_bytes) >= hbm_bytes - reserved_bytes:
+        return (f"min_headroom of {int(min_headroom)} bytes leaves nothing of the "
+                f"{hbm_bytes - reserved_bytes} bytes usable per GPU")
+    return None
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """``num_gpus`` GPUs of one hardware profile, filled node by node (rank r lives on node r // gpus_per_node)."""
+    """``num_gpus`` GPUs of one hardware profile, filled node by node (rank r lives on node r // gpus_per_node).
+
+    ``min_headroom``: memory per GPU the planner keeps free beyond ``hbm_reserved_bytes`` (a fraction of the
+    GPU's memory below 1, else bytes; default :data:`DEFAULT_MIN_HEADROOM`): layouts whose predicted peak
+    leaves less are pruned as not fitting.
+    """
 
     hardware: HardwareProfile
     num_gpus: int
-    hbm_reserved_bytes: int = field(default=int(1.5 * GIB))  # CUDA context, NCCL, fragmentation headroom
+    hbm_reserved_bytes: int = field(default=DEFAULT_HBM_RESERVED)  # CUDA context, NCCL
+    min_headroom: float = DEFAULT_MIN_HEADROOM
 
     def __post_init__(self) -> None:
         p: list[str] = []
         positive_ints(p, self, ("num_gpus",))
+        problem = headroom_problem(self.min_headroom, self.gpu.hbm_bytes, self.hbm_reserved_bytes)
+        if problem:
+            p.append(problem)
         if not p and self.num_gpus > self.hardware.gpus_per_node:
             require(p, self.num_gpus % self.hardware.gpus_per_node == 0,
                     f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node "
@@ -307,6 +344,12 @@ class ClusterSpec:
         return -(-self.num_gpus // self.hardware.gpus_per_node)
 
     @property
+    def min_headroom_bytes(self) -> int:
+        """Bytes per GPU kept free by ``min_headroom``."""
+        return headroom_bytes(self.min_headroom, self.gpu.hbm_bytes)
+
+    @property
     def usable_hbm_bytes(self) -> int:
-        """Bytes of device memory a training process may plan to use."""
-        return self.gpu.hbm_bytes - self.hbm_reserved_bytes
+        """Bytes of device memory a training process may plan to use: the GPU's memory less what CUDA, NCCL
+        and the allocator reserve and less the headroom kept free."""
+        return self.gpu.hbm_bytes - self.hbm_reserved_bytes - self.min_headroom_bytes

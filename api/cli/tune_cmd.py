@@ -18,6 +18,7 @@ import sys
 import time
 
 from api.cli._local import check_ray_has_room, validated_request
+from api.cli._memory_args import add_headroom_argument
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
+    add_headroom_argument(parser)
     add_router_arguments(parser)
 
 
@@ -116,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     request = validated_request(JobCreate, {
         **model_body(args), "training": {"seq_length": args.seq, "global_batch_size": args.gbs,
                                          "precision": precision},
-        "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
+        "cluster": {"gpu": hardware_name, "num_gpus": args.gpus,
+                    **({} if args.min_headroom is None else {"min_headroom": args.min_headroom})},
         "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)})
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")

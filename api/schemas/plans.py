@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from spec.parallel_config import ParallelConfig
-from api.schemas.jobs import ClusterOut, WorkloadIn
+from api.schemas.jobs import PlanClusterOut, WorkloadIn
 
 
 class PlanCreate(WorkloadIn):
@@ -67,7 +67,7 @@ class PlanOut(BaseModel):
     tokens/s/GPU, TFLOPS/GPU, MFU, memory bytes by term, the limiter and a one-line explanation."""
 
     model: str
-    cluster: ClusterOut
+    cluster: PlanClusterOut
     training: dict[str, Any]
     considered: int = Field(description="configs enumerated")
     valid: int = Field(description="configs passing every Megatron validity rule")

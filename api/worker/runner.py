@@ -40,7 +40,7 @@ from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
 from spec.errors import FoldtuneError, SpecError
 from spec.failure import FailureKind
-from spec.hardware import ClusterSpec, HardwareProfile
+from spec.hardware import DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
@@ -97,7 +97,8 @@ def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
     hardware = HardwareProfile.from_dict(job.cluster["hardware"])
     training, _ = split_router(job.training_spec)
     return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(training),
-            ClusterSpec(hardware=hardware, num_gpus=job.num_gpus))
+            ClusterSpec(hardware=hardware, num_gpus=job.num_gpus,
+                        min_headroom=job.cluster.get("min_headroom", DEFAULT_MIN_HEADROOM)))
 
 
 def job_router(job: Job) -> RouterOptions:

@@ -138,3 +138,52 @@ def test_fused_window_sink_attention_reaches_the_cost_model(capsys):
     assert ours["estimate"]["step_time_s"] > 2 * theirs["estimate"]["step_time_s"]
     code, out, _ = run(capsys, argv[:-3] + ["--top", "1", "--fused-window-sink-attention"])
     assert "Megatron's fused window/sink attention" in out
+
+
+def test_min_headroom_prunes_and_shows_in_the_header_and_explain(capsys):
+    big = ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gbs", "256", "--json", "--top", "1"]
+    code, out, _ = run(capsys, big)
+    default = json.loads(out)
+    code_roomy, out, _ = run(capsys, big + ["--min-headroom", "12GiB"])
+    roomy = json.loads(out)
+    assert (code, code_roomy) == (0, 0)
+    assert default["min_headroom"] == 0.05 and default["min_headroom_bytes"] == int(0.05 * 80 * 2**30)
+    assert roomy["min_headroom_bytes"] == 12 * 2**30
+    assert roomy["usable_hbm_bytes"] == 80 * 2**30 - int(1.5 * 2**30) - 12 * 2**30
+    assert roomy["fitting"] < default["fitting"]
+    assert roomy["ranked"][0]["memory_bytes"]["total"] <= roomy["usable_hbm_bytes"]
+    # the default's best needs more than 12 GiB left free... it is judged as not fitting, the same either way
+    layout = default["ranked"][0]["layout"]
+    if default["ranked"][0]["memory_bytes"]["total"] > roomy["usable_hbm_bytes"]:
+        for extra in ([], ["--json"]):
+            code, text, _ = run(capsys, big[:-3] + ["--min-headroom", "12GiB", "--explain", layout] + extra)
+            assert code == 1
+        assert "12.0 GiB kept free" in text or json.loads(text)["min_headroom_bytes"] == 12 * 2**30
+    code, out, _ = run(capsys, big[:-3] + ["--explain", layout])
+    assert code == 0 and "4.0 GiB kept free" in out and "5% of its memory" in out
+
+
+def test_min_headroom_bad_values_are_usage_errors(capsys):
+    for bad in ("0.95", "-1", "lots", "3 parsecs"):
+        with pytest.raises(SystemExit) as exc:
+            main(TINY + ["--min-headroom", bad])
+        assert exc.value.code == 2
+        assert "--min-headroom" in capsys.readouterr().err
+
+
+def test_megatron_switches_reach_the_cost_model(capsys):
+    argv = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gbs", "1024", "--json",
+            "--explain", "tp4 pp1 ep8 mbs2 recompute=full"]  # one stage: the loss is on the reported GPU
+    _, out, _ = run(capsys, argv)
+    ours = json.loads(out)
+    _, out, _ = run(capsys, argv + ["--megatron-cross-entropy", "--gradient-accumulation-fusion",
+                                    "--sequence-parallel-regather"])
+    theirs = json.loads(out)
+    t = theirs["training"]
+    assert t["megatron_cross_entropy"] and t["gradient_accumulation_fusion"] and t["sequence_parallel_regather"]
+    assert not ours["training"]["megatron_cross_entropy"]
+    # 8192 tokens, 38016 vocabulary rows a rank, h 4096: the executor's 2**26-logit block (6 B each), the bf16
+    # weight gradient and 4·h + 4 per token; Megatron's whole bf16 logits and one fp32 softmax
+    rows = 152064 // 4  # 151936 padded to a multiple of 128·4
+    assert ours["estimate"]["memory_bytes"]["logits"] == 2**26 * 6 + rows * 4096 * 2 + 8192 * (4 * 4096 + 4)
+    assert theirs["estimate"]["memory_bytes"]["logits"] == 8192 * rows * 6
