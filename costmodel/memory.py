@@ -47,8 +47,9 @@ from spec.pipeline_layout import layer_chunks
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
-#: loses to block rounding and fragmentation. Not measured yet: a prior that calibration from real peak
-#: ``reserved`` vs ``allocated`` figures replaces. CUDA context and NCCL's own buffers are outside the
+#: loses to block rounding and fragmentation: the prior for a profile without a measured
+#: ``HardwareProfile.allocator_fragmentation`` (``foldtune calibrate`` on a GPU measures it from a proxy's
+#: peak reserved vs allocated bytes, executor/microbench/fragmentation.py). CUDA context and NCCL's own buffers are outside the
 #: PyTorch allocator and are covered by ``ClusterSpec.hbm_reserved_bytes`` instead.
 FRAGMENTATION = 0.05
 
@@ -638,7 +639,14 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
     return tuple(rows)
 
 
-def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None):
+def fragmentation_of(cluster: ClusterSpec) -> float:
+    """The allocator's share of the dynamic bytes on ``cluster``: measured by its profile, else the prior."""
+    measured = cluster.hardware.allocator_fragmentation
+    return FRAGMENTATION if measured is None else measured
+
+
+def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None,
+              frag: float = FRAGMENTATION):
     """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
     ctx = _context(model, training)
     tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
@@ -670,13 +678,13 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
     ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
     es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
-    scale = tokens * (1.0 + FRAGMENTATION)
+    scale = tokens * (1.0 + frag)
     best, best_total = rows[0], -1.0
     for row in rows:
         n = row[5] if row[5] < mv else mv
         dynamic = (n * row[3] + row[4]) * scale
         if row[12] is not None:
-            dynamic += sum(_loss_fixed(row[12], tokens)) * (1.0 + FRAGMENTATION)
+            dynamic += sum(_loss_fixed(row[12], tokens)) * (1.0 + frag)
         reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
                  + (dynamic if dynamic > reduce else reduce))
@@ -777,23 +785,23 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
 
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
-               config: ParallelConfig, workspace: float) -> MemoryBreakdown:
+               config: ParallelConfig, workspace: float, frag: float) -> MemoryBreakdown:
     _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed = row
     n = min(cap, mv)
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
-    overhead = work + FRAGMENTATION * (activations + logits + comm + work)
+    overhead = work + frag * (activations + logits + comm + work)
     reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
     optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
                            details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
-                                                  config.vpp, reduce_excess, workspace))
+                                                  config.vpp, reduce_excess, workspace, frag))
 
 
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
-             vpp: int, reduce_excess: float, workspace: float) -> tuple[tuple[str, float], ...]:
+             vpp: int, reduce_excess: float, workspace: float, frag: float) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
     _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed = row
     p, gemm = par[0], par[1]
@@ -840,7 +848,7 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         details.append(("comm.pp.send_recv", tokens * (row_comm - value)))
     dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work) + sum(_loss_fixed(fixed, tokens))
     details += [("allocator.backward_working_set", tokens * row_work),
-                ("allocator.fragmentation", FRAGMENTATION * dynamic)]
+                ("allocator.fragmentation", frag * dynamic)]
     if reduce_excess:
         details.append(("allocator.grad_reduce_peak_excess", reduce_excess))
     if workspace:
@@ -853,8 +861,9 @@ def estimate_stage_memory(model: ModelSpec, training: TrainingSpec, cluster: Clu
     """Memory of one GPU of pipeline rank ``stage`` (bytes), by category with per-tensor details."""
     if not 0 <= stage < config.pp:
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
-    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, stage)
-    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name))
+    frag = fragmentation_of(cluster)
+    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, stage, frag)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name), frag)
 
 
 def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -865,10 +874,12 @@ def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     (see :func:`_candidate_stages`) and returns the one with the largest total. ``cluster`` is not
     needed for the bytes themselves; compare ``total`` with ``cluster.usable_hbm_bytes``.
     """
-    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, None)
-    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name))
+    frag = fragmentation_of(cluster)
+    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, None, frag)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name), frag)
 
 
 def peak_memory_bytes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> float:
     """``estimate_memory(...).total`` without building the breakdown: the planner's pruning fast path."""
-    return _evaluate(model, training, config, None)[3] + library_workspace_bytes(cluster.gpu.name)
+    return _evaluate(model, training, config, None, fragmentation_of(cluster))[3] + library_workspace_bytes(
+        cluster.gpu.name)

@@ -110,7 +110,10 @@ class HardwareProfile:
     overlap). ``sustained_clock_factor`` is the measured ratio of a GEMM's throughput under seconds of
     back-to-back load to its throughput in a short burst (the card lowers its clock at its power limit); the
     time model scales the compute peaks by it, as the efficiency curves are timed in bursts. None means not
-    measured, priced as 1.
+    measured, priced as 1. ``allocator_fragmentation`` is the measured share the PyTorch caching allocator
+    reserves beyond its allocated peak over real training steps of a proxy (``reserved / allocated - 1``,
+    ``foldtune calibrate`` on a GPU); the memory model adds it to the dynamic bytes. None means not measured:
+    the memory model's prior (``costmodel.memory.FRAGMENTATION``).
     """
 
     name: str
@@ -137,6 +140,7 @@ class HardwareProfile:
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
     overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
     sustained_clock_factor: float | None = None  # sustained / burst tensor-core throughput, measured
+    allocator_fragmentation: float | None = None  # reserved / allocated - 1 at a proxy's peak, measured
     # '<model name>@seq<S>' -> ((term, measured/predicted), ...): executor components timed at that shape
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
@@ -165,6 +169,8 @@ class HardwareProfile:
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
                 f"sustained_clock_factor must be None or a fraction in (0, 1], got {self.sustained_clock_factor}")
+        require(p, self.allocator_fragmentation is None or 0.0 <= self.allocator_fragmentation <= 1.0,
+                f"allocator_fragmentation must be None or a fraction in [0, 1], got {self.allocator_fragmentation}")
         require(p, all(math.isfinite(f) and f > 0 for _, v in self.component_factors for _, f in v),
                 "component_factors must be finite numbers > 0")
         raise_if(p, f"hardware profile {self.name!r}")
@@ -230,6 +236,8 @@ class HardwareProfile:
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
             "moe_layer_host_s": self.moe_layer_host_s, "overlap_slowdown": self.overlap_slowdown,
             "sustained_clock_factor": self.sustained_clock_factor,
+            **({"allocator_fragmentation": self.allocator_fragmentation}
+               if self.allocator_fragmentation is not None else {}),
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
         }

@@ -151,5 +151,6 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         moe_layer_host_s=launch.get("moe_layer_host_s") or base.moe_layer_host_s,
         overlap_slowdown=(raw.get("overlap") or {}).get("slowdown", base.overlap_slowdown),
         sustained_clock_factor=(raw.get("sustained") or {}).get("factor", base.sustained_clock_factor),
+        allocator_fragmentation=(raw.get("fragmentation") or {}).get("fragmentation", base.allocator_fragmentation),
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

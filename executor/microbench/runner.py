@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.launch_local import launch as launch_ranks
-from executor.microbench import attention, collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
+from executor.microbench import attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, overlap, sustained
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 
@@ -79,6 +79,12 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
         row = report["sustained"]
         say(f"  burst {row['burst_flops_per_s'] / 1e12:8.1f} TFLOP/s   sustained {row['sustained_flops_per_s'] / 1e12:8.1f}"
             f" TFLOP/s   factor {row['factor']:.3f}")
+    if use_cuda:
+        say(f"allocator fragmentation ({fragmentation.PROXY_MODEL}@1L steps, reserved vs allocated peaks)")
+        report["fragmentation"] = fragmentation.measure_fragmentation(device, plan.precision)
+        f = report["fragmentation"]
+        say(f"  allocated {f['allocated_peak_bytes'] / 2**20:10.1f} MiB   reserved {f['reserved_peak_bytes'] / 2**20:10.1f}"
+            f" MiB   fragmentation {f['fragmentation']:.3f}")
     say("launch overhead (tiny eager ops, one-element all-reduce)")
     report["launch"] = launch.measure_launch(device, dtype)
     coll, layer = report["launch"]["collective_launch_s"], report["launch"]["moe_layer_host_s"]
@@ -119,7 +125,10 @@ def merge_ranks(reports: list[dict]) -> dict:
             "sustained": min((r["sustained"] for r in reports if r.get("sustained")), key=lambda s: s["factor"],
                              default=None),
             "overlap": max((r["overlap"] for r in reports if r.get("overlap")), key=lambda o: o["slowdown"],
-                           default=None)}
+                           default=None),
+            # the GPU that loses the most to its allocator sets the margin every GPU must keep
+            "fragmentation": max((r["fragmentation"] for r in reports if r.get("fragmentation")),
+                                 key=lambda f: f["fragmentation"], default=None)}
 
 
 def _merged_launch(rows: list[dict]) -> dict:
