@@ -76,6 +76,7 @@ OPT_WRITE_BACK_PER_SHARD_ELEMENT = 2
 OPT_WRITE_BACK_PER_BUCKET_ELEMENT = 2
 
 
+@lru_cache(maxsize=64)
 def library_workspace_bytes(gpu_name: str) -> int:
     """Bytes of cuBLAS workspaces in the PyTorch allocator on ``gpu_name`` (0 on CPU)."""
     name = gpu_name.lower()
@@ -543,7 +544,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms")
+                 "params", "seq", "rows", "comms", "reduces")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -559,6 +560,8 @@ class _Context:
         self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
         self.rows: dict[tuple, tuple[_Row, ...]] = {}
         self.comms: dict[_Shape, tuple] = {}
+        # _reduce_peak of a cached row (by identity: ctx.rows keeps it alive) per sharding and overlap switches
+        self.reduces: dict[tuple, float] = {}
 
 
 # The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
@@ -680,12 +683,24 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
     scale = tokens * (1.0 + frag)
     best, best_total = rows[0], -1.0
+    loss_bytes = None  # the blocked loss's fixed bytes: the same for every row that has them (the last rank's)
+    switches = (dense_shard, expert_shard, config.use_distributed_optimizer, config.overlap_grad_reduce,
+                config.overlap_param_gather)
+    reduces = ctx.reduces if only_stage is None else None
     for row in rows:
         n = row[5] if row[5] < mv else mv
         dynamic = (n * row[3] + row[4]) * scale
         if row[12] is not None:
-            dynamic += sum(_loss_fixed(row[12], tokens)) * (1.0 + frag)
-        reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
+            if loss_bytes is None:
+                loss_bytes = sum(_loss_fixed(row[12], tokens)) * (1.0 + frag)
+            dynamic += loss_bytes
+        if reduces is None:
+            reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
+        else:
+            rkey_ = (id(row), switches)
+            reduce = reduces.get(rkey_)
+            if reduce is None:
+                reduce = reduces[rkey_] = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
                  + (dynamic if dynamic > reduce else reduce))
         if total > best_total:

@@ -187,3 +187,15 @@ def test_megatron_switches_reach_the_cost_model(capsys):
     rows = 152064 // 4  # 151936 padded to a multiple of 128·4
     assert ours["estimate"]["memory_bytes"]["logits"] == 2**26 * 6 + rows * 4096 * 2 + 8192 * (4 * 4096 + 4)
     assert theirs["estimate"]["memory_bytes"]["logits"] == 8192 * rows * 6
+
+
+def test_plan_builds_only_its_own_parser():
+    """`foldtune plan` imports no other command's module: FastAPI (serve), torch (calibrate, profile) and Ray
+    stay out of the process, whose start-up is part of the planner's time bar."""
+    code = ("import sys; from api.cli.main import main; "
+            "rc = main(['plan', '--model', 'tiny-moe', '--gpus', '8', '--gpu', 'cpu', '--gbs', '16', '--top', '1']); "
+            "print(sorted(m for m in ('fastapi', 'torch', 'ray', 'uvicorn', 'api.cli.serve_cmd') if m in sys.modules)); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
