@@ -19,6 +19,7 @@ import time
 
 from api.cli._local import check_ray_has_room, validated_request
 from api.cli._memory_args import add_headroom_argument
+from api.worker.auto_profile import AUTO_CALIBRATE_MODES
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
@@ -50,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
     add_headroom_argument(parser)
+    parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_MODES,
+                        help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
+                             "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
+                             "GPUs, off on cpu; minimal: seconds, for tests)")
     add_router_arguments(parser)
 
 
@@ -61,7 +66,14 @@ class TrialPrinter:
 
     def __call__(self, kind: str, data: dict) -> None:
         say = lambda text: print(text, file=self.out, flush=True)
-        if kind == "job_started":
+        if kind == "calibrating":
+            say(f"job {data['job_id']}: no calibrated profile of {data['gpu']} yet: calibrating it ({data['mode']}) "
+                f"before the search")
+        elif kind == "job_started":
+            p = data.get("pricing_profile") or {}
+            if p:
+                say(f"job {data['job_id']}: priced with hardware profile {p['name']!r} ({p['source']}"
+                    + (f"; {p['note']}" if p.get("note") else "") + ")")
             c = data["candidates"]
             say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "
                 f"layouts, {c['fitting']:,} fit in memory, searching the best {c['searched']} the executor runs "
@@ -127,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
                           rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
-                              parallel_trials=base.parallel_trials, trial=trial)
+                              parallel_trials=base.parallel_trials, trial=trial,
+                              auto_calibrate=args.auto_calibrate or base.auto_calibrate)
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
         check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)

@@ -29,12 +29,14 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, PricingProfile, auto_profile_name,
+                                     pricing_profile)
 from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
@@ -45,6 +47,7 @@ from spec.model_spec import ModelSpec
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db.engine import make_engine, make_sessionmaker
+from db.hardware_profiles import stored_profile, store_calibrated_profile
 from db.jobs import job_claim, job_status
 from db.migrate import upgrade
 from db.models import Job, utcnow
@@ -72,12 +75,25 @@ class RunnerSettings:
     poll_s: float = 2.0
     parallel_trials: int | None = None  # None: as many as the Ray cluster has room for (GPU), 1 on CPU
     trial: TrialSettings = field(default_factory=TrialSettings)
+    # a job on a datasheet profile first calibrates its GPU type (api.worker.auto_profile): 'quick', 'minimal'
+    # (tests) or 'off'; None: quick on GPU types, off on the CPU type (CPU runs are tests and smoke runs)
+    auto_calibrate: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.auto_calibrate is not None and self.auto_calibrate not in AUTO_CALIBRATE_MODES:
+            raise SpecError(f"auto_calibrate must be one of {AUTO_CALIBRATE_MODES}, got {self.auto_calibrate!r}")
+
+    def auto_calibrate_mode(self, hardware: HardwareProfile) -> str:
+        if self.auto_calibrate is not None:
+            return self.auto_calibrate
+        return "off" if hardware.gpu.name.lower() == "cpu" else "quick"
 
     @classmethod
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:
         """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS and the trial settings (api.worker.trials)."""
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_AUTO_CALIBRATE and the trial settings
+        (api.worker.trials)."""
         env = os.environ if environ is None else environ
         try:
             parallel = env.get("FOLDTUNE_PARALLEL_TRIALS")
@@ -87,7 +103,8 @@ class RunnerSettings:
                        stale_after_s=float(env.get("FOLDTUNE_STALE_AFTER_S", 60)),
                        poll_s=float(env.get("FOLDTUNE_POLL_S", 2)),
                        parallel_trials=int(parallel) if parallel else None,
-                       trial=trial_settings_from_env(env))
+                       trial=trial_settings_from_env(env),
+                       auto_calibrate=env.get("FOLDTUNE_AUTO_CALIBRATE") or None)
         except ValueError as exc:
             raise SpecError(f"bad runner setting in the environment: {exc}") from None
 
@@ -216,6 +233,7 @@ class Runner:
         sid = self.settings.runner_id
         try:
             model, training, cluster = job_specs(job)
+            cluster, pricing = self._pricing_cluster(job, cluster, training)
             cands = job_candidates(model, training, cluster, job.max_trials)
             if cands.rejection is not None:  # the front door's check; the job was stored before it, or by hand
                 raise FoldtuneError(str(cands.rejection))
@@ -232,7 +250,8 @@ class Runner:
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, ray_gpus))
         self.on_event("job_started", {"job_id": job.id, "model": model.name, "gpus": cluster.num_gpus,
-                                      "gpu": cluster.hardware.name, "candidates": cands.summary(),
+                                      "gpu": cluster.hardware.name, "pricing_profile": pricing.to_dict(),
+                                      "candidates": cands.summary(),
                                       "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials})
         try:
             result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes, budget=budget,
@@ -251,7 +270,8 @@ class Runner:
                    "measured_vs_predicted": [_row_dict(r) for r in result.rows],
                    "stopped_because": result.stopped_because,
                    "best_layout": result.best_config.label() if result.best_config else None,
-                   "best_step_time_s": result.best_step_time, "candidates": cands.summary()}
+                   "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
+                   "pricing_profile": pricing.to_dict()}
         status, error = "succeeded", None
         if result.best_config is None:
             reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})
@@ -263,6 +283,26 @@ class Runner:
                                        "rows": result.rows, "best": result.best_config,
                                        "best_step_time": result.best_step_time})
         return final
+
+    def _pricing_cluster(self, job: Job, cluster: ClusterSpec, training: TrainingSpec
+                         ) -> tuple[ClusterSpec, PricingProfile]:
+        """The job's cluster on the profile it prices with (api.worker.auto_profile) and where that came from."""
+        def stored(name: str) -> dict | None:
+            with self.sessions() as session:
+                row = stored_profile(session, name)
+                return None if row is None or row.source != "calibrate" else dict(row.profile)
+
+        def store(name: str, profile: dict) -> bool:
+            with self.sessions() as session:
+                return store_calibrated_profile(session, name, profile)
+
+        mode = self.settings.auto_calibrate_mode(cluster.hardware)
+        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(
+                auto_profile_name(cluster.hardware)) is None:
+            self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode})
+        hardware, pricing = pricing_profile(cluster.hardware, cluster.num_gpus, training.precision, mode, stored,
+                                            store)
+        return replace(cluster, hardware=hardware), pricing
 
     def _recover(self, job: Job) -> None:
         """Before resuming a job: trials its previous runner left running are lost (retried under new
