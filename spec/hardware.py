@@ -121,7 +121,7 @@ class HardwareProfile:
     gpus_per_node: int
     intra_node_bandwidth: float  # bytes/s per GPU per direction (NVLink)
     intra_node_latency: float  # seconds
-    inter_node_bandwidth: float  # bytes/s per GPU per direction (IB/RoCE NIC per GPU)
+    inter_node_bandwidth: float  # bytes/s per NIC per direction (IB/RoCE; one NIC per GPU unless nics_per_node)
     inter_node_latency: float  # seconds
     gemm_efficiency: MeasuredCurve | None = None
     # forward FLOPs of a GEMM shape -> achieved / peak of that linear's input- and weight-gradient GEMMs
@@ -141,6 +141,10 @@ class HardwareProfile:
     overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
     sustained_clock_factor: float | None = None  # sustained / burst tensor-core throughput, measured
     allocator_fragmentation: float | None = None  # reserved / allocated - 1 at a proxy's peak, measured
+    # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
+    # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
+    nics_per_node: int | None = None
+    network_source: str = "datasheet (not measured here)"
     # '<model name>@seq<S>' -> ((term, measured/predicted), ...): executor components timed at that shape
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
@@ -169,6 +173,8 @@ class HardwareProfile:
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
                 f"sustained_clock_factor must be None or a fraction in (0, 1], got {self.sustained_clock_factor}")
+        require(p, self.nics_per_node is None or (isinstance(self.nics_per_node, int) and self.nics_per_node >= 1),
+                f"nics_per_node must be None or a positive integer, got {self.nics_per_node!r}")
         require(p, self.allocator_fragmentation is None or 0.0 <= self.allocator_fragmentation <= 1.0,
                 f"allocator_fragmentation must be None or a fraction in [0, 1], got {self.allocator_fragmentation}")
         require(p, all(math.isfinite(f) and f > 0 for _, v in self.component_factors for _, f in v),
@@ -201,6 +207,13 @@ class HardwareProfile:
             if hits:
                 return min(hits, key=lambda h: h[:3])[3]
         return None
+
+    @property
+    def nic_bandwidth_per_gpu(self) -> float:
+        """Bytes/s per direction of network one GPU drives when every GPU of its node sends at once: the
+        node's NICs (``nics_per_node``, else one per GPU) times ``inter_node_bandwidth`` over its GPUs."""
+        nics = self.nics_per_node if self.nics_per_node is not None else self.gpus_per_node
+        return self.inter_node_bandwidth * nics / self.gpus_per_node
 
     @property
     def op_launch_seconds(self) -> float:
@@ -238,6 +251,8 @@ class HardwareProfile:
             "sustained_clock_factor": self.sustained_clock_factor,
             **({"allocator_fragmentation": self.allocator_fragmentation}
                if self.allocator_fragmentation is not None else {}),
+            **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
+            "network_source": self.network_source,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
         }
