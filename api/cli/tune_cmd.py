@@ -19,7 +19,6 @@ import time
 
 from api.cli._local import check_ray_has_room, validated_request
 from api.cli._memory_args import add_headroom_argument
-from api.worker.auto_profile import AUTO_CALIBRATE_MODES
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
@@ -30,6 +29,8 @@ from spec.profile_io import use_profile_file
 from db.keys import get_or_create_owner
 
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
+# api.worker.auto_profile.AUTO_CALIBRATE_MODES, spelled out: the worker (torch) loads only when the job runs
+AUTO_CALIBRATE_CHOICES = ("quick", "minimal", "off")
 LOCAL_OWNER = "local"
 
 
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
     add_headroom_argument(parser)
-    parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_MODES,
+    parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_CHOICES,
                         help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
                              "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
                              "GPUs, off on cpu; minimal: seconds, for tests)")

@@ -17,6 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import torch
+
+from costmodel.calibrate.profile_builder import build_profile
+from executor.microbench.runner import BenchPlan, run_benchmarks
 from spec.errors import FoldtuneError
 from spec.hardware import HardwareProfile
 
@@ -50,11 +54,6 @@ Calibrate = Callable[[HardwareProfile, int, str, str], HardwareProfile]
 def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str) -> HardwareProfile:
     """Measure this machine's devices of ``hardware``'s type (``mode`` 'quick' or 'minimal') and return the
     profile called :func:`auto_profile_name`; FoldtuneError when this machine has none of them."""
-    import torch  # the runner already runs torch trials; the import stays out of module load
-
-    from costmodel.calibrate.profile_builder import build_profile
-    from executor.microbench.runner import BenchPlan, run_benchmarks
-
     cpu = hardware.gpu.name.lower() == "cpu"
     if cpu:
         ranks = min(num_gpus, CPU_CALIBRATION_RANKS)
@@ -81,7 +80,7 @@ def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mo
     if hardware.source != DATASHEET_SOURCE:
         return hardware, PricingProfile(hardware.name, "submitted")
     if mode == "off":
-        return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE, note="FOLDTUNE_AUTO_CALIBRATE=off")
+        return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE, note="auto-calibration off (FOLDTUNE_AUTO_CALIBRATE)")
     name = auto_profile_name(hardware)
     found = stored(name)
     if found is not None:

@@ -61,6 +61,9 @@ def test_submitted_profiles_off_and_failures_keep_what_the_job_had():
 
 
 def test_runner_setting_defaults_quick_on_gpus_off_on_cpu():
+    from api.cli.tune_cmd import AUTO_CALIBRATE_CHOICES
+    from api.worker.auto_profile import AUTO_CALIBRATE_MODES
+    assert AUTO_CALIBRATE_CHOICES == AUTO_CALIBRATE_MODES
     s = RunnerSettings(database_url="sqlite://", runner_id="r")
     assert s.auto_calibrate_mode(CPU) == "off" and s.auto_calibrate_mode(get_hardware("h100")) == "quick"
     env = {"FOLDTUNE_DATABASE_URL": "sqlite://", "FOLDTUNE_AUTO_CALIBRATE": "minimal"}
