@@ -73,7 +73,8 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
     if training.megatron_cross_entropy:
         return float(padded * (_FP32 * MEGATRON_LOSS_FP32_COPIES * heads + b)), None
     per_logit = float(_FP32 if b == _FP32 else b + _FP32)
-    return float(_FP32 * h + _FP32 * heads), (per_logit, vocab_rows(model, tp), float(padded * h * training.param_bytes))
+    weight_grad = float(padded * h * training.param_bytes)
+    return float(_FP32 * h + _FP32 * heads), (per_logit, vocab_rows(model, tp), weight_grad)
 
 
 def loss_fixed_bytes(fixed: tuple[float, int, float] | None, tokens: float) -> tuple[float, float]:

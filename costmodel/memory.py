@@ -49,8 +49,8 @@ from spec.training_spec import TrainingSpec
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
 #: loses to block rounding and fragmentation: the prior for a profile without a measured
 #: ``HardwareProfile.allocator_fragmentation`` (``foldtune calibrate`` on a GPU measures it from a proxy's
-#: peak reserved vs allocated bytes, executor/microbench/fragmentation.py). CUDA context and NCCL's own buffers are outside the
-#: PyTorch allocator and are covered by ``ClusterSpec.hbm_reserved_bytes`` instead.
+#: peak reserved vs allocated bytes, executor/microbench/fragmentation.py). CUDA context and NCCL's own
+#: buffers are outside the PyTorch allocator and are covered by ``ClusterSpec.hbm_reserved_bytes`` instead.
 FRAGMENTATION = 0.05
 
 _FP32 = 4

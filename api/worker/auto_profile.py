@@ -80,7 +80,8 @@ def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mo
     if hardware.source != DATASHEET_SOURCE:
         return hardware, PricingProfile(hardware.name, "submitted")
     if mode == "off":
-        return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE, note="auto-calibration off (FOLDTUNE_AUTO_CALIBRATE)")
+        return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE,
+                                        note="auto-calibration off (FOLDTUNE_AUTO_CALIBRATE)")
     name = auto_profile_name(hardware)
     found = stored(name)
     if found is not None:

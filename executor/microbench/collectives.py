@@ -89,7 +89,8 @@ def measure_collectives(rank: int, world_size: int, device: torch.device, dtype:
     hosts: list[str | None] = [None] * world_size
     dist.all_gather_object(hosts, socket.gethostname())
     out = _sweep(rank, world_size, device, dtype, sizes_bytes, collectives, repeats, say,
-                 [[list(range(start, start + n)) for start in range(0, world_size, n)] for n in group_sizes(world_size)],
+                 [[list(range(start, start + n)) for start in range(0, world_size, n)]
+                  for n in group_sizes(world_size)],
                  hosts)
     by_node = inter_node_groups(hosts)
     if by_node:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from executor.launch_local import launch as launch_ranks
-from executor.microbench import attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, overlap, sustained
+from executor.microbench import (attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, overlap,
+                                 sustained)
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 
@@ -65,7 +66,8 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     say("grouped GEMMs (expert shape, tokens per expert)")
     shapes = grouped_gemm.default_shapes(device)
     report["grouped_gemm"] = [row for shape in (shapes[:1] if plan.minimal else shapes) for row in
-                              grouped_gemm.measure_grouped_gemm(plan.sizes(grouped_gemm.default_tokens(device, plan.quick)),
+                              grouped_gemm.measure_grouped_gemm(
+                                  plan.sizes(grouped_gemm.default_tokens(device, plan.quick)),
                                                                 device, dtype, shape)]
     for row in report["grouped_gemm"]:
         say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
