@@ -105,3 +105,31 @@ def test_a_cpu_job_calibrates_first_and_the_next_job_reuses_the_profile(client, 
     names = [p["name"] for p in (stored["items"] if isinstance(stored, dict) else stored)]
     assert "cpu-auto-calibrated" in names
     assert wait_no_rank_actors() == []
+
+
+def test_a_jobs_headroom_is_stored_and_rebuilt_by_the_runner(client, alice):
+    """cluster.min_headroom of POST /v1/jobs rides in the stored cluster and the runner's specs keep it."""
+    from runner_env import TINY_JOB
+
+    from api.worker.runner import job_specs
+    from db.models import Job
+
+    body = copy.deepcopy(TINY_JOB)
+    body["cluster"]["min_headroom"] = 2**30
+    r = client.post("/v1/jobs", json=body, headers=alice)
+    assert r.status_code == 201, r.text
+    job = Job(model_spec=get_model_dict("tiny-moe"), training_spec=TINY_JOB["training"], num_gpus=2,
+              cluster={"hardware": CPU.to_dict(), "min_headroom": 2**30})
+    assert job_specs(job)[2].min_headroom_bytes == 2**30
+    legacy = Job(model_spec=get_model_dict("tiny-moe"), training_spec=TINY_JOB["training"], num_gpus=2,
+                 cluster={"hardware": CPU.to_dict()})
+    assert job_specs(legacy)[2].min_headroom == 0.05  # jobs stored before the field: the default
+    bad = copy.deepcopy(TINY_JOB)
+    bad["cluster"]["min_headroom"] = 0.95
+    r = client.post("/v1/jobs", json=bad, headers=alice)
+    assert r.status_code == 422 and r.json()["errors"][0]["rule"] == "headroom_fits"
+
+
+def get_model_dict(name):
+    from spec.catalog import get_model
+    return get_model(name).to_dict()
