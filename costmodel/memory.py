@@ -544,7 +544,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms", "reduces")
+                 "params", "seq", "rows", "comms", "reduces", "losses")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -562,6 +562,7 @@ class _Context:
         self.comms: dict[_Shape, tuple] = {}
         # _reduce_peak of a cached row (by identity: ctx.rows keeps it alive) per sharding and overlap switches
         self.reduces: dict[tuple, float] = {}
+        self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
 
 
 # The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
@@ -692,7 +693,11 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
         dynamic = (n * row[3] + row[4]) * scale
         if row[12] is not None:
             if loss_bytes is None:
-                loss_bytes = sum(_loss_fixed(row[12], tokens)) * (1.0 + frag)
+                lkey = (row[12], tokens)
+                fixed = ctx.losses.get(lkey)
+                if fixed is None:
+                    fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
+                loss_bytes = fixed * (1.0 + frag)
             dynamic += loss_bytes
         if reduces is None:
             reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
