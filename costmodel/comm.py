@@ -8,11 +8,17 @@ Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~spec.h
 
 * ring all-gather / reduce-scatter of a ``buffer_bytes`` (gathered, i.e. full-size) buffer over n ranks:
   each rank sends ``(n-1)/n · buffer_bytes`` in ``n-1`` steps; all-reduce is twice that.
-* a group inside one node runs at ``intra_node_bandwidth``; a group spanning nodes with r ranks per node
-  runs its ring over r NICs per node, so at ``min(intra, r · inter_node_bandwidth)``; each ring step pays
-  the link latency.
+* the network between nodes is its own link, separate from NVLink: each GPU drives
+  ``HardwareProfile.nic_bandwidth_per_gpu`` (its node's NICs over its GPUs) at the inter-node latency, with
+  its own default efficiencies (:data:`INTER_NODE_EFFICIENCY`, assumptions until calibrate measures across
+  nodes), never the NVLink-measured ones.
+* a group inside one node runs its ring at ``intra_node_bandwidth``; each ring step pays the link latency.
+* a ring collective over a group spanning N nodes with r ranks on each runs hierarchically: an NVLink stage
+  among the r ranks of a node and a NIC stage among the N ranks of the same local index, each moving
+  ``1/r`` of the buffer: all-reduce = reduce-scatter (NVLink, B over r) + all-reduce (NIC, B/r over N) +
+  all-gather (NVLink); reduce-scatter = NVLink then NIC; all-gather = NIC then NVLink.
 * all-to-all of ``buffer_bytes`` per rank over n ranks with r of them on this rank's node: ``(r-1)/n`` of
-  the buffer goes over NVLink, ``(n-r)/n`` over the network, both at once; one link latency.
+  the buffer goes over NVLink, ``(n-r)/n`` over the NIC, both stages at once; one latency of the slower link.
 * a measured curve ``HardwareProfile.collective_curve(name, scope)`` (message bytes -> achieved/link
   bandwidth, latency included) replaces the default efficiency and the latency term. Where calibration
   measured the group's own size (key ``'<name>:<scope>:<n>'``) that curve is used: on NVSwitch a 4-rank
@@ -35,6 +41,11 @@ from spec.rank_groups import group_stride_span
 COLLECTIVE_EFFICIENCY = {"all_to_all": 474.0 / 900.0, "all_gather": 0.80, "reduce_scatter": 0.80,
                          "all_reduce": 0.80, "p2p": 0.80}
 RING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+# Default fraction of the NIC's datasheet bandwidth a collective between nodes achieves: an assumption (NCCL
+# over InfiniBand/RoCE reaches ~80 % of line rate on large ring messages, a little less for all-to-all's many
+# peer-to-peer streams), not measured here; `foldtune calibrate` across nodes replaces it with 'inter' curves.
+INTER_NODE_EFFICIENCY = {"all_to_all": 0.75, "all_gather": 0.80, "reduce_scatter": 0.80, "all_reduce": 0.80,
+                         "p2p": 0.80}
 
 
 @dataclass(frozen=True)
@@ -86,14 +97,14 @@ class LinkRates:
             or curves.get(f"{collective}:{scope}")
         if curve is not None:
             return curve(max(message_bytes, 1.0)), True
-        return COLLECTIVE_EFFICIENCY[collective], False
+        return (INTER_NODE_EFFICIENCY if scope == "inter" else COLLECTIVE_EFFICIENCY)[collective], False
 
 
 @lru_cache(maxsize=64)
 def link_rates(hardware: HardwareProfile) -> LinkRates:
     """The :class:`LinkRates` of ``hardware`` (datasheet bandwidths and latencies, measured curves)."""
     return LinkRates(intra_bandwidth=hardware.intra_node_bandwidth, intra_latency=hardware.intra_node_latency,
-                     inter_bandwidth=hardware.inter_node_bandwidth, inter_latency=hardware.inter_node_latency,
+                     inter_bandwidth=hardware.nic_bandwidth_per_gpu, inter_latency=hardware.inter_node_latency,
                      curves=hardware.collective_efficiency)
 
 
@@ -116,14 +127,30 @@ def ring_time(link: LinkRates, collective: str, buffer_bytes: float, placement: 
         return 0.0
     wire = ring_wire_bytes(collective, buffer_bytes, n)
     steps = (2 if collective == "all_reduce" else 1) * (n - 1)
-    # a group inside one node runs at its own size's curve; one spanning nodes rings through r ranks a node
-    eff_i, measured_i = link.efficiency(collective, "intra", buffer_bytes,
-                                        placement.ranks_per_node if placement.crosses_nodes else n)
-    if not placement.crosses_nodes:
+    if not placement.crosses_nodes:  # at its own size's curve
+        eff_i, measured_i = link.efficiency(collective, "intra", buffer_bytes, n)
         return wire / (link.intra_bandwidth * eff_i) + (0.0 if measured_i else steps * link.intra_latency)
-    eff_x, measured_x = link.efficiency(collective, "inter", buffer_bytes)
-    bandwidth = min(link.intra_bandwidth * eff_i, placement.ranks_per_node * link.inter_bandwidth * eff_x)
-    return wire / bandwidth + (0.0 if measured_x else steps * link.inter_latency)
+    return hierarchical_ring_time(link, collective, buffer_bytes, placement.ranks_per_node, placement.nodes)
+
+
+def hierarchical_ring_time(link: LinkRates, collective: str, buffer_bytes: float, ranks_per_node: int,
+                           nodes: int) -> float:
+    """Seconds of a ring collective over ``ranks_per_node`` ranks on each of ``nodes`` nodes: the NVLink stage
+    among a node's ranks (the curve of that many ranks) plus the NIC stage among the nodes on ``1/r`` of the
+    buffer (see the module docstring)."""
+    r = ranks_per_node
+    intra = 0.0
+    if r > 1:
+        eff_i, measured_i = link.efficiency(collective, "intra", buffer_bytes, r)
+        stages = 2 if collective == "all_reduce" else 1  # all-reduce: reduce-scatter before, all-gather after
+        intra = stages * ((r - 1) / r * buffer_bytes / (link.intra_bandwidth * eff_i)
+                          + (0.0 if measured_i else (r - 1) * link.intra_latency))
+    share = buffer_bytes / r
+    eff_x, measured_x = link.efficiency(collective, "inter", share)
+    steps = (2 if collective == "all_reduce" else 1) * (nodes - 1)
+    inter = ring_wire_bytes(collective, share, nodes) / (link.inter_bandwidth * eff_x) + (
+        0.0 if measured_x else steps * link.inter_latency)
+    return intra + inter
 
 
 def all_to_all_time(link: LinkRates, buffer_bytes: float, placement: Placement) -> float:

@@ -11,8 +11,11 @@ The model is the one described in ``docs/memory-model.md``. In short, per GPU of
   in flight (1F1B: ``min(PP − i, m)``; interleaved: Megatron's warm-up count + 1, which on rank 0 is
   Korthikanti's ``L·(1 + (PP−1)/(PP·VPP))``). Recomputation removes tensors per module or keeps only
   each layer's input (full).
-- logits: the fp32 loss copy of the vocab-parallel logits (one per output head) plus the transient bf16
-  logits, for one micro-batch on the last stage.
+- logits: the output layer and loss of one micro-batch on the last stage. The executor's fused loss, blocked
+  over the vocabulary, holds one block of logits (16-bit and fp32, at most ``CROSS_ENTROPY_CHUNK_LOGITS``),
+  the fp32 input-gradient accumulator, the per-token log-sum-exp of each head and the output weight's 16-bit
+  gradient; Megatron's loss (``TrainingSpec.megatron_cross_entropy``) the whole 16-bit logits and one fp32
+  softmax per output head.
 - comm_buffers: the largest per-layer communication buffer (SP gather / reduce-scatter, EP dispatch and
   combine, CP key/value ring) plus the PP send/receive pair.
 - allocator_overhead: the backward working set of one layer (recomputed tensors and the gradients of
@@ -33,6 +36,7 @@ from typing import NamedTuple
 from costmodel.activation import glu_saved_intermediates
 from costmodel.attention_kinds import has_sinks, masked_layer_share
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.loss import loss_fixed_bytes as _loss_fixed, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
@@ -43,19 +47,16 @@ from spec.pipeline_layout import PipelineSplit, layer_chunks
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
-#: loses to block rounding and fragmentation. Not measured yet: a prior that calibration from real peak
-#: ``reserved`` vs ``allocated`` figures replaces. CUDA context and NCCL's own buffers are outside the
-#: PyTorch allocator and are covered by ``ClusterSpec.hbm_reserved_bytes`` instead.
+#: loses to block rounding and fragmentation: the prior for a profile without a measured
+#: ``HardwareProfile.allocator_fragmentation`` (``foldtune calibrate`` on a GPU measures it from a proxy's
+#: peak reserved vs allocated bytes, executor/microbench/fragmentation.py). CUDA context and NCCL's own
+#: buffers are outside the PyTorch allocator and are covered by ``ClusterSpec.hbm_reserved_bytes`` instead.
 FRAGMENTATION = 0.05
 
 _FP32 = 4
 _MASK = 1  # dropout masks and routing maps are stored as one byte per element
 _MIB = 2**20
 
-#: fp32 tensors per logit element that this project's executor holds while its vocab-parallel cross
-#: entropy runs (executor/parallel/vocab.py): the fp32 copy of the logits, the max-shifted logits and
-#: their exp (saved for backward), next to the 16-bit logits. Megatron's fused kernel keeps one.
-LOSS_FP32_COPIES = 3
 #: cuBLAS workspace per handle: 32 MiB on Hopper and newer, 4 MiB before (NVIDIA's recommendation for
 #: cublasSetWorkspace, which PyTorch follows). PyTorch takes it from its caching allocator, so it counts in
 #: ``memory_allocated``; one per (handle, stream), and training uses two handles: the Python thread's for
@@ -75,6 +76,7 @@ OPT_WRITE_BACK_PER_SHARD_ELEMENT = 2
 OPT_WRITE_BACK_PER_BUCKET_ELEMENT = 2
 
 
+@lru_cache(maxsize=64)
 def library_workspace_bytes(gpu_name: str) -> int:
     """Bytes of cuBLAS workspaces in the PyTorch allocator on ``gpu_name`` (0 on CPU)."""
     name = gpu_name.lower()
@@ -412,8 +414,9 @@ class _KindTerms(NamedTuple):
     pp_buffer: float
     head_input: float  # final-norm and output-layer inputs (last stage)
     mtp: float  # stored MTP blocks (last stage)
-    logits: float  # fp32 loss copies (main head + MTP heads) and the transient bf16 logits
+    logits: float  # per token: the output layer + loss (costmodel.loss.loss_memory_terms)
     embedding_mask: float  # embedding dropout mask (first stage)
+    loss_fixed: tuple[float, int, float] | None  # the blocked loss's fixed part (costmodel.loss)
 
 
 def _largest(comm: tuple[tuple[str, float], ...]) -> tuple[str, float]:
@@ -442,15 +445,14 @@ def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: fr
     layer_input = h * b / dsp
     last_kind_moe = bool(moe_pattern(model)[-1])
     mtp = model.mtp_num_layers * ((sum(moe) if last_kind_moe else sum(dense)) + 5 * h * b / dsp)
-    vocab = model.padded_vocab_size(s.tp) / s.tp
+    logits_per_token, loss_fixed = loss_memory_terms(model, training, s.tp)
     return _KindTerms(
         tuple(names), dense, moe, sum(dense), sum(moe), layer_input,
         full_dense - sum(dense) + grad_dense, full_moe - sum(moe) + grad_moe,
         full_dense - layer_input + grad_dense, full_moe - layer_input + grad_moe,
         ("comm.none", 0.0), ("comm.none", 0.0),  # filled per full layout shape by _kind_terms_for
-        2 * h * b / dsp, 2 * h * b / dsp, mtp,
-        vocab * (_FP32 * (LOSS_FP32_COPIES + model.mtp_num_layers) + b),
-        h * _MASK / dsp if model.hidden_dropout > 0 else 0.0,
+        2 * h * b / dsp, 2 * h * b / dsp, mtp, logits_per_token,
+        h * _MASK / dsp if model.hidden_dropout > 0 else 0.0, loss_fixed,
     )
 
 
@@ -571,7 +573,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms")
+                 "params", "seq", "rows", "comms", "reduces", "losses")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -587,6 +589,9 @@ class _Context:
         self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
         self.rows: dict[tuple, tuple[_Row, ...]] = {}
         self.comms: dict[_Shape, tuple] = {}
+        # _reduce_peak of a cached row (by identity: ctx.rows keeps it alive) per sharding and overlap switches
+        self.reduces: dict[tuple, float] = {}
+        self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
 
 
 # The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
@@ -616,7 +621,8 @@ def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
 # fields: static (weight + grad bytes), dense_states, expert_states (optimizer bytes before sharding),
 # per_chunk_mb (stored activations per in-flight chunk-micro-batch per token, embedding extras included),
 # once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
-# act_once, logits, comm, work (per token, for the breakdown).
+# act_once, logits, comm, work (per token, for the breakdown), loss_fixed (the last stage's blocked loss, whose
+# block and weight gradient do not scale with the tokens: added per call, see _loss_fixed).
 _Row = tuple
 
 
@@ -640,7 +646,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
                 stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
                 for stage in _candidate_stages(model, pp, vpp, split)))
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
-     pp_buffer, head_input, mtp, logits_tok, embedding_mask) = k
+     pp_buffer, head_input, mtp, logits_tok, embedding_mask, loss_fixed) = k
     if pp == 1:
         pp_buffer = 0.0
     ob = ctx.opt_bytes
@@ -663,11 +669,18 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
         rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
-                     lay, par, act_once, logits, comm, work))
+                     lay, par, act_once, logits, comm, work, loss_fixed if last else None))
     return tuple(rows)
 
 
-def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None):
+def fragmentation_of(cluster: ClusterSpec) -> float:
+    """The allocator's share of the dynamic bytes on ``cluster``: measured by its profile, else the prior."""
+    measured = cluster.hardware.allocator_fragmentation
+    return FRAGMENTATION if measured is None else measured
+
+
+def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, only_stage: int | None,
+              frag: float = FRAGMENTATION):
     """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
     ctx = _context(model, training)
     tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
@@ -699,14 +712,32 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
     ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
     es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
-    scale = tokens * (1.0 + FRAGMENTATION)
+    scale = tokens * (1.0 + frag)
     best, best_total = rows[0], -1.0
+    loss_bytes = None  # the blocked loss's fixed bytes: the same for every row that has them (the last rank's)
+    switches = (dense_shard, expert_shard, config.use_distributed_optimizer, config.overlap_grad_reduce,
+                config.overlap_param_gather)
+    reduces = ctx.reduces if only_stage is None else None
     for row in rows:
         n = row[5] if row[5] < mv else mv
         if row[6].chunk_sizes is not None:
             n = in_flight_chunk_equivalents(row[6], n, pp, vpp)
         dynamic = (n * row[3] + row[4]) * scale
-        reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
+        if row[12] is not None:
+            if loss_bytes is None:
+                lkey = (row[12], tokens)
+                fixed = ctx.losses.get(lkey)
+                if fixed is None:
+                    fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
+                loss_bytes = fixed * (1.0 + frag)
+            dynamic += loss_bytes
+        if reduces is None:
+            reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
+        else:
+            rkey_ = (id(row), switches)
+            reduce = reduces.get(rkey_)
+            if reduce is None:
+                reduce = reduces[rkey_] = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
         total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
                  + (dynamic if dynamic > reduce else reduce))
         if total > best_total:
@@ -806,27 +837,27 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
 
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
-               config: ParallelConfig, workspace: float) -> MemoryBreakdown:
-    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work = row
+               config: ParallelConfig, workspace: float, frag: float) -> MemoryBreakdown:
+    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed = row
     n = min(cap, mv)
     if lay.chunk_sizes is not None:
         n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
     activations = tokens * (n * per_chunk + act_once)
-    logits, comm, work = tokens * logits, tokens * comm, tokens * work
-    overhead = work + FRAGMENTATION * (activations + logits + comm + work)
+    logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
+    overhead = work + frag * (activations + logits + comm + work)
     reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
     optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
                            details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
-                                                  config.vpp, reduce_excess, workspace))
+                                                  config.vpp, reduce_excess, workspace, frag))
 
 
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
-             vpp: int, reduce_excess: float, workspace: float) -> tuple[tuple[str, float], ...]:
+             vpp: int, reduce_excess: float, workspace: float, frag: float) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
-    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work = row
+    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed = row
     p, gemm = par[0], par[1]
     dense_shard, expert_shard, ds, es = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
@@ -858,15 +889,20 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         details.append(("act.output.final_norm_and_head_input", tokens * k.head_input))
         if k.mtp:
             details.append(("act.mtp.blocks", tokens * k.mtp))
-        details.append(("logits.loss_and_output", tokens * row_logits))
+        if fixed is None:
+            details.append(("logits.loss_and_output", tokens * row_logits))
+        else:
+            block, weight_grad = _loss_fixed(fixed, tokens)
+            details += [("logits.loss_block", block), ("logits.output_weight_grad", weight_grad),
+                        ("logits.input_grad_and_lse", tokens * row_logits)]
     name, value = k.comm_moe if lay.has_moe else k.comm_dense
     if value:
         details.append((name, tokens * value))
     if row_comm > value:
         details.append(("comm.pp.send_recv", tokens * (row_comm - value)))
-    dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work)
+    dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work) + sum(_loss_fixed(fixed, tokens))
     details += [("allocator.backward_working_set", tokens * row_work),
-                ("allocator.fragmentation", FRAGMENTATION * dynamic)]
+                ("allocator.fragmentation", frag * dynamic)]
     if reduce_excess:
         details.append(("allocator.grad_reduce_peak_excess", reduce_excess))
     if workspace:
@@ -879,8 +915,9 @@ def estimate_stage_memory(model: ModelSpec, training: TrainingSpec, cluster: Clu
     """Memory of one GPU of pipeline rank ``stage`` (bytes), by category with per-tensor details."""
     if not 0 <= stage < config.pp:
         raise InvalidConfigError(f"stage {stage} is outside the pipeline (pp={config.pp})")
-    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, stage)
-    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name))
+    frag = fragmentation_of(cluster)
+    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, stage, frag)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name), frag)
 
 
 def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -891,10 +928,12 @@ def estimate_memory(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     (see :func:`_candidate_stages`) and returns the one with the largest total. ``cluster`` is not
     needed for the bytes themselves; compare ``total`` with ``cluster.usable_hbm_bytes``.
     """
-    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, None)
-    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name))
+    frag = fragmentation_of(cluster)
+    ctx, kkey, row, _, mv, tokens, shards = _evaluate(model, training, config, None, frag)
+    return _breakdown(ctx, kkey, row, mv, tokens, shards, config, library_workspace_bytes(cluster.gpu.name), frag)
 
 
 def peak_memory_bytes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> float:
     """``estimate_memory(...).total`` without building the breakdown: the planner's pruning fast path."""
-    return _evaluate(model, training, config, None)[3] + library_workspace_bytes(cluster.gpu.name)
+    return _evaluate(model, training, config, None, fragmentation_of(cluster))[3] + library_workspace_bytes(
+        cluster.gpu.name)

@@ -24,6 +24,7 @@ from functools import lru_cache
 from costmodel import host as _host
 from costmodel.activation import glu_traffic, is_plain_swiglu
 from costmodel.attention_kinds import fused_causal_fraction, has_sinks, masked_layer_share
+from costmodel import loss as _loss
 from costmodel import params as _params
 from costmodel.comm import (
     LinkRates,
@@ -38,6 +39,7 @@ from costmodel.compute import (
     attention_time,
     compute_rates,
     gemm_fwd_bwd,
+    gemm_time,
     grouped_gemm_fwd_bwd,
     memory_time,
     sink_attention_time,
@@ -76,7 +78,8 @@ BUCKET_PARAMS_PER_DP = 1_000_000
 # Adam step bytes per parameter on this rank: read fp32 grad, master weight, m, v (16); write master,
 # m, v (12) and the bf16 model weight (2); the grad-norm for clipping reads the grad again (4).
 OPTIMIZER_BYTES_PER_PARAM = 34
-# Vocab-parallel cross-entropy in fp32 over bf16 logits: bytes of HBM traffic per logit element.
+# Megatron's vocab-parallel cross-entropy in fp32 over bf16 logits: bytes of HBM traffic per logit element
+# (the executor's blocked loss: costmodel.loss).
 LOSS_BYTES_PER_LOGIT_FWD = 8
 LOSS_BYTES_PER_LOGIT_BWD = 8
 # fp8 GEMM inputs are cast (and transposed) per micro-batch: read 2 bytes, write 1 + 1 per element.
@@ -252,6 +255,7 @@ class _Shape:
             self.accum_bytes = MAIN_GRAD_ACCUM_BYTES if training.main_grads_fp32 else 3 * training.param_bytes
         self.flash = training.flash_attention
         self.regather = training.sequence_parallel_regather
+        self.megatron_loss = training.megatron_cross_entropy
         self.fused_special = training.fused_window_sink_attention
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
@@ -488,7 +492,9 @@ class _Shape:
                       ring_time(self.link, "all_gather", t * h * ab, place) if self.sp else 0.0)
 
     def head(self, block: _Block) -> None:
-        """Final norm, output layer (16-bit) and vocab-parallel cross-entropy of one output head."""
+        """Final norm, output layer (16-bit) and vocab-parallel cross-entropy of one output head: the executor's
+        loss fused with the output layer and blocked over the vocabulary (one more output GEMM in backward, its
+        torch ops' traffic), or Megatron's over the whole logits (``TrainingSpec.megatron_cross_entropy``)."""
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
         h = m.hidden_size
         vocab = m.padded_vocab_size(tp) / tp
@@ -502,8 +508,17 @@ class _Shape:
             else:
                 block.add(TP, 0.0, ring_time(self.link, "all_reduce", t * h * ab, place))
         self.linear(block, t, vocab, h, low_precision=False)
-        self.elementwise(block, LOSS_BYTES_PER_LOGIT_FWD * t * vocab,
-                         bwd_bytes=LOSS_BYTES_PER_LOGIT_BWD * t * vocab)
+        if self.megatron_loss:
+            self.elementwise(block, LOSS_BYTES_PER_LOGIT_FWD * t * vocab,
+                             bwd_bytes=LOSS_BYTES_PER_LOGIT_BWD * t * vocab)
+            return
+        # the executor's blocked loss (costmodel.loss): its backward computes each block's logits again
+        rows = _loss.vocab_rows(m, tp)
+        block.add(GEMM, 0.0, gemm_time(self.rates, t, round(vocab), h, False))
+        scale = 1.0 if ab == 4 else ab / 2  # byte counts are for 16-bit logits; fp32 ones skip the casts
+        self.elementwise(block, _loss.BLOCKED_LOSS_BYTES_PER_LOGIT_FWD * scale * t * rows,
+                         bwd_bytes=_loss.BLOCKED_LOSS_BYTES_PER_LOGIT_BWD * scale * t * rows
+                         + _loss.BLOCKED_LOSS_ACCUM_BYTES * t * h * _loss.num_blocks(t, rows))
 
     def mtp_extra(self, block: _Block) -> None:
         """An MTP block's own work: embedding of shifted tokens, two norms and the 2h -> h projection."""

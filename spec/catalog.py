@@ -115,16 +115,22 @@ _add_model(ModelSpec(
     num_experts=16, moe_router_topk=2, moe_ffn_hidden_size=1024, make_vocab_size_divisible_by=128))
 
 # ---- hardware (datasheet figures) -----------------------------------------------------------------
+# DGX/HGX H100 and H200: eight ConnectX-7 NICs, one per GPU, 400 Gb/s (50 GB/s) each way; the latency is
+# a rule of thumb for one InfiniBand hop through the switch with NCCL's protocol overhead
+_DGX_NETWORK = ("datasheet, not measured here: 8 x ConnectX-7 400 Gb/s (one per GPU, DGX H100/H200), "
+                "10 us per inter-node step")
 _add_hardware(HardwareProfile(
     name="h100-sxm", gpu=GPUSpec("h100-sxm", {"bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
                                               "fp32": 66.9 * _T}, 80 * GIB, 3.35e12),
     gpus_per_node=8, intra_node_bandwidth=450 * _GB, intra_node_latency=5e-6,
-    inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6))
+    inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6, nics_per_node=8,
+    network_source=_DGX_NETWORK))
 _add_hardware(HardwareProfile(
     name="h200", gpu=GPUSpec("h200", {"bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
                                       "fp32": 66.9 * _T}, 141 * 10**9, 4.8e12),
     gpus_per_node=8, intra_node_bandwidth=450 * _GB, intra_node_latency=5e-6,
-    inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6))
+    inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6, nics_per_node=8,
+    network_source=_DGX_NETWORK))
 _add_hardware(HardwareProfile(
     name="b200", gpu=GPUSpec("b200", {"bf16": 2250 * _T, "fp16": 2250 * _T, "fp8": 4500 * _T,
                                       "fp32": 75 * _T}, 180 * 10**9, 8.0e12),

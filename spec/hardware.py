@@ -110,7 +110,10 @@ class HardwareProfile:
     overlap). ``sustained_clock_factor`` is the measured ratio of a GEMM's throughput under seconds of
     back-to-back load to its throughput in a short burst (the card lowers its clock at its power limit); the
     time model scales the compute peaks by it, as the efficiency curves are timed in bursts. None means not
-    measured, priced as 1.
+    measured, priced as 1. ``allocator_fragmentation`` is the measured share the PyTorch caching allocator
+    reserves beyond its allocated peak over real training steps of a proxy (``reserved / allocated - 1``,
+    ``foldtune calibrate`` on a GPU); the memory model adds it to the dynamic bytes. None means not measured:
+    the memory model's prior (``costmodel.memory.FRAGMENTATION``).
     """
 
     name: str
@@ -118,7 +121,7 @@ class HardwareProfile:
     gpus_per_node: int
     intra_node_bandwidth: float  # bytes/s per GPU per direction (NVLink)
     intra_node_latency: float  # seconds
-    inter_node_bandwidth: float  # bytes/s per GPU per direction (IB/RoCE NIC per GPU)
+    inter_node_bandwidth: float  # bytes/s per NIC per direction (IB/RoCE; one NIC per GPU unless nics_per_node)
     inter_node_latency: float  # seconds
     gemm_efficiency: MeasuredCurve | None = None
     # forward FLOPs of a GEMM shape -> achieved / peak of that linear's input- and weight-gradient GEMMs
@@ -137,6 +140,11 @@ class HardwareProfile:
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
     overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
     sustained_clock_factor: float | None = None  # sustained / burst tensor-core throughput, measured
+    allocator_fragmentation: float | None = None  # reserved / allocated - 1 at a proxy's peak, measured
+    # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
+    # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
+    nics_per_node: int | None = None
+    network_source: str = "datasheet (not measured here)"
     # '<model name>@seq<S>' -> ((term, measured/predicted), ...): executor components timed at that shape
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
@@ -165,6 +173,10 @@ class HardwareProfile:
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
                 f"sustained_clock_factor must be None or a fraction in (0, 1], got {self.sustained_clock_factor}")
+        require(p, self.nics_per_node is None or (isinstance(self.nics_per_node, int) and self.nics_per_node >= 1),
+                f"nics_per_node must be None or a positive integer, got {self.nics_per_node!r}")
+        require(p, self.allocator_fragmentation is None or 0.0 <= self.allocator_fragmentation <= 1.0,
+                f"allocator_fragmentation must be None or a fraction in [0, 1], got {self.allocator_fragmentation}")
         require(p, all(math.isfinite(f) and f > 0 for _, v in self.component_factors for _, f in v),
                 "component_factors must be finite numbers > 0")
         raise_if(p, f"hardware profile {self.name!r}")
@@ -195,6 +207,13 @@ class HardwareProfile:
             if hits:
                 return min(hits, key=lambda h: h[:3])[3]
         return None
+
+    @property
+    def nic_bandwidth_per_gpu(self) -> float:
+        """Bytes/s per direction of network one GPU drives when every GPU of its node sends at once: the
+        node's NICs (``nics_per_node``, else one per GPU) times ``inter_node_bandwidth`` over its GPUs."""
+        nics = self.nics_per_node if self.nics_per_node is not None else self.gpus_per_node
+        return self.inter_node_bandwidth * nics / self.gpus_per_node
 
     @property
     def op_launch_seconds(self) -> float:
@@ -230,6 +249,10 @@ class HardwareProfile:
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
             "moe_layer_host_s": self.moe_layer_host_s, "overlap_slowdown": self.overlap_slowdown,
             "sustained_clock_factor": self.sustained_clock_factor,
+            **({"allocator_fragmentation": self.allocator_fragmentation}
+               if self.allocator_fragmentation is not None else {}),
+            **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
+            "network_source": self.network_source,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
         }
@@ -277,17 +300,54 @@ def _mbs_distance(measured: int | None, wanted: int | None) -> float:
     return abs(math.log2(measured) - math.log2(wanted))
 
 
+#: Bytes per GPU outside the PyTorch allocator: CUDA context, NCCL's buffers (``ClusterSpec.hbm_reserved_bytes``).
+DEFAULT_HBM_RESERVED = int(1.5 * GIB)
+#: Share of each GPU's memory the planner keeps free by default (``ClusterSpec.min_headroom``): the memory
+#: model's own error (its bar: within 5 % of the measured peak) must not turn a planned layout into an OOM.
+DEFAULT_MIN_HEADROOM = 0.05
+#: A fractional ``min_headroom`` must stay below this (a larger one leaves nothing to plan with).
+MAX_HEADROOM_FRACTION = 0.9
+
+
+def headroom_bytes(min_headroom: float, hbm_bytes: int) -> int:
+    """Bytes a ``min_headroom`` keeps free on a GPU of ``hbm_bytes``: a value below 1 is a fraction of the
+    GPU's memory, 1 or more a byte count."""
+    return int(min_headroom * hbm_bytes) if min_headroom < 1 else int(min_headroom)
+
+
+def headroom_problem(min_headroom: float, hbm_bytes: int, reserved_bytes: int) -> str | None:
+    """Why ``min_headroom`` cannot be kept on a GPU of ``hbm_bytes`` (``reserved_bytes`` already set aside),
+    or None when it can."""
+    if isinstance(min_headroom, bool) or not isinstance(min_headroom, (int, float)) or not min_headroom >= 0:
+        return f"min_headroom must be a number >= 0 (a fraction below 1 or bytes), got {min_headroom!r}"
+    if min_headroom < 1 and min_headroom > MAX_HEADROOM_FRACTION:
+        return f"min_headroom as a fraction must be <= {MAX_HEADROOM_FRACTION}, got {min_headroom}"
+    if min_headroom >= 1 and headroom_bytes(min_headroom, hbm_bytes) >= hbm_bytes - reserved_bytes:
+        return (f"min_headroom of {int(min_headroom)} bytes leaves nothing of the "
+                f"{hbm_bytes - reserved_bytes} bytes usable per GPU")
+    return None
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """``num_gpus`` GPUs of one hardware profile, filled node by node (rank r lives on node r // gpus_per_node)."""
+    """``num_gpus`` GPUs of one hardware profile, filled node by node (rank r lives on node r // gpus_per_node).
+
+    ``min_headroom``: memory per GPU the planner keeps free beyond ``hbm_reserved_bytes`` (a fraction of the
+    GPU's memory below 1, else bytes; default :data:`DEFAULT_MIN_HEADROOM`): layouts whose predicted peak
+    leaves less are pruned as not fitting.
+    """
 
     hardware: HardwareProfile
     num_gpus: int
-    hbm_reserved_bytes: int = field(default=int(1.5 * GIB))  # CUDA context, NCCL, fragmentation headroom
+    hbm_reserved_bytes: int = field(default=DEFAULT_HBM_RESERVED)  # CUDA context, NCCL
+    min_headroom: float = DEFAULT_MIN_HEADROOM
 
     def __post_init__(self) -> None:
         p: list[str] = []
         positive_ints(p, self, ("num_gpus",))
+        problem = headroom_problem(self.min_headroom, self.gpu.hbm_bytes, self.hbm_reserved_bytes)
+        if problem:
+            p.append(problem)
         if not p and self.num_gpus > self.hardware.gpus_per_node:
             require(p, self.num_gpus % self.hardware.gpus_per_node == 0,
                     f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node "
@@ -307,6 +367,12 @@ class ClusterSpec:
         return -(-self.num_gpus // self.hardware.gpus_per_node)
 
     @property
+    def min_headroom_bytes(self) -> int:
+        """Bytes per GPU kept free by ``min_headroom``."""
+        return headroom_bytes(self.min_headroom, self.gpu.hbm_bytes)
+
+    @property
     def usable_hbm_bytes(self) -> int:
-        """Bytes of device memory a training process may plan to use."""
-        return self.gpu.hbm_bytes - self.hbm_reserved_bytes
+        """Bytes of device memory a training process may plan to use: the GPU's memory less what CUDA, NCCL
+        and the allocator reserve and less the headroom kept free."""
+        return self.gpu.hbm_bytes - self.hbm_reserved_bytes - self.min_headroom_bytes

@@ -17,13 +17,17 @@ from spec.training_spec import TrainingSpec
 
 
 def build_specs(model: str | ModelSpec, gpus: int, *, gpu: str | None = None, profile: str | None = None,
-                layers: int | None = None, **training: Any) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
-    """(catalog ``model`` (or the ModelSpec itself), cut to ``layers`` when given; a TrainingSpec of the ``training`` fields; ``gpus``
-    GPUs of the hardware profile in the file ``profile``, else of the catalog hardware ``gpu``).
+                layers: int | None = None, min_headroom: float | None = None,
+                **training: Any) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
+    """(catalog ``model`` (or the ModelSpec itself), cut to ``layers`` when given; a TrainingSpec of the
+    ``training`` fields; ``gpus`` GPUs of the hardware profile in the file ``profile``, else of the catalog
+    hardware ``gpu``, keeping ``min_headroom`` free per GPU, None: the default).
 
     Raises CatalogError for an unknown name or an unreadable profile file, SpecError for a bad value."""
     spec = model if isinstance(model, ModelSpec) else get_model(model)
     if layers:
         spec = spec.with_layers(layers)
-    cluster = ClusterSpec(load_profile(profile) if profile else get_hardware(gpu), gpus)
+    hardware = load_profile(profile) if profile else get_hardware(gpu)
+    cluster = (ClusterSpec(hardware, gpus) if min_headroom is None
+               else ClusterSpec(hardware, gpus, min_headroom=min_headroom))
     return spec, TrainingSpec(**training), cluster

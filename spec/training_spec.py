@@ -33,6 +33,11 @@ class TrainingSpec:
     for layers with a sliding window or attention sinks: flash-style, a windowed layer computes only the
     scores inside its window and nothing of size s×s is stored. foldtune's executor (False) runs those layers
     as an explicit masked softmax over the whole [s/cp, s] score matrix (in fp32 with sinks) and keeps it.
+    ``megatron_cross_entropy`` True models Megatron's output layer and loss (``vocab_parallel_cross_entropy``,
+    or its ``--cross-entropy-loss-fusion`` kernel): the whole [tokens, vocab/tp] logits in the compute dtype,
+    then one fp32 softmax per output head kept from forward to backward. foldtune's executor (False) fuses the
+    output layer with the loss, blocked over the vocabulary (no logits kept; one more output-layer GEMM in
+    backward), see ``executor/parallel/linear_cross_entropy.py``.
     """
 
     seq_length: int
@@ -58,6 +63,9 @@ class TrainingSpec:
     sequence_parallel_regather: bool = False
     # Megatron's fused kernel for windowed / sink attention layers; the executor's masked path when False
     fused_window_sink_attention: bool = False
+    # Megatron's whole-logits loss (one fp32 softmax kept per head); the executor's vocabulary-blocked fused
+    # output layer + loss when False
+    megatron_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []

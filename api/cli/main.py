@@ -53,13 +53,32 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand an argument list names: its first word that is no option (nor ``--catalog``'s value)."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--catalog":
+            skip = True
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
+def build_parser(only: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``foldtune`` parser with every command's arguments, or (``lazy``) with only those of the command
+    ``only`` (None: of no command): the other commands' modules are not imported, so ``foldtune plan`` does
+    not load FastAPI, uvicorn or torch to build the parsers of ``serve`` or ``calibrate``."""
     parser = argparse.ArgumentParser(prog="foldtune", description="Tune and run folded MoE training layouts.")
     parser.add_argument("--version", action="version", version=f"foldtune {version()}")
     parser.add_argument("--catalog", metavar="FILE",
                         help="YAML/JSON file of extra models and hardware (also: FOLDTUNE_CATALOG)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
+        if lazy and name != only:
+            sub.add_parser(name, help=help_text, description=help_text)
+            continue
         module = _load(module_name)
         if module is None:
             continue
@@ -70,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_of(argv), lazy=True)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -24,6 +24,7 @@ from planner.rank import explain_layout, plan, smallest_fitting_cluster
 from spec.errors import SpecError
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
+from api.cli._memory_args import add_headroom_argument
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -68,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count the embedding as a layer of the pipeline split (its chunk holds one layer fewer)")
     parser.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
                         help="count the loss as a layer of the pipeline split (its chunk holds one layer fewer)")
+    parser.add_argument("--megatron-cross-entropy", action="store_true",
+                        help="price Megatron's loss (whole logits, one fp32 softmax per head); default: foldtune's "
+                             "executor, the output layer fused with the loss and blocked over the vocabulary")
+    parser.add_argument("--gradient-accumulation-fusion", action="store_true",
+                        help="price Megatron's fused weight-gradient accumulation into the fp32 main gradient")
+    parser.add_argument("--sequence-parallel-regather", action="store_true",
+                        help="price Megatron's sequence-parallel linears (input re-gathered in backward)")
+    add_headroom_argument(parser)
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -95,7 +104,11 @@ def _specs(args: argparse.Namespace):
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
                        moe_routing_imbalance=args.imbalance,
-                       fused_window_sink_attention=args.fused_window_sink_attention)
+                       fused_window_sink_attention=args.fused_window_sink_attention,
+                       megatron_cross_entropy=args.megatron_cross_entropy,
+                       gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+                       sequence_parallel_regather=args.sequence_parallel_regather,
+                       min_headroom=args.min_headroom)
 
 
 def _split(args: argparse.Namespace) -> PipelineSplit:
@@ -145,6 +158,7 @@ def _header(model, training, cluster, space) -> dict[str, Any]:
         "model": model.name, "params_total": total, "params_active": active,
         "gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
         "num_nodes": cluster.num_nodes, "usable_hbm_bytes": cluster.usable_hbm_bytes,
+        "min_headroom": cluster.min_headroom, "min_headroom_bytes": cluster.min_headroom_bytes,
         "training": training.to_dict(), "search_space": space.describe(),
     }
 
@@ -158,11 +172,15 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
     return [
         f"model    {h['model']}: {_count(h['params_total'])} parameters, {_count(h['params_active'])} active per token",
         f"cluster  {h['num_gpus']} x {h['gpu']} ({h['num_nodes']} node{'s' if h['num_nodes'] > 1 else ''} of "
-        f"{h['gpus_per_node']}), {_bytes(h['usable_hbm_bytes'])} usable per GPU",
+        f"{h['gpus_per_node']}), {_bytes(h['usable_hbm_bytes'])} usable per GPU, {_bytes(h['min_headroom_bytes'])} "
+        f"kept free" + (f" ({h['min_headroom']:.0%} of its memory)" if h["min_headroom"] < 1 else ""),
         f"training seq {t['seq_length']}, global batch {t['global_batch_size']}, {t['precision']}, {routing} routing"
         + (f", imbalance {t['moe_routing_imbalance']:g}" if t["moe_routing_imbalance"] != 1.0 else "")
         + f", distributed optimizer {distopt}"
-        + (", Megatron's fused window/sink attention" if t.get("fused_window_sink_attention") else ""),
+        + (", Megatron's fused window/sink attention" if t.get("fused_window_sink_attention") else "")
+        + (", Megatron's loss" if t.get("megatron_cross_entropy") else "")
+        + (", fused gradient accumulation" if t.get("gradient_accumulation_fusion") else "")
+        + (", SP re-gather" if t.get("sequence_parallel_regather") else ""),
         f"search   {h['search_space']}",
     ]
 
@@ -247,7 +265,8 @@ def _explain(args, model, training, cluster) -> int:
     print(f"layout   {label}: valid, {'fits' if e.fits else 'does NOT fit'} in memory")
     print(f"predicted step {_seconds(e.time.step_time)}, {e.time.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
           f"{e.time.tflops_per_gpu:.4g} TFLOPS/GPU, MFU {e.time.mfu:.1%}, memory {_bytes(e.memory.total)} of "
-          f"{_bytes(cluster.usable_hbm_bytes)}; limiter {e.limiter}: {e.explanation}")
+          f"{_bytes(cluster.usable_hbm_bytes)} usable ({_bytes(cluster.min_headroom_bytes)} kept free); "
+          f"limiter {e.limiter}: {e.explanation}")
     print("\n".join(_breakdown_lines(e)))
     if args.megatron_args:
         print("\nMegatron-LM arguments:\n" + format_megatron_args(e.config, model, training))

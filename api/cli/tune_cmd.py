@@ -21,6 +21,7 @@ import time
 
 from api.cli._local import check_ray_has_room, validated_request
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, detected_gpu, resolve_shape
+from api.cli._memory_args import add_headroom_argument
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
@@ -31,6 +32,8 @@ from spec.profile_io import use_profile_file
 from api.cli._local_key import owner_of_local_key
 
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
+# api.worker.auto_profile.AUTO_CALIBRATE_MODES, spelled out: the worker (torch) loads only when the job runs
+AUTO_CALIBRATE_CHOICES = ("quick", "minimal", "off")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
                              "the Ray cluster)")
     parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
+    add_headroom_argument(parser)
+    parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_CHOICES,
+                        help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
+                             "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
+                             "GPUs, off on cpu; minimal: seconds, for tests)")
     add_router_arguments(parser)
 
 
@@ -60,7 +68,14 @@ class TrialPrinter:
 
     def __call__(self, kind: str, data: dict) -> None:
         say = lambda text: print(text, file=self.out, flush=True)
-        if kind == "job_started":
+        if kind == "calibrating":
+            say(f"job {data['job_id']}: no calibrated profile of {data['gpu']} yet: calibrating it ({data['mode']}) "
+                f"before the search")
+        elif kind == "job_started":
+            p = data.get("pricing_profile") or {}
+            if p:
+                say(f"job {data['job_id']}: priced with hardware profile {p['name']!r} ({p['source']}"
+                    + (f"; {p['note']}" if p.get("note") else "") + ")")
             c = data["candidates"]
             say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "
                 f"layouts, {c['fitting']:,} fit in memory, searching the best {c['searched']} the executor runs "
@@ -123,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
     request = validated_request(JobCreate, {
         **model_body(args), "training": {"seq_length": shape.seq, "global_batch_size": shape.gbs,
                                          "precision": shape.precision},
-        "cluster": {"gpu": hardware_name, "num_gpus": args.gpus},
+        "cluster": {"gpu": hardware_name, "num_gpus": args.gpus,
+                    **({} if args.min_headroom is None else {"min_headroom": args.min_headroom})},
         "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)})
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
@@ -132,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial,
-                              gpus_per_node=base.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node)
+                              gpus_per_node=base.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node,
+                              auto_calibrate=args.auto_calibrate or base.auto_calibrate)
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
         check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)

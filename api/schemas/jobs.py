@@ -12,6 +12,7 @@ from api.schemas.common import Name, spec_validator
 from api.schemas.hf import HFConfigIn
 from api.schemas.router import RouterOptionsIn
 from api.schemas.proxy import ProxyIn, ProxyOut
+from spec.hardware import DEFAULT_MIN_HEADROOM, MAX_HEADROOM_FRACTION
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
 
@@ -32,6 +33,11 @@ class ClusterIn(BaseModel):
     gpu: Name = Field(description="hardware profile: built-in (h100, h200, cpu, ...) or stored via /hardware-profiles",
                       examples=["h100"])
     num_gpus: int = Field(ge=1, le=MAX_GPUS, examples=[8])
+    min_headroom: float | None = Field(
+        None, ge=0, le=2**50,  # plans and jobs; a training's layout is the user's
+        description="memory per GPU kept free when pruning layouts: a fraction of the GPU's memory below 1 "
+                    f"(at most {MAX_HEADROOM_FRACTION}), else bytes; default {DEFAULT_MIN_HEADROOM}",
+        examples=[0.1, 4e9])
 
 
 class BudgetIn(BaseModel):
@@ -73,6 +79,12 @@ class JobCreate(WorkloadIn, RouterOptionsIn):
 class ClusterOut(BaseModel):
     gpu: str
     num_gpus: int
+
+
+class PlanClusterOut(ClusterOut):
+    min_headroom: float = Field(description="memory per GPU kept free: a fraction below 1, else bytes")
+    min_headroom_bytes: int = Field(description="the bytes per GPU that keeps free")
+    usable_hbm_bytes: int = Field(description="bytes per GPU a layout may use: memory less reserved and headroom")
 
 
 class BudgetOut(BaseModel):

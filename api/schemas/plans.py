@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import MAX_LAYOUT_CHARS, PipelineSplit
 from planner.enumerate import VPP_LIMIT
-from api.schemas.jobs import ClusterOut, WorkloadIn
+from api.schemas.jobs import PlanClusterOut, WorkloadIn
 
 
 class PipelineIn(BaseModel):
@@ -95,7 +95,7 @@ class PlanOut(BaseModel):
     tokens/s/GPU, TFLOPS/GPU, MFU, memory bytes by term, the limiter and a one-line explanation."""
 
     model: str
-    cluster: ClusterOut
+    cluster: PlanClusterOut
     training: dict[str, Any]
     considered: int = Field(description="configs enumerated")
     valid: int = Field(description="configs passing every Megatron validity rule")

@@ -22,7 +22,7 @@ from api.schemas.proxy import proxy_view
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
-from spec.hardware import ClusterSpec, HardwareProfile
+from spec.hardware import DEFAULT_HBM_RESERVED, DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile, headroom_problem
 from spec.model_spec import ModelSpec
 from spec.router_options import RouterOptions, with_router
 from spec.training_spec import TrainingSpec
@@ -77,13 +77,21 @@ def resolve_model(name: str, loc: str = "body.model") -> ModelSpec:
         raise RuleViolation(loc, "known_model", str(exc)) from None
 
 
-def resolve_cluster(session: Session | None, gpu: str, num_gpus: int, loc: str = "body.cluster") -> ClusterSpec:
+def resolve_cluster(session: Session | None, gpu: str, num_gpus: int, loc: str = "body.cluster",
+                    min_headroom: float | None = None) -> ClusterSpec:
+    """The cluster of a request; RuleViolation for an unknown GPU, partial nodes or a headroom that leaves
+    nothing to plan with (``min_headroom`` None: the default)."""
     try:
         hardware = resolve_hardware(session, gpu)
     except FoldtuneError as exc:
         raise RuleViolation(f"{loc}.gpu", "known_gpu", str(exc)) from None
+    if min_headroom is None:
+        min_headroom = DEFAULT_MIN_HEADROOM
+    problem = headroom_problem(min_headroom, hardware.gpu.hbm_bytes, DEFAULT_HBM_RESERVED)
+    if problem:
+        raise RuleViolation(f"{loc}.min_headroom", "headroom_fits", problem)
     try:
-        return ClusterSpec(hardware=hardware, num_gpus=num_gpus)
+        return ClusterSpec(hardware=hardware, num_gpus=num_gpus, min_headroom=min_headroom)
     except FoldtuneError as exc:
         raise RuleViolation(f"{loc}.num_gpus", "whole_nodes", str(exc)) from None
 
@@ -93,7 +101,8 @@ def resolve_job(session: Session | None, request: WorkloadIn) -> ResolvedJob:
     model or GPU, partial nodes, or a proxy out of bounds."""
     model = request.model_spec if request.model_spec is not None else resolve_model(request.model or "")
     model = apply_proxy(model, request.num_layers_override, request.proxy)
-    cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
+    cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus,
+                              min_headroom=request.cluster.min_headroom)
     return ResolvedJob(model=model, training=request.training, cluster=cluster)
 
 
@@ -116,7 +125,8 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
               model_spec=resolved.model.to_dict(), training_spec=training_spec,
               cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,
-                       "hardware": resolved.cluster.hardware.to_dict()},
+                       "hardware": resolved.cluster.hardware.to_dict(),
+                       "min_headroom": resolved.cluster.min_headroom},
               gpu_name=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
               signature=job_signature(resolved.model.to_dict(), training_spec, resolved.cluster.hardware.name,
                                       resolved.cluster.num_gpus), max_trials=request.budget.max_trials,

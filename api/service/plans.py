@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from api.schemas.jobs import ClusterOut
+from api.schemas.jobs import PlanClusterOut
 from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
 from api.service.errors import RuleViolation
 from api.service.jobs import resolve_job
@@ -31,7 +31,10 @@ def create_plan(session: Session, request: PlanCreate) -> PlanOut:
     enum = result.enumeration
     return PlanOut(
         model=resolved.model.name, training=resolved.training.to_dict(),
-        cluster=ClusterOut(gpu=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus),
+        cluster=PlanClusterOut(gpu=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
+                               min_headroom=resolved.cluster.min_headroom,
+                               min_headroom_bytes=resolved.cluster.min_headroom_bytes,
+                               usable_hbm_bytes=resolved.cluster.usable_hbm_bytes),
         considered=enum.considered, valid=enum.valid,
         rejected={rule: RejectedRule(count=n, example=enum.examples[rule].reason) for rule, n in enum.rejected.items()},
         pruned_by_memory=result.pruned_by_memory, fitting=result.fitting,

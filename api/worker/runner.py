@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +42,19 @@ import optuna
 from optuna.trial import TrialState
 
 from api.service.paths import default_data_root
+from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, PricingProfile, auto_profile_name,
+                                     pricing_profile)
 from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
 from spec.errors import FoldtuneError, SpecError
 from spec.failure import FailureKind
-from spec.hardware import ClusterSpec, HardwareProfile
+from spec.hardware import DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db.engine import make_engine, make_sessionmaker, ping
+from db.hardware_profiles import stored_profile, store_calibrated_profile
 from db.jobs import job_claim, job_status
 from db.migrate import upgrade
 from db.models import Job, utcnow
@@ -86,17 +89,27 @@ class RunnerSettings:
     gpus_per_node: int | None = None  # None: read from the Ray cluster (the planner's node boundary)
     trial: TrialSettings = field(default_factory=TrialSettings)
     data_root: Path | None = None
+    # a job on a datasheet profile first calibrates its GPU type (api.worker.auto_profile): 'quick', 'minimal'
+    # (tests) or 'off'; None: quick on GPU types, off on the CPU type (CPU runs are tests and smoke runs)
+    auto_calibrate: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise SpecError(f"GPUs per node must be >= 1, got {self.gpus_per_node}")
+        if self.auto_calibrate is not None and self.auto_calibrate not in AUTO_CALIBRATE_MODES:
+            raise SpecError(f"auto_calibrate must be one of {AUTO_CALIBRATE_MODES}, got {self.auto_calibrate!r}")
+
+    def auto_calibrate_mode(self, hardware: HardwareProfile) -> str:
+        if self.auto_calibrate is not None:
+            return self.auto_calibrate
+        return "off" if hardware.gpu.name.lower() == "cpu" else "quick"
 
     @classmethod
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
                  environ: dict[str, str] | None = None) -> RunnerSettings:
         """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_GPUS_PER_NODE, FOLDTUNE_DATA_ROOT and the trial
-        settings
+        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_GPUS_PER_NODE, FOLDTUNE_DATA_ROOT,
+        FOLDTUNE_AUTO_CALIBRATE and the trial settings
         (api.worker.trials)."""
         env = os.environ if environ is None else environ
         try:
@@ -111,7 +124,8 @@ class RunnerSettings:
                        poll_s=float(env.get("FOLDTUNE_POLL_S", 2)),
                        parallel_trials=int(parallel) if parallel else None,
                        gpus_per_node=int(per_node) if per_node else None,
-                       trial=trial_settings_from_env(env), data_root=default_data_root(env))
+                       trial=trial_settings_from_env(env), data_root=default_data_root(env),
+                       auto_calibrate=env.get("FOLDTUNE_AUTO_CALIBRATE") or None)
         except ValueError as exc:
             raise SpecError(f"bad runner setting in the environment: {exc}") from None
 
@@ -121,7 +135,8 @@ def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
     hardware = HardwareProfile.from_dict(job.cluster["hardware"])
     training, _ = split_router(job.training_spec)
     return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(training),
-            ClusterSpec(hardware=hardware, num_gpus=job.num_gpus))
+            ClusterSpec(hardware=hardware, num_gpus=job.num_gpus,
+                        min_headroom=job.cluster.get("min_headroom", DEFAULT_MIN_HEADROOM)))
 
 
 def study_attributes(job: Job, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> dict:
@@ -259,6 +274,7 @@ class Runner:
             model, training, cluster = job_specs(job)
             # from this (main) thread: Ray installs its signal handlers only here
             launch_ray.attach_ray()
+            cluster, pricing = self._pricing_cluster(job, cluster, training)
             shape = launch_ray.cluster_shape(launch_ray.rank_resource("gloo" if is_cpu_cluster(cluster) else "nccl"))
             cluster = cluster_on_ray(cluster, self.settings.gpus_per_node or shape.slots_per_node or None)
             cands = job_candidates(model, training, cluster, job.max_trials)
@@ -280,7 +296,8 @@ class Runner:
                        "slots_per_node": [n.slots for n in shape.nodes], "gpus_per_node": cluster.gpus_per_node,
                        "parallel_trials": budget.parallel_trials}
         self.on_event("job_started", {"job_id": job.id, "model": model.name, "gpus": cluster.num_gpus,
-                                      "gpu": cluster.hardware.name, "candidates": cands.summary(),
+                                      "gpu": cluster.hardware.name, "pricing_profile": pricing.to_dict(),
+                                      "candidates": cands.summary(),
                                       "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials,
                                       "ray_cluster": ray_cluster})
         try:
@@ -302,7 +319,7 @@ class Runner:
                    "stopped_because": result.stopped_because,
                    "best_layout": result.best_config.label() if result.best_config else None,
                    "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
-                   "ray_cluster": ray_cluster}
+                   "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict()}
         status, error = "succeeded", None
         if result.best_config is None:
             reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})
@@ -314,6 +331,26 @@ class Runner:
                                        "rows": result.rows, "best": result.best_config,
                                        "best_step_time": result.best_step_time})
         return final
+
+    def _pricing_cluster(self, job: Job, cluster: ClusterSpec, training: TrainingSpec
+                         ) -> tuple[ClusterSpec, PricingProfile]:
+        """The job's cluster on the profile it prices with (api.worker.auto_profile) and where that came from."""
+        def stored(name: str) -> dict | None:
+            with self.sessions() as session:
+                row = stored_profile(session, name)
+                return None if row is None or row.source != "calibrate" else dict(row.profile)
+
+        def store(name: str, profile: dict) -> bool:
+            with self.sessions() as session:
+                return store_calibrated_profile(session, name, profile)
+
+        mode = self.settings.auto_calibrate_mode(cluster.hardware)
+        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(
+                auto_profile_name(cluster.hardware)) is None:
+            self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode})
+        hardware, pricing = pricing_profile(cluster.hardware, cluster.num_gpus, training.precision, mode, stored,
+                                            store)
+        return replace(cluster, hardware=hardware), pricing
 
     def _recover(self, job: Job) -> None:
         """Before resuming a job: trials its previous runner left running are lost (retried under new

@@ -123,13 +123,24 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     """``base`` (datasheet figures) with the curves measured in ``raw`` (from ``runner.run_benchmarks``)."""
     peak = base.gpu.peak(raw["precision"])
     copy = max(raw["copy"], key=lambda r: r["bytes"]) if raw["copy"] else None
-    measured = collective_curves(raw["collectives"], base.intra_node_bandwidth)
-    # a collective measured here replaces all of the base's intra-node curves for it, per-size ones included:
+    # rows inside one node price NVLink, rows of one rank per node the NIC stage (``scope`` 'inter', when the
+    # calibration's ranks spanned nodes); contiguous groups spanning nodes ('mixed') are hierarchical
+    # composites the time model builds from the other two, so no curve is read from them
+    rows = raw["collectives"]
+    intra_rows = [r for r in rows if r.get("scope", "intra") == "intra"]
+    inter_rows = [r for r in rows if r.get("scope") == "inter"]
+    measured = collective_curves(intra_rows, base.intra_node_bandwidth)
+    measured_inter = collective_curves(inter_rows, base.nic_bandwidth_per_gpu, "inter")
+    # a collective measured here replaces all of the base's curves for it on that link, per-size ones included:
     # a group size this run did not form must fall back to this run's median, not to another machine's curve
-    remeasured = {key.split(":")[0] for key in measured}
+    remeasured = {(key.split(":")[0], key.split(":")[1]) for key in {**measured, **measured_inter}}
     curves = {key: curve for key, curve in base.collective_efficiency
-              if not (key.split(":")[0] in remeasured and key.split(":")[1:2] == ["intra"])}
+              if (key.split(":")[0], key.split(":")[1]) not in remeasured}
     curves.update(measured)
+    curves.update(measured_inter)
+    nodes = max((r["group_size"] for r in inter_rows), default=0)
+    network_source = (f"measured {raw['measured_at']} across {nodes} nodes ({raw['backend']}), one rank per node"
+                      if measured_inter else base.network_source)
     launch = raw.get("launch") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
     # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
@@ -151,5 +162,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         moe_layer_host_s=launch.get("moe_layer_host_s") or base.moe_layer_host_s,
         overlap_slowdown=(raw.get("overlap") or {}).get("slowdown", base.overlap_slowdown),
         sustained_clock_factor=(raw.get("sustained") or {}).get("factor", base.sustained_clock_factor),
+        allocator_fragmentation=(raw.get("fragmentation") or {}).get("fragmentation", base.allocator_fragmentation),
+        network_source=network_source,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

@@ -9,6 +9,8 @@ all-to-all, the payload of a p2p send. A time is the slowest rank's.
 
 from __future__ import annotations
 
+import socket
+
 import torch
 import torch.distributed as dist
 
@@ -38,7 +40,9 @@ def group_sizes(world_size: int) -> list[int]:
     return sizes
 
 
-def _op(collective: str, nbytes: int, n: int, pg, rank: int, device: torch.device, dtype: torch.dtype):
+def _op(collective: str, nbytes: int, n: int, pg, rank: int, device: torch.device, dtype: torch.dtype,
+        members: list[int] | None = None):
+    """The timed call; ``rank`` is the caller's index in its group, ``members`` the group's global ranks."""
     elem = torch.tensor([], dtype=dtype).element_size()
     numel = max(n, nbytes // elem // n * n)  # divisible by the group size
     if collective == "all_to_all":
@@ -56,10 +60,11 @@ def _op(collective: str, nbytes: int, n: int, pg, rank: int, device: torch.devic
         full = torch.ones(numel, device=device, dtype=dtype)
         shard = torch.empty(numel // n, device=device, dtype=dtype)
         return lambda: reduce_scatter_tensor(shard, full, group=pg)
-    if collective == "p2p":  # pairs (2i, 2i+1): the even rank sends, the odd one receives
+    if collective == "p2p":  # pairs: the group's first rank sends, the second receives
         x = torch.ones(numel, device=device, dtype=dtype)
-        peer = rank + 1 if rank % 2 == 0 else rank - 1
-        return (lambda: dist.send(x, peer)) if rank % 2 == 0 else (lambda: dist.recv(x, peer))
+        members = members or [0, 1]
+        peer = members[1 - rank]
+        return (lambda: dist.send(x, peer)) if rank == 0 else (lambda: dist.recv(x, peer))
     raise ValueError(f"unknown collective {collective!r}")
 
 
@@ -75,20 +80,67 @@ def measure_collectives(rank: int, world_size: int, device: torch.device, dtype:
                         repeats: int = 3, say=None) -> list[dict]:
     """Time every collective at every message size and group size; every rank must call this.
 
-    Returns this rank's ``[{'collective', 'group_size', 'bytes', 'seconds'}]`` (take the max over ranks).
+    Returns this rank's ``[{'collective', 'group_size', 'bytes', 'seconds', 'scope'}]`` (take the max over
+    ranks). ``scope`` is 'intra' for groups inside one node, 'mixed' for contiguous groups that span nodes
+    (hierarchical: the time model composes them from the other two) and 'inter' for the groups of one rank per
+    node (the same local index on every node: the NIC stage of a hierarchical collective), which are timed
+    only when the ranks span several nodes.
     """
+    hosts: list[str | None] = [None] * world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    out = _sweep(rank, world_size, device, dtype, sizes_bytes, collectives, repeats, say,
+                 [[list(range(start, start + n)) for start in range(0, world_size, n)]
+                  for n in group_sizes(world_size)],
+                 hosts)
+    by_node = inter_node_groups(hosts)
+    if by_node:
+        if say:
+            say(f"  across {len(by_node[0])} nodes: one rank per node, {len(by_node)} groups")
+        out += _sweep(rank, world_size, device, dtype, sizes_bytes, tuple(c for c in collectives if c != "p2p"),
+                      repeats, say, [by_node], hosts)
+    return out
+
+
+def inter_node_groups(hosts: list[str]) -> list[list[int]]:
+    """Groups of one rank per node (the i-th rank of every node), when the ranks span two or more nodes with
+    the same number of ranks each; [] otherwise."""
+    nodes: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        nodes.setdefault(host, []).append(rank)
+    per_node = {len(ranks) for ranks in nodes.values()}
+    if len(nodes) < 2 or len(per_node) != 1:
+        return []
+    ordered = list(nodes.values())
+    return [[ranks[i] for ranks in ordered] for i in range(per_node.pop())]
+
+
+def _scope(group: list[int], hosts: list[str]) -> str:
+    spanned = len({hosts[r] for r in group})
+    if spanned == 1:
+        return "intra"
+    return "inter" if spanned == len(group) else "mixed"
+
+
+def _sweep(rank: int, world_size: int, device: torch.device, dtype: torch.dtype, sizes_bytes: tuple[int, ...],
+           collectives: tuple[str, ...], repeats: int, say, partitions: list[list[list[int]]],
+           hosts: list[str]) -> list[dict]:
+    """Time ``collectives`` over each partition of the ranks into equal groups (every rank in one group)."""
     out = []
-    for n in group_sizes(world_size):
-        pgs = [dist.new_group(list(range(start, start + n))) for start in range(0, world_size, n)]
-        pg = pgs[rank // n]
+    for groups in partitions:
+        n = len(groups[0])
+        pgs = [dist.new_group(group) for group in groups]
+        mine = next(i for i, group in enumerate(groups) if rank in group)
+        pg, scope = pgs[mine], _scope(groups[mine], hosts)
+        rank_in_group = groups[mine].index(rank)
         for collective in collectives:
             if collective == "p2p" and n != 2:
                 continue  # a p2p transfer has two ends; measured once, on the pairs
             for nbytes in sizes_bytes:
-                op = _op(collective, nbytes, n, pg, rank, device, dtype)
+                op = _op(collective, nbytes, n, pg, rank_in_group, device, dtype, groups[mine])
                 dist.barrier()
                 seconds = time_op(op, device, _iters(nbytes, device), repeats, warmup=1)
-                out.append({"collective": collective, "group_size": n, "bytes": nbytes, "seconds": seconds})
+                out.append({"collective": collective, "group_size": n, "bytes": nbytes, "seconds": seconds,
+                            "scope": scope})
                 if say:
                     say(f"  {collective:<14} n={n:<3} {nbytes / 2**20:9.3f} MiB  {seconds * 1e6:10.1f} us")
     dist.barrier()

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from executor.launch_local import launch as launch_ranks
-from executor.microbench import attention, collectives, gemm, grouped_gemm, hbm, launch, overlap, sustained
+from executor.microbench import (attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, overlap,
+                                 sustained)
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 
@@ -30,6 +31,13 @@ class BenchPlan:
     quick: bool = False
     collectives: bool = True
     sustained_s: float = SUSTAINED_SECONDS
+    # the two smallest sizes of each sweep, one expert shape, no overlap run: seconds, for end-to-end tests of
+    # the code paths that calibrate (a job's first calibration); its curves are too coarse to price with
+    minimal: bool = False
+
+    def sizes(self, values):
+        """``values`` (a sweep, small to large) as this plan measures them."""
+        return tuple(values)[:2] if self.minimal else tuple(values)
 
 
 def _say(rank: int):
@@ -50,25 +58,29 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     say = _say(rank)
     say(f"[rank 0 of {world_size}] {device.type} {plan.precision}: GEMMs")
     report = {"device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-              "gemm": gemm.measure_gemm(gemm.default_shapes(device, plan.quick), device, gemm_dtype)}
+              "gemm": gemm.measure_gemm(plan.sizes(gemm.default_shapes(device, plan.quick)), device, gemm_dtype)}
     for row in report["gemm"]:
         say(f"  gemm {row['m']}x{row['n']}x{row['k']}  fwd {row['seconds'] * 1e6:10.1f} us "
             f"{row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us "
             f"{2 * row['flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
     say("grouped GEMMs (expert shape, tokens per expert)")
-    report["grouped_gemm"] = [row for shape in grouped_gemm.default_shapes(device) for row in
-                              grouped_gemm.measure_grouped_gemm(grouped_gemm.default_tokens(device, plan.quick),
+    shapes = grouped_gemm.default_shapes(device)
+    report["grouped_gemm"] = [row for shape in (shapes[:1] if plan.minimal else shapes) for row in
+                              grouped_gemm.measure_grouped_gemm(
+                                  plan.sizes(grouped_gemm.default_tokens(device, plan.quick)),
                                                                 device, dtype, shape)]
     for row in report["grouped_gemm"]:
         say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
             f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
     say("causal attention (key length)")
-    report["attention"] = attention.measure_attention(attention.default_seqs(device, plan.quick), device, dtype)
+    report["attention"] = attention.measure_attention(plan.sizes(attention.default_seqs(device, plan.quick)), device,
+                                                      dtype)
     for row in report["attention"]:
         say(f"  s={row['seq']:<6} fwd {row['fwd_seconds'] * 1e6:10.1f} us {row['fwd_flops'] / row['fwd_seconds'] / 1e12:8.3f}"
             f" TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us {row['bwd_flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
     say("memory copy")
-    report["copy"] = hbm.measure_copy(hbm.default_sizes(device, plan.quick), device)
+    report["copy"] = hbm.measure_copy(plan.sizes(hbm.default_sizes(device, plan.quick))[:1 if plan.minimal else None],
+                                      device)
     for row in report["copy"]:
         say(f"  {row['bytes'] / 2**20:8.0f} MiB  {row['traffic_bytes'] / row['seconds'] / 1e9:8.2f} GB/s")
     # after every compute curve: those are priced as bursts from a cool card, and seconds at the power cap
@@ -79,6 +91,12 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
         row = report["sustained"]
         say(f"  burst {row['burst_flops_per_s'] / 1e12:8.1f} TFLOP/s   sustained {row['sustained_flops_per_s'] / 1e12:8.1f}"
             f" TFLOP/s   factor {row['factor']:.3f}")
+    if use_cuda:
+        say(f"allocator fragmentation ({fragmentation.PROXY_MODEL}@1L steps, reserved vs allocated peaks)")
+        report["fragmentation"] = fragmentation.measure_fragmentation(device, plan.precision)
+        f = report["fragmentation"]
+        say(f"  allocated {f['allocated_peak_bytes'] / 2**20:10.1f} MiB   reserved {f['reserved_peak_bytes'] / 2**20:10.1f}"
+            f" MiB   fragmentation {f['fragmentation']:.3f}")
     say("launch overhead (tiny eager ops, one-element all-reduce)")
     report["launch"] = launch.measure_launch(device, dtype)
     coll, layer = report["launch"]["collective_launch_s"], report["launch"]["moe_layer_host_s"]
@@ -89,7 +107,8 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     if plan.collectives and world_size > 1:
         say("collectives")
         report["collectives"] = collectives.measure_collectives(
-            rank, world_size, device, dtype, collectives.default_bytes(device, plan.quick), say=say)
+            rank, world_size, device, dtype, plan.sizes(collectives.default_bytes(device, plan.quick)), say=say)
+    if plan.collectives and world_size > 1 and not plan.minimal:
         say("overlap interference (reduce-scatter beside GEMMs)")
         report["overlap"] = overlap.measure_overlap(world_size, device, dtype)
         o = report["overlap"]
@@ -119,7 +138,10 @@ def merge_ranks(reports: list[dict]) -> dict:
             "sustained": min((r["sustained"] for r in reports if r.get("sustained")), key=lambda s: s["factor"],
                              default=None),
             "overlap": max((r["overlap"] for r in reports if r.get("overlap")), key=lambda o: o["slowdown"],
-                           default=None)}
+                           default=None),
+            # the GPU that loses the most to its allocator sets the margin every GPU must keep
+            "fragmentation": max((r["fragmentation"] for r in reports if r.get("fragmentation")),
+                                 key=lambda f: f["fragmentation"], default=None)}
 
 
 def _merged_launch(rows: list[dict]) -> dict:

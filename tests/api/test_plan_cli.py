@@ -154,3 +154,66 @@ def test_plan_explain_accepts_the_distopt_off_label_tune_prints(capsys):
     code = main(["plan", "--model", "tiny-moe", "--gpus", "4", "--gpu", "cpu", "--explain", label])
     out = capsys.readouterr().out
     assert code == 0 and f"layout   {label}: valid, fits in memory" in out, out
+
+
+def test_min_headroom_prunes_and_shows_in_the_header_and_explain(capsys):
+    big = ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "256",
+           "--json", "--top", "1"]
+    code, out, _ = run(capsys, big)
+    default = json.loads(out)
+    code_roomy, out, _ = run(capsys, big + ["--min-headroom", "12GiB"])
+    roomy = json.loads(out)
+    assert (code, code_roomy) == (0, 0)
+    assert default["min_headroom"] == 0.05 and default["min_headroom_bytes"] == int(0.05 * 80 * 2**30)
+    assert roomy["min_headroom_bytes"] == 12 * 2**30
+    assert roomy["usable_hbm_bytes"] == 80 * 2**30 - int(1.5 * 2**30) - 12 * 2**30
+    assert roomy["fitting"] < default["fitting"]
+    assert roomy["ranked"][0]["memory_bytes"]["total"] <= roomy["usable_hbm_bytes"]
+    # the default's best needs more than 12 GiB left free... it is judged as not fitting, the same either way
+    layout = default["ranked"][0]["layout"]
+    if default["ranked"][0]["memory_bytes"]["total"] > roomy["usable_hbm_bytes"]:
+        for extra in ([], ["--json"]):
+            code, text, _ = run(capsys, big[:-3] + ["--min-headroom", "12GiB", "--explain", layout] + extra)
+            assert code == 1
+        assert "12.0 GiB kept free" in text or json.loads(text)["min_headroom_bytes"] == 12 * 2**30
+    code, out, _ = run(capsys, big[:-3] + ["--explain", layout])
+    assert code == 0 and "4.0 GiB kept free" in out and "5% of its memory" in out
+
+
+def test_min_headroom_bad_values_are_usage_errors(capsys):
+    for bad in ("0.95", "-1", "lots", "3 parsecs"):
+        with pytest.raises(SystemExit) as exc:
+            main(TINY + ["--min-headroom", bad])
+        assert exc.value.code == 2
+        assert "--min-headroom" in capsys.readouterr().err
+
+
+def test_megatron_switches_reach_the_cost_model(capsys):
+    argv = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "1024",
+            "--json",
+            "--explain", "tp4 pp1 ep8 mbs2 recompute=full"]  # one stage: the loss is on the reported GPU
+    _, out, _ = run(capsys, argv)
+    ours = json.loads(out)
+    _, out, _ = run(capsys, argv + ["--megatron-cross-entropy", "--gradient-accumulation-fusion",
+                                    "--sequence-parallel-regather"])
+    theirs = json.loads(out)
+    t = theirs["training"]
+    assert t["megatron_cross_entropy"] and t["gradient_accumulation_fusion"] and t["sequence_parallel_regather"]
+    assert not ours["training"]["megatron_cross_entropy"]
+    # 8192 tokens, 38016 vocabulary rows a rank, h 4096: the executor's 2**26-logit block (6 B each), the bf16
+    # weight gradient and 4·h + 4 per token; Megatron's whole bf16 logits and one fp32 softmax
+    rows = 152064 // 4  # 151936 padded to a multiple of 128·4
+    assert ours["estimate"]["memory_bytes"]["logits"] == 2**26 * 6 + rows * 4096 * 2 + 8192 * (4 * 4096 + 4)
+    assert theirs["estimate"]["memory_bytes"]["logits"] == 8192 * rows * 6
+
+
+def test_plan_builds_only_its_own_parser():
+    """`foldtune plan` imports no other command's module: FastAPI (serve), torch (calibrate, profile) and Ray
+    stay out of the process, whose start-up is part of the planner's time bar."""
+    code = ("import sys; from api.cli.main import main; "
+            "rc = main(['plan', '--model', 'tiny-moe', '--gpus', '8', '--gpu', 'cpu', '--gbs', '16', '--top', '1']); "
+            "print(sorted(m for m in ('fastapi', 'torch', 'ray', 'uvicorn', 'api.cli.serve_cmd') if m in sys.modules)); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -8,7 +8,10 @@ def test_plan_ranks_fitting_layouts_fastest_first(client, alice):
     r = client.post("/v1/plans", json=PLAN, headers=alice)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["model"] == "tiny-moe" and body["cluster"] == {"gpu": "cpu", "num_gpus": 4}
+    # the cpu profile's 16 GiB "memory": 1.5 GiB reserved, 5 % (0.8 GiB) kept free by default
+    assert body["model"] == "tiny-moe" and body["cluster"] == {
+        "gpu": "cpu", "num_gpus": 4, "min_headroom": 0.05, "min_headroom_bytes": int(0.05 * 16 * 2**30),
+        "usable_hbm_bytes": 16 * 2**30 - int(1.5 * 2**30) - int(0.05 * 16 * 2**30)}
     assert body["considered"] >= body["valid"] >= body["fitting"] > 0
     assert 1 <= len(body["ranked"]) <= 3
     times = [e["step_time_s"] for e in body["ranked"]]
@@ -45,3 +48,36 @@ def test_plan_takes_megatrons_fused_window_sink_attention_switch(client, alice):
     assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
     assert theirs.json()["training"]["fused_window_sink_attention"] is True
     assert ours.json()["ranked"][0]["step_time_s"] > theirs.json()["ranked"][0]["step_time_s"]
+
+
+def test_plan_keeps_the_headroom_asked_for(client, alice):
+    """cluster.min_headroom prunes layouts whose predicted peak leaves less free; a headroom that leaves
+    nothing to plan with is a 422 naming its rule."""
+    body = {"model": "mixtral-8x22b", "training": {"seq_length": 4096, "global_batch_size": 256},
+            "cluster": {"gpu": "h100", "num_gpus": 128}, "top": 1}
+    default = client.post("/v1/plans", json=body, headers=alice).json()
+    roomy = client.post("/v1/plans", json={**body, "cluster": {**body["cluster"], "min_headroom": 16 * 2**30}},
+                        headers=alice).json()
+    assert roomy["cluster"]["min_headroom_bytes"] == 16 * 2**30
+    assert roomy["cluster"]["usable_hbm_bytes"] == default["cluster"]["usable_hbm_bytes"] + int(0.05 * 80 * 2**30) - 16 * 2**30
+    assert roomy["fitting"] < default["fitting"]
+    best = roomy["ranked"][0]
+    assert best["memory_bytes"]["total"] <= roomy["cluster"]["usable_hbm_bytes"]
+    r = client.post("/v1/plans", json={**body, "cluster": {**body["cluster"], "min_headroom": 80 * 2**30}}, headers=alice)
+    assert r.status_code == 422 and r.json()["errors"][0]["rule"] == "headroom_fits"
+    assert r.json()["errors"][0]["loc"] == "body.cluster.min_headroom"
+    r = client.post("/v1/plans", json={**body, "cluster": {**body["cluster"], "min_headroom": -1}}, headers=alice)
+    assert r.status_code == 422
+
+
+def test_plan_takes_megatrons_loss_switch(client, alice):
+    body = {"model": "qwen3-30b-a3b", "num_layers_override": 2, "training": {"seq_length": 4096, "global_batch_size": 8},
+            "cluster": {"gpu": "h100", "num_gpus": 8}, "top": 1}
+    ours = client.post("/v1/plans", json=body, headers=alice)
+    theirs = client.post("/v1/plans", json={**body, "training": {**body["training"], "megatron_cross_entropy": True}},
+                         headers=alice)
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    assert theirs.json()["training"]["megatron_cross_entropy"] is True
+    details = ours.json()["ranked"][0]["memory_bytes"]["details"]
+    assert "logits.loss_block" in details and "logits.loss_and_output" not in details
+    assert "logits.loss_and_output" in theirs.json()["ranked"][0]["memory_bytes"]["details"]

@@ -1,6 +1,7 @@
 """The per-GPU memory model: published Korthikanti et al. rows, Megatron's MoE-layer peaks, behaviour."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -273,10 +274,17 @@ def test_logits_live_on_the_last_stage_split_by_tp():
     first = estimate_stage_memory(model, training, H100, cfg, 0)
     last = estimate_stage_memory(model, training, H100, cfg, 3)
     assert first.logits == 0
-    # 4096 tokens · 32256/4 vocab (32000 padded to a multiple of 128·TP) · (3 fp32 copies the executor's
-    # cross-entropy holds: logits, shifted logits, their exp; + 2 bf16 logits)
+    # 32000 padded to a multiple of 128·TP: 8064 rows per TP rank, all of them real on rank 0
     assert model.padded_vocab_size(4) == 32256
-    assert last.logits == 4096 * 32256 / 4 * (3 * 4 + 2)
+    # the executor's blocked loss over 4096 tokens: 2**26 // 4096 = 16384 rows per block >= 8064, so one block of
+    # 4096·8064 logits in bf16 + its fp32 softmax (6 B each); the output weight's bf16 gradient 8064·4096·2 B;
+    # per token the fp32 input-gradient accumulator 4·4096 B and the saved log-sum-exp 4 B
+    block, weight_grad, per_token = 4096 * 8064 * 6, 8064 * 4096 * 2, 4096 * (4 * 4096 + 4)
+    assert last.logits == block + weight_grad + per_token == 331_366_400
+    assert last.detail("logits.loss_block") == block and last.detail("logits.output_weight_grad") == weight_grad
+    # Megatron's loss: the whole bf16 logits and one fp32 softmax, 4096 · 8064 · (4 + 2)
+    megatron = estimate_stage_memory(model, replace(training, megatron_cross_entropy=True), H100, cfg, 3)
+    assert megatron.logits == 4096 * 8064 * (4 + 2) == megatron.detail("logits.loss_and_output")
 
 
 def test_most_loaded_stage_is_the_max_over_every_stage():

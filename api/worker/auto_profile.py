@@ -1,0 +1,96 @@
+"""Out of the box: a job on a GPU type without a calibrated profile calibrates it first and shares the result.
+
+A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured
+profile ``<gpu>-auto-calibrated`` of the service database when one exists; when none does, the runner first
+runs a quick calibration on the devices of its own machine (the machine microbenchmarks of ``foldtune
+calibrate --quick``, no sustained-load run: a minute or two on a GPU), stores it under that name for every
+later job on that GPU type, and prices with it. The search's online calibration (per-term multipliers fitted
+on the measured trials) works on top, as on any profile. A job submitted with a calibrated or stored profile
+keeps it; ``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
+
+Which profile priced the job, and whether this job measured it, rides in the job's ``calibration`` record
+(``pricing_profile``) and in the runner's ``job_started`` event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from costmodel.calibrate.profile_builder import build_profile
+from executor.microbench.runner import BenchPlan, run_benchmarks
+from spec.errors import FoldtuneError
+from spec.hardware import HardwareProfile
+
+AUTO_CALIBRATE_MODES = ("quick", "minimal", "off")
+DATASHEET_SOURCE = "datasheet"
+# CPU ranks for a CPU type's calibration: the gloo collectives need two, more only share the same cores
+CPU_CALIBRATION_RANKS = 2
+
+
+def auto_profile_name(hardware: HardwareProfile) -> str:
+    """The stored profile a job on ``hardware``'s GPU type shares, e.g. 'h100-sxm-auto-calibrated'."""
+    return f"{hardware.gpu.name.lower()}-auto-calibrated"
+
+
+@dataclass(frozen=True)
+class PricingProfile:
+    """The profile a job priced with: its name, where it came from and whether this job measured it."""
+
+    name: str
+    source: str  # 'datasheet', 'submitted', 'stored calibration', 'calibrated by this job'
+    calibrated_by_job: bool = False
+    note: str = ""  # why a datasheet job was not calibrated, when it was not
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+Calibrate = Callable[[HardwareProfile, int, str, str], HardwareProfile]
+
+
+def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str) -> HardwareProfile:
+    """Measure this machine's devices of ``hardware``'s type (``mode`` 'quick' or 'minimal') and return the
+    profile called :func:`auto_profile_name`; FoldtuneError when this machine has none of them."""
+    cpu = hardware.gpu.name.lower() == "cpu"
+    if cpu:
+        ranks = min(num_gpus, CPU_CALIBRATION_RANKS)
+    else:
+        local = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if local == 0:
+            raise FoldtuneError("this runner's machine has no GPU to calibrate")
+        ranks = min(num_gpus, hardware.gpus_per_node, local)
+    plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True, sustained_s=0.0,
+                     minimal=mode == "minimal")
+    raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0)
+    return build_profile(hardware, raw, auto_profile_name(hardware))
+
+
+def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str,
+                    stored: Callable[[str], dict | None], store: Callable[[str, dict], bool],
+                    calibrate: Calibrate = quick_calibration) -> tuple[HardwareProfile, PricingProfile]:
+    """The profile a job prices with and where it came from (see the module docstring).
+
+    ``stored(name)`` returns a stored profile dict or None; ``store(name, profile)`` stores one (False: the
+    name is held by a profile calibrate did not write). A calibration that fails leaves the datasheet, with
+    the reason in the note: the job still runs.
+    """
+    if hardware.source != DATASHEET_SOURCE:
+        return hardware, PricingProfile(hardware.name, "submitted")
+    if mode == "off":
+        return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE,
+                                        note="auto-calibration off (FOLDTUNE_AUTO_CALIBRATE)")
+    name = auto_profile_name(hardware)
+    found = stored(name)
+    if found is not None:
+        return HardwareProfile.from_dict(found), PricingProfile(name, "stored calibration")
+    try:
+        profile = calibrate(hardware, num_gpus, precision, mode)
+    except FoldtuneError as exc:
+        return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE, note=f"not calibrated: {exc}")
+    if not store(name, profile.to_dict()):
+        return profile, PricingProfile(name, "calibrated by this job", True,
+                                       note=f"not stored: the name {name!r} is taken by another profile")
+    return profile, PricingProfile(name, "calibrated by this job", True)

@@ -1,0 +1,84 @@
+"""The output layer + cross-entropy of one micro-batch: the executor's fused, vocabulary-blocked loss and
+Megatron's whole-logits loss (``TrainingSpec.megatron_cross_entropy``), in bytes held and bytes moved.
+
+The executor (``executor/parallel/linear_cross_entropy.py``) walks this rank's vocabulary rows in blocks of
+at most :data:`CROSS_ENTROPY_CHUNK_LOGITS` logits: forward, per block, the output GEMM in the compute dtype,
+its fp32 copy, the running maximum and sum of exponentials; it saves only a per-token log-sum-exp. Backward,
+per block, the block's logits again (one more output-layer GEMM), its softmax gradient in fp32, cast to the
+compute dtype, then the weight-gradient GEMM of those rows and the block's share of the input gradient added
+into an fp32 accumulator. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
+backward. Memory and time models both read this module, so the two behaviours stay described in one place.
+"""
+
+from __future__ import annotations
+
+from spec.model_spec import ModelSpec
+from spec.training_spec import TrainingSpec
+
+#: Logits the executor's fused output layer + loss holds at once: the default of
+#: ``ExecutorOptions.cross_entropy_chunk_logits`` (tests/costmodel/test_loss_terms.py keeps them equal).
+CROSS_ENTROPY_CHUNK_LOGITS = 2**26
+#: fp32 tensors per logit Megatron's loss keeps from forward to backward, per output head: the softmax
+#: (``vocab_parallel_cross_entropy`` and its fused kernel both turn their fp32 copy into it in place).
+MEGATRON_LOSS_FP32_COPIES = 1
+_FP32 = 4
+
+# HBM bytes per logit of the executor's blocked loss with 16-bit logits (torch ops of linear_cross_entropy.py).
+# Forward: cast to fp32 (read 2, write 4), row max (read 4), subtract and exp in place (2 x read 4 + write 4),
+# row sum (read 4).
+BLOCKED_LOSS_BYTES_PER_LOGIT_FWD = 6 + 4 + 16 + 4
+# Backward: the recomputed block's cast (6), subtract the log-sum-exp and exp in place (16), times the incoming
+# gradient in place (8), cast of the logit gradient to 16 bits (read 4, write 2).
+BLOCKED_LOSS_BYTES_PER_LOGIT_BWD = 6 + 16 + 8 + 6
+# Per token and hidden element, per block: the block's input gradient (16-bit, write 2) added into the fp32
+# accumulator (read 2 + 4, write 4).
+BLOCKED_LOSS_ACCUM_BYTES = 2 + 2 + 4 + 4
+
+
+def vocab_rows(model: ModelSpec, tp: int) -> int:
+    """Vocabulary rows the executor's loss multiplies on TP rank 0 (padded rows are never multiplied)."""
+    return min(model.padded_vocab_size(tp) // tp, model.vocab_size)
+
+
+def block_logits(tokens: int, rows: int, chunk_logits: int = CROSS_ENTROPY_CHUNK_LOGITS) -> int:
+    """Logits of one block of the fused loss over ``tokens`` tokens and ``rows`` vocabulary rows: ``tokens`` ×
+    ``max(1, min(rows, chunk_logits // tokens))`` rows (``executor.parallel.linear_cross_entropy.block_rows``)."""
+    return tokens * max(1, min(rows, chunk_logits // max(1, tokens)))
+
+
+def num_blocks(tokens: int, rows: int, chunk_logits: int = CROSS_ENTROPY_CHUNK_LOGITS) -> int:
+    """Blocks the fused loss walks over ``rows`` vocabulary rows (ceil of rows / rows per block)."""
+    per_block = block_logits(tokens, rows, chunk_logits) // max(1, tokens)
+    return -(-rows // per_block)
+
+
+def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
+                      ) -> tuple[float, tuple[float, int, float] | None]:
+    """Bytes the output layer + loss of one micro-batch holds on the last stage at its peak:
+    (bytes per token, the blocked loss's fixed part or None).
+
+    Megatron (``training.megatron_cross_entropy``): the whole logits ``V/tp`` per token in the compute dtype
+    ``b`` and one fp32 softmax per output head (main + MTP heads, each kept until its backward):
+    ``V/tp · (4·(1 + MTP) + b)`` per token; no fixed part.
+
+    The executor's blocked loss: per token the backward's fp32 input-gradient accumulator (``4·h``) and each
+    head's saved fp32 log-sum-exp (``4·(1 + MTP)``); beside them, at the backward's peak, one block of logits
+    in the compute dtype with its fp32 softmax (``b + 4`` bytes per block logit; ``4`` in fp32, where the copy
+    is the GEMM's output itself) and the output weight's 16-bit gradient (``V/tp · h · w`` bytes) before it is
+    added into the main gradient. The heads run one after another: one block is live at a time. The fixed
+    part is (bytes per block logit, vocabulary rows, weight-gradient bytes); :func:`loss_fixed_bytes` prices it.
+    """
+    b, h, heads = training.activation_bytes, model.hidden_size, 1 + model.mtp_num_layers
+    padded = model.padded_vocab_size(tp) // tp
+    if training.megatron_cross_entropy:
+        return float(padded * (_FP32 * MEGATRON_LOSS_FP32_COPIES * heads + b)), None
+    per_logit = float(_FP32 if b == _FP32 else b + _FP32)
+    weight_grad = float(padded * h * training.param_bytes)
+    return float(_FP32 * h + _FP32 * heads), (per_logit, vocab_rows(model, tp), weight_grad)
+
+
+def loss_fixed_bytes(fixed: tuple[float, int, float] | None, tokens: float) -> tuple[float, float]:
+    """(block bytes, weight-gradient bytes) of the blocked loss over ``tokens`` tokens; (0, 0) for None."""
+    if fixed is None:
+        return 0.0, 0.0
+    return fixed[0] * block_logits(int(tokens), fixed[1]), fixed[2]

@@ -1,0 +1,135 @@
+"""Out of the box: a job on a datasheet profile calibrates its GPU type once, stores the profile for later jobs
+and prices with it (api/worker/auto_profile.py); the runner's setting; end to end on CPU ranks."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+
+from api.worker.auto_profile import PricingProfile, auto_profile_name, pricing_profile
+from api.worker.runner import RunnerSettings
+from spec.catalog import get_hardware
+from spec.errors import FoldtuneError, SpecError
+
+CPU = get_hardware("cpu")
+
+
+class FakeStore:
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+        self.calibrations = 0
+
+    def stored(self, name):
+        return self.rows.get(name)
+
+    def store(self, name, profile):
+        self.rows[name] = profile
+        return True
+
+    def calibrate(self, hardware, num_gpus, precision, mode):
+        self.calibrations += 1
+        return replace(hardware, name=auto_profile_name(hardware), source="calibrated (fake)", op_launch_s=3e-5)
+
+
+def test_the_first_job_calibrates_and_stores_later_jobs_reuse():
+    fake = FakeStore()
+    profile, pricing = pricing_profile(CPU, 2, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
+    assert pricing == PricingProfile("cpu-auto-calibrated", "calibrated by this job", True)
+    assert profile.op_launch_s == 3e-5 and fake.calibrations == 1
+    assert set(fake.rows) == {"cpu-auto-calibrated"}
+    again, pricing = pricing_profile(CPU, 2, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
+    assert pricing == PricingProfile("cpu-auto-calibrated", "stored calibration") and fake.calibrations == 1
+    assert again == profile
+
+
+def test_submitted_profiles_off_and_failures_keep_what_the_job_had():
+    fake = FakeStore()
+    measured = replace(CPU, name="mine", source="calibrated 2026-11-26")
+    assert pricing_profile(measured, 2, "fp32", "quick", fake.stored, fake.store, fake.calibrate) == (
+        measured, PricingProfile("mine", "submitted"))
+    hw, pricing = pricing_profile(CPU, 2, "fp32", "off", fake.stored, fake.store, fake.calibrate)
+    assert hw == CPU and pricing.source == "datasheet" and "off" in pricing.note
+
+    def broken(*_):
+        raise FoldtuneError("this runner's machine has no GPU to calibrate")
+    h100 = get_hardware("h100")
+    hw, pricing = pricing_profile(h100, 8, "bf16", "quick", fake.stored, fake.store, broken)
+    assert hw == h100 and not pricing.calibrated_by_job and "no GPU" in pricing.note
+    assert fake.calibrations == 0 and fake.rows == {}
+
+
+def test_runner_setting_defaults_quick_on_gpus_off_on_cpu():
+    from api.cli.tune_cmd import AUTO_CALIBRATE_CHOICES
+    from api.worker.auto_profile import AUTO_CALIBRATE_MODES
+    assert AUTO_CALIBRATE_CHOICES == AUTO_CALIBRATE_MODES
+    s = RunnerSettings(database_url="sqlite://", runner_id="r")
+    assert s.auto_calibrate_mode(CPU) == "off" and s.auto_calibrate_mode(get_hardware("h100")) == "quick"
+    env = {"FOLDTUNE_DATABASE_URL": "sqlite://", "FOLDTUNE_AUTO_CALIBRATE": "minimal"}
+    assert RunnerSettings.from_env(environ=env).auto_calibrate_mode(CPU) == "minimal"
+    with pytest.raises(SpecError, match="auto_calibrate"):
+        RunnerSettings.from_env(environ={**env, "FOLDTUNE_AUTO_CALIBRATE": "always"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_cpu_job_calibrates_first_and_the_next_job_reuses_the_profile(client, alice, db_url):
+    from runner_env import TINY_JOB, session_ray, wait_no_rank_actors
+
+    from api.worker.runner import Runner
+    from api.worker.trials import TrialSettings
+
+    session_ray()
+    body = copy.deepcopy(TINY_JOB)
+    body["budget"]["max_trials"] = 1
+    settings = RunnerSettings(database_url=db_url, runner_id="auto", heartbeat_s=1.0, poll_s=0.5,
+                              trial=TrialSettings(warmup_steps=1, timed_steps=1, timeout_s=120.0),
+                              auto_calibrate="minimal")
+    results = []
+    for _ in range(2):
+        job_id = client.post("/v1/jobs", json=body, headers=alice).json()["id"]
+        runner = Runner(settings)
+        try:
+            assert runner.run(once=True) == 1
+        finally:
+            runner.close()
+        job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+        assert job["status"] == "succeeded", job["error"]
+        results.append(job["calibration"]["pricing_profile"])
+    assert results[0] == {"name": "cpu-auto-calibrated", "source": "calibrated by this job",
+                          "calibrated_by_job": True, "note": ""}
+    assert results[1] == {"name": "cpu-auto-calibrated", "source": "stored calibration",
+                          "calibrated_by_job": False, "note": ""}
+    stored = client.get("/v1/hardware-profiles", headers=alice).json()
+    names = [p["name"] for p in (stored["items"] if isinstance(stored, dict) else stored)]
+    assert "cpu-auto-calibrated" in names
+    assert wait_no_rank_actors() == []
+
+
+def test_a_jobs_headroom_is_stored_and_rebuilt_by_the_runner(client, alice):
+    """cluster.min_headroom of POST /v1/jobs rides in the stored cluster and the runner's specs keep it."""
+    from runner_env import TINY_JOB
+
+    from api.worker.runner import job_specs
+    from db.models import Job
+
+    body = copy.deepcopy(TINY_JOB)
+    body["cluster"]["min_headroom"] = 2**30
+    r = client.post("/v1/jobs", json=body, headers=alice)
+    assert r.status_code == 201, r.text
+    job = Job(model_spec=get_model_dict("tiny-moe"), training_spec=TINY_JOB["training"], num_gpus=2,
+              cluster={"hardware": CPU.to_dict(), "min_headroom": 2**30})
+    assert job_specs(job)[2].min_headroom_bytes == 2**30
+    legacy = Job(model_spec=get_model_dict("tiny-moe"), training_spec=TINY_JOB["training"], num_gpus=2,
+                 cluster={"hardware": CPU.to_dict()})
+    assert job_specs(legacy)[2].min_headroom == 0.05  # jobs stored before the field: the default
+    bad = copy.deepcopy(TINY_JOB)
+    bad["cluster"]["min_headroom"] = 0.95
+    r = client.post("/v1/jobs", json=bad, headers=alice)
+    assert r.status_code == 422 and r.json()["errors"][0]["rule"] == "headroom_fits"
+
+
+def get_model_dict(name):
+    from spec.catalog import get_model
+    return get_model(name).to_dict()
