@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from costmodel.estimate import Estimate
+from planner.enumerate import SearchSpace
 from planner.rank import NoValidLayoutError, plan
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -20,6 +21,10 @@ from spec.validity import Rejection, executor_layout_rules, executor_model_rule
 
 PLAN_FACTOR = 16  # ranked layouts asked of the planner per trial of the budget
 MIN_PLANNED = 64
+# The knobs the executor never runs stay out of the enumeration here rather than being filtered after the
+# ranking: the cost model prices EP all-to-all overlap faster, so its variants could fill the whole ranked
+# top-N and leave a runnable job with no candidate (rule executor_ep_overlap in spec.validity).
+EXECUTOR_SPACE = SearchSpace(ep_overlap=False)
 
 
 def job_top(max_trials: int) -> int:
@@ -63,7 +68,7 @@ def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
     if model_rule is not None:
         return RunnablePlan([], rejection=model_rule)
     try:
-        result = plan(model, training, cluster, top=top, workers=workers)
+        result = plan(model, training, cluster, top=top, workers=workers, space=EXECUTOR_SPACE)
     except NoValidLayoutError as exc:
         return RunnablePlan([], rejection=Rejection("has_valid_layout", str(exc)))
     dropped: Counter[str] = Counter()

@@ -21,6 +21,13 @@ from typing import Any
 
 import warnings
 
+try:  # the tensorboard package: a dependency of foldtune's install, not of the executor (torch alone)
+    from torch.utils.tensorboard import SummaryWriter
+    _NO_TENSORBOARD = ""
+except ImportError as exc:
+    SummaryWriter = None
+    _NO_TENSORBOARD = str(exc)
+
 CSV_NAME = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -71,11 +78,9 @@ class MetricsLog:
 
 def _summary_writer(log_dir: Path, start_step: int):
     """A TensorBoard SummaryWriter on ``log_dir``, or None (with a warning) without the tensorboard package."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        warnings.warn(f"no TensorBoard event files ({exc}); metrics.csv only. pip install tensorboard to add them",
-                      stacklevel=3)
+    if SummaryWriter is None:
+        warnings.warn(f"no TensorBoard event files ({_NO_TENSORBOARD or 'tensorboard missing'}); metrics.csv only. "
+                      f"pip install tensorboard to add them", stacklevel=3)
         return None
     # purge_step drops events at or after start_step that an earlier run wrote past its last checkpoint
     return SummaryWriter(log_dir=str(log_dir), purge_step=start_step if start_step > 0 else None)

@@ -293,3 +293,20 @@ def test_docs_render_swagger_ui_without_the_network(dash, browser):
             requested.add(message["params"]["request"]["url"])
     hosts = {urlparse(u).hostname for u in requested if urlparse(u).scheme in ("http", "https")}
     assert requested and hosts == {"127.0.0.1"}, sorted(requested)
+
+
+def test_redoc_renders_without_the_network(dash, browser):
+    base, _ = dash
+    browser.get_log("performance")  # drop what earlier pages requested
+    browser.get(base + "/redoc")
+    spec = json.loads(urllib.request.urlopen(base + "/openapi.json", timeout=30).read())
+    operations = sum(len(ops) for ops in spec["paths"].values())
+    # ReDoc renders one section per operation, with the operation id in the section's id
+    _wait(browser, lambda d: len(_css(d, "[data-section-id^='operation/']")) >= operations, "ReDoc's operations")
+    requested = set()
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            requested.add(message["params"]["request"]["url"])
+    hosts = {urlparse(u).hostname for u in requested if urlparse(u).scheme in ("http", "https")}
+    assert requested and hosts == {"127.0.0.1"}, sorted(requested)

@@ -79,6 +79,11 @@ def test_dashboard_and_docs_are_served_from_the_package(client):
     for asset in assets + ["/static/dashboard/plot.js", "/static/dashboard/style.css"]:
         assert client.get(asset).status_code == 200, asset
     assert "http://" not in docs.text and "https://" not in docs.text  # nothing from a CDN
-    assert client.get("/redoc").status_code == 404  # ReDoc would load from a CDN: not served
+    redoc = client.get("/redoc")
+    assert redoc.status_code == 200
+    assets = re.findall(r'(?:href|src)="([^"]+)"', redoc.text)
+    assert "/static/redoc/redoc.standalone.js" in assets and all(a.startswith("/static/") for a in assets), assets
+    assert all(client.get(a).status_code == 200 for a in assets)
+    assert "http://" not in redoc.text and "https://" not in redoc.text  # no web fonts, no CDN
     paths = client.get("/openapi.json").json()["paths"]
-    assert "/" not in paths and "/docs" not in paths
+    assert "/" not in paths and "/docs" not in paths and "/redoc" not in paths

@@ -12,7 +12,7 @@ from api.cli.main import main
 
 CONFIGS = Path(__file__).parents[1] / "spec" / "hf_configs"
 NAMES = sorted(p.name for p in CONFIGS.iterdir())
-ARGS = ["--gpus", "16", "--gbs", "64", "--top", "3", "--workers", "1"]
+ARGS = ["--gpus", "16", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "64", "--top", "3", "--workers", "1"]
 
 
 def _plan(capsys, model_args, *extra):

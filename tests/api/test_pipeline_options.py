@@ -8,12 +8,13 @@ import json
 import pytest
 
 from api.cli.main import main
+from planner.rank import plan
 from planner.runnable import runnable_plan
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
 
-QWEN = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gbs", "1024"]
+QWEN = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "1024"]
 ACCOUNT = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
 
 
@@ -78,10 +79,14 @@ def test_http_plan_takes_the_pipeline_options(client, alice):
     assert client.post("/v1/plans", json={**PLAN, "vpp_max": 65}, headers=alice).status_code == 422
 
 
-def test_runnable_plan_drops_the_knobs_the_executor_does_not_build():
-    # DeepSeek-V2-Lite in miniature would do; the catalog's tiny MLA-free MoE shows EP overlap
+def test_runnable_plan_never_ranks_the_knobs_the_executor_does_not_build():
+    """`plan` prices and searches EP all-to-all overlap, but a tuning job's candidates come from a space
+    without it (planner.runnable.EXECUTOR_SPACE): its faster-priced variants must not fill the ranked top-N
+    and leave a runnable job with no candidate."""
     model = get_model("tiny-moe")
     training = TrainingSpec(seq_length=64, global_batch_size=8)
-    result = runnable_plan(model, training, ClusterSpec(get_hardware("cpu"), 4), top=200)
+    cluster = ClusterSpec(get_hardware("cpu"), 4)
+    assert any(e.config.overlap_moe_expert_parallel_comm for e in plan(model, training, cluster, top=200).ranked)
+    result = runnable_plan(model, training, cluster, top=200)
     assert result.runnable and not any(e.config.overlap_moe_expert_parallel_comm for e in result.runnable)
-    assert any("overlap_moe_expert_parallel_comm) is not built" in why for why in result.not_executable)
+    assert not any("overlap_moe_expert_parallel_comm" in why for why in result.not_executable)

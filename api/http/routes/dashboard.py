@@ -1,4 +1,4 @@
-"""The dashboard (``GET /``) and the offline API docs (``GET /docs``), both static pages from
+"""The dashboard (``GET /``) and the offline API docs (``GET /docs``: Swagger UI, ``GET /redoc``: ReDoc), static pages from
 ``api/http/static`` (package data, nothing loaded from a CDN).
 
 The pages carry no data and need no key: the dashboard's script asks for the API key (kept in the browser's
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -36,7 +36,15 @@ def swagger_ui() -> HTMLResponse:
         swagger_ui_parameters={"validatorUrl": None})
 
 
+@router.get("/redoc")
+def redoc() -> HTMLResponse:
+    # no Google Fonts link: the page must load nothing from outside the package
+    return get_redoc_html(openapi_url="/openapi.json", title="foldtune API",
+                          redoc_js_url=f"{STATIC_URL}/redoc/redoc.standalone.js",
+                          redoc_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png", with_google_fonts=False)
+
+
 def install_dashboard(app: FastAPI) -> None:
-    """Serve the dashboard, its static assets and /docs (create the app with docs_url=None, redoc_url=None)."""
+    """Serve the dashboard, its static assets, /docs and /redoc (create the app with docs_url=None, redoc_url=None)."""
     app.include_router(router)
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static")
