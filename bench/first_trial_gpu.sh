@@ -5,16 +5,10 @@
 # first job runs the quick calibration of its GPU type and stores it, the later ones price with it. Prints each
 # job's measured-vs-predicted table; the first trial's error is the row's figure. Results under $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/first_trial_log.txt") 2>&1
-if ! python3 -c "import optuna, sqlalchemy, ray, prometheus_client" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD}
+source bench/gpu_env.sh
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
 case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac

@@ -49,12 +49,7 @@ OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$OUT" "$RES" "$FOLDTUNE_DATA_DIR"
 LOG=$OUT/log.txt
 exec > >(tee -a "$LOG") 2>&1
 
-if ! python3 -c "import optuna, sqlalchemy, ray" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD}
+source bench/gpu_env.sh
 ft() { python3 -m api.cli.main "$@"; }
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")

@@ -18,12 +18,11 @@ import cProfile
 import io
 import json
 import pstats
-import time
 
 import torch
 
 from bench.executor_gpu import MOE_SHAPES, SEQ, TINY_MOE_SHAPES, TINY_SEQ
-from bench.moe_breakdown import bar_inputs, layer_fwd_bwd
+from bench.moe_breakdown import bar_inputs, host_seconds, layer_fwd_bwd
 
 
 def _sync(dev: torch.device) -> None:
@@ -41,12 +40,7 @@ def profile_layer(shape_name: str, dev: torch.device, dtype: torch.dtype, tiny: 
     step = layer_fwd_bwd(bar.layer, bar.x, bar.gy)
     for _ in range(5):  # first-use checks, compilation, allocator warm-up
         step()
-    _sync(dev)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    host_s = (time.perf_counter() - start) / steps
-    _sync(dev)
+    host_s = host_seconds(step, dev, steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()

@@ -10,17 +10,10 @@
 #    windows (UTC timestamps printed) overlap and they share no GPU: bench/multinode_check.py overlap.
 # Environment: MODEL (default small-moe), SEQ (512), GBS (8), TRIALS (4).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING=0
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/multinode_log.txt") 2>&1
-
-if ! python3 -c "import optuna, sqlalchemy, ray" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD}
+source bench/gpu_env.sh
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')")
 case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac

@@ -614,7 +614,7 @@ def _teardown(actors: list, pg: Any, pids: list[int]) -> None:
     deadline = time.monotonic() + TEARDOWN_WAIT_S
     _wait_actors_dead(actors, deadline)
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(p)]
+        pids = [p for p in pids if pid_alive(p)]
         if pids:
             time.sleep(0.05)
     for pid in pids:
@@ -648,8 +648,8 @@ def _wait_actors_dead(actors: list, deadline: float) -> None:
             time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
+def pid_alive(pid: int) -> bool:
+    """True while the local process ``pid`` exists and is not a zombie (Linux /proc)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from db.engine import make_engine, make_sessionmaker
 from db.models import Job, Trial
+from executor.launch_ray import pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -69,14 +70,6 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -161,6 +154,6 @@ def test_sigterm_mid_trial_requeues_the_job_at_once_and_leaves_no_process(db_url
     assert "SIGTERM, shutting down" in out and "Traceback" not in out, out
 
     deadline = time.monotonic() + 15
-    while (left := {pid: cmd for pid, cmd in tree.items() if _alive(pid)}) and time.monotonic() < deadline:
+    while (left := {pid: cmd for pid, cmd in tree.items() if pid_alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == {}, f"processes the runner started outlived it: {left}"
