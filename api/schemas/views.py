@@ -14,7 +14,10 @@ class MegatronArgsOut(BaseModel):
     layout: str = Field(description="ParallelConfig label of that trial")
     step_time_s: float = Field(description="its measured seconds per optimizer step")
     args: list[list[str]] = Field(description="one flag with its values per inner list, in a stable order")
-    text: str = Field(description="the same as a shell fragment, one flag per line joined by backslash-newlines")
+    environment: dict[str, str] = Field(description="the environment Megatron-LM needs for this layout "
+                                                     "(CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP)")
+    text: str = Field(description="a shell fragment to paste before a Megatron-LM launch: the environment's export "
+                                  "lines, then MEGATRON_ARGS=(...) (pass it as \"${MEGATRON_ARGS[@]}\")")
 
 
 class CheckpointOut(BaseModel):

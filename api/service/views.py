@@ -11,7 +11,7 @@ from api.service.jobs import owned_job
 from api.service.trainings import owned_training
 from db.models import Owner, Trial
 from executor.train.checkpoint_names import list_checkpoints
-from planner.megatron_args import format_megatron_args, megatron_args
+from planner.megatron_args import megatron_args, megatron_env, megatron_script
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -31,7 +31,7 @@ def best_megatron_args(session: Session, owner: Owner, job_id: int) -> MegatronA
     model, training = ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(job.training_spec)
     return MegatronArgsOut(job_id=job.id, trial_number=trial.number, layout=config.label(),
                            step_time_s=trial.step_time_s, args=megatron_args(config, model, training),
-                           text=format_megatron_args(config, model, training))
+                           environment=megatron_env(config), text=megatron_script(config, model, training))
 
 
 def training_checkpoints(session: Session, owner: Owner, training_id: int) -> CheckpointsOut:

@@ -42,7 +42,10 @@ def test_megatron_args_of_the_best_measured_trial_owner_only(client, alice, bob,
     assert body["trial_number"] == 1 and body["step_time_s"] == 0.25 and body["layout"].startswith("tp2 ")
     assert ["--tensor-model-parallel-size", "2"] in body["args"]
     assert ["--global-batch-size", str(job_body["training"]["global_batch_size"])] in body["args"]
-    assert body["text"].split(" \\\n")[0] == "--tensor-model-parallel-size 2"
+    assert body["environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # TP 2: Megatron asserts it
+    lines = body["text"].splitlines()
+    assert lines[:2] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "MEGATRON_ARGS=("] and lines[-1] == ")"
+    assert "    --tensor-model-parallel-size 2" in lines
     other = client.get(f"/v1/jobs/{job_id}/megatron-args", headers=bob)
     assert other.status_code == 404 and other.json()["type"] == "urn:foldtune:problem:not-found"
     assert client.get(f"/v1/jobs/{job_id}/megatron-args").status_code == 401
