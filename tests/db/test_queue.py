@@ -162,14 +162,19 @@ def test_duplicate_trial_number_is_refused(sessions, add_jobs):
             start_trial(s, job_id, 0, {"tp": 1}, runner_id="r1")
 
 
+def _queued_training(s, job_id: int) -> Training:
+    """A queued training of the job's owner, stored."""
+    tr = Training(owner_id=s.get(Job, job_id).owner_id, job_id=job_id, config={"tp": 1}, model_spec={},
+                  training_spec={}, cluster={}, data_path="/data", steps=10, checkpoint_dir="/ckpt")
+    s.add(tr)
+    s.commit()
+    return tr
+
+
 def test_training_claim_and_stale_requeue(sessions, add_jobs):
     (job_id,) = add_jobs(1)
     with sessions() as s:
-        owner_id = s.get(Job, job_id).owner_id
-        tr = Training(owner_id=owner_id, job_id=job_id, config={"tp": 1}, model_spec={}, training_spec={},
-                      cluster={}, data_path="/data", steps=10, checkpoint_dir="/ckpt")
-        s.add(tr)
-        s.commit()
+        tr = _queued_training(s, job_id)
         claimed = claim_next_training(s, "dead", now=utcnow() - timedelta(hours=1))
         assert claimed.id == tr.id
         assert requeue_stale(s, timeout_s=60).trainings_requeued == [tr.id]
@@ -179,11 +184,7 @@ def test_training_claim_and_stale_requeue(sessions, add_jobs):
 def test_release_puts_a_training_back_without_counting_the_attempt(sessions, add_jobs):
     (job_id,) = add_jobs(1)
     with sessions() as s:
-        owner_id = s.get(Job, job_id).owner_id
-        tr = Training(owner_id=owner_id, job_id=job_id, config={"tp": 1}, model_spec={}, training_spec={},
-                      cluster={}, data_path="/data", steps=10, checkpoint_dir="/ckpt")
-        s.add(tr)
-        s.commit()
+        tr = _queued_training(s, job_id)
         assert claim_next_training(s, "r1").id == tr.id
         assert not release_training(s, tr.id, "r2")  # only its holder gives it back
         assert release_training(s, tr.id, "r1")
