@@ -16,6 +16,7 @@ from executor import recompute
 from executor.attention_core import special_attention
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
+from executor.parallel.collectives import all_reduce_both
 from executor.parallel.context_parallel import cp_attention, gather_kv
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
@@ -74,7 +75,11 @@ class Attention(torch.nn.Module):
             self.sinks = param("sinks", (spec.num_attention_heads,), "zeros", tp_dim=0)
         elif spec.softmax_type == "off-by-one":
             self.register_buffer("sinks", torch.zeros(self.heads, device=device, dtype=dtype), persistent=False)
-        if spec.qk_layernorm:
+        self.qk_norm_all = spec.qk_layernorm and spec.qk_layernorm_scope == "all"
+        if self.qk_norm_all:  # OLMoE: one norm over a token's whole q (k), split over TP with the heads
+            self.q_norm = param("q_norm.weight", (spec.num_attention_heads * d,), "ones", tp_dim=0)
+            self.k_norm = param("k_norm.weight", (spec.num_kv_heads * d,), "ones", tp_dim=0)
+        elif spec.qk_layernorm:
             self.q_norm = param("q_norm.weight", (d,), "ones", tp_partial=True)
             self.k_norm = param("k_norm.weight", (d,), "ones", tp_partial=True)
 
@@ -87,10 +92,14 @@ class Attention(torch.nn.Module):
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
         s, b, _ = x.shape
-        q = self._project(x, self.wq, self.bq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
-        k = self._project(x, self.wk, self.bk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        q, k = self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk)
+        if self.qk_norm_all:
+            q = self._norm_all(q, self.q_norm, self.spec.num_attention_heads * d, eps)
+            k = self._norm_all(k, self.k_norm, self.spec.num_kv_heads * d, eps)
+        q = q.view(s, b, self.heads, d).permute(1, 2, 0, 3)
+        k = k.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
         v = self._project(x, self.wv, self.bv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        if self.spec.qk_layernorm:
+        if self.spec.qk_layernorm and not self.qk_norm_all:
             q = self.kernels.rms_norm(q, self.q_norm, eps)
             k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope
@@ -112,6 +121,16 @@ class Attention(torch.nn.Module):
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def _norm_all(self, y_SBW: torch.Tensor, weight: torch.Tensor, width: int, eps: float) -> torch.Tensor:
+        """RMSNorm of each token's full q or k row (``width`` = heads·d over all TP ranks) on this rank's slice
+        [s, b, width/tp]: the fp32 sum of squares is summed over TP, then the math of the executor's rms_norm
+        (fp32, cast back, times the weight). The sum's gradient is summed over TP too: every rank's slice
+        depends on every rank's squares."""
+        y = y_SBW.float()
+        total = all_reduce_both(y.square().sum(dim=-1, keepdim=True), self.state.tp)
+        rms = torch.sqrt(total / width + eps)
+        return (y / rms).to(y_SBW.dtype) * weight
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = self.kernels.linear(x, w)
