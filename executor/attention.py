@@ -16,12 +16,12 @@ from executor import recompute
 from executor.attention_core import special_attention
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
-from executor.parallel.collectives import all_reduce_both
 from executor.parallel.context_parallel import cp_attention, gather_kv
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
 from executor.timing import NULL_TIMER, PhaseTimer
+from executor.tp_rms_norm import tp_rms_norm
 
 
 def rope_tables(seq_length: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,8 +94,8 @@ class Attention(torch.nn.Module):
         s, b, _ = x.shape
         q, k = self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk)
         if self.qk_norm_all:
-            q = self._norm_all(q, self.q_norm, self.spec.num_attention_heads * d, eps)
-            k = self._norm_all(k, self.k_norm, self.spec.num_kv_heads * d, eps)
+            q = tp_rms_norm(q, self.q_norm, self.spec.num_attention_heads * d, eps, self.state.tp)
+            k = tp_rms_norm(k, self.k_norm, self.spec.num_kv_heads * d, eps, self.state.tp)
         q = q.view(s, b, self.heads, d).permute(1, 2, 0, 3)
         k = k.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
         v = self._project(x, self.wv, self.bv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
@@ -121,16 +121,6 @@ class Attention(torch.nn.Module):
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
-
-    def _norm_all(self, y_SBW: torch.Tensor, weight: torch.Tensor, width: int, eps: float) -> torch.Tensor:
-        """RMSNorm of each token's full q or k row (``width`` = heads·d over all TP ranks) on this rank's slice
-        [s, b, width/tp]: the fp32 sum of squares is summed over TP, then the math of the executor's rms_norm
-        (fp32, cast back, times the weight). The sum's gradient is summed over TP too: every rank's slice
-        depends on every rank's squares."""
-        y = y_SBW.float()
-        total = all_reduce_both(y.square().sum(dim=-1, keepdim=True), self.state.tp)
-        rms = torch.sqrt(total / width + eps)
-        return (y / rms).to(y_SBW.dtype) * weight
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = self.kernels.linear(x, w)

@@ -91,21 +91,6 @@ class _AllReduce(torch.autograd.Function):
         return grad, None
 
 
-class _AllReduceBoth(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        x = x.clone()
-        dist.all_reduce(x, group=group.pg)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group.pg)
-        return grad, None
-
-
 class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, out_splits, in_splits, group):
@@ -155,12 +140,6 @@ def reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
 def all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Sum ``x`` over the group; the gradient passes through unchanged (each member owns its term)."""
     return x if group.size == 1 else _AllReduce.apply(x, group)
-
-
-def all_reduce_both(x: torch.Tensor, group: Group) -> torch.Tensor:
-    """Sum ``x`` over the group when every member goes on with the sum in its own, different computation (a
-    statistic of a TP-split row feeding each member's slice): the gradient is summed over the group as well."""
-    return x if group.size == 1 else _AllReduceBoth.apply(x, group)
 
 
 def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> torch.Tensor:

@@ -16,10 +16,9 @@ import torch
 
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
-from executor import attention
+from executor import tp_rms_norm
 from executor.launch_local import launch
 from executor.options import ExecutorOptions
-from executor.parallel import collectives
 from executor.verify import Scenario, compare, layout_worker, reference
 
 # OLMoE in miniature (pre-softmax top-k, whole-width q/k norms); GQA kept so that the k norm is narrower
@@ -61,7 +60,28 @@ def test_tp2_with_dp_and_cp_matches_single_process():
 
 @pytest.mark.slow
 def test_summing_the_forward_only_breaks_the_gradients(monkeypatch):
-    # the autograd all_reduce passes the gradient through unsummed: right for replicated consumers, wrong here
-    monkeypatch.setattr(attention, "all_reduce_both", collectives.all_reduce)
+    # the backward's dot product left per rank (as an all-reduce with a pass-through backward would leave it)
+    monkeypatch.setattr(tp_rms_norm, "_reduce_grad", lambda dot, group: dot)
     problems = compare(_reference(), _launch(("tp2",), 2)[0])
     assert any(p.startswith("grads") and "attention.w" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_single_rank_norm_and_gradients_equal_autograd_of_the_formula(dtype):
+    """The hand-written backward against autograd of the executor's rms_norm numerics, one rank."""
+    from executor.parallel.groups import single_process_state
+
+    group = single_process_state().tp
+    gen = torch.Generator().manual_seed(0)
+    x0, w0, g = (torch.randn(*shape, generator=gen) for shape in ((5, 3, 32), (32,), (5, 3, 32)))
+    x0, w0, g = x0.to(dtype), (1 + 0.1 * w0).to(dtype), g.to(dtype)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    rx, rw = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out = tp_rms_norm.tp_rms_norm(x, w, 32, 1e-6, group)
+    ref = torch.nn.functional.rms_norm(rx.float(), (32,), None, 1e-6).to(dtype) * rw
+    (out.float() * g.float()).sum().backward()
+    (ref.float() * g.float()).sum().backward()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, rx.grad, **tol)
+    torch.testing.assert_close(w.grad, rw.grad, **tol)

@@ -78,18 +78,19 @@ def test_each_mapped_convention_matters(saved, family, change):
 
 def test_olmoe_norm_over_one_head_would_differ(saved, monkeypatch):
     """OLMoE's parity needs the whole-width q/k norm: normalising each head (weights kept) changes the logits."""
-    from executor.attention import Attention
+    from executor import attention
 
-    def per_head(self, y, weight, width, eps):
-        d = self.spec.head_dim
+    directory, hf_model = saved["olmoe"]
+    d = load_hf_model(directory).spec.head_dim
+
+    def per_head(y, weight, width, eps, group):
         heads = y.view(*y.shape[:-1], -1, d).float()
         normed = heads * torch.rsqrt(heads.square().mean(-1, keepdim=True) + eps)
         return normed.view(y.shape).to(y.dtype) * weight
 
-    directory, hf_model = saved["olmoe"]
     ids, labels = batch()
     ref_logits, _ = hf_logits_and_grad(hf_model, ids, labels)
-    monkeypatch.setattr(Attention, "_norm_all", per_head)
+    monkeypatch.setattr(attention, "tp_rms_norm", per_head)
     assert (model_logits(_foldtune(directory), ids) - ref_logits).abs().max() > 1e-3
 
 
