@@ -4,7 +4,9 @@ TP splits query and key/value heads (heads/tp and kv_heads/tp per rank); under S
 returns this rank's sequence slice [s/tp, b, h]. Q/K/V biases (``add_qkv_bias`` or ``add_bias_linear``) and
 learned sinks split with their heads; the output bias (``add_bias_linear``) is replicated and added once,
 after the reduce-scatter, to this rank's sequence slice, so its gradient is a TP-partial sum. Layers with a
-sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets.
+sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets. q/k norms
+are per head (Qwen3) or, with ``qk_layernorm_scope='all'`` (OLMoE), over a token's whole q and k before the
+head split, their weights split with the heads (:mod:`executor.tp_rms_norm`).
 """
 
 from __future__ import annotations
