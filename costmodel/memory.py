@@ -178,7 +178,7 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     else:
         d = model.head_dim
         out.append(("act.attn.qkv", (n + 2 * model.num_kv_heads) * d * b / t, _NONE))
-        if model.qk_layernorm:  # the per-head norms keep their inputs (q and k before the norm)
+        if model.qk_layernorm:  # the q/k norms keep their inputs (q and k before the norm; per head or whole)
             out.append(("act.attn.qk_norm_input", (n + model.num_kv_heads) * d * b / t, _NONE))
         v_width = n * d
         if training.flash_attention and not training.fused_window_sink_attention:
@@ -792,8 +792,8 @@ def _attention_param_tensors(model: ModelSpec, tp: int) -> list[float]:
         out += [heads, kv, kv]
     if model.add_bias_linear:
         out.append(h)
-    if model.qk_layernorm:
-        out += [d, d]
+    if model.qk_layernorm:  # per head: [d] each; over all heads: [n·d] and [g·d] split with the heads
+        out += [heads, kv] if model.qk_layernorm_scope == "all" else [d, d]
     if model.softmax_type == "learnable":
         out.append(n / tp)
     return out

@@ -128,7 +128,9 @@ def attention_params(model: ModelSpec, tp: int) -> ParamCounts:
         sharded += h * qkv_rows // tp + n * d * h // tp
         if model.add_qkv_bias or model.add_bias_linear:
             sharded += qkv_rows // tp
-        if model.qk_layernorm:
+        if model.qk_layernorm and model.qk_layernorm_scope == "all":  # [n·d] and [g·d], split with the heads
+            sharded += _norm(model, n * d) // tp + _norm(model, g * d) // tp
+        elif model.qk_layernorm:  # one head's [d] each, whole on every TP rank
             replicated += 2 * _norm(model, d)
         if model.softmax_type == "learnable":  # one sink logit per head, split with the heads
             sharded += n // tp

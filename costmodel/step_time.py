@@ -93,6 +93,7 @@ ELEMENTWISE_BWD_RATIO = 2.0
 # more local weights (EDP > 1 replicas of the experts) cost more, whatever the tokens.
 MAIN_GRAD_ACCUM_BYTES = 10
 FP32_GRAD_ACCUM_BYTES = 12
+_FP32_BYTES = 4
 
 # Slots of a layer vector (per-micro-batch seconds of one layer kind), from the term table.
 N_SLOTS = len(LAYER_TERMS)
@@ -369,6 +370,11 @@ class _Shape:
                 self.biases(block, (heads + 2 * kv) * d / tp, h if m.add_bias_linear else 0)
             if m.qk_layernorm:
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
+                if m.qk_layernorm_scope == "all" and self.tp_place.size > 1:
+                    # OLMoE's whole-width norms: one fp32 sum of squares per token for q and for k, summed
+                    # over TP forward and (its gradient) backward; latency-bound at these sizes
+                    reduce = 2 * ring_time(self.link, "all_reduce", t * _FP32_BYTES, self.tp_place)
+                    block.add(TP, reduce, reduce)
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
             fwd, bwd = self._gqa_core(max(1, heads // tp), d)

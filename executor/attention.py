@@ -4,7 +4,9 @@ TP splits query and key/value heads (heads/tp and kv_heads/tp per rank); under S
 returns this rank's sequence slice [s/tp, b, h]. Q/K/V biases (``add_qkv_bias`` or ``add_bias_linear``) and
 learned sinks split with their heads; the output bias (``add_bias_linear``) is replicated and added once,
 after the reduce-scatter, to this rank's sequence slice, so its gradient is a TP-partial sum. Layers with a
-sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets.
+sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets. q/k norms
+are per head (Qwen3) or, with ``qk_layernorm_scope='all'`` (OLMoE), over a token's whole q and k before the
+head split, their weights split with the heads (:mod:`executor.tp_rms_norm`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
 from executor.timing import NULL_TIMER, PhaseTimer
+from executor.tp_rms_norm import tp_rms_norm
 
 
 def rope_tables(seq_length: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +77,11 @@ class Attention(torch.nn.Module):
             self.sinks = param("sinks", (spec.num_attention_heads,), "zeros", tp_dim=0)
         elif spec.softmax_type == "off-by-one":
             self.register_buffer("sinks", torch.zeros(self.heads, device=device, dtype=dtype), persistent=False)
-        if spec.qk_layernorm:
+        self.qk_norm_all = spec.qk_layernorm and spec.qk_layernorm_scope == "all"
+        if self.qk_norm_all:  # OLMoE: one norm over a token's whole q (k), split over TP with the heads
+            self.q_norm = param("q_norm.weight", (spec.num_attention_heads * d,), "ones", tp_dim=0)
+            self.k_norm = param("k_norm.weight", (spec.num_kv_heads * d,), "ones", tp_dim=0)
+        elif spec.qk_layernorm:
             self.q_norm = param("q_norm.weight", (d,), "ones", tp_partial=True)
             self.k_norm = param("k_norm.weight", (d,), "ones", tp_partial=True)
 
@@ -87,10 +94,14 @@ class Attention(torch.nn.Module):
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
         s, b, _ = x.shape
-        q = self._project(x, self.wq, self.bq).view(s, b, self.heads, d).permute(1, 2, 0, 3)
-        k = self._project(x, self.wk, self.bk).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        q, k = self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk)
+        if self.qk_norm_all:
+            q = tp_rms_norm(q, self.q_norm, self.spec.num_attention_heads * d, eps, self.state.tp)
+            k = tp_rms_norm(k, self.k_norm, self.spec.num_kv_heads * d, eps, self.state.tp)
+        q = q.view(s, b, self.heads, d).permute(1, 2, 0, 3)
+        k = k.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
         v = self._project(x, self.wv, self.bv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        if self.spec.qk_layernorm:
+        if self.spec.qk_layernorm and not self.qk_norm_all:
             q = self.kernels.rms_norm(q, self.q_norm, eps)
             k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope

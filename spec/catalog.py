@@ -85,8 +85,8 @@ _add_model(ModelSpec(
     moe_router_group_topk=4, moe_router_topk_scaling_factor=2.5, mtp_num_layers=1))
 _add_model(ModelSpec(
     name="olmoe-1b-7b", num_layers=16, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=1024,
-    vocab_size=50304, qk_layernorm=True, num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=1024,
-    moe_router_pre_softmax=True))
+    vocab_size=50304, qk_layernorm=True, qk_layernorm_scope="all", num_experts=64, moe_router_topk=8,
+    moe_ffn_hidden_size=1024, moe_router_pre_softmax=True))
 _add_model(ModelSpec(
     name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_query_groups=8,
     kv_channels=64, ffn_hidden_size=2880, vocab_size=201088, add_bias_linear=True, add_qkv_bias=True,

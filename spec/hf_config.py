@@ -11,7 +11,7 @@ and GPT-OSS. Every key of the file is either
 
 A value the mapper reads but foldtune cannot represent (``hidden_act`` other than silu, a Qwen3 bias on the
 output projection, ...) raises a SpecError naming the field too. A value the cost model can plan with but the
-executor cannot reproduce exactly (YaRN RoPE scaling, quantised weights, OLMoE's whole-width q/k norms, ...)
+executor cannot reproduce exactly (YaRN RoPE scaling, quantised weights, ...)
 is accepted and listed in :attr:`HFModel.executor_issues`: ``foldtune plan`` works, loading the weights into
 the executor refuses with those reasons.
 
@@ -252,11 +252,10 @@ def _olmoe(f: _Fields, name: str, issues: list[str]) -> dict[str, Any]:
     spec = _common(f, name, issues)
     f.expect("attention_bias", (False,), False, "OLMoE has no attention bias")
     f.expect("clip_qkv", (None,), None, "clipping q/k/v is not built")
-    spec.update(qk_layernorm=True, num_experts=f.int("num_experts"), moe_router_topk=f.int("num_experts_per_tok"),
-                moe_ffn_hidden_size=spec["ffn_hidden_size"])
+    # q_norm/k_norm span a token's whole q (num_heads·head_dim) and k, not one head (Qwen3's)
+    spec.update(qk_layernorm=True, qk_layernorm_scope="all", num_experts=f.int("num_experts"),
+                moe_router_topk=f.int("num_experts_per_tok"), moe_ffn_hidden_size=spec["ffn_hidden_size"])
     _norm_topk(f, spec, False)
-    issues.append("OLMoE normalises q and k over all heads at once (q_norm of num_heads·head_dim); the "
-                  "executor's qk_layernorm is per head (Qwen3's)")
     return spec
 
 
@@ -426,13 +425,14 @@ def _family_of(spec: ModelSpec) -> str:
     if spec.moe_shared_expert_gate:
         return "qwen2_moe"
     if spec.qk_layernorm:
-        return "qwen3_moe"
+        return "olmoe" if spec.qk_layernorm_scope == "all" else "qwen3_moe"
     return "mixtral"
 
 
 def hf_config_from_spec(spec: ModelSpec, rotary_base: float = 10000.0, norm_epsilon: float = 1e-6) -> dict[str, Any]:
     """A config.json object of the Hugging Face family that computes ``spec`` (GPT-OSS for quick-GeGLU, DeepSeek
-    for MLA, Qwen2-MoE for a gated shared expert, Qwen3-MoE for q/k norms, else Mixtral).
+    for MLA, Qwen2-MoE for a gated shared expert, Qwen3-MoE for per-head q/k norms, OLMoE for
+    whole-width ones, else Mixtral).
 
     Checked by mapping it back (:func:`model_from_hf_config`): a spec no family represents exactly (ungated
     shared experts without MLA, dense layers in a Mixtral, ...) raises a SpecError naming the fields that
@@ -460,6 +460,9 @@ def hf_config_from_spec(spec: ModelSpec, rotary_base: float = 10000.0, norm_epsi
                  mlp_only_layers=[i for i, moe in enumerate(pattern) if not moe])
         if family == "qwen2_moe":
             c.update(qkv_bias=spec.add_qkv_bias, shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size)
+    elif family == "olmoe":  # one expert width (intermediate_size), every layer MoE
+        c.update(num_experts=spec.num_experts, intermediate_size=spec.expert_ffn_hidden_size,
+                 norm_topk_prob=not spec.moe_router_pre_softmax, attention_bias=False, clip_qkv=None)
     elif family == "gpt_oss":
         c.update(num_local_experts=spec.num_experts, attention_bias=True, swiglu_limit=spec.activation_func_clamp_value,
                  layer_types=["sliding_attention" if spec.attention_window(i) is not None else "full_attention"

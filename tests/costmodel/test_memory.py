@@ -525,7 +525,7 @@ def test_gpt_oss_executor_attention_does_not_fit_where_megatrons_does():
     assert ex.weights == mg.weights and ex.optimizer == mg.optimizer
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "gpt-oss-120b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "gpt-oss-120b", "qwen3-30b-a3b", "olmoe-1b-7b"])
 def test_executor_parameter_tensors_add_up_to_the_layer_counts(name):
     """_tensor_split lists the executor's parameter tensors (MLA's projections and latent norms, biases, sinks,
     q/k norms); with an unbounded bucket its per-layer sums are the parameter counts of a dense and an MoE layer."""

@@ -1,5 +1,7 @@
 """Parameter counts against published totals and hand-worked per-GPU counts."""
 
+import dataclasses
+
 import pytest
 
 from spec import ModelSpec, ParallelConfig, get_model
@@ -210,3 +212,15 @@ def test_gpt_oss_biases_sinks_and_router_bias_hand_count():
     moe = moe_params(model, 1, 1, 1)
     assert moe.dense_replicated == h + e * (h + 1)
     assert moe.expert == e * (3 * h * f + 2 * f + h)
+
+
+def test_olmoe_whole_width_qk_norms_split_with_the_heads_hand_count():
+    """OLMoE (qk_layernorm_scope 'all'): q_norm [16·128] and k_norm [16·128] are TP-sharded like wq/wk rows,
+    where Qwen3's per-head [128] norms are whole on every rank. Its total is the published 6.92B."""
+    olmoe = get_model("olmoe-1b-7b")
+    h, width = 2048, 16 * 128
+    tp2 = attention_params(olmoe, 2)
+    assert tp2.dense_tp_sharded == 4 * h * width // 2 + (width + width) // 2 and tp2.dense_replicated == h
+    per_head = attention_params(dataclasses.replace(olmoe, qk_layernorm_scope="head"), 2)
+    assert per_head.dense_tp_sharded == 4 * h * width // 2 and per_head.dense_replicated == h + 2 * 128
+    assert abs(total_param_counts(olmoe)[0] - 6.92e9) <= 0.01e9

@@ -541,3 +541,23 @@ def test_moe_layer_pattern_and_dense_first_layers_are_priced_per_stage():
     assert first == pytest.approx(total("attention", "dense_mlp", "embedding"), rel=1e-12)
     assert last == pytest.approx(total("attention", "moe", "head"), rel=1e-12)
     assert moe_stage > dense_stage  # top-2 of 8 experts + the shared expert over one dense FFN
+
+
+def test_olmoe_whole_width_qk_norms_add_two_tiny_tp_all_reduces_each_way():
+    """OLMoE under TP2, 4096 tokens per rank: the q and k sums of squares (fp32, 16 KiB each) are all-reduced
+    forward and their gradients backward; per-head norms (Qwen3's) have no TP traffic; TP1 has none."""
+    from costmodel.comm import group_placement, link_rates, ring_time
+
+    olmoe = get_model("olmoe-1b-7b").with_layers(2)
+    per_head = replace(olmoe, qk_layernorm_scope="head")
+    training, cluster = TrainingSpec(seq_length=4096, global_batch_size=8), ClusterSpec(H100, 2)
+    tp2 = ParallelConfig(world_size=2, tp=2)
+    all_heads, one_head = (layer_times(m, training, cluster, tp2)["attention"] for m in (olmoe, per_head))
+    reduce = 2 * ring_time(link_rates(H100), "all_reduce", 4096 * 4, group_placement(1, 2, H100.gpus_per_node))
+    assert reduce > 0
+    for phase in ("fwd", "bwd"):
+        ours, theirs = (dict(getattr(t, phase))["tp_comm"] for t in (all_heads, one_head))
+        assert ours - theirs == pytest.approx(reduce)
+    tp1 = ParallelConfig(world_size=2, ep=2)
+    assert (layer_times(olmoe, training, cluster, tp1)["attention"].fwd
+            == layer_times(per_head, training, cluster, tp1)["attention"].fwd)

@@ -37,6 +37,7 @@ MODELS = {
                                   glu_linear_offset=1.0, softmax_type="learnable", window_size=(4, 0),
                                   window_attn_skip_freq=2),
     "qwen3": dataclasses.replace(SHARED, name="tiny-qwen3", qk_layernorm=True),
+    "olmoe": dataclasses.replace(SHARED, name="tiny-olmoe", qk_layernorm=True, qk_layernorm_scope="all"),
 }
 
 
@@ -74,7 +75,9 @@ def test_attention_block_saves_what_the_memory_model_counts(name, monkeypatch):
         skip = [*model.parameters(), *model.buffers()] + ([attention.mask] if attention.mask is not None else [])
         measured = saved_storage_bytes(lambda: attention(x, rope), skip)
         norms = 3 if spec.multi_latent_attention and spec.q_lora_rank else 2 if spec.multi_latent_attention else 1
-        if spec.qk_layernorm:  # per-head norms of q and k: one reciprocal RMS per head and token
+        if spec.qk_layernorm and spec.qk_layernorm_scope == "all":  # whole-width: one per token for q, one for k
+            norms += 2
+        elif spec.qk_layernorm:  # per-head norms of q and k: one reciprocal RMS per head and token
             norms += spec.num_attention_heads + spec.num_kv_heads
         unmodelled = norms * 4 * SEQ * MBS + (SEQ * SEQ if spec.softmax_type != "vanilla" else 0)
         assert measured - unmodelled == modelled, (name, measured, unmodelled, modelled)

@@ -28,6 +28,9 @@ FAMILIES = {
                                          mlp_only_layers=[0], rope_parameters=DEFAULT_ROPE)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                                          head_dim=16, norm_topk_prob=True, rope_parameters=DEFAULT_ROPE)),
+    # OLMoE: q/k RMSNorm over all heads at once; its experts' width is intermediate_size
+    "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False,
+                                  rope_parameters=DEFAULT_ROPE)),
     "deepseek_v2": ("DeepseekV2Config", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                                              n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16,
                                              q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8,

@@ -18,7 +18,7 @@ from hf_tiny import FAMILIES, batch, hf_logits_and_grad, routing_margin, tiny_hf
 from spec.hf_config import load_hf_model
 from spec.parallel_config import ParallelConfig
 from executor.hf.logits import model_logits
-from executor.hf.weights import HFWeightsError, load_hf_weights
+from executor.hf.weights import load_hf_weights
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
@@ -76,14 +76,22 @@ def test_each_mapped_convention_matters(saved, family, change):
     assert (logits - ref_logits).abs().max() > 1e-3
 
 
-def test_olmoe_is_refused_with_the_reason(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.OlmoeConfig(hidden_size=64, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=256,
-                                      num_experts=4, num_experts_per_tok=2, eos_token_id=1, pad_token_id=0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    with pytest.raises(HFWeightsError, match="normalises q and k over all heads at once"):
-        _foldtune(tmp_path)
+def test_olmoe_norm_over_one_head_would_differ(saved, monkeypatch):
+    """OLMoE's parity needs the whole-width q/k norm: normalising each head (weights kept) changes the logits."""
+    from executor import attention
+
+    directory, hf_model = saved["olmoe"]
+    d = load_hf_model(directory).spec.head_dim
+
+    def per_head(y, weight, width, eps, group):
+        heads = y.view(*y.shape[:-1], -1, d).float()
+        normed = heads * torch.rsqrt(heads.square().mean(-1, keepdim=True) + eps)
+        return normed.view(y.shape).to(y.dtype) * weight
+
+    ids, labels = batch()
+    ref_logits, _ = hf_logits_and_grad(hf_model, ids, labels)
+    monkeypatch.setattr(attention, "tp_rms_norm", per_head)
+    assert (model_logits(_foldtune(directory), ids) - ref_logits).abs().max() > 1e-3
 
 
 def test_catalog_model_exports_to_a_directory_transformers_computes_equally(tmp_path):

@@ -17,8 +17,8 @@ from executor.launch_local import launch
 transformers = pytest.importorskip("transformers")
 # GQA with a plain SwiGLU router (Mixtral), MLA with group-limited sigmoid routing, the expert bias and shared
 # experts (DeepSeek-V3), biases everywhere, sinks, windows and fused interleaved experts (GPT-OSS), a dense
-# layer and the gated shared expert (Qwen2-MoE)
-FAMILIES = ("mixtral", "deepseek_v3", "gpt_oss", "qwen2_moe")
+# layer and the gated shared expert (Qwen2-MoE), q/k norms over all heads split over TP (OLMoE)
+FAMILIES = ("mixtral", "deepseek_v3", "gpt_oss", "qwen2_moe", "olmoe")
 
 
 @pytest.mark.slow

@@ -41,8 +41,8 @@ def test_executor_numbers_and_issues():
     v3 = load_hf_model(CONFIGS / "deepseek-v3")
     assert v3.expert_bias and v3.executor_options()["moe_router_enable_expert_bias"]
     assert any("yarn" in i for i in v3.executor_issues) and any("fp8" in i for i in v3.executor_issues)
-    olmoe = load_hf_model(CONFIGS / "olmoe-1b-7b")
-    assert any("all heads at once" in i for i in olmoe.executor_issues)
+    olmoe = load_hf_model(CONFIGS / "olmoe-1b-7b")  # q/k norms over all heads: built (qk_layernorm_scope)
+    assert olmoe.executor_issues == () and olmoe.spec.qk_layernorm_scope == "all"
 
 
 def test_unknown_field_is_named():
@@ -114,6 +114,7 @@ def test_catalog_models_write_a_config_that_maps_back(name):
 
     spec = get_model(name)
     config = hf_config_from_spec(spec, 1e6, 1e-5)
+    assert (config["model_type"] == "olmoe") == (spec.qk_layernorm_scope == "all")
     mapped = model_from_hf_config(config, name)
     ffn = spec.ffn_hidden_size if spec.num_dense_layers else mapped.spec.ffn_hidden_size  # unused without dense layers
     assert mapped.spec.to_dict() == {**spec.to_dict(), "make_vocab_size_divisible_by": 128, "ffn_hidden_size": ffn}

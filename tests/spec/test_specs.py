@@ -39,6 +39,16 @@ def test_model_spec_names_every_bad_field():
     assert "moe_router_topk (5) must lie in [1, num_experts=4]" in msg
 
 
+def test_qk_layernorm_scope_is_validated_and_serialised():
+    olmoe = get_model("olmoe-1b-7b")
+    assert olmoe.qk_layernorm_scope == "all" and get_model("qwen3-30b-a3b").qk_layernorm_scope == "head"
+    assert ModelSpec.from_dict(json.loads(json.dumps(olmoe.to_dict()))) == olmoe
+    with pytest.raises(SpecError, match="qk_layernorm_scope must be one of"):
+        ModelSpec.from_dict({**olmoe.to_dict(), "qk_layernorm_scope": "group"})
+    with pytest.raises(SpecError, match="qk_layernorm_scope 'all' .* multi_latent_attention"):
+        ModelSpec.from_dict({**get_model("deepseek-v2-lite").to_dict(), "qk_layernorm_scope": "all"})
+
+
 def test_training_spec_rules():
     with pytest.raises(SpecError, match="needs moe_expert_capacity_factor"):
         TrainingSpec(seq_length=4096, global_batch_size=8, routing_mode="capacity")
