@@ -149,10 +149,15 @@ class MixedPrecisionAdam:
 
     def __init__(self, params: list[torch.nn.Parameter], reducer: GradReducer, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0,
-                 sharded: bool = False, overlap_param_gather: bool = False, model: torch.nn.Module | None = None):
+                 sharded: bool = False, overlap_param_gather: bool = False, model: torch.nn.Module | None = None,
+                 fused: bool = True):
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
+        # torch's multi-tensor fused AdamW where this torch has it (CPU and CUDA); the chain of in-place ops
+        # in step() is the reference it is tested against (tests/executor/test_optimizer*.py)
+        self.fused = fused and hasattr(torch, "_fused_adamw_")
+        self._steps: dict[torch.device, torch.Tensor] = {}
         if sharded:
             self.units = [_Unit(bucket, entry.group, entry, i) for entry in reducer.entries
                           for i, bucket in enumerate(entry.buckets)]
@@ -224,6 +229,13 @@ class MixedPrecisionAdam:
         if self._outstanding:
             self.wait_units(self._overlapped)
 
+    def _step_tensor(self, device: torch.device) -> torch.Tensor:
+        """This step's count as a tensor on ``device`` (the fused kernel reads it for the bias corrections)."""
+        step = self._steps.get(device)
+        if step is None:
+            step = self._steps[device] = torch.zeros((), dtype=torch.float32, device=device)
+        return step.fill_(self.step_count)
+
     def state_bytes(self) -> int:
         """Bytes of master weights and moments held by this rank."""
         return sum(3 * u.master.numel() * 4 for u in self.units)
@@ -257,9 +269,24 @@ class MixedPrecisionAdam:
             denom = (unit.exp_avg_sq.sqrt() / root_correction2).add_(self.eps)
             unit.master.addcdiv_(unit.exp_avg, denom, value=-self.lr / correction1)
 
+        def update_fused(units: list[_Unit]) -> None:
+            """The same AdamW formula as ``update`` in one multi-tensor kernel per device: each state tensor
+            is read and written once (about 28 bytes per parameter against about 70 for the chain of
+            in-place ops, which made the optimizer a tenth of a 1-GPU step)."""
+            by_device: dict[torch.device, list[_Unit]] = {}
+            for unit in units:
+                by_device.setdefault(unit.master.device, []).append(unit)
+            for device, group in by_device.items():
+                steps = [self._step_tensor(device)] * len(group)
+                torch._fused_adamw_([u.master for u in group], [u.grad_shard() for u in group],
+                                    [u.exp_avg for u in group], [u.exp_avg_sq for u in group], [], steps,
+                                    lr=self.lr, beta1=beta1, beta2=beta2, weight_decay=self.weight_decay,
+                                    eps=self.eps, amsgrad=False, maximize=False)
+
+        if not self.fused:
+            update_fused = lambda units: [update(u) for u in units]  # noqa: E731 (the reference chain)
         if not self._overlapped:
-            for unit in self.units:
-                update(unit)
+            update_fused(self.units)
             for unit in self.units:
                 unit.write_back()
             return
@@ -267,13 +294,13 @@ class MixedPrecisionAdam:
         # gathers run behind the remaining updates.
         overlapped = {id(u) for u in self._overlapped}
         for unit in self._overlapped:
-            update(unit)
+            update_fused([unit])
             unit.launch_gather()
             self._outstanding += 1
-        for unit in self.units:
-            if id(unit) not in overlapped:
-                update(unit)
-                unit.write_back()
+        rest = [unit for unit in self.units if id(unit) not in overlapped]
+        update_fused(rest)
+        for unit in rest:
+            unit.write_back()
 
 
 class _WaitingParameters(dict):
