@@ -12,6 +12,13 @@ Named quantities (all per rank, per layer, per micro-batch):
 - :func:`chunk_attention_time`: one kernel's seconds, at the attention efficiency of its OWN key length
   (``costmodel.compute.attention_efficiency``: the calibrated curve of key length, or the default
   saturation), plus one kernel's fixed cost per direction.
+- :data:`CP_FLASH_KERNEL_SLOWDOWN`: the chunks run on PyTorch's flash kernel
+  (``aten._scaled_dot_product_flash_attention``, the one that aligns a chunk's causal diagonal bottom-right
+  and takes GQA natively), while the calibrated curve and the non-CP path time SDPA's default kernel
+  (cuDNN on Hopper). Measured on one H200 (docs/benchmarks.md, "CP attention", 08:19 UTC): causal
+  attention over s = 4096, 32/8 heads, d 128, bf16, fwd+bwd, the flash kernel 0.939 ms per 1/2 of the
+  sequence against cuDNN SDPA 0.587: 1.60x. A kernel microbenchmark ratio, not a fit to training steps;
+  ``bench/cp_dispatch_gpu.py`` measures CP1 against CP2 at 2k/4k/8k to check it.
 - :func:`cp_attention_time`: the attention core of the busiest CP rank (the sum over its chunks). Its
   FLOPs equal the non-CP causal attention's divided by cp (every rank holds the same causal work); what CP
   changes is the key length each kernel runs at (shorter, so less efficient where the curve has not
@@ -30,6 +37,9 @@ from functools import lru_cache
 from costmodel.comm import LinkRates, Placement, ring_time
 from costmodel.compute import ComputeRates, attention_efficiency
 from spec.flops import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
+
+
+CP_FLASH_KERNEL_SLOWDOWN = 0.939 / 0.587
 
 
 @dataclass(frozen=True)
@@ -57,24 +67,27 @@ def chunk_kernels(seq_length: int, cp: int, rank: int) -> tuple[ChunkKernel, ...
 
 
 def chunk_attention_time(rates: ComputeRates, micro_batch: int, chunk: ChunkKernel, heads: int, qk_dim: int,
-                         v_dim: int) -> tuple[float, float]:
+                         v_dim: int, slowdown: float = 1.0) -> tuple[float, float]:
     """(forward, backward) seconds of one chunk kernel over ``micro_batch`` sequences and ``heads`` local
     heads: its FLOPs (``2·q·k·heads·(qk+v)·work`` forward, ``ATTENTION_BWD_FLOP_RATIO`` times that
-    backward) at the efficiency of its own key length, plus one kernel's fixed cost each way."""
+    backward) at the efficiency of its own key length, times ``slowdown`` (the kernel's time over the
+    calibrated kernel's at the same work), plus one kernel's fixed cost each way."""
     flops = attention_fwd_flops(micro_batch * chunk.queries, chunk.keys, heads, qk_dim, v_dim, False) * chunk.work
     fwd_eff, bwd_eff = attention_efficiency(rates, chunk.keys)
-    return (flops / (rates.bf16_peak * fwd_eff) + rates.kernel_overhead,
-            ATTENTION_BWD_FLOP_RATIO * flops / (rates.bf16_peak * bwd_eff) + rates.kernel_overhead)
+    return (slowdown * flops / (rates.bf16_peak * fwd_eff) + rates.kernel_overhead,
+            slowdown * ATTENTION_BWD_FLOP_RATIO * flops / (rates.bf16_peak * bwd_eff) + rates.kernel_overhead)
 
 
 @lru_cache(maxsize=4096)
 def cp_attention_time(rates: ComputeRates, micro_batch: int, seq_length: int, cp: int, heads: int, qk_dim: int,
                       v_dim: int) -> tuple[float, float]:
     """(forward, backward) seconds of the flash attention core of the busiest CP rank (the rank whose
-    fwd+bwd is longest), ``heads`` local heads. cp = 1: one causal kernel over the sequence."""
+    fwd+bwd is longest), ``heads`` local heads: its chunk kernels on the flash kernel
+    (:data:`CP_FLASH_KERNEL_SLOWDOWN`). cp = 1: one causal kernel over the sequence, SDPA's default."""
     best = (0.0, 0.0)
+    slowdown = CP_FLASH_KERNEL_SLOWDOWN if cp > 1 else 1.0
     for rank in range(max(1, cp)):
-        times = [chunk_attention_time(rates, micro_batch, ch, heads, qk_dim, v_dim)
+        times = [chunk_attention_time(rates, micro_batch, ch, heads, qk_dim, v_dim, slowdown)
                  for ch in chunk_kernels(seq_length, cp, rank)]
         total = (sum(t[0] for t in times), sum(t[1] for t in times))
         if sum(total) > sum(best):

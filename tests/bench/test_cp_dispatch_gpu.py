@@ -47,8 +47,7 @@ def test_price_predicts_every_case_from_the_named_quantities():
         assert row["cp2_core_ms"] == pytest.approx(1e3 * sum(cp_attention_time(rates, 1, int(s), 2, 32, 128, 128)))
         assert row["cp2_total_ms"] == pytest.approx(row["cp2_core_ms"] + row["cp2_kv_ms"] + row["cp2_proj_ms"])
         assert 1.0 < row["speedup_total"] < 2.0  # less than ideal: shorter chunks, the exchange
-    speedups = [row["speedup_total"] for row in pred["cp"].values()]
-    assert speedups == sorted(speedups)  # CP pays off more with longer sequences
+        assert row["speedup_core"] < 2.0  # shorter chunks on the slower flash kernel
     for n, row in pred["dispatch"].items():
         # EP2 top-2: the same token rows on the wire each way (module test); allgather also gathers the routing
         assert row["allgather_gather_bytes"] == 2 * int(n) * (4096 * 2 + 2 * 12)

@@ -5,6 +5,7 @@ import pytest
 from costmodel.comm import ring_time, group_placement, link_rates
 from costmodel.compute import KERNEL_OVERHEAD_S, attention_efficiency, attention_time, compute_rates
 from costmodel.context_parallel import (
+    CP_FLASH_KERNEL_SLOWDOWN,
     ChunkKernel,
     chunk_attention_time,
     chunk_kernels,
@@ -52,15 +53,19 @@ def test_a_chunk_is_priced_at_its_own_key_length():
 
 def test_cp_attention_is_the_busiest_ranks_chunks_and_cp1_the_plain_kernel():
     assert cp_attention_time(RATES, 2, 4096, 1, 32, 128, 128) == attention_time(RATES, 2 * 4096, 4096, 32, 128, 128)
-    per_rank = [tuple(map(sum, zip(*(chunk_attention_time(RATES, 1, c, 32, 128, 128)
+    slow = CP_FLASH_KERNEL_SLOWDOWN  # the chunks run on the flash kernel, 1.6x the calibrated SDPA's time
+    assert slow == pytest.approx(1.60, abs=0.005)
+    per_rank = [tuple(map(sum, zip(*(chunk_attention_time(RATES, 1, c, 32, 128, 128, slow)
                                       for c in chunk_kernels(4096, 2, r))))) for r in (0, 1)]
     got = cp_attention_time(RATES, 1, 4096, 2, 32, 128, 128)
     assert got == max(per_rank, key=sum)
     # default saturation L/(L+512): rank 0 runs 0.5 c² scores at 1024 keys (2/3) and 3.5 c² at 4096 (8/9):
     # 0.75 + 3.94 = 4.69 c²-units; rank 1 1.5 c² at 2048 (4/5) and 2.5 c² at 3072 (6/7): 1.875 + 2.92 = 4.79
     assert got == per_rank[1] and sum(per_rank[1]) > sum(per_rank[0])
-    # CP2 does half the work, at shorter key lengths and with two kernels: more than half the CP1 time
-    assert sum(got) > 0.5 * sum(cp_attention_time(RATES, 1, 4096, 1, 32, 128, 128))
+    # CP2 does half the work, at shorter key lengths, with two kernels, on the slower flash kernel: at 4096
+    # keys (default curve) about 0.86 of the CP1 time, not 0.5
+    ratio = sum(got) / sum(cp_attention_time(RATES, 1, 4096, 1, 32, 128, 128))
+    assert 0.8 < ratio < 0.9
 
 
 def test_kv_exchange_is_an_all_gather_forward_and_a_reduce_scatter_backward():
