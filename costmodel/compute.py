@@ -209,9 +209,10 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
     """(forward, backward) seconds of the attention core (scores, softmax, weighted values) on one GPU.
 
     ``batch_queries`` = micro-batch x local query length (queries this rank owns), ``seq_kv`` the full
-    key length each query may see, ``heads`` the local heads. Runs in 16-bit. ``steps`` > 1 is context
-    parallelism's ring attention: the keys arrive in ``steps`` blocks of ``seq_kv / steps``, each a
-    separate kernel whose efficiency follows its own (shorter) key length.
+    key length each query may see, ``heads`` the local heads. Runs in 16-bit. ``steps`` > 1 prices ring
+    attention: the keys arrive in ``steps`` blocks of ``seq_kv / steps``, each a separate kernel whose
+    efficiency follows its own (shorter) key length (the executor's CP is priced by
+    :mod:`costmodel.context_parallel`, not by this).
 
     Flash (fused) attention: forward FLOPs 2·q·kv·heads·(qk+v), halved by a causal mask; the backward
     does 2.5x the forward's matmul FLOPs; both at the attention efficiencies: measured curves of key-block
