@@ -141,6 +141,16 @@ def _fwd_bwd(fn, inputs: list[torch.Tensor], grad: torch.Tensor):
 
 
 # ---- (a) CP ----------------------------------------------------------------------------------------------
+def _bhsd(x_SBND: torch.Tensor) -> torch.Tensor:
+    """[s, b, n, d] storage seen as [b, n, s, d] (a view)."""
+    return x_SBND.permute(1, 2, 0, 3)
+
+
+def _leaf(x: torch.Tensor) -> torch.Tensor:
+    """A fresh autograd leaf with ``x``'s values and strides (clone keeps a dense tensor's layout)."""
+    return x.detach().clone().requires_grad_()
+
+
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
 
@@ -154,7 +164,9 @@ def cp_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype,
     out = {}
     for s in cfg.seqs:
         gen = torch.Generator().manual_seed(cfg.seed + s)  # the same whole-sequence tensors on every rank
-        q, k, v, g = (torch.randn(1, n, s, d, generator=gen).to(dev, dtype) for n in (heads, kvh, kvh, heads))
+        # stored [s, b, heads, d] and seen as [b, heads, s, d], as the executor's attention has them
+        stored = [torch.randn(s, 1, n, d, generator=gen).to(dev, dtype) for n in (heads, kvh, kvh, heads)]
+        q, k, v, g = (_bhsd(t) for t in stored)
         pos = cpm.cp_positions(s, cp, group.rank, dev)
         mask = cpm.causal_mask(s, cp, group.rank, dev)
 
@@ -166,8 +178,8 @@ def cp_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype,
 
         # check: CP2's output at this rank's positions against CP1 over the whole sequence
         want = kernels.attention(q, k, v)[:, :, pos]
-        kl, vl = k[:, :, pos].contiguous(), v[:, :, pos].contiguous()
-        got = core_cp(q[:, :, pos].contiguous(), *exchange(kl, vl))
+        ql, kl, vl, gl = (_bhsd(t[pos]) for t in stored)  # this rank's tokens, in the same storage order
+        got = core_cp(ql, *exchange(kl, vl))
         err = _rel_err(got, want)
 
         row: dict = {"seq": s, "cp2_vs_cp1_rel_err": err, "cp2_matches_cp1": err <= CP_CHECK_TOLERANCE[cfg.dtype]}
@@ -186,7 +198,7 @@ def cp_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype,
 
         (x1, a1), pg1 = proj_inputs(s)
         row["cp1_proj_ms"] = timed_ms(_fwd_bwd(proj, [x1, a1], pg1), dev, cfg, False)
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        leaves = [_leaf(t) for t in (q, k, v)]
         row["cp1_core_ms"] = timed_ms(_fwd_bwd(kernels.attention, leaves, g), dev, cfg, False)
 
         def layer1(x_, a_, q_, k_, v_):
@@ -194,10 +206,8 @@ def cp_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype,
 
         row["cp1_total_ms"] = timed_ms(_fwd_bwd(layer1, [x1, a1, *leaves], (*pg1, g)), dev, cfg, False)
 
-        ql = q[:, :, pos].contiguous().requires_grad_()
-        kl, vl = kl.requires_grad_(), vl.requires_grad_()
-        kg, vg = (t.detach().requires_grad_() for t in exchange(kl, vl))
-        gl = g[:, :, pos].contiguous()
+        ql, kl, vl = _leaf(ql), _leaf(kl), _leaf(vl)
+        kg, vg = (_leaf(t) for t in exchange(kl, vl))
         row[f"cp{cp}_core_ms"] = timed_ms(_fwd_bwd(core_cp, [ql, kg, vg], gl), dev, cfg, True)
         kv_grads = (torch.randn_like(kg), torch.randn_like(vg))
         row[f"cp{cp}_kv_ms"] = timed_ms(_fwd_bwd(exchange, [kl, vl], kv_grads), dev, cfg, True)
@@ -210,7 +220,7 @@ def cp_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype,
         row[f"cp{cp}_total_ms"] = timed_ms(_fwd_bwd(layer_cp, [xc, ac, ql, kl, vl], (*pgc, gl)), dev, cfg, True)
         row["kv_bytes_sent_per_rank"] = 2 * (cp - 1) * kl.numel() * kl.element_size()  # K and V, fwd (bwd same)
         out[s] = row
-        del q, k, v, g, w_qkv, w_o
+        del stored, q, k, v, g, w_qkv, w_o
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
