@@ -443,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         pred = predict(_hardware(args.price), cfg)
         print(f"cost model on {args.price}; shapes: hidden {cfg.hidden}, heads {cfg.heads}/{cfg.kv_heads}, "
               f"d {cfg.head_dim}, {cfg.dtype}; EP2 {cfg.experts} experts top-{cfg.topk}")
+        if measured:
+            print(f"measured: {args.measured} ({measured.get('device')}, {measured.get('date')}); each column: "
+                  "model, then measured")
         print(format_prediction(pred, measured))
         return 0
 
