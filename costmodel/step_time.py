@@ -44,6 +44,7 @@ from costmodel.compute import (
     memory_time,
     sink_attention_time,
 )
+from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.terms import (
     BOTTLENECK_TERMS,
@@ -189,7 +190,8 @@ _ZERO_LAYER = _LayerCost((0.0,) * N_SLOTS, (0.0,) * N_SLOTS, 0.0, 0.0, 0.0, 0.0,
 
 
 def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
-    """Apply the overlap that happens inside a layer: TP comm under its GEMMs, ring-attention KV under the core."""
+    """Apply the overlap that happens inside a layer: TP comm under its GEMMs. The CP K/V exchange stays
+    exposed (the executor all-gathers K/V before the attention that reads them; nothing runs beside it)."""
     exposed = [f + b for f, b in zip(block.fwd, block.bwd)]
     hidden = [0.0] * N_SLOTS
     fwd_comm = block.fwd[TP] + block.fwd[A2A] + block.fwd[ETP]
@@ -199,11 +201,7 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
         fwd_comm += tp_exposed_f - block.fwd[TP]
         hidden[TP] = exposed[TP] - tp_exposed_f - tp_exposed_b
         exposed[TP] = tp_exposed_f + tp_exposed_b
-    cp_f = max(0.0, block.fwd[CP] - block.fwd[ATTN])
-    cp_b = max(0.0, block.bwd[CP] - block.bwd[ATTN])
-    hidden[CP] = exposed[CP] - cp_f - cp_b
-    exposed[CP] = cp_f + cp_b
-    fwd_comm += cp_f
+    fwd_comm += block.fwd[CP]
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
@@ -243,7 +241,7 @@ class _Shape:
         model, training = ctx.model, ctx.training
         self.model, self.rates, self.link = model, ctx.rates, ctx.link
         self.tp, self.cp, self.ep, self.etp, self.sp, self.dispatcher = tp, cp, ep, etp, sp, dispatcher
-        self.seq = training.seq_length
+        self.seq, self.mbs = training.seq_length, mbs
         self.tokens = mbs * training.seq_length // cp  # rows of every attention-side GEMM on this rank
         self.tokens_local = self.tokens / tp if sp else float(self.tokens)  # rows of elementwise ops
         self.moe_tokens = self.tokens / tp  # tokens entering the MoE layer on this rank (SP-sharded)
@@ -358,9 +356,11 @@ class _Shape:
             self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
             # the executor concatenates q's and k's halves per head (k's rope part broadcast): a copy of each
             self.elementwise(block, 2 * 2 * heads / tp * (qk + rope) * t * ab)
-            fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), qk + rope, v, True,
-                                      self.flash, self.dropout, self.cp)
-            self._cp_comm(block, t * heads / tp * (qk + rope + v) * ab)
+            if self.cp > 1 and self.flash:  # the executor's CP flash path needs V as wide as Q: masked SDPA
+                fwd, bwd = self._masked_core(max(1, heads // tp), qk + rope, v)
+            else:
+                fwd, bwd = self._flash_core(max(1, heads // tp), qk + rope, v)
+            self._cp_comm(block, max(1, heads // tp), qk + rope + v, reorder=False)
             self.linear(block, t, h, heads * v / tp)
         else:
             d, kv = m.head_dim, m.num_kv_heads
@@ -378,7 +378,7 @@ class _Shape:
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
             fwd, bwd = self._gqa_core(max(1, heads // tp), d)
-            self._cp_comm(block, t * max(1.0, kv / tp) * 2 * d * ab)
+            self._cp_comm(block, max(1.0, kv / tp), 2 * d, reorder=self.flash)
             self.linear(block, t, h, heads * d / tp)
         block.add(ATTN, fwd, bwd, "core_attn")
         self.residual(block)
@@ -392,7 +392,7 @@ class _Shape:
         ``fused_window_sink_attention`` (Megatron) the flash kernel, a window costing its keys only.
         """
         t, seq, rates = self.tokens, self.seq, self.rates
-        fwd, bwd = attention_time(rates, t, seq, heads, d, d, True, self.flash, self.dropout, self.cp)
+        fwd, bwd = self._flash_core(heads, d, d)
         if not self.flash:  # the unfused path already computes the whole score matrix
             return fwd, bwd
         if self.fused_special:
@@ -404,21 +404,37 @@ class _Shape:
         if has_sinks(self.model):
             mfwd, mbwd = sink_attention_time(rates, t, seq, heads, d)
         else:
-            mfwd, mbwd = attention_time(rates, t, seq, heads, d, d, False, True, self.dropout, 1)
-            mfwd += memory_time(rates, t * seq * (1 + self.act_bytes))  # boolean mask -> additive bias
+            mfwd, mbwd = self._masked_core(heads, d, d)
         return (1 - share) * fwd + share * mfwd, (1 - share) * bwd + share * mbwd
 
-    def _cp_comm(self, block: _Block, kv_bytes: float) -> None:
-        """Ring attention: cp-1 steps pass this rank's K,V forward; backward passes K,V and their grads."""
+    def _flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
+        """(forward, backward) seconds of causal attention on the fused kernel: under CP the executor's
+        chunk kernels, each at its own key length (:mod:`costmodel.context_parallel`); unfused attention
+        (``flash_attention`` off) computes the whole [s/cp, s] score matrix either way."""
+        if not self.flash:
+            return attention_time(self.rates, self.tokens, self.seq, heads, qk, v, True, False, self.dropout, 1)
+        return cp_attention_time(self.rates, self.mbs, self.seq, self.cp, heads, qk, v)
+
+    def _masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
+        """(forward, backward) seconds of SDPA under an explicit boolean mask: every score of the
+        [s/cp, s] matrix computed, plus the mask's conversion to an additive bias."""
+        t, seq, rates = self.tokens, self.seq, self.rates
+        fwd, bwd = attention_time(rates, t, seq, heads, qk, v, False, True, self.dropout, 1)
+        return fwd + memory_time(rates, t * seq * (1 + self.act_bytes)), bwd
+
+    def _cp_comm(self, block: _Block, kv_heads: float, head_dims: float, reorder: bool) -> None:
+        """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
+        rank's K and V all-gathered over CP forward, their gradients reduce-scattered backward, exposed (it
+        runs before the attention that needs it); with ``reorder`` (the flash path) the gathered K/V put into
+        global sequence order (one read and one write of the gathered buffer each way)."""
         place = self.cp_place
         if place.size <= 1:
             return
-        step = self._p2p(kv_bytes, place.crosses_nodes)
-        steps = place.size - 1
-        block.add(CP, steps * step, steps * 2 * step)
-
-    def _p2p(self, nbytes: float, crosses: bool) -> float:
-        return p2p_time(self.link, nbytes, crosses)
+        local = kv_exchange_bytes(self.tokens, kv_heads, head_dims, self.act_bytes)
+        fwd, bwd = kv_exchange_time(self.link, local, place)
+        block.add(CP, fwd, bwd)
+        if reorder:
+            self.elementwise(block, 2 * place.size * local, "core_attn", bwd_bytes=2 * place.size * local)
 
     def dense_mlp(self, block: _Block) -> None:
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
