@@ -73,7 +73,7 @@ def chunk_attention_time(rates: ComputeRates, micro_batch: int, chunk: ChunkKern
     backward) at the efficiency of its own key length, times ``slowdown`` (the kernel's time over the
     calibrated kernel's at the same work), plus one kernel's fixed cost each way."""
     flops = attention_fwd_flops(micro_batch * chunk.queries, chunk.keys, heads, qk_dim, v_dim, False) * chunk.work
-    fwd_eff, bwd_eff = attention_efficiency(rates, chunk.keys)
+    fwd_eff, bwd_eff = attention_efficiency(rates, chunk.keys, qk_dim != v_dim)
     return (slowdown * flops / (rates.bf16_peak * fwd_eff) + rates.kernel_overhead,
             slowdown * ATTENTION_BWD_FLOP_RATIO * flops / (rates.bf16_peak * bwd_eff) + rates.kernel_overhead)
 

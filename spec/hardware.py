@@ -132,6 +132,10 @@ class HardwareProfile:
     # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
     attention_fwd_efficiency: MeasuredCurve | None = None
     attention_bwd_efficiency: MeasuredCurve | None = None
+    # the same for attention whose query/key heads are wider than its value heads (MLA, 192/128): SDPA's flash
+    # kernel takes one width only, so these run on another kernel (None: priced with the curves above)
+    attention_mla_fwd_efficiency: MeasuredCurve | None = None
+    attention_mla_bwd_efficiency: MeasuredCurve | None = None
     collective_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     hbm_efficiency: float | None = None  # measured copy bandwidth / datasheet
     source: str = "datasheet"
@@ -242,6 +246,9 @@ class HardwareProfile:
                                          if self.attention_fwd_efficiency else None),
             "attention_bwd_efficiency": (list(self.attention_bwd_efficiency.points)
                                          if self.attention_bwd_efficiency else None),
+            **({"attention_mla_fwd_efficiency": list(self.attention_mla_fwd_efficiency.points),
+                "attention_mla_bwd_efficiency": list(self.attention_mla_bwd_efficiency.points)}
+               if self.attention_mla_fwd_efficiency and self.attention_mla_bwd_efficiency else {}),
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             **({"grouped_gemm_shape_efficiency": {k: list(c.points) for k, c in self.grouped_gemm_shape_efficiency}}
                if self.grouped_gemm_shape_efficiency else {}),
@@ -262,7 +269,7 @@ class HardwareProfile:
         d = dict(data)
         d["gpu"] = GPUSpec(**d["gpu"]) if isinstance(d["gpu"], dict) else d["gpu"]
         for key in ("gemm_efficiency", "gemm_bwd_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency",
-                    "attention_bwd_efficiency"):
+                    "attention_bwd_efficiency", "attention_mla_fwd_efficiency", "attention_mla_bwd_efficiency"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
         for key in ("collective_efficiency", "grouped_gemm_shape_efficiency"):

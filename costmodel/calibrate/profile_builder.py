@@ -12,7 +12,9 @@
   base profile's grouped curves (the default ratio).
 * ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: key length -> (the time model's causal
   attention FLOPs / measured seconds) / 16-bit datasheet peak, forward and backward (SDPA, the executor's
-  kernel; ``executor/microbench/attention.py``). An fp8 calibration times attention in bf16 against the bf16
+  kernel; ``executor/microbench/attention.py``), for query/key/value heads of one width;
+  ``attention_mla_fwd_efficiency`` / ``attention_mla_bwd_efficiency`` the same for MLA's wider query/key
+  heads (192/128), which SDPA runs on another kernel. An fp8 calibration times attention in bf16 against the bf16
   peak as well (attention stays in 16 bits under fp8 training).
 * ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
 * ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
@@ -98,11 +100,15 @@ def _shape_key(row: dict) -> str | None:
     return f"{row['hidden']}x{row['ffn']}" if "hidden" in row and "ffn" in row else None
 
 
-def attention_curves(rows: list[dict], peak: float) -> tuple[MeasuredCurve | None, MeasuredCurve | None]:
-    """(forward, backward) curves of key length -> achieved / ``peak`` (the 16-bit datasheet peak)."""
+def attention_curves(rows: list[dict], peak: float, kind: str = "mha"
+                     ) -> tuple[MeasuredCurve | None, MeasuredCurve | None]:
+    """(forward, backward) curves of key length -> achieved / ``peak`` (the 16-bit datasheet peak), from the
+    rows of head shape ``kind`` (rows of profiles measured before the MLA shape existed are 'mha')."""
     fwd: dict[float, list[float]] = defaultdict(list)
     bwd: dict[float, list[float]] = defaultdict(list)
     for row in rows:
+        if row.get("kind", "mha") != kind:
+            continue
         fwd[float(row["seq"])].append(row["fwd_flops"] / row["fwd_seconds"] / peak)
         bwd[float(row["seq"])].append(row["bwd_flops"] / row["bwd_seconds"] / peak)
     return _curve(fwd), _curve(bwd)
@@ -143,6 +149,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
                       if measured_inter else base.network_source)
     launch = raw.get("launch") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
+    mla_fwd, mla_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"), "mla")
     # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
     grouped_rows = raw["grouped_gemm"] if raw["precision"] != "fp8" else []
     grouped_shapes = tuple(sorted(grouped_shape_curves(grouped_rows, peak).items()))
@@ -155,6 +162,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         collective_efficiency=tuple(sorted(curves.items())),
         attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
         attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,
+        attention_mla_fwd_efficiency=mla_fwd or base.attention_mla_fwd_efficiency,
+        attention_mla_bwd_efficiency=mla_bwd or base.attention_mla_bwd_efficiency,
         hbm_efficiency=(copy["traffic_bytes"] / copy["seconds"] / base.gpu.hbm_bandwidth) if copy
         else base.hbm_efficiency,
         op_launch_s=launch.get("op_launch_s") or base.op_launch_s,

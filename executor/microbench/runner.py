@@ -72,11 +72,12 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     for row in report["grouped_gemm"]:
         say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
             f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
-    say("causal attention (key length)")
-    report["attention"] = attention.measure_attention(plan.sizes(attention.default_seqs(device, plan.quick)), device,
-                                                      dtype)
+    say("causal attention (head shape, key length)")
+    seqs = plan.sizes(attention.default_seqs(device, plan.quick))
+    report["attention"] = [row for kind in (attention.KINDS[:1] if plan.minimal else attention.KINDS)
+                           for row in attention.measure_attention(seqs, device, dtype, kind=kind)]
     for row in report["attention"]:
-        say(f"  s={row['seq']:<6} fwd {row['fwd_seconds'] * 1e6:10.1f} us {row['fwd_flops'] / row['fwd_seconds'] / 1e12:8.3f}"
+        say(f"  {row['kind']} {row['head_dim']}/{row['v_head_dim']} s={row['seq']:<6} fwd {row['fwd_seconds'] * 1e6:10.1f} us {row['fwd_flops'] / row['fwd_seconds'] / 1e12:8.3f}"
             f" TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us {row['bwd_flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
     say("memory copy")
     report["copy"] = hbm.measure_copy(plan.sizes(hbm.default_sizes(device, plan.quick))[:1 if plan.minimal else None],
