@@ -95,14 +95,16 @@ def end_trial(groups_before: set[int]) -> None:
 
 
 def run_trial(fn: Callable, rank: int, world_size: int, args: tuple, env: dict[str, str],
-              initial_seed: int) -> tuple:
+              initial_seed: int, sink: progress.StepSink | None = None) -> tuple:
     """Run one trial's ``fn`` in a kept rank: ('ok', result) or ('oom' | 'error', one-line reason, traceback).
 
-    ``env`` is set for the trial only (e.g. FOLDTUNE_FAULT) and restored after it.
+    ``env`` is set for the trial only (e.g. FOLDTUNE_FAULT) and restored after it; ``sink`` is the trial's
+    step sink (:func:`executor.progress.install`), removed after it.
     """
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     groups = begin_trial(initial_seed)
+    progress.install(sink)
     try:
         return "ok", fn(rank, world_size, *args)
     except BaseException as exc:  # noqa: BLE001  (every failure goes back to the driver as a reason)
