@@ -215,10 +215,11 @@ class LocalRankPool:
         for q in self._tasks:
             with contextlib.suppress(Exception):
                 q.put(None)
+        started = [p for p in self._procs if p.pid is not None]  # a start that failed midway leaves some unstarted
         deadline = time.monotonic() + 5
-        for p in self._procs:
+        for p in started:
             p.join(max(0.0, deadline - time.monotonic()))
-        _stop(self._procs)
+        _stop(started)
         for q in self._tasks + ([self._results] if self._results is not None else []):
             with contextlib.suppress(Exception):
                 q.close()
@@ -235,9 +236,13 @@ class LocalRankPool:
             self._procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, self.threads_per_rank,
                                                               timeout_s, self._tasks[r], self._results), daemon=True)
                            for r in range(world_size)]
-            for p in self._procs:
-                p.start()
             self.starts += 1
+            try:
+                for p in self._procs:
+                    p.start()
+            except BaseException:
+                self.close()
+                raise
             failure = self._collect(-1, world_size, timeout_s, None)[0]
             if failure is None:
                 self._key = (world_size, backend)

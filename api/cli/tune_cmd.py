@@ -94,6 +94,10 @@ class TrialPrinter:
                     f"  measured {_ms(data.get('step_time'))}  {state}")
             if data.get("failure_reason"):
                 line += f": {data['failure_reason']}"
+            m = data.get("measurement")
+            if getattr(m, "fixed_cost_s", None) is not None:  # dispatch → first timed step (executor.rank_pool)
+                line += (f"  fixed cost {m.fixed_cost_s:.1f} s (start-up {m.startup_s:.1f} s, warm-up "
+                         f"{m.warmup_s:.1f} s{', reused ranks' if m.reused_ranks else ''})")
             say(line)
         elif kind == "job_finished":
             self._finished(data, say)
@@ -115,6 +119,12 @@ class TrialPrinter:
         say(f"calibration: {mult}; memory x{cal['memory_multiplier']:.2f} "
             f"(from {cal['num_observations']} measurements)")
         say(f"search stopped: {cal['stopped_because']}")
+        fixed = cal.get("fixed_cost") or {}
+        if fixed.get("trials"):
+            after = fixed["median_after_first_s"]
+            say(f"fixed cost per trial (dispatch to first timed step): first {fixed['first_s']:.1f} s, median after "
+                f"the first {'-' if after is None else f'{after:.1f} s'}, {fixed['total_s']:.1f} s in all "
+                f"({fixed['trials']} trials)")
         if data.get("best") is not None:
             say(f"best layout: {data['best'].label()}  {_ms(data['best_step_time'])} per step (measured)")
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
