@@ -252,16 +252,20 @@ class RankActor:
         torch.set_num_threads(self.threads)
         with self._lock:
             self._steps, self._stop = [], False
+        limits = resource.getrlimit(resource.RLIMIT_AS)
         if memory_limit_bytes:
             _limit_address_space(memory_limit_bytes)
-        if not dist.is_initialized():
-            try:
-                self._init_group(master, backend, dist_timeout_s)
-            except BaseException as exc:  # noqa: BLE001
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                return "error", f"{type(exc).__name__} on rank {self.rank}: {first}", traceback.format_exc()
-        return rank_pool.run_trial(fn, self.rank, self.world_size, args, env, self._initial_seed,
-                                   sink=self._record if self.rank == 0 else None)
+        try:
+            if not dist.is_initialized():
+                try:
+                    self._init_group(master, backend, dist_timeout_s)
+                except BaseException as exc:  # noqa: BLE001
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    return "error", f"{type(exc).__name__} on rank {self.rank}: {first}", traceback.format_exc()
+            return rank_pool.run_trial(fn, self.rank, self.world_size, args, env, self._initial_seed,
+                                       sink=self._record if self.rank == 0 else None)
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, limits)  # the limit is this run's: the next one sets its own
 
     def health(self) -> bool:
         """A barrier over the kept pool (after a failed run): True when it completed."""

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="start and end each trial's rank processes (default: kept between trials of one "
+                             "shape; also FOLDTUNE_REUSE_RANKS=0)")
     parser.add_argument("--gpus-per-node", type=int,
                         help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
                              "the Ray cluster)")
@@ -154,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
     trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,
-                          rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
+                          rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults,
+                          reuse_ranks=base.trial.reuse_ranks and not args.no_reuse)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial,
