@@ -22,6 +22,11 @@ rendezvous through rank 0 (its node's IP and a port that rank 0's actor picks on
 tears everything down through Ray: actors killed, placement group removed, and the actors confirmed dead
 on every node (on this node the launcher also waits until the rank processes are gone).
 
+Kept ranks: :class:`RayRankPool` (one at a time) and :class:`RayRankPools` (trials side by side) have
+``launch``'s contract but keep the placement group and rank actors after a run, for the next run of the same
+shape; the default process group is made once, each run starts from a fresh process's state and its own
+groups are destroyed after it (:mod:`executor.rank_pool`, which also says when a failure ends them).
+
 Across nodes: the interface and transport settings of NCCL and Gloo (``NCCL_SOCKET_IFNAME``,
 ``GLOO_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ... see ``FORWARDED_ENV``) are forwarded from the driver to every
 rank, plus the names listed in ``FOLDTUNE_RANK_ENV`` (comma-separated). A trial whose node goes away
