@@ -210,15 +210,17 @@ class LocalRankPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """End every rank process (politely, then by force)."""
-        for q in self._tasks:
-            with contextlib.suppress(Exception):
-                q.put(None)
+    def close(self, polite: bool = True) -> None:
+        """End every rank process: asked to leave together (``polite``, up to 5 s), then by force (a rank
+        in a hung or abandoned trial never reads its queue again)."""
         started = [p for p in self._procs if p.pid is not None]  # a start that failed midway leaves some unstarted
-        deadline = time.monotonic() + 5
-        for p in started:
-            p.join(max(0.0, deadline - time.monotonic()))
+        if polite:
+            for q in self._tasks:
+                with contextlib.suppress(Exception):
+                    q.put(None)
+            deadline = time.monotonic() + 5
+            for p in started:
+                p.join(max(0.0, deadline - time.monotonic()))
         _stop(started)
         for q in self._tasks + ([self._results] if self._results is not None else []):
             with contextlib.suppress(Exception):
@@ -247,7 +249,7 @@ class LocalRankPool:
             if failure is None:
                 self._key = (world_size, backend)
                 return None
-            self.close()
+            self.close(polite=False)
             if not (_port_taken(failure[1]) and attempt < PORT_ATTEMPTS - 1):
                 return failure
         return None  # not reached
@@ -324,7 +326,7 @@ class LocalRankPool:
             if failure is None:
                 return LaunchResult(True, None, [outcomes[r][1] for r in range(world_size)], wall, reused=reused)
             if not (all_done and failure[0] in (FailureKind.OOM, FailureKind.ERROR) and self._healthy()):
-                self.close()
+                self.close(polite=False)
             return LaunchResult(False, failure[1], wall_s=wall, failure_kind=failure[0], reused=reused)
 
     def _healthy(self) -> bool:

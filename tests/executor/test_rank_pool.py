@@ -139,6 +139,24 @@ def test_a_new_world_size_restarts_the_pool_and_close_ends_every_rank():
     assert pool.pids == []
 
 
+def _sleeps(rank, world):
+    import time
+
+    time.sleep(60)
+
+
+@pytest.mark.slow
+def test_a_cancelled_trial_ends_its_ranks_at_once():
+    import threading
+
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    with LocalRankPool(start_method="fork") as pool:
+        result = pool.launch(_sleeps, 2, backend="gloo", timeout_s=60, cancel=cancel)
+        assert not result.ok and result.failure_kind == FailureKind.CANCELLED and result.wall_s < 30
+        assert pool.pids == []  # mid-step ranks are never kept
+
+
 def _ok_single(rank, world):
     return world
 
