@@ -52,10 +52,11 @@ class Measurement:
     # unix seconds when the ranks began the run and when it ended (the Ray launcher): shows trials side by side
     run_window: list[float] = field(default_factory=list)
     # A trial's fixed cost (seconds): from the driver dispatching the run to the first timed step starting on
-    # the last rank to reach it; ``startup_s`` is the part until every rank was running the trial function
-    # (processes, Ray actors, process groups), ``warmup_s`` the rest (model build, warm-up steps: CUDA
-    # context, allocator and kernel first use). ``reused_ranks``: the trial ran on ranks kept from an earlier
-    # trial (executor.rank_pool). None in records written before these fields existed, and for failed runs.
+    # the last rank to reach it; ``startup_s`` is the part until every rank had the layout's process groups
+    # (waiting for devices, processes, Ray actors, the default and the layout's groups), ``warmup_s`` the rest
+    # (model build, warm-up steps: CUDA context, allocator and kernel first use). ``reused_ranks``: the trial
+    # ran on ranks kept from an earlier trial (executor.rank_pool). None in records written before these
+    # fields existed; the fixed cost also None for failed runs.
     fixed_cost_s: float | None = None
     startup_s: float | None = None
     warmup_s: float | None = None

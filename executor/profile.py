@@ -68,10 +68,9 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
                    options: ExecutorOptions, warmup_steps: int, timed_steps: int, use_cuda: bool) -> dict:
     """One rank: build its slice, run warm-up and timed steps, report times, phases, memory and counts.
 
-    ``began_at`` and ``first_timed_at`` (unix seconds) are when this rank entered the function and when its
-    first timed step started: the driver splits the trial's fixed cost with them.
+    ``groups_at`` and ``first_timed_at`` (unix seconds) are when this rank had built the layout's process
+    groups and when its first timed step started: the driver splits the trial's fixed cost with them.
     """
-    began_at = time.time()
     first_timed_at = None
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if training.precision not in DTYPES:
@@ -79,6 +78,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
                             f"(supported: {', '.join(DTYPES)})")
     options = options_for_precision(options, training.precision)
     state = build_parallel_state(config, rank)
+    groups_at = time.time()
     timer = PhaseTimer(enabled=False, device=device)
     net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision], timer)
     trainer = Trainer(net)
@@ -119,7 +119,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     trainer.finish_param_gather()  # overlap_param_gather: no collective left running when the rank leaves
     report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or [],
               "pruned": len(step_times) < timed_steps, "static_before_step": static_before,
-              "static_after_step": static_after, "began_at": began_at, "first_timed_at": first_timed_at}
+              "static_after_step": static_after, "groups_at": groups_at, "first_timed_at": first_timed_at}
     if training.precision == "fp8":
         report["fp8"] = _fp8_report(device)
     if use_cuda:
@@ -234,9 +234,9 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
 
 def fixed_cost(reports: list[dict], dispatched_at: float) -> dict[str, float | None]:
     """A trial's fixed cost from the ranks' reports (seconds; see :class:`Measurement`): dispatch to the
-    last rank's first timed step, split at the moment the last rank entered the trial function. Clocks of
+    last rank's first timed step, split at the moment the last rank had its process groups. Clocks of
     several nodes may disagree by a little: each part is clamped at 0."""
-    began = [r.get("began_at") for r in reports]
+    began = [r.get("groups_at") for r in reports]
     first = [r.get("first_timed_at") for r in reports]
     if not reports or None in began or None in first:
         return {"fixed_cost_s": None, "startup_s": None, "warmup_s": None}

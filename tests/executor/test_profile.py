@@ -36,12 +36,12 @@ def test_measurement_keeps_static_memory_and_reads_records_without_it():
     assert "static" not in loaded.summary()
 
 
-def test_fixed_cost_is_dispatch_to_the_last_ranks_first_timed_step_split_where_the_last_rank_began():
+def test_fixed_cost_is_dispatch_to_the_last_ranks_first_timed_step_split_where_the_last_rank_had_its_groups():
     from executor.profile import fixed_cost
 
-    reports = [{"began_at": 102.0, "first_timed_at": 110.0}, {"began_at": 103.5, "first_timed_at": 109.0}]
+    reports = [{"groups_at": 102.0, "first_timed_at": 110.0}, {"groups_at": 103.5, "first_timed_at": 109.0}]
     assert fixed_cost(reports, 100.0) == {"fixed_cost_s": 10.0, "startup_s": 3.5, "warmup_s": 6.5}
-    skewed = [{"began_at": 99.0, "first_timed_at": 99.5}]  # another node's clock a little behind the driver's
+    skewed = [{"groups_at": 99.0, "first_timed_at": 99.5}]  # another node's clock a little behind the driver's
     assert fixed_cost(skewed, 100.0) == {"fixed_cost_s": 0.0, "startup_s": 0.0, "warmup_s": 0.0}
     assert fixed_cost([{"step_times": []}], 100.0)["fixed_cost_s"] is None  # a launcher's report without times
 
