@@ -156,6 +156,8 @@ def _worker(rank: int, world_size: int, port: int, backend: str, threads: int, d
     except BaseException as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         results.put((rank, -1, ("error", f"{type(exc).__name__} on rank {rank}: {first}", "")))
+        results.close()
+        results.join_thread()  # the queue's feeder thread must hand the reason over before the process ends
         os._exit(1)
     results.put((rank, -1, ("ready", os.getpid())))
     while True:

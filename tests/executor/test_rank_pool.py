@@ -164,3 +164,26 @@ def _ok_single(rank, world):
 @pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False), ("off", False), ("false", False)])
 def test_reuse_switch(value, on):
     assert reuse_enabled({} if value is None else {rank_pool.REUSE_ENV: value}) is on
+
+
+def test_a_rendezvous_port_taken_is_retried_and_a_start_failure_keeps_its_reason(monkeypatch):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(rank_pool, "_free_port", lambda: next(ports, None) or _any_port())
+    try:
+        with LocalRankPool(start_method="fork") as pool:
+            result = pool.launch(_ok_single, 2, backend="gloo", timeout_s=60)
+            assert result.ok, result.failure_reason
+            assert pool.starts == 2  # the first start met the taken port, the second a free one
+    finally:
+        taken.close()
+
+
+def _any_port() -> int:
+    from executor.launch_local import _free_port
+
+    return _free_port()
