@@ -118,7 +118,8 @@ class TrialExecutor:
                 pruned.set()
             return pruned.is_set() or self.stop.is_set()
 
-        launcher = functools.partial(self.pools.launch if self.pools is not None else launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
+        launch = self.pools.launch if self.pools is not None else launch_ray.launch
+        launcher = functools.partial(launch, on_step=on_step, memory_limit_bytes=memory,
                                      env={FAULT_ENV: faults}, cancel=self.stop,
                                      ranks_per_node=self.cluster.gpus_per_node,
                                      name=f"{self.name}-trial-{report.number}")

@@ -55,7 +55,8 @@ def test_settings_from_the_environment():
     s = RunnerSettings.from_env(environ=env)
     assert (s.database_url, s.runner_id, s.parallel_trials) == ("sqlite:////tmp/x.sqlite3", "r7", 2)
     assert (s.trial.timed_steps, s.trial.rank_memory_bytes) == (4, 10**9)
-    assert s.trial.reuse_ranks and not RunnerSettings.from_env(environ={**env, "FOLDTUNE_REUSE_RANKS": "0"}).trial.reuse_ranks
+    assert s.trial.reuse_ranks
+    assert not RunnerSettings.from_env(environ={**env, "FOLDTUNE_REUSE_RANKS": "0"}).trial.reuse_ranks
     with pytest.raises(SpecError, match="FOLDTUNE|timed_steps|invalid"):
         RunnerSettings.from_env(environ={**env, "FOLDTUNE_TRIAL_STEPS": "0"})
     with pytest.raises(SpecError, match="bad"):

@@ -68,7 +68,8 @@ def test_out_of_memory_keeps_the_actors_and_a_killed_rank_replaces_them(launch_r
     try:
         assert _profile(LAYOUTS[0], pool.launch).ok
         pids = pool.pids
-        oom = _profile(LAYOUTS[0], functools.partial(pool.launch, env={FAULT_ENV: "oom:rank=0:step=0,oom:rank=1:step=0"}))
+        both = "oom:rank=0:step=0,oom:rank=1:step=0"  # both ranks fail: none is left waiting in a collective
+        oom = _profile(LAYOUTS[0], functools.partial(pool.launch, env={FAULT_ENV: both}))
         assert not oom.ok and oom.failure_kind == FailureKind.OOM, oom.failure_reason
         assert pool.pids == pids and pool.starts == 1
         killed = _profile(LAYOUTS[1], functools.partial(pool.launch, env={FAULT_ENV: "kill:rank=1:step=0"}))
