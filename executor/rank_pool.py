@@ -29,6 +29,7 @@ import datetime
 import gc
 import multiprocessing
 import os
+import pickle
 import queue
 import threading
 import time
@@ -172,10 +173,11 @@ def _worker(rank: int, world_size: int, port: int, backend: str, threads: int, d
                 outcome = ("error", f"{type(exc).__name__} on rank {rank}: {exc}", "")
         else:
             outcome = run_trial(fn, rank, world_size, args, env, initial_seed)
-        try:
-            results.put((rank, number, outcome))
+        try:  # the queue pickles in a background thread, where a failure would be lost: try it here first
+            pickle.dumps(outcome)
         except Exception as exc:  # noqa: BLE001  (a result that does not pickle is this rank's error)
-            results.put((rank, number, ("error", f"{type(exc).__name__} on rank {rank}: {exc}", "")))
+            outcome = ("error", f"{type(exc).__name__} on rank {rank}: result does not pickle: {exc}", "")
+        results.put((rank, number, outcome))
     with contextlib.suppress(Exception):
         dist.barrier()  # leave together: rank 0 hosts the store the others' watchdogs poll
         dist.destroy_process_group()

@@ -187,3 +187,14 @@ def _any_port() -> int:
     from executor.launch_local import _free_port
 
     return _free_port()
+
+
+def _unpicklable(rank, world):
+    return lambda: rank  # a lambda does not pickle
+
+
+def test_a_result_that_does_not_pickle_is_an_error_and_the_pool_stays():
+    with LocalRankPool(start_method="fork") as pool:
+        bad = pool.launch(_unpicklable, 2, backend="gloo", timeout_s=60)
+        assert not bad.ok and bad.failure_kind == FailureKind.ERROR and "does not pickle" in bad.failure_reason
+        assert pool.launch(_ok_single, 2, backend="gloo", timeout_s=60).ok and pool.starts == 1
