@@ -40,6 +40,7 @@ from executor.kernels.fp8.gemm import (
     emulation_reason,
     fp8_wgrad,
     gemm_counts,
+    reset_gemm_counts,
     grouped_mm,
     kernels_ok,
     linear,
@@ -68,6 +69,7 @@ __all__ = [
     "ALIGN", "E4M3", "E4M3_MAX", "FP32_TINY", "GROUP_AMAX_BLOCK", "GROUP_AMAX_PROGRAMS", "INV_E4M3_MAX", "OUT",
     "ROWS_BLOCK", "PaddedGroups", "TorchFp8Backend", "clear_weight_cache", "dequantize", "emulation_reason",
     "fp8_wgrad", "gemm_counts", "grouped_mm", "kernels_ok", "linear", "padded_groups", "quantize_groups_colwise",
+    "reset_gemm_counts",
     "quantize_rowwise", "quantized_weight", "scaled_grouped_nt", "scaled_grouped_wgrad", "scaled_mm_nt",
     "weight_cache_enabled", "weight_counts",
 ]

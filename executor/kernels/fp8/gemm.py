@@ -96,6 +96,11 @@ def gemm_counts() -> dict[str, int]:
     return dict(_COUNTS)
 
 
+def reset_gemm_counts() -> None:
+    """Start counting afresh: a rank kept between trials (executor.rank_pool) reports each trial's own calls."""
+    _COUNTS.clear()
+
+
 def _fp32_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
     return TorchBackend().grouped_mm(a_MK, b_GNK, offs_G)
 

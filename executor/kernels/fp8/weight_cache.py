@@ -97,5 +97,6 @@ def weight_counts() -> dict[str, int]:
 
 
 def clear_weight_cache() -> None:
-    """Drop every cached weight form (their memory returns to the allocator)."""
+    """Drop every cached weight form (their memory returns to the allocator) and zero the counts."""
     _WEIGHT_CACHE.clear()
+    _WEIGHT_COUNTS.clear()
