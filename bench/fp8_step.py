@@ -53,6 +53,9 @@ def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]
     """The ``n`` events with the most self device time (CPU time on the CPU), per profiled step, in ms."""
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    if device.type == "cuda":  # the kernels themselves, not also the CPU ops that launched them
+        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        events = kernels or events
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
     total = sum(getattr(e, attr) for e in events) or 1.0
     return [{"name": e.key[:90], "ms": getattr(e, attr) / 1e3, "calls": e.count, "share": getattr(e, attr) / total}
