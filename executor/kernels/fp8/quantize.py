@@ -5,7 +5,10 @@ operands are scaled per (expert, column) instead, in a layout whose every expert
 of 16 rows (:class:`PaddedGroups`, :func:`padded_groups`).
 
 Quantisation on CUDA is Triton: a row-contiguous operand (activations, a weight's forward form) in one
-kernel (amax, scale, cast); any other layout as torch's max-|x| reduction, then one Triton pass that
+kernel (amax, scale, cast); both forms of a contiguous operand, rowwise and transposed
+(:func:`quantize_both`), in two kernels (the row and column amaxes in one read, both casts in another); the
+transposed view of a contiguous tensor as a Triton column amax (tiles folded by atomic max), then the cast
+pass below; any other layout as torch's max-|x| reduction, then one Triton pass that
 multiplies by 1/scale, rounds to e4m3 exactly as torch's cast does and writes the layout the GEMM takes
 (transposed operands and the wgrad's per-expert padded layout included, with no bf16 or fp32 copy in
 between); the wgrad's per-(expert, column) amax is a Triton segmented reduction. The torch ops (an fp32
@@ -15,7 +18,7 @@ if the first-use check (Triton against torch, byte for byte) fails.
 The first-use checks run once per device and process through
 :func:`executor.kernels.first_use.checked_once` (on a thread of their own; a check that raises turns its
 path off, with a warning): the two-pass and the one-kernel rowwise paths against the torch ops, scales
-exactly and e4m3 bytes one for one. A failed check costs speed, never the run: the quantisation stays on the
+exactly and e4m3 bytes one for one; a third checks :func:`quantize_both` the same way. A failed check costs speed, never the run: the quantisation stays on the
 torch ops (on two Triton passes where only the one-kernel path failed). ``_CHECKED`` holds the verdicts.
 """
 
@@ -235,7 +238,7 @@ if triton is not None:
 
     @triton.jit
     def _both_amax_kernel(x_ptr, row_bits_ptr, col_bits_ptr, R, C, sx_b, sx_r, BLOCK_R: tl.constexpr,
-                          BLOCK_C: tl.constexpr):
+                          BLOCK_C: tl.constexpr, ROWS: tl.constexpr = True):
         # one read of a BLOCK_R × BLOCK_C tile of row-contiguous x[b]: its rows' and its columns' max |x|,
         # folded into the [B, R] and [B, C] amax buffers by integer atomic max on the fp32 bits (order-
         # preserving for values >= 0: exact in any order)
@@ -246,7 +249,8 @@ if triton is not None:
         x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :], mask=in_r[:, None] & in_c[None, :],
                     other=0.0)
         a = tl.abs(x.to(tl.float32))
-        tl.atomic_max(row_bits_ptr + b * R + rows, tl.max(a, axis=1).to(tl.int32, bitcast=True), mask=in_r)
+        if ROWS:  # (False: the column amaxes alone, for a transposed operand's rows)
+            tl.atomic_max(row_bits_ptr + b * R + rows, tl.max(a, axis=1).to(tl.int32, bitcast=True), mask=in_r)
         tl.atomic_max(col_bits_ptr + b * C + cols, tl.max(a, axis=0).to(tl.int32, bitcast=True), mask=in_c)
 
     @triton.jit
@@ -323,9 +327,32 @@ def _quantize_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return _quantize_rowwise_two_pass(x)
 
 
+BOTH_BLOCK = (64, 64)  # the both-forms kernels' tile: the transposed write needs a square-ish tile
+
+
+def _column_amax(base: torch.Tensor) -> torch.Tensor:
+    """max |base| over dim -2 of a contiguous [.., R, C] (fp32, shape [.., C]): tiles of one read, folded by
+    integer atomic max on the fp32 bits — the rows' amax of the transposed view, without torch's reduction
+    across the grain."""
+    b3 = _as_brc(base)
+    b, r, c = b3.shape
+    bits = torch.zeros(b, c, dtype=torch.int32, device=base.device)
+    block_r, block_c = BOTH_BLOCK
+    if base.numel():
+        _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
+            b3, bits, bits, r, c, b3.stride(0), b3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, ROWS=False,
+            num_warps=4)
+    return bits.view(torch.float32).view(*base.shape[:-2], c)
+
+
 def _quantize_rowwise_two_pass(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's amax and scales, then the Triton cast (any strides: transposed operands)."""
-    scale, inv = _rowwise_scale(x)
+    """The amax and scales (a Triton column amax for the transposed view of a contiguous tensor, else
+    torch's reduction), then the Triton cast (any strides: transposed operands)."""
+    if x.dim() >= 2 and x.transpose(-2, -1).is_contiguous() and not x.is_contiguous():
+        scale = _scale_of(_column_amax(x.transpose(-2, -1)))
+        inv = 1.0 / scale
+    else:
+        scale, inv = _rowwise_scale(x)
     q = torch.empty(x.shape, dtype=E4M3, device=x.device)
     inv3 = inv.reshape(-1, x.shape[-2]) if x.dim() == 3 else inv.unsqueeze(0)  # [B, R], contiguous
     _launch_cast(_as_brc(q), _as_brc(x), inv3, (inv3.stride(0), inv3.stride(1), 0))
@@ -356,8 +383,6 @@ def _quantize_groups_colwise_triton(x_MC: torch.Tensor, groups: PaddedGroups) ->
                  src=src, grp=groups.group_of_block, row_div=ALIGN)
     return q, scale
 
-
-BOTH_BLOCK = (64, 64)  # the both-forms kernels' tile: the transposed write needs a square-ish tile
 
 
 def _quantize_both_torch(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
