@@ -2,14 +2,16 @@
 
 Each precision trains the same proxy (mixtral-8x7b with 2 layers, seq 4096, global batch 4 of micro-batch 1:
 four micro-batches a step) from the same initial weights (the executor's seeded init) on the same token
-batches for ``--steps`` steps (50 by default), then profiles two more steps with ``torch.profiler``. Reported
+batches for ``--steps`` steps (50 by default), then profiles two more steps with ``torch.profiler``. Runs (``--runs``): ``bf16``, ``fp8`` and
+``fp8_fast_accum`` (fp8 with FOLDTUNE_FP8_FAST_ACCUM=1: the forward GEMMs' fast accumulation, Transformer
+Engine's recipe; off by default until this run shows its losses within the bar). Reported
 per precision: tokens/s (global batch · seq over the median step time of the steps after ``--warmup``), the
 losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then fp8's speed-up over
 bf16 (tokens/s ratio; the bar is >= 1.25) and the largest relative loss difference over all the steps (the
 bar is <= 1 %). Each precision runs in a process of its own (``executor.launch_local``), one after the other.
 
 ``--tiny``: tiny-moe at seq 64 on the CPU (fp8 emulated), 6 steps: a smoke test of the script, no timing
-claim. On an H100 the default run takes about 2 minutes (two builds, 2 × 52 steps of about 0.3 s).
+claim. On an H100 the default run should take about 2-3 minutes (three builds, 3 × 52 steps of about 0.3 s).
 
 Usage (GPU): python3 -m bench.fp8_step --out $OUT/fp8_step.json
 """
@@ -40,6 +42,9 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 BAR_SPEEDUP = 1.25  # fp8 tokens/s over bf16's
+# runs: label -> (precision, environment of its process); each fp8 run is compared with bf16
+RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
+        "fp8_fast_accum": ("fp8", {"FOLDTUNE_FP8_FAST_ACCUM": "1"})}
 BAR_LOSS = 0.01  # largest relative loss difference over the steps
 TOP_KERNELS = 10
 
@@ -123,7 +128,7 @@ def compare(bf16: dict, fp8_run: dict) -> dict:
 def table(res: dict) -> str:
     lines = [f"{res['model']} ({res['layers']} layers), seq {res['seq']}, global batch {res['global_batch']} "
              f"(micro-batch 1), {res['steps']} steps, device {res['device']}"]
-    for label in ("bf16", "fp8"):
+    for label in RUNS:
         r = res.get(label)
         if r is None:
             continue
@@ -139,9 +144,8 @@ def table(res: dict) -> str:
         lines.append(f"    top {TOP_KERNELS} kernels, ms per step (share of device time):")
         lines.extend(f"      {k['ms']:8.2f}  {k['share']:6.1%}  x{k['calls']:<5} {k['name']}"
                      for k in r["top_kernels_per_step"])
-    cmp = res.get("compare")
-    if cmp:
-        lines.append(f"fp8 / bf16 tokens/s: {cmp['speedup']:.3f} (bar {BAR_SPEEDUP}: "
+    for label, cmp in res.get("compare", {}).items():
+        lines.append(f"{label} / bf16 tokens/s: {cmp['speedup']:.3f} (bar {BAR_SPEEDUP}: "
                      f"{'met' if cmp['speedup_ok'] else 'NOT met'}); max relative loss difference "
                      f"{cmp['max_rel_loss_diff']:.2e} (bar {BAR_LOSS}: {'met' if cmp['loss_ok'] else 'NOT met'})")
     return "\n".join(lines)
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="logged steps per precision (50; tiny 6)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
     parser.add_argument("--global-batch", type=int, default=4, help="micro-batches of 1 sequence per step")
+    parser.add_argument("--runs", default=",".join(RUNS), help="which runs, in order (bf16 first: the others are "
+                                                              "compared with it): " + ", ".join(RUNS))
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
     args = parser.parse_args(argv)
     use_cuda = not args.tiny
@@ -170,17 +176,26 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    for precision in ("bf16", "fp8"):
+    runs = args.runs.split(",")
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown or "bf16" not in runs:
+        parser.error(f"--runs must name bf16 and known runs ({', '.join(RUNS)}), got {args.runs}")
+    for label in ["bf16"] + [r for r in runs if r != "bf16"]:
+        precision, env = RUNS[label]
         training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
-        launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
-                                           use_cuda), backend="nccl" if use_cuda else "gloo", timeout_s=200)
-        res[precision] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
-        save()
-    if "error" not in res["bf16"] and "error" not in res["fp8"]:
-        res["compare"] = compare(res["bf16"], res["fp8"])
+        os.environ.update(env)  # the run's process inherits it
+        try:
+            launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
+                                               use_cuda), backend="nccl" if use_cuda else "gloo", timeout_s=200)
+        finally:
+            for key in env:
+                os.environ.pop(key, None)
+        res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
+        if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:
+            res.setdefault("compare", {})[label] = compare(res["bf16"], res[label])
         save()
     print(table(res))
-    return 0 if "compare" in res else 1
+    return 0 if len(res.get("compare", {})) == len(runs) - 1 else 1
 
 
 if __name__ == "__main__":

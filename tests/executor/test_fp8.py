@@ -439,6 +439,38 @@ def test_fp8_linear_saves_the_transposed_fp8_input_not_the_bf16_one():
     assert torch.equal(x.grad, want_dx)
     assert torch.equal(w.grad, want_dw.to(torch.bfloat16))
 
+
+def test_fast_accumulation_is_opt_in_and_only_on_the_kernels(monkeypatch):
+    """FOLDTUNE_FP8_FAST_ACCUM=1 asks for it; on CPU (no kernels) it stays off, unset it is off."""
+    monkeypatch.delenv("FOLDTUNE_FP8_FAST_ACCUM", raising=False)
+    assert not gemm.fast_accum_ok(torch.device("cpu"))
+    monkeypatch.setenv("FOLDTUNE_FP8_FAST_ACCUM", "1")
+    assert not gemm.fast_accum_ok(torch.device("cpu"))
+
+
+def test_fast_accumulation_check_passes_on_the_emulation_and_fails_on_a_wrong_result(monkeypatch):
+    """The first-use check compares the fast-accumulation forward GEMMs with the emulation: with the kernels
+    stood in by the emulation it passes; a result off by 1 % fails it."""
+    real_mm, real_grouped = gemm.scaled_mm_nt, gemm.scaled_grouped_nt
+
+    def emulated_mm(a, b, kernel, *args, **kw):
+        return real_mm(a, b, False, *args, **{k: v for k, v in kw.items() if k != "fast_accum"})
+
+    def emulated_grouped(a, b, offs, kernel, *args, **kw):
+        return real_grouped(a, b, offs, False, *args, **{k: v for k, v in kw.items() if k != "fast_accum"})
+
+    monkeypatch.setattr(gemm, "scaled_mm_nt", emulated_mm)
+    monkeypatch.setattr(gemm, "scaled_grouped_nt", emulated_grouped)
+    gemm._check_fast_accum("fast_accum", "cpu")
+
+    def off(a, b, offs, kernel, *args, **kw):
+        out = emulated_grouped(a, b, offs, kernel, *args, **kw)
+        return out * 1.01 if kw.get("fast_accum") else out
+
+    monkeypatch.setattr(gemm, "scaled_grouped_nt", off)
+    with pytest.raises(AssertionError):
+        gemm._check_fast_accum("fast_accum", "cpu")
+
 # ---- the Triton quantisation, in Triton's interpreter ----
 
 INNER = os.environ.get("TRITON_INTERPRET") == "1"
