@@ -327,7 +327,8 @@ def _quantize_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return _quantize_rowwise_two_pass(x)
 
 
-BOTH_BLOCK = (64, 64)  # the both-forms kernels' tile: the transposed write needs a square-ish tile
+BOTH_BLOCK = (64, 64)  # the both-forms cast's tile: the transposed write needs a square-ish tile
+AMAX_BLOCK = (128, 128)  # the row/column amax kernel's tile: 2 atomics per 128 elements read
 
 
 def _column_amax(base: torch.Tensor) -> torch.Tensor:
@@ -337,11 +338,11 @@ def _column_amax(base: torch.Tensor) -> torch.Tensor:
     b3 = _as_brc(base)
     b, r, c = b3.shape
     bits = torch.zeros(b, c, dtype=torch.int32, device=base.device)
-    block_r, block_c = BOTH_BLOCK
+    block_r, block_c = AMAX_BLOCK
     if base.numel():
         _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
             b3, bits, bits, r, c, b3.stride(0), b3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, ROWS=False,
-            num_warps=4)
+            num_warps=8)
     return bits.view(torch.float32).view(*base.shape[:-2], c)
 
 
@@ -403,10 +404,11 @@ def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Te
         return (q, row_scale), (qt, col_scale)
     row_bits = torch.zeros(b, r, dtype=torch.int32, device=device)
     col_bits = torch.zeros(b, c, dtype=torch.int32, device=device)
+    block_r, block_c = AMAX_BLOCK
+    _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
+        x3, row_bits, col_bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8)
     block_r, block_c = BOTH_BLOCK
     grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
-    _both_amax_kernel[grid](x3, row_bits, col_bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r,
-                            BLOCK_C=block_c, num_warps=4)
     _both_cast_kernel[grid](x3, row_bits.view(torch.float32), col_bits.view(torch.float32), q.view(torch.uint8),
                             qt.view(torch.uint8), row_scale, col_scale, r, c, x3.stride(0), x3.stride(1),
                             INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
