@@ -30,6 +30,7 @@ import torch
 
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
+from executor.kernels.fp8 import gemm, quantize
 from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
@@ -108,8 +109,10 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
               "tokens_per_s": training.global_batch_size * training.seq_length / step_s,
               "top_kernels_per_step": top}
     if training.precision == "fp8":
+        # the first-use checks' verdicts (True: the path ran; False: it failed its check and the fallback ran)
+        checks = {" ".join(map(str, k)): v for k, v in {**quantize._CHECKED, **gemm._CHECKED}.items()}
         report["fp8"] = {"emulated_because": fp8.emulation_reason(device), "gemm_calls": fp8.gemm_counts(),
-                         "weight_quantisations": fp8.weight_counts()}
+                         "weight_quantisations": fp8.weight_counts(), "first_use_checks": checks}
     if use_cuda:
         report.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
                       device_name=torch.cuda.get_device_name(device))
@@ -140,7 +143,7 @@ def table(res: dict) -> str:
                      f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
         if "fp8" in r:
             lines.append(f"    fp8: emulated because {r['fp8']['emulated_because']}; GEMMs {r['fp8']['gemm_calls']}; "
-                         f"weights {r['fp8']['weight_quantisations']}")
+                         f"weights {r['fp8']['weight_quantisations']}; checks {r['fp8']['first_use_checks']}")
         lines.append(f"    top {TOP_KERNELS} kernels, ms per step (share of device time):")
         lines.extend(f"      {k['ms']:8.2f}  {k['share']:6.1%}  x{k['calls']:<5} {k['name']}"
                      for k in r["top_kernels_per_step"])
