@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor.kernels.fp8 import clear_weight_cache
 from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam
 from executor.parallel.collectives import all_reduce_
@@ -102,6 +103,9 @@ class Trainer:
         for moe in model.moe_layers():
             moe.router.update_expert_bias()
         timer.switch("optimizer")
+        # the fp8 weight forms (1-2 bytes per weight element) are stale once Adam writes the weights: freed
+        # here, not beside Adam's temporaries at the step's peak; the next step's first forward re-makes them
+        clear_weight_cache()
         self.optimizer.step()  # ends with the parameter all-gather when sharded (left running when overlapped)
         timer.switch("other")
         ce, router, mtp = stats.tolist()

@@ -34,7 +34,11 @@ The search space is a product of candidate axes:
 - EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
   plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
   ``ep_overlap`` rule); it rides the dispatcher axis as the option ``alltoall+ep_overlap``;
-- distributed optimizer: on and off, or the one the training spec forces.
+- distributed optimizer: on and off, or the one the training spec forces;
+- precision (opt-in, ``SearchSpace.precisions``): by default only the training spec's precision is planned;
+  a space that lists several (e.g. bf16 and fp8) has each planned as a whole (``planner.rank.plan_precisions``:
+  the precision changes the GEMM peak, so every layout is re-priced), fp8 only on GPUs with an fp8 peak and
+  bf16 otherwise. It is not an axis of this enumeration: each precision's is the same set of layouts.
 
 Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
 on with the distributed optimizer. "Considered" is the size of that product; every considered config is
@@ -52,11 +56,11 @@ from dataclasses import dataclass, field
 
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
-from spec.hardware import ClusterSpec
+from spec.hardware import ClusterSpec, GPUSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import PIPELINE_FIELDS, ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
-from spec.training_spec import TrainingSpec
+from spec.training_spec import PRECISIONS, TrainingSpec
 from spec.validity import Rejection, Validator
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
@@ -99,8 +103,15 @@ class SearchSpace:
     dispatchers: tuple[str, ...] = DISPATCHERS
     ep_overlap: bool = True
     pipeline: PipelineSplit = DEFAULT_SPLIT
+    # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
+    precisions: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.precisions is not None:
+            bad = [p for p in self.precisions if p not in PRECISIONS]
+            if bad or not self.precisions:
+                raise InvalidConfigError(f"searched precisions must be among {', '.join(PRECISIONS)}, got "
+                                         f"{', '.join(map(repr, self.precisions)) or 'none'}")
         if not 1 <= self.vpp_max <= VPP_LIMIT:
             raise InvalidConfigError(f"vpp_max must be in 1..{VPP_LIMIT}, got {self.vpp_max}")
         problems = self.pipeline.problems()
@@ -112,6 +123,14 @@ class SearchSpace:
         if unknown:
             raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
                                      f"dispatchers are {', '.join(DISPATCHERS)}")
+
+    def precisions_for(self, training: TrainingSpec, gpu: GPUSpec) -> tuple[str, ...]:
+        """The precisions planned: the training spec's alone by default; else those of ``precisions`` the GPU
+        runs, fp8 only where it has an fp8 peak (bf16 where that leaves none)."""
+        if self.precisions is None:
+            return (training.precision,)
+        kept = tuple(dict.fromkeys(p for p in self.precisions if p != "fp8" or gpu.supports_fp8))
+        return kept or ("bf16",)
 
     def recompute_for(self, model: ModelSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """The recompute chain tried for ``model`` (see the module docstring)."""

@@ -425,6 +425,25 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
             gc.enable()
 
 
+def plan_precisions(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *,
+                    space: SearchSpace | None = None, **kwargs: Any) -> list[PlanResult]:
+    """:func:`plan` once per precision the search space searches (:meth:`SearchSpace.precisions_for`: the
+    training spec's alone unless the space opts in; fp8 only where the GPU has an fp8 peak), fastest best
+    layout first; ``kwargs`` go to :func:`plan`. A precision with no valid layout is left out; if every
+    one has none, the first precision's :class:`NoValidLayoutError` is raised."""
+    space = space or SearchSpace()
+    results, errors = [], []
+    for precision in space.precisions_for(training, cluster.gpu):
+        try:
+            results.append(plan(model, replace(training, precision=precision), cluster, space=space,
+                                **kwargs))
+        except NoValidLayoutError as exc:
+            errors.append(exc)
+    if not results:
+        raise errors[0]
+    return sorted(results, key=lambda r: r.ranked[0].time.step_time if r.ranked else float("inf"))
+
+
 def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: int, exhaustive: bool,
           space: SearchSpace | None, memory_fn: MemoryFn, memory_total_fn: MemoryTotalFn, time_fn: TimeFn,
           workers: int | None) -> PlanResult:

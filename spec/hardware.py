@@ -44,6 +44,11 @@ class GPUSpec:
         require(p, self.hbm_bandwidth > 0, f"hbm_bandwidth must be > 0, got {self.hbm_bandwidth}")
         raise_if(p, f"GPU {self.name!r}")
 
+    @property
+    def supports_fp8(self) -> bool:
+        """Whether the datasheet gives an fp8 peak (fp8 training is then a searchable precision)."""
+        return "fp8" in dict(self.peak_flops)
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; fp16 falls back to bf16 and fp8 to bf16 on GPUs without fp8."""
         table = dict(self.peak_flops)

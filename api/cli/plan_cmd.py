@@ -20,7 +20,7 @@ from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_g
 from planner.enumerate import VPP_LIMIT, SearchSpace, pipeline_label
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
-from planner.rank import explain_layout, plan, smallest_fitting_cluster
+from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from spec.errors import SpecError
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequence-parallel-regather", action="store_true",
                         help="price Megatron's sequence-parallel linears (input re-gathered in backward)")
     add_headroom_argument(parser)
+    parser.add_argument("--search-precision", action="store_true",
+                        help="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and report the faster; "
+                             "the training's --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -119,7 +122,11 @@ def _split(args: argparse.Namespace) -> PipelineSplit:
 
 
 def _space(args: argparse.Namespace):
-    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args))
+    precisions = SEARCHED_PRECISIONS if getattr(args, "search_precision", False) else None
+    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args), precisions=precisions)
+
+
+SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans
 
 
 def _explain_text(args: argparse.Namespace) -> str:
@@ -304,9 +311,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.explain is not None:
         return _explain(args, model, training, cluster)
     space = _space(args)
-    result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                  workers=args.workers)
+    if space.precisions is None:
+        result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+                      workers=args.workers)
+        searched = None
+    else:  # the fastest precision's plan; the others' best step times are reported beside it
+        results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+                                  workers=args.workers)
+        result, training = results[0], results[0].training
+        searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
     header = _header(model, training, cluster, space)
+    if searched is not None:
+        header["precision_search"] = searched
     best = result.best
     if args.json:
         enum = result.enumeration
@@ -332,6 +348,9 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0 if best else 1
     print("\n".join(_header_lines(header) + _rule_lines(result)))
+    if searched is not None:
+        print("precision searched (best layout's step time): " + ", ".join(
+            f"{p} {'no fit' if t is None else _seconds(t)}" for p, t in searched.items()) + f"; planned {training.precision}")
     if best is None:
         c = result.closest
         print(f"\nNO LAYOUT FITS in {_bytes(cluster.usable_hbm_bytes)} per GPU. Closest: {c.config.label()}")

@@ -44,6 +44,8 @@ class PlanCreate(WorkloadIn):
                                                           "pp·vpp chunks differing by at most one layer)")
     vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
                                                              "tried (a layout string fixes it instead)")
+    search_precision: bool = Field(False, description="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and "
+                                                      "return the faster; training.precision is then ignored")
 
 
 class RejectedRule(BaseModel):
@@ -105,3 +107,6 @@ class PlanOut(BaseModel):
     ranked: list[EstimateOut]
     closest: EstimateOut | None = Field(description="the least-over-memory config when none fits")
     seconds: float = Field(description="planning wall time")
+    precision_search: dict[str, float | None] | None = Field(
+        None, description="with search_precision: each planned precision's best predicted step time (s; null "
+                          "where nothing fits); ``training.precision`` is the faster's")
