@@ -1,0 +1,110 @@
+"""Fused rotary embedding of q and k in one kernel launch (forward and backward), through Triton on CUDA.
+
+The torch expression (:func:`executor.attention.apply_rope`) runs five kernels per tensor forward (negate,
+cat, two products, a sum, each rounding to bf16 and writing a full-size temporary) and as many backward, for
+q and k separately. This kernel reads each token's q and k heads once, rotates them in fp32 with one rounding
+and writes them once; backward applies the transposed rotation to the output gradients the same way (RoPE is
+linear: its backward needs only cos and sin, nothing is saved).
+
+Layout: q [s, b, hq, d] and k [s, b, hk, d] as the Q/K projections give them (views with any row strides:
+the column slices of a fused QKV output work); token (i, j) is at position i of the [s, d] fp32 cos/sin
+tables. Outputs are contiguous [s, b, h, d]. With x = (x1, x2) the two halves of a head:
+forward  y1 = x1·c1 − x2·s1,  y2 = x2·c2 + x1·s2   (= x·cos + cat(−x2, x1)·sin)
+backward g1' = g1·c1 + g2·s2, g2' = g2·c2 − g1·s1  (the transpose of the same linear map).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+
+def available(t: torch.Tensor) -> bool:
+    """Whether the Triton kernel can run on ``t`` (CUDA, or any device under TRITON_INTERPRET=1 in tests)."""
+    return triton is not None and t.is_cuda
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rotate_heads(x_ptr, y_ptr, c1, c2, s1, s2, x_off, y_off, x_head_stride, heads, half,
+                      BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr):
+        # All heads of one token: a [BLOCK_H, BLOCK_HALF] tile per half.
+        h = tl.arange(0, BLOCK_H)[:, None]
+        j = tl.arange(0, BLOCK_HALF)[None, :]
+        mask = (h < heads) & (j < half)
+        x_at = x_ptr + x_off + h * x_head_stride + j
+        x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_at + half, mask=mask, other=0.0).to(tl.float32)
+        if BACKWARD:
+            y1 = x1 * c1 + x2 * s2
+            y2 = x2 * c2 - x1 * s1
+        else:
+            y1 = x1 * c1 - x2 * s1
+            y2 = x2 * c2 + x1 * s2
+        y_at = y_ptr + y_off + h * (2 * half) + j
+        tl.store(y_at, y1.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_at + half, y2.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, b, hq, hk, half,
+                     q_s_stride, q_b_stride, q_h_stride, k_s_stride, k_b_stride, k_h_stride,
+                     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                     BACKWARD: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)  # s·b programs, one per token
+        i = token // b
+        jb = token % b
+        j = tl.arange(0, BLOCK_HALF)[None, :]
+        jmask = j < half
+        c1 = tl.load(cos_ptr + i * 2 * half + j, mask=jmask, other=0.0)
+        c2 = tl.load(cos_ptr + i * 2 * half + half + j, mask=jmask, other=0.0)
+        s1 = tl.load(sin_ptr + i * 2 * half + j, mask=jmask, other=0.0)
+        s2 = tl.load(sin_ptr + i * 2 * half + half + j, mask=jmask, other=0.0)
+        _rotate_heads(q_ptr, qo_ptr, c1, c2, s1, s2, i * q_s_stride + jb * q_b_stride, token * hq * 2 * half,
+                      q_h_stride, hq, half, BLOCK_HQ, BLOCK_HALF, BACKWARD)
+        _rotate_heads(k_ptr, ko_ptr, c1, c2, s1, s2, i * k_s_stride + jb * k_b_stride, token * hk * 2 * half,
+                      k_h_stride, hk, half, BLOCK_HK, BLOCK_HALF, BACKWARD)
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    s, b, hq, d = q.shape
+    hk = k.shape[2]
+    if q.stride(3) != 1 or k.stride(3) != 1:
+        q, k = q.contiguous(), k.contiguous()
+    qo = torch.empty((s, b, hq, d), device=q.device, dtype=q.dtype)
+    ko = torch.empty((s, b, hk, d), device=k.device, dtype=k.dtype)
+    half = d // 2
+    _rope_kernel[(s * b,)](q, k, qo, ko, cos, sin, b, hq, hk, half,
+                           q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                           BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
+                           BLOCK_HALF=triton.next_power_of_2(half), BACKWARD=backward)
+    return qo, ko
+
+
+class _FusedRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _launch(q, k, cos, sin, backward=False)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors
+        dq, dk = _launch(gq, gk, cos, sin, backward=True)
+        return dq, dk, None, None
+
+
+def fused_rope(q_SBHD: torch.Tensor, k_SBHD: torch.Tensor, cos_SD: torch.Tensor,
+               sin_SD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rotated q, rotated k), contiguous [s, b, h, d] in the inputs' dtype; ``cos_SD``/``sin_SD`` [s, d] fp32.
+    Head dim even; q and k share s and b."""
+    if q_SBHD.shape[-1] % 2:
+        raise ValueError(f"rotary head dim must be even, got {q_SBHD.shape[-1]}")
+    cos_SD, sin_SD = cos_SD.float().contiguous(), sin_SD.float().contiguous()
+    return _FusedRope.apply(q_SBHD, k_SBHD, cos_SD, sin_SD)
