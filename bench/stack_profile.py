@@ -7,12 +7,13 @@ alone (no embedding, LM head or loss; a fixed output gradient). Its FLOPs are Me
 measured in the same run.
 
 Variants (``--variants``; each one ExecutorOptions plus how the gradients are handled):
-  before      fused_qkv, fused_rope off; parameter ``.grad`` kept and accumulated in place every step, as
+  before      fused_qkv, fused_rope, fused_rms_norm off; parameter ``.grad`` kept and accumulated in place every step, as
               executor_gpu's stack part timed it up to issue 19 (the 0.64)
   grads_none  the same kernels, gradients set to None before each fwd+bwd, as a training step's first
               micro-batch and executor_gpu's MoE part do (the weight-gradient GEMMs write fresh tensors)
   qkv         grads_none + fused_qkv (one Q/K/V GEMM)
-  after       grads_none + fused_qkv + fused_rope (the defaults)
+  rope        qkv + fused_rope (one Triton launch for q and k)
+  after       rope + fused_rms_norm (the defaults)
   cudnn       after + attention_backend 'cudnn' (SDPA's cuDNN kernel first)
   graphs      after + cuda_graphs (the attention half replayed from CUDA graphs)
   cudnn_graphs  both
@@ -55,12 +56,13 @@ from spec.errors import SpecError
 from spec.flops import flops_per_token
 from spec.model_spec import ModelSpec
 
-_UNFUSED = {"fused_qkv": False, "fused_rope": False}
+_UNFUSED = {"fused_qkv": False, "fused_rope": False, "fused_rms_norm": False}
 #: name -> (ExecutorOptions overrides, gradient handling: 'accumulate' keeps .grad, 'none' sets it to None)
 VARIANTS: dict[str, tuple[dict, str]] = {
     "before": (_UNFUSED, "accumulate"),
     "grads_none": (_UNFUSED, "none"),
-    "qkv": ({"fused_rope": False}, "none"),
+    "qkv": ({"fused_rope": False, "fused_rms_norm": False}, "none"),
+    "rope": ({"fused_rms_norm": False}, "none"),
     "after": ({}, "none"),
     "cudnn": ({"attention_backend": "cudnn"}, "none"),
     "graphs": ({"cuda_graphs": True}, "none"),

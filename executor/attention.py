@@ -12,7 +12,8 @@ Speed switches (ExecutorOptions): ``fused_qkv`` projects Q, K and V in one GEMM 
 weights (the parameters stay wq/wk/wv: checkpoints and TP sharding are unchanged; 'torch' kernels only,
 as the fp8 backend caches each weight's quantised form per parameter); ``fused_rope`` rotates q
 and k in one Triton launch on CUDA (:mod:`executor.kernels.triton_rope`); ``attention_backend`` puts cuDNN
-or flash first among SDPA's kernels on CUDA.
+or flash first among SDPA's kernels on CUDA; ``fused_rms_norm`` runs the input RMSNorm as one Triton kernel each
+way on CUDA (:mod:`executor.kernels.triton_rms_norm`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from spec.model_spec import ModelSpec
 from executor import recompute
 from executor.attention_core import special_attention
 from executor.kernels import triton_rope
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
 from executor.parallel.context_parallel import cp_attention, gather_kv
@@ -73,6 +75,7 @@ class Attention(torch.nn.Module):
         self.heads = spec.num_attention_heads // state.tp.size
         # fp8 caches each weight's quantised form per parameter: a per-call concatenation would defeat it
         self.fuse_qkv = options.fused_qkv and kernels.name == "torch"
+        self.input_norm = pick_rms_norm(options.fused_rms_norm, kernels.rms_norm)
         self.kv_heads = spec.num_kv_heads // state.tp.size
         p = f"layers.{layer}.attention."
 
@@ -108,7 +111,7 @@ class Attention(torch.nn.Module):
         """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
         eps, d = self.options.norm_epsilon, self.spec.head_dim
         x = self.timer.mark(x_SBH, "other", "attention")
-        x = recompute.run(self.recompute_norm, self.kernels.rms_norm, x, self.norm, eps)
+        x = recompute.run(self.recompute_norm, self.input_norm, x, self.norm, eps)
         x = self.timer.mark(x, "attention", "tp_allgather")
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")

@@ -21,6 +21,7 @@ from executor.attention import Attention, rope_tables
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
 from executor.kernels import get_backend
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
@@ -73,6 +74,7 @@ class DecoderLayer(torch.nn.Module):
         self.recompute_norm = recompute.selective(config, "layernorm")
         self.recompute_mlp = recompute.selective(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
+        self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels.rms_norm)
         # options.cuda_graphs: the attention half replayed from CUDA graphs (executor.cuda_graphs); a plain
         # attribute, not a submodule, so parameters and state dicts are the layer's own
         self.graphed = None
@@ -81,7 +83,7 @@ class DecoderLayer(torch.nn.Module):
             reason = cuda_graphs.refusal(config, options.kernel_backend, kind, torch.device(device))
             if reason is not None:
                 raise SpecError(reason)
-            half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, kernels.rms_norm, options.norm_epsilon)
+            half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon)
             self.graphed = cuda_graphs.GraphedStaticHalf(half)
 
     def forward(self, x_SBH: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +97,7 @@ class DecoderLayer(torch.nn.Module):
         else:
             x = x_SBH + self.attention(x_SBH, (cos, sin))
             h = self.timer.mark(x, "other", "norm")
-            h = recompute.run(self.recompute_norm, self.kernels.rms_norm, h, self.mlp_norm,
+            h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm,
                               self.options.norm_epsilon)
             h = self.timer.mark(h, "norm", "other")
         if self.is_moe:

@@ -56,6 +56,7 @@ class ExecutorOptions:
     cross_entropy_chunk_logits: int = DEFAULT_CHUNK_LOGITS
     fused_qkv: bool = True
     fused_rope: bool = True
+    fused_rms_norm: bool = True
     attention_backend: str = "auto"
     cuda_graphs: bool = False
     init_method_std: float = 0.02

@@ -33,7 +33,7 @@ def _layer(spec, options, device="cpu", dtype=torch.float32, state=None):
 
 
 def _fwd_bwd(layer, x, rope):
-    """Output, router loss and every gradient (input first) of one fwd+bwd of ``layer``."""
+    """Output and every gradient (the input's as "x") of one fwd+bwd of ``layer``; grads reset after."""
     x = x.detach().clone().requires_grad_(True)
     y, aux = layer(x, rope)
     g = torch.linspace(-1, 1, y.numel(), device=y.device, dtype=y.dtype).view_as(y)
@@ -107,7 +107,7 @@ def test_cuda_graphs_allowed_where_static():
 
 # ---- fused RoPE through Triton's interpreter (a child process: Triton reads TRITON_INTERPRET on import) ----
 
-def test_rope_kernel_in_triton_interpreter():
+def test_rope_and_norm_kernels_in_triton_interpreter():
     pytest.importorskip("triton")
     if INNER:
         pytest.skip("this is the child")
@@ -118,7 +118,7 @@ def test_rope_kernel_in_triton_interpreter():
     assert " passed" in done.stdout and "failed" not in done.stdout and "skipped" not in done.stdout
 
 
-inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of test_rope_kernel_in_triton_interpreter")
+inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of test_rope_and_norm_kernels_in_triton_interpreter")
 
 
 @inner_only
@@ -174,6 +174,54 @@ def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
     torch.testing.assert_close(y_fused, y_torch, rtol=1e-5, atol=1e-6)
     for name in g_torch:
         torch.testing.assert_close(g_fused[name], g_torch[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@inner_only
+@pytest.mark.parametrize("shape,dtype", [((7, 2, 40), torch.float32), ((600, 64), torch.bfloat16),
+                                         ((3, 1, 24), torch.bfloat16)])
+def test_inner_rms_norm_kernel_matches_torch(shape, dtype):
+    from executor.kernels.triton_rms_norm import fused_rms_norm
+
+    torch.manual_seed(0)
+    backend = get_backend("torch")
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(shape[-1])).to(dtype).requires_grad_(True)
+    g = torch.randn(shape, dtype=dtype)
+    y = fused_rms_norm(x, w, 1e-5)
+    dx, dw = torch.autograd.grad((y.float() * g.float()).sum(), (x, w))
+    ry = backend.rms_norm(x, w, 1e-5)
+    rdx, rdw = torch.autograd.grad((ry.float() * g.float()).sum(), (x, w))
+    assert y.dtype == dtype and dx.dtype == dtype and dw.dtype == dtype
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(y, ry, **tol)
+    torch.testing.assert_close(dx, rdx, **tol)
+    torch.testing.assert_close(dw.float(), rdw.float(), rtol=tol["rtol"], atol=tol["atol"] * 10)
+
+
+@inner_only
+def test_inner_layer_with_fused_norms_matches_torch_norms(monkeypatch):
+    """Both input norms of a layer on the Triton kernel (forced on CPU) against the torch path."""
+    from executor.kernels import triton_rms_norm
+
+    spec = get_model("tiny-moe").with_layers(1)
+    s, b = 12, 2
+    rope = rope_tables(s, spec.rotary_head_dim, 10000.0, torch.device("cpu"))
+    x = torch.randn(s, b, spec.hidden_size)
+    y_torch, g_torch = _fwd_bwd(_layer(spec, ExecutorOptions(fused_rms_norm=True)), x, rope)
+    calls = []
+    real = triton_rms_norm.fused_rms_norm
+
+    def spy(*a):
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(triton_rms_norm, "available", lambda t: True)
+    monkeypatch.setattr(triton_rms_norm, "fused_rms_norm", spy)
+    y_fused, g_fused = _fwd_bwd(_layer(spec, ExecutorOptions(fused_rms_norm=True)), x, rope)
+    assert len(calls) == 2  # the attention's input norm and the MoE's
+    torch.testing.assert_close(y_fused, y_torch, rtol=1e-5, atol=1e-6)
+    for name in g_torch:
+        torch.testing.assert_close(g_fused[name], g_torch[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
 # ---- CUDA graphs: the graphed half against eager, on a GPU ----
