@@ -46,7 +46,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.moe_breakdown import host_seconds, steady_window, wall_seconds
 from executor.attention import rope_tables
-from executor.kernels import get_backend
+from executor.kernels import get_backend, triton_rms_norm, triton_rope
 from executor.model import DecoderLayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -158,6 +158,8 @@ def top_kernels(stack: Stack, dev: torch.device, steps: int) -> list[dict]:
         else:
             us = evt.self_cpu_time_total
         rows.append((evt.key, evt.count, us))
+    if cuda and not any(us for _, _, us in rows):  # no kernel-level rows: the ops' own device time
+        rows = [(evt.key, evt.count, getattr(evt, "self_device_time_total", 0)) for evt in prof.key_averages()]
     total = sum(us for _, _, us in rows) or 1.0
     rows.sort(key=lambda r: -r[2])
     return [{"name": key[:120], "calls": count / steps, "ms": us / steps / 1e3, "pct": 100 * us / total}
@@ -248,6 +250,9 @@ def main() -> int:
         v["ratio_isolated"] = report["flops"] / v["isolated_s"] / 1e12 / gemm
     if cuda:
         report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    # first-use self-checks of the fused kernels (key -> passed): a False means that variant ran torch's path
+    report["fused_checks"] = {str(k): ok for cache in (triton_rope._CHECKED, triton_rms_norm._CHECKED)
+                              for k, ok in cache.items()}
     save()
     for stack in stacks:
         if stack.name in args.profile.split(","):

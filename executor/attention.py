@@ -9,8 +9,10 @@ are per head (Qwen3) or, with ``qk_layernorm_scope='all'`` (OLMoE), over a token
 head split, their weights split with the heads (:mod:`executor.tp_rms_norm`).
 
 Speed switches (ExecutorOptions): ``fused_qkv`` projects Q, K and V in one GEMM against the concatenated
-weights (the parameters stay wq/wk/wv: checkpoints and TP sharding are unchanged; 'torch' kernels only,
-as the fp8 backend caches each weight's quantised form per parameter); ``fused_rope`` rotates q
+weights, concatenated per call and not kept for backward (the parameters stay wq/wk/wv: checkpoints and TP
+sharding are unchanged; 'torch' kernels only,
+as the fp8 backend caches each weight's quantised form per parameter; not with q/k norms, which keep their
+inputs); ``fused_rope`` rotates q
 and k in one Triton launch on CUDA (:mod:`executor.kernels.triton_rope`); ``attention_backend`` puts cuDNN
 or flash first among SDPA's kernels on CUDA; ``fused_rms_norm`` runs the input RMSNorm as one Triton kernel each
 way on CUDA (:mod:`executor.kernels.triton_rms_norm`).
@@ -59,6 +61,29 @@ _SDPA_ORDER = {
 }
 
 
+class _QKVLinear(torch.autograd.Function):
+    """x · [wq; wk; wv]ᵀ as one GEMM. Autograd keeps x and the three parameters, not their concatenation (a
+    weight-sized copy per layer held until backward); backward concatenates again for the input gradient and
+    hands each weight its rows of the one weight-gradient GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, wv):
+        ctx.save_for_backward(x, wq, wk, wv)
+        return torch.nn.functional.linear(x, torch.cat([wq, wk, wv]))
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, wq, wk, wv = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.matmul(dy, torch.cat([wq, wk, wv]))
+        if any(ctx.needs_input_grad[1:]):
+            dw = torch.matmul(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
+            nq, nk = wq.shape[0], wk.shape[0]
+            dw = (dw[:nq], dw[nq: nq + nk], dw[nq + nk:])
+        return (dx, *(dw or (None, None, None)))
+
+
 class Attention(torch.nn.Module):
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
@@ -74,8 +99,9 @@ class Attention(torch.nn.Module):
         self.mask = None
         self.heads = spec.num_attention_heads // state.tp.size
         # fp8 caches each weight's quantised form per parameter: a per-call concatenation would defeat it
-        self.fuse_qkv = options.fused_qkv and kernels.name == "torch"
-        self.input_norm = pick_rms_norm(options.fused_rms_norm, kernels.rms_norm)
+        # (and q/k norms keep their inputs, which as views would keep the whole fused output alive)
+        self.fuse_qkv = options.fused_qkv and kernels.name == "torch" and not spec.qk_layernorm
+        self.input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
         self.kv_heads = spec.num_kv_heads // state.tp.size
         p = f"layers.{layer}.attention."
 
@@ -130,7 +156,7 @@ class Attention(torch.nn.Module):
             q = self.kernels.rms_norm(q, self.q_norm, eps)
             k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope
-        if self.options.fused_rope and triton_rope.available(q):
+        if self.options.fused_rope and triton_rope.available(q, k):
             q, k = triton_rope.fused_rope(q, k, cos, sin)
             q, k = q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3)
         else:
@@ -163,14 +189,14 @@ class Attention(torch.nn.Module):
             return self.kernels.attention(q, k, v)
 
     def _project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q, K, V as column slices of one GEMM against [wq; wk; wv] (the concatenation costs one weight-sized
-        copy; its backward hands each weight its rows of the one weight gradient)."""
-        w = torch.cat([self.wq, self.wk, self.wv])
-        y = self.kernels.linear(x, w)
+        """Q, K, V as column slices of one GEMM against [wq; wk; wv] (:class:`_QKVLinear`)."""
+        y = _QKVLinear.apply(x, self.wq, self.wk, self.wv)
         if self.bq is not None:
             y = y + torch.cat([self.bq, self.bk, self.bv])
         nq, nk = self.wq.shape[0], self.wk.shape[0]
-        return y[..., :nq], y[..., nq: nq + nk], y[..., nq + nk:]
+        # q and k are read once (RoPE writes new tensors, keeping nothing); v is kept for the attention's
+        # backward and gets its own storage, or its view would keep the whole [tokens, (hq + 2·hk)·d] alive
+        return y[..., :nq], y[..., nq: nq + nk], y[..., nq + nk:].contiguous()
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = self.kernels.linear(x, w)

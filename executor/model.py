@@ -74,7 +74,7 @@ class DecoderLayer(torch.nn.Module):
         self.recompute_norm = recompute.selective(config, "layernorm")
         self.recompute_mlp = recompute.selective(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
-        self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels.rms_norm)
+        self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
         # options.cuda_graphs: the attention half replayed from CUDA graphs (executor.cuda_graphs); a plain
         # attribute, not a submodule, so parameters and state dicts are the layer's own
         self.graphed = None

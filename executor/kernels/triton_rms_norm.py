@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from executor.kernels.first_use import checked_once
+
 try:
     import triton
     import triton.language as tl
@@ -24,8 +26,32 @@ BWD_PROGRAMS = 512
 MAX_WIDTH = 16384
 
 
+_CHECKED: dict[tuple, bool] = {}
+
+
 def available(t: torch.Tensor) -> bool:
-    return triton is not None and t.is_cuda and t.shape[-1] <= MAX_WIDTH
+    """Whether the kernels run on ``t``: CUDA, a row of at most MAX_WIDTH, and their first-use check against
+    torch passed for this dtype and width (a failure costs speed, never the run)."""
+    if triton is None or not t.is_cuda or t.shape[-1] > MAX_WIDTH:
+        return False
+    return checked_once(_CHECKED, (t.dtype, str(t.device), t.shape[-1]), _check_against_torch, "fused RMSNorm")
+
+
+def _check_against_torch(dtype: torch.dtype, device: str, n: int) -> None:
+    """Raise if the kernels differ from torch's fp32 RMSNorm (beyond one rounding of ``dtype``), fwd and bwd;
+    1100 rows: more than one row per backward program."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(1100, n, device=device, generator=gen).to(dtype).requires_grad_()
+    w = (1 + 0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_()
+    y = fused_rms_norm(x, w, 1e-5)
+    ref = torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-5)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(y.float(), ref, **tol)
+    g = torch.randn(y.shape, device=device, generator=gen).to(dtype)
+    got = torch.autograd.grad(y, (x, w), g)
+    want = torch.autograd.grad(ref, (x, w), g.float())
+    torch.testing.assert_close(got[0].float(), want[0].float(), **tol)
+    torch.testing.assert_close(got[1].float(), want[1].float(), rtol=tol["rtol"], atol=tol["atol"] * 100)
 
 
 if triton is not None:
@@ -104,13 +130,13 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return _FusedRMSNorm.apply(x, weight, eps)
 
 
-def pick_rms_norm(fused: bool, fallback):
-    """The RMSNorm a module calls: the fused kernel where it runs (CUDA) when ``fused``, else ``fallback``
-    (the kernel backend's ``rms_norm``), chosen per call by the input's device."""
-    if not fused:
-        return fallback
+def pick_rms_norm(fused: bool, kernels):
+    """The RMSNorm a module calls: the fused kernel where it runs (CUDA) when ``fused``, else the kernel
+    backend's ``rms_norm`` (looked up at each call, so a backend patched later is the one used)."""
 
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return fused_rms_norm(x, weight, eps) if available(x) else fallback(x, weight, eps)
+        if fused and available(x):
+            return fused_rms_norm(x, weight, eps)
+        return kernels.rms_norm(x, weight, eps)
 
     return rms_norm

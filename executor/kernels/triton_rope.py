@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from executor.kernels.first_use import checked_once
+
 try:
     import triton
     import triton.language as tl
@@ -24,9 +26,42 @@ except ImportError:  # CPU-only installs
     triton = None
 
 
-def available(t: torch.Tensor) -> bool:
-    """Whether the Triton kernel can run on ``t`` (CUDA, or any device under TRITON_INTERPRET=1 in tests)."""
-    return triton is not None and t.is_cuda
+_CHECKED: dict[tuple, bool] = {}
+
+
+def available(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the Triton kernel runs on these q/k ([s, b, h, d]): CUDA, and its first-use check against
+    torch passed for their dtype and head counts (a failure costs speed, never the run)."""
+    if triton is None or not q.is_cuda:
+        return False
+    key = (q.dtype, str(q.device), q.shape[2], k.shape[2], q.shape[3])
+    return checked_once(_CHECKED, key, _check_against_torch, "fused RoPE")
+
+
+def _reference(x_SBHD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x_SBHD.shape[-1] // 2
+    c, s = cos[:, None, None, :], sin[:, None, None, :]
+    return x_SBHD * c + torch.cat([-x_SBHD[..., half:], x_SBHD[..., :half]], dim=-1) * s
+
+
+def _check_against_torch(dtype: torch.dtype, device: str, hq: int, hk: int, d: int) -> None:
+    """Raise if the kernel differs from the fp32 torch rotation (beyond one rounding of ``dtype``), fwd and bwd."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    s, b = 19, 2
+    angles = torch.rand(s, d, device=device, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    q = torch.randn(s, b, hq, d, device=device, generator=gen).to(dtype).requires_grad_()
+    k = torch.randn(s, b, hk, d, device=device, generator=gen).to(dtype).requires_grad_()
+    qo, ko = fused_rope(q, k, cos, sin)
+    rq, rk = _reference(q.float(), cos, sin), _reference(k.float(), cos, sin)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(qo.float(), rq, **tol)
+    torch.testing.assert_close(ko.float(), rk, **tol)
+    gq, gk = torch.randn_like(qo), torch.randn_like(ko)
+    got = torch.autograd.grad((qo, ko), (q, k), (gq, gk))
+    want = torch.autograd.grad((rq, rk), (q, k), (gq.float(), gk.float()))
+    for a, b_ in zip(got, want):
+        torch.testing.assert_close(a.float(), b_.float(), **tol)
 
 
 if triton is not None:

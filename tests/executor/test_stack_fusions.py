@@ -45,8 +45,7 @@ def _fwd_bwd(layer, x, rope):
     return y.detach(), grads
 
 
-@pytest.mark.parametrize("features", [{}, {"qk_layernorm": True, "add_qkv_bias": True},
-                                      {"qk_layernorm": True, "qk_layernorm_scope": "all"}])
+@pytest.mark.parametrize("features", [{}, {"add_qkv_bias": True}, {"add_bias_linear": True}])
 def test_fused_qkv_matches_three_projections(features):
     spec = dataclasses.replace(get_model("tiny-moe").with_layers(1), **features)
     s, b = 16, 2
@@ -56,6 +55,7 @@ def test_fused_qkv_matches_three_projections(features):
     plain = _layer(spec, ExecutorOptions(fused_qkv=False))
     plain.load_state_dict(fused.state_dict())
     assert fused.attention.fuse_qkv and not plain.attention.fuse_qkv
+    assert fused.attention.bq is not None or not features
     y1, g1 = _fwd_bwd(fused, x, rope)
     y2, g2 = _fwd_bwd(plain, x, rope)
     torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-6)
@@ -64,11 +64,13 @@ def test_fused_qkv_matches_three_projections(features):
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_fused_qkv_is_off_for_the_fp8_backend():
+def test_fused_qkv_is_off_for_the_fp8_backend_and_q_k_norms():
     spec = get_model("tiny-moe").with_layers(1)
     layer = DecoderLayer(spec, ExecutorOptions(fused_qkv=True), single_process_state(), 0, True,
                          get_backend("torch-fp8"), torch.device("cpu"), torch.float32, NULL_TIMER)
     assert not layer.attention.fuse_qkv
+    normed = _layer(dataclasses.replace(spec, qk_layernorm=True), ExecutorOptions(fused_qkv=True))
+    assert not normed.attention.fuse_qkv
 
 
 def test_unknown_attention_backend_is_a_spec_error():
@@ -167,7 +169,7 @@ def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
         calls.append(1)
         return real(*a)
 
-    monkeypatch.setattr(triton_rope, "available", lambda t: True)
+    monkeypatch.setattr(triton_rope, "available", lambda q, k: True)
     monkeypatch.setattr(triton_rope, "fused_rope", spy)
     y_fused, g_fused = _fwd_bwd(layer, x, rope)
     assert calls
@@ -222,6 +224,16 @@ def test_inner_layer_with_fused_norms_matches_torch_norms(monkeypatch):
     torch.testing.assert_close(y_fused, y_torch, rtol=1e-5, atol=1e-6)
     for name in g_torch:
         torch.testing.assert_close(g_fused[name], g_torch[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@inner_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inner_first_use_checks_pass(dtype):
+    """The GPU's first-use self-checks themselves pass on a correct kernel (else they would switch it off)."""
+    from executor.kernels import triton_rms_norm, triton_rope
+
+    triton_rope._check_against_torch(dtype, "cpu", 6, 2, 16)
+    triton_rms_norm._check_against_torch(dtype, "cpu", 48)
 
 
 # ---- CUDA graphs: the graphed half against eager, on a GPU ----
