@@ -8,14 +8,13 @@ sliding window or sinks attend through :mod:`executor.attention_core` on the mas
 are per head (Qwen3) or, with ``qk_layernorm_scope='all'`` (OLMoE), over a token's whole q and k before the
 head split, their weights split with the heads (:mod:`executor.tp_rms_norm`).
 
-Speed switches (ExecutorOptions): ``fused_qkv`` projects Q, K and V in one GEMM against the concatenated
-weights, concatenated per call and not kept for backward (the parameters stay wq/wk/wv: checkpoints and TP
-sharding are unchanged; 'torch' kernels only,
-as the fp8 backend caches each weight's quantised form per parameter; not with q/k norms, which keep their
-inputs); ``fused_rope`` rotates q
-and k in one Triton launch on CUDA (:mod:`executor.kernels.triton_rope`); ``attention_backend`` puts cuDNN
-or flash first among SDPA's kernels on CUDA; ``fused_rms_norm`` runs the input RMSNorm as one Triton kernel each
-way on CUDA (:mod:`executor.kernels.triton_rms_norm`).
+Speed switches (ExecutorOptions): ``fused_qkv`` projects Q, K and V in one GEMM against the weights
+concatenated per call and not kept for backward (the parameters stay wq/wk/wv: checkpoints and TP sharding
+are unchanged; 'torch' kernels only, as the fp8 backend caches each weight's quantised form per parameter;
+not with q/k norms, which keep their inputs); ``fused_rope`` rotates q and k in one Triton launch on CUDA
+(:mod:`executor.kernels.triton_rope`); ``fused_rms_norm`` runs the input RMSNorm as one Triton kernel each
+way on CUDA (:mod:`executor.kernels.triton_rms_norm`); ``attention_backend`` puts cuDNN or flash first among
+SDPA's kernels on CUDA.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from spec.errors import SpecError
 from spec.parallel_config import ParallelConfig
 from executor.attention import apply_rope, rope_tables
 from executor.cuda_graphs import refusal
-from executor.kernels import get_backend
+from executor.kernels import get_backend, triton_rms_norm, triton_rope
 from executor.model import DecoderLayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -127,15 +127,13 @@ inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child
 @pytest.mark.parametrize("s,b,hq,hk,d,dtype", [(7, 2, 4, 2, 8, torch.float32), (5, 1, 6, 6, 16, torch.bfloat16),
                                                (3, 3, 8, 1, 10, torch.float32)])
 def test_inner_rope_kernel_matches_torch(s, b, hq, hk, d, dtype):
-    from executor.kernels.triton_rope import fused_rope
-
     torch.manual_seed(0)
     cos, sin = rope_tables(s, d, 10000.0, torch.device("cpu"))
     # q and k as column slices of one QKV output, as the fused projection gives them
     qkv = torch.randn(s, b, (hq + 2 * hk) * d, dtype=dtype, requires_grad=True)
     q = qkv[..., : hq * d].view(s, b, hq, d)
     k = qkv[..., hq * d: (hq + hk) * d].view(s, b, hk, d)
-    qo, ko = fused_rope(q, k, cos, sin)
+    qo, ko = triton_rope.fused_rope(q, k, cos, sin)
     # reference in fp32 on the same (rounded) inputs
     q32, k32 = q.detach().float().requires_grad_(True), k.detach().float().requires_grad_(True)
     rq = apply_rope(q32.permute(1, 2, 0, 3), cos, sin).permute(2, 0, 1, 3)
@@ -154,8 +152,6 @@ def test_inner_rope_kernel_matches_torch(s, b, hq, hk, d, dtype):
 @inner_only
 def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
     """The decoder layer on the Triton RoPE path (forced on CPU) against the torch path: output and grads."""
-    from executor.kernels import triton_rope
-
     spec = get_model("tiny-moe").with_layers(1)
     s, b = 12, 2
     rope = rope_tables(s, spec.rotary_head_dim, 10000.0, torch.device("cpu"))
@@ -182,14 +178,12 @@ def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
 @pytest.mark.parametrize("shape,dtype", [((7, 2, 40), torch.float32), ((600, 64), torch.bfloat16),
                                          ((3, 1, 24), torch.bfloat16)])
 def test_inner_rms_norm_kernel_matches_torch(shape, dtype):
-    from executor.kernels.triton_rms_norm import fused_rms_norm
-
     torch.manual_seed(0)
     backend = get_backend("torch")
     x = torch.randn(shape, dtype=dtype, requires_grad=True)
     w = (1 + 0.1 * torch.randn(shape[-1])).to(dtype).requires_grad_(True)
     g = torch.randn(shape, dtype=dtype)
-    y = fused_rms_norm(x, w, 1e-5)
+    y = triton_rms_norm.fused_rms_norm(x, w, 1e-5)
     dx, dw = torch.autograd.grad((y.float() * g.float()).sum(), (x, w))
     ry = backend.rms_norm(x, w, 1e-5)
     rdx, rdw = torch.autograd.grad((ry.float() * g.float()).sum(), (x, w))
@@ -203,8 +197,6 @@ def test_inner_rms_norm_kernel_matches_torch(shape, dtype):
 @inner_only
 def test_inner_layer_with_fused_norms_matches_torch_norms(monkeypatch):
     """Both input norms of a layer on the Triton kernel (forced on CPU) against the torch path."""
-    from executor.kernels import triton_rms_norm
-
     spec = get_model("tiny-moe").with_layers(1)
     s, b = 12, 2
     rope = rope_tables(s, spec.rotary_head_dim, 10000.0, torch.device("cpu"))
@@ -230,8 +222,6 @@ def test_inner_layer_with_fused_norms_matches_torch_norms(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_inner_first_use_checks_pass(dtype):
     """The GPU's first-use self-checks themselves pass on a correct kernel (else they would switch it off)."""
-    from executor.kernels import triton_rms_norm, triton_rope
-
     triton_rope._check_against_torch(dtype, "cpu", 6, 2, 16)
     triton_rms_norm._check_against_torch(dtype, "cpu", 48)
 
