@@ -192,7 +192,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--mbs", type=int, default=1)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--profile", default="before,grads_none,after,cudnn_graphs",
+    parser.add_argument("--profile", default="before,grads_none,after,cudnn",
                         help="variants whose top kernels are profiled")
     parser.add_argument("--graph-seqs", default="1024,256", help="shorter sequences for graphs on/off ('' skips)")
     parser.add_argument("--rounds", type=int, default=4)
@@ -254,24 +254,19 @@ def main() -> int:
     report["fused_checks"] = {str(k): ok for cache in (triton_rope._CHECKED, triton_rms_norm._CHECKED)
                               for k, ok in cache.items()}
     save()
-    for stack in stacks:
-        if stack.name in args.profile.split(","):
-            try:
-                report["variants"][stack.name]["top_kernels"] = rows = top_kernels(stack, dev, args.profile_steps)
-                print(format_kernels(stack.name, rows), flush=True)
-            except Exception as exc:  # noqa: BLE001
-                traceback.print_exc()
-                report["variants"][stack.name]["top_kernels_error"] = f"{type(exc).__name__}: {exc}"
-    save()
-
     # CUDA graphs where the host limits: shorter sequences, micro-batch 1
     report["graphs_by_seq"] = {}
     names = [n for n in ("after", "graphs") if n in {s.name for s in stacks}]
     for short in [int(s) for s in args.graph_seqs.split(",") if s] if len(names) == 2 else []:
-        short_stacks = [build_stack(n, spec, short, 1, dev, dtype, base) for n in names]
-        for s in short_stacks:
-            s.step()
-        timing = time_variants(short_stacks, dev, args.rounds, max(args.iters, 20))
+        try:
+            short_stacks = [build_stack(n, spec, short, 1, dev, dtype, base) for n in names]
+            for stack in short_stacks:
+                stack.step()
+            timing = time_variants(short_stacks, dev, args.rounds, max(args.iters, 20))
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            report["graphs_by_seq"][str(short)] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
         entry = {n: {k: timing[n][k] for k in ("steady_s", "isolated_s", "host_s")} for n in names}
         entry["graphs_speedup_steady"] = timing["after"]["steady_s"] / timing["graphs"]["steady_s"]
         report["graphs_by_seq"][str(short)] = entry
@@ -288,10 +283,24 @@ def main() -> int:
         else:
             print(f"{name:<14}{v.get('refused') or v.get('error')}")
     for short, entry in report["graphs_by_seq"].items():
+        if "error" in entry:
+            print(f"seq {short}: {entry['error']}")
+            continue
         print(f"seq {short}: after {entry['after']['steady_s'] * 1e3:.3f} ms (host {entry['after']['host_s'] * 1e3:.3f}), "
               f"graphs {entry['graphs']['steady_s'] * 1e3:.3f} ms (host {entry['graphs']['host_s'] * 1e3:.3f}): "
               f"x{entry['graphs_speedup_steady']:.3f}")
     save()
+    # profiles last: a profiler failure (CUPTI) loses no timing
+    for stack in stacks:
+        if stack.name in args.profile.split(","):
+            try:
+                report["variants"][stack.name]["top_kernels"] = rows = top_kernels(stack, dev, args.profile_steps)
+                print(format_kernels(stack.name, rows), flush=True)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                report["variants"][stack.name]["top_kernels_error"] = f"{type(exc).__name__}: {exc}"
+    save()
+
     return 0
 
 
