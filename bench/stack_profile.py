@@ -17,6 +17,8 @@ Variants (``--variants``; each one ExecutorOptions plus how the gradients are ha
   cudnn       after + attention_backend 'cudnn' (SDPA's cuDNN kernel first)
   graphs      after + cuda_graphs (the attention half replayed from CUDA graphs)
   cudnn_graphs  both
+  after_balanced  after with the router's load balancing forced (experts round-robin, as the MoE-layer bar
+              runs): what the random-weight router's uneven expert groups cost the stack (diagnostic)
 Every variant runs on the same parameter tensors. Timing: ``isolated_s`` is executor_gpu's method (sync
 before each fwd+bwd, median of 8); ``steady_s`` the median over ``--rounds`` alternated windows of ``--iters``
 back-to-back steps (every variant sees the same card clock; bench/power_probe.py); ``host_s`` the host's time
@@ -67,6 +69,8 @@ VARIANTS: dict[str, tuple[dict, str]] = {
     "cudnn": ({"attention_backend": "cudnn"}, "none"),
     "graphs": ({"cuda_graphs": True}, "none"),
     "cudnn_graphs": ({"attention_backend": "cudnn", "cuda_graphs": True}, "none"),
+    # diagnostic, no bar: the router's load balancing forced (Megatron's benchmark setting, as the MoE bar)
+    "after_balanced": ({"moe_router_force_load_balancing": True}, "none"),
 }
 TOP = 15
 
