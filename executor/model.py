@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
+from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
-from executor import recompute
+from executor import cuda_graphs, recompute
 from executor.attention import Attention, rope_tables
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
 from executor.kernels import get_backend
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
@@ -72,16 +74,32 @@ class DecoderLayer(torch.nn.Module):
         self.recompute_norm = recompute.selective(config, "layernorm")
         self.recompute_mlp = recompute.selective(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
+        self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
+        # options.cuda_graphs: the attention half replayed from CUDA graphs (executor.cuda_graphs); a plain
+        # attribute, not a submodule, so parameters and state dicts are the layer's own
+        self.graphed = None
+        if options.cuda_graphs:
+            kind = "multi-latent attention" if spec.multi_latent_attention else "standard"
+            reason = cuda_graphs.refusal(config, options.kernel_backend, kind, torch.device(device))
+            if reason is not None:
+                raise SpecError(reason)
+            half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon)
+            self.graphed = cuda_graphs.GraphedStaticHalf(half)
 
     def forward(self, x_SBH: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """(output slice, router loss: zero for a dense layer)."""
         return recompute.run(self.recompute_layer, self._forward, x_SBH, *rope)
 
     def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x_SBH + self.attention(x_SBH, (cos, sin))
-        h = self.timer.mark(x, "other", "norm")
-        h = recompute.run(self.recompute_norm, self.kernels.rms_norm, h, self.mlp_norm, self.options.norm_epsilon)
-        h = self.timer.mark(h, "norm", "other")
+        if self.graphed is not None:  # the whole half is one "attention" phase
+            x, h = self.graphed(self.timer.mark(x_SBH, "other", "attention"), cos, sin)
+            h = self.timer.mark(h, "attention", "other")
+        else:
+            x = x_SBH + self.attention(x_SBH, (cos, sin))
+            h = self.timer.mark(x, "other", "norm")
+            h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm,
+                              self.options.norm_epsilon)
+            h = self.timer.mark(h, "norm", "other")
         if self.is_moe:
             y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h)
             return x + y, router_loss
