@@ -4,7 +4,8 @@
 # mixtral-8x7b, LAYERS layers, default 2; seq SEQ 4096, gbs GBS 8) twice in one fresh data directory: with the
 # rank actors kept between trials (the default) and with --no-reuse (each trial starts its own, as before), and
 # prints each job's per-trial fixed cost and its 'fixed cost per trial' summary line (no auto-calibration: the
-# datasheet profile prices the candidates; pricing does not change a trial's fixed cost). Log under $OUT.
+# datasheet profile prices the candidates; pricing does not change a trial's fixed cost). MODES=reuse runs the
+# first job only. Log under $OUT.
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +17,7 @@ case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
 export FOLDTUNE_DATA_DIR=$OUT/trial_fixed_cost; rm -rf "$FOLDTUNE_DATA_DIR"; mkdir -p "$FOLDTUNE_DATA_DIR"
 echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 rc=0
-for mode in reuse no-reuse; do
+for mode in ${MODES:-reuse no-reuse}; do
   flag=(); [ "$mode" = no-reuse ] && flag=(--no-reuse)
   echo; echo "== ${MODEL:-mixtral-8x7b}@${LAYERS:-2}L, $mode, start $(date -u +%T)"
   start=$(date +%s)

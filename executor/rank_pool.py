@@ -71,6 +71,7 @@ def begin_trial(initial_seed: int) -> set[int]:
     (:func:`end_trial` destroys the ones the trial adds)."""
     progress.reset()
     fp8.reset_gemm_counts()
+    fp8.reset_weight_counts()
     fp8.clear_weight_cache()
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -111,6 +111,11 @@ def weight_counts() -> dict[str, int]:
 
 
 def clear_weight_cache() -> None:
-    """Drop every cached weight form (their memory returns to the allocator) and zero the counts."""
+    """Drop every cached weight form (their memory returns to the allocator); the counts go on (a trainer
+    clears the cache before every optimizer step, and the counts are read across steps)."""
     _WEIGHT_CACHE.clear()
+
+
+def reset_weight_counts() -> None:
+    """Zero the counts of :func:`weight_counts` (a kept rank starting another trial)."""
     _WEIGHT_COUNTS.clear()
