@@ -276,6 +276,10 @@ class RankActor:
         """A barrier over the kept pool (after a failed run): True when it completed."""
         return rank_pool.health_check()
 
+    def leftover_bytes(self) -> int:
+        """Device bytes this kept rank still holds after its last run (0 without CUDA)."""
+        return rank_pool.leftover_bytes()
+
     def _init_group(self, master: tuple[str, int], backend: str, dist_timeout_s: float) -> None:
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray made this rank's GPU the only visible one
@@ -544,7 +548,18 @@ class RayRankPool:
                                           ranks.placement, cancel)
             if failure is not None and not self._keepable(failure[0], runs):
                 self.close()
+            elif failure is None and not self._clean():
+                self.close()
             return _result(failure, results, start, ranks.placement, [began, time.time()], reused)
+
+    def _clean(self) -> bool:
+        """Whether every kept actor is back to (about) no device memory after its run: a trial that left
+        something alive would make the next one measure, and perhaps run out of, less memory."""
+        try:
+            left = ray.get([a.leftover_bytes.remote() for a in self._ranks.actors], timeout=rank_pool.HEALTH_TIMEOUT_S)
+        except Exception:
+            return False
+        return max(left) <= rank_pool.LEFTOVER_LIMIT_BYTES
 
     def _keepable(self, kind: FailureKind, runs: list) -> bool:
         """After a failed run: whether every rank finished it (raised, not died) within the grace period and

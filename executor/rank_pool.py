@@ -50,6 +50,9 @@ REUSE_ENV = "FOLDTUNE_REUSE_RANKS"
 FAILURE_GRACE_S = 3.0  # seconds the other ranks get to finish a trial after one rank failed
 HEALTH_TIMEOUT_S = 15.0  # seconds a barrier over a pool kept after a failed trial may take
 CANCELLED_REASON = "cancelled: the run was stopped before it finished"
+# device bytes a kept rank may still hold after a trial (NCCL and cuBLAS workspaces are not allocator bytes);
+# more means the trial left something alive, and the rank is replaced rather than reused
+LEFTOVER_LIMIT_BYTES = 256 * 2**20
 
 
 def reuse_enabled(environ: dict[str, str] | None = None) -> bool:
@@ -123,6 +126,13 @@ def run_trial(fn: Callable, rank: int, world_size: int, args: tuple, env: dict[s
                 os.environ[k] = v
 
 
+def leftover_bytes() -> int:
+    """Device bytes still allocated in this rank after a trial's clean-up (0 without CUDA)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.memory_allocated()
+    return 0
+
+
 def health_check() -> bool:
     """A barrier over the whole pool (run in every rank after a failed trial): True when it completed."""
     dist.barrier()
@@ -179,6 +189,12 @@ def _worker(rank: int, world_size: int, port: int, backend: str, threads: int, d
         except Exception as exc:  # noqa: BLE001  (a result that does not pickle is this rank's error)
             outcome = ("error", f"{type(exc).__name__} on rank {rank}: result does not pickle: {exc}", "")
         results.put((rank, number, outcome))
+        if leftover_bytes() > LEFTOVER_LIMIT_BYTES:
+            # something of the trial is still alive on the device: a later trial would measure (and may run
+            # out of) less memory than a fresh process has; leave, and the next launch starts new ranks
+            results.close()
+            results.join_thread()
+            os._exit(0)
     with contextlib.suppress(Exception):
         dist.barrier()  # leave together: rank 0 hosts the store the others' watchdogs poll
         dist.destroy_process_group()
