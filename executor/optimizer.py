@@ -38,6 +38,14 @@ read, the unit's work is waited for (once):
   :func:`executor.parallel.sharding.gather_model`) calls :meth:`MixedPrecisionAdam.finish_param_gather` or
   :func:`finish_param_gather` first, and so does the next ``step()``: a unit is never updated while its
   gather is pending.
+
+Optimizer CPU offload (``offload_fraction`` F, Megatron's ``--optimizer-cpu-offload
+--optimizer-offload-fraction``): the first ceil(F·n) elements of this rank's n optimizer elements (units in
+order, each unit's shard from its start) keep their fp32 master weights and moments in CPU memory
+(:class:`_HostPart`). Each step copies their gradients device-to-host into a pinned buffer and steps the GPU
+remainder meanwhile; then it runs the same AdamW formula on the CPU and copies the updated weights, already in
+the parameters' dtype, host-to-device from a pinned buffer into the unit's shard before its write-back or
+gather. The transfers are not overlapped with the CPU step (Megatron's --overlap-cpu-optimizer-d2h-h2d).
 """
 
 from __future__ import annotations
@@ -71,9 +79,39 @@ def finish_param_gather(model: torch.nn.Module) -> None:
         optimizer.finish_param_gather()
 
 
+def _adam(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, lr: float,
+          betas: tuple[float, float], eps: float, weight_decay: float, correction1: float,
+          root_correction2: float) -> None:
+    """One AdamW update in place (torch's formula), on whichever device the tensors live."""
+    beta1, beta2 = betas
+    if weight_decay:
+        master.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / root_correction2).add_(eps)
+    master.addcdiv_(exp_avg, denom, value=-lr / correction1)
+
+
+class _HostPart:
+    """The first ``n`` elements of a unit's shard, stepped on the CPU (optimizer CPU offload): fp32 master
+    weights and moments in CPU memory, a pinned fp32 buffer the gradients arrive in (device to host) and a
+    pinned buffer of the updated weights in the parameters' dtype (host to device)."""
+
+    def __init__(self, master: torch.Tensor, dtype: torch.dtype) -> None:
+        pin = master.is_cuda
+        n = master.numel()
+        self.master = master.to("cpu", copy=True)
+        self.exp_avg = torch.zeros(n, dtype=torch.float32)
+        self.exp_avg_sq = torch.zeros(n, dtype=torch.float32)
+        self.grad = torch.empty(n, dtype=torch.float32, pin_memory=pin)
+        self.out = torch.empty(n, dtype=dtype, pin_memory=pin)
+        self.out.copy_(self.master)
+
+
 class _Unit:
     """Master weights and moments of one bucket (or this rank's shard of it). ``buffer``: the bucket's fp32
-    gradient buffer (unsharded units), read in place as the gradient."""
+    gradient buffer (unsharded units), read in place as the gradient. With ``host`` (optimizer CPU offload) the
+    shard's first ``host_numel`` elements live there and ``master``/``exp_avg``/``exp_avg_sq`` hold the rest."""
 
     def __init__(self, params: list[torch.nn.Parameter], group: Group, entry=None, index: int = 0,
                  buffer: torch.Tensor | None = None):
@@ -88,6 +126,49 @@ class _Unit:
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.gather_buffer: torch.Tensor | None = None  # overlapped units: the parameters are views of it
         self.work = None  # the pending all-gather into gather_buffer
+        self.host: _HostPart | None = None
+        self.shard_numel = self.master.numel()
+
+    @property
+    def host_numel(self) -> int:
+        """Elements of this shard stepped on the CPU (0 without offload)."""
+        return self.shard_numel - self.master.numel()
+
+    def offload(self, n: int) -> None:
+        """Move the first ``n`` elements of the shard's master weights and moments to the CPU (before any step)."""
+        if n <= 0:
+            return
+        if self.host is not None:
+            raise RuntimeError("a unit is offloaded once")
+        self.host = _HostPart(self.master[:n], self.params[0].dtype)
+        self.master = self.master[n:].clone()
+        self.exp_avg = torch.zeros_like(self.master)
+        self.exp_avg_sq = torch.zeros_like(self.master)
+
+    def state(self, key: str) -> torch.Tensor:
+        """The whole fp32 shard of ``key`` ('master', 'exp_avg', 'exp_avg_sq') on the parameters' device."""
+        local = getattr(self, key)
+        if self.host is None:
+            return local
+        return torch.cat([getattr(self.host, key).to(local.device), local])
+
+    @torch.no_grad()
+    def load_state(self, key: str, shard: torch.Tensor) -> None:
+        """Install the whole fp32 shard of ``key`` (as :meth:`state` returns it)."""
+        n = self.host_numel
+        if self.host is not None:
+            getattr(self.host, key).copy_(shard[:n])
+            if key == "master":
+                self.host.out.copy_(self.host.master)
+        getattr(self, key).copy_(shard[n:])
+
+    def own_shard(self, out: torch.Tensor) -> None:
+        """Write this rank's updated shard in the parameters' dtype into ``out`` (the CPU part from its pinned
+        buffer, asynchronously on CUDA)."""
+        n = self.host_numel
+        if n:
+            out[:n].copy_(self.host.out, non_blocking=True)
+        out[n:].copy_(self.master)
 
     def attach_gather_buffer(self) -> bool:
         """Make the parameters views of one flat buffer of the padded bucket (in bucket order, as the master
@@ -100,7 +181,7 @@ class _Unit:
                 return False
             offsets.append(offset)
             offset += p.numel()
-        flat = torch.zeros(self.master.numel() * self.group.size, dtype=first.dtype, device=first.device)
+        flat = torch.zeros(self.shard_numel * self.group.size, dtype=first.dtype, device=first.device)
         with torch.no_grad():
             for p, start in zip(self.params, offsets):
                 view = flat[start: start + p.numel()].view(p.shape)
@@ -113,7 +194,7 @@ class _Unit:
     def launch_gather(self) -> None:
         """Write the master shard into this rank's slice of the parameters and start the in-place all-gather."""
         own = self.gather_buffer.chunk(self.group.size)[self.group.rank]
-        own.copy_(self.master)  # the same rounding as write_back's master.to(dtype)
+        self.own_shard(own)  # the same rounding as write_back's
         self.work = all_gather_tensor(self.gather_buffer, own, group=self.group.pg, async_op=True)
 
     def wait_gather(self) -> None:
@@ -126,14 +207,19 @@ class _Unit:
         if self.entry is not None:
             return self.entry.shards[self.index]
         if self.buffer is not None:
-            return self.buffer[: self.master.numel()]
+            return self.buffer[: self.shard_numel]
         return _flatten_dense_tensors([grad_or_zeros(p).float() for p in self.params])
 
     @torch.no_grad()
     def write_back(self) -> None:
         """Copy the (gathered) master weights into the model's parameters, in their dtype."""
         dtype = self.params[0].dtype
-        flat = all_gather_nograd(self.master.to(dtype), self.group)[: self.numel]
+        if self.host is None:
+            shard = self.master.to(dtype)
+        else:
+            shard = torch.empty(self.shard_numel, dtype=dtype, device=self.master.device)
+            self.own_shard(shard)
+        flat = all_gather_nograd(shard, self.group)[: self.numel]
         for p, new in zip(self.params, _unflatten_dense_tensors(flat, self.params)):
             p.copy_(new)
 
@@ -144,12 +230,14 @@ class MixedPrecisionAdam:
     ``reducer`` must be built with ``sharded`` equal to this optimizer's ``sharded``; call :meth:`step` after
     ``reducer.reduce()``. ``overlap_param_gather`` (with ``sharded``): units over groups of two or more
     gather asynchronously, and ``model`` (whose parameters these are) gets the hooks that wait for them (see
-    the module docstring).
+    the module docstring). ``offload_fraction``: the share of this rank's optimizer elements stepped on the
+    CPU (module docstring).
     """
 
     def __init__(self, params: list[torch.nn.Parameter], reducer: GradReducer, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0,
-                 sharded: bool = False, overlap_param_gather: bool = False, model: torch.nn.Module | None = None):
+                 sharded: bool = False, overlap_param_gather: bool = False, model: torch.nn.Module | None = None,
+                 offload_fraction: float = 0.0):
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
@@ -159,6 +247,14 @@ class MixedPrecisionAdam:
         else:
             single = Group("self", (reducer.state.rank,), 0)
             self.units = [_Unit(bucket, single, buffer=buffer) for bucket, buffer in reducer.buckets]
+        if not 0.0 <= offload_fraction <= 1.0:
+            raise ValueError(f"offload_fraction must be in [0, 1], got {offload_fraction}")
+        budget = math.ceil(offload_fraction * sum(u.shard_numel for u in self.units))
+        for unit in self.units:  # the first ceil(F·n) elements, units in order
+            take = min(budget, unit.shard_numel)
+            unit.offload(take)
+            budget -= take
+        self._host_units = [u for u in self.units if u.host is not None]
         covered = sum(len(u.params) for u in self.units)
         if covered != len(self.params):
             raise RuntimeError(f"optimizer units cover {covered} of {len(self.params)} parameters")
@@ -225,8 +321,12 @@ class MixedPrecisionAdam:
             self.wait_units(self._overlapped)
 
     def state_bytes(self) -> int:
-        """Bytes of master weights and moments held by this rank."""
+        """Bytes of master weights and moments held by this rank on its device (the CPU part excluded)."""
         return sum(3 * u.master.numel() * 4 for u in self.units)
+
+    def host_state_bytes(self) -> int:
+        """Bytes of master weights and moments this rank keeps in CPU memory (optimizer CPU offload)."""
+        return sum(3 * u.host_numel * 4 for u in self._host_units)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free ``.grad`` (always set to None, as torch's default) and zero the fp32 main gradients: one fill
@@ -247,16 +347,14 @@ class MixedPrecisionAdam:
         beta1, beta2 = self.betas
         correction1 = 1 - beta1 ** self.step_count
         root_correction2 = math.sqrt(1 - beta2 ** self.step_count)
+        hyper = (self.lr, self.betas, self.eps, self.weight_decay, correction1, root_correction2)
 
         def update(unit: _Unit) -> None:
-            grad = unit.grad_shard()
-            if self.weight_decay:
-                unit.master.mul_(1 - self.lr * self.weight_decay)
-            unit.exp_avg.lerp_(grad, 1 - beta1)
-            unit.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (unit.exp_avg_sq.sqrt() / root_correction2).add_(self.eps)
-            unit.master.addcdiv_(unit.exp_avg, denom, value=-self.lr / correction1)
+            _adam(unit.master, unit.exp_avg, unit.exp_avg_sq, unit.grad_shard()[unit.host_numel:], *hyper)
 
+        if self._host_units:
+            self._step_offloaded(update, hyper)
+            return
         if not self._overlapped:
             for unit in self.units:
                 update(unit)
@@ -273,6 +371,30 @@ class MixedPrecisionAdam:
         for unit in self.units:
             if id(unit) not in overlapped:
                 update(unit)
+                unit.write_back()
+
+    def _step_offloaded(self, update, hyper: tuple) -> None:
+        """:meth:`step` with CPU parts: their gradients go to the host first, the device parts are stepped
+        while they travel (and while the CPU steps), then each unit's updated shard is assembled and written
+        back or its gather started, in launch order."""
+        for unit in self._host_units:
+            unit.host.grad.copy_(unit.grad_shard()[: unit.host_numel], non_blocking=True)
+        device = self.units[0].master.device
+        copied = torch.cuda.current_stream(device).record_event() if device.type == "cuda" else None
+        for unit in self.units:
+            update(unit)
+        if copied is not None:
+            copied.synchronize()  # the pinned gradients are complete
+        for unit in self._host_units:
+            host = unit.host
+            _adam(host.master, host.exp_avg, host.exp_avg_sq, host.grad, *hyper)
+            host.out.copy_(host.master)
+        overlapped = {id(u) for u in self._overlapped}
+        for unit in self._overlapped:
+            unit.launch_gather()
+            self._outstanding += 1
+        for unit in self.units:
+            if id(unit) not in overlapped:
                 unit.write_back()
 
 
