@@ -16,6 +16,7 @@ import torch
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
 from executor import recompute
+from executor.offload import offloaded
 from executor.attention import Attention, rope_tables
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
@@ -71,6 +72,8 @@ class DecoderLayer(torch.nn.Module):
         config = state.config
         self.recompute_norm = recompute.selective(config, "layernorm")
         self.recompute_mlp = recompute.selective(config, "moe" if moe else "mlp")
+        self.offload_norm = offloaded(config, "layernorm")
+        self.offload_mlp = offloaded(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
 
     def forward(self, x_SBH: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +83,14 @@ class DecoderLayer(torch.nn.Module):
     def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         x = x_SBH + self.attention(x_SBH, (cos, sin))
         h = self.timer.mark(x, "other", "norm")
-        h = recompute.run(self.recompute_norm, self.kernels.rms_norm, h, self.mlp_norm, self.options.norm_epsilon)
+        h = recompute.run(self.recompute_norm, self.kernels.rms_norm, h, self.mlp_norm, self.options.norm_epsilon,
+                          offload=self.offload_norm)
         h = self.timer.mark(h, "norm", "other")
         if self.is_moe:
-            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h)
+            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
             return x + y, router_loss
-        return x + recompute.run(self.recompute_mlp, self.mlp, h), x.new_zeros((), dtype=torch.float32)
+        return (x + recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp),
+                x.new_zeros((), dtype=torch.float32))
 
 
 class MoEGPT(torch.nn.Module):
