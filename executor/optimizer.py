@@ -79,7 +79,7 @@ def finish_param_gather(model: torch.nn.Module) -> None:
         optimizer.finish_param_gather()
 
 
-def _adam(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, lr: float,
+def adamw_step(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, lr: float,
           betas: tuple[float, float], eps: float, weight_decay: float, correction1: float,
           root_correction2: float) -> None:
     """One AdamW update in place (torch's formula), on whichever device the tensors live."""
@@ -350,7 +350,7 @@ class MixedPrecisionAdam:
         hyper = (self.lr, self.betas, self.eps, self.weight_decay, correction1, root_correction2)
 
         def update(unit: _Unit) -> None:
-            _adam(unit.master, unit.exp_avg, unit.exp_avg_sq, unit.grad_shard()[unit.host_numel:], *hyper)
+            adamw_step(unit.master, unit.exp_avg, unit.exp_avg_sq, unit.grad_shard()[unit.host_numel:], *hyper)
 
         if self._host_units:
             self._step_offloaded(update, hyper)
@@ -387,7 +387,7 @@ class MixedPrecisionAdam:
             copied.synchronize()  # the pinned gradients are complete
         for unit in self._host_units:
             host = unit.host
-            _adam(host.master, host.exp_avg, host.exp_avg_sq, host.grad, *hyper)
+            adamw_step(host.master, host.exp_avg, host.exp_avg_sq, host.grad, *hyper)
             host.out.copy_(host.master)
         overlapped = {id(u) for u in self._overlapped}
         for unit in self._overlapped:
