@@ -51,6 +51,7 @@ gather. The transfers are not overlapped with the CPU step (Megatron's --overlap
 from __future__ import annotations
 
 import math
+import os
 import weakref
 
 import torch
@@ -92,6 +93,20 @@ def adamw_step(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Te
     master.addcdiv_(exp_avg, denom, value=-lr / correction1)
 
 
+#: Elements the CPU Adam steps at once (its temporaries: two fp32 blocks, 8 MiB).
+HOST_STEP_ELEMENTS = 1 << 20
+
+
+def offload_threads(device: torch.device) -> int:
+    """CPU threads the offloaded Adam step uses: the cores this process may run on, shared by the GPUs of the
+    machine (every rank steps at once); 1 off CUDA (CPU ranks already share the cores). A training rank runs
+    with one thread otherwise (executor.launch_local)."""
+    if device.type != "cuda":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, torch.cuda.device_count()))
+
+
 class _HostPart:
     """The first ``n`` elements of a unit's shard, stepped on the CPU (optimizer CPU offload): fp32 master
     weights and moments in CPU memory, a pinned fp32 buffer the gradients arrive in (device to host) and a
@@ -107,6 +122,15 @@ class _HostPart:
         self.out = torch.empty(n, dtype=dtype, pin_memory=pin)
         self.out.copy_(self.master)
 
+    def step(self, hyper: tuple) -> None:
+        """AdamW over the gradients in :attr:`grad`, then the weights in the parameters' dtype into :attr:`out`;
+        in blocks of :data:`HOST_STEP_ELEMENTS` (the step's temporaries stay small and in cache)."""
+        for start in range(0, self.master.numel(), HOST_STEP_ELEMENTS):
+            end = start + HOST_STEP_ELEMENTS
+            adamw_step(self.master[start:end], self.exp_avg[start:end], self.exp_avg_sq[start:end],
+                       self.grad[start:end], *hyper)
+            self.out[start:end].copy_(self.master[start:end])
+
 
 class _Unit:
     """Master weights and moments of one bucket (or this rank's shard of it). ``buffer``: the bucket's fp32
@@ -114,36 +138,31 @@ class _Unit:
     shard's first ``host_numel`` elements live there and ``master``/``exp_avg``/``exp_avg_sq`` hold the rest."""
 
     def __init__(self, params: list[torch.nn.Parameter], group: Group, entry=None, index: int = 0,
-                 buffer: torch.Tensor | None = None):
+                 buffer: torch.Tensor | None = None, host_budget: list[int] | None = None):
         self.params, self.group, self.entry, self.index, self.buffer = params, group, entry, index, buffer
         self.numel = sum(p.numel() for p in params)
         full = _flatten_dense_tensors([p.detach().float() for p in params])
         padded = padded_numel(params, group.size)
         if padded > full.numel():
             full = torch.cat([full, full.new_zeros(padded - full.numel())])
-        self.master = full.chunk(group.size)[group.rank].clone()
+        shard = full.chunk(group.size)[group.rank]
+        self.shard_numel = shard.numel()
+        # optimizer CPU offload: the first elements of the budget left (a one-item list the units share) live on
+        # the CPU, created there directly (the whole state never sits on the device at once)
+        n = min(host_budget[0], self.shard_numel) if host_budget else 0
+        if host_budget:
+            host_budget[0] -= n
+        self.host: _HostPart | None = _HostPart(shard[:n], params[0].dtype) if n else None
+        self.master = shard[n:].clone()
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.gather_buffer: torch.Tensor | None = None  # overlapped units: the parameters are views of it
         self.work = None  # the pending all-gather into gather_buffer
-        self.host: _HostPart | None = None
-        self.shard_numel = self.master.numel()
 
     @property
     def host_numel(self) -> int:
         """Elements of this shard stepped on the CPU (0 without offload)."""
         return self.shard_numel - self.master.numel()
-
-    def offload(self, n: int) -> None:
-        """Move the first ``n`` elements of the shard's master weights and moments to the CPU (before any step)."""
-        if n <= 0:
-            return
-        if self.host is not None:
-            raise RuntimeError("a unit is offloaded once")
-        self.host = _HostPart(self.master[:n], self.params[0].dtype)
-        self.master = self.master[n:].clone()
-        self.exp_avg = torch.zeros_like(self.master)
-        self.exp_avg_sq = torch.zeros_like(self.master)
 
     def state(self, key: str) -> torch.Tensor:
         """The whole fp32 shard of ``key`` ('master', 'exp_avg', 'exp_avg_sq') on the parameters' device."""
@@ -241,19 +260,19 @@ class MixedPrecisionAdam:
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
-        if sharded:
-            self.units = [_Unit(bucket, entry.group, entry, i) for entry in reducer.entries
-                          for i, bucket in enumerate(entry.buckets)]
-        else:
-            single = Group("self", (reducer.state.rank,), 0)
-            self.units = [_Unit(bucket, single, buffer=buffer) for bucket, buffer in reducer.buckets]
         if not 0.0 <= offload_fraction <= 1.0:
             raise ValueError(f"offload_fraction must be in [0, 1], got {offload_fraction}")
-        budget = math.ceil(offload_fraction * sum(u.shard_numel for u in self.units))
-        for unit in self.units:  # the first ceil(F·n) elements, units in order
-            take = min(budget, unit.shard_numel)
-            unit.offload(take)
-            budget -= take
+        if sharded:
+            groups = [(bucket, entry.group, entry, i, None) for entry in reducer.entries
+                      for i, bucket in enumerate(entry.buckets)]
+        else:
+            single = Group("self", (reducer.state.rank,), 0)
+            groups = [(bucket, single, None, 0, buffer) for bucket, buffer in reducer.buckets]
+        # the first ceil(F·n) of this rank's n optimizer elements, units in order, go to the CPU
+        n = sum(padded_numel(bucket, group.size) // group.size for bucket, group, *_ in groups)
+        budget = [math.ceil(offload_fraction * n)]
+        self.units = [_Unit(bucket, group, entry, i, buffer, budget) for bucket, group, entry, i, buffer in groups]
+        self.host_threads = offload_threads(self.units[0].master.device) if self.units else 1
         self._host_units = [u for u in self.units if u.host is not None]
         covered = sum(len(u.params) for u in self.units)
         if covered != len(self.params):
@@ -385,10 +404,13 @@ class MixedPrecisionAdam:
             update(unit)
         if copied is not None:
             copied.synchronize()  # the pinned gradients are complete
-        for unit in self._host_units:
-            host = unit.host
-            adamw_step(host.master, host.exp_avg, host.exp_avg_sq, host.grad, *hyper)
-            host.out.copy_(host.master)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.host_threads)
+        try:
+            for unit in self._host_units:
+                unit.host.step(hyper)
+        finally:
+            torch.set_num_threads(threads)
         overlapped = {id(u) for u in self._overlapped}
         for unit in self._overlapped:
             unit.launch_gather()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from executor.microbench.timing import time_op
-from executor.optimizer import adamw_step
+from executor.optimizer import HOST_STEP_ELEMENTS, adamw_step, offload_threads
 
 GPU_LINK_BYTES = 256 << 20
 CPU_ADAM_ELEMENTS = 24 << 20  # 288 MiB of optimizer state: far beyond the CPU's caches
@@ -34,12 +34,24 @@ def measure_host_link(device: torch.device, nbytes: int = GPU_LINK_BYTES, repeat
     return out
 
 
-def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3) -> dict:
-    """``{'elements', 'seconds', 'cpu_adam_bytes_per_s'}`` of one AdamW step over ``elements`` on the CPU."""
+def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device: torch.device | None = None) -> dict:
+    """``{'elements', 'threads', 'seconds', 'cpu_adam_bytes_per_s'}`` of one AdamW step over ``elements`` on the
+    CPU, in the blocks and with the threads the executor's offloaded step uses for a rank on ``device``."""
     cpu = torch.device("cpu")
     master = torch.randn(elements)
     exp_avg, exp_avg_sq, grad = torch.zeros(elements), torch.zeros(elements), torch.randn(elements)
     hyper = (1e-4, (0.9, 0.95), 1e-8, 0.1, 0.1, 0.05)
-    seconds = time_op(lambda: adamw_step(master, exp_avg, exp_avg_sq, grad, *hyper), cpu, repeats=repeats, warmup=1,
-                      iters=1)
-    return {"elements": elements, "seconds": seconds, "cpu_adam_bytes_per_s": 12 * elements / seconds}
+
+    def step() -> None:
+        for s in range(0, elements, HOST_STEP_ELEMENTS):
+            e = s + HOST_STEP_ELEMENTS
+            adamw_step(master[s:e], exp_avg[s:e], exp_avg_sq[s:e], grad[s:e], *hyper)
+
+    threads, before = offload_threads(device or cpu), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seconds = time_op(step, cpu, repeats=repeats, warmup=1, iters=1)
+    finally:
+        torch.set_num_threads(before)
+    return {"elements": elements, "threads": threads, "seconds": seconds,
+            "cpu_adam_bytes_per_s": 12 * elements / seconds}

@@ -99,7 +99,7 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
             f" MiB   fragmentation {f['fragmentation']:.3f}")
     say("offload (pinned host<->GPU copies, CPU Adam step)")
     elements = offload.QUICK_CPU_ADAM_ELEMENTS if plan.quick or plan.minimal else offload.CPU_ADAM_ELEMENTS
-    report["offload"] = {"link": offload.measure_host_link(device), "cpu_adam": offload.measure_cpu_adam(elements)}
+    report["offload"] = {"link": offload.measure_host_link(device), "cpu_adam": offload.measure_cpu_adam(elements, device=device)}
     link, adam = report["offload"]["link"], report["offload"]["cpu_adam"]
     say((f"  D2H {link['d2h_bytes_per_s'] / 1e9:8.2f} GB/s   H2D {link['h2d_bytes_per_s'] / 1e9:8.2f} GB/s   "
          if link else "  ") + f"CPU Adam {adam['cpu_adam_bytes_per_s'] / 1e9:8.2f} GB/s of optimizer state")
