@@ -87,3 +87,15 @@ def test_offload_knobs_round_trip_through_label_dict_and_optuna_params():
     assert "offload" not in plain.label()
     old = {k: v for k, v in plain.to_optuna_params().items() if k not in ("opt_offload", "act_offload")}
     assert ParallelConfig.from_optuna_params(old, 4) == plain  # studies begun before offload was searched
+
+
+@pytest.mark.parametrize("recomputed", [("shared_experts",), ("moe_act",), ("core_attn", "layernorm")])
+def test_offload_beside_selective_recompute_of_other_modules(recomputed):
+    base_loss, base = _grads(ParallelConfig(world_size=1, recompute_granularity="selective",
+                                            recompute_modules=recomputed))
+    cfg = ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=recomputed,
+                         activation_offload_modules=("moe", "mlp"))
+    loss, grads = _grads(cfg)
+    assert loss == base_loss
+    for a, b in zip(grads, base):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
