@@ -255,7 +255,8 @@ class Enumeration:
         fraction, modules = option
         distopts = self.distributed_optimizer if not fraction else tuple(d for d in self.distributed_optimizer if d)
         chain = self.recompute if not modules else tuple(
-            (g, m) for g, m in self.recompute if g != "full" and not set(m) & set(modules))
+            (g, m) for g, m in self.recompute if g != "full" and not set(m) & set(modules)
+            and not ("core_attn" in modules and "mla_up_proj" in m))
         return distopts, chain
 
     def recompute_count(self, dispatcher: str) -> int:

@@ -372,6 +372,8 @@ def _offload_problems(cfg: ParallelConfig) -> list[str]:
     both = [m for m in modules if cfg.recompute_granularity == "selective" and m in cfg.recompute_modules]
     if both:
         p.append(f"modules {both} are both recomputed and offloaded; choose one")
+    if "core_attn" in modules and cfg.recompute_granularity == "selective" and "mla_up_proj" in cfg.recompute_modules:
+        p.append("core_attn cannot be offloaded while mla_up_proj is recomputed (the core runs inside that region)")
     return p
 
 
