@@ -45,10 +45,10 @@ class PlanCreate(WorkloadIn):
     vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
                                                              "tried (a layout string fixes it instead)")
     optimizer_offload: list[float] = Field(
-        [], max_length=8, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
+        [], max_length=4, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
                                       "--optimizer-offload-fraction; only with the distributed optimizer)")
     activation_offload: list[list[str]] = Field(
-        [], max_length=8, description="module sets whose saved activations are tried in CPU memory, each of "
+        [], max_length=4, description="module sets whose saved activations are tried in CPU memory, each of "
                                       f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
 
 
