@@ -80,9 +80,9 @@ def finish_param_gather(model: torch.nn.Module) -> None:
         optimizer.finish_param_gather()
 
 
-def adamw_step(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, lr: float,
-          betas: tuple[float, float], eps: float, weight_decay: float, correction1: float,
-          root_correction2: float) -> None:
+def adamw_step(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor,
+               lr: float, betas: tuple[float, float], eps: float, weight_decay: float, correction1: float,
+               root_correction2: float) -> None:
     """One AdamW update in place (torch's formula), on whichever device the tensors live."""
     beta1, beta2 = betas
     if weight_decay:
