@@ -18,10 +18,10 @@ SHARED = get_model("tiny-moe-shared")  # a dense first layer, then MoE layers wi
 SEQ = 16
 
 
-def _grads(config: ParallelConfig) -> tuple[float, list[torch.Tensor]]:
+def _grads(config: ParallelConfig, device: str = "cpu") -> tuple[float, list[torch.Tensor]]:
     torch.manual_seed(0)
-    model = MoEGPT(SHARED, single_process_state(config), ExecutorOptions(), SEQ)
-    ids, labels = micro_batches(global_batch(SHARED.vocab_size, SEQ, 2, 0, 0), 2, 0, 1)[0]
+    model = MoEGPT(SHARED, single_process_state(config), ExecutorOptions(), SEQ, device)
+    ids, labels = micro_batches(global_batch(SHARED.vocab_size, SEQ, 2, 0, 0), 2, 0, 1, device)[0]
     out = model(ids, labels)
     out.loss.backward()
     return float(out.loss.detach()), [p.grad.clone() for p in model.parameters()]
@@ -99,3 +99,13 @@ def test_offload_beside_selective_recompute_of_other_modules(recomputed):
     assert loss == base_loss
     for a, b in zip(grads, base):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: pinned copies on a side stream")
+def test_cuda_offload_gives_the_same_loss_and_gradients():
+    base_loss, base = _grads(ParallelConfig(world_size=1), "cuda")
+    loss, grads = _grads(ParallelConfig(world_size=1, activation_offload_modules=("core_attn", "layernorm", "moe",
+                                                                                    "mlp")), "cuda")
+    assert loss == pytest.approx(base_loss, rel=1e-6)
+    for a, b in zip(grads, base):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
