@@ -183,6 +183,10 @@ class SearchSpace:
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
                 f"{', EP a2a overlap tried' if self.ep_overlap else ''}")
+        if self.optimizer_offload:
+            text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
+        if self.activation_offload:
+            text += ", activation offload " + "/".join("+".join(m) for m in self.activation_offload) + " tried"
         placement = pipeline_label(self.pipeline)
         return text + (f", pipeline {placement}" if placement else "")
 

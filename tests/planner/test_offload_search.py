@@ -24,6 +24,8 @@ def test_default_space_has_no_offload_and_options_multiply_out():
     assert SearchSpace().offload_options() == (NO_OFFLOAD,)
     space = SearchSpace(optimizer_offload=(1.0,), activation_offload=(("moe", "core_attn"),))
     assert space.offload_options() == (NO_OFFLOAD, (0.0, ("core_attn", "moe")), (1.0, ()), (1.0, ("core_attn", "moe")))
+    assert "offload" not in SearchSpace().describe()
+    assert "optimizer offload 1 tried, activation offload moe+core_attn tried" in space.describe()
     with pytest.raises(InvalidConfigError, match="fractions"):
         SearchSpace(optimizer_offload=(0.0,))
     with pytest.raises(InvalidConfigError, match="unknown activation offload"):
