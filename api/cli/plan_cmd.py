@@ -252,6 +252,8 @@ def _breakdown_lines(e) -> list[str]:
         value = getattr(m, name)
         share = value / m.total if m.total else 0.0
         lines.append(f"  {name:<18} {_bytes(value):>11} {share:>6.1%}")
+    if m.host_offloaded:
+        lines.append(f"  offloaded to the host (not on the GPU): {_bytes(m.host_offloaded)}")
     return lines
 
 

@@ -65,3 +65,9 @@ def test_http_plan_takes_the_offload_options(client, alice):
     assert all("host_offloaded" in e["memory_bytes"] for e in data["ranked"])
     r = client.post("/v1/plans", json={**PLAN, "activation_offload": [["attn"]]}, headers=alice)
     assert r.status_code == 422 and r.json()["errors"][0]["rule"] == "offload_options"
+
+
+def test_plan_tables_name_the_bytes_offloaded_to_the_host(capsys):
+    argv = [a for a in MIXTRAL if a != "--json"] + ["--optimizer-offload", "1.0"]
+    code, out, _ = run(capsys, argv)
+    assert code == 0 and "offloaded to the host (not on the GPU):" in out and "opt_offload=1" in out
