@@ -92,7 +92,8 @@ class MemoryBreakdown:
 
     ``details`` is an ordinary field (``fields``, ``asdict``, ``==``, ``repr`` and pickling see it), but
     when the estimate builds the breakdown it is computed on first access: a planner sweep reads the
-    totals of 10⁵ layouts and the details of the few it shows.
+    totals of 10⁵ layouts and the details of the few it shows. ``host_offloaded`` is what the layout's offload
+    knobs moved to this rank's CPU memory (optimizer state and activations, bytes): not part of ``total``.
     """
 
     stage: int
@@ -104,17 +105,18 @@ class MemoryBreakdown:
     comm_buffers: float
     allocator_overhead: float
     details: tuple[tuple[str, float], ...]
+    host_offloaded: float
 
     def __init__(self, stage: int, weights: float, grads: float, optimizer: float, activations: float,
                  logits: float, comm_buffers: float, allocator_overhead: float,
-                 details: tuple[tuple[str, float], ...] | None = None, *,
+                 details: tuple[tuple[str, float], ...] | None = None, host_offloaded: float = 0.0, *,
                  details_source: Callable[[], tuple[tuple[str, float], ...]] | None = None) -> None:
         if (details is None) == (details_source is None):
             raise TypeError("MemoryBreakdown needs exactly one of details or details_source")
         # frozen: fill the instance dict directly (one call, the hot path builds one per layout)
         self.__dict__.update(stage=stage, weights=weights, grads=grads, optimizer=optimizer,
                              activations=activations, logits=logits, comm_buffers=comm_buffers,
-                             allocator_overhead=allocator_overhead)
+                             allocator_overhead=allocator_overhead, host_offloaded=host_offloaded)
         if details is not None:
             self.__dict__["details"] = tuple(details)
         else:
@@ -130,7 +132,7 @@ class MemoryBreakdown:
 
     def __reduce__(self):
         return (type(self), (self.stage, self.weights, self.grads, self.optimizer, self.activations, self.logits,
-                             self.comm_buffers, self.allocator_overhead, self.details))
+                             self.comm_buffers, self.allocator_overhead, self.details, self.host_offloaded))
 
     @property
     def total(self) -> float:
@@ -388,6 +390,19 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, config: Par
     tokens = config.micro_batch_size * training.seq_length / config.cp
     return tuple((name, v * tokens) for name, v, drop in _layer_terms(model, training, s, is_moe)
                  if not drop & modules)
+
+
+def offloaded_layer_bytes(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> tuple[float, float]:
+    """Bytes one dense and one MoE decoder layer send to the CPU per micro-batch on one GPU under
+    ``config.activation_offload_modules`` (the stored tensors those modules hold, as recomputing them would
+    drop; each goes to the host in forward and comes back in backward). (0, 0) without activation offload."""
+    offloaded = frozenset(config.activation_offload_modules)
+    if not offloaded:
+        return 0.0, 0.0
+    s = _shape(config)
+    tokens = config.micro_batch_size * training.seq_length / config.cp
+    return tuple(tokens * sum(v for _, v, drop in _layer_terms(model, training, s, is_moe) if drop & offloaded)
+                 for is_moe in (False, True))
 
 
 def _shape(config: ParallelConfig) -> _Shape:
@@ -686,6 +701,9 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
     granularity = config.recompute_granularity
     modules = config.recompute_modules if granularity == "selective" else ()
+    # an offloaded module's stored tensors leave the GPU as a recomputed module's do, and come back for its
+    # backward (the same working set); the validity rules keep the two sets apart
+    modules += config.activation_offload_modules
     full = config.recompute_num_layers if granularity == "full" else -1
     kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
     rkey = (kkey, pp, vpp, full, config.pipeline_split)
@@ -712,6 +730,9 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
     ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
     es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
+    # optimizer CPU offload: that share of the Adam states leaves the GPU (the reduced gradient shard stays)
+    keep = 1.0 - config.optimizer_cpu_offload_fraction
+    dkeep, ekeep = ds - 1.0 + keep, es - 1.0 + keep
     scale = tokens * (1.0 + frag)
     best, best_total = rows[0], -1.0
     loss_bytes = None  # the blocked loss's fixed bytes: the same for every row that has them (the last rank's)
@@ -738,11 +759,11 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
             reduce = reduces.get(rkey_)
             if reduce is None:
                 reduce = reduces[rkey_] = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
-        total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
+        total = (row[0] + row[1] / dense_shard * dkeep + row[2] / expert_shard * ekeep
                  + (dynamic if dynamic > reduce else reduce))
         if total > best_total:
             best, best_total = row, total
-    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard, ds, es)
+    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard, ds, es, keep)
 
 
 @lru_cache(maxsize=256)
@@ -848,9 +869,17 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
-    optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
+    keep = shards[4]
+    optimizer = dense_states / shards[0] * (shards[2] - 1.0 + keep) + expert_states / shards[1] * (shards[3] - 1.0 + keep)
+    host = (1.0 - keep) * (dense_states / shards[0] + expert_states / shards[1])
+    if config.activation_offload_modules:  # the offloaded tensors: those the recompute modules alone keep
+        recomputed = config.recompute_modules if config.recompute_granularity == "selective" else ()
+        plain = _kind_terms_for(ctx, _Shape(*kkey[:6]), recomputed)
+        k = ctx.kinds[kkey]
+        host += tokens * n / config.vpp * (lay.stored_dense * (plain.stored_dense - k.stored_dense)
+                                           + lay.stored_moe * (plain.stored_moe - k.stored_moe))
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
-                           details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
+                           host_offloaded=host, details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
                                                   config.vpp, reduce_excess, workspace, frag))
 
 
@@ -859,8 +888,8 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
     _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed = row
     p, gemm = par[0], par[1]
-    dense_shard, expert_shard, ds, es = shards
-    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
+    dense_shard, expert_shard, ds, es, keep = shards
+    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes * keep
     x = tokens * n * lay.stored_dense / vpp
     y = tokens * n * lay.stored_moe / vpp
     details: list[tuple[str, float]] = [

@@ -46,6 +46,7 @@ from costmodel.compute import (
 )
 from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
     HIDDEN_TERMS,
@@ -109,6 +110,7 @@ _PREFIX_SLOTS = tuple(LAYER_SLOT.get(name) for name in TERMS[:max(TERM_INDEX[n] 
 N_PREFIX = len(_PREFIX_SLOTS)
 # positions in StepTimeBreakdown.terms and .hidden the step assembly writes by name
 _I_RECOMPUTE, _I_A2A, _I_ETP, _I_BUBBLE = (TERM_INDEX[n] for n in ("recompute", "ep_a2a", "etp_comm", "pp_bubble"))
+_I_MEM = TERM_INDEX["memory_bound"]
 # the hidden seconds estimate_step_time computes, by name
 _HIDDEN_PRICED = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
 _H_TP, _H_CP, _H_A2A, _H_DP, _H_EDP, _H_GATHER, _H_P2P = (HIDDEN_TERMS.index(n) for n in _HIDDEN_PRICED)
@@ -890,6 +892,12 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
+    if c.optimizer_cpu_offload_fraction:
+        optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
+                                              training.param_bytes, cluster.hardware)
+    if c.activation_offload_modules:
+        values[_I_MEM] += m * activation_offload_seconds(model, training, cluster, c, nd, nm, d.compute_fwd,
+                                                         e.compute_fwd)
     grads = dg + eg
     gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
@@ -943,6 +951,37 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         tokens_per_s_per_gpu=ctx.tokens_per_step / per_gpu, tflops_per_gpu=ctx.flops_per_step / per_gpu / 1e12,
         mfu=ctx.flops_per_step / per_gpu / ctx.peak, bottleneck=_bottleneck(values, step))
     return breakdown
+
+
+def optimizer_offload_seconds(local_params: float, fraction: float, gpu_seconds: float, param_bytes: int,
+                              hardware) -> float:
+    """Seconds of an optimizer step with ``fraction`` of this rank's ``local_params`` optimizer elements on the
+    CPU (executor/optimizer.py): their fp32 gradients go device-to-host first (4 B each over the host link);
+    then the GPU steps its share (``(1 - fraction)`` of ``gpu_seconds``, the whole step's device seconds) while
+    the CPU steps the rest (12 B of fp32 state each at ``cpu_adam_bytes_per_s``); then the updated weights
+    come back host-to-device in their dtype (``param_bytes`` each)."""
+    host = fraction * local_params
+    link = hardware.host_link_bytes_per_s
+    d2h, h2d = host * _FP32_BYTES / link, host * param_bytes / link
+    cpu = host * 3 * _FP32_BYTES / hardware.cpu_adam_bytes_per_s
+    gpu = (1.0 - fraction) * gpu_seconds
+    return d2h + (gpu if gpu > cpu else cpu) + h2d
+
+
+def activation_offload_seconds(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                               config: ParallelConfig, dense_layers: int, moe_layers: int, dense_fwd: float,
+                               moe_fwd: float) -> float:
+    """Exposed seconds per micro-batch of activation offload on a rank with these layers: each layer's
+    offloaded tensors go to the host on a side stream during its forward (exposed only where the copy
+    outlasts the layer's forward compute, ``dense_fwd``/``moe_fwd`` seconds) and come back in its backward on
+    the compute stream, unprefetched (exposed whole)."""
+    link = cluster.hardware.host_link_bytes_per_s
+    dense, moe = offloaded_layer_bytes(model, training, config)
+    out = 0.0
+    for n, nbytes, fwd in ((dense_layers, dense, dense_fwd), (moe_layers, moe, moe_fwd)):
+        copy = nbytes / link
+        out += n * ((copy - fwd if copy > fwd else 0.0) + copy)
+    return out
 
 
 def _corrected(values: list[float], corrections: Mapping[str, float]) -> list[float]:

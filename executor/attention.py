@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spec.model_spec import ModelSpec
 from executor import recompute
+from executor.offload import offloaded
 from executor.attention_core import special_attention
 from executor.kernels import triton_rope
 from executor.kernels.triton_rms_norm import pick_rms_norm
@@ -91,6 +92,8 @@ class Attention(torch.nn.Module):
         h, d = spec.hidden_size, spec.head_dim
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
+        self.offload_core = offloaded(state.config, "core_attn")
+        self.offload_norm = offloaded(state.config, "layernorm")
         self.cp = state["cp"]
         self.window = spec.attention_window(layer)
         self.plain = self.window is None and spec.softmax_type == "vanilla"  # the causal kernels take it
@@ -136,7 +139,7 @@ class Attention(torch.nn.Module):
         """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
         eps, d = self.options.norm_epsilon, self.spec.head_dim
         x = self.timer.mark(x_SBH, "other", "attention")
-        x = recompute.run(self.recompute_norm, self.input_norm, x, self.norm, eps)
+        x = recompute.run(self.recompute_norm, self.input_norm, x, self.norm, eps, offload=self.offload_norm)
         x = self.timer.mark(x, "attention", "tp_allgather")
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
@@ -166,11 +169,14 @@ class Attention(torch.nn.Module):
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
         if not self.plain:  # a window or sinks: the masked path (the CP flash kernel takes neither)
-            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks)
+            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks,
+                              offload=self.offload_core)
         elif self.cp.size > 1:
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
+            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank,
+                              offload=self.offload_core)
         else:
-            o = recompute.run(self.recompute_core, self._attention, q, k, v)  # [b, heads, s, d]
+            o = recompute.run(self.recompute_core, self._attention, q, k, v,  # [b, heads, s, d]
+                              offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = self.kernels.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")

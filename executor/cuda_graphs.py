@@ -46,6 +46,9 @@ def refusal(config: ParallelConfig, kernel_backend: str, attention_kind: str, de
     captured = sorted({"core_attn", "layernorm"} & set(config.recompute_modules))
     if config.recompute_granularity == "selective" and captured:
         return f"cuda_graphs does not capture recomputation inside the attention half (recompute_modules {captured})"
+    moved = sorted({"core_attn", "layernorm"} & set(config.activation_offload_modules))
+    if moved:
+        return f"cuda_graphs does not capture activation offload inside the attention half (activation_offload {moved})"
     if config.overlap_param_gather and config.use_distributed_optimizer and config.world_size > 1:
         return ("cuda_graphs skips the forward hooks that wait for overlapped parameter gathers: turn "
                 "overlap_param_gather off")

@@ -17,6 +17,7 @@ from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
 from executor import cuda_graphs, recompute
+from executor.offload import offloaded
 from executor.attention import Attention, rope_tables
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
@@ -73,6 +74,8 @@ class DecoderLayer(torch.nn.Module):
         config = state.config
         self.recompute_norm = recompute.selective(config, "layernorm")
         self.recompute_mlp = recompute.selective(config, "moe" if moe else "mlp")
+        self.offload_norm = offloaded(config, "layernorm")
+        self.offload_mlp = offloaded(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
         self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
         # options.cuda_graphs: the attention half replayed from CUDA graphs (executor.cuda_graphs); a plain
@@ -98,12 +101,13 @@ class DecoderLayer(torch.nn.Module):
             x = x_SBH + self.attention(x_SBH, (cos, sin))
             h = self.timer.mark(x, "other", "norm")
             h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm,
-                              self.options.norm_epsilon)
+                              self.options.norm_epsilon, offload=self.offload_norm)
             h = self.timer.mark(h, "norm", "other")
         if self.is_moe:
-            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h)
+            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
             return x + y, router_loss
-        return x + recompute.run(self.recompute_mlp, self.mlp, h), x.new_zeros((), dtype=torch.float32)
+        return (x + recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp),
+                x.new_zeros((), dtype=torch.float32))
 
 
 class MoEGPT(torch.nn.Module):

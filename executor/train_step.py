@@ -35,6 +35,7 @@ class Trainer:
     over DP·CP / EDP when the layout's ``use_distributed_optimizer`` is set; see :mod:`executor.optimizer`.
     With ``overlap_param_gather`` as well, :meth:`step` returns with the parameter all-gathers still running
     (the next forward waits for them): call :meth:`finish_param_gather` before reading parameters otherwise.
+    ``optimizer_cpu_offload_fraction`` of the layout steps that share of the optimizer state on the CPU.
     """
 
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
@@ -50,7 +51,8 @@ class Trainer:
         # waits for each unit before its parameters are used (executor.optimizer)
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
                                             weight_decay=weight_decay, sharded=sharded,
-                                            overlap_param_gather=bool(config.overlap_param_gather), model=model)
+                                            overlap_param_gather=bool(config.overlap_param_gather), model=model,
+                                            offload_fraction=config.optimizer_cpu_offload_fraction)
         pp = model.state["pp"]
         self.pipelined = pp.size > 1
         if self.pipelined:  # NCCL's first grouped p2p must involve the whole group: connect it here

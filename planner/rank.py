@@ -57,7 +57,7 @@ from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
 from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
-from planner.enumerate import (ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
+from planner.enumerate import (NO_OFFLOAD, ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
                                pipeline_fields, recompute_count)
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
@@ -143,6 +143,7 @@ class _Job:
     exhaustive: bool
     top: int = 10
     pipeline: PipelineSplit = DEFAULT_SPLIT
+    offload: tuple[float, tuple[str, ...]] = NO_OFFLOAD  # the offload option every config of this job has
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -175,7 +176,7 @@ _JOB: _Job | None = None  # set before forking workers, so they inherit it inste
 
 def _scan(job: _Job, indices: range) -> _Scan:
     out = _Scan()
-    maker = ConfigMaker(job.cluster.num_gpus, job.pipeline)
+    maker = ConfigMaker(job.cluster.num_gpus, job.pipeline, job.offload)
     usable = job.cluster.usable_hbm_bytes
     n_rec = len(job.recompute)
     n_opt = len(job.distopts)
@@ -378,6 +379,22 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
     return total
 
 
+def _merged(scans: list[_Scan]) -> _Scan:
+    """One scan of several jobs' scans: each head's and the closest config's Choice becomes (job index, Choice)."""
+    total = _Scan()
+    for j, part in enumerate(scans):
+        total.heads.extend((h[0], (j, h[1]), *h[2:]) for h in part.heads)
+        total.fitting += part.fitting
+        total.memory_calls += part.memory_calls
+        total.time_calls += part.time_calls
+        total.bound_calls += part.bound_calls
+        total.order_violations += part.order_violations
+        total.bound_violations += part.bound_violations
+        if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
+            total.closest = (part.closest[0], (j, part.closest[1]))
+    return total
+
+
 def _default_workers(valid: int) -> int:
     # fork() in a process with other threads (a web server, a job runner) can inherit a held lock and
     # hang the child; such callers get the single-process scan.
@@ -456,19 +473,28 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
         raise NoValidLayoutError(f"no valid layout of {model.name} on {cluster.num_gpus} GPUs for seq "
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
-    job = _Job(model, training, cluster, enum.layouts, enum.recompute, enum.distributed_optimizer,
-               memory_fn, memory_total_fn, time_fn, exhaustive, top, enum.pipeline)
+    # one scan per offload option (its staircases assume the optimizer and recompute options ordered by memory
+    # and time, which offloading, less memory for more time, would break): their heads are merged below
+    jobs, scans = [], []
     n_workers = workers if workers is not None else _default_workers(enum.valid)
-    scan = _scan_all(job, n_workers)
-    maker = ConfigMaker(cluster.num_gpus, enum.pipeline)
+    for option in enum.offload:
+        distopts, chain = enum.knobs_for(option)
+        if not distopts or not chain:
+            continue
+        jobs.append(_Job(model, training, cluster, enum.layouts, chain, distopts, memory_fn, memory_total_fn,
+                         time_fn, exhaustive, top, enum.pipeline, option))
+        scans.append(_scan_all(jobs[-1], n_workers))
+    scan = _merged(scans)
+    makers = [ConfigMaker(cluster.num_gpus, enum.pipeline, j.offload) for j in jobs]
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
                         bound_calls=scan.bound_calls, order_violations=scan.order_violations,
                         bound_violations=scan.bound_violations, exhaustive=exhaustive,
                         enumerate_seconds=t1 - t0, workers=n_workers)
 
-    def estimate_of(choice: Choice) -> Estimate:
-        cfg = job.config(maker, choice)
+    def estimate_of(tagged: tuple[int, Choice]) -> Estimate:
+        j, choice = tagged
+        cfg = jobs[j].config(makers[j], choice)
         return combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
                        time_fn(model, training, cluster, cfg))
 

@@ -22,6 +22,7 @@ from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
 from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from spec.errors import SpecError
+from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
 from api.cli._memory_args import add_headroom_argument
@@ -76,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price Megatron's fused weight-gradient accumulation into the fp32 main gradient")
     parser.add_argument("--sequence-parallel-regather", action="store_true",
                         help="price Megatron's sequence-parallel linears (input re-gathered in backward)")
+    parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
+                        help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
+                             "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
+    parser.add_argument("--activation-offload", metavar="MODULES", action="append", default=[],
+                        help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
+                             f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add_headroom_argument(parser)
     parser.add_argument("--search-precision", action="store_true",
                         help="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and report the faster; "
@@ -121,9 +128,20 @@ def _split(args: argparse.Namespace) -> PipelineSplit:
                          args.account_for_loss_in_pipeline_split)
 
 
+def _offload(args: argparse.Namespace) -> dict:
+    """The SearchSpace offload fields of ``--optimizer-offload`` / ``--activation-offload``."""
+    try:
+        fractions = tuple(float(f) for f in args.optimizer_offload.split(",") if f.strip())
+    except ValueError:
+        raise SpecError(f"--optimizer-offload takes comma-separated fractions, got {args.optimizer_offload!r}") from None
+    return {"optimizer_offload": fractions,
+            "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload)}
+
+
 def _space(args: argparse.Namespace):
     precisions = SEARCHED_PRECISIONS if getattr(args, "search_precision", False) else None
-    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args), precisions=precisions)
+    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args), precisions=precisions,
+                       **_offload(args))
 
 
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans
@@ -242,6 +260,8 @@ def _breakdown_lines(e) -> list[str]:
         value = getattr(m, name)
         share = value / m.total if m.total else 0.0
         lines.append(f"  {name:<18} {_bytes(value):>11} {share:>6.1%}")
+    if m.host_offloaded:
+        lines.append(f"  offloaded to the host (not on the GPU): {_bytes(m.host_offloaded)}")
     return lines
 
 

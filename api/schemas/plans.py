@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spec.parallel_config import ParallelConfig
+from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, ParallelConfig
 from spec.pipeline_layout import MAX_LAYOUT_CHARS, PipelineSplit
 from planner.enumerate import VPP_LIMIT
 from api.schemas.jobs import PlanClusterOut, WorkloadIn
@@ -46,6 +46,12 @@ class PlanCreate(WorkloadIn):
                                                              "tried (a layout string fixes it instead)")
     search_precision: bool = Field(False, description="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and "
                                                       "return the faster; training.precision is then ignored")
+    optimizer_offload: list[float] = Field(
+        [], max_length=4, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
+                                      "--optimizer-offload-fraction; only with the distributed optimizer)")
+    activation_offload: list[list[str]] = Field(
+        [], max_length=4, description="module sets whose saved activations are tried in CPU memory, each of "
+                                      f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
 
 
 class RejectedRule(BaseModel):
@@ -71,6 +77,8 @@ class MemoryBytesOut(BaseModel):
     comm_buffers: Number
     allocator_overhead: Number
     details: dict[str, Number] = Field(description="finer terms (bytes), e.g. per activation tensor")
+    host_offloaded: Number = Field(0, description="bytes the offload knobs keep in this rank's CPU memory instead "
+                                                  "(optimizer state, activations); not part of total")
 
 
 class EstimateOut(BaseModel):

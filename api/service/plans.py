@@ -22,7 +22,14 @@ def create_plan(session: Session, request: PlanCreate) -> PlanOut:
     resolved = resolve_job(session, request)
     session.commit()
     try:
-        space = SearchSpace(vpp_max=request.vpp_max, precisions=SEARCHED_PRECISIONS if request.search_precision else None,
+        offload = dict(optimizer_offload=tuple(request.optimizer_offload),
+                       activation_offload=tuple(tuple(m) for m in request.activation_offload))
+        SearchSpace(**offload)
+    except InvalidConfigError as exc:
+        raise RuleViolation("body", "offload_options", str(exc)) from None
+    try:
+        space = SearchSpace(vpp_max=request.vpp_max, **offload,
+                            precisions=SEARCHED_PRECISIONS if request.search_precision else None,
                             **({"pipeline": request.pipeline.split()} if request.pipeline is not None else {}))
     except InvalidConfigError as exc:
         raise RuleViolation("body.pipeline", "pipeline_options", str(exc)) from None

@@ -28,6 +28,9 @@
   copied as measured; raw files written before that benchmark existed keep the base profile's values.
 * ``sustained_clock_factor``: sustained / burst throughput of an 8192³ GEMM in the benchmarked precision run
   back to back for seconds (``executor/microbench/sustained.py``), the lowest over ranks; GPUs only.
+* ``host_link_bandwidth`` / ``cpu_adam_bandwidth``: the slower direction of a pinned host<->GPU copy (GPUs
+  only) and the bytes of fp32 optimizer state the executor's CPU Adam steps per second, the slowest rank's,
+  all ranks at once (``executor/microbench/offload.py``); raw files without them keep the base's.
 * ``overlap_slowdown``: the fraction of a hidden reduce-scatter's seconds that a GEMM loop running beside it
   still pays (``executor/microbench/overlap.py``); measured on two or more ranks only.
 """
@@ -148,6 +151,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     network_source = (f"measured {raw['measured_at']} across {nodes} nodes ({raw['backend']}), one rank per node"
                       if measured_inter else base.network_source)
     launch = raw.get("launch") or {}
+    offloading = raw.get("offload") or {}
+    link, cpu_adam = offloading.get("link") or {}, offloading.get("cpu_adam") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
     mla_fwd, mla_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"), "mla")
     # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
@@ -172,6 +177,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         overlap_slowdown=(raw.get("overlap") or {}).get("slowdown", base.overlap_slowdown),
         sustained_clock_factor=(raw.get("sustained") or {}).get("factor", base.sustained_clock_factor),
         allocator_fragmentation=(raw.get("fragmentation") or {}).get("fragmentation", base.allocator_fragmentation),
+        host_link_bandwidth=link.get("host_link_bytes_per_s", base.host_link_bandwidth),
+        cpu_adam_bandwidth=cpu_adam.get("cpu_adam_bytes_per_s", base.cpu_adam_bandwidth),
         network_source=network_source,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")
