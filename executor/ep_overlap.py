@@ -129,11 +129,13 @@ class _Tape:
             for i, leaf in seg.imports:
                 if leaf.grad is not None:
                     grads[i] = leaf.grad if i not in grads else grads[i] + leaf.grad
+            self.segments[k] = None  # its graph is spent: free its leaves' gradients as soon as sent
             if seg.received is not None and k > 0:
                 ex = self.segments[k - 1].sent
                 g = seg.received.grad
                 if g is None:
                     g = torch.zeros_like(seg.received)
+                del seg
                 sent_grad = yield Exchange(g, ex.in_splits, ex.out_splits, ex.group, f"{tag}/{ex.tag}")
         self.segments = []
 
