@@ -35,24 +35,29 @@ RUNS = [
 ]
 
 
+# 4 ranks: the ETP all-gather / reduce-scatter run in line inside the experts' segments
+RUNS_4 = [("etp2 ep2", 4, "shared", {}), ("etp2 ep2", 4, "gptoss", {})]
+
+
 @functools.cache
 def _reference(scenario: str) -> dict:
     return reference(ParallelConfig(world_size=1), SCENARIOS[scenario])
 
 
 @pytest.mark.slow
-def test_overlapped_step_equals_reference_and_inline_run():
+@pytest.mark.parametrize("world,layouts", [(2, RUNS), (4, RUNS_4)], ids=["2ranks", "4ranks"])
+def test_overlapped_step_equals_reference_and_inline_run(world, layouts):
     runs = []
-    for label, world, scenario, extra in RUNS:
+    for label, _, scenario, extra in layouts:
         config = ParallelConfig.parse(label, world_size=world).replace(**extra)
         assert not executor_layout_rules(SCENARIOS[scenario].model, config.replace(**OVERLAP), 16)
         runs += [(config.replace(**OVERLAP), SCENARIOS[scenario]), (config, SCENARIOS[scenario])]
-    references = [_reference(scenario) for _, _, scenario, _ in RUNS]  # before the fork
-    launched = launch(layout_worker, 2, (runs,), backend="gloo", timeout_s=600, start_method="fork")
+    references = [_reference(scenario) for _, _, scenario, _ in layouts]  # before the fork
+    launched = launch(layout_worker, world, (runs,), backend="gloo", timeout_s=600, start_method="fork")
     assert launched.ok, launched.failure_reason
     results = launched.results[0]["results"]
     failures = {}
-    for i, (label, _, scenario, extra) in enumerate(RUNS):
+    for i, (label, _, scenario, extra) in enumerate(layouts):
         overlapped, inline = results[2 * i], results[2 * i + 1]
         name = f"{label}/{scenario}/{extra}"
         problems = compare(references[i], overlapped) + compare(inline, overlapped, rtol=1e-5, atol=1e-7)
