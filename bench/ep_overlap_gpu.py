@@ -97,6 +97,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         parser.error("needs 2 GPUs (or --device cpu)")
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # one hardware queue: the waits on the
+        print("warning: CUDA_DEVICE_MAX_CONNECTIONS=1 serialises streams; the overlap may not show", flush=True)
     cuda = args.device == "cuda"
     model = get_model("tiny-moe") if args.tiny else get_model("mixtral-8x7b").with_layers(args.layers)
     seq = 64 if args.tiny else args.seq
@@ -115,7 +117,8 @@ def main() -> int:
     device = runs["off"][0].get("device", args.device) if runs["off"] else args.device
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "torch": torch.__version__,
               "device": device, "model": model.name, "seq": seq, "micro_per_rank": args.micro,
-              "routing": args.routing, **summary, "runs": runs}
+              "routing": args.routing, "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+              **summary, "runs": runs}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(table(summary, f"{device} x2, {model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2"))
