@@ -60,7 +60,7 @@ Stream = Generator[Exchange, torch.Tensor, None]
 @dataclass
 class _Segment:
     exports: list[torch.Tensor] = field(default_factory=list)  # tensors later segments take
-    imports: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (export id, this segment's leaf)
+    imports: list[tuple[tuple[int, int], torch.Tensor]] = field(default_factory=list)  # (export, its leaf here)
     sent: Exchange | None = None  # the exchange that ends this segment
     received: torch.Tensor | None = None  # the leaf holding the rows that started it
 
@@ -72,22 +72,23 @@ class _Tape:
         self.segments = [_Segment()]
         self.loss: torch.Tensor | None = None  # the last segment's objective, already scaled
 
-    def keep(self, *tensors: torch.Tensor) -> tuple[int, ...]:
-        """Export ``tensors`` from the current segment; :meth:`take` them back in a later one."""
+    def keep(self, *tensors: torch.Tensor) -> list[tuple[int, int]]:
+        """Export ``tensors`` from the current segment (as (segment, position) ids); :meth:`take` them back
+        in a later one."""
         seg = len(self.segments) - 1
         ids = []
         for t in tensors:
-            ids.append(len(self.segments[seg].exports) * 1_000_000 + seg)
+            ids.append((seg, len(self.segments[seg].exports)))
             self.segments[seg].exports.append(t)
-        return tuple(ids)
+        return ids
 
-    def take(self, ids: tuple[int, ...]) -> list[torch.Tensor]:
+    def take(self, ids: list[tuple[int, int]]) -> list[torch.Tensor]:
         """The kept tensors as leaves of the current segment (detached; tensors without grad, or kept in this
         same segment, as they are)."""
         out = []
         for i in ids:
-            seg = i % 1_000_000
-            t = self.segments[seg].exports[i // 1_000_000]
+            seg, position = i
+            t = self.segments[seg].exports[position]
             if t.requires_grad and seg != len(self.segments) - 1:  # from the same segment: the tensor itself
                 leaf = t.detach().requires_grad_()
                 self.segments[-1].imports.append((i, leaf))
@@ -107,7 +108,7 @@ class _Tape:
 
     def backward(self, tag: str) -> Stream:
         """Run the segments' backward calls in reverse, yielding the transposed exchanges between them."""
-        grads: dict[int, torch.Tensor] = {}
+        grads: dict[tuple[int, int], torch.Tensor] = {}  # export id -> gradient summed over its takers
         sent_grad: torch.Tensor | None = None
         for k in range(len(self.segments) - 1, -1, -1):
             seg = self.segments[k]
@@ -116,7 +117,7 @@ class _Tape:
                 outputs.append(self.loss)
                 gradients.append(torch.ones_like(self.loss))
             for j, t in enumerate(seg.exports):
-                g = grads.pop(j * 1_000_000 + k, None)
+                g = grads.pop((k, j), None)
                 if g is not None:
                     outputs.append(t)
                     gradients.append(g)
