@@ -141,11 +141,22 @@ class _Tape:
         self.segments = []
 
 
+def _as_called(module: torch.nn.Module) -> None:
+    """Run ``module``'s forward pre-hooks as calling it would. The staged layer calls the parts of a
+    DecoderLayer and its MoELayer, not their forward, but both read parameters they own directly (the MLP
+    norm, the shared-expert gate), and the distributed optimizer's overlapped parameter gather waits for
+    those in these hooks (``executor.optimizer``, "Overlapped parameter gather")."""
+    for hook in list(module._forward_pre_hooks.values()):
+        hook(module, ())
+
+
 def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, tape: _Tape,
                      tag: str) -> Generator[Exchange, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """A MoE decoder layer (``executor.model.DecoderLayer``) as DecoderLayer.forward computes it, cut at its
     two EP all-to-alls; returns (its output, ``router_loss`` plus its router loss)."""
     moe, dispatcher = layer.mlp, layer.mlp.dispatcher
+    _as_called(layer)
+    _as_called(moe)
     x1, h = layer.attention_block(x, *rope)
     tokens, routing = moe.route(h)
     rows, ctx = dispatcher.dispatch_pre(tokens, routing)

@@ -164,7 +164,15 @@ def test_staged_forward_without_ep_equals_the_model_forward():
     ids = torch.randint(0, spec.vocab_size, (3, 1, 16))
     micro = [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(3)]
     model = MoEGPT(spec, state, SCENARIOS["base"].options, 16)
+    # the staged layer calls a MoE layer's parts, not its forward: the pre-hooks (where the distributed
+    # optimizer waits for overlapped parameter gathers) must still run once per micro-batch
+    called = []
+    for layer in model.layers:
+        if layer.is_moe:
+            for module in (layer, layer.mlp):
+                module.register_forward_pre_hook(lambda m, args: called.append(m))
     stats, counts = run_overlapped(model, micro)
+    assert len(called) == 3 * 2 * 3  # 3 MoE layers, 2 modules each, 3 micro-batches
     staged = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     ref_stats = torch.zeros(3)
