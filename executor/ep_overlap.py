@@ -37,6 +37,7 @@ import torch
 
 from executor.parallel.collectives import all_to_all_start
 from executor.parallel.groups import Group
+from spec.errors import InvalidConfigError
 
 
 @dataclass
@@ -252,7 +253,7 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
     summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward."""
     for layer in model.decoder_layers():
         if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
-            raise ValueError("overlap_moe_expert_parallel_comm runs the MoE layer in parts: full recompute and "
+            raise InvalidConfigError("overlap_moe_expert_parallel_comm runs the MoE layer in parts: full recompute and "
                              "selective recompute of 'moe' do not apply (spec.validity rule executor_ep_overlap)")
     num_micro = len(micro)
     stats = torch.zeros(3, device=model.rope_cos.device)
