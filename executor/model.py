@@ -93,16 +93,19 @@ class DecoderLayer(torch.nn.Module):
         """(output slice, router loss: zero for a dense layer)."""
         return recompute.run(self.recompute_layer, self._forward, x_SBH, *rope)
 
-    def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention_block(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual after attention, its normed copy: the MLP's input), both [s/tp, b, h]."""
         if self.graphed is not None:  # the whole half is one "attention" phase
             x, h = self.graphed(self.timer.mark(x_SBH, "other", "attention"), cos, sin)
-            h = self.timer.mark(h, "attention", "other")
-        else:
-            x = x_SBH + self.attention(x_SBH, (cos, sin))
-            h = self.timer.mark(x, "other", "norm")
-            h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm,
-                              self.options.norm_epsilon, offload=self.offload_norm)
-            h = self.timer.mark(h, "norm", "other")
+            return x, self.timer.mark(h, "attention", "other")
+        x = x_SBH + self.attention(x_SBH, (cos, sin))
+        h = self.timer.mark(x, "other", "norm")
+        h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm, self.options.norm_epsilon,
+                          offload=self.offload_norm)
+        return x, self.timer.mark(h, "norm", "other")
+
+    def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = self.attention_block(x_SBH, cos, sin)
         if self.is_moe:
             y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
             return x + y, router_loss
@@ -223,7 +226,16 @@ class MoEGPT(torch.nn.Module):
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
         losses (+ the MTP depths' router losses and their scaled loss); elsewhere ``hidden`` is the output and
         ``loss`` the chunk's router losses (ce = 0)."""
-        timer, state = self.timer, self.state
+        x, rope, labels_BS, full_labels_BS = self.chunk_input(chunk, x_or_ids, labels_BS)
+        router_loss = x.new_zeros((), dtype=torch.float32)
+        for position in self.chunk_layers[chunk]:
+            x, layer_loss = self.layers[position](x, rope)
+            router_loss = router_loss + layer_loss
+        return self.chunk_output(chunk, x, router_loss, rope, labels_BS, full_labels_BS)
+
+    def chunk_input(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor):
+        """:meth:`forward_chunk` up to its first layer: (input activations [s/tp, b, h], rope tables,
+        this CP rank's labels, the full labels)."""
         full_labels_BS = labels_BS  # MTP shifts the labels over the whole sequence before CP slicing
         if self.cp_positions is not None:  # the full micro-batch comes in; this CP rank keeps its tokens
             if self.is_first_chunk(chunk):
@@ -231,16 +243,17 @@ class MoEGPT(torch.nn.Module):
             labels_BS = labels_BS[:, self.cp_positions]
         s = labels_BS.shape[1]
         if self.is_first_chunk(chunk):
-            timer.switch("embedding")
-            x = embed(x_or_ids.t(), self.embedding, self.padded_vocab, state)  # [s/tp, b, h]
-            x = timer.mark(x, "embedding", "other")
+            self.timer.switch("embedding")
+            x = embed(x_or_ids.t(), self.embedding, self.padded_vocab, self.state)  # [s/tp, b, h]
+            x = self.timer.mark(x, "embedding", "other")
         else:
             x = x_or_ids
-        rope = (self.rope_cos[:s], self.rope_sin[:s])
-        router_loss = x.new_zeros((), dtype=torch.float32)
-        for position in self.chunk_layers[chunk]:
-            x, layer_loss = self.layers[position](x, rope)
-            router_loss = router_loss + layer_loss
+        return x, (self.rope_cos[:s], self.rope_sin[:s]), labels_BS, full_labels_BS
+
+    def chunk_output(self, chunk: int, x: torch.Tensor, router_loss: torch.Tensor, rope, labels_BS: torch.Tensor,
+                     full_labels_BS: torch.Tensor) -> LossOutput:
+        """:meth:`forward_chunk` after its last layer: ``x`` its output, ``router_loss`` its layers' sum."""
+        timer, state = self.timer, self.state
         # Router losses are per-rank parts of one sum over the sequence, but gradients average over CP.
         router_loss = router_loss * state["cp"].size
         with torch.no_grad():
