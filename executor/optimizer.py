@@ -42,7 +42,7 @@ read, the unit's work is waited for (once):
 Optimizer CPU offload (``offload_fraction`` F, Megatron's ``--optimizer-cpu-offload
 --optimizer-offload-fraction``): the first ceil(F·n) elements of this rank's n optimizer elements (units in
 order, each unit's shard from its start) keep their fp32 master weights and moments in CPU memory
-(:class:`_HostPart`). Each step copies their gradients device-to-host into a pinned buffer and steps the GPU
+(:class:`HostPart`). Each step copies their gradients device-to-host into a pinned buffer and steps the GPU
 remainder meanwhile; then it runs the same AdamW formula on the CPU and copies the updated weights, already in
 the parameters' dtype, host-to-device from a pinned buffer into the unit's shard before its write-back or
 gather. The transfers are not overlapped with the CPU step (Megatron's --overlap-cpu-optimizer-d2h-h2d).
@@ -107,7 +107,7 @@ def offload_threads(device: torch.device) -> int:
     return max(1, cores // max(1, torch.cuda.device_count()))
 
 
-class _HostPart:
+class HostPart:
     """The first ``n`` elements of a unit's shard, stepped on the CPU (optimizer CPU offload): fp32 master
     weights and moments in CPU memory, a pinned fp32 buffer the gradients arrive in (device to host) and a
     pinned buffer of the updated weights in the parameters' dtype (host to device)."""
@@ -122,13 +122,21 @@ class _HostPart:
         self.out = torch.empty(n, dtype=dtype, pin_memory=pin)
         self.out.copy_(self.master)
 
-    def step(self, hyper: tuple) -> None:
+    def step(self, hyper: tuple, step: torch.Tensor | None = None) -> None:
         """AdamW over the gradients in :attr:`grad`, then the weights in the parameters' dtype into :attr:`out`;
-        in blocks of :data:`HOST_STEP_ELEMENTS` (the step's temporaries stay small and in cache)."""
+        in blocks of :data:`HOST_STEP_ELEMENTS` (the step's temporaries stay small and in cache). ``step`` (a CPU
+        tensor holding the step count): torch's fused AdamW kernel, the one the device part runs, else the
+        chain of in-place ops."""
+        lr, (beta1, beta2), eps, weight_decay = hyper[0], hyper[1], hyper[2], hyper[3]
         for start in range(0, self.master.numel(), HOST_STEP_ELEMENTS):
             end = start + HOST_STEP_ELEMENTS
-            adamw_step(self.master[start:end], self.exp_avg[start:end], self.exp_avg_sq[start:end],
-                       self.grad[start:end], *hyper)
+            if step is not None:
+                torch._fused_adamw_([self.master[start:end]], [self.grad[start:end]], [self.exp_avg[start:end]],
+                                    [self.exp_avg_sq[start:end]], [], [step], lr=lr, beta1=beta1, beta2=beta2,
+                                    weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+            else:
+                adamw_step(self.master[start:end], self.exp_avg[start:end], self.exp_avg_sq[start:end],
+                           self.grad[start:end], *hyper)
             self.out[start:end].copy_(self.master[start:end])
 
 
@@ -152,7 +160,7 @@ class _Unit:
         n = min(host_budget[0], self.shard_numel) if host_budget else 0
         if host_budget:
             host_budget[0] -= n
-        self.host: _HostPart | None = _HostPart(shard[:n], params[0].dtype) if n else None
+        self.host: HostPart | None = HostPart(shard[:n], params[0].dtype) if n else None
         self.master = shard[n:].clone()
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
@@ -399,7 +407,7 @@ class MixedPrecisionAdam:
         if not self.fused:
             update_fused = lambda units: [update(u) for u in units]  # noqa: E731 (the reference chain)
         if self._host_units:
-            self._step_offloaded(update, hyper)
+            self._step_offloaded(lambda unit: update_fused([unit]), hyper)
             return
         if not self._overlapped:
             update_fused(self.units)
@@ -434,7 +442,7 @@ class MixedPrecisionAdam:
         torch.set_num_threads(self.host_threads)
         try:
             for unit in self._host_units:
-                unit.host.step(hyper)
+                unit.host.step(hyper, self._step_tensor(torch.device("cpu")) if self.fused else None)
         finally:
             torch.set_num_threads(threads)
         overlapped = {id(u) for u in self._overlapped}

@@ -3,8 +3,9 @@
 ``measure_host_link``: one pinned CPU buffer and one device buffer of ``nbytes``, copied device-to-host and
 host-to-device (``non_blocking`` from/to pinned memory, as the executor's offload does); bytes/s of each
 direction and their minimum, the figure the time model prices both directions with. GPUs only (None on CPU:
-no host link). ``measure_cpu_adam``: the executor's AdamW (``executor.optimizer.adamw_step``, the same function
-its CPU offload runs) over ``elements`` fp32 master weights, two moments and a gradient in CPU memory; bytes
+no host link). ``measure_cpu_adam``: the executor's offloaded AdamW step (``executor.optimizer.HostPart.step``:
+torch's fused AdamW where this torch has it, in the executor's blocks, then the weights' cast to bf16) over
+``elements`` fp32 master weights, two moments and a gradient in CPU memory; bytes
 of optimizer state (12 per element) stepped per second. Every rank measures at once, as training offloads on
 every GPU of a node together (they share the PCIe switches and the CPU's cores and memory bandwidth).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from executor.microbench.timing import time_op
-from executor.optimizer import HOST_STEP_ELEMENTS, adamw_step, offload_threads
+from executor.optimizer import HostPart, offload_threads
 
 GPU_LINK_BYTES = 256 << 20
 CPU_ADAM_ELEMENTS = 24 << 20  # 288 MiB of optimizer state: far beyond the CPU's caches
@@ -38,14 +39,13 @@ def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device
     """``{'elements', 'threads', 'seconds', 'cpu_adam_bytes_per_s'}`` of one AdamW step over ``elements`` on the
     CPU, in the blocks and with the threads the executor's offloaded step uses for a rank on ``device``."""
     cpu = torch.device("cpu")
-    master = torch.randn(elements)
-    exp_avg, exp_avg_sq, grad = torch.zeros(elements), torch.zeros(elements), torch.randn(elements)
+    part = HostPart(torch.randn(elements), torch.bfloat16)
+    part.grad.normal_()
     hyper = (1e-4, (0.9, 0.95), 1e-8, 0.1, 0.1, 0.05)
+    count = torch.tensor(1.0) if hasattr(torch, "_fused_adamw_") else None  # as MixedPrecisionAdam(fused=True)
 
     def step() -> None:
-        for s in range(0, elements, HOST_STEP_ELEMENTS):
-            e = s + HOST_STEP_ELEMENTS
-            adamw_step(master[s:e], exp_avg[s:e], exp_avg_sq[s:e], grad[s:e], *hyper)
+        part.step(hyper, count)
 
     threads, before = offload_threads(device or cpu), torch.get_num_threads()
     torch.set_num_threads(threads)
