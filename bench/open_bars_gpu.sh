@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 on a 2-GPU machine in one call: everything lands in $OUT/res and is packed into $OUT/results.tgz
+# Issues 16 and 19 on a 2-GPU machine in one call (what their bars still need measured): everything lands in $OUT/res and is packed into $OUT/results.tgz
 # every 30 s and at the end (a call cut off by its time limit keeps what was measured; at most 8 files come
 # back from a device call, so one archive), the log in $OUT/issue16_log.txt. Phases (PHASES, default all, in
 # this order):
@@ -8,10 +8,12 @@
 #   first      bench/first_trial_gpu.sh: one fresh tuning job per proxy, the first after a quick calibration
 #   fixedcost  issue 19: a 2-GPU tuning job of 8 trials with kept ranks (bench/trial_fixed_cost_gpu.sh, reuse only)
 #   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py)
-#   stack      issue 19: the decoder stack's profile (bench/stack_profile.py) on GPU 0, beside (GPU 1) the
-#              1-GPU layout table of deepseek-v2-lite (MLA attention priced from its own curve)
 #   tables     bench/accuracy_gpu.sh with the calibration of this call: the proxies' 1- and 2-GPU layout tables
-# Environment: PHASES, MODELS (tables and first), TABLE2_LAYOUTS (default 10), COMMIT (the code's commit).
+#   offload    issue 19: optimizer offload of a Mixtral proxy (4 layers) that does not fit without it, on GPU 0
+#              (bench/offload_gpu.py --run-without; needs ~85 GB of host memory)
+#   stack      issue 19: the decoder stack's profile (bench/stack_profile.py) on GPU 0, beside (GPU 1) the
+#              1-GPU layout table of deepseek-v2-lite (not in the default phases: measured 2026-11-27)
+# Environment: PHASES, MODELS (tables and first), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
@@ -23,7 +25,7 @@ echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit
 pack() { local tmp="$OUT/.results.$BASHPID.tgz"; tar czf "$tmp" -C "$RES" . 2>/dev/null && mv -f "$tmp" "$OUT/results.tgz"; }
 ( while sleep 30; do pack; done ) & PACKER=$!
 trap 'kill $PACKER 2>/dev/null; pack' EXIT
-PHASES=" ${PHASES:-calibrate cpdisp fixedcost first overlap stack tables} "
+PHASES=" ${PHASES:-calibrate cpdisp fixedcost first overlap tables offload} "
 has() { case "$PHASES" in *" $1 "*) return 0 ;; esac; return 1; }
 
 if has calibrate; then
@@ -63,7 +65,12 @@ if has stack; then
 fi
 if has tables; then
   echo "== tables start $(date -u +%T)"
-  OUT=$RES/tables STORED="$RES/$GPU-calibrated.json" TABLE2_LAYOUTS=${TABLE2_LAYOUTS:-10} \
+  OUT=$RES/tables STORED="$RES/$GPU-calibrated.json" TABLE2_LAYOUTS=${TABLE2_LAYOUTS:-16} \
     bash bench/accuracy_gpu.sh 2>&1 | grep -E "^==|^\[|layouts, profile|datasheet|calibrated \(held"
+fi
+if has offload; then
+  echo "== offload start $(date -u +%T)"
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m bench.offload_gpu --model mixtral-8x7b --layers 4 --gpu "$GPU" \
+    --profile "$RES/$GPU-calibrated.json" --run-without --out "$RES/offload_gpu.json" 2>&1 | tail -25
 fi
 echo "== end $(date -u '+%F %T UTC')"
