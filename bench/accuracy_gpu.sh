@@ -13,8 +13,7 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
 exec > >(tee -a "$OUT/accuracy_log.txt") 2>&1
 source bench/gpu_env.sh
-NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
-case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+gpu_type
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
 # a profile of this GPU type calibrated earlier (STORED, e.g. bench/results/issue16/acc-h100/h100-sxm-calibrated.json)
 # is reused when it names this GPU type; otherwise calibrate now

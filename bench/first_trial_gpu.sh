@@ -10,8 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/first_trial_log.txt") 2>&1
 source bench/gpu_env.sh
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
-NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
-case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+gpu_type
 export FOLDTUNE_DATA_DIR=$OUT/first_trial; rm -rf "$FOLDTUNE_DATA_DIR"; mkdir -p "$FOLDTUNE_DATA_DIR"
 echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 rc=0

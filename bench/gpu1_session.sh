@@ -12,14 +12,10 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
 exec > >(tee -a "$OUT/gpu1_log.txt") 2>&1
 source bench/gpu_env.sh
-NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
-case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+gpu_type
 echo "== $(date -u '+%F %T UTC') 1 x $NAME ($GPU), commit ${COMMIT:-?}"
-pack() { local tmp="$OUT/.results.$BASHPID.tgz"; tar czf "$tmp" -C "$RES" . 2>/dev/null && mv -f "$tmp" "$OUT/results.tgz"; }
-( while sleep 30; do pack; done ) & PACKER=$!
-trap 'kill $PACKER 2>/dev/null; pack' EXIT
-PHASES=" ${PHASES:-calibrate tables stack fp8} "
-has() { case "$PHASES" in *" $1 "*) return 0 ;; esac; return 1; }
+pack_results "$RES" "$OUT"
+phases "calibrate tables stack fp8"
 PROFILE=$RES/$GPU-x1-calibrated.json
 if has calibrate; then
   echo "== calibrate start $(date -u +%T)"

@@ -52,8 +52,7 @@ exec > >(tee -a "$LOG") 2>&1
 source bench/gpu_env.sh
 ft() { python3 -m api.cli.main "$@"; }
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
-NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
-case "$NAME" in *H200*) GPU=h200 ;; *H100*) GPU=h100-sxm ;; *) GPU=h100-sxm ;; esac
+gpu_type
 PROFILE=$RES/$GPU-x$NGPU-calibrated.json
 [ -f "$PROFILE" ] || PROFILE=$(ls bench/results/$GPU-x$NGPU-calibrated*.json 2>/dev/null | head -1)
 echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU); torch $(python3 -c 'import torch; print(torch.__version__)')"

@@ -15,8 +15,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/multinode_log.txt") 2>&1
 source bench/gpu_env.sh
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
-NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')")
-case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+gpu_type
 echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU)"
 [ "$NGPU" -ge 2 ] || { echo "needs 2 GPUs, found $NGPU"; exit 2; }
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}

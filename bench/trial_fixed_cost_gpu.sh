@@ -12,8 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/trial_fixed_cost_log.txt") 2>&1
 source bench/gpu_env.sh
 NGPU=${NGPU:-2}
-NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
-case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+gpu_type
 export FOLDTUNE_DATA_DIR=$OUT/trial_fixed_cost; rm -rf "$FOLDTUNE_DATA_DIR"; mkdir -p "$FOLDTUNE_DATA_DIR"
 echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 rc=0
