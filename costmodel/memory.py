@@ -573,7 +573,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms", "reduces", "losses")
+                 "params", "seq", "rows", "comms", "statics", "losses")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -589,8 +589,8 @@ class _Context:
         self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
         self.rows: dict[tuple, tuple[_Row, ...]] = {}
         self.comms: dict[_Shape, tuple] = {}
-        # _reduce_peak of a cached row (by identity: ctx.rows keeps it alive) per sharding and overlap switches
-        self.reduces: dict[tuple, float] = {}
+        # per-row (static bytes, reduction peak) per parameter layout and sharding / overlap switches (_prepare)
+        self.statics: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
 
 
@@ -683,6 +683,18 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
               frag: float = FRAGMENTATION):
     """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
     ctx = _context(model, training)
+    kkey, rows, statics, shards = _prepare(ctx, config, only_stage)
+    mbs, cp = config.micro_batch_size, config.cp
+    tokens = mbs * ctx.seq / cp
+    mv = (training.global_batch_size // (mbs * shards[4]) or 1) * config.vpp
+    best, best_total = _peak(rows, statics, mv, tokens * (1.0 + frag), _loss_bytes(ctx, rows, tokens, frag),
+                             config.pp, config.vpp)
+    return ctx, kkey, rows[best], best_total, mv, tokens, shards[:4]
+
+
+def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> tuple:
+    """What every micro-batch size of ``config`` shares: the kind-terms key, the candidate ranks' rows, their
+    (static bytes, gradient-reduction peak) and the shards (dense, expert, the two state growths, DP)."""
     tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
     granularity = config.recompute_granularity
     modules = config.recompute_modules if granularity == "selective" else ()
@@ -697,12 +709,11 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
         rows = _rows(ctx, k, config, full, only_stage)
         if only_stage is None:
             ctx.rows[rkey] = rows
-    mbs = config.micro_batch_size
-    dp = config.world_size // (tp * cp * pp)
-    tokens = mbs * ctx.seq / cp
-    mv = (training.global_batch_size // (mbs * dp) or 1) * vpp
-    if config.use_distributed_optimizer:
-        dense_shard, expert_shard = dp * cp, config.world_size // (etp * ep * pp)
+    world = config.world_size
+    dp = world // (tp * cp * pp)
+    distributed = config.use_distributed_optimizer
+    if distributed:
+        dense_shard, expert_shard = dp * cp, world // (etp * ep * pp)
     else:
         dense_shard = expert_shard = 1
     # The executor keeps each reduced fp32 gradient shard next to the Adam states (distributed optimizer, a
@@ -710,39 +721,101 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     # bucket's gradient buffer, already counted in grads: nothing more (16-bit weights; fp32 weights, which
     # have no buffer, keep a flat copy that is not counted, see docs/memory-model.md, "Known gaps").
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
-    ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
-    es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
-    scale = tokens * (1.0 + frag)
-    best, best_total = rows[0], -1.0
-    loss_bytes = None  # the blocked loss's fixed bytes: the same for every row that has them (the last rank's)
-    switches = (dense_shard, expert_shard, config.use_distributed_optimizer, config.overlap_grad_reduce,
-                config.overlap_param_gather)
-    reduces = ctx.reduces if only_stage is None else None
+    ds = grown if distributed and dense_shard > 1 else 1.0
+    es = grown if distributed and expert_shard > 1 else 1.0
+    shards = (dense_shard, expert_shard, ds, es, dp)
+    # the static bytes and the reduction peak depend on the rank's parameters (the same rows for every
+    # recompute option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
+    switches = (dense_shard, expert_shard, distributed, config.overlap_grad_reduce, config.overlap_param_gather)
+    skey = (tp, pp, vpp, ep, etp, config.pipeline_split, full if ctx.weight_bytes == _FP32 else None, switches)
+    statics = ctx.statics.get(skey) if only_stage is None else None
+    if statics is None:
+        statics = tuple((row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es,
+                         _reduce_peak(ctx, tp, ep, etp, switches, row[7], row[6])) for row in rows)
+        if only_stage is None:
+            ctx.statics[skey] = statics
+    return kkey, rows, statics, shards
+
+
+def _loss_bytes(ctx: _Context, rows: tuple[_Row, ...], tokens: float, frag: float) -> float:
+    """The blocked loss's fixed bytes (with fragmentation): the same for every row that has them (the last
+    rank's); 0 when no row has them."""
     for row in rows:
+        if row[12] is not None:
+            lkey = (row[12], tokens)
+            fixed = ctx.losses.get(lkey)
+            if fixed is None:
+                fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
+            return fixed * (1.0 + frag)
+    return 0.0
+
+
+def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: int, scale: float, loss: float,
+          pp: int, vpp: int) -> tuple[int, float]:
+    """(index, bytes) of the most loaded candidate rank at ``mv`` chunk-micro-batches a step and ``scale`` (tokens
+    a micro-batch times 1 + fragmentation): its static bytes plus the larger of its dynamic bytes and its
+    gradient-reduction peak. Both the breakdown and the planner's sweep (:class:`LayoutMemory`) use it."""
+    best, best_total = 0, -1.0
+    for i, (row, (static, reduce)) in enumerate(zip(rows, statics)):
         n = row[5] if row[5] < mv else mv
         if row[6].chunk_sizes is not None:
             n = in_flight_chunk_equivalents(row[6], n, pp, vpp)
         dynamic = (n * row[3] + row[4]) * scale
         if row[12] is not None:
-            if loss_bytes is None:
-                lkey = (row[12], tokens)
-                fixed = ctx.losses.get(lkey)
-                if fixed is None:
-                    fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
-                loss_bytes = fixed * (1.0 + frag)
-            dynamic += loss_bytes
-        if reduces is None:
-            reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
-        else:
-            rkey_ = (id(row), switches)
-            reduce = reduces.get(rkey_)
-            if reduce is None:
-                reduce = reduces[rkey_] = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
-        total = (row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es
-                 + (dynamic if dynamic > reduce else reduce))
+            dynamic += loss
+        total = static + (dynamic if dynamic > reduce else reduce)
         if total > best_total:
-            best, best_total = row, total
-    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard, ds, es)
+            best, best_total = i, total
+    return best, best_total
+
+
+class LayoutMemory:
+    """:func:`peak_memory_bytes` of the configs of one layout that differ only in micro-batch size, recompute and
+    optimizer fields: what they share is looked up once per option, so each call costs a few float operations.
+
+    ``layout`` gives every other field (parallel sizes, dispatcher, pipeline placement). ``peak_bytes(mbs,
+    knobs)`` is the peak of ``layout`` with micro-batch size ``mbs`` and the recompute and optimizer fields
+    of ``knobs`` (recompute_granularity, recompute_modules, recompute_num_layers, use_distributed_optimizer,
+    overlap_grad_reduce, overlap_param_gather); it equals ``peak_memory_bytes`` of that config to the bit (the
+    same rows, static parts and :func:`_peak`). ``knobs`` objects are cached by identity: pass the same few.
+    """
+
+    __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_cp", "_pp", "_vpp", "_seq", "_gbs")
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                 layout: ParallelConfig) -> None:
+        self._ctx = _context(model, training)
+        self._layout = layout
+        self._frag = fragmentation_of(cluster)
+        self._workspace = library_workspace_bytes(cluster.gpu.name)
+        self._variants: dict[int, tuple] = {}
+        self._cp, self._pp, self._vpp = layout.cp, layout.pp, layout.vpp
+        self._seq, self._gbs = self._ctx.seq, training.global_batch_size
+
+    def _variant(self, knobs: ParallelConfig) -> tuple:
+        fields = {name: getattr(knobs, name) for name in _KNOB_FIELDS}
+        config = ParallelConfig.trusted(self._layout.__dict__, fields)
+        _, rows, statics, shards = _prepare(self._ctx, config, None)
+        # knobs is kept so that its id is not reused while the entry lives
+        v = self._variants[id(knobs)] = (rows, statics, shards[4], {}, knobs)
+        return v
+
+    def peak_bytes(self, mbs: int, knobs: ParallelConfig) -> float:
+        """Peak bytes of the most loaded GPU of the layout at ``mbs`` with the fields of ``knobs`` (see the class)."""
+        v = self._variants.get(id(knobs))
+        if v is None:
+            v = self._variant(knobs)
+        rows, statics, dp, losses = v[0], v[1], v[2], v[3]
+        tokens = mbs * self._seq / self._cp
+        loss = losses.get(mbs)
+        if loss is None:
+            loss = losses[mbs] = _loss_bytes(self._ctx, rows, tokens, self._frag)
+        mv = (self._gbs // (mbs * dp) or 1) * self._vpp
+        return _peak(rows, statics, mv, tokens * (1.0 + self._frag), loss, self._pp, self._vpp)[1] + self._workspace
+
+
+_KNOB_FIELDS = ("recompute_granularity", "recompute_modules", "recompute_num_layers", "use_distributed_optimizer",
+                "overlap_grad_reduce", "overlap_param_gather")
 
 
 @lru_cache(maxsize=256)
@@ -805,30 +878,32 @@ def _mlp_param_tensors(model: ModelSpec, ffn: float) -> list[float]:
     return [ffn * h] * 3 + ([ffn, ffn, h] if model.add_bias_linear else [])
 
 
-def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,
+def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par: tuple,
                  lay: _StageLayout) -> float:
     """Transient bytes of the executor's gradient reduction and Adam step (the alternative to the backward
     peak, whichever is larger): one optimizer unit's temporaries or, with fp32 weights only, the flat copies
     of the gradients of the buckets that hold several tensors (all at once while overlapped reductions are
     in flight, one bucket otherwise). 16-bit weights' fp32 main grads live in per-bucket buffers that are
-    reduced in place: no copy."""
+    reduced in place: no copy. ``switches``: (dense shard, expert shard, distributed optimizer,
+    overlap_grad_reduce, overlap_param_gather)."""
+    dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather = switches
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
     small_dense, small_moe, small_first, small_last, largest_dense, largest_expert = _tensor_split(
-        ctx.model, config.tp, config.ep, config.etp, elems)
+        ctx.model, tp, ep, etp, elems)
     flats = 0.0
     if ctx.weight_bytes == _FP32:
         copied = ((lay.stored_dense + lay.recomputed_dense) * small_dense
                   + (lay.stored_moe + lay.recomputed_moe) * small_moe
                   + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
-        flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
+        flats = _FP32 * (copied if overlap_grad_reduce else min(copied, elems))
 
     def step_of(unit: float, shard: int) -> float:  # one unit's Adam step: the larger of its two moments
-        gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not config.overlap_param_gather else 0.0
+        gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not overlap_param_gather else 0.0
         return max(unit / shard * OPT_STEP_TEMP_PER_SHARD_ELEMENT,
                    unit / shard * OPT_WRITE_BACK_PER_SHARD_ELEMENT + gathered)
 
-    if not config.use_distributed_optimizer:
+    if not distributed:
         dense_shard = expert_shard = 1
     # units of dense and expert buckets are sharded over different groups: the worst unit of either kind
     step = max(step_of(min(params, max(elems, largest_dense)), dense_shard),
@@ -845,7 +920,9 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
     overhead = work + frag * (activations + logits + comm + work)
-    reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
+    switches = (shards[0], shards[1], config.use_distributed_optimizer, config.overlap_grad_reduce,
+                config.overlap_param_gather)
+    reduce_excess = max(0.0, _reduce_peak(ctx, config.tp, config.ep, config.etp, switches, par, lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
     optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
