@@ -622,29 +622,35 @@ def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
 # per_chunk_mb (stored activations per in-flight chunk-micro-batch per token, embedding extras included),
 # once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
 # act_once, logits, comm, work (per token, for the breakdown), loss_fixed (the last stage's blocked loss, whose
-# block and weight gradient do not scale with the tokens: added per call, see _loss_fixed).
+# block and weight gradient do not scale with the tokens: added per call, see _loss_fixed), at_cap (n at the
+# cap, in average chunks of the rank: in_flight_chunk_equivalents of cap, computed once per row).
 _Row = tuple
 
 
-def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[_Row, ...]:
+def _stage_parts(ctx: _Context, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[tuple, tuple]:
+    """The candidate ranks' stage layouts and parameter entries (cached per placement unless ``only_stage``)."""
     model = ctx.model
     tp, pp, vpp, ep, etp = config.tp, config.pp, config.vpp, config.ep, config.etp
     split = config.pipeline_split
     if only_stage is not None:
-        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage, split),)
-        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),))
-    else:
-        lkey = (pp, vpp, full, split)
-        layouts = ctx.layouts.get(lkey)
-        if layouts is None:
-            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
-                                                for stage in _candidate_stages(model, pp, vpp, split))
-        pkey = (tp, pp, vpp, ep, etp, split)
-        params = ctx.params.get(pkey)
-        if params is None:
-            params = ctx.params[pkey] = _param_entries(ctx, tuple(
-                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
-                for stage in _candidate_stages(model, pp, vpp, split)))
+        return ((_stage_layout(model, pp, vpp, full, only_stage, split),),
+                _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),)))
+    lkey = (pp, vpp, full, split)
+    layouts = ctx.layouts.get(lkey)
+    if layouts is None:
+        layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
+                                            for stage in _candidate_stages(model, pp, vpp, split))
+    pkey = (tp, pp, vpp, ep, etp, split)
+    params = ctx.params.get(pkey)
+    if params is None:
+        params = ctx.params[pkey] = _param_entries(ctx, tuple(
+            stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
+            for stage in _candidate_stages(model, pp, vpp, split)))
+    return layouts, params
+
+
+def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, params: tuple) -> tuple[_Row, ...]:
+    pp, vpp = config.pp, config.vpp
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
      pp_buffer, head_input, mtp, logits_tok, embedding_mask, loss_fixed) = k
     if pp == 1:
@@ -668,8 +674,9 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
         if rm and work_fm > work:
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
+        at_cap = cap if lay.chunk_sizes is None else in_flight_chunk_equivalents(lay, cap, pp, vpp)
         rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
-                     lay, par, act_once, logits, comm, work, loss_fixed if last else None))
+                     lay, par, act_once, logits, comm, work, loss_fixed if last else None, at_cap))
     return tuple(rows)
 
 
@@ -695,23 +702,44 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
 def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> tuple:
     """What every micro-batch size of ``config`` shares: the kind-terms key, the candidate ranks' rows, their
     (static bytes, gradient-reduction peak) and the shards (dense, expert, the two state growths, DP)."""
-    tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
     granularity = config.recompute_granularity
-    modules = config.recompute_modules if granularity == "selective" else ()
-    full = config.recompute_num_layers if granularity == "full" else -1
-    kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
-    rkey = (kkey, pp, vpp, full, config.pipeline_split)
+    kkey, rows, full = _rows_for(ctx, config, granularity, config.recompute_modules, config.recompute_num_layers,
+                                 only_stage)
+    # rows hold their rank's stage layout and parameter entry (the same objects _stage_parts gives)
+    stages = (tuple(row[6] for row in rows), tuple(row[7] for row in rows))
+    statics, shards = _statics_for(ctx, config, *stages, full, config.use_distributed_optimizer,
+                                   config.overlap_grad_reduce, config.overlap_param_gather, only_stage is None)
+    return kkey, rows, statics, shards
+
+
+def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: tuple[str, ...], num_layers: int | None,
+              only_stage: int | None) -> tuple[tuple, tuple[_Row, ...], int]:
+    """The kind-terms key, the rows of the candidate ranks (cached unless ``only_stage``) and the full-recompute
+    layer count (-1 without) of ``layout`` (its parallel sizes, dispatcher and placement) with this recompute."""
+    modules = modules if granularity == "selective" else ()
+    full = num_layers if granularity == "full" else -1
+    kkey = (layout.tp, layout.cp, layout.ep, layout.etp, layout.sequence_parallel, layout.moe_token_dispatcher_type,
+            modules)
+    rkey = (kkey, layout.pp, layout.vpp, full, layout.pipeline_split)
     rows = ctx.rows.get(rkey) if only_stage is None else None
     if rows is None:
         k = ctx.kinds.get(kkey)
         if k is None:
             k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
-        rows = _rows(ctx, k, config, full, only_stage)
+        rows = _rows(ctx, k, layout, *_stage_parts(ctx, layout, full, only_stage))
         if only_stage is None:
             ctx.rows[rkey] = rows
-    world = config.world_size
+    return kkey, rows, full
+
+
+def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: tuple, full: int, distributed: bool,
+                 overlap_grad_reduce: bool, overlap_param_gather: bool, cache: bool) -> tuple[tuple, tuple]:
+    """Per candidate rank (static bytes: weights, grads and sharded optimizer states; the gradient-reduction peak)
+    and the shards (dense, expert, the two state growths, DP) of ``layout`` with these optimizer switches, from
+    the ranks' stage layouts and parameter entries (:func:`_stage_parts`)."""
+    tp, cp, pp, ep, etp = layout.tp, layout.cp, layout.pp, layout.ep, layout.etp
+    world = layout.world_size
     dp = world // (tp * cp * pp)
-    distributed = config.use_distributed_optimizer
     if distributed:
         dense_shard, expert_shard = dp * cp, world // (etp * ep * pp)
     else:
@@ -724,17 +752,19 @@ def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> t
     ds = grown if distributed and dense_shard > 1 else 1.0
     es = grown if distributed and expert_shard > 1 else 1.0
     shards = (dense_shard, expert_shard, ds, es, dp)
-    # the static bytes and the reduction peak depend on the rank's parameters (the same rows for every
-    # recompute option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
-    switches = (dense_shard, expert_shard, distributed, config.overlap_grad_reduce, config.overlap_param_gather)
-    skey = (tp, pp, vpp, ep, etp, config.pipeline_split, full if ctx.weight_bytes == _FP32 else None, switches)
-    statics = ctx.statics.get(skey) if only_stage is None else None
+    # the static bytes and the reduction peak depend on the rank's parameters (the same for every recompute
+    # option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
+    switches = (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather)
+    skey = (tp, layout.pp, layout.vpp, ep, etp, layout.pipeline_split, full if ctx.weight_bytes == _FP32 else None,
+            switches)
+    statics = ctx.statics.get(skey) if cache else None
     if statics is None:
-        statics = tuple((row[0] + row[1] / dense_shard * ds + row[2] / expert_shard * es,
-                         _reduce_peak(ctx, tp, ep, etp, switches, row[7], row[6])) for row in rows)
-        if only_stage is None:
+        ob = ctx.opt_bytes  # the same operations as a row's static total: (weights + grads) + states / shards
+        statics = tuple(((par[2] + par[3]) + ob * par[4] / dense_shard * ds + ob * par[5] / expert_shard * es,
+                         _reduce_peak(ctx, tp, ep, etp, switches, par, lay)) for lay, par in zip(layouts, params))
+        if cache:
             ctx.statics[skey] = statics
-    return kkey, rows, statics, shards
+    return statics, shards
 
 
 def _loss_bytes(ctx: _Context, rows: tuple[_Row, ...], tokens: float, frag: float) -> float:
@@ -757,9 +787,10 @@ def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: 
     gradient-reduction peak. Both the breakdown and the planner's sweep (:class:`LayoutMemory`) use it."""
     best, best_total = 0, -1.0
     for i, (row, (static, reduce)) in enumerate(zip(rows, statics)):
-        n = row[5] if row[5] < mv else mv
-        if row[6].chunk_sizes is not None:
-            n = in_flight_chunk_equivalents(row[6], n, pp, vpp)
+        if mv < row[5]:  # fewer chunk-micro-batches in the step than the rank could hold
+            n = mv if row[6].chunk_sizes is None else in_flight_chunk_equivalents(row[6], mv, pp, vpp)
+        else:
+            n = row[13]
         dynamic = (n * row[3] + row[4]) * scale
         if row[12] is not None:
             dynamic += loss
@@ -780,7 +811,8 @@ class LayoutMemory:
     same rows, static parts and :func:`_peak`). ``knobs`` objects are cached by identity: pass the same few.
     """
 
-    __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_cp", "_pp", "_vpp", "_seq", "_gbs")
+    __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_recomputes", "_optimizers", "_cp",
+                 "_pp", "_vpp", "_seq", "_gbs", "_dp")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                  layout: ParallelConfig) -> None:
@@ -788,34 +820,64 @@ class LayoutMemory:
         self._layout = layout
         self._frag = fragmentation_of(cluster)
         self._workspace = library_workspace_bytes(cluster.gpu.name)
-        self._variants: dict[int, tuple] = {}
+        self._variants: dict[int, tuple] = {}  # id(knobs) -> (rows, statics, losses by mbs, knobs)
+        self._recomputes: dict[tuple, tuple] = {}  # (granularity, modules, layers) -> (rows, full, losses)
+        self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, full) -> statics
         self._cp, self._pp, self._vpp = layout.cp, layout.pp, layout.vpp
         self._seq, self._gbs = self._ctx.seq, training.global_batch_size
+        self._dp = layout.world_size // (layout.tp * layout.cp * layout.pp)
+
+    @staticmethod
+    def key(config: ParallelConfig) -> tuple:
+        """The fields of ``config`` the memory model reads besides micro-batch size, recompute and optimizer: configs
+        with equal keys (e.g. EP all-to-all overlap on and off) have equal peaks, so one LayoutMemory serves them."""
+        return (config.world_size, config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp,
+                config.sequence_parallel, config.moe_token_dispatcher_type, config.pipeline_split)
 
     def _variant(self, knobs: ParallelConfig) -> tuple:
-        fields = {name: getattr(knobs, name) for name in _KNOB_FIELDS}
-        config = ParallelConfig.trusted(self._layout.__dict__, fields)
-        _, rows, statics, shards = _prepare(self._ctx, config, None)
+        rkey = (knobs.recompute_granularity, knobs.recompute_modules, knobs.recompute_num_layers)
+        rec = self._recomputes.get(rkey)
+        if rec is None:
+            _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None)
+            rec = self._recomputes[rkey] = (rows, full, {})
+        rows, full, losses = rec
+        okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
+                full if self._ctx.weight_bytes == _FP32 else None)
+        statics = self._optimizers.get(okey)
+        if statics is None:
+            statics = self._optimizers[okey] = self._statics(okey, full)
         # knobs is kept so that its id is not reused while the entry lives
-        v = self._variants[id(knobs)] = (rows, statics, shards[4], {}, knobs)
+        v = self._variants[id(knobs)] = (rows, statics, losses, knobs)
         return v
+
+    def _statics(self, okey: tuple, full: int) -> tuple:
+        stages = _stage_parts(self._ctx, self._layout, full, None)
+        return _statics_for(self._ctx, self._layout, *stages, full, *okey[:3], True)[0]
+
+    def least_bytes(self, knobs: ParallelConfig) -> float:
+        """A lower bound (bytes) on :meth:`peak_bytes` at every micro-batch size and recompute option with the
+        optimizer fields of ``knobs``: the weights, grads and optimizer states of the most loaded candidate rank
+        plus its gradient-reduction peak (16-bit weights: the same for any recompute; fp32 weights: without it).
+        A layout whose bound exceeds the usable memory fits at no micro-batch size and no recompute."""
+        fp32 = self._ctx.weight_bytes == _FP32
+        okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather, None)
+        statics = self._optimizers.get(okey)
+        if statics is None:
+            statics = self._optimizers[okey] = self._statics(okey, -1)
+        return max([static if fp32 else static + reduce for static, reduce in statics]) + self._workspace
 
     def peak_bytes(self, mbs: int, knobs: ParallelConfig) -> float:
         """Peak bytes of the most loaded GPU of the layout at ``mbs`` with the fields of ``knobs`` (see the class)."""
         v = self._variants.get(id(knobs))
         if v is None:
             v = self._variant(knobs)
-        rows, statics, dp, losses = v[0], v[1], v[2], v[3]
+        rows, statics, losses = v[0], v[1], v[2]
         tokens = mbs * self._seq / self._cp
         loss = losses.get(mbs)
         if loss is None:
             loss = losses[mbs] = _loss_bytes(self._ctx, rows, tokens, self._frag)
-        mv = (self._gbs // (mbs * dp) or 1) * self._vpp
+        mv = (self._gbs // (mbs * self._dp) or 1) * self._vpp
         return _peak(rows, statics, mv, tokens * (1.0 + self._frag), loss, self._pp, self._vpp)[1] + self._workspace
-
-
-_KNOB_FIELDS = ("recompute_granularity", "recompute_modules", "recompute_num_layers", "use_distributed_optimizer",
-                "overlap_grad_reduce", "overlap_param_gather")
 
 
 @lru_cache(maxsize=256)
@@ -913,7 +975,7 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
                config: ParallelConfig, workspace: float, frag: float) -> MemoryBreakdown:
-    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed = row
+    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed, _ = row
     n = min(cap, mv)
     if lay.chunk_sizes is not None:
         n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
@@ -934,7 +996,7 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
              vpp: int, reduce_excess: float, workspace: float, frag: float) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
-    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed = row
+    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed, _ = row
     p, gemm = par[0], par[1]
     dense_shard, expert_shard, ds, es = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes

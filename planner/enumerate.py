@@ -251,6 +251,11 @@ class ConfigMaker:
         # the placement options were checked by the SearchSpace; pp·vpp by the layers_pp rule per layout
         self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline)}
 
+    @property
+    def template(self) -> dict:
+        """Every field of a default config of this world size and placement (a base for ``ParallelConfig.trusted``)."""
+        return self._template
+
     def base(self, lay: Layout, dispatcher: str) -> dict:
         """The fields every config of ``lay`` with the dispatcher option ``dispatcher`` shares (pass to
         :meth:`from_base`)."""

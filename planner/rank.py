@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from costmodel.estimate import Estimate, combine, step_time
-from costmodel.memory import MemoryBreakdown, estimate_memory, peak_memory_bytes
+from costmodel.memory import LayoutMemory, MemoryBreakdown, estimate_memory, peak_memory_bytes
 from costmodel.step_time import StepTimeBreakdown
 from costmodel.terms import TERM_TABLE
 from spec.hardware import ClusterSpec
@@ -143,6 +143,12 @@ class _Job:
     exhaustive: bool
     top: int = 10
     pipeline: PipelineSplit = DEFAULT_SPLIT
+    # the default memory model's sweep (costmodel.memory.LayoutMemory, the same bytes as memory_total_fn);
+    # None with an injected memory model
+    layout_memory: Any = None
+    # settle a layout's staircases without memory calls when its static bytes alone exceed the memory; off for
+    # the rescan that names the closest config when nothing fits (pruned layouts never offered one)
+    prune_static: bool = True
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -168,6 +174,7 @@ class _Scan:
     order_violations: int = 0
     bound_violations: int = 0
     closest: tuple[float, Choice] | None = None  # (memory total, the config)
+    pruned_static: int = 0  # staircases settled by LayoutMemory.least_bytes alone
 
 
 _JOB: _Job | None = None  # set before forking workers, so they inherit it instead of unpickling it
@@ -193,9 +200,18 @@ def _scan(job: _Job, indices: range) -> _Scan:
     # weights, a few more micro-batches in flight)
     earlier: dict[tuple, list[int | None]] = {}
 
+    sweep = job.layout_memory
+    # one config per (optimizer, recompute) option: the knobs LayoutMemory reads (it caches them by identity)
+    knob_configs = [[trusted(maker.template, k) for k in row] for row in knobs]
+
+    n_all = len(job.recompute)
     for idx in indices:
         lay = job.layouts[idx]
         sizes = lay.micro_batch_sizes
+        # dispatcher options the memory model prices alike (EP overlap beside plain alltoall) share their
+        # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r
+        shared: dict[tuple, tuple] = {}
+        too_big: list[bool] | None = None  # per optimizer choice: the static bytes alone exceed the memory
         for dispatcher in lay.dispatchers:
             base = maker.base(lay, dispatcher)
             n_rec = recompute_count(job.recompute, dispatcher)  # EP overlap stops before full recompute
@@ -204,18 +220,35 @@ def _scan(job: _Job, indices: range) -> _Scan:
             same_layout: list[list[int | None] | None] = []
             shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
             r_mins_by_option: list[list[int | None]] = []
+            if sweep is None:
+                peak, answers = None, [[None] * (len(sizes) * n_all) for _ in range(n_opt)]
+            else:
+                layout_cfg = trusted(base)
+                mkey = sweep.key(layout_cfg)
+                entry = shared.get(mkey)
+                if entry is None:
+                    memory = sweep(model, training, cluster, layout_cfg)
+                    entry = shared[mkey] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
+                    if too_big is None and job.prune_static:  # the same static bytes for every dispatcher
+                        too_big = [memory.least_bytes(option[0]) > usable for option in knob_configs]
+                peak, answers = entry
             for o in range(n_opt):
-                known: list[bool | None] = [None] * (len(sizes) * n_rec)  # fits(k, r) at k·n_rec + r
+                known: list[bool | None] = answers[o]
                 row = knobs[o]
+                option = knob_configs[o]
 
                 def fits(k: int, r: int) -> bool:
                     nonlocal memory_calls, closest
-                    ok = known[k * n_rec + r]
+                    ok = known[k * n_all + r]
                     if ok is None:
-                        cfg = trusted(base, row[r], {"micro_batch_size": sizes[k]})
-                        total = mem_fn(model, training, cluster, cfg)
+                        if peak is None:
+                            total = mem_fn(model, training, cluster, trusted(base, row[r], {"micro_batch_size": sizes[k]}))
+                        else:
+                            total = peak(sizes[k], option[r])
                         memory_calls += 1
-                        ok = known[k * n_rec + r] = total <= usable
+                        ok = known[k * n_all + r] = total <= usable
+                        # an answer shared with an earlier dispatcher option was already offered here with the
+                        # same total, which only a smaller total replaces
                         if closest is None or total < closest[0]:
                             closest = (total, Choice(idx, sizes[k], dispatcher, o, r))
                     return ok
@@ -223,7 +256,11 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 guess = guesses[o] if guesses[o] is not None else earlier.get(shape + (o,))
                 if guess is not None and len(guess) != len(sizes):
                     guess = None
-                r_mins = _staircase(fits, len(sizes), n_rec, floors, guess, expect_all[o])
+                if too_big is not None and too_big[o]:  # fits(k, r) is false everywhere: the staircase's answer
+                    r_mins = [None] * len(sizes)
+                    out.pruned_static += 1
+                else:
+                    r_mins = _staircase(fits, len(sizes), n_rec, floors, guess, expect_all[o])
                 same_layout.append(r_mins)
                 earlier[shape + (o,)] = r_mins
                 all_fit = True
@@ -373,6 +410,7 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         total.bound_calls += part.bound_calls
         total.order_violations += part.order_violations
         total.bound_violations += part.bound_violations
+        total.pruned_static += part.pruned_static
         if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
             total.closest = part.closest
     return total
@@ -438,9 +476,15 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
     job = _Job(model, training, cluster, enum.layouts, enum.recompute, enum.distributed_optimizer,
-               memory_fn, memory_total_fn, time_fn, exhaustive, top, enum.pipeline)
+               memory_fn, memory_total_fn, time_fn, exhaustive, top, enum.pipeline,
+               LayoutMemory if memory_total_fn is peak_memory_bytes else None)
     n_workers = workers if workers is not None else _default_workers(enum.valid)
     scan = _scan_all(job, n_workers)
+    if scan.fitting == 0 and scan.pruned_static:
+        # nothing fits: the closest config must be the one the full scan offers, pruned layouts included
+        calls = scan.memory_calls
+        scan = _scan_all(replace(job, prune_static=False), n_workers)
+        scan.memory_calls += calls
     maker = ConfigMaker(cluster.num_gpus, enum.pipeline)
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
