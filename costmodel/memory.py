@@ -43,7 +43,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
-from spec.pipeline_layout import PipelineSplit, layer_chunks
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, layer_chunks
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -573,7 +573,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms", "statics", "losses")
+                 "params", "seq", "rows", "comms", "statics", "losses", "least")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -592,6 +592,7 @@ class _Context:
         # per-row (static bytes, reduction peak) per parameter layout and sharding / overlap switches (_prepare)
         self.statics: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
+        self.least: dict[tuple, float] = {}  # LayoutMemory.least_bytes before the workspace, per parameter layout
 
 
 # The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
@@ -635,12 +636,13 @@ def _stage_parts(ctx: _Context, config: ParallelConfig, full: int, only_stage: i
     if only_stage is not None:
         return ((_stage_layout(model, pp, vpp, full, only_stage, split),),
                 _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),)))
-    lkey = (pp, vpp, full, split)
+    skey = None if split is DEFAULT_SPLIT else split  # the usual case: hashing None is cheaper
+    lkey = (pp, vpp, full, skey)
     layouts = ctx.layouts.get(lkey)
     if layouts is None:
         layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
                                             for stage in _candidate_stages(model, pp, vpp, split))
-    pkey = (tp, pp, vpp, ep, etp, split)
+    pkey = (tp, pp, vpp, ep, etp, skey)
     params = ctx.params.get(pkey)
     if params is None:
         params = ctx.params[pkey] = _param_entries(ctx, tuple(
@@ -720,7 +722,8 @@ def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: 
     full = num_layers if granularity == "full" else -1
     kkey = (layout.tp, layout.cp, layout.ep, layout.etp, layout.sequence_parallel, layout.moe_token_dispatcher_type,
             modules)
-    rkey = (kkey, layout.pp, layout.vpp, full, layout.pipeline_split)
+    split = layout.pipeline_split
+    rkey = (kkey, layout.pp, layout.vpp, full, None if split is DEFAULT_SPLIT else split)
     rows = ctx.rows.get(rkey) if only_stage is None else None
     if rows is None:
         k = ctx.kinds.get(kkey)
@@ -755,7 +758,9 @@ def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: 
     # the static bytes and the reduction peak depend on the rank's parameters (the same for every recompute
     # option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
     switches = (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather)
-    skey = (tp, layout.pp, layout.vpp, ep, etp, layout.pipeline_split, full if ctx.weight_bytes == _FP32 else None,
+    split = layout.pipeline_split
+    skey = (tp, layout.pp, layout.vpp, ep, etp, None if split is DEFAULT_SPLIT else split,
+            full if ctx.weight_bytes == _FP32 else None,
             switches)
     statics = ctx.statics.get(skey) if cache else None
     if statics is None:
@@ -859,12 +864,20 @@ class LayoutMemory:
         optimizer fields of ``knobs``: the weights, grads and optimizer states of the most loaded candidate rank
         plus its gradient-reduction peak (16-bit weights: the same for any recompute; fp32 weights: without it).
         A layout whose bound exceeds the usable memory fits at no micro-batch size and no recompute."""
-        fp32 = self._ctx.weight_bytes == _FP32
         okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather, None)
-        statics = self._optimizers.get(okey)
-        if statics is None:
-            statics = self._optimizers[okey] = self._statics(okey, -1)
-        return max([static if fp32 else static + reduce for static, reduce in statics]) + self._workspace
+        # the same for every CP size and dispatcher of the parameter layout (DP·CP is fixed by tp and pp)
+        lay = self._layout
+        split = lay.pipeline_split
+        key = (lay.world_size, lay.tp, lay.pp, lay.vpp, lay.ep, lay.etp, None if split is DEFAULT_SPLIT else split,
+               okey)
+        least = self._ctx.least.get(key)
+        if least is None:
+            statics = self._optimizers.get(okey)
+            if statics is None:
+                statics = self._optimizers[okey] = self._statics(okey, -1)
+            fp32 = self._ctx.weight_bytes == _FP32
+            least = self._ctx.least[key] = max([static if fp32 else static + reduce for static, reduce in statics])
+        return least + self._workspace
 
     def peak_bytes(self, mbs: int, knobs: ParallelConfig) -> float:
         """Peak bytes of the most loaded GPU of the layout at ``mbs`` with the fields of ``knobs`` (see the class)."""
