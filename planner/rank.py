@@ -212,6 +212,22 @@ def _scan(job: _Job, indices: range) -> _Scan:
         # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r
         shared: dict[tuple, tuple] = {}
         too_big: list[bool] | None = None  # per optimizer choice: the static bytes alone exceed the memory
+        if sweep is not None and job.prune_static:  # the same static bytes for every dispatcher
+            first = trusted(maker.base(lay, lay.dispatchers[0]))
+            memory = sweep(model, training, cluster, first)
+            too_big = [memory.least_bytes(option[0]) > usable for option in knob_configs]
+            if too_big[0]:
+                # every staircase of the layout is empty: the first optimizer choice's (no config fits), and so
+                # the others', whose floors it gives; only the bookkeeping of the staircases remains
+                nothing: list[int | None] = [None] * len(sizes)
+                for dispatcher in lay.dispatchers:
+                    shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
+                    for o in range(n_opt):
+                        earlier[shape + (o,)] = nothing
+                expect_all = [False] * n_opt
+                out.pruned_static += len(lay.dispatchers)
+                continue
+            shared[sweep.key(first)] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
         for dispatcher in lay.dispatchers:
             base = maker.base(lay, dispatcher)
             n_rec = recompute_count(job.recompute, dispatcher)  # EP overlap stops before full recompute
@@ -229,8 +245,6 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 if entry is None:
                     memory = sweep(model, training, cluster, layout_cfg)
                     entry = shared[mkey] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
-                    if too_big is None and job.prune_static:  # the same static bytes for every dispatcher
-                        too_big = [memory.least_bytes(option[0]) > usable for option in knob_configs]
                 peak, answers = entry
             for o in range(n_opt):
                 known: list[bool | None] = answers[o]
