@@ -816,7 +816,7 @@ class LayoutMemory:
     same rows, static parts and :func:`_peak`). ``knobs`` objects are cached by identity: pass the same few.
     """
 
-    __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_recomputes", "_optimizers", "_cp",
+    __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_recomputes", "_optimizers", "_losses", "_cp",
                  "_pp", "_vpp", "_seq", "_gbs", "_dp")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -828,6 +828,7 @@ class LayoutMemory:
         self._variants: dict[int, tuple] = {}  # id(knobs) -> (rows, statics, losses by mbs, knobs)
         self._recomputes: dict[tuple, tuple] = {}  # (granularity, modules, layers) -> (rows, full, losses)
         self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, full) -> statics
+        self._losses: dict[tuple | None, dict[int, float]] = {}  # loss terms -> bytes per micro-batch size
         self._cp, self._pp, self._vpp = layout.cp, layout.pp, layout.vpp
         self._seq, self._gbs = self._ctx.seq, training.global_batch_size
         self._dp = layout.world_size // (layout.tp * layout.cp * layout.pp)
@@ -844,7 +845,13 @@ class LayoutMemory:
         rec = self._recomputes.get(rkey)
         if rec is None:
             _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None)
-            rec = self._recomputes[rkey] = (rows, full, {})
+            # the loss's bytes per micro-batch size: shared by the recompute options whose rows carry equal
+            # loss terms (the loss does not depend on recomputation, so in practice all of them)
+            terms = next((row[12] for row in rows if row[12] is not None), None)
+            losses = self._losses.get(terms)
+            if losses is None:
+                losses = self._losses[terms] = {}
+            rec = self._recomputes[rkey] = (rows, full, losses)
         rows, full, losses = rec
         okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
                 full if self._ctx.weight_bytes == _FP32 else None)

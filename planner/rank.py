@@ -286,7 +286,10 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 expect_all[o] = all_fit
                 r_mins_by_option.append(r_mins)
                 floors = r_mins  # the plain optimizer needs at least the recompute the distributed one needs
+            first_option = r_mins_by_option[0]
             for k, mbs in enumerate(sizes):
+                if first_option[k] is None and not job.exhaustive:
+                    continue  # the first optimizer choice does not fit; a later one cannot either
                 per_option = tuple([rm[k] for rm in r_mins_by_option])
                 if job.exhaustive:
                     for o, r0 in enumerate(per_option):
