@@ -715,9 +715,10 @@ def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> t
 
 
 def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: tuple[str, ...], num_layers: int | None,
-              only_stage: int | None) -> tuple[tuple, tuple[_Row, ...], int]:
-    """The kind-terms key, the rows of the candidate ranks (cached unless ``only_stage``) and the full-recompute
-    layer count (-1 without) of ``layout`` (its parallel sizes, dispatcher and placement) with this recompute."""
+              only_stage: int | None, keep: bool = True) -> tuple[tuple, tuple[_Row, ...], int]:
+    """The kind-terms key, the rows of the candidate ranks (cached unless ``only_stage``; looked up but not
+    stored unless ``keep``) and the full-recompute layer count (-1 without) of ``layout`` (its parallel sizes,
+    dispatcher and placement) with this recompute."""
     modules = modules if granularity == "selective" else ()
     full = num_layers if granularity == "full" else -1
     kkey = (layout.tp, layout.cp, layout.ep, layout.etp, layout.sequence_parallel, layout.moe_token_dispatcher_type,
@@ -730,7 +731,7 @@ def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: 
         if k is None:
             k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
         rows = _rows(ctx, k, layout, *_stage_parts(ctx, layout, full, only_stage))
-        if only_stage is None:
+        if only_stage is None and keep:
             ctx.rows[rkey] = rows
     return kkey, rows, full
 
@@ -844,7 +845,8 @@ class LayoutMemory:
         rkey = (knobs.recompute_granularity, knobs.recompute_modules, knobs.recompute_num_layers)
         rec = self._recomputes.get(rkey)
         if rec is None:
-            _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None)
+            # not kept in the context: a sweep meets each layout once, and 10^5 cached rows only cost memory
+            _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None, keep=False)
             # the loss's bytes per micro-batch size: shared by the recompute options whose rows carry equal
             # loss terms (the loss does not depend on recomputation, so in practice all of them)
             terms = next((row[12] for row in rows if row[12] is not None), None)
