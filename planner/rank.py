@@ -311,7 +311,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 if lb is None:
                     lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
                     bound_calls += 1
-                heads.append((lb, Choice(idx, mbs, dispatcher, 0, r0), per_option))
+                heads.append((lb, idx, mbs, dispatcher, r0, per_option))  # a Choice only once popped
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
     if not job.exhaustive:
@@ -531,18 +531,26 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
 def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan) -> list[tuple]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
-    Heads are (bound, Choice, r_mins). Returns (time, Choice), fastest first; counts time calls and
-    breaches of the monotone properties in ``out``.
+    Heads are (bound, layout index, micro-batch size, dispatcher, least fitting recompute, r_mins), the first
+    optimizer choice's. Returns (time, Choice), fastest first; counts time calls and breaches of the monotone
+    properties in ``out``.
     """
     n_rec = len(job.recompute)
-    # (key, tiebreak, timed, Choice, r_mins, is_family_head); key = bound or time
-    heap = [(h[0], i, False, h[1], h[2], True) for i, h in enumerate(heads)]
+    # a head enters as (bound, its index): 10^5 of them, small; every later entry is
+    # (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
+    heap: list[tuple] = [(h[0], i) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
     picked: list[tuple] = []
     last = float("-inf")
     while heap and len(picked) < top:
-        key, _, timed, choice, r_mins, head = heapq.heappop(heap)
+        entry = heapq.heappop(heap)
+        if len(entry) == 2:
+            key, i = entry
+            _, idx, mbs, dispatcher, r0, r_mins = heads[i]
+            timed, choice, head = False, Choice(idx, mbs, dispatcher, 0, r0), True
+        else:
+            key, _, timed, choice, r_mins, head = entry
         if not timed:
             cfg = job.config(maker, choice)
             t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
