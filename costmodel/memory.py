@@ -487,6 +487,8 @@ class _StageLayout(NamedTuple):
     cap: int  # chunk-micro-batches in flight given enough micro-batches (Megatron's warm-up + 1)
     # decoder layers of each of the rank's virtual chunks when they differ (None: equal chunks)
     chunk_sizes: tuple[int, ...] | None = None
+    # in_flight_chunk_equivalents at the cap: the rank's chunk-micro-batches when the step has enough of them
+    at_cap: float = 0.0
 
 
 def in_flight_chunk_equivalents(lay: _StageLayout, n: float, pp: int, vpp: int) -> float:
@@ -522,8 +524,9 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
     last = stage == pp - 1
     has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
     sizes = tuple(len(chunk) for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage])
-    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62),
-                        sizes if len(set(sizes)) > 1 else None)
+    cap = in_flight_micro_batches(pp, vpp, stage, 1 << 62)
+    lay = _StageLayout(stage, *counts, stage == 0, last, has_moe, cap, sizes if len(set(sizes)) > 1 else None)
+    return lay._replace(at_cap=cap if lay.chunk_sizes is None else in_flight_chunk_equivalents(lay, cap, pp, vpp))
 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
@@ -660,7 +663,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
     ob = ctx.opt_bytes
     rows = []
     for lay, par in zip(layouts, params):
-        _, sd, sm, rd, rm, first, last, has_moe, cap, _ = lay
+        _, sd, sm, rd, rm, first, last, has_moe, cap, _, at_cap = lay
         per_chunk = (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         if first:
             per_chunk += embedding_mask / vpp
@@ -676,7 +679,6 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
         if rm and work_fm > work:
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
-        at_cap = cap if lay.chunk_sizes is None else in_flight_chunk_equivalents(lay, cap, pp, vpp)
         rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
                      lay, par, act_once, logits, comm, work, loss_fixed if last else None, at_cap))
     return tuple(rows)
