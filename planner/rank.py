@@ -286,32 +286,30 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 expect_all[o] = all_fit
                 r_mins_by_option.append(r_mins)
                 floors = r_mins  # the plain optimizer needs at least the recompute the distributed one needs
-            first_option = r_mins_by_option[0]
-            for k, mbs in enumerate(sizes):
-                if first_option[k] is None and not job.exhaustive:
-                    continue  # the first optimizer choice does not fit; a later one cannot either
-                per_option = tuple([rm[k] for rm in r_mins_by_option])
-                if job.exhaustive:
-                    for o, r0 in enumerate(per_option):
-                        if r0 is None:
+            if job.exhaustive:
+                for k, mbs in enumerate(sizes):
+                    for o, rm in enumerate(r_mins_by_option):
+                        if rm[k] is None:
                             continue
-                        for r in range(r0, n_rec):
+                        for r in range(rm[k], n_rec):
                             cfg = job.config_from(base, mbs, o, r)
                             t = time_fn(model, training, cluster, cfg).step_time
                             total = mem_fn(model, training, cluster, cfg)
                             time_calls += 1
                             memory_calls += 1
                             heads.append((t, Choice(idx, mbs, dispatcher, o, r), total))
-                    continue
-                r0 = per_option[0]
+                continue
+            for k, r0 in enumerate(r_mins_by_option[0]):
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
                     continue
+                mbs = sizes[k]
                 gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
                 lb = bounds.get(gkey)
                 if lb is None:
                     lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
                     bound_calls += 1
-                heads.append((lb, idx, mbs, dispatcher, r0, per_option))  # a Choice only once popped
+                # a Choice, and the other optimizer choices' least recompute, only once popped
+                heads.append((lb, idx, k, dispatcher, r0, r_mins_by_option))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
     if not job.exhaustive:
@@ -531,8 +529,8 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
 def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan) -> list[tuple]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
-    Heads are (bound, layout index, micro-batch size, dispatcher, least fitting recompute, r_mins), the first
-    optimizer choice's. Returns (time, Choice), fastest first; counts time calls and breaches of the monotone
+    Heads are (bound, layout index, micro-batch index, dispatcher, least fitting recompute of the first optimizer
+    choice, every optimizer choice's least fitting recompute per micro-batch index). Returns (time, Choice), fastest first; counts time calls and breaches of the monotone
     properties in ``out``.
     """
     n_rec = len(job.recompute)
@@ -547,8 +545,9 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
         entry = heapq.heappop(heap)
         if len(entry) == 2:
             key, i = entry
-            _, idx, mbs, dispatcher, r0, r_mins = heads[i]
-            timed, choice, head = False, Choice(idx, mbs, dispatcher, 0, r0), True
+            _, idx, k, dispatcher, r0, by_option = heads[i]
+            r_mins = tuple([rm[k] for rm in by_option])
+            timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, r0), True
         else:
             key, _, timed, choice, r_mins, head = entry
         if not timed:
