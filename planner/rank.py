@@ -205,9 +205,13 @@ def _scan(job: _Job, indices: range) -> _Scan:
     knob_configs = [[trusted(maker.template, k) for k in row] for row in knobs]
 
     n_all = len(job.recompute)
+    block = None
     for idx in indices:
         lay = job.layouts[idx]
         sizes = lay.micro_batch_sizes
+        if (lay.tp, lay.cp, lay.pp) != block:  # the enumeration leaves a (tp, cp, pp) block for good: its
+            block = (lay.tp, lay.cp, lay.pp)    # staircases can no longer be guesses
+            earlier.clear()
         # dispatcher options the memory model prices alike (EP overlap beside plain alltoall) share their
         # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r
         shared: dict[tuple, tuple] = {}
