@@ -260,7 +260,8 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     ok = known[k * n_all + r]
                     if ok is None:
                         if peak is None:
-                            total = mem_fn(model, training, cluster, trusted(base, row[r], {"micro_batch_size": sizes[k]}))
+                            cfg = trusted(base, row[r], {"micro_batch_size": sizes[k]})
+                            total = mem_fn(model, training, cluster, cfg)
                         else:
                             total = peak(sizes[k], option[r])
                         memory_calls += 1
@@ -534,8 +535,8 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
     Heads are (bound, layout index, micro-batch index, dispatcher, least fitting recompute of the first optimizer
-    choice, every optimizer choice's least fitting recompute per micro-batch index). Returns (time, Choice), fastest first; counts time calls and breaches of the monotone
-    properties in ``out``.
+    choice, every optimizer choice's least fitting recompute per micro-batch index). Returns (time, Choice),
+    fastest first; counts time calls and breaches of the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
     # a head enters as (bound, its index): 10^5 of them, small; every later entry is
