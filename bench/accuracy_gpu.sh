@@ -6,7 +6,7 @@
 #     GPUs 0 and 1;
 #   - a diverse subset of TABLE2_LAYOUTS (default 16) of its 2-GPU layouts (micro-batch 1-2; recompute none,
 #     full; both dispatchers) on GPUs 0,1.
-# Every layout table (with per-rank phases and peak memory) lands in $OUT/res/<model>/; bench/costmodel_accuracy.py
+# SKIP1="model:gpu ..." skips 1-GPU tables measured earlier. Every layout table (with per-rank phases and peak memory) lands in $OUT/res/<model>/; bench/costmodel_accuracy.py
 # --table replays them on any machine. Run from the repo root with .whl/ carried (bench/gpu_env.sh).
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
@@ -16,8 +16,11 @@ source bench/gpu_env.sh
 NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
 case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
-PROFILE=${PROFILE:-$RES/$GPU-calibrated.json}
-if [ "${CALIBRATE:-1}" = 1 ]; then
+# a profile of this GPU type calibrated earlier (STORED, e.g. bench/results/issue16/acc-h100/h100-sxm-calibrated.json)
+# is reused when it names this GPU type; otherwise calibrate now
+PROFILE=$RES/$GPU-calibrated.json
+for f in ${STORED:-}; do case "$(basename "$f")" in $GPU-calibrated.json) PROFILE=$f ;; esac; done
+if [ ! -f "$PROFILE" ]; then
   echo "== calibrate start $(date -u +%T)"
   timeout 180 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 2 --timeout 170 --out "$PROFILE" \
     > "$RES/calibrate.log" 2>&1; echo "calibrate rc=$? end $(date -u +%T)"; tail -5 "$RES/calibrate.log"
@@ -32,11 +35,14 @@ acc() {  # acc MODEL GPUS DEVICES [args...]
 for m in ${MODELS:-mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite}; do
   mkdir -p "$RES/$m"
   echo; echo "== $m@${LAYERS}L 1-GPU layouts start $(date -u +%T)"
-  for s in 0 1; do
-    acc "$m" 1 "$s" --mbs-max 2 --recompute none,full,moe_act+layernorm --dispatchers alltoall --shard "$s/2" \
-      > "$RES/$m/table1-shard$s.log" 2>&1 &
-  done
-  wait; grep -h "^\[" "$RES/$m"/table1-shard*.log
+  pids=()  # (a bare `wait` would also wait for the tee above, forever)
+  case " ${SKIP1:-} " in *" $m:$GPU "*) echo "(1-GPU layouts of $m on $GPU measured earlier)" ;; *)
+    for s in 0 1; do
+      acc "$m" 1 "$s" --mbs-max 2 --recompute none,full,moe_act+layernorm --dispatchers alltoall --shard "$s/2" \
+        > "$RES/$m/table1-shard$s.log" 2>&1 & pids+=($!)
+    done
+    wait "${pids[@]}"; grep -h "^\[" "$RES/$m"/table1-shard*.log ;;
+  esac
   echo "== $m@${LAYERS}L 2-GPU layouts start $(date -u +%T)"
   acc "$m" 2 0,1 --mbs-max 2 --recompute none,full --dispatchers alltoall,allgather \
     --max-layouts "${TABLE2_LAYOUTS:-16}" 2>&1 | grep -v "Warning: \[PG"

@@ -137,6 +137,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--trial-timeout", type=float, default=300.0)
+    parser.add_argument("--no-reuse", action="store_true", help="start fresh rank processes for every layout "
+                                                                 "(default: one set of ranks runs them all)")
     parser.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     parser.add_argument("--expert-load-from", metavar="TABLE[@LAYOUT]",
@@ -177,7 +179,7 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
 
     measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
                   device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else cluster.gpu.name,
-                  timeout_s=args.trial_timeout, on_row=keep)
+                  timeout_s=args.trial_timeout, on_row=keep, reuse=not args.no_reuse)
     print(f"table saved to {Path(args.results_dir) / name}")
     return table
 

@@ -15,7 +15,8 @@ Parts (``--parts agree,speed,profile``, all by default):
   quantised on every call: what a step of one micro-batch pays), ``fp8`` (Triton and the weight cache,
   which in this loop serves every call: a later micro-batch of a step) and ``fp8_bf16_wgrad`` (``fp8``
   with FOLDTUNE_FP8_WGRAD=bf16); plus each quantisation alone by the torch ops, by Triton (one kernel for
-  row-contiguous operands) and by Triton's two-pass path (torch's amax, then the Triton cast), the w13
+  row-contiguous operands) and by Triton's two-pass path (torch's amax, then the Triton cast), both forms of
+  w13 and of the dense dy as two rowwise quantisations against one ``quantize_both``, the w13
   forward GEMM alone (bf16 vs fp8 on quantised operands), and the FFN fwd+bwd at 1, 2 and 4 times the rows;
 - ``profile``: ``executor.profile`` of mixtral-8x7b with 2 layers, seq 4096, 1 GPU, one micro-batch per
   step (global batch 1) in bf16, fp8 and fp8_torch_quant, and four micro-batches (global batch 4, where the
@@ -229,6 +230,14 @@ def part_speed(dev: torch.device, shape, iters: int) -> dict:
             res["quantise_s"]["triton two-pass"] = {  # torch's amax, then the Triton cast
                 name: timed(lambda t=t: quantize._quantize_rowwise_two_pass(t), iters)
                 for name, (kind, t) in cases.items() if kind == "rowwise"}
+            both = {"w13 [G, 2f, h]": w13, "dense dy [M, ffn]": dyd}  # forward + dgrad / dgrad + wgrad forms
+            res["quantise_s"]["both forms: two rowwise"] = {
+                name: timed(lambda t=t: (quantize._quantize_rowwise_triton(t),
+                                         quantize._quantize_rowwise_triton(t.transpose(-2, -1))), iters)
+                for name, t in both.items()}
+            if quantize._both_ok(dev):
+                res["quantise_s"]["both forms: quantize_both"] = {
+                    name: timed(lambda t=t: quantize._quantize_both_triton(t), iters) for name, t in both.items()}
         if fp8.emulation_reason(dev) is None:  # the w13 forward GEMM alone, operands already quantised
             (qx, sx), (qw, sw) = fp8.quantize_rowwise(x), fp8.quantize_rowwise(w13)
             res["gemm_only_s"] = {

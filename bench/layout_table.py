@@ -80,26 +80,47 @@ def diverse_subset(configs: list[ParallelConfig], k: int) -> list[ParallelConfig
 
 def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[ParallelConfig], *, warmup: int,
                   steps: int, device: str, hardware: str | None, timeout_s: float,
-                  on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Profile every layout; one row per layout (failed ones keep their reason), each passed to ``on_row``."""
-    from executor.profile import profile_layout  # torch: a replayed --table never measures
+                  on_row: Callable[[dict[str, Any]], None] | None = None, reuse: bool = True) -> list[dict[str, Any]]:
+    """Profile every layout; one row per layout (failed ones keep their reason), each passed to ``on_row``.
 
+    ``reuse``: the layouts run one after another in the same rank processes (:mod:`executor.rank_pool`;
+    the process group, CUDA context and compiled kernels stay warm), else each in processes of its own.
+    """
+    from executor.profile import profile_layout  # torch: a replayed --table never measures
+    from executor.rank_pool import LocalRankPool
+
+    pool = LocalRankPool() if reuse else None
+    try:
+        return _measure_rows(profile_layout, model, training, configs, warmup, steps, device, hardware, timeout_s,
+                             on_row, pool.launch if pool is not None else None)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _measure_rows(profile_layout: Callable, model: ModelSpec, training: TrainingSpec, configs: list[ParallelConfig],
+                  warmup: int, steps: int, device: str, hardware: str | None, timeout_s: float,
+                  on_row: Callable[[dict[str, Any]], None] | None, launcher: Callable | None) -> list[dict[str, Any]]:
     rows = []
     for i, config in enumerate(configs, 1):
         start = time.monotonic()
         m = profile_layout(model, training, config, warmup_steps=warmup, timed_steps=steps, timeout_s=timeout_s,
-                           device=device, hardware=hardware)
+                           device=device, hardware=hardware, launcher=launcher)
         rows.append({"layout": config.label(), "config": config.to_dict(), "ok": m.ok,
                      "failure_reason": m.failure_reason, "device": m.device, "step_time": m.step_time,
                      "step_times": m.step_times, "phases": m.phases, "peak_allocated_bytes": m.peak_allocated_bytes,
                      "peak_reserved_bytes": m.peak_reserved_bytes,
                      "static_allocated_bytes": m.static_allocated_bytes,
                      "static_after_step_allocated_bytes": m.static_after_step_allocated_bytes,
-                     "tokens_per_expert": m.tokens_per_expert, "phases_by_rank": m.phases_by_rank})
+                     "tokens_per_expert": m.tokens_per_expert, "phases_by_rank": m.phases_by_rank,
+                     "fixed_cost_s": m.fixed_cost_s, "startup_s": m.startup_s, "warmup_s": m.warmup_s,
+                     "reused_ranks": m.reused_ranks})
         if on_row is not None:
             on_row(rows[-1])
         shown = f"{m.step_time * 1e3:9.2f} ms" if m.ok else f"failed: {m.failure_reason}"
-        print(f"[{i}/{len(configs)}] {config.label():<60} {shown}  ({time.monotonic() - start:.0f} s)", flush=True)
+        fixed = f", fixed cost {m.fixed_cost_s:.1f} s" if m.fixed_cost_s is not None else ""
+        print(f"[{i}/{len(configs)}] {config.label():<60} {shown}  ({time.monotonic() - start:.0f} s{fixed})",
+              flush=True)
     return rows
 
 

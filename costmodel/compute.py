@@ -70,6 +70,8 @@ class ComputeRates:
     grouped_shape_curves: tuple[tuple[float, MeasuredCurve], ...] = ()
     attn_fwd_curve: MeasuredCurve | None = None  # key length -> achieved / bf16 peak (measured)
     attn_bwd_curve: MeasuredCurve | None = None
+    attn_mla_fwd_curve: MeasuredCurve | None = None  # the same for query/key heads wider than value heads (MLA)
+    attn_mla_bwd_curve: MeasuredCurve | None = None
     fp32_peak: float = 0.0  # FLOP/s of fp32 GEMMs without TF32 (the executor's fp32 attention with sinks)
 
 
@@ -95,6 +97,8 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         grouped_curve=hardware.grouped_gemm_efficiency,
         grouped_shape_curves=_by_weight_size(hardware.grouped_gemm_shape_efficiency),
         attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency,
+        attn_mla_fwd_curve=hardware.attention_mla_fwd_efficiency,
+        attn_mla_bwd_curve=hardware.attention_mla_bwd_efficiency,
         fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock)
 
 
@@ -191,6 +195,20 @@ def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group:
     return fwd, 2.0 * grouped_gemm_time(rates, num_groups, tokens_per_group, k, n)
 
 
+def attention_efficiency(rates: ComputeRates, key_length: float, mla: bool = False) -> tuple[float, float]:
+    """(forward, backward) achieved fraction of the 16-bit peak of a flash attention kernel whose queries see
+    ``key_length`` keys: the measured curves of key length when the profile has them (causal attention at
+    that length, ``foldtune calibrate``), else the default efficiencies times their saturation
+    ``L / (L + ATTENTION_HALF_SEQ)``. ``mla``: query/key heads wider than the value heads, which SDPA cannot
+    run on its flash kernel: the profile's MLA curves where it has them."""
+    if mla and rates.attn_mla_fwd_curve is not None and rates.attn_mla_bwd_curve is not None:
+        return rates.attn_mla_fwd_curve(key_length), rates.attn_mla_bwd_curve(key_length)
+    if rates.attn_fwd_curve is not None and rates.attn_bwd_curve is not None:
+        return rates.attn_fwd_curve(key_length), rates.attn_bwd_curve(key_length)
+    saturation = key_length / (key_length + ATTENTION_HALF_SEQ)
+    return rates.attn_fwd_eff * saturation, rates.attn_bwd_eff * saturation
+
+
 @lru_cache(maxsize=4096)
 def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: int, qk_dim: int,
                    v_dim: int, causal: bool = True, flash: bool = True, dropout: bool = False,
@@ -198,9 +216,10 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
     """(forward, backward) seconds of the attention core (scores, softmax, weighted values) on one GPU.
 
     ``batch_queries`` = micro-batch x local query length (queries this rank owns), ``seq_kv`` the full
-    key length each query may see, ``heads`` the local heads. Runs in 16-bit. ``steps`` > 1 is context
-    parallelism's ring attention: the keys arrive in ``steps`` blocks of ``seq_kv / steps``, each a
-    separate kernel whose efficiency follows its own (shorter) key length.
+    key length each query may see, ``heads`` the local heads. Runs in 16-bit. ``steps`` > 1 prices ring
+    attention: the keys arrive in ``steps`` blocks of ``seq_kv / steps``, each a separate kernel whose
+    efficiency follows its own (shorter) key length (the executor's CP is priced by
+    :mod:`costmodel.context_parallel`, not by this).
 
     Flash (fused) attention: forward FLOPs 2·q·kv·heads·(qk+v), halved by a causal mask; the backward
     does 2.5x the forward's matmul FLOPs; both at the attention efficiencies: measured curves of key-block
@@ -214,12 +233,7 @@ def attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, heads: 
         return 0.0, 0.0
     if flash:
         fwd_flops = attention_fwd_flops(batch_queries, seq_kv, heads, qk_dim, v_dim, causal)
-        block = seq_kv / steps
-        if rates.attn_fwd_curve is not None and rates.attn_bwd_curve is not None:
-            fwd_eff, bwd_eff = rates.attn_fwd_curve(block), rates.attn_bwd_curve(block)
-        else:
-            saturation = block / (block + ATTENTION_HALF_SEQ)
-            fwd_eff, bwd_eff = rates.attn_fwd_eff * saturation, rates.attn_bwd_eff * saturation
+        fwd_eff, bwd_eff = attention_efficiency(rates, seq_kv / steps, qk_dim != v_dim)
         fwd = fwd_flops / (rates.bf16_peak * fwd_eff) + steps * rates.kernel_overhead
         bwd = ATTENTION_BWD_FLOP_RATIO * fwd_flops / (rates.bf16_peak * bwd_eff) + steps * rates.kernel_overhead
         return fwd, bwd

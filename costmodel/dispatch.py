@@ -35,6 +35,29 @@ from spec.parallel_config import ParallelConfig
 A2A, ETP, MEM = LAYER_SLOT["ep_a2a"], LAYER_SLOT["etp_comm"], LAYER_SLOT["memory_bound"]
 # a routed token's top-k probability (fp32) and its one-byte routing-map entry, per expert
 _PROB_AND_MAP_BYTES = 4 + 1
+# what the allgather dispatcher gathers beside each token, per top-k choice: its fp32 probability and its
+# int64 expert id (executor/dispatcher.py: AllGatherDispatcher.dispatch)
+ROUTING_BYTES_PER_CHOICE = 4 + 8
+
+
+def alltoall_dispatch_bytes(local: float, topk: int, hidden: int, act_bytes: int) -> float:
+    """Bytes each rank holds for ONE of the alltoall dispatcher's four all-to-alls (dispatch and combine,
+    forward and backward): its ``local`` tokens' ``topk`` routed copies of ``hidden`` elements. Only the
+    copies routed to another rank's experts cross the link (``costmodel.comm.all_to_all_time``: 1/EP stay)."""
+    return local * topk * hidden * act_bytes
+
+
+def allgather_gather_bytes(local: float, topk: int, hidden: int, act_bytes: int, group: int) -> float:
+    """The allgather dispatcher's gathered buffer: every token of the ETP·EP ``group`` (``local`` per rank)
+    with its top-k probabilities and expert ids. All-gathered forward; its gradient (tokens and
+    probabilities) reduce-scattered backward, priced at the same volume."""
+    return local * group * (hidden * act_bytes + topk * ROUTING_BYTES_PER_CHOICE)
+
+
+def allgather_scatter_bytes(local: float, hidden: int, act_bytes: int, group: int) -> float:
+    """The allgather dispatcher's combine buffer: the weighted expert outputs of every token of the group,
+    reduce-scattered back forward and all-gathered (its gradient) backward."""
+    return local * group * hidden * act_bytes
 
 
 class LayerBlock(Protocol):
@@ -117,7 +140,8 @@ class AllToAllPricing:
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
         h, ab, link = shape.model.hidden_size, shape.act_bytes, shape.link
-        a2a = all_to_all_time(link, local * shape.model.moe_router_topk * h * ab * shape.imbalance, shape.ep_place)
+        routed = alltoall_dispatch_bytes(local, shape.model.moe_router_topk, h, ab)
+        a2a = all_to_all_time(link, routed * shape.imbalance, shape.ep_place)
         block.add(A2A, 2 * a2a, 2 * a2a, "moe")
         if shape.etp > 1:
             buffer = received * h * ab
@@ -157,9 +181,9 @@ class AllGatherPricing:
                     local_experts: int) -> None:
         h, ab, link, place = shape.model.hidden_size, shape.act_bytes, shape.link, shape.tp_ep_place
         gathered = local * place.size
-        buffer = gathered * h * ab + gathered * shape.model.moe_router_topk * 12  # + top-k probs and indices
-        ag = ring_time(link, "all_gather", buffer, place)
-        rs = ring_time(link, "reduce_scatter", gathered * h * ab, place)
+        ag = ring_time(link, "all_gather",
+                       allgather_gather_bytes(local, shape.model.moe_router_topk, h, ab, place.size), place)
+        rs = ring_time(link, "reduce_scatter", allgather_scatter_bytes(local, h, ab, place.size), place)
         block.add(A2A, ag + rs, ag + rs, "moe")
         shape.elementwise(block, (gathered + received) * h * ab, "moe")  # pick local experts' tokens
 

@@ -56,7 +56,7 @@ class Estimate:
             "time_terms_s": dict(t.terms),
             "time_hidden_s": dict(t.hidden),
             "memory_bytes": {"total": mem.total, "stage": mem.stage, **{n: getattr(mem, n) for n in MEMORY_TERMS},
-                             "details": dict(mem.details)},
+                             "details": dict(mem.details), "host_offloaded": mem.host_offloaded},
         }
 
 

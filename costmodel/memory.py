@@ -92,7 +92,8 @@ class MemoryBreakdown:
 
     ``details`` is an ordinary field (``fields``, ``asdict``, ``==``, ``repr`` and pickling see it), but
     when the estimate builds the breakdown it is computed on first access: a planner sweep reads the
-    totals of 10⁵ layouts and the details of the few it shows.
+    totals of 10⁵ layouts and the details of the few it shows. ``host_offloaded`` is what the layout's offload
+    knobs moved to this rank's CPU memory (optimizer state and activations, bytes): not part of ``total``.
     """
 
     stage: int
@@ -104,17 +105,18 @@ class MemoryBreakdown:
     comm_buffers: float
     allocator_overhead: float
     details: tuple[tuple[str, float], ...]
+    host_offloaded: float
 
     def __init__(self, stage: int, weights: float, grads: float, optimizer: float, activations: float,
                  logits: float, comm_buffers: float, allocator_overhead: float,
-                 details: tuple[tuple[str, float], ...] | None = None, *,
+                 details: tuple[tuple[str, float], ...] | None = None, host_offloaded: float = 0.0, *,
                  details_source: Callable[[], tuple[tuple[str, float], ...]] | None = None) -> None:
         if (details is None) == (details_source is None):
             raise TypeError("MemoryBreakdown needs exactly one of details or details_source")
         # frozen: fill the instance dict directly (one call, the hot path builds one per layout)
         self.__dict__.update(stage=stage, weights=weights, grads=grads, optimizer=optimizer,
                              activations=activations, logits=logits, comm_buffers=comm_buffers,
-                             allocator_overhead=allocator_overhead)
+                             allocator_overhead=allocator_overhead, host_offloaded=host_offloaded)
         if details is not None:
             self.__dict__["details"] = tuple(details)
         else:
@@ -130,7 +132,7 @@ class MemoryBreakdown:
 
     def __reduce__(self):
         return (type(self), (self.stage, self.weights, self.grads, self.optimizer, self.activations, self.logits,
-                             self.comm_buffers, self.allocator_overhead, self.details))
+                             self.comm_buffers, self.allocator_overhead, self.details, self.host_offloaded))
 
     @property
     def total(self) -> float:
@@ -388,6 +390,19 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, config: Par
     tokens = config.micro_batch_size * training.seq_length / config.cp
     return tuple((name, v * tokens) for name, v, drop in _layer_terms(model, training, s, is_moe)
                  if not drop & modules)
+
+
+def offloaded_layer_bytes(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> tuple[float, float]:
+    """Bytes one dense and one MoE decoder layer send to the CPU per micro-batch on one GPU under
+    ``config.activation_offload_modules`` (the stored tensors those modules hold, as recomputing them would
+    drop; each goes to the host in forward and comes back in backward). (0, 0) without activation offload."""
+    offloaded = frozenset(config.activation_offload_modules)
+    if not offloaded:
+        return 0.0, 0.0
+    s = _shape(config)
+    tokens = config.micro_batch_size * training.seq_length / config.cp
+    return tuple(tokens * sum(v for _, v, drop in _layer_terms(model, training, s, is_moe) if drop & offloaded)
+                 for is_moe in (False, True))
 
 
 def _shape(config: ParallelConfig) -> _Shape:
@@ -697,31 +712,37 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     kkey, rows, statics, shards = _prepare(ctx, config, only_stage)
     mbs, cp = config.micro_batch_size, config.cp
     tokens = mbs * ctx.seq / cp
-    mv = (training.global_batch_size // (mbs * shards[4]) or 1) * config.vpp
+    mv = (training.global_batch_size // (mbs * shards[5]) or 1) * config.vpp
     best, best_total = _peak(rows, statics, mv, tokens * (1.0 + frag), _loss_bytes(ctx, rows, tokens, frag),
                              config.pp, config.vpp)
-    return ctx, kkey, rows[best], best_total, mv, tokens, shards[:4]
+    return ctx, kkey, rows[best], best_total, mv, tokens, shards[:5]
 
 
 def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> tuple:
     """What every micro-batch size of ``config`` shares: the kind-terms key, the candidate ranks' rows, their
-    (static bytes, gradient-reduction peak) and the shards (dense, expert, the two state growths, DP)."""
+    (static bytes, gradient-reduction peak) and the shards (dense, expert, the two state growths, the kept share
+    of the Adam states, DP)."""
     granularity = config.recompute_granularity
     kkey, rows, full = _rows_for(ctx, config, granularity, config.recompute_modules, config.recompute_num_layers,
-                                 only_stage)
+                                 config.activation_offload_modules, only_stage)
     # rows hold their rank's stage layout and parameter entry (the same objects _stage_parts gives)
     stages = (tuple(row[6] for row in rows), tuple(row[7] for row in rows))
     statics, shards = _statics_for(ctx, config, *stages, full, config.use_distributed_optimizer,
-                                   config.overlap_grad_reduce, config.overlap_param_gather, only_stage is None)
+                                   config.overlap_grad_reduce, config.overlap_param_gather,
+                                   config.optimizer_cpu_offload_fraction, only_stage is None)
     return kkey, rows, statics, shards
 
 
 def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: tuple[str, ...], num_layers: int | None,
-              only_stage: int | None, keep: bool = True) -> tuple[tuple, tuple[_Row, ...], int]:
+              offloaded: tuple[str, ...], only_stage: int | None,
+              keep: bool = True) -> tuple[tuple, tuple[_Row, ...], int]:
     """The kind-terms key, the rows of the candidate ranks (cached unless ``only_stage``; looked up but not
     stored unless ``keep``) and the full-recompute layer count (-1 without) of ``layout`` (its parallel sizes,
-    dispatcher and placement) with this recompute."""
+    dispatcher and placement) with this recompute and these activation-offloaded modules."""
     modules = modules if granularity == "selective" else ()
+    # an offloaded module's stored tensors leave the GPU as a recomputed module's do, and come back for its
+    # backward (the same working set); the validity rules keep the two sets apart
+    modules += offloaded
     full = num_layers if granularity == "full" else -1
     kkey = (layout.tp, layout.cp, layout.ep, layout.etp, layout.sequence_parallel, layout.moe_token_dispatcher_type,
             modules)
@@ -739,10 +760,12 @@ def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: 
 
 
 def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: tuple, full: int, distributed: bool,
-                 overlap_grad_reduce: bool, overlap_param_gather: bool, cache: bool) -> tuple[tuple, tuple]:
-    """Per candidate rank (static bytes: weights, grads and sharded optimizer states; the gradient-reduction peak)
-    and the shards (dense, expert, the two state growths, DP) of ``layout`` with these optimizer switches, from
-    the ranks' stage layouts and parameter entries (:func:`_stage_parts`)."""
+                 overlap_grad_reduce: bool, overlap_param_gather: bool, offload_fraction: float,
+                 cache: bool) -> tuple[tuple, tuple]:
+    """Per candidate rank (static bytes: weights, grads and the GPU's share of the sharded optimizer states; the
+    gradient-reduction peak) and the shards (dense, expert, the two state growths, the share of the Adam states
+    kept on the GPU, DP) of ``layout`` with these optimizer switches and optimizer CPU offload fraction, from the
+    ranks' stage layouts and parameter entries (:func:`_stage_parts`)."""
     tp, cp, pp, ep, etp = layout.tp, layout.cp, layout.pp, layout.ep, layout.etp
     world = layout.world_size
     dp = world // (tp * cp * pp)
@@ -757,18 +780,21 @@ def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: 
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
     ds = grown if distributed and dense_shard > 1 else 1.0
     es = grown if distributed and expert_shard > 1 else 1.0
-    shards = (dense_shard, expert_shard, ds, es, dp)
+    # optimizer CPU offload: that share of the Adam states leaves the GPU (the reduced gradient shard stays)
+    keep = 1.0 - offload_fraction
+    dkeep, ekeep = ds - 1.0 + keep, es - 1.0 + keep
+    shards = (dense_shard, expert_shard, ds, es, keep, dp)
     # the static bytes and the reduction peak depend on the rank's parameters (the same for every recompute
     # option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
     switches = (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather)
     split = layout.pipeline_split
     skey = (tp, layout.pp, layout.vpp, ep, etp, None if split is DEFAULT_SPLIT else split,
             full if ctx.weight_bytes == _FP32 else None,
-            switches)
+            switches, offload_fraction)
     statics = ctx.statics.get(skey) if cache else None
     if statics is None:
         ob = ctx.opt_bytes  # the same operations as a row's static total: (weights + grads) + states / shards
-        statics = tuple(((par[2] + par[3]) + ob * par[4] / dense_shard * ds + ob * par[5] / expert_shard * es,
+        statics = tuple(((par[2] + par[3]) + ob * par[4] / dense_shard * dkeep + ob * par[5] / expert_shard * ekeep,
                          _reduce_peak(ctx, tp, ep, etp, switches, par, lay)) for lay, par in zip(layouts, params))
         if cache:
             ctx.statics[skey] = statics
@@ -809,14 +835,17 @@ def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: 
 
 
 class LayoutMemory:
-    """:func:`peak_memory_bytes` of the configs of one layout that differ only in micro-batch size, recompute and
-    optimizer fields: what they share is looked up once per option, so each call costs a few float operations.
+    """:func:`peak_memory_bytes` of the configs of one layout that differ only in micro-batch size, recompute,
+    optimizer and offload fields: what they share is looked up once per option, so each call costs a few float
+    operations.
 
     ``layout`` gives every other field (parallel sizes, dispatcher, pipeline placement). ``peak_bytes(mbs,
-    knobs)`` is the peak of ``layout`` with micro-batch size ``mbs`` and the recompute and optimizer fields
-    of ``knobs`` (recompute_granularity, recompute_modules, recompute_num_layers, use_distributed_optimizer,
-    overlap_grad_reduce, overlap_param_gather); it equals ``peak_memory_bytes`` of that config to the bit (the
-    same rows, static parts and :func:`_peak`). ``knobs`` objects are cached by identity: pass the same few.
+    knobs)`` is the peak of ``layout`` with micro-batch size ``mbs`` and the recompute, optimizer and offload
+    fields of ``knobs`` (recompute_granularity, recompute_modules, recompute_num_layers,
+    activation_offload_modules, use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
+    optimizer_cpu_offload_fraction); it equals ``peak_memory_bytes`` of that config to the bit (the same rows,
+    static parts and :func:`_peak`). Activation offload changes the rows as recompute does, the optimizer
+    offload fraction the static bytes. ``knobs`` objects are cached by identity: pass the same few.
     """
 
     __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_recomputes", "_optimizers", "_losses", "_cp",
@@ -829,8 +858,9 @@ class LayoutMemory:
         self._frag = fragmentation_of(cluster)
         self._workspace = library_workspace_bytes(cluster.gpu.name)
         self._variants: dict[int, tuple] = {}  # id(knobs) -> (rows, statics, losses by mbs, knobs)
-        self._recomputes: dict[tuple, tuple] = {}  # (granularity, modules, layers) -> (rows, full, losses)
-        self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, full) -> statics
+        # (granularity, modules, layers, offloaded modules) -> (rows, full, losses)
+        self._recomputes: dict[tuple, tuple] = {}
+        self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, offload fraction, full) -> statics
         self._losses: dict[tuple | None, dict[int, float]] = {}  # loss terms -> bytes per micro-batch size
         self._cp, self._pp, self._vpp = layout.cp, layout.pp, layout.vpp
         self._seq, self._gbs = self._ctx.seq, training.global_batch_size
@@ -838,13 +868,15 @@ class LayoutMemory:
 
     @staticmethod
     def key(config: ParallelConfig) -> tuple:
-        """The fields of ``config`` the memory model reads besides micro-batch size, recompute and optimizer: configs
-        with equal keys (e.g. EP all-to-all overlap on and off) have equal peaks, so one LayoutMemory serves them."""
+        """The fields of ``config`` the memory model reads besides micro-batch size, recompute, optimizer and
+        offload: configs with equal keys (e.g. EP all-to-all overlap on and off) have equal peaks, so one
+        LayoutMemory serves them."""
         return (config.world_size, config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp,
                 config.sequence_parallel, config.moe_token_dispatcher_type, config.pipeline_split)
 
     def _variant(self, knobs: ParallelConfig) -> tuple:
-        rkey = (knobs.recompute_granularity, knobs.recompute_modules, knobs.recompute_num_layers)
+        rkey = (knobs.recompute_granularity, knobs.recompute_modules, knobs.recompute_num_layers,
+                knobs.activation_offload_modules)
         rec = self._recomputes.get(rkey)
         if rec is None:
             # not kept in the context: a sweep meets each layout once, and 10^5 cached rows only cost memory
@@ -858,7 +890,7 @@ class LayoutMemory:
             rec = self._recomputes[rkey] = (rows, full, losses)
         rows, full, losses = rec
         okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
-                full if self._ctx.weight_bytes == _FP32 else None)
+                knobs.optimizer_cpu_offload_fraction, full if self._ctx.weight_bytes == _FP32 else None)
         statics = self._optimizers.get(okey)
         if statics is None:
             statics = self._optimizers[okey] = self._statics(okey, full)
@@ -868,14 +900,16 @@ class LayoutMemory:
 
     def _statics(self, okey: tuple, full: int) -> tuple:
         stages = _stage_parts(self._ctx, self._layout, full, None)
-        return _statics_for(self._ctx, self._layout, *stages, full, *okey[:3], True)[0]
+        return _statics_for(self._ctx, self._layout, *stages, full, *okey[:4], True)[0]
 
     def least_bytes(self, knobs: ParallelConfig) -> float:
         """A lower bound (bytes) on :meth:`peak_bytes` at every micro-batch size and recompute option with the
-        optimizer fields of ``knobs``: the weights, grads and optimizer states of the most loaded candidate rank
-        plus its gradient-reduction peak (16-bit weights: the same for any recompute; fp32 weights: without it).
+        optimizer fields (offload fraction included) of ``knobs`` and any activation offload: the weights, grads
+        and the GPU's optimizer states of the most loaded candidate rank plus its gradient-reduction peak (16-bit
+        weights: the same for any recompute; fp32 weights: without it).
         A layout whose bound exceeds the usable memory fits at no micro-batch size and no recompute."""
-        okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather, None)
+        okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
+                knobs.optimizer_cpu_offload_fraction, None)
         # the same for every CP size and dispatcher of the parameter layout (DP·CP is fixed by tp and pp)
         lay = self._layout
         split = lay.pipeline_split
@@ -1011,8 +1045,18 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     reduce_excess = max(0.0, _reduce_peak(ctx, config.tp, config.ep, config.etp, switches, par, lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
-    optimizer = dense_states / shards[0] * shards[2] + expert_states / shards[1] * shards[3]
+    keep = shards[4]
+    optimizer = (dense_states / shards[0] * (shards[2] - 1.0 + keep)
+                 + expert_states / shards[1] * (shards[3] - 1.0 + keep))
+    host = (1.0 - keep) * (dense_states / shards[0] + expert_states / shards[1])
+    if config.activation_offload_modules:  # the offloaded tensors: those the recompute modules alone keep
+        recomputed = config.recompute_modules if config.recompute_granularity == "selective" else ()
+        plain = _kind_terms_for(ctx, _Shape(*kkey[:6]), recomputed)
+        k = ctx.kinds[kkey]
+        host += tokens * n / config.vpp * (lay.stored_dense * (plain.stored_dense - k.stored_dense)
+                                           + lay.stored_moe * (plain.stored_moe - k.stored_moe))
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
+                           host_offloaded=host,
                            details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
                                                   config.vpp, reduce_excess, workspace, frag))
 
@@ -1022,8 +1066,8 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
     _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed, _ = row
     p, gemm = par[0], par[1]
-    dense_shard, expert_shard, ds, es = shards
-    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes
+    dense_shard, expert_shard, ds, es, keep = shards
+    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes * keep
     x = tokens * n * lay.stored_dense / vpp
     y = tokens * n * lay.stored_moe / vpp
     details: list[tuple[str, float]] = [

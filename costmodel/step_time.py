@@ -45,7 +45,9 @@ from costmodel.compute import (
     memory_time,
     sink_attention_time,
 )
+from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
     HIDDEN_TERMS,
@@ -109,6 +111,7 @@ _PREFIX_SLOTS = tuple(LAYER_SLOT.get(name) for name in TERMS[:max(TERM_INDEX[n] 
 N_PREFIX = len(_PREFIX_SLOTS)
 # positions in StepTimeBreakdown.terms and .hidden the step assembly writes by name
 _I_RECOMPUTE, _I_A2A, _I_ETP, _I_BUBBLE = (TERM_INDEX[n] for n in ("recompute", "ep_a2a", "etp_comm", "pp_bubble"))
+_I_MEM = TERM_INDEX["memory_bound"]
 # the hidden seconds estimate_step_time computes, by name
 _HIDDEN_PRICED = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
 _H_TP, _H_CP, _H_A2A, _H_DP, _H_EDP, _H_GATHER, _H_P2P = (HIDDEN_TERMS.index(n) for n in _HIDDEN_PRICED)
@@ -199,7 +202,8 @@ _ZERO_LAYER = _LayerCost((0.0,) * N_SLOTS, (0.0,) * N_SLOTS, 0.0, 0.0, 0.0, 0.0,
 
 
 def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
-    """Apply the overlap that happens inside a layer: TP comm under its GEMMs, ring-attention KV under the core."""
+    """Apply the overlap that happens inside a layer: TP comm under its GEMMs. The CP K/V exchange stays
+    exposed (the executor all-gathers K/V before the attention that reads them; nothing runs beside it)."""
     exposed = [f + b for f, b in zip(block.fwd, block.bwd)]
     hidden = [0.0] * N_SLOTS
     fwd_comm = block.fwd[TP] + block.fwd[A2A] + block.fwd[ETP]
@@ -209,11 +213,7 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
         fwd_comm += tp_exposed_f - block.fwd[TP]
         hidden[TP] = exposed[TP] - tp_exposed_f - tp_exposed_b
         exposed[TP] = tp_exposed_f + tp_exposed_b
-    cp_f = max(0.0, block.fwd[CP] - block.fwd[ATTN])
-    cp_b = max(0.0, block.bwd[CP] - block.bwd[ATTN])
-    hidden[CP] = exposed[CP] - cp_f - cp_b
-    exposed[CP] = cp_f + cp_b
-    fwd_comm += cp_f
+    fwd_comm += block.fwd[CP]
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
@@ -253,7 +253,7 @@ class _Shape:
         model, training = ctx.model, ctx.training
         self.model, self.rates, self.link = model, ctx.rates, ctx.link
         self.tp, self.cp, self.ep, self.etp, self.sp, self.dispatcher = tp, cp, ep, etp, sp, dispatcher
-        self.seq = training.seq_length
+        self.seq, self.mbs = training.seq_length, mbs
         self.tokens = mbs * training.seq_length // cp  # rows of every attention-side GEMM on this rank
         self.tokens_local = self.tokens / tp if sp else float(self.tokens)  # rows of elementwise ops
         self.moe_tokens = self.tokens / tp  # tokens entering the MoE layer on this rank (SP-sharded)
@@ -368,9 +368,11 @@ class _Shape:
             self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
             # the executor concatenates q's and k's halves per head (k's rope part broadcast): a copy of each
             self.elementwise(block, 2 * 2 * heads / tp * (qk + rope) * t * ab)
-            fwd, bwd = attention_time(self.rates, t, self.seq, max(1, heads // tp), qk + rope, v, True,
-                                      self.flash, self.dropout, self.cp)
-            self._cp_comm(block, t * heads / tp * (qk + rope + v) * ab)
+            if self.cp > 1 and self.flash:  # the executor's CP flash path needs V as wide as Q: masked SDPA
+                fwd, bwd = self._masked_core(max(1, heads // tp), qk + rope, v)
+            else:
+                fwd, bwd = self._flash_core(max(1, heads // tp), qk + rope, v)
+            self._cp_comm(block, max(1, heads // tp), qk + rope + v, reorder=False)
             self.linear(block, t, h, heads * v / tp)
         else:
             d, kv = m.head_dim, m.num_kv_heads
@@ -388,7 +390,7 @@ class _Shape:
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
             fwd, bwd = self._gqa_core(max(1, heads // tp), d)
-            self._cp_comm(block, t * max(1.0, kv / tp) * 2 * d * ab)
+            self._cp_comm(block, max(1.0, kv / tp), 2 * d, reorder=self.flash)
             self.linear(block, t, h, heads * d / tp)
         block.add(ATTN, fwd, bwd, "core_attn")
         self.residual(block)
@@ -402,7 +404,7 @@ class _Shape:
         ``fused_window_sink_attention`` (Megatron) the flash kernel, a window costing its keys only.
         """
         t, seq, rates = self.tokens, self.seq, self.rates
-        fwd, bwd = attention_time(rates, t, seq, heads, d, d, True, self.flash, self.dropout, self.cp)
+        fwd, bwd = self._flash_core(heads, d, d)
         if not self.flash:  # the unfused path already computes the whole score matrix
             return fwd, bwd
         if self.fused_special:
@@ -414,21 +416,37 @@ class _Shape:
         if has_sinks(self.model):
             mfwd, mbwd = sink_attention_time(rates, t, seq, heads, d)
         else:
-            mfwd, mbwd = attention_time(rates, t, seq, heads, d, d, False, True, self.dropout, 1)
-            mfwd += memory_time(rates, t * seq * (1 + self.act_bytes))  # boolean mask -> additive bias
+            mfwd, mbwd = self._masked_core(heads, d, d)
         return (1 - share) * fwd + share * mfwd, (1 - share) * bwd + share * mbwd
 
-    def _cp_comm(self, block: _Block, kv_bytes: float) -> None:
-        """Ring attention: cp-1 steps pass this rank's K,V forward; backward passes K,V and their grads."""
+    def _flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
+        """(forward, backward) seconds of causal attention on the fused kernel: under CP the executor's
+        chunk kernels, each at its own key length (:mod:`costmodel.context_parallel`); unfused attention
+        (``flash_attention`` off) computes the whole [s/cp, s] score matrix either way."""
+        if not self.flash:
+            return attention_time(self.rates, self.tokens, self.seq, heads, qk, v, True, False, self.dropout, 1)
+        return cp_attention_time(self.rates, self.mbs, self.seq, self.cp, heads, qk, v)
+
+    def _masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
+        """(forward, backward) seconds of SDPA under an explicit boolean mask: every score of the
+        [s/cp, s] matrix computed, plus the mask's conversion to an additive bias."""
+        t, seq, rates = self.tokens, self.seq, self.rates
+        fwd, bwd = attention_time(rates, t, seq, heads, qk, v, False, True, self.dropout, 1)
+        return fwd + memory_time(rates, t * seq * (1 + self.act_bytes)), bwd
+
+    def _cp_comm(self, block: _Block, kv_heads: float, head_dims: float, reorder: bool) -> None:
+        """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
+        rank's K and V all-gathered over CP forward, their gradients reduce-scattered backward, exposed (it
+        runs before the attention that needs it); with ``reorder`` (the flash path) the gathered K/V put into
+        global sequence order (one read and one write of the gathered buffer each way)."""
         place = self.cp_place
         if place.size <= 1:
             return
-        step = self._p2p(kv_bytes, place.crosses_nodes)
-        steps = place.size - 1
-        block.add(CP, steps * step, steps * 2 * step)
-
-    def _p2p(self, nbytes: float, crosses: bool) -> float:
-        return p2p_time(self.link, nbytes, crosses)
+        local = kv_exchange_bytes(self.tokens, kv_heads, head_dims, self.act_bytes)
+        fwd, bwd = kv_exchange_time(self.link, local, place)
+        block.add(CP, fwd, bwd)
+        if reorder:
+            self.elementwise(block, 2 * place.size * local, "core_attn", bwd_bytes=2 * place.size * local)
 
     def dense_mlp(self, block: _Block) -> None:
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
@@ -884,6 +902,12 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
+    if c.optimizer_cpu_offload_fraction:
+        optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
+                                              training.param_bytes, cluster.hardware)
+    if c.activation_offload_modules:
+        values[_I_MEM] += m * activation_offload_seconds(model, training, cluster, c, nd, nm, d.compute_fwd,
+                                                         e.compute_fwd)
     grads = dg + eg
     gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
@@ -937,6 +961,37 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         tokens_per_s_per_gpu=ctx.tokens_per_step / per_gpu, tflops_per_gpu=ctx.flops_per_step / per_gpu / 1e12,
         mfu=ctx.flops_per_step / per_gpu / ctx.peak, bottleneck=_bottleneck(values, step))
     return breakdown
+
+
+def optimizer_offload_seconds(local_params: float, fraction: float, gpu_seconds: float, param_bytes: int,
+                              hardware) -> float:
+    """Seconds of an optimizer step with ``fraction`` of this rank's ``local_params`` optimizer elements on the
+    CPU (executor/optimizer.py): their fp32 gradients go device-to-host first (4 B each over the host link);
+    then the GPU steps its share (``(1 - fraction)`` of ``gpu_seconds``, the whole step's device seconds) while
+    the CPU steps the rest (12 B of fp32 state each at ``cpu_adam_bytes_per_s``); then the updated weights
+    come back host-to-device in their dtype (``param_bytes`` each)."""
+    host = fraction * local_params
+    link = hardware.host_link_bytes_per_s
+    d2h, h2d = host * _FP32_BYTES / link, host * param_bytes / link
+    cpu = host * 3 * _FP32_BYTES / hardware.cpu_adam_bytes_per_s
+    gpu = (1.0 - fraction) * gpu_seconds
+    return d2h + (gpu if gpu > cpu else cpu) + h2d
+
+
+def activation_offload_seconds(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                               config: ParallelConfig, dense_layers: int, moe_layers: int, dense_fwd: float,
+                               moe_fwd: float) -> float:
+    """Exposed seconds per micro-batch of activation offload on a rank with these layers: each layer's
+    offloaded tensors go to the host on a side stream during its forward (exposed only where the copy
+    outlasts the layer's forward compute, ``dense_fwd``/``moe_fwd`` seconds) and come back in its backward on
+    the compute stream, unprefetched (exposed whole)."""
+    link = cluster.hardware.host_link_bytes_per_s
+    dense, moe = offloaded_layer_bytes(model, training, config)
+    out = 0.0
+    for n, nbytes, fwd in ((dense_layers, dense, dense_fwd), (moe_layers, moe, moe_fwd)):
+        copy = nbytes / link
+        out += n * ((copy - fwd if copy > fwd else 0.0) + copy)
+    return out
 
 
 def _corrected(values: list[float], corrections: Mapping[str, float]) -> list[float]:

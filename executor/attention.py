@@ -7,15 +7,27 @@ after the reduce-scatter, to this rank's sequence slice, so its gradient is a TP
 sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets. q/k norms
 are per head (Qwen3) or, with ``qk_layernorm_scope='all'`` (OLMoE), over a token's whole q and k before the
 head split, their weights split with the heads (:mod:`executor.tp_rms_norm`).
+
+Speed switches (ExecutorOptions): ``fused_qkv`` projects Q, K and V in one GEMM against the weights
+concatenated per call and not kept for backward (the parameters stay wq/wk/wv: checkpoints and TP sharding
+are unchanged; 'torch' kernels only, as the fp8 backend caches each weight's quantised form per parameter;
+not with q/k norms, which keep their inputs); ``fused_rope`` rotates q and k in one Triton launch on CUDA
+(:mod:`executor.kernels.triton_rope`); ``fused_rms_norm`` runs the input RMSNorm as one Triton kernel each
+way on CUDA (:mod:`executor.kernels.triton_rms_norm`); ``attention_backend`` puts cuDNN or flash first among
+SDPA's kernels on CUDA.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spec.model_spec import ModelSpec
 from executor import recompute
+from executor.offload import offloaded
 from executor.attention_core import special_attention
+from executor.kernels import triton_rope
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
 from executor.parallel.context_parallel import cp_attention, gather_kv
@@ -40,6 +52,38 @@ def apply_rope(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor)
     return (x_BHSD * cos_SD.to(x_BHSD.dtype) + rotated * sin_SD.to(x_BHSD.dtype))
 
 
+#: ExecutorOptions.attention_backend -> SDPA kernels in priority order (None: torch's own choice).
+_SDPA_ORDER = {
+    "auto": None,
+    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+              SDPBackend.MATH],
+    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+}
+
+
+class _QKVLinear(torch.autograd.Function):
+    """x · [wq; wk; wv]ᵀ as one GEMM. Autograd keeps x and the three parameters, not their concatenation (a
+    weight-sized copy per layer held until backward); backward concatenates again for the input gradient and
+    hands each weight its rows of the one weight-gradient GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, wv):
+        ctx.save_for_backward(x, wq, wk, wv)
+        return torch.nn.functional.linear(x, torch.cat([wq, wk, wv]))
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, wq, wk, wv = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.matmul(dy, torch.cat([wq, wk, wv]))
+        if any(ctx.needs_input_grad[1:]):
+            dw = torch.matmul(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
+            nq, nk = wq.shape[0], wk.shape[0]
+            dw = (dw[:nq], dw[nq: nq + nk], dw[nq + nk:])
+        return (dx, *(dw or (None, None, None)))
+
+
 class Attention(torch.nn.Module):
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
@@ -48,12 +92,18 @@ class Attention(torch.nn.Module):
         h, d = spec.hidden_size, spec.head_dim
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
+        self.offload_core = offloaded(state.config, "core_attn")
+        self.offload_norm = offloaded(state.config, "layernorm")
         self.cp = state["cp"]
         self.window = spec.attention_window(layer)
         self.plain = self.window is None and spec.softmax_type == "vanilla"  # the causal kernels take it
         # [s/cp, s] mask (True = attend) in global positions, set by the model under CP or when not plain
         self.mask = None
         self.heads = spec.num_attention_heads // state.tp.size
+        # fp8 caches each weight's quantised form per parameter: a per-call concatenation would defeat it
+        # (and q/k norms keep their inputs, which as views would keep the whole fused output alive)
+        self.fuse_qkv = options.fused_qkv and kernels.name == "torch" and not spec.qk_layernorm
+        self.input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
         self.kv_heads = spec.num_kv_heads // state.tp.size
         p = f"layers.{layer}.attention."
 
@@ -89,33 +139,44 @@ class Attention(torch.nn.Module):
         """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
         eps, d = self.options.norm_epsilon, self.spec.head_dim
         x = self.timer.mark(x_SBH, "other", "attention")
-        x = recompute.run(self.recompute_norm, self.kernels.rms_norm, x, self.norm, eps)
+        x = recompute.run(self.recompute_norm, self.input_norm, x, self.norm, eps, offload=self.offload_norm)
         x = self.timer.mark(x, "attention", "tp_allgather")
         x = enter_tp(x, self.state)
         x = self.timer.mark(x, "tp_allgather", "attention")
         s, b, _ = x.shape
-        q, k = self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk)
+        if self.fuse_qkv:
+            q, k, v = self._project_qkv(x)
+        else:
+            q, k, v = (self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk),
+                       self._project(x, self.wv, self.bv))
         if self.qk_norm_all:
             q = tp_rms_norm(q, self.q_norm, self.spec.num_attention_heads * d, eps, self.state.tp)
             k = tp_rms_norm(k, self.k_norm, self.spec.num_kv_heads * d, eps, self.state.tp)
-        q = q.view(s, b, self.heads, d).permute(1, 2, 0, 3)
-        k = k.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        v = self._project(x, self.wv, self.bv).view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        q, k = q.view(s, b, self.heads, d), k.view(s, b, self.kv_heads, d)
+        v = v.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
         if self.spec.qk_layernorm and not self.qk_norm_all:
             q = self.kernels.rms_norm(q, self.q_norm, eps)
             k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.options.fused_rope and triton_rope.available(q, k):
+            q, k = triton_rope.fused_rope(q, k, cos, sin)
+            q, k = q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3)
+        else:
+            q = apply_rope(q.permute(1, 2, 0, 3), cos, sin)
+            k = apply_rope(k.permute(1, 2, 0, 3), cos, sin)
         if self.cp.size > 1:
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
         if not self.plain:  # a window or sinks: the masked path (the CP flash kernel takes neither)
-            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks)
+            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks,
+                              offload=self.offload_core)
         elif self.cp.size > 1:
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
+            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank,
+                              offload=self.offload_core)
         else:
-            o = recompute.run(self.recompute_core, self.kernels.attention, q, k, v)  # [b, heads, s, d]
+            o = recompute.run(self.recompute_core, self._attention, q, k, v,  # [b, heads, s, d]
+                              offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = self.kernels.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
@@ -123,6 +184,24 @@ class Attention(torch.nn.Module):
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The backend's causal attention, with SDPA's kernel order of ``options.attention_backend`` on CUDA."""
+        order = _SDPA_ORDER[self.options.attention_backend]
+        if order is None or not q.is_cuda:
+            return self.kernels.attention(q, k, v)
+        with sdpa_kernel(order, set_priority=True):
+            return self.kernels.attention(q, k, v)
+
+    def _project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V as column slices of one GEMM against [wq; wk; wv] (:class:`_QKVLinear`)."""
+        y = _QKVLinear.apply(x, self.wq, self.wk, self.wv)
+        if self.bq is not None:
+            y = y + torch.cat([self.bq, self.bk, self.bv])
+        nq, nk = self.wq.shape[0], self.wk.shape[0]
+        # q and k are read once (RoPE writes new tensors, keeping nothing); v is kept for the attention's
+        # backward and gets its own storage, or its view would keep the whole [tokens, (hq + 2·hk)·d] alive
+        return y[..., :nq], y[..., nq: nq + nk], y[..., nq + nk:].contiguous()
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = self.kernels.linear(x, w)

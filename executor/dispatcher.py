@@ -195,6 +195,26 @@ class AllToAllDispatcher:
         self.local_experts = num_experts // state.ep.size
 
     def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
+        rows, ctx = self.dispatch_pre(x_NH, routing)
+        if "send" in ctx:
+            rows = all_to_all(rows, ctx["recv"], ctx["send"], self.state.ep)
+        return self.dispatch_post(rows, ctx)
+
+    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        y_MH = self.combine_pre(y_MH, dispatched)
+        c = dispatched.ctx
+        if "send" in c:
+            y_MH = all_to_all(y_MH, c["send"], c["recv"], self.state.ep)
+        return self.combine_post(y_MH, dispatched)
+
+    # The four halves around the two EP all-to-alls, which ``dispatch`` and ``combine`` run in line and the
+    # overlapped schedule (executor/ep_overlap.py) runs apart, each all-to-all under another micro-batch's
+    # compute. Between ``dispatch_pre`` and ``dispatch_post`` the rows go ``ctx["send"]`` to each EP peer
+    # and ``ctx["recv"]`` come back; the combine's all-to-all is its transpose. Without EP or ETP there is no
+    # exchange (no "send" in ctx) and the rows pass straight through.
+
+    def dispatch_pre(self, x_NH: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, dict]:
+        """Permute by expert and size the exchange: (rows to send [Σ send, h], ctx)."""
         ep, etp = self.state.ep, self.state.etp
         n, k, e_local = x_NH.shape[0], self.topk, self.local_experts
         if routing.may_drop:
@@ -209,9 +229,9 @@ class AllToAllDispatcher:
             slots, counts_E = torch.argsort(routing.experts_NK.reshape(-1), stable=True), routing.tokens_per_expert
             row_of_slot = slot_rows(slots, n, k)
         rows = permute(x_NH, slots, row_of_slot, k)
-        ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": routing.probs_NK}
+        ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": routing.probs_NK, "counts": counts_E}
         if ep.size == 1 and etp.size == 1:
-            return Dispatched(rows, counts_E, ctx)
+            return rows, ctx
 
         rows = self.timer.mark(rows, "dispatch", "ep_alltoall")
         counts_PE = counts_E.view(ep.size, e_local)
@@ -220,8 +240,16 @@ class AllToAllDispatcher:
         # and received from each ep peer, rows of each etp member after the all-gather
         counts_SE = all_gather_nograd(recv_PE.contiguous(), etp) if etp.size > 1 else recv_PE  # [etp·ep, E_local]
         sizes = torch.cat([counts_PE.sum(1), recv_PE.sum(1), counts_SE.view(etp.size, -1).sum(1)]).tolist()
-        send, recv, per_member = sizes[:ep.size], sizes[ep.size:2 * ep.size], sizes[2 * ep.size:]
-        rows = all_to_all(rows, recv, send, ep)
+        ctx.update(send=sizes[:ep.size], recv=sizes[ep.size:2 * ep.size], per_member=sizes[2 * ep.size:],
+                   counts_SE=counts_SE)
+        return rows, ctx
+
+    def dispatch_post(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
+        """The received rows [Σ recv, h] → the experts' input, sorted by local expert."""
+        if "send" not in ctx:
+            return Dispatched(rows, ctx["counts"], ctx)
+        etp = self.state.etp
+        per_member = ctx["per_member"]
         if etp.size > 1:
             rows = self.timer.mark(rows, "ep_alltoall", "etp_allgather")
             rows = all_gather_v(rows, per_member, etp)
@@ -229,23 +257,30 @@ class AllToAllDispatcher:
         else:
             per_member = None
             rows = self.timer.mark(rows, "ep_alltoall", "dispatch")
-        index = chunk_order(counts_SE, sum(per_member or recv))
+        counts_SE = ctx["counts_SE"]
+        index = chunk_order(counts_SE, sum(per_member or ctx["recv"]))
         rows = rows.index_select(0, index)
-        ctx.update(send=send, recv=recv, per_member=per_member, index=index)
+        ctx.update(per_member=per_member, index=index)
         return Dispatched(rows, counts_SE.sum(0), ctx)
 
-    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+    def combine_pre(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """The experts' output [M, h] → the rows to send back [Σ recv, h] (ETP partial sums reduced)."""
         c = dispatched.ctx
-        ep, etp = self.state.ep, self.state.etp
+        if "index" not in c:
+            return y_MH
+        etp = self.state.etp
+        inverse = torch.empty_like(c["index"])
+        inverse[c["index"]] = torch.arange(c["index"].numel(), device=inverse.device)
+        y_MH = y_MH.index_select(0, inverse)
+        if etp.size > 1:
+            y_MH = self.timer.mark(y_MH, "combine", "etp_reduce_scatter")
+            y_MH = reduce_scatter_v(y_MH, c["per_member"], etp)
+        return self.timer.mark(y_MH, "etp_reduce_scatter" if etp.size > 1 else "combine", "ep_alltoall")
+
+    def combine_post(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """The rows received back [Σ send, h] → [n, h]: each token's probability-weighted sum of its copies."""
+        c = dispatched.ctx
         if "index" in c:
-            inverse = torch.empty_like(c["index"])
-            inverse[c["index"]] = torch.arange(c["index"].numel(), device=inverse.device)
-            y_MH = y_MH.index_select(0, inverse)
-            if etp.size > 1:
-                y_MH = self.timer.mark(y_MH, "combine", "etp_reduce_scatter")
-                y_MH = reduce_scatter_v(y_MH, c["per_member"], etp)
-            y_MH = self.timer.mark(y_MH, "etp_reduce_scatter" if etp.size > 1 else "combine", "ep_alltoall")
-            y_MH = all_to_all(y_MH, c["send"], c["recv"], ep)
             y_MH = self.timer.mark(y_MH, "ep_alltoall", "combine")
         return unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
 

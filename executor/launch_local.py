@@ -47,6 +47,8 @@ class LaunchResult:
     placement: list[dict[str, Any]] = field(default_factory=list)
     # unix seconds when the ranks began running ``fn`` and when the launcher saw them end (the Ray launcher)
     run_window: list[float] = field(default_factory=list)
+    # the ranks were kept from an earlier launch (executor.rank_pool), not started for this one
+    reused: bool = False
 
 
 def _free_port() -> int:

@@ -22,6 +22,11 @@ rendezvous through rank 0 (its node's IP and a port that rank 0's actor picks on
 tears everything down through Ray: actors killed, placement group removed, and the actors confirmed dead
 on every node (on this node the launcher also waits until the rank processes are gone).
 
+Kept ranks: :class:`RayRankPool` (one at a time) and :class:`RayRankPools` (trials side by side) have
+``launch``'s contract but keep the placement group and rank actors after a run, for the next run of the same
+shape; the default process group is made once, each run starts from a fresh process's state and its own
+groups are destroyed after it (:mod:`executor.rank_pool`, which also says when a failure ends them).
+
 Across nodes: the interface and transport settings of NCCL and Gloo (``NCCL_SOCKET_IFNAME``,
 ``GLOO_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ... see ``FORWARDED_ENV``) are forwarded from the driver to every
 rank, plus the names listed in ``FOLDTUNE_RANK_ENV`` (comma-separated). A trial whose node goes away
@@ -65,7 +70,7 @@ from ray._raylet import AuthenticationMode, get_authentication_mode  # noqa: E40
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from executor import progress  # noqa: E402
+from executor import progress, rank_pool  # noqa: E402
 from executor.failure import is_out_of_memory
 from executor.launch_local import OOM_PREFIX, SAFE_ENV, LaunchResult
 from spec.errors import SpecError
@@ -220,6 +225,7 @@ class RankActor:
         self._lock = threading.Lock()
         self._steps: list[tuple[int, float]] = []
         self._stop = False
+        self._initial_seed = torch.initial_seed()  # a fresh process's RNG seed: each kept run starts from it
 
     def address(self) -> tuple[str, int, int, str, list[str]]:
         """(node IP, a free port on this host, this process's pid, the Ray node id, the GPU ids Ray gave it).
@@ -243,6 +249,43 @@ class RankActor:
     def last_step(self) -> int:
         """The last timed step this rank finished (-1: none yet)."""
         return progress.last_step_done()
+
+    def run_kept(self, master: tuple[str, int], backend: str, fn: Callable, args: tuple, dist_timeout_s: float,
+                 memory_limit_bytes: int | None, env: dict[str, str]) -> tuple[str, Any]:
+        """Run ``fn`` as this rank of a kept pool (:class:`RayRankPool`): the process group is made by the
+        first run and kept; each run gets :func:`executor.rank_pool.run_trial`'s fresh state and ``env``."""
+        torch.set_num_threads(self.threads)
+        with self._lock:
+            self._steps, self._stop = [], False
+        limits = resource.getrlimit(resource.RLIMIT_AS)
+        if memory_limit_bytes:
+            _limit_address_space(memory_limit_bytes)
+        try:
+            if not dist.is_initialized():
+                try:
+                    self._init_group(master, backend, dist_timeout_s)
+                except BaseException as exc:  # noqa: BLE001
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    return "error", f"{type(exc).__name__} on rank {self.rank}: {first}", traceback.format_exc()
+            return rank_pool.run_trial(fn, self.rank, self.world_size, args, env, self._initial_seed,
+                                       sink=self._record if self.rank == 0 else None)
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, limits)  # the limit is this run's: the next one sets its own
+
+    def health(self) -> bool:
+        """A barrier over the kept pool (after a failed run): True when it completed."""
+        return rank_pool.health_check()
+
+    def leftover_bytes(self) -> int:
+        """Device bytes this kept rank still holds after its last run (0 without CUDA)."""
+        return rank_pool.leftover_bytes()
+
+    def _init_group(self, master: tuple[str, int], backend: str, dist_timeout_s: float) -> None:
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray made this rank's GPU the only visible one
+        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+                                world_size=self.world_size, timeout=datetime.timedelta(seconds=dist_timeout_s),
+                                **({"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}))
 
     def run(self, master: tuple[str, int], backend: str, fn: Callable, args: tuple, dist_timeout_s: float,
             memory_limit_bytes: int | None) -> tuple[str, Any]:
@@ -334,6 +377,51 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     """
     attach_ray(address)  # connects only where no front end attached first (a bare launch, tests)
     start = time.monotonic()
+    ranks = _reserve(world_size, backend, timeout_s, threads_per_rank, env, placement_timeout_s, ranks_per_node,
+                     cancel, name, start)
+    if isinstance(ranks, LaunchResult):
+        return ranks
+    try:
+        limit = memory_limit_bytes if ranks.backend == "gloo" else None
+        began = time.time()
+        runs = [a.run.remote(ranks.master, ranks.backend, fn, args, timeout_s, limit) for a in ranks.actors]
+        failure, results = _supervise(ranks.actors, runs, on_step, ranks.started, timeout_s, world_size,
+                                      ranks.placement, cancel)
+        return _result(failure, results, start, ranks.placement, [began, time.time()])
+    finally:
+        _teardown(ranks.actors, ranks.pg, ranks.pids)
+
+
+def _result(failure: tuple[FailureKind, str] | None, results: list, start: float, placement: list[dict],
+            window: list[float], reused: bool = False) -> LaunchResult:
+    if failure:
+        failure_kind, reason = failure
+        return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind,
+                            placement=placement, run_window=window, reused=reused)
+    return LaunchResult(True, None, results, time.monotonic() - start, placement=placement, run_window=window,
+                        reused=reused)
+
+
+@dataclass
+class _Ranks:
+    """A run's reserved ranks: its placement group, the rank actors (running), where they run (``placement``,
+    this node's rank ``pids``), rank 0's rendezvous address, the backend, the monotonic time the actors
+    were started at, and the ``key`` of what they fit (world size, backend, ranks per node, threads)."""
+
+    pg: Any
+    actors: list[Any]
+    pids: list[int]
+    placement: list[dict[str, Any]]
+    master: tuple[str, int]
+    backend: str
+    started: float
+    key: tuple
+
+
+def _reserve(world_size: int, backend: str | None, timeout_s: float, threads_per_rank: int,
+             env: dict[str, str] | None, placement_timeout_s: float | None, ranks_per_node: int | None,
+             cancel: threading.Event | None, name: str, start: float) -> _Ranks | LaunchResult:
+    """Reserve the placement group and start the rank actors (see :func:`launch`), or the failed result."""
     if backend is None:
         backend = "nccl" if _cluster_total("GPU") >= world_size else "gloo"
     unit = rank_resource(backend)
@@ -362,6 +450,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
     pg = placement_group(bundles, strategy="STRICT_SPREAD", name=run_name)
     actors: list[Any] = []
     pids: list[int] = []
+    kept = False
     try:
         wait_s = timeout_s if placement_timeout_s is None else placement_timeout_s
         ready = _wait_ready([pg.ready()], wait_s, cancel)
@@ -388,22 +477,160 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
             return refused(*_startup_failure(exc, timeout_s, pg))
         placement = [{"node": node, "ip": ip, "gpus": gpus} for ip, _, _, node, gpus in addresses]
         pids = [pid for ip, _, pid, node, _ in addresses if node == _this_node()]
-        master = addresses[0][:2]
-        limit = memory_limit_bytes if backend == "gloo" else None
-        began = time.time()
-        runs = [a.run.remote(master, backend, fn, args, timeout_s, limit) for a in actors]
-        failure, results = _supervise(actors, runs, on_step, run_start, timeout_s, world_size, placement, cancel)
-        window = [began, time.time()]
-        if failure:
-            failure_kind, reason = failure
-            return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=failure_kind,
-                                placement=placement, run_window=window)
-        return LaunchResult(True, None, results, time.monotonic() - start, placement=placement, run_window=window)
+        kept = True
+        return _Ranks(pg, actors, pids, placement, addresses[0][:2], backend, run_start,
+                      (world_size, backend, per_rank, threads_per_rank))
     finally:
-        _teardown(actors, pg, pids)
+        if not kept:
+            _teardown(actors, pg, pids)
 
 
-CANCELLED_REASON = "cancelled: the run was stopped before it finished"
+class RayRankPool:
+    """Rank actors kept between runs of the same world size, backend, ranks per node and threads: the
+    Ray side of :mod:`executor.rank_pool` (its per-trial hygiene and its rules for when a pool is kept).
+
+    :meth:`launch` has :func:`launch`'s signature and contract. The first run (and the first after a change
+    of shape or a failure that ended the ranks) reserves a placement group and starts the actors as
+    :func:`launch` does, named after that run; later runs go to the same actors, whose default process group
+    was made by the first. ``env`` applies to each run alone; the driver's forwarded variables
+    (``FORWARDED_ENV``) are read when the actors start. Runs go one at a time per pool (a lock); a caller with
+    trials side by side keeps one pool per running trial (:class:`RayRankPools`). :meth:`close` tears the
+    actors and their placement group down.
+    """
+
+    def __init__(self) -> None:
+        self._ranks: _Ranks | None = None
+        self._lock = threading.Lock()
+        self.starts = 0  # how many times rank actors were started
+
+    @property
+    def key(self) -> tuple | None:
+        return self._ranks.key if self._ranks is not None else None
+
+    @property
+    def pids(self) -> list[int]:
+        """This node's rank processes (empty when none are kept)."""
+        return list(self._ranks.pids) if self._ranks is not None else []
+
+    def close(self) -> None:
+        if self._ranks is not None:
+            ranks, self._ranks = self._ranks, None
+            _teardown(ranks.actors, ranks.pg, ranks.pids)
+
+    def launch(self, fn: Callable, world_size: int, args: tuple = (), backend: str | None = None,
+               timeout_s: float = 600.0, threads_per_rank: int = 1, *,
+               on_step: Callable[[int, float], bool] | None = None, memory_limit_bytes: int | None = None,
+               env: dict[str, str] | None = None, placement_timeout_s: float | None = None,
+               address: str | None = None, ranks_per_node: int | None = None,
+               cancel: threading.Event | None = None, name: str = "launch") -> LaunchResult:
+        """Run ``fn`` on the kept actors (see the class docstring); ``reused`` says whether they were kept."""
+        attach_ray(address)
+        with self._lock:
+            start = time.monotonic()
+            if backend is None:
+                backend = "nccl" if _cluster_total("GPU") >= world_size else "gloo"
+            ranks = self._ranks
+            reused = ranks is not None and _fits(ranks.key, world_size, backend, ranks_per_node, threads_per_rank)
+            if not reused:
+                self.close()
+                got = _reserve(world_size, backend, timeout_s, threads_per_rank, None, placement_timeout_s,
+                               ranks_per_node, cancel, name, start)
+                if isinstance(got, LaunchResult):
+                    return got
+                self._ranks = ranks = got
+                self.starts += 1
+            limit = memory_limit_bytes if backend == "gloo" else None
+            began = time.time()
+            run_start = ranks.started if not reused else time.monotonic()
+            runs = [a.run_kept.remote(ranks.master, backend, fn, args, timeout_s, limit, dict(env or {}))
+                    for a in ranks.actors]
+            failure, results = _supervise(ranks.actors, runs, on_step, run_start, timeout_s, world_size,
+                                          ranks.placement, cancel)
+            if failure is not None and not self._keepable(failure[0], runs):
+                self.close()
+            elif failure is None and not self._clean():
+                self.close()
+            return _result(failure, results, start, ranks.placement, [began, time.time()], reused)
+
+    def _clean(self) -> bool:
+        """Whether every kept actor is back to (about) no device memory after its run: a trial that left
+        something alive would make the next one measure, and perhaps run out of, less memory."""
+        try:
+            left = ray.get([a.leftover_bytes.remote() for a in self._ranks.actors], timeout=rank_pool.HEALTH_TIMEOUT_S)
+        except Exception:
+            return False
+        return max(left) <= rank_pool.LEFTOVER_LIMIT_BYTES
+
+    def _keepable(self, kind: FailureKind, runs: list) -> bool:
+        """After a failed run: whether every rank finished it (raised, not died) within the grace period and
+        a barrier over all of them then completes (see :mod:`executor.rank_pool`)."""
+        if kind not in (FailureKind.OOM, FailureKind.ERROR) or self._ranks is None:
+            return False
+        done, _ = ray.wait(runs, num_returns=len(runs), timeout=rank_pool.FAILURE_GRACE_S)
+        if len(done) < len(runs):
+            return False
+        try:
+            ray.get(runs)  # raises when an actor died
+            checks = [a.health.remote() for a in self._ranks.actors]
+            return all(ray.get(checks, timeout=rank_pool.HEALTH_TIMEOUT_S))
+        except Exception:
+            return False
+
+
+def _fits(key: tuple, world_size: int, backend: str | None, ranks_per_node: int | None, threads: int) -> bool:
+    """Whether kept ranks of ``key`` (world size, backend, ranks per node, threads) serve a run asking for these."""
+    per_node = None if ranks_per_node is None else max(1, min(ranks_per_node, world_size))
+    return key[0] == world_size and backend in (None, key[1]) and per_node in (None, key[2]) and key[3] == threads
+
+
+class RayRankPools:
+    """Rank pools for trials side by side (one job's): each run borrows an idle pool of its shape, else
+    ends the idle pools (their reservations could be what the new shape waits for) and starts a new one.
+    ``launch`` has :func:`launch`'s signature; :meth:`close` ends every pool (call it when the job ends)."""
+
+    def __init__(self) -> None:
+        self._idle: list[RayRankPool] = []
+        self._busy: list[RayRankPool] = []
+        self._lock = threading.Lock()
+
+    def _borrow(self, world_size: int, backend: str | None, ranks_per_node: int | None,
+                threads: int) -> RayRankPool:
+        with self._lock:
+            for pool in self._idle:
+                if pool.key is not None and _fits(pool.key, world_size, backend, ranks_per_node, threads):
+                    self._idle.remove(pool)
+                    self._busy.append(pool)
+                    return pool
+            idle, self._idle = self._idle, []
+            pool = RayRankPool()
+            self._busy.append(pool)
+        for old in idle:
+            old.close()
+        return pool
+
+    def launch(self, fn: Callable, world_size: int, args: tuple = (), backend: str | None = None,
+               timeout_s: float = 600.0, threads_per_rank: int = 1, **kwargs: Any) -> LaunchResult:
+        pool = self._borrow(world_size, backend, kwargs.get("ranks_per_node"), threads_per_rank)
+        try:
+            return pool.launch(fn, world_size, args, backend, timeout_s, threads_per_rank, **kwargs)
+        finally:
+            with self._lock:
+                self._busy.remove(pool)
+                # a pool still reserving may wait for exactly these devices: give them back rather than idle
+                keep = pool.key is not None and not any(p.key is None for p in self._busy)
+                if keep:
+                    self._idle.append(pool)
+            if not keep:
+                pool.close()
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._idle = self._idle, []
+        for pool in pools:
+            pool.close()
+
+
+CANCELLED_REASON = rank_pool.CANCELLED_REASON
 
 
 def _cancelled(start: float) -> LaunchResult:

@@ -51,6 +51,16 @@ class Measurement:
     placement: list[dict[str, Any]] = field(default_factory=list)
     # unix seconds when the ranks began the run and when it ended (the Ray launcher): shows trials side by side
     run_window: list[float] = field(default_factory=list)
+    # A trial's fixed cost (seconds): from the driver dispatching the run to the first timed step starting on
+    # the last rank to reach it; ``startup_s`` is the part until every rank had the layout's process groups
+    # (waiting for devices, processes, Ray actors, the default and the layout's groups), ``warmup_s`` the rest
+    # (model build, warm-up steps: CUDA context, allocator and kernel first use). ``reused_ranks``: the trial
+    # ran on ranks kept from an earlier trial (executor.rank_pool). None in records written before these
+    # fields existed; the fixed cost also None for failed runs.
+    fixed_cost_s: float | None = None
+    startup_s: float | None = None
+    warmup_s: float | None = None
+    reused_ranks: bool | None = None
 
     def __post_init__(self) -> None:
         if self.failure_kind is not None:  # read back from JSON as its string value
@@ -90,6 +100,10 @@ class Measurement:
                             f"{self.static_after_step_allocated_bytes / gib:.2f} GiB after it"
                             if self.static_allocated_bytes is not None
                             and self.static_after_step_allocated_bytes is not None else ""))
+        if self.fixed_cost_s is not None:
+            lines.append(f"fixed cost {self.fixed_cost_s:.2f} s to the first timed step (start-up "
+                         f"{self.startup_s:.2f} s, warm-up {self.warmup_s:.2f} s"
+                         + ("; reused ranks)" if self.reused_ranks else ")"))
         if self.phases:
             total = sum(self.phases.values()) or 1.0
             parts = sorted(self.phases.items(), key=lambda kv: -kv[1])

@@ -30,6 +30,7 @@ import torch
 
 from spec.model_spec import ModelSpec
 from executor import recompute
+from executor.offload import offloaded
 from executor.attention import apply_rope
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
@@ -60,6 +61,8 @@ class MLASelfAttention(torch.nn.Module):
         qk, rope, v = spec.qk_head_dim, spec.qk_pos_emb_head_dim, spec.v_head_dim
         self.recompute_core = recompute.selective(state.config, "core_attn")
         self.recompute_norm = recompute.selective(state.config, "layernorm")
+        self.offload_core = offloaded(state.config, "core_attn")
+        self.offload_norm = offloaded(state.config, "layernorm")
         # Megatron's mla_up_proj: the up projections (and RoPE) re-run in backward, so only the gathered
         # latents stay. Torch's checkpoint keeps a region's inputs, so the region is the up projections and
         # the attention core together (the executor rule asks core_attn beside mla_up_proj)
@@ -100,7 +103,8 @@ class MLASelfAttention(torch.nn.Module):
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # selective "layernorm" recompute covers every norm of the block, the latent ones included
-        return recompute.run(self.recompute_norm, self.kernels.rms_norm, x, weight, self.options.norm_epsilon)
+        return recompute.run(self.recompute_norm, self.kernels.rms_norm, x, weight, self.options.norm_epsilon,
+                             offload=self.offload_norm)
 
     def _qkv(self, latents_SBL: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Full-sequence latents → q, k [b, heads, s, qk+rope] and v [b, heads, s, v_head_dim] (RoPE applied)."""
@@ -155,5 +159,6 @@ class MLASelfAttention(torch.nn.Module):
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
-            return recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank)
-        return recompute.run(self.recompute_core, self.kernels.attention, q, k, v)
+            return recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank,
+                                 offload=self.offload_core)
+        return recompute.run(self.recompute_core, self.kernels.attention, q, k, v, offload=self.offload_core)

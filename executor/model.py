@@ -13,13 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
+from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
-from executor import recompute
+from executor import cuda_graphs, recompute
+from executor.offload import offloaded
 from executor.attention import Attention, rope_tables
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
 from executor.kernels import get_backend
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
@@ -71,21 +74,43 @@ class DecoderLayer(torch.nn.Module):
         config = state.config
         self.recompute_norm = recompute.selective(config, "layernorm")
         self.recompute_mlp = recompute.selective(config, "moe" if moe else "mlp")
+        self.offload_norm = offloaded(config, "layernorm")
+        self.offload_mlp = offloaded(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
+        self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
+        # options.cuda_graphs: the attention half replayed from CUDA graphs (executor.cuda_graphs); a plain
+        # attribute, not a submodule, so parameters and state dicts are the layer's own
+        self.graphed = None
+        if options.cuda_graphs:
+            kind = "multi-latent attention" if spec.multi_latent_attention else "standard"
+            reason = cuda_graphs.refusal(config, options.kernel_backend, kind, torch.device(device))
+            if reason is not None:
+                raise SpecError(reason)
+            half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon)
+            self.graphed = cuda_graphs.GraphedStaticHalf(half)
 
     def forward(self, x_SBH: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """(output slice, router loss: zero for a dense layer)."""
         return recompute.run(self.recompute_layer, self._forward, x_SBH, *rope)
 
-    def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention_block(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual after attention, its normed copy: the MLP's input), both [s/tp, b, h]."""
+        if self.graphed is not None:  # the whole half is one "attention" phase
+            x, h = self.graphed(self.timer.mark(x_SBH, "other", "attention"), cos, sin)
+            return x, self.timer.mark(h, "attention", "other")
         x = x_SBH + self.attention(x_SBH, (cos, sin))
         h = self.timer.mark(x, "other", "norm")
-        h = recompute.run(self.recompute_norm, self.kernels.rms_norm, h, self.mlp_norm, self.options.norm_epsilon)
-        h = self.timer.mark(h, "norm", "other")
+        h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm, self.options.norm_epsilon,
+                          offload=self.offload_norm)
+        return x, self.timer.mark(h, "norm", "other")
+
+    def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = self.attention_block(x_SBH, cos, sin)
         if self.is_moe:
-            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h)
+            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
             return x + y, router_loss
-        return x + recompute.run(self.recompute_mlp, self.mlp, h), x.new_zeros((), dtype=torch.float32)
+        return (x + recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp),
+                x.new_zeros((), dtype=torch.float32))
 
 
 class MoEGPT(torch.nn.Module):
@@ -201,7 +226,16 @@ class MoEGPT(torch.nn.Module):
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
         losses (+ the MTP depths' router losses and their scaled loss); elsewhere ``hidden`` is the output and
         ``loss`` the chunk's router losses (ce = 0)."""
-        timer, state = self.timer, self.state
+        x, rope, labels_BS, full_labels_BS = self.chunk_input(chunk, x_or_ids, labels_BS)
+        router_loss = x.new_zeros((), dtype=torch.float32)
+        for position in self.chunk_layers[chunk]:
+            x, layer_loss = self.layers[position](x, rope)
+            router_loss = router_loss + layer_loss
+        return self.chunk_output(chunk, x, router_loss, rope, labels_BS, full_labels_BS)
+
+    def chunk_input(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor):
+        """:meth:`forward_chunk` up to its first layer: (input activations [s/tp, b, h], rope tables,
+        this CP rank's labels, the full labels)."""
         full_labels_BS = labels_BS  # MTP shifts the labels over the whole sequence before CP slicing
         if self.cp_positions is not None:  # the full micro-batch comes in; this CP rank keeps its tokens
             if self.is_first_chunk(chunk):
@@ -209,16 +243,17 @@ class MoEGPT(torch.nn.Module):
             labels_BS = labels_BS[:, self.cp_positions]
         s = labels_BS.shape[1]
         if self.is_first_chunk(chunk):
-            timer.switch("embedding")
-            x = embed(x_or_ids.t(), self.embedding, self.padded_vocab, state)  # [s/tp, b, h]
-            x = timer.mark(x, "embedding", "other")
+            self.timer.switch("embedding")
+            x = embed(x_or_ids.t(), self.embedding, self.padded_vocab, self.state)  # [s/tp, b, h]
+            x = self.timer.mark(x, "embedding", "other")
         else:
             x = x_or_ids
-        rope = (self.rope_cos[:s], self.rope_sin[:s])
-        router_loss = x.new_zeros((), dtype=torch.float32)
-        for position in self.chunk_layers[chunk]:
-            x, layer_loss = self.layers[position](x, rope)
-            router_loss = router_loss + layer_loss
+        return x, (self.rope_cos[:s], self.rope_sin[:s]), labels_BS, full_labels_BS
+
+    def chunk_output(self, chunk: int, x: torch.Tensor, router_loss: torch.Tensor, rope, labels_BS: torch.Tensor,
+                     full_labels_BS: torch.Tensor) -> LossOutput:
+        """:meth:`forward_chunk` after its last layer: ``x`` its output, ``router_loss`` its layers' sum."""
+        timer, state = self.timer, self.state
         # Router losses are per-rank parts of one sum over the sequence, but gradients average over CP.
         router_loss = router_loss * state["cp"].size
         with torch.no_grad():

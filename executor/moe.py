@@ -132,21 +132,34 @@ class MoELayer(torch.nn.Module):
 
     def forward(self, x_SBH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(output slice [s/tp, b, h], this rank's share of the router losses)."""
+        tokens, routing = self.route(x_SBH)
+        dispatched = self.dispatcher.dispatch(tokens, routing)
+        y = self.dispatcher.combine(self.run_experts(dispatched), dispatched)
+        return self.finish(y, x_SBH), routing.loss
+
+    # forward's parts, which the overlapped schedule (executor/ep_overlap.py) runs around the all-to-alls
+
+    def route(self, x_SBH: torch.Tensor):
+        """(this rank's tokens [s·b/tp, h], their Routing)."""
         s, b, h = x_SBH.shape
         x = self.timer.mark(x_SBH, "other", "router")
         tokens = x.reshape(s * b, h)
         routing = self.router(tokens, b)
         self.last_tokens_per_expert = routing.tokens_per_expert
-        tokens = self.timer.mark(tokens, "router", "dispatch")
-        dispatched = self.dispatcher.dispatch(tokens, routing)
+        return self.timer.mark(tokens, "router", "dispatch"), routing
+
+    def run_experts(self, dispatched) -> torch.Tensor:
+        """The local experts' output [M, h] for the dispatched rows (ETP: a partial sum)."""
         rows = self.timer.mark(dispatched.x_MH, "dispatch", "experts")
         rows = self.experts(rows, dispatched.tokens_per_expert)
-        rows = self.timer.mark(rows, "experts", "combine")
-        y = self.dispatcher.combine(rows, dispatched).view(s, b, h)
-        y = self.timer.mark(y, "combine", "other")
+        return self.timer.mark(rows, "experts", "combine")
+
+    def finish(self, y_NH: torch.Tensor, x_SBH: torch.Tensor) -> torch.Tensor:
+        """The combined tokens [n, h] as the layer's output [s/tp, b, h], plus the shared experts' of ``x_SBH``."""
+        y = self.timer.mark(y_NH.view(x_SBH.shape), "combine", "other")
         if self.shared is not None:
             y = y + recompute.run(self.recompute_shared, self._shared_experts, x_SBH)
-        return y, routing.loss
+        return y
 
     def _shared_experts(self, x_SBH: torch.Tensor) -> torch.Tensor:
         """Shared experts' output for this rank's slice, scaled per token by sigmoid(x · w_gate) when gated

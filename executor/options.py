@@ -13,6 +13,8 @@ from spec.validity import executor_model_rule
 
 #: Logits per block of the fused output layer + loss: 2**26 (its fp32 copy is 256 MiB).
 DEFAULT_CHUNK_LOGITS = 2**26
+#: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
+ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,15 @@ class ExecutorOptions:
     rank's vocabulary rows) at once, fused and blocked over the vocabulary (default 2**26: a 256 MiB fp32
     block); 0 computes the whole [tokens, vocab/tp] logits and then their fp32 copies, as Megatron's
     unfused loss does (see ``executor.parallel.linear_cross_entropy``).
+
+    Decoder-stack speed switches (issue 19; each tested equal to the path it replaces, see
+    tests/executor/test_stack_fusions.py): ``fused_qkv`` runs the Q, K and V projections as one GEMM against
+    the three weights concatenated (one [tokens, h] × [h, (heads + 2·kv_heads)·d] product instead of three,
+    the K/V ones narrow); ``fused_rope`` rotates q and k in one Triton kernel launch on CUDA (torch elsewhere);
+    ``attention_backend`` picks SDPA's kernel on CUDA: 'auto' (torch's choice, flash on Hopper), 'cudnn'
+    (cuDNN first, then torch's order), 'flash'. ``cuda_graphs`` (off by default) replays each decoder layer's
+    static half (attention block with its norm and residual, and the MLP/MoE input norm) from a CUDA graph
+    captured per micro-batch shape, fwd and bwd (:mod:`executor.cuda_graphs`; where it is refused, and why).
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -43,6 +54,11 @@ class ExecutorOptions:
     mtp_loss_scaling_factor: float = 0.1
     kernel_backend: str = "torch"
     cross_entropy_chunk_logits: int = DEFAULT_CHUNK_LOGITS
+    fused_qkv: bool = True
+    fused_rope: bool = True
+    fused_rms_norm: bool = True
+    attention_backend: str = "auto"
+    cuda_graphs: bool = False
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
@@ -58,6 +74,8 @@ class ExecutorOptions:
             raise SpecError(f"moe_expert_capacity_factor must be > 0, got {self.moe_expert_capacity_factor}")
         if self.mtp_loss_scaling_factor < 0:
             raise SpecError(f"mtp_loss_scaling_factor must be >= 0, got {self.mtp_loss_scaling_factor}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise SpecError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.cross_entropy_chunk_logits < 0:
             raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
 

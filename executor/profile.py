@@ -66,13 +66,19 @@ def _sync(device: torch.device) -> None:
 
 def profile_worker(rank: int, world_size: int, model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                    options: ExecutorOptions, warmup_steps: int, timed_steps: int, use_cuda: bool) -> dict:
-    """One rank: build its slice, run warm-up and timed steps, report times, phases, memory and counts."""
+    """One rank: build its slice, run warm-up and timed steps, report times, phases, memory and counts.
+
+    ``groups_at`` and ``first_timed_at`` (unix seconds) are when this rank had built the layout's process
+    groups and when its first timed step started: the driver splits the trial's fixed cost with them.
+    """
+    first_timed_at = None
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if training.precision not in DTYPES:
         raise FoldtuneError(f"precision {training.precision!r} is not supported by the executor yet "
                             f"(supported: {', '.join(DTYPES)})")
     options = options_for_precision(options, training.precision)
     state = build_parallel_state(config, rank)
+    groups_at = time.time()
     timer = PhaseTimer(enabled=False, device=device)
     net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision], timer)
     trainer = Trainer(net)
@@ -92,6 +98,8 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
         _sync(device)
         if state.config.world_size > 1:
             torch.distributed.barrier()
+        if timed and first_timed_at is None:
+            first_timed_at = time.time()
         timer.start_step()
         start = time.perf_counter()
         result = trainer.step(micro)  # ends with a host read of the loss: the step is complete
@@ -111,7 +119,7 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     trainer.finish_param_gather()  # overlap_param_gather: no collective left running when the rank leaves
     report = {"step_times": step_times, "phases": phases, "losses": losses, "tokens_per_expert": counts or [],
               "pruned": len(step_times) < timed_steps, "static_before_step": static_before,
-              "static_after_step": static_after}
+              "static_after_step": static_after, "groups_at": groups_at, "first_timed_at": first_timed_at}
     if training.precision == "fp8":
         report["fp8"] = _fp8_report(device)
     if use_cuda:
@@ -186,13 +194,15 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     if use_cuda and launcher is None and torch.cuda.device_count() < config.world_size:
         return Measurement.failed(f"layout needs {config.world_size} GPUs, this machine has "
                                   f"{torch.cuda.device_count()}", **context)
+    dispatched_at = time.time()
     launched = (launcher or launch_local)(profile_worker, config.world_size,
                       (model, training, config, options, warmup_steps, timed_steps, use_cuda),
                       backend="nccl" if use_cuda else "gloo", timeout_s=timeout_s)
     if not launched.ok:
         return Measurement.failed(launched.failure_reason, launched.failure_kind or FailureKind.ERROR,
                                   placement=list(getattr(launched, "placement", None) or []),
-                                  run_window=list(getattr(launched, "run_window", None) or []), **context)
+                                  run_window=list(getattr(launched, "run_window", None) or []),
+                                  reused_ranks=getattr(launched, "reused", None), **context)
     reports = launched.results
     if training.precision == "fp8":
         _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))
@@ -218,4 +228,18 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         tokens_per_expert=reports[0]["tokens_per_expert"], phases_by_rank=by_rank, losses=reports[0]["losses"],
         pruned=any(r.get("pruned", False) for r in reports),
         placement=list(getattr(launched, "placement", None) or []),
-        run_window=list(getattr(launched, "run_window", None) or []), **context)
+        run_window=list(getattr(launched, "run_window", None) or []),
+        reused_ranks=getattr(launched, "reused", None), **fixed_cost(reports, dispatched_at), **context)
+
+
+def fixed_cost(reports: list[dict], dispatched_at: float) -> dict[str, float | None]:
+    """A trial's fixed cost from the ranks' reports (seconds; see :class:`Measurement`): dispatch to the
+    last rank's first timed step, split at the moment the last rank had its process groups. Clocks of
+    several nodes may disagree by a little: each part is clamped at 0."""
+    began = [r.get("groups_at") for r in reports]
+    first = [r.get("first_timed_at") for r in reports]
+    if not reports or None in began or None in first:
+        return {"fixed_cost_s": None, "startup_s": None, "warmup_s": None}
+    startup = max(0.0, max(began) - dispatched_at)
+    total = max(startup, max(first) - dispatched_at)
+    return {"fixed_cost_s": total, "startup_s": startup, "warmup_s": total - startup}

@@ -53,6 +53,12 @@ def last_step_done() -> int:
     return _last_step_done
 
 
+def reset() -> None:
+    """Forget the previous run (no sink, no step done): a rank process kept between trials starts each afresh."""
+    global _sink, _last_step_done
+    _sink, _last_step_done = None, -1
+
+
 def report_step(step: int, seconds: float) -> bool:
     """Hand timed step ``step`` (0-based) that took ``seconds`` to the sink; True when the driver asked to stop."""
     return bool(_sink(step, seconds)) if _sink is not None else False

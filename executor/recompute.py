@@ -5,6 +5,7 @@ attention kernel; moe_act: the experts' SwiGLU activation; layernorm: the RMSNor
 shared_experts; moe: the whole MoE block). ``'full'`` checkpoints whole decoder layers: the first
 ``recompute_num_layers`` of each pipeline stage (0 = all of them). Checkpointing is torch's non-reentrant
 ``torch.utils.checkpoint``; collectives inside a recomputed region re-run in the same order on every rank.
+:func:`run` also offloads a module's saved activations to the CPU instead (``executor.offload``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.utils.checkpoint
 
+from executor import offload as _offload
 from spec.parallel_config import ParallelConfig
 
 
@@ -29,10 +31,14 @@ def full_layer(config: ParallelConfig, stage_index: int) -> bool:
     return config.recompute_num_layers == 0 or stage_index < config.recompute_num_layers
 
 
-def run(enabled: bool, fn: Callable, *args):
-    """``fn(*args)``, keeping only its inputs for backward when ``enabled`` (and autograd is recording)."""
+def run(enabled: bool, fn: Callable, *args, offload: bool = False):
+    """``fn(*args)``, keeping only its inputs for backward when ``enabled`` (and autograd is recording); with
+    ``offload`` instead, keeping what it saves in CPU memory (:mod:`executor.offload`)."""
     if enabled and torch.is_grad_enabled():
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    if offload and torch.is_grad_enabled():
+        with _offload.hooks():
+            return fn(*args)
     return fn(*args)
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from executor.kernels.fp8 import clear_weight_cache
+from executor.ep_overlap import run_overlapped
 from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam
 from executor.parallel.collectives import all_reduce_
@@ -34,6 +36,7 @@ class Trainer:
     over DP·CP / EDP when the layout's ``use_distributed_optimizer`` is set; see :mod:`executor.optimizer`.
     With ``overlap_param_gather`` as well, :meth:`step` returns with the parameter all-gathers still running
     (the next forward waits for them): call :meth:`finish_param_gather` before reading parameters otherwise.
+    ``optimizer_cpu_offload_fraction`` of the layout steps that share of the optimizer state on the CPU.
     """
 
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
@@ -49,9 +52,11 @@ class Trainer:
         # waits for each unit before its parameters are used (executor.optimizer)
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
                                             weight_decay=weight_decay, sharded=sharded,
-                                            overlap_param_gather=bool(config.overlap_param_gather), model=model)
+                                            overlap_param_gather=bool(config.overlap_param_gather), model=model,
+                                            offload_fraction=config.optimizer_cpu_offload_fraction)
         pp = model.state["pp"]
         self.pipelined = pp.size > 1
+        self.ep_overlap_trace: list | None = None  # a list: the overlapped schedule logs its events (tests)
         if self.pipelined:  # NCCL's first grouped p2p must involve the whole group: connect it here
             all_reduce_(torch.zeros(1, device=model.rope_cos.device), pp)
 
@@ -67,6 +72,16 @@ class Trainer:
             # With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
             # rank's: only the non-interleaved schedule overlaps the reduction with the last backward.
             stats, self._counts = run_schedule(model, micro, self.reducer.arm if model.vpp == 1 else None)
+            return stats
+        if model.state.config.overlap_moe_expert_parallel_comm:
+            # the forward of micro-batch i+1 runs with the backward of i, each one's EP all-to-alls under the
+            # other's compute (executor/ep_overlap.py). A parameter used in two of its segments (the word
+            # embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's
+            # per-bucket countdown would take for two micro-batches: those models reduce after the backward.
+            spec = model.spec
+            once = spec.untie_embeddings_and_output_weights and not spec.mtp_num_layers
+            stats, self._counts = run_overlapped(model, micro, self.reducer.arm if once else None,
+                                                 trace=self.ep_overlap_trace)
             return stats
         stats = torch.zeros(3, device=self.model.rope_cos.device)
         counts = None
@@ -102,6 +117,9 @@ class Trainer:
         for moe in model.moe_layers():
             moe.router.update_expert_bias()
         timer.switch("optimizer")
+        # the fp8 weight forms (1-2 bytes per weight element) are stale once Adam writes the weights: freed
+        # here, not beside Adam's temporaries at the step's peak; the next step's first forward re-makes them
+        clear_weight_cache()
         self.optimizer.step()  # ends with the parameter all-gather when sharded (left running when overlapped)
         timer.switch("other")
         ce, router, mtp = stats.tolist()

@@ -12,10 +12,12 @@ import stays free of Optuna. The validity rules the enumeration applies are ``sp
 
 from planner.enumerate import Enumeration, Layout, SearchSpace, enumerate_layouts
 from planner.megatron_args import format_megatron_args, megatron_args, pipeline_layout
-from planner.rank import LayoutVerdict, NoValidLayoutError, PlanResult, explain_layout, pareto_front, plan
+from planner.rank import (LayoutVerdict, NoValidLayoutError, PlanResult, explain_layout, pareto_front, plan,
+                          plan_precisions)
 
 __all__ = [
     "Enumeration", "Layout", "SearchSpace", "enumerate_layouts",
     "format_megatron_args", "megatron_args", "pipeline_layout",
     "LayoutVerdict", "NoValidLayoutError", "PlanResult", "explain_layout", "pareto_front", "plan",
+    "plan_precisions",
 ]

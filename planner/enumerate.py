@@ -34,7 +34,16 @@ The search space is a product of candidate axes:
 - EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
   plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
   ``ep_overlap`` rule); it rides the dispatcher axis as the option ``alltoall+ep_overlap``;
-- distributed optimizer: on and off, or the one the training spec forces.
+- distributed optimizer: on and off, or the one the training spec forces;
+- precision (opt-in, ``SearchSpace.precisions``): by default only the training spec's precision is planned;
+  a space that lists several (e.g. bf16 and fp8) has each planned as a whole (``planner.rank.plan_precisions``:
+  the precision changes the GEMM peak, so every layout is re-priced), fp8 only on GPUs with an fp8 peak and
+  bf16 otherwise. It is not an axis of this enumeration: each precision's is the same set of layouts.
+- offload (``SearchSpace.optimizer_offload`` fractions and ``SearchSpace.activation_offload`` module sets, none by
+  default): every combination beside no offload is an offload option. An option with optimizer offload keeps
+  only the distributed optimizer (Megatron's offload lives in it), one with activation offload drops the
+  recompute options that recompute an offloaded module or the whole layer. Each option's configs are valid
+  configs of their own (counted in ``valid`` and ``considered`` alike); the ranker scans them option by option.
 
 Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
 on with the distributed optimizer. "Considered" is the size of that product; every considered config is
@@ -52,11 +61,11 @@ from dataclasses import dataclass, field
 
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
-from spec.hardware import ClusterSpec
+from spec.hardware import ClusterSpec, GPUSpec
 from spec.model_spec import ModelSpec
-from spec.parallel_config import PIPELINE_FIELDS, ParallelConfig
+from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
-from spec.training_spec import TrainingSpec
+from spec.training_spec import PRECISIONS, TrainingSpec
 from spec.validity import Rejection, Validator
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
@@ -75,6 +84,7 @@ MOE_RECOMPUTE: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 EP_OVERLAP = "+ep_overlap"  # suffix of a dispatcher option with overlap_moe_expert_parallel_comm on
 VPP_LIMIT = 64  # the largest vpp_max a search space accepts (a bound on the enumeration, not Megatron's)
+NO_OFFLOAD: tuple[float, tuple[str, ...]] = (0.0, ())  # an offload option: (optimizer fraction, offloaded modules)
 
 
 def dispatch_fields(option: str) -> dict:
@@ -98,9 +108,26 @@ class SearchSpace:
     recompute: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # None: the chain for the model
     dispatchers: tuple[str, ...] = DISPATCHERS
     ep_overlap: bool = True
+    ep_overlap_pipelined: bool = True  # False: EP a2a overlap tried with pp = 1 only (what executor/ runs)
     pipeline: PipelineSplit = DEFAULT_SPLIT
+    # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
+    precisions: tuple[str, ...] | None = None
+    optimizer_offload: tuple[float, ...] = ()  # optimizer CPU offload fractions tried beside 0
+    activation_offload: tuple[tuple[str, ...], ...] = ()  # activation offload module sets tried beside none
 
     def __post_init__(self) -> None:
+        bad = [f for f in self.optimizer_offload if not 0.0 < f <= 1.0]
+        if bad:
+            raise InvalidConfigError(f"optimizer offload fractions must be in (0, 1], got {bad}")
+        unknown = sorted({m for mods in self.activation_offload for m in mods} - set(ACTIVATION_OFFLOAD_MODULES))
+        if unknown:
+            raise InvalidConfigError(f"unknown activation offload modules {unknown}; known: "
+                                     f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
+        if self.precisions is not None:
+            bad = [p for p in self.precisions if p not in PRECISIONS]
+            if bad or not self.precisions:
+                raise InvalidConfigError(f"searched precisions must be among {', '.join(PRECISIONS)}, got "
+                                         f"{', '.join(map(repr, self.precisions)) or 'none'}")
         if not 1 <= self.vpp_max <= VPP_LIMIT:
             raise InvalidConfigError(f"vpp_max must be in 1..{VPP_LIMIT}, got {self.vpp_max}")
         problems = self.pipeline.problems()
@@ -112,6 +139,24 @@ class SearchSpace:
         if unknown:
             raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
                                      f"dispatchers are {', '.join(DISPATCHERS)}")
+
+    def precisions_for(self, training: TrainingSpec, gpu: GPUSpec) -> tuple[str, ...]:
+        """The precisions planned: the training spec's alone by default; else those of ``precisions`` the GPU
+        runs, fp8 only where it has an fp8 peak (bf16 where that leaves none)."""
+        if self.precisions is None:
+            return (training.precision,)
+        kept = tuple(dict.fromkeys(p for p in self.precisions if p != "fp8" or gpu.supports_fp8))
+        return kept or ("bf16",)
+
+    def offload_options(self) -> tuple[tuple[float, tuple[str, ...]], ...]:
+        """No offload first, then every (fraction, module set) combination the space tries."""
+        options = [NO_OFFLOAD]
+        for fraction in (0.0,) + tuple(self.optimizer_offload):
+            for mods in ((),) + tuple(self.activation_offload):
+                option = (float(fraction), tuple(m for m in ACTIVATION_OFFLOAD_MODULES if m in mods))
+                if option not in options:
+                    options.append(option)
+        return tuple(options)
 
     def recompute_for(self, model: ModelSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """The recompute chain tried for ``model`` (see the module docstring)."""
@@ -157,7 +202,12 @@ class SearchSpace:
                 f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, "
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
-                f"{', EP a2a overlap tried' if self.ep_overlap else ''}")
+                f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
+                f"{' (pp = 1 only)' if self.ep_overlap and not self.ep_overlap_pipelined else ''}")
+        if self.optimizer_offload:
+            text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
+        if self.activation_offload:
+            text += ", activation offload " + "/".join("+".join(m) for m in self.activation_offload) + " tried"
         placement = pipeline_label(self.pipeline)
         return text + (f", pipeline {placement}" if placement else "")
 
@@ -213,12 +263,26 @@ class Enumeration:
     rejected: dict[str, int] = field(default_factory=dict)
     examples: dict[str, Rejection] = field(default_factory=dict)
 
+    offload: tuple[tuple[float, tuple[str, ...]], ...] = (NO_OFFLOAD,)
+
     @property
     def valid(self) -> int:
-        """Number of valid complete configs (layouts times their knobs)."""
-        n_opt = len(self.distributed_optimizer)
-        return sum(len(lay.micro_batch_sizes) * sum(self.recompute_count(d) for d in lay.dispatchers)
-                   for lay in self.layouts) * n_opt
+        """Number of valid complete configs (layouts times their knobs, every offload option)."""
+        total = 0
+        for option in self.offload:
+            distopts, chain = self.knobs_for(option)
+            total += sum(len(lay.micro_batch_sizes) * sum(recompute_count(chain, d) for d in lay.dispatchers)
+                         for lay in self.layouts) * len(distopts)
+        return total
+
+    def knobs_for(self, option: tuple[float, tuple[str, ...]]):
+        """(distributed-optimizer settings, recompute options) valid with an offload option (module docstring)."""
+        fraction, modules = option
+        distopts = self.distributed_optimizer if not fraction else tuple(d for d in self.distributed_optimizer if d)
+        chain = self.recompute if not modules else tuple(
+            (g, m) for g, m in self.recompute if g != "full" and not set(m) & set(modules)
+            and not ("core_attn" in modules and "mla_up_proj" in m))
+        return distopts, chain
 
     def recompute_count(self, dispatcher: str) -> int:
         """How many of the recompute options (a prefix of ``recompute``) go with a dispatcher option: EP
@@ -234,22 +298,27 @@ class Enumeration:
 
     def configs(self) -> Iterator[ParallelConfig]:
         """Every valid config, layout by layout (micro-batch, dispatcher, optimizer, recompute vary fastest)."""
-        maker = ConfigMaker(self.world_size, self.pipeline)
-        for lay in self.layouts:
-            for mbs in lay.micro_batch_sizes:
-                for dispatcher in lay.dispatchers:
-                    for distopt in self.distributed_optimizer:
-                        for granularity, modules in self.recompute[:self.recompute_count(dispatcher)]:
-                            yield maker.make(lay, mbs, dispatcher, distopt, granularity, modules)
+        for option in self.offload:
+            maker = ConfigMaker(self.world_size, self.pipeline, option)
+            distopts, chain = self.knobs_for(option)
+            for lay in self.layouts:
+                for mbs in lay.micro_batch_sizes:
+                    for dispatcher in lay.dispatchers:
+                        for distopt in distopts:
+                            for granularity, modules in chain[:recompute_count(chain, dispatcher)]:
+                                yield maker.make(lay, mbs, dispatcher, distopt, granularity, modules)
 
 
 class ConfigMaker:
     """Builds ParallelConfig objects for layouts the Validator already accepted, without re-validating
     (:meth:`ParallelConfig.trusted`: the planner builds hundreds of thousands of them)."""
 
-    def __init__(self, world_size: int, pipeline: PipelineSplit = DEFAULT_SPLIT) -> None:
-        # the placement options were checked by the SearchSpace; pp·vpp by the layers_pp rule per layout
-        self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline)}
+    def __init__(self, world_size: int, pipeline: PipelineSplit = DEFAULT_SPLIT,
+                 offload: tuple[float, tuple[str, ...]] = NO_OFFLOAD) -> None:
+        # the placement options were checked by the SearchSpace; pp·vpp by the layers_pp rule per layout; the
+        # offload option's knobs by Enumeration.knobs_for
+        self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline),
+                          "optimizer_cpu_offload_fraction": offload[0], "activation_offload_modules": offload[1]}
 
     @property
     def template(self) -> dict:
@@ -325,7 +394,10 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             for etp in divisors(rest // ep):
                 if not space.allows_etp(etp, model):
                     continue
-                pairs.append((ep, etp, space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)))
+                names = space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
+                if pp > 1 and not space.ep_overlap_pipelined:
+                    names = tuple(d for d in names if not d.endswith(EP_OVERLAP))
+                pairs.append((ep, etp, names))
         expert_pairs[pp] = pairs
         expert_leaves[pp] = sum(len(d) for _, _, d in pairs) * n_rec * n_opt
 
@@ -379,4 +451,9 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                                                                    "full recompute"), n_mbs * n_opt)
                         result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                      split, tuple(ok_mbs), dispatchers))
+    options = space.offload_options()
+    if len(options) > 1:  # the offload options' configs: valid configs beside those counted above
+        base = result.valid
+        result.offload = options
+        result.considered += result.valid - base
     return result

@@ -92,6 +92,15 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append(["--overlap-grad-reduce"])
     if c.overlap_param_gather:
         args.append(["--overlap-param-gather"])
+    if c.optimizer_cpu_offload_fraction:
+        # Megatron's HybridDeviceOptimizer runs inside the precision-aware distributed optimizer
+        args.append(["--optimizer-cpu-offload"])
+        args.append(["--optimizer-offload-fraction", f"{c.optimizer_cpu_offload_fraction:g}"])
+        args.append(["--use-precision-aware-optimizer"])
+    offloaded = [name for module in c.activation_offload_modules for name in MEGATRON_OFFLOAD_MODULES[module]]
+    if offloaded:
+        args.append(["--fine-grained-activation-offloading"])
+        args.append(["--offload-modules", *offloaded])
     if c.tp_comm_overlap:
         args.append(["--tp-comm-overlap"])
     if c.overlap_moe_expert_parallel_comm:
@@ -103,6 +112,17 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if training.precision == "fp8":
         args.append(["--fp8-format", "hybrid"])
     return args
+
+
+#: foldtune's activation offload modules -> the nearest modules of Megatron's fine-grained activation offloading
+#: (which offloads each module's input): the norms are Megatron's two layernorm modules, the MoE block its expert
+#: FC1 input and activation; a dense MLP has no offload module there (left out).
+MEGATRON_OFFLOAD_MODULES: dict[str, tuple[str, ...]] = {
+    "core_attn": ("core_attn",),
+    "layernorm": ("attn_norm", "mlp_norm"),
+    "moe": ("expert_fc1", "moe_act"),
+    "mlp": (),
+}
 
 
 def format_megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> str:

@@ -57,7 +57,7 @@ from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
 from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
-from planner.enumerate import (ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
+from planner.enumerate import (NO_OFFLOAD, ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
                                pipeline_fields, recompute_count)
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
@@ -143,6 +143,7 @@ class _Job:
     exhaustive: bool
     top: int = 10
     pipeline: PipelineSplit = DEFAULT_SPLIT
+    offload: tuple[float, tuple[str, ...]] = NO_OFFLOAD  # the offload option every config of this job has
     # the default memory model's sweep (costmodel.memory.LayoutMemory, the same bytes as memory_total_fn);
     # None with an injected memory model
     layout_memory: Any = None
@@ -182,7 +183,7 @@ _JOB: _Job | None = None  # set before forking workers, so they inherit it inste
 
 def _scan(job: _Job, indices: range) -> _Scan:
     out = _Scan()
-    maker = ConfigMaker(job.cluster.num_gpus, job.pipeline)
+    maker = ConfigMaker(job.cluster.num_gpus, job.pipeline, job.offload)
     usable = job.cluster.usable_hbm_bytes
     n_rec = len(job.recompute)
     n_opt = len(job.distopts)
@@ -436,6 +437,23 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
     return total
 
 
+def _merged(scans: list[_Scan]) -> _Scan:
+    """One scan of several jobs' scans: each head's and the closest config's Choice becomes (job index, Choice)."""
+    total = _Scan()
+    for j, part in enumerate(scans):
+        total.heads.extend((h[0], (j, h[1]), *h[2:]) for h in part.heads)
+        total.fitting += part.fitting
+        total.memory_calls += part.memory_calls
+        total.time_calls += part.time_calls
+        total.bound_calls += part.bound_calls
+        total.order_violations += part.order_violations
+        total.bound_violations += part.bound_violations
+        total.pruned_static += part.pruned_static
+        if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
+            total.closest = (part.closest[0], (j, part.closest[1]))
+    return total
+
+
 def _default_workers(valid: int) -> int:
     # fork() in a process with other threads (a web server, a job runner) can inherit a held lock and
     # hang the child; such callers get the single-process scan.
@@ -483,6 +501,25 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
             gc.enable()
 
 
+def plan_precisions(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *,
+                    space: SearchSpace | None = None, **kwargs: Any) -> list[PlanResult]:
+    """:func:`plan` once per precision the search space searches (:meth:`SearchSpace.precisions_for`: the
+    training spec's alone unless the space opts in; fp8 only where the GPU has an fp8 peak), fastest best
+    layout first; ``kwargs`` go to :func:`plan`. A precision with no valid layout is left out; if every
+    one has none, the first precision's :class:`NoValidLayoutError` is raised."""
+    space = space or SearchSpace()
+    results, errors = [], []
+    for precision in space.precisions_for(training, cluster.gpu):
+        try:
+            results.append(plan(model, replace(training, precision=precision), cluster, space=space,
+                                **kwargs))
+        except NoValidLayoutError as exc:
+            errors.append(exc)
+    if not results:
+        raise errors[0]
+    return sorted(results, key=lambda r: r.ranked[0].time.step_time if r.ranked else float("inf"))
+
+
 def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: int, exhaustive: bool,
           space: SearchSpace | None, memory_fn: MemoryFn, memory_total_fn: MemoryTotalFn, time_fn: TimeFn,
           workers: int | None) -> PlanResult:
@@ -495,25 +532,36 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
         raise NoValidLayoutError(f"no valid layout of {model.name} on {cluster.num_gpus} GPUs for seq "
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
-    job = _Job(model, training, cluster, enum.layouts, enum.recompute, enum.distributed_optimizer,
-               memory_fn, memory_total_fn, time_fn, exhaustive, top, enum.pipeline,
-               LayoutMemory if memory_total_fn is peak_memory_bytes else None)
+    # one scan per offload option (its staircases assume the optimizer and recompute options ordered by memory
+    # and time, which offloading, less memory for more time, would break): their heads are merged below
+    jobs, scans = [], []
     n_workers = workers if workers is not None else _default_workers(enum.valid)
-    scan = _scan_all(job, n_workers)
-    if scan.fitting == 0 and scan.pruned_static:
-        # nothing fits: the closest config must be the one the full scan offers, pruned layouts included
-        calls = scan.memory_calls
-        scan = _scan_all(replace(job, prune_static=False), n_workers)
-        scan.memory_calls += calls
-    maker = ConfigMaker(cluster.num_gpus, enum.pipeline)
+    sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None
+    for option in enum.offload:
+        distopts, chain = enum.knobs_for(option)
+        if not distopts or not chain:
+            continue
+        jobs.append(_Job(model, training, cluster, enum.layouts, chain, distopts, memory_fn, memory_total_fn,
+                         time_fn, exhaustive, top, enum.pipeline, option, sweep))
+        scans.append(_scan_all(jobs[-1], n_workers))
+    if not any(part.fitting for part in scans):
+        # nothing fits: the closest config must be the one the full scans offer, pruned layouts included
+        for j, part in enumerate(scans):
+            if part.pruned_static:
+                rescan = _scan_all(replace(jobs[j], prune_static=False), n_workers)
+                rescan.memory_calls += part.memory_calls
+                scans[j] = rescan
+    scan = _merged(scans)
+    makers = [ConfigMaker(cluster.num_gpus, enum.pipeline, j.offload) for j in jobs]
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
                         bound_calls=scan.bound_calls, order_violations=scan.order_violations,
                         bound_violations=scan.bound_violations, exhaustive=exhaustive,
                         enumerate_seconds=t1 - t0, workers=n_workers)
 
-    def estimate_of(choice: Choice) -> Estimate:
-        cfg = job.config(maker, choice)
+    def estimate_of(tagged: tuple[int, Choice]) -> Estimate:
+        j, choice = tagged
+        cfg = jobs[j].config(makers[j], choice)
         return combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
                        time_fn(model, training, cluster, cfg))
 

@@ -22,9 +22,10 @@ from spec.validity import Rejection, executor_layout_rules, executor_model_rule
 PLAN_FACTOR = 16  # ranked layouts asked of the planner per trial of the budget
 MIN_PLANNED = 64
 # The knobs the executor never runs stay out of the enumeration here rather than being filtered after the
-# ranking: the cost model prices EP all-to-all overlap faster, so its variants could fill the whole ranked
-# top-N and leave a runnable job with no candidate (rule executor_ep_overlap in spec.validity).
-EXECUTOR_SPACE = SearchSpace(ep_overlap=False)
+# ranking: the cost model prices EP all-to-all overlap faster, so its pipelined variants (which the executor
+# does not build: rule executor_ep_overlap in spec.validity) could fill the whole ranked top-N and leave a
+# runnable job with no candidate. The overlap itself is searched where the executor runs it (pp = 1).
+EXECUTOR_SPACE = SearchSpace(ep_overlap_pipelined=False)
 
 
 def job_top(max_trials: int) -> int:

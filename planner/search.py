@@ -63,6 +63,8 @@ def params_key(params: dict[str, Any]) -> tuple:
         params = {**params, "recompute": "full"}
     if "ep_overlap" not in params:  # studies begun before EP overlap was searched ran it off
         params = {**params, "ep_overlap": False}
+    if "opt_offload" not in params:  # ... and before offload was: none
+        params = {**params, "opt_offload": 0.0, "act_offload": "none"}
     return tuple(params.get(name) for name in OPTUNA_PARAMS)
 
 

@@ -23,6 +23,13 @@ GIB = 1024**3
 # ``foldtune calibrate`` measures both (executor/microbench/launch.py) and stores them in the profile.
 DEFAULT_OP_LAUNCH_S = 8e-6
 DEFAULT_COLLECTIVE_LAUNCH_S = 25e-6
+# Host <-> GPU copies (optimizer and activation offload) when no calibration measured them. Datasheet: an
+# H100/H200 SXM's host link is PCIe Gen5 x16, 64 GB/s raw per direction, about 55 GB/s effective for pinned
+# copies. CPU Adam: bytes of fp32 optimizer state (master + two moments, 12 per element) stepped per second
+# by torch's CPU ops; an assumption, deliberately conservative (a server CPU's eager elementwise ops pass the
+# state through DRAM about eight times). ``foldtune calibrate`` measures both (executor/microbench/offload.py).
+DEFAULT_HOST_LINK_BANDWIDTH = 55e9
+DEFAULT_CPU_ADAM_BANDWIDTH = 2e9
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,11 @@ class GPUSpec:
         require(p, self.hbm_bytes > 0, f"hbm_bytes must be > 0, got {self.hbm_bytes}")
         require(p, self.hbm_bandwidth > 0, f"hbm_bandwidth must be > 0, got {self.hbm_bandwidth}")
         raise_if(p, f"GPU {self.name!r}")
+
+    @property
+    def supports_fp8(self) -> bool:
+        """Whether the datasheet gives an fp8 peak (fp8 training is then a searchable precision)."""
+        return "fp8" in dict(self.peak_flops)
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; fp16 falls back to bf16 and fp8 to bf16 on GPUs without fp8."""
@@ -113,7 +125,11 @@ class HardwareProfile:
     measured, priced as 1. ``allocator_fragmentation`` is the measured share the PyTorch caching allocator
     reserves beyond its allocated peak over real training steps of a proxy (``reserved / allocated - 1``,
     ``foldtune calibrate`` on a GPU); the memory model adds it to the dynamic bytes. None means not measured:
-    the memory model's prior (``costmodel.memory.FRAGMENTATION``).
+    the memory model's prior (``costmodel.memory.FRAGMENTATION``). ``host_link_bandwidth`` (bytes/s per
+    direction of a pinned host<->GPU copy) and ``cpu_adam_bandwidth`` (bytes of fp32 optimizer state the CPU
+    Adam steps per second) price offloading; None means not measured: :attr:`host_link_bytes_per_s` and
+    :attr:`cpu_adam_bytes_per_s` fall back to ``DEFAULT_HOST_LINK_BANDWIDTH`` (datasheet) and
+    ``DEFAULT_CPU_ADAM_BANDWIDTH`` (assumption).
     """
 
     name: str
@@ -132,6 +148,10 @@ class HardwareProfile:
     # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
     attention_fwd_efficiency: MeasuredCurve | None = None
     attention_bwd_efficiency: MeasuredCurve | None = None
+    # the same for attention whose query/key heads are wider than its value heads (MLA, 192/128): SDPA's flash
+    # kernel takes one width only, so these run on another kernel (None: priced with the curves above)
+    attention_mla_fwd_efficiency: MeasuredCurve | None = None
+    attention_mla_bwd_efficiency: MeasuredCurve | None = None
     collective_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     hbm_efficiency: float | None = None  # measured copy bandwidth / datasheet
     source: str = "datasheet"
@@ -141,6 +161,8 @@ class HardwareProfile:
     overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
     sustained_clock_factor: float | None = None  # sustained / burst tensor-core throughput, measured
     allocator_fragmentation: float | None = None  # reserved / allocated - 1 at a proxy's peak, measured
+    host_link_bandwidth: float | None = None  # bytes/s per direction, pinned host<->GPU copy, measured
+    cpu_adam_bandwidth: float | None = None  # bytes of optimizer state per second of CPU Adam, measured
     # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
     # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
     nics_per_node: int | None = None
@@ -165,10 +187,11 @@ class HardwareProfile:
             require(p, getattr(self, name) > 0, f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
         for name in ("intra_node_latency", "inter_node_latency"):
             require(p, getattr(self, name) >= 0, f"{name} must be >= 0 s, got {getattr(self, name)}")
-        for name in ("op_launch_s", "collective_launch_s", "moe_layer_host_s"):
+        for name in ("op_launch_s", "collective_launch_s", "moe_layer_host_s", "host_link_bandwidth",
+                     "cpu_adam_bandwidth"):
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
-                    f"{name} must be None or a finite number of seconds > 0, got {value}")
+                    f"{name} must be None or a finite number > 0, got {value}")
         require(p, self.overlap_slowdown is None or 0.0 <= self.overlap_slowdown <= 1.0,
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
@@ -225,6 +248,16 @@ class HardwareProfile:
         """Seconds of one collective moving ~no bytes: measured, else ``DEFAULT_COLLECTIVE_LAUNCH_S``."""
         return self.collective_launch_s if self.collective_launch_s is not None else DEFAULT_COLLECTIVE_LAUNCH_S
 
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """Bytes/s per direction of a pinned host<->GPU copy: measured, else ``DEFAULT_HOST_LINK_BANDWIDTH``."""
+        return self.host_link_bandwidth if self.host_link_bandwidth is not None else DEFAULT_HOST_LINK_BANDWIDTH
+
+    @property
+    def cpu_adam_bytes_per_s(self) -> float:
+        """Bytes of fp32 optimizer state the CPU Adam steps per second: measured, else ``DEFAULT_CPU_ADAM_BANDWIDTH``."""
+        return self.cpu_adam_bandwidth if self.cpu_adam_bandwidth is not None else DEFAULT_CPU_ADAM_BANDWIDTH
+
     def collective_curve(self, collective: str, scope: str) -> MeasuredCurve | None:
         """The measured curve for ``collective`` over an 'intra' or 'inter' node link, if any."""
         return dict(self.collective_efficiency).get(f"{collective}:{scope}")
@@ -242,6 +275,9 @@ class HardwareProfile:
                                          if self.attention_fwd_efficiency else None),
             "attention_bwd_efficiency": (list(self.attention_bwd_efficiency.points)
                                          if self.attention_bwd_efficiency else None),
+            **({"attention_mla_fwd_efficiency": list(self.attention_mla_fwd_efficiency.points),
+                "attention_mla_bwd_efficiency": list(self.attention_mla_bwd_efficiency.points)}
+               if self.attention_mla_fwd_efficiency and self.attention_mla_bwd_efficiency else {}),
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             **({"grouped_gemm_shape_efficiency": {k: list(c.points) for k, c in self.grouped_gemm_shape_efficiency}}
                if self.grouped_gemm_shape_efficiency else {}),
@@ -252,6 +288,8 @@ class HardwareProfile:
             **({"allocator_fragmentation": self.allocator_fragmentation}
                if self.allocator_fragmentation is not None else {}),
             **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
+            **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth")
+               if getattr(self, k) is not None},
             "network_source": self.network_source,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
@@ -262,7 +300,7 @@ class HardwareProfile:
         d = dict(data)
         d["gpu"] = GPUSpec(**d["gpu"]) if isinstance(d["gpu"], dict) else d["gpu"]
         for key in ("gemm_efficiency", "gemm_bwd_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency",
-                    "attention_bwd_efficiency"):
+                    "attention_bwd_efficiency", "attention_mla_fwd_efficiency", "attention_mla_bwd_efficiency"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
         for key in ("collective_efficiency", "grouped_gemm_shape_efficiency"):

@@ -15,7 +15,12 @@ from spec.suggest import unknown_fields
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT_SELECTIVE_MODULES = ("core_attn",)
-OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap")
+#: Modules whose saved activations can go to pinned CPU memory in forward (executor/offload.py): the recompute
+#: vocabulary's modules the executor runs as one call (core_attn: the attention kernel; layernorm: the RMSNorms;
+#: mlp: a dense layer's MLP; moe: the whole MoE block).
+ACTIVATION_OFFLOAD_MODULES = ("core_attn", "layernorm", "mlp", "moe")
+OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap",
+                 "opt_offload", "act_offload")
 ON_WORDS = ("on", "1", "true", "yes")
 
 _TOKEN_SEPARATOR = re.compile(r"[\s,]+")
@@ -56,6 +61,11 @@ class ParallelConfig:
     ``sequence_parallel`` defaults to on whenever ``tp > 1`` (Megatron requires it for MoE),
     ``recompute_num_layers`` is how many layers per stage a 'full' recompute covers (0 = all).
     ``overlap_moe_expert_parallel_comm`` hides the EP all-to-all of one micro-batch behind another's compute.
+    ``optimizer_cpu_offload_fraction`` (Megatron's ``--optimizer-cpu-offload --optimizer-offload-fraction``): the
+    share of each rank's optimizer state (fp32 master weights + Adam moments) kept in CPU memory and stepped
+    there; it needs the distributed optimizer, as Megatron's does. ``activation_offload_modules``: modules of
+    :data:`ACTIVATION_OFFLOAD_MODULES` whose saved activations go to pinned CPU memory in forward and come back
+    in backward (not with full recompute, nor for a module that is also recomputed).
     The pipeline placement options are Megatron's (``spec.pipeline_layout``): ``pipeline_layout``
     (``--pipeline-model-parallel-layout``, stored without its cosmetic commas; it fixes pp·vpp),
     ``decoder_first/last_pipeline_num_layers`` and ``account_for_embedding/loss_in_pipeline_split``; none
@@ -80,6 +90,8 @@ class ParallelConfig:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
+    optimizer_cpu_offload_fraction: float = 0.0
+    activation_offload_modules: tuple[str, ...] = ()
     pipeline_layout: str | None = None
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
@@ -91,6 +103,8 @@ class ParallelConfig:
             object.__setattr__(self, "pipeline_layout", canonical_layout(str(self.pipeline_layout)))
         if isinstance(self.recompute_modules, (list, set)):
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if not isinstance(self.activation_offload_modules, str):
+            object.__setattr__(self, "activation_offload_modules", _module_order(self.activation_offload_modules))
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.recompute_granularity == "selective" and not self.recompute_modules:
@@ -111,6 +125,7 @@ class ParallelConfig:
         require(p, self.recompute_granularity == "selective" or not self.recompute_modules,
                 "recompute_modules are only used with recompute_granularity 'selective'")
         require(p, self.recompute_num_layers >= 0, f"recompute_num_layers must be >= 0, got {self.recompute_num_layers}")
+        p += _offload_problems(self)
         require(p, self.moe_token_dispatcher_type in DISPATCHERS,
                 f"moe_token_dispatcher_type must be one of {DISPATCHERS}, got {self.moe_token_dispatcher_type!r}")
         require(p, not (self.sequence_parallel and self.tp == 1), "sequence_parallel needs tp > 1")
@@ -169,6 +184,10 @@ class ParallelConfig:
             parts.append("distopt=off")
         if self.overlap_moe_expert_parallel_comm:
             parts.append("ep_overlap=on")
+        if self.optimizer_cpu_offload_fraction:
+            parts.append(f"opt_offload={self.optimizer_cpu_offload_fraction:g}")
+        if self.activation_offload_modules:
+            parts.append("act_offload=" + "+".join(self.activation_offload_modules))
         if self.pipeline_layout is not None:
             parts.append(f"layout={self.pipeline_layout}")
         if self.decoder_first_pipeline_num_layers is not None:
@@ -219,6 +238,13 @@ class ParallelConfig:
                 kwargs["use_distributed_optimizer"] = kwargs["overlap_param_gather"] = _ON_OFF[value.lower()]
             elif key == "ep_overlap":
                 kwargs["overlap_moe_expert_parallel_comm"] = value.lower() in ON_WORDS
+            elif key == "opt_offload":
+                try:
+                    kwargs["optimizer_cpu_offload_fraction"] = float(value)
+                except ValueError:
+                    raise _bad_token(token, text, " (opt_offload is a fraction in [0, 1])") from None
+            elif key == "act_offload" and value:
+                kwargs["activation_offload_modules"] = tuple(value.split("+"))
             elif key in ("pp_first", "pp_last") and value.isdigit():
                 kwargs[f"decoder_{key[3:]}_pipeline_num_layers"] = int(value)
             elif key == "pp_account" and value and set(value.lower().split("+")) <= {"embedding", "loss"}:
@@ -263,20 +289,25 @@ class ParallelConfig:
         return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "ep": self.ep, "etp": self.etp,
                 "mbs": self.micro_batch_size, "recompute": self.recompute_text(),
                 "dispatcher": self.moe_token_dispatcher_type, "distopt": self.use_distributed_optimizer,
-                "ep_overlap": self.overlap_moe_expert_parallel_comm}
+                "ep_overlap": self.overlap_moe_expert_parallel_comm,
+                "opt_offload": self.optimizer_cpu_offload_fraction,
+                "act_offload": "+".join(self.activation_offload_modules) or "none"}
 
     @classmethod
     def from_optuna_params(cls, params: dict[str, Any], world_size: int, **fixed: Any) -> ParallelConfig:
         """The layout of :meth:`to_optuna_params` output for ``world_size`` GPUs; parameter-gather overlap
         follows the distributed optimizer, as in every layout the planner proposes. ``fixed`` are fields the
         search does not vary (e.g. the pipeline placement fields, :data:`PIPELINE_FIELDS`); studies begun
-        before 'ep_overlap' was searched read as off."""
+        before 'ep_overlap' or the offload knobs were searched read as off."""
+        act = str(params.get("act_offload", "none"))
         distopt = bool(params["distopt"])
         return cls(world_size=world_size, tp=params["tp"], cp=params["cp"], pp=params["pp"], vpp=params["vpp"],
                    ep=params["ep"], etp=params["etp"], micro_batch_size=params["mbs"],
                    moe_token_dispatcher_type=params["dispatcher"], use_distributed_optimizer=distopt,
                    overlap_param_gather=distopt,
                    overlap_moe_expert_parallel_comm=bool(params.get("ep_overlap", False)),
+                   optimizer_cpu_offload_fraction=float(params.get("opt_offload", 0.0)),
+                   activation_offload_modules=() if act == "none" else tuple(act.split("+")),
                    **_recompute_fields(str(params["recompute"])), **fixed)
 
     # ---- field form: the fast path for layouts a Validator has already accepted --------------------
@@ -302,6 +333,7 @@ class ParallelConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["recompute_modules"] = list(self.recompute_modules)
+        d["activation_offload_modules"] = list(self.activation_offload_modules)
         return d
 
     @classmethod
@@ -314,6 +346,35 @@ class ParallelConfig:
 
     def replace(self, **changes: Any) -> ParallelConfig:
         return replace(self, **changes)
+
+
+def _module_order(modules) -> tuple[str, ...]:
+    """Known offload modules in vocabulary order (one spelling per set), unknown ones after, as given."""
+    known = [m for m in ACTIVATION_OFFLOAD_MODULES if m in modules]
+    return tuple(known + [m for m in modules if m not in ACTIVATION_OFFLOAD_MODULES])
+
+
+def _offload_problems(cfg: ParallelConfig) -> list[str]:
+    """What is wrong with the offload knobs of ``cfg`` (empty when nothing)."""
+    p: list[str] = []
+    f = cfg.optimizer_cpu_offload_fraction
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0.0 <= f <= 1.0:
+        p.append(f"optimizer_cpu_offload_fraction must be a fraction in [0, 1], got {f!r}")
+    elif f and not cfg.use_distributed_optimizer:
+        p.append("optimizer_cpu_offload_fraction > 0 needs the distributed optimizer (as Megatron's "
+                 "--optimizer-cpu-offload)")
+    modules = cfg.activation_offload_modules
+    bad = [m for m in modules if m not in ACTIVATION_OFFLOAD_MODULES]
+    if bad:
+        p.append(f"unknown activation_offload_modules {bad}; known: {ACTIVATION_OFFLOAD_MODULES}")
+    if modules and cfg.recompute_granularity == "full":
+        p.append("activation_offload_modules cannot be combined with full recompute (the layer keeps only its input)")
+    both = [m for m in modules if cfg.recompute_granularity == "selective" and m in cfg.recompute_modules]
+    if both:
+        p.append(f"modules {both} are both recomputed and offloaded; choose one")
+    if "core_attn" in modules and cfg.recompute_granularity == "selective" and "mla_up_proj" in cfg.recompute_modules:
+        p.append("core_attn cannot be offloaded while mla_up_proj is recomputed (the core runs inside that region)")
+    return p
 
 
 PIPELINE_FIELDS = ("pipeline_layout", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",

@@ -91,7 +91,8 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
     "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
-    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built",
+    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built for pp = 1, "
+                           "without full recompute, selective recompute of moe or activation offload of moe",
 }
 
 
@@ -220,9 +221,17 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          and "core_attn" not in c.recompute_modules,
          "selective recompute of mla_up_proj is built together with core_attn only (one checkpoint covers the up "
          "projections and the attention core; every other module is built alone)")
-    rule("executor_ep_overlap", c.overlap_moe_expert_parallel_comm,
-         "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built: the executor runs each "
-         "micro-batch's dispatch and combine in line")
+    # the overlapped schedule (executor/ep_overlap.py) cuts each MoE layer at its all-to-alls: a checkpoint
+    # around the whole layer or the whole MoE block would span them
+    overlap_why = [why for why, broken in (
+        ("pp > 1 (the executor overlaps without a pipeline only)", c.pp > 1),
+        ("full recompute", c.recompute_granularity == "full"),
+        ("selective recompute of moe", c.recompute_granularity == "selective" and "moe" in c.recompute_modules),
+        # its staged layer runs the MoE block's parts itself, outside the module that offloads their activations
+        ("activation offload of moe", "moe" in c.activation_offload_modules),
+    ) if broken]
+    rule("executor_ep_overlap", c.overlap_moe_expert_parallel_comm and bool(overlap_why),
+         "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built with " + ", ".join(overlap_why))
     ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
     if m.is_moe:
         rule("executor_experts_ep", ep_broken, f"num_experts ({m.num_experts}) must be divisible by ep ({c.ep})")

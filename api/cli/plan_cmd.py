@@ -21,8 +21,9 @@ from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_g
 from planner.enumerate import VPP_LIMIT, SearchSpace, pipeline_label
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
-from planner.rank import explain_layout, plan, smallest_fitting_cluster
+from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from spec.errors import SpecError
+from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
 from api.cli._memory_args import add_headroom_argument
@@ -77,7 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price Megatron's fused weight-gradient accumulation into the fp32 main gradient")
     parser.add_argument("--sequence-parallel-regather", action="store_true",
                         help="price Megatron's sequence-parallel linears (input re-gathered in backward)")
+    parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
+                        help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
+                             "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
+    parser.add_argument("--activation-offload", metavar="MODULES", action="append", default=[],
+                        help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
+                             f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add_headroom_argument(parser)
+    parser.add_argument("--search-precision", action="store_true",
+                        help="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and report the faster; "
+                             "the training's --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -119,8 +129,23 @@ def _split(args: argparse.Namespace) -> PipelineSplit:
                          args.account_for_loss_in_pipeline_split)
 
 
+def _offload(args: argparse.Namespace) -> dict:
+    """The SearchSpace offload fields of ``--optimizer-offload`` / ``--activation-offload``."""
+    try:
+        fractions = tuple(float(f) for f in args.optimizer_offload.split(",") if f.strip())
+    except ValueError:
+        raise SpecError(f"--optimizer-offload takes comma-separated fractions, got {args.optimizer_offload!r}") from None
+    return {"optimizer_offload": fractions,
+            "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload)}
+
+
 def _space(args: argparse.Namespace):
-    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args))
+    precisions = SEARCHED_PRECISIONS if getattr(args, "search_precision", False) else None
+    return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args), precisions=precisions,
+                       **_offload(args))
+
+
+SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans
 
 
 def _explain_text(args: argparse.Namespace) -> str:
@@ -236,6 +261,8 @@ def _breakdown_lines(e) -> list[str]:
         value = getattr(m, name)
         share = value / m.total if m.total else 0.0
         lines.append(f"  {name:<18} {_bytes(value):>11} {share:>6.1%}")
+    if m.host_offloaded:
+        lines.append(f"  offloaded to the host (not on the GPU): {_bytes(m.host_offloaded)}")
     return lines
 
 
@@ -312,9 +339,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.explain is not None:
         return _explain(args, model, training, cluster)
     space = _space(args)
-    result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                  workers=args.workers)
+    if space.precisions is None:
+        result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+                      workers=args.workers)
+        searched = None
+    else:  # the fastest precision's plan; the others' best step times are reported beside it
+        results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+                                  workers=args.workers)
+        result, training = results[0], results[0].training
+        searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
     header = _header(model, training, cluster, space)
+    if searched is not None:
+        header["precision_search"] = searched
     best = result.best
     if args.json:
         enum = result.enumeration
@@ -340,6 +376,9 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0 if best else 1
     print("\n".join(_header_lines(header) + _rule_lines(result)))
+    if searched is not None:
+        print("precision searched (best layout's step time): " + ", ".join(
+            f"{p} {'no fit' if t is None else _seconds(t)}" for p, t in searched.items()) + f"; planned {training.precision}")
     if best is None:
         c = result.closest
         print(f"\nNO LAYOUT FITS in {_bytes(cluster.usable_hbm_bytes)} per GPU. Closest: {c.config.label()}")

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="start and end each trial's rank processes (default: kept between trials of one "
+                             "shape; also FOLDTUNE_REUSE_RANKS=0)")
     parser.add_argument("--gpus-per-node", type=int,
                         help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
                              "the Ray cluster)")
@@ -94,6 +97,10 @@ class TrialPrinter:
                     f"  measured {_ms(data.get('step_time'))}  {state}")
             if data.get("failure_reason"):
                 line += f": {data['failure_reason']}"
+            m = data.get("measurement")
+            if getattr(m, "fixed_cost_s", None) is not None:  # dispatch → first timed step (executor.rank_pool)
+                line += (f"  fixed cost {m.fixed_cost_s:.1f} s (start-up {m.startup_s:.1f} s, warm-up "
+                         f"{m.warmup_s:.1f} s{', reused ranks' if m.reused_ranks else ''})")
             say(line)
         elif kind == "job_finished":
             self._finished(data, say)
@@ -115,6 +122,12 @@ class TrialPrinter:
         say(f"calibration: {mult}; memory x{cal['memory_multiplier']:.2f} "
             f"(from {cal['num_observations']} measurements)")
         say(f"search stopped: {cal['stopped_because']}")
+        fixed = cal.get("fixed_cost") or {}
+        if fixed.get("trials"):
+            after = fixed["median_after_first_s"]
+            say(f"fixed cost per trial (dispatch to first timed step): first {fixed['first_s']:.1f} s, median after "
+                f"the first {'-' if after is None else f'{after:.1f} s'}, {fixed['total_s']:.1f} s in all "
+                f"({fixed['trials']} trials)")
         if data.get("best") is not None:
             say(f"best layout: {data['best'].label()}  {_ms(data['best_step_time'])} per step (measured)")
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
@@ -144,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
     trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,
-                          rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults)
+                          rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults,
+                          reuse_ranks=base.trial.reuse_ranks and not args.no_reuse)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial,

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spec.parallel_config import ParallelConfig
+from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, ParallelConfig
 from spec.pipeline_layout import MAX_LAYOUT_CHARS, PipelineSplit
 from planner.enumerate import VPP_LIMIT
 from api.schemas.jobs import PlanClusterOut, WorkloadIn
@@ -44,6 +44,14 @@ class PlanCreate(WorkloadIn):
                                                           "pp·vpp chunks differing by at most one layer)")
     vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
                                                              "tried (a layout string fixes it instead)")
+    search_precision: bool = Field(False, description="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and "
+                                                      "return the faster; training.precision is then ignored")
+    optimizer_offload: list[float] = Field(
+        [], max_length=4, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
+                                      "--optimizer-offload-fraction; only with the distributed optimizer)")
+    activation_offload: list[list[str]] = Field(
+        [], max_length=4, description="module sets whose saved activations are tried in CPU memory, each of "
+                                      f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
 
 
 class RejectedRule(BaseModel):
@@ -69,6 +77,8 @@ class MemoryBytesOut(BaseModel):
     comm_buffers: Number
     allocator_overhead: Number
     details: dict[str, Number] = Field(description="finer terms (bytes), e.g. per activation tensor")
+    host_offloaded: Number = Field(0, description="bytes the offload knobs keep in this rank's CPU memory instead "
+                                                  "(optimizer state, activations); not part of total")
 
 
 class EstimateOut(BaseModel):
@@ -105,3 +115,6 @@ class PlanOut(BaseModel):
     ranked: list[EstimateOut]
     closest: EstimateOut | None = Field(description="the least-over-memory config when none fits")
     seconds: float = Field(description="planning wall time")
+    precision_search: dict[str, float | None] | None = Field(
+        None, description="with search_precision: each planned precision's best predicted step time (s; null "
+                          "where nothing fits); ``training.precision`` is the faster's")

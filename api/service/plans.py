@@ -9,8 +9,11 @@ from api.schemas.jobs import PlanClusterOut
 from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
 from api.service.errors import RuleViolation
 from api.service.jobs import resolve_job
-from planner import NoValidLayoutError, SearchSpace, plan
+from planner import NoValidLayoutError, SearchSpace, plan_precisions
 from spec.errors import InvalidConfigError
+
+
+SEARCHED_PRECISIONS = ("bf16", "fp8")  # what search_precision plans
 
 
 def create_plan(session: Session, request: PlanCreate) -> PlanOut:
@@ -19,18 +22,30 @@ def create_plan(session: Session, request: PlanCreate) -> PlanOut:
     resolved = resolve_job(session, request)
     session.commit()
     try:
-        space = SearchSpace(vpp_max=request.vpp_max,
+        offload = dict(optimizer_offload=tuple(request.optimizer_offload),
+                       activation_offload=tuple(tuple(m) for m in request.activation_offload))
+        SearchSpace(**offload)
+    except InvalidConfigError as exc:
+        raise RuleViolation("body", "offload_options", str(exc)) from None
+    try:
+        space = SearchSpace(vpp_max=request.vpp_max, **offload,
+                            precisions=SEARCHED_PRECISIONS if request.search_precision else None,
                             **({"pipeline": request.pipeline.split()} if request.pipeline is not None else {}))
     except InvalidConfigError as exc:
         raise RuleViolation("body.pipeline", "pipeline_options", str(exc)) from None
     try:
         # one process: forking planner workers inside a server would copy the whole server
-        result = plan(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1, space=space)
+        # (the training's precision alone unless search_precision: then bf16 and fp8, the faster first)
+        results = plan_precisions(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1,
+                                  space=space)
     except NoValidLayoutError as exc:
         raise RuleViolation("body", "has_valid_layout", str(exc)) from None
+    result = results[0]
+    searched = ({r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
+                if request.search_precision else None)
     enum = result.enumeration
     return PlanOut(
-        model=resolved.model.name, training=resolved.training.to_dict(),
+        model=resolved.model.name, training=result.training.to_dict(), precision_search=searched,
         cluster=PlanClusterOut(gpu=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
                                min_headroom=resolved.cluster.min_headroom,
                                min_headroom_bytes=resolved.cluster.min_headroom_bytes,

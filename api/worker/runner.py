@@ -46,7 +46,8 @@ from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, Pri
                                      pricing_profile)
 from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.trainings import run_claimed_training, run_next_training
-from api.worker.trials import JobStopped, TrialExecutor, TrialSettings, is_cpu_cluster, trial_settings_from_env
+from api.worker.trials import (JobStopped, TrialExecutor, TrialSettings, fixed_cost_summary, is_cpu_cluster,
+                               trial_settings_from_env)
 from spec.errors import FoldtuneError, SpecError
 from spec.failure import FailureKind
 from spec.hardware import DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile
@@ -301,10 +302,13 @@ class Runner:
                                       "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials,
                                       "ray_cluster": ray_cluster})
         try:
-            result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes, budget=budget,
-                                storage=self.optuna_url, study_name=f"job-{job.id}", on_event=recorder,
-                                study_attrs=study_attributes(job, model, training, cluster),
-                                repredict=repricer(model, training, cluster, cands) if model.is_moe else None)
+            try:
+                result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes,
+                                    budget=budget, storage=self.optuna_url, study_name=f"job-{job.id}",
+                                    on_event=recorder, study_attrs=study_attributes(job, model, training, cluster),
+                                    repredict=repricer(model, training, cluster, cands) if model.is_moe else None)
+            finally:
+                executor.close()  # the rank actors kept between trials
         except JobStopped:
             with self.sessions() as session:
                 status, holder = job_claim(session, job.id)
@@ -319,7 +323,8 @@ class Runner:
                    "stopped_because": result.stopped_because,
                    "best_layout": result.best_config.label() if result.best_config else None,
                    "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
-                   "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict()}
+                   "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict(),
+                   "fixed_cost": fixed_cost_summary(recorder.fixed_costs)}
         status, error = "succeeded", None
         if result.best_config is None:
             reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})
@@ -424,6 +429,7 @@ class _TrialRecorder:
 
     def __init__(self, runner: Runner, job: Job, cands: Any, stop: threading.Event) -> None:
         self.runner, self.job, self.cands, self.stop = runner, job, cands, stop
+        self.fixed_costs: dict[int, float] = {}  # trial number -> seconds from dispatch to its first timed step
 
     def __call__(self, kind: str, data: dict) -> None:
         job_id = self.job.id
@@ -445,6 +451,8 @@ class _TrialRecorder:
     def _finish(self, data: dict) -> None:
         m = data.get("measurement")
         measurement = m.to_dict() if m is not None else None
+        if m is not None and m.fixed_cost_s is not None:
+            self.fixed_costs[data["number"]] = m.fixed_cost_s
         state = data["state"]
         with self.runner.sessions() as session:
             if state == "complete":

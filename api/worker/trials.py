@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from executor import launch_ray
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
 from executor.progress import FAULT_ENV
+from executor.rank_pool import reuse_enabled
 from planner.search import TrialReport
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
@@ -42,13 +44,15 @@ class JobStopped(BaseException):  # noqa: N818 (a control-flow signal, like Keyb
 class TrialSettings:
     """Step budget and limits of one trial: ``warmup_steps`` untimed and ``timed_steps`` timed optimizer
     steps, ``timeout_s`` seconds for the run, ``rank_memory_bytes`` of address space per CPU rank
-    (None: the hardware profile's device memory)."""
+    (None: the hardware profile's device memory); ``reuse_ranks``: trials of one shape run on the same rank
+    actors (:class:`executor.launch_ray.RayRankPools`), else each trial starts and ends its own."""
 
     warmup_steps: int = 1
     timed_steps: int = 3
     timeout_s: float = 300.0
     rank_memory_bytes: int | None = None
     faults: str = ""
+    reuse_ranks: bool = True  # keep rank actors between trials of one shape (FOLDTUNE_REUSE_RANKS=0: off)
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.timed_steps < 1 or self.timeout_s <= 0:
@@ -92,6 +96,13 @@ class TrialExecutor:
         self.stop = stop
         # the job's router options, model defaults decided (DeepSeek-V3's expert bias on unless switched off)
         self.options = ExecutorOptions.for_training(training, router, model)
+        # rank actors kept between trials of one shape (executor.rank_pool); None: each trial starts its own
+        self.pools = launch_ray.RayRankPools() if settings.reuse_ranks else None
+
+    def close(self) -> None:
+        """End the rank actors kept between trials (call when the job's search ends)."""
+        if self.pools is not None:
+            self.pools.close()
 
     def __call__(self, config: ParallelConfig, report: TrialReport):
         label = config.label()
@@ -107,7 +118,8 @@ class TrialExecutor:
                 pruned.set()
             return pruned.is_set() or self.stop.is_set()
 
-        launcher = functools.partial(launch_ray.launch, on_step=on_step, memory_limit_bytes=memory,
+        launch = self.pools.launch if self.pools is not None else launch_ray.launch
+        launcher = functools.partial(launch, on_step=on_step, memory_limit_bytes=memory,
                                      env={FAULT_ENV: faults}, cancel=self.stop,
                                      ranks_per_node=self.cluster.gpus_per_node,
                                      name=f"{self.name}-trial-{report.number}")
@@ -123,7 +135,7 @@ class TrialExecutor:
 
 def trial_settings_from_env(environ: dict[str, str] | None = None) -> TrialSettings:
     """TrialSettings from FOLDTUNE_TRIAL_WARMUP_STEPS, FOLDTUNE_TRIAL_STEPS, FOLDTUNE_TRIAL_TIMEOUT_S,
-    FOLDTUNE_RANK_MEMORY_BYTES and FOLDTUNE_FAULT."""
+    FOLDTUNE_RANK_MEMORY_BYTES, FOLDTUNE_FAULT and FOLDTUNE_REUSE_RANKS."""
     env = os.environ if environ is None else environ
     try:
         memory = env.get("FOLDTUNE_RANK_MEMORY_BYTES")
@@ -131,6 +143,16 @@ def trial_settings_from_env(environ: dict[str, str] | None = None) -> TrialSetti
                              timed_steps=int(env.get("FOLDTUNE_TRIAL_STEPS", 3)),
                              timeout_s=float(env.get("FOLDTUNE_TRIAL_TIMEOUT_S", 300)),
                              rank_memory_bytes=int(float(memory)) if memory else None,
-                             faults=env.get(FAULT_ENV, ""))
+                             faults=env.get(FAULT_ENV, ""), reuse_ranks=reuse_enabled(env))
     except ValueError as exc:
         raise SpecError(f"bad trial setting in the environment: {exc}") from None
+
+
+def fixed_cost_summary(costs: dict[int, float]) -> dict:
+    """The job's fixed cost per trial (seconds from dispatch to the first timed step, by trial number, trials
+    that measured it): the first trial's (it starts the ranks), the median of the others (ranks kept), the
+    total. Zeros and Nones when no trial measured it."""
+    ordered = [costs[n] for n in sorted(costs)]
+    return {"trials": len(ordered), "first_s": ordered[0] if ordered else None,
+            "median_after_first_s": statistics.median(ordered[1:]) if len(ordered) > 1 else None,
+            "total_s": sum(ordered)}

@@ -12,7 +12,9 @@
   base profile's grouped curves (the default ratio).
 * ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: key length -> (the time model's causal
   attention FLOPs / measured seconds) / 16-bit datasheet peak, forward and backward (SDPA, the executor's
-  kernel; ``executor/microbench/attention.py``). An fp8 calibration times attention in bf16 against the bf16
+  kernel; ``executor/microbench/attention.py``), for query/key/value heads of one width;
+  ``attention_mla_fwd_efficiency`` / ``attention_mla_bwd_efficiency`` the same for MLA's wider query/key
+  heads (192/128), which SDPA runs on another kernel. An fp8 calibration times attention in bf16 against the bf16
   peak as well (attention stays in 16 bits under fp8 training).
 * ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
 * ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
@@ -26,6 +28,9 @@
   copied as measured; raw files written before that benchmark existed keep the base profile's values.
 * ``sustained_clock_factor``: sustained / burst throughput of an 8192³ GEMM in the benchmarked precision run
   back to back for seconds (``executor/microbench/sustained.py``), the lowest over ranks; GPUs only.
+* ``host_link_bandwidth`` / ``cpu_adam_bandwidth``: the slower direction of a pinned host<->GPU copy (GPUs
+  only) and the bytes of fp32 optimizer state the executor's CPU Adam steps per second, the slowest rank's,
+  all ranks at once (``executor/microbench/offload.py``); raw files without them keep the base's.
 * ``overlap_slowdown``: the fraction of a hidden reduce-scatter's seconds that a GEMM loop running beside it
   still pays (``executor/microbench/overlap.py``); measured on two or more ranks only.
 """
@@ -98,11 +103,15 @@ def _shape_key(row: dict) -> str | None:
     return f"{row['hidden']}x{row['ffn']}" if "hidden" in row and "ffn" in row else None
 
 
-def attention_curves(rows: list[dict], peak: float) -> tuple[MeasuredCurve | None, MeasuredCurve | None]:
-    """(forward, backward) curves of key length -> achieved / ``peak`` (the 16-bit datasheet peak)."""
+def attention_curves(rows: list[dict], peak: float, kind: str = "mha"
+                     ) -> tuple[MeasuredCurve | None, MeasuredCurve | None]:
+    """(forward, backward) curves of key length -> achieved / ``peak`` (the 16-bit datasheet peak), from the
+    rows of head shape ``kind`` (rows of profiles measured before the MLA shape existed are 'mha')."""
     fwd: dict[float, list[float]] = defaultdict(list)
     bwd: dict[float, list[float]] = defaultdict(list)
     for row in rows:
+        if row.get("kind", "mha") != kind:
+            continue
         fwd[float(row["seq"])].append(row["fwd_flops"] / row["fwd_seconds"] / peak)
         bwd[float(row["seq"])].append(row["bwd_flops"] / row["bwd_seconds"] / peak)
     return _curve(fwd), _curve(bwd)
@@ -142,7 +151,10 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     network_source = (f"measured {raw['measured_at']} across {nodes} nodes ({raw['backend']}), one rank per node"
                       if measured_inter else base.network_source)
     launch = raw.get("launch") or {}
+    offloading = raw.get("offload") or {}
+    link, cpu_adam = offloading.get("link") or {}, offloading.get("cpu_adam") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
+    mla_fwd, mla_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"), "mla")
     # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
     grouped_rows = raw["grouped_gemm"] if raw["precision"] != "fp8" else []
     grouped_shapes = tuple(sorted(grouped_shape_curves(grouped_rows, peak).items()))
@@ -155,6 +167,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         collective_efficiency=tuple(sorted(curves.items())),
         attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
         attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,
+        attention_mla_fwd_efficiency=mla_fwd or base.attention_mla_fwd_efficiency,
+        attention_mla_bwd_efficiency=mla_bwd or base.attention_mla_bwd_efficiency,
         hbm_efficiency=(copy["traffic_bytes"] / copy["seconds"] / base.gpu.hbm_bandwidth) if copy
         else base.hbm_efficiency,
         op_launch_s=launch.get("op_launch_s") or base.op_launch_s,
@@ -163,6 +177,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         overlap_slowdown=(raw.get("overlap") or {}).get("slowdown", base.overlap_slowdown),
         sustained_clock_factor=(raw.get("sustained") or {}).get("factor", base.sustained_clock_factor),
         allocator_fragmentation=(raw.get("fragmentation") or {}).get("fragmentation", base.allocator_fragmentation),
+        host_link_bandwidth=link.get("host_link_bytes_per_s", base.host_link_bandwidth),
+        cpu_adam_bandwidth=cpu_adam.get("cpu_adam_bytes_per_s", base.cpu_adam_bandwidth),
         network_source=network_source,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

@@ -1,5 +1,10 @@
 """Causal attention throughput of the executor's kernel (SDPA: flash / cuDNN on a GPU) vs key length.
 
+Two head shapes: ``mha`` (query, key and value heads of one width, Llama/Mixtral-like) and ``mla`` (MLA's
+query/key heads wider than its value heads, DeepSeek-V2/V3's 192/128): SDPA's flash kernel needs one width
+for all three, so the second runs on another kernel at another speed, which the time model prices from its
+own curve.
+
 The time model prices the attention core as FLOPs over the 16-bit peak times an efficiency; this measures
 that efficiency, forward and backward, at the key lengths a step produces. FLOPs are the time model's own
 (``spec.flops.attention_fwd_flops``, causal; backward ``ATTENTION_BWD_FLOP_RATIO`` times that),
@@ -14,10 +19,12 @@ from spec.flops import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
 from executor.kernels.torch_backend import TorchBackend
 from executor.microbench.timing import time_op
 
-# (heads, head dim): Llama/Mixtral-like on GPU (heads equal to KV heads: the kernel itself, no GQA copy),
-# small on CPU; tokens per call kept near ``TOKENS`` by the batch size.
-GPU_SHAPE = (32, 128)
-CPU_SHAPE = (4, 32)
+# kind -> (heads, query/key head dim, value head dim): Llama/Mixtral-like and DeepSeek-V2/V3's MLA on GPU
+# (heads equal to KV heads: the kernel itself, no GQA copy), small on CPU; tokens per call kept near
+# ``TOKENS`` by the batch size.
+GPU_SHAPES = {"mha": (32, 128, 128), "mla": (16, 192, 128)}
+CPU_SHAPES = {"mha": (4, 32, 32), "mla": (4, 48, 32)}
+KINDS = tuple(GPU_SHAPES)
 GPU_SEQS = (256, 512, 1024, 2048, 4096, 8192)
 CPU_SEQS = (64, 128, 256)
 GPU_TOKENS = 16384
@@ -30,21 +37,24 @@ def default_seqs(device: torch.device, quick: bool) -> tuple[int, ...]:
     return seqs[1::2] if quick and len(seqs) > 3 else seqs
 
 
-def measure_attention(seqs: tuple[int, ...], device: torch.device, dtype: torch.dtype, repeats: int = 3) -> list[dict]:
-    """Forward and backward seconds of causal attention per key length.
+def measure_attention(seqs: tuple[int, ...], device: torch.device, dtype: torch.dtype, repeats: int = 3,
+                      kind: str = "mha") -> list[dict]:
+    """Forward and backward seconds of causal attention per key length, for the head shape ``kind``
+    (:data:`GPU_SHAPES`).
 
-    Returns ``[{'seq', 'batch', 'heads', 'head_dim', 'fwd_flops', 'bwd_flops', 'fwd_seconds', 'bwd_seconds'}]``;
-    the backward is timed as forward+backward minus the forward.
+    Returns ``[{'kind', 'seq', 'batch', 'heads', 'head_dim', 'v_head_dim', 'fwd_flops', 'bwd_flops',
+    'fwd_seconds', 'bwd_seconds'}]``; the backward is timed as forward+backward minus the forward.
     """
-    heads, head_dim = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
+    heads, head_dim, v_head_dim = (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES)[kind]
     tokens = GPU_TOKENS if device.type == "cuda" else CPU_TOKENS
     backend = TorchBackend()
     out = []
     for seq in seqs:
         batch = max(1, tokens // seq)
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
-        grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
+        q, k = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        v = torch.randn(batch, heads, seq, v_head_dim, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn(batch, heads, seq, v_head_dim, device=device, dtype=dtype)
 
         def fwd():
             with torch.no_grad():
@@ -55,8 +65,9 @@ def measure_attention(seqs: tuple[int, ...], device: torch.device, dtype: torch.
 
         t_fwd = time_op(fwd, device, repeats=repeats)
         t_both = time_op(fwd_bwd, device, repeats=repeats)
-        flops = attention_fwd_flops(batch * seq, seq, heads, head_dim, head_dim)
-        out.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim, "fwd_flops": flops,
+        flops = attention_fwd_flops(batch * seq, seq, heads, head_dim, v_head_dim)
+        out.append({"kind": kind, "seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim,
+                    "v_head_dim": v_head_dim, "fwd_flops": flops,
                     "bwd_flops": ATTENTION_BWD_FLOP_RATIO * flops, "fwd_seconds": t_fwd,
                     "bwd_seconds": max(t_both - t_fwd, 1e-9)})
     return out

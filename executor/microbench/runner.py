@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from executor.launch_local import launch as launch_ranks
-from executor.microbench import (attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, overlap,
-                                 sustained)
+from executor.microbench import (attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, offload,
+                                 overlap, sustained)
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 
@@ -72,11 +72,12 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     for row in report["grouped_gemm"]:
         say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
             f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
-    say("causal attention (key length)")
-    report["attention"] = attention.measure_attention(plan.sizes(attention.default_seqs(device, plan.quick)), device,
-                                                      dtype)
+    say("causal attention (head shape, key length)")
+    seqs = plan.sizes(attention.default_seqs(device, plan.quick))
+    report["attention"] = [row for kind in (attention.KINDS[:1] if plan.minimal else attention.KINDS)
+                           for row in attention.measure_attention(seqs, device, dtype, kind=kind)]
     for row in report["attention"]:
-        say(f"  s={row['seq']:<6} fwd {row['fwd_seconds'] * 1e6:10.1f} us {row['fwd_flops'] / row['fwd_seconds'] / 1e12:8.3f}"
+        say(f"  {row['kind']} {row['head_dim']}/{row['v_head_dim']} s={row['seq']:<6} fwd {row['fwd_seconds'] * 1e6:10.1f} us {row['fwd_flops'] / row['fwd_seconds'] / 1e12:8.3f}"
             f" TFLOP/s   bwd {row['bwd_seconds'] * 1e6:10.1f} us {row['bwd_flops'] / row['bwd_seconds'] / 1e12:8.3f} TFLOP/s")
     say("memory copy")
     report["copy"] = hbm.measure_copy(plan.sizes(hbm.default_sizes(device, plan.quick))[:1 if plan.minimal else None],
@@ -97,6 +98,12 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
         f = report["fragmentation"]
         say(f"  allocated {f['allocated_peak_bytes'] / 2**20:10.1f} MiB   reserved {f['reserved_peak_bytes'] / 2**20:10.1f}"
             f" MiB   fragmentation {f['fragmentation']:.3f}")
+    say("offload (pinned host<->GPU copies, CPU Adam step)")
+    elements = offload.QUICK_CPU_ADAM_ELEMENTS if plan.quick or plan.minimal else offload.CPU_ADAM_ELEMENTS
+    report["offload"] = {"link": offload.measure_host_link(device), "cpu_adam": offload.measure_cpu_adam(elements, device=device)}
+    link, adam = report["offload"]["link"], report["offload"]["cpu_adam"]
+    say((f"  D2H {link['d2h_bytes_per_s'] / 1e9:8.2f} GB/s   H2D {link['h2d_bytes_per_s'] / 1e9:8.2f} GB/s   "
+         if link else "  ") + f"CPU Adam {adam['cpu_adam_bytes_per_s'] / 1e9:8.2f} GB/s of optimizer state")
     say("launch overhead (tiny eager ops, one-element all-reduce)")
     report["launch"] = launch.measure_launch(device, dtype)
     coll, layer = report["launch"]["collective_launch_s"], report["launch"]["moe_layer_host_s"]
@@ -141,7 +148,18 @@ def merge_ranks(reports: list[dict]) -> dict:
                            default=None),
             # the GPU that loses the most to its allocator sets the margin every GPU must keep
             "fragmentation": max((r["fragmentation"] for r in reports if r.get("fragmentation")),
-                                 key=lambda f: f["fragmentation"], default=None)}
+                                 key=lambda f: f["fragmentation"], default=None),
+            # every rank offloads at once: the slowest link and CPU step are what a step waits for
+            "offload": _merged_offload([r.get("offload") for r in reports])}
+
+
+def _merged_offload(rows: list[dict | None]) -> dict | None:
+    rows = [r for r in rows if r]
+    if not rows:
+        return None
+    links = [r["link"] for r in rows if r.get("link")]
+    return {"link": min(links, key=lambda r: r["host_link_bytes_per_s"]) if links else None,
+            "cpu_adam": min((r["cpu_adam"] for r in rows), key=lambda r: r["cpu_adam_bytes_per_s"])}
 
 
 def _merged_launch(rows: list[dict]) -> dict:

@@ -167,3 +167,16 @@ def all_reduce_(x: torch.Tensor, group: Group, op=dist.ReduceOp.SUM) -> torch.Te
 def all_gather_nograd(x: torch.Tensor, group: Group) -> torch.Tensor:
     """All-gather along dim 0 without autograd."""
     return x if group.size == 1 else _gather(x, group)
+
+
+def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group):
+    """Start :func:`all_to_all` without autograd and return (output buffer, work handle): the exchange runs
+    on the backend's own stream (NCCL) or thread (gloo) while the caller goes on issuing compute; call
+    ``work.wait()`` before reading the buffer (on CUDA it makes the current stream wait, not the host).
+    The work is None for a group of one (the output is ``x``)."""
+    if group.size == 1:
+        return x, None
+    x = x.contiguous()
+    out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group.pg, async_op=True)
+    return out, work

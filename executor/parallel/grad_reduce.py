@@ -36,6 +36,7 @@ not there yet): :meth:`GradReducer.reduce` syncs them, then reduces that bucket.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 
 import torch
@@ -270,11 +271,17 @@ class GradReducer:
                         p.register_post_accumulate_grad_hook(self._hook(entry, index))
 
     def _hook(self, entry: _Entry, index: int):
+        # The hook lives in the parameter's hook dict, which the tensor holds from C++: a closure holding the
+        # reducer and its entry (which holds the parameters) strongly would make a cycle the garbage collector
+        # cannot see, and keep every parameter and fp32 gradient buffer of a trial alive in a kept rank.
+        reducer, entry_ref = weakref.ref(self), weakref.ref(entry)
+
         def on_grad(_param):
-            if self.armed:
-                entry.missing[index] -= 1
-                if entry.missing[index] == 0:
-                    entry.launch_ready()
+            owner, live = reducer(), entry_ref()
+            if owner is not None and live is not None and owner.armed:
+                live.missing[index] -= 1
+                if live.missing[index] == 0:
+                    live.launch_ready()
         return on_grad
 
     def arm(self) -> None:

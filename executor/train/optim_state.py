@@ -55,7 +55,7 @@ def local_state(optimizer, params: list[torch.nn.Parameter]) -> dict[torch.nn.Pa
     if _flat_units(optimizer):
         for unit in optimizer.units:
             shapes = [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in unit.params]
-            pieces = {key: _unflatten_dense_tensors(_gather_unit(getattr(unit, key), unit), shapes)
+            pieces = {key: _unflatten_dense_tensors(_gather_unit(unit.state(key), unit), shapes)
                       for key in ("master", *MOMENTS)}
             for i, p in enumerate(unit.params):
                 out[p] = {key: pieces[key][i] for key in pieces}
@@ -82,7 +82,7 @@ def load_local_state(optimizer, values: dict[torch.nn.Parameter, dict[str, torch
                 padded = _padded(flat.numel(), size)
                 if padded > flat.numel():
                     flat = torch.cat([flat, flat.new_zeros(padded - flat.numel())])
-                getattr(unit, key).copy_(flat.chunk(size)[rank])
+                unit.load_state(key, flat.chunk(size)[rank])
         optimizer.step_count = step
         return
     if step == 0:

@@ -38,7 +38,7 @@ def test_oom_killed_and_hung_ranks_fail_their_trials_and_the_job_goes_on(client,
 
     assert sorted(trials) == [0, 1, 2, 3]
     oom, killed, hung, healthy = (trials[n] for n in range(4))
-    assert (oom.status, oom.failure_kind) == ("failed", "oom")
+    assert (oom.status, oom.failure_kind) == ("failed", "oom"), oom.failure_reason
     assert oom.failure_reason.startswith("out of memory on rank 1"), oom.failure_reason
     assert (killed.status, killed.failure_kind) == ("failed", "crash")
     assert killed.failure_reason.startswith("rank 1 died"), killed.failure_reason

@@ -80,13 +80,15 @@ def test_http_plan_takes_the_pipeline_options(client, alice):
 
 
 def test_runnable_plan_never_ranks_the_knobs_the_executor_does_not_build():
-    """`plan` prices and searches EP all-to-all overlap, but a tuning job's candidates come from a space
-    without it (planner.runnable.EXECUTOR_SPACE): its faster-priced variants must not fill the ranked top-N
-    and leave a runnable job with no candidate."""
-    model = get_model("tiny-moe")
+    """`plan` prices and searches EP all-to-all overlap with any pp, but a tuning job's candidates come from a
+    space with it at pp = 1 only (planner.runnable.EXECUTOR_SPACE), where the executor runs it: the
+    faster-priced pipelined variants must not fill the ranked top-N and leave a job with no candidate."""
+    model = get_model("tiny-moe-shared")  # 4 layers: pp2·vpp2 (which the overlap needs with a pipeline) fits
     training = TrainingSpec(seq_length=64, global_batch_size=8)
     cluster = ClusterSpec(get_hardware("cpu"), 4)
-    assert any(e.config.overlap_moe_expert_parallel_comm for e in plan(model, training, cluster, top=200).ranked)
+    ranked = plan(model, training, cluster, top=200).ranked
+    assert any(e.config.overlap_moe_expert_parallel_comm and e.config.pp > 1 for e in ranked)
     result = runnable_plan(model, training, cluster, top=200)
-    assert result.runnable and not any(e.config.overlap_moe_expert_parallel_comm for e in result.runnable)
+    overlapped = [e.config for e in result.runnable if e.config.overlap_moe_expert_parallel_comm]
+    assert overlapped and all(c.pp == 1 for c in overlapped)
     assert not any("overlap_moe_expert_parallel_comm" in why for why in result.not_executable)

@@ -35,6 +35,11 @@ def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, 
         m = t["measurement"]
         assert m["ok"] and m["world_size"] == 2 and len(m["step_times"]) == 1 and m["losses"][0] > 0
         assert t["step_time_s"] == pytest.approx(m["step_time"]) and t["predicted"]["step_time_s"] > 0
+        assert m["fixed_cost_s"] >= m["startup_s"] >= 0 and m["warmup_s"] >= 0
+    # the rank actors of the first trial ran the later ones (executor.rank_pool; the first starts them)
+    by_number = sorted(done, key=lambda t: t["number"])
+    assert not by_number[0]["measurement"]["reused_ranks"]
+    assert any(t["measurement"]["reused_ranks"] for t in by_number[1:])
     fastest = min(done, key=lambda t: t["step_time_s"])
 
     best = client.get("/v1/best", headers=alice, params={"signature": job["signature"]})
@@ -46,6 +51,8 @@ def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, 
     result = job["calibration"]
     assert result["best_layout"] == fastest["label"]
     assert len(result["measured_vs_predicted"]) == 6 and result["num_observations"] >= len(done)
+    fixed = result["fixed_cost"]
+    assert fixed["trials"] >= len(done) and fixed["first_s"] > 0 and fixed["total_s"] >= fixed["first_s"]
     # The Optuna study lives apart from the service tables and holds the same six trials.
     study = optuna.load_study(study_name=f"job-{job_id}", storage=optuna_storage_url(db_url))
     assert len(study.trials) == 6

@@ -286,12 +286,15 @@ def _linear_step(x, w, dy):
 
 
 def test_an_unchanged_weight_is_quantised_once_for_forward_and_once_for_dgrad(cached):
+    """The forward makes both forms at once (the dgrad's is then served from the cache)."""
     w = torch.nn.Parameter(_gaussian(48, 64, seed=11))
     x, dy = _gaussian(16, 64, seed=12), _gaussian(16, 48, seed=13)
+    both = fp8.weight_counts().get("both_at_once", 0)
     first = _linear_step(x, w, dy)
-    assert cached() == {"quantised": 2, "reused": 0, "uncached": 0}
+    assert cached() == {"quantised": 2, "reused": 1, "uncached": 0}
+    assert fp8.weight_counts()["both_at_once"] == both + 1
     second = _linear_step(x, w, dy)
-    assert cached() == {"quantised": 2, "reused": 2, "uncached": 0}
+    assert cached() == {"quantised": 2, "reused": 3, "uncached": 0}
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
@@ -324,7 +327,7 @@ def test_a_changed_weight_is_quantised_afresh(cached, monkeypatch, update):
     else:
         w.data = new
     got = _linear_step(x, w, dy)
-    assert cached() == {"quantised": 4, "reused": 0, "uncached": 0}
+    assert cached() == {"quantised": 4, "reused": 2, "uncached": 0}
     want = _uncached_linear_step(x, w, dy, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
@@ -336,7 +339,7 @@ def test_expert_weights_through_a_view_hit_the_cache_and_die_with_the_parameter(
     x, dy = _gaussian(sum(COUNTS), 32, seed=19).requires_grad_(), _gaussian(sum(COUNTS), 16, seed=20)
     for _ in range(3):
         fp8.grouped_mm(x, w13.flatten(1, 2), offs).backward(dy)
-    assert cached() == {"quantised": 2, "reused": 4, "uncached": 0}
+    assert cached() == {"quantised": 2, "reused": 5, "uncached": 0}
     assert len(weight_cache._WEIGHT_CACHE) == 1
     del w13
     assert len(weight_cache._WEIGHT_CACHE) == 0
@@ -376,8 +379,97 @@ def test_training_with_the_cache_equals_training_without_it(cached, monkeypatch)
     spec = get_model("tiny-moe")
     forms = spec.num_layers * (4 + 2) * 2  # forward and dgrad forms of 4 linears and 2 expert GEMMs a layer
     steps, micro = 2, 2
-    assert counts == {"quantised": steps * forms, "reused": steps * (micro - 1) * forms, "uncached": 0}
+    # the first forward of a step makes both forms of a weight, its backward reuses the dgrad form
+    assert counts == {"quantised": steps * forms, "reused": steps * (forms // 2 + (micro - 1) * forms),
+                      "uncached": 0}
 
+
+
+def test_the_trainer_frees_the_weight_cache_before_the_optimizer_step(cached, monkeypatch):
+    """When Adam runs, no fp8 weight form is held (they would be stale a moment later); the next step
+    makes them again."""
+    spec = get_model("tiny-moe")
+    torch.manual_seed(0)
+    model = MoEGPT(spec, single_process_state(), ExecutorOptions(kernel_backend="torch-fp8"), 32,
+                   dtype=torch.bfloat16)
+    trainer = Trainer(model, lr=1e-2)
+    held = []
+    real_step = trainer.optimizer.step
+
+    def step():
+        held.append(sum(len(e.forms) for e in weight_cache._WEIGHT_CACHE.values()))
+        return real_step()
+
+    monkeypatch.setattr(trainer.optimizer, "step", step)
+    for i in range(2):
+        trainer.step(micro_batches(global_batch(spec.vocab_size, 32, 2, 1234, i), 1, 0, 1, "cpu"))
+    assert held == [0, 0]
+    forms = spec.num_layers * (4 + 2) * 2
+    assert cached()["quantised"] == 2 * forms
+
+
+def test_quantize_both_is_the_two_rowwise_quantisations():
+    """Both forms (rows of x, rows of xᵀ) equal quantize_rowwise of x and of its transpose, 2-D and 3-D."""
+    for x in (_gaussian(37, 80, seed=30), _gaussian(3, 20, 48, seed=31)):
+        (q, s), (qt, st) = quantize.quantize_both(x)
+        for got, want in (((q, s), quantize.quantize_rowwise(x)),
+                          ((qt, st), quantize.quantize_rowwise(x.transpose(-2, -1)))):
+            quantize._compare_quantised("both", got, want)
+        assert qt.is_contiguous() and qt.shape == x.transpose(-2, -1).shape
+
+
+def test_fp8_linear_saves_the_transposed_fp8_input_not_the_bf16_one():
+    """With a weight gradient to make, the layer keeps xᵀ in e4m3 (1 byte an element) for the wgrad, and
+    the gradients equal those of quantising x and dy separately (the code before both-forms)."""
+    w = torch.nn.Parameter(_gaussian(48, 64, seed=32))
+    x = _gaussian(16, 64, seed=33).requires_grad_()
+    dy = _gaussian(16, 48, seed=34)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = fp8.linear(x, w)
+    assert not any(t.dtype == torch.bfloat16 and t.shape == x.shape for t in saved)
+    assert any(t.dtype == fp8.E4M3 and t.shape == (64, 16) for t in saved)
+    y.backward(dy)
+    qw, qwt = quantize.quantize_rowwise(w.detach()), quantize.quantize_rowwise(w.detach().t())
+    deq = quantize.dequantize
+    want_y = (deq(*quantize.quantize_rowwise(x.detach())) @ deq(*qw).t()).to(torch.bfloat16)
+    want_dx = (deq(*quantize.quantize_rowwise(dy)) @ deq(*qwt).t()).to(torch.bfloat16)
+    want_dw = (deq(*quantize.quantize_rowwise(dy.t())) @ deq(*quantize.quantize_rowwise(x.detach().t())).t())
+    assert torch.equal(y.detach(), want_y)
+    assert torch.equal(x.grad, want_dx)
+    assert torch.equal(w.grad, want_dw.to(torch.bfloat16))
+
+
+def test_fast_accumulation_is_opt_in_and_only_on_the_kernels(monkeypatch):
+    """FOLDTUNE_FP8_FAST_ACCUM=1 asks for it; on CPU (no kernels) it stays off, unset it is off."""
+    monkeypatch.delenv("FOLDTUNE_FP8_FAST_ACCUM", raising=False)
+    assert not gemm.fast_accum_ok(torch.device("cpu"))
+    monkeypatch.setenv("FOLDTUNE_FP8_FAST_ACCUM", "1")
+    assert not gemm.fast_accum_ok(torch.device("cpu"))
+
+
+def test_fast_accumulation_check_passes_on_the_emulation_and_fails_on_a_wrong_result(monkeypatch):
+    """The first-use check compares the fast-accumulation forward GEMMs with the emulation: with the kernels
+    stood in by the emulation it passes; a result off by 1 % fails it."""
+    real_mm, real_grouped = gemm.scaled_mm_nt, gemm.scaled_grouped_nt
+
+    def emulated_mm(a, b, kernel, *args, **kw):
+        return real_mm(a, b, False, *args, **{k: v for k, v in kw.items() if k != "fast_accum"})
+
+    def emulated_grouped(a, b, offs, kernel, *args, **kw):
+        return real_grouped(a, b, offs, False, *args, **{k: v for k, v in kw.items() if k != "fast_accum"})
+
+    monkeypatch.setattr(gemm, "scaled_mm_nt", emulated_mm)
+    monkeypatch.setattr(gemm, "scaled_grouped_nt", emulated_grouped)
+    gemm._check_fast_accum("fast_accum", "cpu")
+
+    def off(a, b, offs, kernel, *args, **kw):
+        out = emulated_grouped(a, b, offs, kernel, *args, **kw)
+        return out * 1.01 if kw.get("fast_accum") else out
+
+    monkeypatch.setattr(gemm, "scaled_grouped_nt", off)
+    with pytest.raises(AssertionError):
+        gemm._check_fast_accum("fast_accum", "cpu")
 
 # ---- the Triton quantisation, in Triton's interpreter ----
 
@@ -394,7 +486,7 @@ def test_triton_quantisation_in_interpreter():
                            __file__], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "5 passed" in done.stdout
+    assert "7 passed" in done.stdout
 
 
 @inner_only
@@ -445,3 +537,30 @@ def test_triton_self_checks_fail_on_a_wrong_byte(monkeypatch, path, check):
     monkeypatch.setattr(quantize, path, off_by_one)
     with pytest.raises(AssertionError, match="bytes differ"):
         getattr(quantize, check)("quantise", "cpu")
+
+
+
+@inner_only
+def test_triton_both_forms_pass_their_self_check_and_match_torch():
+    """Row and column amaxes in one read, both casts in another: the bf16 ladder, mixed rows with partial
+    tiles and zero rows and columns, 2-D and 3-D; scales and bytes equal the torch path's for both forms."""
+    quantize._check_both("both", "cpu")
+    for x in (_gaussian(130, 200, seed=35), _gaussian(2, 65, 64, seed=36)):
+        (q, s), (qt, st) = quantize._quantize_both_triton(x)
+        (q_ref, s_ref), (qt_ref, st_ref) = quantize._quantize_both_torch(x)
+        quantize._compare_quantised("rows", (q, s), (q_ref, s_ref))
+        quantize._compare_quantised("transposed", (qt, st), (qt_ref, st_ref))
+
+
+@inner_only
+def test_triton_both_forms_check_fails_on_a_wrong_transposed_byte(monkeypatch):
+    real = quantize._quantize_both_triton
+
+    def off_by_one(x):
+        rows, (qt, st) = real(x)
+        qt.view(torch.uint8).view(-1)[11] ^= 1
+        return rows, (qt, st)
+
+    monkeypatch.setattr(quantize, "_quantize_both_triton", off_by_one)
+    with pytest.raises(AssertionError, match="bytes differ"):
+        quantize._check_both("both", "cpu")

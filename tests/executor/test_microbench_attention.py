@@ -75,3 +75,40 @@ def test_ranks_attention_seconds_merge_as_their_median():
     merged = merge_ranks([rank(1e-3, 9e-3), rank(4e-3, 3e-3), rank(2e-3, 4e-3)])["attention"]
     assert merged == [{"seq": 1024, "fwd_flops": 4e11, "bwd_flops": 1e12, "fwd_seconds": 2e-3, "bwd_seconds": 4e-3}]
     assert merge_ranks([{**rank(1e-3, 1e-3), "attention": []}])["attention"] == []
+
+
+def test_measure_attention_mla_shape_has_wider_query_key_heads():
+    rows = measure_attention((64,), torch.device("cpu"), torch.float32, repeats=1, kind="mla")
+    (r,) = rows
+    assert r["kind"] == "mla" and r["head_dim"] > r["v_head_dim"]
+    # 2·q·k·heads·(qk + v), halved by the mask
+    assert r["fwd_flops"] == 2.0 * r["batch"] * 64 * 64 * r["heads"] * (r["head_dim"] + r["v_head_dim"]) / 2
+    assert r["fwd_seconds"] > 0 and r["bwd_seconds"] > 0
+
+
+def test_mla_rows_make_their_own_curves_and_price_mla_attention_only():
+    # the same key length measured for both head shapes: MLA's kernel at a fifth of the flash kernel's speed
+    mha = {"kind": "mha", "seq": 4096, "fwd_flops": 5e11, "bwd_flops": 1.25e12, "fwd_seconds": 1e-3,
+           "bwd_seconds": 4e-3}
+    mla = {**mha, "kind": "mla", "fwd_seconds": 5e-3, "bwd_seconds": 20e-3}
+    old = {k: v for k, v in mha.items() if k != "kind"}  # a profile measured before the MLA shape: 'mha'
+    assert attention_curves([old, mla], 1e15)[0].points == ((4096.0, 0.5),)
+    fwd, bwd = attention_curves([mha, mla], 1e15, "mla")
+    assert fwd.points == ((4096.0, 0.1),) and bwd.points == ((4096.0, 0.0625),)
+    raw = {"precision": "bf16", "gemm": [], "grouped_gemm": [], "copy": [], "collectives": [],
+           "attention": [mha, mla], "ranks": 1, "device_name": "gpu", "backend": "nccl",
+           "measured_at": "2026-11-27T03:00:00+00:00"}
+    profile = build_profile(H100, raw)
+    assert HardwareProfile.from_dict(profile.to_dict()) == profile
+    rates = compute_rates(profile, "bf16")
+    peak = H100.gpu.peak("bf16")
+    # DeepSeek-V2's core: 16 heads, query/key 192 wide, values 128: forward FLOPs 2·4096·4096·16·320/2
+    flops = 2.0 * 4096 * 4096 * 16 * 320 / 2
+    fwd_s, bwd_s = attention_time(rates, 4096, 4096, 16, 192, 128, True, True)
+    mla_eff = mla["fwd_flops"] / mla["fwd_seconds"] / peak
+    assert fwd_s == pytest.approx(flops / (peak * mla_eff) + KERNEL_OVERHEAD_S)
+    # equal widths keep the flash curve: five times faster per FLOP
+    flops_mha = 2.0 * 4096 * 4096 * 16 * 256 / 2
+    mha_eff = mha["fwd_flops"] / mha["fwd_seconds"] / peak
+    assert attention_time(rates, 4096, 4096, 16, 128, 128, True, True)[0] == pytest.approx(
+        flops_mha / (peak * mha_eff) + KERNEL_OVERHEAD_S)

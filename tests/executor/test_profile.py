@@ -36,6 +36,27 @@ def test_measurement_keeps_static_memory_and_reads_records_without_it():
     assert "static" not in loaded.summary()
 
 
+def test_fixed_cost_is_dispatch_to_the_last_ranks_first_timed_step_split_where_the_last_rank_had_its_groups():
+    from executor.profile import fixed_cost
+
+    reports = [{"groups_at": 102.0, "first_timed_at": 110.0}, {"groups_at": 103.5, "first_timed_at": 109.0}]
+    assert fixed_cost(reports, 100.0) == {"fixed_cost_s": 10.0, "startup_s": 3.5, "warmup_s": 6.5}
+    skewed = [{"groups_at": 99.0, "first_timed_at": 99.5}]  # another node's clock a little behind the driver's
+    assert fixed_cost(skewed, 100.0) == {"fixed_cost_s": 0.0, "startup_s": 0.0, "warmup_s": 0.0}
+    assert fixed_cost([{"step_times": []}], 100.0)["fixed_cost_s"] is None  # a launcher's report without times
+
+
+def test_measurement_keeps_the_fixed_cost_and_reads_records_without_it():
+    m = Measurement(ok=True, model="m", layout="l", world_size=2, device="cpu", step_time=0.1, step_times=[0.1],
+                    tokens_per_s_per_gpu=1.0, tflops_per_gpu=1.0, fixed_cost_s=4.5, startup_s=1.25, warmup_s=3.25,
+                    reused_ranks=True)
+    assert Measurement.from_dict(json.loads(m.to_json())) == m
+    assert "fixed cost 4.50 s to the first timed step (start-up 1.25 s, warm-up 3.25 s; reused ranks)" in m.summary()
+    old = {k: v for k, v in m.to_dict().items() if k not in ("fixed_cost_s", "startup_s", "warmup_s", "reused_ranks")}
+    loaded = Measurement.from_dict(old)
+    assert loaded.fixed_cost_s is None and loaded.reused_ranks is None and "fixed cost" not in loaded.summary()
+
+
 @pytest.mark.slow
 def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
     code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--gbs", "1", "--warmup", "1",
@@ -46,6 +67,7 @@ def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
     assert m.ok and m.world_size == 2 and m.layout.startswith("tp2 cp1 pp1 vpp1 ep2 etp1")
     assert len(m.step_times) == 2 and m.step_time > 0 and m.tokens_per_s_per_gpu > 0
     assert m.static_allocated_bytes is None and m.static_after_step_allocated_bytes is None  # CPU: no CUDA memory
+    assert m.fixed_cost_s >= m.startup_s > 0 and m.reused_ranks is False  # fresh processes for this one run
     assert {"attention", "experts", "dispatch", "ep_alltoall", "tp_allgather", "optimizer"} <= set(m.phases)
     # every rank's phases, rank 0's being the headline ones
     assert len(m.phases_by_rank) == 2 and m.phases_by_rank[0] == m.phases

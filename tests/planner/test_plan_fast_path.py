@@ -20,10 +20,14 @@ from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
 
 H100 = get_hardware("h100-sxm")
-CASES = [  # (model, GPUs, seq, global batch, mbs_max, vpp_max)
-    ("qwen3-30b-a3b", 32, 4096, 128, 2, 2),
-    ("deepseek-v2-lite", 16, 4096, 64, 4, 2),
-    ("mixtral-8x7b", 32, 4096, 64, 2, 3),
+OFFLOAD = {"optimizer_offload": (0.5,), "activation_offload": (("moe",),)}
+CASES = [  # (model, GPUs, seq, global batch, mbs_max, vpp_max, more SearchSpace fields)
+    ("qwen3-30b-a3b", 32, 4096, 128, 2, 2, {}),
+    ("deepseek-v2-lite", 16, 4096, 64, 4, 2, {}),
+    ("mixtral-8x7b", 32, 4096, 64, 2, 3, {}),
+    # one scan per offload option, each with its own LayoutMemory knobs (optimizer offload 0.5, moe offloaded)
+    ("deepseek-v2-lite", 16, 4096, 64, 4, 2, OFFLOAD),
+    ("mixtral-8x7b", 32, 4096, 64, 2, 2, OFFLOAD),
 ]
 
 
@@ -31,11 +35,11 @@ def _key(e):
     return e.config.label(), e.time.step_time, e.memory.total
 
 
-@pytest.mark.parametrize("name,gpus,seq,gbs,mbs_max,vpp_max", CASES)
-def test_fast_plan_equals_per_config_estimates(name, gpus, seq, gbs, mbs_max, vpp_max):
+@pytest.mark.parametrize("name,gpus,seq,gbs,mbs_max,vpp_max,more", CASES)
+def test_fast_plan_equals_per_config_estimates(name, gpus, seq, gbs, mbs_max, vpp_max, more):
     model, cluster = get_model(name), ClusterSpec(H100, gpus)
     training = TrainingSpec(seq_length=seq, global_batch_size=gbs)
-    space = SearchSpace(mbs_max=mbs_max, vpp_max=vpp_max)
+    space = SearchSpace(mbs_max=mbs_max, vpp_max=vpp_max, **more)
     rows = []
     for cfg in enumerate_layouts(model, training, cluster, space).configs():
         total = estimate_memory(model, training, cluster, cfg).total
@@ -44,6 +48,9 @@ def test_fast_plan_equals_per_config_estimates(name, gpus, seq, gbs, mbs_max, vp
     top = 12
     result = plan(model, training, cluster, top=top, space=space, workers=1)
     assert 0 < len(rows) and result.pruned_by_memory > 0  # the case prunes some configs, keeps others
+    if more:  # configs of every offload option fit
+        assert {("opt_offload" in label, "act_offload" in label) for _, label, _ in rows} == {
+            (False, False), (True, False), (False, True), (True, True)}
     assert result.fitting == len(rows)
     assert result.order_violations == 0 and result.bound_violations == 0
     expected = sorted(rows)[:top]

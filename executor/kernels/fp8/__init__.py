@@ -40,6 +40,7 @@ from executor.kernels.fp8.gemm import (
     emulation_reason,
     fp8_wgrad,
     gemm_counts,
+    reset_gemm_counts,
     grouped_mm,
     kernels_ok,
     linear,
@@ -62,12 +63,14 @@ from executor.kernels.fp8.quantize import (
     quantize_groups_colwise,
     quantize_rowwise,
 )
-from executor.kernels.fp8.weight_cache import clear_weight_cache, quantized_weight, weight_cache_enabled, weight_counts
+from executor.kernels.fp8.weight_cache import (clear_weight_cache, quantized_weight, reset_weight_counts,
+                                               weight_cache_enabled, weight_counts)
 
 __all__ = [
     "ALIGN", "E4M3", "E4M3_MAX", "FP32_TINY", "GROUP_AMAX_BLOCK", "GROUP_AMAX_PROGRAMS", "INV_E4M3_MAX", "OUT",
     "ROWS_BLOCK", "PaddedGroups", "TorchFp8Backend", "clear_weight_cache", "dequantize", "emulation_reason",
     "fp8_wgrad", "gemm_counts", "grouped_mm", "kernels_ok", "linear", "padded_groups", "quantize_groups_colwise",
+    "reset_gemm_counts", "reset_weight_counts",
     "quantize_rowwise", "quantized_weight", "scaled_grouped_nt", "scaled_grouped_wgrad", "scaled_mm_nt",
     "weight_cache_enabled", "weight_counts",
 ]

@@ -39,6 +39,7 @@ from executor.kernels.fp8.quantize import (
     E4M3,
     dequantize,
     padded_groups,
+    quantize_both,
     quantize_groups_colwise,
     quantize_rowwise,
 )
@@ -82,6 +83,14 @@ def kernels_ok(device: torch.device) -> bool:
                                                             "fp8 scaled GEMMs")
 
 
+def fast_accum_ok(device: torch.device) -> bool:
+    """Whether the forward GEMMs use the kernels' fast accumulation (Transformer Engine's recipe: the forward
+    GEMM unpromoted, dgrad and wgrad with promoted accumulation): opt-in with FOLDTUNE_FP8_FAST_ACCUM=1, on
+    the kernels only, and only after a first-use check against the emulation (a failure keeps it off)."""
+    return (os.environ.get("FOLDTUNE_FP8_FAST_ACCUM", "0") == "1" and kernels_ok(device)
+            and checked_once(_CHECKED, ("fast_accum", str(device)), _check_fast_accum, "fp8 fast accumulation"))
+
+
 def emulation_reason(device: torch.device | str) -> str | None:
     """Why fp8 GEMMs on ``device`` are emulated, None where the kernels run."""
     device = torch.device(device)
@@ -94,6 +103,11 @@ def emulation_reason(device: torch.device | str) -> str | None:
 def gemm_counts() -> dict[str, int]:
     """fp8 GEMM calls in this process so far, by path ('kernel', 'emulated')."""
     return dict(_COUNTS)
+
+
+def reset_gemm_counts() -> None:
+    """Start counting afresh: a rank kept between trials (executor.rank_pool) reports each trial's own calls."""
+    _COUNTS.clear()
 
 
 def _fp32_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
@@ -129,45 +143,73 @@ def _pad_quantised(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, 
     return padded, torch.cat([scale, scale.new_ones(padded.shape[0] - n)])
 
 
-def scaled_mm_nt(a_MK: torch.Tensor, b_NK: torch.Tensor, kernel: bool,
-                 b_quantised: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def scaled_mm_nt(a_MK: torch.Tensor | None, b_NK: torch.Tensor | None, kernel: bool,
+                 b_quantised: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 a_quantised: tuple[torch.Tensor, torch.Tensor] | None = None, fast_accum: bool = False) -> torch.Tensor:
     """a·bᵀ [M, N] in bf16, both operands quantised per row (along K); ``kernel``: torch._scaled_mm;
-    ``b_quantised``: b's (q, scale) if made already (:func:`quantized_weight`)."""
+    ``b_quantised`` / ``a_quantised``: an operand's (q, scale) if made already (:func:`quantized_weight`,
+    :func:`quantize_both`), in which case the operand itself may be None; ``fast_accum``: the kernel's
+    fast (unpromoted) accumulation (:func:`fast_accum_ok`; the emulation ignores it)."""
     _COUNTS["kernel" if kernel else "emulated"] += 1
-    n = b_NK.shape[0]
-    if kernel:  # zero columns change neither amax nor the products
-        a_MK = _pad_dim(a_MK, 1, ALIGN)
-    qa, sa = quantize_rowwise(a_MK)
+    if a_quantised is not None:
+        qa, sa = a_quantised
+        if kernel:  # zero bytes: what quantising the zero-padded operand gives
+            qa = _pad_dim(qa.view(torch.uint8), 1, ALIGN).view(E4M3)
+    else:
+        if kernel:  # zero columns change neither amax nor the products
+            a_MK = _pad_dim(a_MK, 1, ALIGN)
+        qa, sa = quantize_rowwise(a_MK)
     qb, sb = b_quantised if b_quantised is not None else quantize_rowwise(b_NK)
+    n = qb.shape[0]
     if not kernel:
         return (dequantize(qa, sa) @ dequantize(qb, sb).t()).to(OUT)
     qb, sb = _pad_quantised(qb, sb)
-    out = torch._scaled_mm(qa, qb.t(), sa.unsqueeze(1), sb.unsqueeze(0), out_dtype=OUT)
+    out = torch._scaled_mm(qa, qb.t(), sa.unsqueeze(1), sb.unsqueeze(0), out_dtype=OUT, use_fast_accum=fast_accum)
     return out[:, :n] if out.shape[1] != n else out
 
 
 class _Linear(torch.autograd.Function):
+    """fp8 forward, dgrad and wgrad of x·wᵀ. Where the weight gets a gradient, x is quantised in both forms
+    at once (:func:`quantize_both`): the rowwise one feeds the forward GEMM and the transposed one (xᵀ
+    scaled per column of x, the wgrad's B) is what is saved for the backward — 1 byte an element instead of
+    x's 2 — and dy likewise gives the dgrad's A and the wgrad's A from one call."""
+
     @staticmethod
-    def forward(ctx, x_MK, w_NK, kernel):
-        ctx.save_for_backward(x_MK, w_NK)
+    def forward(ctx, x_MK, w_NK, kernel, grad):
         ctx.kernel = kernel
-        return scaled_mm_nt(x_MK, w_NK, kernel, quantized_weight(w_NK)).to(x_MK.dtype)
+        ctx.x_dtype, ctx.x_shape = x_MK.dtype, x_MK.shape
+        wgrad = grad and ctx.needs_input_grad[1]
+        w_q = quantized_weight(w_NK, both=grad and ctx.needs_input_grad[0])
+        fast = kernel and fast_accum_ok(x_MK.device)
+        if not wgrad:
+            ctx.save_for_backward(w_NK)
+            return scaled_mm_nt(x_MK, w_NK, kernel, w_q, fast_accum=fast).to(x_MK.dtype)
+        if kernel:  # zero columns of x change neither amax nor the products (nor xᵀ's per-column scales)
+            x_MK = _pad_dim(x_MK, 1, ALIGN)
+        x_rows, (xt_q, xt_scale) = quantize_both(x_MK.contiguous())
+        ctx.save_for_backward(w_NK, xt_q[:ctx.x_shape[1]], xt_scale[:ctx.x_shape[1]])
+        return scaled_mm_nt(None, None, kernel, w_q, a_quantised=x_rows, fast_accum=fast).to(x_MK.dtype)
 
     @staticmethod
     def backward(ctx, dy_MN):
-        x_MK, w_NK = ctx.saved_tensors
+        w_NK, *xt = ctx.saved_tensors
         dx = dw = None
-        if ctx.needs_input_grad[0]:
-            dx = scaled_mm_nt(dy_MN, w_NK.t(), ctx.kernel, quantized_weight(w_NK, transposed=True)).to(x_MK.dtype)
         if ctx.needs_input_grad[1]:
-            dw = scaled_mm_nt(dy_MN.t(), x_MK.t(), ctx.kernel).to(w_NK.dtype)
-        return dx, dw, None
+            dy_rows, dyt = quantize_both(dy_MN.contiguous())
+            dw = scaled_mm_nt(None, None, ctx.kernel, tuple(xt), a_quantised=dyt).to(w_NK.dtype)
+        else:
+            dy_rows = None
+        if ctx.needs_input_grad[0]:
+            w_t = quantized_weight(w_NK, transposed=True)
+            dx = (scaled_mm_nt(dy_MN, None, ctx.kernel, w_t) if dy_rows is None
+                  else scaled_mm_nt(None, None, ctx.kernel, w_t, a_quantised=dy_rows)).to(ctx.x_dtype)
+        return dx, dw, None, None
 
 
 def linear(x: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) (no bias) with fp8 forward, dgrad and wgrad; x is [..., K], the result [..., N]."""
     x_MK = x.reshape(-1, x.shape[-1])
-    y = _Linear.apply(x_MK, w_NK, kernels_ok(x.device))
+    y = _Linear.apply(x_MK, w_NK, kernels_ok(x.device), torch.is_grad_enabled())
     return y.view(*x.shape[:-1], w_NK.shape[0])
 
 
@@ -178,7 +220,8 @@ def _grouped_kernel_fits(*dims: int) -> bool:
 
 
 def scaled_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Tensor, kernel: bool,
-                      b_quantised: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                      b_quantised: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      fast_accum: bool = False) -> torch.Tensor:
     """[M, N] bf16: rows offs[g-1]:offs[g] of a times b[g]ᵀ, a quantised per row, b per (group, row);
     ``b_quantised``: b's (q, scale) if made already (:func:`quantized_weight`)."""
     kernel = kernel and _grouped_kernel_fits(*b_GNK.shape[1:])
@@ -187,7 +230,8 @@ def scaled_grouped_nt(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs_G: torch.Ten
     qb, sb = b_quantised if b_quantised is not None else quantize_rowwise(b_GNK)
     if not kernel:
         return _fp32_grouped_nt(dequantize(qa, sa), dequantize(qb, sb), offs_G).to(OUT)
-    return torch._scaled_grouped_mm(qa, qb.transpose(-2, -1), sa, sb, offs=offs_G, out_dtype=OUT)
+    return torch._scaled_grouped_mm(qa, qb.transpose(-2, -1), sa, sb, offs=offs_G, out_dtype=OUT,
+                                    use_fast_accum=fast_accum)
 
 def scaled_grouped_wgrad(dy_MN: torch.Tensor, x_MK: torch.Tensor, offs_G: torch.Tensor, kernel: bool) -> torch.Tensor:
     """[G, N, K] bf16: group g's dy rows ᵀ · its x rows, both quantised per (group, column)."""
@@ -219,10 +263,13 @@ def fp8_wgrad() -> bool:
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_MK, w_GNK, offs_G, kernel):
+    def forward(ctx, x_MK, w_GNK, offs_G, kernel, grad):
         ctx.save_for_backward(x_MK, w_GNK, offs_G)
         ctx.kernel = kernel
-        return scaled_grouped_nt(x_MK, w_GNK, offs_G, kernel, quantized_weight(w_GNK)).to(x_MK.dtype)
+        # where dgrad will run, both weight forms in one pass (the backward then finds its form cached)
+        w_q = quantized_weight(w_GNK, both=grad and ctx.needs_input_grad[0])
+        fast = kernel and fast_accum_ok(x_MK.device)
+        return scaled_grouped_nt(x_MK, w_GNK, offs_G, kernel, w_q, fast_accum=fast).to(x_MK.dtype)
 
     @staticmethod
     def backward(ctx, dy_MN):
@@ -234,12 +281,12 @@ class _GroupedMM(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dw = (scaled_grouped_wgrad(dy_MN, x_MK, offs_G, ctx.kernel) if fp8_wgrad()
                   else _bf16_grouped_wgrad(dy_MN, x_MK, offs_G)).to(w_GNK.dtype)
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
 def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
     """KernelBackend.grouped_mm in fp8: rows offs[g-1]:offs[g] of x times w[g]ᵀ (offs int32, offs[-1] == M)."""
-    return _GroupedMM.apply(x_MK, w_GNK, offs_G, kernels_ok(x_MK.device))
+    return _GroupedMM.apply(x_MK, w_GNK, offs_G, kernels_ok(x_MK.device), torch.is_grad_enabled())
 
 
 # ---- first-use self-check: the kernels against the emulation -----------------------------------------
@@ -253,6 +300,25 @@ def _check_against_emulation(device: str) -> None:
     try:
         _compare_on(device)
     finally:  # the check's own calls are not the run's
+        _COUNTS.clear()
+        _COUNTS.update(counted)
+
+
+def _check_fast_accum(_: str, device: str) -> None:
+    """Raise if the forward GEMMs with fast accumulation differ from the emulation by more than the
+    kernels' check allows, at a contraction of 4096 (where unpromoted accumulation loses the most)."""
+    counted = Counter(_COUNTS)
+    try:
+        gen = torch.Generator(device=device).manual_seed(1)
+        x = torch.randn(256, 4096, device=device, generator=gen).to(torch.bfloat16)
+        w = torch.randn(2, 64, 4096, device=device, generator=gen).to(torch.bfloat16)
+        offs = torch.tensor([100, 256], device=device, dtype=torch.int32)
+        for fast, emulated in ((scaled_mm_nt(x, w[0], True, fast_accum=True), scaled_mm_nt(x, w[0], False)),
+                               (scaled_grouped_nt(x, w, offs, True, fast_accum=True),
+                                scaled_grouped_nt(x, w, offs, False))):
+            torch.testing.assert_close(fast.float(), emulated.float(), rtol=2**-7,
+                                       atol=1e-3 * float(emulated.abs().max()))
+    finally:
         _COUNTS.clear()
         _COUNTS.update(counted)
 

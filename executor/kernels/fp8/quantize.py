@@ -5,7 +5,10 @@ operands are scaled per (expert, column) instead, in a layout whose every expert
 of 16 rows (:class:`PaddedGroups`, :func:`padded_groups`).
 
 Quantisation on CUDA is Triton: a row-contiguous operand (activations, a weight's forward form) in one
-kernel (amax, scale, cast); any other layout as torch's max-|x| reduction, then one Triton pass that
+kernel (amax, scale, cast); both forms of a contiguous operand, rowwise and transposed
+(:func:`quantize_both`), in two kernels (the row and column amaxes in one read, both casts in another); the
+transposed view of a contiguous tensor as a Triton column amax (tiles folded by atomic max), then the cast
+pass below; any other layout as torch's max-|x| reduction, then one Triton pass that
 multiplies by 1/scale, rounds to e4m3 exactly as torch's cast does and writes the layout the GEMM takes
 (transposed operands and the wgrad's per-expert padded layout included, with no bf16 or fp32 copy in
 between); the wgrad's per-(expert, column) amax is a Triton segmented reduction. The torch ops (an fp32
@@ -15,7 +18,7 @@ if the first-use check (Triton against torch, byte for byte) fails.
 The first-use checks run once per device and process through
 :func:`executor.kernels.first_use.checked_once` (on a thread of their own; a check that raises turns its
 path off, with a warning): the two-pass and the one-kernel rowwise paths against the torch ops, scales
-exactly and e4m3 bytes one for one. A failed check costs speed, never the run: the quantisation stays on the
+exactly and e4m3 bytes one for one; a third checks :func:`quantize_both` the same way. A failed check costs speed, never the run: the quantisation stays on the
 torch ops (on two Triton passes where only the one-kernel path failed). ``_CHECKED`` holds the verdicts.
 """
 
@@ -227,6 +230,53 @@ if triton is not None:
         tl.atomic_max(amax_ptr + g * C + cols, acc.to(tl.int32, bitcast=True), mask=in_c)
 
 
+    @triton.jit
+    def _scales_of(amax, INV_MAX: tl.constexpr, TINY: tl.constexpr):
+        # (scale, 1/scale) as _scale_of and torch's division compute them (correctly rounded)
+        scale = tl.maximum(tl.where(amax > 0, amax * INV_MAX, 1.0), TINY)
+        return scale, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+
+    @triton.jit
+    def _both_amax_kernel(x_ptr, row_bits_ptr, col_bits_ptr, R, C, sx_b, sx_r, BLOCK_R: tl.constexpr,
+                          BLOCK_C: tl.constexpr, ROWS: tl.constexpr = True):
+        # one read of a BLOCK_R × BLOCK_C tile of row-contiguous x[b]: its rows' and its columns' max |x|,
+        # folded into the [B, R] and [B, C] amax buffers by integer atomic max on the fp32 bits (order-
+        # preserving for values >= 0: exact in any order)
+        b = tl.program_id(2).to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+        in_r, in_c = rows < R, cols < C
+        x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :], mask=in_r[:, None] & in_c[None, :],
+                    other=0.0)
+        a = tl.abs(x.to(tl.float32))
+        if ROWS:  # (False: the column amaxes alone, for a transposed operand's rows)
+            tl.atomic_max(row_bits_ptr + b * R + rows, tl.max(a, axis=1).to(tl.int32, bitcast=True), mask=in_r)
+        tl.atomic_max(col_bits_ptr + b * C + cols, tl.max(a, axis=0).to(tl.int32, bitcast=True), mask=in_c)
+
+    @triton.jit
+    def _both_cast_kernel(x_ptr, row_amax_ptr, col_amax_ptr, q_ptr, qt_ptr, row_scale_ptr, col_scale_ptr, R, C,
+                          sx_b, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_C: tl.constexpr):
+        # one read of the tile again: q[b, r, c] = e4m3(x · 448/rowamax[r]) row-major and qt[b, c, r] =
+        # e4m3(x · 448/colamax[c]) (the transposed form, written along r); the first column of programs
+        # writes the row scales, the first row of programs the column scales
+        b = tl.program_id(2).to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+        in_r, in_c = rows < R, cols < C
+        mask = in_r[:, None] & in_c[None, :]
+        x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        row_scale, row_inv = _scales_of(tl.load(row_amax_ptr + b * R + rows, mask=in_r, other=0.0), INV_MAX, TINY)
+        col_scale, col_inv = _scales_of(tl.load(col_amax_ptr + b * C + cols, mask=in_c, other=0.0), INV_MAX, TINY)
+        tl.store(q_ptr + b * R * C + rows[:, None] * C + cols[None, :], _e4m3_byte(x * row_inv[:, None]), mask=mask)
+        qt = tl.trans(_e4m3_byte(x * col_inv[None, :]))  # [BLOCK_C, BLOCK_R]
+        tl.store(qt_ptr + b * R * C + cols[:, None] * R + rows[None, :], qt, mask=tl.trans(mask))
+        if tl.program_id(1) == 0:
+            tl.store(row_scale_ptr + b * R + rows, row_scale, mask=in_r)
+        if tl.program_id(0) == 0:
+            tl.store(col_scale_ptr + b * C + cols, col_scale, mask=in_c)
+
+
 def _unit_dim(t: torch.Tensor) -> int:
     """Which of a [B, R, C] view's last two dims has stride 1 (2: C, 1: R, 0: neither)."""
     return 2 if t.stride(2) == 1 else 1 if t.stride(1) == 1 else 0
@@ -277,9 +327,33 @@ def _quantize_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return _quantize_rowwise_two_pass(x)
 
 
+BOTH_BLOCK = (64, 64)  # the both-forms cast's tile: the transposed write needs a square-ish tile
+AMAX_BLOCK = (128, 128)  # the row/column amax kernel's tile: 2 atomics per 128 elements read
+
+
+def _column_amax(base: torch.Tensor) -> torch.Tensor:
+    """max |base| over dim -2 of a contiguous [.., R, C] (fp32, shape [.., C]): tiles of one read, folded by
+    integer atomic max on the fp32 bits — the rows' amax of the transposed view, without torch's reduction
+    across the grain."""
+    b3 = _as_brc(base)
+    b, r, c = b3.shape
+    bits = torch.zeros(b, c, dtype=torch.int32, device=base.device)
+    block_r, block_c = AMAX_BLOCK
+    if base.numel():
+        _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
+            b3, bits, bits, r, c, b3.stride(0), b3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, ROWS=False,
+            num_warps=8)
+    return bits.view(torch.float32).view(*base.shape[:-2], c)
+
+
 def _quantize_rowwise_two_pass(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's amax and scales, then the Triton cast (any strides: transposed operands)."""
-    scale, inv = _rowwise_scale(x)
+    """The amax and scales (a Triton column amax for the transposed view of a contiguous tensor, else
+    torch's reduction), then the Triton cast (any strides: transposed operands)."""
+    if x.dim() >= 2 and x.transpose(-2, -1).is_contiguous() and not x.is_contiguous():
+        scale = _scale_of(_column_amax(x.transpose(-2, -1)))
+        inv = 1.0 / scale
+    else:
+        scale, inv = _rowwise_scale(x)
     q = torch.empty(x.shape, dtype=E4M3, device=x.device)
     inv3 = inv.reshape(-1, x.shape[-2]) if x.dim() == 3 else inv.unsqueeze(0)  # [B, R], contiguous
     _launch_cast(_as_brc(q), _as_brc(x), inv3, (inv3.stride(0), inv3.stride(1), 0))
@@ -309,6 +383,55 @@ def _quantize_groups_colwise_triton(x_MC: torch.Tensor, groups: PaddedGroups) ->
     _launch_cast(q.t().unsqueeze(0), x_MC.unsqueeze(0), inv, (0, inv.stride(0), inv.stride(1)),
                  src=src, grp=groups.group_of_block, row_div=ALIGN)
     return q, scale
+
+
+
+def _quantize_both_torch(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    return _quantize_rowwise_torch(x), _quantize_rowwise_torch(x.transpose(-2, -1))
+
+
+def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Both forms of a contiguous ``x`` [.., R, C] in two Triton kernels: one read for the row and column
+    amaxes together, one read that writes the row-major and the transposed e4m3 copies and both scales."""
+    x3 = _as_brc(x)
+    b, r, c = x3.shape
+    device = x.device
+    q = torch.empty(x.shape, dtype=E4M3, device=device)
+    qt = torch.empty((*x.shape[:-2], c, r), dtype=E4M3, device=device)
+    row_scale = torch.ones(x.shape[:-1], dtype=torch.float32, device=device)
+    col_scale = torch.ones((*x.shape[:-2], c), dtype=torch.float32, device=device)
+    if not x.numel():
+        return (q, row_scale), (qt, col_scale)
+    row_bits = torch.zeros(b, r, dtype=torch.int32, device=device)
+    col_bits = torch.zeros(b, c, dtype=torch.int32, device=device)
+    block_r, block_c = AMAX_BLOCK
+    _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
+        x3, row_bits, col_bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8)
+    block_r, block_c = BOTH_BLOCK
+    grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
+    _both_cast_kernel[grid](x3, row_bits.view(torch.float32), col_bits.view(torch.float32), q.view(torch.uint8),
+                            qt.view(torch.uint8), row_scale, col_scale, r, c, x3.stride(0), x3.stride(1),
+                            INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+    return (q, row_scale), (qt, col_scale)
+
+
+def _both_ok(device: torch.device) -> bool:
+    """The both-forms kernels, checked once per device against the torch path (a failure keeps two
+    separate quantisations)."""
+    return device.type != "cuda" or checked_once(_CHECKED, ("both", str(device)), _check_both,
+                                                 "fp8 both-forms quantisation")
+
+
+def quantize_both(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``(quantize_rowwise(x), quantize_rowwise(x.transpose(-2, -1)))`` — a GEMM operand's form for the GEMM
+    that contracts its last dim and the (contiguous, transposed) form for the one that contracts the dim
+    before — equal to those byte for byte. On CUDA with a contiguous ``x`` both are made from two reads of
+    ``x`` (amaxes of rows and columns in one, both casts in the other) instead of the four reads and the
+    scale arithmetic's small launches of two separate quantisations."""
+    _as_brc(x)
+    if _use_triton(x.device) and x.is_contiguous() and _both_ok(x.device):
+        return _quantize_both_triton(x)
+    return quantize_rowwise(x), quantize_rowwise(x.transpose(-2, -1))
 
 
 def _use_triton(device: torch.device) -> bool:
@@ -408,6 +531,19 @@ def _check_fused_rows(_: str, device: str) -> None:
     cases = (("ladder", _bf16_ladder(device)), ("3-D", x), ("2-D", x[0, :37]), ("long rows", x.view(6, -1)))
     for name, t in cases:
         _compare_quantised(name, _quantize_rows_fused(t), _quantize_rowwise_torch(t))
+
+
+def _check_both(_: str, device: str) -> None:
+    """Raise unless the both-forms kernels give the torch path's scales and bytes for both forms: the bf16
+    ladder, rows of mixed magnitude in 3-D with partial tiles (a zero row and column among them), a 2-D slice."""
+    x = _mixed_rows(device)
+    x[1, :, 7] = 0.0
+    cases = (("ladder", _bf16_ladder(device)), ("3-D", x), ("2-D", x[0, :37].contiguous()))
+    for name, t in cases:
+        (q, s), (qt, st) = _quantize_both_triton(t)
+        (q_ref, s_ref), (qt_ref, st_ref) = _quantize_both_torch(t)
+        _compare_quantised(name + " rows", (q, s), (q_ref, s_ref))
+        _compare_quantised(name + " transposed", (qt, st), (qt_ref, st_ref))
 
 
 def _mixed_rows(device) -> torch.Tensor:

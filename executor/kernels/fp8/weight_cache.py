@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.kernels.aliasing import written_through_buffer
-from executor.kernels.fp8.quantize import quantize_rowwise
+from executor.kernels.fp8.quantize import quantize_both, quantize_rowwise
 
 # ---- weights: quantised once per update ----------------------------------------------------------------
 
@@ -48,7 +48,7 @@ def weight_cache_enabled() -> bool:
     return os.environ.get("FOLDTUNE_FP8_WEIGHT_CACHE", "1") != "0"
 
 
-def quantized_weight(w: torch.Tensor, transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantized_weight(w: torch.Tensor, transposed: bool = False, both: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rowwise` of ``w`` (the forward's B) or, ``transposed``, of ``w`` with its last two
     dims swapped (the dgrad's B), made once per value of the weight and reused until it changes.
 
@@ -62,17 +62,25 @@ def quantized_weight(w: torch.Tensor, transposed: bool = False) -> tuple[torch.T
     writes through ``.data`` aliases are invisible to the counter and must not be made to a parameter in
     use here. FOLDTUNE_FP8_WEIGHT_CACHE=0 turns the cache off.
 
-    Memory: a cached weight holds its e4m3 forms until it changes or dies — 1 byte per element for each
+    ``both`` (the forward of a weight that will get a gradient, whose backward needs the dgrad form): where
+    a form is missing, make the forward and dgrad forms together (:func:`quantize_both`: two reads of the
+    weight instead of four), so the backward finds its form cached.
+
+    Memory: a cached weight holds its e4m3 forms until it changes, dies or :func:`clear_weight_cache` (the
+    trainer calls it before each optimizer step, so the cache never sits beside Adam's temporaries) — 1 byte per element for each
     form (2 bytes per element once forward and dgrad have run) plus fp32 scales (4 bytes per row of
     each form); a superseded entry is freed before its replacement is made.
     """
     def make():
         return quantize_rowwise(w.transpose(-2, -1) if transposed else w)
 
+    def form_of(t: bool) -> tuple:
+        return (t, w.storage_offset(), tuple(w.shape), tuple(w.stride()))
+
     base = w if w._base is None else w._base
     if not weight_cache_enabled() or not _cacheable(base):
         _WEIGHT_COUNTS["uncached"] += 1
-        return make()
+        return make()  # one form: without the cache the other would not be kept for the backward
     key, state = id(base), (base._version, base.data_ptr())
     entry = _WEIGHT_CACHE.get(key)
     if entry is None or entry.base() is not base:
@@ -81,9 +89,14 @@ def quantized_weight(w: torch.Tensor, transposed: bool = False) -> tuple[torch.T
     if entry.state != state:
         entry.forms.clear()  # stale: free it before the new forms are made
         entry.state = state
-    form = (transposed, w.storage_offset(), tuple(w.shape), tuple(w.stride()))
+    form, other = form_of(transposed), form_of(not transposed)
     if form in entry.forms:
         _WEIGHT_COUNTS["reused"] += 1
+    elif both and other not in entry.forms:
+        _WEIGHT_COUNTS["quantised"] += 2
+        _WEIGHT_COUNTS["both_at_once"] += 1
+        rows, cols = quantize_both(w)
+        entry.forms[form_of(False)], entry.forms[form_of(True)] = rows, cols
     else:
         _WEIGHT_COUNTS["quantised"] += 1
         entry.forms[form] = make()
@@ -91,11 +104,18 @@ def quantized_weight(w: torch.Tensor, transposed: bool = False) -> tuple[torch.T
 
 
 def weight_counts() -> dict[str, int]:
-    """Weight quantisations in this process so far: 'quantised' (made and cached), 'reused' (a cached form
-    served), 'uncached' (made for one call)."""
+    """Weight quantisations in this process so far: 'quantised' (forms made and cached), 'reused' (a cached
+    form served), 'uncached' (made for one call), 'both_at_once' (of the 'quantised', pairs of forms made in
+    one :func:`quantize_both`)."""
     return dict(_WEIGHT_COUNTS)
 
 
 def clear_weight_cache() -> None:
-    """Drop every cached weight form (their memory returns to the allocator)."""
+    """Drop every cached weight form (their memory returns to the allocator); the counts go on (a trainer
+    clears the cache before every optimizer step, and the counts are read across steps)."""
     _WEIGHT_CACHE.clear()
+
+
+def reset_weight_counts() -> None:
+    """Zero the counts of :func:`weight_counts` (a kept rank starting another trial)."""
+    _WEIGHT_COUNTS.clear()

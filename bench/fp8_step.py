@@ -1,0 +1,205 @@
+"""fp8 against bf16 for whole training steps (issue 19's bar): the Mixtral-shaped 2-layer proxy on one GPU.
+
+Each precision trains the same proxy (mixtral-8x7b with 2 layers, seq 4096, global batch 4 of micro-batch 1:
+four micro-batches a step) from the same initial weights (the executor's seeded init) on the same token
+batches for ``--steps`` steps (50 by default), then profiles two more steps with ``torch.profiler``. Runs (``--runs``): ``bf16``, ``fp8`` and
+``fp8_fast_accum`` (fp8 with FOLDTUNE_FP8_FAST_ACCUM=1: the forward GEMMs' fast accumulation, Transformer
+Engine's recipe; off by default until this run shows its losses within the bar). Reported
+per precision: tokens/s (global batch · seq over the median step time of the steps after ``--warmup``), the
+losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then fp8's speed-up over
+bf16 (tokens/s ratio; the bar is >= 1.25) and the largest relative loss difference over all the steps (the
+bar is <= 1 %). Each precision runs in a process of its own (``executor.launch_local``), one after the other.
+
+``--tiny``: tiny-moe at seq 64 on the CPU (fp8 emulated), 6 steps: a smoke test of the script, no timing
+claim. On an H100 the default run should take about 2-3 minutes (three builds, 3 × 52 steps of about 0.3 s).
+
+Usage (GPU): python3 -m bench.fp8_step --out $OUT/fp8_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from executor.data import global_batch, micro_batches
+from executor.kernels import fp8
+from executor.kernels.fp8 import gemm, quantize
+from executor.launch_local import launch
+from executor.model import MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import build_parallel_state
+from executor.profile import DTYPES, options_for_precision
+from executor.timing import PhaseTimer
+from executor.train_step import Trainer
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
+
+BAR_SPEEDUP = 1.25  # fp8 tokens/s over bf16's
+# runs: label -> (precision, environment of its process); each fp8 run is compared with bf16
+RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
+        "fp8_fast_accum": ("fp8", {"FOLDTUNE_FP8_FAST_ACCUM": "1"})}
+BAR_LOSS = 0.01  # largest relative loss difference over the steps
+TOP_KERNELS = 10
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]:
+    """The ``n`` events with the most self device time (CPU time on the CPU), per profiled step, in ms."""
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    if device.type == "cuda":  # the kernels themselves, not also the CPU ops that launched them
+        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        events = kernels or events
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    return [{"name": e.key[:90], "ms": getattr(e, attr) / 1e3, "calls": e.count, "share": getattr(e, attr) / total}
+            for e in events[:n]]
+
+
+def step_worker(rank: int, world_size: int, model_name: str, layers: int, training: TrainingSpec, steps: int,
+                warmup: int, profile_steps: int, use_cuda: bool) -> dict:
+    """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled."""
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    spec = get_model(model_name)
+    spec = spec.with_layers(layers) if layers else spec
+    config = ParallelConfig(world_size=1)
+    options = options_for_precision(ExecutorOptions.for_training(training, model=spec), training.precision)
+    state = build_parallel_state(config, rank)
+    net = MoEGPT(spec, state, options, training.seq_length, device, DTYPES[training.precision],
+                 PhaseTimer(enabled=False, device=device))
+    trainer = Trainer(net)
+
+    def run_step(step: int) -> tuple[float, float]:
+        batch = global_batch(spec.vocab_size, training.seq_length, training.global_batch_size, options.seed, step)
+        micro = micro_batches(batch, 1, 0, config.micro_batch_size, device)
+        _sync(device)
+        start = time.perf_counter()
+        loss = trainer.step(micro).loss  # ends with a host read of the loss
+        _sync(device)
+        return time.perf_counter() - start, loss
+
+    times, losses = [], []
+    for step in range(steps):
+        elapsed, loss = run_step(step)
+        times.append(elapsed)
+        losses.append(loss)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                + ([torch.profiler.ProfilerActivity.CUDA] if use_cuda else [])) as prof:
+        for step in range(steps, steps + profile_steps):
+            run_step(step)
+    top = _top_kernels(prof, device)
+    for row in top:
+        row["ms"] /= max(profile_steps, 1)
+    timed = times[warmup:] or times
+    step_s = statistics.median(timed)
+    report = {"precision": training.precision, "kernel_backend": options.kernel_backend, "step_times": times,
+              "losses": losses, "median_step_s": step_s,
+              "tokens_per_s": training.global_batch_size * training.seq_length / step_s,
+              "top_kernels_per_step": top}
+    if training.precision == "fp8":
+        # the first-use checks' verdicts (True: the path ran; False: it failed its check and the fallback ran)
+        checks = {" ".join(map(str, k)): v for k, v in {**quantize._CHECKED, **gemm._CHECKED}.items()}
+        report["fp8"] = {"emulated_because": fp8.emulation_reason(device), "gemm_calls": fp8.gemm_counts(),
+                         "weight_quantisations": fp8.weight_counts(), "first_use_checks": checks}
+    if use_cuda:
+        report.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+                      device_name=torch.cuda.get_device_name(device))
+    return report
+
+
+def compare(bf16: dict, fp8_run: dict) -> dict:
+    """fp8's tokens/s over bf16's and the largest relative loss difference, step for step, with the bars."""
+    ratio = fp8_run["tokens_per_s"] / bf16["tokens_per_s"]
+    diffs = [abs(a - b) / abs(b) for a, b in zip(fp8_run["losses"], bf16["losses"])]
+    loss_diff = max(diffs) if diffs else float("nan")
+    return {"speedup": ratio, "max_rel_loss_diff": loss_diff, "speedup_ok": ratio >= BAR_SPEEDUP,
+            "loss_ok": loss_diff <= BAR_LOSS}
+
+
+def table(res: dict) -> str:
+    lines = [f"{res['model']} ({res['layers']} layers), seq {res['seq']}, global batch {res['global_batch']} "
+             f"(micro-batch 1), {res['steps']} steps, device {res['device']}"]
+    for label in RUNS:
+        r = res.get(label)
+        if r is None:
+            continue
+        if "error" in r:
+            lines.append(f"  {label}: FAILED {r['error'][:300]}")
+            continue
+        mem = f"  peak {r['peak_allocated_gib']:.1f} GiB" if "peak_allocated_gib" in r else ""
+        lines.append(f"  {label}: {r['tokens_per_s']:.0f} tokens/s, step {r['median_step_s'] * 1e3:.1f} ms{mem}, "
+                     f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
+        if "fp8" in r:
+            lines.append(f"    fp8: emulated because {r['fp8']['emulated_because']}; GEMMs {r['fp8']['gemm_calls']}; "
+                         f"weights {r['fp8']['weight_quantisations']}; checks {r['fp8']['first_use_checks']}")
+        lines.append(f"    top {TOP_KERNELS} kernels, ms per step (share of device time):")
+        lines.extend(f"      {k['ms']:8.2f}  {k['share']:6.1%}  x{k['calls']:<5} {k['name']}"
+                     for k in r["top_kernels_per_step"])
+    for label, cmp in res.get("compare", {}).items():
+        lines.append(f"{label} / bf16 tokens/s: {cmp['speedup']:.3f} (bar {BAR_SPEEDUP}: "
+                     f"{'met' if cmp['speedup_ok'] else 'NOT met'}); max relative loss difference "
+                     f"{cmp['max_rel_loss_diff']:.2e} (bar {BAR_LOSS}: {'met' if cmp['loss_ok'] else 'NOT met'})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny-moe on the CPU, fp8 emulated (a smoke test)")
+    parser.add_argument("--steps", type=int, default=None, help="logged steps per precision (50; tiny 6)")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
+    parser.add_argument("--global-batch", type=int, default=4, help="micro-batches of 1 sequence per step")
+    parser.add_argument("--runs", default=",".join(RUNS), help="which runs, in order (bf16 first: the others are "
+                                                              "compared with it): " + ", ".join(RUNS))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
+    args = parser.parse_args(argv)
+    use_cuda = not args.tiny
+    if use_cuda and not torch.cuda.is_available():
+        print("no CUDA device: run with --tiny for the CPU smoke test", file=sys.stderr)
+        return 2
+    model_name, layers, seq = ("tiny-moe", 0, 64) if args.tiny else ("mixtral-8x7b", 2, 4096)
+    steps = args.steps if args.steps is not None else (6 if args.tiny else 50)
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "model": model_name, "layers": layers or "all", "seq": seq,
+           "global_batch": args.global_batch, "steps": steps,
+           "device": torch.cuda.get_device_name(0) if use_cuda else "cpu", "command": " ".join(sys.argv)}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    runs = args.runs.split(",")
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown or "bf16" not in runs:
+        parser.error(f"--runs must name bf16 and known runs ({', '.join(RUNS)}), got {args.runs}")
+    for label in ["bf16"] + [r for r in runs if r != "bf16"]:
+        precision, env = RUNS[label]
+        training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
+        os.environ.update(env)  # the run's process inherits it
+        try:
+            launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
+                                               use_cuda), backend="nccl" if use_cuda else "gloo", timeout_s=200)
+        finally:
+            for key in env:
+                os.environ.pop(key, None)
+        res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
+        if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:
+            res.setdefault("compare", {})[label] = compare(res["bf16"], res[label])
+        save()
+    print(table(res))
+    return 0 if len(res.get("compare", {})) == len(runs) - 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

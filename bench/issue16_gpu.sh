@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 16 on a 2-GPU machine in one call: everything lands in $OUT/res and is packed into $OUT/results.tgz
+# every 30 s and at the end (a call cut off by its time limit keeps what was measured; at most 8 files come
+# back from a device call, so one archive), the log in $OUT/issue16_log.txt. Phases (PHASES, default all, in
+# this order):
+#   calibrate  foldtune calibrate over both GPUs (full, with the MLA attention shape) -> res/<gpu>-calibrated.json
+#   cpdisp     bench/cp_dispatch_gpu.py: CP2 vs CP1 at seq 2k/4k/8k, alltoall vs allgather at EP2 -> res/cp_dispatch.json
+#   first      bench/first_trial_gpu.sh: one fresh tuning job per proxy, the first after a quick calibration
+#   fixedcost  issue 19: a 2-GPU tuning job of 8 trials with kept ranks (bench/trial_fixed_cost_gpu.sh, reuse only)
+#   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py)
+#   stack      issue 19: the decoder stack's profile (bench/stack_profile.py) on GPU 0, beside (GPU 1) the
+#              1-GPU layout table of deepseek-v2-lite (MLA attention priced from its own curve)
+#   tables     bench/accuracy_gpu.sh with the calibration of this call: the proxies' 1- and 2-GPU layout tables
+# Environment: PHASES, MODELS (tables and first), TABLE2_LAYOUTS (default 10), COMMIT (the code's commit).
+set -uo pipefail
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
+exec > >(tee -a "$OUT/issue16_log.txt") 2>&1
+source bench/gpu_env.sh
+NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
+case "$NAME" in *H200*) GPU=h200 ;; *) GPU=h100-sxm ;; esac
+echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
+pack() { local tmp="$OUT/.results.$BASHPID.tgz"; tar czf "$tmp" -C "$RES" . 2>/dev/null && mv -f "$tmp" "$OUT/results.tgz"; }
+( while sleep 30; do pack; done ) & PACKER=$!
+trap 'kill $PACKER 2>/dev/null; pack' EXIT
+PHASES=" ${PHASES:-calibrate cpdisp fixedcost first overlap stack tables} "
+has() { case "$PHASES" in *" $1 "*) return 0 ;; esac; return 1; }
+
+if has calibrate; then
+  echo "== calibrate start $(date -u +%T)"
+  timeout 180 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 2 --timeout 170 \
+    --out "$RES/$GPU-calibrated.json" > "$RES/calibrate.log" 2>&1
+  echo "calibrate rc=$? end $(date -u +%T)"; grep -A14 "causal attention" "$RES/calibrate.log" | head -16
+fi
+if has cpdisp; then
+  echo "== cp_dispatch start $(date -u +%T)"
+  timeout 240 python3 -m bench.cp_dispatch_gpu --out "$RES/cp_dispatch.json" 2>&1 | grep -v "Warning: \[PG"
+  echo "cp_dispatch rc=${PIPESTATUS[0]} end $(date -u +%T)"
+fi
+if has first; then
+  echo "== first trials start $(date -u +%T)"
+  OUT=$RES/first bash bench/first_trial_gpu.sh 2>&1 | grep -E "^==|calibrat|trial +[0-9].*measured|error|priced|best layout" \
+    | grep -v "Warning"
+fi
+if has fixedcost; then
+  echo "== fixed cost start $(date -u +%T)"
+  OUT=$RES/fixedcost MODES=reuse bash bench/trial_fixed_cost_gpu.sh 2>&1 | grep -E "^==|trial +[0-9].*measured|fixed cost|best layout"
+fi
+if has overlap && [ -f bench/ep_overlap_gpu.py ]; then
+  echo "== EP overlap start $(date -u +%T)"
+  timeout 200 python3 -m bench.ep_overlap_gpu --out "$RES/ep_overlap_gpu.json" 2>&1 | grep -v "Warning: \[PG" | tail -25
+fi
+if has stack; then
+  echo "== stack profile (GPU 0) | deepseek-v2-lite 1-GPU table (GPU 1) start $(date -u +%T)"
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m bench.stack_profile --layers 2 --out "$RES/stack_profile.json" \
+    > "$RES/stack_profile.log" 2>&1 & spid=$!
+  mkdir -p "$RES/dsv2-1gpu"
+  CUDA_VISIBLE_DEVICES=1 timeout 300 python3 -m bench.costmodel_accuracy --model deepseek-v2-lite --layers 2 --gpus 1 \
+    --gpu "$GPU" --profile "$RES/$GPU-calibrated.json" --seq 4096 --gbs 8 --precision bf16 --warmup 1 --steps 3 \
+    --trial-timeout 120 --mbs-max 2 --recompute none,full,moe_act+layernorm --dispatchers alltoall \
+    --results-dir "$RES/dsv2-1gpu" --no-write > "$RES/dsv2-1gpu/table1.log" 2>&1 & tpid=$!
+  wait $spid; tail -60 "$RES/stack_profile.log"; wait $tpid; grep -E "^\[|measured|layouts" "$RES/dsv2-1gpu/table1.log"
+fi
+if has tables; then
+  echo "== tables start $(date -u +%T)"
+  OUT=$RES/tables STORED="$RES/$GPU-calibrated.json" TABLE2_LAYOUTS=${TABLE2_LAYOUTS:-10} \
+    bash bench/accuracy_gpu.sh 2>&1 | grep -E "^==|^\[|layouts, profile|datasheet|calibrated \(held"
+fi
+echo "== end $(date -u '+%F %T UTC')"

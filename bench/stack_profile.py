@@ -1,0 +1,312 @@
+"""Profile of the Mixtral-shaped decoder stack fwd+bwd, each issue-19 switch on and off, in one run.
+
+The stack is bench/executor_gpu.py's "stack" part: ``--layers`` Mixtral-8x7B decoder layers (GQA 32/8, MoE
+8 experts top-2 with its random-weight router), seq 4096, micro-batch 1, bf16, one GPU, fwd+bwd of the layers
+alone (no embedding, LM head or loss; a fixed output gradient). Its FLOPs are Megatron's for those layers
+(spec.flops, less the logits), and the bar divides the achieved FLOP/s by the dense bf16 GEMM's (8192³)
+measured in the same run.
+
+Variants (``--variants``; each one ExecutorOptions plus how the gradients are handled):
+  before      fused_qkv, fused_rope, fused_rms_norm off; parameter ``.grad`` kept and accumulated in place every step, as
+              executor_gpu's stack part timed it up to issue 19 (the 0.64)
+  grads_none  the same kernels, gradients set to None before each fwd+bwd, as a training step's first
+              micro-batch and executor_gpu's MoE part do (the weight-gradient GEMMs write fresh tensors)
+  qkv         grads_none + fused_qkv (one Q/K/V GEMM)
+  rope        qkv + fused_rope (one Triton launch for q and k)
+  after       rope + fused_rms_norm (the defaults)
+  cudnn       after + attention_backend 'cudnn' (SDPA's cuDNN kernel first)
+  graphs      after + cuda_graphs (the attention half replayed from CUDA graphs)
+  cudnn_graphs  both
+  after_balanced  after with the router's load balancing forced (experts round-robin, as the MoE-layer bar
+              runs): what the random-weight router's uneven expert groups cost the stack (diagnostic)
+Every variant runs on the same parameter tensors. Timing: ``isolated_s`` is executor_gpu's method (sync
+before each fwd+bwd, median of 8); ``steady_s`` the median over ``--rounds`` alternated windows of ``--iters``
+back-to-back steps (every variant sees the same card clock; bench/power_probe.py); ``host_s`` the host's time
+to issue one step. ``ratio`` = stack FLOP/s (steady) / GEMM FLOP/s, ``ratio_isolated`` the same isolated.
+``top_kernels``: torch.profiler over ``--profile-steps`` steps, the 15 device kernels with the largest total
+time: name, calls per step, ms per step, % of the step's kernel time.
+``graphs_by_seq``: 'after' and 'graphs' at micro-batch 1 and shorter sequences (``--graph-seqs``), where the
+host's launch rate, not the GPU, limits the step: step seconds with and without the graphs.
+
+Usage (one GPU):  python -m bench.stack_profile --layers 2 --out $OUT/stack_profile.json
+CPU smoke run:    python -m bench.stack_profile --device cpu --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import sys
+import traceback
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.moe_breakdown import host_seconds, steady_window, wall_seconds
+from executor.attention import rope_tables
+from executor.kernels import get_backend, triton_rms_norm, triton_rope
+from executor.model import DecoderLayer
+from executor.options import ExecutorOptions
+from executor.parallel.groups import single_process_state
+from executor.timing import NULL_TIMER
+from spec.catalog import get_model
+from spec.errors import SpecError
+from spec.flops import flops_per_token
+from spec.model_spec import ModelSpec
+
+_UNFUSED = {"fused_qkv": False, "fused_rope": False, "fused_rms_norm": False}
+#: name -> (ExecutorOptions overrides, gradient handling: 'accumulate' keeps .grad, 'none' sets it to None)
+VARIANTS: dict[str, tuple[dict, str]] = {
+    "before": (_UNFUSED, "accumulate"),
+    "grads_none": (_UNFUSED, "none"),
+    "qkv": ({"fused_rope": False, "fused_rms_norm": False}, "none"),
+    "rope": ({"fused_rms_norm": False}, "none"),
+    "after": ({}, "none"),
+    "cudnn": ({"attention_backend": "cudnn"}, "none"),
+    "graphs": ({"cuda_graphs": True}, "none"),
+    "cudnn_graphs": ({"attention_backend": "cudnn", "cuda_graphs": True}, "none"),
+    # diagnostic, no bar: the router's load balancing forced (Megatron's benchmark setting, as the MoE bar)
+    "after_balanced": ({"moe_router_force_load_balancing": True}, "none"),
+}
+TOP = 15
+
+
+@dataclasses.dataclass
+class Stack:
+    """One variant's decoder layers on shared parameters, its input and output gradient, and its step."""
+
+    name: str
+    options: ExecutorOptions
+    grads: str
+    layers: torch.nn.ModuleList
+    x: torch.Tensor
+    gy: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor]
+
+    def step(self) -> None:
+        if self.grads == "none":
+            for p in self.layers.parameters():
+                p.grad = None
+            self.x.grad = None
+        y = self.x
+        for layer in self.layers:
+            y, _ = layer(y, self.rope)
+        y.backward(self.gy)
+
+
+def share_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """Make every parameter of ``dst`` the same tensor as ``src``'s of that name (variants share weights and
+    the GPU's memory holds one copy)."""
+    for name, module in dst.named_modules():
+        source = src.get_submodule(name)
+        for pname in list(module._parameters):
+            module._parameters[pname] = source._parameters[pname]
+
+
+def build_stack(name: str, spec: ModelSpec, seq: int, mbs: int, dev: torch.device, dtype: torch.dtype,
+                base: torch.nn.ModuleList | None) -> Stack:
+    """Variant ``name``'s stack; on ``base``'s parameters when given. SpecError where the options are refused."""
+    overrides, grads = VARIANTS[name]
+    options = ExecutorOptions(**overrides)
+    kernels = get_backend("torch")
+    state = single_process_state()
+    layers = torch.nn.ModuleList(DecoderLayer(spec, options, state, i, True, kernels, dev, dtype, NULL_TIMER)
+                                 for i in range(spec.num_layers))
+    if base is not None:
+        for layer, source in zip(layers, base):
+            share_parameters(layer, source)
+            if layer.graphed is not None:  # its captured half must hold the shared mlp_norm too
+                layer.graphed.half.mlp_norm = layer.mlp_norm
+    generator = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(seq, mbs, spec.hidden_size, device=dev, dtype=dtype, generator=generator).requires_grad_(True)
+    gy = torch.randn(seq, mbs, spec.hidden_size, device=dev, dtype=dtype, generator=generator)
+    return Stack(name, options, grads, layers, x, gy, rope_tables(seq, spec.rotary_head_dim, options.rotary_base, dev))
+
+
+def stack_flops(spec: ModelSpec, seq: int, mbs: int) -> float:
+    """Megatron FLOPs of the layers' fwd+bwd: flops_per_token without the logits, times the tokens."""
+    per_token = flops_per_token(spec, seq) - 3 * 2 * spec.hidden_size * spec.padded_vocab_size()
+    return per_token * seq * mbs
+
+
+def gemm_tflops(dev: torch.device, dtype: torch.dtype, n: int) -> dict:
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    t = wall_seconds(lambda: a @ b, dev, 5, 20)
+    return {"shape": [n, n, n], "seconds": t, "tflops": 2 * n**3 / t / 1e12}
+
+
+def top_kernels(stack: Stack, dev: torch.device, steps: int) -> list[dict]:
+    """The ``TOP`` device kernels (CPU ops on a CPU run) with the largest total time over ``steps`` steps."""
+    cuda = dev.type == "cuda"
+    for _ in range(2):
+        stack.step()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            stack.step()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        if cuda:
+            if evt.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        else:
+            us = evt.self_cpu_time_total
+        rows.append((evt.key, evt.count, us))
+    if cuda and not any(us for _, _, us in rows):  # no kernel-level rows: the ops' own device time
+        rows = [(evt.key, evt.count, getattr(evt, "self_device_time_total", 0)) for evt in prof.key_averages()]
+    total = sum(us for _, _, us in rows) or 1.0
+    rows.sort(key=lambda r: -r[2])
+    return [{"name": key[:120], "calls": count / steps, "ms": us / steps / 1e3, "pct": 100 * us / total}
+            for key, count, us in rows[:TOP]]
+
+
+def time_variants(stacks: list[Stack], dev: torch.device, rounds: int, iters: int) -> dict[str, dict]:
+    """isolated, steady (alternated windows, order flipped every round) and host seconds per variant."""
+    out = {s.name: {"isolated_s": wall_seconds(s.step, dev, 2, 8), "host_s": host_seconds(s.step, dev, 3)}
+           for s in stacks}
+    windows: dict[str, list[float]] = {s.name: [] for s in stacks}
+    for r in range(rounds):
+        for s in (stacks if r % 2 == 0 else stacks[::-1]):
+            windows[s.name].append(steady_window(s.step, dev, iters, lead=2))
+    for name, times in windows.items():
+        out[name]["steady_s"] = statistics.median(times)
+        out[name]["steady_windows_s"] = times
+    return out
+
+
+def format_kernels(name: str, rows: list[dict]) -> str:
+    lines = [f"top kernels, {name}:", f"  {'kernel':<90}{'calls':>7}{'ms':>9}{'%':>7}"]
+    lines += [f"  {r['name'][:88]:<90}{r['calls']:>7.1f}{r['ms']:>9.3f}{r['pct']:>7.1f}" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--mbs", type=int, default=1)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--profile", default="before,grads_none,after,cudnn",
+                        help="variants whose top kernels are profiled")
+    parser.add_argument("--graph-seqs", default="1024,256", help="shorter sequences for graphs on/off ('' skips)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=8)
+    parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny-moe layers, seq 64, fp32 (CPU smoke run)")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "stack_profile.json"))
+    args = parser.parse_args()
+    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if args.tiny:
+        spec, seq, n_gemm = get_model("tiny-moe").with_layers(args.layers), 64, 256
+    else:
+        spec, seq, n_gemm = get_model("mixtral-8x7b").with_layers(args.layers), args.seq, 8192
+    report = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "model": spec.name,
+              "layers": args.layers, "seq": seq, "mbs": args.mbs, "dtype": str(dtype).replace("torch.", ""),
+              "flops": stack_flops(spec, seq, args.mbs), "variants": {}}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    report["gemm"] = gemm_tflops(dev, dtype, n_gemm)
+    gemm = report["gemm"]["tflops"]
+    stacks: list[Stack] = []
+    base = None
+    for name in args.variants.split(","):
+        try:
+            stack = build_stack(name, spec, seq, args.mbs, dev, dtype, base)
+            stack.step()  # first use: captures, compiles, checks
+        except SpecError as exc:
+            report["variants"][name] = {"refused": str(exc)}
+            print(f"[{name}] refused: {exc}", flush=True)
+            continue
+        except Exception as exc:  # noqa: BLE001  (one failing variant must not lose the others)
+            traceback.print_exc()
+            report["variants"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        base = base if base is not None else stack.layers
+        stacks.append(stack)
+        report["variants"][name] = {"options": dataclasses.asdict(stack.options), "grads": stack.grads}
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for name, timing in time_variants(stacks, dev, args.rounds, args.iters).items():
+        v = report["variants"][name]
+        v.update(timing)
+        v["tflops"] = report["flops"] / v["steady_s"] / 1e12
+        v["ratio"] = v["tflops"] / gemm
+        v["ratio_isolated"] = report["flops"] / v["isolated_s"] / 1e12 / gemm
+    if cuda:
+        report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    # first-use self-checks of the fused kernels (key -> passed): a False means that variant ran torch's path
+    report["fused_checks"] = {str(k): ok for cache in (triton_rope._CHECKED, triton_rms_norm._CHECKED)
+                              for k, ok in cache.items()}
+    save()
+    # CUDA graphs where the host limits: shorter sequences, micro-batch 1
+    report["graphs_by_seq"] = {}
+    names = [n for n in ("after", "graphs") if n in {s.name for s in stacks}]
+    for short in [int(s) for s in args.graph_seqs.split(",") if s] if len(names) == 2 else []:
+        try:
+            short_stacks = [build_stack(n, spec, short, 1, dev, dtype, base) for n in names]
+            for stack in short_stacks:
+                stack.step()
+            timing = time_variants(short_stacks, dev, args.rounds, max(args.iters, 20))
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            report["graphs_by_seq"][str(short)] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        entry = {n: {k: timing[n][k] for k in ("steady_s", "isolated_s", "host_s")} for n in names}
+        entry["graphs_speedup_steady"] = timing["after"]["steady_s"] / timing["graphs"]["steady_s"]
+        report["graphs_by_seq"][str(short)] = entry
+        del short_stacks
+        save()
+
+    print(f"\n{report['device']}  torch {report['torch']}  {report['model']} x{args.layers} layers, seq {seq}, "
+          f"mbs {args.mbs}, {report['dtype']}; GEMM {gemm:.0f} TFLOP/s")
+    print(f"{'variant':<14}{'steady ms':>10}{'isolated ms':>12}{'host ms':>9}{'TFLOP/s':>9}{'ratio':>7}{'ratio iso':>10}")
+    for name, v in report["variants"].items():
+        if "steady_s" in v:
+            print(f"{name:<14}{v['steady_s'] * 1e3:>10.2f}{v['isolated_s'] * 1e3:>12.2f}{v['host_s'] * 1e3:>9.2f}"
+                  f"{v['tflops']:>9.1f}{v['ratio']:>7.3f}{v['ratio_isolated']:>10.3f}")
+        else:
+            print(f"{name:<14}{v.get('refused') or v.get('error')}")
+    for short, entry in report["graphs_by_seq"].items():
+        if "error" in entry:
+            print(f"seq {short}: {entry['error']}")
+            continue
+        print(f"seq {short}: after {entry['after']['steady_s'] * 1e3:.3f} ms (host {entry['after']['host_s'] * 1e3:.3f}), "
+              f"graphs {entry['graphs']['steady_s'] * 1e3:.3f} ms (host {entry['graphs']['host_s'] * 1e3:.3f}): "
+              f"x{entry['graphs_speedup_steady']:.3f}")
+    save()
+    # profiles last: a profiler failure (CUPTI) loses no timing
+    for stack in stacks:
+        if stack.name in args.profile.split(","):
+            try:
+                report["variants"][stack.name]["top_kernels"] = rows = top_kernels(stack, dev, args.profile_steps)
+                print(format_kernels(stack.name, rows), flush=True)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                report["variants"][stack.name]["top_kernels_error"] = f"{type(exc).__name__}: {exc}"
+    save()
+
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

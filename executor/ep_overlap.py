@@ -1,0 +1,285 @@
+"""EP all-to-all overlap (``overlap_moe_expert_parallel_comm``): one micro-batch's dispatch and combine run
+under another micro-batch's compute, as Megatron's combined 1F1B schedule does (pp = 1).
+
+The step runs the forward of micro-batch i+1 together with the backward of micro-batch i. Each micro-batch is
+cut at its EP all-to-alls into *segments* of compute: per MoE layer, [attention, norm, router, permute] |
+all-to-all | [experts] | all-to-all | [unpermute, shared experts, residual, and on to the next MoE layer's
+attention ...]. A forward is thus compute, exchange, compute, ..., compute, and so is a backward (in
+reverse, each exchange the transpose of its forward). The two are zipped so that every exchange of one
+runs while the other computes:
+
+    B₀ · [B₁ ‖ F₀] · [F₁ ‖ B₂] · [B₃ ‖ F₂] · [F₃ ‖ B₄] · ...
+
+``[X ‖ Y]``: start exchange X (an asynchronous ``all_to_all_single``: NCCL's own stream on GPU, gloo's
+thread on CPU), run compute Y, wait for X. Per MoE layer this pairs, as Megatron does, the forward's
+attention with the backward's combine all-to-all, the forward's dispatch all-to-all with the backward's
+experts, the forward's experts with the backward's dispatch all-to-all and the forward's combine all-to-all
+with the backward's attention. The first forward and the last backward have no partner: their exchanges
+run in line (the cost model prices the same: ``costmodel.step_time``).
+
+Gradients equal the in-line run's: each segment's autograd graph starts at detached copies of the tensors
+it takes from earlier segments (:class:`_Tape`), and the segment's backward hands their gradients to the
+segments that made them; the exchanged rows' gradients go back through the transposed all-to-all. Only the
+order of the micro-batches' backward calls changes, and every parameter accumulates its micro-batches'
+gradients in the in-line order (i before i+1). Delayed weight-gradient computation (Megatron's
+``--delay-wgrad-compute``) is not built: the experts' backward computes both gradients in one segment.
+
+The exchanges of the whole step are issued in the same order on every rank (the schedule is fixed), so
+collectives match across the EP group without any extra synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+import torch
+
+from executor.parallel.collectives import all_to_all_start
+from executor.parallel.groups import Group
+from spec.errors import InvalidConfigError
+
+
+@dataclass
+class Exchange:
+    """An all-to-all a segment asks for: send ``in_splits[i]`` rows of ``x`` to member i, receive
+    ``out_splits[i]`` from it. ``tag`` names it in the trace ('F3/L1/dispatch')."""
+
+    x: torch.Tensor
+    out_splits: list[int]
+    in_splits: list[int]
+    group: Group
+    tag: str
+    source: torch.Tensor | None = None  # forward: ``x`` with its graph, where the returned gradient enters
+
+
+# A micro-batch's forward or backward: runs compute until it yields the next Exchange, receives its
+# result through send(), and returns at its end.
+Stream = Generator[Exchange, torch.Tensor, None]
+
+
+@dataclass
+class _Segment:
+    exports: list[torch.Tensor] = field(default_factory=list)  # tensors later segments take
+    imports: list[tuple[tuple[int, int], torch.Tensor]] = field(default_factory=list)  # (export, its leaf here)
+    sent: Exchange | None = None  # the exchange that ends this segment
+    received: torch.Tensor | None = None  # the leaf holding the rows that started it
+
+
+class _Tape:
+    """A micro-batch's forward cut into segments, and what its backward needs to run them in reverse."""
+
+    def __init__(self):
+        self.segments = [_Segment()]
+        self.loss: torch.Tensor | None = None  # the last segment's objective, already scaled
+
+    def keep(self, *tensors: torch.Tensor) -> list[tuple[int, int]]:
+        """Export ``tensors`` from the current segment (as (segment, position) ids); :meth:`take` them back
+        in a later one."""
+        seg = len(self.segments) - 1
+        ids = []
+        for t in tensors:
+            ids.append((seg, len(self.segments[seg].exports)))
+            self.segments[seg].exports.append(t)
+        return ids
+
+    def take(self, ids: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """The kept tensors as leaves of the current segment (detached; tensors without grad, or kept in this
+        same segment, as they are)."""
+        out = []
+        for i in ids:
+            seg, position = i
+            t = self.segments[seg].exports[position]
+            if t.requires_grad and seg != len(self.segments) - 1:  # from the same segment: the tensor itself
+                leaf = t.detach().requires_grad_()
+                self.segments[-1].imports.append((i, leaf))
+                t = leaf
+            out.append(t)
+        return out
+
+    def exchange(self, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group,
+                 tag: str) -> Generator[Exchange, torch.Tensor, torch.Tensor]:
+        """End the segment at an all-to-all of ``x``; the received rows start the next one (as a leaf)."""
+        request = Exchange(x.detach(), out_splits, in_splits, group, tag, source=x)
+        self.segments[-1].sent = request
+        received = yield request
+        leaf = received.requires_grad_(x.requires_grad)
+        self.segments.append(_Segment(received=leaf))
+        return leaf
+
+    def backward(self, tag: str) -> Stream:
+        """Run the segments' backward calls in reverse, yielding the transposed exchanges between them."""
+        grads: dict[tuple[int, int], torch.Tensor] = {}  # export id -> gradient summed over its takers
+        sent_grad: torch.Tensor | None = None
+        for k in range(len(self.segments) - 1, -1, -1):
+            seg = self.segments[k]
+            outputs, gradients = [], []
+            if k == len(self.segments) - 1 and self.loss is not None and self.loss.requires_grad:
+                outputs.append(self.loss)
+                gradients.append(torch.ones_like(self.loss))
+            for j, t in enumerate(seg.exports):
+                g = grads.pop((k, j), None)
+                if g is not None:
+                    outputs.append(t)
+                    gradients.append(g)
+            if seg.sent is not None and sent_grad is not None and seg.sent.source.requires_grad:
+                outputs.append(seg.sent.source)
+                gradients.append(sent_grad)
+            sent_grad = None
+            if outputs:
+                torch.autograd.backward(outputs, gradients)
+            for i, leaf in seg.imports:
+                if leaf.grad is not None:
+                    grads[i] = leaf.grad if i not in grads else grads[i] + leaf.grad
+            self.segments[k] = None  # its graph is spent: free its leaves' gradients as soon as sent
+            if seg.received is not None and k > 0:
+                ex = self.segments[k - 1].sent
+                g = seg.received.grad
+                if g is None:
+                    g = torch.zeros_like(seg.received)
+                del seg
+                sent_grad = yield Exchange(g, ex.in_splits, ex.out_splits, ex.group, f"{tag}/{ex.tag}")
+        self.segments = []
+
+
+def _as_called(module: torch.nn.Module) -> None:
+    """Run ``module``'s forward pre-hooks as calling it would. The staged layer calls the parts of a
+    DecoderLayer and its MoELayer, not their forward, but both read parameters they own directly (the MLP
+    norm, the shared-expert gate), and the distributed optimizer's overlapped parameter gather waits for
+    those in these hooks (``executor.optimizer``, "Overlapped parameter gather")."""
+    for hook in list(module._forward_pre_hooks.values()):
+        hook(module, ())
+
+
+def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, tape: _Tape,
+                     tag: str) -> Generator[Exchange, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """A MoE decoder layer (``executor.model.DecoderLayer``) as DecoderLayer.forward computes it, cut at its
+    two EP all-to-alls; returns (its output, ``router_loss`` plus its router loss)."""
+    moe, dispatcher = layer.mlp, layer.mlp.dispatcher
+    _as_called(layer)
+    _as_called(moe)
+    x1, h = layer.attention_block(x, *rope)
+    tokens, routing = moe.route(h)
+    rows, ctx = dispatcher.dispatch_pre(tokens, routing)
+    kept = tape.keep(x1, h, routing.probs_NK, router_loss + routing.loss)
+    if "send" in ctx:
+        rows = yield from tape.exchange(rows, ctx["recv"], ctx["send"], dispatcher.state.ep, f"{tag}/dispatch")
+    dispatched = dispatcher.dispatch_post(rows, ctx)
+    y = dispatcher.combine_pre(moe.run_experts(dispatched), dispatched)
+    if "send" in ctx:
+        y = yield from tape.exchange(y, ctx["send"], ctx["recv"], dispatcher.state.ep, f"{tag}/combine")
+    x1, h, ctx["probs"], router_loss = tape.take(kept)
+    y = moe.finish(dispatcher.combine_post(y, dispatched), h)
+    return x1 + y, router_loss
+
+
+def forward_stream(model, ids: torch.Tensor, labels: torch.Tensor, num_micro: int, tape: _Tape, tag: str,
+                   done: Callable) -> Stream:
+    """The forward of one micro-batch (``MoEGPT.forward`` cut at the all-to-alls) into ``tape``; calls
+    ``done(LossOutput)`` at its end. The objective kept for backward is the loss over ``num_micro``."""
+    x, rope, labels_BS, full_labels_BS = model.chunk_input(0, ids, labels)
+    router_loss = x.new_zeros((), dtype=torch.float32)
+    for position in model.chunk_layers[0]:
+        layer = model.layers[position]
+        if layer.is_moe:
+            x, router_loss = yield from staged_moe_layer(layer, x, router_loss, rope, tape, f"{tag}/L{position}")
+        else:
+            x, layer_loss = layer(x, rope)
+            router_loss = router_loss + layer_loss
+    out = model.chunk_output(0, x, router_loss, rope, labels_BS, full_labels_BS)
+    tape.loss = out.loss / num_micro
+    done(out)
+
+
+class Overlap:
+    """Drives micro-batch streams two at a time (module docstring). ``trace``, when a list, records the
+    order of events: ('start' | 'wait', exchange tag) and ('compute', stream tag)."""
+
+    def __init__(self, trace: list | None = None):
+        self.trace = trace
+
+    def _log(self, *event) -> None:
+        if self.trace is not None:
+            self.trace.append(event)
+
+    def _compute(self, stream: Stream, tag: str, value) -> Exchange | None:
+        self._log("compute", tag)
+        try:
+            return stream.send(value)
+        except StopIteration:
+            return None
+
+    def _start(self, ex: Exchange):
+        self._log("start", ex.tag)
+        return ex.tag, *all_to_all_start(ex.x, ex.out_splits, ex.in_splits, ex.group)
+
+    def _wait(self, pending) -> torch.Tensor:
+        tag, out, work = pending
+        if work is not None:
+            work.wait()
+        self._log("wait", tag)
+        return out
+
+    def alone(self, stream: Stream, tag: str) -> None:
+        """Run ``stream`` to its end, each exchange in line."""
+        request, value = self._compute(stream, tag, None), None
+        while request is not None:
+            value = self._wait(self._start(request))
+            request = self._compute(stream, tag, value)
+
+    def together(self, first: Stream, first_tag: str, second: Stream, second_tag: str) -> None:
+        """Run both streams to their ends, each exchange of one under the next compute of the other."""
+        cur, cur_tag, other, other_tag = first, first_tag, second, second_tag
+        request, other_value = self._compute(cur, cur_tag, None), None
+        while request is not None:
+            pending = self._start(request)
+            other_request = self._compute(other, other_tag, other_value)
+            value = self._wait(pending)
+            cur, cur_tag, other, other_tag = other, other_tag, cur, cur_tag
+            request, other_value = other_request, value
+        # ``cur`` has finished; ``other`` still waits for ``other_value``
+        while True:
+            request = self._compute(other, other_tag, other_value)
+            if request is None:
+                return
+            other_value = self._wait(self._start(request))
+
+
+def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_last_backward=None,
+                   trace: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped: F₀, then
+    F_{i+1} together with B_i, then B_last alone. Gradients accumulate as for ``(loss / len(micro)).backward()``
+    per micro-batch in order. Returns ([ce, router, mtp] averaged over micro-batches, routed tokens per expert
+    summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward."""
+    for layer in model.decoder_layers():
+        if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
+            raise InvalidConfigError("overlap_moe_expert_parallel_comm runs the MoE layer in parts: full recompute and "
+                             "selective recompute of 'moe' do not apply (spec.validity rule executor_ep_overlap)")
+    num_micro = len(micro)
+    stats = torch.zeros(3, device=model.rope_cos.device)
+    counts = [None]
+    driver = Overlap(trace)
+
+    def forward(i: int) -> tuple[Stream, _Tape]:
+        tape = _Tape()
+
+        def done(out) -> None:
+            nonlocal stats
+            stats += out.stats() / num_micro
+            for moe in model.moe_layers():
+                c = moe.last_tokens_per_expert
+                counts[0] = c.clone() if counts[0] is None else counts[0] + c
+
+        ids, labels = micro[i]
+        return forward_stream(model, ids, labels, num_micro, tape, f"F{i}", done), tape
+
+    stream, tape = forward(0)
+    driver.alone(stream, "F0")
+    for i in range(num_micro - 1):
+        next_stream, next_tape = forward(i + 1)
+        driver.together(tape.backward(f"B{i}"), f"B{i}", next_stream, f"F{i + 1}")
+        tape = next_tape
+    if before_last_backward is not None:
+        before_last_backward()
+    driver.alone(tape.backward(f"B{num_micro - 1}"), f"B{num_micro - 1}")
+    return stats, counts[0]

@@ -1,0 +1,57 @@
+"""What offloading costs on this machine: pinned host<->GPU copy bandwidth and the CPU Adam step's throughput.
+
+``measure_host_link``: one pinned CPU buffer and one device buffer of ``nbytes``, copied device-to-host and
+host-to-device (``non_blocking`` from/to pinned memory, as the executor's offload does); bytes/s of each
+direction and their minimum, the figure the time model prices both directions with. GPUs only (None on CPU:
+no host link). ``measure_cpu_adam``: the executor's AdamW (``executor.optimizer.adamw_step``, the same function
+its CPU offload runs) over ``elements`` fp32 master weights, two moments and a gradient in CPU memory; bytes
+of optimizer state (12 per element) stepped per second. Every rank measures at once, as training offloads on
+every GPU of a node together (they share the PCIe switches and the CPU's cores and memory bandwidth).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor.microbench.timing import time_op
+from executor.optimizer import HOST_STEP_ELEMENTS, adamw_step, offload_threads
+
+GPU_LINK_BYTES = 256 << 20
+CPU_ADAM_ELEMENTS = 24 << 20  # 288 MiB of optimizer state: far beyond the CPU's caches
+QUICK_CPU_ADAM_ELEMENTS = 1 << 20
+
+
+def measure_host_link(device: torch.device, nbytes: int = GPU_LINK_BYTES, repeats: int = 3) -> dict | None:
+    """``{'bytes', 'd2h_bytes_per_s', 'h2d_bytes_per_s', 'host_link_bytes_per_s'}``, or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    gpu = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
+    d2h = time_op(lambda: host.copy_(gpu, non_blocking=True), device, repeats=repeats)
+    h2d = time_op(lambda: gpu.copy_(host, non_blocking=True), device, repeats=repeats)
+    out = {"bytes": nbytes, "d2h_bytes_per_s": nbytes / d2h, "h2d_bytes_per_s": nbytes / h2d}
+    out["host_link_bytes_per_s"] = min(out["d2h_bytes_per_s"], out["h2d_bytes_per_s"])
+    return out
+
+
+def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device: torch.device | None = None) -> dict:
+    """``{'elements', 'threads', 'seconds', 'cpu_adam_bytes_per_s'}`` of one AdamW step over ``elements`` on the
+    CPU, in the blocks and with the threads the executor's offloaded step uses for a rank on ``device``."""
+    cpu = torch.device("cpu")
+    master = torch.randn(elements)
+    exp_avg, exp_avg_sq, grad = torch.zeros(elements), torch.zeros(elements), torch.randn(elements)
+    hyper = (1e-4, (0.9, 0.95), 1e-8, 0.1, 0.1, 0.05)
+
+    def step() -> None:
+        for s in range(0, elements, HOST_STEP_ELEMENTS):
+            e = s + HOST_STEP_ELEMENTS
+            adamw_step(master[s:e], exp_avg[s:e], exp_avg_sq[s:e], grad[s:e], *hyper)
+
+    threads, before = offload_threads(device or cpu), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seconds = time_op(step, cpu, repeats=repeats, warmup=1, iters=1)
+    finally:
+        torch.set_num_threads(before)
+    return {"elements": elements, "threads": threads, "seconds": seconds,
+            "cpu_adam_bytes_per_s": 12 * elements / seconds}

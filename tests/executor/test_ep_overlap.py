@@ -1,0 +1,185 @@
+"""EP all-to-all overlap (executor/ep_overlap.py) on 2 gloo processes: the overlapped step equals the
+single-process reference and the in-line run, and really issues each micro-batch's all-to-alls
+asynchronously under another micro-batch's compute."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from executor.launch_local import launch
+from executor.verify import compare, layout_worker, reference
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
+from spec.validity import executor_layout_rules
+from tests.executor.test_equivalence import SCENARIOS
+
+OVERLAP = {"overlap_moe_expert_parallel_comm": True}
+# (layout, world, scenario, extra ParallelConfig fields): 2 micro-batches per rank unless the scenario has 8
+# sequences (4 each: F₁‖B₀, F₂‖B₁, F₃‖B₂)
+RUNS = [
+    ("ep2", 2, "base", {}),
+    ("ep2", 2, "shared", {}),  # first layer dense, shared experts
+    ("ep2", 2, "capacity_position", {}),  # dropping: the dispatch sizes its buffers on the host
+    ("ep2", 2, "gptoss", {}),  # biased experts, windows, sinks
+    ("ep2", 2, "mtp", {}),  # MTP's MoE layer runs in line inside the last segment; embedding used twice
+    ("ep2", 2, "tied", {}),
+    ("ep2", 2, "base8", {}),
+    ("ep2", 2, "sigmoid_bias", {}),  # expert bias updated from the step's counts, per-sequence aux loss, mbs 2
+    ("ep2", 2, "base", {"use_distributed_optimizer": False, "overlap_grad_reduce": False}),
+    ("ep2", 2, "shared", {"recompute_granularity": "selective",
+                          "recompute_modules": ("core_attn", "moe_act", "layernorm", "shared_experts")}),
+    ("tp2 ep2 etp1", 2, "shared", {}),  # TP·SP attention, the experts' tokens over EP
+]
+
+
+# 4 ranks: the ETP all-gather / reduce-scatter run in line inside the experts' segments
+RUNS_4 = [("etp2 ep2", 4, "shared", {}), ("etp2 ep2", 4, "gptoss", {})]
+
+
+@functools.cache
+def _reference(scenario: str) -> dict:
+    return reference(ParallelConfig(world_size=1), SCENARIOS[scenario])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,layouts", [(2, RUNS), (4, RUNS_4)], ids=["2ranks", "4ranks"])
+def test_overlapped_step_equals_reference_and_inline_run(world, layouts):
+    runs = []
+    for label, _, scenario, extra in layouts:
+        config = ParallelConfig.parse(label, world_size=world).replace(**extra)
+        assert not executor_layout_rules(SCENARIOS[scenario].model, config.replace(**OVERLAP), 16)
+        runs += [(config.replace(**OVERLAP), SCENARIOS[scenario]), (config, SCENARIOS[scenario])]
+    references = [_reference(scenario) for _, _, scenario, _ in layouts]  # before the fork
+    launched = launch(layout_worker, world, (runs,), backend="gloo", timeout_s=600, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    results = launched.results[0]["results"]
+    failures = {}
+    for i, (label, _, scenario, extra) in enumerate(layouts):
+        overlapped, inline = results[2 * i], results[2 * i + 1]
+        name = f"{label}/{scenario}/{extra}"
+        problems = compare(references[i], overlapped) + compare(inline, overlapped, rtol=1e-5, atol=1e-7)
+        if problems:
+            failures[name] = problems[:6]
+    assert not failures, failures
+
+
+def _trace_worker(rank: int, world: int, overlap: bool):
+    import torch.distributed as dist
+
+    from executor.data import global_batch, micro_batches
+    from executor.model import MoEGPT
+    from executor.parallel.groups import build_parallel_state
+    from executor.train_step import Trainer
+
+    model_spec = get_model("tiny-moe-shared")  # 4 layers: dense, then 3 MoE
+    config = ParallelConfig(world_size=2, ep=2, overlap_moe_expert_parallel_comm=overlap)
+    state = build_parallel_state(config, rank)
+    trainer = Trainer(MoEGPT(model_spec, state, SCENARIOS["base"].options, 16))
+    trace: list = []
+    trainer.ep_overlap_trace = trace
+    plain = dist.all_to_all_single
+
+    def logged(*args, **kwargs):  # every all-to-all, and whether it returned before finishing
+        trace.append(("all_to_all", bool(kwargs.get("async_op", False))))
+        return plain(*args, **kwargs)
+
+    dist.all_to_all_single = logged
+    try:
+        micro = micro_batches(global_batch(model_spec.vocab_size, 16, 12, 0, 0), 2, rank, 1)  # 6 per rank (dp2)
+        result = trainer.step(micro)
+    finally:
+        dist.all_to_all_single = plain
+    return {"trace": trace, "loss": result.loss}
+
+
+def _hidden_exchanges(trace: list) -> tuple[int, int]:
+    """(exchanges started asynchronously and waited for only after another micro-batch's compute,
+    all exchanges)."""
+    hidden = total = 0
+    for i, event in enumerate(trace):
+        if event[0] != "start":
+            continue
+        total += 1
+        owner = event[1].split("/")[0]
+        asynchronous = trace[i + 1] == ("all_to_all", True)
+        j = i + 2
+        others = 0
+        while trace[j] != ("wait", event[1]):
+            if trace[j][0] == "compute" and trace[j][1] != owner:
+                others += 1
+            j += 1
+        hidden += asynchronous and others > 0
+    return hidden, total
+
+
+@pytest.mark.slow
+def test_overlap_issues_each_all_to_all_under_another_micro_batch():
+    _reference("base")  # warm torch before the fork
+    launched = launch(_trace_worker, 2, (True,), backend="gloo", timeout_s=300, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    inline = launch(_trace_worker, 2, (False,), backend="gloo", timeout_s=300, start_method="fork")
+    assert inline.ok, inline.failure_reason
+    for got, plain in zip(launched.results, inline.results):
+        trace = got["trace"]
+        # 6 micro-batches × 3 MoE layers × 2 exchanges (dispatch, combine), forward and backward
+        hidden, total = _hidden_exchanges(trace)
+        assert total == 6 * 3 * 2 * 2
+        # all but the first forward's and the last backward's: 5 pairs F_{i+1} ‖ B_i of 6 + 6 exchanges
+        assert hidden == 5 * 12
+        # the first exchange under another micro-batch: the backward of micro-batch 0's last MoE layer's
+        # combine, started before the forward of micro-batch 1 computes its first layers
+        first = next(i for i, e in enumerate(trace) if e == ("start", "B0/F0/L3/combine"))
+        assert trace[first + 2] == ("compute", "F1")
+        assert not any(e == ("all_to_all", True) for e in plain["trace"])  # the in-line run: all blocking
+        assert got["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+def test_validity_rule_names_what_the_overlap_is_not_built_with():
+    model = get_model("tiny-moe")
+    ok = ParallelConfig(world_size=4, ep=2, overlap_moe_expert_parallel_comm=True)
+    assert not [r for r in executor_layout_rules(model, ok, 16) if r.rule == "executor_ep_overlap"]
+    for fields, words in (({"pp": 2, "vpp": 2}, "pp > 1"),
+                          ({"recompute_granularity": "full"}, "full recompute"),
+                          ({"recompute_granularity": "selective", "recompute_modules": ("moe",)}, "moe")):
+        config = dataclasses.replace(ok, **fields)
+        found = [r for r in executor_layout_rules(model, config, 16) if r.rule == "executor_ep_overlap"]
+        assert found and words in found[0].reason, fields
+    plain = dataclasses.replace(ok, pp=2, vpp=2, overlap_moe_expert_parallel_comm=False)
+    assert not [r for r in executor_layout_rules(model, plain, 16) if r.rule == "executor_ep_overlap"]
+
+
+def test_staged_forward_without_ep_equals_the_model_forward():
+    """One process, ep = 1: no exchange; the staged path must still compute the model's loss and gradients."""
+    from executor.ep_overlap import run_overlapped
+    from executor.model import MoEGPT
+    from executor.parallel.groups import build_parallel_state
+
+    spec = get_model("tiny-moe-shared")
+    state = build_parallel_state(ParallelConfig(world_size=1), 0)
+    torch.manual_seed(0)
+    ids = torch.randint(0, spec.vocab_size, (3, 1, 16))
+    micro = [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(3)]
+    model = MoEGPT(spec, state, SCENARIOS["base"].options, 16)
+    # the staged layer calls a MoE layer's parts, not its forward: the pre-hooks (where the distributed
+    # optimizer waits for overlapped parameter gathers) must still run once per micro-batch
+    called = []
+    for layer in model.layers:
+        if layer.is_moe:
+            for module in (layer, layer.mlp):
+                module.register_forward_pre_hook(lambda m, args: called.append(m))
+    stats, counts = run_overlapped(model, micro)
+    assert len(called) == 3 * 2 * 3  # 3 MoE layers, 2 modules each, 3 micro-batches
+    staged = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref_stats = torch.zeros(3)
+    for x, y in micro:
+        out = model(x, y)
+        (out.loss / 3).backward()
+        ref_stats += out.stats() / 3
+    torch.testing.assert_close(stats, ref_stats)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(staged[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
