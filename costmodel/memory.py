@@ -43,7 +43,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
-from spec.pipeline_layout import PipelineSplit, layer_chunks
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, layer_chunks
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -502,6 +502,8 @@ class _StageLayout(NamedTuple):
     cap: int  # chunk-micro-batches in flight given enough micro-batches (Megatron's warm-up + 1)
     # decoder layers of each of the rank's virtual chunks when they differ (None: equal chunks)
     chunk_sizes: tuple[int, ...] | None = None
+    # in_flight_chunk_equivalents at the cap: the rank's chunk-micro-batches when the step has enough of them
+    at_cap: float = 0.0
 
 
 def in_flight_chunk_equivalents(lay: _StageLayout, n: float, pp: int, vpp: int) -> float:
@@ -537,8 +539,9 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
     last = stage == pp - 1
     has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
     sizes = tuple(len(chunk) for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage])
-    return _StageLayout(stage, *counts, stage == 0, last, has_moe, in_flight_micro_batches(pp, vpp, stage, 1 << 62),
-                        sizes if len(set(sizes)) > 1 else None)
+    cap = in_flight_micro_batches(pp, vpp, stage, 1 << 62)
+    lay = _StageLayout(stage, *counts, stage == 0, last, has_moe, cap, sizes if len(set(sizes)) > 1 else None)
+    return lay._replace(at_cap=cap if lay.chunk_sizes is None else in_flight_chunk_equivalents(lay, cap, pp, vpp))
 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
@@ -588,7 +591,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms", "reduces", "losses")
+                 "params", "seq", "rows", "comms", "statics", "losses", "least")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -604,9 +607,10 @@ class _Context:
         self.params: dict[tuple[int, ...], tuple[tuple, ...]] = {}
         self.rows: dict[tuple, tuple[_Row, ...]] = {}
         self.comms: dict[_Shape, tuple] = {}
-        # _reduce_peak of a cached row (by identity: ctx.rows keeps it alive) per sharding and overlap switches
-        self.reduces: dict[tuple, float] = {}
+        # per-row (static bytes, reduction peak) per parameter layout and sharding / overlap switches (_prepare)
+        self.statics: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
+        self.least: dict[tuple, float] = {}  # LayoutMemory.least_bytes before the workspace, per parameter layout
 
 
 # The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
@@ -637,29 +641,36 @@ def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
 # per_chunk_mb (stored activations per in-flight chunk-micro-batch per token, embedding extras included),
 # once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
 # act_once, logits, comm, work (per token, for the breakdown), loss_fixed (the last stage's blocked loss, whose
-# block and weight gradient do not scale with the tokens: added per call, see _loss_fixed).
+# block and weight gradient do not scale with the tokens: added per call, see _loss_fixed), at_cap (n at the
+# cap, in average chunks of the rank: in_flight_chunk_equivalents of cap, computed once per row).
 _Row = tuple
 
 
-def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[_Row, ...]:
+def _stage_parts(ctx: _Context, config: ParallelConfig, full: int, only_stage: int | None) -> tuple[tuple, tuple]:
+    """The candidate ranks' stage layouts and parameter entries (cached per placement unless ``only_stage``)."""
     model = ctx.model
     tp, pp, vpp, ep, etp = config.tp, config.pp, config.vpp, config.ep, config.etp
     split = config.pipeline_split
     if only_stage is not None:
-        layouts: tuple[_StageLayout, ...] = (_stage_layout(model, pp, vpp, full, only_stage, split),)
-        params = _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),))
-    else:
-        lkey = (pp, vpp, full, split)
-        layouts = ctx.layouts.get(lkey)
-        if layouts is None:
-            layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
-                                                for stage in _candidate_stages(model, pp, vpp, split))
-        pkey = (tp, pp, vpp, ep, etp, split)
-        params = ctx.params.get(pkey)
-        if params is None:
-            params = ctx.params[pkey] = _param_entries(ctx, tuple(
-                stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
-                for stage in _candidate_stages(model, pp, vpp, split)))
+        return ((_stage_layout(model, pp, vpp, full, only_stage, split),),
+                _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),)))
+    skey = None if split is DEFAULT_SPLIT else split  # the usual case: hashing None is cheaper
+    lkey = (pp, vpp, full, skey)
+    layouts = ctx.layouts.get(lkey)
+    if layouts is None:
+        layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
+                                            for stage in _candidate_stages(model, pp, vpp, split))
+    pkey = (tp, pp, vpp, ep, etp, skey)
+    params = ctx.params.get(pkey)
+    if params is None:
+        params = ctx.params[pkey] = _param_entries(ctx, tuple(
+            stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, stage, split)
+            for stage in _candidate_stages(model, pp, vpp, split)))
+    return layouts, params
+
+
+def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, params: tuple) -> tuple[_Row, ...]:
+    pp, vpp = config.pp, config.vpp
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
      pp_buffer, head_input, mtp, logits_tok, embedding_mask, loss_fixed) = k
     if pp == 1:
@@ -667,7 +678,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
     ob = ctx.opt_bytes
     rows = []
     for lay, par in zip(layouts, params):
-        _, sd, sm, rd, rm, first, last, has_moe, cap, _ = lay
+        _, sd, sm, rd, rm, first, last, has_moe, cap, _, at_cap = lay
         per_chunk = (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         if first:
             per_chunk += embedding_mask / vpp
@@ -684,7 +695,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, full: int, only_
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
         rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
-                     lay, par, act_once, logits, comm, work, loss_fixed if last else None))
+                     lay, par, act_once, logits, comm, work, loss_fixed if last else None, at_cap))
     return tuple(rows)
 
 
@@ -698,29 +709,68 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
               frag: float = FRAGMENTATION):
     """Totals of the candidate ranks (or of ``only_stage``); returns the largest with what details need."""
     ctx = _context(model, training)
-    tp, cp, pp, vpp, ep, etp = config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp
+    kkey, rows, statics, shards = _prepare(ctx, config, only_stage)
+    mbs, cp = config.micro_batch_size, config.cp
+    tokens = mbs * ctx.seq / cp
+    mv = (training.global_batch_size // (mbs * shards[5]) or 1) * config.vpp
+    best, best_total = _peak(rows, statics, mv, tokens * (1.0 + frag), _loss_bytes(ctx, rows, tokens, frag),
+                             config.pp, config.vpp)
+    return ctx, kkey, rows[best], best_total, mv, tokens, shards[:5]
+
+
+def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> tuple:
+    """What every micro-batch size of ``config`` shares: the kind-terms key, the candidate ranks' rows, their
+    (static bytes, gradient-reduction peak) and the shards (dense, expert, the two state growths, the kept share
+    of the Adam states, DP)."""
     granularity = config.recompute_granularity
-    modules = config.recompute_modules if granularity == "selective" else ()
+    kkey, rows, full = _rows_for(ctx, config, granularity, config.recompute_modules, config.recompute_num_layers,
+                                 config.activation_offload_modules, only_stage)
+    # rows hold their rank's stage layout and parameter entry (the same objects _stage_parts gives)
+    stages = (tuple(row[6] for row in rows), tuple(row[7] for row in rows))
+    statics, shards = _statics_for(ctx, config, *stages, full, config.use_distributed_optimizer,
+                                   config.overlap_grad_reduce, config.overlap_param_gather,
+                                   config.optimizer_cpu_offload_fraction, only_stage is None)
+    return kkey, rows, statics, shards
+
+
+def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: tuple[str, ...], num_layers: int | None,
+              offloaded: tuple[str, ...], only_stage: int | None,
+              keep: bool = True) -> tuple[tuple, tuple[_Row, ...], int]:
+    """The kind-terms key, the rows of the candidate ranks (cached unless ``only_stage``; looked up but not
+    stored unless ``keep``) and the full-recompute layer count (-1 without) of ``layout`` (its parallel sizes,
+    dispatcher and placement) with this recompute and these activation-offloaded modules."""
+    modules = modules if granularity == "selective" else ()
     # an offloaded module's stored tensors leave the GPU as a recomputed module's do, and come back for its
     # backward (the same working set); the validity rules keep the two sets apart
-    modules += config.activation_offload_modules
-    full = config.recompute_num_layers if granularity == "full" else -1
-    kkey = (tp, cp, ep, etp, config.sequence_parallel, config.moe_token_dispatcher_type, modules)
-    rkey = (kkey, pp, vpp, full, config.pipeline_split)
+    modules += offloaded
+    full = num_layers if granularity == "full" else -1
+    kkey = (layout.tp, layout.cp, layout.ep, layout.etp, layout.sequence_parallel, layout.moe_token_dispatcher_type,
+            modules)
+    split = layout.pipeline_split
+    rkey = (kkey, layout.pp, layout.vpp, full, None if split is DEFAULT_SPLIT else split)
     rows = ctx.rows.get(rkey) if only_stage is None else None
     if rows is None:
         k = ctx.kinds.get(kkey)
         if k is None:
             k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
-        rows = _rows(ctx, k, config, full, only_stage)
-        if only_stage is None:
+        rows = _rows(ctx, k, layout, *_stage_parts(ctx, layout, full, only_stage))
+        if only_stage is None and keep:
             ctx.rows[rkey] = rows
-    mbs = config.micro_batch_size
-    dp = config.world_size // (tp * cp * pp)
-    tokens = mbs * ctx.seq / cp
-    mv = (training.global_batch_size // (mbs * dp) or 1) * vpp
-    if config.use_distributed_optimizer:
-        dense_shard, expert_shard = dp * cp, config.world_size // (etp * ep * pp)
+    return kkey, rows, full
+
+
+def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: tuple, full: int, distributed: bool,
+                 overlap_grad_reduce: bool, overlap_param_gather: bool, offload_fraction: float,
+                 cache: bool) -> tuple[tuple, tuple]:
+    """Per candidate rank (static bytes: weights, grads and the GPU's share of the sharded optimizer states; the
+    gradient-reduction peak) and the shards (dense, expert, the two state growths, the share of the Adam states
+    kept on the GPU, DP) of ``layout`` with these optimizer switches and optimizer CPU offload fraction, from the
+    ranks' stage layouts and parameter entries (:func:`_stage_parts`)."""
+    tp, cp, pp, ep, etp = layout.tp, layout.cp, layout.pp, layout.ep, layout.etp
+    world = layout.world_size
+    dp = world // (tp * cp * pp)
+    if distributed:
+        dense_shard, expert_shard = dp * cp, world // (etp * ep * pp)
     else:
         dense_shard = expert_shard = 1
     # The executor keeps each reduced fp32 gradient shard next to the Adam states (distributed optimizer, a
@@ -728,42 +778,164 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     # bucket's gradient buffer, already counted in grads: nothing more (16-bit weights; fp32 weights, which
     # have no buffer, keep a flat copy that is not counted, see docs/memory-model.md, "Known gaps").
     grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
-    ds = grown if config.use_distributed_optimizer and dense_shard > 1 else 1.0
-    es = grown if config.use_distributed_optimizer and expert_shard > 1 else 1.0
+    ds = grown if distributed and dense_shard > 1 else 1.0
+    es = grown if distributed and expert_shard > 1 else 1.0
     # optimizer CPU offload: that share of the Adam states leaves the GPU (the reduced gradient shard stays)
-    keep = 1.0 - config.optimizer_cpu_offload_fraction
+    keep = 1.0 - offload_fraction
     dkeep, ekeep = ds - 1.0 + keep, es - 1.0 + keep
-    scale = tokens * (1.0 + frag)
-    best, best_total = rows[0], -1.0
-    loss_bytes = None  # the blocked loss's fixed bytes: the same for every row that has them (the last rank's)
-    switches = (dense_shard, expert_shard, config.use_distributed_optimizer, config.overlap_grad_reduce,
-                config.overlap_param_gather)
-    reduces = ctx.reduces if only_stage is None else None
+    shards = (dense_shard, expert_shard, ds, es, keep, dp)
+    # the static bytes and the reduction peak depend on the rank's parameters (the same for every recompute
+    # option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
+    switches = (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather)
+    split = layout.pipeline_split
+    skey = (tp, layout.pp, layout.vpp, ep, etp, None if split is DEFAULT_SPLIT else split,
+            full if ctx.weight_bytes == _FP32 else None,
+            switches, offload_fraction)
+    statics = ctx.statics.get(skey) if cache else None
+    if statics is None:
+        ob = ctx.opt_bytes  # the same operations as a row's static total: (weights + grads) + states / shards
+        statics = tuple(((par[2] + par[3]) + ob * par[4] / dense_shard * dkeep + ob * par[5] / expert_shard * ekeep,
+                         _reduce_peak(ctx, tp, ep, etp, switches, par, lay)) for lay, par in zip(layouts, params))
+        if cache:
+            ctx.statics[skey] = statics
+    return statics, shards
+
+
+def _loss_bytes(ctx: _Context, rows: tuple[_Row, ...], tokens: float, frag: float) -> float:
+    """The blocked loss's fixed bytes (with fragmentation): the same for every row that has them (the last
+    rank's); 0 when no row has them."""
     for row in rows:
-        n = row[5] if row[5] < mv else mv
-        if row[6].chunk_sizes is not None:
-            n = in_flight_chunk_equivalents(row[6], n, pp, vpp)
+        if row[12] is not None:
+            lkey = (row[12], tokens)
+            fixed = ctx.losses.get(lkey)
+            if fixed is None:
+                fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
+            return fixed * (1.0 + frag)
+    return 0.0
+
+
+def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: int, scale: float, loss: float,
+          pp: int, vpp: int) -> tuple[int, float]:
+    """(index, bytes) of the most loaded candidate rank at ``mv`` chunk-micro-batches a step and ``scale`` (tokens
+    a micro-batch times 1 + fragmentation): its static bytes plus the larger of its dynamic bytes and its
+    gradient-reduction peak. Both the breakdown and the planner's sweep (:class:`LayoutMemory`) use it."""
+    best, best_total = 0, -1.0
+    for i, (row, (static, reduce)) in enumerate(zip(rows, statics)):
+        if mv < row[5]:  # fewer chunk-micro-batches in the step than the rank could hold
+            n = mv if row[6].chunk_sizes is None else in_flight_chunk_equivalents(row[6], mv, pp, vpp)
+        else:
+            n = row[13]
         dynamic = (n * row[3] + row[4]) * scale
         if row[12] is not None:
-            if loss_bytes is None:
-                lkey = (row[12], tokens)
-                fixed = ctx.losses.get(lkey)
-                if fixed is None:
-                    fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
-                loss_bytes = fixed * (1.0 + frag)
-            dynamic += loss_bytes
-        if reduces is None:
-            reduce = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
-        else:
-            rkey_ = (id(row), switches)
-            reduce = reduces.get(rkey_)
-            if reduce is None:
-                reduce = reduces[rkey_] = _reduce_peak(ctx, config, row[7], dense_shard, expert_shard, row[6])
-        total = (row[0] + row[1] / dense_shard * dkeep + row[2] / expert_shard * ekeep
-                 + (dynamic if dynamic > reduce else reduce))
+            dynamic += loss
+        total = static + (dynamic if dynamic > reduce else reduce)
         if total > best_total:
-            best, best_total = row, total
-    return ctx, kkey, best, best_total, mv, tokens, (dense_shard, expert_shard, ds, es, keep)
+            best, best_total = i, total
+    return best, best_total
+
+
+class LayoutMemory:
+    """:func:`peak_memory_bytes` of the configs of one layout that differ only in micro-batch size, recompute,
+    optimizer and offload fields: what they share is looked up once per option, so each call costs a few float
+    operations.
+
+    ``layout`` gives every other field (parallel sizes, dispatcher, pipeline placement). ``peak_bytes(mbs,
+    knobs)`` is the peak of ``layout`` with micro-batch size ``mbs`` and the recompute, optimizer and offload
+    fields of ``knobs`` (recompute_granularity, recompute_modules, recompute_num_layers,
+    activation_offload_modules, use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
+    optimizer_cpu_offload_fraction); it equals ``peak_memory_bytes`` of that config to the bit (the same rows,
+    static parts and :func:`_peak`). Activation offload changes the rows as recompute does, the optimizer
+    offload fraction the static bytes. ``knobs`` objects are cached by identity: pass the same few.
+    """
+
+    __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_recomputes", "_optimizers", "_losses", "_cp",
+                 "_pp", "_vpp", "_seq", "_gbs", "_dp")
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                 layout: ParallelConfig) -> None:
+        self._ctx = _context(model, training)
+        self._layout = layout
+        self._frag = fragmentation_of(cluster)
+        self._workspace = library_workspace_bytes(cluster.gpu.name)
+        self._variants: dict[int, tuple] = {}  # id(knobs) -> (rows, statics, losses by mbs, knobs)
+        # (granularity, modules, layers, offloaded modules) -> (rows, full, losses)
+        self._recomputes: dict[tuple, tuple] = {}
+        self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, offload fraction, full) -> statics
+        self._losses: dict[tuple | None, dict[int, float]] = {}  # loss terms -> bytes per micro-batch size
+        self._cp, self._pp, self._vpp = layout.cp, layout.pp, layout.vpp
+        self._seq, self._gbs = self._ctx.seq, training.global_batch_size
+        self._dp = layout.world_size // (layout.tp * layout.cp * layout.pp)
+
+    @staticmethod
+    def key(config: ParallelConfig) -> tuple:
+        """The fields of ``config`` the memory model reads besides micro-batch size, recompute, optimizer and
+        offload: configs with equal keys (e.g. EP all-to-all overlap on and off) have equal peaks, so one
+        LayoutMemory serves them."""
+        return (config.world_size, config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp,
+                config.sequence_parallel, config.moe_token_dispatcher_type, config.pipeline_split)
+
+    def _variant(self, knobs: ParallelConfig) -> tuple:
+        rkey = (knobs.recompute_granularity, knobs.recompute_modules, knobs.recompute_num_layers,
+                knobs.activation_offload_modules)
+        rec = self._recomputes.get(rkey)
+        if rec is None:
+            # not kept in the context: a sweep meets each layout once, and 10^5 cached rows only cost memory
+            _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None, keep=False)
+            # the loss's bytes per micro-batch size: shared by the recompute options whose rows carry equal
+            # loss terms (the loss does not depend on recomputation, so in practice all of them)
+            terms = next((row[12] for row in rows if row[12] is not None), None)
+            losses = self._losses.get(terms)
+            if losses is None:
+                losses = self._losses[terms] = {}
+            rec = self._recomputes[rkey] = (rows, full, losses)
+        rows, full, losses = rec
+        okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
+                knobs.optimizer_cpu_offload_fraction, full if self._ctx.weight_bytes == _FP32 else None)
+        statics = self._optimizers.get(okey)
+        if statics is None:
+            statics = self._optimizers[okey] = self._statics(okey, full)
+        # knobs is kept so that its id is not reused while the entry lives
+        v = self._variants[id(knobs)] = (rows, statics, losses, knobs)
+        return v
+
+    def _statics(self, okey: tuple, full: int) -> tuple:
+        stages = _stage_parts(self._ctx, self._layout, full, None)
+        return _statics_for(self._ctx, self._layout, *stages, full, *okey[:4], True)[0]
+
+    def least_bytes(self, knobs: ParallelConfig) -> float:
+        """A lower bound (bytes) on :meth:`peak_bytes` at every micro-batch size and recompute option with the
+        optimizer fields (offload fraction included) of ``knobs`` and any activation offload: the weights, grads
+        and the GPU's optimizer states of the most loaded candidate rank plus its gradient-reduction peak (16-bit
+        weights: the same for any recompute; fp32 weights: without it).
+        A layout whose bound exceeds the usable memory fits at no micro-batch size and no recompute."""
+        okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
+                knobs.optimizer_cpu_offload_fraction, None)
+        # the same for every CP size and dispatcher of the parameter layout (DP·CP is fixed by tp and pp)
+        lay = self._layout
+        split = lay.pipeline_split
+        key = (lay.world_size, lay.tp, lay.pp, lay.vpp, lay.ep, lay.etp, None if split is DEFAULT_SPLIT else split,
+               okey)
+        least = self._ctx.least.get(key)
+        if least is None:
+            statics = self._optimizers.get(okey)
+            if statics is None:
+                statics = self._optimizers[okey] = self._statics(okey, -1)
+            fp32 = self._ctx.weight_bytes == _FP32
+            least = self._ctx.least[key] = max([static if fp32 else static + reduce for static, reduce in statics])
+        return least + self._workspace
+
+    def peak_bytes(self, mbs: int, knobs: ParallelConfig) -> float:
+        """Peak bytes of the most loaded GPU of the layout at ``mbs`` with the fields of ``knobs`` (see the class)."""
+        v = self._variants.get(id(knobs))
+        if v is None:
+            v = self._variant(knobs)
+        rows, statics, losses = v[0], v[1], v[2]
+        tokens = mbs * self._seq / self._cp
+        loss = losses.get(mbs)
+        if loss is None:
+            loss = losses[mbs] = _loss_bytes(self._ctx, rows, tokens, self._frag)
+        mv = (self._gbs // (mbs * self._dp) or 1) * self._vpp
+        return _peak(rows, statics, mv, tokens * (1.0 + self._frag), loss, self._pp, self._vpp)[1] + self._workspace
 
 
 @lru_cache(maxsize=256)
@@ -826,30 +998,32 @@ def _mlp_param_tensors(model: ModelSpec, ffn: float) -> list[float]:
     return [ffn * h] * 3 + ([ffn, ffn, h] if model.add_bias_linear else [])
 
 
-def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard: int, expert_shard: int,
+def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par: tuple,
                  lay: _StageLayout) -> float:
     """Transient bytes of the executor's gradient reduction and Adam step (the alternative to the backward
     peak, whichever is larger): one optimizer unit's temporaries or, with fp32 weights only, the flat copies
     of the gradients of the buckets that hold several tensors (all at once while overlapped reductions are
     in flight, one bucket otherwise). 16-bit weights' fp32 main grads live in per-bucket buffers that are
-    reduced in place: no copy."""
+    reduced in place: no copy. ``switches``: (dense shard, expert shard, distributed optimizer,
+    overlap_grad_reduce, overlap_param_gather)."""
+    dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather = switches
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
     small_dense, small_moe, small_first, small_last, largest_dense, largest_expert = _tensor_split(
-        ctx.model, config.tp, config.ep, config.etp, elems)
+        ctx.model, tp, ep, etp, elems)
     flats = 0.0
     if ctx.weight_bytes == _FP32:
         copied = ((lay.stored_dense + lay.recomputed_dense) * small_dense
                   + (lay.stored_moe + lay.recomputed_moe) * small_moe
                   + (small_first if lay.first else 0.0) + (small_last if lay.last else 0.0))
-        flats = _FP32 * (copied if config.overlap_grad_reduce else min(copied, elems))
+        flats = _FP32 * (copied if overlap_grad_reduce else min(copied, elems))
 
     def step_of(unit: float, shard: int) -> float:  # one unit's Adam step: the larger of its two moments
-        gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not config.overlap_param_gather else 0.0
+        gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not overlap_param_gather else 0.0
         return max(unit / shard * OPT_STEP_TEMP_PER_SHARD_ELEMENT,
                    unit / shard * OPT_WRITE_BACK_PER_SHARD_ELEMENT + gathered)
 
-    if not config.use_distributed_optimizer:
+    if not distributed:
         dense_shard = expert_shard = 1
     # units of dense and expert buckets are sharded over different groups: the worst unit of either kind
     step = max(step_of(min(params, max(elems, largest_dense)), dense_shard),
@@ -859,18 +1033,21 @@ def _reduce_peak(ctx: _Context, config: ParallelConfig, par: tuple, dense_shard:
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
                config: ParallelConfig, workspace: float, frag: float) -> MemoryBreakdown:
-    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed = row
+    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed, _ = row
     n = min(cap, mv)
     if lay.chunk_sizes is not None:
         n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
     overhead = work + frag * (activations + logits + comm + work)
-    reduce_excess = max(0.0, _reduce_peak(ctx, config, par, shards[0], shards[1], lay)
+    switches = (shards[0], shards[1], config.use_distributed_optimizer, config.overlap_grad_reduce,
+                config.overlap_param_gather)
+    reduce_excess = max(0.0, _reduce_peak(ctx, config.tp, config.ep, config.etp, switches, par, lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
     keep = shards[4]
-    optimizer = dense_states / shards[0] * (shards[2] - 1.0 + keep) + expert_states / shards[1] * (shards[3] - 1.0 + keep)
+    optimizer = (dense_states / shards[0] * (shards[2] - 1.0 + keep)
+                 + expert_states / shards[1] * (shards[3] - 1.0 + keep))
     host = (1.0 - keep) * (dense_states / shards[0] + expert_states / shards[1])
     if config.activation_offload_modules:  # the offloaded tensors: those the recompute modules alone keep
         recomputed = config.recompute_modules if config.recompute_granularity == "selective" else ()
@@ -879,14 +1056,15 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
         host += tokens * n / config.vpp * (lay.stored_dense * (plain.stored_dense - k.stored_dense)
                                            + lay.stored_moe * (plain.stored_moe - k.stored_moe))
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
-                           host_offloaded=host, details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
+                           host_offloaded=host,
+                           details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
                                                   config.vpp, reduce_excess, workspace, frag))
 
 
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
              vpp: int, reduce_excess: float, workspace: float, frag: float) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
-    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed = row
+    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed, _ = row
     p, gemm = par[0], par[1]
     dense_shard, expert_shard, ds, es, keep = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes * keep

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import add as _add
 
 from costmodel import host as _host
 from costmodel.activation import glu_traffic, is_plain_swiglu
@@ -178,13 +179,22 @@ class _LayerCost:
         self.terms = tuple([0.0 if slot is None else exposed[slot] for slot in _PREFIX_SLOTS])
 
     def __add__(self, other: _LayerCost) -> _LayerCost:
+        # the constructor's work with the same float operations, without its per-field Python loops (a planner
+        # sweep adds ~10^5 of these)
         modules = dict(self.modules)
         for name, seconds in other.modules.items():
             modules[name] = modules.get(name, 0.0) + seconds
-        return _LayerCost(tuple([x + y for x, y in zip(self.exposed, other.exposed)]),
-                          tuple([x + y for x, y in zip(self.hidden, other.hidden)]), self.fwd_total + other.fwd_total,
-                          self.compute_fwd + other.compute_fwd, self.compute_bwd + other.compute_bwd,
-                          self.a2a + other.a2a, modules)
+        out = _new_object(_LayerCost)
+        out.exposed = exposed = tuple(map(_add, self.exposed, other.exposed))
+        out.hidden = tuple(map(_add, self.hidden, other.hidden))
+        out.total = sum(exposed)
+        out.fwd_total = self.fwd_total + other.fwd_total
+        out.compute_fwd = self.compute_fwd + other.compute_fwd
+        out.compute_bwd = self.compute_bwd + other.compute_bwd
+        out.a2a = self.a2a + other.a2a
+        out.modules = modules
+        out.terms = tuple(map(_add, self.terms, other.terms))  # each slot's exposed sum, 0.0 + 0.0 elsewhere
+        return out
 
 
 _new_object = object.__new__

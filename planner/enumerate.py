@@ -320,6 +320,11 @@ class ConfigMaker:
         self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline),
                           "optimizer_cpu_offload_fraction": offload[0], "activation_offload_modules": offload[1]}
 
+    @property
+    def template(self) -> dict:
+        """Every field of a default config of this world size and placement (a base for ``ParallelConfig.trusted``)."""
+        return self._template
+
     def base(self, lay: Layout, dispatcher: str) -> dict:
         """The fields every config of ``lay`` with the dispatcher option ``dispatcher`` shares (pass to
         :meth:`from_base`)."""

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from costmodel.estimate import Estimate, combine, step_time
-from costmodel.memory import MemoryBreakdown, estimate_memory, peak_memory_bytes
+from costmodel.memory import LayoutMemory, MemoryBreakdown, estimate_memory, peak_memory_bytes
 from costmodel.step_time import StepTimeBreakdown
 from costmodel.terms import TERM_TABLE
 from spec.hardware import ClusterSpec
@@ -144,6 +144,12 @@ class _Job:
     top: int = 10
     pipeline: PipelineSplit = DEFAULT_SPLIT
     offload: tuple[float, tuple[str, ...]] = NO_OFFLOAD  # the offload option every config of this job has
+    # the default memory model's sweep (costmodel.memory.LayoutMemory, the same bytes as memory_total_fn);
+    # None with an injected memory model
+    layout_memory: Any = None
+    # settle a layout's staircases without memory calls when its static bytes alone exceed the memory; off for
+    # the rescan that names the closest config when nothing fits (pruned layouts never offered one)
+    prune_static: bool = True
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -169,6 +175,7 @@ class _Scan:
     order_violations: int = 0
     bound_violations: int = 0
     closest: tuple[float, Choice] | None = None  # (memory total, the config)
+    pruned_static: int = 0  # staircases settled by LayoutMemory.least_bytes alone
 
 
 _JOB: _Job | None = None  # set before forking workers, so they inherit it instead of unpickling it
@@ -194,9 +201,38 @@ def _scan(job: _Job, indices: range) -> _Scan:
     # weights, a few more micro-batches in flight)
     earlier: dict[tuple, list[int | None]] = {}
 
+    sweep = job.layout_memory
+    # one config per (optimizer, recompute) option: the knobs LayoutMemory reads (it caches them by identity)
+    knob_configs = [[trusted(maker.template, k) for k in row] for row in knobs]
+
+    n_all = len(job.recompute)
+    block = None
     for idx in indices:
         lay = job.layouts[idx]
         sizes = lay.micro_batch_sizes
+        if (lay.tp, lay.cp, lay.pp) != block:  # the enumeration leaves a (tp, cp, pp) block for good: its
+            block = (lay.tp, lay.cp, lay.pp)    # staircases can no longer be guesses
+            earlier.clear()
+        # dispatcher options the memory model prices alike (EP overlap beside plain alltoall) share their
+        # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r
+        shared: dict[tuple, tuple] = {}
+        too_big: list[bool] | None = None  # per optimizer choice: the static bytes alone exceed the memory
+        if sweep is not None and job.prune_static:  # the same static bytes for every dispatcher
+            first = trusted(maker.base(lay, lay.dispatchers[0]))
+            memory = sweep(model, training, cluster, first)
+            too_big = [memory.least_bytes(option[0]) > usable for option in knob_configs]
+            if too_big[0]:
+                # every staircase of the layout is empty: the first optimizer choice's (no config fits), and so
+                # the others', whose floors it gives; only the bookkeeping of the staircases remains
+                nothing: list[int | None] = [None] * len(sizes)
+                for dispatcher in lay.dispatchers:
+                    shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
+                    for o in range(n_opt):
+                        earlier[shape + (o,)] = nothing
+                expect_all = [False] * n_opt
+                out.pruned_static += len(lay.dispatchers)
+                continue
+            shared[sweep.key(first)] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
         for dispatcher in lay.dispatchers:
             base = maker.base(lay, dispatcher)
             n_rec = recompute_count(job.recompute, dispatcher)  # EP overlap stops before full recompute
@@ -205,18 +241,34 @@ def _scan(job: _Job, indices: range) -> _Scan:
             same_layout: list[list[int | None] | None] = []
             shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
             r_mins_by_option: list[list[int | None]] = []
+            if sweep is None:
+                peak, answers = None, [[None] * (len(sizes) * n_all) for _ in range(n_opt)]
+            else:
+                layout_cfg = trusted(base)
+                mkey = sweep.key(layout_cfg)
+                entry = shared.get(mkey)
+                if entry is None:
+                    memory = sweep(model, training, cluster, layout_cfg)
+                    entry = shared[mkey] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
+                peak, answers = entry
             for o in range(n_opt):
-                known: list[bool | None] = [None] * (len(sizes) * n_rec)  # fits(k, r) at k·n_rec + r
+                known: list[bool | None] = answers[o]
                 row = knobs[o]
+                option = knob_configs[o]
 
                 def fits(k: int, r: int) -> bool:
                     nonlocal memory_calls, closest
-                    ok = known[k * n_rec + r]
+                    ok = known[k * n_all + r]
                     if ok is None:
-                        cfg = trusted(base, row[r], {"micro_batch_size": sizes[k]})
-                        total = mem_fn(model, training, cluster, cfg)
+                        if peak is None:
+                            cfg = trusted(base, row[r], {"micro_batch_size": sizes[k]})
+                            total = mem_fn(model, training, cluster, cfg)
+                        else:
+                            total = peak(sizes[k], option[r])
                         memory_calls += 1
-                        ok = known[k * n_rec + r] = total <= usable
+                        ok = known[k * n_all + r] = total <= usable
+                        # an answer shared with an earlier dispatcher option was already offered here with the
+                        # same total, which only a smaller total replaces
                         if closest is None or total < closest[0]:
                             closest = (total, Choice(idx, sizes[k], dispatcher, o, r))
                     return ok
@@ -224,7 +276,11 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 guess = guesses[o] if guesses[o] is not None else earlier.get(shape + (o,))
                 if guess is not None and len(guess) != len(sizes):
                     guess = None
-                r_mins = _staircase(fits, len(sizes), n_rec, floors, guess, expect_all[o])
+                if too_big is not None and too_big[o]:  # fits(k, r) is false everywhere: the staircase's answer
+                    r_mins = [None] * len(sizes)
+                    out.pruned_static += 1
+                else:
+                    r_mins = _staircase(fits, len(sizes), n_rec, floors, guess, expect_all[o])
                 same_layout.append(r_mins)
                 earlier[shape + (o,)] = r_mins
                 all_fit = True
@@ -236,29 +292,30 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 expect_all[o] = all_fit
                 r_mins_by_option.append(r_mins)
                 floors = r_mins  # the plain optimizer needs at least the recompute the distributed one needs
-            for k, mbs in enumerate(sizes):
-                per_option = tuple([rm[k] for rm in r_mins_by_option])
-                if job.exhaustive:
-                    for o, r0 in enumerate(per_option):
-                        if r0 is None:
+            if job.exhaustive:
+                for k, mbs in enumerate(sizes):
+                    for o, rm in enumerate(r_mins_by_option):
+                        if rm[k] is None:
                             continue
-                        for r in range(r0, n_rec):
+                        for r in range(rm[k], n_rec):
                             cfg = job.config_from(base, mbs, o, r)
                             t = time_fn(model, training, cluster, cfg).step_time
                             total = mem_fn(model, training, cluster, cfg)
                             time_calls += 1
                             memory_calls += 1
                             heads.append((t, Choice(idx, mbs, dispatcher, o, r), total))
-                    continue
-                r0 = per_option[0]
+                continue
+            for k, r0 in enumerate(r_mins_by_option[0]):
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
                     continue
+                mbs = sizes[k]
                 gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
                 lb = bounds.get(gkey)
                 if lb is None:
                     lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
                     bound_calls += 1
-                heads.append((lb, Choice(idx, mbs, dispatcher, 0, r0), per_option))
+                # a Choice, and the other optimizer choices' least recompute, only once popped
+                heads.append((lb, idx, k, dispatcher, r0, r_mins_by_option))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
     if not job.exhaustive:
@@ -374,6 +431,7 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         total.bound_calls += part.bound_calls
         total.order_violations += part.order_violations
         total.bound_violations += part.bound_violations
+        total.pruned_static += part.pruned_static
         if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
             total.closest = part.closest
     return total
@@ -390,6 +448,7 @@ def _merged(scans: list[_Scan]) -> _Scan:
         total.bound_calls += part.bound_calls
         total.order_violations += part.order_violations
         total.bound_violations += part.bound_violations
+        total.pruned_static += part.pruned_static
         if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
             total.closest = (part.closest[0], (j, part.closest[1]))
     return total
@@ -477,13 +536,21 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     # and time, which offloading, less memory for more time, would break): their heads are merged below
     jobs, scans = [], []
     n_workers = workers if workers is not None else _default_workers(enum.valid)
+    sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None
     for option in enum.offload:
         distopts, chain = enum.knobs_for(option)
         if not distopts or not chain:
             continue
         jobs.append(_Job(model, training, cluster, enum.layouts, chain, distopts, memory_fn, memory_total_fn,
-                         time_fn, exhaustive, top, enum.pipeline, option))
+                         time_fn, exhaustive, top, enum.pipeline, option, sweep))
         scans.append(_scan_all(jobs[-1], n_workers))
+    if not any(part.fitting for part in scans):
+        # nothing fits: the closest config must be the one the full scans offer, pruned layouts included
+        for j, part in enumerate(scans):
+            if part.pruned_static:
+                rescan = _scan_all(replace(jobs[j], prune_static=False), n_workers)
+                rescan.memory_calls += part.memory_calls
+                scans[j] = rescan
     scan = _merged(scans)
     makers = [ConfigMaker(cluster.num_gpus, enum.pipeline, j.offload) for j in jobs]
     result = PlanResult(model=model, training=training, cluster=cluster, enumeration=enum, fitting=scan.fitting,
@@ -515,18 +582,27 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
 def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan) -> list[tuple]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
-    Heads are (bound, Choice, r_mins). Returns (time, Choice), fastest first; counts time calls and
-    breaches of the monotone properties in ``out``.
+    Heads are (bound, layout index, micro-batch index, dispatcher, least fitting recompute of the first optimizer
+    choice, every optimizer choice's least fitting recompute per micro-batch index). Returns (time, Choice),
+    fastest first; counts time calls and breaches of the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
-    # (key, tiebreak, timed, Choice, r_mins, is_family_head); key = bound or time
-    heap = [(h[0], i, False, h[1], h[2], True) for i, h in enumerate(heads)]
+    # a head enters as (bound, its index): 10^5 of them, small; every later entry is
+    # (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
+    heap: list[tuple] = [(h[0], i) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
     picked: list[tuple] = []
     last = float("-inf")
     while heap and len(picked) < top:
-        key, _, timed, choice, r_mins, head = heapq.heappop(heap)
+        entry = heapq.heappop(heap)
+        if len(entry) == 2:
+            key, i = entry
+            _, idx, k, dispatcher, r0, by_option = heads[i]
+            r_mins = tuple([rm[k] for rm in by_option])
+            timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, r0), True
+        else:
+            key, _, timed, choice, r_mins, head = entry
         if not timed:
             cfg = job.config(maker, choice)
             t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
