@@ -177,6 +177,19 @@ class _Scan:
     closest: tuple[float, Choice] | None = None  # (memory total, the config)
     pruned_static: int = 0  # staircases settled by LayoutMemory.least_bytes alone
 
+    def add(self, part: _Scan, tag=lambda choice: choice) -> None:
+        """Fold ``part`` into this scan; ``tag`` maps each of its Choices (heads and closest) to this scan's."""
+        self.heads.extend((h[0], tag(h[1]), *h[2:]) for h in part.heads)
+        self.fitting += part.fitting
+        self.memory_calls += part.memory_calls
+        self.time_calls += part.time_calls
+        self.bound_calls += part.bound_calls
+        self.order_violations += part.order_violations
+        self.bound_violations += part.bound_violations
+        self.pruned_static += part.pruned_static
+        if part.closest is not None and (self.closest is None or part.closest[0] < self.closest[0]):
+            self.closest = (part.closest[0], tag(part.closest[1]))
+
 
 _JOB: _Job | None = None  # set before forking workers, so they inherit it instead of unpickling it
 
@@ -424,16 +437,7 @@ def _scan_all(job: _Job, workers: int) -> _Scan:
         _JOB = None
     total = _Scan()
     for part in parts:
-        total.heads.extend(part.heads)
-        total.fitting += part.fitting
-        total.memory_calls += part.memory_calls
-        total.time_calls += part.time_calls
-        total.bound_calls += part.bound_calls
-        total.order_violations += part.order_violations
-        total.bound_violations += part.bound_violations
-        total.pruned_static += part.pruned_static
-        if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
-            total.closest = part.closest
+        total.add(part)
     return total
 
 
@@ -441,16 +445,7 @@ def _merged(scans: list[_Scan]) -> _Scan:
     """One scan of several jobs' scans: each head's and the closest config's Choice becomes (job index, Choice)."""
     total = _Scan()
     for j, part in enumerate(scans):
-        total.heads.extend((h[0], (j, h[1]), *h[2:]) for h in part.heads)
-        total.fitting += part.fitting
-        total.memory_calls += part.memory_calls
-        total.time_calls += part.time_calls
-        total.bound_calls += part.bound_calls
-        total.order_violations += part.order_violations
-        total.bound_violations += part.bound_violations
-        total.pruned_static += part.pruned_static
-        if part.closest is not None and (total.closest is None or part.closest[0] < total.closest[0]):
-            total.closest = (part.closest[0], (j, part.closest[1]))
+        total.add(part, lambda choice, j=j: (j, choice))
     return total
 
 
