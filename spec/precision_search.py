@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from spec.router_options import split_router
+
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what search_precision adds to the job's own precision
 SEARCH_PRECISION_KEY = "search_precision"  # a stored job training_spec's flag (only when on)
 
@@ -24,6 +26,13 @@ def split_precision_search(stored: dict[str, Any]) -> tuple[dict[str, Any], bool
 def with_precision_search(training_spec: dict[str, Any], search: bool) -> dict[str, Any]:
     """``training_spec`` as stored with a job: the flag added only when on."""
     return {**training_spec, SEARCH_PRECISION_KEY: True} if search else dict(training_spec)
+
+
+def trial_training(stored: dict[str, Any], precision: str | None) -> dict[str, Any]:
+    """A job's stored training spec as TrainingSpec fields (router options and the flag split off), at the
+    precision one of its trials ran (``precision`` None: as stored, e.g. a trial that does not say)."""
+    spec, _ = split_precision_search(split_router(stored)[0])
+    return spec if not precision else {**spec, "precision": precision}
 
 
 def wanted_precisions(own: str) -> tuple[str, ...]:

@@ -19,8 +19,7 @@ from planner.megatron_args import megatron_args, megatron_env, megatron_script
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
-from spec.precision_search import split_precision_search
-from spec.router_options import split_router
+from spec.precision_search import trial_training
 from spec.training_spec import TrainingSpec
 
 FORMATS = ("megatron-args", "yaml", "json", "csv")
@@ -37,11 +36,8 @@ def add_format_argument(parser, what: str) -> None:
 
 def _specs(job: dict[str, Any], trial: dict[str, Any]) -> tuple[ParallelConfig, ModelSpec, TrainingSpec]:
     """The trial's layout, the job's model, and the job's training at the precision the trial ran."""
-    training, _ = split_precision_search(split_router(job["training"])[0])
-    if trial.get("precision"):
-        training = {**training, "precision": trial["precision"]}
     return (ParallelConfig.from_dict(trial["config"]), ModelSpec.from_dict(job["model_spec"]),
-            TrainingSpec.from_dict(training))
+            TrainingSpec.from_dict(trial_training(job["training"], trial.get("precision"))))
 
 
 def best_record(job: dict[str, Any]) -> dict[str, Any]:
