@@ -504,7 +504,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
 def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, stopped: str,
             emit: Callable[[str, dict], None]) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
-    searched = sampler.precisions() if isinstance(sampler, CostModelSampler) else (None,)
+    searched = (sampler.precisions() if isinstance(sampler, CostModelSampler)
+                else tuple(dict.fromkeys(trial_precision(t) for t in trials)) or (None,))
     if isinstance(sampler, CostModelSampler):
         cals = {p: sampler.calibration(trials, p) for p in searched}
     else:
