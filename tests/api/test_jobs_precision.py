@@ -53,3 +53,17 @@ def test_an_fp8_best_is_served_and_exported_at_fp8(client, alice, job_body, app)
     assert args.status_code == 200, args.text
     flags = [a[0] for a in args.json()["args"]]
     assert "--fp8-format" in flags and args.json()["layout"].endswith("precision=fp8")
+
+
+def test_a_training_from_a_precision_search_best_is_accepted(client, alice, job_body, training_body, app):
+    job_id = client.post("/v1/jobs", json={**job_body, "search_precision": True}, headers=alice).json()["id"]
+    config = ParallelConfig(world_size=4, ep=4)
+    with app.state.sessions() as s:
+        claim_next_job(s, "r")
+        t = start_trial(s, job_id, 0, config.to_dict(), runner_id="r", label=f"{config.label()} precision=bf16",
+                        predicted={"precision": "bf16"})
+        finish_trial(s, t.id, "succeeded", measurement={"precision": "bf16"}, step_time_s=0.3)
+    from_job = {k: training_body[k] for k in ("data_path", "steps", "checkpoint_dir")}
+    r = client.post("/v1/trainings", json={**from_job, "job_id": job_id}, headers=alice)
+    assert r.status_code == 201, r.text  # the stored flag is not taken for a training field
+    assert "search_precision" not in r.json()["training"] and r.json()["config"] == config.to_dict()
