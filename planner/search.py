@@ -67,6 +67,11 @@ MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a tr
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
 
 
+def trial_label(config: ParallelConfig, precision: str | None) -> str:
+    """A trial's label: the layout's, with ' precision=<p>' when the search varies the precision."""
+    return config.label() + ("" if precision is None else f" precision={precision}")
+
+
 def params_key(params: dict[str, Any]) -> tuple:
     """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``, then the
     searched precision: None for a study that does not search it)."""
@@ -98,7 +103,7 @@ class Candidate:
     @property
     def label(self) -> str:
         """The layout's label, with ' precision=<p>' when the candidate carries its precision."""
-        return self.config.label() + ("" if self.precision is None else f" precision={self.precision}")
+        return trial_label(self.config, self.precision)
 
 
 def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float,
@@ -542,9 +547,6 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
     by_precision = {p: c for p, c in cals.items() if p is not None}
     result = SearchResult(best_config, best_time, rows, cals[main], stopped, best_precision=best_precision,
                           calibration_by_precision=by_precision)
-    best_label = None
-    if best_config is not None:
-        best_label = best_config.label() + ("" if best_precision is None else f" precision={best_precision}")
-    emit("search_finished", {"best_layout": best_label, "best_precision": best_precision,
+    emit("search_finished", {"best_layout": trial_label(best_config, best_precision) if best_config else None, "best_precision": best_precision,
                              "best_step_time": best_time, "stopped_because": stopped})
     return result

@@ -69,7 +69,7 @@ from db.trials import (fail_running_trials, heartbeat_running_trials, record_tri
                        trial_by_number)
 from executor import launch_ray
 from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_LAYOUT, ATTR_PRECISION, ATTR_PRED_TIME,
-                            SearchBudget, run_search)
+                            SearchBudget, run_search, trial_label)
 
 log = logging.getLogger("foldtune.runner")
 # The failure reason of a trial the runner abandoned on SIGTERM/SIGINT (kind 'lost': the layout is measured
@@ -333,7 +333,8 @@ class Runner:
         summary = {**result.calibration.to_dict(),
                    "measured_vs_predicted": [_row_dict(r) for r in result.rows],
                    "stopped_because": result.stopped_because,
-                   "best_layout": _best_label(result),
+                   "best_layout": (trial_label(result.best_config, result.best_precision)
+                                   if result.best_config else None),
                    "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
                    "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict(),
                    "fixed_cost": fixed_cost_summary(recorder.fixed_costs)}
@@ -436,14 +437,6 @@ def _remaining_seconds(job: Job) -> float | None:
         return None
     spent = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
     return max(1.0, job.max_seconds - spent)
-
-
-def _best_label(result: Any) -> str | None:
-    """The best layout's label, naming its precision when the job searched it."""
-    if result.best_config is None:
-        return None
-    precision = getattr(result, "best_precision", None)
-    return result.best_config.label() + ("" if precision is None else f" precision={precision}")
 
 
 def _row_dict(row: Any) -> dict[str, Any]:
