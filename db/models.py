@@ -176,6 +176,12 @@ class Trial(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
+    @property
+    def precision(self) -> str | None:
+        """The training precision the trial ran at: its own (kept in ``predicted`` when the job searched
+        precision), else the executor's measurement's; None when neither says (no migration: both are JSON)."""
+        return (self.predicted or {}).get("precision") or (self.measurement or {}).get("precision")
+
 
 class HardwareProfileRow(Base):
     """A named HardwareProfile (``HardwareProfile.to_dict()``), e.g. measured by ``foldtune calibrate``."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from costmodel.estimate import Estimate
 from planner.enumerate import SearchSpace
 from planner.rank import NoValidLayoutError, plan
-from spec.hardware import ClusterSpec
+from spec.hardware import ClusterSpec, GPUSpec
 from spec.model_spec import ModelSpec
+from spec.precision_search import wanted_precisions
 from spec.training_spec import TrainingSpec
 from spec.validity import Rejection, executor_layout_rules, executor_model_rule
 
@@ -84,3 +85,16 @@ def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
     if not kept:
         out.rejection = _why_none(model, cluster, out.planned, out.fitting, out.not_executable)
     return out
+
+
+def tuned_precisions(training: TrainingSpec, gpu: GPUSpec) -> tuple[tuple[str, ...], str | None]:
+    """The precisions a job searching precision measures (the job's own, bf16, and fp8 where the GPU has an
+    fp8 peak: :meth:`planner.SearchSpace.precisions_for`) and a note when fp8 is left out (None otherwise)."""
+    wanted = wanted_precisions(training.precision)
+    kept = SearchSpace(precisions=wanted).precisions_for(training, gpu)
+    dropped = [p for p in wanted if p not in kept]
+    note = None
+    if dropped:
+        note = (f"{', '.join(dropped)} not searched: GPU {gpu.name} has no fp8 peak in its hardware profile; "
+                f"searching {', '.join(kept)}")
+    return kept, note

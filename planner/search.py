@@ -13,6 +13,14 @@ run stopped, and ``report.number`` is the trial's Optuna number. Memory enters a
 capacity) and through the calibration; a trial whose measurement says ``failure_kind`` oom raises the
 memory multiplier and so removes similar layouts from the rest of the search (the search reads that
 word, never the reason text). Failed trials never end the job.
+
+Precision as a searched knob: a candidate may carry its own ``precision`` (a tuning job with
+``search_precision`` plans bf16 and fp8 and hands both to one study). The precision is then one more Optuna
+parameter (:data:`PRECISION_PARAM`), the trial's ``report.precision`` tells ``run_trial`` what to run, and the
+calibration is fitted per precision: the cost model mispredicts the two differently (fp8's datasheet peak
+is rarely reached, so its compute term is over-optimistic while bf16's is not), and one common fit would
+carry fp8's correction onto bf16 layouts never measured (or the reverse) and hide the other precision from
+the search. Candidates without a precision (every job that does not search it) behave as before.
 """
 
 from __future__ import annotations
@@ -51,35 +59,51 @@ ATTR_RETRY = "retryable"
 ATTR_MEM_EXCESS = "memory_excess_bytes"
 ATTR_CAPACITY = "capacity_bytes"
 ATTR_EXPERT_LOAD = "expert_load"  # the measured share of routed tokens per expert
+ATTR_PRECISION = "precision"  # the precision a trial ran (only for candidates that carry one)
+PRECISION_PARAM = "precision"  # the Optuna parameter of a searched precision (beside OPTUNA_PARAMS)
 MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a trial's Optuna constraints
 
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
 
 
+def trial_label(config: ParallelConfig, precision: str | None) -> str:
+    """A trial's label: the layout's, with ' precision=<p>' when the search varies the precision."""
+    return config.label() + ("" if precision is None else f" precision={precision}")
+
+
 def params_key(params: dict[str, Any]) -> tuple:
-    """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``)."""
+    """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``, then the
+    searched precision: None for a study that does not search it)."""
     if params.get("recompute") == "full:0":  # how studies begun before ParallelConfig's codec wrote 'full'
         params = {**params, "recompute": "full"}
     if "ep_overlap" not in params:  # studies begun before EP overlap was searched ran it off
         params = {**params, "ep_overlap": False}
     if "opt_offload" not in params:  # ... and before offload was: none
         params = {**params, "opt_offload": 0.0, "act_offload": "none"}
-    return tuple(params.get(name) for name in OPTUNA_PARAMS)
+    return tuple(params.get(name) for name in OPTUNA_PARAMS + (PRECISION_PARAM,))
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A valid layout with its uncalibrated prediction (seconds per step, exposed per-term seconds, bytes)."""
+    """A valid layout with its uncalibrated prediction (seconds per step, exposed per-term seconds, bytes);
+    ``precision`` the training precision it is priced and run at when the search varies it (None: the job's)."""
 
     config: ParallelConfig
     predicted_step_time: float
     predicted_terms: tuple[tuple[str, float], ...]
     predicted_memory_bytes: float
+    precision: str | None = None
 
     @property
     def params(self) -> dict[str, Any]:
-        return self.config.to_optuna_params()
+        params = self.config.to_optuna_params()
+        return params if self.precision is None else {**params, PRECISION_PARAM: self.precision}
+
+    @property
+    def label(self) -> str:
+        """The layout's label, with ' precision=<p>' when the candidate carries its precision."""
+        return trial_label(self.config, self.precision)
 
 
 def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float,
@@ -169,13 +193,19 @@ class CostModelSampler(BaseSampler):
                 self._by_key = {params_key(c.params): c for c in self._candidates}
                 return
 
-    def calibration(self, trials: Sequence[FrozenTrial]) -> Calibration:
+    def calibration(self, trials: Sequence[FrozenTrial], precision: str | None = None) -> Calibration:
+        """The fit over the trials run at ``precision`` (a study that does not search it has None only)."""
         terms_of = None
         if self.expert_load is not None:  # compare measurements with the re-priced predictions
             def terms_of(t: FrozenTrial):
                 c = self._by_key.get(params_key(t.params))
                 return c.predicted_terms if c is not None else None
-        return fit_calibration(observations_from_trials(trials, self._capacity, terms_of), self._prior_strength)
+        return fit_calibration(observations_from_trials(trials_at(trials, precision), self._capacity, terms_of),
+                               self._prior_strength)
+
+    def precisions(self) -> tuple[str | None, ...]:
+        """The precisions the candidates carry (``(None,)`` when the search does not vary it)."""
+        return tuple(dict.fromkeys(c.precision for c in self._candidates))
 
     def propose(self, trials: Sequence[FrozenTrial], exclude_trial: int | None = None) -> Candidate | None:
         """The next layout to measure given the study's trials so far, or None when all are tried."""
@@ -196,11 +226,13 @@ class CostModelSampler(BaseSampler):
         finished = [t for t in trials if t.state.is_finished()]
         if len(finished) < self._n_startup:
             return untried[0]
-        cal = self.calibration(trials)
-        fitting = [c for c in untried if cal.memory(c.predicted_memory_bytes) <= self._capacity] or untried
-        bonus = self._exploration * cal.relative_rmse
+        cals = {p: self.calibration(trials, p) for p in self.precisions()}
+        fitting = [c for c in untried if cals[c.precision].memory(c.predicted_memory_bytes) <= self._capacity] \
+            or untried
 
         def score(c: Candidate) -> float:
+            cal = cals[c.precision]
+            bonus = self._exploration * cal.relative_rmse
             novelty = _novelty(_shares(c.predicted_terms), measured_shares) if bonus else 0.0
             return cal.step_time(c.predicted_terms) * (1.0 - min(0.5, bonus * novelty))
 
@@ -218,6 +250,16 @@ def memory_constraint(trial: FrozenTrial | optuna.Trial) -> tuple[float]:
     peak = trial.user_attrs.get(ATTR_PEAK)
     used = float(peak) if peak else float(trial.user_attrs.get(ATTR_PRED_MEMORY, 0.0))
     return (used - capacity,)
+
+
+def trial_precision(trial: FrozenTrial) -> str | None:
+    """The precision a trial ran when the study searches it (its Optuna parameter), else None."""
+    return trial.params.get(PRECISION_PARAM)
+
+
+def trials_at(trials: Sequence[FrozenTrial], precision: str | None) -> list[FrozenTrial]:
+    """The trials run at ``precision`` (None: those of a study that does not search it)."""
+    return [t for t in trials if trial_precision(t) == precision]
 
 
 def _feasible(trial: FrozenTrial) -> bool:
@@ -241,7 +283,7 @@ def _novelty(shares: dict[str, float], measured: list[dict[str, float]]) -> floa
 
 def search_space(candidates: Sequence[Candidate]) -> dict[str, CategoricalDistribution]:
     """One categorical distribution per layout parameter, over the values the candidates use."""
-    values: dict[str, set] = {name: set() for name in OPTUNA_PARAMS}
+    values: dict[str, set] = {name: set() for name in OPTUNA_PARAMS + (PRECISION_PARAM,)}
     for c in candidates:
         for name, value in c.params.items():
             values[name].add(value)
@@ -291,6 +333,7 @@ class TrialRow:
     predicted_memory_bytes: float
     measured_peak_bytes: float | None
     failure_reason: str | None = None
+    precision: str | None = None  # the precision it ran, when the search varies it
 
     @property
     def time_error(self) -> float | None:
@@ -308,16 +351,21 @@ class SearchResult:
     calibration: Calibration
     stopped_because: str
     extra: dict = field(default_factory=dict)
+    best_precision: str | None = None  # the best trial's precision when the search varies it
+    # per searched precision (the key: its name) the fit over its trials; empty unless the search varies it
+    calibration_by_precision: dict[str, Calibration] = field(default_factory=dict)
 
 
 class TrialReport:
     """The ``report`` handed to ``run_trial``: ``report(step, seconds)`` streams one step's time to Optuna and
     returns True when the pruner wants the run stopped; ``number`` is the Optuna trial number being measured
-    (what stored trials are keyed by)."""
+    (what stored trials are keyed by); ``precision`` the training precision to run it at when the search
+    varies it (None: the job's own)."""
 
-    def __init__(self, trial: optuna.Trial) -> None:
+    def __init__(self, trial: optuna.Trial, precision: str | None = None) -> None:
         self._trial = trial
         self.number: int = trial.number
+        self.precision: str | None = precision
 
     def __call__(self, step: int, seconds: float) -> bool:
         self._trial.report(seconds, step)
@@ -374,19 +422,21 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
             trial.set_user_attr(ATTR_FAILURE_KIND, FailureKind.INVALID.value)
             study.tell(trial, state=TrialState.FAIL)
             return None
-        trial.set_user_attr(ATTR_LAYOUT, cand.config.label())
+        trial.set_user_attr(ATTR_LAYOUT, cand.label)
+        if cand.precision is not None:
+            trial.set_user_attr(ATTR_PRECISION, cand.precision)
         trial.set_user_attr(ATTR_CONFIG, cand.config.to_dict())
         trial.set_user_attr(ATTR_PRED_TERMS, [list(t) for t in cand.predicted_terms])
         trial.set_user_attr(ATTR_PRED_TIME, cand.predicted_step_time)
         trial.set_user_attr(ATTR_PRED_MEMORY, cand.predicted_memory_bytes)
         trial.set_user_attr(ATTR_MEM_EXCESS, cand.predicted_memory_bytes - capacity_bytes)
         trial.set_user_attr(ATTR_CAPACITY, capacity_bytes)
-        emit("trial_started", {"number": trial.number, "layout": cand.config.label(),
+        emit("trial_started", {"number": trial.number, "layout": cand.label, "precision": cand.precision,
                                "predicted_step_time": cand.predicted_step_time})
         return trial, cand
 
     def execute(trial: optuna.Trial, cand: Candidate) -> Any:
-        return run_trial(cand.config, TrialReport(trial))
+        return run_trial(cand.config, TrialReport(trial, cand.precision))
 
     def finish(trial: optuna.Trial, cand: Candidate, fut: Future) -> None:
         try:
@@ -420,7 +470,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
             study.tell(trial, state=TrialState.FAIL)
             state = "failed"
         failed = state == "failed"
-        emit("trial_finished", {"number": trial.number, "layout": cand.config.label(), "state": state,
+        emit("trial_finished", {"number": trial.number, "layout": cand.label, "precision": cand.precision,
+                                "state": state,
                                 "measurement": m,
                                 "step_time": getattr(m, "step_time", None) if m is not None else None,
                                 "predicted_step_time": cand.predicted_step_time,
@@ -458,8 +509,13 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
 def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, stopped: str,
             emit: Callable[[str, dict], None]) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
-    cal = (sampler.calibration(trials) if isinstance(sampler, CostModelSampler)
-           else fit_calibration(observations_from_trials(trials, capacity_bytes)))
+    searched = (sampler.precisions() if isinstance(sampler, CostModelSampler)
+                else tuple(dict.fromkeys(trial_precision(t) for t in trials)) or (None,))
+    if isinstance(sampler, CostModelSampler):
+        cals = {p: sampler.calibration(trials, p) for p in searched}
+    else:
+        cals = {p: fit_calibration(observations_from_trials(trials_at(trials, p), capacity_bytes))
+                for p in searched}
     rows = []
     for t in trials:
         if ATTR_LAYOUT not in t.user_attrs:
@@ -468,14 +524,15 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
         measured = t.value if t.state == TrialState.COMPLETE else (
             statistics.median(t.intermediate_values.values()) if t.state == TrialState.PRUNED
             and t.intermediate_values else None)
+        cal = cals.get(trial_precision(t))
         rows.append(TrialRow(number=t.number, layout=t.user_attrs[ATTR_LAYOUT], state=t.state.name.lower(),
                              predicted_step_time=float(t.user_attrs.get(ATTR_PRED_TIME, math.nan)),
-                             calibrated_step_time=cal.step_time(terms) if terms else None,
+                             calibrated_step_time=cal.step_time(terms) if terms and cal is not None else None,
                              measured_step_time=measured,
                              predicted_memory_bytes=float(t.user_attrs.get(ATTR_PRED_MEMORY, math.nan)),
                              measured_peak_bytes=t.user_attrs.get(ATTR_PEAK),
-                             failure_reason=t.user_attrs.get(ATTR_FAILURE)))
-    best_config = best_time = None
+                             failure_reason=t.user_attrs.get(ATTR_FAILURE), precision=trial_precision(t)))
+    best_config = best_time = best_precision = None
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
                 and _feasible(t)] or \
                [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
@@ -483,7 +540,13 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
         best = min(complete, key=lambda t: t.value)
         best_config = ParallelConfig.from_dict(best.user_attrs[ATTR_CONFIG])
         best_time = best.value
-    result = SearchResult(best_config, best_time, rows, cal, stopped)
-    emit("search_finished", {"best_layout": best_config.label() if best_config else None,
+        best_precision = trial_precision(best)
+    # the job's calibration: the best trial's precision's fit (the searched one measured most before any is best)
+    main = best_precision if best_precision in cals else max(
+        cals, key=lambda p: cals[p].num_observations)
+    by_precision = {p: c for p, c in cals.items() if p is not None}
+    result = SearchResult(best_config, best_time, rows, cals[main], stopped, best_precision=best_precision,
+                          calibration_by_precision=by_precision)
+    emit("search_finished", {"best_layout": trial_label(best_config, best_precision) if best_config else None, "best_precision": best_precision,
                              "best_step_time": best_time, "stopped_because": stopped})
     return result

@@ -2,7 +2,8 @@
 
 One record (:func:`best_record`) from the job's view and its best trial, both as the API serves them; the
 Megatron-LM arguments and environment come from :mod:`planner.megatron_args` for the job's own model spec and
-training spec, so what is exported is exactly what was measured.
+training spec at the precision the best trial ran (a job with ``search_precision`` measures each trial at its
+own: an fp8 best exports ``--fp8-format``), so what is exported is exactly what was measured.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from planner.megatron_args import megatron_args, megatron_env, megatron_script
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.precision_search import trial_training
 from spec.training_spec import TrainingSpec
 
 FORMATS = ("megatron-args", "yaml", "json", "csv")
@@ -33,8 +35,9 @@ def add_format_argument(parser, what: str) -> None:
 
 
 def _specs(job: dict[str, Any], trial: dict[str, Any]) -> tuple[ParallelConfig, ModelSpec, TrainingSpec]:
+    """The trial's layout, the job's model, and the job's training at the precision the trial ran."""
     return (ParallelConfig.from_dict(trial["config"]), ModelSpec.from_dict(job["model_spec"]),
-            TrainingSpec.from_dict(job["training"]))
+            TrainingSpec.from_dict(trial_training(job["training"], trial.get("precision"))))
 
 
 def best_record(job: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +65,7 @@ def render(job: dict[str, Any], fmt: str) -> str:
         config, model, training = _specs(job, job["best_trial"])
         return (f"# foldtune job {record['job_id']} trial {record['trial']}: {record['layout']} "
                 f"({record['model']} on {record['cluster']['num_gpus']}x{record['cluster']['gpu']}, "
+                f"{record['training']['precision']}, "
                 f"{record['measured_step_time_s']:.4g} s/step measured)\n" + megatron_script(config, model, training))
     if fmt == "json":
         return json.dumps(record, indent=2)

@@ -12,6 +12,9 @@ from api.cli._model_args import add_model_arguments, model_body
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
 FINISHED = ("succeeded", "failed", "cancelled")
+SEARCH_PRECISION_HELP = ("measure precision as a knob: trials at the training's --precision, bf16 and fp8 (fp8 only on "
+                         "GPUs with an fp8 peak; the job's result says when it is dropped), ranked together by "
+                         "predicted step time; the best layout names its precision")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
     parser.add_argument("--wait", action="store_true", help="follow the job and print each trial until it ends")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
+    parser.add_argument("--search-precision", action="store_true", help=SEARCH_PRECISION_HELP)
     add_router_arguments(parser)
     add_connection_arguments(parser)
 
@@ -34,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     body = {**model_body(args),
             "training": {"seq_length": shape.seq, "global_batch_size": shape.gbs, "precision": shape.precision},
             "cluster": {"gpu": gpu, "num_gpus": args.gpus},
-            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)}
+            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds},
+            **({"search_precision": True} if args.search_precision else {}), **router_body_from(args)}
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     with ApiClient.from_args(args) as client:
         job = client.post("/v1/jobs", body, headers=headers)
@@ -59,6 +64,9 @@ def follow_job(client: ApiClient, job_id: int, poll_s: float) -> int:
                     shown.add(trial["id"])
                     print(trial_line(trial), flush=True)
         if status in FINISHED:
+            note = (job.get("calibration") or {}).get("precision_note")
+            if note:  # a precision search that left fp8 out says so
+                print(f"job {job_id}: {note}", flush=True)
             best = job.get("best_trial")
             if best:
                 print(f"best: trial {best['number']} {best.get('label') or best['config']} "

@@ -34,6 +34,9 @@ from api.cli._local_key import owner_of_local_key
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
 # api.worker.auto_profile.AUTO_CALIBRATE_MODES, spelled out: the worker (torch) loads only when the job runs
 AUTO_CALIBRATE_CHOICES = ("quick", "minimal", "off")
+SEARCH_PRECISION_HELP = ("measure precision as a knob: trials at the training's --precision, bf16 and fp8 (fp8 only on "
+                         "GPUs with an fp8 peak; the job says when it is dropped), ranked together by predicted "
+                         "step time; the best layout names its precision")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
                              "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
                              "GPUs, off on cpu; minimal: seconds, for tests)")
+    parser.add_argument("--search-precision", action="store_true", help=SEARCH_PRECISION_HELP)
     add_router_arguments(parser)
 
 
@@ -83,6 +87,9 @@ class TrialPrinter:
             say(f"job {data['job_id']}: {data['model']} on {data['gpus']} x {data['gpu']}: {c['valid']:,} valid "
                 f"layouts, {c['fitting']:,} fit in memory, searching the best {c['searched']} the executor runs "
                 f"with up to {data['max_trials']} trials")
+            if c.get("precisions"):  # the job searches precision: what it measures, what it left out
+                say(f"  precisions searched: {', '.join(c['precisions'])}"
+                    + (f" ({c['precision_note']})" if c.get("precision_note") else ""))
             ray = data.get("ray_cluster")
             if ray:  # where the trials run: what Ray reported and what the planner was told
                 slots = ", ".join(map(str, ray["slots_per_node"])) or "none"
@@ -129,7 +136,8 @@ class TrialPrinter:
                 f"the first {'-' if after is None else f'{after:.1f} s'}, {fixed['total_s']:.1f} s in all "
                 f"({fixed['trials']} trials)")
         if data.get("best") is not None:
-            say(f"best layout: {data['best'].label()}  {_ms(data['best_step_time'])} per step (measured)")
+            precision = f" precision={data['best_precision']}" if data.get("best_precision") else ""
+            say(f"best layout: {data['best'].label()}{precision}  {_ms(data['best_step_time'])} per step (measured)")
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
 
 
@@ -153,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                                          "precision": shape.precision},
         "cluster": {"gpu": hardware_name, "num_gpus": args.gpus,
                     **({} if args.min_headroom is None else {"min_headroom": args.min_headroom})},
-        "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds}, **router_body_from(args)})
+        "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds},
+        **({"search_precision": True} if args.search_precision else {}), **router_body_from(args)})
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
     trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,
@@ -166,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
                               auto_calibrate=args.auto_calibrate or base.auto_calibrate)
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
-        check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)
+        check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,
+                           search_precision=request.search_precision)
     check_ray_has_room(args.gpu, args.gpus)
     runner = Runner(settings, on_event=TrialPrinter())
     try:

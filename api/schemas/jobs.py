@@ -74,6 +74,11 @@ class JobCreate(WorkloadIn, RouterOptionsIn):
         "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}]})
 
     budget: BudgetIn = Field(default_factory=BudgetIn)
+    search_precision: bool = Field(
+        False, description="measure precision as a knob: the trials run the training's precision, bf16 and fp8 "
+                           "(fp8 only on GPUs with an fp8 peak; the job's result says when it is left out), each "
+                           "trial at its own, ranked together by predicted step time; stored with the training "
+                           "spec, so such a job has its own signature")
 
 
 class ClusterOut(BaseModel):
@@ -109,6 +114,8 @@ class TrialOut(BaseModel):
     status: TrialStatus
     config: dict[str, Any] = Field(description="the ParallelConfig (tp, cp, pp, vpp, ep, etp, micro_batch_size, ...)")
     label: str | None
+    precision: str | None = Field(None, description="the training precision the trial ran at (a job with "
+                                                    "search_precision measures each trial at its own)")
     predicted_step_time_s: float | None
     predicted: dict[str, Any] | None = Field(description="the cost model's breakdown")
     step_time_s: float | None = Field(description="measured seconds per optimizer step")

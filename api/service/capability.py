@@ -8,7 +8,9 @@ RuleViolation naming the rule, which the HTTP layer answers as a 422 problem and
 
 from __future__ import annotations
 
-from planner.runnable import MIN_PLANNED, job_top, runnable_plan
+from dataclasses import replace
+
+from planner.runnable import MIN_PLANNED, job_top, runnable_plan, tuned_precisions
 from api.service.errors import RuleViolation
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
@@ -40,19 +42,27 @@ def check_model_runnable(model: ModelSpec, loc: str = "body.model") -> None:
         raise RuleViolation(loc, rejection.rule, rejection.reason)
 
 
-def check_job_runnable(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int) -> None:
+def check_job_runnable(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int,
+                       search_precision: bool = False) -> None:
     """RuleViolation unless the runner would find a layout to search: the model rule, then the planner's
     valid, fitting layouts filtered by the executor's layout rules (the runner's own call, so both agree).
+    With ``search_precision`` a layout of any precision the job searches will do (the first that has one).
 
     Bounded time: the planner's ``MIN_PLANNED`` fastest layouts are a prefix of the runner's ``job_top``
     (seconds at most on a thousand-GPU cluster, one process, as POST /v1/plans); only when none of them runs
     is the runner's whole list ranked, which for a large budget on a large cluster takes tens of seconds."""
-    result = runnable_plan(model, training, cluster, MIN_PLANNED, keep=1)
-    if result.rejection is not None and result.rejection.rule == "executor_layout" and job_top(max_trials) > MIN_PLANNED:
-        result = runnable_plan(model, training, cluster, job_top(max_trials), keep=1)
-    if result.rejection is not None:
-        r = result.rejection
-        raise RuleViolation(_LOC.get(r.rule, "body"), r.rule, r.reason)
+    precisions = tuned_precisions(training, cluster.gpu)[0] if search_precision else (training.precision,)
+    first = None
+    for precision in precisions:
+        at = replace(training, precision=precision)
+        result = runnable_plan(model, at, cluster, MIN_PLANNED, keep=1)
+        if result.rejection is not None and result.rejection.rule == "executor_layout" and \
+                job_top(max_trials) > MIN_PLANNED:
+            result = runnable_plan(model, at, cluster, job_top(max_trials), keep=1)
+        if result.rejection is None:
+            return
+        first = first or result.rejection
+    raise RuleViolation(_LOC.get(first.rule, "body"), first.rule, first.reason)
 
 
 def check_training_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

@@ -24,6 +24,7 @@ from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
 from spec.hardware import DEFAULT_HBM_RESERVED, DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile, headroom_problem
 from spec.model_spec import ModelSpec
+from spec.precision_search import with_precision_search
 from spec.router_options import RouterOptions, with_router
 from spec.training_spec import TrainingSpec
 from db import jobs as db_jobs
@@ -118,10 +119,12 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     if quotas is not None:
         check_trials_per_job(quotas, request.budget.max_trials)
     router = check_router_options(request.router_options(), resolved.model)
-    # router options that differ from the defaults ride in the stored training spec (and so in the signature)
-    training_spec = with_router(resolved.training.to_dict(), router)
+    # router options that differ from the defaults ride in the stored training spec (and so in the signature),
+    # as does the precision search flag (spec.precision_search)
+    training_spec = with_router(with_precision_search(resolved.training.to_dict(), request.search_precision), router)
     session.commit()  # the check below plans for seconds at most; no transaction is held open meanwhile
-    check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials)
+    check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,
+                       search_precision=request.search_precision)
     job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
               model_spec=resolved.model.to_dict(), training_spec=training_spec,
               cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,

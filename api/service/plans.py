@@ -11,9 +11,7 @@ from api.service.errors import RuleViolation
 from api.service.jobs import resolve_job
 from planner import NoValidLayoutError, SearchSpace, plan_precisions
 from spec.errors import InvalidConfigError
-
-
-SEARCHED_PRECISIONS = ("bf16", "fp8")  # what search_precision plans
+from spec.precision_search import SEARCHED_PRECISIONS  # what search_precision plans
 
 
 def create_plan(session: Session, request: PlanCreate) -> PlanOut:

@@ -28,6 +28,7 @@ from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db import trainings as db_trainings
@@ -103,6 +104,9 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
                                 f"job {job.id}'s best trial has an unusable layout: {exc}") from None
         model_spec, cluster = job.model_spec, job.cluster
         job_training, job_router = split_router(job.training_spec)
+        # a precision search's flag is no training field; the run trains at the job's precision (foldtune's
+        # training step runs bf16/fp32 only, docs/executor.md), whatever precision the best trial measured
+        job_training = split_precision_search(job_training)[0]
         training = _training_spec(job_training, request)
         _check_batch(training, config)
         try:

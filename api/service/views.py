@@ -14,6 +14,7 @@ from executor.train.checkpoint_names import list_checkpoints
 from planner.megatron_args import megatron_args, megatron_env, megatron_script
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.precision_search import trial_training
 from spec.training_spec import TrainingSpec
 
 MAX_CHECKPOINTS = 1000
@@ -28,8 +29,11 @@ def best_megatron_args(session: Session, owner: Owner, job_id: int) -> MegatronA
         raise NotFound(f"job {job_id} has no measured layout yet", kind="no-measured-layout",
                        title="No measured layout")
     config = ParallelConfig.from_dict(trial.config)
-    model, training = ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(job.training_spec)
-    return MegatronArgsOut(job_id=job.id, trial_number=trial.number, layout=config.label(),
+    # the job's training (router options and the precision search flag apart) at the precision the trial ran
+    model = ModelSpec.from_dict(job.model_spec)
+    training = TrainingSpec.from_dict(trial_training(job.training_spec, trial.precision))
+    # the trial's label: the layout, naming its precision when the job searched it
+    return MegatronArgsOut(job_id=job.id, trial_number=trial.number, layout=trial.label or config.label(),
                            step_time_s=trial.step_time_s, args=megatron_args(config, model, training),
                            environment=megatron_env(config), text=megatron_script(config, model, training))
 

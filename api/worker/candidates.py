@@ -8,6 +8,10 @@ would not learn from so few points anyway; meanwhile every candidate costs the s
 ask. The planner is asked for more than the cap (``planner.runnable.job_top``) because some ranked layouts use
 features the executor does not build yet (context or pipeline parallelism) and are dropped here, each
 with its reason counted.
+
+A job that searches precision (``search_precision``; :func:`planner.runnable.tuned_precisions`) is planned once per precision it
+measures, each with its own cap, and the candidates of all of them are handed to one search, which orders
+them by predicted step time together; each candidate carries its precision.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from costmodel.estimate import Estimate
 from costmodel.estimate import estimate as price_layout
-from planner.runnable import job_top, runnable_plan
+from planner.runnable import job_top, runnable_plan, tuned_precisions
 from planner.search import Candidate
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -32,16 +36,22 @@ class CandidateSet:
     """Candidates for the search, the estimates behind them (by layout label) and what was dropped."""
 
     candidates: list[Candidate]
-    estimates: dict[str, Estimate]
+    estimates: dict[str, Estimate]  # by Candidate.label (the layout label, with its precision when searched)
     planned: int  # ranked fitting layouts the planner returned
     valid: int  # valid layouts of the enumeration
     fitting: int  # of which predicted to fit in memory
     not_executable: dict[str, int] = field(default_factory=dict)  # reason -> count
     rejection: Rejection | None = None  # why there is no candidate (None when there are some)
+    precisions: tuple[str, ...] = ()  # the precisions searched; empty: the job's own alone (no search)
+    precision_note: str | None = None  # what the precision search left out and why
 
     def summary(self) -> dict[str, Any]:
-        return {"valid": self.valid, "fitting": self.fitting, "planned": self.planned,
-                "searched": len(self.candidates), "not_executable": self.not_executable}
+        out = {"valid": self.valid, "fitting": self.fitting, "planned": self.planned,
+               "searched": len(self.candidates), "not_executable": self.not_executable}
+        if self.precisions:
+            out["precisions"] = list(self.precisions)
+            out["precision_note"] = self.precision_note
+        return out
 
 
 def predicted_dict(estimate: Estimate) -> dict[str, Any]:
@@ -57,31 +67,59 @@ def predicted_dict(estimate: Estimate) -> dict[str, Any]:
             "limiter": estimate.limiter, "explanation": estimate.explanation}
 
 
-def _candidate(estimate: Estimate) -> Candidate:
+def _candidate(estimate: Estimate, precision: str | None = None) -> Candidate:
     """The search's view of one estimated layout (seconds per step, exposed seconds per term, bytes)."""
     return Candidate(config=estimate.config, predicted_step_time=estimate.time.step_time,
-                     predicted_terms=tuple(estimate.time.terms), predicted_memory_bytes=estimate.memory.total)
+                     predicted_terms=tuple(estimate.time.terms), predicted_memory_bytes=estimate.memory.total,
+                     precision=precision)
 
 
-def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int) -> CandidateSet:
+def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int,
+                   search_precision: bool = False) -> CandidateSet:
     """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials.
-    No candidate: ``rejection`` names the rule (the front door's check, :func:`planner.runnable.runnable_plan`)."""
-    result = runnable_plan(model, training, cluster, job_top(max_trials), keep=CANDIDATES_PER_TRIAL * max_trials,
-                           workers=None)
-    return CandidateSet([_candidate(e) for e in result.runnable], {e.config.label(): e for e in result.runnable},
-                        result.planned, result.valid, result.fitting, result.not_executable, result.rejection)
+    No candidate: ``rejection`` names the rule (the front door's check, :func:`planner.runnable.runnable_plan`).
+    With ``search_precision`` each of :func:`planner.runnable.tuned_precisions` is planned and capped so, and the candidates
+    carry their precision (fastest predicted first, whatever the precision); the counts add up over them."""
+    if not search_precision:
+        result = runnable_plan(model, training, cluster, job_top(max_trials), keep=CANDIDATES_PER_TRIAL * max_trials,
+                               workers=None)
+        return CandidateSet([_candidate(e) for e in result.runnable], {e.config.label(): e for e in result.runnable},
+                            result.planned, result.valid, result.fitting, result.not_executable, result.rejection)
+    precisions, note = tuned_precisions(training, cluster.gpu)
+    out = CandidateSet([], {}, 0, 0, 0, precisions=precisions, precision_note=note)
+    rejections = []
+    for precision in precisions:
+        result = runnable_plan(model, replace(training, precision=precision), cluster, job_top(max_trials),
+                               keep=CANDIDATES_PER_TRIAL * max_trials, workers=None)
+        for e in result.runnable:
+            cand = _candidate(e, precision)
+            out.candidates.append(cand)
+            out.estimates[cand.label] = e
+        out.planned += result.planned
+        out.valid += result.valid
+        out.fitting += result.fitting
+        for reason, n in result.not_executable.items():
+            out.not_executable[reason] = out.not_executable.get(reason, 0) + n
+        if result.rejection is not None:
+            rejections.append(result.rejection)
+    out.candidates.sort(key=lambda c: c.predicted_step_time)
+    if not out.candidates:
+        out.rejection = rejections[0]
+    return out
 
 
 def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cands: CandidateSet):
     """The search's ``repredict``: the same candidates priced with a measured per-expert routing load
-    (``TrainingSpec.moe_expert_load``: the busiest EP rank paces EP layouts). Updates ``cands.estimates`` so
-    the trials that follow store the re-priced prediction."""
+    (``TrainingSpec.moe_expert_load``: the busiest EP rank paces EP layouts), each at its own precision.
+    Updates ``cands.estimates`` so the trials that follow store the re-priced prediction."""
     def reprice(load: tuple[float, ...], current: list[Candidate]) -> list[Candidate]:
         measured = replace(training, moe_expert_load=tuple(load))
         out = []
         for c in current:
-            e = price_layout(model, measured, cluster, c.config)
-            cands.estimates[c.config.label()] = e
-            out.append(_candidate(e))
+            at = measured if c.precision is None else replace(measured, precision=c.precision)
+            e = price_layout(model, at, cluster, c.config)
+            priced = _candidate(e, c.precision)
+            cands.estimates[priced.label] = e
+            out.append(priced)
         return out
     return reprice

@@ -6,11 +6,13 @@ It is its own process, never the request handler. Several runners may share one 
 1. builds the ModelSpec / TrainingSpec / ClusterSpec stored with the job, with the GPUs per node that the
    Ray cluster has (read from Ray; ``FOLDTUNE_GPUS_PER_NODE`` overrides it, else the hardware profile's
    figure stands where Ray has no such nodes), asks the planner for the ranked fitting layouts the
-   executor can run (:mod:`api.worker.candidates`), and runs as many trials side by side as the Ray
-   cluster holds on disjoint devices (CPU ranks: on disjoint nodes);
+   executor can run (:mod:`api.worker.candidates`; a job with ``search_precision`` gets those of each
+   precision it searches, fp8 only where the GPU has an fp8 peak, and the job's events and result say what
+   was left out), and runs as many trials side by side as the Ray cluster holds on disjoint devices (CPU
+   ranks: on disjoint nodes);
 2. runs :func:`planner.search.run_search` with the job's Optuna study (``job-<id>`` in the Optuna storage
    beside the service database), each trial a short profiled run through the Ray launcher
-   (:mod:`api.worker.trials`);
+   (:mod:`api.worker.trials`), at the trial's own precision when the job searches it;
 3. records every trial in the ``trials`` table when it starts and when it ends, keyed by (job, Optuna
    trial number), so a trial is stored exactly once even across restarts;
 4. heartbeats the job (and its running trials) from a background thread; a heartbeat refused means the
@@ -52,6 +54,7 @@ from spec.errors import FoldtuneError, SpecError
 from spec.failure import FailureKind
 from spec.hardware import DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
+from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db.engine import make_engine, make_sessionmaker, ping
@@ -65,8 +68,8 @@ from db.settings import database_settings
 from db.trials import (fail_running_trials, heartbeat_running_trials, record_trial_finish, record_trial_start,
                        trial_by_number)
 from executor import launch_ray
-from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_LAYOUT, ATTR_PRED_TIME, SearchBudget,
-                            run_search)
+from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_LAYOUT, ATTR_PRECISION, ATTR_PRED_TIME,
+                            SearchBudget, run_search, trial_label)
 
 log = logging.getLogger("foldtune.runner")
 # The failure reason of a trial the runner abandoned on SIGTERM/SIGINT (kind 'lost': the layout is measured
@@ -134,7 +137,7 @@ class RunnerSettings:
 def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
     """The specs a job was submitted with (snapshots stored on the row)."""
     hardware = HardwareProfile.from_dict(job.cluster["hardware"])
-    training, _ = split_router(job.training_spec)
+    training, _ = split_precision_search(split_router(job.training_spec)[0])
     return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(training),
             ClusterSpec(hardware=hardware, num_gpus=job.num_gpus,
                         min_headroom=job.cluster.get("min_headroom", DEFAULT_MIN_HEADROOM)))
@@ -146,7 +149,13 @@ def study_attributes(job: Job, model: ModelSpec, training: TrainingSpec, cluster
     return {"foldtune_job_id": job.id, "owner_id": job.owner_id, "signature": job.signature, "model": model.name,
             "gpu": cluster.hardware.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
             "seq_length": training.seq_length, "global_batch_size": training.global_batch_size,
-            "precision": training.precision, "max_trials": job.max_trials}
+            "precision": training.precision, "search_precision": job_searches_precision(job),
+            "max_trials": job.max_trials}
+
+
+def job_searches_precision(job: Job) -> bool:
+    """Whether the job measures each trial at its own precision (submitted with ``search_precision``)."""
+    return split_precision_search(split_router(job.training_spec)[0])[1]
 
 
 def job_router(job: Job) -> RouterOptions:
@@ -278,7 +287,10 @@ class Runner:
             cluster, pricing = self._pricing_cluster(job, cluster, training)
             shape = launch_ray.cluster_shape(launch_ray.rank_resource("gloo" if is_cpu_cluster(cluster) else "nccl"))
             cluster = cluster_on_ray(cluster, self.settings.gpus_per_node or shape.slots_per_node or None)
-            cands = job_candidates(model, training, cluster, job.max_trials)
+            cands = job_candidates(model, training, cluster, job.max_trials,
+                                   search_precision=job_searches_precision(job))
+            if cands.precision_note:
+                log.info("job %s: %s", job.id, cands.precision_note)
             if cands.rejection is not None:  # the front door's check; the job was stored before it, or by hand
                 raise FoldtuneError(str(cands.rejection))
         except FoldtuneError as exc:
@@ -321,10 +333,16 @@ class Runner:
         summary = {**result.calibration.to_dict(),
                    "measured_vs_predicted": [_row_dict(r) for r in result.rows],
                    "stopped_because": result.stopped_because,
-                   "best_layout": result.best_config.label() if result.best_config else None,
+                   "best_layout": (trial_label(result.best_config, result.best_precision)
+                                   if result.best_config else None),
                    "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
                    "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict(),
                    "fixed_cost": fixed_cost_summary(recorder.fixed_costs)}
+        if cands.precisions:  # the job searched precision: what it measured, what it dropped, the fit of each
+            summary.update(best_precision=result.best_precision, precisions=list(cands.precisions),
+                           precision_note=cands.precision_note,
+                           calibration_by_precision={p: c.to_dict()
+                                                     for p, c in result.calibration_by_precision.items()})
         status, error = "succeeded", None
         if result.best_config is None:
             reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})
@@ -334,6 +352,7 @@ class Runner:
             final = status if finished else (job_status(session, job.id) or status)
         self.on_event("job_finished", {"job_id": job.id, "status": final, "error": error, "result": summary,
                                        "rows": result.rows, "best": result.best_config,
+                                       "best_precision": result.best_precision,
                                        "best_step_time": result.best_step_time})
         return final
 
@@ -375,8 +394,10 @@ class Runner:
                 row = trial_by_number(session, job.id, t.number)
                 if row is not None and (row.status != "running" and row.failure_kind != FailureKind.LOST.value):
                     continue
+                precision = t.user_attrs.get(ATTR_PRECISION)
                 record_trial_start(session, job.id, t.number, t.user_attrs.get(ATTR_CONFIG, {}),
-                                   runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT], predicted=None,
+                                   runner_id=self.settings.runner_id, label=t.user_attrs[ATTR_LAYOUT],
+                                   predicted={"precision": precision} if precision else None,
                                    predicted_step_time_s=t.user_attrs.get(ATTR_PRED_TIME))
                 if t.state == TrialState.COMPLETE:
                     record_trial_finish(session, job.id, t.number, "succeeded", step_time_s=t.value,
@@ -436,13 +457,15 @@ class _TrialRecorder:
         if kind == "trial_started":
             if self.stop.is_set():
                 raise JobStopped(f"job {job_id} stopped")
-            label = data["layout"]
+            label = data["layout"]  # with ' precision=<p>' when the job searches precision
             est = self.cands.estimates.get(label)
+            predicted = predicted_dict(est) if est else None
+            if data.get("precision"):  # the trial's own precision, kept with its prediction (TrialOut.precision)
+                predicted = {**(predicted or {}), "precision": data["precision"]}
             with self.runner.sessions() as session:
                 record_trial_start(
                     session, job_id, data["number"], est.config.to_dict() if est else {},
-                    runner_id=self.runner.settings.runner_id, label=label,
-                    predicted=predicted_dict(est) if est else None,
+                    runner_id=self.runner.settings.runner_id, label=label, predicted=predicted,
                     predicted_step_time_s=data.get("predicted_step_time"))
         elif kind == "trial_finished":
             self._finish(data)

@@ -15,7 +15,7 @@ import functools
 import os
 import statistics
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from executor import launch_ray
 from executor.options import ExecutorOptions
@@ -86,7 +86,8 @@ class TrialExecutor:
 
     ``stop`` (an Event) abandons a running trial at once (the launcher kills its ranks, even in a hung
     step) and raises :class:`JobStopped`. A trial's ranks sit ``cluster.gpus_per_node`` to a Ray node, in the
-    planner's rank order.
+    planner's rank order. A trial whose ``report.precision`` is set (a job searching precision) runs the job's
+    training at that precision.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
@@ -103,6 +104,11 @@ class TrialExecutor:
         """End the rank actors kept between trials (call when the job's search ends)."""
         if self.pools is not None:
             self.pools.close()
+
+    def training_for(self, report: TrialReport) -> TrainingSpec:
+        """The job's training at the precision the search asks this trial to run (its own when None)."""
+        precision = getattr(report, "precision", None)
+        return self.training if precision is None else replace(self.training, precision=precision)
 
     def __call__(self, config: ParallelConfig, report: TrialReport):
         label = config.label()
@@ -123,7 +129,8 @@ class TrialExecutor:
                                      env={FAULT_ENV: faults}, cancel=self.stop,
                                      ranks_per_node=self.cluster.gpus_per_node,
                                      name=f"{self.name}-trial-{report.number}")
-        measurement = profile_layout(self.model, self.training, config, self.options,
+        training = self.training_for(report)
+        measurement = profile_layout(self.model, training, config, self.options,
                                      warmup_steps=self.settings.warmup_steps,
                                      timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
                                      device="cpu" if cpu else "cuda", hardware=self.cluster.hardware.name,

@@ -1,0 +1,40 @@
+"""A job searching precision on CPU ranks (the 'cpu' profile has no fp8 peak) runs real trials through Ray
+at the job's precision and bf16 only, says that fp8 was left out, and names each trial's precision."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from runner_env import TINY_JOB, run_one_claim, session_ray, wait_no_rank_actors
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_cpu_job_searches_its_precision_and_bf16_and_says_fp8_was_dropped(client, alice, db_url):
+    session_ray()
+    body = {**copy.deepcopy(TINY_JOB), "search_precision": True}
+    body["budget"]["max_trials"] = 4
+    submitted = client.post("/v1/jobs", json=body, headers=alice)
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+
+    run_one_claim(db_url)
+
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["status"] == "succeeded", job["error"]
+    result = job["calibration"]
+    assert result["precisions"] == ["fp32", "bf16"] and result["candidates"]["precisions"] == ["fp32", "bf16"]
+    assert "fp8 not searched" in result["precision_note"]
+    trials = client.get(f"/v1/jobs/{job_id}/trials", headers=alice, params={"limit": 50}).json()["items"]
+    assert len(trials) == 4
+    for t in trials:
+        assert t["precision"] in ("fp32", "bf16") and t["label"].endswith(f" precision={t['precision']}")
+        if t["status"] == "succeeded":  # the executor ran it at that precision
+            assert t["measurement"]["precision"] == t["precision"]
+    rows = {r["number"]: r for r in result["measured_vs_predicted"]}
+    assert all(rows[t["number"]]["precision"] == t["precision"] for t in trials)
+    best = job["best_trial"]
+    assert result["best_precision"] == best["precision"] and result["best_layout"] == best["label"]
+    assert set(result["calibration_by_precision"]) <= {"fp32", "bf16"}
+    assert wait_no_rank_actors() == []
