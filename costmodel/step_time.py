@@ -173,7 +173,9 @@ class _LayerCost:
         self.total = sum(exposed)
         self.fwd_total = fwd_total  # forward compute + exposed forward communication (full recompute re-runs it)
         self.compute_fwd, self.compute_bwd = compute_fwd, compute_bwd
-        self.a2a = a2a  # exposed EP all-to-all + ETP seconds (what EP overlap can hide)
+        # exposed EP all-to-all seconds: what EP overlap hides (the executor's overlap runs the ETP collectives
+        # in line, so they stay exposed; Megatron's would hide them too)
+        self.a2a = a2a
         self.modules = modules  # recompute module -> forward seconds it re-runs
         # the per-micro-batch prefix of TERMS; terms that are not layer slots (recompute) are 0 here
         self.terms = tuple([0.0 if slot is None else exposed[slot] for slot in _PREFIX_SLOTS])
@@ -217,7 +219,7 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
-                      exposed[A2A] + exposed[ETP], dict(block.modules))
+                      exposed[A2A], dict(block.modules))
 
 
 class _Layers:
@@ -883,9 +885,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
             total_a2a = m * crit_a2a
             shown = min(total_a2a, (m - 1) * max(0.0, crit_a2a - window_fwd - window_bwd) + crit_a2a)
-            share = values[_I_A2A] / (values[_I_A2A] + values[_I_ETP])
-            values[_I_A2A] = shown * share
-            values[_I_ETP] = shown * (1.0 - share)
+            values[_I_A2A] = shown
             hidden[_H_A2A] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters

@@ -37,3 +37,16 @@ def test_one_micro_batch_of_all_to_all_stays_exposed(micro):
 def test_nothing_hides_with_one_micro_batch():
     off, on = _estimate(1, False), _estimate(1, True)
     assert on.step_time == pytest.approx(off.step_time) and on.term("ep_a2a") == pytest.approx(off.term("ep_a2a"))
+
+
+def test_etp_collectives_stay_exposed_under_the_overlap():
+    """The executor's overlap hides the EP all-to-all only; its ETP all-gather / reduce-scatter run in line."""
+    training = TrainingSpec(seq_length=4096, global_batch_size=8)  # ep2·etp2 on 4 GPUs, dp4: 2 per rank
+    cluster = ClusterSpec(get_hardware("h100"), 4)
+    off, on = (estimate_step_time(MIXTRAL_2L, training, cluster,
+                                  ParallelConfig(world_size=4, ep=2, etp=2, overlap_moe_expert_parallel_comm=o))
+               for o in (False, True))
+    assert off.term("etp_comm") > 0 and off.term("ep_a2a") > 0
+    assert on.term("etp_comm") == pytest.approx(off.term("etp_comm"), rel=1e-9)
+    assert on.term("ep_a2a") == pytest.approx(off.term("ep_a2a") / 2, rel=1e-6)  # 2 micro-batches: one a2a shows
+    assert off.step_time - on.step_time == pytest.approx(off.term("ep_a2a") / 2, rel=1e-6)
