@@ -14,6 +14,10 @@
 #   stack      issue 19: the decoder stack's profile (bench/stack_profile.py) on GPU 0, beside (GPU 1) the
 #              1-GPU layout table of deepseek-v2-lite (not in the default phases: measured 2026-11-27)
 # Environment: PHASES, MODELS (tables and first), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
+# All phases take more than one 10-minute device call (estimated: calibrate 1 min, cpdisp 1.5, fixedcost 1.5,
+# first 2, overlap 4, tables 4, offload 3-5): run them in two or three calls, e.g.
+#   PHASES="calibrate cpdisp fixedcost first"   then   PHASES="calibrate overlap tables"   then   PHASES=offload
+# (each call starts a bare machine: a phase that needs the calibration takes it from the same call).
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
@@ -67,6 +71,7 @@ fi
 if has offload; then
   echo "== offload start $(date -u +%T)"
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m bench.offload_gpu --model mixtral-8x7b --layers 4 --gpu "$GPU" \
-    --profile "$RES/$GPU-calibrated.json" --run-without --out "$RES/offload_gpu.json" 2>&1 | tail -25
+    $( [ -f "$RES/$GPU-calibrated.json" ] && echo --profile "$RES/$GPU-calibrated.json" ) --steps 4 --warmup 1 \
+    --run-without --out "$RES/offload_gpu.json" 2>&1 | tail -25
 fi
 echo "== end $(date -u '+%F %T UTC')"
