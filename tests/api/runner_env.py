@@ -83,6 +83,14 @@ def run_one_claim(db_url: str, data_root=None) -> None:
         runner.close()
 
 
+def submit_and_run(client, body: dict, headers: dict, db_url: str) -> dict:
+    """POST ``body`` as a job, let a fresh test runner run it to its end, and return the job as GET shows it."""
+    submitted = client.post("/v1/jobs", json=body, headers=headers)
+    assert submitted.status_code == 201, submitted.text
+    run_one_claim(db_url)
+    return client.get(f"/v1/jobs/{submitted.json()['id']}", headers=headers).json()
+
+
 def rank_actor_pids() -> list[int]:
     """Processes of rank actors (their title is ``ray::RankActor...``) of this test session still alive: those
     whose environment carries this session's FOLDTUNE_TEST_SESSION (tests/conftest.py), inherited through

@@ -7,7 +7,7 @@ import copy
 
 import optuna
 import pytest
-from runner_env import TINY_JOB, make_runner, run_one_claim, session_ray, wait_no_rank_actors
+from runner_env import TINY_JOB, make_runner, session_ray, submit_and_run, wait_no_rank_actors
 
 from db.optuna_storage import optuna_storage_url
 
@@ -16,14 +16,8 @@ pytestmark = pytest.mark.slow
 
 def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, db_url):
     session_ray()
-    body = copy.deepcopy(TINY_JOB)
-    submitted = client.post("/v1/jobs", json=body, headers=alice)
-    assert submitted.status_code == 201, submitted.text
-    job_id = submitted.json()["id"]
-
-    run_one_claim(db_url)
-
-    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    job = submit_and_run(client, copy.deepcopy(TINY_JOB), alice, db_url)
+    job_id = job["id"]
     assert job["status"] == "succeeded", job["error"]
     assert job["trials"]["total"] == 6 and job["trials"]["running"] == 0
     trials = client.get(f"/v1/jobs/{job_id}/trials", headers=alice, params={"limit": 50}).json()["items"]

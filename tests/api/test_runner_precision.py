@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from runner_env import TINY_JOB, run_one_claim, session_ray, wait_no_rank_actors
+from runner_env import TINY_JOB, session_ray, submit_and_run, wait_no_rank_actors
 
 pytestmark = pytest.mark.slow
 
@@ -15,13 +15,8 @@ def test_a_cpu_job_searches_its_precision_and_bf16_and_says_fp8_was_dropped(clie
     session_ray()
     body = {**copy.deepcopy(TINY_JOB), "search_precision": True}
     body["budget"]["max_trials"] = 4
-    submitted = client.post("/v1/jobs", json=body, headers=alice)
-    assert submitted.status_code == 201, submitted.text
-    job_id = submitted.json()["id"]
-
-    run_one_claim(db_url)
-
-    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    job = submit_and_run(client, body, alice, db_url)
+    job_id = job["id"]
     assert job["status"] == "succeeded", job["error"]
     result = job["calibration"]
     assert result["precisions"] == ["fp32", "bf16"] and result["candidates"]["precisions"] == ["fp32", "bf16"]
