@@ -71,6 +71,7 @@ from executor.moe import MoELayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.profile import profile_layout
+from executor.scoped_env import scoped_env
 from executor.timing import NULL_TIMER
 from executor.verify import Scenario, compare, layout_worker, reference
 from spec.catalog import get_model
@@ -147,16 +148,8 @@ FUSED_SWITCHES = ("FOLDTUNE_FUSED_PERMUTE", "FOLDTUNE_FUSED_ROUTER", "FOLDTUNE_F
 @contextlib.contextmanager
 def torch_paths():
     """Inside: the torch router, permutation and SwiGLU paths instead of the fused Triton kernels (A/B)."""
-    saved = {name: os.environ.get(name) for name in FUSED_SWITCHES}
-    os.environ.update({name: "0" for name in FUSED_SWITCHES})
-    try:
+    with scoped_env({name: "0" for name in FUSED_SWITCHES}):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def part_gemm() -> dict:

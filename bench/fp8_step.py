@@ -36,6 +36,7 @@ from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
 from executor.profile import DTYPES, options_for_precision
+from executor.scoped_env import scoped_env
 from executor.timing import PhaseTimer
 from executor.train_step import Trainer
 from spec.catalog import get_model
@@ -186,13 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     for label in ["bf16"] + [r for r in runs if r != "bf16"]:
         precision, env = RUNS[label]
         training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
-        os.environ.update(env)  # the run's process inherits it
-        try:
+        with scoped_env(env):  # the run's process inherits it
             launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
                                                use_cuda), backend="nccl" if use_cuda else "gloo", timeout_s=200)
-        finally:
-            for key in env:
-                os.environ.pop(key, None)
         res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
         if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:
             res.setdefault("compare", {})[label] = compare(res["bf16"], res[label])

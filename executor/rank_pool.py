@@ -44,6 +44,7 @@ from executor import progress
 from executor.failure import is_out_of_memory
 from executor.kernels import fp8
 from executor.launch_local import OOM_PREFIX, PORT_ATTEMPTS, SAFE_ENV, LaunchResult, _free_port, _port_taken, _stop
+from executor.scoped_env import scoped_env
 from spec.failure import FailureKind
 
 REUSE_ENV = "FOLDTUNE_REUSE_RANKS"
@@ -106,24 +107,18 @@ def run_trial(fn: Callable, rank: int, world_size: int, args: tuple, env: dict[s
     ``env`` is set for the trial only (e.g. FOLDTUNE_FAULT) and restored after it; ``sink`` is the trial's
     step sink (:func:`executor.progress.install`), removed after it.
     """
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    groups = begin_trial(initial_seed)
-    progress.install(sink)
-    try:
-        return "ok", fn(rank, world_size, *args)
-    except BaseException as exc:  # noqa: BLE001  (every failure goes back to the driver as a reason)
-        oom = is_out_of_memory(exc)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        kind = OOM_PREFIX if oom else type(exc).__name__
-        return ("oom" if oom else "error"), f"{kind} on rank {rank}: {first}", traceback.format_exc()
-    finally:
-        end_trial(groups)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with scoped_env(env):
+        groups = begin_trial(initial_seed)
+        progress.install(sink)
+        try:
+            return "ok", fn(rank, world_size, *args)
+        except BaseException as exc:  # noqa: BLE001  (every failure goes back to the driver as a reason)
+            oom = is_out_of_memory(exc)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            kind = OOM_PREFIX if oom else type(exc).__name__
+            return ("oom" if oom else "error"), f"{kind} on rank {rank}: {first}", traceback.format_exc()
+        finally:
+            end_trial(groups)
 
 
 def leftover_bytes() -> int:
