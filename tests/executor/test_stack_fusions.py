@@ -149,6 +149,21 @@ def test_inner_rope_kernel_matches_torch(s, b, hq, hk, d, dtype):
     assert torch.all(dqkv[..., (hq + hk) * d:] == 0)  # v's columns get nothing from RoPE
 
 
+def _force_kernel(monkeypatch, module, name: str) -> list:
+    """``module``'s Triton kernel ``name`` taken on CPU tensors (its ``available`` says yes), each call counted in
+    the returned list: a layer test then knows the kernel, not the torch fallback, ran."""
+    calls = []
+    real = getattr(module, name)
+
+    def spy(*a):
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(module, "available", lambda *a: True)
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 @inner_only
 def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
     """The decoder layer on the Triton RoPE path (forced on CPU) against the torch path: output and grads."""
@@ -158,15 +173,7 @@ def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
     x = torch.randn(s, b, spec.hidden_size)
     layer = _layer(spec, ExecutorOptions(fused_rope=True))
     y_torch, g_torch = _fwd_bwd(layer, x, rope)  # CPU tensors: available() is False, the torch path
-    calls = []
-    real = triton_rope.fused_rope
-
-    def spy(*a):
-        calls.append(1)
-        return real(*a)
-
-    monkeypatch.setattr(triton_rope, "available", lambda q, k: True)
-    monkeypatch.setattr(triton_rope, "fused_rope", spy)
+    calls = _force_kernel(monkeypatch, triton_rope, "fused_rope")
     y_fused, g_fused = _fwd_bwd(layer, x, rope)
     assert calls
     torch.testing.assert_close(y_fused, y_torch, rtol=1e-5, atol=1e-6)
@@ -202,15 +209,7 @@ def test_inner_layer_with_fused_norms_matches_torch_norms(monkeypatch):
     rope = rope_tables(s, spec.rotary_head_dim, 10000.0, torch.device("cpu"))
     x = torch.randn(s, b, spec.hidden_size)
     y_torch, g_torch = _fwd_bwd(_layer(spec, ExecutorOptions(fused_rms_norm=True)), x, rope)
-    calls = []
-    real = triton_rms_norm.fused_rms_norm
-
-    def spy(*a):
-        calls.append(1)
-        return real(*a)
-
-    monkeypatch.setattr(triton_rms_norm, "available", lambda t: True)
-    monkeypatch.setattr(triton_rms_norm, "fused_rms_norm", spy)
+    calls = _force_kernel(monkeypatch, triton_rms_norm, "fused_rms_norm")
     y_fused, g_fused = _fwd_bwd(_layer(spec, ExecutorOptions(fused_rms_norm=True)), x, rope)
     assert len(calls) == 2  # the attention's input norm and the MoE's
     torch.testing.assert_close(y_fused, y_torch, rtol=1e-5, atol=1e-6)
