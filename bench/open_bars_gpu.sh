@@ -4,6 +4,8 @@
 # back from a device call, so one archive), the log in $OUT/issue16_log.txt. Phases (PHASES, default all, in
 # this order):
 #   calibrate  foldtune calibrate over both GPUs (full, with the MLA attention shape) -> res/<gpu>-calibrated.json
+#   trace      bench/layout_trace_gpu.py: one profiled step per rank of the 2-GPU layouts the model missed most
+#              (DeepSeek-V2-Lite dp2 / TP2 / CP2 / EP2, Mixtral EP2) -> res/trace-<model>.json
 #   cpdisp     bench/cp_dispatch_gpu.py: CP2 vs CP1 at seq 2k/4k/8k, alltoall vs allgather at EP2 -> res/cp_dispatch.json
 #   first      bench/first_trial_gpu.sh: one fresh tuning job per proxy, the first after a quick calibration
 #   fixedcost  issue 19: a 2-GPU tuning job of 8 trials with kept ranks (bench/trial_fixed_cost_gpu.sh, reuse only)
@@ -26,13 +28,23 @@ source bench/gpu_env.sh
 gpu_type
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
 pack_results "$RES" "$OUT"
-phases "calibrate cpdisp fixedcost first overlap tables offload"
+phases "calibrate trace cpdisp fixedcost first overlap tables offload"
 
 if has calibrate; then
   echo "== calibrate start $(date -u +%T)"
   timeout 180 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 2 --timeout 170 \
     --out "$RES/$GPU-calibrated.json" > "$RES/calibrate.log" 2>&1
   echo "calibrate rc=$? end $(date -u +%T)"; grep -A14 "causal attention" "$RES/calibrate.log" | head -16
+fi
+if has trace; then
+  echo "== trace start $(date -u +%T)"
+  T=bench/results/issue16/acc-h100
+  timeout 200 python3 -m bench.layout_trace_gpu --table $T/deepseek-v2-lite/layout_table-deepseek-v2-lite-2L-2-2026-11-27-gpu.json \
+    --match "ep1 etp1 dp2 edp2 mbs1,tp2 cp1,cp2 pp1 vpp1 ep1 etp1 dp1 edp2 mbs2,ep2 etp1 dp2 edp1 mbs2" \
+    --out "$RES/trace-deepseek-v2-lite.json" 2>&1 | grep -v "Warning\|USDT\|self.profiler"
+  timeout 90 python3 -m bench.layout_trace_gpu --table $T/mixtral-8x7b/layout_table-mixtral-8x7b-2L-2-2026-11-27-gpu.json \
+    --match "ep2 etp1 dp2 edp1 mbs2" --out "$RES/trace-mixtral-8x7b.json" 2>&1 | grep -v "Warning\|USDT\|self.profiler"
+  echo "trace end $(date -u +%T)"
 fi
 if has cpdisp; then
   echo "== cp_dispatch start $(date -u +%T)"

@@ -1,0 +1,131 @@
+"""Where one training step of a layout spends its device time, rank by rank (torch.profiler, CUDA kernels).
+
+The cost model prices a layout term by term; the executor's phase timer (CUDA events at phase boundaries)
+folds the wait for a slower peer into the collective that waits. This bench runs the layouts of a stored
+layout table (the same configs the accuracy tables measured) and profiles one steady step per rank, so a
+miss can be read as kernels: per rank, the step's wall time, the device's busy time (union of kernel
+intervals) and idle time, NCCL kernels (their duration includes waiting for the peer), and the top kernels.
+
+    python3 -m bench.layout_trace_gpu --table T.json --match "tp2 cp1,cp2 pp1 vpp1 ep2" --out trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from executor.data import global_batch, micro_batches
+from executor.launch_local import launch
+from executor.model import MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import build_parallel_state
+from executor.profile import DTYPES, options_for_precision
+from executor.timing import PhaseTimer
+from executor.train_step import Trainer
+from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds)."""
+    busy, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            busy += e - s
+            end = e
+        elif e > end:
+            busy += e - end
+            end = e
+    return busy
+
+
+def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, config: ParallelConfig,
+                 warmup_steps: int, top: int) -> dict:
+    """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds)."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    options = options_for_precision(ExecutorOptions.for_training(training, model=model), training.precision)
+    state = build_parallel_state(config, rank)
+    net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision],
+                 PhaseTimer(enabled=False, device=device))
+    trainer = Trainer(net)
+    dp = state.dp
+    for step in range(warmup_steps + 1):
+        batch = global_batch(model.vocab_size, training.seq_length, training.global_batch_size, options.seed, step)
+        micro = micro_batches(batch, dp.size, dp.rank, config.micro_batch_size, device)
+        if cuda:
+            torch.cuda.synchronize(device)
+        torch.distributed.barrier()
+        if step < warmup_steps:
+            trainer.step(micro)
+            continue
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            trainer.step(micro)
+            if cuda:
+                torch.cuda.synchronize(device)
+            wall = time.perf_counter() - start
+    trainer.finish_param_gather()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    nccl = {n: v for n, v in by_name.items() if "nccl" in n.lower()}
+    rows = sorted(((n, len(v), sum(v) / 1e3) for n, v in by_name.items()), key=lambda r: -r[2])
+    busy = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
+    busy_no_nccl = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels
+                             if "nccl" not in e.name.lower()]) / 1e3
+    return {"rank": rank, "wall_ms": wall * 1e3, "busy_ms": busy, "busy_without_nccl_ms": busy_no_nccl,
+            "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
+            "nccl_calls": {n: len(v) for n, v in nccl.items()},
+            "top": [{"name": n[:120], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--table", required=True, help="a stored layout table (JSON) whose configs to run")
+    p.add_argument("--match", required=True, help="comma list of substrings of layout labels to run")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    table = json.load(open(args.table))
+    model = get_model(table["model"].split("@")[0]).with_layers(args.layers)  # labels read "name@2L"
+    training = TrainingSpec(**table["training"])
+    wanted = [m.strip() for m in args.match.split(",") if m.strip()]
+    rows = [r for r in table["rows"] if any(m in r["layout"] for m in wanted)]
+    results = []
+    for r in rows:
+        config = ParallelConfig.from_dict(r["config"])
+        print(f"== {r['layout']} (table: {1e3 * r['step_time']:.1f} ms)" if r.get("ok") else f"== {r['layout']}",
+              flush=True)
+        launched = launch(trace_worker, config.world_size, (model, training, config, args.warmup, args.top),
+                          timeout_s=240)
+        if not launched.ok:
+            print(f"   failed: {launched.failure_reason}", flush=True)
+            results.append({"layout": r["layout"], "failure": launched.failure_reason})
+            continue
+        for rep in launched.results:
+            nccl = sum(rep["nccl_ms"].values())
+            print(f"   rank {rep['rank']}: wall {rep['wall_ms']:.1f} busy {rep['busy_ms']:.1f} "
+                  f"(without NCCL {rep['busy_without_nccl_ms']:.1f}) NCCL {nccl:.1f} ms in "
+                  f"{sum(rep['nccl_calls'].values())} calls, {rep['kernels']} kernels", flush=True)
+            for k in rep["top"][:12]:
+                print(f"      {k['ms']:8.2f} ms {k['calls']:5d}x {k['name'][:90]}")
+        results.append({"layout": r["layout"], "table_step_ms": 1e3 * r["step_time"] if r.get("ok") else None,
+                        "ranks": launched.results})
+        with open(args.out, "w") as f:
+            json.dump({"model": table["model"], "training": table["training"],
+                       "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
