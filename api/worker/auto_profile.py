@@ -3,7 +3,7 @@
 A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured
 profile ``<gpu>-auto-calibrated`` of the service database when one exists; when none does, the runner first
 runs a quick calibration on the devices of its own machine (the machine microbenchmarks of ``foldtune
-calibrate --quick``, no sustained-load run: a minute or two on a GPU), stores it under that name for every
+calibrate --quick`` plus the sustained-load run, a minute or two on a GPU), stores it under that name for every
 later job on that GPU type, and prices with it. The search's online calibration (per-term multipliers fitted
 on the measured trials) works on top, as on any profile. A job submitted with a calibrated or stored profile
 keeps it; ``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
@@ -21,6 +21,7 @@ import torch
 
 from costmodel.calibrate.profile_builder import build_profile
 from executor.microbench.runner import BenchPlan, run_benchmarks
+from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 from spec.hardware import HardwareProfile
 
@@ -62,8 +63,10 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
         if local == 0:
             raise FoldtuneError("this runner's machine has no GPU to calibrate")
         ranks = min(num_gpus, hardware.gpus_per_node, local)
-    plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True, sustained_s=0.0,
-                     minimal=mode == "minimal")
+    # The sustained-load run stays in: without it the profile prices at the cool card's burst clock, and
+    # an H200 runs training at 0.83 of it (2 x H200, 2026-11-27: first trials priced 22-25 % fast without it).
+    plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True,
+                     sustained_s=0.0 if mode == "minimal" else SUSTAINED_SECONDS, minimal=mode == "minimal")
     raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0)
     return build_profile(hardware, raw, auto_profile_name(hardware))
 
