@@ -10,6 +10,9 @@
 #   first      bench/first_trial_gpu.sh: one fresh tuning job per proxy, the first after a quick calibration
 #   fixedcost  issue 19: a 2-GPU tuning job of 8 trials with kept ranks (bench/trial_fixed_cost_gpu.sh, reuse only)
 #   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py)
+#   components the per-model component factors of each proxy (MODELS), one GPU each, two at a time (`foldtune
+#              calibrate --quick --model M --layers 2 --seq 4096 --ranks 1`), merged against this call's calibrated
+#              profile -> res/<gpu>-calibrated-components.json (the tables replay with it off the device)
 #   tables     bench/accuracy_gpu.sh with the calibration of this call: the proxies' 1- and 2-GPU layout tables
 #   offload    issue 19: optimizer offload of a Mixtral proxy (4 layers) that does not fit without it, on GPU 0
 #              (bench/offload_gpu.py --run-without; needs ~85 GB of host memory)
@@ -28,7 +31,7 @@ source bench/gpu_env.sh
 gpu_type
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
 pack_results "$RES" "$OUT"
-phases "calibrate trace cpdisp fixedcost first overlap tables offload"
+phases "calibrate trace cpdisp fixedcost first overlap components tables offload"
 
 if has calibrate; then
   echo "== calibrate start $(date -u +%T)"
@@ -74,6 +77,21 @@ if has stack; then
     --trial-timeout 120 --mbs-max 2 --recompute none,full,moe_act+layernorm --dispatchers alltoall \
     --results-dir "$RES/dsv2-1gpu" --no-write > "$RES/dsv2-1gpu/table1.log" 2>&1 & tpid=$!
   wait $spid; tail -60 "$RES/stack_profile.log"; wait $tpid; grep -E "^\[|measured|layouts" "$RES/dsv2-1gpu/table1.log"
+fi
+if has components; then
+  echo "== components start $(date -u +%T)"
+  comp=(); i=0; pids=()
+  for m in ${MODELS:-mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite}; do
+    CUDA_VISIBLE_DEVICES=$((i % 2)) timeout 200 python3 -m api.cli.main calibrate --gpu "$GPU" --ranks 1 --quick \
+      --model "$m" --layers 2 --seq 4096 --timeout 190 --out "$RES/comp-$m.json" > "$RES/comp-$m.log" 2>&1 & pids+=($!)
+    comp+=("$RES/comp-$m.json"); i=$((i + 1))
+    if [ $((i % 2)) = 0 ]; then wait "${pids[@]}"; pids=(); fi
+  done
+  [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
+  grep -h -A8 "^components of" "$RES"/comp-*.log | grep -v "^--"
+  python3 -m api.cli.main calibrate merge --profile "$RES/$GPU-calibrated.json" --components "$(IFS=,; echo "${comp[*]}")" \
+    --out "$RES/$GPU-calibrated-components.json" 2>&1 | tail -3
+  echo "components end $(date -u +%T)"
 fi
 if has tables; then
   echo "== tables start $(date -u +%T)"
