@@ -100,8 +100,11 @@ if has tables; then
 fi
 if has offload; then
   echo "== offload start $(date -u +%T)"
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m bench.offload_gpu --model mixtral-8x7b --layers 4 --gpu "$GPU" \
-    $( [ -f "$RES/$GPU-calibrated.json" ] && echo --profile "$RES/$GPU-calibrated.json" ) --steps 4 --warmup 1 \
+  # 4 Mixtral layers (~6.1 B parameters, ~110 GB of weights, gradients and Adam state) overflow an 80 GB H100;
+  # an H200 (141 GB) holds them, so there it takes 6 (~9.1 B)
+  OFFLOAD_LAYERS=${OFFLOAD_LAYERS:-$([ "$GPU" = h200 ] && echo 6 || echo 4)}
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m bench.offload_gpu --model mixtral-8x7b --layers "$OFFLOAD_LAYERS" --gpu "$GPU" \
+    $( [ -f "$RES/$GPU-calibrated.json" ] && echo --profile "$RES/$GPU-calibrated.json" ) --steps 3 --warmup 1 \
     --run-without --out "$RES/offload_gpu.json" 2>&1 | tail -25
 fi
 echo "== end $(date -u '+%F %T UTC')"
