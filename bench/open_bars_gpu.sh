@@ -18,7 +18,7 @@
 #              (bench/offload_gpu.py --run-without; needs ~85 GB of host memory)
 #   stack      issue 19: the decoder stack's profile (bench/stack_profile.py) on GPU 0, beside (GPU 1) the
 #              1-GPU layout table of deepseek-v2-lite (not in the default phases: measured 2026-11-27)
-# Environment: PHASES, MODELS (tables and first), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
+# Environment: PHASES, MODELS (tables and first), STORED (calibrated profiles the offload phase may price with), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
 # All phases take more than one 10-minute device call (estimated: calibrate 1 min, cpdisp 1.5, fixedcost 1.5,
 # first 2, overlap 4, tables 4, offload 3-5): run them in two or three calls, e.g.
 #   PHASES="calibrate cpdisp fixedcost first"   then   PHASES="calibrate overlap tables"   then   PHASES=offload
@@ -100,6 +100,9 @@ if has tables; then
 fi
 if has offload; then
   echo "== offload start $(date -u +%T)"
+  # without this call's calibration, a stored one of the same GPU type (STORED: profile files) prices it
+  for f in ${STORED:-}; do [ ! -f "$RES/$GPU-calibrated.json" ] && [ "$(basename "$f")" = "$GPU-calibrated.json" ] \
+    && cp "$f" "$RES/" && echo "pricing with the stored $f"; done
   # 4 Mixtral layers (~6.1 B parameters, ~110 GB of weights, gradients and Adam state) overflow an 80 GB H100;
   # an H200 (141 GB) holds them, so there it takes 6 (~9.1 B)
   OFFLOAD_LAYERS=${OFFLOAD_LAYERS:-$([ "$GPU" = h200 ] && echo 6 || echo 4)}
