@@ -54,7 +54,12 @@ def measured_profile(base, device: torch.device, quick: bool):
     adam = measure_cpu_adam(QUICK_CPU_ADAM_ELEMENTS if quick else CPU_ADAM_ELEMENTS, device=device)
     profile = dataclasses.replace(base, host_link_bandwidth=link["host_link_bytes_per_s"] if link else None,
                                   cpu_adam_bandwidth=adam["cpu_adam_bytes_per_s"])
-    return profile, {"link": link, "cpu_adam": adam}
+    # the CPU Adam rate by working-set size (how far the calibrated size is from a real shard's)
+    sizes = (QUICK_CPU_ADAM_ELEMENTS, 4 * QUICK_CPU_ADAM_ELEMENTS) if quick else (24 << 20, 128 << 20, 512 << 20)
+    by_size = [measure_cpu_adam(n, device=device) for n in sizes]
+    print("CPU Adam by size: " + ", ".join(f"{r['elements'] / 2**20:.0f}M {r['cpu_adam_bytes_per_s'] / 1e9:.1f} GB/s"
+                                           for r in by_size), flush=True)
+    return profile, {"link": link, "cpu_adam": adam, "cpu_adam_by_size": by_size}
 
 
 def choose(model, training, cluster, fractions, capacity):
