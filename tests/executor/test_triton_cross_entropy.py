@@ -7,8 +7,6 @@ with TRITON_INTERPRET=1 (``test_cross_entropy_kernels_in_triton_interpreter``); 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import torch
 from executor.kernels import triton_cross_entropy as ce
 from executor.parallel.groups import single_process_state
 from executor.parallel.vocab import output_cross_entropy
+from tests.executor.triton_child import run_inner_tests
 
 INNER = os.environ.get("TRITON_INTERPRET") == "1"
 inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of "
@@ -27,11 +26,7 @@ def test_cross_entropy_kernels_in_triton_interpreter():
     pytest.importorskip("triton")
     if INNER:
         pytest.skip("this is the child")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "inner",
-                           __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and "failed" not in done.stdout and "skipped" not in done.stdout
+    run_inner_tests(__file__)
 
 
 def _spy(monkeypatch, name: str) -> list:
