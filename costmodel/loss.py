@@ -6,8 +6,8 @@ at most :data:`CROSS_ENTROPY_CHUNK_LOGITS` logits: forward, per block, the outpu
 the running maximum and sum of exponentials (one Triton pass on GPUs; the torch path on CPU, through an fp32
 copy); it saves only a per-token log-sum-exp. Backward, per block, the block's logits again (one more
 output-layer GEMM), its softmax gradient in the compute dtype (one Triton pass, or fp32 torch ops and a cast),
-then the weight-gradient GEMM of those rows and the block's share of the input gradient added
-into an fp32 accumulator. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
+then the weight-gradient GEMM of those rows and the block's share of the input gradient added into an fp32
+accumulator. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
 backward. Memory and time models both read this module, so the two behaviours stay described in one place.
 """
 
@@ -88,7 +88,8 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
     head's saved fp32 log-sum-exp (``4·(1 + MTP)``); beside them, at the backward's peak, one block of logits
     in the compute dtype with its fp32 softmax (``b + 4`` bytes per block logit; ``4`` in fp32, where the copy
     is the GEMM's output itself) and the output weight's 16-bit gradient (``V/tp · h · w`` bytes) before it is
-    added into the main gradient. The heads run one after another: one block is live at a time. The fixed
+    added into the main gradient. That is the torch path's block; on a GPU the Triton kernels keep no fp32
+    copy, so there it is an upper bound by 4 bytes per block logit (not yet re-measured with the kernels). The heads run one after another: one block is live at a time. The fixed
     part is (bytes per block logit, vocabulary rows, weight-gradient bytes); :func:`loss_fixed_bytes` prices it.
     """
     b, h, heads = training.activation_bytes, model.hidden_size, 1 + model.mtp_num_layers
