@@ -2,8 +2,10 @@
 
 For each case (a model's hidden size and vocabulary at a sequence length and micro-batch size, one GPU, so
 the whole vocabulary on one rank as at tp 1) and each path — ``unfused`` (ExecutorOptions
-``cross_entropy_chunk_logits=0``: [s, b, V] logits, then fp32 copies) and ``fused`` (the executor's
-default, or ``--chunk-logits``) — it runs ``executor.parallel.vocab.output_cross_entropy(...).mean()``
+``cross_entropy_chunk_logits=0``: [s, b, V] logits, then fp32 copies), ``fused`` (the executor's
+default, or ``--chunk-logits``: on CUDA each block's element-wise work in the Triton kernels of
+executor/kernels/triton_cross_entropy.py) and, on CUDA only, ``fused-torch`` (the same blocks with those
+kernels off, FOLDTUNE_FUSED_CROSS_ENTROPY=0: the torch ops on an fp32 copy of each block) — it runs ``executor.parallel.vocab.output_cross_entropy(...).mean()``
 forward and backward from hidden states [s, b, h] and reports:
 
 - ``held_after_forward_mib``: memory allocated after the forward beyond the inputs (what the loss keeps for
@@ -14,11 +16,11 @@ forward and backward from hidden states [s, b, h] and reports:
 - ``saved_mib``: what autograd saves for backward beyond the inputs (saved-tensor hooks; every device);
 - ``forward_ms`` and ``forward_backward_ms``: steady state, ``--iters`` calls back to back after two
   warm-up calls (CUDA events on a GPU, wall clock on the CPU);
-- for ``fused``: ``loss_abs_diff`` and the max |difference| of each gradient relative to the unfused path's
+- for ``fused`` and ``fused-torch``: ``loss_abs_diff`` and the max |difference| of each gradient relative to the unfused path's
   largest |value| (both paths see the same inputs).
 
-Cases: Qwen3-30B-A3B (h 2048, V 151936) at seq 4096, mbs 1 and 2, and DeepSeek-V3 (h 7168, V 129280) at
-seq 4096, mbs 1, in bf16. ``--device cpu --tiny``: toy shapes on the CPU (a smoke test).
+Cases: Qwen3-30B-A3B (h 2048, V 151936) at seq 4096, mbs 1 and 2, DeepSeek-V3 (h 7168, V 129280) and
+DeepSeek-V2-Lite (h 2048, V 102400) at seq 4096, mbs 1, in bf16. ``--device cpu --tiny``: toy shapes on the CPU (a smoke test).
 
 Usage (GPU): python3 -m bench.loss_memory          (JSON to $OUT/loss_memory.json, or --out)
 """
@@ -36,10 +38,12 @@ from pathlib import Path
 import torch
 
 from bench.moe_breakdown import steady_window
+from executor.kernels import triton_cross_entropy as ce_kernels
 from executor.options import DEFAULT_CHUNK_LOGITS
 from executor.parallel.groups import single_process_state
 from executor.parallel.vocab import output_cross_entropy
 from executor.saved_tensors import saved_storage_bytes
+from executor.scoped_env import scoped_env
 from spec.catalog import get_model
 
 MIB = 2**20
@@ -67,7 +71,7 @@ def cases(tiny: bool) -> list[Case]:
     if tiny:
         return [Case("tiny seq64 mbs1", 64, 1000, 1024, 64, 1), Case("tiny seq64 mbs2", 64, 1000, 1024, 64, 2)]
     return [_model_case("qwen3-30b-a3b", 4096, 1), _model_case("qwen3-30b-a3b", 4096, 2),
-            _model_case("deepseek-v3", 4096, 1)]
+            _model_case("deepseek-v3", 4096, 1), _model_case("deepseek-v2-lite", 4096, 1)]
 
 
 def _sync(dev: torch.device) -> None:
@@ -93,8 +97,9 @@ def _inputs(case: Case, dev: torch.device, dtype: torch.dtype):
 
 
 def measure_path(case: Case, chunk_logits: int, dev: torch.device, dtype: torch.dtype, iters: int,
-                 inputs) -> tuple[dict, tuple]:
-    """One path on one case: the report's row and (loss, grad hidden, grad weight) of one fwd+bwd."""
+                 inputs, name: str) -> tuple[dict, tuple]:
+    """One path (called ``name`` in the report) on one case: the report's row and (loss, grad hidden, grad
+    weight) of one fwd+bwd."""
     hidden, weight, labels = inputs
     state = single_process_state()
 
@@ -105,7 +110,7 @@ def measure_path(case: Case, chunk_logits: int, dev: torch.device, dtype: torch.
     def clear():
         hidden.grad = weight.grad = None
 
-    row = {"path": "unfused" if chunk_logits == 0 else "fused", "chunk_logits": chunk_logits}
+    row = {"path": name, "chunk_logits": chunk_logits}
     clear()
     row["saved_mib"] = saved_storage_bytes(loss, [hidden, weight]) / MIB
     _sync(dev)
@@ -146,15 +151,19 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_case(case: Case, chunk_logits: int, dev: torch.device, dtype: torch.dtype, iters: int) -> dict:
-    """Both paths on one case (unfused first; an out-of-memory path is recorded, the other still runs)."""
+    """Every path on one case (unfused first; an out-of-memory path is recorded, the others still run)."""
     inputs = _inputs(case, dev, dtype)
     report = {"case": case.__dict__, "paths": []}
     reference = None
-    for chunk in (0, chunk_logits):
+    paths = [("unfused", 0, {}), ("fused", chunk_logits, {})]
+    if dev.type == "cuda":  # the kernels run on CUDA only: elsewhere "fused" is the torch path already
+        paths.append(("fused-torch", chunk_logits, {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"}))
+    for name, chunk, env in paths:
         try:
-            row, result = measure_path(case, chunk, dev, dtype, iters, inputs)
+            with scoped_env(env):
+                row, result = measure_path(case, chunk, dev, dtype, iters, inputs, name)
         except torch.OutOfMemoryError as error:
-            report["paths"].append({"path": "unfused" if chunk == 0 else "fused", "chunk_logits": chunk,
+            report["paths"].append({"path": name, "chunk_logits": chunk,
                                     "error": f"out of memory: {str(error).splitlines()[0]}"})
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -167,6 +176,8 @@ def run_case(case: Case, chunk_logits: int, dev: torch.device, dtype: torch.dtyp
             row["grad_weight_rel_diff"] = _relative(result[2], reference[2])
         report["paths"].append(row)
         del result
+    if dev.type == "cuda":
+        report["fused_kernel_checks"] = {str(k): ok for k, ok in ce_kernels._CHECKED.items()}
     return report
 
 
@@ -175,15 +186,15 @@ def _fmt(value, digits=1) -> str:
 
 
 def table(reports: list[dict]) -> str:
-    lines = [f"{'case':<30} {'path':<8} {'held MiB':>9} {'peak+ MiB':>10} {'saved MiB':>10} "
+    lines = [f"{'case':<30} {'path':<11} {'held MiB':>9} {'peak+ MiB':>10} {'saved MiB':>10} "
              f"{'fwd ms':>8} {'fwd+bwd ms':>11} {'loss diff':>10}"]
     for report in reports:
         for row in report["paths"]:
             if "error" in row:
-                lines.append(f"{report['case']['name']:<30} {row['path']:<8} {row['error']}")
+                lines.append(f"{report['case']['name']:<30} {row['path']:<11} {row['error']}")
                 continue
             diff = row.get("loss_abs_diff")
-            lines.append(f"{report['case']['name']:<30} {row['path']:<8} {_fmt(row['held_after_forward_mib']):>9} "
+            lines.append(f"{report['case']['name']:<30} {row['path']:<11} {_fmt(row['held_after_forward_mib']):>9} "
                          f"{_fmt(row['peak_extra_mib']):>10} {_fmt(row['saved_mib']):>10} "
                          f"{_fmt(row['forward_ms'], 2):>8} {_fmt(row['forward_backward_ms'], 2):>11} "
                          f"{'-' if diff is None else f'{diff:.1e}':>10}")

@@ -3,10 +3,11 @@ Megatron's whole-logits loss (``TrainingSpec.megatron_cross_entropy``), in bytes
 
 The executor (``executor/parallel/linear_cross_entropy.py``) walks this rank's vocabulary rows in blocks of
 at most :data:`CROSS_ENTROPY_CHUNK_LOGITS` logits: forward, per block, the output GEMM in the compute dtype,
-its fp32 copy, the running maximum and sum of exponentials; it saves only a per-token log-sum-exp. Backward,
-per block, the block's logits again (one more output-layer GEMM), its softmax gradient in fp32, cast to the
-compute dtype, then the weight-gradient GEMM of those rows and the block's share of the input gradient added
-into an fp32 accumulator. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
+the running maximum and sum of exponentials (one Triton pass on GPUs; the torch path on CPU, through an fp32
+copy); it saves only a per-token log-sum-exp. Backward, per block, the block's logits again (one more
+output-layer GEMM), its softmax gradient in the compute dtype (one Triton pass, or fp32 torch ops and a cast),
+then the weight-gradient GEMM of those rows and the block's share of the input gradient added into an fp32
+accumulator. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
 backward. Memory and time models both read this module, so the two behaviours stay described in one place.
 """
 
@@ -23,16 +24,38 @@ CROSS_ENTROPY_CHUNK_LOGITS = 2**26
 MEGATRON_LOSS_FP32_COPIES = 1
 _FP32 = 4
 
-# HBM bytes per logit of the executor's blocked loss with 16-bit logits (torch ops of linear_cross_entropy.py).
-# Forward: cast to fp32 (read 2, write 4), row max (read 4), subtract and exp in place (2 x read 4 + write 4),
-# row sum (read 4).
-BLOCKED_LOSS_BYTES_PER_LOGIT_FWD = 6 + 4 + 16 + 4
+# HBM bytes per logit of the executor's blocked loss, its element-wise work only (the GEMMs are priced as
+# GEMMs), on a GPU: the Triton kernels of executor/kernels/triton_cross_entropy.py. Forward reads each logit
+# once (running max, rescaled sum of exp and target logit in registers); backward reads the recomputed logit
+# and writes its gradient over it. In logit-sized passes: 1 forward, 2 backward (times the logit's bytes).
+KERNEL_LOSS_LOGIT_PASSES_FWD = 1
+KERNEL_LOSS_LOGIT_PASSES_BWD = 2
+# The torch path (where the kernels do not run: CPU, no Triton, FOLDTUNE_FUSED_CROSS_ENTROPY=0, or a failed
+# first-use check), 16-bit logits. Forward: cast to fp32 (read 2, write 4), row max (read 4), subtract and
+# exp in place (2 x read 4 + write 4), row sum (read 4).
+TORCH_LOSS_BYTES_PER_LOGIT_FWD = 6 + 4 + 16 + 4
 # Backward: the recomputed block's cast (6), subtract the log-sum-exp and exp in place (16), times the incoming
 # gradient in place (8), cast of the logit gradient to 16 bits (read 4, write 2).
-BLOCKED_LOSS_BYTES_PER_LOGIT_BWD = 6 + 16 + 8 + 6
+TORCH_LOSS_BYTES_PER_LOGIT_BWD = 6 + 16 + 8 + 6
 # Per token and hidden element, per block: the block's input gradient (16-bit, write 2) added into the fp32
 # accumulator (read 2 + 4, write 4).
 BLOCKED_LOSS_ACCUM_BYTES = 2 + 2 + 4 + 4
+
+
+def blocked_loss_bytes_per_logit(activation_bytes: int, kernels: bool) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per logit of the blocked loss's element-wise work, logits of
+    ``activation_bytes`` bytes: the Triton kernels' (``kernels``; 2 and 4 in bf16, 4 and 8 in fp32) or the torch
+    path's (30 and 36, its casts and fp32 passes; fp32 logits are priced the same, an fp32 copy replacing the
+    cast)."""
+    if kernels:
+        return (float(KERNEL_LOSS_LOGIT_PASSES_FWD * activation_bytes),
+                float(KERNEL_LOSS_LOGIT_PASSES_BWD * activation_bytes))
+    return float(TORCH_LOSS_BYTES_PER_LOGIT_FWD), float(TORCH_LOSS_BYTES_PER_LOGIT_BWD)
+
+
+def loss_kernels_run(gpu_name: str) -> bool:
+    """Whether the executor's loss runs on its Triton kernels on ``gpu_name`` (CUDA GPUs: yes; 'cpu': no)."""
+    return gpu_name.lower() != "cpu"
 
 
 def vocab_rows(model: ModelSpec, tp: int) -> int:
@@ -65,7 +88,8 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
     head's saved fp32 log-sum-exp (``4·(1 + MTP)``); beside them, at the backward's peak, one block of logits
     in the compute dtype with its fp32 softmax (``b + 4`` bytes per block logit; ``4`` in fp32, where the copy
     is the GEMM's output itself) and the output weight's 16-bit gradient (``V/tp · h · w`` bytes) before it is
-    added into the main gradient. The heads run one after another: one block is live at a time. The fixed
+    added into the main gradient. That is the torch path's block; on a GPU the Triton kernels keep no fp32
+    copy, so there it is an upper bound by 4 bytes per block logit (not yet re-measured with the kernels). The heads run one after another: one block is live at a time. The fixed
     part is (bytes per block logit, vocabulary rows, weight-gradient bytes); :func:`loss_fixed_bytes` prices it.
     """
     b, h, heads = training.activation_bytes, model.hidden_size, 1 + model.mtp_num_layers

@@ -269,6 +269,9 @@ class _Shape:
         self.flash = training.flash_attention
         self.regather = training.sequence_parallel_regather
         self.megatron_loss = training.megatron_cross_entropy
+        # (fwd, bwd) bytes per logit of the blocked loss: its Triton kernels' on GPUs, the torch path's on CPU
+        self.loss_bytes = _loss.blocked_loss_bytes_per_logit(self.act_bytes,
+                                                             _loss.loss_kernels_run(ctx.cluster.gpu.name))
         self.fused_special = training.fused_window_sink_attention
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
@@ -529,8 +532,9 @@ class _Shape:
 
     def head(self, block: _Block) -> None:
         """Final norm, output layer (16-bit) and vocab-parallel cross-entropy of one output head: the executor's
-        loss fused with the output layer and blocked over the vocabulary (one more output GEMM in backward, its
-        torch ops' traffic), or Megatron's over the whole logits (``TrainingSpec.megatron_cross_entropy``)."""
+        loss fused with the output layer and blocked over the vocabulary (one more output GEMM in backward; its
+        Triton kernels' traffic on GPUs, its torch ops' on CPU: ``costmodel.loss``), or Megatron's over the
+        whole logits (``TrainingSpec.megatron_cross_entropy``)."""
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
         h = m.hidden_size
         vocab = m.padded_vocab_size(tp) / tp
@@ -551,10 +555,9 @@ class _Shape:
         # the executor's blocked loss (costmodel.loss): its backward computes each block's logits again
         rows = _loss.vocab_rows(m, tp)
         block.add(GEMM, 0.0, gemm_time(self.rates, t, round(vocab), h, False))
-        scale = 1.0 if ab == 4 else ab / 2  # byte counts are for 16-bit logits; fp32 ones skip the casts
-        self.elementwise(block, _loss.BLOCKED_LOSS_BYTES_PER_LOGIT_FWD * scale * t * rows,
-                         bwd_bytes=_loss.BLOCKED_LOSS_BYTES_PER_LOGIT_BWD * scale * t * rows
-                         + _loss.BLOCKED_LOSS_ACCUM_BYTES * t * h * _loss.num_blocks(t, rows))
+        fwd_bytes, bwd_bytes = self.loss_bytes
+        accumulate = _loss.BLOCKED_LOSS_ACCUM_BYTES * t * h * _loss.num_blocks(t, rows)
+        self.elementwise(block, fwd_bytes * t * rows, bwd_bytes=bwd_bytes * t * rows + accumulate)
 
     def mtp_extra(self, block: _Block) -> None:
         """An MTP block's own work: embedding of shifted tokens, two norms and the 2h -> h projection."""

@@ -6,25 +6,28 @@ logits of all of this rank's vocabulary at once: it walks the rank's vocabulary 
 ``block_rows`` (chosen so ``N · block_rows`` <= ``chunk_logits``) and keeps, per token, a running maximum,
 a running sum of exponentials (rescaled when the maximum grows) and the target logit.
 
-- Forward, per block: logits in the compute dtype (one GEMM, as the unfused output layer), an fp32 copy of
-  that block only, its row maximum and sum of exponentials folded into the running ones. At the end, over
-  TP: one MAX all-reduce and one SUM all-reduce of [sum of exponentials, target logit] (two [N] vectors).
-  Saved for backward: the hidden states, the weight (both already alive), the labels and the per-token
-  log-sum-exp [N] — no [N, V] tensor.
-- Backward, per block: the block's logits again (the recomputation costs one more output-layer GEMM), its
-  softmax from the saved log-sum-exp, minus one at the target, times the incoming gradient, cast to the
-  compute dtype (as autograd casts the unfused path's fp32 logit gradient); then the weight gradient of
-  those rows in one GEMM over all N tokens, written in place (the same GEMM and rounding as the unfused
-  path, no accumulation across blocks), and the block's share of the input gradient added into an fp32
-  accumulator [N, h] (cast to the compute dtype at the end). No collective: the input gradient is this
+- Forward, per block: logits in the compute dtype (one GEMM, as the unfused output layer), folded into the
+  running maximum, sum of exponentials and target logit by
+  :func:`executor.kernels.triton_cross_entropy.block_stats_` (one Triton pass over the 16-bit logits on
+  CUDA; elsewhere, or where its first-use check fails, the torch ops on an fp32 copy of the block). At the
+  end, over TP: one MAX all-reduce and one SUM all-reduce of [sum of exponentials, target logit] (two [N]
+  vectors). Saved for backward: the hidden states, the weight (both already alive), the labels and the
+  per-token log-sum-exp [N] — no [N, V] tensor.
+- Backward, per block: the block's logits again (the recomputation costs one more output-layer GEMM), then
+  ``(softmax from the saved log-sum-exp - onehot(label)) · incoming gradient`` in the compute dtype
+  (:func:`executor.kernels.triton_cross_entropy.block_grad`: written over the recomputed logits by the
+  kernel; the torch path goes through fp32 and casts, as autograd casts the unfused path's fp32 logit
+  gradient); then the weight gradient of those rows in one GEMM over all N tokens, written in place (the
+  same GEMM and rounding as the unfused path, no accumulation across blocks), and the block's share of the
+  input gradient added into an fp32 accumulator [N, h] (cast to the compute dtype at the end). No collective: the input gradient is this
   rank's part, which the sequence-parallel all-gather's backward (a reduce-scatter) sums over TP.
 
 Padded vocabulary rows (beyond ``vocab_size``) are never multiplied: they take no part in the softmax and
 get a zero weight gradient, as in the unfused path.
 
-Peak memory beyond inputs, outputs and gradients: one block's logits in the compute dtype plus its fp32
-copy (``chunk_logits`` · (2 + 4) bytes in bf16), the fp32 input-gradient accumulator (N · h · 4 bytes) and
-a handful of [N] vectors. The output layer GEMM stays in the compute dtype under every kernel backend:
+Peak memory beyond inputs, outputs and gradients: one block's logits in the compute dtype plus, on the
+torch path, its fp32 copy (``chunk_logits`` · (2 + 4) bytes in bf16; the kernels keep only the 2), the
+fp32 input-gradient accumulator (N · h · 4 bytes) and a handful of [N] vectors. The output layer GEMM stays in the compute dtype under every kernel backend:
 Megatron keeps its output layer (a plain ColumnParallelLinear, outside Transformer Engine's fp8 autocast)
 in bf16 under fp8.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from executor.kernels import triton_cross_entropy as ce_kernels
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.groups import ParallelState
 
@@ -50,12 +54,6 @@ def _local_rows(vocab_size: int, padded_vocab: int, state: ParallelState) -> tup
     return start, max(0, min(per_rank, vocab_size - start))
 
 
-def _target_in_block(labels_N: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens whose label is a row in [lo, hi), that label's column within the block; 0 elsewhere)."""
-    mine = (labels_N >= lo) & (labels_N < hi)
-    return mine, torch.where(mine, labels_N - lo, 0)
-
-
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_NH, weight_VH, labels_N, vocab_size, padded_vocab, state, chunk_logits):
@@ -65,43 +63,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
         top = torch.full((n,), float("-inf"), device=hidden_NH.device)
         sum_exp = torch.zeros(n, device=hidden_NH.device)
         target = torch.zeros(n, device=hidden_NH.device)
+        fused = ce_kernels.use_kernels(hidden_NH)
+        block_stats_ = ce_kernels.block_stats_ if fused else ce_kernels.torch_block_stats_
         for lo in range(0, rows, step):
             hi = min(rows, lo + step)
-            block = torch.mm(hidden_NH, weight_VH[lo:hi].t()).float()
-            mine, column = _target_in_block(labels_N, start + lo, start + hi)
-            target += block.gather(1, column.unsqueeze(1)).squeeze(1) * mine
-            new_top = torch.maximum(top, block.amax(dim=1))
-            # the running sum was taken relative to the old maximum; exp(-inf) = 0 before the first block
-            sum_exp.mul_(torch.exp(top - new_top)).add_(block.sub_(new_top.unsqueeze(1)).exp_().sum(dim=1))
-            top = new_top
-            del block
+            block_stats_(torch.mm(hidden_NH, weight_VH[lo:hi].t()), labels_N, start + lo, top, sum_exp, target)
         # over TP: the global maximum, then every rank's sum rescaled to it and the target logit (one rank's)
         global_top = all_reduce_(top.clone(), state.tp, op=dist.ReduceOp.MAX)
         sums = torch.stack([sum_exp * torch.exp(top - global_top), target])
         sum_exp, target = all_reduce_(sums, state.tp).unbind(0)
         loss = torch.log(sum_exp) - (target - global_top)
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, global_top + torch.log(sum_exp))
-        ctx.args = (start, rows, step)
+        ctx.args = (start, rows, step, fused)
         return loss
 
     @staticmethod
     def backward(ctx, grad_N):
         hidden_NH, weight_VH, labels_N, lse = ctx.saved_tensors
-        start, rows, step = ctx.args
+        start, rows, step, fused = ctx.args
+        block_grad = ce_kernels.block_grad if fused else ce_kernels.torch_block_grad
         want_input, want_weight = ctx.needs_input_grad[:2]
-        grad_N = grad_N.float().unsqueeze(1)
-        lse = lse.unsqueeze(1)
+        grad_N = grad_N.float().contiguous()
         grad_weight = torch.zeros_like(weight_VH) if want_weight else None  # padded rows stay zero
         # fp32 accumulation of the input gradient over blocks (in place when the compute dtype is fp32)
         grad_input = torch.zeros(hidden_NH.shape, device=hidden_NH.device) if want_input else None
         for lo in range(0, rows, step):
             hi = min(rows, lo + step)
             weight = weight_VH[lo:hi]
-            probs = torch.mm(hidden_NH, weight.t()).float().sub_(lse).exp_()
-            mine, column = _target_in_block(labels_N, start + lo, start + hi)
-            probs.scatter_add_(1, column.unsqueeze(1), -mine.float().unsqueeze(1))
-            grad_logits = probs.mul_(grad_N).to(hidden_NH.dtype)
-            del probs
+            grad_logits = block_grad(torch.mm(hidden_NH, weight.t()), lse, labels_N, start + lo, grad_N)
             if want_weight:
                 torch.mm(grad_logits.t(), hidden_NH, out=grad_weight[lo:hi])
             if want_input:

@@ -88,19 +88,34 @@ def test_the_issue_case_no_longer_holds_sixteen_gib_of_logits():
     assert ours / 2**30 == pytest.approx(1.66, abs=0.01) and theirs / 2**30 == pytest.approx(6.96, abs=0.01)
 
 
-def test_blocked_loss_time_hand_worked():
-    """One GPU, one micro-batch: the executor's loss adds one output GEMM to the backward and moves its torch
-    ops' bytes; Megatron's moves LOSS_BYTES_PER_LOGIT_FWD/BWD per logit. Everything else is the same."""
+def test_blocked_loss_bytes_per_logit_hand_worked():
+    # the Triton kernels: forward reads each bf16 logit once (2); backward reads it and writes its gradient (2 + 2)
+    assert loss.blocked_loss_bytes_per_logit(2, kernels=True) == (2.0, 4.0)
+    assert loss.blocked_loss_bytes_per_logit(4, kernels=True) == (4.0, 8.0)  # fp32 logits: same passes
+    # the torch path: fwd cast (2 + 4), max (4), sub and exp in place (2 · (4 + 4)), sum (4) = 30;
+    # bwd cast (6), sub and exp in place (16), times the gradient in place (8), cast back (4 + 2) = 36
+    assert loss.blocked_loss_bytes_per_logit(2, kernels=False) == (30.0, 36.0)
+    assert loss.loss_kernels_run("h100-sxm") and loss.loss_kernels_run("H200")
+    assert not loss.loss_kernels_run("cpu")
+
+
+@pytest.mark.parametrize("gpu,fwd_per_logit,bwd_per_logit", [("h100-sxm", 2, 4), ("cpu", 30, 36)])
+def test_blocked_loss_time_hand_worked(gpu, fwd_per_logit, bwd_per_logit):
+    """One device, one micro-batch: the executor's loss adds one output GEMM to the backward and moves its
+    element-wise bytes (the Triton kernels' on a GPU, the torch path's on CPU, where the kernels do not run);
+    Megatron's moves LOSS_BYTES_PER_LOGIT_FWD/BWD per logit. Everything else is the same."""
     model = get_model("qwen3-30b-a3b").with_layers(1)
-    cluster = ClusterSpec(H100, 1)
+    hardware = get_hardware(gpu)
+    cluster = ClusterSpec(hardware, 1)
     cfg = ParallelConfig(world_size=1)
     training = TrainingSpec(seq_length=4096, global_batch_size=1, megatron_cross_entropy=True)
     theirs = estimate_step_time(model, training, cluster, cfg)
     ours = estimate_step_time(model, replace(training, megatron_cross_entropy=False), cluster, cfg)
-    rates = compute_rates(H100, "bf16")
+    rates = compute_rates(hardware, "bf16")
     t, rows, h = 4096, 151936, 2048
     assert ours.term("gemm") - theirs.term("gemm") == pytest.approx(gemm_time(rates, t, rows, h, False), rel=1e-9)
-    fwd = memory_time(rates, 30 * t * rows) + memory_time(rates, (36 * t * rows + 12 * t * h * 10))
+    # 10 blocks of 16384 rows; each adds its input gradient into the fp32 accumulator (12 bytes per t·h)
+    fwd = memory_time(rates, fwd_per_logit * t * rows) + memory_time(rates, bwd_per_logit * t * rows + 12 * t * h * 10)
     megatron = memory_time(rates, LOSS_BYTES_PER_LOGIT_FWD * t * rows) + memory_time(
         rates, LOSS_BYTES_PER_LOGIT_BWD * t * rows)
     assert ours.term("memory_bound") - theirs.term("memory_bound") == pytest.approx(fwd - megatron, rel=1e-9)
