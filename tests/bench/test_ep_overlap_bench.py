@@ -19,7 +19,7 @@ def test_hidden_fraction_is_the_step_saved_over_the_exposed_all_to_all():
             "on": [_run(0.088, 0.001, [2.0, 1.001]), _run(0.090, 0.001, [2.0, 1.0])]}
     s = bench.summarize(runs, micro=8)
     assert s["step_off"] == pytest.approx(0.102) and s["step_on"] == pytest.approx(0.089)
-    assert s["exposed_a2a_off"] == pytest.approx(0.021)
+    assert s["exposed_a2a_off"] == pytest.approx(0.021) and s["a2a_phase_on"] == pytest.approx(0.001)
     assert s["hidden_fraction"] == pytest.approx(0.013 / 0.021)  # 0.619: passes the 0.60 bar
     assert s["passes"] and s["max_hideable_fraction"] == pytest.approx(7 / 8)
     assert s["loss_rel_diff"] == pytest.approx(1e-3)
