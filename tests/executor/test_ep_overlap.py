@@ -246,3 +246,12 @@ def test_staged_forward_without_ep_equals_the_model_forward():
     torch.testing.assert_close(stats, ref_stats)
     for n, p in model.named_parameters():
         torch.testing.assert_close(staged[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_only_the_overlapped_ep_group_asks_for_a_high_priority_stream():
+    from executor.parallel.groups import GROUP_NAMES, high_priority_stream
+
+    on = ParallelConfig(world_size=4, ep=2, overlap_moe_expert_parallel_comm=True)
+    assert high_priority_stream("ep", on)
+    assert not [name for name in GROUP_NAMES if name != "ep" and high_priority_stream(name, on)]
+    assert not high_priority_stream("ep", on.replace(overlap_moe_expert_parallel_comm=False))  # the baseline
