@@ -79,7 +79,8 @@ def summarize(runs: dict[str, list[dict]], micro: int) -> dict:
     diffs = [abs(a - b) / max(abs(a), 1e-12) for r_off, r_on in zip(runs["off"], runs["on"])
              for a, b in zip(r_off["losses"], r_on["losses"])]
     return {"ok": True, "step_off": step["off"], "step_on": step["on"], "exposed_a2a_off": exposed,
-            "a2a_phase_on": phase_on, "hidden_fraction": hidden, "bar": BAR, "passes": hidden is not None and hidden >= BAR,
+            "a2a_phase_on": phase_on, "hidden_fraction": hidden, "bar": BAR,
+            "passes": hidden is not None and hidden >= BAR,
             "max_hideable_fraction": (micro - 1) / micro, "loss_rel_diff": max(diffs) if diffs else None}
 
 

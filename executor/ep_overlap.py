@@ -18,10 +18,11 @@ the in-line dispatch does), the host would stop while the other micro-batch's ex
 the GPU would then idle until the host had queued the next exchange and compute. So the segment only
 starts the sizes' copy to pinned memory (``executor.host_copy``) and an event marks its end; the driver
 queues the partner's compute Y first, then waits for the sizes (the GPU busy with Y) and starts X on a side
-stream that waits for that event only, so X still runs beside Y. Per MoE layer this pairs, as Megatron does, the forward's
-attention with the backward's combine all-to-all, the forward's dispatch all-to-all with the backward's
-experts, the forward's experts with the backward's dispatch all-to-all and the forward's combine all-to-all
-with the backward's attention. The first forward and the last backward have no partner: their exchanges
+stream that waits for that event only, so X still runs beside Y.
+
+Per MoE layer this pairs, as Megatron does, the forward's attention with the backward's combine all-to-all,
+the forward's dispatch all-to-all with the backward's experts, the forward's experts with the backward's
+dispatch all-to-all and the forward's combine all-to-all with the backward's attention. The first forward and the last backward have no partner: their exchanges
 run in line (the cost model prices the same: ``costmodel.step_time``).
 
 Gradients equal the in-line run's: each segment's autograd graph starts at detached copies of the tensors
