@@ -45,12 +45,40 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint sorted intervals."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def overlap_us(intervals: list[tuple[float, float]], others: list[tuple[float, float]]) -> float:
+    """Time of ``intervals`` (their union) during which some interval of ``others`` runs too (microseconds):
+    for NCCL kernels against compute kernels, how much of the communication ran beside compute."""
+    total, theirs, j = 0.0, _merged(others), 0
+    for s, e in _merged(intervals):
+        while j < len(theirs) and theirs[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(theirs) and theirs[k][0] < e:
+            total += min(e, theirs[k][1]) - max(s, theirs[k][0])
+            k += 1
+    return total
+
+
 def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, config: ParallelConfig,
-                 warmup_steps: int, top: int) -> dict:
-    """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds)."""
+                 warmup_steps: int, top: int, options: ExecutorOptions | None = None) -> dict:
+    """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds), and
+    how much of the NCCL kernels' time ran beside compute kernels (``nccl_under_compute_ms``; its all-to-all
+    part ``a2a_ms`` / ``a2a_under_compute_ms``). ``options``: the executor options (default: the training's)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    options = options_for_precision(ExecutorOptions.for_training(training, model=model), training.precision)
+    options = options or ExecutorOptions.for_training(training, model=model)
+    options = options_for_precision(options, training.precision)
     state = build_parallel_state(config, rank)
     net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision],
                  PhaseTimer(enabled=False, device=device))
@@ -79,9 +107,13 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
     nccl = {n: v for n, v in by_name.items() if "nccl" in n.lower()}
     rows = sorted(((n, len(v), sum(v) / 1e3) for n, v in by_name.items()), key=lambda r: -r[2])
     busy = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
-    busy_no_nccl = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels
-                             if "nccl" not in e.name.lower()]) / 1e3
+    compute = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" not in e.name.lower()]
+    busy_no_nccl = _busy_us(compute) / 1e3
+    comm = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()]
+    a2a = [(e.time_range.start, e.time_range.end) for e in kernels if "sendrecv" in e.name.lower()]
     return {"rank": rank, "wall_ms": wall * 1e3, "busy_ms": busy, "busy_without_nccl_ms": busy_no_nccl,
+            "nccl_under_compute_ms": overlap_us(comm, compute) / 1e3, "a2a_ms": _busy_us(a2a) / 1e3,
+            "a2a_under_compute_ms": overlap_us(a2a, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
             "nccl_calls": {n: len(v) for n, v in nccl.items()},
             "top": [{"name": n[:120], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}

@@ -46,6 +46,7 @@ from typing import Protocol
 
 import torch
 
+from executor.host_copy import HostInts
 from executor.kernels import triton_permute as fused
 from executor.parallel.collectives import (
     all_gather,
@@ -196,14 +197,15 @@ class AllToAllDispatcher:
 
     def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
         rows, ctx = self.dispatch_pre(x_NH, routing)
-        if "send" in ctx:
-            rows = all_to_all(rows, ctx["recv"], ctx["send"], self.state.ep)
+        if "sizes" in ctx:
+            send, recv = self.split_sizes(ctx)  # in line: the host waits for the counts here
+            rows = all_to_all(rows, recv, send, self.state.ep)
         return self.dispatch_post(rows, ctx)
 
     def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         y_MH = self.combine_pre(y_MH, dispatched)
         c = dispatched.ctx
-        if "send" in c:
+        if "sizes" in c:
             y_MH = all_to_all(y_MH, c["send"], c["recv"], self.state.ep)
         return self.combine_post(y_MH, dispatched)
 
@@ -211,7 +213,10 @@ class AllToAllDispatcher:
     # overlapped schedule (executor/ep_overlap.py) runs apart, each all-to-all under another micro-batch's
     # compute. Between ``dispatch_pre`` and ``dispatch_post`` the rows go ``ctx["send"]`` to each EP peer
     # and ``ctx["recv"]`` come back; the combine's all-to-all is its transpose. Without EP or ETP there is no
-    # exchange (no "send" in ctx) and the rows pass straight through.
+    # exchange (no "sizes" in ctx) and the rows pass straight through. ``dispatch_pre`` does not read the
+    # split sizes back to the host: it starts their copy (``ctx["sizes"]``, a HostInts) and
+    # :meth:`split_sizes` waits for it, so that the overlapped schedule can issue the other micro-batch's
+    # compute before the host blocks on this one's counts (a host sync waits for all the GPU has queued).
 
     def dispatch_pre(self, x_NH: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, dict]:
         """Permute by expert and size the exchange: (rows to send [Σ send, h], ctx)."""
@@ -236,18 +241,27 @@ class AllToAllDispatcher:
         rows = self.timer.mark(rows, "dispatch", "ep_alltoall")
         counts_PE = counts_E.view(ep.size, e_local)
         recv_PE = all_to_all(counts_PE, [1] * ep.size, [1] * ep.size, ep) if ep.size > 1 else counts_PE
-        # every split size in one device-to-host copy (the only host sync of the dispatch): rows sent to
-        # and received from each ep peer, rows of each etp member after the all-gather
+        # every split size in one device-to-host copy, started here and waited for in split_sizes (the only
+        # host sync of the dispatch): rows sent to and received from each ep peer, rows of each etp member
+        # after the all-gather
         counts_SE = all_gather_nograd(recv_PE.contiguous(), etp) if etp.size > 1 else recv_PE  # [etp·ep, E_local]
-        sizes = torch.cat([counts_PE.sum(1), recv_PE.sum(1), counts_SE.view(etp.size, -1).sum(1)]).tolist()
-        ctx.update(send=sizes[:ep.size], recv=sizes[ep.size:2 * ep.size], per_member=sizes[2 * ep.size:],
-                   counts_SE=counts_SE)
+        sizes = torch.cat([counts_PE.sum(1), recv_PE.sum(1), counts_SE.view(etp.size, -1).sum(1)])
+        ctx.update(sizes=HostInts(sizes), counts_SE=counts_SE)
         return rows, ctx
+
+    def split_sizes(self, ctx: dict) -> tuple[list[int], list[int]]:
+        """(rows sent to, rows received from) each EP peer by the dispatch's all-to-all; waits for the
+        counts ``dispatch_pre`` started copying (the first call only) and keeps them in ``ctx``."""
+        if "send" not in ctx:
+            sizes, ep = ctx["sizes"].get(), self.state.ep.size
+            ctx.update(send=sizes[:ep], recv=sizes[ep:2 * ep], per_member=sizes[2 * ep:])
+        return ctx["send"], ctx["recv"]
 
     def dispatch_post(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
         """The received rows [Σ recv, h] → the experts' input, sorted by local expert."""
-        if "send" not in ctx:
+        if "sizes" not in ctx:
             return Dispatched(rows, ctx["counts"], ctx)
+        self.split_sizes(ctx)
         etp = self.state.etp
         per_member = ctx["per_member"]
         if etp.size > 1:

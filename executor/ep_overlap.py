@@ -11,10 +11,18 @@ runs while the other computes:
     B₀ · [B₁ ‖ F₀] · [F₁ ‖ B₂] · [B₃ ‖ F₂] · [F₃ ‖ B₄] · ...
 
 ``[X ‖ Y]``: start exchange X (an asynchronous ``all_to_all_single``: NCCL's own stream on GPU, gloo's
-thread on CPU), run compute Y, wait for X. Per MoE layer this pairs, as Megatron does, the forward's
-attention with the backward's combine all-to-all, the forward's dispatch all-to-all with the backward's
-experts, the forward's experts with the backward's dispatch all-to-all and the forward's combine all-to-all
-with the backward's attention. The first forward and the last backward have no partner: their exchanges
+thread on CPU), run compute Y, wait for X. A forward's dispatch is the exception in host order: its split
+sizes (rows per EP peer) come from the routing of the segment that just ran, and reading them on the host
+blocks it until the GPU has run everything queued before the read. Read at the end of that segment (as
+the in-line dispatch does), the host would stop while the other micro-batch's exchange is in flight and
+the GPU would then idle until the host had queued the next exchange and compute. So the segment only
+starts the sizes' copy to pinned memory (``executor.host_copy``) and an event marks its end; the driver
+queues the partner's compute Y first, then waits for the sizes (the GPU busy with Y) and starts X on a side
+stream that waits for that event only, so X still runs beside Y.
+
+Per MoE layer this pairs, as Megatron does, the forward's attention with the backward's combine all-to-all,
+the forward's dispatch all-to-all with the backward's experts, the forward's experts with the backward's
+dispatch all-to-all and the forward's combine all-to-all with the backward's attention. The first forward and the last backward have no partner: their exchanges
 run in line (the cost model prices the same: ``costmodel.step_time``).
 
 Gradients equal the in-line run's: each segment's autograd graph starts at detached copies of the tensors
@@ -43,14 +51,28 @@ from spec.errors import InvalidConfigError
 @dataclass
 class Exchange:
     """An all-to-all a segment asks for: send ``in_splits[i]`` rows of ``x`` to member i, receive
-    ``out_splits[i]`` from it. ``tag`` names it in the trace ('F3/L1/dispatch')."""
+    ``out_splits[i]`` from it. ``tag`` names it in the trace ('F3/L1/dispatch'). A dispatch's split sizes
+    are still on the device when its segment ends: ``sizes`` then returns (out_splits, in_splits), waiting
+    for their copy to the host, and the splits are None until :meth:`resolve`."""
 
     x: torch.Tensor
-    out_splits: list[int]
-    in_splits: list[int]
+    out_splits: list[int] | None
+    in_splits: list[int] | None
     group: Group
     tag: str
     source: torch.Tensor | None = None  # forward: ``x`` with its graph, where the returned gradient enters
+    sizes: Callable[[], tuple[list[int], list[int]]] | None = None
+    ready: object = None  # deferred, on CUDA: an event recorded when ``x`` was complete (Overlap._compute)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether the host does not know the split sizes yet (reading them is a host sync)."""
+        return self.out_splits is None
+
+    def resolve(self) -> None:
+        """Fill the split sizes (the host waits for their device-to-host copy, nothing else)."""
+        if self.out_splits is None:
+            self.out_splits, self.in_splits = self.sizes()
 
 
 # A micro-batch's forward or backward: runs compute until it yields the next Exchange, receives its
@@ -97,10 +119,11 @@ class _Tape:
             out.append(t)
         return out
 
-    def exchange(self, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group,
-                 tag: str) -> Generator[Exchange, torch.Tensor, torch.Tensor]:
-        """End the segment at an all-to-all of ``x``; the received rows start the next one (as a leaf)."""
-        request = Exchange(x.detach(), out_splits, in_splits, group, tag, source=x)
+    def exchange(self, x: torch.Tensor, out_splits: list[int] | None, in_splits: list[int] | None, group: Group,
+                 tag: str, sizes=None) -> Generator[Exchange, torch.Tensor, torch.Tensor]:
+        """End the segment at an all-to-all of ``x``; the received rows start the next one (as a leaf).
+        Splits None: ``sizes()`` gives them when the driver starts the exchange (:class:`Exchange`)."""
+        request = Exchange(x.detach(), out_splits, in_splits, group, tag, source=x, sizes=sizes)
         self.segments[-1].sent = request
         received = yield request
         leaf = received.requires_grad_(x.requires_grad)
@@ -162,11 +185,17 @@ def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, ta
     tokens, routing = moe.route(h)
     rows, ctx = dispatcher.dispatch_pre(tokens, routing)
     kept = tape.keep(x1, h, routing.probs_NK, router_loss + routing.loss)
-    if "send" in ctx:
-        rows = yield from tape.exchange(rows, ctx["recv"], ctx["send"], dispatcher.state.ep, f"{tag}/dispatch")
+    if "sizes" in ctx:
+        # the split sizes stay on the device until the driver starts the exchange: no host sync here, while
+        # the other micro-batch's exchange runs under this compute
+        def sizes() -> tuple[list[int], list[int]]:
+            send, recv = dispatcher.split_sizes(ctx)
+            return recv, send
+
+        rows = yield from tape.exchange(rows, None, None, dispatcher.state.ep, f"{tag}/dispatch", sizes)
     dispatched = dispatcher.dispatch_post(rows, ctx)
     y = dispatcher.combine_pre(moe.run_experts(dispatched), dispatched)
-    if "send" in ctx:
+    if "sizes" in ctx:
         y = yield from tape.exchange(y, ctx["send"], ctx["recv"], dispatcher.state.ep, f"{tag}/combine")
     x1, h, ctx["probs"], router_loss = tape.take(kept)
     y = moe.finish(dispatcher.combine_post(y, dispatched), h)
@@ -193,7 +222,9 @@ def forward_stream(model, ids: torch.Tensor, labels: torch.Tensor, num_micro: in
 
 class Overlap:
     """Drives micro-batch streams two at a time (module docstring). ``trace``, when a list, records the
-    order of events: ('start' | 'wait', exchange tag) and ('compute', stream tag)."""
+    order of events: ('start' | 'wait', exchange tag), ('compute', stream tag), and for an exchange whose
+    split sizes were still on the device when its segment ended, ('defer', tag) at that point and ('sizes',
+    tag) where the host waits for them."""
 
     def __init__(self, trace: list | None = None):
         self.trace = trace
@@ -205,13 +236,22 @@ class Overlap:
     def _compute(self, stream: Stream, tag: str, value) -> Exchange | None:
         self._log("compute", tag)
         try:
-            return stream.send(value)
+            request = stream.send(value)
         except StopIteration:
             return None
+        if request.deferred:
+            # the exchange's input is complete once what is queued now has run: remember that point, so that
+            # it can start there although the host starts it only after queuing the other's compute
+            self._log("defer", request.tag)
+            request.ready = _record_event(request.x)
+        return request
 
     def _start(self, ex: Exchange):
+        if ex.deferred:
+            self._log("sizes", ex.tag)
+            ex.resolve()
         self._log("start", ex.tag)
-        return ex.tag, *all_to_all_start(ex.x, ex.out_splits, ex.in_splits, ex.group)
+        return ex.tag, *all_to_all_start(ex.x, ex.out_splits, ex.in_splits, ex.group, ex.ready)
 
     def _wait(self, pending) -> torch.Tensor:
         tag, out, work = pending
@@ -228,12 +268,22 @@ class Overlap:
             request = self._compute(stream, tag, value)
 
     def together(self, first: Stream, first_tag: str, second: Stream, second_tag: str) -> None:
-        """Run both streams to their ends, each exchange of one under the next compute of the other."""
+        """Run both streams to their ends, each exchange of one under the next compute of the other.
+
+        An exchange whose split sizes are known is started before the other's compute is queued. A deferred
+        one (a dispatch: its sizes come from the segment that just ran) is started after: reading the sizes
+        blocks the host until the GPU has run what was queued before them, and queuing the other's compute
+        first keeps the GPU busy meanwhile; the exchange still waits only for its own segment (the event of
+        :meth:`_compute`), not for that compute."""
         cur, cur_tag, other, other_tag = first, first_tag, second, second_tag
         request, other_value = self._compute(cur, cur_tag, None), None
         while request is not None:
-            pending = self._start(request)
-            other_request = self._compute(other, other_tag, other_value)
+            if request.deferred:
+                other_request = self._compute(other, other_tag, other_value)
+                pending = self._start(request)
+            else:
+                pending = self._start(request)
+                other_request = self._compute(other, other_tag, other_value)
             value = self._wait(pending)
             cur, cur_tag, other, other_tag = other, other_tag, cur, cur_tag
             request, other_value = other_request, value
@@ -243,6 +293,16 @@ class Overlap:
             if request is None:
                 return
             other_value = self._wait(self._start(request))
+
+
+def _record_event(x: torch.Tensor):
+    """An event on the current stream when ``x`` is a CUDA tensor (None on CPU: gloo reads ``x`` when the
+    exchange starts, after the host has computed it)."""
+    if not x.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_last_backward=None,

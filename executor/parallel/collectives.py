@@ -169,14 +169,37 @@ def all_gather_nograd(x: torch.Tensor, group: Group) -> torch.Tensor:
     return x if group.size == 1 else _gather(x, group)
 
 
-def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group):
+def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group,
+                     after: torch.cuda.Event | None = None):
     """Start :func:`all_to_all` without autograd and return (output buffer, work handle): the exchange runs
     on the backend's own stream (NCCL) or thread (gloo) while the caller goes on issuing compute; call
     ``work.wait()`` before reading the buffer (on CUDA it makes the current stream wait, not the host).
-    The work is None for a group of one (the output is ``x``)."""
+    The work is None for a group of one (the output is ``x``).
+
+    The exchange waits for everything queued on the current stream (NCCL's rule), unless ``after`` (a CUDA
+    event recorded when ``x`` was complete) is given: then it waits for that event only, through a side
+    stream, so that compute the caller queued after the event (another micro-batch's) runs beside it instead
+    of before it."""
     if group.size == 1:
         return x, None
     x = x.contiguous()
+    # allocated on the current stream, the one that reads it after wait(): the allocator ties it there
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group.pg, async_op=True)
+    if after is None:
+        work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group.pg, async_op=True)
+        return out, work
+    side = _side_stream(x.device)
+    side.wait_event(after)
+    with torch.cuda.stream(side):  # the backend's stream waits for ``side``: for ``after`` only
+        work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group.pg, async_op=True)
     return out, work
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One stream per device on which :func:`all_to_all_start` issues exchanges that wait for an event."""
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]

@@ -76,6 +76,24 @@ class ParallelState:
         return bool(self.config.sequence_parallel)
 
 
+def high_priority_stream(name: str, config: ParallelConfig) -> bool:
+    """Whether group ``name`` gets a high-priority NCCL stream: the EP group when its all-to-alls run under
+    other micro-batches' compute (``overlap_moe_expert_parallel_comm``), as Megatron's
+    ``--high-priority-stream-groups``. A kernel already running keeps its SMs, but when one finishes the block
+    scheduler places the waiting all-to-all before more blocks of the compute queued beside it; at normal
+    priority the exchange can wait for whole GEMMs and stay exposed."""
+    return name == "ep" and bool(config.overlap_moe_expert_parallel_comm)
+
+
+def _group_options(name: str, config: ParallelConfig):
+    """NCCL options for group ``name`` (None: the backend's defaults; always None on gloo)."""
+    if not high_priority_stream(name, config) or not dist.is_nccl_available() or dist.get_backend() != "nccl":
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = True
+    return options
+
+
 def build_parallel_state(config: ParallelConfig, rank: int) -> ParallelState:
     """Create every process group of ``config`` (collective over the world) and return this rank's view.
 
@@ -88,7 +106,8 @@ def build_parallel_state(config: ParallelConfig, rank: int) -> ParallelState:
         for ranks in folded.groups(name):
             pg = None
             if len(ranks) > 1:
-                pg = dist.new_group(ranks)  # every rank must call this for every group, in order
+                # every rank must call this for every group, in order
+                pg = dist.new_group(ranks, pg_options=_group_options(name, config))
             if rank in ranks:
                 state.groups[name] = Group(name, tuple(ranks), ranks.index(rank), pg)
     for ranks in folded.groups("pp"):

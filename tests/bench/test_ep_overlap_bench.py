@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import bench.ep_overlap_gpu as bench
+from bench.layout_trace_gpu import overlap_us
 
 
 def _run(step, a2a, losses):
@@ -19,7 +20,7 @@ def test_hidden_fraction_is_the_step_saved_over_the_exposed_all_to_all():
             "on": [_run(0.088, 0.001, [2.0, 1.001]), _run(0.090, 0.001, [2.0, 1.0])]}
     s = bench.summarize(runs, micro=8)
     assert s["step_off"] == pytest.approx(0.102) and s["step_on"] == pytest.approx(0.089)
-    assert s["exposed_a2a_off"] == pytest.approx(0.021)
+    assert s["exposed_a2a_off"] == pytest.approx(0.021) and s["a2a_phase_on"] == pytest.approx(0.001)
     assert s["hidden_fraction"] == pytest.approx(0.013 / 0.021)  # 0.619: passes the 0.60 bar
     assert s["passes"] and s["max_hideable_fraction"] == pytest.approx(7 / 8)
     assert s["loss_rel_diff"] == pytest.approx(1e-3)
@@ -32,14 +33,25 @@ def test_a_failed_run_is_reported_not_divided():
     assert bench.summarize(runs, micro=2) == {"ok": False, "failures": ["oom"]}
 
 
+def test_communication_beside_compute_is_the_intersection_with_the_compute_union():
+    # all-to-all kernels [0, 10) and [20, 30); compute [5, 8), [7, 12) (overlapping each other), [25, 40)
+    assert overlap_us([(0, 10), (20, 30)], [(5, 8), (7, 12), (25, 40)]) == pytest.approx(5 + 5)
+    assert overlap_us([(0, 10)], []) == 0.0 and overlap_us([(0, 10)], [(10, 20)]) == 0.0
+    assert overlap_us([(0, 4), (2, 6)], [(0, 100)]) == pytest.approx(6)  # counted once where they overlap
+
+
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_the_table_and_json(tmp_path, monkeypatch, capsys):
     out = tmp_path / "ep.json"
     monkeypatch.setattr(sys, "argv", ["ep_overlap_gpu", "--device", "cpu", "--tiny", "--micro", "2", "--rounds",
-                                      "1", "--warmup", "0", "--steps", "1", "--out", str(out)])
+                                      "1", "--warmup", "0", "--steps", "1", "--trace", "--out", str(out)])
     assert bench.main() == 0
     report = json.loads(out.read_text())
     assert report["ok"] and report["micro_per_rank"] == 2 and report["model"] == "tiny-moe"
     assert report["exposed_a2a_off"] > 0
     assert report["loss_rel_diff"] < 1e-6  # the same step computed in another order
-    assert "hidden fraction" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "hidden fraction" in printed and "beside compute" in printed
+    for mode in ("off", "on"):  # on CPU no CUDA kernels: the profile runs, the kernel times are 0
+        assert [r["rank"] for r in report["trace"][mode]] == [0, 1]
+        assert report["trace"][mode][0]["a2a_under_compute_ms"] == 0.0

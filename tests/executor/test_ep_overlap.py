@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 import pytest
 import torch
@@ -67,7 +68,25 @@ def test_overlapped_step_equals_reference_and_inline_run(world, layouts):
     assert not failures, failures
 
 
-def _trace_worker(rank: int, world: int, overlap: bool):
+def _host_reads(trace: list):
+    """Patches that log every read of a tensor's values to the host (``tolist``, ``item``, ``int``) made
+    from executor code, as ('host_read', file) in ``trace``, and a function that undoes them."""
+    plain = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__int__")}
+
+    def logging(name):
+        def read(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if "/executor/" in caller:
+                trace.append(("host_read", caller[caller.rindex("/executor/") + 1:]))
+            return plain[name](self, *args, **kwargs)
+        return read
+
+    for name in plain:
+        setattr(torch.Tensor, name, logging(name))
+    return lambda: [setattr(torch.Tensor, name, f) for name, f in plain.items()]
+
+
+def _trace_worker(rank: int, world: int, overlap: bool, host_reads: bool = False):
     import torch.distributed as dist
 
     from executor.data import global_batch, micro_batches
@@ -88,17 +107,20 @@ def _trace_worker(rank: int, world: int, overlap: bool):
         return plain(*args, **kwargs)
 
     dist.all_to_all_single = logged
+    undo = _host_reads(trace) if host_reads else (lambda: None)
     try:
         micro = micro_batches(global_batch(model_spec.vocab_size, 16, 12, 0, 0), 2, rank, 1)  # 6 per rank (dp2)
         result = trainer.step(micro)
     finally:
         dist.all_to_all_single = plain
+        undo()
     return {"trace": trace, "loss": result.loss}
 
 
 def _hidden_exchanges(trace: list) -> tuple[int, int]:
     """(exchanges started asynchronously and waited for only after another micro-batch's compute,
-    all exchanges)."""
+    all exchanges). A deferred exchange (a dispatch, its sizes read after the partner's compute is queued)
+    counts from its 'defer' event: on CUDA it starts at that point of the stream (the event it waits for)."""
     hidden = total = 0
     for i, event in enumerate(trace):
         if event[0] != "start":
@@ -106,8 +128,8 @@ def _hidden_exchanges(trace: list) -> tuple[int, int]:
         total += 1
         owner = event[1].split("/")[0]
         asynchronous = trace[i + 1] == ("all_to_all", True)
-        j = i + 2
-        others = 0
+        origin = next((k for k in range(i - 1, -1, -1) if trace[k] == ("defer", event[1])), i)
+        j, others = origin + 1, 0
         while trace[j] != ("wait", event[1]):
             if trace[j][0] == "compute" and trace[j][1] != owner:
                 others += 1
@@ -136,6 +158,47 @@ def test_overlap_issues_each_all_to_all_under_another_micro_batch():
         assert trace[first + 2] == ("compute", "F1")
         assert not any(e == ("all_to_all", True) for e in plain["trace"])  # the in-line run: all blocking
         assert got["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_no_host_read_while_an_exchange_is_in_flight():
+    """Issue 19: a host read of the routing's split sizes inside the other micro-batch's compute blocks the
+    host until the GPU has drained everything queued, the exchange in flight included, and leaves the GPU
+    idle until the host has queued the next exchange and compute. Each forward dispatch defers its sizes;
+    the driver reads them once, after queuing the partner's compute, and never between an exchange's start
+    and its wait."""
+    launched = launch(_trace_worker, 2, (True, True), backend="gloo", timeout_s=300, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    for got in launched.results:
+        trace = got["trace"]
+        in_flight: set = set()
+        for event in trace:
+            if event[0] == "start":
+                in_flight.add(event[1])
+            elif event[0] == "wait":
+                in_flight.discard(event[1])
+            elif event[0] == "host_read":
+                assert not in_flight, (event, in_flight)
+        # the sizes of every forward dispatch (6 micro-batches × 3 MoE layers) are read once, where the
+        # driver starts it, and nowhere else in the executor during the micro-batches' exchanges
+        deferred = [e[1] for e in trace if e[0] == "defer"]
+        assert len(deferred) == len(set(deferred)) == 6 * 3
+        assert all(tag.endswith("/dispatch") and tag.startswith("F") for tag in deferred)
+        for i, event in enumerate(trace):
+            if event[0] == "sizes":
+                assert trace[i + 1] == ("host_read", "executor/host_copy.py")
+                assert trace[i + 2] == ("start", event[1])
+        reads = [e for e in trace if e[0] == "host_read"]
+        assert reads.count(("host_read", "executor/host_copy.py")) == 6 * 3
+        # paired forwards (F1..F5): the partner's compute (B_{i-1}) is queued between the end of the
+        # dispatch's segment and the read of its sizes
+        for tag in deferred:
+            micro = int(tag.split("/")[0][1:])
+            if micro == 0:
+                continue
+            begin = trace.index(("defer", tag))
+            end = trace.index(("sizes", tag))
+            assert ("compute", f"B{micro - 1}") in trace[begin:end], tag
 
 
 def test_validity_rule_names_what_the_overlap_is_not_built_with():
@@ -183,3 +246,12 @@ def test_staged_forward_without_ep_equals_the_model_forward():
     torch.testing.assert_close(stats, ref_stats)
     for n, p in model.named_parameters():
         torch.testing.assert_close(staged[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_only_the_overlapped_ep_group_asks_for_a_high_priority_stream():
+    from executor.parallel.groups import GROUP_NAMES, high_priority_stream
+
+    on = ParallelConfig(world_size=4, ep=2, overlap_moe_expert_parallel_comm=True)
+    assert high_priority_stream("ep", on)
+    assert not [name for name in GROUP_NAMES if name != "ep" and high_priority_stream(name, on)]
+    assert not high_priority_stream("ep", on.replace(overlap_moe_expert_parallel_comm=False))  # the baseline
