@@ -13,6 +13,8 @@
 #   components the per-model component factors of each proxy (MODELS), one GPU each, two at a time (`foldtune
 #              calibrate --quick --model M --layers 2 --seq 4096 --ranks 1`), merged against this call's calibrated
 #              profile -> res/<gpu>-calibrated-components.json (the tables replay with it off the device)
+#   losskernel the output layer + loss with the Triton cross-entropy kernels against the same blocks on torch ops
+#              and the unfused path (bench/loss_memory.py, GPU 0) -> res/loss_memory.json
 #   tables     bench/accuracy_gpu.sh with the calibration of this call: the proxies' 1- and 2-GPU layout tables
 #   offload    issue 19: optimizer offload of a Mixtral proxy (4 layers) that does not fit without it, on GPU 0
 #              (bench/offload_gpu.py --run-without; needs ~85 GB of host memory)
@@ -31,7 +33,7 @@ source bench/gpu_env.sh
 gpu_type
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
 pack_results "$RES" "$OUT"
-phases "calibrate trace cpdisp fixedcost first overlap components tables offload"
+phases "calibrate trace cpdisp fixedcost first overlap components losskernel tables offload"
 
 if has calibrate; then
   echo "== calibrate start $(date -u +%T)"
@@ -92,6 +94,10 @@ if has components; then
   python3 -m api.cli.main calibrate merge --profile "$RES/$GPU-calibrated.json" --components "$(IFS=,; echo "${comp[*]}")" \
     --out "$RES/$GPU-calibrated-components.json" 2>&1 | tail -3
   echo "components end $(date -u +%T)"
+fi
+if has losskernel; then
+  echo "== loss kernel start $(date -u +%T)"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m bench.loss_memory --out "$RES/loss_memory.json" 2>&1 | tail -20
 fi
 if has tables; then
   echo "== tables start $(date -u +%T)"
