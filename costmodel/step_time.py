@@ -47,6 +47,7 @@ from costmodel.compute import (
 )
 from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
@@ -285,6 +286,8 @@ class _Shape:
         if training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None:
             imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance
+        self.dispatch_fixed = ctx.fixed[dispatcher]  # seconds per dispatch + combine beyond its bytes
+        self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
 
     # -- primitives --------------------------------------------------------------------------------
     def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),
@@ -442,14 +445,15 @@ class _Shape:
     def _cp_comm(self, block: _Block, kv_heads: float, head_dims: float, reorder: bool) -> None:
         """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
         rank's K and V all-gathered over CP forward, their gradients reduce-scattered backward, exposed (it
-        runs before the attention that needs it); with ``reorder`` (the flash path) the gathered K/V put into
+        runs before the attention that needs it), plus its per-call seconds beyond the bytes
+        (:mod:`costmodel.fixed_costs`) half each way; with ``reorder`` (the flash path) the gathered K/V put into
         global sequence order (one read and one write of the gathered buffer each way)."""
         place = self.cp_place
         if place.size <= 1:
             return
         local = kv_exchange_bytes(self.tokens, kv_heads, head_dims, self.act_bytes)
         fwd, bwd = kv_exchange_time(self.link, local, place)
-        block.add(CP, fwd, bwd)
+        block.add(CP, fwd + self.cp_fixed / 2, bwd + self.cp_fixed / 2)
         if reorder:
             self.elementwise(block, 2 * place.size * local, "core_attn", bwd_bytes=2 * place.size * local)
 
@@ -742,6 +746,7 @@ class _Context:
         self.model, self.training, self.cluster = model, training, cluster
         self.rates: ComputeRates = compute_rates(cluster.hardware, training.precision)
         self.link: LinkRates = link_rates(cluster.hardware)
+        self.fixed = exchange_fixed(cluster.hardware)  # per-call exchange seconds (costmodel.fixed_costs)
         self.gpus_per_node = cluster.gpus_per_node
         self.pattern = model.moe_layer_pattern()
         self.flops_per_step = flops_per_step(model, training.seq_length, training.global_batch_size)
