@@ -73,9 +73,9 @@ class ComputeRates:
     attn_mla_fwd_curve: MeasuredCurve | None = None  # the same for query/key heads wider than value heads (MLA)
     attn_mla_bwd_curve: MeasuredCurve | None = None
     fp32_peak: float = 0.0  # FLOP/s of fp32 GEMMs without TF32 (the executor's fp32 attention with sinks)
-    # seconds one CP chunk attention kernel costs beyond its FLOPs, forward + backward (measured, else 0:
-    # costmodel.context_parallel adds half each way to every chunk kernel under CP > 1)
-    cp_chunk_overhead: float = 0.0
+    # least seconds of one CP chunk attention call, forward + backward (measured, else 0): a short chunk's
+    # kernel waits for the host issuing it (costmodel.context_parallel: half of it a floor each way)
+    cp_chunk_floor: float = 0.0
 
 
 @lru_cache(maxsize=64)
@@ -103,7 +103,7 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_mla_fwd_curve=hardware.attention_mla_fwd_efficiency,
         attn_mla_bwd_curve=hardware.attention_mla_bwd_efficiency,
         fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock,
-        cp_chunk_overhead=hardware.cp_chunk_fixed_s or 0.0)
+        cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0)
 
 
 def _by_weight_size(shape_curves: tuple[tuple[str, MeasuredCurve], ...]) -> tuple[tuple[float, MeasuredCurve], ...]:

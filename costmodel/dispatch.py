@@ -24,7 +24,8 @@ Contract of a pricing, for one MoE layer, one micro-batch, on the busiest rank o
 
 ``routed_time`` also adds ``shape.dispatch_fixed`` (seconds per call beyond the bandwidth price, forward +
 backward, resolved by ``costmodel.fixed_costs``) half forward and half backward to ``ep_a2a`` whenever the
-dispatcher exchanges tokens (its group has more than one rank).
+dispatcher exchanges tokens (its ETP·EP group has more than one rank); the time model keeps those seconds
+out of what EP overlap may hide (host work and host syncs do not run beside another micro-batch's compute).
 """
 
 from __future__ import annotations

@@ -148,12 +148,15 @@ class StepTimeBreakdown:
 class _Block:
     """Forward and backward seconds per micro-batch of one layer kind, split by term (raw, before overlap)."""
 
-    __slots__ = ("fwd", "bwd", "modules")
+    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed")
 
     def __init__(self) -> None:
         self.fwd = [0.0] * N_SLOTS
         self.bwd = [0.0] * N_SLOTS
         self.modules: dict[str, float] = {}  # recompute module -> forward seconds it re-runs
+        # the dispatcher's per-call seconds inside ep_a2a (fwd + bwd): host work and the alltoall's host sync
+        # for its split sizes, which EP overlap cannot run beside another micro-batch's compute
+        self.a2a_fixed = 0.0
 
     def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
         self.fwd[term] += fwd
@@ -176,7 +179,7 @@ class _LayerCost:
         self.compute_fwd, self.compute_bwd = compute_fwd, compute_bwd
         # exposed EP all-to-all seconds: what EP overlap hides (the executor's overlap runs the ETP collectives
         # in line, so they stay exposed; Megatron's would hide them too)
-        self.a2a = a2a
+        self.a2a = a2a  # exposed ep_a2a seconds EP overlap may hide (the dispatcher's per-call cost excluded)
         self.modules = modules  # recompute module -> forward seconds it re-runs
         # the per-micro-batch prefix of TERMS; terms that are not layer slots (recompute) are 0 here
         self.terms = tuple([0.0 if slot is None else exposed[slot] for slot in _PREFIX_SLOTS])
@@ -220,7 +223,7 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
-                      exposed[A2A], dict(block.modules))
+                      exposed[A2A] - block.a2a_fixed, dict(block.modules))
 
 
 class _Layers:
@@ -510,6 +513,8 @@ class _Shape:
         received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
         local_experts = max(1, experts // self.ep)
         dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
+        if self.tp_ep_place.size > 1:  # where every pricing adds its per-call cost (costmodel.dispatch)
+            block.a2a_fixed += self.dispatch_fixed
         per_expert = received / local_experts
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
         fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)
@@ -893,7 +898,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
             total_a2a = m * crit_a2a
             shown = min(total_a2a, (m - 1) * max(0.0, crit_a2a - window_fwd - window_bwd) + crit_a2a)
-            values[_I_A2A] = shown
+            values[_I_A2A] += shown - total_a2a  # the dispatcher's per-call seconds stay (not in crit_a2a)
             hidden[_H_A2A] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters

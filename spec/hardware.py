@@ -130,12 +130,13 @@ class HardwareProfile:
     Adam steps per second) price offloading; None means not measured: :attr:`host_link_bytes_per_s` and
     :attr:`cpu_adam_bytes_per_s` fall back to ``DEFAULT_HOST_LINK_BANDWIDTH`` (datasheet) and
     ``DEFAULT_CPU_ADAM_BANDWIDTH`` (assumption). ``cp_exchange_fixed_s`` (one CP K/V exchange: K and V
-    all-gathered forward, their gradients reduce-scattered backward), ``cp_chunk_fixed_s`` (one CP chunk
-    attention kernel, forward + backward) and ``dispatcher_fixed_s`` (dispatcher name -> one MoE layer's
-    dispatch + combine, forward + backward) are the seconds per call the executor's own code pays beyond
-    what the bandwidth curves and FLOP rates price, measured by ``foldtune calibrate`` on two or more ranks
+    all-gathered forward, their gradients reduce-scattered backward) and ``dispatcher_fixed_s`` (dispatcher
+    name -> one MoE layer's dispatch + combine, forward + backward) are the seconds per call the executor's
+    own code pays beyond what the bandwidth curves price; ``cp_chunk_floor_s`` is the least one CP chunk
+    attention call takes, forward + backward, however few its FLOPs (the host issuing it: a short chunk's
+    kernel waits for it). All three are measured by ``foldtune calibrate`` on two or more ranks
     (``executor/microbench/exchanges.py``); None (or a dispatcher left out) means not measured, priced by
-    ``costmodel.fixed_costs``'s rules of thumb.
+    ``costmodel.fixed_costs``'s rules of thumb (the chunk floor: none).
     """
 
     name: str
@@ -171,7 +172,7 @@ class HardwareProfile:
     cpu_adam_bandwidth: float | None = None  # bytes of optimizer state per second of CPU Adam, measured
     # seconds per call beyond the bandwidth/FLOP price, fwd+bwd, measured on >= 2 ranks (None: not measured)
     cp_exchange_fixed_s: float | None = None  # one CP K/V exchange of an attention layer
-    cp_chunk_fixed_s: float | None = None  # one CP chunk attention kernel
+    cp_chunk_floor_s: float | None = None  # least seconds of one CP chunk attention call (a floor, not added)
     dispatcher_fixed_s: tuple[tuple[str, float], ...] = ()  # dispatcher name -> one dispatch + combine
     # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
     # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
@@ -202,7 +203,7 @@ class HardwareProfile:
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number > 0, got {value}")
-        fixed = [("cp_exchange_fixed_s", self.cp_exchange_fixed_s), ("cp_chunk_fixed_s", self.cp_chunk_fixed_s),
+        fixed = [("cp_exchange_fixed_s", self.cp_exchange_fixed_s), ("cp_chunk_floor_s", self.cp_chunk_floor_s),
                  *((f"dispatcher_fixed_s[{k}]", v) for k, v in self.dispatcher_fixed_s)]
         for name, value in fixed:  # 0 is a measurement (nothing beyond the price); negative is not
             require(p, value is None or (math.isfinite(value) and value >= 0),
@@ -304,7 +305,7 @@ class HardwareProfile:
                if self.allocator_fragmentation is not None else {}),
             **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
             **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth", "cp_exchange_fixed_s",
-                                             "cp_chunk_fixed_s")
+                                             "cp_chunk_floor_s")
                if getattr(self, k) is not None},
             **({"dispatcher_fixed_s": dict(self.dispatcher_fixed_s)} if self.dispatcher_fixed_s else {}),
             "network_source": self.network_source,

@@ -70,8 +70,8 @@ class HardwareProfileIn(BodyIn):
                                                  "seconds of load / in a short burst (power-limited clock)")
     cp_exchange_fixed_s: float | None = Field(None, ge=0, le=1, description="seconds per CP K/V exchange "
                                               "(fwd+bwd) beyond its bandwidth price, measured")
-    cp_chunk_fixed_s: float | None = Field(None, ge=0, le=1, description="seconds per CP chunk attention kernel "
-                                           "(fwd+bwd) beyond its FLOP price, measured")
+    cp_chunk_floor_s: float | None = Field(None, ge=0, le=1, description="least seconds of one CP chunk attention "
+                                           "call (fwd+bwd) however few its FLOPs, measured")
     dispatcher_fixed_s: dict[Name, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=dict, description="dispatcher -> seconds per MoE layer's dispatch + combine (fwd+bwd) "
         "beyond its bandwidth price, measured")

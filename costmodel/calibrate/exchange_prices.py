@@ -8,9 +8,10 @@ rates, term by term as ``costmodel.step_time`` prices them, and
 
     fixed per call = max(0, measured − priced without any fixed cost)
 
-per K/V exchange, per dispatch + combine of each dispatcher, and per chunk kernel (the core's excess over
-its ``len(chunk_kernels)`` kernels). These are measured quantities of one small shape, not fits: nothing
-here reads a training step. ``bench/cp_dispatch_gpu.py`` prints the same prices (fixed costs included)
+per K/V exchange and per dispatch + combine of each dispatcher; and the chunk calls' floor F (fwd+bwd),
+the one for which the priced core, every chunk direction at ``max(kernel, F/2)``, equals the measured core
+(0 when the kernels alone take as long; ``costmodel.context_parallel``). These are measured quantities of
+one small shape, not fits: nothing here reads a training step. ``bench/cp_dispatch_gpu.py`` prints the same prices (fixed costs included)
 beside its measurements.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from costmodel.comm import Placement, group_placement, link_rates
 from costmodel.compute import ComputeRates, compute_rates, memory_time
-from costmodel.context_parallel import chunk_kernels, cp_attention_time, kv_exchange_bytes, kv_exchange_time
+from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fixed_costs import cp_exchange_fixed, dispatcher_fixed
 from costmodel.step_time import ELEMENTWISE_BWD_RATIO
@@ -94,10 +95,10 @@ class _RoutedShape:
 
 def cp_prices(hardware: HardwareProfile, case: CpCase, fixed: bool = True) -> tuple[float, float]:
     """(core, K/V exchange) seconds fwd+bwd of the busiest CP rank, as the time model prices them; without
-    ``fixed``, none of the per-call costs (chunk kernel, exchange) is added."""
+    ``fixed``, neither the chunk calls' floor nor the exchange's per-call cost."""
     rates = compute_rates(hardware, "bf16")
     if not fixed:
-        rates = replace(rates, cp_chunk_overhead=0.0)
+        rates = replace(rates, cp_chunk_floor=0.0)
     core = sum(cp_attention_time(rates, 1, case.seq, case.cp, case.heads, case.head_dim, case.head_dim))
     if case.cp <= 1:
         return core, 0.0
@@ -123,6 +124,26 @@ def dispatch_price(hardware: HardwareProfile, case: DispatchCase, name: str, fix
     return block.fwd + block.bwd
 
 
+def chunk_floor(hardware: HardwareProfile, case: CpCase, measured_core: float) -> float:
+    """The chunk calls' floor (seconds, fwd+bwd) at which the priced core of ``case`` equals
+    ``measured_core``: 0 when the kernels alone are priced at least that long. The priced core is continuous
+    and non-decreasing in the floor, and at a floor of ``measured_core`` it is at least that (a rank runs at
+    least one chunk), so bisection finds it."""
+    rates = compute_rates(hardware, "bf16")
+
+    def core(floor: float) -> float:
+        return sum(cp_attention_time(replace(rates, cp_chunk_floor=floor), 1, case.seq, case.cp, case.heads,
+                                     case.head_dim, case.head_dim))
+
+    if case.cp <= 1 or core(0.0) >= measured_core:
+        return 0.0
+    low, high = 0.0, measured_core
+    for _ in range(60):  # 2^-60 of the measured seconds: far below timing noise
+        mid = (low + high) / 2
+        low, high = (mid, high) if core(mid) < measured_core else (low, mid)
+    return (low + high) / 2
+
+
 def fixed_fields(hardware: HardwareProfile, measured: dict) -> dict:
     """The ``HardwareProfile`` fields of per-call seconds from one exchange measurement (``measured``:
     ``executor.microbench.exchanges.measure_exchanges``'s record, times the slowest rank's), priced on
@@ -131,9 +152,8 @@ def fixed_fields(hardware: HardwareProfile, measured: dict) -> dict:
     cp = measured.get("cp")
     if cp:
         case = CpCase(cp["seq"], cp["cp"], cp["heads"], cp["kv_heads"], cp["head_dim"], cp["act_bytes"])
-        core, kv = cp_prices(hardware, case, fixed=False)
-        kernels = len(chunk_kernels(case.seq, case.cp, 0))
-        out["cp_chunk_fixed_s"] = max(0.0, cp["core_s"] - core) / kernels
+        _, kv = cp_prices(hardware, case, fixed=False)
+        out["cp_chunk_floor_s"] = chunk_floor(hardware, case, cp["core_s"])
         out["cp_exchange_fixed_s"] = max(0.0, cp["kv_s"] - kv)
     dispatch = measured.get("dispatch")
     if dispatch:

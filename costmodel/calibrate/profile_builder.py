@@ -31,10 +31,11 @@
 * ``host_link_bandwidth`` / ``cpu_adam_bandwidth``: the slower direction of a pinned host<->GPU copy (GPUs
   only) and the bytes of fp32 optimizer state the executor's CPU Adam steps per second, the slowest rank's,
   all ranks at once (``executor/microbench/offload.py``); raw files without them keep the base's.
-* ``cp_exchange_fixed_s`` / ``cp_chunk_fixed_s`` / ``dispatcher_fixed_s``: seconds per call of the executor's
-  CP K/V exchange, CP chunk kernel and each dispatcher's dispatch + combine beyond what the profile just built
-  prices for the same benchmarked shape, floored at 0 (``costmodel/calibrate/exchange_prices.py``); measured
-  on two or more ranks only, else the base's.
+* ``cp_exchange_fixed_s`` / ``dispatcher_fixed_s``: seconds per call of the executor's CP K/V exchange and
+  each dispatcher's dispatch + combine beyond what the profile just built prices for the same benchmarked
+  shape, floored at 0; ``cp_chunk_floor_s``: the least seconds of a CP chunk call that make the priced core
+  of that shape its measured one (``costmodel/calibrate/exchange_prices.py``); measured on two or more ranks
+  only, else the base's.
 * ``overlap_slowdown``: the fraction of a hidden reduce-scatter's seconds that a GEMM loop running beside it
   still pays (``executor/microbench/overlap.py``); measured on two or more ranks only.
 """

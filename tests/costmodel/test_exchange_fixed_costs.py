@@ -8,7 +8,7 @@ import pytest
 
 from costmodel.calibrate.exchange_prices import CpCase, DispatchCase, cp_prices, dispatch_price, fixed_fields
 from costmodel.compute import compute_rates
-from costmodel.context_parallel import cp_attention_time
+from costmodel.context_parallel import CP_FLASH_KERNEL_SLOWDOWN, chunk_attention_time, chunk_kernels, cp_attention_time
 from costmodel.fixed_costs import cp_exchange_fixed, dispatcher_fixed, exchange_fixed
 from costmodel.step_time import estimate_step_time, layer_times
 from spec import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
@@ -17,7 +17,7 @@ from spec.hardware import HardwareProfile
 
 H100 = get_hardware("h100-sxm")
 # zero per-call costs: what the model priced before these terms existed
-BARE = replace(H100, cp_exchange_fixed_s=0.0, cp_chunk_fixed_s=0.0,
+BARE = replace(H100, cp_exchange_fixed_s=0.0, cp_chunk_floor_s=0.0,
                dispatcher_fixed_s=(("allgather", 0.0), ("alltoall", 0.0)))
 MS = 1e-3
 
@@ -39,22 +39,36 @@ def test_rules_of_thumb_when_not_measured():
     # a dispatcher the profile leaves out keeps its rule of thumb
     assert dispatcher_fixed(replace(H100, dispatcher_fixed_s=(("alltoall", 2 * MS),)), "allgather") == \
         pytest.approx(7 * 25e-6)
-    # and no per-chunk cost: the chunk kernels keep their launch overhead only
-    assert compute_rates(H100, "bf16").cp_chunk_overhead == 0.0
+    # and no chunk floor: the chunk kernels keep their launch overhead only
+    assert compute_rates(H100, "bf16").cp_chunk_floor == 0.0
 
 
-def test_chunk_kernels_pay_their_per_call_cost_half_each_way():
-    base = cp_attention_time(compute_rates(BARE, "bf16"), 1, 4096, 2, 32, 128, 128)
-    rates = compute_rates(_with(cp_chunk_fixed_s=0.4 * MS), "bf16")
+def test_chunk_calls_take_at_least_their_floor_half_each_way():
+    bare = compute_rates(BARE, "bf16")
+    # seq 4096 at CP2, rank 0: chunk 0 (1024 queries x 1024 keys) and chunk 3 (1024 x 4096), each direction
+    # on its own; the busiest rank is the one with the longest sum
+    def directions(rates, rank):
+        return [chunk_attention_time(rates, 1, ch, 32, 128, 128, CP_FLASH_KERNEL_SLOWDOWN, rates.cp_chunk_floor / 2)
+                for ch in chunk_kernels(4096, 2, rank)]
+
+    kernels = directions(bare, 0)
+    short = kernels[0][0]  # chunk 0's forward, the shortest kernel
+    floor = 2 * short + 0.2 * MS  # half of it per direction lies 0.1 ms above that kernel
+    rates = compute_rates(_with(cp_chunk_floor_s=floor), "bf16")
+    for (f0, b0), (f1, b1) in zip(kernels, directions(rates, 0)):
+        assert f1 == pytest.approx(max(f0, floor / 2)) and b1 == pytest.approx(max(b0, floor / 2))
+    assert directions(rates, 0)[0][0] == pytest.approx(short + 0.1 * MS)  # raised to the floor
+    assert directions(rates, 0)[1][1] == kernels[1][1]  # chunk 3's backward is longer: untouched
+    busiest = max((directions(rates, r) for r in (0, 1)), key=lambda d: sum(map(sum, d)))
     fwd, bwd = cp_attention_time(rates, 1, 4096, 2, 32, 128, 128)
-    # 2 chunk kernels per rank at CP2, 0.2 ms each per direction
-    assert fwd == pytest.approx(base[0] + 2 * 0.2 * MS)
-    assert bwd == pytest.approx(base[1] + 2 * 0.2 * MS)
-    # CP4: still 2 chunks per rank; CP1 runs one plain kernel, no chunk cost
-    base4 = cp_attention_time(compute_rates(BARE, "bf16"), 1, 4096, 4, 32, 128, 128)
-    assert sum(cp_attention_time(rates, 1, 4096, 4, 32, 128, 128)) == pytest.approx(sum(base4) + 4 * 0.2 * MS)
-    assert cp_attention_time(rates, 1, 4096, 1, 32, 128, 128) == \
-        cp_attention_time(compute_rates(BARE, "bf16"), 1, 4096, 1, 32, 128, 128)
+    assert (fwd, bwd) == pytest.approx((sum(d[0] for d in busiest), sum(d[1] for d in busiest)))
+    # a floor under every kernel changes nothing; CP1 runs one plain kernel with no floor
+    low = compute_rates(_with(cp_chunk_floor_s=1e-9), "bf16")
+    assert cp_attention_time(low, 1, 4096, 2, 32, 128, 128) == pytest.approx(
+        cp_attention_time(bare, 1, 4096, 2, 32, 128, 128))
+    huge = compute_rates(_with(cp_chunk_floor_s=1.0), "bf16")
+    assert cp_attention_time(huge, 1, 4096, 1, 32, 128, 128) == cp_attention_time(bare, 1, 4096, 1, 32, 128, 128)
+    assert cp_attention_time(huge, 1, 4096, 2, 32, 128, 128) == pytest.approx((1.0, 1.0))  # 2 chunks x 0.5 s
 
 
 def _layer(hardware, config, part):
@@ -100,19 +114,32 @@ def test_full_recompute_re_runs_the_forward_half():
     assert steps[1].term("recompute") - steps[0].term("recompute") == pytest.approx(32 * 2 * 1 * MS)
 
 
+def test_ep_overlap_does_not_hide_the_dispatch_cost():
+    model = get_model("mixtral-8x7b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=16)
+    config = ParallelConfig(world_size=8, ep=8, overlap_moe_expert_parallel_comm=True)
+    steps = [estimate_step_time(model, training, ClusterSpec(hw, 8), config)
+             for hw in (BARE, _with(dispatcher_fixed_s=(("alltoall", 2 * MS),)))]
+    # the all-to-alls themselves hide behind the other micro-batch's compute; the 2 ms per call do not:
+    # 32 layers x 2 micro-batches, all of it exposed
+    assert dict(steps[0].hidden).get("ep_a2a", 0.0) > 0.0
+    assert steps[1].term("ep_a2a") - steps[0].term("ep_a2a") == pytest.approx(32 * 2 * 2 * MS)
+    assert dict(steps[1].hidden)["ep_a2a"] == pytest.approx(dict(steps[0].hidden)["ep_a2a"])
+
+
 def test_profile_round_trips_and_checks_the_new_fields():
-    profile = replace(H100, cp_exchange_fixed_s=0.5 * MS, cp_chunk_fixed_s=0.0,
+    profile = replace(H100, cp_exchange_fixed_s=0.5 * MS, cp_chunk_floor_s=0.0,
                       dispatcher_fixed_s={"alltoall": 2 * MS, "allgather": 1.5 * MS})
     assert profile.dispatcher_fixed_s == (("allgather", 1.5 * MS), ("alltoall", 2 * MS))  # a dict is kept sorted
     data = profile.to_dict()
-    assert data["cp_exchange_fixed_s"] == 0.5 * MS and data["cp_chunk_fixed_s"] == 0.0
+    assert data["cp_exchange_fixed_s"] == 0.5 * MS and data["cp_chunk_floor_s"] == 0.0
     assert data["dispatcher_fixed_s"] == {"allgather": 1.5 * MS, "alltoall": 2 * MS}
     assert HardwareProfile.from_dict(data) == profile
     # not measured: the fields stay out of the file and come back None
     assert "cp_exchange_fixed_s" not in H100.to_dict() and "dispatcher_fixed_s" not in H100.to_dict()
     assert HardwareProfile.from_dict(H100.to_dict()) == H100
-    with pytest.raises(FoldtuneError, match="cp_chunk_fixed_s"):
-        replace(H100, cp_chunk_fixed_s=-1e-6)
+    with pytest.raises(FoldtuneError, match="cp_chunk_floor_s"):
+        replace(H100, cp_chunk_floor_s=-1e-6)
     with pytest.raises(FoldtuneError, match=r"dispatcher_fixed_s\[alltoall\]"):
         replace(H100, dispatcher_fixed_s=(("alltoall", float("nan")),))
 
@@ -127,13 +154,18 @@ def test_calibration_keeps_what_a_measurement_shows_beyond_the_price():
                 "dispatch": {"tokens": 1024, "ep": 2, "experts": 8, "topk": 2, "hidden": 4096, "act_bytes": 2,
                              "seconds": {"alltoall": a2a + 2 * MS, "allgather": ag - 0.1 * MS}}}
     fields = fixed_fields(H100, measured)
-    assert fields["cp_chunk_fixed_s"] == pytest.approx(0.4 * MS)  # 0.8 ms over the rank's 2 chunk kernels
+    # seq 2048 at CP2: every chunk kernel is shorter than the floor that makes the core 0.8 ms longer, so the
+    # core is 2 chunks x 2 directions x floor / 2: the floor is the measured core over the 2 chunks
+    assert fields["cp_chunk_floor_s"] == pytest.approx((core + 0.8 * MS) / 2)
     assert fields["cp_exchange_fixed_s"] == pytest.approx(0.5 * MS)
     # faster than priced: floored at 0, never a negative cost
     assert dict(fields["dispatcher_fixed_s"]) == pytest.approx({"alltoall": 2 * MS, "allgather": 0.0})
     # priced with those fields, the model gives back the measurement (the rule-of-thumb defaults replaced)
     calibrated = replace(H100, **fields)
     assert sum(cp_prices(calibrated, cp_case)) == pytest.approx(core + kv + 1.3 * MS)
+    # measured no slower than the kernels: no floor
+    faster = {**measured, "cp": {**measured["cp"], "core_s": core}, "dispatch": None}
+    assert fixed_fields(H100, faster)["cp_chunk_floor_s"] == 0.0
     assert dispatch_price(calibrated, d_case, "alltoall") == pytest.approx(a2a + 2 * MS)
     # a record without a part gives no field for it
     assert fixed_fields(H100, {"cp": None, "dispatch": measured["dispatch"]}).keys() == {"dispatcher_fixed_s"}
