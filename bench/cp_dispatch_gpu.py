@@ -22,13 +22,17 @@ Two questions, each answered by timing the executor's own code paths on 2 ranks 
     copies bound for the peer's experts; allgather: all its tokens plus their top-k probabilities and ids,
     and the reduce-scatter of the same token rows back).
 
+The measuring code (the cases, timing, the CP check) is ``executor/microbench/exchanges.py``, which
+``foldtune calibrate`` runs at the smallest case on two or more ranks to measure the per-call costs.
+
 Timing: every op is warmed up, then per rank ``--iters`` calls back to back between two CUDA events after a
 barrier (median of ``--reps`` such runs); the figure reported is the slowest rank's. CPU (``--cpu``: gloo,
 tiny shapes, fp32) only smoke-tests the script; its times mean nothing.
 
 ``--price PROFILE`` (no GPU, no ranks) prints the cost model's prediction for exactly these cases from a
 hardware profile JSON (``foldtune calibrate``'s output) or a catalog GPU name, from the named quantities of
-``costmodel.context_parallel`` and ``costmodel.dispatch``; ``--measured FILE`` puts a GPU run's JSON beside it.
+``costmodel.context_parallel`` and ``costmodel.dispatch`` with the profile's per-call costs
+(``costmodel.calibrate.exchange_prices``; the dispatcher column includes the permutation, as measured); ``--measured FILE`` puts a GPU run's JSON beside it.
 
     python -m bench.cp_dispatch_gpu --out $OUT/cp_dispatch.json            # 2 GPUs, about 1-2 minutes
     python -m bench.cp_dispatch_gpu --cpu --out /tmp/cp_dispatch_cpu.json  # smoke run, seconds
