@@ -178,8 +178,8 @@ class _LayerCost:
         self.fwd_total = fwd_total  # forward compute + exposed forward communication (full recompute re-runs it)
         self.compute_fwd, self.compute_bwd = compute_fwd, compute_bwd
         # exposed EP all-to-all seconds: what EP overlap hides (the executor's overlap runs the ETP collectives
-        # in line, so they stay exposed; Megatron's would hide them too)
-        self.a2a = a2a  # exposed ep_a2a seconds EP overlap may hide (the dispatcher's per-call cost excluded)
+        # in line, so they stay exposed; Megatron's would hide them too), the dispatcher's per-call cost excluded
+        self.a2a = a2a
         self.modules = modules  # recompute module -> forward seconds it re-runs
         # the per-micro-batch prefix of TERMS; terms that are not layer slots (recompute) are 0 here
         self.terms = tuple([0.0 if slot is None else exposed[slot] for slot in _PREFIX_SLOTS])
@@ -289,7 +289,8 @@ class _Shape:
         if training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None:
             imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance
-        self.dispatch_fixed = ctx.fixed[dispatcher]  # seconds per dispatch + combine beyond its bytes
+        # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
+        self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
         self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
 
     # -- primitives --------------------------------------------------------------------------------
