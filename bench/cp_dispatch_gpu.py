@@ -22,13 +22,17 @@ Two questions, each answered by timing the executor's own code paths on 2 ranks 
     copies bound for the peer's experts; allgather: all its tokens plus their top-k probabilities and ids,
     and the reduce-scatter of the same token rows back).
 
+The measuring code (the cases, timing, the CP check) is ``executor/microbench/exchanges.py``, which
+``foldtune calibrate`` runs at the smallest case on two or more ranks to measure the per-call costs.
+
 Timing: every op is warmed up, then per rank ``--iters`` calls back to back between two CUDA events after a
 barrier (median of ``--reps`` such runs); the figure reported is the slowest rank's. CPU (``--cpu``: gloo,
 tiny shapes, fp32) only smoke-tests the script; its times mean nothing.
 
 ``--price PROFILE`` (no GPU, no ranks) prints the cost model's prediction for exactly these cases from a
 hardware profile JSON (``foldtune calibrate``'s output) or a catalog GPU name, from the named quantities of
-``costmodel.context_parallel`` and ``costmodel.dispatch``; ``--measured FILE`` puts a GPU run's JSON beside it.
+``costmodel.context_parallel`` and ``costmodel.dispatch`` with the profile's per-call costs
+(``costmodel.calibrate.exchange_prices``; the dispatcher column includes the permutation, as measured); ``--measured FILE`` puts a GPU run's JSON beside it.
 
     python -m bench.cp_dispatch_gpu --out $OUT/cp_dispatch.json            # 2 GPUs, about 1-2 minutes
     python -m bench.cp_dispatch_gpu --cpu --out /tmp/cp_dispatch_cpu.json  # smoke run, seconds
@@ -42,225 +46,24 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from costmodel.calibrate.exchange_prices import CpCase, DispatchCase, cp_prices, dispatch_price
 from costmodel.comm import group_placement, link_rates
-from costmodel.compute import compute_rates, gemm_fwd_bwd, memory_time
-from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
-from costmodel.dispatch import (
-    allgather_gather_bytes,
-    allgather_scatter_bytes,
-    alltoall_dispatch_bytes,
-    dispatcher_pricing,
-)
-from executor.dispatcher import AllGatherDispatcher, AllToAllDispatcher
-from executor.kernels import get_backend
+from costmodel.compute import compute_rates, gemm_fwd_bwd
+from costmodel.context_parallel import kv_exchange_bytes, kv_exchange_time
+from costmodel.dispatch import allgather_gather_bytes, allgather_scatter_bytes, alltoall_dispatch_bytes
 from executor.launch_local import launch
+from executor.microbench.exchanges import BenchConfig, cp_cases, dispatcher_cases
 from executor.parallel import context_parallel as cpm
 from executor.parallel.groups import build_parallel_state
-from executor.router import Routing, count_per_expert
 from spec.catalog import get_hardware
 from spec.parallel_config import ParallelConfig
 from spec.profile_io import load_profile
-
-# CP2 output against CP1 at the same positions: max |diff| / max |CP1|, bf16 rounding (fp32 on the CPU)
-CP_CHECK_TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchConfig:
-    """Shapes and repetitions of one run (``tiny`` for the CPU smoke run)."""
-
-    device: str = "cuda"
-    dtype: str = "bfloat16"
-    hidden: int = 4096
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
-    seqs: tuple[int, ...] = (2048, 4096, 8192)
-    experts: int = 8
-    topk: int = 2
-    tokens: tuple[int, ...] = (1024, 4096, 16384)
-    warmup: int = 3
-    iters: int = 10
-    reps: int = 3
-    seed: int = 0
-
-    @classmethod
-    def tiny(cls) -> BenchConfig:
-        return cls(device="cpu", dtype="float32", hidden=64, heads=4, kv_heads=2, head_dim=16, seqs=(64, 128),
-                   experts=8, topk=2, tokens=(32, 128), warmup=1, iters=2, reps=2)
-
-
-# ---- timing ------------------------------------------------------------------------------------------------
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def timed_ms(op, dev: torch.device, cfg: BenchConfig, collective: bool) -> float:
-    """Median over ``cfg.reps`` of ms per ``op()`` in a loop of ``cfg.iters`` calls; a barrier before each
-    run when ``collective`` (every rank must call it the same number of times)."""
-    for _ in range(cfg.warmup):
-        op()
-    runs = []
-    for _ in range(cfg.reps):
-        _sync(dev)
-        if collective:
-            dist.barrier()
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(cfg.iters):
-                op()
-            end.record()
-            torch.cuda.synchronize(dev)
-            runs.append(start.elapsed_time(end) / cfg.iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(cfg.iters):
-                op()
-            runs.append(1e3 * (time.perf_counter() - t0) / cfg.iters)
-    return statistics.median(runs)
-
-
-def _fwd_bwd(fn, inputs: list[torch.Tensor], grad: torch.Tensor):
-    """An op running ``fn(*inputs)`` forward and backward with ``grad`` (inputs' grads not accumulated)."""
-    def op():
-        out = fn(*inputs)
-        torch.autograd.backward(out, grad)
-        for t in inputs:
-            t.grad = None
-    return op
-
-
-# ---- (a) CP ----------------------------------------------------------------------------------------------
-def _bhsd(x_SBND: torch.Tensor) -> torch.Tensor:
-    """[s, b, n, d] storage seen as [b, n, s, d] (a view)."""
-    return x_SBND.permute(1, 2, 0, 3)
-
-
-def _leaf(x: torch.Tensor) -> torch.Tensor:
-    """A fresh autograd leaf with ``x``'s values and strides (clone keeps a dense tensor's layout)."""
-    return x.detach().clone().requires_grad_()
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
-
-
-def cp_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype, cp_state) -> dict:
-    """CP1 (this GPU alone) and CP2 (both ranks) per seq: core, kv, proj, total (ms) and the check."""
-    kernels = get_backend("torch")
-    h, heads, kvh, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
-    group = cp_state["cp"]
-    cp = group.size
-    out = {}
-    for s in cfg.seqs:
-        gen = torch.Generator().manual_seed(cfg.seed + s)  # the same whole-sequence tensors on every rank
-        # stored [s, b, heads, d] and seen as [b, heads, s, d], as the executor's attention has them
-        stored = [torch.randn(s, 1, n, d, generator=gen).to(dev, dtype) for n in (heads, kvh, kvh, heads)]
-        q, k, v, g = (_bhsd(t) for t in stored)
-        pos = cpm.cp_positions(s, cp, group.rank, dev)
-        mask = cpm.causal_mask(s, cp, group.rank, dev)
-
-        def core_cp(q_, k_, v_):
-            return cpm.cp_attention(q_, k_, v_, mask, cp, group.rank)
-
-        def exchange(k_, v_):
-            return cpm.gather_kv(k_, group), cpm.gather_kv(v_, group)
-
-        # check: CP2's output at this rank's positions against CP1 over the whole sequence
-        want = kernels.attention(q, k, v)[:, :, pos]
-        ql, kl, vl, gl = (_bhsd(t[pos]) for t in stored)  # this rank's tokens, in the same storage order
-        got = core_cp(ql, *exchange(kl, vl))
-        err = _rel_err(got, want)
-
-        row: dict = {"seq": s, "cp2_vs_cp1_rel_err": err, "cp2_matches_cp1": err <= CP_CHECK_TOLERANCE[cfg.dtype]}
-        # projections: [t, h] @ [h, (heads + 2 kv) d] and [t, heads d] @ [heads d, h], fwd+bwd
-        w_qkv = torch.randn(h, (heads + 2 * kvh) * d, generator=gen).to(dev, dtype).requires_grad_()
-        w_o = torch.randn(heads * d, h, generator=gen).to(dev, dtype).requires_grad_()
-
-        def proj(x, attn):
-            return x @ w_qkv, attn @ w_o
-
-        def proj_inputs(tokens):
-            """Inputs [x, attn] and output gradients of the projections over ``tokens`` rows."""
-            x, a = (torch.randn(tokens, n, generator=gen).to(dev, dtype).requires_grad_() for n in (h, heads * d))
-            grads = tuple(torch.randn(tokens, n, generator=gen).to(dev, dtype) for n in ((heads + 2 * kvh) * d, h))
-            return [x, a], grads
-
-        (x1, a1), pg1 = proj_inputs(s)
-        row["cp1_proj_ms"] = timed_ms(_fwd_bwd(proj, [x1, a1], pg1), dev, cfg, False)
-        leaves = [_leaf(t) for t in (q, k, v)]
-        row["cp1_core_ms"] = timed_ms(_fwd_bwd(kernels.attention, leaves, g), dev, cfg, False)
-
-        def layer1(x_, a_, q_, k_, v_):
-            return (*proj(x_, a_), kernels.attention(q_, k_, v_))
-
-        row["cp1_total_ms"] = timed_ms(_fwd_bwd(layer1, [x1, a1, *leaves], (*pg1, g)), dev, cfg, False)
-
-        ql, kl, vl = _leaf(ql), _leaf(kl), _leaf(vl)
-        kg, vg = (_leaf(t) for t in exchange(kl, vl))
-        row[f"cp{cp}_core_ms"] = timed_ms(_fwd_bwd(core_cp, [ql, kg, vg], gl), dev, cfg, True)
-        kv_grads = (torch.randn_like(kg), torch.randn_like(vg))
-        row[f"cp{cp}_kv_ms"] = timed_ms(_fwd_bwd(exchange, [kl, vl], kv_grads), dev, cfg, True)
-        (xc, ac), pgc = proj_inputs(s // cp)
-        row[f"cp{cp}_proj_ms"] = timed_ms(_fwd_bwd(proj, [xc, ac], pgc), dev, cfg, True)
-
-        def layer_cp(x_, a_, q_, k_, v_):
-            return (*proj(x_, a_), core_cp(q_, *exchange(k_, v_)))
-
-        row[f"cp{cp}_total_ms"] = timed_ms(_fwd_bwd(layer_cp, [xc, ac, ql, kl, vl], (*pgc, gl)), dev, cfg, True)
-        row["kv_bytes_sent_per_rank"] = 2 * (cp - 1) * kl.numel() * kl.element_size()  # K and V, fwd (bwd same)
-        out[s] = row
-        del stored, q, k, v, g, w_qkv, w_o
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    return out
-
-
-# ---- (b) dispatchers -------------------------------------------------------------------------------------
-def dispatcher_cases(rank: int, cfg: BenchConfig, dev: torch.device, dtype: torch.dtype, ep_state) -> dict:
-    """Per token count: dispatch + combine fwd+bwd (ms) of each dispatcher, and the rows it moved."""
-    e, k, h = cfg.experts, cfg.topk, cfg.hidden
-    ep = ep_state.ep.size
-    out = {}
-    for n in cfg.tokens:
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + 7 * n + rank)  # each rank its own tokens
-        x = torch.randn(n, h, generator=gen).to(dev, dtype).requires_grad_()
-        gy = torch.randn(n, h, generator=gen).to(dev, dtype)
-        experts = torch.rand(n, e, generator=gen).argsort(dim=1)[:, :k].to(dev)  # k distinct, uniform
-        probs = torch.rand(n, k, generator=gen).softmax(-1).to(dev, torch.float32).requires_grad_()
-        routing = Routing(experts, probs, torch.zeros((), device=dev), count_per_expert(experts, e))
-        local = experts // (e // ep)
-        row = {"tokens": n, "copies_to_peer": int((local != ep_state.ep.rank).sum())}
-        for cls in (AllToAllDispatcher, AllGatherDispatcher):
-            dispatcher = cls(ep_state, e, k)
-
-            def op(dispatcher=dispatcher):
-                d = dispatcher.dispatch(x, routing)
-                y = d.x_MH * 1.0  # the experts' stand-in: a copy, so the gradient flows back through combine
-                dispatcher.combine(y, d).backward(gy)
-                x.grad = probs.grad = None
-
-            row[f"{cls.name}_ms"] = timed_ms(op, dev, cfg, True)
-        ab = x.element_size()
-        row["alltoall_bytes_sent_per_rank"] = 4 * row["copies_to_peer"] * h * ab  # dispatch, combine; fwd, bwd
-        # allgather fwd: tokens, fp32 probs and int64 ids all-gathered, token rows reduce-scattered back;
-        # bwd: the gradients of tokens and probs reduce-scattered, of the combined rows all-gathered
-        row["allgather_bytes_sent_per_rank"] = (ep - 1) * n * (4 * h * ab + k * (4 + 8) + k * 4)
-        out[n] = row
-        del x, gy
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    return out
 
 
 def worker(rank: int, world: int, cfg: BenchConfig) -> dict:
@@ -327,74 +130,40 @@ def _hardware(profile: str):
     return load_profile(profile) if Path(profile).is_file() else get_hardware(profile)
 
 
-class _Block:
-    """Collects what a dispatcher pricing adds (step_time's per-layer block, summed over slots)."""
-
-    def __init__(self):
-        self.fwd = self.bwd = 0.0
-
-    def add(self, term, fwd, bwd, module=()):
-        self.fwd += fwd
-        self.bwd += bwd
-
-
-@dataclasses.dataclass
-class _RoutedShape:
-    """The layer shape a dispatcher pricing reads (costmodel.dispatch.RoutedShape) for the bench's EP2 case."""
-
-    model: object
-    link: object
-    rates: object
-    act_bytes: int
-    place: object
-    etp: int = 1
-    imbalance: float = 1.0
-
-    def __post_init__(self):
-        self.ep_place = self.tp_ep_place = self.place
-        self.etp_place = group_placement(1, 1, 8)
-
-    def elementwise(self, block, fwd_bytes, module=(), bwd_bytes=None, term=None):
-        block.add(term, memory_time(self.rates, fwd_bytes), memory_time(self.rates, fwd_bytes
-                                                                         if bwd_bytes is None else bwd_bytes))
-
-
 def predict(hardware, cfg: BenchConfig, world: int = 2) -> dict:
-    """The cost model's milliseconds for each case of :func:`cp_cases` and :func:`dispatcher_cases`: CP from
-    ``costmodel.context_parallel`` (chunk kernels at their own key lengths, the exposed K/V all-gather and
-    reduce-scatter) and the projections' GEMMs; dispatchers from their registered pricing's
-    ``routed_time`` (communication and the dispatcher's own memory passes; the permutation, priced
-    elsewhere and the same for both, is not in it)."""
+    """The cost model's milliseconds for each case of ``cp_cases`` and ``dispatcher_cases``
+    (``executor.microbench.exchanges``), priced by ``costmodel.calibrate.exchange_prices`` as the time model
+    prices them: CP chunk kernels at their own key lengths plus the profile's per-chunk cost, the exposed K/V
+    all-gather and reduce-scatter plus the per-exchange cost, the projections' GEMMs; each dispatcher's
+    communication, its own memory passes, the permutation and unpermutation, plus its per-call cost (the
+    ``*_fixed_s`` fields: measured by ``foldtune calibrate``, else ``costmodel.fixed_costs``' rules of thumb)."""
     rates, link = compute_rates(hardware, "bf16"), link_rates(hardware)
     ab = 2 if cfg.dtype in ("bfloat16", "float16") else 4
     h, heads, kvh, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
-    place = group_placement(1, world, hardware.gpus_per_node)
     out = {"cp": {}, "dispatch": {}}
     for s in cfg.seqs:
         row = {}
         for cp in (1, world):
             t = s // cp
-            core = sum(cp_attention_time(rates, 1, s, cp, heads, d, d))
+            core, kv = cp_prices(hardware, CpCase(s, cp, heads, kvh, d, ab))
             proj = sum(gemm_fwd_bwd(rates, t, (heads + 2 * kvh) * d, h)) + sum(gemm_fwd_bwd(rates, t, h, heads * d))
-            cp_place = group_placement(1, cp, hardware.gpus_per_node)
-            kv = sum(kv_exchange_time(link, kv_exchange_bytes(t, kvh, 2 * d, ab), cp_place))
             row.update({f"cp{cp}_core_ms": 1e3 * core, f"cp{cp}_proj_ms": 1e3 * proj,
                         f"cp{cp}_total_ms": 1e3 * (core + proj + kv)})
             if cp > 1:
                 row[f"cp{cp}_kv_ms"] = 1e3 * kv
+                place = group_placement(1, cp, hardware.gpus_per_node)
+                row[f"cp{cp}_kv_bytes_ms"] = 1e3 * sum(kv_exchange_time(link, kv_exchange_bytes(t, kvh, 2 * d, ab),
+                                                                        place))
         row["speedup_total"] = row["cp1_total_ms"] / row[f"cp{world}_total_ms"]
         row["speedup_core"] = row["cp1_core_ms"] / row[f"cp{world}_core_ms"]
         out["cp"][str(s)] = row
-    model = argparse.Namespace(hidden_size=h, moe_router_topk=cfg.topk)
-    shape = _RoutedShape(model, link, rates, ab, place)
     for n in cfg.tokens:
         row = {"alltoall_bytes": alltoall_dispatch_bytes(n, cfg.topk, h, ab),
                "allgather_gather_bytes": allgather_gather_bytes(n, cfg.topk, h, ab, world),
                "allgather_scatter_bytes": allgather_scatter_bytes(n, h, ab, world)}
+        case = DispatchCase(n, world, cfg.experts, cfg.topk, h, ab)
         for name in ("alltoall", "allgather"):
-            block = _Block()
-            dispatcher_pricing(name).routed_time(shape, block, n, n * cfg.topk, cfg.experts // world)
-            row[f"{name}_ms"] = 1e3 * (block.fwd + block.bwd)
+            row[f"{name}_ms"] = 1e3 * dispatch_price(hardware, case, name)
         out["dispatch"][str(n)] = row
     return out
 
@@ -414,7 +183,7 @@ def format_prediction(pred: dict, measured: dict | None) -> str:
         line = f"{s:>6}" + "".join(pair(s, "cp", n) for n in ("cp1_core_ms", "cp1_total_ms", "cp2_core_ms",
                                                               "cp2_kv_ms", "cp2_total_ms"))
         lines.append(line + pair(s, "cp", "speedup_total"))
-    lines.append("(b) EP2 dispatcher communication, ms fwd+bwd: model | measured (measured includes permutation)")
+    lines.append("(b) EP2 dispatch + combine with permutation, ms fwd+bwd: model | measured")
     lines.append(f"{'tokens':>7}{'alltoall':>18}{'allgather':>18}")
     for n in pred["dispatch"]:
         lines.append(f"{n:>7}" + pair(n, "dispatch", "alltoall_ms") + pair(n, "dispatch", "allgather_ms"))

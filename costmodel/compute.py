@@ -73,6 +73,9 @@ class ComputeRates:
     attn_mla_fwd_curve: MeasuredCurve | None = None  # the same for query/key heads wider than value heads (MLA)
     attn_mla_bwd_curve: MeasuredCurve | None = None
     fp32_peak: float = 0.0  # FLOP/s of fp32 GEMMs without TF32 (the executor's fp32 attention with sinks)
+    # least seconds of one CP chunk attention call, forward + backward (measured, else 0): a short chunk's
+    # kernel waits for the host issuing it (costmodel.context_parallel: half of it a floor each way)
+    cp_chunk_floor: float = 0.0
 
 
 @lru_cache(maxsize=64)
@@ -99,7 +102,8 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_fwd_curve=hardware.attention_fwd_efficiency, attn_bwd_curve=hardware.attention_bwd_efficiency,
         attn_mla_fwd_curve=hardware.attention_mla_fwd_efficiency,
         attn_mla_bwd_curve=hardware.attention_mla_bwd_efficiency,
-        fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock)
+        fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock,
+        cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0)
 
 
 def _by_weight_size(shape_curves: tuple[tuple[str, MeasuredCurve], ...]) -> tuple[tuple[float, MeasuredCurve], ...]:

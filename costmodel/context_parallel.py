@@ -18,7 +18,21 @@ Named quantities (all per rank, per layer, per micro-batch):
   (cuDNN on Hopper). Measured on one H200 (docs/benchmarks.md, "CP attention", 08:19 UTC): causal
   attention over s = 4096, 32/8 heads, d 128, bf16, fwd+bwd, the flash kernel 0.939 ms per 1/2 of the
   sequence against cuDNN SDPA 0.587: 1.60x. A kernel microbenchmark ratio, not a fit to training steps;
-  ``bench/cp_dispatch_gpu.py`` measures CP1 against CP2 at 2k/4k/8k to check it.
+  ``bench/cp_dispatch_gpu.py`` measures CP1 against CP2 at 2k/4k/8k to check it. Checked against that bench
+  (2 x H200, 2026-11-27 05:00 UTC, code 3448e84, ``bench/results/issue16/h200-0457/cp_dispatch.json``): the
+  CP2 core rose from 1.275 ms at seq 4096 to 3.773 ms at 8192 while the chunk kernels' FLOP price at slowdown
+  1 (the stored H200 profile's attention curves) rose from 0.580 to 2.092 ms; a per-chunk cost that does not
+  scale with the FLOPs cancels in that difference, which gives 2.499 / 1.512 = 1.65x, within 4 % of the
+  kernel ratio: the constant stays. (Seq 2048 is not used: its CP2 core, 1.164 ms for 0.30 ms of priced
+  kernels, is the chunk calls' floor below.)
+- per-chunk floor: ``ComputeRates.cp_chunk_floor`` (``HardwareProfile.cp_chunk_floor_s``): the least
+  seconds one chunk call takes forward + backward, however short its kernel, because the device waits for
+  the host issuing the call (the executor's chunk path: a Python autograd Function, chunk views, one flash
+  call each way). Measured by ``foldtune calibrate`` on two or more ranks from the executor's own
+  ``cp_attention`` at a short sequence; 0 when not measured. Each direction of each chunk costs
+  ``max(its kernel's seconds, floor / 2)``: a floor, not an addition, because a long chunk's kernel runs
+  while the host issues the next call. The same bench shows it: at seq 4096 and 8192 the CP2 core exceeds
+  its priced kernels by 0.31 and 0.35 ms, less than the 0.86 ms it exceeds them by at 2048.
 - :func:`cp_attention_time`: the attention core of the busiest CP rank (the sum over its chunks). Its
   FLOPs equal the non-CP causal attention's divided by cp (every rank holds the same causal work); what CP
   changes is the key length each kernel runs at (shorter, so less efficient where the curve has not
@@ -26,7 +40,8 @@ Named quantities (all per rank, per layer, per micro-batch):
 - :func:`kv_exchange_bytes`: bytes of K and V this rank contributes (the all-gather's input; the gathered
   buffer is cp times that).
 - :func:`kv_exchange_time`: ring all-gather forward, ring reduce-scatter of the gradients backward, over
-  the CP group's placement, both exposed.
+  the CP group's placement, both exposed. The exchange's per-call cost beyond that
+  (``costmodel.fixed_costs``) is added by the caller, half each way.
 """
 
 from __future__ import annotations
@@ -67,15 +82,17 @@ def chunk_kernels(seq_length: int, cp: int, rank: int) -> tuple[ChunkKernel, ...
 
 
 def chunk_attention_time(rates: ComputeRates, micro_batch: int, chunk: ChunkKernel, heads: int, qk_dim: int,
-                         v_dim: int, slowdown: float = 1.0) -> tuple[float, float]:
+                         v_dim: int, slowdown: float = 1.0, floor: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds of one chunk kernel over ``micro_batch`` sequences and ``heads`` local
     heads: its FLOPs (``2·q·k·heads·(qk+v)·work`` forward, ``ATTENTION_BWD_FLOP_RATIO`` times that
     backward) at the efficiency of its own key length, times ``slowdown`` (the kernel's time over the
-    calibrated kernel's at the same work), plus one kernel's fixed cost each way."""
+    calibrated kernel's at the same work), plus one kernel's launch overhead; each direction at least
+    ``floor`` seconds (the host-bound floor of a CP chunk call, per direction)."""
     flops = attention_fwd_flops(micro_batch * chunk.queries, chunk.keys, heads, qk_dim, v_dim, False) * chunk.work
     fwd_eff, bwd_eff = attention_efficiency(rates, chunk.keys, qk_dim != v_dim)
-    return (slowdown * flops / (rates.bf16_peak * fwd_eff) + rates.kernel_overhead,
-            slowdown * ATTENTION_BWD_FLOP_RATIO * flops / (rates.bf16_peak * bwd_eff) + rates.kernel_overhead)
+    return (max(floor, slowdown * flops / (rates.bf16_peak * fwd_eff) + rates.kernel_overhead),
+            max(floor, slowdown * ATTENTION_BWD_FLOP_RATIO * flops / (rates.bf16_peak * bwd_eff)
+                + rates.kernel_overhead))
 
 
 @lru_cache(maxsize=4096)
@@ -83,11 +100,13 @@ def cp_attention_time(rates: ComputeRates, micro_batch: int, seq_length: int, cp
                       v_dim: int) -> tuple[float, float]:
     """(forward, backward) seconds of the flash attention core of the busiest CP rank (the rank whose
     fwd+bwd is longest), ``heads`` local heads: its chunk kernels on the flash kernel
-    (:data:`CP_FLASH_KERNEL_SLOWDOWN`). cp = 1: one causal kernel over the sequence, SDPA's default."""
+    (:data:`CP_FLASH_KERNEL_SLOWDOWN`), each direction at least half of ``rates.cp_chunk_floor``. cp = 1:
+    one causal kernel over the sequence, SDPA's default, no chunk floor."""
     best = (0.0, 0.0)
     slowdown = CP_FLASH_KERNEL_SLOWDOWN if cp > 1 else 1.0
+    floor = rates.cp_chunk_floor / 2 if cp > 1 else 0.0
     for rank in range(max(1, cp)):
-        times = [chunk_attention_time(rates, micro_batch, ch, heads, qk_dim, v_dim, slowdown)
+        times = [chunk_attention_time(rates, micro_batch, ch, heads, qk_dim, v_dim, slowdown, floor)
                  for ch in chunk_kernels(seq_length, cp, rank)]
         total = (sum(t[0] for t in times), sum(t[1] for t in times))
         if sum(total) > sum(best):

@@ -18,7 +18,14 @@ Contract of a pricing, for one MoE layer, one micro-batch, on the busiest rank o
 ``host_ops``        eager ops and collectives it issues per MoE layer and micro-batch (forward + backward),
                     counted as ``costmodel/host.py`` describes.
 ``describe``        the layout fact behind an 'all-to-all' bottleneck, for the explanation line.
+``call_collectives`` collectives one dispatch + combine issues (forward + backward) at EP > 1: the rule of
+                    thumb for its per-call cost when calibration did not measure it (``costmodel.fixed_costs``).
 ==================  ===========================================================================================
+
+``routed_time`` also adds ``shape.dispatch_fixed`` (seconds per call beyond the bandwidth price, forward +
+backward, resolved by ``costmodel.fixed_costs``) half forward and half backward to ``ep_a2a`` whenever the
+dispatcher exchanges tokens (its ETP·EP group has more than one rank); the time model keeps those seconds
+out of what EP overlap may hide (host work and host syncs do not run beside another micro-batch's compute).
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ class RoutedShape(Protocol):
     act_bytes: int
     etp: int
     imbalance: float  # busiest EP rank's load over the mean
+    dispatch_fixed: float  # seconds per dispatch + combine beyond the bandwidth price, forward + backward
     ep_place: Placement
     etp_place: Placement
     tp_ep_place: Placement
@@ -86,6 +94,7 @@ class DispatcherPricing(Protocol):
     """One dispatcher as the cost model sees it (module docstring: the contract of each method)."""
 
     name: str
+    call_collectives: float
 
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
@@ -136,6 +145,7 @@ class AllToAllPricing:
     EP_OPS = HostOps(31.0, 5.0)
     # ETP > 1: count all-gather, uneven all-gather / reduce-scatter of rows.
     ETP_OPS = HostOps(46.0, 5.0)
+    call_collectives = EP_OPS.collectives
 
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
@@ -143,6 +153,8 @@ class AllToAllPricing:
         routed = alltoall_dispatch_bytes(local, shape.model.moe_router_topk, h, ab)
         a2a = all_to_all_time(link, routed * shape.imbalance, shape.ep_place)
         block.add(A2A, 2 * a2a, 2 * a2a, "moe")
+        if shape.tp_ep_place.size > 1:
+            block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
         if shape.etp > 1:
             buffer = received * h * ab
             ag = ring_time(link, "all_gather", buffer, shape.etp_place)
@@ -176,6 +188,7 @@ class AllGatherPricing:
     # Host counts over TP·EP > 1: all-gather of tokens, probabilities and expert ids, the local selection,
     # the reduce-scatter of the output (and backward).
     OPS = HostOps(27.0, 7.0)
+    call_collectives = OPS.collectives
 
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
@@ -185,6 +198,8 @@ class AllGatherPricing:
                        allgather_gather_bytes(local, shape.model.moe_router_topk, h, ab, place.size), place)
         rs = ring_time(link, "reduce_scatter", allgather_scatter_bytes(local, h, ab, place.size), place)
         block.add(A2A, ag + rs, ag + rs, "moe")
+        if place.size > 1:
+            block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
         shape.elementwise(block, (gathered + received) * h * ab, "moe")  # pick local experts' tokens
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,

@@ -47,6 +47,7 @@ from costmodel.compute import (
 )
 from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
@@ -147,12 +148,15 @@ class StepTimeBreakdown:
 class _Block:
     """Forward and backward seconds per micro-batch of one layer kind, split by term (raw, before overlap)."""
 
-    __slots__ = ("fwd", "bwd", "modules")
+    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed")
 
     def __init__(self) -> None:
         self.fwd = [0.0] * N_SLOTS
         self.bwd = [0.0] * N_SLOTS
         self.modules: dict[str, float] = {}  # recompute module -> forward seconds it re-runs
+        # the dispatcher's per-call seconds inside ep_a2a (fwd + bwd): host work and the alltoall's host sync
+        # for its split sizes, which EP overlap cannot run beside another micro-batch's compute
+        self.a2a_fixed = 0.0
 
     def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
         self.fwd[term] += fwd
@@ -174,7 +178,7 @@ class _LayerCost:
         self.fwd_total = fwd_total  # forward compute + exposed forward communication (full recompute re-runs it)
         self.compute_fwd, self.compute_bwd = compute_fwd, compute_bwd
         # exposed EP all-to-all seconds: what EP overlap hides (the executor's overlap runs the ETP collectives
-        # in line, so they stay exposed; Megatron's would hide them too)
+        # in line, so they stay exposed; Megatron's would hide them too), the dispatcher's per-call cost excluded
         self.a2a = a2a
         self.modules = modules  # recompute module -> forward seconds it re-runs
         # the per-micro-batch prefix of TERMS; terms that are not layer slots (recompute) are 0 here
@@ -219,7 +223,7 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
-                      exposed[A2A], dict(block.modules))
+                      exposed[A2A] - block.a2a_fixed, dict(block.modules))
 
 
 class _Layers:
@@ -285,6 +289,9 @@ class _Shape:
         if training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None:
             imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance
+        # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
+        self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
+        self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
 
     # -- primitives --------------------------------------------------------------------------------
     def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),
@@ -442,14 +449,15 @@ class _Shape:
     def _cp_comm(self, block: _Block, kv_heads: float, head_dims: float, reorder: bool) -> None:
         """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
         rank's K and V all-gathered over CP forward, their gradients reduce-scattered backward, exposed (it
-        runs before the attention that needs it); with ``reorder`` (the flash path) the gathered K/V put into
+        runs before the attention that needs it), plus its per-call seconds beyond the bytes
+        (:mod:`costmodel.fixed_costs`) half each way; with ``reorder`` (the flash path) the gathered K/V put into
         global sequence order (one read and one write of the gathered buffer each way)."""
         place = self.cp_place
         if place.size <= 1:
             return
         local = kv_exchange_bytes(self.tokens, kv_heads, head_dims, self.act_bytes)
         fwd, bwd = kv_exchange_time(self.link, local, place)
-        block.add(CP, fwd, bwd)
+        block.add(CP, fwd + self.cp_fixed / 2, bwd + self.cp_fixed / 2)
         if reorder:
             self.elementwise(block, 2 * place.size * local, "core_attn", bwd_bytes=2 * place.size * local)
 
@@ -506,6 +514,8 @@ class _Shape:
         received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
         local_experts = max(1, experts // self.ep)
         dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
+        if self.tp_ep_place.size > 1:  # where every pricing adds its per-call cost (costmodel.dispatch)
+            block.a2a_fixed += self.dispatch_fixed
         per_expert = received / local_experts
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
         fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)
@@ -742,6 +752,7 @@ class _Context:
         self.model, self.training, self.cluster = model, training, cluster
         self.rates: ComputeRates = compute_rates(cluster.hardware, training.precision)
         self.link: LinkRates = link_rates(cluster.hardware)
+        self.fixed = exchange_fixed(cluster.hardware)  # per-call exchange seconds (costmodel.fixed_costs)
         self.gpus_per_node = cluster.gpus_per_node
         self.pattern = model.moe_layer_pattern()
         self.flops_per_step = flops_per_step(model, training.seq_length, training.global_batch_size)
@@ -888,7 +899,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
             total_a2a = m * crit_a2a
             shown = min(total_a2a, (m - 1) * max(0.0, crit_a2a - window_fwd - window_bwd) + crit_a2a)
-            values[_I_A2A] = shown
+            values[_I_A2A] += shown - total_a2a  # the dispatcher's per-call seconds stay (not in crit_a2a)
             hidden[_H_A2A] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters

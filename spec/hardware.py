@@ -129,7 +129,14 @@ class HardwareProfile:
     direction of a pinned host<->GPU copy) and ``cpu_adam_bandwidth`` (bytes of fp32 optimizer state the CPU
     Adam steps per second) price offloading; None means not measured: :attr:`host_link_bytes_per_s` and
     :attr:`cpu_adam_bytes_per_s` fall back to ``DEFAULT_HOST_LINK_BANDWIDTH`` (datasheet) and
-    ``DEFAULT_CPU_ADAM_BANDWIDTH`` (assumption).
+    ``DEFAULT_CPU_ADAM_BANDWIDTH`` (assumption). ``cp_exchange_fixed_s`` (one CP K/V exchange: K and V
+    all-gathered forward, their gradients reduce-scattered backward) and ``dispatcher_fixed_s`` (dispatcher
+    name -> one MoE layer's dispatch + combine, forward + backward) are the seconds per call the executor's
+    own code pays beyond what the bandwidth curves price; ``cp_chunk_floor_s`` is the least one CP chunk
+    attention call takes, forward + backward, however few its FLOPs (the host issuing it: a short chunk's
+    kernel waits for it). All three are measured by ``foldtune calibrate`` on two or more ranks
+    (``executor/microbench/exchanges.py``); None (or a dispatcher left out) means not measured, priced by
+    ``costmodel.fixed_costs``'s rules of thumb (the chunk floor: none).
     """
 
     name: str
@@ -163,6 +170,10 @@ class HardwareProfile:
     allocator_fragmentation: float | None = None  # reserved / allocated - 1 at a proxy's peak, measured
     host_link_bandwidth: float | None = None  # bytes/s per direction, pinned host<->GPU copy, measured
     cpu_adam_bandwidth: float | None = None  # bytes of optimizer state per second of CPU Adam, measured
+    # seconds per call beyond the bandwidth/FLOP price, fwd+bwd, measured on >= 2 ranks (None: not measured)
+    cp_exchange_fixed_s: float | None = None  # one CP K/V exchange of an attention layer
+    cp_chunk_floor_s: float | None = None  # least seconds of one CP chunk attention call (a floor, not added)
+    dispatcher_fixed_s: tuple[tuple[str, float], ...] = ()  # dispatcher name -> one dispatch + combine
     # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
     # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
     nics_per_node: int | None = None
@@ -171,7 +182,7 @@ class HardwareProfile:
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency"):
+        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency", "dispatcher_fixed_s"):
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, tuple(sorted(getattr(self, name).items())))
         if isinstance(self.component_factors, dict):  # kept as sorted tuples: the profile must stay hashable
@@ -192,6 +203,11 @@ class HardwareProfile:
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number > 0, got {value}")
+        fixed = [("cp_exchange_fixed_s", self.cp_exchange_fixed_s), ("cp_chunk_floor_s", self.cp_chunk_floor_s),
+                 *((f"dispatcher_fixed_s[{k}]", v) for k, v in self.dispatcher_fixed_s)]
+        for name, value in fixed:  # 0 is a measurement (nothing beyond the price); negative is not
+            require(p, value is None or (math.isfinite(value) and value >= 0),
+                    f"{name} must be None or a finite number >= 0 s, got {value}")
         require(p, self.overlap_slowdown is None or 0.0 <= self.overlap_slowdown <= 1.0,
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
@@ -288,8 +304,10 @@ class HardwareProfile:
             **({"allocator_fragmentation": self.allocator_fragmentation}
                if self.allocator_fragmentation is not None else {}),
             **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
-            **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth")
+            **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth", "cp_exchange_fixed_s",
+                                             "cp_chunk_floor_s")
                if getattr(self, k) is not None},
+            **({"dispatcher_fixed_s": dict(self.dispatcher_fixed_s)} if self.dispatcher_fixed_s else {}),
             "network_source": self.network_source,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
@@ -303,6 +321,8 @@ class HardwareProfile:
                     "attention_bwd_efficiency", "attention_mla_fwd_efficiency", "attention_mla_bwd_efficiency"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
+        if isinstance(d.get("dispatcher_fixed_s"), dict):
+            d["dispatcher_fixed_s"] = tuple(sorted((str(k), float(v)) for k, v in d["dispatcher_fixed_s"].items()))
         for key in ("collective_efficiency", "grouped_gemm_shape_efficiency"):
             curves = d.get(key) or {}
             if isinstance(curves, dict):

@@ -212,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
     if profile.overlap_slowdown is not None:
         print(f"overlap interference: a hidden reduce-scatter still costs {profile.overlap_slowdown:.2f} of its "
               f"seconds")
+    if raw.get("exchanges"):  # only a run on two or more ranks times the executor's exchanges
+        print(f"executor exchanges per call beyond their price (fwd+bwd): CP K/V exchange "
+              f"{profile.cp_exchange_fixed_s * 1e3:.3f} ms, CP chunk call floor {profile.cp_chunk_floor_s * 1e3:.3f} ms, "
+              + ", ".join(f"{name} dispatch+combine {sec * 1e3:.3f} ms" for name, sec in profile.dispatcher_fixed_s))
     for key, curve in profile.collective_efficiency:
         print(f"{key:<22} " + ", ".join(f"{x / 2**20:.3g}MiB:{y:.3g}" for x, y in curve.points))
     print(f"profile {profile.name!r} written to {out}")

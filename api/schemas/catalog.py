@@ -68,6 +68,13 @@ class HardwareProfileIn(BodyIn):
                                            "collective's seconds the compute beside it still pays")
     sustained_clock_factor: float | None = Field(None, gt=0, le=1, description="tensor-core throughput under "
                                                  "seconds of load / in a short burst (power-limited clock)")
+    cp_exchange_fixed_s: float | None = Field(None, ge=0, le=1, description="seconds per CP K/V exchange "
+                                              "(fwd+bwd) beyond its bandwidth price, measured")
+    cp_chunk_floor_s: float | None = Field(None, ge=0, le=1, description="least seconds of one CP chunk attention "
+                                           "call (fwd+bwd) however few its FLOPs, measured")
+    dispatcher_fixed_s: dict[Name, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict, description="dispatcher -> seconds per MoE layer's dispatch + combine (fwd+bwd) "
+        "beyond its bandwidth price, measured")
     component_factors: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1000)]]] = Field(
         default_factory=dict, description="'MODEL@seqS[@mbsM]' -> {cost-model term: measured/predicted}")
     source: Annotated[str, Field(min_length=1, max_length=2000), AfterValidator(valid_text)] = "api"

@@ -31,6 +31,11 @@
 * ``host_link_bandwidth`` / ``cpu_adam_bandwidth``: the slower direction of a pinned host<->GPU copy (GPUs
   only) and the bytes of fp32 optimizer state the executor's CPU Adam steps per second, the slowest rank's,
   all ranks at once (``executor/microbench/offload.py``); raw files without them keep the base's.
+* ``cp_exchange_fixed_s`` / ``dispatcher_fixed_s``: seconds per call of the executor's CP K/V exchange and
+  each dispatcher's dispatch + combine beyond what the profile just built prices for the same benchmarked
+  shape, floored at 0; ``cp_chunk_floor_s``: the least seconds of a CP chunk call that make the priced core
+  of that shape its measured one (``costmodel/calibrate/exchange_prices.py``); measured on two or more ranks
+  only, else the base's.
 * ``overlap_slowdown``: the fraction of a hidden reduce-scatter's seconds that a GEMM loop running beside it
   still pays (``executor/microbench/overlap.py``); measured on two or more ranks only.
 """
@@ -41,6 +46,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import replace
 
+from costmodel.calibrate.exchange_prices import fixed_fields
 from costmodel.comm import ring_wire_bytes
 from spec.hardware import HardwareProfile, MeasuredCurve
 
@@ -158,7 +164,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
     grouped_rows = raw["grouped_gemm"] if raw["precision"] != "fp8" else []
     grouped_shapes = tuple(sorted(grouped_shape_curves(grouped_rows, peak).items()))
-    return replace(
+    built = replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
         gemm_bwd_efficiency=gemm_bwd_curve(raw["gemm"], peak) or base.gemm_bwd_efficiency,
@@ -182,3 +188,5 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         network_source=network_source,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")
+    # the per-call costs are what the executor's exchanges take beyond the curves just built: priced on them
+    return replace(built, **fixed_fields(built, raw["exchanges"])) if raw.get("exchanges") else built

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from executor.launch_local import launch as launch_ranks
-from executor.microbench import (attention, collectives, fragmentation, gemm, grouped_gemm, hbm, launch, offload,
-                                 overlap, sustained)
+from executor.microbench import (attention, collectives, exchanges, fragmentation, gemm, grouped_gemm, hbm, launch,
+                                 offload, overlap, sustained)
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 
@@ -49,7 +49,8 @@ def _say(rank: int):
 
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM, attention and copy benchmarks, the sustained-load run (GPUs), launch
-    overheads, then the collectives; returns its raw timings."""
+    overheads, then the collectives and the executor's own CP and dispatcher exchanges; returns its raw
+    timings."""
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     gemm_dtype = DTYPES[plan.precision]
@@ -115,6 +116,14 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
         say("collectives")
         report["collectives"] = collectives.measure_collectives(
             rank, world_size, device, dtype, plan.sizes(collectives.default_bytes(device, plan.quick)), say=say)
+    if plan.collectives and world_size > 1:
+        say("executor exchanges: CP2 K/V exchange and chunked attention, EP2 dispatchers (dispatch + combine)")
+        report["exchanges"] = exchanges.measure_exchanges(rank, world_size, device)
+        x = report["exchanges"]
+        if x:
+            say(f"  seq {x['cp']['seq']}: K/V exchange {x['cp']['kv_s'] * 1e3:8.3f} ms   chunked attention "
+                f"{x['cp']['core_s'] * 1e3:8.3f} ms   {x['dispatch']['tokens']} tokens: "
+                + "   ".join(f"{name} {sec * 1e3:8.3f} ms" for name, sec in x["dispatch"]["seconds"].items()))
     if plan.collectives and world_size > 1 and not plan.minimal:
         say("overlap interference (reduce-scatter beside GEMMs)")
         report["overlap"] = overlap.measure_overlap(world_size, device, dtype)
@@ -150,7 +159,8 @@ def merge_ranks(reports: list[dict]) -> dict:
             "fragmentation": max((r["fragmentation"] for r in reports if r.get("fragmentation")),
                                  key=lambda f: f["fragmentation"], default=None),
             # every rank offloads at once: the slowest link and CPU step are what a step waits for
-            "offload": _merged_offload([r.get("offload") for r in reports])}
+            "offload": _merged_offload([r.get("offload") for r in reports]),
+            "exchanges": exchanges.merge_exchanges([r.get("exchanges") for r in reports])}
 
 
 def _merged_offload(rows: list[dict | None]) -> dict | None:

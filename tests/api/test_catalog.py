@@ -119,3 +119,17 @@ def test_grouped_gemm_curves_per_expert_shape_round_trip_and_a_bad_shape_key_is_
     r = client.post("/v1/hardware-profiles", headers=alice,
                     json={**H, "name": "bad-shape", "grouped_gemm_shape_efficiency": {"4096 by 14336": [[256.0, 0.5]]}})
     assert r.status_code == 422 and "grouped_gemm_shape_efficiency" in r.text, r.text
+
+
+def test_a_profile_with_exchange_per_call_costs_round_trips_and_a_negative_one_is_422(client, alice):
+    """The per-call fields ``foldtune calibrate`` fills on two or more ranks are kept as sent; a negative
+    cost is refused."""
+    fields = {"cp_exchange_fixed_s": 5.4e-4, "cp_chunk_floor_s": 5.8e-4,
+              "dispatcher_fixed_s": {"alltoall": 2.2e-3, "allgather": 1.8e-3}}
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "per-call", **fields}, headers=alice)
+    assert r.status_code == 201, r.text
+    got = client.get("/v1/hardware-profiles/per-call", headers=alice).json()["profile"]
+    assert {k: got[k] for k in fields} == fields
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "neg", "dispatcher_fixed_s": {"alltoall": -1e-3}},
+                    headers=alice)
+    assert r.status_code == 422 and "dispatcher_fixed_s" in r.json()["errors"][0]["loc"]

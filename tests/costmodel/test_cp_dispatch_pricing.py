@@ -91,6 +91,10 @@ def test_cp_exchange_is_exposed_in_the_layer():
     layer = layer_times(model, training, cluster, config)["attention"]
     link, place = link_rates(H100), group_placement(1, 2, 8)
     fwd, bwd = kv_exchange_time(link, kv_exchange_bytes(2048, 8, 256, 2), place)
+    # plus the exchange's per-call cost, half each way: not measured on the datasheet profile, so the rule of
+    # thumb, 4 collectives (K, V all-gathers; their reduce-scatters) at 25 us
+    per_call = 4 * 25e-6
+    fwd, bwd = fwd + per_call / 2, bwd + per_call / 2
     assert dict(layer.fwd)["cp_comm"] == pytest.approx(fwd)
     assert dict(layer.bwd)["cp_comm"] == pytest.approx(bwd)
     # the attention core of the layer is the chunked kernels' (32 heads, head dim 128)

@@ -5,6 +5,8 @@ one micro-batch."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from costmodel.step_time import estimate_step_time
@@ -14,7 +16,9 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 MIXTRAL_2L = get_model("mixtral-8x7b").with_layers(2)
-CLUSTER = ClusterSpec(get_hardware("h100"), 2)
+# no per-call dispatch cost: it never hides (tests/costmodel/test_exchange_fixed_costs.py); these check the rest
+H100 = replace(get_hardware("h100"), dispatcher_fixed_s={"alltoall": 0.0})
+CLUSTER = ClusterSpec(H100, 2)
 
 
 def _estimate(micro: int, overlap: bool):
@@ -42,7 +46,7 @@ def test_nothing_hides_with_one_micro_batch():
 def test_etp_collectives_stay_exposed_under_the_overlap():
     """The executor's overlap hides the EP all-to-all only; its ETP all-gather / reduce-scatter run in line."""
     training = TrainingSpec(seq_length=4096, global_batch_size=8)  # ep2·etp2 on 4 GPUs, dp4: 2 per rank
-    cluster = ClusterSpec(get_hardware("h100"), 4)
+    cluster = ClusterSpec(H100, 4)
     off, on = (estimate_step_time(MIXTRAL_2L, training, cluster,
                                   ParallelConfig(world_size=4, ep=2, etp=2, overlap_moe_expert_parallel_comm=o))
                for o in (False, True))
