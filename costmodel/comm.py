@@ -20,7 +20,8 @@ Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~spec.h
 * all-to-all of ``buffer_bytes`` per rank over n ranks with r of them on this rank's node: ``(r-1)/n`` of
   the buffer goes over NVLink, ``(n-r)/n`` over the NIC, both stages at once; one latency of the slower link.
 * a measured curve ``HardwareProfile.collective_curve(name, scope)`` (message bytes -> achieved/link
-  bandwidth, latency included) replaces the default efficiency and the latency term. Where calibration
+  bandwidth, latency included) replaces the default efficiency and the latency term. Below the curve's
+  smallest message the time is that message's (the latency floor), not the bytes at its efficiency. Where calibration
   measured the group's own size (key ``'<name>:<scope>:<n>'``) that curve is used: on NVSwitch a 4-rank
   ring moves its wire bytes faster than a 2-rank one (4 x H200: 191 vs 154 GB/s for a 16 MiB all-gather).
 """
@@ -96,7 +97,14 @@ class LinkRates:
         curve = (curves.get(f"{collective}:{scope}:{group_size}") if group_size else None) \
             or curves.get(f"{collective}:{scope}")
         if curve is not None:
-            return curve(max(message_bytes, 1.0)), True
+            x = max(message_bytes, 1.0)
+            smallest, first = curve.points[0]
+            if x < smallest:
+                # below the smallest measured message a collective is latency-bound: its seconds stay those of
+                # that message, so the efficiency falls with the bytes (a clamped efficiency would price a
+                # 4-byte all-reduce at ~0 s instead of the measured tens of microseconds)
+                return first * x / smallest, True
+            return curve(x), True
         return (INTER_NODE_EFFICIENCY if scope == "inter" else COLLECTIVE_EFFICIENCY)[collective], False
 
 
@@ -181,3 +189,31 @@ def p2p_time(link: LinkRates, nbytes: float, crosses_nodes: bool) -> float:
     bandwidth = link.inter_bandwidth if crosses_nodes else link.intra_bandwidth
     latency = link.inter_latency if crosses_nodes else link.intra_latency
     return nbytes / (bandwidth * eff) + (0.0 if measured else latency)
+
+
+#: the collectives a :class:`Call` can name (ring ones priced by :func:`ring_time`, 'all_to_all' by
+#: :func:`all_to_all_time`)
+CALL_OPS = RING_COLLECTIVES + ("all_to_all",)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call as the executor issues it, over one of its process groups.
+
+    ``group`` is the executor's group name ('tp', 'cp', 'ep', 'etp', 'tp_ep', 'dp_cp', 'edp', 'pp');
+    ``nbytes`` the full-size buffer in bytes (the gathered output of an all-gather, the input of a
+    reduce-scatter, the buffer of an all-reduce, the send buffer of an all-to-all); ``phase`` 'forward' or
+    'backward' (where a micro-batch issues it; once-per-step calls say 'step')."""
+
+    op: str
+    group: str
+    nbytes: float
+    phase: str
+
+
+def call_time(link: LinkRates, call: Call, placement: Placement) -> float:
+    """Seconds of one :class:`Call` over a group placed as ``placement``: at the calibrated curve of its own
+    message size (or the default efficiency and latency), so each call pays its latency once."""
+    if call.op == "all_to_all":
+        return all_to_all_time(link, call.nbytes, placement)
+    return ring_time(link, call.op, call.nbytes, placement)
