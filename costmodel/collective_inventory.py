@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
+from costmodel import params as _params
 from costmodel.comm import Call
 from costmodel.dispatch import dispatcher_pricing
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.pipeline_layout import layer_chunks
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 
@@ -34,6 +38,9 @@ F, B = "forward", "backward"
 # the cost term each group's calls are priced under (costmodel.terms)
 GROUP_TERM = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_a2a", "etp": "etp_comm", "tp_ep": "ep_a2a"}
 _FP32, _INT64 = 4, 8
+# the executor's gradient buckets (executor/train_step.py: Trainer's bucket_mb = 25), in parameter bytes
+EXECUTOR_BUCKET_BYTES = 25 * 2**20
+_STATS = 3  # [ce, router loss, mtp loss], fp32, averaged over the step
 
 
 @dataclass(frozen=True)
@@ -230,3 +237,65 @@ def micro_batch_inventory(model: ModelSpec, training: TrainingSpec, config: Para
         if full:
             calls += recompute_calls(g, bool(moe))
     return calls + head_calls(g) + chunk_end_calls(g)
+
+
+def _groups(config: ParallelConfig) -> dict[str, int]:
+    world, pp = config.world_size, config.pp
+    dp = world // (config.tp * config.cp * pp)
+    return {"tp": config.tp, "dp_cp": config.cp * dp, "edp": world // (config.etp * config.ep * pp), "pp": pp}
+
+
+def grad_sync_calls(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0) -> tuple[Call, ...]:
+    """Once per step: the gradient reduction over DP·CP (dense) and EDP (experts) of pipeline rank ``stage``, one
+    call per bucket of :data:`EXECUTOR_BUCKET_BYTES` (buckets counted as if the parameters packed them whole;
+    a small model has one): fp32 gradients reduce-scattered and the updated 16-bit parameters all-gathered with
+    the distributed optimizer (each bucket padded to a multiple of the group), else all-reduced.
+    ``costmodel.step_time`` prices these from the totals (its ``dp_grad``, ``edp_grad``, ``param_gather``)."""
+    counts = _params.stage_param_counts(model, config, stage)
+    sizes = _groups(config)
+    out: tuple[Call, ...] = ()
+    for group, n in (("dp_cp", counts.dense), ("edp", counts.expert)):
+        size = sizes[group]
+        if size <= 1 or n <= 0:
+            continue
+        buckets = max(1, math.ceil(n * training.param_bytes / EXECUTOR_BUCKET_BYTES))
+        per_bucket = math.ceil(math.ceil(n / buckets) / size) * size
+        if config.use_distributed_optimizer:
+            out += (Call("reduce_scatter", group, per_bucket * _FP32, "step"),
+                    Call("all_gather", group, per_bucket * training.param_bytes, "step")) * buckets
+        else:
+            out += (Call("all_reduce", group, per_bucket * _FP32, "step"),) * buckets
+    return out
+
+
+def step_stat_calls(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0,
+                    router: RouterOptions | None = None) -> tuple[Call, ...]:
+    """Once per step besides the gradient reduction, on pipeline rank ``stage``: the TP sum of the gradients of
+    parameters every TP rank holds whole (norms, router, MLA down projections: fp32 main grads; with the
+    distributed optimizer this rank's shard of them, per bucket), the loss statistics over PP and DP·CP, the
+    tokens per expert over TP, DP·CP and PP, and the expert bias's loads (per MoE layer, over TP and DP·CP)."""
+    counts = _params.stage_param_counts(model, config, stage)
+    sizes = _groups(config)
+    out: tuple[Call, ...] = ()
+    if sizes["tp"] > 1 and counts.dense_replicated:
+        partial = counts.dense_replicated
+        if config.use_distributed_optimizer:  # the shard's part of them, one call per bucket holding some
+            partial = math.ceil(partial / sizes["dp_cp"])
+        buckets = max(1, math.ceil(partial * training.param_bytes / EXECUTOR_BUCKET_BYTES))
+        out += (Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"),) * buckets
+    out += tuple(Call("all_reduce", g, _STATS * _FP32, "step") for g in ("pp", "dp_cp") if sizes[g] > 1)
+    experts = max(model.num_experts or 0, 1)
+    out += tuple(Call("all_reduce", g, experts * _INT64, "step") for g in ("tp", "dp_cp", "pp") if sizes[g] > 1)
+    if model.is_moe and (router or RouterOptions()).resolve(model).moe_router_enable_expert_bias:
+        pattern = model.moe_layer_pattern()
+        chunks = layer_chunks(model.num_layers, config.pp, config.vpp, config.pipeline_split)[stage]
+        moe = sum(pattern[i] for chunk in chunks for i in chunk)
+        bias = tuple(Call("all_reduce", g, experts * _FP32, "step") for g in ("tp", "dp_cp") if sizes[g] > 1)
+        out += bias * (moe + (model.mtp_num_layers if stage == config.pp - 1 and pattern[-1] else 0))
+    return out
+
+
+def step_inventory(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0,
+                   router: RouterOptions | None = None) -> tuple[Call, ...]:
+    """Every once-per-step call of pipeline rank ``stage``: :func:`grad_sync_calls` + :func:`step_stat_calls`."""
+    return grad_sync_calls(model, training, config, stage) + step_stat_calls(model, training, config, stage, router)

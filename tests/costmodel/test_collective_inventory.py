@@ -177,7 +177,7 @@ def recorded():
 
 def _micro_calls(ranks: list[dict], layout: str) -> list[list[tuple[str, str, str, int]]]:
     """Per rank, the calls of forward_backward on groups a micro-batch uses (gradient reduction left out)."""
-    return [[c for c in rank[layout] if c[0] != "step" and c[2] not in STEP_GROUPS] for rank in ranks][:1]
+    return [[c for c in rank[layout] if c[0] != "step" and c[2] not in STEP_GROUPS] for rank in ranks]
 
 
 def _by_key(calls) -> dict[tuple[str, str, str], tuple[float, float, collections.Counter]]:
@@ -217,6 +217,19 @@ def test_model_prices_every_collective_the_executor_issues(recorded, spec, layou
     for key, (_, m_total, _) in a2a:
         mean = sum(_by_key(calls)[key][1] for calls in _micro_calls(recorded[spec.name], layout)) / 2
         assert mean == pytest.approx(m_total), key
+
+
+@pytest.mark.parametrize("spec", [GQA, MLA], ids=lambda s: s.name)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_model_lists_every_once_per_step_collective(recorded, spec, layout):
+    config = _config(layout)
+    dp = 2 // (config.tp * config.cp)
+    training = TrainingSpec(seq_length=SEQ, global_batch_size=MICRO * dp, precision="bf16")
+    model = collections.Counter((c.op, c.group, int(c.nbytes)) for c in inv.step_inventory(spec, training, config))
+    for rank, calls in enumerate(recorded[spec.name]):
+        got = collections.Counter((op, group, nbytes) for phase, op, group, nbytes in calls[layout]
+                                  if phase == "step" or group in STEP_GROUPS)
+        assert got == model, f"rank {rank}: executor {sorted(got.items())} vs model {sorted(model.items())}"
 
 
 def test_inventory_covers_what_the_measured_layout_issues():
