@@ -385,7 +385,7 @@ def predict(hardware, cfg: BenchConfig, world: int = 2) -> dict:
         row["speedup_total"] = row["cp1_total_ms"] / row[f"cp{world}_total_ms"]
         row["speedup_core"] = row["cp1_core_ms"] / row[f"cp{world}_core_ms"]
         out["cp"][str(s)] = row
-    model = argparse.Namespace(hidden_size=h, moe_router_topk=cfg.topk)
+    model = argparse.Namespace(hidden_size=h, moe_router_topk=cfg.topk, num_experts=cfg.experts)
     shape = _RoutedShape(model, link, rates, ab, place)
     for n in cfg.tokens:
         row = {"alltoall_bytes": alltoall_dispatch_bytes(n, cfg.topk, h, ab),

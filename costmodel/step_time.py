@@ -722,6 +722,18 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
     return grad, ring_time(link, "all_reduce", bucket * grad_bytes, place), 0.0, 0.0
 
 
+def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: tuple) -> float:
+    """Seconds of the first pipeline rank's once-per-step calls besides the DP·CP / EDP gradient buckets
+    (costmodel.collective_inventory.step_stat_calls), each at its own size, exposed."""
+    gpn, world = ctx.gpus_per_node, c.world_size
+    places = {"tp": group_placement(1, c.tp, gpn), "dp_cp": group_placement(c.tp, world // (c.tp * c.pp), gpn),
+              "pp": group_placement(world // c.pp, c.pp, gpn)}
+    seconds = sum(call_time(ctx.link, call, places[call.group])
+                  for call in _calls.step_stat_calls(ctx.model, ctx.training, c))
+    ctx.step_stats[key] = seconds
+    return seconds
+
+
 def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters per GPU of the pipeline ranks holding the most of each.
 
@@ -770,6 +782,7 @@ class _Context:
         self.dense_params: dict[tuple, int] = {}
         self.expert_params: dict[tuple, int] = {}
         self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
+        self.step_stats: dict[tuple, float] = {}
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
         self.collective_launch = cluster.hardware.collective_launch_seconds
@@ -936,6 +949,10 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     grads = dg + eg
     gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
+    skey = (c.tp, c.cp, dp, pp, vpp, split, c.ep, c.etp, distributed)
+    stats = ctx.step_stats.get(skey)
+    if stats is None:
+        stats = _step_stat_seconds(ctx, c, skey)
     if grads:
         exposed = grads
         if c.overlap_grad_reduce:  # hidden behind the last micro-batch's backward, but for the last bucket
@@ -947,6 +964,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         # hidden is not free: the compute beside the collective loses the measured share of its seconds
         dp_grad += ctx.overlap_slowdown * hidden[_H_DP]
         edp_grad += ctx.overlap_slowdown * hidden[_H_EDP]
+    # after the backward, in line: the TP sums of replicated gradients and the step's statistics
+    dp_grad += stats
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
