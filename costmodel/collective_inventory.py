@@ -281,7 +281,14 @@ def step_stat_calls(model: ModelSpec, training: TrainingSpec, config: ParallelCo
         partial = counts.dense_replicated
         if config.use_distributed_optimizer:  # the shard's part of them, one call per bucket holding some
             partial = math.ceil(partial / sizes["dp_cp"])
-        buckets = max(1, math.ceil(partial * training.param_bytes / EXECUTOR_BUCKET_BYTES))
+        # every layer holds some (its norms), so every bucket of layer parameters does: as many calls as the
+        # layers' dense parameters fill buckets (the word embedding and output layer, each bigger than a bucket
+        # in a real model, sit alone). An estimate: the executor packs whole tensors (DeepSeek-V2-Lite, 2
+        # layers, tp2: 4 buckets hold them, this says 5; the bytes agree).
+        vocab = _params.embedding_params(model, config.tp).dense_tp_sharded
+        layers = max(counts.dense - 2 * vocab, partial) if counts.dense * training.param_bytes > EXECUTOR_BUCKET_BYTES \
+            else 0
+        buckets = max(1, math.ceil(layers * training.param_bytes / EXECUTOR_BUCKET_BYTES))
         out += (Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"),) * buckets
     out += tuple(Call("all_reduce", g, _STATS * _FP32, "step") for g in ("pp", "dp_cp") if sizes[g] > 1)
     experts = max(model.num_experts or 0, 1)
