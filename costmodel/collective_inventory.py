@@ -211,9 +211,21 @@ def recompute_skipped(g: Geometry, moe: bool) -> Call | None:
     return forward[-1] if forward and forward[-1].op == "reduce_scatter" else None
 
 
-def recompute_calls(g: Geometry, moe: bool) -> tuple[Call, ...]:
-    """A fully recomputed layer's forward calls again (issued during backward), less :func:`recompute_skipped`."""
-    calls = [c for c in (moe_layer_calls(g) if moe else dense_layer_calls(g)) if c.phase == F]
+def recompute_calls(g: Geometry, moe: bool, modules: tuple[str, ...] | None = None) -> tuple[Call, ...]:
+    """A recomputed layer's forward calls again (issued during backward), less :func:`recompute_skipped`: the
+    whole layer's (``modules`` None: full recomputation), or those of the selective ``modules`` regions that
+    hold collectives ('mlp': the dense MLP; 'moe': router, dispatch and shared experts; 'shared_experts')."""
+    if modules is None:
+        region = moe_layer_calls(g) if moe else dense_layer_calls(g)
+    elif not moe:
+        region = mlp_calls(g) if "mlp" in modules else ()
+    elif "moe" in modules:
+        region = router_calls(g) + dispatch_calls(g) + (mlp_calls(g) if g.model.shared_expert_ffn_hidden_size else ())
+    else:
+        region = mlp_calls(g) if "shared_experts" in modules and g.model.shared_expert_ffn_hidden_size else ()
+    calls = [c for c in region if c.phase == F]
+    if not calls:
+        return ()
     skipped = recompute_skipped(g, moe)
     if skipped is not None:
         calls.pop(len(calls) - 1 - calls[::-1].index(skipped))
@@ -223,8 +235,9 @@ def recompute_calls(g: Geometry, moe: bool) -> tuple[Call, ...]:
 def micro_batch_inventory(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                           router: RouterOptions | None = None) -> tuple[Call, ...]:
     """Every call one micro-batch issues on a rank of a single-stage layout (pp = 1: embedding, all layers,
-    head and loss), phases 'forward', 'backward' and 'recompute' (full recomputation's re-run forward; the
-    layers ``recompute_num_layers`` selects). MTP depths are not listed."""
+    head and loss), phases 'forward', 'backward' and 'recompute' (the forward re-run during backward: full
+    recomputation's, of the layers ``recompute_num_layers`` selects, or the selective modules'). MTP depths are
+    not listed, nor the K/V gathers that selective 'mla_up_proj' re-runs under CP."""
     if config.pp != 1 or config.vpp != 1:
         raise ValueError("micro_batch_inventory lists single-stage layouts (pp = vpp = 1)")
     g = geometry(model, training, config, router)
@@ -236,6 +249,8 @@ def micro_batch_inventory(model: ModelSpec, training: TrainingSpec, config: Para
             config.recompute_num_layers == 0 or index < config.recompute_num_layers)
         if full:
             calls += recompute_calls(g, bool(moe))
+        elif config.recompute_granularity == "selective":
+            calls += recompute_calls(g, bool(moe), tuple(config.recompute_modules))
     return calls + head_calls(g) + chunk_end_calls(g)
 
 

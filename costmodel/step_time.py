@@ -330,10 +330,14 @@ class _Shape:
             else:
                 block.add(slot, 0.0, seconds, module)
 
-    def skip_recompute(self, block: _Block, call: Call | None) -> None:
-        """A forward call that full recomputation does not re-run (its seconds leave the layer's re-run)."""
+    def skip_recompute(self, block: _Block, call: Call | None, module: str | tuple[str, ...]) -> None:
+        """A forward call that recomputation does not re-run, the last of a full layer and of the selective
+        ``module`` regions that end with it (its seconds leave their re-run)."""
         if call is not None:
-            block.skip += call_time(self.link, call, self.places[call.group])
+            seconds = call_time(self.link, call, self.places[call.group])
+            block.skip += seconds
+            for name in (module,) if isinstance(module, str) else module:
+                block.modules[name] -= seconds
 
     def tp_block_comm(self, block: _Block, gather_bytes: float, scatter_bytes: float,
                       module: str | tuple[str, ...] = ()) -> None:
@@ -469,7 +473,7 @@ class _Shape:
         h, ffn, gate = m.hidden_size, m.ffn_hidden_size, 2 if m.gated_linear_unit else 1
         self.norm(block, h)
         self.comm(block, _calls.mlp_calls(self.calls), "mlp")
-        self.skip_recompute(block, _calls.recompute_skipped(self.calls, False))  # the last reduce-scatter
+        self.skip_recompute(block, _calls.recompute_skipped(self.calls, False), "mlp")  # the last reduce-scatter
         self.linear(block, t, gate * ffn / tp, h, "mlp")
         self.activation(block, ffn / tp * t, "mlp")
         self.linear(block, t, h, ffn / tp, "mlp")
@@ -493,7 +497,7 @@ class _Shape:
             t, tp = self.tokens, self.tp
             mods = ("moe", "shared_experts")
             self.comm(block, _calls.mlp_calls(self.calls), mods)
-            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True))
+            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), mods)
             self.linear(block, t, gate * shared / tp, h, mods)
             self.activation(block, shared / tp * t, mods)
             self.linear(block, t, h, shared / tp, mods)
@@ -521,7 +525,7 @@ class _Shape:
         local_experts = max(1, experts // self.ep)
         dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
         if not m.shared_expert_ffn_hidden_size:  # else the shared experts end the layer (moe_dense)
-            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True))
+            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), "moe")
         per_expert = received / local_experts
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
         fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)

@@ -46,6 +46,9 @@ LAYOUTS = {
     "dp2": dict(),
     "tp2-recompute": dict(tp=2, recompute_granularity="full"),
     "tp2-allgather-recompute": dict(tp=2, etp=2, moe_token_dispatcher_type="allgather", recompute_granularity="full"),
+    "tp2-allgather-selective": dict(tp=2, etp=2, moe_token_dispatcher_type="allgather",
+                                    recompute_granularity="selective", recompute_modules=("mlp", "moe")),
+    "tp2-selective-shared": dict(tp=2, recompute_granularity="selective", recompute_modules=("mlp", "shared_experts")),
 }
 STEP_GROUPS = ("dp", "dp_cp", "edp")  # gradient reduction: once per step
 _OPS = {"all_reduce": "all_reduce", "all_to_all_single": "all_to_all", "all_gather_into_tensor": "all_gather",
