@@ -1,6 +1,8 @@
 """The collectives the cost model prices are the ones the executor issues: counted on CPU ranks, call by call.
 
-Two gloo ranks train two steps of a small multi-latent-attention model and a small GQA model under each layout;
+Two gloo ranks train two steps of a small multi-latent-attention model (sigmoid routing: the expert bias's
+loads are summed once per step) and a small GQA model (also with the load-balancing loss, whose counts are
+summed over TP and CP in every forward) under each layout;
 during the second step every collective the executor issues is recorded (``torch.distributed``'s functions
 and the names modules bound from it, patched in the ranks): its op, group (by the executor's group names),
 buffer bytes and phase (forward, backward, or full recomputation's re-run forward during backward). The
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from costmodel import collective_inventory as inv
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
+from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 
 pytestmark = pytest.mark.slow
@@ -34,7 +37,11 @@ GQA = get_model("tiny-moe-shared")  # GQA, first layer dense, shared experts
 # DeepSeek-V2-Lite in miniature: multi-latent attention without a query LoRA, shared experts, first layer dense
 MLA = dataclasses.replace(GQA, name="tiny-mla-inventory", num_query_groups=None, multi_latent_attention=True,
                           q_lora_rank=None, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12,
-                          moe_router_pre_softmax=True)
+                          moe_router_score_function="sigmoid", moe_router_num_groups=4, moe_router_group_topk=2,
+                          moe_router_topk_scaling_factor=2.5)
+# (model, router options) of each run
+CASES = {"gqa": (GQA, None), "mla": (MLA, None),
+         "gqa-aux": (GQA, RouterOptions(moe_aux_loss_coeff=1e-2, moe_router_load_balancing_type="seq_aux_loss"))}
 # DeepSeek-V2-Lite's measured layout (bench/results/issue16) and one change at a time
 LAYOUTS = {
     "tp2": dict(tp=2),
@@ -127,7 +134,7 @@ class _Recorder:
         return run
 
 
-def _worker(rank: int, world: int, spec, layouts: list[str]) -> dict:
+def _worker(rank: int, world: int, spec, layouts: list[str], router: RouterOptions | None = None) -> dict:
     from executor.data import global_batch, micro_batches
     from executor.model import MoEGPT
     from executor.options import ExecutorOptions
@@ -145,7 +152,7 @@ def _worker(rank: int, world: int, spec, layouts: list[str]) -> dict:
         state = build_parallel_state(config, rank)
         recorder.names = {id(g.pg): name for name, g in state.groups.items() if g.pg is not None}
         torch.manual_seed(0)
-        net = MoEGPT(spec, state, ExecutorOptions.for_training(training, model=spec), SEQ, torch.device("cpu"),
+        net = MoEGPT(spec, state, ExecutorOptions.for_training(training, router, model=spec), SEQ, torch.device("cpu"),
                      torch.bfloat16)
         trainer = Trainer(net)
         forward_backward = trainer.forward_backward
@@ -171,10 +178,11 @@ def recorded():
     from executor.launch_local import launch
 
     runs = {}
-    for spec in (GQA, MLA):
-        result = launch(_worker, 2, (spec, list(LAYOUTS)), backend="gloo", timeout_s=600, start_method="fork")
+    for case, (spec, router) in CASES.items():
+        result = launch(_worker, 2, (spec, list(LAYOUTS), router), backend="gloo", timeout_s=600,
+                        start_method="fork")
         assert result.ok, result.failure_reason
-        runs[spec.name] = result.results
+        runs[case] = result.results
     return runs
 
 
@@ -193,19 +201,20 @@ def _by_key(calls) -> dict[tuple[str, str, str], tuple[float, float, collections
     return out
 
 
-def _model_calls(spec, layout: str) -> list[tuple[str, str, str, int]]:
+def _model_calls(case: str, layout: str) -> list[tuple[str, str, str, int]]:
+    spec, router = CASES[case]
     config = _config(layout)
     dp = 2 // (config.tp * config.cp)
     training = TrainingSpec(seq_length=SEQ, global_batch_size=MICRO * dp, precision="bf16")
-    return [(c.phase, c.op, c.group, int(c.nbytes)) for c in inv.micro_batch_inventory(spec, training, config)
-            for _ in range(MICRO)]
+    return [(c.phase, c.op, c.group, int(c.nbytes))
+            for c in inv.micro_batch_inventory(spec, training, config, router) for _ in range(MICRO)]
 
 
-@pytest.mark.parametrize("spec", [GQA, MLA], ids=lambda s: s.name)
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_model_prices_every_collective_the_executor_issues(recorded, spec, layout):
-    model = _by_key(_model_calls(spec, layout))
-    for rank, calls in enumerate(_micro_calls(recorded[spec.name], layout)):
+def test_model_prices_every_collective_the_executor_issues(recorded, case, layout):
+    model = _by_key(_model_calls(case, layout))
+    for rank, calls in enumerate(_micro_calls(recorded[case], layout)):
         got = _by_key(calls)
         assert "?" not in {key[2] for key in got}, f"a call over a group the executor does not name: {got}"
         assert set(got) == set(model), f"rank {rank}: executor {sorted(got)} vs model {sorted(model)}"
@@ -218,18 +227,20 @@ def test_model_prices_every_collective_the_executor_issues(recorded, spec, layou
     # all-to-all: each rank sends its tokens' copies; what comes back depends on routing, the sum over ranks not
     a2a = [(k, v) for k, v in model.items() if k[1] == "all_to_all"]
     for key, (_, m_total, _) in a2a:
-        mean = sum(_by_key(calls)[key][1] for calls in _micro_calls(recorded[spec.name], layout)) / 2
+        mean = sum(_by_key(calls)[key][1] for calls in _micro_calls(recorded[case], layout)) / 2
         assert mean == pytest.approx(m_total), key
 
 
-@pytest.mark.parametrize("spec", [GQA, MLA], ids=lambda s: s.name)
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_model_lists_every_once_per_step_collective(recorded, spec, layout):
+def test_model_lists_every_once_per_step_collective(recorded, case, layout):
+    spec, router = CASES[case]
     config = _config(layout)
     dp = 2 // (config.tp * config.cp)
     training = TrainingSpec(seq_length=SEQ, global_batch_size=MICRO * dp, precision="bf16")
-    model = collections.Counter((c.op, c.group, int(c.nbytes)) for c in inv.step_inventory(spec, training, config))
-    for rank, calls in enumerate(recorded[spec.name]):
+    model = collections.Counter((c.op, c.group, int(c.nbytes)) for c in inv.step_inventory(spec, training, config,
+                                                                                               router=router))
+    for rank, calls in enumerate(recorded[case]):
         got = collections.Counter((op, group, nbytes) for phase, op, group, nbytes in calls[layout]
                                   if phase == "step" or group in STEP_GROUPS)
         assert got == model, f"rank {rank}: executor {sorted(got.items())} vs model {sorted(model.items())}"
