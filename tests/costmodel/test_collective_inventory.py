@@ -24,7 +24,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import executor.parallel.collectives as coll
 from costmodel import collective_inventory as inv
+from executor.data import global_batch, micro_batches
+from executor.launch_local import launch
+from executor.model import MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import build_parallel_state
+from executor.train_step import Trainer
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.router_options import RouterOptions
@@ -107,8 +114,6 @@ class _Recorder:
         return recorded
 
     def install(self) -> None:
-        import executor.parallel.collectives as coll
-
         wrapped = {}
         for name in _OPS:
             fn = getattr(dist, name, None)
@@ -135,12 +140,6 @@ class _Recorder:
 
 
 def _worker(rank: int, world: int, spec, layouts: list[str], router: RouterOptions | None = None) -> dict:
-    from executor.data import global_batch, micro_batches
-    from executor.model import MoEGPT
-    from executor.options import ExecutorOptions
-    from executor.parallel.groups import build_parallel_state
-    from executor.train_step import Trainer
-
     recorder = _Recorder()
     recorder.install()
     out = {}
@@ -175,8 +174,6 @@ def _worker(rank: int, world: int, spec, layouts: list[str], router: RouterOptio
 
 @pytest.fixture(scope="module")
 def recorded():
-    from executor.launch_local import launch
-
     runs = {}
     for case, (spec, router) in CASES.items():
         result = launch(_worker, 2, (spec, list(LAYOUTS), router), backend="gloo", timeout_s=600,
