@@ -16,14 +16,17 @@ output forward; backward all-gathers the output gradient and reduce-scatters the
 
 Full recomputation (torch's non-reentrant checkpoint) re-runs a layer's forward during backward but stops
 once every tensor the backward needs exists again (torch's early stop): a layer's last reduce-scatter,
-whose output nothing saves, is not re-run (:func:`recompute_skipped`).
+whose output nothing saves, is not re-run (:func:`recompute_skipped`); the same holds for the selective
+'mlp', 'moe' and 'shared_experts' regions.
+
+Once per step (:func:`step_inventory`): the gradient buckets over DP·CP and EDP (priced from their totals by
+``step_time``), and the small calls after the backward (:func:`step_stat_calls`, priced in ``dp_grad``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 from costmodel import params as _params
 from costmodel.comm import Call
@@ -283,15 +286,16 @@ def grad_sync_calls(model: ModelSpec, training: TrainingSpec, config: ParallelCo
     return out
 
 
-def step_stat_calls(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0,
-                    router: RouterOptions | None = None) -> tuple[Call, ...]:
-    """Once per step besides the gradient reduction, on pipeline rank ``stage``: the TP sum of the gradients of
-    parameters every TP rank holds whole (norms, router, MLA down projections: fp32 main grads; with the
-    distributed optimizer this rank's shard of them, per bucket), the loss statistics over PP and DP·CP, the
-    tokens per expert over TP, DP·CP and PP, and the expert bias's loads (per MoE layer, over TP and DP·CP)."""
+def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0,
+                     router: RouterOptions | None = None) -> tuple[tuple[Call, int], ...]:
+    """Once per step besides the gradient reduction, on pipeline rank ``stage``, as (call, how many times): the
+    TP sum of the gradients of parameters every TP rank holds whole (norms, router, MLA down projections: fp32
+    main grads; with the distributed optimizer this rank's shard of them, per bucket), the loss statistics over
+    PP and DP·CP, the tokens per expert over TP, DP·CP and PP, and the expert bias's loads (per MoE layer, over
+    TP and DP·CP)."""
     counts = _params.stage_param_counts(model, config, stage)
     sizes = _groups(config)
-    out: tuple[Call, ...] = ()
+    out: list[tuple[Call, int]] = []
     if sizes["tp"] > 1 and counts.dense_replicated:
         partial = counts.dense_replicated
         if config.use_distributed_optimizer:  # the shard's part of them, one call per bucket holding some
@@ -304,17 +308,23 @@ def step_stat_calls(model: ModelSpec, training: TrainingSpec, config: ParallelCo
         layers = max(counts.dense - 2 * vocab, partial) if counts.dense * training.param_bytes > EXECUTOR_BUCKET_BYTES \
             else 0
         buckets = max(1, math.ceil(layers * training.param_bytes / EXECUTOR_BUCKET_BYTES))
-        out += (Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"),) * buckets
-    out += tuple(Call("all_reduce", g, _STATS * _FP32, "step") for g in ("pp", "dp_cp") if sizes[g] > 1)
+        out.append((Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"), buckets))
+    out += [(Call("all_reduce", g, _STATS * _FP32, "step"), 1) for g in ("pp", "dp_cp") if sizes[g] > 1]
     experts = max(model.num_experts or 0, 1)
-    out += tuple(Call("all_reduce", g, experts * _INT64, "step") for g in ("tp", "dp_cp", "pp") if sizes[g] > 1)
+    out += [(Call("all_reduce", g, experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp") if sizes[g] > 1]
     if model.is_moe and (router or RouterOptions()).resolve(model).moe_router_enable_expert_bias:
         pattern = model.moe_layer_pattern()
         chunks = layer_chunks(model.num_layers, config.pp, config.vpp, config.pipeline_split)[stage]
         moe = sum(pattern[i] for chunk in chunks for i in chunk)
-        bias = tuple(Call("all_reduce", g, experts * _FP32, "step") for g in ("tp", "dp_cp") if sizes[g] > 1)
-        out += bias * (moe + (model.mtp_num_layers if stage == config.pp - 1 and pattern[-1] else 0))
-    return out
+        moe += model.mtp_num_layers if stage == config.pp - 1 and pattern[-1] else 0
+        out += [(Call("all_reduce", g, experts * _FP32, "step"), moe) for g in ("tp", "dp_cp") if sizes[g] > 1]
+    return tuple((call, n) for call, n in out if n)
+
+
+def step_stat_calls(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0,
+                    router: RouterOptions | None = None) -> tuple[Call, ...]:
+    """:func:`step_stat_groups`, one entry per call."""
+    return tuple(call for call, n in step_stat_groups(model, training, config, stage, router) for _ in range(n))
 
 
 def step_inventory(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0,

@@ -728,12 +728,12 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
 
 def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: tuple) -> float:
     """Seconds of the first pipeline rank's once-per-step calls besides the DP·CP / EDP gradient buckets
-    (costmodel.collective_inventory.step_stat_calls), each at its own size, exposed."""
+    (costmodel.collective_inventory.step_stat_groups), each at its own size, exposed."""
     gpn, world = ctx.gpus_per_node, c.world_size
     places = {"tp": group_placement(1, c.tp, gpn), "dp_cp": group_placement(c.tp, world // (c.tp * c.pp), gpn),
               "pp": group_placement(world // c.pp, c.pp, gpn)}
-    seconds = sum(call_time(ctx.link, call, places[call.group])
-                  for call in _calls.step_stat_calls(ctx.model, ctx.training, c))
+    seconds = sum(n * call_time(ctx.link, call, places[call.group])
+                  for call, n in _calls.step_stat_groups(ctx.model, ctx.training, c))
     ctx.step_stats[key] = seconds
     return seconds
 
@@ -953,7 +953,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     grads = dg + eg
     gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
-    skey = (c.tp, c.cp, dp, pp, vpp, split, c.ep, c.etp, distributed)
+    skey = (c.tp, c.cp * dp, pp, vpp, split, c.ep, c.etp, distributed)
     stats = ctx.step_stats.get(skey)
     if stats is None:
         stats = _step_stat_seconds(ctx, c, skey)
