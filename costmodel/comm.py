@@ -20,13 +20,15 @@ Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~spec.h
 * all-to-all of ``buffer_bytes`` per rank over n ranks with r of them on this rank's node: ``(r-1)/n`` of
   the buffer goes over NVLink, ``(n-r)/n`` over the NIC, both stages at once; one latency of the slower link.
 * a measured curve ``HardwareProfile.collective_curve(name, scope)`` (message bytes -> achieved/link
-  bandwidth, latency included) replaces the default efficiency and the latency term. Where calibration
+  bandwidth, latency included) replaces the default efficiency and the latency term; it is read as the time it
+  implies (:func:`curve_efficiency`: linear in bytes between measured sizes, the smallest size's time below). Where calibration
   measured the group's own size (key ``'<name>:<scope>:<n>'``) that curve is used: on NVSwitch a 4-rank
   ring moves its wire bytes faster than a 2-rank one (4 x H200: 191 vs 154 GB/s for a 16 MiB all-gather).
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -96,8 +98,29 @@ class LinkRates:
         curve = (curves.get(f"{collective}:{scope}:{group_size}") if group_size else None) \
             or curves.get(f"{collective}:{scope}")
         if curve is not None:
-            return curve(max(message_bytes, 1.0)), True
+            return curve_efficiency(curve, max(message_bytes, 1.0)), True
         return (INTER_NODE_EFFICIENCY if scope == "inter" else COLLECTIVE_EFFICIENCY)[collective], False
+
+
+def curve_efficiency(curve: MeasuredCurve, message_bytes: float) -> float:
+    """A measured collective curve's efficiency at ``message_bytes``, read as the time it implies.
+
+    A curve point (x, e) says a message of x bytes took time proportional to x / e. Between measured points that
+    time is interpolated linearly in bytes (latency plus bytes over bandwidth, piecewise), not the efficiency
+    in log(bytes): between two latency-bound points (64 KiB and 1 MiB both ~35 us on 2 x H200) the latter
+    dips to a third of the measured time. Below the smallest point the time stays that point's (the latency
+    floor: a 4-byte all-reduce costs what 64 KiB did, not ~0 s); above the largest the efficiency stays the
+    largest point's (bandwidth-bound)."""
+    pts = curve.points
+    x = message_bytes
+    if x <= pts[0][0]:
+        return pts[0][1] * x / pts[0][0]
+    if x >= pts[-1][0]:
+        return pts[-1][1]
+    i = bisect.bisect_right([p[0] for p in pts], x)
+    (x0, e0), (x1, e1) = pts[i - 1], pts[i]
+    t0, t1 = x0 / e0, x1 / e1
+    return x / (t0 + (x - x0) / (x1 - x0) * (t1 - t0))
 
 
 @lru_cache(maxsize=64)
@@ -181,3 +204,31 @@ def p2p_time(link: LinkRates, nbytes: float, crosses_nodes: bool) -> float:
     bandwidth = link.inter_bandwidth if crosses_nodes else link.intra_bandwidth
     latency = link.inter_latency if crosses_nodes else link.intra_latency
     return nbytes / (bandwidth * eff) + (0.0 if measured else latency)
+
+
+#: the collectives a :class:`Call` can name (ring ones priced by :func:`ring_time`, 'all_to_all' by
+#: :func:`all_to_all_time`)
+CALL_OPS = RING_COLLECTIVES + ("all_to_all",)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call as the executor issues it, over one of its process groups.
+
+    ``group`` is the executor's group name ('tp', 'cp', 'ep', 'etp', 'tp_ep', 'dp_cp', 'edp', 'pp');
+    ``nbytes`` the full-size buffer in bytes (the gathered output of an all-gather, the input of a
+    reduce-scatter, the buffer of an all-reduce, the send buffer of an all-to-all); ``phase`` 'forward' or
+    'backward' (where a micro-batch issues it; once-per-step calls say 'step')."""
+
+    op: str
+    group: str
+    nbytes: float
+    phase: str
+
+
+def call_time(link: LinkRates, call: Call, placement: Placement) -> float:
+    """Seconds of one :class:`Call` over a group placed as ``placement``: at the calibrated curve of its own
+    message size (or the default efficiency and latency), so each call pays its latency once."""
+    if call.op == "all_to_all":
+        return all_to_all_time(link, call.nbytes, placement)
+    return ring_time(link, call.op, call.nbytes, placement)

@@ -10,10 +10,13 @@ priced as another dispatcher.
 Contract of a pricing, for one MoE layer, one micro-batch, on the busiest rank of the ETP·EP group:
 
 ==================  ===========================================================================================
+``collectives``    every collective call the dispatcher issues per MoE layer and micro-batch (forward and
+                    backward, :class:`~costmodel.comm.Call`), the split-size exchanges included.
 ``routed_time``     adds to the layer block the exposed forward and backward seconds of moving the routed
-                    token copies to the experts and back (``ep_a2a`` / ``etp_comm`` slots) and the memory-bound
-                    passes the dispatcher adds around the experts (``memory_bound``); router, permute,
-                    experts and unpermute are priced by the caller, the same for every dispatcher.
+                    token copies to the experts and back (``ep_a2a`` / ``etp_comm`` slots: its
+                    ``collectives``, each call at its own size) and the memory-bound passes the dispatcher
+                    adds around the experts (``memory_bound``); router, permute, experts and unpermute are
+                    priced by the caller, the same for every dispatcher.
 ``comm_buffer``     (name, bytes per local token) of the largest buffer the dispatcher holds at once.
 ``host_ops``        eager ops and collectives it issues per MoE layer and micro-batch (forward + backward),
                     counted as ``costmodel/host.py`` describes.
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from costmodel.comm import LinkRates, Placement, all_to_all_time, ring_time, span_text
+from costmodel.comm import Call, LinkRates, Placement, call_time, span_text
 from costmodel.host_ops import ZERO, HostOps
 from costmodel.terms import LAYER_SLOT
 from spec.errors import InvalidConfigError
@@ -43,8 +46,11 @@ A2A, ETP, MEM = LAYER_SLOT["ep_a2a"], LAYER_SLOT["etp_comm"], LAYER_SLOT["memory
 # a routed token's top-k probability (fp32) and its one-byte routing-map entry, per expert
 _PROB_AND_MAP_BYTES = 4 + 1
 # what the allgather dispatcher gathers beside each token, per top-k choice: its fp32 probability and its
-# int64 expert id (executor/dispatcher.py: AllGatherDispatcher.dispatch)
-ROUTING_BYTES_PER_CHOICE = 4 + 8
+# int64 expert id (executor/dispatcher.py: AllGatherDispatcher.dispatch), one all-gather each
+PROB_BYTES, EXPERT_ID_BYTES = 4, 8
+ROUTING_BYTES_PER_CHOICE = PROB_BYTES + EXPERT_ID_BYTES
+# the alltoall dispatcher's split sizes: int64 rows per (rank, local expert)
+COUNT_BYTES = 8
 
 
 def alltoall_dispatch_bytes(local: float, topk: int, hidden: int, act_bytes: int) -> float:
@@ -96,6 +102,12 @@ class DispatcherPricing(Protocol):
     name: str
     call_collectives: float
 
+    def collectives(self, model: ModelSpec, act_bytes: int, local: float, ep: int, etp: int,
+                    imbalance: float = 1.0) -> tuple[Call, ...]:
+        """The calls per MoE layer and micro-batch for ``local`` tokens entering the layer on this rank, in
+        forward issue order; ``imbalance`` scales the routed copies' bytes (the busiest EP rank)."""
+        ...
+
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
         """Add dispatch + combine seconds for ``local`` tokens entering the layer on this rank, ``received``
@@ -115,6 +127,19 @@ class DispatcherPricing(Protocol):
     def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
         """The layout fact behind an 'all-to-all' bottleneck, e.g. 'EP16 group spans 2 nodes'."""
         ...
+
+
+def price_calls(shape: RoutedShape, block: LayerBlock, calls: tuple[Call, ...]) -> None:
+    """Add each call's seconds at its own size (``costmodel.comm.call_time``) to the block: EP and ETP·EP
+    calls in ``ep_a2a``, ETP ones in ``etp_comm``, under the 'moe' recompute module."""
+    places = {"ep": shape.ep_place, "etp": shape.etp_place, "tp_ep": shape.tp_ep_place}
+    for call in calls:
+        seconds = call_time(shape.link, call, places[call.group])
+        slot = ETP if call.group == "etp" else A2A
+        if call.phase == "forward":
+            block.add(slot, seconds, 0.0, "moe")
+        else:
+            block.add(slot, 0.0, seconds, "moe")
 
 
 PRICING: dict[str, DispatcherPricing] = {}
@@ -147,20 +172,38 @@ class AllToAllPricing:
     ETP_OPS = HostOps(46.0, 5.0)
     call_collectives = EP_OPS.collectives
 
+    def collectives(self, model: ModelSpec, act_bytes: int, local: float, ep: int, etp: int,
+                    imbalance: float = 1.0) -> tuple[Call, ...]:
+        if ep * etp <= 1:
+            return ()
+        h, experts = model.hidden_size, model.num_experts or 1
+        routed = alltoall_dispatch_bytes(local, model.moe_router_topk, h, act_bytes) * imbalance
+        rows = etp * routed  # every ETP member's received copies, gathered
+        counts: tuple[Call, ...] = ()  # rows per (peer, local expert): the split sizes, forward only
+        a2a: tuple[str, ...] = ()
+        etp_ops: tuple[str, ...] = ()
+        if ep > 1:
+            counts += (Call("all_to_all", "ep", experts * COUNT_BYTES, "forward"),)
+            a2a = ("all_to_all",)
+        if etp > 1:  # the ETP members' received counts; uneven all-gather of the rows, reduce-scatter back
+            counts += (Call("all_gather", "etp", etp * experts * COUNT_BYTES, "forward"),)
+            etp_ops = ("all_gather", "reduce_scatter")
+        calls = list(counts)
+        # backward runs the combine's transposes first: all-to-all, all-gather (of the reduce-scatter), ...
+        for phase in ("forward", "backward"):
+            calls += [Call(op, "ep", routed, phase) for op in a2a]
+            calls += [Call(op, "etp", rows, phase) for op in etp_ops]
+            calls += [Call(op, "ep", routed, phase) for op in a2a]
+        return tuple(calls)
+
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
-        h, ab, link = shape.model.hidden_size, shape.act_bytes, shape.link
-        routed = alltoall_dispatch_bytes(local, shape.model.moe_router_topk, h, ab)
-        a2a = all_to_all_time(link, routed * shape.imbalance, shape.ep_place)
-        block.add(A2A, 2 * a2a, 2 * a2a, "moe")
+        price_calls(shape, block, self.collectives(shape.model, shape.act_bytes, local, shape.ep_place.size,
+                                                   shape.etp, shape.imbalance))
         if shape.tp_ep_place.size > 1:
             block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
-        if shape.etp > 1:
-            buffer = received * h * ab
-            ag = ring_time(link, "all_gather", buffer, shape.etp_place)
-            rs = ring_time(link, "reduce_scatter", buffer, shape.etp_place)
-            block.add(ETP, ag + rs, ag + rs, "moe")
         if local_experts > 1:
+            h, ab = shape.model.hidden_size, shape.act_bytes
             shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
@@ -190,17 +233,30 @@ class AllGatherPricing:
     OPS = HostOps(27.0, 7.0)
     call_collectives = OPS.collectives
 
+    def collectives(self, model: ModelSpec, act_bytes: int, local: float, ep: int, etp: int,
+                    imbalance: float = 1.0) -> tuple[Call, ...]:
+        group = ep * etp
+        if group <= 1:
+            return ()
+        tokens = group * local * model.hidden_size * act_bytes  # every token of the ETP·EP group
+        choices = group * local * model.moe_router_topk
+        return (Call("all_gather", "tp_ep", tokens, "forward"),
+                Call("all_gather", "tp_ep", choices * PROB_BYTES, "forward"),
+                Call("all_gather", "tp_ep", choices * EXPERT_ID_BYTES, "forward"),  # no gradient
+                Call("reduce_scatter", "tp_ep", tokens, "forward"),  # the weighted outputs back
+                Call("all_gather", "tp_ep", tokens, "backward"),
+                Call("reduce_scatter", "tp_ep", choices * PROB_BYTES, "backward"),
+                Call("reduce_scatter", "tp_ep", tokens, "backward"))
+
     def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
                     local_experts: int) -> None:
-        h, ab, link, place = shape.model.hidden_size, shape.act_bytes, shape.link, shape.tp_ep_place
-        gathered = local * place.size
-        ag = ring_time(link, "all_gather",
-                       allgather_gather_bytes(local, shape.model.moe_router_topk, h, ab, place.size), place)
-        rs = ring_time(link, "reduce_scatter", allgather_scatter_bytes(local, h, ab, place.size), place)
-        block.add(A2A, ag + rs, ag + rs, "moe")
+        place = shape.tp_ep_place
+        price_calls(shape, block, self.collectives(shape.model, shape.act_bytes, local, place.size // shape.etp,
+                                                   shape.etp))
         if place.size > 1:
             block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
-        shape.elementwise(block, (gathered + received) * h * ab, "moe")  # pick local experts' tokens
+        # pick local experts' tokens
+        shape.elementwise(block, (local * place.size + received) * shape.model.hidden_size * shape.act_bytes, "moe")
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
                     routed: float) -> tuple[str, float]:

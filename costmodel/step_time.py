@@ -27,9 +27,12 @@ from costmodel.activation import glu_traffic, is_plain_swiglu
 from costmodel.attention_kinds import fused_causal_fraction, has_sinks, masked_layer_share
 from costmodel import loss as _loss
 from costmodel import params as _params
+from costmodel import collective_inventory as _calls
 from costmodel.comm import (
+    Call,
     LinkRates,
     Placement,
+    call_time,
     group_placement,
     link_rates,
     p2p_time,
@@ -45,7 +48,7 @@ from costmodel.compute import (
     memory_time,
     sink_attention_time,
 )
-from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
+from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.memory import offloaded_layer_bytes
@@ -65,6 +68,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
+from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 from spec.validity import experts_do_not_split
 
@@ -148,7 +152,7 @@ class StepTimeBreakdown:
 class _Block:
     """Forward and backward seconds per micro-batch of one layer kind, split by term (raw, before overlap)."""
 
-    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed")
+    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed", "skip")
 
     def __init__(self) -> None:
         self.fwd = [0.0] * N_SLOTS
@@ -157,6 +161,7 @@ class _Block:
         # the dispatcher's per-call seconds inside ep_a2a (fwd + bwd): host work and the alltoall's host sync
         # for its split sizes, which EP overlap cannot run beside another micro-batch's compute
         self.a2a_fixed = 0.0
+        self.skip = 0.0  # forward seconds full recomputation does not re-run (collective_inventory.recompute_skipped)
 
     def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
         self.fwd[term] += fwd
@@ -222,7 +227,7 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     fwd_comm += block.fwd[CP]
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
-    return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm, compute_fwd, compute_bwd,
+    return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm - block.skip, compute_fwd, compute_bwd,
                       exposed[A2A] - block.a2a_fixed, dict(block.modules))
 
 
@@ -286,12 +291,18 @@ class _Shape:
         self.etp_place = group_placement(1, etp, gpn)
         self.tp_ep_place = group_placement(1, etp * ep, gpn)
         imbalance = training.ep_imbalance(ep)  # the busiest EP rank sets the pace; the others wait in the a2a
-        if training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None:
+        capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
+        if capacity:
             imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance
         # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
         self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
         self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
+        self.places = {"tp": self.tp_place, "cp": self.cp_place, "ep": self.ep_place, "etp": self.etp_place,
+                       "tp_ep": self.tp_ep_place}
+        # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
+        self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
+                                     self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance)
 
     # -- primitives --------------------------------------------------------------------------------
     def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),
@@ -316,27 +327,30 @@ class _Shape:
         if self.accum_bytes:
             block.add(MEM, 0.0, memory_time(self.rates, self.accum_bytes * weights))
 
+    def comm(self, block: _Block, calls: tuple[Call, ...], module: str | tuple[str, ...] = ()) -> None:
+        """Each call (costmodel.collective_inventory) at its own size over its group, in its group's term."""
+        for call in calls:
+            seconds = call_time(self.link, call, self.places[call.group])
+            slot = LAYER_SLOT[_calls.GROUP_TERM[call.group]]
+            if call.phase == "forward":
+                block.add(slot, seconds, 0.0, module)
+            else:
+                block.add(slot, 0.0, seconds, module)
+
+    def skip_recompute(self, block: _Block, call: Call | None, module: str | tuple[str, ...]) -> None:
+        """A forward call that recomputation does not re-run, the last of a full layer and of the selective
+        ``module`` regions that end with it (its seconds leave their re-run)."""
+        if call is not None:
+            seconds = call_time(self.link, call, self.places[call.group])
+            block.skip += seconds
+            for name in (module,) if isinstance(module, str) else module:
+                block.modules[name] -= seconds
+
     def tp_block_comm(self, block: _Block, gather_bytes: float, scatter_bytes: float,
                       module: str | tuple[str, ...] = ()) -> None:
-        """TP traffic of a column-then-row parallel block over ``tokens`` rows (full-size buffers in bytes).
-
-        With SP: forward all-gathers the input and reduce-scatters the output; backward all-gathers the
-        output gradient, re-gathers the input for the weight gradient (Megatron only, see
-        ``TrainingSpec.sequence_parallel_regather``) and reduce-scatters the input gradient. Without SP: one
-        all-reduce forward (output) and one backward (input gradient).
-        """
-        place, link = self.tp_place, self.link
-        if place.size <= 1:
-            return
-        if self.sp:
-            ag = ring_time(link, "all_gather", gather_bytes, place)
-            rs = ring_time(link, "reduce_scatter", scatter_bytes, place)
-            ag_out = ring_time(link, "all_gather", scatter_bytes, place)
-            rs_in = ring_time(link, "reduce_scatter", gather_bytes, place)
-            block.add(TP, ag + rs, ag_out + (ag if self.regather else 0.0) + rs_in, module)
-        else:
-            block.add(TP, ring_time(link, "all_reduce", scatter_bytes, place),
-                      ring_time(link, "all_reduce", gather_bytes, place), module)
+        """TP traffic of a column-then-row parallel block (full-size buffers in bytes;
+        :func:`costmodel.collective_inventory.tp_block`)."""
+        self.comm(block, _calls.tp_block(self.calls, gather_bytes, scatter_bytes), module)
 
     def activation(self, block: _Block, elements: float, module: str | tuple[str, ...]) -> None:
         """The activation of an MLP or experts over ``elements`` outputs: one fused kernel for plain SwiGLU (or
@@ -373,8 +387,7 @@ class _Shape:
                 self.norm(block, m.q_lora_rank)
             self.linear(block, self.tokens_local, m.kv_lora_rank + rope, h)
             self.norm(block, m.kv_lora_rank)
-            gathered = (m.q_lora_rank or h) + m.kv_lora_rank + rope
-            self.tp_block_comm(block, t * gathered * ab, t * h * ab)
+            self.attention_comm(block)  # the latents gathered over TP, the output scattered back
             self.linear(block, t, heads * (qk + rope) / tp, q_in, "mla_up_proj")
             self.linear(block, t, heads * (qk + v) / tp, m.kv_lora_rank, "mla_up_proj")
             self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
@@ -384,25 +397,20 @@ class _Shape:
                 fwd, bwd = self._masked_core(max(1, heads // tp), qk + rope, v)
             else:
                 fwd, bwd = self._flash_core(max(1, heads // tp), qk + rope, v)
-            self._cp_comm(block, max(1, heads // tp), qk + rope + v, reorder=False)
+            self._cp_comm(block, reorder=False)
             self.linear(block, t, h, heads * v / tp)
         else:
             d, kv = m.head_dim, m.num_kv_heads
-            self.tp_block_comm(block, t * h * ab, t * h * ab)
+            self.attention_comm(block)  # TP block and the whole-width q/k norms' sums
             self.linear(block, t, (heads + 2 * kv) * d / tp, h)
             if m.add_qkv_bias or m.add_bias_linear:
                 self.biases(block, (heads + 2 * kv) * d / tp, h if m.add_bias_linear else 0)
             if m.qk_layernorm:
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
-                if m.qk_layernorm_scope == "all" and self.tp_place.size > 1:
-                    # OLMoE's whole-width norms: one fp32 sum of squares per token for q and for k, summed
-                    # over TP forward and (its gradient) backward; latency-bound at these sizes
-                    reduce = 2 * ring_time(self.link, "all_reduce", t * _FP32_BYTES, self.tp_place)
-                    block.add(TP, reduce, reduce)
             if m.position_embedding_type == "rope":
                 self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
             fwd, bwd = self._gqa_core(max(1, heads // tp), d)
-            self._cp_comm(block, max(1.0, kv / tp), 2 * d, reorder=self.flash)
+            self._cp_comm(block, reorder=self.flash)
             self.linear(block, t, h, heads * d / tp)
         block.add(ATTN, fwd, bwd, "core_attn")
         self.residual(block)
@@ -446,26 +454,36 @@ class _Shape:
         fwd, bwd = attention_time(rates, t, seq, heads, qk, v, False, True, self.dropout, 1)
         return fwd + memory_time(rates, t * seq * (1 + self.act_bytes)), bwd
 
-    def _cp_comm(self, block: _Block, kv_heads: float, head_dims: float, reorder: bool) -> None:
+    def attention_comm(self, block: _Block) -> None:
+        """The attention's calls over TP (costmodel.collective_inventory.attention_calls; CP: _cp_comm)."""
+        self.comm(block, tuple(c for c in _calls.attention_calls(self.calls) if c.group != "cp"))
+
+    def _cp_comm(self, block: _Block, reorder: bool) -> None:
         """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
-        rank's K and V all-gathered over CP forward, their gradients reduce-scattered backward, exposed (it
-        runs before the attention that needs it), plus its per-call seconds beyond the bytes
-        (:mod:`costmodel.fixed_costs`) half each way; with ``reorder`` (the flash path) the gathered K/V put into
-        global sequence order (one read and one write of the gathered buffer each way)."""
+        rank's K and V all-gathered over CP forward (one call each), their gradients reduce-scattered backward,
+        exposed (it runs before the attention that needs it), plus the exchange's per-call seconds beyond the
+        bytes (:mod:`costmodel.fixed_costs`, for K and V together) half each way; with ``reorder`` (the flash
+        path) the gathered K/V put into global sequence order (one read and one write of the gathered buffer
+        each way)."""
         place = self.cp_place
         if place.size <= 1:
             return
-        local = kv_exchange_bytes(self.tokens, kv_heads, head_dims, self.act_bytes)
-        fwd, bwd = kv_exchange_time(self.link, local, place)
-        block.add(CP, fwd + self.cp_fixed / 2, bwd + self.cp_fixed / 2)
-        if reorder:
-            self.elementwise(block, 2 * place.size * local, "core_attn", bwd_bytes=2 * place.size * local)
+        for call in _calls.attention_calls(self.calls):
+            if call.group != "cp" or call.phase != "forward":
+                continue
+            local = call.nbytes / place.size  # the call's gathered buffer holds every CP rank's part
+            fwd, bwd = kv_exchange_time(self.link, local, place)
+            block.add(CP, fwd, bwd)
+            if reorder:
+                self.elementwise(block, 2 * call.nbytes, "core_attn", bwd_bytes=2 * call.nbytes)
+        block.add(CP, self.cp_fixed / 2, self.cp_fixed / 2)
 
     def dense_mlp(self, block: _Block) -> None:
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
         h, ffn, gate = m.hidden_size, m.ffn_hidden_size, 2 if m.gated_linear_unit else 1
         self.norm(block, h)
-        self.tp_block_comm(block, t * h * ab, t * h * ab, "mlp")
+        self.comm(block, _calls.mlp_calls(self.calls), "mlp")
+        self.skip_recompute(block, _calls.recompute_skipped(self.calls, False), "mlp")  # the last reduce-scatter
         self.linear(block, t, gate * ffn / tp, h, "mlp")
         self.activation(block, ffn / tp * t, "mlp")
         self.linear(block, t, h, ffn / tp, "mlp")
@@ -483,11 +501,13 @@ class _Shape:
         m, ab = self.model, self.act_bytes
         h, gate = m.hidden_size, 2 if m.gated_linear_unit else 1
         self.norm(block, h)
+        self.comm(block, _calls.router_calls(self.calls), "moe")
         shared = m.shared_expert_ffn_hidden_size
         if shared:
             t, tp = self.tokens, self.tp
             mods = ("moe", "shared_experts")
-            self.tp_block_comm(block, t * h * ab, t * h * ab, mods)
+            self.comm(block, _calls.mlp_calls(self.calls), mods)
+            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), mods)
             self.linear(block, t, gate * shared / tp, h, mods)
             self.activation(block, shared / tp * t, mods)
             self.linear(block, t, h, shared / tp, mods)
@@ -516,6 +536,8 @@ class _Shape:
         dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
         if self.tp_ep_place.size > 1:  # where every pricing adds its per-call cost (costmodel.dispatch)
             block.a2a_fixed += self.dispatch_fixed
+        if not m.shared_expert_ffn_hidden_size:  # else the shared experts end the layer (moe_dense)
+            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), "moe")
         per_expert = received / local_experts
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h)
         fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp)
@@ -534,11 +556,7 @@ class _Shape:
         # vocab-parallel lookup of every token on each TP rank, then a reduction over TP
         self.elementwise(block, 2 * t * h * ab, bwd_bytes=t * h * (ab + 8))
         self.grad_accumulation(block, self.model.padded_vocab_size(self.tp) / self.tp * h)
-        place = self.tp_place
-        if place.size > 1:
-            name = "reduce_scatter" if self.sp else "all_reduce"
-            block.add(TP, ring_time(self.link, name, t * h * ab, place),
-                      ring_time(self.link, "all_gather", t * h * ab, place) if self.sp else 0.0)
+        self.comm(block, _calls.embedding_calls(self.calls))
 
     def head(self, block: _Block) -> None:
         """Final norm, output layer (16-bit) and vocab-parallel cross-entropy of one output head: the executor's
@@ -549,14 +567,7 @@ class _Shape:
         h = m.hidden_size
         vocab = m.padded_vocab_size(tp) / tp
         self.norm(block, h, ())
-        place = self.tp_place
-        if place.size > 1:
-            if self.sp:
-                ag = ring_time(self.link, "all_gather", t * h * ab, place)
-                block.add(TP, ag, ring_time(self.link, "reduce_scatter", t * h * ab, place)
-                          + (ag if self.regather else 0.0))
-            else:
-                block.add(TP, 0.0, ring_time(self.link, "all_reduce", t * h * ab, place))
+        self.comm(block, _calls.head_calls(self.calls))  # the input gathered over TP, the loss's sums
         self.linear(block, t, vocab, h, low_precision=False)
         if self.megatron_loss:
             self.elementwise(block, LOSS_BYTES_PER_LOGIT_FWD * t * vocab,
@@ -568,6 +579,10 @@ class _Shape:
         fwd_bytes, bwd_bytes = self.loss_bytes
         accumulate = _loss.BLOCKED_LOSS_ACCUM_BYTES * t * h * _loss.num_blocks(t, rows)
         self.elementwise(block, fwd_bytes * t * rows, bwd_bytes=bwd_bytes * t * rows + accumulate)
+
+    def chunk_end(self, block: _Block) -> None:
+        """What every pipeline chunk issues once per micro-batch besides its layers (the router losses' sum)."""
+        self.comm(block, _calls.chunk_end_calls(self.calls))
 
     def mtp_extra(self, block: _Block) -> None:
         """An MTP block's own work: embedding of shifted tokens, two norms and the 2h -> h projection."""
@@ -604,8 +619,9 @@ def _build_layers(ctx: _Context, key: tuple) -> _Layers:
             attention + _part(ctx, "moe_dense", dense_key, shape, key) if model.is_moe else _ZERO_LAYER,
             _part(ctx, "embedding", dense_key, shape, key),
             _part(ctx, "head", dense_key, shape, key),
-            _part(ctx, "mtp_extra", dense_key, shape, key) if model.mtp_num_layers else _ZERO_LAYER)
-    dense, moe_base, embed, head, mtp_extra = combos
+            _part(ctx, "mtp_extra", dense_key, shape, key) if model.mtp_num_layers else _ZERO_LAYER,
+            _part(ctx, "chunk_end", dense_key, shape, key))
+    dense, moe_base, embed, head, mtp_extra, chunk_end = combos
     moe = _ZERO_LAYER
     if model.is_moe:
         moe_tokens = mbs * ctx.training.seq_length // cp / tp
@@ -615,7 +631,10 @@ def _build_layers(ctx: _Context, key: tuple) -> _Layers:
         one = mtp_extra + (moe if ctx.pattern[-1] else dense) + head
         for _ in range(model.mtp_num_layers):
             tail = tail + one
-    extras = {(False, False): _ZERO_LAYER, (True, False): embed, (False, True): tail, (True, True): embed + tail}
+    # every stage ends its chunk with the router losses' sum (once per micro-batch; vpp > 1 chunks: once each,
+    # priced once)
+    extras = {(False, False): chunk_end, (True, False): embed + chunk_end, (False, True): tail + chunk_end,
+              (True, True): embed + tail + chunk_end}
     # Megatron sends the SP-sharded activation (or scatters it over TP and re-gathers it): 1/tp per rank
     p2p_bytes = mbs * ctx.training.seq_length // cp / tp * model.hidden_size * ctx.training.activation_bytes
     return _Layers(dense, moe, extras, p2p_bytes)
@@ -719,6 +738,18 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
     return grad, ring_time(link, "all_reduce", bucket * grad_bytes, place), 0.0, 0.0
 
 
+def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: tuple) -> float:
+    """Seconds of the first pipeline rank's once-per-step calls besides the DP·CP / EDP gradient buckets
+    (costmodel.collective_inventory.step_stat_groups), each at its own size, exposed."""
+    gpn, world = ctx.gpus_per_node, c.world_size
+    places = {"tp": group_placement(1, c.tp, gpn), "dp_cp": group_placement(c.tp, world // (c.tp * c.pp), gpn),
+              "pp": group_placement(world // c.pp, c.pp, gpn)}
+    seconds = sum(n * call_time(ctx.link, call, places[call.group])
+                  for call, n in _calls.step_stat_groups(ctx.model, ctx.training, c))
+    ctx.step_stats[key] = seconds
+    return seconds
+
+
 def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters per GPU of the pipeline ranks holding the most of each.
 
@@ -768,10 +799,20 @@ class _Context:
         self.dense_params: dict[tuple, int] = {}
         self.expert_params: dict[tuple, int] = {}
         self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
+        self.step_stats: dict[tuple, float] = {}
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
         self.collective_launch = cluster.hardware.collective_launch_seconds
         self.host: dict[tuple, tuple[list[float], float]] = {}
+        self._aux: dict[int, int] = {}
+
+    def aux_loss_sets(self, micro_batch_size: int) -> int:
+        """Sets the router's load-balancing loss counts over (collective_inventory.Geometry), under the
+        executor's default router options for this model."""
+        hit = self._aux.get(micro_batch_size)
+        if hit is None:
+            hit = self._aux[micro_batch_size] = _calls.aux_loss_sets(self.model, RouterOptions(), micro_batch_size)
+        return hit
 
 
 _CONTEXTS: dict[tuple[int, int, int], tuple[ModelSpec, TrainingSpec, ClusterSpec, _Context]] = {}
@@ -925,6 +966,10 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     grads = dg + eg
     gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
+    skey = (c.tp, c.cp * dp, pp, vpp, split, c.ep, c.etp, distributed)
+    stats = ctx.step_stats.get(skey)
+    if stats is None:
+        stats = _step_stat_seconds(ctx, c, skey)
     if grads:
         exposed = grads
         if c.overlap_grad_reduce:  # hidden behind the last micro-batch's backward, but for the last bucket
@@ -936,6 +981,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         # hidden is not free: the compute beside the collective loses the measured share of its seconds
         dp_grad += ctx.overlap_slowdown * hidden[_H_DP]
         edp_grad += ctx.overlap_slowdown * hidden[_H_EDP]
+    # after the backward, in line: the TP sums of replicated gradients and the step's statistics
+    dp_grad += stats
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket

@@ -69,6 +69,7 @@ class _Block:
 class _Model:
     hidden_size: int
     moe_router_topk: int
+    num_experts: int
 
 
 @dataclass
@@ -103,8 +104,9 @@ def cp_prices(hardware: HardwareProfile, case: CpCase, fixed: bool = True) -> tu
     if case.cp <= 1:
         return core, 0.0
     place = group_placement(1, case.cp, hardware.gpus_per_node)
-    local = kv_exchange_bytes(case.seq // case.cp, case.kv_heads, 2 * case.head_dim, case.act_bytes)
-    kv = sum(kv_exchange_time(link_rates(hardware), local, place))
+    # K and V: one call each, as the executor issues them (costmodel.collective_inventory)
+    local = kv_exchange_bytes(case.seq // case.cp, case.kv_heads, case.head_dim, case.act_bytes)
+    kv = 2 * sum(kv_exchange_time(link_rates(hardware), local, place))
     return core, kv + (cp_exchange_fixed(hardware) if fixed else 0.0)
 
 
@@ -116,7 +118,7 @@ def dispatch_price(hardware: HardwareProfile, case: DispatchCase, name: str, fix
     n, h, k, ab = case.tokens, case.hidden, case.topk, case.act_bytes
     place = group_placement(1, case.ep, hardware.gpus_per_node)
     per_call = dispatcher_fixed(hardware, name) if fixed else 0.0
-    shape = _RoutedShape(_Model(h, k), link_rates(hardware), rates, ab, place, per_call)
+    shape = _RoutedShape(_Model(h, k, case.experts), link_rates(hardware), rates, ab, place, per_call)
     block = _Block()
     shape.elementwise(block, (1 + k) * n * h * ab)  # permute (step_time's moe_routed prices it so)
     dispatcher_pricing(name).routed_time(shape, block, n, n * k, max(1, case.experts // case.ep))

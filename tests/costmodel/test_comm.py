@@ -166,3 +166,25 @@ def test_ring_and_all_to_all_across_nodes_read_the_curve_of_their_ranks_per_node
     for n, eff in ((2, 0.4), (4, 0.2)):
         assert all_to_all_time(link, size, group_placement(1, n, 4)) == pytest.approx(
             size * (n - 1) / n / (450e9 * eff)), n
+
+
+def test_a_curve_prices_small_calls_at_their_latency():
+    """2 x H200 calibration (bench/results/issue16/h200-0457/h200-calibrated.json, raw timings): a 2-rank
+    all-gather of 64 KiB took 38.2 us, of 1 MiB 30.9 us, of 16 MiB 54.5 us, of 256 MiB 562 us. Each measured size
+    is priced at its own time; between sizes the time is linear in bytes (a 196 KiB gather of the allgather
+    dispatcher's probabilities costs about the latency, not a third of it); below 64 KiB the time stays 64 KiB's
+    (a 4-byte all-reduce is no free call); above 256 MiB the bandwidth stays the largest size's."""
+    measured = {65536: 38.19e-6, 1048576: 30.90e-6, 16777216: 54.50e-6, 268435456: 562.4e-6}
+    place = group_placement(1, 2, 8)
+    # efficiency = the model's wire bytes (half the gathered buffer) / seconds / link bandwidth
+    curve = MeasuredCurve(tuple((x, x / 2 / t / 450e9) for x, t in measured.items()))
+    link = link_rates(replace(H100, intra_node_bandwidth=450e9, collective_efficiency={"all_gather:intra": curve}))
+    for size, seconds in measured.items():
+        assert ring_time(link, "all_gather", size, place) == pytest.approx(seconds)
+    assert ring_time(link, "all_gather", 4, place) == pytest.approx(measured[65536])
+    small = ring_time(link, "all_gather", 196608, place)
+    assert measured[1048576] < small < measured[65536]
+    assert small == pytest.approx(38.19e-6 + (196608 - 65536) / (1048576 - 65536) * (30.90e-6 - 38.19e-6))
+    mid = ring_time(link, "all_gather", 32 * MIB, place)  # one TP all-gather of DeepSeek-V2-Lite's hidden states
+    assert mid == pytest.approx(54.50e-6 + 16 * MIB / (240 * MIB) * (562.4e-6 - 54.50e-6))
+    assert ring_time(link, "all_gather", 1024 * MIB, place) == pytest.approx(4 * measured[268435456])

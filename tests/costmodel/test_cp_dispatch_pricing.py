@@ -90,7 +90,8 @@ def test_cp_exchange_is_exposed_in_the_layer():
     config = ParallelConfig(world_size=8, cp=2, ep=4)
     layer = layer_times(model, training, cluster, config)["attention"]
     link, place = link_rates(H100), group_placement(1, 2, 8)
-    fwd, bwd = kv_exchange_time(link, kv_exchange_bytes(2048, 8, 256, 2), place)
+    # K and V are gathered by one call each (8 KV heads of 128 dims each), each paying its own latency
+    fwd, bwd = (2 * t for t in kv_exchange_time(link, kv_exchange_bytes(2048, 8, 128, 2), place))
     # plus the exchange's per-call cost, half each way: not measured on the datasheet profile, so the rule of
     # thumb, 4 collectives (K, V all-gathers; their reduce-scatters) at 25 us
     per_call = 4 * 25e-6

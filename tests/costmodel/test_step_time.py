@@ -18,6 +18,8 @@ from spec import (
 )
 from costmodel import reference
 from costmodel.attention_kinds import fused_causal_fraction, window_keys
+from costmodel.collective_inventory import step_stat_calls
+from costmodel.comm import call_time, group_placement, link_rates
 from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates, memory_time, sink_attention_time
 from spec.flops import flops_per_step
 from costmodel.params import stage_param_counts
@@ -115,8 +117,19 @@ def test_dp_grad_all_reduce_volume_and_link():
     params = stage_param_counts(DENSE, config, 0).dense
     # DP group: 4 ranks 8 apart, one per node -> one 50 GB/s NIC at 80 %, 2·(n-1) steps of 10 us
     expected = 2 * params * 4 * 3 / 4 / (50e9 * 0.8) + 2 * 3 * 10e-6
-    assert b.term("dp_grad") == pytest.approx(expected)
+    # plus the step's small calls in line after the backward (TP sums of replicated gradients, statistics)
+    assert b.term("dp_grad") == pytest.approx(expected + _step_stats(training, cluster, config))
     assert b.term("param_gather") == 0.0 and b.term("edp_grad") == 0.0
+
+
+def _step_stats(training, cluster, config) -> float:
+    """Seconds of collective_inventory.step_stat_calls on the test's DENSE model (TP of 8 inside a node, DP·CP of
+    4 one per node)."""
+    link = link_rates(cluster.hardware)
+    places = {"tp": group_placement(1, config.tp, 8), "dp_cp": group_placement(config.tp, 4, 8)}
+    calls = step_stat_calls(DENSE, training, config)
+    assert {c.group for c in calls} == {"tp", "dp_cp"}
+    return sum(call_time(link, c, places[c.group]) for c in calls)
 
 
 def test_distributed_optimizer_reduce_scatters_grads_and_gathers_params():
@@ -125,7 +138,8 @@ def test_distributed_optimizer_reduce_scatters_grads_and_gathers_params():
     config = ParallelConfig(world_size=32, tp=8, overlap_grad_reduce=False, overlap_param_gather=False)
     b = estimate_step_time(DENSE, training, cluster, config)
     params = stage_param_counts(DENSE, config, 0).dense
-    assert b.term("dp_grad") == pytest.approx(params * 4 * 3 / 4 / (50e9 * 0.8) + 3 * 10e-6)
+    assert b.term("dp_grad") == pytest.approx(params * 4 * 3 / 4 / (50e9 * 0.8) + 3 * 10e-6
+                                              + _step_stats(training, cluster, config))
     assert b.term("param_gather") == pytest.approx(params * 2 * 3 / 4 / (50e9 * 0.8) + 3 * 10e-6)
     # the optimizer touches 1/dp of the parameters
     sharded = estimate_step_time(DENSE, training, cluster, config).term("optimizer")
