@@ -67,7 +67,7 @@ if has fixedcost; then
 fi
 if has overlap && [ -f bench/ep_overlap_gpu.py ]; then
   echo "== EP overlap start $(date -u +%T)"
-  timeout 300 python3 -m bench.ep_overlap_gpu --trace --out "$RES/ep_overlap_gpu.json" 2>&1 | grep -v "Warning: \[PG" | tail -25
+  timeout 300 python3 -m bench.ep_overlap_gpu ${OVERLAP_ARGS:---trace} --out "$RES/ep_overlap_gpu.json" 2>&1 | grep -v "Warning: \[PG" | tail -25
 fi
 if has stack; then
   echo "== stack profile (GPU 0) | deepseek-v2-lite 1-GPU table (GPU 1) start $(date -u +%T)"
