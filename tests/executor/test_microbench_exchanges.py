@@ -43,8 +43,8 @@ def test_two_rank_calibration_fills_the_per_call_costs(calibrated):
     for name, seconds in x["dispatch"]["seconds"].items():
         assert dict(profile.dispatcher_fixed_s)[name] == pytest.approx(
             max(0.0, seconds - dispatch_price(profile, case, name, fixed=False)))
-    # gloo on shared CPU cores: a K/V exchange costs far more than the datasheet link prices
-    assert profile.cp_exchange_fixed_s > 0
+    # measured fields, not the defaults (whether gloo's exchange beats the curves' price depends on the load)
+    assert profile.cp_exchange_fixed_s is not None and profile.cp_chunk_floor_s is not None
 
 
 def test_the_slowest_rank_sets_each_time():
