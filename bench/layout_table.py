@@ -113,6 +113,7 @@ def _measure_rows(profile_layout: Callable, model: ModelSpec, training: Training
                      "static_allocated_bytes": m.static_allocated_bytes,
                      "static_after_step_allocated_bytes": m.static_after_step_allocated_bytes,
                      "tokens_per_expert": m.tokens_per_expert, "phases_by_rank": m.phases_by_rank,
+                     "memory_by_rank": m.memory_by_rank,
                      "fixed_cost_s": m.fixed_cost_s, "startup_s": m.startup_s, "warmup_s": m.warmup_s,
                      "reused_ranks": m.reused_ranks})
         if on_row is not None:

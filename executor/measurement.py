@@ -45,6 +45,10 @@ class Measurement:
     # every rank's median seconds per phase (rank order): ranks that wait in a collective for a slower peer
     # show it in that collective's phase; empty in records written before this field existed
     phases_by_rank: list[dict[str, float]] = field(default_factory=list)
+    # every rank's memory (rank order, CUDA only): {'peak_allocated', 'peak_reserved', 'static_before_step',
+    # 'static_after_step'} in bytes; the fields above keep the max over ranks, which hides the stage (a pipeline's
+    # first and last stages hold different tensors) whose peak a memory error belongs to
+    memory_by_rank: list[dict[str, int | None]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     pruned: bool = False  # the driver stopped the run early (fewer timed steps than asked)
     # per rank where it ran (the Ray launcher: {'node': Ray node id, 'ip': ..., 'gpus': [GPU ids]}); empty locally

@@ -129,6 +129,14 @@ def profile_worker(rank: int, world_size: int, model: ModelSpec, training: Train
     return report
 
 
+RANK_MEMORY_KEYS = ("peak_allocated", "peak_reserved", "static_before_step", "static_after_step")
+
+
+def rank_memory(reports: list[dict]) -> list[dict[str, int | None]]:
+    """Every rank's memory figures (bytes, rank order; None where a report lacks one)."""
+    return [{k: r.get(k) for k in RANK_MEMORY_KEYS} for r in reports]
+
+
 def _max_of(reports: list[dict], key: str) -> int | None:
     """The largest value of ``key`` over ranks (the rank that bounds memory), None where none reported it."""
     values = [r[key] for r in reports if r.get(key) is not None]
@@ -226,6 +234,7 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         static_allocated_bytes=_max_of(reports, "static_before_step"),
         static_after_step_allocated_bytes=_max_of(reports, "static_after_step"),
         tokens_per_expert=reports[0]["tokens_per_expert"], phases_by_rank=by_rank, losses=reports[0]["losses"],
+        memory_by_rank=rank_memory(reports) if use_cuda else [],
         pruned=any(r.get("pruned", False) for r in reports),
         placement=list(getattr(launched, "placement", None) or []),
         run_window=list(getattr(launched, "run_window", None) or []),

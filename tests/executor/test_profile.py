@@ -8,6 +8,7 @@ import pytest
 
 from api.cli.main import main
 from executor.measurement import Measurement
+from executor.profile import rank_memory
 from spec.failure import FailureKind
 
 
@@ -88,3 +89,12 @@ def test_profile_rejects_bad_numbers_with_one_line(capsys):
     code = main(["profile", "--model", "tiny-moe", "--tp", "0"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("foldtune: error: --tp must be positive")
+
+
+def test_every_ranks_memory_is_kept_beside_the_maximum():
+    reports = [{"peak_allocated": 5, "peak_reserved": 6, "static_before_step": 1, "static_after_step": 2,
+                "step_times": [0.1]},
+               {"peak_allocated": 9, "peak_reserved": 10, "static_before_step": 3}]
+    assert rank_memory(reports) == [
+        {"peak_allocated": 5, "peak_reserved": 6, "static_before_step": 1, "static_after_step": 2},
+        {"peak_allocated": 9, "peak_reserved": 10, "static_before_step": 3, "static_after_step": None}]
