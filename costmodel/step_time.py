@@ -790,7 +790,9 @@ class _Context:
         self.peak = cluster.gpu.peak(training.precision)
         self.tokens_per_step = training.global_batch_size * training.seq_length
         self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes
-        self.optimizer_seconds_per_param = OPTIMIZER_BYTES_PER_PARAM / self.rates.hbm_bandwidth
+        # measured by calibrate where it ran (the fused kernel's real traffic and launch pattern), else the bytes
+        self.optimizer_seconds_per_param = (cluster.hardware.optimizer_seconds_per_param
+                                            or OPTIMIZER_BYTES_PER_PARAM / self.rates.hbm_bandwidth)
         self.overlap_slowdown = cluster.hardware.overlap_slowdown or 0.0
         self.parts: dict[tuple, _LayerCost] = {}
         self.combos: dict[tuple, tuple[_LayerCost, ...]] = {}

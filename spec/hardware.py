@@ -136,7 +136,10 @@ class HardwareProfile:
     attention call takes, forward + backward, however few its FLOPs (the host issuing it: a short chunk's
     kernel waits for it). All three are measured by ``foldtune calibrate`` on two or more ranks
     (``executor/microbench/exchanges.py``); None (or a dispatcher left out) means not measured, priced by
-    ``costmodel.fixed_costs``'s rules of thumb (the chunk floor: none).
+    ``costmodel.fixed_costs``'s rules of thumb (the chunk floor: none). ``optimizer_seconds_per_param`` is the
+    executor's optimizer step (torch's fused mixed-precision AdamW over fp32 main gradients, one GPU) in seconds
+    per parameter, measured by ``foldtune calibrate``; None means not measured: the time model's byte count
+    (``costmodel.step_time.OPTIMIZER_BYTES_PER_PARAM``) at the HBM rate.
     """
 
     name: str
@@ -174,6 +177,7 @@ class HardwareProfile:
     cp_exchange_fixed_s: float | None = None  # one CP K/V exchange of an attention layer
     cp_chunk_floor_s: float | None = None  # least seconds of one CP chunk attention call (a floor, not added)
     dispatcher_fixed_s: tuple[tuple[str, float], ...] = ()  # dispatcher name -> one dispatch + combine
+    optimizer_seconds_per_param: float | None = None  # the executor's optimizer step on one GPU, measured
     # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
     # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
     nics_per_node: int | None = None
@@ -199,7 +203,7 @@ class HardwareProfile:
         for name in ("intra_node_latency", "inter_node_latency"):
             require(p, getattr(self, name) >= 0, f"{name} must be >= 0 s, got {getattr(self, name)}")
         for name in ("op_launch_s", "collective_launch_s", "moe_layer_host_s", "host_link_bandwidth",
-                     "cpu_adam_bandwidth"):
+                     "cpu_adam_bandwidth", "optimizer_seconds_per_param"):
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number > 0, got {value}")
@@ -305,7 +309,7 @@ class HardwareProfile:
                if self.allocator_fragmentation is not None else {}),
             **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
             **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth", "cp_exchange_fixed_s",
-                                             "cp_chunk_floor_s")
+                                             "cp_chunk_floor_s", "optimizer_seconds_per_param")
                if getattr(self, k) is not None},
             **({"dispatcher_fixed_s": dict(self.dispatcher_fixed_s)} if self.dispatcher_fixed_s else {}),
             "network_source": self.network_source,

@@ -206,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
              if profile.collective_launch_s is not None else "")
           + (f", {profile.moe_layer_host_s * 1e3:.3f} ms per executor MoE layer (tiny shapes, fwd+bwd)"
              if profile.moe_layer_host_s is not None else ""))
+    if profile.optimizer_seconds_per_param is not None:
+        print(f"optimizer step: {profile.optimizer_seconds_per_param * 1e9:.4f} ms per 1M parameters")
     if profile.sustained_clock_factor is not None:
         print(f"sustained load: tensor-core throughput {profile.sustained_clock_factor:.3f} of a burst's "
               f"(scales the compute peaks)")

@@ -72,6 +72,8 @@ class HardwareProfileIn(BodyIn):
                                               "(fwd+bwd) beyond its bandwidth price, measured")
     cp_chunk_floor_s: float | None = Field(None, ge=0, le=1, description="least seconds of one CP chunk attention "
                                            "call (fwd+bwd) however few its FLOPs, measured")
+    optimizer_seconds_per_param: float | None = Field(None, gt=0, le=1e-6, description="seconds per parameter "
+                                                      "of the executor's optimizer step on one GPU, measured")
     dispatcher_fixed_s: dict[Name, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=dict, description="dispatcher -> seconds per MoE layer's dispatch + combine (fwd+bwd) "
         "beyond its bandwidth price, measured")

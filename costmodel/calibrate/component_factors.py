@@ -73,7 +73,8 @@ def predicted_parts(spec: ModelSpec, seq_length: int, mbs: int, precision: str,
     for name, part in parts.items():
         bwd = dict(part.bwd)
         out[name] = {t: v + bwd[t] for t, v in part.fwd if v + bwd[t] > 0}
-    per_param = OPTIMIZER_BYTES_PER_PARAM / compute_rates(hardware, precision).hbm_bandwidth
+    per_param = (hardware.optimizer_seconds_per_param
+                 or OPTIMIZER_BYTES_PER_PARAM / compute_rates(hardware, precision).hbm_bandwidth)
     return out, per_param
 
 

@@ -28,6 +28,8 @@
   copied as measured; raw files written before that benchmark existed keep the base profile's values.
 * ``sustained_clock_factor``: sustained / burst throughput of an 8192³ GEMM in the benchmarked precision run
   back to back for seconds (``executor/microbench/sustained.py``), the lowest over ranks; GPUs only.
+* ``optimizer_seconds_per_param``: the executor's optimizer step over 128 M parameters (GPUs; 64 K on CPU),
+  the slowest rank's; raw files without it keep the base's.
 * ``host_link_bandwidth`` / ``cpu_adam_bandwidth``: the slower direction of a pinned host<->GPU copy (GPUs
   only) and the bytes of fp32 optimizer state the executor's CPU Adam steps per second, the slowest rank's,
   all ranks at once (``executor/microbench/offload.py``); raw files without them keep the base's.
@@ -185,6 +187,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         allocator_fragmentation=(raw.get("fragmentation") or {}).get("fragmentation", base.allocator_fragmentation),
         host_link_bandwidth=link.get("host_link_bytes_per_s", base.host_link_bandwidth),
         cpu_adam_bandwidth=cpu_adam.get("cpu_adam_bytes_per_s", base.cpu_adam_bandwidth),
+        optimizer_seconds_per_param=(raw.get("optimizer") or {}).get("seconds_per_param",
+                                                                     base.optimizer_seconds_per_param),
         network_source=network_source,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")

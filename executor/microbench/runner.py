@@ -16,6 +16,7 @@ import torch
 from executor.launch_local import launch as launch_ranks
 from executor.microbench import (attention, collectives, exchanges, fragmentation, gemm, grouped_gemm, hbm, launch,
                                  offload, overlap, sustained)
+from executor.microbench.components import OPTIMIZER_PARAMS_CPU, OPTIMIZER_PARAMS_GPU, measure_optimizer
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 
@@ -105,6 +106,11 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     link, adam = report["offload"]["link"], report["offload"]["cpu_adam"]
     say((f"  D2H {link['d2h_bytes_per_s'] / 1e9:8.2f} GB/s   H2D {link['h2d_bytes_per_s'] / 1e9:8.2f} GB/s   "
          if link else "  ") + f"CPU Adam {adam['cpu_adam_bytes_per_s'] / 1e9:8.2f} GB/s of optimizer state")
+    say("optimizer step (the executor's fused mixed-precision AdamW, fp32 main gradients)")
+    n = OPTIMIZER_PARAMS_GPU if use_cuda else OPTIMIZER_PARAMS_CPU
+    report["optimizer"] = {"params": n, "seconds_per_param": measure_optimizer(device, dtype, n)}
+    say(f"  {report['optimizer']['seconds_per_param'] * 1e9:8.4f} ms per 1M parameters "
+        f"(over {n / 2**20:.0f}M parameters)")
     say("launch overhead (tiny eager ops, one-element all-reduce)")
     report["launch"] = launch.measure_launch(device, dtype)
     coll, layer = report["launch"]["collective_launch_s"], report["launch"]["moe_layer_host_s"]
@@ -160,6 +166,9 @@ def merge_ranks(reports: list[dict]) -> dict:
                                  key=lambda f: f["fragmentation"], default=None),
             # every rank offloads at once: the slowest link and CPU step are what a step waits for
             "offload": _merged_offload([r.get("offload") for r in reports]),
+            # every rank steps at once: the slowest one's step is the step's
+            "optimizer": max((r["optimizer"] for r in reports if r.get("optimizer")),
+                             key=lambda o: o["seconds_per_param"], default=None),
             "exchanges": exchanges.merge_exchanges([r.get("exchanges") for r in reports])}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -90,6 +91,24 @@ def test_overlap_interference_is_measured_and_stored(calibrated):
     assert profile.overlap_slowdown == o["slowdown"]
     assert o["slowdown"] == pytest.approx(min(1.0, max(0.0, (o["both_s"] - max(o["gemm_s"], o["comm_s"]))
                                                       / o["comm_s"])))
+
+
+def test_the_optimizer_step_is_measured_and_prices_the_optimizer_term(calibrated):
+    raw, profile = calibrated
+    o = raw["optimizer"]
+    assert o["params"] > 0 and math.isfinite(o["seconds_per_param"]) and o["seconds_per_param"] > 0
+    assert profile.optimizer_seconds_per_param == o["seconds_per_param"]
+    # the term is this rank's parameters times the measured rate plus 4 kernels' fixed cost: linear in the rate
+    model, training = get_model("tiny-moe"), TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
+    config = ParallelConfig(world_size=1)
+
+    def term(k: int) -> float:
+        hardware = replace(profile, optimizer_seconds_per_param=k * o["seconds_per_param"])
+        return dict(estimate_step_time(model, training, ClusterSpec(hardware, 1), config).terms)["optimizer"]
+
+    one, two, three = term(1), term(2), term(3)
+    assert two - one > 0 and three - two == pytest.approx(two - one)
+    assert 0 <= one - (two - one) < one  # the fixed part
 
 
 def test_profile_json_round_trips(calibrated, tmp_path):
