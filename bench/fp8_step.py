@@ -2,13 +2,24 @@
 
 Each precision trains the same proxy (mixtral-8x7b with 2 layers, seq 4096, global batch 4 of micro-batch 1:
 four micro-batches a step) from the same initial weights (the executor's seeded init) on the same token
-batches for ``--steps`` steps (50 by default), then profiles two more steps with ``torch.profiler``. Runs (``--runs``): ``bf16``, ``fp8`` and
-``fp8_fast_accum`` (fp8 with FOLDTUNE_FP8_FAST_ACCUM=1: the forward GEMMs' fast accumulation, Transformer
-Engine's recipe; off by default until this run shows its losses within the bar). Reported
-per precision: tokens/s (global batch · seq over the median step time of the steps after ``--warmup``), the
-losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then fp8's speed-up over
-bf16 (tokens/s ratio; the bar is >= 1.25) and the largest relative loss difference over all the steps (the
-bar is <= 1 %). Each precision runs in a process of its own (``executor.launch_local``), one after the other.
+batches for ``--steps`` steps (50 by default), then profiles two more steps with ``torch.profiler``.
+
+Runs (``--runs``; the first three are the default): ``bf16``, ``fp8``, ``fp8_fast_accum`` (fp8 with
+FOLDTUNE_FP8_FAST_ACCUM=1: the forward GEMMs' fast accumulation, Transformer Engine's recipe; off by default
+until this run shows its losses within the bar), and two controls for a loss drift: ``fp8_emulated`` (the
+CPU path on the GPU: torch quantisation, GEMMs dequantised to fp32; no speed claim), against which each
+fp8 run's losses are also compared (a kernel fault shows as fp8 drifting from it; e4m3 rounding itself as
+the two agreeing), and ``bf16_torch_ce`` (bf16 with the unfused torch cross-entropy: only the fp32
+summation order differs), the noise floor: its difference from bf16 is what a rounding change alone does
+to the trajectory. ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
+
+Reported per precision: tokens/s (global batch · seq over the median step time of the steps after
+``--warmup``), the losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then
+fp8's speed-up over bf16 (tokens/s ratio; the bar is >= 1.25), the largest relative loss difference over
+all the steps (the bar is <= 1 %) and ``bf16_max_rise``: the largest relative rise of bf16's loss above
+its lowest earlier value (a reference that spikes is in a regime where any rounding change moves the
+trajectory about as much, so the loss bar then says little about fp8). Each precision runs in a process
+of its own (``executor.launch_local``), one after the other.
 
 ``--tiny``: tiny-moe at seq 64 on the CPU (fp8 emulated), 6 steps: a smoke test of the script, no timing
 claim. On an H100 the default run should take about 2-3 minutes (three builds, 3 × 52 steps of about 0.3 s).
@@ -45,8 +56,15 @@ from spec.training_spec import TrainingSpec
 
 BAR_SPEEDUP = 1.25  # fp8 tokens/s over bf16's
 # runs: label -> (precision, environment of its process); each fp8 run is compared with bf16
+# bf16_torch_ce: bf16 with the torch cross-entropy instead of the fused kernel (the same math up to fp32
+# summation order): how far a rounding change alone moves the losses — the noise floor of the loss bar.
+# fp8_emulated: the torch quantisation and the fp32 emulation of the GEMMs (the CPU path) on the GPU — the
+# control that tells a kernel fault (fp8 drifts from fp8_emulated) from e4m3 rounding itself (they agree)
 RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
-        "fp8_fast_accum": ("fp8", {"FOLDTUNE_FP8_FAST_ACCUM": "1"})}
+        "fp8_fast_accum": ("fp8", {"FOLDTUNE_FP8_FAST_ACCUM": "1"}),
+        "fp8_emulated": ("fp8", {"FOLDTUNE_FP8_KERNELS": "0", "FOLDTUNE_FP8_TRITON": "0"}),
+        "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"})}
+EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
 BAR_LOSS = 0.01  # largest relative loss difference over the steps
 TOP_KERNELS = 10
 
@@ -70,7 +88,7 @@ def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]
 
 
 def step_worker(rank: int, world_size: int, model_name: str, layers: int, training: TrainingSpec, steps: int,
-                warmup: int, profile_steps: int, use_cuda: bool) -> dict:
+                warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3) -> dict:
     """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled."""
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     spec = get_model(model_name)
@@ -80,7 +98,7 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
     state = build_parallel_state(config, rank)
     net = MoEGPT(spec, state, options, training.seq_length, device, DTYPES[training.precision],
                  PhaseTimer(enabled=False, device=device))
-    trainer = Trainer(net)
+    trainer = Trainer(net, lr=lr)
 
     def run_step(step: int) -> tuple[float, float]:
         batch = global_batch(spec.vocab_size, training.seq_length, training.global_batch_size, options.seed, step)
@@ -120,13 +138,25 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
     return report
 
 
+def max_rel_diff(losses: list[float], reference: list[float]) -> float:
+    """The largest |loss − reference| / |reference| over the steps, step for step (nan: no steps)."""
+    diffs = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
+    return max(diffs) if diffs else float("nan")
+
+
+def max_rise(losses: list[float]) -> float:
+    """The largest relative rise of a loss above its lowest earlier value (0: it never rose)."""
+    rises = [(loss - min(losses[:i])) / abs(min(losses[:i])) for i, loss in enumerate(losses) if i]
+    return max([0.0, *rises])
+
+
 def compare(bf16: dict, fp8_run: dict) -> dict:
-    """fp8's tokens/s over bf16's and the largest relative loss difference, step for step, with the bars."""
+    """fp8's tokens/s over bf16's and the largest relative loss difference, step for step, with the bars;
+    ``bf16_max_rise``: how far bf16's own loss climbed back (:func:`max_rise`)."""
     ratio = fp8_run["tokens_per_s"] / bf16["tokens_per_s"]
-    diffs = [abs(a - b) / abs(b) for a, b in zip(fp8_run["losses"], bf16["losses"])]
-    loss_diff = max(diffs) if diffs else float("nan")
+    loss_diff = max_rel_diff(fp8_run["losses"], bf16["losses"])
     return {"speedup": ratio, "max_rel_loss_diff": loss_diff, "speedup_ok": ratio >= BAR_SPEEDUP,
-            "loss_ok": loss_diff <= BAR_LOSS}
+            "loss_ok": loss_diff <= BAR_LOSS, "bf16_max_rise": max_rise(bf16["losses"])}
 
 
 def table(res: dict) -> str:
@@ -151,7 +181,10 @@ def table(res: dict) -> str:
     for label, cmp in res.get("compare", {}).items():
         lines.append(f"{label} / bf16 tokens/s: {cmp['speedup']:.3f} (bar {BAR_SPEEDUP}: "
                      f"{'met' if cmp['speedup_ok'] else 'NOT met'}); max relative loss difference "
-                     f"{cmp['max_rel_loss_diff']:.2e} (bar {BAR_LOSS}: {'met' if cmp['loss_ok'] else 'NOT met'})")
+                     f"{cmp['max_rel_loss_diff']:.2e} (bar {BAR_LOSS}: {'met' if cmp['loss_ok'] else 'NOT met'}); "
+                     f"bf16's loss rose up to {cmp['bf16_max_rise']:.2e} above its earlier low")
+    for label, diff in res.get("against_emulated", {}).items():
+        lines.append(f"{label} against fp8_emulated: max relative loss difference {diff:.2e}")
     return "\n".join(lines)
 
 
@@ -161,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="logged steps per precision (50; tiny 6)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
     parser.add_argument("--global-batch", type=int, default=4, help="micro-batches of 1 sequence per step")
-    parser.add_argument("--runs", default=",".join(RUNS), help="which runs, in order (bf16 first: the others are "
-                                                              "compared with it): " + ", ".join(RUNS))
+    parser.add_argument("--runs", default="bf16,fp8,fp8_fast_accum",
+                        help="which runs, in order (bf16 first: the others are compared with it): " + ", ".join(RUNS))
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the Trainer's default)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
     args = parser.parse_args(argv)
     use_cuda = not args.tiny
@@ -174,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "model": model_name, "layers": layers or "all", "seq": seq,
            "global_batch": args.global_batch, "steps": steps,
-           "device": torch.cuda.get_device_name(0) if use_cuda else "cpu", "command": " ".join(sys.argv)}
+           "lr": args.lr, "device": torch.cuda.get_device_name(0) if use_cuda else "cpu",
+           "command": " ".join(sys.argv)}
 
     def save():
         with open(args.out, "w") as f:
@@ -189,10 +224,17 @@ def main(argv: list[str] | None = None) -> int:
         training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
         with scoped_env(env):  # the run's process inherits it
             launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
-                                               use_cuda), backend="nccl" if use_cuda else "gloo", timeout_s=200)
+                                               use_cuda, args.lr), backend="nccl" if use_cuda else "gloo",
+                              timeout_s=EMULATED_TIMEOUT_S if label == "fp8_emulated" else 200)
         res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
         if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:
             res.setdefault("compare", {})[label] = compare(res["bf16"], res[label])
+        save()
+    emulated = res.get("fp8_emulated", {})
+    if "losses" in emulated:
+        res["against_emulated"] = {label: max_rel_diff(res[label]["losses"], emulated["losses"])
+                                   for label in runs if label != "fp8_emulated" and RUNS[label][0] == "fp8"
+                                   and "losses" in res[label]}
         save()
     print(table(res))
     return 0 if len(res.get("compare", {})) == len(runs) - 1 else 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import fp8_step
 
 
@@ -24,3 +26,33 @@ def test_tiny_mode_compares_bf16_and_fp8_steps(tmp_path, capsys):
     assert "fp8_fast_accum" not in res
     assert 0 < len(fp8["top_kernels_per_step"]) <= fp8_step.TOP_KERNELS
     assert "fp8 / bf16 tokens/s" in capsys.readouterr().out
+
+
+def test_loss_comparisons_hand_worked():
+    """max_rel_diff is step for step against the reference; max_rise measures a climb above the earlier low
+    (not above the first loss), 0 for a loss that only falls."""
+    assert fp8_step.max_rel_diff([10.0, 9.0, 8.8], [10.0, 10.0, 8.0]) == pytest.approx(0.1)
+    assert fp8_step.max_rise([11.0, 10.0, 10.5, 9.0, 9.9]) == pytest.approx(0.1)  # 9.0 -> 9.9, not 10.5 over 10
+    assert fp8_step.max_rise([3.0, 2.0, 1.0]) == 0.0
+    assert fp8_step.max_rise([]) == 0.0
+
+
+def test_tiny_mode_controls_equal_their_references_on_cpu(tmp_path, capsys):
+    """On the CPU the fp8 run already is the emulation and the fused cross-entropy does not run, so the
+    controls reproduce their references exactly: fp8 against fp8_emulated and bf16_torch_ce against bf16
+    differ by 0; ``--lr`` reaches the trainer (a larger rate moves the losses)."""
+    out = tmp_path / "fp8_step.json"
+    runs = "bf16,fp8,fp8_emulated,bf16_torch_ce"
+    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", runs, "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["against_emulated"] == {"fp8": 0.0}
+    assert res["compare"]["bf16_torch_ce"]["max_rel_loss_diff"] == 0.0
+    assert res["fp8_emulated"]["fp8"]["emulated_because"] == "no fp8 GEMM kernels on cpu"
+    assert res["compare"]["fp8"]["bf16_max_rise"] == fp8_step.max_rise(res["bf16"]["losses"])
+    assert "fp8 against fp8_emulated: max relative loss difference 0.00e+00" in capsys.readouterr().out
+    fast = tmp_path / "lr.json"
+    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--lr", "3e-2",
+                          "--out", str(fast)]) == 0
+    moved = json.loads(fast.read_text())
+    assert moved["lr"] == 3e-2 and moved["bf16"]["losses"][0] == res["bf16"]["losses"][0]
+    assert moved["bf16"]["losses"][1:] != res["bf16"]["losses"][1:]
