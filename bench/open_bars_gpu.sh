@@ -15,6 +15,8 @@
 #              profile -> res/<gpu>-calibrated-components.json (the tables replay with it off the device)
 #   losskernel the output layer + loss with the Triton cross-entropy kernels against the same blocks on torch ops
 #              and the unfused path (bench/loss_memory.py, GPU 0) -> res/loss_memory.json
+#   fp8check   issue 19: fp8's loss against bf16 with its controls (the fp8 emulation on the GPU, bf16 with the
+#              unfused loss: the noise floor) and every grouped GEMM against fp64 (bench/grouped_mm_probe.py), GPU 0
 #   tables     bench/accuracy_gpu.sh with the calibration of this call: the proxies' 1- and 2-GPU layout tables
 #   offload    issue 19: optimizer offload of a Mixtral proxy (4 layers) that does not fit without it, on GPU 0
 #              (bench/offload_gpu.py --run-without; needs ~85 GB of host memory)
@@ -33,7 +35,7 @@ source bench/gpu_env.sh
 gpu_type
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
 pack_results "$RES" "$OUT"
-phases "calibrate trace cpdisp fixedcost first overlap components losskernel tables offload"
+phases "calibrate trace cpdisp fixedcost first overlap components losskernel fp8check tables offload"
 
 if has calibrate; then
   echo "== calibrate start $(date -u +%T)"
@@ -98,6 +100,12 @@ fi
 if has losskernel; then
   echo "== loss kernel start $(date -u +%T)"
   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m bench.loss_memory --out "$RES/loss_memory.json" 2>&1 | tail -20
+fi
+if has fp8check; then
+  echo "== fp8 check start $(date -u +%T)"
+  CUDA_VISIBLE_DEVICES=0 timeout 60 python3 -m bench.grouped_mm_probe --out "$RES/grouped_mm_probe.json" 2>&1 | tail -15
+  CUDA_VISIBLE_DEVICES=0 timeout 420 python3 -m bench.fp8_step --runs bf16,fp8,fp8_emulated,bf16_torch_ce \
+    --out "$RES/fp8_drift.json" 2>&1 | tail -25
 fi
 if has tables; then
   echo "== tables start $(date -u +%T)"
