@@ -36,8 +36,8 @@ def pooled(model: str, layers: int, tables: list[dict], seq: int, gbs: int, prec
             "mape": statistics.fmean(abs(r["error"]) for r in rows),
             "max_error": max(abs(r["error"]) for r in rows),
             "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
-            "spearman_2gpu": spearman([r["predicted_s"] for r in two], [r["measured_s"] for r in two]),
-            "mape_2gpu": statistics.fmean(abs(r["error"]) for r in two),
+            "spearman_2gpu": spearman([r["predicted_s"] for r in two], [r["measured_s"] for r in two]) if two else None,
+            "mape_2gpu": statistics.fmean(abs(r["error"]) for r in two) if two else None,
             "memory_mape": statistics.fmean(abs(m) for m in mem) if mem else None,
             "memory_worst_under": min(mem) if mem else None,
             "memory_worst_over": max(mem) if mem else None}
@@ -73,8 +73,9 @@ def main() -> int:
         mem = ("" if s["memory_mape"] is None else
                f"; memory MAPE {100 * s['memory_mape']:.1f} %, worst under {100 * s['memory_worst_under']:+.1f} %")
         print(f"{args.model}@{args.layers}L {name}: {s['layouts']} layouts, step-time MAPE {100 * s['mape']:.1f} % "
-              f"(max {100 * s['max_error']:.1f} %), Spearman {s['spearman']:.3f}; 2-GPU rows MAPE "
-              f"{100 * s['mape_2gpu']:.1f} %, Spearman {s['spearman_2gpu']:.3f}{mem}")
+              f"(max {100 * s['max_error']:.1f} %), Spearman {s['spearman']:.3f}"
+              + (f"; 2-GPU rows MAPE {100 * s['mape_2gpu']:.1f} %, Spearman {s['spearman_2gpu']:.3f}"
+                 if s["mape_2gpu"] is not None else "") + mem)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

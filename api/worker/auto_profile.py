@@ -63,8 +63,9 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
         if local == 0:
             raise FoldtuneError("this runner's machine has no GPU to calibrate")
         ranks = min(num_gpus, hardware.gpus_per_node, local)
-    # The sustained-load run stays in: without it the profile prices at the cool card's burst clock, and
-    # an H200 runs training at 0.83 of it (2 x H200, 2026-11-27: first trials priced 22-25 % fast without it).
+    # The sustained-load run stays in: without it the profile prices at the cool card's burst clock. Two H200s
+    # held 0.83 of it under load (2026-11-27); first trials priced without it were 22-25 % fast (2 x H200,
+    # 2026-11-26 at 9582f22), with it 6-10 % (2026-11-27 at 21ef25e).
     plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True,
                      sustained_s=0.0 if mode == "minimal" else SUSTAINED_SECONDS, minimal=mode == "minimal")
     raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0)

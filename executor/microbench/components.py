@@ -34,7 +34,7 @@ import torch
 
 from executor.attention import rope_tables
 from executor.kernels import get_backend
-from executor.microbench.timing import time_device, time_steady
+from executor.microbench.timing import time_device, time_op
 from executor.model import DecoderLayer
 from executor.optimizer import MixedPrecisionAdam, attach_main_grads
 from executor.options import ExecutorOptions, check_model_supported
@@ -48,6 +48,8 @@ from spec.parallel_config import ParallelConfig
 
 # parameters in the optimizer benchmark's buffer: large enough that per-kernel overhead is < 1 % on a GPU,
 # small enough for a few GiB of fp32 state
+# calls of a block issued back to back per timed window (one sync per window, as a step runs them)
+COMPONENT_CALLS = 8
 OPTIMIZER_PARAMS_GPU = 1 << 27
 OPTIMIZER_PARAMS_CPU = 1 << 16
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -161,7 +163,7 @@ def measure_components(spec: ModelSpec, seq_length: int, micro_batch_size: int, 
         # back to back, as a step runs its blocks: timed one at a time from an idle device, the blocks with
         # many small kernels (MLA's attention: 3.98 ms against 1.60 priced on an H200, 2026-11-27) carried
         # the host's issue time, and their factors then over-priced whole steps (bench/accuracy_bars.py)
-        measured[name] = time_steady(op, device)
+        measured[name] = time_op(op, device, iters=COMPONENT_CALLS)
     del blocks
     if device.type == "cuda":
         torch.cuda.empty_cache()

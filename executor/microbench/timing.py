@@ -64,21 +64,3 @@ def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
             samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
-
-def time_steady(op: Callable[[], object], device: torch.device, calls: int = 8, warmup: int = 2,
-                repeats: int = 3) -> float:
-    """Median over ``repeats`` of the mean seconds of one ``op()`` among ``calls`` issued back to back (one
-    sync per window): the device time of ``op`` as a training step runs it, the host queueing the next
-    call while the device runs this one. :func:`time_device` starts every call from an idle device, which
-    adds the host's issue time of the first kernels to each sample (on the CPU the two are the same)."""
-    for _ in range(warmup):
-        op()
-    synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            op()
-        synchronize(device)
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
