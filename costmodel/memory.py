@@ -67,11 +67,14 @@ CUBLAS_HANDLES = 2
 #: The executor's gradient/optimizer bucket (executor/train_step.py: ``bucket_mb=25``), in parameter bytes.
 EXECUTOR_BUCKET_BYTES = 25 * _MIB
 #: Bytes the executor's Adam step allocates per element of one optimizer unit (bucket shard ``S`` of a bucket
-#: ``B``): first the sqrt and divide temporaries of the denominator (2 · 4 B · S), freed before the write-back,
-#: which makes the 16-bit copy of the master shard (2 B · S) and, over a group of two or more without
-#: overlap_param_gather, the all-gathered 16-bit bucket (2 B · B). With overlap_param_gather the gather runs
-#: in place into the parameters (no bucket copy). The step's peak is the larger of the two moments.
-OPT_STEP_TEMP_PER_SHARD_ELEMENT = 8
+#: ``B``): none for the update itself (torch's fused AdamW kernel, which the executor runs wherever torch has
+#: it, updates master, moments and gradient in place; the chain of in-place ops it replaced made sqrt and divide
+#: temporaries of 2 · 4 B · S), then the write-back, which makes the 16-bit copy of the master shard (2 B · S)
+#: and, over a group of two or more without overlap_param_gather, the all-gathered 16-bit bucket (2 B · B).
+#: With overlap_param_gather the gather runs in place into the parameters (no bucket copy). The step's peak is
+#: the larger of the two moments. Measured on 2 × H200 (bench/results/issue16/h200-0545, Mixtral proxy, pp2
+#: mbs1 full recompute): the peak was 2.5 GiB below a prediction that counted the chain's 8 B per element.
+OPT_STEP_TEMP_PER_SHARD_ELEMENT = 0
 OPT_WRITE_BACK_PER_SHARD_ELEMENT = 2
 OPT_WRITE_BACK_PER_BUCKET_ELEMENT = 2
 
@@ -642,7 +645,9 @@ def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
 # once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
 # act_once, logits, comm, work (per token, for the breakdown), loss_fixed (the last stage's blocked loss, whose
 # block and weight gradient do not scale with the tokens: added per call, see _loss_fixed), at_cap (n at the
-# cap, in average chunks of the rank: in_flight_chunk_equivalents of cap, computed once per row).
+# cap, in average chunks of the rank: in_flight_chunk_equivalents of cap, computed once per row), expert_wgrad
+# (bytes: expert_weight_grad_bytes on a rank with MoE layers, else 0; alive in a MoE layer's backward, after the
+# loss's bytes are freed, so it adds only what exceeds them).
 _Row = tuple
 
 
@@ -676,6 +681,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
     if pp == 1:
         pp_buffer = 0.0
     ob = ctx.opt_bytes
+    wgrad = expert_weight_grad_bytes(ctx.model, ctx.training, config.ep, config.etp)
     rows = []
     for lay, par in zip(layouts, params):
         _, sd, sm, rd, rm, first, last, has_moe, cap, _, at_cap = lay
@@ -695,7 +701,8 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
         rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
-                     lay, par, act_once, logits, comm, work, loss_fixed if last else None, at_cap))
+                     lay, par, act_once, logits, comm, work, loss_fixed if last else None, at_cap,
+                     wgrad if has_moe else 0.0))
     return tuple(rows)
 
 
@@ -826,8 +833,12 @@ def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: 
         else:
             n = row[13]
         dynamic = (n * row[3] + row[4]) * scale
+        held = row[9] * scale  # the loss's bytes, which the experts' weight-gradient peak comes after
         if row[12] is not None:
             dynamic += loss
+            held += loss
+        if row[14] > held:
+            dynamic += row[14] - held
         total = static + (dynamic if dynamic > reduce else reduce)
         if total > best_total:
             best, best_total = i, total
@@ -949,12 +960,7 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
     attention = _attention_param_tensors(model, tp) + [h]  # + the pre-MLP norm
     mlp = _mlp_param_tensors(model, model.ffn_hidden_size / tp)
     router = [(model.num_experts or 0) * h] + ([model.num_experts or 0] if model.add_bias_linear else [])
-    experts: list[float] = []
-    if model.is_moe:  # the executor's experts: gate and up in one w13 tensor, then w2 (and their biases)
-        local, f = (model.num_experts or 1) / ep, model.expert_ffn_hidden_size / etp
-        experts = [2 * local * f * h, local * f * h]
-        if model.add_bias_linear:
-            experts += [2 * local * f, local * h / etp]
+    experts = _expert_param_tensors(model, ep, etp)
     shared = (_mlp_param_tensors(model, model.shared_expert_ffn_hidden_size / tp)
               if model.shared_expert_ffn_hidden_size else [])
     vocab = model.padded_vocab_size(tp) / tp * h
@@ -964,6 +970,39 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
         return sum(n for n in tensors if n <= bucket)
     return (small(attention + mlp), small(attention + router + experts + shared), small(first), small(last),
             max(attention + mlp + router + shared + first + last), max(experts, default=0.0))
+
+
+def _expert_param_tensors(model: ModelSpec, ep: int, etp: int) -> list[float]:
+    """Elements of one MoE layer's expert tensors on one GPU: the executor keeps gate and up in one w13 tensor,
+    then w2 (and their biases); empty for a dense model."""
+    if not model.is_moe:
+        return []
+    h = model.hidden_size
+    local, f = (model.num_experts or 1) / ep, model.expert_ffn_hidden_size / etp
+    experts = [2 * local * f * h, local * f * h]
+    if model.add_bias_linear:
+        experts += [2 * local * f, local * h / etp]
+    return experts
+
+
+@lru_cache(maxsize=1024)
+def expert_weight_grad_bytes(model: ModelSpec, training: TrainingSpec, ep: int, etp: int) -> float:
+    """Bytes of the experts' 16-bit weight gradients that one MoE layer's backward holds at once (0 without MoE).
+
+    Autograd hands a weight its gradient as a new tensor in the weight's dtype; the fp32 main-gradient hook adds
+    it in and frees it (executor/parallel/grad_reduce.py). Where the plain torch backend runs GEMM -> SwiGLU -> GEMM
+    as one autograd node (executor/grouped_swiglu.py: bf16/fp16, a plain SwiGLU, no biases), that node returns
+    the w13 and w2 gradients together, so both are alive before either hook runs; every other path (fp8,
+    biases, other activations) makes them in separate nodes, one tensor at a time. Measured on 2 × H200
+    (bench/results/issue16/h200-0746, Qwen3-30B-A3B proxy, pp2 mbs2): the first stage's peak was 1.26 GiB above
+    the activations' prediction, its layer's expert weights being 1.125 GiB.
+    """
+    tensors = _expert_param_tensors(model, ep, etp)
+    if not tensors:
+        return 0.0
+    one_node = (training.precision != "fp8" and training.param_bytes < _FP32 and not model.add_bias_linear
+                and model.swiglu and model.activation_func_clamp_value is None and not model.glu_linear_offset)
+    return (sum(tensors) if one_node else max(tensors)) * training.param_bytes
 
 
 def _attention_param_tensors(model: ModelSpec, tp: int) -> list[float]:
@@ -1033,13 +1072,15 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
                config: ParallelConfig, workspace: float, frag: float) -> MemoryBreakdown:
-    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed, _ = row
+    _, dense_states, expert_states, per_chunk, _, cap, lay, par, act_once, logits, comm, work, fixed, _, wgrad = row
     n = min(cap, mv)
     if lay.chunk_sizes is not None:
         n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
     activations = tokens * (n * per_chunk + act_once)
     logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
     overhead = work + frag * (activations + logits + comm + work)
+    wgrad_excess = max(0.0, wgrad - logits * (1.0 + frag))  # as _peak: what the loss's freed bytes do not cover
+    overhead += wgrad_excess
     switches = (shards[0], shards[1], config.use_distributed_optimizer, config.overlap_grad_reduce,
                 config.overlap_param_gather)
     reduce_excess = max(0.0, _reduce_peak(ctx, config.tp, config.ep, config.etp, switches, par, lay)
@@ -1058,13 +1099,14 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     return MemoryBreakdown(lay.stage, par[2], par[3], optimizer, activations, logits, comm, overhead,
                            host_offloaded=host,
                            details_source=partial(_details, ctx, ctx.kinds[kkey], row, n, tokens, shards,
-                                                  config.vpp, reduce_excess, workspace, frag))
+                                                  config.vpp, reduce_excess, workspace, frag, wgrad_excess))
 
 
 def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, shards: tuple,
-             vpp: int, reduce_excess: float, workspace: float, frag: float) -> tuple[tuple[str, float], ...]:
+             vpp: int, reduce_excess: float, workspace: float, frag: float,
+             wgrad_excess: float = 0.0) -> tuple[tuple[str, float], ...]:
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
-    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed, _ = row
+    _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed, _, _ = row
     p, gemm = par[0], par[1]
     dense_shard, expert_shard, ds, es, keep = shards
     wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes * keep
@@ -1110,6 +1152,8 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
     dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work) + sum(_loss_fixed(fixed, tokens))
     details += [("allocator.backward_working_set", tokens * row_work),
                 ("allocator.fragmentation", frag * dynamic)]
+    if wgrad_excess:
+        details.append(("allocator.expert_weight_grads", wgrad_excess))
     if reduce_excess:
         details.append(("allocator.grad_reduce_peak_excess", reduce_excess))
     if workspace:

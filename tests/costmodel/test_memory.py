@@ -9,6 +9,7 @@ import pytest
 from spec import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
 from spec.errors import InvalidConfigError
 from costmodel.memory import (
+    FRAGMENTATION,
     MemoryBreakdown,
     _comm_per_token,
     _gradient_peak,
@@ -427,19 +428,42 @@ def test_executor_terms_cublas_workspace_reduced_shards_and_gradient_flats():
     excess = m.detail("allocator.grad_reduce_peak_excess")
     dynamic = m.activations + m.logits + m.comm_buffers + m.allocator_overhead - excess - m.detail(
         "allocator.cublas_workspace")
-    # (the Adam step's temporaries of one unit are larger still here: the expert units are not sharded (EDP 1),
-    # so one unit of all 9.2M local elements allocates its 8 bytes per element of sqrt and divide temporaries;
-    # the dense units, sharded over DP 2 and gathered in place, allocate half of that)
-    assert excess > 0 and dynamic + excess >= 4 * local
-    assert dynamic + excess == pytest.approx(local * 8, rel=1e-9)
-    # Mixtral's expert, output-projection and embedding tensors are each larger than a bucket: a bucket of
-    # one tensor is flattened as a view, so no copy of them is counted; the peak is the Adam step of the
-    # largest unit, the fused gate/up tensor w13 of the 4 local experts (EDP 1: unsharded), 8 bytes per element
+    # The Adam step runs torch's fused kernel in place: its only temporary is the write-back's 16-bit copy of a
+    # unit's master shard, 2 bytes per element. The expert unit is not sharded (EDP 1): one unit of all 9.2M
+    # local elements; the dense units, sharded over DP 2 and gathered in place, copy half of theirs.
+    assert excess > 0
+    assert dynamic + excess == pytest.approx(local * 2, rel=1e-9)
+    # Mixtral's experts: the one-node grouped SwiGLU's backward returns the w13 and w2 gradients of the 4 local
+    # experts together, in bf16, before the main-grad hooks free them: 3 · 4 · 14336 · 4096 elements, 2 bytes
+    # each; at seq 64 that, not the Adam step's write-back of w13 (2 bytes per element of 2/3 of it), sets the peak
     big = estimate_memory(get_model("mixtral-8x7b").with_layers(2), short, H100, one)
-    big_dynamic = big.activations + big.logits + big.comm_buffers + big.allocator_overhead - big.detail(
-        "allocator.cublas_workspace")
-    w13 = 4 * 2 * 14336 * 4096
-    assert big_dynamic == pytest.approx(8 * w13, rel=1e-9)
+    wgrad = 3 * 4 * 14336 * 4096 * 2
+    assert big.detail("allocator.grad_reduce_peak_excess") == 0
+    held = big.logits * (1 + FRAGMENTATION)  # the loss's bytes, freed before the experts' backward
+    assert big.detail("allocator.expert_weight_grads") == pytest.approx(wgrad - held, rel=1e-9)
+
+
+def test_expert_weight_gradients_of_one_layer_alive_at_once_hand_worked():
+    from costmodel.memory import expert_weight_grad_bytes
+    # Qwen3-30B-A3B, 128 experts of 768 x 2048, EP 1: w13 (2·768·2048 each) and w2 (768·2048) together in bf16
+    qwen = get_model("qwen3-30b-a3b").with_layers(2)
+    bf16 = TrainingSpec(seq_length=4096, global_batch_size=8)
+    assert expert_weight_grad_bytes(qwen, bf16, 1, 1) == 128 * 3 * 768 * 2048 * 2
+    assert expert_weight_grad_bytes(qwen, bf16, 2, 1) == 64 * 3 * 768 * 2048 * 2  # EP 2: half the experts
+    assert expert_weight_grad_bytes(qwen, bf16, 1, 2) == 128 * 3 * 384 * 2048 * 2  # ETP 2: half of each
+    # fp8 runs the GEMMs as separate autograd nodes: one tensor (the larger, w13) at a time
+    fp8 = TrainingSpec(seq_length=4096, global_batch_size=8, precision="fp8")
+    assert expert_weight_grad_bytes(qwen, fp8, 1, 1) == 128 * 2 * 768 * 2048 * 2
+    # biases (the experts' GEMMs and bias adds as separate nodes): w13 alone as well
+    assert expert_weight_grad_bytes(replace(qwen, add_bias_linear=True), bf16, 1, 1) == 128 * 2 * 768 * 2048 * 2
+    # the first of two pipeline stages holds no loss: the whole transient adds to its backward's peak
+    pp2 = ParallelConfig(world_size=2, pp=2, micro_batch_size=2)
+    first = estimate_stage_memory(qwen, bf16, H100, pp2, 0)
+    assert first.detail("allocator.expert_weight_grads") == 128 * 3 * 768 * 2048 * 2
+    # the last stage's loss bytes are freed before the experts' backward: only the excess over them counts
+    last = estimate_stage_memory(qwen, bf16, H100, pp2, 1)
+    assert last.detail("allocator.expert_weight_grads") == pytest.approx(
+        max(0.0, 128 * 3 * 768 * 2048 * 2 - last.logits * (1 + FRAGMENTATION)), rel=1e-9)
 
 
 # ---- modern attention: MLA, sinks and windows, qk-layernorm ------------------------------------------------
