@@ -16,14 +16,12 @@ import torch
 WALL_CLOCK = "wall clock"  # CPU: ops are synchronous, host time is device time
 EVENTS_ONE_CALL = "CUDA events, one call"  # time_device: includes host issue time where that exceeds device time
 HOST_AHEAD = "device time, host ahead"  # time_host_ahead: host queued the window before the GPU started on it
-HOST_BEHIND = "device span, host not ahead"  # time_host_ahead gave up: host issue time is in the number
+HOST_BEHIND = "device span, host not ahead"  # time_host_ahead gave up: an upper bound, GPU idle time in it
 
-# time_host_ahead: the GPU sleep before a window covers MARGIN x the host's issue time of the window plus
-# SLEEP_FLOOR_S (the sleep rate is measured at another moment and GPU clocks vary); after TRIES windows the
-# host did not get ahead of, it reports the event span of those windows (HOST_BEHIND)
+# time_host_ahead: the GPU sleep before a window covers SLEEP_MARGIN x the host's issue time of the window plus
+# SLEEP_FLOOR_S (the sleep rate is measured at another moment, and GPU clocks vary)
 SLEEP_MARGIN = 2.0
 SLEEP_FLOOR_S = 5e-4
-TRIES = 6
 _SLEEP_CYCLES_PER_S: dict[int, float] = {}
 
 
@@ -129,8 +127,12 @@ def time_host_ahead(op: Callable[[], object], device: torch.device, calls: int =
     (the GPU may still idle inside ``op`` where ``op`` itself synchronises: that is in a step as well). If the
     event had completed, the window is discarded and retried with a sleep sized from that window's host time;
     after two such misses at one window size the window is halved (CUDA's launch queue holds about a thousand
-    pending kernels, beyond which the host blocks until the GPU drains it, and a longer sleep cannot help).
-    After TRIES misses the event spans of the missed windows are reported as HOST_BEHIND.
+    pending kernels, beyond which the host blocks until the GPU drains it, and a longer sleep cannot help:
+    MLA attention's fwd+bwd is over a hundred kernels). After two misses with windows of one call, the
+    smallest per-call event span of the missed windows is reported as HOST_BEHIND: each span holds the
+    device time and the GPU's idle time waiting for the host, so it is an upper bound of the device time.
+    At most 2 (log2(calls) + 1) windows miss; the next sleep is sized from the missed window's host time,
+    which outlasted its sleep, so sleeps about double per miss.
 
     On the CPU (ops are synchronous) this is :func:`time_op` with ``iters=calls``, ``repeats=windows``,
     reported as WALL_CLOCK.
@@ -151,7 +153,11 @@ def time_host_ahead(op: Callable[[], object], device: torch.device, calls: int =
         ahead: list[float] = []
         behind: list[float] = []
         n, misses_at_n = calls, 0
-        while len(ahead) < windows and len(behind) < TRIES:
+        while len(ahead) < windows:
+            if misses_at_n >= 2:
+                if n == 1:
+                    break
+                n, misses_at_n = max(1, n // 2), 0
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(int(rate * (SLEEP_MARGIN * issue_per_call * n + SLEEP_FLOOR_S)))
             start.record()
@@ -169,8 +175,6 @@ def time_host_ahead(op: Callable[[], object], device: torch.device, calls: int =
             behind.append(seconds)
             issue_per_call = max(issue_per_call, host / n)
             misses_at_n += 1
-            if misses_at_n >= 2 and n > 1:
-                n, misses_at_n = max(1, n // 2), 0
     if ahead:
         return BlockTime(statistics.median(ahead), HOST_AHEAD + (f" ({n} calls per window)" if n < calls else ""))
-    return BlockTime(statistics.median(behind), HOST_BEHIND)
+    return BlockTime(min(behind), HOST_BEHIND)

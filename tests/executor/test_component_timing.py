@@ -36,10 +36,12 @@ def test_host_ahead_on_the_cpu_is_the_wall_clock_mean_of_one_call():
 
 class _FakeCuda:
     """torch.cuda as time_host_ahead uses it: a sleep that is logged, events whose query() says whether the
-    GPU had reached them when the host finished issuing (``reached``), and a fixed 4 ms span per window."""
+    GPU had reached them when the host finished issuing (``reached_for(calls in the window)``), and a fixed
+    4 ms span per window."""
 
     def __init__(self, reached: bool):
-        self.reached, self.sleeps, self.windows = reached, [], []
+        self.reached_for = lambda calls: reached  # per window size, as a full launch queue would
+        self.sleeps, self.windows = [], []
 
     def device(self, device):
         return contextlib.nullcontext()
@@ -62,7 +64,7 @@ class _FakeCuda:
                 pass
 
             def query(self):
-                return fake.reached
+                return fake.reached_for(fake.windows[-1])
 
             def elapsed_time(self, end):
                 return 4.0
@@ -102,8 +104,19 @@ def test_host_ahead_halves_the_window_and_then_says_the_host_was_not_ahead(fake_
     fake, op = fake_cuda(reached=True)  # the GPU always reached the window before the host had issued it
     result = timing.time_host_ahead(op, torch.device("cuda:0"), calls=8, windows=3, warmup=2)
     assert result.method == timing.HOST_BEHIND
-    assert fake.windows == [8, 8, 4, 4, 2, 2][:timing.TRIES]
-    assert result.seconds == pytest.approx(4e-3 / 4)  # the median of the missed windows' per-call spans
+    assert fake.windows == [8, 8, 4, 4, 2, 2, 1, 1]  # two misses at each size, down to one call
+    assert result.seconds == pytest.approx(4e-3 / 8)  # the smallest per-call span: the tightest upper bound
+    # each miss sizes the next sleep from that window's host time (1 ms per call here, as the probe measured)
+    assert fake.sleeps == [int(1e9 * (timing.SLEEP_MARGIN * 1e-3 * n + timing.SLEEP_FLOOR_S)) for n in fake.windows]
+
+
+def test_host_ahead_halves_the_window_when_only_smaller_windows_get_ahead(fake_cuda):
+    fake, op = fake_cuda(reached=True)
+    fake.reached_for = lambda n: n > 2  # e.g. a launch queue that holds two calls' kernels, not four
+    result = timing.time_host_ahead(op, torch.device("cuda:0"), calls=8, windows=3, warmup=2)
+    assert fake.windows == [8, 8, 4, 4, 2, 2, 2]
+    assert result.method == timing.HOST_AHEAD + " (2 calls per window)"
+    assert result.seconds == pytest.approx(4e-3 / 2)
 
 
 def test_measure_components_times_every_block_with_the_host_ahead_and_the_optimizer_alone(monkeypatch):
