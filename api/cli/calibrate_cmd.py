@@ -123,12 +123,13 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
         spec = spec.with_layers(args.layers)
     print(f"components of {spec.name} at seq {args.seq}, mbs {args.mbs}, {precision} on one "
           f"{'CPU' if cpu else 'GPU'}", flush=True)
-    device, measured = measure_components(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda:0")
-    report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile)
-    print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}")
+    device, measured, timing = measure_components(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda:0")
+    report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile, timing)
+    print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}  timed as")
     for c in report.components:
         scale, unit = (1e3, "") if c.name != "optimizer" else (1e9, " (ms per 1M parameters)")
-        print(f"{c.name:<10} {c.measured_s * scale:>12.3f} {c.predicted_s * scale:>13.3f} {c.ratio:>7.2f}{unit}")
+        print(f"{c.name:<10} {c.measured_s * scale:>12.3f} {c.predicted_s * scale:>13.3f} {c.ratio:>7.2f}  "
+              f"{report.timing.get(c.name, '?')}{unit}")
     print(f"term factors for {report.key}: " + ", ".join(f"{t} {f:.3f}" for t, f in report.factors.items()))
     factors = {}
     if Path(path).expanduser().exists():

@@ -55,6 +55,9 @@ class ComponentReport:
     components: tuple[ComponentTime, ...]
     counts: dict[str, int]  # occurrences of each component in one pass through the model
     factors: dict[str, float]  # term -> measured / predicted
+    # component -> how its time was measured (executor.microbench.timing's method strings); empty in reports
+    # written before the field (2026-11-27), whose blocks were wall clock over 8 calls, host issue time included
+    timing: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -98,9 +101,11 @@ def term_factors(components: tuple[ComponentTime, ...] | list[ComponentTime], co
 
 
 def build_report(spec: ModelSpec, seq_length: int, micro_batch_size: int, precision: str, device: str,
-                 measured: dict[str, float], hardware: HardwareProfile) -> ComponentReport:
+                 measured: dict[str, float], hardware: HardwareProfile,
+                 timing: dict[str, str] | None = None) -> ComponentReport:
     """Compare ``measured`` ({component: seconds}, 'optimizer' per parameter) with the prediction on
-    ``hardware`` (the profile the factors will be stored in). Raises ValueError naming every component
+    ``hardware`` (the profile the factors will be stored in); ``timing`` ({component: method}) is kept in the
+    report as it came. Raises ValueError naming every component
     without a positive finite measurement or prediction."""
     parts, per_param = predicted_parts(spec, seq_length, micro_batch_size, precision, hardware)
     components = [ComponentTime(name, seconds, sum(parts[name].values()), parts[name])
@@ -112,4 +117,4 @@ def build_report(spec: ModelSpec, seq_length: int, micro_batch_size: int, precis
         raise ValueError("components without a usable time: " + "; ".join(bad))
     counts = component_counts(spec)
     return ComponentReport(spec.name, seq_length, micro_batch_size, precision, device, tuple(components), counts,
-                           term_factors(components, counts))
+                           term_factors(components, counts), dict(timing or {}))

@@ -43,7 +43,7 @@ def merged_profile(target: HardwareProfile, reports: list[dict]) -> tuple[Hardwa
     for r in reports:
         measured = {c["name"]: c["measured_s"] for c in r["components"]}
         report = build_report(model_of(r["model"]), r["seq_length"], r["micro_batch_size"], r["precision"],
-                              r["device"], measured, target)
+                              r["device"], measured, target, r.get("timing"))
         factors[report.key] = report.factors
         rebuilt.append(report)
     return replace(target, component_factors=factors), rebuilt

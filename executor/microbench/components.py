@@ -24,6 +24,14 @@ Components and the cost-model parts they are compared with (``costmodel.step_tim
 The measured seconds go to :func:`costmodel.calibrate.component_factors.build_report`, which compares them with the
 cost model's prediction of the same work and turns the ratios into per-term factors; this module only
 measures (device times at real shapes, never end-to-end step times).
+
+Timing: each block is issued COMPONENT_CALLS times back to back per window and its device time is taken with the
+host ahead of the GPU (:func:`executor.microbench.timing.time_host_ahead`), as in a step, where the host queues
+the next block while the GPU runs the current one; the host's issue time is priced separately by the time model
+(costmodel/host.py). The optimizer is torch's fused AdamW over 2^27 parameters: milliseconds of memory-bound device
+work against tens of microseconds of issue, so CUDA events around one call (:func:`time_device`) are device time
+already and the sleep would change nothing.
+:func:`measure_components` says per component which method gave its number.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import torch
 
 from executor.attention import rope_tables
 from executor.kernels import get_backend
-from executor.microbench.timing import time_device, time_op
+from executor.microbench.timing import EVENTS_ONE_CALL, WALL_CLOCK, time_device, time_host_ahead
 from executor.model import DecoderLayer
 from executor.optimizer import MixedPrecisionAdam, attach_main_grads
 from executor.options import ExecutorOptions, check_model_supported
@@ -48,7 +56,8 @@ from spec.parallel_config import ParallelConfig
 
 # parameters in the optimizer benchmark's buffer: large enough that per-kernel overhead is < 1 % on a GPU,
 # small enough for a few GiB of fp32 state
-# calls of a block issued back to back per timed window (one sync per window, as a step runs them)
+# calls of a block issued back to back per timed window (as a step runs them); fewer where the launch queue is
+# too short for 8 (time_host_ahead halves the window and says so)
 COMPONENT_CALLS = 8
 OPTIMIZER_PARAMS_GPU = 1 << 27
 OPTIMIZER_PARAMS_CPU = 1 << 16
@@ -150,23 +159,25 @@ def measure_optimizer(device: torch.device, dtype: torch.dtype, num_params: int,
 # ---- all components -----------------------------------------------------------------------------
 def measure_components(spec: ModelSpec, seq_length: int, micro_batch_size: int, precision: str,
                        device: torch.device | str, options=None,
-                       optimizer_params: int | None = None) -> tuple[str, dict[str, float]]:
-    """(device name, {component: seconds}) for every component of ``spec`` at (``seq_length``,
-    ``micro_batch_size``) on ``device``: fwd+bwd of one micro-batch, 'optimizer' in seconds per parameter."""
+                       optimizer_params: int | None = None) -> tuple[str, dict[str, float], dict[str, str]]:
+    """(device name, {component: seconds}, {component: timing method}) for every component of ``spec`` at
+    (``seq_length``, ``micro_batch_size``) on ``device``: fwd+bwd of one micro-batch, 'optimizer' in seconds per
+    parameter; the methods are the strings of :mod:`executor.microbench.timing` (e.g. 'device time, host ahead')."""
     check_model_supported(spec)
     device = torch.device(device)
     dtype = PRECISION_DTYPES[precision]
     options = options or ExecutorOptions()
-    measured = {}
+    measured, methods = {}, {}
     blocks = _blocks(spec, seq_length, micro_batch_size, device, dtype, options)
     for name, op in blocks.items():
-        # back to back, as a step runs its blocks: timed one at a time from an idle device, the blocks with
-        # many small kernels (MLA's attention: 3.98 ms against 1.60 priced on an H200, 2026-11-27) carried
-        # the host's issue time, and their factors then over-priced whole steps (bench/accuracy_bars.py)
-        measured[name] = time_op(op, device, iters=COMPONENT_CALLS)
+        # device time with the host ahead: wall clock around a window of MLA's many small kernels measured the
+        # host (3.17 ms against 1.45 priced on an H200, 2026-11-27), and those factors over-priced 1-GPU steps by
+        # layers x micro-batches x the excess (docs/benchmarks.md)
+        measured[name], methods[name] = time_host_ahead(op, device, calls=COMPONENT_CALLS)
     del blocks
     if device.type == "cuda":
         torch.cuda.empty_cache()
     n = optimizer_params or (OPTIMIZER_PARAMS_GPU if device.type == "cuda" else OPTIMIZER_PARAMS_CPU)
     measured["optimizer"] = measure_optimizer(device, dtype, n)
-    return (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"), measured
+    methods["optimizer"] = EVENTS_ONE_CALL if device.type == "cuda" else WALL_CLOCK
+    return (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"), measured, methods

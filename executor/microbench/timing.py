@@ -1,13 +1,36 @@
 """Timing of a device operation: warm-up, then the median of several timed repeats (:func:`time_op`: wall
-clock over a loop of calls; :func:`time_device`: one call at a time, CUDA events on a GPU)."""
+clock over a loop of calls; :func:`time_device`: one call at a time, CUDA events on a GPU;
+:func:`time_host_ahead`: the device time of a window of calls queued while the GPU is held busy, so that the
+host's issue time is not in it)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+
+# how a time was measured, as stored with component measurements (executor/microbench/components.py)
+WALL_CLOCK = "wall clock"  # CPU: ops are synchronous, host time is device time
+EVENTS_ONE_CALL = "CUDA events, one call"  # time_device: includes host issue time where that exceeds device time
+HOST_AHEAD = "device time, host ahead"  # time_host_ahead: host queued the window before the GPU started on it
+HOST_BEHIND = "device span, host not ahead"  # time_host_ahead gave up: an upper bound, GPU idle time in it
+
+# time_host_ahead: the GPU sleep before a window covers SLEEP_MARGIN x the host's issue time of the window plus
+# SLEEP_FLOOR_S (the sleep rate is measured at another moment, and GPU clocks vary)
+SLEEP_MARGIN = 2.0
+SLEEP_FLOOR_S = 5e-4
+_SLEEP_CYCLES_PER_S: dict[int, float] = {}
+
+
+class BlockTime(NamedTuple):
+    """Mean seconds of one call, and how they were measured (one of the method strings of this module,
+    HOST_AHEAD possibly followed by the calls per window where fewer than asked)."""
+
+    seconds: float
+    method: str
 
 
 def synchronize(device: torch.device) -> None:
@@ -64,3 +87,94 @@ def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
             samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
+
+
+def sleep_cycles_per_second(device: torch.device) -> float:
+    """Clock cycles per second of ``torch.cuda._sleep`` on the CUDA ``device`` (median of 3 CUDA-event timed
+    sleeps of 2^22 cycles, about 2 ms; measured once per device and cached)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SLEEP_CYCLES_PER_S:
+        cycles = 1 << 22
+        with torch.cuda.device(index):
+            torch.cuda._sleep(cycles)  # the first launch loads the kernel
+            rates = []
+            for _ in range(3):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(cycles)
+                end.record()
+                end.synchronize()
+                rates.append(cycles / (start.elapsed_time(end) / 1e3))
+        _SLEEP_CYCLES_PER_S[index] = statistics.median(rates)
+    return _SLEEP_CYCLES_PER_S[index]
+
+
+def time_host_ahead(op: Callable[[], object], device: torch.device, calls: int = 8, windows: int = 3,
+                    warmup: int = 2) -> BlockTime:
+    """Mean device seconds of one ``op()`` in windows of ``calls`` calls issued back to back, with the host
+    ahead of the GPU as in a training step: the median over ``windows`` windows.
+
+    Why: a block of many small kernels (MLA attention) takes the host longer to issue than the GPU to run.
+    Wall clock around a window then measures the host, whereas in a step the host runs ahead (it queues the
+    next block while the GPU works through big MoE and head kernels) and only device time adds up; the time
+    model prices the host separately (costmodel/host.py, max(device, host) per micro-batch).
+
+    Method on CUDA: the host's issue time of one window is measured first (wall clock, no sync). Each window
+    is then queued behind ``torch.cuda._sleep`` long enough to cover SLEEP_MARGIN x that time + SLEEP_FLOOR_S
+    (cycles from :func:`sleep_cycles_per_second`), between a CUDA event recorded after the sleep and one after
+    the last call. If the start event has not completed when the host has issued the last call (``query()``),
+    every kernel of the window was queued before the GPU reached it, so the event span holds device time only
+    (the GPU may still idle inside ``op`` where ``op`` itself synchronises: that is in a step as well). If the
+    event had completed, the window is discarded and retried with a sleep sized from that window's host time;
+    after two such misses at one window size the window is halved (CUDA's launch queue holds about a thousand
+    pending kernels, beyond which the host blocks until the GPU drains it, and a longer sleep cannot help:
+    MLA attention's fwd+bwd is over a hundred kernels). After two misses with windows of one call, the
+    smallest per-call event span of the missed windows is reported as HOST_BEHIND: each span holds the
+    device time and the GPU's idle time waiting for the host, so it is an upper bound of the device time.
+    At most 2 (log2(calls) + 1) windows miss; the next sleep is sized from the missed window's host time,
+    which outlasted its sleep, so sleeps about double per miss.
+
+    On the CPU (ops are synchronous) this is :func:`time_op` with ``iters=calls``, ``repeats=windows``,
+    reported as WALL_CLOCK.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return BlockTime(time_op(op, device, iters=calls, repeats=windows, warmup=warmup), WALL_CLOCK)
+    with torch.cuda.device(device):
+        rate = sleep_cycles_per_second(device)
+        for _ in range(max(1, warmup)):
+            op()
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for _ in range(calls):
+            op()
+        issue_per_call = (time.perf_counter() - begin) / calls  # host seconds per call, GPU idle at the start
+        torch.cuda.synchronize()
+        ahead: list[float] = []
+        behind: list[float] = []
+        n, misses_at_n = calls, 0
+        while len(ahead) < windows:
+            if misses_at_n >= 2:
+                if n == 1:
+                    break
+                n, misses_at_n = max(1, n // 2), 0
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int(rate * (SLEEP_MARGIN * issue_per_call * n + SLEEP_FLOOR_S)))
+            start.record()
+            begin = time.perf_counter()
+            for _ in range(n):
+                op()
+            host = time.perf_counter() - begin
+            queued_first = not start.query()  # the GPU was still asleep when the last call was issued
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3 / n
+            if queued_first:
+                ahead.append(seconds)
+                continue
+            behind.append(seconds)
+            issue_per_call = max(issue_per_call, host / n)
+            misses_at_n += 1
+    if ahead:
+        return BlockTime(statistics.median(ahead), HOST_AHEAD + (f" ({n} calls per window)" if n < calls else ""))
+    return BlockTime(min(behind), HOST_BEHIND)

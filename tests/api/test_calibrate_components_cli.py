@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from api.cli.main import main
@@ -16,7 +18,12 @@ def test_calibrate_with_a_model_stores_factors_per_shape(tmp_path, capsys):
             "--mbs", "2", "--out", str(out)]
     assert main([*base, "--seq", "32"]) == 0
     text = capsys.readouterr().out
-    assert "component   measured ms  predicted ms  factor" in text and "term factors for tiny-moe@1L@seq32@mbs2" in text
+    assert "component   measured ms  predicted ms  factor  timed as" in text
+    assert "term factors for tiny-moe@1L@seq32@mbs2" in text
+    # the stored report says how each component was timed (CPU: wall clock; a GPU: device time, host ahead)
+    timing = json.loads(out.read_text())["raw"]["components"]["timing"]
+    assert timing == {"attention": "wall clock", "moe": "wall clock", "head": "wall clock", "optimizer": "wall clock"}
+    assert any(line.startswith("attention") and line.endswith("wall clock") for line in text.splitlines())
     assert main([*base, "--seq", "64"]) == 0  # a second shape into the same file keeps the first
     factors = dict(load_profile(out).component_factors)
     assert set(factors) == {"tiny-moe@1L@seq32@mbs2", "tiny-moe@1L@seq64@mbs2"}

@@ -9,6 +9,7 @@ import pytest
 
 from api.cli.main import main
 from costmodel.calibrate.component_factors import build_report, predicted_parts
+from costmodel.calibrate.merge import merged_profile
 from spec.catalog import get_hardware, get_model
 from spec.profile_io import load_profile, save_profile
 
@@ -47,6 +48,18 @@ def test_factors_are_recomputed_against_the_target_profile(tmp_path):
     # against the run's own profile every factor was 1.4 exactly; the slower target predicts more memory time
     assert factors["mixtral-8x7b@2L@seq4096@mbs1"]["memory_bound"] < 1.4
     assert merged.name == "h200-machine" and merged.hbm_efficiency == 0.5
+
+
+def test_a_merged_report_keeps_how_its_components_were_timed():
+    run = get_hardware("h200")
+    spec = get_model("mixtral-8x7b").with_layers(2)
+    parts, per_param = predicted_parts(spec, 4096, 1, "bf16", run)
+    measured = {name: sum(terms.values()) for name, terms in parts.items() if name != "dense_mlp"}
+    measured["optimizer"] = per_param
+    timing = {name: "device time, host ahead" for name in measured}
+    stored = build_report(spec, 4096, 1, "bf16", "NVIDIA H200", measured, run, timing).to_dict()
+    _, (rebuilt,) = merged_profile(replace(run, name="target"), [stored])
+    assert rebuilt.timing == timing
 
 
 def test_a_file_without_components_is_refused(tmp_path, capsys):

@@ -16,9 +16,9 @@ from executor.microbench.components import measure_components
 @pytest.fixture(scope="module")
 def report():
     spec = get_model("tiny-moe")
-    device, measured = measure_components(spec, 32, 2, "fp32", "cpu", optimizer_params=4096)
+    device, measured, timing = measure_components(spec, 32, 2, "fp32", "cpu", optimizer_params=4096)
     assert device == "cpu"
-    return build_report(spec, 32, 2, "fp32", device, measured, get_hardware("cpu"))
+    return build_report(spec, 32, 2, "fp32", device, measured, get_hardware("cpu"), timing)
 
 
 def test_every_component_has_a_positive_finite_time_and_prediction(report):
@@ -31,6 +31,9 @@ def test_every_component_has_a_positive_finite_time_and_prediction(report):
     assert set(report.factors) == set(FACTOR_TERMS)
     assert all(math.isfinite(f) and f > 0 for f in report.factors.values())
     assert report.key == "tiny-moe@seq32@mbs2"
+    # on the CPU every component is wall clock (synchronous ops), and the report says so for each
+    assert report.timing == {name: "wall clock" for name in names}
+    assert report.to_dict()["timing"] == report.timing
 
 
 def test_factors_reproduce_the_measured_pass(report):
