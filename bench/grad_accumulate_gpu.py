@@ -10,7 +10,7 @@ On CPU the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1 in th
 the kernel columns are empty. ``--tiny`` takes small sizes and few iterations (the CPU smoke test).
 
 Usage (one GPU, well under a minute):
-  python3 -m bench.grad_accumulate_gpu --out $OUT/grad_accumulate.json
+  python3 -m bench.grad_accumulate_gpu --sweep --out $OUT/grad_accumulate.json
   TRITON_INTERPRET=1 python3 -m bench.grad_accumulate_gpu --device cpu --tiny
 """
 
@@ -42,6 +42,10 @@ SIZES = (
 TINY_SIZES = (("odd (1000003)", 1000003), ("three blocks + 5", 3 * acc.BLOCK + 5), ("norm (4096)", 4096),
               ("one element", 1))
 HUGE = ("over 2^31 (2^31 + 4099)", 2 ** 31 + 4099)
+#: (block, vec, num_warps) tried by --sweep on the w2 gradient (bf16); the first is the kernel's default
+SWEEP = ((acc.BLOCK, acc.VEC, acc.NUM_WARPS), (4096, 0, 8), (1024, 4, 4), (2048, 4, 4), (2048, 4, 8),
+         (8192, 4, 8), (8192, 4, 16), (16384, 4, 16), (8192, 0, 16))
+SWEEP_SIZE = 8 * 4096 * 14336
 #: HBM bytes per element: read the 16-bit gradient and the fp32 main gradient, write the main gradient
 BYTES_PER_ELEMENT = 2 + 4 + 4
 
@@ -105,7 +109,25 @@ def measure(name: str, n: int, dtype: torch.dtype, device: str, tiny: bool, run_
     return row
 
 
-def run(device: str, tiny: bool, huge: bool, dtypes: list[torch.dtype]) -> dict:
+def sweep(device: str, tiny: bool) -> list[dict]:
+    """Each SWEEP configuration of the kernel on one bf16 gradient: ms, GB/s, bitwise agreement with torch."""
+    n = 3 * 4096 + 5 if tiny else SWEEP_SIZE
+    gen = torch.Generator(device=device).manual_seed(1)
+    main = torch.randn(n, device=device, generator=gen)
+    grad = torch.randn(n, device=device, generator=gen).to(torch.bfloat16)
+    want = main.clone().add_(grad)
+    work = main.clone()  # the timed calls accumulate into this one, ``main`` stays the checks' input
+    rows = []
+    for block, vec, warps in SWEEP:
+        got = acc.accumulate_(main.clone(), grad, block, vec, warps)
+        ms = _timed_ms(lambda: acc.accumulate_(work, grad, block, vec, warps), device, _iters(n, tiny))
+        rows.append({"block": block, "vec": vec, "num_warps": warps, "elements": n, "ms": ms,
+                     "GBps": BYTES_PER_ELEMENT * n / ms / 1e6,
+                     "bitwise_equal": bool(torch.equal(got.view(torch.int32), want.view(torch.int32)))})
+    return rows
+
+
+def run(device: str, tiny: bool, huge: bool, dtypes: list[torch.dtype], with_sweep: bool = False) -> dict:
     """Every row (see :func:`measure`) for every gradient dtype, plus the first-use check's verdicts."""
     run_kernel = kernel_runs(device)
     sizes = list(TINY_SIZES if tiny else SIZES)
@@ -121,7 +143,7 @@ def run(device: str, tiny: bool, huge: bool, dtypes: list[torch.dtype]) -> dict:
             "triton": getattr(acc.triton, "__version__", None), "kernel_ran": run_kernel,
             "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "block": acc.BLOCK,
             "num_warps": acc.NUM_WARPS, "bytes_per_element": BYTES_PER_ELEMENT, "first_use_check": checks,
-            "rows": rows}
+            "rows": rows, "sweep": sweep(device, tiny) if with_sweep and run_kernel else []}
 
 
 def table(result: dict) -> str:
@@ -135,6 +157,11 @@ def table(result: dict) -> str:
                   f"{'yes' if r['bitwise_equal'] else 'NO'}" if "kernel_ms" in r else f"{'-':>9s} {'-':>7s} {'-':>5s} -")
         lines.append(f"{r['name']:32s} {r['grad_dtype']:8s} {r['elements']:13d} {r['torch_ms']:9.4f} "
                      f"{r['torch_GBps']:7.0f} {kernel}")
+    if result["sweep"]:
+        lines.append(f"kernel configurations on {result['sweep'][0]['elements']} bf16 elements (vec 0: flat block)")
+        for r in result["sweep"]:
+            lines.append(f"  block {r['block']:6d} vec {r['vec']} warps {r['num_warps']:2d}: {r['ms']:8.4f} ms "
+                         f"{r['GBps']:6.0f} GB/s{'' if r['bitwise_equal'] else '  NOT BITWISE'}")
     return "\n".join(lines)
 
 
@@ -144,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="small sizes, 3 iterations (CPU smoke test)")
     parser.add_argument("--no-huge", action="store_true", help="skip the > 2^31-element buffer on CUDA")
     parser.add_argument("--fp16", action="store_true", help="also fp16 gradients (default: bf16 only)")
+    parser.add_argument("--sweep", action="store_true", help="also time kernel block/vec/warps choices")
     parser.add_argument("--out", default=None,
                         help="JSON path (default: $OUT/grad_accumulate.json where OUT is set, else none)")
     args = parser.parse_args(argv)
     dtypes = [torch.bfloat16] + ([torch.float16] if args.fp16 else [])
-    result = run(args.device, args.tiny, not args.no_huge, dtypes)
+    result = run(args.device, args.tiny, not args.no_huge, dtypes, args.sweep)
     print(table(result))
     out = args.out or (os.path.join(os.environ["OUT"], "grad_accumulate.json") if os.environ.get("OUT") else None)
     if out:
@@ -156,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f, indent=1)
         print(f"wrote {out}")
     # a kernel that disagrees with torch (or fails its first-use check) is a failed run
-    bad = [r["name"] for r in result["rows"] if r.get("bitwise_equal") is False]
+    bad = [r for r in result["rows"] + result["sweep"] if r.get("bitwise_equal") is False]
     return 1 if bad or not all(result["first_use_check"].values()) else 0
 
 

@@ -28,10 +28,16 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-#: Elements per program: 4096 over 8 warps is 16 per thread, i.e. 32-byte gradient and 64-byte fp32 runs
-#: per thread, issued as 16-byte vector accesses.
+#: Elements per program: 4096 over 8 warps is 16 per thread.
 BLOCK = 4096
 NUM_WARPS = 8
+#: Elements per thread per access: the block is laid out as [BLOCK / VEC, VEC] rows of VEC contiguous
+#: elements, thread t holding whole rows. With VEC = 4 the fp32 accesses are 16-byte vectors and the 16-bit
+#: loads 8-byte ones, all in one register layout. The flat 1-D block (VEC = 0) loads the 16-bit gradient 8
+#: per thread (16 bytes) but stores fp32 only 4 per thread (Triton caps a store at 128 bits), so Triton
+#: inserts a layout conversion through shared memory with barriers between the loads and the store (seen in
+#: the sm90 PTX); bench/grad_accumulate_gpu.py --sweep times both.
+VEC = 4
 
 #: Gradient dtypes the kernel takes (the main gradient is always fp32).
 GRAD_DTYPES = (torch.bfloat16, torch.float16)
@@ -49,9 +55,14 @@ def available(main: torch.Tensor, grad: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _accumulate_kernel(main_ptr, grad_ptr, start, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    def _accumulate_kernel(main_ptr, grad_ptr, start, n, BLOCK: tl.constexpr, VEC: tl.constexpr,
+                           MASKED: tl.constexpr):
         # Program i covers elements [start + i·BLOCK, start + (i+1)·BLOCK); 64-bit, as n may pass 2^31.
-        offs = start + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        if VEC == 0:
+            local = tl.arange(0, BLOCK)
+        else:
+            local = tl.arange(0, BLOCK // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+        offs = start + tl.program_id(0).to(tl.int64) * BLOCK + local
         if MASKED:
             mask = offs < n
             g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
@@ -64,15 +75,18 @@ if triton is not None:
             tl.store(main_ptr + offs, m + g.to(tl.float32), eviction_policy="evict_first")
 
 
-def accumulate_(main: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def accumulate_(main: torch.Tensor, grad: torch.Tensor, block: int = BLOCK, vec: int = VEC,
+                num_warps: int = NUM_WARPS) -> torch.Tensor:
     """``main += grad`` in place through the Triton kernel: ``main`` contiguous fp32, ``grad`` contiguous
-    bf16/fp16 of the same shape (callers check :func:`available`). Returns ``main``."""
+    bf16/fp16 of the same shape (callers check :func:`available`). Returns ``main``. ``block``, ``vec``
+    (0: a flat block) and ``num_warps`` are for the benchmark's sweep; ``block`` a power of two ≥ ``vec``."""
     n = main.numel()
-    full = n // BLOCK
+    full = n // block
     if full:  # whole blocks, unmasked
-        _accumulate_kernel[(full,)](main, grad, 0, n, BLOCK=BLOCK, MASKED=False, num_warps=NUM_WARPS)
-    if n > full * BLOCK:  # the last partial block
-        _accumulate_kernel[(1,)](main, grad, full * BLOCK, n, BLOCK=BLOCK, MASKED=True, num_warps=NUM_WARPS)
+        _accumulate_kernel[(full,)](main, grad, 0, n, BLOCK=block, VEC=vec, MASKED=False, num_warps=num_warps)
+    if n > full * block:  # the last partial block
+        _accumulate_kernel[(1,)](main, grad, full * block, n, BLOCK=block, VEC=vec, MASKED=True,
+                                 num_warps=num_warps)
     return main
 
 

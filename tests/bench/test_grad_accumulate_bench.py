@@ -28,12 +28,14 @@ def test_cpu_smoke_run_with_the_kernel_in_the_interpreter(tmp_path):
     out = tmp_path / "acc.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-m", "bench.grad_accumulate_gpu", "--device", "cpu", "--tiny", "--fp16",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+                           "--sweep", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["kernel_ran"] and result["first_use_check"] == {"bfloat16": True, "float16": True}
     assert len(result["rows"]) == 2 * len(bench.TINY_SIZES)
     assert all(r["bitwise_equal"] and r["kernel_ms"] > 0 for r in result["rows"])
+    assert [(r["block"], r["vec"], r["num_warps"]) for r in result["sweep"]] == list(bench.SWEEP)
+    assert all(r["bitwise_equal"] and r["ms"] > 0 for r in result["sweep"])
 
 
 def test_a_kernel_that_differs_fails_the_bench(tmp_path, monkeypatch):
@@ -41,7 +43,7 @@ def test_a_kernel_that_differs_fails_the_bench(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "kernel_runs", lambda device: True)
     monkeypatch.setattr(bench.acc, "checked", lambda dtype, device: True)
 
-    def short(main, grad):
+    def short(main, grad, *config):
         main[:-1].add_(grad[:-1])
         return main
 

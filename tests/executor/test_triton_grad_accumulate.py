@@ -6,6 +6,7 @@ pytest with TRITON_INTERPRET=1 by ``test_grad_accumulate_kernel_in_triton_interp
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -45,6 +46,18 @@ def test_inner_kernel_equals_torch_add_bit_for_bit(n, dtype):
     assert acc.accumulate_(got, grad) is got  # in place
     assert torch.equal(_bits(got), _bits(want))
     assert not torch.equal(_bits(got), _bits(main))  # it did add
+
+
+@inner_only
+@pytest.mark.parametrize("block,vec,warps", [(4096, 0, 8), (1024, 4, 4), (16384, 4, 16)])
+def test_inner_other_kernel_configurations_equal_torch_add(block, vec, warps):
+    """The benchmark's sweep choices (flat block, smaller and larger blocks) compute the same bits."""
+    gen = torch.Generator().manual_seed(block + vec)
+    n = 3 * block + 7
+    main = torch.randn(n, generator=gen)
+    grad = torch.randn(n, generator=gen).to(torch.bfloat16)
+    want = main.clone().add_(grad)
+    assert torch.equal(_bits(acc.accumulate_(main.clone(), grad, block, vec, warps)), _bits(want))
 
 
 @inner_only
@@ -139,3 +152,42 @@ def test_available_refuses_what_the_kernel_does_not_take(monkeypatch):
     assert not acc.available(main.t(), grad.t())
     monkeypatch.setenv("FOLDTUNE_FUSED_GRAD_ACCUM", "0")
     assert not acc.available(main, grad)
+
+
+def _sm90_ptx(vec: int, grad_type: str) -> tuple[str, int]:
+    """The unmasked body's PTX for an H100/H200 (sm90) and its shared memory bytes; compiled here, no GPU."""
+    triton = pytest.importorskip("triton")
+    compiler = pytest.importorskip("triton.compiler")
+    backends = pytest.importorskip("triton.backends.compiler")
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("this Triton has no CUDA backend")
+    src = compiler.ASTSource(
+        fn=acc._accumulate_kernel,
+        signature={"main_ptr": "*fp32", "grad_ptr": grad_type, "start": "i64", "n": "i64", "BLOCK": "constexpr",
+                   "VEC": "constexpr", "MASKED": "constexpr"},
+        constexprs={"BLOCK": acc.BLOCK, "VEC": vec, "MASKED": False},
+        attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]})
+    kernel = triton.compile(src, target=backends.GPUTarget("cuda", 90, 32), options={"num_warps": acc.NUM_WARPS})
+    return kernel.asm["ptx"], kernel.metadata.shared
+
+
+@pytest.mark.parametrize("grad_type,convert", [("*bf16", "cvt.f32.bf16"), ("*fp16", "cvt.f32.f16")])
+def test_sm90_body_is_vectorised_without_shared_memory(grad_type, convert):
+    """The whole-block body as compiled for sm90: 16-byte fp32 loads and stores, 8-byte 16-bit loads, no
+    layout conversion through shared memory, and IEEE fp32 adds (no flush-to-zero) after an exact widening."""
+    ptx, shared = _sm90_ptx(acc.VEC, grad_type)
+    accesses = set(re.findall(r"(?:ld|st)\.global[\w.:]*", ptx))
+    assert shared == 0 and "bar.sync" not in ptx
+    assert any(a.startswith("st.global") and a.endswith(".v4.b32") for a in accesses), accesses
+    assert any(a.startswith("ld.global") and a.endswith(".v4.b32") for a in accesses), accesses
+    assert any(a.startswith("ld.global") and a.endswith(".v2.b32") for a in accesses), accesses
+    assert not any(a.endswith((".b32", ".b16")) and ".v" not in a for a in accesses), accesses  # no scalar ones
+    adds = re.findall(r"\badd(?:\.\w+)*\.f32\b", ptx)
+    assert adds and all(a == "add.f32" for a in adds), set(adds)
+    assert ptx.count(convert) == acc.BLOCK // (32 * acc.NUM_WARPS)  # one widening per element of a thread
+
+
+def test_sm90_flat_block_goes_through_shared_memory():
+    """Why VEC is 4 (see the module): the flat block's 16-bit loads and fp32 stores differ in width."""
+    _, shared = _sm90_ptx(0, "*bf16")
+    assert shared > 0
