@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from executor.kernels.triton_grad_accumulate import accumulate_main_grad_
 from executor.parallel.collectives import reduce_scatter_tensor, all_gather_nograd, all_reduce_
 from executor.parallel.groups import EMBEDDING_GROUP, Group, ParallelState
 
@@ -66,7 +67,9 @@ def padded_numel(bucket: list[torch.nn.Parameter], size: int) -> int:
 
 
 def _accumulate(param: torch.nn.Parameter) -> None:
-    param.main_grad.add_(param.grad)
+    # main_grad += grad: the vectorised Triton kernel on CUDA (bitwise torch's add_, checked on first use),
+    # torch's add_ elsewhere; torch's mixed-dtype add ran at about half the HBM rate (issue 19).
+    accumulate_main_grad_(param.main_grad, param.grad)
     param.grad = None
 
 
