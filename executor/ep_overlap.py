@@ -48,7 +48,7 @@ launches. What honours it (PyTorch source read 2026-11-27, aten/src/ATen/native/
 aten/src/ATen/cuda/CUDABlas.cpp; not yet checked on a GPU):
 
 - ``torch._grouped_mm`` in bf16 on SM90 (H100/H200), the CUTLASS kernel: launched on (SMs − n) SMs
-  (``hw_info.sm_count``). Its fallback on other GPUs (a loop of mm) does not see it directly.
+  (``hw_info.sm_count``). Other GPUs' paths of ``_grouped_mm`` were not read.
 - cuBLASLt GEMMs (``CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`` = SMs − n): ``addmm`` with a bias through
   ``gemm_and_bias``, ``_scaled_mm``, and every mm/bmm when the preferred BLAS library is cuBLASLt
   (``torch.backends.cuda.preferred_blas_library('cublaslt')`` or ``TORCH_BLAS_PREFER_CUBLASLT=1``).
