@@ -19,25 +19,40 @@ Reported (a table, and JSON in ``--out``, default $OUT/ep_overlap_gpu.json):
   loss_rel_diff       the largest relative difference of the timed steps' losses between the two modes (the
                       overlap must compute the same step)
 
-With ``--trace`` it then profiles one more step of each mode per rank (torch.profiler, after ``--warmup``
-steps; bench/layout_trace_gpu.py's worker) and reports the all-to-all kernels' time and how much of it ran
-beside compute kernels (``a2a_under_compute_ms``; a NCCL kernel's time includes waiting for the peer): the
-direct evidence of whether the exchanges run under the partner's compute.
+``--variants`` (default ``on``) lists the overlap variants compared with 'off' in the same run, each in
+every round after 'off': ``on`` (the overlap as built), ``on_carveN`` (``ExecutorOptions.ep_overlap_sm_carveout``
+= N: the compute beside an overlapped all-to-all leaves N SMs free, executor/ep_overlap.py), ``on_nchN``
+(``NCCL_MAX_NCHANNELS=N`` in that run's rank processes only: NCCL's kernels use at most N channels, one SM
+each, for every collective of the run, the gradient reduction's included), and both joined
+(``on_carve16_nch8``). Per variant: its step, hidden fraction and loss difference from 'off' (JSON
+``variants``; the top-level ``*_on`` keys, ``hidden_fraction``, ``passes`` and ``loss_rel_diff`` are the
+``on`` variant's, or the first listed when ``on`` is not, named by ``primary_variant``). Every run is a
+fresh 2-process world (~15-25 s on 2 x H200): a sweep of 'off' and 5 variants takes ~2-3 minutes a round,
+so sweep with ``--rounds 1``.
+
+With ``--trace`` it then profiles one more step of 'off' and of each variant per rank (torch.profiler,
+after ``--warmup`` steps; bench/layout_trace_gpu.py's worker) and reports the all-to-all kernels' time and
+how much of it ran beside compute kernels (``a2a_under_compute_ms``; a NCCL kernel's time includes waiting
+for the peer): the direct evidence of whether the exchanges run under the partner's compute.
 
 Routing is forced round-robin by default (Megatron's --moe-router-force-load-balancing: both EP ranks send
 and receive the same rows, the all-to-all's size is the layout's, not an untrained router's skew);
 ``--routing random`` keeps the router's own choices.
 
 Usage: python -m bench.ep_overlap_gpu [--layers 2] [--seq 4096] [--micro 8] [--rounds 2] [--trace]
+       python -m bench.ep_overlap_gpu --rounds 1 --variants on,on_carve8,on_carve16,on_carve32,on_nch8
        python -m bench.ep_overlap_gpu --device cpu --tiny      (CPU smoke run: gloo, tiny-moe, seq 64, fp32)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -52,6 +67,55 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 BAR = 0.60
+_VARIANT = re.compile(r"on(?:_carve(\d+))?(?:_nch(\d+))?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way to run the step: ``overlap`` off or on; with it, ``sm_carveout`` SMs left to the overlapped
+    all-to-all (0: none) and NCCL's channels capped at ``nccl_channels`` (None: NCCL's choice)."""
+
+    name: str
+    overlap: bool
+    sm_carveout: int = 0
+    nccl_channels: int | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment the run's rank processes start with, beyond this process's."""
+        return {} if self.nccl_channels is None else {"NCCL_MAX_NCHANNELS": str(self.nccl_channels)}
+
+    def options(self, base: ExecutorOptions) -> ExecutorOptions:
+        return dataclasses.replace(base, ep_overlap_sm_carveout=self.sm_carveout)
+
+
+OFF = Variant("off", overlap=False)
+
+
+def parse_variant(name: str) -> Variant:
+    """'on', 'on_carveN', 'on_nchN' or 'on_carveN_nchM' (module docstring); ValueError otherwise."""
+    match = _VARIANT.fullmatch(name)
+    if match is None:
+        raise ValueError(f"unknown variant {name!r}: on, on_carveN, on_nchN or on_carveN_nchM")
+    carve, channels = match.groups()
+    if channels is not None and int(channels) < 1:
+        raise ValueError(f"{name}: NCCL needs at least one channel")
+    return Variant(name, True, int(carve or 0), int(channels) if channels is not None else None)
+
+
+@contextlib.contextmanager
+def environment(extra: dict[str, str]):
+    """``extra`` in os.environ while inside, for the rank processes started there (spawned children take
+    the environment at their start; this process runs no NCCL itself), then as it was."""
+    before = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _config(overlap: bool) -> ParallelConfig:
@@ -59,35 +123,72 @@ def _config(overlap: bool) -> ParallelConfig:
 
 
 def run_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOptions, device: str,
-             warmup: int, steps: int) -> dict:
-    """One EP2 run (a fresh 2-process world) with the overlap ``overlap``: its Measurement as a dict."""
+             warmup: int, steps: int, env: dict[str, str] | None = None) -> dict:
+    """One EP2 run (a fresh 2-process world, ``env`` added to its processes' environment) with the overlap
+    ``overlap``: its Measurement as a dict."""
     config = _config(overlap)
-    m = profile_layout(model, training, config, options, warmup_steps=warmup, timed_steps=steps,
-                       timeout_s=900, device=device)
+    with environment(env or {}):
+        m = profile_layout(model, training, config, options, warmup_steps=warmup, timed_steps=steps,
+                           timeout_s=900, device=device)
     return m.to_dict()
 
 
-def summarize(runs: dict[str, list[dict]], micro: int) -> dict:
-    """Step times, the exposed all-to-all, the hidden fraction and the loss agreement of the runs."""
-    if not all(r["ok"] for mode in runs.values() for r in mode):
-        failed = [r.get("failure_reason") for mode in runs.values() for r in mode if not r["ok"]]
-        return {"ok": False, "failures": failed}
-    step = {mode: statistics.median(r["step_time"] for r in rs) for mode, rs in runs.items()}
+def _failures(runs: list[dict]) -> list:
+    return [r.get("failure_reason") for r in runs if not r["ok"]]
+
+
+def compare_variant(off: list[dict], runs: list[dict], exposed: float) -> dict:
+    """One variant against 'off' (runs of the same rounds, in order): its step, its ``ep_alltoall`` phase,
+    the hidden fraction of ``exposed`` (s), the bar, and the largest relative loss difference."""
+    if _failures(runs):
+        return {"ok": False, "failures": _failures(runs)}
+    step_off = statistics.median(r["step_time"] for r in off)
+    step = statistics.median(r["step_time"] for r in runs)
+    hidden = (step_off - step) / exposed if exposed > 0 else None
+    diffs = [abs(a - b) / max(abs(a), 1e-12) for r_off, r in zip(off, runs)
+             for a, b in zip(r_off["losses"], r["losses"])]
+    phase = statistics.median(r["phases"].get("ep_alltoall", 0.0) for r in runs)
+    return {"ok": True, "step": step, "a2a_phase": phase, "hidden_fraction": hidden,
+            "passes": hidden is not None and hidden >= BAR, "loss_rel_diff": max(diffs) if diffs else None}
+
+
+def summarize(runs: dict[str, list[dict]], micro: int, variants: dict[str, Variant] | None = None) -> dict:
+    """Step times, the exposed all-to-all, the hidden fraction and the loss agreement of the runs: 'off'
+    against every other key of ``runs`` (a variant name; ``variants`` describe them in the JSON). The
+    top-level ``*_on`` keys are variant 'on''s, or the first variant's when 'on' was not run."""
+    names = [name for name in runs if name != "off"]
+    if _failures(runs["off"]):
+        return {"ok": False, "failures": [f for rs in runs.values() for f in _failures(rs)]}
     exposed = statistics.median(r["phases"].get("ep_alltoall", 0.0) for r in runs["off"])
-    phase_on = statistics.median(r["phases"].get("ep_alltoall", 0.0) for r in runs["on"])
-    hidden = (step["off"] - step["on"]) / exposed if exposed > 0 else None
-    diffs = [abs(a - b) / max(abs(a), 1e-12) for r_off, r_on in zip(runs["off"], runs["on"])
-             for a, b in zip(r_off["losses"], r_on["losses"])]
-    return {"ok": True, "step_off": step["off"], "step_on": step["on"], "exposed_a2a_off": exposed,
-            "a2a_phase_on": phase_on, "hidden_fraction": hidden, "bar": BAR,
-            "passes": hidden is not None and hidden >= BAR,
-            "max_hideable_fraction": (micro - 1) / micro, "loss_rel_diff": max(diffs) if diffs else None}
+    per = {name: compare_variant(runs["off"], runs[name], exposed) for name in names}
+    for name, entry in per.items():
+        if variants and name in variants:
+            entry.update(sm_carveout=variants[name].sm_carveout, nccl_max_nchannels=variants[name].nccl_channels)
+    primary = "on" if "on" in per else names[0]
+    step_off = statistics.median(r["step_time"] for r in runs["off"])
+    summary = {"ok": all(v["ok"] for v in per.values()), "step_off": step_off, "exposed_a2a_off": exposed,
+               "bar": BAR, "max_hideable_fraction": (micro - 1) / micro, "primary_variant": primary,
+               "variants": per}
+    failures = [f for v in per.values() for f in v.get("failures", [])]
+    if failures:
+        summary["failures"] = failures
+    p = per[primary]
+    if p["ok"]:
+        summary.update(step_on=p["step"], a2a_phase_on=p["a2a_phase"], hidden_fraction=p["hidden_fraction"],
+                       passes=p["passes"], loss_rel_diff=p["loss_rel_diff"])
+    passing = [n for n, v in per.items() if v["ok"] and v["hidden_fraction"] is not None]
+    summary["best_variant"] = max(passing, key=lambda n: per[n]["hidden_fraction"]) if passing else None
+    return summary
 
 
-def trace_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOptions, warmup: int) -> list[dict]:
-    """One profiled step per rank with the overlap ``overlap`` (a fresh 2-process world): wall, busy and
-    all-to-all kernel times, and the all-to-all time beside compute (ms), per rank."""
-    launched = launch(trace_worker, 2, (model, training, _config(overlap), warmup, 10, options), timeout_s=600)
+def trace_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOptions, warmup: int,
+               env: dict[str, str] | None = None) -> list[dict]:
+    """One profiled step per rank with the overlap ``overlap`` (a fresh 2-process world, ``env`` added to its
+    environment): wall, busy and all-to-all kernel times, and the all-to-all time beside compute (ms), per
+    rank."""
+    with environment(env or {}):
+        launched = launch(trace_worker, 2, (model, training, _config(overlap), warmup, 10, options),
+                          timeout_s=600)
     if not launched.ok:
         return [{"failure": launched.failure_reason}]
     keys = ("rank", "wall_ms", "busy_ms", "busy_without_nccl_ms", "a2a_ms", "a2a_under_compute_ms")
@@ -95,30 +196,52 @@ def trace_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOp
 
 
 def trace_table(traces: dict[str, list[dict]]) -> str:
-    lines = ["profiled step (ms)  mode rank   wall   busy  compute  all-to-all  beside compute"]
+    width = max(4, *(len(m) for m in traces))
+    lines = [f"profiled step (ms)  {'mode':>{width}} rank   wall   busy  compute  all-to-all  beside compute"]
     for mode, ranks in traces.items():
         for r in ranks:
             if "failure" in r:
                 lines.append(f"  {mode}: failed: {r['failure']}")
                 continue
-            lines.append(f"{'':19} {mode:>4} {r['rank']:>4} {r['wall_ms']:6.1f} {r['busy_ms']:6.1f} "
+            lines.append(f"{'':19} {mode:>{width}} {r['rank']:>4} {r['wall_ms']:6.1f} {r['busy_ms']:6.1f} "
                          f"{r['busy_without_nccl_ms']:8.1f} {r['a2a_ms']:11.2f} {r['a2a_under_compute_ms']:15.2f}")
     return "\n".join(lines)
 
 
 def table(summary: dict, device: str) -> str:
-    if not summary["ok"]:
-        return f"{device}: a run failed: {summary['failures']}"
+    if "step_on" not in summary:  # 'off' or the primary variant failed: what the others measured still shows
+        failed = f"{device}: a run failed: {summary['failures']}"
+        return failed + ("\n" + variant_table(summary) if summary.get("variants") else "")
     ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
+    on = summary["primary_variant"]
     rows = [("step time, overlap off", ms(summary["step_off"]), ""),
-            ("step time, overlap on", ms(summary["step_on"]), ""),
+            (f"step time, overlap {on}", ms(summary["step_on"]), ""),
             ("EP all-to-all exposed (off)", ms(summary["exposed_a2a_off"]), ""),
             ("EP all-to-all phase (on)", ms(summary["a2a_phase_on"]), ""),
             ("hidden fraction", f"{summary['hidden_fraction']:.3f}" if summary["hidden_fraction"] is not None
              else "n/a", f">= {BAR:.2f}  {'yes' if summary['passes'] else 'NO'}"),
             ("  at most (micro-1)/micro", f"{summary['max_hideable_fraction']:.3f}", ""),
             ("loss rel. difference off/on", f"{summary['loss_rel_diff']:.2e}", "")]
-    return "\n".join([device] + [f"{a:<32}{b:>14}  {c}" for a, b, c in rows])
+    lines = [device] + [f"{a:<32}{b:>14}  {c}" for a, b, c in rows]
+    if len(summary["variants"]) > 1:
+        lines.append(variant_table(summary))
+    return "\n".join(lines)
+
+
+def variant_table(summary: dict) -> str:
+    """One line per variant: step, its gain over 'off', hidden fraction (bar), loss difference."""
+    lines = [f"{'variant':<18}{'step ms':>9}{'vs off ms':>11}{'hidden':>8}  bar  {'loss diff':>9}"]
+    for name, v in summary["variants"].items():
+        if not v["ok"]:
+            lines.append(f"{name:<18}  failed: {v['failures'][0]}")
+            continue
+        hidden = f"{v['hidden_fraction']:.3f}" if v["hidden_fraction"] is not None else "n/a"
+        diff = f"{v['loss_rel_diff']:.1e}" if v["loss_rel_diff"] is not None else "n/a"
+        lines.append(f"{name:<18}{v['step'] * 1e3:9.2f}{(summary['step_off'] - v['step']) * 1e3:11.2f}"
+                     f"{hidden:>8}  {'yes' if v['passes'] else 'NO ':<3}  {diff:>9}")
+    if summary.get("best_variant"):
+        lines.append(f"best: {summary['best_variant']}")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -128,7 +251,10 @@ def main() -> int:
     parser.add_argument("--micro", type=int, default=8, help="micro-batches per rank per step (mbs 1)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=2, help="off/on pairs of runs")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of runs: off, then each variant")
+    parser.add_argument("--variants", default="on",
+                        help="overlap variants compared with off, comma-separated: on, on_carveN, on_nchN, "
+                             "on_carveN_nchM (module docstring)")
     parser.add_argument("--routing", choices=("balanced", "random"), default="balanced")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny-moe at seq 64 (CPU smoke runs)")
@@ -136,6 +262,12 @@ def main() -> int:
                         help="also profile one step per mode: all-to-all kernel time beside compute")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ep_overlap_gpu.json"))
     args = parser.parse_args()
+    try:
+        variants = {v.name: v for v in map(parse_variant, filter(None, args.variants.split(",")))}
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not variants:
+        parser.error("--variants names none")
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         parser.error("needs 2 GPUs (or --device cpu)")
     if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # one hardware queue: the waits on the
@@ -146,24 +278,29 @@ def main() -> int:
     # dp2: each of the 2 ranks takes ``micro`` sequences of the global batch
     training = TrainingSpec(seq_length=seq, global_batch_size=2 * args.micro, precision="bf16" if cuda else "fp32")
     options = ExecutorOptions(moe_router_force_load_balancing=args.routing == "balanced")
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
-    for _ in range(args.rounds):
-        for mode in ("off", "on"):
-            runs[mode].append(run_mode(model, training, mode == "on", options, args.device, args.warmup, args.steps))
+    modes = {"off": OFF, **variants}
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    head = {"torch": torch.__version__, "model": model.name, "seq": seq, "micro_per_rank": args.micro,
+            "routing": args.routing, "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+
+    def write(body: dict) -> None:
+        with open(args.out, "w") as f:
+            json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), **head, **body}, f, indent=1)
+
+    for _ in range(args.rounds):  # off and the variants alternate: the card's clock drifts over seconds
+        for mode, v in modes.items():
+            runs[mode].append(run_mode(model, training, v.overlap, v.options(options), args.device, args.warmup,
+                                       args.steps, v.env()))
             r = runs[mode][-1]
             print(f"[{mode}] " + (f"step {r['step_time'] * 1e3:.2f} ms, ep_alltoall "
                                   f"{r['phases'].get('ep_alltoall', 0.0) * 1e3:.2f} ms" if r["ok"] else
                                   f"failed: {r.get('failure_reason')}"), flush=True)
-    summary = summarize(runs, args.micro)
-    traces = {mode: trace_mode(model, training, mode == "on", options, args.warmup) for mode in ("off", "on")} \
-        if args.trace else None
+            write({"partial": True, "runs": runs})  # a sweep cut off by its time limit keeps what it measured
+    summary = summarize(runs, args.micro, variants)
+    traces = {mode: trace_mode(model, training, v.overlap, v.options(options), args.warmup, v.env())
+              for mode, v in modes.items()} if args.trace else None
     device = runs["off"][0].get("device", args.device) if runs["off"] else args.device
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "torch": torch.__version__,
-              "device": device, "model": model.name, "seq": seq, "micro_per_rank": args.micro,
-              "routing": args.routing, "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-              **summary, "runs": runs, **({"trace": traces} if traces else {})}
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write({"device": device, **summary, "runs": runs, **({"trace": traces} if traces else {})})
     print(table(summary, f"{device} x2, {model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2"))
     if traces:
         print(trace_table(traces))

@@ -9,7 +9,9 @@
 #   cpdisp     bench/cp_dispatch_gpu.py: CP2 vs CP1 at seq 2k/4k/8k, alltoall vs allgather at EP2 -> res/cp_dispatch.json
 #   first      bench/first_trial_gpu.sh: one fresh tuning job per proxy, the first after a quick calibration
 #   fixedcost  issue 19: a 2-GPU tuning job of 8 trials with kept ranks (bench/trial_fixed_cost_gpu.sh, reuse only)
-#   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py)
+#   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py; OVERLAP_ARGS,
+#              default --trace; a sweep of SM carveouts and NCCL channel caps: OVERLAP_ARGS="--rounds 1 --variants
+#              on,on_carve8,on_carve16,on_carve32,on_nch8", ~2-3 min; OVERLAP_TIMEOUT, default 300 s)
 #   components the per-model component factors of each proxy (MODELS), one GPU each, two at a time (`foldtune
 #              calibrate --quick --model M --layers 2 --seq 4096 --ranks 1`), merged against this call's calibrated
 #              profile -> res/<gpu>-calibrated-components.json (the tables replay with it off the device)
@@ -69,7 +71,8 @@ if has fixedcost; then
 fi
 if has overlap && [ -f bench/ep_overlap_gpu.py ]; then
   echo "== EP overlap start $(date -u +%T)"
-  timeout 300 python3 -m bench.ep_overlap_gpu ${OVERLAP_ARGS:---trace} --out "$RES/ep_overlap_gpu.json" 2>&1 | grep -v "Warning: \[PG" | tail -25
+  timeout "${OVERLAP_TIMEOUT:-300}" python3 -m bench.ep_overlap_gpu ${OVERLAP_ARGS:---trace} --out "$RES/ep_overlap_gpu.json" 2>&1 \
+    | grep -v "Warning: \[PG" | tail -40
 fi
 if has stack; then
   echo "== stack profile (GPU 0) | deepseek-v2-lite 1-GPU table (GPU 1) start $(date -u +%T)"

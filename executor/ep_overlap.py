@@ -34,11 +34,36 @@ gradients in the in-line order (i before i+1). Delayed weight-gradient computati
 
 The exchanges of the whole step are issued in the same order on every rank (the schedule is fixed), so
 collectives match across the EP group without any extra synchronisation.
+
+SM carveout (``ExecutorOptions.ep_overlap_sm_carveout``, default 0: off). Beside an exchange the partner's
+compute holds every SM: the experts' grouped GEMMs (``torch._grouped_mm``) are persistent CUTLASS kernels
+launched with one CTA per SM, so the all-to-all's NCCL kernel waits for SMs to free up, or splits the GEMM's
+waves (a profiled 2 x H200 step: the rest of the step grew 6-8 ms with the overlap). With a carveout of n the
+driver sets torch's experimental SM carveout (``torch._C._set_sm_carveout_experimental``) to n while it
+queues a partner's compute segment under an exchange in flight (:meth:`Overlap.together`; never for the
+unpaired first forward and last backward, nor the segments after one stream has ended), and restores the
+previous setting afterwards, exceptions included. The setting is process-wide (``at::Context``) and read
+when a kernel is launched, so it also reaches the backward's kernels that autograd's device thread
+launches. What honours it (PyTorch source read 2026-11-27, aten/src/ATen/native/cuda/GroupMM.cu and
+aten/src/ATen/cuda/CUDABlas.cpp; not yet checked on a GPU):
+
+- ``torch._grouped_mm`` in bf16 on SM90 (H100/H200), the CUTLASS kernel: launched on (SMs − n) SMs
+  (``hw_info.sm_count``). Other GPUs' paths of ``_grouped_mm`` were not read.
+- cuBLASLt GEMMs (``CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`` = SMs − n): ``addmm`` with a bias through
+  ``gemm_and_bias``, ``_scaled_mm``, and every mm/bmm when the preferred BLAS library is cuBLASLt
+  (``torch.backends.cuda.preferred_blas_library('cublaslt')`` or ``TORCH_BLAS_PREFER_CUBLASLT=1``).
+- Not the default cuBLAS path (``cublasGemmEx``: torch sets no SM count target there), which the dense
+  projections without bias take with torch's default BLAS library; not SDPA's flash kernels, Triton
+  kernels or elementwise kernels. Kernels replayed from CUDA graphs (``cuda_graphs``) keep the launch
+  configuration of their capture, whatever the carveout at replay.
+
+On CPU (the exchange's tensor not on a GPU) the carveout is never set: gloo has no SMs to share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+import contextlib
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -220,14 +245,37 @@ def forward_stream(model, ids: torch.Tensor, labels: torch.Tensor, num_micro: in
     done(out)
 
 
+@contextlib.contextmanager
+def sm_carveout(sms: int) -> Iterator[None]:
+    """Kernels launched inside leave ``sms`` SMs free, where they honour torch's experimental SM carveout
+    (module docstring); the previous setting (None: no carveout) is restored on leaving, exceptions
+    included."""
+    previous = torch._C._get_sm_carveout_experimental()
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(previous)
+
+
+def _carveout_applies(x: torch.Tensor) -> bool:
+    """Whether an exchange of ``x`` runs on a GPU, where the compute beside it can leave SMs to its NCCL
+    kernel (gloo on CPU has none to share)."""
+    return x.is_cuda
+
+
 class Overlap:
     """Drives micro-batch streams two at a time (module docstring). ``trace``, when a list, records the
     order of events: ('start' | 'wait', exchange tag), ('compute', stream tag), and for an exchange whose
     split sizes were still on the device when its segment ended, ('defer', tag) at that point and ('sizes',
-    tag) where the host waits for them."""
+    tag) where the host waits for them. ``sm_carveout``: SMs the compute beside an exchange leaves free
+    (0: none; module docstring)."""
 
-    def __init__(self, trace: list | None = None):
+    def __init__(self, trace: list | None = None, sm_carveout: int = 0):
+        if sm_carveout < 0:
+            raise InvalidConfigError(f"ep_overlap_sm_carveout must be >= 0, got {sm_carveout}")
         self.trace = trace
+        self.sm_carveout = sm_carveout
 
     def _log(self, *event) -> None:
         if self.trace is not None:
@@ -245,6 +293,14 @@ class Overlap:
             self._log("defer", request.tag)
             request.ready = _record_event(request.x)
         return request
+
+    def _beside(self, stream: Stream, tag: str, value, ex: Exchange) -> Exchange | None:
+        """:meth:`_compute` of the partner stream while ``ex`` runs beside it, with its kernels leaving
+        ``sm_carveout`` SMs free for the exchange (on a GPU; elsewhere, and with 0, plainly)."""
+        if not self.sm_carveout or not _carveout_applies(ex.x):
+            return self._compute(stream, tag, value)
+        with sm_carveout(self.sm_carveout):
+            return self._compute(stream, tag, value)
 
     def _start(self, ex: Exchange):
         if ex.deferred:
@@ -279,11 +335,13 @@ class Overlap:
         request, other_value = self._compute(cur, cur_tag, None), None
         while request is not None:
             if request.deferred:
-                other_request = self._compute(other, other_tag, other_value)
+                # started after the partner's compute is queued, but runs beside it (it waits only for its
+                # own segment's event): that compute leaves it SMs as well
+                other_request = self._beside(other, other_tag, other_value, request)
                 pending = self._start(request)
             else:
                 pending = self._start(request)
-                other_request = self._compute(other, other_tag, other_value)
+                other_request = self._beside(other, other_tag, other_value, request)
             value = self._wait(pending)
             cur, cur_tag, other, other_tag = other, other_tag, cur, cur_tag
             request, other_value = other_request, value
@@ -310,15 +368,24 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
     """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped: F₀, then
     F_{i+1} together with B_i, then B_last alone. Gradients accumulate as for ``(loss / len(micro)).backward()``
     per micro-batch in order. Returns ([ce, router, mtp] averaged over micro-batches, routed tokens per expert
-    summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward."""
+    summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward.
+    The compute beside each exchange leaves ``model.options.ep_overlap_sm_carveout`` SMs free (module
+    docstring)."""
     for layer in model.decoder_layers():
         if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
             raise InvalidConfigError("overlap_moe_expert_parallel_comm runs the MoE layer in parts: full recompute and "
                              "selective recompute of 'moe' do not apply (spec.validity rule executor_ep_overlap)")
+    carveout = model.options.ep_overlap_sm_carveout
+    device = model.rope_cos.device
+    if carveout and device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if carveout >= sms:  # the GEMMs would be launched on no SM at all
+            raise InvalidConfigError(f"ep_overlap_sm_carveout {carveout} leaves no SM of the {sms} on "
+                                     f"{torch.cuda.get_device_name(device)}")
     num_micro = len(micro)
-    stats = torch.zeros(3, device=model.rope_cos.device)
+    stats = torch.zeros(3, device=device)
     counts = [None]
-    driver = Overlap(trace)
+    driver = Overlap(trace, carveout)
 
     def forward(i: int) -> tuple[Stream, _Tape]:
         tape = _Tape()

@@ -39,6 +39,13 @@ class ExecutorOptions:
     (cuDNN first, then torch's order), 'flash'. ``cuda_graphs`` (off by default) replays each decoder layer's
     static half (attention block with its norm and residual, and the MLP/MoE input norm) from a CUDA graph
     captured per micro-batch shape, fwd and bwd (:mod:`executor.cuda_graphs`; where it is refused, and why).
+
+    ``ep_overlap_sm_carveout`` (SMs, default 0: none): with ``overlap_moe_expert_parallel_comm``, the number
+    of SMs the compute kernels beside an overlapped EP all-to-all leave free for its NCCL kernel, through
+    torch's experimental SM carveout, set only while such an exchange is in flight (executor/ep_overlap.py
+    says which kernels honour it: the grouped GEMM of ``torch._grouped_mm`` on SM90 and cuBLASLt GEMMs, not
+    the default cuBLAS path). No effect on CPU nor without the overlap. An executor knob, not searched by
+    the planner.
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -59,6 +66,7 @@ class ExecutorOptions:
     fused_rms_norm: bool = True
     attention_backend: str = "auto"
     cuda_graphs: bool = False
+    ep_overlap_sm_carveout: int = 0
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
@@ -76,6 +84,8 @@ class ExecutorOptions:
             raise SpecError(f"mtp_loss_scaling_factor must be >= 0, got {self.mtp_loss_scaling_factor}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise SpecError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.ep_overlap_sm_carveout < 0:
+            raise SpecError(f"ep_overlap_sm_carveout must be >= 0, got {self.ep_overlap_sm_carveout}")
         if self.cross_entropy_chunk_logits < 0:
             raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
 

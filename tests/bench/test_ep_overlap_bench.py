@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -30,7 +31,50 @@ def test_hidden_fraction_is_the_step_saved_over_the_exposed_all_to_all():
 
 def test_a_failed_run_is_reported_not_divided():
     runs = {"off": [_run(0.1, 0.02, [1.0])], "on": [{"ok": False, "failure_reason": "oom"}]}
-    assert bench.summarize(runs, micro=2) == {"ok": False, "failures": ["oom"]}
+    s = bench.summarize(runs, micro=2)
+    assert not s["ok"] and s["failures"] == ["oom"] and "hidden_fraction" not in s
+    assert "a run failed" in bench.table(s, "cpu")
+    runs["off"] = [{"ok": False, "failure_reason": "nccl"}]
+    assert bench.summarize(runs, micro=2) == {"ok": False, "failures": ["nccl", "oom"]}
+
+
+def test_variants_are_each_compared_with_off_and_on_keeps_the_top_level_keys():
+    runs = {"off": [_run(0.100, 0.020, [2.0])], "on": [_run(0.092, 0.001, [2.0])],
+            "on_carve16": [_run(0.086, 0.001, [2.002])], "on_nch8": [{"ok": False, "failure_reason": "hang"}]}
+    variants = {n: bench.parse_variant(n) for n in ("on", "on_carve16", "on_nch8")}
+    s = bench.summarize(runs, micro=8, variants=variants)
+    assert not s["ok"] and s["failures"] == ["hang"]  # one variant failed; the others are still reported
+    assert s["primary_variant"] == "on" and s["step_on"] == pytest.approx(0.092)
+    assert s["hidden_fraction"] == pytest.approx(0.4) and not s["passes"]
+    carve = s["variants"]["on_carve16"]
+    assert carve["hidden_fraction"] == pytest.approx(0.7) and carve["passes"] and carve["sm_carveout"] == 16
+    assert carve["loss_rel_diff"] == pytest.approx(1e-3) and carve["nccl_max_nchannels"] is None
+    assert s["best_variant"] == "on_carve16" and not s["variants"]["on_nch8"]["ok"]
+    printed = bench.table(s, "cpu")
+    assert "on_carve16" in printed and "best: on_carve16" in printed and "failed: hang" in printed
+    # without 'on' the first variant stands in for it at the top level
+    del runs["on"]
+    assert bench.summarize(runs, micro=8)["primary_variant"] == "on_carve16"
+
+
+def test_variant_names_parse_to_carveout_and_nccl_channels():
+    v = bench.parse_variant("on_carve16_nch8")
+    assert (v.overlap, v.sm_carveout, v.nccl_channels) == (True, 16, 8)
+    assert v.env() == {"NCCL_MAX_NCHANNELS": "8"} and v.options(bench.ExecutorOptions()).ep_overlap_sm_carveout == 16
+    assert bench.parse_variant("on").env() == {} and bench.parse_variant("on").sm_carveout == 0
+    for bad in ("off", "on_carve", "on_nch0", "carve8", "on_nch8_carve16"):
+        with pytest.raises(ValueError):
+            bench.parse_variant(bad)
+
+
+def test_environment_is_restored_after_a_run(monkeypatch):
+    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    monkeypatch.setenv("NCCL_MIN_NCHANNELS", "2")
+    with pytest.raises(RuntimeError):
+        with bench.environment({"NCCL_MAX_NCHANNELS": "4", "NCCL_MIN_NCHANNELS": "4"}):
+            assert os.environ["NCCL_MAX_NCHANNELS"] == "4" and os.environ["NCCL_MIN_NCHANNELS"] == "4"
+            raise RuntimeError
+    assert "NCCL_MAX_NCHANNELS" not in os.environ and os.environ["NCCL_MIN_NCHANNELS"] == "2"
 
 
 def test_communication_beside_compute_is_the_intersection_with_the_compute_union():
@@ -44,14 +88,20 @@ def test_communication_beside_compute_is_the_intersection_with_the_compute_union
 def test_cpu_smoke_run_writes_the_table_and_json(tmp_path, monkeypatch, capsys):
     out = tmp_path / "ep.json"
     monkeypatch.setattr(sys, "argv", ["ep_overlap_gpu", "--device", "cpu", "--tiny", "--micro", "2", "--rounds",
-                                      "1", "--warmup", "0", "--steps", "1", "--trace", "--out", str(out)])
+                                      "1", "--warmup", "0", "--steps", "1", "--trace", "--out", str(out),
+                                      "--variants", "on,on_carve8"])
     assert bench.main() == 0
     report = json.loads(out.read_text())
     assert report["ok"] and report["micro_per_rank"] == 2 and report["model"] == "tiny-moe"
     assert report["exposed_a2a_off"] > 0
     assert report["loss_rel_diff"] < 1e-6  # the same step computed in another order
+    # the carveout variant: the same step (on CPU the carveout is never set), reported beside 'on'
+    assert report["primary_variant"] == "on" and set(report["variants"]) == {"on", "on_carve8"}
+    assert report["variants"]["on_carve8"]["sm_carveout"] == 8
+    assert report["variants"]["on_carve8"]["loss_rel_diff"] < 1e-6
+    assert [len(report["runs"][m]) for m in ("off", "on", "on_carve8")] == [1, 1, 1]
     printed = capsys.readouterr().out
-    assert "hidden fraction" in printed and "beside compute" in printed
-    for mode in ("off", "on"):  # on CPU no CUDA kernels: the profile runs, the kernel times are 0
+    assert "hidden fraction" in printed and "beside compute" in printed and "on_carve8" in printed
+    for mode in ("off", "on", "on_carve8"):  # on CPU no CUDA kernels: the profile runs, the kernel times are 0
         assert [r["rank"] for r in report["trace"][mode]] == [0, 1]
         assert report["trace"][mode][0]["a2a_under_compute_ms"] == 0.0

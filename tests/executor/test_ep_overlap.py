@@ -7,13 +7,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from executor import ep_overlap
+from executor.ep_overlap import Exchange
 from executor.launch_local import launch
+from executor.model import MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import build_parallel_state
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
+from spec.errors import InvalidConfigError, SpecError
 from spec.parallel_config import ParallelConfig
 from spec.validity import executor_layout_rules
 from tests.executor.test_equivalence import SCENARIOS
@@ -255,3 +262,99 @@ def test_only_the_overlapped_ep_group_asks_for_a_high_priority_stream():
     assert high_priority_stream("ep", on)
     assert not [name for name in GROUP_NAMES if name != "ep" and high_priority_stream(name, on)]
     assert not high_priority_stream("ep", on.replace(overlap_moe_expert_parallel_comm=False))  # the baseline
+
+
+class _Carveout:
+    """Stands in for torch's SM carveout setting: records every set, and what the compute saw."""
+
+    def __init__(self, monkeypatch, initial):
+        self.value, self.sets = initial, []
+        monkeypatch.setattr(torch._C, "_get_sm_carveout_experimental", lambda: self.value)
+        monkeypatch.setattr(torch._C, "_set_sm_carveout_experimental", self.set)
+
+    def set(self, value):
+        self.sets.append(value)
+        self.value = value
+
+
+def _stream(name: str, exchanges: int, seen: list, carveout: _Carveout, deferred: bool = False, fail_at=None):
+    """A micro-batch stream of ``exchanges`` exchanges over a group of one (the exchange returns its input);
+    each compute segment logs (name, the carveout set while it runs)."""
+    group = SimpleNamespace(size=1)
+    for k in range(exchanges + 1):
+        seen.append((name, carveout.value))
+        if k == fail_at:
+            raise RuntimeError("compute failed")
+        if k == exchanges:
+            return
+        x = torch.zeros(2)
+        if deferred:
+            yield Exchange(x, None, None, group, f"{name}/{k}", sizes=lambda: ([2], [2]))
+        else:
+            yield Exchange(x, [2], [2], group, f"{name}/{k}")
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["known_sizes", "deferred_sizes"])
+def test_sm_carveout_is_set_only_beside_an_exchange_and_restored(monkeypatch, deferred):
+    carveout = _Carveout(monkeypatch, initial=4)  # a setting made before the step is given back
+    monkeypatch.setattr(ep_overlap, "_carveout_applies", lambda x: True)  # as on a GPU
+    seen: list = []
+    driver = ep_overlap.Overlap(sm_carveout=16)
+    driver.alone(_stream("F0", 2, seen, carveout), "F0")
+    assert seen == [("F0", 4)] * 3 and carveout.sets == []  # unpaired: nothing to leave SMs for
+    seen.clear()
+    driver.together(_stream("B0", 2, seen, carveout), "B0", _stream("F1", 3, seen, carveout, deferred), "F1")
+    # B0's first segment runs before any exchange; then each compute runs beside the other's exchange;
+    # once B0 has ended, F1's last segments run alone
+    assert seen == [("B0", 4), ("F1", 16), ("B0", 16), ("F1", 16), ("B0", 16), ("F1", 4), ("F1", 4)]
+    assert carveout.sets == [16, 4] * 4 and carveout.value == 4
+
+
+def test_sm_carveout_is_restored_when_the_compute_beside_fails(monkeypatch):
+    carveout = _Carveout(monkeypatch, initial=None)
+    monkeypatch.setattr(ep_overlap, "_carveout_applies", lambda x: True)
+    seen: list = []
+    driver = ep_overlap.Overlap(sm_carveout=8)
+    with pytest.raises(RuntimeError, match="compute failed"):
+        driver.together(_stream("B0", 2, seen, carveout), "B0", _stream("F1", 2, seen, carveout, fail_at=0), "F1")
+    assert seen == [("B0", None), ("F1", 8)]
+    assert carveout.sets == [8, None] and carveout.value is None
+
+
+def test_sm_carveout_is_a_no_op_on_cpu_and_when_zero(monkeypatch):
+    carveout = _Carveout(monkeypatch, initial=None)
+    for sms in (8, 0):  # CPU tensors (gloo): never set; 0: never set, on any device
+        if sms == 0:
+            monkeypatch.setattr(ep_overlap, "_carveout_applies", lambda x: True)
+        seen: list = []
+        ep_overlap.Overlap(sm_carveout=sms).together(_stream("B0", 2, seen, carveout), "B0",
+                                                     _stream("F1", 2, seen, carveout), "F1")
+        assert len(seen) == 6 and carveout.sets == []
+    with pytest.raises(InvalidConfigError):
+        ep_overlap.Overlap(sm_carveout=-1)
+
+
+def test_run_overlapped_takes_the_carveout_from_the_executor_options(monkeypatch):
+    spec = get_model("tiny-moe-shared")
+    state = build_parallel_state(ParallelConfig(world_size=1), 0)
+    options = dataclasses.replace(SCENARIOS["base"].options, ep_overlap_sm_carveout=24)
+    model = MoEGPT(spec, state, options, 16)
+    built = []
+
+    class Recorded(ep_overlap.Overlap):
+        def __init__(self, trace=None, sm_carveout=0):
+            built.append(sm_carveout)
+            super().__init__(trace, sm_carveout)
+
+    monkeypatch.setattr(ep_overlap, "Overlap", Recorded)
+    ids = torch.randint(0, spec.vocab_size, (2, 1, 16))
+    ep_overlap.run_overlapped(model, [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(2)])
+    assert built == [24]
+
+
+def test_sm_carveout_option_round_trips_and_rejects_negatives():
+    options = ExecutorOptions(ep_overlap_sm_carveout=16)
+    assert ExecutorOptions().ep_overlap_sm_carveout == 0
+    assert ExecutorOptions(**options.to_dict()) == options and options.to_dict()["ep_overlap_sm_carveout"] == 16
+    with pytest.raises(SpecError, match="ep_overlap_sm_carveout"):
+        ExecutorOptions(ep_overlap_sm_carveout=-1)
