@@ -133,11 +133,16 @@ def test_accumulate_takes_the_kernel_where_usable(monkeypatch):
 
     monkeypatch.setattr(acc, "usable", lambda main, grad: True)
     monkeypatch.setattr(acc, "accumulate_", kernel)
+    monkeypatch.setattr(acc, "MIN_KERNEL_ELEMENTS", 37)
     p = _hooked_param()
     (p.float() * 2).sum().backward()
     assert calls == [(torch.float32, torch.bfloat16)]
     assert p.grad is None and torch.equal(p.main_grad, torch.full((37,), 2.0))
     assert grad_reduce.accumulate_main_grad_ is acc.accumulate_main_grad_  # the hook goes through it
+    # below the size where the Triton launch pays, torch's add_ even where the kernel is usable
+    small = _hooked_param(36)
+    (small.float() * 2).sum().backward()
+    assert len(calls) == 1 and torch.equal(small.main_grad, torch.full((36,), 2.0))
 
 
 def test_available_refuses_what_the_kernel_does_not_take(monkeypatch):
