@@ -47,7 +47,6 @@ Usage: python -m bench.ep_overlap_gpu [--layers 2] [--seq 4096] [--micro 8] [--r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -62,6 +61,7 @@ from bench.layout_trace_gpu import trace_worker
 from executor.launch_local import launch
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
+from executor.scoped_env import scoped_env
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -102,22 +102,6 @@ def parse_variant(name: str) -> Variant:
     return Variant(name, True, int(carve or 0), int(channels) if channels is not None else None)
 
 
-@contextlib.contextmanager
-def environment(extra: dict[str, str]):
-    """``extra`` in os.environ while inside, for the rank processes started there (spawned children take
-    the environment at their start; this process runs no NCCL itself), then as it was."""
-    before = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _config(overlap: bool) -> ParallelConfig:
     return ParallelConfig.parse("ep2", world_size=2).replace(overlap_moe_expert_parallel_comm=overlap)
 
@@ -127,7 +111,7 @@ def run_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOpti
     """One EP2 run (a fresh 2-process world, ``env`` added to its processes' environment) with the overlap
     ``overlap``: its Measurement as a dict."""
     config = _config(overlap)
-    with environment(env or {}):
+    with scoped_env(env or {}):
         m = profile_layout(model, training, config, options, warmup_steps=warmup, timed_steps=steps,
                            timeout_s=900, device=device)
     return m.to_dict()
@@ -186,7 +170,7 @@ def trace_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOp
     """One profiled step per rank with the overlap ``overlap`` (a fresh 2-process world, ``env`` added to its
     environment): wall, busy and all-to-all kernel times, and the all-to-all time beside compute (ms), per
     rank."""
-    with environment(env or {}):
+    with scoped_env(env or {}):
         launched = launch(trace_worker, 2, (model, training, _config(overlap), warmup, 10, options),
                           timeout_s=600)
     if not launched.ok:

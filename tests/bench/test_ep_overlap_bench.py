@@ -67,16 +67,6 @@ def test_variant_names_parse_to_carveout_and_nccl_channels():
             bench.parse_variant(bad)
 
 
-def test_environment_is_restored_after_a_run(monkeypatch):
-    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
-    monkeypatch.setenv("NCCL_MIN_NCHANNELS", "2")
-    with pytest.raises(RuntimeError):
-        with bench.environment({"NCCL_MAX_NCHANNELS": "4", "NCCL_MIN_NCHANNELS": "4"}):
-            assert os.environ["NCCL_MAX_NCHANNELS"] == "4" and os.environ["NCCL_MIN_NCHANNELS"] == "4"
-            raise RuntimeError
-    assert "NCCL_MAX_NCHANNELS" not in os.environ and os.environ["NCCL_MIN_NCHANNELS"] == "2"
-
-
 def test_communication_beside_compute_is_the_intersection_with_the_compute_union():
     # all-to-all kernels [0, 10) and [20, 30); compute [5, 8), [7, 12) (overlapping each other), [25, 40)
     assert overlap_us([(0, 10), (20, 30)], [(5, 8), (7, 12), (25, 40)]) == pytest.approx(5 + 5)
