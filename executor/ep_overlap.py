@@ -45,7 +45,8 @@ unpaired first forward and last backward, nor the segments after one stream has 
 previous setting afterwards, exceptions included. The setting is process-wide (``at::Context``) and read
 when a kernel is launched, so it also reaches the backward's kernels that autograd's device thread
 launches. What honours it (PyTorch source read 2026-11-27, aten/src/ATen/native/cuda/GroupMM.cu and
-aten/src/ATen/cuda/CUDABlas.cpp; not yet checked on a GPU):
+aten/src/ATen/cuda/CUDABlas.cpp). Measured on 2 × H200 (2026-11-27 08:14 UTC, docs/benchmarks.md): a carveout
+of 16 made the overlapped step slower (418.9 ms against 408.9 with none; off 421.7), so it stays off:
 
 - ``torch._grouped_mm`` in bf16 on SM90 (H100/H200), the CUTLASS kernel: launched on (SMs − n) SMs
   (``hw_info.sm_count``). Other GPUs' paths of ``_grouped_mm`` were not read.
