@@ -6,6 +6,8 @@
 #     GPUs 0 and 1;
 #   - a diverse subset of TABLE2_LAYOUTS (default 16) of its 2-GPU layouts (micro-batch 1-2; recompute none,
 #     full; both dispatchers) on GPUs 0,1.
+# STEPS (default 6) timed steps per layout, the median kept: with 3, rows of one 2 × H200 call (2026-11-27
+# 08:16) spread up to 19 % within a layout.
 # SKIP1="model:gpu ..." skips 1-GPU tables measured earlier. Every layout table (with per-rank phases and peak memory) lands in $OUT/res/<model>/; bench/costmodel_accuracy.py
 # --table replays them on any machine. Run from the repo root with .whl/ carried (bench/gpu_env.sh).
 set -uo pipefail
@@ -29,7 +31,7 @@ acc() {  # acc MODEL GPUS DEVICES [args...]
   local m=$1 n=$2 devs=$3; shift 3
   CUDA_VISIBLE_DEVICES=$devs timeout "${TABLE_TIMEOUT:-400}" python3 -m bench.costmodel_accuracy --model "$m" \
     --layers "$LAYERS" --gpus "$n" --gpu "$GPU" --profile "$PROFILE" --seq "$SEQ" --gbs "$GBS" --precision bf16 \
-    --cp-min-chunk 1024 --warmup 1 --steps 3 --trial-timeout 120 --results-dir "$RES/$m" --no-write "$@"
+    --cp-min-chunk 1024 --warmup 1 --steps "${STEPS:-6}" --trial-timeout 120 --results-dir "$RES/$m" --no-write "$@"
 }
 for m in ${MODELS:-mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite}; do
   mkdir -p "$RES/$m"
