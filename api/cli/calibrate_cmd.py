@@ -5,10 +5,15 @@ GPUs, gloo on CPU), builds a HardwareProfile from the ``--gpu`` catalog profile 
 (units: docs/time-model.md, "Calibration hooks"), writes it to ``--out`` and, with ``--store``, to the
 service database. ``foldtune plan/tune --profile FILE`` price layouts with it.
 
-With ``--model NAME --seq S`` it also times the executor's own components (attention block, MoE block with
-real routing, LM head + loss, optimizer step) at that model's shapes on one device and stores measured /
-predicted per cost-model term in the profile's ``component_factors`` (executor/microbench/components.py),
-which the estimate applies to that model shape.
+With ``--model NAME --seq S`` it also times the executor's own components (attention, MoE block with real
+routing, dense MLP, LM head + loss, embedding, optimizer step) at that model's shapes on one device and stores
+measured / predicted per cost-model term in the profile's ``component_factors``, which the estimate applies to
+that model shape. ``--components in-step`` (the default) reads them from the phases of a real 1-GPU training
+step of the model (executor/microbench/step_components.py, costmodel/calibrate/step_phases.py);
+``--components isolated`` times each block alone (executor/microbench/components.py). The isolated blocks ran
+with the host further ahead of or behind the GPU than in a step, and their factors made the 1-GPU H200 steps
+of Qwen3 and DeepSeek-V2-Lite 11 % and 6.7 % off (MAPE over 22 layouts) where the in-step factors keep them
+at 4.6 % and 3.8 % (bench/results/issue16/instep-offline, 2026-11-27).
 
 Two steps work on saved files without a device: ``foldtune calibrate merge`` puts the component factors of
 several ``--model`` runs into one machine profile (:mod:`costmodel.calibrate.merge`) and ``foldtune
@@ -29,6 +34,7 @@ from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
 from costmodel.calibrate.rebuild import changed_fields, rebuild
+from costmodel.calibrate.step_phases import IN_STEP_PHASES, components_from_phases
 from db.engine import make_engine, make_sessionmaker
 from db.hardware_profiles import store_calibrated_profile
 from db.settings import database_settings, default_data_dir
@@ -59,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, help="with --model: a proxy with this many layers (its own key)")
     parser.add_argument("--seq", type=int, help="with --model: sequence length (required with --model)")
     parser.add_argument("--mbs", type=int, default=1, help="with --model: micro-batch size (default 1)")
+    parser.add_argument("--components", choices=("in-step", "isolated"), default="in-step",
+                        help="with --model: read the components from the phases of a real 1-GPU training step "
+                             "(in-step, default) or time each block alone (isolated)")
+    parser.add_argument("--step-micro-batches", type=int, default=None, metavar="N",
+                        help="with --components in-step: micro-batches per step (default 8, as the layout tables)")
     actions = parser.add_subparsers(dest="action", metavar="{merge,rebuild}",
                                     help="work on saved profiles instead of measuring (no device needed)")
     merge = actions.add_parser("merge", help=MERGE_HELP, description=MERGE_HELP)
@@ -116,14 +127,28 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
     Factors of other model shapes already in ``path`` (an earlier ``calibrate --model`` to the same file)
     are kept; the same shape is replaced.
     """
-    from executor.microbench.components import measure_components  # torch: only when --model runs
-
     spec = get_model(args.model)
     if args.layers:
         spec = spec.with_layers(args.layers)
     print(f"components of {spec.name} at seq {args.seq}, mbs {args.mbs}, {precision} on one "
-          f"{'CPU' if cpu else 'GPU'}", flush=True)
-    device, measured, timing = measure_components(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda:0")
+          f"{'CPU' if cpu else 'GPU'} ({args.components})", flush=True)
+    step = None
+    if args.components == "in-step":
+        # torch: only when --model runs
+        from executor.microbench.step_components import STEP_MICRO_BATCHES, measure_step
+
+        micro = args.step_micro_batches or STEP_MICRO_BATCHES
+        step = measure_step(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda", micro_batches=micro,
+                            timeout_s=args.timeout)
+        measured = components_from_phases(spec, step.phases, micro)
+        device, timing = step.device or "cpu", {name: IN_STEP_PHASES for name in measured}
+        print(f"1-GPU step {step.layout}, {micro} micro-batches: {step.step_time * 1e3:.1f} ms (median of "
+              f"{len(step.step_times)})")
+    else:
+        from executor.microbench.components import measure_components
+
+        device, measured, timing = measure_components(spec, args.seq, args.mbs, precision,
+                                                      "cpu" if cpu else "cuda:0")
     report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile, timing)
     print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}  timed as")
     for c in report.components:
@@ -138,7 +163,11 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
         except FoldtuneError:
             factors = {}
     factors[report.key] = report.factors
-    return replace(profile, component_factors=factors), report.to_dict()
+    record = report.to_dict()
+    if step is not None:  # the step the components came from, to check them against its phases later
+        record["step"] = {"layout": step.layout, "global_batch_size": step.global_batch_size,
+                          "step_time": step.step_time, "phases": step.phases}
+    return replace(profile, component_factors=factors), record
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and not args.seq:
         raise SpecError("--model needs --seq (the sequence length the components run at)")
+    if args.step_micro_batches is not None and args.step_micro_batches < 1:
+        raise SpecError(f"--step-micro-batches must be >= 1, got {args.step_micro_batches}")
     cpu = (args.gpu or "").lower() == "cpu" or (args.gpu is None and not torch.cuda.is_available())
     if args.gpu:
         get_hardware(args.gpu)  # an unknown name is the first thing to report

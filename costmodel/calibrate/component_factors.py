@@ -4,7 +4,8 @@ model's prediction of the same work, as one correction factor per time-model ter
 Components and the parts of :func:`costmodel.step_time.layer_times` (one micro-batch on a 1-GPU layout)
 they are compared with: ``attention`` -> part 'attention' (gemm, attention_core, memory_bound); ``moe`` ->
 'moe' (grouped_gemm, memory_bound, gemm); ``dense_mlp`` -> 'dense_mlp'; ``head`` -> 'head' (gemm,
-memory_bound); ``optimizer`` -> the optimizer's seconds per parameter.
+memory_bound); ``embedding`` (in-step phases only, :mod:`costmodel.calibrate.step_phases`) -> 'embedding'
+(memory_bound); ``optimizer`` -> the optimizer's seconds per parameter.
 
 Factor mapping (:func:`term_factors`): each component's ratio r_c = measured_c / predicted_c is spread over
 the terms the component's prediction contains, weighted by the term's predicted seconds in that component
@@ -85,7 +86,7 @@ def component_counts(spec: ModelSpec) -> dict[str, int]:
     """How often each component occurs in one pass through ``spec``."""
     pattern = spec.moe_layer_pattern()
     return {"attention": spec.num_layers, "moe": sum(map(bool, pattern)),
-            "dense_mlp": sum(1 for p in pattern if not p), "head": 1, "optimizer": 1}
+            "dense_mlp": sum(1 for p in pattern if not p), "head": 1, "embedding": 1, "optimizer": 1}
 
 
 def term_factors(components: tuple[ComponentTime, ...] | list[ComponentTime], counts: dict[str, int]) -> dict[str, float]:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def test_calibrate_with_a_model_stores_factors_per_shape(tmp_path, capsys):
     out = tmp_path / "cpu.json"
     base = ["calibrate", "--gpu", "cpu", "--ranks", "1", "--quick", "--model", "tiny-moe", "--layers", "1",
-            "--mbs", "2", "--out", str(out)]
+            "--mbs", "2", "--components", "isolated", "--out", str(out)]
     assert main([*base, "--seq", "32"]) == 0
     text = capsys.readouterr().out
     assert "component   measured ms  predicted ms  factor  timed as" in text
@@ -29,6 +29,25 @@ def test_calibrate_with_a_model_stores_factors_per_shape(tmp_path, capsys):
     assert set(factors) == {"tiny-moe@1L@seq32@mbs2", "tiny-moe@1L@seq64@mbs2"}
     assert {t for t, _ in factors["tiny-moe@1L@seq64@mbs2"]} == {"gemm", "grouped_gemm", "attention_core",
                                                              "memory_bound", "optimizer"}
+
+
+def test_calibrate_in_step_components_from_a_real_step(tmp_path, capsys):
+    """The default mode runs one 1-GPU training step of the model (spawned rank, phase timer on) and reads
+    its phases as components: every component of tiny-moe, the embedding included, gets a time."""
+    out = tmp_path / "cpu.json"
+    assert main(["calibrate", "--gpu", "cpu", "--ranks", "1", "--quick", "--model", "tiny-moe", "--seq", "64",
+                 "--step-micro-batches", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(in-step)" in text and "1-GPU step tp1 cp1 pp1" in text
+    record = json.loads(out.read_text())["raw"]["components"]
+    names = {c["name"] for c in record["components"]}
+    assert {"attention", "moe", "head", "embedding", "optimizer"} <= names
+    assert set(record["timing"].values()) == {"in-step phases"}
+    assert all(c["measured_s"] > 0 for c in record["components"])
+    assert record["step"]["global_batch_size"] == 2 and record["step"]["phases"]["experts"] > 0
+    factors = dict(dict(load_profile(out).component_factors)["tiny-moe@seq64@mbs1"])
+    assert {"gemm", "grouped_gemm", "memory_bound", "optimizer"} <= set(factors)
+    assert all(f > 0 for f in factors.values())
 
 
 def test_calibrate_model_needs_seq(capsys):
