@@ -25,10 +25,13 @@
 #   stack      issue 19: the decoder stack's profile (bench/stack_profile.py) on GPU 0, beside (GPU 1) the
 #              1-GPU layout table of deepseek-v2-lite (not in the default phases: measured 2026-11-27)
 # Environment: PHASES, MODELS (tables and first), STORED (calibrated profiles the offload phase may price with), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
-# All phases take more than one 10-minute device call (estimated: calibrate 1 min, cpdisp 1.5, fixedcost 1.5,
-# first 2, overlap 4, tables 4, offload 3-5): run them in two or three calls, e.g.
-#   PHASES="calibrate cpdisp fixedcost first"   then   PHASES="calibrate overlap tables"   then   PHASES=offload
-# (each call starts a bare machine: a phase that needs the calibration takes it from the same call).
+# All phases take more than one 10-minute device call (measured on 2 x H200, 2026-11-27: calibrate 65 s,
+# components 60 s, tables of three proxies 5.5 min at 3 steps a layout, fp8check 4 min, overlap 2 rounds 65-110 s;
+# estimated: cpdisp 1.5, fixedcost 1.5, first 2, offload 3-5): run them in two or three calls, e.g.
+#   PHASES="calibrate components tables"   then   PHASES="overlap offload"   then   PHASES=fp8check
+# (each call starts a bare machine: a phase that needs the calibration takes it from the same call). A call
+# carries at most 64 MiB of working tree: carry a `.whl/` without the Ray wheel (43 MiB) unless a phase runs
+# a tuning job (first, fixedcost); gpu_env.sh installs what the wheelhouse holds.
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
