@@ -11,9 +11,10 @@ measured / predicted per cost-model term in the profile's ``component_factors``,
 that model shape. ``--components in-step`` (the default) reads them from the phases of a real 1-GPU training
 step of the model (executor/microbench/step_components.py, costmodel/calibrate/step_phases.py);
 ``--components isolated`` times each block alone (executor/microbench/components.py). The isolated blocks ran
-with the host further ahead of or behind the GPU than in a step, and their factors made the 1-GPU H200 steps
-of Qwen3 and DeepSeek-V2-Lite 11 % and 6.7 % off (MAPE over 22 layouts) where the in-step factors keep them
-at 4.6 % and 3.8 % (bench/results/issue16/instep-offline, 2026-11-27).
+with the host further ahead of or behind the GPU than in a step: priced with their factors, the 22 stored
+H200 layouts of Qwen3 and DeepSeek-V2-Lite came out 11 % and 6.7 % off (MAPE), with factors read from those
+tables' own 1-GPU step phases 4.6 % and 3.8 % (an offline evaluation, bench/results/issue16/instep-offline,
+2026-11-27; the in-step mode itself has not yet run on a GPU).
 
 Two steps work on saved files without a device: ``foldtune calibrate merge`` puts the component factors of
 several ``--model`` runs into one machine profile (:mod:`costmodel.calibrate.merge`) and ``foldtune
