@@ -24,7 +24,8 @@ micro-batches):
   per-micro-batch statistics ops land in it too) -> part 'embedding' (memory_bound). The isolated blocks
   had no embedding; here it is needed: on the H200 tables of 2026-11-27 the phase took 1.0-1.6 ms per
   micro-batch against 0.37-0.77 ms priced, and without it the head's factor (0.86-0.88) removed the error
-  that offset it: held-out step MAPE Qwen3 5.9 % and DeepSeek-V2-Lite 5.4 % instead of 4.7 % and 3.9 %.
+  that offset it (in an offline trial without this component, not stored, Qwen3's and DeepSeek-V2-Lite's
+  held-out MAPE rose above 5 %; with it: bench/results/issue16/instep-offline/offline.log).
 * ``optimizer``: phase 'optimizer' over the layout's parameters (seconds per parameter).
 
 Left out: 'other' (residual adds, loss scaling, step statistics, host waits between blocks), 'grad_reduce' and the
