@@ -594,7 +594,7 @@ class _Context:
     """
 
     __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms", "statics", "losses", "least")
+                 "params", "seq", "rows", "comms", "statics", "losses", "least", "wgrads")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
@@ -614,6 +614,7 @@ class _Context:
         self.statics: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
         self.least: dict[tuple, float] = {}  # LayoutMemory.least_bytes before the workspace, per parameter layout
+        self.wgrads: dict[tuple[int, int], float] = {}  # expert_weight_grad_bytes per (EP, ETP)
 
 
 # The (model, training) objects of the last call and their context, replaced as one tuple so that a reader
@@ -681,7 +682,10 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
     if pp == 1:
         pp_buffer = 0.0
     ob = ctx.opt_bytes
-    wgrad = expert_weight_grad_bytes(ctx.model, ctx.training, config.ep, config.etp)
+    wkey = (config.ep, config.etp)
+    wgrad = ctx.wgrads.get(wkey)
+    if wgrad is None:  # per (EP, ETP): a sweep builds rows for ~10^5 layouts, hashing the specs would cost
+        wgrad = ctx.wgrads[wkey] = expert_weight_grad_bytes(ctx.model, ctx.training, *wkey)
     rows = []
     for lay, par in zip(layouts, params):
         _, sd, sm, rd, rm, first, last, has_moe, cap, _, at_cap = lay
@@ -985,7 +989,6 @@ def _expert_param_tensors(model: ModelSpec, ep: int, etp: int) -> list[float]:
     return experts
 
 
-@lru_cache(maxsize=1024)
 def expert_weight_grad_bytes(model: ModelSpec, training: TrainingSpec, ep: int, etp: int) -> float:
     """Bytes of the experts' 16-bit weight gradients that one MoE layer's backward holds at once (0 without MoE).
 
