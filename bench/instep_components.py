@@ -17,8 +17,7 @@ import json
 import sys
 
 from bench.costmodel_accuracy import merge_tables
-from costmodel.calibrate.component_factors import build_report
-from costmodel.calibrate.step_phases import IN_STEP_PHASES, components_from_phases
+from costmodel.calibrate.step_phases import report_from_phases
 from spec.catalog import get_model
 from spec.profile_io import load_profile
 
@@ -32,10 +31,9 @@ def report_from_row(spec, row: dict, training: dict, hardware, device: str | Non
     if config["world_size"] != 1 or config["recompute_granularity"] != "none":
         raise ValueError(f"{row['layout']}: in-step components need a 1-GPU layout without recomputation")
     mbs = config["micro_batch_size"]
-    micro_batches = training["global_batch_size"] // mbs
-    measured = components_from_phases(spec, row["phases"], micro_batches)
-    return build_report(spec, training["seq_length"], mbs, training["precision"], device or row.get("device", "?"),
-                        measured, hardware, {name: IN_STEP_PHASES for name in measured})
+    return report_from_phases(spec, training["seq_length"], mbs, training["precision"],
+                              device or row.get("device", "?"), row["phases"], training["global_batch_size"] // mbs,
+                              hardware)
 
 
 def main() -> int:

@@ -26,7 +26,7 @@
 #              1-GPU layout table of deepseek-v2-lite (not in the default phases: measured 2026-11-27)
 # Environment: PHASES, MODELS (tables and first), STORED (calibrated profiles the offload phase may price with), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
 # All phases take more than one 10-minute device call (measured on 2 x H200, 2026-11-27: calibrate 65 s,
-# components 60 s, tables of three proxies 5.5 min at 3 steps a layout, fp8check 4 min, overlap 2 rounds 65-110 s;
+# components 60 s (isolated blocks; the in-step default, a real 1-GPU step per model, not yet timed), tables of three proxies 5.5 min at 3 steps a layout, fp8check 4 min, overlap 2 rounds 65-110 s;
 # estimated: cpdisp 1.5, fixedcost 1.5, first 2, offload 3-5): run them in two or three calls, e.g.
 #   PHASES="calibrate components tables"   then   PHASES="overlap offload"   then   PHASES=fp8check
 # (each call starts a bare machine: a phase that needs the calibration takes it from the same call). A call

@@ -996,7 +996,9 @@ def expert_weight_grad_bytes(model: ModelSpec, training: TrainingSpec, ep: int, 
     it in and frees it (executor/parallel/grad_reduce.py). Where the plain torch backend runs GEMM -> SwiGLU -> GEMM
     as one autograd node (executor/grouped_swiglu.py: bf16/fp16, a plain SwiGLU, no biases), that node returns
     the w13 and w2 gradients together, so both are alive before either hook runs; every other path (fp8,
-    biases, other activations) makes them in separate nodes, one tensor at a time. Measured on 2 × H200
+    biases, other activations) makes them in separate nodes, one tensor at a time. The one-node path needs
+    ``torch._grouped_mm`` on the device (Hopper in bf16); on other GPUs this over-counts by the smaller tensor
+    (the model does not see the GPU here). Measured on 2 × H200
     (bench/results/issue16/h200-0746, Qwen3-30B-A3B proxy, pp2 mbs2): the first stage's peak was 1.26 GiB above
     the activations' prediction, its layer's expert weights being 1.125 GiB.
     """

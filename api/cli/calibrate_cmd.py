@@ -35,7 +35,7 @@ from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
 from costmodel.calibrate.rebuild import changed_fields, rebuild
-from costmodel.calibrate.step_phases import IN_STEP_PHASES, components_from_phases
+from costmodel.calibrate.step_phases import report_from_phases
 from db.engine import make_engine, make_sessionmaker
 from db.hardware_profiles import store_calibrated_profile
 from db.settings import database_settings, default_data_dir
@@ -141,16 +141,16 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
         micro = args.step_micro_batches or STEP_MICRO_BATCHES
         step = measure_step(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda", micro_batches=micro,
                             timeout_s=args.timeout)
-        measured = components_from_phases(spec, step.phases, micro)
-        device, timing = step.device or "cpu", {name: IN_STEP_PHASES for name in measured}
         print(f"1-GPU step {step.layout}, {micro} micro-batches: {step.step_time * 1e3:.1f} ms (median of "
               f"{len(step.step_times)})")
+        report = report_from_phases(spec, args.seq, args.mbs, precision, step.device or "cpu", step.phases, micro,
+                                    profile)
     else:
         from executor.microbench.components import measure_components
 
         device, measured, timing = measure_components(spec, args.seq, args.mbs, precision,
                                                       "cpu" if cpu else "cuda:0")
-    report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile, timing)
+        report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile, timing)
     print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}  timed as")
     for c in report.components:
         scale, unit = (1e3, "") if c.name != "optimizer" else (1e9, " (ms per 1M parameters)")

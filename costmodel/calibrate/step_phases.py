@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import math
 
+from costmodel.calibrate.component_factors import ComponentReport, build_report
 from costmodel.params import stage_param_counts
+from spec.hardware import HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 
@@ -98,3 +100,13 @@ def components_from_phases(spec: ModelSpec, phases: dict[str, float], micro_batc
     if bad:
         raise ValueError(f"components without a positive time: {', '.join(bad)}")
     return out
+
+
+def report_from_phases(spec: ModelSpec, seq_length: int, micro_batch_size: int, precision: str, device: str,
+                       phases: dict[str, float], micro_batches: int, hardware: HardwareProfile) -> ComponentReport:
+    """The component report of one 1-GPU step's ``phases`` (seconds per step over ``micro_batches``) against
+    ``hardware``'s prediction, every component timed as IN_STEP_PHASES: what ``foldtune calibrate --model``
+    stores and ``bench/instep_components.py`` computes from a stored table row."""
+    measured = components_from_phases(spec, phases, micro_batches)
+    return build_report(spec, seq_length, micro_batch_size, precision, device, measured, hardware,
+                        {name: IN_STEP_PHASES for name in measured})

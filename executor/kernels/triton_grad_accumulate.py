@@ -42,7 +42,8 @@ VEC = 4
 
 #: Smallest tensor (elements) the kernel takes: below it torch's add_ is faster, its launch costing less
 #: host time than the Triton launch's. Measured on one H200 (bench/results/issue19/h200-0812): at 1.0 M
-#: elements torch 9.2 us against the kernel's 41.5 us; at 16.8 M the kernel 43.4 us against 64.5 us.
+#: elements torch 9.2 us against the kernel's 41.5 us; at 16.8 M the kernel 43.4 us against 64.5 us. Sizes in
+#: between were not measured: 4 M is a guess at the crossing.
 MIN_KERNEL_ELEMENTS = 1 << 22
 
 #: Gradient dtypes the kernel takes (the main gradient is always fp32).
