@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -70,6 +71,29 @@ def overlap_us(intervals: list[tuple[float, float]], others: list[tuple[float, f
     return total
 
 
+def _host_issue(trainer: Trainer, micro, device) -> tuple[float, float, int]:
+    """One unprofiled step: (ms until the host has issued it, ms until the device finished it, synchronizing
+    calls the host made). Issue time close to the wall time means the host, or its syncs, set the pace."""
+    torch.cuda.synchronize(device)
+    torch.distributed.barrier()
+    start = time.perf_counter()
+    trainer.step(micro)
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    torch.distributed.barrier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.step(micro)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize(device)
+    syncs = sum("synchronizing" in str(w.message).lower() for w in caught)
+    return issued * 1e3, wall * 1e3, syncs
+
+
 def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, config: ParallelConfig,
                  warmup_steps: int, top: int, options: ExecutorOptions | None = None) -> dict:
     """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds), and
@@ -93,6 +117,8 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
         if step < warmup_steps:
             trainer.step(micro)
             continue
+        host_ms, plain_wall_ms, syncs = _host_issue(trainer, micro, device) if cuda else (None, None, None)
+        torch.distributed.barrier()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             trainer.step(micro)
@@ -111,7 +137,8 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
     busy_no_nccl = _busy_us(compute) / 1e3
     comm = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()]
     a2a = [(e.time_range.start, e.time_range.end) for e in kernels if "sendrecv" in e.name.lower()]
-    return {"rank": rank, "wall_ms": wall * 1e3, "busy_ms": busy, "busy_without_nccl_ms": busy_no_nccl,
+    return {"rank": rank, "wall_ms": wall * 1e3, "unprofiled_wall_ms": plain_wall_ms, "host_issue_ms": host_ms,
+            "host_syncs": syncs, "busy_ms": busy, "busy_without_nccl_ms": busy_no_nccl,
             "nccl_under_compute_ms": overlap_us(comm, compute) / 1e3, "a2a_ms": _busy_us(a2a) / 1e3,
             "a2a_under_compute_ms": overlap_us(a2a, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
@@ -149,6 +176,9 @@ def main() -> int:
             print(f"   rank {rep['rank']}: wall {rep['wall_ms']:.1f} busy {rep['busy_ms']:.1f} "
                   f"(without NCCL {rep['busy_without_nccl_ms']:.1f}) NCCL {nccl:.1f} ms in "
                   f"{sum(rep['nccl_calls'].values())} calls, {rep['kernels']} kernels", flush=True)
+            if rep.get("host_issue_ms") is not None:
+                print(f"      unprofiled: wall {rep['unprofiled_wall_ms']:.1f} ms, host issued it in "
+                      f"{rep['host_issue_ms']:.1f} ms, {rep['host_syncs']} synchronizing calls", flush=True)
             for k in rep["top"][:12]:
                 print(f"      {k['ms']:8.2f} ms {k['calls']:5d}x {k['name'][:90]}")
         results.append({"layout": r["layout"], "table_step_ms": 1e3 * r["step_time"] if r.get("ok") else None,

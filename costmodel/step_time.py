@@ -701,24 +701,48 @@ def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -
             [_stage_scalar(layers, k, "compute_bwd") for k in kinds], [_stage_scalar(layers, k, "a2a") for k in kinds])
 
 
+#: correction keys that scale the host floor (estimate_step_time) rather than a time term
+HOST_FACTOR = "host"
+HOST_RECOMPUTE_FACTOR = "host_recompute"
+HOST_FACTORS = (HOST_FACTOR, HOST_RECOMPUTE_FACTOR)
+
+
 def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
-                  key: tuple) -> tuple[list[float], float]:
-    """(Host seconds per micro-batch of each stage kind, host seconds once per step of the rank holding the
-    most layers: the step ends when its optimizer has run); see costmodel/host.py."""
+                  key: tuple) -> tuple[list[float], list[float], float]:
+    """(Host seconds per micro-batch of each stage kind without full recomputation, the seconds full
+    recomputation adds to them, host seconds once per step of the rank holding the most layers: the step
+    ends when its optimizer has run); see costmodel/host.py."""
     model = ctx.model
     dense, moe = _host.layer_host_ops(model, c, False), _host.layer_host_ops(model, c, True)
-    per_mb, most_layers = [], 0
+    per_mb, recompute, most_layers = [], [], 0
     for _, nd, nm, (first, last), _ in kinds:
         ops = dense * nd + moe * nm + _host.extras_host_ops(c, first, last)
+        extra = 0.0
         if c.recompute_granularity == "full":
             k = c.recompute_num_layers
             share = 1.0 if k == 0 else min(1.0, k / max(1, nd + nm))
-            ops = ops + (_host.full_recompute_ops(False) * nd + _host.full_recompute_ops(True) * nm) * share
+            extra = ((_host.full_recompute_ops(False) * nd + _host.full_recompute_ops(True) * nm) * share).seconds(
+                ctx.op_launch, ctx.collective_launch)
         per_mb.append(ops.seconds(ctx.op_launch, ctx.collective_launch))
+        recompute.append(extra)
         most_layers = max(most_layers, nd + nm)
     per_step = _host.step_host_ops(most_layers).seconds(ctx.op_launch, ctx.collective_launch)
-    hit = ctx.host[key] = (per_mb, per_step)
+    hit = ctx.host[key] = (per_mb, recompute, per_step)
     return hit
+
+
+def host_seconds_per_micro_batch(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                                 config: ParallelConfig) -> tuple[float, float]:
+    """The host floor of ``config``'s busiest pipeline stage before any host factor: (seconds per micro-batch
+    without full recomputation, seconds full recomputation adds per micro-batch). What ``foldtune calibrate
+    --model``'s host probe compares its measurement with (costmodel.calibrate.host_factors)."""
+    ctx = _context(model, training, cluster)
+    c = config
+    _check_pipeline(model, c)
+    kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
+    base, recompute, _ = _host_seconds(ctx, c, kinds, ("public", c))
+    i = max(range(len(base)), key=lambda j: base[j] + recompute[j])
+    return base[i], recompute[i]
 
 
 # ---- step-level terms -----------------------------------------------------------------------------
@@ -805,7 +829,7 @@ class _Context:
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
         self.collective_launch = cluster.hardware.collective_launch_seconds
-        self.host: dict[tuple, tuple[list[float], float]] = {}
+        self.host: dict[tuple, tuple[list[float], list[float], float]] = {}
         self._aux: dict[int, int] = {}
 
     def aux_loss_sets(self, micro_batch_size: int) -> int:
@@ -882,7 +906,10 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     """Predicted seconds per optimizer step of ``config`` and their breakdown by term.
 
     ``corrections`` (term name -> multiplier, e.g. fitted by calibration) scales each exposed term
-    before they are summed; terms it does not name keep factor 1.
+    before they are summed; terms it does not name keep factor 1. Two further keys scale the host floor
+    instead of a term: ``HOST_FACTOR`` (the host seconds per micro-batch and per step) and
+    ``HOST_RECOMPUTE_FACTOR`` (what full recomputation adds per micro-batch; default: ``HOST_FACTOR``), as
+    ``foldtune calibrate --model``'s host probe measures them for one model.
     """
     c = config
     world = c.world_size
@@ -919,7 +946,16 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     hkey = (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type, c.recompute_granularity,
             c.recompute_modules, c.recompute_num_layers, pp, vpp, split)
     host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
-    floored = [t if t >= h else h for t, h in zip(times, host[0])]
+    host_factor = recompute_factor = 1.0
+    if corrections and (HOST_FACTOR in corrections or HOST_RECOMPUTE_FACTOR in corrections):
+        host_factor = corrections.get(HOST_FACTOR, 1.0)
+        recompute_factor = corrections.get(HOST_RECOMPUTE_FACTOR, host_factor)
+        corrections = {k: v for k, v in corrections.items() if k not in HOST_FACTORS}
+    if host_factor == 1.0 and recompute_factor == 1.0:
+        host_mb = [b + r for b, r in zip(host[0], host[1])]
+    else:
+        host_mb = [b * host_factor + r * recompute_factor for b, r in zip(host[0], host[1])]
+    floored = [t if t >= h else h for t, h in zip(times, host_mb)]
     if len(times) == 1:
         i, others = 0, 0.0
     else:
@@ -1004,7 +1040,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             pp_p2p += 2 * m * hop
     # once per step the host issues the reduction, optimizer and zeroing ops of the rank's layers
     once = dp_grad + edp_grad + param_gather + optimizer
-    host_step = host[1]
+    host_step = host[2] * host_factor
     values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer,  # _STEP_TAIL order
                host_overhead + (host_step - once if host_step > once else 0.0))
     if corrections:

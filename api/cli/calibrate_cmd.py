@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from api.cli._db import migrate_or_explain
@@ -35,6 +35,7 @@ from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
 from costmodel.calibrate.rebuild import changed_fields, rebuild
+from costmodel.calibrate.host_factors import HostProbe, host_factors
 from costmodel.calibrate.step_phases import report_from_phases
 from db.engine import make_engine, make_sessionmaker
 from db.hardware_profiles import store_calibrated_profile
@@ -71,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(in-step, default) or time each block alone (isolated)")
     parser.add_argument("--step-micro-batches", type=int, default=None, metavar="N",
                         help="with --components in-step: micro-batches per step (default 8, as the layout tables)")
+    parser.add_argument("--no-host-probe", dest="host_probe", action="store_false",
+                        help="with --model on a GPU: skip the host probe (the model's host seconds per micro-batch, "
+                             "measured at a short sequence, stored as the factors 'host' and 'host_recompute')")
     actions = parser.add_subparsers(dest="action", metavar="{merge,rebuild}",
                                     help="work on saved profiles instead of measuring (no device needed)")
     merge = actions.add_parser("merge", help=MERGE_HELP, description=MERGE_HELP)
@@ -156,6 +160,20 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
         scale, unit = (1e3, "") if c.name != "optimizer" else (1e9, " (ms per 1M parameters)")
         print(f"{c.name:<10} {c.measured_s * scale:>12.3f} {c.predicted_s * scale:>13.3f} {c.ratio:>7.2f}  "
               f"{report.timing.get(c.name, '?')}{unit}")
+    host = None
+    if args.host_probe and not cpu:
+        from executor.microbench.step_components import HOST_PROBE_SEQ, measure_host
+
+        print(f"host probe: the 1-GPU step at seq {HOST_PROBE_SEQ}, without and with full recomputation ...",
+              flush=True)
+        base_s, full_s = measure_host(spec, precision, args.mbs, timeout_s=args.timeout)
+        host = HostProbe(HOST_PROBE_SEQ, args.mbs, base_s, full_s)
+        found = host_factors(spec, host, precision, profile)
+        report = replace(report, factors={**report.factors, **found})
+        print(f"host per micro-batch: {base_s * 1e3:.2f} ms, with full recomputation {full_s * 1e3:.2f} ms -> "
+              + ", ".join(f"{k} {v:.2f}" for k, v in found.items()))
+    elif args.host_probe:
+        print("host probe: skipped on CPU ranks (no host floor to measure: each op ends before the next starts)")
     print(f"term factors for {report.key}: " + ", ".join(f"{t} {f:.3f}" for t, f in report.factors.items()))
     factors = {}
     if Path(path).expanduser().exists():
@@ -165,6 +183,8 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
             factors = {}
     factors[report.key] = report.factors
     record = report.to_dict()
+    if host is not None:
+        record["host_probe"] = asdict(host)
     if step is not None:  # the step the components came from, to check them against its phases later
         record["step"] = {"layout": step.layout, "global_batch_size": step.global_batch_size,
                           "step_time": step.step_time, "phases": step.phases}

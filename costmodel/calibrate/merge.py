@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from costmodel.calibrate.component_factors import ComponentReport, build_report
+from costmodel.calibrate.host_factors import HostProbe, host_factors
 from spec.catalog import get_model
 from spec.errors import CatalogError
 from spec.hardware import HardwareProfile
@@ -42,8 +43,12 @@ def merged_profile(target: HardwareProfile, reports: list[dict]) -> tuple[Hardwa
     rebuilt = []
     for r in reports:
         measured = {c["name"]: c["measured_s"] for c in r["components"]}
-        report = build_report(model_of(r["model"]), r["seq_length"], r["micro_batch_size"], r["precision"],
+        spec = model_of(r["model"])
+        report = build_report(spec, r["seq_length"], r["micro_batch_size"], r["precision"],
                               r["device"], measured, target, r.get("timing"))
+        if r.get("host_probe"):  # the host probe's seconds, re-priced against the target's host floor
+            found = host_factors(spec, HostProbe(**r["host_probe"]), r["precision"], target)
+            report = replace(report, factors={**report.factors, **found})
         factors[report.key] = report.factors
         rebuilt.append(report)
     return replace(target, component_factors=factors), rebuilt

@@ -8,9 +8,15 @@ layout (no recomputation, ``micro_batches`` micro-batches of ``micro_batch_size`
 :func:`executor.profile.profile_layout`, the path the layout tables measure with (a spawned local rank,
 warm-up then timed steps, the phase timer on for the timed ones), and returns its Measurement.
 :func:`costmodel.calibrate.step_phases.components_from_phases` maps its median phases to components.
+
+:func:`measure_host` is the host probe: the same 1-GPU step at a short sequence, where every kernel ends before
+the host has queued the next, so the step's wall time is the host's; two step lengths give the host seconds per
+micro-batch (costmodel.calibrate.host_factors).
 """
 
 from __future__ import annotations
+
+import torch
 
 from executor.measurement import Measurement
 from executor.profile import profile_layout
@@ -24,6 +30,11 @@ from spec.training_spec import TrainingSpec
 STEP_MICRO_BATCHES = 8
 STEP_WARMUP = 2  # the first step builds optimizer states and kernels' first use; the second settles the allocator
 STEP_TIMED = 3  # phases are per-phase medians over these
+# the host probe: at 256 tokens per micro-batch the 2-layer proxies' kernels (H200) take a fifth of the host's
+# time to issue them; M and 2M micro-batches, their steps' medians over HOST_TIMED steps
+HOST_PROBE_SEQ = 256
+HOST_PROBE_MICRO_BATCHES = 8
+HOST_TIMED = 5
 
 
 def measure_step(spec: ModelSpec, seq_length: int, micro_batch_size: int, precision: str, device: str,
@@ -40,3 +51,32 @@ def measure_step(spec: ModelSpec, seq_length: int, micro_batch_size: int, precis
         raise FoldtuneError(f"in-step components of {spec.name}: the 1-GPU step {config.label()} failed: "
                             f"{measured.failure_reason}")
     return measured
+
+
+def measure_host(spec: ModelSpec, precision: str, micro_batch_size: int = 1, seq_length: int = HOST_PROBE_SEQ,
+                 micro_batches: int = HOST_PROBE_MICRO_BATCHES, steps: int = HOST_TIMED,
+                 timeout_s: float = 600.0) -> tuple[float, float]:
+    """Host seconds per micro-batch of ``spec``'s 1-GPU step on CUDA: (without recomputation, with full
+    recomputation). Each is the difference of the median steps of ``2 * micro_batches`` and ``micro_batches``
+    micro-batches over ``micro_batches`` (the once-per-step work cancels). FoldtuneError when a run fails or
+    no GPU is present (on CPU ranks every op runs before the next is issued: there is no host floor to see)."""
+    if not torch.cuda.is_available():
+        raise FoldtuneError("the host probe needs a CUDA GPU")
+    out = []
+    for recompute in ("none", "full"):
+        walls = []
+        for m in (micro_batches, 2 * micro_batches):
+            training = TrainingSpec(seq_length=seq_length, global_batch_size=micro_batch_size * m,
+                                    precision=precision)
+            config = ParallelConfig(world_size=1, micro_batch_size=micro_batch_size, recompute_granularity=recompute)
+            measured = profile_layout(spec, training, config, warmup_steps=STEP_WARMUP, timed_steps=steps,
+                                      timeout_s=timeout_s, device="cuda")
+            if not measured.ok:
+                raise FoldtuneError(f"host probe of {spec.name}: {config.label()} at seq {seq_length} failed: "
+                                    f"{measured.failure_reason}")
+            walls.append(measured.step_time)
+        out.append((walls[1] - walls[0]) / micro_batches)
+    if not all(v > 0 for v in out):
+        raise FoldtuneError(f"host probe of {spec.name}: a longer step was not slower ({out}); the machine is "
+                            f"too busy to measure")
+    return out[0], out[1]
