@@ -166,8 +166,8 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
 
         print(f"host probe: the 1-GPU step at seq {HOST_PROBE_SEQ}, without and with full recomputation ...",
               flush=True)
-        base_s, full_s = measure_host(spec, precision, args.mbs, timeout_s=args.timeout)
-        host = HostProbe(HOST_PROBE_SEQ, args.mbs, base_s, full_s)
+        base_s, full_s, steps_s = measure_host(spec, precision, args.mbs, timeout_s=args.timeout)
+        host = HostProbe(HOST_PROBE_SEQ, args.mbs, base_s, full_s, steps_s)
         found = host_factors(spec, host, precision, profile)
         report = replace(report, factors={**report.factors, **found})
         print(f"host per micro-batch: {base_s * 1e3:.2f} ms, with full recomputation {full_s * 1e3:.2f} ms -> "

@@ -15,7 +15,7 @@ This module turns the two per-micro-batch seconds into the two correction keys t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from costmodel.step_time import HOST_FACTOR, HOST_RECOMPUTE_FACTOR, host_seconds_per_micro_batch
 from spec.hardware import ClusterSpec, HardwareProfile
@@ -36,6 +36,13 @@ class HostProbe:
     micro_batch_size: int
     base_s: float
     full_s: float
+    steps_s: dict[str, float] = field(default_factory=dict)  # the probe's median steps, '<recompute>@<micro>'
+
+    @classmethod
+    def from_record(cls, record: dict) -> HostProbe:
+        """The probe of a stored component record's 'host_probe' entry (unknown keys ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
 
 
 def host_factors(spec: ModelSpec, probe: HostProbe, precision: str, hardware: HardwareProfile) -> dict[str, float]:

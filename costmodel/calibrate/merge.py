@@ -47,7 +47,7 @@ def merged_profile(target: HardwareProfile, reports: list[dict]) -> tuple[Hardwa
         report = build_report(spec, r["seq_length"], r["micro_batch_size"], r["precision"],
                               r["device"], measured, target, r.get("timing"))
         if r.get("host_probe"):  # the host probe's seconds, re-priced against the target's host floor
-            found = host_factors(spec, HostProbe(**r["host_probe"]), r["precision"], target)
+            found = host_factors(spec, HostProbe.from_record(r["host_probe"]), r["precision"], target)
             report = replace(report, factors={**report.factors, **found})
         factors[report.key] = report.factors
         rebuilt.append(report)

@@ -55,14 +55,15 @@ def measure_step(spec: ModelSpec, seq_length: int, micro_batch_size: int, precis
 
 def measure_host(spec: ModelSpec, precision: str, micro_batch_size: int = 1, seq_length: int = HOST_PROBE_SEQ,
                  micro_batches: int = HOST_PROBE_MICRO_BATCHES, steps: int = HOST_TIMED,
-                 timeout_s: float = 600.0) -> tuple[float, float]:
+                 timeout_s: float = 600.0) -> tuple[float, float, dict[str, float]]:
     """Host seconds per micro-batch of ``spec``'s 1-GPU step on CUDA: (without recomputation, with full
-    recomputation). Each is the difference of the median steps of ``2 * micro_batches`` and ``micro_batches``
-    micro-batches over ``micro_batches`` (the once-per-step work cancels). FoldtuneError when a run fails or
-    no GPU is present (on CPU ranks every op runs before the next is issued: there is no host floor to see)."""
+    recomputation, the four median step seconds by '<recompute>@<micro-batches>'). Each is the difference of
+    the median steps of ``2 * micro_batches`` and ``micro_batches`` micro-batches over ``micro_batches`` (the
+    once-per-step work cancels). FoldtuneError when a run fails or no GPU is present (on CPU ranks every op
+    runs before the next is issued: there is no host floor to see)."""
     if not torch.cuda.is_available():
         raise FoldtuneError("the host probe needs a CUDA GPU")
-    out = []
+    out, steps_s = [], {}
     for recompute in ("none", "full"):
         walls = []
         for m in (micro_batches, 2 * micro_batches):
@@ -75,8 +76,9 @@ def measure_host(spec: ModelSpec, precision: str, micro_batch_size: int = 1, seq
                 raise FoldtuneError(f"host probe of {spec.name}: {config.label()} at seq {seq_length} failed: "
                                     f"{measured.failure_reason}")
             walls.append(measured.step_time)
+            steps_s[f"{recompute}@{m}"] = measured.step_time
         out.append((walls[1] - walls[0]) / micro_batches)
     if not all(v > 0 for v in out):
         raise FoldtuneError(f"host probe of {spec.name}: a longer step was not slower ({out}); the machine is "
                             f"too busy to measure")
-    return out[0], out[1]
+    return out[0], out[1], steps_s

@@ -48,6 +48,9 @@ def test_calibrate_in_step_components_from_a_real_step(tmp_path, capsys):
     factors = dict(dict(load_profile(out).component_factors)["tiny-moe@seq64@mbs1"])
     assert {"gemm", "grouped_gemm", "memory_bound", "optimizer"} <= set(factors)
     assert all(f > 0 for f in factors.values())
+    # the host probe needs CUDA: on CPU ranks it says so and stores no host factor
+    assert "host probe: skipped on CPU ranks" in text
+    assert "host" not in factors and "host_probe" not in record
 
 
 def test_calibrate_model_needs_seq(capsys):

@@ -69,3 +69,26 @@ def test_a_file_without_components_is_refused(tmp_path, capsys):
     assert "no component measurements" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()
     json.loads(plain.read_text())
+
+
+def test_a_host_probe_is_repriced_against_the_target_host_floor():
+    """The record's host seconds, not its factors, travel: a target whose layer host time is twice the run's
+    gets half the host factor."""
+    from costmodel.calibrate.host_factors import HostProbe, host_factors
+    from costmodel.step_time import HOST_FACTOR, HOST_RECOMPUTE_FACTOR
+
+    run = get_hardware("h200")
+    target = replace(run, name="h200-machine", moe_layer_host_s=2 * (run.moe_layer_host_s or 3e-3))
+    run = replace(run, moe_layer_host_s=target.moe_layer_host_s / 2)
+    spec = get_model("mixtral-8x7b").with_layers(2)
+    parts, per_param = predicted_parts(spec, 4096, 1, "bf16", run)
+    measured = {name: sum(terms.values()) for name, terms in parts.items() if name != "dense_mlp"}
+    measured["optimizer"] = per_param
+    record = build_report(spec, 4096, 1, "bf16", "NVIDIA H200", measured, run).to_dict()
+    record["host_probe"] = {"seq_length": 256, "micro_batch_size": 1, "base_s": 0.02, "full_s": 0.03}
+    on_run = host_factors(spec, HostProbe(**record["host_probe"]), "bf16", run)
+    merged, reports = merged_profile(target, [record])
+    factors = dict(dict(merged.component_factors)["mixtral-8x7b@2L@seq4096@mbs1"])
+    assert factors[HOST_FACTOR] == pytest.approx(on_run[HOST_FACTOR] / 2)
+    assert factors[HOST_RECOMPUTE_FACTOR] == pytest.approx(on_run[HOST_RECOMPUTE_FACTOR] / 2)
+    assert reports[0].factors[HOST_FACTOR] == factors[HOST_FACTOR]

@@ -575,3 +575,44 @@ def test_olmoe_whole_width_qk_norms_add_two_tiny_tp_all_reduces_each_way():
     tp1 = ParallelConfig(world_size=2, ep=2)
     assert (layer_times(olmoe, training, cluster, tp1)["attention"].fwd
             == layer_times(per_head, training, cluster, tp1)["attention"].fwd)
+
+
+def test_host_factors_scale_the_host_floor_and_its_recompute_share_hand_worked():
+    """A host-bound layout (small-moe, every kernel tiny): the per-micro-batch floor is base·f_host + recompute·
+    f_recompute, and the once-per-step host work scales with f_host; other terms are untouched."""
+    from costmodel.step_time import HOST_FACTOR, HOST_RECOMPUTE_FACTOR, host_seconds_per_micro_batch
+
+    model = get_model("small-moe")
+    training = TrainingSpec(seq_length=1024, global_batch_size=16)
+    cluster = ClusterSpec(get_hardware("h200"), 2)
+    config = ParallelConfig(world_size=2, recompute_granularity="full")
+    base, recompute = host_seconds_per_micro_batch(model, training, cluster, config)
+    assert base > 0 and recompute > 0
+    plain = estimate_step_time(model, training, cluster, config)
+    assert plain.bottleneck == "host-overhead"
+    m = 16 // 2
+    f_host, f_recompute = 2.0, 3.0
+    scaled = estimate_step_time(model, training, cluster, config,
+                                corrections={HOST_FACTOR: f_host, HOST_RECOMPUTE_FACTOR: f_recompute})
+    # only the host floor moved: the step grows by m x the floor's growth (both floors bind: host-bound), plus
+    # the once-per-step host work where it exceeds the step's reduce + optimizer
+    floor_gain = m * ((base * f_host + recompute * f_recompute) - (base + recompute))
+    assert scaled.step_time - plain.step_time >= floor_gain * (1 - 1e-9)
+    same = {k: v for k, v in plain.terms if k != "host_overhead"}
+    assert {k: v for k, v in scaled.terms if k != "host_overhead"} == same
+    # the recompute factor defaults to the host factor
+    only_host = estimate_step_time(model, training, cluster, config, corrections={HOST_FACTOR: f_host})
+    assert only_host.step_time - plain.step_time >= m * (base + recompute) * (f_host - 1) * (1 - 1e-9)
+    # a host factor next to a term factor: the term factor still applies
+    both = estimate_step_time(model, training, cluster, config, corrections={HOST_FACTOR: 1.0, "gemm": 2.0})
+    assert dict(both.terms)["gemm"] == pytest.approx(2 * dict(plain.terms)["gemm"])
+
+
+def test_host_factors_leave_a_device_bound_layout_alone():
+    model = get_model("mixtral-8x7b").with_layers(2)
+    training = TrainingSpec(seq_length=4096, global_batch_size=8)
+    cluster, config = ClusterSpec(H100, 2), ParallelConfig(world_size=2, ep=2)
+    from costmodel.step_time import HOST_FACTOR
+
+    assert estimate_step_time(model, training, cluster, config, corrections={HOST_FACTOR: 2.0}).step_time == \
+        estimate_step_time(model, training, cluster, config).step_time
