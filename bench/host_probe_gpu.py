@@ -5,9 +5,12 @@ seconds per op). Whether that floor is right decides the layouts that run many s
 (TP2, CP2, EP2 with full recompute on 2 GPUs), which the accuracy tables under-predict by up to 41 %. This
 bench runs each layout of a stored layout table again with a short sequence (``--seq``, default 256), so
 every kernel finishes before the host has issued the next one and the step's wall time is what the host
-(its launches, its synchronizing calls, the collectives' cross-rank waits) costs. Two step lengths per
-layout, ``M`` and ``2M`` micro-batches per rank (``--micro``), give the per-micro-batch host seconds as their
-difference over ``M`` (the once-per-step work, optimizer included, cancels); phases are timed as in the tables.
+(its launches, its synchronizing calls, the collectives' cross-rank waits) costs. Adjacent pairs of steps of
+``M`` and ``2M`` micro-batches per rank (``--micro``) give the per-micro-batch host seconds as their difference
+over ``M`` (the once-per-step work, optimizer included, cancels); phases are timed as in the tables. The worker
+is ``foldtune calibrate --model``'s host probe (executor.microbench.step_components.host_probe_worker). The
+H200 run of 2026-11-27 11:02 used an earlier form of this bench: two steps' medians (3 steps each) in one
+process, M = 4.
 
     python3 -m bench.host_probe_gpu --table T.json [--match "tp2 cp1,cp2 pp1"] --out host_probe.json
 
@@ -20,58 +23,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 
 import torch
 
-from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
-from executor.model import MoEGPT
-from executor.options import ExecutorOptions
-from executor.parallel.groups import build_parallel_state
-from executor.profile import DTYPES, options_for_precision
-from executor.timing import PhaseTimer
-from executor.train_step import Trainer
+from executor.microbench.step_components import host_probe_worker
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-
-
-def _steps(trainer: Trainer, model, training: TrainingSpec, state, config: ParallelConfig, device, micro: int,
-           repeats: int) -> float:
-    """Median wall seconds of one step of ``micro`` micro-batches per rank (device synchronized at both ends)."""
-    dp = state.dp
-    gbs = micro * config.micro_batch_size * dp.size
-    walls = []
-    for step in range(repeats + 1):
-        batch = global_batch(model.vocab_size, training.seq_length, gbs, 0, step)
-        mbs = micro_batches(batch, dp.size, dp.rank, config.micro_batch_size, device)
-        torch.cuda.synchronize(device)
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        trainer.step(mbs)
-        torch.cuda.synchronize(device)
-        if step:  # the first is a warm-up (allocator, lazy state)
-            walls.append(time.perf_counter() - start)
-    return statistics.median(walls)
-
-
-def probe_worker(rank: int, world_size: int, model, training: TrainingSpec, config: ParallelConfig, micro: int,
-                 repeats: int) -> dict:
-    """One rank: per-step wall at ``micro`` and ``2 * micro`` micro-batches; host ms per micro-batch."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    options = options_for_precision(ExecutorOptions.for_training(training, model=model), training.precision)
-    state = build_parallel_state(config, rank)
-    net = MoEGPT(model, state, options, training.seq_length, device, DTYPES[training.precision],
-                 PhaseTimer(enabled=True, device=device))
-    trainer = Trainer(net)
-    short = _steps(trainer, model, training, state, config, device, micro, repeats)
-    long = _steps(trainer, model, training, state, config, device, 2 * micro, repeats)
-    trainer.finish_param_gather()
-    return {"rank": rank, "step_ms": {str(micro): short * 1e3, str(2 * micro): long * 1e3},
-            "host_ms_per_micro_batch": (long - short) / micro * 1e3}
 
 
 def main() -> int:
@@ -80,8 +41,8 @@ def main() -> int:
     p.add_argument("--match", default="", help="comma list of substrings of layout labels to run (default all)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seq", type=int, default=256, help="sequence length of the probe (tokens)")
-    p.add_argument("--micro", type=int, default=4, help="M: steps of M and 2M micro-batches per rank")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--micro", type=int, default=8, help="M: steps of M and 2M micro-batches per rank")
+    p.add_argument("--repeats", type=int, default=5, help="pairs of steps (the median pair counts)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -95,15 +56,16 @@ def main() -> int:
     results = []
     for r in rows:
         config = ParallelConfig.from_dict(r["config"])
-        launched = launch(probe_worker, config.world_size, (model, training, config, args.micro, args.repeats),
+        launched = launch(host_probe_worker, config.world_size, (model, training, config, args.micro, args.repeats),
                           timeout_s=240)
         if not launched.ok:
             print(f"{r['layout']}: failed: {launched.failure_reason}", flush=True)
             results.append({"layout": r["layout"], "failure": launched.failure_reason})
             continue
-        host = max(rep["host_ms_per_micro_batch"] for rep in launched.results)
+        host = max(rep["host_s"] for rep in launched.results) * 1e3
         print(f"{r['layout']:75s} host {host:7.2f} ms per micro-batch  (steps "
-              f"{', '.join(f'{k} mb {v:.1f} ms' for k, v in launched.results[0]['step_ms'].items())})", flush=True)
+              f"{', '.join(f'{k} mb {v * 1e3:.1f} ms' for k, v in launched.results[0]['steps_s'].items())})",
+              flush=True)
         results.append({"layout": r["layout"], "config": r["config"], "host_ms_per_micro_batch": host,
                         "ranks": launched.results})
         with open(args.out, "w") as f:

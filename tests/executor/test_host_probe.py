@@ -1,42 +1,64 @@
-"""executor.microbench.step_components.measure_host: which steps it runs and how it turns them into seconds."""
+"""executor.microbench.step_components: the host probe's worker on a CPU rank, and how measure_host uses it."""
 
 import pytest
 import torch
 
-from executor.measurement import Measurement
+from executor.launch_local import LaunchResult, launch
 from executor.microbench import step_components
 from spec.catalog import get_model
 from spec.errors import FoldtuneError
+from spec.parallel_config import ParallelConfig
+from spec.training_spec import TrainingSpec
 
 
-def _fake_runs(monkeypatch, per_mb: dict[str, float], fixed: float = 0.05):
-    """profile_layout replaced by steps of ``fixed + micro-batches x per_mb[recompute]`` seconds; the calls kept."""
+def test_the_worker_times_pairs_of_both_lengths_on_a_cpu_rank():
+    spec = get_model("tiny-moe")
+    training = TrainingSpec(seq_length=32, global_batch_size=2, precision="fp32")
+    config = ParallelConfig(world_size=1, recompute_granularity="full")
+    result = launch(step_components.host_probe_worker, 1, (spec, training, config, 1, 2), backend="gloo",
+                    timeout_s=300)
+    assert result.ok, result.failure_reason
+    report = result.results[0]
+    assert set(report["steps_s"]) == {1, 2} and all(v > 0 for v in report["steps_s"].values())
+    assert isinstance(report["host_s"], float)
+
+
+def _fake_launch(monkeypatch, host_s: dict[str, float]):
     calls = []
 
-    def fake(spec, training, config, warmup_steps, timed_steps, timeout_s, device):
-        micro = training.global_batch_size // config.micro_batch_size
-        calls.append((config.recompute_granularity, micro, training.seq_length, device))
-        step = fixed + micro * per_mb[config.recompute_granularity]
-        return Measurement(ok=True, step_time=step, step_times=[step])
+    def fake(fn, world_size, args, timeout_s):
+        spec, training, config, micro, repeats = args
+        calls.append((fn, world_size, config.recompute_granularity, training.seq_length, micro, repeats))
+        h = host_s[config.recompute_granularity]
+        return LaunchResult(ok=True, results=[{"steps_s": {micro: 0.05 + micro * h, 2 * micro: 0.05 + 2 * micro * h},
+                                               "host_s": h}])
 
-    monkeypatch.setattr(step_components, "profile_layout", fake)
+    monkeypatch.setattr(step_components, "launch", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     return calls
 
 
-def test_per_micro_batch_seconds_from_two_step_lengths(monkeypatch):
-    calls = _fake_runs(monkeypatch, {"none": 0.020, "full": 0.032})
-    base, full, steps = step_components.measure_host(get_model("tiny-moe"), "bf16", micro_batches=4)
-    assert base == pytest.approx(0.020) and full == pytest.approx(0.032)
-    assert calls == [("none", 4, 256, "cuda"), ("none", 8, 256, "cuda"), ("full", 4, 256, "cuda"),
-                     ("full", 8, 256, "cuda")]
+def test_measure_host_runs_both_recompute_settings_on_one_rank(monkeypatch):
+    calls = _fake_launch(monkeypatch, {"none": 0.020, "full": 0.032})
+    base, full, steps = step_components.measure_host(get_model("tiny-moe"), "bf16", micro_batches=4, repeats=3)
+    assert (base, full) == (0.020, 0.032)
+    assert [c[1:] for c in calls] == [(1, "none", 256, 4, 3), (1, "full", 256, 4, 3)]
+    assert all(c[0] is step_components.host_probe_worker for c in calls)
     assert steps == {"none@4": pytest.approx(0.13), "none@8": pytest.approx(0.21), "full@4": pytest.approx(0.178),
                      "full@8": pytest.approx(0.306)}
 
 
 def test_a_longer_step_that_is_not_slower_is_refused(monkeypatch):
-    _fake_runs(monkeypatch, {"none": 0.0, "full": 0.01})
+    _fake_launch(monkeypatch, {"none": -0.001, "full": 0.01})
     with pytest.raises(FoldtuneError, match="not slower"):
+        step_components.measure_host(get_model("tiny-moe"), "bf16")
+
+
+def test_a_failed_rank_is_reported(monkeypatch):
+    monkeypatch.setattr(step_components, "launch",
+                        lambda fn, world_size, args, timeout_s: LaunchResult(ok=False, failure_reason="out of memory"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(FoldtuneError, match="out of memory"):
         step_components.measure_host(get_model("tiny-moe"), "bf16")
 
 
