@@ -708,10 +708,10 @@ HOST_FACTORS = (HOST_FACTOR, HOST_RECOMPUTE_FACTOR)
 
 
 def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
-                  key: tuple) -> tuple[list[float], list[float], float]:
+                  key: tuple) -> tuple[list[float], list[float], float, list[float]]:
     """(Host seconds per micro-batch of each stage kind without full recomputation, the seconds full
     recomputation adds to them, host seconds once per step of the rank holding the most layers: the step
-    ends when its optimizer has run); see costmodel/host.py."""
+    ends when its optimizer has run, and the per-micro-batch sums); see costmodel/host.py."""
     model = ctx.model
     dense, moe = _host.layer_host_ops(model, c, False), _host.layer_host_ops(model, c, True)
     per_mb, recompute, most_layers = [], [], 0
@@ -727,7 +727,8 @@ def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
         recompute.append(extra)
         most_layers = max(most_layers, nd + nm)
     per_step = _host.step_host_ops(most_layers).seconds(ctx.op_launch, ctx.collective_launch)
-    hit = ctx.host[key] = (per_mb, recompute, per_step)
+    # the last entry, base + recomputation, is what the estimate uses without host factors (the planner's path)
+    hit = ctx.host[key] = (per_mb, recompute, per_step, [b + r for b, r in zip(per_mb, recompute)])
     return hit
 
 
@@ -740,7 +741,7 @@ def host_seconds_per_micro_batch(model: ModelSpec, training: TrainingSpec, clust
     c = config
     _check_pipeline(model, c)
     kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
-    base, recompute, _ = _host_seconds(ctx, c, kinds, ("public", c))
+    base, recompute, _, _ = _host_seconds(ctx, c, kinds, ("public", c))
     i = max(range(len(base)), key=lambda j: base[j] + recompute[j])
     return base[i], recompute[i]
 
@@ -829,7 +830,7 @@ class _Context:
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
         self.collective_launch = cluster.hardware.collective_launch_seconds
-        self.host: dict[tuple, tuple[list[float], list[float], float]] = {}
+        self.host: dict[tuple, tuple[list[float], list[float], float, list[float]]] = {}
         self._aux: dict[int, int] = {}
 
     def aux_loss_sets(self, micro_batch_size: int) -> int:
@@ -952,7 +953,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         recompute_factor = corrections.get(HOST_RECOMPUTE_FACTOR, host_factor)
         corrections = {k: v for k, v in corrections.items() if k not in HOST_FACTORS}
     if host_factor == 1.0 and recompute_factor == 1.0:
-        host_mb = [b + r for b, r in zip(host[0], host[1])]
+        host_mb = host[3]
     else:
         host_mb = [b * host_factor + r * recompute_factor for b, r in zip(host[0], host[1])]
     floored = [t if t >= h else h for t, h in zip(times, host_mb)]
