@@ -31,7 +31,9 @@
 #   PHASES="calibrate components tables"   then   PHASES="overlap offload"   then   PHASES=fp8check
 # (each call starts a bare machine: a phase that needs the calibration takes it from the same call). A call
 # carries at most 64 MiB of working tree: carry a `.whl/` without the Ray wheel (43 MiB) unless a phase runs
-# a tuning job (first, fixedcost); gpu_env.sh installs what the wheelhouse holds.
+# a tuning job (first, fixedcost); for those, `python3 bench/slim_ray_wheel.py` first (Ray core only, 38.7 MiB:
+# .whl/ and the tree then come to about 61 MiB). gpu_env.sh installs what the wheelhouse holds.
+# The components phase now also runs each model's host probe (about 30-40 s a model, not yet timed).
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
