@@ -68,8 +68,8 @@ def host_probe_worker(rank: int, world_size: int, model: ModelSpec, training: Tr
                       micro_batches: int, repeats: int) -> dict:
     """One rank of the host probe: ``config`` built once (phase timer on, as the layout tables run), two warm-up
     steps of each length, then ``repeats`` adjacent pairs of steps of ``micro_batches`` and ``2 *
-    micro_batches`` micro-batches per rank. Returns the median step seconds of each length (``steps_s``, keys
-    'M' and '2M' as numbers) and ``host_s``: the median over pairs of (long - short) / micro_batches, the host
+    micro_batches`` micro-batches per rank. Returns the median step seconds of each length (``steps_s``, keyed by
+    micro-batches per rank) and ``host_s``: the median over pairs of (long - short) / micro_batches, the host
     seconds per micro-batch. Pairs rather than two separate runs: the host's speed differs between processes
     and drifts within one (2 x H200, 2026-11-27: separate processes gave full recomputation a smaller
     increment than none), and adjacent steps of one process share both."""
