@@ -28,10 +28,9 @@ import time
 
 import torch
 
-from executor.launch_local import launch
+from bench.table_rows import launch_rows, matching_rows
 from executor.microbench.step_components import host_probe_worker
 from spec.catalog import get_model
-from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 
@@ -51,17 +50,10 @@ def main() -> int:
     table = json.load(open(args.table))
     model = get_model(table["model"].split("@")[0]).with_layers(args.layers)
     training = dataclasses.replace(TrainingSpec(**table["training"]), seq_length=args.seq)
-    wanted = [m.strip() for m in args.match.split(",") if m.strip()]
-    rows = [r for r in table["rows"] if r.get("ok") and (not wanted or any(m in r["layout"] for m in wanted))]
+    rows = matching_rows(table, args.match, ok_only=True)
     results = []
-    for r in rows:
-        config = ParallelConfig.from_dict(r["config"])
-        launched = launch(host_probe_worker, config.world_size, (model, training, config, args.micro, args.repeats),
-                          timeout_s=240)
-        if not launched.ok:
-            print(f"{r['layout']}: failed: {launched.failure_reason}", flush=True)
-            results.append({"layout": r["layout"], "failure": launched.failure_reason})
-            continue
+    for r, config, launched in launch_rows(rows, host_probe_worker,
+                                           lambda c: (model, training, c, args.micro, args.repeats), results):
         host = max(rep["host_s"] for rep in launched.results) * 1e3
         print(f"{r['layout']:75s} host {host:7.2f} ms per micro-batch  (steps "
               f"{', '.join(f'{k} mb {v * 1e3:.1f} ms' for k, v in launched.results[0]['steps_s'].items())})",

@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from executor.data import global_batch, micro_batches
-from executor.launch_local import launch
+from bench.table_rows import launch_rows, matching_rows
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
@@ -158,19 +158,17 @@ def main() -> int:
     table = json.load(open(args.table))
     model = get_model(table["model"].split("@")[0]).with_layers(args.layers)  # labels read "name@2L"
     training = TrainingSpec(**table["training"])
-    wanted = [m.strip() for m in args.match.split(",") if m.strip()]
-    rows = [r for r in table["rows"] if any(m in r["layout"] for m in wanted)]
+    rows = matching_rows(table, args.match)
     results = []
-    for r in rows:
-        config = ParallelConfig.from_dict(r["config"])
-        print(f"== {r['layout']} (table: {1e3 * r['step_time']:.1f} ms)" if r.get("ok") else f"== {r['layout']}",
-              flush=True)
-        launched = launch(trace_worker, config.world_size, (model, training, config, args.warmup, args.top),
-                          timeout_s=240)
-        if not launched.ok:
-            print(f"   failed: {launched.failure_reason}", flush=True)
-            results.append({"layout": r["layout"], "failure": launched.failure_reason})
-            continue
+
+    def announced(rows):
+        for r in rows:
+            print(f"== {r['layout']} (table: {1e3 * r['step_time']:.1f} ms)" if r.get("ok") else f"== {r['layout']}",
+                  flush=True)
+            yield r
+
+    for r, config, launched in launch_rows(announced(rows), trace_worker,
+                                           lambda c: (model, training, c, args.warmup, args.top), results):
         for rep in launched.results:
             nccl = sum(rep["nccl_ms"].values())
             print(f"   rank {rep['rank']}: wall {rep['wall_ms']:.1f} busy {rep['busy_ms']:.1f} "
