@@ -4,8 +4,9 @@ The cost model floors each micro-batch at the host's time to issue it: ops count
 GQA model (costmodel/host.py) times a per-op cost from a small-model MoE layer. On 2 H200s (2026-11-27,
 docs/benchmarks.md) the steps of real model shapes issued at a short sequence, where every kernel ends before
 the host queues the next, took 1.5-3.4x that floor per micro-batch (33 of 35 layouts, median 2.45) for
-Qwen3-30B-A3B and DeepSeek-V2-Lite proxies, and full recomputation added 3.5-7x the host seconds the model gave it: the layouts with many small
-micro-batches per rank and full recomputation were the ones the model under-predicted by 14-41 %.
+Qwen3-30B-A3B and DeepSeek-V2-Lite proxies, and full recomputation added 3.5-7x the host seconds the model gave
+it: the layouts with many small micro-batches per rank and full recomputation were the ones the model
+under-predicted by 14-41 %.
 
 ``foldtune calibrate --model`` therefore runs a host probe (executor.microbench.step_components.measure_host):
 the model's 1-GPU step at a short sequence with M and 2M micro-batches, without and with full recomputation.

@@ -41,8 +41,10 @@ from spec.training_spec import TrainingSpec
 STEP_MICRO_BATCHES = 8
 STEP_WARMUP = 2  # the first step builds optimizer states and kernels' first use; the second settles the allocator
 STEP_TIMED = 3  # phases are per-phase medians over these
-# the host probe: at 256 tokens per micro-batch the 2-layer proxies' kernels (H200) take a fifth of the host's
-# time to issue them; HOST_TIMED adjacent pairs of steps of M and 2M micro-batches
+# the host probe: at 256 tokens per micro-batch the 2-layer proxies' kernels should take a fifth of the host's
+# time to issue them (estimated from their FLOPs and bytes, about 4-5 ms against the 20-40 ms per micro-batch the
+# H200 probe measured; the device time itself was not measured); HOST_TIMED adjacent pairs of steps of M and 2M
+# micro-batches
 HOST_PROBE_SEQ = 256
 HOST_PROBE_MICRO_BATCHES = 8
 HOST_TIMED = 5
