@@ -15,7 +15,10 @@ process, M = 4.
     python3 -m bench.host_probe_gpu --table T.json [--match "tp2 cp1,cp2 pp1"] --out host_probe.json
 
 Prints, per layout, the measured host ms per micro-batch (slowest rank) and the two step times; the JSON keeps
-every rank's. Compare with the model's host floor off the device.
+every rank's. Off the device, ``--price`` compares a stored probe with the model's host floor
+(``costmodel.step_time.host_seconds_per_micro_batch``) under a profile:
+
+    python3 -m bench.host_probe_gpu --price host_probe.json[,more.json] --profile P.json
 """
 
 from __future__ import annotations
@@ -23,27 +26,69 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 
 import torch
 
 from bench.table_rows import launch_rows, matching_rows
+from costmodel.step_time import host_seconds_per_micro_batch
 from executor.microbench.step_components import host_probe_worker
 from spec.catalog import get_model
+from spec.inputs import build_specs
+from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
+
+
+def price(probe: dict, profile: str) -> list[dict]:
+    """Each measured layout of a stored probe (this bench's JSON) against the model's host floor per
+    micro-batch (base + full recomputation, busiest stage) under the profile file ``profile``:
+    [{'layout', 'measured_ms', 'model_ms', 'ratio'}]."""
+    training = probe["training"]
+    model = probe["model"].split("@")[0]
+    layers = int(probe["model"].split("@")[1][:-1]) if "@" in probe["model"] else None
+    out = []
+    for r in probe["results"]:
+        if "failure" in r:
+            continue
+        config = ParallelConfig.from_dict(r["config"])
+        spec, train, cluster = build_specs(model, config.world_size, layers=layers, profile=profile,
+                                           seq_length=training["seq_length"],
+                                           global_batch_size=training["global_batch_size"],
+                                           precision=training["precision"])
+        base, recompute = host_seconds_per_micro_batch(spec, train, cluster, config)
+        model_ms = (base + recompute) * 1e3
+        out.append({"layout": r["layout"], "measured_ms": r["host_ms_per_micro_batch"], "model_ms": model_ms,
+                    "ratio": r["host_ms_per_micro_batch"] / model_ms})
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--table", required=True, help="a stored layout table (JSON) whose configs to run")
+    p.add_argument("--table", help="a stored layout table (JSON) whose configs to run")
+    p.add_argument("--price", metavar="PROBES", help="comma list of stored probe JSONs to price (no device needed)")
+    p.add_argument("--profile", help="with --price: the hardware profile (JSON) whose host floor to compare with")
     p.add_argument("--match", default="", help="comma list of substrings of layout labels to run (default all)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seq", type=int, default=256, help="sequence length of the probe (tokens)")
     p.add_argument("--micro", type=int, default=8, help="M: steps of M and 2M micro-batches per rank")
     p.add_argument("--repeats", type=int, default=5, help="pairs of steps (the median pair counts)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
     args = p.parse_args()
+    if args.price:
+        if not args.profile:
+            p.error("--price needs --profile")
+        rows = [row for path in args.price.split(",") for row in price(json.load(open(path)), args.profile)]
+        for row in rows:
+            print(f"{row['layout']:75s} measured {row['measured_ms']:7.2f} ms, model {row['model_ms']:6.2f} ms, "
+                  f"ratio {row['ratio']:5.2f}")
+        ratios = sorted(row["ratio"] for row in rows)
+        print(f"{len(ratios)} layouts: measured / model median {statistics.median(ratios):.2f}, "
+              f"range {ratios[0]:.2f}-{ratios[-1]:.2f}")
+        return 0
+    if not args.table or not args.out:
+        p.error("--table and --out are needed to measure (or --price to price stored probes)")
     if not torch.cuda.is_available():
         print("host_probe_gpu: needs CUDA GPUs (the host floor is a property of the CUDA launch path)")
         return 2

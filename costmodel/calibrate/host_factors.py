@@ -3,8 +3,8 @@
 The cost model floors each micro-batch at the host's time to issue it: ops counted on CPU ranks for a small
 GQA model (costmodel/host.py) times a per-op cost from a small-model MoE layer. On 2 H200s (2026-11-27,
 docs/benchmarks.md) the steps of real model shapes issued at a short sequence, where every kernel ends before
-the host queues the next, took 1.5-3.4x that floor per micro-batch (33 of 35 layouts, median 2.45) for
-Qwen3-30B-A3B and DeepSeek-V2-Lite proxies, and full recomputation added 3.5-7x the host seconds the model gave
+the host queues the next, took 1.5-3.4x that floor per micro-batch (33 of 35 layouts, median 2.47) for
+Qwen3-30B-A3B and DeepSeek-V2-Lite proxies, and full recomputation added 3.4-6.7x the host seconds the model gave
 it: the layouts with many small micro-batches per rank and full recomputation were the ones the model
 under-predicted by 14-41 %.
 
