@@ -8,7 +8,7 @@ every kernel finishes before the host has issued the next one and the step's wal
 (its launches, its synchronizing calls, the collectives' cross-rank waits) costs. Adjacent pairs of steps of
 ``M`` and ``2M`` micro-batches per rank (``--micro``) give the per-micro-batch host seconds as their difference
 over ``M`` (the once-per-step work, optimizer included, cancels); phases are timed as in the tables. The worker
-is ``foldtune calibrate --model``'s host probe (executor.microbench.step_components.host_probe_worker). The
+is ``foldtune calibrate --model``'s host probe (executor.microbench.host_probe.host_probe_worker). The
 H200 run of 2026-11-27 11:02 used an earlier form of this bench: two steps' medians (3 steps each) in one
 process, M = 4.
 
@@ -34,7 +34,7 @@ import torch
 
 from bench.table_rows import launch_rows, matching_rows
 from costmodel.step_time import host_seconds_per_micro_batch
-from executor.microbench.step_components import host_probe_worker
+from executor.microbench.host_probe import host_probe_worker
 from spec.catalog import get_model
 from spec.inputs import build_specs
 from spec.parallel_config import ParallelConfig

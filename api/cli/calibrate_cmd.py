@@ -164,7 +164,7 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
               f"{report.timing.get(c.name, '?')}{unit}")
     host = None
     if args.host_probe and not cpu:
-        from executor.microbench.step_components import HOST_PROBE_SEQ, measure_host
+        from executor.microbench.host_probe import HOST_PROBE_SEQ, measure_host
 
         print(f"host probe: the 1-GPU step at seq {HOST_PROBE_SEQ}, without and with full recomputation ...",
               flush=True)

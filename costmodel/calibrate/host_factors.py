@@ -8,7 +8,7 @@ Qwen3-30B-A3B and DeepSeek-V2-Lite proxies, and full recomputation added 3.4-6.7
 it: the layouts with many small micro-batches per rank and full recomputation were the ones the model
 under-predicted by 14-41 %.
 
-``foldtune calibrate --model`` therefore runs a host probe (executor.microbench.step_components.measure_host):
+``foldtune calibrate --model`` therefore runs a host probe (executor.microbench.host_probe.measure_host):
 the model's 1-GPU step at a short sequence with M and 2M micro-batches, without and with full recomputation.
 This module turns the two per-micro-batch seconds into the two correction keys the step-time model reads
 (costmodel.step_time.HOST_FACTOR, HOST_RECOMPUTE_FACTOR), stored with the model's component factors.
