@@ -33,7 +33,7 @@
 # carries at most 64 MiB of working tree: carry a `.whl/` without the Ray wheel (43 MiB) unless a phase runs
 # a tuning job (first, fixedcost); for those, `python3 bench/slim_ray_wheel.py` first (Ray core only, 38.7 MiB:
 # .whl/ and the tree then come to about 61 MiB). gpu_env.sh installs what the wheelhouse holds.
-# The components phase now also runs each model's host probe (about 30-40 s a model, not yet timed).
+# The components phase now also runs each model's host probe (estimated 30-40 s a model; not yet timed on its own).
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
