@@ -37,7 +37,8 @@ from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
 from costmodel.calibrate.profile_builder import build_profile
 from costmodel.calibrate.rebuild import changed_fields, rebuild
-from costmodel.calibrate.host_factors import HostProbe, host_factors
+from costmodel.calibrate.host_factors import (DEVICE_BOUND_MARGIN, MIN_RECOMPUTE_SHARE, HostProbe, device_seconds,
+                                              host_factors)
 from costmodel.calibrate.step_phases import report_from_phases
 from db.engine import make_engine, make_sessionmaker
 from db.hardware_profiles import store_calibrated_profile
@@ -172,8 +173,13 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
         host = HostProbe(HOST_PROBE_SEQ, args.mbs, base_s, full_s, steps_s)
         found = host_factors(spec, host, precision, profile)
         report = replace(report, factors={**report.factors, **found})
-        print(f"host per micro-batch: {base_s * 1e3:.2f} ms, with full recomputation {full_s * 1e3:.2f} ms -> "
-              + ", ".join(f"{k} {v:.2f}" for k, v in found.items()))
+        device_base, device_full = device_seconds(spec, host, precision, profile)
+        print(f"host per micro-batch: {base_s * 1e3:.2f} ms, with full recomputation {full_s * 1e3:.2f} ms "
+              f"(the model's device time {device_base * 1e3:.2f} and {device_full * 1e3:.2f} ms) -> "
+              + (", ".join(f"{k} {v:.2f}" for k, v in found.items()) or "no host factor"))
+        if len(found) < 2:
+            print(f"  a step under {DEVICE_BOUND_MARGIN}x the model's device time may be device-bound, and an "
+                  f"increment under {MIN_RECOMPUTE_SHARE:.0%} of the base is noise: nothing was learnt from it")
     elif args.host_probe:
         print("host probe: skipped on CPU ranks (no host floor to measure: each op ends before the next starts)")
     print(f"term factors for {report.key}: " + ", ".join(f"{t} {f:.3f}" for t, f in report.factors.items()))
