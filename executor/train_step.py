@@ -57,6 +57,9 @@ class Trainer:
         pp = model.state["pp"]
         self.pipelined = pp.size > 1
         self.ep_overlap_trace: list | None = None  # a list: the overlapped schedule logs its events (tests)
+        # the layout's EP all-to-all overlap, switchable between steps: bench/ep_overlap_paired.py times steps
+        # with and without it in one process (the EP group's NCCL stream keeps the priority it was built with)
+        self.ep_overlap = bool(config.overlap_moe_expert_parallel_comm)
         if self.pipelined:  # NCCL's first grouped p2p must involve the whole group: connect it here
             all_reduce_(torch.zeros(1, device=model.rope_cos.device), pp)
 
@@ -73,7 +76,7 @@ class Trainer:
             # rank's: only the non-interleaved schedule overlaps the reduction with the last backward.
             stats, self._counts = run_schedule(model, micro, self.reducer.arm if model.vpp == 1 else None)
             return stats
-        if model.state.config.overlap_moe_expert_parallel_comm:
+        if self.ep_overlap:
             # the forward of micro-batch i+1 runs with the backward of i, each one's EP all-to-alls under the
             # other's compute (executor/ep_overlap.py). A parameter used in two of its segments (the word
             # embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's

@@ -93,7 +93,7 @@ def _host_reads(trace: list):
     return lambda: [setattr(torch.Tensor, name, f) for name, f in plain.items()]
 
 
-def _trace_worker(rank: int, world: int, overlap: bool, host_reads: bool = False):
+def _trace_worker(rank: int, world: int, overlap: bool, host_reads: bool = False, switched_off: bool = False):
     import torch.distributed as dist
 
     from executor.data import global_batch, micro_batches
@@ -107,6 +107,8 @@ def _trace_worker(rank: int, world: int, overlap: bool, host_reads: bool = False
     trainer = Trainer(MoEGPT(model_spec, state, SCENARIOS["base"].options, 16))
     trace: list = []
     trainer.ep_overlap_trace = trace
+    if switched_off:  # the overlap's layout, its schedule switched off for this step (bench/ep_overlap_paired.py)
+        trainer.ep_overlap = False
     plain = dist.all_to_all_single
 
     def logged(*args, **kwargs):  # every all-to-all, and whether it returned before finishing
@@ -165,6 +167,21 @@ def test_overlap_issues_each_all_to_all_under_another_micro_batch():
         assert trace[first + 2] == ("compute", "F1")
         assert not any(e == ("all_to_all", True) for e in plain["trace"])  # the in-line run: all blocking
         assert got["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_the_overlap_switched_off_between_steps_runs_the_inline_schedule():
+    """Trainer.ep_overlap off on a layout built with the overlap: every all-to-all blocking, no exchange
+    started under another micro-batch, and the step's loss that of a layout without the overlap."""
+    _reference("base")
+    switched = launch(_trace_worker, 2, (True, False, True), backend="gloo", timeout_s=300, start_method="fork")
+    assert switched.ok, switched.failure_reason
+    inline = launch(_trace_worker, 2, (False,), backend="gloo", timeout_s=300, start_method="fork")
+    assert inline.ok, inline.failure_reason
+    for got, plain in zip(switched.results, inline.results):
+        assert got["trace"] and not any(e[0] == "start" or e == ("all_to_all", True) for e in got["trace"])
+        assert got["trace"] == plain["trace"]
+        assert got["loss"] == plain["loss"]
 
 
 @pytest.mark.slow
