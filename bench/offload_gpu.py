@@ -57,7 +57,12 @@ def measured_profile(base, device: torch.device, quick: bool):
     # the CPU Adam rate by working-set size (how far the calibrated size is from a real shard's)
     sizes = (QUICK_CPU_ADAM_ELEMENTS, 4 * QUICK_CPU_ADAM_ELEMENTS) if quick else (24 << 20, 128 << 20, 512 << 20)
     by_size = [measure_cpu_adam(n, device=device) for n in sizes]
-    print("CPU Adam by size: " + ", ".join(f"{r['elements'] / 2**20:.0f}M {r['cpu_adam_bytes_per_s'] / 1e9:.1f} GB/s"
+    # the same step on pageable gradient and weight buffers (before 2026-11-27 13:30 the microbenchmark's only
+    # kind, while the executor's are pinned): what the buffers' kind does to the rate
+    if device.type == "cuda":
+        by_size.append(measure_cpu_adam(CPU_ADAM_ELEMENTS, device=device, pinned=False))
+    print("CPU Adam by size: " + ", ".join(f"{r['elements'] / 2**20:.0f}M{'' if r['pinned'] else ' pageable'} "
+                                           f"{r['cpu_adam_bytes_per_s'] / 1e9:.1f} GB/s"
                                            for r in by_size), flush=True)
     return profile, {"link": link, "cpu_adam": adam, "cpu_adam_by_size": by_size}
 

@@ -39,11 +39,19 @@ def measure_host_link(device: torch.device, nbytes: int = GPU_LINK_BYTES, repeat
     return out
 
 
-def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device: torch.device | None = None) -> dict:
-    """``{'elements', 'threads', 'seconds', 'cpu_adam_bytes_per_s'}`` of one AdamW step over ``elements`` on the
-    CPU, in the blocks and with the threads the executor's offloaded step uses for a rank on ``device``."""
+def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device: torch.device | None = None,
+                     pinned: bool | None = None) -> dict:
+    """``{'elements', 'threads', 'seconds', 'cpu_adam_bytes_per_s', 'pinned'}`` of one AdamW step over ``elements``
+    on the CPU, in the blocks, with the threads and on the kind of host memory (pinned gradient and weight
+    buffers for a rank on a GPU) the executor's offloaded step uses for a rank on ``device``. ``pinned`` False
+    keeps them pageable on a GPU rank (a comparison; True needs a GPU)."""
     cpu = torch.device("cpu")
-    part = HostPart(torch.randn(elements), torch.bfloat16)
+    # From a device tensor, as the executor builds it: its gradient and weight buffers are then pinned (page-
+    # locked) host memory, which the CPU step reads and writes; from a CPU tensor they would be pageable.
+    gpu = device is not None and device.type == "cuda" and pinned is not False
+    source = torch.randn(elements, device=device if gpu else cpu)
+    part = HostPart(source, torch.bfloat16)
+    del source
     part.grad.normal_()
     hyper = (1e-4, (0.9, 0.95), 1e-8, 0.1, 0.1, 0.05)
     count = torch.tensor(1.0) if hasattr(torch, "_fused_adamw_") else None  # as MixedPrecisionAdam(fused=True)
@@ -58,4 +66,4 @@ def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device
     finally:
         torch.set_num_threads(before)
     return {"elements": elements, "threads": threads, "seconds": seconds,
-            "cpu_adam_bytes_per_s": 12 * elements / seconds}
+            "cpu_adam_bytes_per_s": 12 * elements / seconds, "pinned": part.grad.is_pinned()}

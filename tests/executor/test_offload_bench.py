@@ -22,6 +22,7 @@ def test_cpu_adam_steps_state_at_a_finite_rate_and_cpu_has_no_host_link():
     assert row["elements"] == 1 << 16 and row["seconds"] > 0
     assert math.isfinite(row["cpu_adam_bytes_per_s"])
     assert row["cpu_adam_bytes_per_s"] == 12 * row["elements"] / row["seconds"]
+    assert row["pinned"] is False  # no GPU: pageable buffers, as the executor's CPU ranks have
     assert measure_host_link(torch.device("cpu")) is None
 
 
