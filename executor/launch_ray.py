@@ -73,6 +73,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 from executor import progress, rank_pool  # noqa: E402
 from executor.failure import is_out_of_memory
 from executor.launch_local import OOM_PREFIX, SAFE_ENV, LaunchResult
+from executor.node import NODE_ENV
 from spec.errors import SpecError
 from spec.failure import FailureKind
 from spec.rank_groups import node_of_rank
@@ -221,6 +222,9 @@ class RankActor:
         os.environ.update(env)
         os.environ.update(SAFE_ENV)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+        # the rank's node as the calibration groups ranks by (executor/node.py): Ray's node id, distinct for
+        # the nodes of a simulated cluster that share one host
+        os.environ[NODE_ENV] = ray.get_runtime_context().get_node_id()
         self.rank, self.world_size, self.threads = rank, world_size, threads
         self._lock = threading.Lock()
         self._steps: list[tuple[int, float]] = []

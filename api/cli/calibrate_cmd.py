@@ -1,9 +1,11 @@
 """``foldtune calibrate``: microbenchmark the local devices and save a calibrated hardware profile.
 
 Runs GEMM, grouped-GEMM, memory-copy, launch-overhead and collective benchmarks on ``--ranks`` local ranks (NCCL on
-GPUs, gloo on CPU), builds a HardwareProfile from the ``--gpu`` catalog profile with the measured curves
-(units: docs/time-model.md, "Calibration hooks"), writes it to ``--out`` and, with ``--store``, to the
-service database. ``foldtune plan/tune --profile FILE`` price layouts with it.
+GPUs, gloo on CPU), or with ``--ray`` on the ranks of a Ray cluster, ``--gpus-per-node`` on each node (ranks on
+two or more nodes also time the collectives of one rank per node: the NIC stage of the network model), builds a
+HardwareProfile from the ``--gpu`` catalog profile with the measured curves (units: docs/time-model.md,
+"Calibration hooks"), writes it to ``--out`` and, with ``--store``, to the service database. ``foldtune
+plan/tune --profile FILE`` price layouts with it.
 
 With ``--model NAME --seq S`` it also times the executor's own components (attention, MoE block with real
 routing, dense MLP, LM head + loss, embedding, optimizer step) at that model's shapes on one device and stores
@@ -26,6 +28,7 @@ calibrate rebuild`` re-derives a profile's curves from its stored raw timings (:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from dataclasses import asdict, replace
@@ -54,7 +57,15 @@ REBUILD_HELP = "re-derive a calibrated profile's curves from the raw timings sto
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gpu_argument(parser, local=True)
-    parser.add_argument("--ranks", type=int, help="local ranks (default: every GPU, or 4 CPU ranks)")
+    parser.add_argument("--ranks", type=int, help="ranks (default: every local GPU, or 4 CPU ranks; with --ray "
+                                                  "required: all ranks over the cluster's nodes)")
+    parser.add_argument("--ray", action="store_true",
+                        help="run the ranks on a Ray cluster (--ray-address, FOLDTUNE_RAY_ADDRESS, else a local Ray), "
+                             "--gpus-per-node on each node; ranks on two or more nodes also time the collectives "
+                             "of one rank per node, the NIC stage of the network model")
+    parser.add_argument("--ray-address", metavar="ADDR", help="with --ray: the cluster (e.g. head:6379)")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="with --ray: ranks per node (default: the GPUs of the cluster's smallest node)")
     add_shape_arguments(parser, seq=False, gbs=False)  # GEMM precision; fp8: torch._scaled_mm GEMMs, GPUs only
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
     parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
@@ -199,6 +210,43 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
     return replace(profile, component_factors=factors), record
 
 
+def _check_ray_arguments(args: argparse.Namespace) -> None:
+    """One clear error for a --ray run the cluster cannot answer for, before Ray starts."""
+    if not args.gpu:
+        raise SpecError("--ray needs --gpu: the cluster's GPU type (or cpu for CPU ranks), not this machine's")
+    if args.ranks is None:
+        raise SpecError("--ray needs --ranks: the ranks over all the nodes")
+    if args.model:
+        raise SpecError("--model times one model's components on one local GPU: run it without --ray")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise SpecError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if args.ranks < 1:
+        raise SpecError(f"--ranks must be >= 1, got {args.ranks}")
+
+
+def _ray_launcher(args: argparse.Namespace, cpu: bool, ranks: int):
+    """(``executor.launch_ray.launch`` bound to the cluster and its ranks per node, what it runs on in words);
+    SpecError when the cluster cannot place ``ranks`` ranks that way."""
+    from executor import launch_ray  # starts or attaches Ray and imports torch: only with --ray
+
+    launch_ray.attach_ray(args.ray_address)
+    shape = launch_ray.cluster_shape(launch_ray.rank_resource("gloo" if cpu else "nccl"))
+    per_node = args.gpus_per_node or shape.slots_per_node
+    if per_node < 1:
+        raise SpecError(f"the Ray cluster has no node with a {shape.resource} to run a rank on")
+    if ranks % per_node and ranks > per_node:
+        raise SpecError(f"--ranks {ranks} must be a multiple of the ranks per node ({per_node}) when the ranks span "
+                        f"nodes: every node holds as many")
+    needed = max(1, ranks // per_node)
+    on_node = min(per_node, ranks)
+    fitting = sum(1 for n in shape.nodes if n.slots >= on_node)
+    if fitting < needed:
+        raise SpecError(f"--ranks {ranks} at {per_node} per node needs {needed} Ray node(s) with {on_node} "
+                        f"{shape.resource} each; the cluster has {fitting} of {shape.num_nodes}")
+    launcher = functools.partial(launch_ray.launch, ranks_per_node=per_node, name="calibrate")
+    return launcher, f"{ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'} over Ray: {needed} node(s) x {on_node}"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "merge":
         return _merge(args)
@@ -212,6 +260,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and not args.seq:
         raise SpecError("--model needs --seq (the sequence length the components run at)")
+    if not args.ray and (args.ray_address or args.gpus_per_node is not None):
+        raise SpecError("--ray-address and --gpus-per-node need --ray (a calibration on a Ray cluster)")
+    if args.ray:
+        _check_ray_arguments(args)
     if args.step_micro_batches is not None and args.step_micro_batches < 1:
         raise SpecError(f"--step-micro-batches must be >= 1, got {args.step_micro_batches}")
     cpu = (args.gpu or "").lower() == "cpu" or (args.gpu is None and not torch.cuda.is_available())
@@ -219,13 +271,17 @@ def run(args: argparse.Namespace) -> int:
         get_hardware(args.gpu)  # an unknown name is the first thing to report
     if args.model:
         get_model(args.model)
-    if not cpu and not torch.cuda.is_available():
+    if args.ray:  # the devices are the cluster's: --gpu names them, nothing local is checked
+        cpu = args.gpu.lower() == "cpu"
+    elif not cpu and not torch.cuda.is_available():
         raise SpecError(f"--gpu {args.gpu} needs CUDA GPUs and this machine has none (--gpu cpu runs CPU ranks)")
     gpu = "cpu" if cpu else (args.gpu or guess_gpu(torch.cuda.get_device_name(0)))
     base = get_hardware(gpu)
     ranks = args.ranks if args.ranks is not None else (4 if cpu else torch.cuda.device_count())
     if ranks < 1:
         raise SpecError(f"--ranks must be >= 1, got {ranks}")
+    launcher, where = (_ray_launcher(args, cpu, ranks) if args.ray else
+                       (None, f"{ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}"))
     precision = args.precision or default_precision(gpu)
     if precision == "fp8" and cpu:
         raise SpecError("--precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
@@ -238,11 +294,13 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(sustained_s) and sustained_s >= 0):  # inf would load the GPUs until --timeout
         raise SpecError(f"--sustained-seconds must be a finite number >= 0, got {sustained_s}")
     name = (args.name or f"{base.name}-calibrated").lower()
-    print(f"calibrating {base.name} on {ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}, {precision}"
-          f"{', quick' if args.quick else ''}", flush=True)
+    print(f"calibrating {base.name} on {where}, {precision}{', quick' if args.quick else ''}", flush=True)
     raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick, sustained_s=sustained_s),
-                         device="cpu" if cpu else "cuda", timeout_s=args.timeout)
+                         device="cpu" if cpu else "cuda", timeout_s=args.timeout, launcher=launcher)
     profile = build_profile(base, raw, name)
+    nodes = len(raw.get("nodes") or ())
+    print(f"ranks ran on {nodes} node(s); network (NIC stage): " + (
+        profile.network_source if nodes > 1 else f"not measured (one node), {profile.network_source}"))
     path = args.out or default_data_dir() / "hardware" / f"{name}.json"
     if args.model:
         profile, raw["components"] = _components(args, profile, precision, cpu, path)

@@ -9,12 +9,11 @@ all-to-all, the payload of a p2p send. A time is the slowest rank's.
 
 from __future__ import annotations
 
-import socket
-
 import torch
 import torch.distributed as dist
 
 from executor.microbench.timing import time_op
+from executor.node import node_name
 from executor.parallel.collectives import all_gather_tensor, reduce_scatter_tensor
 
 COLLECTIVES = ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "p2p")
@@ -87,7 +86,7 @@ def measure_collectives(rank: int, world_size: int, device: torch.device, dtype:
     only when the ranks span several nodes.
     """
     hosts: list[str | None] = [None] * world_size
-    dist.all_gather_object(hosts, socket.gethostname())
+    dist.all_gather_object(hosts, node_name())  # the launcher's node id where it set one, else the host name
     out = _sweep(rank, world_size, device, dtype, sizes_bytes, collectives, repeats, say,
                  [[list(range(start, start + n)) for start in range(0, world_size, n)]
                   for n in group_sizes(world_size)],

@@ -1,4 +1,5 @@
-"""Run every microbenchmark on ``world_size`` local ranks at once and collect the raw timings.
+"""Run every microbenchmark on ``world_size`` ranks at once (local processes, or a cluster launcher's ranks)
+and collect the raw timings.
 
 Compute benchmarks run on all ranks concurrently because training loads every device at once (on CPU
 the ranks share cores, which is exactly what a CPU layout measured by the executor sees); collectives
@@ -9,15 +10,18 @@ from __future__ import annotations
 
 import datetime
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from executor.launch_local import LaunchResult
 from executor.launch_local import launch as launch_ranks
 from executor.microbench import (attention, collectives, exchanges, fragmentation, gemm, grouped_gemm, hbm, launch,
                                  offload, overlap, sustained)
 from executor.microbench.components import OPTIMIZER_PARAMS_CPU, OPTIMIZER_PARAMS_GPU, measure_optimizer
 from executor.microbench.sustained import SUSTAINED_SECONDS
+from executor.node import node_name
 from spec.errors import FoldtuneError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
@@ -59,7 +63,7 @@ def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     dtype = torch.bfloat16 if plan.precision == "fp8" else gemm_dtype
     say = _say(rank)
     say(f"[rank 0 of {world_size}] {device.type} {plan.precision}: GEMMs")
-    report = {"device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+    report = {"device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu", "node": node_name(),
               "gemm": gemm.measure_gemm(plan.sizes(gemm.default_shapes(device, plan.quick)), device, gemm_dtype)}
     for row in report["gemm"]:
         say(f"  gemm {row['m']}x{row['n']}x{row['k']}  fwd {row['seconds'] * 1e6:10.1f} us "
@@ -189,11 +193,20 @@ def _merged_launch(rows: list[dict]) -> dict:
             "moe_layer_host_s": statistics.median(layers) if layers else None}
 
 
-def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0) -> dict:
-    """Launch ``world_size`` local ranks (NCCL on as many GPUs, else gloo on CPU), run every benchmark,
-    and return the merged raw timings plus ``precision``, ``backend`` and ``measured_at`` (UTC ISO)."""
+def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0,
+                   launcher: Callable[..., LaunchResult] | None = None) -> dict:
+    """Launch ``world_size`` ranks (NCCL on as many GPUs, else gloo on CPU), run every benchmark, and return the
+    merged raw timings plus ``precision``, ``backend``, ``measured_at`` (UTC ISO) and ``nodes`` (the nodes the
+    ranks ran on, executor/node.py).
+
+    ``launcher`` (``executor.launch_local.launch``'s contract, e.g. ``executor.launch_ray.launch`` bound to a
+    cluster and its GPUs per node) runs the ranks elsewhere; default: local processes. With a launcher the
+    devices are the cluster's, so ``device`` must say which ('cuda' or 'cpu'): nothing local is checked.
+    Ranks spread over several nodes also time the collectives of one rank per node (the NIC stage)."""
+    if launcher is not None and device not in ("cuda", "cpu"):
+        raise FoldtuneError(f"calibration through a cluster launcher needs device 'cuda' or 'cpu', got {device!r}")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda and torch.cuda.device_count() < world_size:
+    if launcher is None and use_cuda and torch.cuda.device_count() < world_size:
         raise FoldtuneError(f"calibration on {world_size} GPUs needs as many, this machine has "
                             f"{torch.cuda.device_count()}")
     if plan.precision not in DTYPES:
@@ -201,10 +214,11 @@ def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeo
     if plan.precision == "fp8" and not use_cuda:
         raise FoldtuneError("precision fp8 needs CUDA GPUs with fp8 tensor cores (torch._scaled_mm)")
     backend = "nccl" if use_cuda else "gloo"
-    result = launch_ranks(calibrate_worker, world_size, (plan,), backend=backend, timeout_s=timeout_s)
+    result = (launcher or launch_ranks)(calibrate_worker, world_size, (plan,), backend=backend, timeout_s=timeout_s)
     if not result.ok:
         raise FoldtuneError(f"calibration run failed: {result.failure_reason}")
     raw = merge_ranks(result.results)
     raw.update(precision=plan.precision, backend=backend, quick=plan.quick,
+               nodes=sorted({r["node"] for r in result.results}),
                measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     return raw
