@@ -2,8 +2,10 @@
 
 A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured
 profile ``<gpu>-auto-calibrated`` of the service database when one exists; when none does, the runner first
-runs a quick calibration on the devices of its own machine (the machine microbenchmarks of ``foldtune
-calibrate --quick`` plus the sustained-load run, a minute or two on a GPU), stores it under that name for every
+runs a quick calibration (the machine microbenchmarks of ``foldtune calibrate --quick`` plus the sustained-load
+run, a minute or two on a GPU) on the devices the job's trials run on: through the Ray launcher, on one node of
+the cluster (a runner on a head host without GPUs calibrates its GPU hosts), or on this machine's own devices
+when no launcher is given (``foldtune calibrate``'s local path). It stores it under that name for every
 later job on that GPU type, and prices with it. The search's online calibration (per-term multipliers fitted
 on the measured trials) works on top, as on any profile. A job submitted with a calibrated or stored profile
 keeps it; ``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
@@ -14,12 +16,14 @@ Which profile priced the job, and whether this job measured it, rides in the job
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from costmodel.calibrate.profile_builder import build_profile
+from executor.launch_local import LaunchResult
 from executor.microbench.runner import BenchPlan, run_benchmarks
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
@@ -52,23 +56,33 @@ class PricingProfile:
 Calibrate = Callable[[HardwareProfile, int, str, str], HardwareProfile]
 
 
-def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str) -> HardwareProfile:
-    """Measure this machine's devices of ``hardware``'s type (``mode`` 'quick' or 'minimal') and return the
-    profile called :func:`auto_profile_name`; FoldtuneError when this machine has none of them."""
+def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str,
+                      launcher: Callable[..., LaunchResult] | None = None,
+                      slots_per_node: int | None = None) -> HardwareProfile:
+    """Measure devices of ``hardware``'s type (``mode`` 'quick' or 'minimal') and return the profile called
+    :func:`auto_profile_name`. ``launcher`` (``executor.launch_ray.launch``'s contract) runs the ranks on one node
+    of a cluster whose nodes hold ``slots_per_node`` devices each; without it, this machine's devices.
+    FoldtuneError when there are none to measure."""
     cpu = hardware.gpu.name.lower() == "cpu"
     if cpu:
         ranks = min(num_gpus, CPU_CALIBRATION_RANKS)
+    elif launcher is not None:
+        if not slots_per_node:
+            raise FoldtuneError("the Ray cluster has no GPU node to calibrate")
+        ranks = min(num_gpus, hardware.gpus_per_node, slots_per_node)
     else:
         local = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if local == 0:
             raise FoldtuneError("this runner's machine has no GPU to calibrate")
         ranks = min(num_gpus, hardware.gpus_per_node, local)
+    if launcher is not None:  # every rank on one node: the machine's curves, as a local calibration times them
+        launcher = functools.partial(launcher, ranks_per_node=ranks)
     # The sustained-load run stays in: without it the profile prices at the cool card's burst clock. Two H200s
     # held 0.83 of it under load (2026-11-27); first trials priced without it were 22-25 % fast (2 x H200,
     # 2026-11-26 at 9582f22), with it 6-10 % (2026-11-27 at 21ef25e).
     plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True,
                      sustained_s=0.0 if mode == "minimal" else SUSTAINED_SECONDS, minimal=mode == "minimal")
-    raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0)
+    raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0, launcher=launcher)
     return build_profile(hardware, raw, auto_profile_name(hardware))
 
 

@@ -30,6 +30,7 @@ running is failed as 'lost' and measured again under a new number).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -45,7 +46,7 @@ from optuna.trial import TrialState
 
 from api.service.paths import default_data_root
 from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, PricingProfile, auto_profile_name,
-                                     pricing_profile)
+                                     pricing_profile, quick_calibration)
 from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import (JobStopped, TrialExecutor, TrialSettings, fixed_cost_summary, is_cpu_cluster,
@@ -284,8 +285,8 @@ class Runner:
             model, training, cluster = job_specs(job)
             # from this (main) thread: Ray installs its signal handlers only here
             launch_ray.attach_ray()
-            cluster, pricing = self._pricing_cluster(job, cluster, training)
             shape = launch_ray.cluster_shape(launch_ray.rank_resource("gloo" if is_cpu_cluster(cluster) else "nccl"))
+            cluster, pricing = self._pricing_cluster(job, cluster, training, shape)
             cluster = cluster_on_ray(cluster, self.settings.gpus_per_node or shape.slots_per_node or None)
             cands = job_candidates(model, training, cluster, job.max_trials,
                                    search_precision=job_searches_precision(job))
@@ -356,9 +357,10 @@ class Runner:
                                        "best_step_time": result.best_step_time})
         return final
 
-    def _pricing_cluster(self, job: Job, cluster: ClusterSpec, training: TrainingSpec
-                         ) -> tuple[ClusterSpec, PricingProfile]:
-        """The job's cluster on the profile it prices with (api.worker.auto_profile) and where that came from."""
+    def _pricing_cluster(self, job: Job, cluster: ClusterSpec, training: TrainingSpec,
+                         shape: launch_ray.ClusterShape) -> tuple[ClusterSpec, PricingProfile]:
+        """The job's cluster on the profile it prices with (api.worker.auto_profile) and where that came from. A
+        calibration it needs runs through Ray on one node of ``shape``, where the job's trials will run."""
         def stored(name: str) -> dict | None:
             with self.sessions() as session:
                 row = stored_profile(session, name)
@@ -372,8 +374,10 @@ class Runner:
         if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(
                 auto_profile_name(cluster.hardware)) is None:
             self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode})
+        calibrate = functools.partial(quick_calibration, slots_per_node=shape.slots_per_node,
+                                      launcher=functools.partial(launch_ray.launch, name=f"job-{job.id}-calibrate"))
         hardware, pricing = pricing_profile(cluster.hardware, cluster.num_gpus, training.precision, mode, stored,
-                                            store)
+                                            store, calibrate)
         return replace(cluster, hardware=hardware), pricing
 
     def _recover(self, job: Job) -> None:

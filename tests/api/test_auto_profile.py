@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from api.worker.auto_profile import PricingProfile, auto_profile_name, pricing_profile
+from api.worker.auto_profile import PricingProfile, auto_profile_name, pricing_profile, quick_calibration
+from executor.launch_local import LaunchResult
 from api.worker.runner import RunnerSettings
 from spec.catalog import get_hardware
 from spec.errors import FoldtuneError, SpecError
@@ -58,6 +59,26 @@ def test_submitted_profiles_off_and_failures_keep_what_the_job_had():
     hw, pricing = pricing_profile(h100, 8, "bf16", "quick", fake.stored, fake.store, broken)
     assert hw == h100 and not pricing.calibrated_by_job and "no GPU" in pricing.note
     assert fake.calibrations == 0 and fake.rows == {}
+
+
+def test_a_gpu_calibration_through_the_cluster_runs_on_one_of_its_nodes():
+    """The runner calibrates where its trials run (a head host may have no GPU): the ranks go to the launcher,
+    as many as one node holds (at most the job's GPUs), all on that node."""
+    h100 = get_hardware("h100-sxm")  # 8 GPUs per node in the catalog; this machine has none
+    calls = []
+
+    def launcher(fn, world_size, args=(), **kwargs):
+        calls.append((world_size, kwargs.get("ranks_per_node"), kwargs.get("backend")))
+        return LaunchResult(ok=False, failure_reason="no GPU here (test)")
+
+    with pytest.raises(FoldtuneError, match="calibration run failed: no GPU here"):
+        quick_calibration(h100, 16, "bf16", "quick", launcher=launcher, slots_per_node=4)
+    with pytest.raises(FoldtuneError, match="calibration run failed"):
+        quick_calibration(h100, 2, "bf16", "quick", launcher=launcher, slots_per_node=8)
+    assert calls == [(4, 4, "nccl"), (2, 2, "nccl")]
+    with pytest.raises(FoldtuneError, match="no GPU node to calibrate"):
+        quick_calibration(h100, 8, "bf16", "quick", launcher=launcher, slots_per_node=0)
+    assert len(calls) == 2
 
 
 def test_runner_setting_defaults_quick_on_gpus_off_on_cpu():
