@@ -123,3 +123,35 @@ def wait_no_rank_actors(timeout_s: float = 20.0) -> list[int]:
     while (pids := rank_actor_pids()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return pids
+
+
+@contextlib.contextmanager
+def simulated_ray_cluster(nodes: int = 2, slots: int = 2, head_system_config: dict | None = None) -> Iterator:
+    """A multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``): a head without CPUs and ``nodes``
+    worker nodes of ``slots`` CPUs and ``slots`` units of ``fake_gpu`` each, the rank resource of gloo ranks
+    (FOLDTUNE_RAY_RANK_RESOURCE); any Ray this process started before is shut down first. The environment is
+    restored and the cluster shut down on exit."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from executor import launch_ray
+
+    saved = dict(os.environ)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ[launch_ray.RANK_RESOURCE_ENV] = "fake_gpu"
+    if ray.is_initialized():
+        ray.shutdown()
+    head = {"num_cpus": 0, "include_dashboard": False}
+    if head_system_config:
+        head["_system_config"] = head_system_config
+    sim = Cluster(initialize_head=True, head_node_args=head)
+    for _ in range(nodes):
+        sim.add_node(num_cpus=slots, resources={"fake_gpu": slots})
+    sim.wait_for_nodes()
+    try:
+        yield sim
+    finally:
+        ray.shutdown()
+        sim.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)

@@ -7,9 +7,9 @@ measured NIC-stage curves; a cluster too small for the ranks is one error line. 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from runner_env import simulated_ray_cluster
 
 from api.cli.main import main
 
@@ -18,27 +18,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from executor import launch_ray
-
-    saved = dict(os.environ)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ[launch_ray.RANK_RESOURCE_ENV] = "fake_gpu"
-    if ray.is_initialized():
-        ray.shutdown()
-    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for _ in range(2):
-        sim.add_node(num_cpus=2, resources={"fake_gpu": 2})
-    sim.wait_for_nodes()
-    try:
+    with simulated_ray_cluster(nodes=2, slots=2) as sim:
         yield sim
-    finally:
-        ray.shutdown()
-        sim.shutdown()
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def test_calibrate_over_two_ray_nodes_measures_the_nic_stage(cluster, tmp_path, capsys):

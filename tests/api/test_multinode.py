@@ -20,7 +20,7 @@ import threading
 import time
 
 import pytest
-from runner_env import TINY_JOB, make_runner
+from runner_env import TINY_JOB, make_runner, simulated_ray_cluster
 
 from spec.parallel_config import ParallelConfig
 from spec.rank_groups import FoldedGroups, node_of_rank, nodes_spanned
@@ -32,32 +32,13 @@ SLOTS = 2  # fake GPUs (and CPUs) per worker node
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
     from executor import launch_ray
 
-    saved = dict(os.environ)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ[launch_ray.RANK_RESOURCE_ENV] = "fake_gpu"
-    if ray.is_initialized():
-        ray.shutdown()
     # The head only runs the GCS; its fast health check declares a removed node dead within ~2 s.
-    sim = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                           "health_check_initial_delay_ms": 0}})
-    for _ in range(2):
-        sim.add_node(num_cpus=SLOTS, resources={"fake_gpu": SLOTS})
-    sim.wait_for_nodes()
-    launch_ray.attach_ray(sim.address)
-    try:
+    with simulated_ray_cluster(2, SLOTS, {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                                          "health_check_initial_delay_ms": 0}) as sim:
+        launch_ray.attach_ray(sim.address)
         yield sim
-    finally:
-        ray.shutdown()
-        sim.shutdown()
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _job(client, alice, num_gpus: int, max_trials: int) -> int:
