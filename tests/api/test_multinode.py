@@ -15,7 +15,6 @@ earlier test module started is shut down first (the next module's ``attach_ray``
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 
