@@ -7,6 +7,8 @@
 #   trace      bench/layout_trace_gpu.py: one profiled step per rank of the 2-GPU layouts the model missed most
 #              (DeepSeek-V2-Lite dp2 / TP2 / CP2 / EP2, Mixtral EP2) -> res/trace-<model>.json
 #   cpdisp     bench/cp_dispatch_gpu.py: CP2 vs CP1 at seq 2k/4k/8k, alltoall vs allgather at EP2 -> res/cp_dispatch.json
+#   raycal     foldtune calibrate --ray --quick over both GPUs of this host as one Ray node (the NCCL ranks as Ray
+#              actors; one node, so no NIC stage) -> res/<gpu>-ray-calibrated.json (needs the Ray wheel)
 #   first      bench/first_trial_gpu.sh: one fresh tuning job per proxy, the first after a quick calibration
 #   fixedcost  issue 19: a 2-GPU tuning job of 8 trials with kept ranks (bench/trial_fixed_cost_gpu.sh, reuse only)
 #   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py; OVERLAP_ARGS,
@@ -44,7 +46,7 @@ source bench/gpu_env.sh
 gpu_type
 echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
 pack_results "$RES" "$OUT"
-phases "calibrate trace cpdisp fixedcost first overlap paired components losskernel fp8check tables offload"
+phases "calibrate trace cpdisp raycal fixedcost first overlap paired components losskernel fp8check tables offload"
 
 if has calibrate; then
   echo "== calibrate start $(date -u +%T)"
@@ -66,6 +68,13 @@ if has cpdisp; then
   echo "== cp_dispatch start $(date -u +%T)"
   timeout 240 python3 -m bench.cp_dispatch_gpu --out "$RES/cp_dispatch.json" 2>&1 | grep -v "Warning: \[PG"
   echo "cp_dispatch rc=${PIPESTATUS[0]} end $(date -u +%T)"
+fi
+if has raycal; then
+  echo "== calibrate --ray start $(date -u +%T)"
+  timeout 240 python3 -m api.cli.main calibrate --ray --gpu "$GPU" --ranks 2 --quick --timeout 230 \
+    --out "$RES/$GPU-ray-calibrated.json" > "$RES/raycal.log" 2>&1
+  echo "calibrate --ray rc=$? end $(date -u +%T)"
+  grep -E "^calibrating|ranks ran on|^GEMM efficiency|all_to_all:intra |profile .* written|error" "$RES/raycal.log"
 fi
 if has first; then
   echo "== first trials start $(date -u +%T)"
