@@ -14,7 +14,7 @@ from costmodel.comm import span_text
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.host import seconds_per_op
 from costmodel.memory import MemoryBreakdown, estimate_memory
-from costmodel.step_time import StepTimeBreakdown, estimate_step_time
+from costmodel.step_time import StepTimeBreakdown, estimate_step_time, steady_state_floor as _floor
 from costmodel.terms import BOTTLENECK_TERMS
 from spec.hardware import GIB, ClusterSpec
 from spec.model_spec import ModelSpec
@@ -136,6 +136,14 @@ def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, co
     function: same signature, picklable)."""
     return estimate_step_time(model, training, cluster, config,
                               corrections=component_corrections(model, training, cluster, config))
+
+
+def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                       config: ParallelConfig) -> float:
+    """:func:`costmodel.step_time.steady_state_floor` (seconds) with the corrections :func:`step_time` applies:
+    a cheap lower bound on ``step_time``'s step time less its once-per-step terms, bubble and ep_a2a."""
+    return _floor(model, training, cluster, config,
+                  corrections=component_corrections(model, training, cluster, config))
 
 
 def component_corrections(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

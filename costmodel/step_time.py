@@ -603,11 +603,12 @@ def _part(ctx: _Context, name: str, key: tuple, shape: _Shape | None, layer_key:
     return cached
 
 
-def _build_layers(ctx: _Context, key: tuple) -> _Layers:
-    tp, cp, ep, etp, mbs, sp, dispatcher, tp_overlap = key
+def _combos(ctx: _Context, key: tuple) -> tuple[tuple[_LayerCost, ...], _Shape | None]:
+    """The layer parts of ``key`` that do not depend on the expert layout or the dispatcher: (dense layer,
+    the MoE layer's TP side, embedding, output head, MTP block's own work, chunk end), cached per (tp, cp,
+    micro-batch, SP, TP overlap); and the shape they were built with (None when cached)."""
+    tp, cp, _, _, mbs, sp, _, tp_overlap = key
     model = ctx.model
-    # attention and the TP-side parts do not depend on the expert layout; the routed experts depend only
-    # on the MoE tokens per rank and the expert layout
     dense_key = (tp, cp, mbs, sp, tp_overlap)
     combos = ctx.combos.get(dense_key)
     shape = None
@@ -621,7 +622,15 @@ def _build_layers(ctx: _Context, key: tuple) -> _Layers:
             _part(ctx, "head", dense_key, shape, key),
             _part(ctx, "mtp_extra", dense_key, shape, key) if model.mtp_num_layers else _ZERO_LAYER,
             _part(ctx, "chunk_end", dense_key, shape, key))
-    dense, moe_base, embed, head, mtp_extra, chunk_end = combos
+    return combos, shape
+
+
+def _build_layers(ctx: _Context, key: tuple) -> _Layers:
+    tp, cp, ep, etp, mbs, sp, dispatcher, tp_overlap = key
+    model = ctx.model
+    # attention and the TP-side parts do not depend on the expert layout; the routed experts depend only
+    # on the MoE tokens per rank and the expert layout
+    (dense, moe_base, embed, head, mtp_extra, chunk_end), shape = _combos(ctx, key)
     moe = _ZERO_LAYER
     if model.is_moe:
         moe_tokens = mbs * ctx.training.seq_length // cp / tp
@@ -915,11 +924,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     c = config
     world = c.world_size
     dp = world // (c.tp * c.cp * c.pp)
-    m, rest = divmod(training.global_batch_size, c.micro_batch_size * dp)
-    if m == 0 or rest:
-        raise InvalidConfigError(
-            f"global_batch_size ({training.global_batch_size}) must be a positive multiple of "
-            f"micro_batch_size·dp ({c.micro_batch_size}·{dp} = {c.micro_batch_size * dp})")
+    m = _micro_batches(training, c, dp)
     hit = _CONTEXTS.get((id(model), id(training), id(cluster)))  # _context's fast path, inlined
     if hit is not None and hit[0] is model and hit[1] is training and hit[2] is cluster:
         ctx = hit[3]
@@ -1061,6 +1066,75 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         tokens_per_s_per_gpu=ctx.tokens_per_step / per_gpu, tflops_per_gpu=ctx.flops_per_step / per_gpu / 1e12,
         mfu=ctx.flops_per_step / per_gpu / ctx.peak, bottleneck=_bottleneck(values, step))
     return breakdown
+
+
+def _micro_batches(training: TrainingSpec, c: ParallelConfig, dp: int) -> int:
+    """Micro-batches per step of each pipeline; InvalidConfigError unless the global batch divides evenly."""
+    m, rest = divmod(training.global_batch_size, c.micro_batch_size * dp)
+    if m == 0 or rest:
+        raise InvalidConfigError(
+            f"global_batch_size ({training.global_batch_size}) must be a positive multiple of "
+            f"micro_batch_size·dp ({c.micro_batch_size}·{dp} = {c.micro_batch_size * dp})")
+    return m
+
+
+# Relative amount steady_state_floor is rounded down by: its sum and estimate_step_time's add the same non-negative
+# seconds in another order, so the two may differ by float rounding (~1e-16 of the step), never by this much.
+FLOOR_ROUNDING = 1e-9
+_ALL_SLOTS = tuple(range(N_SLOTS))
+_NO_A2A_SLOTS = tuple(i for i in range(N_SLOTS) if i != A2A)
+
+
+def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
+                       corrections: Mapping[str, float] | None = None) -> float:
+    """A lower bound (seconds) on the step time of ``config`` (``estimate_step_time`` with ``corrections``)
+    less its once-per-step terms, its pipeline bubble and, with EP overlap, its ep_a2a: the micro-batches of a
+    step times the exposed seconds per micro-batch of the least loaded pipeline rank's decoder layers (with EP
+    overlap without their EP all-to-all slot), its embedding, output head and chunk end, rounded down by
+    ``FLOOR_ROUNDING``.
+
+    It holds because the estimate only adds non-negative seconds to these (recomputation, the host floor,
+    activation offload, the MTP blocks), its slowest rank carries at least the least loaded rank's layers, and
+    corrections are positive factors per term. Cheap: it sums cached layer parts (per tp, cp, micro-batch, SP,
+    TP overlap, and the routed experts' per MoE tokens, ep, etp, dispatcher) without assembling a step, so the
+    planner keys its best-first queue on it and spends a full estimate on the exact bound only for the
+    candidates the queue reaches. Raises InvalidConfigError where ``estimate_step_time`` would reject the layout.
+    """
+    c = config
+    m = _micro_batches(training, c, c.world_size // (c.tp * c.cp * c.pp))
+    ctx = _context(model, training, cluster)
+    _check(model, training, c)
+    kinds = ctx.kinds.get((c.pp, c.vpp, c.pipeline_split))
+    if kinds is None:
+        _check_pipeline(model, c)
+        kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
+    factors = None
+    if corrections:
+        factors = [1.0] * N_SLOTS
+        for name, factor in corrections.items():
+            if name not in HOST_FACTORS:
+                slot = LAYER_SLOT.get(TERMS[term_index(name, "correction term")])
+                if slot is not None:
+                    factors[slot] = factor
+    key = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
+           c.tp_comm_overlap)
+    (dense, moe, embed, head, _, chunk_end), shape = _combos(ctx, key)
+    routed = _ZERO_LAYER
+    if model.is_moe:  # as _build_layers
+        moe_tokens = c.micro_batch_size * training.seq_length // c.cp / c.tp
+        routed = _part(ctx, "moe_routed", (moe_tokens, c.ep, c.etp, c.moe_token_dispatcher_type), shape, key)
+    slots = _NO_A2A_SLOTS if c.overlap_moe_expert_parallel_comm else _ALL_SLOTS
+    d, e, r, x, em, hd = (_part_seconds(part, slots, factors) for part in (dense, moe, routed, chunk_end, embed, head))
+    least = min(nd * d + nm * (e + r) + x + (em if first else 0.0) + (hd if last else 0.0)
+                for _, nd, nm, (first, last), _ in kinds)
+    return m * least * (1.0 - FLOOR_ROUNDING)
+
+
+def _part_seconds(part: _LayerCost, slots: tuple[int, ...], factors: list[float] | None) -> float:
+    """Exposed seconds per micro-batch of ``part`` in ``slots``, each slot's times its factor (None: all 1)."""
+    if factors is None:
+        return part.total if slots is _ALL_SLOTS else sum([part.exposed[i] for i in slots])
+    return sum([factors[i] * part.exposed[i] for i in slots])
 
 
 def optimizer_offload_seconds(local_params: float, fraction: float, gpu_seconds: float, param_bytes: int,

@@ -25,11 +25,15 @@ The fastest candidate of each (layout, micro-batch, dispatcher) enters a best-fi
 group's bound; popping a bound-only entry times it for real, popping a timed one puts it on the list and
 queues its slower siblings (more recompute, plain optimizer) keyed by its own time. The queue stops after
 N timed pops, so only candidates whose bound beats the N-th best time are ever timed, and the top N are
-exactly the N fastest fitting configs when properties 2-4 hold. Both kinds of breach are detected where
+exactly the N fastest fitting configs when properties 2-4 hold. With the default time model a group's bound
+is itself deferred: its heads enter keyed by a floor of it that sums cached layer parts
+(``costmodel.estimate.steady_state_floor``, no step assembled), and the first one popped computes the bound
+and goes back keyed by it, where it would have stood from the start; most groups never reach the front, and
+the queue times the same candidates in the same order. Both kinds of breach are detected where
 they would matter and counted: ``order_violations`` (a sibling faster than the config it followed) and
-``bound_violations`` (a candidate faster than its bound); 0 means the properties held wherever they were
-used. ``exhaustive=True`` (``--pareto``) times every fitting config instead and also returns the Pareto
-front of step time against memory.
+``bound_violations`` (a candidate faster than its bound, or a bound below its floor); 0 means the properties
+held wherever they were used. ``exhaustive=True`` (``--pareto``) times every fitting config instead and also
+returns the Pareto front of step time against memory.
 
 Work is split over the CPU cores (fork) when the enumeration is large.
 """
@@ -46,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from costmodel.estimate import Estimate, combine, step_time
+from costmodel.estimate import Estimate, combine, steady_state_floor, step_time
 from costmodel.memory import LayoutMemory, MemoryBreakdown, estimate_memory, peak_memory_bytes
 from costmodel.step_time import StepTimeBreakdown
 from costmodel.terms import TERM_TABLE
@@ -150,6 +154,10 @@ class _Job:
     # settle a layout's staircases without memory calls when its static bytes alone exceed the memory; off for
     # the rescan that names the closest config when nothing fits (pruned layouts never offered one)
     prune_static: bool = True
+    # a cheap lower bound on _steady_state_bound (the default time model's, costmodel.estimate.steady_state_floor):
+    # heads enter the best-first queue keyed by it and their group's bound is computed only when one is popped;
+    # None with an injected time model (bounds computed for every group during the scan)
+    floor_fn: Any = None
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -208,7 +216,10 @@ def _scan(job: _Job, indices: range) -> _Scan:
     heads = out.heads
     memory_calls = time_calls = fitting = bound_calls = 0
     closest = out.closest
+    # steady-state bounds by (tp, cp, ep, etp, dispatcher, mbs), and the heads' queue keys: the bounds, or their
+    # floors when job.floor_fn is set
     bounds: dict[tuple, float] = {}
+    keys = bounds if job.floor_fn is None else {}
     expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous layout?
     # staircases by (tp, cp, pp, ep, etp, dispatcher, o): the one vpp lower is a close guess (the same
     # weights, a few more micro-batches in flight)
@@ -323,10 +334,14 @@ def _scan(job: _Job, indices: range) -> _Scan:
                     continue
                 mbs = sizes[k]
                 gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
-                lb = bounds.get(gkey)
+                lb = keys.get(gkey)
                 if lb is None:
-                    lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
-                    bound_calls += 1
+                    if job.floor_fn is None:
+                        lb = bounds[gkey] = _steady_state_bound(job, base, mbs, knobs[0][0])
+                        bound_calls += 1
+                    else:  # the bound itself only if the queue reaches this group (_best_first)
+                        lb = _steady_state_floor(job, base, mbs, knobs[0][0])
+                    keys[gkey] = lb
                 # a Choice, and the other optimizer choices' least recompute, only once popped
                 heads.append((lb, idx, k, dispatcher, r0, r_mins_by_option))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
@@ -334,8 +349,32 @@ def _scan(job: _Job, indices: range) -> _Scan:
     if not job.exhaustive:
         # this slice's own exact top N (the global top N is among the slices' top Ns), timed here where
         # the cost models' caches for these layouts are warm
-        out.heads = _best_first(job, maker, heads, job.top, out)
+        out.heads = _best_first(job, maker, heads, job.top, out, bounds)
     return out
+
+
+# one stage holds every layer, the embedding and the loss: the placement options do not apply
+_SINGLE_STAGE = {**pipeline_fields(DEFAULT_SPLIT), "pp": 1, "vpp": 1}
+
+
+def _single_stage(job: _Job, base: dict, mbs: int, knob: dict) -> ParallelConfig | None:
+    """The single-stage layout of a steady-state group (None when its larger dp does not divide the global batch)."""
+    cfg = ParallelConfig.trusted(base, knob, _SINGLE_STAGE, {"micro_batch_size": mbs})
+    if batch_rule(job.training.global_batch_size, mbs, cfg.world_size // (cfg.tp * cfg.cp)) is not None:
+        return None
+    return cfg
+
+
+def _steady_state_floor(job: _Job, base: dict, mbs: int, knob: dict) -> float:
+    """``job.floor_fn`` of the single-stage layout: a cheap lower bound (seconds) on :func:`_steady_state_bound`,
+    0 where that is 0 (not a valid config)."""
+    cfg = _single_stage(job, base, mbs, knob)
+    if cfg is None:
+        return 0.0
+    try:
+        return job.floor_fn(job.model, job.training, job.cluster, cfg)
+    except InvalidConfigError:
+        return 0.0
 
 
 def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
@@ -345,11 +384,8 @@ def _steady_state_bound(job: _Job, base: dict, mbs: int, knob: dict) -> float:
     docstring). 0 when the single-stage layout is not a valid config (its larger dp may not divide the
     global batch): then the group is not bounded and its candidates are all timed.
     """
-    # one stage holds every layer, the embedding and the loss: the placement options do not apply
-    cfg = ParallelConfig.trusted(base, knob, pipeline_fields(DEFAULT_SPLIT),
-                                 {"pp": 1, "vpp": 1, "micro_batch_size": mbs})
-    world = cfg.world_size
-    if batch_rule(job.training.global_batch_size, mbs, world // (cfg.tp * cfg.cp)) is not None:
+    cfg = _single_stage(job, base, mbs, knob)
+    if cfg is None:
         return 0.0
     try:
         t = job.time_fn(job.model, job.training, job.cluster, cfg)
@@ -532,12 +568,13 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     jobs, scans = [], []
     n_workers = workers if workers is not None else _default_workers(enum.valid)
     sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None
+    floor_fn = steady_state_floor if time_fn is step_time else None  # valid for the default time model only
     for option in enum.offload:
         distopts, chain = enum.knobs_for(option)
         if not distopts or not chain:
             continue
         jobs.append(_Job(model, training, cluster, enum.layouts, chain, distopts, memory_fn, memory_total_fn,
-                         time_fn, exhaustive, top, enum.pipeline, option, sweep))
+                         time_fn, exhaustive, top, enum.pipeline, option, sweep, floor_fn=floor_fn))
         scans.append(_scan_all(jobs[-1], n_workers))
     if not any(part.fitting for part in scans):
         # nothing fits: the closest config must be the one the full scans offer, pruned layouts included
@@ -574,16 +611,24 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     return result
 
 
-def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan) -> list[tuple]:
+def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan,
+                bounds: dict[tuple, float]) -> list[tuple]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
     Heads are (bound, layout index, micro-batch index, dispatcher, least fitting recompute of the first optimizer
-    choice, every optimizer choice's least fitting recompute per micro-batch index). Returns (time, Choice),
-    fastest first; counts time calls and breaches of the monotone properties in ``out``.
+    choice, every optimizer choice's least fitting recompute per micro-batch index); with ``job.floor_fn`` the
+    first field is the bound's floor, and the bound (``bounds``, by (tp, cp, ep, etp, dispatcher, mbs)) is
+    computed when the head is first popped. Returns (time, Choice), fastest first; counts time calls, bound
+    calls and breaches of the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
-    # a head enters as (bound, its index): 10^5 of them, small; every later entry is
-    # (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
+    lazy = job.floor_fn is not None
+    knob = ConfigMaker.knobs(job.distopts[0], *job.recompute[0])  # the first option's, as _scan's bounds
+    # a head enters as (bound or floor, its index): 10^5 of them, small. A popped floor comes back as (bound,
+    # its index, None): it sorts where the head would have sorted by its bound from the start (floor <= bound, and
+    # the index breaks ties before the third field), so the queue pops bounded heads and timed candidates in the
+    # same order, and times the same candidates, as if every bound had been computed up front. Every later entry
+    # is (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
     heap: list[tuple] = [(h[0], i) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
@@ -591,9 +636,21 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
     last = float("-inf")
     while heap and len(picked) < top:
         entry = heapq.heappop(heap)
-        if len(entry) == 2:
-            key, i = entry
+        if len(entry) <= 3:
+            key, i = entry[0], entry[1]
             _, idx, k, dispatcher, r0, by_option = heads[i]
+            if lazy and len(entry) == 2:  # a floor: the group's bound replaces it
+                lay = job.layouts[idx]
+                mbs = lay.micro_batch_sizes[k]
+                gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
+                lb = bounds.get(gkey)
+                if lb is None:
+                    lb = bounds[gkey] = _steady_state_bound(job, maker.base(lay, dispatcher), mbs, knob)
+                    out.bound_calls += 1
+                if lb < key:  # the floor was no lower bound: the order may differ from the bounds' own
+                    out.bound_violations += 1
+                heapq.heappush(heap, (lb, i, None))
+                continue
             r_mins = tuple([rm[k] for rm in by_option])
             timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, r0), True
         else:
