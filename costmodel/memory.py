@@ -745,11 +745,12 @@ def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> t
 
 
 def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: tuple[str, ...], num_layers: int | None,
-              offloaded: tuple[str, ...], only_stage: int | None,
-              keep: bool = True) -> tuple[tuple, tuple[_Row, ...], int]:
+              offloaded: tuple[str, ...], only_stage: int | None, keep: bool = True,
+              parts: Callable[[int], tuple[tuple, tuple]] | None = None) -> tuple[tuple, tuple[_Row, ...], int]:
     """The kind-terms key, the rows of the candidate ranks (cached unless ``only_stage``; looked up but not
     stored unless ``keep``) and the full-recompute layer count (-1 without) of ``layout`` (its parallel sizes,
-    dispatcher and placement) with this recompute and these activation-offloaded modules."""
+    dispatcher and placement) with this recompute and these activation-offloaded modules. ``parts(full)``, when
+    given, returns the candidate ranks' :func:`_stage_parts` (a caller's cache of them)."""
     modules = modules if granularity == "selective" else ()
     # an offloaded module's stored tensors leave the GPU as a recomputed module's do, and come back for its
     # backward (the same working set); the validity rules keep the two sets apart
@@ -764,7 +765,7 @@ def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: 
         k = ctx.kinds.get(kkey)
         if k is None:
             k = ctx.kinds[kkey] = _kind_terms_for(ctx, _Shape(*kkey[:6]), modules)
-        rows = _rows(ctx, k, layout, *_stage_parts(ctx, layout, full, only_stage))
+        rows = _rows(ctx, k, layout, *(_stage_parts(ctx, layout, full, only_stage) if parts is None else parts(full)))
         if only_stage is None and keep:
             ctx.rows[rkey] = rows
     return kkey, rows, full
@@ -864,7 +865,7 @@ class LayoutMemory:
     """
 
     __slots__ = ("_ctx", "_layout", "_frag", "_workspace", "_variants", "_recomputes", "_optimizers", "_losses", "_cp",
-                 "_pp", "_vpp", "_seq", "_gbs", "_dp")
+                 "_pp", "_vpp", "_seq", "_gbs", "_dp", "_parts")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                  layout: ParallelConfig) -> None:
@@ -877,6 +878,9 @@ class LayoutMemory:
         self._recomputes: dict[tuple, tuple] = {}
         self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, offload fraction, full) -> statics
         self._losses: dict[tuple | None, dict[int, float]] = {}  # loss terms -> bytes per micro-batch size
+        # full-recompute layer count (-1 without) -> the candidate ranks' stage parts: the rows of every recompute
+        # option and the static bytes of every optimizer option read them (a context lookup each, otherwise)
+        self._parts: dict[int, tuple[tuple, tuple]] = {}
         self._cp, self._pp, self._vpp = layout.cp, layout.pp, layout.vpp
         self._seq, self._gbs = self._ctx.seq, training.global_batch_size
         self._dp = layout.world_size // (layout.tp * layout.cp * layout.pp)
@@ -895,7 +899,7 @@ class LayoutMemory:
         rec = self._recomputes.get(rkey)
         if rec is None:
             # not kept in the context: a sweep meets each layout once, and 10^5 cached rows only cost memory
-            _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None, keep=False)
+            _, rows, full = _rows_for(self._ctx, self._layout, *rkey, None, keep=False, parts=self._stage_parts)
             # the loss's bytes per micro-batch size: shared by the recompute options whose rows carry equal
             # loss terms (the loss does not depend on recomputation, so in practice all of them)
             terms = next((row[12] for row in rows if row[12] is not None), None)
@@ -913,9 +917,14 @@ class LayoutMemory:
         v = self._variants[id(knobs)] = (rows, statics, losses, knobs)
         return v
 
+    def _stage_parts(self, full: int) -> tuple[tuple, tuple]:
+        parts = self._parts.get(full)
+        if parts is None:
+            parts = self._parts[full] = _stage_parts(self._ctx, self._layout, full, None)
+        return parts
+
     def _statics(self, okey: tuple, full: int) -> tuple:
-        stages = _stage_parts(self._ctx, self._layout, full, None)
-        return _statics_for(self._ctx, self._layout, *stages, full, *okey[:4], True)[0]
+        return _statics_for(self._ctx, self._layout, *self._stage_parts(full), full, *okey[:4], True)[0]
 
     def least_bytes(self, knobs: ParallelConfig) -> float:
         """A lower bound (bytes) on :meth:`peak_bytes` at every micro-batch size and recompute option with the

@@ -241,10 +241,12 @@ def _scan(job: _Job, indices: range) -> _Scan:
         # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r
         shared: dict[tuple, tuple] = {}
         too_big: list[bool] | None = None  # per optimizer choice: the static bytes alone exceed the memory
+        # the first dispatcher option's fields and config, built once for the static check and its staircases
+        first_base = maker.base(lay, lay.dispatchers[0])
+        first = trusted(first_base) if sweep is not None else None
         if sweep is not None and job.prune_static:  # the same static bytes for every dispatcher
-            first = trusted(maker.base(lay, lay.dispatchers[0]))
             memory = sweep(model, training, cluster, first)
-            too_big = [memory.least_bytes(option[0]) > usable for option in knob_configs]
+            too_big = [memory.least_bytes(knob_configs[0][0]) > usable]
             if too_big[0]:
                 # every staircase of the layout is empty: the first optimizer choice's (no config fits), and so
                 # the others', whose floors it gives; only the bookkeeping of the staircases remains
@@ -256,9 +258,11 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 expect_all = [False] * n_opt
                 out.pruned_static += len(lay.dispatchers)
                 continue
+            # the other optimizer choices' static bytes, needed only when the first choice's leave room
+            too_big += [memory.least_bytes(option[0]) > usable for option in knob_configs[1:]]
             shared[sweep.key(first)] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
         for dispatcher in lay.dispatchers:
-            base = maker.base(lay, dispatcher)
+            base = first_base if dispatcher == lay.dispatchers[0] else maker.base(lay, dispatcher)
             n_rec = recompute_count(job.recompute, dispatcher)  # EP overlap stops before full recompute
             floors: list[int | None] = [0] * len(sizes)
             guesses = same_layout if dispatcher != lay.dispatchers[0] else [None] * n_opt
@@ -268,7 +272,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
             if sweep is None:
                 peak, answers = None, [[None] * (len(sizes) * n_all) for _ in range(n_opt)]
             else:
-                layout_cfg = trusted(base)
+                layout_cfg = first if base is first_base else trusted(base)
                 mkey = sweep.key(layout_cfg)
                 entry = shared.get(mkey)
                 if entry is None:
