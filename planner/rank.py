@@ -561,7 +561,8 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     t0 = _time.perf_counter()
     enum = enumerate_layouts(model, training, cluster, space)
     t1 = _time.perf_counter()
-    if not enum.valid:
+    valid = enum.valid
+    if not valid:
         ranked = sorted(enum.rejected.items(), key=lambda kv: -kv[1])
         why = "; ".join(f"{rule} {count:,} (e.g. {enum.examples[rule].reason})" for rule, count in ranked)
         raise NoValidLayoutError(f"no valid layout of {model.name} on {cluster.num_gpus} GPUs for seq "
@@ -570,7 +571,7 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     # one scan per offload option (its staircases assume the optimizer and recompute options ordered by memory
     # and time, which offloading, less memory for more time, would break): their heads are merged below
     jobs, scans = [], []
-    n_workers = workers if workers is not None else _default_workers(enum.valid)
+    n_workers = workers if workers is not None else _default_workers(valid)
     sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None
     floor_fn = steady_state_floor if time_fn is step_time else None  # valid for the default time model only
     for option in enum.offload:
