@@ -12,7 +12,7 @@ source bench/gpu_env.sh
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 gpu_type
 export FOLDTUNE_DATA_DIR=$OUT/first_trial; rm -rf "$FOLDTUNE_DATA_DIR"; mkdir -p "$FOLDTUNE_DATA_DIR"
-echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
 rc=0
 for m in ${MODELS:-qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b}; do
   echo; echo "== $m@${LAYERS:-2}L start $(date -u +%T)"

@@ -14,7 +14,7 @@ source bench/gpu_env.sh
 NGPU=${NGPU:-2}
 gpu_type
 export FOLDTUNE_DATA_DIR=$OUT/trial_fixed_cost; rm -rf "$FOLDTUNE_DATA_DIR"; mkdir -p "$FOLDTUNE_DATA_DIR"
-echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "== $(date -u '+%F %T UTC') $NGPU x $NAME ($GPU), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
 rc=0
 for mode in ${MODES:-reuse no-reuse}; do
   flag=(); [ "$mode" = no-reuse ] && flag=(--no-reuse)
