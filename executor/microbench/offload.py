@@ -46,6 +46,8 @@ def measure_cpu_adam(elements: int = CPU_ADAM_ELEMENTS, repeats: int = 3, device
     buffers for a rank on a GPU) the executor's offloaded step uses for a rank on ``device``. ``pinned`` False
     keeps them pageable on a GPU rank (a comparison; True needs a GPU)."""
     cpu = torch.device("cpu")
+    if pinned and (device is None or device.type != "cuda"):
+        raise ValueError("pinned host buffers need a GPU rank (device cuda)")
     # From a device tensor, as the executor builds it: its gradient and weight buffers are then pinned (page-
     # locked) host memory, which the CPU step reads and writes; from a CPU tensor they would be pageable.
     gpu = device is not None and device.type == "cuda" and pinned is not False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from costmodel.calibrate.profile_builder import build_profile
@@ -23,6 +24,8 @@ def test_cpu_adam_steps_state_at_a_finite_rate_and_cpu_has_no_host_link():
     assert math.isfinite(row["cpu_adam_bytes_per_s"])
     assert row["cpu_adam_bytes_per_s"] == 12 * row["elements"] / row["seconds"]
     assert row["pinned"] is False  # no GPU: pageable buffers, as the executor's CPU ranks have
+    with pytest.raises(ValueError, match="need a GPU rank"):
+        measure_cpu_adam(elements=1 << 10, device=torch.device("cpu"), pinned=True)
     assert measure_host_link(torch.device("cpu")) is None
 
 
