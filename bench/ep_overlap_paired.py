@@ -56,8 +56,9 @@ def pair_orders(pairs: int) -> list[tuple[bool, bool]]:
 def paired_worker(rank: int, world_size: int, model, training: TrainingSpec, config: ParallelConfig,
                   options: ExecutorOptions, warmup_pairs: int, pairs: int) -> dict:
     """One rank: build the overlap layout, warm both schedules, then time ``pairs`` ABBA pairs. Returns per
-    mode ('off', 'on') the step seconds and ``ep_alltoall`` phase seconds in pair order."""
-    cuda = torch.cuda.is_available() and training.precision != "fp32"
+    mode ('off', 'on') the step seconds, ``ep_alltoall`` phase seconds and losses in pair order (the losses are
+    kept for the record, not compared: consecutive steps train on different batches)."""
+    cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     options = options_for_precision(options, training.precision)
     state = build_parallel_state(config, rank)
