@@ -85,36 +85,36 @@ def measure_collectives(rank: int, world_size: int, device: torch.device, dtype:
     node (the same local index on every node: the NIC stage of a hierarchical collective), which are timed
     only when the ranks span several nodes.
     """
-    hosts: list[str | None] = [None] * world_size
-    dist.all_gather_object(hosts, node_name())  # the launcher's node id where it set one, else the host name
+    nodes: list[str | None] = [None] * world_size
+    dist.all_gather_object(nodes, node_name())  # the launcher's node id where it set one, else the host name
     out = _sweep(rank, world_size, device, dtype, sizes_bytes, collectives, repeats, say,
                  [[list(range(start, start + n)) for start in range(0, world_size, n)]
                   for n in group_sizes(world_size)],
-                 hosts)
-    by_node = inter_node_groups(hosts)
+                 nodes)
+    by_node = inter_node_groups(nodes)
     if by_node:
         if say:
             say(f"  across {len(by_node[0])} nodes: one rank per node, {len(by_node)} groups")
         out += _sweep(rank, world_size, device, dtype, sizes_bytes, tuple(c for c in collectives if c != "p2p"),
-                      repeats, say, [by_node], hosts)
+                      repeats, say, [by_node], nodes)
     return out
 
 
-def inter_node_groups(hosts: list[str]) -> list[list[int]]:
+def inter_node_groups(nodes: list[str]) -> list[list[int]]:
     """Groups of one rank per node (the i-th rank of every node), when the ranks span two or more nodes with
     the same number of ranks each; [] otherwise."""
-    nodes: dict[str, list[int]] = {}
-    for rank, host in enumerate(hosts):
-        nodes.setdefault(host, []).append(rank)
-    per_node = {len(ranks) for ranks in nodes.values()}
-    if len(nodes) < 2 or len(per_node) != 1:
+    ranks_of: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        ranks_of.setdefault(node, []).append(rank)
+    per_node = {len(ranks) for ranks in ranks_of.values()}
+    if len(ranks_of) < 2 or len(per_node) != 1:
         return []
-    ordered = list(nodes.values())
+    ordered = list(ranks_of.values())
     return [[ranks[i] for ranks in ordered] for i in range(per_node.pop())]
 
 
-def _scope(group: list[int], hosts: list[str]) -> str:
-    spanned = len({hosts[r] for r in group})
+def _scope(group: list[int], nodes: list[str]) -> str:
+    spanned = len({nodes[r] for r in group})
     if spanned == 1:
         return "intra"
     return "inter" if spanned == len(group) else "mixed"
@@ -122,14 +122,14 @@ def _scope(group: list[int], hosts: list[str]) -> str:
 
 def _sweep(rank: int, world_size: int, device: torch.device, dtype: torch.dtype, sizes_bytes: tuple[int, ...],
            collectives: tuple[str, ...], repeats: int, say, partitions: list[list[list[int]]],
-           hosts: list[str]) -> list[dict]:
+           nodes: list[str]) -> list[dict]:
     """Time ``collectives`` over each partition of the ranks into equal groups (every rank in one group)."""
     out = []
     for groups in partitions:
         n = len(groups[0])
         pgs = [dist.new_group(group) for group in groups]
         mine = next(i for i, group in enumerate(groups) if rank in group)
-        pg, scope = pgs[mine], _scope(groups[mine], hosts)
+        pg, scope = pgs[mine], _scope(groups[mine], nodes)
         rank_in_group = groups[mine].index(rank)
         for collective in collectives:
             if collective == "p2p" and n != 2:
