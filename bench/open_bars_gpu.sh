@@ -30,14 +30,17 @@
 #              1-GPU layout table of deepseek-v2-lite (not in the default phases: measured 2026-11-27)
 # Environment: PHASES, MODELS (tables and first), STORED (calibrated profiles the offload phase may price with), TABLE2_LAYOUTS (default 16), COMMIT (the code's commit).
 # All phases take more than one 10-minute device call (measured on 2 x H200, 2026-11-27: calibrate 65 s,
-# components 60 s (isolated blocks; the in-step default, a real 1-GPU step per model, not yet timed), tables of three proxies 5.5 min at 3 steps a layout, fp8check 4 min, overlap 2 rounds 65-110 s;
-# estimated: cpdisp 1.5, fixedcost 1.5, first 2, offload 3-5): run them in two or three calls, e.g.
+# components 60 s with isolated blocks, 116 s in-step with the host probes (below), tables of three proxies 5.5 min
+# at 3 steps a layout and 4.5 min at 6, fp8check 4 min, overlap 2 rounds 65-110 s; estimated: cpdisp 1.5): run
+# them in two or three calls, e.g.
 #   PHASES="calibrate components tables"   then   PHASES="overlap offload"   then   PHASES=fp8check
 # (each call starts a bare machine: a phase that needs the calibration takes it from the same call). A call
 # carries at most 64 MiB of working tree: carry a `.whl/` without the Ray wheel (43 MiB) unless a phase runs
 # a tuning job (first, fixedcost); for those, `python3 bench/slim_ray_wheel.py` first (Ray core only, 38.7 MiB:
 # .whl/ and the tree then come to about 61 MiB). gpu_env.sh installs what the wheelhouse holds.
-# The components phase now also runs each model's host probe (estimated 30-40 s a model; not yet timed on its own).
+# Measured on 2 x H200 later the same day: components with each model's host probe 116 s for three models
+# (12:49-12:51 UTC), first 2.1-2.7 min, fixedcost 55 s, overlap (4 rounds) 1.9 min, paired 45 s, offload 1.7-2.1
+# min, raycal 67 s.
 set -uo pipefail
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
