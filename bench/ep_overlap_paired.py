@@ -18,6 +18,7 @@ Losses are not compared here (consecutive steps train on different batches): ben
 tests/executor/test_ep_overlap.py check that the overlap computes the same step.
 
 Usage: python -m bench.ep_overlap_paired [--layers 2] [--seq 4096] [--micro 8] [--pairs 12] [--warmup 2]
+                                         [--transport nccl|copy_engine]
        python -m bench.ep_overlap_paired --device cpu --tiny --pairs 2      (CPU smoke run: gloo, tiny-moe)
 """
 
@@ -36,7 +37,7 @@ import torch
 from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
 from executor.model import MoEGPT
-from executor.options import ExecutorOptions
+from executor.options import EP_OVERLAP_TRANSPORTS, ExecutorOptions
 from executor.parallel.groups import build_parallel_state
 from executor.profile import DTYPES, options_for_precision
 from executor.timing import PhaseTimer
@@ -141,6 +142,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed pairs (both schedules warmed)")
     parser.add_argument("--pairs", type=int, default=12, help="timed off/on pairs")
     parser.add_argument("--routing", choices=("balanced", "random"), default="balanced")
+    parser.add_argument("--transport", choices=EP_OVERLAP_TRANSPORTS, default="nccl",
+                        help="what moves the overlapped all-to-alls (ExecutorOptions.ep_overlap_transport)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny-moe at seq 64 (CPU smoke runs)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ep_overlap_paired.json"))
@@ -154,7 +157,8 @@ def main() -> int:
     seq = 64 if args.tiny else args.seq
     training = TrainingSpec(seq_length=seq, global_batch_size=2 * args.micro, precision="bf16" if cuda else "fp32")
     config = ParallelConfig.parse("ep2", world_size=2).replace(overlap_moe_expert_parallel_comm=True)
-    options = ExecutorOptions(moe_router_force_load_balancing=args.routing == "balanced")
+    options = ExecutorOptions(moe_router_force_load_balancing=args.routing == "balanced",
+                              ep_overlap_transport=args.transport)
     print(f"{model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2: {args.warmup} warm-up and {args.pairs} "
           f"timed off/on pairs in one world ...", flush=True)
     launched = launch(paired_worker, 2, (model, training, config, options, args.warmup, args.pairs),
@@ -168,9 +172,10 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "torch": torch.__version__,
                    "device": device, "model": model.name, "seq": seq, "micro_per_rank": args.micro,
-                   "routing": args.routing, "warmup_pairs": args.warmup, **summary, "ranks": launched.results},
+                   "routing": args.routing, "transport": args.transport, "warmup_pairs": args.warmup, **summary, "ranks": launched.results},
                   f, indent=1)
-    print(table(summary, f"{device} x2, {model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2, paired"))
+    print(table(summary, f"{device} x2, {model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2, paired, "
+                         f"overlap over {args.transport}"))
     return 0
 
 

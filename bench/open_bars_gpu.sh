@@ -14,8 +14,11 @@
 #   overlap    issue 19: EP2 step with and without the all-to-all overlap (bench/ep_overlap_gpu.py; OVERLAP_ARGS,
 #              default --trace; a sweep of SM carveouts and NCCL channel caps: OVERLAP_ARGS="--rounds 1 --variants
 #              on,on_carve8,on_carve16,on_carve32,on_nch8", ~2-3 min; OVERLAP_TIMEOUT, default 300 s)
+#   ceprobe    issue 19: the copy-engine all-to-all against NCCL's on 2 GPUs: equality, speed, and what each takes
+#              from grouped GEMMs beside it (bench/ce_alltoall_probe.py)
 #   paired     issue 19: the same EP2 step with the overlap off and on in paired steps of one 2-process world
-#              (bench/ep_overlap_paired.py; PAIRS, default 12): the bar's quotient without run-to-run noise
+#              (bench/ep_overlap_paired.py; PAIRS, default 12), once per overlap transport in TRANSPORTS
+#              (default nccl; "nccl copy_engine" for both): the bar's quotient without run-to-run noise
 #   components the per-model component factors of each proxy (MODELS), one GPU each, two at a time (`foldtune
 #              calibrate --quick --model M --layers 2 --seq 4096 --ranks 1`), merged against this call's calibrated
 #              profile -> res/<gpu>-calibrated-components.json (the tables replay with it off the device)
@@ -93,10 +96,16 @@ if has overlap && [ -f bench/ep_overlap_gpu.py ]; then
   timeout "${OVERLAP_TIMEOUT:-300}" python3 -m bench.ep_overlap_gpu ${OVERLAP_ARGS:---trace} --out "$RES/ep_overlap_gpu.json" 2>&1 \
     | grep -v "Warning: \[PG" | tail -40
 fi
+if has ceprobe; then
+  echo "== copy-engine all-to-all probe start $(date -u +%T)"
+  timeout 240 python3 -m bench.ce_alltoall_probe --out "$RES/ce_alltoall_probe.json" 2>&1 | grep -v "Warning: \[PG" | tail -8
+fi
 if has paired; then
-  echo "== EP overlap, paired steps start $(date -u +%T)"
-  timeout 300 python3 -m bench.ep_overlap_paired --pairs "${PAIRS:-12}" --out "$RES/ep_overlap_paired.json" 2>&1 \
-    | grep -v "Warning: \[PG" | tail -12
+  for transport in ${TRANSPORTS:-nccl}; do
+    echo "== EP overlap, paired steps ($transport) start $(date -u +%T)"
+    timeout 300 python3 -m bench.ep_overlap_paired --pairs "${PAIRS:-12}" --transport "$transport" \
+      --out "$RES/ep_overlap_paired-$transport.json" 2>&1 | grep -v "Warning: \[PG" | tail -12
+  done
 fi
 if has stack; then
   echo "== stack profile (GPU 0) | deepseek-v2-lite 1-GPU table (GPU 1) start $(date -u +%T)"

@@ -70,6 +70,8 @@ from dataclasses import dataclass, field
 import torch
 
 from executor.parallel.collectives import all_to_all_start
+from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll
+from executor.options import EP_OVERLAP_TRANSPORTS
 from executor.parallel.groups import Group
 from spec.errors import InvalidConfigError
 
@@ -272,11 +274,14 @@ class Overlap:
     tag) where the host waits for them. ``sm_carveout``: SMs the compute beside an exchange leaves free
     (0: none; module docstring)."""
 
-    def __init__(self, trace: list | None = None, sm_carveout: int = 0):
+    def __init__(self, trace: list | None = None, sm_carveout: int = 0, transport: str = "nccl"):
         if sm_carveout < 0:
             raise InvalidConfigError(f"ep_overlap_sm_carveout must be >= 0, got {sm_carveout}")
+        if transport not in EP_OVERLAP_TRANSPORTS:
+            raise InvalidConfigError(f"ep_overlap_transport must be one of {EP_OVERLAP_TRANSPORTS}, got {transport!r}")
         self.trace = trace
         self.sm_carveout = sm_carveout
+        self.transport = transport
 
     def _log(self, *event) -> None:
         if self.trace is not None:
@@ -308,6 +313,9 @@ class Overlap:
             self._log("sizes", ex.tag)
             ex.resolve()
         self._log("start", ex.tag)
+        if self.transport == "copy_engine" and ex.x.is_cuda and ex.group.size > 1:
+            return ex.tag, *copy_engine_for(ex.group, ex.x.device).start(ex.x, ex.out_splits, ex.in_splits,
+                                                                          ex.ready)
         return ex.tag, *all_to_all_start(ex.x, ex.out_splits, ex.in_splits, ex.group, ex.ready)
 
     def _wait(self, pending) -> torch.Tensor:
@@ -354,6 +362,21 @@ class Overlap:
             other_value = self._wait(self._start(request))
 
 
+_COPY_ENGINES: dict[tuple[int, torch.device], tuple[object, CopyEngineAllToAll]] = {}
+
+
+def copy_engine_for(group: Group, device: torch.device) -> CopyEngineAllToAll:
+    """The copy-engine transport of ``group`` on ``device``, built (a collective over the group, which every
+    member reaches at the same exchange of the fixed schedule) on first use and kept while the group's process
+    group lives: a rank process reused across trials keeps its symmetric buffer."""
+    key = (id(group.pg), device)
+    held = _COPY_ENGINES.get(key)
+    if held is None or held[0] is not group.pg:
+        held = (group.pg, CopyEngineAllToAll(group, device))
+        _COPY_ENGINES[key] = held
+    return held[1]
+
+
 def _record_event(x: torch.Tensor):
     """An event on the current stream when ``x`` is a CUDA tensor (None on CPU: gloo reads ``x`` when the
     exchange starts, after the host has computed it)."""
@@ -386,7 +409,7 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
     num_micro = len(micro)
     stats = torch.zeros(3, device=device)
     counts = [None]
-    driver = Overlap(trace, carveout)
+    driver = Overlap(trace, carveout, model.options.ep_overlap_transport)
 
     def forward(i: int) -> tuple[Stream, _Tape]:
         tape = _Tape()

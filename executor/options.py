@@ -15,6 +15,7 @@ from spec.validity import executor_model_rule
 DEFAULT_CHUNK_LOGITS = 2**26
 #: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
+EP_OVERLAP_TRANSPORTS = ("nccl", "copy_engine")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class ExecutorOptions:
     says which kernels honour it: the grouped GEMM of ``torch._grouped_mm`` on SM90 and cuBLASLt GEMMs, not
     the default cuBLAS path). No effect on CPU nor without the overlap. An executor knob, not searched by
     the planner.
+
+    ``ep_overlap_transport`` (with ``overlap_moe_expert_parallel_comm``): what moves the overlapped EP
+    all-to-alls on CUDA: 'nccl' (``all_to_all_single``) or 'copy_engine' (peer copies over symmetric memory,
+    no SM taken from the compute beside them: executor/parallel/copy_engine_alltoall.py; every rank of the
+    EP group on one node; each rank holds a symmetric buffer of EP × 64 MiB). Elsewhere (CPU) gloo moves them.
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -67,6 +73,7 @@ class ExecutorOptions:
     attention_backend: str = "auto"
     cuda_graphs: bool = False
     ep_overlap_sm_carveout: int = 0
+    ep_overlap_transport: str = "nccl"
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
@@ -86,6 +93,9 @@ class ExecutorOptions:
             raise SpecError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.ep_overlap_sm_carveout < 0:
             raise SpecError(f"ep_overlap_sm_carveout must be >= 0, got {self.ep_overlap_sm_carveout}")
+        if self.ep_overlap_transport not in EP_OVERLAP_TRANSPORTS:
+            raise SpecError(f"ep_overlap_transport must be one of {EP_OVERLAP_TRANSPORTS}, "
+                            f"got {self.ep_overlap_transport!r}")
         if self.cross_entropy_chunk_logits < 0:
             raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
 

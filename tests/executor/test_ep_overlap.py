@@ -351,22 +351,33 @@ def test_sm_carveout_is_a_no_op_on_cpu_and_when_zero(monkeypatch):
         ep_overlap.Overlap(sm_carveout=-1)
 
 
-def test_run_overlapped_takes_the_carveout_from_the_executor_options(monkeypatch):
+def test_run_overlapped_takes_the_carveout_and_transport_from_the_executor_options(monkeypatch):
     spec = get_model("tiny-moe-shared")
     state = build_parallel_state(ParallelConfig(world_size=1), 0)
-    options = dataclasses.replace(SCENARIOS["base"].options, ep_overlap_sm_carveout=24)
+    options = dataclasses.replace(SCENARIOS["base"].options, ep_overlap_sm_carveout=24,
+                                  ep_overlap_transport="copy_engine")
     model = MoEGPT(spec, state, options, 16)
     built = []
 
     class Recorded(ep_overlap.Overlap):
-        def __init__(self, trace=None, sm_carveout=0):
-            built.append(sm_carveout)
-            super().__init__(trace, sm_carveout)
+        def __init__(self, trace=None, sm_carveout=0, transport="nccl"):
+            built.append((sm_carveout, transport))
+            super().__init__(trace, sm_carveout, transport)
 
     monkeypatch.setattr(ep_overlap, "Overlap", Recorded)
     ids = torch.randint(0, spec.vocab_size, (2, 1, 16))
     ep_overlap.run_overlapped(model, [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(2)])
-    assert built == [24]
+    assert built == [(24, "copy_engine")]
+
+
+def test_transport_option_round_trips_and_rejects_unknown_names():
+    assert ExecutorOptions().ep_overlap_transport == "nccl"
+    options = ExecutorOptions(ep_overlap_transport="copy_engine")
+    assert ExecutorOptions(**options.to_dict()) == options
+    with pytest.raises(SpecError, match="ep_overlap_transport must be one of"):
+        ExecutorOptions(ep_overlap_transport="nvshmem")
+    with pytest.raises(InvalidConfigError, match="ep_overlap_transport must be one of"):
+        ep_overlap.Overlap(transport="mpi")
 
 
 def test_sm_carveout_option_round_trips_and_rejects_negatives():

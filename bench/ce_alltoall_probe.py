@@ -1,0 +1,163 @@
+"""The copy-engine all-to-all (executor/parallel/copy_engine_alltoall.py) on 2 GPUs: equal to NCCL's, its speed,
+and what each all-to-all costs the grouped GEMMs that run beside it.
+
+Per rank (2 processes, one GPU each):
+1. equality: exchanges of random split sizes (empty chunks included; with 1 MiB inboxes, chunks of several
+   rounds) against ``all_to_all_single`` on the same rows, bit for bit;
+2. the Mixtral-8x7B EP2 dispatch of one micro-batch (8192 bf16 rows of 4096, about half to the peer) alone:
+   milliseconds per exchange, NCCL and copy engines;
+3. contention: a loop of ``torch._grouped_mm`` (4 local experts, the Mixtral up-projection shape) alone, then
+   with the same exchange repeated beside it on another stream, once over NCCL and once over the copy engines.
+   ``slowdown`` is the GEMM loop's extra time: what an overlapped exchange takes from the compute.
+
+Usage: python -m bench.ce_alltoall_probe [--out ce_alltoall_probe.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from executor.launch_local import launch
+from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll
+from executor.parallel.groups import Group
+
+HIDDEN, FFN, EXPERTS_LOCAL, ROWS = 4096, 14336, 4, 8192
+
+
+def _nccl(x, out_splits, in_splits):
+    out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(out, x, out_splits, in_splits)
+    return out
+
+
+def _splits(gen, rows: int) -> list[int]:
+    a = int(torch.randint(0, rows + 1, (1,), generator=gen))
+    return [a, rows - a]
+
+
+def _exchange_splits(rank: int, send: list[int]) -> list[int]:
+    """The receive splits that match every rank's ``send`` (one small all-gather)."""
+    t = torch.tensor(send, device="cuda")
+    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, t)
+    return [int(e[rank]) for e in every]
+
+
+def _time_ms(fn, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def probe_worker(rank: int, world_size: int) -> dict:
+    device = torch.device("cuda", torch.cuda.current_device())
+    group = Group("ep", tuple(range(world_size)), rank, dist.group.WORLD)
+    report: dict = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                    "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    ce = CopyEngineAllToAll(group, device)
+    small = CopyEngineAllToAll(group, device, slot_bytes=1 << 20)
+    gen = torch.Generator().manual_seed(11 + rank)
+    mismatches, cases = 0, 0
+    for rows, transport in [(r, t) for r in (0, 1, 37, 700, 5000) for t in (ce, small)]:
+        send = _splits(gen, rows)
+        recv = _exchange_splits(rank, send)
+        x = torch.randn(sum(send), HIDDEN, device=device).to(torch.bfloat16)
+        out, work = transport.start(x, recv, send)
+        work.wait()
+        cases += 1
+        mismatches += int(not torch.equal(out.view(torch.int16), _nccl(x, recv, send).view(torch.int16)))
+    report["equality"] = {"cases": cases, "mismatches": mismatches}
+
+    send = [ROWS // 2 - 128 * (rank + 1), ROWS // 2 + 128 * (rank + 1)]
+    recv = _exchange_splits(rank, send)
+    x = torch.randn(ROWS, HIDDEN, device=device, dtype=torch.bfloat16)
+
+    def with_ce():
+        out, work = ce.start(x, recv, send)
+        work.wait()
+
+    for fn in (lambda: _nccl(x, recv, send), with_ce):
+        _time_ms(fn, 3)
+    report["exchange_ms"] = {"nccl": _time_ms(lambda: _nccl(x, recv, send), 20), "copy_engine": _time_ms(with_ce, 20)}
+
+    tokens = torch.randn(2 * ROWS, HIDDEN, device=device, dtype=torch.bfloat16)
+    weights = torch.randn(EXPERTS_LOCAL, HIDDEN, FFN, device=device, dtype=torch.bfloat16) / HIDDEN ** 0.5
+    offs = torch.arange(1, EXPERTS_LOCAL + 1, device=device, dtype=torch.int32) * (2 * ROWS // EXPERTS_LOCAL)
+    gemms = 30
+    flops = 2 * tokens.shape[0] * HIDDEN * FFN
+
+    def gemm_loop():
+        for _ in range(gemms):
+            torch._grouped_mm(tokens, weights, offs=offs)
+
+    side = torch.cuda.Stream(device)
+    nccl_out = torch.empty(sum(recv), HIDDEN, device=device, dtype=torch.bfloat16)
+
+    def beside(transport: str):
+        exchanges = 12
+
+        def run():
+            if transport == "nccl":
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(exchanges):
+                        dist.all_to_all_single(nccl_out, x, recv, send)
+                gemm_loop()
+                torch.cuda.current_stream().wait_stream(side)
+            else:  # each starts after what the current stream holds now, i.e. beside the GEMM loop
+                works = [ce.start(x, recv, send)[1] for _ in range(exchanges)]
+                gemm_loop()
+                for work in works:
+                    work.wait()
+        return run
+
+    _time_ms(gemm_loop, 1)
+    alone = _time_ms(gemm_loop, 3)
+    contention = {"gemm_loop_alone_ms": alone, "gemm_tflops": gemms * flops / alone / 1e9}
+    for transport in ("nccl", "copy_engine"):
+        _time_ms(beside(transport), 1)
+        both = _time_ms(beside(transport), 3)
+        contention[transport] = {"gemm_loop_with_exchanges_ms": both, "slowdown_ms": both - alone}
+    # the exchanges' own time beside nothing, for the record: 12 of them
+    report["contention"] = contention
+    dist.barrier()
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ce_alltoall_probe.json"))
+    args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        parser.error("needs 2 GPUs")
+    launched = launch(probe_worker, 2, (), backend="nccl", timeout_s=600)
+    if not launched.ok:
+        print(f"failed: {launched.failure_reason}", file=sys.stderr)
+        return 1
+    with open(args.out, "w") as f:
+        json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "ranks": launched.results},
+                  f, indent=1)
+    for rank, r in enumerate(launched.results):
+        c = r["contention"]
+        print(f"rank {rank} {r['device']} torch {r['torch']} nccl {r['nccl']}: equal {r['equality']}; exchange "
+              f"nccl {r['exchange_ms']['nccl']:.3f} ms, copy engines {r['exchange_ms']['copy_engine']:.3f} ms; "
+              f"GEMM loop {c['gemm_loop_alone_ms']:.2f} ms ({c['gemm_tflops']:.0f} TFLOP/s), beside 12 exchanges: "
+              f"nccl +{c['nccl']['slowdown_ms']:.2f} ms, copy engines +{c['copy_engine']['slowdown_ms']:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
