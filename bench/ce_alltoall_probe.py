@@ -3,7 +3,7 @@ and what each all-to-all costs the grouped GEMMs that run beside it.
 
 Per rank (2 processes, one GPU each):
 1. equality: exchanges of random split sizes (empty chunks included; with 1 MiB inboxes, chunks of several
-   rounds) against ``all_to_all_single`` on the same rows, bit for bit;
+   rounds; 40 of them queued back to back) against ``all_to_all_single`` on the same rows, bit for bit;
 2. the Mixtral-8x7B EP2 dispatch of one micro-batch (8192 bf16 rows of 4096, about half to the peer) alone:
    milliseconds per exchange, NCCL and copy engines;
 3. contention: a loop of ``torch._grouped_mm`` (4 local experts, the Mixtral up-projection shape) alone, then
@@ -76,6 +76,18 @@ def probe_worker(rank: int, world_size: int) -> dict:
         recv = _exchange_splits(rank, send)
         x = torch.randn(sum(send), HIDDEN, device=device).to(torch.bfloat16)
         out, work = transport.start(x, recv, send)
+        work.wait()
+        cases += 1
+        mismatches += int(not torch.equal(out.view(torch.int16), _nccl(x, recv, send).view(torch.int16)))
+    # back to back, no host sync between them: each exchange's inboxes are reused only after they are read
+    queued = []
+    for i in range(40):
+        send = _splits(gen, 3000 + 37 * i)
+        recv = _exchange_splits(rank, send)
+        x = torch.randn(sum(send), HIDDEN, device=device).to(torch.bfloat16)
+        out, work = (ce if i % 3 else small).start(x, recv, send)
+        queued.append((x, recv, send, out, work))
+    for x, recv, send, out, work in queued:
         work.wait()
         cases += 1
         mismatches += int(not torch.equal(out.view(torch.int16), _nccl(x, recv, send).view(torch.int16)))

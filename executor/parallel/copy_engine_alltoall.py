@@ -4,7 +4,8 @@ Why: under the EP all-to-all overlap (executor/ep_overlap.py) NCCL's all-to-all 
 the other micro-batch's persistent grouped GEMMs. On 2 x H200 (2026-11-27, docs/benchmarks.md) that compute
 took 17.7 ms longer per step with the overlap, nearly the 15.3 ms of all-to-all it hid. Copies between
 peer memory (``cudaMemcpyAsync`` on pointers into another GPU's memory, which ``Tensor.copy_`` issues for
-contiguous rows) run on the copy engines; only the tiny signal kernels of the handshake below take an SM.
+contiguous rows) run on the copy engines, and the handshake's signals are stream memory operations
+(:class:`StreamSignals`): no part of the exchange takes an SM.
 
 Notation (one EP group of ``W`` ranks, this rank ``me``): ``x`` [Σ in_splits, ...] holds the rows this rank
 sends, ``in_splits[p]`` of them to rank p in rank order; ``out`` [Σ out_splits, ...] receives
@@ -26,15 +27,18 @@ Each rank queues, per round, all its READY signals, then its pushes, then its pu
 waits only for its peers' round-j READY and FULL, which they queue before any wait of their round j; so
 the exchange cannot deadlock, whatever the split sizes. This rank's own rows go straight from ``x`` to
 ``out``. Every operation is queued on the stream current at the call: the caller orders it against compute
-with events (:func:`executor.parallel.collectives.all_to_all_start`).
+with events (:meth:`CopyEngineAllToAll.start`). A peer that never signals stalls the stream, as a peer that
+never joins stalls NCCL's all-to-all: the trial's timeout ends it.
 """
 
 from __future__ import annotations
 
+import ctypes
 from itertools import accumulate
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
 from executor.parallel.groups import Group
@@ -43,7 +47,7 @@ READY, FULL = 0, 1  # signal channels
 #: each peer's inbox at a rank (bytes): the Mixtral-8x7B EP2 dispatch of one 4096-token micro-batch (64 MiB of
 #: bf16 rows, at most, to one peer) fits in one round
 DEFAULT_SLOT_BYTES = 64 << 20
-SIGNAL_TIMEOUT_MS = 600_000  # a peer that never signals ends the process with a CUDA error, not a hang
+SIGNAL_TIMEOUT_MS = 600_000  # for handles whose waits are kernels that can time out
 
 
 class SignalledBuffers(Protocol):
@@ -108,6 +112,76 @@ def exchange_rows(handle: SignalledBuffers, slot_bytes: int, x: torch.Tensor, ou
             out[first:first + n].copy_(handle.get_buffer(me, (n, *row_shape), dtype, q * slot_elems))
 
 
+class StreamSignals:
+    """:class:`SignalledBuffers` over a symmetric buffer whose signals are stream memory operations
+    (``cuStreamWriteValue32`` / ``cuStreamWaitValue32``), which the GPU's front end runs without any SM.
+
+    Why not torch's ``put_signal``/``wait_signal``: they are kernels. Beside persistent grouped GEMMs that hold
+    every SM, each such kernel waited for a GEMM to end before it could start (2 x H200, 2026-11-27,
+    bench/ce_alltoall_probe.py: a GEMM loop took 12.2 ms longer beside 12 exchanges signalled so, 3.4 ms beside
+    NCCL's).
+
+    Each rank's buffer starts with a header of 32-bit counters, one per (channel, sending rank); a signal from
+    ``me`` to ``dst`` on a channel writes the number of signals ``me`` has sent ``dst`` on it into ``dst``'s
+    counter (through the peer mapping; the write waits for the copies queued before it, and is fenced), and
+    a wait for the k-th signal from ``src`` waits until this rank's counter reaches k. Counters only grow,
+    so a signal is never lost or taken twice; both ranks of a pair count the same signals (the handshake
+    is symmetric in what each knows). The slots follow the header: :meth:`get_buffer` offsets past it."""
+
+    HEADER_BYTES = 4096
+
+    def __init__(self, handle, buffer: torch.Tensor):
+        self.handle, self.rank, self.world_size = handle, handle.rank, handle.world_size
+        if 2 * self.world_size * 4 > self.HEADER_BYTES:
+            raise ValueError(f"{self.world_size} ranks need more signal counters than a {self.HEADER_BYTES}-byte "
+                             "header holds")
+        self._ptrs = [int(p) for p in handle.buffer_ptrs]
+        self._sent: dict[tuple[int, int], int] = {}
+        self._awaited: dict[tuple[int, int], int] = {}
+        self._cuda = _driver()
+        buffer[: self.HEADER_BYTES].zero_()
+
+    def _counter(self, owner: int, channel: int, sender: int) -> int:
+        return self._ptrs[owner] + 4 * (channel * self.world_size + sender)
+
+    def get_buffer(self, rank, sizes, dtype, storage_offset=0):
+        elem = torch.empty((), dtype=dtype).element_size()
+        return self.handle.get_buffer(rank, sizes, dtype, storage_offset + self.HEADER_BYTES // elem)
+
+    def put_signal(self, dst_rank, channel=0, timeout_ms=0):
+        key = (dst_rank, channel)
+        self._sent[key] = self._sent.get(key, 0) + 1
+        _check(self._cuda.cuStreamWriteValue32_v2(
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+            ctypes.c_uint64(self._counter(dst_rank, channel, self.rank)),
+            ctypes.c_uint32(self._sent[key] & 0xFFFFFFFF), ctypes.c_uint(0)), "cuStreamWriteValue32")
+
+    def wait_signal(self, src_rank, channel=0, timeout_ms=0):
+        key = (src_rank, channel)
+        self._awaited[key] = self._awaited.get(key, 0) + 1
+        _check(self._cuda.cuStreamWaitValue32_v2(
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+            ctypes.c_uint64(self._counter(self.rank, channel, src_rank)),
+            ctypes.c_uint32(self._awaited[key] & 0xFFFFFFFF), ctypes.c_uint(_WAIT_VALUE_GEQ)),
+            "cuStreamWaitValue32")
+
+
+_WAIT_VALUE_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: wait until (int32)(*addr - value) >= 0
+_DRIVER: list = []
+
+
+def _driver():
+    """The CUDA driver library (loaded once; torch has loaded it already in a CUDA process)."""
+    if not _DRIVER:
+        _DRIVER.append(ctypes.CDLL("libcuda.so.1"))
+    return _DRIVER[0]
+
+
+def _check(result: int, call: str) -> None:
+    if result != 0:
+        raise RuntimeError(f"{call} failed with CUresult {result} (stream memory operations unsupported here?)")
+
+
 class CopyEngineAllToAll:
     """The exchange of :func:`exchange_rows` over one process group's symmetric memory, on CUDA devices whose
     ranks can map each other's memory (one node). Building it is a collective over ``group``."""
@@ -116,10 +190,14 @@ class CopyEngineAllToAll:
         if device.type != "cuda":
             raise ValueError(f"the copy-engine all-to-all needs CUDA tensors, not {device.type}")
         self.group, self.slot_bytes = group, slot_bytes
-        buffer = symm_mem.empty(group.size * slot_bytes, dtype=torch.uint8, device=device)
-        self.handle = symm_mem.rendezvous(buffer, group.pg)
+        buffer = symm_mem.empty(StreamSignals.HEADER_BYTES + group.size * slot_bytes, dtype=torch.uint8,
+                                device=device)
+        self.handle = StreamSignals(symm_mem.rendezvous(buffer, group.pg), buffer)
         self._buffer = buffer  # the handle maps it; keep it alive with the transport
         self._stream = torch.cuda.Stream(device)
+        # every rank's counters are zero before any peer may signal into them
+        torch.cuda.current_stream(device).synchronize()
+        dist.barrier(group=group.pg)
 
     def start(self, x: torch.Tensor, out_splits: list[int], in_splits: list[int],
               after: torch.cuda.Event | None = None):
