@@ -118,7 +118,8 @@ def probe_worker(rank: int, world_size: int) -> dict:
     side = torch.cuda.Stream(device)
     nccl_out = torch.empty(sum(recv), HIDDEN, device=device, dtype=torch.bfloat16)
 
-    def beside(transport: str):
+    def beside(transport: str, marks: dict | None = None):
+        """The GEMM loop with 12 exchanges beside it; ``marks``: events at the loop's end and the exchanges'."""
         exchanges = 12
 
         def run():
@@ -127,14 +128,31 @@ def probe_worker(rank: int, world_size: int) -> dict:
                 with torch.cuda.stream(side):
                     for _ in range(exchanges):
                         dist.all_to_all_single(nccl_out, x, recv, send)
+                    exchanged = side.record_event(torch.cuda.Event(enable_timing=True))
                 gemm_loop()
                 torch.cuda.current_stream().wait_stream(side)
             else:  # each starts after what the current stream holds now, i.e. beside the GEMM loop
                 works = [ce.start(x, recv, send)[1] for _ in range(exchanges)]
+                with torch.cuda.stream(ce._stream):
+                    exchanged = ce._stream.record_event(torch.cuda.Event(enable_timing=True))
                 gemm_loop()
                 for work in works:
                     work.wait()
+            if marks is not None:
+                marks["gemms"] = torch.cuda.current_stream().record_event(torch.cuda.Event(enable_timing=True))
+                marks["exchanges"] = exchanged
         return run
+
+    def split_times(transport: str) -> dict:
+        """Milliseconds from the start to the end of the GEMM loop and of the 12 exchanges, one run."""
+        marks: dict = {}
+        start = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        dist.barrier()
+        start.record()
+        beside(transport, marks)()
+        torch.cuda.synchronize()
+        return {k: start.elapsed_time(e) for k, e in marks.items()}
 
     _time_ms(gemm_loop, 1)
     alone = _time_ms(gemm_loop, 3)
@@ -142,7 +160,14 @@ def probe_worker(rank: int, world_size: int) -> dict:
     for transport in ("nccl", "copy_engine"):
         _time_ms(beside(transport), 1)
         both = _time_ms(beside(transport), 3)
-        contention[transport] = {"gemm_loop_with_exchanges_ms": both, "slowdown_ms": both - alone}
+        contention[transport] = {"gemm_loop_with_exchanges_ms": both, "slowdown_ms": both - alone,
+                                 "ends_ms": split_times(transport)}
+    # what runs a copy-engine exchange on the device: memcpy (copy engines) or kernels (SMs)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, work = ce.start(x, recv, send)
+        work.wait()
+        torch.cuda.synchronize()
+    report["copy_engine_device_ops"] = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
     # the exchanges' own time beside nothing, for the record: 12 of them
     report["contention"] = contention
     dist.barrier()
@@ -167,7 +192,9 @@ def main() -> int:
         print(f"rank {rank} {r['device']} torch {r['torch']} nccl {r['nccl']}: equal {r['equality']}; exchange "
               f"nccl {r['exchange_ms']['nccl']:.3f} ms, copy engines {r['exchange_ms']['copy_engine']:.3f} ms; "
               f"GEMM loop {c['gemm_loop_alone_ms']:.2f} ms ({c['gemm_tflops']:.0f} TFLOP/s), beside 12 exchanges: "
-              f"nccl +{c['nccl']['slowdown_ms']:.2f} ms, copy engines +{c['copy_engine']['slowdown_ms']:.2f} ms")
+              f"nccl +{c['nccl']['slowdown_ms']:.2f} ms, copy engines +{c['copy_engine']['slowdown_ms']:.2f} ms; "
+              f"ends (GEMMs, exchanges) nccl {c['nccl']['ends_ms']}, copy engines {c['copy_engine']['ends_ms']}")
+        print(f"  device ops of one copy-engine exchange: {r['copy_engine_device_ops']}")
     return 0
 
 
