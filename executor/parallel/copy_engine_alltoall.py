@@ -5,35 +5,44 @@ the other micro-batch's persistent grouped GEMMs. On 2 x H200 (2026-11-27, docs/
 took 17.7 ms longer per step with the overlap, nearly the 15.3 ms of all-to-all it hid. Copies between
 peer memory (``cudaMemcpyAsync`` on pointers into another GPU's memory, which ``Tensor.copy_`` issues for
 contiguous rows) run on the copy engines, and the handshake's signals are stream memory operations
-(:class:`StreamSignals`): no part of the exchange takes an SM.
+(:class:`StreamSignals`): no part of the exchange takes an SM (a profiled exchange shows only
+'Memcpy PtoP' and 'Memcpy DtoD', bench/ce_alltoall_probe.py).
 
 Notation (one EP group of ``W`` ranks, this rank ``me``): ``x`` [Σ in_splits, ...] holds the rows this rank
 sends, ``in_splits[p]`` of them to rank p in rank order; ``out`` [Σ out_splits, ...] receives
 ``out_splits[q]`` rows from rank q in rank order (``torch.distributed.all_to_all_single``'s contract).
 
-Memory: every rank owns one symmetric buffer (``torch.distributed._symmetric_memory``) of ``W`` slots of
-``slot_bytes``; slot q of rank p's buffer is rank q's *inbox* at p. A chunk of rows larger than a slot goes
-in rounds of ``slot_bytes // row_bytes`` rows.
+Memory: every rank owns one symmetric buffer (``torch.distributed._symmetric_memory``) of ``G × W`` inboxes
+of ``slot_bytes``: inbox (g, q) at rank p receives generation g of rank q's rows for p. A chunk of rows
+larger than an inbox goes in rounds of ``slot_bytes // row_bytes`` rows. The rounds of each ordered pair
+(sender q, receiver p) are numbered from the transport's start, k = 0, 1, ...; round k uses generation
+k mod G. Both ranks of a pair count the same rounds: q knows the chunk's size from ``in_splits[p]``, p from
+``out_splits[q]``.
 
-Handshake per round, for each ordered pair (sender q, receiver p) with rows left in that round; both ranks
-know the chunk's size (q from ``in_splits[p]``, p from ``out_splits[q]``), so both count the same rounds
-and no rank waits for a signal nobody sends:
+Handshake, through two counters per ordered pair, both at the rank that waits on them:
 
-1. READY: p signals q that its inbox for q is free (everything p read from it earlier is queued before).
-2. push: q waits for READY, copies its rows into that inbox (peer memory, copy engine), signals FULL.
-3. pull: p waits for FULL and copies the inbox into ``out`` (local copy, copy engine).
+1. push (round k at q): wait until FREED(p→q) >= k − G + 1 (p has read round k − G out of that inbox),
+   copy the rows into p's inbox (peer memory, copy engine), set FILLED(q→p) = k + 1 at p.
+2. pull (round k at p): wait until FILLED(q→p) >= k + 1, copy the inbox into ``out`` (local copy, copy
+   engine), set FREED(p→q) = k + 1 at q.
 
-Each rank queues, per round, all its READY signals, then its pushes, then its pulls. A rank's round j
-waits only for its peers' round-j READY and FULL, which they queue before any wait of their round j; so
-the exchange cannot deadlock, whatever the split sizes. This rank's own rows go straight from ``x`` to
-``out``. Every operation is queued on the stream current at the call: the caller orders it against compute
-with events (:meth:`CopyEngineAllToAll.start`). A peer that never signals stalls the stream, as a peer that
-never joins stalls NCCL's all-to-all: the trial's timeout ends it.
+With G = 2 the push's wait is for a round that was pulled an exchange earlier: it is met when reached,
+and only the pull waits. Why that matters: a stream waiting on a value written by another GPU notices the
+write late while the GPU is busy (2 x H200, 2026-11-27: 12 exchanges whose every round also waited for a
+'free' signal sent just before took 18 ms beside a loop of grouped GEMMs, against 2.8 ms alone).
+
+Each rank queues, per round, its pushes, then its pulls. A push of round k waits only for pulls of rounds
+before k, and a pull of round k only for the push of round k, which its sender queues before any pull of
+round k; so the exchange cannot deadlock, whatever the split sizes. This rank's own rows go straight from
+``x`` to ``out``. Every operation is queued on the stream current at the call: the caller orders it
+against compute with events (:meth:`CopyEngineAllToAll.start`). A peer that never signals stalls the
+stream, as a peer that never joins stalls NCCL's all-to-all: the trial's timeout ends it.
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
 
@@ -43,15 +52,15 @@ from torch.distributed import _symmetric_memory as symm_mem
 
 from executor.parallel.groups import Group
 
-READY, FULL = 0, 1  # signal channels
-#: each peer's inbox at a rank (bytes): the Mixtral-8x7B EP2 dispatch of one 4096-token micro-batch (64 MiB of
-#: bf16 rows, at most, to one peer) fits in one round
+FREED, FILLED = 0, 1  # counter channels
+GENERATIONS = 2
+#: each inbox (bytes): the Mixtral-8x7B EP2 dispatch of one 4096-token micro-batch (64 MiB of bf16 rows, at
+#: most, to one peer) fits in one round
 DEFAULT_SLOT_BYTES = 64 << 20
-SIGNAL_TIMEOUT_MS = 600_000  # for handles whose waits are kernels that can time out
 
 
 class SignalledBuffers(Protocol):
-    """What the exchange needs of a symmetric-memory handle (``_SymmetricMemory`` satisfies it)."""
+    """What the exchange needs of a symmetric buffer with counters (:class:`StreamSignals` on GPUs)."""
 
     rank: int
     world_size: int
@@ -60,11 +69,20 @@ class SignalledBuffers(Protocol):
                    ) -> torch.Tensor:
         """Rank ``rank``'s buffer seen from this rank, as a tensor of ``sizes`` from element ``storage_offset``."""
 
-    def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
-        """Queue a signal to ``dst_rank`` on ``channel``."""
+    def signal(self, dst_rank: int, channel: int, value: int) -> None:
+        """Queue: set this rank's counter on ``channel`` at ``dst_rank`` to ``value`` (after what is queued)."""
 
-    def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
-        """Queue a wait for (and the consumption of) a signal from ``src_rank`` on ``channel``."""
+    def wait(self, src_rank: int, channel: int, value: int) -> None:
+        """Queue: wait until ``src_rank``'s counter on ``channel`` here is at least ``value``."""
+
+
+@dataclass
+class PairRounds:
+    """Rounds each ordered pair has queued since the transport started: ``sent[p]`` pushed to p,
+    ``received[q]`` pulled from q."""
+
+    sent: dict[int, int] = field(default_factory=dict)
+    received: dict[int, int] = field(default_factory=dict)
 
 
 def rounds(rows: int, rows_per_round: int) -> int:
@@ -72,10 +90,12 @@ def rounds(rows: int, rows_per_round: int) -> int:
     return -(-rows // rows_per_round)
 
 
-def exchange_rows(handle: SignalledBuffers, slot_bytes: int, x: torch.Tensor, out: torch.Tensor,
-                  out_splits: list[int], in_splits: list[int]) -> None:
+def exchange_rows(handle: SignalledBuffers, counted: PairRounds, slot_bytes: int, x: torch.Tensor,
+                  out: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                  generations: int = GENERATIONS) -> None:
     """Queue the all-to-all of ``x`` into ``out`` on the current stream (module docstring: the handshake).
-    ``x`` and ``out`` are contiguous, of one dtype and row shape; ``slot_bytes`` is each inbox's size."""
+    ``x`` and ``out`` are contiguous, of one dtype and row shape; ``slot_bytes`` is each inbox's size;
+    ``counted`` is updated with the rounds queued."""
     me, world = handle.rank, handle.world_size
     row_shape, dtype = tuple(x.shape[1:]), x.dtype
     row_numel = 1
@@ -94,39 +114,43 @@ def exchange_rows(handle: SignalledBuffers, slot_bytes: int, x: torch.Tensor, ou
     to_send = {p: rounds(in_splits[p], per_round) for p in peers}
     to_recv = {q: rounds(out_splits[q], per_round) for q in peers}
     for j in range(max([0, *to_send.values(), *to_recv.values()])):
-        receiving = [q for q in peers if to_recv[q] > j]
-        for q in receiving:
-            handle.put_signal(q, READY, SIGNAL_TIMEOUT_MS)
         for p in peers:
             if to_send[p] > j:
+                k = counted.sent.get(p, 0)
                 first = send_at[p] + j * per_round
                 n = min(per_round, send_at[p + 1] - first)
-                handle.wait_signal(p, READY, SIGNAL_TIMEOUT_MS)
-                inbox = handle.get_buffer(p, (n, *row_shape), dtype, me * slot_elems)
-                inbox.copy_(x[first:first + n])
-                handle.put_signal(p, FULL, SIGNAL_TIMEOUT_MS)
-        for q in receiving:
-            first = recv_at[q] + j * per_round
-            n = min(per_round, recv_at[q + 1] - first)
-            handle.wait_signal(q, FULL, SIGNAL_TIMEOUT_MS)
-            out[first:first + n].copy_(handle.get_buffer(me, (n, *row_shape), dtype, q * slot_elems))
+                if k >= generations:
+                    handle.wait(p, FREED, k - generations + 1)
+                inbox = (k % generations) * world + me
+                handle.get_buffer(p, (n, *row_shape), dtype, inbox * slot_elems).copy_(x[first:first + n])
+                handle.signal(p, FILLED, k + 1)
+                counted.sent[p] = k + 1
+        for q in peers:
+            if to_recv[q] > j:
+                k = counted.received.get(q, 0)
+                first = recv_at[q] + j * per_round
+                n = min(per_round, recv_at[q + 1] - first)
+                handle.wait(q, FILLED, k + 1)
+                inbox = (k % generations) * world + q
+                out[first:first + n].copy_(handle.get_buffer(me, (n, *row_shape), dtype, inbox * slot_elems))
+                handle.signal(q, FREED, k + 1)
+                counted.received[q] = k + 1
 
 
 class StreamSignals:
     """:class:`SignalledBuffers` over a symmetric buffer whose signals are stream memory operations
     (``cuStreamWriteValue32`` / ``cuStreamWaitValue32``), which the GPU's front end runs without any SM.
 
-    Why not torch's ``put_signal``/``wait_signal``: they are kernels. Beside persistent grouped GEMMs that hold
-    every SM, each such kernel waited for a GEMM to end before it could start (2 x H200, 2026-11-27,
-    bench/ce_alltoall_probe.py: a GEMM loop took 12.2 ms longer beside 12 exchanges signalled so, 3.4 ms beside
-    NCCL's).
+    Why not torch's ``put_signal``/``wait_signal`` (binary flags): they are kernels, which need an SM beside
+    persistent grouped GEMMs that hold every SM. Measured (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py):
+    a GEMM loop took 11-12 ms longer beside 12 exchanges signalled by those kernels, 4-5 ms with stream
+    memory operations (2.5-3.8 ms beside NCCL's all-to-all).
 
-    Each rank's buffer starts with a header of 32-bit counters, one per (channel, sending rank); a signal from
-    ``me`` to ``dst`` on a channel writes the number of signals ``me`` has sent ``dst`` on it into ``dst``'s
-    counter (through the peer mapping; the write waits for the copies queued before it, and is fenced), and
-    a wait for the k-th signal from ``src`` waits until this rank's counter reaches k. Counters only grow,
-    so a signal is never lost or taken twice; both ranks of a pair count the same signals (the handshake
-    is symmetric in what each knows). The slots follow the header: :meth:`get_buffer` offsets past it."""
+    Each rank's buffer starts with a header of 32-bit counters, one per (channel, sending rank); a signal
+    writes the value into the counter at the destination (through the peer mapping; the write waits for
+    the copies queued before it, and is fenced), a wait holds the stream until the counter here is at least
+    the value (compared as the driver does, modulo 2**32). The inboxes follow the header:
+    :meth:`get_buffer` offsets past it."""
 
     HEADER_BYTES = 4096
 
@@ -136,8 +160,6 @@ class StreamSignals:
             raise ValueError(f"{self.world_size} ranks need more signal counters than a {self.HEADER_BYTES}-byte "
                              "header holds")
         self._ptrs = [int(p) for p in handle.buffer_ptrs]
-        self._sent: dict[tuple[int, int], int] = {}
-        self._awaited: dict[tuple[int, int], int] = {}
         self._cuda = _driver()
         buffer[: self.HEADER_BYTES].zero_()
 
@@ -148,22 +170,17 @@ class StreamSignals:
         elem = torch.empty((), dtype=dtype).element_size()
         return self.handle.get_buffer(rank, sizes, dtype, storage_offset + self.HEADER_BYTES // elem)
 
-    def put_signal(self, dst_rank, channel=0, timeout_ms=0):
-        key = (dst_rank, channel)
-        self._sent[key] = self._sent.get(key, 0) + 1
+    def signal(self, dst_rank, channel, value):
         _check(self._cuda.cuStreamWriteValue32_v2(
             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
             ctypes.c_uint64(self._counter(dst_rank, channel, self.rank)),
-            ctypes.c_uint32(self._sent[key] & 0xFFFFFFFF), ctypes.c_uint(0)), "cuStreamWriteValue32")
+            ctypes.c_uint32(value & 0xFFFFFFFF), ctypes.c_uint(0)), "cuStreamWriteValue32")
 
-    def wait_signal(self, src_rank, channel=0, timeout_ms=0):
-        key = (src_rank, channel)
-        self._awaited[key] = self._awaited.get(key, 0) + 1
+    def wait(self, src_rank, channel, value):
         _check(self._cuda.cuStreamWaitValue32_v2(
             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
             ctypes.c_uint64(self._counter(self.rank, channel, src_rank)),
-            ctypes.c_uint32(self._awaited[key] & 0xFFFFFFFF), ctypes.c_uint(_WAIT_VALUE_GEQ)),
-            "cuStreamWaitValue32")
+            ctypes.c_uint32(value & 0xFFFFFFFF), ctypes.c_uint(_WAIT_VALUE_GEQ)), "cuStreamWaitValue32")
 
 
 _WAIT_VALUE_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: wait until (int32)(*addr - value) >= 0
@@ -190,11 +207,12 @@ class CopyEngineAllToAll:
         if device.type != "cuda":
             raise ValueError(f"the copy-engine all-to-all needs CUDA tensors, not {device.type}")
         self.group, self.slot_bytes = group, slot_bytes
-        buffer = symm_mem.empty(StreamSignals.HEADER_BYTES + group.size * slot_bytes, dtype=torch.uint8,
-                                device=device)
+        buffer = symm_mem.empty(StreamSignals.HEADER_BYTES + GENERATIONS * group.size * slot_bytes,
+                                dtype=torch.uint8, device=device)
         self.handle = StreamSignals(symm_mem.rendezvous(buffer, group.pg), buffer)
         self._buffer = buffer  # the handle maps it; keep it alive with the transport
         self._stream = torch.cuda.Stream(device)
+        self.counted = PairRounds()
         # every rank's counters are zero before any peer may signal into them
         torch.cuda.current_stream(device).synchronize()
         dist.barrier(group=group.pg)
@@ -212,7 +230,7 @@ class CopyEngineAllToAll:
         side.wait_event(after)
         with torch.cuda.stream(side):
             out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
-            exchange_rows(self.handle, self.slot_bytes, x, out, list(out_splits), list(in_splits))
+            exchange_rows(self.handle, self.counted, self.slot_bytes, x, out, list(out_splits), list(in_splits))
             done = side.record_event()
         x.record_stream(side)  # read there: not handed out again on the current stream before that
         out.record_stream(current)

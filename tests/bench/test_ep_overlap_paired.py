@@ -32,6 +32,20 @@ def test_hidden_fraction_is_the_median_saving_per_pair_over_the_exposed_all_to_a
     assert "NO" in paired.table(s, "head")
 
 
+def test_the_exposed_all_to_all_is_the_least_over_the_ranks():
+    # rank 0 reaches every exchange first and waits there for the slower rank 1: 12 ms more per step
+    rank0 = _report([0.430, 0.431], [0.418, 0.418], [0.031, 0.032])
+    rank1 = _report([0.430, 0.431], [0.418, 0.418], [0.019, 0.020])
+    s = paired.summarize([rank0, rank1], micro=8)
+    assert s["exposed_a2a_off"] == pytest.approx(0.0195) and s["exposed_a2a_off_rank0"] == pytest.approx(0.0315)
+    assert s["hidden_fraction"] == pytest.approx(0.0125 / 0.0195) and s["passes"]
+    # per pair, not per rank: the least of each pair's phases, then their median
+    rank1 = _report([0.430, 0.431], [0.418, 0.418], [0.040, 0.010])
+    assert paired.summarize([rank0, rank1], micro=8)["exposed_a2a_off"] == pytest.approx((0.031 + 0.010) / 2)
+    with pytest.raises(ValueError, match="same off steps"):
+        paired.summarize([rank0, _report([0.43], [0.41], [0.02])], micro=8)
+
+
 def test_unequal_or_empty_reports_are_refused():
     with pytest.raises(ValueError, match="equal in number"):
         paired.summarize(_report([0.4, 0.4], [0.39], [0.02, 0.02]), micro=8)

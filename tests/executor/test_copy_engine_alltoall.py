@@ -1,7 +1,8 @@
 """The copy-engine all-to-all's handshake (executor/parallel/copy_engine_alltoall.py) on the CPU: one thread a
-rank, each queuing its operations in order as its GPU stream would run them, against a symmetric memory
-whose signals behave as torch's (a put waits while the last one is unconsumed; a wait consumes it). The GPU
-path itself (peer copies on the copy engines) is checked on GPUs by bench/ce_alltoall_probe.py."""
+rank, each running its operations in order as its GPU stream would, against a symmetric memory whose
+counters behave as the stream memory operations (a signal sets a value, a wait holds until the counter
+reaches one). The GPU path itself (peer copies on the copy engines, the driver's counters) is checked on
+GPUs by bench/ce_alltoall_probe.py."""
 
 from __future__ import annotations
 
@@ -10,40 +11,39 @@ import threading
 import pytest
 import torch
 
-from executor.parallel.copy_engine_alltoall import FULL, READY, exchange_rows, rounds
+from executor.parallel.copy_engine_alltoall import FILLED, FREED, GENERATIONS, PairRounds, exchange_rows, rounds
 
 TIMEOUT_S = 30.0  # a deadlock fails the test instead of hanging it
 
 
-class _Signal:
+class _Counter:
     def __init__(self):
-        self.set = False
+        self.value = 0
         self.cond = threading.Condition()
 
-    def put(self):
+    def set(self, value: int):
         with self.cond:
-            if not self.cond.wait_for(lambda: not self.set, TIMEOUT_S):
-                raise TimeoutError("put_signal: the last signal was never consumed")
-            self.set = True
+            assert value >= self.value, "counters only grow"
+            self.value = value
             self.cond.notify_all()
 
-    def wait(self):
+    def wait(self, value: int):
         with self.cond:
-            if not self.cond.wait_for(lambda: self.set, TIMEOUT_S):
-                raise TimeoutError("wait_signal: no signal came")
-            self.set = False
-            self.cond.notify_all()
+            if not self.cond.wait_for(lambda: self.value >= value, TIMEOUT_S):
+                raise TimeoutError(f"wait: the counter stayed at {self.value} < {value}")
 
 
 class _World:
-    def __init__(self, world: int, slot_bytes: int):
-        self.buffers = [torch.zeros(world * slot_bytes, dtype=torch.uint8) for _ in range(world)]
-        self.signals = {(dst, src, ch): _Signal() for dst in range(world) for src in range(world)
-                        for ch in (READY, FULL)}
+    def __init__(self, world: int, slot_bytes: int, generations: int):
+        self.buffers = [torch.zeros(generations * world * slot_bytes, dtype=torch.uint8) for _ in range(world)]
+        self.counters = {(at, sender, ch): _Counter() for at in range(world) for sender in range(world)
+                         for ch in (FREED, FILLED)}
         self.log: list[tuple] = []
 
 
 class _Handle:
+    """One rank's view; its operations run when its thread reaches them, as on a stream."""
+
     def __init__(self, world: _World, rank: int):
         self.world, self.rank, self.world_size = world, rank, len(world.buffers)
 
@@ -55,19 +55,21 @@ class _Handle:
         assert storage_offset + numel <= flat.numel(), "outside the peer's buffer"
         return flat[storage_offset:storage_offset + numel].view(sizes)
 
-    def put_signal(self, dst_rank, channel=0, timeout_ms=0):
-        self.world.log.append(("put", self.rank, dst_rank, channel))
-        self.world.signals[(dst_rank, self.rank, channel)].put()
+    def signal(self, dst_rank, channel, value):
+        self.world.log.append(("signal", self.rank, dst_rank, channel, value))
+        self.world.counters[(dst_rank, self.rank, channel)].set(value)
 
-    def wait_signal(self, src_rank, channel=0, timeout_ms=0):
-        self.world.signals[(self.rank, src_rank, channel)].wait()
+    def wait(self, src_rank, channel, value):
+        self.world.log.append(("wait", src_rank, self.rank, channel, value))
+        self.world.counters[(self.rank, src_rank, channel)].wait(value)
 
 
-def _run(splits: list[list[int]], row_shape=(3,), dtype=torch.float32, slot_bytes=64, exchanges=1):
+def _run(splits: list[list[int]], row_shape=(3,), dtype=torch.float32, slot_bytes=64, exchanges=1,
+         generations=GENERATIONS):
     """splits[q][p]: rows rank q sends to rank p. Runs ``exchanges`` exchanges back to back on the same buffers
     (the later ones must wait for the earlier pulls) and returns (outputs, expected) of the last."""
     world = len(splits)
-    state = _World(world, slot_bytes)
+    state = _World(world, slot_bytes, generations)
     gen = torch.Generator().manual_seed(7)
     xs = [[torch.randn((sum(splits[q]), *row_shape), generator=gen).to(dtype) for q in range(world)]
           for _ in range(exchanges)]
@@ -76,11 +78,11 @@ def _run(splits: list[list[int]], row_shape=(3,), dtype=torch.float32, slot_byte
 
     def rank_main(r: int) -> None:
         try:
-            handle = _Handle(state, r)
+            handle, counted = _Handle(state, r), PairRounds()
             for x_of in xs:
                 out_splits = [splits[q][r] for q in range(world)]
                 out = torch.full((sum(out_splits), *row_shape), float("nan"), dtype=dtype)
-                exchange_rows(handle, slot_bytes, x_of[r], out, out_splits, splits[r])
+                exchange_rows(handle, counted, slot_bytes, x_of[r], out, out_splits, splits[r], generations)
                 outs[r] = out
         except BaseException as e:  # noqa: BLE001 (re-raised in the test's thread)
             errors.append(e)
@@ -113,11 +115,19 @@ def test_equals_the_all_to_all_for_any_split_sizes(splits):
         assert torch.equal(got, want)
 
 
-def test_back_to_back_exchanges_reuse_the_inboxes_only_after_they_are_read():
+@pytest.mark.parametrize("generations", [1, 2, 3])
+def test_back_to_back_exchanges_reuse_the_inboxes_only_after_they_are_read(generations):
     splits = [[3, 8, 1], [6, 0, 9], [2, 2, 2]]
-    outs, expected, _ = _run(splits, exchanges=4)
+    outs, expected, state = _run(splits, exchanges=4, generations=generations)
     for got, want in zip(outs, expected):
         assert torch.equal(got, want)
+    # every push of round k >= G waited for the pull of round k - G out of the same inbox
+    pushes = [e for e in state.log if e[0] == "signal" and e[3] == FILLED]
+    freed_waits = {(e[1], e[2], e[4]) for e in state.log if e[0] == "wait" and e[3] == FREED}
+    for _, sender, receiver, _, k1 in pushes:
+        k = k1 - 1
+        if k >= generations:
+            assert (receiver, sender, k - generations + 1) in freed_waits
 
 
 def test_bf16_rows_of_several_dims_move_bit_for_bit():
@@ -128,13 +138,13 @@ def test_bf16_rows_of_several_dims_move_bit_for_bit():
 
 def test_a_pair_with_nothing_to_move_exchanges_no_signal():
     _, _, state = _run([[4, 0, 2], [0, 1, 0], [3, 0, 5]])
-    pairs = {(src, dst) for _, src, dst, _ in state.log}
+    pairs = {(e[1], e[2]) for e in state.log if e[0] == "signal"}
     assert (0, 1) not in pairs and (1, 0) not in pairs and (1, 2) not in pairs and (2, 1) not in pairs
     assert (0, 2) in pairs and (2, 0) in pairs
 
 
 def test_rounds_and_a_row_larger_than_an_inbox():
     assert [rounds(n, 5) for n in (0, 1, 5, 6, 10, 11)] == [0, 1, 1, 2, 2, 3]
-    world = _World(2, 8)
+    world = _World(2, 8, GENERATIONS)
     with pytest.raises(ValueError, match="does not fit an inbox of 8 bytes"):
-        exchange_rows(_Handle(world, 0), 8, torch.zeros(2, 3), torch.zeros(2, 3), [1, 1], [1, 1])
+        exchange_rows(_Handle(world, 0), PairRounds(), 8, torch.zeros(2, 3), torch.zeros(2, 3), [1, 1], [1, 1])
