@@ -23,8 +23,9 @@ Reported (a table, and JSON in ``--out``, default $OUT/ep_overlap_gpu.json):
 every round after 'off': ``on`` (the overlap as built), ``on_carveN`` (``ExecutorOptions.ep_overlap_sm_carveout``
 = N: the compute beside an overlapped all-to-all leaves N SMs free, executor/ep_overlap.py), ``on_nchN``
 (``NCCL_MAX_NCHANNELS=N`` in that run's rank processes only: NCCL's kernels use at most N channels, one SM
-each, for every collective of the run, the gradient reduction's included), and both joined
-(``on_carve16_nch8``). Per variant: its step, hidden fraction and loss difference from 'off' (JSON
+each, for every collective of the run, the gradient reduction's included), both joined
+(``on_carve16_nch8``), and any of them with the suffix ``_ce`` (``on_ce``): the overlapped exchanges over
+the copy engines (``ExecutorOptions.ep_overlap_transport='copy_engine'``). Per variant: its step, hidden fraction and loss difference from 'off' (JSON
 ``variants``; the top-level ``*_on`` keys, ``hidden_fraction``, ``passes`` and ``loss_rel_diff`` are the
 ``on`` variant's, or the first listed when ``on`` is not, named by ``primary_variant``). Every run is a
 fresh 2-process world (~15-25 s on 2 x H200): a sweep of 'off' and 5 variants takes ~2-3 minutes a round,
@@ -67,39 +68,43 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 BAR = 0.60
-_VARIANT = re.compile(r"on(?:_carve(\d+))?(?:_nch(\d+))?")
+_VARIANT = re.compile(r"on(?:_carve(\d+))?(?:_nch(\d+))?(_ce)?")
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One way to run the step: ``overlap`` off or on; with it, ``sm_carveout`` SMs left to the overlapped
-    all-to-all (0: none) and NCCL's channels capped at ``nccl_channels`` (None: NCCL's choice)."""
+    all-to-all (0: none), NCCL's channels capped at ``nccl_channels`` (None: NCCL's choice), and the
+    overlapped exchanges moved by ``transport`` (ExecutorOptions.ep_overlap_transport)."""
 
     name: str
     overlap: bool
     sm_carveout: int = 0
     nccl_channels: int | None = None
+    transport: str = "nccl"
 
     def env(self) -> dict[str, str]:
         """Environment the run's rank processes start with, beyond this process's."""
         return {} if self.nccl_channels is None else {"NCCL_MAX_NCHANNELS": str(self.nccl_channels)}
 
     def options(self, base: ExecutorOptions) -> ExecutorOptions:
-        return dataclasses.replace(base, ep_overlap_sm_carveout=self.sm_carveout)
+        return dataclasses.replace(base, ep_overlap_sm_carveout=self.sm_carveout, ep_overlap_transport=self.transport)
 
 
 OFF = Variant("off", overlap=False)
 
 
 def parse_variant(name: str) -> Variant:
-    """'on', 'on_carveN', 'on_nchN' or 'on_carveN_nchM' (module docstring); ValueError otherwise."""
+    """'on', 'on_carveN', 'on_nchN' or 'on_carveN_nchM', each optionally ending in '_ce' (module docstring);
+    ValueError otherwise."""
     match = _VARIANT.fullmatch(name)
     if match is None:
-        raise ValueError(f"unknown variant {name!r}: on, on_carveN, on_nchN or on_carveN_nchM")
-    carve, channels = match.groups()
+        raise ValueError(f"unknown variant {name!r}: on, on_carveN, on_nchN or on_carveN_nchM, optionally + _ce")
+    carve, channels, ce = match.groups()
     if channels is not None and int(channels) < 1:
         raise ValueError(f"{name}: NCCL needs at least one channel")
-    return Variant(name, True, int(carve or 0), int(channels) if channels is not None else None)
+    return Variant(name, True, int(carve or 0), int(channels) if channels is not None else None,
+                   "copy_engine" if ce else "nccl")
 
 
 def _config(overlap: bool) -> ParallelConfig:
