@@ -180,20 +180,23 @@ def trace_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOp
                           timeout_s=600)
     if not launched.ok:
         return [{"failure": launched.failure_reason}]
-    keys = ("rank", "wall_ms", "busy_ms", "busy_without_nccl_ms", "a2a_ms", "a2a_under_compute_ms")
+    keys = ("rank", "wall_ms", "busy_ms", "busy_without_nccl_ms", "a2a_ms", "a2a_under_compute_ms", "memcpy_ms",
+            "memcpy_under_compute_ms")
     return [{k: r[k] for k in keys} for r in launched.results]
 
 
 def trace_table(traces: dict[str, list[dict]]) -> str:
     width = max(4, *(len(m) for m in traces))
-    lines = [f"profiled step (ms)  {'mode':>{width}} rank   wall   busy  compute  all-to-all  beside compute"]
+    lines = [f"profiled step (ms)  {'mode':>{width}} rank   wall   busy  compute  all-to-all  beside compute"
+             f"  copies  beside compute"]
     for mode, ranks in traces.items():
         for r in ranks:
             if "failure" in r:
                 lines.append(f"  {mode}: failed: {r['failure']}")
                 continue
             lines.append(f"{'':19} {mode:>{width}} {r['rank']:>4} {r['wall_ms']:6.1f} {r['busy_ms']:6.1f} "
-                         f"{r['busy_without_nccl_ms']:8.1f} {r['a2a_ms']:11.2f} {r['a2a_under_compute_ms']:15.2f}")
+                         f"{r['busy_without_nccl_ms']:8.1f} {r['a2a_ms']:11.2f} {r['a2a_under_compute_ms']:15.2f}"
+                         f"{r.get('memcpy_ms', 0.0):8.2f} {r.get('memcpy_under_compute_ms', 0.0):15.2f}")
     return "\n".join(lines)
 
 

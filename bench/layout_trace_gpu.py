@@ -99,7 +99,8 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
                  warmup_steps: int, top: int, options: ExecutorOptions | None = None) -> dict:
     """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds), and
     how much of the NCCL kernels' time ran beside compute kernels (``nccl_under_compute_ms``; its all-to-all
-    part ``a2a_ms`` / ``a2a_under_compute_ms``). ``options``: the executor options (default: the training's)."""
+    part ``a2a_ms`` / ``a2a_under_compute_ms``), and the same of the copies (``memcpy_ms``,
+    ``memcpy_under_compute_ms``: the copy engines' work, which ``busy_without_nccl_ms`` leaves out too). ``options``: the executor options (default: the training's)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     options = options or ExecutorOptions.for_training(training, model=model)
@@ -134,14 +135,18 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
     nccl = {n: v for n, v in by_name.items() if "nccl" in n.lower()}
     rows = sorted(((n, len(v), sum(v) / 1e3) for n, v in by_name.items()), key=lambda r: -r[2])
     busy = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
-    compute = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" not in e.name.lower()]
+    # copies (the copy engines' 'Memcpy ...' entries, the copy-engine all-to-all's among them) are not compute
+    copies = [(e.time_range.start, e.time_range.end) for e in kernels if e.name.startswith("Memcpy")]
+    compute = [(e.time_range.start, e.time_range.end) for e in kernels
+               if "nccl" not in e.name.lower() and not e.name.startswith("Memcpy")]
     busy_no_nccl = _busy_us(compute) / 1e3
     comm = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()]
     a2a = [(e.time_range.start, e.time_range.end) for e in kernels if "sendrecv" in e.name.lower()]
     return {"rank": rank, "wall_ms": wall * 1e3, "unprofiled_wall_ms": plain_wall_ms, "host_syncs": syncs,
             "busy_ms": busy, "busy_without_nccl_ms": busy_no_nccl,
             "nccl_under_compute_ms": overlap_us(comm, compute) / 1e3, "a2a_ms": _busy_us(a2a) / 1e3,
-            "a2a_under_compute_ms": overlap_us(a2a, compute) / 1e3,
+            "a2a_under_compute_ms": overlap_us(a2a, compute) / 1e3, "memcpy_ms": _busy_us(copies) / 1e3,
+            "memcpy_under_compute_ms": overlap_us(copies, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
             "nccl_calls": {n: len(v) for n, v in nccl.items()},
             "top": [{"name": n[:120], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}
