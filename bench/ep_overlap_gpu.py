@@ -24,8 +24,9 @@ every round after 'off': ``on`` (the overlap as built), ``on_carveN`` (``Executo
 = N: the compute beside an overlapped all-to-all leaves N SMs free, executor/ep_overlap.py), ``on_nchN``
 (``NCCL_MAX_NCHANNELS=N`` in that run's rank processes only: NCCL's kernels use at most N channels, one SM
 each, for every collective of the run, the gradient reduction's included), both joined
-(``on_carve16_nch8``), and any of them with the suffix ``_ce`` (``on_ce``): the overlapped exchanges over
-the copy engines (``ExecutorOptions.ep_overlap_transport='copy_engine'``). Per variant: its step, hidden fraction and loss difference from 'off' (JSON
+(``on_carve16_nch8``); each moves the overlapped exchanges as the executor's default does
+(``ExecutorOptions.ep_overlap_transport='auto'``: the copy engines on one node), or with the suffix ``_ce``
+over the copy engines, with ``_nccl`` over NCCL (``on_nccl``, ``on_carve16_nccl``). Per variant: its step, hidden fraction and loss difference from 'off' (JSON
 ``variants``; the top-level ``*_on`` keys, ``hidden_fraction``, ``passes`` and ``loss_rel_diff`` are the
 ``on`` variant's, or the first listed when ``on`` is not, named by ``primary_variant``). Every run is a
 fresh 2-process world (~15-25 s on 2 x H200): a sweep of 'off' and 5 variants takes ~2-3 minutes a round,
@@ -68,7 +69,7 @@ from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
 BAR = 0.60
-_VARIANT = re.compile(r"on(?:_carve(\d+))?(?:_nch(\d+))?(_ce)?")
+_VARIANT = re.compile(r"on(?:_carve(\d+))?(?:_nch(\d+))?(?:_(ce|nccl))?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Variant:
     overlap: bool
     sm_carveout: int = 0
     nccl_channels: int | None = None
-    transport: str = "nccl"
+    transport: str = "auto"
 
     def env(self) -> dict[str, str]:
         """Environment the run's rank processes start with, beyond this process's."""
@@ -95,16 +96,17 @@ OFF = Variant("off", overlap=False)
 
 
 def parse_variant(name: str) -> Variant:
-    """'on', 'on_carveN', 'on_nchN' or 'on_carveN_nchM', each optionally ending in '_ce' (module docstring);
-    ValueError otherwise."""
+    """'on', 'on_carveN', 'on_nchN' or 'on_carveN_nchM', each optionally ending in '_ce' or '_nccl' (module
+    docstring); ValueError otherwise."""
     match = _VARIANT.fullmatch(name)
     if match is None:
-        raise ValueError(f"unknown variant {name!r}: on, on_carveN, on_nchN or on_carveN_nchM, optionally + _ce")
-    carve, channels, ce = match.groups()
+        raise ValueError(f"unknown variant {name!r}: on, on_carveN, on_nchN or on_carveN_nchM, "
+                         "optionally + _ce or _nccl")
+    carve, channels, transport = match.groups()
     if channels is not None and int(channels) < 1:
         raise ValueError(f"{name}: NCCL needs at least one channel")
     return Variant(name, True, int(carve or 0), int(channels) if channels is not None else None,
-                   "copy_engine" if ce else "nccl")
+                   {"ce": "copy_engine", "nccl": "nccl", None: "auto"}[transport])
 
 
 def _config(overlap: bool) -> ParallelConfig:

@@ -18,7 +18,7 @@ Losses are not compared here (consecutive steps train on different batches): ben
 tests/executor/test_ep_overlap.py check that the overlap computes the same step.
 
 Usage: python -m bench.ep_overlap_paired [--layers 2] [--seq 4096] [--micro 8] [--pairs 12] [--warmup 2]
-                                         [--transport nccl|copy_engine]
+                                         [--transport auto|nccl|copy_engine]
        python -m bench.ep_overlap_paired --device cpu --tiny --pairs 2      (CPU smoke run: gloo, tiny-moe)
 """
 
@@ -156,7 +156,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed pairs (both schedules warmed)")
     parser.add_argument("--pairs", type=int, default=12, help="timed off/on pairs")
     parser.add_argument("--routing", choices=("balanced", "random"), default="balanced")
-    parser.add_argument("--transport", choices=EP_OVERLAP_TRANSPORTS, default="nccl",
+    parser.add_argument("--transport", choices=EP_OVERLAP_TRANSPORTS, default="auto",
                         help="what moves the overlapped all-to-alls (ExecutorOptions.ep_overlap_transport)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny-moe at seq 64 (CPU smoke runs)")

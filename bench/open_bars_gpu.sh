@@ -18,7 +18,8 @@
 #              from grouped GEMMs beside it (bench/ce_alltoall_probe.py)
 #   paired     issue 19: the same EP2 step with the overlap off and on in paired steps of one 2-process world
 #              (bench/ep_overlap_paired.py; PAIRS, default 12), once per overlap transport in TRANSPORTS
-#              (default nccl; "nccl copy_engine" for both): the bar's quotient without run-to-run noise
+#              (default auto, the executor's; "copy_engine nccl" for both): the bar's quotient without run-to-run
+#              noise
 #   components the per-model component factors of each proxy (MODELS), one GPU each, two at a time (`foldtune
 #              calibrate --quick --model M --layers 2 --seq 4096 --ranks 1`), merged against this call's calibrated
 #              profile -> res/<gpu>-calibrated-components.json (the tables replay with it off the device)
@@ -101,7 +102,7 @@ if has ceprobe; then
   timeout 240 python3 -m bench.ce_alltoall_probe --out "$RES/ce_alltoall_probe.json" 2>&1 | grep -v "Warning: \[PG" | tail -8
 fi
 if has paired; then
-  for transport in ${TRANSPORTS:-nccl}; do
+  for transport in ${TRANSPORTS:-auto}; do
     echo "== EP overlap, paired steps ($transport) start $(date -u +%T)"
     timeout 300 python3 -m bench.ep_overlap_paired --pairs "${PAIRS:-12}" --transport "$transport" \
       --out "$RES/ep_overlap_paired-$transport.json" 2>&1 | grep -v "Warning: \[PG" | tail -12

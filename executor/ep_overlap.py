@@ -64,13 +64,16 @@ On CPU (the exchange's tensor not on a GPU) the carveout is never set: gloo has 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from executor.parallel.collectives import all_to_all_start
-from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll
+from executor.node import node_name
+from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll, slot_bytes_for
 from executor.options import EP_OVERLAP_TRANSPORTS
 from executor.parallel.groups import Group
 from spec.errors import InvalidConfigError
@@ -274,7 +277,7 @@ class Overlap:
     tag) where the host waits for them. ``sm_carveout``: SMs the compute beside an exchange leaves free
     (0: none; module docstring)."""
 
-    def __init__(self, trace: list | None = None, sm_carveout: int = 0, transport: str = "nccl"):
+    def __init__(self, trace: list | None = None, sm_carveout: int = 0, transport: str = "auto"):
         if sm_carveout < 0:
             raise InvalidConfigError(f"ep_overlap_sm_carveout must be >= 0, got {sm_carveout}")
         if transport not in EP_OVERLAP_TRANSPORTS:
@@ -317,9 +320,10 @@ class Overlap:
             self._log("sizes", ex.tag)
             ex.resolve()
         self._log("start", ex.tag)
-        if beside and self.transport == "copy_engine" and ex.x.is_cuda and ex.group.size > 1:
-            return ex.tag, *copy_engine_for(ex.group, ex.x.device).start(ex.x, ex.out_splits, ex.in_splits,
-                                                                          ex.ready)
+        if beside and self.transport != "nccl" and ex.x.is_cuda and ex.group.size > 1:
+            engine = copy_engine_for(ex.group, ex.x.device, required=self.transport == "copy_engine")
+            if engine is not None:
+                return ex.tag, *engine.start(ex.x, ex.out_splits, ex.in_splits, ex.ready)
         return ex.tag, *all_to_all_start(ex.x, ex.out_splits, ex.in_splits, ex.group, ex.ready)
 
     def _wait(self, pending) -> torch.Tensor:
@@ -366,19 +370,48 @@ class Overlap:
             other_value = self._wait(self._start(request))
 
 
-_COPY_ENGINES: dict[tuple[int, torch.device], tuple[object, CopyEngineAllToAll]] = {}
+_COPY_ENGINES: dict[tuple[int, torch.device], tuple[object, CopyEngineAllToAll | None]] = {}
 
 
-def copy_engine_for(group: Group, device: torch.device) -> CopyEngineAllToAll:
-    """The copy-engine transport of ``group`` on ``device``, built (a collective over the group, which every
-    member reaches at the same exchange of the fixed schedule) on first use and kept while the group's process
-    group lives: a rank process reused across trials keeps its symmetric buffer."""
+def copy_engine_for(group: Group, device: torch.device, required: bool = True) -> CopyEngineAllToAll | None:
+    """The copy-engine transport of ``group`` on ``device``, decided and built on first use (collectives over
+    the group, which every member reaches at the same exchange of the fixed schedule) and kept while the
+    group's process group lives: a rank process reused across trials keeps its symmetric buffer.
+
+    ``required`` ('copy_engine'): built or an error. Otherwise ('auto'): None, for NCCL, unless every member
+    runs on this node (:func:`executor.node.node_name`) and every member built it; the members agree on the
+    outcome through an all-reduce, so none waits in a copy-engine exchange that a peer runs over NCCL."""
     key = (id(group.pg), device)
     held = _COPY_ENGINES.get(key)
     if held is None or held[0] is not group.pg:
-        held = (group.pg, CopyEngineAllToAll(group, device))
+        held = (group.pg, _build_copy_engine(group, device) if required else _agreed_copy_engine(group, device))
         _COPY_ENGINES[key] = held
     return held[1]
+
+
+def _build_copy_engine(group: Group, device: torch.device) -> CopyEngineAllToAll:
+    try:
+        return CopyEngineAllToAll(group, device, slot_bytes_for(group.size))
+    except (RuntimeError, ValueError, OSError) as e:
+        raise InvalidConfigError(f"ep_overlap_transport='copy_engine' needs symmetric memory over the EP group "
+                                 f"(every rank on one node, peer access between its GPUs): {e}; use 'auto' or "
+                                 f"'nccl'") from e
+
+
+def _agreed_copy_engine(group: Group, device: torch.device) -> CopyEngineAllToAll | None:
+    names: list = [None] * group.size
+    dist.all_gather_object(names, node_name(), group=group.pg)
+    if len(set(names)) != 1:
+        return None
+    engine = None
+    try:
+        engine = CopyEngineAllToAll(group, device, slot_bytes_for(group.size))
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"EP overlap: the copy-engine all-to-all is not available here ({e}); NCCL moves the exchanges",
+              file=sys.stderr, flush=True)
+    built = torch.tensor([1 if engine is not None else 0], device=device)
+    dist.all_reduce(built, op=dist.ReduceOp.MIN, group=group.pg)
+    return engine if int(built.item()) == 1 else None
 
 
 def _record_event(x: torch.Tensor):

@@ -15,7 +15,7 @@ from spec.validity import executor_model_rule
 DEFAULT_CHUNK_LOGITS = 2**26
 #: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
-EP_OVERLAP_TRANSPORTS = ("nccl", "copy_engine")
+EP_OVERLAP_TRANSPORTS = ("auto", "nccl", "copy_engine")
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,14 @@ class ExecutorOptions:
     the default cuBLAS path). No effect on CPU nor without the overlap. An executor knob, not searched by
     the planner.
 
-    ``ep_overlap_transport`` (with ``overlap_moe_expert_parallel_comm``): what moves the overlapped EP
-    all-to-alls on CUDA: 'nccl' (``all_to_all_single``) or 'copy_engine' (peer copies over symmetric memory,
-    no SM taken from the compute beside them: executor/parallel/copy_engine_alltoall.py; every rank of the
-    EP group on one node; each rank holds a symmetric buffer of EP × 64 MiB). Elsewhere (CPU) gloo moves them.
+    ``ep_overlap_transport`` (with ``overlap_moe_expert_parallel_comm``): what moves the EP all-to-alls that
+    run beside the other micro-batch's compute, on CUDA: 'copy_engine' (peer copies over symmetric memory,
+    no SM taken from that compute: executor/parallel/copy_engine_alltoall.py; every rank of the EP group on
+    one node; each rank holds 256 MiB of inboxes outside PyTorch's allocator), 'nccl'
+    (``all_to_all_single``), or 'auto' (the default: the copy engines where every rank of the EP group is on
+    one node and all of them could build the transport, NCCL otherwise). The exchanges that run in line
+    (the first forward's, the last backward's) always go over NCCL, faster alone. Elsewhere (CPU) gloo
+    moves them all.
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -73,7 +77,7 @@ class ExecutorOptions:
     attention_backend: str = "auto"
     cuda_graphs: bool = False
     ep_overlap_sm_carveout: int = 0
-    ep_overlap_transport: str = "nccl"
+    ep_overlap_transport: str = "auto"
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5

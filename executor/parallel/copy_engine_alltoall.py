@@ -54,9 +54,19 @@ from executor.parallel.groups import Group
 
 FREED, FILLED = 0, 1  # counter channels
 GENERATIONS = 2
-#: each inbox (bytes): the Mixtral-8x7B EP2 dispatch of one 4096-token micro-batch (64 MiB of bf16 rows, at
-#: most, to one peer) fits in one round
+#: each inbox (bytes) unless told: the Mixtral-8x7B EP2 dispatch of one 4096-token micro-batch (64 MiB of bf16
+#: rows, at most, to one peer) fits in one round
 DEFAULT_SLOT_BYTES = 64 << 20
+#: all inboxes of a rank together (bytes), whatever the group's size: G x W inboxes share it
+INBOX_BUDGET_BYTES = 256 << 20
+SLOT_ALIGN = 4096
+
+
+def slot_bytes_for(world: int) -> int:
+    """Each inbox's bytes for a group of ``world`` ranks: :data:`INBOX_BUDGET_BYTES` over the G × W inboxes
+    (64 MiB at EP2, 16 MiB at EP8: about one peer's share of a Mixtral micro-batch's dispatch; a larger
+    chunk takes more rounds), aligned to 4 KiB."""
+    return max(SLOT_ALIGN, INBOX_BUDGET_BYTES // (GENERATIONS * world) // SLOT_ALIGN * SLOT_ALIGN)
 
 
 class SignalledBuffers(Protocol):

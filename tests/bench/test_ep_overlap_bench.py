@@ -61,11 +61,12 @@ def test_variant_names_parse_to_carveout_and_nccl_channels():
     assert (v.overlap, v.sm_carveout, v.nccl_channels) == (True, 16, 8)
     assert v.env() == {"NCCL_MAX_NCHANNELS": "8"} and v.options(bench.ExecutorOptions()).ep_overlap_sm_carveout == 16
     assert bench.parse_variant("on").env() == {} and bench.parse_variant("on").sm_carveout == 0
-    assert bench.parse_variant("on").options(bench.ExecutorOptions()).ep_overlap_transport == "nccl"
+    assert bench.parse_variant("on").options(bench.ExecutorOptions()).ep_overlap_transport == "auto"
+    assert bench.parse_variant("on_nccl").transport == "nccl"
     ce = bench.parse_variant("on_carve8_ce")
     assert (ce.sm_carveout, ce.transport) == (8, "copy_engine")
     assert ce.options(bench.ExecutorOptions()).ep_overlap_transport == "copy_engine"
-    for bad in ("off", "on_carve", "on_nch0", "carve8", "on_nch8_carve16", "on_ce_carve8", "on_cE"):
+    for bad in ("off", "on_carve", "on_nch0", "carve8", "on_nch8_carve16", "on_ce_carve8", "on_cE", "on_ce_nccl"):
         with pytest.raises(ValueError):
             bench.parse_variant(bad)
 

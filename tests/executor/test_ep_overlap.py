@@ -11,13 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from executor import ep_overlap
 from executor.ep_overlap import Exchange
 from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
-from executor.parallel.groups import build_parallel_state
+from executor.parallel.copy_engine_alltoall import GENERATIONS, INBOX_BUDGET_BYTES, slot_bytes_for
+from executor.parallel.groups import Group, build_parallel_state
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.errors import InvalidConfigError, SpecError
@@ -98,7 +100,7 @@ def _trace_worker(rank: int, world: int, overlap: bool, host_reads: bool = False
 
     from executor.data import global_batch, micro_batches
     from executor.model import MoEGPT
-    from executor.parallel.groups import build_parallel_state
+    from executor.parallel.groups import Group, build_parallel_state
     from executor.train_step import Trainer
 
     model_spec = get_model("tiny-moe-shared")  # 4 layers: dense, then 3 MoE
@@ -243,7 +245,7 @@ def test_staged_forward_without_ep_equals_the_model_forward():
     """One process, ep = 1: no exchange; the staged path must still compute the model's loss and gradients."""
     from executor.ep_overlap import run_overlapped
     from executor.model import MoEGPT
-    from executor.parallel.groups import build_parallel_state
+    from executor.parallel.groups import Group, build_parallel_state
 
     spec = get_model("tiny-moe-shared")
     state = build_parallel_state(ParallelConfig(world_size=1), 0)
@@ -371,7 +373,7 @@ def test_run_overlapped_takes_the_carveout_and_transport_from_the_executor_optio
 
 
 def test_transport_option_round_trips_and_rejects_unknown_names():
-    assert ExecutorOptions().ep_overlap_transport == "nccl"
+    assert ExecutorOptions().ep_overlap_transport == "auto"
     options = ExecutorOptions(ep_overlap_transport="copy_engine")
     assert ExecutorOptions(**options.to_dict()) == options
     with pytest.raises(SpecError, match="ep_overlap_transport must be one of"):
@@ -386,3 +388,42 @@ def test_sm_carveout_option_round_trips_and_rejects_negatives():
     assert ExecutorOptions(**options.to_dict()) == options and options.to_dict()["ep_overlap_sm_carveout"] == 16
     with pytest.raises(SpecError, match="ep_overlap_sm_carveout"):
         ExecutorOptions(ep_overlap_sm_carveout=-1)
+
+
+def _auto_transport_worker(rank: int, world_size: int, fail_rank: int | None, split_nodes: bool) -> tuple:
+    """One gloo rank deciding 'auto' with a stand-in transport (the real one needs GPUs): built everywhere
+    but on ``fail_rank``; every rank on its own node when ``split_nodes``."""
+    built = []
+
+    class Stand:
+        def __init__(self, group, device, slot_bytes):
+            if rank == fail_rank:
+                raise RuntimeError("no symmetric memory here")
+            built.append(slot_bytes)
+
+    ep_overlap.CopyEngineAllToAll = Stand
+    if split_nodes:
+        ep_overlap.node_name = lambda: f"node-{rank}"
+    group = Group("ep", tuple(range(world_size)), rank, dist.group.WORLD)
+    engine = ep_overlap.copy_engine_for(group, torch.device("cpu"), required=False)
+    again = ep_overlap.copy_engine_for(group, torch.device("cpu"), required=False)  # kept, not decided anew
+    return rank, engine is not None, again is engine, built
+
+
+@pytest.mark.parametrize("fail_rank, split_nodes, agreed", [(None, False, True), (1, False, False),
+                                                            (None, True, False)])
+def test_auto_transport_is_the_copy_engines_only_where_every_rank_built_them_on_one_node(fail_rank, split_nodes,
+                                                                                         agreed):
+    result = launch(_auto_transport_worker, 2, (fail_rank, split_nodes), backend="gloo", start_method="fork")
+    assert result.ok, result.failure_reason
+    for rank, has_engine, kept, built in result.results:
+        assert has_engine is agreed and kept
+        tried = not split_nodes and rank != fail_rank  # split nodes: nobody builds; a failed rank has none
+        assert built == ([slot_bytes_for(2)] if tried else [])
+
+
+def test_inbox_size_shares_one_budget_over_the_group():
+    assert slot_bytes_for(2) == 64 << 20 and slot_bytes_for(8) == 16 << 20
+    for world in (2, 3, 5, 8, 64, 4096):
+        assert slot_bytes_for(world) % 4096 == 0 and slot_bytes_for(world) >= 4096
+        assert GENERATIONS * world * slot_bytes_for(world) <= max(INBOX_BUDGET_BYTES, GENERATIONS * world * 4096)
