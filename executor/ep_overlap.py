@@ -312,15 +312,16 @@ class Overlap:
             return self._compute(stream, tag, value)
 
     def _start(self, ex: Exchange, beside: bool = False):
-        """Start ``ex``; ``beside``: compute of the other micro-batch runs under it. Only such an exchange
-        goes over the copy engines when that is the transport: in line, nothing shares the SMs, and NCCL's
-        all-to-all alone is faster (2 x H200, 2026-11-27: 0.14 ms against 0.25 ms for the Mixtral EP2
-        dispatch of one micro-batch, bench/ce_alltoall_probe.py)."""
+        """Start ``ex``; ``beside``: compute of the other micro-batch runs under it. With 'auto' only such an
+        exchange goes over the copy engines: in line, nothing shares the SMs, and NCCL's all-to-all alone is
+        faster (2 x H200, 2026-11-27: 0.14 ms against 0.24 ms for the Mixtral EP2 dispatch of one micro-batch,
+        bench/ce_alltoall_probe.py). With 'copy_engine' every exchange does."""
         if ex.deferred:
             self._log("sizes", ex.tag)
             ex.resolve()
         self._log("start", ex.tag)
-        if beside and self.transport != "nccl" and ex.x.is_cuda and ex.group.size > 1:
+        wanted = self.transport == "copy_engine" or (beside and self.transport == "auto")
+        if wanted and ex.x.is_cuda and ex.group.size > 1:
             engine = copy_engine_for(ex.group, ex.x.device, required=self.transport == "copy_engine")
             if engine is not None:
                 return ex.tag, *engine.start(ex.x, ex.out_splits, ex.in_splits, ex.ready)

@@ -53,9 +53,9 @@ class ExecutorOptions:
     no SM taken from that compute: executor/parallel/copy_engine_alltoall.py; every rank of the EP group on
     one node; each rank holds 256 MiB of inboxes outside PyTorch's allocator), 'nccl'
     (``all_to_all_single``), or 'auto' (the default: the copy engines where every rank of the EP group is on
-    one node and all of them could build the transport, NCCL otherwise). The exchanges that run in line
-    (the first forward's, the last backward's) always go over NCCL, faster alone. Elsewhere (CPU) gloo
-    moves them all.
+    one node and all of them could build the transport, NCCL otherwise). With 'auto' the exchanges that
+    run in line (the first forward's, the last backward's) go over NCCL, faster alone; 'copy_engine' moves
+    every exchange of the overlapped schedule. Elsewhere (CPU) gloo moves them all.
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
