@@ -26,7 +26,8 @@ every round after 'off': ``on`` (the overlap as built), ``on_carveN`` (``Executo
 each, for every collective of the run, the gradient reduction's included), both joined
 (``on_carve16_nch8``); each moves the overlapped exchanges as the executor's default does
 (``ExecutorOptions.ep_overlap_transport='auto'``: the copy engines on one node), or with the suffix ``_ce``
-over the copy engines, with ``_nccl`` over NCCL (``on_nccl``, ``on_carve16_nccl``). Per variant: its step, hidden fraction and loss difference from 'off' (JSON
+over the copy engines, with ``_nccl`` over NCCL (``on_nccl``, ``on_carve16_nccl``). Per variant: its step, hidden
+fraction and loss difference from 'off' (JSON
 ``variants``; the top-level ``*_on`` keys, ``hidden_fraction``, ``passes`` and ``loss_rel_diff`` are the
 ``on`` variant's, or the first listed when ``on`` is not, named by ``primary_variant``). Every run is a
 fresh 2-process world (~15-25 s on 2 x H200): a sweep of 'off' and 5 variants takes ~2-3 minutes a round,

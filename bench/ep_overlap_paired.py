@@ -12,7 +12,8 @@ Per pair i (rank 0's wall time; every step ends with a loss all-reduced over bot
   saved_i   = step_off_i - step_on_i
   exposed_i = the off step's ``ep_alltoall`` phase (dispatch and combine, forward and backward)
 and ``hidden_fraction`` = median(saved) / median(exposed), the bar's quotient (>= 0.60) on steps measured side
-by side; ``exposed`` is the phase of the rank where it is least (:func:`summarize` says why). The off steps run with the EP stream's high priority, which a layout without the overlap would not
+by side; ``exposed`` is the phase of the rank where it is least (:func:`summarize` says why). The off steps run
+with the EP stream's high priority, which a layout without the overlap would not
 have; there no compute runs beside the all-to-all on that rank, so the priority has nothing to reorder.
 Losses are not compared here (consecutive steps train on different batches): bench/ep_overlap_gpu.py and
 tests/executor/test_ep_overlap.py check that the overlap computes the same step.
@@ -186,7 +187,8 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "torch": torch.__version__,
                    "device": device, "model": model.name, "seq": seq, "micro_per_rank": args.micro,
-                   "routing": args.routing, "transport": args.transport, "warmup_pairs": args.warmup, **summary, "ranks": launched.results},
+                   "routing": args.routing, "transport": args.transport, "warmup_pairs": args.warmup, **summary,
+                   "ranks": launched.results},
                   f, indent=1)
     print(table(summary, f"{device} x2, {model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2, paired, "
                          f"overlap over {args.transport}"))

@@ -100,7 +100,8 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
     """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds), and
     how much of the NCCL kernels' time ran beside compute kernels (``nccl_under_compute_ms``; its all-to-all
     part ``a2a_ms`` / ``a2a_under_compute_ms``), and the same of the copies (``memcpy_ms``,
-    ``memcpy_under_compute_ms``: the copy engines' work, which ``busy_without_nccl_ms`` leaves out too). ``options``: the executor options (default: the training's)."""
+    ``memcpy_under_compute_ms``: the copy engines' work, which ``busy_without_nccl_ms`` leaves out too).
+    ``options``: the executor options (default: the training's)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     options = options or ExecutorOptions.for_training(training, model=model)

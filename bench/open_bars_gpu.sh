@@ -99,7 +99,8 @@ if has overlap && [ -f bench/ep_overlap_gpu.py ]; then
 fi
 if has ceprobe; then
   echo "== copy-engine all-to-all probe start $(date -u +%T)"
-  timeout 240 python3 -m bench.ce_alltoall_probe --out "$RES/ce_alltoall_probe.json" 2>&1 | grep -v "Warning: \[PG" | tail -8
+  timeout 240 python3 -m bench.ce_alltoall_probe --out "$RES/ce_alltoall_probe.json" 2>&1 \
+    | grep -v "Warning: \[PG" | tail -8
 fi
 if has paired; then
   for transport in ${TRANSPORTS:-auto}; do

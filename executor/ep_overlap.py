@@ -10,7 +10,8 @@ runs while the other computes:
 
     B₀ · [B₁ ‖ F₀] · [F₁ ‖ B₂] · [B₃ ‖ F₂] · [F₃ ‖ B₄] · ...
 
-``[X ‖ Y]``: start exchange X (an asynchronous ``all_to_all_single``: NCCL's own stream on GPU, gloo's
+``[X ‖ Y]``: start exchange X (on GPU by default over the copy engines, executor/parallel/copy_engine_alltoall.py,
+or an asynchronous ``all_to_all_single`` on NCCL's own stream: ``ExecutorOptions.ep_overlap_transport``; gloo's
 thread on CPU), run compute Y, wait for X. A forward's dispatch is the exception in host order: its split
 sizes (rows per EP peer) come from the routing of the segment that just ran, and reading them on the host
 blocks it until the GPU has run everything queued before the read. Read at the end of that segment (as

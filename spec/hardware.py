@@ -362,7 +362,9 @@ def _mbs_distance(measured: int | None, wanted: int | None) -> float:
     return abs(math.log2(measured) - math.log2(wanted))
 
 
-#: Bytes per GPU outside the PyTorch allocator: CUDA context, NCCL's buffers (``ClusterSpec.hbm_reserved_bytes``).
+#: Bytes per GPU outside the PyTorch allocator (``ClusterSpec.hbm_reserved_bytes``): CUDA context, NCCL's buffers,
+#: and with the EP overlap the copy-engine all-to-all's 256 MiB of symmetric inboxes
+#: (executor/parallel/copy_engine_alltoall.py).
 DEFAULT_HBM_RESERVED = int(1.5 * GIB)
 #: Share of each GPU's memory the planner keeps free by default (``ClusterSpec.min_headroom``): the memory
 #: model's own error (its bar: within 5 % of the measured peak) must not turn a planned layout into an OOM.
