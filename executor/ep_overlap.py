@@ -321,8 +321,7 @@ class Overlap:
             self._log("sizes", ex.tag)
             ex.resolve()
         self._log("start", ex.tag)
-        wanted = self.transport == "copy_engine" or (beside and self.transport == "auto")
-        if wanted and ex.x.is_cuda and ex.group.size > 1:
+        if over_copy_engines(self.transport, beside, ex.x.is_cuda, ex.group.size):
             engine = copy_engine_for(ex.group, ex.x.device, required=self.transport == "copy_engine")
             if engine is not None:
                 return ex.tag, *engine.start(ex.x, ex.out_splits, ex.in_splits, ex.ready)
@@ -370,6 +369,14 @@ class Overlap:
             if request is None:
                 return
             other_value = self._wait(self._start(request))
+
+
+def over_copy_engines(transport: str, beside: bool, on_gpu: bool, group_size: int) -> bool:
+    """Whether an exchange is offered to the copy engines ('auto' may still fall back to NCCL, see
+    :func:`copy_engine_for`): on a GPU, over a group of two or more, with 'copy_engine' always, with 'auto'
+    when compute runs beside it."""
+    wanted = transport == "copy_engine" or (transport == "auto" and beside)
+    return wanted and on_gpu and group_size > 1
 
 
 _COPY_ENGINES: dict[tuple[int, torch.device], tuple[object, CopyEngineAllToAll | None]] = {}

@@ -427,3 +427,12 @@ def test_inbox_size_shares_one_budget_over_the_group():
     for world in (2, 3, 5, 8, 64, 4096):
         assert slot_bytes_for(world) % 4096 == 0 and slot_bytes_for(world) >= 4096
         assert GENERATIONS * world * slot_bytes_for(world) <= max(INBOX_BUDGET_BYTES, GENERATIONS * world * 4096)
+
+
+def test_which_exchanges_are_offered_to_the_copy_engines():
+    offered = ep_overlap.over_copy_engines
+    assert offered("auto", True, True, 2) and not offered("auto", False, True, 2)  # in line: NCCL, faster alone
+    assert offered("copy_engine", True, True, 2) and offered("copy_engine", False, True, 4)
+    assert not any(offered("nccl", beside, True, 2) for beside in (True, False))
+    assert not offered("copy_engine", True, False, 2) and not offered("auto", True, False, 2)  # CPU: gloo
+    assert not offered("copy_engine", True, True, 1)  # a group of one exchanges nothing
