@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from executor.launch_local import launch
+from executor.microbench.timing import time_device
 from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll
 from executor.parallel.groups import Group
 
@@ -50,16 +51,11 @@ def _exchange_splits(rank: int, send: list[int]) -> list[int]:
     return [int(e[rank]) for e in every]
 
 
-def _time_ms(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
+def _time_ms(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls after one untimed (CUDA events), both ranks
+    starting together."""
     dist.barrier()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return 1e3 * time_device(fn, torch.device("cuda", torch.cuda.current_device()), warmup=1, repeats=repeats)
 
 
 def probe_worker(rank: int, world_size: int) -> dict:
@@ -101,8 +97,6 @@ def probe_worker(rank: int, world_size: int) -> dict:
         out, work = ce.start(x, recv, send)
         work.wait()
 
-    for fn in (lambda: _nccl(x, recv, send), with_ce):
-        _time_ms(fn, 3)
     report["exchange_ms"] = {"nccl": _time_ms(lambda: _nccl(x, recv, send), 20), "copy_engine": _time_ms(with_ce, 20)}
 
     tokens = torch.randn(2 * ROWS, HIDDEN, device=device, dtype=torch.bfloat16)
@@ -154,11 +148,9 @@ def probe_worker(rank: int, world_size: int) -> dict:
         torch.cuda.synchronize()
         return {k: start.elapsed_time(e) for k, e in marks.items()}
 
-    _time_ms(gemm_loop, 1)
     alone = _time_ms(gemm_loop, 3)
     contention = {"gemm_loop_alone_ms": alone, "gemm_tflops": gemms * flops / alone / 1e9}
     for transport in ("nccl", "copy_engine"):
-        _time_ms(beside(transport), 1)
         both = _time_ms(beside(transport), 3)
         contention[transport] = {"gemm_loop_with_exchanges_ms": both, "slowdown_ms": both - alone,
                                  "ends_ms": split_times(transport)}

@@ -379,22 +379,25 @@ def over_copy_engines(transport: str, beside: bool, on_gpu: bool, group_size: in
     return wanted and on_gpu and group_size > 1
 
 
-_COPY_ENGINES: dict[tuple[int, torch.device], tuple[object, CopyEngineAllToAll | None]] = {}
+# per device, the process group the transport serves and the transport (None: NCCL). One entry a device: a rank
+# runs one layout at a time, and a trial with other groups replaces (and frees) the last trial's buffer.
+_COPY_ENGINES: dict[torch.device, tuple[object, CopyEngineAllToAll | None]] = {}
 
 
 def copy_engine_for(group: Group, device: torch.device, required: bool = True) -> CopyEngineAllToAll | None:
     """The copy-engine transport of ``group`` on ``device``, decided and built on first use (collectives over
     the group, which every member reaches at the same exchange of the fixed schedule) and kept while the
-    group's process group lives: a rank process reused across trials keeps its symmetric buffer.
+    group's process group serves this rank: a rank process reused across trials keeps its symmetric buffer while
+    the EP group stays, and frees it for the next one when the group changes.
 
     ``required`` ('copy_engine'): built or an error. Otherwise ('auto'): None, for NCCL, unless every member
     runs on this node (:func:`executor.node.node_name`) and every member built it; the members agree on the
     outcome through an all-reduce, so none waits in a copy-engine exchange that a peer runs over NCCL."""
-    key = (id(group.pg), device)
-    held = _COPY_ENGINES.get(key)
+    held = _COPY_ENGINES.get(device)
     if held is None or held[0] is not group.pg:
+        _COPY_ENGINES.pop(device, None)  # the last layout's buffer goes before this one is allocated
         held = (group.pg, _build_copy_engine(group, device) if required else _agreed_copy_engine(group, device))
-        _COPY_ENGINES[key] = held
+        _COPY_ENGINES[device] = held
     return held[1]
 
 

@@ -407,7 +407,12 @@ def _auto_transport_worker(rank: int, world_size: int, fail_rank: int | None, sp
     group = Group("ep", tuple(range(world_size)), rank, dist.group.WORLD)
     engine = ep_overlap.copy_engine_for(group, torch.device("cpu"), required=False)
     again = ep_overlap.copy_engine_for(group, torch.device("cpu"), required=False)  # kept, not decided anew
-    return rank, engine is not None, again is engine, built
+    # the next trial's EP group: decided anew, the last one's transport dropped (one entry per device)
+    other = Group("ep", tuple(range(world_size)), rank, dist.new_group(list(range(world_size))))
+    ep_overlap.copy_engine_for(other, torch.device("cpu"), required=False)
+    replaced = list(ep_overlap._COPY_ENGINES) == [torch.device("cpu")] and \
+        ep_overlap._COPY_ENGINES[torch.device("cpu")][0] is other.pg
+    return rank, engine is not None, again is engine and replaced, built[:1]
 
 
 @pytest.mark.parametrize("fail_rank, split_nodes, agreed", [(None, False, True), (1, False, False),
