@@ -72,10 +72,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from executor.parallel.collectives import all_to_all_start
 from executor.node import node_name
-from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll, slot_bytes_for
 from executor.options import EP_OVERLAP_TRANSPORTS
+from executor.parallel.collectives import all_to_all_start
+from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll, slot_bytes_for
 from executor.parallel.groups import Group
 from spec.errors import InvalidConfigError
 
@@ -282,7 +282,8 @@ class Overlap:
         if sm_carveout < 0:
             raise InvalidConfigError(f"ep_overlap_sm_carveout must be >= 0, got {sm_carveout}")
         if transport not in EP_OVERLAP_TRANSPORTS:
-            raise InvalidConfigError(f"ep_overlap_transport must be one of {EP_OVERLAP_TRANSPORTS}, got {transport!r}")
+            raise InvalidConfigError(f"ep_overlap_transport must be one of {EP_OVERLAP_TRANSPORTS}, "
+                                     f"got {transport!r}")
         self.trace = trace
         self.sm_carveout = sm_carveout
         self.transport = transport

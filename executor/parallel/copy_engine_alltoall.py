@@ -27,9 +27,10 @@ Handshake, through two counters per ordered pair, both at the rank that waits on
    engine), set FREED(p→q) = k + 1 at q.
 
 With G = 2 the push's wait is for a round that was pulled an exchange earlier: it is met when reached,
-and only the pull waits. Why that matters: a stream waiting on a value written by another GPU notices the
-write late while the GPU is busy (2 x H200, 2026-11-27: 12 exchanges whose every round also waited for a
-'free' signal sent just before took 18 ms beside a loop of grouped GEMMs, against 2.8 ms alone).
+and only the pull waits. Why that matters: beside busy compute each wait on another GPU's write stretches
+an exchange (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py: 12 exchanges beside a loop of grouped GEMMs
+ended after 18 ms with one generation, whose every round also waited for a 'free' signal sent just before,
+and after 12-14 ms with two; alone they take 2.8 ms).
 
 Each rank queues, per round, its pushes, then its pulls. A push of round k waits only for pulls of rounds
 before k, and a pull of round k only for the push of round k, which its sender queues before any pull of
