@@ -127,8 +127,8 @@ def probe_worker(rank: int, world_size: int) -> dict:
                 torch.cuda.current_stream().wait_stream(side)
             else:  # each starts after what the current stream holds now, i.e. beside the GEMM loop
                 works = [ce.start(x, recv, send)[1] for _ in range(exchanges)]
-                with torch.cuda.stream(ce._stream):
-                    exchanged = ce._stream.record_event(torch.cuda.Event(enable_timing=True))
+                with torch.cuda.stream(ce.stream):
+                    exchanged = ce.stream.record_event(torch.cuda.Event(enable_timing=True))
                 gemm_loop()
                 for work in works:
                     work.wait()

@@ -222,7 +222,7 @@ class CopyEngineAllToAll:
                                 dtype=torch.uint8, device=device)
         self.handle = StreamSignals(symm_mem.rendezvous(buffer, group.pg), buffer)
         self._buffer = buffer  # the handle maps it; keep it alive with the transport
-        self._stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device)  # where every exchange of this transport runs, in order
         self.counted = PairRounds()
         # every rank's counters are zero before any peer may signal into them
         torch.cuda.current_stream(device).synchronize()
@@ -237,7 +237,7 @@ class CopyEngineAllToAll:
         if after is None or not x.is_contiguous():
             x = x.contiguous()
             after = current.record_event()
-        side = self._stream
+        side = self.stream
         side.wait_event(after)
         with torch.cuda.stream(side):
             out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
