@@ -268,4 +268,7 @@ def test_expert_bias_is_checkpointed_and_resumed(corpus, tmp_path):
     assert run(biased, str(tmp_path / "ck")) == pytest.approx(straight[3:], rel=1e-6)  # resumed at step 3
     unbiased = run(dataclasses.replace(biased, moe_router_enable_expert_bias=False))
     assert unbiased[0] == pytest.approx(straight[0], rel=1e-6)  # the bias starts at zero ...
-    assert unbiased[3:] != pytest.approx(straight[3:], rel=1e-4)  # ... and steers the routing once updated
+    # ... and steers the routing once updated: the runs repeat to 1e-6 (the resumed run above), so a difference
+    # beyond that is the bias's. Its size follows the corpus, the repository's docs: with 1e-4 here a docs change
+    # failed the test at 9.6e-5 (2026-11-27).
+    assert unbiased[3:] != pytest.approx(straight[3:], rel=1e-6)
