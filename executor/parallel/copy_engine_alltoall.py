@@ -27,10 +27,10 @@ Handshake, through two counters per ordered pair, both at the rank that waits on
    engine), set FREED(p→q) = k + 1 at q.
 
 With G = 2 the push's wait is for a round that was pulled an exchange earlier: it is met when reached,
-and only the pull waits. Why that matters: beside busy compute each wait on another GPU's write stretches
-an exchange (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py: 12 exchanges beside a loop of grouped GEMMs
-ended after 18 ms with one generation, whose every round also waited for a 'free' signal sent just before,
-and after 12-14 ms with two; alone they take 2.8 ms).
+and only the pull waits. Why that matters: beside busy compute each wait on another GPU's write may stretch
+an exchange (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py, one call each: 12 exchanges beside a loop of
+grouped GEMMs ended after 18 ms with one generation, whose every round also waited for a 'free' signal sent
+just before, and after 12-14 ms with two; alone they take 2.8 ms).
 
 Each rank queues, per round, its pushes, then its pulls. A push of round k waits only for pulls of rounds
 before k, and a pull of round k only for the push of round k, which its sender queues before any pull of
@@ -153,9 +153,10 @@ class StreamSignals:
     (``cuStreamWriteValue32`` / ``cuStreamWaitValue32``), which the GPU's front end runs without any SM.
 
     Why not torch's ``put_signal``/``wait_signal`` (binary flags): they are kernels, which need an SM beside
-    persistent grouped GEMMs that hold every SM. Measured (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py):
-    a GEMM loop took 11-12 ms longer beside 12 exchanges signalled by those kernels, 4-5 ms with stream
-    memory operations (2.5-3.8 ms beside NCCL's all-to-all).
+    persistent grouped GEMMs that hold every SM; stream memory operations need none, which is the reason for
+    them. Measured (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py, one call each): a GEMM loop took 12 ms
+    longer beside 12 exchanges signalled by those kernels, and 11-12 ms with these operations in the next call;
+    4-7 ms in the two calls after that with the same signals (docs/benchmarks.md: not explained by the code).
 
     Each rank's buffer starts with a header of 32-bit counters, one per (channel, sending rank); a signal
     writes the value into the counter at the destination (through the peer mapping; the write waits for
