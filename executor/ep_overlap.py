@@ -75,7 +75,7 @@ import torch.distributed as dist
 from executor.node import node_name
 from executor.options import EP_OVERLAP_TRANSPORTS
 from executor.parallel.collectives import all_to_all_start
-from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll, slot_bytes_for
+from executor.parallel.copy_engine_alltoall import CopyEngineAllToAll
 from executor.parallel.groups import Group
 from spec.errors import InvalidConfigError
 
@@ -404,7 +404,7 @@ def copy_engine_for(group: Group, device: torch.device, required: bool = True) -
 
 def _build_copy_engine(group: Group, device: torch.device) -> CopyEngineAllToAll:
     try:
-        return CopyEngineAllToAll(group, device, slot_bytes_for(group.size))
+        return CopyEngineAllToAll(group, device)
     except (RuntimeError, ValueError, OSError) as e:
         raise InvalidConfigError(f"ep_overlap_transport='copy_engine' needs symmetric memory over the EP group "
                                  f"(every rank on one node, peer access between its GPUs): {e}; use 'auto' or "
@@ -418,7 +418,7 @@ def _agreed_copy_engine(group: Group, device: torch.device) -> CopyEngineAllToAl
         return None
     engine = None
     try:
-        engine = CopyEngineAllToAll(group, device, slot_bytes_for(group.size))
+        engine = CopyEngineAllToAll(group, device)
     except (RuntimeError, ValueError, OSError) as e:
         print(f"EP overlap: the copy-engine all-to-all is not available here ({e}); NCCL moves the exchanges",
               file=sys.stderr, flush=True)

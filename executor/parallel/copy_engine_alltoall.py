@@ -55,18 +55,16 @@ from executor.parallel.groups import Group
 
 FREED, FILLED = 0, 1  # counter channels
 GENERATIONS = 2
-#: each inbox (bytes) unless told: the Mixtral-8x7B EP2 dispatch of one 4096-token micro-batch (64 MiB of bf16
-#: rows, at most, to one peer) fits in one round
-DEFAULT_SLOT_BYTES = 64 << 20
 #: all inboxes of a rank together (bytes), whatever the group's size: G x W inboxes share it
 INBOX_BUDGET_BYTES = 256 << 20
 SLOT_ALIGN = 4096
 
 
 def slot_bytes_for(world: int) -> int:
-    """Each inbox's bytes for a group of ``world`` ranks: :data:`INBOX_BUDGET_BYTES` over the G × W inboxes
-    (64 MiB at EP2, 16 MiB at EP8: about one peer's share of a Mixtral micro-batch's dispatch; a larger
-    chunk takes more rounds), aligned to 4 KiB."""
+    """Each inbox's bytes for a group of ``world`` ranks: :data:`INBOX_BUDGET_BYTES` over the G × W inboxes,
+    aligned to 4 KiB. At EP2 64 MiB: the whole dispatch of one 4096-token Mixtral-8x7B micro-batch (4096 × 2
+    rows of 4096 bf16) fits one inbox even if every row goes to one peer; at EP8 16 MiB, twice a peer's share
+    of it under even routing. A larger chunk takes more rounds."""
     return max(SLOT_ALIGN, INBOX_BUDGET_BYTES // (GENERATIONS * world) // SLOT_ALIGN * SLOT_ALIGN)
 
 
@@ -215,9 +213,10 @@ class CopyEngineAllToAll:
     """The exchange of :func:`exchange_rows` over one process group's symmetric memory, on CUDA devices whose
     ranks can map each other's memory (one node). Building it is a collective over ``group``."""
 
-    def __init__(self, group: Group, device: torch.device, slot_bytes: int = DEFAULT_SLOT_BYTES):
+    def __init__(self, group: Group, device: torch.device, slot_bytes: int | None = None):
         if device.type != "cuda":
             raise ValueError(f"the copy-engine all-to-all needs CUDA tensors, not {device.type}")
+        slot_bytes = slot_bytes_for(group.size) if slot_bytes is None else slot_bytes  # None: the shared budget's
         self.group, self.slot_bytes = group, slot_bytes
         buffer = symm_mem.empty(StreamSignals.HEADER_BYTES + GENERATIONS * group.size * slot_bytes,
                                 dtype=torch.uint8, device=device)
