@@ -38,11 +38,15 @@ round k; so the exchange cannot deadlock, whatever the split sizes. This rank's 
 ``x`` to ``out``. Every operation is queued on the stream current at the call: the caller orders it
 against compute with events (:meth:`CopyEngineAllToAll.start`). A peer that never signals stalls the
 stream, as a peer that never joins stalls NCCL's all-to-all: the trial's timeout ends it.
+
+:func:`copy_engine_for` gives the EP overlap (executor/ep_overlap.py) a rank's transport: built once per EP
+group, or for 'auto' only where every rank of the group is on one node and every rank built it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
@@ -51,7 +55,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
+from executor.node import node_name
 from executor.parallel.groups import Group
+from spec.errors import InvalidConfigError
 
 FREED, FILLED = 0, 1  # counter channels
 GENERATIONS = 2
@@ -257,3 +263,50 @@ class _EventWork:
     def wait(self) -> bool:
         torch.cuda.current_stream().wait_event(self.event)
         return True
+
+
+# per device, the process group the transport serves and the transport (None: NCCL). One entry a device: a rank
+# runs one layout at a time, and a trial with other groups replaces (and frees) the last trial's buffer.
+_COPY_ENGINES: dict[torch.device, tuple[object, CopyEngineAllToAll | None]] = {}
+
+
+def copy_engine_for(group: Group, device: torch.device, required: bool = True) -> CopyEngineAllToAll | None:
+    """The copy-engine transport of ``group`` on ``device``, decided and built on first use (collectives over
+    the group, which every member reaches at the same exchange of the fixed schedule) and kept while the
+    group's process group serves this rank: a rank process reused across trials keeps its symmetric buffer while
+    the EP group stays, and frees it for the next one when the group changes.
+
+    ``required`` ('copy_engine'): built or an error. Otherwise ('auto'): None, for NCCL, unless every member
+    runs on this node (:func:`executor.node.node_name`) and every member built it; the members agree on the
+    outcome through an all-reduce, so none waits in a copy-engine exchange that a peer runs over NCCL."""
+    held = _COPY_ENGINES.get(device)
+    if held is None or held[0] is not group.pg:
+        _COPY_ENGINES.pop(device, None)  # the last layout's buffer goes before this one is allocated
+        held = (group.pg, _build_copy_engine(group, device) if required else _agreed_copy_engine(group, device))
+        _COPY_ENGINES[device] = held
+    return held[1]
+
+
+def _build_copy_engine(group: Group, device: torch.device) -> CopyEngineAllToAll:
+    try:
+        return CopyEngineAllToAll(group, device)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise InvalidConfigError(f"ep_overlap_transport='copy_engine' needs symmetric memory over the EP group "
+                                 f"(every rank on one node, peer access between its GPUs): {e}; use 'auto' or "
+                                 f"'nccl'") from e
+
+
+def _agreed_copy_engine(group: Group, device: torch.device) -> CopyEngineAllToAll | None:
+    names: list = [None] * group.size
+    dist.all_gather_object(names, node_name(), group=group.pg)
+    if len(set(names)) != 1:
+        return None
+    engine = None
+    try:
+        engine = CopyEngineAllToAll(group, device)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"EP overlap: the copy-engine all-to-all is not available here ({e}); NCCL moves the exchanges",
+              file=sys.stderr, flush=True)
+    built = torch.tensor([1 if engine is not None else 0], device=device)
+    dist.all_reduce(built, op=dist.ReduceOp.MIN, group=group.pg)
+    return engine if int(built.item()) == 1 else None

@@ -1,8 +1,9 @@
 """The copy-engine all-to-all's handshake (executor/parallel/copy_engine_alltoall.py) on the CPU: one thread a
 rank, each running its operations in order as its GPU stream would, against a symmetric memory whose
 counters behave as the stream memory operations (a signal sets a value, a wait holds until the counter
-reaches one). The GPU path itself (peer copies on the copy engines, the driver's counters) is checked on
-GPUs by bench/ce_alltoall_probe.py."""
+reaches one); and the choice of the transport ('auto') in a gloo world with a stand-in for it. The GPU path
+itself (peer copies on the copy engines, the driver's counters) is checked on GPUs by
+bench/ce_alltoall_probe.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import threading
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from executor.parallel.copy_engine_alltoall import FILLED, FREED, GENERATIONS, PairRounds, exchange_rows, rounds
+import executor.parallel.copy_engine_alltoall as transport
+from executor.launch_local import launch
+from executor.parallel.copy_engine_alltoall import (FILLED, FREED, GENERATIONS, INBOX_BUDGET_BYTES, PairRounds,
+                                                    exchange_rows, rounds, slot_bytes_for)
+from executor.parallel.groups import Group
 
 TIMEOUT_S = 30.0  # a deadlock fails the test instead of hanging it
 
@@ -148,3 +154,47 @@ def test_rounds_and_a_row_larger_than_an_inbox():
     world = _World(2, 8, GENERATIONS)
     with pytest.raises(ValueError, match="does not fit an inbox of 8 bytes"):
         exchange_rows(_Handle(world, 0), PairRounds(), 8, torch.zeros(2, 3), torch.zeros(2, 3), [1, 1], [1, 1])
+
+
+def _auto_transport_worker(rank: int, world_size: int, fail_rank: int | None, split_nodes: bool) -> tuple:
+    """One gloo rank deciding 'auto' with a stand-in transport (the real one needs GPUs): built everywhere
+    but on ``fail_rank``; every rank on its own node when ``split_nodes``."""
+    built = []
+
+    class Stand:
+        def __init__(self, group, device, slot_bytes=None):
+            if rank == fail_rank:
+                raise RuntimeError("no symmetric memory here")
+            built.append(group.size)
+
+    transport.CopyEngineAllToAll = Stand
+    if split_nodes:
+        transport.node_name = lambda: f"node-{rank}"
+    group = Group("ep", tuple(range(world_size)), rank, dist.group.WORLD)
+    engine = transport.copy_engine_for(group, torch.device("cpu"), required=False)
+    again = transport.copy_engine_for(group, torch.device("cpu"), required=False)  # kept, not decided anew
+    # the next trial's EP group: decided anew, the last one's transport dropped (one entry per device)
+    other = Group("ep", tuple(range(world_size)), rank, dist.new_group(list(range(world_size))))
+    transport.copy_engine_for(other, torch.device("cpu"), required=False)
+    replaced = list(transport._COPY_ENGINES) == [torch.device("cpu")] and \
+        transport._COPY_ENGINES[torch.device("cpu")][0] is other.pg
+    return rank, engine is not None, again is engine and replaced, built
+
+
+@pytest.mark.parametrize("fail_rank, split_nodes, agreed", [(None, False, True), (1, False, False),
+                                                            (None, True, False)])
+def test_auto_transport_is_the_copy_engines_only_where_every_rank_built_them_on_one_node(fail_rank, split_nodes,
+                                                                                         agreed):
+    result = launch(_auto_transport_worker, 2, (fail_rank, split_nodes), backend="gloo", start_method="fork")
+    assert result.ok, result.failure_reason
+    for rank, has_engine, kept, built in result.results:
+        assert has_engine is agreed and kept
+        tried = not split_nodes and rank != fail_rank  # split nodes: nobody builds; a failed rank has none
+        assert built == ([2, 2] if tried else [])  # once per EP group: the first, then the next trial's
+
+
+def test_inbox_size_shares_one_budget_over_the_group():
+    assert slot_bytes_for(2) == 64 << 20 and slot_bytes_for(8) == 16 << 20
+    for world in (2, 3, 5, 8, 64, 4096):
+        assert slot_bytes_for(world) % 4096 == 0 and slot_bytes_for(world) >= 4096
+        assert GENERATIONS * world * slot_bytes_for(world) <= max(INBOX_BUDGET_BYTES, GENERATIONS * world * 4096)

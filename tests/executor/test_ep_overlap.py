@@ -18,8 +18,7 @@ from executor.ep_overlap import Exchange
 from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
-from executor.parallel.copy_engine_alltoall import GENERATIONS, INBOX_BUDGET_BYTES, slot_bytes_for
-from executor.parallel.groups import Group, build_parallel_state
+from executor.parallel.groups import build_parallel_state
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.errors import InvalidConfigError, SpecError
@@ -388,50 +387,6 @@ def test_sm_carveout_option_round_trips_and_rejects_negatives():
     assert ExecutorOptions(**options.to_dict()) == options and options.to_dict()["ep_overlap_sm_carveout"] == 16
     with pytest.raises(SpecError, match="ep_overlap_sm_carveout"):
         ExecutorOptions(ep_overlap_sm_carveout=-1)
-
-
-def _auto_transport_worker(rank: int, world_size: int, fail_rank: int | None, split_nodes: bool) -> tuple:
-    """One gloo rank deciding 'auto' with a stand-in transport (the real one needs GPUs): built everywhere
-    but on ``fail_rank``; every rank on its own node when ``split_nodes``."""
-    built = []
-
-    class Stand:
-        def __init__(self, group, device, slot_bytes=None):
-            if rank == fail_rank:
-                raise RuntimeError("no symmetric memory here")
-            built.append(group.size)
-
-    ep_overlap.CopyEngineAllToAll = Stand
-    if split_nodes:
-        ep_overlap.node_name = lambda: f"node-{rank}"
-    group = Group("ep", tuple(range(world_size)), rank, dist.group.WORLD)
-    engine = ep_overlap.copy_engine_for(group, torch.device("cpu"), required=False)
-    again = ep_overlap.copy_engine_for(group, torch.device("cpu"), required=False)  # kept, not decided anew
-    # the next trial's EP group: decided anew, the last one's transport dropped (one entry per device)
-    other = Group("ep", tuple(range(world_size)), rank, dist.new_group(list(range(world_size))))
-    ep_overlap.copy_engine_for(other, torch.device("cpu"), required=False)
-    replaced = list(ep_overlap._COPY_ENGINES) == [torch.device("cpu")] and \
-        ep_overlap._COPY_ENGINES[torch.device("cpu")][0] is other.pg
-    return rank, engine is not None, again is engine and replaced, built
-
-
-@pytest.mark.parametrize("fail_rank, split_nodes, agreed", [(None, False, True), (1, False, False),
-                                                            (None, True, False)])
-def test_auto_transport_is_the_copy_engines_only_where_every_rank_built_them_on_one_node(fail_rank, split_nodes,
-                                                                                         agreed):
-    result = launch(_auto_transport_worker, 2, (fail_rank, split_nodes), backend="gloo", start_method="fork")
-    assert result.ok, result.failure_reason
-    for rank, has_engine, kept, built in result.results:
-        assert has_engine is agreed and kept
-        tried = not split_nodes and rank != fail_rank  # split nodes: nobody builds; a failed rank has none
-        assert built == ([2, 2] if tried else [])  # once per EP group: the first, then the next trial's
-
-
-def test_inbox_size_shares_one_budget_over_the_group():
-    assert slot_bytes_for(2) == 64 << 20 and slot_bytes_for(8) == 16 << 20
-    for world in (2, 3, 5, 8, 64, 4096):
-        assert slot_bytes_for(world) % 4096 == 0 and slot_bytes_for(world) >= 4096
-        assert GENERATIONS * world * slot_bytes_for(world) <= max(INBOX_BUDGET_BYTES, GENERATIONS * world * 4096)
 
 
 def test_which_exchanges_are_offered_to_the_copy_engines():
