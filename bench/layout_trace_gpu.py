@@ -20,6 +20,7 @@ import warnings
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.intervals import busy_us, overlap_us
 from bench.table_rows import launch_rows, matching_rows
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
@@ -31,44 +32,6 @@ from executor.train_step import Trainer
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-
-
-def _busy_us(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals (microseconds)."""
-    busy, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if s > end:
-            busy += e - s
-            end = e
-        elif e > end:
-            busy += e - end
-            end = e
-    return busy
-
-
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of [start, end) intervals as disjoint sorted intervals."""
-    out: list[tuple[float, float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def overlap_us(intervals: list[tuple[float, float]], others: list[tuple[float, float]]) -> float:
-    """Time of ``intervals`` (their union) during which some interval of ``others`` runs too (microseconds):
-    for NCCL kernels against compute kernels, how much of the communication ran beside compute."""
-    total, theirs, j = 0.0, _merged(others), 0
-    for s, e in _merged(intervals):
-        while j < len(theirs) and theirs[j][1] <= s:
-            j += 1
-        k = j
-        while k < len(theirs) and theirs[k][0] < e:
-            total += min(e, theirs[k][1]) - max(s, theirs[k][0])
-            k += 1
-    return total
 
 
 def _unprofiled_step(trainer: Trainer, micro, device) -> tuple[float, int]:
@@ -135,18 +98,18 @@ def trace_worker(rank: int, world_size: int, model, training: TrainingSpec, conf
         by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
     nccl = {n: v for n, v in by_name.items() if "nccl" in n.lower()}
     rows = sorted(((n, len(v), sum(v) / 1e3) for n, v in by_name.items()), key=lambda r: -r[2])
-    busy = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
     # copies (the copy engines' 'Memcpy ...' entries, the copy-engine all-to-all's among them) are not compute
     copies = [(e.time_range.start, e.time_range.end) for e in kernels if e.name.startswith("Memcpy")]
     compute = [(e.time_range.start, e.time_range.end) for e in kernels
                if "nccl" not in e.name.lower() and not e.name.startswith("Memcpy")]
-    busy_no_nccl = _busy_us(compute) / 1e3
+    busy_no_nccl = busy_us(compute) / 1e3
     comm = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()]
     a2a = [(e.time_range.start, e.time_range.end) for e in kernels if "sendrecv" in e.name.lower()]
     return {"rank": rank, "wall_ms": wall * 1e3, "unprofiled_wall_ms": plain_wall_ms, "host_syncs": syncs,
             "busy_ms": busy, "busy_without_nccl_ms": busy_no_nccl,
-            "nccl_under_compute_ms": overlap_us(comm, compute) / 1e3, "a2a_ms": _busy_us(a2a) / 1e3,
-            "a2a_under_compute_ms": overlap_us(a2a, compute) / 1e3, "memcpy_ms": _busy_us(copies) / 1e3,
+            "nccl_under_compute_ms": overlap_us(comm, compute) / 1e3, "a2a_ms": busy_us(a2a) / 1e3,
+            "a2a_under_compute_ms": overlap_us(a2a, compute) / 1e3, "memcpy_ms": busy_us(copies) / 1e3,
             "memcpy_under_compute_ms": overlap_us(copies, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
             "nccl_calls": {n: len(v) for n, v in nccl.items()},

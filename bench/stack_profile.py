@@ -24,7 +24,9 @@ before each fwd+bwd, median of 8); ``steady_s`` the median over ``--rounds`` alt
 back-to-back steps (every variant sees the same card clock; bench/power_probe.py); ``host_s`` the host's time
 to issue one step. ``ratio`` = stack FLOP/s (steady) / GEMM FLOP/s, ``ratio_isolated`` the same isolated.
 ``top_kernels``: torch.profiler over ``--profile-steps`` steps, the 15 device kernels with the largest total
-time: name, calls per step, ms per step, % of the step's kernel time.
+time: name, calls per step, ms per step, % of the step's kernel time; on a GPU also ``timeline``: the
+profiled steps' span, busy and idle device time per step, the longest idle gaps with the host events across
+them, and the calls of one step that make the host wait for the device (torch's sync debug mode).
 ``graphs_by_seq``: 'after' and 'graphs' at micro-batch 1 and shorter sequences (``--graph-seqs``), where the
 host's launch rate, not the GPU, limits the step: step seconds with and without the graphs.
 
@@ -42,10 +44,12 @@ import os
 import statistics
 import sys
 import traceback
+import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.intervals import busy_us, gaps
 from bench.moe_breakdown import host_seconds, steady_window, wall_seconds
 from executor.attention import rope_tables
 from executor.kernels import get_backend, triton_rms_norm, triton_rope
@@ -140,8 +144,9 @@ def gemm_tflops(dev: torch.device, dtype: torch.dtype, n: int) -> dict:
     return {"shape": [n, n, n], "seconds": t, "tflops": 2 * n**3 / t / 1e12}
 
 
-def top_kernels(stack: Stack, dev: torch.device, steps: int) -> list[dict]:
-    """The ``TOP`` device kernels (CPU ops on a CPU run) with the largest total time over ``steps`` steps."""
+def top_kernels(stack: Stack, dev: torch.device, steps: int) -> tuple[list[dict], dict | None]:
+    """The ``TOP`` device kernels (CPU ops on a CPU run) with the largest total time over ``steps`` steps, and
+    on a GPU the same steps' device timeline (:func:`device_timeline`)."""
     cuda = dev.type == "cuda"
     for _ in range(2):
         stack.step()
@@ -166,8 +171,53 @@ def top_kernels(stack: Stack, dev: torch.device, steps: int) -> list[dict]:
         rows = [(evt.key, evt.count, getattr(evt, "self_device_time_total", 0)) for evt in prof.key_averages()]
     total = sum(us for _, _, us in rows) or 1.0
     rows.sort(key=lambda r: -r[2])
-    return [{"name": key[:120], "calls": count / steps, "ms": us / steps / 1e3, "pct": 100 * us / total}
-            for key, count, us in rows[:TOP]]
+    top = [{"name": key[:120], "calls": count / steps, "ms": us / steps / 1e3, "pct": 100 * us / total}
+           for key, count, us in rows[:TOP]]
+    return top, (device_timeline(prof.events(), steps) if cuda else None)
+
+
+def device_timeline(events, steps: int, top: int = 8) -> dict:
+    """Where the device sat idle in the profiled steps (milliseconds per step): the span from the first device
+    operation (kernel, copy, memset) to the last, the union of their intervals (busy) and the rest (idle),
+    and the ``top`` longest idle gaps, each with the device operations before and after it and the three
+    shortest host events (aten ops, CUDA runtime calls) that were running across it: a host that blocks in a
+    synchronizing call, or that is still issuing the next kernel, shows there."""
+    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    host = [e for e in events if e.device_type != torch.autograd.DeviceType.CUDA]
+    if not device:
+        return {}
+    spans = sorted(((e.time_range.start, e.time_range.end, e.name) for e in device))
+    intervals = [(s, e) for s, e, _ in spans]
+    span = max(e for _, e in intervals) - spans[0][0]
+    busy = busy_us(intervals)
+    idle = sorted(gaps(intervals), key=lambda g: g[0] - g[1])[:top]
+    rows = []
+    for start, end in idle:
+        before = max((sp for sp in spans if sp[1] <= start), key=lambda sp: sp[1], default=None)
+        after = min((sp for sp in spans if sp[0] >= end), key=lambda sp: sp[0], default=None)
+        mid = (start + end) / 2
+        across = sorted((e.time_range.end - e.time_range.start, e.name) for e in host
+                        if e.time_range.start <= mid <= e.time_range.end)[:3]
+        rows.append({"ms": (end - start) / 1e3, "before": before[2][:80] if before else None,
+                     "after": after[2][:80] if after else None,
+                     "host_across": [{"name": n[:60], "ms": d / 1e3} for d, n in across]})
+    return {"span_ms": span / steps / 1e3, "busy_ms": busy / steps / 1e3, "idle_ms": (span - busy) / steps / 1e3,
+            "device_ops": len(device) / steps, "top_gaps": rows}
+
+
+def synchronizing_calls(stack: Stack) -> list[str]:
+    """Where one step makes the host wait for the device (torch's sync debug mode): 'file:line: message' per
+    synchronizing call."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            stack.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return [f"{os.path.relpath(w.filename)}:{w.lineno}: {str(w.message)[:80]}" for w in caught
+            if "synchroniz" in str(w.message).lower()]
 
 
 def time_variants(stacks: list[Stack], dev: torch.device, rounds: int, iters: int) -> dict[str, dict]:
@@ -187,6 +237,16 @@ def time_variants(stacks: list[Stack], dev: torch.device, rounds: int, iters: in
 def format_kernels(name: str, rows: list[dict]) -> str:
     lines = [f"top kernels, {name}:", f"  {'kernel':<90}{'calls':>7}{'ms':>9}{'%':>7}"]
     lines += [f"  {r['name'][:88]:<90}{r['calls']:>7.1f}{r['ms']:>9.3f}{r['pct']:>7.1f}" for r in rows]
+    return "\n".join(lines)
+
+
+def format_timeline(t: dict) -> str:
+    lines = [f"  device per step: span {t['span_ms']:.2f} ms, busy {t['busy_ms']:.2f}, idle {t['idle_ms']:.2f} "
+             f"({t['device_ops']:.0f} device ops); {len(t['synchronizing_calls'])} synchronizing calls"]
+    lines += [f"    sync: {c}" for c in t["synchronizing_calls"][:8]]
+    for g in t["top_gaps"]:
+        host = "; ".join(f"{h['name']} {h['ms']:.3f}" for h in g["host_across"])
+        lines.append(f"    gap {g['ms']:.3f} ms after {str(g['before'])[:40]} before {str(g['after'])[:40]} | host: {host}")
     return "\n".join(lines)
 
 
@@ -298,8 +358,13 @@ def main() -> int:
     for stack in stacks:
         if stack.name in args.profile.split(","):
             try:
-                report["variants"][stack.name]["top_kernels"] = rows = top_kernels(stack, dev, args.profile_steps)
+                rows, timeline = top_kernels(stack, dev, args.profile_steps)
+                report["variants"][stack.name]["top_kernels"] = rows
                 print(format_kernels(stack.name, rows), flush=True)
+                if timeline is not None:
+                    timeline["synchronizing_calls"] = synchronizing_calls(stack)
+                    report["variants"][stack.name]["timeline"] = timeline
+                    print(format_timeline(timeline), flush=True)
             except Exception as exc:  # noqa: BLE001
                 traceback.print_exc()
                 report["variants"][stack.name]["top_kernels_error"] = f"{type(exc).__name__}: {exc}"

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import bench.ep_overlap_gpu as bench
-from bench.layout_trace_gpu import overlap_us
+from bench.intervals import gaps, overlap_us
 
 
 def _run(step, a2a, losses):
@@ -99,3 +99,10 @@ def test_cpu_smoke_run_writes_the_table_and_json(tmp_path, monkeypatch, capsys):
     for mode in ("off", "on", "on_carve8"):  # on CPU no CUDA kernels: the profile runs, the kernel times are 0
         assert [r["rank"] for r in report["trace"][mode]] == [0, 1]
         assert report["trace"][mode][0]["a2a_under_compute_ms"] == 0.0
+
+
+def test_the_device_idles_between_the_pieces_of_its_activity_union():
+    # kernels [0, 10) and [5, 12) overlap; [15, 20) and [20, 22) touch; [30, 31) stands alone
+    busy = [(5, 12), (0, 10), (20, 22), (15, 20), (30, 31)]
+    assert gaps(busy) == [(12, 15), (22, 30)]
+    assert gaps([(0, 1)]) == [] and gaps([]) == []

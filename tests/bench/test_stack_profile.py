@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace as NS
 
 import torch
 
@@ -45,3 +46,22 @@ def test_variants_share_parameters_and_set_grads_as_told():
     torch.testing.assert_close(before.layers[0].attention.wq.grad, 2 * first)
     after.step()  # starts from None: one step's gradient (the fused path computes the same)
     torch.testing.assert_close(after.layers[0].attention.wq.grad, first, rtol=1e-5, atol=1e-6)
+
+
+def test_the_timeline_names_the_longest_idle_gap_and_what_the_host_did_across_it():
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, start, end, device):
+        return NS(name=name, device_type=device, time_range=NS(start=start, end=end))
+
+    # two steps of device work (us): a 300 us gap after 'gemm' while the host sits in cudaStreamSynchronize
+    events = [event("gemm", 0, 1000, cuda), event("copy", 900, 1100, cuda), event("add", 1400, 1500, cuda),
+              event("norm", 1550, 2000, cuda),
+              event("aten::nonzero", 1050, 1450, cpu), event("cudaStreamSynchronize", 1100, 1390, cpu),
+              event("step", 0, 2000, cpu)]
+    t = sp.device_timeline(events, steps=2, top=2)
+    assert t["span_ms"] == 1.0 and t["busy_ms"] == 0.825 and t["idle_ms"] == 0.175
+    first, second = t["top_gaps"]
+    assert (first["ms"], first["before"], first["after"]) == (0.3, "copy", "add")
+    assert [h["name"] for h in first["host_across"]] == ["cudaStreamSynchronize", "aten::nonzero", "step"]
+    assert (second["ms"], second["before"], second["after"]) == (0.05, "add", "norm")
