@@ -531,7 +531,7 @@ def in_flight_chunk_equivalents(lay: _StageLayout, n: float, pp: int, vpp: int) 
 
 
 def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: int,
-                  split: PipelineSplit, ep_overlap: bool = False) -> _StageLayout:
+                  split: PipelineSplit) -> _StageLayout:
     """Layer kinds of rank ``stage``; ``full_layers`` is -1 without full recompute, 0 for all layers of a chunk."""
     pattern = moe_pattern(model)
     counts = [0, 0, 0, 0]  # stored dense, stored moe, recomputed dense, recomputed moe
@@ -542,7 +542,7 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
     last = stage == pp - 1
     has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
     sizes = tuple(len(chunk) for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage])
-    cap = in_flight_micro_batches(pp, vpp, stage, 1 << 62, ep_overlap)
+    cap = in_flight_micro_batches(pp, vpp, stage, 1 << 62)
     lay = _StageLayout(stage, *counts, stage == 0, last, has_moe, cap, sizes if len(set(sizes)) > 1 else None)
     return lay._replace(at_cap=cap if lay.chunk_sizes is None else in_flight_chunk_equivalents(lay, cap, pp, vpp))
 
@@ -575,25 +575,15 @@ def _candidate_stages(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit)
     return tuple(sorted({0, pp - 1, *(i for i, _, _ in kept)}))
 
 
-def in_flight_micro_batches(pp: int, vpp: int, stage: int, num_micro_batches: int, ep_overlap: bool = False) -> int:
+def in_flight_micro_batches(pp: int, vpp: int, stage: int, num_micro_batches: int) -> int:
     """Chunk-micro-batches whose activations pipeline rank ``stage`` holds at its peak (start of steady state).
 
     1F1B: ``min(PP − i, m)``. Interleaved: Megatron's warm-up ``2·(PP − i − 1) + (VPP − 1)·PP`` plus the
-    one in steady state, capped at ``m·VPP``; each holds ``1/VPP`` of the rank's layers. Without a pipeline,
-    the EP all-to-all overlap (``ep_overlap``) runs the first two forwards together and each later forward
-    beside the backward two micro-batches before it (executor/ep_overlap.py): ``min(2, m)``.
+    one in steady state, capped at ``m·VPP``; each holds ``1/VPP`` of the rank's layers.
     """
-    if ep_overlap and pp == 1:
-        return min(2, num_micro_batches)
     if vpp == 1:
         return min(pp - stage, num_micro_batches)
     return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, num_micro_batches * vpp)
-
-
-def _overlap_holds_more(config: ParallelConfig) -> bool:
-    """Whether ``config``'s EP all-to-all overlap changes the micro-batches in flight (pp = 1 only:
-    :func:`in_flight_micro_batches`)."""
-    return config.overlap_moe_expert_parallel_comm and config.pp == 1
 
 
 class _Context:
@@ -667,15 +657,14 @@ def _stage_parts(ctx: _Context, config: ParallelConfig, full: int, only_stage: i
     model = ctx.model
     tp, pp, vpp, ep, etp = config.tp, config.pp, config.vpp, config.ep, config.etp
     split = config.pipeline_split
-    overlap = _overlap_holds_more(config)
     if only_stage is not None:
-        return ((_stage_layout(model, pp, vpp, full, only_stage, split, overlap),),
+        return ((_stage_layout(model, pp, vpp, full, only_stage, split),),
                 _param_entries(ctx, (stage_counts_and_gemm(model, tp, pp, vpp, ep, etp, only_stage, split),)))
     skey = None if split is DEFAULT_SPLIT else split  # the usual case: hashing None is cheaper
-    lkey = (pp, vpp, full, skey, overlap)
+    lkey = (pp, vpp, full, skey)
     layouts = ctx.layouts.get(lkey)
     if layouts is None:
-        layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split, overlap)
+        layouts = ctx.layouts[lkey] = tuple(_stage_layout(model, pp, vpp, full, stage, split)
                                             for stage in _candidate_stages(model, pp, vpp, split))
     pkey = (tp, pp, vpp, ep, etp, skey)
     params = ctx.params.get(pkey)
@@ -770,8 +759,7 @@ def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: 
     kkey = (layout.tp, layout.cp, layout.ep, layout.etp, layout.sequence_parallel, layout.moe_token_dispatcher_type,
             modules)
     split = layout.pipeline_split
-    rkey = (kkey, layout.pp, layout.vpp, full, None if split is DEFAULT_SPLIT else split,
-            _overlap_holds_more(layout))
+    rkey = (kkey, layout.pp, layout.vpp, full, None if split is DEFAULT_SPLIT else split)
     rows = ctx.rows.get(rkey) if only_stage is None else None
     if rows is None:
         k = ctx.kinds.get(kkey)
@@ -900,12 +888,10 @@ class LayoutMemory:
     @staticmethod
     def key(config: ParallelConfig) -> tuple:
         """The fields of ``config`` the memory model reads besides micro-batch size, recompute, optimizer and
-        offload: configs with equal keys have equal peaks, so one LayoutMemory serves them. The EP all-to-all
-        overlap is part of the key without a pipeline, where it holds more micro-batches in flight
-        (:func:`in_flight_micro_batches`)."""
+        offload: configs with equal keys (e.g. EP all-to-all overlap on and off) have equal peaks, so one
+        LayoutMemory serves them."""
         return (config.world_size, config.tp, config.cp, config.pp, config.vpp, config.ep, config.etp,
-                config.sequence_parallel, config.moe_token_dispatcher_type, config.pipeline_split,
-                _overlap_holds_more(config))
+                config.sequence_parallel, config.moe_token_dispatcher_type, config.pipeline_split)
 
     def _variant(self, knobs: ParallelConfig) -> tuple:
         rkey = (knobs.recompute_granularity, knobs.recompute_modules, knobs.recompute_num_layers,

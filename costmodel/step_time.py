@@ -981,11 +981,9 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     if ep_overlap:
         crit_a2a = a2a[i]
         if crit_a2a > 0.0:
-            # every micro-batch's a2a runs beside another's compute: the executor pairs the first two forwards
-            # and the last two backwards as well (executor/ep_overlap.py); what the compute beside cannot cover
-            # shows, priced for every pair as for a forward beside a backward
+            # the first forward and last backward have no other micro-batch to hide behind: one a2a's worth
             total_a2a = m * crit_a2a
-            shown = min(total_a2a, m * max(0.0, crit_a2a - window_fwd - window_bwd))
+            shown = min(total_a2a, (m - 1) * max(0.0, crit_a2a - window_fwd - window_bwd) + crit_a2a)
             values[_I_A2A] += shown - total_a2a  # the dispatcher's per-call seconds stay (not in crit_a2a)
             hidden[_H_A2A] += total_a2a - shown
 

@@ -1,31 +1,14 @@
 """EP all-to-all overlap (``overlap_moe_expert_parallel_comm``): one micro-batch's dispatch and combine run
-under another micro-batch's compute, as Megatron's combined 1F1B schedule does (pp = 1), and at both ends of
-the step as well.
+under another micro-batch's compute, as Megatron's combined 1F1B schedule does (pp = 1).
 
-Schedule. Megatron's runs the forward of micro-batch i+1 together with the backward of micro-batch i, the first
-forward and the last backward alone, their exchanges in line. Here the ends are paired too: the first two
-forwards run together, then the backward of micro-batch i with the forward of i+2, and the last two backwards
-together (m micro-batches):
-
-    [F₀ ‖ F₁] · [B₀ ‖ F₂] · [B₁ ‖ F₃] · ... · [B_{m-3} ‖ F_{m-1}] · [B_{m-2} ‖ B_{m-1}]
-
-so no exchange runs in line (a single micro-batch excepted). Measured before this change, the in-line
-exchanges of the first forward and the last backward were ~2.5 ms of a Mixtral EP2 step's ~19 ms of exposed
-all-to-all (docs/benchmarks.md). The price is memory: the forwards run one micro-batch further ahead, so a
-rank holds two micro-batches' activations where Megatron's schedule holds one and a part
-(``costmodel.memory.in_flight_micro_batches``).
-
-A pair's two streams compute in turn, the first one's segment first, so a parameter still accumulates its
-micro-batches' gradients in order (i before i+1) when two backwards run together; the gradient reduction
-overlapped with the last backward starts a bucket once each parameter has accumulated twice
-(``GradReducer.arm(2)``). Each micro-batch is
+The step runs the forward of micro-batch i+1 together with the backward of micro-batch i. Each micro-batch is
 cut at its EP all-to-alls into *segments* of compute: per MoE layer, [attention, norm, router, permute] |
 all-to-all | [experts] | all-to-all | [unpermute, shared experts, residual, and on to the next MoE layer's
 attention ...]. A forward is thus compute, exchange, compute, ..., compute, and so is a backward (in
 reverse, each exchange the transpose of its forward). The two are zipped so that every exchange of one
 runs while the other computes:
 
-    B₀ · [B₁ ‖ F₀] · [F₁ ‖ B₂] · [B₃ ‖ F₂] · [F₃ ‖ B₄] · ...   (B, F: the two streams' segments here)
+    B₀ · [B₁ ‖ F₀] · [F₁ ‖ B₂] · [B₃ ‖ F₂] · [F₃ ‖ B₄] · ...
 
 ``[X ‖ Y]``: start exchange X (on GPU by default over the copy engines, executor/parallel/copy_engine_alltoall.py,
 or an asynchronous ``all_to_all_single`` on NCCL's own stream: ``ExecutorOptions.ep_overlap_transport``; gloo's
@@ -40,15 +23,14 @@ stream that waits for that event only, so X still runs beside Y.
 
 Per MoE layer this pairs, as Megatron does, the forward's attention with the backward's combine all-to-all,
 the forward's dispatch all-to-all with the backward's experts, the forward's experts with the backward's
-dispatch all-to-all and the forward's combine all-to-all with the backward's attention; two forwards (or two
-backwards) pair each one's exchanges with the other's segments in the same way.
+dispatch all-to-all and the forward's combine all-to-all with the backward's attention. The first forward and the last backward have no partner: their exchanges
+run in line (the cost model prices the same: ``costmodel.step_time``).
 
 Gradients equal the in-line run's: each segment's autograd graph starts at detached copies of the tensors
 it takes from earlier segments (:class:`_Tape`), and the segment's backward hands their gradients to the
 segments that made them; the exchanged rows' gradients go back through the transposed all-to-all. Only the
 order of the micro-batches' backward calls changes, and every parameter accumulates its micro-batches'
-gradients in the in-line order (i before i+1; a parameter used in two segments of one micro-batch, a tied
-embedding, sums its terms in another order when two backwards interleave: equal to rounding). Delayed weight-gradient computation (Megatron's
+gradients in the in-line order (i before i+1). Delayed weight-gradient computation (Megatron's
 ``--delay-wgrad-compute``) is not built: the experts' backward computes both gradients in one segment.
 
 The exchanges of the whole step are issued in the same order on every rank (the schedule is fixed), so
@@ -141,7 +123,6 @@ class _Tape:
     def __init__(self):
         self.segments = [_Segment()]
         self.loss: torch.Tensor | None = None  # the last segment's objective, already scaled
-        self.routed: dict[int, torch.Tensor] = {}  # id(MoELayer) -> its tokens per expert in this micro-batch
 
     def keep(self, *tensors: torch.Tensor) -> list[tuple[int, int]]:
         """Export ``tensors`` from the current segment (as (segment, position) ids); :meth:`take` them back
@@ -231,7 +212,6 @@ def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, ta
     _as_called(moe)
     x1, h = layer.attention_block(x, *rope)
     tokens, routing = moe.route(h)
-    tape.routed[id(moe)] = routing.tokens_per_expert
     rows, ctx = dispatcher.dispatch_pre(tokens, routing)
     kept = tape.keep(x1, h, routing.probs_NK, router_loss + routing.loss)
     if "sizes" in ctx:
@@ -409,14 +389,11 @@ def _record_event(x: torch.Tensor):
 
 def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_last_backward=None,
                    trace: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped (module
-    docstring, "Schedule"): F₀ together with F₁, then B_i together with F_{i+2}, then B_{m-2} together with
-    B_{m-1}; a single micro-batch runs alone. Gradients accumulate as for ``(loss / len(micro)).backward()``
+    """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped: F₀, then
+    F_{i+1} together with B_i, then B_last alone. Gradients accumulate as for ``(loss / len(micro)).backward()``
     per micro-batch in order. Returns ([ce, router, mtp] averaged over micro-batches, routed tokens per expert
-    summed over MoE layers and micro-batches). ``before_last_backward(accumulations)`` is called before the
-    step's last backward calls start, with the number of micro-batches whose backward runs after it (each
-    parameter's gradient accumulates that many more times: 2 when the last two backwards run together). The
-    compute beside each exchange leaves ``model.options.ep_overlap_sm_carveout`` SMs free (module
+    summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward.
+    The compute beside each exchange leaves ``model.options.ep_overlap_sm_carveout`` SMs free (module
     docstring)."""
     for layer in model.decoder_layers():
         if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
@@ -440,33 +417,20 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
         def done(out) -> None:
             nonlocal stats
             stats += out.stats() / num_micro
-            # two forwards run together: a staged layer's last routing may be the other micro-batch's, so
-            # its counts come from the tape; a MoE layer run in line (MTP's) routed this micro-batch last
             for moe in model.moe_layers():
-                c = tape.routed.get(id(moe), moe.last_tokens_per_expert)
+                c = moe.last_tokens_per_expert
                 counts[0] = c.clone() if counts[0] is None else counts[0] + c
 
         ids, labels = micro[i]
         return forward_stream(model, ids, labels, num_micro, tape, f"F{i}", done), tape
 
-    if num_micro == 1:
-        stream, tape = forward(0)
-        driver.alone(stream, "F0")
-        if before_last_backward is not None:
-            before_last_backward(1)
-        driver.alone(tape.backward("B0"), "B0")
-        return stats, counts[0]
-    (first, first_tape), (second, second_tape) = forward(0), forward(1)
-    driver.together(first, "F0", second, "F1")
-    tapes = [first_tape, second_tape]
-    for i in range(num_micro - 2):
-        next_stream, next_tape = forward(i + 2)
-        driver.together(tapes[i].backward(f"B{i}"), f"B{i}", next_stream, f"F{i + 2}")
-        tapes[i] = None  # spent
-        tapes.append(next_tape)
+    stream, tape = forward(0)
+    driver.alone(stream, "F0")
+    for i in range(num_micro - 1):
+        next_stream, next_tape = forward(i + 1)
+        driver.together(tape.backward(f"B{i}"), f"B{i}", next_stream, f"F{i + 1}")
+        tape = next_tape
     if before_last_backward is not None:
-        before_last_backward(2)
-    last = num_micro - 1
-    driver.together(tapes[last - 1].backward(f"B{last - 1}"), f"B{last - 1}", tapes[last].backward(f"B{last}"),
-                    f"B{last}")
+        before_last_backward()
+    driver.alone(tape.backward(f"B{num_micro - 1}"), f"B{num_micro - 1}")
     return stats, counts[0]

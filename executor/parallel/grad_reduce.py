@@ -22,8 +22,7 @@ all-reduce runs in place on the buffer, the reduce-scatter reads the buffer into
 buckets (and the TP-only bucket of ``tp_partial`` parameters) are still flattened into a copy per reduction.
 
 With ``overlap`` (ParallelConfig.overlap_grad_reduce), :meth:`GradReducer.arm` before the last micro-batch's
-backward (before the last two, interleaved, under the EP overlap: ``arm(2)``) makes each DP/EDP bucket start an
-asynchronous all-reduce as soon as all its gradients are final;
+backward makes each DP/EDP bucket start an asynchronous all-reduce as soon as all its gradients are final;
 buckets start strictly in bucket order, so every rank issues the same collectives in the same order.
 :meth:`GradReducer.reduce` then waits for them and does what is left (the TP sums).
 
@@ -149,8 +148,8 @@ class _Entry:
                 self.tp_index[i] = index if index.numel() else None
         self.reset()
 
-    def reset(self, accumulations: int = 1) -> None:
-        self.missing = [accumulations * len(b) for b in self.buckets]
+    def reset(self) -> None:
+        self.missing = [len(b) for b in self.buckets]
         self.next = 0
         self.pending: list[tuple[object, torch.Tensor, int]] = []  # (work, reduced tensor, bucket index)
 
@@ -288,16 +287,11 @@ class GradReducer:
                     live.launch_ready()
         return on_grad
 
-    def arm(self, accumulations: int = 1) -> None:
-        """Call before the backward of the step's last micro-batch: its final gradients start reducing. Where
-        the last ``accumulations`` micro-batches' backward calls run interleaved after this call (the EP
-        overlap's last pair, executor/ep_overlap.py), a bucket starts once each of its parameters has
-        accumulated that many times."""
-        if accumulations < 1:
-            raise ValueError(f"accumulations must be >= 1, got {accumulations}")
+    def arm(self) -> None:
+        """Call before the backward of the step's last micro-batch: its final gradients start reducing."""
         if self.overlap:
             for entry in self.entries:
-                entry.reset(accumulations)
+                entry.reset()
             self.armed = True
 
     @torch.no_grad()

@@ -18,30 +18,30 @@ def _run(step, a2a, losses):
 def test_hidden_fraction_is_the_step_saved_over_the_exposed_all_to_all():
     runs = {"off": [_run(0.100, 0.020, [2.0, 1.0]), _run(0.104, 0.022, [2.0, 1.0])],
             "on": [_run(0.088, 0.001, [2.0, 1.001]), _run(0.090, 0.001, [2.0, 1.0])]}
-    s = bench.summarize(runs)
+    s = bench.summarize(runs, micro=8)
     assert s["step_off"] == pytest.approx(0.102) and s["step_on"] == pytest.approx(0.089)
     assert s["exposed_a2a_off"] == pytest.approx(0.021) and s["a2a_phase_on"] == pytest.approx(0.001)
     assert s["hidden_fraction"] == pytest.approx(0.013 / 0.021)  # 0.619: passes the 0.60 bar
-    assert s["passes"]
+    assert s["passes"] and s["max_hideable_fraction"] == pytest.approx(7 / 8)
     assert s["loss_rel_diff"] == pytest.approx(1e-3)
     runs["on"][1]["step_time"] = 0.095  # median 0.0915: 0.5 of the exposed a2a hidden
-    assert not bench.summarize(runs)["passes"]
+    assert not bench.summarize(runs, micro=8)["passes"]
 
 
 def test_a_failed_run_is_reported_not_divided():
     runs = {"off": [_run(0.1, 0.02, [1.0])], "on": [{"ok": False, "failure_reason": "oom"}]}
-    s = bench.summarize(runs)
+    s = bench.summarize(runs, micro=2)
     assert not s["ok"] and s["failures"] == ["oom"] and "hidden_fraction" not in s
     assert "a run failed" in bench.table(s, "cpu")
     runs["off"] = [{"ok": False, "failure_reason": "nccl"}]
-    assert bench.summarize(runs) == {"ok": False, "failures": ["nccl", "oom"]}
+    assert bench.summarize(runs, micro=2) == {"ok": False, "failures": ["nccl", "oom"]}
 
 
 def test_variants_are_each_compared_with_off_and_on_keeps_the_top_level_keys():
     runs = {"off": [_run(0.100, 0.020, [2.0])], "on": [_run(0.092, 0.001, [2.0])],
             "on_carve16": [_run(0.086, 0.001, [2.002])], "on_nch8": [{"ok": False, "failure_reason": "hang"}]}
     variants = {n: bench.parse_variant(n) for n in ("on", "on_carve16", "on_nch8")}
-    s = bench.summarize(runs, variants=variants)
+    s = bench.summarize(runs, micro=8, variants=variants)
     assert not s["ok"] and s["failures"] == ["hang"]  # one variant failed; the others are still reported
     assert s["primary_variant"] == "on" and s["step_on"] == pytest.approx(0.092)
     assert s["hidden_fraction"] == pytest.approx(0.4) and not s["passes"]
@@ -53,7 +53,7 @@ def test_variants_are_each_compared_with_off_and_on_keeps_the_top_level_keys():
     assert "on_carve16" in printed and "best: on_carve16" in printed and "failed: hang" in printed
     # without 'on' the first variant stands in for it at the top level
     del runs["on"]
-    assert bench.summarize(runs)["primary_variant"] == "on_carve16"
+    assert bench.summarize(runs, micro=8)["primary_variant"] == "on_carve16"
 
 
 def test_variant_names_parse_to_carveout_and_nccl_channels():

@@ -99,11 +99,8 @@ def test_offload_lowers_the_peak_and_the_static_bound():
     assert sweep.peak_bytes(2, moe) < sweep.peak_bytes(2, plain)
 
 
-def test_layouts_that_differ_only_in_ep_overlap_share_a_key_under_a_pipeline():
+def test_layouts_that_differ_only_in_ep_overlap_share_a_key():
     base = ParallelConfig(world_size=64, tp=2, pp=2, vpp=2, ep=8, sequence_parallel=True)
     assert LayoutMemory.key(base) == LayoutMemory.key(base.replace(overlap_moe_expert_parallel_comm=True))
-    # without one the overlap holds two micro-batches in flight (costmodel.memory.in_flight_micro_batches)
-    flat = base.replace(pp=1, vpp=1, world_size=32)
-    assert LayoutMemory.key(flat) != LayoutMemory.key(flat.replace(overlap_moe_expert_parallel_comm=True))
     assert LayoutMemory.key(base) != LayoutMemory.key(base.replace(moe_token_dispatcher_type="allgather"))
     assert LayoutMemory.key(base) != LayoutMemory.key(base.replace(cp=2, pp=1, vpp=1))

@@ -209,28 +209,3 @@ def test_two_ranks_reduce_in_place_and_match_the_flattened_copies():
                 assert kept > 0 and kept <= shard_bytes <= kept + padding  # the model's reduced_grad_shards
             else:
                 assert kept == shard_bytes == 0
-
-
-def test_armed_for_two_backwards_a_bucket_starts_only_after_the_second():
-    """The EP overlap runs its last two backwards interleaved after ``arm(2)``: no bucket may start reducing
-    on the first one's gradients, every bucket has started once the second's have accumulated, and the
-    reduced gradients equal those of a reducer armed for the last backward alone."""
-    state = single_process_state()
-    (model, reducer), (plain_model, plain) = _reducer_pair(state, sharded=True, overlap=True)
-    plain_model.load_state_dict(model.state_dict())
-    micro = micro_batches(global_batch(TINY.vocab_size, 16, 2, 0, 0), 1, 0, 1)
-    assert len(micro) == 2
-    reducer.arm(2)
-    started = []
-    for ids, labels in micro:
-        (model(ids, labels).loss / len(micro)).backward()
-        started.append([entry.next for entry in reducer.entries])
-    assert all(n == 0 for n in started[0])
-    assert started[1] == [len(entry.buckets) for entry in reducer.entries]
-    reducer.reduce()
-    _backward_and_reduce(plain_model, plain, micro)
-    for entry, plain_entry in zip(reducer.entries, plain.entries):
-        for shard, plain_shard in zip(entry.shards, plain_entry.shards):
-            assert torch.equal(shard, plain_shard)
-    with pytest.raises(ValueError, match="accumulations"):
-        reducer.arm(0)
