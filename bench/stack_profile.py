@@ -173,7 +173,12 @@ def top_kernels(stack: Stack, dev: torch.device, steps: int) -> tuple[list[dict]
     rows.sort(key=lambda r: -r[2])
     top = [{"name": key[:120], "calls": count / steps, "ms": us / steps / 1e3, "pct": 100 * us / total}
            for key, count, us in rows[:TOP]]
-    return top, (device_timeline(prof.events(), steps) if cuda else None)
+    if not cuda:
+        return top, None
+    events = prof.events()
+    timeline = device_timeline(events, steps)
+    timeline["launchers"] = kernel_launchers(events, steps)
+    return top, timeline
 
 
 def device_timeline(events, steps: int, top: int = 8) -> dict:
@@ -205,6 +210,29 @@ def device_timeline(events, steps: int, top: int = 8) -> dict:
             "device_ops": len(device) / steps, "top_gaps": rows}
 
 
+def kernel_launchers(events, steps: int, match: tuple[str, ...] = ("elementwise", "Cat", "copy", "reduce"),
+                     top: int = 12) -> list[dict]:
+    """Which host ops launched the device kernels whose names contain one of ``match`` (elementwise work that
+    fusion could remove): per (kernel, chain of host ops from the launching op up to three parents, autograd's
+    backward nodes among them), the calls and milliseconds per step, the ``top`` longest first."""
+    rows: dict[tuple[str, str], list[float]] = {}
+    for evt in events:
+        kernels = [k for k in getattr(evt, "kernels", []) or [] if any(m in k.name for m in match)]
+        if not kernels:
+            continue
+        chain, parent = [evt.name], evt.cpu_parent
+        while parent is not None and len(chain) < 4:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        for k in kernels:
+            row = rows.setdefault((k.name[:60], " < ".join(c[:50] for c in chain)), [0, 0.0])
+            row[0] += 1
+            row[1] += k.duration
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"kernel": kernel, "launched_by": chain, "calls": n / steps, "ms": us / steps / 1e3}
+            for (kernel, chain), (n, us) in ranked]
+
+
 def synchronizing_calls(stack: Stack) -> list[str]:
     """Where one step makes the host wait for the device (torch's sync debug mode): 'file:line: message' per
     synchronizing call."""
@@ -217,7 +245,7 @@ def synchronizing_calls(stack: Stack) -> list[str]:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     return [f"{os.path.relpath(w.filename)}:{w.lineno}: {str(w.message)[:80]}" for w in caught
-            if "synchroniz" in str(w.message).lower()]
+            if "synchroniz" in str(w.message).lower() and "prototype" not in str(w.message)]
 
 
 def time_variants(stacks: list[Stack], dev: torch.device, rounds: int, iters: int) -> dict[str, dict]:
@@ -247,6 +275,8 @@ def format_timeline(t: dict) -> str:
     for g in t["top_gaps"]:
         host = "; ".join(f"{h['name']} {h['ms']:.3f}" for h in g["host_across"])
         lines.append(f"    gap {g['ms']:.3f} ms after {str(g['before'])[:40]} before {str(g['after'])[:40]} | host: {host}")
+    for row in t.get("launchers", []):
+        lines.append(f"    {row['ms']:.3f} ms {row['calls']:4.1f}x {row['kernel'][:40]} <- {row['launched_by'][:120]}")
     return "\n".join(lines)
 
 

@@ -65,3 +65,18 @@ def test_the_timeline_names_the_longest_idle_gap_and_what_the_host_did_across_it
     assert (first["ms"], first["before"], first["after"]) == (0.3, "copy", "add")
     assert [h["name"] for h in first["host_across"]] == ["cudaStreamSynchronize", "aten::nonzero", "step"]
     assert (second["ms"], second["before"], second["after"]) == (0.05, "add", "norm")
+
+
+def test_elementwise_kernels_are_traced_to_the_host_ops_that_launched_them():
+    def op(name, parent=None, kernels=()):
+        return NS(name=name, cpu_parent=parent, kernels=[NS(name=k, duration=d) for k, d in kernels])
+
+    backward = op("autograd::engine::evaluate_function: AddBackward0")
+    add = op("aten::add", backward, [("vectorized_elementwise_kernel<add>", 300.0)])
+    mm = op("aten::mm", None, [("nvjet_gemm", 5000.0)])
+    copy = op("aten::copy_", op("aten::contiguous"), [("elementwise_kernel<copy>", 100.0)] * 2)
+    rows = sp.kernel_launchers([add, mm, copy, add], steps=2)
+    assert [(r["kernel"], r["calls"], r["ms"]) for r in rows] == [
+        ("vectorized_elementwise_kernel<add>", 1.0, 0.3), ("elementwise_kernel<copy>", 1.0, 0.1)]
+    assert rows[0]["launched_by"] == "aten::add < autograd::engine::evaluate_function: AddBackward0"
+    assert rows[1]["launched_by"] == "aten::copy_ < aten::contiguous"
