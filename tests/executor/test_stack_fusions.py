@@ -15,7 +15,7 @@ import torch
 from spec.catalog import get_model
 from spec.errors import SpecError
 from spec.parallel_config import ParallelConfig
-from executor.attention import apply_rope, rope_tables
+from executor.attention import _SplitQKV, apply_rope, rope_tables
 from executor.cuda_graphs import refusal
 from executor.kernels import get_backend, triton_rms_norm, triton_rope
 from executor.model import DecoderLayer
@@ -62,6 +62,16 @@ def test_fused_qkv_matches_three_projections(features):
     assert set(g1) == set(g2) and {"attention.wq", "attention.wk", "attention.wv"} <= set(g1)
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_qkv_split_hands_back_one_gradient_as_autograd_slices_would():
+    y = torch.randn(6, 2, 24, dtype=torch.float64, requires_grad=True)
+    q, k, v = _SplitQKV.apply(y, 16, 4)
+    assert q.data_ptr() == y.data_ptr() and v.is_contiguous()  # q, k views; v its own storage
+    (3 * q.sum() + (v * v).sum()).backward()  # k unused: its part of the gradient is zero
+    ref = y.detach().clone().requires_grad_(True)
+    (3 * ref[..., :16].sum() + (ref[..., 20:] ** 2).sum()).backward()
+    assert torch.equal(y.grad, ref.grad) and not y.grad[..., 16:20].any()
 
 
 def test_fused_qkv_is_off_for_the_fp8_backend_and_q_k_norms():
