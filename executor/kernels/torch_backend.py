@@ -4,15 +4,29 @@
 strides (dims multiple of 8 in bf16, 4 in fp32) and leaves rows past ``offs[-1]`` unwritten, so callers
 always pass offs whose last entry is the row count. Where it refuses a dtype/device (fp32 on CUDA, older
 torch), a padded batched matmul does the same without a loop over groups (one host sync for the
-longest group). On CPU, SDPA's ``enable_gqa`` avoids copying K/V per head.
+longest group). SDPA's ``enable_gqa`` avoids copying K/V per head on the CPU, and on a GPU where the flash or
+cuDNN kernel takes it (:func:`native_gqa`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.backends.cuda import SDPAParams, can_use_cudnn_attention, can_use_flash_attention
 
 _SUPPORTED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def native_gqa(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
+    """Whether SDPA's flash or cuDNN kernel takes these causal inputs with fewer K/V heads than query heads
+    (``enable_gqa``), so K/V need not be repeated per head. On an H200 with torch 2.11 both do at Mixtral's
+    shape (32/8 heads, d 128, seq 4096, bf16), equal to the repeated inputs (cuDNN bit for bit, flash to
+    1.5e-4) and faster with the copies gone: fwd+bwd 1.08 against 1.21 ms on cuDNN (bench/gqa_probe.py,
+    docs/benchmarks.md). The memory-efficient kernel does not take them."""
+    params = SDPAParams(q_BHSD, k_BKSD, v_BKSD, None, 0.0, True, True)
+    # only the kernels the caller's sdpa_kernel context leaves enabled count
+    return ((torch.backends.cuda.flash_sdp_enabled() and can_use_flash_attention(params, False))
+            or (torch.backends.cuda.cudnn_sdp_enabled() and can_use_cudnn_attention(params, False)))
 
 
 def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
@@ -60,9 +74,9 @@ class TorchBackend:
 
     def attention(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
         groups = q_BHSD.shape[1] // k_BKSD.shape[1]
-        if groups > 1 and q_BHSD.is_cuda:
-            # The flash and cuDNN kernels refuse differing head counts (enable_gqa falls back to the
-            # O(s²)-memory math kernel), so K/V are repeated: a small copy next to the attention itself.
+        if groups > 1 and q_BHSD.is_cuda and not native_gqa(q_BHSD, k_BKSD, v_BKSD):
+            # Where neither the flash nor the cuDNN kernel takes differing head counts, enable_gqa would fall
+            # back to the O(s²)-memory math kernel: K/V are repeated per query head instead.
             k_BKSD = k_BKSD.repeat_interleave(groups, dim=1)
             v_BKSD = v_BKSD.repeat_interleave(groups, dim=1)
             groups = 1

@@ -18,6 +18,7 @@ from spec.parallel_config import ParallelConfig
 from executor.attention import _SplitQKV, apply_rope, rope_tables
 from executor.cuda_graphs import refusal
 from executor.kernels import get_backend, triton_rms_norm, triton_rope
+from executor.kernels.torch_backend import TorchBackend, native_gqa
 from executor.model import DecoderLayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -275,3 +276,20 @@ def test_cuda_graphed_layer_accumulates_grads_over_micro_batches():
             y.square().sum().backward()
     for (name, p), q in zip(layers[0].named_parameters(), layers[1].parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="SDPA's flash and cuDNN kernels need a GPU")
+def test_native_gqa_attention_equals_repeated_heads_on_a_gpu():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 8, 256, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    assert native_gqa(q, k, v)
+    got = TorchBackend().attention(q, k, v)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
+                                                            is_causal=True)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_native_gqa_is_never_claimed_for_cpu_tensors():
+    q, k = torch.randn(1, 8, 16, 64), torch.randn(1, 2, 16, 64)
+    assert not native_gqa(q, k, k)
