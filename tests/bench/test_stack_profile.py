@@ -21,9 +21,12 @@ def test_cpu_smoke_run_reports_variants_kernels_and_refusals(tmp_path, monkeypat
     assert sp.main() == 0
     report = json.loads(out.read_text())
     assert report["flops"] > 0 and report["gemm"]["tflops"] > 0
+    assert report["gemm_steady"]["reps"] == 2 and report["gemm_steady"]["tflops"] > 0
+    assert "dense_gemm_steady" not in report["variants"]  # timed beside the variants, not one of them
     for name in ("before", "after"):
         v = report["variants"][name]
         assert v["steady_s"] > 0 and v["isolated_s"] > 0 and v["ratio"] > 0
+        assert v["ratio_steady_gemm"] == v["tflops"] / report["gemm_steady"]["tflops"]
     assert report["variants"]["before"]["grads"] == "accumulate" and report["variants"]["after"]["grads"] == "none"
     assert report["variants"]["before"]["options"]["fused_qkv"] is False
     assert report["variants"]["after"]["options"]["fused_qkv"] is True
@@ -80,3 +83,10 @@ def test_elementwise_kernels_are_traced_to_the_host_ops_that_launched_them():
         ("vectorized_elementwise_kernel<add>", 1.0, 0.3), ("elementwise_kernel<copy>", 1.0, 0.1)]
     assert rows[0]["launched_by"] == "aten::add < autograd::engine::evaluate_function: AddBackward0"
     assert rows[1]["launched_by"] == "aten::copy_ < aten::contiguous"
+
+
+def test_the_gemm_loop_counts_every_product_of_its_step():
+    a = torch.ones(4, 4)
+    loop = sp.GemmLoop("g", a, a, reps=3)
+    loop.step()
+    assert loop.tflops(1e-12) == 3 * 2 * 64 / 1e-12 / 1e12  # 3 products of 2·4³ FLOPs in 1e-12 s
