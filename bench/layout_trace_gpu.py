@@ -15,12 +15,12 @@ import argparse
 import json
 import sys
 import time
-import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.intervals import busy_us, overlap_us
+from bench.sync_debug import synchronizing_calls
 from bench.table_rows import launch_rows, matching_rows
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
@@ -46,15 +46,7 @@ def _unprofiled_step(trainer: Trainer, micro, device) -> tuple[float, int]:
     torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
     torch.distributed.barrier()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            trainer.step(micro)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize(device)
-    syncs = sum("synchronizing" in str(w.message).lower() for w in caught)
+    syncs = len(synchronizing_calls(lambda: trainer.step(micro)))
     return wall * 1e3, syncs
 
 

@@ -48,13 +48,13 @@ import os
 import statistics
 import sys
 import traceback
-import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.intervals import busy_us, gaps
 from bench.moe_breakdown import host_seconds, steady_window, wall_seconds
+from bench.sync_debug import synchronizing_calls
 from executor.attention import rope_tables
 from executor.kernels import get_backend, triton_rms_norm, triton_rope
 from executor.model import DecoderLayer
@@ -256,21 +256,6 @@ def kernel_launchers(events, steps: int, match: tuple[str, ...] = ("elementwise"
             for (kernel, chain), (n, us) in ranked]
 
 
-def synchronizing_calls(stack: Stack) -> list[str]:
-    """Where one step makes the host wait for the device (torch's sync debug mode): 'file:line: message' per
-    synchronizing call."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            stack.step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    return [f"{os.path.relpath(w.filename)}:{w.lineno}: {str(w.message)[:80]}" for w in caught
-            if "synchroniz" in str(w.message).lower() and "prototype" not in str(w.message)]
-
-
 def time_variants(stacks: list[Stack], dev: torch.device, rounds: int, iters: int) -> dict[str, dict]:
     """isolated, steady (alternated windows, order flipped every round) and host seconds per variant."""
     out = {s.name: {"isolated_s": wall_seconds(s.step, dev, 2, 8), "host_s": host_seconds(s.step, dev, 3)}
@@ -297,7 +282,8 @@ def format_timeline(t: dict) -> str:
     lines += [f"    sync: {c}" for c in t["synchronizing_calls"][:8]]
     for g in t["top_gaps"]:
         host = "; ".join(f"{h['name']} {h['ms']:.3f}" for h in g["host_across"])
-        lines.append(f"    gap {g['ms']:.3f} ms after {str(g['before'])[:40]} before {str(g['after'])[:40]} | host: {host}")
+        lines.append(f"    gap {g['ms']:.3f} ms after {str(g['before'])[:40]} before {str(g['after'])[:40]} "
+                     f"| host: {host}")
     for row in t.get("launchers", []):
         lines.append(f"    {row['ms']:.3f} ms {row['calls']:4.1f}x {row['kernel'][:40]} <- {row['launched_by'][:120]}")
     return "\n".join(lines)
@@ -426,7 +412,7 @@ def main() -> int:
                 report["variants"][stack.name]["top_kernels"] = rows
                 print(format_kernels(stack.name, rows), flush=True)
                 if timeline is not None:
-                    timeline["synchronizing_calls"] = synchronizing_calls(stack)
+                    timeline["synchronizing_calls"] = synchronizing_calls(stack.step)
                     report["variants"][stack.name]["timeline"] = timeline
                     print(format_timeline(timeline), flush=True)
             except Exception as exc:  # noqa: BLE001

@@ -4,12 +4,14 @@ refused), the top kernels, and the variants share one set of parameters."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace as NS
 
 import torch
 
 import bench.stack_profile as sp
+from bench.sync_debug import synchronizing_warnings
 from spec.catalog import get_model
 
 
@@ -90,3 +92,15 @@ def test_the_gemm_loop_counts_every_product_of_its_step():
     loop = sp.GemmLoop("g", a, a, reps=3)
     loop.step()
     assert loop.tflops(1e-12) == 3 * 2 * 64 / 1e-12 / 1e12  # 3 products of 2·4³ FLOPs in 1e-12 s
+
+
+def test_the_sync_debug_modes_prototype_notice_is_not_a_synchronizing_call():
+    def caught(text, line):
+        return NS(message=UserWarning(text), filename=os.path.abspath("executor/router.py"), lineno=line)
+
+    notice = caught("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+                    "operations", 1)
+    real = caught("called a synchronizing CUDA operation", 42)
+    other = caught("some other warning", 7)
+    assert synchronizing_warnings([notice, real, other]) == ["executor/router.py:42: called a synchronizing CUDA "
+                                                            "operation"]
