@@ -88,8 +88,8 @@ class _SplitQKV(torch.autograd.Function):
     """The fused projection's output [..., (hq + 2·hk)·d] cut into q, k (views) and v (its own storage: the
     attention's backward keeps it, and a view would keep the whole output alive). Backward writes the three
     gradients into one tensor with a single concatenation; autograd's slices would each fill a zero tensor of
-    the full width, copy their part in and add the three (eight full-width passes, measured 0.38 ms of a 37 ms
-    Mixtral two-layer step on an H200, bench/stack_profile.py)."""
+    the full width and copy their part into it, and two full-width adds would sum the three (measured 0.38 ms of
+    a 37 ms Mixtral two-layer step on an H200, bench/stack_profile.py)."""
 
     @staticmethod
     def forward(ctx, y, nq: int, nk: int):
