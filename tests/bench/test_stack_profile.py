@@ -11,6 +11,7 @@ from types import SimpleNamespace as NS
 import torch
 
 import bench.stack_profile as sp
+from bench.device_timeline import device_timeline, kernel_launchers
 from bench.sync_debug import synchronizing_warnings
 from spec.catalog import get_model
 
@@ -64,7 +65,7 @@ def test_the_timeline_names_the_longest_idle_gap_and_what_the_host_did_across_it
               event("norm", 1550, 2000, cuda),
               event("aten::nonzero", 1050, 1450, cpu), event("cudaStreamSynchronize", 1100, 1390, cpu),
               event("step", 0, 2000, cpu)]
-    t = sp.device_timeline(events, steps=2, top=2)
+    t = device_timeline(events, steps=2, top=2)
     assert t["span_ms"] == 1.0 and t["busy_ms"] == 0.825 and t["idle_ms"] == 0.175
     first, second = t["top_gaps"]
     assert (first["ms"], first["before"], first["after"]) == (0.3, "copy", "add")
@@ -80,7 +81,7 @@ def test_elementwise_kernels_are_traced_to_the_host_ops_that_launched_them():
     add = op("aten::add", backward, [("vectorized_elementwise_kernel<add>", 300.0)])
     mm = op("aten::mm", None, [("nvjet_gemm", 5000.0)])
     copy = op("aten::copy_", op("aten::contiguous"), [("elementwise_kernel<copy>", 100.0)] * 2)
-    rows = sp.kernel_launchers([add, mm, copy, add], steps=2)
+    rows = kernel_launchers([add, mm, copy, add], steps=2)
     assert [(r["kernel"], r["calls"], r["ms"]) for r in rows] == [
         ("vectorized_elementwise_kernel<add>", 1.0, 0.3), ("elementwise_kernel<copy>", 1.0, 0.1)]
     assert rows[0]["launched_by"] == "aten::add < autograd::engine::evaluate_function: AddBackward0"
