@@ -509,8 +509,10 @@ def test_triton_quantisation_passes_its_self_checks():
     and bytes equal the torch path's."""
     quantize._check_triton_quantise("quantise", "cpu")
     quantize._check_fused_rows("rows", "cpu")
-    x = _gaussian(5, 3000, seed=25)  # rows of six chunks and a partial one
-    quantize._compare_quantised("long rows", quantize._quantize_rows_fused(x), quantize._quantize_rowwise_torch(x))
+    x = _gaussian(5, 3000, seed=25)  # rows of six chunks and a partial one; held whole, 4096 lanes, 1096 masked
+    for whole in (True, False):
+        quantize._compare_quantised(f"long rows, whole {whole}", quantize._quantize_rows_fused(x, whole=whole),
+                                    quantize._quantize_rowwise_torch(x))
 
 
 @inner_only
@@ -529,8 +531,8 @@ def test_triton_rowwise_quantisation_matches_the_public_function():
 def test_triton_self_checks_fail_on_a_wrong_byte(monkeypatch, path, check):
     real = getattr(quantize, path)  # the name the check reads
 
-    def off_by_one(x):
-        q, scale = real(x)
+    def off_by_one(x, **kwargs):
+        q, scale = real(x, **kwargs)
         q.view(torch.uint8).view(-1)[7] ^= 1
         return q, scale
 

@@ -5,7 +5,7 @@ operands are scaled per (expert, column) instead, in a layout whose every expert
 of 16 rows (:class:`PaddedGroups`, :func:`padded_groups`).
 
 Quantisation on CUDA is Triton: a row-contiguous operand (activations, a weight's forward form) in one
-kernel (amax, scale, cast); both forms of a contiguous operand, rowwise and transposed
+kernel (amax, scale, cast; rows of up to 32768 columns held whole in registers, so read once); both forms of a contiguous operand, rowwise and transposed
 (:func:`quantize_both`), in two kernels (the row and column amaxes in one read, both casts in another); the
 transposed view of a contiguous tensor as a Triton column amax (tiles folded by atomic max), then the cast
 pass below; any other layout as torch's max-|x| reduction, then one Triton pass that
@@ -211,6 +211,22 @@ if triton is not None:
                      mask=mask)
 
     @triton.jit
+    def _rows_whole_kernel(x_ptr, q_ptr, scale_ptr, R, C, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr,
+                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        # rowwise quantisation of BLOCK_R whole rows (BLOCK_C >= C) held in registers: one read of x, where
+        # _rows_kernel reads each row twice (its second read misses L2 once rows are long: 28672 columns
+        # of 8 rows a program are 459 KB, times the programs in flight)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_C)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * sx_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.maximum(tl.where(amax > 0, amax * INV_MAX, 1.0), TINY)
+        inv = tl.div_rn(tl.full([BLOCK_R], 1.0, tl.float32), scale)
+        tl.store(scale_ptr + rows, scale, mask=rows < R)
+        tl.store(q_ptr + rows[:, None] * C + cols[None, :], _e4m3_byte(x * inv[:, None]), mask=mask)
+
+    @triton.jit
     def _group_amax_kernel(x_ptr, ends_ptr, amax_ptr, C, sx_r, sx_c, split, X_UNIT: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
         # max |x| over rows [ends[g-1], ends[g]) of BLOCK_C columns; part program_id(2) of ``split`` takes
@@ -289,12 +305,12 @@ def _launch_cast(out_BRC, x_BRC, inv, si, *, src=None, grp=None, row_div: int = 
     if not out_BRC.numel():
         return
     x_unit, out_unit = _unit_dim(x_BRC), _unit_dim(out_BRC)
-    block_r, block_c = (16, 256) if x_unit == out_unit == 2 else (64, 64)
+    block_r, block_c, warps = TILES["cast_along" if x_unit == out_unit == 2 else "cast_across"]
     grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
     gather = src is not None
     _cast_kernel[grid](x_BRC, inv, src if gather else inv, grp if gather else inv, out_BRC.view(torch.uint8),
                        r, c, *x_BRC.stride(), *si, *out_BRC.stride(), X_UNIT=x_unit, OUT_UNIT=out_unit,
-                       GATHER=gather, ROW_DIV=row_div, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+                       GATHER=gather, ROW_DIV=row_div, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
 
 
 def _rows_flat(x: torch.Tensor) -> bool:
@@ -302,20 +318,42 @@ def _rows_flat(x: torch.Tensor) -> bool:
     return x.stride(-1) == 1 and (x.dim() == 2 or x.stride(0) == x.shape[1] * x.stride(1) or x.shape[0] == 1)
 
 
-ROWS_BLOCK = (8, 512)  # the fused rowwise kernel's tile: 8 rows, 512 columns a chunk
+# Launch shapes, by kernel: (BLOCK_R, BLOCK_C, num_warps) unless said otherwise. One table so that
+# bench/fp8_quant_speed.py can sweep them on a GPU (docs/benchmarks.md has its sweep).
+TILES: dict[str, tuple[int, ...]] = {
+    "rows": (8, 512, 4),  # _rows_kernel: 8 rows, the row in 512-column chunks (rows too long to hold)
+    "rows_whole": (16384, 64),  # _rows_whole_kernel: elements a program holds at least (whole rows), per thread
+    "cast_along": (16, 256, 4),  # _cast_kernel where operand and output both run along the row
+    "cast_across": (64, 64, 4),  # _cast_kernel where one of them runs along R (a transposed read or write)
+    "both_amax": (128, 128, 8),  # _both_amax_kernel (also the column amax of a transposed view)
+    "both_cast": (64, 64, 4),  # _both_cast_kernel: the transposed write needs a square-ish tile
+    "group_amax": (32, 128, 4),  # _group_amax_kernel: rows per slab, columns per program
+}
+ROWS_WHOLE_MAX = 32768  # the longest row (padded to a power of two) _rows_whole_kernel holds in registers
+ROWS_BLOCK = TILES["rows"][:2]
 
 
-def _quantize_rows_fused(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_rowwise` of a row-contiguous ``x`` (:func:`_rows_flat`) in one kernel."""
+def _quantize_rows_fused(x: torch.Tensor, whole: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rowwise` of a row-contiguous ``x`` (:func:`_rows_flat`) in one kernel: whole rows in
+    registers where they fit (``whole`` None), else in chunks; ``whole`` True/False forces one (the checks)."""
     c = x.shape[-1]
     r = x.numel() // c if c else 0
     q = torch.empty(x.shape, dtype=E4M3, device=x.device)
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if r and c:
-        block_r, block_c = ROWS_BLOCK
-        _rows_kernel[(triton.cdiv(r, block_r),)](x, q.view(torch.uint8), scale, r, c, x.stride(-2),
-                                                 INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
-                                                 BLOCK_C=block_c, num_warps=4)
+        width = triton.next_power_of_2(c)
+        if whole if whole is not None else width <= ROWS_WHOLE_MAX:
+            elements, per_thread = TILES["rows_whole"]
+            block_r = max(1, elements // width)
+            warps = min(32, max(1, block_r * width // (32 * per_thread)))
+            _rows_whole_kernel[(triton.cdiv(r, block_r),)](x, q.view(torch.uint8), scale, r, c, x.stride(-2),
+                                                           INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
+                                                           BLOCK_C=width, num_warps=warps)
+        else:
+            block_r, block_c, warps = TILES["rows"]
+            _rows_kernel[(triton.cdiv(r, block_r),)](x, q.view(torch.uint8), scale, r, c, x.stride(-2),
+                                                     INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
+                                                     BLOCK_C=block_c, num_warps=warps)
     elif r:
         scale.fill_(1.0)
     return q, scale
@@ -327,10 +365,6 @@ def _quantize_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return _quantize_rowwise_two_pass(x)
 
 
-BOTH_BLOCK = (64, 64)  # the both-forms cast's tile: the transposed write needs a square-ish tile
-AMAX_BLOCK = (128, 128)  # the row/column amax kernel's tile: 2 atomics per 128 elements read
-
-
 def _column_amax(base: torch.Tensor) -> torch.Tensor:
     """max |base| over dim -2 of a contiguous [.., R, C] (fp32, shape [.., C]): tiles of one read, folded by
     integer atomic max on the fp32 bits — the rows' amax of the transposed view, without torch's reduction
@@ -338,11 +372,11 @@ def _column_amax(base: torch.Tensor) -> torch.Tensor:
     b3 = _as_brc(base)
     b, r, c = b3.shape
     bits = torch.zeros(b, c, dtype=torch.int32, device=base.device)
-    block_r, block_c = AMAX_BLOCK
+    block_r, block_c, warps = TILES["both_amax"]
     if base.numel():
         _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
             b3, bits, bits, r, c, b3.stride(0), b3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, ROWS=False,
-            num_warps=8)
+            num_warps=warps)
     return bits.view(torch.float32).view(*base.shape[:-2], c)
 
 
@@ -360,7 +394,7 @@ def _quantize_rowwise_two_pass(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return q, scale
 
 
-GROUP_AMAX_BLOCK = (32, 128)  # rows per slab, columns per program
+GROUP_AMAX_BLOCK = TILES["group_amax"][:2]
 GROUP_AMAX_PROGRAMS = 2048  # enough programs to fill an H100 (132 SMs) several times over
 
 
@@ -368,13 +402,13 @@ def _quantize_groups_colwise_triton(x_MC: torch.Tensor, groups: PaddedGroups) ->
     m, c = x_MC.shape
     g = groups.offs_G.numel()
     amax_bits = torch.zeros(g, c, dtype=torch.int32, device=x_MC.device)
-    block_r, block_c = GROUP_AMAX_BLOCK
+    block_r, block_c, warps = TILES["group_amax"]
     col_programs = triton.cdiv(c, block_c)
     split = max(1, min(triton.cdiv(m, g * block_r), GROUP_AMAX_PROGRAMS // (col_programs * g)))
     if m:
         _group_amax_kernel[(col_programs, g, split)](x_MC, groups.ends_G, amax_bits, c, *x_MC.stride(), split,
                                                      X_UNIT=_unit_dim(x_MC.unsqueeze(0)), BLOCK_R=block_r,
-                                                     BLOCK_C=block_c, num_warps=4)
+                                                     BLOCK_C=block_c, num_warps=warps)
     scale = _scale_of(amax_bits.view(torch.float32))
     inv = 1.0 / scale
     src = torch.full((groups.rows,), -1, dtype=torch.int32, device=x_MC.device)
@@ -404,14 +438,16 @@ def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Te
         return (q, row_scale), (qt, col_scale)
     row_bits = torch.zeros(b, r, dtype=torch.int32, device=device)
     col_bits = torch.zeros(b, c, dtype=torch.int32, device=device)
-    block_r, block_c = AMAX_BLOCK
+    block_r, block_c, warps = TILES["both_amax"]
     _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
-        x3, row_bits, col_bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8)
-    block_r, block_c = BOTH_BLOCK
+        x3, row_bits, col_bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c,
+        num_warps=warps)
+    block_r, block_c, warps = TILES["both_cast"]
     grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
     _both_cast_kernel[grid](x3, row_bits.view(torch.float32), col_bits.view(torch.float32), q.view(torch.uint8),
                             qt.view(torch.uint8), row_scale, col_scale, r, c, x3.stride(0), x3.stride(1),
-                            INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+                            INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r, BLOCK_C=block_c,
+                            num_warps=warps)
     return (q, row_scale), (qt, col_scale)
 
 
@@ -530,7 +566,9 @@ def _check_fused_rows(_: str, device: str) -> None:
     x = _mixed_rows(device)
     cases = (("ladder", _bf16_ladder(device)), ("3-D", x), ("2-D", x[0, :37]), ("long rows", x.view(6, -1)))
     for name, t in cases:
-        _compare_quantised(name, _quantize_rows_fused(t), _quantize_rowwise_torch(t))
+        want = _quantize_rowwise_torch(t)
+        _compare_quantised(name + " whole rows", _quantize_rows_fused(t, whole=True), want)
+        _compare_quantised(name + " in chunks", _quantize_rows_fused(t, whole=False), want)
 
 
 def _check_both(_: str, device: str) -> None:

@@ -1,0 +1,201 @@
+"""The fp8 quantisation kernels (executor/kernels/fp8/quantize.py) at one step's shapes, and their launch tiles.
+
+For the Mixtral-shaped proxy of ``bench/fp8_step.py`` (2 layers, seq 4096, 4 micro-batches of 1: 8192 routed
+rows a layer and micro-batch, hidden 4096, ffn 14336, 8 experts) every quantisation a step runs, at its shape,
+with how often a step runs it:
+
+- rowwise (``_quantize_rows_fused``): the expert GEMMs' A operands, x and h in the forward, dy and d(gate,up)
+  in dgrad — 8 each a step;
+- per (expert, column) in the padded wgrad layout (``quantize_groups_colwise``): the same four for wgrad — 8 each;
+- both forms (``quantize_both``): w13 and w2 once a step per layer; the dense linears' x and dy (q/k/v and o
+  projections) per layer and micro-batch.
+
+For each kernel the bench times the launch tiles of ``--sweep`` (``quantize.TILES`` entries) and the current
+ones, checks every variant's bytes and scales against the torch path (a tile that changes a byte is reported,
+never picked), and prints per variant the step's time in that kernel family (Σ calls × time) and its bandwidth
+against a device copy of the same bytes. Bytes counted: the operand read once, the e4m3 outputs and scales
+written once — the least any implementation moves.
+
+Usage (GPU): python3 -m bench.fp8_quant_speed --out quant.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from executor.kernels.fp8 import quantize
+from executor.microbench.timing import time_op
+
+BF16 = torch.bfloat16
+M, H, F, G, TOKENS, QKV = 8192, 4096, 14336, 8, 4096, 6144  # routed rows, hidden, ffn, experts, tokens, q+k+v
+LAYER_MB = 8  # 2 layers x 4 micro-batches
+
+
+@dataclass(frozen=True)
+class Case:
+    """One quantisation a step runs: the kernel family, the operand's shape, calls a step."""
+
+    family: str  # "rows", "groups", "both"
+    name: str
+    shape: tuple[int, ...]
+    calls: int
+
+
+CASES = (Case("rows", "x [M, h]", (M, H), LAYER_MB), Case("rows", "h [M, f]", (M, F), LAYER_MB),
+         Case("rows", "dy [M, h]", (M, H), LAYER_MB), Case("rows", "d(gate,up) [M, 2f]", (M, 2 * F), LAYER_MB),
+         Case("groups", "x [M, h]", (M, H), LAYER_MB), Case("groups", "h [M, f]", (M, F), LAYER_MB),
+         Case("groups", "dy [M, h]", (M, H), LAYER_MB), Case("groups", "d(gate,up) [M, 2f]", (M, 2 * F), LAYER_MB),
+         Case("both", "w13 [G, 2f, h]", (G, 2 * F, H), 2), Case("both", "w2 [G, h, f]", (G, H, F), 2),
+         Case("both", "dense x [t, h]", (TOKENS, H), 2 * LAYER_MB),
+         Case("both", "dense dy qkv [t, qkv]", (TOKENS, QKV), LAYER_MB),
+         Case("both", "dense dy o [t, h]", (TOKENS, H), LAYER_MB))
+
+# tiles tried per kernel family: {TILES key: [values]}; the current TILES value is always tried too
+SWEEP = {
+    "rows": {"rows_whole": [(8192, 32), (16384, 32), (16384, 64), (32768, 64), (32768, 128)]},
+    "groups": {"group_amax": [(32, 256, 8), (64, 128, 4), (64, 256, 8), (128, 128, 8), (16, 512, 8)],
+               "cast_across": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (128, 128, 4), (256, 64, 8)]},
+    "both": {"both_amax": [(64, 256, 8), (256, 64, 8), (256, 128, 8), (64, 128, 4)],
+             "both_cast": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (128, 128, 4), (32, 128, 4)]},
+}
+TINY_SCALE = 64  # --tiny divides every dim by this (CPU, Triton's interpreter: the bench's own test)
+
+
+def _operand(case: Case, dev: torch.device, scale: int) -> torch.Tensor:
+    shape = tuple(max(16, d // scale) if i else d for i, d in enumerate(case.shape)) if case.family == "both" \
+        else tuple(max(16, d // scale) for d in case.shape)
+    gen = torch.Generator(device=dev).manual_seed(hash(case.name) % 2**31)
+    return torch.randn(shape, device=dev, generator=gen).to(BF16)
+
+
+def _groups(m: int, dev: torch.device) -> quantize.PaddedGroups:
+    """Uneven routing as a random router gives it: group sizes no multiples of 16."""
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.rand(G, generator=gen) + 0.5
+    counts = (weights / weights.sum() * m).long()
+    counts[-1] += m - counts.sum()
+    return quantize.padded_groups(torch.cumsum(counts, 0).to(dev, torch.int32), m)
+
+
+def _runner(case: Case, t: torch.Tensor, groups):
+    if case.family == "rows":
+        return lambda: quantize._quantize_rows_fused(t)
+    if case.family == "groups":
+        return lambda: quantize._quantize_groups_colwise_triton(t, groups)
+    return lambda: quantize._quantize_both_triton(t)
+
+
+def _reference(case: Case, t: torch.Tensor, groups):
+    if case.family == "rows":
+        return [quantize._quantize_rowwise_torch(t)]
+    if case.family == "groups":
+        return [quantize._quantize_groups_colwise_torch(t, groups)]
+    return list(quantize._quantize_both_torch(t))
+
+
+def _bytes_moved(case: Case, t: torch.Tensor, groups) -> int:
+    """The operand read once; e4m3 outputs (two for both forms; the padded layout for groups) and scales written."""
+    rows, c = t.numel() // t.shape[-1], t.shape[-1]
+    if case.family == "rows":
+        return t.numel() * 2 + t.numel() + rows * 4
+    if case.family == "groups":
+        return t.numel() * 2 + groups.rows * c + G * c * 4
+    return t.numel() * 2 + 2 * t.numel() + (rows + t.numel() // t.shape[-2]) * 4
+
+
+def _equal(got, want: list) -> bool:
+    """Whether ``got`` (one (q, scale) pair, or quantize_both's two) has the bytes and scales of ``want``."""
+    got = [got] if isinstance(got[0], torch.Tensor) else list(got)
+    return all(torch.equal(s, s_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+               for (q, s), (q_ref, s_ref) in zip(got, want))
+
+
+def variants(family: str) -> list[dict]:
+    """The TILES overrides tried for ``family``: the current tiles first, then each swept value of one key."""
+    out = [{}]
+    for key, values in SWEEP[family].items():
+        out += [{key: v} for v in values if v != quantize.TILES[key]]
+    return out
+
+
+def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both"), iters: int | None = None) -> dict:
+    """Per family and tile variant: per-case seconds, equality with the torch path, the step's total."""
+    res = {"tiles": dict(quantize.TILES), "families": {}}
+    data = [(case, t, _groups(t.shape[0], dev) if case.family == "groups" else None)
+            for case in CASES if case.family in families for t in [_operand(case, dev, scale)]]
+    biggest = max((t for _, t, _ in data), key=torch.Tensor.numel)
+    copy_s = time_op(lambda: torch.empty_like(biggest).copy_(biggest), dev, iters=iters)
+    res["copy_GBps"] = 2 * biggest.numel() * 2 / copy_s / 1e9
+    for family in families:
+        cases = [(c, t, g) for c, t, g in data if c.family == family]
+        refs = [_reference(c, t, g) for c, t, g in cases]
+        rows = []
+        for override in variants(family):
+            saved = dict(quantize.TILES)
+            quantize.TILES.update(override)
+            try:
+                per_case = {}
+                for (case, t, groups), want in zip(cases, refs):
+                    run = _runner(case, t, groups)
+                    same = _equal(run(), want)
+                    s = time_op(run, dev, iters=iters)
+                    per_case[case.name] = {"s": s, "equal": same,
+                                           "GBps": _bytes_moved(case, t, groups) / s / 1e9}
+                step = sum(c.calls * per_case[c.name]["s"] for c, _, _ in cases)
+                rows.append({"tiles": override or "current", "per_case": per_case, "step_s": step,
+                             "all_equal": all(v["equal"] for v in per_case.values())})
+            except Exception as exc:  # noqa: BLE001 - a tile that does not compile is reported, not picked
+                rows.append({"tiles": override, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            finally:
+                quantize.TILES.clear()
+                quantize.TILES.update(saved)
+        ok = [r for r in rows if r.get("all_equal")]
+        best = min(ok, key=lambda r: r["step_s"]) if ok else None
+        res["families"][family] = {"variants": rows, "best": best["tiles"] if best else None}
+    return res
+
+
+def table(res: dict) -> str:
+    lines = [f"copy bandwidth (same device, largest operand): {res['copy_GBps']:.0f} GB/s"]
+    for family, fam in res["families"].items():
+        lines.append(f"{family}: ms a step (Σ calls × time), per case GB/s; best {fam['best']}")
+        for r in fam["variants"]:
+            if "error" in r:
+                lines.append(f"  {str(r['tiles']):<34} ERROR {r['error'][:120]}")
+                continue
+            cells = ", ".join(f"{name.split(' ')[0]} {v['GBps']:.0f}{'' if v['equal'] else ' DIFFERS'}"
+                              for name, v in r["per_case"].items())
+            lines.append(f"  {str(r['tiles']):<34} {r['step_s'] * 1e3:7.2f}  {cells}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="JSON results")
+    ap.add_argument("--families", default="rows,groups,both")
+    ap.add_argument("--tiny", action="store_true", help=f"every dim / {TINY_SCALE} (CPU interpreter smoke test)")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda" and not args.tiny:
+        print("fp8_quant_speed: the Triton kernels need a GPU (or --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
+        return 2
+    res = measure(dev, TINY_SCALE if args.tiny else 1, tuple(args.families.split(",")),
+                  iters=1 if args.tiny else None)
+    res.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", torch=torch.__version__,
+               command=" ".join(sys.argv))
+    print(table(res))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""bench/fp8_quant_speed.py off the GPU: the variants it tries, the bytes it counts, the equality that keeps a
+tile changing a byte from being picked, and its table."""
+
+import torch
+
+from bench import fp8_quant_speed as bench
+from executor.kernels.fp8 import quantize
+
+
+def test_variants_start_with_the_current_tiles_and_change_one_key_at_a_time():
+    for family in bench.SWEEP:
+        tried = bench.variants(family)
+        assert tried[0] == {}
+        assert all(len(v) == 1 and next(iter(v.values())) != quantize.TILES[next(iter(v))] for v in tried[1:])
+        assert len(tried) == 1 + sum(len([x for x in vals if x != quantize.TILES[k]])
+                                     for k, vals in bench.SWEEP[family].items())
+
+
+def test_bytes_moved_are_one_read_and_the_e4m3_writes():
+    t = torch.zeros(32, 64, dtype=torch.bfloat16)
+    rows = bench.Case("rows", "t", (32, 64), 1)
+    assert bench._bytes_moved(rows, t, None) == 32 * 64 * 3 + 32 * 4  # bf16 read, e4m3 written, a scale a row
+    both = bench.Case("both", "t", (32, 64), 1)
+    assert bench._bytes_moved(both, t, None) == 32 * 64 * 4 + (32 + 64) * 4  # two e4m3 forms, row + column scales
+    groups = quantize.padded_groups(torch.tensor([5, 5, 32], dtype=torch.int32), 32)
+    case = bench.Case("groups", "t", (32, 64), 1)
+    assert bench._bytes_moved(case, t, groups) == 32 * 64 * 2 + groups.rows * 64 + bench.G * 64 * 4
+
+
+def test_a_changed_byte_or_scale_is_not_equal():
+    x = torch.randn(4, 32).to(torch.bfloat16)
+    want = [quantize._quantize_rowwise_torch(x)]
+    q, s = quantize._quantize_rowwise_torch(x)
+    assert bench._equal((q, s), want)
+    q.view(torch.uint8)[1, 3] ^= 1
+    assert not bench._equal((q, s), want)
+    both = quantize._quantize_both_torch(x)
+    assert bench._equal(both, list(quantize._quantize_both_torch(x)))
+    (q2, s2), pair = both
+    s2[0] *= 2
+    assert not bench._equal(((q2, s2), pair), list(quantize._quantize_both_torch(x)))
+
+
+def test_table_names_the_best_and_flags_a_differing_variant():
+    res = {"copy_GBps": 3000.0, "families": {"rows": {"best": {"rows_whole": (16384, 64)}, "variants": [
+        {"tiles": "current", "step_s": 0.004, "per_case": {"x [M, h]": {"GBps": 2500.0, "equal": True}}},
+        {"tiles": {"rows_whole": (8192, 32)}, "step_s": 0.003,
+         "per_case": {"x [M, h]": {"GBps": 2900.0, "equal": False}}},
+        {"tiles": {"rows_whole": (1, 1)}, "error": "CompilationError: too many registers"}]}}}
+    text = bench.table(res)
+    assert "best {'rows_whole': (16384, 64)}" in text
+    assert "4.00  x 2500" in text and "x 2900 DIFFERS" in text and "ERROR CompilationError" in text
