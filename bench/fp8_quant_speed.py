@@ -58,11 +58,12 @@ CASES = (Case("rows", "x [M, h]", (M, H), LAYER_MB), Case("rows", "h [M, f]", (M
 
 # tiles tried per kernel family: {TILES key: [values]}; the current TILES value is always tried too
 SWEEP = {
-    "rows": {"rows_whole": [(8192, 32), (16384, 32), (16384, 64), (32768, 64), (32768, 128)]},
-    "groups": {"group_amax": [(32, 256, 8), (64, 128, 4), (64, 256, 8), (128, 128, 8), (16, 512, 8)],
-               "cast_across": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (128, 128, 4), (256, 64, 8)]},
-    "both": {"both_amax": [(64, 256, 8), (256, 64, 8), (256, 128, 8), (64, 128, 4)],
-             "both_cast": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (128, 128, 4), (32, 128, 4)]},
+    "rows": {"rows_whole": [(4096, 16), (8192, 16), (8192, 32), (16384, 32), (16384, 64), (32768, 64)]},
+    "groups": {"group_amax": [(32, 128, 4, 8192), (32, 128, 4, 16384), (64, 128, 4, 8192), (128, 128, 8, 2048),
+                              (128, 128, 8, 8192), (64, 256, 8, 8192), (16, 128, 4, 16384)],
+               "cast_across": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (256, 64, 8), (32, 128, 4)]},
+    "both": {"both_amax": [(64, 256, 8), (256, 64, 8), (256, 128, 8), (64, 128, 4), (128, 256, 8)],
+             "both_cast": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 128, 4), (32, 64, 4)]},
 }
 TINY_SCALE = 64  # --tiny divides every dim by this (CPU, Triton's interpreter: the bench's own test)
 
@@ -116,9 +117,13 @@ def _equal(got, want: list) -> bool:
                for (q, s), (q_ref, s_ref) in zip(got, want))
 
 
-def variants(family: str) -> list[dict]:
-    """The TILES overrides tried for ``family``: the current tiles first, then each swept value of one key."""
-    out = [{}]
+INTEGER_ROUNDING = "integer rounding"  # a variant: the current tiles, rounding by integer ops (not the GPU's cvt)
+
+
+def variants(family: str) -> list:
+    """The TILES overrides tried for ``family``: the current tiles first, then the same with the integer
+    rounding, then each swept value of one key."""
+    out = [{}, INTEGER_ROUNDING]
     for key, values in SWEEP[family].items():
         out += [{key: v} for v in values if v != quantize.TILES[key]]
     return out
@@ -126,7 +131,7 @@ def variants(family: str) -> list[dict]:
 
 def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both"), iters: int | None = None) -> dict:
     """Per family and tile variant: per-case seconds, equality with the torch path, the step's total."""
-    res = {"tiles": dict(quantize.TILES), "families": {}}
+    res = {"tiles": dict(quantize.TILES), "hw_cast": quantize._hw_cast(dev), "families": {}}
     data = [(case, t, _groups(t.shape[0], dev) if case.family == "groups" else None)
             for case in CASES if case.family in families for t in [_operand(case, dev, scale)]]
     biggest = max((t for _, t, _ in data), key=torch.Tensor.numel)
@@ -138,7 +143,10 @@ def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both
         rows = []
         for override in variants(family):
             saved = dict(quantize.TILES)
-            quantize.TILES.update(override)
+            if override == INTEGER_ROUNDING:
+                quantize._CAST_MODE.hw = False
+            else:
+                quantize.TILES.update(override)
             try:
                 per_case = {}
                 for (case, t, groups), want in zip(cases, refs):
@@ -153,6 +161,7 @@ def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both
             except Exception as exc:  # noqa: BLE001 - a tile that does not compile is reported, not picked
                 rows.append({"tiles": override, "error": f"{type(exc).__name__}: {exc}"[:300]})
             finally:
+                quantize._CAST_MODE.hw = None
                 quantize.TILES.clear()
                 quantize.TILES.update(saved)
         ok = [r for r in rows if r.get("all_equal")]
@@ -162,7 +171,8 @@ def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both
 
 
 def table(res: dict) -> str:
-    lines = [f"copy bandwidth (same device, largest operand): {res['copy_GBps']:.0f} GB/s"]
+    lines = [f"copy bandwidth (same device, largest operand): {res['copy_GBps']:.0f} GB/s; rounding by the "
+             f"GPU's conversion: {res.get('hw_cast')}"]
     for family, fam in res["families"].items():
         lines.append(f"{family}: ms a step (Σ calls × time), per case GB/s; best {fam['best']}")
         for r in fam["variants"]:

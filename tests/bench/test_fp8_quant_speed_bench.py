@@ -7,12 +7,12 @@ from bench import fp8_quant_speed as bench
 from executor.kernels.fp8 import quantize
 
 
-def test_variants_start_with_the_current_tiles_and_change_one_key_at_a_time():
+def test_variants_start_with_the_current_tiles_then_integer_rounding_then_one_key_at_a_time():
     for family in bench.SWEEP:
         tried = bench.variants(family)
-        assert tried[0] == {}
-        assert all(len(v) == 1 and next(iter(v.values())) != quantize.TILES[next(iter(v))] for v in tried[1:])
-        assert len(tried) == 1 + sum(len([x for x in vals if x != quantize.TILES[k]])
+        assert tried[:2] == [{}, bench.INTEGER_ROUNDING]
+        assert all(len(v) == 1 and next(iter(v.values())) != quantize.TILES[next(iter(v))] for v in tried[2:])
+        assert len(tried) == 2 + sum(len([x for x in vals if x != quantize.TILES[k]])
                                      for k, vals in bench.SWEEP[family].items())
 
 

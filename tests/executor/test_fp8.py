@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -471,6 +472,42 @@ def test_fast_accumulation_check_passes_on_the_emulation_and_fails_on_a_wrong_re
     with pytest.raises(AssertionError):
         gemm._check_fast_accum("fast_accum", "cpu")
 
+def test_hardware_rounding_is_off_on_cpu_and_where_its_check_fails(monkeypatch):
+    """The GPU's e4m3 conversion is used only on CUDA, with FOLDTUNE_FP8_HW_CAST not 0, after its first-use
+    check passed: a failing check leaves the integer rounding on (with a warning), and asks only once."""
+    assert not quantize._hw_cast(torch.device("cpu"))
+    calls = []
+
+    def differs(*key):
+        calls.append(key)
+        raise AssertionError("Triton e4m3 bytes differ from torch's (fp32 values)")
+
+    monkeypatch.setattr(quantize, "_check_hw_cast", differs)
+    monkeypatch.setattr(quantize, "_CHECKED", {})
+    gpu = torch.device("cuda", 0)  # a key only: the patched check touches no device
+    monkeypatch.setattr(quantize, "checked_once",
+                        lambda cache, key, check, what: _checked_off_device(cache, key, check))
+    with pytest.warns(UserWarning, match="hardware e4m3"):
+        assert not quantize._hw_cast(gpu)
+    assert not quantize._hw_cast(gpu) and calls == [("hw_cast", "cuda:0")]
+    monkeypatch.setattr(quantize, "_CHECKED", {("hw_cast", "cuda:0"): True})
+    assert quantize._hw_cast(gpu)
+    monkeypatch.setenv("FOLDTUNE_FP8_HW_CAST", "0")
+    assert not quantize._hw_cast(gpu)
+
+
+def _checked_off_device(cache, key, check):
+    """checked_once's contract without entering a CUDA device context (none on this machine)."""
+    if key not in cache:
+        try:
+            check(*key)
+            cache[key] = True
+        except AssertionError as exc:
+            warnings.warn(f"fp8 hardware e4m3 conversion off for {key}: {exc}", stacklevel=2)
+            cache[key] = False
+    return cache[key]
+
+
 # ---- the Triton quantisation, in Triton's interpreter ----
 
 INNER = os.environ.get("TRITON_INTERPRET") == "1"
@@ -486,7 +523,7 @@ def test_triton_quantisation_in_interpreter():
                            __file__], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "8 passed" in done.stdout
+    assert "9 passed" in done.stdout
 
 
 @inner_only
@@ -513,6 +550,15 @@ def test_triton_quantisation_passes_its_self_checks():
     for whole in (True, False):
         quantize._compare_quantised(f"long rows, whole {whole}", quantize._quantize_rows_fused(x, whole=whole),
                                     quantize._quantize_rowwise_torch(x))
+
+
+@inner_only
+def test_triton_rounding_check_passes_the_integer_rounding():
+    """The hardware-conversion check's cases (fp32 values as amax scaling makes them, subnormals and
+    rounding boundaries among them) and its comparisons, run with the integer rounding: equal to torch's cast.
+    (The GPU's conversion itself is checked on the GPU, at first use.)"""
+    quantize._check_rounding(False, "cpu", values=4096)
+    assert getattr(quantize._CAST_MODE, "hw", None) is None  # the forcing ends with the check
 
 
 @inner_only

@@ -5,26 +5,32 @@ operands are scaled per (expert, column) instead, in a layout whose every expert
 of 16 rows (:class:`PaddedGroups`, :func:`padded_groups`).
 
 Quantisation on CUDA is Triton: a row-contiguous operand (activations, a weight's forward form) in one
-kernel (amax, scale, cast; rows of up to 32768 columns held whole in registers, so read once); both forms of a contiguous operand, rowwise and transposed
-(:func:`quantize_both`), in two kernels (the row and column amaxes in one read, both casts in another); the
-transposed view of a contiguous tensor as a Triton column amax (tiles folded by atomic max), then the cast
-pass below; any other layout as torch's max-|x| reduction, then one Triton pass that
-multiplies by 1/scale, rounds to e4m3 exactly as torch's cast does and writes the layout the GEMM takes
-(transposed operands and the wgrad's per-expert padded layout included, with no bf16 or fp32 copy in
-between); the wgrad's per-(expert, column) amax is a Triton segmented reduction. The torch ops (an fp32
-product and a rounding copy) are the reference, run on CPU, without Triton, with FOLDTUNE_FP8_TRITON=0, or
-if the first-use check (Triton against torch, byte for byte) fails.
+kernel (amax, scale, cast; rows of up to 32768 columns held whole in registers, so read once); both forms
+of a contiguous operand, rowwise and transposed (:func:`quantize_both`), in two kernels (the row and
+column amaxes in one read, both casts in another); the transposed view of a contiguous tensor as a Triton
+column amax (tiles folded by atomic max), then the cast pass below; any other layout as torch's max-|x|
+reduction, then one Triton pass that multiplies by 1/scale, rounds to e4m3 exactly as torch's cast does
+and writes the layout the GEMM takes (transposed operands and the wgrad's per-expert padded layout
+included, with no bf16 or fp32 copy in between); the wgrad's per-(expert, column) amax is a Triton
+segmented reduction. The rounding is the GPU's own e4m3 conversion where its first-use check passed, else
+integer operations (:func:`_e4m3`). The torch ops (an fp32 product and a rounding copy) are the reference,
+run on CPU, without Triton, with FOLDTUNE_FP8_TRITON=0, or if the first-use check (Triton against torch,
+byte for byte) fails.
 
 The first-use checks run once per device and process through
 :func:`executor.kernels.first_use.checked_once` (on a thread of their own; a check that raises turns its
 path off, with a warning): the two-pass and the one-kernel rowwise paths against the torch ops, scales
-exactly and e4m3 bytes one for one; a third checks :func:`quantize_both` the same way. A failed check costs speed, never the run: the quantisation stays on the
-torch ops (on two Triton passes where only the one-kernel path failed). ``_CHECKED`` holds the verdicts.
+exactly and e4m3 bytes one for one; a third checks :func:`quantize_both` the same way; a fourth runs all of
+them, and a cast of 2^21 fp32 values, with the GPU's conversion (FOLDTUNE_FP8_HW_CAST=0 skips it). A failed
+check costs speed, never the run: the quantisation stays on the torch ops (on two Triton passes where only
+the one-kernel path failed; on the integer rounding where only the conversion's failed). ``_CHECKED``
+holds the verdicts.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +51,10 @@ INV_E4M3_MAX = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32).item()
 FP32_TINY = torch.finfo(torch.float32).tiny
 ALIGN = 16  # the scaled GEMMs' granularity: 16 bytes of e4m3 (dims, wgrad group sizes)
 
-# first-use verdicts of the Triton paths, keyed ("quantise", device) and ("rows", device): True where the
-# check passed
+# first-use verdicts of the Triton paths, keyed ("quantise", device), ("rows", device), ("both", device) and
+# ("hw_cast", device): True where the check passed
 _CHECKED: dict[tuple, bool] = {}
+_CAST_MODE = threading.local()  # .hw True/False: the e4m3 rounding forced on this thread (_check_hw_cast)
 
 
 # ---- quantisation: torch ops (the reference; CPU and the fallback) ------------------------------------
@@ -152,6 +159,16 @@ if triton is not None:
         return (code | sign).to(tl.uint8)
 
     @triton.jit
+    def _e4m3(v, HW: tl.constexpr):
+        """The e4m3fn byte of fp32 ``v``: HW, the GPU's conversion (sm89+: cvt.rn.satfinite, two values an
+        instruction), else _e4m3_byte's ~35 integer operations, which bound the quantisation kernels by the
+        ALUs at a third of HBM bandwidth (H100, 2026-11-27). The two agree on every value amax scaling
+        produces (|v| <= 448·(1 + 2^-22)); HW is used only where the first-use check found them equal."""
+        if HW:
+            return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        return _e4m3_byte(v)
+
+    @triton.jit
     def _offsets(rows, cols, s_r, s_c, UNIT: tl.constexpr):
         # [rows, cols] element offsets; UNIT names the dim of stride 1 (1 rows, 2 columns, 0 neither) so that
         # the compiler sees the contiguity and lays the tile's threads along it (coalesced, vectorised)
@@ -166,7 +183,7 @@ if triton is not None:
     @triton.jit
     def _cast_kernel(x_ptr, inv_ptr, src_ptr, grp_ptr, out_ptr, R, C, sx_b, sx_r, sx_c, si_b, si_r, si_c,
                      so_b, so_r, so_c, X_UNIT: tl.constexpr, OUT_UNIT: tl.constexpr, GATHER: tl.constexpr,
-                     ROW_DIV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                     ROW_DIV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HW: tl.constexpr):
         # out[b, r, c] = e4m3(x[b, r, c] · inv[b, r]) for one BLOCK_R × BLOCK_C tile of batch entry
         # program_id(2); GATHER (the wgrad layout): out row r is x row src[r] (a zero row where src[r] < 0)
         # scaled by inv[grp[r // ROW_DIV], c].
@@ -183,12 +200,12 @@ if triton is not None:
         else:
             x = tl.load(x_ptr + b * sx_b + _offsets(rows, cols, sx_r, sx_c, X_UNIT), mask=mask, other=0.0)
             inv = tl.load(inv_ptr + b * si_b + rows * si_r, mask=in_r, other=1.0)[:, None]
-        q = _e4m3_byte(x.to(tl.float32) * inv)
+        q = _e4m3(x.to(tl.float32) * inv, HW)
         tl.store(out_ptr + b * so_b + _offsets(rows, cols, so_r, so_c, OUT_UNIT), q, mask=mask)
 
     @triton.jit
     def _rows_kernel(x_ptr, q_ptr, scale_ptr, R, C, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HW: tl.constexpr):
         # rowwise quantisation of BLOCK_R rows of a row-contiguous [R, C] in one kernel: amax over the row
         # in BLOCK_C chunks, the scale as _scale_of and 1/scale (correctly rounded divisions, as torch's),
         # then the cast, whose second read of the rows mostly hits L2
@@ -207,12 +224,12 @@ if triton is not None:
             cols = c0 + tl.arange(0, BLOCK_C)
             mask = in_r[:, None] & (cols < C)[None, :]
             x = tl.load(x_ptr + rows[:, None] * sx_r + cols[None, :], mask=mask, other=0.0)
-            tl.store(q_ptr + rows[:, None] * C + cols[None, :], _e4m3_byte(x.to(tl.float32) * inv[:, None]),
+            tl.store(q_ptr + rows[:, None] * C + cols[None, :], _e4m3(x.to(tl.float32) * inv[:, None], HW),
                      mask=mask)
 
     @triton.jit
     def _rows_whole_kernel(x_ptr, q_ptr, scale_ptr, R, C, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HW: tl.constexpr):
         # rowwise quantisation of BLOCK_R whole rows (BLOCK_C >= C) held in registers: one read of x, where
         # _rows_kernel reads each row twice (its second read misses L2 once rows are long: 28672 columns
         # of 8 rows a program are 459 KB, times the programs in flight)
@@ -224,7 +241,7 @@ if triton is not None:
         scale = tl.maximum(tl.where(amax > 0, amax * INV_MAX, 1.0), TINY)
         inv = tl.div_rn(tl.full([BLOCK_R], 1.0, tl.float32), scale)
         tl.store(scale_ptr + rows, scale, mask=rows < R)
-        tl.store(q_ptr + rows[:, None] * C + cols[None, :], _e4m3_byte(x * inv[:, None]), mask=mask)
+        tl.store(q_ptr + rows[:, None] * C + cols[None, :], _e4m3(x * inv[:, None], HW), mask=mask)
 
     @triton.jit
     def _group_amax_kernel(x_ptr, ends_ptr, amax_ptr, C, sx_r, sx_c, split, X_UNIT: tl.constexpr,
@@ -272,7 +289,7 @@ if triton is not None:
     @triton.jit
     def _both_cast_kernel(x_ptr, row_amax_ptr, col_amax_ptr, q_ptr, qt_ptr, row_scale_ptr, col_scale_ptr, R, C,
                           sx_b, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_C: tl.constexpr):
+                          BLOCK_C: tl.constexpr, HW: tl.constexpr):
         # one read of the tile again: q[b, r, c] = e4m3(x · 448/rowamax[r]) row-major and qt[b, c, r] =
         # e4m3(x · 448/colamax[c]) (the transposed form, written along r); the first column of programs
         # writes the row scales, the first row of programs the column scales
@@ -284,8 +301,8 @@ if triton is not None:
         x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         row_scale, row_inv = _scales_of(tl.load(row_amax_ptr + b * R + rows, mask=in_r, other=0.0), INV_MAX, TINY)
         col_scale, col_inv = _scales_of(tl.load(col_amax_ptr + b * C + cols, mask=in_c, other=0.0), INV_MAX, TINY)
-        tl.store(q_ptr + b * R * C + rows[:, None] * C + cols[None, :], _e4m3_byte(x * row_inv[:, None]), mask=mask)
-        qt = tl.trans(_e4m3_byte(x * col_inv[None, :]))  # [BLOCK_C, BLOCK_R]
+        tl.store(q_ptr + b * R * C + rows[:, None] * C + cols[None, :], _e4m3(x * row_inv[:, None], HW), mask=mask)
+        qt = tl.trans(_e4m3(x * col_inv[None, :], HW))  # [BLOCK_C, BLOCK_R]
         tl.store(qt_ptr + b * R * C + cols[:, None] * R + rows[None, :], qt, mask=tl.trans(mask))
         if tl.program_id(1) == 0:
             tl.store(row_scale_ptr + b * R + rows, row_scale, mask=in_r)
@@ -310,7 +327,8 @@ def _launch_cast(out_BRC, x_BRC, inv, si, *, src=None, grp=None, row_div: int = 
     gather = src is not None
     _cast_kernel[grid](x_BRC, inv, src if gather else inv, grp if gather else inv, out_BRC.view(torch.uint8),
                        r, c, *x_BRC.stride(), *si, *out_BRC.stride(), X_UNIT=x_unit, OUT_UNIT=out_unit,
-                       GATHER=gather, ROW_DIV=row_div, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+                       GATHER=gather, ROW_DIV=row_div, BLOCK_R=block_r, BLOCK_C=block_c, HW=_hw_cast(x_BRC.device),
+                       num_warps=warps)
 
 
 def _rows_flat(x: torch.Tensor) -> bool:
@@ -327,7 +345,7 @@ TILES: dict[str, tuple[int, ...]] = {
     "cast_across": (64, 64, 4),  # _cast_kernel where one of them runs along R (a transposed read or write)
     "both_amax": (128, 128, 8),  # _both_amax_kernel (also the column amax of a transposed view)
     "both_cast": (64, 64, 4),  # _both_cast_kernel: the transposed write needs a square-ish tile
-    "group_amax": (32, 128, 4),  # _group_amax_kernel: rows per slab, columns per program
+    "group_amax": (32, 128, 4, 2048),  # _group_amax_kernel: rows per slab, columns, warps; programs at most
 }
 ROWS_WHOLE_MAX = 32768  # the longest row (padded to a power of two) _rows_whole_kernel holds in registers
 ROWS_BLOCK = TILES["rows"][:2]
@@ -348,12 +366,12 @@ def _quantize_rows_fused(x: torch.Tensor, whole: bool | None = None) -> tuple[to
             warps = min(32, max(1, block_r * width // (32 * per_thread)))
             _rows_whole_kernel[(triton.cdiv(r, block_r),)](x, q.view(torch.uint8), scale, r, c, x.stride(-2),
                                                            INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
-                                                           BLOCK_C=width, num_warps=warps)
+                                                           BLOCK_C=width, HW=_hw_cast(x.device), num_warps=warps)
         else:
             block_r, block_c, warps = TILES["rows"]
             _rows_kernel[(triton.cdiv(r, block_r),)](x, q.view(torch.uint8), scale, r, c, x.stride(-2),
                                                      INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
-                                                     BLOCK_C=block_c, num_warps=warps)
+                                                     BLOCK_C=block_c, HW=_hw_cast(x.device), num_warps=warps)
     elif r:
         scale.fill_(1.0)
     return q, scale
@@ -395,16 +413,16 @@ def _quantize_rowwise_two_pass(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 GROUP_AMAX_BLOCK = TILES["group_amax"][:2]
-GROUP_AMAX_PROGRAMS = 2048  # enough programs to fill an H100 (132 SMs) several times over
+GROUP_AMAX_PROGRAMS = TILES["group_amax"][3]  # enough programs to fill an H100 (132 SMs) several times over
 
 
 def _quantize_groups_colwise_triton(x_MC: torch.Tensor, groups: PaddedGroups) -> tuple[torch.Tensor, torch.Tensor]:
     m, c = x_MC.shape
     g = groups.offs_G.numel()
     amax_bits = torch.zeros(g, c, dtype=torch.int32, device=x_MC.device)
-    block_r, block_c, warps = TILES["group_amax"]
+    block_r, block_c, warps, programs = TILES["group_amax"]
     col_programs = triton.cdiv(c, block_c)
-    split = max(1, min(triton.cdiv(m, g * block_r), GROUP_AMAX_PROGRAMS // (col_programs * g)))
+    split = max(1, min(triton.cdiv(m, g * block_r), programs // (col_programs * g)))
     if m:
         _group_amax_kernel[(col_programs, g, split)](x_MC, groups.ends_G, amax_bits, c, *x_MC.stride(), split,
                                                      X_UNIT=_unit_dim(x_MC.unsqueeze(0)), BLOCK_R=block_r,
@@ -447,7 +465,7 @@ def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Te
     _both_cast_kernel[grid](x3, row_bits.view(torch.float32), col_bits.view(torch.float32), q.view(torch.uint8),
                             qt.view(torch.uint8), row_scale, col_scale, r, c, x3.stride(0), x3.stride(1),
                             INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r, BLOCK_C=block_c,
-                            num_warps=warps)
+                            HW=_hw_cast(device), num_warps=warps)
     return (q, row_scale), (qt, col_scale)
 
 
@@ -468,6 +486,16 @@ def quantize_both(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], t
     if _use_triton(x.device) and x.is_contiguous() and _both_ok(x.device):
         return _quantize_both_triton(x)
     return quantize_rowwise(x), quantize_rowwise(x.transpose(-2, -1))
+
+
+def _hw_cast(device: torch.device) -> bool:
+    """Whether the kernels round with the GPU's e4m3 conversion on ``device`` (:func:`_e4m3`): CUDA,
+    FOLDTUNE_FP8_HW_CAST not 0, and its first-use check passed; a check's own thread may force it either way."""
+    forced = getattr(_CAST_MODE, "hw", None)
+    if forced is not None:
+        return forced
+    return (device.type == "cuda" and os.environ.get("FOLDTUNE_FP8_HW_CAST", "1") != "0"
+            and checked_once(_CHECKED, ("hw_cast", str(device)), _check_hw_cast, "fp8 hardware e4m3 conversion"))
 
 
 def _use_triton(device: torch.device) -> bool:
@@ -609,3 +637,36 @@ def _check_triton_quantise(_: str, device: str) -> None:
               (x[0].t()[:72], groups))]
     for name, triton_path, torch_path, args in cases:
         _compare_quantised(name, triton_path(*args), torch_path(*args))
+
+
+def _scaled_fp32_cases(device, count: int = 1 << 20) -> torch.Tensor:
+    """fp32 values as amax scaling hands them to the rounding: random bit patterns of magnitude up to
+    448·(1 + 2^-22) (every exponent down to the subnormals), both signs, and the rounding boundaries."""
+    gen = torch.Generator().manual_seed(1)
+    bits = torch.randint(0, 0x43E00001, (count,), generator=gen, dtype=torch.int64).to(torch.int32)
+    edges = torch.tensor([448.0, 448.0 * (1 + 2.0**-22), 2.0**-6, 2.0**-6 * 0.999, 2.0**-9, 2.0**-10,
+                          3 * 2.0**-10, 5 * 2.0**-11, 2.0**-7, 1e-45, 0.0, 240.0, 232.0, 248.0])
+    v = torch.cat([bits.view(torch.float32), edges])
+    return torch.cat([v, -v]).to(device)
+
+
+def _check_hw_cast(_: str, device: str) -> None:
+    """Raise unless every kernel rounding with the GPU's conversion writes the torch path's bytes."""
+    _check_rounding(True, device)
+
+
+def _check_rounding(hw: bool, device: str, values: int = 1 << 20) -> None:
+    """Raise unless the kernels, rounding by the GPU's conversion (``hw``) or by integer operations, write
+    the torch path's bytes: the cast of :func:`_scaled_fp32_cases` value by value, then the rowwise,
+    both-forms and per-expert checks, with the rounding forced on this thread (``values``: random cases)."""
+    _CAST_MODE.hw = hw
+    try:
+        v = _scaled_fp32_cases(device, values)
+        q = torch.empty(1, 1, v.numel(), dtype=E4M3, device=device)
+        _launch_cast(q, v.view(1, 1, -1), torch.ones(1, 1, device=device), (1, 1, 0))
+        _compare_quantised("fp32 values", (q, v[:1]), (v.to(E4M3).view(1, 1, -1), v[:1]))
+        _check_triton_quantise("quantise", device)
+        _check_fused_rows("rows", device)
+        _check_both("both", device)
+    finally:
+        _CAST_MODE.hw = None
