@@ -13,7 +13,8 @@ with how often a step runs it:
 For each kernel the bench times the launch tiles of ``--sweep`` (``quantize.TILES`` entries) and the current
 ones, checks every variant's bytes and scales against the torch path (a tile that changes a byte is reported,
 never picked), and prints per variant the step's time in that kernel family (Σ calls × time) and its bandwidth
-against a device copy of the same bytes. Bytes counted: the operand read once, the e4m3 outputs and scales
+against a device copy of the same bytes; times are device time with the host ahead
+(``time_host_ahead``). Bytes counted: the operand read once, the e4m3 outputs and scales
 written once — the least any implementation moves.
 
 Usage (GPU): python3 -m bench.fp8_quant_speed --out quant.json
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.kernels.fp8 import quantize
-from executor.microbench.timing import time_op
+from executor.microbench.timing import time_host_ahead
 
 BF16 = torch.bfloat16
 M, H, F, G, TOKENS, QKV = 8192, 4096, 14336, 8, 4096, 6144  # routed rows, hidden, ffn, experts, tokens, q+k+v
@@ -120,6 +121,12 @@ def _equal(got, want: list) -> bool:
 INTEGER_ROUNDING = "integer rounding"  # a variant: the current tiles, rounding by integer ops (not the GPU's cvt)
 
 
+def _device_seconds(op, dev: torch.device, calls: int | None) -> float:
+    """Device seconds of one call with the host ahead, as in a step (the small operands' launches take the
+    host longer than the GPU their kernels: wall clock would time the host)."""
+    return time_host_ahead(op, dev, calls=calls or 8, windows=3).seconds
+
+
 def variants(family: str) -> list:
     """The TILES overrides tried for ``family``: the current tiles first, then the same with the integer
     rounding, then each swept value of one key."""
@@ -135,7 +142,7 @@ def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both
     data = [(case, t, _groups(t.shape[0], dev) if case.family == "groups" else None)
             for case in CASES if case.family in families for t in [_operand(case, dev, scale)]]
     biggest = max((t for _, t, _ in data), key=torch.Tensor.numel)
-    copy_s = time_op(lambda: torch.empty_like(biggest).copy_(biggest), dev, iters=iters)
+    copy_s = _device_seconds(lambda: torch.empty_like(biggest).copy_(biggest), dev, iters)
     res["copy_GBps"] = 2 * biggest.numel() * 2 / copy_s / 1e9
     for family in families:
         cases = [(c, t, g) for c, t, g in data if c.family == family]
@@ -152,7 +159,7 @@ def measure(dev: torch.device, scale: int = 1, families=("rows", "groups", "both
                 for (case, t, groups), want in zip(cases, refs):
                     run = _runner(case, t, groups)
                     same = _equal(run(), want)
-                    s = time_op(run, dev, iters=iters)
+                    s = _device_seconds(run, dev, iters)
                     per_case[case.name] = {"s": s, "equal": same,
                                            "GBps": _bytes_moved(case, t, groups) / s / 1e9}
                 step = sum(c.calls * per_case[c.name]["s"] for c, _, _ in cases)

@@ -340,12 +340,12 @@ def _rows_flat(x: torch.Tensor) -> bool:
 # bench/fp8_quant_speed.py can sweep them on a GPU (docs/benchmarks.md has its sweep).
 TILES: dict[str, tuple[int, ...]] = {
     "rows": (8, 512, 4),  # _rows_kernel: 8 rows, the row in 512-column chunks (rows too long to hold)
-    "rows_whole": (16384, 64),  # _rows_whole_kernel: elements a program holds at least (whole rows), per thread
+    "rows_whole": (8192, 16),  # _rows_whole_kernel: elements a program holds at least (whole rows), per thread
     "cast_along": (16, 256, 4),  # _cast_kernel where operand and output both run along the row
     "cast_across": (64, 64, 4),  # _cast_kernel where one of them runs along R (a transposed read or write)
-    "both_amax": (128, 128, 8),  # _both_amax_kernel (also the column amax of a transposed view)
+    "both_amax": (256, 64, 8),  # _both_amax_kernel (also the column amax of a transposed view)
     "both_cast": (64, 64, 4),  # _both_cast_kernel: the transposed write needs a square-ish tile
-    "group_amax": (32, 128, 4, 2048),  # _group_amax_kernel: rows per slab, columns, warps; programs at most
+    "group_amax": (128, 128, 8, 8192),  # _group_amax_kernel: rows per slab, columns, warps; programs at most
 }
 ROWS_WHOLE_MAX = 32768  # the longest row (padded to a power of two) _rows_whole_kernel holds in registers
 ROWS_BLOCK = TILES["rows"][:2]
