@@ -13,8 +13,8 @@ Parts (``--parts agree,speed,profile``, all by default):
   quantisation, no weight cache: the code before the Triton quantisation and the cache,
   FOLDTUNE_FP8_TRITON=0 FOLDTUNE_FP8_WEIGHT_CACHE=0), ``fp8_uncached`` (Triton quantisation, weights
   quantised on every call: what a step of one micro-batch pays), ``fp8`` (Triton and the weight cache,
-  which in this loop serves every call: a later micro-batch of a step) and ``fp8_bf16_wgrad`` (``fp8``
-  with FOLDTUNE_FP8_WGRAD=bf16); plus each quantisation alone by the torch ops, by Triton (one kernel for
+  which in this loop serves every call: a later micro-batch of a step) and ``fp8_fp8_wgrad`` (``fp8``
+  with FOLDTUNE_FP8_WGRAD=fp8: the expert wgrad in fp8 too; the default runs it in bf16); plus each quantisation alone by the torch ops, by Triton (one kernel for
   row-contiguous operands) and by Triton's two-pass path (torch's amax, then the Triton cast), both forms of
   w13 and of the dense dy as two rowwise quantisations against one ``quantize_both``, the w13
   forward GEMM alone (bf16 vs fp8 on quantised operands), and the FFN fwd+bwd at 1, 2 and 4 times the rows;
@@ -57,7 +57,7 @@ VARIANTS = (("bf16", "torch", {}),
             ("fp8_torch_quant", "torch-fp8", {"FOLDTUNE_FP8_TRITON": "0", "FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
             ("fp8_uncached", "torch-fp8", {"FOLDTUNE_FP8_WEIGHT_CACHE": "0"}),
             ("fp8", "torch-fp8", {}),
-            ("fp8_bf16_wgrad", "torch-fp8", {"FOLDTUNE_FP8_WGRAD": "bf16"}))
+            ("fp8_fp8_wgrad", "torch-fp8", {"FOLDTUNE_FP8_WGRAD": "fp8"}))
 QUANTISERS = {"torch": {"rowwise": lambda t, _: quantize._quantize_rowwise_torch(t),
                         "groups": quantize._quantize_groups_colwise_torch},
               "triton": {"rowwise": lambda t, _: quantize._quantize_rowwise_triton(t),

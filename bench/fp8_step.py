@@ -6,8 +6,8 @@ batches for ``--steps`` steps (50 by default), then profiles two more steps with
 
 Runs (``--runs``; the first three are the default): ``bf16``, ``fp8``, ``fp8_fast_accum`` (fp8 with
 FOLDTUNE_FP8_FAST_ACCUM=1: the forward GEMMs' fast accumulation, Transformer Engine's recipe; off by default
-until this run shows its losses within the bar), ``fp8_bf16_wgrad`` (fp8 with FOLDTUNE_FP8_WGRAD=bf16: the
-expert wgrad in bf16, its two per-expert quantisations saved), and two controls for a loss drift: ``fp8_emulated`` (the
+until this run shows its losses within the bar), ``fp8_fp8_wgrad`` (fp8 with FOLDTUNE_FP8_WGRAD=fp8: the
+expert wgrad in fp8 too, with its two per-expert quantisations; the default runs it in bf16), and two controls for a loss drift: ``fp8_emulated`` (the
 CPU path on the GPU: torch quantisation, GEMMs dequantised to fp32; no speed claim), against which each
 fp8 run's losses are also compared (a kernel fault shows as fp8 drifting from it; e4m3 rounding itself as
 the two agreeing), and ``bf16_torch_ce`` (bf16 with the unfused torch cross-entropy: only the fp32
@@ -64,7 +64,7 @@ BAR_SPEEDUP = 1.25  # fp8 tokens/s over bf16's
 # control that tells a kernel fault (fp8 drifts from fp8_emulated) from e4m3 rounding itself (they agree)
 RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "fp8_fast_accum": ("fp8", {"FOLDTUNE_FP8_FAST_ACCUM": "1"}),
-        "fp8_bf16_wgrad": ("fp8", {"FOLDTUNE_FP8_WGRAD": "bf16"}),
+        "fp8_fp8_wgrad": ("fp8", {"FOLDTUNE_FP8_WGRAD": "fp8"}),
         "fp8_emulated": ("fp8", {"FOLDTUNE_FP8_KERNELS": "0", "FOLDTUNE_FP8_TRITON": "0"}),
         "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"})}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower

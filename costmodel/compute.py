@@ -192,11 +192,14 @@ def _shape_efficiency(curves: tuple[tuple[float, MeasuredCurve], ...], weights: 
 
 
 def grouped_gemm_fwd_bwd(rates: ComputeRates, num_groups: int, tokens_per_group: float, n: int,
-                         k: int) -> tuple[float, float]:
-    """(forward, backward) seconds of a grouped linear layer; backward = dgrad + wgrad grouped GEMMs."""
+                         k: int, wgrad_rates: ComputeRates | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of a grouped linear layer; backward = dgrad + wgrad grouped GEMMs, the
+    wgrad at ``wgrad_rates`` where given (fp8 training runs the expert wgrad in bf16 by default)."""
     fwd = grouped_gemm_time(rates, num_groups, tokens_per_group, n, k)
     # dgrad has the forward's shape transposed (same t); wgrad reduces over t: both priced at t.
-    return fwd, 2.0 * grouped_gemm_time(rates, num_groups, tokens_per_group, k, n)
+    dgrad = grouped_gemm_time(rates, num_groups, tokens_per_group, k, n)
+    wgrad = dgrad if wgrad_rates is None else grouped_gemm_time(wgrad_rates, num_groups, tokens_per_group, k, n)
+    return fwd, dgrad + wgrad
 
 
 def attention_efficiency(rates: ComputeRates, key_length: float, mla: bool = False) -> tuple[float, float]:

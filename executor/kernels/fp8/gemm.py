@@ -10,8 +10,11 @@ the experts are its 2D×3D form (scales [M] and [G, N]). The expert wgrad is its
 the contraction dim (the tokens), with scales per (group, row of A) and (group, row of B); that kernel
 needs every group's token count a positive multiple of 16, so the rows are copied into a layout where
 each group is padded with zero rows to such a count (an empty expert gets 16 zero rows: a zero
-gradient), which leaves amax and products unchanged. FOLDTUNE_FP8_WGRAD=bf16 runs the expert wgrad as a
-bf16 ``torch._grouped_mm`` instead (no quantisation passes over the two largest operands).
+gradient), which leaves amax and products unchanged. That fp8 wgrad is opt-in (FOLDTUNE_FP8_WGRAD=fp8): by
+default the expert wgrad runs as a bf16 ``torch._grouped_mm``, which on an H100 (2026-11-27, the Mixtral
+proxy of bench/fp8_step.py) stepped faster — the 2D×2D fp8 kernel ran only ~1.1× the bf16 one and its two
+per-expert quantisations over the largest operands cost more than that saved — and leaves the weight
+gradient unquantised.
 (The padded layout is :class:`executor.kernels.fp8.quantize.PaddedGroups`.)
 
 Emulation (``kernel=False``): the same quantisation, then dequantise, matmul in fp32, round to bf16 — the
@@ -258,7 +261,8 @@ def _bf16_grouped_wgrad(dy_MN: torch.Tensor, x_MK: torch.Tensor, offs_G: torch.T
 
 
 def fp8_wgrad() -> bool:
-    return os.environ.get("FOLDTUNE_FP8_WGRAD", "fp8") != "bf16"
+    """Whether the expert wgrad runs in fp8 (FOLDTUNE_FP8_WGRAD=fp8) rather than bf16 (the default)."""
+    return os.environ.get("FOLDTUNE_FP8_WGRAD", "bf16") == "fp8"
 
 
 class _GroupedMM(torch.autograd.Function):
