@@ -59,7 +59,14 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from executor.kernels.aliasing import register_written_through_buffer
 from executor.parallel.collectives import all_gather_tensor, all_gather_nograd
-from executor.parallel.grad_reduce import GradReducer, grad_or_zeros, attach_main_grads, padded_numel
+from executor.parallel.grad_reduce import (
+    GradReducer,
+    attach_main_grads,
+    grad_or_zeros,
+    mark_main_grads_stale,
+    padded_numel,
+    settle_main_grads,
+)
 from executor.parallel.groups import Group
 
 # attach_main_grads: re-exported
@@ -289,10 +296,6 @@ class MixedPrecisionAdam:
         covered = sum(len(u.params) for u in self.units)
         if covered != len(self.params):
             raise RuntimeError(f"optimizer units cover {covered} of {len(self.params)} parameters")
-        self._buffers = [buffer for _, buffer in reducer.buckets if buffer is not None]
-        buffered = {id(p) for bucket, buffer in reducer.buckets if buffer is not None for p in bucket}
-        self._loose_main_grads = [p.main_grad for p in self.params
-                                  if id(p) not in buffered and getattr(p, "main_grad", None) is not None]
         self._overlapped: list[_Unit] = []  # in launch order
         self._outstanding = 0  # units whose gather is launched and not yet waited for
         if sharded and overlap_param_gather:
@@ -367,19 +370,18 @@ class MixedPrecisionAdam:
         return sum(3 * u.host_numel * 4 for u in self._host_units)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Free ``.grad`` (always set to None, as torch's default) and zero the fp32 main gradients: one fill
-        per gradient buffer, then any main grad of its own (attached without a buffer)."""
+        """Free ``.grad`` (always set to None, as torch's default) and start the fp32 main gradients afresh:
+        marked stale rather than zero-filled (:func:`executor.parallel.grad_reduce.mark_main_grads_stale`: the
+        step's first gradient is written into each, and the reducer zeroes any that got none before reading)."""
         for p in self.params:
             p.grad = None
-        for buffer in self._buffers:
-            buffer.zero_()
-        for main in self._loose_main_grads:
-            main.zero_()
+        mark_main_grads_stale(self.params)
 
     @torch.no_grad()
     def step(self) -> None:
         """One AdamW update of every unit, then its parameters: written back (gathered synchronously), or
         with overlap_param_gather the overlapped units' all-gathers started and left pending."""
+        settle_main_grads(self.params)  # a no-op after the reducer ran; else untouched main grads read as zeros
         self.finish_param_gather()  # a unit is never updated while its previous gather is pending
         self.step_count += 1
         beta1, beta2 = self.betas

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from executor.optimizer import finish_param_gather
+from executor.parallel.grad_reduce import settle_main_grads
 from executor.parallel.groups import Group, ParallelState
 
 _CPU_INIT_LIMIT = 2**24  # elements
@@ -109,6 +110,8 @@ def gather_model(model: torch.nn.Module, state: ParallelState, grads: bool = Fal
     The copies of a ``pp_shared`` parameter (first and last stage) must be equal: a later stage's copy that
     differs comes back under ``name@pp{stage}``, so a comparison with the reference names it."""
     finish_param_gather(model)  # overlapped parameter all-gathers still writing the parameters
+    if grads:
+        settle_main_grads(list(model.parameters()))  # main grads no backward wrote since the step began
     out = {}
     for param in model.parameters():
         info: ShardInfo = param.shard_info

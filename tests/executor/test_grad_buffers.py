@@ -19,7 +19,8 @@ from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.optimizer import attach_main_grads
 from executor.options import ExecutorOptions
-from executor.parallel.grad_reduce import GradReducer
+from executor.parallel import grad_reduce
+from executor.parallel.grad_reduce import GradReducer, mark_main_grads_stale, settle_main_grads
 from executor.parallel.groups import build_parallel_state, single_process_state
 from executor.train_step import Trainer
 
@@ -106,7 +107,7 @@ def test_main_grads_are_views_of_bucket_buffers_and_the_size_one_shard_is_the_bu
     assert sum(held.values()) == 4 * sum(p.numel() for p in params)
 
 
-def test_unsharded_units_read_the_buffers_and_zero_grad_fills_them():
+def test_unsharded_units_read_the_buffers_and_the_reduction_zeroes_main_grads_no_backward_wrote():
     config = ParallelConfig(world_size=1, use_distributed_optimizer=False)
     model = MoEGPT(TINY, single_process_state(config), ExecutorOptions(), 16, dtype=torch.bfloat16)
     trainer = Trainer(model, bucket_mb=BUCKET_MB)
@@ -118,9 +119,55 @@ def test_unsharded_units_read_the_buffers_and_zero_grad_fills_them():
     losses = [trainer.step(micro_batches(batch, 1, 0, 1)).loss for _ in range(3)]
     assert losses[-1] < losses[0]
     assert any(float(b.abs().sum()) > 0 for _, b in trainer.reducer.buckets)
-    trainer.optimizer.zero_grad()
+    trainer.optimizer.zero_grad()  # marks them stale: no fill until something reads them
+    assert any(float(b.abs().sum()) > 0 for _, b in trainer.reducer.buckets)
+    trainer.reducer.reduce()  # a step whose backward wrote none of them
     assert all(float(b.abs().sum()) == 0 for _, b in trainer.reducer.buckets)
     assert _layout_checks(trainer.reducer) == []  # zeroed in place, still views
+
+
+def test_a_steps_first_gradient_is_written_over_stale_main_grads_and_unwritten_ones_read_zero():
+    """After zero_grad the buffers keep the last step's values: the first accumulation copies the gradient
+    (not stale + g), the next adds, and settling zeroes the main grads no gradient reached."""
+    p1, p2 = (torch.nn.Parameter(torch.zeros(3, 4, dtype=torch.bfloat16)) for _ in range(2))
+    buffer = torch.full((24,), 7.0)
+    attach_main_grads([p1, p2], buffer)
+    mark_main_grads_stale([p1, p2])
+    g1, g2 = torch.randn(3, 4).to(torch.bfloat16), torch.randn(3, 4).to(torch.bfloat16)
+    p1.grad = g1
+    grad_reduce._accumulate(p1)
+    assert torch.equal(p1.main_grad, g1.float()) and p1.grad is None
+    p1.grad = g2
+    grad_reduce._accumulate(p1)
+    assert torch.equal(p1.main_grad, g1.float() + g2.float())
+    assert torch.equal(p2.main_grad, torch.full((3, 4), 7.0))  # not read yet: still the old values
+    settle_main_grads([p1, p2])
+    assert torch.equal(p2.main_grad, torch.zeros(3, 4)) and torch.equal(p1.main_grad, g1.float() + g2.float())
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_training_without_the_fill_is_bitwise_the_fill_and_add(sharded):
+    """Three steps of two micro-batches: parameters and losses equal, bit for bit, to the same training with
+    every main grad zero-filled before each step's backward (the accumulation as it was)."""
+    results = []
+    for fill in (False, True):
+        config = ParallelConfig(world_size=1, use_distributed_optimizer=sharded)
+        model = MoEGPT(TINY, single_process_state(config), ExecutorOptions(), 16, dtype=torch.bfloat16)
+        trainer = Trainer(model, bucket_mb=BUCKET_MB)
+        if fill:
+            marked = trainer.optimizer.zero_grad
+
+            def zero_grad(marked=marked, params=trainer.optimizer.params):
+                marked()
+                settle_main_grads(params)  # every main grad zero-filled, as before
+
+            trainer.optimizer.zero_grad = zero_grad
+        batch = global_batch(TINY.vocab_size, 16, 4, 0, 0)
+        losses = [trainer.step(micro_batches(batch, 2, 0, 1)).loss for _ in range(3)]
+        results.append((losses, [p.detach().clone() for p in model.parameters()]))
+    (losses, params), (want_losses, want_params) = results
+    assert losses == want_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, want_params))
 
 
 def test_fp32_parameters_keep_grad_as_their_main_gradient():
