@@ -12,7 +12,9 @@ Numerics are torch's exactly: the 16-bit value is widened to fp32 (exact) and ad
 round-to-nearest, which is what ``add_`` does (alpha = 1 multiplies exactly); the first-use check asserts the
 two agree bit for bit. Offsets are 64-bit, so buffers of more than 2^31 elements are fine. The body runs
 unmasked (whole blocks) and only the last partial block masked, so odd sizes keep the wide accesses.
-Set FOLDTUNE_FUSED_GRAD_ACCUM=0 to use torch's ``add_`` on CUDA too.
+Its copy mode writes a step's first gradient (``main = grad`` widened, 6 bytes an element) instead of
+adding it to a zero-filled buffer (:func:`copy_main_grad_`). Set FOLDTUNE_FUSED_GRAD_ACCUM=0 to use torch's
+``add_`` / ``copy_`` on CUDA too.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ if triton is not None:
 
     @triton.jit
     def _accumulate_kernel(main_ptr, grad_ptr, start, n, BLOCK: tl.constexpr, VEC: tl.constexpr,
-                           MASKED: tl.constexpr):
+                           MASKED: tl.constexpr, COPY: tl.constexpr = False):
         # Program i covers elements [start + i·BLOCK, start + (i+1)·BLOCK); 64-bit, as n may pass 2^31.
+        # COPY: main = grad widened (a step's first gradient: 6 bytes an element, main not read)
         if VEC == 0:
             local = tl.arange(0, BLOCK)
         else:
@@ -72,27 +75,31 @@ if triton is not None:
         offs = start + tl.program_id(0).to(tl.int64) * BLOCK + local
         if MASKED:
             mask = offs < n
-            g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
-            m = tl.load(main_ptr + offs, mask=mask, other=0.0)
-            tl.store(main_ptr + offs, m + g.to(tl.float32), mask=mask)
+            g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if not COPY:
+                g += tl.load(main_ptr + offs, mask=mask, other=0.0)
+            tl.store(main_ptr + offs, g, mask=mask)
         else:
             # Every element is read once: evict_first keeps the streams from flushing the L2.
-            g = tl.load(grad_ptr + offs, eviction_policy="evict_first")
-            m = tl.load(main_ptr + offs, eviction_policy="evict_first")
-            tl.store(main_ptr + offs, m + g.to(tl.float32), eviction_policy="evict_first")
+            g = tl.load(grad_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+            if not COPY:
+                g += tl.load(main_ptr + offs, eviction_policy="evict_first")
+            tl.store(main_ptr + offs, g, eviction_policy="evict_first")
 
 
 def accumulate_(main: torch.Tensor, grad: torch.Tensor, block: int = BLOCK, vec: int = VEC,
-                num_warps: int = NUM_WARPS) -> torch.Tensor:
-    """``main += grad`` in place through the Triton kernel: ``main`` contiguous fp32, ``grad`` contiguous
-    bf16/fp16 of the same shape (callers check :func:`available`). Returns ``main``. ``block``, ``vec``
-    (0: a flat block) and ``num_warps`` are for the benchmark's sweep; ``block`` a power of two ≥ ``vec``."""
+                num_warps: int = NUM_WARPS, copy: bool = False) -> torch.Tensor:
+    """``main += grad`` in place through the Triton kernel (``copy``: ``main = grad`` widened): ``main``
+    contiguous fp32, ``grad`` contiguous bf16/fp16 of the same shape (callers check :func:`available`).
+    Returns ``main``. ``block``, ``vec`` (0: a flat block) and ``num_warps`` are for the benchmark's sweep;
+    ``block`` a power of two ≥ ``vec``."""
     n = main.numel()
     full = n // block
     if full:  # whole blocks, unmasked
-        _accumulate_kernel[(full,)](main, grad, 0, n, BLOCK=block, VEC=vec, MASKED=False, num_warps=num_warps)
+        _accumulate_kernel[(full,)](main, grad, 0, n, BLOCK=block, VEC=vec, MASKED=False, COPY=copy,
+                                    num_warps=num_warps)
     if n > full * block:  # the last partial block
-        _accumulate_kernel[(1,)](main, grad, full * block, n, BLOCK=block, VEC=vec, MASKED=True,
+        _accumulate_kernel[(1,)](main, grad, full * block, n, BLOCK=block, VEC=vec, MASKED=True, COPY=copy,
                                  num_warps=num_warps)
     return main
 
@@ -120,12 +127,12 @@ def _check_against_torch(dtype: torch.dtype, device: str) -> None:
                                  -2.0 ** -23, 2.0 ** -23], device=device).to(dtype)
     main[: special_main.numel()] = special_main
     grad[: special_grad.numel()] = special_grad
-    want = main.clone().add_(grad)
-    got = accumulate_(main.clone(), grad)
-    if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
-        bad = (got.view(torch.int32) != want.view(torch.int32)).nonzero()[:4].flatten().tolist()
-        raise AssertionError(f"fused grad accumulation differs from torch's add_ at {bad}: "
-                             f"{got[bad].tolist()} vs {want[bad].tolist()}")
+    for copy, want in ((False, main.clone().add_(grad)), (True, main.clone().copy_(grad))):
+        got = accumulate_(main.clone(), grad, copy=copy)
+        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+            bad = (got.view(torch.int32) != want.view(torch.int32)).nonzero()[:4].flatten().tolist()
+            raise AssertionError(f"fused grad {'copy' if copy else 'accumulation'} differs from torch's "
+                                 f"{'copy_' if copy else 'add_'} at {bad}: {got[bad].tolist()} vs {want[bad].tolist()}")
 
 
 def checked(dtype: torch.dtype, device: torch.device) -> bool:
@@ -145,3 +152,13 @@ def accumulate_main_grad_(main: torch.Tensor, grad: torch.Tensor) -> None:
         accumulate_(main, grad)
     else:
         main.add_(grad)
+
+
+def copy_main_grad_(main: torch.Tensor, grad: torch.Tensor) -> None:
+    """``main = grad`` widened to fp32 (a step's first gradient): the Triton kernel in copy mode where
+    :func:`usable`, else torch's ``copy_``, whose mixed-dtype path is the non-vectorised kernel (1.8 TB/s on
+    an H100, bench/results/issue19/h100-2125)."""
+    if main.numel() >= MIN_KERNEL_ELEMENTS and usable(main, grad):
+        accumulate_(main, grad, copy=True)
+    else:
+        main.copy_(grad)

@@ -20,6 +20,9 @@ parameter's ``main_grad`` is a view into it, in bucket order. The bucket is then
 all-reduce runs in place on the buffer, the reduce-scatter reads the buffer into the bucket's 1/size shard
 (allocated once, then rewritten every step), and over a group of one the shard *is* the buffer. fp32 parameters keep ``.grad`` as their main gradient; their
 buckets (and the TP-only bucket of ``tp_partial`` parameters) are still flattened into a copy per reduction.
+The buffers are not zero-filled between steps: the optimizer's ``zero_grad`` marks every main grad stale, the
+step's first gradient is then written into it (:func:`mark_main_grads_stale`), and :meth:`GradReducer.reduce`
+zeroes those no backward reached before anything reads them (:func:`settle_main_grads`).
 
 With ``overlap`` (ParallelConfig.overlap_grad_reduce), :meth:`GradReducer.arm` before the last micro-batch's
 backward makes each DP/EDP bucket start an asynchronous all-reduce as soon as all its gradients are final;
@@ -43,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from executor.kernels.triton_grad_accumulate import accumulate_main_grad_
+from executor.kernels.triton_grad_accumulate import accumulate_main_grad_, copy_main_grad_
 from executor.parallel.collectives import reduce_scatter_tensor, all_gather_nograd, all_reduce_
 from executor.parallel.groups import EMBEDDING_GROUP, Group, ParallelState
 
@@ -70,7 +73,7 @@ def _accumulate(param: torch.nn.Parameter) -> None:
     if getattr(param, "_main_grad_stale", False):
         # the step's first gradient: written, not added to a zero-filled buffer (no fill, no fp32 read;
         # 0 + g is g exactly, so the sums are bitwise those of the fill-and-add)
-        param.main_grad.copy_(param.grad)
+        copy_main_grad_(param.main_grad, param.grad)
         param._main_grad_stale = False
     else:
         # main_grad += grad: the vectorised Triton kernel on CUDA (bitwise torch's add_, checked on first use),

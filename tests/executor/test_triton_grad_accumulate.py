@@ -46,6 +46,9 @@ def test_inner_kernel_equals_torch_add_bit_for_bit(n, dtype):
     assert acc.accumulate_(got, grad) is got  # in place
     assert torch.equal(_bits(got), _bits(want))
     assert not torch.equal(_bits(got), _bits(main))  # it did add
+    copied = main.clone()
+    assert acc.accumulate_(copied, grad, copy=True) is copied  # copy mode: the gradient widened, main not read
+    assert torch.equal(_bits(copied), _bits(grad.float()))
 
 
 @inner_only
@@ -79,30 +82,38 @@ def test_inner_kernel_works_on_a_main_grad_view_of_a_bucket_buffer():
     assert buffer[:3].eq(7.0).all() and buffer[3 + p.numel():].eq(0.0).all()
 
 
-def _flush_subnormals(main, grad):  # a kernel built with flush-to-zero
-    main.add_(grad)
+def _torch(main, grad, copy=False):
+    return main.copy_(grad) if copy else main.add_(grad)
+
+
+def _flush_subnormals(main, grad, copy=False):  # a kernel built with flush-to-zero
+    _torch(main, grad, copy)
     main[main.abs() < torch.finfo(torch.float32).tiny] = 0.0
     return main
 
 
-def _bf16_sum(main, grad):  # a kernel that adds in the gradient's precision
-    main.copy_((main.to(grad.dtype) + grad).float())
+def _bf16_sum(main, grad, copy=False):  # a kernel that adds in the gradient's precision
+    main.copy_(grad.float() if copy else (main.to(grad.dtype) + grad).float())
     return main
 
 
-def _last_element_skipped(main, grad):  # a tail mask one element short
-    main[:-1].add_(grad[:-1])
+def _last_element_skipped(main, grad, copy=False):  # a tail mask one element short
+    _torch(main[:-1], grad[:-1], copy)
     return main
 
 
-@pytest.mark.parametrize("wrong", [_flush_subnormals, _bf16_sum, _last_element_skipped])
+def _copy_adds(main, grad, copy=False):  # copy mode still reading (adding) the old main gradient
+    return main.add_(grad)
+
+
+@pytest.mark.parametrize("wrong", [_flush_subnormals, _bf16_sum, _last_element_skipped, _copy_adds])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_first_use_check_rejects_a_kernel_that_differs_in_any_bit(monkeypatch, wrong, dtype):
     monkeypatch.setattr(acc, "accumulate_", wrong)
     with pytest.raises(AssertionError, match="differs from torch"):
         acc._check_against_torch(dtype, "cpu")
     # the torch path itself passes the same check (the check is not failing everything)
-    monkeypatch.setattr(acc, "accumulate_", lambda main, grad: main.add_(grad))
+    monkeypatch.setattr(acc, "accumulate_", _torch)
     acc._check_against_torch(dtype, "cpu")
 
 
@@ -159,7 +170,7 @@ def test_available_refuses_what_the_kernel_does_not_take(monkeypatch):
     assert not acc.available(main, grad)
 
 
-def _sm90_ptx(vec: int, grad_type: str) -> tuple[str, int]:
+def _sm90_ptx(vec: int, grad_type: str, copy: bool = False) -> tuple[str, int]:
     """The unmasked body's PTX for an H100/H200 (sm90) and its shared memory bytes; compiled here, no GPU."""
     triton = pytest.importorskip("triton")
     compiler = pytest.importorskip("triton.compiler")
@@ -169,8 +180,8 @@ def _sm90_ptx(vec: int, grad_type: str) -> tuple[str, int]:
     src = compiler.ASTSource(
         fn=acc._accumulate_kernel,
         signature={"main_ptr": "*fp32", "grad_ptr": grad_type, "start": "i64", "n": "i64", "BLOCK": "constexpr",
-                   "VEC": "constexpr", "MASKED": "constexpr"},
-        constexprs={"BLOCK": acc.BLOCK, "VEC": vec, "MASKED": False},
+                   "VEC": "constexpr", "MASKED": "constexpr", "COPY": "constexpr"},
+        constexprs={"BLOCK": acc.BLOCK, "VEC": vec, "MASKED": False, "COPY": copy},
         attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]})
     kernel = triton.compile(src, target=backends.GPUTarget("cuda", 90, 32), options={"num_warps": acc.NUM_WARPS})
     return kernel.asm["ptx"], kernel.metadata.shared
@@ -190,6 +201,16 @@ def test_sm90_body_is_vectorised_without_shared_memory(grad_type, convert):
     adds = re.findall(r"\badd(?:\.\w+)*\.f32\b", ptx)
     assert adds and all(a == "add.f32" for a in adds), set(adds)
     assert ptx.count(convert) == acc.BLOCK // (32 * acc.NUM_WARPS)  # one widening per element of a thread
+
+
+def test_sm90_copy_mode_reads_only_the_gradient():
+    """A step's first gradient: 8-byte 16-bit loads, 16-byte fp32 stores, no fp32 load and no add."""
+    ptx, shared = _sm90_ptx(acc.VEC, "*bf16", copy=True)
+    accesses = set(re.findall(r"(?:ld|st)\.global[\w.:]*", ptx))
+    assert shared == 0 and "bar.sync" not in ptx
+    assert {a.rsplit(".", 2)[-2:][0] for a in accesses if a.startswith("ld.global")} == {"v2"}, accesses
+    assert any(a.startswith("st.global") and a.endswith(".v4.b32") for a in accesses), accesses
+    assert not re.findall(r"\badd(?:\.\w+)*\.f32\b", ptx)
 
 
 def test_sm90_flat_block_goes_through_shared_memory():
