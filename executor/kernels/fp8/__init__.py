@@ -53,10 +53,8 @@ from executor.kernels.fp8.quantize import (
     E4M3,
     E4M3_MAX,
     FP32_TINY,
-    GROUP_AMAX_BLOCK,
-    GROUP_AMAX_PROGRAMS,
     INV_E4M3_MAX,
-    ROWS_BLOCK,
+    TILES,
     PaddedGroups,
     dequantize,
     padded_groups,
@@ -67,8 +65,7 @@ from executor.kernels.fp8.weight_cache import (clear_weight_cache, quantized_wei
                                                weight_cache_enabled, weight_counts)
 
 __all__ = [
-    "ALIGN", "E4M3", "E4M3_MAX", "FP32_TINY", "GROUP_AMAX_BLOCK", "GROUP_AMAX_PROGRAMS", "INV_E4M3_MAX", "OUT",
-    "ROWS_BLOCK", "PaddedGroups", "TorchFp8Backend", "clear_weight_cache", "dequantize", "emulation_reason",
+    "ALIGN", "E4M3", "E4M3_MAX", "FP32_TINY", "INV_E4M3_MAX", "OUT", "TILES", "PaddedGroups", "TorchFp8Backend", "clear_weight_cache", "dequantize", "emulation_reason",
     "fp8_wgrad", "gemm_counts", "grouped_mm", "kernels_ok", "linear", "padded_groups", "quantize_groups_colwise",
     "reset_gemm_counts", "reset_weight_counts",
     "quantize_rowwise", "quantized_weight", "scaled_grouped_nt", "scaled_grouped_wgrad", "scaled_mm_nt",

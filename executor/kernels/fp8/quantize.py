@@ -231,8 +231,8 @@ if triton is not None:
     def _rows_whole_kernel(x_ptr, q_ptr, scale_ptr, R, C, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HW: tl.constexpr):
         # rowwise quantisation of BLOCK_R whole rows (BLOCK_C >= C) held in registers: one read of x, where
-        # _rows_kernel reads each row twice (its second read misses L2 once rows are long: 28672 columns
-        # of 8 rows a program are 459 KB, times the programs in flight)
+        # _rows_kernel reads each row twice (the second read is in L2 only while the programs in flight hold
+        # less than it; 8 rows of 28672 columns are 459 KB a program)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_C)
         mask = (rows < R)[:, None] & (cols < C)[None, :]
@@ -345,10 +345,10 @@ TILES: dict[str, tuple[int, ...]] = {
     "cast_across": (64, 64, 4),  # _cast_kernel where one of them runs along R (a transposed read or write)
     "both_amax": (256, 64, 8),  # _both_amax_kernel (also the column amax of a transposed view)
     "both_cast": (64, 64, 4),  # _both_cast_kernel: the transposed write needs a square-ish tile
-    "group_amax": (128, 128, 8, 8192),  # _group_amax_kernel: rows per slab, columns, warps; programs at most
+    # _group_amax_kernel: rows per slab, columns, warps; at most this many programs (an H100 has 132 SMs)
+    "group_amax": (128, 128, 8, 8192),
 }
 ROWS_WHOLE_MAX = 32768  # the longest row (padded to a power of two) _rows_whole_kernel holds in registers
-ROWS_BLOCK = TILES["rows"][:2]
 
 
 def _quantize_rows_fused(x: torch.Tensor, whole: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -412,8 +412,6 @@ def _quantize_rowwise_two_pass(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return q, scale
 
 
-GROUP_AMAX_BLOCK = TILES["group_amax"][:2]
-GROUP_AMAX_PROGRAMS = TILES["group_amax"][3]  # enough programs to fill an H100 (132 SMs) several times over
 
 
 def _quantize_groups_colwise_triton(x_MC: torch.Tensor, groups: PaddedGroups) -> tuple[torch.Tensor, torch.Tensor]:
