@@ -3,6 +3,8 @@ tokens/s, the ratio, the loss difference and a top-10 table."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -10,10 +12,21 @@ import pytest
 from bench import fp8_step
 
 
-def test_tiny_mode_compares_bf16_and_fp8_steps(tmp_path, capsys):
-    out = tmp_path / "fp8_step.json"
-    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16,fp8", "--out", str(out)]) == 0
-    res = json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def four_runs(tmp_path_factory):
+    """(the report, what it printed) of one tiny bench of bf16, fp8 and both controls: each run is a fresh
+    process of several seconds, so the tests of this module read the same report."""
+    out = tmp_path_factory.mktemp("fp8_step") / "fp8_step.json"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs",
+                              "bf16,fp8,fp8_emulated,bf16_torch_ce", "--out", str(out)])
+    assert code == 0
+    return json.loads(out.read_text()), printed.getvalue()
+
+
+def test_tiny_mode_compares_bf16_and_fp8_steps(four_runs):
+    res, printed = four_runs
     bf16, fp8 = res["bf16"], res["fp8"]
     assert len(bf16["losses"]) == len(fp8["losses"]) == 3
     assert fp8["kernel_backend"] == "torch-fp8" and bf16["kernel_backend"] == "torch"
@@ -25,7 +38,7 @@ def test_tiny_mode_compares_bf16_and_fp8_steps(tmp_path, capsys):
     assert cmp["speedup"] == fp8["tokens_per_s"] / bf16["tokens_per_s"]
     assert "fp8_fast_accum" not in res
     assert 0 < len(fp8["top_kernels_per_step"]) <= fp8_step.TOP_KERNELS
-    assert "fp8 / bf16 tokens/s" in capsys.readouterr().out
+    assert "fp8 / bf16 tokens/s" in printed
 
 
 def test_loss_comparisons_hand_worked():
@@ -37,19 +50,16 @@ def test_loss_comparisons_hand_worked():
     assert fp8_step.max_rise([]) == 0.0
 
 
-def test_tiny_mode_controls_equal_their_references_on_cpu(tmp_path, capsys):
+def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
     """On the CPU the fp8 run already is the emulation and the fused cross-entropy does not run, so the
     controls reproduce their references exactly: fp8 against fp8_emulated and bf16_torch_ce against bf16
     differ by 0; ``--lr`` reaches the trainer (a larger rate moves the losses)."""
-    out = tmp_path / "fp8_step.json"
-    runs = "bf16,fp8,fp8_emulated,bf16_torch_ce"
-    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", runs, "--out", str(out)]) == 0
-    res = json.loads(out.read_text())
+    res, printed = four_runs
     assert res["against_emulated"] == {"fp8": 0.0}
     assert res["compare"]["bf16_torch_ce"]["max_rel_loss_diff"] == 0.0
     assert res["fp8_emulated"]["fp8"]["emulated_because"] == "no fp8 GEMM kernels on cpu"
     assert res["compare"]["fp8"]["bf16_max_rise"] == fp8_step.max_rise(res["bf16"]["losses"])
-    assert "fp8 against fp8_emulated: max relative loss difference 0.00e+00" in capsys.readouterr().out
+    assert "fp8 against fp8_emulated: max relative loss difference 0.00e+00" in printed
     fast = tmp_path / "lr.json"
     assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--lr", "3e-2",
                           "--out", str(fast)]) == 0
