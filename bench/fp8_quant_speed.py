@@ -10,14 +10,15 @@ with how often a step runs it:
 - both forms (``quantize_both``): w13 and w2 once a step per layer; the dense linears' x and dy (q/k/v and o
   projections) per layer and micro-batch.
 
-For each kernel the bench times the launch tiles of ``--sweep`` (``quantize.TILES`` entries) and the current
-ones, checks every variant's bytes and scales against the torch path (a tile that changes a byte is reported,
+For each kernel family the bench times the current launch tiles (``quantize.TILES``), the same with the
+integer rounding instead of the GPU's conversion, and each value of :data:`SWEEP` in turn, checks every variant's bytes and scales against the torch path (a tile that changes a byte is reported,
 never picked), and prints per variant the step's time in that kernel family (Σ calls × time) and its bandwidth
 against a device copy of the same bytes; times are device time with the host ahead
 (``time_host_ahead``). Bytes counted: the operand read once, the e4m3 outputs and scales
 written once — the least any implementation moves.
 
 Usage (GPU): python3 -m bench.fp8_quant_speed --out quant.json
+CPU smoke run (Triton's interpreter): TRITON_INTERPRET=1 python3 -m bench.fp8_quant_speed --tiny --families rows
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ SWEEP = {
     "both": {"both_amax": [(64, 256, 8), (256, 64, 8), (256, 128, 8), (64, 128, 4), (128, 256, 8)],
              "both_cast": [(128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 128, 4), (32, 64, 4)]},
 }
-TINY_SCALE = 64  # --tiny divides every dim by this (CPU, Triton's interpreter: the bench's own test)
+TINY_SCALE = 64  # --tiny divides every dim by this (CPU, Triton's interpreter: the bench's smoke test)
 
 
 def _operand(case: Case, dev: torch.device, scale: int) -> torch.Tensor:

@@ -1,6 +1,13 @@
 """bench/fp8_quant_speed.py off the GPU: the variants it tries, the bytes it counts, the equality that keeps a
 tile changing a byte from being picked, and its table."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from bench import fp8_quant_speed as bench
@@ -39,6 +46,24 @@ def test_a_changed_byte_or_scale_is_not_equal():
     (q2, s2), pair = both
     s2[0] *= 2
     assert not bench._equal(((q2, s2), pair), list(quantize._quantize_both_torch(x)))
+
+
+def test_tiny_rows_sweep_runs_in_the_interpreter_and_every_variant_equals_torch(tmp_path):
+    """The bench end to end on CPU (Triton's interpreter, every dim / 64): each rowwise variant timed, checked
+    byte for byte against the torch path, and a best picked among the equal ones."""
+    pytest.importorskip("triton")
+    out = tmp_path / "quant.json"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "bench.fp8_quant_speed", "--tiny", "--families", "rows", "--out",
+                           str(out)], cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = json.loads(out.read_text())
+    rows = res["families"]["rows"]
+    assert len(rows["variants"]) == len(bench.variants("rows"))
+    assert all(r["all_equal"] and r["step_s"] > 0 for r in rows["variants"])
+    assert rows["best"] is not None and res["hw_cast"] is False  # no GPU: the integer rounding
+    assert "rows: ms a step" in done.stdout
 
 
 def test_table_names_the_best_and_flags_a_differing_variant():
