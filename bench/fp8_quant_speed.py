@@ -11,11 +11,12 @@ with how often a step runs it:
   projections) per layer and micro-batch.
 
 For each kernel family the bench times the current launch tiles (``quantize.TILES``), the same with the
-integer rounding instead of the GPU's conversion, and each value of :data:`SWEEP` in turn, checks every variant's bytes and scales against the torch path (a tile that changes a byte is reported,
-never picked), and prints per variant the step's time in that kernel family (Σ calls × time) and its bandwidth
-against a device copy of the same bytes; times are device time with the host ahead
-(``time_host_ahead``). Bytes counted: the operand read once, the e4m3 outputs and scales
-written once — the least any implementation moves.
+integer rounding instead of the GPU's conversion, and each value of :data:`SWEEP` in turn; it checks every
+variant's bytes and scales against the torch path (a tile that changes a byte is reported, never picked) and
+prints per variant the step's time in that family (Σ calls × time) and its bandwidth against a device copy of
+the same bytes. Times are device time with the host ahead (``time_host_ahead``). Bytes counted: the operand
+read once, the e4m3 outputs and scales written once — the least any implementation moves (the both-forms
+kernels read twice).
 
 Usage (GPU): python3 -m bench.fp8_quant_speed --out quant.json
 CPU smoke run (Triton's interpreter): TRITON_INTERPRET=1 python3 -m bench.fp8_quant_speed --tiny --families rows
