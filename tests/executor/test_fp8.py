@@ -16,17 +16,17 @@ for the product) or no quantisation (bf16: < 0.005) fall outside it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 
 from spec.catalog import get_model
 from executor.data import global_batch, micro_batches
-from executor.kernels import fp8, get_backend
+from executor.kernels import first_use, fp8, get_backend
 from executor.kernels.fp8 import gemm, quantize, weight_cache
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
@@ -492,28 +492,16 @@ def test_hardware_rounding_is_off_on_cpu_and_where_its_check_fails(monkeypatch):
 
     monkeypatch.setattr(quantize, "_check_hw_cast", differs)
     monkeypatch.setattr(quantize, "_CHECKED", {})
+    # the real checked_once, whose check thread would enter the CUDA device this machine lacks
+    monkeypatch.setattr(first_use.torch.cuda, "device", lambda _device: contextlib.nullcontext())
     gpu = torch.device("cuda", 0)  # a key only: the patched check touches no device
-    monkeypatch.setattr(quantize, "checked_once",
-                        lambda cache, key, check, what: _checked_off_device(cache, key, check))
-    with pytest.warns(UserWarning, match="hardware e4m3"):
+    with pytest.warns(UserWarning, match="hardware e4m3 conversion off"):
         assert not quantize._hw_cast(gpu)
     assert not quantize._hw_cast(gpu) and calls == [("hw_cast", "cuda:0")]
     monkeypatch.setattr(quantize, "_CHECKED", {("hw_cast", "cuda:0"): True})
     assert quantize._hw_cast(gpu)
     monkeypatch.setenv("FOLDTUNE_FP8_HW_CAST", "0")
     assert not quantize._hw_cast(gpu)
-
-
-def _checked_off_device(cache, key, check):
-    """checked_once's contract without entering a CUDA device context (none on this machine)."""
-    if key not in cache:
-        try:
-            check(*key)
-            cache[key] = True
-        except AssertionError as exc:
-            warnings.warn(f"fp8 hardware e4m3 conversion off for {key}: {exc}", stacklevel=2)
-            cache[key] = False
-    return cache[key]
 
 
 # ---- the Triton quantisation, in Triton's interpreter ----
