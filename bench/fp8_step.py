@@ -91,8 +91,9 @@ def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]
 
 
 def step_worker(rank: int, world_size: int, model_name: str, layers: int, training: TrainingSpec, steps: int,
-                warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3) -> dict:
-    """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled."""
+                warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3, top: int = TOP_KERNELS) -> dict:
+    """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled;
+    the ``top`` kernels by device time are reported."""
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     spec = get_model(model_name)
     spec = spec.with_layers(layers) if layers else spec
@@ -121,7 +122,7 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
                                 + ([torch.profiler.ProfilerActivity.CUDA] if use_cuda else [])) as prof:
         for step in range(steps, steps + profile_steps):
             run_step(step)
-    top = _top_kernels(prof, device)
+    top = _top_kernels(prof, device, top)
     for row in top:
         row["ms"] /= max(profile_steps, 1)
     timed = times[warmup:] or times
@@ -180,7 +181,7 @@ def table(res: dict) -> str:
                          f"weights {r['fp8']['weight_quantisations']}; checks {r['fp8']['first_use_checks']}")
         lines.append(f"    top {TOP_KERNELS} kernels, ms per step (share of device time):")
         lines.extend(f"      {k['ms']:8.2f}  {k['share']:6.1%}  x{k['calls']:<5} {k['name']}"
-                     for k in r["top_kernels_per_step"])
+                     for k in r["top_kernels_per_step"][:TOP_KERNELS])
     for label, cmp in res.get("compare", {}).items():
         lines.append(f"{label} / bf16 tokens/s: {cmp['speedup']:.3f} (bar {BAR_SPEEDUP}: "
                      f"{'met' if cmp['speedup_ok'] else 'NOT met'}); max relative loss difference "
@@ -200,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="bf16,fp8,fp8_fast_accum",
                         help="which runs, in order (bf16 first: the others are compared with it): " + ", ".join(RUNS))
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the Trainer's default)")
+    parser.add_argument("--top", type=int, default=TOP_KERNELS,
+                        help=f"kernels kept per run in the JSON, by device time (the table prints {TOP_KERNELS})")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
     args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top must be at least 1, got {args.top}")
     use_cuda = not args.tiny
     if use_cuda and not torch.cuda.is_available():
         print("no CUDA device: run with --tiny for the CPU smoke test", file=sys.stderr)
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
         with scoped_env(env):  # the run's process inherits it
             launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
-                                               use_cuda, args.lr), backend="nccl" if use_cuda else "gloo",
+                                               use_cuda, args.lr, args.top), backend="nccl" if use_cuda else "gloo",
                               timeout_s=EMULATED_TIMEOUT_S if label == "fp8_emulated" else 200)
         res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
         if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 
 import pytest
 
@@ -20,7 +21,7 @@ def four_runs(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs",
-                              "bf16,fp8,fp8_emulated,bf16_torch_ce", "--out", str(out)])
+                              "bf16,fp8,fp8_emulated,bf16_torch_ce", "--top", "25", "--out", str(out)])
     assert code == 0
     return json.loads(out.read_text()), printed.getvalue()
 
@@ -37,8 +38,17 @@ def test_tiny_mode_compares_bf16_and_fp8_steps(four_runs):
     assert cmp["max_rel_loss_diff"] < 0.01 and cmp["loss_ok"]
     assert cmp["speedup"] == fp8["tokens_per_s"] / bf16["tokens_per_s"]
     assert "fp8_fast_accum" not in res
-    assert 0 < len(fp8["top_kernels_per_step"]) <= fp8_step.TOP_KERNELS
+    # --top 25 keeps 25 ops in the JSON (the CPU profile has more); the table prints the first 10 a run
+    assert len(fp8["top_kernels_per_step"]) == 25
+    kernel_rows = re.findall(r"^ +[0-9.]+ +[0-9.]+% +x[0-9]+ ", printed, flags=re.MULTILINE)
+    assert len(kernel_rows) == 4 * fp8_step.TOP_KERNELS  # four runs
     assert "fp8 / bf16 tokens/s" in printed
+
+
+def test_top_below_one_is_refused():
+    with pytest.raises(SystemExit) as exc:
+        fp8_step.main(["--tiny", "--top", "0"])
+    assert exc.value.code == 2
 
 
 def test_loss_comparisons_hand_worked():
