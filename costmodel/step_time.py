@@ -101,6 +101,10 @@ ELEMENTWISE_BWD_RATIO = 2.0
 # more local weights (EDP > 1 replicas of the experts) cost more, whatever the tokens.
 MAIN_GRAD_ACCUM_BYTES = 10
 FP32_GRAD_ACCUM_BYTES = 12
+# The fp32 main gradients are not zero-filled between steps: the first micro-batch of a step writes its 16-bit
+# gradient into them (read 2, write 4) where the others add (10), so a step pays MAIN_GRAD_ACCUM_BYTES -
+# MAIN_GRAD_FIRST_BYTES per local weight less than ``m`` adds (executor/parallel/grad_reduce.py: mark_main_grads_stale).
+MAIN_GRAD_FIRST_BYTES = 6
 _FP32_BYTES = 4
 
 # Slots of a layer vector (per-micro-batch seconds of one layer kind), from the term table.
@@ -789,6 +793,13 @@ def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: tuple) -> float:
     return seconds
 
 
+def _first_write_seconds(ctx: _Context, dense: int, expert: int) -> float:
+    """Seconds a step's main-gradient accumulation takes less than the layer blocks price (an add per
+    micro-batch): the first gradient of each of the rank's ``dense`` + ``expert`` weights is written, not
+    added (``MAIN_GRAD_FIRST_BYTES``; 0 where no add is priced)."""
+    return ctx.first_write_saving * (dense + expert) / ctx.rates.hbm_bandwidth
+
+
 def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters per GPU of the pipeline ranks holding the most of each.
 
@@ -830,6 +841,11 @@ class _Context:
         self.peak = cluster.gpu.peak(training.precision)
         self.tokens_per_step = training.global_batch_size * training.seq_length
         self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes
+        # bytes per local weight a step saves because its first gradient is written, not added (0 where the
+        # layer blocks price no main-gradient accumulation, or fp32 weights, whose .grad autograd accumulates)
+        unfused_main = (training.main_grads_fp32 and not training.gradient_accumulation_fusion
+                        and training.precision != "fp32")
+        self.first_write_saving = MAIN_GRAD_ACCUM_BYTES - MAIN_GRAD_FIRST_BYTES if unfused_main else 0
         # measured by calibrate where it ran (the fused kernel's real traffic and launch pattern), else the bytes
         self.optimizer_seconds_per_param = (cluster.hardware.optimizer_seconds_per_param
                                             or OPTIMIZER_BYTES_PER_PARAM / self.rates.hbm_bandwidth)
@@ -1006,6 +1022,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
                                                                              distributed)
     eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
+    values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
     optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
     if c.optimizer_cpu_offload_fraction:
         optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
@@ -1096,8 +1113,9 @@ def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     """A lower bound (seconds) on the step time of ``config`` (``estimate_step_time`` with ``corrections``)
     less its once-per-step terms, its pipeline bubble and, with EP overlap, its ep_a2a: the micro-batches of a
     step times the exposed seconds per micro-batch of the least loaded pipeline rank's decoder layers (with EP
-    overlap without their EP all-to-all slot), its embedding, output head and chunk end, rounded down by
-    ``FLOOR_ROUNDING``.
+    overlap without their EP all-to-all slot), its embedding, output head and chunk end, less the step's
+    first-write saving on the main-gradient accumulation (which the estimate takes off memory_bound too),
+    rounded down by ``FLOOR_ROUNDING``.
 
     It holds because the estimate only adds non-negative seconds to these (recomputation, the host floor,
     activation offload, the MTP blocks), its slowest rank carries at least the least loaded rank's layers, and
@@ -1133,7 +1151,12 @@ def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     d, e, r, x, em, hd = (_part_seconds(part, slots, factors) for part in (dense, moe, routed, chunk_end, embed, head))
     least = min(nd * d + nm * (e + r) + x + (em if first else 0.0) + (hd if last else 0.0)
                 for _, nd, nm, (first, last), _ in kinds)
-    return m * least * (1.0 - FLOOR_ROUNDING)
+    # the estimate's once-per-step saving on the main-gradient accumulation, from its memory_bound term
+    saving = 0.0
+    if ctx.first_write_saving:
+        dense_params, expert_params = _most_params(ctx, c)
+        saving = _first_write_seconds(ctx, dense_params, expert_params) * (factors[MEM] if factors else 1.0)
+    return (m * least - saving) * (1.0 - FLOOR_ROUNDING)
 
 
 def _part_seconds(part: _LayerCost, slots: tuple[int, ...], factors: list[float] | None) -> float:

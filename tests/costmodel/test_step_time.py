@@ -214,8 +214,38 @@ def test_more_dp_keeps_per_gpu_compute():
     # per micro-batch the same work; 4x the DP means 1/4 of the micro-batches per GPU
     assert stage_times(model, training, ClusterSpec(H100, 16), ParallelConfig(world_size=16, tp=2, ep=8)) == \
         pytest.approx(stage_times(model, training, ClusterSpec(H100, 64), ParallelConfig(world_size=64, tp=2, ep=8)))
-    for term in ("gemm", "grouped_gemm", "attention_core", "memory_bound"):
+    for term in ("gemm", "grouped_gemm", "attention_core"):
         assert large.term(term) * 4 == pytest.approx(small.term(term))
+    # memory_bound: m micro-batches' worth less one per step: the first gradient written into each fp32 main
+    # gradient, not added (6 bytes a local weight instead of 10)
+    counts = stage_param_counts(model, ParallelConfig(world_size=16, tp=2, ep=8), 0)
+    saving = 4 * (counts.dense + counts.expert) / compute_rates(H100, "bf16").hbm_bandwidth
+    assert small.term("memory_bound") + saving == pytest.approx(4 * (large.term("memory_bound") + saving))
+
+
+def test_a_steps_first_gradient_is_written_not_added():
+    """memory_bound is m micro-batches' worth less one saving a step: the first gradient of each local weight
+    is written into its fp32 main gradient (read 2, write 4 bytes) where the layer blocks price an add (10). So
+    step(2) - 2 · step(1) = 4 bytes × local weights / HBM bandwidth; nothing with Megatron's fused accumulation
+    (no add priced) or fp32 weights (autograd accumulates their .grad)."""
+    model = get_model("mixtral-8x7b").with_layers(2)
+    config = ParallelConfig(world_size=1)
+    cluster = ClusterSpec(H100, 1)
+    counts = stage_param_counts(model, config, 0)
+    saving = 4 * (counts.dense + counts.expert) / compute_rates(H100, "bf16").hbm_bandwidth
+
+    def memory_bound(training, gbs):
+        return estimate_step_time(model, replace(training, global_batch_size=gbs), cluster, config).term("memory_bound")
+
+    bf16 = TrainingSpec(seq_length=4096, global_batch_size=1)
+    assert memory_bound(bf16, 2) - 2 * memory_bound(bf16, 1) == pytest.approx(saving)
+    # the weights counted, by hand: per layer 8 experts' w1, w3, w2, the attention projections (GQA: k, v at 8
+    # of 32 heads), the router and two norms; the embedding, the untied LM head and the final norm
+    h, f, v = 4096, 14336, 32000
+    layer = 8 * 3 * h * f + h * (h + 2 * 1024) + h * h + 8 * h + 2 * h
+    assert counts.dense + counts.expert == 2 * layer + 2 * v * h + h
+    for other in (replace(bf16, gradient_accumulation_fusion=True), replace(bf16, precision="fp32")):
+        assert memory_bound(other, 2) - 2 * memory_bound(other, 1) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_ep_group_crossing_nodes_makes_the_all_to_all_slower():
