@@ -10,8 +10,11 @@ peaks equal the H100's), never fits to end-to-end training results:
 
 * bf16 GEMM 783 of 989 TFLOP/s            -> 0.791 of peak
 * fp8 GEMM 1421 of 1979 TFLOP/s           -> 0.718 of peak
-* torch._grouped_mm at Mixtral expert shapes 755 of 989 TFLOP/s -> 0.763 of peak (bf16); fp8 grouped
-  GEMMs take the same grouped/dense ratio (0.763/0.791) of the fp8 GEMM ceiling (no fp8 measurement)
+* torch._grouped_mm at Mixtral expert shapes 755 of 989 TFLOP/s -> 0.763 of peak (bf16)
+* torch._scaled_grouped_mm (fp8, per-row scales) at the same shapes ran 1.55x torch._grouped_mm on one H100
+  (forward fc1/fc2 1043/1084 against 694/678 TFLOP/s, 1024 rows an expert; bench/fp8_bound.py, 2026-11-27,
+  docs/benchmarks.md): 1.55 x 755 = 1170 of 1979 TFLOP/s -> 0.591 of the fp8 peak. (Until then fp8 grouped
+  GEMMs took the dense grouped/GEMM ratio of the fp8 GEMM ceiling, 0.693: 17 % faster than the kernel runs.)
 * HBM copy 4.2 of 4.8 TB/s                -> 0.875 of datasheet bandwidth
 
 Attention's defaults are assumptions recorded in ``docs/time-model.md`` (flash-attention-class kernels on
@@ -32,6 +35,7 @@ from spec.hardware import HardwareProfile, MeasuredCurve, expert_shape
 GEMM_EFFICIENCY = {"bf16": 783.0 / 989.4, "fp16": 783.0 / 989.4, "fp32": 783.0 / 989.4,
                    "fp8": 1421.0 / 1978.9}
 GROUPED_GEMM_EFFICIENCY_BF16 = 755.0 / 989.4
+GROUPED_FP8_OVER_BF16 = (1043.0 + 1084.0) / (694.0 + 678.0)  # achieved FLOP/s, fp8 over bf16 grouped GEMMs
 HBM_EFFICIENCY = 4.2 / 4.8
 # Assumptions, for profiles without measured attention curves (foldtune calibrate measures them): flash
 # attention reaches a lower fraction of peak than a GEMM, backward lower than forward; short key sequences
@@ -86,7 +90,10 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
     gemm_dtype = "fp8" if fp8 else ("bf16" if precision == "fp8" else precision)
     bf16_eff = GEMM_EFFICIENCY["bf16"]
     gemm_eff = GEMM_EFFICIENCY.get(gemm_dtype, bf16_eff)
-    grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
+    if fp8:  # the measured fp8/bf16 speed of the grouped kernels, as a share of the fp8 peak
+        grouped = GROUPED_GEMM_EFFICIENCY_BF16 * GROUPED_FP8_OVER_BF16 * gpu.peak("bf16") / gpu.peak("fp8")
+    else:
+        grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
     hbm_eff = hardware.hbm_efficiency if hardware.hbm_efficiency else HBM_EFFICIENCY
     # the efficiency curves are timed in short bursts at the boost clock; a step loads the tensor cores for
     # seconds, at the (measured) lower clock of the card's power limit

@@ -3,7 +3,8 @@
 Each function takes one table of the reference file and the hardware profile to price it with, and returns
 ``(label, predicted, published)`` rows. The tables describe Megatron/NeMo runs, so every training spec here
 sets ``gradient_accumulation_fusion`` (Megatron's fused weight-gradient accumulation) and
-``sequence_parallel_regather`` (Megatron all-gathers a sequence-parallel input again for the weight gradient).
+``sequence_parallel_regather`` (Megatron all-gathers a sequence-parallel input again for the weight gradient),
+and the fp8 tables ``transformer_engine_fp8`` (Transformer Engine's fp8 casts).
 Nothing in the cost model is fitted to these rows: they are what its error is published against
 (tests/costmodel, bench/validate_reference.py).
 """
@@ -36,7 +37,8 @@ def nemo_rows(table: dict, hardware: HardwareProfile) -> list[Row]:
         r = dict(zip(table["columns"], values))
         model = nemo_model(r["model"], table["models"][r["model"]])
         training = TrainingSpec(seq_length=r["seq"], global_batch_size=r["gbs"], precision="fp8",
-                                gradient_accumulation_fusion=True, sequence_parallel_regather=True)
+                                gradient_accumulation_fusion=True, sequence_parallel_regather=True,
+                                transformer_engine_fp8=True)
         # NeMo's performance recipes run SP with TP comm overlap, the distributed optimizer and both DP overlaps
         config = ParallelConfig(world_size=r["gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], vpp=r["vpp"],
                                 micro_batch_size=r["mbs"], tp_comm_overlap=r["tp"] > 1)
@@ -77,7 +79,8 @@ def moe_layer_rows(table: dict, hardware: HardwareProfile) -> list[Row]:
                           moe_router_topk=dims["topk"], moe_ffn_hidden_size=dims["moe_ffn"],
                           moe_shared_expert_intermediate_size=dims.get("shared_ffn"))
         training = TrainingSpec(seq_length=table["seq"], global_batch_size=8, precision=r["dtype"],
-                                gradient_accumulation_fusion=True, sequence_parallel_regather=True)
+                                gradient_accumulation_fusion=True, sequence_parallel_regather=True,
+                                transformer_engine_fp8=True)
         part = layer_times(model, training, ClusterSpec(hardware, 8), ParallelConfig(world_size=8, ep=table["ep"]))["moe"]
         out.append((f"{r['layer']} {r['dtype']} fwd", part.fwd_time * 1e3, r["fwd_ms"]))
         out.append((f"{r['layer']} {r['dtype']} bwd", part.bwd_time * 1e3, r["bwd_ms"]))

@@ -90,8 +90,16 @@ OPTIMIZER_BYTES_PER_PARAM = 34
 # (the executor's blocked loss: costmodel.loss).
 LOSS_BYTES_PER_LOGIT_FWD = 8
 LOSS_BYTES_PER_LOGIT_BWD = 8
-# fp8 GEMM inputs are cast (and transposed) per micro-batch: read 2 bytes, write 1 + 1 per element.
-FP8_CAST_BYTES_PER_ELEMENT = 4
+# fp8 quantisation, bytes an element. foldtune's executor (executor/kernels/fp8): a dense linear's input, and in
+# backward its output gradient, in both forms at once (rowwise for the forward or dgrad GEMM, transposed for the
+# wgrad) from two reads: read 2 + 2, write 1 + 1; the Q, K and V projections each quantise their common input.
+# The experts' rows rowwise only, from one read (2 + 1): their wgrad runs in bf16. Every GEMM weight in both
+# forms once a step (6 bytes a weight; reused by the step's micro-batches). Transformer Engine
+# (TrainingSpec.transformer_engine_fp8): one fused cast-transpose per GEMM input, read 2, write 1 + 1, dense and
+# expert inputs alike, and each weight once a step the same way.
+FP8_BOTH_FORMS_BYTES = 6
+FP8_ROWWISE_BYTES = 3
+FP8_TE_CAST_BYTES = 4
 # Backward of an elementwise op reads its saved input and the incoming gradient, writes one gradient.
 ELEMENTWISE_BWD_RATIO = 2.0
 # Every micro-batch's weight gradient is accumulated into the fp32 main gradient (Megatron's recipe without
@@ -288,10 +296,15 @@ class _Shape:
         self.fused_special = training.fused_window_sink_attention
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
+        te = training.transformer_engine_fp8
+        self.fp8_dense_cast = FP8_TE_CAST_BYTES if te else FP8_BOTH_FORMS_BYTES
+        self.fp8_expert_cast = FP8_TE_CAST_BYTES if te else FP8_ROWWISE_BYTES
+        self.qkv_input_casts = 1 if te else 3  # the executor's fp8 Q, K and V are three GEMMs (one in bf16)
         # the executor's fp8 runs the expert wgrad in bf16 (executor.kernels.fp8.gemm: faster measured, since
         # the fp8 2D×2D kernel barely beat bf16's and needs two per-expert quantisations); the profile's
-        # grouped curves are the training precision's, read against the bf16 peak here
-        self.wgrad_rates = ctx.bf16_rates if self.fp8 else None
+        # grouped curves are the training precision's, read against the bf16 peak here. Transformer Engine's
+        # grouped linears run it in fp8.
+        self.wgrad_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
         gpn = ctx.gpus_per_node
         self.tp_place = group_placement(1, tp, gpn)
         self.cp_place = group_placement(tp, cp, gpn)
@@ -314,14 +327,15 @@ class _Shape:
 
     # -- primitives --------------------------------------------------------------------------------
     def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),
-               low_precision: bool = True) -> None:
-        """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 input casts."""
+               low_precision: bool = True, input_casts: int = 1) -> None:
+        """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 casts: the input ``input_casts`` times
+        (once per GEMM the layer is run as), the output gradient once in all."""
         fwd, bwd = gemm_fwd_bwd(self.rates, round(m), round(n), round(k), low_precision)
         block.add(GEMM, fwd, bwd, module)
         self.grad_accumulation(block, n * k)
         if self.fp8 and low_precision:
-            self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * m * k, module,
-                             bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * m * n)
+            self.elementwise(block, self.fp8_dense_cast * input_casts * m * k, module,
+                             bwd_bytes=self.fp8_dense_cast * m * n)
 
     def elementwise(self, block: _Block, fwd_bytes: float, module: str | tuple[str, ...] = (),
                     bwd_bytes: float | None = None, term: int = MEM) -> None:
@@ -410,7 +424,7 @@ class _Shape:
         else:
             d, kv = m.head_dim, m.num_kv_heads
             self.attention_comm(block)  # TP block and the whole-width q/k norms' sums
-            self.linear(block, t, (heads + 2 * kv) * d / tp, h)
+            self.linear(block, t, (heads + 2 * kv) * d / tp, h, input_casts=self.qkv_input_casts)
             if m.add_qkv_bias or m.add_bias_linear:
                 self.biases(block, (heads + 2 * kv) * d / tp, h if m.add_bias_linear else 0)
             if m.qk_layernorm:
@@ -553,8 +567,8 @@ class _Shape:
         block.add(GROUPED, fwd1 + fwd2, bwd1 + bwd2, "moe")
         self.grad_accumulation(block, local_experts * (gate + 1) * ffn / self.etp * h)
         if self.fp8:
-            self.elementwise(block, FP8_CAST_BYTES_PER_ELEMENT * received * (h + ffn / self.etp), "moe",
-                             bwd_bytes=FP8_CAST_BYTES_PER_ELEMENT * received * (gate * ffn / self.etp + h))
+            self.elementwise(block, self.fp8_expert_cast * received * (h + ffn / self.etp), "moe",
+                             bwd_bytes=self.fp8_expert_cast * received * (gate * ffn / self.etp + h))
         self.activation(block, ffn / self.etp * received, ("moe", "moe_act"))
         if m.add_bias_linear:  # gather each row's gate/up and down biases, add them (the down one zero-padded to h)
             self.elementwise(block, received * (4 * gate * ffn / self.etp + (1 / self.etp + 4) * h) * ab, "moe")
@@ -800,6 +814,18 @@ def _first_write_seconds(ctx: _Context, dense: int, expert: int) -> float:
     return ctx.first_write_saving * (dense + expert) / ctx.rates.hbm_bandwidth
 
 
+def _most_gemm_weights(ctx: _Context, c: ParallelConfig) -> int:
+    """GEMM weights per GPU of the pipeline rank holding the most (decoder-layer linears and experts: what fp8
+    quantises once a step; costmodel.params.stage_counts_and_gemm), cached on (tp, pp, vpp, ep, etp, split)."""
+    key = (c.tp, c.pp, c.vpp, c.ep, c.etp, c.pipeline_split)
+    hit = ctx.gemm_weights.get(key)
+    if hit is None:
+        hit = ctx.gemm_weights[key] = max(
+            _params.stage_counts_and_gemm(ctx.model, c.tp, c.pp, c.vpp, c.ep, c.etp, stage, c.pipeline_split)[1]
+            for stage in range(c.pp))
+    return hit
+
+
 def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters per GPU of the pipeline ranks holding the most of each.
 
@@ -846,6 +872,11 @@ class _Context:
         unfused_main = (training.main_grads_fp32 and not training.gradient_accumulation_fusion
                         and training.precision != "fp32")
         self.first_write_saving = MAIN_GRAD_ACCUM_BYTES - MAIN_GRAD_FIRST_BYTES if unfused_main else 0
+        # bytes per GEMM weight a step to quantise the weights for fp8 (0 in other precisions)
+        self.fp8_weight_cast = 0
+        if self.rates.gemm_elem_bytes == 1:
+            self.fp8_weight_cast = FP8_TE_CAST_BYTES if training.transformer_engine_fp8 else FP8_BOTH_FORMS_BYTES
+        self.gemm_weights: dict[tuple, int] = {}
         # measured by calibrate where it ran (the fused kernel's real traffic and launch pattern), else the bytes
         self.optimizer_seconds_per_param = (cluster.hardware.optimizer_seconds_per_param
                                             or OPTIMIZER_BYTES_PER_PARAM / self.rates.hbm_bandwidth)
@@ -1023,6 +1054,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
+    if ctx.fp8_weight_cast:
+        values[_I_MEM] += ctx.fp8_weight_cast * _most_gemm_weights(ctx, c) / ctx.rates.hbm_bandwidth
     optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
     if c.optimizer_cpu_offload_fraction:
         optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,

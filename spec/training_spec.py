@@ -38,6 +38,10 @@ class TrainingSpec:
     then one fp32 softmax per output head kept from forward to backward. foldtune's executor (False) fuses the
     output layer with the loss, blocked over the vocabulary (no logits kept; one more output-layer GEMM in
     backward), see ``executor/parallel/linear_cross_entropy.py``.
+    ``transformer_engine_fp8`` True models Transformer Engine's fp8 casts (one fused cast-transpose per GEMM
+    input, dense and expert alike, and per weight once a step); foldtune's executor (False) quantises a dense
+    linear's input and output gradient in both forms from two reads, the experts' rows rowwise only (their
+    weight gradient runs in bf16), and each GEMM weight in both forms once a step (costmodel/step_time.py).
     """
 
     seq_length: int
@@ -66,6 +70,8 @@ class TrainingSpec:
     # Megatron's whole-logits loss (one fp32 softmax kept per head); the executor's vocabulary-blocked fused
     # output layer + loss when False
     megatron_cross_entropy: bool = False
+    # Transformer Engine's fp8 casts (Megatron runs); the executor's quantisation when False (precision fp8 only)
+    transformer_engine_fp8: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []

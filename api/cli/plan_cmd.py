@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price Megatron's fused weight-gradient accumulation into the fp32 main gradient")
     parser.add_argument("--sequence-parallel-regather", action="store_true",
                         help="price Megatron's sequence-parallel linears (input re-gathered in backward)")
+    parser.add_argument("--transformer-engine-fp8", action="store_true",
+                        help="price fp8 casts as Transformer Engine's (one fused cast-transpose per GEMM input); "
+                             "default: foldtune's executor's quantisation")
     parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
                         help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
                              "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
@@ -119,6 +122,7 @@ def _specs(args: argparse.Namespace):
                        megatron_cross_entropy=args.megatron_cross_entropy,
                        gradient_accumulation_fusion=args.gradient_accumulation_fusion,
                        sequence_parallel_regather=args.sequence_parallel_regather,
+                       transformer_engine_fp8=args.transformer_engine_fp8,
                        min_headroom=args.min_headroom)
 
 
@@ -206,7 +210,8 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
         + (", Megatron's fused window/sink attention" if t.get("fused_window_sink_attention") else "")
         + (", Megatron's loss" if t.get("megatron_cross_entropy") else "")
         + (", fused gradient accumulation" if t.get("gradient_accumulation_fusion") else "")
-        + (", SP re-gather" if t.get("sequence_parallel_regather") else ""),
+        + (", SP re-gather" if t.get("sequence_parallel_regather") else "")
+        + (", Transformer Engine's fp8 casts" if t.get("transformer_engine_fp8") else ""),
         f"search   {h['search_space']}",
     ]
 

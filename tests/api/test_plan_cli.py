@@ -196,10 +196,11 @@ def test_megatron_switches_reach_the_cost_model(capsys):
     _, out, _ = run(capsys, argv)
     ours = json.loads(out)
     _, out, _ = run(capsys, argv + ["--megatron-cross-entropy", "--gradient-accumulation-fusion",
-                                    "--sequence-parallel-regather"])
+                                    "--sequence-parallel-regather", "--transformer-engine-fp8"])
     theirs = json.loads(out)
     t = theirs["training"]
     assert t["megatron_cross_entropy"] and t["gradient_accumulation_fusion"] and t["sequence_parallel_regather"]
+    assert t["transformer_engine_fp8"] and not ours["training"]["transformer_engine_fp8"]
     assert not ours["training"]["megatron_cross_entropy"]
     # 8192 tokens, 38016 vocabulary rows a rank, h 4096: the executor's 2**26-logit block (6 B each), the bf16
     # weight gradient and 4·h + 4 per token; Megatron's whole bf16 logits and one fp32 softmax

@@ -52,7 +52,8 @@ def test_fp8_gemm_uses_the_fp8_peak_and_its_own_efficiency():
 
 def test_fp8_expert_backward_prices_dgrad_in_fp8_and_wgrad_in_bf16():
     """The executor's fp8 runs the expert wgrad in bf16: the backward is the fp8 dgrad plus the bf16 wgrad
-    (Mixtral's w13 at 1024 tokens per expert, compute-bound: the bf16 half ~1421/783 x the fp8 one)."""
+    (Mixtral's w13 at 1024 tokens per expert, compute-bound: the bf16 half ~1.55 x the fp8 one, the speed-up
+    torch._scaled_grouped_mm measured over torch._grouped_mm at these shapes: (1043 + 1084) / (694 + 678))."""
     bf16, fp8 = compute_rates(H100, "bf16"), compute_rates(H100, "fp8")
     args = (8, 1024.0, 28672, 4096)
     fwd, bwd = grouped_gemm_fwd_bwd(fp8, *args, wgrad_rates=bf16)
@@ -60,7 +61,7 @@ def test_fp8_expert_backward_prices_dgrad_in_fp8_and_wgrad_in_bf16():
     wgrad_bf16 = grouped_gemm_time(bf16, 8, 1024.0, 4096, 28672)
     assert fwd == grouped_gemm_time(fp8, *args)
     assert bwd == pytest.approx(dgrad_fp8 + wgrad_bf16)
-    assert wgrad_bf16 / dgrad_fp8 == pytest.approx(1421 / 783, rel=2e-2)
+    assert wgrad_bf16 / dgrad_fp8 == pytest.approx((1043 + 1084) / (694 + 678), rel=2e-2)
     assert grouped_gemm_fwd_bwd(fp8, *args)[1] == pytest.approx(2 * dgrad_fp8)  # no wgrad_rates: both fp8
 
 

@@ -20,7 +20,8 @@ from costmodel import reference
 from costmodel.attention_kinds import fused_causal_fraction, window_keys
 from costmodel.collective_inventory import step_stat_calls
 from costmodel.comm import call_time, group_placement, link_rates
-from costmodel.compute import KERNEL_OVERHEAD_S, attention_time, compute_rates, memory_time, sink_attention_time
+from costmodel.compute import (KERNEL_OVERHEAD_S, attention_time, compute_rates, grouped_gemm_fwd_bwd, memory_time,
+                               sink_attention_time)
 from spec.flops import flops_per_step
 from costmodel.params import stage_param_counts
 from costmodel.step_time import (
@@ -646,3 +647,58 @@ def test_host_factors_leave_a_device_bound_layout_alone():
 
     assert estimate_step_time(model, training, cluster, config, corrections={HOST_FACTOR: 2.0}).step_time == \
         estimate_step_time(model, training, cluster, config).step_time
+
+
+def test_fp8_casts_as_the_executor_quantises_and_as_transformer_engine_does():
+    """Mixtral, one GPU, seq 4096, fp8 — bytes an element: the executor quantises a dense linear's input and output
+    gradient in both forms from two reads (6; the input of Q, K and V three times, one GEMM each), the experts'
+    rows rowwise (3), and every GEMM weight in both forms once a step (6); Transformer Engine casts each GEMM input
+    once with a fused cast-transpose (4), weights too. The two differ by these bytes over HBM bandwidth."""
+    model = get_model("mixtral-8x7b").with_layers(2)
+    cluster, config = ClusterSpec(H100, 1), ParallelConfig(world_size=1)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=2, precision="fp8")
+    te = replace(executor, transformer_engine_fp8=True)
+    bw = compute_rates(H100, "fp8").hbm_bandwidth
+    t, h, f, qkv, rows = 4096, 4096, 14336, (32 + 2 * 8) * 128, 4096 * 2
+
+    def mem(training, part, phase):
+        return dict(getattr(layer_times(model, training, cluster, config)[part], phase))["memory_bound"]
+
+    # attention: Q/K/V input 3 × 6 against 4, O input 6 against 4; backward their output gradients 6 against 4
+    assert mem(executor, "attention", "fwd") - mem(te, "attention", "fwd") == pytest.approx(
+        (3 * 6 - 4) * t * h / bw + (6 - 4) * t * h / bw)
+    assert mem(executor, "attention", "bwd") - mem(te, "attention", "bwd") == pytest.approx((6 - 4) * t * (qkv + h) / bw)
+    # experts: 8192 routed rows; forward x [rows, h] and the activation [rows, f], backward dy [rows, h] and
+    # d(gate, up) [rows, 2f]: 3 bytes against 4
+    assert mem(executor, "moe", "fwd") - mem(te, "moe", "fwd") == pytest.approx(-rows * (h + f) / bw)
+    assert mem(executor, "moe", "bwd") - mem(te, "moe", "bwd") == pytest.approx(-rows * (2 * f + h) / bw)
+    # once a step: 2 layers' GEMM weights (8 experts' w1, w3, w2; Q, K, V, O) at 6 bytes against 4
+    weights = 2 * (8 * 3 * h * f + h * qkv + h * h)
+    m = 2  # micro-batches of the step
+
+    def step_mem(training):
+        return estimate_step_time(model, training, cluster, config).term("memory_bound")
+
+    per_micro_batch = sum(mem(executor, p, ph) - mem(te, p, ph) for p in ("attention", "moe") for ph in ("fwd", "bwd"))
+    assert step_mem(executor) - step_mem(te) == pytest.approx(m * 2 * per_micro_batch + (6 - 4) * weights / bw)
+    # bf16 quantises nothing: the switch changes nothing there
+    bf16 = replace(executor, precision="bf16")
+    assert step_mem(bf16) == step_mem(replace(bf16, transformer_engine_fp8=True))
+
+
+def test_fp8_expert_wgrad_runs_in_bf16_in_the_executor_and_in_fp8_under_transformer_engine():
+    """Mixtral, one GPU, 8192 routed rows over 8 experts: the MoE layer's backward grouped GEMMs are the fp8
+    dgrad plus the wgrad at bf16 rates in the executor, and both in fp8 with Transformer Engine."""
+    model = get_model("mixtral-8x7b").with_layers(2)
+    cluster, config = ClusterSpec(H100, 1), ParallelConfig(world_size=1)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=1, precision="fp8")
+    fp8, bf16 = compute_rates(H100, "fp8"), compute_rates(H100, "bf16")
+    shapes = ((8, 1024.0, 2 * 14336, 4096), (8, 1024.0, 4096, 14336))
+
+    def bwd(training):
+        return dict(layer_times(model, training, cluster, config)["moe"].bwd)["grouped_gemm"]
+
+    assert bwd(executor) == pytest.approx(sum(grouped_gemm_fwd_bwd(fp8, *s, wgrad_rates=bf16)[1] for s in shapes))
+    te = replace(executor, transformer_engine_fp8=True)
+    assert bwd(te) == pytest.approx(sum(grouped_gemm_fwd_bwd(fp8, *s)[1] for s in shapes))
+    assert bwd(te) < bwd(executor)
