@@ -77,6 +77,9 @@ class ComputeRates:
     attn_mla_fwd_curve: MeasuredCurve | None = None  # the same for query/key heads wider than value heads (MLA)
     attn_mla_bwd_curve: MeasuredCurve | None = None
     fp32_peak: float = 0.0  # FLOP/s of fp32 GEMMs without TF32 (the executor's fp32 attention with sinks)
+    # measured grouped curves are bf16 kernels' achieved / bf16 peak (an fp8 calibration keeps its base's): times
+    # this they are achieved / gemm_peak of this precision (fp8: the measured fp8/bf16 speed over the peak ratio)
+    grouped_curve_scale: float = 1.0
     # least seconds of one CP chunk attention call, forward + backward (measured, else 0): a short chunk's
     # kernel waits for the host issuing it (costmodel.context_parallel: half of it a floor each way)
     cp_chunk_floor: float = 0.0
@@ -90,8 +93,10 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
     gemm_dtype = "fp8" if fp8 else ("bf16" if precision == "fp8" else precision)
     bf16_eff = GEMM_EFFICIENCY["bf16"]
     gemm_eff = GEMM_EFFICIENCY.get(gemm_dtype, bf16_eff)
+    curve_scale = 1.0
     if fp8:  # the measured fp8/bf16 speed of the grouped kernels, as a share of the fp8 peak
-        grouped = GROUPED_GEMM_EFFICIENCY_BF16 * GROUPED_FP8_OVER_BF16 * gpu.peak("bf16") / gpu.peak("fp8")
+        curve_scale = GROUPED_FP8_OVER_BF16 * gpu.peak("bf16") / gpu.peak("fp8")
+        grouped = GROUPED_GEMM_EFFICIENCY_BF16 * curve_scale
     else:
         grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
     hbm_eff = hardware.hbm_efficiency if hardware.hbm_efficiency else HBM_EFFICIENCY
@@ -110,7 +115,7 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_mla_fwd_curve=hardware.attention_mla_fwd_efficiency,
         attn_mla_bwd_curve=hardware.attention_mla_bwd_efficiency,
         fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock,
-        cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0)
+        cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0, grouped_curve_scale=curve_scale)
 
 
 def _by_weight_size(shape_curves: tuple[tuple[str, MeasuredCurve], ...]) -> tuple[tuple[float, MeasuredCurve], ...]:
@@ -171,16 +176,17 @@ def grouped_gemm_time(rates: ComputeRates, num_groups: int, tokens_per_group: fl
     Default model: a roofline per group at the grouped-GEMM ceiling (small t makes it weight-bandwidth
     bound) plus one kernel's fixed cost. A measured ``grouped_gemm_efficiency`` curve (tokens per expert
     -> achieved/peak) replaces it; curves measured at several expert shapes replace that, read at this
-    GEMM's weight size ``n·k`` (interpolated in log size between the two nearest measured shapes).
+    GEMM's weight size ``n·k`` (interpolated in log size between the two nearest measured shapes). The curves
+    are bf16 measurements: under fp8 they are scaled by ``rates.grouped_curve_scale``.
     """
     if num_groups <= 0 or tokens_per_group <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * tokens_per_group * n * k * num_groups
     if rates.grouped_shape_curves:
-        return flops / (rates.gemm_peak * _shape_efficiency(rates.grouped_shape_curves, float(n * k),
-                                                            tokens_per_group))
+        return flops / (rates.gemm_peak * rates.grouped_curve_scale
+                        * _shape_efficiency(rates.grouped_shape_curves, float(n * k), tokens_per_group))
     if rates.grouped_curve is not None:
-        return flops / (rates.gemm_peak * rates.grouped_curve(tokens_per_group))
+        return flops / (rates.gemm_peak * rates.grouped_curve_scale * rates.grouped_curve(tokens_per_group))
     nbytes = num_groups * ((tokens_per_group * k + k * n) * rates.gemm_elem_bytes + 2 * tokens_per_group * n)
     return _roofline(flops, nbytes, rates.gemm_peak, rates.grouped_eff_max, rates)
 

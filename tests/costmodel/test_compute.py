@@ -50,6 +50,20 @@ def test_fp8_gemm_uses_the_fp8_peak_and_its_own_efficiency():
     assert gemm_time(fp8, n, n, n, low_precision=False) == pytest.approx(gemm_time(bf16, n, n, n))
 
 
+def test_fp8_reads_the_bf16_measured_grouped_curves_at_the_measured_fp8_speed_up():
+    """A calibrated profile's grouped curves are bf16 kernels' achieved/bf16 peak (an fp8 calibration keeps its
+    base's). Under fp8 a grouped GEMM runs (1043 + 1084) / (694 + 678) = 1.55x its bf16 time on the curve —
+    not 2x, which reading the curve against the fp8 peak would give — with one curve or per-shape curves."""
+    curve = MeasuredCurve(((16.0, 0.2), (4096.0, 0.6)))
+    speed_up = (1043 + 1084) / (694 + 678)
+    for hw in (replace(H100, grouped_gemm_efficiency=curve),
+               replace(H100, grouped_gemm_shape_efficiency=(("4096x14336", curve),))):
+        bf16, fp8 = compute_rates(hw, "bf16"), compute_rates(hw, "fp8")
+        for tokens in (64.0, 1024.0):
+            ratio = grouped_gemm_time(bf16, 8, tokens, 14336, 4096) / grouped_gemm_time(fp8, 8, tokens, 14336, 4096)
+            assert ratio == pytest.approx(speed_up)
+
+
 def test_fp8_expert_backward_prices_dgrad_in_fp8_and_wgrad_in_bf16():
     """The executor's fp8 runs the expert wgrad in bf16: the backward is the fp8 dgrad plus the bf16 wgrad
     (Mixtral's w13 at 1024 tokens per expert, compute-bound: the bf16 half ~1.55 x the fp8 one, the speed-up

@@ -1,4 +1,8 @@
-"""Migrations build the schema from nothing on SQLite and PostgreSQL, match the models, and go back down."""
+"""Migrations build the schema from nothing on SQLite and PostgreSQL, match the models, go back down, and carry
+stored rows across a change of what they must hold."""
+
+import hashlib
+import json
 
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -7,6 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from db.engine import make_engine
 from db.migrate import VERSION_TABLE, current_revision, downgrade, head_revision, upgrade
 from db.models import Base
+from api.service.jobs import job_signature
+from spec.training_spec import TrainingSpec
 
 TABLES = {"owners", "api_keys", "jobs", "trials", "hardware_profiles", "trainings", "training_metrics"}
 
@@ -53,5 +59,51 @@ def test_upgrade_is_idempotent(db_url):
     engine = make_engine(db_url)
     try:
         assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+
+
+def _insert_old_job(engine, training_spec: dict, signature: str) -> None:
+    now = "2026-11-27 12:00:00+00:00"
+    model = {"name": "tiny-moe", "num_layers": 2}
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO owners (id, name, created_at) VALUES (1, 'alice', :now)"), {"now": now})
+        jobs = sa.table("jobs", *(sa.column(c) for c in (
+            "id", "owner_id", "status", "model_name", "gpu_name", "num_gpus", "signature", "max_trials", "created_at",
+            "updated_at", "attempts")), *(sa.column(c, sa.JSON) for c in ("model_spec", "training_spec", "cluster")))
+        conn.execute(jobs.insert().values(
+            id=7, owner_id=1, status="succeeded", model_name="tiny-moe", model_spec=model, training_spec=training_spec,
+            cluster={"gpu": "cpu", "num_gpus": 2}, gpu_name="cpu", num_gpus=2, signature=signature, max_trials=2,
+            created_at=now, updated_at=now, attempts=1))
+
+
+def test_0003_gives_stored_training_specs_the_new_field_and_the_signature_new_requests_get(db_url):
+    """A job stored at 0002 (its training spec without transformer_engine_fp8) shares its signature, after the
+    upgrade, with the same question asked now — the service's job_signature over TrainingSpec.to_dict() — and
+    downgrading restores both."""
+    old_spec = {k: v for k, v in TrainingSpec(seq_length=64, global_batch_size=8).to_dict().items()
+                if k != "transformer_engine_fp8"}
+    model = {"name": "tiny-moe", "num_layers": 2}
+    canonical = json.dumps({"model": model, "training": old_spec, "gpu": "cpu", "num_gpus": 2}, sort_keys=True,
+                           separators=(",", ":"))
+    old_signature = hashlib.sha256(canonical.encode()).hexdigest()
+    upgrade(db_url, "0002")
+    engine = make_engine(db_url)
+    try:
+        _insert_old_job(engine, old_spec, old_signature)
+        upgrade(db_url)
+
+        def stored():
+            with engine.connect() as conn:
+                row = conn.execute(sa.text("SELECT training_spec, signature FROM jobs WHERE id = 7")).one()
+            spec = row.training_spec if isinstance(row.training_spec, dict) else json.loads(row.training_spec)
+            return spec, row.signature
+
+        spec, signature = stored()
+        now = TrainingSpec(seq_length=64, global_batch_size=8).to_dict()
+        assert spec == now and spec["transformer_engine_fp8"] is False
+        assert signature == job_signature(model, now, "cpu", 2) != old_signature
+        downgrade(db_url, "0002")
+        assert stored() == (old_spec, old_signature)
     finally:
         engine.dispose()
