@@ -12,7 +12,8 @@ CPU path on the GPU: torch quantisation, GEMMs dequantised to fp32; no speed cla
 fp8 run's losses are also compared (a kernel fault shows as fp8 drifting from it; e4m3 rounding itself as
 the two agreeing), and ``bf16_torch_ce`` (bf16 with the unfused torch cross-entropy: only the fp32
 summation order differs), the noise floor: its difference from bf16 is what a rounding change alone does
-to the trajectory. ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
+to the trajectory; ``bf16_again`` (bf16 once more, the same code, weights and batches in a process of its own):
+its difference from bf16 is the run-to-run spread of the GPU's non-deterministic kernels (0 on the CPU). ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
 
 Reported per precision: tokens/s (global batch · seq over the median step time of the steps after
 ``--warmup``), the losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then
@@ -66,7 +67,8 @@ RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "fp8_fast_accum": ("fp8", {"FOLDTUNE_FP8_FAST_ACCUM": "1"}),
         "fp8_fp8_wgrad": ("fp8", {"FOLDTUNE_FP8_WGRAD": "fp8"}),
         "fp8_emulated": ("fp8", {"FOLDTUNE_FP8_KERNELS": "0", "FOLDTUNE_FP8_TRITON": "0"}),
-        "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"})}
+        "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"}),
+        "bf16_again": ("bf16", {})}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
 BAR_LOSS = 0.01  # largest relative loss difference over the steps
 TOP_KERNELS = 10

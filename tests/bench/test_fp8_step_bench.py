@@ -62,8 +62,8 @@ def test_loss_comparisons_hand_worked():
 
 def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
     """On the CPU the fp8 run already is the emulation and the fused cross-entropy does not run, so the
-    controls reproduce their references exactly: fp8 against fp8_emulated and bf16_torch_ce against bf16
-    differ by 0; ``--lr`` reaches the trainer (a larger rate moves the losses)."""
+    controls reproduce their references exactly: fp8 against fp8_emulated, bf16_torch_ce and bf16_again
+    against bf16 differ by 0; ``--lr`` reaches the trainer (a larger rate moves the losses)."""
     res, printed = four_runs
     assert res["against_emulated"] == {"fp8": 0.0}
     assert res["compare"]["bf16_torch_ce"]["max_rel_loss_diff"] == 0.0
@@ -71,8 +71,10 @@ def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
     assert res["compare"]["fp8"]["bf16_max_rise"] == fp8_step.max_rise(res["bf16"]["losses"])
     assert "fp8 against fp8_emulated: max relative loss difference 0.00e+00" in printed
     fast = tmp_path / "lr.json"
-    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--lr", "3e-2",
+    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16,bf16_again", "--lr", "3e-2",
                           "--out", str(fast)]) == 0
     moved = json.loads(fast.read_text())
     assert moved["lr"] == 3e-2 and moved["bf16"]["losses"][0] == res["bf16"]["losses"][0]
     assert moved["bf16"]["losses"][1:] != res["bf16"]["losses"][1:]
+    # bf16 once more in its own process: the CPU's kernels are deterministic, so no spread at all
+    assert moved["compare"]["bf16_again"]["max_rel_loss_diff"] == 0.0
