@@ -299,11 +299,13 @@ class _Shape:
         te = training.transformer_engine_fp8
         self.fp8_dense_cast = FP8_TE_CAST_BYTES if te else FP8_BOTH_FORMS_BYTES
         self.fp8_expert_cast = FP8_TE_CAST_BYTES if te else FP8_ROWWISE_BYTES
-        self.qkv_input_casts = 1 if te else 3  # the executor's fp8 Q, K and V are three GEMMs (one in bf16)
+        # the executor runs Q, K and V as one GEMM in bf16 but as three in fp8 (each weight keeps its own cached
+        # quantised forms), each quantising the common input
+        self.qkv_input_casts = 1 if te else 3
         # the executor's fp8 runs the expert wgrad in bf16 (executor.kernels.fp8.gemm: faster measured, since
-        # the fp8 2D×2D kernel barely beat bf16's and needs two per-expert quantisations); the profile's
-        # grouped curves are the training precision's, read against the bf16 peak here. Transformer Engine's
-        # grouped linears run it in fp8.
+        # the fp8 2D×2D kernel barely beat bf16's and needs two per-expert quantisations), at the bf16 rates
+        # (the profile's grouped curves are bf16 measurements: costmodel.compute). Transformer Engine's grouped
+        # linears run it in fp8.
         self.wgrad_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
         gpn = ctx.gpus_per_node
         self.tp_place = group_placement(1, tp, gpn)
