@@ -93,13 +93,14 @@ def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]
 
 
 def step_worker(rank: int, world_size: int, model_name: str, layers: int, training: TrainingSpec, steps: int,
-                warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3, top: int = TOP_KERNELS) -> dict:
+                warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3, top: int = TOP_KERNELS,
+                recompute: str = "none") -> dict:
     """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled;
-    the ``top`` kernels by device time are reported."""
+    the ``top`` kernels by device time are reported; ``recompute``: the layout's recompute granularity."""
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     spec = get_model(model_name)
     spec = spec.with_layers(layers) if layers else spec
-    config = ParallelConfig(world_size=1)
+    config = ParallelConfig(world_size=1, recompute_granularity=recompute)
     options = options_for_precision(ExecutorOptions.for_training(training, model=spec), training.precision)
     state = build_parallel_state(config, rank)
     net = MoEGPT(spec, state, options, training.seq_length, device, DTYPES[training.precision],
@@ -129,7 +130,8 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
         row["ms"] /= max(profile_steps, 1)
     timed = times[warmup:] or times
     step_s = statistics.median(timed)
-    report = {"precision": training.precision, "kernel_backend": options.kernel_backend, "step_times": times,
+    report = {"precision": training.precision, "kernel_backend": options.kernel_backend, "layout": config.label(),
+              "step_times": times,
               "losses": losses, "median_step_s": step_s,
               "tokens_per_s": training.global_batch_size * training.seq_length / step_s,
               "top_kernels_per_step": top}
@@ -203,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="bf16,fp8,fp8_fast_accum",
                         help="which runs, in order (bf16 first: the others are compared with it): " + ", ".join(RUNS))
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the Trainer's default)")
+    parser.add_argument("--recompute", choices=("none", "full"), default="none",
+                        help="recompute granularity of the one-GPU layout (default: none; full re-runs every layer's forward)")
     parser.add_argument("--top", type=int, default=TOP_KERNELS,
                         help=f"kernels kept per run in the JSON, by device time (the table prints {TOP_KERNELS})")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "model": model_name, "layers": layers or "all", "seq": seq,
            "global_batch": args.global_batch, "steps": steps,
-           "lr": args.lr, "device": torch.cuda.get_device_name(0) if use_cuda else "cpu",
+           "lr": args.lr, "recompute": args.recompute, "device": torch.cuda.get_device_name(0) if use_cuda else "cpu",
            "command": " ".join(sys.argv)}
 
     def save():
@@ -234,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
         with scoped_env(env):  # the run's process inherits it
             launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
-                                               use_cuda, args.lr, args.top), backend="nccl" if use_cuda else "gloo",
+                                               use_cuda, args.lr, args.top, args.recompute), backend="nccl" if use_cuda else "gloo",
                               timeout_s=EMULATED_TIMEOUT_S if label == "fp8_emulated" else 200)
         res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
         if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:

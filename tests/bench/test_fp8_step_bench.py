@@ -78,3 +78,16 @@ def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
     assert moved["bf16"]["losses"][1:] != res["bf16"]["losses"][1:]
     # bf16 once more in its own process: the CPU's kernels are deterministic, so no spread at all
     assert moved["compare"]["bf16_again"]["max_rel_loss_diff"] == 0.0
+
+
+def test_recompute_full_reaches_the_layout_and_leaves_the_losses(four_runs, tmp_path):
+    """--recompute full re-runs every layer's forward in backward: on the CPU the same losses as without it."""
+    res, _ = four_runs
+    out = tmp_path / "recompute.json"
+    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--recompute", "full",
+                          "--out", str(out)]) == 0
+    again = json.loads(out.read_text())
+    assert again["recompute"] == "full" and res["recompute"] == "none"
+    assert "recompute=full" in again["bf16"]["layout"] and "recompute" not in res["bf16"]["layout"]
+    close = [abs(a - b) <= 1e-6 * abs(b) for a, b in zip(again["bf16"]["losses"], res["bf16"]["losses"])]
+    assert len(close) == 3 and all(close)
