@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from spec.catalog import get_model
+from spec.parallel_config import ParallelConfig
 from executor.data import global_batch, micro_batches
 from executor.kernels import first_use, fp8, get_backend
 from executor.kernels.fp8 import gemm, quantize, weight_cache
@@ -222,10 +223,11 @@ def test_precision_fp8_selects_the_fp8_backend_with_bf16_parameters():
     assert options_for_precision(ExecutorOptions(), "bf16").kernel_backend == "torch"
 
 
-def _two_steps(backend: str) -> list[float]:
+def _two_steps(backend: str, recompute: str = "none") -> list[float]:
     spec = get_model("tiny-moe")
     torch.manual_seed(0)
-    model = MoEGPT(spec, single_process_state(), ExecutorOptions(kernel_backend=backend), 32, dtype=torch.bfloat16)
+    state = single_process_state(ParallelConfig(world_size=1, recompute_granularity=recompute))
+    model = MoEGPT(spec, state, ExecutorOptions(kernel_backend=backend), 32, dtype=torch.bfloat16)
     assert model.kernels.name == backend
     trainer = Trainer(model, lr=1e-2)
     losses = []
@@ -392,6 +394,21 @@ def test_training_with_the_cache_equals_training_without_it(cached, monkeypatch)
     assert counts == {"quantised": steps * forms, "reused": steps * (forms // 2 + (micro - 1) * forms),
                       "uncached": 0}
 
+
+
+def test_full_recompute_quantises_each_weight_form_once_a_step_too(cached):
+    """Under activation checkpointing the backward's saved tensors come back as new tensor objects: the weight
+    forms must still come from the cache (the weight rides on the autograd context, not in its saved tensors),
+    so a step quantises each form once as without recompute — and trains the same."""
+    plain = _two_steps("torch-fp8")
+    cached()  # reset the baseline
+    start = cached()
+    recomputed = _two_steps("torch-fp8", recompute="full")
+    counts = {k: v - start[k] for k, v in cached().items()}
+    spec = get_model("tiny-moe")
+    forms = spec.num_layers * (4 + 2) * 2
+    assert counts["quantised"] == 2 * forms and counts["uncached"] == 0
+    assert recomputed == plain
 
 
 def test_the_trainer_frees_the_weight_cache_before_the_optimizer_step(cached, monkeypatch):
