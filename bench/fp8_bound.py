@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from executor.kernels.fp8 import padded_groups, quantize_groups_colwise, quantize_rowwise
 from executor.microbench.timing import time_host_ahead
 from spec.catalog import get_model
 from spec.model_spec import ModelSpec
@@ -104,10 +105,8 @@ def _offsets(total: int, groups: int, device: torch.device) -> torch.Tensor:
 
 
 def _e4m3(shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random e4m3 values and per-row fp32 scales: an operand as the quantisation leaves it."""
-    x = torch.randn(*shape, device=device, dtype=torch.bfloat16)
-    scale = x.abs().amax(-1).float().clamp(min=1e-12) / 448.0
-    return (x / scale.unsqueeze(-1)).to(torch.float8_e4m3fn), scale
+    """A random operand as the executor's quantisation leaves it (e4m3 bytes, per-row fp32 scales)."""
+    return quantize_rowwise(torch.randn(*shape, device=device, dtype=torch.bfloat16))
 
 
 def bf16_op(g: Gemm, device: torch.device):
@@ -133,13 +132,13 @@ def fp8_op(g: Gemm, device: torch.device, grouped_as_dense: bool = False):
     if g.groups == 1 or grouped_as_dense:  # out [m, n], contraction k: a wgrad's too (its k is all rows)
         (qa, sa), (qb, sb) = _e4m3((g.m, g.k), device), _e4m3((g.n, g.k), device)
         return lambda: torch._scaled_mm(qa, qb.t(), sa.unsqueeze(1), sb.unsqueeze(0), out_dtype=out)
-    if g.wgrad:  # A = dyᵀ [n, rows] row-major, B = x [rows, k] column-major, scales per (group, row of A / B)
-        qa, _ = _e4m3((g.m, g.k), device)
-        qb, _ = _e4m3((g.n, g.k), device)
-        sa = torch.rand(g.groups * g.m, device=device) + 0.5
-        sb = torch.rand(g.groups * g.n, device=device) + 0.5
-        offs = _offsets(g.k, g.groups, device)
-        return lambda: torch._scaled_grouped_mm(qa, qb.t(), sa, sb, offs=offs, out_dtype=out)
+    if g.wgrad:  # as executor.kernels.fp8.gemm.scaled_grouped_wgrad calls the kernel: dy, x per (group, column)
+        bf = dict(device=device, dtype=torch.bfloat16)
+        dy, x = torch.randn(g.k, g.m, **bf), torch.randn(g.k, g.n, **bf)
+        groups = padded_groups(_offsets(g.k, g.groups, device), g.k)
+        (qa, sa), (qb, sb) = quantize_groups_colwise(dy, groups), quantize_groups_colwise(x, groups)
+        return lambda: torch._scaled_grouped_mm(qa, qb.t(), sa.flatten(), sb.flatten(), offs=groups.offs_G,
+                                                out_dtype=out)
     (qa, sa), (qw, sw) = _e4m3((g.m, g.k), device), _e4m3((g.groups, g.n, g.k), device)
     offs = _offsets(g.m, g.groups, device)
     return lambda: torch._scaled_grouped_mm(qa, qw.transpose(-2, -1), sa, sw, offs=offs, out_dtype=out)

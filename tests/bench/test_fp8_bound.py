@@ -52,11 +52,19 @@ def test_bounds_hand_worked():
 
 
 def test_bf16_ops_compute_the_gemm_they_name():
-    """The grouped forms contract what they should: the wgrad over each group's rows, one [m, n] per group."""
+    """The grouped forms contract what they should: the wgrad over each group's rows (16 of the 64 here), one
+    [m, n] per group, against a per-group product of the same operands (bf16_op draws dy [rows, m], then x)."""
     dev = torch.device("cpu")
     wgrad = Gemm("w", m=32, n=48, k=64, per_step=1, groups=4, wgrad=True)
+    torch.manual_seed(3)
     out = fp8_bound.bf16_op(wgrad, dev)()
+    torch.manual_seed(3)
+    dy, x = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(64, 48, dtype=torch.bfloat16)
     assert out.shape == (4, 32, 48)
+    for group in range(4):
+        rows = slice(16 * group, 16 * (group + 1))
+        want = dy[rows].float().t() @ x[rows].float()
+        torch.testing.assert_close(out[group].float(), want, rtol=2e-2, atol=2e-2)
     fwd = Gemm("f", m=64, n=32, k=48, per_step=1, groups=4)
     assert fp8_bound.bf16_op(fwd, dev)().shape == (64, 32)
     assert fp8_bound.bf16_op(Gemm("d", 8, 24, 16, 1), dev)().shape == (8, 24)
