@@ -813,7 +813,7 @@ def _first_write_seconds(ctx: _Context, dense: int, expert: int) -> float:
     """Seconds a step's main-gradient accumulation takes less than the layer blocks price (an add per
     micro-batch): the first gradient of each of the rank's ``dense`` + ``expert`` weights is written, not
     added (``MAIN_GRAD_FIRST_BYTES``; 0 where no add is priced)."""
-    return ctx.first_write_saving * (dense + expert) / ctx.rates.hbm_bandwidth
+    return memory_time(ctx.rates, ctx.first_write_saving * (dense + expert), kernels=0)
 
 
 def _most_gemm_weights(ctx: _Context, c: ParallelConfig) -> int:
@@ -1057,7 +1057,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
     if ctx.fp8_weight_cast:
-        values[_I_MEM] += ctx.fp8_weight_cast * _most_gemm_weights(ctx, c) / ctx.rates.hbm_bandwidth
+        values[_I_MEM] += memory_time(ctx.rates, ctx.fp8_weight_cast * _most_gemm_weights(ctx, c), kernels=0)
     optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
     if c.optimizer_cpu_offload_fraction:
         optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
