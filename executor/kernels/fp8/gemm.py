@@ -183,7 +183,9 @@ class _Linear(torch.autograd.Function):
         ctx.x_dtype, ctx.x_shape = x_MK.dtype, x_MK.shape
         # the weight itself, not through save_for_backward: under activation checkpointing the saved tensors
         # come back as new tensor objects, which the weight cache cannot key on, and the backward's dgrad form
-        # would be quantised afresh every micro-batch (measured: 23 ms a step of a Mixtral proxy on an H100)
+        # would be quantised afresh every micro-batch (36 ms of a 540 ms Mixtral-proxy step under full
+        # recompute on an H100, docs/benchmarks.md). What this gives up: autograd's check that the weight was
+        # not written between forward and backward; the weight cache keys on its version and re-quantises.
         ctx.weight = w_NK
         wgrad = grad and ctx.needs_input_grad[1]
         w_q = quantized_weight(w_NK, both=grad and ctx.needs_input_grad[0])
