@@ -12,9 +12,9 @@ peaks equal the H100's), never fits to end-to-end training results:
 * fp8 GEMM 1421 of 1979 TFLOP/s           -> 0.718 of peak
 * torch._grouped_mm at Mixtral expert shapes 755 of 989 TFLOP/s -> 0.763 of peak (bf16)
 * torch._scaled_grouped_mm (fp8, per-row scales) at the same shapes ran 1.55x torch._grouped_mm on one H100
-  (forward fc1/fc2 1043/1084 against 694/678 TFLOP/s, 1024 rows an expert; bench/fp8_bound.py, 2026-11-27,
-  docs/benchmarks.md): 1.55 x 755 = 1170 of 1979 TFLOP/s -> 0.591 of the fp8 peak. (Until then fp8 grouped
-  GEMMs took the dense grouped/GEMM ratio of the fp8 GEMM ceiling, 0.693: 17 % faster than the kernel runs.)
+  (forward fc1/fc2 1043/1084 against 694/678 TFLOP/s, 1024 rows an expert; bench/fp8_bound.py,
+  docs/benchmarks.md): 1.55 x 755 = 1170 of 1979 TFLOP/s -> 0.591 of the fp8 peak. (Not the dense
+  grouped/GEMM ratio applied to the fp8 GEMM ceiling, 0.693: that prices them 17 % faster than the kernel runs.)
 * HBM copy 4.2 of 4.8 TB/s                -> 0.875 of datasheet bandwidth
 
 Attention's defaults are assumptions recorded in ``docs/time-model.md`` (flash-attention-class kernels on

@@ -15,16 +15,14 @@ Named quantities (all per rank, per layer, per micro-batch):
 - :data:`CP_FLASH_KERNEL_SLOWDOWN`: the chunks run on PyTorch's flash kernel
   (``aten._scaled_dot_product_flash_attention``, the one that aligns a chunk's causal diagonal bottom-right
   and takes GQA natively), while the calibrated curve and the non-CP path time SDPA's default kernel
-  (cuDNN on Hopper). Measured on one H200 (docs/benchmarks.md, "CP attention", 08:19 UTC): causal
-  attention over s = 4096, 32/8 heads, d 128, bf16, fwd+bwd, the flash kernel 0.939 ms per 1/2 of the
-  sequence against cuDNN SDPA 0.587: 1.60x. A kernel microbenchmark ratio, not a fit to training steps;
-  ``bench/cp_dispatch_gpu.py`` measures CP1 against CP2 at 2k/4k/8k to check it. Checked against that bench
-  (2 x H200, 2026-11-27 05:00 UTC, code 3448e84, ``bench/results/issue16/h200-0457/cp_dispatch.json``): the
-  CP2 core rose from 1.275 ms at seq 4096 to 3.773 ms at 8192 while the chunk kernels' FLOP price at slowdown
-  1 (the stored H200 profile's attention curves) rose from 0.580 to 2.092 ms; a per-chunk cost that does not
-  scale with the FLOPs cancels in that difference, which gives 2.499 / 1.512 = 1.65x, within 4 % of the
-  kernel ratio: the constant stays. (Seq 2048 is not used: its CP2 core, 1.164 ms for 0.30 ms of priced
-  kernels, is the chunk calls' floor below.)
+  (cuDNN on Hopper). Measured on one H200 with ``bench/cp_attention_check.py`` (docs/benchmarks.md, "CP
+  attention"): causal attention over s = 4096, 32/8 heads, d 128, bf16, fwd+bwd, the flash kernel 0.939 ms
+  per 1/2 of the sequence against cuDNN SDPA 0.587: 1.60x. A kernel microbenchmark ratio, not a fit to
+  training steps. ``bench/cp_dispatch_gpu.py`` (CP1 against CP2 at 2k/4k/8k) checks it: the growth of the
+  CP2 core from seq 4096 to 8192, over the growth of the chunk kernels' FLOP price at slowdown 1 in the same
+  span, cancels any per-chunk cost that does not scale with the FLOPs and comes out within 4 % of the
+  kernel ratio (docs/benchmarks.md, "CP flash-kernel slowdown against the CP bench"). Seq 2048 is left out
+  of that check: its CP2 core is the chunk calls' floor below, not their FLOPs.
 - per-chunk floor: ``ComputeRates.cp_chunk_floor`` (``HardwareProfile.cp_chunk_floor_s``): the least
   seconds one chunk call takes forward + backward, however short its kernel, because the device waits for
   the host issuing the call (the executor's chunk path: a Python autograd Function, chunk views, one flash

@@ -13,7 +13,7 @@ executor (``executor/``) while it runs ``Trainer.forward_backward`` and the step
 counted with a ``TorchDispatchMode`` on CPU ranks (gloo), bf16, torch 2.13, small-moe cut to 2 and 4
 layers and run with 1 and 2 micro-batches (the differences give per layer, per micro-batch and per step);
 view ops (view, permute, transpose, slice, expand, ...) and metadata queries are not counted because
-they launch no kernel. Collectives are the ``c10d::`` ops of the same count. Counted on 2026-11-26; the
+they launch no kernel. Collectives are the ``c10d::`` ops of the same count. The counting
 script is ``tests/executor/test_host_ops.py`` (``measure``), which re-measures and checks these constants.
 
 Known differences on CUDA (not measured here, so not applied): ``F.rms_norm`` is one fused kernel per

@@ -89,7 +89,8 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
     in the compute dtype with its fp32 softmax (``b + 4`` bytes per block logit; ``4`` in fp32, where the copy
     is the GEMM's output itself) and the output weight's 16-bit gradient (``V/tp · h · w`` bytes) before it is
     added into the main gradient. That is the torch path's block; on a GPU the Triton kernels keep no fp32
-    copy, so there it is an upper bound by 4 bytes per block logit (not yet re-measured with the kernels). The heads run one after another: one block is live at a time. The fixed
+    copy, so there it is an upper bound by 4 bytes per block logit (the kernels' own peak is not measured).
+    The heads run one after another: one block is live at a time. The fixed
     part is (bytes per block logit, vocabulary rows, weight-gradient bytes); :func:`loss_fixed_bytes` prices it.
     """
     b, h, heads = training.activation_bytes, model.hidden_size, 1 + model.mtp_num_layers

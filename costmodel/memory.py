@@ -72,8 +72,8 @@ EXECUTOR_BUCKET_BYTES = 25 * _MIB
 #: temporaries of 2 · 4 B · S), then the write-back, which makes the 16-bit copy of the master shard (2 B · S)
 #: and, over a group of two or more without overlap_param_gather, the all-gathered 16-bit bucket (2 B · B).
 #: With overlap_param_gather the gather runs in place into the parameters (no bucket copy). The step's peak is
-#: the larger of the two moments. Measured on 2 × H200 (bench/results/issue16/h200-0545, Mixtral proxy, pp2
-#: mbs1 full recompute): the peak was 2.5 GiB below a prediction that counted the chain's 8 B per element.
+#: the larger of the two moments. Measured on 2 × H200 (Mixtral proxy, pp2 mbs1 full recompute;
+#: docs/benchmarks.md): the peak was 2.5 GiB below a prediction that counted the chain's 8 B per element.
 OPT_STEP_TEMP_PER_SHARD_ELEMENT = 0
 OPT_WRITE_BACK_PER_SHARD_ELEMENT = 2
 OPT_WRITE_BACK_PER_BUCKET_ELEMENT = 2
@@ -1008,7 +1008,7 @@ def expert_weight_grad_bytes(model: ModelSpec, training: TrainingSpec, ep: int, 
     biases, other activations) makes them in separate nodes, one tensor at a time. The one-node path needs
     ``torch._grouped_mm`` on the device (Hopper in bf16); on other GPUs this over-counts by the smaller tensor
     (the model does not see the GPU here). Measured on 2 × H200
-    (bench/results/issue16/h200-0746, Qwen3-30B-A3B proxy, pp2 mbs2): the first stage's peak was 1.26 GiB above
+    (Qwen3-30B-A3B proxy, pp2 mbs2; docs/benchmarks.md): the first stage's peak was 1.26 GiB above
     the activations' prediction, its layer's expert weights being 1.125 GiB.
     """
     tensors = _expert_param_tensors(model, ep, etp)

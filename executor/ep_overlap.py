@@ -45,8 +45,8 @@ queues a partner's compute segment under an exchange in flight (:meth:`Overlap.t
 unpaired first forward and last backward, nor the segments after one stream has ended), and restores the
 previous setting afterwards, exceptions included. The setting is process-wide (``at::Context``) and read
 when a kernel is launched, so it also reaches the backward's kernels that autograd's device thread
-launches. What honours it (PyTorch source read 2026-11-27, aten/src/ATen/native/cuda/GroupMM.cu and
-aten/src/ATen/cuda/CUDABlas.cpp). Measured on 2 × H200 (2026-11-27 08:14 UTC, docs/benchmarks.md): a carveout
+launches. What honours it (from PyTorch's source, aten/src/ATen/native/cuda/GroupMM.cu and
+aten/src/ATen/cuda/CUDABlas.cpp). Measured on 2 × H200 (docs/benchmarks.md): a carveout
 of 16 made the overlapped step slower (418.9 ms against 408.9 with none; off 421.7), so it stays off:
 
 - ``torch._grouped_mm`` in bf16 on SM90 (H100/H200), the CUTLASS kernel: launched on (SMs − n) SMs
@@ -313,7 +313,7 @@ class Overlap:
     def _start(self, ex: Exchange, beside: bool = False):
         """Start ``ex``; ``beside``: compute of the other micro-batch runs under it. With 'auto' only such an
         exchange goes over the copy engines: in line, nothing shares the SMs, and NCCL's all-to-all alone is
-        faster (2 x H200, 2026-11-27: 0.14 ms against 0.24 ms for the Mixtral EP2 dispatch of one micro-batch,
+        faster (2 x H200: 0.14 ms against 0.24 ms for the Mixtral EP2 dispatch of one micro-batch,
         bench/ce_alltoall_probe.py). With 'copy_engine' every exchange does."""
         if ex.deferred:
             self._log("sizes", ex.tag)

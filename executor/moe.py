@@ -49,7 +49,7 @@ class GroupedExperts(torch.nn.Module):
     forward and in both backward GEMMs (dgrad, wgrad), and the dgrad adds gate's and up's contributions to
     the rows' gradient inside the GEMM (no separate add). Measured, the width buys no speed: forward the fused
     GEMM takes as long as the two separate ones, backward about as long as they plus their add
-    (docs/benchmarks.md, the fused gate/up GEMM under "Executor (08:19)"). The layout is Megatron's
+    (docs/benchmarks.md, the fused gate/up GEMM in the 4 × H200 executor table). The layout is Megatron's
     GroupedMLP one and hands the fused SwiGLU a single [rows, 2·F/etp] tensor."""
 
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,

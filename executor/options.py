@@ -32,7 +32,7 @@ class ExecutorOptions:
     block); 0 computes the whole [tokens, vocab/tp] logits and then their fp32 copies, as Megatron's
     unfused loss does (see ``executor.parallel.linear_cross_entropy``).
 
-    Decoder-stack speed switches (issue 19; each tested equal to the path it replaces, see
+    Decoder-stack speed switches (each tested equal to the path it replaces, see
     tests/executor/test_stack_fusions.py): ``fused_qkv`` runs the Q, K and V projections as one GEMM against
     the three weights concatenated (one [tokens, h] × [h, (heads + 2·kv_heads)·d] product instead of three,
     the K/V ones narrow); ``fused_rope`` rotates q and k in one Triton kernel launch on CUDA (torch elsewhere);

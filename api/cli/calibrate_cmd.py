@@ -15,8 +15,8 @@ step of the model (executor/microbench/step_components.py, costmodel/calibrate/s
 ``--components isolated`` times each block alone (executor/microbench/components.py). The isolated blocks ran
 with the host further ahead of or behind the GPU than in a step: priced with their factors, the 22 stored
 H200 layouts of Qwen3 and DeepSeek-V2-Lite came out 11 % and 6.7 % off (MAPE), with factors read from those
-tables' own 1-GPU step phases 4.6 % and 3.8 % (an offline evaluation, bench/results/issue16/instep-offline);
-run on 2 × H200 (2026-11-27, code f6e8e21) they gave 4.2 / 3.8 / 8.5 % for Mixtral, Qwen3 and DeepSeek-V2-Lite.
+tables' own 1-GPU step phases 4.6 % and 3.8 % (an offline evaluation); run on 2 × H200 they gave
+4.2 / 3.8 / 8.5 % for Mixtral, Qwen3 and DeepSeek-V2-Lite (docs/benchmarks.md).
 On a GPU the in-step components are followed by a host probe (``--no-host-probe`` skips it): the model's host
 seconds per micro-batch, stored as the factors 'host' and 'host_recompute' (costmodel.calibrate.host_factors).
 

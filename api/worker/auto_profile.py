@@ -78,8 +78,8 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
     if launcher is not None:  # every rank on one node: the machine's curves, as a local calibration times them
         launcher = functools.partial(launcher, ranks_per_node=ranks)
     # The sustained-load run stays in: without it the profile prices at the cool card's burst clock. Two H200s
-    # held 0.83 of it under load (2026-11-27); first trials priced without it were 22-25 % fast (2 x H200,
-    # 2026-11-26 at 9582f22), with it 6-10 % (2026-11-27 at 21ef25e).
+    # held 0.83 of it under load; first trials priced without it were 22-25 % fast, with it 6-10 %
+    # (docs/benchmarks.md).
     plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True,
                      sustained_s=0.0 if mode == "minimal" else SUSTAINED_SECONDS, minimal=mode == "minimal")
     raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0, launcher=launcher)

@@ -57,7 +57,7 @@ class ComponentReport:
     counts: dict[str, int]  # occurrences of each component in one pass through the model
     factors: dict[str, float]  # term -> measured / predicted
     # component -> how its time was measured (executor.microbench.timing's method strings); empty in reports
-    # written before the field (2026-11-27), whose blocks were wall clock over 8 calls, host issue time included
+    # written before the field existed, whose blocks were wall clock over 8 calls, host issue time included
     timing: dict[str, str] = field(default_factory=dict)
 
     @property

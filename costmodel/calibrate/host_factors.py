@@ -1,8 +1,8 @@
 """Host factors of one model: the host probe's measured seconds per micro-batch against the host floor.
 
 The cost model floors each micro-batch at the host's time to issue it: ops counted on CPU ranks for a small
-GQA model (costmodel/host.py) times a per-op cost from a small-model MoE layer. On 2 H200s (2026-11-27,
-docs/benchmarks.md) the steps of real model shapes issued at a short sequence, where every kernel ends before
+GQA model (costmodel/host.py) times a per-op cost from a small-model MoE layer. On 2 H200s
+(docs/benchmarks.md) the steps of real model shapes issued at a short sequence, where every kernel ends before
 the host queues the next, took 1.5-3.4x that floor per micro-batch (33 of 35 layouts, median 2.47) for
 Qwen3-30B-A3B and DeepSeek-V2-Lite proxies, and full recomputation added 3.4-6.7x the host seconds the model gave
 it: the layouts with many small micro-batches per rank and full recomputation were the ones the model
@@ -15,7 +15,7 @@ This module turns the two per-micro-batch seconds into the two correction keys t
 
 The probe's premise (the host, not the device, sets the pace at the short sequence) does not hold for every
 model: a Mixtral-8x7B proxy reads 2.8 B expert parameters per micro-batch whatever the sequence, and its probe
-(2 x H200, 2026-11-27 12:49 UTC) measured 15.99 ms per micro-batch where the model's device time alone is
+(2 x H200, docs/benchmarks.md) measured 15.99 ms per micro-batch where the model's device time alone is
 15.6 ms. Such a probe says nothing about the host, so a factor is kept only where the measurement exceeds the
 model's device time by DEVICE_BOUND_MARGIN.
 """
@@ -34,7 +34,7 @@ from spec.training_spec import TrainingSpec
 MIN_RECOMPUTE_SHARE = 0.02
 #: a probe step under this multiple of the model's device time may be device-bound: no host factor from it.
 #: The device time is uncorrected (the component factors are measured at seq 4096, not at the probe's
-#: sequence), and 1.3 leaves room for its error: the probes of 2026-11-27 12:49 UTC measured 1.45-2.9x it where
+#: sequence), and 1.3 leaves room for its error: the probes on 2 x H200 measured 1.45-2.9x it where
 #: the host set the pace (Qwen3, DeepSeek) and 1.02x (1.28x with full recomputation) where it did not (Mixtral).
 DEVICE_BOUND_MARGIN = 1.3
 

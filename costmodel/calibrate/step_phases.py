@@ -3,7 +3,7 @@
 The isolated blocks of ``executor.microbench.components`` do not run as the same blocks do inside a step:
 timed alone, many-small-kernel attention blocks (MLA, Qwen3's q/k norms) measured the host (wall clock) or ran
 with the host further ahead than a step lets it (device time), so their factors moved 1-GPU step predictions
-away from the measured steps (docs/benchmarks.md, 2026-11-27). A training step's phase timer
+away from the measured steps (docs/benchmarks.md). A training step's phase timer
 (``executor.timing.PhaseTimer``) cuts the step into consecutive device-stream intervals named after the
 executor's blocks; this module turns those per-step phase seconds into the component seconds that
 :func:`costmodel.calibrate.component_factors.build_report` compares with the cost model.
@@ -22,10 +22,10 @@ micro-batches):
 * ``embedding``: phase 'embedding' (the lookup, its backward's dense [vocab, h] gradient and its fp32
   main-grad accumulation; the phase stays open until the next micro-batch's forward, so the step's few
   per-micro-batch statistics ops land in it too) -> part 'embedding' (memory_bound). The isolated blocks
-  had no embedding; here it is needed: on the H200 tables of 2026-11-27 the phase took 1.0-1.6 ms per
-  micro-batch against 0.37-0.77 ms priced, and without it the head's factor (0.86-0.88) removed the error
-  that offset it (in an offline trial without this component, not stored, Qwen3's and DeepSeek-V2-Lite's
-  held-out MAPE rose above 5 %; with it: bench/results/issue16/instep-offline/offline.log).
+  had no embedding; here it is needed: on the H200 layout tables the phase took 1.0-1.6 ms per
+  micro-batch against 0.37-0.77 ms priced, and without it the head's factor (0.86-0.88) would remove the
+  error that offsets it (left out, Qwen3's and DeepSeek-V2-Lite's held-out MAPE rises above 5 %;
+  docs/benchmarks.md, "In-step components").
 * ``optimizer``: phase 'optimizer' over the layout's parameters (seconds per parameter).
 
 Left out: 'other' (residual adds, loss scaling, step statistics, host waits between blocks), 'grad_reduce' and the

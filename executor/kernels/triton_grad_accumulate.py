@@ -4,7 +4,7 @@ Triton kernel on CUDA, where Triton imports.
 Every micro-batch's backward adds each 16-bit weight gradient into its fp32 ``main_grad``
 (:func:`executor.parallel.grad_reduce._accumulate`). torch's ``main.add_(grad)`` with mixed dtypes runs its
 non-vectorised 'unrolled' elementwise kernel: on one H200 it took 49 ms, 20 % of a Mixtral 2-layer proxy
-step (bench/results/issue16/h200-0746/fp8_drift.json: 200 calls, 4 micro-batches of 3.16e9 parameters,
+step (docs/benchmarks.md: 200 calls, 4 micro-batches of 3.16e9 parameters,
 127 GB at 10 bytes each, i.e. about 2.6 TB/s of the H200's 4.8). This kernel moves the same 10 bytes per element
 (read 2 + 4, write 4) with large blocks and several elements per thread, so the loads and stores are wide.
 
@@ -43,7 +43,7 @@ NUM_WARPS = 8
 VEC = 4
 
 #: Smallest tensor (elements) the kernel takes: below it torch's add_ is faster, its launch costing less
-#: host time than the Triton launch's. Measured on one H200 (bench/results/issue19/h200-0812): at 1.0 M
+#: host time than the Triton launch's. Measured on one H200 (bench/grad_accumulate_gpu.py): at 1.0 M
 #: elements torch 9.2 us against the kernel's 41.5 us; at 16.8 M the kernel 43.4 us against 64.5 us. Sizes in
 #: between were not measured: 4 M is a guess at the crossing.
 MIN_KERNEL_ELEMENTS = 1 << 22
@@ -157,7 +157,7 @@ def accumulate_main_grad_(main: torch.Tensor, grad: torch.Tensor) -> None:
 def copy_main_grad_(main: torch.Tensor, grad: torch.Tensor) -> None:
     """``main = grad`` widened to fp32 (a step's first gradient): the Triton kernel in copy mode where
     :func:`usable`, else torch's ``copy_``, whose mixed-dtype path is the non-vectorised kernel (1.8 TB/s on
-    an H100, bench/results/issue19/h100-2125)."""
+    an H100, docs/benchmarks.md)."""
     if main.numel() >= MIN_KERNEL_ELEMENTS and usable(main, grad):
         accumulate_(main, grad, copy=True)
     else:

@@ -171,7 +171,7 @@ def measure_components(spec: ModelSpec, seq_length: int, micro_batch_size: int, 
     blocks = _blocks(spec, seq_length, micro_batch_size, device, dtype, options)
     for name, op in blocks.items():
         # device time with the host ahead: wall clock around a window of MLA's many small kernels measured the
-        # host (3.17 ms against 1.45 priced on an H200, 2026-11-27), and those factors over-priced 1-GPU steps by
+        # host (3.17 ms against 1.45 priced on an H200), and those factors over-priced 1-GPU steps by
         # layers x micro-batches x the excess (docs/benchmarks.md)
         measured[name], methods[name] = time_host_ahead(op, device, calls=COMPONENT_CALLS)
     del blocks

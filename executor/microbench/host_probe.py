@@ -43,7 +43,7 @@ def host_probe_worker(rank: int, world_size: int, model: ModelSpec, training: Tr
     micro_batches`` micro-batches per rank. Returns the median step seconds of each length (``steps_s``, keyed by
     micro-batches per rank) and ``host_s``: the median over pairs of (long - short) / micro_batches, the host
     seconds per micro-batch. Pairs rather than two separate runs: the host's speed differs between processes
-    and drifts within one (2 x H200, 2026-11-27: separate processes gave full recomputation a smaller
+    and drifts within one (on 2 x H200 separate processes gave full recomputation a smaller
     increment than none), and adjacent steps of one process share both."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     options = options_for_precision(ExecutorOptions.for_training(training, model=model), training.precision)

@@ -20,8 +20,8 @@ from executor.optimizer import HostPart, offload_threads
 GPU_LINK_BYTES = 256 << 20
 # 1.5 GiB of optimizer state: nearer the working set of a real offloaded shard (GBs). At 24 << 20 elements one
 # H200 host measured 24.5 GB/s, which priced the CPU part of a 4.5e9-element offloaded step at 2.2 s while its
-# whole optimizer phase, copies included, took 1.82 s (2026-11-27, bench/offload_gpu.py); the bench now also
-# records the rate at 24 M, 128 M and 512 M elements (35.8 / 39.1 / 42.8 GB/s on the next run).
+# whole optimizer phase, copies included, took 1.82 s (bench/offload_gpu.py, docs/benchmarks.md); the rate
+# rises with the working set (35.8 / 39.1 / 42.8 GB/s at 24 M, 128 M and 512 M elements).
 CPU_ADAM_ELEMENTS = 128 << 20
 QUICK_CPU_ADAM_ELEMENTS = 1 << 20
 

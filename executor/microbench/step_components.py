@@ -2,8 +2,8 @@
 
 The isolated blocks of :mod:`executor.microbench.components` run without the step around them, so the host
 is further ahead of (device-time timing) or behind (wall clock) the GPU than in a step; their factors moved
-1-GPU step predictions away from the measured steps of Qwen3 and DeepSeek-V2-Lite (docs/benchmarks.md,
-2026-11-27). Here the component times come from the step itself: :func:`measure_step` runs one world-size-1
+1-GPU step predictions away from the measured steps of Qwen3 and DeepSeek-V2-Lite
+(docs/benchmarks.md). Here the component times come from the step itself: :func:`measure_step` runs one world-size-1
 layout (no recomputation, ``micro_batches`` micro-batches of ``micro_batch_size`` sequences) through
 :func:`executor.profile.profile_layout`, the path the layout tables measure with (a spawned local rank,
 warm-up then timed steps, the phase timer on for the timed ones), and returns its Measurement.

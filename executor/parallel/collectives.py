@@ -197,8 +197,8 @@ def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int
     with torch.cuda.stream(side):  # the backend's stream waits for ``side``: for ``after`` only
         # The output is allocated on the side stream: a block the allocator hands out on the current stream
         # may still be read by kernels queued there after ``after``, which the exchange does not wait for
-        # (2 x H200, 2026-11-27: the overlapped step's losses were 2 % off the in-line run's with the buffer on
-        # the current stream, 1.3e-4 with it here).
+        # (on 2 x H200 the overlapped step's losses were 2 % off the in-line run's with the buffer on the
+        # current stream, 1.3e-4 with it here).
         out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
         work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group.pg, async_op=True)
     _record_stream(out, current)  # read there after wait(): not reused by the side stream before that

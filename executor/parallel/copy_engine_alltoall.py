@@ -1,7 +1,7 @@
 """An uneven all-to-all of rows moved by the GPUs' copy engines, not by kernels on their SMs.
 
 Why: under the EP all-to-all overlap (executor/ep_overlap.py) NCCL's all-to-all kernels share the SMs with
-the other micro-batch's persistent grouped GEMMs. On 2 x H200 (2026-11-27, docs/benchmarks.md) that compute
+the other micro-batch's persistent grouped GEMMs. On 2 x H200 (docs/benchmarks.md) that compute
 took 17.7 ms longer per step with the overlap, nearly the 15.3 ms of all-to-all it hid. Copies between
 peer memory (``cudaMemcpyAsync`` on pointers into another GPU's memory, which ``Tensor.copy_`` issues for
 contiguous rows) run on the copy engines, and the handshake's signals are stream memory operations
@@ -28,7 +28,7 @@ Handshake, through two counters per ordered pair, both at the rank that waits on
 
 With G = 2 the push's wait is for a round that was pulled an exchange earlier: it is met when reached,
 and only the pull waits. Why that matters: beside busy compute each wait on another GPU's write may stretch
-an exchange (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py, one call each: 12 exchanges beside a loop of
+an exchange (2 x H200, bench/ce_alltoall_probe.py, one call each: 12 exchanges beside a loop of
 grouped GEMMs ended after 18 ms with one generation, whose every round also waited for a 'free' signal sent
 just before, and after 12-14 ms with two; alone they take 2.8 ms).
 
@@ -158,7 +158,7 @@ class StreamSignals:
 
     Why not torch's ``put_signal``/``wait_signal`` (binary flags): they are kernels, which need an SM beside
     persistent grouped GEMMs that hold every SM; stream memory operations need none, which is the reason for
-    them. Measured (2 x H200, 2026-11-27, bench/ce_alltoall_probe.py, one call each): a GEMM loop took 12 ms
+    them. Measured (2 x H200, bench/ce_alltoall_probe.py, one call each): a GEMM loop took 12 ms
     longer beside 12 exchanges signalled by those kernels, and 11-12 ms with these operations in the next call;
     4-7 ms in the two calls after that with the same signals (docs/benchmarks.md: not explained by the code).
 

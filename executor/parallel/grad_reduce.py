@@ -77,7 +77,7 @@ def _accumulate(param: torch.nn.Parameter) -> None:
         param._main_grad_stale = False
     else:
         # main_grad += grad: the vectorised Triton kernel on CUDA (bitwise torch's add_, checked on first use),
-        # torch's add_ elsewhere; torch's mixed-dtype add ran at about half the HBM rate (issue 19).
+        # torch's add_ elsewhere; torch's mixed-dtype add runs at about half the HBM rate (docs/benchmarks.md).
         accumulate_main_grad_(param.main_grad, param.grad)
     param.grad = None
 

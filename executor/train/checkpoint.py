@@ -204,7 +204,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         for key in ["model/" + info.name] + [f"optim/{info.name}/{m}" for m in MOMENTS]:
             gate, up = _gate_up_keys(key)
             if gate is not None and key not in stored and gate in stored and up in stored:
-                split.append(key)  # written before 2026-11-26: w13 [E, 2, F, H] was w1 and w3 [E, F, H]
+                split.append(key)  # an older checkpoint: w1 and w3 [E, F, H] stored apart, not w13 [E, 2, F, H]
                 half = (shape[0], *shape[2:])
                 full[gate] = torch.empty(half, dtype=torch.float32)
                 full[up] = torch.empty(half, dtype=torch.float32)

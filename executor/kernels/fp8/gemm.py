@@ -11,8 +11,8 @@ the contraction dim (the tokens), with scales per (group, row of A) and (group, 
 needs every group's token count a positive multiple of 16, so the rows are copied into a layout where
 each group is padded with zero rows to such a count (an empty expert gets 16 zero rows: a zero
 gradient), which leaves amax and products unchanged. That fp8 wgrad is opt-in (FOLDTUNE_FP8_WGRAD=fp8): by
-default the expert wgrad runs as a bf16 ``torch._grouped_mm``, which on an H100 (2026-11-27, the Mixtral
-proxy of bench/fp8_step.py) stepped faster — the 2D×2D fp8 kernel ran only ~1.1× the bf16 one and its two
+default the expert wgrad runs as a bf16 ``torch._grouped_mm``, which on an H100 (the Mixtral proxy of
+bench/fp8_step.py, docs/benchmarks.md) steps faster — the 2D×2D fp8 kernel ran only ~1.1× the bf16 one and its two
 per-expert quantisations over the largest operands cost more than that saved — and leaves the weight
 gradient unquantised.
 (The padded layout is :class:`executor.kernels.fp8.quantize.PaddedGroups`.)

@@ -162,7 +162,7 @@ if triton is not None:
     def _e4m3(v, HW: tl.constexpr):
         """The e4m3fn byte of fp32 ``v``: HW, the GPU's conversion (sm89+: cvt.rn.satfinite, two values an
         instruction), else _e4m3_byte's ~35 integer operations, which bound the quantisation kernels by the
-        ALUs at a third of HBM bandwidth (H100, 2026-11-27). The two agree on every value amax scaling
+        ALUs at a third of HBM bandwidth (on an H100). The two agree on every value amax scaling
         produces (|v| <= 448·(1 + 2^-22)); HW is used only where the first-use check found them equal."""
         if HW:
             return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
