@@ -23,7 +23,7 @@ DEFAULT_RATE_PER_S = 20.0
 DEFAULT_RATE_BURST = 200
 DEFAULT_PLAN_SECONDS = 30.0  # the largest bounded plans take seconds; the rest of the limit is for a loaded host
 DEFAULT_PLAN_CONCURRENCY = 2  # planning runs at once (each up to some hundred MB and one CPU core)
-DEFAULT_SHUTDOWN_SECONDS = 10.0  # how long `foldtune serve` lets requests in flight finish after SIGTERM
+DEFAULT_SHUTDOWN_SECONDS = 5.0  # how long `foldtune serve` lets requests in flight finish after SIGTERM
 
 
 @dataclass(frozen=True)
