@@ -22,7 +22,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest legitimate body is a meas
 DEFAULT_RATE_PER_S = 20.0
 DEFAULT_RATE_BURST = 200
 DEFAULT_PLAN_SECONDS = 30.0  # the largest bounded plans take seconds; the rest of the limit is for a loaded host
-DEFAULT_PLAN_CONCURRENCY = 2  # planning runs at once (each up to some hundred MB and one CPU core)
+DEFAULT_PLAN_CONCURRENCY = 2  # planning runs at once (each up to about 0.5 GB and one CPU core)
 DEFAULT_SHUTDOWN_SECONDS = 5.0  # how long `foldtune serve` lets requests in flight finish after SIGTERM
 
 

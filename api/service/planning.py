@@ -3,7 +3,7 @@ the request (POST /v1/plans, and the runnable check of POST /v1/jobs), so each r
 one of a fixed number of slots and stops at a time limit. A request that finds every slot busy, or whose
 planning runs past the limit, is answered 503 with the reason and a ``Retry-After``, never left to hang.
 
-With the size bounds of :mod:`spec.limits` one planning run holds at most some hundred MB, so the slots
+With the size bounds of :mod:`spec.limits` one planning run holds at most about 0.5 GB, so the slots
 bound the planner's memory as well as its CPU.
 """
 
