@@ -17,12 +17,15 @@ from contextlib import contextmanager
 from api.service.errors import Unavailable
 from planner.time_limit import PlanningTimeout, time_limit
 
-# a request waits this long for a free slot before it is told to come back (the slots' work is seconds)
-SLOT_WAIT_S = 1.0
+# a request waits this long (at most its planning time limit) for a free slot before it is told to come back:
+# long enough for a burst of small plans to queue through, short enough that a waiting request holds its
+# server thread for a bounded time
+SLOT_WAIT_S = 10.0
 
 
 class PlanningGate:
-    """At most ``slots`` planning runs at once, each stopped after ``seconds`` of wall clock."""
+    """At most ``slots`` planning runs at once, each stopped after ``seconds`` of wall clock; a request waits
+    for a slot up to :data:`SLOT_WAIT_S` or ``seconds``, whichever is shorter."""
 
     def __init__(self, slots: int, seconds: float) -> None:
         self.slots, self.seconds = slots, seconds
@@ -31,8 +34,8 @@ class PlanningGate:
     @contextmanager
     def __call__(self) -> Iterator[None]:
         """Hold a slot and the time limit for the planning inside the block; :class:`Unavailable` when no
-        slot comes free within :data:`SLOT_WAIT_S` or the planning runs past the limit."""
-        if not self._free.acquire(timeout=SLOT_WAIT_S):
+        slot comes free in time or the planning runs past the limit."""
+        if not self._free.acquire(timeout=min(SLOT_WAIT_S, self.seconds)):
             raise Unavailable("planner-busy", "Planner busy",
                               f"all {self.slots} planning slots are busy (FOLDTUNE_PLAN_CONCURRENCY); retry shortly",
                               retry_after=max(1, math.ceil(self.seconds / 2)))
