@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from executor.failure import is_out_of_memory
+from executor.safe_load import RefusedPickle, load_rank_result
 from spec.failure import FailureKind
 
 OOM_EXIT = 3
@@ -159,7 +160,11 @@ def _launch_once(fn: Callable, world_size: int, args: tuple, backend: str, timeo
         if failure:
             kind, reason = failure
             return LaunchResult(False, reason, wall_s=time.monotonic() - start, failure_kind=kind)
-        results = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+        try:
+            results = [load_rank_result(os.path.join(outdir, f"rank{r}.pt")) for r in range(world_size)]
+        except RefusedPickle as exc:
+            return LaunchResult(False, f"a rank's result was refused: {exc}", wall_s=time.monotonic() - start,
+                                failure_kind=FailureKind.ERROR)
         return LaunchResult(True, None, results, time.monotonic() - start)
     finally:
         _stop(procs)

@@ -61,6 +61,7 @@ from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
 from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
+from planner.time_limit import check_time
 from planner.enumerate import (NO_OFFLOAD, ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
                                pipeline_fields, recompute_count)
 
@@ -232,6 +233,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
     n_all = len(job.recompute)
     block = None
     for idx in indices:
+        check_time()
         lay = job.layouts[idx]
         sizes = lay.micro_batch_sizes
         if (lay.tp, lay.cp, lay.pp) != block:  # the enumeration leaves a (tp, cp, pp) block for good: its

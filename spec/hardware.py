@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
+from spec.limits import CLUSTER_BOUNDS, bound_problems
 
 GIB = 1024**3
 
@@ -408,6 +409,7 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        bound_problems(p, self, CLUSTER_BOUNDS)
         positive_ints(p, self, ("num_gpus",))
         problem = headroom_problem(self.min_headroom, self.gpu.hbm_bytes, self.hbm_reserved_bytes)
         if problem:

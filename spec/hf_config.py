@@ -33,12 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from spec.errors import SpecError
+from spec.limits import MAX_LAYERS
 from spec.model_spec import ModelSpec
 
 #: The largest config.json read (bytes); published ones are a few KiB.
 MAX_CONFIG_BYTES = 1 << 20
-#: The most decoder layers a config may declare (per-layer patterns are built from it; published: <= 94).
-MAX_LAYERS = 4096
 
 #: Keys that do not change the model foldtune computes, and why.
 IGNORED: dict[str, str] = {

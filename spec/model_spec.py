@@ -7,6 +7,7 @@ from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
 from spec.errors import SpecError
+from spec.limits import MODEL_BOUNDS, MODEL_LENGTHS, bound_problems
 from spec.suggest import unknown_fields
 
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -90,6 +91,7 @@ class ModelSpec:
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         p: list[str] = []
+        bound_problems(p, self, MODEL_BOUNDS, MODEL_LENGTHS)
         positive_ints(p, self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                                 "vocab_size", "max_position_embeddings", "make_vocab_size_divisible_by"))
         require(p, bool(self.name), "name must not be empty")

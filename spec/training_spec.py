@@ -7,6 +7,7 @@ from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
 from spec.errors import SpecError
+from spec.limits import TRAINING_BOUNDS, TRAINING_LENGTHS, bound_problems
 from spec.suggest import unknown_fields
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
@@ -75,6 +76,7 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        bound_problems(p, self, TRAINING_BOUNDS, TRAINING_LENGTHS)
         positive_ints(p, self, ("seq_length", "global_batch_size"))
         require(p, self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         require(p, self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")

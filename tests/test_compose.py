@@ -142,3 +142,64 @@ def test_one_worker_per_gpu_set_with_disjoint_devices():
         assert "count" not in device and device["device_ids"], name  # never `count: all`
         assert not seen & set(device["device_ids"]), name
         seen |= set(device["device_ids"])
+
+
+def _scripts(compose: dict) -> dict[str, str]:
+    """Each service's shell script (a ``bash -c`` / ``sh -c`` command), Compose's ``$$`` unescaped."""
+    scripts = {}
+    for name, service in compose["services"].items():
+        command = service.get("command")
+        if isinstance(command, list) and command[:2] in (["bash", "-c"], ["sh", "-c"]):
+            scripts[name] = command[2].replace("$$", "$")
+    return scripts
+
+
+def test_every_service_script_fails_closed():
+    scripts = _scripts(_compose())
+    assert set(scripts) >= {"runner", *_gpu_workers(_compose())}
+    for name, script in scripts.items():
+        assert re.match(r"set -e\w*( -o pipefail)?;", script) or script.startswith("set -euo pipefail;"), name
+        # `export/local/declare/readonly X=$(...)` returns the builtin's status, not the command's: masked
+        assert not re.search(r"\b(export|local|declare|readonly)\s+\w+=[\"']?\$\(", script), name
+        assert "&&" not in script, name  # under set -e a failed `a && b` list does not stop the script
+
+
+def _run_script(script: str, tmp_path: Path, env: dict[str, str], python_prints: str | None) -> tuple[int, set[str]]:
+    """Run ``script`` with stub ``python`` (printing ``python_prints``, or failing when None), ``ray``,
+    ``foldtune`` and ``nproc``; returns its exit status and which of ray/foldtune it started."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    ran = tmp_path / "ran"
+    stubs = {"python": f"echo {python_prints}" if python_prints is not None else "exit 1",
+             "ray": f"echo ray >> {ran}", "foldtune": f"echo foldtune >> {ran}", "nproc": "echo 4"}
+    for stub, body in stubs.items():
+        (bin_dir / stub).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / stub).chmod(0o755)
+    ran.unlink(missing_ok=True)
+    done = subprocess.run(["bash", "-c", script], env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, set(ran.read_text().split()) if ran.exists() else set()
+
+
+def test_the_runner_starts_nothing_when_the_token_helper_fails(tmp_path):
+    compose = _compose()
+    script = _scripts(compose)["runner"]
+    token = tmp_path / "token"
+    token.write_text("secret")
+    assert _run_script(script, tmp_path, {}, str(token)) == (0, {"ray", "foldtune"})  # the stubs run through
+    code, ran = _run_script(script, tmp_path, {}, None)  # the helper fails
+    assert code != 0 and ran == set()
+    code, ran = _run_script(script, tmp_path, {}, "")  # the helper prints no path
+    assert code != 0 and ran == set()
+
+
+def test_a_gpu_worker_starts_nothing_without_the_token_file(tmp_path):
+    compose = _compose()
+    for name in _gpu_workers(compose):
+        script = _scripts(compose)[name]
+        token = tmp_path / "token"
+        token.write_text("secret")
+        assert _run_script(script, tmp_path, {"FOLDTUNE_RAY_AUTH_TOKEN_FILE": str(token)}, None) == (0, {"ray"})
+        for env in ({}, {"FOLDTUNE_RAY_AUTH_TOKEN_FILE": str(tmp_path / "missing")}):
+            code, ran = _run_script(script, tmp_path, env, None)
+            assert code != 0 and ran == set(), (name, env)

@@ -5,7 +5,10 @@ first, and the signal handlers are installed after it: ``ray.init`` replaces the
 that exits the process on the spot, which left the job ``running`` until the stale-claim requeue and Ray's
 processes orphaned. With ours, a signal stops claiming, abandons the running trial (its ranks killed, the
 trial failed as lost with the reason 'runner shut down'), puts the job back in the queue at once and shuts
-Ray down (the local Ray this process started goes with it). A second signal exits at once.
+Ray down (the local Ray this process started goes with it). A second signal exits at once, and so does
+the process when that shutdown has not finished after FOLDTUNE_RUNNER_SHUTDOWN_SECONDS (default 30, within
+docker-compose's stop_grace_period), so a teardown stuck on an unreachable Ray node or database cannot
+hold the runner until it is killed.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import os
 import signal
 import sys
 
+from api.cli._shutdown import exit_timer
 from api.cli.tune_cmd import TrialPrinter
 from spec.errors import SpecError
 
 HELP = "claim queued tuning jobs from the database and run their trials through Ray"
+DEFAULT_SHUTDOWN_SECONDS = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     settings = RunnerSettings.from_env(args.database_url, args.runner_id)
     health_port = args.health_port if args.health_port is not None else _int_env("FOLDTUNE_RUNNER_HEALTH_PORT")
     health_host = args.health_host or os.environ.get("FOLDTUNE_RUNNER_HEALTH_HOST") or "127.0.0.1"
+    shutdown_s = _float_env("FOLDTUNE_RUNNER_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS)
     printer = TrialPrinter()
     runner = Runner(settings, on_event=printer)
     health = None
@@ -75,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             stopping.append(signum)
             print(f"runner {settings.runner_id}: {signal.Signals(signum).name}, shutting down", file=sys.stderr,
                   flush=True)
+            exit_timer(shutdown_s, f"runner {settings.runner_id}", 128 + signum)
             runner.stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,3 +105,14 @@ def _int_env(name: str) -> int | None:
         return int(value)
     except ValueError:
         raise SpecError(f"{name}={value!r} is not a port number") from None
+
+
+def _float_env(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise SpecError(f"{name}={value!r} is not a number of seconds")
+    return seconds

@@ -18,6 +18,7 @@ from api.schemas.problem import Problem
 from api.http.routes import best, catalog, health, jobs, metrics, plans, trainings, views
 from api.http.routes.dashboard import install_dashboard
 from api.http.settings import ApiSettings
+from api.service.planning import PlanningGate
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
 
@@ -49,6 +50,7 @@ def create_app(settings: ApiSettings | None = None, *, engine: Engine | None = N
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = metrics.Metrics(app.state.sessions)
     app.state.rate_limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
+    app.state.planning = PlanningGate(settings.plan_concurrency, settings.plan_seconds)
     install_problem_handlers(app)
 
     @app.middleware("http")

@@ -1,7 +1,7 @@
 """Every error of the API as an RFC 9457 problem (``application/problem+json``).
 
 The use cases raise domain errors (:mod:`api.service.errors`); this module is the one place that maps
-them to problems (NotFound 404, Conflict 409, RuleViolation 422, QuotaExceeded 403). Routes raise :class:`ProblemError`
+them to problems (NotFound 404, Conflict 409, RuleViolation 422, QuotaExceeded 403, Unavailable 503). Routes raise :class:`ProblemError`
 only for what is HTTP's own (a missing API key, an unready database). The handlers installed here also
 turn FastAPI's validation errors (listing each violated rule by name and location) and Starlette's HTTP
 errors (unknown route, wrong method) into problems, and any unexpected exception into a 500 problem that
@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from api.schemas.problem import Problem, ViolatedRule
-from api.service.errors import Conflict, NotFound, RuleViolation, ServiceError
+from api.service.errors import Conflict, NotFound, RuleViolation, ServiceError, Unavailable
 from api.service.quotas import QuotaExceeded
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -47,19 +47,20 @@ def _rule_line(rule: ViolatedRule) -> str:
 
 
 _DOMAIN_STATUS: tuple[tuple[type[ServiceError], int], ...] = ((NotFound, 404), (Conflict, 409), (RuleViolation, 422),
-                                                              (QuotaExceeded, 403))
+                                                              (QuotaExceeded, 403), (Unavailable, 503))
 
 
 def problem_of(error: ServiceError) -> ProblemError:
     """The problem a domain error answers as: NotFound 404, Conflict 409, RuleViolation 422 (with its rule),
-    QuotaExceeded 403 (with the quota as its rule)."""
+    QuotaExceeded 403 (with the quota as its rule), Unavailable 503 (with ``Retry-After``)."""
     status = next((code for cls, code in _DOMAIN_STATUS if isinstance(error, cls)), 400)
     errors = None
     if isinstance(error, RuleViolation):
         errors = [ViolatedRule(loc=error.loc, rule=error.rule, message=error.message)]
     elif isinstance(error, QuotaExceeded):
         errors = [ViolatedRule(loc=error.loc, rule=error.quota, message=error.message)]
-    return ProblemError(status, error.kind, error.title, error.detail, errors=errors)
+    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, Unavailable) else None
+    return ProblemError(status, error.kind, error.title, error.detail, errors=errors, headers=headers)
 
 
 def problem_response(request: Request, status: int, kind: str, title: str, detail: str | None = None,
@@ -86,7 +87,7 @@ def _validation_rules(errors: Sequence[dict[str, Any]]) -> list[ViolatedRule]:
 
 _STATUS_KINDS = {400: "bad-request", 401: "unauthorized", 403: "forbidden", 404: "not-found",
                  405: "method-not-allowed", 406: "not-acceptable", 409: "conflict", 413: "too-large",
-                 415: "unsupported-media-type", 429: "too-many-requests"}
+                 415: "unsupported-media-type", 429: "too-many-requests", 503: "unavailable"}
 
 
 _METHODS = ("DELETE", "GET", "OPTIONS", "PATCH", "POST", "PUT")  # HEAD goes with GET and is not listed

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import AfterValidator
 
 from api.schemas.common import BodyIn, Name, valid_text
+from spec.limits import MAX_GPUS
 
 
 class ModelOut(BaseModel):
@@ -44,7 +45,7 @@ class HardwareProfileIn(BodyIn):
 
     name: Name = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     gpu: GPUIn
-    gpus_per_node: int = Field(ge=1, le=100_000)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS)
     intra_node_bandwidth: float = Field(gt=0, le=1e30)
     intra_node_latency: float = Field(ge=0, le=1e6)
     inter_node_bandwidth: float = Field(gt=0, le=1e30)

@@ -13,6 +13,7 @@ from api.schemas.hf import HFConfigIn
 from api.schemas.router import RouterOptionsIn
 from api.schemas.proxy import ProxyIn, ProxyOut
 from spec.hardware import DEFAULT_MIN_HEADROOM, MAX_HEADROOM_FRACTION
+from spec.limits import MAX_GPUS, MAX_TRIALS
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
 
@@ -22,8 +23,6 @@ TrialStatus = Literal["running", "succeeded", "pruned", "failed"]
 ModelSpecIn = Annotated[ModelSpec, spec_validator(ModelSpec, "model_spec_rules")]
 TrainingSpecIn = Annotated[TrainingSpec, spec_validator(TrainingSpec, "training_spec_rules")]
 
-MAX_GPUS = 65536
-MAX_TRIALS = 10_000
 MAX_SECONDS = 30 * 24 * 3600.0
 
 

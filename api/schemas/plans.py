@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, ParallelConfig
+from spec.limits import MAX_LAYERS
 from spec.pipeline_layout import MAX_LAYOUT_CHARS, PipelineSplit
 from planner.enumerate import VPP_LIMIT
 from api.schemas.jobs import PlanClusterOut, WorkloadIn
@@ -23,8 +24,8 @@ class PipelineIn(BaseModel):
         None, min_length=1, max_length=MAX_LAYOUT_CHARS,
         description="e.g. 'Et*3|(tt|)*29,m|L': E embedding, t decoder layer, m MTP layer, L loss, '|' between "
                     "chunks (flattened: chunk j is virtual stage j // pp of rank j % pp); it fixes pp·vpp")
-    decoder_first_pipeline_num_layers: int | None = Field(None, ge=0, le=100_000)
-    decoder_last_pipeline_num_layers: int | None = Field(None, ge=0, le=100_000)
+    decoder_first_pipeline_num_layers: int | None = Field(None, ge=0, le=MAX_LAYERS)
+    decoder_last_pipeline_num_layers: int | None = Field(None, ge=0, le=MAX_LAYERS)
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
 

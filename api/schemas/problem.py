@@ -33,5 +33,7 @@ _DESCRIPTIONS = {
     403: "a quota of the caller's is used up (the quota named in errors)", 409: "conflict with the current state",
     413: "the request body is larger than the service accepts",
     429: "too many requests from this API key or address; retry after the Retry-After seconds",
-    422: "the request breaks a validation rule (each listed in errors)", 503: "the database is unreachable",
+    422: "the request breaks a validation rule (each listed in errors)",
+    503: "the service cannot do it now: the database is unreachable, or planning is busy or ran past its time "
+         "limit (the detail says which)",
 }

@@ -9,9 +9,8 @@ from pydantic import BaseModel, Field
 
 from api.schemas.common import BodyIn
 
+from spec.limits import MAX_LAYERS  # the schema's bound; the model's own layer count is checked against its spec
 from spec.proxy import proxy_of
-
-MAX_LAYERS = 4096  # the schema's bound; the model's own layer count is checked against its spec (proxy_layers)
 
 
 class ProxyIn(BodyIn):

@@ -15,6 +15,7 @@ from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
 from api.schemas.router import RouterOptionsIn
 from spec.router_options import FIELDS as ROUTER_FIELDS
 from api.schemas.proxy import ProxyIn, ProxyOut
+from spec.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LENGTH
 from spec.recipe import DEFAULT_RECIPE
 
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -23,7 +24,6 @@ ServerPath = Annotated[str, StringConstraints(min_length=1, max_length=4096, str
                        AfterValidator(valid_line)]
 
 MAX_STEPS = 10_000_000
-MAX_SEQUENCES = 1 << 24
 
 
 class TrainingCreate(RouterOptionsIn, ProxyIn, HFConfigIn):
@@ -41,8 +41,8 @@ class TrainingCreate(RouterOptionsIn, ProxyIn, HFConfigIn):
     model: Name | None = Field(None, description="catalog model name, with layout")
     model_spec: ModelSpecIn | None = Field(None, description="an inline model, with layout")
     cluster: ClusterIn | None = Field(None, description="GPUs to train on, with layout")
-    seq_length: int | None = Field(None, ge=1, le=1 << 20, description="tokens per sequence (default: the job's)")
-    global_batch_size: int | None = Field(None, ge=1, le=MAX_SEQUENCES,
+    seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="tokens per sequence (default: the job's)")
+    global_batch_size: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH,
                                           description="sequences per optimizer step (default: the job's)")
     data_path: ServerPath = Field(description="a dataset made by `foldtune data prepare`, on the server")
     steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps")

@@ -39,3 +39,12 @@ class RuleViolation(ServiceError):
     def __init__(self, loc: str, rule: str, message: str) -> None:
         super().__init__("validation", "Request breaks a validation rule", f"{loc}: {message} [{rule}]")
         self.loc, self.rule, self.message = loc, rule, message
+
+
+class Unavailable(ServiceError):
+    """The service cannot do this work now (every planning slot busy, or the planning ran past its time
+    limit); ``retry_after`` is the seconds a client should wait before asking again."""
+
+    def __init__(self, kind: str, title: str, detail: str, retry_after: int) -> None:
+        super().__init__(kind, title, detail)
+        self.retry_after = retry_after

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from api.service.capability import apply_proxy, check_job_runnable
 from api.service.errors import Conflict, RuleViolation, not_found
+from api.service.planning import PlanningGate, no_gate
 from api.service.quotas import Quotas, check_active_jobs, check_trials_per_job
 from api.schemas.proxy import proxy_view
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
@@ -108,13 +109,14 @@ def resolve_job(session: Session | None, request: WorkloadIn) -> ResolvedJob:
 
 
 def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None, *,
-               quotas: Quotas | None = None) -> tuple[Job, bool]:
+               quotas: Quotas | None = None, gate: PlanningGate | None = None) -> tuple[Job, bool]:
     """Store a queued job; returns it and whether it is new. A repeated ``idempotency_key`` returns the job
     stored the first time (Conflict if the request differs), so a retried submission is stored exactly once.
     A job the executor cannot run (its model, or no runnable fitting layout on the cluster) is refused here
     with the rule it breaks, never queued to fail later. ``quotas`` (the HTTP service's; none for the local
     CLI): QuotaExceeded past the trials per job or the owner's active jobs (a retry of a stored job is
-    answered with it, whatever the quota)."""
+    answered with it, whatever the quota). ``gate`` (the HTTP service's) bounds the runnable check's planning
+    (Unavailable beyond)."""
     resolved = resolve_job(session, request)
     if quotas is not None:
         check_trials_per_job(quotas, request.budget.max_trials)
@@ -123,8 +125,9 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     # as does the precision search flag (spec.precision_search)
     training_spec = with_router(with_precision_search(resolved.training.to_dict(), request.search_precision), router)
     session.commit()  # the check below plans for seconds at most; no transaction is held open meanwhile
-    check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,
-                       search_precision=request.search_precision)
+    with (gate or no_gate)():
+        check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,
+                           search_precision=request.search_precision)
     job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
               model_spec=resolved.model.to_dict(), training_spec=training_spec,
               cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,

@@ -8,15 +8,17 @@ from sqlalchemy.orm import Session
 from api.schemas.jobs import PlanClusterOut
 from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
 from api.service.errors import RuleViolation
+from api.service.planning import PlanningGate, no_gate
 from api.service.jobs import resolve_job
 from planner import NoValidLayoutError, SearchSpace, plan_precisions
 from spec.errors import InvalidConfigError
 from spec.precision_search import SEARCHED_PRECISIONS  # what search_precision plans
 
 
-def create_plan(session: Session, request: PlanCreate) -> PlanOut:
+def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None = None) -> PlanOut:
     """The ``top`` fastest layouts predicted to fit, with their memory and step-time breakdowns;
-    RuleViolation when no layout is valid. Ends the session's transaction before the planner runs."""
+    RuleViolation when no layout is valid. Ends the session's transaction before the planner runs; ``gate``
+    (the HTTP service's) bounds the planning's slots and time (Unavailable beyond)."""
     resolved = resolve_job(session, request)
     session.commit()
     try:
@@ -34,8 +36,9 @@ def create_plan(session: Session, request: PlanCreate) -> PlanOut:
     try:
         # one process: forking planner workers inside a server would copy the whole server
         # (the training's precision alone unless search_precision: then bf16 and fp8, the faster first)
-        results = plan_precisions(resolved.model, resolved.training, resolved.cluster, top=request.top, workers=1,
-                                  space=space)
+        with (gate or no_gate)():
+            results = plan_precisions(resolved.model, resolved.training, resolved.cluster, top=request.top,
+                                      workers=1, space=space)
     except NoValidLayoutError as exc:
         raise RuleViolation("body", "has_valid_layout", str(exc)) from None
     result = results[0]

@@ -19,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 from spec.hf_config import model_from_hf_config
 from executor.hf.names import foldtune_to_hf
 from executor.hf.weights import write_hf_directory
+from executor.safe_load import RefusedPickle, SafeReader
 from executor.train.checkpoint import CheckpointError, latest_checkpoint
 
 PREFIXES = ("model/", "buffer/")
@@ -35,17 +36,21 @@ def _step_dir(path: Path) -> Path:
 
 
 def read_checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Full parameters and buffers (by ShardInfo-derived name, fp32) of the checkpoint at ``path``."""
+    """Full parameters and buffers (by ShardInfo-derived name, fp32) of the checkpoint at ``path``, read
+    without running code from it (:class:`executor.safe_load.SafeReader`); CheckpointError when it cannot be
+    read or holds anything but tensors."""
     step = _step_dir(Path(path))
     try:
-        metadata = dcp.FileSystemReader(str(step)).read_metadata().state_dict_metadata
+        metadata = SafeReader(str(step)).read_metadata().state_dict_metadata
+    except RefusedPickle as exc:
+        raise CheckpointError(f"checkpoint {step} refused: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - DCP raises many types; one line for the user
         raise CheckpointError(f"cannot read checkpoint metadata of {step}: {exc}") from None
     full = {key: torch.empty(tuple(meta.size), dtype=getattr(meta.properties, "dtype", torch.float32))
             for key, meta in metadata.items() if key.startswith(PREFIXES) and hasattr(meta, "size")}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(full, checkpoint_id=str(step))
+        dcp.load(full, checkpoint_id=str(step), storage_reader=SafeReader(str(step)))
     out = {key.split("/", 1)[1]: t.float() for key, t in full.items() if not key.endswith(".step_counts")}
     for name in [n for n in out if n.endswith(".experts.w1")]:
         up = name.removesuffix("w1") + "w3"

@@ -18,8 +18,8 @@ complete one, replaced atomically after every rank has finished writing, so a ru
 resumes from the previous checkpoint.
 
 Loading runs no code from the checkpoint: ``trainer.pt`` holds only ints, strings, lists and tensors and is
-read with ``torch.load(weights_only=True)``; the DCP metadata through :class:`executor.train.safe_dcp.SafeReader`;
-``latest`` must name a directory directly inside the checkpoint directory. A file holding anything else
+read as plain data (:func:`executor.safe_load.load_data`), the DCP metadata through
+:class:`executor.safe_load.SafeReader`; ``latest`` must name a directory directly inside the checkpoint directory. A file holding anything else
 is refused with a :class:`CheckpointError`.
 """
 
@@ -41,7 +41,7 @@ from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, gather_full, local_shard
 from executor.train.checkpoint_names import LATEST, TRAINER_FILE, step_dir_name
 from executor.train.optim_state import MOMENTS, adam_step, load_local_state, local_state
-from executor.train.safe_dcp import SafeReader
+from executor.safe_load import RefusedPickle, SafeReader, load_data
 
 
 
@@ -99,7 +99,7 @@ def _gate_up_keys(key: str) -> tuple[str | None, str | None]:
 
 def _stored_keys(path: Path) -> set[str]:
     """Keys the checkpoint at ``path`` holds (empty when its metadata cannot be read: dcp.load reports it);
-    CheckpointError when the metadata holds objects foldtune never writes (:mod:`executor.train.safe_dcp`)."""
+    CheckpointError when the metadata holds objects foldtune never writes (:mod:`executor.safe_load`)."""
     try:
         return set(SafeReader(str(path)).read_metadata().state_dict_metadata)
     except pickle.UnpicklingError as exc:
@@ -169,14 +169,12 @@ def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Modul
 
 
 def _trainer_state(file: Path) -> dict:
-    """``trainer.pt`` read with ``weights_only=True``; CheckpointError when it cannot be read, holds any
-    other object (a pickled class or function: refused, never run) or lacks a field."""
+    """``trainer.pt`` read as plain data (:func:`executor.safe_load.load_data`); CheckpointError when it
+    cannot be read, holds any other object (a pickled class or function: refused, never run) or lacks a field."""
     try:
-        trainer = torch.load(file, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{file} holds objects other than tensors, numbers, strings, lists and dicts; refused "
-                              f"(torch.load weights_only=True: {first})") from exc
+        trainer = load_data(file)
+    except RefusedPickle as exc:
+        raise CheckpointError(str(exc)) from exc
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
     fields = {"next_step": int, "layout": str, "world_size": int, "model": str, "rng": list}

@@ -1,7 +1,8 @@
 """The multi-user limits of the HTTP service, each with its setting (docs/service.md, "Limits"): request body
 size (413, also for a chunked body, answered before the body ends), request rate per API key and per
 client address (429 with Retry-After), per-owner quotas (403 naming the quota), the paged hardware-profile
-list, ``Location`` from the configured public URL, and 405 answers with their ``Allow`` header."""
+list, ``Location`` from the configured public URL, 405 answers with their ``Allow`` header, and the planning
+each request may do (503 past its time limit or with every planning slot busy)."""
 
 import copy
 import socket
@@ -14,6 +15,7 @@ from api.http.app import create_app
 from api.http.settings import ApiSettings
 from api.service.quotas import Quotas
 from db.keys import create_api_key
+from spec.errors import SpecError
 from test_catalog import H
 
 
@@ -149,6 +151,16 @@ def test_settings_come_from_the_environment():
     assert (str(s.data_root), s.base_url, s.max_body_bytes, s.rate_per_s, s.rate_burst) == (
         "/srv/ft", "https://x.org", 5, 2.0, 4)
     assert s.quotas == Quotas(profiles=3)
+    s = ApiSettings.from_env("sqlite://", {"FOLDTUNE_PLAN_SECONDS": "7.5", "FOLDTUNE_PLAN_CONCURRENCY": "3",
+                                           "FOLDTUNE_TRUSTED_PROXIES": "10.0.0.5, 172.18.0.0/16",
+                                           "FOLDTUNE_SHUTDOWN_SECONDS": "4"})
+    assert (s.plan_seconds, s.plan_concurrency, s.trusted_proxies, s.shutdown_seconds) == (
+        7.5, 3, ("10.0.0.5", "172.18.0.0/16"), 4.0)
+    assert ApiSettings.from_env("sqlite://", {}).trusted_proxies == ()  # none trusted by default
+    for bad in ({"FOLDTUNE_TRUSTED_PROXIES": "proxy.example"}, {"FOLDTUNE_PLAN_SECONDS": "0"},
+                {"FOLDTUNE_PLAN_CONCURRENCY": "0"}, {"FOLDTUNE_SHUTDOWN_SECONDS": "-1"}):
+        with pytest.raises(SpecError):
+            ApiSettings.from_env("sqlite://", bad)
     default = ApiSettings.from_env("sqlite://", {"FOLDTUNE_DATA_DIR": "/var/ft", "FOLDTUNE_PORT": "9000"})
     assert (str(default.data_root), default.base_url) == ("/var/ft/users", "http://127.0.0.1:9000")
 
@@ -160,3 +172,27 @@ def test_405_names_the_allowed_methods(client, alice):
         r = client.request(method, path, headers=alice)
         assert r.status_code == 405 and r.headers["Allow"] == allow, (method, path, r.headers.get("Allow"))
         assert allow in r.json()["detail"]
+
+
+PLAN = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8}, "cluster": {"gpu": "cpu",
+                                                                                                 "num_gpus": 4}}
+
+
+def test_planning_past_its_time_limit_is_answered_503_with_the_reason(make_client, job_body):
+    client, heads = make_client(plan_seconds=1e-9)  # spent before the planner looks at its first layout
+    for path, body in (("/v1/plans", PLAN), ("/v1/jobs", job_body)):
+        r = client.post(path, json=body, headers=heads["alice"])
+        assert r.status_code == 503 and r.json()["type"].endswith(":planning-timeout"), r.text
+        assert "1e-09 s limit" in r.json()["detail"] and "FOLDTUNE_PLAN_SECONDS" in r.json()["detail"]
+        assert int(r.headers["Retry-After"]) >= 1
+    assert client.get("/v1/jobs", headers=heads["alice"]).json()["total"] == 0  # nothing stored
+
+
+def test_planning_with_every_slot_busy_is_answered_503(make_client):
+    client, heads = make_client(plan_concurrency=1, plan_seconds=0.5)  # a request waits 0.5 s for a slot
+    gate = client.app.state.planning
+    with gate():  # another request holds the only slot
+        r = client.post("/v1/plans", json=PLAN, headers=heads["alice"])
+    assert r.status_code == 503 and r.json()["type"].endswith(":planner-busy") and "Retry-After" in r.headers
+    with gate():  # the slot came free again
+        pass

@@ -19,14 +19,15 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 
 @router.post("", operation_id="create_job", status_code=201, response_model=JobOut,
              responses={200: {"model": JobOut, "description": "the job first stored under this Idempotency-Key"},
-                        **problem_responses(403, 409, 413)})
+                        **problem_responses(403, 409, 413, 503)})
 def create_job(body: JobCreate, owner: OwnerDep, session: SessionDep, settings: SettingsDep, request: Request,
                response: Response,
                idempotency_key: Annotated[Name | None, Header(
                    description="retries with the same key return the first job instead of storing another")] = None,
                ) -> JobOut:
     """Store a tuning job as queued; a runner (`foldtune runner`) claims and executes it."""
-    job, created = jobs_service.submit_job(session, owner, body, idempotency_key, quotas=settings.quotas)
+    job, created = jobs_service.submit_job(session, owner, body, idempotency_key, quotas=settings.quotas,
+                                           gate=request.app.state.planning)
     response.status_code = 201 if created else 200
     response.headers["Location"] = location(request, "get_job", job_id=job.id)
     if created:
