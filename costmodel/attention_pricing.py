@@ -22,6 +22,7 @@ from costmodel.per_model import norm_params
 from spec.attention_kinds import GQA, MLA, attention_kind
 from spec.errors import InvalidConfigError
 from spec.model_spec import ModelSpec
+from spec.norm_scopes import qk_norm_scope
 from spec.registry import Registry
 from spec.training_spec import TrainingSpec
 
@@ -81,10 +82,13 @@ class GQAPricing(AttentionPricing):
         sharded, replicated = h * qkv_rows // tp + n * d * h // tp, 0
         if model.add_qkv_bias or model.add_bias_linear:
             sharded += qkv_rows // tp
-        if model.qk_layernorm and model.qk_layernorm_scope == "all":  # [n·d] and [g·d], split with the heads
-            sharded += norm_params(model, n * d) // tp + norm_params(model, g * d) // tp
-        elif model.qk_layernorm:  # one head's [d] each, whole on every TP rank
-            replicated += 2 * norm_params(model, d)
+        if model.qk_layernorm:  # the q and k norms, split with the heads or whole on every TP rank
+            scope = qk_norm_scope(model)
+            widths = scope.weight_widths(model)
+            if scope.split_with_heads:
+                sharded += sum(norm_params(model, w) // tp for w in widths)
+            else:
+                replicated += sum(norm_params(model, w) for w in widths)
         if model.softmax_type == "learnable":  # one sink logit per head, split with the heads
             sharded += n // tp
         return sharded, replicated
@@ -97,8 +101,9 @@ class GQAPricing(AttentionPricing):
             out += [heads, kv, kv]
         if model.add_bias_linear:
             out.append(h)
-        if model.qk_layernorm:  # per head: [d] each; over all heads: [n·d] and [g·d] split with the heads
-            out += [heads, kv] if model.qk_layernorm_scope == "all" else [d, d]
+        if model.qk_layernorm:  # the q and k norms' weights, split with the heads or whole
+            scope = qk_norm_scope(model)
+            out += [w / tp if scope.split_with_heads else w for w in scope.weight_widths(model)]
         if model.softmax_type == "learnable":
             out.append(n / tp)
         return out

@@ -33,6 +33,7 @@ from costmodel.attention_pricing import attention_pricing
 from costmodel.comm import Call
 from costmodel.dispatch import dispatcher_pricing
 from spec.model_spec import ModelSpec
+from spec.norm_scopes import qk_norm_scope
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import layer_chunks
 from spec.router_options import RouterOptions
@@ -124,7 +125,7 @@ def attention_calls(g: Geometry) -> tuple[Call, ...]:
     heads, k_dim, v_dim = pricing.kv_exchange(m)
     cp = _cp_kv(g, max(1, heads // g.tp), k_dim, v_dim)
     norms: tuple[Call, ...] = ()
-    if m.qk_layernorm and m.qk_layernorm_scope == "all" and g.tp > 1:  # one fp32 sum per token, q and k
+    if m.qk_layernorm and qk_norm_scope(m).split_with_heads and g.tp > 1:  # one fp32 sum per token, q and k
         norms = (Call("all_reduce", "tp", t * _FP32, F),) * 2 + (Call("all_reduce", "tp", t * _FP32, B),) * 2
     # forward order: gather, norms, K/V, scatter (what recompute_skipped relies on: the scatter is last)
     return block[:1] + norms + cp + block[1:]

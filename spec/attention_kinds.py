@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spec.errors import SpecError
+from spec.norm_scopes import QK_NORM_SCOPES
 from spec.registry import Registry
 
 Model = Any  # a spec.model_spec.ModelSpec (not imported: model_spec imports this module)
@@ -167,8 +168,10 @@ def _mla_problems(model: Model) -> list[str]:
         value = getattr(model, name)
         if not (isinstance(value, int) and value >= 1):
             out.append(f"{name} must be a positive integer, got {value!r}")
-    if model.qk_layernorm_scope == "all":
-        out.append("qk_layernorm_scope 'all' (whole-width q/k norms) is not built for multi_latent_attention")
+    scope = QK_NORM_SCOPES.get(model.qk_layernorm_scope)  # an unknown scope is ModelSpec's own error
+    if scope is not None and scope.split_with_heads:
+        out.append(f"qk_layernorm_scope {scope.name!r} (q/k norms split with the heads) is not built for "
+                   f"multi_latent_attention")
     return out
 
 

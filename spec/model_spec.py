@@ -8,13 +8,13 @@ from typing import Any
 from spec._validate import positive_ints, raise_if, require
 from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
+from spec.norm_scopes import QK_NORM_SCOPES
 from spec.suggest import unknown_fields
 
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 NORMALIZATIONS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
-QK_LAYERNORM_SCOPES = ("head", "all")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ModelSpec:
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
-    # What qk_layernorm's RMSNorm spans: 'head' normalises each head's d values (Qwen3; weights [d]); 'all'
+    # What qk_layernorm's RMSNorm spans (a scope of spec.norm_scopes): 'head' normalises each head's d values (Qwen3; weights [d]); 'all'
     # normalises a token's whole q (heads·d) and k (kv_heads·d) at once before the head split (OLMoE; weights
     # [heads·d] and [kv_heads·d]). Not with multi_latent_attention.
     qk_layernorm_scope: str = "head"
@@ -144,8 +144,8 @@ class ModelSpec:
                 f"activation_func_clamp_value must be positive or None, got {clamp!r}")
         require(p, (clamp is None and not self.glu_linear_offset) or self.gated_linear_unit,
                 "activation_func_clamp_value and glu_linear_offset need a gated linear unit (swiglu or quick_geglu)")
-        require(p, self.qk_layernorm_scope in QK_LAYERNORM_SCOPES,
-                f"qk_layernorm_scope must be one of {QK_LAYERNORM_SCOPES}, got {self.qk_layernorm_scope!r}")
+        require(p, self.qk_layernorm_scope in QK_NORM_SCOPES,
+                f"qk_layernorm_scope must be one of {tuple(QK_NORM_SCOPES)}, got {self.qk_layernorm_scope!r}")
         require(p, self.softmax_type in SOFTMAX_TYPES,
                 f"softmax_type must be one of {SOFTMAX_TYPES}, got {self.softmax_type!r}")
         window = self.window_size

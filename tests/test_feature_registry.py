@@ -1,7 +1,8 @@
-"""Attention kinds as registry entries: every layer holds an entry for each spec-level kind, the catalog's models
-select the kinds their flags name, and a kind added from this one file (its spec entry, its cost-model pricing
-and its executor module) is selected by a model, priced by the cost model and built and trained by the
-executor, without any other file knowing it."""
+"""Attention kinds and q/k norm scopes as registry entries: every layer holds an entry for each spec-level kind
+(and the executor one for each scope), the catalog's models select the kinds their flags name, and a kind added
+from this one file (its spec entry, its cost-model pricing and its executor module) is selected by a model,
+priced by the cost model and built and trained by the executor, without any other file knowing it; so is a
+norm scope (its spec entry and its executor module)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from executor.attention_modules import ATTENTION_MODULES
 from executor.model import MoEGPT
 from executor.parallel.groups import build_parallel_state
 from executor.parallel.sharding import ShardInfo, make_param
+from executor.qk_norms import QK_NORM_MODULES
 from spec.attention_kinds import ATTENTION_KINDS, GQA, MLA, AttentionKind, attention_kind, register_attention_kind
 from spec.catalog import get_hardware, get_model, model_names
 from spec.flops import flops_per_token
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
+from spec.norm_scopes import QK_NORM_SCOPES, NormScope
 from spec.parallel_config import ParallelConfig
 from spec.proxy import tiny_proxy
 from spec.training_spec import TrainingSpec
@@ -182,3 +185,50 @@ def test_the_executor_builds_and_trains_the_new_kind(toy_kind):
     assert torch.isfinite(out.loss)
     grad = gpt.layers[0].attention.wv.grad
     assert grad is not None and grad.abs().sum() > 0
+
+
+# ---- q/k norm scopes: the spec's entry prices itself; the executor's module is the other half ----------------
+def test_every_norm_scope_has_a_module():
+    assert set(QK_NORM_SCOPES) == set(QK_NORM_MODULES) >= {"head", "all"}
+
+
+class PairQKNorm(torch.nn.Module):
+    """A test scope: one RMSNorm over each pair of adjacent heads, weights [2·d] whole on every TP rank."""
+
+    def __init__(self, spec, param, kernels, state, eps):
+        super().__init__()
+        self.kernels, self.eps, self.width = kernels, eps, 2 * spec.head_dim
+        self.q_norm = param("q_norm.weight", (self.width,), "ones", tp_partial=True)
+        self.k_norm = param("k_norm.weight", (self.width,), "ones", tp_partial=True)
+
+    def forward(self, q, k):
+        s, b = q.shape[:2]
+        return tuple(self.kernels.rms_norm(x.view(s, b, -1, self.width), w, self.eps).view(s, b, -1)
+                     for x, w in ((q, self.q_norm), (k, self.k_norm)))
+
+
+@pytest.fixture
+def pair_scope():
+    scope = NormScope("pair", "pairs of heads", weight_widths=lambda m: (2 * m.head_dim, 2 * m.head_dim),
+                      split_with_heads=False, hf_model_type="qwen3_moe")
+    QK_NORM_SCOPES.add(scope.name, scope)
+    QK_NORM_MODULES.add(scope.name, PairQKNorm)
+    try:
+        yield scope
+    finally:
+        QK_NORM_SCOPES.pop(scope.name)
+        QK_NORM_MODULES.pop(scope.name)
+
+
+def test_a_new_norm_scope_is_priced_and_built_from_its_two_entries(pair_scope):
+    base = get_model("tiny-moe")
+    model = dataclasses.replace(base, name="tiny-pair-norm", qk_layernorm=True, qk_layernorm_scope="pair")
+    d = model.head_dim
+    assert attention_params(model, 2).dense_replicated == attention_params(base, 2).dense_replicated + 2 * 2 * d
+    state = build_parallel_state(ParallelConfig(world_size=1), 0)
+    gpt = MoEGPT(model, state, seq_length=16)
+    norm = gpt.layers[0].attention.qk_norm
+    assert isinstance(norm, PairQKNorm) and norm.q_norm.shape == (2 * d,)
+    ids = torch.randint(0, model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    gpt(ids, ids.roll(-1, dims=1)).loss.backward()
+    assert norm.q_norm.grad is not None and norm.q_norm.grad.abs().sum() > 0
