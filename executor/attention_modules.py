@@ -7,7 +7,9 @@ Each kind of ``spec.attention_kinds`` has a factory here, registered under the k
 ``factory(spec, options, state, layer, kernels, device, dtype, timer)`` and returns a ``torch.nn.Module``
 whose ``forward(x_SBH, (cos, sin))`` maps this rank's sequence slice [s/tp, b, h] to the attention output
 in the same layout, its parameters named ``layers.{layer}.attention.*`` (the names of the kind's
-``hf_names``), ``recompute.selective``/``offloaded`` applied to its own modules.
+``hf_names``), ``recompute.selective``/``offloaded`` applied to its own modules. ``MoEGPT`` reads its
+``window`` (keys before the query, None for full causal) and ``plain`` (the causal kernels take it) and, under
+CP or when not plain, sets its ``mask`` ([s/cp, s], True = attend).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def make_attention(spec: ModelSpec, *args) -> torch.nn.Module:
     kind = attention_kind(spec)
     factory = ATTENTION_MODULES.get(kind.name)
     if factory is None:
-        raise SpecError(f"the executor builds no attention of kind {kind.name!r}; built: {', '.join(ATTENTION_MODULES)}")
+        raise SpecError(f"the executor builds no attention of kind {kind.name!r}; "
+                        f"built: {', '.join(ATTENTION_MODULES)}")
     return factory(spec, *args)
 
 

@@ -82,7 +82,8 @@ class DecoderLayer(torch.nn.Module):
         # attribute, not a submodule, so parameters and state dicts are the layer's own
         self.graphed = None
         if options.cuda_graphs:
-            reason = cuda_graphs.refusal(config, options.kernel_backend, attention_kind(spec).label, torch.device(device))
+            reason = cuda_graphs.refusal(config, options.kernel_backend, attention_kind(spec).label,
+                                         torch.device(device))
             if reason is not None:
                 raise SpecError(reason)
             half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon)

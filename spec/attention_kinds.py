@@ -34,16 +34,17 @@ Model = Any  # a spec.model_spec.ModelSpec (not imported: model_spec imports thi
 class AttentionKind:
     """One attention kind's spec-level facts and rules.
 
-    ``label``: the kind in messages, before the word "attention". ``selects(model)``: whether ``model`` uses this kind (None for the default kind, taken when no other
-    kind selects the model). ``head_dim`` / ``rotary_head_dim``: per-head width of Q and K and the part
-    RoPE rotates. ``flops(model, seq_length, num_layers)``: attention FLOPs per trained token over
-    ``num_layers`` layers with Megatron's conventions (:mod:`spec.flops`). ``problems(model)``: readable
-    lines for a model whose fields contradict the kind (``ModelSpec`` raises on them). ``tiny_fields(model)``:
-    this kind's own width fields at test size (:func:`spec.proxy.tiny_proxy`). ``hf_names``: the executor's
-    attention parameter names (after ``layers.{i}.attention.``) -> HF's (after ``model.layers.{i}.self_attn.``).
-    ``recompute_modules``: selective-recompute modules only this kind has. ``tp_rule(model, tp)``: a
-    (rule id, reason) pair where ``tp`` cannot split this kind's heads, else None. ``windows_and_sinks``:
-    whether the executor builds sliding windows and attention sinks for it.
+    ``label``: the kind in messages, before the word "attention". ``selects(model)``: whether ``model`` uses
+    this kind (None for the default kind, taken when no other kind selects the model). ``head_dim`` /
+    ``rotary_head_dim``: per-head width of Q and K and the part RoPE rotates. ``flops(model, seq_length,
+    num_layers)``: attention FLOPs per trained token over ``num_layers`` layers with Megatron's conventions
+    (:mod:`spec.flops`). ``problems(model)``: readable lines for a model whose fields contradict the kind
+    (``ModelSpec`` raises on them). ``tiny_fields(model)``: this kind's own width fields at test size
+    (:func:`spec.proxy.tiny_proxy`). ``hf_names``: the executor's attention parameter names (after
+    ``layers.{i}.attention.``) -> HF's (after ``model.layers.{i}.self_attn.``). ``recompute_modules``:
+    selective-recompute modules only this kind has. ``tp_rule(model, tp)``: a (rule id, reason) pair where
+    ``tp`` cannot split this kind's heads, else None. ``windows_and_sinks``: whether the executor builds
+    sliding windows and attention sinks for it.
     """
 
     name: str

@@ -45,9 +45,9 @@ class ModelSpec:
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
-    # What qk_layernorm's RMSNorm spans (a scope of spec.norm_scopes): 'head' normalises each head's d values (Qwen3; weights [d]); 'all'
-    # normalises a token's whole q (heads·d) and k (kv_heads·d) at once before the head split (OLMoE; weights
-    # [heads·d] and [kv_heads·d]). Not with multi_latent_attention.
+    # What qk_layernorm's RMSNorm spans, a scope of spec.norm_scopes: 'head' normalises each head's d values
+    # (Qwen3; weights [d]); 'all' normalises a token's whole q (heads·d) and k (kv_heads·d) at once before the
+    # head split (OLMoE; weights [heads·d] and [kv_heads·d]). Not with multi_latent_attention.
     qk_layernorm_scope: str = "head"
     # 'learnable': one learned logit per head joins the softmax denominator (GPT-OSS attention sinks);
     # 'off-by-one': that logit is fixed at 0
