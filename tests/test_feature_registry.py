@@ -23,6 +23,7 @@ from executor.parallel.sharding import ShardInfo, make_param
 from executor.qk_norms import QK_NORM_MODULES
 from spec.attention_kinds import ATTENTION_KINDS, GQA, MLA, AttentionKind, attention_kind, register_attention_kind
 from spec.catalog import get_hardware, get_model, model_names
+from spec.errors import InvalidConfigError, SpecError
 from spec.flops import flops_per_token
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -140,6 +141,18 @@ def _toy_model() -> ToySpec:
     base = get_model("tiny-moe")
     return ToySpec(**{**base.to_dict(), "name": "tiny-causal-mean", "num_query_groups": None,
                       "causal_mean_attention": True, "mean_width": 24})
+
+
+def test_a_kind_without_a_pricing_or_a_module_is_refused_by_name():
+    register_attention_kind(TOY)
+    try:
+        model = _toy_model()
+        with pytest.raises(InvalidConfigError, match="causal_mean"):
+            attention_params(model, 1)
+        with pytest.raises(SpecError, match="causal_mean"):
+            MoEGPT(model, build_parallel_state(ParallelConfig(world_size=1), 0), seq_length=16)
+    finally:
+        ATTENTION_KINDS.pop(TOY.name)
 
 
 def test_a_model_selects_the_new_kind_and_the_spec_layer_follows_it(toy_kind):
