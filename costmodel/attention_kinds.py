@@ -12,7 +12,8 @@ the model's mean (exact for GPT-OSS, whose every layer has sinks and every secon
 
 from __future__ import annotations
 
-from costmodel.params import per_model_cache
+from costmodel.per_model import per_model_cache
+from spec.attention_kinds import attention_kind
 from spec.model_spec import ModelSpec
 
 
@@ -24,7 +25,7 @@ def has_sinks(model: ModelSpec) -> bool:
 @per_model_cache
 def masked_layer_share(model: ModelSpec) -> float:
     """Share of decoder layers the executor runs on its masked path (a window or sinks), 0..1."""
-    if model.multi_latent_attention:  # the executor rule keeps MLA on the plain causal path
+    if not attention_kind(model).windows_and_sinks:  # the executor keeps such a kind (MLA) on the causal path
         return 0.0
     if has_sinks(model):
         return 1.0

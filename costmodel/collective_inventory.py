@@ -29,9 +29,11 @@ import math
 from dataclasses import dataclass
 
 from costmodel import params as _params
+from costmodel.attention_pricing import attention_pricing
 from costmodel.comm import Call
 from costmodel.dispatch import dispatcher_pricing
 from spec.model_spec import ModelSpec
+from spec.norm_scopes import qk_norm_scope
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import layer_chunks
 from spec.router_options import RouterOptions
@@ -118,15 +120,12 @@ def attention_calls(g: Geometry) -> tuple[Call, ...]:
     """Self-attention: the TP block (MLA: the latents are gathered, not the hidden states), the whole-width
     q/k norms' sums over TP (OLMoE), the K/V exchange over CP."""
     m, t, ab, h = g.model, g.tokens, g.act_bytes, g.model.hidden_size
-    if m.multi_latent_attention:
-        latents = (m.q_lora_rank or h) + m.kv_lora_rank + m.qk_pos_emb_head_dim
-        block = tp_block(g, t * latents * ab, t * h * ab)
-        cp = _cp_kv(g, max(1, m.num_attention_heads // g.tp), m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim)
-    else:
-        block = tp_block(g, t * h * ab, t * h * ab)
-        cp = _cp_kv(g, max(1, m.num_kv_heads // g.tp), m.head_dim, m.head_dim)
+    pricing = attention_pricing(m)
+    block = tp_block(g, t * pricing.tp_gather_width(m) * ab, t * h * ab)
+    heads, k_dim, v_dim = pricing.kv_exchange(m)
+    cp = _cp_kv(g, max(1, heads // g.tp), k_dim, v_dim)
     norms: tuple[Call, ...] = ()
-    if m.qk_layernorm and m.qk_layernorm_scope == "all" and g.tp > 1:  # one fp32 sum per token, q and k
+    if m.qk_layernorm and qk_norm_scope(m).split_with_heads and g.tp > 1:  # one fp32 sum per token, q and k
         norms = (Call("all_reduce", "tp", t * _FP32, F),) * 2 + (Call("all_reduce", "tp", t * _FP32, B),) * 2
     # forward order: gather, norms, K/V, scatter (what recompute_skipped relies on: the scatter is last)
     return block[:1] + norms + cp + block[1:]

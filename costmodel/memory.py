@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from costmodel.activation import glu_saved_intermediates
 from costmodel.attention_kinds import has_sinks, masked_layer_share
+from costmodel.attention_pricing import attention_pricing
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.loss import loss_fixed_bytes as _loss_fixed, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
@@ -174,21 +175,8 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     dsp = t if s.sp else 1  # tensors in the sequence-parallel region are split over TP only with SP
     out: list[_Tensor] = [("act.attn.norm_input", h * b / dsp, _NONE),
                           ("act.attn.norm_output", h * b / dsp, _drops("layernorm"))]
-    masked = 0.0  # share of layers on the executor's masked path (a window or sinks)
-    if model.multi_latent_attention:
-        # Megatron's linears under SP keep their input sharded (re-gathered in backward); the executor keeps
-        # the gathered latents
-        out += _mla_tensors(model, b, t, dsp, dsp if training.sequence_parallel_regather else 1)
-        v_width = n * model.v_head_dim
-    else:
-        d = model.head_dim
-        out.append(("act.attn.qkv", (n + 2 * model.num_kv_heads) * d * b / t, _NONE))
-        if model.qk_layernorm:  # the q/k norms keep their inputs (q and k before the norm; per head or whole)
-            out.append(("act.attn.qk_norm_input", (n + model.num_kv_heads) * d * b / t, _NONE))
-        v_width = n * d
-        if training.flash_attention and not training.fused_window_sink_attention:
-            masked = masked_layer_share(model)
-            out += [(name, masked * v, drop) for name, v, drop in _masked_path_tensors(model, training, s)]
+    tensors, v_width, masked = attention_pricing(model).activations(model, training, s)
+    out += tensors
     if training.flash_attention:
         lse_share = 1.0 - masked if has_sinks(model) else 1.0  # the fp32 sink path keeps no log-sum-exp
         if lse_share:
@@ -201,51 +189,6 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     out.append(("act.attn.proj_input", v_width * b / t, _NONE))
     if model.hidden_dropout > 0:
         out.append(("act.attn.dropout_mask", h * _MASK / dsp, _NONE))
-    return out
-
-
-def _mla_tensors(model: ModelSpec, b: int, t: int, dsp: int, latent_split: int) -> list[_Tensor]:
-    """What the executor's multi-latent attention keeps (executor/mla.py), bytes per local token.
-
-    On this rank's sequence slice: the query down projection's output (q_layernorm's input) and the kv down
-    projection's output (kv_layernorm's input keeps the whole [kv latent | k_pe] tensor). All-gathered over
-    TP: the latents [q latent (or, without q_lora_rank, the normalised input) | kv latent | k_pe], which the
-    up projections keep. Per head: q and k after RoPE, the kv up projection's output (v is a view of it,
-    keeping the key part alive), the attention output before its copy into linear_proj's input.
-    ``latent_split`` divides the latents: TP under SP when the up projections keep their input sharded and
-    re-gather it in backward (Megatron, ``TrainingSpec.sequence_parallel_regather``), else 1.
-    """
-    n, h = model.num_attention_heads, model.hidden_size
-    qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-    q_in = model.q_lora_rank if model.q_lora_rank is not None else h
-    out: list[_Tensor] = []
-    if model.q_lora_rank is not None:
-        out.append(("act.mla.q_down_output", model.q_lora_rank * b / dsp, _NONE))
-    out += [("act.mla.kv_down_output", (model.kv_lora_rank + rope) * b / dsp, _NONE),
-            ("act.mla.latents", (q_in + model.kv_lora_rank + rope) * b / latent_split, _NONE),
-            ("act.attn.qkv", n * (2 * (qk + rope) + qk + v) * b / t, _drops("mla_up_proj")),
-            ("act.mla.core_output", n * v * b / t, _drops("core_attn"))]
-    return out
-
-
-def _masked_path_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_Tensor]:
-    """What one layer on the executor's masked path keeps beyond a plain layer (executor/attention_core.py),
-    bytes per local token; all of it goes with core_attn recompute.
-
-    With sinks: the fp32 probabilities [heads, s/cp, s + 1] and the fp32 copies of q and of k and v repeated
-    to every query head (all-gathered over CP: cp times the local rows), in place of the 16-bit q, k, v. With a
-    window only: SDPA's additive mask [s/cp, s] in the activation dtype and, with GQA, k and v repeated.
-    """
-    b, t, cp = training.activation_bytes, s.tp, s.cp
-    n, g, d, keys = model.num_attention_heads, model.num_kv_heads, model.head_dim, training.seq_length
-    core = _drops("core_attn")
-    if has_sinks(model):
-        copies = (n * d + 2 * n * d * cp) * _FP32 / t - (n + 2 * g) * d * b / t
-        return [("act.attn.sink_probs", n * (keys + 1) * _FP32 / t, core),
-                ("act.attn.sink_fp32_qkv", max(0.0, copies), core)]
-    out: list[_Tensor] = [("act.attn.window_mask_bias", keys * b, core)]
-    if n > g:
-        out.append(("act.attn.window_repeated_kv", 2 * n * d * b * cp / t, core))
     return out
 
 
@@ -337,10 +280,7 @@ def _gradient_peak(model: ModelSpec, training: TrainingSpec, s: _Shape, is_moe: 
     def chain(tokens: float, ffn: float) -> float:
         return max(tokens * (h + gate * ffn), tokens * (gate + 1) * ffn, tokens * (ffn + h)) * b
 
-    if model.multi_latent_attention:
-        qkv = model.num_attention_heads * (2 * (model.qk_head_dim + model.qk_pos_emb_head_dim) + model.v_head_dim)
-    else:
-        qkv = (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
+    qkv = attention_pricing(model).gradient_width(model)
     attn = qkv * b / t if training.flash_attention else \
         2 * model.num_attention_heads * training.seq_length * b / t
     if training.flash_attention and not training.fused_window_sink_attention and has_sinks(model) \
@@ -367,10 +307,8 @@ def _comm_per_token(model: ModelSpec, training: TrainingSpec, s: _Shape,
         te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
         out.append(dispatcher_pricing(s.dispatcher).comm_buffer(model, b, dsp, s.ep, s.etp, te))
     if s.cp > 1:  # two key/value chunks in flight around the CP ring
-        if model.multi_latent_attention:
-            kv = model.num_attention_heads * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
-        else:
-            kv = 2 * model.num_kv_heads * model.head_dim
+        heads, k_dim, v_dim = attention_pricing(model).kv_exchange(model)
+        kv = heads * (k_dim + v_dim)
         out.append(("comm.cp.kv_ring", 2 * kv * b / s.tp))
     return tuple(out)
 
@@ -970,7 +908,7 @@ def _tensor_split(model: ModelSpec, tp: int, ep: int, etp: int, bucket: float) -
     bucket alone, whose flat gradient is a view of the tensor's own gradient (no copy; fp32 weights only,
     16-bit ones reduce in their buffer)."""
     h = model.hidden_size
-    attention = _attention_param_tensors(model, tp) + [h]  # + the pre-MLP norm
+    attention = attention_pricing(model).param_tensors(model, tp) + [h]  # + the pre-MLP norm
     mlp = _mlp_param_tensors(model, model.ffn_hidden_size / tp)
     router = [(model.num_experts or 0) * h] + ([model.num_experts or 0] if model.add_bias_linear else [])
     experts = _expert_param_tensors(model, ep, etp)
@@ -1017,32 +955,6 @@ def expert_weight_grad_bytes(model: ModelSpec, training: TrainingSpec, ep: int, 
     one_node = (training.precision != "fp8" and training.param_bytes < _FP32 and not model.add_bias_linear
                 and model.swiglu and model.activation_func_clamp_value is None and not model.glu_linear_offset)
     return (sum(tensors) if one_node else max(tensors)) * training.param_bytes
-
-
-def _attention_param_tensors(model: ModelSpec, tp: int) -> list[float]:
-    """Elements of the executor's attention parameter tensors on one TP rank (executor/attention.py, mla.py)."""
-    h, n = model.hidden_size, model.num_attention_heads
-    if model.multi_latent_attention:
-        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-        q_width = n * (qk + rope) / tp
-        if model.q_lora_rank is None:
-            query = [q_width * h]
-        else:
-            query = [model.q_lora_rank * h, model.q_lora_rank, q_width * model.q_lora_rank]
-        return query + [(model.kv_lora_rank + rope) * h, model.kv_lora_rank,
-                        n * (qk + v) / tp * model.kv_lora_rank, h * n * v / tp, h]
-    d = model.head_dim
-    heads, kv = n * d / tp, model.num_kv_heads * d / tp
-    out = [heads * h, kv * h, kv * h, h * heads, h]  # wq, wk, wv, wo, the input norm
-    if model.add_qkv_bias or model.add_bias_linear:
-        out += [heads, kv, kv]
-    if model.add_bias_linear:
-        out.append(h)
-    if model.qk_layernorm:  # per head: [d] each; over all heads: [n·d] and [g·d] split with the heads
-        out += [heads, kv] if model.qk_layernorm_scope == "all" else [d, d]
-    if model.softmax_type == "learnable":
-        out.append(n / tp)
-    return out
 
 
 def _mlp_param_tensors(model: ModelSpec, ffn: float) -> list[float]:

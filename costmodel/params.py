@@ -25,11 +25,11 @@ layout's Megatron placement options, ``ParallelConfig.pipeline_split``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache, wraps
-from typing import TypeVar
+from functools import lru_cache
 
+from costmodel.attention_pricing import attention_pricing
+from costmodel.per_model import norm_params as _norm, per_model_cache
 from spec.errors import InvalidConfigError
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -63,28 +63,6 @@ class ParamCounts:
 
 ZERO = ParamCounts(0, 0, 0)
 
-_T = TypeVar("_T")
-
-
-def per_model_cache(fn: Callable[..., _T]) -> Callable[..., _T]:
-    """Cache ``fn(model, *positional)`` per model *object*: a planner sweep asks about one model 10⁵ times,
-    and hashing a large frozen ModelSpec on every call (as ``lru_cache`` would) costs more than the work."""
-    caches: dict[int, tuple[ModelSpec, dict]] = {}
-
-    @wraps(fn)
-    def cached(model: ModelSpec, *args):
-        entry = caches.get(id(model))
-        if entry is None or entry[0] is not model:  # a new object (or a recycled id)
-            if len(caches) >= 64:
-                caches.clear()
-            entry = caches[id(model)] = (model, {})
-        memo = entry[1]
-        if args in memo:
-            return memo[args]
-        value = memo[args] = fn(model, *args)
-        return value
-
-    return cached
 
 
 @per_model_cache
@@ -101,39 +79,12 @@ def stage_layers(model: ModelSpec, config: ParallelConfig, stage: int) -> tuple[
 
 
 # ---- per-module counts ----------------------------------------------------------------------------
-def _norm(model: ModelSpec, width: int) -> int:
-    return 2 * width if model.normalization == "layernorm" else width
-
-
 @per_model_cache
 def attention_params(model: ModelSpec, tp: int) -> ParamCounts:
     """Attention block of one layer on one TP rank, including the layer's input norm."""
-    h, n = model.hidden_size, model.num_attention_heads
-    sharded = 0
-    replicated = _norm(model, h)  # input layernorm
-    if model.multi_latent_attention:
-        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-        q_width = n * (qk + rope)
-        if model.q_lora_rank is None:
-            sharded += h * q_width // tp
-        else:
-            replicated += h * model.q_lora_rank + _norm(model, model.q_lora_rank)
-            sharded += model.q_lora_rank * q_width // tp
-        replicated += h * (model.kv_lora_rank + rope) + _norm(model, model.kv_lora_rank)
-        sharded += model.kv_lora_rank * n * (qk + v) // tp
-        sharded += n * v * h // tp
-    else:
-        d, g = model.head_dim, model.num_kv_heads
-        qkv_rows = (n + 2 * g) * d
-        sharded += h * qkv_rows // tp + n * d * h // tp
-        if model.add_qkv_bias or model.add_bias_linear:
-            sharded += qkv_rows // tp
-        if model.qk_layernorm and model.qk_layernorm_scope == "all":  # [n·d] and [g·d], split with the heads
-            sharded += _norm(model, n * d) // tp + _norm(model, g * d) // tp
-        elif model.qk_layernorm:  # one head's [d] each, whole on every TP rank
-            replicated += 2 * _norm(model, d)
-        if model.softmax_type == "learnable":  # one sink logit per head, split with the heads
-            sharded += n // tp
+    h = model.hidden_size
+    sharded, replicated = attention_pricing(model).params(model, tp)
+    replicated += _norm(model, h)  # input layernorm
     if model.add_bias_linear:
         replicated += h  # output-projection bias (row parallel: whole on every TP rank)
     return ParamCounts(sharded, replicated, 0)

@@ -24,7 +24,7 @@ from operator import add as _add
 
 from costmodel import host as _host
 from costmodel.activation import glu_traffic, is_plain_swiglu
-from costmodel.attention_kinds import fused_causal_fraction, has_sinks, masked_layer_share
+from costmodel.attention_pricing import attention_pricing
 from costmodel import loss as _loss
 from costmodel import params as _params
 from costmodel import collective_inventory as _calls
@@ -46,7 +46,6 @@ from costmodel.compute import (
     gemm_time,
     grouped_gemm_fwd_bwd,
     memory_time,
-    sink_attention_time,
 )
 from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
@@ -400,70 +399,13 @@ class _Shape:
 
     # -- layer parts -------------------------------------------------------------------------------
     def attention(self, block: _Block) -> None:
-        m, tp, t, ab = self.model, self.tp, self.tokens, self.act_bytes
-        h, heads = m.hidden_size, m.num_attention_heads
-        self.norm(block, h)
-        if m.multi_latent_attention:
-            qk, rope, v = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
-            q_in = m.q_lora_rank or h
-            if m.q_lora_rank:  # down projections are duplicated over TP and run on the SP shard
-                self.linear(block, self.tokens_local, m.q_lora_rank, h)
-                self.norm(block, m.q_lora_rank)
-            self.linear(block, self.tokens_local, m.kv_lora_rank + rope, h)
-            self.norm(block, m.kv_lora_rank)
-            self.attention_comm(block)  # the latents gathered over TP, the output scattered back
-            self.linear(block, t, heads * (qk + rope) / tp, q_in, "mla_up_proj")
-            self.linear(block, t, heads * (qk + v) / tp, m.kv_lora_rank, "mla_up_proj")
-            self.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
-            # the executor concatenates q's and k's halves per head (k's rope part broadcast): a copy of each
-            self.elementwise(block, 2 * 2 * heads / tp * (qk + rope) * t * ab)
-            if self.cp > 1 and self.flash:  # the executor's CP flash path needs V as wide as Q: masked SDPA
-                fwd, bwd = self._masked_core(max(1, heads // tp), qk + rope, v)
-            else:
-                fwd, bwd = self._flash_core(max(1, heads // tp), qk + rope, v)
-            self._cp_comm(block, reorder=False)
-            self.linear(block, t, h, heads * v / tp)
-        else:
-            d, kv = m.head_dim, m.num_kv_heads
-            self.attention_comm(block)  # TP block and the whole-width q/k norms' sums
-            self.linear(block, t, (heads + 2 * kv) * d / tp, h, input_casts=self.qkv_input_casts)
-            if m.add_qkv_bias or m.add_bias_linear:
-                self.biases(block, (heads + 2 * kv) * d / tp, h if m.add_bias_linear else 0)
-            if m.qk_layernorm:
-                self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
-            if m.position_embedding_type == "rope":
-                self.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
-            fwd, bwd = self._gqa_core(max(1, heads // tp), d)
-            self._cp_comm(block, reorder=self.flash)
-            self.linear(block, t, h, heads * d / tp)
+        """The input norm, the kind's projections, collectives and core (costmodel.attention_pricing), the residual."""
+        self.norm(block, self.model.hidden_size)
+        fwd, bwd = attention_pricing(self.model).layer_time(self, block)
         block.add(ATTN, fwd, bwd, "core_attn")
         self.residual(block)
 
-    def _gqa_core(self, heads: int, d: int) -> tuple[float, float]:
-        """(forward, backward) seconds of the attention core per layer, the mean over the model's layers.
-
-        Plain causal layers take the flash kernel. Layers with a window or sinks take, in the executor, the
-        masked path over the whole [s/cp, s] score matrix: with sinks an explicit fp32 softmax, with a window
-        only SDPA under a mask (every score computed, plus the mask's conversion to an additive bias); under
-        ``fused_window_sink_attention`` (Megatron) the flash kernel, a window costing its keys only.
-        """
-        t, seq, rates = self.tokens, self.seq, self.rates
-        fwd, bwd = self._flash_core(heads, d, d)
-        if not self.flash:  # the unfused path already computes the whole score matrix
-            return fwd, bwd
-        if self.fused_special:
-            share = fused_causal_fraction(self.model, seq)
-            return fwd * share, bwd * share
-        share = masked_layer_share(self.model)
-        if not share:
-            return fwd, bwd
-        if has_sinks(self.model):
-            mfwd, mbwd = sink_attention_time(rates, t, seq, heads, d)
-        else:
-            mfwd, mbwd = self._masked_core(heads, d, d)
-        return (1 - share) * fwd + share * mfwd, (1 - share) * bwd + share * mbwd
-
-    def _flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
+    def flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention on the fused kernel: under CP the executor's
         chunk kernels, each at its own key length (:mod:`costmodel.context_parallel`); unfused attention
         (``flash_attention`` off) computes the whole [s/cp, s] score matrix either way."""
@@ -471,7 +413,7 @@ class _Shape:
             return attention_time(self.rates, self.tokens, self.seq, heads, qk, v, True, False, self.dropout, 1)
         return cp_attention_time(self.rates, self.mbs, self.seq, self.cp, heads, qk, v)
 
-    def _masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
+    def masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of SDPA under an explicit boolean mask: every score of the
         [s/cp, s] matrix computed, plus the mask's conversion to an additive bias."""
         t, seq, rates = self.tokens, self.seq, self.rates
@@ -479,10 +421,10 @@ class _Shape:
         return fwd + memory_time(rates, t * seq * (1 + self.act_bytes)), bwd
 
     def attention_comm(self, block: _Block) -> None:
-        """The attention's calls over TP (costmodel.collective_inventory.attention_calls; CP: _cp_comm)."""
+        """The attention's calls over TP (costmodel.collective_inventory.attention_calls; CP: cp_comm)."""
         self.comm(block, tuple(c for c in _calls.attention_calls(self.calls) if c.group != "cp"))
 
-    def _cp_comm(self, block: _Block, reorder: bool) -> None:
+    def cp_comm(self, block: _Block, reorder: bool) -> None:
         """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
         rank's K and V all-gathered over CP forward (one call each), their gradients reduce-scattered backward,
         exposed (it runs before the attention that needs it), plus the exchange's per-call seconds beyond the

@@ -5,8 +5,9 @@ returns this rank's sequence slice [s/tp, b, h]. Q/K/V biases (``add_qkv_bias`` 
 learned sinks split with their heads; the output bias (``add_bias_linear``) is replicated and added once,
 after the reduce-scatter, to this rank's sequence slice, so its gradient is a TP-partial sum. Layers with a
 sliding window or sinks attend through :mod:`executor.attention_core` on the mask the model sets. q/k norms
-are per head (Qwen3) or, with ``qk_layernorm_scope='all'`` (OLMoE), over a token's whole q and k before the
-head split, their weights split with the heads (:mod:`executor.tp_rms_norm`).
+are the module of the model's scope (:mod:`executor.qk_norms`): per head (Qwen3) or, with
+``qk_layernorm_scope='all'`` (OLMoE), over a token's whole q and k before the head split, their weights
+split with the heads.
 
 Speed switches (ExecutorOptions): ``fused_qkv`` projects Q, K and V in one GEMM against the weights
 concatenated per call and not kept for backward (the parameters stay wq/wk/wv: checkpoints and TP sharding
@@ -35,7 +36,7 @@ from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
 from executor.timing import NULL_TIMER, PhaseTimer
-from executor.tp_rms_norm import tp_rms_norm
+from executor.qk_norms import make_qk_norm
 
 
 def rope_tables(seq_length: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,13 +145,7 @@ class Attention(torch.nn.Module):
             self.sinks = param("sinks", (spec.num_attention_heads,), "zeros", tp_dim=0)
         elif spec.softmax_type == "off-by-one":
             self.register_buffer("sinks", torch.zeros(self.heads, device=device, dtype=dtype), persistent=False)
-        self.qk_norm_all = spec.qk_layernorm and spec.qk_layernorm_scope == "all"
-        if self.qk_norm_all:  # OLMoE: one norm over a token's whole q (k), split over TP with the heads
-            self.q_norm = param("q_norm.weight", (spec.num_attention_heads * d,), "ones", tp_dim=0)
-            self.k_norm = param("k_norm.weight", (spec.num_kv_heads * d,), "ones", tp_dim=0)
-        elif spec.qk_layernorm:
-            self.q_norm = param("q_norm.weight", (d,), "ones", tp_partial=True)
-            self.k_norm = param("k_norm.weight", (d,), "ones", tp_partial=True)
+        self.qk_norm = make_qk_norm(spec, param, kernels, state, options.norm_epsilon)  # the scope's module
 
     def forward(self, x_SBH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
@@ -166,14 +161,10 @@ class Attention(torch.nn.Module):
         else:
             q, k, v = (self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk),
                        self._project(x, self.wv, self.bv))
-        if self.qk_norm_all:
-            q = tp_rms_norm(q, self.q_norm, self.spec.num_attention_heads * d, eps, self.state.tp)
-            k = tp_rms_norm(k, self.k_norm, self.spec.num_kv_heads * d, eps, self.state.tp)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
         q, k = q.view(s, b, self.heads, d), k.view(s, b, self.kv_heads, d)
         v = v.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        if self.spec.qk_layernorm and not self.qk_norm_all:
-            q = self.kernels.rms_norm(q, self.q_norm, eps)
-            k = self.kernels.rms_norm(k, self.k_norm, eps)
         cos, sin = rope
         if self.options.fused_rope and triton_rope.available(q, k):
             q, k = triton_rope.fused_rope(q, k, cos, sin)

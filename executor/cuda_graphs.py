@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from spec.attention_kinds import GQA
 from spec.parallel_config import ParallelConfig
 from executor.timing import NULL_TIMER
 
@@ -54,8 +55,8 @@ def refusal(config: ParallelConfig, kernel_backend: str, attention_kind: str, de
                 "overlap_param_gather off")
     if kernel_backend != "torch":
         return f"cuda_graphs needs the 'torch' kernels (the {kernel_backend!r} backend caches quantised weights between replays)"
-    if attention_kind != "standard":
-        return f"cuda_graphs covers the standard attention block only (got {attention_kind})"
+    if attention_kind != GQA.label:
+        return f"cuda_graphs covers the {GQA.label} attention block only (got {attention_kind})"
     return None
 
 

@@ -15,16 +15,20 @@ Notation (per MoE layer, per micro-batch, on one rank):
 - ``M``: rows handed to the experts on this rank (token copies routed to its local experts, from every
   rank whose tokens it serves; dropped copies are absent).
 
-Stages of a dispatcher (the :class:`TokenDispatcher` contract):
+Stages of a dispatcher (the :class:`TokenDispatcher` contract, which every registered dispatcher
+implements and which the EP-overlap schedule, executor/ep_overlap.py, uses and nothing else):
 
 - ``dispatch(x_NH, routing) -> Dispatched``: ``x_NH`` [n, h] and the router's ``Routing`` (experts_NK,
   probs_NK [n, k]). Returns ``x_MH`` [M, h] sorted by local expert, ``tokens_per_expert`` [E_local] (int64,
-  on device, summing to M) and a ``ctx`` that only its own ``combine`` reads. Autograd flows through
-  ``x_MH`` back to ``x_NH``.
+  on device, summing to M) and a ``ctx`` that only its own stages read. Autograd flows through
+  ``x_MH`` back to ``x_NH``. It runs ``dispatch_preprocess``, the exchange (an all-to-all over
+  ``exchange_group`` with ``exchange_sizes``, when ``has_exchange``) and ``dispatch_postprocess``.
 - ``combine(y_MH, dispatched) -> y_NH``: ``y_MH`` [M, h] the experts' output in ``x_MH``'s row order (for
   etp > 1 a partial sum over the etp slice). Returns [n, h]: for each token, Σ over its k routed copies of
   probability · expert output, summed over etp, in the attention layout of ``x_NH``; dropped copies add 0.
-  Gradients flow to ``y_MH`` and to ``routing.probs_NK``.
+  Gradients flow to ``y_MH`` and to ``routing.probs_NK``. It runs ``combine_preprocess``, the transposed
+  exchange and ``combine_postprocess``; ``routing_probs`` / ``replace_routing_probs`` name the probabilities
+  the combine weights by (the overlapped schedule hands them from one segment's autograd graph to the next).
 - Groups: only ``state.ep``, ``state.etp`` and ``state.tp_ep`` (and their sizes/ranks) are used; a
   dispatcher marks its communication with ``timer.mark`` phases named after the collective.
 
@@ -41,8 +45,8 @@ permute/unpermute are single kernels; same order, same rows.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -56,7 +60,7 @@ from executor.parallel.collectives import (
     reduce_scatter,
     reduce_scatter_v,
 )
-from executor.parallel.groups import ParallelState
+from executor.parallel.groups import Group, ParallelState
 from executor.router import Routing, count_per_expert
 from executor.timing import NULL_TIMER, PhaseTimer
 from spec.errors import InvalidConfigError
@@ -159,21 +163,79 @@ class Dispatched:
     ctx: dict
 
 
-class TokenDispatcher(Protocol):
-    """A token dispatcher (module docstring: notation and the contract of each stage)."""
+class TokenDispatcher(ABC):
+    """A token dispatcher: the stages every dispatcher implements (module docstring: notation and contract).
+
+    ``dispatch`` and ``combine`` run the stages in line; the EP-overlap schedule (executor/ep_overlap.py) runs
+    them apart and calls nothing else: ``dispatch_preprocess``, then (when :meth:`has_exchange`) an
+    all-to-all over :attr:`exchange_group` sending ``exchange_sizes(ctx)[0]`` rows to each peer and receiving
+    ``[1]``, ``dispatch_postprocess``, the experts, ``combine_preprocess``, the transposed all-to-all,
+    ``combine_postprocess``; across its segments it hands the combine's probabilities over with
+    :meth:`routing_probs` / :meth:`replace_routing_probs`. A dispatcher whose communication is not one EP
+    all-to-all each way does it inside its pre/post stages and has no exchange: the schedule then runs it in
+    line (correct, nothing overlapped; the rule book keeps the overlap to dispatchers with an exchange).
+    """
 
     name: str
 
     def __init__(self, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER) -> None:
-        ...
+        self.state, self.num_experts, self.topk, self.timer = state, num_experts, topk, timer
+        self.local_experts = num_experts // state.ep.size
+
+    @abstractmethod
+    def dispatch_preprocess(self, x_NH: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, dict]:
+        """[n, h] tokens in the attention layout -> (the rows to exchange, or the experts' rows when there is
+        no exchange; the ``ctx`` the later stages read). No host sync for the exchange's sizes."""
+
+    def has_exchange(self, ctx: dict) -> bool:
+        """Whether an all-to-all runs between the pre and post stages of this dispatch (no host sync)."""
+        return False
+
+    def exchange_sizes(self, ctx: dict) -> tuple[list[int], list[int]]:
+        """(rows sent to, rows received from) each peer of :attr:`exchange_group` by the dispatch's all-to-all
+        (the combine's is its transpose); may wait for the sizes on the host. Only with :meth:`has_exchange`."""
+        raise NotImplementedError(f"dispatcher {self.name!r} has no exchange")
+
+    @property
+    def exchange_group(self) -> Group:
+        """The group the all-to-all between the stages runs over: EP."""
+        return self.state.ep
+
+    @abstractmethod
+    def dispatch_postprocess(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
+        """The received rows -> the experts' input sorted by local expert, with its counts."""
+
+    @abstractmethod
+    def combine_preprocess(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """[M, h] expert outputs -> the rows to send back (or, without an exchange, what combine_postprocess takes)."""
+
+    @abstractmethod
+    def combine_postprocess(self, rows: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """The rows received back -> [n, h]: each token's probability-weighted sum over its k copies."""
+
+    def routing_probs(self, ctx: dict) -> torch.Tensor:
+        """The probabilities the combine weights by: besides the rows, the combine's only input with a gradient."""
+        return ctx["probs"]
+
+    def replace_routing_probs(self, ctx: dict, probs: torch.Tensor) -> None:
+        """Let the combine weight by ``probs`` (the same values as :meth:`routing_probs`, another autograd node)."""
+        ctx["probs"] = probs
 
     def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
         """[n, h] tokens in the attention layout -> [M, h] rows sorted by local expert, with their counts."""
-        ...
+        rows, ctx = self.dispatch_preprocess(x_NH, routing)
+        if self.has_exchange(ctx):
+            send, recv = self.exchange_sizes(ctx)  # in line: the host waits for the counts here
+            rows = all_to_all(rows, recv, send, self.exchange_group)
+        return self.dispatch_postprocess(rows, ctx)
 
     def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         """[M, h] expert outputs -> [n, h]: each token's probability-weighted sum over its k copies."""
-        ...
+        rows = self.combine_preprocess(y_MH, dispatched)
+        if self.has_exchange(dispatched.ctx):
+            send, recv = self.exchange_sizes(dispatched.ctx)
+            rows = all_to_all(rows, send, recv, self.exchange_group)
+        return self.combine_postprocess(rows, dispatched)
 
 
 DISPATCHER_CLASSES: dict[str, type[TokenDispatcher]] = {}
@@ -188,37 +250,18 @@ def register_dispatcher(cls: type[TokenDispatcher]) -> type[TokenDispatcher]:
 
 
 @register_dispatcher
-class AllToAllDispatcher:
+class AllToAllDispatcher(TokenDispatcher):
     name = "alltoall"
 
-    def __init__(self, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER):
-        self.state, self.num_experts, self.topk, self.timer = state, num_experts, topk, timer
-        self.local_experts = num_experts // state.ep.size
+    # The stages around the two EP all-to-alls. Between ``dispatch_preprocess`` and ``dispatch_postprocess``
+    # the rows go ``ctx["send"]`` to each EP peer and ``ctx["recv"]`` come back; the combine's all-to-all is its
+    # transpose. Without EP or ETP there is no exchange (no "sizes" in ctx) and the rows pass straight through.
+    # ``dispatch_preprocess`` does not read the split sizes back to the host: it starts their copy
+    # (``ctx["sizes"]``, a HostInts) and :meth:`exchange_sizes` waits for it, so that the overlapped schedule
+    # can issue the other micro-batch's compute before the host blocks on this one's counts (a host sync waits
+    # for all the GPU has queued).
 
-    def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
-        rows, ctx = self.dispatch_pre(x_NH, routing)
-        if "sizes" in ctx:
-            send, recv = self.split_sizes(ctx)  # in line: the host waits for the counts here
-            rows = all_to_all(rows, recv, send, self.state.ep)
-        return self.dispatch_post(rows, ctx)
-
-    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
-        y_MH = self.combine_pre(y_MH, dispatched)
-        c = dispatched.ctx
-        if "sizes" in c:
-            y_MH = all_to_all(y_MH, c["send"], c["recv"], self.state.ep)
-        return self.combine_post(y_MH, dispatched)
-
-    # The four halves around the two EP all-to-alls, which ``dispatch`` and ``combine`` run in line and the
-    # overlapped schedule (executor/ep_overlap.py) runs apart, each all-to-all under another micro-batch's
-    # compute. Between ``dispatch_pre`` and ``dispatch_post`` the rows go ``ctx["send"]`` to each EP peer
-    # and ``ctx["recv"]`` come back; the combine's all-to-all is its transpose. Without EP or ETP there is no
-    # exchange (no "sizes" in ctx) and the rows pass straight through. ``dispatch_pre`` does not read the
-    # split sizes back to the host: it starts their copy (``ctx["sizes"]``, a HostInts) and
-    # :meth:`split_sizes` waits for it, so that the overlapped schedule can issue the other micro-batch's
-    # compute before the host blocks on this one's counts (a host sync waits for all the GPU has queued).
-
-    def dispatch_pre(self, x_NH: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, dict]:
+    def dispatch_preprocess(self, x_NH: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, dict]:
         """Permute by expert and size the exchange: (rows to send [Σ send, h], ctx)."""
         ep, etp = self.state.ep, self.state.etp
         n, k, e_local = x_NH.shape[0], self.topk, self.local_experts
@@ -241,7 +284,7 @@ class AllToAllDispatcher:
         rows = self.timer.mark(rows, "dispatch", "ep_alltoall")
         counts_PE = counts_E.view(ep.size, e_local)
         recv_PE = all_to_all(counts_PE, [1] * ep.size, [1] * ep.size, ep) if ep.size > 1 else counts_PE
-        # every split size in one device-to-host copy, started here and waited for in split_sizes (the only
+        # every split size in one device-to-host copy, started here and waited for in exchange_sizes (the only
         # host sync of the dispatch): rows sent to and received from each ep peer, rows of each etp member
         # after the all-gather
         counts_SE = all_gather_nograd(recv_PE.contiguous(), etp) if etp.size > 1 else recv_PE  # [etp·ep, E_local]
@@ -249,19 +292,22 @@ class AllToAllDispatcher:
         ctx.update(sizes=HostInts(sizes), counts_SE=counts_SE)
         return rows, ctx
 
-    def split_sizes(self, ctx: dict) -> tuple[list[int], list[int]]:
+    def has_exchange(self, ctx: dict) -> bool:
+        return "sizes" in ctx
+
+    def exchange_sizes(self, ctx: dict) -> tuple[list[int], list[int]]:
         """(rows sent to, rows received from) each EP peer by the dispatch's all-to-all; waits for the
-        counts ``dispatch_pre`` started copying (the first call only) and keeps them in ``ctx``."""
+        counts ``dispatch_preprocess`` started copying (the first call only) and keeps them in ``ctx``."""
         if "send" not in ctx:
             sizes, ep = ctx["sizes"].get(), self.state.ep.size
             ctx.update(send=sizes[:ep], recv=sizes[ep:2 * ep], per_member=sizes[2 * ep:])
         return ctx["send"], ctx["recv"]
 
-    def dispatch_post(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
+    def dispatch_postprocess(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
         """The received rows [Σ recv, h] → the experts' input, sorted by local expert."""
         if "sizes" not in ctx:
             return Dispatched(rows, ctx["counts"], ctx)
-        self.split_sizes(ctx)
+        self.exchange_sizes(ctx)
         etp = self.state.etp
         per_member = ctx["per_member"]
         if etp.size > 1:
@@ -277,7 +323,7 @@ class AllToAllDispatcher:
         ctx.update(per_member=per_member, index=index)
         return Dispatched(rows, counts_SE.sum(0), ctx)
 
-    def combine_pre(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+    def combine_preprocess(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         """The experts' output [M, h] → the rows to send back [Σ recv, h] (ETP partial sums reduced)."""
         c = dispatched.ctx
         if "index" not in c:
@@ -291,7 +337,7 @@ class AllToAllDispatcher:
             y_MH = reduce_scatter_v(y_MH, c["per_member"], etp)
         return self.timer.mark(y_MH, "etp_reduce_scatter" if etp.size > 1 else "combine", "ep_alltoall")
 
-    def combine_post(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+    def combine_postprocess(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         """The rows received back [Σ send, h] → [n, h]: each token's probability-weighted sum of its copies."""
         c = dispatched.ctx
         if "index" in c:
@@ -300,14 +346,14 @@ class AllToAllDispatcher:
 
 
 @register_dispatcher
-class AllGatherDispatcher:
+class AllGatherDispatcher(TokenDispatcher):
+    """Its communication is an all-gather before the experts and a reduce-scatter after them over tp_ep, inside
+    ``dispatch_preprocess`` and ``combine_postprocess``: no exchange between the stages."""
+
     name = "allgather"
 
-    def __init__(self, state: ParallelState, num_experts: int, topk: int, timer: PhaseTimer = NULL_TIMER):
-        self.state, self.num_experts, self.topk, self.timer = state, num_experts, topk, timer
-        self.local_experts = num_experts // state.ep.size
-
-    def dispatch(self, x_NH: torch.Tensor, routing: Routing) -> Dispatched:
+    def dispatch_preprocess(self, x_NH: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, dict]:
+        """Gather every token of the tp_ep group and keep the copies routed to local experts, sorted by expert."""
         group = self.state.tp_ep
         k, e_local = self.topk, self.local_experts
         x_NH = self.timer.mark(x_NH, "dispatch", "tp_ep_allgather")
@@ -321,10 +367,16 @@ class AllGatherDispatcher:
         slots = order[: int(counts.sum())]
         row_of_slot = slot_rows(slots, x_all.shape[0], k)
         rows = permute(x_all, slots, row_of_slot, k)
-        ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": probs_all}
-        return Dispatched(rows, counts, ctx)
+        return rows, {"slots": slots, "row_of_slot": row_of_slot, "probs": probs_all, "counts": counts}
 
-    def combine(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+    def dispatch_postprocess(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
+        return Dispatched(rows, ctx["counts"], ctx)
+
+    def combine_preprocess(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        return y_MH
+
+    def combine_postprocess(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """Weight and sum each gathered token's copies, then reduce-scatter the sums back over tp_ep."""
         c = dispatched.ctx
         y_all = unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
         y_all = self.timer.mark(y_all, "combine", "tp_ep_reduce_scatter")

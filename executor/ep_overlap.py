@@ -212,22 +212,25 @@ def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, ta
     _as_called(moe)
     x1, h = layer.attention_block(x, *rope)
     tokens, routing = moe.route(h)
-    rows, ctx = dispatcher.dispatch_pre(tokens, routing)
-    kept = tape.keep(x1, h, routing.probs_NK, router_loss + routing.loss)
-    if "sizes" in ctx:
+    rows, ctx = dispatcher.dispatch_preprocess(tokens, routing)
+    kept = tape.keep(x1, h, dispatcher.routing_probs(ctx), router_loss + routing.loss)
+    exchange = dispatcher.has_exchange(ctx)  # without one (allgather) the layer runs in line
+    if exchange:
         # the split sizes stay on the device until the driver starts the exchange: no host sync here, while
         # the other micro-batch's exchange runs under this compute
         def sizes() -> tuple[list[int], list[int]]:
-            send, recv = dispatcher.split_sizes(ctx)
+            send, recv = dispatcher.exchange_sizes(ctx)
             return recv, send
 
-        rows = yield from tape.exchange(rows, None, None, dispatcher.state.ep, f"{tag}/dispatch", sizes)
-    dispatched = dispatcher.dispatch_post(rows, ctx)
-    y = dispatcher.combine_pre(moe.run_experts(dispatched), dispatched)
-    if "sizes" in ctx:
-        y = yield from tape.exchange(y, ctx["send"], ctx["recv"], dispatcher.state.ep, f"{tag}/combine")
-    x1, h, ctx["probs"], router_loss = tape.take(kept)
-    y = moe.finish(dispatcher.combine_post(y, dispatched), h)
+        rows = yield from tape.exchange(rows, None, None, dispatcher.exchange_group, f"{tag}/dispatch", sizes)
+    dispatched = dispatcher.dispatch_postprocess(rows, ctx)
+    y = dispatcher.combine_preprocess(moe.run_experts(dispatched), dispatched)
+    if exchange:
+        send, recv = dispatcher.exchange_sizes(ctx)
+        y = yield from tape.exchange(y, send, recv, dispatcher.exchange_group, f"{tag}/combine")
+    x1, h, probs, router_loss = tape.take(kept)
+    dispatcher.replace_routing_probs(ctx, probs)
+    y = moe.finish(dispatcher.combine_postprocess(y, dispatched), h)
     return x1 + y, router_loss
 
 

@@ -13,17 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
 from executor import cuda_graphs, recompute
 from executor.offload import offloaded
-from executor.attention import Attention, rope_tables
+from executor.attention import rope_tables
+from executor.attention_modules import make_attention
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
-from executor.mla import MLASelfAttention
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.mtp import MultiTokenPrediction
@@ -61,8 +62,7 @@ class DecoderLayer(torch.nn.Module):
                  kernels, device, dtype, timer: PhaseTimer):
         super().__init__()
         self.kernels, self.options, self.timer = kernels, options, timer
-        attention = MLASelfAttention if spec.multi_latent_attention else Attention
-        self.attention = attention(spec, options, state, layer, kernels, device, dtype, timer)
+        self.attention = make_attention(spec, options, state, layer, kernels, device, dtype, timer)
         info = ShardInfo(f"layers.{layer}.mlp_norm.weight", (spec.hidden_size,), tp_partial=True)
         self.mlp_norm = make_param(info, state, "ones", 0.0, options.seed, device, dtype)
         if moe:
@@ -82,8 +82,8 @@ class DecoderLayer(torch.nn.Module):
         # attribute, not a submodule, so parameters and state dicts are the layer's own
         self.graphed = None
         if options.cuda_graphs:
-            kind = "multi-latent attention" if spec.multi_latent_attention else "standard"
-            reason = cuda_graphs.refusal(config, options.kernel_backend, kind, torch.device(device))
+            reason = cuda_graphs.refusal(config, options.kernel_backend, attention_kind(spec).label,
+                                         torch.device(device))
             if reason is not None:
                 raise SpecError(reason)
             half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon)

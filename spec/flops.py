@@ -11,36 +11,11 @@ layer's attention core counts ``seq/2`` keys per query whether or not it has a s
 
 from __future__ import annotations
 
+from spec.attention_kinds import attention_kind
 from spec.model_spec import ModelSpec
 
 # 3 GEMM passes (fwd, dgrad, wgrad) x 2 FLOPs per multiply-add x 2 GEMMs per block (up and down)
 _EXPANSION = 3 * 2 * 2
-
-
-def _attention_term(model: ModelSpec, seq_length: int, num_layers: int) -> float:
-    """Attention FLOPs per token summed over ``num_layers`` layers (projections and causal core)."""
-    h = model.hidden_size
-    n = model.num_attention_heads
-    if model.multi_latent_attention:
-        qk, rope, v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-        if model.q_lora_rank is None:
-            q_term = h * n * (qk + rope)
-        else:
-            q_term = model.q_lora_rank * (h + n * (qk + rope) + 1)
-        per_layer = (
-            q_term
-            + model.kv_lora_rank * (h + n * (qk + v) + 1)
-            + h * rope
-            + n * v * h
-            + seq_length * n * (qk + rope) / 2
-            + seq_length * n * v / 2
-        )
-        return 3 * 2 * num_layers * per_layer
-    query_projection = model.head_dim * n
-    return (
-        _EXPANSION * num_layers * h * h
-        * ((1 + model.num_kv_heads / n + seq_length / h / 2) * (query_projection / h))
-    )
 
 
 def flops_per_token(model: ModelSpec, seq_length: int) -> float:
@@ -65,7 +40,7 @@ def flops_per_token(model: ModelSpec, seq_length: int) -> float:
     )
     mtp_extra = 3 * 2 * mtp * (3 * h + 2 * h * h)
     logits = 3 * 2 * h * model.padded_vocab_size() * (mtp + 1)
-    return mlp + _attention_term(model, seq_length, num_layers) + mtp_extra + logits
+    return mlp + attention_kind(model).flops(model, seq_length, num_layers) + mtp_extra + logits
 
 
 def flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int) -> float:

@@ -35,6 +35,7 @@ from typing import Any
 from spec.errors import SpecError
 from spec.limits import MAX_LAYERS
 from spec.model_spec import ModelSpec
+from spec.norm_scopes import qk_norm_scope
 
 #: The largest config.json read (bytes); published ones are a few KiB.
 MAX_CONFIG_BYTES = 1 << 20
@@ -424,7 +425,7 @@ def _family_of(spec: ModelSpec) -> str:
     if spec.moe_shared_expert_gate:
         return "qwen2_moe"
     if spec.qk_layernorm:
-        return "olmoe" if spec.qk_layernorm_scope == "all" else "qwen3_moe"
+        return qk_norm_scope(spec).hf_model_type
     return "mixtral"
 
 

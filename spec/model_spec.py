@@ -6,15 +6,16 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
+from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
 from spec.limits import MODEL_BOUNDS, MODEL_LENGTHS, bound_problems
+from spec.norm_scopes import QK_NORM_SCOPES
 from spec.suggest import unknown_fields
 
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 NORMALIZATIONS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
-QK_LAYERNORM_SCOPES = ("head", "all")
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ class ModelSpec:
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
-    # What qk_layernorm's RMSNorm spans: 'head' normalises each head's d values (Qwen3; weights [d]); 'all'
-    # normalises a token's whole q (heads·d) and k (kv_heads·d) at once before the head split (OLMoE; weights
-    # [heads·d] and [kv_heads·d]). Not with multi_latent_attention.
+    # What qk_layernorm's RMSNorm spans, a scope of spec.norm_scopes: 'head' normalises each head's d values
+    # (Qwen3; weights [d]); 'all' normalises a token's whole q (heads·d) and k (kv_heads·d) at once before the
+    # head split (OLMoE; weights [heads·d] and [kv_heads·d]). Not with multi_latent_attention.
     qk_layernorm_scope: str = "head"
     # 'learnable': one learned logit per head joins the softmax denominator (GPT-OSS attention sinks);
     # 'off-by-one': that logit is fixed at 0
@@ -62,7 +63,7 @@ class ModelSpec:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     make_vocab_size_divisible_by: int = 128
-    # Multi-latent attention (DeepSeek-V2/V3)
+    # Multi-latent attention (DeepSeek-V2/V3): selects the 'mla' kind of spec.attention_kinds
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
     kv_lora_rank: int = 512
@@ -102,11 +103,6 @@ class ModelSpec:
                 require(p, self.num_attention_heads % self.num_query_groups == 0,
                         f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
                         f"num_query_groups ({self.num_query_groups})")
-        if self.kv_channels is None:
-            require(p, self.num_attention_heads < 1 or self.hidden_size % self.num_attention_heads == 0  # <1: reported above
-                    or self.multi_latent_attention,
-                    f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                    f"({self.num_attention_heads}) unless kv_channels is given")
         require(p, self.normalization in NORMALIZATIONS,
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         require(p, self.position_embedding_type in POSITION_EMBEDDINGS,
@@ -115,11 +111,7 @@ class ModelSpec:
                 "dropout probabilities must lie in [0, 1)")
         self._check_attention_and_activation(p)
         require(p, self.mtp_num_layers >= 0, f"mtp_num_layers must be >= 0, got {self.mtp_num_layers}")
-        if self.multi_latent_attention:
-            require(p, self.num_query_groups is None, "multi_latent_attention excludes num_query_groups (GQA)")
-            for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
-                value = getattr(self, name)
-                require(p, isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+        p += attention_kind(self).problems(self)
         if self.num_experts is not None:
             require(p, isinstance(self.num_experts, int) and self.num_experts >= 1,
                     f"num_experts must be a positive integer or None, got {self.num_experts!r}")
@@ -154,10 +146,8 @@ class ModelSpec:
                 f"activation_func_clamp_value must be positive or None, got {clamp!r}")
         require(p, (clamp is None and not self.glu_linear_offset) or self.gated_linear_unit,
                 "activation_func_clamp_value and glu_linear_offset need a gated linear unit (swiglu or quick_geglu)")
-        require(p, self.qk_layernorm_scope in QK_LAYERNORM_SCOPES,
-                f"qk_layernorm_scope must be one of {QK_LAYERNORM_SCOPES}, got {self.qk_layernorm_scope!r}")
-        require(p, not (self.qk_layernorm_scope == "all" and self.multi_latent_attention),
-                "qk_layernorm_scope 'all' (whole-width q/k norms) is not built for multi_latent_attention")
+        require(p, self.qk_layernorm_scope in QK_NORM_SCOPES,
+                f"qk_layernorm_scope must be one of {tuple(QK_NORM_SCOPES)}, got {self.qk_layernorm_scope!r}")
         require(p, self.softmax_type in SOFTMAX_TYPES,
                 f"softmax_type must be one of {SOFTMAX_TYPES}, got {self.softmax_type!r}")
         window = self.window_size
@@ -184,15 +174,13 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         """Per-head dimension of Q/K/V for MHA/GQA; of Q and K under MLA (qk_head_dim + qk_pos_emb_head_dim,
-        Megatron's q_head_dim, which also sets the softmax scale; V has v_head_dim)."""
-        if self.multi_latent_attention:
-            return self.qk_head_dim + self.qk_pos_emb_head_dim
-        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+        Megatron's q_head_dim, which also sets the softmax scale; V has v_head_dim): the attention kind's."""
+        return attention_kind(self).head_dim(self)
 
     @property
     def rotary_head_dim(self) -> int:
         """Per-head dimension RoPE rotates: the decoupled qk_pos_emb_head_dim under MLA, else head_dim."""
-        return self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
+        return attention_kind(self).rotary_head_dim(self)
 
     @property
     def gated_linear_unit(self) -> bool:

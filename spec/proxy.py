@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 
@@ -35,8 +36,6 @@ TINY_SHARED_FFN = 48
 TINY_EXPERTS = 8
 TINY_VOCAB = 256
 TINY_POSITIONS = 256
-TINY_MLA = {"kv_lora_rank": 32, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}
-TINY_Q_LORA = 32
 
 
 class ProxyError(SpecError):
@@ -82,10 +81,7 @@ def _tiny_attention(model: ModelSpec) -> dict:
     if model.kv_channels is not None:  # an explicit head dim stays explicit, and stays unequal to hidden/heads if it was
         decoupled = model.kv_channels * model.num_attention_heads != model.hidden_size
         fields["kv_channels"] = 2 * TINY_HIDDEN // TINY_HEADS if decoupled else TINY_HIDDEN // TINY_HEADS
-    if model.multi_latent_attention:
-        fields.update(TINY_MLA)
-        if model.q_lora_rank is not None:
-            fields["q_lora_rank"] = TINY_Q_LORA
+    fields.update(attention_kind(model).tiny_fields(model))  # the kind's own widths (MLA's ranks, head dims)
     return fields
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spec.attention_kinds import attention_kind, modules_of_other_kinds
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
@@ -172,8 +173,9 @@ def unsupported_features(model: ModelSpec) -> list[str]:
         unsupported.append("swiglu=False")
     if model.window_size is not None and model.window_size[1] != 0:
         unsupported.append(f"window_size right extent {model.window_size[1]} (causal models only)")
-    if model.multi_latent_attention and (model.window_size is not None or model.softmax_type != "vanilla"):
-        unsupported.append("multi_latent_attention with a window or attention sinks")
+    kind = attention_kind(model)
+    if not kind.windows_and_sinks and (model.window_size is not None or model.softmax_type != "vanilla"):
+        unsupported.append(f"{kind.label} attention with a window or attention sinks")
     if model.hidden_dropout or model.attention_dropout:
         unsupported.append("dropout")
     return unsupported
@@ -292,11 +294,9 @@ class Validator:
         m = self.model
         if m.num_attention_heads % tp:
             return Rejection("heads_tp", f"num_attention_heads ({m.num_attention_heads}) is not divisible by tp ({tp})")
-        if not m.multi_latent_attention:
-            groups = m.num_kv_heads
-            if groups % tp and tp % groups:
-                return Rejection("kv_heads_tp", f"num_query_groups ({groups}) is neither a multiple nor a divisor "
-                                                f"of tp ({tp})")
+        heads = attention_kind(m).tp_rule(m, tp)
+        if heads is not None:
+            return Rejection(*heads)
         if m.hidden_size % tp:
             return Rejection("hidden_tp", f"hidden_size ({m.hidden_size}) is not divisible by tp ({tp})")
         if m.num_dense_layers and m.ffn_hidden_size % tp:
@@ -377,9 +377,12 @@ class Validator:
             if "moe_act" in c.recompute_modules and not self.model.is_moe:
                 return Rejection("recompute_modules", f"recompute module moe_act needs a MoE model; "
                                                       f"{self.model.name} has no experts")
-            if "mla_up_proj" in c.recompute_modules and not self.model.multi_latent_attention:
-                return Rejection("recompute_modules", f"recompute module mla_up_proj needs multi-latent "
-                                                      f"attention; {self.model.name} uses GQA/MHA")
+            foreign = modules_of_other_kinds(self.model)
+            module = next((m for m in c.recompute_modules if m in foreign), None)
+            if module is not None:
+                return Rejection("recompute_modules", f"recompute module {module} needs {foreign[module].label} "
+                                                      f"attention; {self.model.name} uses "
+                                                      f"{attention_kind(self.model).label} attention")
         if c.overlap_param_gather and not c.use_distributed_optimizer:
             return Rejection("param_gather_distopt", "overlap_param_gather needs the distributed optimizer")
         if c.overlap_moe_expert_parallel_comm:

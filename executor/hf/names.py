@@ -12,9 +12,11 @@ The tensors are HF's as they lie in a checkpoint (what ``save_pretrained`` of tr
 - GPT-OSS's fused experts: ``gate_up_proj`` [E, H, 2F] with gate and up *interleaved* along the last dim
   (gate = [..., ::2]) and ``down_proj`` [E, F, H], both in ``x @ W`` order (foldtune's are ``W @ x``), with
   biases ``gate_up_proj_bias`` [E, 2F] (interleaved) and ``down_proj_bias`` [E, H];
-- DeepSeek's MLA projections map one to one (q_proj / q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
-  kv_a_layernorm, kv_b_proj, o_proj): their row orders are the executor's (per head [nope | rope] and
-  [nope | v]; the latent then the shared RoPE key). RoPE of the decoupled dims rotates adjacent pairs in both.
+- the attention's tensors map one to one, by the names of the model's attention kind
+  (``spec.attention_kinds``, ``hf_names``): DeepSeek's MLA projections (q_proj / q_a_proj, q_a_layernorm,
+  q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj) have the executor's row orders (per head
+  [nope | rope] and [nope | v]; the latent then the shared RoPE key). RoPE of the decoupled dims rotates
+  adjacent pairs in both.
 - DeepSeek-V3's ``mlp.gate.e_score_correction_bias`` is the router's ``expert_bias`` buffer.
 
 Multi-token-prediction depths (DeepSeek-V3's layer 61 in the published checkpoint) are not mapped:
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 
 import torch
 
+from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 
@@ -41,17 +44,6 @@ _MOE = {
     "gpt_oss": ("mlp", None, "router"),
 }
 _SHARED = {"qwen2_moe": "shared_expert", "deepseek_v2": "shared_experts", "deepseek_v3": "shared_experts"}
-_MLA = {  # foldtune attention name -> HF self_attn name
-    "linear_q_proj.weight": "q_proj.weight", "linear_q_down_proj.weight": "q_a_proj.weight",
-    "q_layernorm.weight": "q_a_layernorm.weight", "linear_q_up_proj.weight": "q_b_proj.weight",
-    "linear_kv_down_proj.weight": "kv_a_proj_with_mqa.weight", "kv_layernorm.weight": "kv_a_layernorm.weight",
-    "linear_kv_up_proj.weight": "kv_b_proj.weight", "linear_proj.weight": "o_proj.weight",
-}
-_GQA = {
-    "wq.weight": "q_proj.weight", "wk.weight": "k_proj.weight", "wv.weight": "v_proj.weight",
-    "wo.weight": "o_proj.weight", "wq.bias": "q_proj.bias", "wk.bias": "k_proj.bias", "wv.bias": "v_proj.bias",
-    "wo.bias": "o_proj.bias", "q_norm.weight": "q_norm.weight", "k_norm.weight": "k_norm.weight", "sinks": "sinks",
-}
 _MLP = {"w1.weight": "gate_proj.weight", "w3.weight": "up_proj.weight", "w2.weight": "down_proj.weight",
         "w1.bias": "gate_proj.bias", "w3.bias": "up_proj.bias", "w2.bias": "down_proj.bias"}
 
@@ -68,8 +60,7 @@ def _one_to_one(spec: ModelSpec, family: str) -> dict[str, str]:
         hf, ft = f"model.layers.{i}.", f"layers.{i}."
         out[ft + "attention.norm.weight"] = hf + "input_layernorm.weight"
         out[ft + "mlp_norm.weight"] = hf + "post_attention_layernorm.weight"
-        attn = _MLA if spec.multi_latent_attention else _GQA
-        for a, b in attn.items():
+        for a, b in attention_kind(spec).hf_names.items():
             out[ft + "attention." + a] = hf + "self_attn." + b
         if not pattern[i]:
             for a, b in _MLP.items():

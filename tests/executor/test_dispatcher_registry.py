@@ -1,10 +1,16 @@
-"""The dispatcher names come from spec.dispatchers; the executor and the cost model register exactly those."""
+"""The dispatcher names come from spec.dispatchers; the executor and the cost model register exactly those; every
+executor dispatcher implements the whole TokenDispatcher contract, and the EP-overlap schedule uses nothing else."""
+
+import ast
+import inspect
 
 import pytest
 
+from executor import ep_overlap
+
 from costmodel.dispatch import PRICING, dispatcher_pricing
 from costmodel.step_time import estimate_step_time
-from executor.dispatcher import DISPATCHER_CLASSES, make_dispatcher
+from executor.dispatcher import DISPATCHER_CLASSES, TokenDispatcher, make_dispatcher
 from executor.parallel.groups import single_process_state
 from spec import ClusterSpec, InvalidConfigError, ParallelConfig, TrainingSpec, get_hardware, get_model
 from spec.dispatchers import DISPATCHER_KINDS, DISPATCHERS
@@ -38,3 +44,19 @@ def test_an_unknown_dispatcher_is_an_error_everywhere():
     model, cluster = get_model("mixtral-8x7b"), ClusterSpec(get_hardware("h100-sxm"), 8)
     with pytest.raises(InvalidConfigError, match="bogus"):
         estimate_step_time(model, TrainingSpec(seq_length=4096, global_batch_size=8), cluster, config)
+
+
+def test_every_dispatcher_implements_every_stage_of_the_contract():
+    for cls in DISPATCHER_CLASSES.values():
+        assert issubclass(cls, TokenDispatcher) and not inspect.isabstract(cls), cls.name
+    stages = {"dispatch_preprocess", "dispatch_postprocess", "combine_preprocess", "combine_postprocess"}
+    assert stages <= TokenDispatcher.__abstractmethods__
+
+
+def test_the_overlap_schedule_calls_only_contract_methods():
+    """What staged_moe_layer reads off its dispatcher: every name is declared by TokenDispatcher itself."""
+    tree = ast.parse(inspect.getsource(ep_overlap.staged_moe_layer))
+    used = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "dispatcher"}
+    contract = {name for name in vars(TokenDispatcher) if not name.startswith("_")}
+    assert used and used <= contract, used - contract

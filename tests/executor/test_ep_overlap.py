@@ -21,6 +21,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
+from spec.dispatchers import DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 from spec.parallel_config import ParallelConfig
 from spec.validity import executor_layout_rules
@@ -240,14 +241,16 @@ def test_validity_rule_names_what_the_overlap_is_not_built_with():
     assert not [r for r in executor_layout_rules(model, plain, 16) if r.rule == "executor_ep_overlap"]
 
 
-def test_staged_forward_without_ep_equals_the_model_forward():
-    """One process, ep = 1: no exchange; the staged path must still compute the model's loss and gradients."""
+@pytest.mark.parametrize("dispatcher", DISPATCHERS)
+def test_staged_forward_without_ep_equals_the_model_forward(dispatcher):
+    """One process, ep = 1: no exchange; the staged path must still compute the model's loss and gradients,
+    through the stages of every dispatcher's contract (allgather's too, whose layers it runs in line)."""
     from executor.ep_overlap import run_overlapped
     from executor.model import MoEGPT
     from executor.parallel.groups import Group, build_parallel_state
 
     spec = get_model("tiny-moe-shared")
-    state = build_parallel_state(ParallelConfig(world_size=1), 0)
+    state = build_parallel_state(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), 0)
     torch.manual_seed(0)
     ids = torch.randint(0, spec.vocab_size, (3, 1, 16))
     micro = [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(3)]

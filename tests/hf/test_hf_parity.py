@@ -78,7 +78,7 @@ def test_each_mapped_convention_matters(saved, family, change):
 
 def test_olmoe_norm_over_one_head_would_differ(saved, monkeypatch):
     """OLMoE's parity needs the whole-width q/k norm: normalising each head (weights kept) changes the logits."""
-    from executor import attention
+    from executor import qk_norms
 
     directory, hf_model = saved["olmoe"]
     d = load_hf_model(directory).spec.head_dim
@@ -90,7 +90,7 @@ def test_olmoe_norm_over_one_head_would_differ(saved, monkeypatch):
 
     ids, labels = batch()
     ref_logits, _ = hf_logits_and_grad(hf_model, ids, labels)
-    monkeypatch.setattr(attention, "tp_rms_norm", per_head)
+    monkeypatch.setattr(qk_norms, "tp_rms_norm", per_head)
     assert (model_logits(_foldtune(directory), ids) - ref_logits).abs().max() > 1e-3
 
 
