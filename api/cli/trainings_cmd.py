@@ -152,8 +152,10 @@ def _target(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _target(args)
-    if (args.cancel or args.wait) and args.id is None:
-        raise SpecError("--cancel and --wait need a training ID")
+    if args.cancel and args.id is None:
+        raise SpecError("--cancel needs a training ID")
+    if args.wait and args.id is None and not args.submit:
+        raise SpecError("--wait needs a training ID (or `trainings submit`)")
     with ApiClient.from_args(args) as client:
         if args.submit:
             t = client.post("/v1/trainings", submit_body(args))
