@@ -1,5 +1,6 @@
 """The model arguments of ``foldtune profile``, ``tune``, ``submit`` and ``train``: ``--model``,
-``--model-file``, or a Hugging Face model (``--model-dir DIR`` / ``--hf-config FILE``, :mod:`spec.hf_config`), and the proxy (``--layers N``, ``--proxy tiny``), resolved into a request body (for the
+``--model-file``, or a Hugging Face model (``--model-dir DIR`` / ``--hf-config FILE``, :mod:`spec.hf_config`),
+and the proxy (``--layers N``, ``--proxy tiny``; ``plan`` and ``best`` take these too), resolved into a request body (for the
 API's schema) or a ModelSpec (for a local run), and the front door's check of a local run.
 
 Each refusal is a FoldtuneError, which ``foldtune`` prints as one line and exit code 2.
@@ -33,8 +34,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = Tru
     model.add_argument("--model", default=default, help=model_help + (f" (default: {default})" if default else ""))
     model.add_argument("--model-file", metavar="FILE", help="YAML/JSON file of ModelSpec fields (Megatron names)")
     add_hf_arguments(model)
+    add_proxy_arguments(parser)
+
+
+def add_proxy_arguments(parser: argparse.ArgumentParser, verb: str = "run") -> None:
+    """``--layers N`` and ``--proxy tiny``: the proxy of the named model a command runs (plans, looks up)."""
     parser.add_argument("--layers", type=int, metavar="N",
-                        help="run a proxy with N decoder layers, the model's widths and features (default: all)")
+                        help=f"{verb} a proxy with N decoder layers, the model's widths and features (default: all)")
     parser.add_argument("--proxy", choices=PROXIES,
                         help="tiny: every architecture feature of the model at test widths (hidden 64, vocab 256)")
 
@@ -93,7 +99,8 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     if hf is not None:
         base = hf.spec
     else:
-        base = ModelSpec.from_dict(_read_model_file(args.model_file)) if args.model_file else get_model(args.model)
+        model_file = getattr(args, "model_file", None)  # plan names no model file
+        base = ModelSpec.from_dict(_read_model_file(model_file)) if model_file else get_model(args.model)
     try:
         return proxy_model(base, args.layers, args.proxy)
     except ProxyError as exc:

@@ -12,6 +12,7 @@ import json
 
 from api.cli._export import add_format_argument, render
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._model_args import add_proxy_arguments
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from spec.errors import SpecError
 
@@ -20,7 +21,9 @@ HELP = "show the best measured layout for a model on a cluster (from your finish
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signature", help="a job's signature (instead of the flags below)")
-    parser.add_argument("--model", help="catalog model name (a proxy: as the job names it, e.g. mixtral-8x7b@2L)")
+    parser.add_argument("--model", help="catalog model name (a proxy: as the job names it, e.g. mixtral-8x7b@2L, "
+                                        "or with --layers/--proxy as the job was submitted)")
+    add_proxy_arguments(parser, "look up")
     add_gpu_argument(parser, local=False)
     parser.add_argument("--gpus", type=int, help="number of GPUs")
     add_shape_arguments(parser)
@@ -38,8 +41,12 @@ def query(args: argparse.Namespace) -> dict:
         raise SpecError(f"foldtune best needs {' and '.join(missing)} (or --signature)")
     gpu = require_gpu(args, "best", " (or --signature)")
     shape = resolve_shape(args, gpu, "best")
-    return {"model": args.model, "gpu": gpu, "num_gpus": args.gpus, "seq_length": shape.seq,
-            "global_batch_size": shape.gbs, "precision": shape.precision}
+    params = {"model": args.model, "gpu": gpu, "num_gpus": args.gpus, "seq_length": shape.seq,
+              "global_batch_size": shape.gbs, "precision": shape.precision}
+    for flag, field in (("layers", "num_layers_override"), ("proxy", "proxy")):
+        if getattr(args, flag) is not None:
+            params[field] = getattr(args, flag)
+    return params
 
 
 def run(args: argparse.Namespace) -> int:

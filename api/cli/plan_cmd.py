@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from api.cli._model_args import add_hf_arguments, hf_model_from_args
+from api.cli._model_args import add_hf_arguments, add_proxy_arguments, model_from_args
 from costmodel.params import total_param_counts
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from planner.enumerate import VPP_LIMIT, SearchSpace, pipeline_label
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="catalog model name, e.g. mixtral-8x22b")
     add_hf_arguments(model)
+    add_proxy_arguments(parser, "plan")
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole nodes when several)")
     add_gpu_argument(parser, local=False)
     parser.add_argument("--profile", metavar="FILE", help="hardware profile JSON (from foldtune calibrate); replaces --gpu")
@@ -110,10 +111,10 @@ def _specs(args: argparse.Namespace):
         problems.append("--capacity-factor needs --routing capacity")
     if problems:
         raise SpecError("; ".join(problems))
-    hf = hf_model_from_args(args)
+    model = model_from_args(args)  # the catalog's or the Hugging Face model, as the proxy asked for
     gpu = load_profile(args.profile).gpu.name if args.profile else require_gpu(args, "plan", " or --profile FILE")
     shape = resolve_shape(args, gpu, "plan")
-    return build_specs(hf.spec if hf is not None else args.model, args.gpus, gpu=args.gpu, profile=args.profile,
+    return build_specs(model, args.gpus, gpu=args.gpu, profile=args.profile,
                        seq_length=shape.seq, global_batch_size=shape.gbs, precision=shape.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,

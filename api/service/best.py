@@ -11,6 +11,8 @@ from api.schemas.jobs import ClusterOut, TrialOut
 from api.service.errors import NotFound, RuleViolation
 from api.service.jobs import ResolvedJob, resolve_cluster, resolve_model
 from spec.errors import FoldtuneError
+from spec.model_spec import ModelSpec
+from spec.proxy import ProxyError, proxy_model, proxy_of
 from spec.training_spec import TrainingSpec
 from db.jobs import count_of_signature
 from db.models import Job, Owner
@@ -30,6 +32,8 @@ class BestQuery:
     seq_length: int | None = None
     global_batch_size: int | None = None
     precision: str = "bf16"
+    num_layers_override: int | None = None
+    proxy: str | None = None
 
 
 def signature_of(session: Session, query: BestQuery) -> str:
@@ -41,7 +45,7 @@ def signature_of(session: Session, query: BestQuery) -> str:
     if missing:
         raise RuleViolation("query", "signature_or_spec",
                             f"give signature, or all of {', '.join(BY_SPEC)} (missing: {', '.join(missing)})")
-    spec = resolve_model(query.model, "query.model")
+    spec = _proxy_model(query)
     cluster = resolve_cluster(session, query.gpu, query.num_gpus, "query")
     try:
         training = TrainingSpec(seq_length=query.seq_length, global_batch_size=query.global_batch_size,
@@ -66,3 +70,21 @@ def best_of(session: Session, owner: Owner, query: BestQuery) -> BestOut:
                    cluster=ClusterOut(gpu=job.gpu_name, num_gpus=job.num_gpus),
                    job_id=job.id, trial=TrialOut.model_validate(trial, from_attributes=True),
                    jobs_considered=considered)
+
+
+def _proxy_model(query: BestQuery) -> ModelSpec:
+    """The model the query's jobs ran: a proxy named as a job names it (``<model>[@tiny][@<N>L]``) or by
+    ``num_layers_override`` / ``proxy``; RuleViolation when the name and the fields disagree."""
+    info = proxy_of(query.model)
+    for field, named, given in (("num_layers_override", info.num_layers, query.num_layers_override),
+                                ("proxy", info.proxy, query.proxy)):
+        if named is not None and given is not None and named != given:
+            raise RuleViolation(f"query.{field}", "proxy_agrees",
+                                f"model {query.model!r} names {field} {named!r}, the query gives {given!r}")
+    layers = query.num_layers_override if query.num_layers_override is not None else info.num_layers
+    proxy = query.proxy if query.proxy is not None else info.proxy
+    try:
+        return proxy_model(resolve_model(info.base, "query.model"), layers, proxy)
+    except ProxyError as exc:
+        where = "query.num_layers_override" if exc.rule == "proxy_layers" else "query.proxy"
+        raise RuleViolation(where, exc.rule, str(exc)) from None

@@ -11,6 +11,8 @@ from api.schemas.best import BestOut
 from api.schemas.common import Name
 from api.schemas.problem import problem_responses
 from api.service.best import BestQuery, best_of
+from spec.limits import MAX_LAYERS
+from spec.proxy import PROXIES
 from spec.training_spec import PRECISIONS
 
 router = APIRouter(prefix="/v1", tags=["best"], responses=problem_responses(401, 404, 422))
@@ -25,10 +27,16 @@ def get_best(owner: OwnerDep, session: SessionDep,
              num_gpus: Annotated[int | None, Query(ge=1, le=65536)] = None,
              seq_length: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
              global_batch_size: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
-             precision: Annotated[Literal[PRECISIONS], Query()] = "bf16") -> BestOut:
+             precision: Annotated[Literal[PRECISIONS], Query()] = "bf16",
+             num_layers_override: Annotated[int | None, Query(
+                 ge=1, le=MAX_LAYERS, description="the jobs' layers proxy (as POST /v1/jobs took it)")] = None,
+             proxy: Annotated[Literal[PROXIES] | None, Query(
+                 description="the jobs' proxy kind (as POST /v1/jobs took it)")] = None) -> BestOut:
     """The succeeded trial with the shortest measured step time over the caller's jobs of one signature,
     given directly or as model + gpu + num_gpus + seq_length + global_batch_size (+ precision; the other
-    training fields at their defaults)."""
+    training fields at their defaults). A proxy's jobs are found by its name (``<model>@<N>L``,
+    ``<model>@tiny``) or by ``num_layers_override`` / ``proxy`` beside the catalog name."""
     query = BestQuery(signature=signature, model=model, gpu=gpu, num_gpus=num_gpus, seq_length=seq_length,
-                      global_batch_size=global_batch_size, precision=precision)
+                      global_batch_size=global_batch_size, precision=precision,
+                      num_layers_override=num_layers_override, proxy=proxy)
     return best_of(session, owner, query)
