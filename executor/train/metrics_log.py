@@ -1,9 +1,10 @@
 """Rank 0's training metrics as files beside the checkpoints: ``metrics.csv`` (one row per optimizer step) and
 TensorBoard event files under ``tensorboard/`` (``tensorboard --logdir <checkpoint dir>/tensorboard``).
 
-A resumed run continues both: rows and events of steps at or after the step it resumes from (steps that the
-previous run measured past its last checkpoint, which this run measures again) are dropped first, so every
-step appears once, with the values of the run whose weights the checkpoints hold.
+Steps are counted from 1 (the step that ends with 1 optimizer update is step 1), as the CLI, the API and the
+dashboard count them. A resumed run continues both: rows and events of the steps it measures again (those the
+previous run measured past its last checkpoint) are dropped first, so every step appears once, with the
+values of the run whose weights the checkpoints hold.
 
 The event files need the ``tensorboard`` package (a dependency of foldtune's install); the executor itself
 needs torch alone, so where it is missing (a bare GPU image) the run keeps ``metrics.csv`` and says once that
@@ -33,9 +34,9 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsLog:
-    """Appends each step (a dataclass with a ``step`` field and the ``columns``) to ``<directory>/metrics.csv`` and
-    as TensorBoard scalars ``train/<field>`` (``eval/loss`` for ``eval_loss``); ``start_step`` is the first step
-    this run measures (0, or the step it resumed from)."""
+    """Appends each step (a dataclass with a 0-based ``step`` index and the ``columns``) to
+    ``<directory>/metrics.csv`` and as TensorBoard scalars ``train/<field>`` (``eval/loss`` for ``eval_loss``),
+    both numbered from 1; ``start_step`` is the optimizer steps already done (0, or the checkpoint's)."""
 
     def __init__(self, directory: str | os.PathLike[str], start_step: int, columns: Sequence[str]) -> None:
         self.dir = Path(directory)
@@ -56,10 +57,10 @@ class MetricsLog:
             return []
         with open(self.csv_path, newline="") as f:
             return [{k: row.get(k, "") for k in self.columns} for row in csv.DictReader(f)
-                    if row.get("step", "").isdigit() and int(row["step"]) < start_step]
+                    if row.get("step", "").isdigit() and int(row["step"]) <= start_step]
 
     def write(self, m: Any) -> None:
-        row = asdict(m)
+        row = {**asdict(m), "step": m.step + 1}
         self._writer.writerow({k: "" if row[k] is None else row[k] for k in self.columns})
         self._csv.flush()
         if self._tb is None:
@@ -67,7 +68,7 @@ class MetricsLog:
         for name, value in row.items():
             if name == "step" or value is None:
                 continue
-            self._tb.add_scalar("eval/loss" if name == "eval_loss" else f"train/{name}", float(value), m.step)
+            self._tb.add_scalar("eval/loss" if name == "eval_loss" else f"train/{name}", float(value), row["step"])
         self._tb.flush()
 
     def close(self) -> None:
@@ -82,5 +83,5 @@ def _summary_writer(log_dir: Path, start_step: int):
         warnings.warn(f"no TensorBoard event files ({_NO_TENSORBOARD or 'tensorboard missing'}); metrics.csv only. "
                       f"pip install tensorboard to add them", stacklevel=3)
         return None
-    # purge_step drops events at or after start_step that an earlier run wrote past its last checkpoint
-    return SummaryWriter(log_dir=str(log_dir), purge_step=start_step if start_step > 0 else None)
+    # purge_step drops the events of steps after the checkpoint's (numbered from 1) that an earlier run wrote
+    return SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1 if start_step > 0 else None)

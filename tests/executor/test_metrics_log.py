@@ -32,12 +32,13 @@ def test_a_resume_replaces_the_steps_after_its_checkpoint(tmp_path):
     log.close()
     with open(tmp_path / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["step"], float(r["loss"])) for r in rows] == [("0", 10.0), ("1", 9.0), ("2", 8.0), ("3", 103.0),
-                                                             ("4", 104.0), ("5", 105.0)]
+    # numbered from 1, as the CLI, API and dashboard count steps: index 3 is step 4
+    assert [(r["step"], float(r["loss"])) for r in rows] == [("1", 10.0), ("2", 9.0), ("3", 8.0), ("4", 103.0),
+                                                             ("5", 104.0), ("6", 105.0)]
     assert rows[4]["eval_loss"] == "105.0" and rows[3]["eval_loss"] == ""
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
-    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(0, 10.0), (1, 9.0), (2, 8.0), (3, 103.0),
-                                                                         (4, 104.0), (5, 105.0)]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 10.0), (2, 9.0), (3, 8.0), (4, 103.0),
+                                                                         (5, 104.0), (6, 105.0)]
     assert "train/tokens_per_s" in events.Tags()["scalars"] and "train/peak_memory_bytes" not in events.Tags()["scalars"]
 
 

@@ -188,22 +188,22 @@ def test_cli_trains_resumes_under_another_layout_and_reports_errors(corpus, tmp_
     assert main([*common, "--layout", "dp1", "--steps", "3", "--device", "cpu"]) == 0
     out = capfd.readouterr().out
     assert "step      3  loss" in out and "eval_loss" in out and "step-00000003" in out
-    assert [row["step"] for row in _csv_rows(tmp_path / "ck")] == ["0", "1", "2"]
+    assert [row["step"] for row in _csv_rows(tmp_path / "ck")] == ["1", "2", "3"]  # counted as the CLI prints
     assert main([*common, "--layout", "dp2 mbs2", "--steps", "5", "--device", "cpu"]) == 0
     out = capfd.readouterr().out
     assert "resumed from" in out and "at step 3" in out and "done: step 5" in out
     # metrics beside the checkpoints, continued by the resume: a CSV row and TensorBoard scalars per step, once
     rows = _csv_rows(tmp_path / "ck")
-    assert [row["step"] for row in rows] == ["0", "1", "2", "3", "4"]
+    assert [row["step"] for row in rows] == ["1", "2", "3", "4", "5"]
     assert all(float(row["loss"]) > 0 and float(row["step_time_s"]) > 0 for row in rows)
     assert [row["eval_loss"] != "" for row in rows] == [False, False, True, False, True]  # eval every 3 and at the end
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "ck" / "tensorboard")).Reload()
     loss = events.Scalars("train/loss")
-    assert [e.step for e in loss] == [0, 1, 2, 3, 4]
+    assert [e.step for e in loss] == [1, 2, 3, 4, 5]
     assert [round(e.value, 4) for e in loss] == [round(float(row["loss"]), 4) for row in rows]
-    assert [e.step for e in events.Scalars("eval/loss")] == [2, 4]
+    assert [e.step for e in events.Scalars("eval/loss")] == [3, 5]
     assert main(["train", "--data", str(tmp_path / "nothing"), "--model", "tiny-moe", "--steps", "1"]) == 2
     err = capfd.readouterr().err
     assert err.startswith("foldtune: error:") and "not a prepared dataset" in err and "Traceback" not in err
