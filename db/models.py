@@ -219,6 +219,7 @@ class Training(QueuedWork, Base):
     steps: Mapped[int] = mapped_column(Integer)
     checkpoint_dir: Mapped[str] = mapped_column(Text)
     checkpoint_every: Mapped[int | None] = mapped_column(Integer)
+    keep_last: Mapped[int | None] = mapped_column(Integer)  # newest complete checkpoints kept; NULL/0: all
     predicted_step_time_s: Mapped[float | None] = mapped_column(Float)
 
 

@@ -33,6 +33,8 @@ MAX_GLOBAL_BATCH = 1 << 24
 MAX_GPUS = 65536
 #: measured trials of one tuning job
 MAX_TRIALS = 10_000
+#: complete checkpoints a training keeps (its newest; 0 keeps all)
+MAX_KEEP_LAST = 10_000
 #: ratios bounded by the expert count: busiest expert's tokens over the mean (at most E by definition) and
 #: the capacity factor (beyond E every expert can hold every token)
 MAX_EXPERT_RATIO = float(MAX_EXPERTS)

@@ -15,6 +15,7 @@ from api.cli._db import migrate_or_explain
 from api.cli._shape_args import CPU_GBS, CPU_SEQ, detected_gpu, resolve_shape
 from api.cli._router_args import add_router_arguments, router_options_from
 from api.cli.train_job import run_job_training
+from api.service.checkpoint_space import checkpoint_space_problem
 from api.worker.metrics import DatabaseMetrics
 from api.cli._model_args import add_model_arguments, check_local_run, hf_model_from_args, model_from_args
 from spec.errors import SpecError
@@ -58,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from); with --job the "
                                                  "default is <data dir>/checkpoints/job-ID")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
+    parser.add_argument("--keep-last", type=int, default=0, metavar="N",
+                        help="keep the newest N complete checkpoints, deleting older ones once a new one is "
+                             "complete (default 0: keep all)")
     parser.add_argument("--export-hf", metavar="DIR",
                         help="at the end, write the trained model as a Hugging Face directory (config.json + "
                              "model.safetensors): the config of --model-dir/--hf-config, else one written for "
@@ -144,8 +148,11 @@ def run(args: argparse.Namespace) -> int:
                       min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                      data_seed=args.seed, hf_init_dir=hf_init, hf_export_dir=args.export_hf,
+                      keep_last=args.keep_last, data_seed=args.seed, hf_init_dir=hf_init, hf_export_dir=args.export_hf,
                       hf_export_config=_export_config(model, hf_source, ExecutorOptions()) if args.export_hf else None)
+    space = checkpoint_space_problem(model, cfg.steps, cfg.checkpoint_every, cfg.keep_last, cfg.checkpoint_dir)
+    if space is not None:  # before any rank starts, not at a save after the training
+        raise SpecError(space)
     options = ExecutorOptions.for_router(router_options_from(args, DEFAULT_RECIPE.router_defaults()), model,
                                          **(hf.executor_options() if hf is not None else {}))
     print(f"training {model.name} with {config.label()} on {config.world_size} {device} rank(s): {args.steps} steps "

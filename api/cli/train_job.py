@@ -54,7 +54,8 @@ def check_no_conflicts(args: argparse.Namespace, job, device: str) -> None:
 def training_request(args: argparse.Namespace, checkpoint_dir: str):
     """The POST /v1/trainings body ``foldtune train --job`` stands for (schema errors as one SpecError)."""
     body = {"job_id": args.job, "data_path": os.path.abspath(args.data), "steps": args.steps,
-            "checkpoint_dir": checkpoint_dir, "checkpoint_every": args.checkpoint_every, "lr": args.lr,
+            "checkpoint_dir": checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+            "keep_last": args.keep_last, "lr": args.lr,
             "min_lr": args.min_lr, "warmup_steps": args.warmup, "weight_decay": args.weight_decay,
             "max_grad_norm": args.clip_grad, "eval_every": args.eval_every, "eval_batches": args.eval_batches,
             "data_seed": args.seed}

@@ -18,7 +18,7 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 
 SUBMIT_FLAGS = ("job", "layout", "model", "model_file", "layers", "proxy", "gpu", "gpus", "seq", "gbs", "data",
-                "steps", "checkpoint_dir", "checkpoint_every", "lr", "warmup", "eval_every", "seed")
+                "steps", "checkpoint_dir", "checkpoint_every", "keep_last", "lr", "warmup", "eval_every", "seed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.add_argument("--steps", type=int, help="optimizer steps")
     sub.add_argument("--checkpoint-dir", help="where checkpoints go and are resumed from, on the server")
     sub.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: only at the end)")
+    sub.add_argument("--keep-last", type=int, metavar="N",
+                     help="keep the newest N complete checkpoints, deleting older ones once a new one is complete "
+                          "(default: keep all)")
     sub.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's)")
     sub.add_argument("--warmup", type=int, help="warm-up steps (default: the recipe's)")
     sub.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: the recipe's)")
@@ -80,8 +83,8 @@ def submit_body(args: argparse.Namespace) -> dict:
         shape = resolve_shape(args, gpu, "trainings submit")
         body.update(model_body(args), layout=args.layout, cluster={"gpu": gpu, "num_gpus": args.gpus},
                     seq_length=shape.seq, global_batch_size=shape.gbs)
-    for flag, field in (("checkpoint_every", "checkpoint_every"), ("lr", "lr"), ("warmup", "warmup_steps"),
-                        ("eval_every", "eval_every"), ("seed", "data_seed")):
+    for flag, field in (("checkpoint_every", "checkpoint_every"), ("keep_last", "keep_last"), ("lr", "lr"),
+                        ("warmup", "warmup_steps"), ("eval_every", "eval_every"), ("seed", "data_seed")):
         if getattr(args, flag) is not None:
             body[field] = getattr(args, flag)
     return body

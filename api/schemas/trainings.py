@@ -15,7 +15,7 @@ from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
 from api.schemas.router import RouterOptionsIn
 from spec.router_options import FIELDS as ROUTER_FIELDS
 from api.schemas.proxy import ProxyIn, ProxyOut
-from spec.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LENGTH
+from spec.limits import MAX_GLOBAL_BATCH, MAX_KEEP_LAST, MAX_SEQ_LENGTH
 from spec.recipe import DEFAULT_RECIPE
 
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -48,6 +48,9 @@ class TrainingCreate(RouterOptionsIn, ProxyIn, HFConfigIn):
     steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps")
     checkpoint_dir: ServerPath = Field(description="where checkpoints are written and resumed from, on the server")
     checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints; 0: only at the end")
+    keep_last: int = Field(0, ge=0, le=MAX_KEEP_LAST,
+                           description="complete checkpoints kept, the newest (older ones are deleted once a new one "
+                                       "is complete, so N + 1 exist while one is written); 0: all")
     lr: float = Field(DEFAULT_RECIPE.lr, gt=0, le=10, description="peak learning rate")
     min_lr: float = Field(DEFAULT_RECIPE.min_lr, ge=0, le=10,
                           description="learning rate at the end of the cosine decay")
@@ -135,6 +138,7 @@ class TrainingOut(BaseModel):
     steps: int
     checkpoint_dir: str
     checkpoint_every: int | None
+    keep_last: int | None = Field(None, description="complete checkpoints kept (the newest); null or 0: all")
     predicted_step_time_s: float | None = Field(description="the cost model's seconds per step for this layout "
                                                             "(a job's best trial's prediction, or the cost model "
                                                             "on the cluster's profile for an explicit layout)")

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.schemas.proxy import proxy_view
+from api.service.checkpoint_space import checkpoint_space_problem
 from api.service.capability import apply_proxy, check_layout_runnable, check_model_runnable, check_training_layout
 from api.service.jobs import check_router_options, owned_job, resolve_cluster, resolve_model
 from api.service.errors import Conflict, NotFound, RuleViolation, not_found
@@ -82,7 +83,7 @@ def confined_paths(data_path: str, checkpoint_dir: str, owner: Owner, data_root:
 def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, data_root: str | Path | None,
                     quotas: Quotas | None = None) -> Training:
     """Store a queued training; RuleViolation names the broken rule (known_job, job_has_best, layout_parses,
-    path_in_owner_root, data_path_exists, ...), QuotaExceeded the quota. ``data_root``: the service's data
+    path_in_owner_root, data_path_exists, checkpoint_space, ...), QuotaExceeded the quota. ``data_root``: the service's data
     root, whose ``<owner>/`` directory must hold both paths (they are stored resolved); None only for the
     local CLI, whose user names any path of their own machine. Commits."""
     if quotas is not None:
@@ -143,10 +144,15 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
     if not os.path.exists(data_path):
         raise RuleViolation("body.data_path", "data_path_exists",
                             f"data path {request.data_path!r} does not exist on the server")
+    space = checkpoint_space_problem(ModelSpec.from_dict(model_spec), request.steps, request.checkpoint_every,
+                                     request.keep_last, checkpoint_dir)
+    if space is not None:  # refused now rather than failing at a save after hours of training
+        raise RuleViolation("body.checkpoint_dir", "checkpoint_space", space)
     row = Training(owner_id=owner.id, job_id=request.job_id, status="queued", config=config.to_dict(),
                    model_spec=model_spec, training_spec={**training.to_dict(), RECIPE_KEY: recipe},
                    cluster=cluster, data_path=data_path, steps=request.steps,
                    checkpoint_dir=checkpoint_dir, checkpoint_every=request.checkpoint_every,
+                   keep_last=request.keep_last,
                    predicted_step_time_s=predicted)
     session.add(row)
     session.commit()
@@ -188,6 +194,7 @@ def training_views(session: Session, rows: list[Training], *, measured: bool = F
             recipe=t.training_spec.get(RECIPE_KEY, {}),
             cluster=ClusterOut(gpu=t.cluster["gpu"], num_gpus=t.cluster["num_gpus"]), data_path=t.data_path,
             steps=t.steps, checkpoint_dir=t.checkpoint_dir, checkpoint_every=t.checkpoint_every,
+            keep_last=t.keep_last,
             predicted_step_time_s=t.predicted_step_time_s, measured_step_time_s=median, step_time_error=error,
             created_at=t.created_at, updated_at=t.updated_at,
             started_at=t.started_at, finished_at=t.finished_at, error=t.error, attempts=t.attempts,

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from api.service.checkpoint_space import checkpoint_space_problem
 from api.service.errors import RuleViolation
 from api.service.trainings import confined_paths, split_training_spec
 from api.worker.metrics import DatabaseMetrics
@@ -69,7 +70,8 @@ def training_inputs(training: Training) -> tuple[ModelSpec, ParallelConfig, Exec
     options = ExecutorOptions.for_training(spec, router, model)
     cfg = TrainConfig(training.data_path, steps=training.steps, seq_length=spec.seq_length,
                       global_batch_size=spec.global_batch_size, checkpoint_dir=training.checkpoint_dir,
-                      checkpoint_every=training.checkpoint_every or 0, **recipe)
+                      checkpoint_every=training.checkpoint_every or 0, keep_last=training.keep_last or 0,
+                      **recipe)
     return model, config, options, cfg
 
 
@@ -134,6 +136,9 @@ def run_claimed_training(training: Training, sessions: Callable, database_url: s
     the service's data root, whose owner directory must still hold the training's paths (else it fails); None
     for the local CLI, which trusts them. Returns its status as this runner saw it."""
     problem = paths_problem(training, sessions, data_root) if data_root is not None else None
+    if problem is None:  # the disk may have filled since submission: refuse before step 1, not at a save
+        problem = checkpoint_space_problem(ModelSpec.from_dict(training.model_spec), training.steps,
+                                           training.checkpoint_every, training.keep_last, training.checkpoint_dir)
     if problem is not None:
         with sessions() as session:
             finish_training(session, training.id, runner_id, "failed", error=problem)

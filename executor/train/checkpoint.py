@@ -28,12 +28,14 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from spec.errors import FoldtuneError
 from executor.optimizer import finish_param_gather
@@ -145,9 +147,7 @@ def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Modul
         full[f"buffer/{name}"] = t.detach().cpu()
     full["optim/step"] = torch.tensor(float(adam_step(optimizer)), dtype=torch.float64)
     path = Path(directory) / step_dir_name(next_step)
-    with warnings.catch_warnings():  # one process without torch.distributed is a valid single-rank save
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(full, checkpoint_id=str(path))
+    _saving(path, lambda: _dcp_save(full, path))
     rng = torch.get_rng_state()
     rngs = [None] * state.config.world_size
     if _distributed(state):
@@ -155,17 +155,52 @@ def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Modul
     else:
         rngs = [rng]
     if state.rank == 0:
-        torch.save({"next_step": next_step, "layout": state.config.label(), "world_size": state.config.world_size,
-                    "model": model_name, "rng": rngs}, path / TRAINER_FILE)
+        trainer = {"next_step": next_step, "layout": state.config.label(), "world_size": state.config.world_size,
+                   "model": model_name, "rng": rngs}
+        _saving(path, lambda: torch.save(trainer, path / TRAINER_FILE))
     if _distributed(state):
         dist.barrier()
     if state.rank == 0:
-        tmp = Path(directory) / f".{LATEST}.tmp"
-        tmp.write_text(path.name + "\n")
-        os.replace(tmp, Path(directory) / LATEST)
+        _saving(path, lambda: _mark_latest(Path(directory), path.name))
     if _distributed(state):
         dist.barrier()
     return path
+
+
+def _dcp_save(full: dict[str, object], path: Path) -> None:
+    with warnings.catch_warnings():  # one process without torch.distributed is a valid single-rank save
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(full, checkpoint_id=str(path))
+
+
+def _mark_latest(directory: Path, name: str) -> None:
+    """Point ``latest`` at ``name`` atomically (a reader sees the old or the new name, never a partial one)."""
+    tmp = directory / f".{LATEST}.tmp"
+    tmp.write_text(name + "\n")
+    os.replace(tmp, directory / LATEST)
+
+
+def _saving(path: Path, write: Callable[[], None]) -> None:
+    """Run one write of the checkpoint at ``path``; CheckpointError with the OS reason when it fails (torch.save
+    reports a full disk as a RuntimeError; DCP's CheckpointException is a BaseException whose text names only
+    the failing ranks)."""
+    try:
+        write()
+    except (CheckpointException, OSError, RuntimeError) as exc:
+        raise CheckpointError(f"saving checkpoint {path} failed: {save_failure_reason(exc)}") from None
+
+
+def save_failure_reason(exc: BaseException) -> str:
+    """Why a save failed, in one line: the operating system's reason and file for an OSError (``No space left
+    on device: /ckpt/step-00000050/__0_0.distcp``), the first failing rank's error inside DCP's
+    CheckpointException, else the exception's type and first line."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (inner, _trace) = min(exc.failures.items())
+        return f"rank {rank}: {save_failure_reason(inner)}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _trainer_state(file: Path) -> dict:

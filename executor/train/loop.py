@@ -6,8 +6,8 @@ AdamW (all through :class:`executor.train_step.Trainer`, whose optimizer gets a 
 clipping). Loss is CE plus the MoE router losses (aux and z-loss per :class:`ExecutorOptions`) plus, for models
 with ``mtp_num_layers``, ``mtp_loss_scaling_factor`` times the MTP loss (logged unscaled as ``mtp_loss``). Every
 ``eval_every`` steps and at the end the mean CE over fixed held-out batches is measured; every
-``checkpoint_every`` steps and at the end a checkpoint is saved; a run whose checkpoint directory holds one
-resumes from it, under whatever layout it is launched with.
+``checkpoint_every`` steps and at the end a checkpoint is saved (the newest ``keep_last`` kept); a run whose
+checkpoint directory holds one resumes from it, under whatever layout it is launched with.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from spec.errors import FoldtuneError, SpecError
 from spec.flops import flops_per_step, tflops_per_gpu
 from spec.hf_config import load_hf_model
+from spec.limits import MAX_KEEP_LAST
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.validity import batch_rule
@@ -37,6 +38,7 @@ from executor.train.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from executor.train.grad_norm import GradClipper
 from executor.train.metrics_log import MetricsLog
 from executor.train.optim_state import set_lr
+from executor.train.retention import prune_checkpoints
 from executor.train.schedule import LRSchedule
 from executor.train_step import Trainer
 
@@ -60,6 +62,7 @@ class TrainConfig:
     eval_batches: int = DEFAULT_RECIPE.eval_batches
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    keep_last: int = 0  # complete checkpoints kept (the newest); 0 keeps every one
     data_seed: int = DEFAULT_RECIPE.data_seed
     # Hugging Face model directory whose safetensors a fresh run starts from (a resume ignores it), and the
     # directory the trained model is exported to at the end with ``hf_export_config`` as its config.json (the
@@ -75,6 +78,9 @@ class TrainConfig:
         if self.seq_length < 1 or self.global_batch_size < 1:
             problems.append(f"seq_length ({self.seq_length}) and global_batch_size ({self.global_batch_size}) "
                             f"must be >= 1")
+        if not 0 <= self.keep_last <= MAX_KEEP_LAST:
+            problems.append(f"keep_last must be in 0..{MAX_KEEP_LAST} (0 keeps every checkpoint), got "
+                            f"{self.keep_last}")
         if self.eval_every < 0 or self.checkpoint_every < 0 or self.eval_batches < 1:
             problems.append(f"eval_every ({self.eval_every}) and checkpoint_every ({self.checkpoint_every}) must "
                             f"be >= 0, eval_batches ({self.eval_batches}) >= 1")
@@ -236,6 +242,8 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
             if cfg.checkpoint_dir and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
                 path = save_checkpoint(cfg.checkpoint_dir, step + 1, net, trainer.optimizer, state, model.name)
                 report.checkpoints.append(str(path))
+                if rank == 0:  # after the save: `latest` names the new checkpoint on every rank's return
+                    prune_checkpoints(cfg.checkpoint_dir, cfg.keep_last)
     finally:
         if log is not None:
             log.close()

@@ -189,9 +189,11 @@ def test_cli_trains_resumes_under_another_layout_and_reports_errors(corpus, tmp_
     out = capfd.readouterr().out
     assert "step      3  loss" in out and "eval_loss" in out and "step-00000003" in out
     assert [row["step"] for row in _csv_rows(tmp_path / "ck")] == ["1", "2", "3"]  # counted as the CLI prints
-    assert main([*common, "--layout", "dp2 mbs2", "--steps", "5", "--device", "cpu"]) == 0
+    assert main([*common, "--layout", "dp2 mbs2", "--steps", "5", "--device", "cpu", "--keep-last", "1"]) == 0
     out = capfd.readouterr().out
     assert "resumed from" in out and "at step 3" in out and "done: step 5" in out
+    # --keep-last 1 keeps one: step 3's checkpoint went once step 5's was complete
+    assert sorted(p.name for p in (tmp_path / "ck").glob("step-*")) == ["step-00000005"]
     # metrics beside the checkpoints, continued by the resume: a CSV row and TensorBoard scalars per step, once
     rows = _csv_rows(tmp_path / "ck")
     assert [row["step"] for row in rows] == ["1", "2", "3", "4", "5"]

@@ -1,0 +1,27 @@
+"""The size of one training checkpoint on disk, predicted from the model alone.
+
+foldtune's checkpoints (executor/train/checkpoint.py) hold every parameter at its full logical shape as the
+fp32 master copy plus AdamW's two fp32 moments, whatever the layout or the training precision: 12 bytes per
+parameter. The MTP blocks are saved too (published totals leave them out). The DCP metadata, the trainer
+state and the persistent buffers (router biases) add a few hundred kilobytes: a few percent of a test model's
+checkpoint and nothing at real sizes, so they are left out of the prediction.
+"""
+
+from __future__ import annotations
+
+from costmodel.params import mtp_block_params, total_param_counts
+from spec.model_spec import ModelSpec
+
+#: bytes per parameter: fp32 master weight, fp32 first and second AdamW moments
+CHECKPOINT_BYTES_PER_PARAM = 3 * 4
+
+
+def checkpoint_params(model: ModelSpec) -> int:
+    """Parameters a checkpoint of ``model`` holds (elements): the whole model with its MTP blocks."""
+    total, _active = total_param_counts(model)
+    return total + model.mtp_num_layers * mtp_block_params(model, 1, 1, 1).total
+
+
+def checkpoint_bytes(model: ModelSpec) -> int:
+    """Predicted bytes of one checkpoint of ``model`` (12 bytes per parameter; see the module doc)."""
+    return CHECKPOINT_BYTES_PER_PARAM * checkpoint_params(model)
