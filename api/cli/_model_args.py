@@ -1,7 +1,7 @@
 """The model arguments of ``foldtune profile``, ``tune``, ``submit`` and ``train``: ``--model``,
 ``--model-file``, or a Hugging Face model (``--model-dir DIR`` / ``--hf-config FILE``, :mod:`spec.hf_config`),
-and the proxy (``--layers N``, ``--proxy tiny``; ``plan`` and ``best`` take these too), resolved into a request body (for the
-API's schema) or a ModelSpec (for a local run), and the front door's check of a local run.
+and the proxy (``--layers N``, ``--proxy tiny``; ``plan`` and ``best`` take these too), resolved into a
+request body (for the API's schema) or a ModelSpec (for a local run), and the front door's check of a local run.
 
 Each refusal is a FoldtuneError, which ``foldtune`` prints as one line and exit code 2.
 """

@@ -2,7 +2,8 @@
 
 The checkpoint holds full tensors, so the conversion runs in this process, without ranks; the config.json
 comes from the Hugging Face model the run was trained from (``--model-dir`` / ``--hf-config``), or is written
-for a catalog model (``--model``, with the executor's default RoPE θ and norm ε). See docs/huggingface.md.
+for a catalog model (``--model``, with the executor's default RoPE θ and norm ε). ``--model-dir``'s tokenizer
+files are copied beside the weights. See docs/huggingface.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from executor.hf.convert import export_checkpoint
+    from executor.hf.files import copy_tokenizer
 
     from executor.options import ExecutorOptions
     from spec.catalog import get_model
@@ -46,5 +48,7 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError("--layers goes with --model (a Hugging Face config has its own layer count)")
         config = read_hf_config(args.model_dir or args.hf_config)[0]
     out = export_checkpoint(args.checkpoint, config, args.out, getattr(torch, args.dtype))
-    print(f"wrote {out} ({args.dtype})")
+    tokenizer = copy_tokenizer(args.model_dir, out) if args.model_dir else []
+    print(f"wrote {out} ({args.dtype})" + (f" with the tokenizer of {args.model_dir} ({', '.join(tokenizer)})"
+                                           if tokenizer else ""))
     return 0

@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     # torch and the executor: only the command that trains pays for them, not `foldtune --help`
     import torch
 
+    from executor.hf.files import copy_tokenizer
     from executor.hf.weights import INDEX_FILE, SINGLE_FILE, check_loadable
     from executor.options import ExecutorOptions
     from executor.profile import peak_flops
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
                       min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                      keep_last=args.keep_last, data_seed=args.seed, hf_init_dir=hf_init, hf_export_dir=args.export_hf,
+                      keep_last=args.keep_last, data_seed=args.seed, hf_init_dir=hf_init,
+                      hf_export_dir=args.export_hf,
                       hf_export_config=_export_config(model, hf_source, ExecutorOptions()) if args.export_hf else None)
     space = checkpoint_space_problem(model, cfg.steps, cfg.checkpoint_every, cfg.keep_last, cfg.checkpoint_dir)
     if space is not None:  # before any rank starts, not at a save after the training
@@ -175,5 +177,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"nothing to do: the checkpoint is already at step {report.start_step}", file=sys.stderr)
     if args.export_hf:
-        print(f"exported the trained model to {args.export_hf} (Hugging Face {cfg.hf_export_config['model_type']})")
+        tokenizer = copy_tokenizer(args.model_dir, args.export_hf) if args.model_dir else []
+        print(f"exported the trained model to {args.export_hf} (Hugging Face {cfg.hf_export_config['model_type']})"
+              + (f" with the tokenizer of {args.model_dir} ({', '.join(tokenizer)})" if tokenizer else ""))
     return 0

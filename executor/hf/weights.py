@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from spec.errors import FoldtuneError
 from spec.hf_config import HFModel
+from executor.hf.files import make_readable
 from executor.hf.names import foldtune_to_hf, hf_to_foldtune
 from executor.optimizer import finish_param_gather
 from executor.parallel.groups import ParallelState
@@ -155,6 +156,7 @@ def write_hf_directory(tensors: dict[str, torch.Tensor], config: dict[str, Any],
         config = {k: v for k, v in config.items() if k not in ("torch_dtype", "quantization_config")}
         config["dtype"] = str(dtype).removeprefix("torch.")
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        make_readable(out / SINGLE_FILE, out / "config.json")  # safetensors writes its file private
     except OSError as exc:
         raise HFWeightsError(f"cannot write the Hugging Face directory {out}: {exc.strerror}") from None
     return out
