@@ -123,11 +123,13 @@ def record_trial_finish(session: Session, job_id: int, number: int, status: str,
                         failure_kind=failure_kind, failure_reason=failure_reason)
 
 
-def fail_running_trials(session: Session, job_id: int, reason: str) -> list[int]:
-    """Mark the job's still-running trials failed as lost (their runner stopped); returns their numbers."""
+def fail_running_trials(session: Session, job_id: int, reason: str,
+                        kind: FailureKind = FailureKind.LOST) -> list[int]:
+    """Mark the job's still-running trials failed as ``kind`` (lost: their runner stopped; cancelled: the job
+    was); returns their numbers."""
     numbers = list(session.scalars(select(Trial.number).where(Trial.job_id == job_id, Trial.status == "running")))
     session.execute(update(Trial).where(Trial.job_id == job_id, Trial.status == "running")
-                    .values(status="failed", failure_kind=FailureKind.LOST.value, failure_reason=reason, finished_at=utcnow())
+                    .values(status="failed", failure_kind=kind.value, failure_reason=reason, finished_at=utcnow())
                     .execution_options(synchronize_session=False))
     session.commit()
     return numbers

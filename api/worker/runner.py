@@ -16,7 +16,8 @@ It is its own process, never the request handler. Several runners may share one 
 3. records every trial in the ``trials`` table when it starts and when it ends, keyed by (job, Optuna
    trial number), so a trial is stored exactly once even across restarts;
 4. heartbeats the job (and its running trials) from a background thread; a heartbeat refused means the
-   job was cancelled or given to another runner, and the running trial is abandoned at once;
+   job was cancelled or given to another runner, and the running trial is abandoned at once (a trial about to
+   start checks the job's status first, and the trials of a cancelled job end "cancelled", not lost);
 5. ends the job with its best trial (``best_trial_id``) and, in ``calibration``, what the search learned:
    the calibration multipliers, the measured-vs-predicted table and why the search stopped.
 
@@ -76,6 +77,7 @@ log = logging.getLogger("foldtune.runner")
 # The failure reason of a trial the runner abandoned on SIGTERM/SIGINT (kind 'lost': the layout is measured
 # again under a new number when the job, released at once, is claimed next).
 SHUTDOWN_REASON = "runner shut down"
+CANCELLED_REASON = "the job was cancelled"
 EventHook = Callable[[str, dict], None]
 
 
@@ -329,6 +331,8 @@ class Runner:
                     fail_running_trials(session, job.id, SHUTDOWN_REASON)
                     release_job(session, job.id, sid)
                     status = "queued"
+                elif status == "cancelled":  # a trial that started after the cancel: cancelled too, not lost later
+                    fail_running_trials(session, job.id, CANCELLED_REASON, FailureKind.CANCELLED)
             self.on_event("job_finished", {"job_id": job.id, "status": status})
             return status or "cancelled"
         summary = {**result.calibration.to_dict(),
@@ -461,6 +465,10 @@ class _TrialRecorder:
         if kind == "trial_started":
             if self.stop.is_set():
                 raise JobStopped(f"job {job_id} stopped")
+            with self.runner.sessions() as session:
+                if job_status(session, job_id) != "running":  # cancelled since the last heartbeat: start nothing
+                    self.stop.set()
+                    raise JobStopped(f"job {job_id} stopped")
             label = data["layout"]  # with ' precision=<p>' when the job searches precision
             est = self.cands.estimates.get(label)
             predicted = predicted_dict(est) if est else None
