@@ -60,9 +60,9 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
-from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
-from planner.enumerate import (NO_OFFLOAD, ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
-                               pipeline_fields, recompute_count)
+from spec.validity import Rejection, Validator, batch_rule, check_config, world_dense, world_expert
+from planner.enumerate import (NO_OFFLOAD, ConfigMaker, DispatchOption, Enumeration, Layout, SearchSpace,
+                               enumerate_layouts, pipeline_fields, recompute_count)
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
@@ -128,7 +128,7 @@ class Choice(NamedTuple):
 
     idx: int
     mbs: int
-    dispatcher: str
+    dispatcher: DispatchOption
     o: int
     r: int
 
@@ -699,11 +699,39 @@ class LayoutVerdict:
         return not self.rejections
 
 
+def _read_layout(text: str, validator: Validator) -> tuple[ParallelConfig | None, list[Rejection]]:
+    """The layout ``text`` names on the validator's cluster (the codec, ``spec.layout_codec``, reads it), or
+    (None, the rules its sizes break) when they do not divide the world: a verdict, not an error. A string
+    the codec cannot read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
+    follows the training spec (None: on)."""
+    world = validator.cluster.num_gpus
+    tokens = ParallelConfig.read_label(text)
+    try:
+        config = ParallelConfig.parse(text, world_size=world)
+    except InvalidConfigError:
+        sizes = tokens.sizes
+        tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
+        ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
+        found = []
+        if min(tp, cp, pp, ep, etp) >= 1:
+            found = [r for r in (world_dense(world, tp, cp, pp), world_expert(world, ep, etp, pp)) if r]
+        if not found:
+            raise
+        found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp),
+                              validator.pp(pp, sizes.get("vpp", 1), DEFAULT_SPLIT), validator.ep(ep),
+                              validator.etp(etp)) if r is not None]
+        return None, found
+    if "use_distributed_optimizer" not in tokens.fields:
+        distopt = validator.training.distributed_optimizer
+        distopt = True if distopt is None else distopt
+        config = config.replace(use_distributed_optimizer=distopt, overlap_param_gather=distopt)
+    return config, []
+
+
 def explain_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, text: str, *,
                    memory_fn: MemoryFn | None = None, time_fn: TimeFn | None = None) -> LayoutVerdict:
     """Parse ``text`` (e.g. "tp2 pp4 ep8 mbs1") for this cluster, check every rule, estimate it when valid."""
-    config, rejections = parse_layout(text, cluster.num_gpus, training.distributed_optimizer,
-                                      Validator(model, training, cluster))
+    config, rejections = _read_layout(text, Validator(model, training, cluster))
     if config is None:
         return LayoutVerdict(text, None, rejections, None)
     rejections = check_config(model, training, cluster, config)
