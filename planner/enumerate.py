@@ -230,6 +230,33 @@ def pipeline_fields(split: PipelineSplit) -> dict:
     return dict(zip(PIPELINE_FIELDS, values))
 
 
+class StaircaseKey(NamedTuple):
+    """One memory staircase of the ranker (planner.rank): a layout's expert and dense shape, one dispatcher
+    option and one optimizer choice; the staircase a vpp lower is its first guess."""
+
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+    etp: int
+    dispatcher: DispatchOption
+    optimizer_choice: int
+
+
+class BoundKey(NamedTuple):
+    """The layouts whose steady-state time bound is one (planner.rank): the bound does not depend on pp or vpp."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    dispatcher: DispatchOption
+    micro_batch_size: int
+
+
+_new = tuple.__new__
+
+
 @dataclass(frozen=True)
 class Layout:
     """One valid folded layout; ``stage_layers`` are the decoder layers of each pipeline rank."""
@@ -245,6 +272,12 @@ class Layout:
     stage_layers: tuple[int, ...]
     micro_batch_sizes: tuple[int, ...]  # the valid ones, ascending
     dispatchers: tuple[DispatchOption, ...]
+
+    def staircase_key(self, dispatcher: DispatchOption, optimizer_choice: int) -> StaircaseKey:
+        return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice))
+
+    def bound_key(self, dispatcher: DispatchOption, micro_batch_size: int) -> BoundKey:
+        return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size))
 
 
 def divisors(n: int) -> list[int]:
