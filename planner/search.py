@@ -419,7 +419,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         trial.set_user_attr(ATTR_PRED_MEMORY, cand.predicted_memory_bytes)
         trial.set_user_attr(ATTR_MEM_EXCESS, cand.predicted_memory_bytes - capacity_bytes)
         trial.set_user_attr(ATTR_CAPACITY, capacity_bytes)
-        emit("trial_started", {"number": trial.number, "layout": cand.label, "precision": cand.precision,
+        emit("trial_started", {"number": trial.number, "layout": cand.label, "labelled": cand.labelled,
+                               "precision": cand.precision,
                                "predicted_step_time": cand.predicted_step_time})
         return trial, cand
 

@@ -462,8 +462,8 @@ class _TrialRecorder:
         if kind == "trial_started":
             if self.stop.is_set():
                 raise JobStopped(f"job {job_id} stopped")
-            label = data["layout"]  # with ' precision=<p>' when the job searches precision
-            est = self.cands.estimates.get(label)
+            label = data["layout"]  # with the precision suffix when the job searches precision
+            est = self.cands.estimates.get(data["labelled"])
             predicted = predicted_dict(est) if est else None
             if data.get("precision"):  # the trial's own precision, kept with its prediction (TrialOut.precision)
                 predicted = {**(predicted or {}), "precision": data["precision"]}
