@@ -50,13 +50,16 @@ class LayerKey(NamedTuple):
 
     @classmethod
     def of(cls, c: ParallelConfig) -> LayerKey:
+        """The key of ``c``'s layers."""
         return _new(cls, (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel,
                           c.moe_token_dispatcher_type, c.tp_comm_overlap))
 
     def dense(self) -> DenseKey:
+        """The key of these layers' attention and TP-side parts."""
         return _new(DenseKey, (self.tp, self.cp, self.micro_batch_size, self.sequence_parallel, self.tp_comm_overlap))
 
     def routed(self, seq_length: int) -> RoutedKey:
+        """The key of these layers' routed-expert part at ``seq_length`` tokens per sequence."""
         return _new(RoutedKey, (self.micro_batch_size * seq_length // self.cp / self.tp, self.ep, self.etp,
                                 self.dispatcher))
 
@@ -79,6 +82,7 @@ class HostKey(NamedTuple):
 
     @classmethod
     def of(cls, c: ParallelConfig) -> HostKey:
+        """The key of ``c``."""
         return _new(cls, (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type,
                           c.recompute_granularity, c.recompute_modules, c.recompute_num_layers, c.pp, c.vpp,
                           c.pipeline_split))
@@ -98,6 +102,7 @@ class StepStatKey(NamedTuple):
 
     @classmethod
     def of(cls, c: ParallelConfig) -> StepStatKey:
+        """The key of ``c``."""
         return _new(cls, (c.tp, c.world_size // (c.tp * c.pp), c.pp, c.vpp, c.pipeline_split, c.ep, c.etp,
                           c.use_distributed_optimizer))
 
@@ -112,6 +117,7 @@ class DenseParamsKey(NamedTuple):
 
     @classmethod
     def of(cls, c: ParallelConfig) -> DenseParamsKey:
+        """The key of ``c``."""
         return _new(cls, (c.tp, c.pp, c.vpp, c.pipeline_split))
 
 
@@ -126,6 +132,7 @@ class ExpertParamsKey(NamedTuple):
 
     @classmethod
     def of(cls, c: ParallelConfig) -> ExpertParamsKey:
+        """The key of ``c``."""
         return _new(cls, (c.ep, c.etp, c.pp, c.vpp, c.pipeline_split))
 
 
@@ -141,4 +148,5 @@ class GemmWeightsKey(NamedTuple):
 
     @classmethod
     def of(cls, c: ParallelConfig) -> GemmWeightsKey:
+        """The key of ``c``."""
         return _new(cls, (c.tp, c.pp, c.vpp, c.ep, c.etp, c.pipeline_split))

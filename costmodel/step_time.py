@@ -274,8 +274,8 @@ class _Shape:
     """What the layer builders need: token counts, groups' placements and the rates."""
 
     def __init__(self, ctx: _Context, key: LayerKey) -> None:
-        tp, cp, ep, etp, mbs, sp, dispatcher = key.tp, key.cp, key.ep, key.etp, key.micro_batch_size, \
-            key.sequence_parallel, key.dispatcher
+        tp, cp, ep, etp, mbs = key.tp, key.cp, key.ep, key.etp, key.micro_batch_size
+        sp, dispatcher = key.sequence_parallel, key.dispatcher
         model, training = ctx.model, ctx.training
         self.model, self.rates, self.link = model, ctx.rates, ctx.link
         self.tp, self.cp, self.ep, self.etp, self.sp, self.dispatcher = tp, cp, ep, etp, sp, dispatcher

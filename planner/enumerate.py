@@ -88,8 +88,6 @@ VPP_LIMIT = 64  # the largest vpp_max a search space accepts (a bound on the enu
 NO_OFFLOAD: tuple[float, tuple[str, ...]] = (0.0, ())  # an offload option: (optimizer fraction, offloaded modules)
 
 
-
-
 class DispatchOption(NamedTuple):
     """One value of the enumeration's dispatcher axis: a token dispatcher of ``spec.dispatchers``, and whether
     the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) rides on it."""
@@ -274,9 +272,11 @@ class Layout:
     dispatchers: tuple[DispatchOption, ...]
 
     def staircase_key(self, dispatcher: DispatchOption, optimizer_choice: int) -> StaircaseKey:
+        """The key of this layout's memory staircase with ``dispatcher`` and the optimizer choice (an index)."""
         return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice))
 
     def bound_key(self, dispatcher: DispatchOption, micro_batch_size: int) -> BoundKey:
+        """The key of the steady-state time bound this layout shares with ``dispatcher`` and the micro-batch size."""
         return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size))
 
 
