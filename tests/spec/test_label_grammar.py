@@ -24,7 +24,7 @@ from api.cli.main import main
 from api.cli.tune_cmd import TrialPrinter
 from executor.profile import profile_layout
 from planner.rank import plan
-from planner.search import ATTR_LAYOUT, Candidate, SearchBudget, run_search
+from planner.search import ATTR_CONFIG, ATTR_LAYOUT, ATTR_PRED_TERMS, Candidate, SearchBudget, run_search, search_space
 from spec.inputs import build_specs
 from spec.layout_codec import Labelled, current_optuna_params, optuna_key
 from spec.parallel_config import ParallelConfig
@@ -114,6 +114,15 @@ def test_the_planner_ranking_prints_labels_the_codec_reads():
         assert _reads_back(est.to_dict()["layout"], 64) == Labelled(est.config)
 
 
+class _Measured:
+    """What the stand-in machine reports for a trial."""
+
+    ok, pruned, peak_allocated_bytes, tokens_per_expert = True, False, None, None
+
+    def __init__(self, seconds: float) -> None:
+        self.step_time = seconds
+
+
 def _searched(tmp_path) -> tuple[list[dict], object, optuna.Study]:
     """A guided search over two precisions (candidates carry theirs), measured by a stand-in machine."""
     cands = []
@@ -123,15 +132,8 @@ def _searched(tmp_path) -> tuple[list[dict], object, optuna.Study]:
                                  overlap_moe_expert_parallel_comm=True)
             cands.append(Candidate(cfg, 1.0 + tp / 10, (("gemm", 1.0),), 1e9, precision=precision))
     events: list[dict] = []
-
-    class Measured:
-        ok, pruned, peak_allocated_bytes, tokens_per_expert = True, False, None, None
-
-        def __init__(self, seconds: float) -> None:
-            self.step_time = seconds
-
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    result = run_search(cands, lambda config, report: Measured(1.0 + config.tp / 10), capacity_bytes=80e9,
+    result = run_search(cands, lambda config, report: _Measured(1.0 + config.tp / 10), capacity_bytes=80e9,
                         budget=SearchBudget(max_trials=4), storage=storage, study_name="grammar",
                         on_event=lambda kind, data: events.append({"kind": kind, **data}))
     return events, result, optuna.load_study(study_name="grammar", storage=storage)
@@ -216,3 +218,23 @@ def test_stored_config_dicts_of_older_jobs_still_read():
     config = ParallelConfig.from_dict(old)
     assert config == ParallelConfig(8, tp=2, pp=2, ep=2, recompute_granularity="selective")
     assert ParallelConfig.parse(config.label()) == config
+
+
+def test_a_study_begun_before_the_newer_knobs_resumes_without_measuring_its_trial_again(tmp_path):
+    """A stored trial without the parameters added since (EP overlap, offload) is the same point as the
+    current candidate: the resumed search counts it as measured and measures only the other layout."""
+    stored = ParallelConfig(4, ep=4, recompute_granularity="full")
+    other = stored.replace(ep=2)
+    cands = [Candidate(stored, 1.0, (("gemm", 1.0),), 1e9), Candidate(other, 1.2, (("gemm", 1.2),), 1e9)]
+    old = {k: v for k, v in stored.to_optuna_params().items() if k not in ("ep_overlap", "opt_offload", "act_offload")}
+    storage = f"sqlite:///{tmp_path / 'old.db'}"
+    study = optuna.create_study(storage=storage, study_name="old", direction="minimize")
+    space = search_space(cands)
+    study.add_trial(optuna.trial.create_trial(
+        params=old, distributions={k: space[k] for k in old}, value=1.0,
+        user_attrs={ATTR_LAYOUT: stored.label(), ATTR_CONFIG: stored.to_dict(), ATTR_PRED_TERMS: [["gemm", 1.0]]}))
+    ran = []
+    result = run_search(cands, lambda config, report: ran.append(config) or _Measured(1.1), capacity_bytes=80e9,
+                        budget=SearchBudget(max_trials=2), storage=storage, study_name="old")
+    assert ran == [other]
+    assert result.best_config == stored and [r.layout for r in result.rows] == [stored.label(), other.label()]
