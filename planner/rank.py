@@ -651,8 +651,8 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
     With ``job.floor_fn`` a head's ``bound`` is the bound's floor, and the bound (``bounds``, by
-    :meth:`Layout.bound_key`) is computed when the head is first popped. Returns the picked configs, fastest first; counts time calls, bound
-    calls and breaches of the monotone properties in ``out``.
+    :meth:`Layout.bound_key`) is computed when the head is first popped. Returns the picked configs, fastest
+    first; counts time calls, bound calls and breaches of the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
     lazy = job.floor_fn is not None

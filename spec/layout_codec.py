@@ -289,7 +289,8 @@ class LayoutCodec:
 
     # ---- Optuna form: one categorical parameter per dimension and knob ------------------------------
     def to_optuna_params(self) -> dict[str, Any]:
-        """The Optuna parameters of this layout (names in :data:`OPTUNA_PARAMS`; recompute as :meth:`recompute_text`)."""
+        """The Optuna parameters of this layout (names in :data:`OPTUNA_PARAMS`; recompute as
+        :meth:`recompute_text`)."""
         return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "ep": self.ep, "etp": self.etp,
                 "mbs": self.micro_batch_size, "recompute": self.recompute_text(),
                 "dispatcher": self.moe_token_dispatcher_type, "distopt": self.use_distributed_optimizer,
