@@ -48,7 +48,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spec.attention_kinds import attention_kind, modules_of_other_kinds
-from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
@@ -434,34 +433,3 @@ def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                                          f"{cluster.num_gpus}")]
     return Validator(model, training, cluster).check(config)
 
-
-def parse_layout(text: str, world_size: int, distributed_optimizer: bool | None = None,
-                 validator: Validator | None = None) -> tuple[ParallelConfig | None, list[Rejection]]:
-    """A layout string (``ParallelConfig.label`` form, any subset, e.g. "tp2 pp4 ep8 mbs1") for ``world_size`` GPUs.
-
-    Returns (config, []) when it parses, or (None, rejections) when its sizes do not divide the world (a
-    verdict, not an error; with a ``validator`` the model's rules on those sizes are added). A string that
-    cannot be read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
-    follows ``distributed_optimizer`` (None: on).
-    """
-    sizes, fields = ParallelConfig.read_label(text)  # raises for a token it cannot read
-    try:
-        config = ParallelConfig.parse(text, world_size=world_size)
-    except InvalidConfigError:
-        tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
-        ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
-        found = []
-        if min(tp, cp, pp, ep, etp) >= 1:
-            found = [r for r in (world_dense(world_size, tp, cp, pp), world_expert(world_size, ep, etp, pp)) if r]
-        if not found:
-            raise
-        if validator is not None:
-            vpp = sizes.get("vpp", 1)
-            found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp),
-                                  validator.pp(pp, vpp, DEFAULT_SPLIT),
-                                  validator.ep(ep), validator.etp(etp)) if r is not None]
-        return None, found
-    if "use_distributed_optimizer" not in fields:
-        distopt = True if distributed_optimizer is None else distributed_optimizer
-        config = config.replace(use_distributed_optimizer=distopt, overlap_param_gather=distopt)
-    return config, []

@@ -81,7 +81,7 @@ def test_parallel_config_optuna_params_and_fields_round_trip():
         assert ParallelConfig.from_optuna_params(params, c.world_size) == c
         assert ParallelConfig.trusted(c.field_values()) == c
     assert ParallelConfig.parse("dp8 recompute=full:0") == ParallelConfig(world_size=8, recompute_granularity="full")
-    sizes, fields = ParallelConfig.read_label("tp2, pp4 dispatcher=allgather")
+    sizes, fields, _ = ParallelConfig.read_label("tp2, pp4 dispatcher=allgather")
     assert sizes == {"tp": 2, "pp": 4} and fields == {"moe_token_dispatcher_type": "allgather"}
 
 

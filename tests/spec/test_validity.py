@@ -7,13 +7,12 @@ from dataclasses import replace
 import pytest
 
 from spec.catalog import get_hardware, get_model
-from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from spec.validity import (EXECUTOR_RULES, RULES, Validator, batch_rule, check_config, executor_layout_rules,
-                           executor_model_rule, parse_layout, pipeline_split)
+                           executor_model_rule, pipeline_split)
 
 H100 = get_hardware("h100-sxm")
 TINY = get_model("tiny-moe")  # 2 layers, hidden 64, 4 heads / 2 KV groups, 8 experts of FFN 32
@@ -68,12 +67,7 @@ def test_each_rule_trips(rule, model, training, gpus, cfg):
     assert found == {rule}, found
 
 
-def test_world_rules_trip_through_parse_layout():
-    config, found = parse_layout("tp3 pp4", 128)
-    assert config is None and [r.rule for r in found] == ["world_dense"]
-    assert "3·1·4 = 12 does not divide the world size 128" in found[0].reason
-    config, found = parse_layout("ep3 etp1", 128)
-    assert config is None and [r.rule for r in found] == ["world_expert"]
+def test_world_rules_trip():
     v = Validator(TINY, TRAIN, ClusterSpec(H100, 8))
     assert v.world_dense(2, 2, 4).rule == "world_dense"
     assert v.world_expert(4, 2, 2).rule == "world_expert"
@@ -111,16 +105,6 @@ def test_pipeline_split_even_uneven_and_impossible():
     assert sum(pipeline_split(61, 8, 2)) == 61
     assert pipeline_split(2, 4) is None
     assert pipeline_split(3, 1) == (3,)
-
-
-def test_parse_layout_follows_the_optimizer_choice_and_rejects_garbage():
-    cfg, found = parse_layout("tp2 pp4 ep8 mbs1", 128, distributed_optimizer=False)
-    assert found == [] and cfg.use_distributed_optimizer is False and cfg.overlap_param_gather is False
-    assert (cfg.tp, cfg.pp, cfg.ep, cfg.dp) == (2, 4, 8, 16)
-    with pytest.raises(InvalidConfigError, match="cannot parse layout token 'banana'"):
-        parse_layout("tp2 banana", 128)
-    with pytest.raises(InvalidConfigError, match="dp=3 contradicts"):
-        parse_layout("tp2 dp3", 128)
 
 
 def test_batch_rule_is_the_validators():
