@@ -397,8 +397,8 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
     docstring)."""
     for layer in model.decoder_layers():
         if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
-            raise InvalidConfigError("overlap_moe_expert_parallel_comm runs the MoE layer in parts: full recompute and "
-                             "selective recompute of 'moe' do not apply (spec.validity rule executor_ep_overlap)")
+            raise InvalidConfigError("[executor_ep_overlap] overlap_moe_expert_parallel_comm runs the MoE layer in "
+                                     "parts: full recompute and selective recompute of 'moe' do not apply")
     carveout = model.options.ep_overlap_sm_carveout
     device = model.rope_cos.device
     if carveout and device.type == "cuda":

@@ -66,7 +66,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import Rejection, Validator
+from spec.validity import Rejection, Validator, ep_overlap_rule
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -409,8 +409,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                               bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
         expert_pairs[pp] = pairs
         expert_leaves[pp] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
-    overlap_needs_vpp = Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs vpp > 1 when pp > 1")
-    overlap_needs_no_full = Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs no full recompute")
 
     glob = v.global_()
     for tp in divisors(world):
@@ -452,11 +450,14 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                             continue
                         for bad in recompute_bad:
                             result._reject(bad, n_mbs * len(dispatchers) * n_opt)
-                        if overlap and pp > 1 and vpp == 1:
-                            result._reject(overlap_needs_vpp, n_mbs * len(recompute_ok) * n_opt)
+                        # the rule book's ep_overlap rule, on the overlap option (alltoall, ep > 1) without and
+                        # with full recompute
+                        overlap_rej = overlap and ep_overlap_rule(ep, "alltoall", "none", pp, vpp)
+                        if overlap_rej:
+                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt)
                             dispatchers = tuple(d for d in dispatchers if not d.endswith(EP_OVERLAP))
                         elif overlap_drops_full:
-                            result._reject(overlap_needs_no_full, n_mbs * n_opt)
+                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt)
                         result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                      split, sizes, dispatchers))
     options = space.offload_options()

@@ -154,8 +154,6 @@ class ModelSpec:
                 "activation_func_clamp_value and glu_linear_offset need a gated linear unit (swiglu or quick_geglu)")
         require(p, self.qk_layernorm_scope in QK_LAYERNORM_SCOPES,
                 f"qk_layernorm_scope must be one of {QK_LAYERNORM_SCOPES}, got {self.qk_layernorm_scope!r}")
-        require(p, not (self.qk_layernorm_scope == "all" and self.multi_latent_attention),
-                "qk_layernorm_scope 'all' (whole-width q/k norms) is not built for multi_latent_attention")
         require(p, self.softmax_type in SOFTMAX_TYPES,
                 f"softmax_type must be one of {SOFTMAX_TYPES}, got {self.softmax_type!r}")
         window = self.window_size
