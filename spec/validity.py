@@ -1,4 +1,7 @@
-"""Megatron-LM's validity rules for a folded layout, as hard filters with a rule id and a readable reason.
+"""The rule book: :func:`check` returns every rule a layout breaks, each a :class:`Rejection` with a rule id and a
+readable reason. Its rules are Megatron-LM's (:data:`RULES`), the rules on a config alone
+(:mod:`spec.layout_rules`, listed in :data:`RULES` too), and what ``executor/`` builds (:data:`EXECUTOR_RULES`);
+the cost model's preconditions are Megatron rules (:data:`COSTMODEL_RULES`).
 
 Each rule is checked at the level of the enumeration where its variables become known (the model and
 the GPU; then tp; cp; pp and vpp; ep; etp; the batch; the knobs), so the enumerator can reject a whole
@@ -31,9 +34,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   recompute, and vpp when pp > 1);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
 
-The executor's capability rules (:data:`EXECUTOR_RULES`, :meth:`Validator.executor`) say what
-``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it plans
-for Megatron); the tuning runner, the trainings, benchmarks and the executor itself do.
+The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
+say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
+plans for Megatron; :func:`is_executor_rule` tells them apart); the tuning runner, the front door, benchmarks
+and the executor itself (``executor.buildable``, once before the ranks build their slices) do.
 
 foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
