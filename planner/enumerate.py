@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
+from spec.layout_rules import activation_offload_problem, optimizer_offload_problem
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
@@ -282,11 +283,9 @@ class Enumeration:
 
     def knobs_for(self, option: tuple[float, tuple[str, ...]]):
         """(distributed-optimizer settings, recompute options) valid with an offload option (module docstring)."""
-        fraction, modules = option
-        distopts = self.distributed_optimizer if not fraction else tuple(d for d in self.distributed_optimizer if d)
-        chain = self.recompute if not modules else tuple(
-            (g, m) for g, m in self.recompute if g != "full" and not set(m) & set(modules)
-            and not ("core_attn" in modules and "mla_up_proj" in m))
+        fraction, modules = option  # the rule book's offload rules
+        distopts = tuple(d for d in self.distributed_optimizer if optimizer_offload_problem(fraction, d) is None)
+        chain = tuple((g, m) for g, m in self.recompute if activation_offload_problem(g, m, modules) is None)
         return distopts, chain
 
     def recompute_count(self, dispatcher: str) -> int:

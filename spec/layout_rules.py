@@ -83,19 +83,21 @@ def _pipeline_chunks(c: ParallelConfig) -> str | None:
     return None
 
 
-def _optimizer_offload(c: ParallelConfig) -> str | None:
-    if c.optimizer_cpu_offload_fraction and not c.use_distributed_optimizer:
+def optimizer_offload_problem(fraction: float, distributed_optimizer: bool) -> str | None:
+    """Why optimizer CPU offload of ``fraction`` does not go with the distributed-optimizer setting, or None."""
+    if fraction and not distributed_optimizer:
         return "optimizer_cpu_offload_fraction > 0 needs the distributed optimizer (as Megatron's --optimizer-cpu-offload)"
     return None
 
 
-def _activation_offload(c: ParallelConfig) -> str | None:
-    modules = c.activation_offload_modules
+def activation_offload_problem(granularity: str, recompute_modules: tuple[str, ...],
+                               modules: tuple[str, ...]) -> str | None:
+    """Why offloading the activations of ``modules`` does not go with the recompute setting, or None."""
     if not modules:
         return None
-    if c.recompute_granularity == "full":
+    if granularity == "full":
         return "activation_offload_modules cannot be combined with full recompute (the layer keeps only its input)"
-    recomputed = c.recompute_modules if c.recompute_granularity == "selective" else ()
+    recomputed = recompute_modules if granularity == "selective" else ()
     both = [m for m in modules if m in recomputed]
     if both:
         return f"modules {both} are both recomputed and offloaded; choose one"
@@ -113,9 +115,12 @@ LAYOUT_RULES: list[LayoutRule] = [
     LayoutRule("recompute_modules_selective", "recompute modules go with selective recompute only",
                _recompute_modules_selective),
     LayoutRule("pipeline_chunks", "a pipeline layout string has pp·vpp chunks", _pipeline_chunks),
-    LayoutRule("optimizer_offload_distopt", "optimizer CPU offload needs the distributed optimizer", _optimizer_offload),
+    LayoutRule("optimizer_offload_distopt", "optimizer CPU offload needs the distributed optimizer",
+               lambda c: optimizer_offload_problem(c.optimizer_cpu_offload_fraction, c.use_distributed_optimizer)),
     LayoutRule("activation_offload", "activation offload excludes full recompute and modules that are recomputed "
-                                     "(core_attn also while mla_up_proj is)", _activation_offload),
+                                     "(core_attn also while mla_up_proj is)",
+               lambda c: activation_offload_problem(c.recompute_granularity, c.recompute_modules,
+                                                    c.activation_offload_modules)),
 ]
 
 
