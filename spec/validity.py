@@ -49,9 +49,8 @@ alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never b
 
 from __future__ import annotations
 
-from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
-from spec.layout_rules import LAYOUT_RULES, Rejection, folds_the_world, layout_rejections, world_dense, world_expert
+from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
 from spec.parallel_config import ParallelConfig

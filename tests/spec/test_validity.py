@@ -12,8 +12,8 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.validity import (EXECUTOR_RULES, RULES, Validator, batch_rule, check_config, executor_layout_rules,
-                           executor_model_rule, parse_layout, pipeline_split)
+from spec.validity import (EXECUTOR_RULES, RULES, Validator, batch_rule, check, check_config,
+                           executor_layout_rules, executor_model_rule, is_executor_rule, parse_layout, pipeline_split)
 
 H100 = get_hardware("h100-sxm")
 TINY = get_model("tiny-moe")  # 2 layers, hidden 64, 4 heads / 2 KV groups, 8 experts of FFN 32
@@ -158,3 +158,19 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     assert executor_model_rule(tied_mtp) is None
     assert executor_layout_rules(tied_mtp, ParallelConfig(world_size=4, pp=2, ep=2), seq_length=64) == []
     assert v.executor(ParallelConfig(world_size=8)) == []
+
+
+def test_check_returns_every_rule_megatrons_first_then_the_executors_tagged():
+    capacity = TrainingSpec(seq_length=64, global_batch_size=16, routing_mode="capacity", moe_expert_capacity_factor=1.0)
+    config = ParallelConfig(world_size=8, tp=1, cp=2, sequence_parallel=True)  # sp without tp, capacity with cp
+    found = check(TINY, capacity, config, ClusterSpec(H100, 8))
+    assert [r.rule for r in found] == ["sp_needs_tp", "executor_capacity_cp"]
+    assert [is_executor_rule(r.rule) for r in found] == [False, True]
+    assert all(r.rule in RULES or r.rule in EXECUTOR_RULES for r in found)
+    # the planner's question (check_config) leaves the executor's rules out
+    assert [r.rule for r in check_config(TINY, capacity, ClusterSpec(H100, 8), config)] == ["sp_needs_tp"]
+    # without a cluster the layout's own world counts; with one, a layout for another world is one rejection
+    assert check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8)) == []
+    assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8), ClusterSpec(H100, 16))] == [
+        "world_dense"]
+
