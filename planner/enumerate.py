@@ -67,7 +67,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import Rejection, Validator, ep_overlap_rule
+from spec.validity import Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -355,7 +355,7 @@ class ConfigMaker:
 
 def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatcher: str) -> int:
     """See :meth:`Enumeration.recompute_count`."""
-    if dispatcher.endswith(EP_OVERLAP) and recompute and recompute[-1][0] == "full":
+    if dispatcher.endswith(EP_OVERLAP) and recompute and ep_overlap_recomputes_whole_layers(recompute[-1][0]):
         return len(recompute) - 1
     return len(recompute)
 

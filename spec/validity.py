@@ -182,13 +182,19 @@ def experts_ep_rule(model: ModelSpec, ep: int) -> Rejection | None:
     return Rejection("experts_ep", f"num_experts ({model.num_experts}) is not divisible by ep ({ep})")
 
 
+def ep_overlap_recomputes_whole_layers(recompute_granularity: str) -> bool:
+    """The part of the EP-overlap rule on recomputation: the overlapped schedule cuts each layer at its
+    all-to-alls, which full recompute (a checkpoint around the whole layer) would span."""
+    return recompute_granularity == "full"
+
+
 def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: int, vpp: int) -> Rejection | None:
     """Megatron's EP-overlap rule for a layout with ``overlap_moe_expert_parallel_comm`` on: ep > 1, the
     alltoall dispatcher, no full recompute, and interleaving (vpp > 1) when pp > 1."""
     why = [need for need, broken in (
         ("ep > 1", ep == 1),
         ("the alltoall dispatcher", dispatcher != "alltoall"),
-        ("no full recompute", recompute_granularity == "full"),
+        ("no full recompute", ep_overlap_recomputes_whole_layers(recompute_granularity)),
         ("vpp > 1 when pp > 1", pp > 1 and vpp == 1),
     ) if broken]
     if why:
