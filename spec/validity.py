@@ -49,6 +49,9 @@ alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from spec.hardware import ClusterSpec
 from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
@@ -97,7 +100,6 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
     "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built for pp = 1, "
                            "without full recompute, selective recompute of moe or activation offload of moe",
-    "executor_capacity_cp": "capacity (token-dropping) routing is built for cp = 1",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -431,6 +433,7 @@ class Validator:
             found.append(self.batch(self.world // (c.tp * c.cp * c.pp), c.micro_batch_size, c.pp, c.vpp))
         found.append(self.knobs(c))
         found += [r for r in layout_rejections(c) if r.rule not in ("world_dense", "world_expert")]
+        found += _registered(self.model, self.training, c, executor=False)
         return [r for r in found if r is not None]
 
     # ---- what executor/ can run (a subset of the above) ----------------------------------------------
@@ -470,11 +473,54 @@ def executor_rules(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     as ``training`` (empty: executor/ builds it)."""
     model_rule = executor_model_rule(model)
     found = ([model_rule] if model_rule else []) + executor_layout_rules(model, config, training.seq_length)
+    return found + _registered(model, training, config, executor=True)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule of the rule book on the whole case: ``broken(model, training, layout)`` is the reason the layout
+    breaks it, or None. ``executor``: a rule on what executor/ builds (else Megatron's or foldtune's)."""
+
+    id: str
+    demands: str
+    broken: Callable[[ModelSpec, TrainingSpec, ParallelConfig], str | None]
+    executor: bool = False
+
+
+_REGISTERED: list[Rule] = []
+
+
+def register(rule: Rule) -> Rule:
+    """Add ``rule`` to the rule book (:func:`check`, and :data:`RULES` or :data:`EXECUTOR_RULES`); its id must be
+    new. The way an architecture feature or an executor limit brings its own rule."""
+    book = EXECUTOR_RULES if rule.executor else RULES
+    if rule.id in RULES or rule.id in EXECUTOR_RULES:
+        raise ValueError(f"rule {rule.id!r} is registered twice")
+    book[rule.id] = rule.demands
+    _REGISTERED.append(rule)
+    return rule
+
+
+def _registered(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, executor: bool) -> list[Rejection]:
+    found = []
+    for rule in _REGISTERED:
+        if rule.executor == executor:
+            reason = rule.broken(model, training, config)
+            if reason is not None:
+                found.append(Rejection(rule.id, reason))
+    return found
+
+
+def _capacity_with_cp(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
     capacity = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
     if model.is_moe and capacity_with_cp(capacity, config.cp):
-        found.append(Rejection("executor_capacity_cp", f"capacity routing (factor {capacity}) with cp {config.cp}: "
-                                                       f"token dropping under context parallelism is not built"))
-    return found
+        return f"capacity routing (factor {capacity}) with cp {config.cp}: token dropping under context " \
+               f"parallelism is not built"
+    return None
+
+
+register(Rule("executor_capacity_cp", "capacity (token-dropping) routing is built for cp = 1", _capacity_with_cp,
+              executor=True))
 
 
 def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:

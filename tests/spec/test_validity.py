@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from spec import validity
 from spec.catalog import get_hardware, get_model
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
@@ -174,3 +175,15 @@ def test_check_returns_every_rule_megatrons_first_then_the_executors_tagged():
     assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8), ClusterSpec(H100, 16))] == [
         "world_dense"]
 
+
+
+def test_a_registered_rule_joins_the_rule_book(monkeypatch):
+    monkeypatch.setattr(validity, "_REGISTERED", list(validity._REGISTERED))
+    monkeypatch.setattr(validity, "RULES", dict(RULES))
+    rule = validity.register(validity.Rule("odd_mbs", "micro_batch_size is even",
+                                           lambda m, t, c: "odd" if c.micro_batch_size % 2 else None))
+    assert validity.RULES["odd_mbs"] == "micro_batch_size is even" and not is_executor_rule("odd_mbs")
+    assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=1))] == ["odd_mbs"]
+    assert check(TINY, TRAIN, ParallelConfig(world_size=1, micro_batch_size=2)) == []
+    with pytest.raises(ValueError, match="registered twice"):
+        validity.register(rule)
