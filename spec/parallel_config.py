@@ -128,12 +128,14 @@ class ParallelConfig:
 
     @property
     def dp(self) -> int:
-        """Data-parallel size of the attention/dense layout."""
+        """Data-parallel size of the attention/dense layout (rounded down where tp·cp·pp does not divide the
+        world: the rule book's world_dense rule, which a layout must pass before it is used)."""
         return self.world_size // (self.tp * self.cp * self.pp)
 
     @property
     def edp(self) -> int:
-        """Expert data-parallel size of the MoE layout."""
+        """Expert data-parallel size of the MoE layout (rounded down where etp·ep·pp does not divide the world:
+        the rule book's world_expert rule)."""
         return self.world_size // (self.etp * self.ep * self.pp)
 
     @property
