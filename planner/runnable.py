@@ -18,7 +18,7 @@ from spec.hardware import ClusterSpec, GPUSpec
 from spec.model_spec import ModelSpec
 from spec.precision_search import wanted_precisions
 from spec.training_spec import TrainingSpec
-from spec.validity import Rejection, executor_layout_rules, executor_model_rule
+from spec.validity import Rejection, executor_model_rule, executor_rules
 
 PLAN_FACTOR = 16  # ranked layouts asked of the planner per trial of the budget
 MIN_PLANNED = 64
@@ -76,7 +76,7 @@ def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
     dropped: Counter[str] = Counter()
     kept: list[Estimate] = []
     for est in result.ranked:
-        rejections = executor_layout_rules(model, est.config, training.seq_length)
+        rejections = executor_rules(model, training, est.config)
         if rejections:
             dropped["; ".join(r.reason for r in rejections)] += 1
         elif keep is None or len(kept) < keep:
