@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from bench.table_rows import launch_rows, matching_rows
+from executor.microbench.table_rows import launch_rows, matching_rows
 from costmodel.step_time import host_seconds_per_micro_batch
 from executor.microbench.host_probe import host_probe_worker
 from spec.catalog import get_model

@@ -19,9 +19,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.intervals import busy_us, overlap_us
-from bench.sync_debug import synchronizing_calls
-from bench.table_rows import launch_rows, matching_rows
+from executor.microbench.intervals import busy_us, overlap_us
+from executor.microbench.sync_debug import synchronizing_calls
+from executor.microbench.table_rows import launch_rows, matching_rows
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.moe_breakdown import steady_window
+from executor.microbench.timing import time_steady_window
 from executor.kernels import triton_cross_entropy as ce_kernels
 from executor.options import DEFAULT_CHUNK_LOGITS
 from executor.parallel.groups import single_process_state
@@ -80,10 +80,10 @@ def _sync(dev: torch.device) -> None:
 
 
 def _seconds_per_call(fn, dev: torch.device, iters: int) -> float:
-    """Seconds per call in steady state after two warm-up calls (bench.moe_breakdown.steady_window)."""
+    """Seconds per call in steady state after two warm-up calls (executor.microbench.timing.time_steady_window)."""
     fn()
     _sync(dev)
-    return steady_window(fn, dev, iters, lead=2)
+    return time_steady_window(fn, dev, iters, lead=2)
 
 
 def _inputs(case: Case, dev: torch.device, dtype: torch.dtype):

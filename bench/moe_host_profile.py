@@ -21,8 +21,8 @@ import pstats
 
 import torch
 
-from bench.executor_gpu import MOE_SHAPES, SEQ, TINY_MOE_SHAPES, TINY_SEQ
-from bench.moe_breakdown import bar_inputs, host_seconds, layer_fwd_bwd
+from executor.microbench.moe_bar import MOE_SHAPES, SEQ, TINY_MOE_SHAPES, TINY_SEQ, bar_inputs, layer_fwd_bwd
+from executor.microbench.timing import time_host_issue
 
 
 def _sync(dev: torch.device) -> None:
@@ -40,7 +40,7 @@ def profile_layer(shape_name: str, dev: torch.device, dtype: torch.dtype, tiny: 
     step = layer_fwd_bwd(bar.layer, bar.x, bar.gy)
     for _ in range(5):  # first-use checks, compilation, allocator warm-up
         step()
-    host_s = host_seconds(step, dev, steps)
+    host_s = time_host_issue(step, dev, steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()

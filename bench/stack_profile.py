@@ -52,11 +52,11 @@ import traceback
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.device_timeline import device_timeline, format_timeline, kernel_launchers
-from bench.moe_breakdown import host_seconds, steady_window, wall_seconds
-from bench.sync_debug import synchronizing_calls
 from executor.attention import rope_tables
 from executor.kernels import get_backend, triton_rms_norm, triton_rope
+from executor.microbench.device_timeline import device_timeline, format_timeline, kernel_launchers
+from executor.microbench.sync_debug import synchronizing_calls
+from executor.microbench.timing import time_device, time_host_issue, time_steady_window
 from executor.model import DecoderLayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -163,7 +163,7 @@ def stack_flops(spec: ModelSpec, seq: int, mbs: int) -> float:
 def gemm_tflops(dev: torch.device, dtype: torch.dtype, n: int) -> dict:
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
-    t = wall_seconds(lambda: a @ b, dev, 5, 20)
+    t = time_device(lambda: a @ b, dev, 5, 20)
     return {"shape": [n, n, n], "seconds": t, "tflops": 2 * n**3 / t / 1e12}
 
 
@@ -206,12 +206,12 @@ def top_kernels(stack: Stack, dev: torch.device, steps: int) -> tuple[list[dict]
 
 def time_variants(stacks: list[Stack], dev: torch.device, rounds: int, iters: int) -> dict[str, dict]:
     """isolated, steady (alternated windows, order flipped every round) and host seconds per variant."""
-    out = {s.name: {"isolated_s": wall_seconds(s.step, dev, 2, 8), "host_s": host_seconds(s.step, dev, 3)}
+    out = {s.name: {"isolated_s": time_device(s.step, dev, 2, 8), "host_s": time_host_issue(s.step, dev, 3)}
            for s in stacks}
     windows: dict[str, list[float]] = {s.name: [] for s in stacks}
     for r in range(rounds):
         for s in (stacks if r % 2 == 0 else stacks[::-1]):
-            windows[s.name].append(steady_window(s.step, dev, iters, lead=2))
+            windows[s.name].append(time_steady_window(s.step, dev, iters, lead=2))
     for name, times in windows.items():
         out[name]["steady_s"] = statistics.median(times)
         out[name]["steady_windows_s"] = times
