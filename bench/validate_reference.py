@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from bench.layout_table import replace_section
+from bench.report import replace_section
 from costmodel import reference
 from spec.catalog import get_hardware
 from spec.hardware import HardwareProfile

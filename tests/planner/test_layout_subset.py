@@ -1,11 +1,12 @@
-"""bench/layout_table.diverse_subset: the layouts a capped accuracy run measures."""
+"""planner.subset.diverse_subset over planner.runnable.executable_space: the layouts a capped accuracy run measures."""
 
 from __future__ import annotations
 
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
-from bench.layout_table import _features, diverse_subset, executable_space
+from planner.runnable import executable_space
+from planner.subset import _features, diverse_subset
 from planner.enumerate import SearchSpace
 
 
