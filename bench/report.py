@@ -27,10 +27,12 @@ def machine() -> str:
 
 
 def utc_now() -> str:
+    """Now in UTC to the minute, as the results state when they were measured."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def save_json(data: dict, name: str, results_dir: Path = RESULTS) -> Path:
+    """Write ``data`` as ``results_dir/name`` (indented JSON); the path."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / name
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -39,7 +41,8 @@ def save_json(data: dict, name: str, results_dir: Path = RESULTS) -> Path:
 
 def replace_section(heading: str, text: str, doc: Path = DOC) -> None:
     """Replace the section that starts with the line ``heading`` (up to the next '## ') or append it."""
-    old = doc.read_text() if doc.exists() else ""
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    old = doc.read_text() if doc.exists() else "# Benchmarks\n"
     start = old.find(heading + "\n")
     if start < 0:
         new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
