@@ -22,7 +22,7 @@ def run_script(name: str, *args: str, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def script():
     """:func:`run_script`, for tests of the bench scripts."""
     return run_script

@@ -32,7 +32,7 @@ ROWS = [_row("dense", 2, 1, 4), _row("expert wgrad", 3, 4, 2, dense=2.5, groups=
 
 
 def test_bounds_hand_worked():
-    got = bounds(ROWS, 0.100)
+    got = bounds(ROWS, 0.100, 1.25)
     # every GEMM in fp8: 4·1 + 2·(3−4) + 1·3 + 2·4 = 13 ms saved
     assert got["torch_kernels"]["fp8_step_s"] == pytest.approx(0.087)
     assert got["torch_kernels"]["speedup"] == pytest.approx(100 / 87)
@@ -41,9 +41,9 @@ def test_bounds_hand_worked():
     # grouped at the dense fp8 rate: 4 + 2·0.5 + 3 + 2·5 = 18 ms
     assert got["grouped_at_dense_rate"]["fp8_step_s"] == pytest.approx(0.082)
     assert not any(b["reaches_bar"] for b in got.values())
-    scaled = bounds(ROWS, 0.100, grouped_scale=1.5)  # grouped savings ×1.5: 4 − 3 + 3 + 12 = 16 ms
+    scaled = bounds(ROWS, 0.100, 1.25, grouped_scale=1.5)  # grouped savings ×1.5: 4 − 3 + 3 + 12 = 16 ms
     assert scaled["torch_kernels"]["fp8_step_s"] == pytest.approx(0.084)
-    assert bounds([_row("x", 10, 1, 5)], 0.100)["torch_kernels"]["reaches_bar"]  # 45 ms saved: 1.82
+    assert bounds([_row("x", 10, 1, 5)], 0.100, 1.25)["torch_kernels"]["reaches_bar"]  # 45 ms saved: 1.82
 
 
 def test_profiled_grouped_seconds_reads_cutlass_kernels_only():
