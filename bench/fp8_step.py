@@ -47,6 +47,7 @@ from executor.kernels import fp8
 from executor.kernels.fp8 import gemm, quantize
 from executor.launch_local import launch
 from executor.microbench.fp8_step_bar import BAR_LOSS, BAR_SPEEDUP, compare, max_rel_diff
+from executor.microbench.timing import synchronize
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
@@ -71,11 +72,6 @@ RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "bf16_again": ("bf16", {})}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
 TOP_KERNELS = 10
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]:
@@ -109,10 +105,10 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
     def run_step(step: int) -> tuple[float, float]:
         batch = global_batch(spec.vocab_size, training.seq_length, training.global_batch_size, options.seed, step)
         micro = micro_batches(batch, 1, 0, config.micro_batch_size, device)
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         loss = trainer.step(micro).loss  # ends with a host read of the loss
-        _sync(device)
+        synchronize(device)
         return time.perf_counter() - start, loss
 
     times, losses = [], []
