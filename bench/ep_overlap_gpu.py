@@ -57,9 +57,9 @@ import sys
 
 import torch
 
-from bench.layout_trace_gpu import trace_worker
 from executor.launch_local import launch
 from executor.microbench.ep_overlap_bar import BAR, OFF, parse_variant, summarize_runs
+from executor.microbench.step_trace import trace_worker
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
 from executor.scoped_env import scoped_env

@@ -14,6 +14,7 @@ arguments, call these and print): :mod:`.moe_bar` (the MoE layer against its ide
 :mod:`.moe_stages` (the same layer cut into stages), :mod:`.stack_variants` (the decoder stack's speed
 switches), :mod:`.fp8_gemms`, :mod:`.fp8_step_bar`, :mod:`.quant_tiles`, :mod:`.grouped_mm_check` and
 :mod:`.grad_accumulate` (the fp8 and gradient kernels), :mod:`.ep_overlap_bar` (the all-to-all overlap's
-hidden fraction), :mod:`.table_rows` (running a worker on a stored layout table's rows), and the readers of a
-profiled step (:mod:`.intervals`, :mod:`.device_timeline`, :mod:`.sync_debug`).
+hidden fraction), :mod:`.table_rows` (running a worker on a stored layout table's rows), :mod:`.step_trace`
+(one rank's profiled step), and the readers of a profiled step (:mod:`.intervals`, :mod:`.device_timeline`,
+:mod:`.sync_debug`).
 """
