@@ -1,7 +1,8 @@
 """The cost model's accuracy against measured layout tables: each measured layout predicted and compared
 (step time, peak memory, and per term where the executor times a matching phase, read on the rank that sets
 the pace), summarised as MAPE, max error and Spearman rank correlation; tables of several GPU counts pooled;
-and the held-out error after calibrating on the first ``k`` trials the search would run.
+the held-out error after calibrating on the first ``k`` trials the search would run; and measured host
+seconds per micro-batch against the model's host floor.
 
 A layout table is what ``executor.profile_table.measure_table`` returns (rows with ``layout``, ``config``,
 ``ok``, ``step_time`` in seconds, ``phases``/``phases_by_rank`` in seconds, ``peak_allocated_bytes``);
@@ -15,6 +16,7 @@ import math
 import statistics
 
 from costmodel.estimate import estimate
+from costmodel.step_time import host_seconds_per_micro_batch
 from planner.calibration import Observation, fit_calibration
 from spec.inputs import build_specs
 from spec.parallel_config import ParallelConfig
@@ -196,3 +198,26 @@ def pooled(model: str, layers: int, tables: list[dict], seq: int, gbs: int, prec
             "memory_mape": statistics.fmean(abs(m) for m in mem) if mem else None,
             "memory_worst_under": min(mem) if mem else None,
             "memory_worst_over": max(mem) if mem else None}
+
+
+def host_floor_ratios(probe: dict, profile: str) -> list[dict]:
+    """Each measured layout of a stored host probe (``bench/host_probe_gpu.py``'s JSON) against the model's host
+    floor per micro-batch (base + full recomputation, busiest stage) under the profile file ``profile``:
+    [{'layout', 'measured_ms', 'model_ms', 'ratio'}] (milliseconds; ratio measured / model)."""
+    training = probe["training"]
+    model = probe["model"].split("@")[0]
+    layers = int(probe["model"].split("@")[1][:-1]) if "@" in probe["model"] else None
+    out = []
+    for r in probe["results"]:
+        if "failure" in r:
+            continue
+        config = ParallelConfig.from_dict(r["config"])
+        spec, train, cluster = build_specs(model, config.world_size, layers=layers, profile=profile,
+                                           seq_length=training["seq_length"],
+                                           global_batch_size=training["global_batch_size"],
+                                           precision=training["precision"])
+        base, recompute = host_seconds_per_micro_batch(spec, train, cluster, config)
+        model_ms = (base + recompute) * 1e3
+        out.append({"layout": r["layout"], "measured_ms": r["host_ms_per_micro_batch"], "model_ms": model_ms,
+                    "ratio": r["host_ms_per_micro_batch"] / model_ms})
+    return out
