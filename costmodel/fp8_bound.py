@@ -70,9 +70,9 @@ def step_gemms(spec: ModelSpec, seq: int = SEQ, layers: int = LAYERS, micro_batc
 
 def bounds(rows: list[dict], bf16_step_s: float, bar: float, grouped_scale: float = 1.0) -> dict[str, dict]:
     """The fp8 / bf16 tokens/s upper bounds of the module doc from per-GEMM seconds (``rows`` as
-    ``executor.microbench.fp8_gemms.time_gemms`` gives them) and the bf16 step's seconds; ``grouped_scale`` multiplies each grouped GEMM's
-    saving (the step's profiled grouped-GEMM time over the timed one's). Returns per bound its saving and fp8
-    step (seconds a step), the quotient and whether it reaches ``bar``."""
+    ``executor.microbench.fp8_gemms.time_gemms`` gives them) and the bf16 step's seconds; ``grouped_scale``
+    multiplies each grouped GEMM's saving (the step's profiled grouped-GEMM time over the timed one's). Returns
+    per bound its saving and fp8 step (seconds a step), the quotient and whether it reaches ``bar``."""
     def saving(row: dict, fp8_key: str, executor: bool) -> float:
         if executor and not row["in_fp8"]:
             return 0.0

@@ -104,7 +104,8 @@ def calibrated(base: HardwareProfile, measured: HardwareProfile | None) -> Hardw
                    attention_fwd_efficiency=measured.attention_fwd_efficiency,
                    attention_bwd_efficiency=measured.attention_bwd_efficiency,
                    overlap_slowdown=measured.overlap_slowdown,
-                   sustained_clock_factor=measured.sustained_clock_factor, source=f"{base.source} + compute of {measured.source}")
+                   sustained_clock_factor=measured.sustained_clock_factor,
+                   source=f"{base.source} + compute of {measured.source}")
 
 
 def tables(ref: dict, bf16: HardwareProfile | None, fp8: HardwareProfile | None) -> list[dict]:

@@ -33,7 +33,8 @@ def measure_table(model: ModelSpec, training: TrainingSpec, configs: list[Parall
 
 
 def _measure_rows(model: ModelSpec, training: TrainingSpec, configs: list[ParallelConfig], warmup: int, steps: int,
-                  device: str, hardware: str | None, timeout_s: float, on_row: Callable[[dict[str, Any]], None] | None, launcher: Callable | None) -> list[dict[str, Any]]:
+                  device: str, hardware: str | None, timeout_s: float,
+                  on_row: Callable[[dict[str, Any]], None] | None, launcher: Callable | None) -> list[dict[str, Any]]:
     rows = []
     for i, config in enumerate(configs, 1):
         start = time.monotonic()

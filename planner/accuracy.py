@@ -71,7 +71,8 @@ def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
     naming ``source``, where a shard was measured on another model or world size."""
     for t in tables:
         if t.get("model") not in (None, model_name):
-            raise ValueError(f"{source}: measured on {t['model']!r}, not {model_name!r} (pass the same --model/--layers)")
+            raise ValueError(f"{source}: measured on {t['model']!r}, not {model_name!r} "
+                             "(pass the same --model/--layers)")
         if t.get("world_size") != tables[0].get("world_size"):
             raise ValueError(f"{source}: shards of different world sizes {[x.get('world_size') for x in tables]}")
     merged = dict(tables[0])

@@ -113,17 +113,17 @@ def pair_orders(pairs: int) -> list[tuple[bool, bool]]:
 
 
 def summarize_pairs(reports: list[dict] | dict, micro: int) -> dict:
-    """The bar's quotient from the ranks' paired reports (``bench/ep_overlap_paired.py``'s worker; rank 0 first): medians of the off and
-    on steps (rank 0's wall time: every step ends with an all-reduce, so the ranks' steps end together), of
-    the per-pair saving, and of the all-to-all the off steps expose (seconds), ``hidden_fraction`` and
-    ``passes``.
+    """The bar's quotient from the ranks' paired reports (``bench/ep_overlap_paired.py``'s worker; rank 0
+    first): medians of the off and on steps (rank 0's wall time: every step ends with an all-reduce, so the
+    ranks' steps end together), of the per-pair saving, and of the all-to-all the off steps expose (seconds),
+    ``hidden_fraction`` and ``passes``.
 
     The exposed all-to-all of an off step is its ``ep_alltoall`` phase on the rank where it is smallest. A
     rank that reaches an exchange before its peer waits in it for the peer's compute, and its phase counts
-    that wait as all-to-all time; the last rank to arrive waits only for the transfer. Where the GPUs differ in GEMM
-    speed by a few per cent, rank 0's phase can hold milliseconds of the slower GPU's compute that no overlap
-    can hide (docs/benchmarks.md has a measured case).
-    ``exposed_a2a_off_rank0`` keeps rank 0's own figure (the quotient of earlier runs)."""
+    that wait as all-to-all time; the last rank to arrive waits only for the transfer. Where the GPUs differ
+    in GEMM speed by a few per cent, rank 0's phase can hold milliseconds of the slower GPU's compute that no
+    overlap can hide (docs/benchmarks.md has a measured case). ``exposed_a2a_off_rank0`` keeps rank 0's own
+    figure (the quotient of earlier runs)."""
     if isinstance(reports, dict):
         reports = [reports]
     off, on = reports[0]["off"], reports[0]["on"]

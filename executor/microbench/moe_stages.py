@@ -222,8 +222,8 @@ def _m_tiles(counts: torch.Tensor, tile: int = 128) -> int:
 
 def breakdown(spec: ModelSpec, tokens: int = 4096, dev: torch.device | None = None,
               dtype: torch.dtype = torch.bfloat16, options: ExecutorOptions | None = None) -> dict:
-    """The stage table of the MoE layer of the one-layer ``spec`` (:func:`executor.microbench.moe_bar.moe_spec`) under ``options``
-    (default ones) on ``tokens`` tokens (see the module docstring); seconds everywhere."""
+    """The stage table of the MoE layer of the one-layer ``spec`` (:func:`executor.microbench.moe_bar.moe_spec`)
+    under ``options`` (default ones) on ``tokens`` tokens (see the module docstring); seconds everywhere."""
     dev = dev or torch.device("cuda", 0)
     h, f, experts, topk = spec.hidden_size, spec.expert_ffn_hidden_size, spec.num_experts, spec.moe_router_topk
     bar = bar_inputs(spec, tokens, 1, dev, dtype, options)
