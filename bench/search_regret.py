@@ -36,9 +36,10 @@ from pathlib import Path
 import optuna
 
 from bench.costmodel_accuracy import add_common_arguments, load_or_measure, specs
-from bench.layout_table import replace_section, save_json, utc_now
+from bench.report import replace_section, save_json, utc_now
 from costmodel.estimate import estimate
-from planner.search import Candidate, CostModelSampler, SearchBudget, _key, run_search, search_space
+from planner.search import Candidate, CostModelSampler, SearchBudget, run_search, search_space
+from spec.layout_codec import optuna_key
 from spec.parallel_config import ParallelConfig
 
 WITHIN = 0.02
@@ -76,13 +77,13 @@ def run_guided(candidates, table: dict, capacity: float, seed: int, max_trials: 
 
 def run_tpe(candidates, table: dict, seed: int, max_trials: int) -> list[float]:
     rng = random.Random(seed)
-    by_key = {params_key(c.params): c for c in candidates}
+    by_key = {optuna_key(c.params): c for c in candidates}
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     distributions = search_space(candidates)
     seen = []
     for _ in range(max_trials):
         trial = study.ask(distributions)
-        cand = by_key.get(params_key(trial.params))
+        cand = by_key.get(optuna_key(trial.params))
         if cand is None:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             seen.append(math.inf)

@@ -50,6 +50,8 @@ from costmodel.compute import (
 from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
+from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, HostKey, LayerKey,
+                                   RoutedKey, StepStatKey)
 from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
@@ -69,7 +71,7 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
-from spec.validity import experts_do_not_split
+from spec.validity import experts_ep_rule, seq_cp_rule
 
 # A non-compute limiter is named only when it takes at least this share of the step.
 BOTTLENECK_MIN_SHARE = 0.10
@@ -270,8 +272,9 @@ class _Layers:
 class _Shape:
     """What the layer builders need: token counts, groups' placements and the rates."""
 
-    def __init__(self, ctx: _Context, key: tuple) -> None:
-        tp, cp, ep, etp, mbs, sp, dispatcher, _ = key
+    def __init__(self, ctx: _Context, key: LayerKey) -> None:
+        tp, cp, ep, etp, mbs = key.tp, key.cp, key.ep, key.etp, key.micro_batch_size
+        sp, dispatcher = key.sequence_parallel, key.dispatcher
         model, training = ctx.model, ctx.training
         self.model, self.rates, self.link = model, ctx.rates, ctx.link
         self.tp, self.cp, self.ep, self.etp, self.sp, self.dispatcher = tp, cp, ep, etp, sp, dispatcher
@@ -560,23 +563,23 @@ class _Shape:
         self.linear(block, t, h / tp, 2 * h)
 
 
-def _part(ctx: _Context, name: str, key: tuple, shape: _Shape | None, layer_key: tuple) -> _LayerCost:
+def _part(ctx: _Context, name: str, key: DenseKey | RoutedKey, shape: _Shape | None,
+          layer_key: LayerKey) -> _LayerCost:
     """The cost of one layer part, built once per (part, the fields it depends on)."""
     cached = ctx.parts.get((name, key))
     if cached is None:
         block = _Block()
         getattr(shape or _Shape(ctx, layer_key), name)(block)
-        cached = ctx.parts[(name, key)] = _finish(block, layer_key[-1])
+        cached = ctx.parts[(name, key)] = _finish(block, layer_key.tp_comm_overlap)
     return cached
 
 
-def _combos(ctx: _Context, key: tuple) -> tuple[tuple[_LayerCost, ...], _Shape | None]:
+def _combos(ctx: _Context, key: LayerKey) -> tuple[tuple[_LayerCost, ...], _Shape | None]:
     """The layer parts of ``key`` that do not depend on the expert layout or the dispatcher: (dense layer,
     the MoE layer's TP side, embedding, output head, MTP block's own work, chunk end), cached per (tp, cp,
     micro-batch, SP, TP overlap); and the shape they were built with (None when cached)."""
-    tp, cp, _, _, mbs, sp, _, tp_overlap = key
     model = ctx.model
-    dense_key = (tp, cp, mbs, sp, tp_overlap)
+    dense_key = key.dense()
     combos = ctx.combos.get(dense_key)
     shape = None
     if combos is None:
@@ -592,16 +595,14 @@ def _combos(ctx: _Context, key: tuple) -> tuple[tuple[_LayerCost, ...], _Shape |
     return combos, shape
 
 
-def _build_layers(ctx: _Context, key: tuple) -> _Layers:
-    tp, cp, ep, etp, mbs, sp, dispatcher, tp_overlap = key
+def _build_layers(ctx: _Context, key: LayerKey) -> _Layers:
     model = ctx.model
     # attention and the TP-side parts do not depend on the expert layout; the routed experts depend only
     # on the MoE tokens per rank and the expert layout
     (dense, moe_base, embed, head, mtp_extra, chunk_end), shape = _combos(ctx, key)
     moe = _ZERO_LAYER
     if model.is_moe:
-        moe_tokens = mbs * ctx.training.seq_length // cp / tp
-        moe = moe_base + _part(ctx, "moe_routed", (moe_tokens, ep, etp, dispatcher), shape, key)
+        moe = moe_base + _part(ctx, "moe_routed", key.routed(ctx.training.seq_length), shape, key)
     tail = head
     if model.mtp_num_layers:
         one = mtp_extra + (moe if ctx.pattern[-1] else dense) + head
@@ -612,13 +613,13 @@ def _build_layers(ctx: _Context, key: tuple) -> _Layers:
     extras = {(False, False): chunk_end, (True, False): embed + chunk_end, (False, True): tail + chunk_end,
               (True, True): embed + tail + chunk_end}
     # Megatron sends the SP-sharded activation (or scatters it over TP and re-gathers it): 1/tp per rank
-    p2p_bytes = mbs * ctx.training.seq_length // cp / tp * model.hidden_size * ctx.training.activation_bytes
+    p2p_bytes = (key.micro_batch_size * ctx.training.seq_length // key.cp / key.tp * model.hidden_size
+                 * ctx.training.activation_bytes)
     return _Layers(dense, moe, extras, p2p_bytes)
 
 
 def _layers(ctx: _Context, c: ParallelConfig) -> _Layers:
-    key = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
-           c.tp_comm_overlap)
+    key = LayerKey.of(c)
     layers = ctx.layers.get(key)
     if layers is None:
         _check(ctx.model, ctx.training, c)
@@ -684,7 +685,7 @@ HOST_FACTORS = (HOST_FACTOR, HOST_RECOMPUTE_FACTOR)
 
 
 def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
-                  key: tuple) -> tuple[list[float], list[float], float, list[float]]:
+                  key: HostKey) -> tuple[list[float], list[float], float, list[float]]:
     """(Host seconds per micro-batch of each stage kind without full recomputation, the seconds full
     recomputation adds to them, host seconds once per step of the rank holding the most layers: the step
     ends when its optimizer has run, and the per-micro-batch sums); see costmodel/host.py."""
@@ -717,7 +718,7 @@ def host_seconds_per_micro_batch(model: ModelSpec, training: TrainingSpec, clust
     c = config
     _check_pipeline(model, c)
     kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
-    base, recompute, _, _ = _host_seconds(ctx, c, kinds, ("public", c))
+    base, recompute, _, _ = _host_seconds(ctx, c, kinds, HostKey.of(c))
     i = max(range(len(base)), key=lambda j: base[j] + recompute[j])
     return base[i], recompute[i]
 
@@ -739,7 +740,7 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
     return grad, ring_time(link, "all_reduce", bucket * grad_bytes, place), 0.0, 0.0
 
 
-def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: tuple) -> float:
+def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: StepStatKey) -> float:
     """Seconds of the first pipeline rank's once-per-step calls besides the DP·CP / EDP gradient buckets
     (costmodel.collective_inventory.step_stat_groups), each at its own size, exposed."""
     gpn, world = ctx.gpus_per_node, c.world_size
@@ -761,7 +762,7 @@ def _first_write_seconds(ctx: _Context, dense: int, expert: int) -> float:
 def _most_gemm_weights(ctx: _Context, c: ParallelConfig) -> int:
     """GEMM weights per GPU of the pipeline rank holding the most (decoder-layer linears and experts: what fp8
     quantises once a step; costmodel.params.stage_counts_and_gemm), cached on (tp, pp, vpp, ep, etp, split)."""
-    key = (c.tp, c.pp, c.vpp, c.ep, c.etp, c.pipeline_split)
+    key = GemmWeightsKey.of(c)
     hit = ctx.gemm_weights.get(key)
     if hit is None:
         hit = ctx.gemm_weights[key] = max(
@@ -777,7 +778,7 @@ def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     so each is cached on those fields.
     """
     split = c.pipeline_split
-    dkey, ekey = (c.tp, c.pp, c.vpp, split), (c.ep, c.etp, c.pp, c.vpp, split)
+    dkey, ekey = DenseParamsKey.of(c), ExpertParamsKey.of(c)
     dense, expert = ctx.dense_params.get(dkey), ctx.expert_params.get(ekey)
     if dense is None or expert is None:
         counts = [_params.stage_param_counts(ctx.model, c, kind[4][0]) for kind in _stage_kinds(ctx, c.pp, c.vpp, split)]
@@ -871,11 +872,12 @@ def _context_by_value(model: ModelSpec, training: TrainingSpec, cluster: Cluster
 
 
 def _check(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
-    """Raise InvalidConfigError for a layout the time model cannot price (checked once per layer shape)."""
-    if model.is_moe and experts_do_not_split(model, config.ep):
-        raise InvalidConfigError(f"num_experts ({model.num_experts}) must be divisible by ep ({config.ep})")
-    if training.seq_length % config.cp:
-        raise InvalidConfigError(f"seq_length ({training.seq_length}) must be divisible by cp ({config.cp})")
+    """Raise InvalidConfigError for a layout the time model cannot price (checked once per layer shape): the
+    rule book's preconditions of the cost model (``spec.validity.COSTMODEL_RULES``; the pipeline's is
+    :func:`_check_pipeline`)."""
+    for rejection in (experts_ep_rule(model, config.ep), seq_cp_rule(training.seq_length, config.cp)):
+        if rejection is not None:
+            raise InvalidConfigError(str(rejection))
 
 
 def pipeline_bubble(stage_times: list[float] | tuple[float, ...], vpp: int = 1) -> float:
@@ -927,8 +929,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         ctx = hit[3]
     else:
         ctx = _context(model, training, cluster)
-    layers = ctx.layers.get((c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel,
-                             c.moe_token_dispatcher_type, c.tp_comm_overlap))
+    layers = ctx.layers.get(LayerKey.of(c))
     if layers is None:
         layers = _layers(ctx, c)
     pp, vpp = c.pp, c.vpp
@@ -946,8 +947,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     else:
         times, recompute = _stage_times(layers, kinds, c)
     # a rank cannot finish a micro-batch before its host has issued the micro-batch's kernels
-    hkey = (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type, c.recompute_granularity,
-            c.recompute_modules, c.recompute_num_layers, pp, vpp, split)
+    hkey = HostKey.of(c)
     host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
     host_factor = recompute_factor = 1.0
     if corrections and (HOST_FACTOR in corrections or HOST_RECOMPUTE_FACTOR in corrections):
@@ -985,8 +985,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             hidden[_H_A2A] += total_a2a - shown
 
     # once per step: gradient sync, parameter all-gather and optimizer of the rank holding the most parameters
-    dense = ctx.dense_params.get((c.tp, pp, vpp, split))
-    expert = ctx.expert_params.get((c.ep, c.etp, pp, vpp, split))
+    dense = ctx.dense_params.get(DenseParamsKey.of(c))
+    expert = ctx.expert_params.get(ExpertParamsKey.of(c))
     if dense is None or expert is None:
         dense, expert = _most_params(ctx, c)
     distributed = c.use_distributed_optimizer
@@ -1010,7 +1010,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     grads = dg + eg
     gathers = dpg + epg
     dp_grad = edp_grad = param_gather = pp_p2p = 0.0
-    skey = (c.tp, c.cp * dp, pp, vpp, split, c.ep, c.etp, distributed)
+    skey = StepStatKey.of(c)
     stats = ctx.step_stats.get(skey)
     if stats is None:
         stats = _step_stat_seconds(ctx, c, skey)
@@ -1117,13 +1117,11 @@ def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: Cluste
                 slot = LAYER_SLOT.get(TERMS[term_index(name, "correction term")])
                 if slot is not None:
                     factors[slot] = factor
-    key = (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel, c.moe_token_dispatcher_type,
-           c.tp_comm_overlap)
+    key = LayerKey.of(c)
     (dense, moe, embed, head, _, chunk_end), shape = _combos(ctx, key)
     routed = _ZERO_LAYER
     if model.is_moe:  # as _build_layers
-        moe_tokens = c.micro_batch_size * training.seq_length // c.cp / c.tp
-        routed = _part(ctx, "moe_routed", (moe_tokens, c.ep, c.etp, c.moe_token_dispatcher_type), shape, key)
+        routed = _part(ctx, "moe_routed", key.routed(training.seq_length), shape, key)
     slots = _NO_A2A_SLOTS if c.overlap_moe_expert_parallel_comm else _ALL_SLOTS
     d, e, r, x, em, hd = (_part_seconds(part, slots, factors) for part in (dense, moe, routed, chunk_end, embed, head))
     least = min(nd * d + nm * (e + r) + x + (em if first else 0.0) + (hd if last else 0.0)
@@ -1222,9 +1220,7 @@ def layer_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     single-layer measurements; not used by the hot path.
     """
     ctx = _context(model, training, cluster)
-    key = (config.tp, config.cp, config.ep, config.etp, config.micro_batch_size, config.sequence_parallel,
-           config.moe_token_dispatcher_type, config.tp_comm_overlap)
-    shape = _Shape(ctx, key)
+    shape = _Shape(ctx, LayerKey.of(config))
     parts = {"attention": shape.attention, "dense_mlp": shape.dense_mlp, "embedding": shape.embedding,
              "head": shape.head}
     if model.is_moe:

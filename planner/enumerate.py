@@ -33,7 +33,7 @@ The search space is a product of candidate axes:
   permutes locally, so only the default (alltoall) is considered;
 - EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
   plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
-  ``ep_overlap`` rule); it rides the dispatcher axis as the option ``alltoall+ep_overlap``;
+  ``ep_overlap`` rule); it rides the dispatcher axis as the option ``DispatchOption("alltoall", ep_overlap=True)``;
 - distributed optimizer: on and off, or the one the training spec forces;
 - precision (opt-in, ``SearchSpace.precisions``): by default only the training spec's precision is planned;
   a space that lists several (e.g. bf16 and fp8) has each planned as a whole (``planner.rank.plan_precisions``:
@@ -58,15 +58,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
+from spec.layout_rules import activation_offload_problem, optimizer_offload_problem
 from spec.model_spec import ModelSpec
-from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, ParallelConfig
+from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, placement_label
+from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import Rejection, Validator
+from spec.validity import Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -82,15 +85,22 @@ MOE_RECOMPUTE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("selective", ("core_attn", "moe_act", "layernorm", "mla_up_proj")),
     ("full", ()),
 )
-EP_OVERLAP = "+ep_overlap"  # suffix of a dispatcher option with overlap_moe_expert_parallel_comm on
 VPP_LIMIT = 64  # the largest vpp_max a search space accepts (a bound on the enumeration, not Megatron's)
 NO_OFFLOAD: tuple[float, tuple[str, ...]] = (0.0, ())  # an offload option: (optimizer fraction, offloaded modules)
 
 
-def dispatch_fields(option: str) -> dict:
-    """The config fields of a dispatcher option: 'alltoall' or 'alltoall+ep_overlap'."""
-    name, plus, _ = option.partition("+")
-    return {"moe_token_dispatcher_type": name, "overlap_moe_expert_parallel_comm": bool(plus)}
+class DispatchOption(NamedTuple):
+    """One value of the enumeration's dispatcher axis: a token dispatcher of ``spec.dispatchers``, and whether
+    the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) rides on it."""
+
+    dispatcher: str
+    ep_overlap: bool = False
+
+    def fields(self) -> dict:
+        """The ParallelConfig fields of this option."""
+        return {"moe_token_dispatcher_type": self.dispatcher, "overlap_moe_expert_parallel_comm": self.ep_overlap}
+
+
 RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
                                "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
                                "expert_ffn_etp", "recompute_modules", "ep_overlap")
@@ -172,20 +182,21 @@ class SearchSpace:
         """Whether ``etp`` is in the search space (expert FFN shards of at least ``expert_ffn_min_columns``)."""
         return etp == 1 or not model.is_moe or model.expert_ffn_hidden_size // etp >= self.expert_ffn_min_columns
 
-    def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int) -> tuple[str, ...]:
-        """The dispatchers tried for an expert layout (see the module docstring); with EP the alltoall one
-        also as 'alltoall+ep_overlap' when ``ep_overlap`` is searched (the ``ep_overlap`` rule then decides
-        per pp/vpp and recompute)."""
+    def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int) -> tuple[DispatchOption, ...]:
+        """The dispatcher options tried for an expert layout (see the module docstring); with EP the alltoall
+        one also with the EP overlap when ``ep_overlap`` is searched (the ``ep_overlap`` rule then decides per
+        pp/vpp and recompute)."""
         group = ep * etp
         if not moe or group == 1:
-            return self.dispatchers[:1]
-        if self.gathering_within_node and group > gpus_per_node:
+            names = self.dispatchers[:1]
+        elif self.gathering_within_node and group > gpus_per_node:
             names = tuple(d for d in self.dispatchers if d not in GATHERING_DISPATCHERS) or self.dispatchers[:1]
         else:
             names = self.dispatchers
-        if self.ep_overlap and ep > 1 and "alltoall" in names:
-            names = names + ("alltoall" + EP_OVERLAP,)
-        return names
+        options = tuple(DispatchOption(name) for name in names)
+        if moe and group > 1 and self.ep_overlap and ep > 1 and "alltoall" in names:
+            options += (DispatchOption("alltoall", ep_overlap=True),)
+        return options
 
     def vpps_for(self, pp: int) -> range | tuple[int, ...]:
         """The vpp values tried with ``pp`` (a layout string fixes pp·vpp: at most one)."""
@@ -208,7 +219,7 @@ class SearchSpace:
             text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
         if self.activation_offload:
             text += ", activation offload " + "/".join("+".join(m) for m in self.activation_offload) + " tried"
-        placement = pipeline_label(self.pipeline)
+        placement = placement_label(self.pipeline)
         return text + (f", pipeline {placement}" if placement else "")
 
 
@@ -218,14 +229,31 @@ def pipeline_fields(split: PipelineSplit) -> dict:
     return dict(zip(PIPELINE_FIELDS, values))
 
 
-def pipeline_label(split: PipelineSplit) -> str:
-    """The placement tokens of a ParallelConfig label for ``split`` ('' by default)."""
-    if split.is_default:
-        return ""
-    probe = ParallelConfig(world_size=1, **pipeline_fields(split)) if split.layout is None else None
-    if probe is not None:
-        return " ".join(t for t in probe.label().split() if t.startswith(("pp_first", "pp_last", "pp_account")))
-    return f"layout={split.layout}"
+class StaircaseKey(NamedTuple):
+    """One memory staircase of the ranker (planner.rank): a layout's expert and dense shape, one dispatcher
+    option and one optimizer choice; the staircase a vpp lower is its first guess."""
+
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+    etp: int
+    dispatcher: DispatchOption
+    optimizer_choice: int
+
+
+class BoundKey(NamedTuple):
+    """The layouts whose steady-state time bound is one (planner.rank): the bound does not depend on pp or vpp."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    dispatcher: DispatchOption
+    micro_batch_size: int
+
+
+_new = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -242,7 +270,15 @@ class Layout:
     edp: int
     stage_layers: tuple[int, ...]
     micro_batch_sizes: tuple[int, ...]  # the valid ones, ascending
-    dispatchers: tuple[str, ...]
+    dispatchers: tuple[DispatchOption, ...]
+
+    def staircase_key(self, dispatcher: DispatchOption, optimizer_choice: int) -> StaircaseKey:
+        """The key of this layout's memory staircase with ``dispatcher`` and the optimizer choice (an index)."""
+        return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice))
+
+    def bound_key(self, dispatcher: DispatchOption, micro_batch_size: int) -> BoundKey:
+        """The key of the steady-state time bound this layout shares with ``dispatcher`` and the micro-batch size."""
+        return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size))
 
 
 def divisors(n: int) -> list[int]:
@@ -270,7 +306,7 @@ class Enumeration:
         """Number of valid complete configs (layouts times their knobs, every offload option)."""
         # micro-batch sizes per set of dispatcher options: a handful of sets, whose recompute counts are summed once
         # (the planner and its report read this count several times; per layout it took ~10 ms on 2·10^4 layouts)
-        sizes: dict[tuple[str, ...], int] = {}
+        sizes: dict[tuple[DispatchOption, ...], int] = {}
         for lay in self.layouts:
             sizes[lay.dispatchers] = sizes.get(lay.dispatchers, 0) + len(lay.micro_batch_sizes)
         total = 0
@@ -282,14 +318,12 @@ class Enumeration:
 
     def knobs_for(self, option: tuple[float, tuple[str, ...]]):
         """(distributed-optimizer settings, recompute options) valid with an offload option (module docstring)."""
-        fraction, modules = option
-        distopts = self.distributed_optimizer if not fraction else tuple(d for d in self.distributed_optimizer if d)
-        chain = self.recompute if not modules else tuple(
-            (g, m) for g, m in self.recompute if g != "full" and not set(m) & set(modules)
-            and not ("core_attn" in modules and "mla_up_proj" in m))
+        fraction, modules = option  # the rule book's offload rules
+        distopts = tuple(d for d in self.distributed_optimizer if optimizer_offload_problem(fraction, d) is None)
+        chain = tuple((g, m) for g, m in self.recompute if activation_offload_problem(g, m, modules) is None)
         return distopts, chain
 
-    def recompute_count(self, dispatcher: str) -> int:
+    def recompute_count(self, dispatcher: DispatchOption) -> int:
         """How many of the recompute options (a prefix of ``recompute``) go with a dispatcher option: EP
         overlap excludes full recompute (the ``ep_overlap`` rule), which closes the chain."""
         return recompute_count(self.recompute, dispatcher)
@@ -330,12 +364,12 @@ class ConfigMaker:
         """Every field of a default config of this world size and placement (a base for ``ParallelConfig.trusted``)."""
         return self._template
 
-    def base(self, lay: Layout, dispatcher: str) -> dict:
+    def base(self, lay: Layout, dispatcher: DispatchOption) -> dict:
         """The fields every config of ``lay`` with the dispatcher option ``dispatcher`` shares (pass to
         :meth:`from_base`)."""
         d = dict(self._template)
         d.update(tp=lay.tp, cp=lay.cp, pp=lay.pp, vpp=lay.vpp, ep=lay.ep, etp=lay.etp,
-                 sequence_parallel=lay.tp > 1, **dispatch_fields(dispatcher))
+                 sequence_parallel=lay.tp > 1, **dispatcher.fields())
         return d
 
     @staticmethod
@@ -349,14 +383,14 @@ class ConfigMaker:
                   modules: tuple[str, ...]) -> ParallelConfig:
         return ParallelConfig.trusted(base, cls.knobs(distopt, granularity, modules), {"micro_batch_size": mbs})
 
-    def make(self, lay: Layout, mbs: int, dispatcher: str, distopt: bool, granularity: str,
+    def make(self, lay: Layout, mbs: int, dispatcher: DispatchOption, distopt: bool, granularity: str,
              modules: tuple[str, ...]) -> ParallelConfig:
         return self.from_base(self.base(lay, dispatcher), mbs, distopt, granularity, modules)
 
 
-def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatcher: str) -> int:
+def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatcher: DispatchOption) -> int:
     """See :meth:`Enumeration.recompute_count`."""
-    if dispatcher.endswith(EP_OVERLAP) and recompute and recompute[-1][0] == "full":
+    if dispatcher.ep_overlap and recompute and ep_overlap_recomputes_whole_layers(recompute[-1][0]):
         return len(recompute) - 1
     return len(recompute)
 
@@ -392,7 +426,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     # Expert factorisations per pp and the knob leaves under each one. Each pair carries what its layouts share
     # (worked out once here rather than per layout): the first rule it breaks, and whether it has the EP overlap
     # option and that option lacks full recompute.
-    expert_pairs: dict[int, list[tuple[int, int, tuple[str, ...], Rejection | None, bool, bool]]] = {}
+    expert_pairs: dict[int, list[tuple[int, int, tuple[DispatchOption, ...], Rejection | None, bool, bool]]] = {}
     expert_leaves: dict[int, int] = {}
     for pp in divisors(world):
         rest = world // pp
@@ -403,14 +437,12 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                     continue
                 names = space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
                 if pp > 1 and not space.ep_overlap_pipelined:
-                    names = tuple(d for d in names if not d.endswith(EP_OVERLAP))
-                overlap = [d for d in names if d.endswith(EP_OVERLAP)]
+                    names = tuple(d for d in names if not d.ep_overlap)
+                overlap = [d for d in names if d.ep_overlap]
                 pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
                               bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
         expert_pairs[pp] = pairs
         expert_leaves[pp] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
-    overlap_needs_vpp = Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs vpp > 1 when pp > 1")
-    overlap_needs_no_full = Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs no full recompute")
 
     glob = v.global_()
     for tp in divisors(world):
@@ -452,11 +484,14 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                             continue
                         for bad in recompute_bad:
                             result._reject(bad, n_mbs * len(dispatchers) * n_opt)
-                        if overlap and pp > 1 and vpp == 1:
-                            result._reject(overlap_needs_vpp, n_mbs * len(recompute_ok) * n_opt)
-                            dispatchers = tuple(d for d in dispatchers if not d.endswith(EP_OVERLAP))
+                        # the rule book's ep_overlap rule, on the overlap option (alltoall, ep > 1) without and
+                        # with full recompute
+                        overlap_rej = overlap and ep_overlap_rule(ep, "alltoall", "none", pp, vpp)
+                        if overlap_rej:
+                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt)
+                            dispatchers = tuple(d for d in dispatchers if not d.ep_overlap)
                         elif overlap_drops_full:
-                            result._reject(overlap_needs_no_full, n_mbs * n_opt)
+                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt)
                         result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                      split, sizes, dispatchers))
     options = space.offload_options()

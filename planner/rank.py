@@ -60,10 +60,10 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
-from spec.validity import Rejection, Validator, batch_rule, check_config, parse_layout
+from spec.validity import Rejection, Validator, batch_rule, check_config, world_dense, world_expert
 from planner.time_limit import check_time
-from planner.enumerate import (NO_OFFLOAD, ConfigMaker, Enumeration, Layout, SearchSpace, enumerate_layouts,
-                               pipeline_fields, recompute_count)
+from planner.enumerate import (NO_OFFLOAD, BoundKey, ConfigMaker, DispatchOption, Enumeration, Layout, SearchSpace,
+                               StaircaseKey, enumerate_layouts, pipeline_fields, recompute_count)
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
@@ -129,9 +129,41 @@ class Choice(NamedTuple):
 
     idx: int
     mbs: int
-    dispatcher: str
+    dispatcher: DispatchOption
     o: int
     r: int
+
+
+class _Head(NamedTuple):
+    """A family of configs for the best-first queue (:func:`_best_first`): its time bound (or the bound's
+    floor), its layout and micro-batch index, its dispatcher option, the least fitting recompute of the first
+    optimizer choice, and every optimizer choice's least fitting recompute per micro-batch index."""
+
+    bound: float
+    idx: int
+    k: int
+    dispatcher: DispatchOption
+    r0: int
+    r_mins: list[list[int | None]]
+
+
+class _Ranked(NamedTuple):
+    """One config a scan offers: its step time (seconds), the config by reference (a :class:`Choice`, or
+    (job index, Choice) once scans of several jobs merge) and, in exhaustive mode, its memory total (bytes)."""
+
+    step_time: float
+    choice: Any
+    memory: float | None = None
+
+
+class _Closest(NamedTuple):
+    """The config a scan found least over memory (bytes), by reference as in :class:`_Ranked`."""
+
+    memory: float
+    choice: Any
+
+
+_new = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -174,21 +206,20 @@ class _Job:
 class _Scan:
     """What one process learned about a slice of the layouts."""
 
-    # default mode: the slice's top N as (step_time, Choice);
-    # exhaustive mode: every fitting config as (step_time, Choice, memory total).
-    heads: list[tuple] = field(default_factory=list)
+    # default mode: the slice's top N; exhaustive mode: every fitting config, with its memory total
+    heads: list[_Ranked] = field(default_factory=list)
     fitting: int = 0
     memory_calls: int = 0
     time_calls: int = 0
     bound_calls: int = 0
     order_violations: int = 0
     bound_violations: int = 0
-    closest: tuple[float, Choice] | None = None  # (memory total, the config)
+    closest: _Closest | None = None
     pruned_static: int = 0  # staircases settled by LayoutMemory.least_bytes alone
 
     def add(self, part: _Scan, tag=lambda choice: choice) -> None:
         """Fold ``part`` into this scan; ``tag`` maps each of its Choices (heads and closest) to this scan's."""
-        self.heads.extend((h[0], tag(h[1]), *h[2:]) for h in part.heads)
+        self.heads.extend(_Ranked(h.step_time, tag(h.choice), h.memory) for h in part.heads)
         self.fitting += part.fitting
         self.memory_calls += part.memory_calls
         self.time_calls += part.time_calls
@@ -196,8 +227,8 @@ class _Scan:
         self.order_violations += part.order_violations
         self.bound_violations += part.bound_violations
         self.pruned_static += part.pruned_static
-        if part.closest is not None and (self.closest is None or part.closest[0] < self.closest[0]):
-            self.closest = (part.closest[0], tag(part.closest[1]))
+        if part.closest is not None and (self.closest is None or part.closest.memory < self.closest.memory):
+            self.closest = _Closest(part.closest.memory, tag(part.closest.choice))
 
 
 _JOB: _Job | None = None  # set before forking workers, so they inherit it instead of unpickling it
@@ -217,14 +248,14 @@ def _scan(job: _Job, indices: range) -> _Scan:
     heads = out.heads
     memory_calls = time_calls = fitting = bound_calls = 0
     closest = out.closest
-    # steady-state bounds by (tp, cp, ep, etp, dispatcher, mbs), and the heads' queue keys: the bounds, or their
-    # floors when job.floor_fn is set
-    bounds: dict[tuple, float] = {}
+    # steady-state bounds by Layout.bound_key, and the heads' queue keys: the bounds, or their floors when
+    # job.floor_fn is set
+    bounds: dict[BoundKey, float] = {}
     keys = bounds if job.floor_fn is None else {}
     expect_all = [True] * n_opt  # per optimizer choice: did everything fit in the previous layout?
-    # staircases by (tp, cp, pp, ep, etp, dispatcher, o): the one vpp lower is a close guess (the same
-    # weights, a few more micro-batches in flight)
-    earlier: dict[tuple, list[int | None]] = {}
+    # staircases by Layout.staircase_key: the one vpp lower is a close guess (the same weights, a few more
+    # micro-batches in flight)
+    earlier: dict[StaircaseKey, list[int | None]] = {}
 
     sweep = job.layout_memory
     # one config per (optimizer, recompute) option: the knobs LayoutMemory reads (it caches them by identity)
@@ -254,9 +285,8 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 # the others', whose floors it gives; only the bookkeeping of the staircases remains
                 nothing: list[int | None] = [None] * len(sizes)
                 for dispatcher in lay.dispatchers:
-                    shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
                     for o in range(n_opt):
-                        earlier[shape + (o,)] = nothing
+                        earlier[lay.staircase_key(dispatcher, o)] = nothing
                 expect_all = [False] * n_opt
                 out.pruned_static += len(lay.dispatchers)
                 continue
@@ -269,7 +299,6 @@ def _scan(job: _Job, indices: range) -> _Scan:
             floors: list[int | None] = [0] * len(sizes)
             guesses = same_layout if dispatcher != lay.dispatchers[0] else [None] * n_opt
             same_layout: list[list[int | None] | None] = []
-            shape = (lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, dispatcher)
             r_mins_by_option: list[list[int | None]] = []
             if sweep is None:
                 peak, answers = None, [[None] * (len(sizes) * n_all) for _ in range(n_opt)]
@@ -299,11 +328,12 @@ def _scan(job: _Job, indices: range) -> _Scan:
                         ok = known[k * n_all + r] = total <= usable
                         # an answer shared with an earlier dispatcher option was already offered here with the
                         # same total, which only a smaller total replaces
-                        if closest is None or total < closest[0]:
-                            closest = (total, Choice(idx, sizes[k], dispatcher, o, r))
+                        if closest is None or total < closest.memory:
+                            closest = _Closest(total, Choice(idx, sizes[k], dispatcher, o, r))
                     return ok
 
-                guess = guesses[o] if guesses[o] is not None else earlier.get(shape + (o,))
+                staircase = lay.staircase_key(dispatcher, o)
+                guess = guesses[o] if guesses[o] is not None else earlier.get(staircase)
                 if guess is not None and len(guess) != len(sizes):
                     guess = None
                 if too_big is not None and too_big[o]:  # fits(k, r) is false everywhere: the staircase's answer
@@ -312,7 +342,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 else:
                     r_mins = _staircase(fits, len(sizes), n_rec, floors, guess, expect_all[o])
                 same_layout.append(r_mins)
-                earlier[shape + (o,)] = r_mins
+                earlier[staircase] = r_mins
                 all_fit = True
                 for r, floor in zip(r_mins, floors):
                     if r is not None:
@@ -333,13 +363,13 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             total = mem_fn(model, training, cluster, cfg)
                             time_calls += 1
                             memory_calls += 1
-                            heads.append((t, Choice(idx, mbs, dispatcher, o, r), total))
+                            heads.append(_Ranked(t, Choice(idx, mbs, dispatcher, o, r), total))
                 continue
             for k, r0 in enumerate(r_mins_by_option[0]):
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
                     continue
                 mbs = sizes[k]
-                gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
+                gkey = lay.bound_key(dispatcher, mbs)
                 lb = keys.get(gkey)
                 if lb is None:
                     if job.floor_fn is None:
@@ -349,7 +379,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                         lb = _steady_state_floor(job, base, mbs, knobs[0][0])
                     keys[gkey] = lb
                 # a Choice, and the other optimizer choices' least recompute, only once popped
-                heads.append((lb, idx, k, dispatcher, r0, r_mins_by_option))
+                heads.append(_new(_Head, (lb, idx, k, dispatcher, r0, r_mins_by_option)))
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
     if not job.exhaustive:
@@ -605,28 +635,26 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                        time_fn(model, training, cluster, cfg))
 
     if exhaustive:
-        heads = sorted(scan.heads, key=lambda h: (h[0], h[2]))
-        result.ranked = [estimate_of(h[1]) for h in heads[:top]]
-        front = pareto_front([(h[0], h[2], h) for h in heads])
-        result.pareto = [estimate_of(h[1]) for h in front]
-    else:  # the slices' top Ns, (time, Choice)
-        best = sorted(scan.heads, key=lambda p: p[0])[:top]
-        result.ranked = [estimate_of(p[1]) for p in best]
+        heads = sorted(scan.heads, key=lambda h: (h.step_time, h.memory))
+        result.ranked = [estimate_of(h.choice) for h in heads[:top]]
+        front = pareto_front([(h.step_time, h.memory, h) for h in heads])
+        result.pareto = [estimate_of(h.choice) for h in front]
+    else:  # the slices' top Ns
+        best = sorted(scan.heads, key=lambda h: h.step_time)[:top]
+        result.ranked = [estimate_of(h.choice) for h in best]
     if not result.ranked and scan.closest is not None:
-        result.closest = estimate_of(scan.closest[1])
+        result.closest = estimate_of(scan.closest.choice)
     result.rank_seconds = _time.perf_counter() - t1
     return result
 
 
-def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out: _Scan,
-                bounds: dict[tuple, float]) -> list[tuple]:
+def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out: _Scan,
+                bounds: dict[BoundKey, float]) -> list[_Ranked]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
-    Heads are (bound, layout index, micro-batch index, dispatcher, least fitting recompute of the first optimizer
-    choice, every optimizer choice's least fitting recompute per micro-batch index); with ``job.floor_fn`` the
-    first field is the bound's floor, and the bound (``bounds``, by (tp, cp, ep, etp, dispatcher, mbs)) is
-    computed when the head is first popped. Returns (time, Choice), fastest first; counts time calls, bound
-    calls and breaches of the monotone properties in ``out``.
+    With ``job.floor_fn`` a head's ``bound`` is the bound's floor, and the bound (``bounds``, by
+    :meth:`Layout.bound_key`) is computed when the head is first popped. Returns the picked configs, fastest
+    first; counts time calls, bound calls and breaches of the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
     lazy = job.floor_fn is not None
@@ -636,20 +664,21 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
     # the index breaks ties before the third field), so the queue pops bounded heads and timed candidates in the
     # same order, and times the same candidates, as if every bound had been computed up front. Every later entry
     # is (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
-    heap: list[tuple] = [(h[0], i) for i, h in enumerate(heads)]
+    heap: list[tuple] = [(h.bound, i) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
-    picked: list[tuple] = []
+    picked: list[_Ranked] = []
     last = float("-inf")
     while heap and len(picked) < top:
         entry = heapq.heappop(heap)
         if len(entry) <= 3:
             key, i = entry[0], entry[1]
-            _, idx, k, dispatcher, r0, by_option = heads[i]
+            h = heads[i]
+            idx, k, dispatcher = h.idx, h.k, h.dispatcher
             if lazy and len(entry) == 2:  # a floor: the group's bound replaces it
                 lay = job.layouts[idx]
                 mbs = lay.micro_batch_sizes[k]
-                gkey = (lay.tp, lay.cp, lay.ep, lay.etp, dispatcher, mbs)
+                gkey = lay.bound_key(dispatcher, mbs)
                 lb = bounds.get(gkey)
                 if lb is None:
                     lb = bounds[gkey] = _steady_state_bound(job, maker.base(lay, dispatcher), mbs, knob)
@@ -658,8 +687,8 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
                     out.bound_violations += 1
                 heapq.heappush(heap, (lb, i, None))
                 continue
-            r_mins = tuple([rm[k] for rm in by_option])
-            timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, r0), True
+            r_mins = tuple([rm[k] for rm in h.r_mins])
+            timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, h.r0), True
         else:
             key, _, timed, choice, r_mins, head = entry
         if not timed:
@@ -674,7 +703,7 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
         if key < last:
             out.order_violations += 1
         last = max(last, key)
-        picked.append((key, choice))
+        picked.append(_Ranked(key, choice))
         # slower siblings: bounded by this config's time until they are popped
         o, r = choice.o, choice.r
         siblings = [(o, r + 1)] if r + 1 < min(n_rec, recompute_count(job.recompute, choice.dispatcher)) else []
@@ -683,7 +712,7 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[tuple], top: int, out
         for o2, r2 in siblings:
             counter += 1
             heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False))
-    picked.sort(key=lambda p: p[0])
+    picked.sort(key=lambda p: p.step_time)
     return picked
 
 
@@ -701,11 +730,36 @@ class LayoutVerdict:
         return not self.rejections
 
 
+def _read_layout(text: str, validator: Validator) -> tuple[ParallelConfig | None, list[Rejection]]:
+    """The layout ``text`` names on the validator's cluster (the codec, ``spec.layout_codec``, reads it), or
+    (None, the rules its sizes break) when they do not divide the world: a verdict, not an error. A string
+    the codec cannot read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
+    follows the training spec (None: on)."""
+    world = validator.cluster.num_gpus
+    tokens = ParallelConfig.read_label(text)  # raises for a token it cannot read
+    sizes = tokens.sizes
+    tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
+    ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
+    found = []
+    if min(tp, cp, pp, ep, etp) >= 1:  # below 1 the constructor names the size
+        found = [r for r in (world_dense(world, tp, cp, pp), world_expert(world, ep, etp, pp)) if r]
+    if found:  # no config exists for these sizes: dp and edp would not be whole
+        found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp),
+                              validator.pp(pp, sizes.get("vpp", 1), DEFAULT_SPLIT), validator.ep(ep),
+                              validator.etp(etp)) if r is not None]
+        return None, found
+    config = ParallelConfig.parse(text, world_size=world)
+    if "use_distributed_optimizer" not in tokens.fields:
+        distopt = validator.training.distributed_optimizer
+        distopt = True if distopt is None else distopt
+        config = config.replace(use_distributed_optimizer=distopt, overlap_param_gather=distopt)
+    return config, []
+
+
 def explain_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, text: str, *,
                    memory_fn: MemoryFn | None = None, time_fn: TimeFn | None = None) -> LayoutVerdict:
     """Parse ``text`` (e.g. "tp2 pp4 ep8 mbs1") for this cluster, check every rule, estimate it when valid."""
-    config, rejections = parse_layout(text, cluster.num_gpus, training.distributed_optimizer,
-                                      Validator(model, training, cluster))
+    config, rejections = _read_layout(text, Validator(model, training, cluster))
     if config is None:
         return LayoutVerdict(text, None, rejections, None)
     rejections = check_config(model, training, cluster, config)

@@ -43,7 +43,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
 from spec.failure import FailureKind
-from spec.parallel_config import OPTUNA_PARAMS, ParallelConfig
+from spec.layout_codec import OPTUNA_PARAMS, PRECISION_PARAM, Labelled, optuna_key
+from spec.parallel_config import ParallelConfig
 
 # Trial user attributes written by the driver and read back by the sampler.
 ATTR_LAYOUT = "layout"
@@ -60,28 +61,10 @@ ATTR_MEM_EXCESS = "memory_excess_bytes"
 ATTR_CAPACITY = "capacity_bytes"
 ATTR_EXPERT_LOAD = "expert_load"  # the measured share of routed tokens per expert
 ATTR_PRECISION = "precision"  # the precision a trial ran (only for candidates that carry one)
-PRECISION_PARAM = "precision"  # the Optuna parameter of a searched precision (beside OPTUNA_PARAMS)
 MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a trial's Optuna constraints
 
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
 Repredict = Callable[[tuple[float, ...], Sequence["Candidate"]], Sequence["Candidate"]]
-
-
-def trial_label(config: ParallelConfig, precision: str | None) -> str:
-    """A trial's label: the layout's, with ' precision=<p>' when the search varies the precision."""
-    return config.label() + ("" if precision is None else f" precision={precision}")
-
-
-def params_key(params: dict[str, Any]) -> tuple:
-    """A hashable key of a layout's Optuna parameters (one value per name in ``OPTUNA_PARAMS``, then the
-    searched precision: None for a study that does not search it)."""
-    if params.get("recompute") == "full:0":  # how studies begun before ParallelConfig's codec wrote 'full'
-        params = {**params, "recompute": "full"}
-    if "ep_overlap" not in params:  # studies begun before EP overlap was searched ran it off
-        params = {**params, "ep_overlap": False}
-    if "opt_offload" not in params:  # ... and before offload was: none
-        params = {**params, "opt_offload": 0.0, "act_offload": "none"}
-    return tuple(params.get(name) for name in OPTUNA_PARAMS + (PRECISION_PARAM,))
 
 
 @dataclass(frozen=True)
@@ -96,14 +79,19 @@ class Candidate:
     precision: str | None = None
 
     @property
+    def labelled(self) -> Labelled:
+        """The layout with the precision the candidate carries (spec.layout_codec: its label and Optuna form)."""
+        return Labelled(self.config, self.precision)
+
+    @property
     def params(self) -> dict[str, Any]:
-        params = self.config.to_optuna_params()
-        return params if self.precision is None else {**params, PRECISION_PARAM: self.precision}
+        """The trial's Optuna parameters (the searched precision among them when the candidate carries one)."""
+        return self.labelled.optuna_params()
 
     @property
     def label(self) -> str:
-        """The layout's label, with ' precision=<p>' when the candidate carries its precision."""
-        return trial_label(self.config, self.precision)
+        """The layout's label, with its ``precision=`` suffix when the candidate carries its precision."""
+        return self.labelled.label()
 
 
 def observations_from_trials(trials: Sequence[FrozenTrial], capacity_bytes: float,
@@ -142,7 +130,7 @@ class CostModelSampler(BaseSampler):
                  exploration: float = 1.0, prior_strength: float = 0.5, seed: int | None = None,
                  repredict: Repredict | None = None) -> None:
         self._candidates = sorted(candidates, key=lambda c: c.predicted_step_time)
-        self._by_key = {params_key(c.params): c for c in self._candidates}
+        self._by_key = {optuna_key(c.params): c for c in self._candidates}
         # The model prices EP layouts for balanced routing until a trial measures the real per-expert load
         # (the same for every layout of one workload); then every candidate is re-priced once with it.
         self._repredict = repredict
@@ -172,7 +160,7 @@ class CostModelSampler(BaseSampler):
     # The policy ------------------------------------------------------------------------------------
     def candidate(self, params: dict[str, Any]) -> Candidate | None:
         """The candidate with these parameters, with its current (possibly re-priced) prediction."""
-        return self._by_key.get(params_key(params))
+        return self._by_key.get(optuna_key(params))
 
     def _reprice(self, trials: Sequence[FrozenTrial]) -> None:
         if self._repredict is None or self.expert_load is not None:
@@ -183,14 +171,14 @@ class CostModelSampler(BaseSampler):
                 self.expert_load = tuple(float(x) for x in load)
                 try:
                     priced = list(self._repredict(self.expert_load, self._candidates))
-                    if [params_key(c.params) for c in priced] != [params_key(c.params) for c in self._candidates]:
+                    if [optuna_key(c.params) for c in priced] != [optuna_key(c.params) for c in self._candidates]:
                         raise ValueError("repredict returned other layouts than it was given")
                 except Exception as exc:  # a failed re-pricing must not end the job: keep the balanced prices
                     logging.getLogger(__name__).warning("routing load not applied to the predictions: %s", exc)
                     self._repredict = None
                     return
                 self._candidates = sorted(priced, key=lambda c: c.predicted_step_time)
-                self._by_key = {params_key(c.params): c for c in self._candidates}
+                self._by_key = {optuna_key(c.params): c for c in self._candidates}
                 return
 
     def calibration(self, trials: Sequence[FrozenTrial], precision: str | None = None) -> Calibration:
@@ -198,7 +186,7 @@ class CostModelSampler(BaseSampler):
         terms_of = None
         if self.expert_load is not None:  # compare measurements with the re-priced predictions
             def terms_of(t: FrozenTrial):
-                c = self._by_key.get(params_key(t.params))
+                c = self._by_key.get(optuna_key(t.params))
                 return c.predicted_terms if c is not None else None
         return fit_calibration(observations_from_trials(trials_at(trials, precision), self._capacity, terms_of),
                                self._prior_strength)
@@ -217,10 +205,10 @@ class CostModelSampler(BaseSampler):
                 continue
             if t.state == TrialState.FAIL and t.user_attrs.get(ATTR_RETRY):
                 continue  # its runner died: measure it again
-            taken.add(params_key(t.params))
+            taken.add(optuna_key(t.params))
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and ATTR_PRED_TERMS in t.user_attrs:
                 measured_shares.append(_shares(t.user_attrs[ATTR_PRED_TERMS]))
-        untried = [c for c in self._candidates if params_key(c.params) not in taken]
+        untried = [c for c in self._candidates if optuna_key(c.params) not in taken]
         if not untried:
             return None
         finished = [t for t in trials if t.state.is_finished()]
@@ -393,7 +381,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     """
     if not candidates:
         raise ValueError("no candidate layouts to search")
-    by_key = {params_key(c.params): c for c in candidates}
+    by_key = {optuna_key(c.params): c for c in candidates}
     sampler = sampler or CostModelSampler(candidates, capacity_bytes, repredict=repredict)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", sampler=sampler,
                                 pruner=pruner or SlowTrialPruner(), load_if_exists=True)
@@ -414,7 +402,7 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
 
     def start_trial() -> tuple[optuna.Trial, Candidate] | None:
         trial = study.ask(distributions)
-        cand = by_key.get(params_key(trial.params))
+        cand = by_key.get(optuna_key(trial.params))
         if cand is not None and isinstance(sampler, CostModelSampler):
             cand = sampler.candidate(trial.params) or cand  # re-priced after a routing measurement
         if cand is None:  # the sampler had nothing left (or an outside sampler proposed an invalid combo)
@@ -431,7 +419,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         trial.set_user_attr(ATTR_PRED_MEMORY, cand.predicted_memory_bytes)
         trial.set_user_attr(ATTR_MEM_EXCESS, cand.predicted_memory_bytes - capacity_bytes)
         trial.set_user_attr(ATTR_CAPACITY, capacity_bytes)
-        emit("trial_started", {"number": trial.number, "layout": cand.label, "precision": cand.precision,
+        emit("trial_started", {"number": trial.number, "layout": cand.label, "labelled": cand.labelled,
+                               "precision": cand.precision,
                                "predicted_step_time": cand.predicted_step_time})
         return trial, cand
 
@@ -547,6 +536,7 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
     by_precision = {p: c for p, c in cals.items() if p is not None}
     result = SearchResult(best_config, best_time, rows, cals[main], stopped, best_precision=best_precision,
                           calibration_by_precision=by_precision)
-    emit("search_finished", {"best_layout": trial_label(best_config, best_precision) if best_config else None, "best_precision": best_precision,
+    emit("search_finished", {"best_layout": Labelled(best_config, best_precision).label() if best_config else None,
+                             "best_precision": best_precision,
                              "best_step_time": best_time, "stopped_because": stopped})
     return result

@@ -1,9 +1,9 @@
 """foldtune's shared vocabulary: the specs every layer speaks, in Megatron-LM's words.
 
-ModelSpec, TrainingSpec, ParallelConfig (with its label, dict and Optuna codecs), GPUSpec/HardwareProfile/
-ClusterSpec, the folded rank groups, the pipeline layer placement, the dispatcher names, the validity rules
-(Megatron's and the executor's), the model and hardware catalog with profile files, Megatron's
-FLOP-counting conventions and the project's errors. Pure Python and a leaf: it imports nothing of
+ModelSpec, TrainingSpec, ParallelConfig (its label, Optuna and JSON forms in one codec, layout_codec),
+GPUSpec/HardwareProfile/ClusterSpec, the folded rank groups, the pipeline layer placement, the dispatcher
+names, the validity rules (Megatron's and the executor's), the model and hardware catalog with profile files,
+Megatron's FLOP-counting conventions and the project's errors. Pure Python and a leaf: it imports nothing of
 foldtune's other packages, so the executor (torch), the cost model (pure Python) and the service can all
 depend on it.
 """

@@ -18,12 +18,12 @@ from typing import Any
 from api.cli._model_args import add_hf_arguments, add_proxy_arguments, model_from_args
 from costmodel.params import total_param_counts
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
-from planner.enumerate import VPP_LIMIT, SearchSpace, pipeline_label
+from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
 from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from spec.errors import SpecError
-from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES
+from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
 from api.cli._memory_args import add_headroom_argument
@@ -156,9 +156,9 @@ SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans
 def _explain_text(args: argparse.Namespace) -> str:
     """The --explain layout with the command line's placement options added (unless it names its own)."""
     text = args.explain
-    if any(token in text for token in ("layout=", "pp_first=", "pp_last=", "pp_account=")):
+    if names_placement(text):
         return text
-    return f"{text} {pipeline_label(_split(args))}".strip()
+    return f"{text} {placement_label(_split(args))}".strip()
 
 
 # ---- numbers -----------------------------------------------------------------------------------

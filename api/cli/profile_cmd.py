@@ -56,7 +56,7 @@ def _config(args: argparse.Namespace) -> ParallelConfig:
         given = [f"--{name}" for name, value in flags.items() if value is not None]
         if given:
             raise SpecError(f"--layout names the whole layout; drop {', '.join(given)} (or put it in the label)")
-        sizes, _ = ParallelConfig.read_label(args.layout)  # a bad token lists the valid ones
+        sizes = ParallelConfig.read_label(args.layout).sizes  # a bad token lists the valid ones
         world = None
         if "dp" not in sizes:  # the smallest world both layouts fit, as with the size flags
             pp = sizes.get("pp", 1)

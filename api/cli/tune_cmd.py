@@ -28,6 +28,7 @@ from api.schemas.jobs import JobCreate
 from api.service.capability import check_job_runnable
 from api.service.jobs import resolve_job, submit_job
 from spec.catalog import has_hardware
+from spec.layout_codec import Labelled
 from spec.profile_io import use_profile_file
 from api.cli._local_key import owner_of_local_key
 
@@ -136,8 +137,8 @@ class TrialPrinter:
                 f"the first {'-' if after is None else f'{after:.1f} s'}, {fixed['total_s']:.1f} s in all "
                 f"({fixed['trials']} trials)")
         if data.get("best") is not None:
-            precision = f" precision={data['best_precision']}" if data.get("best_precision") else ""
-            say(f"best layout: {data['best'].label()}{precision}  {_ms(data['best_step_time'])} per step (measured)")
+            best = Labelled(data["best"], data.get("best_precision") or None).label()
+            say(f"best layout: {best}  {_ms(data['best_step_time'])} per step (measured)")
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
 
 

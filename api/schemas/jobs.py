@@ -112,7 +112,9 @@ class TrialOut(BaseModel):
     number: int = Field(description="Optuna trial number within the job")
     status: TrialStatus
     config: dict[str, Any] = Field(description="the ParallelConfig (tp, cp, pp, vpp, ep, etp, micro_batch_size, ...)")
-    label: str | None
+    label: str | None = Field(description="the layout's label, with the trial's precision as its last token when "
+                                           "the job searched precision (reads back with "
+                                           "ParallelConfig.parse_labelled)")
     precision: str | None = Field(None, description="the training precision the trial ran at (a job with "
                                                     "search_precision measures each trial at its own)")
     predicted_step_time_s: float | None

@@ -11,7 +11,9 @@ class MegatronArgsOut(BaseModel):
 
     job_id: int
     trial_number: int = Field(description="Optuna trial number of the best measured trial")
-    layout: str = Field(description="ParallelConfig label of that trial")
+    layout: str = Field(description="the trial's label: the layout's, with the trial's precision as its last "
+                                    "token when the job searched precision (reads back with "
+                                    "ParallelConfig.parse_labelled)")
     step_time_s: float = Field(description="its measured seconds per optimizer step")
     args: list[list[str]] = Field(description="one flag with its values per inner list, in a stable order")
     environment: dict[str, str] = Field(description="the environment Megatron-LM needs for this layout "

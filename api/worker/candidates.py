@@ -24,6 +24,7 @@ from costmodel.estimate import estimate as price_layout
 from planner.runnable import job_top, runnable_plan, tuned_precisions
 from planner.search import Candidate
 from spec.hardware import ClusterSpec
+from spec.layout_codec import Labelled
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
 from spec.validity import Rejection
@@ -33,10 +34,10 @@ CANDIDATES_PER_TRIAL = 4
 
 @dataclass
 class CandidateSet:
-    """Candidates for the search, the estimates behind them (by layout label) and what was dropped."""
+    """Candidates for the search, the estimates behind them (by layout and precision) and what was dropped."""
 
     candidates: list[Candidate]
-    estimates: dict[str, Estimate]  # by Candidate.label (the layout label, with its precision when searched)
+    estimates: dict[Labelled, Estimate]  # by Candidate.labelled (the layout, with its precision when searched)
     planned: int  # ranked fitting layouts the planner returned
     valid: int  # valid layouts of the enumeration
     fitting: int  # of which predicted to fit in memory
@@ -83,7 +84,7 @@ def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     if not search_precision:
         result = runnable_plan(model, training, cluster, job_top(max_trials), keep=CANDIDATES_PER_TRIAL * max_trials,
                                workers=None)
-        return CandidateSet([_candidate(e) for e in result.runnable], {e.config.label(): e for e in result.runnable},
+        return CandidateSet([_candidate(e) for e in result.runnable], {Labelled(e.config): e for e in result.runnable},
                             result.planned, result.valid, result.fitting, result.not_executable, result.rejection)
     precisions, note = tuned_precisions(training, cluster.gpu)
     out = CandidateSet([], {}, 0, 0, 0, precisions=precisions, precision_note=note)
@@ -94,7 +95,7 @@ def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
         for e in result.runnable:
             cand = _candidate(e, precision)
             out.candidates.append(cand)
-            out.estimates[cand.label] = e
+            out.estimates[cand.labelled] = e
         out.planned += result.planned
         out.valid += result.valid
         out.fitting += result.fitting
@@ -119,7 +120,7 @@ def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, can
             at = measured if c.precision is None else replace(measured, precision=c.precision)
             e = price_layout(model, at, cluster, c.config)
             priced = _candidate(e, c.precision)
-            cands.estimates[priced.label] = e
+            cands.estimates[priced.labelled] = e
             out.append(priced)
         return out
     return reprice

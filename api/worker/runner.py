@@ -55,6 +55,7 @@ from api.worker.trials import (JobStopped, TrialExecutor, TrialSettings, fixed_c
 from spec.errors import FoldtuneError, SpecError
 from spec.failure import FailureKind
 from spec.hardware import DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile
+from spec.layout_codec import Labelled
 from spec.model_spec import ModelSpec
 from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
@@ -71,7 +72,7 @@ from db.trials import (fail_running_trials, heartbeat_running_trials, record_tri
                        trial_by_number)
 from executor import launch_ray
 from planner.search import (ATTR_CONFIG, ATTR_FAILURE, ATTR_FAILURE_KIND, ATTR_LAYOUT, ATTR_PRECISION, ATTR_PRED_TIME,
-                            SearchBudget, run_search, trial_label)
+                            SearchBudget, run_search)
 
 log = logging.getLogger("foldtune.runner")
 # The failure reason of a trial the runner abandoned on SIGTERM/SIGINT (kind 'lost': the layout is measured
@@ -338,7 +339,7 @@ class Runner:
         summary = {**result.calibration.to_dict(),
                    "measured_vs_predicted": [_row_dict(r) for r in result.rows],
                    "stopped_because": result.stopped_because,
-                   "best_layout": (trial_label(result.best_config, result.best_precision)
+                   "best_layout": (Labelled(result.best_config, result.best_precision).label()
                                    if result.best_config else None),
                    "best_step_time_s": result.best_step_time, "candidates": cands.summary(),
                    "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict(),
@@ -469,8 +470,8 @@ class _TrialRecorder:
                 if job_status(session, job_id) != "running":  # cancelled since the last heartbeat: start nothing
                     self.stop.set()
                     raise JobStopped(f"job {job_id} stopped")
-            label = data["layout"]  # with ' precision=<p>' when the job searches precision
-            est = self.cands.estimates.get(label)
+            label = data["layout"]  # with the precision suffix when the job searches precision
+            est = self.cands.estimates.get(data["labelled"])
             predicted = predicted_dict(est) if est else None
             if data.get("precision"):  # the trial's own precision, kept with its prediction (TrialOut.precision)
                 predicted = {**(predicted or {}), "precision": data["precision"]}

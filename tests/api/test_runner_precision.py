@@ -25,6 +25,7 @@ def test_a_cpu_job_searches_its_precision_and_bf16_and_says_fp8_was_dropped(clie
     assert len(trials) == 4
     for t in trials:
         assert t["precision"] in ("fp32", "bf16") and t["label"].endswith(f" precision={t['precision']}")
+        assert t["predicted"]["step_time_s"] > 0  # the estimate found by (layout, precision)
         if t["status"] == "succeeded":  # the executor ran it at that precision
             assert t["measurement"]["precision"] == t["precision"]
     rows = {r["number"]: r for r in result["measured_vs_predicted"]}

@@ -25,7 +25,7 @@ def test_candidates_are_the_fastest_fitting_layouts_the_executor_runs():
     assert all(c.config.pp == 1 for c in cands.candidates if c.config.overlap_moe_expert_parallel_comm)
     times = [c.predicted_step_time for c in cands.candidates]
     assert times == sorted(times)
-    assert set(cands.estimates) == {c.config.label() for c in cands.candidates}
+    assert set(cands.estimates) == {c.labelled for c in cands.candidates}
     assert cands.summary()["searched"] == len(cands.candidates) and cands.fitting <= cands.valid
     # A wider search reaches layouts the executor cannot build (tp 4 does not divide tiny-moe's 2 kv heads):
     # they are dropped with their reason counted, and no candidate breaks an executor rule.

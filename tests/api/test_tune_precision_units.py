@@ -41,7 +41,7 @@ def test_an_fp8_gpu_searches_both_precisions_ranked_together():
     assert all(precisions.count(p) <= CANDIDATES_PER_TRIAL * 3 for p in ("bf16", "fp8"))  # a cap per precision
     times = [c.predicted_step_time for c in cands.candidates]
     assert times == sorted(times)  # one ranking, whatever the precision
-    assert set(cands.estimates) == {c.label for c in cands.candidates}  # one estimate per (layout, precision)
+    assert set(cands.estimates) == {c.labelled for c in cands.candidates}  # one estimate per (layout, precision)
     for c in cands.candidates[:4]:  # each priced at its own precision
         e = price_layout(get_model("tiny-moe"), replace(TRAINING, precision=c.precision), cluster, c.config)
         assert c.predicted_step_time == pytest.approx(e.time.step_time)

@@ -13,7 +13,7 @@ from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from planner.enumerate import RULE_ORDER, SearchSpace, dispatch_fields, divisors, enumerate_layouts
+from planner.enumerate import RULE_ORDER, SearchSpace, divisors, enumerate_layouts
 
 # the four recompute options this hand-worked case was counted with (the default chain has more)
 FOUR_RECOMPUTE = (("none", ()), ("selective", ("core_attn",)), ("selective", ("core_attn", "moe_act", "layernorm")),
@@ -82,7 +82,7 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                                             cfg = ParallelConfig(world, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
                                                                  etp=etp, micro_batch_size=mbs,
                                                                  recompute_granularity=gran, recompute_modules=mods,
-                                                                 **dispatch_fields(disp),
+                                                                 **disp.fields(),
                                                                  use_distributed_optimizer=distopt,
                                                                  overlap_param_gather=distopt)
                                             found = check_config(model, training, cluster, cfg)

@@ -9,7 +9,7 @@ from costmodel.memory import estimate_memory
 from planner.enumerate import NO_OFFLOAD, SearchSpace, enumerate_layouts
 from planner.megatron_args import megatron_args
 from planner.rank import plan
-from planner.search import params_key
+from spec.layout_codec import optuna_key
 from spec import ClusterSpec, TrainingSpec, get_hardware
 from spec.catalog import get_model
 from spec.errors import InvalidConfigError
@@ -74,5 +74,5 @@ def test_a_layout_that_fits_only_with_optimizer_offload_is_found():
 def test_trials_recorded_before_offload_was_searched_keep_their_key():
     cfg = ParallelConfig(world_size=4, ep=4)
     old = {k: v for k, v in cfg.to_optuna_params().items() if k not in ("opt_offload", "act_offload")}
-    assert params_key(old) == params_key(cfg.to_optuna_params())
-    assert params_key(cfg.replace(optimizer_cpu_offload_fraction=1.0).to_optuna_params()) != params_key(old)
+    assert optuna_key(old) == optuna_key(cfg.to_optuna_params())
+    assert optuna_key(cfg.replace(optimizer_cpu_offload_fraction=1.0).to_optuna_params()) != optuna_key(old)

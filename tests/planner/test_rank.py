@@ -13,6 +13,7 @@ from functools import partial
 import pytest
 
 from spec.catalog import get_hardware, get_model
+from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
 from planner.enumerate import SearchSpace, enumerate_layouts
@@ -161,6 +162,24 @@ def test_explain_layout_verdicts():
     assert bad.estimate is None
     off = explain_layout(SMALL, TRAIN, cluster, "tp3", memory_fn=fake_memory, time_fn=fake_time)
     assert off.config is None and [r.rule for r in off.rejections] == ["world_dense", "heads_tp"]
+    assert "3·1·1 = 3 does not divide the world size 16" in off.rejections[0].reason
+    off = explain_layout(SMALL, TRAIN, cluster, "ep3 etp1", memory_fn=fake_memory, time_fn=fake_time)
+    assert off.config is None and [r.rule for r in off.rejections][0] == "world_expert"
+
+
+def test_explain_layout_follows_the_optimizer_choice_and_rejects_garbage():
+    cluster = ClusterSpec(H100, 16)
+    plain = TrainingSpec(seq_length=256, global_batch_size=64, distributed_optimizer=False)
+    v = explain_layout(SMALL, plain, cluster, "tp2 pp2 ep4 mbs1", memory_fn=fake_memory, time_fn=fake_time)
+    assert v.config.use_distributed_optimizer is False and v.config.overlap_param_gather is False
+    assert (v.config.tp, v.config.pp, v.config.ep, v.config.dp) == (2, 2, 4, 4)
+    named = explain_layout(SMALL, plain, cluster, "tp2 pp2 ep4 mbs1 distopt=on", memory_fn=fake_memory,
+                           time_fn=fake_time)
+    assert named.config.use_distributed_optimizer is True  # the label's own choice wins
+    with pytest.raises(InvalidConfigError, match="cannot parse layout token 'banana'"):
+        explain_layout(SMALL, TRAIN, cluster, "tp2 banana")
+    with pytest.raises(InvalidConfigError, match="dp=3 contradicts"):
+        explain_layout(SMALL, TRAIN, cluster, "tp2 dp3")
 
 
 def test_headroom_limiter_and_explanations_from_breakdowns():

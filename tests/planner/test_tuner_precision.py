@@ -10,7 +10,8 @@ from __future__ import annotations
 import optuna
 
 from planner.calibration import group_seconds
-from planner.search import Candidate, SearchBudget, params_key, run_search, search_space
+from planner.search import Candidate, SearchBudget, run_search, search_space
+from spec.layout_codec import optuna_key
 from spec.parallel_config import ParallelConfig
 
 from test_search import FakeMeasurement
@@ -41,7 +42,7 @@ def true_time(c: Candidate) -> float:
 
 def test_candidates_of_both_precisions_are_distinct_parameters_of_one_study():
     cands = two_precisions()
-    assert len({params_key(c.params) for c in cands}) == len(cands)  # same layout, two precisions: two points
+    assert len({optuna_key(c.params) for c in cands}) == len(cands)  # same layout, two precisions: two points
     assert search_space(cands)["precision"].choices == ("bf16", "fp8")
     bf16, fp8 = cands[0], cands[1]
     assert bf16.config == fp8.config and bf16.label != fp8.label and fp8.label.endswith(" precision=fp8")
@@ -51,11 +52,11 @@ def test_candidates_of_both_precisions_are_distinct_parameters_of_one_study():
 
 def test_trials_start_in_predicted_order_across_precisions_and_each_runs_its_own_precision():
     cands = two_precisions()
-    by_key = {params_key(c.params): c for c in cands}
+    by_key = {optuna_key(c.params): c for c in cands}
     asked = []
 
     def run_trial(config, report):
-        c = by_key[params_key({**config.to_optuna_params(), "precision": report.precision})]
+        c = by_key[optuna_key({**config.to_optuna_params(), "precision": report.precision})]
         asked.append((config.label(), report.precision))
         return FakeMeasurement(ok=True, step_time=true_time(c), peak_allocated_bytes=9 * GIB)
 
@@ -81,10 +82,10 @@ def test_trials_start_in_predicted_order_across_precisions_and_each_runs_its_own
 def test_one_common_fit_would_have_hidden_bf16():
     """Why the fit is per precision: the same trials fitted together make bf16 look as slow as fp8 measured."""
     cands = two_precisions()
-    by_key = {params_key(c.params): c for c in cands}
+    by_key = {optuna_key(c.params): c for c in cands}
 
     def run_trial(config, report):
-        c = by_key[params_key({**config.to_optuna_params(), "precision": report.precision})]
+        c = by_key[optuna_key({**config.to_optuna_params(), "precision": report.precision})]
         return FakeMeasurement(ok=True, step_time=true_time(c))
 
     result = run_search(cands, run_trial, capacity_bytes=70 * GIB, budget=SearchBudget(max_trials=3))
