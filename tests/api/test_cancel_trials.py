@@ -18,6 +18,14 @@ from db.models import Job, Trial
 from db.queue import claim_next_job
 from db.trials import fail_running_trials, start_trial
 from spec.failure import FailureKind
+from spec.layout_codec import Labelled
+from spec.parallel_config import ParallelConfig
+
+
+def _started(number: int, config: ParallelConfig) -> dict:
+    """A ``trial_started`` event as the search emits it."""
+    labelled = Labelled(config)
+    return {"number": number, "layout": labelled.label(), "labelled": labelled}
 
 
 @pytest.fixture
@@ -35,11 +43,11 @@ def test_a_trial_started_after_the_cancel_is_not_stored_and_stops_the_search(app
             job = s.get(Job, running_job)
         stop = threading.Event()
         recorder = _TrialRecorder(runner, job, types.SimpleNamespace(estimates={}), stop)
-        recorder("trial_started", {"number": 0, "layout": "ep2 dp2 mbs1"})  # running: stored
+        recorder("trial_started", _started(0, ParallelConfig(world_size=2, ep=2)))  # running: stored
         with app.state.sessions() as s:
             assert cancel_job(s, running_job)
         with pytest.raises(JobStopped):
-            recorder("trial_started", {"number": 1, "layout": "tp2 ep2 mbs1"})
+            recorder("trial_started", _started(1, ParallelConfig(world_size=2, tp=2, ep=2)))
         assert stop.is_set()  # the trials in flight stop now, not at the next heartbeat
         with app.state.sessions() as s:
             trials = {t.number: (t.status, t.failure_kind) for t in s.query(Trial).filter_by(job_id=running_job)}
