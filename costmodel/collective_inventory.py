@@ -32,6 +32,7 @@ from costmodel import params as _params
 from costmodel.attention_pricing import attention_pricing
 from costmodel.comm import Call
 from costmodel.dispatch import dispatcher_pricing
+from spec.head_features import head_blocks
 from spec.model_spec import ModelSpec
 from spec.norm_scopes import qk_norm_scope
 from spec.parallel_config import ParallelConfig
@@ -315,7 +316,7 @@ def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelC
         pattern = model.moe_layer_pattern()
         chunks = layer_chunks(model.num_layers, config.pp, config.vpp, config.pipeline_split)[stage]
         moe = sum(pattern[i] for chunk in chunks for i in chunk)
-        moe += model.mtp_num_layers if stage == config.pp - 1 and pattern[-1] else 0
+        moe += head_blocks(model) if stage == config.pp - 1 and pattern[-1] else 0  # their layers: the last's kind
         out += [(Call("all_reduce", g, experts * _FP32, "step"), moe) for g in ("tp", "dp_cp") if sizes[g] > 1]
     return tuple((call, n) for call, n in out if n)
 

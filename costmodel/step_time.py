@@ -49,6 +49,7 @@ from costmodel.compute import (
 )
 from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.head_pricing import head_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, HostKey, LayerKey,
                                    RoutedKey, StepStatKey)
@@ -66,6 +67,7 @@ from costmodel.terms import (
 from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
+from spec.head_features import HEAD_FEATURES, head_features
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
@@ -248,7 +250,7 @@ class _Layers:
     """Per-micro-batch costs of every layer kind for one (tp, cp, ep, etp, mbs, sp, dispatcher, TP overlap).
 
     ``extras[(first, last)]`` is what a stage adds besides its decoder layers: the embedding on the first
-    stage, the output head(s) and MTP blocks on the last.
+    stage, the output head(s) and head blocks (MTP) on the last.
     """
 
     __slots__ = ("dense", "moe", "extras", "p2p_bytes", "selective")
@@ -554,30 +556,29 @@ class _Shape:
         """What every pipeline chunk issues once per micro-batch besides its layers (the router losses' sum)."""
         self.comm(block, _calls.chunk_end_calls(self.calls))
 
-    def mtp_extra(self, block: _Block) -> None:
-        """An MTP block's own work: embedding of shifted tokens, two norms and the 2h -> h projection."""
-        h, t, ab, tp = self.model.hidden_size, self.tokens, self.act_bytes, self.tp
-        self.embedding(block)
-        self.norm(block, 2 * h, ())
-        self.tp_block_comm(block, t * 2 * h * ab, t * h * ab)
-        self.linear(block, t, h / tp, 2 * h)
+    def head_block_own(self, feature: str, block: _Block) -> None:
+        """One block of the head feature named ``feature``, its own work only (an MTP depth: embedding of shifted
+        tokens, two norms and the 2h -> h projection; ``costmodel.head_pricing``)."""
+        head_pricing(HEAD_FEATURES[feature]).own_time(self, block)
 
 
 def _part(ctx: _Context, name: str, key: DenseKey | RoutedKey, shape: _Shape | None,
-          layer_key: LayerKey) -> _LayerCost:
-    """The cost of one layer part, built once per (part, the fields it depends on)."""
-    cached = ctx.parts.get((name, key))
+          layer_key: LayerKey, *args) -> _LayerCost:
+    """The cost of one layer part (``_Shape``'s method ``name`` with ``args``), built once per (part, its
+    arguments, the fields it depends on)."""
+    cached = ctx.parts.get((name, args, key))
     if cached is None:
         block = _Block()
-        getattr(shape or _Shape(ctx, layer_key), name)(block)
-        cached = ctx.parts[(name, key)] = _finish(block, layer_key.tp_comm_overlap)
+        getattr(shape or _Shape(ctx, layer_key), name)(*args, block)
+        cached = ctx.parts[(name, args, key)] = _finish(block, layer_key.tp_comm_overlap)
     return cached
 
 
 def _combos(ctx: _Context, key: LayerKey) -> tuple[tuple[_LayerCost, ...], _Shape | None]:
     """The layer parts of ``key`` that do not depend on the expert layout or the dispatcher: (dense layer,
-    the MoE layer's TP side, embedding, output head, MTP block's own work, chunk end), cached per (tp, cp,
-    micro-batch, SP, TP overlap); and the shape they were built with (None when cached)."""
+    the MoE layer's TP side, embedding, output head, each head feature's block's own work (a tuple, in
+    ``head_features`` order), chunk end), cached per (tp, cp, micro-batch, SP, TP overlap); and the shape they
+    were built with (None when cached)."""
     model = ctx.model
     dense_key = key.dense()
     combos = ctx.combos.get(dense_key)
@@ -590,7 +591,7 @@ def _combos(ctx: _Context, key: LayerKey) -> tuple[tuple[_LayerCost, ...], _Shap
             attention + _part(ctx, "moe_dense", dense_key, shape, key) if model.is_moe else _ZERO_LAYER,
             _part(ctx, "embedding", dense_key, shape, key),
             _part(ctx, "head", dense_key, shape, key),
-            _part(ctx, "mtp_extra", dense_key, shape, key) if model.mtp_num_layers else _ZERO_LAYER,
+            tuple(_part(ctx, "head_block_own", dense_key, shape, key, f.name) for f, _ in head_features(model)),
             _part(ctx, "chunk_end", dense_key, shape, key))
     return combos, shape
 
@@ -599,14 +600,17 @@ def _build_layers(ctx: _Context, key: LayerKey) -> _Layers:
     model = ctx.model
     # attention and the TP-side parts do not depend on the expert layout; the routed experts depend only
     # on the MoE tokens per rank and the expert layout
-    (dense, moe_base, embed, head, mtp_extra, chunk_end), shape = _combos(ctx, key)
+    (dense, moe_base, embed, head, head_own, chunk_end), shape = _combos(ctx, key)
     moe = _ZERO_LAYER
     if model.is_moe:
         moe = moe_base + _part(ctx, "moe_routed", key.routed(ctx.training.seq_length), shape, key)
     tail = head
-    if model.mtp_num_layers:
-        one = mtp_extra + (moe if ctx.pattern[-1] else dense) + head
-        for _ in range(model.mtp_num_layers):
+    for own, (feature, depth) in zip(head_own, head_features(model)):
+        # a head block: its own work, a layer of the last layer's kind, its output heads
+        one = own + (moe if ctx.pattern[-1] else dense)
+        for _ in range(feature.output_heads_per_block):
+            one = one + head
+        for _ in range(depth):
             tail = tail + one
     # every stage ends its chunk with the router losses' sum (once per micro-batch; vpp > 1 chunks: once each,
     # priced once)
