@@ -11,8 +11,8 @@ few fields is cached inside a context per (model, training, cluster) object trip
 identity): layer parts keyed on the fields each part depends on (attention and TP-side parts on tp, cp,
 micro-batch, SP, TP overlap; the routed-expert part on MoE tokens per rank, ep, etp, dispatcher), stage
 sums keyed on the layer shape and (pp, vpp, pipeline placement), and the once-per-step collectives keyed on the layout and
-the optimizer. No rank group is enumerated: placements come from strides
-(:func:`costmodel.comm.group_placement`). The per-call path only combines cached vectors.
+the optimizer. No rank group is enumerated: placements come from the named groups' strides in closed form
+(:class:`costmodel.comm.GroupPlacements`, :meth:`spec.rank_groups.GridSizes.group`). The per-call path only combines cached vectors.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from costmodel import params as _params
 from costmodel import collective_inventory as _calls
 from costmodel.comm import (
     Call,
+    GroupPlacements,
     LinkRates,
     Placement,
     call_time,
@@ -51,8 +52,8 @@ from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.head_pricing import head_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
-from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, HostKey, LayerKey,
-                                   RoutedKey, StepStatKey)
+from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, GradGroupsKey, HostKey,
+                                   LayerKey, RoutedKey, StepStatKey)
 from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
@@ -68,6 +69,7 @@ from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
 from spec.head_features import HEAD_FEATURES, head_features
+from spec.rank_groups import GridSizes, GroupStride
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
@@ -311,12 +313,10 @@ class _Shape:
         # (the profile's grouped curves are bf16 measurements: costmodel.compute). Transformer Engine's grouped
         # linears run it in fp8.
         self.wgrad_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
-        gpn = ctx.gpus_per_node
-        self.tp_place = group_placement(1, tp, gpn)
-        self.cp_place = group_placement(tp, cp, gpn)
-        self.ep_place = group_placement(etp, ep, gpn)
-        self.etp_place = group_placement(1, etp, gpn)
-        self.tp_ep_place = group_placement(1, etp * ep, gpn)
+        # the layer's groups depend on tp, cp, etp and ep only (the slower dp and pp axes do not space them)
+        self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
+        self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
+            self.places.of(name) for name in ("tp", "cp", "ep", "etp", "tp_ep"))
         imbalance = training.ep_imbalance(ep)  # the busiest EP rank sets the pace; the others wait in the a2a
         capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
         if capacity:
@@ -325,8 +325,6 @@ class _Shape:
         # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
         self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
         self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
-        self.places = {"tp": self.tp_place, "cp": self.cp_place, "ep": self.ep_place, "etp": self.etp_place,
-                       "tp_ep": self.tp_ep_place}
         # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
         self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
                                      self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance)
@@ -358,7 +356,7 @@ class _Shape:
     def comm(self, block: _Block, calls: tuple[Call, ...], module: str | tuple[str, ...] = ()) -> None:
         """Each call (costmodel.collective_inventory) at its own size over its group, in its group's term."""
         for call in calls:
-            seconds = call_time(self.link, call, self.places[call.group])
+            seconds = call_time(self.link, call, self.places.of(call.group))
             slot = LAYER_SLOT[_calls.GROUP_TERM[call.group]]
             if call.phase == "forward":
                 block.add(slot, seconds, 0.0, module)
@@ -369,7 +367,7 @@ class _Shape:
         """A forward call that recomputation does not re-run, the last of a full layer and of the selective
         ``module`` regions that end with it (its seconds leave their re-run)."""
         if call is not None:
-            seconds = call_time(self.link, call, self.places[call.group])
+            seconds = call_time(self.link, call, self.places.of(call.group))
             block.skip += seconds
             for name in (module,) if isinstance(module, str) else module:
                 block.modules[name] -= seconds
@@ -747,10 +745,8 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
 def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: StepStatKey) -> float:
     """Seconds of the first pipeline rank's once-per-step calls besides the DP·CP / EDP gradient buckets
     (costmodel.collective_inventory.step_stat_groups), each at its own size, exposed."""
-    gpn, world = ctx.gpus_per_node, c.world_size
-    places = {"tp": group_placement(1, c.tp, gpn), "dp_cp": group_placement(c.tp, world // (c.tp * c.pp), gpn),
-              "pp": group_placement(world // c.pp, c.pp, gpn)}
-    seconds = sum(n * call_time(ctx.link, call, places[call.group])
+    places = GroupPlacements.of_config(c, ctx.gpus_per_node)
+    seconds = sum(n * call_time(ctx.link, call, places.of(call.group))
                   for call, n in _calls.step_stat_groups(ctx.model, ctx.training, c))
     ctx.step_stats[key] = seconds
     return seconds
@@ -791,11 +787,11 @@ def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     return dense, expert
 
 
-def _sync(ctx: _Context, params: int, stride: int, size: int, distributed: bool) -> tuple[float, float, float, float]:
-    key = (params, stride, size, distributed)
+def _sync(ctx: _Context, params: int, group: GroupStride, distributed: bool) -> tuple[float, float, float, float]:
+    key = (params, group, distributed)
     hit = ctx.syncs.get(key)
     if hit is None:
-        place = group_placement(stride, size, ctx.gpus_per_node)
+        place = group_placement(group.stride, group.size, ctx.gpus_per_node)
         hit = ctx.syncs[key] = _grad_sync(ctx.link, params, ctx.grad_bytes, ctx.training.param_bytes, place,
                                           distributed)
     return hit
@@ -837,6 +833,7 @@ class _Context:
         self.dense_params: dict[tuple, int] = {}
         self.expert_params: dict[tuple, int] = {}
         self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
+        self.grad_groups: dict[GradGroupsKey, tuple[GroupStride, GroupStride]] = {}
         self.step_stats: dict[tuple, float] = {}
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
@@ -994,10 +991,15 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         dense, expert = _most_params(ctx, c)
     distributed = c.use_distributed_optimizer
     edp = world // (c.etp * c.ep * pp)
-    sync = ctx.syncs.get((dense, c.tp, c.cp * dp, distributed)) or _sync(ctx, dense, c.tp, c.cp * dp, distributed)
+    gkey = GradGroupsKey.of(c)
+    groups = ctx.grad_groups.get(gkey)
+    if groups is None:  # the gradient-reduction groups, DP·CP and EDP, in closed form
+        grids = gkey.grids()
+        groups = ctx.grad_groups[gkey] = (grids.group("dp_cp"), grids.group("edp"))
+    dp_cp, edp_group = groups
+    sync = ctx.syncs.get((dense, dp_cp, distributed)) or _sync(ctx, dense, dp_cp, distributed)
     dg, dg_b, dpg, dpg_b = sync
-    sync = ctx.syncs.get((expert, c.etp * c.ep, edp, distributed)) or _sync(ctx, expert, c.etp * c.ep, edp,
-                                                                             distributed)
+    sync = ctx.syncs.get((expert, edp_group, distributed)) or _sync(ctx, expert, edp_group, distributed)
     eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
@@ -1040,7 +1042,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         hkey = (layers.p2p_bytes, world, pp)
         hop = ctx.hops.get(hkey)
         if hop is None:
-            place = group_placement(world // pp, pp, ctx.gpus_per_node)
+            place = GroupPlacements.of_config(c, ctx.gpus_per_node).of("pp")
             hop = ctx.hops[hkey] = p2p_time(ctx.link, layers.p2p_bytes, place.crosses_nodes)
         pp_p2p = 2 * (pp * vpp - 1) * hop  # the first micro-batch's trip through every chunk boundary
         if vpp > 1:  # interleaved schedules overlap their steady-state p2p with compute
