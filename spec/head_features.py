@@ -2,13 +2,16 @@
 
 A :class:`HeadFeature` bundles what the spec layer knows of one: how many blocks a model has (its depth), the
 FLOPs of a block's own work, how many output heads a block adds, whether its blocks read the word embedding,
-the letter Megatron's pipeline layout gives a block, and its Hugging Face config key and tensor names. Every
+and its Hugging Face config key (its tensors are not mapped: transformers builds no MTP, so
+:mod:`executor.hf.names` neither loads nor exports them). Every
 block of a head feature holds one decoder layer of the model's last decoder layer's kind (dense or MoE), its
 own work around it, and one output head per ``output_heads_per_block``: that contract is what the consumers
 count by, so they ask :func:`head_blocks`, :func:`output_heads` and :func:`last_stage_embeds` instead of
 testing the model's fields. The cost model keys its pricing of a block's own work by the same name
 (``costmodel.head_pricing``) and the executor its module factory (``executor.head_modules``);
-``tests/test_feature_registry.py`` checks that both hold exactly the features registered here.
+``tests/test_head_features.py`` checks that both hold exactly the features registered here. Megatron's
+pipeline layout string has a letter for MTP layers only (``m``, :mod:`spec.pipeline_layout`), which the rule
+book checks against ``mtp_num_layers``.
 
 The one feature: ``mtp``, DeepSeek-V3's multi-token prediction (``ModelSpec.mtp_num_layers`` depths; the
 executor's module is :mod:`executor.mtp`). Adding one: docs/architecture.md, "Extension point: head features".
@@ -19,8 +22,8 @@ ModelSpec everywhere below.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from spec.registry import Registry
@@ -37,10 +40,8 @@ class HeadFeature:
     ``own_flops(model)``: model FLOPs per trained token (forward + backward, :mod:`spec.flops` conventions) of
     one block's own work, beyond its decoder layer and its output heads. ``output_heads_per_block``: logit
     GEMMs and cross-entropies one block adds. ``embeds``: whether a block reads the word embedding (the last
-    stage then holds a copy of it). ``layout_code``: a block's letter in Megatron's
-    ``--pipeline-model-parallel-layout`` (:mod:`spec.pipeline_layout`). ``hf_config_key``: the Hugging Face
-    config field holding the depth (None: no HF model has it). ``hf_names``: the executor's block parameter
-    names -> HF's (empty: the checkpoints' blocks are not mapped).
+    stage then holds a copy of it). ``hf_config_key``: the Hugging Face
+    config field holding the depth (None: no HF model has it).
     """
 
     name: str
@@ -49,9 +50,7 @@ class HeadFeature:
     own_flops: Callable[[Model], float]
     output_heads_per_block: int = 1
     embeds: bool = False
-    layout_code: str = ""
     hf_config_key: str | None = None
-    hf_names: Mapping[str, str] = field(default_factory=dict)
 
     def depth(self, model: Model) -> int:
         """The model's blocks of this feature (0: the model does not use it)."""
@@ -96,4 +95,4 @@ def _mtp_own_flops(model: Model) -> float:
 
 MTP = register_head_feature(HeadFeature(
     name="mtp", label="multi-token prediction (MTP)", depth_field="mtp_num_layers", own_flops=_mtp_own_flops,
-    output_heads_per_block=1, embeds=True, layout_code="m", hf_config_key="num_nextn_predict_layers"))
+    output_heads_per_block=1, embeds=True, hf_config_key="num_nextn_predict_layers"))
