@@ -181,6 +181,8 @@ class MoEGPT(torch.nn.Module):
                 for layer in layers:  # Megatron checkpoints a whole MTP layer under full recompute
                     layer.recompute_layer = config.recompute_granularity == "full"
                 head = make_head(feature, spec, options, state, layers, self.kernels, device, dtype, timer)
+                if hasattr(self, feature.name):
+                    raise SpecError(f"head feature {feature.name!r} is named like a part of the model")
                 setattr(self, feature.name, head)  # parameters named by the feature (``mtp.depths.…``)
                 self.heads.append(head)
         cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)

@@ -157,3 +157,16 @@ def test_the_executor_builds_and_trains_the_new_feature(tail):
     assert torch.isfinite(out.loss) and out.mtp_loss > 0  # the heads' loss, in the step's loss statistic
     grads = [p.grad for p in gpt.tail.blocks[1].parameters() if p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)
+
+
+def test_a_feature_named_like_a_part_of_the_model_is_refused():
+    clash = dataclasses.replace(TAIL, name="layers")
+    entries = ((HEAD_FEATURES, clash), (HEAD_MODULES, DeepSupervision))
+    for registry, entry in entries:
+        registry.add(clash.name, entry)
+    try:
+        with pytest.raises(SpecError, match="named like a part of the model"):
+            MoEGPT(_toy_model(), build_parallel_state(ParallelConfig(world_size=1), 0), seq_length=16)
+    finally:
+        for registry, _ in entries:
+            registry.pop(clash.name)
