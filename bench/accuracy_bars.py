@@ -13,34 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
-from bench.costmodel_accuracy import compare, merge_tables, spearman
-from spec.inputs import build_specs
-
-
-def pooled(model: str, layers: int, tables: list[dict], seq: int, gbs: int, precision: str, **hardware) -> dict:
-    """Rows of every table priced on its own GPU count with ``hardware`` (build_specs' gpu= or profile=),
-    and the pooled summary."""
-    rows = []
-    for table in tables:
-        spec, training, cluster = build_specs(model, table["world_size"], layers=layers, seq_length=seq,
-                                              global_batch_size=gbs, precision=precision,
-                                              distributed_optimizer=True, **hardware)
-        priced, _ = compare(spec, training, cluster, table["rows"])
-        rows += [dict(r, gpus=table["world_size"]) for r in priced]
-    two = [r for r in rows if r["gpus"] == 2]
-    mem = [r["memory_error"] for r in rows if "memory_error" in r]
-    return {"rows": rows, "layouts": len(rows),
-            "mape": statistics.fmean(abs(r["error"]) for r in rows),
-            "max_error": max(abs(r["error"]) for r in rows),
-            "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
-            "spearman_2gpu": spearman([r["predicted_s"] for r in two], [r["measured_s"] for r in two]) if two else None,
-            "mape_2gpu": statistics.fmean(abs(r["error"]) for r in two) if two else None,
-            "memory_mape": statistics.fmean(abs(m) for m in mem) if mem else None,
-            "memory_worst_under": min(mem) if mem else None,
-            "memory_worst_over": max(mem) if mem else None}
+from planner.accuracy import merge_tables, pooled
 
 
 def main() -> int:

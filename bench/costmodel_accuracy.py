@@ -5,7 +5,7 @@ devices (or reads a stored table with ``--table``), predicts each with the cost 
 profile (a catalog entry, or a calibrated one from ``foldtune calibrate`` with ``--profile``), and
 reports MAPE, max error and Spearman rank correlation of step time; on GPUs also the peak-memory error
 (predicted total vs ``torch.cuda.max_memory_allocated``); and, per term where the executor times a
-matching phase, the term's error, read on the rank that sets the pace (:func:`pace_phases`). Writes
+matching phase, the term's error, read on the rank that sets the pace (:func:`planner.accuracy.pace_phases`). Writes
 ``bench/results/costmodel_accuracy-<date>-<device>.json``, the measured table (``layout_table-...json``,
 replayable by ``bench/search_regret.py --table``) and a section of docs/benchmarks.md.
 
@@ -18,65 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
-from bench.layout_table import diverse_subset, executable_space, machine, measure_table, replace_section, save_json, utc_now
-from costmodel.estimate import estimate
-from planner.calibration import Observation, fit_calibration
+from bench.report import machine, replace_section, save_json, utc_now
+from planner.accuracy import compare, k_trial, merge_tables
 from planner.enumerate import SearchSpace
+from planner.runnable import executable_space
+from planner.subset import diverse_subset
 from spec.catalog import get_hardware, has_hardware
 from spec.dispatchers import DISPATCHERS
 from spec.hardware import ClusterSpec
 from spec.inputs import build_specs
-from spec.parallel_config import ParallelConfig
-
-# cost-model term(s) -> executor phase(s) timing the same work (executor/timing.py marks). The overlapped
-# parameter all-gather is waited for at the next forward's first use of each bucket, not in the grad_reduce
-# phase, so "grad sync" compares the gradient reductions alone.
-TERM_PHASES = {
-    "ep_a2a": (("ep_a2a",), ("ep_alltoall",)),
-    "tp_comm": (("tp_comm",), ("tp_allgather", "tp_reduce_scatter")),
-    "grad sync": (("dp_grad", "edp_grad"), ("grad_reduce",)),
-    "optimizer": (("optimizer",), ("optimizer",)),
-}
-
-
-def pace_phases(row: dict) -> dict[str, float]:
-    """The phases of the rank that sets the step's pace: the one with the longest experts phase.
-
-    Under uneven routing the other EP ranks wait for that rank inside their all-to-all (their phase holds
-    the wait, not the transfer), while the model prices the busiest rank's experts and the transfer alone.
-    Rows without per-rank phases (older tables) give rank 0's."""
-    by_rank = row.get("phases_by_rank") or []
-    if not by_rank:
-        return row["phases"]
-    return max(by_rank, key=lambda phases: phases.get("experts", 0.0))
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2.0
-            i = j + 1
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (sx * sy) if sx and sy else float("nan")
-
 
 def bench_space(args: argparse.Namespace):
     recompute = tuple(("none", ()) if r == "none" else ("full", ()) if r == "full" else ("selective", tuple(r.split("+")))
@@ -151,7 +104,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
     """The layout table: read from ``--table`` or measured now (and saved beside the results)."""
     if args.table:
-        return merge_tables([json.loads(Path(p).read_text()) for p in args.table.split(",")], model.name, args.table)
+        try:
+            return merge_tables([json.loads(Path(p).read_text()) for p in args.table.split(",")], model.name,
+                                args.table)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     configs = executable_space(model, training, cluster, bench_space(args))
     total = len(configs)
     if args.max_layouts and args.max_layouts < total:
@@ -179,6 +136,8 @@ def load_or_measure(args: argparse.Namespace, model, training, cluster) -> dict:
         table["measured_at"] = f"{started} to {utc_now()[11:]}"
         save_json(table, name, Path(args.results_dir))
 
+    from executor.profile_table import measure_table  # torch: a replayed --table never measures
+
     measure_table(model, training, configs, warmup=args.warmup, steps=args.steps,
                   device="cpu" if use_cpu else "cuda", hardware=None if use_cpu else cluster.gpu.name,
                   timeout_s=args.trial_timeout, on_row=keep, reuse=not args.no_reuse)
@@ -197,115 +156,6 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     if not 0 <= i < n:
         raise SystemExit(f"--shard {text!r}: need 0 <= I < N")
     return i, n
-
-
-def merge_tables(tables: list[dict], model_name: str, source: str) -> dict:
-    """One table from the shards of one measurement (rows concatenated; the first shard's header)."""
-    for t in tables:
-        if t.get("model") not in (None, model_name):
-            raise SystemExit(f"{source}: measured on {t['model']!r}, not {model_name!r} (pass the same --model/--layers)")
-        if t.get("world_size") != tables[0].get("world_size"):
-            raise SystemExit(f"{source}: shards of different world sizes {[x.get('world_size') for x in tables]}")
-    merged = dict(tables[0])
-    rows: dict[str, dict] = {}
-    for row in (row for t in tables for row in t["rows"]):  # a later measurement of a layout wins, unless failed
-        if row["ok"] or row["layout"] not in rows:
-            rows[row["layout"]] = row
-    merged["rows"] = list(rows.values())
-    if len(tables) > 1:
-        merged["measured_at"] = " and ".join(t.get("measured_at", "?") for t in tables)
-    return merged
-
-
-def compare(model, training, cluster, table_rows: list[dict]) -> tuple[list[dict], dict]:
-    """Predict every measured layout of ``table_rows`` on ``cluster``; (rows, summary)."""
-    rows, failed = [], []
-    for r in table_rows:
-        e = estimate(model, training, cluster, ParallelConfig.from_dict(r["config"]))
-        if not r["ok"]:  # kept for the k-trial replay: the search may have tried it and met its failure
-            failed.append({"layout": r["layout"], "predicted_s": e.time.step_time, "predicted_terms": e.time.terms,
-                           "predicted_memory_bytes": e.memory.total,
-                           "oom": "out of memory" in (r.get("failure_reason") or "")})
-            continue
-        terms = dict(e.time.terms)
-        row = {"layout": r["layout"], "measured_s": r["step_time"], "predicted_s": e.time.step_time,
-               "error": (e.time.step_time - r["step_time"]) / r["step_time"],
-               "predicted_memory_bytes": e.memory.total, "measured_peak_bytes": r.get("peak_allocated_bytes"),
-               "predicted_terms": e.time.terms, "terms": {}}
-        if row["measured_peak_bytes"]:
-            row["memory_error"] = (e.memory.total - row["measured_peak_bytes"]) / row["measured_peak_bytes"]
-        pace = pace_phases(r)
-        for name, (model_terms, phases) in TERM_PHASES.items():
-            pred = sum(terms.get(t, 0.0) for t in model_terms)
-            meas = sum(pace.get(p, 0.0) for p in phases)
-            if pred > 0 and meas > 0:
-                row["terms"][name] = {"predicted_s": pred, "measured_s": meas, "error": (pred - meas) / meas}
-        rows.append(row)
-    summary = summarize(rows, len(failed))
-    summary["failed_rows"] = failed
-    return rows, summary
-
-
-def summarize(rows: list[dict], failed: int = 0) -> dict:
-    """MAPE, max, signed error and Spearman of step time; memory errors; per-term errors and shares."""
-    errors = [abs(r["error"]) for r in rows]
-    summary = {"layouts": len(rows), "failed": failed, "mape": statistics.fmean(errors), "max_error": max(errors),
-               "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
-               "mean_signed_error": statistics.fmean(r["error"] for r in rows)}
-    mem = [r["memory_error"] for r in rows if "memory_error" in r]
-    if mem:
-        summary.update(memory_mape=statistics.fmean(abs(m) for m in mem), memory_max_error=max(abs(m) for m in mem),
-                       memory_worst_under=min(mem))
-    per_term = {}
-    for name in TERM_PHASES:
-        errs = [r["terms"][name]["error"] for r in rows if name in r.get("terms", {})]
-        if errs:
-            per_term[name] = {"layouts": len(errs), "mape": statistics.fmean(abs(x) for x in errs),
-                              "mean_signed_error": statistics.fmean(errs)}
-    summary["per_term"] = per_term
-    # every model term's share of the predicted steps (summed over layouts), for the per-term table
-    totals: dict[str, float] = {}
-    for r in rows:
-        for name, seconds in r.get("predicted_terms", ()):
-            totals[name] = totals.get(name, 0.0) + seconds
-    predicted = sum(r["predicted_s"] for r in rows) or 1.0
-    summary["term_shares"] = {name: seconds / predicted for name, seconds in totals.items() if seconds > 0}
-    return summary
-
-
-def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int) -> dict | None:
-    """Held-out error after calibrating on ``k`` trials, picked as the search would pick them.
-
-    The search measures the cost model's top-ranked layouts first: the ``k`` lowest predicted step times
-    among all layouts of the table, failed ones included (a failed trial that ran out of memory is an OOM
-    observation, any other failure teaches the calibration nothing). planner.calibration fits its
-    multipliers on those; MAPE, Spearman and memory errors are over the remaining measured layouts only,
-    never over the ones the fit saw.
-    """
-    ranked = sorted([*rows, *failed], key=lambda r: r["predicted_s"])
-    tried, rest = ranked[:k], [r for r in ranked[k:] if "measured_s" in r]
-    if len(rest) < 2:
-        return None
-    observations = [Observation(r["predicted_terms"], r["predicted_memory_bytes"], None, None, True, capacity_bytes)
-                    if r.get("oom") else
-                    Observation(r["predicted_terms"], r["predicted_memory_bytes"], r["measured_s"],
-                                r["measured_peak_bytes"], False, capacity_bytes)
-                    for r in tried if "measured_s" in r or r.get("oom")]
-    calibration = fit_calibration(observations)
-    held = []
-    for r in rest:
-        predicted = calibration.step_time(r["predicted_terms"])
-        row = {"layout": r["layout"], "measured_s": r["measured_s"], "predicted_s": predicted,
-               "error": (predicted - r["measured_s"]) / r["measured_s"]}
-        if r.get("measured_peak_bytes"):
-            mem = calibration.memory(r["predicted_memory_bytes"])
-            row["memory_error"] = (mem - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
-        held.append(row)
-    out = summarize(held)
-    out.pop("term_shares")
-    out.pop("per_term")
-    out.update(k=k, fitted_on=[r["layout"] for r in tried], calibration=calibration.to_dict())
-    return out
 
 
 def main() -> int:

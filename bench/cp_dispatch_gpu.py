@@ -52,11 +52,7 @@ from pathlib import Path
 
 import torch
 
-from costmodel.calibrate.exchange_prices import CpCase, DispatchCase, cp_prices, dispatch_price
-from costmodel.comm import group_placement, link_rates
-from costmodel.compute import compute_rates, gemm_fwd_bwd
-from costmodel.context_parallel import kv_exchange_bytes, kv_exchange_time
-from costmodel.dispatch import allgather_gather_bytes, allgather_scatter_bytes, alltoall_dispatch_bytes
+from costmodel.calibrate.exchange_prices import predict_bench
 from executor.launch_local import launch
 from executor.microbench.exchanges import BenchConfig, cp_cases, dispatcher_cases
 from executor.parallel import context_parallel as cpm
@@ -130,44 +126,6 @@ def _hardware(profile: str):
     return load_profile(profile) if Path(profile).is_file() else get_hardware(profile)
 
 
-def predict(hardware, cfg: BenchConfig, world: int = 2) -> dict:
-    """The cost model's milliseconds for each case of ``cp_cases`` and ``dispatcher_cases``
-    (``executor.microbench.exchanges``), priced by ``costmodel.calibrate.exchange_prices`` as the time model
-    prices them: CP chunk kernels at their own key lengths plus the profile's per-chunk cost, the exposed K/V
-    all-gather and reduce-scatter plus the per-exchange cost, the projections' GEMMs; each dispatcher's
-    communication, its own memory passes, the permutation and unpermutation, plus its per-call cost (the
-    ``*_fixed_s`` fields: measured by ``foldtune calibrate``, else ``costmodel.fixed_costs``' rules of thumb)."""
-    rates, link = compute_rates(hardware, "bf16"), link_rates(hardware)
-    ab = 2 if cfg.dtype in ("bfloat16", "float16") else 4
-    h, heads, kvh, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
-    out = {"cp": {}, "dispatch": {}}
-    for s in cfg.seqs:
-        row = {}
-        for cp in (1, world):
-            t = s // cp
-            core, kv = cp_prices(hardware, CpCase(s, cp, heads, kvh, d, ab))
-            proj = sum(gemm_fwd_bwd(rates, t, (heads + 2 * kvh) * d, h)) + sum(gemm_fwd_bwd(rates, t, h, heads * d))
-            row.update({f"cp{cp}_core_ms": 1e3 * core, f"cp{cp}_proj_ms": 1e3 * proj,
-                        f"cp{cp}_total_ms": 1e3 * (core + proj + kv)})
-            if cp > 1:
-                row[f"cp{cp}_kv_ms"] = 1e3 * kv
-                place = group_placement(1, cp, hardware.gpus_per_node)
-                row[f"cp{cp}_kv_bytes_ms"] = 1e3 * sum(kv_exchange_time(link, kv_exchange_bytes(t, kvh, 2 * d, ab),
-                                                                        place))
-        row["speedup_total"] = row["cp1_total_ms"] / row[f"cp{world}_total_ms"]
-        row["speedup_core"] = row["cp1_core_ms"] / row[f"cp{world}_core_ms"]
-        out["cp"][str(s)] = row
-    for n in cfg.tokens:
-        row = {"alltoall_bytes": alltoall_dispatch_bytes(n, cfg.topk, h, ab),
-               "allgather_gather_bytes": allgather_gather_bytes(n, cfg.topk, h, ab, world),
-               "allgather_scatter_bytes": allgather_scatter_bytes(n, h, ab, world)}
-        case = DispatchCase(n, world, cfg.experts, cfg.topk, h, ab)
-        for name in ("alltoall", "allgather"):
-            row[f"{name}_ms"] = 1e3 * dispatch_price(hardware, case, name)
-        out["dispatch"][str(n)] = row
-    return out
-
-
 def format_prediction(pred: dict, measured: dict | None) -> str:
     m = measured or {"cp": {}, "dispatch": {}}
 
@@ -209,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.price:
         measured = json.loads(Path(args.measured).read_text()) if args.measured else None
-        pred = predict(_hardware(args.price), cfg)
+        pred = predict_bench(_hardware(args.price), hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                             head_dim=cfg.head_dim, seqs=cfg.seqs, experts=cfg.experts, topk=cfg.topk,
+                             tokens=cfg.tokens, bytes_per_element=2 if cfg.dtype in ("bfloat16", "float16") else 4)
         print(f"cost model on {args.price}; shapes: hidden {cfg.hidden}, heads {cfg.heads}/{cfg.kv_heads}, "
               f"d {cfg.head_dim}, {cfg.dtype}; EP2 {cfg.experts} experts top-{cfg.topk}")
         if measured:

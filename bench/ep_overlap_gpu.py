@@ -50,65 +50,22 @@ Usage: python -m bench.ep_overlap_gpu [--layers 2] [--seq 4096] [--micro 8] [--r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
-import re
-import statistics
 import sys
 
 import torch
 
-from bench.layout_trace_gpu import trace_worker
 from executor.launch_local import launch
+from executor.microbench.ep_overlap_bar import BAR, OFF, parse_variant, summarize_runs
+from executor.microbench.step_trace import trace_worker
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
 from executor.scoped_env import scoped_env
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-
-BAR = 0.60
-_VARIANT = re.compile(r"on(?:_carve(\d+))?(?:_nch(\d+))?(?:_(ce|nccl))?")
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """One way to run the step: ``overlap`` off or on; with it, ``sm_carveout`` SMs left to the overlapped
-    all-to-all (0: none), NCCL's channels capped at ``nccl_channels`` (None: NCCL's choice), and the
-    overlapped exchanges moved by ``transport`` (ExecutorOptions.ep_overlap_transport)."""
-
-    name: str
-    overlap: bool
-    sm_carveout: int = 0
-    nccl_channels: int | None = None
-    transport: str = "auto"
-
-    def env(self) -> dict[str, str]:
-        """Environment the run's rank processes start with, beyond this process's."""
-        return {} if self.nccl_channels is None else {"NCCL_MAX_NCHANNELS": str(self.nccl_channels)}
-
-    def options(self, base: ExecutorOptions) -> ExecutorOptions:
-        return dataclasses.replace(base, ep_overlap_sm_carveout=self.sm_carveout, ep_overlap_transport=self.transport)
-
-
-OFF = Variant("off", overlap=False)
-
-
-def parse_variant(name: str) -> Variant:
-    """'on', 'on_carveN', 'on_nchN' or 'on_carveN_nchM', each optionally ending in '_ce' or '_nccl' (module
-    docstring); ValueError otherwise."""
-    match = _VARIANT.fullmatch(name)
-    if match is None:
-        raise ValueError(f"unknown variant {name!r}: on, on_carveN, on_nchN or on_carveN_nchM, "
-                         "optionally + _ce or _nccl")
-    carve, channels, transport = match.groups()
-    if channels is not None and int(channels) < 1:
-        raise ValueError(f"{name}: NCCL needs at least one channel")
-    return Variant(name, True, int(carve or 0), int(channels) if channels is not None else None,
-                   {"ce": "copy_engine", "nccl": "nccl", None: "auto"}[transport])
-
 
 def _config(overlap: bool) -> ParallelConfig:
     return ParallelConfig.parse("ep2", world_size=2).replace(overlap_moe_expert_parallel_comm=overlap)
@@ -123,54 +80,6 @@ def run_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOpti
         m = profile_layout(model, training, config, options, warmup_steps=warmup, timed_steps=steps,
                            timeout_s=900, device=device)
     return m.to_dict()
-
-
-def _failures(runs: list[dict]) -> list:
-    return [r.get("failure_reason") for r in runs if not r["ok"]]
-
-
-def compare_variant(off: list[dict], runs: list[dict], exposed: float) -> dict:
-    """One variant against 'off' (runs of the same rounds, in order): its step, its ``ep_alltoall`` phase,
-    the hidden fraction of ``exposed`` (s), the bar, and the largest relative loss difference."""
-    if _failures(runs):
-        return {"ok": False, "failures": _failures(runs)}
-    step_off = statistics.median(r["step_time"] for r in off)
-    step = statistics.median(r["step_time"] for r in runs)
-    hidden = (step_off - step) / exposed if exposed > 0 else None
-    diffs = [abs(a - b) / max(abs(a), 1e-12) for r_off, r in zip(off, runs)
-             for a, b in zip(r_off["losses"], r["losses"])]
-    phase = statistics.median(r["phases"].get("ep_alltoall", 0.0) for r in runs)
-    return {"ok": True, "step": step, "a2a_phase": phase, "hidden_fraction": hidden,
-            "passes": hidden is not None and hidden >= BAR, "loss_rel_diff": max(diffs) if diffs else None}
-
-
-def summarize(runs: dict[str, list[dict]], micro: int, variants: dict[str, Variant] | None = None) -> dict:
-    """Step times, the exposed all-to-all, the hidden fraction and the loss agreement of the runs: 'off'
-    against every other key of ``runs`` (a variant name; ``variants`` describe them in the JSON). The
-    top-level ``*_on`` keys are variant 'on''s, or the first variant's when 'on' was not run."""
-    names = [name for name in runs if name != "off"]
-    if _failures(runs["off"]):
-        return {"ok": False, "failures": [f for rs in runs.values() for f in _failures(rs)]}
-    exposed = statistics.median(r["phases"].get("ep_alltoall", 0.0) for r in runs["off"])
-    per = {name: compare_variant(runs["off"], runs[name], exposed) for name in names}
-    for name, entry in per.items():
-        if variants and name in variants:
-            entry.update(sm_carveout=variants[name].sm_carveout, nccl_max_nchannels=variants[name].nccl_channels)
-    primary = "on" if "on" in per else names[0]
-    step_off = statistics.median(r["step_time"] for r in runs["off"])
-    summary = {"ok": all(v["ok"] for v in per.values()), "step_off": step_off, "exposed_a2a_off": exposed,
-               "bar": BAR, "max_hideable_fraction": (micro - 1) / micro, "primary_variant": primary,
-               "variants": per}
-    failures = [f for v in per.values() for f in v.get("failures", [])]
-    if failures:
-        summary["failures"] = failures
-    p = per[primary]
-    if p["ok"]:
-        summary.update(step_on=p["step"], a2a_phase_on=p["a2a_phase"], hidden_fraction=p["hidden_fraction"],
-                       passes=p["passes"], loss_rel_diff=p["loss_rel_diff"])
-    passing = [n for n, v in per.items() if v["ok"] and v["hidden_fraction"] is not None]
-    summary["best_variant"] = max(passing, key=lambda n: per[n]["hidden_fraction"]) if passing else None
-    return summary
 
 
 def trace_mode(model, training: TrainingSpec, overlap: bool, options: ExecutorOptions, warmup: int,
@@ -293,7 +202,7 @@ def main() -> int:
                                   f"{r['phases'].get('ep_alltoall', 0.0) * 1e3:.2f} ms" if r["ok"] else
                                   f"failed: {r.get('failure_reason')}"), flush=True)
             write({"partial": True, "runs": runs})  # a sweep cut off by its time limit keeps what it measured
-    summary = summarize(runs, args.micro, variants)
+    summary = summarize_runs(runs, args.micro, variants)
     traces = {mode: trace_mode(model, training, v.overlap, v.options(options), args.warmup, v.env())
               for mode, v in modes.items()} if args.trace else None
     device = runs["off"][0].get("device", args.device) if runs["off"] else args.device

@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -37,6 +36,7 @@ import torch
 
 from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
+from executor.microbench.ep_overlap_bar import pair_orders, summarize_pairs
 from executor.model import MoEGPT
 from executor.options import EP_OVERLAP_TRANSPORTS, ExecutorOptions
 from executor.parallel.groups import build_parallel_state
@@ -46,14 +46,6 @@ from executor.train_step import Trainer
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-
-BAR = 0.60
-
-
-def pair_orders(pairs: int) -> list[tuple[bool, bool]]:
-    """The overlap flag of each step of ``pairs`` pairs, ABBA: (off, on), (on, off), (off, on), ..."""
-    return [(False, True) if i % 2 == 0 else (True, False) for i in range(pairs)]
-
 
 def paired_worker(rank: int, world_size: int, model, training: TrainingSpec, config: ParallelConfig,
                   options: ExecutorOptions, warmup_pairs: int, pairs: int) -> dict:
@@ -102,38 +94,6 @@ def paired_worker(rank: int, world_size: int, model, training: TrainingSpec, con
     if cuda:
         out["device"] = torch.cuda.get_device_name(device)
     return out
-
-
-def summarize(reports: list[dict] | dict, micro: int) -> dict:
-    """The bar's quotient from the ranks' paired reports (paired_worker; rank 0 first): medians of the off and
-    on steps (rank 0's wall time: every step ends with an all-reduce, so the ranks' steps end together), of
-    the per-pair saving, and of the all-to-all the off steps expose (seconds), ``hidden_fraction`` and
-    ``passes``.
-
-    The exposed all-to-all of an off step is its ``ep_alltoall`` phase on the rank where it is smallest. A
-    rank that reaches an exchange before its peer waits in it for the peer's compute, and its phase counts
-    that wait as all-to-all time; the last rank to arrive waits only for the transfer. With the two GPUs of a
-    2 x H200 run 4 % apart in GEMM speed (684 and 654 TFLOP/s, bench/ce_alltoall_probe.py, 2026-11-27), rank
-    0's phase read 31.5 ms where rank 1's read 18.9: 12 ms of the slower GPU's compute that no overlap can hide.
-    ``exposed_a2a_off_rank0`` keeps rank 0's own figure (the quotient of earlier runs)."""
-    if isinstance(reports, dict):
-        reports = [reports]
-    off, on = reports[0]["off"], reports[0]["on"]
-    if not off["step_s"] or len(off["step_s"]) != len(on["step_s"]):
-        raise ValueError("paired report: the off and on steps must be equal in number and not empty")
-    if any(len(r["off"]["ep_alltoall_s"]) != len(off["step_s"]) for r in reports):
-        raise ValueError("paired report: every rank must time the same off steps")
-    saved = [a - b for a, b in zip(off["step_s"], on["step_s"])]
-    exposed = statistics.median([min(r["off"]["ep_alltoall_s"][i] for r in reports) for i in range(len(saved))])
-    hidden = statistics.median(saved) / exposed if exposed > 0 else float("nan")
-    return {"pairs": len(saved), "step_off": statistics.median(off["step_s"]),
-            "step_on": statistics.median(on["step_s"]), "saved_per_pair": statistics.median(saved),
-            "saved_min": min(saved), "saved_max": max(saved), "exposed_a2a_off": exposed,
-            "exposed_a2a_off_rank0": statistics.median(off["ep_alltoall_s"]),
-            "a2a_phase_on": statistics.median(on["ep_alltoall_s"]), "hidden_fraction": hidden,
-            "pairs_saving": sum(s > 0 for s in saved), "max_hideable_fraction": (micro - 1) / micro,
-            "peak_bytes_off": max(off.get("peak_bytes") or [0]), "peak_bytes_on": max(on.get("peak_bytes") or [0]),
-            "bar": BAR, "passes": hidden >= BAR}
 
 
 def table(summary: dict, head: str) -> str:
@@ -188,7 +148,7 @@ def main() -> int:
         print(f"failed: {launched.failure_reason}", file=sys.stderr)
         return 1
     report = launched.results[0]
-    summary = summarize(launched.results, args.micro)
+    summary = summarize_pairs(launched.results, args.micro)
     device = report.get("device", "cpu")
     with open(args.out, "w") as f:
         json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "torch": torch.__version__,

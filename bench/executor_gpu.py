@@ -13,7 +13,7 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
                              top-k (8 groups of 4 experts, best 4 groups), top-k scaling 2.5, expert bias, shared
                              expert ffn 2048                                                     bar ≥ 0.90
             (the keys moe_finegrained* of earlier results are the qwen3-30b-a3b shape, then with bar 0.85;
-            DEEPSEEK_V3_EXPERTS says why 32 experts on one GPU stand for one EP8 rank of the real model).
+            executor/microbench/moe_bar.py says why 32 experts on one GPU stand for one EP8 rank of the real model).
             The headline ``ratio`` is the layer with its
             router's load balancing forced (scores and probabilities computed, experts assigned round-robin:
             Megatron's --moe-router-force-load-balancing, as its published MoE-layer baselines run), so the
@@ -38,7 +38,7 @@ Parts (each prints a row; everything lands in $OUT/executor_gpu.json, or --out):
   moe_breakdown (not in the default list) each MoE shape cut into router / permute / grouped GEMMs (gate+up
             fused, down) / SwiGLU / combine and their backward, each timed alone on the device and inline in a step,
             random vs round-robin routing, plus the ideal on the random routing's uneven group sizes
-            (bench/moe_breakdown.py); prints a table per shape. moe_breakdown_unfused: the same with
+            (executor/microbench/moe_stages.py); prints a table per shape. moe_breakdown_unfused: the same with
             FOLDTUNE_FUSED_ROUTER/PERMUTE/SWIGLU=0 (the torch paths), for an A/B per stage
 Usage: python -m bench.executor_gpu [--parts gemm,moe,stack,check,ep2] [--layers 2]
                                    [--shapes mixtral,qwen3-30b-a3b,deepseek-v3]
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import os
@@ -60,14 +59,14 @@ import traceback
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.moe_breakdown import (bar_inputs, breakdown, format_table, fused_paths, host_seconds, ideal_fwd_bwd,
-                                 layer_fwd_bwd, moe_spec, paired_steady, steady_seconds, wall_seconds)
 from executor.attention import rope_tables
 from executor.dispatcher import permute, slot_rows, unpermute
 from executor.kernels import get_backend
 from executor.launch_local import launch
+from executor.microbench.moe_bar import MOE_SHAPES, SEQ, TINY_MOE_SHAPES, TINY_SEQ, MoEShape, bar_inputs, moe_bar
+from executor.microbench.moe_stages import breakdown, format_table
+from executor.microbench.timing import time_device
 from executor.model import DecoderLayer
-from executor.moe import MoELayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.profile import profile_layout
@@ -76,7 +75,6 @@ from executor.timing import NULL_TIMER
 from executor.verify import Scenario, compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.flops import flops_per_token
-from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
@@ -84,47 +82,6 @@ DEV = torch.device("cuda", 0)  # --device cpu (smoke runs) replaces it, and BF16
 BF16 = torch.bfloat16
 
 
-@dataclasses.dataclass(frozen=True)
-class MoEShape:
-    """One MoE layer of the bar: its one-layer ModelSpec (sizes, the router's rule and the shared expert of the
-    catalog model it stands for), whether its router carries DeepSeek-V3's expert bias (aux-loss-free
-    balancing, an executor option), and its bar on ideal / layer (None: reported without a bar)."""
-
-    spec: ModelSpec
-    bar: float | None
-    expert_bias: bool = False
-
-    def options(self, **overrides) -> ExecutorOptions:
-        """The layer's ExecutorOptions: the expert bias as the model trains with it, plus ``overrides``."""
-        return ExecutorOptions(moe_router_enable_expert_bias=self.expert_bias, **overrides)
-
-
-# DeepSeek-V3 on one GPU: 32 of its 256 experts, the share of one rank at EP8. The router keeps the model's
-# rule: 8 groups (here of 4 experts; on a real EP8 rank its 32 experts are one whole group), the best 4 groups
-# by the sum of their top-2 scores, sigmoid scores, scaling 2.5, expert bias. At seq 4096 the 32 experts get 4096·8/32 = 1024 rows each, as each expert of an EP8 rank does when 8 ranks of 4096
-# tokens send it 8·4096·8/256 rows: the same grouped GEMMs (32 groups × 1024 rows × h7168 × f2048) and the
-# same 32768 rows to permute and combine per rank, and the shared expert runs on the rank's own 4096 tokens in
-# both. What one GPU leaves out is the EP all-to-all and the router's 256-wide logits and top-k (a 4096 × 7168
-# × 256 GEMM, 0.5 % of the expert GEMMs' FLOPs).
-DEEPSEEK_V3_EXPERTS = 32
-_DSV3 = get_model("deepseek-v3")
-# The bar's MoE layers and the sequence of one micro-batch.
-MOE_SHAPES = {
-    "mixtral": MoEShape(moe_spec(4096, 14336, 8, 2, like=get_model("mixtral-8x7b")), 0.95),
-    "qwen3-30b-a3b": MoEShape(moe_spec(2048, 768, 128, 8, like=get_model("qwen3-30b-a3b")), 0.90),
-    "deepseek-v3": MoEShape(moe_spec(_DSV3.hidden_size, _DSV3.expert_ffn_hidden_size, DEEPSEEK_V3_EXPERTS,
-                                     _DSV3.moe_router_topk, _DSV3.shared_expert_ffn_hidden_size, like=_DSV3),
-                            0.90, expert_bias=True),
-}
-SEQ = 4096
-# --tiny: the same code paths at shapes a CPU runs in seconds (dims multiples of 8 for the grouped GEMM); the
-# tiny DeepSeek-V3 keeps 8 groups (of 2 experts), 4 of them chosen, for a top-4
-TINY_MOE_SHAPES = {
-    "mixtral": MoEShape(moe_spec(64, 96, 8, 2), 0.95),
-    "qwen3-30b-a3b": MoEShape(moe_spec(32, 16, 16, 4, like=get_model("qwen3-30b-a3b")), 0.90),
-    "deepseek-v3": MoEShape(moe_spec(32, 16, 16, 4, 24, like=_DSV3), 0.90, expert_bias=True),
-}
-TINY_SEQ = 64
 STEADY_ITERS = 20
 STACK_BAR = 0.70  # issue 19: decoder stack fwd+bwd FLOP/s / dense GEMM FLOP/s
 PAIRED_ROUNDS = 6
@@ -132,14 +89,7 @@ PAIRED_ROUNDS = 6
 
 def timeit(fn, warmup: int = 3, iters: int = 10) -> float:
     """Median seconds of ``fn`` over ``iters`` runs timed with CUDA events, after ``warmup`` runs."""
-    return wall_seconds(fn, DEV, warmup, iters)
-
-
-def both_timings(fn) -> dict[str, float]:
-    """Seconds per call of ``fn``: steady state (back to back, the bar), isolated (idle device before each
-    call) and the host's issue time (no sync)."""
-    return {"steady": steady_seconds(fn, DEV, iters=STEADY_ITERS), "isolated": timeit(fn),
-            "host": host_seconds(fn, DEV)}
+    return time_device(fn, DEV, warmup, iters)
 
 
 FUSED_SWITCHES = ("FOLDTUNE_FUSED_PERMUTE", "FOLDTUNE_FUSED_ROUTER", "FOLDTUNE_FUSED_SWIGLU")
@@ -161,71 +111,13 @@ def part_gemm() -> dict:
 
 
 def part_moe(shape: MoEShape, seq: int = SEQ, mbs: int = 1) -> dict:
-    """MoE layer fwd+bwd of ``shape`` vs the ideal on ``seq·mbs`` tokens: seconds per fwd+bwd, ratios ideal / layer.
-
-    The bar (``ratio``, ``layer_s``, ``ideal_s``): the layer with its router's load balancing forced
-    (``moe_router_force_load_balancing``: logits, softmax and probabilities computed as always, the experts
-    assigned round-robin; Megatron's --moe-router-force-load-balancing, the convention of its published
-    MoE-layer baselines) against the ideal on balanced rows, in alternated steady-state windows: what
-    routing, permutation and combine cost. ``random_*``: the same layer with the random-weight router's own
-    choices. Their uneven expert groups also cost the grouped GEMM itself (a group whose rows are not a
-    multiple of the kernel's tile pays a partial tile), which no dispatcher removes: ``uneven_ideal_over_ideal``
-    is the ideal's seconds on those same group sizes over its seconds on balanced groups (≥ 1), and ``random_vs_uneven_ideal`` compares the layer
-    with it. ``sequential_*`` and ``isolated_*`` are the forced layer timed as earlier tables did
-    (back-to-back windows, layer first; sync per call); ``*host_issue_s``: host seconds to issue one fwd+bwd.
-    With a shared expert both ideals include its dense GEMMs on the same tokens."""
-    spec = shape.spec
-    h, f, experts, topk = spec.hidden_size, spec.expert_ffn_hidden_size, spec.num_experts, spec.moe_router_topk
-    shared_f = spec.shared_expert_ffn_hidden_size
-    tokens = seq * mbs
-    bar = bar_inputs(spec, seq, mbs, DEV, BF16, shape.options(moe_router_force_load_balancing=True))
-    layer = bar.layer
-    random_layer = MoELayer(spec, shape.options(), single_process_state(), 0, get_backend("torch"), DEV, BF16)
-    random_layer.load_state_dict(layer.state_dict())
-
-    layer_step, random_step = layer_fwd_bwd(layer, bar.x, bar.gy), layer_fwd_bwd(random_layer, bar.x, bar.gy)
-    random_step()
-    counts = random_layer.last_tokens_per_expert
-    rows = tokens * topk
-    # the ideal keeps three separate GEMMs, though the layer fuses gate+up
-    ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced, bar.shared)
-    uneven_ideal_step = ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, counts.clone(), bar.shared)
-    t_layer, t_random, t_ideal = both_timings(layer_step), both_timings(random_step), both_timings(ideal_step)
-    paired = paired_steady(layer_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-    paired_random = paired_steady(random_step, ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-    paired_uneven = paired_steady(random_step, uneven_ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-    uneven_vs_ideal = paired_steady(ideal_step, uneven_ideal_step, DEV, rounds=PAIRED_ROUNDS, iters=STEADY_ITERS)
-    flops = 3 * 3 * 2 * (rows * h * f + tokens * h * shared_f)  # fwd+bwd of three GEMMs, experts and shared
-    return {"shape": {"hidden": h, "ffn": f, "experts": experts, "topk": topk, "tokens": tokens, "seq": seq,
-                      "mbs": mbs, "shared_ffn": shared_f, "score_function": spec.moe_router_score_function,
-                      "num_groups": spec.moe_router_num_groups, "group_topk": spec.moe_router_group_topk,
-                      "topk_scaling_factor": spec.moe_router_topk_scaling_factor, "expert_bias": shape.expert_bias},
-            "timing": f"ratio: ideal / layer (router load balancing forced) in {PAIRED_ROUNDS} alternated "
-                      f"steady-state windows of {STEADY_ITERS} fwd+bwd each (median of the rounds' ratios; the "
-                      "windows share the card's power-limited clock); random_*: the random-weight router's own "
-                      f"choices; sequential_*: {STEADY_ITERS} back to back, layer then ideal, median of 3; "
-                      "isolated_*: sync before each fwd+bwd, median of 10",
-            "layer_s": paired["a_s"], "ideal_s": paired["b_s"], "ratio": paired["ratio"],
-            "ratio_by_round": paired["ratio_by_round"],
-            "random_layer_s": paired_random["a_s"], "random_ratio": paired_random["ratio"],
-            "random_ratio_by_round": paired_random["ratio_by_round"],
-            "random_vs_uneven_ideal": paired_uneven["ratio"], "uneven_ideal_over_ideal": uneven_vs_ideal["ratio"],
-            "imbalance_max_over_mean": float(counts.float().max() / counts.float().mean()),
-            "sequential_layer_s": t_layer["steady"], "sequential_ideal_s": t_ideal["steady"],
-            "sequential_ratio": t_ideal["steady"] / t_layer["steady"],
-            "sequential_random_ratio": t_ideal["steady"] / t_random["steady"],
-            "isolated_layer_s": t_layer["isolated"], "isolated_ideal_s": t_ideal["isolated"],
-            "isolated_ratio": t_ideal["isolated"] / t_layer["isolated"],
-            "isolated_random_ratio": t_ideal["isolated"] / t_random["isolated"],
-            "host_issue_s": t_layer["host"], "random_host_issue_s": t_random["host"],
-            "ideal_host_issue_s": t_ideal["host"],
-            "layer_tflops": flops / paired["a_s"] / 1e12, "ideal_tflops": flops / paired["b_s"] / 1e12,
-            "fused_paths": fused_paths()}
+    """The MoE bar of ``shape`` on ``seq·mbs`` tokens (:func:`executor.microbench.moe_bar.moe_bar`)."""
+    return moe_bar(shape, seq, mbs, DEV, BF16, steady_iters=STEADY_ITERS, paired_rounds=PAIRED_ROUNDS)
 
 
 def part_moe_breakdown(shape: MoEShape) -> dict:
     """Each MoE sub-step fwd and bwd timed alone and inline, random vs balanced routing, the ideal on the
-    random routing's uneven group sizes (bench/moe_breakdown.py)."""
+    random routing's uneven group sizes (executor/microbench/moe_stages.py)."""
     result = breakdown(shape.spec, tokens=SEQ, dev=DEV, dtype=BF16, options=shape.options())
     print(format_table(f"moe_breakdown {shape.spec.name}", result), flush=True)
     return result

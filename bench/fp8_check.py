@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from bench.moe_breakdown import steady_window
+from executor.microbench.timing import time_steady_window
 from executor.kernels import fp8, get_backend
 from executor.kernels.fp8 import quantize
 from executor.kernels.torch_backend import TorchBackend
@@ -137,14 +137,14 @@ def part_agree(dev: torch.device, shape) -> dict:
 
 def _timer(dev: torch.device):
     """seconds per call of fn(): ``warmup`` calls, a sync, then ``iters`` back to back between two CUDA events
-    (:func:`bench.moe_breakdown.steady_window` with no lead calls: the first call starts on an idle GPU)."""
+    (:func:`executor.microbench.timing.time_steady_window` with no lead calls: the first call starts on an idle GPU)."""
 
     def run(fn, iters: int, warmup: int = 3) -> float:
         for _ in range(warmup):
             fn()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        return steady_window(fn, dev, iters, lead=0)
+        return time_steady_window(fn, dev, iters, lead=0)
 
     return run
 

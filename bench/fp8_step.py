@@ -46,6 +46,8 @@ from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
 from executor.kernels.fp8 import gemm, quantize
 from executor.launch_local import launch
+from executor.microbench.fp8_step_bar import BAR_LOSS, BAR_SPEEDUP, compare, max_rel_diff
+from executor.microbench.timing import synchronize
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
@@ -57,7 +59,6 @@ from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
-BAR_SPEEDUP = 1.25  # fp8 tokens/s over bf16's
 # runs: label -> (precision, environment of its process); each fp8 run is compared with bf16
 # bf16_torch_ce: bf16 with the torch cross-entropy instead of the fused kernel (the same math up to fp32
 # summation order): how far a rounding change alone moves the losses — the noise floor of the loss bar.
@@ -70,13 +71,7 @@ RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"}),
         "bf16_again": ("bf16", {})}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
-BAR_LOSS = 0.01  # largest relative loss difference over the steps
 TOP_KERNELS = 10
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]:
@@ -110,10 +105,10 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
     def run_step(step: int) -> tuple[float, float]:
         batch = global_batch(spec.vocab_size, training.seq_length, training.global_batch_size, options.seed, step)
         micro = micro_batches(batch, 1, 0, config.micro_batch_size, device)
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         loss = trainer.step(micro).loss  # ends with a host read of the loss
-        _sync(device)
+        synchronize(device)
         return time.perf_counter() - start, loss
 
     times, losses = [], []
@@ -144,27 +139,6 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
         report.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
                       device_name=torch.cuda.get_device_name(device))
     return report
-
-
-def max_rel_diff(losses: list[float], reference: list[float]) -> float:
-    """The largest |loss − reference| / |reference| over the steps, step for step (nan: no steps)."""
-    diffs = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
-    return max(diffs) if diffs else float("nan")
-
-
-def max_rise(losses: list[float]) -> float:
-    """The largest relative rise of a loss above its lowest earlier value (0: it never rose)."""
-    rises = [(loss - min(losses[:i])) / abs(min(losses[:i])) for i, loss in enumerate(losses) if i]
-    return max([0.0, *rises])
-
-
-def compare(bf16: dict, fp8_run: dict) -> dict:
-    """fp8's tokens/s over bf16's and the largest relative loss difference, step for step, with the bars;
-    ``bf16_max_rise``: how far bf16's own loss climbed back (:func:`max_rise`)."""
-    ratio = fp8_run["tokens_per_s"] / bf16["tokens_per_s"]
-    loss_diff = max_rel_diff(fp8_run["losses"], bf16["losses"])
-    return {"speedup": ratio, "max_rel_loss_diff": loss_diff, "speedup_ok": ratio >= BAR_SPEEDUP,
-            "loss_ok": loss_diff <= BAR_LOSS, "bf16_max_rise": max_rise(bf16["losses"])}
 
 
 def table(res: dict) -> str:

@@ -32,36 +32,11 @@ import time
 
 import torch
 
-from bench.table_rows import launch_rows, matching_rows
-from costmodel.step_time import host_seconds_per_micro_batch
+from executor.microbench.table_rows import launch_rows, matching_rows
 from executor.microbench.host_probe import host_probe_worker
+from planner.accuracy import host_floor_ratios
 from spec.catalog import get_model
-from spec.inputs import build_specs
-from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-
-
-def price(probe: dict, profile: str) -> list[dict]:
-    """Each measured layout of a stored probe (this bench's JSON) against the model's host floor per
-    micro-batch (base + full recomputation, busiest stage) under the profile file ``profile``:
-    [{'layout', 'measured_ms', 'model_ms', 'ratio'}]."""
-    training = probe["training"]
-    model = probe["model"].split("@")[0]
-    layers = int(probe["model"].split("@")[1][:-1]) if "@" in probe["model"] else None
-    out = []
-    for r in probe["results"]:
-        if "failure" in r:
-            continue
-        config = ParallelConfig.from_dict(r["config"])
-        spec, train, cluster = build_specs(model, config.world_size, layers=layers, profile=profile,
-                                           seq_length=training["seq_length"],
-                                           global_batch_size=training["global_batch_size"],
-                                           precision=training["precision"])
-        base, recompute = host_seconds_per_micro_batch(spec, train, cluster, config)
-        model_ms = (base + recompute) * 1e3
-        out.append({"layout": r["layout"], "measured_ms": r["host_ms_per_micro_batch"], "model_ms": model_ms,
-                    "ratio": r["host_ms_per_micro_batch"] / model_ms})
-    return out
 
 
 def main() -> int:
@@ -79,7 +54,7 @@ def main() -> int:
     if args.price:
         if not args.profile:
             p.error("--price needs --profile")
-        rows = [row for path in args.price.split(",") for row in price(json.load(open(path)), args.profile)]
+        rows = [row for path in args.price.split(",") for row in host_floor_ratios(json.load(open(path)), args.profile)]
         for row in rows:
             print(f"{row['layout']:75s} measured {row['measured_ms']:7.2f} ms, model {row['model_ms']:6.2f} ms, "
                   f"ratio {row['ratio']:5.2f}")

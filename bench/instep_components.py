@@ -1,6 +1,6 @@
 """Component factors from a stored 1-GPU layout table's phases (no device needed).
 
-Takes the row of one 1-GPU layout (default: no recompute, mbs 1) of a ``bench.layout_table`` /
+Takes the row of one 1-GPU layout (default: no recompute, mbs 1) of a layout table (``executor.profile_table``) /
 ``bench.costmodel_accuracy`` table, reads its per-phase step times as component seconds
 (:mod:`costmodel.calibrate.step_phases`), compares them with ``--profile``'s prediction and writes a
 component-run file that ``foldtune calibrate merge`` takes, as a ``calibrate --model`` run would:
@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from bench.costmodel_accuracy import merge_tables
+from planner.accuracy import merge_tables
 from costmodel.calibrate.step_phases import report_from_phases
 from spec.catalog import get_model
 from spec.profile_io import load_profile

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.moe_breakdown import steady_window
+from executor.microbench.timing import synchronize, time_steady_window
 from executor.kernels import triton_cross_entropy as ce_kernels
 from executor.options import DEFAULT_CHUNK_LOGITS
 from executor.parallel.groups import single_process_state
@@ -74,16 +74,11 @@ def cases(tiny: bool) -> list[Case]:
             _model_case("deepseek-v3", 4096, 1), _model_case("deepseek-v2-lite", 4096, 1)]
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _seconds_per_call(fn, dev: torch.device, iters: int) -> float:
-    """Seconds per call in steady state after two warm-up calls (bench.moe_breakdown.steady_window)."""
+    """Seconds per call in steady state after two warm-up calls (executor.microbench.timing.time_steady_window)."""
     fn()
-    _sync(dev)
-    return steady_window(fn, dev, iters, lead=2)
+    synchronize(dev)
+    return time_steady_window(fn, dev, iters, lead=2)
 
 
 def _inputs(case: Case, dev: torch.device, dtype: torch.dtype):
@@ -113,15 +108,15 @@ def measure_path(case: Case, chunk_logits: int, dev: torch.device, dtype: torch.
     row = {"path": name, "chunk_logits": chunk_logits}
     clear()
     row["saved_mib"] = saved_storage_bytes(loss, [hidden, weight]) / MIB
-    _sync(dev)
+    synchronize(dev)
     if dev.type == "cuda":
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         value = loss()
-        _sync(dev)
+        synchronize(dev)
         row["held_after_forward_mib"] = (torch.cuda.memory_allocated(dev) - base) / MIB
         value.backward()
-        _sync(dev)
+        synchronize(dev)
         grads = hidden.grad.nbytes + weight.grad.nbytes
         row["peak_extra_mib"] = (torch.cuda.max_memory_allocated(dev) - base - grads) / MIB
         del value

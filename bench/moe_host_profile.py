@@ -21,13 +21,8 @@ import pstats
 
 import torch
 
-from bench.executor_gpu import MOE_SHAPES, SEQ, TINY_MOE_SHAPES, TINY_SEQ
-from bench.moe_breakdown import bar_inputs, host_seconds, layer_fwd_bwd
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+from executor.microbench.moe_bar import MOE_SHAPES, SEQ, TINY_MOE_SHAPES, TINY_SEQ, bar_inputs, layer_fwd_bwd
+from executor.microbench.timing import synchronize, time_host_issue
 
 
 def profile_layer(shape_name: str, dev: torch.device, dtype: torch.dtype, tiny: bool, steps: int,
@@ -40,11 +35,11 @@ def profile_layer(shape_name: str, dev: torch.device, dtype: torch.dtype, tiny: 
     step = layer_fwd_bwd(bar.layer, bar.x, bar.gy)
     for _ in range(5):  # first-use checks, compilation, allocator warm-up
         step()
-    host_s = host_seconds(step, dev, steps)
+    host_s = time_host_issue(step, dev, steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
-        _sync(dev)
+        synchronize(dev)
     ops = []
     for e in prof.key_averages():
         ops.append({"op": e.key, "calls_per_step": e.count / steps,
@@ -55,7 +50,7 @@ def profile_layer(shape_name: str, dev: torch.device, dtype: torch.dtype, tiny: 
     for _ in range(steps):
         step()
     profiler.disable()
-    _sync(dev)
+    synchronize(dev)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(r"(executor|bench)/", top)
     return {"shape": shape_name, "mbs": mbs, "device": str(dev), "steps": steps, "host_s_per_step": host_s,

@@ -8,8 +8,8 @@ node, G the job's GPUs per node from its ``calibration.ray_cluster``), no two ra
 ``--want-gpus K``, each trial's ranks on K distinct GPUs. ``overlap``: the succeeded trials that ran at the
 same time (their ``measurement.run_window`` intervals, Unix seconds, intersect), printed with UTC
 timestamps, on disjoint GPUs; at least one such pair is required. Exit status 0 when the check holds, 1 when
-not. Standard library only (``sqlite3``), so it runs on a GPU box with torch and the wheelhouse alone; the
-job defaults to the newest one in the database.
+not. It reads the database with ``sqlite3`` (no SQLAlchemy), so it runs on a GPU box with torch and the
+wheelhouse alone; the job defaults to the newest one in the database.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import json
 import sqlite3
 import sys
 from typing import Any
+
+from executor.placement_audit import overlapping_pairs, placement_problems, rank_devices, shared_gpus
 
 
 def load_trials(db_path: str, job_id: int | None = None) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
@@ -47,58 +49,6 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _devices(placement: list[dict]) -> list[tuple[str, str]]:
-    """(Ray node id, GPU id) per rank; a rank without a GPU counts as the node's CPU."""
-    return [(p.get("node", "?"), ",".join(map(str, p.get("gpus") or [])) or "cpu") for p in placement]
-
-
-def placement_problems(trials: list[dict], gpus_per_node: int, want_gpus: int | None = None) -> list[str]:
-    """What is wrong with where the succeeded trials' ranks ran (empty: nothing)."""
-    problems = []
-    done = [t for t in trials if t["status"] == "succeeded"]
-    if not done:
-        return ["no succeeded trial"]
-    for t in done:
-        m, n = t["measurement"], t["number"]
-        placement = m.get("placement") or []
-        if len(placement) != m.get("world_size"):
-            problems.append(f"trial {n}: placement of {len(placement)} ranks for a world of {m.get('world_size')}")
-            continue
-        devices = _devices(placement)
-        gpu_devices = [d for d in devices if d[1] != "cpu"]
-        if len(set(gpu_devices)) != len(gpu_devices):
-            problems.append(f"trial {n}: two ranks on one GPU: {devices}")
-        for r in range(len(placement)):
-            for s in range(r + 1, len(placement)):
-                same_planned = r // gpus_per_node == s // gpus_per_node
-                if same_planned != (devices[r][0] == devices[s][0]):
-                    problems.append(f"trial {n}: ranks {r} and {s} are {'not ' if same_planned else ''}on one Ray "
-                                    f"node, the planner put them {'together' if same_planned else 'apart'}")
-        if want_gpus is not None and len(set(gpu_devices)) != want_gpus:
-            problems.append(f"trial {n}: ranks on {len(set(gpu_devices))} distinct GPU(s), wanted {want_gpus}: "
-                            f"{devices}")
-    return problems
-
-
-def overlapping_pairs(trials: list[dict]) -> list[tuple[int, int, float]]:
-    """(trial a, trial b, seconds both ran) for succeeded trials whose run windows intersect."""
-    done = [t for t in trials if t["status"] == "succeeded" and len(t["measurement"].get("run_window") or []) == 2]
-    pairs = []
-    for i, a in enumerate(done):
-        for b in done[i + 1:]:
-            (a0, a1), (b0, b1) = a["measurement"]["run_window"], b["measurement"]["run_window"]
-            both = min(a1, b1) - max(a0, b0)
-            if both > 0:
-                pairs.append((a["number"], b["number"], both))
-    return pairs
-
-
-def shared_gpus(trials: list[dict], a: int, b: int) -> set[tuple[str, str]]:
-    """GPUs (node, id) that trials ``a`` and ``b`` both used (must be none when they overlap)."""
-    by_number = {t["number"]: set(_devices(t["measurement"].get("placement") or [])) for t in trials}
-    return {d for d in by_number[a] & by_number[b] if d[1] != "cpu"}
-
-
 def _utc(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
@@ -117,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         window = m.get("run_window") or []
         when = f"{_utc(window[0])} .. {_utc(window[1])} UTC" if len(window) == 2 else "-"
         print(f"job {job_id} trial {t['number']}: {t['status']:9s} {when}  ranks on "
-              f"{_devices(m.get('placement') or [])}" + (f"  ({t['failure_reason']})" if t["failure_reason"] else ""))
+              f"{rank_devices(m.get('placement') or [])}" + (f"  ({t['failure_reason']})" if t["failure_reason"] else ""))
     if args.check == "placement":
         per_node = args.gpus_per_node or (cal.get("ray_cluster") or {}).get("gpus_per_node")
         if not per_node:

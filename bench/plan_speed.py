@@ -24,13 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+from bench.report import DOC, ROOT, replace_section
 from planner.rank import plan
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Planner speed"
 BAR_CASE = "deepseek-v3@1024"
 BAR_SECONDS = 2.0
@@ -118,19 +117,6 @@ def table(rows: list[tuple[str, list[dict]]]) -> list[str]:
     return lines
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) the planner section of docs/benchmarks.md, leaving other sections alone."""
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    old = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text.rstrip("\n") + "\n" + ("\n" + old[end + 1:] if end >= 0 else "")
-    DOC.write_text(new if new.endswith("\n") else new + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
@@ -212,7 +198,7 @@ def main() -> int:
                 f"({c['time_calls']:,} vs {c['exhaustive_time_calls']:,} time estimates)" for c in checks) + "."), ""]
               if checks else []),
         ])
-        write_section(text)
+        replace_section(SECTION, text)
         print(f"updated {DOC.relative_to(ROOT)}")
     return 0
 

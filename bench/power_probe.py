@@ -31,8 +31,7 @@ import time
 
 import torch
 
-from bench import executor_gpu as eg
-from bench.moe_breakdown import bar_inputs, ideal_fwd_bwd, layer_fwd_bwd
+from executor.microbench.moe_bar import MOE_SHAPES, SEQ, bar_inputs, ideal_fwd_bwd, layer_fwd_bwd
 from executor.microbench.sustained import WINDOW_S, measure_sustained
 
 SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
@@ -111,7 +110,7 @@ def part_gemm(smi: SmiSampler, seconds: float) -> dict:
 
 
 def part_moe(smi: SmiSampler, rounds: int, iters: int = 20) -> dict:
-    bar = bar_inputs(eg.MOE_SHAPES["mixtral"].spec, eg.SEQ, 1, torch.device("cuda"), torch.bfloat16)
+    bar = bar_inputs(MOE_SHAPES["mixtral"].spec, SEQ, 1, torch.device("cuda"), torch.bfloat16)
     layer = bar.layer
     layer_step, ideal_step = layer_fwd_bwd(layer, bar.x, bar.gy), ideal_fwd_bwd(bar.ideal, bar.xs, bar.gs, bar.balanced)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import optuna
 
 from bench.costmodel_accuracy import add_common_arguments, load_or_measure, specs
-from bench.layout_table import replace_section, save_json, utc_now
+from bench.report import replace_section, save_json, utc_now
 from costmodel.estimate import estimate
 from planner.search import Candidate, CostModelSampler, SearchBudget, run_search, search_space
 from spec.layout_codec import optuna_key

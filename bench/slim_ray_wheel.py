@@ -12,6 +12,7 @@ packages go (38.7 MiB left). Checked 2026-11-27 on this machine's Python 3.12: t
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 import tempfile
@@ -37,8 +38,11 @@ def slim(wheel: pathlib.Path) -> int:
     return wheel.stat().st_size
 
 
-def main() -> int:
-    wheels = sorted(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".whl").glob("ray-*.whl"))
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("wheelhouse", nargs="?", default=".whl", help="folder holding ray-*.whl (default .whl)")
+    args = parser.parse_args(argv)
+    wheels = sorted(pathlib.Path(args.wheelhouse).glob("ray-*.whl"))
     if not wheels:
         print("slim_ray_wheel: no ray-*.whl in the wheelhouse (run ../shared/gpu/wheelhouse.sh first)")
         return 2

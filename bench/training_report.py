@@ -15,7 +15,7 @@ import statistics
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from bench.layout_table import replace_section
+from bench.report import replace_section
 from db.models import Training, TrainingMetric
 from spec.parallel_config import ParallelConfig
 

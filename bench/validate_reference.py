@@ -23,58 +23,14 @@ import datetime
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from bench.layout_table import replace_section
-from costmodel import reference
-from spec.catalog import get_hardware
-from spec.hardware import HardwareProfile
+from bench.report import replace_section
+from costmodel.reference import tables
 from spec.profile_io import load_profile
 
-REFERENCE = ROOT / "tests" / "data" / "reference.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference.json"
 HEADING = "## Cost model against published measurements (reference.json)"
-
-
-def calibrated(base: HardwareProfile, measured: HardwareProfile | None) -> HardwareProfile:
-    """``base`` with the compute-side fractions of ``measured`` (None: ``base`` unchanged)."""
-    if measured is None:
-        return base
-    return replace(base, name=f"{base.name}+{measured.name}", gemm_efficiency=measured.gemm_efficiency,
-                   gemm_bwd_efficiency=measured.gemm_bwd_efficiency,
-                   grouped_gemm_efficiency=measured.grouped_gemm_efficiency, hbm_efficiency=measured.hbm_efficiency,
-                   grouped_gemm_shape_efficiency=measured.grouped_gemm_shape_efficiency,
-                   attention_fwd_efficiency=measured.attention_fwd_efficiency,
-                   attention_bwd_efficiency=measured.attention_bwd_efficiency,
-                   overlap_slowdown=measured.overlap_slowdown,
-                   sustained_clock_factor=measured.sustained_clock_factor, source=f"{base.source} + compute of {measured.source}")
-
-
-def tables(ref: dict, bf16: HardwareProfile | None, fp8: HardwareProfile | None) -> list[dict]:
-    """One entry per reference table: its rows priced on the datasheet and on the calibrated profile."""
-    h100, a100 = get_hardware("h100-sxm"), get_hardware("a100-80gb")
-    out = []
-    nemo = ref["nemo_24_07_h100_dense"]
-    out.append({"title": "NeMo 24.07 fp8 H100 dense, tokens/s/GPU", "band": 0.15,
-                "datasheet": reference.nemo_rows(nemo, h100),
-                "calibrated": reference.nemo_rows(nemo, calibrated(h100, fp8)) if fp8 else None})
-    kor = ref["korthikanti2022"]
-    out.append({"title": "Korthikanti 2022 A100 fp16, s/iteration (no A100 calibration)", "band": None,
-                "datasheet": reference.korthikanti_rows(kor, a100), "calibrated": None})
-    moe = ref["megatron_moe_layer_8xh100"]
-    rows = reference.moe_layer_rows(moe, h100)
-    cal = None
-    if bf16 or fp8:
-        by_dtype = {"bf16": calibrated(h100, bf16), "fp8": calibrated(h100, fp8)}
-        cal = []
-        for dtype, hw in by_dtype.items():
-            sub = {**moe, "rows": [r for r in moe["rows"] if r["dtype"] == dtype]}
-            cal += reference.moe_layer_rows(sub, hw)
-        order = {label: i for i, (label, _, _) in enumerate(rows)}
-        cal.sort(key=lambda r: order[r[0]])
-    out.append({"title": "Megatron MoE layer 8xH100 TP1 EP8, ms", "band": None, "datasheet": rows, "calibrated": cal})
-    return out
 
 
 def _errors(rows):

@@ -11,6 +11,9 @@ Nothing in the cost model is fitted to these rows: they are what its error is pu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from spec.catalog import get_hardware
 from spec.hardware import ClusterSpec, HardwareProfile
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -84,4 +87,50 @@ def moe_layer_rows(table: dict, hardware: HardwareProfile) -> list[Row]:
         part = layer_times(model, training, ClusterSpec(hardware, 8), ParallelConfig(world_size=8, ep=table["ep"]))["moe"]
         out.append((f"{r['layer']} {r['dtype']} fwd", part.fwd_time * 1e3, r["fwd_ms"]))
         out.append((f"{r['layer']} {r['dtype']} bwd", part.bwd_time * 1e3, r["bwd_ms"]))
+    return out
+
+
+def calibrated(base: HardwareProfile, measured: HardwareProfile | None) -> HardwareProfile:
+    """``base`` with the compute-side fractions of ``measured`` (None: ``base`` unchanged): GEMM, grouped-GEMM
+    and attention efficiency curves, HBM efficiency, overlap interference and sustained clock. Network and
+    host-launch figures stay ``base``'s: a calibration on foldtune's executor describes its own host, not
+    Megatron's. Fractions are of the datasheet peak, so a curve measured on one GH100 card prices another."""
+    if measured is None:
+        return base
+    return replace(base, name=f"{base.name}+{measured.name}", gemm_efficiency=measured.gemm_efficiency,
+                   gemm_bwd_efficiency=measured.gemm_bwd_efficiency,
+                   grouped_gemm_efficiency=measured.grouped_gemm_efficiency, hbm_efficiency=measured.hbm_efficiency,
+                   grouped_gemm_shape_efficiency=measured.grouped_gemm_shape_efficiency,
+                   attention_fwd_efficiency=measured.attention_fwd_efficiency,
+                   attention_bwd_efficiency=measured.attention_bwd_efficiency,
+                   overlap_slowdown=measured.overlap_slowdown,
+                   sustained_clock_factor=measured.sustained_clock_factor,
+                   source=f"{base.source} + compute of {measured.source}")
+
+
+def tables(ref: dict, bf16: HardwareProfile | None, fp8: HardwareProfile | None) -> list[dict]:
+    """One entry per table of the reference file ``ref``: its ``title``, error ``band`` (None: no bar) and rows
+    (label, predicted, published) priced on the datasheet profile and on it with the compute fractions of the
+    ``bf16`` / ``fp8`` calibrations (``calibrated``: None where no calibration applies)."""
+    h100, a100 = get_hardware("h100-sxm"), get_hardware("a100-80gb")
+    out = []
+    nemo = ref["nemo_24_07_h100_dense"]
+    out.append({"title": "NeMo 24.07 fp8 H100 dense, tokens/s/GPU", "band": 0.15,
+                "datasheet": nemo_rows(nemo, h100),
+                "calibrated": nemo_rows(nemo, calibrated(h100, fp8)) if fp8 else None})
+    kor = ref["korthikanti2022"]
+    out.append({"title": "Korthikanti 2022 A100 fp16, s/iteration (no A100 calibration)", "band": None,
+                "datasheet": korthikanti_rows(kor, a100), "calibrated": None})
+    moe = ref["megatron_moe_layer_8xh100"]
+    rows = moe_layer_rows(moe, h100)
+    cal = None
+    if bf16 or fp8:
+        by_dtype = {"bf16": calibrated(h100, bf16), "fp8": calibrated(h100, fp8)}
+        cal = []
+        for dtype, hw in by_dtype.items():
+            sub = {**moe, "rows": [r for r in moe["rows"] if r["dtype"] == dtype]}
+            cal += moe_layer_rows(sub, hw)
+        order = {label: i for i, (label, _, _) in enumerate(rows)}
+        cal.sort(key=lambda r: order[r[0]])
+    out.append({"title": "Megatron MoE layer 8xH100 TP1 EP8, ms", "band": None, "datasheet": rows, "calibrated": cal})
     return out

@@ -75,7 +75,7 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
-from spec.validity import experts_do_not_split
+from spec.validity import experts_ep_rule, seq_cp_rule
 
 # A non-compute limiter is named only when it takes at least this share of the step.
 BOTTLENECK_MIN_SHARE = 0.10
@@ -873,11 +873,12 @@ def _context_by_value(model: ModelSpec, training: TrainingSpec, cluster: Cluster
 
 
 def _check(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
-    """Raise InvalidConfigError for a layout the time model cannot price (checked once per layer shape)."""
-    if model.is_moe and experts_do_not_split(model, config.ep):
-        raise InvalidConfigError(f"num_experts ({model.num_experts}) must be divisible by ep ({config.ep})")
-    if training.seq_length % config.cp:
-        raise InvalidConfigError(f"seq_length ({training.seq_length}) must be divisible by cp ({config.cp})")
+    """Raise InvalidConfigError for a layout the time model cannot price (checked once per layer shape): the
+    rule book's preconditions of the cost model (``spec.validity.COSTMODEL_RULES``; the pipeline's is
+    :func:`_check_pipeline`)."""
+    for rejection in (experts_ep_rule(model, config.ep), seq_cp_rule(training.seq_length, config.cp)):
+        if rejection is not None:
+            raise InvalidConfigError(str(rejection))
 
 
 def pipeline_bubble(stage_times: list[float] | tuple[float, ...], vpp: int = 1) -> float:

@@ -390,6 +390,15 @@ def _record_event(x: torch.Tensor):
     return event
 
 
+def check_overlappable(model) -> None:
+    """Raise InvalidConfigError when a MoE layer of ``model`` is recomputed whole (the rule book's
+    executor_ep_overlap, re-checked on the built model: the overlapped schedule runs the layer in parts)."""
+    for layer in model.decoder_layers():
+        if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
+            raise InvalidConfigError("[executor_ep_overlap] overlap_moe_expert_parallel_comm runs the MoE layer in "
+                                     "parts: full recompute and selective recompute of 'moe' do not apply")
+
+
 def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_last_backward=None,
                    trace: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped: F₀, then
@@ -398,10 +407,7 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
     summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward.
     The compute beside each exchange leaves ``model.options.ep_overlap_sm_carveout`` SMs free (module
     docstring)."""
-    for layer in model.decoder_layers():
-        if layer.is_moe and (layer.recompute_layer or layer.recompute_mlp):
-            raise InvalidConfigError("overlap_moe_expert_parallel_comm runs the MoE layer in parts: full recompute and "
-                             "selective recompute of 'moe' do not apply (spec.validity rule executor_ep_overlap)")
+    check_overlappable(model)
     carveout = model.options.ep_overlap_sm_carveout
     device = model.rope_cos.device
     if carveout and device.type == "cuda":

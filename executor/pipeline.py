@@ -39,8 +39,8 @@ def rank_order(pp: int, vpp: int, num_micro: int, rank: int) -> list[Op]:
             ops += [Op("F", warmup + i, 0), Op("B", i, 0)]
         return ops + [Op("B", m, 0) for m in range(num_micro - warmup, num_micro)]
     if num_micro % pp:
-        raise InvalidConfigError(f"interleaved pipeline (vpp={vpp}) needs micro-batches per step ({num_micro}) "
-                                 f"divisible by pp ({pp})")
+        raise InvalidConfigError(f"[vpp_microbatches] interleaved pipeline (vpp={vpp}) needs micro-batches per "
+                                 f"step ({num_micro}) divisible by pp ({pp})")
     total = num_micro * vpp
 
     def place(k: int, backward: bool) -> Op:

@@ -21,16 +21,15 @@ from spec.flops import flops_per_step, mfu, tflops_per_gpu
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.validity import batch_rule
 from executor import progress
+from executor.buildable import check_buildable
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
 from executor.launch_local import launch as launch_local
 from executor.measurement import Measurement
 from executor.model import MoEGPT
-from executor.options import ExecutorOptions, check_model_supported
+from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
-from executor.parallel.tensor_parallel import check_layout
 from executor.timing import PhaseTimer
 from executor.train_step import Trainer
 
@@ -189,12 +188,8 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
                "precision": training.precision, "seq_length": training.seq_length,
                "global_batch_size": training.global_batch_size}
     try:
-        check_model_supported(model)
-        check_layout(model, config, training.seq_length)
+        check_buildable(model, training, config)  # the rule book, once, before any rank starts
         options_for_precision(options, training.precision)  # a backend without an fp8 variant fails here
-        rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
-        if rejection is not None:
-            raise FoldtuneError(rejection.reason)
     except FoldtuneError as exc:
         return Measurement.failed(str(exc), **context)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available()

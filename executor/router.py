@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from spec.errors import InvalidConfigError
 from spec.model_spec import ModelSpec
+from spec.validity import capacity_with_cp
 from executor.kernels import triton_router as fused_router
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd, all_reduce_
@@ -87,9 +88,10 @@ class Router(torch.nn.Module):
         if spec.add_bias_linear:  # Megatron's router takes add_bias_linear too (GPT-OSS's router has a bias)
             info = ShardInfo(f"layers.{layer}.router.bias", (spec.num_experts,), tp_partial=True)
             self.bias = make_param(info, state, "zeros", 0.0, options.seed, device, dtype)
-        if options.moe_expert_capacity_factor is not None and state["cp"].size > 1:
-            raise InvalidConfigError(f"capacity factor {options.moe_expert_capacity_factor} with cp="
-                                     f"{state['cp'].size}: token dropping under context parallelism is not built")
+        # the rule book's executor_capacity_cp, re-checked for a model built without executor.buildable
+        if capacity_with_cp(options.moe_expert_capacity_factor, state["cp"].size):
+            raise InvalidConfigError(f"[executor_capacity_cp] capacity factor {options.moe_expert_capacity_factor} "
+                                     f"with cp={state['cp'].size}: token dropping under context parallelism is not built")
         problem = options.router_options().model_problem(spec)  # the expert bias needs sigmoid scores
         if problem:
             raise InvalidConfigError(problem)

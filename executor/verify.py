@@ -14,12 +14,12 @@ import torch
 
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from executor.buildable import check_buildable, training_for
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
 from executor.parallel.sharding import gather_model
-from executor.parallel.tensor_parallel import check_layout
 from executor.train_step import Trainer
 
 
@@ -41,7 +41,9 @@ class Scenario:
 
 def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
     """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params."""
-    check_layout(scenario.model, config, scenario.seq_length)
+    training = training_for(scenario.seq_length, scenario.global_batch_size,
+                            scenario.options.moe_expert_capacity_factor)
+    check_buildable(scenario.model, training, config.replace(micro_batch_size=scenario.micro_batch_size))
     state = build_parallel_state(config, rank)
     torch.manual_seed(0)
     device = torch.device("cuda", rank) if scenario.device == "cuda" else torch.device("cpu")

@@ -63,12 +63,13 @@ from typing import NamedTuple
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
+from spec.layout_rules import activation_offload_problem, optimizer_offload_problem
 from spec.model_spec import ModelSpec
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, placement_label
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import Rejection, Validator
+from spec.validity import Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -317,11 +318,9 @@ class Enumeration:
 
     def knobs_for(self, option: tuple[float, tuple[str, ...]]):
         """(distributed-optimizer settings, recompute options) valid with an offload option (module docstring)."""
-        fraction, modules = option
-        distopts = self.distributed_optimizer if not fraction else tuple(d for d in self.distributed_optimizer if d)
-        chain = self.recompute if not modules else tuple(
-            (g, m) for g, m in self.recompute if g != "full" and not set(m) & set(modules)
-            and not ("core_attn" in modules and "mla_up_proj" in m))
+        fraction, modules = option  # the rule book's offload rules
+        distopts = tuple(d for d in self.distributed_optimizer if optimizer_offload_problem(fraction, d) is None)
+        chain = tuple((g, m) for g, m in self.recompute if activation_offload_problem(g, m, modules) is None)
         return distopts, chain
 
     def recompute_count(self, dispatcher: DispatchOption) -> int:
@@ -391,7 +390,7 @@ class ConfigMaker:
 
 def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatcher: DispatchOption) -> int:
     """See :meth:`Enumeration.recompute_count`."""
-    if dispatcher.ep_overlap and recompute and recompute[-1][0] == "full":
+    if dispatcher.ep_overlap and recompute and ep_overlap_recomputes_whole_layers(recompute[-1][0]):
         return len(recompute) - 1
     return len(recompute)
 
@@ -444,8 +443,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                               bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
         expert_pairs[pp] = pairs
         expert_leaves[pp] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
-    overlap_needs_vpp = Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs vpp > 1 when pp > 1")
-    overlap_needs_no_full = Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs no full recompute")
 
     glob = v.global_()
     for tp in divisors(world):
@@ -487,11 +484,14 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                             continue
                         for bad in recompute_bad:
                             result._reject(bad, n_mbs * len(dispatchers) * n_opt)
-                        if overlap and pp > 1 and vpp == 1:
-                            result._reject(overlap_needs_vpp, n_mbs * len(recompute_ok) * n_opt)
+                        # the rule book's ep_overlap rule, on the overlap option (alltoall, ep > 1) without and
+                        # with full recompute
+                        overlap_rej = overlap and ep_overlap_rule(ep, "alltoall", "none", pp, vpp)
+                        if overlap_rej:
+                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt)
                             dispatchers = tuple(d for d in dispatchers if not d.ep_overlap)
                         elif overlap_drops_full:
-                            result._reject(overlap_needs_no_full, n_mbs * n_opt)
+                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt)
                         result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                      split, sizes, dispatchers))
     options = space.offload_options()

@@ -736,22 +736,19 @@ def _read_layout(text: str, validator: Validator) -> tuple[ParallelConfig | None
     the codec cannot read raises InvalidConfigError. Without a ``distopt=`` token the distributed optimizer
     follows the training spec (None: on)."""
     world = validator.cluster.num_gpus
-    tokens = ParallelConfig.read_label(text)
-    try:
-        config = ParallelConfig.parse(text, world_size=world)
-    except InvalidConfigError:
-        sizes = tokens.sizes
-        tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
-        ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
-        found = []
-        if min(tp, cp, pp, ep, etp) >= 1:
-            found = [r for r in (world_dense(world, tp, cp, pp), world_expert(world, ep, etp, pp)) if r]
-        if not found:
-            raise
+    tokens = ParallelConfig.read_label(text)  # raises for a token it cannot read
+    sizes = tokens.sizes
+    tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)
+    ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
+    found = []
+    if min(tp, cp, pp, ep, etp) >= 1:  # below 1 the constructor names the size
+        found = [r for r in (world_dense(world, tp, cp, pp), world_expert(world, ep, etp, pp)) if r]
+    if found:  # no config exists for these sizes: dp and edp would not be whole
         found += [r for r in (validator.global_(), validator.tp(tp), validator.cp(cp),
                               validator.pp(pp, sizes.get("vpp", 1), DEFAULT_SPLIT), validator.ep(ep),
                               validator.etp(etp)) if r is not None]
         return None, found
+    config = ParallelConfig.parse(text, world_size=world)
     if "use_distributed_optimizer" not in tokens.fields:
         distopt = validator.training.distributed_optimizer
         distopt = True if distopt is None else distopt

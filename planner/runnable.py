@@ -12,13 +12,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from costmodel.estimate import Estimate
-from planner.enumerate import SearchSpace
+from planner.enumerate import SearchSpace, enumerate_layouts
 from planner.rank import NoValidLayoutError, plan
 from spec.hardware import ClusterSpec, GPUSpec
+from spec.errors import SpecError
 from spec.model_spec import ModelSpec
+from spec.parallel_config import ParallelConfig
 from spec.precision_search import wanted_precisions
 from spec.training_spec import TrainingSpec
-from spec.validity import Rejection, executor_layout_rules, executor_model_rule
+from spec.validity import Rejection, Validator, executor_model_rule, executor_rules
 
 PLAN_FACTOR = 16  # ranked layouts asked of the planner per trial of the budget
 MIN_PLANNED = 64
@@ -76,7 +78,7 @@ def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
     dropped: Counter[str] = Counter()
     kept: list[Estimate] = []
     for est in result.ranked:
-        rejections = executor_layout_rules(model, est.config, training.seq_length)
+        rejections = executor_rules(model, training, est.config)
         if rejections:
             dropped["; ".join(r.reason for r in rejections)] += 1
         elif keep is None or len(kept) < keep:
@@ -98,3 +100,16 @@ def tuned_precisions(training: TrainingSpec, gpu: GPUSpec) -> tuple[tuple[str, .
         note = (f"{', '.join(dropped)} not searched: GPU {gpu.name} has no fp8 peak in its hardware profile; "
                 f"searching {', '.join(kept)}")
     return kept, note
+
+
+def executable_space(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                     space: SearchSpace) -> list[ParallelConfig]:
+    """Every valid layout of the enumeration under ``space`` that the executor can build, in enumeration order
+    (unranked: what a benchmark measures to compare the cost model with). A model the executor cannot build
+    raises SpecError with the reason (rule ``executor_model``) rather than giving an empty space."""
+    model_rule = executor_model_rule(model)
+    if model_rule is not None:
+        raise SpecError(model_rule.reason)
+    validator = Validator(model, training, cluster)
+    return [config for config in enumerate_layouts(model, training, cluster, space).configs()
+            if not validator.executor(config)]

@@ -44,7 +44,8 @@ class AttentionKind:
     ``layers.{i}.attention.``) -> HF's (after ``model.layers.{i}.self_attn.``). ``recompute_modules``:
     selective-recompute modules only this kind has. ``tp_rule(model, tp)``: a (rule id, reason) pair where
     ``tp`` cannot split this kind's heads, else None. ``windows_and_sinks``: whether the executor builds
-    sliding windows and attention sinks for it.
+    sliding windows and attention sinks for it. ``split_qk_norms``: whether it builds q/k norms that split with
+    the heads (a scope with ``split_with_heads``); where it does not, the rule book's executor_model rule says so.
     """
 
     name: str
@@ -59,6 +60,7 @@ class AttentionKind:
     recompute_modules: tuple[str, ...] = ()
     tp_rule: Callable[[Model, int], tuple[str, str] | None] = lambda model, tp: None
     windows_and_sinks: bool = False
+    split_qk_norms: bool = True
 
 
 #: name -> kind, in registration order
@@ -169,10 +171,6 @@ def _mla_problems(model: Model) -> list[str]:
         value = getattr(model, name)
         if not (isinstance(value, int) and value >= 1):
             out.append(f"{name} must be a positive integer, got {value!r}")
-    scope = QK_NORM_SCOPES.get(model.qk_layernorm_scope)  # an unknown scope is ModelSpec's own error
-    if scope is not None and scope.split_with_heads:
-        out.append(f"qk_layernorm_scope {scope.name!r} (q/k norms split with the heads) is not built for "
-                   f"multi_latent_attention")
     return out
 
 
@@ -195,4 +193,4 @@ MLA = register_attention_kind(AttentionKind(
               "linear_kv_down_proj.weight": "kv_a_proj_with_mqa.weight",
               "kv_layernorm.weight": "kv_a_layernorm.weight", "linear_kv_up_proj.weight": "kv_b_proj.weight",
               "linear_proj.weight": "o_proj.weight"},
-    recompute_modules=("mla_up_proj",)))
+    recompute_modules=("mla_up_proj",), split_qk_norms=False))

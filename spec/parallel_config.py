@@ -73,43 +73,33 @@ class ParallelConfig(LayoutCodec):
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.recompute_granularity == "selective" and not self.recompute_modules:
             object.__setattr__(self, "recompute_modules", DEFAULT_SELECTIVE_MODULES)
+        # types and ranges only: how the sizes fold the world and which knobs go together are rules of the
+        # rule book (spec.layout_rules, spec.validity.check), which names the rule a layout breaks
         p: list[str] = []
         positive_ints(p, self, ("world_size", "tp", "cp", "pp", "vpp", "ep", "etp", "micro_batch_size"))
         raise_if(p, "parallel config")
-        require(p, self.world_size % (self.tp * self.cp * self.pp) == 0,
-                f"world_size ({self.world_size}) must be divisible by tp·cp·pp "
-                f"({self.tp}·{self.cp}·{self.pp} = {self.tp * self.cp * self.pp})")
-        require(p, self.world_size % (self.etp * self.ep * self.pp) == 0,
-                f"world_size ({self.world_size}) must be divisible by etp·ep·pp "
-                f"({self.etp}·{self.ep}·{self.pp} = {self.etp * self.ep * self.pp})")
         require(p, self.recompute_granularity in RECOMPUTE_GRANULARITIES,
                 f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}")
         bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         require(p, not bad, f"unknown recompute_modules {bad}; known: {RECOMPUTE_MODULES}")
-        require(p, self.recompute_granularity == "selective" or not self.recompute_modules,
-                "recompute_modules are only used with recompute_granularity 'selective'")
         require(p, self.recompute_num_layers >= 0, f"recompute_num_layers must be >= 0, got {self.recompute_num_layers}")
         p += _offload_problems(self)
         require(p, self.moe_token_dispatcher_type in DISPATCHERS,
                 f"moe_token_dispatcher_type must be one of {DISPATCHERS}, got {self.moe_token_dispatcher_type!r}")
-        require(p, not (self.sequence_parallel and self.tp == 1), "sequence_parallel needs tp > 1")
-        split = self.pipeline_split
-        split_problems = split.problems()
-        p += split_problems
-        if not split_problems and split.layout is not None and split.num_chunks() != self.pp * self.vpp:
-            p.append(f"pipeline_layout has {split.num_chunks()} chunks; pp·vpp = {self.pp}·{self.vpp} = "
-                     f"{self.pp * self.vpp} (vpp = chunks / pp)")
+        p += self.pipeline_split.problems()
         if p:
             raise InvalidConfigError("invalid parallel config: " + "; ".join(p))
 
     @property
     def dp(self) -> int:
-        """Data-parallel size of the attention/dense layout."""
+        """Data-parallel size of the attention/dense layout (rounded down where tp·cp·pp does not divide the
+        world: the rule book's world_dense rule, which a layout must pass before it is used)."""
         return self.world_size // (self.tp * self.cp * self.pp)
 
     @property
     def edp(self) -> int:
-        """Expert data-parallel size of the MoE layout."""
+        """Expert data-parallel size of the MoE layout (rounded down where etp·ep·pp does not divide the world:
+        the rule book's world_expert rule)."""
         return self.world_size // (self.etp * self.ep * self.pp)
 
     @property
@@ -158,25 +148,14 @@ def _module_order(modules) -> tuple[str, ...]:
 
 
 def _offload_problems(cfg: ParallelConfig) -> list[str]:
-    """What is wrong with the offload knobs of ``cfg`` (empty when nothing)."""
+    """What is wrong with the offload knobs of ``cfg`` on their own (a fraction out of range, an unknown module)."""
     p: list[str] = []
     f = cfg.optimizer_cpu_offload_fraction
     if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0.0 <= f <= 1.0:
         p.append(f"optimizer_cpu_offload_fraction must be a fraction in [0, 1], got {f!r}")
-    elif f and not cfg.use_distributed_optimizer:
-        p.append("optimizer_cpu_offload_fraction > 0 needs the distributed optimizer (as Megatron's "
-                 "--optimizer-cpu-offload)")
-    modules = cfg.activation_offload_modules
-    bad = [m for m in modules if m not in ACTIVATION_OFFLOAD_MODULES]
+    bad = [m for m in cfg.activation_offload_modules if m not in ACTIVATION_OFFLOAD_MODULES]
     if bad:
         p.append(f"unknown activation_offload_modules {bad}; known: {ACTIVATION_OFFLOAD_MODULES}")
-    if modules and cfg.recompute_granularity == "full":
-        p.append("activation_offload_modules cannot be combined with full recompute (the layer keeps only its input)")
-    both = [m for m in modules if cfg.recompute_granularity == "selective" and m in cfg.recompute_modules]
-    if both:
-        p.append(f"modules {both} are both recomputed and offloaded; choose one")
-    if "core_attn" in modules and cfg.recompute_granularity == "selective" and "mla_up_proj" in cfg.recompute_modules:
-        p.append("core_attn cannot be offloaded while mla_up_proj is recomputed (the core runs inside that region)")
     return p
 
 

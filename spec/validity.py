@@ -1,4 +1,7 @@
-"""Megatron-LM's validity rules for a folded layout, as hard filters with a rule id and a readable reason.
+"""The rule book: :func:`check` returns every rule a layout breaks, each a :class:`Rejection` with a rule id and a
+readable reason. Its rules are Megatron-LM's (:data:`RULES`), the rules on a config alone
+(:mod:`spec.layout_rules`, listed in :data:`RULES` too), and what ``executor/`` builds (:data:`EXECUTOR_RULES`);
+the cost model's preconditions are Megatron rules (:data:`COSTMODEL_RULES`).
 
 Each rule is checked at the level of the enumeration where its variables become known (the model and
 the GPU; then tp; cp; pp and vpp; ep; etp; the batch; the knobs), so the enumerator can reject a whole
@@ -31,9 +34,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   recompute, and vpp when pp > 1);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
 
-The executor's capability rules (:data:`EXECUTOR_RULES`, :meth:`Validator.executor`) say what
-``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it plans
-for Megatron); the tuning runner, the trainings, benchmarks and the executor itself do.
+The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
+say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
+plans for Megatron; :func:`is_executor_rule` tells them apart); the tuning runner, the front door, benchmarks
+and the executor itself (``executor.buildable``, once before the ranks build their slices) do.
 
 foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
@@ -45,11 +49,14 @@ alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.attention_kinds import attention_kind, modules_of_other_kinds
 from spec.hardware import ClusterSpec
+from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
+from spec.norm_scopes import QK_NORM_SCOPES
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -78,6 +85,8 @@ RULES: dict[str, str] = {
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
 }
+# the rules on a config alone (how its sizes fold the world, which knobs go together): spec.layout_rules
+RULES.update({rule.id: rule.demands for rule in LAYOUT_RULES if rule.id not in RULES})
 
 # rule id -> what executor/ can run: a subset of Megatron's layouts (the reasons name the executor's limits)
 EXECUTOR_RULES: dict[str, str] = {
@@ -95,17 +104,15 @@ EXECUTOR_RULES: dict[str, str] = {
                            "without full recompute, selective recompute of moe or activation offload of moe",
 }
 
+#: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
+#: layout with their rejection): experts split over EP, the sequence over CP, the layers over the pipeline.
+COSTMODEL_RULES = ("experts_ep", "seq_cp", "layers_pp")
 
-@dataclass(frozen=True)
-class Rejection:
-    """Why a layout is invalid: the id of the rule it breaks (a key of :data:`RULES` or
-    :data:`EXECUTOR_RULES`) and one readable line."""
 
-    rule: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"[{self.rule}] {self.reason}"
+def is_executor_rule(rule: str) -> bool:
+    """Whether ``rule`` says what executor/ builds (a key of :data:`EXECUTOR_RULES`) rather than what
+    Megatron-LM runs: a layout broken only by such rules is valid for the planner, which plans for Megatron."""
+    return rule in EXECUTOR_RULES
 
 
 def pipeline_split(num_layers: int, pp: int, vpp: int = 1, split: PipelineSplit = DEFAULT_SPLIT,
@@ -161,6 +168,50 @@ def batch_rule(global_batch_size: int, micro_batch_size: int, dp: int) -> Reject
     return None
 
 
+def seq_cp_rule(seq_length: int, cp: int) -> Rejection | None:
+    """Megatron's context-parallel rule: the load-balanced causal split gives each CP rank two chunks of every
+    sequence, so seq_length % (2·cp) == 0 when cp > 1."""
+    if cp > 1 and seq_length % (2 * cp):
+        return Rejection("seq_cp", f"seq_length ({seq_length}) is not divisible by 2·cp ({2 * cp}); "
+                                   f"the load-balanced causal split gives each CP rank two chunks")
+    return None
+
+
+def experts_ep_rule(model: ModelSpec, ep: int) -> Rejection | None:
+    """Megatron's expert rule: the experts split evenly over ``ep`` ranks (ep > 1 needs a MoE model)."""
+    if not experts_do_not_split(model, ep):
+        return None
+    if not model.is_moe:
+        return Rejection("experts_ep", f"ep {ep} needs a MoE model; {model.name} has no experts")
+    return Rejection("experts_ep", f"num_experts ({model.num_experts}) is not divisible by ep ({ep})")
+
+
+def ep_overlap_recomputes_whole_layers(recompute_granularity: str) -> bool:
+    """The part of the EP-overlap rule on recomputation: the overlapped schedule cuts each layer at its
+    all-to-alls, which full recompute (a checkpoint around the whole layer) would span."""
+    return recompute_granularity == "full"
+
+
+def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: int, vpp: int) -> Rejection | None:
+    """Megatron's EP-overlap rule for a layout with ``overlap_moe_expert_parallel_comm`` on: ep > 1, the
+    alltoall dispatcher, no full recompute, and interleaving (vpp > 1) when pp > 1."""
+    why = [need for need, broken in (
+        ("ep > 1", ep == 1),
+        ("the alltoall dispatcher", dispatcher != "alltoall"),
+        ("no full recompute", ep_overlap_recomputes_whole_layers(recompute_granularity)),
+        ("vpp > 1 when pp > 1", pp > 1 and vpp == 1),
+    ) if broken]
+    if why:
+        return Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs " + ", ".join(why))
+    return None
+
+
+def capacity_with_cp(capacity_factor: float | None, cp: int) -> bool:
+    """Token dropping (a capacity factor) under context parallelism, which the executor does not build: each
+    CP rank routes only its part of every sequence, so its capacity would count another set of tokens."""
+    return capacity_factor is not None and cp > 1
+
+
 def unsupported_features(model: ModelSpec) -> list[str]:
     """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
     unsupported = []
@@ -177,6 +228,10 @@ def unsupported_features(model: ModelSpec) -> list[str]:
         unsupported.append(f"{kind.label} attention with a window or attention sinks")
     if model.hidden_dropout or model.attention_dropout:
         unsupported.append("dropout")
+    scope = QK_NORM_SCOPES.get(model.qk_layernorm_scope)
+    if scope is not None and scope.split_with_heads and not kind.split_qk_norms:
+        unsupported.append(f"qk_layernorm_scope {scope.name!r} (q/k norms split with the heads) with "
+                           f"{kind.label} attention")
     return unsupported
 
 
@@ -246,44 +301,27 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
     return found
 
 
-def executor_layout_error(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:
-    """One line naming the layout, the model and every executor rule the layout breaks."""
-    return f"layout {config.label()} for {model.name}: " + "; ".join(r.reason for r in rejections)
-
-
-def world_dense(world: int, tp: int, cp: int, pp: int) -> Rejection | None:
-    """tp·cp·pp must divide the world (dp is what is left)."""
-    if world % (tp * cp * pp):
-        return Rejection("world_dense", f"tp·cp·pp = {tp}·{cp}·{pp} = {tp * cp * pp} does not divide "
-                                        f"the world size {world}")
-    return None
-
-
-def world_expert(world: int, ep: int, etp: int, pp: int) -> Rejection | None:
-    """etp·ep·pp must divide the world (edp is what is left)."""
-    if world % (etp * ep * pp):
-        return Rejection("world_expert", f"etp·ep·pp = {etp}·{ep}·{pp} = {etp * ep * pp} does not divide "
-                                         f"the world size {world}")
-    return None
-
-
 class Validator:
     """The validity rules bound to one (model, training, cluster); each level check returns a Rejection or None."""
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                 split: PipelineSplit = DEFAULT_SPLIT) -> None:
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | None,
+                 split: PipelineSplit = DEFAULT_SPLIT, world: int | None = None) -> None:
         """``split``: Megatron's pipeline placement options every layout of the level checks uses (the
-        planner's search space); :meth:`check` reads them from the config it judges."""
+        planner's search space); :meth:`check` reads them from the config it judges. Without a ``cluster``
+        (the executor, which runs on what it is given) the GPU's rule is not checked and the world is
+        ``world``."""
         self.model = model
         self.training = training
         self.cluster = cluster
-        self.world = cluster.num_gpus
+        self.world = cluster.num_gpus if cluster is not None else world
         self.pipeline = split
         self._split_cache: dict[tuple, tuple[tuple[int, ...] | None, str]] = {}
 
     # ---- level checks (cheap; the enumerator calls them as soon as their inputs are bound) ----------
     def global_(self) -> Rejection | None:
         """Rules that depend only on the model, the training recipe and the GPU."""
+        if self.cluster is None:
+            return None
         if self.training.precision == "fp8" and "fp8" not in dict(self.cluster.gpu.peak_flops):
             return Rejection("fp8_hardware", f"precision fp8 needs a GPU with an fp8 peak; "
                                              f"{self.cluster.gpu.name} has only {sorted(dict(self.cluster.gpu.peak_flops))}")
@@ -306,11 +344,7 @@ class Validator:
         return None
 
     def cp(self, cp: int) -> Rejection | None:
-        seq = self.training.seq_length
-        if cp > 1 and seq % (2 * cp):
-            return Rejection("seq_cp", f"seq_length ({seq}) is not divisible by 2·cp ({2 * cp}); "
-                                       f"the load-balanced causal split gives each CP rank two chunks")
-        return None
+        return seq_cp_rule(self.training.seq_length, cp)
 
     def world_dense(self, tp: int, cp: int, pp: int) -> Rejection | None:
         return world_dense(self.world, tp, cp, pp)
@@ -342,12 +376,7 @@ class Validator:
         return None
 
     def ep(self, ep: int) -> Rejection | None:
-        m = self.model
-        if not experts_do_not_split(m, ep):
-            return None
-        if not m.is_moe:
-            return Rejection("experts_ep", f"ep {ep} needs a MoE model; {m.name} has no experts")
-        return Rejection("experts_ep", f"num_experts ({m.num_experts}) is not divisible by ep ({ep})")
+        return experts_ep_rule(self.model, ep)
 
     def etp(self, etp: int) -> Rejection | None:
         m = self.model
@@ -385,17 +414,9 @@ class Validator:
         if c.overlap_param_gather and not c.use_distributed_optimizer:
             return Rejection("param_gather_distopt", "overlap_param_gather needs the distributed optimizer")
         if c.overlap_moe_expert_parallel_comm:
-            why = []
-            if c.ep == 1:
-                why.append("ep > 1")
-            if c.moe_token_dispatcher_type != "alltoall":
-                why.append("the alltoall dispatcher")
-            if c.recompute_granularity == "full":
-                why.append("no full recompute")
-            if c.pp > 1 and c.vpp == 1:
-                why.append("vpp > 1 when pp > 1")
-            if why:
-                return Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs " + ", ".join(why))
+            overlap = ep_overlap_rule(c.ep, c.moe_token_dispatcher_type, c.recompute_granularity, c.pp, c.vpp)
+            if overlap is not None:
+                return overlap
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
         forced = self.training.distributed_optimizer
@@ -407,29 +428,108 @@ class Validator:
 
     # ---- one whole config ------------------------------------------------------------------------
     def check(self, c: ParallelConfig) -> list[Rejection]:
-        """Every rule ``c`` breaks, in enumeration order (empty when valid)."""
+        """Every Megatron rule and every rule on the config alone (:mod:`spec.layout_rules`) ``c`` breaks, in
+        enumeration order (empty when valid)."""
         found = [
             self.global_(), self.tp(c.tp), self.cp(c.cp), self.world_dense(c.tp, c.cp, c.pp),
             self.pp(c.pp, c.vpp, c.pipeline_split),
             self.ep(c.ep), self.world_expert(c.ep, c.etp, c.pp), self.etp(c.etp),
         ]
         if not self.world % (c.tp * c.cp * c.pp):
-            found.append(self.batch(c.dp, c.micro_batch_size, c.pp, c.vpp))
+            found.append(self.batch(self.world // (c.tp * c.cp * c.pp), c.micro_batch_size, c.pp, c.vpp))
         found.append(self.knobs(c))
+        found += [r for r in layout_rejections(c) if r.rule not in ("world_dense", "world_expert")]
+        found += _registered(self.model, self.training, c, executor=False)
         return [r for r in found if r is not None]
 
     # ---- what executor/ can run (a subset of the above) ----------------------------------------------
     def executor(self, c: ParallelConfig) -> list[Rejection]:
-        """Every executor capability rule ``c`` breaks with this model and sequence length (empty: it runs)."""
-        model_rule = executor_model_rule(self.model)
-        return ([model_rule] if model_rule else []) + executor_layout_rules(self.model, c, self.training.seq_length)
+        """Every executor capability rule ``c`` breaks with this model and training (empty: it runs)."""
+        return executor_rules(self.model, self.training, c)
 
 
 def check_config(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                  config: ParallelConfig) -> list[Rejection]:
-    """Every validity rule ``config`` breaks for this model, training recipe and cluster (empty = valid)."""
+    """Every Megatron validity rule ``config`` breaks for this model, training recipe and cluster (empty =
+    valid for the planner); :func:`check` adds the executor's rules."""
     if config.world_size != cluster.num_gpus:
         return [Rejection("world_dense", f"the layout is for {config.world_size} GPUs, the cluster has "
                                          f"{cluster.num_gpus}")]
     return Validator(model, training, cluster).check(config)
+
+
+def check(model: ModelSpec, training: TrainingSpec, layout: ParallelConfig,
+          cluster: ClusterSpec | None = None) -> list[Rejection]:
+    """The rule book: every rule ``layout`` breaks for ``model`` trained as ``training`` on ``cluster``.
+
+    Megatron-LM's rules and the rules on the config alone (:data:`RULES`; the cost model's preconditions,
+    :data:`COSTMODEL_RULES`, are among them), then what the executor builds (:data:`EXECUTOR_RULES`,
+    :func:`is_executor_rule`): a layout whose rejections are all executor rules is valid for Megatron
+    (the planner's question) but not runnable by foldtune. Empty: the executor builds it. Without a
+    ``cluster`` (the executor) the GPU is not judged and the world is the layout's.
+    """
+    if cluster is not None and layout.world_size != cluster.num_gpus:
+        return check_config(model, training, cluster, layout)
+    validator = Validator(model, training, cluster, world=layout.world_size)
+    return validator.check(layout) + validator.executor(layout)
+
+
+def executor_rules(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> list[Rejection]:
+    """Every executor capability rule (:data:`EXECUTOR_RULES`) that ``config`` breaks for ``model`` trained
+    as ``training`` (empty: executor/ builds it)."""
+    model_rule = executor_model_rule(model)
+    found = ([model_rule] if model_rule else []) + executor_layout_rules(model, config, training.seq_length)
+    return found + _registered(model, training, config, executor=True)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule of the rule book on the whole case: ``broken(model, training, layout)`` is the reason the layout
+    breaks it, or None. ``executor``: a rule on what executor/ builds (else Megatron's or foldtune's)."""
+
+    id: str
+    demands: str
+    broken: Callable[[ModelSpec, TrainingSpec, ParallelConfig], str | None]
+    executor: bool = False
+
+
+_REGISTERED: list[Rule] = []
+
+
+def register(rule: Rule) -> Rule:
+    """Add ``rule`` to the rule book (:func:`check`, and :data:`RULES` or :data:`EXECUTOR_RULES`); its id must be
+    new. The way an architecture feature or an executor limit brings its own rule."""
+    book = EXECUTOR_RULES if rule.executor else RULES
+    if rule.id in RULES or rule.id in EXECUTOR_RULES:
+        raise ValueError(f"rule {rule.id!r} is registered twice")
+    book[rule.id] = rule.demands
+    _REGISTERED.append(rule)
+    return rule
+
+
+def _registered(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, executor: bool) -> list[Rejection]:
+    found = []
+    for rule in _REGISTERED:
+        if rule.executor == executor:
+            reason = rule.broken(model, training, config)
+            if reason is not None:
+                found.append(Rejection(rule.id, reason))
+    return found
+
+
+def _capacity_with_cp(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    capacity = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
+    if model.is_moe and capacity_with_cp(capacity, config.cp):
+        return f"capacity routing (factor {capacity}) with cp {config.cp}: token dropping under context " \
+               f"parallelism is not built"
+    return None
+
+
+register(Rule("executor_capacity_cp", "capacity (token-dropping) routing is built for cp = 1", _capacity_with_cp,
+              executor=True))
+
+
+def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:
+    """One line naming the layout, the model and every rule (id and reason) the layout breaks."""
+    return f"layout {config.label()} for {model.name}: " + "; ".join(str(r) for r in rejections)
 

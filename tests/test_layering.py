@@ -64,3 +64,14 @@ def test_the_rules_see_imports():
     """The checks above would pass vacuously if the walk found nothing: the executor imports the spec layer."""
     names = {name for _, tree in _sources("executor") for node in ast.walk(tree) for name in _imported(node)}
     assert "spec.model_spec" in names and "torch" in names
+
+
+def test_nothing_but_scripts_imports_bench():
+    """bench/ holds scripts: the packages never import it, and tests run its scripts as child processes
+    (tests/bench/conftest.py) instead of importing them, so that no test depends on a script's insides."""
+    importing = []
+    for top in (*PACKAGES, "tests"):
+        for path, tree in _sources(top):
+            importing += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for node in ast.walk(tree)
+                          for name in _imported(node) if name.split(".")[0] == "bench"]
+    assert importing == []

@@ -22,7 +22,6 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.proxy import PROXIES, ProxyError, proxy_model
 from spec.training_spec import TrainingSpec
-from spec.validity import batch_rule
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = True, default: str | None = None,
@@ -101,10 +100,7 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def check_local_run(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
-    """The front door of a local run (``profile``, ``train``): the executor's model rule, its layout rules and
-    the batch rule, each a RuleViolation naming its rule, before any rank process starts."""
+    """The front door of a local run (``profile``, ``train``): the executor's model rule, then every rule of the
+    rule book (the batch rule included), a RuleViolation naming the first, before any rank process starts."""
     check_model_runnable(model, "--model")
-    check_layout_runnable(model, training, config, "--layout")
-    rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
-    if rejection is not None:
-        raise SpecError(f"--gbs: {rejection.reason} [{rejection.rule}]")
+    check_layout_runnable(model, training, config, "--layout")  # the rule book, the batch rule included

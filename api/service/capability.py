@@ -2,8 +2,9 @@
 a tuning job, is there a layout of the requested cluster that is valid, predicted to fit and runnable by
 the executor; for a training, does its layout pass Megatron's rules and the executor's.
 
-The rules are ``spec.validity``'s (the same the planner, the runner and the executor apply); a refusal is a
-RuleViolation naming the rule, which the HTTP layer answers as a 422 problem and the CLI as one line.
+The rules are the rule book's (``spec.validity.check``: the same the planner, the runner and the executor
+apply); a refusal is a RuleViolation naming the rule, which the HTTP layer answers as a 422 problem and the CLI
+as one line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.proxy import ProxyError, proxy_model
 from spec.training_spec import TrainingSpec
-from spec.validity import Validator, check_config, executor_layout_rules, executor_model_rule
+from spec.validity import check, executor_model_rule
 
 # where each refusal points in a request body
 _LOC = {"executor_model": "body.model", "has_valid_layout": "body", "layout_fits": "body.cluster",
@@ -65,14 +66,13 @@ def check_job_runnable(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     raise RuleViolation(_LOC.get(first.rule, "body"), first.rule, first.reason)
 
 
-def check_training_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+def check_training_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | None,
                           config: ParallelConfig, loc: str = "body.layout") -> None:
-    """RuleViolation naming the first broken rule (all of them in the message) when ``config`` breaks
-    Megatron's validity rules or the executor's capability rules (:meth:`Validator.executor`) for ``model``."""
+    """RuleViolation naming the first broken rule (all of them in the message) when ``config`` breaks a rule
+    of the rule book (:func:`spec.validity.check`: Megatron's, the config's own, the executor's) for ``model``
+    trained as ``training`` on ``cluster`` (None: the layout's own world, the GPU not judged)."""
     try:
-        rejections = check_config(model, training, cluster, config)
-        if not rejections:
-            rejections = Validator(model, training, cluster).executor(config)
+        rejections = check(model, training, config, cluster)
     except FoldtuneError as exc:
         raise RuleViolation(loc, "layout_valid", str(exc)) from None
     if rejections:
@@ -80,9 +80,7 @@ def check_training_layout(model: ModelSpec, training: TrainingSpec, cluster: Clu
 
 
 def check_layout_runnable(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, loc: str) -> None:
-    """RuleViolation naming the executor's model rule, or its first layout rule (all in the message), that
-    ``config`` breaks for ``model`` at ``training.seq_length`` (a layout already valid for Megatron: a job's best)."""
+    """RuleViolation naming the executor's model rule, or the first rule of the rule book (all in the
+    message), that ``config`` breaks for ``model`` trained as ``training`` (a local run, a job's best)."""
     check_model_runnable(model, loc)
-    rejections = executor_layout_rules(model, config, training.seq_length)
-    if rejections:
-        raise RuleViolation(loc, rejections[0].rule, "; ".join(str(r) for r in rejections))
+    check_training_layout(model, training, None, config, loc)

@@ -35,6 +35,7 @@ from db import trainings as db_trainings
 from db.models import Owner, Training, Trial
 from db.ownership import owned_row
 from db.trainings import latest_metrics, metrics_after, predicted_step_time, step_times, trainings_page
+from spec.layout_rules import folds_the_world
 from spec.validity import batch_rule
 
 RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the optimizer recipe under this key
@@ -56,6 +57,10 @@ def _training_spec(base: dict[str, Any], request: TrainingCreate) -> TrainingSpe
 
 
 def _check_batch(training: TrainingSpec, config: ParallelConfig) -> None:
+    """RuleViolation ``batch_divides`` at the global batch when it does not split over the layout's DP ranks
+    (a layout whose sizes do not fold the world has no dp: the rule book names that rule instead)."""
+    if not folds_the_world(config):
+        return
     rejection = batch_rule(training.global_batch_size, config.micro_batch_size, config.dp)
     if rejection is not None:
         raise RuleViolation("body.global_batch_size", "batch_divides", f"{rejection.reason} (layout {config.label()})")

@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from costmodel.comm import GroupPlacements, link_rates
-from costmodel.compute import ComputeRates, compute_rates, memory_time
+from costmodel.compute import ComputeRates, compute_rates, gemm_fwd_bwd, memory_time
 from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
-from costmodel.dispatch import dispatcher_pricing
+from costmodel.dispatch import (allgather_gather_bytes, allgather_scatter_bytes, alltoall_dispatch_bytes,
+                                dispatcher_pricing)
 from costmodel.fixed_costs import cp_exchange_fixed, dispatcher_fixed
 from costmodel.step_time import ELEMENTWISE_BWD_RATIO
 from spec.hardware import HardwareProfile
@@ -164,4 +165,46 @@ def fixed_fields(hardware: HardwareProfile, measured: dict) -> dict:
         out["dispatcher_fixed_s"] = tuple(sorted(
             (name, max(0.0, seconds - dispatch_price(hardware, case, name, fixed=False)))
             for name, seconds in dispatch["seconds"].items()))
+    return out
+
+
+def predict_bench(hardware: HardwareProfile, *, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                  seqs: tuple[int, ...], experts: int, topk: int, tokens: tuple[int, ...], bytes_per_element: int,
+                  world: int = 2) -> dict:
+    """The cost model's milliseconds for each case ``bench/cp_dispatch_gpu.py`` times (``cp_cases`` and
+    ``dispatcher_cases`` of ``executor.microbench.exchanges``: an attention layer of ``hidden``, ``heads`` /
+    ``kv_heads`` heads of ``head_dim`` at each sequence of ``seqs`` on CP1 and CP``world``, and each dispatcher
+    at EP``world`` over ``experts`` experts top-``topk`` for each of ``tokens`` tokens per rank, elements of
+    ``bytes_per_element`` bytes), priced as the time model
+    prices them: CP chunk kernels at their own key lengths plus the profile's per-chunk cost, the exposed K/V
+    all-gather and reduce-scatter plus the per-exchange cost, the projections' GEMMs; each dispatcher's
+    communication, its own memory passes, the permutation and unpermutation, plus its per-call cost (the
+    ``*_fixed_s`` fields: measured by ``foldtune calibrate``, else ``costmodel.fixed_costs``' rules of thumb)."""
+    rates, link = compute_rates(hardware, "bf16"), link_rates(hardware)
+    ab, h, kvh, d = bytes_per_element, hidden, kv_heads, head_dim
+    out = {"cp": {}, "dispatch": {}}
+    for s in seqs:
+        row = {}
+        for cp in (1, world):
+            t = s // cp
+            core, kv = cp_prices(hardware, CpCase(s, cp, heads, kvh, d, ab))
+            proj = sum(gemm_fwd_bwd(rates, t, (heads + 2 * kvh) * d, h)) + sum(gemm_fwd_bwd(rates, t, h, heads * d))
+            row.update({f"cp{cp}_core_ms": 1e3 * core, f"cp{cp}_proj_ms": 1e3 * proj,
+                        f"cp{cp}_total_ms": 1e3 * (core + proj + kv)})
+            if cp > 1:
+                row[f"cp{cp}_kv_ms"] = 1e3 * kv
+                place = GroupPlacements(GridSizes(cp=cp), hardware.gpus_per_node).of("cp")  # a CP-only layout
+                row[f"cp{cp}_kv_bytes_ms"] = 1e3 * sum(kv_exchange_time(link, kv_exchange_bytes(t, kvh, 2 * d, ab),
+                                                                        place))
+        row["speedup_total"] = row["cp1_total_ms"] / row[f"cp{world}_total_ms"]
+        row["speedup_core"] = row["cp1_core_ms"] / row[f"cp{world}_core_ms"]
+        out["cp"][str(s)] = row
+    for n in tokens:
+        row = {"alltoall_bytes": alltoall_dispatch_bytes(n, topk, h, ab),
+               "allgather_gather_bytes": allgather_gather_bytes(n, topk, h, ab, world),
+               "allgather_scatter_bytes": allgather_scatter_bytes(n, h, ab, world)}
+        case = DispatchCase(n, world, experts, topk, h, ab)
+        for name in ("alltoall", "allgather"):
+            row[f"{name}_ms"] = 1e3 * dispatch_price(hardware, case, name)
+        out["dispatch"][str(n)] = row
     return out

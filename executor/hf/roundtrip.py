@@ -18,6 +18,7 @@ import torch
 
 from spec.hf_config import load_hf_model
 from spec.parallel_config import ParallelConfig
+from executor.buildable import check_buildable, training_for
 from executor.data import global_batch, micro_batches
 from executor.hf.logits import model_logits
 from executor.hf.weights import export_hf, load_hf_weights
@@ -46,9 +47,11 @@ def roundtrip_worker(rank: int, world_size: int, jobs: list[RoundTrip]) -> list 
     out = []
     for job in jobs:
         config = job.config
-        state = build_parallel_state(config, rank)
         hf = load_hf_model(job.source)
         options = ExecutorOptions(**hf.executor_options())
+        check_buildable(hf.spec, training_for(job.seq_length, job.global_batch_size,
+                                              options.moe_expert_capacity_factor), config)
+        state = build_parallel_state(config, rank)
         model = MoEGPT(hf.spec, state, options, job.seq_length)
         load_hf_weights(model, state, job.source, hf)
         trainer = Trainer(model, lr=job.lr, eps=1e-6)

@@ -1,7 +1,9 @@
 """Timing of a device operation: warm-up, then the median of several timed repeats (:func:`time_op`: wall
 clock over a loop of calls; :func:`time_device`: one call at a time, CUDA events on a GPU;
 :func:`time_host_ahead`: the device time of a window of calls queued while the GPU is held busy, so that the
-host's issue time is not in it)."""
+host's issue time is not in it; :func:`time_steady`: calls back to back behind earlier ones, as inside a
+training step; :func:`time_paired_steady`: two calls in alternated steady windows, so that both see the same
+clock; :func:`time_host_issue`: the host's seconds to issue one call)."""
 
 from __future__ import annotations
 
@@ -87,6 +89,82 @@ def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
             samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
+
+def time_steady_window(op: Callable[[], object], device: torch.device, iters: int, lead: int) -> float:
+    """Seconds per call of ``iters`` calls back to back after ``lead`` unsynchronised ones (one window of
+    :func:`time_steady`): CUDA events on a GPU, wall clock on the CPU."""
+    for _ in range(lead):
+        op()
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(iters):
+            op()
+        return (time.perf_counter() - start) / iters
+    start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start_event.record()
+    for _ in range(iters):
+        op()
+    end_event.record()
+    end_event.synchronize()
+    return start_event.elapsed_time(end_event) / 1e3 / iters
+
+
+def time_steady(op: Callable[[], object], device: torch.device, iters: int = 20, lead: int = 3,
+                trials: int = 3) -> float:
+    """Seconds per call in steady state: the median over ``trials`` windows of :func:`time_steady_window`,
+    after one synchronised warm-up call.
+
+    Why: in a training step the host runs ahead of the GPU, so a layer's launch latency (small kernels issued
+    before its first big GEMM) hides behind the previous layer's kernels; :func:`time_device` starts every
+    call from an idle device and exposes it. Here ``lead`` unsynchronised calls go first, so the GPU is busy
+    when the window starts. Where issuing a call takes the host longer than the device needs to run it, the
+    GPU drains and the figure is the host's rate (compare :func:`time_host_issue`)."""
+    op()
+    synchronize(device)
+    return statistics.median(time_steady_window(op, device, iters, lead) for _ in range(trials))
+
+
+class PairedTimes(NamedTuple):
+    """Two calls timed in alternated steady windows: medians of seconds per call of ``a`` and ``b``, and the
+    median over rounds of b / a with each round's ratio."""
+
+    a_s: float
+    b_s: float
+    ratio: float
+    ratio_by_round: list[float]
+
+
+def time_paired_steady(op_a: Callable[[], object], op_b: Callable[[], object], device: torch.device,
+                       rounds: int = 6, iters: int = 20, lead: int = 3) -> PairedTimes:
+    """``op_a`` and ``op_b`` in alternating steady windows (:func:`time_steady_window`), ``rounds`` times, the
+    order flipped every round.
+
+    Why: two steady timings taken one after the other differ by the card's clock as well as by the code (under
+    seconds of tensor-core load a GPU lowers its SM clock at its power limit, and the clock wanders while it
+    does). Windows taken in turn see the same drift, so each round's ratio compares the two at one clock."""
+    op_a()
+    op_b()
+    synchronize(device)
+    a: list[float] = []
+    b: list[float] = []
+    for r in range(rounds):
+        order = ((op_a, a), (op_b, b)) if r % 2 == 0 else ((op_b, b), (op_a, a))
+        for op, samples in order:
+            samples.append(time_steady_window(op, device, iters, lead))
+    ratios = [y / x for x, y in zip(a, b)]
+    return PairedTimes(statistics.median(a), statistics.median(b), statistics.median(ratios), ratios)
+
+
+def time_host_issue(op: Callable[[], object], device: torch.device, iters: int = 10) -> float:
+    """Host seconds to issue one ``op()`` (``iters`` calls, no synchronisation between them)."""
+    op()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        op()
+    host = (time.perf_counter() - start) / iters
+    synchronize(device)
+    return host
 
 
 def sleep_cycles_per_second(device: torch.device) -> float:

@@ -94,18 +94,19 @@ def _group_options(name: str, config: ParallelConfig):
     return options
 
 
-def build_parallel_state(config: ParallelConfig, rank: int) -> ParallelState:
+def build_parallel_state(config: ParallelConfig, rank: int, communicators: bool = True) -> ParallelState:
     """Create every process group of ``config`` (collective over the world) and return this rank's view.
 
     With ``config.world_size == 1`` no communicator is created and ``torch.distributed`` need not be
-    initialised.
+    initialised; nor with ``communicators`` False, which gives the groups' ranks only: enough to build a
+    rank's slice of the model (which shards by group rank), not to run it.
     """
     folded = FoldedGroups(config)
     state = ParallelState(config=config, rank=rank)
     for name in GROUP_NAMES:
         for ranks in folded.groups(name):
             pg = None
-            if len(ranks) > 1:
+            if len(ranks) > 1 and communicators:
                 # every rank must call this for every group, in order
                 pg = dist.new_group(ranks, pg_options=_group_options(name, config))
             if rank in ranks:
@@ -113,7 +114,7 @@ def build_parallel_state(config: ParallelConfig, rank: int) -> ParallelState:
     for ranks in folded.groups("pp"):
         ends = (ranks[0], ranks[-1]) if len(ranks) > 1 else (ranks[0],)
         pg = None
-        if len(ranks) > 2:
+        if len(ranks) > 2 and communicators:
             pg = dist.new_group(list(ends))  # every rank must call this for every group, in order
         elif len(ranks) == 2 and rank in ranks:
             pg = state["pp"].pg  # pp == 2: the pipeline group is the embedding group

@@ -23,8 +23,8 @@ from spec.flops import flops_per_step, tflops_per_gpu
 from spec.hf_config import load_hf_model
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
-from spec.validity import batch_rule
 from spec.recipe import DEFAULT_RECIPE
+from executor.buildable import check_buildable, training_for
 from executor.data import micro_batches
 from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.hf.weights import export_hf, load_hf_weights
@@ -155,13 +155,15 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
     return float(total)
 
 
-def _check(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, dataset: TokenDataset) -> None:
+def _check(model: ModelSpec, config: ParallelConfig, options: ExecutorOptions, cfg: TrainConfig,
+           dataset: TokenDataset) -> None:
+    """Refuse a run the executor cannot build (the rule book, :mod:`executor.buildable`) or whose data does not
+    fit the model, before any rank builds its slice."""
     if dataset.vocab_size > model.vocab_size:
         raise SpecError(f"dataset {dataset.path!r} has vocab_size {dataset.vocab_size}, model {model.name!r} "
                         f"only {model.vocab_size}")
-    rejection = batch_rule(cfg.global_batch_size, config.micro_batch_size, config.dp)
-    if rejection is not None:
-        raise SpecError(rejection.reason)
+    check_buildable(model, training_for(cfg.seq_length, cfg.global_batch_size, options.moe_expert_capacity_factor),
+                    config)
 
 
 def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelConfig, options: ExecutorOptions,
@@ -171,7 +173,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     dtype = torch.bfloat16 if use_cuda else torch.float32
     dataset = TokenDataset(cfg.data_path)
-    _check(model, config, cfg, dataset)
+    _check(model, config, options, cfg, dataset)
     train_sampler = BatchSampler(dataset.splits["train"], cfg.seq_length, cfg.global_batch_size, cfg.data_seed)
     eval_sampler = BatchSampler(dataset.splits["heldout"], cfg.seq_length, cfg.global_batch_size, shuffle=False)
     eval_batches = min(cfg.eval_batches, eval_sampler.batches_per_epoch())
@@ -251,7 +253,7 @@ def train_local(model: ModelSpec, config: ParallelConfig, cfg: TrainConfig, opti
     """Run (or resume) a training on ``config.world_size`` local processes; rank 0's report. A rank that fails
     raises :class:`executor.train.loop.TrainingFailed` with its reason."""
     options = options or ExecutorOptions()
-    _check(model, config, cfg, TokenDataset(cfg.data_path))  # fail here, before starting any process
+    _check(model, config, options, cfg, TokenDataset(cfg.data_path))  # fail here, before starting any process
     use_cuda = device == "cuda"
     if use_cuda and torch.cuda.device_count() < config.world_size:
         raise SpecError(f"layout {config.label()} needs {config.world_size} GPUs, this machine has "

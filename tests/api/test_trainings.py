@@ -39,7 +39,7 @@ def test_create_explicit_layout_and_show(client, alice, body):
     (lambda b: b.update(data_path="no-such-data"), "body.data_path", "data_path_exists"),
     (lambda b: b.update(data_path="/nonexistent/foldtune-data"), "body.data_path", "path_in_owner_root"),
     (lambda b: b.update(layout="tp2 zz3"), "body.layout", "layout_parses"),
-    (lambda b: b.update(layout="tp4 mbs1"), "body.layout", "layout_parses"),
+    (lambda b: b.update(layout="tp4 mbs1"), "body.layout", "world_dense"),
     (lambda b: b.update(layout="recompute=full:x"), "body.layout", "layout_parses"),
     (lambda b: b.update(layout="pp2 vpp2 mbs1"), "body.layout", "layers_pp"),
     (lambda b: b.update(global_batch_size=7), "body.global_batch_size", "batch_divides"),
@@ -82,6 +82,23 @@ def test_create_from_a_jobs_best(client, app, alice, bob, body, job_body):
     assert (t["job_id"], t["config"], t["label"]) == (job_id, config.to_dict(), config.label())
     assert (t["training"]["global_batch_size"], t["cluster"]["num_gpus"], t["recipe"]["lr"]) == (8, 4, 1e-3)
     assert t["predicted_step_time_s"] == pytest.approx(0.25)
+
+
+def test_capacity_routing_with_cp_is_refused_at_submission(client, app, alice, body, job_body):
+    """The executor does not build token dropping under context parallelism: the rule book's
+    executor_capacity_cp refuses it at POST /v1/trainings, not when the ranks are built."""
+    job_body["training"].update(routing_mode="capacity", moe_expert_capacity_factor=1.25)
+    r = client.post("/v1/jobs", json=job_body, headers=alice)
+    assert r.status_code == 201, r.text  # the job's search keeps to cp = 1
+    config = ParallelConfig.parse("cp2 ep2 mbs1", world_size=4)
+    with app.state.sessions() as s:
+        claim_next_job(s, "r1")
+        t = start_trial(s, r.json()["id"], 0, config.to_dict(), runner_id="r1", label=config.label())
+        finish_trial(s, t.id, "succeeded", measurement={"step_time_s": 0.3}, step_time_s=0.3)
+    from_job = {k: body[k] for k in ("data_path", "steps", "checkpoint_dir")}
+    refused = client.post("/v1/trainings", json={**from_job, "job_id": r.json()["id"]}, headers=alice)
+    assert refused.status_code == 422 and ("body.job_id", "executor_capacity_cp") in validation_rules(refused)
+    assert "token dropping under context parallelism" in refused.text
 
 
 def test_another_owners_training_is_not_found(client, alice, bob, body):

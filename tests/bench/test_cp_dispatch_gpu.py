@@ -1,4 +1,4 @@
-"""bench/cp_dispatch_gpu.py: the CPU smoke run on 2 gloo ranks, and --price's prediction of the same cases."""
+"""bench/cp_dispatch_gpu.py: the CPU smoke run on 2 gloo ranks, and --price beside a measured run."""
 
 from __future__ import annotations
 
@@ -6,16 +6,14 @@ import json
 
 import pytest
 
-from bench.cp_dispatch_gpu import BenchConfig, format_prediction, main, predict
-from costmodel.context_parallel import cp_attention_time
-from costmodel.compute import compute_rates
-from spec import get_hardware
+from executor.microbench.exchanges import BenchConfig
 
 
 @pytest.mark.slow
-def test_smoke_run_on_two_gloo_ranks(tmp_path, capsys):
+def test_smoke_run_on_two_gloo_ranks(tmp_path, script):
     out = tmp_path / "cp_dispatch.json"
-    assert main(["--cpu", "--out", str(out)]) == 0
+    done = script("cp_dispatch_gpu", "--cpu", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     cfg = BenchConfig.tiny()
     assert report["ok"] and report["device"] == "2 CPU ranks (gloo)"
@@ -33,25 +31,13 @@ def test_smoke_run_on_two_gloo_ranks(tmp_path, capsys):
     for row in report["dispatch"].values():
         assert row["alltoall_ms"] > 0 and row["allgather_ms"] > 0
         assert 0 < row["copies_to_peer"] < row["tokens"] * cfg.topk
-    printed = capsys.readouterr().out
+    printed = done.stdout
     assert "CPU SMOKE RUN" in printed and "speedup" in printed and "allgather" in printed
 
 
-def test_price_predicts_every_case_from_the_named_quantities():
-    cfg = BenchConfig()
-    hw = get_hardware("h100-sxm")
-    pred = predict(hw, cfg)
-    assert list(pred["cp"]) == ["2048", "4096", "8192"] and list(pred["dispatch"]) == ["1024", "4096", "16384"]
-    rates = compute_rates(hw, "bf16")
-    for s, row in pred["cp"].items():
-        assert row["cp2_core_ms"] == pytest.approx(1e3 * sum(cp_attention_time(rates, 1, int(s), 2, 32, 128, 128)))
-        assert row["cp2_total_ms"] == pytest.approx(row["cp2_core_ms"] + row["cp2_kv_ms"] + row["cp2_proj_ms"])
-        assert 1.0 < row["speedup_total"] < 2.0  # less than ideal: shorter chunks, the exchange
-        assert row["speedup_core"] < 2.0  # shorter chunks on the slower flash kernel
-    for n, row in pred["dispatch"].items():
-        # EP2 top-2: the same token rows on the wire each way (module test); allgather also gathers the routing
-        assert row["allgather_gather_bytes"] == 2 * int(n) * (4096 * 2 + 2 * 12)
-        assert row["alltoall_ms"] > 0 and row["allgather_ms"] > 0
-    measured = {"cp": {"4096": {"cp2_total_ms": 1.5}}, "dispatch": {}}
-    table = format_prediction(pred, measured)
-    assert "model | measured" in table and "1.500" in table
+def test_price_prints_the_model_beside_a_measured_run(tmp_path, script):
+    measured = tmp_path / "measured.json"
+    measured.write_text('{"cp": {"4096": {"cp2_total_ms": 1.5}}, "dispatch": {}}')
+    done = script("cp_dispatch_gpu", "--price", "h100-sxm", "--measured", str(measured))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "model | measured" in done.stdout and "1.500" in done.stdout

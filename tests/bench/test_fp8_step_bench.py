@@ -3,27 +3,25 @@ tokens/s, the ratio, the loss difference and a top-10 table."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 
 import pytest
 
-from bench import fp8_step
+from executor.microbench.fp8_step_bar import max_rise
+
+TOP_KERNELS = 10  # kernels the bench prints a run
 
 
 @pytest.fixture(scope="module")
-def four_runs(tmp_path_factory):
+def four_runs(tmp_path_factory, script):
     """(the report, what it printed) of one tiny bench of bf16, fp8 and both controls: each run is a fresh
     process of several seconds, so the tests of this module read the same report."""
     out = tmp_path_factory.mktemp("fp8_step") / "fp8_step.json"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs",
-                              "bf16,fp8,fp8_emulated,bf16_torch_ce", "--top", "25", "--out", str(out)])
-    assert code == 0
-    return json.loads(out.read_text()), printed.getvalue()
+    done = script("fp8_step", "--tiny", "--steps", "3", "--warmup", "1", "--runs",
+                  "bf16,fp8,fp8_emulated,bf16_torch_ce", "--top", "25", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
 
 
 def test_tiny_mode_compares_bf16_and_fp8_steps(four_runs):
@@ -41,26 +39,11 @@ def test_tiny_mode_compares_bf16_and_fp8_steps(four_runs):
     # --top 25 keeps 25 ops in the JSON (the CPU profile has more); the table prints the first 10 a run
     assert len(fp8["top_kernels_per_step"]) == 25
     kernel_rows = re.findall(r"^ +[0-9.]+ +[0-9.]+% +x[0-9]+ ", printed, flags=re.MULTILINE)
-    assert len(kernel_rows) == 4 * fp8_step.TOP_KERNELS  # four runs
+    assert len(kernel_rows) == 4 * TOP_KERNELS  # four runs
     assert "fp8 / bf16 tokens/s" in printed
 
 
-def test_top_below_one_is_refused():
-    with pytest.raises(SystemExit) as exc:
-        fp8_step.main(["--tiny", "--top", "0"])
-    assert exc.value.code == 2
-
-
-def test_loss_comparisons_hand_worked():
-    """max_rel_diff is step for step against the reference; max_rise measures a climb above the earlier low
-    (not above the first loss), 0 for a loss that only falls."""
-    assert fp8_step.max_rel_diff([10.0, 9.0, 8.8], [10.0, 10.0, 8.0]) == pytest.approx(0.1)
-    assert fp8_step.max_rise([11.0, 10.0, 10.5, 9.0, 9.9]) == pytest.approx(0.1)  # 9.0 -> 9.9, not 10.5 over 10
-    assert fp8_step.max_rise([3.0, 2.0, 1.0]) == 0.0
-    assert fp8_step.max_rise([]) == 0.0
-
-
-def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
+def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path, script):
     """On the CPU the fp8 run already is the emulation and the fused cross-entropy does not run, so the
     controls reproduce their references exactly: fp8 against fp8_emulated, bf16_torch_ce and bf16_again
     against bf16 differ by 0; ``--lr`` reaches the trainer (a larger rate moves the losses)."""
@@ -68,11 +51,11 @@ def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
     assert res["against_emulated"] == {"fp8": 0.0}
     assert res["compare"]["bf16_torch_ce"]["max_rel_loss_diff"] == 0.0
     assert res["fp8_emulated"]["fp8"]["emulated_because"] == "no fp8 GEMM kernels on cpu"
-    assert res["compare"]["fp8"]["bf16_max_rise"] == fp8_step.max_rise(res["bf16"]["losses"])
+    assert res["compare"]["fp8"]["bf16_max_rise"] == max_rise(res["bf16"]["losses"])
     assert "fp8 against fp8_emulated: max relative loss difference 0.00e+00" in printed
     fast = tmp_path / "lr.json"
-    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16,bf16_again", "--lr", "3e-2",
-                          "--out", str(fast)]) == 0
+    assert script("fp8_step", "--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16,bf16_again", "--lr",
+                  "3e-2", "--out", str(fast)).returncode == 0
     moved = json.loads(fast.read_text())
     assert moved["lr"] == 3e-2 and moved["bf16"]["losses"][0] == res["bf16"]["losses"][0]
     assert moved["bf16"]["losses"][1:] != res["bf16"]["losses"][1:]
@@ -80,12 +63,12 @@ def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path):
     assert moved["compare"]["bf16_again"]["max_rel_loss_diff"] == 0.0
 
 
-def test_recompute_full_reaches_the_layout_and_leaves_the_losses(four_runs, tmp_path):
+def test_recompute_full_reaches_the_layout_and_leaves_the_losses(four_runs, tmp_path, script):
     """--recompute full re-runs every layer's forward in backward: on the CPU the same losses as without it."""
     res, _ = four_runs
     out = tmp_path / "recompute.json"
-    assert fp8_step.main(["--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--recompute", "full",
-                          "--out", str(out)]) == 0
+    assert script("fp8_step", "--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--recompute", "full",
+                  "--out", str(out)).returncode == 0
     again = json.loads(out.read_text())
     assert again["recompute"] == "full" and res["recompute"] == "none"
     assert "recompute=full" in again["bf16"]["layout"] and "recompute" not in res["bf16"]["layout"]

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 
-from bench.loss_memory import cases, main
 
-
-def test_tiny_run_reports_both_paths(tmp_path, capsys):
+def test_tiny_run_reports_both_paths(tmp_path, script):
     out = tmp_path / "loss_memory.json"
-    assert main(["--device", "cpu", "--tiny", "--iters", "1", "--out", str(out)]) == 0
+    done = script("loss_memory", "--device", "cpu", "--tiny", "--iters", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["dtype"] == "bf16" and report["date"]
-    assert [c["case"]["name"] for c in report["cases"]] == [c.name for c in cases(tiny=True)]
+    assert [c["case"]["name"] for c in report["cases"]] == ["tiny seq64 mbs1", "tiny seq64 mbs2"]
     for case in report["cases"]:
         unfused, fused = case["paths"]
         assert (unfused["path"], unfused["chunk_logits"]) == ("unfused", 0)
@@ -26,4 +25,4 @@ def test_tiny_run_reports_both_paths(tmp_path, capsys):
         assert fused["saved_mib"] < logits_mib / 10  # the fused one [tokens] vectors and the labels
         assert fused["loss_abs_diff"] < 1e-2  # fp32 loss from bf16 logits either way
         assert fused["grad_weight_rel_diff"] < 2e-2 and fused["grad_hidden_rel_diff"] < 2e-2
-    assert "fused" in capsys.readouterr().out
+    assert "fused" in done.stdout

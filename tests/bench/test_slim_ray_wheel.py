@@ -2,7 +2,6 @@
 
 import zipfile
 
-from bench.slim_ray_wheel import main, slim
 
 
 def _wheel(path):
@@ -18,9 +17,10 @@ def _wheel(path):
     return path
 
 
-def test_unused_libraries_and_their_records_go(tmp_path):
+def test_unused_libraries_and_their_records_go(tmp_path, script):
     wheel = _wheel(tmp_path / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl")
-    slim(wheel)
+    done = script("slim_ray_wheel", str(tmp_path))
+    assert done.returncode == 0 and wheel.name in done.stdout, done.stdout + done.stderr
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         record = z.read("ray-2.60.0.dist-info/RECORD").decode().splitlines()
@@ -30,7 +30,6 @@ def test_unused_libraries_and_their_records_go(tmp_path):
     assert list(tmp_path.iterdir()) == [wheel]  # no temporary file left beside it
 
 
-def test_an_empty_wheelhouse_is_reported(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sys.argv", ["slim_ray_wheel.py", str(tmp_path)])
-    assert main() == 2
-    assert "no ray-*.whl" in capsys.readouterr().out
+def test_an_empty_wheelhouse_is_reported(tmp_path, script):
+    done = script("slim_ray_wheel", str(tmp_path))
+    assert done.returncode == 2 and "no ray-*.whl" in done.stdout

@@ -24,6 +24,7 @@ from costmodel.compute import (KERNEL_OVERHEAD_S, attention_time, compute_rates,
                                sink_attention_time)
 from spec.flops import flops_per_step
 from costmodel.params import stage_param_counts
+from spec.validity import COSTMODEL_RULES, check
 from costmodel.step_time import (
     TERMS,
     StepTimeBreakdown,
@@ -702,3 +703,15 @@ def test_fp8_expert_wgrad_runs_in_bf16_in_the_executor_and_in_fp8_under_transfor
     te = replace(executor, transformer_engine_fp8=True)
     assert bwd(te) == pytest.approx(sum(grouped_gemm_fwd_bwd(fp8, *s)[1] for s in shapes))
     assert bwd(te) < bwd(executor)
+
+
+def test_the_cost_model_refuses_what_the_seq_cp_rule_refuses():
+    """seq_length 10 splits over cp 2 into 5 tokens, but not into the 2·cp chunks of the load-balanced split."""
+    training = TrainingSpec(seq_length=10, global_batch_size=16)
+    config = ParallelConfig(world_size=8, cp=2)
+    assert [r.rule for r in check(get_model("tiny-moe"), training, config)] == ["seq_cp", "executor_seq_cp"]
+    assert estimate_step_time(get_model("tiny-moe"), replace(training, seq_length=16), ClusterSpec(
+        get_hardware("h100-sxm"), 8), config).step_time > 0
+    with pytest.raises(InvalidConfigError, match=r"\[seq_cp\]"):
+        estimate_step_time(get_model("tiny-moe"), training, ClusterSpec(get_hardware("h100-sxm"), 8), config)
+    assert "seq_cp" in COSTMODEL_RULES

@@ -8,6 +8,7 @@ import torch
 
 from spec import ParallelConfig, get_model
 from spec.errors import InvalidConfigError
+from spec.layout_rules import layout_rejections
 from executor import offload
 from executor.data import global_batch, micro_batches
 from executor.model import MoEGPT
@@ -63,16 +64,23 @@ def test_offload_packs_copies_and_leaves_parameters():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(activation_offload_modules=("attn",)), "unknown activation_offload_modules"),
-    (dict(activation_offload_modules=("moe",), recompute_granularity="full"), "full recompute"),
-    (dict(activation_offload_modules=("core_attn",), recompute_granularity="selective",
-          recompute_modules=("core_attn",)), "both recomputed and offloaded"),
     (dict(optimizer_cpu_offload_fraction=1.5), "fraction in [0, 1]"),
-    (dict(optimizer_cpu_offload_fraction=0.5, use_distributed_optimizer=False, overlap_param_gather=False),
-     "needs the distributed optimizer"),
 ])
-def test_offload_knobs_reject_what_they_cannot_do(kwargs, message):
+def test_offload_knobs_out_of_range_are_refused_by_the_constructor(kwargs, message):
     with pytest.raises(InvalidConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         ParallelConfig(world_size=1, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, rule, message", [
+    (dict(activation_offload_modules=("moe",), recompute_granularity="full"), "activation_offload", "full recompute"),
+    (dict(activation_offload_modules=("core_attn",), recompute_granularity="selective",
+          recompute_modules=("core_attn",)), "activation_offload", "both recomputed and offloaded"),
+    (dict(optimizer_cpu_offload_fraction=0.5, use_distributed_optimizer=False, overlap_param_gather=False),
+     "optimizer_offload_distopt", "needs the distributed optimizer"),
+])
+def test_offload_knobs_that_do_not_go_together_break_a_named_rule(kwargs, rule, message):
+    found = layout_rejections(ParallelConfig(world_size=1, **kwargs))
+    assert [r.rule for r in found] == [rule] and message in found[0].reason
 
 
 def test_offload_knobs_round_trip_through_label_dict_and_optuna_params():

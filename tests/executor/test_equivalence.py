@@ -99,6 +99,9 @@ SCENARIOS = {
         mtp_loss_scaling_factor=0.3)),
 }
 
+# the distributed optimizer off, and with it the overlapped parameter gather (Megatron's param_gather_distopt rule)
+DISTOPT_OFF = {"use_distributed_optimizer": False, "overlap_param_gather": False}
+
 # layout label, world size, [(dispatcher, scenario name[, other ParallelConfig fields])]
 LAYOUTS = [
     ("tp2", 2, [("alltoall", "base"), ("alltoall", "capacity_probs"), ("alltoall", "mla"),
@@ -108,11 +111,11 @@ LAYOUTS = [
     # use_distributed_optimizer is ParallelConfig's default: dp2 / ep2 shard master weights and Adam state
     # over DP·CP (dense) and EDP (experts); the runs with it off check the all-reduce path.
     ("dp2", 2, [("alltoall", "base"), ("alltoall", "base", {"overlap_grad_reduce": False}),
-                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla"), ("alltoall", "gptoss"),
+                ("alltoall", "base", DISTOPT_OFF), ("alltoall", "mla"), ("alltoall", "gptoss"),
                 ("allgather", "qwen2"), ("alltoall", "sigmoid_bias"), ("alltoall", "mtp"),
                 ("alltoall", "ce_blocks")]),
     ("ep2", 2, [("alltoall", "base"), ("allgather", "base"), ("alltoall", "capacity_position"),
-                ("alltoall", "base", {"use_distributed_optimizer": False}), ("alltoall", "mla_q_proj"),
+                ("alltoall", "base", DISTOPT_OFF), ("alltoall", "mla_q_proj"),
                 ("alltoall", "qwen2"), ("allgather", "mtp_sigmoid_bias")]),
     ("dp4 ep2", 4, [("alltoall", "shared"), ("allgather", "base")]),  # expert state sharded over EDP 2
     # pipeline: 1F1B, interleaved (4 layers = 4 chunks of 1), uneven stages (6 layers: 2, 2, 1, 1)

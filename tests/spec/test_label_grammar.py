@@ -28,7 +28,7 @@ from planner.search import ATTR_CONFIG, ATTR_LAYOUT, ATTR_PRED_TERMS, Candidate,
 from spec.inputs import build_specs
 from spec.layout_codec import Labelled, current_optuna_params, optuna_key
 from spec.parallel_config import ParallelConfig
-from spec.validity import executor_layout_error, executor_layout_rules
+from spec.validity import executor_layout_rules, refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 CODEC = ROOT / "spec" / "layout_codec.py"
@@ -176,7 +176,7 @@ def test_the_export_record_and_the_executor_print_labels_the_codec_reads():
     measured = profile_layout(model, training, config)
     assert not measured.ok and _reads_back(measured.layout, 4) == Labelled(config)
     overlapped = ParallelConfig(world_size=4, pp=2, vpp=2, ep=2, overlap_moe_expert_parallel_comm=True)
-    message = executor_layout_error(model, overlapped, executor_layout_rules(model, overlapped, 128) or [])
+    message = refusal(model, overlapped, executor_layout_rules(model, overlapped, 128) or [])
     _reads_back(re.match(r"layout (.*?) for ", message).group(1), 4)
 
 

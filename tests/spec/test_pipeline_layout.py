@@ -8,6 +8,7 @@ import pytest
 from spec.catalog import get_hardware, get_model
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
+from spec.layout_rules import layout_rejections
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import (MAX_EXPANDED_ITEMS, PipelineLayoutError, PipelineSplit, chunk_sizes, format_layout,
                                   layer_chunks, parse_layout_string)
@@ -93,13 +94,19 @@ def test_label_round_trips_every_placement_option():
 @pytest.mark.parametrize("fields,why", [
     (dict(pp=2, pipeline_layout="Et|tL", decoder_first_pipeline_num_layers=1), "excludes decoder_first"),
     (dict(pp=2, decoder_first_pipeline_num_layers=1, account_for_loss_in_pipeline_split=True), "exclude account_for"),
-    (dict(pp=2, pipeline_layout="Et|t|tL"), "has 3 chunks; pp·vpp = 2·1 = 2"),
     (dict(pp=2, pipeline_layout="Et|tQL"), "unknown symbol 'Q'"),
     (dict(pp=2, decoder_last_pipeline_num_layers=-1), "must be an integer >= 0"),
 ])
 def test_contradictory_options_are_refused(fields, why):
     with pytest.raises(InvalidConfigError, match=why.replace("(", r"\(").replace(")", r"\)")):
         ParallelConfig(8, **fields)
+
+
+def test_a_layout_string_of_other_chunks_than_pp_vpp_breaks_the_pipeline_chunks_rule():
+    config = ParallelConfig(8, pp=2, pipeline_layout="Et|t|tL")  # builds: the rule book judges it
+    assert [(r.rule, r.reason) for r in layout_rejections(config)] == [
+        ("pipeline_chunks", "pipeline_layout has 3 chunks; pp·vpp = 2·1 = 2 (vpp = chunks / pp)")]
+    assert layout_rejections(config.replace(world_size=9, pp=3)) == []
 
 
 def test_layers_pp_rule_names_the_placement_problem():

@@ -6,13 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from spec import validity
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.validity import (EXECUTOR_RULES, RULES, Validator, batch_rule, check_config, executor_layout_rules,
-                           executor_model_rule, pipeline_split)
+from spec.validity import (EXECUTOR_RULES, RULES, Validator, batch_rule, check, check_config,
+                           executor_layout_rules, executor_model_rule, is_executor_rule, pipeline_split)
 
 H100 = get_hardware("h100-sxm")
 TINY = get_model("tiny-moe")  # 2 layers, hidden 64, 4 heads / 2 KV groups, 8 experts of FFN 32
@@ -52,6 +53,13 @@ CASES = [
     ("ep_overlap", TINY, TRAIN, 8, dict(ep=1, overlap_moe_expert_parallel_comm=True)),
     ("tp_overlap_sp", TINY, TRAIN, 8, dict(tp=1, tp_comm_overlap=True)),
     ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
+    # the rules on a config alone (spec.layout_rules)
+    ("sp_needs_tp", TINY, TRAIN, 8, dict(tp=1, sequence_parallel=True)),
+    ("recompute_modules_selective", TINY, TRAIN, 8, dict(recompute_granularity="full", recompute_modules=("core_attn",))),
+    ("pipeline_chunks", TINY, TRAIN, 8, dict(pp=2, pipeline_layout="Et|t|tL")),
+    ("optimizer_offload_distopt", TINY, TRAIN, 8,
+     dict(optimizer_cpu_offload_fraction=0.5, use_distributed_optimizer=False, overlap_param_gather=False)),
+    ("activation_offload", TINY, TRAIN, 8, dict(recompute_granularity="full", activation_offload_modules=("moe",))),
 ]
 
 
@@ -64,7 +72,8 @@ def test_each_rule_trips(rule, model, training, gpus, cfg):
         assert "a100-80gb" in found[0].reason
         return
     found = rules_of(model, training, gpus, **cfg)
-    assert found == {rule}, found
+    # a layout string of the wrong chunk count cannot place the layers either
+    assert found == {rule} | ({"layers_pp"} if rule == "pipeline_chunks" else set()), found
 
 
 def test_world_rules_trip():
@@ -134,3 +143,31 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     assert executor_model_rule(tied_mtp) is None
     assert executor_layout_rules(tied_mtp, ParallelConfig(world_size=4, pp=2, ep=2), seq_length=64) == []
     assert v.executor(ParallelConfig(world_size=8)) == []
+
+
+def test_check_returns_every_rule_megatrons_first_then_the_executors_tagged():
+    capacity = TrainingSpec(seq_length=64, global_batch_size=16, routing_mode="capacity", moe_expert_capacity_factor=1.0)
+    config = ParallelConfig(world_size=8, tp=1, cp=2, sequence_parallel=True)  # sp without tp, capacity with cp
+    found = check(TINY, capacity, config, ClusterSpec(H100, 8))
+    assert [r.rule for r in found] == ["sp_needs_tp", "executor_capacity_cp"]
+    assert [is_executor_rule(r.rule) for r in found] == [False, True]
+    assert all(r.rule in RULES or r.rule in EXECUTOR_RULES for r in found)
+    # the planner's question (check_config) leaves the executor's rules out
+    assert [r.rule for r in check_config(TINY, capacity, ClusterSpec(H100, 8), config)] == ["sp_needs_tp"]
+    # without a cluster the layout's own world counts; with one, a layout for another world is one rejection
+    assert check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8)) == []
+    assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8), ClusterSpec(H100, 16))] == [
+        "world_dense"]
+
+
+
+def test_a_registered_rule_joins_the_rule_book(monkeypatch):
+    monkeypatch.setattr(validity, "_REGISTERED", list(validity._REGISTERED))
+    monkeypatch.setattr(validity, "RULES", dict(RULES))
+    rule = validity.register(validity.Rule("odd_mbs", "micro_batch_size is even",
+                                           lambda m, t, c: "odd" if c.micro_batch_size % 2 else None))
+    assert validity.RULES["odd_mbs"] == "micro_batch_size is even" and not is_executor_rule("odd_mbs")
+    assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=1))] == ["odd_mbs"]
+    assert check(TINY, TRAIN, ParallelConfig(world_size=1, micro_batch_size=2)) == []
+    with pytest.raises(ValueError, match="registered twice"):
+        validity.register(rule)

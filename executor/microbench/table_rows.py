@@ -1,5 +1,5 @@
 """Run a worker on each layout of a stored layout table: the row selection and per-row launch that
-bench/layout_trace_gpu.py and bench/host_probe_gpu.py share."""
+the layout-table benches (bench/layout_trace_gpu.py, bench/host_probe_gpu.py) share."""
 
 from __future__ import annotations
 

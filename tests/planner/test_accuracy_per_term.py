@@ -1,8 +1,9 @@
-"""bench/costmodel_accuracy.pace_phases: per-term errors are read on the rank that sets the step's pace."""
+"""planner.accuracy.pace_phases: per-term errors are read on the rank that sets the step's pace."""
 
 from __future__ import annotations
 
-from bench.costmodel_accuracy import pace_phases
+from planner.accuracy import compare, pace_phases
+from spec import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
 
 # EP4 under a random router (shape of the 4 x H200 table of 2026-11-26 10:21): rank 1 holds the hot expert;
 # ranks 0, 2 and 3 wait for it inside their all-to-all
@@ -25,9 +26,6 @@ def test_tables_without_per_rank_phases_fall_back_to_rank_0():
 def test_compare_reads_the_ep_all_to_all_on_the_pace_setting_rank():
     """A measured EP2 row whose rank 0 waited 80 ms in its all-to-all for rank 1's experts: the per-term error
     is taken against rank 1's 2 ms, not rank 0's 80 ms."""
-    from bench.costmodel_accuracy import compare
-    from spec import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
-
     model, training = get_model("mixtral-8x7b").with_layers(2), TrainingSpec(seq_length=4096, global_batch_size=8)
     config = ParallelConfig(world_size=2, ep=2)
     ranks = [{"experts": 0.100, "ep_alltoall": 0.080}, {"experts": 0.180, "ep_alltoall": 0.002}]

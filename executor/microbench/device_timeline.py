@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.intervals import busy_us, gaps
+from executor.microbench.intervals import busy_us, gaps
 
 
 def device_timeline(events, steps: int, top: int = 8) -> dict:
@@ -65,7 +65,7 @@ def kernel_launchers(events, steps: int, match: tuple[str, ...] = ("elementwise"
 
 def format_timeline(t: dict) -> str:
     """:func:`device_timeline`'s result as the bench prints it, with the ``synchronizing_calls`` and
-    ``launchers`` the caller added (bench/sync_debug.py, :func:`kernel_launchers`)."""
+    ``launchers`` the caller added (:mod:`executor.microbench.sync_debug`, :func:`kernel_launchers`)."""
     lines = [f"  device per step: span {t['span_ms']:.2f} ms, busy {t['busy_ms']:.2f}, idle {t['idle_ms']:.2f} "
              f"({t['device_ops']:.0f} device ops); {len(t['synchronizing_calls'])} synchronizing calls"]
     lines += [f"    sync: {c}" for c in t["synchronizing_calls"][:8]]

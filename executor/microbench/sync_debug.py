@@ -2,8 +2,8 @@
 
 ``torch.cuda.set_sync_debug_mode("warn")`` turns each synchronizing call into a warning. Setting the mode also
 warns once per call that the mode "is a prototype feature and does not yet detect all synchronizing
-operations": that notice names no synchronizing call and is left out (bench/layout_trace_gpu.py counted it,
-one too many per step, before it called this module).
+operations": that notice names no synchronizing call and is left out (counted, it would add one call to every
+step).
 """
 
 from __future__ import annotations

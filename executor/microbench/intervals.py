@@ -1,6 +1,6 @@
 """Unions, overlaps and gaps of [start, end) time intervals, as profilers' device events give them.
 
-The profiling benches (bench/layout_trace_gpu.py, bench/stack_profile.py) read a step's device activity as
+The profiled-step readers (:mod:`.step_trace`, :mod:`.device_timeline`) read a step's device activity as
 intervals in microseconds: how long some kernel or copy ran (the union), how much of one kind ran beside
 another, and where the device sat idle between two operations.
 """

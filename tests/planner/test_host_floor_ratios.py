@@ -1,6 +1,6 @@
-"""bench/host_probe_gpu.py --price: a stored probe against the model's host floor, off the device."""
+"""planner.accuracy.host_floor_ratios (bench/host_probe_gpu.py --price): a stored probe against the model's host floor, off the device."""
 
-from bench.host_probe_gpu import price
+from planner.accuracy import host_floor_ratios
 from costmodel.step_time import host_seconds_per_micro_batch
 from spec.catalog import get_hardware
 from spec.inputs import build_specs
@@ -20,7 +20,7 @@ def test_ratio_is_measured_over_the_floor_of_each_layout(tmp_path):
     probe = {"model": "deepseek-v2-lite@2L", "training": training, "results": [
         {"layout": c.label(), "config": c.to_dict(), "host_ms_per_micro_batch": 2.5 * f}
         for c, f in zip(configs, floors)] + [{"layout": "broken", "failure": "out of memory"}]}
-    rows = price(probe, profile)
+    rows = host_floor_ratios(probe, profile)
     assert [r["layout"] for r in rows] == [c.label() for c in configs]
     assert [round(r["ratio"], 9) for r in rows] == [2.5, 2.5]
     assert floors[0] != floors[1]  # each layout priced on its own floor (TP and recomputation add host work)

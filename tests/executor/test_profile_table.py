@@ -1,10 +1,10 @@
-"""bench/layout_table.measure_table runs its layouts in one set of kept rank processes unless told not to."""
+"""executor.profile_table.measure_table runs its layouts in one set of kept rank processes unless told not to."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.layout_table import measure_table
+from executor.profile_table import measure_table
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec

@@ -1,10 +1,10 @@
-"""bench/costmodel_accuracy.k_trial: calibration fitted on the model's top-ranked layouts, scored on the rest."""
+"""planner.accuracy.k_trial: calibration fitted on the model's top-ranked layouts, scored on the rest."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.costmodel_accuracy import k_trial
+from planner.accuracy import k_trial
 
 
 def _row(name: str, predicted: float, measured: float) -> dict:

@@ -1,16 +1,20 @@
-"""bench/executor_gpu.py's MoE part and bench/moe_breakdown.py's steady-state timer, on CPU at tiny shapes."""
+"""The MoE layer bar (executor/microbench/moe_bar.py), its stage breakdown (moe_stages.py) and the steady-state
+timers of executor/microbench/timing.py, on CPU at tiny shapes."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import torch
 
-import bench.executor_gpu as eg
-from bench.moe_breakdown import (SharedExpertIdeal, StagedLayer, bar_inputs, layer_fwd_bwd, paired_steady,
-                                 steady_seconds)
+import executor.microbench.moe_bar as mb
+from executor.microbench.moe_bar import SharedExpertIdeal, bar_inputs, layer_fwd_bwd, moe_bar
+from executor.microbench.moe_stages import StagedLayer, breakdown, format_table
+from executor.microbench.timing import PairedTimes, time_paired_steady, time_steady
+from executor.options import ExecutorOptions
+from executor.parallel.groups import single_process_state
+from executor.router import Router
 from spec.catalog import get_model
 
 
@@ -21,7 +25,7 @@ def test_steady_seconds_times_back_to_back_calls():
         calls.append(1)
         time.sleep(0.002)
 
-    t = steady_seconds(fn, torch.device("cpu"), iters=5, lead=2, trials=3)
+    t = time_steady(fn, torch.device("cpu"), iters=5, lead=2, trials=3)
     assert len(calls) == 1 + 3 * (2 + 5)  # one warm-up, then per trial the lead and the timed calls
     assert 0.002 <= t < 0.05
 
@@ -37,22 +41,19 @@ def test_paired_steady_alternates_windows_and_takes_the_median_round_ratio():
         order.append("b")
         time.sleep(0.003)
 
-    r = paired_steady(a, b, torch.device("cpu"), rounds=4, iters=2, lead=1)
+    r = time_paired_steady(a, b, torch.device("cpu"), rounds=4, iters=2, lead=1)
     windows = [order[i] for i in range(2, len(order), 3)]  # after the warm-up pair, windows of 1 + 2 calls
     assert windows == ["a", "b", "b", "a", "a", "b", "b", "a"]  # order flipped every round
-    assert len(r["ratio_by_round"]) == 4 and r["ratio"] == pytest.approx(sum(sorted(r["ratio_by_round"])[1:3]) / 2)
-    assert 1.5 < r["ratio"] < 6  # b sleeps three times as long as a
-    assert r["b_s"] > r["a_s"] > 0.001
+    assert len(r.ratio_by_round) == 4 and r.ratio == pytest.approx(sum(sorted(r.ratio_by_round)[1:3]) / 2)
+    assert 1.5 < r.ratio < 6  # b sleeps three times as long as a
+    assert r.b_s > r.a_s > 0.001
 
 
 @pytest.mark.parametrize("name, mbs", [("mixtral", 1), ("mixtral", 2), ("deepseek-v3", 1)])
-def test_part_moe_reports_balanced_random_and_uneven_ideal(monkeypatch, name, mbs):
-    monkeypatch.setattr(eg, "DEV", torch.device("cpu"))
-    monkeypatch.setattr(eg, "BF16", torch.float32)
-    monkeypatch.setattr(eg, "STEADY_ITERS", 3)
-    monkeypatch.setattr(eg, "PAIRED_ROUNDS", 2)
-    r = eg.part_moe(eg.TINY_MOE_SHAPES[name], eg.TINY_SEQ, mbs)
-    assert r["shape"]["tokens"] == eg.TINY_SEQ * mbs and r["shape"]["mbs"] == mbs
+def test_moe_bar_reports_balanced_random_and_uneven_ideal(name, mbs):
+    r = moe_bar(mb.TINY_MOE_SHAPES[name], mb.TINY_SEQ, mbs, torch.device("cpu"), torch.float32, steady_iters=3,
+                paired_rounds=2)
+    assert r["shape"]["tokens"] == mb.TINY_SEQ * mbs and r["shape"]["mbs"] == mbs
     # the headline comes from alternated windows: the median of the rounds' ratios
     for key in ("ratio", "random_ratio"):
         rounds = r[key + "_by_round"] if key == "ratio" else r["random_ratio_by_round"]
@@ -62,15 +63,11 @@ def test_part_moe_reports_balanced_random_and_uneven_ideal(monkeypatch, name, mb
     assert r["imbalance_max_over_mean"] >= 1.0 and r["uneven_ideal_over_ideal"] > 0
     for key in ("layer_s", "ideal_s", "random_layer_s", "isolated_layer_s", "host_issue_s", "random_host_issue_s"):
         assert r[key] > 0, key
-    rows = eg.moe_rows(f"moe_{name}", r, eg.TINY_MOE_SHAPES[name].bar if mbs == 1 else None)
-    assert rows[0][1] == f"{r['ratio']:.3f}" and f"({r['shape']['tokens']} tok)" in rows[0][0]
-    assert (rows[0][2] != "") == (mbs == 1)  # the bar is judged at 4096-token shapes only
-    assert rows[1][1] == f"{r['random_ratio']:.3f} / {r['random_vs_uneven_ideal']:.3f}"
 
 
 @pytest.mark.parametrize("name", ["mixtral", "deepseek-v3"])
-def test_part_moe_pairs_each_step_with_its_reference(monkeypatch, name):
-    # Tag every step part_moe builds and give each tag fixed seconds; a fake paired_steady then answers as the
+def test_moe_bar_pairs_each_step_with_its_reference(monkeypatch, name):
+    # Tag every step moe_bar builds and give each tag fixed seconds; a fake time_paired_steady then answers as the
     # real one does (b_s / a_s). Every reported ratio must come from the right pair, the right way up.
     seconds = {"layer-forced": 1.0, "layer-random": 1.2, "ideal-balanced": 0.9, "ideal-uneven": 0.99}
 
@@ -78,8 +75,8 @@ def test_part_moe_pairs_each_step_with_its_reference(monkeypatch, name):
         fn.tag = tag
         return fn
 
-    real_layer, real_ideal = eg.layer_fwd_bwd, eg.ideal_fwd_bwd
-    shape = eg.TINY_MOE_SHAPES[name]
+    real_layer, real_ideal = mb.layer_fwd_bwd, mb.ideal_fwd_bwd
+    shape = mb.TINY_MOE_SHAPES[name]
     layers, shareds = [], []
 
     def fake_layer(layer, x, gy):
@@ -92,18 +89,15 @@ def test_part_moe_pairs_each_step_with_its_reference(monkeypatch, name):
         return tagged("ideal-balanced" if bool((counts == counts[0]).all()) else "ideal-uneven",
                       real_ideal(experts, xs, gs, counts, shared))
 
-    monkeypatch.setattr(eg, "layer_fwd_bwd", fake_layer)
-    monkeypatch.setattr(eg, "ideal_fwd_bwd", fake_ideal)
+    monkeypatch.setattr(mb, "layer_fwd_bwd", fake_layer)
+    monkeypatch.setattr(mb, "ideal_fwd_bwd", fake_ideal)
 
     def fake_paired(fn_a, fn_b, dev, rounds, iters):
         a, b = seconds[fn_a.tag], seconds[fn_b.tag]
-        return {"a_s": a, "b_s": b, "ratio": b / a, "ratio_by_round": [b / a] * rounds}
+        return PairedTimes(a, b, b / a, [b / a] * rounds)
 
-    monkeypatch.setattr(eg, "paired_steady", fake_paired)
-    monkeypatch.setattr(eg, "DEV", torch.device("cpu"))
-    monkeypatch.setattr(eg, "BF16", torch.float32)
-    monkeypatch.setattr(eg, "STEADY_ITERS", 2)
-    r = eg.part_moe(shape, eg.TINY_SEQ, 1)
+    monkeypatch.setattr(mb, "time_paired_steady", fake_paired)
+    r = moe_bar(shape, mb.TINY_SEQ, 1, torch.device("cpu"), torch.float32, steady_iters=2)
     # both layers run the shape's router (expert bias as the model has it), and with a shared expert both
     # ideals (balanced and uneven groups) include its GEMMs
     assert len(layers) == 2 and all(layer.router.spec == shape.spec for layer in layers)
@@ -120,11 +114,7 @@ def test_part_moe_pairs_each_step_with_its_reference(monkeypatch, name):
 
 def test_forced_balance_router_still_computes_scores_and_assigns_round_robin():
     # the bar's layer keeps the router's own work (logits, softmax, probabilities); only the choice is fixed
-    from executor.options import ExecutorOptions
-    from executor.parallel.groups import single_process_state
-    from executor.router import Router
-
-    spec = eg.TINY_MOE_SHAPES["mixtral"].spec
+    spec = mb.TINY_MOE_SHAPES["mixtral"].spec
     router = Router(spec, ExecutorOptions(moe_router_force_load_balancing=True), single_process_state(), 0,
                     torch.device("cpu"), torch.float32)
     x = torch.randn(32, spec.hidden_size, requires_grad=True)
@@ -137,10 +127,8 @@ def test_forced_balance_router_still_computes_scores_and_assigns_round_robin():
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3"])
 def test_breakdown_headline_ratio_is_steady_state(name):
-    from bench.moe_breakdown import breakdown, format_table
-
-    shape = eg.TINY_MOE_SHAPES[name]
-    r = breakdown(shape.spec, tokens=eg.TINY_SEQ, dev=torch.device("cpu"), dtype=torch.float32,
+    shape = mb.TINY_MOE_SHAPES[name]
+    r = breakdown(shape.spec, tokens=mb.TINY_SEQ, dev=torch.device("cpu"), dtype=torch.float32,
                   options=shape.options())
     assert ("shared_bwd" in r["random"]["stages_device_s"]) == bool(shape.spec.shared_expert_ffn_hidden_size)
     for mode in ("random", "balanced"):
@@ -153,7 +141,7 @@ def test_breakdown_headline_ratio_is_steady_state(name):
 
 def test_bar_shapes_are_the_catalog_models_moe_layers():
     # Qwen3-30B-A3B whole; DeepSeek-V3 as one EP8 rank's 32 experts with the model's router rule and shared expert
-    qwen, dsv3 = eg.MOE_SHAPES["qwen3-30b-a3b"], eg.MOE_SHAPES["deepseek-v3"]
+    qwen, dsv3 = mb.MOE_SHAPES["qwen3-30b-a3b"], mb.MOE_SHAPES["deepseek-v3"]
     model = get_model("qwen3-30b-a3b")
     assert (qwen.spec.hidden_size, qwen.spec.expert_ffn_hidden_size, qwen.spec.num_experts,
             qwen.spec.moe_router_topk, qwen.bar) == (model.hidden_size, 768, model.num_experts, 8, 0.90)
@@ -162,30 +150,30 @@ def test_bar_shapes_are_the_catalog_models_moe_layers():
         7168, 2048, 8, 2048)
     assert (s.moe_router_score_function, s.moe_router_topk_scaling_factor) == ("sigmoid", 2.5)
     assert s.num_experts == 32 and (s.moe_router_num_groups, s.moe_router_group_topk) == (8, 4)
-    assert dsv3.expert_bias and dsv3.bar == 0.90 and eg.MOE_SHAPES["mixtral"].bar == 0.95
+    assert dsv3.expert_bias and dsv3.bar == 0.90 and mb.MOE_SHAPES["mixtral"].bar == 0.95
     # rows per expert on one GPU at seq 4096 = rows per expert of an EP8 rank when 8 ranks send 4096 tokens each
     ep = model.num_experts // s.num_experts
-    one_gpu_rows, ep8_rank_rows = eg.SEQ * 8 // s.num_experts, ep * eg.SEQ * 8 // model.num_experts
+    one_gpu_rows, ep8_rank_rows = mb.SEQ * 8 // s.num_experts, ep * mb.SEQ * 8 // model.num_experts
     assert ep == 8 and one_gpu_rows == ep8_rank_rows == 1024
 
 
 def test_deepseek_v3_bar_layer_routes_by_sigmoid_groups_with_scaling():
-    shape = eg.TINY_MOE_SHAPES["deepseek-v3"]
+    shape = mb.TINY_MOE_SHAPES["deepseek-v3"]
     spec = shape.spec
-    bar = bar_inputs(spec, eg.TINY_SEQ, 1, torch.device("cpu"), torch.float32, shape.options())
-    routing = bar.layer.router(bar.x.detach().view(eg.TINY_SEQ, spec.hidden_size))
+    bar = bar_inputs(spec, mb.TINY_SEQ, 1, torch.device("cpu"), torch.float32, shape.options())
+    routing = bar.layer.router(bar.x.detach().view(mb.TINY_SEQ, spec.hidden_size))
     per_group = spec.num_experts // spec.moe_router_num_groups
-    groups_used = [len(set((routing.experts_NK[t] // per_group).tolist())) for t in range(eg.TINY_SEQ)]
+    groups_used = [len(set((routing.experts_NK[t] // per_group).tolist())) for t in range(mb.TINY_SEQ)]
     assert max(groups_used) <= spec.moe_router_group_topk
     # sigmoid scores normalised over the top-k, then scaled: each token's weights sum to the scaling factor
-    assert torch.allclose(routing.probs_NK.sum(-1), torch.full((eg.TINY_SEQ,), 2.5))
+    assert torch.allclose(routing.probs_NK.sum(-1), torch.full((mb.TINY_SEQ,), 2.5))
 
 
 def test_shared_expert_ideal_computes_the_layers_shared_expert():
-    shape = eg.TINY_MOE_SHAPES["deepseek-v3"]
-    bar = bar_inputs(shape.spec, eg.TINY_SEQ, 1, torch.device("cpu"), torch.float32, shape.options())
+    shape = mb.TINY_MOE_SHAPES["deepseek-v3"]
+    bar = bar_inputs(shape.spec, mb.TINY_SEQ, 1, torch.device("cpu"), torch.float32, shape.options())
     x = bar.shared.x.detach()
-    want = bar.layer.shared(x.view(eg.TINY_SEQ, 1, -1)).view(eg.TINY_SEQ, -1)
+    want = bar.layer.shared(x.view(mb.TINY_SEQ, 1, -1)).view(mb.TINY_SEQ, -1)
     assert isinstance(bar.shared.ideal, SharedExpertIdeal)
     torch.testing.assert_close(bar.shared.ideal(x), want)
     bar.ideal_step()()  # the ideal's fwd+bwd writes the shared expert's weight gradients too
@@ -194,35 +182,12 @@ def test_shared_expert_ideal_computes_the_layers_shared_expert():
 
 def test_staged_layer_with_shared_expert_gives_the_layers_input_gradient():
     # the breakdown's stages must add up to the layer: same input gradient as one fwd+bwd of MoELayer
-    shape = eg.TINY_MOE_SHAPES["deepseek-v3"]
-    bar = bar_inputs(shape.spec, eg.TINY_SEQ, 1, torch.device("cpu"), torch.float32, shape.options())
+    shape = mb.TINY_MOE_SHAPES["deepseek-v3"]
+    bar = bar_inputs(shape.spec, mb.TINY_SEQ, 1, torch.device("cpu"), torch.float32, shape.options())
     layer_fwd_bwd(bar.layer, bar.x, bar.gy)()
     h = shape.spec.hidden_size
-    staged = StagedLayer(bar.layer, bar.x.detach().view(eg.TINY_SEQ, h), bar.gy.view(eg.TINY_SEQ, h))
+    staged = StagedLayer(bar.layer, bar.x.detach().view(mb.TINY_SEQ, h), bar.gy.view(mb.TINY_SEQ, h))
     staged.step()
     assert staged.FWD[-1] == "shared" and staged.BWD[0] == "shared"
-    torch.testing.assert_close(staged.s["g_x"], bar.x.grad.view(eg.TINY_SEQ, h))
-    torch.testing.assert_close(staged.s["out_total"], bar.layer(bar.x)[0].detach().view(eg.TINY_SEQ, h))
-
-
-def test_cli_tiny_run_of_chosen_shapes_writes_their_rows(monkeypatch, tmp_path, capsys):
-    for name in ("DEV", "BF16", "SEQ", "MOE_SHAPES"):  # main() rebinds them; restore after
-        monkeypatch.setattr(eg, name, getattr(eg, name))
-    monkeypatch.setattr(eg, "STEADY_ITERS", 2)
-    monkeypatch.setattr(eg, "PAIRED_ROUNDS", 2)
-    out = tmp_path / "arch.json"
-    monkeypatch.setattr("sys.argv", ["executor_gpu", "--device", "cpu", "--tiny", "--parts", "moe",
-                                     "--shapes", "qwen3-30b-a3b,deepseek-v3", "--out", str(out)])
-    assert eg.main() == 0
-    report = json.loads(out.read_text())
-    assert {k for k in report if k.startswith("moe_")} == {
-        "moe_qwen3-30b-a3b", "moe_deepseek-v3", "moe_qwen3-30b-a3b_mbs2", "moe_deepseek-v3_mbs2"}
-    tiny_dsv3 = eg.TINY_MOE_SHAPES["deepseek-v3"].spec
-    assert report["moe_deepseek-v3"]["shape"]["shared_ffn"] == tiny_dsv3.shared_expert_ffn_hidden_size
-    printed = capsys.readouterr().out
-    for name in ("qwen3-30b-a3b", "deepseek-v3"):
-        row = next(line for line in printed.splitlines() if line.startswith(f"moe_{name} ({eg.TINY_SEQ} tok)"))
-        assert "0.90" in row and row.split()[-1] in ("yes", "NO")
-    monkeypatch.setattr("sys.argv", ["executor_gpu", "--device", "cpu", "--tiny", "--shapes", "finegrained"])
-    with pytest.raises(SystemExit):
-        eg.main()
+    torch.testing.assert_close(staged.s["g_x"], bar.x.grad.view(mb.TINY_SEQ, h))
+    torch.testing.assert_close(staged.s["out_total"], bar.layer(bar.x)[0].detach().view(mb.TINY_SEQ, h))

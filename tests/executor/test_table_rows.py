@@ -1,6 +1,6 @@
-"""bench/table_rows.py: which rows of a stored layout table run, and what a failed run leaves."""
+"""executor/microbench/table_rows.py: which rows of a stored layout table run, and what a failed run leaves."""
 
-from bench.table_rows import launch_rows, matching_rows
+from executor.microbench.table_rows import launch_rows, matching_rows
 from spec.parallel_config import ParallelConfig
 
 TABLE = {"rows": [

@@ -1,4 +1,4 @@
-"""bench/accuracy_bars: a proxy's 1- and 2-GPU tables priced each on its own GPU count, then pooled."""
+"""planner.accuracy.pooled: a proxy's 1- and 2-GPU tables priced each on its own GPU count, then pooled."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.accuracy_bars import pooled
-from bench.costmodel_accuracy import compare, merge_tables, spearman, summarize
+from planner.accuracy import compare, merge_tables, pooled, spearman, summarize
 from spec.inputs import build_specs
 
 RUN = Path(__file__).resolve().parents[2] / "bench/results/issue16/h200-0545"
