@@ -306,13 +306,15 @@ def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelC
         out.append((Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"), buckets))
     out += [(Call("all_reduce", g, _STATS * _FP32, "step"), 1) for g in ("pp", "dp_cp") if grids.group(g).size > 1]
     experts = max(model.num_experts or 0, 1)
-    out += [(Call("all_reduce", g, experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp") if grids.group(g).size > 1]
+    out += [(Call("all_reduce", g, experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp")
+            if grids.group(g).size > 1]
     if model.is_moe and (router or RouterOptions()).resolve(model).moe_router_enable_expert_bias:
         pattern = model.moe_layer_pattern()
         chunks = layer_chunks(model.num_layers, config.pp, config.vpp, config.pipeline_split)[stage]
         moe = sum(pattern[i] for chunk in chunks for i in chunk)
         moe += head_blocks(model) if stage == config.pp - 1 and pattern[-1] else 0  # their layers: the last's kind
-        out += [(Call("all_reduce", g, experts * _FP32, "step"), moe) for g in ("tp", "dp_cp") if grids.group(g).size > 1]
+        out += [(Call("all_reduce", g, experts * _FP32, "step"), moe) for g in ("tp", "dp_cp")
+                if grids.group(g).size > 1]
     return tuple((call, n) for call, n in out if n)
 
 

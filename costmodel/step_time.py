@@ -12,7 +12,8 @@ identity): layer parts keyed on the fields each part depends on (attention and T
 micro-batch, SP, TP overlap; the routed-expert part on MoE tokens per rank, ep, etp, dispatcher), stage
 sums keyed on the layer shape and (pp, vpp, pipeline placement), and the once-per-step collectives keyed on the layout and
 the optimizer. No rank group is enumerated: placements come from the named groups' strides in closed form
-(:class:`costmodel.comm.GroupPlacements`, :meth:`spec.rank_groups.GridSizes.group`). The per-call path only combines cached vectors.
+(:class:`costmodel.comm.GroupPlacements`, :meth:`spec.rank_groups.GridSizes.group`). The per-call path only
+combines cached vectors.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from costmodel.compute import (
 )
 from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
-from costmodel.head_pricing import head_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
+from costmodel.head_pricing import head_pricing
 from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, GradGroupsKey, HostKey,
                                    LayerKey, RoutedKey, StepStatKey)
 from costmodel.memory import offloaded_layer_bytes
@@ -69,10 +70,10 @@ from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
 from spec.head_features import HEAD_FEATURES, head_features
-from spec.rank_groups import GridSizes, GroupStride
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
+from spec.rank_groups import GridSizes, GroupStride
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 from spec.validity import experts_ep_rule, seq_cp_rule
