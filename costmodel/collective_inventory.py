@@ -32,10 +32,12 @@ from costmodel import params as _params
 from costmodel.attention_pricing import attention_pricing
 from costmodel.comm import Call
 from costmodel.dispatch import dispatcher_pricing
+from spec.head_features import head_blocks
 from spec.model_spec import ModelSpec
 from spec.norm_scopes import qk_norm_scope
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import layer_chunks
+from spec.rank_groups import GridSizes
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 
@@ -256,12 +258,6 @@ def micro_batch_inventory(model: ModelSpec, training: TrainingSpec, config: Para
     return calls + head_calls(g) + chunk_end_calls(g)
 
 
-def _groups(config: ParallelConfig) -> dict[str, int]:
-    world, pp = config.world_size, config.pp
-    dp = world // (config.tp * config.cp * pp)
-    return {"tp": config.tp, "dp_cp": config.cp * dp, "edp": world // (config.etp * config.ep * pp), "pp": pp}
-
-
 def grad_sync_calls(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, stage: int = 0) -> tuple[Call, ...]:
     """Once per step: the gradient reduction over DP·CP (dense) and EDP (experts) of pipeline rank ``stage``, one
     call per bucket of :data:`EXECUTOR_BUCKET_BYTES` (buckets counted as if the parameters packed them whole;
@@ -269,10 +265,10 @@ def grad_sync_calls(model: ModelSpec, training: TrainingSpec, config: ParallelCo
     the distributed optimizer (each bucket padded to a multiple of the group), else all-reduced.
     ``costmodel.step_time`` prices these from the totals (its ``dp_grad``, ``edp_grad``, ``param_gather``)."""
     counts = _params.stage_param_counts(model, config, stage)
-    sizes = _groups(config)
+    grids = GridSizes.of(config)
     out: tuple[Call, ...] = ()
     for group, n in (("dp_cp", counts.dense), ("edp", counts.expert)):
-        size = sizes[group]
+        size = grids.group(group).size
         if size <= 1 or n <= 0:
             continue
         buckets = max(1, math.ceil(n * training.param_bytes / EXECUTOR_BUCKET_BYTES))
@@ -293,12 +289,12 @@ def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelC
     PP and DP·CP, the tokens per expert over TP, DP·CP and PP, and the expert bias's loads (per MoE layer, over
     TP and DP·CP)."""
     counts = _params.stage_param_counts(model, config, stage)
-    sizes = _groups(config)
+    grids = GridSizes.of(config)
     out: list[tuple[Call, int]] = []
-    if sizes["tp"] > 1 and counts.dense_replicated:
+    if grids.group("tp").size > 1 and counts.dense_replicated:
         partial = counts.dense_replicated
         if config.use_distributed_optimizer:  # the shard's part of them, one call per bucket holding some
-            partial = math.ceil(partial / sizes["dp_cp"])
+            partial = math.ceil(partial / grids.group("dp_cp").size)
         # every layer holds some (its norms), so every bucket of layer parameters does: as many calls as the
         # layers' dense parameters fill buckets (the word embedding and output layer, each bigger than a bucket
         # in a real model, sit alone). An estimate: the executor packs whole tensors (DeepSeek-V2-Lite, 2
@@ -308,15 +304,17 @@ def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelC
             else 0
         buckets = max(1, math.ceil(layers * training.param_bytes / EXECUTOR_BUCKET_BYTES))
         out.append((Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"), buckets))
-    out += [(Call("all_reduce", g, _STATS * _FP32, "step"), 1) for g in ("pp", "dp_cp") if sizes[g] > 1]
+    out += [(Call("all_reduce", g, _STATS * _FP32, "step"), 1) for g in ("pp", "dp_cp") if grids.group(g).size > 1]
     experts = max(model.num_experts or 0, 1)
-    out += [(Call("all_reduce", g, experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp") if sizes[g] > 1]
+    out += [(Call("all_reduce", g, experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp")
+            if grids.group(g).size > 1]
     if model.is_moe and (router or RouterOptions()).resolve(model).moe_router_enable_expert_bias:
         pattern = model.moe_layer_pattern()
         chunks = layer_chunks(model.num_layers, config.pp, config.vpp, config.pipeline_split)[stage]
         moe = sum(pattern[i] for chunk in chunks for i in chunk)
-        moe += model.mtp_num_layers if stage == config.pp - 1 and pattern[-1] else 0
-        out += [(Call("all_reduce", g, experts * _FP32, "step"), moe) for g in ("tp", "dp_cp") if sizes[g] > 1]
+        moe += head_blocks(model) if stage == config.pp - 1 and pattern[-1] else 0  # their layers: the last's kind
+        out += [(Call("all_reduce", g, experts * _FP32, "step"), moe) for g in ("tp", "dp_cp")
+                if grids.group(g).size > 1]
     return tuple((call, n) for call, n in out if n)
 
 

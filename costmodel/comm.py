@@ -2,7 +2,9 @@
 
 A group's placement (how many nodes it spans, how many of its ranks share a node) follows from its
 rank stride in Megatron's ``tp-cp-ep-dp-pp`` order and ``gpus_per_node``
-(:func:`spec.rank_groups.group_stride_span`), so no rank lists are built in the hot path.
+(:func:`spec.rank_groups.group_stride_span`), so no rank lists are built in the hot path. Callers name the
+group (:class:`GroupPlacements`: ``places.of("dp_cp")``) and the stride and size come from the rank order's
+closed form (:meth:`spec.rank_groups.GridSizes.group`), never from strides worked out at the call.
 
 Conventions (bandwidths are bytes/s per GPU per direction, as in :class:`~spec.hardware.HardwareProfile`):
 
@@ -33,7 +35,8 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from spec.hardware import HardwareProfile, MeasuredCurve
-from spec.rank_groups import group_stride_span
+from spec.parallel_config import ParallelConfig
+from spec.rank_groups import GridSizes, group_stride_span
 
 # Default fraction of the datasheet link bandwidth a collective achieves.
 # all-to-all: microbenchmark, 2-GPU NVLink all-to-all at 256 MiB moved 474 GB/s counted over both
@@ -70,10 +73,34 @@ def group_placement(stride: int, size: int, gpus_per_node: int) -> Placement:
     return Placement(size=size, nodes=nodes, ranks_per_node=max(1, size // nodes))
 
 
-def span_text(stride: int, size: int, gpus_per_node: int) -> str:
-    """Where a group of ``size`` ranks spaced ``stride`` apart sits, in words: 'spans N nodes' or 'within one node'."""
-    nodes = group_stride_span(stride, size, gpus_per_node)
-    return f"spans {nodes} nodes" if nodes > 1 else "within one node"
+@lru_cache(maxsize=4096)
+def _placement_of(sizes: GridSizes, name: str, gpus_per_node: int) -> Placement:
+    group = sizes.group(name)
+    return group_placement(group.stride, group.size, gpus_per_node)
+
+
+@dataclass(frozen=True)
+class GroupPlacements:
+    """Where each named group (``spec.rank_groups.GROUP_KINDS``: tp, cp, dp_cp, pp, ep, etp, tp_ep, edp, ...) of
+    the grids ``sizes`` sits on nodes of ``gpus_per_node`` GPUs: the stride and size come from the rank order's
+    closed form (:meth:`spec.rank_groups.GridSizes.group`), never worked out by the caller."""
+
+    sizes: GridSizes
+    gpus_per_node: int
+
+    @classmethod
+    def of_config(cls, config: ParallelConfig, gpus_per_node: int) -> GroupPlacements:
+        """The placements of ``config``'s groups."""
+        return cls(GridSizes.of(config), gpus_per_node)
+
+    def of(self, name: str) -> Placement:
+        """The placement of one group of kind ``name``."""
+        return _placement_of(self.sizes, name, self.gpus_per_node)
+
+    def span_text(self, name: str) -> str:
+        """Where a group of kind ``name`` sits, in words: 'spans N nodes' or 'within one node'."""
+        nodes = self.of(name).nodes
+        return f"spans {nodes} nodes" if nodes > 1 else "within one node"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from costmodel.comm import Call, LinkRates, Placement, call_time, span_text
+from costmodel.comm import Call, GroupPlacements, LinkRates, Placement, call_time
 from costmodel.host_ops import ZERO, HostOps
 from costmodel.terms import LAYER_SLOT
 from spec.errors import InvalidConfigError
@@ -88,6 +88,7 @@ class RoutedShape(Protocol):
     etp: int
     imbalance: float  # busiest EP rank's load over the mean
     dispatch_fixed: float  # seconds per dispatch + combine beyond the bandwidth price, forward + backward
+    places: GroupPlacements  # the layer's groups (ep, etp, tp_ep, ...)
     ep_place: Placement
     etp_place: Placement
     tp_ep_place: Placement
@@ -132,9 +133,8 @@ class DispatcherPricing(Protocol):
 def price_calls(shape: RoutedShape, block: LayerBlock, calls: tuple[Call, ...]) -> None:
     """Add each call's seconds at its own size (``costmodel.comm.call_time``) to the block: EP and ETP·EP
     calls in ``ep_a2a``, ETP ones in ``etp_comm``, under the 'moe' recompute module."""
-    places = {"ep": shape.ep_place, "etp": shape.etp_place, "tp_ep": shape.tp_ep_place}
     for call in calls:
-        seconds = call_time(shape.link, call, places[call.group])
+        seconds = call_time(shape.link, call, shape.places.of(call.group))
         slot = ETP if call.group == "etp" else A2A
         if call.phase == "forward":
             block.add(slot, seconds, 0.0, "moe")
@@ -221,7 +221,8 @@ class AllToAllPricing:
 
     def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
         c = config
-        return f"EP{c.ep} group {span_text(c.etp, c.ep, gpus_per_node)}" + (f", ETP{c.etp}" if c.etp > 1 else "")
+        where = GroupPlacements.of_config(c, gpus_per_node).span_text("ep")
+        return f"EP{c.ep} group {where}" + (f", ETP{c.etp}" if c.etp > 1 else "")
 
 
 class AllGatherPricing:
@@ -268,8 +269,8 @@ class AllGatherPricing:
         return self.OPS if config.tp * config.ep * config.etp > 1 else ZERO
 
     def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
-        group = config.etp * config.ep
-        return f"allgather dispatcher over ETP·EP {group} ({span_text(1, group, gpus_per_node)})"
+        where = GroupPlacements.of_config(config, gpus_per_node).span_text("tp_ep")
+        return f"allgather dispatcher over ETP·EP {config.etp * config.ep} ({where})"
 
 
 register_pricing(AllToAllPricing())

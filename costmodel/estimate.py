@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.comm import span_text
+from costmodel.comm import GroupPlacements
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.host import seconds_per_op
 from costmodel.memory import MemoryBreakdown, estimate_memory
@@ -69,14 +69,15 @@ def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cl
                   time: StepTimeBreakdown) -> str:
     """The fact of the layout behind a time bottleneck, e.g. 'EP16 group spans 2 nodes'."""
     gpn = cluster.gpus_per_node
+    places = GroupPlacements.of_config(c, gpn)
     if bottleneck == "all-to-all":
         return dispatcher_pricing(c.moe_token_dispatcher_type).describe(c, gpn)
     if bottleneck == "tp-comm":
-        return f"TP{c.tp} group {span_text(1, c.tp, gpn)}"
+        return f"TP{c.tp} group {places.span_text('tp')}"
     if bottleneck == "cp-comm":
-        return f"CP{c.cp} group {span_text(c.tp, c.cp, gpn)}"
+        return f"CP{c.cp} group {places.span_text('cp')}"
     if bottleneck == "dp-comm":
-        return (f"DP{c.dp} {span_text(c.tp * c.cp, c.dp, gpn)}, EDP{c.edp} {span_text(c.etp * c.ep, c.edp, gpn)}"
+        return (f"DP{c.dp} {places.span_text('dp')}, EDP{c.edp} {places.span_text('edp')}"
                 + ("" if c.use_distributed_optimizer else ", no distributed optimizer"))
     if bottleneck in ("pp-bubble", "pp-comm"):
         m = c.num_micro_batches(training.global_batch_size)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit
+from spec.rank_groups import GridSizes
 
 _new = tuple.__new__
 
@@ -150,3 +151,24 @@ class GemmWeightsKey(NamedTuple):
     def of(cls, c: ParallelConfig) -> GemmWeightsKey:
         """The key of ``c``."""
         return _new(cls, (c.tp, c.pp, c.vpp, c.ep, c.etp, c.pipeline_split))
+
+
+class GradGroupsKey(NamedTuple):
+    """What the placements of the gradient-reduction groups (DP·CP and EDP) depend on: both grids' sizes below pp."""
+
+    tp: int
+    cp: int
+    dp: int
+    etp: int
+    ep: int
+    edp: int
+
+    @classmethod
+    def of(cls, c: ParallelConfig) -> GradGroupsKey:
+        """The key of ``c``."""
+        world, pp = c.world_size, c.pp
+        return _new(cls, (c.tp, c.cp, world // (c.tp * c.cp * pp), c.etp, c.ep, world // (c.etp * c.ep * pp)))
+
+    def grids(self) -> GridSizes:
+        """The grid sizes these groups are placed by (``spec.rank_groups``)."""
+        return GridSizes(tp=self.tp, cp=self.cp, dp=self.dp, etp=self.etp, ep=self.ep, edp=self.edp)

@@ -13,6 +13,7 @@ backward. Memory and time models both read this module, so the two behaviours st
 
 from __future__ import annotations
 
+from spec.head_features import output_heads
 from spec.model_spec import ModelSpec
 from spec.training_spec import TrainingSpec
 
@@ -93,7 +94,7 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
     The heads run one after another: one block is live at a time. The fixed
     part is (bytes per block logit, vocabulary rows, weight-gradient bytes); :func:`loss_fixed_bytes` prices it.
     """
-    b, h, heads = training.activation_bytes, model.hidden_size, 1 + model.mtp_num_layers
+    b, h, heads = training.activation_bytes, model.hidden_size, output_heads(model)
     padded = model.padded_vocab_size(tp) // tp
     if training.megatron_cross_entropy:
         return float(padded * (_FP32 * MEGATRON_LOSS_FP32_COPIES * heads + b)), None

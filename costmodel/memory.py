@@ -37,10 +37,12 @@ from costmodel.activation import glu_saved_intermediates
 from costmodel.attention_kinds import has_sinks, masked_layer_share
 from costmodel.attention_pricing import attention_pricing
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.head_pricing import head_pricing
 from costmodel.loss import loss_fixed_bytes as _loss_fixed, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
+from spec.head_features import head_blocks, head_features
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
@@ -369,7 +371,7 @@ class _KindTerms(NamedTuple):
     comm_moe: tuple[str, float]
     pp_buffer: float
     head_input: float  # final-norm and output-layer inputs (last stage)
-    mtp: float  # stored MTP blocks (last stage)
+    head_blocks: tuple[tuple[str, float], ...]  # (feature name, stored bytes of its blocks) (last stage)
     logits: float  # per token: the output layer + loss (costmodel.loss.loss_memory_terms)
     embedding_mask: float  # embedding dropout mask (first stage)
     loss_fixed: tuple[float, int, float] | None  # the blocked loss's fixed part (costmodel.loss)
@@ -399,15 +401,16 @@ def _kind_terms(model: ModelSpec, training: TrainingSpec, s: _Shape, modules: fr
     full_dense, full_moe = sum(v for _, v, _ in dense_t), sum(v for _, v, _ in moe_t)
     grad_dense, grad_moe = _gradient_peak(model, training, s, False), _gradient_peak(model, training, s, True)
     layer_input = h * b / dsp
-    last_kind_moe = bool(moe_pattern(model)[-1])
-    mtp = model.mtp_num_layers * ((sum(moe) if last_kind_moe else sum(dense)) + 5 * h * b / dsp)
+    last_layer = sum(moe) if moe_pattern(model)[-1] else sum(dense)  # what each head block's layer stores
+    blocks = tuple((f.name, d * (last_layer + head_pricing(f).activation_bytes(model, training, dsp)))
+                   for f, d in head_features(model))
     logits_per_token, loss_fixed = loss_memory_terms(model, training, s.tp)
     return _KindTerms(
         tuple(names), dense, moe, sum(dense), sum(moe), layer_input,
         full_dense - sum(dense) + grad_dense, full_moe - sum(moe) + grad_moe,
         full_dense - layer_input + grad_dense, full_moe - layer_input + grad_moe,
         ("comm.none", 0.0), ("comm.none", 0.0),  # filled per full layout shape by _kind_terms_for
-        2 * h * b / dsp, 2 * h * b / dsp, mtp, logits_per_token,
+        2 * h * b / dsp, 2 * h * b / dsp, blocks, logits_per_token,
         h * _MASK / dsp if model.hidden_dropout > 0 else 0.0, loss_fixed,
     )
 
@@ -478,7 +481,7 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
             recomputed = full_layers == 0 or pos < full_layers
             counts[2 * recomputed + pattern[layer]] += 1
     last = stage == pp - 1
-    has_moe = counts[1] + counts[3] > 0 or (last and model.mtp_num_layers > 0 and bool(pattern[-1]))
+    has_moe = counts[1] + counts[3] > 0 or (last and head_blocks(model) > 0 and bool(pattern[-1]))
     sizes = tuple(len(chunk) for chunk in layer_chunks(model.num_layers, pp, vpp, split)[stage])
     cap = in_flight_micro_batches(pp, vpp, stage, 1 << 62)
     lay = _StageLayout(stage, *counts, stage == 0, last, has_moe, cap, sizes if len(set(sizes)) > 1 else None)
@@ -616,7 +619,8 @@ def _stage_parts(ctx: _Context, config: ParallelConfig, full: int, only_stage: i
 def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, params: tuple) -> tuple[_Row, ...]:
     pp, vpp = config.pp, config.vpp
     (_, _, _, stored_dense, stored_moe, layer_input, work_sd, work_sm, work_fd, work_fm, comm_dense, comm_moe,
-     pp_buffer, head_input, mtp, logits_tok, embedding_mask, loss_fixed) = k
+     pp_buffer, head_input, blocks, logits_tok, embedding_mask, loss_fixed) = k
+    blocks_bytes = sum(v for _, v in blocks)
     if pp == 1:
         pp_buffer = 0.0
     ob = ctx.opt_bytes
@@ -630,7 +634,7 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
         per_chunk = (sd * stored_dense + sm * stored_moe + (rd + rm) * layer_input) / vpp
         if first:
             per_chunk += embedding_mask / vpp
-        act_once = head_input + mtp if last else 0.0
+        act_once = head_input + blocks_bytes if last else 0.0
         logits = logits_tok if last else 0.0
         work = 0.0
         if sd:
@@ -1062,8 +1066,7 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         details.append(("act.embedding.dropout_mask", tokens * n / vpp * k.embedding_mask))
     if lay.last:
         details.append(("act.output.final_norm_and_head_input", tokens * k.head_input))
-        if k.mtp:
-            details.append(("act.mtp.blocks", tokens * k.mtp))
+        details += [(f"act.{name}.blocks", tokens * v) for name, v in k.head_blocks if v]
         if fixed is None:
             details.append(("logits.loss_and_output", tokens * row_logits))
         else:

@@ -12,9 +12,10 @@ Counted as a Megatron-Core GPT model holds them (element counts, not bytes):
 - the first stage: the word embedding (vocabulary padded as Megatron pads it, split over TP) and a
   learned absolute position table (not split over TP); the last stage: the final norm and the output
   layer. With tied embeddings and PP > 1 the last stage holds its own copy of the embedding matrix (as
-  Megatron does, kept in sync by the embedding group); with MTP the last stage also holds an embedding
-  (MTP embeds the shifted tokens) and ``mtp_num_layers`` MTP blocks (two norms, the ``2h → h`` projection,
-  one transformer layer of the last layer's kind and a final norm).
+  Megatron does, kept in sync by the embedding group); with a head feature (``spec.head_features``) the
+  last stage also holds its blocks, each one transformer layer of the last layer's kind and the feature's own
+  parameters (``costmodel.head_pricing``), and an embedding when they read it: MTP's ``mtp_num_layers``
+  blocks (two norms, the ``2h → h`` projection, the layer and a final norm) embed the shifted tokens.
 
 Sharding per GPU: column/row-parallel weights and column-parallel biases are split by TP; norms, the
 router, row-parallel biases, position embeddings and the MLA down projections (Megatron builds them
@@ -29,8 +30,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel.attention_pricing import attention_pricing
+from costmodel.head_pricing import head_pricing
 from costmodel.per_model import norm_params as _norm, per_model_cache
 from spec.errors import InvalidConfigError
+from spec.head_features import HeadFeature, head_features, last_stage_embeds
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, layer_chunks
@@ -136,11 +139,11 @@ def embedding_params(model: ModelSpec, tp: int) -> ParamCounts:
     return ParamCounts(words, positions, 0)
 
 
-def mtp_block_params(model: ModelSpec, tp: int, ep: int, etp: int) -> ParamCounts:
-    """One MTP block: enorm, hnorm, the ``2h → h`` projection (TP-split), a layer like the last one, a final norm."""
-    h = model.hidden_size
+def head_block_params(model: ModelSpec, feature: HeadFeature, tp: int, ep: int, etp: int) -> ParamCounts:
+    """One block of head feature ``feature`` (an MTP depth: enorm, hnorm, the ``2h → h`` projection (TP-split),
+    a final norm) and its decoder layer, like the last one."""
     last_is_moe = bool(moe_pattern(model)[-1])
-    own = ParamCounts(2 * h * h // tp, 3 * _norm(model, h), 0)
+    own = ParamCounts(*head_pricing(feature).params(model, tp), 0)
     return own + layer_params(model, tp, ep, etp, last_is_moe)
 
 
@@ -156,18 +159,19 @@ def _stage_kinds(model: ModelSpec, pp: int, vpp: int, stage: int, split: Pipelin
 
 @per_model_cache
 def _edge_params(model: ModelSpec, tp: int, ep: int, etp: int, first: bool, last: bool) -> ParamCounts:
-    """What the first / last rank holds beyond its decoder layers (embedding; final norm, output, MTP)."""
+    """What the first / last rank holds beyond its decoder layers (embedding; final norm, output, head blocks)."""
     counts = embedding_params(model, tp) if first else ZERO
     if last:
         words = model.padded_vocab_size(tp) * model.hidden_size // tp
+        embeds = last_stage_embeds(model)
         extra = 0
-        if model.mtp_num_layers and not first:
-            extra += words  # MTP embeds the shifted tokens on the last stage
-        if model.untie_embeddings_and_output_weights or not (first or model.mtp_num_layers):
+        if embeds and not first:
+            extra += words  # a head block (MTP) embeds the shifted tokens on the last stage
+        if model.untie_embeddings_and_output_weights or not (first or embeds):
             extra += words  # own output matrix, or the tied copy of the embedding
         counts = counts + ParamCounts(extra, _norm(model, model.hidden_size), 0)  # + final norm
-        if model.mtp_num_layers:
-            counts = counts + mtp_block_params(model, tp, ep, etp) * model.mtp_num_layers
+        for feature, depth in head_features(model):
+            counts = counts + head_block_params(model, feature, tp, ep, etp) * depth
     return counts
 
 

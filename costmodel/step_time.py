@@ -11,8 +11,9 @@ few fields is cached inside a context per (model, training, cluster) object trip
 identity): layer parts keyed on the fields each part depends on (attention and TP-side parts on tp, cp,
 micro-batch, SP, TP overlap; the routed-expert part on MoE tokens per rank, ep, etp, dispatcher), stage
 sums keyed on the layer shape and (pp, vpp, pipeline placement), and the once-per-step collectives keyed on the layout and
-the optimizer. No rank group is enumerated: placements come from strides
-(:func:`costmodel.comm.group_placement`). The per-call path only combines cached vectors.
+the optimizer. No rank group is enumerated: placements come from the named groups' strides in closed form
+(:class:`costmodel.comm.GroupPlacements`, :meth:`spec.rank_groups.GridSizes.group`). The per-call path only
+combines cached vectors.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from costmodel import params as _params
 from costmodel import collective_inventory as _calls
 from costmodel.comm import (
     Call,
+    GroupPlacements,
     LinkRates,
     Placement,
     call_time,
@@ -50,8 +52,9 @@ from costmodel.compute import (
 from costmodel.context_parallel import cp_attention_time, kv_exchange_time
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
-from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, HostKey, LayerKey,
-                                   RoutedKey, StepStatKey)
+from costmodel.head_pricing import head_pricing
+from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, GradGroupsKey, HostKey,
+                                   LayerKey, RoutedKey, StepStatKey)
 from costmodel.memory import offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
@@ -66,9 +69,11 @@ from costmodel.terms import (
 from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
+from spec.head_features import HEAD_FEATURES, head_features
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
+from spec.rank_groups import GridSizes, GroupStride
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
 from spec.validity import experts_ep_rule, seq_cp_rule
@@ -248,7 +253,7 @@ class _Layers:
     """Per-micro-batch costs of every layer kind for one (tp, cp, ep, etp, mbs, sp, dispatcher, TP overlap).
 
     ``extras[(first, last)]`` is what a stage adds besides its decoder layers: the embedding on the first
-    stage, the output head(s) and MTP blocks on the last.
+    stage, the output head(s) and head blocks (MTP) on the last.
     """
 
     __slots__ = ("dense", "moe", "extras", "p2p_bytes", "selective")
@@ -309,12 +314,10 @@ class _Shape:
         # (the profile's grouped curves are bf16 measurements: costmodel.compute). Transformer Engine's grouped
         # linears run it in fp8.
         self.wgrad_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
-        gpn = ctx.gpus_per_node
-        self.tp_place = group_placement(1, tp, gpn)
-        self.cp_place = group_placement(tp, cp, gpn)
-        self.ep_place = group_placement(etp, ep, gpn)
-        self.etp_place = group_placement(1, etp, gpn)
-        self.tp_ep_place = group_placement(1, etp * ep, gpn)
+        # the layer's groups depend on tp, cp, etp and ep only (the slower dp and pp axes do not space them)
+        self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
+        self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
+            self.places.of(name) for name in ("tp", "cp", "ep", "etp", "tp_ep"))
         imbalance = training.ep_imbalance(ep)  # the busiest EP rank sets the pace; the others wait in the a2a
         capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
         if capacity:
@@ -323,8 +326,6 @@ class _Shape:
         # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
         self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
         self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
-        self.places = {"tp": self.tp_place, "cp": self.cp_place, "ep": self.ep_place, "etp": self.etp_place,
-                       "tp_ep": self.tp_ep_place}
         # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
         self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
                                      self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance)
@@ -356,7 +357,7 @@ class _Shape:
     def comm(self, block: _Block, calls: tuple[Call, ...], module: str | tuple[str, ...] = ()) -> None:
         """Each call (costmodel.collective_inventory) at its own size over its group, in its group's term."""
         for call in calls:
-            seconds = call_time(self.link, call, self.places[call.group])
+            seconds = call_time(self.link, call, self.places.of(call.group))
             slot = LAYER_SLOT[_calls.GROUP_TERM[call.group]]
             if call.phase == "forward":
                 block.add(slot, seconds, 0.0, module)
@@ -367,7 +368,7 @@ class _Shape:
         """A forward call that recomputation does not re-run, the last of a full layer and of the selective
         ``module`` regions that end with it (its seconds leave their re-run)."""
         if call is not None:
-            seconds = call_time(self.link, call, self.places[call.group])
+            seconds = call_time(self.link, call, self.places.of(call.group))
             block.skip += seconds
             for name in (module,) if isinstance(module, str) else module:
                 block.modules[name] -= seconds
@@ -554,30 +555,29 @@ class _Shape:
         """What every pipeline chunk issues once per micro-batch besides its layers (the router losses' sum)."""
         self.comm(block, _calls.chunk_end_calls(self.calls))
 
-    def mtp_extra(self, block: _Block) -> None:
-        """An MTP block's own work: embedding of shifted tokens, two norms and the 2h -> h projection."""
-        h, t, ab, tp = self.model.hidden_size, self.tokens, self.act_bytes, self.tp
-        self.embedding(block)
-        self.norm(block, 2 * h, ())
-        self.tp_block_comm(block, t * 2 * h * ab, t * h * ab)
-        self.linear(block, t, h / tp, 2 * h)
+    def head_block_own(self, feature: str, block: _Block) -> None:
+        """One block of the head feature named ``feature``, its own work only (an MTP depth: embedding of shifted
+        tokens, two norms and the 2h -> h projection; ``costmodel.head_pricing``)."""
+        head_pricing(HEAD_FEATURES[feature]).own_time(self, block)
 
 
 def _part(ctx: _Context, name: str, key: DenseKey | RoutedKey, shape: _Shape | None,
-          layer_key: LayerKey) -> _LayerCost:
-    """The cost of one layer part, built once per (part, the fields it depends on)."""
-    cached = ctx.parts.get((name, key))
+          layer_key: LayerKey, *args) -> _LayerCost:
+    """The cost of one layer part (``_Shape``'s method ``name`` with ``args``), built once per (part, its
+    arguments, the fields it depends on)."""
+    cached = ctx.parts.get((name, args, key))
     if cached is None:
         block = _Block()
-        getattr(shape or _Shape(ctx, layer_key), name)(block)
-        cached = ctx.parts[(name, key)] = _finish(block, layer_key.tp_comm_overlap)
+        getattr(shape or _Shape(ctx, layer_key), name)(*args, block)
+        cached = ctx.parts[(name, args, key)] = _finish(block, layer_key.tp_comm_overlap)
     return cached
 
 
 def _combos(ctx: _Context, key: LayerKey) -> tuple[tuple[_LayerCost, ...], _Shape | None]:
     """The layer parts of ``key`` that do not depend on the expert layout or the dispatcher: (dense layer,
-    the MoE layer's TP side, embedding, output head, MTP block's own work, chunk end), cached per (tp, cp,
-    micro-batch, SP, TP overlap); and the shape they were built with (None when cached)."""
+    the MoE layer's TP side, embedding, output head, each head feature's block's own work (a tuple, in
+    ``head_features`` order), chunk end), cached per (tp, cp, micro-batch, SP, TP overlap); and the shape they
+    were built with (None when cached)."""
     model = ctx.model
     dense_key = key.dense()
     combos = ctx.combos.get(dense_key)
@@ -590,7 +590,7 @@ def _combos(ctx: _Context, key: LayerKey) -> tuple[tuple[_LayerCost, ...], _Shap
             attention + _part(ctx, "moe_dense", dense_key, shape, key) if model.is_moe else _ZERO_LAYER,
             _part(ctx, "embedding", dense_key, shape, key),
             _part(ctx, "head", dense_key, shape, key),
-            _part(ctx, "mtp_extra", dense_key, shape, key) if model.mtp_num_layers else _ZERO_LAYER,
+            tuple(_part(ctx, "head_block_own", dense_key, shape, key, f.name) for f, _ in head_features(model)),
             _part(ctx, "chunk_end", dense_key, shape, key))
     return combos, shape
 
@@ -599,14 +599,17 @@ def _build_layers(ctx: _Context, key: LayerKey) -> _Layers:
     model = ctx.model
     # attention and the TP-side parts do not depend on the expert layout; the routed experts depend only
     # on the MoE tokens per rank and the expert layout
-    (dense, moe_base, embed, head, mtp_extra, chunk_end), shape = _combos(ctx, key)
+    (dense, moe_base, embed, head, head_own, chunk_end), shape = _combos(ctx, key)
     moe = _ZERO_LAYER
     if model.is_moe:
         moe = moe_base + _part(ctx, "moe_routed", key.routed(ctx.training.seq_length), shape, key)
     tail = head
-    if model.mtp_num_layers:
-        one = mtp_extra + (moe if ctx.pattern[-1] else dense) + head
-        for _ in range(model.mtp_num_layers):
+    for own, (feature, depth) in zip(head_own, head_features(model)):
+        # a head block: its own work, a layer of the last layer's kind, its output heads
+        one = own + (moe if ctx.pattern[-1] else dense)
+        for _ in range(feature.output_heads_per_block):
+            one = one + head
+        for _ in range(depth):
             tail = tail + one
     # every stage ends its chunk with the router losses' sum (once per micro-batch; vpp > 1 chunks: once each,
     # priced once)
@@ -743,10 +746,8 @@ def _grad_sync(link: LinkRates, params: float, grad_bytes: int, param_bytes: int
 def _step_stat_seconds(ctx: _Context, c: ParallelConfig, key: StepStatKey) -> float:
     """Seconds of the first pipeline rank's once-per-step calls besides the DP·CP / EDP gradient buckets
     (costmodel.collective_inventory.step_stat_groups), each at its own size, exposed."""
-    gpn, world = ctx.gpus_per_node, c.world_size
-    places = {"tp": group_placement(1, c.tp, gpn), "dp_cp": group_placement(c.tp, world // (c.tp * c.pp), gpn),
-              "pp": group_placement(world // c.pp, c.pp, gpn)}
-    seconds = sum(n * call_time(ctx.link, call, places[call.group])
+    places = GroupPlacements.of_config(c, ctx.gpus_per_node)
+    seconds = sum(n * call_time(ctx.link, call, places.of(call.group))
                   for call, n in _calls.step_stat_groups(ctx.model, ctx.training, c))
     ctx.step_stats[key] = seconds
     return seconds
@@ -787,11 +788,11 @@ def _most_params(ctx: _Context, c: ParallelConfig) -> tuple[int, int]:
     return dense, expert
 
 
-def _sync(ctx: _Context, params: int, stride: int, size: int, distributed: bool) -> tuple[float, float, float, float]:
-    key = (params, stride, size, distributed)
+def _sync(ctx: _Context, params: int, group: GroupStride, distributed: bool) -> tuple[float, float, float, float]:
+    key = (params, group, distributed)
     hit = ctx.syncs.get(key)
     if hit is None:
-        place = group_placement(stride, size, ctx.gpus_per_node)
+        place = group_placement(group.stride, group.size, ctx.gpus_per_node)
         hit = ctx.syncs[key] = _grad_sync(ctx.link, params, ctx.grad_bytes, ctx.training.param_bytes, place,
                                           distributed)
     return hit
@@ -833,6 +834,7 @@ class _Context:
         self.dense_params: dict[tuple, int] = {}
         self.expert_params: dict[tuple, int] = {}
         self.syncs: dict[tuple, tuple[float, float, float, float]] = {}
+        self.grad_groups: dict[GradGroupsKey, tuple[GroupStride, GroupStride]] = {}
         self.step_stats: dict[tuple, float] = {}
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
@@ -991,10 +993,15 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         dense, expert = _most_params(ctx, c)
     distributed = c.use_distributed_optimizer
     edp = world // (c.etp * c.ep * pp)
-    sync = ctx.syncs.get((dense, c.tp, c.cp * dp, distributed)) or _sync(ctx, dense, c.tp, c.cp * dp, distributed)
+    gkey = GradGroupsKey.of(c)
+    groups = ctx.grad_groups.get(gkey)
+    if groups is None:  # the gradient-reduction groups, DP·CP and EDP, in closed form
+        grids = gkey.grids()
+        groups = ctx.grad_groups[gkey] = (grids.group("dp_cp"), grids.group("edp"))
+    dp_cp, edp_group = groups
+    sync = ctx.syncs.get((dense, dp_cp, distributed)) or _sync(ctx, dense, dp_cp, distributed)
     dg, dg_b, dpg, dpg_b = sync
-    sync = ctx.syncs.get((expert, c.etp * c.ep, edp, distributed)) or _sync(ctx, expert, c.etp * c.ep, edp,
-                                                                             distributed)
+    sync = ctx.syncs.get((expert, edp_group, distributed)) or _sync(ctx, expert, edp_group, distributed)
     eg, eg_b, epg, epg_b = sync
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
@@ -1037,7 +1044,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         hkey = (layers.p2p_bytes, world, pp)
         hop = ctx.hops.get(hkey)
         if hop is None:
-            place = group_placement(world // pp, pp, ctx.gpus_per_node)
+            place = GroupPlacements.of_config(c, ctx.gpus_per_node).of("pp")
             hop = ctx.hops[hkey] = p2p_time(ctx.link, layers.p2p_bytes, place.crosses_nodes)
         pp_p2p = 2 * (pp * vpp - 1) * hop  # the first micro-batch's trip through every chunk boundary
         if vpp > 1:  # interleaved schedules overlap their steady-state p2p with compute

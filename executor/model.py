@@ -15,19 +15,20 @@ import torch
 
 from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
+from spec.head_features import head_features, last_stage_embeds
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
 from executor import cuda_graphs, recompute
 from executor.offload import offloaded
 from executor.attention import rope_tables
 from executor.attention_modules import make_attention
+from executor.head_modules import make_head
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
-from executor.mtp import MultiTokenPrediction
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.context_parallel import all_positions, cp_positions
@@ -150,7 +151,7 @@ class MoEGPT(torch.nn.Module):
             return make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
 
         tied = not spec.untie_embeddings_and_output_weights
-        last_needs_embedding = bool(spec.mtp_num_layers) or tied
+        last_needs_embedding = last_stage_embeds(spec) or tied
         shared = pp.size > 1 and last_needs_embedding
         self.embedding = vocab_param("embedding.weight", shared) \
             if self.first_stage or (self.last_stage and last_needs_embedding) else None
@@ -165,18 +166,25 @@ class MoEGPT(torch.nn.Module):
             self.chunk_layers.append(list(range(start, start + len(chunk))))
             for index, position in enumerate(self.chunk_layers[-1]):
                 self.layers[position].recompute_layer = recompute.full_layer(config, index)
-        self.final_norm = self.lm_head = self.mtp = None
+        self.final_norm = self.lm_head = None
+        self.heads: list[torch.nn.Module] = []  # head features' modules, each also an attribute by its name
         if self.last_stage:
             info = ShardInfo("final_norm.weight", (h,), tp_partial=True)
             self.final_norm = make_param(info, state, "ones", 0.0, options.seed, device, dtype)
             # tied output weights reuse the embedding (the last stage's copy under pp > 1)
             self.lm_head = vocab_param("lm_head.weight") if not tied else None
-            if spec.mtp_num_layers:  # depths of the last decoder layer's kind, named as layers L, L+1, ...
-                mtp_layers = [DecoderLayer(spec, options, state, spec.num_layers + k, bool(pattern[-1]),
-                                           self.kernels, device, dtype, timer) for k in range(spec.mtp_num_layers)]
-                for layer in mtp_layers:  # Megatron checkpoints a whole MTP layer under full recompute
+            index = spec.num_layers
+            for feature, depth in head_features(spec):  # blocks of the last layer's kind, named as layers L, ...
+                layers = [DecoderLayer(spec, options, state, index + k, bool(pattern[-1]), self.kernels, device,
+                                       dtype, timer) for k in range(depth)]
+                index += depth
+                for layer in layers:  # Megatron checkpoints a whole MTP layer under full recompute
                     layer.recompute_layer = config.recompute_granularity == "full"
-                self.mtp = MultiTokenPrediction(spec, options, state, mtp_layers, self.kernels, device, dtype, timer)
+                head = make_head(feature, spec, options, state, layers, self.kernels, device, dtype, timer)
+                if hasattr(self, feature.name):
+                    raise SpecError(f"head feature {feature.name!r} is named like a part of the model")
+                setattr(self, feature.name, head)  # parameters named by the feature (``mtp.depths.…``)
+                self.heads.append(head)
         cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
         cp = state["cp"]
         self.cp_positions = None
@@ -196,18 +204,17 @@ class MoEGPT(torch.nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def decoder_layers(self) -> list[DecoderLayer]:
-        """This rank's decoder layers, then the MTP depths' layers (last stage)."""
-        extra = [depth.layer for depth in self.mtp.depths] if self.mtp is not None else []
-        return list(self.layers) + extra
+        """This rank's decoder layers, then the head blocks' layers (MTP depths; last stage)."""
+        return list(self.layers) + [layer for head in self.heads for layer in head.decoder_layers()]
 
     def moe_layers(self) -> list[MoELayer]:
         return [layer.mlp for layer in self.decoder_layers() if layer.is_moe]
 
     def chunk_moe_layers(self, chunk: int) -> list[MoELayer]:
-        """The MoE layers virtual chunk ``chunk`` runs (the MTP depths' with the model's last chunk)."""
+        """The MoE layers virtual chunk ``chunk`` runs (the head blocks' with the model's last chunk)."""
         layers = [self.layers[i] for i in self.chunk_layers[chunk]]
-        if self.mtp is not None and self.is_last_chunk(chunk):
-            layers += [depth.layer for depth in self.mtp.depths]
+        if self.is_last_chunk(chunk):
+            layers += [layer for head in self.heads for layer in head.decoder_layers()]
         return [layer.mlp for layer in layers if layer.is_moe]
 
     def is_first_chunk(self, chunk: int) -> bool:
@@ -268,16 +275,17 @@ class MoEGPT(torch.nn.Module):
                                   self.options.cross_entropy_chunk_logits).mean()
         loss = ce + router_loss
         loss = timer.mark(loss, "lm_head_loss", "other")
-        if self.mtp is None:
+        if not self.heads:
             return LossOutput(loss, ce.detach(), total_router)
-        mtp_loss, mtp_router = self.mtp(h0, full_labels_BS, rope, self.embedding,
-                                        self.lm_head if self.lm_head is not None else self.embedding,
-                                        self.cp_positions)
-        mtp_router = mtp_router * state["cp"].size  # as the decoder's router losses above
-        with torch.no_grad():
-            total_router = total_router + all_reduce_(mtp_router.detach().clone(), state.tp)
-        loss = loss + self.options.mtp_loss_scaling_factor * mtp_loss + mtp_router
-        return LossOutput(loss, ce.detach(), total_router, mtp_loss=mtp_loss.detach())
+        head_loss = None
+        for head in self.heads:
+            own_loss, head_router = head(h0, full_labels_BS, rope, self.embedding, weight, self.cp_positions)
+            head_router = head_router * state["cp"].size  # as the decoder's router losses above
+            with torch.no_grad():
+                total_router = total_router + all_reduce_(head_router.detach().clone(), state.tp)
+            loss = loss + head.loss_scale * own_loss + head_router
+            head_loss = own_loss if head_loss is None else head_loss + own_loss
+        return LossOutput(loss, ce.detach(), total_router, mtp_loss=head_loss.detach())
 
     def forward(self, ids_BS: torch.Tensor, labels_BS: torch.Tensor) -> LossOutput:
         """Mean cross-entropy of the micro-batch plus router losses (the whole model: pp = 1 only)."""

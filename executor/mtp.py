@@ -93,15 +93,21 @@ class MTPDepth(torch.nn.Module):
 
 
 class MultiTokenPrediction(torch.nn.Module):
-    """The D depths of the last pipeline stage and their loss (see the module docstring)."""
+    """The D depths of the last pipeline stage and their loss (see the module docstring): the ``mtp`` head
+    feature's module (its contract: :mod:`executor.head_modules`)."""
 
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layers: list,
                  kernels: KernelBackend, device, dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()
         self.spec, self.state, self.timer, self.chunk_logits = spec, state, timer, options.cross_entropy_chunk_logits
+        self.loss_scale = options.mtp_loss_scaling_factor
         self.padded_vocab = spec.padded_vocab_size(state.tp.size)
         self.depths = torch.nn.ModuleList(
             MTPDepth(spec, options, state, k, layer, kernels, device, dtype) for k, layer in enumerate(layers))
+
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        """The depths' decoder layers, depth 1 first."""
+        return [depth.layer for depth in self.depths]
 
     def forward(self, h0_SBH: torch.Tensor, labels_BS: torch.Tensor, rope, embedding_VH: torch.Tensor,
                 output_VH: torch.Tensor, cp_positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

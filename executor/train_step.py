@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spec.head_features import last_stage_embeds
 from executor.kernels.fp8 import clear_weight_cache
 from executor.ep_overlap import run_overlapped
 from executor.model import MoEGPT
@@ -82,7 +83,7 @@ class Trainer:
             # embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's
             # per-bucket countdown would take for two micro-batches: those models reduce after the backward.
             spec = model.spec
-            once = spec.untie_embeddings_and_output_weights and not spec.mtp_num_layers
+            once = spec.untie_embeddings_and_output_weights and not last_stage_embeds(spec)
             stats, self._counts = run_overlapped(model, micro, self.reducer.arm if once else None,
                                                  trace=self.ep_overlap_trace)
             return stats

@@ -2,8 +2,9 @@
 
 Counted per token: every GEMM three times (forward, dgrad, wgrad), two FLOPs per multiply-add, the
 causal attention core at half of the full score matrix, routed experts at top-k, shared experts and
-dense-first layers separately, MTP layers as extra decoder layers plus their norms and projection, and
-the logit GEMM once per output head (1 + MTP depth) over the vocabulary padded as Megatron pads it.
+dense-first layers separately, head blocks (MTP: ``spec.head_features``) as extra decoder layers of the last
+layer's kind plus their own work (MTP: norms and projection), and the logit GEMM once per output head (1 + MTP
+depth) over the vocabulary padded as Megatron pads it.
 Recomputation is not counted (these are *model* FLOPs, which MFU is defined against). As in Megatron, every
 layer's attention core counts ``seq/2`` keys per query whether or not it has a sliding window, gated MLPs
 (SwiGLU or GPT-OSS's quick-GeGLU) count three GEMMs, and biases, norms, sinks and activations count nothing.
@@ -12,6 +13,7 @@ layer's attention core counts ``seq/2`` keys per query whether or not it has a s
 from __future__ import annotations
 
 from spec.attention_kinds import attention_kind
+from spec.head_features import head_blocks, head_features, output_heads
 from spec.model_spec import ModelSpec
 
 # 3 GEMM passes (fwd, dgrad, wgrad) x 2 FLOPs per multiply-add x 2 GEMMs per block (up and down)
@@ -24,12 +26,12 @@ def flops_per_token(model: ModelSpec, seq_length: int) -> float:
     pattern = model.moe_layer_pattern()
     num_moe = sum(pattern)
     num_dense = model.num_layers - num_moe
-    mtp = model.mtp_num_layers
-    if mtp:
+    blocks = head_blocks(model)  # each holds a decoder layer of the last layer's kind
+    if blocks:
         last_is_moe = pattern[-1]
-        num_moe += last_is_moe * mtp
-        num_dense += (1 - last_is_moe) * mtp
-    num_layers = model.num_layers + mtp
+        num_moe += last_is_moe * blocks
+        num_dense += (1 - last_is_moe) * blocks
+    num_layers = model.num_layers + blocks
     gated = 3 / 2 if model.gated_linear_unit else 1
     routed = model.moe_router_topk if model.is_moe else 0
     mlp = (
@@ -38,9 +40,9 @@ def flops_per_token(model: ModelSpec, seq_length: int) -> float:
            + model.expert_ffn_hidden_size * routed * gated * (num_moe / num_layers)
            + model.shared_expert_ffn_hidden_size * gated * (num_moe / num_layers))
     )
-    mtp_extra = 3 * 2 * mtp * (3 * h + 2 * h * h)
-    logits = 3 * 2 * h * model.padded_vocab_size() * (mtp + 1)
-    return mlp + attention_kind(model).flops(model, seq_length, num_layers) + mtp_extra + logits
+    own = sum(feature.own_flops(model) * depth for feature, depth in head_features(model))
+    logits = 3 * 2 * h * model.padded_vocab_size() * output_heads(model)
+    return mlp + attention_kind(model).flops(model, seq_length, num_layers) + own + logits
 
 
 def flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int) -> float:

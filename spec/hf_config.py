@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from spec.errors import SpecError
+from spec.head_features import MTP
 from spec.limits import MAX_LAYERS
 from spec.model_spec import ModelSpec
 from spec.norm_scopes import qk_norm_scope
@@ -305,9 +306,9 @@ def _deepseek(f: _Fields, name: str, issues: list[str], v3: bool) -> dict[str, A
     elif score == "sigmoid" and not norm and spec["moe_router_topk"] > 1:
         issues.append("sigmoid scores without norm_topk_prob: the executor always renormalises sigmoid top-k")
     if v3:
-        mtp = f.int("num_nextn_predict_layers", 0, required=False)
+        mtp = f.int(MTP.hf_config_key, 0, required=False)
         if mtp:
-            spec["mtp_num_layers"] = mtp
+            spec[MTP.depth_field] = mtp
     return spec
 
 
@@ -481,7 +482,7 @@ def hf_config_from_spec(spec: ModelSpec, rotary_base: float = 10000.0, norm_epsi
             c["moe_layer_freq"] = spec.moe_layer_freq
         if family == "deepseek_v3":
             c.update(n_group=spec.moe_router_num_groups or 1, topk_group=spec.moe_router_group_topk or 1,
-                     num_nextn_predict_layers=spec.mtp_num_layers, topk_method="noaux_tc")
+                     **{MTP.hf_config_key: MTP.depth(spec)}, topk_method="noaux_tc")
         else:
             c["topk_method"] = "greedy"
     mapped = model_from_hf_config(c, spec.name, where=f"the {family} config of {spec.name!r}").spec

@@ -12,7 +12,8 @@ exactly these process groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 from spec.errors import InvalidConfigError
 from spec.parallel_config import ParallelConfig
@@ -78,6 +79,101 @@ def _grid(order: str, sizes: dict[str, int]) -> RankGrid:
 
 
 @dataclass(frozen=True)
+class GroupKind:
+    """A named group: which grid it lives in (``dense``: tp, cp, dp, pp; ``expert``: etp in the tp slot, ep,
+    edp in the dp slot, pp) and the grid axes it runs along ('cp-dp', ...)."""
+
+    name: str
+    grid: str
+    along: str
+
+
+#: every named group (the executor's process groups and the cost model's), by field name
+GROUP_KINDS: dict[str, GroupKind] = {k.name: k for k in (
+    GroupKind("tp", "dense", "tp"), GroupKind("cp", "dense", "cp"), GroupKind("dp", "dense", "dp"),
+    GroupKind("dp_cp", "dense", "cp-dp"), GroupKind("tp_cp", "dense", "tp-cp"), GroupKind("pp", "dense", "pp"),
+    GroupKind("mp", "dense", "tp-pp"),
+    GroupKind("etp", "expert", "tp"), GroupKind("ep", "expert", "ep"), GroupKind("edp", "expert", "dp"),
+    GroupKind("tp_ep", "expert", "tp-ep"), GroupKind("expert_pp", "expert", "pp"))}
+
+
+def _group_kind(name: str) -> GroupKind:
+    kind = GROUP_KINDS.get(name)
+    if kind is None:
+        raise InvalidConfigError(f"unknown group {name!r}; known: {sorted(GROUP_KINDS)}")
+    return kind
+
+
+class GroupStride(NamedTuple):
+    """One group of kind ``name`` in closed form: ``size`` ranks, consecutive members ``stride`` ranks apart
+    (every group of a kind is this one shifted). A named tuple: the cost model keys its caches by it."""
+
+    name: str
+    stride: int
+    size: int
+
+    def nodes(self, gpus_per_node: int) -> int:
+        """Nodes one such group spans (:func:`group_stride_span`)."""
+        return group_stride_span(self.stride, self.size, gpus_per_node)
+
+
+@dataclass(frozen=True)
+class GridSizes:
+    """The parallel sizes that place rank groups: the dense grid's tp, cp, dp, pp and the expert grid's etp,
+    ep, edp (and the same pp). A size the caller does not know defaults to 1; a group's stride depends only on
+    the sizes of the axes faster than it (tp, cp, etp and ep need no dp or pp)."""
+
+    tp: int = 1
+    cp: int = 1
+    dp: int = 1
+    pp: int = 1
+    etp: int = 1
+    ep: int = 1
+    edp: int = 1
+
+    @classmethod
+    def of(cls, config: ParallelConfig) -> GridSizes:
+        """The sizes of ``config``'s two grids."""
+        return cls(config.tp, config.cp, config.dp, config.pp, config.etp, config.ep, config.edp)
+
+    def axis_sizes(self, grid: str) -> dict[str, int]:
+        """Axis name -> size of the ``dense`` or ``expert`` grid (the expert grid reuses the dense axis names:
+        etp sits in the tp slot, edp in the dp slot)."""
+        if grid == "dense":
+            return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+        return {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
+
+    def group(self, name: str, order: str = DEFAULT_ORDER) -> GroupStride:
+        """The group of kind ``name`` in closed form, from the same rank order :class:`RankGrid` enumerates:
+        the stride is the product of the sizes of the axes before the group's first axis of size > 1 (before its
+        first axis when all are 1), the size the product of its axes' sizes. InvalidConfigError for a group whose
+        members are not evenly spaced (an axis of size > 1 between two of its axes of size > 1: ``mp``, tp-pp,
+        with dp > 1). Cached: the cost model asks per priced layout."""
+        return _closed_form(self, name, order)
+
+
+@lru_cache(maxsize=4096)
+def _closed_form(grids: GridSizes, name: str, order: str) -> GroupStride:
+    """:meth:`GridSizes.group`, cached (an unknown or unevenly spaced group raises, and is not cached)."""
+    kind = _group_kind(name)
+    sizes = grids.axis_sizes(kind.grid)
+    axes = order.split("-")
+    along = kind.along.split("-")
+    inside = [i for i, a in enumerate(axes) if a in along]
+    spread = [i for i in inside if sizes[axes[i]] > 1] or inside[:1]  # the axes the members differ on
+    for axis in axes[spread[0]:spread[-1] + 1]:
+        if axis not in along and sizes[axis] > 1:
+            raise InvalidConfigError(f"group {name!r} ({kind.along}) is not evenly spaced: axis {axis} of "
+                                     f"size {sizes[axis]} lies between its axes")
+    stride = size = 1
+    for axis in axes[:spread[0]]:
+        stride *= sizes[axis]
+    for axis in along:
+        size *= sizes[axis]
+    return GroupStride(name, stride, size)
+
+
+@dataclass(frozen=True)
 class FoldedGroups:
     """The dense and expert rank grids of one layout, and the named groups the executor builds."""
 
@@ -85,26 +181,26 @@ class FoldedGroups:
     order: str = DEFAULT_ORDER
 
     @cached_property
+    def sizes(self) -> GridSizes:
+        return GridSizes.of(self.config)
+
+    @cached_property
     def dense(self) -> RankGrid:
-        c = self.config
-        return _grid(self.order, {"tp": c.tp, "cp": c.cp, "ep": 1, "dp": c.dp, "pp": c.pp})
+        return _grid(self.order, self.sizes.axis_sizes("dense"))
 
     @cached_property
     def expert(self) -> RankGrid:
-        c = self.config
-        # The expert grid reuses the dense axis names: etp sits in the tp slot, edp in the dp slot.
-        return _grid(self.order, {"tp": c.etp, "cp": 1, "ep": c.ep, "dp": c.edp, "pp": c.pp})
+        return _grid(self.order, self.sizes.axis_sizes("expert"))
 
     def groups(self, name: str) -> list[list[int]]:
-        """Groups by their field name: tp, cp, dp, dp_cp, tp_cp, pp, mp (tp-pp), etp, ep, edp, tp_ep (etp-ep)."""
-        dense = {"tp": "tp", "cp": "cp", "dp": "dp", "dp_cp": "cp-dp", "tp_cp": "tp-cp", "pp": "pp",
-                 "mp": "tp-pp"}
-        expert = {"etp": "tp", "ep": "ep", "edp": "dp", "tp_ep": "tp-ep", "expert_pp": "pp"}
-        if name in dense:
-            return self.dense.groups(dense[name])
-        if name in expert:
-            return self.expert.groups(expert[name])
-        raise InvalidConfigError(f"unknown group {name!r}; known: {sorted(dense) + sorted(expert)}")
+        """Groups by their field name: tp, cp, dp, dp_cp, tp_cp, pp, mp (tp-pp), etp, ep, edp, tp_ep (etp-ep),
+        expert_pp (:data:`GROUP_KINDS`)."""
+        kind = _group_kind(name)
+        return (self.dense if kind.grid == "dense" else self.expert).groups(kind.along)
+
+    def stride(self, name: str) -> GroupStride:
+        """The group of kind ``name`` in closed form (:meth:`GridSizes.group`)."""
+        return self.sizes.group(name, self.order)
 
     def group_of(self, name: str, rank: int) -> list[int]:
         for group in self.groups(name):

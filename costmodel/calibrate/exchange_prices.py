@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from costmodel.comm import Placement, group_placement, link_rates
+from costmodel.comm import GroupPlacements, link_rates
 from costmodel.compute import ComputeRates, compute_rates, gemm_fwd_bwd, memory_time
 from costmodel.context_parallel import cp_attention_time, kv_exchange_bytes, kv_exchange_time
 from costmodel.dispatch import (allgather_gather_bytes, allgather_scatter_bytes, alltoall_dispatch_bytes,
@@ -27,6 +27,7 @@ from costmodel.dispatch import (allgather_gather_bytes, allgather_scatter_bytes,
 from costmodel.fixed_costs import cp_exchange_fixed, dispatcher_fixed
 from costmodel.step_time import ELEMENTWISE_BWD_RATIO
 from spec.hardware import HardwareProfile
+from spec.rank_groups import GridSizes
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,13 @@ class _RoutedShape:
     link: object
     rates: ComputeRates
     act_bytes: int
-    ep_place: Placement
+    places: GroupPlacements  # an EP group only (etp = 1)
     dispatch_fixed: float
     etp: int = 1
     imbalance: float = 1.0
 
     def __post_init__(self) -> None:
-        self.tp_ep_place = self.ep_place
-        self.etp_place = group_placement(1, 1, 8)
+        self.ep_place, self.etp_place, self.tp_ep_place = map(self.places.of, ("ep", "etp", "tp_ep"))
 
     def elementwise(self, block, fwd_bytes, module=(), bwd_bytes=None, term=None) -> None:
         block.add(term, memory_time(self.rates, fwd_bytes),
@@ -104,7 +104,7 @@ def cp_prices(hardware: HardwareProfile, case: CpCase, fixed: bool = True) -> tu
     core = sum(cp_attention_time(rates, 1, case.seq, case.cp, case.heads, case.head_dim, case.head_dim))
     if case.cp <= 1:
         return core, 0.0
-    place = group_placement(1, case.cp, hardware.gpus_per_node)
+    place = GroupPlacements(GridSizes(cp=case.cp), hardware.gpus_per_node).of("cp")  # a CP-only layout
     # K and V: one call each, as the executor issues them (costmodel.collective_inventory)
     local = kv_exchange_bytes(case.seq // case.cp, case.kv_heads, case.head_dim, case.act_bytes)
     kv = 2 * sum(kv_exchange_time(link_rates(hardware), local, place))
@@ -117,9 +117,9 @@ def dispatch_price(hardware: HardwareProfile, case: DispatchCase, name: str, fix
     ``fixed``, no per-call cost."""
     rates = compute_rates(hardware, "bf16")
     n, h, k, ab = case.tokens, case.hidden, case.topk, case.act_bytes
-    place = group_placement(1, case.ep, hardware.gpus_per_node)
+    places = GroupPlacements(GridSizes(ep=case.ep), hardware.gpus_per_node)  # an EP-only layout
     per_call = dispatcher_fixed(hardware, name) if fixed else 0.0
-    shape = _RoutedShape(_Model(h, k, case.experts), link_rates(hardware), rates, ab, place, per_call)
+    shape = _RoutedShape(_Model(h, k, case.experts), link_rates(hardware), rates, ab, places, per_call)
     block = _Block()
     shape.elementwise(block, (1 + k) * n * h * ab)  # permute (step_time's moe_routed prices it so)
     dispatcher_pricing(name).routed_time(shape, block, n, n * k, max(1, case.experts // case.ep))
@@ -193,7 +193,7 @@ def predict_bench(hardware: HardwareProfile, *, hidden: int, heads: int, kv_head
                         f"cp{cp}_total_ms": 1e3 * (core + proj + kv)})
             if cp > 1:
                 row[f"cp{cp}_kv_ms"] = 1e3 * kv
-                place = group_placement(1, cp, hardware.gpus_per_node)
+                place = GroupPlacements(GridSizes(cp=cp), hardware.gpus_per_node).of("cp")  # a CP-only layout
                 row[f"cp{cp}_kv_bytes_ms"] = 1e3 * sum(kv_exchange_time(link, kv_exchange_bytes(t, kvh, 2 * d, ab),
                                                                         place))
         row["speedup_total"] = row["cp1_total_ms"] / row[f"cp{world}_total_ms"]

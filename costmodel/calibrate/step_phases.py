@@ -32,7 +32,7 @@ Left out: 'other' (residual adds, loss scaling, step statistics, host waits betw
 'tp_allgather' / 'tp_reduce_scatter' marks, which at TP = 1 bracket identities (together < 0.5 % of the
 step on the H200 tables). The step must run without recomputation (its re-run forward would land in the
 blocks' phases), without CUDA graphs (the graphed half is one 'attention' phase with the norm in it) and on
-a model without MTP depths (their layers add to the same phases).
+a model without head blocks (``spec.head_features``: MTP depths; their layers add to the same phases).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import math
 from costmodel.calibrate.component_factors import ComponentReport, build_report
 from costmodel.params import stage_param_counts
 from spec.hardware import HardwareProfile
+from spec.head_features import head_features
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 
@@ -70,10 +71,11 @@ def components_from_phases(spec: ModelSpec, phases: dict[str, float], micro_batc
     fwd+bwd seconds per occurrence per micro-batch for 'attention', 'moe', 'dense_mlp', 'head', 'embedding', and seconds
     per parameter for 'optimizer' (``parameters``: default :func:`step_parameters`). Components the model
     lacks (no dense layer, no MoE layer) are omitted. ValueError when a needed phase is missing or the
-    model has MTP depths (module docstring)."""
-    if spec.mtp_num_layers:
-        raise ValueError(f"{spec.name}: MTP depths share the decoder's phases; in-step components need a model "
-                         f"without them")
+    model has head blocks, e.g. MTP depths (module docstring)."""
+    heads = head_features(spec)
+    if heads:
+        raise ValueError(f"{spec.name}: {heads[0][0].label} blocks share the decoder's phases; in-step components "
+                         f"need a model without them")
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     pattern = spec.moe_layer_pattern()

@@ -4,10 +4,12 @@ from dataclasses import replace
 
 import pytest
 
-from spec import MeasuredCurve, get_hardware
+from spec import MeasuredCurve, ParallelConfig, get_hardware
 from costmodel.comm import (
     COLLECTIVE_EFFICIENCY,
     INTER_NODE_EFFICIENCY,
+    GroupPlacements,
+    Placement,
     all_to_all_time,
     group_placement,
     link_rates,
@@ -18,6 +20,17 @@ from costmodel.comm import (
 
 H100 = get_hardware("h100-sxm")  # NVLink 450 GB/s, NIC 50 GB/s per GPU per direction; 5 / 10 us latency
 MIB = 2**20
+
+
+def test_named_groups_are_placed_by_the_rank_order():
+    # world 64 on nodes of 8: TP4 · DP8 · PP2, the experts ETP2 · EP8 · EDP2
+    places = GroupPlacements.of_config(ParallelConfig(world_size=64, tp=4, pp=2, ep=8, etp=2), 8)
+    assert places.of("tp") == Placement(4, 1, 4)
+    assert places.of("dp_cp") == Placement(8, 4, 2)  # ranks 0, 4, ..., 28
+    assert places.of("ep") == Placement(8, 2, 4)  # ranks 0, 2, ..., 14
+    assert places.of("edp") == Placement(2, 2, 1)  # ranks 0 and 16
+    assert places.of("pp") == Placement(2, 2, 1)  # ranks 0 and 32
+    assert places.span_text("tp") == "within one node" and places.span_text("dp_cp") == "spans 4 nodes"
 
 
 def test_placement_from_stride():

@@ -1,7 +1,10 @@
 """Rank groups against Megatron-LM's documented tp-cp-ep-dp-pp layout."""
 
+import pytest
+
 from spec import FoldedGroups, ParallelConfig
-from spec.rank_groups import group_span
+from spec.errors import InvalidConfigError
+from spec.rank_groups import GROUP_KINDS, GridSizes, group_span
 
 
 def test_world16_tp2_cp2_dp2_pp2_with_etp1_ep4_edp2():
@@ -39,3 +42,30 @@ def test_group_span_knows_which_groups_cross_nodes():
     assert group_span(c, "tp", gpus_per_node=8) == 1
     assert group_span(c, "ep", gpus_per_node=8) == 2
     assert group_span(c, "dp", gpus_per_node=8) == 4
+
+
+LAYOUTS = [dict(world_size=16, tp=2, cp=2, pp=2, ep=4, etp=1), dict(world_size=32, tp=2, cp=2, pp=2, ep=8, etp=2),
+           dict(world_size=64, tp=4, pp=2, ep=8, etp=2), dict(world_size=48, tp=2, cp=3, pp=2, ep=4),
+           dict(world_size=8), dict(world_size=24, tp=1, cp=1, pp=3, ep=2, etp=1)]
+
+
+def test_the_closed_form_is_the_enumerated_first_group():
+    for kw in LAYOUTS:
+        g = FoldedGroups(ParallelConfig(**kw))
+        for name in GROUP_KINDS:
+            if name == "mp" and g.config.tp > 1 and g.config.pp > 1:
+                with pytest.raises(InvalidConfigError, match="not evenly spaced"):
+                    g.stride(name)
+                continue
+            first, stride = g.groups(name)[0], g.stride(name)
+            assert first == [k * stride.stride for k in range(stride.size)], (kw, name)
+            for gpn in (1, 2, 4, 8):
+                assert stride.nodes(gpn) == group_span(g.config, name, gpn), (kw, name, gpn)
+
+
+def test_strides_of_the_layer_groups_need_no_dp_or_pp():
+    sizes = GridSizes(tp=4, cp=2, etp=2, ep=8)
+    assert [(s.stride, s.size) for s in map(sizes.group, ("tp", "cp", "etp", "ep", "tp_ep"))] == \
+        [(1, 4), (4, 2), (1, 2), (2, 8), (1, 16)]
+    with pytest.raises(InvalidConfigError, match="unknown group"):
+        sizes.group("xp")
