@@ -39,7 +39,8 @@ RUNS = [
     ("ep2", 2, "tied", {}),
     ("ep2", 2, "base8", {}),
     ("ep2", 2, "sigmoid_bias", {}),  # expert bias updated from the step's counts, per-sequence aux loss, mbs 2
-    ("ep2", 2, "base", {"use_distributed_optimizer": False, "overlap_grad_reduce": False}),
+    ("ep2", 2, "base", {"use_distributed_optimizer": False, "overlap_grad_reduce": False,
+                       "overlap_param_gather": False}),
     ("ep2", 2, "shared", {"recompute_granularity": "selective",
                           "recompute_modules": ("core_attn", "moe_act", "layernorm", "shared_experts")}),
     ("tp2 ep2 etp1", 2, "shared", {}),  # TP·SP attention, the experts' tokens over EP
