@@ -2,14 +2,15 @@
 
 foldtune's checkpoints (executor/train/checkpoint.py) hold every parameter at its full logical shape as the
 fp32 master copy plus AdamW's two fp32 moments, whatever the layout or the training precision: 12 bytes per
-parameter. The MTP blocks are saved too (published totals leave them out). The DCP metadata, the trainer
+parameter. The head features' blocks (MTP) are saved too (published totals leave them out). The DCP metadata, the trainer
 state and the persistent buffers (router biases) add a few hundred kilobytes: a few percent of a test model's
 checkpoint and nothing at real sizes, so they are left out of the prediction.
 """
 
 from __future__ import annotations
 
-from costmodel.params import mtp_block_params, total_param_counts
+from costmodel.params import head_block_params, total_param_counts
+from spec.head_features import head_features
 from spec.model_spec import ModelSpec
 
 #: bytes per parameter: fp32 master weight, fp32 first and second AdamW moments
@@ -17,9 +18,10 @@ CHECKPOINT_BYTES_PER_PARAM = 3 * 4
 
 
 def checkpoint_params(model: ModelSpec) -> int:
-    """Parameters a checkpoint of ``model`` holds (elements): the whole model with its MTP blocks."""
+    """Parameters a checkpoint of ``model`` holds (elements): the whole model with its head features' blocks."""
     total, _active = total_param_counts(model)
-    return total + model.mtp_num_layers * mtp_block_params(model, 1, 1, 1).total
+    return total + sum(depth * head_block_params(model, feature, 1, 1, 1).total
+                       for feature, depth in head_features(model))
 
 
 def checkpoint_bytes(model: ModelSpec) -> int:
