@@ -4,6 +4,8 @@ import uuid
 
 import pytest
 
+from tests.executor.triton_child import INNER, MARK, ChildRun, run_child
+
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
 # (tests/api/runner_env.py) and the runner subprocesses join it by address. Where the environment does not
 # say otherwise; one test turns it on (tests/api/test_runner_sigterm.py: a runner whose own Ray has auth),
@@ -25,3 +27,26 @@ def _frozen_heap():
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(scope="session")
+def triton_interpreter(request, tmp_path_factory) -> ChildRun:
+    """One Triton-interpreter child for the session (tests/executor/triton_child.py): it runs the interpreter
+    tests of every file whose test asks for this fixture among the tests this session runs."""
+    pytest.importorskip("triton")
+    if INNER:
+        pytest.skip("this is the child")
+    files = sorted({str(item.path.resolve()) for item in request.session.items
+                    if "triton_interpreter" in getattr(item, "fixturenames", ())})
+    return run_child(files, request.config.rootpath, tmp_path_factory.mktemp("triton-interpreter"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leaves out, outside the Triton-interpreter child, the tests only that child runs
+    (tests/executor/triton_child.py): their parent test reports them."""
+    if INNER:
+        return
+    child_only = [item for item in items if item.get_closest_marker(MARK)]
+    if child_only:
+        items[:] = [item for item in items if not item.get_closest_marker(MARK)]
+        config.hook.pytest_deselected(items=child_only)
