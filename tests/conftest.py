@@ -4,6 +4,9 @@ import uuid
 
 import pytest
 
+from db.migrate import upgrade
+from db.testing import postgres_required, postgres_unavailable_reason, temporary_postgres_schema
+from tests.databases import copy_sqlite, empty_postgres_schema
 from tests.executor.triton_child import INNER, MARK, ChildRun, run_child
 
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
@@ -27,6 +30,53 @@ def _frozen_heap():
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(scope="session")
+def postgres_reason() -> str | None:
+    """Why the test PostgreSQL server cannot be used (None: it can), asked once per session."""
+    return postgres_unavailable_reason()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_kind(request, postgres_reason) -> str:
+    """'sqlite' and 'postgres' in turn: the database tests run on both (PostgreSQL skipped where unreachable,
+    and failed instead where FOLDTUNE_REQUIRE_POSTGRES says it is part of the environment, as in CI)."""
+    if request.param == "postgres" and postgres_reason:
+        if postgres_required():  # CI: the PostgreSQL half of the suite must run, not vanish as skips
+            pytest.fail(f"{postgres_reason} (FOLDTUNE_REQUIRE_POSTGRES is set)")
+        pytest.skip(postgres_reason)
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory):
+    """A SQLite file migrated once per session; copying it is faster than migrating every test's database."""
+    path = tmp_path_factory.mktemp("template") / "foldtune.sqlite3"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_migrated():
+    """A private PostgreSQL schema migrated once per session (its URL); dropped at the session's end."""
+    with temporary_postgres_schema() as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture
+def migrated_url(request, db_kind, tmp_path, sqlite_template):
+    """A migrated database with no rows (tests/databases.py): a copy of the SQLite template, or the session's
+    PostgreSQL schema, emptied after the test."""
+    if db_kind == "sqlite":
+        yield copy_sqlite(sqlite_template, tmp_path)
+        return
+    url = request.getfixturevalue("postgres_migrated")
+    try:
+        yield url
+    finally:
+        empty_postgres_schema(url)
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,7 @@ def _nothing_left(resource: str = "fake_gpu", timeout_s: float = 20.0) -> dict:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planner_put_them(cluster, client, alice,
                                                                                           db_url):
     from executor import launch_ray
@@ -103,7 +103,7 @@ def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planne
     assert _nothing_left() == {"used": 0, "groups": []}
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_node_removed_mid_trial_fails_that_trial_as_node_lost_and_the_job_finishes(cluster, client, alice,
                                                                                        db_url):
     import ray

@@ -45,10 +45,10 @@ class ChildRun:
     'skipped')."""
 
     returncode: int
-    output: str
+    output: str = field(repr=False)
     rootdir: Path
     files: list[str]
-    outcomes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    outcomes: dict[str, list[tuple[str, str]]] = field(default_factory=dict, repr=False)
 
     def check(self, test_file: str, expected: int | None = None) -> None:
         """Fail unless the child ran ``test_file``'s interpreter tests (``expected`` of them, when given) and
