@@ -93,10 +93,11 @@ def triton_interpreter(request, tmp_path_factory) -> ChildRun:
 
 def pytest_collection_modifyitems(config, items):
     """Leaves out, outside the Triton-interpreter child, the tests only that child runs
-    (tests/executor/triton_child.py): their parent test reports them."""
-    if INNER:
-        return
-    child_only = [item for item in items if item.get_closest_marker(MARK)]
+    (tests/executor/triton_child.py): their parent test reports them. Runs the tests of a simulated Ray
+    cluster (marker ``ray_cluster``) last: each shuts down the session's one local Ray (tests/api/runner_env.py)
+    to start a cluster of its own, and the next test needing the local Ray would start it again."""
+    child_only = [] if INNER else [item for item in items if item.get_closest_marker(MARK)]
     if child_only:
         items[:] = [item for item in items if not item.get_closest_marker(MARK)]
         config.hook.pytest_deselected(items=child_only)
+    items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)  # stable: order kept within

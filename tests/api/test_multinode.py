@@ -9,7 +9,8 @@ for GPUs, ``FOLDTUNE_RAY_RANK_RESOURCE``), gloo ranks.
   the same time) succeeds, the job finishes and no actor or reservation is left.
 
 The module shares one cluster; the node-loss test runs last because it removes a node. Any local Ray an
-earlier test module started is shut down first (the next module's ``attach_ray`` starts a fresh one).
+earlier test module started is shut down first; the simulated clusters' modules (marker ``ray_cluster``) run
+after every other (tests/conftest.py), so that the session's local Ray starts once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from runner_env import TINY_JOB, make_runner, simulated_ray_cluster
 from spec.parallel_config import ParallelConfig
 from spec.rank_groups import FoldedGroups, node_of_rank, nodes_spanned
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 SLOTS = 2  # fake GPUs (and CPUs) per worker node
 
