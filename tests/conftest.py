@@ -6,7 +6,7 @@ import pytest
 
 from db.migrate import upgrade
 from db.testing import postgres_required, postgres_unavailable_reason, temporary_postgres_schema
-from tests.databases import copy_sqlite, empty_postgres_schema
+from tests.databases import copy_sqlite, empty_postgres_schema, migrate_schema
 from tests.executor.triton_child import INNER, MARK, ChildRun, run_child
 
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
@@ -59,10 +59,9 @@ def sqlite_template(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def postgres_migrated():
-    """A private PostgreSQL schema migrated once per session (its URL); dropped at the session's end."""
+    """A private PostgreSQL schema migrated once per session (tests/databases.py); dropped at the session's end."""
     with temporary_postgres_schema() as url:
-        upgrade(url)
-        yield url
+        yield migrate_schema(url)
 
 
 @pytest.fixture
@@ -72,11 +71,11 @@ def migrated_url(request, db_kind, tmp_path, sqlite_template):
     if db_kind == "sqlite":
         yield copy_sqlite(sqlite_template, tmp_path)
         return
-    url = request.getfixturevalue("postgres_migrated")
+    schema = request.getfixturevalue("postgres_migrated")
     try:
-        yield url
+        yield schema.url
     finally:
-        empty_postgres_schema(url)
+        empty_postgres_schema(schema)
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@ Tests that migrate themselves or need a schema of their own ask for an empty dat
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import create_engine, inspect, text
 
-from db.migrate import VERSION_TABLE
+from db.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
 from db.optuna_storage import optuna_schema
 
 # how long emptying the schema waits for a lock: a test that left a transaction open holds one, and the
@@ -29,17 +30,46 @@ def copy_sqlite(template: Path, directory: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def empty_postgres_schema(url: str) -> None:
-    """Delete every row of the migrated schema ``url`` selects (the version row kept) and drop its Optuna
-    schema, so that the next test finds it as a fresh migration leaves it."""
+@dataclass(frozen=True)
+class MigratedSchema:
+    """A PostgreSQL schema at head: its URL (which selects it), its name, its tables and the head revision."""
+
+    url: str
+    name: str
+    tables: frozenset[str]
+    revision: str
+
+
+def migrate_schema(url: str) -> MigratedSchema:
+    """Migrate the empty schema ``url`` selects to head and note what a fresh migration leaves there."""
+    upgrade(url)
     engine = create_engine(url)
     try:
-        tables = [t for t in inspect(engine).get_table_names() if t != VERSION_TABLE]
-        with engine.begin() as conn:
-            conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-            if tables:
-                names = ", ".join(f'"{t}"' for t in tables)
-                conn.execute(text(f"TRUNCATE TABLE {names} RESTART IDENTITY CASCADE"))
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{optuna_schema(url)}" CASCADE'))
+        with engine.connect() as conn:
+            name = conn.scalar(text("SELECT current_schema()"))
+        return MigratedSchema(url, name, frozenset(inspect(engine).get_table_names()), head_revision())
     finally:
         engine.dispose()
+
+
+def empty_postgres_schema(schema: MigratedSchema) -> None:
+    """Delete every row of ``schema`` (the version row kept) and drop its Optuna schema, so that the next test
+    finds it as a fresh migration leaves it. A schema a test changed otherwise (a table gone or added, the
+    version row deleted) is dropped and migrated again."""
+    engine = create_engine(schema.url)
+    try:
+        intact = (frozenset(inspect(engine).get_table_names()) == schema.tables
+                  and current_revision(engine) == schema.revision)
+        with engine.begin() as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+            if intact:
+                names = ", ".join(f'"{t}"' for t in sorted(schema.tables - {VERSION_TABLE}))
+                conn.execute(text(f"TRUNCATE TABLE {names} RESTART IDENTITY CASCADE"))
+            else:
+                conn.execute(text(f'DROP SCHEMA "{schema.name}" CASCADE'))
+                conn.execute(text(f'CREATE SCHEMA "{schema.name}"'))
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{optuna_schema(schema.url)}" CASCADE'))
+    finally:
+        engine.dispose()
+    if not intact:
+        upgrade(schema.url)
