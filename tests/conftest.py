@@ -1,13 +1,17 @@
 import gc
+import importlib.util
 import os
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
 from db.migrate import upgrade
 from db.testing import postgres_required, postgres_unavailable_reason, temporary_postgres_schema
 from tests.databases import copy_sqlite, empty_postgres_schema, migrate_schema
-from tests.executor.triton_child import INNER, MARK, ChildRun, run_child
+from tests.executor.triton_child import INNER, MARK, ChildRun, InterpreterChild
 
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
 # (tests/api/runner_env.py) and the runner subprocesses join it by address. Where the environment does not
@@ -78,16 +82,35 @@ def migrated_url(request, db_kind, tmp_path, sqlite_template):
         empty_postgres_schema(schema)
 
 
+TRITON_CHILD = pytest.StashKey[InterpreterChild]()
+
+
+def pytest_collection_finish(session):
+    """Starts the session's one Triton-interpreter child (tests/executor/triton_child.py) for every file
+    whose test asks for ``triton_interpreter`` among the tests this session runs."""
+    if INNER or session.config.option.collectonly or importlib.util.find_spec("triton") is None:
+        return
+    files = sorted({str(item.path.resolve()) for item in session.items
+                    if "triton_interpreter" in getattr(item, "fixturenames", ())})
+    if files:
+        workdir = Path(tempfile.mkdtemp(prefix="foldtune-triton-child-"))
+        session.config.stash[TRITON_CHILD] = InterpreterChild(files, session.config.rootpath, workdir)
+
+
+def pytest_sessionfinish(session):
+    child = session.config.stash.get(TRITON_CHILD, None)
+    if child is not None:
+        child.stop()
+        shutil.rmtree(child.report.parent, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def triton_interpreter(request, tmp_path_factory) -> ChildRun:
-    """One Triton-interpreter child for the session (tests/executor/triton_child.py): it runs the interpreter
-    tests of every file whose test asks for this fixture among the tests this session runs."""
+def triton_interpreter(request) -> ChildRun:
+    """What the session's Triton-interpreter child did, once it has finished (tests/executor/triton_child.py)."""
     pytest.importorskip("triton")
     if INNER:
         pytest.skip("this is the child")
-    files = sorted({str(item.path.resolve()) for item in request.session.items
-                    if "triton_interpreter" in getattr(item, "fixturenames", ())})
-    return run_child(files, request.config.rootpath, tmp_path_factory.mktemp("triton-interpreter"))
+    return request.config.stash[TRITON_CHILD].result()
 
 
 def pytest_collection_modifyitems(config, items):

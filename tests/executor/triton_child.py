@@ -4,8 +4,10 @@ Triton picks its interpreter when it is first imported (TRITON_INTERPRET=1), whi
 has done already. A test file marks its interpreter-only tests with :func:`inner_only`; the parent does not
 collect them (tests/conftest.py deselects them), and the file's parent test asks the session fixture
 ``triton_interpreter`` (tests/conftest.py) for a :class:`ChildRun` and calls :meth:`ChildRun.check`
-on its own file. The fixture starts a single child for every file whose parent test the session runs: each
-child pays for importing torch and Triton and for collecting its files, once instead of once a file.
+on its own file. A single child (:class:`InterpreterChild`) runs every file whose parent test the session
+runs, started when collection ends so that it runs beside the parent's first tests: the child pays for
+importing torch and Triton and for collecting its files once instead of once a file, and its kernels run
+on the core the parent's single-process tests leave idle.
 """
 
 from __future__ import annotations
@@ -62,16 +64,40 @@ class ChildRun:
             assert len(mine) == expected, (len(mine), expected, self.output)
 
 
-def run_child(files: list[str], rootdir: Path, workdir: Path) -> ChildRun:
-    """Run the ``inner_only`` tests of ``files`` in one child pytest with TRITON_INTERPRET=1."""
-    report = workdir / "interpreter.xml"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", MARK,
-                           f"--junitxml={report}", *files], env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=rootdir)
-    run = ChildRun(done.returncode, done.stdout[-6000:] + done.stderr[-2000:], rootdir, files)
-    if report.exists():
-        for case in ET.parse(report).getroot().iter("testcase"):
-            outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-            run.outcomes.setdefault(case.get("classname", ""), []).append((case.get("name", ""), outcome))
-    return run
+class InterpreterChild:
+    """The child pytest over ``files``, started at once (at the end of collection: it runs beside the parent's
+    first tests, the API's, which leave a core idle); :meth:`result` waits for it. Its output goes to a file,
+    not a pipe nobody reads while it runs."""
+
+    def __init__(self, files: list[str], rootdir: Path, workdir: Path) -> None:
+        self.files, self.rootdir = files, rootdir
+        self.report, self.log = workdir / "interpreter.xml", workdir / "output.txt"
+        self._run: ChildRun | None = None
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", MARK,
+                                          f"--junitxml={self.report}", *files], env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=rootdir)
+
+    def result(self) -> ChildRun:
+        """Wait for the child (at most TIMEOUT_S seconds) and read its report."""
+        if self._run is None:
+            try:
+                code = self.proc.wait(TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                code = self.proc.returncode
+            output = self.log.read_text(errors="replace")[-8000:]
+            self._run = ChildRun(code, output, self.rootdir, self.files)
+            if self.report.exists():
+                for case in ET.parse(self.report).getroot().iter("testcase"):
+                    outcome = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+                    self._run.outcomes.setdefault(case.get("classname", ""), []).append((case.get("name", ""),
+                                                                                         outcome))
+        return self._run
+
+    def stop(self) -> None:
+        """End the child if it still runs (the session ended before a test asked for its result)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
