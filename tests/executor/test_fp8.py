@@ -250,6 +250,7 @@ def test_tiny_moe_training_steps_in_fp8_track_bf16():
     assert fp8_losses[1] < fp8_losses[0]  # it trains
 
 
+@pytest.mark.slow  # a child process of the bench script
 def test_bench_smoke_mode_runs_on_cpu(tmp_path):
     """python -m bench.fp8_check --device cpu --tiny: emulated GEMMs land in the e4m3 band, every speed variant
     runs (from the repository root, as the bench drivers are run)."""
@@ -394,6 +395,7 @@ def test_training_with_the_cache_equals_training_without_it(cached, monkeypatch)
 
 
 
+@pytest.mark.slow
 def test_full_recompute_quantises_each_weight_form_once_a_step_too(cached):
     """Under activation checkpointing the backward's saved tensors come back as new tensor objects: the weight
     forms must still come from the cache (the weight rides on the autograd context, not in its saved tensors),
