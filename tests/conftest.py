@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from db.migrate import upgrade
-from db.testing import postgres_required, postgres_unavailable_reason, temporary_postgres_schema
-from tests.databases import copy_sqlite, empty_postgres_schema, migrate_schema
+from db.testing import postgres_unavailable_reason, temporary_postgres_schema
+from tests.databases import copy_sqlite, database_kind, empty_postgres_schema, migrate_schema
 from tests.executor.triton_child import INNER, MARK, ChildRun, InterpreterChild
 
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
@@ -44,13 +44,8 @@ def postgres_reason() -> str | None:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_kind(request, postgres_reason) -> str:
-    """'sqlite' and 'postgres' in turn: the database tests run on both (PostgreSQL skipped where unreachable,
-    and failed instead where FOLDTUNE_REQUIRE_POSTGRES says it is part of the environment, as in CI)."""
-    if request.param == "postgres" and postgres_reason:
-        if postgres_required():  # CI: the PostgreSQL half of the suite must run, not vanish as skips
-            pytest.fail(f"{postgres_reason} (FOLDTUNE_REQUIRE_POSTGRES is set)")
-        pytest.skip(postgres_reason)
-    return request.param
+    """'sqlite' and 'postgres' in turn: the database tests run on both (see ``database_kind``)."""
+    return database_kind(request, postgres_reason)
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,26 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from db.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
 from db.optuna_storage import optuna_schema
+from db.testing import postgres_required
 
 # how long emptying the schema waits for a lock: a test that left a transaction open holds one, and the
 # teardown then fails naming it instead of hanging the session
 LOCK_TIMEOUT = "20s"
+
+
+def database_kind(request, postgres_reason: str | None) -> str:
+    """The parameter of a ``db_kind`` fixture, PostgreSQL skipped where unreachable, and failed instead where
+    FOLDTUNE_REQUIRE_POSTGRES says it is part of the environment, as in CI."""
+    if request.param == "postgres" and postgres_reason:
+        if postgres_required():  # CI: the PostgreSQL half of the suite must run, not vanish as skips
+            pytest.fail(f"{postgres_reason} (FOLDTUNE_REQUIRE_POSTGRES is set)")
+        pytest.skip(postgres_reason)
+    return request.param
 
 
 def copy_sqlite(template: Path, directory: Path) -> str:

@@ -11,6 +11,7 @@ from api.http.app import create_app
 from api.http.settings import ApiSettings
 from api.service.quotas import Quotas
 from db.keys import create_api_key
+from tests.databases import database_kind
 
 JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}
@@ -39,6 +40,13 @@ def training_body(data_root):
     return {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
             "seq_length": 64, "global_batch_size": 8, "data_path": str(data), "steps": 20,
             "checkpoint_dir": str(data_root / "alice" / "ckpt")}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow])])
+def db_kind(request, postgres_reason) -> str:
+    """As tests/conftest.py's, but the API's PostgreSQL half is in the whole suite only: the fast tier serves
+    the API on SQLite, and tests/db checks the database layer on both."""
+    return database_kind(request, postgres_reason)
 
 
 @pytest.fixture
