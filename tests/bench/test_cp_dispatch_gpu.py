@@ -8,6 +8,9 @@ import pytest
 
 from executor.microbench.exchanges import BenchConfig
 
+# a whole script run in a child process: the full suite's; the code it drives has fast tests in its package
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.slow
 def test_smoke_run_on_two_gloo_ranks(tmp_path, script):

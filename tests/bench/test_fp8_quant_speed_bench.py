@@ -6,6 +6,9 @@ import pytest
 
 from executor.microbench.quant_tiles import variants
 
+# a whole script run in a child process: the full suite's; the code it drives has fast tests in its package
+pytestmark = pytest.mark.slow
+
 
 def test_tiny_rows_sweep_runs_in_the_interpreter_and_every_variant_equals_torch(tmp_path, script):
     """The bench end to end on CPU (Triton's interpreter, every dim / 64): each rowwise variant timed, checked

@@ -10,6 +10,9 @@ import pytest
 
 from executor.microbench.fp8_step_bar import max_rise
 
+# a whole script run in a child process: the full suite's; the code it drives has fast tests in its package
+pytestmark = pytest.mark.slow
+
 TOP_KERNELS = 10  # kernels the bench prints a run
 
 

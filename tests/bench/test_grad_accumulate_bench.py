@@ -9,6 +9,9 @@ import pytest
 
 from executor.microbench.grad_accumulate import SWEEP, TINY_SIZES
 
+# a whole script run in a child process: the full suite's; the code it drives has fast tests in its package
+pytestmark = pytest.mark.slow
+
 
 def test_cpu_smoke_run_with_the_kernel_in_the_interpreter(tmp_path, script):
     pytest.importorskip("triton")

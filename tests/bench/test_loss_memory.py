@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+# a whole script run in a child process: the full suite's; the code it drives has fast tests in its package
+pytestmark = pytest.mark.slow
+
 
 def test_tiny_run_reports_both_paths(tmp_path, script):
     out = tmp_path / "loss_memory.json"

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+# a whole script run in a child process: the full suite's; the code it drives has fast tests in its package
+pytestmark = pytest.mark.slow
+
 TOP = 15  # kernels the bench keeps a variant
 
 
