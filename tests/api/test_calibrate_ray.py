@@ -13,7 +13,7 @@ from runner_env import simulated_ray_cluster
 
 from api.cli.main import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
