@@ -1,19 +1,15 @@
 import copy
 import shutil
-import socket
-import threading
-import time
-from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
 
 from api.http.app import create_app
 from api.http.settings import ApiSettings
-from api.service.quotas import Quotas
 from db.keys import create_api_key
 from db.migrate import upgrade
 from db.testing import postgres_required, postgres_unavailable_reason, temporary_database
+from service_env import ROOMY, auth, live_server
 
 JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}
@@ -68,13 +64,6 @@ def db_url(request, tmp_path, sqlite_template):
         yield url
 
 
-# the rate limit and the quotas are tested on their own (test_limits.py); fuzzing and concurrency tests
-# (50 jobs of one owner at once) must not meet them
-UNLIMITED_RATE = {"rate_per_s": 1e9, "rate_burst": 10**9}
-ROOMY = {**UNLIMITED_RATE, "quotas": Quotas(active_jobs=10**6, active_trainings=10**6, trials_per_job=10**6,
-                                            profiles=10**6)}
-
-
 @pytest.fixture
 def app(db_url, data_root):
     application = create_app(ApiSettings(database_url=db_url, data_root=data_root, **ROOMY), migrate=True)
@@ -95,10 +84,6 @@ def keys(app):
         return {name: create_api_key(session, name)[1] for name in ("alice", "bob")}
 
 
-def auth(token):
-    return {"Authorization": f"Bearer {token}"}
-
-
 @pytest.fixture
 def alice(keys):
     return auth(keys["alice"])
@@ -107,31 +92,6 @@ def alice(keys):
 @pytest.fixture
 def bob(keys):
     return auth(keys["bob"])
-
-
-@contextmanager
-def live_server(app):
-    """Serve ``app`` with a real uvicorn server on a free port in a thread; yields its base URL."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", limit_concurrency=500,
-                                           backlog=512))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture

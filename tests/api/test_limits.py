@@ -8,7 +8,7 @@ import copy
 import socket
 
 import pytest
-from conftest import UNLIMITED_RATE, auth, live_server
+from service_env import UNLIMITED_RATE, auth, live_server
 from fastapi.testclient import TestClient
 
 from api.http.app import create_app

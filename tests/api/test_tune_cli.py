@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import live_server
+from service_env import live_server
 from runner_env import session_ray, wait_no_rank_actors
 from sqlalchemy import create_engine, text
 
