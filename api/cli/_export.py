@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from api.cli.arguments import EXPORT_FORMATS, add
 from planner.megatron_args import megatron_args, megatron_env, megatron_script
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
@@ -22,16 +23,14 @@ from spec.parallel_config import ParallelConfig
 from spec.precision_search import trial_training
 from spec.training_spec import TrainingSpec
 
-FORMATS = ("megatron-args", "yaml", "json", "csv")
+FORMATS = EXPORT_FORMATS
 CSV_FIELDS = ("job_id", "trial", "model", "gpu", "num_gpus", "seq_length", "global_batch_size", "precision", "layout",
               "tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "micro_batch_size", "recompute", "dispatcher",
               "distributed_optimizer", "measured_step_time_s", "predicted_step_time_s")
 
 
-def add_format_argument(parser, what: str) -> None:
-    parser.add_argument("--format", choices=FORMATS, default=None,
-                        help=f"print {what} measured best layout as Megatron-LM arguments with their environment "
-                             "(a shell fragment), or as YAML, JSON or one CSV row")
+def add_format_argument(parser, note: str | None = None) -> None:
+    add(parser, "--format", note)
 
 
 def _specs(job: dict[str, Any], trial: dict[str, Any]) -> tuple[ParallelConfig, ModelSpec, TrainingSpec]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from api.cli.arguments import add
 from api.cli._local_key import given_key, key_file
 from api.http.settings import DEFAULT_HOST, DEFAULT_PORT
 from spec.errors import FoldtuneError
@@ -21,9 +22,8 @@ class ApiClientError(FoldtuneError):
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=None, help=f"API base URL (also: FOLDTUNE_URL; default {DEFAULT_URL})")
-    parser.add_argument("--api-key", default=None,
-                        help="API key (also: FOLDTUNE_API_KEY; default: the local key `foldtune tune` wrote)")
+    add(parser, "--url")
+    add(parser, "--api-key")
 
 
 class ApiClient:
@@ -84,6 +84,3 @@ def _problem_line(response) -> str:
         return f"{title}: " + "; ".join(f"{r.get('loc')}: {r.get('message')} [{r.get('rule')}]" for r in rules)
     return f"{title}: {body['detail']}" if body.get("detail") else title
 
-
-def fmt_seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g} s"

@@ -32,6 +32,6 @@ def parse_headroom(text: str) -> float:
 
 
 def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--min-headroom", type=parse_headroom, default=None, metavar="FRACTION|BYTES",
-                        help="memory per GPU kept free when pruning layouts: a fraction of the GPU's memory "
-                             f"(e.g. 0.1) or bytes (e.g. 4GiB); default {DEFAULT_MIN_HEADROOM}")
+    from api.cli.arguments import add  # the vocabulary imports parse_headroom from here
+
+    add(parser, "--min-headroom", f"default: {DEFAULT_MIN_HEADROOM}")

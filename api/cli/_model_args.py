@@ -15,40 +15,38 @@ from typing import Any
 
 import yaml
 
+from api.cli.arguments import add
 from api.service.capability import check_layout_runnable, check_model_runnable
 from spec.catalog import get_model
 from spec.errors import SpecError
 from spec.hf_config import HFModel, load_hf_model, model_from_hf_config, read_hf_config
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
-from spec.proxy import PROXIES, ProxyError, proxy_model
+from spec.proxy import ProxyError, proxy_model
 from spec.training_spec import TrainingSpec
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = True, default: str | None = None,
-                        model_help: str = "catalog model name (foldtune plan --help lists them)") -> None:
-    """``--model`` / ``--model-file`` (one of them; ``required`` unless a ``default`` model is given) and the
-    proxy options ``--layers`` and ``--proxy``."""
-    model = parser.add_mutually_exclusive_group(required=required and default is None)
-    model.add_argument("--model", default=default, help=model_help + (f" (default: {default})" if default else ""))
-    model.add_argument("--model-file", metavar="FILE", help="YAML/JSON file of ModelSpec fields (Megatron names)")
+def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = True,
+                        note: str | None = None) -> None:
+    """``--model`` / ``--model-file`` / ``--model-dir`` / ``--hf-config`` (one of them, ``required`` or not)
+    and the proxy options ``--layers`` and ``--proxy``."""
+    model = parser.add_mutually_exclusive_group(required=required)
+    add(model, "--model", note)
+    add(model, "--model-file")
     add_hf_arguments(model)
     add_proxy_arguments(parser)
 
 
-def add_proxy_arguments(parser: argparse.ArgumentParser, verb: str = "run") -> None:
+def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     """``--layers N`` and ``--proxy tiny``: the proxy of the named model a command runs (plans, looks up)."""
-    parser.add_argument("--layers", type=int, metavar="N",
-                        help=f"{verb} a proxy with N decoder layers, the model's widths and features (default: all)")
-    parser.add_argument("--proxy", choices=PROXIES,
-                        help="tiny: every architecture feature of the model at test widths (hidden 64, vocab 256)")
+    add(parser, "--layers")
+    add(parser, "--proxy")
 
 
 def add_hf_arguments(group) -> None:
     """``--model-dir DIR`` and ``--hf-config FILE``: a Hugging Face model's config.json (docs/huggingface.md)."""
-    group.add_argument("--model-dir", metavar="DIR",
-                       help="Hugging Face model directory (its config.json; the model is named after DIR)")
-    group.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json file")
+    add(group, "--model-dir")
+    add(group, "--hf-config")
 
 
 def hf_model_from_args(args: argparse.Namespace) -> HFModel | None:

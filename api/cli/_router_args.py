@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from api.cli.arguments import retire
 from spec.router_options import BOUNDS, DROP_POLICIES, FIELDS, LOAD_BALANCING_TYPES, RouterOptions
 
 
@@ -21,13 +22,16 @@ def add_router_arguments(parser: argparse.ArgumentParser, defaults: RouterOption
                        help="aux_loss: switch loss per micro-batch; seq_aux_loss: per sequence, averaged "
                             f"(DeepSeek-V2/V3); none: no balancing loss (default: {d.moe_router_load_balancing_type})")
 
-    def bounded(name: str, text: str, *aliases: str) -> None:
+    def bounded(name: str, text: str) -> None:
         low, high = BOUNDS[name]
-        group.add_argument(f"--{name.replace('_', '-')}", *aliases, dest=name, type=float, metavar="X",
+        group.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float, metavar="X",
                            help=f"{text}, in [{low:g}, {high:g}] (default: {getattr(d, name):g})")
 
-    bounded("moe_aux_loss_coeff", "load-balancing loss coefficient", "--aux-loss-coeff")
-    bounded("moe_z_loss_coeff", "router z-loss coefficient", "--z-loss-coeff")
+    bounded("moe_aux_loss_coeff", "load-balancing loss coefficient")
+    bounded("moe_z_loss_coeff", "router z-loss coefficient")
+    # one spelling per flag: Megatron's
+    retire(parser, "--aux-loss-coeff", "--moe-aux-loss-coeff")
+    retire(parser, "--z-loss-coeff", "--moe-z-loss-coeff")
     group.add_argument("--moe-router-enable-expert-bias", action=argparse.BooleanOptionalAction, default=None,
                        help="aux-loss-free balancing: a per-expert bias on the sigmoid scores, updated each step "
                             "(default: on for sigmoid-scored models such as DeepSeek-V3, else off)")

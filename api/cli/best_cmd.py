@@ -11,7 +11,9 @@ import argparse
 import json
 
 from api.cli._export import add_format_argument, render
-from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._units import seconds as fmt_seconds
+from api.cli._http import ApiClient, add_connection_arguments
+from api.cli.arguments import add
 from api.cli._model_args import add_proxy_arguments
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from spec.errors import SpecError
@@ -21,14 +23,13 @@ HELP = "show the best measured layout for a model on a cluster (from your finish
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signature", help="a job's signature (instead of the flags below)")
-    parser.add_argument("--model", help="catalog model name (a proxy: as the job names it, e.g. mixtral-8x7b@2L, "
-                                        "or with --layers/--proxy as the job was submitted)")
-    add_proxy_arguments(parser, "look up")
+    add(parser, "--model", "a proxy as the job names it, e.g. mixtral-8x7b@2L, or with --layers/--proxy")
+    add_proxy_arguments(parser)
     add_gpu_argument(parser, local=False)
-    parser.add_argument("--gpus", type=int, help="number of GPUs")
+    add(parser, "--gpus", "give it")
     add_shape_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
-    add_format_argument(parser, "the")
+    add(parser, "--json")
+    add_format_argument(parser)
     add_connection_arguments(parser)
 
 

@@ -1,6 +1,6 @@
 """``foldtune calibrate``: microbenchmark the local devices and save a calibrated hardware profile.
 
-Runs GEMM, grouped-GEMM, memory-copy, launch-overhead and collective benchmarks on ``--ranks`` local ranks (NCCL on
+Runs GEMM, grouped-GEMM, memory-copy, launch-overhead and collective benchmarks on ``--gpus`` local ranks (NCCL on
 GPUs, gloo on CPU), or with ``--ray`` on the ranks of a Ray cluster, ``--gpus-per-node`` on each node (ranks on
 two or more nodes also time the collectives of one rank per node: the NIC stage of the network model), builds a
 HardwareProfile from the ``--gpu`` catalog profile with the measured curves (units: docs/time-model.md,
@@ -35,6 +35,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from api.cli._db import migrate_or_explain
+from api.cli._units import seconds
+from api.cli.arguments import add, retire, timeout_s
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, default_precision, guess_gpu
 from costmodel.calibrate.component_factors import build_report
 from costmodel.calibrate.merge import component_record, merged_profile
@@ -57,30 +59,30 @@ REBUILD_HELP = "re-derive a calibrated profile's curves from the raw timings sto
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gpu_argument(parser, local=True)
-    parser.add_argument("--ranks", type=int, help="ranks (default: every local GPU, or 4 CPU ranks; with --ray "
-                                                  "required: all ranks over the cluster's nodes)")
+    add(parser, "--gpus", "default: 4 with --gpu cpu, else every local GPU; with --ray give it: all ranks over the "
+                          "cluster's nodes")
+    retire(parser, "--ranks", "--gpus", "the ranks are GPUs, or CPU ranks with --gpu cpu, as in every command")
     parser.add_argument("--ray", action="store_true",
                         help="run the ranks on a Ray cluster (--ray-address, FOLDTUNE_RAY_ADDRESS, else a local Ray), "
                              "--gpus-per-node on each node; ranks on two or more nodes also time the collectives "
                              "of one rank per node, the NIC stage of the network model")
-    parser.add_argument("--ray-address", metavar="ADDR", help="with --ray: the cluster (e.g. head:6379)")
-    parser.add_argument("--gpus-per-node", type=int,
-                        help="with --ray: ranks per node (default: the GPUs of the cluster's smallest node)")
+    add(parser, "--ray-address", "with --ray")
+    add(parser, "--gpus-per-node", "with --ray; default: the GPUs of the cluster's smallest node")
     add_shape_arguments(parser, seq=False, gbs=False)  # GEMM precision; fp8: torch._scaled_mm GEMMs, GPUs only
     parser.add_argument("--quick", action="store_true", help="fewer sizes per benchmark (CI, smoke tests)")
     parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
                         help="seconds of back-to-back GEMMs that measure the clock under sustained load (GPUs only; "
                              "default 10, 0 skips it; --quick skips it unless given)")
-    parser.add_argument("--name", help="name of the calibrated profile (default: <gpu>-calibrated)")
-    parser.add_argument("--out", metavar="FILE", help="JSON file to write (default: <data dir>/hardware/<name>.json)")
+    add(parser, "--name", "default: <gpu>-calibrated")
+    add(parser, "--out", "a JSON file; default: <data dir>/hardware/<name>.json")
     parser.add_argument("--store", action="store_true", help="also store the profile in the service database")
-    parser.add_argument("--database-url", help="database for --store (default: FOLDTUNE_DATABASE_URL or the data dir)")
-    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds before the run is stopped")
-    parser.add_argument("--model", help="also time the executor's components of this catalog model at real shapes "
-                                        "(stored as per-term factors for MODEL@seqS)")
-    parser.add_argument("--layers", type=int, help="with --model: a proxy with this many layers (its own key)")
-    parser.add_argument("--seq", type=int, help="with --model: sequence length (required with --model)")
-    parser.add_argument("--mbs", type=int, default=1, help="with --model: micro-batch size (default 1)")
+    add(parser, "--database-url", "with --store")
+    add(parser, "--timeout")
+    add(parser, "--model", "also time the executor's components of this model at real shapes, stored as per-term "
+                           "factors for MODEL@seqS")
+    add(parser, "--layers", "with --model; its own key")
+    add(parser, "--seq", "with --model: required")
+    add(parser, "--mbs", "with --model; default: 1")
     parser.add_argument("--components", choices=("in-step", "isolated"), default="in-step",
                         help="with --model: read the components from the phases of a real 1-GPU training step "
                              "(in-step, default) or time each block alone (isolated)")
@@ -92,22 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="{merge,rebuild}",
                                     help="work on saved profiles instead of measuring (no device needed)")
     merge = actions.add_parser("merge", help=MERGE_HELP, description=MERGE_HELP)
-    merge.add_argument("--profile", required=True, help="target machine profile (JSON from foldtune calibrate)")
-    merge.add_argument("--components", required=True, help="comma list of component-run profile files")
-    merge.add_argument("--out", required=True, help="where to write the merged profile")
-    merge.add_argument("--name", help="name of the merged profile (default: the target's name)")
+    add(merge, "--profile", "the target machine's", required=True)
+    merge.add_argument("--component-runs", required=True, metavar="FILES",
+                       help="comma list of the profile files of `calibrate --model` runs")
+    retire(merge, "--components", "--component-runs", "--components is calibrate's in-step/isolated choice")
+    add(merge, "--out", "the merged profile", required=True)
+    add(merge, "--name", "default: the target's name")
     rebuild_parser = actions.add_parser("rebuild", help=REBUILD_HELP, description=REBUILD_HELP)
-    rebuild_parser.add_argument("--profile", required=True, help="the calibrated profile JSON to re-derive")
+    add(rebuild_parser, "--profile", "the calibrated one to re-derive", required=True)
     rebuild_parser.add_argument("--raw-from", help="take the raw timings from this file (default: --profile's own)")
-    rebuild_parser.add_argument("--out", required=True, help="where to write the re-derived profile")
+    add(rebuild_parser, "--out", "the re-derived profile", required=True)
 
 
 def _merge(args: argparse.Namespace) -> int:
-    reports = [component_record(json.loads(Path(path).read_text()), path) for path in args.components.split(",")]
+    reports = [component_record(json.loads(Path(path).read_text()), path) for path in args.component_runs.split(",")]
     target = load_profile(args.profile)
     profile, rebuilt = merged_profile(replace(target, name=args.name or target.name), reports)
     for report in rebuilt:
-        print(f"{report.key}: " + ", ".join(f"{c.name} {c.measured_s * 1e3:.3f}/{c.predicted_s * 1e3:.3f} ms"
+        print(f"{report.key}: " + ", ".join(f"{c.name} {c.measured_s:.4g}/{c.predicted_s:.4g} s"
                                             for c in report.components if c.name != "optimizer")
               + " | factors " + ", ".join(f"{t} {f:.3f}" for t, f in report.factors.items()))
     save_profile(profile, args.out)
@@ -158,8 +162,8 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
 
         micro = args.step_micro_batches or STEP_MICRO_BATCHES
         step = measure_step(spec, args.seq, args.mbs, precision, "cpu" if cpu else "cuda", micro_batches=micro,
-                            timeout_s=args.timeout)
-        print(f"1-GPU step {step.layout}, {micro} micro-batches: {step.step_time * 1e3:.1f} ms (median of "
+                            timeout_s=timeout_s(args, "calibrate"))
+        print(f"1-GPU step {step.layout}, {micro} micro-batches: {seconds(step.step_time)} (median of "
               f"{len(step.step_times)})")
         report = report_from_phases(spec, args.seq, args.mbs, precision, step.device or "cpu", step.phases, micro,
                                     profile)
@@ -169,10 +173,10 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
         device, measured, timing = measure_components(spec, args.seq, args.mbs, precision,
                                                       "cpu" if cpu else "cuda:0")
         report = build_report(spec, args.seq, args.mbs, precision, device, measured, profile, timing)
-    print(f"{'component':<10} {'measured ms':>12} {'predicted ms':>13} {'factor':>7}  timed as")
+    print(f"{'component':<10} {'measured (s)':>12} {'predicted (s)':>13} {'factor':>7}  timed as")
     for c in report.components:
-        scale, unit = (1e3, "") if c.name != "optimizer" else (1e9, " (ms per 1M parameters)")
-        print(f"{c.name:<10} {c.measured_s * scale:>12.3f} {c.predicted_s * scale:>13.3f} {c.ratio:>7.2f}  "
+        scale, unit = (1.0, "") if c.name != "optimizer" else (1e6, " (s per 1M parameters)")
+        print(f"{c.name:<10} {c.measured_s * scale:>12.4g} {c.predicted_s * scale:>13.4g} {c.ratio:>7.2f}  "
               f"{report.timing.get(c.name, '?')}{unit}")
     host = None
     if args.host_probe and not cpu:
@@ -180,13 +184,13 @@ def _components(args: argparse.Namespace, profile, precision: str, cpu: bool, pa
 
         print(f"host probe: the 1-GPU step at seq {HOST_PROBE_SEQ}, without and with full recomputation ...",
               flush=True)
-        base_s, full_s, steps_s = measure_host(spec, precision, args.mbs, timeout_s=args.timeout)
+        base_s, full_s, steps_s = measure_host(spec, precision, args.mbs, timeout_s=timeout_s(args, "calibrate"))
         host = HostProbe(HOST_PROBE_SEQ, args.mbs, base_s, full_s, steps_s)
         found = host_factors(spec, host, precision, profile)
         report = replace(report, factors={**report.factors, **found})
         device_base, device_full = device_seconds(spec, host, precision, profile)
-        print(f"host per micro-batch: {base_s * 1e3:.2f} ms, with full recomputation {full_s * 1e3:.2f} ms "
-              f"(the model's device time {device_base * 1e3:.2f} and {device_full * 1e3:.2f} ms) -> "
+        print(f"host per micro-batch: {seconds(base_s)}, with full recomputation {seconds(full_s)} "
+              f"(the model's device time {seconds(device_base)} and {seconds(device_full)}) -> "
               + (", ".join(f"{k} {v:.2f}" for k, v in found.items()) or "no host factor"))
         if len(found) < 2:
             print(f"  a step under {DEVICE_BOUND_MARGIN}x the model's device time may be device-bound, and an "
@@ -214,14 +218,14 @@ def _check_ray_arguments(args: argparse.Namespace) -> None:
     """One clear error for a --ray run the cluster cannot answer for, before Ray starts."""
     if not args.gpu:
         raise SpecError("--ray needs --gpu: the cluster's GPU type (or cpu for CPU ranks), not this machine's")
-    if args.ranks is None:
-        raise SpecError("--ray needs --ranks: the ranks over all the nodes")
+    if args.gpus is None:
+        raise SpecError("--ray needs --gpus: the ranks over all the nodes")
     if args.model:
         raise SpecError("--model times one model's components on one local GPU: run it without --ray")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise SpecError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
-    if args.ranks < 1:
-        raise SpecError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.gpus < 1:
+        raise SpecError(f"--gpus must be >= 1, got {args.gpus}")
 
 
 def _ray_launcher(args: argparse.Namespace, cpu: bool, ranks: int):
@@ -235,13 +239,13 @@ def _ray_launcher(args: argparse.Namespace, cpu: bool, ranks: int):
     if per_node < 1:
         raise SpecError(f"the Ray cluster has no node with a {shape.resource} to run a rank on")
     if ranks % per_node and ranks > per_node:
-        raise SpecError(f"--ranks {ranks} must be a multiple of the ranks per node ({per_node}) when the ranks span "
+        raise SpecError(f"--gpus {ranks} must be a multiple of the ranks per node ({per_node}) when the ranks span "
                         f"nodes: every node holds as many")
     needed = max(1, ranks // per_node)
     on_node = min(per_node, ranks)
     fitting = sum(1 for n in shape.nodes if n.slots >= on_node)
     if fitting < needed:
-        raise SpecError(f"--ranks {ranks} at {per_node} per node needs {needed} Ray node(s) with {on_node} "
+        raise SpecError(f"--gpus {ranks} at {per_node} per node needs {needed} Ray node(s) with {on_node} "
                         f"{shape.resource} each; the cluster has {fitting} of {shape.num_nodes}")
     launcher = functools.partial(launch_ray.launch, ranks_per_node=per_node, name="calibrate")
     return launcher, f"{ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'} over Ray: {needed} node(s) x {on_node}"
@@ -260,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and not args.seq:
         raise SpecError("--model needs --seq (the sequence length the components run at)")
+    args.mbs = 1 if args.mbs is None else args.mbs
     if not args.ray and (args.ray_address or args.gpus_per_node is not None):
         raise SpecError("--ray-address and --gpus-per-node need --ray (a calibration on a Ray cluster)")
     if args.ray:
@@ -277,9 +282,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--gpu {args.gpu} needs CUDA GPUs and this machine has none (--gpu cpu runs CPU ranks)")
     gpu = "cpu" if cpu else (args.gpu or guess_gpu(torch.cuda.get_device_name(0)))
     base = get_hardware(gpu)
-    ranks = args.ranks if args.ranks is not None else (4 if cpu else torch.cuda.device_count())
+    ranks = args.gpus if args.gpus is not None else (4 if cpu else torch.cuda.device_count())
     if ranks < 1:
-        raise SpecError(f"--ranks must be >= 1, got {ranks}")
+        raise SpecError(f"--gpus must be >= 1, got {ranks}")
     launcher, where = (_ray_launcher(args, cpu, ranks) if args.ray else
                        (None, f"{ranks} {'CPU rank(s), gloo' if cpu else 'GPU(s), NCCL'}"))
     precision = args.precision or default_precision(gpu)
@@ -296,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     name = (args.name or f"{base.name}-calibrated").lower()
     print(f"calibrating {base.name} on {where}, {precision}{', quick' if args.quick else ''}", flush=True)
     raw = run_benchmarks(ranks, BenchPlan(precision=precision, quick=args.quick, sustained_s=sustained_s),
-                         device="cpu" if cpu else "cuda", timeout_s=args.timeout, launcher=launcher)
+                         device="cpu" if cpu else "cuda", timeout_s=timeout_s(args, "calibrate"), launcher=launcher)
     profile = build_profile(base, raw, name)
     nodes = len(raw.get("nodes") or ())
     print(f"ranks ran on {nodes} node(s); network (NIC stage): " + (
@@ -320,13 +325,13 @@ def run(args: argparse.Namespace) -> int:
         print("causal attention fwd / bwd (key length -> of bf16 peak): " + ", ".join(
             f"{x:.0f}:{y:.3f}/{profile.attention_bwd_efficiency(x):.3f}" for x, y in profile.attention_fwd_efficiency.points))
     print(f"memory copy: {profile.hbm_efficiency:.3f} of {base.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
-    print(f"launch overhead: {profile.op_launch_seconds * 1e6:.2f} us per eager op"
-          + (f", {profile.collective_launch_s * 1e6:.2f} us per small collective"
+    print(f"launch overhead: {seconds(profile.op_launch_seconds)} per eager op"
+          + (f", {seconds(profile.collective_launch_s)} per small collective"
              if profile.collective_launch_s is not None else "")
-          + (f", {profile.moe_layer_host_s * 1e3:.3f} ms per executor MoE layer (tiny shapes, fwd+bwd)"
+          + (f", {seconds(profile.moe_layer_host_s)} per executor MoE layer (tiny shapes, fwd+bwd)"
              if profile.moe_layer_host_s is not None else ""))
     if profile.optimizer_seconds_per_param is not None:
-        print(f"optimizer step: {profile.optimizer_seconds_per_param * 1e9:.4f} ms per 1M parameters")
+        print(f"optimizer step: {seconds(profile.optimizer_seconds_per_param * 1e6)} per 1M parameters")
     if profile.sustained_clock_factor is not None:
         print(f"sustained load: tensor-core throughput {profile.sustained_clock_factor:.3f} of a burst's "
               f"(scales the compute peaks)")
@@ -335,8 +340,8 @@ def run(args: argparse.Namespace) -> int:
               f"seconds")
     if raw.get("exchanges"):  # only a run on two or more ranks times the executor's exchanges
         print(f"executor exchanges per call beyond their price (fwd+bwd): CP K/V exchange "
-              f"{profile.cp_exchange_fixed_s * 1e3:.3f} ms, CP chunk call floor {profile.cp_chunk_floor_s * 1e3:.3f} ms, "
-              + ", ".join(f"{name} dispatch+combine {sec * 1e3:.3f} ms" for name, sec in profile.dispatcher_fixed_s))
+              f"{seconds(profile.cp_exchange_fixed_s)}, CP chunk call floor {seconds(profile.cp_chunk_floor_s)}, "
+              + ", ".join(f"{name} dispatch+combine {seconds(sec)}" for name, sec in profile.dispatcher_fixed_s))
     for key, curve in profile.collective_efficiency:
         print(f"{key:<22} " + ", ".join(f"{x / 2**20:.3g}MiB:{y:.3g}" for x, y in curve.points))
     print(f"profile {profile.name!r} written to {out}")

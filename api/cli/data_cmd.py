@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from api.cli.arguments import add
 from spec.errors import SpecError
 
 HELP = "prepare a tokenized training dataset from local text files"
@@ -14,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     prep = sub.add_parser("prepare", help="tokenize text files (byte-level) into memory-mapped shards")
     prep.add_argument("inputs", nargs="+", help="text files, or directories searched for .txt/.md/.rst")
-    prep.add_argument("--out", required=True, help="output directory (index.json + *.bin shards)")
+    add(prep, "--out", "a directory: index.json and *.bin shards", required=True)
     prep.add_argument("--heldout", type=float, default=0.1,
                       help="fraction of every document kept for evaluation (default: 0.1)")
     prep.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard file (default: 2^26)")

@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import argparse
 
+from api.cli.arguments import add, retire
 from spec.errors import SpecError
 
+EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --precision -> torch dtype
 HELP = "write a training checkpoint as a Hugging Face model directory (config.json + model.safetensors)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a --checkpoint-dir of foldtune train (its latest step) or one step-N dir")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model-dir", metavar="DIR", help="the Hugging Face model the run was trained from")
-    source.add_argument("--hf-config", metavar="FILE", help="its config.json")
-    source.add_argument("--model", help="the catalog model it trained (a config.json is written for it)")
-    parser.add_argument("--layers", type=int, metavar="N", help="with --model: the proxy of N layers it trained")
-    parser.add_argument("--out", required=True, help="the directory to write")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="weights' dtype in the safetensors file (default: float32)")
+    add(source, "--model-dir", "the one the run was trained from; its tokenizer is copied too")
+    add(source, "--hf-config", "the one the run was trained from")
+    add(source, "--model", "the one it trained: a config.json is written for it")
+    add(parser, "--layers", "with --model: the proxy it trained")
+    add(parser, "--out", "the directory", required=True)
+    add(parser, "--precision", "the weights' in model.safetensors: fp32, bf16 or fp16; default: fp32")
+    retire(parser, "--dtype", "--precision", "float32/bfloat16/float16 are fp32/bf16/fp16, as in every command")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from spec.catalog import get_model
     from spec.hf_config import hf_config_from_spec, read_hf_config
 
+    precision = args.precision or "fp32"
+    if precision not in EXPORT_DTYPES:
+        raise SpecError(f"--precision {precision} is no storage format of the export: give "
+                        + ", ".join(EXPORT_DTYPES))
     if args.model:
         spec = get_model(args.model)
         spec = spec.with_layers(args.layers) if args.layers else spec
@@ -47,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
         if args.layers:
             raise SpecError("--layers goes with --model (a Hugging Face config has its own layer count)")
         config = read_hf_config(args.model_dir or args.hf_config)[0]
-    out = export_checkpoint(args.checkpoint, config, args.out, getattr(torch, args.dtype))
+    out = export_checkpoint(args.checkpoint, config, args.out, getattr(torch, EXPORT_DTYPES[precision]))
     tokenizer = copy_tokenizer(args.model_dir, out) if args.model_dir else []
-    print(f"wrote {out} ({args.dtype})" + (f" with the tokenizer of {args.model_dir} ({', '.join(tokenizer)})"
+    print(f"wrote {out} ({precision})" + (f" with the tokenizer of {args.model_dir} ({', '.join(tokenizer)})"
                                            if tokenizer else ""))
     return 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from api.cli.arguments import add, add_all
 from api.cli._export import add_format_argument, render
-from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._units import column_width, seconds_cell
+from api.cli._http import ApiClient, add_connection_arguments
 from api.cli.submit_cmd import _all_trials, follow_job, trial_line
 from spec.errors import SpecError
 
@@ -15,14 +17,11 @@ HELP = "list tuning jobs, or show one job and its trials"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", nargs="?", type=int, help="a job id: show it and its trials")
-    parser.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
-    parser.add_argument("--model", help="only jobs of this model")
-    parser.add_argument("--limit", type=int, default=20, help="jobs per page (default 20)")
-    parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--cancel", action="store_true", help="cancel job ID")
-    parser.add_argument("--wait", action="store_true", help="follow job ID until it ends")
-    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON (job ID: with its trials)")
-    add_format_argument(parser, "job ID's")
+    add(parser, "--status")
+    add(parser, "--model", "only jobs of this model")
+    add_all(parser, "--limit", "--offset", "--cancel", "--wait", "--poll")
+    add(parser, "--json", "job ID: with its trials")
+    add_format_argument(parser, "of job ID")
     add_connection_arguments(parser)
 
 
@@ -35,13 +34,17 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(page, indent=2))
                 return 0
-            print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<20} {'CLUSTER':<14} {'TRIALS':>7}  {'BEST STEP':>10}  CREATED")
-            for job in page["items"]:
+            items = page["items"]
+            clusters = [f"{job['cluster']['num_gpus']}x{job['cluster']['gpu']}" for job in items]
+            mw = column_width([job["model"] for job in items], "MODEL", 20)
+            cw = column_width(clusters, "CLUSTER", 14)
+            print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<{mw}} {'CLUSTER':<{cw}} {'TRIALS':>7}  {'BEST STEP (s)':>13}  "
+                  f"CREATED")
+            for job, cluster in zip(items, clusters):
                 best = job.get("best_trial") or {}
-                cluster = f"{job['cluster']['num_gpus']}x{job['cluster']['gpu']}"
-                print(f"{job['id']:>6}  {job['status']:<10} {job['model'][:20]:<20} {cluster:<14} "
+                print(f"{job['id']:>6}  {job['status']:<10} {job['model']:<{mw}} {cluster:<{cw}} "
                       f"{job['trials']['total']:>3}/{job['budget']['max_trials']:<3}  "
-                      f"{fmt_seconds(best.get('step_time_s')):>10}  {job['created_at'][:19]}")
+                      f"{seconds_cell(best.get('step_time_s')):>13}  {job['created_at'][:19]}")
             shown_to = args.offset + len(page["items"])
             print(f"{shown_to - len(page['items']) + (1 if page['items'] else 0)}-{shown_to} of {page['total']}")
             return 0
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"job {job['id']}: {job['status']}")
             return 0
         if args.wait:
-            return follow_job(client, args.id, 2.0)
+            return follow_job(client, args.id, args.poll)
         job = client.get(f"/v1/jobs/{args.id}")
         if args.format:
             print(render(job, args.format))

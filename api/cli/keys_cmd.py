@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from api.cli._db import migrate_or_explain
+from api.cli.arguments import add
 from api.schemas.common import text_problem
 from spec.errors import SpecError
 from db.engine import make_engine, make_sessionmaker
@@ -18,10 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = sub.add_parser("create", help="create an owner (if new) and a new API key for it")
     create.add_argument("name", help="owner name (1 to 100 characters)")
-    create.add_argument("--database-url", default=None, help="SQLAlchemy URL (also: FOLDTUNE_DATABASE_URL)")
+    add(create, "--database-url")
     revoke = sub.add_parser("revoke", help="revoke every key of an owner")
     revoke.add_argument("name")
-    revoke.add_argument("--database-url", default=None, help="SQLAlchemy URL (also: FOLDTUNE_DATABASE_URL)")
+    add(revoke, "--database-url")
 
 
 def run(args: argparse.Namespace) -> int:

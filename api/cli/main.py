@@ -8,12 +8,12 @@ so ``foldtune plan`` never pays for torch, Ray or FastAPI. Every :class:`Foldtun
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from api.cli.arguments import Parser, RetiredFlag
 from spec.catalog import load_catalog_file, load_env_catalog
 from spec.errors import FoldtuneError
 
@@ -66,11 +66,11 @@ def command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(only: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, *, lazy: bool = False) -> Parser:
     """The ``foldtune`` parser with every command's arguments, or (``lazy``) with only those of the command
     ``only`` (None: of no command): the other commands' modules are not imported, so ``foldtune plan`` does
     not load FastAPI, uvicorn or torch to build the parsers of ``serve`` or ``calibrate``."""
-    parser = argparse.ArgumentParser(prog="foldtune", description="Tune and run folded MoE training layouts.")
+    parser = Parser(prog="foldtune", description="Tune and run folded MoE training layouts.")
     parser.add_argument("--version", action="version", version=f"foldtune {version()}")
     parser.add_argument("--catalog", metavar="FILE",
                         help="YAML/JSON file of extra models and hardware (also: FOLDTUNE_CATALOG)")
@@ -91,7 +91,11 @@ def build_parser(only: str | None = None, *, lazy: bool = False) -> argparse.Arg
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(command_of(argv), lazy=True)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except RetiredFlag as exc:  # a renamed flag: one line naming the new one, as argparse's own errors exit 2
+        print(f"foldtune: error: {exc}", file=sys.stderr)
+        return 2
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

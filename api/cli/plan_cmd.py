@@ -17,7 +17,10 @@ from typing import Any
 
 from api.cli._model_args import add_hf_arguments, add_proxy_arguments, model_from_args
 from costmodel.params import total_param_counts
-from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
+from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, require_gpu,
+                                 resolve_shape)
+from api.cli._units import seconds, seconds_cell
+from api.cli.arguments import add
 from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
@@ -33,15 +36,15 @@ HELP = "rank every valid folded layout for a model on a cluster (cost model only
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", help="catalog model name, e.g. mixtral-8x22b")
+    add(model, "--model", "e.g. mixtral-8x22b")
     add_hf_arguments(model)
-    add_proxy_arguments(parser, "plan")
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole nodes when several)")
+    add_proxy_arguments(parser)
+    add(parser, "--gpus", "whole nodes when several", required=True)
     add_gpu_argument(parser, local=False)
-    parser.add_argument("--profile", metavar="FILE", help="hardware profile JSON (from foldtune calibrate); replaces --gpu")
+    add(parser, "--profile", "prices the layouts; its GPU kind is the --gpu, so give one of the two")
     add_shape_arguments(parser)
     parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    add(parser, "--json")
     parser.add_argument("--explain", metavar="LAYOUT",
                         help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label); '
                              'exits 0 when it is valid and fits in memory, else 1')
@@ -51,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time every fitting config and list the step-time/memory Pareto front (slower)")
     parser.add_argument("--distributed-optimizer", choices=("on", "off", "auto"), default="auto",
                         help="force the distributed optimizer on/off, or try both (default: auto)")
-    parser.add_argument("--routing", choices=("dropless", "capacity"), default="dropless")
-    parser.add_argument("--capacity-factor", type=float, help="expert capacity factor (with --routing capacity)")
+    add(parser, "--routing")
+    add(parser, "--capacity-factor")
     parser.add_argument("--imbalance", type=float, default=1.0,
                         help="busiest expert's tokens over the mean (default: 1.0, perfectly balanced)")
     parser.add_argument("--mbs-max", type=int, default=8, help="largest micro-batch size tried (default: 8)")
@@ -89,9 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add_headroom_argument(parser)
-    parser.add_argument("--search-precision", action="store_true",
-                        help="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and report the faster; "
-                             "the training's --precision is then only the fallback")
+    add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -112,7 +113,11 @@ def _specs(args: argparse.Namespace):
     if problems:
         raise SpecError("; ".join(problems))
     model = model_from_args(args)  # the catalog's or the Hugging Face model, as the proxy asked for
-    gpu = load_profile(args.profile).gpu.name if args.profile else require_gpu(args, "plan", " or --profile FILE")
+    if args.profile:
+        gpu = load_profile(args.profile).gpu.name
+        check_profile_agrees(args.gpu, gpu, args.profile)
+    else:
+        gpu = require_gpu(args, "plan", " or --profile FILE")
     shape = resolve_shape(args, gpu, "plan")
     return build_specs(model, args.gpus, gpu=args.gpu, profile=args.profile,
                        seq_length=shape.seq, global_batch_size=shape.gbs, precision=shape.precision,
@@ -174,8 +179,7 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _seconds(t: float) -> str:
-    return f"{t:.3f} s" if t >= 1.0 else f"{t * 1e3:.3f} ms"
+_seconds = seconds
 
 
 def _count(n: float) -> str:
@@ -239,12 +243,12 @@ def _rule_lines(result) -> list[str]:
 
 
 def _table(estimates, capacity: float) -> list[str]:
-    head = (f"{'#':>3}  {'step':>10}  {'tok/s/GPU':>9}  {'TFLOPS':>7}  {'MFU':>5}  {'memory / usable':>19}  "
+    head = (f"{'#':>3}  {'step (s)':>10}  {'tok/s/GPU':>9}  {'TFLOPS':>7}  {'MFU':>5}  {'memory / usable':>19}  "
             f"{'limiter':<12}  layout")
     lines = [head, "-" * len(head)]
     for i, e in enumerate(estimates, 1):
         t = e.time
-        lines.append(f"{i:>3}  {_seconds(t.step_time):>10}  {t.tokens_per_s_per_gpu:>9,.0f}  "
+        lines.append(f"{i:>3}  {seconds_cell(t.step_time):>10}  {t.tokens_per_s_per_gpu:>9,.0f}  "
                      f"{t.tflops_per_gpu:>7.4g}  {t.mfu:>5.1%}  {_bytes(e.memory.total) + ' / ' + _bytes(capacity):>19}  "
                      f"{e.limiter:<12}  {e.config.label()}")
         lines.append(f"{'':>3}  {'':>10}  -> {e.explanation}")
@@ -255,11 +259,11 @@ def _breakdown_lines(e) -> list[str]:
     t = e.time
     hidden = dict(t.hidden)
     lines = [f"time breakdown of {e.config.label()}: step {_seconds(t.step_time)}, bottleneck {t.bottleneck}",
-             f"  {'term':<16} {'exposed':>11} {'share':>6} {'hidden':>11}"]
-    for name, seconds in sorted(t.terms, key=lambda kv: -kv[1]):
-        if seconds or hidden.get(name):
-            share = seconds / t.step_time if t.step_time else 0.0
-            lines.append(f"  {name:<16} {_seconds(seconds):>11} {share:>6.1%} {_seconds(hidden.get(name, 0.0)):>11}")
+             f"  {'term':<16} {'exposed (s)':>11} {'share':>6} {'hidden (s)':>11}"]
+    for name, value in sorted(t.terms, key=lambda kv: -kv[1]):
+        if value or hidden.get(name):
+            share = value / t.step_time if t.step_time else 0.0
+            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} {seconds_cell(hidden.get(name, 0.0)):>11}")
     m = e.memory
     lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}, headroom "
                  f"{_bytes(e.memory_headroom_bytes)}")

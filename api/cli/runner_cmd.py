@@ -20,6 +20,7 @@ import signal
 import sys
 
 from api.cli._shutdown import exit_timer
+from api.cli.arguments import add
 from api.cli.tune_cmd import TrialPrinter
 from spec.errors import SpecError
 
@@ -28,10 +29,8 @@ DEFAULT_SHUTDOWN_SECONDS = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--database-url", help="service database (also: FOLDTUNE_DATABASE_URL; default: SQLite in "
-                                               "the data dir)")
-    parser.add_argument("--ray-address", help="Ray cluster to run trials on (also: FOLDTUNE_RAY_ADDRESS; default: "
-                                              "a local Ray)")
+    add(parser, "--database-url")
+    add(parser, "--ray-address", "where the trials run")
     parser.add_argument("--runner-id", help="stable id of this runner (also: FOLDTUNE_RUNNER_ID; default host-pid); "
                                             "restarted under the same id it resumes its job at once")
     parser.add_argument("--health-port", type=int, default=None,
@@ -39,9 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "while the runner runs and its database and Ray answer, else 503")
     parser.add_argument("--health-host", default=None,
                         help="address of /healthz (also: FOLDTUNE_RUNNER_HEALTH_HOST; default 127.0.0.1)")
-    parser.add_argument("--gpus-per-node", type=int,
-                        help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
-                             "the Ray cluster)")
+    add(parser, "--gpus-per-node", "the planner's; also: FOLDTUNE_GPUS_PER_NODE; default: read from the Ray "
+                                   "cluster")
     parser.add_argument("--once", action="store_true", help="exit when no job is queued")
     parser.add_argument("--verbose", action="store_true", help="log every trial")
 

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
 from api.cli._db import migrate_or_explain
+from api.cli.arguments import add
 from api.cli._shutdown import exit_leaving_busy_threads
 from api.http.app import create_app
 from api.http.settings import ApiSettings
@@ -28,9 +29,7 @@ HELP = "migrate the database and serve the HTTP API"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="interface to listen on (also: FOLDTUNE_HOST; default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (also: FOLDTUNE_PORT; default 8321)")
-    parser.add_argument("--database-url", default=None,
-                        help="SQLAlchemy URL (also: FOLDTUNE_DATABASE_URL; default SQLite in FOLDTUNE_DATA_DIR "
-                             "or ~/.foldtune)")
+    add(parser, "--database-url")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 

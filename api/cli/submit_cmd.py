@@ -5,29 +5,26 @@ from __future__ import annotations
 import argparse
 import time
 
-from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._units import seconds as fmt_seconds
+from api.cli._http import ApiClient, add_connection_arguments
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
+from api.cli.arguments import add, add_all, budget_defaults
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 
 HELP = "submit a tuning job to the foldtune API (a runner executes it)"
 FINISHED = ("succeeded", "failed", "cancelled")
-SEARCH_PRECISION_HELP = ("measure precision as a knob: trials at the training's --precision, bf16 and fp8 (fp8 only on "
-                         "GPUs with an fp8 peak; the job's result says when it is dropped), ranked together by "
-                         "predicted step time; the best layout names its precision")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_gpu_argument(parser, local=False)
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
+    add(parser, "--gpus", "give it", required=True)
     add_shape_arguments(parser)
-    parser.add_argument("--max-trials", type=int, default=20, help="measured trials at most (default 20)")
-    parser.add_argument("--max-seconds", type=float, default=3600.0, help="search wall-clock budget (default 3600)")
+    add_all(parser, "--max-trials", "--max-seconds")
     parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
-    parser.add_argument("--wait", action="store_true", help="follow the job and print each trial until it ends")
-    parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
-    parser.add_argument("--search-precision", action="store_true", help=SEARCH_PRECISION_HELP)
+    add_all(parser, "--wait", "--poll")
+    add(parser, "--search-precision", "each trial at its own; the best layout names its precision")
     add_router_arguments(parser)
     add_connection_arguments(parser)
 
@@ -35,10 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     gpu = require_gpu(args, "submit")
     shape = resolve_shape(args, gpu, "submit")
+    max_trials, max_seconds = budget_defaults(args, gpu)
     body = {**model_body(args),
             "training": {"seq_length": shape.seq, "global_batch_size": shape.gbs, "precision": shape.precision},
             "cluster": {"gpu": gpu, "num_gpus": args.gpus},
-            "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds},
+            "budget": {"max_trials": max_trials, "max_seconds": max_seconds},
             **({"search_precision": True} if args.search_precision else {}), **router_body_from(args)}
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     with ApiClient.from_args(args) as client:

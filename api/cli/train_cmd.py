@@ -12,12 +12,15 @@ import sys
 from pathlib import Path
 
 from api.cli._db import migrate_or_explain
-from api.cli._shape_args import CPU_GBS, CPU_SEQ, detected_gpu, resolve_shape
+from api.cli._units import seconds
+from api.cli._shape_args import CPU_GBS, CPU_SEQ, LOCAL_GPU_NOTE, is_cpu, local_gpu, resolve_shape
+from api.cli.arguments import add, retire
 from api.cli._router_args import add_router_arguments, router_options_from
 from api.cli.train_job import run_job_training
 from api.service.checkpoint_space import checkpoint_space_problem
 from api.worker.metrics import DatabaseMetrics
 from api.cli._model_args import add_model_arguments, check_local_run, hf_model_from_args, model_from_args
+from spec.catalog import get_hardware
 from spec.errors import SpecError
 from spec.hf_config import hf_config_from_spec, read_hf_config
 from spec.parallel_config import ParallelConfig
@@ -29,52 +32,56 @@ HELP = "train a model with one folded layout (or a tuning job's best) on local d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="dataset directory written by `foldtune data prepare`")
-    add_model_arguments(parser, required=False,
-                        model_help="catalog model name, e.g. tiny-moe (with --layout; --job gives its own)")
+    add(parser, "--data", required=True)
+    add_model_arguments(parser, required=False, note="with --layout; --job gives its own")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--layout", help='folded layout, e.g. "tp2 ep2 mbs4" (default: dp1)')
-    source.add_argument("--job", type=int, metavar="ID",
-                        help="train the best layout of finished tuning job ID from the service database, on its "
-                             "model, GPUs, sequence length, batch and precision, through the runner (Ray)")
-    parser.add_argument("--gpus", type=int, help="world size (default: derived from the layout's dp)")
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps in total (a resume continues)")
-    parser.add_argument("--seq", type=int, help=f"sequence length in tokens (default: {CPU_SEQ} on CPU ranks; on "
-                                                "GPUs give it; with --job the job's)")
-    parser.add_argument("--gbs", type=int, help=f"global batch size in sequences (default: {CPU_GBS} on CPU ranks; "
-                                                "on GPUs give it; with --job the job's)")
+    add(source, "--layout", "default: dp1")
+    add(source, "--job", "finished, from the service database: on its model, GPUs, sequence length, batch and "
+                         "precision, through the runner (Ray)")
+    add(parser, "--gpu", LOCAL_GPU_NOTE + "; with --job the job's")
+    add(parser, "--gpus", "default: the layout's dp times tp·cp·pp")
+    add(parser, "--steps", required=True)
+    add(parser, "--seq", f"default: {CPU_SEQ} on CPU ranks; on GPUs give it; with --job the job's")
+    add(parser, "--gbs", f"default: {CPU_GBS} on CPU ranks; on GPUs give it; with --job the job's")
     recipe = DEFAULT_RECIPE
-    parser.add_argument("--lr", type=float, default=recipe.lr, help=f"peak learning rate (default: {recipe.lr:g})")
-    parser.add_argument("--min-lr", type=float, default=recipe.min_lr,
-                        help=f"final learning rate (default: {recipe.min_lr:g})")
-    parser.add_argument("--warmup", type=int, default=recipe.warmup_steps,
-                        help=f"warm-up steps (default: {recipe.warmup_steps})")
-    parser.add_argument("--weight-decay", type=float, default=recipe.weight_decay)
-    parser.add_argument("--clip-grad", type=float, default=recipe.max_grad_norm,
-                        help="max global gradient norm (0: no clipping)")
-    parser.add_argument("--eval-every", type=int, default=recipe.eval_every,
-                        help=f"steps between held-out evaluations (default: {recipe.eval_every}; 0: end only)")
-    parser.add_argument("--eval-batches", type=int, default=recipe.eval_batches,
-                        help="held-out global batches per evaluation")
-    parser.add_argument("--checkpoint-dir", help="where checkpoints go (and are resumed from); with --job the "
-                                                 "default is <data dir>/checkpoints/job-ID")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
-    parser.add_argument("--keep-last", type=int, default=0, metavar="N",
-                        help="keep the newest N complete checkpoints, deleting older ones once a new one is "
-                             "complete (default 0: keep all)")
+    add(parser, "--lr", f"default: {recipe.lr:g}")
+    parser.add_argument("--min-lr", type=float, default=None, metavar="X",
+                        help=f"final learning rate of the cosine decay (default: {recipe.min_lr:g})")
+    add(parser, "--lr-warmup", f"default: {recipe.warmup_steps}")
+    parser.add_argument("--weight-decay", type=float, default=None, metavar="X",
+                        help=f"AdamW weight decay (default: {recipe.weight_decay:g})")
+    parser.add_argument("--clip-grad", type=float, default=None, metavar="X",
+                        help=f"max global gradient norm, 0: no clipping (default: {recipe.max_grad_norm:g})")
+    add(parser, "--eval-every", f"default: {recipe.eval_every}")
+    parser.add_argument("--eval-batches", type=int, default=None, metavar="N",
+                        help=f"held-out global batches per evaluation (default: {recipe.eval_batches})")
+    add(parser, "--checkpoint-dir", "with --job the default is <data dir>/checkpoints/job-ID")
+    add(parser, "--checkpoint-every", "default: 0")
+    add(parser, "--keep-last", "default: 0")
     parser.add_argument("--export-hf", metavar="DIR",
                         help="at the end, write the trained model as a Hugging Face directory (config.json + "
                              "model.safetensors): the config of --model-dir/--hf-config, else one written for "
                              "the model (docs/huggingface.md)")
     add_router_arguments(parser, recipe.router_defaults())  # with --job: the job's unless given
-    parser.add_argument("--seed", type=int, default=recipe.data_seed, help="data order seed")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="with --job: the job's hardware decides (a GPU profile: cuda, cpu: cpu)")
+    add(parser, "--seed", f"default: {recipe.data_seed}")
     parser.add_argument("--training-id", type=int,
                         help="also write every step's metrics to this training's rows in the service database")
-    parser.add_argument("--database-url", help="service database (default: FOLDTUNE_DATABASE_URL or ~/.foldtune)")
+    add(parser, "--database-url")
+    retire(parser, "--warmup", "--lr-warmup", "the learning-rate warm-up; --untimed-steps are a measured run's")
+    retire(parser, "--device", "--gpu", "--gpu cpu trains on CPU ranks, a GPU name on CUDA")
 
 
+RECIPE_FLAGS = {"lr": "lr", "min_lr": "min_lr", "lr_warmup": "warmup_steps", "weight_decay": "weight_decay",
+                "clip_grad": "max_grad_norm", "eval_every": "eval_every", "eval_batches": "eval_batches",
+                "seed": "data_seed", "checkpoint_every": None, "keep_last": None}
+
+
+def fill_recipe_defaults(args: argparse.Namespace) -> None:
+    """The recipe's value (spec.recipe.DEFAULT_RECIPE; 0 for the checkpoint flags) for every training flag not
+    given: the parser leaves them unset so that one flag has one default in every command."""
+    for flag, field in RECIPE_FLAGS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, 0 if field is None else getattr(DEFAULT_RECIPE, field))
 
 
 def _export_config(model, hf_source: str | None, defaults) -> dict:
@@ -102,13 +109,14 @@ def print_progress(rank: int, m) -> None:
     if rank != 0:
         return
     line = (f"step {m.step + 1:>6}  loss {m.loss:.4f}  lr {m.lr:.2e}  grad_norm {m.grad_norm:.3f}  "
-            f"{m.tokens_per_s:,.0f} tok/s  {m.step_time_s * 1e3:.1f} ms")
+            f"{m.tokens_per_s:,.0f} tok/s  {seconds(m.step_time_s)}")
     if m.eval_loss is not None:
         line += f"  eval_loss {m.eval_loss:.4f}"
     print(line, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    fill_recipe_defaults(args)
     if args.job is not None:
         if (args.model_file or args.model_dir or args.hf_config or args.export_hf or args.layers
                 or args.proxy):  # --model may repeat the job's (train_job checks it)
@@ -139,14 +147,15 @@ def run(args: argparse.Namespace) -> int:
     args.layout = args.layout or "dp1"
     model = model_from_args(args)
     config = ParallelConfig.parse(args.layout, world_size=args.gpus)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= config.world_size else "cpu"
-    shape = resolve_shape(args, "cpu" if device == "cpu" else detected_gpu(), "train")  # the shared defaults
+    if args.gpu:
+        get_hardware(args.gpu)  # `train --gpu 2`: an unknown hardware name, not a count of GPUs
+    gpu = args.gpu or local_gpu(config.world_size)
+    device = "cpu" if is_cpu(gpu) else "cuda"
+    shape = resolve_shape(args, gpu, "train")  # the shared defaults
     args.seq, args.gbs = shape.seq, shape.gbs
     check_local_run(model, TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs), config)
     cfg = TrainConfig(args.data, steps=args.steps, seq_length=args.seq, global_batch_size=args.gbs, lr=args.lr,
-                      min_lr=args.min_lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
+                      min_lr=args.min_lr, warmup_steps=args.lr_warmup, weight_decay=args.weight_decay,
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       keep_last=args.keep_last, data_seed=args.seed, hf_init_dir=hf_init,

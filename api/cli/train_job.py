@@ -21,10 +21,12 @@ from sqlalchemy.engine import make_url
 from api.cli._db import migrate_or_explain
 from api.cli._local import check_ray_has_room, validated_request
 from api.cli._router_args import router_body_from
+from api.cli._units import seconds
 from api.cli.trainings_cmd import metric_line, step_time_line
 from api.schemas.trainings import TrainingCreate, TrainingMetricOut
 from api.service.trainings import cancel_training, submit_training, training_views
 from spec.errors import SpecError
+from spec.shape_defaults import is_cpu
 from spec.hardware import HardwareProfile
 from db.models import Job, Owner, Training
 from db.settings import database_settings
@@ -42,8 +44,8 @@ def check_no_conflicts(args: argparse.Namespace, job, device: str) -> None:
     given = {"--model": args.model, "--gpus": args.gpus, "--seq": args.seq, "--gbs": args.gbs}
     wrong = [f"{opt} {given[opt]} (the job's is {value})" for opt, value in _job_fields(job).items()
              if given[opt] is not None and str(given[opt]).lower() != str(value).lower()]
-    if args.device not in ("auto", device):
-        wrong.append(f"--device {args.device} (the job's hardware {job.gpu_name} trains on {device})")
+    if args.gpu is not None and is_cpu(args.gpu) != (device == "cpu"):
+        wrong.append(f"--gpu {args.gpu} (the job's hardware {job.gpu_name} trains on {device})")
     if wrong:
         raise SpecError(f"job {job.id} fixes the model, GPUs, sequence length and batch; these options disagree: "
                         + "; ".join(wrong))
@@ -56,7 +58,7 @@ def training_request(args: argparse.Namespace, checkpoint_dir: str):
     body = {"job_id": args.job, "data_path": os.path.abspath(args.data), "steps": args.steps,
             "checkpoint_dir": checkpoint_dir, "checkpoint_every": args.checkpoint_every,
             "keep_last": args.keep_last, "lr": args.lr,
-            "min_lr": args.min_lr, "warmup_steps": args.warmup, "weight_decay": args.weight_decay,
+            "min_lr": args.min_lr, "warmup_steps": args.lr_warmup, "weight_decay": args.weight_decay,
             "max_grad_norm": args.clip_grad, "eval_every": args.eval_every, "eval_batches": args.eval_batches,
             "data_seed": args.seed}
     body.update(router_body_from(args))
@@ -115,7 +117,7 @@ def run_job_training(args: argparse.Namespace) -> int:
         print(f"database {_safe_url(settings.database_url)}; training {view.id} stored: job {job_id}'s best layout "
               f"{view.label}, {view.model} on {num_gpus} x {gpu} ({device}), {args.steps} steps of "
               f"{view.training['global_batch_size']}x{view.training['seq_length']} tokens, "
-              f"{view.training.get('precision', '?')}; predicted {_ms(predicted)} per step; "
+              f"{view.training.get('precision', '?')}; predicted {seconds(predicted)} per step; "
               f"checkpoints in {checkpoint_dir} (Ray: {os.environ.get('FOLDTUNE_RAY_ADDRESS') or 'local'})",
               flush=True)
         try:
@@ -143,6 +145,3 @@ def _default_checkpoint_dir(database_url: str | None, job_id: int) -> Path:
 def _safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"

@@ -8,8 +8,10 @@ import argparse
 import json
 import time
 
-from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
+from api.cli._units import column_width, seconds as fmt_seconds
+from api.cli._http import ApiClient, add_connection_arguments
 from api.cli._model_args import add_model_arguments, model_body
+from api.cli.arguments import add, add_all, retire
 from api.cli._shape_args import CPU_GBS, CPU_SEQ, add_gpu_argument, require_gpu, resolve_shape
 from spec.errors import SpecError
 
@@ -18,45 +20,34 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 
 SUBMIT_FLAGS = ("job", "layout", "model", "model_file", "layers", "proxy", "gpu", "gpus", "seq", "gbs", "data",
-                "steps", "checkpoint_dir", "checkpoint_every", "keep_last", "lr", "warmup", "eval_every", "seed")
+                "steps", "checkpoint_dir", "checkpoint_every", "keep_last", "lr", "lr_warmup", "eval_every", "seed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", metavar="ID|submit",
                         help="a training id: show it; 'submit': send a new training (the options below)")
-    parser.add_argument("--status", choices=["queued", "running", *FINISHED])
-    parser.add_argument("--limit", type=int, default=20, help="trainings per page (default 20)")
-    parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--cancel", action="store_true", help="cancel training ID")
-    parser.add_argument("--wait", action="store_true", help="print training ID's (or the submitted one's) steps "
-                                                            "until it ends")
-    parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
-    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+    add_all(parser, "--status", "--limit", "--offset", "--cancel")
+    add(parser, "--wait", "training ID, or the one submitted")
+    add_all(parser, "--poll", "--json")
     sub = parser.add_argument_group("trainings submit", "a new training: --job ID, or --layout with --model, --gpu "
                                     "and --gpus; paths are on the server")
     source = sub.add_mutually_exclusive_group()
-    source.add_argument("--job", type=int, metavar="ID", help="train the best measured layout of tuning job ID")
-    source.add_argument("--layout", metavar="LABEL", help='an explicit layout, e.g. "tp2 ep2 dp1 mbs1"')
-    add_model_arguments(sub, required=False, model_help="catalog model name (with --layout)")
+    add(source, "--job")
+    add(source, "--layout", "with --model, --gpu and --gpus")
+    add_model_arguments(sub, required=False, note="with --layout")
     add_gpu_argument(sub, local=False)
-    sub.add_argument("--gpus", type=int, help="number of GPUs (with --layout)")
-    sub.add_argument("--seq", type=int, default=None,
-                     help=f"sequence length in tokens (with --job: the job's; else {CPU_SEQ} with --gpu cpu, on GPUs "
-                          f"give it)")
-    sub.add_argument("--gbs", type=int, default=None,
-                     help=f"global batch size in sequences (with --job: the job's; else {CPU_GBS} with --gpu cpu, on "
-                          f"GPUs give it)")
-    sub.add_argument("--data", help="dataset directory from `foldtune data prepare`, on the server")
-    sub.add_argument("--steps", type=int, help="optimizer steps")
-    sub.add_argument("--checkpoint-dir", help="where checkpoints go and are resumed from, on the server")
-    sub.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: only at the end)")
-    sub.add_argument("--keep-last", type=int, metavar="N",
-                     help="keep the newest N complete checkpoints, deleting older ones once a new one is complete "
-                          "(default: keep all)")
-    sub.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's)")
-    sub.add_argument("--warmup", type=int, help="warm-up steps (default: the recipe's)")
-    sub.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: the recipe's)")
-    sub.add_argument("--seed", type=int, help="data order seed (default: the recipe's)")
+    add(sub, "--gpus", "with --layout")
+    shape_note = f"with --job: the job's; else {CPU_SEQ} tokens and {CPU_GBS} sequences with --gpu cpu, on GPUs give it"
+    add(sub, "--seq", shape_note)
+    add(sub, "--gbs", shape_note)
+    add(sub, "--data", "on the server")
+    add(sub, "--steps")
+    add(sub, "--checkpoint-dir", "on the server")
+    add(sub, "--checkpoint-every", "default: 0")
+    add(sub, "--keep-last", "default: 0")
+    for flag in ("--lr", "--lr-warmup", "--eval-every", "--seed"):
+        add(sub, flag, "default: the recipe's")
+    retire(parser, "--warmup", "--lr-warmup", "the learning-rate warm-up; --untimed-steps are a measured run's")
     add_connection_arguments(parser)
 
 
@@ -84,7 +75,7 @@ def submit_body(args: argparse.Namespace) -> dict:
         body.update(model_body(args), layout=args.layout, cluster={"gpu": gpu, "num_gpus": args.gpus},
                     seq_length=shape.seq, global_batch_size=shape.gbs)
     for flag, field in (("checkpoint_every", "checkpoint_every"), ("keep_last", "keep_last"), ("lr", "lr"),
-                        ("warmup", "warmup_steps"), ("eval_every", "eval_every"), ("seed", "data_seed")):
+                        ("lr_warmup", "warmup_steps"), ("eval_every", "eval_every"), ("seed", "data_seed")):
         if getattr(args, flag) is not None:
             body[field] = getattr(args, flag)
     return body
@@ -174,10 +165,13 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(page, indent=2))
                 return 0
-            print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<16} {'LAYOUT':<28} {'STEP':>13}  {'LOSS':>8}  CREATED")
-            for t in page["items"]:
+            items = page["items"]
+            mw = column_width([t["model"] for t in items], "MODEL", 16)
+            lw = column_width([t["label"] for t in items], "LAYOUT", 28)
+            print(f"{'ID':>6}  {'STATUS':<10} {'MODEL':<{mw}} {'LAYOUT':<{lw}} {'STEP':>13}  {'LOSS':>8}  CREATED")
+            for t in items:
                 latest = t.get("latest_metrics") or {}
-                print(f"{t['id']:>6}  {t['status']:<10} {t['model'][:16]:<16} {t['label'][:28]:<28} "
+                print(f"{t['id']:>6}  {t['status']:<10} {t['model']:<{mw}} {t['label']:<{lw}} "
                       f"{latest.get('step', 0):>6}/{t['steps']:<6}  {_num(latest.get('loss'), '.4f'):>8}  "
                       f"{t['created_at'][:19]}")
             print(f"{len(page['items'])} shown of {page['total']}")

@@ -20,7 +20,10 @@ import sys
 import time
 
 from api.cli._local import check_ray_has_room, validated_request
-from api.cli._shape_args import add_gpu_argument, add_shape_arguments, detected_gpu, resolve_shape
+from api.cli._units import column_width, seconds, seconds_cell
+from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, detected_gpu,
+                                 local_gpus, resolve_shape)
+from api.cli.arguments import add, add_all, budget_defaults, retire, step_counts, timeout_s
 from api.cli._memory_args import add_headroom_argument
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
@@ -35,37 +38,33 @@ from api.cli._local_key import owner_of_local_key
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
 # api.worker.auto_profile.AUTO_CALIBRATE_MODES, spelled out: the worker (torch) loads only when the job runs
 AUTO_CALIBRATE_CHOICES = ("quick", "minimal", "off")
-SEARCH_PRECISION_HELP = ("measure precision as a knob: trials at the training's --precision, bf16 and fp8 (fp8 only on "
-                         "GPUs with an fp8 peak; the job says when it is dropped), ranked together by predicted "
-                         "step time; the best layout names its precision")
+
+
+DEFAULT_MODEL = "tiny-moe"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, default="tiny-moe", model_help="catalog model name")
+    add_model_arguments(parser, required=False, note=f"default: {DEFAULT_MODEL}")
     add_gpu_argument(parser, local=True)
-    parser.add_argument("--profile", metavar="FILE",
-                        help="hardware profile JSON (from foldtune calibrate) to price layouts with; replaces --gpu")
-    parser.add_argument("--gpus", type=int, default=4, help="number of GPUs / CPU ranks (default: 4)")
+    add(parser, "--profile", "prices the layouts; its GPU kind is the --gpu, so give one of the two")
+    add(parser, "--gpus", "default: 4 with --gpu cpu, else every local GPU")
     add_shape_arguments(parser)
-    parser.add_argument("--max-trials", type=int, default=6, help="measured trials at most (default: 6)")
-    parser.add_argument("--max-seconds", type=float, default=900.0, help="search wall-clock budget (default: 900)")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per trial (default: 2)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trial (default: 1)")
-    parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is stopped")
+    add_all(parser, "--max-trials", "--max-seconds", "--timed-steps", "--untimed-steps", "--timeout")
     parser.add_argument("--no-reuse", action="store_true",
                         help="start and end each trial's rank processes (default: kept between trials of one "
                              "shape; also FOLDTUNE_REUSE_RANKS=0)")
-    parser.add_argument("--gpus-per-node", type=int,
-                        help="GPUs per node the planner assumes (also: FOLDTUNE_GPUS_PER_NODE; default: read from "
-                             "the Ray cluster)")
-    parser.add_argument("--database-url", help="service database (default: SQLite in FOLDTUNE_DATA_DIR or ~/.foldtune)")
+    add(parser, "--gpus-per-node", "the planner's; also: FOLDTUNE_GPUS_PER_NODE; default: read from the Ray cluster")
+    add(parser, "--database-url")
     add_headroom_argument(parser)
     parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_CHOICES,
                         help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
                              "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
                              "GPUs, off on cpu; minimal: seconds, for tests)")
-    parser.add_argument("--search-precision", action="store_true", help=SEARCH_PRECISION_HELP)
+    add(parser, "--search-precision", "each trial at its own; the best layout names its precision")
     add_router_arguments(parser)
+    retire(parser, "--warmup", "--untimed-steps", "--warmup is a training's learning-rate warm-up elsewhere")
+    retire(parser, "--steps", "--timed-steps", "--steps counts a training's optimizer steps elsewhere")
+    retire(parser, "--trial-timeout", "--timeout")
 
 
 class TrialPrinter:
@@ -97,12 +96,12 @@ class TrialPrinter:
                 say(f"  Ray: {ray['nodes']} node(s) with {slots} {ray['resource']} each; the planner assumes "
                     f"{ray['gpus_per_node']} per node; {ray['parallel_trials']} trial(s) at a time")
         elif kind == "trial_started":
-            say(f"  trial {data['number']:>2}  {data['layout']:<60} predicted {_ms(data['predicted_step_time'])}"
+            say(f"  trial {data['number']:>2}  {data['layout']:<60} predicted {seconds(data['predicted_step_time'])}"
                 f"  running ...")
         elif kind == "trial_finished":
             state = {"complete": "ok", "pruned": "pruned", "failed": "FAILED"}.get(data["state"], data["state"])
-            line = (f"  trial {data['number']:>2}  {data['layout']:<60} predicted {_ms(data['predicted_step_time'])}"
-                    f"  measured {_ms(data.get('step_time'))}  {state}")
+            line = (f"  trial {data['number']:>2}  {data['layout']:<60} predicted {seconds(data['predicted_step_time'])}"
+                    f"  measured {seconds(data.get('step_time'))}  {state}")
             if data.get("failure_reason"):
                 line += f": {data['failure_reason']}"
             m = data.get("measurement")
@@ -119,12 +118,13 @@ class TrialPrinter:
             return
         say("")
         say("measured vs predicted (step time per optimizer step; error = (predicted - measured) / measured)")
-        say(f"  {'#':>3}  {'layout':<60} {'state':<9} {'predicted':>10} {'calibrated':>10} {'measured':>10} "
-            f"{'error':>8}")
+        width = column_width([r.layout for r in data["rows"]], "layout", 60)
+        say(f"  {'#':>3}  {'layout':<{width}} {'state':<9} {'predicted (s)':>13} {'calibrated (s)':>14} "
+            f"{'measured (s)':>12} {'error':>8}")
         for r in data["rows"]:
             err = f"{r.time_error:+.0%}" if r.time_error is not None else "-"
-            say(f"  {r.number:>3}  {r.layout:<60} {r.state:<9} {_ms(r.predicted_step_time):>10} "
-                f"{_ms(r.calibrated_step_time):>10} {_ms(r.measured_step_time):>10} {err:>8}")
+            say(f"  {r.number:>3}  {r.layout:<{width}} {r.state:<9} {seconds_cell(r.predicted_step_time):>13} "
+                f"{seconds_cell(r.calibrated_step_time):>14} {seconds_cell(r.measured_step_time):>12} {err:>8}")
         cal = data["result"]
         mult = ", ".join(f"{k} x{v:.2f}" for k, v in cal["time_multipliers"].items())
         say(f"calibration: {mult}; memory x{cal['memory_multiplier']:.2f} "
@@ -138,12 +138,8 @@ class TrialPrinter:
                 f"({fixed['trials']} trials)")
         if data.get("best") is not None:
             best = Labelled(data["best"], data.get("best_precision") or None).label()
-            say(f"best layout: {best}  {_ms(data['best_step_time'])} per step (measured)")
+            say(f"best layout: {best}  {seconds(data['best_step_time'])} per step (measured)")
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,22 +147,29 @@ def run(args: argparse.Namespace) -> int:
     from api.worker.runner import Runner, RunnerSettings
     from api.worker.trials import TrialSettings
 
+    if not (args.model or args.model_file or args.model_dir or args.hf_config):
+        args.model = DEFAULT_MODEL
     if args.profile:  # registered under its own name; its GPU kind decides CPU or GPU ranks
         profile = use_profile_file(args.profile)
+        check_profile_agrees(args.gpu, profile.gpu.name, args.profile)
         hardware_name, args.gpu = profile.name, profile.gpu.name
     else:
         args.gpu = hardware_name = args.gpu or detected_gpu()
+    if args.gpus is None:
+        args.gpus = local_gpus(args.gpu)
     shape = resolve_shape(args, args.gpu, "tune")
+    max_trials, max_seconds = budget_defaults(args, args.gpu)
+    untimed, timed = step_counts(args)
     request = validated_request(JobCreate, {
         **model_body(args), "training": {"seq_length": shape.seq, "global_batch_size": shape.gbs,
                                          "precision": shape.precision},
         "cluster": {"gpu": hardware_name, "num_gpus": args.gpus,
                     **({} if args.min_headroom is None else {"min_headroom": args.min_headroom})},
-        "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds},
+        "budget": {"max_trials": max_trials, "max_seconds": max_seconds},
         **({"search_precision": True} if args.search_precision else {}), **router_body_from(args)})
     start = time.monotonic()
     base = RunnerSettings.from_env(args.database_url, runner_id=f"tune-{os.getpid()}")
-    trial = TrialSettings(warmup_steps=args.warmup, timed_steps=args.steps, timeout_s=args.trial_timeout,
+    trial = TrialSettings(warmup_steps=untimed, timed_steps=timed, timeout_s=timeout_s(args, "tune"),
                           rank_memory_bytes=base.trial.rank_memory_bytes, faults=base.trial.faults,
                           reuse_ranks=base.trial.reuse_ranks and not args.no_reuse)
     settings = RunnerSettings(database_url=base.database_url, runner_id=base.runner_id, heartbeat_s=base.heartbeat_s,

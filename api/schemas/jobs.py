@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from api.schemas.common import Name, spec_validator
@@ -15,6 +16,7 @@ from api.schemas.proxy import ProxyIn, ProxyOut
 from spec.hardware import DEFAULT_MIN_HEADROOM, MAX_HEADROOM_FRACTION
 from spec.limits import MAX_GPUS, MAX_TRIALS
 from spec.model_spec import ModelSpec
+from spec.shape_defaults import default_precision
 from spec.training_spec import TrainingSpec
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -54,8 +56,27 @@ class WorkloadIn(ProxyIn, HFConfigIn):
 
     model: Name | None = Field(None, description="catalog model name (GET /v1/models)")
     model_spec: ModelSpecIn | None = Field(None, description="an inline model in Megatron argument names")
-    training: TrainingSpecIn
+    training: TrainingSpecIn = Field(description="the training recipe; without a precision: fp32 on cpu, bf16 on "
+                                                 "GPUs (spec.shape_defaults, as the CLI)")
     cluster: ClusterIn
+    _precision_given: bool = PrivateAttr(True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_precision(cls, data: Any, handler) -> WorkloadIn:
+        """Remember whether the body named the training's precision: the default depends on the cluster's GPU
+        kind, which only the service knows (a stored profile's name), so :meth:`training_for` applies it."""
+        request = handler(data)
+        training = data.get("training") if isinstance(data, dict) else None
+        if isinstance(training, dict):
+            request._precision_given = "precision" in training
+        return request
+
+    def training_for(self, gpu_kind: str) -> TrainingSpec:
+        """The training, at the shared default precision of ``gpu_kind`` when the body named none."""
+        if self._precision_given:
+            return self.training
+        return dataclasses.replace(self.training, precision=default_precision(gpu_kind))
 
     @model_validator(mode="after")
     def _one_model(self) -> WorkloadIn:

@@ -13,6 +13,7 @@ from api.service.jobs import ResolvedJob, resolve_cluster, resolve_model
 from spec.errors import FoldtuneError
 from spec.model_spec import ModelSpec
 from spec.proxy import ProxyError, proxy_model, proxy_of
+from spec.shape_defaults import default_precision
 from spec.training_spec import TrainingSpec
 from db.jobs import count_of_signature
 from db.models import Job, Owner
@@ -23,7 +24,8 @@ BY_SPEC = ("model", "gpu", "num_gpus", "seq_length", "global_batch_size")
 
 @dataclass(frozen=True)
 class BestQuery:
-    """A signature, or the fields that make one (the other training fields at their defaults)."""
+    """A signature, or the fields that make one (the other training fields at their defaults; precision None:
+    the default of the GPU kind, :func:`spec.shape_defaults.default_precision`, as a job without one stores)."""
 
     signature: str | None = None
     model: str | None = None
@@ -31,15 +33,16 @@ class BestQuery:
     num_gpus: int | None = None
     seq_length: int | None = None
     global_batch_size: int | None = None
-    precision: str = "bf16"
+    precision: str | None = None
     num_layers_override: int | None = None
     proxy: str | None = None
 
 
-def signature_of(session: Session, query: BestQuery) -> str:
-    """The query's signature, given or computed; RuleViolation when neither is complete."""
+def signature_of(session: Session, query: BestQuery) -> tuple[str, str]:
+    """(the query's signature, given or computed; what it stands for in words: the model, cluster and training
+    looked for); RuleViolation when neither is complete."""
     if query.signature is not None:
-        return query.signature
+        return query.signature, f"signature {query.signature[:12]}..."
     values = {k: getattr(query, k) for k in BY_SPEC}
     missing = [k for k in BY_SPEC if values[k] is None]
     if missing:
@@ -49,19 +52,22 @@ def signature_of(session: Session, query: BestQuery) -> str:
     cluster = resolve_cluster(session, query.gpu, query.num_gpus, "query")
     try:
         training = TrainingSpec(seq_length=query.seq_length, global_batch_size=query.global_batch_size,
-                                precision=query.precision)
+                                precision=query.precision or default_precision(cluster.hardware.gpu.name))
     except FoldtuneError as exc:
         raise RuleViolation("query", "training_spec_rules", str(exc)) from None
-    return ResolvedJob(spec, training, cluster).signature
+    signature = ResolvedJob(spec, training, cluster).signature
+    return signature, (f"model {spec.name} on {query.num_gpus} x {query.gpu}, seq {training.seq_length}, global batch "
+                       f"{training.global_batch_size}, {training.precision} (signature {signature[:12]}...)")
 
 
 def best_of(session: Session, owner: Owner, query: BestQuery) -> BestOut:
     """The succeeded trial with the shortest measured step time over the owner's jobs of the query's
     signature; NotFound ('no-best') when none has one. Commits."""
-    signature = signature_of(session, query)
+    signature, looked_for = signature_of(session, query)
     trial = best_trial(session, owner_id=owner.id, signature=signature)
     if trial is None:
-        raise NotFound(f"none of your jobs of signature {signature[:12]}... has a succeeded trial",
+        raise NotFound(f"none of your jobs of {looked_for} has a succeeded trial (the other training fields at "
+                       f"their defaults; a job of another precision, shape or router options has its own signature)",
                        kind="no-best", title="No measured layout yet")
     job = session.get(Job, trial.job_id)
     considered = count_of_signature(session, owner.id, signature)

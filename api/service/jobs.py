@@ -105,7 +105,7 @@ def resolve_job(session: Session | None, request: WorkloadIn) -> ResolvedJob:
     model = apply_proxy(model, request.num_layers_override, request.proxy)
     cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus,
                               min_headroom=request.cluster.min_headroom)
-    return ResolvedJob(model=model, training=request.training, cluster=cluster)
+    return ResolvedJob(model=model, training=request.training_for(cluster.hardware.gpu.name), cluster=cluster)
 
 
 def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_key: str | None, *,

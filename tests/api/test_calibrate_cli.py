@@ -39,8 +39,8 @@ def test_plan_with_a_bad_profile_file_is_one_error_line(tmp_path, capsys):
 def test_calibrate_rejects_bad_input_in_one_line(capsys):
     assert main(["calibrate", "--gpu", "nope"]) == 2
     assert "unknown GPU 'nope'" in capsys.readouterr().err
-    assert main(["calibrate", "--gpu", "cpu", "--ranks", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "foldtune: error: --ranks must be >= 1, got 0"
+    assert main(["calibrate", "--gpu", "cpu", "--gpus", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "foldtune: error: --gpus must be >= 1, got 0"
     assert main(["calibrate", "--gpu", "cpu", "--precision", "fp8"]) == 2
     assert "fp8 needs CUDA GPUs" in capsys.readouterr().err
     for bad in ("-1", "nan", "inf"):  # refused before anything runs (no "calibrating" line)

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.slow
 
 def test_calibrate_with_a_model_stores_factors_per_shape(tmp_path, capsys):
     out = tmp_path / "cpu.json"
-    base = ["calibrate", "--gpu", "cpu", "--ranks", "1", "--quick", "--model", "tiny-moe", "--layers", "1",
+    base = ["calibrate", "--gpu", "cpu", "--gpus", "1", "--quick", "--model", "tiny-moe", "--layers", "1",
             "--mbs", "2", "--components", "isolated", "--out", str(out)]
     assert main([*base, "--seq", "32"]) == 0
     text = capsys.readouterr().out
-    assert "component   measured ms  predicted ms  factor  timed as" in text
+    assert "component  measured (s) predicted (s)  factor  timed as" in text
     assert "term factors for tiny-moe@1L@seq32@mbs2" in text
     # the stored report says how each component was timed (CPU: wall clock; a GPU: device time, host ahead)
     timing = json.loads(out.read_text())["raw"]["components"]["timing"]
@@ -35,7 +35,7 @@ def test_calibrate_in_step_components_from_a_real_step(tmp_path, capsys):
     """The default mode runs one 1-GPU training step of the model (spawned rank, phase timer on) and reads
     its phases as components: every component of tiny-moe, the embedding included, gets a time."""
     out = tmp_path / "cpu.json"
-    assert main(["calibrate", "--gpu", "cpu", "--ranks", "1", "--quick", "--model", "tiny-moe", "--seq", "64",
+    assert main(["calibrate", "--gpu", "cpu", "--gpus", "1", "--quick", "--model", "tiny-moe", "--seq", "64",
                  "--step-micro-batches", "2", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "(in-step)" in text and "1-GPU step tp1 cp1 pp1" in text

@@ -24,7 +24,7 @@ def cluster():
 
 def test_calibrate_over_two_ray_nodes_measures_the_nic_stage(cluster, tmp_path, capsys):
     out = tmp_path / "two-nodes.json"
-    assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--ranks", "4",
+    assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--gpus", "4",
                  "--gpus-per-node", "2", "--quick", "--precision", "fp32", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "4 CPU rank(s), gloo over Ray: 2 node(s) x 2" in printed
@@ -38,11 +38,11 @@ def test_calibrate_over_two_ray_nodes_measures_the_nic_stage(cluster, tmp_path, 
 
 
 def test_a_cluster_too_small_for_the_ranks_is_one_error_line(cluster, tmp_path, capsys):
-    assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--ranks", "6",
+    assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--gpus", "6",
                  "--gpus-per-node", "2", "--quick", "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs 3 Ray node(s) with 2 fake_gpu each; the cluster has 2 of 2" in err[0]
-    assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--ranks", "3",
+    assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--gpus", "3",
                  "--gpus-per-node", "2", "--quick", "--out", str(tmp_path / "x.json")]) == 2
     assert "must be a multiple of the ranks per node (2)" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
@@ -52,6 +52,6 @@ def test_ray_arguments_are_checked_before_ray_starts(capsys):
     assert main(["calibrate", "--gpus-per-node", "2", "--gpu", "cpu"]) == 2
     assert "need --ray" in capsys.readouterr().err
     assert main(["calibrate", "--ray", "--gpu", "cpu"]) == 2
-    assert "--ray needs --ranks" in capsys.readouterr().err
-    assert main(["calibrate", "--ray", "--ranks", "2", "--gpu", "cpu", "--model", "tiny-moe", "--seq", "64"]) == 2
+    assert "--ray needs --gpus" in capsys.readouterr().err
+    assert main(["calibrate", "--ray", "--gpus", "2", "--gpu", "cpu", "--model", "tiny-moe", "--seq", "64"]) == 2
     assert "run it without --ray" in capsys.readouterr().err

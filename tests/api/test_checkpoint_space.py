@@ -80,7 +80,7 @@ def test_cli_train_is_refused_before_any_rank_starts(capsys, tmp_path, monkeypat
     _free(monkeypatch, PER - 1)
     ck = tmp_path / "ck"
     code = main(["train", "--data", str(tmp_path), "--model", "tiny-moe", "--steps", "3", "--checkpoint-dir", str(ck),
-                 "--device", "cpu"])
+                 "--gpu", "cpu"])
     out, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and f"{PER:,} bytes" in err and "free space" in err, err
     assert not ck.exists() and "step" not in out  # no rank ran, nothing written

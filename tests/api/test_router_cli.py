@@ -18,7 +18,7 @@ from spec.router_options import RouterOptions
 from db.models import Job
 
 FLAGS = ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.01",
-         "--moe-router-load-balancing-type", "seq_aux_loss", "--aux-loss-coeff", "1e-4"]
+         "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-4"]
 COMMANDS = {
     "profile": ["profile", "--model", "tiny-moe"],
     "train": ["train", "--data", "/tmp/d", "--model", "tiny-moe", "--steps", "1"],
@@ -53,7 +53,7 @@ def test_train_job_sends_the_router_flags_in_the_training_body(tmp_path):
 
 @pytest.mark.parametrize("argv, field", [
     (COMMANDS["profile"] + ["--moe-router-bias-update-rate", "2"], "moe_router_bias_update_rate"),
-    (COMMANDS["train"] + ["--z-loss-coeff", "-1"], "moe_z_loss_coeff"),
+    (COMMANDS["train"] + ["--moe-z-loss-coeff", "-1"], "moe_z_loss_coeff"),
 ])
 def test_out_of_bounds_flags_are_one_line_errors(capsys, argv, field):
     code = main(argv)

@@ -42,9 +42,9 @@ def dataset(tmp_path):
 @pytest.mark.slow
 def test_train_job_trains_the_best_layout_through_the_runner(tmp_path, dataset):
     ray = session_ray()
-    tuned = _cli(tmp_path, "tune", "--gpus", "2", "--max-trials", "2", "--steps", "1", ray_address=ray)
+    tuned = _cli(tmp_path, "tune", "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", ray_address=ray)
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
-    done = _cli(tmp_path, "train", "--job", "1", "--data", dataset, "--steps", str(STEPS), "--warmup", "1",
+    done = _cli(tmp_path, "train", "--job", "1", "--data", dataset, "--steps", str(STEPS), "--lr-warmup", "1",
                 "--eval-batches", "1", ray_address=ray)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout.splitlines()
@@ -121,10 +121,10 @@ def test_train_job_errors_are_one_line(db_url, queued_job, dataset, capsys):
     assert f"job {queued_job} (queued) has no successful trial" in _one_error_line(capsys.readouterr().err)
 
     assert _train(db_url, dataset, "--job", str(queued_job), "--model", "small-moe", "--gpus", "4", "--seq", "64",
-                  "--device", "cuda") == 2
+                  "--gpu", "h100") == 2
     err = _one_error_line(capsys.readouterr().err)
     assert "--model small-moe (the job's is tiny-moe)" in err and "--gpus 4 (the job's is 2)" in err
-    assert "--device cuda" in err and "--seq" not in err  # --seq 64 is the job's own
+    assert "--gpu h100 (the job's hardware cpu trains on cpu)" in err and "--seq" not in err  # --seq 64 is the job's own
 
     with pytest.raises(SystemExit) as exc:
         _train(db_url, dataset, "--job", str(queued_job), "--layout", "dp2")

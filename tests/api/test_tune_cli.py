@@ -29,7 +29,7 @@ def _tune(tmp_path, *args: str, ray_address: str | None = None, timeout: float =
 
 @pytest.mark.slow
 def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_path, monkeypatch, capsys):
-    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--steps", "1", ray_address=session_ray())
+    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", ray_address=session_ray())
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert f"created an API key for owner 'local' in {tmp_path / 'data' / 'api-key'}" in out

@@ -30,7 +30,7 @@ def test_submit_sends_search_precision(capsys, conn, app):
 
 @pytest.mark.slow
 def test_tune_on_cpu_searches_fp32_and_bf16_and_says_fp8_was_dropped(tmp_path):
-    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--steps", "1", "--search-precision",
+    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", "--search-precision",
                  ray_address=session_ray())
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

@@ -38,7 +38,7 @@ def test_factors_are_recomputed_against_the_target_profile(tmp_path):
     b, _ = _run_file(tmp_path, run, 2048, 1, 1.1)
     target_path = save_profile(target, tmp_path / "machine.json")
     out = tmp_path / "merged.json"
-    assert _merge(["--profile", str(target_path), "--components", f"{a},{b}", "--out", str(out)]) == 0
+    assert _merge(["--profile", str(target_path), "--component-runs", f"{a},{b}", "--out", str(out)]) == 0
     merged = load_profile(out)
     factors = {k: dict(v) for k, v in merged.component_factors}
     assert set(factors) == {"mixtral-8x7b@2L@seq4096@mbs1", "mixtral-8x7b@2L@seq2048@mbs1"}
@@ -64,7 +64,7 @@ def test_a_merged_report_keeps_how_its_components_were_timed():
 
 def test_a_file_without_components_is_refused(tmp_path, capsys):
     plain = save_profile(get_hardware("h200"), tmp_path / "plain.json")
-    assert _merge(["--profile", str(plain), "--components", str(plain),
+    assert _merge(["--profile", str(plain), "--component-runs", str(plain),
                                   "--out", str(tmp_path / "o.json")]) == 2
     assert "no component measurements" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()

@@ -60,8 +60,8 @@ def test_measurement_keeps_the_fixed_cost_and_reads_records_without_it():
 
 @pytest.mark.slow
 def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
-    code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--gbs", "1", "--warmup", "1",
-                 "--steps", "2", "--json"])
+    code = main(["profile", "--model", "tiny-moe", "--tp", "2", "--ep", "2", "--seq", "32", "--gbs", "1", "--untimed-steps", "1",
+                 "--timed-steps", "2", "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
     m = Measurement.from_dict(json.loads(out))
@@ -79,7 +79,7 @@ def test_profile_command_runs_tp2_ep2_on_cpu(capsys):
 
 
 def test_profile_reports_an_impossible_layout_without_running(capsys):
-    code = main(["profile", "--model", "tiny-moe", "--ep", "3", "--steps", "1"])
+    code = main(["profile", "--model", "tiny-moe", "--ep", "3", "--timed-steps", "1"])
     err = capsys.readouterr().err  # the front door's one line (api.cli._model_args.check_local_run), exit 2
     assert code == 2 and err.count("\n") == 1
     assert "num_experts (8) must be divisible by ep (3)" in err and "[executor_experts_ep]" in err

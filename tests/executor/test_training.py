@@ -183,13 +183,13 @@ def test_cli_trains_resumes_under_another_layout_and_reports_errors(corpus, tmp_
     """Progress lines come from rank 0's process, hence capfd."""
     from api.cli.main import main
 
-    common = ["train", "--data", corpus, "--model", "tiny-moe", "--seq", "32", "--gbs", "4", "--warmup", "2",
+    common = ["train", "--data", corpus, "--model", "tiny-moe", "--seq", "32", "--gbs", "4", "--lr-warmup", "2",
               "--eval-every", "3", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
-    assert main([*common, "--layout", "dp1", "--steps", "3", "--device", "cpu"]) == 0
+    assert main([*common, "--layout", "dp1", "--steps", "3", "--gpu", "cpu"]) == 0
     out = capfd.readouterr().out
     assert "step      3  loss" in out and "eval_loss" in out and "step-00000003" in out
     assert [row["step"] for row in _csv_rows(tmp_path / "ck")] == ["1", "2", "3"]  # counted as the CLI prints
-    assert main([*common, "--layout", "dp2 mbs2", "--steps", "5", "--device", "cpu", "--keep-last", "1"]) == 0
+    assert main([*common, "--layout", "dp2 mbs2", "--steps", "5", "--gpu", "cpu", "--keep-last", "1"]) == 0
     out = capfd.readouterr().out
     assert "resumed from" in out and "at step 3" in out and "done: step 5" in out
     # --keep-last 1 keeps one: step 3's checkpoint went once step 5's was complete
@@ -232,7 +232,7 @@ def test_cli_writes_every_step_into_the_service_database(corpus, tmp_path, capfd
         s.commit()
         training_id = training.id
     assert main(["train", "--data", corpus, "--model", "tiny-moe", "--seq", "32", "--gbs", "4", "--steps", "3",
-                 "--device", "cpu", "--training-id", str(training_id), "--database-url", url]) == 0
+                 "--gpu", "cpu", "--training-id", str(training_id), "--database-url", url]) == 0
     capfd.readouterr()
     with sessions() as s:
         rows = s.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id)

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 
 def _train(capsys, data, model_args, out, checkpoints):
     argv = ["train", "--data", data, *model_args, "--layout", "ep2", "--gpus", "2", "--steps", "1", "--seq", "16",
-            "--gbs", "2", "--lr", "1e-12", "--min-lr", "0", "--warmup", "0", "--eval-batches", "1",
+            "--gbs", "2", "--lr", "1e-12", "--min-lr", "0", "--lr-warmup", "0", "--eval-batches", "1",
             "--export-hf", str(out), "--checkpoint-dir", str(checkpoints)]
     code = main(argv)
     captured = capsys.readouterr()

@@ -27,7 +27,8 @@ def get_best(owner: OwnerDep, session: SessionDep,
              num_gpus: Annotated[int | None, Query(ge=1, le=65536)] = None,
              seq_length: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
              global_batch_size: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
-             precision: Annotated[Literal[PRECISIONS], Query()] = "bf16",
+             precision: Annotated[Literal[PRECISIONS] | None, Query(
+                 description="default: fp32 on cpu, bf16 on GPUs (as POST /v1/jobs stores without one)")] = None,
              num_layers_override: Annotated[int | None, Query(
                  ge=1, le=MAX_LAYERS, description="the jobs' layers proxy (as POST /v1/jobs took it)")] = None,
              proxy: Annotated[Literal[PROXIES] | None, Query(
