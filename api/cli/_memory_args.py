@@ -1,11 +1,11 @@
-"""``--min-headroom`` of ``foldtune plan`` and ``tune``: memory per GPU kept free when pruning layouts."""
+"""The value of ``--min-headroom`` (``foldtune plan`` and ``tune``): memory per GPU kept free when pruning layouts."""
 
 from __future__ import annotations
 
 import argparse
 import re
 
-from spec.hardware import DEFAULT_MIN_HEADROOM, MAX_HEADROOM_FRACTION
+from spec.hardware import MAX_HEADROOM_FRACTION
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -30,8 +30,3 @@ def parse_headroom(text: str) -> float:
         raise argparse.ArgumentTypeError(f"a fraction must be <= {MAX_HEADROOM_FRACTION}, got {text!r}")
     return value
 
-
-def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
-    from api.cli.arguments import add  # the vocabulary imports parse_headroom from here
-
-    add(parser, "--min-headroom", f"default: {DEFAULT_MIN_HEADROOM}")

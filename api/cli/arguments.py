@@ -23,6 +23,7 @@ from typing import Any
 
 from api.cli._memory_args import parse_headroom
 from spec.errors import FoldtuneError
+from spec.hardware import DEFAULT_MIN_HEADROOM
 from spec.proxy import PROXIES
 from spec.shape_defaults import is_cpu
 from spec.training_spec import PRECISIONS
@@ -84,7 +85,8 @@ FLAGS: dict[str, Flag] = {
     "--layout": Flag('a folded layout as foldtune prints it, e.g. "tp2 ep2 dp1 mbs1" (any subset of its tokens)',
                      metavar="LABEL"),
     "--min-headroom": Flag("memory per GPU kept free when pruning layouts: a fraction of the GPU's memory "
-                           "(e.g. 0.1) or bytes (e.g. 4GiB)", type=parse_headroom, metavar="FRACTION|BYTES"),
+                           f"(e.g. 0.1) or bytes (e.g. 4GiB); default {DEFAULT_MIN_HEADROOM}", type=parse_headroom,
+                           metavar="FRACTION|BYTES"),
     "--search-precision": Flag("search precision as a knob: bf16 and fp8 (fp8 only on GPUs with an fp8 peak), "
                                "ranked by predicted step time", default=False, action="store_true"),
     # ---- measuring (profile, tune, calibrate) ----------------------------------------------------------

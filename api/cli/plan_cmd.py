@@ -29,7 +29,6 @@ from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
-from api.cli._memory_args import add_headroom_argument
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -91,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation-offload", metavar="MODULES", action="append", default=[],
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
-    add_headroom_argument(parser)
+    add(parser, "--min-headroom")
     add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 

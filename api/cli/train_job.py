@@ -61,6 +61,7 @@ def training_request(args: argparse.Namespace, checkpoint_dir: str):
             "min_lr": args.min_lr, "warmup_steps": args.lr_warmup, "weight_decay": args.weight_decay,
             "max_grad_norm": args.clip_grad, "eval_every": args.eval_every, "eval_batches": args.eval_batches,
             "data_seed": args.seed}
+    body = {k: v for k, v in body.items() if v is not None}  # a flag not given: the recipe's (the schema's default)
     body.update(router_body_from(args))
     return validated_request(TrainingCreate, body, whole="options")
 

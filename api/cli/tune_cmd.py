@@ -24,7 +24,6 @@ from api.cli._units import column_width, seconds, seconds_cell
 from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, detected_gpu,
                                  local_gpus, resolve_shape)
 from api.cli.arguments import add, add_all, budget_defaults, retire, step_counts, timeout_s
-from api.cli._memory_args import add_headroom_argument
 from api.cli._router_args import add_router_arguments, router_body_from
 from api.cli._model_args import add_model_arguments, model_body
 from api.schemas.jobs import JobCreate
@@ -55,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "shape; also FOLDTUNE_REUSE_RANKS=0)")
     add(parser, "--gpus-per-node", "the planner's; also: FOLDTUNE_GPUS_PER_NODE; default: read from the Ray cluster")
     add(parser, "--database-url")
-    add_headroom_argument(parser)
+    add(parser, "--min-headroom")
     parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_CHOICES,
                         help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
                              "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
