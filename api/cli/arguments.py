@@ -60,7 +60,7 @@ GPU_NAMES = "h100-sxm, h200, b200, gb200, a100-80gb"
 
 FLAGS: dict[str, Flag] = {
     # ---- what runs, where ----------------------------------------------------------------------------
-    "--model": Flag("catalog model name (GET /v1/models, or a --catalog file, lists them)"),
+    "--model": Flag("catalog model name (GET /v1/models lists them, and a --catalog file adds to them)"),
     "--model-file": Flag("YAML/JSON file of ModelSpec fields (Megatron names)", metavar="FILE"),
     "--model-dir": Flag("Hugging Face model directory (its config.json; the model is named after DIR)",
                         metavar="DIR"),
@@ -135,7 +135,10 @@ FLAGS: dict[str, Flag] = {
 def help_of(name: str, note: str | None = None) -> str:
     """The help text of ``name``: its meaning, then the command's ``note`` in parentheses."""
     meaning = FLAGS[name].meaning
-    return f"{meaning} ({note})" if note else meaning
+    if not note:
+        return meaning
+    # a meaning that ends in a parenthesis takes the note into it: "(default: 2; with --wait)"
+    return f"{meaning[:-1]}; {note})" if meaning.endswith(")") else f"{meaning} ({note})"
 
 
 def add(parser, name: str, note: str | None = None, *, required: bool = False) -> argparse.Action:

@@ -56,7 +56,7 @@ def test_every_command_shares_the_meaning_and_default_of_gpu_seq_gbs_and_precisi
                 if name != "export-hf":  # the weights' format in the file; the training step's elsewhere
                     assert "default: fp32 with --gpu cpu, bf16 on GPUs" in action.help, name
             if flag == "--gpu":
-                assert "cpu (CPU ranks with gloo)" in action.help, name
+                assert "cpu (CPU ranks with gloo" in action.help, name
     # plan, profile, submit, best, tune, trainings (and train's and calibrate's own) all carry them
     assert seen["--gpu"] >= 7 and seen["--precision"] >= 6 and seen["--seq"] >= 7 and seen["--gbs"] >= 7
 
