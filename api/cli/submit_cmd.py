@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import uuid
 
 from api.cli._http import ApiClient, add_connection_arguments, fmt_seconds
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
     parser.add_argument("--max-trials", type=int, default=20, help="measured trials at most (default 20)")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="search wall-clock budget (default 3600)")
-    parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
+    parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job (default: a fresh key, so "
+                             "the client's own retries never do either)")
     parser.add_argument("--wait", action="store_true", help="follow the job and print each trial until it ends")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
     parser.add_argument("--search-precision", action="store_true", help=SEARCH_PRECISION_HELP)
@@ -40,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
             "cluster": {"gpu": gpu, "num_gpus": args.gpus},
             "budget": {"max_trials": args.max_trials, "max_seconds": args.max_seconds},
             **({"search_precision": True} if args.search_precision else {}), **router_body_from(args)}
-    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    # always a key (a fresh one unless given): the client may then resend the POST after a 502/503/504 or a
+    # lost connection without ever storing the job twice
+    headers = {"Idempotency-Key": args.idempotency_key or f"cli-{uuid.uuid4().hex}"}
     with ApiClient.from_args(args) as client:
         job = client.post("/v1/jobs", body, headers=headers)
         print(f"job {job['id']} {job['status']}: {job['model']} on {job['cluster']['num_gpus']}x "
