@@ -1,8 +1,10 @@
 """The inputs of a "time and cost to train N tokens" question: the token count and the price per GPU-hour.
 
-Token counts as people write them: ``1e12``, ``300B``, ``1.5T``, ``2_000_000``. A count is a decimal number (an exponent allowed) with an optional suffix K (10^3), M (10^6), B or G
-(10^9) or T (10^12), any case. It must name a whole number of tokens between 1 and
-:data:`spec.limits.MAX_TRAIN_TOKENS`; anything else is one :class:`SpecError` line that repeats the text.
+Token counts as people write them: ``1e12``, ``300B``, ``1.5T``, ``2_000_000``. A count is a decimal
+number (an exponent allowed) with an optional suffix K (10^3), M (10^6), B or G (10^9) or T (10^12), any
+case. It must name a whole number of tokens between 1 and :data:`spec.limits.MAX_TRAIN_TOKENS`; anything
+else is one :class:`SpecError` line that repeats the text. A price must be a finite number of US dollars
+in (0, :data:`spec.limits.MAX_PRICE_PER_GPU_HOUR`].
 """
 
 from __future__ import annotations

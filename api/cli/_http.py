@@ -5,7 +5,6 @@ failure (no server, a problem response) as one FoldtuneError line."""
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,10 +13,8 @@ import httpx
 
 from api.cli._local_key import given_key, key_file
 from api.cli._retry import RETRY_STATUSES, RetryPolicy, repeatable, retry_after_seconds
-from api.http.settings import DEFAULT_HOST, DEFAULT_PORT
+from api.cli.settings import DEFAULT_URL, ClientEnv
 from spec.errors import FoldtuneError
-
-DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 class ApiClientError(FoldtuneError):
@@ -44,12 +41,13 @@ class ApiClient:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ApiClient:
-        url = args.url or os.environ.get("FOLDTUNE_URL") or DEFAULT_URL
+        """The client of ``--url``/``--api-key``, else of the environment (:class:`ClientEnv`)."""
+        env = ClientEnv.read()
         key = given_key(args.api_key)
         if not key:
             raise ApiClientError(f"no API key: pass --api-key or set FOLDTUNE_API_KEY (create one with "
                                  f"`foldtune keys create NAME`; `foldtune tune` writes one to {key_file()})")
-        return cls(url, key)
+        return cls(args.url or env.url, key, retry=RetryPolicy(attempts=env.http_attempts))
 
     def request(self, method: str, path: str, *, safe: bool | None = None, **kwargs: Any) -> Any:
         """The JSON body of ``method path``, tried up to ``retry.attempts`` times (api/cli/_retry.py says when);

@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
     parser.add_argument("--max-trials", type=int, default=20, help="measured trials at most (default 20)")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="search wall-clock budget (default 3600)")
-    parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job (default: a fresh key, so "
-                             "the client's own retries never do either)")
+    parser.add_argument("--idempotency-key",
+                        help="retrying with the same key never stores a second job (default: a fresh key, so the "
+                             "client's own retries never do either)")
     parser.add_argument("--wait", action="store_true", help="follow the job and print each trial until it ends")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls with --wait (default 2)")
     parser.add_argument("--search-precision", action="store_true", help=SEARCH_PRECISION_HELP)

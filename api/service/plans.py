@@ -49,8 +49,9 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
     runs = None
     if request.tokens is not None:
         t, n = result.training, resolved.cluster.num_gpus
-        runs = [{"layout": e.config.label(), **training_run(request.tokens, e.time.step_time, t.seq_length,
-                                                           t.global_batch_size, n, request.price_per_gpu_hour).to_dict()}
+        runs = [{"layout": e.config.label(),
+                 **training_run(request.tokens, e.time.step_time, t.seq_length, t.global_batch_size, n,
+                                request.price_per_gpu_hour).to_dict()}
                 for e in result.ranked]
     return PlanOut(
         model=resolved.model.name, training=result.training.to_dict(), precision_search=searched,

@@ -45,7 +45,8 @@ def test_plan_text_prints_the_answer_below_the_table(capsys):
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("time and cost"))
     assert lines[start + 1].split() == ["#", "step", "wall", "time", "GPU-hours", "cost", "layout"]
-    first = lines[start + 3].replace(",", "").split()  # 1  13.969 ms  568.4 h (23.68 days)  4547.2  13641.62 USD  tp1 ..
+    # "1  13.969 ms  568.4 h (23.68 days)  4547.2  13641.62 USD  tp1 ..." without its thousands separators
+    first = lines[start + 3].replace(",", "").split()
     assert first[0] == "1" and first[4] == "h" and first[5] == "(" + first[5][1:] and first[6] == "days)"
     wall_h, gpu_h, cost = float(first[3]), float(first[7]), float(first[8])
     assert gpu_h == pytest.approx(8 * wall_h, rel=1e-3) and cost == pytest.approx(3 * gpu_h, rel=1e-3)

@@ -38,8 +38,9 @@ def get_best(owner: OwnerDep, session: SessionDep,
     """The succeeded trial with the shortest measured step time over the caller's jobs of one signature,
     given directly or as model + gpu + num_gpus + seq_length + global_batch_size (+ precision; the other
     training fields at their defaults). A proxy's jobs are found by its name (``<model>@<N>L``,
-    ``<model>@tiny``) or by ``num_layers_override`` / ``proxy`` beside the catalog name. With ``tokens`` (and ``price_per_gpu_hour``)
-    the answer carries the time (and cost) of training that many tokens at the measured step time."""
+    ``<model>@tiny``) or by ``num_layers_override`` / ``proxy`` beside the catalog name. With ``tokens`` (and
+    ``price_per_gpu_hour``) the answer carries the time (and cost) of training that many tokens at the measured
+    step time."""
     query = BestQuery(signature=signature, model=model, gpu=gpu, num_gpus=num_gpus, seq_length=seq_length,
                       global_batch_size=global_batch_size, precision=precision,
                       num_layers_override=num_layers_override, proxy=proxy)
