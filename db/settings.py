@@ -8,9 +8,11 @@ create`` and ``foldtune serve`` started from different directories find the same
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from db.env_settings import FoldtuneEnv
 
 DEFAULT_DATA_DIR = "~/.foldtune"
 SQLITE_FILENAME = "foldtune.sqlite3"
@@ -28,16 +30,22 @@ class DatabaseSettings:
         return self.url.startswith("sqlite")
 
 
-def default_data_dir(environ: dict[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    return Path(env.get("FOLDTUNE_DATA_DIR") or DEFAULT_DATA_DIR).expanduser()
+class DatabaseEnv(FoldtuneEnv):
+    """``FOLDTUNE_DATA_DIR`` (``~`` expanded) and ``FOLDTUNE_DATABASE_URL`` (None: the SQLite file)."""
+
+    what = "database"
+    data_dir: str = DEFAULT_DATA_DIR
+    database_url: str | None = None
 
 
-def database_settings(url: str | None = None, environ: dict[str, str] | None = None) -> DatabaseSettings:
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``FOLDTUNE_DATA_DIR``, else ``~/.foldtune``, from ``environ`` (default: the process environment)."""
+    return Path(DatabaseEnv.read(environ).data_dir).expanduser()
+
+
+def database_settings(url: str | None = None, environ: Mapping[str, str] | None = None) -> DatabaseSettings:
     """Settings from an explicit URL, else ``FOLDTUNE_DATABASE_URL``, else the SQLite file in the data dir."""
-    env = os.environ if environ is None else environ
-    data_dir = default_data_dir(env)
-    chosen = url or env.get("FOLDTUNE_DATABASE_URL")
-    if not chosen:
-        chosen = f"sqlite:///{data_dir / SQLITE_FILENAME}"
+    env = DatabaseEnv.read(environ)
+    data_dir = Path(env.data_dir).expanduser()
+    chosen = url or env.database_url or f"sqlite:///{data_dir / SQLITE_FILENAME}"
     return DatabaseSettings(url=chosen, data_dir=data_dir)

@@ -30,6 +30,7 @@ import math
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ ATTR_MEM_EXCESS = "memory_excess_bytes"
 ATTR_CAPACITY = "capacity_bytes"
 ATTR_EXPERT_LOAD = "expert_load"  # the measured share of routed tokens per expert
 ATTR_PRECISION = "precision"  # the precision a trial ran (only for candidates that carry one)
+#: the name and unit of the study's one objective: the measured seconds per optimizer step (Optuna's tools,
+#: optuna-dashboard among them, show it instead of "Objective 0")
+OBJECTIVE_NAME = "step_time_s"
 MEMORY_CONSTRAINT = "memory"  # the name of memory_constraint's value among a trial's Optuna constraints
 
 # Re-prices the candidates (same layouts) for a measured per-expert routing load: (load, candidates) -> candidates
@@ -385,6 +389,9 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
     sampler = sampler or CostModelSampler(candidates, capacity_bytes, repredict=repredict)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", sampler=sampler,
                                 pruner=pruner or SlowTrialPruner(), load_if_exists=True)
+    with warnings.catch_warnings():  # experimental in Optuna 5.0 (stable since 3.2): the warning says nothing
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([OBJECTIVE_NAME])
     for key, value in (study_attrs or {}).items():
         study.set_user_attr(key, value)
     emit = on_event or (lambda kind, data: None)

@@ -35,6 +35,10 @@ MAX_GPUS = 65536
 MAX_TRIALS = 10_000
 #: complete checkpoints a training keeps (its newest; 0 keeps all)
 MAX_KEEP_LAST = 10_000
+#: tokens a "time and cost to train N tokens" question may name; published pre-training runs: <= ~36 T
+MAX_TRAIN_TOKENS = 10**16
+#: US dollars per GPU-hour a cost question may name; rented H200/B200 hours cost ~2-10 USD
+MAX_PRICE_PER_GPU_HOUR = 1000.0
 #: ratios bounded by the expert count: busiest expert's tokens over the mean (at most E by definition) and
 #: the capacity factor (beyond E every expert can hold every token)
 MAX_EXPERT_RATIO = float(MAX_EXPERTS)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from api.cli.settings import ClientEnv
 from db.keys import create_api_key, owner_for_token
 from db.models import Owner
 from db.settings import default_data_dir
@@ -39,14 +40,14 @@ def read_local_key() -> str | None:
 
 def given_key(explicit: str | None = None) -> str | None:
     """``explicit`` (``--api-key``), else ``FOLDTUNE_API_KEY``, else the key file's key, else None."""
-    return explicit or os.environ.get("FOLDTUNE_API_KEY") or read_local_key()
+    return explicit or ClientEnv.read().api_key or read_local_key()
 
 
 def owner_of_local_key(session: Session, say=print) -> Owner:
     """The owner of the key the CLI uses, in ``session``'s database; with no key at all (no flag, no
     FOLDTUNE_API_KEY, no key file) a new key of owner ``local`` is created, written to the key file and announced
     through ``say``. A key that this database does not know is an error naming where it came from. Commits."""
-    env_key = os.environ.get("FOLDTUNE_API_KEY")
+    env_key = ClientEnv.read().api_key
     token, source = (env_key, "FOLDTUNE_API_KEY") if env_key else (read_local_key(), str(key_file()))
     if token is not None:
         owner = owner_for_token(session, token)

@@ -89,6 +89,10 @@ FLAGS: dict[str, Flag] = {
                            metavar="FRACTION|BYTES"),
     "--search-precision": Flag("search precision as a knob: bf16 and fp8 (fp8 only on GPUs with an fp8 peak), "
                                "ranked by predicted step time", default=False, action="store_true"),
+    "--tokens": Flag("also answer the wall time (and with --price-per-gpu-hour the cost) of training N tokens at "
+                     "the step time, e.g. 1e12, 300B, 1.5T (suffixes K, M, B, T)", metavar="N"),
+    "--price-per-gpu-hour": Flag("price of one GPU-hour in US dollars (with --tokens): cost = GPUs x hours x price",
+                                 type=float, metavar="USD"),
     # ---- measuring (profile, tune, calibrate) ----------------------------------------------------------
     "--timed-steps": Flag("timed optimizer steps of each measured run (default: 5)", type=int, metavar="N"),
     "--untimed-steps": Flag("untimed warm-up steps of each measured run, before the timed ones (default: 2)",

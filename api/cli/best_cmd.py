@@ -15,6 +15,8 @@ from api.cli._units import seconds as fmt_seconds
 from api.cli._http import ApiClient, add_connection_arguments
 from api.cli.arguments import add
 from api.cli._model_args import add_proxy_arguments
+from api.cli._run_cost_args import add_run_cost_arguments, run_heading, run_line, run_question
+from costmodel.training_run import TrainingRun
 from api.cli._shape_args import add_gpu_argument, add_shape_arguments, require_gpu, resolve_shape
 from spec.errors import SpecError
 
@@ -28,13 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gpu_argument(parser, local=False)
     add(parser, "--gpus", "give it")
     add_shape_arguments(parser)
+    add_run_cost_arguments(parser)
     add(parser, "--json")
     add_format_argument(parser)
     add_connection_arguments(parser)
 
 
 def query(args: argparse.Namespace) -> dict:
-    """The GET /v1/best parameters of the flags (the shared defaults applied), or of ``--signature``."""
+    """The GET /v1/best parameters of the flags (the shared defaults applied), or of ``--signature``, with
+    ``--tokens``/``--price-per-gpu-hour`` as ``tokens``/``price_per_gpu_hour``."""
+    question = run_question(args)
+    asked = {} if question is None else {"tokens": question.tokens, "price_per_gpu_hour": question.price_per_gpu_hour}
+    return {**_shape_query(args), **{k: v for k, v in asked.items() if v is not None}}
+
+
+def _shape_query(args: argparse.Namespace) -> dict:
     if args.signature:
         return {"signature": args.signature}
     missing = [flag for flag, value in (("--model", args.model), ("--gpus", args.gpus)) if value is None]
@@ -67,4 +77,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  layout:    {trial.get('label') or json.dumps(trial['config'])}")
     print(f"  step time: {fmt_seconds(trial['step_time_s'])} measured, "
           f"{fmt_seconds(trial.get('predicted_step_time_s'))} predicted")
+    if best.get("training_run"):  # the API's answer to --tokens, at the measured step time
+        run = TrainingRun(**{k: v for k, v in best["training_run"].items() if k != "layout"})
+        print("  " + run_heading(run))
+        print("  " + run_line(run))
     return 0

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{shown_to - len(page['items']) + (1 if page['items'] else 0)}-{shown_to} of {page['total']}")
             return 0
         if args.cancel:
-            job = client.post(f"/v1/jobs/{args.id}/cancel")
+            job = client.post(f"/v1/jobs/{args.id}/cancel", safe=True)  # cancelling twice cancels once
             print(f"job {job['id']}: {job['status']}")
             return 0
         if args.wait:

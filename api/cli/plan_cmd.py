@@ -29,6 +29,9 @@ from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
+from api.cli._run_cost_args import (RunQuestion, add_run_cost_arguments, gpu_hours, hours, run_heading, run_question,
+                                    usd)
+from costmodel.training_run import training_run
 
 HELP = "rank every valid folded layout for a model on a cluster (cost model only)"
 
@@ -91,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add(parser, "--min-headroom")
+    add_run_cost_arguments(parser)
     add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -275,18 +279,46 @@ def _breakdown_lines(e) -> list[str]:
     return lines
 
 
+def _runs(question: RunQuestion | None, estimates, training, cluster) -> list:
+    """The TrainingRun of each estimate for ``--tokens`` (none without it)."""
+    if question is None:
+        return []
+    return [training_run(question.tokens, e.time.step_time, training.seq_length, training.global_batch_size,
+                         cluster.num_gpus, question.price_per_gpu_hour) for e in estimates]
+
+
+def _runs_json(runs, estimates) -> list[dict]:
+    return [{"layout": e.config.label(), **r.to_dict()} for r, e in zip(runs, estimates)]
+
+
+def _run_lines(runs, estimates, training) -> list[str]:
+    """The ``--tokens`` answer: one heading, then wall time, GPU-hours and cost per layout (ranked order)."""
+    priced = runs[0].cost_usd is not None
+    head = f"{'#':>3}  {'step':>10}  {'wall time':>22}  {'GPU-hours':>14}  " + (f"{'cost':>18}  " if priced else "") \
+        + "layout"
+    lines = [run_heading(runs[0], training.seq_length, training.global_batch_size), head, "-" * len(head)]
+    for i, (r, e) in enumerate(zip(runs, estimates), 1):
+        lines.append(f"{i:>3}  {_seconds(r.step_time_s):>10}  {hours(r.wall_s):>22}  {gpu_hours(r.gpu_hours):>14}  "
+                     + (f"{usd(r.cost_usd):>18}  " if priced else "") + e.config.label())
+    return lines
+
+
 def _argv(config, model, training) -> list[str]:
     """Megatron-LM arguments as an argv list (JSON: no shell quoting needed)."""
     return [token for flag in megatron_args(config, model, training) for token in flag]
 
 
-def _explain(args, model, training, cluster) -> int:
+def _explain(args, model, training, cluster, question: RunQuestion | None) -> int:
     verdict = explain_layout(model, training, cluster, _explain_text(args))
     header = _header(model, training, cluster, _space(args))
+    fitting = [verdict.estimate] if verdict.estimate is not None and verdict.estimate.fits else []
+    runs = _runs(question, fitting, training, cluster)
     if args.json:
         out = {**header, "explain": args.explain, "valid": verdict.valid,
                "rejections": [{"rule": r.rule, "reason": r.reason} for r in verdict.rejections],
                "estimate": verdict.estimate.to_dict() if verdict.estimate else None}
+        if question is not None:
+            out["training_run"] = runs[0].to_dict() if runs else None
         if args.megatron_args and verdict.estimate:
             out["megatron_args"] = _argv(verdict.config, model, training)
         print(json.dumps(out, indent=2))
@@ -305,6 +337,8 @@ def _explain(args, model, training, cluster) -> int:
           f"{_bytes(cluster.usable_hbm_bytes)} usable ({_bytes(cluster.min_headroom_bytes)} kept free); "
           f"limiter {e.limiter}: {e.explanation}")
     print("\n".join(_breakdown_lines(e)))
+    if runs:
+        print("\n" + "\n".join(_run_lines(runs, fitting, training)))
     if args.megatron_args:
         print("\nMegatron-LM arguments:\n" + format_megatron_args(e.config, model, training))
     return _explain_exit_code(verdict)
@@ -344,9 +378,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    question = run_question(args)  # before planning: a bad --tokens costs nothing
     model, training, cluster = _specs(args)
     if args.explain is not None:
-        return _explain(args, model, training, cluster)
+        return _explain(args, model, training, cluster, question)
     space = _space(args)
     if space.precisions is None:
         result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
@@ -377,6 +412,8 @@ def _run(args: argparse.Namespace) -> int:
             "pareto": [e.to_dict() for e in result.pareto] if result.exhaustive else None,
             "closest": result.closest.to_dict() if result.closest else None,
         }
+        if question is not None:  # the --tokens answer of every ranked layout, in ranked order
+            out["training_runs"] = _runs_json(_runs(question, result.ranked, training, cluster), result.ranked)
         if args.megatron_args and best:
             out["megatron_args"] = _argv(best.config, model, training)
         if best is None:  # how many GPUs of this kind would fit, as the text says
@@ -400,6 +437,9 @@ def _run(args: argparse.Namespace) -> int:
     if result.exhaustive:
         print(f"\nPareto front (step time vs memory), {len(result.pareto)} configs:")
         print("\n".join(_table(result.pareto, cluster.usable_hbm_bytes)))
+    if question is not None:
+        print("\n" + "\n".join(_run_lines(_runs(question, result.ranked, training, cluster), result.ranked,
+                                           training)))
     print()
     print("\n".join(_breakdown_lines(best)))
     if args.megatron_args:

@@ -22,10 +22,9 @@ import sys
 from api.cli._shutdown import exit_timer
 from api.cli.arguments import add
 from api.cli.tune_cmd import TrialPrinter
-from spec.errors import SpecError
+from api.worker.settings import RunnerEnv
 
 HELP = "claim queued tuning jobs from the database and run their trials through Ray"
-DEFAULT_SHUTDOWN_SECONDS = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = RunnerSettings.from_env(args.database_url, args.runner_id)
-    health_port = args.health_port if args.health_port is not None else _int_env("FOLDTUNE_RUNNER_HEALTH_PORT")
-    health_host = args.health_host or os.environ.get("FOLDTUNE_RUNNER_HEALTH_HOST") or "127.0.0.1"
-    shutdown_s = _float_env("FOLDTUNE_RUNNER_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS)
+    env = RunnerEnv.read()
+    health_port = args.health_port if args.health_port is not None else env.runner_health_port
+    health_host = args.health_host or env.runner_health_host
+    shutdown_s = env.runner_shutdown_seconds
     printer = TrialPrinter()
     runner = Runner(settings, on_event=printer)
     health = None
@@ -93,24 +93,3 @@ def run(args: argparse.Namespace) -> int:
         ray.shutdown()  # a local Ray started here stops with its processes; a cluster is only disconnected
     print(f"runner {settings.runner_id}: ran {ran} job(s)", flush=True)
     return 0
-
-
-def _int_env(name: str) -> int | None:
-    value = os.environ.get(name)
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise SpecError(f"{name}={value!r} is not a port number") from None
-
-
-def _float_env(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    try:
-        seconds = float(value) if value else default
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise SpecError(f"{name}={value!r} is not a number of seconds")
-    return seconds

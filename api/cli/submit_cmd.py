@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import uuid
 
 from api.cli._units import seconds as fmt_seconds
 from api.cli._http import ApiClient, add_connection_arguments
@@ -22,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(parser, "--gpus", "give it", required=True)
     add_shape_arguments(parser)
     add_all(parser, "--max-trials", "--max-seconds")
-    parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job")
+    parser.add_argument("--idempotency-key", help="retrying with the same key never stores a second job (default: a fresh key, so the "
+                             "client's own retries never do either)")
     add_all(parser, "--wait", "--poll")
     add(parser, "--search-precision", "each trial at its own; the best layout names its precision")
     add_router_arguments(parser)
@@ -38,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
             "cluster": {"gpu": gpu, "num_gpus": args.gpus},
             "budget": {"max_trials": max_trials, "max_seconds": max_seconds},
             **({"search_precision": True} if args.search_precision else {}), **router_body_from(args)}
-    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    # always a key (a fresh one unless given): the client may then resend the POST after a 502/503/504 or a
+    # lost connection without ever storing the job twice
+    headers = {"Idempotency-Key": args.idempotency_key or f"cli-{uuid.uuid4().hex}"}
     with ApiClient.from_args(args) as client:
         job = client.post("/v1/jobs", body, headers=headers)
         print(f"job {job['id']} {job['status']}: {job['model']} on {job['cluster']['num_gpus']}x "

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(page['items'])} shown of {page['total']}")
             return 0
         if args.cancel:
-            t = client.post(f"/v1/trainings/{args.id}/cancel")
+            t = client.post(f"/v1/trainings/{args.id}/cancel", safe=True)  # cancelling twice cancels once
             print(f"training {t['id']}: {t['status']}")
             return 0
         if args.wait:

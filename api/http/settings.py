@@ -1,18 +1,25 @@
-"""Settings of the HTTP service, read from the environment (``FOLDTUNE_*``) or given explicitly.
+"""Settings of the HTTP service, read from the environment (``FOLDTUNE_*``, :class:`ServiceEnv`, with
+pydantic-settings) or given explicitly.
 
 Every limit of the multi-user service is here, with its environment variable and default (the table in
-docs/service.md, "Limits"). Limits counted in memory (the request rate) hold per API process.
+docs/service.md, "Limits"; every variable in docs/settings.md). Limits counted in memory (the request rate)
+hold per API process.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import field_validator
+from pydantic_settings import NoDecode
 
 from api.service.paths import default_data_root
 from api.service.quotas import Quotas
+from db.env_settings import FoldtuneEnv
 from db.settings import database_settings
 from spec.errors import SpecError
 
@@ -24,6 +31,31 @@ DEFAULT_RATE_BURST = 200
 DEFAULT_PLAN_SECONDS = 30.0  # the largest bounded plans take seconds; the rest of the limit is for a loaded host
 DEFAULT_PLAN_CONCURRENCY = 2  # planning runs at once (each up to about 0.5 GB and one CPU core)
 DEFAULT_SHUTDOWN_SECONDS = 5.0  # how long `foldtune serve` lets requests in flight finish after SIGTERM
+
+
+class ServiceEnv(FoldtuneEnv):
+    """The service's own variables (the database, data root and quotas have their groups): ``FOLDTUNE_HOST``,
+    ``FOLDTUNE_PORT``, ``FOLDTUNE_PUBLIC_URL``, ``FOLDTUNE_MAX_BODY_BYTES``, ``FOLDTUNE_RATE_LIMIT_PER_S``,
+    ``FOLDTUNE_RATE_LIMIT_BURST``, ``FOLDTUNE_PLAN_SECONDS``, ``FOLDTUNE_PLAN_CONCURRENCY``,
+    ``FOLDTUNE_TRUSTED_PROXIES`` (comma-separated) and ``FOLDTUNE_SHUTDOWN_SECONDS``; their meaning and bounds
+    are :class:`ApiSettings`'s."""
+
+    what = "service"
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    public_url: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    rate_limit_per_s: float = DEFAULT_RATE_PER_S
+    rate_limit_burst: int = DEFAULT_RATE_BURST
+    plan_seconds: float = DEFAULT_PLAN_SECONDS
+    plan_concurrency: int = DEFAULT_PLAN_CONCURRENCY
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()  # "a, b/24": comma-separated, not JSON
+    shutdown_seconds: float = DEFAULT_SHUTDOWN_SECONDS
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return tuple(p.strip() for p in value.split(",") if p.strip()) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)
@@ -76,22 +108,16 @@ class ApiSettings:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @classmethod
-    def from_env(cls, database_url: str | None = None, environ: dict[str, str] | None = None) -> ApiSettings:
-        env = os.environ if environ is None else environ
+    def from_env(cls, database_url: str | None = None, environ: Mapping[str, str] | None = None) -> ApiSettings:
+        """The settings of ``environ`` (default: the process environment); ``database_url`` wins over
+        ``FOLDTUNE_DATABASE_URL``. SpecError, one line naming the variable, for a bad value."""
+        env, quotas = ServiceEnv.read(environ), Quotas.from_env(environ)  # each names its own bad variable
         try:
-            return cls(database_url=database_settings(database_url, env).url,
-                       host=env.get("FOLDTUNE_HOST", DEFAULT_HOST),
-                       port=int(env.get("FOLDTUNE_PORT", DEFAULT_PORT)),
-                       public_url=env.get("FOLDTUNE_PUBLIC_URL") or None,
-                       data_root=default_data_root(env),
-                       max_body_bytes=int(env.get("FOLDTUNE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
-                       rate_per_s=float(env.get("FOLDTUNE_RATE_LIMIT_PER_S", DEFAULT_RATE_PER_S)),
-                       rate_burst=int(env.get("FOLDTUNE_RATE_LIMIT_BURST", DEFAULT_RATE_BURST)),
-                       quotas=Quotas.from_env(env),
-                       plan_seconds=float(env.get("FOLDTUNE_PLAN_SECONDS", DEFAULT_PLAN_SECONDS)),
-                       plan_concurrency=int(env.get("FOLDTUNE_PLAN_CONCURRENCY", DEFAULT_PLAN_CONCURRENCY)),
-                       trusted_proxies=tuple(p.strip() for p in env.get("FOLDTUNE_TRUSTED_PROXIES", "").split(",")
-                                             if p.strip()),
-                       shutdown_seconds=float(env.get("FOLDTUNE_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS)))
-        except ValueError as exc:
+            return cls(database_url=database_settings(database_url, environ).url, host=env.host, port=env.port,
+                       public_url=env.public_url, data_root=default_data_root(environ),
+                       max_body_bytes=env.max_body_bytes, rate_per_s=env.rate_limit_per_s,
+                       rate_burst=env.rate_limit_burst, quotas=quotas,
+                       plan_seconds=env.plan_seconds, plan_concurrency=env.plan_concurrency,
+                       trusted_proxies=env.trusted_proxies, shutdown_seconds=env.shutdown_seconds)
+        except SpecError as exc:  # the bounds checked by __post_init__
             raise SpecError(f"bad service setting in the environment: {exc}") from None

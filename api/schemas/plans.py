@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from spec.parallel_config import ACTIVATION_OFFLOAD_MODULES, ParallelConfig
 from spec.limits import MAX_LAYERS
 from spec.pipeline_layout import MAX_LAYOUT_CHARS, PipelineSplit
 from planner.enumerate import VPP_LIMIT
 from api.schemas.jobs import PlanClusterOut, WorkloadIn
+from api.schemas.training_run import PRICE_FIELD, PRICE_NEEDS_TOKENS, TOKENS_FIELD, TrainingRunOut
 
 
 class PipelineIn(BaseModel):
@@ -53,6 +55,14 @@ class PlanCreate(WorkloadIn):
     activation_offload: list[list[str]] = Field(
         [], max_length=4, description="module sets whose saved activations are tried in CPU memory, each of "
                                       f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
+    tokens: int | None = Field(None, **TOKENS_FIELD)
+    price_per_gpu_hour: float | None = Field(None, **PRICE_FIELD)
+
+    @model_validator(mode="after")
+    def _price_needs_tokens(self) -> PlanCreate:
+        if self.price_per_gpu_hour is not None and self.tokens is None:
+            raise PydanticCustomError(PRICE_NEEDS_TOKENS, "price_per_gpu_hour needs tokens (the number to price)")
+        return self
 
 
 class RejectedRule(BaseModel):
@@ -119,3 +129,6 @@ class PlanOut(BaseModel):
     precision_search: dict[str, float | None] | None = Field(
         None, description="with search_precision: each planned precision's best predicted step time (s; null "
                           "where nothing fits); ``training.precision`` is the faster's")
+    training_runs: list[TrainingRunOut] | None = Field(
+        None, description="with tokens: the time (and with a price, the cost) to train them at each ranked "
+                          "layout's predicted step time, in ranked order")

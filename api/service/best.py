@@ -8,6 +8,8 @@ from sqlalchemy.orm import Session
 
 from api.schemas.best import BestOut
 from api.schemas.jobs import ClusterOut, TrialOut
+from api.schemas.training_run import PRICE_NEEDS_TOKENS
+from costmodel.training_run import training_run
 from api.service.errors import NotFound, RuleViolation
 from api.service.jobs import ResolvedJob, resolve_cluster, resolve_model
 from spec.errors import FoldtuneError
@@ -38,6 +40,24 @@ class BestQuery:
     proxy: str | None = None
 
 
+@dataclass(frozen=True)
+class RunQuestion:
+    """Tokens to train (and the price of a GPU-hour, USD) at the best trial's measured step time."""
+
+    tokens: int
+    price_per_gpu_hour: float | None = None
+
+    @classmethod
+    def checked(cls, tokens: int | None, price_per_gpu_hour: float | None) -> RunQuestion | None:
+        """The question of the query (None without tokens); RuleViolation for a price without tokens."""
+        if tokens is None:
+            if price_per_gpu_hour is not None:
+                raise RuleViolation("query.price_per_gpu_hour", PRICE_NEEDS_TOKENS,
+                                    "price_per_gpu_hour needs tokens (the number to price)")
+            return None
+        return cls(tokens, price_per_gpu_hour)
+
+
 def signature_of(session: Session, query: BestQuery) -> tuple[str, str]:
     """(the query's signature, given or computed; what it stands for in words: the model, cluster and training
     looked for); RuleViolation when neither is complete."""
@@ -60,9 +80,10 @@ def signature_of(session: Session, query: BestQuery) -> tuple[str, str]:
                        f"{training.global_batch_size}, {training.precision} (signature {signature[:12]}...)")
 
 
-def best_of(session: Session, owner: Owner, query: BestQuery) -> BestOut:
+def best_of(session: Session, owner: Owner, query: BestQuery, question: RunQuestion | None = None) -> BestOut:
     """The succeeded trial with the shortest measured step time over the owner's jobs of the query's
-    signature; NotFound ('no-best') when none has one. Commits."""
+    signature; NotFound ('no-best') when none has one. With ``question``, also the time and cost of training
+    its tokens at that step time. Commits."""
     signature, looked_for = signature_of(session, query)
     trial = best_trial(session, owner_id=owner.id, signature=signature)
     if trial is None:
@@ -71,11 +92,16 @@ def best_of(session: Session, owner: Owner, query: BestQuery) -> BestOut:
                        kind="no-best", title="No measured layout yet")
     job = session.get(Job, trial.job_id)
     considered = count_of_signature(session, owner.id, signature)
+    run = None
+    if question is not None:
+        run = training_run(question.tokens, trial.step_time_s, job.training_spec["seq_length"],
+                           job.training_spec["global_batch_size"], job.num_gpus,
+                           question.price_per_gpu_hour).to_dict()
     session.commit()
     return BestOut(signature=signature, model=job.model_name,
                    cluster=ClusterOut(gpu=job.gpu_name, num_gpus=job.num_gpus),
                    job_id=job.id, trial=TrialOut.model_validate(trial, from_attributes=True),
-                   jobs_considered=considered)
+                   jobs_considered=considered, training_run=run)
 
 
 def _proxy_model(query: BestQuery) -> ModelSpec:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from api.service.errors import RuleViolation
+from db.env_settings import FoldtuneEnv
 from db.settings import default_data_dir
 
 DEFAULT_DATA_ROOT_NAME = "users"  # under FOLDTUNE_DATA_DIR (default ~/.foldtune)
@@ -32,12 +34,18 @@ PATH_RULE = "path_in_owner_root"
 _PLAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 
 
-def default_data_root(environ: dict[str, str] | None = None) -> Path:
+class DataRootEnv(FoldtuneEnv):
+    """``FOLDTUNE_DATA_ROOT`` (None: ``users`` in the data directory)."""
+
+    what = "service"
+    data_root: str | None = None
+
+
+def default_data_root(environ: Mapping[str, str] | None = None) -> Path:
     """``FOLDTUNE_DATA_ROOT``, else ``<FOLDTUNE_DATA_DIR or ~/.foldtune>/users`` (the service's home: the
     data directory of the SQLite database)."""
-    env = os.environ if environ is None else environ
-    given = env.get("FOLDTUNE_DATA_ROOT")
-    return Path(given).expanduser() if given else default_data_dir(env) / DEFAULT_DATA_ROOT_NAME
+    given = DataRootEnv.read(environ).data_root
+    return Path(given).expanduser() if given else default_data_dir(environ) / DEFAULT_DATA_ROOT_NAME
 
 
 def owner_dir_name(owner_name: str, owner_id: int) -> str:

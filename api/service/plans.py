@@ -10,6 +10,7 @@ from api.schemas.plans import PlanCreate, PlanOut, RejectedRule
 from api.service.errors import RuleViolation
 from api.service.planning import PlanningGate, no_gate
 from api.service.jobs import resolve_job
+from costmodel.training_run import training_run
 from planner import NoValidLayoutError, SearchSpace, plan_precisions
 from spec.errors import InvalidConfigError
 from spec.precision_search import SEARCHED_PRECISIONS  # what search_precision plans
@@ -45,6 +46,13 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
     searched = ({r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
                 if request.search_precision else None)
     enum = result.enumeration
+    runs = None
+    if request.tokens is not None:
+        t, n = result.training, resolved.cluster.num_gpus
+        runs = [{"layout": e.config.label(),
+                 **training_run(request.tokens, e.time.step_time, t.seq_length, t.global_batch_size, n,
+                                request.price_per_gpu_hour).to_dict()}
+                for e in result.ranked]
     return PlanOut(
         model=resolved.model.name, training=result.training.to_dict(), precision_search=searched,
         cluster=PlanClusterOut(gpu=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
@@ -56,4 +64,4 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
         pruned_by_memory=result.pruned_by_memory, fitting=result.fitting,
         ranked=[e.to_dict() for e in result.ranked],
         closest=result.closest.to_dict() if result.closest else None,
-        seconds=result.enumerate_seconds + result.rank_seconds)
+        seconds=result.enumerate_seconds + result.rank_seconds, training_runs=runs)

@@ -9,13 +9,17 @@ quota answers 403 naming the quota (``quota_active_jobs``, ...); see docs/servic
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from pydantic_settings import SettingsConfigDict
 
 from sqlalchemy.orm import Session
 
 from api.service.errors import ServiceError
+from db.env_settings import FoldtuneEnv
+from spec.errors import SpecError
 from db.models import HardwareProfileRow, Job, Owner, Training
 from db.ownership import count_owned
 
@@ -48,10 +52,26 @@ class Quotas:
                 raise ValueError(f"FOLDTUNE_QUOTA_{f.name.upper()} must be at least 1")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Quotas:
-        env = os.environ if environ is None else environ
-        return cls(**{f.name: int(env[f"FOLDTUNE_QUOTA_{f.name.upper()}"]) for f in fields(cls)
-                      if f"FOLDTUNE_QUOTA_{f.name.upper()}" in env})
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Quotas:
+        """The quotas of ``FOLDTUNE_QUOTA_<FIELD>`` (default: the process environment); the rest at their
+        defaults. SpecError naming the variable for a value that is not a whole number or is below 1."""
+        given = QuotaEnv.read(environ).model_dump(exclude_none=True)
+        try:
+            return cls(**given)
+        except ValueError as exc:
+            raise SpecError(f"bad {QuotaEnv.what} setting in the environment: {exc}") from None
+
+
+class QuotaEnv(FoldtuneEnv):
+    """``FOLDTUNE_QUOTA_<FIELD>`` of each :class:`Quotas` field (None: the field's default there)."""
+
+    model_config = SettingsConfigDict(env_prefix="FOLDTUNE_QUOTA_")
+    what = "service"
+    active_jobs: int | None = None
+    active_trainings: int | None = None
+    trials_per_job: int | None = None
+    profiles: int | None = None
+    profile_bytes: int | None = None
 
 
 def check_trials_per_job(quotas: Quotas, max_trials: int) -> None:

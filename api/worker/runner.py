@@ -37,7 +37,7 @@ import math
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from api.service.paths import default_data_root
 from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, PricingProfile, auto_profile_name,
                                      pricing_profile, quick_calibration)
 from api.worker.candidates import job_candidates, predicted_dict, repricer
+from api.worker.settings import DEFAULT_HEARTBEAT_S, DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, RunnerEnv
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.trials import (JobStopped, TrialExecutor, TrialSettings, fixed_cost_summary, is_cpu_cluster,
                                trial_settings_from_env)
@@ -90,9 +91,9 @@ class RunnerSettings:
 
     database_url: str
     runner_id: str
-    heartbeat_s: float = 10.0
-    stale_after_s: float = 60.0
-    poll_s: float = 2.0
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    stale_after_s: float = DEFAULT_STALE_AFTER_S
+    poll_s: float = DEFAULT_POLL_S
     parallel_trials: int | None = None  # None: as many as fit the Ray cluster side by side (see _parallel_trials)
     gpus_per_node: int | None = None  # None: read from the Ray cluster (the planner's node boundary)
     trial: TrialSettings = field(default_factory=TrialSettings)
@@ -114,27 +115,18 @@ class RunnerSettings:
 
     @classmethod
     def from_env(cls, database_url: str | None = None, runner_id: str | None = None,
-                 environ: dict[str, str] | None = None) -> RunnerSettings:
-        """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_RUNNER_ID, FOLDTUNE_HEARTBEAT_S,
-        FOLDTUNE_STALE_AFTER_S, FOLDTUNE_PARALLEL_TRIALS, FOLDTUNE_GPUS_PER_NODE, FOLDTUNE_DATA_ROOT,
-        FOLDTUNE_AUTO_CALIBRATE and the trial settings
-        (api.worker.trials)."""
-        env = os.environ if environ is None else environ
+                 environ: Mapping[str, str] | None = None) -> RunnerSettings:
+        """Settings from FOLDTUNE_DATABASE_URL (or the data dir), FOLDTUNE_DATA_ROOT, the runner's variables
+        (:class:`RunnerEnv`) and the trial settings (api.worker.trials), of ``environ`` (default: the process
+        environment); ``database_url`` and ``runner_id`` win over their variables."""
+        env, trial = RunnerEnv.read(environ), trial_settings_from_env(environ)  # each names its bad variable
         try:
-            parallel = env.get("FOLDTUNE_PARALLEL_TRIALS")
-            per_node = env.get("FOLDTUNE_GPUS_PER_NODE")
-            if per_node and int(per_node) < 1:
-                raise ValueError(f"FOLDTUNE_GPUS_PER_NODE must be >= 1, got {per_node}")
-            return cls(database_url=database_settings(database_url, env).url,
-                       runner_id=runner_id or env.get("FOLDTUNE_RUNNER_ID") or f"{socket.gethostname()}-{os.getpid()}",
-                       heartbeat_s=float(env.get("FOLDTUNE_HEARTBEAT_S", 10)),
-                       stale_after_s=float(env.get("FOLDTUNE_STALE_AFTER_S", 60)),
-                       poll_s=float(env.get("FOLDTUNE_POLL_S", 2)),
-                       parallel_trials=int(parallel) if parallel else None,
-                       gpus_per_node=int(per_node) if per_node else None,
-                       trial=trial_settings_from_env(env), data_root=default_data_root(env),
-                       auto_calibrate=env.get("FOLDTUNE_AUTO_CALIBRATE") or None)
-        except ValueError as exc:
+            return cls(database_url=database_settings(database_url, environ).url,
+                       runner_id=runner_id or env.runner_id or f"{socket.gethostname()}-{os.getpid()}",
+                       heartbeat_s=env.heartbeat_s, stale_after_s=env.stale_after_s, poll_s=env.poll_s,
+                       parallel_trials=env.parallel_trials, gpus_per_node=env.gpus_per_node,
+                       trial=trial, data_root=default_data_root(environ), auto_calibrate=env.auto_calibrate)
+        except SpecError as exc:  # the checks of __post_init__
             raise SpecError(f"bad runner setting in the environment: {exc}") from None
 
 

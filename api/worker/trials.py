@@ -12,16 +12,17 @@ ranks of those trials only, a part without it reaches every trial.
 from __future__ import annotations
 
 import functools
-import os
 import statistics
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from executor import launch_ray
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
 from executor.progress import FAULT_ENV
-from executor.rank_pool import reuse_enabled
+from executor.rank_pool import REUSE_ENV, reuse_enabled
+from api.worker.settings import DEFAULT_TIMED_STEPS, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_WARMUP_STEPS, TrialEnv
 from planner.search import TrialReport
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
@@ -47,9 +48,9 @@ class TrialSettings:
     (None: the hardware profile's device memory); ``reuse_ranks``: trials of one shape run on the same rank
     actors (:class:`executor.launch_ray.RayRankPools`), else each trial starts and ends its own."""
 
-    warmup_steps: int = 1
-    timed_steps: int = 3
-    timeout_s: float = 300.0
+    warmup_steps: int = DEFAULT_WARMUP_STEPS
+    timed_steps: int = DEFAULT_TIMED_STEPS
+    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     rank_memory_bytes: int | None = None
     faults: str = ""
     reuse_ranks: bool = True  # keep rank actors between trials of one shape (FOLDTUNE_REUSE_RANKS=0: off)
@@ -140,17 +141,16 @@ class TrialExecutor:
         return measurement
 
 
-def trial_settings_from_env(environ: dict[str, str] | None = None) -> TrialSettings:
+def trial_settings_from_env(environ: Mapping[str, str] | None = None) -> TrialSettings:
     """TrialSettings from FOLDTUNE_TRIAL_WARMUP_STEPS, FOLDTUNE_TRIAL_STEPS, FOLDTUNE_TRIAL_TIMEOUT_S,
-    FOLDTUNE_RANK_MEMORY_BYTES, FOLDTUNE_FAULT and FOLDTUNE_REUSE_RANKS."""
-    env = os.environ if environ is None else environ
+    FOLDTUNE_RANK_MEMORY_BYTES, FOLDTUNE_FAULT and FOLDTUNE_REUSE_RANKS (:class:`TrialEnv`; default: the
+    process environment)."""
+    env = TrialEnv.read(environ)
     try:
-        memory = env.get("FOLDTUNE_RANK_MEMORY_BYTES")
-        return TrialSettings(warmup_steps=int(env.get("FOLDTUNE_TRIAL_WARMUP_STEPS", 1)),
-                             timed_steps=int(env.get("FOLDTUNE_TRIAL_STEPS", 3)),
-                             timeout_s=float(env.get("FOLDTUNE_TRIAL_TIMEOUT_S", 300)),
-                             rank_memory_bytes=int(float(memory)) if memory else None,
-                             faults=env.get(FAULT_ENV, ""), reuse_ranks=reuse_enabled(env))
+        return TrialSettings(warmup_steps=env.trial_warmup_steps, timed_steps=env.trial_steps,
+                             timeout_s=env.trial_timeout_s,
+                             rank_memory_bytes=None if env.rank_memory_bytes is None else int(env.rank_memory_bytes),
+                             faults=env.fault, reuse_ranks=reuse_enabled({REUSE_ENV: env.reuse_ranks}))
     except ValueError as exc:
         raise SpecError(f"bad trial setting in the environment: {exc}") from None
 

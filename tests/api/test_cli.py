@@ -87,8 +87,10 @@ def test_jobs_cancel(capsys, conn):
     (["jobs", "--url", "http://127.0.0.1:9", "--api-key", "k"], "cannot reach the foldtune API at http://127.0.0.1:9"),
     (["jobs", "--url", "http://127.0.0.1:9"], "no API key"),
 ])
-def test_connection_problems_are_one_line(capsys, monkeypatch, argv, message):
+def test_connection_problems_are_one_line(capsys, monkeypatch, tmp_path, argv, message):
     monkeypatch.delenv("FOLDTUNE_API_KEY", raising=False)
+    monkeypatch.setenv("FOLDTUNE_DATA_DIR", str(tmp_path))  # no key file, whatever `foldtune tune` left in ~
+    monkeypatch.setenv("FOLDTUNE_HTTP_ATTEMPTS", "1")  # no retries: nothing listens on port 9
     code, out, err = _cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("foldtune: error: ") and message in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 
 import optuna
@@ -131,7 +132,21 @@ def test_the_study_carries_the_attributes_it_is_given(tmp_path):
     attrs = {"foldtune_job_id": 7, "model": "mixtral-8x7b", "gpu": "h100-sxm", "num_gpus": 64}
     run_search(cands, machine(cands, 80 * GIB, []), capacity_bytes=80 * GIB, budget=SearchBudget(max_trials=1),
                storage=storage, study_name="job-7", study_attrs=attrs)
-    assert optuna.load_study(study_name="job-7", storage=storage).user_attrs == attrs
+    study = optuna.load_study(study_name="job-7", storage=storage)
+    assert study.user_attrs == attrs
+    # the objective has a name and unit (optuna-dashboard shows it instead of "Objective 0")
+    assert study.metric_names == ["step_time_s"]
+    assert study.best_value == study.best_trial.values[0] > 0
+
+
+def test_an_in_memory_study_names_its_objective_too():
+    cands = make_candidates()
+    storage = optuna.storages.InMemoryStorage()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)  # and does not warn about it
+        run_search(cands, machine(cands, 80 * GIB, []), capacity_bytes=80 * GIB, budget=SearchBudget(max_trials=1),
+                   storage=storage, study_name="s")
+    assert optuna.load_study(study_name="s", storage=storage).metric_names == ["step_time_s"]
 
 
 def test_slow_trials_are_pruned():

@@ -10,7 +10,8 @@ from api.http.deps import OwnerDep, SessionDep
 from api.schemas.best import BestOut
 from api.schemas.common import Name
 from api.schemas.problem import problem_responses
-from api.service.best import BestQuery, best_of
+from api.schemas.training_run import PRICE_FIELD, TOKENS_FIELD
+from api.service.best import BestQuery, RunQuestion, best_of
 from spec.limits import MAX_LAYERS
 from spec.proxy import PROXIES
 from spec.training_spec import PRECISIONS
@@ -32,12 +33,16 @@ def get_best(owner: OwnerDep, session: SessionDep,
              num_layers_override: Annotated[int | None, Query(
                  ge=1, le=MAX_LAYERS, description="the jobs' layers proxy (as POST /v1/jobs took it)")] = None,
              proxy: Annotated[Literal[PROXIES] | None, Query(
-                 description="the jobs' proxy kind (as POST /v1/jobs took it)")] = None) -> BestOut:
+                 description="the jobs' proxy kind (as POST /v1/jobs took it)")] = None,
+             tokens: Annotated[int | None, Query(**TOKENS_FIELD)] = None,
+             price_per_gpu_hour: Annotated[float | None, Query(**PRICE_FIELD)] = None) -> BestOut:
     """The succeeded trial with the shortest measured step time over the caller's jobs of one signature,
     given directly or as model + gpu + num_gpus + seq_length + global_batch_size (+ precision; the other
     training fields at their defaults). A proxy's jobs are found by its name (``<model>@<N>L``,
-    ``<model>@tiny``) or by ``num_layers_override`` / ``proxy`` beside the catalog name."""
+    ``<model>@tiny``) or by ``num_layers_override`` / ``proxy`` beside the catalog name. With ``tokens`` (and
+    ``price_per_gpu_hour``) the answer carries the time (and cost) of training that many tokens at the measured
+    step time."""
     query = BestQuery(signature=signature, model=model, gpu=gpu, num_gpus=num_gpus, seq_length=seq_length,
                       global_batch_size=global_batch_size, precision=precision,
                       num_layers_override=num_layers_override, proxy=proxy)
-    return best_of(session, owner, query)
+    return best_of(session, owner, query, RunQuestion.checked(tokens, price_per_gpu_hour))
