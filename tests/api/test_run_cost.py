@@ -137,7 +137,7 @@ def test_cli_best_prints_time_and_cost(capsys, server_url, keys, job_body, clien
     job = client.post("/v1/jobs", json=job_body, headers={"Authorization": f"Bearer {keys['alice']}"}).json()
     _measured(app, job["id"], 0.25)
     code, out, err = _cli(capsys, "best", "--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq", "64",
-                          "--gbs", "8", "--precision", "bf16", "--tokens", "5.12K", "--price-per-gpu-hour", "360",
+                          "--gbs", "8", "--tokens", "5.12K", "--price-per-gpu-hour", "360",
                           "--url", server_url, "--api-key", keys["alice"])
     assert code == 0, err
     assert ("time and cost to train 5.12K tokens (5,120): 512 tokens per step, 10 steps on 4 GPUs, at 360 USD "
