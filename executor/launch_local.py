@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import multiprocessing
 import os
 import shutil
 import socket
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from executor.failure import is_out_of_memory
+from executor.rank_processes import rank_context
 from executor.safe_load import RefusedPickle, load_rank_result
 from spec.failure import FailureKind
 
@@ -132,7 +132,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), backend: str | None 
 
 def _launch_once(fn: Callable, world_size: int, args: tuple, backend: str, timeout_s: float, threads_per_rank: int,
                  start_method: str) -> LaunchResult:
-    ctx = multiprocessing.get_context(start_method)
+    ctx = rank_context(start_method)
     outdir = tempfile.mkdtemp(prefix="foldtune-launch-")
     port = _free_port()
     start = time.monotonic()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
-import multiprocessing
 import os
 import pickle
 import queue
@@ -44,6 +43,7 @@ from executor import progress
 from executor.failure import is_out_of_memory
 from executor.kernels import fp8
 from executor.launch_local import OOM_PREFIX, PORT_ATTEMPTS, SAFE_ENV, LaunchResult, _free_port, _port_taken, _stop
+from executor.rank_processes import rank_context
 from executor.scoped_env import scoped_env
 from spec.failure import FailureKind
 
@@ -246,7 +246,7 @@ class LocalRankPool:
 
     def _start(self, world_size: int, backend: str, timeout_s: float) -> tuple[FailureKind, str] | None:
         """Start the ranks and wait until each joined the process group; (kind, reason) when they did not."""
-        ctx = multiprocessing.get_context(self.start_method)
+        ctx = rank_context(self.start_method)
         for attempt in range(PORT_ATTEMPTS):
             self._results = ctx.Queue()
             self._tasks = [ctx.Queue() for _ in range(world_size)]
