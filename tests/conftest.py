@@ -1,8 +1,17 @@
 import gc
+import importlib.util
 import os
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
+
+from db.migrate import upgrade
+from db.testing import postgres_unavailable_reason, temporary_postgres_schema
+from tests.databases import copy_sqlite, database_kind, empty_postgres_schema, migrate_schema
+from tests.executor.triton_child import INNER, MARK, ChildRun, InterpreterChild
 
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
 # (tests/api/runner_env.py) and the runner subprocesses join it by address. Where the environment does not
@@ -25,3 +34,87 @@ def _frozen_heap():
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(scope="session")
+def postgres_reason() -> str | None:
+    """Why the test PostgreSQL server cannot be used (None: it can), asked once per session."""
+    return postgres_unavailable_reason()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_kind(request, postgres_reason) -> str:
+    """'sqlite' and 'postgres' in turn: the database tests run on both (see ``database_kind``)."""
+    return database_kind(request, postgres_reason)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory):
+    """A SQLite file migrated once per session; copying it is faster than migrating every test's database."""
+    path = tmp_path_factory.mktemp("template") / "foldtune.sqlite3"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_migrated():
+    """A private PostgreSQL schema migrated once per session (tests/databases.py); dropped at the session's end."""
+    with temporary_postgres_schema() as url:
+        yield migrate_schema(url)
+
+
+@pytest.fixture
+def migrated_url(request, db_kind, tmp_path, sqlite_template):
+    """A migrated database with no rows (tests/databases.py): a copy of the SQLite template, or the session's
+    PostgreSQL schema, emptied after the test."""
+    if db_kind == "sqlite":
+        yield copy_sqlite(sqlite_template, tmp_path)
+        return
+    schema = request.getfixturevalue("postgres_migrated")
+    try:
+        yield schema.url
+    finally:
+        empty_postgres_schema(schema)
+
+
+TRITON_CHILD = pytest.StashKey[InterpreterChild]()
+
+
+def pytest_collection_finish(session):
+    """Starts the session's one Triton-interpreter child (tests/executor/triton_child.py) for every file
+    whose test asks for ``triton_interpreter`` among the tests this session runs."""
+    if INNER or session.config.option.collectonly or importlib.util.find_spec("triton") is None:
+        return
+    files = sorted({str(item.path.resolve()) for item in session.items
+                    if "triton_interpreter" in getattr(item, "fixturenames", ())})
+    if files:
+        workdir = Path(tempfile.mkdtemp(prefix="foldtune-triton-child-"))
+        session.config.stash[TRITON_CHILD] = InterpreterChild(files, session.config.rootpath, workdir)
+
+
+def pytest_sessionfinish(session):
+    child = session.config.stash.get(TRITON_CHILD, None)
+    if child is not None:
+        child.stop()
+        shutil.rmtree(child.report.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def triton_interpreter(request) -> ChildRun:
+    """What the session's Triton-interpreter child did, once it has finished (tests/executor/triton_child.py)."""
+    pytest.importorskip("triton")
+    if INNER:
+        pytest.skip("this is the child")
+    return request.config.stash[TRITON_CHILD].result()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leaves out, outside the Triton-interpreter child, the tests only that child runs
+    (tests/executor/triton_child.py): their parent test reports them. Runs the tests of a simulated Ray
+    cluster (marker ``ray_cluster``) last: each shuts down the session's one local Ray (tests/api/runner_env.py)
+    to start a cluster of its own, and the next test needing the local Ray would start it again."""
+    child_only = [] if INNER else [item for item in items if item.get_closest_marker(MARK)]
+    if child_only:
+        items[:] = [item for item in items if not item.get_closest_marker(MARK)]
+        config.hook.pytest_deselected(items=child_only)
+    items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)  # stable: order kept within

@@ -1,5 +1,4 @@
 import copy
-import shutil
 
 import pytest
 from fastapi.testclient import TestClient
@@ -7,9 +6,8 @@ from fastapi.testclient import TestClient
 from api.http.app import create_app
 from api.http.settings import ApiSettings
 from db.keys import create_api_key
-from db.migrate import upgrade
-from db.testing import postgres_required, postgres_unavailable_reason, temporary_database
 from service_env import ROOMY, auth, live_server
+from tests.databases import database_kind
 
 JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}
@@ -40,28 +38,17 @@ def training_body(data_root):
             "checkpoint_dir": str(data_root / "alice" / "ckpt")}
 
 
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory):
-    """A SQLite file migrated once per session; copying it is faster than migrating every test's database."""
-    path = tmp_path_factory.mktemp("template") / "foldtune.sqlite3"
-    upgrade(f"sqlite:///{path}")
-    return path
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow])])
+def db_kind(request, postgres_reason) -> str:
+    """As tests/conftest.py's, but the API's PostgreSQL half is in the whole suite only: the fast tier serves
+    the API on SQLite, and tests/db checks the database layer on both."""
+    return database_kind(request, postgres_reason)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path, sqlite_template):
-    """A migrated database of its own, once SQLite and once a private PostgreSQL schema."""
-    reason = postgres_unavailable_reason() if request.param == "postgres" else None
-    if reason:
-        if postgres_required():  # CI: the PostgreSQL half of the suite must run, not vanish as skips
-            pytest.fail(f"{reason} (FOLDTUNE_REQUIRE_POSTGRES is set)")
-        pytest.skip(reason)
-    with temporary_database(request.param, tmp_path) as url:
-        if request.param == "sqlite":
-            shutil.copyfile(sqlite_template, tmp_path / "foldtune.sqlite3")
-        else:
-            upgrade(url)
-        yield url
+@pytest.fixture
+def db_url(migrated_url):
+    """A migrated database with no rows, once SQLite and once PostgreSQL (``migrated_url``, tests/conftest.py)."""
+    return migrated_url
 
 
 @pytest.fixture

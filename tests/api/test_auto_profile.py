@@ -94,7 +94,7 @@ def test_runner_setting_defaults_quick_on_gpus_off_on_cpu():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_cpu_job_calibrates_first_and_the_next_job_reuses_the_profile(client, alice, db_url):
     from runner_env import TINY_JOB, session_ray, wait_no_rank_actors
 

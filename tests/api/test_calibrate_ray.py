@@ -13,7 +13,7 @@ from runner_env import simulated_ray_cluster
 
 from api.cli.main import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 
 @pytest.fixture(scope="module")

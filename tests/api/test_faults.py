@@ -18,7 +18,7 @@ FAULTS = "oom:rank=1:step=0:trial=0,kill:rank=1:step=0:trial=1,hang:rank=1:step=
 HANG_TIMEOUT_S = 25.0
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_oom_killed_and_hung_ranks_fail_their_trials_and_the_job_goes_on(client, alice, db_url):
     session_ray()
     body = copy.deepcopy(TINY_JOB)

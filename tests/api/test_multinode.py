@@ -9,7 +9,8 @@ for GPUs, ``FOLDTUNE_RAY_RANK_RESOURCE``), gloo ranks.
   the same time) succeeds, the job finishes and no actor or reservation is left.
 
 The module shares one cluster; the node-loss test runs last because it removes a node. Any local Ray an
-earlier test module started is shut down first (the next module's ``attach_ray`` starts a fresh one).
+earlier test module started is shut down first; the simulated clusters' modules (marker ``ray_cluster``) run
+after every other (tests/conftest.py), so that the session's local Ray starts once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from runner_env import TINY_JOB, make_runner, simulated_ray_cluster
 from spec.parallel_config import ParallelConfig
 from spec.rank_groups import FoldedGroups, node_of_rank, nodes_spanned
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 SLOTS = 2  # fake GPUs (and CPUs) per worker node
 
@@ -67,7 +68,7 @@ def _nothing_left(resource: str = "fake_gpu", timeout_s: float = 20.0) -> dict:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planner_put_them(cluster, client, alice,
                                                                                           db_url):
     from executor import launch_ray
@@ -103,7 +104,7 @@ def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planne
     assert _nothing_left() == {"used": 0, "groups": []}
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_node_removed_mid_trial_fails_that_trial_as_node_lost_and_the_job_finishes(cluster, client, alice,
                                                                                        db_url):
     import ray

@@ -53,7 +53,7 @@ def test_http_job_runs_six_trials_through_ray_and_best_is_served(client, alice, 
     assert wait_no_rank_actors() == []
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_cancel_stops_the_running_trial_and_the_job(client, alice, db_url):
     import threading
     import time

@@ -20,7 +20,7 @@ def _get(port: int, path: str = "/healthz") -> tuple[int, dict]:
         return err.code, json.load(err)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_healthz_follows_the_runner_and_its_database(db_url):
     runner = make_runner(db_url, runner_id="probed")
     health = HealthServer("127.0.0.1", 0, runner.health_checks(), {"runner_id": "probed"}).start()
@@ -35,7 +35,7 @@ def test_healthz_follows_the_runner_and_its_database(db_url):
         runner.close()
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_healthz_is_503_when_the_database_is_gone(db_url, tmp_path):
     runner = make_runner(db_url, runner_id="probed")
     health = HealthServer("127.0.0.1", 0, runner.health_checks(), {"runner_id": "probed"}).start()

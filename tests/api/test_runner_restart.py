@@ -36,7 +36,7 @@ def _trials(sessions, job_id: int) -> list[Trial]:
         return list(session.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.number)))
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(db_url, tmp_path):
     job_id = _submit(db_url, max_trials=3)
     engine = make_engine(db_url)
@@ -88,7 +88,7 @@ def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(d
     assert wait_no_rank_actors() == []
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_runner_shut_down_mid_trial_gives_the_job_back_and_the_trial_is_measured_again(db_url):
     import threading
 

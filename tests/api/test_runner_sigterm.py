@@ -77,7 +77,7 @@ def _environ(pid: int) -> dict[str, str]:
         return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_sigterm_mid_trial_requeues_the_job_at_once_and_leaves_no_process(db_url, tmp_path):
     job_id = _submit(db_url)
     data_dir = tmp_path / "home"

@@ -65,7 +65,7 @@ def _metrics(sessions, training_id: int) -> dict[int, tuple[int, float]]:
         return {m.step: (m.id, m.loss) for m in rows}
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_a_training_whose_runner_died_resumes_from_its_checkpoint_under_another_runner(db_url, tmp_path):
     session_ray()
     docs = Path(__file__).resolve().parents[2] / "docs"

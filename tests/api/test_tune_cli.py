@@ -74,6 +74,7 @@ def test_tune_rejects_bad_input_in_one_line(tmp_path):
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # starts Ray
 def test_tune_on_gpus_the_ray_cluster_lacks_is_one_error_line(tmp_path):
     done = _tune(tmp_path, "--gpu", "h100-sxm", "--gpus", "2", "--seq", "64", "--gbs", "8", "--model", "small-moe",
                  ray_address=session_ray(),

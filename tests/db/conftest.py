@@ -1,26 +1,21 @@
 import pytest
 
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
-from db.testing import postgres_required, postgres_unavailable_reason, temporary_database
+from db.testing import temporary_database
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path):
-    """An empty database URL, once on SQLite and once in a private PostgreSQL schema."""
-    reason = postgres_unavailable_reason() if request.param == "postgres" else None
-    if reason:
-        if postgres_required():  # CI: the PostgreSQL half of the suite must run, not vanish as skips
-            pytest.fail(f"{reason} (FOLDTUNE_REQUIRE_POSTGRES is set)")
-        pytest.skip(reason)
-    with temporary_database(request.param, tmp_path) as url:
+@pytest.fixture
+def db_url(db_kind, tmp_path):
+    """An empty (unmigrated) database URL of its own, once on SQLite and once in a private PostgreSQL schema:
+    for the tests of the migrations themselves."""
+    with temporary_database(db_kind, tmp_path) as url:
         yield url
 
 
 @pytest.fixture
-def engine(db_url):
-    upgrade(db_url)
-    eng = make_engine(db_url)
+def engine(migrated_url):
+    """An engine on a migrated database with no rows (``migrated_url``, tests/conftest.py)."""
+    eng = make_engine(migrated_url)
     yield eng
     eng.dispose()
 

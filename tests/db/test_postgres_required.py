@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from db.testing import postgres_required
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,6 +19,7 @@ def test_the_setting_reads_as_a_flag():
     assert not postgres_required({}) and not postgres_required({"FOLDTUNE_REQUIRE_POSTGRES": "0"})
 
 
+@pytest.mark.slow  # a child pytest
 def test_ci_requires_postgres_and_an_unreachable_server_fails_the_postgres_tests(tmp_path):
     assert "export FOLDTUNE_REQUIRE_POSTGRES=1" in (ROOT / ".ci" / "run").read_text()
     env = {**os.environ, "FOLDTUNE_TEST_POSTGRES_URL": "postgresql+psycopg://nobody@127.0.0.1:1/none",

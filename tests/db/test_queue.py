@@ -54,7 +54,7 @@ def test_concurrent_runners_never_claim_the_same_job(sessions, add_jobs):
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # SQLite serialises whole transactions instead
+@pytest.mark.parametrize("db_kind", ["postgres"], indirect=True)  # SQLite serialises whole transactions instead
 def test_postgres_claim_skips_a_row_locked_by_another_runner(sessions, add_jobs):
     ids = add_jobs(2)
     with sessions() as holder, sessions() as other:

@@ -47,9 +47,9 @@ def test_optuna_storage_url_layout():
     assert "mine_optuna" in pinned
 
 
-def test_optuna_tables_stay_out_of_the_service_schema(engine, db_url):
+def test_optuna_tables_stay_out_of_the_service_schema(engine, migrated_url):
     optuna = pytest.importorskip("optuna")
-    storage_url = ensure_optuna_storage(db_url)
+    storage_url = ensure_optuna_storage(migrated_url)
     storage = optuna.storages.RDBStorage(storage_url)
     study = optuna.create_study(storage=storage, study_name="job-1", direction="minimize")
     study.tell(study.ask(), 1.0)

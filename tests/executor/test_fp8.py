@@ -17,9 +17,6 @@ for the product) or no quantisation (bf16: < 0.005) fall outside it.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -34,6 +31,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.profile import DTYPES, options_for_precision
 from executor.train_step import Trainer
+from tests.executor.triton_child import inner_only
 
 U = 2.0**-4
 SUBNORMAL_HALF_SPACING = 2.0**-10
@@ -252,6 +250,7 @@ def test_tiny_moe_training_steps_in_fp8_track_bf16():
     assert fp8_losses[1] < fp8_losses[0]  # it trains
 
 
+@pytest.mark.slow  # a child process of the bench script
 def test_bench_smoke_mode_runs_on_cpu(tmp_path):
     """python -m bench.fp8_check --device cpu --tiny: emulated GEMMs land in the e4m3 band, every speed variant
     runs (from the repository root, as the bench drivers are run)."""
@@ -396,6 +395,7 @@ def test_training_with_the_cache_equals_training_without_it(cached, monkeypatch)
 
 
 
+@pytest.mark.slow
 def test_full_recompute_quantises_each_weight_form_once_a_step_too(cached):
     """Under activation checkpointing the backward's saved tensors come back as new tensor objects: the weight
     forms must still come from the cache (the weight rides on the autograd context, not in its saved tensors),
@@ -523,20 +523,9 @@ def test_hardware_rounding_is_off_on_cpu_and_where_its_check_fails(monkeypatch):
 
 # ---- the Triton quantisation, in Triton's interpreter ----
 
-INNER = os.environ.get("TRITON_INTERPRET") == "1"
-inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of test_triton_quantisation")
-
-
-def test_triton_quantisation_in_interpreter():
+def test_triton_quantisation_in_interpreter(triton_interpreter):
     """The Triton kernels below run in a child pytest with TRITON_INTERPRET=1 (Triton reads it at import)."""
-    pytest.importorskip("triton")
-    if INNER:
-        pytest.skip("this is the child")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "triton_",
-                           __file__], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "9 passed" in done.stdout
+    triton_interpreter.check(__file__, expected=9)
 
 
 @inner_only

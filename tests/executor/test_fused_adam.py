@@ -52,7 +52,7 @@ def _worker(rank, world, label, dtype):
 def test_fused_adamw_equals_the_op_chain(label, world, dtype):
     if not hasattr(torch, "_fused_adamw_"):
         pytest.skip("this torch has no _fused_adamw_")
-    result = launch(_worker, world, (label, dtype), backend="gloo", timeout_s=240)
+    result = launch(_worker, world, (label, dtype), backend="gloo", timeout_s=240, start_method="fork")
     assert result.ok, result.failure_reason
     fused, chain = result.results[0][True], result.results[0][False]
     assert fused["fused"] and not chain["fused"]  # the kernel really ran on one side only

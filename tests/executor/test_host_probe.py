@@ -16,7 +16,7 @@ def test_the_worker_times_pairs_of_both_lengths_on_a_cpu_rank():
     training = TrainingSpec(seq_length=32, global_batch_size=2, precision="fp32")
     config = ParallelConfig(world_size=1, recompute_granularity="full")
     result = launch(probe.host_probe_worker, 1, (spec, training, config, 1, 2), backend="gloo",
-                    timeout_s=300)
+                    timeout_s=300, start_method="fork")
     assert result.ok, result.failure_reason
     report = result.results[0]
     assert set(report["steps_s"]) == {1, 2} and all(v > 0 for v in report["steps_s"].values())

@@ -108,6 +108,7 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_retried_on_a_new_port
     assert [r["sum"] for r in result.results] == [3.0, 3.0]
 
 
+@pytest.mark.slow  # test_a_rendezvous_port_taken_before_rank_0_binds_it_is_retried_on_a_new_port is the fast tier's
 def test_a_port_taken_on_every_attempt_fails_with_the_reason(monkeypatch):
     import socket
 

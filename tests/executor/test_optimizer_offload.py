@@ -61,6 +61,7 @@ def test_offloaded_elements_are_the_first_ceil_fraction_of_the_shard():
     assert all(u.host.master.device.type == "cpu" for u in opt._host_units)
 
 
+@pytest.mark.slow  # the two-rank test beside it is the fast tier's
 def test_offload_fractions_train_to_the_same_parameters_single_process(monkeypatch):
     monkeypatch.setattr(optimizer, "HOST_STEP_ELEMENTS", 777)  # the CPU step in many uneven blocks
     results = {}

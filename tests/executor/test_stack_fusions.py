@@ -5,9 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,8 +20,8 @@ from executor.model import DecoderLayer
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
+from tests.executor.triton_child import inner_only
 
-INNER = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _layer(spec, options, device="cpu", dtype=torch.float32, state=None):
@@ -120,18 +117,8 @@ def test_cuda_graphs_allowed_where_static():
 
 # ---- fused RoPE through Triton's interpreter (a child process: Triton reads TRITON_INTERPRET on import) ----
 
-def test_rope_and_norm_kernels_in_triton_interpreter():
-    pytest.importorskip("triton")
-    if INNER:
-        pytest.skip("this is the child")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "inner",
-                           __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and "failed" not in done.stdout and "skipped" not in done.stdout
-
-
-inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of test_rope_and_norm_kernels_in_triton_interpreter")
+def test_rope_and_norm_kernels_in_triton_interpreter(triton_interpreter):
+    triton_interpreter.check(__file__)
 
 
 @inner_only

@@ -49,6 +49,7 @@ def test_schedule_warms_up_then_decays_to_the_floor():
         LRSchedule(1.0, 2.0)
 
 
+@pytest.mark.slow
 def test_tiny_moe_learns_real_text(corpus):
     """300 steps of 8×64 bytes lower the held-out loss far below its start (uniform: ln 256 = 5.55)."""
     cfg = TrainConfig(corpus, steps=300, seq_length=64, global_batch_size=8, lr=3e-3, min_lr=3e-4, warmup_steps=20,
@@ -179,6 +180,7 @@ def _csv_rows(directory):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # test_cli_writes_every_step_into_the_service_database is the fast tier's CLI training
 def test_cli_trains_resumes_under_another_layout_and_reports_errors(corpus, tmp_path, capfd):
     """Progress lines come from rank 0's process, hence capfd."""
     from api.cli.main import main

@@ -6,27 +6,19 @@ with TRITON_INTERPRET=1 (``test_cross_entropy_kernels_in_triton_interpreter``); 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from executor.kernels import triton_cross_entropy as ce
 from executor.parallel.groups import single_process_state
 from executor.parallel.vocab import output_cross_entropy
-from tests.executor.triton_child import run_inner_tests
+from tests.executor.triton_child import INNER, inner_only
 
-INNER = os.environ.get("TRITON_INTERPRET") == "1"
-inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of "
-                                "test_cross_entropy_kernels_in_triton_interpreter")
 H, PADDED = 32, 256
 
 
-def test_cross_entropy_kernels_in_triton_interpreter():
-    pytest.importorskip("triton")
-    if INNER:
-        pytest.skip("this is the child")
-    run_inner_tests(__file__)
+def test_cross_entropy_kernels_in_triton_interpreter(triton_interpreter):
+    triton_interpreter.check(__file__)
 
 
 def _spy(monkeypatch, name: str) -> list:

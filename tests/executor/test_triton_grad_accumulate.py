@@ -5,7 +5,6 @@ pytest with TRITON_INTERPRET=1 by ``test_grad_accumulate_kernel_in_triton_interp
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -14,18 +13,11 @@ import torch
 from executor.kernels import triton_grad_accumulate as acc
 from executor.parallel import grad_reduce
 from executor.parallel.grad_reduce import attach_main_grads
-from tests.executor.triton_child import run_inner_tests
-
-INNER = os.environ.get("TRITON_INTERPRET") == "1"
-inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of "
-                                "test_grad_accumulate_kernel_in_triton_interpreter")
+from tests.executor.triton_child import inner_only
 
 
-def test_grad_accumulate_kernel_in_triton_interpreter():
-    pytest.importorskip("triton")
-    if INNER:
-        pytest.skip("this is the child")
-    run_inner_tests(__file__)
+def test_grad_accumulate_kernel_in_triton_interpreter(triton_interpreter):
+    triton_interpreter.check(__file__)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

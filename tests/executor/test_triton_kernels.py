@@ -10,27 +10,16 @@ with the variable set; in this process they skip.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-INNER = os.environ.get("TRITON_INTERPRET") == "1"
-inner_only = pytest.mark.skipif(not INNER, reason="runs in the interpreter child of test_kernels_in_triton_interpreter")
+from tests.executor.triton_child import inner_only
 
 
-def test_kernels_in_triton_interpreter():
-    if INNER:
-        pytest.skip("this is the child")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and "failed" not in done.stdout
+def test_kernels_in_triton_interpreter(triton_interpreter):
+    triton_interpreter.check(__file__)
 
 
 def _torch_routing(logits, k, pre, scale):

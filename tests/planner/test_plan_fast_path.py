@@ -26,8 +26,8 @@ CASES = [  # (model, GPUs, seq, global batch, mbs_max, vpp_max, more SearchSpace
     ("deepseek-v2-lite", 16, 4096, 64, 4, 2, {}),
     ("mixtral-8x7b", 32, 4096, 64, 2, 3, {}),
     # one scan per offload option, each with its own LayoutMemory knobs (optimizer offload 0.5, moe offloaded)
-    ("deepseek-v2-lite", 16, 4096, 64, 4, 2, OFFLOAD),
-    ("mixtral-8x7b", 32, 4096, 64, 2, 2, OFFLOAD),
+    pytest.param("deepseek-v2-lite", 16, 4096, 64, 4, 2, OFFLOAD, marks=pytest.mark.slow),
+    pytest.param("mixtral-8x7b", 32, 4096, 64, 2, 2, OFFLOAD, marks=pytest.mark.slow),
 ]
 
 

@@ -26,7 +26,7 @@ H100 = get_hardware("h100-sxm")
 CASES = [  # (model, GPUs, seq, global batch, mbs_max, vpp_max)
     ("qwen3-30b-a3b", 32, 4096, 128, 2, 2),
     ("deepseek-v2-lite", 16, 4096, 64, 4, 2),
-    ("mixtral-8x7b", 32, 4096, 64, 2, 3),
+    pytest.param("mixtral-8x7b", 32, 4096, 64, 2, 3, marks=pytest.mark.slow),
 ]
 # layer terms scaled both ways, and a host factor (which the floor does not read)
 FACTORS = {"gemm": 0.5, "grouped_gemm": 1.5, "memory_bound": 0.8, "tp_comm": 2.0, "ep_a2a": 0.3, "host": 0.5}
