@@ -166,6 +166,12 @@ def _ran_s(x):
     return (datetime.fromisoformat(x["finished_at"]) - datetime.fromisoformat(x["started_at"])).total_seconds()
 
 
+def _value(label):
+    """The number a tick label shows: '2.5k' -> 2500, '2e-4' -> 0.0002."""
+    scale = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+    return float(label[:-1]) * scale[label[-1]] if label[-1] in scale else float(label)
+
+
 def _shows(text, value, rel=2e-3):
     """Whether ``text`` shows ``value`` (to four significant digits, in any of its numbers)."""
     return any(float(n) == pytest.approx(value, rel=rel)
@@ -494,8 +500,10 @@ def test_every_page_fits_the_screen(dash, browser, width):
                 for axis in ("x", "y"):
                     labels = _tick_labels(browser, plot, axis)
                     assert not any("e+" in x for x in labels), (hash_, plot, labels)
-                    kinds = {"exp" if "e-" in x else "si" if x[-1] in "kMGTP" else "plain" for x in labels if x != "0"}
-                    assert len(kinds) <= 1, (hash_, plot, axis, labels)  # one notation per axis
+                    # one notation per axis: powers of ten ("2e-4") or decimals (SI prefixes only from 10^4 up)
+                    kinds = {"exp" if "e-" in x else "decimal" for x in labels if x != "0"}
+                    assert len(kinds) <= 1, (hash_, plot, axis, labels)
+                    assert not any(x[-1] in "kMGTP" for x in labels) or max(_value(x) for x in labels) >= 1e4, labels
         _plan(browser, base, "tiny-moe", "h100-sxm", 16, 512, 32, 40)
         _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
         _fits(browser, "#/plan with a plan")

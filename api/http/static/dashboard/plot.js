@@ -62,12 +62,14 @@ const Plot = (() => {
   }
 
   // Tick labels of a log axis, where ticks span decades: each in one notation chosen for the axis, powers of
-  // ten ("2e-5", "1e-4") when the smallest is below 10^-2, else plain below 1000 and SI above ("500", "2k").
+  // ten ("2e-5", "1e-4") when the smallest is below 10^-2, plain numbers when the largest is below 10^4, else
+  // SI prefixes ("500", "1k", "20k").
   function logFormatter(values) {
     const trim = v => String(+v.toPrecision(3));
     if (Math.min(...values.map(Math.abs)) < 1e-2) {
       return v => { const e = Math.floor(Math.log10(v) + 1e-9); return `${trim(v / 10 ** e)}e${e}`; };
     }
+    if (Math.max(...values) < 1e4) return trim;
     return v => {
       const k = Math.max(0, Math.min(Math.floor(Math.log10(v) / 3 + 1e-9), SI.length - 1));
       return trim(v / 10 ** (3 * k)) + SI[k];
