@@ -5,7 +5,8 @@ in headless Chromium (Debian's chromium + chromium-driver, driven by Selenium).
     PYTHONPATH=$PWD RAY_AUTH_MODE=disabled python3 bench/dashboard_screenshots.py [--out docs/img]
         [--trials 8] [--steps 40] [--data DIR]   # --data: reuse a database this script built before
 
-Writes dashboard-jobs.png, dashboard-job.png, dashboard-plan.png, dashboard-training.png and docs-swagger.png.
+Writes dashboard-jobs.png, dashboard-job.png, dashboard-job-phone.png (390 px wide), dashboard-compare-trials.png,
+dashboard-plan.png, dashboard-training.png and docs-swagger.png.
 """
 
 from __future__ import annotations
@@ -69,14 +70,20 @@ def _browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
-def _shot(driver, path: Path, settle_s: float = 1.0) -> None:
-    """The whole page: the window is resized to the document's height first."""
+def _shot(driver, path: Path, settle_s: float = 1.0, width: int = 1400) -> None:
+    """The whole page at ``width``: the window is resized to the document's height first."""
     time.sleep(settle_s)
     height = driver.execute_script("return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
-    driver.set_window_size(1400, min(max(height, 600), 4000) + 160)  # + the window frame around the viewport
+    driver.set_window_size(width, min(max(height, 600), 4000) + 160)  # + the window frame around the viewport
     time.sleep(0.3)
     driver.save_screenshot(str(path))
     print("wrote", path)
+
+
+def _api(base: str, key: str, path: str):
+    req = urllib.request.Request(base + path, headers={"X-API-Key": key})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
 
 
 def _wait_loaded(driver, hash_: str) -> None:
@@ -108,6 +115,16 @@ def main() -> int:
             driver.get(f"{base}/{hash_}")
             _wait_loaded(driver, hash_)
             _shot(driver, out / name)
+        trials = [t["number"] for t in _api(base, data.keys["alice"], f"/v1/jobs/{data.job_id}/trials?limit=200")["items"]
+                  if t["status"] == "succeeded"]
+        shots = [(f"#/jobs/{data.job_id}", "dashboard-job-phone.png", 390)]
+        if len(trials) >= 2:
+            shots.append((f"#/jobs/{data.job_id}/compare/{trials[0]}/{trials[-1]}", "dashboard-compare-trials.png", 1400))
+        for hash_, name, width in shots:
+            driver.set_window_size(width, 1000)  # the page draws its plots at this width
+            driver.get(f"{base}/{hash_}")
+            _wait_loaded(driver, hash_)
+            _shot(driver, out / name, width=width)
         driver.set_window_size(1400, 1000)
         driver.get(f"{base}/#/plan")
         _wait_loaded(driver, "#/plan")

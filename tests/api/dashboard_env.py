@@ -1,6 +1,6 @@
 """A database holding what the dashboard shows, made by really running foldtune: a finished tuning job of
-tiny-moe on 2 CPU ranks (gloo, 3 trials) and a short training of its best layout with checkpoints, both
-owned by alice; bob owns a queued job of his own. Shared by the browser tests and
+tiny-moe on 2 CPU ranks (gloo, 3 trials), a short training of its best layout with checkpoints and a shorter
+one at another learning rate (to compare the two), all owned by alice; bob owns a queued job of his own. Shared by the browser tests and
 bench/dashboard_screenshots.py."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ DASH_JOB = {"model": "tiny-moe", "training": {"seq_length": 32, "global_batch_si
 BOB_JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
            "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 2, "max_seconds": 600}}
 TRAIN_STEPS = 12
+OTHER_STEPS = 6   # the second training's steps
+OTHER_LR = 1e-3   # and its peak learning rate
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,12 @@ class DashboardData:
     job_id: int                   # alice's finished tuning job
     bob_job_id: int               # bob's queued job (alice must not see it)
     training_id: int              # alice's finished training
+    other_training_id: int | None = None  # alice's second, shorter training of the same layout (other lr)
 
 
 def build_dashboard_data(workdir: Path, max_trials: int = 3, train_steps: int = TRAIN_STEPS) -> DashboardData:
-    """Run the job (``max_trials`` trials) and the training (``train_steps`` steps) for real into a SQLite file
-    in ``workdir``: about 30 s on 2 idle CPU cores with the defaults."""
+    """Run the job (``max_trials`` trials) and the trainings (``train_steps`` and OTHER_STEPS steps) for real into a
+    SQLite file in ``workdir``: about a minute on 2 idle CPU cores with the defaults."""
     from fastapi.testclient import TestClient
 
     from api.http.app import create_app
@@ -69,10 +72,18 @@ def build_dashboard_data(workdir: Path, max_trials: int = 3, train_steps: int = 
         _run_once(url, root)
         done = client.get(f"/v1/trainings/{training_id}", headers=alice).json()
         assert done["status"] == "succeeded", done["error"]
+        other = client.post("/v1/trainings", headers=alice, json={
+            "job_id": job_id, "data_path": str(data), "steps": OTHER_STEPS, "lr": OTHER_LR, "min_lr": OTHER_LR / 10,
+            "checkpoint_dir": str(root / "alice" / "ckpt-other"), "warmup_steps": 1, "eval_every": OTHER_STEPS // 2,
+            "eval_batches": 1})
+        assert other.status_code == 201, other.text
+        _run_once(url, root)
+        done = client.get(f"/v1/trainings/{other.json()['id']}", headers=alice).json()
+        assert done["status"] == "succeeded", done["error"]
         bob_job = client.post("/v1/jobs", json=BOB_JOB, headers={"X-API-Key": keys["bob"]})
         assert bob_job.status_code == 201, bob_job.text
     app.state.engine.dispose()
-    return DashboardData(url, keys, job_id, bob_job.json()["id"], training_id)
+    return DashboardData(url, keys, job_id, bob_job.json()["id"], training_id, other.json()["id"])
 
 
 def _own_ray() -> None:

@@ -1,13 +1,15 @@
 """The dashboard in a real browser: headless Chromium (Debian's ``chromium`` + ``chromium-driver``) driven by
 Selenium against a live ``foldtune serve`` whose database holds a real finished tuning job and training
 (tests/api/dashboard_env.py runs them). The tests check what a person sees: table rows, one SVG circle per
-data point, another owner's job absent, and /docs rendered by the vendored Swagger UI with every request
-going to the server itself (the browser resolves no other host)."""
+data point, durations, two trials and two trainings side by side, another owner's job absent, every page
+without sideways scrolling and with Sign out on screen at 390 px and 1440 px, and /docs rendered by the
+vendored Swagger UI with every request going to the server itself (the browser resolves no other host)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -143,6 +145,39 @@ def _circles(driver, plot_id, cls=""):
     return _css(driver, f"#{plot_id} svg circle.pt{'.' + cls if cls else ''}")
 
 
+def _tick_labels(driver, plot_id, axis):
+    """The tick labels of a plot's x or y axis, as shown."""
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(t => t.textContent)",
+                                 f"#{plot_id} svg text.{axis}-tick")
+
+
+def _seconds_of(text):
+    """Seconds from the dashboard's wall-time text: '42 s', '3 min 05 s', '2 h 07 min'."""
+    units = {"d": 86400, "h": 3600, "min": 60, "s": 1}
+    parts = re.findall(r"(\d+) (d|h|min|s)\b", text)
+    assert parts, text
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def _ran_s(x):
+    """Seconds between a job's, trial's or training's started_at and finished_at (API JSON)."""
+    from datetime import datetime
+
+    return (datetime.fromisoformat(x["finished_at"]) - datetime.fromisoformat(x["started_at"])).total_seconds()
+
+
+def _value(label):
+    """The number a tick label shows: '2.5k' -> 2500, '2e-4' -> 0.0002."""
+    scale = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+    return float(label[:-1]) * scale[label[-1]] if label[-1] in scale else float(label)
+
+
+def _shows(text, value, rel=2e-3):
+    """Whether ``text`` shows ``value`` (to four significant digits, in any of its numbers)."""
+    return any(float(n) == pytest.approx(value, rel=rel)
+               for n in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", text))
+
+
 def test_sign_in_shows_only_the_owners_jobs_and_updates_them_live(dash, browser):
     base, data = dash
     sign_in(browser, base, "ft_not-a-key", accepted=False)
@@ -155,8 +190,9 @@ def test_sign_in_shows_only_the_owners_jobs_and_updates_them_live(dash, browser)
     job = _api(base, data.keys["alice"], f"/v1/jobs/{data.job_id}")
     rows = _rows(driver, "jobs-table")
     assert len(rows) == 1  # alice's one job; bob's is not listed
-    ident, status, model, cluster, trials, best, _ = rows[0]
+    ident, status, model, cluster, trials, best, took, _ = rows[0]
     assert (ident, status, model, cluster) == (f"#{data.job_id}", "succeeded", "tiny-moe", "2 × cpu")
+    assert _seconds_of(took) == pytest.approx(_ran_s(job), abs=1)
     assert trials == f"{job['trials']['total']}/{job['budget']['max_trials']}" == "3/3"
     assert best.endswith(" ms") and float(best[:-3]) == pytest.approx(job["best_trial"]["step_time_s"] * 1e3, rel=1e-3)
     _open(driver, base, f"#/jobs/{data.bob_job_id}")
@@ -182,11 +218,13 @@ def test_job_page_tables_and_plots(dash, browser):
     measured = [t for t in trials if t["step_time_s"] is not None and t["predicted_step_time_s"] is not None]
     assert len(measured) >= 2, [t["failure_reason"] for t in trials]
 
-    rows = _rows(browser, "trials-table")
-    assert [r[0] for r in rows] == [str(t["number"]) for t in trials]
-    assert [r[1] for r in rows] == [t["status"] for t in trials]
-    assert [r[2] for r in rows] == [t["label"] for t in trials]
-    assert all(r[3].endswith(" ms") and r[4].endswith(" ms") for r in rows)  # predicted, calibrated
+    rows = _rows(browser, "trials-table")  # compare box, #, state, layout, predicted, calibrated, measured, took, ...
+    assert [r[1] for r in rows] == [str(t["number"]) for t in trials]
+    assert [r[2] for r in rows] == [t["status"] for t in trials]
+    assert [r[3] for r in rows] == [t["label"] for t in trials]
+    assert all(r[4].endswith(" ms") and r[5].endswith(" ms") for r in rows)  # predicted, calibrated
+    assert [_seconds_of(r[7]) for r in rows] == pytest.approx([_ran_s(t) for t in trials], abs=1)
+    assert _seconds_of(_css(browser, "#job-took")[0].text) == pytest.approx(_ran_s(job), abs=1)
 
     calibrated = {r["number"] for r in job["calibration"]["measured_vs_predicted"] if r["calibrated_step_time"]}
     assert len(_circles(browser, "plot-pred-vs-measured", "raw")) == len(measured)
@@ -195,6 +233,10 @@ def test_job_page_tables_and_plots(dash, browser):
     assert len(_css(browser, "#plot-pred-vs-measured svg path.ref")) == 1  # y = x
     assert len(_circles(browser, "plot-best-so-far", "best")) == len(measured)
     assert len(_css(browser, "#plot-best-so-far svg path.series")) == 1
+    # the trial axis spans the trials run (no trial -1) in whole numbers
+    numbers = [int(x) for x in _tick_labels(browser, "plot-best-so-far", "x")]
+    assert numbers and min(numbers) >= 0 and max(numbers) <= max(t["number"] for t in trials)
+    assert all(float(c.get_attribute("r")) >= 3 for c in _circles(browser, "plot-best-so-far"))  # visible markers
 
     ranked = sorted(measured, key=lambda t: t["step_time_s"])[:2]
     bars = _css(browser, "#plot-terms svg g.bar")
@@ -221,16 +263,28 @@ def test_training_page_plots_every_step_and_lists_checkpoints(dash, browser):
     key = data.keys["alice"]
     sign_in(browser, base, key)
     _open(browser, base, "#/trainings")
-    assert [r[:2] for r in _rows(browser, "trainings-table")] == [[f"#{data.training_id}", "succeeded"]]
+    listed = sorted([data.training_id, data.other_training_id], reverse=True)  # newest first
+    assert [r[1:3] for r in _rows(browser, "trainings-table")] == [[f"#{i}", "succeeded"] for i in listed]
     _open(browser, base, f"#/trainings/{data.training_id}")
+    training = _api(base, key, f"/v1/trainings/{data.training_id}")
     metrics = _api(base, key, f"/v1/trainings/{data.training_id}/metrics?limit=200")["items"]
     assert len(metrics) == TRAIN_STEPS
+    assert _seconds_of(_css(browser, "#training-took")[0].text) == pytest.approx(_ran_s(training), abs=1)
     assert len(_circles(browser, "plot-loss", "train-loss")) == TRAIN_STEPS
     evals = [m for m in metrics if m["eval_loss"] is not None]
     assert evals and len(_circles(browser, "plot-loss", "eval-loss")) == len(evals)
     assert len(_circles(browser, "plot-tokens", "tokens")) == TRAIN_STEPS
     assert len(_circles(browser, "plot-step-time", "measured")) == TRAIN_STEPS
     assert len(_css(browser, "#plot-step-time svg g[data-series=predicted] path.series")) == 1
+    # learning rate, gradient norm and expert load, one point per stored step, each tip saying the stored value
+    for plot, cls, values in (("plot-lr", "lr", [m["lr"] for m in metrics]),
+                              ("plot-grad-norm", "grad-norm", [m["grad_norm"] for m in metrics]),
+                              ("plot-expert-load", "expert-load", [m["expert_load_max"] for m in metrics])):
+        tips = [c.get_attribute("data-tip") for c in _circles(browser, plot, cls)]
+        assert len(tips) == TRAIN_STEPS and all(v is not None for v in values), plot
+        for tip, m, v in zip(tips, metrics, values):
+            assert tip.startswith(f"step {m['step']}: ") and _shows(tip, v), (plot, tip, v)
+    assert max(m["lr"] for m in metrics) <= training["recipe"]["lr"] * (1 + 1e-9)
     checkpoints = _api(base, key, f"/v1/trainings/{data.training_id}/checkpoints")["items"]
     assert [c["step"] for c in checkpoints] == [TRAIN_STEPS // 2, TRAIN_STEPS]
     assert [r[0] for r in _rows(browser, "checkpoints-table")] == [str(c["step"]) for c in checkpoints]
@@ -241,24 +295,8 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     base, data = dash
     key = data.keys["alice"]
     sign_in(browser, base, key)
-    _open(browser, base, "#/plan")
-    _wait(browser, lambda d: d.execute_script("return document.getElementById('plan-form').dataset.ready"),
-          "the model and GPU lists")
-    from selenium.webdriver.support.ui import Select
-
-    Select(_css(browser, "#plan-model")[0]).select_by_value("tiny-moe")
-    Select(_css(browser, "#plan-gpu")[0]).select_by_value("h100-sxm")
-    for field, value in (("#plan-gpus", 16), ("#plan-seq", 512), ("#plan-gbs", 32), ("#plan-top", 40)):
-        _css(browser, field)[0].clear()
-        _css(browser, field)[0].send_keys(str(value))
-    _css(browser, "#plan-form button")[0].click()
+    plan = _plan(browser, base, key, "tiny-moe", "h100-sxm", 16, 512, 32, 40)
     _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
-    body = json.dumps({"model": "tiny-moe", "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
-                       "training": {"seq_length": 512, "global_batch_size": 32, "precision": "bf16"}, "top": 40})
-    req = urllib.request.Request(base + "/v1/plans", data=body.encode(), method="POST",
-                                 headers={"X-API-Key": key, "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        plan = json.loads(r.read())
     points = [(e["memory_bytes"]["total"], e["step_time_s"]) for e in plan["ranked"]]
     front, best = [], float("inf")
     for mem, step in sorted(points):
@@ -268,6 +306,11 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     assert len(_circles(browser, "plot-plan")) == len(plan["ranked"]) == 40
     assert len(_circles(browser, "plot-plan", "pareto")) == len(front)
     assert len(_css(browser, "#plot-plan svg path.front")) == 1
+    usable_gib = plan["cluster"]["usable_hbm_bytes"] / 2**30
+    assert len(_css(browser, "#plot-plan svg > line.guide.capacity")) == 1  # the usable-memory line
+    legend = _css(browser, "#plot-plan svg")[0].get_attribute("textContent")
+    shown = re.search(r"usable ([0-9.]+) GiB", legend)  # named in the legend, to three digits
+    assert shown and float(shown[1]) == pytest.approx(usable_gib, rel=5e-3), legend
     assert len(_rows(browser, "rejected-table")) == len(plan["rejected"]) > 0
     assert f"{plan['considered']} layouts considered" in _css(browser, "#plan-counts")[0].text
     from selenium.webdriver.common.action_chains import ActionChains
@@ -275,6 +318,198 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     ActionChains(browser).move_to_element(_circles(browser, "plot-plan", "pareto")[0]).perform()
     _wait(browser, lambda d: "MFU" in _css(d, "#plan-detail")[0].text, "details on hover")
     assert _css(browser, "#plan-detail")[0].text.split("\n")[0] in {e["layout"] for e in plan["ranked"]}
+
+
+def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top):
+    """Fill the plan explorer's form, submit it and wait for its answer; returns the same plan from the API."""
+    from selenium.webdriver.support.ui import Select
+
+    _open(browser, base, "#/plan")
+    _wait(browser, lambda d: d.execute_script("return document.getElementById('plan-form').dataset.ready"),
+          "the model and GPU lists")
+    Select(_css(browser, "#plan-model")[0]).select_by_value(model)
+    Select(_css(browser, "#plan-gpu")[0]).select_by_value(gpu)
+    for field, value in (("#plan-gpus", gpus), ("#plan-seq", seq), ("#plan-gbs", gbs), ("#plan-top", top)):
+        _css(browser, field)[0].clear()
+        _css(browser, field)[0].send_keys(str(value))
+    _css(browser, "#plan-form button")[0].click()
+    _wait(browser, lambda d: _css(d, "#plan-counts"), "the plan's answer")
+    body = json.dumps({"model": model, "cluster": {"gpu": gpu, "num_gpus": gpus},
+                       "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}, "top": top})
+    req = urllib.request.Request(base + "/v1/plans", data=body.encode(), method="POST",
+                                 headers={"X-API-Key": key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_plan_that_fits_nothing_says_so_and_draws_no_front(dash, browser):
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    plan = _plan(browser, base, key, "mixtral-8x7b", "h100-sxm", 2, 4096, 8, 10)  # 47 B parameters on 2 GPUs
+    assert plan["fitting"] == 0 and plan["ranked"] == [] and plan["closest"] is not None
+    verdict = _css(browser, "#plan-counts")[0]
+    assert "None fits" in verdict.text and "warn" in verdict.get_attribute("class")
+    usable_gib, needed_gib = plan["cluster"]["usable_hbm_bytes"] / 2**30, plan["closest"]["memory_bytes"]["total"] / 2**30
+    assert _shows(verdict.text, usable_gib) and _shows(verdict.text, needed_gib)
+    svg_text = _css(browser, "#plot-plan svg")[0].get_attribute("textContent")
+    assert "Pareto" not in svg_text and not _css(browser, "#plot-plan svg path.front")
+    assert len(_circles(browser, "plot-plan")) == len(_circles(browser, "plot-plan", "closest")) == 1
+    assert len(_css(browser, "#plot-plan svg > line.guide.capacity")) == 1
+    # the capacity line lies left of the closest layout: it needs more than there is
+    line = float(_css(browser, "#plot-plan svg > line.guide.capacity")[0].get_attribute("x1"))
+    assert line < float(_circles(browser, "plot-plan", "closest")[0].get_attribute("cx"))
+
+
+def test_two_trials_side_by_side(dash, browser):
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    _open(browser, base, f"#/jobs/{data.job_id}")
+    trials = _api(base, key, f"/v1/jobs/{data.job_id}/trials")["items"]
+    both = [t for t in trials if (t["predicted"] or {}).get("terms_s") and (t["measurement"] or {}).get("phases")]
+    assert len(both) >= 2, [t["failure_reason"] for t in trials]
+    a, b = both[0], both[-1]
+    for t in (a, b):
+        _css(browser, f"input.pick-trial[data-number='{t['number']}']")[0].click()
+    link = _css(browser, "#compare-trials")[0]
+    assert link.text == f"Compare trials {a['number']} and {b['number']}"
+    link.click()
+    _wait(browser, lambda d: d.execute_script("return document.getElementById('main').dataset.loaded")
+          == f"#/jobs/{data.job_id}/compare/{a['number']}/{b['number']}", "the comparison")
+    rows = {r[0]: r[1:] for r in _rows(browser, "trial-compare")}
+    assert rows["layout"] == [a["label"], b["label"]]
+    assert rows["state"] == [a["status"], b["status"]]
+    assert [_shows(text, t["step_time_s"] * 1e3) for text, t in zip(rows["measured step"], (a, b))] == [True, True]
+    assert [_seconds_of(x) for x in rows["took"]] == pytest.approx([_ran_s(a), _ran_s(b)], abs=1)
+    differs = set(browser.execute_script(
+        "return [...document.querySelectorAll('#trial-compare tr.differs th')].map(th => th.textContent)"))
+    assert ("layout" in differs) == (a["label"] != b["label"])
+    changed = {k for k in set(a["config"]) | set(b["config"]) if a["config"].get(k) != b["config"].get(k)}
+    assert changed and changed <= differs  # every layout setting that differs has its own highlighted row
+    for plot, part in (("plot-compare-predicted", "predicted"), ("plot-compare-measured", "measurement")):
+        bars = _css(browser, f"#{plot} svg g.bar")
+        assert [bar.get_attribute("data-bar") for bar in bars] == [f"trial {a['number']}", f"trial {b['number']}"]
+        key_ = "terms_s" if part == "predicted" else "phases"
+        for bar, t in zip(bars, (a, b)):
+            assert {seg.get_attribute("data-term") for seg in _css(bar, "rect.seg")} == {
+                k for k, v in t[part][key_].items() if v > 0}
+
+
+def test_two_trainings_side_by_side(dash, browser):
+    from dashboard_env import OTHER_LR, OTHER_STEPS, TRAIN_STEPS
+
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    _open(browser, base, "#/trainings")
+    first, other = data.training_id, data.other_training_id
+    for tid in (first, other):
+        _css(browser, f"input.pick-training[data-id='{tid}']")[0].click()
+    _css(browser, "#compare-trainings")[0].click()
+    _wait(browser, lambda d: d.execute_script("return document.getElementById('main').dataset.loaded")
+          == f"#/trainings/compare/{first}/{other}", "the comparison")
+    rows = {r[0]: r[1:] for r in _rows(browser, "training-compare")}
+    assert rows["steps done"] == [f"{TRAIN_STEPS}/{TRAIN_STEPS}", f"{OTHER_STEPS}/{OTHER_STEPS}"]
+    assert _shows(rows["lr (peak → end), warm-up"][1], OTHER_LR)
+    differs = browser.execute_script(
+        "return [...document.querySelectorAll('#training-compare tr.differs th')].map(th => th.textContent)")
+    assert "lr (peak → end), warm-up" in differs and "layout" not in differs  # same job, same layout
+    for tid, steps in ((first, TRAIN_STEPS), (other, OTHER_STEPS)):  # both runs on the same axes
+        assert len(_circles(browser, "plot-loss", f"train-loss.run-{tid}")) == steps
+        assert len(_circles(browser, "plot-lr", f"lr.run-{tid}")) == steps
+        assert len(_circles(browser, "plot-grad-norm", f"grad-norm.run-{tid}")) == steps
+
+
+def _viewport(driver, width):
+    """Make the page's viewport exactly ``width`` CSS pixels wide (the window adds its frame)."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    window = width
+    for _ in range(3):
+        driver.set_window_size(window, 1000)
+        try:  # the page learns its new size a moment after the window changes
+            WebDriverWait(driver, 3, poll_frequency=0.05).until(
+                lambda d: d.execute_script("return window.innerWidth") == width)
+            return
+        except TimeoutException:
+            window += width - driver.execute_script("return window.innerWidth")
+    assert driver.execute_script("return window.innerWidth") == width
+
+
+_FITS = """
+const doc = document.documentElement, out = b => b.left < -0.5 || b.right > doc.clientWidth + 0.5;
+const signOut = document.getElementById('sign-out').getBoundingClientRect();
+return {scroll: doc.scrollWidth, client: doc.clientWidth,
+        signOutVisible: signOut.width > 0 && !out(signOut) && signOut.top >= 0 && signOut.bottom <= innerHeight,
+        plotsOutside: [...document.querySelectorAll('svg.plot')].filter(s => out(s.getBoundingClientRect()))
+                                                              .map(s => s.parentNode.id),
+        plotWidths: [...document.querySelectorAll('svg.plot')].map(s => +s.getAttribute('width'))};
+"""
+
+
+def _fits(driver, what):
+    """Fail when the page scrolls sideways, Sign out is off screen or a plot sticks out of the viewport."""
+    r = driver.execute_script(_FITS)
+    assert r["scroll"] <= r["client"], f"{what}: the page scrolls sideways ({r['scroll']} px > {r['client']} px)"
+    assert r["signOutVisible"], f"{what}: Sign out is not on screen"
+    assert not r["plotsOutside"], f"{what}: plots beyond the viewport: {r['plotsOutside']}"
+    return r
+
+
+@pytest.mark.parametrize("width", [390, 1440])
+def test_every_page_fits_the_screen(dash, browser, width):
+    """At phone (390 px) and desktop (1440 px) widths: no sideways scroll, Sign out on screen, plots drawn at
+    their container's width with one label format per axis."""
+    base, data = dash
+    sign_in(browser, base, data.keys["alice"])
+    _viewport(browser, width)
+    try:
+        # the check can fail: a page wider than the screen is reported
+        browser.execute_script("document.body.appendChild(Object.assign(document.createElement('div'), "
+                               "{id: 'too-wide', style: 'width: 2000px; height: 4px'}))")
+        with pytest.raises(AssertionError, match="scrolls sideways"):
+            _fits(browser, "a page with a 2000 px box")
+        browser.execute_script("document.getElementById('too-wide').remove()")
+        pages = ["#/jobs", f"#/jobs/{data.job_id}", f"#/jobs/{data.job_id}/compare/0/1", "#/trainings",
+                 f"#/trainings/{data.training_id}", f"#/trainings/compare/{data.training_id}/{data.other_training_id}"]
+        for hash_ in pages:
+            _open(browser, base, hash_)
+            r = _fits(browser, hash_)
+            if "/jobs/" in hash_ or "/trainings/" in hash_:
+                assert r["plotWidths"] and max(r["plotWidths"]) <= width
+                # desktop grids hold two plots a row; a phone's plots take the whole card
+                assert min(r["plotWidths"]) >= (480 if width >= 1200 else width - 100), r["plotWidths"]
+            for plot in browser.execute_script("return [...document.querySelectorAll('.plot-host')].map(p => p.id)"):
+                for axis in ("x", "y"):
+                    labels = _tick_labels(browser, plot, axis)
+                    assert not any("e+" in x for x in labels), (hash_, plot, labels)
+                    # one notation per axis: powers of ten ("2e-4") or decimals (SI prefixes only from 10^4 up)
+                    kinds = {"exp" if "e-" in x else "decimal" for x in labels if x != "0"}
+                    assert len(kinds) <= 1, (hash_, plot, axis, labels)
+                    assert not any(x[-1] in "kMGTP" for x in labels) or max(_value(x) for x in labels) >= 1e4, labels
+        _plan(browser, base, data.keys["alice"], "tiny-moe", "h100-sxm", 16, 512, 32, 40)
+        _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
+        _fits(browser, "#/plan with a plan")
+    finally:
+        browser.set_window_size(1400, 1800)
+
+
+def test_a_plot_is_drawn_again_at_its_new_width(dash, browser):
+    base, data = dash
+    sign_in(browser, base, data.keys["alice"])
+    _viewport(browser, 1440)
+    try:
+        _open(browser, base, f"#/trainings/{data.training_id}")
+        wide = int(_css(browser, "#plot-loss svg")[0].get_attribute("width"))
+        circles = len(_circles(browser, "plot-loss"))
+        _viewport(browser, 390)
+        _wait(browser, lambda d: int(_css(d, "#plot-loss svg")[0].get_attribute("width")) < wide, "a redraw")
+        narrow = int(_css(browser, "#plot-loss svg")[0].get_attribute("width"))
+        assert narrow <= 390 - 40 and wide >= 500 and len(_circles(browser, "plot-loss")) == circles
+    finally:
+        browser.set_window_size(1400, 1800)
 
 
 def test_docs_render_swagger_ui_without_the_network(dash, browser):

@@ -90,3 +90,42 @@ def test_dashboard_and_docs_are_served_from_the_package(client):
     assert "http://" not in redoc.text and "https://" not in redoc.text  # no web fonts, no CDN
     paths = client.get("/openapi.json").json()["paths"]
     assert "/" not in paths and "/docs" not in paths and "/redoc" not in paths
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "api" / "http" / "static" / "dashboard"
+
+
+def _dashboard_api_paths() -> set[str]:
+    """Every /v1 path the dashboard's scripts call, with each ${...} as '{}' and the query string dropped."""
+    paths = set()
+    for script in DASHBOARD.glob("*.js"):
+        for path in re.findall(r"[\"`](/v1/[^\"`?]*)", script.read_text()):
+            paths.add(re.sub(r"\$\{[^}]*\}", "{}", path))
+    return paths
+
+
+def test_every_route_the_dashboard_calls_exists_and_is_its_owners_only(client, alice, bob, training_body):
+    used = _dashboard_api_paths()
+    assert {"/v1/jobs", "/v1/jobs/{}/trials", "/v1/trainings/{}/metrics", "/v1/plans"} <= used  # the scan works
+    spec = {re.sub(r"\{[^}]*\}", "{}", p): ops for p, ops in client.get("/openapi.json").json()["paths"].items()}
+    assert used <= set(spec), sorted(used - set(spec))
+    job_id = client.post("/v1/jobs", json={"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
+                                           "cluster": {"gpu": "cpu", "num_gpus": 4}}, headers=alice).json()["id"]
+    r = client.post("/v1/trainings", json=training_body, headers=alice)
+    assert r.status_code == 201, r.text
+    ids = {"jobs": job_id, "trainings": r.json()["id"]}
+    for path in sorted(used):
+        method = "post" if path == "/v1/plans" else "get"
+        assert method in spec[path], path
+        if method == "post":
+            assert client.post(path, json={}).status_code == 401
+            continue
+        assert client.get(path.replace("{}", "1")).status_code == 401, path  # no key
+        if "{}" not in path:
+            assert client.get(path, headers=alice).status_code == 200, path
+            continue
+        concrete = path.replace("{}", str(ids[path.split("/")[2]]))
+        mine, other = client.get(concrete, headers=alice), client.get(concrete, headers=bob)
+        # the owner gets the resource (or, for megatron-args, "nothing measured yet"); anyone else a plain 404
+        assert mine.status_code == 200 or mine.json()["type"] == "urn:foldtune:problem:no-measured-layout", path
+        assert other.status_code == 404 and other.json()["type"] == "urn:foldtune:problem:not-found", path
