@@ -1,5 +1,6 @@
 import gc
 import os
+import site
 import uuid
 
 import pytest
@@ -25,3 +26,38 @@ def _frozen_heap():
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+# The FOLDTUNE_* variables the suite sets or reads on purpose: this session's mark (above), what CI demands
+# (.ci/run) and the test database's override (docs/service.md, "Tests"). Every other one is the user's own
+# foldtune setting (FOLDTUNE_API_KEY, FOLDTUNE_DATA_DIR, FOLDTUNE_RAY_ADDRESS, ...) and would steer the tests.
+SUITE_VARIABLES = frozenset({"FOLDTUNE_TEST_SESSION", "FOLDTUNE_TEST_POSTGRES_URL", "FOLDTUNE_REQUIRE_POSTGRES",
+                             "FOLDTUNE_REQUIRE_BROWSER"})
+# where `pip install --user` put packages, read before HOME moves, so child processes still import them
+_USER_BASE = site.getuserbase()
+
+
+def foreign_foldtune_variables(environ) -> list[str]:
+    """The FOLDTUNE_* names in ``environ`` that the suite does not set itself."""
+    return sorted(name for name in environ if name.startswith("FOLDTUNE_") and name not in SUITE_VARIABLES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_settings(tmp_path_factory):
+    """The session runs without the user's FOLDTUNE_* settings and with a HOME of its own, from before the first
+    session fixture (autouse comes first in its scope: the suite's Ray inherits this environment). The README's
+    first command, `foldtune tune`, writes ~/.foldtune (its API key, database and profiles): a test that read
+    them would pass or fail by what the machine ran before."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in foreign_foldtune_variables(os.environ):
+            patch.delenv(name)
+        if "PYTHONUSERBASE" not in os.environ:
+            patch.setenv("PYTHONUSERBASE", _USER_BASE)
+        patch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path_factory, monkeypatch):
+    """Each test gets an empty HOME: what one test's `foldtune` writes to ~/.foldtune no other test sees."""
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))

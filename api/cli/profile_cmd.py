@@ -24,7 +24,7 @@ HELP = "run and measure one layout of the real MoE training step locally"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, model_help="catalog model name, e.g. tiny-moe")
     parser.add_argument("--layout", metavar="LABEL",
-                        help='the layout as foldtune prints it, e.g. "tp2 cp1 pp1 vpp1 ep2 etp1 dp1 edp2 mbs1" (any '
+                        help='the layout as foldtune prints it, e.g. "tp2 cp1 pp1 vpp1 ep2 etp1 dp2 edp2 mbs1" (any '
                              "subset; without dp the smallest world that fits); instead of --tp ... --dispatcher")
     for name in ("tp", "ep", "etp"):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"{name} size (default: 1)")

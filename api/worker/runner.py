@@ -37,6 +37,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -376,13 +377,18 @@ class Runner:
                 return store_calibrated_profile(session, name, profile)
 
         mode = self.settings.auto_calibrate_mode(cluster.hardware)
-        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(
-                auto_profile_name(cluster.hardware)) is None:
-            self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode})
+        name = auto_profile_name(cluster.hardware, cluster.num_gpus)
+        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(name) is None:
+            self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode,
+                                          "name": name})
         calibrate = functools.partial(quick_calibration, slots_per_node=shape.slots_per_node,
                                       launcher=functools.partial(launch_ray.launch, name=f"job-{job.id}-calibrate"))
+        start = time.monotonic()
         hardware, pricing = pricing_profile(cluster.hardware, cluster.num_gpus, training.precision, mode, stored,
                                             store, calibrate)
+        if pricing.calibrated_by_job:  # how long the job's first minutes went on measuring, not searching
+            self.on_event("calibrated", {"job_id": job.id, "name": pricing.name, "note": pricing.note,
+                                         "seconds": time.monotonic() - start})
         return replace(cluster, hardware=hardware), pricing
 
     def _recover(self, job: Job) -> None:
