@@ -5,6 +5,8 @@ import uuid
 
 import pytest
 
+from suite_env import foreign_foldtune_variables
+
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
 # (tests/api/runner_env.py) and the runner subprocesses join it by address. Where the environment does not
 # say otherwise; one test turns it on (tests/api/test_runner_sigterm.py: a runner whose own Ray has auth),
@@ -28,18 +30,8 @@ def _frozen_heap():
     gc.unfreeze()
 
 
-# The FOLDTUNE_* variables the suite sets or reads on purpose: this session's mark (above), what CI demands
-# (.ci/run) and the test database's override (docs/service.md, "Tests"). Every other one is the user's own
-# foldtune setting (FOLDTUNE_API_KEY, FOLDTUNE_DATA_DIR, FOLDTUNE_RAY_ADDRESS, ...) and would steer the tests.
-SUITE_VARIABLES = frozenset({"FOLDTUNE_TEST_SESSION", "FOLDTUNE_TEST_POSTGRES_URL", "FOLDTUNE_REQUIRE_POSTGRES",
-                             "FOLDTUNE_REQUIRE_BROWSER"})
 # where `pip install --user` put packages, read before HOME moves, so child processes still import them
 _USER_BASE = site.getuserbase()
-
-
-def foreign_foldtune_variables(environ) -> list[str]:
-    """The FOLDTUNE_* names in ``environ`` that the suite does not set itself."""
-    return sorted(name for name in environ if name.startswith("FOLDTUNE_") and name not in SUITE_VARIABLES)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from suite_env import foreign_foldtune_variables
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Run inside a pytest session of its own: what the CLI sees of the user (a planted key file and settings).
@@ -29,8 +31,6 @@ def test_the_user_is_out_of_sight():
 
 
 def test_this_session_has_its_own_home_and_no_user_settings():
-    from conftest import foreign_foldtune_variables
-
     assert foreign_foldtune_variables(os.environ) == []
     assert os.environ["FOLDTUNE_TEST_SESSION"]  # the suite's own mark survives
     home = Path(os.environ["HOME"])
@@ -38,8 +38,6 @@ def test_this_session_has_its_own_home_and_no_user_settings():
 
 
 def test_foreign_variables_are_every_foldtune_setting_but_the_suites():
-    from conftest import foreign_foldtune_variables
-
     env = {"FOLDTUNE_API_KEY": "k", "FOLDTUNE_DATA_DIR": "/x", "FOLDTUNE_TEST_SESSION": "s", "HOME": "/root",
            "FOLDTUNE_REQUIRE_POSTGRES": "1", "FOLDTUNE_REQUIRE_BROWSER": "1", "FOLDTUNE_TEST_POSTGRES_URL": "u",
            "RAY_AUTH_MODE": "disabled"}
@@ -56,7 +54,8 @@ def _inner_session(tmp_path: Path, with_conftest: bool) -> subprocess.CompletedP
     suite.mkdir()
     (suite / "test_inner.py").write_text(INNER_TEST)
     if with_conftest:
-        shutil.copy(ROOT / "tests" / "conftest.py", suite / "conftest.py")
+        for name in ("conftest.py", "suite_env.py"):
+            shutil.copy(ROOT / "tests" / name, suite / name)
     env = {**os.environ, "HOME": str(home), "FOLDTUNE_DATA_DIR": str(home / ".foldtune"),
            "FOLDTUNE_REQUIRE_POSTGRES": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
