@@ -152,8 +152,8 @@ class TrialPrinter:
 def tune_auto_calibrate(flag: str | None, setting: str | None) -> str:
     """The calibration mode of tune's job: ``--auto-calibrate``, else FOLDTUNE_AUTO_CALIBRATE (``setting``), else
     quick on every GPU type, cpu included. The runner's own default on cpu is off (its CPU jobs are tests), but
-    tune's job is the first thing a user sees: on the datasheet CPU entry it priced the steps 86-99 % short
-    (issue 41)."""
+    tune's job is the first thing a user sees: the datasheet CPU entry priced its steps 86-99 % short
+    (docs/benchmarks.md)."""
     return flag or setting or TUNE_AUTO_CALIBRATE
 
 

@@ -1,15 +1,15 @@
 """Out of the box: a job on a GPU type without a calibrated profile calibrates it first and shares the result.
 
-A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured
-profile ``<gpu>-auto-calibrated`` of the service database (on the CPU type ``cpu-<N>-ranks-auto-calibrated``:
-CPU ranks share cores, so the job's rank count is part of what is measured) when one exists; when none does,
-the runner first runs a quick calibration (the machine microbenchmarks of ``foldtune calibrate --quick`` plus
-the sustained-load run, a minute or two on a GPU) on the devices the job's trials run on: through the Ray launcher, on one node of
-the cluster (a runner on a head host without GPUs calibrates its GPU hosts), or on this machine's own devices
-when no launcher is given (``foldtune calibrate``'s local path). It stores it under that name for every
-later job on that GPU type, and prices with it. The search's online calibration (per-term multipliers fitted
-on the measured trials) works on top, as on any profile. A job submitted with a calibrated or stored profile
-keeps it; ``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
+A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured profile
+``<gpu>-auto-calibrated`` of the service database (on the CPU type ``cpu-<N>-ranks-auto-calibrated``: CPU ranks
+share cores, so the job's rank count is part of what is measured) when one exists; when none does, the runner first
+runs a quick calibration (the machine microbenchmarks of ``foldtune calibrate --quick`` plus the sustained-load run,
+a minute or two on a GPU) on the devices the job's trials run on: through the Ray launcher, on one node of the
+cluster (a runner on a head host without GPUs calibrates its GPU hosts), or on this machine's own devices when no
+launcher is given (``foldtune calibrate``'s local path). It stores it under that name for every later job on that
+GPU type, and prices with it. The search's online calibration (per-term multipliers fitted on the measured trials)
+works on top, as on any profile. A job submitted with a calibrated or stored profile keeps it;
+``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
 
 Which profile priced the job, and whether this job measured it, rides in the job's ``calibration`` record
 (``pricing_profile``) and in the runner's ``job_started`` event.

@@ -10,14 +10,13 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
 * ``collective_launch_s``: wall seconds of one all-reduce of a 1-element tensor over the whole world,
   from a loop of N ended by one synchronisation: the fixed host + protocol cost of a collective that
   moves no meaningful bytes (None with a single rank).
-* ``moe_layer_host_s``: wall seconds of one MoE decoder layer of this project's executor, forward +
-  backward of one micro-batch on one rank (small-moe's layer shape: hidden 256, 8 experts, top-2; 32
-  tokens, so the device work is negligible): half the difference between a 3-layer and a 1-layer
-  model's ``Trainer.forward_backward``. On CPU ranks the host is the device: small-moe's GEMMs there cost
-  more than its Python (40-100 ms a layer against 7-13 ms for tiny-moe's on the shared 2-core development
-  machine, 2026-12-02), so the probe runs tiny-moe's layer, the same ops at a quarter of the width. It prices the executor's own Python between ops (modules, autograd
-  Functions, gradient hooks), which a loop of bare ops does not see; ``costmodel/host.py`` divides it by
-  the layer's counted ops to get seconds per executor op.
+* ``moe_layer_host_s``: wall seconds of one MoE decoder layer of this project's executor, forward + backward of one
+  micro-batch on one rank (small-moe's layer shape: hidden 256, 8 experts, top-2; 32 tokens, so the device work is
+  negligible): half the difference between a 3-layer and a 1-layer model's ``Trainer.forward_backward``. On CPU
+  ranks the host is the device: small-moe's GEMMs there cost more than its Python (docs/time-model.md, ``t_op``), so
+  the probe runs tiny-moe's layer, the same ops at a quarter of the width. It prices the executor's own Python
+  between ops (modules, autograd Functions, gradient hooks), which a loop of bare ops does not see;
+  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_
                                              "global_batch_size", "precision")} == {
         "foldtune_job_id": 1, "model": "tiny-moe", "gpu": "cpu", "num_gpus": 2, "seq_length": 64,
         "global_batch_size": 8, "precision": "fp32"}
+    assert study.user_attrs["hardware_profile"] == "cpu-2-ranks-auto-calibrated"  # what priced it
     engine = create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
         status, best = conn.execute(text("SELECT status, best_trial_id FROM jobs WHERE id = 1")).one()
