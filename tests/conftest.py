@@ -2,6 +2,7 @@ import gc
 import importlib.util
 import os
 import shutil
+import site
 import tempfile
 import uuid
 from pathlib import Path
@@ -12,6 +13,7 @@ from db.migrate import upgrade
 from db.testing import postgres_unavailable_reason, temporary_postgres_schema
 from tests.databases import copy_sqlite, database_kind, empty_postgres_schema, migrate_schema
 from tests.executor.triton_child import INNER, MARK, ChildRun, InterpreterChild
+from suite_env import foreign_foldtune_variables
 
 # The suite's Ray instances run without Ray's token authentication: every test process shares one local Ray
 # (tests/api/runner_env.py) and the runner subprocesses join it by address. Where the environment does not
@@ -118,3 +120,28 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not item.get_closest_marker(MARK)]
         config.hook.pytest_deselected(items=child_only)
     items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)  # stable: order kept within
+
+
+# where `pip install --user` put packages, read before HOME moves, so child processes still import them
+_USER_BASE = site.getuserbase()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_settings(tmp_path_factory):
+    """The session runs without the user's FOLDTUNE_* settings and with a HOME of its own, from before the first
+    session fixture (autouse comes first in its scope: the suite's Ray inherits this environment). The README's
+    first command, `foldtune tune`, writes ~/.foldtune (its API key, database and profiles): a test that read
+    them would pass or fail by what the machine ran before."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in foreign_foldtune_variables(os.environ):
+            patch.delenv(name)
+        if "PYTHONUSERBASE" not in os.environ:
+            patch.setenv("PYTHONUSERBASE", _USER_BASE)
+        patch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path_factory, monkeypatch):
+    """Each test gets an empty HOME: what one test's `foldtune` writes to ~/.foldtune no other test sees."""
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))

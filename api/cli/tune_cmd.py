@@ -8,8 +8,10 @@ runner code ``foldtune runner`` uses: the job, its trials and its Optuna study g
 and every trial is a real profiled run of the MoE training step through Ray (a local Ray unless
 FOLDTUNE_RAY_ADDRESS names one). Running the runner in-process rather than starting the API and a runner
 keeps the first command free of ports, keys and background processes; ``foldtune serve`` + ``foldtune
-runner`` + ``foldtune submit`` is the same job as a service. Progress is printed per trial, and the job
-ends with the best layout and the measured-vs-predicted table.
+runner`` + ``foldtune submit`` is the same job as a service. Its first job on a machine calibrates the
+machine first (``--auto-calibrate``, default quick on every GPU type, cpu included: api/worker/auto_profile.py)
+and stores the profile in that database, so later jobs price with it at once. Progress is printed for the
+calibration and per trial, and the job ends with the best layout and the measured-vs-predicted table.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ AUTO_CALIBRATE_CHOICES = ("quick", "minimal", "off")
 
 
 DEFAULT_MODEL = "tiny-moe"
+TUNE_AUTO_CALIBRATE = "quick"  # on every GPU type, cpu included: the machine tune runs on, measured once and stored
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(parser, "--database-url")
     add(parser, "--min-headroom")
     parser.add_argument("--auto-calibrate", choices=AUTO_CALIBRATE_CHOICES,
-                        help="on a built-in (datasheet) profile with no stored calibration of its GPU type, first "
-                             "calibrate it and price with that (also: FOLDTUNE_AUTO_CALIBRATE; default quick on "
-                             "GPUs, off on cpu; minimal: seconds, for tests)")
+                        help="on a built-in (datasheet) profile with no stored calibration of its GPU type (on cpu: "
+                             "of its rank count), first calibrate this machine, store it for later jobs and price "
+                             "with it (also: FOLDTUNE_AUTO_CALIBRATE; default quick, cpu included; minimal: "
+                             "seconds, for tests; off: the datasheet)")
     add(parser, "--search-precision", "each trial at its own; the best layout names its precision")
     add_router_arguments(parser)
     retire(parser, "--warmup", "--untimed-steps", "--warmup is a training's learning-rate warm-up elsewhere")
@@ -75,8 +79,11 @@ class TrialPrinter:
     def __call__(self, kind: str, data: dict) -> None:
         say = lambda text: print(text, file=self.out, flush=True)
         if kind == "calibrating":
-            say(f"job {data['job_id']}: no calibrated profile of {data['gpu']} yet: calibrating it ({data['mode']}) "
-                f"before the search")
+            say(f"job {data['job_id']}: no calibrated profile of {data['gpu']} yet: calibrating this machine "
+                f"({data['mode']}: GEMMs, attention, copies, launch overheads, collectives) before the search ...")
+        elif kind == "calibrated":
+            say(f"job {data['job_id']}: calibrated in {data['seconds']:.0f} s, stored as {data['name']!r} (later jobs "
+                f"reuse it)" + (f"; {data['note']}" if data.get("note") else ""))
         elif kind == "job_started":
             p = data.get("pricing_profile") or {}
             if p:
@@ -141,6 +148,14 @@ class TrialPrinter:
         say(f"job {data['job_id']}: {data['status']}" + (f" ({data['error']})" if data.get("error") else ""))
 
 
+def tune_auto_calibrate(flag: str | None, setting: str | None) -> str:
+    """The calibration mode of tune's job: ``--auto-calibrate``, else FOLDTUNE_AUTO_CALIBRATE (``setting``), else
+    quick on every GPU type, cpu included. The runner's own default on cpu is off (its CPU jobs are tests), but
+    tune's job is the first thing a user sees: the datasheet CPU entry priced its steps 86-99 % short
+    (docs/benchmarks.md)."""
+    return flag or setting or TUNE_AUTO_CALIBRATE
+
+
 def run(args: argparse.Namespace) -> int:
     # the worker imports torch, Optuna and the executor: only `foldtune tune` itself pays for them
     from api.worker.runner import Runner, RunnerSettings
@@ -175,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                               stale_after_s=base.stale_after_s, poll_s=base.poll_s,
                               parallel_trials=base.parallel_trials, trial=trial,
                               gpus_per_node=base.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node,
-                              auto_calibrate=args.auto_calibrate or base.auto_calibrate)
+                              auto_calibrate=tune_auto_calibrate(args.auto_calibrate, base.auto_calibrate))
     if has_hardware(hardware_name):  # the front door's check before Ray and the database (submit_job repeats it)
         resolved = resolve_job(None, request)
         check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,

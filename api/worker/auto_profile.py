@@ -1,14 +1,15 @@
 """Out of the box: a job on a GPU type without a calibrated profile calibrates it first and shares the result.
 
-A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured
-profile ``<gpu>-auto-calibrated`` of the service database when one exists; when none does, the runner first
-runs a quick calibration (the machine microbenchmarks of ``foldtune calibrate --quick`` plus the sustained-load
-run, a minute or two on a GPU) on the devices the job's trials run on: through the Ray launcher, on one node of
-the cluster (a runner on a head host without GPUs calibrates its GPU hosts), or on this machine's own devices
-when no launcher is given (``foldtune calibrate``'s local path). It stores it under that name for every
-later job on that GPU type, and prices with it. The search's online calibration (per-term multipliers fitted
-on the measured trials) works on top, as on any profile. A job submitted with a calibrated or stored profile
-keeps it; ``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
+A job submitted against a built-in (datasheet) hardware profile prices its layouts with the measured profile
+``<gpu>-auto-calibrated`` of the service database (on the CPU type ``cpu-<N>-ranks-auto-calibrated``: CPU ranks
+share cores, so the job's rank count is part of what is measured) when one exists; when none does, the runner first
+runs a quick calibration (the machine microbenchmarks of ``foldtune calibrate --quick`` plus the sustained-load run,
+a minute or two on a GPU) on the devices the job's trials run on: through the Ray launcher, on one node of the
+cluster (a runner on a head host without GPUs calibrates its GPU hosts), or on this machine's own devices when no
+launcher is given (``foldtune calibrate``'s local path). It stores it under that name for every later job on that
+GPU type, and prices with it. The search's online calibration (per-term multipliers fitted on the measured trials)
+works on top, as on any profile. A job submitted with a calibrated or stored profile keeps it;
+``FOLDTUNE_AUTO_CALIBRATE=off`` keeps the datasheet.
 
 Which profile priced the job, and whether this job measured it, rides in the job's ``calibration`` record
 (``pricing_profile``) and in the runner's ``job_started`` event.
@@ -31,12 +32,27 @@ from spec.hardware import HardwareProfile
 
 AUTO_CALIBRATE_MODES = ("quick", "minimal", "off")
 DATASHEET_SOURCE = "datasheet"
-# CPU ranks for a CPU type's calibration: the gloo collectives need two, more only share the same cores
+# the fewest CPU ranks a CPU type's calibration runs: the gloo collectives need two
 CPU_CALIBRATION_RANKS = 2
 
 
-def auto_profile_name(hardware: HardwareProfile) -> str:
-    """The stored profile a job on ``hardware``'s GPU type shares, e.g. 'h100-sxm-auto-calibrated'."""
+def is_cpu(hardware: HardwareProfile) -> bool:
+    """Whether ``hardware`` is the CPU type (ranks are processes on this machine's cores, gloo)."""
+    return hardware.gpu.name.lower() == "cpu"
+
+
+def calibration_ranks_cpu(num_gpus: int) -> int:
+    """CPU ranks that calibrate the CPU type for a job of ``num_gpus`` ranks: as many as the job runs. CPU ranks
+    share the machine's cores, so a rank's speed depends on how many run beside it (four ranks on two cores get
+    half a core each): a profile measured on fewer ranks than the job runs prices its ranks too fast."""
+    return max(num_gpus, CPU_CALIBRATION_RANKS)
+
+
+def auto_profile_name(hardware: HardwareProfile, num_gpus: int) -> str:
+    """The stored profile a job of ``num_gpus`` on ``hardware``'s GPU type shares, e.g. 'h100-sxm-auto-calibrated';
+    on the CPU type one per rank count ('cpu-4-ranks-auto-calibrated': see :func:`calibration_ranks_cpu`)."""
+    if is_cpu(hardware):
+        return f"cpu-{calibration_ranks_cpu(num_gpus)}-ranks-auto-calibrated"
     return f"{hardware.gpu.name.lower()}-auto-calibrated"
 
 
@@ -63,9 +79,9 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
     :func:`auto_profile_name`. ``launcher`` (``executor.launch_ray.launch``'s contract) runs the ranks on one node
     of a cluster whose nodes hold ``slots_per_node`` devices each; without it, this machine's devices.
     FoldtuneError when there are none to measure."""
-    cpu = hardware.gpu.name.lower() == "cpu"
+    cpu = is_cpu(hardware)
     if cpu:
-        ranks = min(num_gpus, CPU_CALIBRATION_RANKS)
+        ranks = calibration_ranks_cpu(num_gpus)
     elif launcher is not None:
         if not slots_per_node:
             raise FoldtuneError("the Ray cluster has no GPU node to calibrate")
@@ -83,7 +99,7 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
     plan = BenchPlan(precision="bf16" if precision == "fp8" else precision, quick=True,
                      sustained_s=0.0 if mode == "minimal" else SUSTAINED_SECONDS, minimal=mode == "minimal")
     raw = run_benchmarks(ranks, plan, device="cpu" if cpu else "cuda", timeout_s=900.0, launcher=launcher)
-    return build_profile(hardware, raw, auto_profile_name(hardware))
+    return build_profile(hardware, raw, auto_profile_name(hardware, num_gpus))
 
 
 def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str,
@@ -100,7 +116,7 @@ def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mo
     if mode == "off":
         return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE,
                                         note="auto-calibration off (FOLDTUNE_AUTO_CALIBRATE)")
-    name = auto_profile_name(hardware)
+    name = auto_profile_name(hardware, num_gpus)
     found = stored(name)
     if found is not None:
         return HardwareProfile.from_dict(found), PricingProfile(name, "stored calibration")

@@ -37,6 +37,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -141,9 +142,12 @@ def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
 
 def study_attributes(job: Job, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> dict:
     """What a job's Optuna study carries as user attributes (optuna-dashboard shows them): the job, its model,
-    cluster and training shape, so a study named ``job-<id>`` explains itself outside foldtune."""
+    cluster and training shape, so a study named ``job-<id>`` explains itself outside foldtune. ``gpu`` is the GPU
+    type the job named (what ``foldtune best --gpu`` looks it up by), ``hardware_profile`` the profile that priced
+    it (``cpu-4-ranks-auto-calibrated`` after a calibration, api/worker/auto_profile.py)."""
     return {"foldtune_job_id": job.id, "owner_id": job.owner_id, "signature": job.signature, "model": model.name,
-            "gpu": cluster.hardware.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+            "gpu": job.gpu_name or cluster.hardware.name, "hardware_profile": cluster.hardware.name,
+            "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
             "seq_length": training.seq_length, "global_batch_size": training.global_batch_size,
             "precision": training.precision, "search_precision": job_searches_precision(job),
             "max_trials": job.max_trials}
@@ -305,7 +309,8 @@ class Runner:
                        "slots_per_node": [n.slots for n in shape.nodes], "gpus_per_node": cluster.gpus_per_node,
                        "parallel_trials": budget.parallel_trials}
         self.on_event("job_started", {"job_id": job.id, "model": model.name, "gpus": cluster.num_gpus,
-                                      "gpu": cluster.hardware.name, "pricing_profile": pricing.to_dict(),
+                                      "gpu": job.gpu_name or cluster.hardware.name,
+                                      "pricing_profile": pricing.to_dict(),
                                       "candidates": cands.summary(),
                                       "max_trials": job.max_trials, "parallel_trials": budget.parallel_trials,
                                       "ray_cluster": ray_cluster})
@@ -368,13 +373,18 @@ class Runner:
                 return store_calibrated_profile(session, name, profile)
 
         mode = self.settings.auto_calibrate_mode(cluster.hardware)
-        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(
-                auto_profile_name(cluster.hardware)) is None:
-            self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode})
+        name = auto_profile_name(cluster.hardware, cluster.num_gpus)
+        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(name) is None:
+            self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode,
+                                          "name": name})
         calibrate = functools.partial(quick_calibration, slots_per_node=shape.slots_per_node,
                                       launcher=functools.partial(launch_ray.launch, name=f"job-{job.id}-calibrate"))
+        start = time.monotonic()
         hardware, pricing = pricing_profile(cluster.hardware, cluster.num_gpus, training.precision, mode, stored,
                                             store, calibrate)
+        if pricing.calibrated_by_job:  # how long the job's first minutes went on measuring, not searching
+            self.on_event("calibrated", {"job_id": job.id, "name": pricing.name, "note": pricing.note,
+                                         "seconds": time.monotonic() - start})
         return replace(cluster, hardware=hardware), pricing
 
     def _recover(self, job: Job) -> None:

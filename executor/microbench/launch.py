@@ -10,18 +10,20 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
 * ``collective_launch_s``: wall seconds of one all-reduce of a 1-element tensor over the whole world,
   from a loop of N ended by one synchronisation: the fixed host + protocol cost of a collective that
   moves no meaningful bytes (None with a single rank).
-* ``moe_layer_host_s``: wall seconds of one MoE decoder layer of this project's executor, forward +
-  backward of one micro-batch on one rank (small-moe's layer shape: hidden 256, 8 experts, top-2; 32
-  tokens, so the device work is negligible): half the difference between a 3-layer and a 1-layer
-  model's ``Trainer.forward_backward``. It prices the executor's own Python between ops (modules, autograd
-  Functions, gradient hooks), which a loop of bare ops does not see; ``costmodel/host.py`` divides it by
-  the layer's counted ops to get seconds per executor op.
+* ``moe_layer_host_s``: wall seconds of one MoE decoder layer of this project's executor, forward + backward of one
+  micro-batch on one rank (small-moe's layer shape: hidden 256, 8 experts, top-2; 32 tokens, so the device work is
+  negligible): half the difference between a 3-layer and a 1-layer model's ``Trainer.forward_backward``. On CPU
+  ranks the host is the device: small-moe's GEMMs there cost more than its Python (docs/time-model.md, ``t_op``), so
+  the probe runs tiny-moe's layer, the same ops at a quarter of the width. It prices the executor's own Python
+  between ops (modules, autograd Functions, gradient hooks), which a loop of bare ops does not see;
+  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,30 +66,51 @@ def measure_collective_launch(device: torch.device, calls: int | None = None, re
 
 LAYER_TOKENS = 32
 LAYER_REPEATS = 5  # timed forward-backward passes per model (after two warm-up passes)
+# CPU passes take milliseconds and the cores are shared: more passes, taken in turns (below)
+CPU_LAYER_REPEATS = 15
+# the probe's model per device type: the same MoE layer ops (counted in costmodel/host.py), at widths whose
+# GEMMs the device finishes before the host issues the next op
+LAYER_MODEL = {"cuda": "small-moe", "cpu": "tiny-moe"}
 
 
-def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dtype) -> float:
-    """Median wall seconds of ``Trainer.forward_backward`` of a ``layers``-layer small-moe on one rank."""
-    spec = get_model("small-moe").with_layers(layers)
+def layer_model(device: torch.device) -> str:
+    """The catalog model whose layer the host probe times on ``device``."""
+    return LAYER_MODEL.get(device.type, "small-moe")
+
+
+def _pass(layers: int, device: torch.device, dtype: torch.dtype) -> Callable[[], float]:
+    """A function timing one ``Trainer.forward_backward`` (wall seconds) of a ``layers``-layer
+    :func:`layer_model` on one rank."""
+    spec = get_model(layer_model(device)).with_layers(layers)
     net = MoEGPT(spec, single_process_state(), ExecutorOptions(), LAYER_TOKENS, device, dtype)
     trainer = Trainer(net)
     batch = global_batch(spec.vocab_size, LAYER_TOKENS, 1, 0, 0)
     micro = micro_batches(batch, 1, 0, 1, device)
-    samples = []
-    for i in range(2 + LAYER_REPEATS):
+
+    def timed() -> float:
         trainer.optimizer.zero_grad()
         synchronize(device)
         start = time.perf_counter()
         trainer.forward_backward(micro)
         synchronize(device)
-        if i >= 2:
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        return time.perf_counter() - start
+    return timed
+
+
+def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dtype) -> float:
+    """Median wall seconds of ``Trainer.forward_backward`` of a ``layers``-layer :func:`layer_model` on one
+    rank (after two warm-up passes)."""
+    timed = _pass(layers, device, dtype)
+    return statistics.median([timed() for _ in range(2 + LAYER_REPEATS)][2:])
 
 
 def measure_layer_host(device: torch.device, dtype: torch.dtype) -> float | None:
-    """Seconds of one executor MoE layer per micro-batch on tiny shapes (host bound); None if not positive."""
-    seconds = (_forward_backward_seconds(3, device, dtype) - _forward_backward_seconds(1, device, dtype)) / 2
+    """Seconds of one executor MoE layer per micro-batch on tiny shapes (host bound); None if not positive.
+    The 3-layer and 1-layer passes alternate, so a change of load on shared cores reaches both medians."""
+    three, one = _pass(3, device, dtype), _pass(1, device, dtype)
+    repeats = CPU_LAYER_REPEATS if device.type == "cpu" else LAYER_REPEATS
+    samples = [(three(), one()) for _ in range(2 + repeats)][2:]
+    seconds = (statistics.median(s[0] for s in samples) - statistics.median(s[1] for s in samples)) / 2
     return seconds if seconds > 0 else None  # noise on a loaded CPU can invert two close medians
 
 

@@ -31,18 +31,40 @@ class FakeStore:
 
     def calibrate(self, hardware, num_gpus, precision, mode):
         self.calibrations += 1
-        return replace(hardware, name=auto_profile_name(hardware), source="calibrated (fake)", op_launch_s=3e-5)
+        return replace(hardware, name=auto_profile_name(hardware, num_gpus), source="calibrated (fake)",
+                       op_launch_s=3e-5)
 
 
 def test_the_first_job_calibrates_and_stores_later_jobs_reuse():
     fake = FakeStore()
     profile, pricing = pricing_profile(CPU, 2, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
-    assert pricing == PricingProfile("cpu-auto-calibrated", "calibrated by this job", True)
+    assert pricing == PricingProfile("cpu-2-ranks-auto-calibrated", "calibrated by this job", True)
     assert profile.op_launch_s == 3e-5 and fake.calibrations == 1
-    assert set(fake.rows) == {"cpu-auto-calibrated"}
+    assert set(fake.rows) == {"cpu-2-ranks-auto-calibrated"}
     again, pricing = pricing_profile(CPU, 2, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
-    assert pricing == PricingProfile("cpu-auto-calibrated", "stored calibration") and fake.calibrations == 1
+    assert pricing == PricingProfile("cpu-2-ranks-auto-calibrated", "stored calibration") and fake.calibrations == 1
     assert again == profile
+    # CPU ranks share the machine's cores: a job of another rank count is measured (and stored) on its own
+    _, pricing = pricing_profile(CPU, 4, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
+    assert pricing == PricingProfile("cpu-4-ranks-auto-calibrated", "calibrated by this job", True)
+    assert fake.calibrations == 2
+    # a GPU type's devices do not share: one profile for every job on it
+    h100 = get_hardware("h100-sxm")
+    assert auto_profile_name(h100, 8) == auto_profile_name(h100, 64) == "h100-sxm-auto-calibrated"
+
+
+def test_a_cpu_calibration_runs_as_many_ranks_as_the_job():
+    """Four CPU ranks on two cores get half a core each: the calibration measures them as the trials run."""
+    calls = []
+
+    def launcher(fn, world_size, args=(), **kwargs):
+        calls.append((world_size, kwargs.get("ranks_per_node"), kwargs.get("backend")))
+        return LaunchResult(ok=False, failure_reason="stopped (test)")
+
+    for ranks in (4, 1):
+        with pytest.raises(FoldtuneError, match="calibration run failed"):
+            quick_calibration(CPU, ranks, "fp32", "minimal", launcher=launcher, slots_per_node=8)
+    assert calls == [(4, 4, "gloo"), (2, 2, "gloo")]  # at least two: the gloo collectives need a pair
 
 
 def test_submitted_profiles_off_and_failures_keep_what_the_job_had():
@@ -118,13 +140,13 @@ def test_a_cpu_job_calibrates_first_and_the_next_job_reuses_the_profile(client, 
         job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
         assert job["status"] == "succeeded", job["error"]
         results.append(job["calibration"]["pricing_profile"])
-    assert results[0] == {"name": "cpu-auto-calibrated", "source": "calibrated by this job",
+    assert results[0] == {"name": "cpu-2-ranks-auto-calibrated", "source": "calibrated by this job",
                           "calibrated_by_job": True, "note": ""}
-    assert results[1] == {"name": "cpu-auto-calibrated", "source": "stored calibration",
+    assert results[1] == {"name": "cpu-2-ranks-auto-calibrated", "source": "stored calibration",
                           "calibrated_by_job": False, "note": ""}
     stored = client.get("/v1/hardware-profiles", headers=alice).json()
     names = [p["name"] for p in (stored["items"] if isinstance(stored, dict) else stored)]
-    assert "cpu-auto-calibrated" in names
+    assert "cpu-2-ranks-auto-calibrated" in names
     assert wait_no_rank_actors() == []
 
 
@@ -154,3 +176,24 @@ def test_a_jobs_headroom_is_stored_and_rebuilt_by_the_runner(client, alice):
 def get_model_dict(name):
     from spec.catalog import get_model
     return get_model(name).to_dict()
+
+
+def test_tune_calibrates_the_cpu_too_unless_told_otherwise():
+    """`foldtune tune` (README command 1, CPU ranks) measures the machine before its search; the flag and
+    FOLDTUNE_AUTO_CALIBRATE still choose."""
+    from api.cli.tune_cmd import tune_auto_calibrate
+    assert tune_auto_calibrate(None, None) == "quick"
+    assert tune_auto_calibrate(None, "off") == "off" and tune_auto_calibrate("minimal", "off") == "minimal"
+
+
+def test_tune_prints_the_calibration_and_its_duration():
+    import io
+
+    from api.cli.tune_cmd import TrialPrinter
+    out = io.StringIO()
+    printer = TrialPrinter(out)
+    printer("calibrating", {"job_id": 3, "gpu": "cpu", "mode": "quick", "name": "cpu-4-ranks-auto-calibrated"})
+    printer("calibrated", {"job_id": 3, "name": "cpu-4-ranks-auto-calibrated", "note": "", "seconds": 41.6})
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("job 3: no calibrated profile of cpu yet: calibrating this machine (quick")
+    assert lines[1] == "job 3: calibrated in 42 s, stored as 'cpu-4-ranks-auto-calibrated' (later jobs reuse it)"

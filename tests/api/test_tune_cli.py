@@ -29,9 +29,14 @@ def _tune(tmp_path, *args: str, ray_address: str | None = None, timeout: float =
 
 @pytest.mark.slow
 def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_path, monkeypatch, capsys):
-    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", ray_address=session_ray())
+    # tune calibrates the machine before its search, on cpu too (minimal here: seconds, the code path of quick)
+    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", "--auto-calibrate", "minimal",
+                 ray_address=session_ray())
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    assert "job 1: no calibrated profile of cpu yet: calibrating this machine (minimal" in out
+    assert re.search(r"^job 1: calibrated in \d+ s, stored as 'cpu-2-ranks-auto-calibrated'", out, re.M), out
+    assert "priced with hardware profile 'cpu-2-ranks-auto-calibrated' (calibrated by this job)" in out
     assert f"created an API key for owner 'local' in {tmp_path / 'data' / 'api-key'}" in out
     # the README's `foldtune best ...` after `foldtune tune`: same owner (the local key), same precision (fp32)
     tuned = re.search(r"^best layout: (.+?)  ", out, re.M).group(1)
@@ -58,6 +63,7 @@ def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_
                                              "global_batch_size", "precision")} == {
         "foldtune_job_id": 1, "model": "tiny-moe", "gpu": "cpu", "num_gpus": 2, "seq_length": 64,
         "global_batch_size": 8, "precision": "fp32"}
+    assert study.user_attrs["hardware_profile"] == "cpu-2-ranks-auto-calibrated"  # what priced it
     engine = create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
         status, best = conn.execute(text("SELECT status, best_trial_id FROM jobs WHERE id = 1")).one()
