@@ -265,6 +265,14 @@ class LayoutCodec:
         return Labelled(cls._from_tokens(text, tokens, world_size), tokens.knobs.get(PRECISION_PARAM))
 
     @classmethod
+    def from_sizes(cls, sizes: dict[str, int], world_size: int | None = None, **fields: Any):
+        """The layout whose label tokens have these ``sizes`` (token names: tp, cp, pp, vpp, ep, etp, dp, edp,
+        mbs) and these other fields, read exactly as :meth:`parse` reads the label they spell (dp and edp
+        checked against the world size)."""
+        text = " ".join(f"{name}={value}" for name, value in sizes.items())  # for error messages only
+        return cls._from_tokens(text, LabelTokens(dict(sizes), dict(fields), {}), world_size)
+
+    @classmethod
     def _from_tokens(cls, text: str, tokens: LabelTokens, world_size: int | None):
         sizes, kwargs = tokens.sizes, tokens.fields
         tp, cp, pp = sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("pp", 1)

@@ -66,18 +66,20 @@ def _config(args: argparse.Namespace) -> ParallelConfig:
     given += ["--dispatcher"] if args.dispatcher is not None else []
     if args.layout is not None and given:
         raise SpecError(f"--layout names the whole layout; drop {', '.join(given)} (or put it in the label)")
-    text = args.layout
-    if text is None:  # the size flags as a label: one reading of a layout, with the label's checks
-        text = " ".join(f"{name}{value}" for name, value in flags.items() if value is not None)
-        text += f" dispatcher={args.dispatcher or DEFAULT_DISPATCHER}"
-    sizes = ParallelConfig.read_label(text).sizes  # a bad token lists the valid ones
+    if args.layout is not None:
+        sizes = ParallelConfig.read_label(args.layout).sizes  # a bad token lists the valid ones
+    else:  # the size flags: read as the label they spell would be, with the label's checks
+        sizes = {name: value for name, value in flags.items() if value is not None}
     world = None
     if "dp" not in sizes:  # the smallest world both layouts fit
         pp = sizes.get("pp", 1)
         dense = sizes.get("tp", 1) * sizes.get("cp", 1) * pp
         expert = sizes.get("ep", 1) * sizes.get("etp", 1) * pp
         world = dense * expert // math.gcd(dense, expert)
-    return ParallelConfig.parse(text, world_size=world)
+    if args.layout is not None:
+        return ParallelConfig.parse(args.layout, world_size=world)
+    return ParallelConfig.from_sizes(sizes, world_size=world,
+                                     moe_token_dispatcher_type=args.dispatcher or DEFAULT_DISPATCHER)
 
 
 def run(args: argparse.Namespace) -> int:

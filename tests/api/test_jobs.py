@@ -25,7 +25,7 @@ def test_submit_stores_a_queued_job(client, alice, job_body, app):
     assert job["status"] == "queued" and job["model"] == "tiny-moe"
     assert job["cluster"] == {"gpu": "cpu", "num_gpus": 4}
     assert job["budget"] == {"max_trials": 6, "max_seconds": 600.0}
-    assert job["training"]["seq_length"] == 64 and job["training"]["precision"] == "bf16"
+    assert job["training"]["seq_length"] == 64 and job["training"]["precision"] == "fp32"  # cpu: spec/shape_defaults
     assert job["model_spec"]["num_experts"] == 8 and len(job["signature"]) == 64
     assert job["trials"]["total"] == 0 and job["best_trial"] is None
     with app.state.sessions() as s:

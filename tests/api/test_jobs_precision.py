@@ -22,7 +22,7 @@ def test_a_job_searching_precision_is_stored_with_the_flag(client, alice, job_bo
     with app.state.sessions() as s:
         row, plain_row = s.get(Job, job["id"]), s.get(Job, plain["id"])
         model, training, cluster = job_specs(row)  # the flag is not a TrainingSpec field
-        assert training.precision == "bf16" and job_searches_precision(row)
+        assert training.precision == "fp32" and job_searches_precision(row)  # cpu's default (spec/shape_defaults)
         assert not job_searches_precision(plain_row)
         assert study_attributes(row, model, training, cluster)["search_precision"] is True
 
