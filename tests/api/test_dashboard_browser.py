@@ -44,6 +44,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 30
+SETTLE_S = 5  # seconds a page may take to lay out before its width is judged
 
 
 @pytest.fixture(scope="module")
@@ -425,6 +426,7 @@ def _viewport(driver, width):
     """Make the page's viewport exactly ``width`` CSS pixels wide (the window adds its frame)."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import WebDriverWait
 
     window = width
     for _ in range(3):
@@ -445,14 +447,32 @@ return {scroll: doc.scrollWidth, client: doc.clientWidth,
         signOutVisible: signOut.width > 0 && !out(signOut) && signOut.top >= 0 && signOut.bottom <= innerHeight,
         plotsOutside: [...document.querySelectorAll('svg.plot')].filter(s => out(s.getBoundingClientRect()))
                                                               .map(s => s.parentNode.id),
-        plotWidths: [...document.querySelectorAll('svg.plot')].map(s => +s.getAttribute('width'))};
+        plotWidths: [...document.querySelectorAll('svg.plot')].map(s => +s.getAttribute('width')),
+        // the innermost elements reaching past the screen's right edge: what the page's width comes from
+        wide: [...document.body.querySelectorAll('*')]
+              .filter(e => e.getBoundingClientRect().right > doc.clientWidth + 0.5 && e.id !== 'too-wide'
+                           && ![...e.children].some(c => c.getBoundingClientRect().right > doc.clientWidth + 0.5))
+              .slice(0, 5).map(e => `${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''}`
+                                    + `${e.className && typeof e.className === 'string' ? '.' + e.className : ''}`
+                                    + ` "${(e.textContent || '').trim().slice(0, 40)}"`)};
 """
 
 
 def _fits(driver, what):
     """Fail when the page scrolls sideways, Sign out is off screen or a plot sticks out of the viewport."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # the plots are drawn at their container's width once the page has laid out (and again after a resize):
+    # a busy machine can show the page mid-draw, so the page gets a few seconds to settle before it is judged
+    try:
+        WebDriverWait(driver, SETTLE_S, poll_frequency=0.1).until(
+            lambda d: d.execute_script("const e = document.documentElement; return e.scrollWidth <= e.clientWidth"))
+    except TimeoutException:
+        pass
     r = driver.execute_script(_FITS)
-    assert r["scroll"] <= r["client"], f"{what}: the page scrolls sideways ({r['scroll']} px > {r['client']} px)"
+    assert r["scroll"] <= r["client"], (f"{what}: the page scrolls sideways ({r['scroll']} px > {r['client']} px; "
+                                        f"reaching past the edge: {r['wide']})")
     assert r["signOutVisible"], f"{what}: Sign out is not on screen"
     assert not r["plotsOutside"], f"{what}: plots beyond the viewport: {r['plotsOutside']}"
     return r
