@@ -23,8 +23,8 @@ schema = schemathesis.pytest.from_fixture("api_schema").exclude(operation_id="cr
 
 
 @schema.parametrize()
-@pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow])],
-                         indirect=True)  # the fast tier fuzzes the API on SQLite; the whole suite on both
+@pytest.mark.slow  # ~20 s a database: the fast tier leaves the fuzz to the whole suite
+@pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_api_never_fails_and_matches_its_spec(case, keys):

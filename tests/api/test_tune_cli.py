@@ -73,6 +73,7 @@ def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_
     assert wait_no_rank_actors() == []
 
 
+@pytest.mark.slow  # a child process importing the CLI; tests/api/test_cli.py checks one-line errors in-process
 def test_tune_rejects_bad_input_in_one_line(tmp_path):
     done = _tune(tmp_path, "--model", "no-such-model", "--max-trials", "1", timeout=120)
     assert done.returncode == 2

@@ -1,5 +1,7 @@
 """executor/microbench/table_rows.py: which rows of a stored layout table run, and what a failed run leaves."""
 
+import pytest
+
 from executor.microbench.table_rows import launch_rows, matching_rows
 from spec.parallel_config import ParallelConfig
 
@@ -25,6 +27,7 @@ def _fail(rank, world_size, message):
     raise RuntimeError(message)
 
 
+@pytest.mark.slow  # spawns ranks (13 s); tests/executor/test_launch.py keeps launching in the fast tier
 def test_successes_are_yielded_and_failures_recorded(capsys):
     results = []
     done = list(launch_rows(TABLE["rows"], _double_mbs, lambda c: (c.micro_batch_size,), results))
