@@ -214,7 +214,8 @@ def _live_training_objects(rank, world):
     return params, models, allocated
 
 
-@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~10 s of kept-rank trials; the fast tier keeps the pool's restart, reuse and failure tests
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_finished_trial_leaves_no_parameter_alive_in_the_kept_ranks(precision):
     """The gradient reducer's hooks sit in each parameter's hook dict, which the tensor holds from C++: a hook
     holding the reducer strongly made a cycle the collector cannot see, and every trial's parameters and fp32
