@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from spec.errors import SpecError
 from spec.limits import MAX_PRICE_PER_GPU_HOUR, MAX_TRAIN_TOKENS
+
+@dataclass(frozen=True)
+class RunQuestion:
+    """Tokens to train and, when given, the price of one GPU-hour (USD): what ``plan``/``best`` and the
+    service's plan and best endpoints are asked."""
+
+    tokens: int
+    price_per_gpu_hour: float | None = None
+
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _FORM = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)

@@ -4,22 +4,13 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 from api.cli.arguments import add_all
 from costmodel.training_run import TrainingRun
 from spec.errors import SpecError
-from spec.run_inputs import check_price_per_gpu_hour, format_token_count, parse_token_count
+from spec.run_inputs import RunQuestion, check_price_per_gpu_hour, format_token_count, parse_token_count
 
 SECONDS_PER_DAY = 86400.0
-
-
-@dataclass(frozen=True)
-class RunQuestion:
-    """Tokens to train and, when given, the price of one GPU-hour (USD)."""
-
-    tokens: int
-    price_per_gpu_hour: float | None
 
 
 def add_run_cost_arguments(parser: argparse.ArgumentParser) -> None:

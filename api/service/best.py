@@ -15,6 +15,7 @@ from api.service.jobs import ResolvedJob, resolve_cluster, resolve_model
 from spec.errors import FoldtuneError
 from spec.model_spec import ModelSpec
 from spec.proxy import ProxyError, proxy_model, proxy_of
+from spec.run_inputs import RunQuestion
 from spec.shape_defaults import default_precision
 from spec.training_spec import TrainingSpec
 from db.jobs import count_of_signature
@@ -40,22 +41,14 @@ class BestQuery:
     proxy: str | None = None
 
 
-@dataclass(frozen=True)
-class RunQuestion:
-    """Tokens to train (and the price of a GPU-hour, USD) at the best trial's measured step time."""
-
-    tokens: int
-    price_per_gpu_hour: float | None = None
-
-    @classmethod
-    def checked(cls, tokens: int | None, price_per_gpu_hour: float | None) -> RunQuestion | None:
-        """The question of the query (None without tokens); RuleViolation for a price without tokens."""
-        if tokens is None:
-            if price_per_gpu_hour is not None:
-                raise RuleViolation("query.price_per_gpu_hour", PRICE_NEEDS_TOKENS,
-                                    "price_per_gpu_hour needs tokens (the number to price)")
-            return None
-        return cls(tokens, price_per_gpu_hour)
+def run_question(tokens: int | None, price_per_gpu_hour: float | None) -> RunQuestion | None:
+    """The query's time-and-cost question (None without tokens); RuleViolation for a price without tokens."""
+    if tokens is None:
+        if price_per_gpu_hour is not None:
+            raise RuleViolation("query.price_per_gpu_hour", PRICE_NEEDS_TOKENS,
+                                "price_per_gpu_hour needs tokens (the number to price)")
+        return None
+    return RunQuestion(tokens, price_per_gpu_hour)
 
 
 def signature_of(session: Session, query: BestQuery) -> tuple[str, str]:

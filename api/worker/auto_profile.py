@@ -29,16 +29,12 @@ from executor.microbench.runner import BenchPlan, run_benchmarks
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from spec.errors import FoldtuneError
 from spec.hardware import HardwareProfile
+from spec.shape_defaults import is_cpu
 
 AUTO_CALIBRATE_MODES = ("quick", "minimal", "off")
 DATASHEET_SOURCE = "datasheet"
 # the fewest CPU ranks a CPU type's calibration runs: the gloo collectives need two
 CPU_CALIBRATION_RANKS = 2
-
-
-def is_cpu(hardware: HardwareProfile) -> bool:
-    """Whether ``hardware`` is the CPU type (ranks are processes on this machine's cores, gloo)."""
-    return hardware.gpu.name.lower() == "cpu"
 
 
 def calibration_ranks_cpu(num_gpus: int) -> int:
@@ -51,7 +47,7 @@ def calibration_ranks_cpu(num_gpus: int) -> int:
 def auto_profile_name(hardware: HardwareProfile, num_gpus: int) -> str:
     """The stored profile a job of ``num_gpus`` on ``hardware``'s GPU type shares, e.g. 'h100-sxm-auto-calibrated';
     on the CPU type one per rank count ('cpu-4-ranks-auto-calibrated': see :func:`calibration_ranks_cpu`)."""
-    if is_cpu(hardware):
+    if is_cpu(hardware.gpu.name):
         return f"cpu-{calibration_ranks_cpu(num_gpus)}-ranks-auto-calibrated"
     return f"{hardware.gpu.name.lower()}-auto-calibrated"
 
@@ -79,7 +75,7 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
     :func:`auto_profile_name`. ``launcher`` (``executor.launch_ray.launch``'s contract) runs the ranks on one node
     of a cluster whose nodes hold ``slots_per_node`` devices each; without it, this machine's devices.
     FoldtuneError when there are none to measure."""
-    cpu = is_cpu(hardware)
+    cpu = is_cpu(hardware.gpu.name)
     if cpu:
         ranks = calibration_ranks_cpu(num_gpus)
     elif launcher is not None:

@@ -30,6 +30,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
+from spec.shape_defaults import is_cpu
 
 
 class JobStopped(BaseException):  # noqa: N818 (a control-flow signal, like KeyboardInterrupt)
@@ -79,7 +80,8 @@ def faults_for_trial(spec: str, number: int) -> str:
 
 
 def is_cpu_cluster(cluster: ClusterSpec) -> bool:
-    return cluster.hardware.gpu.name.lower() == "cpu"
+    """Whether ``cluster``'s ranks are CPU processes (gloo): spec.shape_defaults' one rule."""
+    return is_cpu(cluster.hardware.gpu.name)
 
 
 class TrialExecutor:

@@ -11,7 +11,7 @@ from api.schemas.best import BestOut
 from api.schemas.common import Name
 from api.schemas.problem import problem_responses
 from api.schemas.training_run import PRICE_FIELD, TOKENS_FIELD
-from api.service.best import BestQuery, RunQuestion, best_of
+from api.service.best import BestQuery, best_of, run_question
 from spec.limits import MAX_LAYERS
 from spec.proxy import PROXIES
 from spec.training_spec import PRECISIONS
@@ -45,4 +45,4 @@ def get_best(owner: OwnerDep, session: SessionDep,
     query = BestQuery(signature=signature, model=model, gpu=gpu, num_gpus=num_gpus, seq_length=seq_length,
                       global_batch_size=global_batch_size, precision=precision,
                       num_layers_override=num_layers_override, proxy=proxy)
-    return best_of(session, owner, query, RunQuestion.checked(tokens, price_per_gpu_hour))
+    return best_of(session, owner, query, run_question(tokens, price_per_gpu_hour))
