@@ -443,14 +443,19 @@ def _viewport(driver, width):
 _FITS = """
 const doc = document.documentElement, out = b => b.left < -0.5 || b.right > doc.clientWidth + 0.5;
 const signOut = document.getElementById('sign-out').getBoundingClientRect();
+const clipped = e => { for (let a = e.parentElement; a && a !== document.body; a = a.parentElement)
+                         if (getComputedStyle(a).overflowX !== 'visible') return true;
+                       return false; };
 return {scroll: doc.scrollWidth, client: doc.clientWidth,
         signOutVisible: signOut.width > 0 && !out(signOut) && signOut.top >= 0 && signOut.bottom <= innerHeight,
         plotsOutside: [...document.querySelectorAll('svg.plot')].filter(s => out(s.getBoundingClientRect()))
                                                               .map(s => s.parentNode.id),
         plotWidths: [...document.querySelectorAll('svg.plot')].map(s => +s.getAttribute('width')),
-        // the innermost elements reaching past the screen's right edge: what the page's width comes from
+        // the innermost elements reaching past the screen's right edge that no scrolling box clips: what the
+        // page's width comes from (a wide table inside its own scrolling box reaches past the edge harmlessly)
         wide: [...document.body.querySelectorAll('*')]
               .filter(e => e.getBoundingClientRect().right > doc.clientWidth + 0.5 && e.id !== 'too-wide'
+                           && !clipped(e)
                            && ![...e.children].some(c => c.getBoundingClientRect().right > doc.clientWidth + 0.5))
               .slice(0, 5).map(e => `${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''}`
                                     + `${e.className && typeof e.className === 'string' ? '.' + e.className : ''}`
