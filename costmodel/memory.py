@@ -527,7 +527,8 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
     """(counts, fp8 GEMM weights, weight bytes, grad bytes, dense count, expert count) per candidate rank."""
-    return tuple((p, gemm, p.total * ctx.weight_bytes + (gemm * ctx.fp8_weight_extra if ctx.fp8_weight_extra else 0), p.total * ctx.grad_bytes,
+    extra = ctx.fp8_weight_extra
+    return tuple((p, gemm, p.total * ctx.weight_bytes + (gemm * extra if extra else 0), p.total * ctx.grad_bytes,
                   p.dense, p.expert) for p, gemm in stages)
 
 
