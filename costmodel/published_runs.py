@@ -201,7 +201,7 @@ HEADLINE_RUNS: tuple[PublishedRun, ...] = (
         "qwen2-57b-a14b-h100", "qwen2-57b-a14b", "h100-sxm", 64, _layout(tp=2, pp=4, vpp=7, ep=4),
         _training(4096, 256, precision="bf16"),
         "arXiv 2504.14960 (39.0 % MFU); layout: ModelZoo runtime.conf at 78fd4d6 (TP2 PP4 VPP7 EP4, GBS 256, 8 nodes)",
-        (("mfu", 0.390),)),
+        (("mfu", 0.390),), ("the shared expert's overlap with the dispatch (--moe-shared-expert-overlap)",)),
 )
 
 
@@ -211,3 +211,31 @@ def published_run(key: str) -> PublishedRun:
         if run.key == key:
             return run
     raise KeyError(key)
+
+
+def implied_step_seconds(run: PublishedRun, tflops_per_gpu: float, mfu: float, step_seconds: float) -> float | None:
+    """The step time (seconds) the run's published figure implies for the FLOPs the cost model counts: its
+    predicted ``step_seconds`` times the predicted rate over the published one (TFLOP/s per GPU, else MFU against
+    the same peak); None when the run publishes neither."""
+    published = run.figure("tflops_per_gpu")
+    if published:
+        return step_seconds * tflops_per_gpu / published
+    published = run.figure("mfu")
+    if published:
+        return step_seconds * mfu / published
+    return None
+
+
+def closing_factors(terms: tuple[tuple[str, float], ...], step_seconds: float,
+                    target_seconds: float) -> tuple[tuple[str, float, float | None], ...]:
+    """(term, exposed seconds, factor) per term of a step-time breakdown with seconds: the factor on that term
+    alone that would move the predicted step (``step_seconds``) onto ``target_seconds``, i.e.
+    ``(seconds + target − step) / seconds``; None where no positive factor on the term can (it is smaller than a
+    prediction that is too slow)."""
+    out = []
+    for name, seconds in terms:
+        if seconds <= 0:
+            continue
+        factor = (seconds + target_seconds - step_seconds) / seconds
+        out.append((name, seconds, factor if factor > 0 else None))
+    return tuple(out)

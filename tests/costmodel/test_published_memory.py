@@ -17,7 +17,7 @@ from api.cli.main import main
 from costmodel.fp8_storage import TE_SAVED_INPUT_BYTES, TE_WEIGHT_BYTES
 from costmodel.loss import loss_memory_terms
 from costmodel.memory import estimate_memory, estimate_stage_memory, expert_weight_grad_bytes, layer_activation_bytes
-from costmodel.published_runs import MEMORY_RUNS, published_run
+from costmodel.published_runs import MEMORY_RUNS, closing_factors, implied_step_seconds, published_run
 from spec.catalog import get_hardware, get_model
 from spec.hardware import GIB, ClusterSpec
 from spec.parallel_config import ParallelConfig
@@ -179,3 +179,17 @@ def test_megatron_losses_and_fused_weight_gradient_accumulation():
     assert mtp == DSV3.padded_vocab_size(2) // 2 * 2 * 2  # main head and the MTP head keep their logits
     assert expert_weight_grad_bytes(QWEN3, TrainingSpec(SEQ, 64), 8, 1) > 0
     assert expert_weight_grad_bytes(QWEN3, TrainingSpec(SEQ, 64, gradient_accumulation_fusion=True), 8, 1) == 0
+
+
+def test_implied_step_and_closing_factors_hand_worked():
+    """A run published at 500 TFLOP/s predicted at 600 in 10 s implies 12 s; closing the 2 s on a 4 s term takes
+    ×1.5, on a 1 s term ×3; a prediction 3 s too slow cannot be closed on a 2 s term."""
+    run = published_run("deepseek-v3-h100-fp8")
+    assert run.figure("tflops_per_gpu") == 338.0
+    assert implied_step_seconds(run, 338.0 * 1.2, 0.0, 10.0) == pytest.approx(12.0)
+    mixtral = published_run("mixtral-8x22b-h100")
+    assert implied_step_seconds(mixtral, 0.0, 0.493 / 2, 8.0) == pytest.approx(4.0)
+    assert closing_factors((("gemm", 4.0), ("ep_a2a", 1.0), ("pp_bubble", 0.0)), 10.0, 12.0) == (
+        ("gemm", 4.0, 1.5), ("ep_a2a", 1.0, 3.0))
+    assert closing_factors((("gemm", 2.0), ("grouped_gemm", 5.0)), 10.0, 7.0) == (
+        ("gemm", 2.0, None), ("grouped_gemm", 5.0, 0.4))
