@@ -87,7 +87,8 @@ def render(rows: list[dict], command: str, at: str) -> str:
              "| run | GPUs | layout | precision | published | predicted | error | step (s) predicted / implied "
              "| memory (GiB) / usable |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['key']} | {r['gpus']} {r['gpu']} | `{r['layout']}` | {r['precision']} | "
+        layout = r["layout"].replace("|", "\\|")  # a pipe inside a table cell, even in code, splits it
+        lines.append(f"| {r['key']} | {r['gpus']} {r['gpu']} | `{layout}` | {r['precision']} | "
                      f"{_figure(r['metric'], r['published'])} | {_figure(r['metric'], r['predicted'])} | "
                      f"{r['error']:+.1%} | {r['step_s']:.2f} / {r['implied_step_s']:.2f} | "
                      f"{r['memory_gib']:.0f} / {r['usable_gib']:.0f} |")

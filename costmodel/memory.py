@@ -2,11 +2,11 @@
 
 The model is the one described in ``docs/memory-model.md``. In short, per GPU of pipeline rank ``i``:
 
-- weights ``P·w`` (``w`` = 2 bytes for bf16/fp16/fp8, 4 for fp32; fp8 adds 2 bytes per GEMM weight for
-  Transformer Engine's cached fp8 copy and its transpose), grads ``P·4`` with fp32 main grads (else
-  ``P·w``), Adam states ``P·12`` (fp32 master + m + v; 8 when the weights already are fp32). With the
-  distributed optimizer the dense states are divided by DP·CP and the expert states by EDP (Megatron's
-  18 bytes/param recipe when it is off).
+- weights ``P·w`` (``w`` = 2 bytes for bf16/fp16/fp8, 4 for fp32; fp8 adds the cached fp8 forms of each GEMM
+  weight, ``costmodel.fp8_storage``, which replace the 16-bit copy with ``fp8_param_gather``), grads ``P·4``
+  with fp32 main grads (else ``P·w``), Adam states ``P·12`` (fp32 master + m + v; 8 when the weights already
+  are fp32, or with bf16 moments). With the distributed optimizer the dense states are divided by DP·CP and the
+  expert states by EDP (Megatron's 18 bytes/param recipe when it is off).
 - activations: the tensors autograd keeps for backward, per layer, per micro-batch, times the micro-batches
   in flight (1F1B: ``min(PP − i, m)``; interleaved: Megatron's warm-up count + 1, which on rank 0 is
   Korthikanti's ``L·(1 + (PP−1)/(PP·VPP))``). Recomputation removes tensors per module or keeps only
@@ -21,6 +21,10 @@ The model is the one described in ``docs/memory-model.md``. In short, per GPU of
 - allocator_overhead: the backward working set of one layer (recomputed tensors and the gradients of
   two adjacent intermediates, which the caching allocator must hold on top of the stored tensors) plus
   :data:`FRAGMENTATION` of every dynamic allocation.
+
+What Megatron-Core with Transformer Engine keeps where it differs from the executor is priced under
+``TrainingSpec`` switches (``megatron_memory``, ``transformer_engine_fp8`` with ``fp8_recipe``, ...; see
+docs/memory-model.md, "Megatron-Core's accounting").
 
 All functions are pure; the expensive parts are cached per (model, training) and per layout shape so that
 a planner sweep costs a few microseconds per configuration.
