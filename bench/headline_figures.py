@@ -78,6 +78,32 @@ def _reading(r: dict) -> str:
     return text
 
 
+def _summary(rows: list[dict]) -> str:
+    """The runs grouped by what their misses say: within 5 %; closable by one term within ×2 (its largest such
+    term named); or not closable by any one term (several terms are off together)."""
+    close, one, several = [], [], []
+    for r in rows:
+        miss = abs(r["step_s"] / r["implied_step_s"] - 1)
+        terms = [x for x in sorted(r["terms"], key=lambda x: -x["seconds"])
+                 if x["closing_factor"] is not None and 0.5 <= x["closing_factor"] <= 2.0]
+        if miss <= 0.05:
+            close.append(r["key"])
+        elif terms:
+            one.append(f"{r['key']} (e.g. {terms[0]['term']} ×{terms[0]['closing_factor']:.2f})")
+        else:
+            several.append(r["key"])
+    parts = []
+    if close:
+        parts.append("Within 5 % of the published step: " + ", ".join(close) + ".")
+    if one:
+        parts.append("A miss one term could carry within a factor of two: " + "; ".join(one) + ".")
+    if several:
+        parts.append("A miss no single term carries within a factor of two, so several are off together (on "
+                     "GPUs without a calibration every compute and HBM efficiency is a default): "
+                     + ", ".join(several) + ".")
+    return " ".join(parts)
+
+
 def render(rows: list[dict], command: str, at: str) -> str:
     lines = [HEADING, "", f"Cost-model predictions at commit `{at}` ({utc_now()}, `{command}`; no GPU run): each "
              "published layout and recipe (`costmodel/published_runs.py`, with its sources) priced on the catalog's "
@@ -92,7 +118,7 @@ def render(rows: list[dict], command: str, at: str) -> str:
                      f"{_figure(r['metric'], r['published'])} | {_figure(r['metric'], r['predicted'])} | "
                      f"{r['error']:+.1%} | {r['step_s']:.2f} / {r['implied_step_s']:.2f} | "
                      f"{r['memory_gib']:.0f} / {r['usable_gib']:.0f} |")
-    lines += ["", "### Each miss by term", "",
+    lines += ["", _summary(rows), "", "### Each miss by term", "",
               "Exposed seconds of every term of the predicted step, and the factor that term alone would need for "
               "the predicted step to equal the implied one (— : no factor on it can).", ""]
     for r in rows:
