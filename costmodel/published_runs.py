@@ -24,13 +24,14 @@ Sources, all public (read at the commits named):
   (the distributed optimizer; Qwen3-235B accounts the embedding and the loss as pipeline layers),
   ``src/megatron/bridge/models/qwen/qwen_provider.py`` (``moe_permute_fusion``) and ``models/gpt_provider.py``
   (``gradient_accumulation_fusion``).
-- Megatron-MoE-ModelZoo (github.com/yanring/Megatron-MoE-ModelZoo, NVIDIA's MoE team), commit e865051:
+- Megatron-MoE-ModelZoo (NVIDIA's MoE team), read at commit e865051 of yanring/Megatron-MoE-ModelZoo:
   ``best_practice/qwen3/readme.md`` and ``run_h100_235b.sh``, ``run_gb200_235b.sh``, ``run_gb300_235b.sh``;
   ``best_practice/deepseek-v3/run_deepseek_v3_h100.sh``, ``run_deepseek_v3_gb200.sh``, ``run_deepseek_v3_gb300.sh``;
   ``model_configs/benchmarking/*.yaml`` (distributed optimizer, ``--cross-entropy-fusion-impl``, embedding and
   loss accounting, ``--moe-permute-fusion``) and ``sbatch_benchmarking.sh`` (``PR=fp8``: blockwise, fp8 primary
-  weights, bf16 Adam moments, fp32 main grads; ``PR=mxfp8`` likewise with mxfp8); at commit 78fd4d6 (April 2025,
-  the folding paper's time) ``runtime_configs/benchmarking/runtime.conf`` (Mixtral-8x22B and Qwen2-57B layouts).
+  weights, bf16 Adam moments, fp32 main grads; ``PR=mxfp8`` likewise with mxfp8); and, as it stood when the
+  folding paper came out (commit 78fd4d6 of yanring/Megatron-MoE-ModelZoo),
+  ``runtime_configs/benchmarking/runtime.conf`` (the Mixtral-8x22B and Qwen2-57B layouts).
 - The headline figures: arXiv 2603.07685 (Megatron-Core MoE: DeepSeek-V3 1,233 / 1,048 TFLOPS/GPU on GB300 /
   GB200, Qwen3-235B 974 / 919) and arXiv 2504.14960 (MoE Parallel Folding: 49.3 % / 39.0 % MFU for Mixtral-8x22B /
   Qwen2-57B-A14B on H100). The report's own configuration table was not in the stored corpus; its layouts are the
