@@ -69,7 +69,8 @@ from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, place
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule
+from spec.validity import (Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule,
+                           needs_distributed_optimizer)
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -397,7 +398,9 @@ def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatch
 
 def distopt_options(training: TrainingSpec) -> tuple[bool, ...]:
     """The distributed-optimizer settings to try: the forced one, or both (on first: it is the usual winner)."""
-    return (True, False) if training.distributed_optimizer is None else (training.distributed_optimizer,)
+    if training.distributed_optimizer is None:  # the rule book's optimizer_distopt rule, applied to the options
+        return (True,) if needs_distributed_optimizer(training) else (True, False)
+    return (training.distributed_optimizer,)
 
 
 def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

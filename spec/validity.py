@@ -32,7 +32,11 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
 - param_gather_distopt: ``arguments.py`` (overlap_param_gather needs the distributed optimizer);
 - ep_overlap: ``TransformerConfig`` (EP all-to-all overlap needs ep > 1, the alltoall dispatcher, no full
   recompute, and vpp when pp > 1);
-- tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
+- tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
+- fp8_params_precision: ``arguments.py`` (``--fp8-param-gather`` gathers the fp8 weights of an fp8 run);
+- optimizer_distopt: ``arguments.py`` (``--fp8-param-gather only supported with distributed optimizer``) and
+  ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only supported with distributed
+  optimizer``): fp8 primary weights and bf16 Adam moments.
 
 The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
 say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
@@ -84,6 +88,8 @@ RULES: dict[str, str] = {
     "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
+    "fp8_params_precision": "fp8 primary weights (fp8_param_gather) need precision fp8",
+    "optimizer_distopt": "fp8 primary weights and bf16 Adam moments need the distributed optimizer",
 }
 # the rules on a config alone (how its sizes fold the world, which knobs go together): spec.layout_rules
 RULES.update({rule.id: rule.demands for rule in LAYOUT_RULES if rule.id not in RULES})
@@ -206,6 +212,12 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     return None
 
 
+def needs_distributed_optimizer(training: TrainingSpec) -> bool:
+    """Whether ``training``'s optimizer recipe runs with Megatron's distributed optimizer only: fp8 primary weights
+    (``--fp8-param-gather``) or an Adam moment below fp32 (the precision-aware optimizer)."""
+    return training.fp8_param_gather or training.precision_aware_optimizer
+
+
 def capacity_with_cp(capacity_factor: float | None, cp: int) -> bool:
     """Token dropping (a capacity factor) under context parallelism, which the executor does not build: each
     CP rank routes only its part of every sequence, so its capacity would count another set of tokens."""
@@ -322,6 +334,9 @@ class Validator:
         """Rules that depend only on the model, the training recipe and the GPU."""
         if self.cluster is None:
             return None
+        if self.training.fp8_param_gather and self.training.precision != "fp8":
+            return Rejection("fp8_params_precision", f"fp8 primary weights (fp8_param_gather) need precision fp8, "
+                                                     f"the training spec has {self.training.precision}")
         if self.training.precision == "fp8" and "fp8" not in dict(self.cluster.gpu.peak_flops):
             return Rejection("fp8_hardware", f"precision fp8 needs a GPU with an fp8 peak; "
                                              f"{self.cluster.gpu.name} has only {sorted(dict(self.cluster.gpu.peak_flops))}")
@@ -419,6 +434,9 @@ class Validator:
                 return overlap
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
+        if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
+            return Rejection("optimizer_distopt", "fp8 primary weights and bf16 Adam moments (the precision-aware "
+                                                  "optimizer) need the distributed optimizer")
         forced = self.training.distributed_optimizer
         if forced is not None and c.use_distributed_optimizer != forced:
             return Rejection("distopt_choice", f"the training spec sets distributed_optimizer="
@@ -527,6 +545,22 @@ def _capacity_with_cp(model: ModelSpec, training: TrainingSpec, config: Parallel
 
 register(Rule("executor_capacity_cp", "capacity (token-dropping) routing is built for cp = 1", _capacity_with_cp,
               executor=True))
+
+
+def _megatron_optimizer_recipe(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    # the executor's optimizer (executor/optimizer.py) keeps 16-bit weights, fp32 main grads and fp32 Adam
+    # moments whatever the training spec says: a run with these knobs would be measured as another recipe
+    knobs = [name for name, on in (("fp8 primary weights (fp8_param_gather)", training.fp8_param_gather),
+                                   ("a bf16 gradient buffer (main_grads_fp32 off)", not training.main_grads_fp32),
+                                   ("bf16 Adam moments", training.precision_aware_optimizer)) if on]
+    if knobs:
+        return "Megatron's optimizer recipe is not built: " + ", ".join(knobs)
+    return None
+
+
+register(Rule("executor_optimizer_recipe", "16-bit weights, fp32 main grads and fp32 Adam moments (Megatron's "
+                                           "fp8 primary weights, bf16 grad buffer and bf16 moments are not built)",
+              _megatron_optimizer_recipe, executor=True))
 
 
 def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:

@@ -29,6 +29,7 @@ from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
+from spec.training_spec import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES, OPTIMIZER_STATE_DTYPES
 from api.cli._run_cost_args import (RunQuestion, add_run_cost_arguments, gpu_hours, hours, run_heading, run_question,
                                     usd)
 from costmodel.training_run import training_run
@@ -87,6 +88,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transformer-engine-fp8", action="store_true",
                         help="price fp8 casts as Transformer Engine's (one fused cast-transpose per GEMM input); "
                              "default: foldtune's executor's quantisation")
+    parser.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
+                        help="Transformer Engine's fp8 scaling recipe (Megatron's --fp8-recipe; with "
+                             "--transformer-engine-fp8): the scales its saved inputs and weights carry, and whether "
+                             "linear_proj keeps an fp8 copy of the attention output (delayed) (default: tensorwise)")
+    parser.add_argument("--fp8-param-gather", action="store_true",
+                        help="price Megatron's fp8 primary weights (--fp8-param-gather): no 16-bit weight copy")
+    parser.add_argument("--grad-reduce-in-bf16", action="store_true",
+                        help="price Megatron's bf16 gradient buffer (--grad-reduce-in-bf16, Megatron-Bridge's "
+                             "grad_reduce_in_fp32=False); default: fp32 main gradients")
+    parser.add_argument("--exp-avg-dtype", choices=OPTIMIZER_STATE_DTYPES, default="fp32",
+                        help="dtype of Adam's first moment (bf16: Megatron's precision-aware optimizer)")
+    parser.add_argument("--exp-avg-sq-dtype", choices=OPTIMIZER_STATE_DTYPES, default="fp32",
+                        help="dtype of Adam's second moment (bf16: Megatron's precision-aware optimizer)")
+    parser.add_argument("--cross-entropy-fusion-impl", choices=CROSS_ENTROPY_FUSION_IMPLS, default="native",
+                        help="Megatron's fused loss (with --megatron-cross-entropy): native keeps an fp32 softmax "
+                             "per head, te (Transformer Engine) the 16-bit logits only (default: native)")
+    parser.add_argument("--megatron-memory", action="store_true",
+                        help="price the tensors Megatron-Core keeps where they differ from foldtune's executor (its "
+                             "MoE dispatcher, MLA's attention output, the distributed optimizer's shards)")
     parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
                         help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
                              "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
@@ -132,6 +152,11 @@ def _specs(args: argparse.Namespace):
                        gradient_accumulation_fusion=args.gradient_accumulation_fusion,
                        sequence_parallel_regather=args.sequence_parallel_regather,
                        transformer_engine_fp8=args.transformer_engine_fp8,
+                       fp8_recipe=args.fp8_recipe, fp8_param_gather=args.fp8_param_gather,
+                       main_grads_fp32=not args.grad_reduce_in_bf16, exp_avg_dtype=args.exp_avg_dtype,
+                       exp_avg_sq_dtype=args.exp_avg_sq_dtype,
+                       cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
+                       megatron_memory=args.megatron_memory,
                        min_headroom=args.min_headroom)
 
 
@@ -219,7 +244,14 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
         + (", Megatron's loss" if t.get("megatron_cross_entropy") else "")
         + (", fused gradient accumulation" if t.get("gradient_accumulation_fusion") else "")
         + (", SP re-gather" if t.get("sequence_parallel_regather") else "")
-        + (", Transformer Engine's fp8 casts" if t.get("transformer_engine_fp8") else ""),
+        + (", Transformer Engine's fp8 casts" if t.get("transformer_engine_fp8") else "")
+        + (f", fp8 recipe {t['fp8_recipe']}" if t.get("fp8_recipe", "tensorwise") != "tensorwise" else "")
+        + (", fp8 primary weights" if t.get("fp8_param_gather") else "")
+        + (", bf16 gradients" if not t.get("main_grads_fp32", True) else "")
+        + (f", Adam moments {t.get('exp_avg_dtype')}/{t.get('exp_avg_sq_dtype')}"
+           if (t.get("exp_avg_dtype"), t.get("exp_avg_sq_dtype")) not in ((None, None), ("fp32", "fp32")) else "")
+        + (", Transformer Engine's fused loss" if t.get("cross_entropy_fusion_impl") == "te" else "")
+        + (", Megatron-Core's saved tensors" if t.get("megatron_memory") else ""),
         f"search   {h['search_space']}",
     ]
 

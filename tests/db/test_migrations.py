@@ -15,6 +15,9 @@ from api.service.jobs import job_signature
 from spec.training_spec import TrainingSpec
 
 TABLES = {"owners", "api_keys", "jobs", "trials", "hardware_profiles", "trainings", "training_metrics"}
+#: the TrainingSpec fields migration 0005 adds (a job stored before it has none of them)
+ADDED_0005 = ("fp8_recipe", "fp8_param_gather", "exp_avg_dtype", "exp_avg_sq_dtype", "cross_entropy_fusion_impl",
+              "megatron_memory")
 
 
 def test_upgrade_from_empty_creates_every_table_and_own_version_table(db_url):
@@ -82,7 +85,7 @@ def test_0003_gives_stored_training_specs_the_new_field_and_the_signature_new_re
     upgrade, with the same question asked now — the service's job_signature over TrainingSpec.to_dict() — and
     downgrading restores both."""
     old_spec = {k: v for k, v in TrainingSpec(seq_length=64, global_batch_size=8).to_dict().items()
-                if k != "transformer_engine_fp8"}
+                if k != "transformer_engine_fp8" and k not in ADDED_0005}
     model = {"name": "tiny-moe", "num_layers": 2}
     canonical = json.dumps({"model": model, "training": old_spec, "gpu": "cpu", "num_gpus": 2}, sort_keys=True,
                            separators=(",", ":"))
@@ -104,6 +107,37 @@ def test_0003_gives_stored_training_specs_the_new_field_and_the_signature_new_re
         assert spec == now and spec["transformer_engine_fp8"] is False
         assert signature == job_signature(model, now, "cpu", 2) != old_signature
         downgrade(db_url, "0002")
+        assert stored() == (old_spec, old_signature)
+    finally:
+        engine.dispose()
+
+
+def test_0005_gives_stored_training_specs_the_megatron_memory_knobs_and_the_signature_new_requests_get(db_url):
+    """A job stored at 0004 (its training spec without the Megatron memory knobs) shares its signature, after the
+    upgrade, with the same question asked now, and downgrading to 0004 restores both."""
+    old_spec = {k: v for k, v in TrainingSpec(seq_length=64, global_batch_size=8).to_dict().items()
+                if k not in ADDED_0005}
+    model = {"name": "tiny-moe", "num_layers": 2}
+    canonical = json.dumps({"model": model, "training": old_spec, "gpu": "cpu", "num_gpus": 2}, sort_keys=True,
+                           separators=(",", ":"))
+    old_signature = hashlib.sha256(canonical.encode()).hexdigest()
+    upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    try:
+        _insert_old_job(engine, old_spec, old_signature)
+        upgrade(db_url)
+
+        def stored():
+            with engine.connect() as conn:
+                row = conn.execute(sa.text("SELECT training_spec, signature FROM jobs WHERE id = 7")).one()
+            spec = row.training_spec if isinstance(row.training_spec, dict) else json.loads(row.training_spec)
+            return spec, row.signature
+
+        spec, signature = stored()
+        now = TrainingSpec(seq_length=64, global_batch_size=8).to_dict()
+        assert spec == now and spec["fp8_recipe"] == "tensorwise" and spec["megatron_memory"] is False
+        assert signature == job_signature(model, now, "cpu", 2) != old_signature
+        downgrade(db_url, "0004")
         assert stored() == (old_spec, old_signature)
     finally:
         engine.dispose()
