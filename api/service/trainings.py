@@ -234,8 +234,10 @@ def expert_load_view(session: Session, training: Training, step: int | None) -> 
     """The stored per-layer expert load of step ``step`` of ``training`` (None: its latest); NotFound when that
     step (or any, for None) has none."""
     stored = expert_load_at(session, training.id, step)
-    if stored is None:
-        raise not_found(f"expert load of training {training.id}" + (f" at step {step}" if step is not None else ""))
+    if stored is None:  # the training exists (the caller checked): say why there is nothing to show
+        at = f"at step {step}" if step is not None else "yet"
+        raise NotFound(f"training {training.id} has no per-layer expert load stored {at} (it stores one per step "
+                       f"of a model with MoE layers)", kind="no-expert-load", title="No expert load stored")
     spec, _ = split_training_spec(training.training_spec)
     per_layer = spec.seq_length * spec.global_batch_size * ModelSpec.from_dict(training.model_spec).moe_router_topk
     return ExpertLoadOut(step=stored.step, moe_layers=stored.moe_layers, layers=stored.layers,

@@ -130,7 +130,7 @@ def test_metrics_paginate_by_step_and_latest_is_shown(client, app, alice, body):
 def test_expert_load_of_a_step_and_its_imbalance_per_layer_over_steps(client, app, alice, bob, body):
     tid = client.post("/v1/trainings", json=body, headers=alice).json()["id"]
     missing = client.get(f"/v1/trainings/{tid}/expert-load", headers=alice)
-    assert missing.status_code == 404 and missing.json()["type"].endswith(":not-found")  # no step stored yet
+    assert missing.status_code == 404 and missing.json()["type"].endswith(":no-expert-load")  # none stored yet
     per_layer = 64 * 8 * 2  # seq × global batch × top-k of tiny-moe: what each row sums to
     balanced = [per_layer // 8] * 8
     skewed = [per_layer // 2, per_layer // 4] + [per_layer // 24] * 6  # 512 + 256 + 6 × 42 (row sum 1020)
@@ -156,7 +156,8 @@ def test_expert_load_of_a_step_and_its_imbalance_per_layer_over_steps(client, ap
     assert [i["max_over_mean"][1] > 1.5 for i in seen] == [True, False, True, False, True]
     assert all(i["max_over_mean"][0] == 1.0 for i in seen)
     for path in (f"/v1/trainings/{tid}/expert-load", f"/v1/trainings/{tid}/expert-load/imbalance"):
-        assert client.get(path, headers=bob).status_code == 404  # another owner's reads as missing
+        other = client.get(path, headers=bob)  # another owner's reads as missing
+        assert other.status_code == 404 and other.json()["type"].endswith(":not-found")
         assert client.get(path).status_code == 401
 
 

@@ -91,8 +91,6 @@ async function runPlan(form, out) {
     : [{name: "least over memory (does not fit)", points: [point(plan.closest)], cls: "closest", color: "#b45309", radius: 6}];
   Plot.xy(plotDiv, series, {xLabel: "predicted peak memory per GPU (GiB)", yLabel: "predicted step time (ms)",
     front: plan.ranked.length ? front : null,
-    guides: [{x: usable, label: `usable ${num(usable, 3)} GiB`, cls: "capacity"}]});
-  const show = ev => { const tip = ev.target.dataset && ev.target.dataset.tip; if (tip) detail.textContent = tip; };
-  plotDiv.addEventListener("mouseover", show);
-  plotDiv.addEventListener("click", show);  // touch screens have no hover
+    guides: [{x: usable, label: `usable ${num(usable, 3)} GiB`, cls: "capacity"}],
+    onPoint: tip => { detail.textContent = tip; }});  // hover, or a tap on a touch screen
 }
