@@ -55,7 +55,7 @@ const Plot = (() => {
   }
 
   // One axis: plotly's ticks, in one notation per axis (every log tick labelled in full, SI prefixes from
-  // 10^4 up, powers of ten when every value is below 0.01), whole numbers only on an `integer` axis.
+  // 10^4 up), whole numbers only on an `integer` axis.
   function axis(title, values, o) {
     const a = {title: {text: title || "", font: {size: 12, color: "#111827"}, standoff: 8}, type: o.log ? "log" : "linear",
                automargin: true, showline: true, mirror: true, linecolor: "#9ca3af", gridcolor: "#eef0f3",
@@ -67,8 +67,7 @@ const Plot = (() => {
       const decades = Math.log10(big) - Math.log10(Math.min(...finite));
       if (decades > 0.8 && decades <= 3) a.dtick = "D2";
     }
-    if (!o.log && big > 0 && big < 1e-2) a.tickformat = ".2~e";  // "2e-4", not plotly's "200µ"; no 0 tick
-    else if (o.zero && !o.log) a.rangemode = "tozero";
+    if (o.zero && !o.log) a.rangemode = "tozero";
     if (o.integer) {
       a.tickformat = "d";
       const span = finite.length ? Math.max(...finite) - Math.min(...finite) : 0;
@@ -108,20 +107,32 @@ const Plot = (() => {
 
   const tipText = tip => String(tip || "").replaceAll("\n", "<br>");
 
-  // series: [{name, color, points: [{x, y, tip}], line: bool, markers: bool (default true), cls, radius}]
+  // series: [{name, color, points: [{x, y, tip, detail}], line: bool, markers: bool (default true), cls, radius}]
   // opts: {xLabel, yLabel, identity: draw y = x, front: [{x, y}] a Pareto front, zeroY: y from 0,
   //        integerX: whole-number x ticks, logX / logY: log axes (points <= 0 are left out),
   //        guides: [{x} or {y}, label, cls] dashed reference lines (e.g. usable memory) named in the legend,
-  //        empty: the text shown without data, onPoint: called with a point's tip when it is hovered or tapped}
+  //        empty: the text shown without data, onPoint: called with a point's detail (else its tip) when it is
+  //        hovered or tapped}
   function xy(target, series, opts) {
     remember(target, () => xy(target, series, opts));
     const {width, height, narrow} = size(target);
     const layout = baseLayout(width, height, narrow);
     const keep = p => isFinite(p.x) && isFinite(p.y) && (!opts.logX || p.x > 0) && (!opts.logY || p.y > 0);
-    const shown = series.map((s, i) => ({...s, color: s.color || PALETTE[i % PALETTE.length],
-                                         points: s.points.filter(keep)}));
-    const all = shown.flatMap(s => s.points);
+    let shown = series.map((s, i) => ({...s, color: s.color || PALETTE[i % PALETTE.length],
+                                       points: s.points.filter(keep)}));
+    let all = shown.flatMap(s => s.points);
     if (!all.length) return draw(target, [], emptyLayout(layout, opts.empty));
+    let guides = opts.guides || [], yLabel = opts.yLabel;
+    // Values all below 0.01 (learning rates) are drawn in units of their power of ten, named in the axis
+    // title ("learning rate (×10⁻³)"): plotly would label them 200µ, or 0e+0 at zero. Tips keep the values.
+    const top = Math.max(...all.map(p => Math.abs(p.y)), ...guides.filter(g => "y" in g).map(g => Math.abs(g.y)));
+    if (!opts.logY && !opts.identity && top > 0 && top < 1e-2) {
+      const e = Math.floor(Math.log10(top)), unit = 10 ** e;
+      shown = shown.map(s => ({...s, points: s.points.map(p => ({...p, y: p.y / unit}))}));
+      guides = guides.map(g => ("y" in g ? {...g, y: g.y / unit} : g));
+      all = shown.flatMap(s => s.points);
+      yLabel = `${yLabel || ""} (×10<sup>${String(e).replace("-", "\u2212")}</sup>)`;
+    }
 
     const traces = [];
     let rank = 1;
@@ -132,15 +143,15 @@ const Plot = (() => {
       traces.push({type: "scatter", uid: s.cls || s.name, name: s.name, showlegend: !!s.name, legendrank: rank++,
                    mode: [s.line && s.points.length > 1 ? "lines" : "", markers ? "markers" : ""].filter(Boolean).join("+") || "markers",
                    x: s.points.map(p => p.x), y: s.points.map(p => p.y), text: s.points.map(p => tipText(p.tip)),
+                   customdata: s.points.map(p => p.detail || p.tip || ""),
                    hovertemplate: "%{text}<extra></extra>", line: {color: s.color, width: 1.8},
                    marker: {color: s.color, size: 2 * r, opacity: 0.9, line: {color: "#fff", width: 1}}});
     }
-    const guides = opts.guides || [];
     const xs = all.map(p => p.x).concat(guides.filter(g => "x" in g).map(g => g.x));
     const ys = all.map(p => p.y).concat(guides.filter(g => "y" in g).map(g => g.y));
-    let xRange = null;
+    let xRange = null, both = null;
     if (opts.identity) {  // y = x across both axes, which then span the same values
-      const both = xs.concat(ys).filter(v => !opts.logX || v > 0);
+      both = xs.concat(ys).filter(v => !opts.logX || v > 0);
       const lo = Math.min(...both), hi = Math.max(...both);
       traces.unshift({type: "scatter", uid: "identity", name: "y = x", mode: "lines", x: [lo, hi], y: [lo, hi],
                       hoverinfo: "skip", legendrank: 1000, line: {color: "#6b7280", width: 1.2, dash: "dash"}});
@@ -166,11 +177,11 @@ const Plot = (() => {
                    : {xref: "paper", yref: "y", x0: 0, x1: 1, y0: g.y, y1: g.y}),
       line: {color: GUIDE_COLORS[g.cls] || "#b45309", width: 1.5, dash: "dash"}}));
     const fixed = narrow;
-    layout.xaxis = axis(opts.xLabel, xs, {log: opts.logX, integer: opts.integerX, range: xRange, fixed});
-    layout.yaxis = axis(opts.yLabel, ys, {log: opts.logY, zero: opts.zeroY, range: xRange, fixed});
+    layout.xaxis = axis(opts.xLabel, both || xs, {log: opts.logX, integer: opts.integerX, range: xRange, fixed});
+    layout.yaxis = axis(yLabel, both || ys, {log: opts.logY, zero: opts.zeroY, range: xRange, fixed});
     draw(target, uniqueUids(traces), layout);
     if (opts.onPoint) {
-      const show = ev => { const p = ev.points && ev.points[0]; if (p && p.text) opts.onPoint(p.text.replaceAll("<br>", "\n")); };
+      const show = ev => { const p = ev.points && ev.points[0]; if (p && p.customdata) opts.onPoint(p.customdata); };
       target.removeAllListeners("plotly_hover");
       target.removeAllListeners("plotly_click");
       target.on("plotly_hover", show);
