@@ -14,7 +14,8 @@ from db.models import Base
 from api.service.jobs import job_signature
 from spec.training_spec import TrainingSpec
 
-TABLES = {"owners", "api_keys", "jobs", "trials", "hardware_profiles", "trainings", "training_metrics"}
+TABLES = {"owners", "api_keys", "jobs", "trials", "hardware_profiles", "trainings", "training_metrics",
+          "training_expert_loads"}
 
 
 def test_upgrade_from_empty_creates_every_table_and_own_version_table(db_url):
