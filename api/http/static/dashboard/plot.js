@@ -85,6 +85,11 @@ const Plot = (() => {
   }
 
   function draw(target, traces, layout) {
+    if (typeof Plotly === "undefined") {  // the server could not serve it: say so where the plot would be
+      target.replaceChildren(h("p", {class: "error"}, "No plot: /vendor/plotly.min.js did not load (the server's " +
+                                                       "plotly package is missing; GET it for the reason)."));
+      return;
+    }
     Plotly.react(target, traces, layout, CONFIG);
     target._plotWidth = target.clientWidth;
   }
@@ -180,7 +185,7 @@ const Plot = (() => {
     layout.xaxis = axis(opts.xLabel, both || xs, {log: opts.logX, integer: opts.integerX, range: xRange, fixed});
     layout.yaxis = axis(yLabel, both || ys, {log: opts.logY, zero: opts.zeroY, range: xRange, fixed});
     draw(target, uniqueUids(traces), layout);
-    if (opts.onPoint) {
+    if (opts.onPoint && target.on) {
       const show = ev => { const p = ev.points && ev.points[0]; if (p && p.customdata) opts.onPoint(p.customdata); };
       target.removeAllListeners("plotly_hover");
       target.removeAllListeners("plotly_click");
@@ -237,7 +242,7 @@ const Plot = (() => {
   function purge(root) {
     for (const node of root.querySelectorAll(".plot-host")) {
       resized.unobserve(node);
-      Plotly.purge(node);
+      if (typeof Plotly !== "undefined") Plotly.purge(node);
     }
   }
 
