@@ -81,7 +81,7 @@ function drawCurves(runs) {
       }
       if (c.stepTime && run.t.predicted_step_time_s) {
         const measured = present(run.metrics, "step_time_s");
-        series.push({name: `predicted${tag}`, line: true, markers: false, cls: "predicted",
+        series.push({name: `predicted${tag}`, line: true, markers: false, cls: "predicted" + (tagged ? ` run-${run.id}` : ""),
                      points: measured.length ? [measured[0], measured[measured.length - 1]].map(m => ({x: m.step, y: run.t.predicted_step_time_s * 1e3})) : []});
       }
     }
