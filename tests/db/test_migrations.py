@@ -110,13 +110,25 @@ def test_0003_gives_stored_training_specs_the_new_field_and_the_signature_new_re
         engine.dispose()
 
 
-def test_0005_adds_and_drops_the_per_layer_expert_loads_keeping_the_trainings(db_url):
-    """0004 -> head creates training_expert_loads beside a training stored before it; the model's rows go in and
-    read back; down to 0004 drops the table alone (the training and its metrics stay)."""
+def _revision_before(file_suffix: str) -> str:
+    """The revision a migration (named by its file's ending) upgrades from."""
+    from alembic.script import ScriptDirectory
+
+    from db.migrate import alembic_config
+
+    scripts = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    [script] = [s for s in scripts.walk_revisions() if s.path.endswith(file_suffix)]
+    return script.down_revision
+
+
+def test_expert_loads_migration_adds_and_drops_its_table_keeping_the_trainings(db_url):
+    """From the revision before it to head creates training_expert_loads beside a training stored before it; the
+    model's rows go in and read back; back down drops the table alone (the training and its metrics stay)."""
     from db.engine import make_sessionmaker
     from db.trainings import expert_load_at, record_expert_load, record_training_metrics
 
-    upgrade(db_url, "0004")
+    before = _revision_before("_training_expert_loads.py")
+    upgrade(db_url, before)
     engine = make_engine(db_url)
     try:
         assert "training_expert_loads" not in sa.inspect(engine).get_table_names()
@@ -138,7 +150,7 @@ def test_0005_adds_and_drops_the_per_layer_expert_loads_keeping_the_trainings(db
             assert (stored.step, stored.layers, stored.tokens, stored.moe_layers) == (
                 1, [0, 1], [[3, 5, 0, 8], [4, 4, 4, 4]], 2)
         engine.dispose()
-        downgrade(db_url, "0004")
+        downgrade(db_url, before)
         names = set(sa.inspect(engine).get_table_names())
         assert "training_expert_loads" not in names and {"trainings", "training_metrics"} <= names
         with engine.connect() as conn:
