@@ -404,7 +404,7 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
     """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped: F₀, then
     F_{i+1} together with B_i, then B_last alone. Gradients accumulate as for ``(loss / len(micro)).backward()``
     per micro-batch in order. Returns ([ce, router, mtp] averaged over micro-batches, routed tokens per expert
-    summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward.
+    [MoE layers, experts] summed over micro-batches); ``before_last_backward`` is called before the last backward.
     The compute beside each exchange leaves ``model.options.ep_overlap_sm_carveout`` SMs free (module
     docstring)."""
     check_overlappable(model)
@@ -426,9 +426,7 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
         def done(out) -> None:
             nonlocal stats
             stats += out.stats() / num_micro
-            for moe in model.moe_layers():
-                c = moe.last_tokens_per_expert
-                counts[0] = c.clone() if counts[0] is None else counts[0] + c
+            counts[0] = model.count_routed(counts[0], model.moe_layers())
 
         ids, labels = micro[i]
         return forward_stream(model, ids, labels, num_micro, tape, f"F{i}", done), tape

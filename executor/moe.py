@@ -113,6 +113,7 @@ class MoELayer(torch.nn.Module):
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()
         self.timer = timer
+        self.layer_number = layer  # the decoder layer's index in the whole model (head blocks count on from L)
         self.router = Router(spec, options, state, layer, device, dtype)
         self.experts = GroupedExperts(spec, options, state, layer, kernels, device, dtype)
         self.dispatcher = make_dispatcher(state.config.moe_token_dispatcher_type, state, spec.num_experts,

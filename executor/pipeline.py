@@ -129,7 +129,8 @@ def run_schedule(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_l
 
     Gradients accumulate into the parameters as for ``(loss / len(micro)).backward()`` per micro-batch.
     Returns ([ce, router loss, mtp loss] summed over this rank's chunks and averaged over micro-batches, the
-    routed token counts summed over this rank's MoE layers and micro-batches (or None)).
+    routed token counts [MoE layers of the model, experts] summed over micro-batches, zero in the rows of other
+    stages' layers (or None)).
     ``before_last_backward`` is called before this rank's last backward operation.
     """
     state, timer = model.state, model.timer
@@ -158,9 +159,7 @@ def run_schedule(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_l
                 out = model.forward_chunk(op.chunk, x, labels)
                 saved[(op.micro, op.chunk)] = (x, out)
                 stats += out.stats() / num_micro
-                for moe in model.chunk_moe_layers(op.chunk):
-                    c = moe.last_tokens_per_expert
-                    counts = c.clone() if counts is None else counts + c
+                counts = model.count_routed(counts, model.chunk_moe_layers(op.chunk))
                 if out.hidden is not None:
                     outbox[("F", op.micro)] = out.hidden.detach()
             else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,13 +21,17 @@ class StepResult:
     """Step statistics, identical on every rank: mean loss over the global batch, its CE and router parts,
     routed tokens per expert summed over MoE layers (MTP layers included) and the whole global batch, and the
     MTP loss (mean over depths of their CE, before ``mtp_loss_scaling_factor``; 0 without MTP). ``loss`` is
-    ce + router_loss + mtp_loss_scaling_factor · mtp_loss, the objective trained."""
+    ce + router_loss + mtp_loss_scaling_factor · mtp_loss, the objective trained. ``tokens_per_expert_by_layer``
+    holds the same counts before the sum over layers: one row per MoE layer of the whole model
+    (``MoEGPT.moe_layer_numbers``), each row summing to global batch tokens × top-k (routed, before any
+    capacity drop)."""
 
     loss: float
     ce: float
     router_loss: float
     tokens_per_expert: list[int]
     mtp_loss: float = 0.0
+    tokens_per_expert_by_layer: list[list[int]] = field(default_factory=list)
 
 
 class Trainer:
@@ -95,9 +99,7 @@ class Trainer:
                 self.reducer.arm()  # the last backward's final gradients start their all-reduce at once
             (out.loss / len(micro)).backward()
             stats += out.stats() / len(micro)
-            for moe in model.moe_layers():
-                c = moe.last_tokens_per_expert
-                counts = c.clone() if counts is None else counts + c
+            counts = model.count_routed(counts, model.moe_layers())
         self._counts = counts
         return stats
 
@@ -115,9 +117,13 @@ class Trainer:
         with torch.no_grad():
             dp = state["dp_cp"]
             stats = all_reduce_(all_reduce_(stats, state["pp"]), dp) / dp.size  # stages hold disjoint layers
+            # [MoE layers, experts]: TP (sequence parallel) and DP·CP ranks route disjoint tokens, pipeline
+            # stages disjoint layers (zero rows elsewhere), so the sums are the whole global batch per layer
             counts = self._counts if self._counts is not None else torch.zeros(
-                max(model.spec.num_experts, 1), dtype=torch.long, device=stats.device)
-            counts = all_reduce_(all_reduce_(all_reduce_(counts.clone(), state.tp), dp), state["pp"])
+                (len(model.moe_layer_numbers), max(model.spec.num_experts, 1)), dtype=torch.long,
+                device=stats.device)
+            if counts.numel():  # a model without MoE layers has no rows on any rank
+                counts = all_reduce_(all_reduce_(all_reduce_(counts.clone(), state.tp), dp), state["pp"])
         for moe in model.moe_layers():
             moe.router.update_expert_bias()
         timer.switch("optimizer")
@@ -128,4 +134,6 @@ class Trainer:
         timer.switch("other")
         ce, router, mtp = stats.tolist()
         loss = ce + router + model.options.mtp_loss_scaling_factor * mtp
-        return StepResult(loss, ce, router, [int(c) for c in counts.tolist()], mtp_loss=mtp)
+        by_layer = counts.tolist()
+        total = counts.sum(0).tolist() if by_layer else [0] * max(model.spec.num_experts, 1)
+        return StepResult(loss, ce, router, [int(c) for c in total], mtp_loss=mtp, tokens_per_expert_by_layer=by_layer)

@@ -68,7 +68,9 @@ async function runPlan(form, out) {
       errs.length ? h("ul", {}, errs.map(x => h("li", {}, `${(x.loc || []).join(".")}: ${x.message} [${x.rule}]`))) : null);
     return;
   }
-  const point = e => ({x: e.memory_bytes.total / GIB, y: e.step_time_s * 1e3, tip: estimateTip(e)});
+  // the hover label names the layout and its two numbers; the box below the plot shows the whole estimate
+  const point = e => ({x: e.memory_bytes.total / GIB, y: e.step_time_s * 1e3, detail: estimateTip(e),
+                       tip: estimateTip(e).split("\n").slice(0, 2).join("\n")});
   const pts = plan.ranked.map(point);
   const front = Plot.paretoFront(pts);  // only among layouts that fit: with none, there is no front
   const onFront = new Set(front);
@@ -91,8 +93,6 @@ async function runPlan(form, out) {
     : [{name: "least over memory (does not fit)", points: [point(plan.closest)], cls: "closest", color: "#b45309", radius: 6}];
   Plot.xy(plotDiv, series, {xLabel: "predicted peak memory per GPU (GiB)", yLabel: "predicted step time (ms)",
     front: plan.ranked.length ? front : null,
-    guides: [{x: usable, label: `usable ${num(usable, 3)} GiB`, cls: "capacity"}]});
-  const show = ev => { const tip = ev.target.dataset && ev.target.dataset.tip; if (tip) detail.textContent = tip; };
-  plotDiv.addEventListener("mouseover", show);
-  plotDiv.addEventListener("click", show);  // touch screens have no hover
+    guides: [{x: usable, label: `usable ${num(usable, 3)} GiB`, cls: "capacity"}],
+    onPoint: tip => { detail.textContent = tip; }});  // hover, or a tap on a touch screen
 }
