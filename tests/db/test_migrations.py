@@ -140,6 +140,10 @@ def test_0005_gives_stored_training_specs_the_megatron_memory_knobs_and_the_sign
         assert signature == job_signature(model, now, "cpu", 2) != old_signature
         downgrade(db_url, "0004")
         assert stored() == (old_spec, old_signature)
+    finally:
+        engine.dispose()
+
+
 def _revision_before(file_suffix: str) -> str:
     """The revision a migration (named by its file's ending) upgrades from."""
     from alembic.script import ScriptDirectory
