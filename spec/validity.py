@@ -482,6 +482,13 @@ def executor_rules(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     return found + _registered(model, training, config, executor=True)
 
 
+def executor_refusal(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    """Why executor/ cannot run ``config`` (every executor rule it breaks, as ``[rule] reason``, joined by '; '),
+    or None when it can: what the planner labels each layout it ranks with (a Megatron-only layout)."""
+    rejections = executor_rules(model, training, config)
+    return "; ".join(str(r) for r in rejections) if rejections else None
+
+
 @dataclass(frozen=True)
 class Rule:
     """A rule of the rule book on the whole case: ``broken(model, training, layout)`` is the reason the layout
