@@ -253,3 +253,18 @@ def test_plan_says_which_layouts_the_executor_runs_and_ranks_them_first(capsys, 
     assert out.count("-> Megatron-Core only, foldtune's executor: [executor_heads_tp]") == len(refused)
     code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--explain", "tp2 ep2"])
     assert code == 0 and "Megatron-Core only (foldtune's executor: [executor_heads_tp]" in out
+
+
+def test_the_top_mixtral_8x22b_pick_on_128_h100s_is_executable(capsys):
+    """Issue 37's bar: every ranked layout says whether foldtune's executor runs it, and the top pick (the EP
+    overlap under an interleaved pipeline, which the executor runs as Megatron's combined 1F1B) does."""
+    code, out, _ = run(capsys, ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq",
+                                "4096", "--gbs", "256", "--json"])
+    assert code == 0
+    ranked = json.loads(out)["ranked"]
+    assert len(ranked) == 10
+    assert all(isinstance(e["executable"], bool) and (e["executable_reason"] is None) == e["executable"]
+               for e in ranked)
+    top = ranked[0]
+    assert top["executable"] and top["config"]["overlap_moe_expert_parallel_comm"]
+    assert top["config"]["pp"] > 1 and top["config"]["vpp"] > 1
