@@ -26,7 +26,10 @@ MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "logits", "comm_
 
 @dataclass(frozen=True)
 class Estimate:
-    """Predicted memory and step time of one layout; ``memory_headroom_bytes`` = usable HBM - memory.total."""
+    """Predicted memory and step time of one layout; ``memory_headroom_bytes`` = usable HBM - memory.total.
+    ``executable``: whether foldtune's executor runs the layout (None: not judged; the planner judges every
+    layout it ranks by the rule book's executor rules), ``executable_reason`` the rules it breaks when not
+    (a layout only Megatron-Core runs)."""
 
     config: ParallelConfig
     memory: MemoryBreakdown
@@ -35,10 +38,13 @@ class Estimate:
     memory_headroom_bytes: float
     limiter: str  # 'memory' when it does not fit or has < 5 % headroom, else time.bottleneck
     explanation: str
+    executable: bool | None = None
+    executable_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``foldtune plan --json`` and POST /v1/plans): seconds, tokens/s/GPU, TFLOP/s per
-        GPU, bytes; ``time_terms_s`` / ``time_hidden_s`` are the exposed / overlapped seconds per term."""
+        GPU, bytes; ``time_terms_s`` / ``time_hidden_s`` are the exposed / overlapped seconds per term;
+        ``executable`` / ``executable_reason`` whether foldtune's executor runs it and why not."""
         mem = self.memory
         t = self.time
         return {
@@ -52,6 +58,8 @@ class Estimate:
             "memory_headroom_bytes": self.memory_headroom_bytes,
             "limiter": self.limiter,
             "explanation": self.explanation,
+            "executable": self.executable,
+            "executable_reason": self.executable_reason,
             "bottleneck": t.bottleneck,
             "time_terms_s": dict(t.terms),
             "time_hidden_s": dict(t.hidden),

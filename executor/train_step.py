@@ -8,7 +8,6 @@ import torch
 
 from spec.head_features import last_stage_embeds
 from executor.kernels.fp8 import clear_weight_cache
-from executor.ep_overlap import run_overlapped
 from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam
 from executor.parallel.collectives import all_reduce_
@@ -72,24 +71,30 @@ class Trainer:
         """Wait for the parameter all-gathers the last :meth:`step` left running (overlap_param_gather)."""
         self.optimizer.finish_param_gather()
 
+    def _arm_before_last_backward(self):
+        """``reducer.arm`` where the schedule may start the gradient reduction during this rank's last backward
+        (each parameter then gets its last gradient there, once), else None: the reduction follows the
+        backward. With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
+        rank's. Under the EP overlap a backward runs segment by segment, and a parameter used in two segments
+        (the word embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's
+        per-bucket countdown would take for two micro-batches."""
+        if self.model.vpp > 1:
+            return None
+        spec = self.model.spec
+        if self.ep_overlap and not (spec.untie_embeddings_and_output_weights and not last_stage_embeds(spec)):
+            return None
+        return self.reducer.arm
+
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns the mean
         [ce, router, mtp] (:meth:`LossOutput.stats`)."""
         model = self.model
-        if self.pipelined:
-            # With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
-            # rank's: only the non-interleaved schedule overlaps the reduction with the last backward.
-            stats, self._counts = run_schedule(model, micro, self.reducer.arm if model.vpp == 1 else None)
-            return stats
-        if self.ep_overlap:
-            # the forward of micro-batch i+1 runs with the backward of i, each one's EP all-to-alls under the
-            # other's compute (executor/ep_overlap.py). A parameter used in two of its segments (the word
-            # embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's
-            # per-bucket countdown would take for two micro-batches: those models reduce after the backward.
-            spec = model.spec
-            once = spec.untie_embeddings_and_output_weights and not last_stage_embeds(spec)
-            stats, self._counts = run_overlapped(model, micro, self.reducer.arm if once else None,
-                                                 trace=self.ep_overlap_trace)
+        if self.pipelined or self.ep_overlap:
+            # the pipeline's (interleaved) 1F1B, or with the EP overlap its combined 1F1B (pp = 1 included): one
+            # micro-batch's forward together with another's backward, each one's EP all-to-alls under the
+            # other's compute (executor/pipeline.py, executor/ep_overlap.py)
+            stats, self._counts = run_schedule(model, micro, self._arm_before_last_backward(),
+                                               overlap=self.ep_overlap, trace=self.ep_overlap_trace)
             return stats
         stats = torch.zeros(3, device=self.model.rope_cos.device)
         counts = None

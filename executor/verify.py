@@ -40,10 +40,18 @@ class Scenario:
 
 
 def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
-    """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params."""
+    """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params.
+    The rule book judges the layout first (:func:`executor.buildable.check_buildable`)."""
     training = training_for(scenario.seq_length, scenario.global_batch_size,
                             scenario.options.moe_expert_capacity_factor)
     check_buildable(scenario.model, training, config.replace(micro_batch_size=scenario.micro_batch_size))
+    return train_and_gather(config, scenario, rank)
+
+
+def train_and_gather(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
+    """:func:`run_scenario` without the rule book's judgement: for a test of an executor path that only
+    Megatron's rules keep out of the product (the EP overlap's combined 1F1B at pp > 1 without virtual stages,
+    which Megatron's schedule lacks and the executor's runs)."""
     state = build_parallel_state(config, rank)
     torch.manual_seed(0)
     device = torch.device("cuda", rank) if scenario.device == "cuda" else torch.device("cpu")

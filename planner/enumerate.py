@@ -119,7 +119,6 @@ class SearchSpace:
     recompute: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # None: the chain for the model
     dispatchers: tuple[str, ...] = DISPATCHERS
     ep_overlap: bool = True
-    ep_overlap_pipelined: bool = True  # False: EP a2a overlap tried with pp = 1 only (what executor/ runs)
     pipeline: PipelineSplit = DEFAULT_SPLIT
     # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
     precisions: tuple[str, ...] | None = None
@@ -214,8 +213,7 @@ class SearchSpace:
                 f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, "
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
-                f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
-                f"{' (pp = 1 only)' if self.ep_overlap and not self.ep_overlap_pipelined else ''}")
+                f"{', EP a2a overlap tried' if self.ep_overlap else ''}")
         if self.optimizer_offload:
             text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
         if self.activation_offload:
@@ -439,8 +437,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                 if not space.allows_etp(etp, model):
                     continue
                 names = space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
-                if pp > 1 and not space.ep_overlap_pipelined:
-                    names = tuple(d for d in names if not d.ep_overlap)
                 overlap = [d for d in names if d.ep_overlap]
                 pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
                               bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))

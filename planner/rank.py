@@ -35,6 +35,12 @@ they would matter and counted: ``order_violations`` (a sibling faster than the c
 held wherever they were used. ``exhaustive=True`` (``--pareto``) times every fitting config instead and also
 returns the Pareto front of step time against memory.
 
+The ranking puts what foldtune's executor runs first: every config the queue puts on the list is judged by the
+rule book's executor rules (``spec.validity.executor_refusal``), and the queue runs on until it holds the N
+fastest executable configs (or runs dry), keeping the fastest N Megatron-only ones it met on the way; the list
+is the executable ones by step time, then the others. ``megatron=True`` ranks by step time alone, what
+Megatron-Core can run. Either way every ranked :class:`Estimate` says whether foldtune executes it and why not.
+
 Work is split over the CPU cores (fork) when the enumeration is large.
 """
 
@@ -48,6 +54,7 @@ import threading
 import time as _time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from costmodel.estimate import Estimate, combine, steady_state_floor, step_time
@@ -60,7 +67,8 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
-from spec.validity import Rejection, Validator, batch_rule, check_config, world_dense, world_expert
+from spec.validity import (Rejection, Validator, batch_rule, check_config, executor_model_rule, executor_refusal,
+                           world_dense, world_expert)
 from planner.time_limit import check_time
 from planner.enumerate import (NO_OFFLOAD, BoundKey, ConfigMaker, DispatchOption, Enumeration, Layout, SearchSpace,
                                StaircaseKey, enumerate_layouts, pipeline_fields, recompute_count)
@@ -112,6 +120,7 @@ class PlanResult:
     enumerate_seconds: float = 0.0
     rank_seconds: float = 0.0
     workers: int = 1
+    megatron: bool = False  # ranked by step time alone (what Megatron-Core runs), not executable first
 
     @property
     def pruned_by_memory(self) -> int:
@@ -149,11 +158,17 @@ class _Head(NamedTuple):
 
 class _Ranked(NamedTuple):
     """One config a scan offers: its step time (seconds), the config by reference (a :class:`Choice`, or
-    (job index, Choice) once scans of several jobs merge) and, in exhaustive mode, its memory total (bytes)."""
+    (job index, Choice) once scans of several jobs merge), in exhaustive mode its memory total (bytes), and
+    whether it ranks among the executable configs (always, when ranked for Megatron-Core)."""
 
     step_time: float
     choice: Any
     memory: float | None = None
+    executable: bool = True
+
+    def rank_key(self) -> tuple:
+        """Executable first, then by step time (and memory, exhaustive mode)."""
+        return not self.executable, self.step_time, self.memory or 0.0
 
 
 class _Closest(NamedTuple):
@@ -191,6 +206,13 @@ class _Job:
     # heads enter the best-first queue keyed by it and their group's bound is computed only when one is popped;
     # None with an injected time model (bounds computed for every group during the scan)
     floor_fn: Any = None
+    # config -> why the executor cannot run it (None: it can), spec.validity.executor_refusal bound to the model
+    # and training: the ranking puts the configs it accepts first; None: ranked by step time alone
+    refusal: Any = None
+
+    def executable(self, config: ParallelConfig) -> bool:
+        """Whether ``config`` ranks among the executable configs (all of them without :attr:`refusal`)."""
+        return self.refusal is None or self.refusal(config) is None
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -219,7 +241,7 @@ class _Scan:
 
     def add(self, part: _Scan, tag=lambda choice: choice) -> None:
         """Fold ``part`` into this scan; ``tag`` maps each of its Choices (heads and closest) to this scan's."""
-        self.heads.extend(_Ranked(h.step_time, tag(h.choice), h.memory) for h in part.heads)
+        self.heads.extend(_Ranked(h.step_time, tag(h.choice), h.memory, h.executable) for h in part.heads)
         self.fitting += part.fitting
         self.memory_calls += part.memory_calls
         self.time_calls += part.time_calls
@@ -363,7 +385,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             total = mem_fn(model, training, cluster, cfg)
                             time_calls += 1
                             memory_calls += 1
-                            heads.append(_Ranked(t, Choice(idx, mbs, dispatcher, o, r), total))
+                            heads.append(_Ranked(t, Choice(idx, mbs, dispatcher, o, r), total, job.executable(cfg)))
                 continue
             for k, r0 in enumerate(r_mins_by_option[0]):
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
@@ -383,8 +405,8 @@ def _scan(job: _Job, indices: range) -> _Scan:
     out.memory_calls, out.time_calls, out.fitting, out.closest = memory_calls, time_calls, fitting, closest
     out.bound_calls = bound_calls
     if not job.exhaustive:
-        # this slice's own exact top N (the global top N is among the slices' top Ns), timed here where
-        # the cost models' caches for these layouts are warm
+        # this slice's own exact top N (the global top N is among the slices' top Ns: executable ones first),
+        # timed here where the cost models' caches for these layouts are warm
         out.heads = _best_first(job, maker, heads, job.top, out, bounds)
     return out
 
@@ -542,8 +564,11 @@ def pareto_front(points: list[tuple[float, float, Any]]) -> list[Any]:
 
 def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top: int = 10,
          exhaustive: bool = False, space: SearchSpace | None = None, memory_fn: MemoryFn | None = None,
-         time_fn: TimeFn | None = None, workers: int | None = None) -> PlanResult:
-    """Enumerate, prune by memory and rank by step time; the ``top`` fastest fitting configs, fastest first.
+         time_fn: TimeFn | None = None, workers: int | None = None, megatron: bool = False) -> PlanResult:
+    """Enumerate, prune by memory and rank by step time; the ``top`` fastest fitting configs that foldtune's
+    executor runs, fastest first, then (when fewer than ``top`` run) the fastest ones only Megatron-Core runs;
+    ``megatron``: the ``top`` fastest, executable or not. Every ranked Estimate says whether the executor
+    runs it (``executable``, ``executable_reason``).
 
     ``memory_fn`` / ``time_fn`` default to the cost model (costmodel.memory / costmodel.step_time); tests
     inject their own. The scan needs only total bytes: with the default memory model it uses its fast
@@ -562,7 +587,8 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _plan(model, training, cluster, top, exhaustive, space, memory_fn, memory_total_fn, time_fn, workers)
+        return _plan(model, training, cluster, top, exhaustive, space, memory_fn, memory_total_fn, time_fn, workers,
+                     megatron)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -589,7 +615,7 @@ def plan_precisions(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
 
 def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: int, exhaustive: bool,
           space: SearchSpace | None, memory_fn: MemoryFn, memory_total_fn: MemoryTotalFn, time_fn: TimeFn,
-          workers: int | None) -> PlanResult:
+          workers: int | None, megatron: bool) -> PlanResult:
     t0 = _time.perf_counter()
     enum = enumerate_layouts(model, training, cluster, space)
     t1 = _time.perf_counter()
@@ -606,12 +632,16 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     n_workers = workers if workers is not None else _default_workers(valid)
     sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None
     floor_fn = steady_state_floor if time_fn is step_time else None  # valid for the default time model only
+    refusal = partial(executor_refusal, model, training)
+    # a model the executor cannot build leaves no layout to put first: rank by step time alone
+    ranking_refusal = None if megatron or executor_model_rule(model) is not None else refusal
     for option in enum.offload:
         distopts, chain = enum.knobs_for(option)
         if not distopts or not chain:
             continue
         jobs.append(_Job(model, training, cluster, enum.layouts, chain, distopts, memory_fn, memory_total_fn,
-                         time_fn, exhaustive, top, enum.pipeline, option, sweep, floor_fn=floor_fn))
+                         time_fn, exhaustive, top, enum.pipeline, option, sweep, floor_fn=floor_fn,
+                         refusal=ranking_refusal))
         scans.append(_scan_all(jobs[-1], n_workers))
     if not any(part.fitting for part in scans):
         # nothing fits: the closest config must be the one the full scans offer, pruned layouts included
@@ -626,21 +656,21 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
                         bound_calls=scan.bound_calls, order_violations=scan.order_violations,
                         bound_violations=scan.bound_violations, exhaustive=exhaustive,
-                        enumerate_seconds=t1 - t0, workers=n_workers)
+                        enumerate_seconds=t1 - t0, workers=n_workers, megatron=megatron)
 
     def estimate_of(tagged: tuple[int, Choice]) -> Estimate:
         j, choice = tagged
         cfg = jobs[j].config(makers[j], choice)
-        return combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
-                       time_fn(model, training, cluster, cfg))
+        return judged(combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
+                              time_fn(model, training, cluster, cfg)), refusal(cfg))
 
     if exhaustive:
-        heads = sorted(scan.heads, key=lambda h: (h.step_time, h.memory))
+        heads = sorted(scan.heads, key=_Ranked.rank_key)
         result.ranked = [estimate_of(h.choice) for h in heads[:top]]
         front = pareto_front([(h.step_time, h.memory, h) for h in heads])
         result.pareto = [estimate_of(h.choice) for h in front]
     else:  # the slices' top Ns
-        best = sorted(scan.heads, key=lambda h: h.step_time)[:top]
+        best = sorted(scan.heads, key=_Ranked.rank_key)[:top]
         result.ranked = [estimate_of(h.choice) for h in best]
     if not result.ranked and scan.closest is not None:
         result.closest = estimate_of(scan.closest.choice)
@@ -648,13 +678,21 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     return result
 
 
+def judged(estimate: Estimate, refusal: str | None) -> Estimate:
+    """``estimate`` labelled with whether foldtune's executor runs its layout (``refusal``: why not, from
+    ``spec.validity.executor_refusal``; None: it runs)."""
+    return replace(estimate, executable=refusal is None, executable_reason=refusal)
+
+
 def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out: _Scan,
                 bounds: dict[BoundKey, float]) -> list[_Ranked]:
     """The ``top`` fastest of ``heads`` and their siblings, timing a candidate only when its key is smallest.
 
-    With ``job.floor_fn`` a head's ``bound`` is the bound's floor, and the bound (``bounds``, by
-    :meth:`Layout.bound_key`) is computed when the head is first popped. Returns the picked configs, fastest
-    first; counts time calls, bound calls and breaches of the monotone properties in ``out``.
+    With ``job.refusal`` the ``top`` fastest executable ones: the queue runs on past configs the executor does
+    not run, of which it keeps the fastest ``top`` (each marked so). With ``job.floor_fn`` a head's ``bound`` is
+    the bound's floor, and the bound (``bounds``, by :meth:`Layout.bound_key`) is computed when the head is
+    first popped. Returns the picked configs, fastest first; counts time calls, bound calls and breaches of
+    the monotone properties in ``out``.
     """
     n_rec = len(job.recompute)
     lazy = job.floor_fn is not None
@@ -663,11 +701,13 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
     # its index, None): it sorts where the head would have sorted by its bound from the start (floor <= bound, and
     # the index breaks ties before the third field), so the queue pops bounded heads and timed candidates in the
     # same order, and times the same candidates, as if every bound had been computed up front. Every later entry
-    # is (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
+    # is (key, tiebreak, timed, Choice, r_mins, is_family_head, executable), key = bound or time, tiebreaks after
+    # every index
     heap: list[tuple] = [(h.bound, i) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
     picked: list[_Ranked] = []
+    others: list[_Ranked] = []  # the fastest configs the executor does not run (with job.refusal only)
     last = float("-inf")
     while heap and len(picked) < top:
         entry = heapq.heappop(heap)
@@ -689,8 +729,9 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
                 continue
             r_mins = tuple([rm[k] for rm in h.r_mins])
             timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, h.r0), True
+            executable = True
         else:
-            key, _, timed, choice, r_mins, head = entry
+            key, _, timed, choice, r_mins, head, executable = entry
         if not timed:
             cfg = job.config(maker, choice)
             t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
@@ -698,12 +739,15 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
             if t < key * (1 - 1e-9):
                 out.bound_violations += 1
             counter += 1
-            heapq.heappush(heap, (t, counter, True, choice, r_mins, head))
+            heapq.heappush(heap, (t, counter, True, choice, r_mins, head, job.executable(cfg)))
             continue
         if key < last:
             out.order_violations += 1
         last = max(last, key)
-        picked.append(_Ranked(key, choice))
+        if executable:
+            picked.append(_Ranked(key, choice))
+        elif len(others) < top:
+            others.append(_Ranked(key, choice, executable=False))
         # slower siblings: bounded by this config's time until they are popped
         o, r = choice.o, choice.r
         siblings = [(o, r + 1)] if r + 1 < min(n_rec, recompute_count(job.recompute, choice.dispatcher)) else []
@@ -711,9 +755,8 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
             siblings += [(o2, r_mins[o2]) for o2 in range(o + 1, len(r_mins)) if r_mins[o2] is not None]
         for o2, r2 in siblings:
             counter += 1
-            heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False))
-    picked.sort(key=lambda p: p.step_time)
-    return picked
+            heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False, True))
+    return sorted(picked + others, key=_Ranked.rank_key)
 
 
 @dataclass
@@ -769,7 +812,7 @@ def explain_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     time_fn = time_fn or default_time_fn()
     est = combine(config, training, cluster, memory_fn(model, training, cluster, config),
                   time_fn(model, training, cluster, config))
-    return LayoutVerdict(text, config, [], est)
+    return LayoutVerdict(text, config, [], judged(est, executor_refusal(model, training, config)))
 
 
 def smallest_fitting_cluster(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *,

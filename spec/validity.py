@@ -106,8 +106,8 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
     "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
-    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built for pp = 1, "
-                           "without full recompute, selective recompute of moe or activation offload of moe",
+    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built without full "
+                           "recompute, selective recompute of moe or activation offload of moe",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -290,9 +290,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          "selective recompute of mla_up_proj is built together with core_attn only (one checkpoint covers the up "
          "projections and the attention core; every other module is built alone)")
     # the overlapped schedule (executor/ep_overlap.py) cuts each MoE layer at its all-to-alls: a checkpoint
-    # around the whole layer or the whole MoE block would span them
+    # around the whole layer or the whole MoE block would span them (with any pp: executor/pipeline.py runs the
+    # combined 1F1B; Megatron's own rule, ep_overlap, asks for vpp > 1 when pp > 1)
     overlap_why = [why for why, broken in (
-        ("pp > 1 (the executor overlaps without a pipeline only)", c.pp > 1),
         ("full recompute", c.recompute_granularity == "full"),
         ("selective recompute of moe", c.recompute_granularity == "selective" and "moe" in c.recompute_modules),
         # its staged layer runs the MoE block's parts itself, outside the module that offloads their activations
@@ -498,6 +498,13 @@ def executor_rules(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     model_rule = executor_model_rule(model)
     found = ([model_rule] if model_rule else []) + executor_layout_rules(model, config, training.seq_length)
     return found + _registered(model, training, config, executor=True)
+
+
+def executor_refusal(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    """Why executor/ cannot run ``config`` (every executor rule it breaks, as ``[rule] reason``, joined by '; '),
+    or None when it can: what the planner labels each layout it ranks with (a Megatron-only layout)."""
+    rejections = executor_rules(model, training, config)
+    return "; ".join(str(r) for r in rejections) if rejections else None
 
 
 @dataclass(frozen=True)

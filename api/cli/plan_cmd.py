@@ -1,9 +1,10 @@
 """``foldtune plan``: rank every valid folded layout of a model on a cluster with the cost model.
 
 Prints how many configs were considered, valid, rejected (per rule, with an example) and pruned by
-memory, then the fastest N with what limits each, and the breakdown of the best. ``--explain LAYOUT``
-judges one layout; ``--megatron-args`` prints the chosen (or explained) layout as Megatron-LM arguments;
-``--json`` prints the same content machine-readably.
+memory, then the fastest N with what limits each and whether foldtune's executor runs it (those it runs
+first; ``--megatron``: by step time alone, what Megatron-Core runs), and the breakdown of the best.
+``--explain LAYOUT`` judges one layout; ``--megatron-args`` prints the chosen (or explained) layout as
+Megatron-LM arguments; ``--json`` prints the same content machine-readably.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'exits 0 when it is valid and fits in memory, else 1')
     parser.add_argument("--megatron-args", action="store_true",
                         help="also print the best (or explained) layout as Megatron-LM arguments")
+    parser.add_argument("--megatron", action="store_true",
+                        help="rank by step time alone: what Megatron-Core can run (default: the layouts foldtune's "
+                             "executor runs first; each layout says whether it does, and why not)")
     parser.add_argument("--pareto", action="store_true",
                         help="time every fitting config and list the step-time/memory Pareto front (slower)")
     parser.add_argument("--distributed-optimizer", choices=("on", "off", "auto"), default="auto",
@@ -184,6 +188,8 @@ def _space(args: argparse.Namespace):
 
 
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans
+# PlanResult.megatron -> the JSON "ranking" (as POST /v1/plans answers)
+_RANKING = {False: "executable_first", True: "megatron"}
 
 
 def _explain_text(args: argparse.Namespace) -> str:
@@ -277,16 +283,24 @@ def _rule_lines(result) -> list[str]:
     return lines
 
 
+def _ranking_line(megatron: bool) -> str:
+    return ("ranked by step time, as Megatron-Core runs them ('runs' says whether foldtune's executor does too)"
+            if megatron else "ranked with the layouts foldtune's executor runs first ('runs'; --megatron: by step "
+                             "time alone, as Megatron-Core runs them)")
+
+
 def _table(estimates, capacity: float) -> list[str]:
     head = (f"{'#':>3}  {'step (s)':>10}  {'tok/s/GPU':>9}  {'TFLOPS':>7}  {'MFU':>5}  {'memory / usable':>19}  "
-            f"{'limiter':<12}  layout")
+            f"{'limiter':<12}  {'runs':<4}  layout")
     lines = [head, "-" * len(head)]
     for i, e in enumerate(estimates, 1):
         t = e.time
         lines.append(f"{i:>3}  {seconds_cell(t.step_time):>10}  {t.tokens_per_s_per_gpu:>9,.0f}  "
                      f"{t.tflops_per_gpu:>7.4g}  {t.mfu:>5.1%}  {_bytes(e.memory.total) + ' / ' + _bytes(capacity):>19}  "
-                     f"{e.limiter:<12}  {e.config.label()}")
+                     f"{e.limiter:<12}  {'yes' if e.executable else 'no':<4}  {e.config.label()}")
         lines.append(f"{'':>3}  {'':>10}  -> {e.explanation}")
+        if not e.executable:
+            lines.append(f"{'':>3}  {'':>10}  -> Megatron-Core only, foldtune's executor: {e.executable_reason}")
     return lines
 
 
@@ -363,7 +377,9 @@ def _explain(args, model, training, cluster, question: RunQuestion | None) -> in
             print(f"  [{r.rule}] {r.reason}")
         return 1
     e = verdict.estimate
-    print(f"layout   {label}: valid, {'fits' if e.fits else 'does NOT fit'} in memory")
+    print(f"layout   {label}: valid, {'fits' if e.fits else 'does NOT fit'} in memory, "
+          + ("runs on foldtune's executor" if e.executable else
+             f"Megatron-Core only (foldtune's executor: {e.executable_reason})"))
     print(f"predicted step {_seconds(e.time.step_time)}, {e.time.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
           f"{e.time.tflops_per_gpu:.4g} TFLOPS/GPU, MFU {e.time.mfu:.1%}, memory {_bytes(e.memory.total)} of "
           f"{_bytes(cluster.usable_hbm_bytes)} usable ({_bytes(cluster.min_headroom_bytes)} kept free); "
@@ -417,11 +433,11 @@ def _run(args: argparse.Namespace) -> int:
     space = _space(args)
     if space.precisions is None:
         result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                      workers=args.workers)
+                      workers=args.workers, megatron=args.megatron)
         searched = None
     else:  # the fastest precision's plan; the others' best step times are reported beside it
         results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                                  workers=args.workers)
+                                  workers=args.workers, megatron=args.megatron)
         result, training = results[0], results[0].training
         searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
     header = _header(model, training, cluster, space)
@@ -440,6 +456,7 @@ def _run(args: argparse.Namespace) -> int:
                        "bound_calls": result.bound_calls, "workers": result.workers,
                        "exhaustive": result.exhaustive, "order_violations": result.order_violations,
                        "bound_violations": result.bound_violations},
+            "ranking": _RANKING[result.megatron],
             "ranked": [e.to_dict() for e in result.ranked],
             "pareto": [e.to_dict() for e in result.pareto] if result.exhaustive else None,
             "closest": result.closest.to_dict() if result.closest else None,
@@ -465,6 +482,7 @@ def _run(args: argparse.Namespace) -> int:
         print("  " + _fitting_hint(model, training, cluster, space))
         return 1
     print()
+    print(_ranking_line(result.megatron))
     print("\n".join(_table(result.ranked, cluster.usable_hbm_bytes)))
     if result.exhaustive:
         print(f"\nPareto front (step time vs memory), {len(result.pareto)} configs:")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -43,6 +43,8 @@ class PlanCreate(WorkloadIn):
         "cluster": {"gpu": "h100", "num_gpus": 64}, "top": 5}]})
 
     top: int = Field(10, ge=1, le=100, description="how many of the fastest fitting layouts to return")
+    megatron: bool = Field(False, description="rank by step time alone: what Megatron-Core can run (default: the "
+                                              "layouts foldtune's executor runs first)")
     pipeline: PipelineIn | None = Field(None, description="Megatron's pipeline placement options (default: "
                                                           "pp·vpp chunks differing by at most one layer)")
     vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
@@ -105,6 +107,11 @@ class EstimateOut(BaseModel):
     memory_headroom_bytes: Number = Field(description="usable HBM minus the predicted peak (negative: over)")
     limiter: str = Field(description="'memory' when it does not fit or has < 5 % headroom, else the bottleneck")
     explanation: str
+    executable: bool | None = Field(description="whether foldtune's executor runs this layout (false: only "
+                                                "Megatron-Core does; null: not judged)")
+    executable_reason: str | None = Field(description="why foldtune's executor does not run it: every executor "
+                                                       "rule of the rule book it breaks, '[rule] reason'; null when "
+                                                       "it does")
     bottleneck: str
     time_terms_s: dict[str, Number] = Field(description="exposed seconds per step by term")
     time_hidden_s: dict[str, Number] = Field(description="seconds per step hidden behind other work, by term")
@@ -123,6 +130,9 @@ class PlanOut(BaseModel):
     rejected: dict[str, RejectedRule]
     pruned_by_memory: int
     fitting: int
+    ranking: Literal["executable_first", "megatron"] = Field(
+        description="executable_first: the fastest layouts foldtune's executor runs, then (when fewer than top "
+                    "run) the fastest only Megatron-Core runs; megatron: the fastest by step time alone")
     ranked: list[EstimateOut]
     closest: EstimateOut | None = Field(description="the least-over-memory config when none fits")
     seconds: float = Field(description="planning wall time")

@@ -416,6 +416,21 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     ActionChains(browser).move_to_element(_circles(browser, "plot-plan", "pareto")[0]).perform()
     _wait(browser, lambda d: "MFU" in _css(d, "#plan-detail")[0].text, "details on hover")
     assert _css(browser, "#plan-detail")[0].text.split("\n")[0] in {e["layout"] for e in plan["ranked"]}
+    # ranked with the layouts foldtune's executor runs first: here all 40 of them
+    assert plan["ranking"] == "executable_first" and all(e["executable"] for e in plan["ranked"])
+    assert "those foldtune's executor runs first" in _css(browser, "#plan-counts")[0].text
+    assert _css(browser, "#plan-detail")[0].text.endswith("runs on foldtune's executor")
+    assert not _circles(browser, "plot-plan", "megatron")
+    # ranked as Megatron-Core runs them: two tp4 layouts, which the executor does not build (2 KV heads over 4
+    # TP ranks), join the 40 and are drawn apart, unless they are on the front
+    plan = _plan(browser, base, key, "tiny-moe", "h100-sxm", 16, 512, 32, 40, megatron=True)
+    _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
+    assert plan["ranking"] == "megatron"
+    only = [e for e in plan["ranked"] if not e["executable"]]
+    assert len(only) == 2 and all(e["executable_reason"].startswith("[executor_heads_tp]") for e in only)
+    assert "by step time, as Megatron-Core runs them; 2 only Megatron-Core runs" in _css(browser, "#plan-counts")[0].text
+    assert len(_circles(browser, "plot-plan", "megatron")) + len(
+        [c for c in _circles(browser, "plot-plan", "pareto") if "Megatron-Core only" in (c.get_attribute("data-tip") or "")]) == 2
 
 
 def _capacity_lines(browser) -> list[float]:
@@ -426,7 +441,7 @@ def _capacity_lines(browser) -> list[float]:
     return shapes
 
 
-def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top):
+def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top, megatron=False):
     """Fill the plan explorer's form, submit it and wait for its answer; returns the same plan from the API."""
     from selenium.webdriver.support.ui import Select
 
@@ -438,10 +453,13 @@ def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top):
     for field, value in (("#plan-gpus", gpus), ("#plan-seq", seq), ("#plan-gbs", gbs), ("#plan-top", top)):
         _css(browser, field)[0].clear()
         _css(browser, field)[0].send_keys(str(value))
+    if _css(browser, "#plan-megatron")[0].is_selected() != megatron:
+        _css(browser, "#plan-megatron")[0].click()
     _css(browser, "#plan-form button")[0].click()
     _wait(browser, lambda d: _css(d, "#plan-counts"), "the plan's answer")
     body = json.dumps({"model": model, "cluster": {"gpu": gpu, "num_gpus": gpus},
-                       "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}, "top": top})
+                       "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}, "top": top,
+                       "megatron": megatron})
     req = urllib.request.Request(base + "/v1/plans", data=body.encode(), method="POST",
                                  headers={"X-API-Key": key, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:

@@ -219,3 +219,52 @@ def test_plan_builds_only_its_own_parser():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+# tiny-moe with one KV head: Megatron replicates it over TP; the executor splits KV heads over TP (rule
+# executor_heads_tp), so of its tp2 layouts, some of the 20 fastest on 4 CPU ranks, it runs none
+MQA_CATALOG = ("models:\n  tiny-mqa-cli:\n    num_layers: 2\n    hidden_size: 64\n    num_attention_heads: 4\n"
+               "    num_query_groups: 1\n    ffn_hidden_size: 128\n    vocab_size: 256\n    max_position_embeddings: 256\n"
+               "    num_experts: 8\n    moe_router_topk: 2\n    moe_ffn_hidden_size: 32\n"
+               "    make_vocab_size_divisible_by: 8\n")
+MQA = ["plan", "--model", "tiny-mqa-cli", "--gpus", "4", "--gpu", "cpu", "--seq", "64", "--gbs", "8", "--top", "20"]
+
+
+def test_plan_says_which_layouts_the_executor_runs_and_ranks_them_first(capsys, tmp_path):
+    catalog = tmp_path / "mqa.yaml"
+    catalog.write_text(MQA_CATALOG)
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json", "--megatron"])
+    assert code == 0
+    megatron = json.loads(out)
+    assert megatron["ranking"] == "megatron"
+    times = [e["step_time_s"] for e in megatron["ranked"]]
+    assert times == sorted(times)
+    refused = [e for e in megatron["ranked"] if not e["executable"]]
+    assert refused and all(e["config"]["tp"] == 2 for e in refused)
+    assert all(e["executable_reason"].startswith("[executor_heads_tp]") for e in refused)
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json"])
+    default = json.loads(out)
+    assert default["ranking"] == "executable_first" and len(default["ranked"]) == 20
+    assert all(e["executable"] is True and e["executable_reason"] is None for e in default["ranked"])
+    assert default["ranked"][0]["layout"] == megatron["ranked"][0]["layout"]
+    # the text: a 'runs' column, and the reason under a layout only Megatron-Core runs
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--megatron"])
+    assert "ranked by step time, as Megatron-Core runs them" in out and "  runs  layout" in out
+    assert out.count("-> Megatron-Core only, foldtune's executor: [executor_heads_tp]") == len(refused)
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--explain", "tp2 ep2"])
+    assert code == 0 and "Megatron-Core only (foldtune's executor: [executor_heads_tp]" in out
+
+
+def test_the_top_mixtral_8x22b_pick_on_128_h100s_is_executable(capsys):
+    """Issue 37's bar: every ranked layout says whether foldtune's executor runs it, and the top pick (the EP
+    overlap under an interleaved pipeline, which the executor runs as Megatron's combined 1F1B) does."""
+    code, out, _ = run(capsys, ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq",
+                                "4096", "--gbs", "256", "--json"])
+    assert code == 0
+    ranked = json.loads(out)["ranked"]
+    assert len(ranked) == 10
+    assert all(isinstance(e["executable"], bool) and (e["executable_reason"] is None) == e["executable"]
+               for e in ranked)
+    top = ranked[0]
+    assert top["executable"] and top["config"]["overlap_moe_expert_parallel_comm"]
+    assert top["config"]["pp"] > 1 and top["config"]["vpp"] > 1

@@ -81,3 +81,33 @@ def test_plan_takes_megatrons_loss_switch(client, alice):
     details = ours.json()["ranked"][0]["memory_bytes"]["details"]
     assert "logits.loss_block" in details and "logits.loss_and_output" not in details
     assert "logits.loss_and_output" in theirs.json()["ranked"][0]["memory_bytes"]["details"]
+
+
+def test_plan_labels_what_foldtunes_executor_runs_and_ranks_it_first(client, alice):
+    """Every ranked layout carries executable and, when false, the executor rules it breaks; by default the
+    ranking puts executable layouts first, with megatron: true it is by step time (what Megatron-Core runs)."""
+    # one KV head: Megatron replicates it over TP, the executor builds tp = 1 only (rule executor_heads_tp)
+    mqa = {"name": "tiny-mqa", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 1,
+           "ffn_hidden_size": 128, "vocab_size": 256, "num_experts": 8, "moe_router_topk": 2,
+           "moe_ffn_hidden_size": 32}
+    body = {"model_spec": mqa, "training": {"seq_length": 64, "global_batch_size": 8},
+            "cluster": {"gpu": "cpu", "num_gpus": 4}, "top": 20}
+    megatron = client.post("/v1/plans", json={**body, "megatron": True}, headers=alice)
+    assert megatron.status_code == 200, megatron.text
+    megatron = megatron.json()
+    assert megatron["ranking"] == "megatron"
+    times = [e["step_time_s"] for e in megatron["ranked"]]
+    assert times == sorted(times)
+    refused = [e for e in megatron["ranked"] if not e["executable"]]
+    assert refused and all(e["config"]["tp"] == 2 and e["executable_reason"].startswith("[executor_heads_tp]")
+                           for e in refused)
+    default = client.post("/v1/plans", json=body, headers=alice).json()
+    assert default["ranking"] == "executable_first"
+    assert len(default["ranked"]) == 20 and all(e["executable"] for e in default["ranked"])
+    assert all(e["executable_reason"] is None for e in default["ranked"])
+    # a model the executor cannot build: ranked by step time, every layout saying why
+    layernorm = {**body, "model_spec": {**mqa, "name": "tiny-layernorm", "num_query_groups": 2,
+                                        "normalization": "layernorm"}, "top": 3}
+    ranked = client.post("/v1/plans", json=layernorm, headers=alice).json()["ranked"]
+    assert ranked and all(e["executable"] is False and "[executor_model]" in e["executable_reason"] for e in ranked)
+    assert client.post("/v1/plans", json={**body, "megatron": "sometimes"}, headers=alice).status_code == 422

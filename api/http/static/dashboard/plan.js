@@ -1,6 +1,8 @@
 // The plan explorer (#/plan): a form posted to POST /v1/plans (the model and GPU lists from GET /v1/models and
 // /v1/hardware-profiles), the layouts as predicted memory against predicted step time with the usable memory
-// per GPU, and the rules that rejected the rest.
+// per GPU (those only Megatron-Core runs apart from those foldtune's executor runs), and the rules that
+// rejected the rest. By default the plan ranks the executor's layouts first; "rank as Megatron-Core" asks for
+// the fastest by step time alone (the request's megatron field).
 "use strict";
 
 const GIB = 2 ** 30;
@@ -15,6 +17,7 @@ function planPage() {
     h("label", {}, "precision ", h("select", {id: "plan-precision", name: "precision"},
       ["bf16", "fp16", "fp8", "fp32"].map(p => h("option", {value: p}, p)))),
     h("label", {}, "top ", h("input", {id: "plan-top", name: "top", type: "number", min: 1, max: 100, value: 100})),
+    h("label", {}, h("input", {id: "plan-megatron", name: "megatron", type: "checkbox"}), " rank as Megatron-Core"),
     h("button", {type: "submit"}, "Plan"));
   const out = h("div", {id: "plan-out"});
   form.addEventListener("submit", ev => { ev.preventDefault(); runPlan(form, out); });
@@ -30,21 +33,29 @@ function planPage() {
     form.dataset.ready = "1";
   };
   const node = h("div", {}, card("Plan explorer",
-    h("p", {class: "hint"}, "The cost model's instant answer (POST /v1/plans): every valid layout predicted to fit, fastest first. Nothing runs."),
+    h("p", {class: "hint"}, "The cost model's instant answer (POST /v1/plans): every valid layout predicted to fit, fastest first, " +
+      "those foldtune's executor runs before those only Megatron-Core runs (or by step time alone: rank as Megatron-Core). Nothing runs."),
     form, out));
   return {node, after: () => after().catch(e => out.replaceChildren(h("p", {class: "error"}, e.message))), live: false};
 }
 
 function estimateTip(e) {
+  const runs = e.executable ? "runs on foldtune's executor" : `Megatron-Core only; foldtune's executor: ${e.executable_reason}`;
   return `${e.layout}\nstep ${ms(e.step_time_s)}, memory ${bytes(e.memory_bytes.total)} (headroom ${bytes(e.memory_headroom_bytes)})\n` +
-         `MFU ${pct(e.mfu)}, ${num(e.tokens_per_s_per_gpu)} tokens/s/GPU, limiter ${e.limiter}\n${e.explanation}`;
+         `MFU ${pct(e.mfu)}, ${num(e.tokens_per_s_per_gpu)} tokens/s/GPU, limiter ${e.limiter}\n${e.explanation}\n${runs}`;
 }
 
 // One sentence on what the plan found; says plainly when nothing fits or nothing is valid.
 function planVerdict(plan) {
   const usable = bytes(plan.cluster.usable_hbm_bytes);
   const counts = `${plan.considered} layouts considered, ${plan.valid} valid, ${plan.pruned_by_memory} predicted not to fit, ${plan.fitting} fit`;
-  if (plan.ranked.length) return `${counts}; showing the ${plan.ranked.length} fastest (${num(plan.seconds, 3)} s).`;
+  if (plan.ranked.length) {
+    const only = plan.ranked.filter(e => !e.executable).length;
+    const order = plan.ranking === "megatron" ? "by step time, as Megatron-Core runs them"
+                                              : "those foldtune's executor runs first";
+    return `${counts}; showing the ${plan.ranked.length} fastest, ${order}` +
+           (only ? `; ${only} only Megatron-Core runs` : "") + ` (${num(plan.seconds, 3)} s).`;
+  }
   if (plan.closest) {
     const over = plan.closest.memory_bytes.total - plan.cluster.usable_hbm_bytes;
     return `${counts}. None fits: every valid layout needs more than the ${usable} usable per GPU; the least over ` +
@@ -61,7 +72,7 @@ async function runPlan(form, out) {
     plan = await api("/v1/plans", {method: "POST", body: {
       model: v("model"), cluster: {gpu: v("gpu"), num_gpus: +v("num_gpus")},
       training: {seq_length: +v("seq_length"), global_batch_size: +v("global_batch_size"), precision: v("precision")},
-      top: +v("top")}});
+      top: +v("top"), megatron: form.elements.megatron.checked}});
   } catch (e) {
     const errs = (e.problem && e.problem.errors) || [];
     out.replaceChildren(h("p", {class: "error", id: "plan-error"}, e.message),
@@ -70,7 +81,7 @@ async function runPlan(form, out) {
   }
   // the hover label names the layout and its two numbers; the box below the plot shows the whole estimate
   const point = e => ({x: e.memory_bytes.total / GIB, y: e.step_time_s * 1e3, detail: estimateTip(e),
-                       tip: estimateTip(e).split("\n").slice(0, 2).join("\n")});
+                       tip: estimateTip(e).split("\n").slice(0, 2).join("\n"), executable: e.executable});
   const pts = plan.ranked.map(point);
   const front = Plot.paretoFront(pts);  // only among layouts that fit: with none, there is no front
   const onFront = new Set(front);
@@ -88,7 +99,9 @@ async function runPlan(form, out) {
   if (!shown) return;
   const usable = plan.cluster.usable_hbm_bytes / GIB;
   const series = plan.ranked.length
-    ? [{name: "layout", points: pts.filter(p => !onFront.has(p)), cls: "layout"},
+    ? [{name: "layout", points: pts.filter(p => !onFront.has(p) && p.executable !== false), cls: "layout"},
+       {name: "Megatron-Core only", points: pts.filter(p => !onFront.has(p) && p.executable === false), cls: "megatron",
+        color: "#7c3aed"},
        {name: "on the Pareto front", points: front, cls: "pareto", color: "#dc2626", radius: 5}]
     : [{name: "least over memory (does not fit)", points: [point(plan.closest)], cls: "closest", color: "#b45309", radius: 6}];
   Plot.xy(plotDiv, series, {xLabel: "predicted peak memory per GPU (GiB)", yLabel: "predicted step time (ms)",
