@@ -85,15 +85,17 @@ WIDTHS: dict[str, Width] = {
     DATASHEET: Width(0.25, 1.00),
     UNMEASURED_NETWORK: Width(0.25, 1.50),
 }
-# The host's issuing rate (costmodel/host.py): a measured executor MoE layer on tiny shapes prices the host
-# to within the spread between processes (the host probe measured 1.4-2.4x the floor built from it); the bare
-# op launch alone is a lower bound (the Python between ops is not in it: the probe measured a median 2.47x);
-# the rule of thumb of 8 us per op was never measured on this machine.
+# The host's issuing rate (costmodel/host.py). Against a host floor built from the measured executor MoE layer,
+# the host probe measured 0.69-3.36x (median 2.47) over 35 layouts of two proxies; this model's own probe
+# (component host factors) leaves the spread between processes, factors of 1.4-2.4 measured on one host. A bare
+# op launch (7.8-10.5 us on eight H200 hosts) is a third to a half of the executor's cost per op on the same
+# hosts (20-36 us, its MoE layer over its 162 ops), and the rule of thumb of 8 us is such a bare launch: both
+# price the host up to ~7x short.
 HOST_WIDTHS: dict[str, Width] = {
-    CALIBRATED: Width(0.20, 0.30),
-    MEASURED: Width(0.30, 1.50),
-    EXTRAPOLATED: Width(0.20, 2.00),
-    DATASHEET: Width(0.50, 3.00),
+    CALIBRATED: Width(0.25, 0.50),
+    MEASURED: Width(0.30, 2.40),
+    EXTRAPOLATED: Width(0.50, 6.00),
+    DATASHEET: Width(0.50, 6.00),
 }
 # Hidden seconds the overlap may leave exposed at the pessimistic end, per hidden term: the EP all-to-all
 # overlap hid 0.38-0.69 of the all-to-all in the EP2 measurements (the model hides nearly all but the first
@@ -372,10 +374,11 @@ def step_time_interval(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     provenance = provenance or term_provenance(model, training, cluster, config, corrections)
     host_exposed = time.term("host_overhead")
     return combine_step(time, provenance, _host_seconds(model, training, cluster, config, time, corrections,
-                                                        host_exposed))
+                                                        host_exposed), serial_host=is_cpu(cluster.gpu.name))
 
 
-def combine_step(time: StepTimeBreakdown, provenance: tuple[TermProvenance, ...], host_seconds: float) -> Interval:
+def combine_step(time: StepTimeBreakdown, provenance: tuple[TermProvenance, ...], host_seconds: float,
+                 serial_host: bool = False) -> Interval:
     """The interval (seconds) of a step breakdown whose terms have ``provenance``, on a rank whose host issues
     its steady state's kernels in ``host_seconds`` per step (0: not known; where the breakdown has a host floor,
     that floor is the steady state plus ``host_overhead``).
@@ -384,7 +387,8 @@ def combine_step(time: StepTimeBreakdown, provenance: tuple[TermProvenance, ...]
     bubble) spread over the layer terms' sources in proportion; every measured source also moves together by
     :data:`COMMON_MEASURED`; each hidden collective adds ``hidden · (OVERLAP_EXPOSED + its high width)`` to the
     pessimistic end. The host: low and high are at least the step with the host's own low / high issuing time
-    in place of the steady state."""
+    in place of the steady state; with ``serial_host`` (CPU ranks: the same cores issue and compute) the
+    pessimistic end adds the host's high issuing time to the device's instead."""
     prov = {p.term: p for p in provenance}
     terms = dict(time.terms)
     host_exposed = terms.get("host_overhead", 0.0)
@@ -423,7 +427,7 @@ def combine_step(time: StepTimeBreakdown, provenance: tuple[TermProvenance, ...]
         w = prov["host_overhead"].width
         rest = device - _steady_seconds(time)  # once-per-step terms and the bubble, scaled with the device
         low = max(low, rest * low / device + host * (1.0 - w.low))
-        high = max(high, rest * high / device + host * (1.0 + w.high))
+        high = high + host * (1.0 + w.high) if serial_host else max(high, rest * high / device + host * (1.0 + w.high))
     return Interval(time.step_time, max(0.0, min(low, time.step_time)), max(high, time.step_time))
 
 
