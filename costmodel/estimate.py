@@ -16,7 +16,7 @@ from costmodel.host import seconds_per_op
 from costmodel.memory import MemoryBreakdown, estimate_memory
 from costmodel.step_time import StepTimeBreakdown, estimate_step_time, steady_state_floor as _floor
 from costmodel.terms import BOTTLENECK_TERMS
-from costmodel.uncertainty import EstimateInterval, estimate_interval
+from costmodel.uncertainty import EstimateInterval, estimate_interval, step_time_interval
 from spec.hardware import GIB, ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -160,6 +160,14 @@ def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, co
     function: same signature, picklable)."""
     return estimate_step_time(model, training, cluster, config,
                               corrections=component_corrections(model, training, cluster, config))
+
+
+def pessimistic_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
+                          time: StepTimeBreakdown) -> float:
+    """The pessimistic end (seconds) of the step-time interval of ``time``, :func:`step_time`'s breakdown of
+    ``config``: what the planner ranks by by default (``Estimate.rank_time`` of the same layout)."""
+    return step_time_interval(model, training, cluster, config, time,
+                              component_corrections(model, training, cluster, config)).high
 
 
 def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
