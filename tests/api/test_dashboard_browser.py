@@ -319,6 +319,15 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     ActionChains(browser).move_to_element(_circles(browser, "plot-plan", "pareto")[0]).perform()
     _wait(browser, lambda d: "MFU" in _css(d, "#plan-detail")[0].text, "details on hover")
     assert _css(browser, "#plan-detail")[0].text.split("\n")[0] in {e["layout"] for e in plan["ranked"]}
+    # every estimate's step-time and memory interval: two whiskers a point, and a row of the ranked table each
+    assert all(e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+               for e in plan["ranked"])
+    assert len(_css(browser, "#plot-plan svg line.interval")) == 2 * len(plan["ranked"])
+    rows = _rows(browser, "ranked-table")
+    assert [r[1] for r in rows] == [e["layout"] for e in plan["ranked"]]
+    assert all("–" in r[3] and "–" in r[5] for r in rows)  # step and memory intervals
+    assert "high end of the step-time interval" in _css(browser, "#plan-counts")[0].text
+    assert "(" in _css(browser, "#plan-detail")[0].text.split("\n")[1]  # step with its interval on hover
 
 
 def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top):

@@ -198,7 +198,8 @@ const Plot = (() => {
 
   // ---------- charts ----------
 
-  // series: [{name, color, points: [{x, y, tip}], line: bool, markers: bool (default true), cls, radius}]
+  // series: [{name, color, points: [{x, y, tip, xlo, xhi, ylo, yhi}], line: bool, markers: bool (default true), cls,
+  //          radius}]; a point's xlo/xhi and ylo/yhi (optional) are its intervals, drawn as whiskers
   // opts: {xLabel, yLabel, identity: draw y = x, front: [{x, y}] a Pareto front path, zeroY: y from 0,
   //        integerX: whole-number x ticks, logX / logY: log axes (points <= 0 are left out),
   //        guides: [{x} or {y}, label, cls] dashed reference lines (e.g. usable memory) named in the legend,
@@ -215,8 +216,9 @@ const Plot = (() => {
     if (!all.length) return empty(svg, W, H, opts.empty);
 
     const guides = opts.guides || [];
-    const xsOf = all.map(p => p.x).concat(guides.filter(g => "x" in g).map(g => g.x));
-    const ysOf = all.map(p => p.y).concat(guides.filter(g => "y" in g).map(g => g.y));
+    const ends = (lo, hi, log) => [lo, hi].filter(v => isFinite(v) && (!log || v > 0));  // a point's interval
+    const xsOf = all.flatMap(p => [p.x, ...ends(p.xlo, p.xhi, opts.logX)]).concat(guides.filter(g => "x" in g).map(g => g.x));
+    const ysOf = all.flatMap(p => [p.y, ...ends(p.ylo, p.yhi, opts.logY)]).concat(guides.filter(g => "y" in g).map(g => g.y));
     let [xlo, xhi, ylo, yhi] = [Math.min(...xsOf), Math.max(...xsOf), Math.min(...ysOf), Math.max(...ysOf)];
     if (opts.identity) { xlo = ylo = Math.min(xlo, ylo); xhi = yhi = Math.max(xhi, yhi); }
     if (opts.zeroY && !opts.logY) ylo = Math.min(0, ylo);
@@ -257,6 +259,12 @@ const Plot = (() => {
                                                      class: "series", stroke: s.color}, g);
       if (s.markers === false || (s.line && s.points.length > MAX_MARKERS)) return;
       const r = s.radius || (s.points.length > 60 ? 3 : 4);
+      for (const p of s.points) {  // intervals first, under the markers
+        if (isFinite(p.ylo) && isFinite(p.yhi)) el("line", {x1: sx(p.x), x2: sx(p.x), y1: sy(p.ylo), y2: sy(p.yhi),
+                                                          stroke: s.color, class: "interval"}, g);
+        if (isFinite(p.xlo) && isFinite(p.xhi)) el("line", {x1: sx(p.xlo), x2: sx(p.xhi), y1: sy(p.y), y2: sy(p.y),
+                                                          stroke: s.color, class: "interval"}, g);
+      }
       for (const p of s.points) {
         const c = el("circle", {cx: sx(p.x), cy: sy(p.y), r, fill: s.color, class: "pt" + (s.cls ? " " + s.cls : "")}, g);
         if (p.tip) { c.dataset.tip = p.tip; el("title", {}, c).textContent = p.tip; }
