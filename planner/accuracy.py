@@ -106,7 +106,7 @@ def compare(model, training, cluster, table_rows: list[dict]) -> tuple[list[dict
             row.update(interval_s=(e.interval.step_time.low, e.interval.step_time.high),
                        memory_interval_bytes=(e.interval.memory.low, e.interval.memory.high),
                        provenance={p.term: p.provenance for p in e.interval.terms
-                                   if e.time.term(p.term) > 0 or p.term in dict(e.time.hidden)})
+                                   if e.time.term(p.term) > 0 or dict(e.time.hidden).get(p.term, 0.0) > 0})
         if row["measured_peak_bytes"]:
             row["memory_error"] = (e.memory.total - row["measured_peak_bytes"]) / row["measured_peak_bytes"]
         pace = pace_phases(r)
@@ -145,6 +145,7 @@ def summarize(rows: list[dict], failed: int = 0) -> dict:
             totals[name] = totals.get(name, 0.0) + seconds
     predicted = sum(r["predicted_s"] for r in rows) or 1.0
     summary["term_shares"] = {name: seconds / predicted for name, seconds in totals.items() if seconds > 0}
+    summary["interval_coverage"] = interval_coverage(rows)
     return summary
 
 
@@ -202,6 +203,7 @@ def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int)
     out = summarize(held)
     out.pop("term_shares")
     out.pop("per_term")
+    out.pop("interval_coverage")
     out.update(k=k, fitted_on=[r["layout"] for r in tried], calibration=calibration.to_dict())
     return out
 
