@@ -1,4 +1,6 @@
-"""Prune the valid layouts by predicted memory and rank what fits by predicted step time.
+"""Prune the valid layouts by predicted memory and rank what fits by predicted step time: by default by the
+pessimistic end of each layout's step-time interval (``rank_by='robust'``, :func:`_best_first`), else by the
+point estimate.
 
 The enumeration holds hundreds of thousands of valid configs on a large cluster; calling both cost models
 on each would take minutes. The ranker leans on four monotone properties of any sane cost model and

@@ -11,7 +11,7 @@ with its reason counted.
 
 A job that searches precision (``search_precision``; :func:`planner.runnable.tuned_precisions`) is planned once per precision it
 measures, each with its own cap, and the candidates of all of them are handed to one search, which orders
-them by predicted step time together; each candidate carries its precision.
+them by the high end of their step-time intervals together; each candidate carries its precision and interval.
 """
 
 from __future__ import annotations
