@@ -43,6 +43,7 @@ class Call:
     tables: tuple[tuple[str, ...], ...]
     layers: int | None = 2
     gpu: bool = True
+    note: str = ""  # what the call's executor or machine did differently, where its rows miss
 
 
 def _proxy(call_dir: str, models: tuple[str, ...] = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite")):
@@ -59,14 +60,19 @@ H100 = "issue16/acc-h100"
 H100_1 = "issue16/acc-h100-1gpu"
 CALLS: tuple[Call, ...] = (
     Call("tiny-moe, 4 CPU ranks", "2026-11-26 02:45", "—", "cpu-calibrated-2026-11-26.json",
-         (("layout_table-tiny-moe-4-2026-11-26-cpu.json",),), layers=None, gpu=False),
+         (("layout_table-tiny-moe-4-2026-11-26-cpu.json",),), layers=None, gpu=False,
+         note="4 gloo ranks on 2 logical CPUs shared with other work, measured 1.0-11x the prediction; the same "
+              "`foldtune tune` from two fresh clones was 40-60 % and 4-33 % above its predictions (README)"),
     Call("small-moe, 2 × H200", "2026-11-26 03:17", "—", "h200-calibrated-2026-11-26-2xH200.json",
          (("layout_table-small-moe-2-2026-11-26-2xH200.json",),), layers=None),
     Call("Mixtral@2L, 4 × H200 (session 1)", "2026-11-26 05:19", "—", "h200-x4-calibrated-2026-11-26-4xH200.json",
          ((f"{S1}/layout_table-mixtral-2L-1-0601.json",),
           tuple(f"{S1}/layout_table-mixtral-2L-2-{x}.json" for x in ("4xH200-0525-shard0", "4xH200-0525-shard1",
                                                                       "redo-0559-shard0", "redo-0559-shard1")),
-          (f"{S1}/layout_table-mixtral-2L-4-4xH200-0520.json", f"{S1}/layout_table-mixtral-2L-4-redo-0557.json"))),
+          (f"{S1}/layout_table-mixtral-2L-4-4xH200-0520.json", f"{S1}/layout_table-mixtral-2L-4-redo-0557.json")),
+         note="the executor before its experts' gate and up projections became one grouped GEMM and the fp32 main "
+              "gradients one buffer per bucket (docs/benchmarks.md, 2026-11-26 07:47): the same 1-GPU layout "
+              "took 512 ms here, 457 ms at (O)"),
     Call("Mixtral@2L, 4 × H200 (session 3)", "2026-11-26 08:19", "e5878aa", f"{S3}/h200-x4-calibrated.json",
          ((f"{S3}/tables/layout_table-mixtral-8x7b-2L-1-2026-11-26-gpu.json",),
           tuple(f"{S3}/tables/layout_table-mixtral-8x7b-2L-2-2026-11-26-gpu-shard{i}of2.json" for i in (0, 1)),
@@ -81,10 +87,14 @@ CALLS: tuple[Call, ...] = (
                for parts in (("1-2026-11-27-gpu-shard0of2.json", "1-2026-11-27-gpu-shard1of2.json"),
                              ("2-2026-11-27-gpu.json",)))
          + ((f"{H100}/qwen3-30b-a3b/layout_table-qwen3-30b-a3b-2L-1-from-log.json",),
-            (f"{H100}/qwen3-30b-a3b/layout_table-qwen3-30b-a3b-2L-2-from-log.json",))),
+            (f"{H100}/qwen3-30b-a3b/layout_table-qwen3-30b-a3b-2L-2-from-log.json",)),
+         note="measured before the loss's Triton kernels (0d53194) that the model prices now: the output layer and "
+              "loss took 254 ms of Qwen3's 427 ms 1-GPU step on the H100 of (B), 130 ms of 277 ms at (O)"),
     Call("three proxies, 1 × H100 (B)", "2026-11-27 02:49", "81b057f", f"{H100_1}/h100-sxm-x1-calibrated.json",
          tuple((f"{H100_1}/{m}/layout_table-{m}-2L-1-2026-11-27-gpu.json",)
-               for m in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"))),
+               for m in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite")),
+         note="as (A): before the loss's Triton kernels (DeepSeek-V2-Lite's loss 174 ms of 315 ms here, 90 of 220 "
+              "at (O)); the peaks are of that loss's whole fp32 logits"),
     Call("three proxies, 2 × H200 (D)", "2026-11-27 05:47", "2950abf", "issue16/h200-0545/h200-calibrated.json",
          _proxy("issue16/h200-0545")),
     Call("Qwen3@2L, 2 × H200 (E)", "2026-11-27 07:48", "48c52db", "issue16/h200-0746/h200-calibrated.json",
@@ -178,6 +188,10 @@ def doc_section(result: dict) -> str:
     for p, c in s["by_provenance"].items():
         lines.append(f"| {p} | {_pct(c['step_time'])} | {c['step_time']['below']} / {c['step_time']['above']} | "
                      f"{c['mean_relative_width']:.0%} |")
+    notes = [(call.label, call.note) for call in CALLS if call.note]
+    if notes:
+        lines += ["", "Where rows miss, what their call measured differently from what the model prices now:", ""]
+        lines += [f"- {label}: {note}." for label, note in notes]
     if result["not_judged"]:
         lines += ["", "Not judged (no call listed for them): " + ", ".join(f"`{p}`" for p in result["not_judged"])]
     return "\n".join(lines) + "\n"

@@ -8,8 +8,9 @@ anything measured so far. Where the candidates carry step-time intervals (``cost
 trials go where those intervals overlap: the first is the layout with the lowest pessimistic end, the other
 start-up trials the layouts whose optimistic end is below it (they might still be faster), fastest predicted
 first (:func:`startup_order`); after them only layouts whose calibrated interval, narrowed by the calibration's
-residuals, reaches below the best measured step are proposed while any is left (:func:`contenders`). It keeps no state of its own: everything is re-read from the study, so a
-runner that restarts mid-job resumes the same search from the study's storage.
+residuals, reaches below the best measured step are proposed while any is left (:func:`contenders`). It keeps
+no state of its own: everything is re-read from the study, so a runner that restarts mid-job resumes the same
+search from the study's storage.
 
 Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
 seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the

@@ -314,8 +314,8 @@ def _breakdown_lines(e) -> list[str]:
             p = prov.get(name)
             where = (f"  {p.provenance} -{p.width.low:.0%}/+{p.width.high:.0%}: {p.note}"
                      if p is not None and p.provenance != "derived" else f"  {p.note}" if p is not None else "")
-            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} {seconds_cell(hidden.get(name, 0.0)):>11}"
-                         + where)
+            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} "
+                         f"{seconds_cell(hidden.get(name, 0.0)):>11}" + where)
     m = e.memory
     lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}"
                  + (f" ({_bytes(iv.memory.low)}-{_bytes(iv.memory.high)})" if iv is not None else "")
