@@ -61,8 +61,8 @@ H100_1 = "issue16/acc-h100-1gpu"
 CALLS: tuple[Call, ...] = (
     Call("tiny-moe, 4 CPU ranks", "2026-11-26 02:45", "—", "cpu-calibrated-2026-11-26.json",
          (("layout_table-tiny-moe-4-2026-11-26-cpu.json",),), layers=None, gpu=False,
-         note="4 gloo ranks on 2 logical CPUs shared with other work, measured 1.0-11x the prediction; the same "
-              "`foldtune tune` from two fresh clones was 40-60 % and 4-33 % above its predictions (README)"),
+         note="4 gloo ranks on 2 logical CPUs shared with other work, measured 0.7-12x the prediction; the same "
+              "`foldtune tune` from two fresh clones predicted its steps 40-60 % and 4-33 % short (README)"),
     Call("small-moe, 2 × H200", "2026-11-26 03:17", "—", "h200-calibrated-2026-11-26-2xH200.json",
          (("layout_table-small-moe-2-2026-11-26-2xH200.json",),), layers=None),
     Call("Mixtral@2L, 4 × H200 (session 1)", "2026-11-26 05:19", "—", "h200-x4-calibrated-2026-11-26-4xH200.json",
