@@ -48,7 +48,7 @@ class PlanCreate(WorkloadIn):
     vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
                                                              "tried (a layout string fixes it instead)")
     search_precision: bool = Field(False, description="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and "
-                                                      "return the faster; training.precision is then ignored")
+                                                      "return the better by rank_by; training.precision is then ignored")
     optimizer_offload: list[float] = Field(
         [], max_length=4, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
                                       "--optimizer-offload-fraction; only with the distributed optimizer)")
@@ -162,7 +162,8 @@ class PlanOut(BaseModel):
     seconds: float = Field(description="planning wall time")
     precision_search: dict[str, float | None] | None = Field(
         None, description="with search_precision: each planned precision's best predicted step time (s; null "
-                          "where nothing fits); ``training.precision`` is the faster's")
+                          "where nothing fits); ``training.precision`` is the one whose best layout ranks "
+                          "first by rank_by")
     training_runs: list[TrainingRunOut] | None = Field(
         None, description="with tokens: the time (and with a price, the cost) to train them at each ranked "
                           "layout's predicted step time, in ranked order")
