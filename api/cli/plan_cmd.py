@@ -1,8 +1,10 @@
 """``foldtune plan``: rank every valid folded layout of a model on a cluster with the cost model.
 
 Prints how many configs were considered, valid, rejected (per rule, with an example) and pruned by
-memory, then the fastest N with what limits each and whether foldtune's executor runs it (those it runs
-first; ``--megatron``: by step time alone, what Megatron-Core runs), and the breakdown of the best.
+memory, then the best N with what limits each, whether foldtune's executor runs it (those it runs first;
+``--megatron``: as Megatron-Core runs them, executable or not), their step-time and memory intervals, and the
+breakdown of the best with where each term's constants come from. The order is robust by default: by the
+pessimistic end of each layout's step-time interval (``--rank-by point``: by the point estimate).
 ``--explain LAYOUT`` judges one layout; ``--megatron-args`` prints the chosen (or explained) layout as
 Megatron-LM arguments; ``--json`` prints the same content machine-readably.
 """
@@ -25,7 +27,8 @@ from api.cli.arguments import add
 from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
-from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
+from planner.rank import RANK_BY, ROBUST_SHORTLIST, explain_layout, plan, plan_precisions, smallest_fitting_cluster
+from costmodel.uncertainty import RATE
 from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.inputs import build_specs
@@ -118,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add(parser, "--min-headroom")
+    parser.add_argument("--rank-by", choices=RANK_BY, default="robust",
+                        help="order of the ranked layouts: robust, by the pessimistic (high) end of each step-time "
+                             "interval, or point, by the point estimate alone (default: robust)")
     add_run_cost_arguments(parser)
     add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
@@ -276,6 +282,7 @@ def _rule_lines(result) -> list[str]:
                  f"(enumerate {result.enumerate_seconds:.2f} s; {result.memory_calls:,} memory and "
                  f"{result.time_calls:,} time estimates on {result.workers} process"
                  f"{'es' if result.workers > 1 else ''}; {mode})")
+    lines.append(_order_line(result))
     if result.order_violations or result.bound_violations:
         lines.append(f"warning: the cost model broke the ranker's monotone properties {result.order_violations} + "
                      f"{result.bound_violations} times (see planner/rank.py); the list is sorted but may miss a "
@@ -287,6 +294,36 @@ def _ranking_line(megatron: bool) -> str:
     return ("ranked by step time, as Megatron-Core runs them ('runs' says whether foldtune's executor does too)"
             if megatron else "ranked with the layouts foldtune's executor runs first ('runs'; --megatron: by step "
                              "time alone, as Megatron-Core runs them)")
+
+
+def _order_line(result) -> str:
+    """What the ranked list is ordered by (``--rank-by``), and how sure the robust order is."""
+    if result.rank_by == "point":
+        return "order: by the point estimate of the step time (--rank-by point)"
+    rate = result.ranked[0].interval.rate if result.ranked and result.ranked[0].interval else RATE
+    return (f"order: robust, by the high end of each step-time interval ({rate:.0%} intervals from where each term's "
+            f"constants come from; --rank-by point for the point estimate)"
+            + ("" if result.robust_exact else f"; among the {ROBUST_SHORTLIST} x top fastest by point estimate"))
+
+
+def _interval_line(e) -> str:
+    """A layout's step-time and memory intervals and its least certain term, under its table row."""
+    iv = e.interval
+    if iv is None:
+        return ""
+    worst = _least_certain(e)
+    return (f"step {seconds_cell(iv.step_time.low).strip()}-{seconds_cell(iv.step_time.high).strip()} s, memory "
+            f"{_bytes(iv.memory.low)}-{_bytes(iv.memory.high)}"
+            + (f"; most uncertain: {worst.term}, {worst.provenance} ({worst.note})" if worst is not None else ""))
+
+
+def _least_certain(e):
+    """The term adding the most seconds to the interval's high end (its exposed and hidden seconds times its
+    high width), or None."""
+    t = e.time
+    hidden = dict(t.hidden)
+    used = [p for p in e.interval.terms if p.provenance != "derived" and (t.term(p.term) > 0 or hidden.get(p.term))]
+    return max(used, key=lambda p: (t.term(p.term) + hidden.get(p.term, 0.0)) * p.width.high, default=None)
 
 
 def _table(estimates, capacity: float) -> list[str]:
@@ -301,21 +338,34 @@ def _table(estimates, capacity: float) -> list[str]:
         lines.append(f"{'':>3}  {'':>10}  -> {e.explanation}")
         if not e.executable:
             lines.append(f"{'':>3}  {'':>10}  -> Megatron-Core only, foldtune's executor: {e.executable_reason}")
+        interval = _interval_line(e)
+        if interval:
+            lines.append(f"{'':>3}  {'':>10}     {interval}")
     return lines
 
 
 def _breakdown_lines(e) -> list[str]:
     t = e.time
     hidden = dict(t.hidden)
-    lines = [f"time breakdown of {e.config.label()}: step {_seconds(t.step_time)}, bottleneck {t.bottleneck}",
-             f"  {'term':<16} {'exposed (s)':>11} {'share':>6} {'hidden (s)':>11}"]
+    iv = e.interval
+    prov = {p.term: p for p in iv.terms} if iv is not None else {}
+    step = _seconds(t.step_time) + (f" ({seconds_cell(iv.step_time.low).strip()}-"
+                                    f"{seconds_cell(iv.step_time.high).strip()} s, {iv.rate:.0%} interval)"
+                                    if iv is not None else "")
+    lines = [f"time breakdown of {e.config.label()}: step {step}, bottleneck {t.bottleneck}",
+             f"  {'term':<16} {'exposed (s)':>11} {'share':>6} {'hidden (s)':>11}" + ("  constants" if prov else "")]
     for name, value in sorted(t.terms, key=lambda kv: -kv[1]):
         if value or hidden.get(name):
             share = value / t.step_time if t.step_time else 0.0
-            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} {seconds_cell(hidden.get(name, 0.0)):>11}")
+            p = prov.get(name)
+            where = (f"  {p.provenance} -{p.width.low:.0%}/+{p.width.high:.0%}: {p.note}"
+                     if p is not None and p.provenance != "derived" else f"  {p.note}" if p is not None else "")
+            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} "
+                         f"{seconds_cell(hidden.get(name, 0.0)):>11}" + where)
     m = e.memory
-    lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}, headroom "
-                 f"{_bytes(e.memory_headroom_bytes)}")
+    lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}"
+                 + (f" ({_bytes(iv.memory.low)}-{_bytes(iv.memory.high)})" if iv is not None else "")
+                 + f", headroom {_bytes(e.memory_headroom_bytes)}")
     for name in ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "allocator_overhead"):
         value = getattr(m, name)
         share = value / m.total if m.total else 0.0
@@ -433,11 +483,11 @@ def _run(args: argparse.Namespace) -> int:
     space = _space(args)
     if space.precisions is None:
         result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                      workers=args.workers, megatron=args.megatron)
+                      workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
         searched = None
     else:  # the fastest precision's plan; the others' best step times are reported beside it
         results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                                  workers=args.workers, megatron=args.megatron)
+                                  workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
         result, training = results[0], results[0].training
         searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
     header = _header(model, training, cluster, space)
@@ -456,7 +506,7 @@ def _run(args: argparse.Namespace) -> int:
                        "bound_calls": result.bound_calls, "workers": result.workers,
                        "exhaustive": result.exhaustive, "order_violations": result.order_violations,
                        "bound_violations": result.bound_violations},
-            "ranking": _RANKING[result.megatron],
+            "ranking": _RANKING[result.megatron], "rank_by": result.rank_by, "robust_exact": result.robust_exact,
             "ranked": [e.to_dict() for e in result.ranked],
             "pareto": [e.to_dict() for e in result.pareto] if result.exhaustive else None,
             "closest": result.closest.to_dict() if result.closest else None,

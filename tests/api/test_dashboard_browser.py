@@ -416,6 +416,16 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     ActionChains(browser).move_to_element(_circles(browser, "plot-plan", "pareto")[0]).perform()
     _wait(browser, lambda d: "MFU" in _css(d, "#plan-detail")[0].text, "details on hover")
     assert _css(browser, "#plan-detail")[0].text.split("\n")[0] in {e["layout"] for e in plan["ranked"]}
+    # every estimate's step-time and memory interval: a whisker each way a point, and a row of the ranked table each
+    assert all(e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+               for e in plan["ranked"])
+    assert len(_css(browser, "#plot-plan path.yerror")) == len(_css(browser, "#plot-plan path.xerror")) == len(
+        plan["ranked"])
+    rows = _rows(browser, "ranked-table")
+    assert [r[1] for r in rows] == [e["layout"] for e in plan["ranked"]]
+    assert all("–" in r[3] and "–" in r[5] for r in rows)  # step and memory intervals
+    assert "high end of the step-time interval" in _css(browser, "#plan-counts")[0].text
+    assert "(" in _css(browser, "#plan-detail")[0].text.split("\n")[1]  # step with its interval on hover
     # ranked with the layouts foldtune's executor runs first: here all 40 of them
     assert plan["ranking"] == "executable_first" and all(e["executable"] for e in plan["ranked"])
     assert "those foldtune's executor runs first" in _css(browser, "#plan-counts")[0].text
@@ -428,7 +438,7 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     assert plan["ranking"] == "megatron"
     only = [e for e in plan["ranked"] if not e["executable"]]
     assert len(only) == 2 and all(e["executable_reason"].startswith("[executor_heads_tp]") for e in only)
-    assert "by step time, as Megatron-Core runs them; 2 only Megatron-Core runs" in _css(browser, "#plan-counts")[0].text
+    assert ", as Megatron-Core runs them; 2 only Megatron-Core runs" in _css(browser, "#plan-counts")[0].text
     assert len(_circles(browser, "plot-plan", "megatron")) + len(
         [c for c in _circles(browser, "plot-plan", "pareto") if "Megatron-Core only" in (c.get_attribute("data-tip") or "")]) == 2
 

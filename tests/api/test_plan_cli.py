@@ -39,12 +39,35 @@ def test_plan_json_is_complete_and_consistent(capsys):
     assert data["considered"] == data["valid"] + sum(r["count"] for r in data["rejected"].values())
     assert data["valid"] == data["fitting"] + data["pruned_by_memory"]
     ranked = data["ranked"]
-    assert len(ranked) == 3 and ranked[0]["step_time_s"] <= ranked[1]["step_time_s"] <= ranked[2]["step_time_s"]
+    assert data["rank_by"] == "robust" and isinstance(data["robust_exact"], bool)
+    highs = [e["step_time_interval_s"]["high"] for e in ranked]  # robust: by the intervals' pessimistic ends
+    assert len(ranked) == 3 and highs == sorted(highs)
+    for e in ranked:
+        assert e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+        assert e["memory_interval_bytes"]["low"] <= e["memory_bytes"]["total"] <= e["memory_interval_bytes"]["high"]
+        assert e["time_provenance"]["gemm"]["provenance"] in ("measured", "extrapolated", "datasheet")
     first = ranked[0]
     assert first["fits"] and first["memory_bytes"]["total"] > 0 and "gemm" in first["time_terms_s"]
     assert first["layout"].startswith("tp") and first["explanation"]
     argv = data["megatron_args"]  # an argv list, ready for subprocess
     assert argv[0] == "--tensor-model-parallel-size" and argv[1].isdigit() and "--global-batch-size" in argv
+
+
+def test_plan_prints_each_layouts_intervals_and_each_terms_constants(capsys):
+    code, out, _ = run(capsys, TINY + ["--top", "2"])
+    assert code == 0
+    assert "order: robust, by the high end of each step-time interval (80% intervals" in out
+    intervals = [line for line in out.splitlines() if line.strip().startswith("step ") and "memory" in line]
+    assert len(intervals) == 2 and all(" s, memory " in line and "most uncertain:" in line for line in intervals)
+    breakdown = out[out.index("time breakdown of"):]
+    assert "80% interval)" in breakdown.splitlines()[0] and "constants" in breakdown.splitlines()[1]
+    assert "datasheet -25%/+100%" in breakdown or "measured -15%/+25%" in breakdown
+    code, point, _ = run(capsys, TINY + ["--top", "5", "--rank-by", "point", "--json"])
+    data = json.loads(point)
+    times = [e["step_time_s"] for e in data["ranked"]]
+    assert code == 0 and data["rank_by"] == "point" and times == sorted(times)
+    code, text, _ = run(capsys, TINY + ["--top", "1", "--rank-by", "point"])
+    assert "order: by the point estimate of the step time (--rank-by point)" in text
 
 
 def test_explain_valid_layout_with_megatron_args(capsys):

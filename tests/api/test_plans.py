@@ -4,7 +4,7 @@ PLAN = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size":
         "cluster": {"gpu": "cpu", "num_gpus": 4}, "top": 3}
 
 
-def test_plan_ranks_fitting_layouts_fastest_first(client, alice):
+def test_plan_ranks_fitting_layouts_by_the_high_end_of_their_step_time_intervals(client, alice):
     r = client.post("/v1/plans", json=PLAN, headers=alice)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -14,8 +14,9 @@ def test_plan_ranks_fitting_layouts_fastest_first(client, alice):
         "usable_hbm_bytes": 16 * 2**30 - int(1.5 * 2**30) - int(0.05 * 16 * 2**30)}
     assert body["considered"] >= body["valid"] >= body["fitting"] > 0
     assert 1 <= len(body["ranked"]) <= 3
-    times = [e["step_time_s"] for e in body["ranked"]]
-    assert times == sorted(times) and all(t > 0 for t in times)
+    assert body["rank_by"] == "robust" and isinstance(body["robust_exact"], bool)
+    highs = [e["step_time_interval_s"]["high"] for e in body["ranked"]]
+    assert highs == sorted(highs) and all(e["step_time_s"] > 0 for e in body["ranked"])
     best = body["ranked"][0]
     assert best["fits"] and best["config"]["world_size"] == 4 and best["layout"]
     assert client.get("/v1/jobs", headers=alice).json()["total"] == 0  # nothing stored
@@ -92,7 +93,7 @@ def test_plan_labels_what_foldtunes_executor_runs_and_ranks_it_first(client, ali
            "moe_ffn_hidden_size": 32}
     body = {"model_spec": mqa, "training": {"seq_length": 64, "global_batch_size": 8},
             "cluster": {"gpu": "cpu", "num_gpus": 4}, "top": 20}
-    megatron = client.post("/v1/plans", json={**body, "megatron": True}, headers=alice)
+    megatron = client.post("/v1/plans", json={**body, "megatron": True, "rank_by": "point"}, headers=alice)
     assert megatron.status_code == 200, megatron.text
     megatron = megatron.json()
     assert megatron["ranking"] == "megatron"
@@ -111,3 +112,30 @@ def test_plan_labels_what_foldtunes_executor_runs_and_ranks_it_first(client, ali
     ranked = client.post("/v1/plans", json=layernorm, headers=alice).json()["ranked"]
     assert ranked and all(e["executable"] is False and "[executor_model]" in e["executable_reason"] for e in ranked)
     assert client.post("/v1/plans", json={**body, "megatron": "sometimes"}, headers=alice).status_code == 422
+
+
+def test_plan_estimates_carry_intervals_and_the_provenance_of_every_term(client, alice):
+    """The additive fields of every estimate: step-time and memory intervals around the value, the rate they are
+    meant to hold, and each term of the term table with where its constants come from."""
+    from costmodel.terms import TERMS
+    from costmodel.uncertainty import PROVENANCES, RATE
+
+    body = client.post("/v1/plans", json=PLAN, headers=alice).json()
+    for e in body["ranked"]:
+        step, mem = e["step_time_interval_s"], e["memory_interval_bytes"]
+        assert step["low"] <= e["step_time_s"] <= step["high"] and step["low"] < step["high"]
+        assert mem["low"] <= e["memory_bytes"]["total"] <= mem["high"] and mem["low"] < mem["high"]
+        assert e["interval_rate"] == RATE
+        assert list(e["time_provenance"]) == list(TERMS)
+        for p in e["time_provenance"].values():
+            assert p["provenance"] in (*PROVENANCES, "derived") and p["low"] >= 0 and p["high"] >= 0 and p["note"]
+
+
+def test_plan_ranks_by_the_point_estimate_when_asked(client, alice):
+    r = client.post("/v1/plans", json={**PLAN, "rank_by": "point", "top": 5}, headers=alice)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    times = [e["step_time_s"] for e in body["ranked"]]
+    assert body["rank_by"] == "point" and times == sorted(times) and len(times) == 5
+    r = client.post("/v1/plans", json={**PLAN, "rank_by": "fastest"}, headers=alice)
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "body.rank_by"

@@ -112,12 +112,28 @@ const Plot = (() => {
 
   const tipText = tip => String(tip || "").replaceAll("\n", "<br>");
 
-  // series: [{name, color, points: [{x, y, tip, detail}], line: bool, markers: bool (default true), cls, radius}]
+  // series: [{name, color, points: [{x, y, tip, detail, xlo, xhi, ylo, yhi}], line: bool, markers: bool (default
+  //          true), cls, radius}]; a point's xlo/xhi and ylo/yhi (optional) are its intervals, drawn as whiskers
   // opts: {xLabel, yLabel, identity: draw y = x, front: [{x, y}] a Pareto front, zeroY: y from 0,
   //        integerX: whole-number x ticks, logX / logY: log axes (points <= 0 are left out),
   //        guides: [{x} or {y}, label, cls] dashed reference lines (e.g. usable memory) named in the legend,
   //        empty: the text shown without data, onPoint: called with a point's detail (else its tip) when it is
   //        hovered or tapped}
+  // plotly's asymmetric error bars of a series whose points carry intervals (xlo/xhi, ylo/yhi): none otherwise
+  function whiskers(s) {
+    const bar = (lo, hi, at) => {
+      if (!s.points.some(p => isFinite(p[lo]) && isFinite(p[hi]))) return null;
+      const has = p => isFinite(p[lo]) && isFinite(p[hi]);
+      return {type: "data", symmetric: false, visible: true, color: s.color, thickness: 1, width: 0,
+              array: s.points.map(p => has(p) ? p[hi] - p[at] : 0),
+              arrayminus: s.points.map(p => has(p) ? p[at] - p[lo] : 0)};
+    };
+    const out = {}, ex = bar("xlo", "xhi", "x"), ey = bar("ylo", "yhi", "y");
+    if (ex) out.error_x = ex;
+    if (ey) out.error_y = ey;
+    return out;
+  }
+
   function xy(target, series, opts) {
     remember(target, () => xy(target, series, opts));
     const {width, height, narrow} = size(target);
@@ -133,7 +149,8 @@ const Plot = (() => {
     const top = Math.max(...all.map(p => Math.abs(p.y)), ...guides.filter(g => "y" in g).map(g => Math.abs(g.y)));
     if (!opts.logY && !opts.identity && top > 0 && top < 1e-2) {
       const e = Math.floor(Math.log10(top)), unit = 10 ** e;
-      shown = shown.map(s => ({...s, points: s.points.map(p => ({...p, y: p.y / unit}))}));
+      shown = shown.map(s => ({...s, points: s.points.map(p => ({...p, y: p.y / unit,
+        ...(isFinite(p.ylo) && isFinite(p.yhi) ? {ylo: p.ylo / unit, yhi: p.yhi / unit} : {})}))}));
       guides = guides.map(g => ("y" in g ? {...g, y: g.y / unit} : g));
       all = shown.flatMap(s => s.points);
       yLabel = `${yLabel || ""} (×10<sup>${String(e).replace("-", "\u2212")}</sup>)`;
@@ -150,10 +167,13 @@ const Plot = (() => {
                    x: s.points.map(p => p.x), y: s.points.map(p => p.y), text: s.points.map(p => tipText(p.tip)),
                    customdata: s.points.map(p => p.detail || p.tip || ""),
                    hovertemplate: "%{text}<extra></extra>", line: {color: s.color, width: 1.8},
-                   marker: {color: s.color, size: 2 * r, opacity: 0.9, line: {color: "#fff", width: 1}}});
+                   marker: {color: s.color, size: 2 * r, opacity: 0.9, line: {color: "#fff", width: 1}},
+                   ...whiskers(s)});
     }
-    const xs = all.map(p => p.x).concat(guides.filter(g => "x" in g).map(g => g.x));
-    const ys = all.map(p => p.y).concat(guides.filter(g => "y" in g).map(g => g.y));
+    // the axes span every interval too (a log axis only its positive ends)
+    const ends = (lo, hi, log) => [lo, hi].filter(v => isFinite(v) && (!log || v > 0));
+    const xs = all.flatMap(p => [p.x, ...ends(p.xlo, p.xhi, opts.logX)]).concat(guides.filter(g => "x" in g).map(g => g.x));
+    const ys = all.flatMap(p => [p.y, ...ends(p.ylo, p.yhi, opts.logY)]).concat(guides.filter(g => "y" in g).map(g => g.y));
     let xRange = null, both = null;
     if (opts.identity) {  // y = x across both axes, which then span the same values
       both = xs.concat(ys).filter(v => !opts.logX || v > 0);
