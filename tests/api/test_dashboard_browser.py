@@ -431,9 +431,9 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     assert "those foldtune's executor runs first" in _css(browser, "#plan-counts")[0].text
     assert _css(browser, "#plan-detail")[0].text.endswith("runs on foldtune's executor")
     assert not _circles(browser, "plot-plan", "megatron")
-    # ranked as Megatron-Core runs them: two tp4 layouts, which the executor does not build (2 KV heads over 4
-    # TP ranks), join the 40 and are drawn apart, unless they are on the front
-    plan = _plan(browser, base, key, "tiny-moe", "h100-sxm", 16, 512, 32, 40, megatron=True)
+    # ranked as Megatron-Core runs them, by the point estimate: two tp4 layouts, which the executor does not build
+    # (2 KV heads over 4 TP ranks), join the 40 and are drawn apart, unless they are on the front
+    plan = _plan(browser, base, key, "tiny-moe", "h100-sxm", 16, 512, 32, 40, megatron=True, rank_by="point")
     _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
     assert plan["ranking"] == "megatron"
     only = [e for e in plan["ranked"] if not e["executable"]]
@@ -451,7 +451,7 @@ def _capacity_lines(browser) -> list[float]:
     return shapes
 
 
-def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top, megatron=False):
+def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top, megatron=False, rank_by="robust"):
     """Fill the plan explorer's form, submit it and wait for its answer; returns the same plan from the API."""
     from selenium.webdriver.support.ui import Select
 
@@ -463,13 +463,14 @@ def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top, megatron=False):
     for field, value in (("#plan-gpus", gpus), ("#plan-seq", seq), ("#plan-gbs", gbs), ("#plan-top", top)):
         _css(browser, field)[0].clear()
         _css(browser, field)[0].send_keys(str(value))
+    Select(_css(browser, "#plan-rank-by")[0]).select_by_value(rank_by)
     if _css(browser, "#plan-megatron")[0].is_selected() != megatron:
         _css(browser, "#plan-megatron")[0].click()
     _css(browser, "#plan-form button")[0].click()
     _wait(browser, lambda d: _css(d, "#plan-counts"), "the plan's answer")
     body = json.dumps({"model": model, "cluster": {"gpu": gpu, "num_gpus": gpus},
                        "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}, "top": top,
-                       "megatron": megatron})
+                       "megatron": megatron, "rank_by": rank_by})
     req = urllib.request.Request(base + "/v1/plans", data=body.encode(), method="POST",
                                  headers={"X-API-Key": key, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:

@@ -256,7 +256,7 @@ MQA = ["plan", "--model", "tiny-mqa-cli", "--gpus", "4", "--gpu", "cpu", "--seq"
 def test_plan_says_which_layouts_the_executor_runs_and_ranks_them_first(capsys, tmp_path):
     catalog = tmp_path / "mqa.yaml"
     catalog.write_text(MQA_CATALOG)
-    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json", "--megatron"])
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json", "--megatron", "--rank-by", "point"])
     assert code == 0
     megatron = json.loads(out)
     assert megatron["ranking"] == "megatron"
@@ -265,13 +265,13 @@ def test_plan_says_which_layouts_the_executor_runs_and_ranks_them_first(capsys, 
     refused = [e for e in megatron["ranked"] if not e["executable"]]
     assert refused and all(e["config"]["tp"] == 2 for e in refused)
     assert all(e["executable_reason"].startswith("[executor_heads_tp]") for e in refused)
-    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json"])
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json", "--rank-by", "point"])
     default = json.loads(out)
     assert default["ranking"] == "executable_first" and len(default["ranked"]) == 20
     assert all(e["executable"] is True and e["executable_reason"] is None for e in default["ranked"])
     assert default["ranked"][0]["layout"] == megatron["ranked"][0]["layout"]
     # the text: a 'runs' column, and the reason under a layout only Megatron-Core runs
-    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--megatron"])
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--megatron", "--rank-by", "point"])
     assert "ranked by step time, as Megatron-Core runs them" in out and "  runs  layout" in out
     assert out.count("-> Megatron-Core only, foldtune's executor: [executor_heads_tp]") == len(refused)
     code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--explain", "tp2 ep2"])
@@ -288,6 +288,14 @@ def test_the_top_mixtral_8x22b_pick_on_128_h100s_is_executable(capsys):
     assert len(ranked) == 10
     assert all(isinstance(e["executable"], bool) and (e["executable_reason"] is None) == e["executable"]
                for e in ranked)
-    top = ranked[0]
+    assert all(e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+               and e["memory_interval_bytes"]["low"] <= e["memory_bytes"]["total"] <= e["memory_interval_bytes"]["high"]
+               for e in ranked)
+    assert ranked[0]["executable"]
+    # by the point estimate the fastest pick overlaps the EP all-to-alls under an interleaved pipeline (the
+    # robust order may prefer a layout whose exposed all-to-all rests on fewer unmeasured constants): runnable too
+    code, out, _ = run(capsys, ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq",
+                                "4096", "--gbs", "256", "--json", "--rank-by", "point"])
+    top = json.loads(out)["ranked"][0]
     assert top["executable"] and top["config"]["overlap_moe_expert_parallel_comm"]
     assert top["config"]["pp"] > 1 and top["config"]["vpp"] > 1

@@ -21,8 +21,10 @@ CPU4 = ClusterSpec(get_hardware("cpu"), 4)
 def test_megatron_ranking_is_by_step_time_and_labels_what_the_executor_does_not_run():
     result = plan(MQA, TRAINING, CPU4, top=20, megatron=True, workers=1)
     assert result.megatron
-    times = [e.time.step_time for e in result.ranked]
+    times = [e.rank_time for e in result.ranked]  # robust by default: the step-time interval's high end
     assert times == sorted(times)
+    point = plan(MQA, TRAINING, CPU4, top=20, megatron=True, workers=1, rank_by="point").ranked
+    assert [e.time.step_time for e in point] == sorted(e.time.step_time for e in point)
     refused = [e for e in result.ranked if not e.executable]
     assert refused and all(e.config.tp > 1 for e in refused)
     assert all(e.executable_reason.startswith("[executor_heads_tp] ") for e in refused)
@@ -32,15 +34,16 @@ def test_megatron_ranking_is_by_step_time_and_labels_what_the_executor_does_not_
 def test_default_ranking_is_the_fastest_executable_layouts():
     """The default top 20 are the 20 fastest layouts the executor runs: the Megatron ranking without the layouts
     it refuses, as deep as it takes."""
-    megatron = plan(MQA, TRAINING, CPU4, top=60, megatron=True, workers=1).ranked
+    # by the point estimate: the robust order's shortlist cap would make the two lists' depths differ
+    megatron = plan(MQA, TRAINING, CPU4, top=60, megatron=True, workers=1, rank_by="point").ranked
     assert any(not e.executable for e in megatron[:20])  # the two top 20s differ
-    result = plan(MQA, TRAINING, CPU4, top=20, workers=1)
+    result = plan(MQA, TRAINING, CPU4, top=20, workers=1, rank_by="point")
     assert not result.megatron and all(e.executable and e.executable_reason is None for e in result.ranked)
     executable = [e for e in megatron if e.executable][:20]
     assert [e.time.step_time for e in result.ranked] == [e.time.step_time for e in executable]
     assert {e.config for e in result.ranked} == {e.config for e in executable}
     # split over two processes, the slices' lists merge to the same answer
-    two = plan(MQA, TRAINING, CPU4, top=20, workers=2)
+    two = plan(MQA, TRAINING, CPU4, top=20, workers=2, rank_by="point")
     assert [e.time.step_time for e in two.ranked] == [e.time.step_time for e in result.ranked]
 
 
