@@ -67,6 +67,7 @@ OUT = torch.bfloat16
 _CHECKED: dict[tuple, bool] = {}  # first-use verdicts, keyed ("grouped", device)
 _TUNED: dict[tuple, Config] = {}  # the tuned config per (kernel, scaling, shape, device)
 _COUNTS: dict[str, int] = {}  # calls by path: "kernel", "emulated", "fallback"
+_LAST: dict[str, Config] = {}  # the config of the last launch, by kernel ('m', 'k')
 
 
 @dataclass(frozen=True)
@@ -332,6 +333,7 @@ def m_grouped(a: tuple, b: tuple, offs: torch.Tensor, scaling: str, kernel: bool
     if config is None:
         key = (g, n, qa.shape[1], _bucket(m), fast_accum)
         config = tuned("m", scaling, key, launch, qa.device, out)
+    _LAST["m"] = config
     launch(config)
     return out
 
@@ -350,8 +352,14 @@ def k_grouped(a: tuple, b: tuple, offs: torch.Tensor, scaling: str, kernel: bool
     launch = functools.partial(_launch_k, a=a, b=b, out=out, offs=offs, scaling=scaling, fast_accum=False)
     if config is None:
         config = tuned("k", scaling, (g, p, q, _bucket(qa.shape[1])), launch, qa.device, out)
+    _LAST["k"] = config
     launch(config)
     return out
+
+
+def last_config(kind: str) -> Config | None:
+    """The config of the last launch of kernel ``kind`` ('m' or 'k') in this process (None: none yet)."""
+    return _LAST.get(kind)
 
 
 def _emulate_m(a_MK: torch.Tensor, b_GNK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

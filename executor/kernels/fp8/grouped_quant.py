@@ -61,8 +61,10 @@ def token_slots(m: int, groups: int) -> int:
 
 
 def g_pad(groups: int) -> int:
-    """The power-of-two vector length a kernel holds the experts' offsets in (at least 16)."""
-    return max(16, 1 << (groups - 1).bit_length())
+    """The power-of-two vector length a kernel holds the experts' offsets in: at least 128, so that models
+    of up to 128 local experts share one compiled kernel (a vector of 128 costs a program no more than one
+    of 16: a lane or less a thread either way)."""
+    return max(128, 1 << (groups - 1).bit_length())
 
 
 # ---- Triton ---------------------------------------------------------------------------------------------
