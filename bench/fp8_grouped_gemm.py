@@ -58,7 +58,8 @@ def tables(res: dict) -> str:
     for s in scalings:
         head += [s, "of dense", f"{s} err"]
     lines = [f"TFLOP/s per product; 'of dense': foldtune's rate over the dense fp8 GEMM's; err: relative "
-             f"Frobenius error against bf16. {res['device']}, {res['tokens']} tokens a micro-batch.", "",
+             f"Frobenius error against bf16. {res['device']}, {res['tokens']} tokens a micro-batch"
+             + ("; rowwise forward and dgrad with fast accumulation." if res.get("fast_accum") else "."), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
     for r in res["rows"]:
         cells = [r["model"], r["name"], f"{r['m']} × {r['n']} × {r['k']}, {r['groups']}", _cell(r, "bf16_tflops"),
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mbs", type=int, default=1, help=f"micro-batch size: {TOKENS}·mbs tokens (default 1)")
     ap.add_argument("--scalings", default=",".join(SCALINGS), help="foldtune's scalings (default: %(default)s)")
     ap.add_argument("--calls", type=int, default=8, help="calls a timed window (default 8)")
+    ap.add_argument("--fast-accum", action="store_true",
+                    help="rowwise forward and dgrad without promoting the partial sums (the wgrad always promotes)")
     ap.add_argument("--out", help=f"the JSON here (default {RESULTS.name}/fp8_grouped_gemm.json)")
     ap.add_argument("--no-write", action="store_true", help="leave docs/benchmarks.md alone")
     ap.add_argument("--tiny", action="store_true",
@@ -112,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{'on' if kernel else 'EMULATED'} (the first call at a shape tunes its config)")
     rows = []
     for name in models:
-        rows += measure(products(name, get_model(name), tokens), device, kernel, scalings, calls=args.calls)
+        rows += measure(products(name, get_model(name), tokens), device, kernel, scalings, calls=args.calls,
+                        fast_accum=args.fast_accum)
     res = {"date": utc_now(), "device": machine(), "torch": torch.__version__,
            "triton": getattr(gg.triton, "__version__", None), "tokens": tokens, "scalings": list(scalings),
+           "fast_accum": args.fast_accum,
            "kernels": kernel, "command": " ".join(["python3 -m bench.fp8_grouped_gemm", *(argv or sys.argv[1:])]),
            "rows": rows, "layers": layer_rows(rows, scalings), "seconds": time.perf_counter() - start}
     text = tables(res)

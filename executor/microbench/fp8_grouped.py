@@ -88,9 +88,10 @@ def _operands(p: Product, device: torch.device):
             _offsets(p.m, p.groups, device))
 
 
-def ours_op(p: Product, scaling: str, device: torch.device, kernel: bool):
+def ours_op(p: Product, scaling: str, device: torch.device, kernel: bool, fast_accum: bool = False):
     """(call, quantisation call): foldtune's kernel for ``p`` on operands quantised beforehand, and the
-    quantisation of the activation (both forms) that feeds it."""
+    quantisation of the activation (both forms) that feeds it; ``fast_accum``: a rowwise forward or dgrad
+    without promotion (the wgrad always promotes)."""
     a, b, offs = _operands(p, device)
     if p.wgrad:
         (_, ta), (_, tb) = (gq.quantize_activation(t, offs, scaling, rows=False, tokens=True, kernel=kernel)
@@ -99,7 +100,8 @@ def ours_op(p: Product, scaling: str, device: torch.device, kernel: bool):
                 lambda: gq.quantize_activation(a, offs, scaling, rows=True, tokens=True, kernel=kernel))
     rows, _ = gq.quantize_activation(a, offs, scaling, kernel=kernel)
     fwd, _ = gq.quantize_weight(b, scaling, kernel)
-    return (lambda: gg.m_grouped(rows, fwd, offs, scaling, kernel),
+    fast = fast_accum and scaling == "rowwise"
+    return (lambda: gg.m_grouped(rows, fwd, offs, scaling, kernel, fast_accum=fast),
             lambda: gq.quantize_activation(a, offs, scaling, rows=True, tokens=True, kernel=kernel))
 
 
@@ -121,12 +123,12 @@ def _bf16_result(p: Product, device: torch.device) -> torch.Tensor:
 
 
 def measure(items: list[Product], device: torch.device, kernel: bool, scalings=gq.SCALINGS, calls: int = 8,
-            progress: Callable[[str], object] = print) -> list[dict]:
+            progress: Callable[[str], object] = print, fast_accum: bool = False) -> list[dict]:
     """Per product: its fields, each kind's device seconds and TFLOP/s (``{kind}_s``, ``{kind}_tflops``;
     torch's kinds only on a CUDA GPU), foldtune's kernel's fraction of the dense fp8 rate
     (``{scaling}_of_dense``), its tuned config (``{scaling}_config``), the activation quantisation's seconds
     (``{scaling}_quant_s``) and the result's relative error against bf16 (``{scaling}_rel_err``);
-    ``kernel``: foldtune's Triton kernels (else their emulation)."""
+    ``kernel``: foldtune's Triton kernels (else their emulation); ``fast_accum``: :func:`ours_op`'s."""
     out = []
     for p in items:
         row = asdict(p) | {"name": p.name, "flops": p.flops}
@@ -136,7 +138,7 @@ def measure(items: list[Product], device: torch.device, kernel: bool, scalings=g
                    "dense_fp8": fp8_op(p, device, grouped_as_dense=True)}
         want = _bf16_result(p, device)
         for scaling in scalings:
-            call, quant = ours_op(p, scaling, device, kernel)
+            call, quant = ours_op(p, scaling, device, kernel, fast_accum)
             row[f"{scaling}_rel_err"] = _rel_err(call(), want)  # the first call tunes the config
             config = gg.last_config("k" if p.wgrad else "m")
             row[f"{scaling}_config"] = config.label() if kernel and config else "emulated"

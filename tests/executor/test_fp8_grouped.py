@@ -237,6 +237,38 @@ def test_blockwise_weights_are_quantised_once_per_value_and_cached_as_a_pair():
     fp8_pkg.clear_weight_cache()
 
 
+def test_the_tuner_keeps_the_fastest_config_that_runs_and_agrees(monkeypatch):
+    """Of the candidates, one fails to compile and one (the fastest) writes a different result: both are
+    skipped with a warning and the fastest of the rest is kept, once per key; off the GPU, or with
+    FOLDTUNE_FP8_GG_TUNE=0, the first candidate without running anything."""
+    monkeypatch.delenv("FOLDTUNE_FP8_GG_TUNE", raising=False)
+    configs = tuple(gg.Config(bm, 128, 128, 8, 4, 3, False) for bm in (16, 32, 64, 128))
+    monkeypatch.setitem(gg.CONFIGS, ("m", "rowwise"), configs)
+    out = torch.zeros(4)
+    seconds = {16: 3.0, 32: 2.0, 64: 1.0, 128: 0.5}
+    ran = []
+
+    def launch(cfg):
+        ran.append(cfg.block_m)
+        if cfg.block_m == 32:
+            raise RuntimeError("out of shared memory")
+        out.fill_(2.0 if cfg.block_m == 128 else 1.0)
+
+    def timer(call):
+        call()
+        return seconds[ran[-1]]
+
+    key = ("test", len(gg._TUNED))
+    with pytest.warns(UserWarning, match="skipped") as caught:
+        assert gg.tuned("m", "rowwise", key, launch, torch.device("cuda"), out, timer).block_m == 64
+    assert len(caught) == 2 and set(ran) == {16, 32, 64, 128}
+    ran.clear()
+    assert gg.tuned("m", "rowwise", key, launch, torch.device("cuda"), out, timer).block_m == 64 and not ran
+    assert gg.tuned("m", "rowwise", key, launch, torch.device("cpu"), out, timer) is configs[0] and not ran
+    monkeypatch.setenv("FOLDTUNE_FP8_GG_TUNE", "0")
+    assert gg.tuned("m", "rowwise", (*key, 1), launch, torch.device("cuda"), out, timer) is configs[0] and not ran
+
+
 def test_the_self_check_passes_on_the_emulation():
     gg.compare_on("cpu", kernel=False)
 

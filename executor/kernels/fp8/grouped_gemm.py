@@ -272,11 +272,13 @@ def _bucket(m: int) -> int:
     return 1 << max(0, m - 1).bit_length()
 
 
-def tuned(kind: str, scaling: str, key: tuple, launch, device: torch.device, out: torch.Tensor) -> Config:
+def tuned(kind: str, scaling: str, key: tuple, launch, device: torch.device, out: torch.Tensor,
+          timer=None) -> Config:
     """The config for ``kind`` ('m' or 'k') at ``key``: the first candidate off the GPU or with
     FOLDTUNE_FP8_GG_TUNE=0; else, on the first call at this key, each candidate run (``launch(cfg)`` writes
-    ``out``) and timed by CUDA events (median of 3 after one untimed call), the fastest kept among those that
-    compile and whose ``out`` equals the first candidate's within bf16 rounding."""
+    ``out``) and timed (``timer(call)``, default :func:`time_launch`), the fastest kept among those that
+    compile and whose ``out`` equals the first working candidate's within bf16 rounding."""
+    timer = timer or time_launch
     full_key = (kind, scaling, str(device), *key)
     if full_key in _TUNED:
         return _TUNED[full_key]
@@ -284,21 +286,24 @@ def tuned(kind: str, scaling: str, key: tuple, launch, device: torch.device, out
     if device.type != "cuda" or os.environ.get("FOLDTUNE_FP8_GG_TUNE", "1") == "0":
         _TUNED[full_key] = candidates[0]
         return candidates[0]
-    _TUNED[full_key] = best = candidates[0]  # while tuning: a failure below leaves the reference kept
-    launch(best)
-    reference, best_s = out.clone(), time_launch(lambda: launch(best))
-    for cfg in candidates[1:]:
+    best, best_s, reference = None, float("inf"), None
+    for cfg in candidates:
         try:
             launch(cfg)
-            torch.testing.assert_close(out.float(), reference.float(), rtol=2**-7,
-                                       atol=1e-3 * float(reference.float().abs().max()))
-            seconds = time_launch(lambda: launch(cfg))
+            if reference is None:
+                reference = out.clone()
+            else:
+                torch.testing.assert_close(out.float(), reference.float(), rtol=2**-7,
+                                           atol=1e-3 * float(reference.float().abs().max()))
+            seconds = timer(lambda: launch(cfg))
         except Exception as exc:  # noqa: BLE001 (a config that fails to compile or differs is skipped)
             warnings.warn(f"grouped fp8 GEMM config {cfg.label()} skipped at {full_key}: {type(exc).__name__}: "
                           f"{str(exc)[:200]}", stacklevel=2)
             continue
         if seconds < best_s:
             best, best_s = cfg, seconds
+    if best is None:
+        raise RuntimeError(f"no grouped fp8 GEMM config runs at {full_key}")
     _TUNED[full_key] = best
     return best
 
