@@ -9,8 +9,8 @@ the host ahead, in
 - torch's fp8 grouped GEMM ``torch._scaled_grouped_mm`` with rowwise scales (the executor's fp8 default),
 - one dense fp8 ``torch._scaled_mm`` of the same FLOPs (the rate a grouped kernel aims at),
 - foldtune's kernel (executor/kernels/fp8/grouped_gemm.py), rowwise and blockwise scaling, on operands
-  quantised beforehand, its launch config tuned on its first call at each shape (a second or so a config,
-  compiles included: most of this script's run time; Triton's cache makes a second run quicker).
+  quantised beforehand, its launch config tuned on its first call at each shape (a compile and five runs a
+  candidate: the compiles are most of this script's run time; Triton's cache makes a second run quicker).
 
 It prints TFLOP/s per product and foldtune's fraction of the dense fp8 rate, the fp8 results' relative error
 against bf16 (e4m3's band is about 0.03-0.04: far outside it means a wrong kernel), and per linear layer the
@@ -18,7 +18,7 @@ three products plus the quantisation of its two activations against bf16's three
 bench/results/fp8_grouped_gemm.json and a section of docs/benchmarks.md (bench/report.py; --no-write: the
 JSON only).
 
-Usage (one H100 or H200, from the repository root; a few minutes):
+Usage (one H100 or H200, from the repository root; meant to finish in under 4 minutes, it prints its time):
     python3 -m bench.fp8_grouped_gemm
     python3 -m bench.fp8_grouped_gemm --models qwen3-30b-a3b --mbs 2 --scalings blockwise
 CPU smoke run (Triton's interpreter; no timing claim):

@@ -24,7 +24,7 @@ step's activation scales (per row) times weight scales (per column) and added to
 
 Operands are read through pointers (masked only where K is not a multiple of BK) or Hopper's TMA
 (host-built tensor descriptors, out-of-bounds zero fill), a tuning choice: the first call at a shape on a
-GPU times every candidate :class:`Config` (about a second a config, compiles included) and keeps the
+GPU times every candidate :class:`Config` (a compile and five runs each) and keeps the
 fastest of those equal to the first candidate's result (:func:`tuned`). FOLDTUNE_FP8_GG_TUNE=0 keeps the
 first candidate.
 
