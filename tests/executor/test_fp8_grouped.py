@@ -329,15 +329,19 @@ def test_triton_products_equal_the_dequantised_product(counts, scaling):
 @inner_only
 @pytest.mark.parametrize("scaling", gq.SCALINGS)
 def test_every_config_gives_the_same_products(scaling):
-    """Every candidate the tuner may pick (tiles, TMA descriptors or pointers) gives the products of the
-    first; where K is not a multiple of 16 the TMA candidates fall back to pointers, with masked K steps."""
+    """Every candidate the tuner may pick (tiles, TMA descriptors or pointers, programs an SM) gives the
+    products of the first; where K is not a multiple of 16 the TMA candidates fall back to pointers, with
+    masked K steps."""
     counts = COUNTS["empty ends"]
-    half = len(_configs("m", scaling)) // 2  # the first TMA candidate: the first's tiles through TMA
-    for k, which in ((80, range(1, 2 * half)), (72, (half,))):
-        want = _products(counts, scaling, True, k=k, config_m=_configs("m", scaling)[0],
-                         config_k=_configs("k", scaling)[0])[1]
+    configs_m, configs_k = _configs("m", scaling), _configs("k", scaling)
+    # one program an SM, pointers and TMA (a program count alone changes no compiled code: one with two)
+    once = [i for i, c in enumerate(configs_m) if c.per_sm == 1][1:] + [configs_m.index(
+        next(c for c in configs_m if c.per_sm == 2))]
+    tma_twin = next(i for i, c in enumerate(configs_m) if c.tma)  # the first's tiles through TMA
+    for k, which in ((80, once), (72, (tma_twin,))):
+        want = _products(counts, scaling, True, k=k, config_m=configs_m[0], config_k=configs_k[0])[1]
         for i in which:
-            cm, ck = _configs("m", scaling)[i], _configs("k", scaling)[i]
+            cm, ck = configs_m[i], configs_k[i]
             got = _products(counts, scaling, True, k=k, config_m=cm, config_k=ck)[1]
             for g, w in zip(got, want):
                 torch.testing.assert_close(g.float(), w.float(), rtol=2**-7, atol=1e-3 * float(w.float().abs().max()))

@@ -73,7 +73,9 @@ _LAST: dict[str, Config] = {}  # the config of the last launch, by kernel ('m', 
 @dataclass(frozen=True)
 class Config:
     """One launch shape: output tile BM × BN, contraction step BK, row tiles grouped by GROUP_M (L2 reuse),
-    warps, pipeline stages, and whether the operands come through TMA descriptors."""
+    warps, pipeline stages, whether the operands come through TMA descriptors, and persistent programs per
+    SM (2: while one program fills its pipeline for its next tile, the other's main loop runs, where
+    registers and shared memory let two share an SM; the same compiled kernel, another grid)."""
 
     block_m: int
     block_n: int
@@ -82,16 +84,17 @@ class Config:
     warps: int
     stages: int
     tma: bool
+    per_sm: int = 1
 
     def label(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.warps} s{self.stages}"
-                f"{' tma' if self.tma else ''}")
+                f"{' tma' if self.tma else ''}{f' x{self.per_sm}' if self.per_sm > 1 else ''}")
 
 
 def _candidates(*shapes: tuple[int, ...]) -> tuple[Config, ...]:
-    """Each (BM, BN, BK, GROUP_M, warps, stages) with pointer loads and with TMA; the first (pointers) is
-    the reference the tuner compares the others with."""
-    return tuple(Config(*s, tma=False) for s in shapes) + tuple(Config(*s, tma=True) for s in shapes)
+    """Each (BM, BN, BK, GROUP_M, warps, stages) with pointer loads and with TMA, one program an SM, then the
+    same with two; the first (pointers) is the reference the tuner compares the others with."""
+    return tuple(Config(*s, tma=tma, per_sm=per_sm) for per_sm in (1, 2) for tma in (False, True) for s in shapes)
 
 
 # Hopper fp8: a 128 × 256 tile of 8 warps holds 128 fp32 accumulators a thread; blockwise scaling keeps a
@@ -218,9 +221,10 @@ def _sm_count(device: str) -> int:
     return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
 
 
-def _programs(device: torch.device, tiles_bound: int) -> int:
-    """Persistent programs: one per SM (3 in the interpreter, so that each walks several tiles)."""
-    return max(1, min(tiles_bound, _sm_count(str(device)) if device.type == "cuda" else 3))
+def _programs(device: torch.device, tiles_bound: int, per_sm: int) -> int:
+    """Persistent programs: ``per_sm`` per SM (3 a "SM" in the interpreter, so that each walks several
+    tiles), at most one a tile."""
+    return max(1, min(tiles_bound, per_sm * (_sm_count(str(device)) if device.type == "cuda" else 3)))
 
 
 def _tma_ok(*operands: torch.Tensor) -> bool:
@@ -234,7 +238,7 @@ def _launch_m(cfg: Config, a, b, out, offs, scaling: str, fast_accum: bool) -> N
     m, k = qa.shape
     g, n, _ = qb.shape
     bound = (triton.cdiv(m, cfg.block_m) + g) * triton.cdiv(n, cfg.block_n)
-    programs = _programs(qa.device, bound)
+    programs = _programs(qa.device, bound, cfg.per_sm)
     blockwise = scaling == "blockwise"
     tma = cfg.tma and _tma_ok(qa, qb.view(g * n, k))
     if tma:
@@ -254,7 +258,7 @@ def _launch_k(cfg: Config, a, b, out, offs, scaling: str, fast_accum: bool) -> N
     del fast_accum  # the wgrad always promotes
     (qa, sa), (qb, sb) = a, b
     p, q, g = qa.shape[0], qb.shape[0], offs.numel()
-    programs = _programs(qa.device, g * triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n))
+    programs = _programs(qa.device, g * triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n), cfg.per_sm)
     tma = cfg.tma and _tma_ok(qa, qb)
     if tma:
         a_arg = TensorDescriptor.from_tensor(qa, [cfg.block_m, cfg.block_k])
