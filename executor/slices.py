@@ -231,8 +231,9 @@ def _grouped_step(s: _Slice, layer: DecoderLayer, rows: list[int]) -> Callable[[
     return step
 
 
-def _core_step(s: _Slice, layer: DecoderLayer, step: Callable[[], None]) -> Callable[[], None]:
-    """The layer's attention core alone, on fresh tensors of the shapes one ``step`` handed it."""
+def _core_step(s: _Slice, layer: DecoderLayer, step: Callable[[], None]) -> tuple[Callable[[], None], dict]:
+    """The layer's attention core alone, on fresh tensors of the shapes one ``step`` handed it, and those
+    shapes (heads, key/value heads, query and key tokens of the rank)."""
     attention = layer.attention
     core = attention.core_attention
     shapes: list[tuple] = []
@@ -253,7 +254,8 @@ def _core_step(s: _Slice, layer: DecoderLayer, step: Callable[[], None]) -> Call
         o = core(q, k, v)
         o.backward(torch.ones_like(o) * 1e-3)
         q.grad = k.grad = v.grad = None
-    return run
+    return run, {"heads": q_shape[1], "kv_heads": k_shape[1], "q_tokens": q_shape[2], "kv_tokens": k_shape[2],
+                 "micro_batch": q_shape[0]}
 
 
 def _parts(s: _Slice, timing: SliceTiming) -> tuple[dict[str, float], dict[str, str]]:
@@ -299,8 +301,10 @@ def measure_slice(model: ModelSpec, config: ParallelConfig, seq_length: int, pre
     ``loads`` names the routing scenarios (name -> expert load, :mod:`spec.routing_scenarios`); ``layers`` the
     decoder layers of each kind to build (default: the model's first ``cap`` of each kind), at most ``cap`` of
     each. Returns a JSON-ready dict: ``rank``, ``device``, ``methods`` (how each figure was timed),
-    ``kinds`` ({kind: {layers, gemm_s, attention_core_s, [grouped_gemm_s, expert_rows,] layer_s,
-    [no_recompute_s]}}, the scenario-dependent ones as {scenario: value}) and ``parts`` (embedding_s, head_s).
+    ``kinds`` ({kind: {layers, shapes, gemm_s, attention_core_s, [grouped_gemm_s, expert_rows,] layer_s,
+    [no_recompute_s]}}, the scenario-dependent ones as {scenario: value}; ``shapes`` the rank's local heads, key
+    and value heads, query and key tokens, micro-batch, and for MoE its local experts and their FFN width) and
+    ``parts`` (embedding_s, head_s).
     """
     check_model_supported(model)
     device = torch.device(device)
@@ -333,7 +337,11 @@ def _measure(model, config, seq_length, loads, layers, device, options, dtype, t
         if routed:
             s.routing(built, loads[scenarios[0]])
         out: dict = {"layers": indices}
-        out["attention_core_s"], methods["attention_core_s"] = _time(_core_step(s, built[0], step), device, timing)
+        core, out["shapes"] = _core_step(s, built[0], step)
+        out["attention_core_s"], methods["attention_core_s"] = _time(core, device, timing)
+        if routed:
+            experts = built[0].mlp.experts
+            out["shapes"].update(local_experts=experts.w2.shape[0], expert_ffn=experts.w2.shape[2])
         out["gemm_s"], methods["gemm_s"] = _time(_gemm_step(s, built[0]), device, timing)
         if routed:
             out["expert_rows"], out["grouped_gemm_s"] = {}, {}
