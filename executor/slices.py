@@ -15,16 +15,20 @@ each of its EP peers and ETP members, what it sends itself: under a hot-expert l
 the busiest rank.
 
 What is timed, per layer kind (dense, MoE) on a stack of up to ``cap`` layers of the kind, forward + backward of
-one micro-batch (seconds per layer, each figure the device time with the host ahead on a GPU,
-:func:`executor.microbench.timing.time_host_ahead`; wall clock on the CPU):
+one micro-batch (seconds per layer; wall clock on the CPU):
 
-* ``layer_s``: the layers as the layout runs them (its recomputation included), per routing scenario;
+* ``layer_s``: the layers as the layout runs them (its recomputation included, full recomputation on every
+  built layer), per routing scenario; on a GPU back to back in steady state
+  (:func:`executor.microbench.timing.time_steady`), as a step runs them, the idle gaps after the dispatcher's
+  read of its split sizes included;
 * ``no_recompute_s``: the same layers without recomputation (layouts that recompute only);
 * ``gemm_s``: the layer's dense linears alone at their shapes (Q/K/V as one GEMM where the executor fuses them,
   the output projection, dense or shared-expert MLP; the router's GEMM is left in the layer);
 * ``grouped_gemm_s``: the local experts' two grouped GEMMs alone at the rows each expert received;
 * ``attention_core_s``: the attention core alone on the rank's queries and (under CP, gathered) keys and values.
 
+The pieces alone are timed as device time with the host ahead on a GPU
+(:func:`executor.microbench.timing.time_host_ahead`).
 Besides the layers, the first stage's ``embedding_s`` and the last stage's ``head_s`` (final norm, output layer
 and loss). Not measured: the collectives, the pipeline schedule (bubble, p2p), the optimizer step and gradient
 reduction, multi-token-prediction heads.
@@ -38,7 +42,7 @@ from collections.abc import Callable
 import torch
 
 from executor.kernels import get_backend
-from executor.microbench.timing import time_host_ahead
+from executor.microbench.timing import STEADY, WALL_CLOCK, time_host_ahead, time_steady
 from executor.model import DecoderLayer, rank_positions
 from executor.optimizer import attach_main_grads
 from executor.options import ExecutorOptions, check_model_supported
@@ -100,8 +104,21 @@ def slice_rank(config: ParallelConfig) -> int:
 
 
 def _time(op: Callable[[], None], device: torch.device, timing: SliceTiming) -> tuple[float, str]:
+    """Seconds per call of a piece that never waits for the device: its device time with the host ahead."""
     timed = time_host_ahead(op, device, calls=timing.calls, windows=timing.windows, warmup=timing.warmup)
     return timed.seconds, timed.method
+
+
+def _time_steady(op: Callable[[], None], device: torch.device, timing: SliceTiming) -> tuple[float, str]:
+    """Seconds per call of a layer stack: back to back behind earlier calls, as in a step. A dispatcher with an
+    exchange reads its split sizes back to the host once per layer, so the host cannot queue a window ahead of
+    the device (:func:`time_host_ahead` would wait out ever longer sleeps); the idle gaps after those reads
+    are in the figure, as they are in a step."""
+    for _ in range(max(0, timing.warmup - 1)):  # time_steady runs one untimed call itself
+        op()
+    if device.type != "cuda":  # synchronous calls: nothing to lead with
+        return time_steady(op, device, iters=timing.calls, lead=0, trials=timing.windows), WALL_CLOCK
+    return time_steady(op, device, iters=timing.calls, lead=1, trials=timing.windows), STEADY
 
 
 class _Slice:
@@ -379,6 +396,6 @@ def _per_layer(s: _Slice, built: list[DecoderLayer], step: Callable[[], None], l
             continue
         if routed:
             s.routing(built, loads[name])
-        seconds, methods["layer_s"] = _time(step, device, timing)
+        seconds, methods["layer_s"] = _time_steady(step, device, timing)
         out[name] = seconds / len(built)
     return out

@@ -13,6 +13,7 @@ import argparse
 import json
 
 from api.cli._units import seconds_cell
+from api.cli._shape_args import detected_gpu
 from api.cli.arguments import add
 from api.cli.plan_cmd import add_request_arguments, plan_space, plan_specs
 from spec.catalog import get_hardware
@@ -30,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"how many of the plan's fastest layouts to check (default: {DEFAULT_TOP})")
     parser.add_argument("--slice-gpu", metavar="NAME",
                         help="the hardware the slices run on here, which prices their compute for the comparison: "
-                             "catalog hardware or cpu (default: the --gpu); on cpu they run on the CPU, else on the "
-                             "first CUDA device")
+                             "catalog hardware or cpu (default: this machine's GPU, cpu without CUDA); on cpu they "
+                             "run on the CPU, else on the first CUDA device")
     parser.add_argument("--slice-layers", type=int, default=DEFAULT_SLICE_LAYERS, metavar="N",
                         help="decoder layers of each kind a slice builds at most (the time per layer is their mean; "
                              f"default: {DEFAULT_SLICE_LAYERS})")
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise SpecError("; ".join(problems))
     model, training, cluster = plan_specs(args, "verify")
-    slice_hardware = get_hardware(args.slice_gpu) if args.slice_gpu else cluster.hardware
+    slice_hardware = get_hardware(args.slice_gpu or detected_gpu())
 
     def progress(layout) -> None:
         if not args.json:

@@ -24,6 +24,13 @@ def _slice(group: Group) -> bool:
     return isinstance(group.pg, SlicePeers)
 
 
+def _stand_in(out: torch.Tensor) -> None:
+    """A slice's floating-point output: left as allocated on a GPU (no kernel, as no transfer ran); zeroed on
+    the CPU, whose uninitialised memory may hold denormal numbers that slow its arithmetic a hundredfold."""
+    if out.device.type == "cpu":
+        out.zero_()
+
+
 def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
@@ -31,6 +38,8 @@ def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
         all_gather_tensor(out, x, group=group.pg)
     elif not x.is_floating_point():  # every member sent what this one did
         out.view(group.size, *x.shape).copy_(x.unsqueeze(0).expand(group.size, *x.shape))
+    else:
+        _stand_in(out)
     return out
 
 
@@ -43,6 +52,8 @@ def _reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
         reduce_scatter_tensor(out, x, group=group.pg)
     elif not x.is_floating_point():  # every member's segment summed: this one's, size times
         out.copy_(x.view(group.size, *out.shape)[group.rank] * group.size)
+    else:
+        _stand_in(out)
     return out
 
 
@@ -55,6 +66,8 @@ def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gr
         # every member sends this one what this one sends itself (the routing counts' exchange)
         mine = torch.split(x, list(in_splits))[group.rank]
         out.view(group.size, *mine.shape).copy_(mine.unsqueeze(0).expand(group.size, *mine.shape))
+    elif x.is_floating_point():
+        _stand_in(out)
     return out
 
 
