@@ -20,7 +20,7 @@ from costmodel.params import total_param_counts
 from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, require_gpu,
                                  resolve_shape)
 from api.cli._units import seconds, seconds_cell
-from api.cli.arguments import add
+from api.cli.arguments import add, top
 from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
@@ -38,7 +38,7 @@ HELP = "rank every valid folded layout for a model on a cluster (cost model only
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_request_arguments(parser)
-    parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
+    add(parser, "--top")
     add(parser, "--json")
     parser.add_argument("--explain", metavar="LAYOUT",
                         help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label); '
@@ -110,7 +110,7 @@ def plan_specs(args: argparse.Namespace, command: str = "plan"):
     """(model, training, cluster) of a plan request's arguments (:func:`add_request_arguments`) for ``command``;
     SpecError naming every bad value."""
     problems = []
-    if args.top < 1:
+    if top(args, command) < 1:
         problems.append(f"--top must be >= 1, got {args.top}")
     if args.mbs_max < 1:
         problems.append(f"--mbs-max must be >= 1, got {args.mbs_max}")
@@ -393,11 +393,11 @@ def _run(args: argparse.Namespace) -> int:
         return _explain(args, model, training, cluster, question)
     space = plan_space(args)
     if space.precisions is None:
-        result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+        result = plan(model, training, cluster, top=top(args, "plan"), exhaustive=args.pareto, space=space,
                       workers=args.workers)
         searched = None
     else:  # the fastest precision's plan; the others' best step times are reported beside it
-        results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+        results = plan_precisions(model, training, cluster, top=top(args, "plan"), exhaustive=args.pareto, space=space,
                                   workers=args.workers)
         result, training = results[0], results[0].training
         searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}

@@ -14,21 +14,19 @@ import json
 
 from api.cli._units import seconds_cell
 from api.cli._shape_args import detected_gpu
-from api.cli.arguments import add
+from api.cli.arguments import add, top
 from api.cli.plan_cmd import add_request_arguments, plan_space, plan_specs
 from spec.catalog import get_hardware
 from spec.errors import SpecError
 from spec.routing_scenarios import DEFAULT_HOT_FACTOR
 
 HELP = "check a plan's top layouts by timing one rank of each on this machine (measured vs predicted, re-ranked)"
-DEFAULT_TOP = 3
 DEFAULT_SLICE_LAYERS = 2  # api.worker.verify's, repeated: the CLI does not import the worker to build its parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_request_arguments(parser)
-    parser.add_argument("--top", type=int, default=DEFAULT_TOP,
-                        help=f"how many of the plan's fastest layouts to check (default: {DEFAULT_TOP})")
+    add(parser, "--top")
     parser.add_argument("--slice-gpu", metavar="NAME",
                         help="the hardware the slices run on here, which prices their compute for the comparison: "
                              "catalog hardware or cpu (default: this machine's GPU, cpu without CUDA); on cpu they "
@@ -87,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from api.worker.verify import run_verify  # noqa: PLC0415
 
     problems = []
-    if args.top < 1:
+    if top(args, "verify") < 1:
         problems.append(f"--top must be >= 1, got {args.top}")
     if args.slice_layers < 1:
         problems.append(f"--slice-layers must be >= 1, got {args.slice_layers}")
@@ -101,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             state = f"not measured: {layout.error}" if layout.error else "measured"
             print(f"sliced #{layout.plan_rank} {layout.config.label()}: {state}", flush=True)
 
-    report = run_verify(model, training, cluster, slice_hardware, top=args.top, space=plan_space(args),
+    report = run_verify(model, training, cluster, slice_hardware, top=top(args, "verify"), space=plan_space(args),
                         hot_factor=args.hot_expert, cap=args.slice_layers, isolated=args.isolated,
                         on_layout=progress)
     if args.json:
