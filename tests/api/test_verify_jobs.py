@@ -8,6 +8,8 @@ import pytest
 from problem_rules import validation_rules
 from runner_env import submit_and_run
 
+from api.cli.main import main
+
 VERIFY_JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 16, "precision": "fp32"},
               "cluster": {"gpu": "cpu", "num_gpus": 4}, "kind": "verify",
               "verify": {"top": 2, "slice_layers": 1, "hot_expert_factor": 2.0}}
@@ -40,7 +42,7 @@ def test_a_bad_verify_request_is_refused_naming_the_rule(client, alice, change, 
 
 
 @pytest.mark.slow  # the plan, then two slices each in a child process that imports torch: ~15-30 s
-def test_a_runner_runs_a_verify_job_and_the_report_is_served(client, alice, db_url):
+def test_a_runner_runs_a_verify_job_and_the_report_is_served(client, alice, keys, db_url, server_url, capsys):
     job = submit_and_run(client, VERIFY_JOB, alice, db_url)
     assert job["status"] == "succeeded", job["error"]
     report = job["report"]
@@ -58,3 +60,8 @@ def test_a_runner_runs_a_verify_job_and_the_report_is_served(client, alice, db_u
                  for label in labels]
         assert steps == sorted(steps)
     assert job["trials"]["total"] == 0 and job["best_trial"] is None  # a verify job has no trials
+    # `foldtune jobs ID` answers with the re-ranking
+    assert main(["jobs", str(job["id"]), "--url", server_url, "--api-key", keys["alice"]]) == 0
+    out = capsys.readouterr().out
+    assert "ranked by checked step, even routing (slices on cpu):" in out
+    assert all(label in out for label in report["order"]["skewed"])
