@@ -28,7 +28,7 @@ class SlicePeers:
     A slice measures what one rank of a large layout computes, on one device: its collectives are priced by
     the cost model, not run. Collectives over a group whose ``pg`` is this (executor.parallel.collectives)
     move nothing: their outputs are allocated at the size a real exchange gives and, for floating-point
-    payloads (activations and their gradients, whose values a timing does not depend on), left as allocated.
+    payloads (activations and their gradients, whose values a timing does not depend on), zero-filled.
     Integer payloads (the dispatchers' routing counts, gathered expert ids) come back as if every member had
     sent what this rank sent: the world is taken to be symmetric, every rank routing as this one does, so the
     buffers a dispatcher sizes from them are those of the rank the slice stands for."""
