@@ -56,9 +56,9 @@ def _lines(report) -> list[str]:
             continue
         for name, check in layout.scenarios.items():
             stage = check.stage
-            where = ("first " if stage["first"] else "") + ("last " if stage["last"] else "")
-            lines.append(f"  {name} routing: stage {stage['stages'][0]} ({where}{stage['dense_layers']} dense + "
-                         f"{stage['moe_layers']} MoE layers), per micro-batch"
+            ends = " and ".join(end for end, held in (("first", stage["first"]), ("last", stage["last"])) if held)
+            lines.append(f"  {name} routing: slowest stage {stage['stages'][0]} ({ends + '; ' if ends else ''}"
+                         f"{stage['dense_layers']} dense + {stage['moe_layers']} MoE layers), per micro-batch"
                          + (f"; expert rows {check.expert_rows}" if check.expert_rows else ""))
             lines.append(f"    {'term':<16}{'measured (s)':>14}{'predicted (s)':>15}{'ratio':>8}")
             for term, (measured, predicted) in check.terms.items():
