@@ -176,15 +176,8 @@ class Attention(torch.nn.Module):
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
-        if not self.plain:  # a window or sinks: the masked path (the CP flash kernel takes neither)
-            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks,
-                              offload=self.offload_core)
-        elif self.cp.size > 1:
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank,
-                              offload=self.offload_core)
-        else:
-            o = recompute.run(self.recompute_core, self._attention, q, k, v,  # [b, heads, s, d]
-                              offload=self.offload_core)
+        o = recompute.run(self.recompute_core, self.core_attention, q, k, v,  # [b, heads, s, d]
+                          offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = self.kernels.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
@@ -192,6 +185,16 @@ class Attention(torch.nn.Module):
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core of this rank's queries [b, heads, s/cp, d] against its (under CP, gathered) keys and
+        values: the masked path for a window or sinks (the CP flash kernel takes neither), the CP kernels under
+        CP, else the backend's causal attention. What :meth:`forward` checkpoints as core_attn."""
+        if not self.plain:
+            return special_attention(q, k, v, self.mask, self.sinks)
+        if self.cp.size > 1:
+            return cp_attention(q, k, v, self.mask, self.cp.size, self.cp.rank)
+        return self._attention(q, k, v)
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The backend's causal attention, with SDPA's kernel order of ``options.attention_backend`` on CUDA."""

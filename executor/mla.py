@@ -150,6 +150,12 @@ class MLASelfAttention(torch.nn.Module):
         """The attention core without its own checkpoint (inside the mla_up_proj region)."""
         if self.cp.size > 1:
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
+        return self.core_attention(q, k, v)
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core of this rank's queries against its (under CP, gathered) keys and values: the CP
+        kernels under CP, else the backend's causal attention."""
+        if self.cp.size > 1:
             return cp_attention(q, k, v, self.mask, self.cp.size, self.cp.rank)
         return self.kernels.attention(q, k, v)
 
@@ -159,6 +165,4 @@ class MLASelfAttention(torch.nn.Module):
             q = self.timer.mark(q, "attention", "cp_allgather")
             k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
             k = self.timer.mark(k, "cp_allgather", "attention")
-            return recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank,
-                                 offload=self.offload_core)
-        return recompute.run(self.recompute_core, self.kernels.attention, q, k, v, offload=self.offload_core)
+        return recompute.run(self.recompute_core, self.core_attention, q, k, v, offload=self.offload_core)
