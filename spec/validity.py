@@ -32,7 +32,12 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
 - param_gather_distopt: ``arguments.py`` (overlap_param_gather needs the distributed optimizer);
 - ep_overlap: ``TransformerConfig`` (EP all-to-all overlap needs ep > 1, the alltoall dispatcher, no full
   recompute, and vpp when pp > 1);
-- tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism).
+- tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
+- precision_aware_distopt: ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only
+  supported with distributed optimizer``); main_params_dtype: ``arguments.py``'s ``--main-params-dtype``
+  choices (fp32, fp16: Transformer Engine's FusedAdam keeps no other master weights). Megatron takes any state
+  dtype other than fp32 as the precision-aware optimizer (its ``OptimizerConfig`` refuses them without it), so
+  foldtune's layout has no separate switch.
 
 The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
 say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
@@ -41,7 +46,8 @@ and the executor itself (``executor.buildable``, once before the ranks build the
 
 foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
-spec forced the distributed optimizer on or off). Not rules: a TP group wider than a node is valid but slow
+spec forced the distributed optimizer on or off), main_params_half_params (fp16 master weights of fp32
+parameters: Megatron keeps no master copy of fp32 parameters, so the dtype would change nothing). Not rules: a TP group wider than a node is valid but slow
 (the cost model prices it); capacity (token-dropping) routing works with both dispatchers, because
 Megatron drops tokens in the router (only padding to capacity, which foldtune does not model, is
 alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never blocks a tp.
@@ -57,6 +63,7 @@ from spec.hardware import ClusterSpec
 from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
 from spec.norm_scopes import QK_NORM_SCOPES
+from spec.optimizer_dtypes import EXECUTOR_STATE_DTYPES, FIELDS as OPTIMIZER_DTYPE_FIELDS
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -527,6 +534,28 @@ def _capacity_with_cp(model: ModelSpec, training: TrainingSpec, config: Parallel
 
 register(Rule("executor_capacity_cp", "capacity (token-dropping) routing is built for cp = 1", _capacity_with_cp,
               executor=True))
+
+
+def _main_params_half_params(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    if config.main_params_dtype != "fp32" and training.param_bytes == 4:
+        return (f"main_params_dtype {config.main_params_dtype} with {training.precision} training: fp32 parameters "
+                f"are their own master weights (Megatron then keeps none)")
+    return None
+
+
+def _executor_optimizer_dtypes(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    unbuilt = [f"{name}={value}" for name, value in zip(OPTIMIZER_DTYPE_FIELDS, config.optimizer_dtypes)
+               if value not in EXECUTOR_STATE_DTYPES]
+    if unbuilt:
+        return (f"optimizer state {', '.join(unbuilt)}: the executor keeps its state in "
+                f"{', '.join(EXECUTOR_STATE_DTYPES)}")
+    return None
+
+
+register(Rule("main_params_half_params", "master weights other than fp32 need 16-bit parameters (bf16, fp16 or fp8 "
+                                         "training)", _main_params_half_params))
+register(Rule("executor_optimizer_dtypes", "optimizer state in fp32, bf16 or fp16 (no fp8 moments)",
+              _executor_optimizer_dtypes, executor=True))
 
 
 def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:
