@@ -10,7 +10,7 @@ from spec.head_features import last_stage_embeds
 from executor.kernels.fp8 import clear_weight_cache
 from executor.ep_overlap import run_overlapped
 from executor.model import MoEGPT
-from executor.optimizer import MixedPrecisionAdam
+from executor.optimizer import MixedPrecisionAdam, torch_state_dtypes
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.grad_reduce import GradReducer
 from executor.pipeline import run_schedule
@@ -37,7 +37,8 @@ class Trainer:
     over DP·CP / EDP when the layout's ``use_distributed_optimizer`` is set; see :mod:`executor.optimizer`.
     With ``overlap_param_gather`` as well, :meth:`step` returns with the parameter all-gathers still running
     (the next forward waits for them): call :meth:`finish_param_gather` before reading parameters otherwise.
-    ``optimizer_cpu_offload_fraction`` of the layout steps that share of the optimizer state on the CPU.
+    ``optimizer_cpu_offload_fraction`` of the layout steps that share of the optimizer state on the CPU;
+    ``exp_avg_dtype``, ``exp_avg_sq_dtype`` and ``main_params_dtype`` set the dtypes it keeps its state in.
     """
 
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
@@ -54,7 +55,8 @@ class Trainer:
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
                                             weight_decay=weight_decay, sharded=sharded,
                                             overlap_param_gather=bool(config.overlap_param_gather), model=model,
-                                            offload_fraction=config.optimizer_cpu_offload_fraction)
+                                            offload_fraction=config.optimizer_cpu_offload_fraction,
+                                            state_dtypes=torch_state_dtypes(config.optimizer_dtypes))
         pp = model.state["pp"]
         self.pipelined = pp.size > 1
         self.ep_overlap_trace: list | None = None  # a list: the overlapped schedule logs its events (tests)
