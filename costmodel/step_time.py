@@ -55,7 +55,7 @@ from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.head_pricing import head_pricing
 from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, GradGroupsKey, HostKey,
                                    LayerKey, RoutedKey, StepStatKey)
-from costmodel.memory import offloaded_layer_bytes
+from costmodel.memory import OPT_STATE_BLOCK_ELEMENTS, offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
     HIDDEN_TERMS,
@@ -71,6 +71,7 @@ from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
 from spec.head_features import HEAD_FEATURES, head_features
 from spec.model_spec import ModelSpec
+from spec.optimizer_dtypes import OPTIMIZER_DTYPE_BYTES
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
 from spec.rank_groups import GridSizes, GroupStride
@@ -92,6 +93,14 @@ BUCKET_PARAMS_PER_DP = 1_000_000
 # Adam step bytes per parameter on this rank: read fp32 grad, master weight, m, v (16); write master,
 # m, v (12) and the bf16 model weight (2); the grad-norm for clipping reads the grad again (4).
 OPTIMIZER_BYTES_PER_PARAM = 34
+# The precision-aware optimizer (executor/optimizer.py, blocked_step): a state kept in d bytes is widened to an
+# fp32 block before the same fused kernel (read d, write 4) and narrowed after it (read 4, write d): 2·d + 8
+# bytes more per element than an fp32 state, which the kernel updates in place. A scaled state (fp16; fp8 in
+# Megatron) is also multiplied by its scale on the way in (read 4, write 4), and on the way out its block's
+# largest magnitude is read (4) and the block scaled again (8): 24 more. Each block of OPT_STATE_BLOCK_ELEMENTS
+# costs its kernels' launches: per such state 2 (widen, narrow), 7 for a scaled one, and the fused step.
+NARROW_STATE_SCALE_BYTES = 24
+NARROW_STATE_KERNELS = {"bf16": 2, "fp16": 7, "fp8": 7}
 # Megatron's vocab-parallel cross-entropy in fp32 over bf16 logits: bytes of HBM traffic per logit element
 # (the executor's blocked loss: costmodel.loss).
 LOSS_BYTES_PER_LOGIT_FWD = 8
@@ -1007,10 +1016,13 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
     if ctx.fp8_weight_cast:
         values[_I_MEM] += memory_time(ctx.rates, ctx.fp8_weight_cast * _most_gemm_weights(ctx, c), kernels=0)
-    optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
+    traffic, kernels = optimizer_traffic(c.optimizer_dtypes, training.param_bytes == _FP32_BYTES)
+    blocks = -(-local // OPT_STATE_BLOCK_ELEMENTS) if kernels else 0
+    optimizer = (local * ctx.optimizer_seconds_per_param * traffic
+                 + (4 + blocks * kernels) * ctx.rates.kernel_overhead)
     if c.optimizer_cpu_offload_fraction:
         optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
-                                              training.param_bytes, cluster.hardware)
+                                              training.param_bytes, cluster.hardware, traffic)
     if c.activation_offload_modules:
         values[_I_MEM] += m * activation_offload_seconds(model, training, cluster, c, nd, nm, d.compute_fwd,
                                                          e.compute_fwd)
@@ -1148,17 +1160,31 @@ def _part_seconds(part: _LayerCost, slots: tuple[int, ...], factors: list[float]
     return sum([factors[i] * part.exposed[i] for i in slots])
 
 
+def optimizer_traffic(dtypes: tuple[str, str, str], params_fp32: bool) -> tuple[float, int]:
+    """(the step's bytes per element relative to the fp32 recipe's :data:`OPTIMIZER_BYTES_PER_PARAM`, kernels
+    launched per block of :data:`costmodel.memory.OPT_STATE_BLOCK_ELEMENTS`: 0 when every state is fp32) for
+    optimizer state ``dtypes`` (exp_avg, exp_avg_sq, main_params; fp32 weights keep no master)."""
+    states = dtypes if not params_fp32 else dtypes[:2]
+    narrow = [d for d in states if d != "fp32"]
+    if not narrow:
+        return 1.0, 0
+    extra = sum(2 * OPTIMIZER_DTYPE_BYTES[d] + 8 + (NARROW_STATE_SCALE_BYTES if d != "bf16" else 0) for d in narrow)
+    return (OPTIMIZER_BYTES_PER_PARAM + extra) / OPTIMIZER_BYTES_PER_PARAM, 1 + sum(NARROW_STATE_KERNELS[d]
+                                                                                   for d in narrow)
+
+
 def optimizer_offload_seconds(local_params: float, fraction: float, gpu_seconds: float, param_bytes: int,
-                              hardware) -> float:
+                              hardware, traffic: float = 1.0) -> float:
     """Seconds of an optimizer step with ``fraction`` of this rank's ``local_params`` optimizer elements on the
     CPU (executor/optimizer.py): their fp32 gradients go device-to-host first (4 B each over the host link);
     then the GPU steps its share (``(1 - fraction)`` of ``gpu_seconds``, the whole step's device seconds) while
-    the CPU steps the rest (12 B of fp32 state each at ``cpu_adam_bytes_per_s``); then the updated weights
+    the CPU steps the rest (12 B of fp32 state each at ``cpu_adam_bytes_per_s``, times ``traffic`` for a
+    precision-aware optimizer's widening and narrowing, :func:`optimizer_traffic`); then the updated weights
     come back host-to-device in their dtype (``param_bytes`` each)."""
     host = fraction * local_params
     link = hardware.host_link_bytes_per_s
     d2h, h2d = host * _FP32_BYTES / link, host * param_bytes / link
-    cpu = host * 3 * _FP32_BYTES / hardware.cpu_adam_bytes_per_s
+    cpu = host * 3 * _FP32_BYTES * traffic / hardware.cpu_adam_bytes_per_s
     gpu = (1.0 - fraction) * gpu_seconds
     return d2h + (gpu if gpu > cpu else cpu) + h2d
 

@@ -114,8 +114,9 @@ def adamw_step(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Te
 #: Elements the CPU Adam steps at once (its temporaries: two fp32 blocks, 8 MiB).
 HOST_STEP_ELEMENTS = 1 << 20
 #: Elements of one block of a device unit with a state below fp32: the step widens one block of each such state
-#: to fp32 at a time (4 MiB each), and an fp16 state keeps one scale per block.
-STATE_BLOCK_ELEMENTS = 1 << 20
+#: to fp32 at a time (16 MiB each), and an fp16 state keeps one scale per block. Large enough that a block's
+#: few kernels run longer than they take to launch (4 M elements: ~10 us each at HBM speed).
+STATE_BLOCK_ELEMENTS = 1 << 22
 #: The optimizer state words (spec.optimizer_dtypes) the executor keeps, as torch dtypes.
 STATE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: (exp_avg, exp_avg_sq, master weights): the classic recipe.
@@ -156,6 +157,15 @@ class StateStore:
             self.scales = torch.zeros(-(-n // block), dtype=torch.float32, device=values.device)
         self.assign(values)
 
+    @classmethod
+    def zeros(cls, n: int, dtype: torch.dtype, block: int, device: torch.device) -> StateStore:
+        """A state of ``n`` zeros, made in its own dtype (no fp32 copy of it on the way)."""
+        store = cls(torch.zeros(0, device=device), dtype, block)
+        store.data = torch.zeros(n, dtype=dtype, device=device)
+        if store.scales is not None:
+            store.scales = torch.zeros(-(-n // block), dtype=torch.float32, device=device)
+        return store
+
     @property
     def exact(self) -> bool:
         """Whether the state is kept in fp32 (its blocks are views, written in place)."""
@@ -180,7 +190,8 @@ class StateStore:
 
     def store(self, start: int, values: torch.Tensor) -> None:
         """Write the block starting at ``start`` from its fp32 ``values`` (round to nearest; nothing to do for a
-        view :meth:`load` returned)."""
+        view :meth:`load` returned). An fp16 state scales ``values`` in place: pass a block the caller no longer
+        reads."""
         target = self.data[start:start + values.numel()]
         if self.exact:
             if values.data_ptr() != target.data_ptr():
@@ -189,9 +200,11 @@ class StateStore:
         if self.scales is None:
             target.copy_(values)
             return
-        scale = values.abs().amax() / _FP16_HALF_RANGE
+        # the block's largest magnitude without a temporary; values (the step's own fp32 block) is scaled in place,
+        # and an all-zero block keeps scale 0 (no host sync to test it)
+        scale = torch.linalg.vector_norm(values, float("inf")) / _FP16_HALF_RANGE
         self.scales[start // self.block] = scale
-        target.copy_(torch.where(scale > 0, values / scale, torch.zeros_like(values)))
+        target.copy_(values.mul_(torch.where(scale > 0, scale.reciprocal(), scale)))
 
     def values(self) -> torch.Tensor:
         """The whole state as fp32 (the stored tensor itself when it is fp32)."""
@@ -202,16 +215,17 @@ class StateStore:
 
     @torch.no_grad()
     def assign(self, values: torch.Tensor) -> None:
-        """Replace the whole state with the fp32 ``values``."""
+        """Replace the whole state with the fp32 ``values`` (left unchanged)."""
         for start in range(0, values.numel(), self.block):
-            self.store(start, values[start:start + self.block])
+            block = values[start:start + self.block]
+            self.store(start, block if self.exact else block.clone())
 
 
 def _make_stores(master: torch.Tensor, state_dtypes: tuple, block: int) -> dict[str, StateStore]:
     """A unit's (or CPU part's) three states: zero moments and ``master`` (fp32, taken over) in their dtypes."""
     m_dtype, v_dtype, w_dtype = state_dtypes
-    return {"exp_avg": StateStore(torch.zeros_like(master), m_dtype, block),
-            "exp_avg_sq": StateStore(torch.zeros_like(master), v_dtype, block),
+    return {"exp_avg": StateStore.zeros(master.numel(), m_dtype, block, master.device),
+            "exp_avg_sq": StateStore.zeros(master.numel(), v_dtype, block, master.device),
             "master": StateStore(master, w_dtype, block)}
 
 

@@ -137,3 +137,48 @@ def test_sharded_bf16_moments_equal_the_single_process_run():
         assert compare(ref, got, rtol=1e-3, atol=1e-5) == [], config.label()
         fp32 = reference(ParallelConfig(world_size=2), scenario)
         assert compare(fp32, got, rtol=1e-6, atol=1e-9)  # the dtypes changed the run: the comparison can fail
+
+
+def _sequences(vocab: int, step: int, batch: int = 4, seq: int = 16) -> torch.Tensor:
+    """A learnable stream: each token follows from the last by a fixed map, one in ten replaced by noise (the
+    loss then has a floor above zero)."""
+    gen = torch.Generator().manual_seed(10_000 + step)
+    tokens = [torch.randint(0, vocab, (batch, 1), generator=gen)]
+    for _ in range(seq):
+        tokens.append((tokens[-1] * 5 + 17) % vocab)
+    out = torch.cat(tokens, 1)
+    noise = torch.rand(out.shape, generator=gen) < 0.1
+    return torch.where(noise, torch.randint(0, vocab, out.shape, generator=gen), out)
+
+
+def _curve(seed: int, dtypes: dict, steps: int = 200) -> list[float]:
+    torch.manual_seed(seed)
+    config = ParallelConfig(world_size=1, **dtypes)
+    model = MoEGPT(TINY, single_process_state(config), ExecutorOptions(seed=seed), 16, dtype=torch.bfloat16)
+    trainer = Trainer(model, lr=3e-3, weight_decay=0.01)
+    losses = []
+    for step in range(steps):
+        batch = _sequences(TINY.vocab_size, step)
+        losses.append(trainer.step([(batch[:, :-1], batch[:, 1:])]).loss)
+    return losses
+
+
+@pytest.mark.slow  # five trainings of 200 steps (~1 min)
+def test_bf16_moments_train_within_the_run_to_run_spread_of_fp32_moments():
+    """200 steps of bf16 training on a learnable stream: the loss with bf16 Adam moments differs from the fp32
+    moments' run of the same seed by less than fp32 runs of different seeds differ from each other (the
+    mean loss over all steps, and over the last 50)."""
+    fp32 = [_curve(seed, {}) for seed in (1, 2, 3)]
+    bf16 = [_curve(seed, BF16_MOMENTS) for seed in (1, 2)]
+
+    def stats(curve: list[float]) -> tuple[float, float]:
+        return sum(curve) / len(curve), sum(curve[-50:]) / 50
+
+    assert stats(fp32[0])[1] < 0.5 * stats(fp32[0])[0]  # the stream was learned: the comparison means something
+    for which in (0, 1):
+        values = [stats(c)[which] for c in fp32]
+        spread = max(values) - min(values)
+        assert spread > 0
+        for seed_index, curve in enumerate(bf16):
+            assert abs(stats(curve)[which] - values[seed_index]) < spread, (which, seed_index, values,
+                                                                           stats(curve)[which])
