@@ -27,6 +27,7 @@ from planner.megatron_args import format_megatron_args, megatron_args
 from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
+from spec.optimizer_dtypes import read_dtypes
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
 from api.cli._run_cost_args import (RunQuestion, add_run_cost_arguments, gpu_hours, hours, run_heading, run_question,
@@ -90,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
                         help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
                              "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
+    parser.add_argument("--optimizer-dtypes", metavar="TRIPLES", default="",
+                        help="optimizer state dtypes to try beside fp32, comma-separated EXP_AVG+EXP_AVG_SQ+MAIN_PARAMS "
+                             "triples, e.g. bf16+bf16+fp32,bf16+bf16+fp16 (Megatron's precision-aware optimizer: "
+                             "--exp-avg-dtype, --exp-avg-sq-dtype, --main-params-dtype; with the distributed optimizer)")
     parser.add_argument("--activation-offload", metavar="MODULES", action="append", default=[],
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
@@ -143,13 +148,19 @@ def _split(args: argparse.Namespace) -> PipelineSplit:
 
 
 def _offload(args: argparse.Namespace) -> dict:
-    """The SearchSpace offload fields of ``--optimizer-offload`` / ``--activation-offload``."""
+    """The SearchSpace knob-option fields of ``--optimizer-offload`` / ``--activation-offload`` /
+    ``--optimizer-dtypes``."""
     try:
         fractions = tuple(float(f) for f in args.optimizer_offload.split(",") if f.strip())
     except ValueError:
         raise SpecError(f"--optimizer-offload takes comma-separated fractions, got {args.optimizer_offload!r}") from None
+    try:
+        dtypes = tuple(read_dtypes(t) for t in args.optimizer_dtypes.split(",") if t.strip())
+    except ValueError as exc:
+        raise SpecError(f"--optimizer-dtypes: {exc}") from None
     return {"optimizer_offload": fractions,
-            "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload)}
+            "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload),
+            "optimizer_dtypes": dtypes}
 
 
 def _space(args: argparse.Namespace):

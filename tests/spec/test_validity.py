@@ -60,6 +60,11 @@ CASES = [
     ("optimizer_offload_distopt", TINY, TRAIN, 8,
      dict(optimizer_cpu_offload_fraction=0.5, use_distributed_optimizer=False, overlap_param_gather=False)),
     ("activation_offload", TINY, TRAIN, 8, dict(recompute_granularity="full", activation_offload_modules=("moe",))),
+    ("precision_aware_distopt", TINY, TRAIN, 8,
+     dict(exp_avg_dtype="bf16", use_distributed_optimizer=False, overlap_param_gather=False)),
+    ("main_params_dtype", TINY, TRAIN, 8, dict(main_params_dtype="bf16")),
+    # the precision-aware optimizer's rule on the whole case: fp32 weights have no master weights to narrow
+    ("main_params_half_params", TINY, TrainingSpec(64, 16, precision="fp32"), 8, dict(main_params_dtype="fp16")),
 ]
 
 
