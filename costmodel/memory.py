@@ -223,11 +223,10 @@ def routed_tokens_per_token(model: ModelSpec, training: TrainingSpec, tp: int, s
     Each GPU of the ETP·EP group serves ``1/EP`` of the experts for the tokens of ``ETP·EP`` ranks, so in
     balance it sees ``k·ETP`` copies per token of its own (``/TP`` with SP). The busiest GPU sees
     ``TrainingSpec.ep_imbalance(ep)`` times that (1 with EP = 1: every expert is local and the total cannot
-    be imbalanced); capacity routing caps it at the capacity factor.
+    be imbalanced); capacity routing caps it at the capacity factor, and padding to capacity makes it exactly
+    the capacity factor on every rank (``TrainingSpec.expert_rows_factor``).
     """
-    rho = training.ep_imbalance(ep)
-    if training.routing_mode == "capacity":
-        rho = min(rho, float(training.moe_expert_capacity_factor or rho))
+    rho = training.expert_rows_factor(ep)
     return model.moe_router_topk * etp * rho / (tp if sp else 1)
 
 

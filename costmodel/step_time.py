@@ -327,17 +327,18 @@ class _Shape:
         self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
         self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
             self.places.of(name) for name in ("tp", "cp", "ep", "etp", "tp_ep"))
-        imbalance = training.ep_imbalance(ep)  # the busiest EP rank sets the pace; the others wait in the a2a
+        # the busiest EP rank sets the pace, the others wait in the a2a; capacity routing caps its rows, padding
+        # to capacity fixes them at the capacity (the zero rows are computed and sent like the others)
+        imbalance = training.expert_rows_factor(ep)
         capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
-        if capacity:
-            imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance
         # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
         self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
         self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
         # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
         self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
-                                     self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance)
+                                     self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance,
+                                     capacity and training.moe_pad_expert_input_to_capacity)
 
     # -- primitives --------------------------------------------------------------------------------
     def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),

@@ -106,6 +106,8 @@ class Trainer:
     def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         model, state, timer = self.model, self.model.state, self.model.timer
         self.optimizer.zero_grad()
+        for moe in model.moe_layers():  # the global aux loss averages over this step's micro-batches only
+            moe.router.reset_global_aux_loss()
         stats = self.forward_backward(micro)
         timer.switch("grad_reduce")
         self.reducer.reduce()

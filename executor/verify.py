@@ -43,7 +43,8 @@ class Scenario:
 def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
     """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params."""
     training = training_for(scenario.seq_length, scenario.global_batch_size,
-                            scenario.options.moe_expert_capacity_factor)
+                            scenario.options.moe_expert_capacity_factor,
+                            scenario.options.moe_pad_expert_input_to_capacity)
     check_buildable(scenario.model, training, config.replace(micro_batch_size=scenario.micro_batch_size))
     state = build_parallel_state(config, rank)
     torch.manual_seed(0)

@@ -39,6 +39,8 @@ class TrainingSpec:
     then one fp32 softmax per output head kept from forward to backward. foldtune's executor (False) fuses the
     output layer with the loss, blocked over the vocabulary (no logits kept; one more output-layer GEMM in
     backward), see ``executor/parallel/linear_cross_entropy.py``.
+    ``moe_pad_expert_input_to_capacity`` (Megatron's flag; with capacity routing, rule ``pad_to_capacity``)
+    pads every expert's input to its capacity: :meth:`expert_rows_factor` is then the capacity factor.
     ``transformer_engine_fp8`` True models Transformer Engine's fp8 casts (one fused cast-transpose per GEMM
     input, dense and expert alike, and per weight once a step); foldtune's executor (False) quantises a dense
     linear's input and output gradient in both forms from two reads, the experts' rows rowwise only (their
@@ -73,6 +75,9 @@ class TrainingSpec:
     megatron_cross_entropy: bool = False
     # Transformer Engine's fp8 casts (Megatron runs); the executor's quantisation when False (precision fp8 only)
     transformer_engine_fp8: bool = False
+    # Megatron's --moe-pad-expert-input-to-capacity: under capacity routing every expert computes exactly its
+    # capacity of rows (the dropped-to tokens padded with zero-weight rows): static shapes, more GEMM rows
+    moe_pad_expert_input_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -99,6 +104,16 @@ class TrainingSpec:
             require(p, len(load) > 0 and all(x >= 0 for x in load) and sum(load) > 0,
                     f"moe_expert_load must be non-negative shares with a positive sum, got {load}")
         raise_if(p, "training spec")
+
+    def expert_rows_factor(self, ep: int) -> float:
+        """Rows the busiest EP rank's experts compute per micro-batch over the balanced share (routed copies / ep):
+        :meth:`ep_imbalance`, capped at the capacity factor under capacity routing, and exactly the capacity
+        factor when the experts' input is padded to capacity (every expert computes its whole capacity)."""
+        factor = self.ep_imbalance(ep)
+        if self.routing_mode == "capacity" and self.moe_expert_capacity_factor is not None:
+            cf = self.moe_expert_capacity_factor
+            factor = cf if self.moe_pad_expert_input_to_capacity else min(factor, cf)
+        return factor
 
     def ep_imbalance(self, ep: int) -> float:
         """Busiest EP rank's routed tokens over the mean rank's (>= 1; 1.0 with EP = 1, where every expert is

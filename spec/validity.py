@@ -32,6 +32,8 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
 - param_gather_distopt: ``arguments.py`` (overlap_param_gather needs the distributed optimizer);
 - ep_overlap: ``TransformerConfig`` (EP all-to-all overlap needs ep > 1, the alltoall dispatcher, no full
   recompute, and vpp when pp > 1);
+- pad_to_capacity: ``TransformerConfig`` (``moe_pad_expert_input_to_capacity`` needs
+  ``moe_expert_capacity_factor``);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
 - precision_aware_distopt: ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only
   supported with distributed optimizer``); main_params_dtype: ``arguments.py``'s ``--main-params-dtype``
@@ -48,9 +50,10 @@ foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
 spec forced the distributed optimizer on or off), main_params_half_params (fp16 master weights of fp32
 parameters: Megatron keeps no master copy of fp32 parameters, so the dtype would change nothing). Not rules: a TP group wider than a node is valid but slow
-(the cost model prices it); capacity (token-dropping) routing works with both dispatchers, because
-Megatron drops tokens in the router (only padding to capacity, which foldtune does not model, is
-alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never blocks a tp.
+(the cost model prices it); capacity (token-dropping) routing works with both dispatchers and any CP,
+because Megatron drops tokens in the router (padding to capacity too: the router's map then holds the padded
+rows, which Megatron's alltoall dispatcher ships as fixed-size chunks and its allgather dispatcher as
+gathered rows); the vocabulary is padded to a multiple of 128·tp, so it never blocks a tp.
 """
 
 from __future__ import annotations
@@ -211,12 +214,6 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     if why:
         return Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs " + ", ".join(why))
     return None
-
-
-def capacity_with_cp(capacity_factor: float | None, cp: int) -> bool:
-    """Token dropping (a capacity factor) under context parallelism, which the executor does not build: each
-    CP rank routes only its part of every sequence, so its capacity would count another set of tokens."""
-    return capacity_factor is not None and cp > 1
 
 
 def unsupported_features(model: ModelSpec) -> list[str]:
@@ -524,16 +521,18 @@ def _registered(model: ModelSpec, training: TrainingSpec, config: ParallelConfig
     return found
 
 
-def _capacity_with_cp(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
-    capacity = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
-    if model.is_moe and capacity_with_cp(capacity, config.cp):
-        return f"capacity routing (factor {capacity}) with cp {config.cp}: token dropping under context " \
-               f"parallelism is not built"
+def pad_to_capacity_problem(training: TrainingSpec) -> str | None:
+    """Why ``training`` cannot pad the experts' input to capacity (Megatron's TransformerConfig: padding needs a
+    capacity factor), or None."""
+    capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
+    if training.moe_pad_expert_input_to_capacity and not capacity:
+        return ("moe_pad_expert_input_to_capacity needs capacity routing (a moe_expert_capacity_factor): dropless "
+                "experts have no capacity to pad to")
     return None
 
 
-register(Rule("executor_capacity_cp", "capacity (token-dropping) routing is built for cp = 1", _capacity_with_cp,
-              executor=True))
+register(Rule("pad_to_capacity", "padding the experts' input to capacity needs capacity routing",
+              lambda model, training, config: pad_to_capacity_problem(training)))
 
 
 def _main_params_half_params(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
