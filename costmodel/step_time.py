@@ -129,6 +129,7 @@ FP32_GRAD_ACCUM_BYTES = 12
 # MAIN_GRAD_FIRST_BYTES per local weight less than ``m`` adds (executor/parallel/grad_reduce.py: mark_main_grads_stale).
 MAIN_GRAD_FIRST_BYTES = 6
 _FP32_BYTES = 4
+_INT64_BYTES = 8
 
 # Slots of a layer vector (per-micro-batch seconds of one layer kind), from the term table.
 N_SLOTS = len(LAYER_TERMS)
@@ -923,8 +924,14 @@ def _check_pipeline(model: ModelSpec, config: ParallelConfig) -> None:
 
 
 def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
-                       corrections: Mapping[str, float] | None = None) -> StepTimeBreakdown:
+                       corrections: Mapping[str, float] | None = None,
+                       router: RouterOptions | None = None) -> StepTimeBreakdown:
     """Predicted seconds per optimizer step of ``config`` and their breakdown by term.
+
+    ``router``: the router options trained with, where they add calls the executor's defaults do not: the global
+    aux loss's all-reduce of the tokens per expert over DP·CP, in line in every MoE layer's forward of every
+    micro-batch (priced into ``dp_grad``, the DP communication; :func:`global_aux_seconds`). The layers are
+    otherwise priced under the executor's default router options.
 
     ``corrections`` (term name -> multiplier, e.g. fitted by calibration) scales each exposed term
     before they are summed; terms it does not name keep factor 1. Two further keys scale the host floor
@@ -1047,6 +1054,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         edp_grad += ctx.overlap_slowdown * hidden[_H_EDP]
     # after the backward, in line: the TP sums of replicated gradients and the step's statistics
     dp_grad += stats
+    if router is not None:
+        dp_grad += global_aux_seconds(ctx, c, router, m)
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
@@ -1159,6 +1168,23 @@ def _part_seconds(part: _LayerCost, slots: tuple[int, ...], factors: list[float]
     if factors is None:
         return part.total if slots is _ALL_SLOTS else sum([part.exposed[i] for i in slots])
     return sum([factors[i] * part.exposed[i] for i in slots])
+
+
+def global_aux_seconds(ctx: _Context, c: ParallelConfig, router: RouterOptions, micro_batches: int) -> float:
+    """Seconds a step of ``c`` spends in the global aux loss's all-reduces over DP·CP (one per MoE layer of the
+    busiest pipeline rank and micro-batch, the tokens per expert in int64; 0 without the global aux loss or
+    with one DP·CP rank): costmodel.collective_inventory.router_calls lists the same call."""
+    model = ctx.model
+    if not model.is_moe or c.world_size // (c.tp * c.pp) <= 1:
+        return 0.0
+    resolved = router.resolve(model)
+    if resolved.moe_router_load_balancing_type != "global_aux_loss" or not resolved.moe_aux_loss_coeff:
+        return 0.0
+    chunks = _params.layer_chunks(len(ctx.pattern), c.pp, c.vpp, c.pipeline_split)
+    moe_layers = max(sum(ctx.pattern[i] for chunk in stage for i in chunk) for stage in chunks)
+    call = Call("all_reduce", "dp_cp", (model.num_experts or 0) * _INT64_BYTES, "forward")
+    place = GroupPlacements.of_config(c, ctx.gpus_per_node).of("dp_cp")
+    return micro_batches * moe_layers * call_time(ctx.link, call, place)
 
 
 def optimizer_traffic(dtypes: tuple[str, str, str], params_fp32: bool) -> tuple[float, int]:

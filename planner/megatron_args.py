@@ -87,6 +87,8 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append(["--moe-token-dispatcher-type", c.moe_token_dispatcher_type])
         if training.routing_mode == "capacity":
             args.append(["--moe-expert-capacity-factor", f"{training.moe_expert_capacity_factor:g}"])
+            if training.moe_pad_expert_input_to_capacity:
+                args.append(["--moe-pad-expert-input-to-capacity"])
     if c.use_distributed_optimizer:
         args.append(["--use-distributed-optimizer"])
     if c.overlap_grad_reduce:

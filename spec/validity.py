@@ -94,6 +94,7 @@ RULES: dict[str, str] = {
     "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
+    "pad_to_capacity": "padding the experts' input to capacity needs capacity routing",
 }
 # the rules on a config alone (how its sizes fold the world, which knobs go together): spec.layout_rules
 RULES.update({rule.id: rule.demands for rule in LAYOUT_RULES if rule.id not in RULES})
@@ -216,6 +217,16 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     return None
 
 
+def pad_to_capacity_problem(training: TrainingSpec) -> str | None:
+    """Why ``training`` cannot pad the experts' input to capacity (Megatron's TransformerConfig: padding needs a
+    capacity factor), or None."""
+    capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
+    if training.moe_pad_expert_input_to_capacity and not capacity:
+        return ("moe_pad_expert_input_to_capacity needs capacity routing (a moe_expert_capacity_factor): dropless "
+                "experts have no capacity to pad to")
+    return None
+
+
 def unsupported_features(model: ModelSpec) -> list[str]:
     """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
     unsupported = []
@@ -324,6 +335,9 @@ class Validator:
     # ---- level checks (cheap; the enumerator calls them as soon as their inputs are bound) ----------
     def global_(self) -> Rejection | None:
         """Rules that depend only on the model, the training recipe and the GPU."""
+        padding = pad_to_capacity_problem(self.training)
+        if padding is not None:
+            return Rejection("pad_to_capacity", padding)
         if self.cluster is None:
             return None
         if self.training.precision == "fp8" and "fp8" not in dict(self.cluster.gpu.peak_flops):
@@ -520,19 +534,6 @@ def _registered(model: ModelSpec, training: TrainingSpec, config: ParallelConfig
                 found.append(Rejection(rule.id, reason))
     return found
 
-
-def pad_to_capacity_problem(training: TrainingSpec) -> str | None:
-    """Why ``training`` cannot pad the experts' input to capacity (Megatron's TransformerConfig: padding needs a
-    capacity factor), or None."""
-    capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
-    if training.moe_pad_expert_input_to_capacity and not capacity:
-        return ("moe_pad_expert_input_to_capacity needs capacity routing (a moe_expert_capacity_factor): dropless "
-                "experts have no capacity to pad to")
-    return None
-
-
-register(Rule("pad_to_capacity", "padding the experts' input to capacity needs capacity routing",
-              lambda model, training, config: pad_to_capacity_problem(training)))
 
 
 def _main_params_half_params(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:

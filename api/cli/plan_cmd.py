@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="force the distributed optimizer on/off, or try both (default: auto)")
     add(parser, "--routing")
     add(parser, "--capacity-factor")
+    add(parser, "--pad-to-capacity")
     parser.add_argument("--imbalance", type=float, default=1.0,
                         help="busiest expert's tokens over the mean (default: 1.0, perfectly balanced)")
     parser.add_argument("--mbs-max", type=int, default=8, help="largest micro-batch size tried (default: 8)")
@@ -118,6 +119,8 @@ def _specs(args: argparse.Namespace):
         problems.append("--routing capacity needs --capacity-factor")
     if args.routing == "dropless" and args.capacity_factor is not None:
         problems.append("--capacity-factor needs --routing capacity")
+    if args.pad_to_capacity and args.routing != "capacity":
+        problems.append("--pad-to-capacity needs --routing capacity")
     if problems:
         raise SpecError("; ".join(problems))
     model = model_from_args(args)  # the catalog's or the Hugging Face model, as the proxy asked for
@@ -131,6 +134,7 @@ def _specs(args: argparse.Namespace):
                        seq_length=shape.seq, global_batch_size=shape.gbs, precision=shape.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
+                       moe_pad_expert_input_to_capacity=bool(args.pad_to_capacity),
                        moe_routing_imbalance=args.imbalance,
                        fused_window_sink_attention=args.fused_window_sink_attention,
                        megatron_cross_entropy=args.megatron_cross_entropy,

@@ -65,6 +65,7 @@ CASES = [
     ("main_params_dtype", TINY, TRAIN, 8, dict(main_params_dtype="bf16")),
     # the precision-aware optimizer's rule on the whole case: fp32 weights have no master weights to narrow
     ("main_params_half_params", TINY, TrainingSpec(64, 16, precision="fp32"), 8, dict(main_params_dtype="fp16")),
+    ("pad_to_capacity", TINY, TrainingSpec(64, 16, moe_pad_expert_input_to_capacity=True), 8, {}),
 ]
 
 
@@ -151,14 +152,14 @@ def test_executor_rules_name_what_the_executor_cannot_run():
 
 
 def test_check_returns_every_rule_megatrons_first_then_the_executors_tagged():
-    capacity = TrainingSpec(seq_length=64, global_batch_size=16, routing_mode="capacity", moe_expert_capacity_factor=1.0)
-    config = ParallelConfig(world_size=8, tp=1, cp=2, sequence_parallel=True)  # sp without tp, capacity with cp
-    found = check(TINY, capacity, config, ClusterSpec(H100, 8))
-    assert [r.rule for r in found] == ["sp_needs_tp", "executor_capacity_cp"]
+    # sp without tp (Megatron's), fp8 Adam moments (the executor's)
+    config = ParallelConfig(world_size=8, tp=1, cp=2, sequence_parallel=True, exp_avg_dtype="fp8")
+    found = check(TINY, TRAIN, config, ClusterSpec(H100, 8))
+    assert [r.rule for r in found] == ["sp_needs_tp", "executor_optimizer_dtypes"]
     assert [is_executor_rule(r.rule) for r in found] == [False, True]
     assert all(r.rule in RULES or r.rule in EXECUTOR_RULES for r in found)
     # the planner's question (check_config) leaves the executor's rules out
-    assert [r.rule for r in check_config(TINY, capacity, ClusterSpec(H100, 8), config)] == ["sp_needs_tp"]
+    assert [r.rule for r in check_config(TINY, TRAIN, ClusterSpec(H100, 8), config)] == ["sp_needs_tp"]
     # without a cluster the layout's own world counts; with one, a layout for another world is one rejection
     assert check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8)) == []
     assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8), ClusterSpec(H100, 16))] == [
