@@ -13,6 +13,13 @@ from spec.suggest import unknown_fields
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 ROUTING_MODES = ("dropless", "capacity")
 OPTIMIZERS = ("adam",)
+#: Transformer Engine's fp8 recipes, as Megatron's ``--fp8-recipe`` names them: tensorwise (current scaling, one
+#: scale per tensor computed from its own amax), delayed (scales from an amax history), blockwise (1x128 tiles of
+#: activations, 128x128 of weights; DeepSeek-V3's recipe) and mxfp8 (one power-of-two scale per 32 elements)
+FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+#: Megatron's ``--cross-entropy-fusion-impl``: native (megatron/core/fusions/fused_cross_entropy.py) or te
+#: (Transformer Engine's parallel_cross_entropy)
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,24 @@ class TrainingSpec:
     ``transformer_engine_fp8`` True models Transformer Engine's fp8 casts (one fused cast-transpose per GEMM
     input, dense and expert alike, and per weight once a step); foldtune's executor (False) quantises a dense
     linear's input and output gradient in both forms from two reads, the experts' rows rowwise only (their
-    weight gradient runs in bf16), and each GEMM weight in both forms once a step (costmodel/step_time.py).
+    weight gradient runs in bf16), and each GEMM weight in both forms once a step (costmodel/step_time.py). In
+    memory it models what Transformer Engine's modules keep for backward: the fp8 copy of a GEMM's input
+    (1 byte per element plus ``fp8_recipe``'s scales) where its module saves that copy instead of the 16-bit
+    input (docs/memory-model.md, "Megatron-Core's accounting").
+    ``fp8_recipe`` (one of :data:`FP8_RECIPES`, Megatron's ``--fp8-recipe``): the scaling recipe Transformer
+    Engine quantises with; read with ``transformer_engine_fp8`` only (the executor's fp8 has its own rowwise
+    scaling).
+    ``fp8_param_gather`` (Megatron's ``--fp8-param-gather``): the model's GEMM weights are fp8 tensors (no
+    16-bit copy beside the optimizer's fp32 master), gathered in fp8.
+    The optimizer state's dtypes (Megatron's precision-aware optimizer) are the layout's
+    (``ParallelConfig.exp_avg_dtype`` ...): the planner searches them and the executor runs them.
+    ``cross_entropy_fusion_impl`` (one of :data:`CROSS_ENTROPY_FUSION_IMPLS`), read with
+    ``megatron_cross_entropy`` only: Megatron's native fused loss keeps an fp32 softmax per head; Transformer
+    Engine's keeps the 16-bit logits and writes their gradient over them.
+    ``megatron_memory`` True models the tensors Megatron-Core keeps where they differ from foldtune's executor
+    (the MoE dispatcher's saved tensors, multi-latent attention's output, the distributed optimizer's gradient
+    shards, the optimizer step's copies; docs/memory-model.md, "Megatron-Core's accounting"). Like the other
+    Megatron switches it prices Megatron's implementation and leaves the executor's runs as they are.
     """
 
     seq_length: int
@@ -78,6 +102,14 @@ class TrainingSpec:
     # Megatron's --moe-pad-expert-input-to-capacity: under capacity routing every expert computes exactly its
     # capacity of rows (the dropped-to tokens padded with zero-weight rows): static shapes, more GEMM rows
     moe_pad_expert_input_to_capacity: bool = False
+    # Transformer Engine's fp8 scaling recipe (with transformer_engine_fp8)
+    fp8_recipe: str = "tensorwise"
+    # Megatron's fp8 primary weights (--fp8-param-gather)
+    fp8_param_gather: bool = False
+    # Megatron's fused loss implementation (with megatron_cross_entropy)
+    cross_entropy_fusion_impl: str = "native"
+    # the tensors Megatron-Core keeps where they differ from the executor's
+    megatron_memory: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -85,6 +117,11 @@ class TrainingSpec:
         positive_ints(p, self, ("seq_length", "global_batch_size"))
         require(p, self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         require(p, self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        require(p, self.fp8_recipe in FP8_RECIPES,
+                f"fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
+        require(p, self.cross_entropy_fusion_impl in CROSS_ENTROPY_FUSION_IMPLS,
+                f"cross_entropy_fusion_impl must be one of {CROSS_ENTROPY_FUSION_IMPLS}, "
+                f"got {self.cross_entropy_fusion_impl!r}")
         require(p, self.routing_mode in ROUTING_MODES,
                 f"routing_mode must be one of {ROUTING_MODES}, got {self.routing_mode!r}")
         if self.routing_mode == "capacity":

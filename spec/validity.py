@@ -39,7 +39,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   supported with distributed optimizer``); main_params_dtype: ``arguments.py``'s ``--main-params-dtype``
   choices (fp32, fp16: Transformer Engine's FusedAdam keeps no other master weights). Megatron takes any state
   dtype other than fp32 as the precision-aware optimizer (its ``OptimizerConfig`` refuses them without it), so
-  foldtune's layout has no separate switch.
+  foldtune's layout has no separate switch;
+- fp8_params_precision: ``arguments.py`` (``--fp8-param-gather`` gathers the fp8 weights of an fp8 run);
+- optimizer_distopt: ``arguments.py`` (``--fp8-param-gather only supported with distributed optimizer``): fp8
+  primary weights (the optimizer state's dtypes are the layout's, rule precision_aware_distopt).
 
 The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
 say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
@@ -95,6 +98,8 @@ RULES: dict[str, str] = {
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
     "pad_to_capacity": "padding the experts' input to capacity needs capacity routing",
+    "fp8_params_precision": "fp8 primary weights (fp8_param_gather) need precision fp8",
+    "optimizer_distopt": "fp8 primary weights need the distributed optimizer",
 }
 # the rules on a config alone (how its sizes fold the world, which knobs go together): spec.layout_rules
 RULES.update({rule.id: rule.demands for rule in LAYOUT_RULES if rule.id not in RULES})
@@ -111,8 +116,8 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
     "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
-    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built for pp = 1, "
-                           "without full recompute, selective recompute of moe or activation offload of moe",
+    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built without full "
+                           "recompute, selective recompute of moe or activation offload of moe",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -227,6 +232,13 @@ def pad_to_capacity_problem(training: TrainingSpec) -> str | None:
     return None
 
 
+def needs_distributed_optimizer(training: TrainingSpec) -> bool:
+    """Whether ``training``'s recipe runs with Megatron's distributed optimizer only: fp8 primary weights
+    (``--fp8-param-gather``). The precision-aware optimizer's state dtypes are the layout's own knob, checked per
+    layout (rule precision_aware_distopt)."""
+    return training.fp8_param_gather
+
+
 def unsupported_features(model: ModelSpec) -> list[str]:
     """The architecture features of ``model`` that the executor does not build (yet); empty when it builds it."""
     unsupported = []
@@ -293,9 +305,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          "selective recompute of mla_up_proj is built together with core_attn only (one checkpoint covers the up "
          "projections and the attention core; every other module is built alone)")
     # the overlapped schedule (executor/ep_overlap.py) cuts each MoE layer at its all-to-alls: a checkpoint
-    # around the whole layer or the whole MoE block would span them
+    # around the whole layer or the whole MoE block would span them (with any pp: executor/pipeline.py runs the
+    # combined 1F1B; Megatron's own rule, ep_overlap, asks for vpp > 1 when pp > 1)
     overlap_why = [why for why, broken in (
-        ("pp > 1 (the executor overlaps without a pipeline only)", c.pp > 1),
         ("full recompute", c.recompute_granularity == "full"),
         ("selective recompute of moe", c.recompute_granularity == "selective" and "moe" in c.recompute_modules),
         # its staged layer runs the MoE block's parts itself, outside the module that offloads their activations
@@ -340,6 +352,9 @@ class Validator:
             return Rejection("pad_to_capacity", padding)
         if self.cluster is None:
             return None
+        if self.training.fp8_param_gather and self.training.precision != "fp8":
+            return Rejection("fp8_params_precision", f"fp8 primary weights (fp8_param_gather) need precision fp8, "
+                                                     f"the training spec has {self.training.precision}")
         if self.training.precision == "fp8" and "fp8" not in dict(self.cluster.gpu.peak_flops):
             return Rejection("fp8_hardware", f"precision fp8 needs a GPU with an fp8 peak; "
                                              f"{self.cluster.gpu.name} has only {sorted(dict(self.cluster.gpu.peak_flops))}")
@@ -437,6 +452,9 @@ class Validator:
                 return overlap
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
+        if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
+            return Rejection("optimizer_distopt", "fp8 primary weights (fp8_param_gather) need the distributed "
+                                                  "optimizer")
         forced = self.training.distributed_optimizer
         if forced is not None and c.use_distributed_optimizer != forced:
             return Rejection("distopt_choice", f"the training spec sets distributed_optimizer="
@@ -500,6 +518,13 @@ def executor_rules(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     return found + _registered(model, training, config, executor=True)
 
 
+def executor_refusal(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    """Why executor/ cannot run ``config`` (every executor rule it breaks, as ``[rule] reason``, joined by '; '),
+    or None when it can: what the planner labels each layout it ranks with (a Megatron-only layout)."""
+    rejections = executor_rules(model, training, config)
+    return "; ".join(str(r) for r in rejections) if rejections else None
+
+
 @dataclass(frozen=True)
 class Rule:
     """A rule of the rule book on the whole case: ``broken(model, training, layout)`` is the reason the layout
@@ -556,6 +581,23 @@ register(Rule("main_params_half_params", "master weights other than fp32 need 16
                                          "training)", _main_params_half_params))
 register(Rule("executor_optimizer_dtypes", "optimizer state in fp32, bf16 or fp16 (no fp8 moments)",
               _executor_optimizer_dtypes, executor=True))
+
+
+def _megatron_optimizer_recipe(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    # the executor's optimizer (executor/optimizer.py) keeps 16-bit weights and fp32 main grads whatever the
+    # training spec says: a run with these knobs would be measured as another recipe (the state dtypes are the
+    # layout's, and built: rule executor_optimizer_dtypes)
+    knobs = [name for name, on in (("fp8 primary weights (fp8_param_gather)", training.fp8_param_gather),
+                                   ("a bf16 gradient buffer (main_grads_fp32 off)", not training.main_grads_fp32))
+             if on]
+    if knobs:
+        return "Megatron's optimizer recipe is not built: " + ", ".join(knobs)
+    return None
+
+
+register(Rule("executor_optimizer_recipe", "16-bit weights and fp32 main grads (Megatron's fp8 primary weights and "
+                                           "bf16 grad buffer are not built)",
+              _megatron_optimizer_recipe, executor=True))
 
 
 def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:
