@@ -1,7 +1,7 @@
 """the Adam moments' dtypes move from stored training specs to the layout; training specs gain pad-to-capacity
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-03 12:00:00
 
 The precision-aware optimizer's state dtypes are a layout knob (``ParallelConfig.exp_avg_dtype``,
@@ -26,8 +26,8 @@ import json
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007'
-down_revision = '0006'
+revision = '0008'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 
