@@ -9,7 +9,7 @@ from db.migrate import head_revision
 
 def test_health_reports_database_and_revision(client):
     body = client.get("/healthz").json()
-    assert body["status"] == "ok" and body["revision"] == head_revision() == "0004"
+    assert body["status"] == "ok" and body["revision"] == head_revision() == "0008"
 
 
 def test_health_is_503_when_the_database_is_not_migrated(client, app):
