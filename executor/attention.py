@@ -31,7 +31,7 @@ from executor.kernels import triton_rope
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
-from executor.parallel.context_parallel import cp_attention, gather_kv
+from executor.parallel.cp_exchange import cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
@@ -113,6 +113,7 @@ class Attention(torch.nn.Module):
         self.offload_core = offloaded(state.config, "core_attn")
         self.offload_norm = offloaded(state.config, "layernorm")
         self.cp = state["cp"]
+        self.cp_exchange = cp_exchange(state.config.cp_comm_type)
         self.window = spec.attention_window(layer)
         self.plain = self.window is None and spec.softmax_type == "vanilla"  # the causal kernels take it
         # [s/cp, s] mask (True = attend) in global positions, set by the model under CP or when not plain
@@ -172,15 +173,10 @@ class Attention(torch.nn.Module):
         else:
             q = apply_rope(q.permute(1, 2, 0, 3), cos, sin)
             k = apply_rope(k.permute(1, 2, 0, 3), cos, sin)
-        if self.cp.size > 1:
-            q = self.timer.mark(q, "attention", "cp_allgather")
-            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
-            k = self.timer.mark(k, "cp_allgather", "attention")
-        if not self.plain:  # a window or sinks: the masked path (the CP flash kernel takes neither)
+        if self.cp.size > 1:  # the layout's CP communication type (executor.parallel.cp_exchange)
+            o = run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core)
+        elif not self.plain:  # a window or sinks: the masked path (the causal kernels take neither)
             o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks,
-                              offload=self.offload_core)
-        elif self.cp.size > 1:
-            o = recompute.run(self.recompute_core, cp_attention, q, k, v, self.mask, self.cp.size, self.cp.rank,
                               offload=self.offload_core)
         else:
             o = recompute.run(self.recompute_core, self._attention, q, k, v,  # [b, heads, s, d]
@@ -192,6 +188,10 @@ class Attention(torch.nn.Module):
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def local_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over whole sequences, as without CP (the a2a CP types run it on their heads)."""
+        return self._attention(q, k, v)
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The backend's causal attention, with SDPA's kernel order of ``options.attention_backend`` on CUDA."""

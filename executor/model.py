@@ -31,7 +31,8 @@ from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
-from executor.parallel.context_parallel import all_positions, cp_positions
+from executor.parallel.context_parallel import cp_positions
+from executor.parallel.cp_exchange import cp_exchange
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
@@ -188,15 +189,19 @@ class MoEGPT(torch.nn.Module):
         cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
         cp = state["cp"]
         self.cp_positions = None
-        keys = queries = torch.arange(self.seq_length, device=device)
-        if cp.size > 1:  # this rank's load-balanced share of the sequence, against every rank's keys
-            self.cp_positions = queries = cp_positions(self.seq_length, cp.size, cp.rank, device)
-            keys = all_positions(self.seq_length, cp.size, device)
+        positions = keys = queries = torch.arange(self.seq_length, device=device)
+        if cp.size > 1:  # this rank's load-balanced share of the sequence; the masks as its CP type attends
+            self.cp_positions = cp_positions(self.seq_length, cp.size, cp.rank, device)
+            positions = cp_exchange(state.config.cp_comm_type).mask_positions(self.seq_length, cp, device)
+            if positions is not None:
+                queries, keys = positions
             cos, sin = cos[self.cp_positions], sin[self.cp_positions]
+        # the allgather type's plain layers take the mask too: its masked fallback beside the flash path
+        gathered = cp.size > 1 and state.config.cp_comm_type == "allgather"
         masks = {}  # one mask per window size, shared by the layers that use it
         for layer in self.decoder_layers():
             attention = layer.attention
-            if cp.size > 1 or not attention.plain:
+            if positions is not None and (not attention.plain or gathered):
                 if attention.window not in masks:
                     masks[attention.window] = attention_mask(queries, keys, attention.window)
                 attention.mask = masks[attention.window]
