@@ -75,7 +75,7 @@ def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cl
     if bottleneck == "tp-comm":
         return f"TP{c.tp} group {places.span_text('tp')}"
     if bottleneck == "cp-comm":
-        return f"CP{c.cp} group {places.span_text('cp')}"
+        return f"CP{c.cp} {c.cp_comm_text()} group {places.span_text('cp')}"
     if bottleneck == "dp-comm":
         return (f"DP{c.dp} {places.span_text('dp')}, EDP{c.edp} {places.span_text('edp')}"
                 + ("" if c.use_distributed_optimizer else ", no distributed optimizer"))

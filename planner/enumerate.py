@@ -34,6 +34,11 @@ The search space is a product of candidate axes:
 - EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
   plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
   ``ep_overlap`` rule); it rides the dispatcher axis as the option ``DispatchOption("alltoall", ep_overlap=True)``;
+- CP communication type (``SearchSpace.cp_comm_types``, :mod:`spec.cp_comm_types`) for every cp > 1: allgather,
+  p2p and a2a (where the ``cp_a2a_heads`` rule lets the heads split over tp·cp), and a2a+p2p only where the CP
+  group spans nodes, split as ``a`` = the CP ranks one node holds (the all-to-all on NVLink) by the ``cp / a``
+  nodes (the ring over the network), with a, cp / a >= 2 and the heads rule at tp·a; other splits are valid
+  layouts (``cp_comm=a2a+p2p:AxP``) the planner does not try. With cp = 1 the type changes nothing: allgather;
 - distributed optimizer: on and off, or the one the training spec forces;
 - precision (opt-in, ``SearchSpace.precisions``): by default only the training spec's precision is planned;
   a space that lists several (e.g. bf16 and fp8) has each planned as a whole (``planner.rank.plan_precisions``:
@@ -60,6 +65,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, HIERARCHICAL
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
@@ -68,6 +74,7 @@ from spec.model_spec import ModelSpec
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, placement_label
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
+from spec.rank_groups import GridSizes, group_stride_span
 from spec.training_spec import PRECISIONS, TrainingSpec
 from spec.validity import Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule
 
@@ -101,7 +108,22 @@ class DispatchOption(NamedTuple):
         return {"moe_token_dispatcher_type": self.dispatcher, "overlap_moe_expert_parallel_comm": self.ep_overlap}
 
 
-RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
+class CpCommOption(NamedTuple):
+    """One value of the enumeration's CP communication axis: a type of ``spec.cp_comm_types`` and, for a2a+p2p,
+    its (a2a size, p2p size)."""
+
+    cp_comm_type: str = DEFAULT_CP_COMM
+    sizes: tuple[int, int] | None = None
+
+    def fields(self) -> dict:
+        """The ParallelConfig fields of this option."""
+        return {"cp_comm_type": self.cp_comm_type, "hierarchical_context_parallel_sizes": self.sizes}
+
+
+DEFAULT_CP_OPTION = CpCommOption()
+
+
+RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp", "cp_a2a_heads",
                                "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
                                "expert_ffn_etp", "recompute_modules", "ep_overlap")
 
@@ -124,6 +146,7 @@ class SearchSpace:
     precisions: tuple[str, ...] | None = None
     optimizer_offload: tuple[float, ...] = ()  # optimizer CPU offload fractions tried beside 0
     activation_offload: tuple[tuple[str, ...], ...] = ()  # activation offload module sets tried beside none
+    cp_comm_types: tuple[str, ...] = CP_COMM_TYPES  # the CP communication types tried for cp > 1
 
     def __post_init__(self) -> None:
         bad = [f for f in self.optimizer_offload if not 0.0 < f <= 1.0]
@@ -149,6 +172,10 @@ class SearchSpace:
         if unknown:
             raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
                                      f"dispatchers are {', '.join(DISPATCHERS)}")
+        unknown = [c for c in self.cp_comm_types if c not in CP_COMM_TYPES]
+        if unknown or not self.cp_comm_types:
+            raise InvalidConfigError(f"CP communication types of the search space must be among "
+                                     f"{', '.join(CP_COMM_TYPES)}, got {', '.join(map(repr, self.cp_comm_types))}")
 
     def precisions_for(self, training: TrainingSpec, gpu: GPUSpec) -> tuple[str, ...]:
         """The precisions planned: the training spec's alone by default; else those of ``precisions`` the GPU
@@ -177,6 +204,22 @@ class SearchSpace:
     def allows_cp(self, cp: int, seq_length: int) -> bool:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
         return cp == 1 or seq_length // (2 * cp) >= self.cp_min_chunk_tokens
+
+    def cp_comm_options(self, tp: int, cp: int, gpus_per_node: int) -> tuple[CpCommOption, ...]:
+        """The CP communication options tried with ``tp`` and ``cp`` (see the module docstring): the default alone
+        for cp = 1; the hierarchical one only where the CP group spans nodes, split by the ranks a node holds."""
+        if cp <= 1:
+            return (DEFAULT_CP_OPTION,)
+        out = []
+        for name in self.cp_comm_types:
+            if name != HIERARCHICAL:
+                out.append(CpCommOption(name))
+                continue
+            group = GridSizes(tp=tp, cp=cp).group("cp")
+            nodes = group_stride_span(group.stride, cp, gpus_per_node)
+            if nodes > 1 and cp // nodes >= 2:
+                out.append(CpCommOption(name, (cp // nodes, nodes)))
+        return tuple(out) or (DEFAULT_CP_OPTION,)
 
     def allows_etp(self, etp: int, model: ModelSpec) -> bool:
         """Whether ``etp`` is in the search space (expert FFN shards of at least ``expert_ffn_min_columns``)."""
@@ -214,7 +257,9 @@ class SearchSpace:
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
                 f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
-                f"{' (pp = 1 only)' if self.ep_overlap and not self.ep_overlap_pipelined else ''}")
+                f"{' (pp = 1 only)' if self.ep_overlap and not self.ep_overlap_pipelined else ''}"
+                f", CP {'/'.join(self.cp_comm_types)}"
+                f"{f' ({HIERARCHICAL} where CP spans nodes)' if HIERARCHICAL in self.cp_comm_types else ''}")
         if self.optimizer_offload:
             text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
         if self.activation_offload:
@@ -240,6 +285,7 @@ class StaircaseKey(NamedTuple):
     etp: int
     dispatcher: DispatchOption
     optimizer_choice: int
+    cp_comm: CpCommOption
 
 
 class BoundKey(NamedTuple):
@@ -251,6 +297,7 @@ class BoundKey(NamedTuple):
     etp: int
     dispatcher: DispatchOption
     micro_batch_size: int
+    cp_comm: CpCommOption
 
 
 _new = tuple.__new__
@@ -271,14 +318,16 @@ class Layout:
     stage_layers: tuple[int, ...]
     micro_batch_sizes: tuple[int, ...]  # the valid ones, ascending
     dispatchers: tuple[DispatchOption, ...]
+    cp_comm: CpCommOption = DEFAULT_CP_OPTION
 
     def staircase_key(self, dispatcher: DispatchOption, optimizer_choice: int) -> StaircaseKey:
         """The key of this layout's memory staircase with ``dispatcher`` and the optimizer choice (an index)."""
-        return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice))
+        return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice,
+                                   self.cp_comm))
 
     def bound_key(self, dispatcher: DispatchOption, micro_batch_size: int) -> BoundKey:
         """The key of the steady-state time bound this layout shares with ``dispatcher`` and the micro-batch size."""
-        return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size))
+        return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size, self.cp_comm))
 
 
 def divisors(n: int) -> list[int]:
@@ -369,7 +418,7 @@ class ConfigMaker:
         :meth:`from_base`)."""
         d = dict(self._template)
         d.update(tp=lay.tp, cp=lay.cp, pp=lay.pp, vpp=lay.vpp, ep=lay.ep, etp=lay.etp,
-                 sequence_parallel=lay.tp > 1, **dispatcher.fields())
+                 sequence_parallel=lay.tp > 1, **dispatcher.fields(), **lay.cp_comm.fields())
         return d
 
     @staticmethod
@@ -447,10 +496,9 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     glob = v.global_()
     for tp in divisors(world):
         tp_rej = glob or v.tp(tp)
-        for cp in divisors(world // tp):
-            if not space.allows_cp(cp, training.seq_length):
-                continue
-            cp_rej = tp_rej or v.cp(cp)
+        for cp, cp_option in ((cp, option) for cp in divisors(world // tp) if space.allows_cp(cp, training.seq_length)
+                              for option in space.cp_comm_options(tp, cp, cluster.gpus_per_node)):
+            cp_rej = tp_rej or v.cp(cp) or v.cp_comm(tp, cp, cp_option.cp_comm_type, cp_option.sizes)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
                 per_mbs = expert_leaves[pp]
@@ -493,7 +541,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                         elif overlap_drops_full:
                             result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt)
                         result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
-                                                     split, sizes, dispatchers))
+                                                     split, sizes, dispatchers, cp_option))
     options = space.offload_options()
     if len(options) > 1:  # the offload options' configs: valid configs beside those counted above
         base = result.valid
