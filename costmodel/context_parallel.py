@@ -3,8 +3,8 @@
 message sizes ``costmodel.collective_inventory.cp_calls`` lists and the calibrated attention and collective
 curves.
 
-allgather (below: :func:`cp_attention_time`, :func:`kv_exchange_time`): the executor (``executor/parallel/context_parallel.py``) cuts the sequence into ``2·cp`` chunks of
-``c = seq / (2·cp)`` tokens; CP rank i holds chunks i and ``2·cp−1−i``. It all-gathers K and V over the CP
+allgather (below: :func:`cp_attention_time`, :func:`kv_exchange_time`): the executor
+(``executor/parallel/context_parallel.py``) cuts the sequence into ``2·cp`` chunks of ``c = seq / (2·cp)`` tokens; CP rank i holds chunks i and ``2·cp−1−i``. It all-gathers K and V over the CP
 group (backward: a reduce-scatter of their gradients), on the compute stream before the attention, so
 nothing hides the exchange. Each local query chunk j then runs one flash kernel of ``c`` queries against
 the first ``(j+1)·c`` keys, causal with the diagonal bottom-right (:func:`chunk_kernels`).

@@ -109,6 +109,10 @@ def explain(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec
     seconds = sum(terms.get(t, 0.0) for t in BOTTLENECK_TERMS.get(bottleneck, ()))
     share = seconds / time.step_time if time.step_time > 0 else 0.0
     context = _time_context(bottleneck, config, training, cluster, time)
+    if config.cp > 1 and bottleneck != "cp-comm":  # the CP type shapes the attention whatever limits the step
+        hidden = dict(time.hidden).get("cp_comm", 0.0)
+        context += f"; CP{config.cp} {config.cp_comm_text()}" + (
+            f" hides {hidden:.3g} s of its exchange" if hidden > 0 else "")
     return bottleneck, f"{bottleneck} {share:.0%} of step: {context}"
 
 

@@ -123,9 +123,9 @@ class CpCommOption(NamedTuple):
 DEFAULT_CP_OPTION = CpCommOption()
 
 
-RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp", "cp_a2a_heads",
-                               "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
-                               "expert_ffn_etp", "recompute_modules", "ep_overlap")
+RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
+                               "cp_a2a_heads", "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches",
+                               "experts_ep", "expert_ffn_etp", "recompute_modules", "ep_overlap")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ and 2·cp−1−i); they differ in how a rank's queries meet the other ranks' ke
   crosses nodes; the planner tries it only there, with ``a`` the CP ranks one node holds.
 
 ``ParallelConfig.cp_comm_type`` must be one of :data:`CP_COMM_TYPES`. The executor registers an implementation
-per name (``executor.parallel.context_parallel.CP_EXCHANGES``) and the cost model a pricing
+per name (``executor.parallel.cp_exchange.CP_EXCHANGES``) and the cost model a pricing
 (``costmodel.context_parallel.CP_PRICING``); ``tests/executor/test_cp_comm_types.py`` checks that both hold
 exactly these names.
 """

@@ -88,6 +88,7 @@ class _Recorder:
         self.calls: list[tuple[str, str, str, int]] = []
         self.micro = False
         self.in_backward = 0  # inside a collective autograd function's backward
+        self.in_ring = 0  # inside the ring attention's forward (whose backward may recompute it first)
         self.depth = 0  # inside a recorded call (a renamed collective calling the other name)
 
     def phase(self) -> str:
@@ -95,7 +96,7 @@ class _Recorder:
             return "step"
         if torch._C._current_graph_task_id() == -1:
             return "forward"
-        return "backward" if self.in_backward else "recompute"
+        return "backward" if self.in_backward and not self.in_ring else "recompute"
 
     def wrap(self, name, fn):
         op = _OPS[name]
@@ -138,6 +139,16 @@ class _Recorder:
         for cls in (coll._AllGather, coll._ReduceScatter, coll._AllReduce, coll._AllToAll, coll._AllGatherV,
                     coll._ReduceScatterV, ring._RingAttention):
             cls.backward = staticmethod(self._marked(cls.backward))
+        ring._RingAttention.forward = staticmethod(self._in_ring(ring._RingAttention.forward))
+
+    def _in_ring(self, forward):
+        def run(ctx, *args):
+            self.in_ring += 1
+            try:
+                return forward(ctx, *args)
+            finally:
+                self.in_ring -= 1
+        return run
 
     def _marked(self, backward):
         def run(ctx, *grads):

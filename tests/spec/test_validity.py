@@ -67,7 +67,8 @@ CASES = [
     ("cp_comm_hierarchical", TINY, TRAIN, 8, dict(cp=4, cp_comm_type="a2a+p2p")),  # no sizes
     ("cp_comm_hierarchical", TINY, TRAIN, 8,
      dict(cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 4))),  # 2·4 is not cp
-    ("cp_comm_hierarchical", TINY, TRAIN, 8, dict(cp=2, cp_comm_type="p2p", hierarchical_context_parallel_sizes=(1, 2))),
+    ("cp_comm_hierarchical", TINY, TRAIN, 8,
+     dict(cp=2, cp_comm_type="p2p", hierarchical_context_parallel_sizes=(1, 2))),  # sizes for another type
 ]
 
 
