@@ -198,20 +198,35 @@ def ring_price(rates: ComputeRates, link: LinkRates, place: Placement, micro_bat
     n = place.size
     hop = p2p_time(link, pair_bytes, place.crosses_nodes) if n > 1 else 0.0
     floor = rates.cp_chunk_floor / 2
+
+    def seconds(block: ChunkKernel) -> tuple[float, float]:
+        if qk_dim == v_dim:
+            return chunk_attention_time(rates, micro_batch, block, heads, qk_dim, v_dim, CP_FLASH_KERNEL_SLOWDOWN,
+                                        floor)
+        f, b = attention_time(rates, micro_batch * block.queries, block.keys, heads, qk_dim, v_dim, block.causal,
+                              False)
+        return max(floor, f), max(floor, b)
+
+    # three kinds of block (ring_blocks): the own pair, then early ranks' (2c x c) and late ranks' (c x 2c); rank r
+    # meets r early ones then n−1−r late ones, so ring_overlap's sums come in closed form, O(1) per rank
+    c = seq_length // (2 * n)
+    own, early, late = (seconds(b) for b in (ChunkKernel(2 * c, 2 * c), ChunkKernel(2 * c, c, False),
+                                             ChunkKernel(c, 2 * c, False)))
     best: RingPrice | None = None
     for rank in range(n):
-        times = []
-        for block in ring_blocks(seq_length, n, rank):
-            if qk_dim == v_dim:
-                times.append(chunk_attention_time(rates, micro_batch, block, heads, qk_dim, v_dim,
-                                                  CP_FLASH_KERNEL_SLOWDOWN, floor))
-            else:
-                f, b = attention_time(rates, micro_batch * block.queries, block.keys, heads, qk_dim, v_dim,
-                                      block.causal, False)
-                times.append((max(floor, f), max(floor, b)))
-        fwd, bwd = [t[0] for t in times], [t[1] for t in times]
-        exposed, hidden = ring_overlap(hop, fwd, bwd)
-        price = RingPrice((sum(fwd), sum(bwd)), exposed, hidden)
+        core = tuple(own[d] + rank * early[d] + (n - 1 - rank) * late[d] for d in (0, 1))
+        if n == 1:
+            price = RingPrice(core, (0.0, 0.0), (0.0, 0.0))
+        else:
+            n_early, n_late = min(rank, n - 2), max(0, n - 2 - rank)  # of steps 1..n−2
+            last = early if rank == n - 1 else late  # step n−1
+            exposed_f = max(0.0, hop - own[0]) + n_early * max(0.0, hop - early[0]) + n_late * max(0.0, hop - late[0])
+            hidden_f = min(hop, own[0]) + n_early * min(hop, early[0]) + n_late * min(hop, late[0])
+            exposed_b = (max(0.0, hop - own[1]) + n_early * max(0.0, 2 * hop - early[1])
+                         + n_late * max(0.0, 2 * hop - late[1]) + max(0.0, hop - last[1]) + hop)
+            hidden_b = (min(hop, own[1]) + n_early * min(2 * hop, early[1]) + n_late * min(2 * hop, late[1])
+                        + min(hop, last[1]))
+            price = RingPrice(core, (exposed_f, exposed_b), (hidden_f, hidden_b))
         if best is None or sum(price.core) + sum(price.exposed) > sum(best.core) + sum(best.exposed):
             best = price
     assert best is not None

@@ -496,28 +496,37 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     glob = v.global_()
     for tp in divisors(world):
         tp_rej = glob or v.tp(tp)
-        for cp, cp_option in ((cp, option) for cp in divisors(world // tp) if space.allows_cp(cp, training.seq_length)
-                              for option in space.cp_comm_options(tp, cp, cluster.gpus_per_node)):
-            cp_rej = tp_rej or v.cp(cp) or v.cp_comm(tp, cp, cp_option.cp_comm_type, cp_option.sizes)
+        for cp in divisors(world // tp):
+            if not space.allows_cp(cp, training.seq_length):
+                continue
+            # the CP communication options of (tp, cp): those a rule rejects are counted, the others ride on every
+            # layout below as neighbours (a layout's options next to each other: the ranker shares their memory)
+            cp_rej = tp_rej or v.cp(cp)
+            cp_options = space.cp_comm_options(tp, cp, cluster.gpus_per_node)
+            option_rejs = [cp_rej or v.cp_comm(tp, cp, o.cp_comm_type, o.sizes) for o in cp_options]
+            kept = tuple(o for o, r in zip(cp_options, option_rejs) if r is None)
+            k = len(kept)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
                 per_mbs = expert_leaves[pp]
                 per_vpp = space.mbs_max * per_mbs
                 vpps = space.vpps_for(pp)
-                result.considered += len(vpps) * per_vpp
-                if cp_rej:
-                    result._reject(cp_rej, len(vpps) * per_vpp)
+                result.considered += len(vpps) * per_vpp * len(cp_options)
+                for rejection in option_rejs:
+                    if rejection is not None:
+                        result._reject(rejection, len(vpps) * per_vpp)
+                if not kept:
                     continue
                 for vpp in vpps:
                     pp_rej = v.pp(pp, vpp)
                     if pp_rej:
-                        result._reject(pp_rej, per_vpp)
+                        result._reject(pp_rej, per_vpp * k)
                         continue
                     ok_mbs = []
                     for mbs in range(1, space.mbs_max + 1):
                         b_rej = v.batch(dp, mbs, pp, vpp)
                         if b_rej:
-                            result._reject(b_rej, per_mbs)
+                            result._reject(b_rej, per_mbs * k)
                         else:
                             ok_mbs.append(mbs)
                     if not ok_mbs:
@@ -528,20 +537,21 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                     for ep, etp, dispatchers, e_rej, overlap, overlap_drops_full in expert_pairs[pp]:
                         leaves = n_mbs * len(dispatchers) * n_rec * n_opt
                         if e_rej:
-                            result._reject(e_rej, leaves)
+                            result._reject(e_rej, leaves * k)
                             continue
                         for bad in recompute_bad:
-                            result._reject(bad, n_mbs * len(dispatchers) * n_opt)
+                            result._reject(bad, n_mbs * len(dispatchers) * n_opt * k)
                         # the rule book's ep_overlap rule, on the overlap option (alltoall, ep > 1) without and
                         # with full recompute
                         overlap_rej = overlap and ep_overlap_rule(ep, "alltoall", "none", pp, vpp)
                         if overlap_rej:
-                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt)
+                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt * k)
                             dispatchers = tuple(d for d in dispatchers if not d.ep_overlap)
                         elif overlap_drops_full:
-                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt)
-                        result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
-                                                     split, sizes, dispatchers, cp_option))
+                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt * k)
+                        for option in kept:
+                            result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
+                                                         split, sizes, dispatchers, option))
     options = space.offload_options()
     if len(options) > 1:  # the offload options' configs: valid configs beside those counted above
         base = result.valid

@@ -47,15 +47,16 @@ def test_ring_overlap_by_hand():
     assert ring_overlap(1.0, [0.6], [1.5]) == ((0.0, 0.0), (0.0, 0.0))  # a ring of one sends nothing
 
 
-def test_ring_price_is_the_busiest_ranks_blocks_and_exposed_hops():
-    place = group_placement(1, 4, 8)  # 4 ranks on one node
-    pair = 2048 * 8 * 256 * 2  # 2048 local tokens, 8 KV heads, K and V of 128, bf16
+@pytest.mark.parametrize("ring", [2, 3, 4, 8])
+def test_ring_price_is_the_busiest_ranks_blocks_and_exposed_hops(ring):
+    place = group_placement(1, ring, 8)  # on one node
+    pair = 8192 // ring * 8 * 256 * 2  # the local tokens, 8 KV heads, K and V of 128, bf16
     price = ring_price(RATES, LINK, place, 1, 8192, 32, 128, 128, pair)
     hop = pair / (LINK.intra_bandwidth * 0.80) + LINK.intra_latency  # p2p at its default efficiency
     best = None
-    for rank in range(4):
+    for rank in range(ring):
         times = [chunk_attention_time(RATES, 1, b, 32, 128, 128, CP_FLASH_KERNEL_SLOWDOWN)
-                 for b in ring_blocks(8192, 4, rank)]
+                 for b in ring_blocks(8192 // (2 * ring) * 2 * ring, ring, rank)]
         exposed, hidden = ring_overlap(hop, [t[0] for t in times], [t[1] for t in times])
         total = sum(t[0] + t[1] for t in times) + sum(exposed)
         if best is None or total > best[0]:
@@ -63,7 +64,7 @@ def test_ring_price_is_the_busiest_ranks_blocks_and_exposed_hops():
     assert sum(price.core) + sum(price.exposed) == pytest.approx(best[0])
     assert price.exposed == pytest.approx(best[1]) and price.hidden == pytest.approx(best[2])
     # across nodes the same hop goes over the network and hides less
-    wide = ring_price(RATES, LINK, group_placement(8, 4, 8), 1, 8192, 32, 128, 128, pair)
+    wide = ring_price(RATES, LINK, group_placement(8, ring, 8), 1, 8192, 32, 128, 128, pair)
     assert sum(wide.exposed) > sum(price.exposed) and wide.core == price.core
 
 
