@@ -31,7 +31,7 @@ from executor.kernels import triton_rope
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
-from executor.parallel.cp_exchange import cp_exchange, run_cp_attention
+from executor.parallel.cp_exchange import check_ring_layer, cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
@@ -116,6 +116,7 @@ class Attention(torch.nn.Module):
         self.cp_exchange = cp_exchange(state.config.cp_comm_type)
         self.window = spec.attention_window(layer)
         self.plain = self.window is None and spec.softmax_type == "vanilla"  # the causal kernels take it
+        check_ring_layer(state.config, self.plain)
         # [s/cp, s] mask (True = attend) in global positions, set by the model under CP or when not plain
         self.mask = None
         self.heads = spec.num_attention_heads // state.tp.size

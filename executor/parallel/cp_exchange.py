@@ -166,6 +166,14 @@ def cp_exchange(name: str) -> CpExchange:
     return exchange
 
 
+def check_ring_layer(config, plain: bool) -> None:
+    """The rule book's executor_cp_ring_attention, re-checked for a layer built without executor.buildable: the
+    ring merges plain causal blocks, so a layer with a window or sinks must not take it."""
+    if config.cp > 1 and config.cp_comm_type in (RingExchange.name, HierarchicalExchange.name) and not plain:
+        raise InvalidConfigError(f"[executor_cp_ring_attention] cp_comm {config.cp_comm_type} is built for plain "
+                                 f"causal attention; this layer has a sliding window or attention sinks")
+
+
 def run_cp_attention(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recompute_core: bool,
                      offload_core: bool, timed: bool = True) -> torch.Tensor:
     """The attention core of ``layer`` under CP (layer.cp.size > 1) with its communication type

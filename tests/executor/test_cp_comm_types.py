@@ -6,17 +6,23 @@ test_equivalence.py (``cp_comm`` layouts)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from costmodel.context_parallel import CP_PRICING
+from executor.attention import Attention
+from executor.kernels import get_backend
 from executor.launch_local import launch
+from executor.options import ExecutorOptions
 from executor.parallel.context_parallel import cp_positions
 from executor.parallel.cp_exchange import CP_EXCHANGES, cp_exchange, heads_to_sequence, sequence_to_heads
-from executor.parallel.groups import Group
+from executor.parallel.groups import Group, build_parallel_state
 from executor.parallel.ring_attention import MATH, FLASH, check_flash_blocks, ring_attention
+from spec.catalog import get_model
 from spec.cp_comm_types import CP_COMM_KINDS, CP_COMM_TYPES, cp_split
 from spec.errors import InvalidConfigError
 from spec.parallel_config import ParallelConfig
@@ -119,3 +125,10 @@ def test_the_all_to_all_scatters_heads_gathers_the_sequence_in_order_and_inverts
         torch.testing.assert_close(spread, x[:, 2 * rank:2 * rank + 2])
         torch.testing.assert_close(back, 2 * x[:, :, pos])  # the inverse brings every head home
         torch.testing.assert_close(grad, torch.full_like(grad, 2.0))  # d(sum of 2·x)/dx through both exchanges
+
+
+def test_a_windowed_layer_refuses_the_ring_naming_the_rule():
+    windowed = dataclasses.replace(get_model("tiny-moe"), window_size=(4, 0))
+    state = build_parallel_state(ParallelConfig(world_size=2, cp=2, cp_comm_type="p2p"), 0, communicators=False)
+    with pytest.raises(InvalidConfigError, match="executor_cp_ring_attention"):
+        Attention(windowed, ExecutorOptions(), state, 0, get_backend("torch"), torch.device("cpu"), torch.float32)
