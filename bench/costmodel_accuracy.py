@@ -36,7 +36,7 @@ def bench_space(args: argparse.Namespace):
                       for r in args.recompute.split(","))
     return SearchSpace(mbs_max=args.mbs_max, recompute=recompute, dispatchers=tuple(args.dispatchers.split(",")),
                        cp_min_chunk_tokens=args.cp_min_chunk, ep_overlap=False)
-    # EP overlap variants (executor: pp = 1) stay out of these tables: each would repeat a layout of the table;
+    # EP overlap variants stay out of these tables: each would repeat a layout of the table;
     # bench/ep_overlap_gpu.py measures the overlap against the same step without it
 
 

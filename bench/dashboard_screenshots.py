@@ -137,7 +137,7 @@ def main() -> int:
             if driver.find_elements("css selector", "#plot-plan svg"):
                 break
             time.sleep(0.1)
-        front = driver.find_elements("css selector", "#plot-plan circle.pt.pareto")
+        front = driver.find_elements("css selector", "#plot-plan g.trace.tracepareto path.point")
         if front:  # show the hover details of one point of the Pareto front
             from selenium.webdriver.common.action_chains import ActionChains
             ActionChains(driver).move_to_element(front[len(front) // 2]).perform()

@@ -13,7 +13,9 @@ fp8 run's losses are also compared (a kernel fault shows as fp8 drifting from it
 the two agreeing), and ``bf16_torch_ce`` (bf16 with the unfused torch cross-entropy: only the fp32
 summation order differs), the noise floor: its difference from bf16 is what a rounding change alone does
 to the trajectory; ``bf16_again`` (bf16 once more, the same code, weights and batches in a process of its own):
-its difference from bf16 is the run-to-run spread of the GPU's non-deterministic kernels (0 on the CPU). ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
+its difference from bf16 is the run-to-run spread of the GPU's non-deterministic kernels (0 on the CPU);
+``fp8_gg_rowwise`` and ``fp8_gg_blockwise`` (fp8 with the experts' forward, dgrad and wgrad on foldtune's
+grouped fp8 kernels, rowwise or DeepSeek-V3 blockwise scaling: ``ExecutorOptions.fp8_expert_gemm``). ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
 
 Reported per precision: tokens/s (global batch · seq over the median step time of the steps after
 ``--warmup``), the losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then
@@ -44,7 +46,7 @@ import torch
 
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
-from executor.kernels.fp8 import gemm, quantize
+from executor.kernels.fp8 import gemm, grouped_gemm, quantize
 from executor.launch_local import launch
 from executor.microbench.fp8_step_bar import BAR_LOSS, BAR_SPEEDUP, compare, max_rel_diff
 from executor.microbench.timing import synchronize
@@ -69,7 +71,11 @@ RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "fp8_fp8_wgrad": ("fp8", {"FOLDTUNE_FP8_WGRAD": "fp8"}),
         "fp8_emulated": ("fp8", {"FOLDTUNE_FP8_KERNELS": "0", "FOLDTUNE_FP8_TRITON": "0"}),
         "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"}),
-        "bf16_again": ("bf16", {})}
+        "bf16_again": ("bf16", {}),
+        "fp8_gg_rowwise": ("fp8", {}), "fp8_gg_blockwise": ("fp8", {})}
+# runs with executor options of their own: foldtune's grouped fp8 GEMM for the experts (ExecutorOptions.fp8_expert_gemm)
+RUN_OPTIONS = {"fp8_gg_rowwise": {"fp8_expert_gemm": "foldtune-rowwise"},
+               "fp8_gg_blockwise": {"fp8_expert_gemm": "foldtune-blockwise"}}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
 TOP_KERNELS = 10
 
@@ -89,14 +95,16 @@ def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]
 
 def step_worker(rank: int, world_size: int, model_name: str, layers: int, training: TrainingSpec, steps: int,
                 warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3, top: int = TOP_KERNELS,
-                recompute: str = "none") -> dict:
+                recompute: str = "none", option_overrides: dict | None = None) -> dict:
     """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled;
-    the ``top`` kernels by device time are reported; ``recompute``: the layout's recompute granularity."""
+    the ``top`` kernels by device time are reported; ``recompute``: the layout's recompute granularity;
+    ``option_overrides``: ExecutorOptions fields of the run."""
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     spec = get_model(model_name)
     spec = spec.with_layers(layers) if layers else spec
     config = ParallelConfig(world_size=1, recompute_granularity=recompute)
-    options = options_for_precision(ExecutorOptions.for_training(training, model=spec), training.precision)
+    options = options_for_precision(ExecutorOptions.for_training(training, model=spec, **(option_overrides or {})),
+                                    training.precision)
     state = build_parallel_state(config, rank)
     net = MoEGPT(spec, state, options, training.seq_length, device, DTYPES[training.precision],
                  PhaseTimer(enabled=False, device=device))
@@ -132,8 +140,10 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
               "top_kernels_per_step": top}
     if training.precision == "fp8":
         # the first-use checks' verdicts (True: the path ran; False: it failed its check and the fallback ran)
-        checks = {" ".join(map(str, k)): v for k, v in {**quantize._CHECKED, **gemm._CHECKED}.items()}
+        checks = {" ".join(map(str, k)): v for k, v in {**quantize._CHECKED, **gemm._CHECKED,
+                                                         **grouped_gemm._CHECKED}.items()}
         report["fp8"] = {"emulated_because": fp8.emulation_reason(device), "gemm_calls": fp8.gemm_counts(),
+                         "grouped_gemm_calls": grouped_gemm.counts(), "expert_gemm": options.fp8_expert_gemm,
                          "weight_quantisations": fp8.weight_counts(), "first_use_checks": checks}
     if use_cuda:
         report.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
@@ -156,6 +166,7 @@ def table(res: dict) -> str:
                      f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
         if "fp8" in r:
             lines.append(f"    fp8: emulated because {r['fp8']['emulated_because']}; GEMMs {r['fp8']['gemm_calls']}; "
+                         f"experts on {r['fp8'].get('expert_gemm')}, grouped {r['fp8'].get('grouped_gemm_calls')}; "
                          f"weights {r['fp8']['weight_quantisations']}; checks {r['fp8']['first_use_checks']}")
         lines.append(f"    top {TOP_KERNELS} kernels, ms per step (share of device time):")
         lines.extend(f"      {k['ms']:8.2f}  {k['share']:6.1%}  x{k['calls']:<5} {k['name']}"
@@ -212,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         training = TrainingSpec(seq_length=seq, global_batch_size=args.global_batch, precision=precision)
         with scoped_env(env):  # the run's process inherits it
             launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
-                                               use_cuda, args.lr, args.top, args.recompute), backend="nccl" if use_cuda else "gloo",
+                                               use_cuda, args.lr, args.top, args.recompute, RUN_OPTIONS.get(label)),
+                              backend="nccl" if use_cuda else "gloo",
                               timeout_s=EMULATED_TIMEOUT_S if label == "fp8_emulated" else 200)
         res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
         if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:

@@ -59,6 +59,11 @@ class AttentionPricing:
         """Elements per token of the q, k and v gradients alive together in backward (all heads)."""
         raise NotImplementedError
 
+    def norm_output_readers(self, model: ModelSpec) -> int:
+        """GEMMs that read the input norm's output, each of which keeps its own fp8 copy of it under Transformer
+        Engine's fp8 (``costmodel.fp8_storage``)."""
+        raise NotImplementedError
+
     def tp_gather_width(self, model: ModelSpec) -> int:
         """Elements per token all-gathered over TP (sequence parallel) before the column-parallel projections."""
         raise NotImplementedError
@@ -121,6 +126,10 @@ class GQAPricing(AttentionPricing):
 
     def gradient_width(self, model: ModelSpec) -> int:
         return (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
+
+    def norm_output_readers(self, model: ModelSpec) -> int:
+        # Megatron-Core's linear_qkv is TELayerNormColumnParallelLinear: the norm fused into the one QKV GEMM
+        return 1
 
     def tp_gather_width(self, model: ModelSpec) -> int:
         return model.hidden_size
@@ -230,6 +239,12 @@ class MLAPricing(AttentionPricing):
         and re-gather it in backward (Megatron, ``TrainingSpec.sequence_parallel_regather``). Per head: q and
         k after RoPE, the kv up projection's output (v is a view of it, keeping the key part alive), the
         attention output before its copy into linear_proj's input.
+
+        Under ``TrainingSpec.megatron_memory``, what Megatron-Core's MLASelfAttention keeps instead
+        (megatron/core/transformer/multi_latent_attention.py, ``qkv_up_proj_and_rope_apply``): the query, the key
+        and the value made contiguous for the fused attention kernel, with nothing left of the kv up projection's
+        output (the fused MLA RoPE kernels read it and keep nothing), and one attention output, which the fused
+        kernel keeps as ``out`` and linear_proj as its input (no copy): ``act.attn.proj_input`` alone.
         """
         b, t = training.activation_bytes, shape.tp
         dsp = t if shape.sp else 1
@@ -241,13 +256,21 @@ class MLAPricing(AttentionPricing):
         if model.q_lora_rank is not None:
             out.append(("act.mla.q_down_output", model.q_lora_rank * b / dsp, _NONE))
         out += [("act.mla.kv_down_output", (model.kv_lora_rank + rope) * b / dsp, _NONE),
-                ("act.mla.latents", (q_in + model.kv_lora_rank + rope) * b / latent_split, _NONE),
-                ("act.attn.qkv", n * (2 * (qk + rope) + qk + v) * b / t, frozenset({"mla_up_proj"})),
-                ("act.mla.core_output", n * v * b / t, _CORE)]
+                ("act.mla.latents", (q_in + model.kv_lora_rank + rope) * b / latent_split, _NONE)]
+        if training.megatron_memory:
+            out.append(("act.attn.qkv", n * (2 * (qk + rope) + v) * b / t, frozenset({"mla_up_proj"})))
+        else:
+            out += [("act.attn.qkv", n * (2 * (qk + rope) + qk + v) * b / t, frozenset({"mla_up_proj"})),
+                    ("act.mla.core_output", n * v * b / t, _CORE)]
         return out, n * v, 0.0
 
     def gradient_width(self, model: ModelSpec) -> int:
         return model.num_attention_heads * (2 * (model.qk_head_dim + model.qk_pos_emb_head_dim) + model.v_head_dim)
+
+    def norm_output_readers(self, model: ModelSpec) -> int:
+        # the query and the kv down projections (or, without q_lora_rank, the query projection), two TELinear
+        # modules behind a separate input norm in Megatron-Core's MLA layer spec
+        return 2
 
     def tp_gather_width(self, model: ModelSpec) -> int:
         return (model.q_lora_rank or model.hidden_size) + model.kv_lora_rank + model.qk_pos_emb_head_dim

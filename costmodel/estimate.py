@@ -16,6 +16,7 @@ from costmodel.host import seconds_per_op
 from costmodel.memory import MemoryBreakdown, estimate_memory
 from costmodel.step_time import StepTimeBreakdown, estimate_step_time, steady_state_floor as _floor
 from costmodel.terms import BOTTLENECK_TERMS
+from costmodel.uncertainty import EstimateInterval, estimate_interval, step_time_interval
 from spec.hardware import GIB, ClusterSpec
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -26,7 +27,10 @@ MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "logits", "comm_
 
 @dataclass(frozen=True)
 class Estimate:
-    """Predicted memory and step time of one layout; ``memory_headroom_bytes`` = usable HBM - memory.total."""
+    """Predicted memory and step time of one layout; ``memory_headroom_bytes`` = usable HBM - memory.total.
+    ``executable``: whether foldtune's executor runs the layout (None: not judged; the planner judges every
+    layout it ranks by the rule book's executor rules), ``executable_reason`` the rules it breaks when not
+    (a layout only Megatron-Core runs)."""
 
     config: ParallelConfig
     memory: MemoryBreakdown
@@ -35,13 +39,27 @@ class Estimate:
     memory_headroom_bytes: float
     limiter: str  # 'memory' when it does not fit or has < 5 % headroom, else time.bottleneck
     explanation: str
+    executable: bool | None = None
+    executable_reason: str | None = None
+    # step time (s) and memory (bytes) as intervals, with each term's provenance (costmodel.uncertainty); None
+    # where the estimate was combined without its model (an injected cost model's breakdowns)
+    interval: EstimateInterval | None = None
+
+    @property
+    def rank_time(self) -> float:
+        """The step time the planner ranks by default: the interval's pessimistic end (seconds), the point
+        estimate without an interval."""
+        return self.interval.step_time.high if self.interval is not None else self.time.step_time
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``foldtune plan --json`` and POST /v1/plans): seconds, tokens/s/GPU, TFLOP/s per
-        GPU, bytes; ``time_terms_s`` / ``time_hidden_s`` are the exposed / overlapped seconds per term."""
+        GPU, bytes; ``time_terms_s`` / ``time_hidden_s`` are the exposed / overlapped seconds per term;
+        ``executable`` / ``executable_reason`` whether foldtune's executor runs it and why not;
+        ``step_time_interval_s`` / ``memory_interval_bytes`` the intervals meant to hold the measurement at
+        ``interval_rate`` of layouts ({"low", "high"}), ``time_provenance`` where each term's constants come from."""
         mem = self.memory
         t = self.time
-        return {
+        out = {
             "layout": self.config.label(),
             "config": self.config.to_dict(),
             "step_time_s": t.step_time,
@@ -52,12 +70,20 @@ class Estimate:
             "memory_headroom_bytes": self.memory_headroom_bytes,
             "limiter": self.limiter,
             "explanation": self.explanation,
+            "executable": self.executable,
+            "executable_reason": self.executable_reason,
             "bottleneck": t.bottleneck,
             "time_terms_s": dict(t.terms),
             "time_hidden_s": dict(t.hidden),
             "memory_bytes": {"total": mem.total, "stage": mem.stage, **{n: getattr(mem, n) for n in MEMORY_TERMS},
                              "details": dict(mem.details), "host_offloaded": mem.host_offloaded},
         }
+        if self.interval is not None:
+            iv = self.interval
+            out.update(step_time_interval_s={"low": iv.step_time.low, "high": iv.step_time.high},
+                       memory_interval_bytes={"low": iv.memory.low, "high": iv.memory.high},
+                       interval_rate=iv.rate, time_provenance={p.term: p.to_dict() for p in iv.terms})
+        return out
 
 
 def largest_memory_term(memory: MemoryBreakdown) -> tuple[str, float]:
@@ -117,12 +143,17 @@ def explain(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec
 
 
 def combine(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec, memory: MemoryBreakdown,
-            time: StepTimeBreakdown) -> Estimate:
-    """An Estimate from breakdowns already computed (the planner computes memory first, time only if it fits)."""
+            time: StepTimeBreakdown, model: ModelSpec | None = None) -> Estimate:
+    """An Estimate from breakdowns already computed (the planner computes memory first, time only if it fits);
+    with ``model`` (the breakdowns' own), its intervals too."""
     limiter, explanation = explain(config, training, cluster, memory, time)
     headroom = cluster.usable_hbm_bytes - memory.total
+    interval = None
+    if model is not None:
+        interval = estimate_interval(model, training, cluster, config, time, memory,
+                                     component_corrections(model, training, cluster, config))
     return Estimate(config=config, memory=memory, time=time, fits=headroom >= 0, memory_headroom_bytes=headroom,
-                    limiter=limiter, explanation=explanation)
+                    limiter=limiter, explanation=explanation, interval=interval)
 
 
 def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate:
@@ -133,7 +164,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, con
     memory = estimate_memory(model, training, cluster, config)
     time = estimate_step_time(model, training, cluster, config,
                               corrections=component_corrections(model, training, cluster, config))
-    return combine(config, training, cluster, memory, time)
+    return combine(config, training, cluster, memory, time, model)
 
 
 def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig) -> StepTimeBreakdown:
@@ -141,6 +172,14 @@ def step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, co
     function: same signature, picklable)."""
     return estimate_step_time(model, training, cluster, config,
                               corrections=component_corrections(model, training, cluster, config))
+
+
+def pessimistic_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
+                          time: StepTimeBreakdown) -> float:
+    """The pessimistic end (seconds) of the step-time interval of ``time``, :func:`step_time`'s breakdown of
+    ``config``: what the planner ranks by by default (``Estimate.rank_time`` of the same layout)."""
+    return step_time_interval(model, training, cluster, config, time,
+                              component_corrections(model, training, cluster, config)).high
 
 
 def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

@@ -83,7 +83,10 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
 
     Megatron (``training.megatron_cross_entropy``): the whole logits ``V/tp`` per token in the compute dtype
     ``b`` and one fp32 softmax per output head (main + MTP heads, each kept until its backward):
-    ``V/tp · (4·(1 + MTP) + b)`` per token; no fixed part.
+    ``V/tp · (4·(1 + MTP) + b)`` per token; no fixed part. With Transformer Engine's fused loss
+    (``training.cross_entropy_fusion_impl == "te"``: ``parallel_cross_entropy``, whose Triton kernel works in
+    registers, saves its 16-bit input and writes the logits' gradient over it in backward) each head keeps its
+    16-bit logits and no fp32 copy: ``V/tp · b · (1 + MTP)``.
 
     The executor's blocked loss: per token the backward's fp32 input-gradient accumulator (``4·h``) and each
     head's saved fp32 log-sum-exp (``4·(1 + MTP)``); beside them, at the backward's peak, one block of logits
@@ -97,6 +100,8 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
     b, h, heads = training.activation_bytes, model.hidden_size, output_heads(model)
     padded = model.padded_vocab_size(tp) // tp
     if training.megatron_cross_entropy:
+        if training.cross_entropy_fusion_impl == "te":
+            return float(padded * b * heads), None
         return float(padded * (_FP32 * MEGATRON_LOSS_FP32_COPIES * heads + b)), None
     per_logit = float(_FP32 if b == _FP32 else b + _FP32)
     weight_grad = float(padded * h * training.param_bytes)

@@ -2,11 +2,11 @@
 
 The model is the one described in ``docs/memory-model.md``. In short, per GPU of pipeline rank ``i``:
 
-- weights ``P·w`` (``w`` = 2 bytes for bf16/fp16/fp8, 4 for fp32; fp8 adds 2 bytes per GEMM weight for
-  Transformer Engine's cached fp8 copy and its transpose), grads ``P·4`` with fp32 main grads (else
-  ``P·w``), Adam states ``P·12`` (fp32 master + m + v; 8 when the weights already are fp32). With the
-  distributed optimizer the dense states are divided by DP·CP and the expert states by EDP (Megatron's
-  18 bytes/param recipe when it is off).
+- weights ``P·w`` (``w`` = 2 bytes for bf16/fp16/fp8, 4 for fp32; fp8 adds the cached fp8 forms of each GEMM
+  weight, ``costmodel.fp8_storage``, which replace the 16-bit copy with ``fp8_param_gather``), grads ``P·4``
+  with fp32 main grads (else ``P·w``), Adam states ``P·12`` (fp32 master + m + v; 8 when the weights already
+  are fp32, or with bf16 moments). With the distributed optimizer the dense states are divided by DP·CP and the
+  expert states by EDP (Megatron's 18 bytes/param recipe when it is off).
 - activations: the tensors autograd keeps for backward, per layer, per micro-batch, times the micro-batches
   in flight (1F1B: ``min(PP − i, m)``; interleaved: Megatron's warm-up count + 1, which on rank 0 is
   Korthikanti's ``L·(1 + (PP−1)/(PP·VPP))``). Recomputation removes tensors per module or keeps only
@@ -21,6 +21,10 @@ The model is the one described in ``docs/memory-model.md``. In short, per GPU of
 - allocator_overhead: the backward working set of one layer (recomputed tensors and the gradients of
   two adjacent intermediates, which the caching allocator must hold on top of the stored tensors) plus
   :data:`FRAGMENTATION` of every dynamic allocation.
+
+What Megatron-Core with Transformer Engine keeps where it differs from the executor is priced under
+``TrainingSpec`` switches (``megatron_memory``, ``transformer_engine_fp8`` with ``fp8_recipe``, ...; see
+docs/memory-model.md, "Megatron-Core's accounting").
 
 All functions are pure; the expensive parts are cached per (model, training) and per layout shape so that
 a planner sweep costs a few microseconds per configuration.
@@ -37,6 +41,7 @@ from costmodel.activation import glu_saved_intermediates
 from costmodel.attention_kinds import has_sinks, masked_layer_share
 from costmodel.attention_pricing import attention_pricing
 from costmodel.dispatch import dispatcher_pricing
+from costmodel.fp8_storage import fp8_weight_extra_bytes, te_saved_input_bytes
 from costmodel.head_pricing import head_pricing
 from costmodel.loss import loss_fixed_bytes as _loss_fixed, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
@@ -175,9 +180,15 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
     b = training.activation_bytes
     h, n, t = model.hidden_size, model.num_attention_heads, s.tp
     dsp = t if s.sp else 1  # tensors in the sequence-parallel region are split over TP only with SP
+    pricing = attention_pricing(model)
+    q = te_saved_input_bytes(training)
+    # Transformer Engine's fp8 saves the norm output as each reading GEMM's fp8 copy (its LayerNormLinear's
+    # ln_out), not the 16-bit tensor; under layernorm recompute Megatron has the GEMM save the original input
+    # instead (Attention.set_for_recompute_input_layernorm), which the recompute discards: gone either way
+    normed = h * b / dsp if q is None else pricing.norm_output_readers(model) * h * q / dsp
     out: list[_Tensor] = [("act.attn.norm_input", h * b / dsp, _NONE),
-                          ("act.attn.norm_output", h * b / dsp, _drops("layernorm"))]
-    tensors, v_width, masked = attention_pricing(model).activations(model, training, s)
+                          ("act.attn.norm_output", normed, _drops("layernorm"))]
+    tensors, v_width, masked = pricing.activations(model, training, s)
     out += tensors
     if training.flash_attention:
         lse_share = 1.0 - masked if has_sinks(model) else 1.0  # the fp32 sink path keeps no log-sum-exp
@@ -189,6 +200,11 @@ def _attention_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> l
         if model.attention_dropout > 0:
             out.append(("act.attn.softmax_dropout", n * keys * (_MASK + b) / t, _drops("core_attn")))
     out.append(("act.attn.proj_input", v_width * b / t, _NONE))
+    if q is not None and training.fp8_recipe == "delayed":
+        # linear_proj saves its fp8 copy of the attention output beside the output the fused attention keeps:
+        # Megatron has it save the original input for every recipe but delayed scaling (attention.py,
+        # set_save_original_input(self.linear_proj))
+        out.append(("act.attn.proj_input_fp8", v_width * q / t, _NONE))
     if model.hidden_dropout > 0:
         out.append(("act.attn.dropout_mask", h * _MASK / dsp, _NONE))
     return out
@@ -198,10 +214,14 @@ def _mlp_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
     b, h, t = training.activation_bytes, model.hidden_size, s.tp
     dsp = t if s.sp else 1
     ffn, gate = model.ffn_hidden_size, (2 if model.gated_linear_unit else 1)
+    q = te_saved_input_bytes(training)
+    gemm_in = b if q is None else q  # fc1's and fc2's saved inputs: fp8 copies under Transformer Engine's fp8
+    # Megatron-Core's fc1 is TELayerNormColumnParallelLinear: its norm is inside the recomputed MLP
+    fc1_drops = _drops("layernorm", "mlp") if training.megatron_memory else _drops("layernorm")
     out: list[_Tensor] = [("act.mlp.norm_input", h * b / dsp, _NONE),
-                          ("act.mlp.fc1_input", h * b / dsp, _drops("layernorm")),
+                          ("act.mlp.fc1_input", h * gemm_in / dsp, fc1_drops),
                           ("act.mlp.fc1_output", gate * ffn * b / t, _drops("mlp")),
-                          ("act.mlp.act_output", ffn * b / t, _drops("mlp"))]
+                          ("act.mlp.act_output", ffn * gemm_in / t, _drops("mlp"))]
     glu = glu_saved_intermediates(model)
     if glu:
         out.append(("act.mlp.glu_intermediates", glu * ffn * b / t, _drops("mlp")))
@@ -230,6 +250,11 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
     experts = model.num_experts or 0
     fe, gate = model.expert_ffn_hidden_size / s.etp, (2 if model.gated_linear_unit else 1)
     te = routed_tokens_per_token(model, training, s.tp, s.sp, s.ep, s.etp)
+    q = te_saved_input_bytes(training)
+    # the grouped and shared GEMMs' saved inputs: fp8 copies under Transformer Engine's fp8. Under moe_act
+    # recompute Megatron has fc2 save its original input, which the recompute discards (TEGroupedMLP.__init__,
+    # set_save_original_input(self.linear_fc2)): the act output goes with moe_act either way
+    gemm_in = b if q is None else q
     moe = _drops("moe")
     out: list[_Tensor] = [
         ("act.moe.norm_input", h * b / dsp, _NONE),
@@ -237,19 +262,30 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
         ("act.moe.router_scores", experts * _FP32 / dsp, moe),  # fp32 softmax/sigmoid output
         ("act.moe.routing_map", experts * _MASK / dsp, moe),
         ("act.moe.router_probs", experts * _FP32 / dsp, moe),  # [tokens, E] top-k probabilities
-        ("act.moe.permuted_tokens", te * h * b, moe),  # expert FC1 input after dispatch
+        ("act.moe.permuted_tokens", te * h * gemm_in, moe),  # expert FC1 input after dispatch
         ("act.moe.permuted_probs", te * _FP32, moe),  # probabilities applied inside the activation
         ("act.moe.expert_fc1_output", te * gate * fe * b, moe),
-        ("act.moe.expert_act_output", te * fe * b, _drops("moe", "moe_act")),
+        ("act.moe.expert_act_output", te * fe * gemm_in, _drops("moe", "moe_act")),
     ]
-    # This project's executor (executor/dispatcher.py) weights by the probabilities in its unpermute, which
-    # saves the returned expert rows (k per local token) and, as int64, each slot's row and the sorted
-    # slot order (2·8·k per local token), plus under EP·ETP > 1 the (source, expert) reordering index and
-    # its inverse (2·8 per received copy).
     k = model.moe_router_topk
-    out += [("act.moe.unpermute_input", k * h * b / dsp, moe), ("act.moe.dispatch_indices", 2 * 8 * k / dsp, moe)]
-    if s.ep * s.etp > 1:
-        out.append(("act.moe.reorder_indices", 2 * 8 * te, moe))
+    if training.megatron_memory:
+        # Megatron-Core applies the probabilities in the experts' activation (TEGroupedMLP.forward,
+        # weighted_bias_swiglu_impl) and unpermutes without them (MoEAlltoAllTokenDispatcher.combine_postprocess):
+        # its unpermute keeps no input. Its fused permute (--moe-permute-fusion, TE's moe_permute_with_probs)
+        # keeps an int32 row map of [local tokens, 2·E + 1]; behind an EP exchange the chunk sort after it
+        # (TE's moe_sort_chunks_by_index) an int32 row per received copy (Megatron skips the sort with one local
+        # expert; priced for every EP > 1, which the cached terms see, at 4 bytes per copy).
+        out.append(("act.moe.permute_row_map", (2 * experts + 1) * 4 / dsp, moe))
+        if s.ep > 1:
+            out.append(("act.moe.sort_chunks_row_map", 4 * te, moe))
+    else:
+        # This project's executor (executor/dispatcher.py) weights by the probabilities in its unpermute, which
+        # saves the returned expert rows (k per local token) and, as int64, each slot's row and the sorted
+        # slot order (2·8·k per local token), plus under EP·ETP > 1 the (source, expert) reordering index and
+        # its inverse (2·8 per received copy).
+        out += [("act.moe.unpermute_input", k * h * b / dsp, moe), ("act.moe.dispatch_indices", 2 * 8 * k / dsp, moe)]
+        if s.ep * s.etp > 1:
+            out.append(("act.moe.reorder_indices", 2 * 8 * te, moe))
     if not model.gated_linear_unit:  # unfused act·prob keeps both the activation and the weighted product
         out.append(("act.moe.expert_weighted_output", te * fe * b, moe))
     glu = glu_saved_intermediates(model)
@@ -261,7 +297,12 @@ def _moe_tensors(model: ModelSpec, training: TrainingSpec, s: _Shape) -> list[_T
     if fs:
         shared = _drops("moe", "shared_experts")
         out += [("act.shared.fc1_output", gate * fs * b / t, shared),
-                ("act.shared.act_output", fs * b / t, shared)]
+                ("act.shared.act_output", fs * gemm_in / t, shared)]
+        if q is not None:
+            # the shared experts' fc1 (TEColumnParallelLinear) keeps its own fp8 copy of the normed input beside
+            # the router's 16-bit one; under layernorm recompute Megatron has it save the original instead
+            # (MoELayer.set_for_recompute_pre_mlp_layernorm), which the recompute discards
+            out.append(("act.shared.fc1_input_fp8", h * q / dsp, _drops("moe", "shared_experts", "layernorm")))
         if glu:
             out.append(("act.shared.glu_intermediates", glu * fs * b / t, shared))
     if model.hidden_dropout > 0:
@@ -490,7 +531,8 @@ def _stage_layout(model: ModelSpec, pp: int, vpp: int, full_layers: int, stage: 
 
 def _param_entries(ctx: _Context, stages: tuple[tuple, ...]) -> tuple[tuple, ...]:
     """(counts, fp8 GEMM weights, weight bytes, grad bytes, dense count, expert count) per candidate rank."""
-    return tuple((p, gemm, p.total * ctx.weight_bytes + (2 * gemm if ctx.fp8 else 0), p.total * ctx.grad_bytes,
+    extra = ctx.fp8_weight_extra
+    return tuple((p, gemm, p.total * ctx.weight_bytes + (gemm * extra if extra else 0), p.total * ctx.grad_bytes,
                   p.dense, p.expert) for p, gemm in stages)
 
 
@@ -534,16 +576,19 @@ class _Context:
     frozen specs on every call.
     """
 
-    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8", "kinds", "acts", "layouts",
-                 "params", "seq", "rows", "comms", "statics", "losses", "least", "wgrads")
+    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8_weight_extra", "kinds", "acts",
+                 "layouts", "params", "seq", "rows", "comms", "statics", "losses", "least", "wgrads")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
         self.weight_bytes = training.param_bytes
         self.grad_bytes = _FP32 if training.main_grads_fp32 else training.param_bytes
-        # Adam m and v in fp32, plus an fp32 master copy unless the weights already are fp32.
-        self.opt_bytes = 2 * _FP32 + (0 if training.param_bytes == _FP32 else _FP32)
-        self.fp8 = training.precision == "fp8"
+        # Adam m and v (fp32, or bf16 under the precision-aware optimizer), plus an fp32 master copy unless the
+        # weights already are fp32.
+        moments = sum(_FP32 if dtype == "fp32" else 2 for dtype in (training.exp_avg_dtype, training.exp_avg_sq_dtype))
+        self.opt_bytes = moments + (0 if training.param_bytes == _FP32 else _FP32)
+        # bytes per GEMM weight beyond its param_bytes copy: the fp8 forms (costmodel.fp8_storage)
+        self.fp8_weight_extra = fp8_weight_extra_bytes(training)
         self.seq = training.seq_length
         self.kinds: dict[tuple, _KindTerms] = {}
         self.acts: dict[tuple, _KindTerms] = {}
@@ -731,7 +776,10 @@ def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: 
     # group of two or more: the reduce-scatter's output). A one-member group's shard is a view of the
     # bucket's gradient buffer, already counted in grads: nothing more (16-bit weights; fp32 weights, which
     # have no buffer, keep a flat copy that is not counted, see docs/memory-model.md, "Known gaps").
-    grown = (ctx.opt_bytes + _FP32) / ctx.opt_bytes
+    # Megatron-Core's distributed optimizer reduce-scatters in place in its grad buffer and reads its shard as a
+    # view (DistributedOptimizer._copy_model_grads_to_main_grads): nothing kept beside the Adam states; what its
+    # step copies with 16-bit grads is the step's transient (_reduce_peak).
+    grown = 1.0 if ctx.training.megatron_memory else (ctx.opt_bytes + _FP32) / ctx.opt_bytes
     ds = grown if distributed and dense_shard > 1 else 1.0
     es = grown if distributed and expert_shard > 1 else 1.0
     # optimizer CPU offload: that share of the Adam states leaves the GPU (the reduced gradient shard stays)
@@ -954,7 +1002,9 @@ def expert_weight_grad_bytes(model: ModelSpec, training: TrainingSpec, ep: int, 
     the activations' prediction, its layer's expert weights being 1.125 GiB.
     """
     tensors = _expert_param_tensors(model, ep, etp)
-    if not tensors:
+    if not tensors or training.gradient_accumulation_fusion:
+        # fused accumulation (Megatron's --gradient-accumulation-fusion: TE's GroupedLinear built with
+        # fuse_wgrad_accumulation) writes the weight gradient into the main gradient: no 16-bit tensor
         return 0.0
     one_node = (training.precision != "fp8" and training.param_bytes < _FP32 and not model.add_bias_linear
                 and model.swiglu and model.activation_func_clamp_value is None and not model.glu_linear_offset)
@@ -974,8 +1024,12 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
     of the gradients of the buckets that hold several tensors (all at once while overlapped reductions are
     in flight, one bucket otherwise). 16-bit weights' fp32 main grads live in per-bucket buffers that are
     reduced in place: no copy. ``switches``: (dense shard, expert shard, distributed optimizer,
-    overlap_grad_reduce, overlap_param_gather)."""
+    overlap_grad_reduce, overlap_param_gather). Megatron-Core's (``TrainingSpec.megatron_memory``) is
+    :func:`_megatron_step_peak`."""
     dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather = switches
+    if ctx.training.megatron_memory:
+        return _megatron_step_peak(ctx.training, ctx.grad_bytes, par[4] / (dense_shard if distributed else 1)
+                                   + par[5] / (expert_shard if distributed else 1))
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
     small_dense, small_moe, small_first, small_last, largest_dense, largest_expert = _tensor_split(
@@ -998,6 +1052,21 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
     step = max(step_of(min(params, max(elems, largest_dense)), dense_shard),
                step_of(min(params, max(elems, largest_expert)), expert_shard) if largest_expert else 0.0)
     return flats if flats > step else step
+
+
+def _megatron_step_peak(training: TrainingSpec, grad_bytes: int, shard_params: float) -> float:
+    """Transient bytes of Megatron-Core's optimizer step on a rank whose optimizer holds ``shard_params`` elements:
+    the fp32 copy of each 16-bit gradient shard it hands Adam (``shard_model_grad.float()`` in
+    DistributedOptimizer._copy_model_grads_to_main_grads, every group before the step; the same in
+    Float16OptimizerWithFloat16Params without the distributed optimizer), none with fp32 grads (a view), nor where
+    the precision-aware optimizer reads the 16-bit shard itself (``decoupled_grad``: without fp8, with delayed
+    scaling, OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8). Adam steps in place and the
+    updated shard is written into the parameter buffer, which the all-gather fills in place: nothing more."""
+    if grad_bytes == _FP32:
+        return 0.0
+    if training.precision_aware_optimizer and (training.precision != "fp8" or training.fp8_recipe == "delayed"):
+        return 0.0
+    return _FP32 * shard_params
 
 
 def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, shards: tuple,
@@ -1046,8 +1115,8 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         ("weights.dense_tp_sharded", p.dense_tp_sharded * wb), ("weights.dense_replicated", p.dense_replicated * wb),
         ("weights.expert", p.expert * wb),
     ]
-    if ctx.fp8:
-        details.append(("weights.fp8_copies", 2.0 * gemm))
+    if ctx.fp8_weight_extra:
+        details.append(("weights.fp8_copies", ctx.fp8_weight_extra * gemm))
     details += [
         ("grads.dense", p.dense * gb), ("grads.expert", p.expert * gb),
         ("optimizer.dense_tp_sharded", ob * p.dense_tp_sharded / dense_shard),

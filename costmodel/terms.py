@@ -19,6 +19,11 @@ Columns:
 * ``hidden_by``: what overlap can hide the term behind (``None``: never hidden); such terms also report
   their hidden seconds in ``StepTimeBreakdown.hidden``.
 * ``component_factor``: a single-GPU component measurement (``costmodel.calibrate.component_factors``) may scale it.
+* ``constants``: what the term is priced from, which sets its provenance and so its uncertainty
+  (``costmodel.uncertainty``): a compute curve (``gemm``, ``grouped_gemm``, ``attention``), the HBM rate
+  (``hbm``), the optimizer step (``optimizer``), a ring or p2p collective over the term's group
+  (``collective``), the dispatcher's exchange (``dispatch``), the host's issuing rate (``host``), or
+  ``derived`` from other terms (recomputation re-runs the forward, the bubble waits for the stages).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Term:
     bottleneck: str
     hidden_by: str | None = None
     component_factor: bool = False
+    constants: str = ""
 
     @property
     def per_step(self) -> bool:
@@ -48,25 +54,30 @@ class Term:
 
 
 TERM_TABLE: tuple[Term, ...] = (
-    Term("gemm", "layer", "compute", "compute", component_factor=True),
-    Term("grouped_gemm", "layer", "compute", "compute", component_factor=True),
-    Term("attention_core", "layer", "compute", "compute", component_factor=True),
-    Term("memory_bound", "layer", "memory_bound", "memory-bound", component_factor=True),
-    Term("recompute", "stage", "compute", "compute"),
-    Term("tp_comm", "layer", "comm", "tp-comm", hidden_by="the GEMMs it feeds (tp_comm_overlap)"),
+    Term("gemm", "layer", "compute", "compute", component_factor=True, constants="gemm"),
+    Term("grouped_gemm", "layer", "compute", "compute", component_factor=True, constants="grouped_gemm"),
+    Term("attention_core", "layer", "compute", "compute", component_factor=True, constants="attention"),
+    Term("memory_bound", "layer", "memory_bound", "memory-bound", component_factor=True, constants="hbm"),
+    Term("recompute", "stage", "compute", "compute", constants="derived"),
+    Term("tp_comm", "layer", "comm", "tp-comm", hidden_by="the GEMMs it feeds (tp_comm_overlap)",
+         constants="collective"),
     Term("cp_comm", "layer", "comm", "cp-comm",
-         hidden_by="the ring's attention blocks (cp_comm p2p, a2a+p2p); the all-gather and all-to-alls: nothing"),
+         hidden_by="the ring's attention blocks (cp_comm p2p, a2a+p2p); the all-gather and all-to-alls: nothing",
+         constants="collective"),
     Term("ep_a2a", "layer", "all_to_all", "all-to-all",
-         hidden_by="another micro-batch's compute (overlap_moe_expert_parallel_comm)"),
-    Term("etp_comm", "layer", "comm", "all-to-all"),
-    Term("dp_grad", "step", "comm", "dp-comm", hidden_by="the last micro-batch's backward (overlap_grad_reduce)"),
-    Term("edp_grad", "step", "comm", "dp-comm", hidden_by="the last micro-batch's backward (overlap_grad_reduce)"),
+         hidden_by="another micro-batch's compute (overlap_moe_expert_parallel_comm)", constants="dispatch"),
+    Term("etp_comm", "layer", "comm", "all-to-all", constants="collective"),
+    Term("dp_grad", "step", "comm", "dp-comm", hidden_by="the last micro-batch's backward (overlap_grad_reduce)",
+         constants="collective"),
+    Term("edp_grad", "step", "comm", "dp-comm", hidden_by="the last micro-batch's backward (overlap_grad_reduce)",
+         constants="collective"),
     Term("param_gather", "step", "comm", "dp-comm",
-         hidden_by="the first micro-batch's forward (overlap_param_gather)"),
-    Term("pp_p2p", "step", "comm", "pp-comm", hidden_by="steady-state compute of interleaved schedules (vpp > 1)"),
-    Term("pp_bubble", "stage", "compute", "pp-bubble"),
-    Term("optimizer", "step", "memory_bound", "optimizer", component_factor=True),
-    Term("host_overhead", "stage", "compute", "host-overhead"),
+         hidden_by="the first micro-batch's forward (overlap_param_gather)", constants="collective"),
+    Term("pp_p2p", "step", "comm", "pp-comm", hidden_by="steady-state compute of interleaved schedules (vpp > 1)",
+         constants="collective"),
+    Term("pp_bubble", "stage", "compute", "pp-bubble", constants="derived"),
+    Term("optimizer", "step", "memory_bound", "optimizer", component_factor=True, constants="optimizer"),
+    Term("host_overhead", "stage", "compute", "host-overhead", constants="host"),
 )
 
 TERMS: tuple[str, ...] = tuple(t.name for t in TERM_TABLE)
@@ -87,9 +98,9 @@ for _t in TERM_TABLE:
 del _t
 FACTOR_TERMS: tuple[str, ...] = tuple(t.name for t in TERM_TABLE if t.component_factor)
 
-_SCOPE_ERRORS = [t.name for t in TERM_TABLE if t.scope not in SCOPES]
+_SCOPE_ERRORS = [t.name for t in TERM_TABLE if t.scope not in SCOPES or not t.constants]
 if _SCOPE_ERRORS or len(TERM_INDEX) != len(TERM_TABLE):
-    raise ValueError(f"term table: unknown scope or repeated name in {_SCOPE_ERRORS or TERMS}")
+    raise ValueError(f"term table: unknown scope, no constants or repeated name in {_SCOPE_ERRORS or TERMS}")
 
 
 def term_index(name: str, role: str = "time term") -> int:

@@ -1,5 +1,5 @@
 """SQLAlchemy models of the service database: owners and API keys, tuning jobs and their trials,
-hardware profiles, trainings and their per-step metrics.
+hardware profiles, trainings with their per-step metrics and per-layer expert loads.
 
 Specs are stored as JSON snapshots (``ModelSpec.to_dict()`` etc.) so a job keeps meaning the same thing
 after the catalog changes. Times are timezone-aware UTC on the Python side on both databases.
@@ -243,4 +243,23 @@ class TrainingMetric(Base):
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     expert_load_max: Mapped[float | None] = mapped_column(Float)
     expert_load_mean: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class TrainingExpertLoad(Base):
+    """The routed tokens of each expert in each MoE layer at one optimizer step of a training, summed over the
+    step's global batch (each row: global batch tokens × top-k). ``layers``: the decoder layer numbers (0-based;
+    head blocks such as MTP numbered on from the last decoder layer) of the rows kept in ``tokens``
+    [rows][experts]; ``moe_layers``: how many MoE layers the model has. db.trainings keeps at most
+    ``spec.limits.MAX_EXPERT_LOAD_CELLS`` counts a step (evenly spaced layers of a wider model)."""
+
+    __tablename__ = "training_expert_loads"
+    __table_args__ = (UniqueConstraint("training_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    training_id: Mapped[int] = mapped_column(ForeignKey("trainings.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    moe_layers: Mapped[int] = mapped_column(Integer)
+    layers: Mapped[list[int]] = mapped_column(JSONType)
+    tokens: Mapped[list[list[int]]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

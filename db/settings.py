@@ -8,14 +8,18 @@ create`` and ``foldtune serve`` started from different directories find the same
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from db.env_settings import FoldtuneEnv
-
 DEFAULT_DATA_DIR = "~/.foldtune"
 SQLITE_FILENAME = "foldtune.sqlite3"
+DATA_DIR_VARIABLE = "FOLDTUNE_DATA_DIR"
+DATABASE_URL_VARIABLE = "FOLDTUNE_DATABASE_URL"
+# the variables this module reads and their defaults (None: derived, see database_settings); docs/settings.md
+# lists them with the pydantic-settings groups of api/ (tests/api/test_settings.py checks both)
+VARIABLES: dict[str, str | None] = {DATA_DIR_VARIABLE: DEFAULT_DATA_DIR, DATABASE_URL_VARIABLE: None}
 
 
 @dataclass(frozen=True)
@@ -30,22 +34,19 @@ class DatabaseSettings:
         return self.url.startswith("sqlite")
 
 
-class DatabaseEnv(FoldtuneEnv):
-    """``FOLDTUNE_DATA_DIR`` (``~`` expanded) and ``FOLDTUNE_DATABASE_URL`` (None: the SQLite file)."""
-
-    what = "database"
-    data_dir: str = DEFAULT_DATA_DIR
-    database_url: str | None = None
+def _variable(name: str, environ: Mapping[str, str] | None) -> str | None:
+    """``name`` from ``environ`` (default: the process environment); empty counts as unset, as in api/'s groups."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    return value or None
 
 
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     """``FOLDTUNE_DATA_DIR``, else ``~/.foldtune``, from ``environ`` (default: the process environment)."""
-    return Path(DatabaseEnv.read(environ).data_dir).expanduser()
+    return Path(_variable(DATA_DIR_VARIABLE, environ) or DEFAULT_DATA_DIR).expanduser()
 
 
 def database_settings(url: str | None = None, environ: Mapping[str, str] | None = None) -> DatabaseSettings:
     """Settings from an explicit URL, else ``FOLDTUNE_DATABASE_URL``, else the SQLite file in the data dir."""
-    env = DatabaseEnv.read(environ)
-    data_dir = Path(env.data_dir).expanduser()
-    chosen = url or env.database_url or f"sqlite:///{data_dir / SQLITE_FILENAME}"
+    data_dir = default_data_dir(environ)
+    chosen = url or _variable(DATABASE_URL_VARIABLE, environ) or f"sqlite:///{data_dir / SQLITE_FILENAME}"
     return DatabaseSettings(url=chosen, data_dir=data_dir)

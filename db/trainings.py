@@ -1,5 +1,5 @@
-"""Trainings as stored rows and their per-step metrics: record, page through, cancel. Claims and
-heartbeats of trainings are the queue's (db.queue)."""
+"""Trainings as stored rows, their per-step metrics and per-layer expert loads: record, page through, cancel.
+Claims and heartbeats of trainings are the queue's (db.queue)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Training, TrainingMetric, utcnow
+from db.models import Training, TrainingExpertLoad, TrainingMetric, utcnow
+from spec.limits import MAX_EXPERT_LOAD_CELLS
 
 METRIC_FIELDS = ("loss", "eval_loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
                  "peak_memory_bytes", "expert_load_max", "expert_load_mean")
@@ -29,6 +30,52 @@ def record_training_metrics(session: Session, training_id: int, rows: Iterable[d
         session.add_all(TrainingMetric(training_id=training_id, **row) for row in rows)
     session.commit()
     return len(rows)
+
+
+def kept_layer_rows(rows: int, experts: int, max_cells: int = MAX_EXPERT_LOAD_CELLS) -> list[int]:
+    """The rows (of ``rows`` MoE layers × ``experts``) a step stores: all when they fit in ``max_cells`` counts,
+    else as many as fit, evenly spaced and always the first and the last (one, when a single layer is wider)."""
+    keep = min(rows, max(1, max_cells // max(experts, 1)))
+    if keep >= rows:
+        return list(range(rows))
+    if keep == 1:
+        return [0]
+    return [round(i * (rows - 1) / (keep - 1)) for i in range(keep)]
+
+
+def record_expert_load(session: Session, training_id: int, step: int, layers: list[int],
+                       tokens: list[list[int]]) -> TrainingExpertLoad | None:
+    """Store step ``step``'s routed tokens per expert of each MoE layer (``tokens[i]`` belongs to decoder layer
+    ``layers[i]``), thinned to :func:`kept_layer_rows`; replaces a step already stored (a resumed run). None,
+    storing nothing, for a model without MoE layers. Commits."""
+    if len(layers) != len(tokens) or len({len(row) for row in tokens}) > 1:
+        raise ValueError(f"expert load of step {step}: {len(layers)} layer numbers for {len(tokens)} rows of "
+                         f"{sorted({len(row) for row in tokens})} experts")
+    if not tokens:
+        return None
+    rows = kept_layer_rows(len(tokens), len(tokens[0]))
+    session.execute(delete(TrainingExpertLoad).where(TrainingExpertLoad.training_id == training_id,
+                                                     TrainingExpertLoad.step == step))
+    row = TrainingExpertLoad(training_id=training_id, step=step, moe_layers=len(layers),
+                             layers=[int(layers[i]) for i in rows], tokens=[[int(c) for c in tokens[i]] for i in rows])
+    session.add(row)
+    session.commit()
+    return row
+
+
+def expert_load_at(session: Session, training_id: int, step: int | None = None) -> TrainingExpertLoad | None:
+    """The stored expert load of one step of the training (None: its latest), or None."""
+    query = select(TrainingExpertLoad).where(TrainingExpertLoad.training_id == training_id)
+    if step is not None:
+        query = query.where(TrainingExpertLoad.step == step)
+    return session.scalar(query.order_by(TrainingExpertLoad.step.desc()).limit(1))
+
+
+def expert_loads_after(session: Session, training_id: int, after_step: int, limit: int) -> list[TrainingExpertLoad]:
+    """Up to ``limit`` stored expert loads of the training with step > ``after_step``, in step order."""
+    return list(session.scalars(select(TrainingExpertLoad).where(TrainingExpertLoad.training_id == training_id,
+                                                                 TrainingExpertLoad.step > after_step)
+                                .order_by(TrainingExpertLoad.step).limit(limit)))
 
 
 def trainings_page(session: Session, owner_id: int, *, status: str | None, limit: int,

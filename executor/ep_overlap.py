@@ -1,12 +1,16 @@
 """EP all-to-all overlap (``overlap_moe_expert_parallel_comm``): one micro-batch's dispatch and combine run
-under another micro-batch's compute, as Megatron's combined 1F1B schedule does (pp = 1).
+under another micro-batch's compute, as Megatron's combined 1F1B schedule does. This module holds the
+mechanism: operations cut at their all-to-alls (:class:`Tape`, :func:`forward_stream`) and the driver that zips
+two of them (:class:`Overlap`); which forward runs with which backward is the pipeline schedule's
+(``executor/pipeline.py``: with pp = 1, F₀ · [B₀ ‖ F₁] · ... · B_last; with a pipeline, each steady step of its
+1F1B or interleaved order).
 
-The step runs the forward of micro-batch i+1 together with the backward of micro-batch i. Each micro-batch is
-cut at its EP all-to-alls into *segments* of compute: per MoE layer, [attention, norm, router, permute] |
-all-to-all | [experts] | all-to-all | [unpermute, shared experts, residual, and on to the next MoE layer's
-attention ...]. A forward is thus compute, exchange, compute, ..., compute, and so is a backward (in
-reverse, each exchange the transpose of its forward). The two are zipped so that every exchange of one
-runs while the other computes:
+A merged step runs the forward of one (micro-batch, chunk) together with the backward of another. Each
+operation is cut at its EP all-to-alls into *segments* of compute: per MoE layer, [attention, norm, router,
+permute] | all-to-all | [experts] | all-to-all | [unpermute, shared experts, residual, and on to the next MoE
+layer's attention ...]. A forward is thus compute, exchange, compute, ..., compute, and so is a backward (in
+reverse, each exchange the transpose of its forward). The two are zipped so that every exchange of one runs
+while the other computes:
 
     B₀ · [B₁ ‖ F₀] · [F₁ ‖ B₂] · [B₃ ‖ F₂] · [F₃ ‖ B₄] · ...
 
@@ -23,15 +27,18 @@ stream that waits for that event only, so X still runs beside Y.
 
 Per MoE layer this pairs, as Megatron does, the forward's attention with the backward's combine all-to-all,
 the forward's dispatch all-to-all with the backward's experts, the forward's experts with the backward's
-dispatch all-to-all and the forward's combine all-to-all with the backward's attention. The first forward and the last backward have no partner: their exchanges
-run in line (the cost model prices the same: ``costmodel.step_time``).
+dispatch all-to-all and the forward's combine all-to-all with the backward's attention. Operations without a
+partner (the schedule's warmup forwards and cooldown backwards) run their exchanges in line (the cost model
+prices the same: ``costmodel.step_time``).
 
 Gradients equal the in-line run's: each segment's autograd graph starts at detached copies of the tensors
-it takes from earlier segments (:class:`_Tape`), and the segment's backward hands their gradients to the
-segments that made them; the exchanged rows' gradients go back through the transposed all-to-all. Only the
-order of the micro-batches' backward calls changes, and every parameter accumulates its micro-batches'
-gradients in the in-line order (i before i+1). Delayed weight-gradient computation (Megatron's
-``--delay-wgrad-compute``) is not built: the experts' backward computes both gradients in one segment.
+it takes from earlier segments (:class:`Tape`), and the segment's backward hands their gradients to the
+segments that made them; the exchanged rows' gradients go back through the transposed all-to-all. A pipeline
+chunk's input is the first segment's leaf (its gradient goes back to the previous stage) and its output
+activations take the next stage's gradient in the last segment. Only the order of the backward calls
+changes, and every parameter accumulates its micro-batches' gradients in the schedule's order. Delayed
+weight-gradient computation (Megatron's ``--delay-wgrad-compute``) is not built: a segment's backward computes
+its input and weight gradients together before the exchange after it starts.
 
 The exchanges of the whole step are issued in the same order on every rank (the schedule is fixed), so
 collectives match across the EP group without any extra synchronisation.
@@ -42,7 +49,7 @@ launched with one CTA per SM, so the all-to-all's NCCL kernel waits for SMs to f
 waves (a profiled 2 x H200 step: the rest of the step grew 6-8 ms with the overlap). With a carveout of n the
 driver sets torch's experimental SM carveout (``torch._C._set_sm_carveout_experimental``) to n while it
 queues a partner's compute segment under an exchange in flight (:meth:`Overlap.together`; never for the
-unpaired first forward and last backward, nor the segments after one stream has ended), and restores the
+unpaired warmup forwards and cooldown backwards, nor the segments after one stream has ended), and restores the
 previous setting afterwards, exceptions included. The setting is process-wide (``at::Context``) and read
 when a kernel is launched, so it also reaches the backward's kernels that autograd's device thread
 launches. What honours it (from PyTorch's source, aten/src/ATen/native/cuda/GroupMM.cu and
@@ -117,12 +124,14 @@ class _Segment:
     received: torch.Tensor | None = None  # the leaf holding the rows that started it
 
 
-class _Tape:
-    """A micro-batch's forward cut into segments, and what its backward needs to run them in reverse."""
+class Tape:
+    """A micro-batch's forward through one chunk cut into segments, and what its backward needs to run them in
+    reverse."""
 
     def __init__(self):
         self.segments = [_Segment()]
         self.loss: torch.Tensor | None = None  # the last segment's objective, already scaled
+        self.output: torch.Tensor | None = None  # the last segment's activations for the next pipeline stage
 
     def keep(self, *tensors: torch.Tensor) -> list[tuple[int, int]]:
         """Export ``tensors`` from the current segment (as (segment, position) ids); :meth:`take` them back
@@ -159,16 +168,21 @@ class _Tape:
         self.segments.append(_Segment(received=leaf))
         return leaf
 
-    def backward(self, tag: str) -> Stream:
-        """Run the segments' backward calls in reverse, yielding the transposed exchanges between them."""
+    def backward(self, tag: str, output_grad: torch.Tensor | None = None) -> Stream:
+        """Run the segments' backward calls in reverse, yielding the transposed exchanges between them;
+        ``output_grad``: the gradient of :attr:`output` (from the next pipeline stage)."""
         grads: dict[tuple[int, int], torch.Tensor] = {}  # export id -> gradient summed over its takers
         sent_grad: torch.Tensor | None = None
         for k in range(len(self.segments) - 1, -1, -1):
             seg = self.segments[k]
             outputs, gradients = [], []
-            if k == len(self.segments) - 1 and self.loss is not None and self.loss.requires_grad:
-                outputs.append(self.loss)
-                gradients.append(torch.ones_like(self.loss))
+            if k == len(self.segments) - 1:
+                if self.loss is not None and self.loss.requires_grad:  # router losses: constant in dense chunks
+                    outputs.append(self.loss)
+                    gradients.append(torch.ones_like(self.loss))
+                if output_grad is not None:
+                    outputs.append(self.output)
+                    gradients.append(output_grad)
             for j, t in enumerate(seg.exports):
                 g = grads.pop((k, j), None)
                 if g is not None:
@@ -203,7 +217,7 @@ def _as_called(module: torch.nn.Module) -> None:
         hook(module, ())
 
 
-def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, tape: _Tape,
+def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, tape: Tape,
                      tag: str) -> Generator[Exchange, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """A MoE decoder layer (``executor.model.DecoderLayer``) as DecoderLayer.forward computes it, cut at its
     two EP all-to-alls; returns (its output, ``router_loss`` plus its router loss)."""
@@ -234,21 +248,23 @@ def staged_moe_layer(layer, x: torch.Tensor, router_loss: torch.Tensor, rope, ta
     return x1 + y, router_loss
 
 
-def forward_stream(model, ids: torch.Tensor, labels: torch.Tensor, num_micro: int, tape: _Tape, tag: str,
-                   done: Callable) -> Stream:
-    """The forward of one micro-batch (``MoEGPT.forward`` cut at the all-to-alls) into ``tape``; calls
-    ``done(LossOutput)`` at its end. The objective kept for backward is the loss over ``num_micro``."""
-    x, rope, labels_BS, full_labels_BS = model.chunk_input(0, ids, labels)
+def forward_stream(model, chunk: int, x_or_ids: torch.Tensor, labels: torch.Tensor, num_micro: int, tape: Tape,
+                   tag: str, done: Callable) -> Stream:
+    """The forward of one micro-batch through virtual chunk ``chunk`` (``MoEGPT.forward_chunk`` cut at the
+    all-to-alls) into ``tape``; calls ``done(LossOutput)`` at its end. The objective kept for backward is the
+    chunk's loss over ``num_micro``, the output activations (all but the model's last chunk) ``tape.output``."""
+    x, rope, labels_BS, full_labels_BS = model.chunk_input(chunk, x_or_ids, labels)
     router_loss = x.new_zeros((), dtype=torch.float32)
-    for position in model.chunk_layers[0]:
+    for position in model.chunk_layers[chunk]:
         layer = model.layers[position]
         if layer.is_moe:
             x, router_loss = yield from staged_moe_layer(layer, x, router_loss, rope, tape, f"{tag}/L{position}")
         else:
             x, layer_loss = layer(x, rope)
             router_loss = router_loss + layer_loss
-    out = model.chunk_output(0, x, router_loss, rope, labels_BS, full_labels_BS)
+    out = model.chunk_output(chunk, x, router_loss, rope, labels_BS, full_labels_BS)
     tape.loss = out.loss / num_micro
+    tape.output = out.hidden
     done(out)
 
 
@@ -399,14 +415,10 @@ def check_overlappable(model) -> None:
                                      "parts: full recompute and selective recompute of 'moe' do not apply")
 
 
-def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before_last_backward=None,
-                   trace: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward and backward of every micro-batch (pp = 1) with the EP all-to-alls overlapped: F₀, then
-    F_{i+1} together with B_i, then B_last alone. Gradients accumulate as for ``(loss / len(micro)).backward()``
-    per micro-batch in order. Returns ([ce, router, mtp] averaged over micro-batches, routed tokens per expert
-    summed over MoE layers and micro-batches); ``before_last_backward`` is called before the last backward.
-    The compute beside each exchange leaves ``model.options.ep_overlap_sm_carveout`` SMs free (module
-    docstring)."""
+def overlap_driver(model, trace: list | None = None) -> Overlap:
+    """The :class:`Overlap` driver of ``model``'s overlapped schedule, with the SM carveout and transport of
+    ``model.options`` (module docstring); raises InvalidConfigError when a MoE layer cannot be cut
+    (:func:`check_overlappable`) or the carveout leaves no SM."""
     check_overlappable(model)
     carveout = model.options.ep_overlap_sm_carveout
     device = model.rope_cos.device
@@ -415,31 +427,4 @@ def run_overlapped(model, micro: list[tuple[torch.Tensor, torch.Tensor]], before
         if carveout >= sms:  # the GEMMs would be launched on no SM at all
             raise InvalidConfigError(f"ep_overlap_sm_carveout {carveout} leaves no SM of the {sms} on "
                                      f"{torch.cuda.get_device_name(device)}")
-    num_micro = len(micro)
-    stats = torch.zeros(3, device=device)
-    counts = [None]
-    driver = Overlap(trace, carveout, model.options.ep_overlap_transport)
-
-    def forward(i: int) -> tuple[Stream, _Tape]:
-        tape = _Tape()
-
-        def done(out) -> None:
-            nonlocal stats
-            stats += out.stats() / num_micro
-            for moe in model.moe_layers():
-                c = moe.last_tokens_per_expert
-                counts[0] = c.clone() if counts[0] is None else counts[0] + c
-
-        ids, labels = micro[i]
-        return forward_stream(model, ids, labels, num_micro, tape, f"F{i}", done), tape
-
-    stream, tape = forward(0)
-    driver.alone(stream, "F0")
-    for i in range(num_micro - 1):
-        next_stream, next_tape = forward(i + 1)
-        driver.together(tape.backward(f"B{i}"), f"B{i}", next_stream, f"F{i + 1}")
-        tape = next_tape
-    if before_last_backward is not None:
-        before_last_backward()
-    driver.alone(tape.backward(f"B{num_micro - 1}"), f"B{num_micro - 1}")
-    return stats, counts[0]
+    return Overlap(trace, carveout, model.options.ep_overlap_transport)

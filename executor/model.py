@@ -15,7 +15,7 @@ import torch
 
 from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
-from spec.head_features import head_features, last_stage_embeds
+from spec.head_features import head_blocks, head_features, last_stage_embeds
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
 from executor import cuda_graphs, recompute
@@ -186,6 +186,11 @@ class MoEGPT(torch.nn.Module):
                     raise SpecError(f"head feature {feature.name!r} is named like a part of the model")
                 setattr(self, feature.name, head)  # parameters named by the feature (``mtp.depths.…``)
                 self.heads.append(head)
+        # every MoE layer of the whole model (not only this stage's), in order: the rows of the per-layer routed
+        # token counts, the same on every rank so that stages holding disjoint layers can sum them
+        head_blocks_moe = [spec.num_layers + k for k in range(head_blocks(spec))] if pattern[-1] else []
+        self.moe_layer_numbers: list[int] = [i for i in range(spec.num_layers) if pattern[i]] + head_blocks_moe
+        self._moe_row = {number: row for row, number in enumerate(self.moe_layer_numbers)}
         cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
         cp = state["cp"]
         self.cp_positions = None
@@ -214,6 +219,16 @@ class MoEGPT(torch.nn.Module):
 
     def moe_layers(self) -> list[MoELayer]:
         return [layer.mlp for layer in self.decoder_layers() if layer.is_moe]
+
+    def count_routed(self, counts: torch.Tensor | None, moe_layers: list[MoELayer]) -> torch.Tensor:
+        """``counts`` [MoE layers of the model, experts] (int64; None: zeros) plus the tokens each of
+        ``moe_layers`` routed to each expert in its last forward, in that layer's row."""
+        for moe in moe_layers:
+            c = moe.last_tokens_per_expert
+            if counts is None:
+                counts = c.new_zeros((len(self.moe_layer_numbers), c.numel()))
+            counts[self._moe_row[moe.layer_number]] += c
+        return counts
 
     def chunk_moe_layers(self, chunk: int) -> list[MoELayer]:
         """The MoE layers virtual chunk ``chunk`` runs (the head blocks' with the model's last chunk)."""

@@ -14,6 +14,8 @@ dimension. The layer takes and returns this rank's token slice.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -24,9 +26,10 @@ from executor.dispatcher import make_dispatcher
 from executor.grouped_swiglu import grouped_swiglu
 from executor.kernels import triton_swiglu as fused_act
 from executor.kernels.base import KernelBackend
+from executor.kernels.fp8 import grouped_gemm as fp8_grouped
 from executor.kernels.torch_backend import grouped_mm_works
 from executor.mlp import SwiGLUMLP
-from executor.options import ExecutorOptions
+from executor.options import FP8_EXPERT_GEMMS, ExecutorOptions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.router import Router
@@ -79,6 +82,11 @@ class GroupedExperts(torch.nn.Module):
         # per layer; executor/grouped_swiglu.py); fp8 backends, other activations and biases keep the graph
         self._one_node = (getattr(kernels, "name", None) == "torch" and is_plain_swiglu(spec)
                           and not spec.add_bias_linear)
+        # the experts' grouped GEMMs: the backend's, or foldtune's grouped fp8 kernels where the fp8 backend
+        # runs them and ExecutorOptions.fp8_expert_gemm asks for those
+        scaling = FP8_EXPERT_GEMMS[options.fp8_expert_gemm]
+        self._gmm = (functools.partial(fp8_grouped.grouped_mm, scaling=scaling)
+                     if scaling is not None and getattr(kernels, "name", None) == "torch-fp8" else kernels.grouped_mm)
         self.b13 = self.b2 = None
         if spec.add_bias_linear:
             def bias(name, shape, etp_dim):
@@ -91,7 +99,7 @@ class GroupedExperts(torch.nn.Module):
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         if self._one_node and x_MH.shape[0] and grouped_mm_works(x_MH.device, x_MH.dtype):
             return grouped_swiglu(x_MH, self.w13, self.w2, offs, self.recompute_act and torch.is_grad_enabled())
-        gmm = self.kernels.grouped_mm
+        gmm = self._gmm
         gate_up = gmm(x_MH, self.w13.flatten(1, 2), offs)  # [rows, 2·f/etp]: gate | up
         expert_of_row = None
         if self.b13 is not None:
@@ -113,6 +121,7 @@ class MoELayer(torch.nn.Module):
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()
         self.timer = timer
+        self.layer_number = layer  # the decoder layer's index in the whole model (head blocks count on from L)
         self.router = Router(spec, options, state, layer, device, dtype)
         self.experts = GroupedExperts(spec, options, state, layer, kernels, device, dtype)
         self.dispatcher = make_dispatcher(state.config.moe_token_dispatcher_type, state, spec.num_experts,

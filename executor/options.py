@@ -16,6 +16,8 @@ DEFAULT_CHUNK_LOGITS = 2**26
 #: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
 EP_OVERLAP_TRANSPORTS = ("auto", "nccl", "copy_engine")
+#: ExecutorOptions.fp8_expert_gemm -> the scaling of foldtune's grouped fp8 kernels (None: torch's kernel).
+FP8_EXPERT_GEMMS = {"torch": None, "foldtune-rowwise": "rowwise", "foldtune-blockwise": "blockwise"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,15 @@ class ExecutorOptions:
     one node and all of them could build the transport, NCCL otherwise). With 'auto' the exchanges that
     run in line (the first forward's, the last backward's) go over NCCL, faster alone; 'copy_engine' moves
     every exchange of the overlapped schedule. Elsewhere (CPU) gloo moves them all.
+
+    ``fp8_expert_gemm`` (precision fp8 only; no effect in other precisions): what runs the routed experts'
+    forward, dgrad and wgrad. 'torch' (the default): ``torch._scaled_grouped_mm`` with rowwise scales for
+    forward and dgrad, the wgrad as FOLDTUNE_FP8_WGRAD says (:mod:`executor.kernels.fp8.gemm`);
+    'foldtune-rowwise' / 'foldtune-blockwise': foldtune's persistent grouped Triton kernels, all three
+    products in fp8, with rowwise or DeepSeek-V3's blockwise scaling (1 × 128 activations, 128 × 128
+    weights), the activations quantised into both their forms in one pass
+    (:mod:`executor.kernels.fp8.grouped_gemm`). Blockwise changes the numbers, not only the speed. On CPU
+    they are emulated; on a GPU whose kernels fail their first-use check the experts run on 'torch'.
     """
 
     moe_router_load_balancing_type: str = "aux_loss"
@@ -78,6 +89,7 @@ class ExecutorOptions:
     cuda_graphs: bool = False
     ep_overlap_sm_carveout: int = 0
     ep_overlap_transport: str = "auto"
+    fp8_expert_gemm: str = "torch"
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
@@ -100,6 +112,8 @@ class ExecutorOptions:
         if self.ep_overlap_transport not in EP_OVERLAP_TRANSPORTS:
             raise SpecError(f"ep_overlap_transport must be one of {EP_OVERLAP_TRANSPORTS}, "
                             f"got {self.ep_overlap_transport!r}")
+        if self.fp8_expert_gemm not in FP8_EXPERT_GEMMS:
+            raise SpecError(f"fp8_expert_gemm must be one of {tuple(FP8_EXPERT_GEMMS)}, got {self.fp8_expert_gemm!r}")
         if self.cross_entropy_chunk_logits < 0:
             raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
 

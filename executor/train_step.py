@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from spec.head_features import last_stage_embeds
 from executor.kernels.fp8 import clear_weight_cache
-from executor.ep_overlap import run_overlapped
 from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam
 from executor.parallel.collectives import all_reduce_
@@ -21,13 +20,17 @@ class StepResult:
     """Step statistics, identical on every rank: mean loss over the global batch, its CE and router parts,
     routed tokens per expert summed over MoE layers (MTP layers included) and the whole global batch, and the
     MTP loss (mean over depths of their CE, before ``mtp_loss_scaling_factor``; 0 without MTP). ``loss`` is
-    ce + router_loss + mtp_loss_scaling_factor · mtp_loss, the objective trained."""
+    ce + router_loss + mtp_loss_scaling_factor · mtp_loss, the objective trained. ``tokens_per_expert_by_layer``
+    holds the same counts before the sum over layers: one row per MoE layer of the whole model
+    (``MoEGPT.moe_layer_numbers``), each row summing to global batch tokens × top-k (routed, before any
+    capacity drop)."""
 
     loss: float
     ce: float
     router_loss: float
     tokens_per_expert: list[int]
     mtp_loss: float = 0.0
+    tokens_per_expert_by_layer: list[list[int]] = field(default_factory=list)
 
 
 class Trainer:
@@ -68,24 +71,30 @@ class Trainer:
         """Wait for the parameter all-gathers the last :meth:`step` left running (overlap_param_gather)."""
         self.optimizer.finish_param_gather()
 
+    def _arm_before_last_backward(self):
+        """``reducer.arm`` where the schedule may start the gradient reduction during this rank's last backward
+        (each parameter then gets its last gradient there, once), else None: the reduction follows the
+        backward. With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
+        rank's. Under the EP overlap a backward runs segment by segment, and a parameter used in two segments
+        (the word embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's
+        per-bucket countdown would take for two micro-batches."""
+        if self.model.vpp > 1:
+            return None
+        spec = self.model.spec
+        if self.ep_overlap and not (spec.untie_embeddings_and_output_weights and not last_stage_embeds(spec)):
+            return None
+        return self.reducer.arm
+
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns the mean
         [ce, router, mtp] (:meth:`LossOutput.stats`)."""
         model = self.model
-        if self.pipelined:
-            # With virtual chunks a parameter's last gradient comes at its chunk's last backward, not the
-            # rank's: only the non-interleaved schedule overlaps the reduction with the last backward.
-            stats, self._counts = run_schedule(model, micro, self.reducer.arm if model.vpp == 1 else None)
-            return stats
-        if self.ep_overlap:
-            # the forward of micro-batch i+1 runs with the backward of i, each one's EP all-to-alls under the
-            # other's compute (executor/ep_overlap.py). A parameter used in two of its segments (the word
-            # embedding, tied or read by MTP) accumulates twice in one backward, which the reducer's
-            # per-bucket countdown would take for two micro-batches: those models reduce after the backward.
-            spec = model.spec
-            once = spec.untie_embeddings_and_output_weights and not last_stage_embeds(spec)
-            stats, self._counts = run_overlapped(model, micro, self.reducer.arm if once else None,
-                                                 trace=self.ep_overlap_trace)
+        if self.pipelined or self.ep_overlap:
+            # the pipeline's (interleaved) 1F1B, or with the EP overlap its combined 1F1B (pp = 1 included): one
+            # micro-batch's forward together with another's backward, each one's EP all-to-alls under the
+            # other's compute (executor/pipeline.py, executor/ep_overlap.py)
+            stats, self._counts = run_schedule(model, micro, self._arm_before_last_backward(),
+                                               overlap=self.ep_overlap, trace=self.ep_overlap_trace)
             return stats
         stats = torch.zeros(3, device=self.model.rope_cos.device)
         counts = None
@@ -95,9 +104,7 @@ class Trainer:
                 self.reducer.arm()  # the last backward's final gradients start their all-reduce at once
             (out.loss / len(micro)).backward()
             stats += out.stats() / len(micro)
-            for moe in model.moe_layers():
-                c = moe.last_tokens_per_expert
-                counts = c.clone() if counts is None else counts + c
+            counts = model.count_routed(counts, model.moe_layers())
         self._counts = counts
         return stats
 
@@ -115,9 +122,13 @@ class Trainer:
         with torch.no_grad():
             dp = state["dp_cp"]
             stats = all_reduce_(all_reduce_(stats, state["pp"]), dp) / dp.size  # stages hold disjoint layers
+            # [MoE layers, experts]: TP (sequence parallel) and DP·CP ranks route disjoint tokens, pipeline
+            # stages disjoint layers (zero rows elsewhere), so the sums are the whole global batch per layer
             counts = self._counts if self._counts is not None else torch.zeros(
-                max(model.spec.num_experts, 1), dtype=torch.long, device=stats.device)
-            counts = all_reduce_(all_reduce_(all_reduce_(counts.clone(), state.tp), dp), state["pp"])
+                (len(model.moe_layer_numbers), max(model.spec.num_experts, 1)), dtype=torch.long,
+                device=stats.device)
+            if counts.numel():  # a model without MoE layers has no rows on any rank
+                counts = all_reduce_(all_reduce_(all_reduce_(counts.clone(), state.tp), dp), state["pp"])
         for moe in model.moe_layers():
             moe.router.update_expert_bias()
         timer.switch("optimizer")
@@ -128,4 +139,6 @@ class Trainer:
         timer.switch("other")
         ce, router, mtp = stats.tolist()
         loss = ce + router + model.options.mtp_loss_scaling_factor * mtp
-        return StepResult(loss, ce, router, [int(c) for c in counts.tolist()], mtp_loss=mtp)
+        by_layer = counts.tolist()
+        total = counts.sum(0).tolist() if by_layer else [0] * max(model.spec.num_experts, 1)
+        return StepResult(loss, ce, router, [int(c) for c in total], mtp_loss=mtp, tokens_per_expert_by_layer=by_layer)

@@ -40,30 +40,40 @@ class Scenario:
 
 
 def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
-    """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params."""
+    """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params.
+    The rule book judges the layout first (:func:`executor.buildable.check_buildable`)."""
     training = training_for(scenario.seq_length, scenario.global_batch_size,
                             scenario.options.moe_expert_capacity_factor)
     check_buildable(scenario.model, training, config.replace(micro_batch_size=scenario.micro_batch_size))
+    return train_and_gather(config, scenario, rank)
+
+
+def train_and_gather(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
+    """:func:`run_scenario` without the rule book's judgement: for a test of an executor path that only
+    Megatron's rules keep out of the product (the EP overlap's combined 1F1B at pp > 1 without virtual stages,
+    which Megatron's schedule lacks and the executor's runs)."""
     state = build_parallel_state(config, rank)
     torch.manual_seed(0)
     device = torch.device("cuda", rank) if scenario.device == "cuda" else torch.device("cpu")
     model = MoEGPT(scenario.model, state, scenario.options, scenario.seq_length, device)
     trainer = Trainer(model, lr=scenario.lr, eps=scenario.adam_eps)
     dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
-    losses, counts, grads = [], [], None
+    losses, counts, by_layer, grads = [], [], [], None
     for step in range(scenario.steps):
         batch = global_batch(scenario.model.vocab_size, scenario.seq_length, scenario.global_batch_size,
                              scenario.options.seed, step)
         result = trainer.step(micro_batches(batch, dp.size, dp.rank, scenario.micro_batch_size, device))
         losses.append(result.loss)
         counts.append(result.tokens_per_expert)
+        by_layer.append(result.tokens_per_expert_by_layer)
         if step == 0:
             trainer.reducer.materialize()  # the distributed optimizer leaves only this rank's reduced shard
             grads = gather_model(model, state, grads=True)
     params = gather_model(model, state)
     if rank != 0:
         return None
-    return {"loss": losses, "tokens_per_expert": counts, "grads": grads, "params": params}
+    return {"loss": losses, "tokens_per_expert": counts, "tokens_per_expert_by_layer": by_layer, "grads": grads,
+            "params": params}
 
 
 def layout_worker(rank: int, world_size: int, runs: list[tuple[ParallelConfig, Scenario]]) -> dict:
@@ -98,6 +108,9 @@ def compare(ref: dict, got: dict, rtol: float = 1e-4, atol: float = 1e-6) -> lis
         problems.append(f"loss {got['loss']} vs reference {ref['loss']}")
     if got["tokens_per_expert"] != ref["tokens_per_expert"]:
         problems.append(f"tokens per expert {got['tokens_per_expert']} vs {ref['tokens_per_expert']}")
+    elif got["tokens_per_expert_by_layer"] != ref["tokens_per_expert_by_layer"]:
+        problems.append(f"tokens per expert by layer {got['tokens_per_expert_by_layer']} vs "
+                        f"{ref['tokens_per_expert_by_layer']}")
     for kind in ("grads", "params"):
         missing = set(ref[kind]) ^ set(got[kind])
         if missing:

@@ -1,8 +1,9 @@
 """The cost model's accuracy against measured layout tables: each measured layout predicted and compared
 (step time, peak memory, and per term where the executor times a matching phase, read on the rank that sets
 the pace), summarised as MAPE, max error and Spearman rank correlation; tables of several GPU counts pooled;
-the held-out error after calibrating on the first ``k`` trials the search would run; and measured host
-seconds per micro-batch against the model's host floor.
+the held-out error after calibrating on the first ``k`` trials the search would run; the coverage of the
+estimates' intervals (how many measured steps and peaks fall inside them, :func:`interval_coverage`); and
+measured host seconds per micro-batch against the model's host floor.
 
 A layout table is what ``executor.profile_table.measure_table`` returns (rows with ``layout``, ``config``,
 ``ok``, ``step_time`` in seconds, ``phases``/``phases_by_rank`` in seconds, ``peak_allocated_bytes``);
@@ -101,6 +102,11 @@ def compare(model, training, cluster, table_rows: list[dict]) -> tuple[list[dict
                "error": (e.time.step_time - r["step_time"]) / r["step_time"],
                "predicted_memory_bytes": e.memory.total, "measured_peak_bytes": r.get("peak_allocated_bytes"),
                "predicted_terms": e.time.terms, "terms": {}}
+        if e.interval is not None:
+            row.update(interval_s=(e.interval.step_time.low, e.interval.step_time.high),
+                       memory_interval_bytes=(e.interval.memory.low, e.interval.memory.high),
+                       provenance={p.term: p.provenance for p in e.interval.terms
+                                   if e.time.term(p.term) > 0 or dict(e.time.hidden).get(p.term, 0.0) > 0})
         if row["measured_peak_bytes"]:
             row["memory_error"] = (e.memory.total - row["measured_peak_bytes"]) / row["measured_peak_bytes"]
         pace = pace_phases(r)
@@ -139,7 +145,31 @@ def summarize(rows: list[dict], failed: int = 0) -> dict:
             totals[name] = totals.get(name, 0.0) + seconds
     predicted = sum(r["predicted_s"] for r in rows) or 1.0
     summary["term_shares"] = {name: seconds / predicted for name, seconds in totals.items() if seconds > 0}
+    summary["interval_coverage"] = interval_coverage(rows)
     return summary
+
+
+def interval_coverage(rows: list[dict]) -> dict:
+    """How many measured values fall inside their predicted intervals, over rows of :func:`compare`.
+
+    Step time: rows with ``measured_s`` and ``interval_s`` (low, high) in seconds; memory: rows with
+    ``measured_peak_bytes`` and ``memory_interval_bytes``. Returns, for each of ``'step_time'`` and ``'memory'``,
+    ``{'rows', 'covered', 'coverage', 'below', 'above'}``: the rows judged, those inside (ends included), their
+    share (None without rows), and the rows measured below the low end / above the high end; and the mean
+    relative width of the step-time intervals ``(high - low) / predicted``."""
+    def judge(pairs: list[tuple[float, tuple[float, float]]]) -> dict:
+        below = sum(1 for v, (lo, _) in pairs if v < lo)
+        above = sum(1 for v, (_, hi) in pairs if v > hi)
+        covered = len(pairs) - below - above
+        return {"rows": len(pairs), "covered": covered, "coverage": covered / len(pairs) if pairs else None,
+                "below": below, "above": above}
+    timed = [(r["measured_s"], r["interval_s"]) for r in rows if r.get("interval_s") and r.get("measured_s")]
+    peaks = [(r["measured_peak_bytes"], r["memory_interval_bytes"]) for r in rows
+             if r.get("memory_interval_bytes") and r.get("measured_peak_bytes")]
+    widths = [(r["interval_s"][1] - r["interval_s"][0]) / r["predicted_s"] for r in rows
+              if r.get("interval_s") and r.get("predicted_s")]
+    return {"step_time": judge(timed), "memory": judge(peaks),
+            "mean_relative_width": statistics.fmean(widths) if widths else None}
 
 
 def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int) -> dict | None:
@@ -173,6 +203,7 @@ def k_trial(rows: list[dict], failed: list[dict], capacity_bytes: float, k: int)
     out = summarize(held)
     out.pop("term_shares")
     out.pop("per_term")
+    out.pop("interval_coverage")
     out.update(k=k, fitted_on=[r["layout"] for r in tried], calibration=calibration.to_dict())
     return out
 

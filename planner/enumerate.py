@@ -76,7 +76,8 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.rank_groups import GridSizes, group_stride_span
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule
+from spec.validity import (Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule,
+                           needs_distributed_optimizer)
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -140,7 +141,6 @@ class SearchSpace:
     recompute: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # None: the chain for the model
     dispatchers: tuple[str, ...] = DISPATCHERS
     ep_overlap: bool = True
-    ep_overlap_pipelined: bool = True  # False: EP a2a overlap tried with pp = 1 only (what executor/ runs)
     pipeline: PipelineSplit = DEFAULT_SPLIT
     # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
     precisions: tuple[str, ...] | None = None
@@ -257,7 +257,6 @@ class SearchSpace:
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
                 f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
-                f"{' (pp = 1 only)' if self.ep_overlap and not self.ep_overlap_pipelined else ''}"
                 f", CP {'/'.join(self.cp_comm_types)}"
                 f"{f' ({HIERARCHICAL} where CP spans nodes)' if HIERARCHICAL in self.cp_comm_types else ''}")
         if self.optimizer_offload:
@@ -446,7 +445,9 @@ def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatch
 
 def distopt_options(training: TrainingSpec) -> tuple[bool, ...]:
     """The distributed-optimizer settings to try: the forced one, or both (on first: it is the usual winner)."""
-    return (True, False) if training.distributed_optimizer is None else (training.distributed_optimizer,)
+    if training.distributed_optimizer is None:  # the rule book's optimizer_distopt rule, applied to the options
+        return (True,) if needs_distributed_optimizer(training) else (True, False)
+    return (training.distributed_optimizer,)
 
 
 def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -485,8 +486,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                 if not space.allows_etp(etp, model):
                     continue
                 names = space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
-                if pp > 1 and not space.ep_overlap_pipelined:
-                    names = tuple(d for d in names if not d.ep_overlap)
                 overlap = [d for d in names if d.ep_overlap]
                 pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
                               bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))

@@ -1,4 +1,6 @@
-"""Prune the valid layouts by predicted memory and rank what fits by predicted step time.
+"""Prune the valid layouts by predicted memory and rank what fits by predicted step time: by default by the
+pessimistic end of each layout's step-time interval (``rank_by='robust'``, :func:`_best_first`), else by the
+point estimate.
 
 The enumeration holds hundreds of thousands of valid configs on a large cluster; calling both cost models
 on each would take minutes. The ranker leans on four monotone properties of any sane cost model and
@@ -35,6 +37,12 @@ they would matter and counted: ``order_violations`` (a sibling faster than the c
 held wherever they were used. ``exhaustive=True`` (``--pareto``) times every fitting config instead and also
 returns the Pareto front of step time against memory.
 
+The ranking puts what foldtune's executor runs first: every config the queue puts on the list is judged by the
+rule book's executor rules (``spec.validity.executor_refusal``), and the queue runs on until it holds the N
+best executable configs (or runs dry), keeping the Megatron-only ones it met on the way; the list is the
+executable ones by rank time, then the others. ``megatron=True`` ranks by rank time alone, what Megatron-Core
+can run. Either way every ranked :class:`Estimate` says whether foldtune executes it and why not.
+
 Work is split over the CPU cores (fork) when the enumeration is large.
 """
 
@@ -48,9 +56,10 @@ import threading
 import time as _time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, NamedTuple
 
-from costmodel.estimate import Estimate, combine, steady_state_floor, step_time
+from costmodel.estimate import Estimate, combine, pessimistic_step_time, steady_state_floor, step_time
 from costmodel.memory import LayoutMemory, MemoryBreakdown, estimate_memory, peak_memory_bytes
 from costmodel.step_time import StepTimeBreakdown
 from costmodel.terms import TERM_TABLE
@@ -60,7 +69,8 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.training_spec import TrainingSpec
 from spec.errors import InvalidConfigError, SpecError
-from spec.validity import Rejection, Validator, batch_rule, check_config, world_dense, world_expert
+from spec.validity import (Rejection, Validator, batch_rule, check_config, executor_model_rule, executor_refusal,
+                           world_dense, world_expert)
 from planner.time_limit import check_time
 from planner.enumerate import (NO_OFFLOAD, BoundKey, ConfigMaker, DispatchOption, Enumeration, Layout, SearchSpace,
                                StaircaseKey, enumerate_layouts, pipeline_fields, recompute_count)
@@ -73,6 +83,15 @@ PER_STEP_TERMS = frozenset(t.name for t in TERM_TABLE if t.per_step) | {"pp_bubb
 TimeFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], StepTimeBreakdown]
 
 PARALLEL_THRESHOLD = 20_000  # valid configs above which the scan is split over processes
+# What the ranked list is ordered by: "robust", the step-time interval's pessimistic end (the default: a layout
+# whose time rests on constants never measured ranks below one as fast whose constants were), or "point", the
+# point estimate alone. An injected time model has no interval: both orders are its point estimates.
+RANK_BY = ("robust", "point")
+# Under rank_by='robust' a slice's queue keeps picking past its top N until no remaining candidate can rank
+# better (exact), but picks at most this many times N: intervals wide on unmeasured constants would otherwise
+# make it time most layouts within 2-3x of the fastest. PlanResult.robust_exact says whether the cap was reached.
+ROBUST_SHORTLIST = 10
+RobustFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig, StepTimeBreakdown], float]
 
 
 class NoValidLayoutError(InvalidConfigError):
@@ -100,7 +119,7 @@ class PlanResult:
     cluster: ClusterSpec
     enumeration: Enumeration
     fitting: int  # valid configs predicted to fit in memory
-    ranked: list[Estimate]  # fastest first
+    ranked: list[Estimate]  # best first by ``rank_by``
     pareto: list[Estimate] = field(default_factory=list)  # step time vs memory (exhaustive mode only)
     closest: Estimate | None = None  # the least-over-memory config when nothing fits
     memory_calls: int = 0
@@ -112,6 +131,11 @@ class PlanResult:
     enumerate_seconds: float = 0.0
     rank_seconds: float = 0.0
     workers: int = 1
+    rank_by: str = "robust"  # RANK_BY: what ``ranked`` is ordered by
+    # under 'robust': True when every slice's queue stopped by itself (the ranking is exact), False when one
+    # reached ROBUST_SHORTLIST x top picks (the ranking is by rank time among those shortlists)
+    robust_exact: bool = True
+    megatron: bool = False  # ranked by rank time alone (what Megatron-Core runs), not executable first
 
     @property
     def pruned_by_memory(self) -> int:
@@ -149,11 +173,23 @@ class _Head(NamedTuple):
 
 class _Ranked(NamedTuple):
     """One config a scan offers: its step time (seconds), the config by reference (a :class:`Choice`, or
-    (job index, Choice) once scans of several jobs merge) and, in exhaustive mode, its memory total (bytes)."""
+    (job index, Choice) once scans of several jobs merge), in exhaustive mode its memory total (bytes), and the
+    time it ranks by (seconds: the pessimistic end of its interval under ``rank_by='robust'``, else None: its
+    step time), and whether it ranks among the executable configs (always, when ranked for Megatron-Core)."""
 
     step_time: float
     choice: Any
     memory: float | None = None
+    robust: float | None = None
+    executable: bool = True
+
+    @property
+    def rank(self) -> float:
+        return self.step_time if self.robust is None else self.robust
+
+    def rank_key(self) -> tuple:
+        """Executable first, then by rank time (and memory, exhaustive mode)."""
+        return not self.executable, self.rank, self.memory or 0.0
 
 
 class _Closest(NamedTuple):
@@ -191,6 +227,15 @@ class _Job:
     # heads enter the best-first queue keyed by it and their group's bound is computed only when one is popped;
     # None with an injected time model (bounds computed for every group during the scan)
     floor_fn: Any = None
+    # the time a timed candidate ranks by (RobustFn: the pessimistic end of its interval), None: its step time
+    robust_fn: Any = None
+    # config -> why the executor cannot run it (None: it can), spec.validity.executor_refusal bound to the model
+    # and training: the ranking puts the configs it accepts first; None: ranked by rank time alone
+    refusal: Any = None
+
+    def executable(self, config: ParallelConfig) -> bool:
+        """Whether ``config`` ranks among the executable configs (all of them without :attr:`refusal`)."""
+        return self.refusal is None or self.refusal(config) is None
 
     def config(self, maker: ConfigMaker, choice: Choice) -> ParallelConfig:
         granularity, modules = self.recompute[choice.r]
@@ -216,10 +261,11 @@ class _Scan:
     bound_violations: int = 0
     closest: _Closest | None = None
     pruned_static: int = 0  # staircases settled by LayoutMemory.least_bytes alone
+    robust_cut: bool = False  # a robust queue stopped at its shortlist cap (PlanResult.robust_exact)
 
     def add(self, part: _Scan, tag=lambda choice: choice) -> None:
         """Fold ``part`` into this scan; ``tag`` maps each of its Choices (heads and closest) to this scan's."""
-        self.heads.extend(_Ranked(h.step_time, tag(h.choice), h.memory) for h in part.heads)
+        self.heads.extend(_Ranked(h.step_time, tag(h.choice), h.memory, h.robust, h.executable) for h in part.heads)
         self.fitting += part.fitting
         self.memory_calls += part.memory_calls
         self.time_calls += part.time_calls
@@ -227,6 +273,7 @@ class _Scan:
         self.order_violations += part.order_violations
         self.bound_violations += part.bound_violations
         self.pruned_static += part.pruned_static
+        self.robust_cut = self.robust_cut or part.robust_cut
         if part.closest is not None and (self.closest is None or part.closest.memory < self.closest.memory):
             self.closest = _Closest(part.closest.memory, tag(part.closest.choice))
 
@@ -368,11 +415,14 @@ def _scan(job: _Job, indices: range) -> _Scan:
                             continue
                         for r in range(rm[k], n_rec):
                             cfg = job.config_from(base, mbs, o, r)
-                            t = time_fn(model, training, cluster, cfg).step_time
+                            breakdown = time_fn(model, training, cluster, cfg)
                             total = mem_fn(model, training, cluster, cfg)
                             time_calls += 1
                             memory_calls += 1
-                            heads.append(_Ranked(t, Choice(idx, mbs, dispatcher, o, r), total))
+                            robust = (None if job.robust_fn is None
+                                      else job.robust_fn(model, training, cluster, cfg, breakdown))
+                            heads.append(_Ranked(breakdown.step_time, Choice(idx, mbs, dispatcher, o, r), total,
+                                                 robust, job.executable(cfg)))
                 continue
             for k, r0 in enumerate(r_mins_by_option[0]):
                 if r0 is None:  # the first optimizer choice does not fit; a later one cannot either
@@ -551,14 +601,22 @@ def pareto_front(points: list[tuple[float, float, Any]]) -> list[Any]:
 
 def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top: int = 10,
          exhaustive: bool = False, space: SearchSpace | None = None, memory_fn: MemoryFn | None = None,
-         time_fn: TimeFn | None = None, workers: int | None = None) -> PlanResult:
-    """Enumerate, prune by memory and rank by step time; the ``top`` fastest fitting configs, fastest first.
+         time_fn: TimeFn | None = None, workers: int | None = None, rank_by: str = "robust",
+         megatron: bool = False) -> PlanResult:
+    """Enumerate, prune by memory and rank by step time; the ``top`` best fitting configs that foldtune's
+    executor runs, best first, then (when fewer than ``top`` run) the best ones only Megatron-Core runs;
+    ``megatron``: the ``top`` best, executable or not. Every ranked Estimate says whether the executor runs it
+    (``executable``, ``executable_reason``).
 
-    ``memory_fn`` / ``time_fn`` default to the cost model (costmodel.memory / costmodel.step_time); tests
-    inject their own. The scan needs only total bytes: with the default memory model it uses its fast
-    path ``peak_memory_bytes``, with an injected one ``memory_fn(...).total``. ``exhaustive`` times every
+    ``rank_by`` (:data:`RANK_BY`): ``"robust"`` orders by the pessimistic end of each layout's step-time
+    interval (``Estimate.rank_time``), ``"point"`` by the point estimate. ``memory_fn`` / ``time_fn`` default
+    to the cost model (costmodel.memory / costmodel.step_time); tests inject their own (no intervals: both
+    orders are by their step times). The scan needs only total bytes: with the default memory model it uses its
+    fast path ``peak_memory_bytes``, with an injected one ``memory_fn(...).total``. ``exhaustive`` times every
     fitting config and fills ``PlanResult.pareto``.
     """
+    if rank_by not in RANK_BY:
+        raise InvalidConfigError(f"rank_by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     if memory_fn is None:
         memory_fn, memory_total_fn = default_memory_fn(), default_memory_total_fn()
     else:
@@ -571,7 +629,8 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _plan(model, training, cluster, top, exhaustive, space, memory_fn, memory_total_fn, time_fn, workers)
+        return _plan(model, training, cluster, top, exhaustive, space, memory_fn, memory_total_fn, time_fn, workers,
+                     rank_by, megatron)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -593,12 +652,17 @@ def plan_precisions(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
             errors.append(exc)
     if not results:
         raise errors[0]
-    return sorted(results, key=lambda r: r.ranked[0].time.step_time if r.ranked else float("inf"))
+    return sorted(results, key=lambda r: rank_key(r.ranked[0], r.rank_by) if r.ranked else float("inf"))
+
+
+def rank_key(estimate: Estimate, rank_by: str = "robust") -> float:
+    """The seconds ``estimate`` ranks by under ``rank_by`` (:data:`RANK_BY`)."""
+    return estimate.rank_time if rank_by == "robust" else estimate.time.step_time
 
 
 def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: int, exhaustive: bool,
           space: SearchSpace | None, memory_fn: MemoryFn, memory_total_fn: MemoryTotalFn, time_fn: TimeFn,
-          workers: int | None) -> PlanResult:
+          workers: int | None, rank_by: str = "robust", megatron: bool = False) -> PlanResult:
     t0 = _time.perf_counter()
     enum = enumerate_layouts(model, training, cluster, space)
     t1 = _time.perf_counter()
@@ -615,12 +679,18 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
     n_workers = workers if workers is not None else _default_workers(valid)
     sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None
     floor_fn = steady_state_floor if time_fn is step_time else None  # valid for the default time model only
+    # intervals exist for the default time model only
+    robust_fn = pessimistic_step_time if time_fn is step_time and rank_by == "robust" else None
+    refusal = partial(executor_refusal, model, training)
+    # a model the executor cannot build leaves no layout to put first: rank by rank time alone
+    ranking_refusal = None if megatron or executor_model_rule(model) is not None else refusal
     for option in enum.offload:
         distopts, chain = enum.knobs_for(option)
         if not distopts or not chain:
             continue
         jobs.append(_Job(model, training, cluster, enum.layouts, chain, distopts, memory_fn, memory_total_fn,
-                         time_fn, exhaustive, top, enum.pipeline, option, sweep, floor_fn=floor_fn))
+                         time_fn, exhaustive, top, enum.pipeline, option, sweep, floor_fn=floor_fn,
+                         robust_fn=robust_fn, refusal=ranking_refusal))
         scans.append(_scan_all(jobs[-1], n_workers))
     if not any(part.fitting for part in scans):
         # nothing fits: the closest config must be the one the full scans offer, pruned layouts included
@@ -635,26 +705,34 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                         ranked=[], memory_calls=scan.memory_calls, time_calls=scan.time_calls + scan.bound_calls,
                         bound_calls=scan.bound_calls, order_violations=scan.order_violations,
                         bound_violations=scan.bound_violations, exhaustive=exhaustive,
-                        enumerate_seconds=t1 - t0, workers=n_workers)
+                        enumerate_seconds=t1 - t0, workers=n_workers, rank_by=rank_by,
+                        robust_exact=not scan.robust_cut, megatron=megatron)
+    intervals = time_fn is step_time  # the default cost model's breakdowns: their intervals too
 
     def estimate_of(tagged: tuple[int, Choice]) -> Estimate:
         j, choice = tagged
         cfg = jobs[j].config(makers[j], choice)
-        return combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
-                       time_fn(model, training, cluster, cfg))
+        return judged(combine(cfg, training, cluster, memory_fn(model, training, cluster, cfg),
+                              time_fn(model, training, cluster, cfg), model if intervals else None), refusal(cfg))
 
     if exhaustive:
-        heads = sorted(scan.heads, key=lambda h: (h.step_time, h.memory))
+        heads = sorted(scan.heads, key=_Ranked.rank_key)
         result.ranked = [estimate_of(h.choice) for h in heads[:top]]
-        front = pareto_front([(h.step_time, h.memory, h) for h in heads])
+        front = pareto_front([(h.rank, h.memory, h) for h in heads])
         result.pareto = [estimate_of(h.choice) for h in front]
     else:  # the slices' top Ns
-        best = sorted(scan.heads, key=lambda h: h.step_time)[:top]
+        best = sorted(scan.heads, key=_Ranked.rank_key)[:top]
         result.ranked = [estimate_of(h.choice) for h in best]
     if not result.ranked and scan.closest is not None:
         result.closest = estimate_of(scan.closest.choice)
     result.rank_seconds = _time.perf_counter() - t1
     return result
+
+
+def judged(estimate: Estimate, refusal: str | None) -> Estimate:
+    """``estimate`` labelled with whether foldtune's executor runs its layout (``refusal``: why not, from
+    ``spec.validity.executor_refusal``; None: it runs)."""
+    return replace(estimate, executable=refusal is None, executable_reason=refusal)
 
 
 def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out: _Scan,
@@ -664,6 +742,15 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
     With ``job.floor_fn`` a head's ``bound`` is the bound's floor, and the bound (``bounds``, by
     :meth:`Layout.bound_key`) is computed when the head is first popped. Returns the picked configs, fastest
     first; counts time calls, bound calls and breaches of the monotone properties in ``out``.
+
+    With ``job.refusal`` the ``top`` best executable ones: the queue runs on past configs the executor does not
+    run, of which it keeps the best ``top`` by rank time (each marked so), after the executable ones.
+
+    With ``job.robust_fn`` each picked candidate also gets its rank time (its interval's pessimistic end, never
+    below its step time), and the queue keeps popping past the ``top``-th pick while its smallest key (a lower
+    bound on every remaining step time, so on their rank times) is below the ``top``-th smallest rank time
+    picked: the ``top`` best by rank time are then exactly those of the whole slice, returned best first. It
+    picks at most ``ROBUST_SHORTLIST`` x ``top`` (``out.robust_cut`` says it stopped there).
     """
     n_rec = len(job.recompute)
     lazy = job.floor_fn is not None
@@ -672,13 +759,21 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
     # its index, None): it sorts where the head would have sorted by its bound from the start (floor <= bound, and
     # the index breaks ties before the third field), so the queue pops bounded heads and timed candidates in the
     # same order, and times the same candidates, as if every bound had been computed up front. Every later entry
-    # is (key, tiebreak, timed, Choice, r_mins, is_family_head), key = bound or time, tiebreaks after every index
+    # is (key, tiebreak, timed, Choice, r_mins, is_family_head, its breakdown or None, executable), key = bound or
+    # time, tiebreaks after every index
     heap: list[tuple] = [(h.bound, i) for i, h in enumerate(heads)]
     heapq.heapify(heap)
     counter = len(heap)
     picked: list[_Ranked] = []
+    others: list[_Ranked] = []  # configs the executor does not run (with job.refusal only)
     last = float("-inf")
-    while heap and len(picked) < top:
+    robust_fn = job.robust_fn
+    worst_kept: list[float] = []  # max-heap (negated) of the ``top`` smallest rank times picked
+    cap = ROBUST_SHORTLIST * top
+    while heap and (len(picked) < top or (robust_fn is not None and heap[0][0] < -worst_kept[0])):
+        if len(picked) >= cap:
+            out.robust_cut = True
+            break
         entry = heapq.heappop(heap)
         if len(entry) <= 3:
             key, i = entry[0], entry[1]
@@ -698,21 +793,35 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
                 continue
             r_mins = tuple([rm[k] for rm in h.r_mins])
             timed, choice, head = False, Choice(idx, job.layouts[idx].micro_batch_sizes[k], dispatcher, 0, h.r0), True
+            breakdown, executable = None, True
         else:
-            key, _, timed, choice, r_mins, head = entry
+            key, _, timed, choice, r_mins, head, breakdown, executable = entry
         if not timed:
             cfg = job.config(maker, choice)
-            t = job.time_fn(job.model, job.training, job.cluster, cfg).step_time
+            breakdown = job.time_fn(job.model, job.training, job.cluster, cfg)
+            t = breakdown.step_time
             out.time_calls += 1
             if t < key * (1 - 1e-9):
                 out.bound_violations += 1
             counter += 1
-            heapq.heappush(heap, (t, counter, True, choice, r_mins, head))
+            heapq.heappush(heap, (t, counter, True, choice, r_mins, head, breakdown if robust_fn else None,
+                                  job.executable(cfg)))
             continue
         if key < last:
             out.order_violations += 1
         last = max(last, key)
-        picked.append(_Ranked(key, choice))
+        robust = None
+        if robust_fn is not None:  # the rank time, for the few picked only
+            robust = max(key, robust_fn(job.model, job.training, job.cluster, job.config(maker, choice), breakdown))
+        if not executable:
+            others.append(_Ranked(key, choice, None, robust, False))
+        else:
+            picked.append(_Ranked(key, choice, None, robust))
+        if robust is not None and executable:
+            if len(worst_kept) < top:
+                heapq.heappush(worst_kept, -robust)
+            elif robust < -worst_kept[0]:
+                heapq.heapreplace(worst_kept, -robust)
         # slower siblings: bounded by this config's time until they are popped
         o, r = choice.o, choice.r
         siblings = [(o, r + 1)] if r + 1 < min(n_rec, recompute_count(job.recompute, choice.dispatcher)) else []
@@ -720,9 +829,10 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
             siblings += [(o2, r_mins[o2]) for o2 in range(o + 1, len(r_mins)) if r_mins[o2] is not None]
         for o2, r2 in siblings:
             counter += 1
-            heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False))
-    picked.sort(key=lambda p: p.step_time)
-    return picked
+            heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False, None, True))
+    picked.sort(key=lambda p: p.rank)
+    others.sort(key=lambda p: p.rank)
+    return picked[:top] + others[:top]
 
 
 @dataclass
@@ -774,11 +884,12 @@ def explain_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     rejections = check_config(model, training, cluster, config)
     if rejections:
         return LayoutVerdict(text, config, rejections, None)
+    intervals = time_fn is None  # the default cost model: its intervals too
     memory_fn = memory_fn or default_memory_fn()
     time_fn = time_fn or default_time_fn()
     est = combine(config, training, cluster, memory_fn(model, training, cluster, config),
-                  time_fn(model, training, cluster, config))
-    return LayoutVerdict(text, config, [], est)
+                  time_fn(model, training, cluster, config), model if intervals else None)
+    return LayoutVerdict(text, config, [], judged(est, executor_refusal(model, training, config)))
 
 
 def smallest_fitting_cluster(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *,

@@ -24,11 +24,6 @@ from spec.validity import Rejection, Validator, executor_model_rule, executor_ru
 
 PLAN_FACTOR = 16  # ranked layouts asked of the planner per trial of the budget
 MIN_PLANNED = 64
-# The knobs the executor never runs stay out of the enumeration here rather than being filtered after the
-# ranking: the cost model prices EP all-to-all overlap faster, so its pipelined variants (which the executor
-# does not build: rule executor_ep_overlap in spec.validity) could fill the whole ranked top-N and leave a
-# runnable job with no candidate. The overlap itself is searched where the executor runs it (pp = 1).
-EXECUTOR_SPACE = SearchSpace(ep_overlap_pipelined=False)
 
 
 def job_top(max_trials: int) -> int:
@@ -72,7 +67,9 @@ def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
     if model_rule is not None:
         return RunnablePlan([], rejection=model_rule)
     try:
-        result = plan(model, training, cluster, top=top, workers=workers, space=EXECUTOR_SPACE)
+        # ranked executable first (planner.rank), so layouts only Megatron-Core runs cannot crowd the executor's
+        # out of the ranked top N
+        result = plan(model, training, cluster, top=top, workers=workers)
     except NoValidLayoutError as exc:
         return RunnablePlan([], rejection=Rejection("has_valid_layout", str(exc)))
     dropped: Counter[str] = Counter()

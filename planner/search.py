@@ -4,8 +4,13 @@
 cost model's best predictions first, then, after every measurement, refits the calibration
 (:mod:`planner.calibration`) and proposes the untried layout with the best calibrated prediction,
 with a small exploration bonus for layouts whose time is made of differently-weighted terms than
-anything measured so far. It keeps no state of its own: everything is re-read from the study, so a
-runner that restarts mid-job resumes the same search from the study's storage.
+anything measured so far. Where the candidates carry step-time intervals (``costmodel.uncertainty``), the
+trials go where those intervals overlap: the first is the layout with the lowest pessimistic end, the other
+start-up trials the layouts whose optimistic end is below it (they might still be faster), fastest predicted
+first (:func:`startup_order`); after them only layouts whose calibrated interval, narrowed by the calibration's
+residuals, reaches below the best measured step are proposed while any is left (:func:`contenders`). It keeps
+no state of its own: everything is re-read from the study, so a runner that restarts mid-job resumes the same
+search from the study's storage.
 
 Trials are run by an injected ``run_trial(config, report) -> measurement`` callable; ``report(step,
 seconds)`` streams per-step times to Optuna and returns True when :class:`SlowTrialPruner` wants the
@@ -42,6 +47,7 @@ from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from costmodel.uncertainty import Interval, narrowed
 from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
 from spec.failure import FailureKind
 from spec.layout_codec import OPTUNA_PARAMS, PRECISION_PARAM, Labelled, optuna_key
@@ -53,6 +59,7 @@ ATTR_CONFIG = "config"
 ATTR_PRED_TERMS = "predicted_terms"
 ATTR_PRED_TIME = "predicted_step_time"
 ATTR_PRED_MEMORY = "predicted_memory_bytes"
+ATTR_PRED_INTERVAL = "predicted_step_time_interval"  # [low, high] seconds, where the candidate carries one
 ATTR_PEAK = "measured_peak_bytes"
 ATTR_OOM = "out_of_memory"
 ATTR_FAILURE = "failure_reason"
@@ -81,6 +88,18 @@ class Candidate:
     predicted_terms: tuple[tuple[str, float], ...]
     predicted_memory_bytes: float
     precision: str | None = None
+    # the step-time interval (seconds) around predicted_step_time (costmodel.uncertainty); None: not known
+    predicted_low: float | None = None
+    predicted_high: float | None = None
+
+    @property
+    def has_interval(self) -> bool:
+        return self.predicted_low is not None and self.predicted_high is not None
+
+    @property
+    def rank_time(self) -> float:
+        """The seconds the search orders it by at first: its interval's pessimistic end, else its prediction."""
+        return self.predicted_high if self.predicted_high is not None else self.predicted_step_time
 
     @property
     def labelled(self) -> Labelled:
@@ -133,7 +152,7 @@ class CostModelSampler(BaseSampler):
     def __init__(self, candidates: Sequence[Candidate], capacity_bytes: float, n_startup: int = 3,
                  exploration: float = 1.0, prior_strength: float = 0.5, seed: int | None = None,
                  repredict: Repredict | None = None) -> None:
-        self._candidates = sorted(candidates, key=lambda c: c.predicted_step_time)
+        self._candidates = sorted(candidates, key=lambda c: c.rank_time)
         self._by_key = {optuna_key(c.params): c for c in self._candidates}
         # The model prices EP layouts for balanced routing until a trial measures the real per-expert load
         # (the same for every layout of one workload); then every candidate is re-priced once with it.
@@ -181,7 +200,7 @@ class CostModelSampler(BaseSampler):
                     logging.getLogger(__name__).warning("routing load not applied to the predictions: %s", exc)
                     self._repredict = None
                     return
-                self._candidates = sorted(priced, key=lambda c: c.predicted_step_time)
+                self._candidates = sorted(priced, key=lambda c: c.rank_time)
                 self._by_key = {optuna_key(c.params): c for c in self._candidates}
                 return
 
@@ -217,10 +236,13 @@ class CostModelSampler(BaseSampler):
             return None
         finished = [t for t in trials if t.state.is_finished()]
         if len(finished) < self._n_startup:
-            return untried[0]
+            return next(c for c in startup_order(self._candidates) if optuna_key(c.params) not in taken)
         cals = {p: self.calibration(trials, p) for p in self.precisions()}
         fitting = [c for c in untried if cals[c.precision].memory(c.predicted_memory_bytes) <= self._capacity] \
             or untried
+        measured = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+        if measured:  # where intervals overlap the best measured step: the layouts that may still beat it
+            fitting = contenders(fitting, cals, min(measured)) or fitting
 
         def score(c: Candidate) -> float:
             cal = cals[c.precision]
@@ -229,6 +251,39 @@ class CostModelSampler(BaseSampler):
             return cal.step_time(c.predicted_terms) * (1.0 - min(0.5, bonus * novelty))
 
         return min(fitting, key=score)
+
+
+def startup_order(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The order of the search's first trials: the candidate with the lowest pessimistic end (``rank_time``), then
+    those whose interval overlaps its interval (optimistic end below its pessimistic end: they may be faster),
+    lowest prediction first, then the rest by ``rank_time``. Without intervals: by prediction."""
+    if not candidates:
+        return []
+    ranked = sorted(candidates, key=lambda c: c.rank_time)
+    first = ranked[0]
+    overlap = sorted((c for c in ranked[1:] if c.has_interval and c.predicted_low < first.rank_time),
+                     key=lambda c: c.predicted_step_time)
+    seen = {id(c) for c in overlap}
+    return [first, *overlap, *(c for c in ranked[1:] if id(c) not in seen)]
+
+
+def calibrated_interval(candidate: Candidate, calibration: Calibration) -> Interval:
+    """The candidate's step time after ``calibration`` (seconds) with its interval: the uncalibrated interval's
+    relative widths around the calibrated time, each side narrowed to the fit's residual error where that is
+    smaller (:func:`costmodel.uncertainty.narrowed`). A candidate without an interval has a zero-width one."""
+    value = calibration.step_time(candidate.predicted_terms)
+    if not candidate.has_interval:
+        return Interval(value, value, value)
+    own = Interval(candidate.predicted_step_time, candidate.predicted_low, candidate.predicted_high)
+    return narrowed(own, calibration.relative_rmse, calibration.num_observations, value)
+
+
+def contenders(candidates: Sequence[Candidate], calibrations: dict[str | None, Calibration],
+               best_measured: float) -> list[Candidate]:
+    """The candidates with an interval whose calibrated optimistic end is below ``best_measured`` (seconds): the
+    untried layouts that may still be faster than the best trial. Empty when none carries an interval."""
+    return [c for c in candidates if c.has_interval
+            and calibrated_interval(c, calibrations[c.precision]).low < best_measured]
 
 
 def memory_constraint(trial: FrozenTrial | optuna.Trial) -> tuple[float]:
@@ -423,6 +478,8 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         trial.set_user_attr(ATTR_CONFIG, cand.config.to_dict())
         trial.set_user_attr(ATTR_PRED_TERMS, [list(t) for t in cand.predicted_terms])
         trial.set_user_attr(ATTR_PRED_TIME, cand.predicted_step_time)
+        if cand.has_interval:
+            trial.set_user_attr(ATTR_PRED_INTERVAL, [cand.predicted_low, cand.predicted_high])
         trial.set_user_attr(ATTR_PRED_MEMORY, cand.predicted_memory_bytes)
         trial.set_user_attr(ATTR_MEM_EXCESS, cand.predicted_memory_bytes - capacity_bytes)
         trial.set_user_attr(ATTR_CAPACITY, capacity_bytes)

@@ -136,11 +136,25 @@ _add_hardware(HardwareProfile(
                                       "fp32": 75 * _T}, 180 * 10**9, 8.0e12),
     gpus_per_node=8, intra_node_bandwidth=900 * _GB, intra_node_latency=5e-6,
     inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6))
+# GB200 NVL72 and GB300 NVL72 (NVIDIA's rack datasheets, per rack of 72 GPUs, tensor-core figures with 2:4
+# sparsity, halved here for dense): FP16/BF16 360 PF and FP8 720 PF, so 2.5 and 5 PF dense per GPU on both;
+# HBM3e 13.4 TB (186 GB per GPU) on GB200 and 288 GB per GPU (12-high stacks) on GB300, 576 TB/s per rack
+# (8 TB/s per GPU) on both; one NVLink 5 domain of 72 GPUs at 1.8 TB/s per GPU (900 GB/s each way). Scale-out
+# NICs, one per GPU: ConnectX-7 at 400 Gb/s (GB200), ConnectX-8 SuperNIC at 800 Gb/s (GB300).
 _add_hardware(HardwareProfile(
     name="gb200", gpu=GPUSpec("gb200", {"bf16": 2500 * _T, "fp16": 2500 * _T, "fp8": 5000 * _T,
                                         "fp32": 80 * _T}, 186 * 10**9, 8.0e12),
     gpus_per_node=72, intra_node_bandwidth=900 * _GB, intra_node_latency=5e-6,
-    inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6))
+    inter_node_bandwidth=50 * _GB, inter_node_latency=10e-6, nics_per_node=72,
+    network_source="datasheet, not measured here: 72 x ConnectX-7 400 Gb/s (one per GPU, GB200 NVL72), "
+                   "10 us per inter-node step"))
+_add_hardware(HardwareProfile(
+    name="gb300", gpu=GPUSpec("gb300", {"bf16": 2500 * _T, "fp16": 2500 * _T, "fp8": 5000 * _T,
+                                        "fp32": 80 * _T}, 288 * 10**9, 8.0e12),
+    gpus_per_node=72, intra_node_bandwidth=900 * _GB, intra_node_latency=5e-6,
+    inter_node_bandwidth=100 * _GB, inter_node_latency=10e-6, nics_per_node=72,
+    network_source="datasheet, not measured here: 72 x ConnectX-8 800 Gb/s (one per GPU, GB300 NVL72), "
+                   "10 us per inter-node step"))
 _add_hardware(HardwareProfile(
     name="a100-80gb", gpu=GPUSpec("a100-80gb", {"bf16": 312 * _T, "fp16": 312 * _T, "fp32": 19.5 * _T},
                                   80 * GIB, 2.039e12),

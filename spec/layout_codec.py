@@ -3,6 +3,7 @@ words they are spelled with.
 
 - **label** (:meth:`LayoutCodec.label` / :meth:`LayoutCodec.parse` / :func:`read_label`):
   ``tp2 cp1 pp4 vpp2 ep8 etp1 dp4 edp2 mbs1 recompute=selective:core_attn dispatcher=alltoall ep_overlap=on``
+  (``tp_overlap=on``: Megatron's TP communication overlap, ``--tp-comm-overlap``);
   (``cp_comm=p2p``, ``cp_comm=a2a+p2p:2x4``: the CP communication type, with the hierarchical sizes);
   sizes are ``<name><n>`` tokens, knobs ``<name>=<value>`` tokens, each written only when it is not the
   default; any subset parses, separated by spaces or commas (``layout=`` takes a Megatron layout string,
@@ -60,7 +61,8 @@ _LAYOUT_TOKEN = re.compile(r"(?i)(?:^|(?<=[\s,]))layout=([^\s]+)")
 # What a bad token's error lists: every form a label token takes.
 LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
     f"recompute={{none|selective[:MODULE+...]|full[:LAYERS]}} (modules: {'+'.join(RECOMPUTE_MODULES)})",
-    f"dispatcher={{{'|'.join(DISPATCHERS)}}}", "distopt={on|off}", "ep_overlap={on|off}", "opt_offload=FRACTION",
+    f"dispatcher={{{'|'.join(DISPATCHERS)}}}", "distopt={on|off}", "ep_overlap={on|off}", "tp_overlap={on|off}",
+    "opt_offload=FRACTION",
     f"act_offload=MODULE+... (modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)})",
     "layout=MEGATRON_PIPELINE_LAYOUT", "pp_first=N", "pp_last=N", "pp_account={embedding|loss|embedding+loss}",
     f"cp_comm={{{'|'.join(c for c in CP_COMM_TYPES if c != HIERARCHICAL)}|{HIERARCHICAL}:AxP}}",
@@ -148,6 +150,8 @@ def read_label(text: str) -> LabelTokens:
             out["use_distributed_optimizer"] = out["overlap_param_gather"] = _ON_OFF[value.lower()]
         elif key == "ep_overlap":
             out["overlap_moe_expert_parallel_comm"] = value.lower() in ON_WORDS
+        elif key == "tp_overlap":
+            out["tp_comm_overlap"] = value.lower() in ON_WORDS
         elif key == "opt_offload":
             try:
                 out["optimizer_cpu_offload_fraction"] = float(value)
@@ -256,6 +260,8 @@ class LayoutCodec:
             parts.append("distopt=off")
         if self.overlap_moe_expert_parallel_comm:
             parts.append("ep_overlap=on")
+        if self.tp_comm_overlap:
+            parts.append("tp_overlap=on")
         if self.optimizer_cpu_offload_fraction:
             parts.append(f"opt_offload={_fraction_text(self.optimizer_cpu_offload_fraction)}")
         if self.activation_offload_modules:

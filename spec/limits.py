@@ -39,6 +39,10 @@ MAX_KEEP_LAST = 10_000
 MAX_TRAIN_TOKENS = 10**16
 #: US dollars per GPU-hour a cost question may name; rented H200/B200 hours cost ~2-10 USD
 MAX_PRICE_PER_GPU_HOUR = 1000.0
+#: routed-token counts (MoE layers × experts) a training stores per optimizer step (about 25 KB of JSON at
+#: most); a wider model keeps evenly spaced MoE layers, e.g. 32 of Qwen3-30B-A3B's 48 × 128 and 16 of
+#: DeepSeek-V3's 59 × 256 (MTP included), while Mixtral's 32 × 8 and every tiny proxy keep all
+MAX_EXPERT_LOAD_CELLS = 4096
 #: ratios bounded by the expert count: busiest expert's tokens over the mean (at most E by definition) and
 #: the capacity factor (beyond E every expert can hold every token)
 MAX_EXPERT_RATIO = float(MAX_EXPERTS)

@@ -13,6 +13,16 @@ from spec.suggest import unknown_fields
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 ROUTING_MODES = ("dropless", "capacity")
 OPTIMIZERS = ("adam",)
+#: Transformer Engine's fp8 recipes, as Megatron's ``--fp8-recipe`` names them: tensorwise (current scaling, one
+#: scale per tensor computed from its own amax), delayed (scales from an amax history), blockwise (1x128 tiles of
+#: activations, 128x128 of weights; DeepSeek-V3's recipe) and mxfp8 (one power-of-two scale per 32 elements)
+FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+#: Megatron's ``--cross-entropy-fusion-impl``: native (megatron/core/fusions/fused_cross_entropy.py) or te
+#: (Transformer Engine's parallel_cross_entropy)
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
+#: dtypes of the Adam moments: fp32, or bf16 under Megatron's precision-aware optimizer
+#: (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``)
+OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,24 @@ class TrainingSpec:
     ``transformer_engine_fp8`` True models Transformer Engine's fp8 casts (one fused cast-transpose per GEMM
     input, dense and expert alike, and per weight once a step); foldtune's executor (False) quantises a dense
     linear's input and output gradient in both forms from two reads, the experts' rows rowwise only (their
-    weight gradient runs in bf16), and each GEMM weight in both forms once a step (costmodel/step_time.py).
+    weight gradient runs in bf16), and each GEMM weight in both forms once a step (costmodel/step_time.py). In
+    memory it models what Transformer Engine's modules keep for backward: the fp8 copy of a GEMM's input
+    (1 byte per element plus ``fp8_recipe``'s scales) where its module saves that copy instead of the 16-bit
+    input (docs/memory-model.md, "Megatron-Core's accounting").
+    ``fp8_recipe`` (one of :data:`FP8_RECIPES`, Megatron's ``--fp8-recipe``): the scaling recipe Transformer
+    Engine quantises with; read with ``transformer_engine_fp8`` only (the executor's fp8 has its own rowwise
+    scaling).
+    ``fp8_param_gather`` (Megatron's ``--fp8-param-gather``): the model's GEMM weights are fp8 tensors (no
+    16-bit copy beside the optimizer's fp32 master), gathered in fp8.
+    ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (one of :data:`OPTIMIZER_STATE_DTYPES`): the dtypes of Adam's
+    first and second moments (bf16: Megatron's precision-aware optimizer).
+    ``cross_entropy_fusion_impl`` (one of :data:`CROSS_ENTROPY_FUSION_IMPLS`), read with
+    ``megatron_cross_entropy`` only: Megatron's native fused loss keeps an fp32 softmax per head; Transformer
+    Engine's keeps the 16-bit logits and writes their gradient over them.
+    ``megatron_memory`` True models the tensors Megatron-Core keeps where they differ from foldtune's executor
+    (the MoE dispatcher's saved tensors, multi-latent attention's output, the distributed optimizer's gradient
+    shards, the optimizer step's copies; docs/memory-model.md, "Megatron-Core's accounting"). Like the other
+    Megatron switches it prices Megatron's implementation and leaves the executor's runs as they are.
     """
 
     seq_length: int
@@ -73,6 +100,17 @@ class TrainingSpec:
     megatron_cross_entropy: bool = False
     # Transformer Engine's fp8 casts (Megatron runs); the executor's quantisation when False (precision fp8 only)
     transformer_engine_fp8: bool = False
+    # Transformer Engine's fp8 scaling recipe (with transformer_engine_fp8)
+    fp8_recipe: str = "tensorwise"
+    # Megatron's fp8 primary weights (--fp8-param-gather)
+    fp8_param_gather: bool = False
+    # Adam's moment dtypes (bf16: Megatron's precision-aware optimizer)
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    # Megatron's fused loss implementation (with megatron_cross_entropy)
+    cross_entropy_fusion_impl: str = "native"
+    # the tensors Megatron-Core keeps where they differ from the executor's
+    megatron_memory: bool = False
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -80,6 +118,14 @@ class TrainingSpec:
         positive_ints(p, self, ("seq_length", "global_batch_size"))
         require(p, self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         require(p, self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        require(p, self.fp8_recipe in FP8_RECIPES,
+                f"fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
+        require(p, self.cross_entropy_fusion_impl in CROSS_ENTROPY_FUSION_IMPLS,
+                f"cross_entropy_fusion_impl must be one of {CROSS_ENTROPY_FUSION_IMPLS}, "
+                f"got {self.cross_entropy_fusion_impl!r}")
+        for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            require(p, getattr(self, name) in OPTIMIZER_STATE_DTYPES,
+                    f"{name} must be one of {OPTIMIZER_STATE_DTYPES}, got {getattr(self, name)!r}")
         require(p, self.routing_mode in ROUTING_MODES,
                 f"routing_mode must be one of {ROUTING_MODES}, got {self.routing_mode!r}")
         if self.routing_mode == "capacity":
@@ -120,6 +166,11 @@ class TrainingSpec:
     def param_bytes(self) -> int:
         """Bytes of one model weight as stored for compute (fp8 training keeps bf16 weights)."""
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def precision_aware_optimizer(self) -> bool:
+        """Whether an Adam moment is kept below fp32 (Megatron's ``--use-precision-aware-optimizer``)."""
+        return self.exp_avg_dtype != "fp32" or self.exp_avg_sq_dtype != "fp32"
 
     @property
     def activation_bytes(self) -> int:

@@ -37,7 +37,11 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   all-to-all hands each rank of its group whole query heads and whole KV heads of its TP rank, so both head
   counts split over tp times the all-to-all's size;
 - cp_comm_hierarchical (a rule on the config alone, :mod:`spec.layout_rules`): ``arguments.py`` (a2a+p2p needs
-  ``--hierarchical-context-parallel-sizes`` whose product is the CP size).
+  ``--hierarchical-context-parallel-sizes`` whose product is the CP size);
+- fp8_params_precision: ``arguments.py`` (``--fp8-param-gather`` gathers the fp8 weights of an fp8 run);
+- optimizer_distopt: ``arguments.py`` (``--fp8-param-gather only supported with distributed optimizer``) and
+  ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only supported with distributed
+  optimizer``): fp8 primary weights and bf16 Adam moments.
 
 The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
 say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
@@ -91,6 +95,8 @@ RULES: dict[str, str] = {
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "cp_a2a_heads": "cp_comm a2a / a2a+p2p: attention heads and KV heads % (tp·a2a size) == 0",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
+    "fp8_params_precision": "fp8 primary weights (fp8_param_gather) need precision fp8",
+    "optimizer_distopt": "fp8 primary weights and bf16 Adam moments need the distributed optimizer",
 }
 # the rules on a config alone (how its sizes fold the world, which knobs go together): spec.layout_rules
 RULES.update({rule.id: rule.demands for rule in LAYOUT_RULES if rule.id not in RULES})
@@ -107,8 +113,8 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_seq_tp_cp": "seq_length % (tp·cp) == 0",
     "executor_experts_ep": "num_experts % ep == 0, expert FFN size (and hidden size with biases) % etp == 0; ep, etp > 1 need a MoE model",
     "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
-    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built for pp = 1, "
-                           "without full recompute, selective recompute of moe or activation offload of moe",
+    "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built without full "
+                           "recompute, selective recompute of moe or activation offload of moe",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -229,6 +235,12 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     return None
 
 
+def needs_distributed_optimizer(training: TrainingSpec) -> bool:
+    """Whether ``training``'s optimizer recipe runs with Megatron's distributed optimizer only: fp8 primary weights
+    (``--fp8-param-gather``) or an Adam moment below fp32 (the precision-aware optimizer)."""
+    return training.fp8_param_gather or training.precision_aware_optimizer
+
+
 def capacity_with_cp(capacity_factor: float | None, cp: int) -> bool:
     """Token dropping (a capacity factor) under context parallelism, which the executor does not build: each
     CP rank routes only its part of every sequence, so its capacity would count another set of tokens."""
@@ -301,9 +313,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
          "selective recompute of mla_up_proj is built together with core_attn only (one checkpoint covers the up "
          "projections and the attention core; every other module is built alone)")
     # the overlapped schedule (executor/ep_overlap.py) cuts each MoE layer at its all-to-alls: a checkpoint
-    # around the whole layer or the whole MoE block would span them
+    # around the whole layer or the whole MoE block would span them (with any pp: executor/pipeline.py runs the
+    # combined 1F1B; Megatron's own rule, ep_overlap, asks for vpp > 1 when pp > 1)
     overlap_why = [why for why, broken in (
-        ("pp > 1 (the executor overlaps without a pipeline only)", c.pp > 1),
         ("full recompute", c.recompute_granularity == "full"),
         ("selective recompute of moe", c.recompute_granularity == "selective" and "moe" in c.recompute_modules),
         # its staged layer runs the MoE block's parts itself, outside the module that offloads their activations
@@ -345,6 +357,9 @@ class Validator:
         """Rules that depend only on the model, the training recipe and the GPU."""
         if self.cluster is None:
             return None
+        if self.training.fp8_param_gather and self.training.precision != "fp8":
+            return Rejection("fp8_params_precision", f"fp8 primary weights (fp8_param_gather) need precision fp8, "
+                                                     f"the training spec has {self.training.precision}")
         if self.training.precision == "fp8" and "fp8" not in dict(self.cluster.gpu.peak_flops):
             return Rejection("fp8_hardware", f"precision fp8 needs a GPU with an fp8 peak; "
                                              f"{self.cluster.gpu.name} has only {sorted(dict(self.cluster.gpu.peak_flops))}")
@@ -447,6 +462,9 @@ class Validator:
                 return overlap
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
+        if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
+            return Rejection("optimizer_distopt", "fp8 primary weights and bf16 Adam moments (the precision-aware "
+                                                  "optimizer) need the distributed optimizer")
         forced = self.training.distributed_optimizer
         if forced is not None and c.use_distributed_optimizer != forced:
             return Rejection("distopt_choice", f"the training spec sets distributed_optimizer="
@@ -512,6 +530,13 @@ def executor_rules(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     return found + _registered(model, training, config, executor=True)
 
 
+def executor_refusal(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    """Why executor/ cannot run ``config`` (every executor rule it breaks, as ``[rule] reason``, joined by '; '),
+    or None when it can: what the planner labels each layout it ranks with (a Megatron-only layout)."""
+    rejections = executor_rules(model, training, config)
+    return "; ".join(str(r) for r in rejections) if rejections else None
+
+
 @dataclass(frozen=True)
 class Rule:
     """A rule of the rule book on the whole case: ``broken(model, training, layout)`` is the reason the layout
@@ -570,6 +595,22 @@ def _ring_with_masked_attention(model: ModelSpec, training: TrainingSpec, config
 register(Rule("executor_cp_ring_attention", "cp_comm p2p and a2a+p2p are built for plain causal attention (no "
                                             "sliding window, no attention sinks)", _ring_with_masked_attention,
               executor=True))
+
+
+def _megatron_optimizer_recipe(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    # the executor's optimizer (executor/optimizer.py) keeps 16-bit weights, fp32 main grads and fp32 Adam
+    # moments whatever the training spec says: a run with these knobs would be measured as another recipe
+    knobs = [name for name, on in (("fp8 primary weights (fp8_param_gather)", training.fp8_param_gather),
+                                   ("a bf16 gradient buffer (main_grads_fp32 off)", not training.main_grads_fp32),
+                                   ("bf16 Adam moments", training.precision_aware_optimizer)) if on]
+    if knobs:
+        return "Megatron's optimizer recipe is not built: " + ", ".join(knobs)
+    return None
+
+
+register(Rule("executor_optimizer_recipe", "16-bit weights, fp32 main grads and fp32 Adam moments (Megatron's "
+                                           "fp8 primary weights, bf16 grad buffer and bf16 moments are not built)",
+              _megatron_optimizer_recipe, executor=True))
 
 
 def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection]) -> str:

@@ -56,7 +56,7 @@ class Flag:
     action: Any = None  # "store_true" for switches
 
 
-GPU_NAMES = "h100-sxm, h200, b200, gb200, a100-80gb"
+GPU_NAMES = "h100-sxm, h200, b200, gb200, gb300, a100-80gb"
 
 FLAGS: dict[str, Flag] = {
     # ---- what runs, where ----------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """``foldtune plan``: rank every valid folded layout of a model on a cluster with the cost model.
 
 Prints how many configs were considered, valid, rejected (per rule, with an example) and pruned by
-memory, then the fastest N with what limits each, and the breakdown of the best. ``--explain LAYOUT``
-judges one layout; ``--megatron-args`` prints the chosen (or explained) layout as Megatron-LM arguments;
-``--json`` prints the same content machine-readably.
+memory, then the best N with what limits each, whether foldtune's executor runs it (those it runs first;
+``--megatron``: as Megatron-Core runs them, executable or not), their step-time and memory intervals, and the
+breakdown of the best with where each term's constants come from. The order is robust by default: by the
+pessimistic end of each layout's step-time interval (``--rank-by point``: by the point estimate).
+``--explain LAYOUT`` judges one layout; ``--megatron-args`` prints the chosen (or explained) layout as
+Megatron-LM arguments; ``--json`` prints the same content machine-readably.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from api.cli.arguments import add
 from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
-from planner.rank import explain_layout, plan, plan_precisions, smallest_fitting_cluster
+from planner.rank import RANK_BY, ROBUST_SHORTLIST, explain_layout, plan, plan_precisions, smallest_fitting_cluster
+from costmodel.uncertainty import RATE
 from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
+from spec.training_spec import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES, OPTIMIZER_STATE_DTYPES
 from api.cli._run_cost_args import (RunQuestion, add_run_cost_arguments, gpu_hours, hours, run_heading, run_question,
                                     usd)
 from costmodel.training_run import training_run
@@ -52,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'exits 0 when it is valid and fits in memory, else 1')
     parser.add_argument("--megatron-args", action="store_true",
                         help="also print the best (or explained) layout as Megatron-LM arguments")
+    parser.add_argument("--megatron", action="store_true",
+                        help="rank by step time alone: what Megatron-Core can run (default: the layouts foldtune's "
+                             "executor runs first; each layout says whether it does, and why not)")
     parser.add_argument("--pareto", action="store_true",
                         help="time every fitting config and list the step-time/memory Pareto front (slower)")
     parser.add_argument("--distributed-optimizer", choices=("on", "off", "auto"), default="auto",
@@ -87,6 +95,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transformer-engine-fp8", action="store_true",
                         help="price fp8 casts as Transformer Engine's (one fused cast-transpose per GEMM input); "
                              "default: foldtune's executor's quantisation")
+    parser.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
+                        help="Transformer Engine's fp8 scaling recipe (Megatron's --fp8-recipe; with "
+                             "--transformer-engine-fp8): the scales its saved inputs and weights carry, and whether "
+                             "linear_proj keeps an fp8 copy of the attention output (delayed) (default: tensorwise)")
+    parser.add_argument("--fp8-param-gather", action="store_true",
+                        help="price Megatron's fp8 primary weights (--fp8-param-gather): no 16-bit weight copy")
+    parser.add_argument("--grad-reduce-in-bf16", action="store_true",
+                        help="price Megatron's bf16 gradient buffer (--grad-reduce-in-bf16, Megatron-Bridge's "
+                             "grad_reduce_in_fp32=False); default: fp32 main gradients")
+    parser.add_argument("--exp-avg-dtype", choices=OPTIMIZER_STATE_DTYPES, default="fp32",
+                        help="dtype of Adam's first moment (bf16: Megatron's precision-aware optimizer)")
+    parser.add_argument("--exp-avg-sq-dtype", choices=OPTIMIZER_STATE_DTYPES, default="fp32",
+                        help="dtype of Adam's second moment (bf16: Megatron's precision-aware optimizer)")
+    parser.add_argument("--cross-entropy-fusion-impl", choices=CROSS_ENTROPY_FUSION_IMPLS, default="native",
+                        help="Megatron's fused loss (with --megatron-cross-entropy): native keeps an fp32 softmax "
+                             "per head, te (Transformer Engine) the 16-bit logits only (default: native)")
+    parser.add_argument("--megatron-memory", action="store_true",
+                        help="price the tensors Megatron-Core keeps where they differ from foldtune's executor (its "
+                             "MoE dispatcher, MLA's attention output, the distributed optimizer's shards)")
     parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
                         help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
                              "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
@@ -94,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add(parser, "--min-headroom")
+    parser.add_argument("--rank-by", choices=RANK_BY, default="robust",
+                        help="order of the ranked layouts: robust, by the pessimistic (high) end of each step-time "
+                             "interval, or point, by the point estimate alone (default: robust)")
     add_run_cost_arguments(parser)
     add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
@@ -132,6 +162,11 @@ def _specs(args: argparse.Namespace):
                        gradient_accumulation_fusion=args.gradient_accumulation_fusion,
                        sequence_parallel_regather=args.sequence_parallel_regather,
                        transformer_engine_fp8=args.transformer_engine_fp8,
+                       fp8_recipe=args.fp8_recipe, fp8_param_gather=args.fp8_param_gather,
+                       main_grads_fp32=not args.grad_reduce_in_bf16, exp_avg_dtype=args.exp_avg_dtype,
+                       exp_avg_sq_dtype=args.exp_avg_sq_dtype,
+                       cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
+                       megatron_memory=args.megatron_memory,
                        min_headroom=args.min_headroom)
 
 
@@ -159,6 +194,8 @@ def _space(args: argparse.Namespace):
 
 
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans
+# PlanResult.megatron -> the JSON "ranking" (as POST /v1/plans answers)
+_RANKING = {False: "executable_first", True: "megatron"}
 
 
 def _explain_text(args: argparse.Namespace) -> str:
@@ -219,7 +256,14 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
         + (", Megatron's loss" if t.get("megatron_cross_entropy") else "")
         + (", fused gradient accumulation" if t.get("gradient_accumulation_fusion") else "")
         + (", SP re-gather" if t.get("sequence_parallel_regather") else "")
-        + (", Transformer Engine's fp8 casts" if t.get("transformer_engine_fp8") else ""),
+        + (", Transformer Engine's fp8 casts" if t.get("transformer_engine_fp8") else "")
+        + (f", fp8 recipe {t['fp8_recipe']}" if t.get("fp8_recipe", "tensorwise") != "tensorwise" else "")
+        + (", fp8 primary weights" if t.get("fp8_param_gather") else "")
+        + (", bf16 gradients" if not t.get("main_grads_fp32", True) else "")
+        + (f", Adam moments {t.get('exp_avg_dtype')}/{t.get('exp_avg_sq_dtype')}"
+           if (t.get("exp_avg_dtype"), t.get("exp_avg_sq_dtype")) not in ((None, None), ("fp32", "fp32")) else "")
+        + (", Transformer Engine's fused loss" if t.get("cross_entropy_fusion_impl") == "te" else "")
+        + (", Megatron-Core's saved tensors" if t.get("megatron_memory") else ""),
         f"search   {h['search_space']}",
     ]
 
@@ -238,6 +282,7 @@ def _rule_lines(result) -> list[str]:
                  f"(enumerate {result.enumerate_seconds:.2f} s; {result.memory_calls:,} memory and "
                  f"{result.time_calls:,} time estimates on {result.workers} process"
                  f"{'es' if result.workers > 1 else ''}; {mode})")
+    lines.append(_order_line(result))
     if result.order_violations or result.bound_violations:
         lines.append(f"warning: the cost model broke the ranker's monotone properties {result.order_violations} + "
                      f"{result.bound_violations} times (see planner/rank.py); the list is sorted but may miss a "
@@ -245,31 +290,82 @@ def _rule_lines(result) -> list[str]:
     return lines
 
 
+def _ranking_line(megatron: bool) -> str:
+    return ("ranked by step time, as Megatron-Core runs them ('runs' says whether foldtune's executor does too)"
+            if megatron else "ranked with the layouts foldtune's executor runs first ('runs'; --megatron: by step "
+                             "time alone, as Megatron-Core runs them)")
+
+
+def _order_line(result) -> str:
+    """What the ranked list is ordered by (``--rank-by``), and how sure the robust order is."""
+    if result.rank_by == "point":
+        return "order: by the point estimate of the step time (--rank-by point)"
+    rate = result.ranked[0].interval.rate if result.ranked and result.ranked[0].interval else RATE
+    return (f"order: robust, by the high end of each step-time interval ({rate:.0%} intervals from where each term's "
+            f"constants come from; --rank-by point for the point estimate)"
+            + ("" if result.robust_exact else f"; among the {ROBUST_SHORTLIST} x top fastest by point estimate"))
+
+
+def _interval_line(e) -> str:
+    """A layout's step-time and memory intervals and its least certain term, under its table row."""
+    iv = e.interval
+    if iv is None:
+        return ""
+    worst = _least_certain(e)
+    return (f"step {seconds_cell(iv.step_time.low).strip()}-{seconds_cell(iv.step_time.high).strip()} s, memory "
+            f"{_bytes(iv.memory.low)}-{_bytes(iv.memory.high)}"
+            + (f"; most uncertain: {worst.term}, {worst.provenance} ({worst.note})" if worst is not None else ""))
+
+
+def _least_certain(e):
+    """The term adding the most seconds to the interval's high end (its exposed and hidden seconds times its
+    high width), or None."""
+    t = e.time
+    hidden = dict(t.hidden)
+    used = [p for p in e.interval.terms if p.provenance != "derived" and (t.term(p.term) > 0 or hidden.get(p.term))]
+    return max(used, key=lambda p: (t.term(p.term) + hidden.get(p.term, 0.0)) * p.width.high, default=None)
+
+
 def _table(estimates, capacity: float) -> list[str]:
     head = (f"{'#':>3}  {'step (s)':>10}  {'tok/s/GPU':>9}  {'TFLOPS':>7}  {'MFU':>5}  {'memory / usable':>19}  "
-            f"{'limiter':<12}  layout")
+            f"{'limiter':<12}  {'runs':<4}  layout")
     lines = [head, "-" * len(head)]
     for i, e in enumerate(estimates, 1):
         t = e.time
         lines.append(f"{i:>3}  {seconds_cell(t.step_time):>10}  {t.tokens_per_s_per_gpu:>9,.0f}  "
                      f"{t.tflops_per_gpu:>7.4g}  {t.mfu:>5.1%}  {_bytes(e.memory.total) + ' / ' + _bytes(capacity):>19}  "
-                     f"{e.limiter:<12}  {e.config.label()}")
+                     f"{e.limiter:<12}  {'yes' if e.executable else 'no':<4}  {e.config.label()}")
         lines.append(f"{'':>3}  {'':>10}  -> {e.explanation}")
+        if not e.executable:
+            lines.append(f"{'':>3}  {'':>10}  -> Megatron-Core only, foldtune's executor: {e.executable_reason}")
+        interval = _interval_line(e)
+        if interval:
+            lines.append(f"{'':>3}  {'':>10}     {interval}")
     return lines
 
 
 def _breakdown_lines(e) -> list[str]:
     t = e.time
     hidden = dict(t.hidden)
-    lines = [f"time breakdown of {e.config.label()}: step {_seconds(t.step_time)}, bottleneck {t.bottleneck}",
-             f"  {'term':<16} {'exposed (s)':>11} {'share':>6} {'hidden (s)':>11}"]
+    iv = e.interval
+    prov = {p.term: p for p in iv.terms} if iv is not None else {}
+    step = _seconds(t.step_time) + (f" ({seconds_cell(iv.step_time.low).strip()}-"
+                                    f"{seconds_cell(iv.step_time.high).strip()} s, {iv.rate:.0%} interval)"
+                                    if iv is not None else "")
+    lines = [f"time breakdown of {e.config.label()}: step {step}, bottleneck {t.bottleneck}",
+             f"  {'term':<16} {'exposed (s)':>11} {'share':>6} {'hidden (s)':>11}" + ("  constants" if prov else "")]
     for name, value in sorted(t.terms, key=lambda kv: -kv[1]):
         if value or hidden.get(name):
             share = value / t.step_time if t.step_time else 0.0
-            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} {seconds_cell(hidden.get(name, 0.0)):>11}")
+            p = prov.get(name)
+            where = (f"  {p.provenance} -{p.width.low:.0%}/+{p.width.high:.0%}: {p.note}"
+                     if p is not None and p.provenance != "derived" else f"  {p.note}" if p is not None else "")
+            lines.append(f"  {name:<16} {seconds_cell(value):>11} {share:>6.1%} "
+                         f"{seconds_cell(hidden.get(name, 0.0)):>11}" + where)
     m = e.memory
-    lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}, headroom "
-                 f"{_bytes(e.memory_headroom_bytes)}")
+    lines.append(f"memory breakdown of the most loaded GPU (pipeline stage {m.stage}): {_bytes(m.total)}"
+                 + (f" ({_bytes(iv.memory.low)}-{_bytes(iv.memory.high)})" if iv is not None else "")
+                 + f", headroom {_bytes(e.memory_headroom_bytes)}")
     for name in ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "allocator_overhead"):
         value = getattr(m, name)
         share = value / m.total if m.total else 0.0
@@ -331,7 +427,9 @@ def _explain(args, model, training, cluster, question: RunQuestion | None) -> in
             print(f"  [{r.rule}] {r.reason}")
         return 1
     e = verdict.estimate
-    print(f"layout   {label}: valid, {'fits' if e.fits else 'does NOT fit'} in memory")
+    print(f"layout   {label}: valid, {'fits' if e.fits else 'does NOT fit'} in memory, "
+          + ("runs on foldtune's executor" if e.executable else
+             f"Megatron-Core only (foldtune's executor: {e.executable_reason})"))
     print(f"predicted step {_seconds(e.time.step_time)}, {e.time.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
           f"{e.time.tflops_per_gpu:.4g} TFLOPS/GPU, MFU {e.time.mfu:.1%}, memory {_bytes(e.memory.total)} of "
           f"{_bytes(cluster.usable_hbm_bytes)} usable ({_bytes(cluster.min_headroom_bytes)} kept free); "
@@ -385,11 +483,11 @@ def _run(args: argparse.Namespace) -> int:
     space = _space(args)
     if space.precisions is None:
         result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                      workers=args.workers)
+                      workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
         searched = None
     else:  # the fastest precision's plan; the others' best step times are reported beside it
         results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                                  workers=args.workers)
+                                  workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
         result, training = results[0], results[0].training
         searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
     header = _header(model, training, cluster, space)
@@ -408,6 +506,7 @@ def _run(args: argparse.Namespace) -> int:
                        "bound_calls": result.bound_calls, "workers": result.workers,
                        "exhaustive": result.exhaustive, "order_violations": result.order_violations,
                        "bound_violations": result.bound_violations},
+            "ranking": _RANKING[result.megatron], "rank_by": result.rank_by, "robust_exact": result.robust_exact,
             "ranked": [e.to_dict() for e in result.ranked],
             "pareto": [e.to_dict() for e in result.pareto] if result.exhaustive else None,
             "closest": result.closest.to_dict() if result.closest else None,
@@ -433,6 +532,7 @@ def _run(args: argparse.Namespace) -> int:
         print("  " + _fitting_hint(model, training, cluster, space))
         return 1
     print()
+    print(_ranking_line(result.megatron))
     print("\n".join(_table(result.ranked, cluster.usable_hbm_bytes)))
     if result.exhaustive:
         print(f"\nPareto front (step time vs memory), {len(result.pareto)} configs:")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from api.http.settings import DEFAULT_HOST, DEFAULT_PORT
-from db.env_settings import FoldtuneEnv
+from api.env_settings import FoldtuneEnv
 
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 DEFAULT_HTTP_ATTEMPTS = 4

@@ -19,7 +19,7 @@ from pydantic_settings import NoDecode
 
 from api.service.paths import default_data_root
 from api.service.quotas import Quotas
-from db.env_settings import FoldtuneEnv
+from api.env_settings import FoldtuneEnv
 from db.settings import database_settings
 from spec.errors import SpecError
 

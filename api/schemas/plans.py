@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -43,12 +43,14 @@ class PlanCreate(WorkloadIn):
         "cluster": {"gpu": "h100", "num_gpus": 64}, "top": 5}]})
 
     top: int = Field(10, ge=1, le=100, description="how many of the fastest fitting layouts to return")
+    megatron: bool = Field(False, description="rank by step time alone: what Megatron-Core can run (default: the "
+                                              "layouts foldtune's executor runs first)")
     pipeline: PipelineIn | None = Field(None, description="Megatron's pipeline placement options (default: "
                                                           "pp·vpp chunks differing by at most one layer)")
     vpp_max: int = Field(4, ge=1, le=VPP_LIMIT, description="largest number of virtual stages per pipeline rank "
                                                              "tried (a layout string fixes it instead)")
     search_precision: bool = Field(False, description="plan bf16 and fp8 (fp8 only on GPUs with an fp8 peak) and "
-                                                      "return the faster; training.precision is then ignored")
+                                                      "return the better by rank_by; training.precision is then ignored")
     optimizer_offload: list[float] = Field(
         [], max_length=4, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
                                       "--optimizer-offload-fraction; only with the distributed optimizer)")
@@ -57,6 +59,9 @@ class PlanCreate(WorkloadIn):
                                       f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
     tokens: int | None = Field(None, **TOKENS_FIELD)
     price_per_gpu_hour: float | None = Field(None, **PRICE_FIELD)
+    rank_by: Literal["robust", "point"] = Field(
+        "robust", description="order of ``ranked``: robust, by the high end of each layout's step-time interval, "
+                              "or point, by the point estimate")
 
     @model_validator(mode="after")
     def _price_needs_tokens(self) -> PlanCreate:
@@ -92,6 +97,25 @@ class MemoryBytesOut(BaseModel):
                                                   "(optimizer state, activations); not part of total")
 
 
+class IntervalOut(BaseModel):
+    """Where the measured value should lie (the plan's ``interval_rate`` of layouts): low and high end."""
+
+    low: Number
+    high: Number
+
+
+class TermProvenanceOut(BaseModel):
+    """Where one term's constants come from and the relative width that gives it
+    (``costmodel.uncertainty``): the term lies in [v·(1 − low), v·(1 + high)]."""
+
+    source: str = Field(description="what it is priced from; terms of one source err together")
+    provenance: str = Field(description="calibrated, measured, extrapolated, datasheet, unmeasured_network or "
+                                        "derived (recomputation, bubble: the widths of the terms they repeat)")
+    low: Number
+    high: Number
+    note: str
+
+
 class EstimateOut(BaseModel):
     """One layout's prediction: ``Estimate.to_dict`` (seconds, tokens/s/GPU, TFLOP/s per GPU, bytes)."""
 
@@ -105,15 +129,28 @@ class EstimateOut(BaseModel):
     memory_headroom_bytes: Number = Field(description="usable HBM minus the predicted peak (negative: over)")
     limiter: str = Field(description="'memory' when it does not fit or has < 5 % headroom, else the bottleneck")
     explanation: str
+    executable: bool | None = Field(description="whether foldtune's executor runs this layout (false: only "
+                                                "Megatron-Core does; null: not judged)")
+    executable_reason: str | None = Field(description="why foldtune's executor does not run it: every executor "
+                                                       "rule of the rule book it breaks, '[rule] reason'; null when "
+                                                       "it does")
     bottleneck: str
     time_terms_s: dict[str, Number] = Field(description="exposed seconds per step by term")
     time_hidden_s: dict[str, Number] = Field(description="seconds per step hidden behind other work, by term")
     memory_bytes: MemoryBytesOut
+    step_time_interval_s: IntervalOut | None = Field(
+        None, description="step time interval (s): independent sources in quadrature, overlapped collectives "
+                          "worst case; its high end is what the robust rank orders by")
+    memory_interval_bytes: IntervalOut | None = Field(None, description="peak memory interval (bytes per GPU)")
+    interval_rate: Number | None = Field(None, description="share of layouts whose measurement the intervals "
+                                                           "are meant to hold")
+    time_provenance: dict[str, TermProvenanceOut] | None = Field(None, description="per term of the term table")
 
 
 class PlanOut(BaseModel):
-    """Estimates (fastest first) carry the layout, its ParallelConfig, predicted step time (s),
-    tokens/s/GPU, TFLOPS/GPU, MFU, memory bytes by term, the limiter and a one-line explanation."""
+    """Estimates (best first by ``rank_by``) carry the layout, its ParallelConfig, predicted step time (s) and its
+    interval, tokens/s/GPU, TFLOPS/GPU, MFU, memory bytes by term and their interval, the limiter and a one-line
+    explanation."""
 
     model: str
     cluster: PlanClusterOut
@@ -123,12 +160,20 @@ class PlanOut(BaseModel):
     rejected: dict[str, RejectedRule]
     pruned_by_memory: int
     fitting: int
+    ranking: Literal["executable_first", "megatron"] = Field(
+        description="executable_first: the fastest layouts foldtune's executor runs, then (when fewer than top "
+                    "run) the fastest only Megatron-Core runs; megatron: the fastest by step time alone")
+    rank_by: str = Field("robust", description="what ``ranked`` is ordered by: robust (the step-time interval's "
+                                               "high end) or point (the point estimate)")
+    robust_exact: bool = Field(True, description="false when the robust order is among a shortlist of the "
+                                                 "fastest by point estimate, not over every fitting layout")
     ranked: list[EstimateOut]
     closest: EstimateOut | None = Field(description="the least-over-memory config when none fits")
     seconds: float = Field(description="planning wall time")
     precision_search: dict[str, float | None] | None = Field(
         None, description="with search_precision: each planned precision's best predicted step time (s; null "
-                          "where nothing fits); ``training.precision`` is the faster's")
+                          "where nothing fits); ``training.precision`` is the one whose best layout ranks "
+                          "first by rank_by")
     training_runs: list[TrainingRunOut] | None = Field(
         None, description="with tokens: the time (and with a price, the cost) to train them at each ranked "
                           "layout's predicted step time, in ranked order")

@@ -15,7 +15,7 @@ from api.schemas.jobs import ClusterIn, ClusterOut, ModelSpecIn
 from api.schemas.router import RouterOptionsIn
 from spec.router_options import FIELDS as ROUTER_FIELDS
 from api.schemas.proxy import ProxyIn, ProxyOut
-from spec.limits import MAX_GLOBAL_BATCH, MAX_KEEP_LAST, MAX_SEQ_LENGTH
+from spec.limits import MAX_EXPERT_LOAD_CELLS, MAX_GLOBAL_BATCH, MAX_KEEP_LAST, MAX_SEQ_LENGTH
 from spec.recipe import DEFAULT_RECIPE
 
 TrainingStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -155,6 +155,37 @@ class TrainingOut(BaseModel):
     runner: str | None
     heartbeat_at: datetime | None
     latest_metrics: TrainingMetricOut | None = Field(description="the last step stored")
+
+
+class ExpertLoadOut(BaseModel):
+    """One optimizer step's routed tokens of each expert in each MoE layer, summed over the global batch."""
+
+    step: int
+    moe_layers: int = Field(description="the model's MoE layers (MTP blocks included)")
+    layers: list[int] = Field(description="the decoder layer number (0-based; head blocks such as MTP numbered on "
+                                          "from the last decoder layer) of each row of tokens: every MoE layer, or "
+                                          f"evenly spaced ones where layers × experts exceeds {MAX_EXPERT_LOAD_CELLS}")
+    num_experts: int
+    tokens: list[list[int]] = Field(description="[row][expert] routed tokens (before any capacity drop)")
+    tokens_per_layer: int = Field(description="what each row sums to: global batch × sequence length × top-k")
+    max_over_mean: list[float | None] = Field(description="per row: the busiest expert's tokens over the mean "
+                                                          "expert's (1 = balanced; null for a row of zeros)")
+    max_cells: int = Field(MAX_EXPERT_LOAD_CELLS, description="the most counts stored per step")
+
+
+class ExpertImbalanceOut(BaseModel):
+    step: int
+    layers: list[int] = Field(description="decoder layer numbers, as ExpertLoadOut.layers")
+    max_over_mean: list[float | None] = Field(description="per layer: busiest expert's tokens / mean expert's")
+
+
+class ExpertImbalancePage(BaseModel):
+    """Steps after ``after_step`` in step order; ``next_after_step`` is null on the last page."""
+
+    items: list[ExpertImbalanceOut]
+    limit: int
+    after_step: int
+    next_after_step: int | None
 
 
 class MetricsPage(BaseModel):

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from api.service.errors import RuleViolation
-from db.env_settings import FoldtuneEnv
+from api.env_settings import FoldtuneEnv
 from db.settings import default_data_dir
 
 DEFAULT_DATA_ROOT_NAME = "users"  # under FOLDTUNE_DATA_DIR (default ~/.foldtune)

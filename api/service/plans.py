@@ -17,7 +17,8 @@ from spec.precision_search import SEARCHED_PRECISIONS  # what search_precision p
 
 
 def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None = None) -> PlanOut:
-    """The ``top`` fastest layouts predicted to fit, with their memory and step-time breakdowns;
+    """The ``top`` best layouts predicted to fit (by ``request.rank_by``; those foldtune's executor runs first
+    unless ``request.megatron``), with their memory and step-time breakdowns and intervals;
     RuleViolation when no layout is valid. Ends the session's transaction before the planner runs; ``gate``
     (the HTTP service's) bounds the planning's slots and time (Unavailable beyond)."""
     resolved = resolve_job(session, request)
@@ -39,7 +40,8 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
         # (the training's precision alone unless search_precision: then bf16 and fp8, the faster first)
         with (gate or no_gate)():
             results = plan_precisions(resolved.model, resolved.training, resolved.cluster, top=request.top,
-                                      workers=1, space=space)
+                                      workers=1, space=space, rank_by=request.rank_by,
+                                      megatron=request.megatron)
     except NoValidLayoutError as exc:
         raise RuleViolation("body", "has_valid_layout", str(exc)) from None
     result = results[0]
@@ -62,6 +64,7 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
         considered=enum.considered, valid=enum.valid,
         rejected={rule: RejectedRule(count=n, example=enum.examples[rule].reason) for rule, n in enum.rejected.items()},
         pruned_by_memory=result.pruned_by_memory, fitting=result.fitting,
-        ranked=[e.to_dict() for e in result.ranked],
+        ranking="megatron" if result.megatron else "executable_first", rank_by=result.rank_by,
+        robust_exact=result.robust_exact, ranked=[e.to_dict() for e in result.ranked],
         closest=result.closest.to_dict() if result.closest else None,
         seconds=result.enumerate_seconds + result.rank_seconds, training_runs=runs)

@@ -18,7 +18,7 @@ from pydantic_settings import SettingsConfigDict
 from sqlalchemy.orm import Session
 
 from api.service.errors import ServiceError
-from db.env_settings import FoldtuneEnv
+from api.env_settings import FoldtuneEnv
 from spec.errors import SpecError
 from db.models import HardwareProfileRow, Job, Owner, Training
 from db.ownership import count_owned

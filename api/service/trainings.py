@@ -23,7 +23,8 @@ from api.service.errors import Conflict, NotFound, RuleViolation, not_found
 from api.service.paths import confine, owner_root
 from api.service.quotas import Quotas, check_training
 from api.schemas.jobs import ClusterOut
-from api.schemas.trainings import TrainingCreate, TrainingMetricOut, TrainingOut
+from api.schemas.trainings import (ExpertImbalanceOut, ExpertLoadOut, TrainingCreate, TrainingMetricOut,
+                                   TrainingOut)
 from costmodel.step_time import estimate_step_time
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
@@ -33,9 +34,10 @@ from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
 from db import trainings as db_trainings
-from db.models import Owner, Training, Trial
+from db.models import Owner, Training, TrainingExpertLoad, Trial
 from db.ownership import owned_row
-from db.trainings import latest_metrics, metrics_after, predicted_step_time, step_times, trainings_page
+from db.trainings import (expert_load_at, expert_loads_after, latest_metrics, metrics_after, predicted_step_time,
+                          step_times, trainings_page)
 from spec.layout_rules import folds_the_world
 from spec.validity import batch_rule
 
@@ -221,6 +223,37 @@ def metric_views(session: Session, training_id: int, after_step: int, limit: int
     predicted = predicted_step_time(session, training_id)
     return [TrainingMetricOut.model_validate(m).compared(predicted)
             for m in metrics_after(session, training_id, after_step, limit)]
+
+
+def _max_over_mean(row: list[int]) -> float | None:
+    total = sum(row)
+    return max(row) * len(row) / total if total else None
+
+
+def expert_load_view(session: Session, training: Training, step: int | None) -> ExpertLoadOut:
+    """The stored per-layer expert load of step ``step`` of ``training`` (None: its latest); NotFound when that
+    step (or any, for None) has none."""
+    stored = expert_load_at(session, training.id, step)
+    if stored is None:  # the training exists (the caller checked): say why there is nothing to show
+        at = f"at step {step}" if step is not None else "yet"
+        raise NotFound(f"training {training.id} has no per-layer expert load stored {at} (it stores one per step "
+                       f"of a model with MoE layers)", kind="no-expert-load", title="No expert load stored")
+    spec, _ = split_training_spec(training.training_spec)
+    per_layer = spec.seq_length * spec.global_batch_size * ModelSpec.from_dict(training.model_spec).moe_router_topk
+    return ExpertLoadOut(step=stored.step, moe_layers=stored.moe_layers, layers=stored.layers,
+                         num_experts=len(stored.tokens[0]), tokens=stored.tokens, tokens_per_layer=per_layer,
+                         max_over_mean=[_max_over_mean(row) for row in stored.tokens])
+
+
+def _imbalance(stored: TrainingExpertLoad) -> ExpertImbalanceOut:
+    return ExpertImbalanceOut(step=stored.step, layers=stored.layers,
+                              max_over_mean=[_max_over_mean(row) for row in stored.tokens])
+
+
+def expert_imbalance_views(session: Session, training_id: int, after_step: int,
+                           limit: int) -> list[ExpertImbalanceOut]:
+    """Each stored step after ``after_step`` (at most ``limit``, in step order) as its per-layer busiest / mean."""
+    return [_imbalance(row) for row in expert_loads_after(session, training_id, after_step, limit)]
 
 
 def cancel_training(session: Session, training: Training) -> Training:

@@ -11,7 +11,7 @@ with its reason counted.
 
 A job that searches precision (``search_precision``; :func:`planner.runnable.tuned_precisions`) is planned once per precision it
 measures, each with its own cap, and the candidates of all of them are handed to one search, which orders
-them by predicted step time together; each candidate carries its precision.
+them by the high end of their step-time intervals together; each candidate carries its precision and interval.
 """
 
 from __future__ import annotations
@@ -70,9 +70,11 @@ def predicted_dict(estimate: Estimate) -> dict[str, Any]:
 
 def _candidate(estimate: Estimate, precision: str | None = None) -> Candidate:
     """The search's view of one estimated layout (seconds per step, exposed seconds per term, bytes)."""
+    interval = estimate.interval.step_time if estimate.interval is not None else None
     return Candidate(config=estimate.config, predicted_step_time=estimate.time.step_time,
                      predicted_terms=tuple(estimate.time.terms), predicted_memory_bytes=estimate.memory.total,
-                     precision=precision)
+                     precision=precision, predicted_low=interval.low if interval else None,
+                     predicted_high=interval.high if interval else None)
 
 
 def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, max_trials: int,
@@ -80,7 +82,8 @@ def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     """Plan, drop what the executor cannot run, keep the fastest ``CANDIDATES_PER_TRIAL`` × max_trials.
     No candidate: ``rejection`` names the rule (the front door's check, :func:`planner.runnable.runnable_plan`).
     With ``search_precision`` each of :func:`planner.runnable.tuned_precisions` is planned and capped so, and the candidates
-    carry their precision (fastest predicted first, whatever the precision); the counts add up over them."""
+    carry their precision (best first by their intervals' pessimistic ends, whatever the precision); the counts add up
+    over them."""
     if not search_precision:
         result = runnable_plan(model, training, cluster, job_top(max_trials), keep=CANDIDATES_PER_TRIAL * max_trials,
                                workers=None)
@@ -103,7 +106,7 @@ def job_candidates(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
             out.not_executable[reason] = out.not_executable.get(reason, 0) + n
         if result.rejection is not None:
             rejections.append(result.rejection)
-    out.candidates.sort(key=lambda c: c.predicted_step_time)
+    out.candidates.sort(key=lambda c: c.rank_time)
     if not out.candidates:
         out.rejection = rejections[0]
     return out

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from db.engine import make_engine, make_sessionmaker
-from db.trainings import record_training_metrics
+from db.trainings import record_expert_load, record_training_metrics
 
 
 class DatabaseMetrics:
-    """``on_step`` sink: rank 0 stores each step's metrics of training ``training_id`` (db.trainings).
+    """``on_step`` sink: rank 0 stores each step's metrics and per-layer expert load of training ``training_id``
+    (db.trainings; the expert counts thinned to spec.limits.MAX_EXPERT_LOAD_CELLS there).
 
     Picklable (it holds only the URL), so spawned ranks open their own engine on first use. ``peak_flops``
     (per GPU, FLOP/s) turns TFLOPS into MFU; ``None`` leaves MFU empty.
@@ -31,6 +32,7 @@ class DatabaseMetrics:
             self._sessions = make_sessionmaker(make_engine(self.url))
         with self._sessions() as session:
             record_training_metrics(session, self.training_id, [self.row(m)])
+            record_expert_load(session, self.training_id, m.step + 1, m.moe_layers, m.expert_tokens)
 
     def __getstate__(self):
         return {"url": self.url, "training_id": self.training_id, "peak_flops": self.peak_flops, "_sessions": None}

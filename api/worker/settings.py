@@ -11,7 +11,7 @@ import math
 
 from pydantic import field_validator
 
-from db.env_settings import FoldtuneEnv
+from api.env_settings import FoldtuneEnv
 
 DEFAULT_HEARTBEAT_S = 10.0
 DEFAULT_STALE_AFTER_S = 60.0

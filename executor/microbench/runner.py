@@ -21,6 +21,7 @@ from executor.microbench import (attention, collectives, exchanges, fragmentatio
                                  offload, overlap, sustained)
 from executor.microbench.components import OPTIMIZER_PARAMS_CPU, OPTIMIZER_PARAMS_GPU, measure_optimizer
 from executor.microbench.sustained import SUSTAINED_SECONDS
+from executor.microbench.timing import lockstep
 from executor.node import node_name
 from spec.errors import FoldtuneError
 
@@ -55,7 +56,12 @@ def _say(rank: int):
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM, attention and copy benchmarks, the sustained-load run (GPUs), launch
     overheads, then the collectives and the executor's own CP and dispatcher exchanges; returns its raw
-    timings."""
+    timings. CPU ranks time in lockstep (executor.microbench.timing.lockstep: they share the cores)."""
+    with lockstep(torch.distributed.get_backend() != "nccl"):
+        return _calibrate(rank, world_size, plan)
+
+
+def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
     use_cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     gemm_dtype = DTYPES[plan.precision]

@@ -7,12 +7,14 @@ clock; :func:`time_host_issue`: the host's seconds to issue one call)."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 # how a time was measured, as stored with component measurements (executor/microbench/components.py)
 WALL_CLOCK = "wall clock"  # CPU: ops are synchronous, host time is device time
@@ -25,6 +27,44 @@ HOST_BEHIND = "device span, host not ahead"  # time_host_ahead gave up: an upper
 SLEEP_MARGIN = 2.0
 SLEEP_FLOOR_S = 5e-4
 _SLEEP_CYCLES_PER_S: dict[int, float] = {}
+
+
+# Inside :func:`lockstep`, every timed repeat of every rank starts together and runs as many calls.
+_LOCKSTEP = [False]
+
+
+@contextlib.contextmanager
+def lockstep(enabled: bool = True) -> Iterator[None]:
+    """Time in lockstep with the other ranks of the default process group.
+
+    CPU ranks share the machine's cores, and a training step keeps every rank computing at once; a rank timed
+    while the others wait at a barrier, print or are still starting runs on more cores than it will in training,
+    and by how much depends on the moment (four ranks on two cores: up to 2x). In lockstep each repeat of
+    :func:`time_op` and :func:`time_device` waits for every rank and all ranks run the same number of calls, so
+    the rate measured is the rate under the training's contention. Every rank must then time the same
+    operations in the same order.
+    """
+    before = _LOCKSTEP[0]
+    _LOCKSTEP[0] = enabled and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    try:
+        yield
+    finally:
+        _LOCKSTEP[0] = before
+
+
+def _agreed_count(count: int) -> int:
+    """``count`` as every rank in lockstep uses it: the largest any rank asks for."""
+    if not _LOCKSTEP[0]:
+        return count
+    t = torch.tensor([count], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _start_together(device: torch.device) -> None:
+    if _LOCKSTEP[0]:
+        synchronize(device)
+        dist.barrier()
 
 
 class BlockTime(NamedTuple):
@@ -56,8 +96,10 @@ def time_op(op: Callable[[], object], device: torch.device, iters: int | None = 
         last = time.perf_counter() - start
     if iters is None:
         iters = max(1, min(1000, int(target_s / max(last, 1e-7))))
+    iters = _agreed_count(iters)
     samples = []
     for _ in range(repeats):
+        _start_together(device)
         start = time.perf_counter()
         for _ in range(iters):
             op()
@@ -84,6 +126,7 @@ def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
             samples.append(start.elapsed_time(end) / 1e3)
     else:
         for _ in range(repeats):
+            _start_together(device)
             t0 = time.perf_counter()
             op()
             samples.append(time.perf_counter() - t0)

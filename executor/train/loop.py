@@ -101,7 +101,11 @@ class TrainConfig:
 
 @dataclass
 class StepMetrics:
-    """One optimizer step as seen by every rank (values are global: equal on all ranks, except timing)."""
+    """One optimizer step as seen by every rank (values are global: equal on all ranks, except timing).
+    ``expert_load_max``/``expert_load_mean``: routed tokens of the busiest and the mean expert, summed over the
+    MoE layers; ``expert_tokens``: the routed tokens of each expert in each MoE layer (rows: the decoder layer
+    numbers in ``moe_layers``, 0-based, head blocks such as MTP numbered on from the last decoder layer), each
+    row summing to global batch tokens × top-k."""
 
     step: int
     loss: float
@@ -117,12 +121,19 @@ class StepMetrics:
     eval_loss: float | None = None
     peak_memory_bytes: int | None = None
     mtp_loss: float = 0.0  # mean over MTP depths of their CE, before mtp_loss_scaling_factor (0: no MTP)
+    moe_layers: list[int] = field(default_factory=list)
+    expert_tokens: list[list[int]] = field(default_factory=list)
+
+
+#: StepMetrics fields that are not one number per step: kept out of metrics.csv and the TensorBoard scalars
+PER_LAYER_FIELDS = ("moe_layers", "expert_tokens")
 
 
 @dataclass
 class TrainReport:
-    """What one rank returns: per-step metrics of the steps it ran, the step it started at and where it
-    resumed from (None: fresh), and the checkpoints it saved."""
+    """What one rank returns: per-step metrics of the steps it ran (the per-layer expert counts of the last
+    one only; ``on_step`` sees every step's), the step it started at and where it resumed from (None: fresh),
+    and the checkpoints it saved."""
 
     start_step: int
     resumed_from: str | None
@@ -211,7 +222,8 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
         report.initial_eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size, device)
     flops = flops_per_step(model, cfg.seq_length, cfg.global_batch_size)
     # rank 0 keeps metrics.csv and TensorBoard events beside the checkpoints (executor/train/metrics_log.py)
-    log = (MetricsLog(cfg.checkpoint_dir, report.start_step, [f.name for f in fields(StepMetrics)])
+    log = (MetricsLog(cfg.checkpoint_dir, report.start_step,
+                      [f.name for f in fields(StepMetrics) if f.name not in PER_LAYER_FIELDS])
            if cfg.checkpoint_dir and rank == 0 else None)
     try:
         for step in range(report.start_step, cfg.steps):
@@ -231,11 +243,14 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
                                   tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
                                   expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
                                   peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None,
-                                  mtp_loss=result.mtp_loss)
+                                  mtp_loss=result.mtp_loss, moe_layers=list(net.moe_layer_numbers),
+                                  expert_tokens=result.tokens_per_expert_by_layer)
             last = step + 1 == cfg.steps
             if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
                 metrics.eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size,
                                              device)
+            if report.metrics:  # a long run of a wide model would hold steps × layers × experts counts
+                report.metrics[-1].moe_layers, report.metrics[-1].expert_tokens = [], []
             report.metrics.append(metrics)
             if log is not None:
                 log.write(metrics)

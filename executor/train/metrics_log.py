@@ -34,9 +34,10 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsLog:
-    """Appends each step (a dataclass with a 0-based ``step`` index and the ``columns``) to
-    ``<directory>/metrics.csv`` and as TensorBoard scalars ``train/<field>`` (``eval/loss`` for ``eval_loss``),
-    both numbered from 1; ``start_step`` is the optimizer steps already done (0, or the checkpoint's)."""
+    """Appends each step (a dataclass with a 0-based ``step`` index and the ``columns``, numbers; its other
+    fields are left out) to ``<directory>/metrics.csv`` and as TensorBoard scalars ``train/<field>``
+    (``eval/loss`` for ``eval_loss``), both numbered from 1; ``start_step`` is the optimizer steps already done
+    (0, or the checkpoint's)."""
 
     def __init__(self, directory: str | os.PathLike[str], start_step: int, columns: Sequence[str]) -> None:
         self.dir = Path(directory)
@@ -65,7 +66,8 @@ class MetricsLog:
         self._csv.flush()
         if self._tb is None:
             return
-        for name, value in row.items():
+        for name in self.columns:
+            value = row[name]
             if name == "step" or value is None:
                 continue
             self._tb.add_scalar("eval/loss" if name == "eval_loss" else f"train/{name}", float(value), row["step"])

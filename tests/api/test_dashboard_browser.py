@@ -1,9 +1,11 @@
 """The dashboard in a real browser: headless Chromium (Debian's ``chromium`` + ``chromium-driver``) driven by
 Selenium against a live ``foldtune serve`` whose database holds a real finished tuning job and training
-(tests/api/dashboard_env.py runs them). The tests check what a person sees: table rows, one SVG circle per
-data point, durations, two trials and two trainings side by side, another owner's job absent, every page
-without sideways scrolling and with Sign out on screen at 390 px and 1440 px, and /docs rendered by the
-vendored Swagger UI with every request going to the server itself (the browser resolves no other host)."""
+(tests/api/dashboard_env.py runs them). The tests check what a person sees: table rows, one plotly marker per
+data point (each series is a plotly trace whose uid names it: ``g.trace.trace<uid> path.point``), tooltips,
+durations, the per-layer expert-load heatmap, two trials and two trainings side by side, another owner's job
+absent, every page without sideways scrolling and with Sign out on screen at 390 px and 1440 px, and the
+dashboard (plotly.js included), /docs and /redoc with every request going to the server itself (the browser
+resolves no other host)."""
 
 from __future__ import annotations
 
@@ -143,13 +145,37 @@ def _rows(driver, table_id):
 
 
 def _circles(driver, plot_id, cls=""):
-    return _css(driver, f"#{plot_id} svg circle.pt{'.' + cls if cls else ''}")
+    """The markers plotly drew for series ``cls`` of a plot (a trace's uid words: "train-loss.run-3"), or for all."""
+    return _css(driver, f"#{plot_id} g.trace{'.trace' + cls if cls else ''} path.point")
+
+
+def _lines(driver, plot_id, cls):
+    """The line paths plotly drew for series ``cls`` of a plot."""
+    return _css(driver, f"#{plot_id} g.trace.trace{cls} path.js-line")
+
+
+def _tips(driver, plot_id, uid):
+    """The hover texts of the plot's trace ``uid``, one per point, lines joined by newlines."""
+    return driver.execute_script(
+        "const t = document.getElementById(arguments[0]).data.find(t => t.uid === arguments[1]);"
+        "return t ? t.text.map(x => x.replaceAll('<br>', '\\n')) : null", plot_id, uid)
 
 
 def _tick_labels(driver, plot_id, axis):
-    """The tick labels of a plot's x or y axis, as shown."""
-    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(t => t.textContent)",
-                                 f"#{plot_id} svg text.{axis}-tick")
+    """The tick labels of a plot's x or y axis, as shown (plotly's minus sign read as '-')."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(t => t.textContent.replaceAll('\u2212', '-'))",
+        f"#{plot_id} g.{axis}tick text")
+
+
+def _hover_text(driver, point) -> str:
+    """The tooltip plotly shows with the mouse on ``point`` (a marker element)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).move_to_element(point).perform()
+    _wait(driver, lambda d: _css(d, "g.hoverlayer g.hovertext"), "a tooltip")
+    return driver.execute_script(
+        "return [...document.querySelectorAll('g.hoverlayer g.hovertext text')].map(t => t.textContent).join('\\n')")
 
 
 def _seconds_of(text):
@@ -231,21 +257,23 @@ def test_job_page_tables_and_plots(dash, browser):
     assert len(_circles(browser, "plot-pred-vs-measured", "raw")) == len(measured)
     assert len(_circles(browser, "plot-pred-vs-measured", "calibrated")) == len(
         [t for t in measured if t["number"] in calibrated])
-    assert len(_css(browser, "#plot-pred-vs-measured svg path.ref")) == 1  # y = x
+    assert len(_lines(browser, "plot-pred-vs-measured", "identity")) == 1  # y = x
+    first = measured[0]
+    tip = _hover_text(browser, _circles(browser, "plot-pred-vs-measured", "raw")[0])
+    assert f"trial {first['number']} {first['label']}" in tip and _shows(tip, first["step_time_s"] * 1e3), tip
     assert len(_circles(browser, "plot-best-so-far", "best")) == len(measured)
-    assert len(_css(browser, "#plot-best-so-far svg path.series")) == 1
+    assert len(_lines(browser, "plot-best-so-far", "best")) == 1
     # the trial axis spans the trials run (no trial -1) in whole numbers
     numbers = [int(x) for x in _tick_labels(browser, "plot-best-so-far", "x")]
     assert numbers and min(numbers) >= 0 and max(numbers) <= max(t["number"] for t in trials)
-    assert all(float(c.get_attribute("r")) >= 3 for c in _circles(browser, "plot-best-so-far"))  # visible markers
+    sizes = browser.execute_script("return [...document.querySelectorAll('#plot-best-so-far path.point')]"
+                                   ".map(p => p.getBoundingClientRect().width)")
+    assert sizes and min(sizes) >= 6  # visible markers: 6 px across at least
 
     ranked = sorted(measured, key=lambda t: t["step_time_s"])[:2]
-    bars = _css(browser, "#plot-terms svg g.bar")
-    assert len(bars) == 2
-    for bar, trial in zip(bars, ranked):
-        assert f"#{trial['number']}" in bar.get_attribute("data-bar")
-        terms = {seg.get_attribute("data-term") for seg in _css(bar, "rect.seg")}
-        assert terms == {k for k, v in trial["predicted"]["terms_s"].items() if v > 0}
+    assert _stacked_bars(browser, "plot-terms") == [
+        (f"{'runner-up' if i else 'best'} (#{t['number']})", {k for k, v in t["predicted"]["terms_s"].items() if v > 0})
+        for i, t in enumerate(ranked)]
 
     factors = job["calibration"]["time_multipliers"]
     assert len(_rows(browser, "calibration-table")) == len(factors) + 3
@@ -255,6 +283,25 @@ def test_job_page_tables_and_plots(dash, browser):
     _css(browser, "#copy-args")[0].click()
     _wait(browser, lambda d: "copied" in d.find_element("css selector", "#copy-args + .hint").text or
           "selected" in d.find_element("css selector", "#copy-args + .hint").text, "the copy button's answer")
+
+
+def _stacked_bars(driver, plot_id):
+    """[(bar label as shown on the axis, {terms drawn in it})] of a stacked bar chart, read from plotly's DOM:
+    each term a trace of its own ("term <name>"), one drawn segment per bar it is part of."""
+    labels = _tick_labels(driver, plot_id, "x")
+    drawn = driver.execute_script("""
+        const gd = document.getElementById(arguments[0]);
+        const traces = [...gd.querySelectorAll('g.trace.bars')];
+        return gd.data.map((t, i) => ({term: t.name, x: t.x, y: t.y, segments: [...traces[i].querySelectorAll(
+            'g.point path')].filter(p => p.getBoundingClientRect().height > 0).length}));""", plot_id)
+    bars = [(label, set()) for label in labels]
+    for trace in drawn:
+        shown = [x for x, y in zip(trace["x"], trace["y"]) if y is not None]
+        assert trace["segments"] == len(shown), trace  # a segment drawn for every bar the term is in
+        for label, terms in bars:
+            if label in shown:
+                terms.add(trace["term"])
+    return bars
 
 
 def test_training_page_plots_every_step_and_lists_checkpoints(dash, browser):
@@ -276,15 +323,17 @@ def test_training_page_plots_every_step_and_lists_checkpoints(dash, browser):
     assert evals and len(_circles(browser, "plot-loss", "eval-loss")) == len(evals)
     assert len(_circles(browser, "plot-tokens", "tokens")) == TRAIN_STEPS
     assert len(_circles(browser, "plot-step-time", "measured")) == TRAIN_STEPS
-    assert len(_css(browser, "#plot-step-time svg g[data-series=predicted] path.series")) == 1
+    assert len(_lines(browser, "plot-step-time", "predicted")) == 1
     # learning rate, gradient norm and expert load, one point per stored step, each tip saying the stored value
     for plot, cls, values in (("plot-lr", "lr", [m["lr"] for m in metrics]),
                               ("plot-grad-norm", "grad-norm", [m["grad_norm"] for m in metrics]),
                               ("plot-expert-load", "expert-load", [m["expert_load_max"] for m in metrics])):
-        tips = [c.get_attribute("data-tip") for c in _circles(browser, plot, cls)]
-        assert len(tips) == TRAIN_STEPS and all(v is not None for v in values), plot
+        tips = _tips(browser, plot, cls)
+        assert len(_circles(browser, plot, cls)) == len(tips) == TRAIN_STEPS and None not in values, plot
         for tip, m, v in zip(tips, metrics, values):
             assert tip.startswith(f"step {m['step']}: ") and _shows(tip, v), (plot, tip, v)
+    shown = _hover_text(browser, _circles(browser, "plot-lr", "lr")[-1])  # the tooltip a person sees
+    assert shown.startswith(f"step {TRAIN_STEPS}: lr") and _shows(shown, metrics[-1]["lr"]), shown
     assert max(m["lr"] for m in metrics) <= training["recipe"]["lr"] * (1 + 1e-9)
     checkpoints = _api(base, key, f"/v1/trainings/{data.training_id}/checkpoints")["items"]
     assert [c["step"] for c in checkpoints] == [TRAIN_STEPS // 2, TRAIN_STEPS]
@@ -292,12 +341,60 @@ def test_training_page_plots_every_step_and_lists_checkpoints(dash, browser):
     assert _rows(browser, "checkpoints-table")[-1][3] == "complete, latest"
 
 
+def test_training_page_shows_each_moe_layers_expert_load(dash, browser):
+    """The latest step's routed tokens per layer and expert as a heatmap (each layer's tokens summing to the step's
+    tokens × top-k), and each layer's busiest / mean expert over the steps."""
+    from dashboard_env import DASH_JOB, TRAIN_STEPS
+
+    base, data = dash
+    key = data.keys["alice"]
+    sign_in(browser, base, key)
+    _open(browser, base, f"#/trainings/{data.training_id}")
+    load = _api(base, key, f"/v1/trainings/{data.training_id}/expert-load")
+    training = DASH_JOB["training"]
+    per_layer = training["seq_length"] * training["global_batch_size"] * 2  # tiny-moe routes each token to 2
+    assert load["step"] == TRAIN_STEPS and load["layers"] == [0, 1] and load["tokens_per_layer"] == per_layer
+    assert [sum(row) for row in load["tokens"]] == [per_layer] * 2
+    _wait(browser, lambda d: _css(d, "#plot-expert-heatmap g.hm image"), "the heatmap's cells")
+    shown = browser.execute_script("const t = document.getElementById('plot-expert-heatmap').data[0];"
+                                   "return {z: t.z, rows: t.y, text: t.text}")
+    share = per_layer / load["num_experts"]
+    assert shown["rows"] == ["layer 0", "layer 1"]
+    assert shown["z"] == [[pytest.approx(c / share) for c in row] for row in load["tokens"]]
+    assert [[int(re.search(r"(\d+) tokens", tip)[1]) for tip in row] for row in shown["text"]] == load["tokens"]
+    assert f"at step {TRAIN_STEPS}" in _css(browser, "#plot-expert-heatmap")[0].find_element(
+        "xpath", "ancestor::section").text
+    imbalance = _api(base, key, f"/v1/trainings/{data.training_id}/expert-load/imbalance?limit=200")["items"]
+    assert [i["step"] for i in imbalance] == list(range(1, TRAIN_STEPS + 1))
+    for row, layer in enumerate(load["layers"]):
+        tips = _tips(browser, "plot-expert-imbalance", f"imbalance layer-{layer}")
+        assert len(_circles(browser, "plot-expert-imbalance", f"imbalance.layer-{layer}")) == len(tips) == TRAIN_STEPS
+        for tip, item in zip(tips, imbalance):
+            assert tip.startswith(f"step {item['step']}: layer {layer} ") and _shows(tip, item["max_over_mean"][row])
+    assert load["max_over_mean"] == [pytest.approx(max(r) * len(r) / sum(r)) for r in load["tokens"]]
+
+
+def test_the_dashboard_loads_nothing_but_the_server(dash, browser):
+    """The pages with plots load plotly.js from this server (the installed plotly package) and nothing else."""
+    base, data = dash
+    sign_in(browser, base, data.keys["alice"])
+    browser.get_log("performance")  # drop what earlier pages requested
+    for hash_ in (f"#/jobs/{data.job_id}", f"#/trainings/{data.training_id}"):
+        browser.get(f"{base}/{hash_}")
+        browser.refresh()  # a whole page load (a new hash alone keeps the page and its scripts)
+        _wait(browser, lambda d: d.execute_script("return document.getElementById('main').dataset.loaded") == hash_,
+              f"page {hash_} rendered")
+        _wait(browser, lambda d: _css(d, ".plot-host svg.main-svg"), "plotly's plots")
+    requested = _assert_only_the_server_was_asked(browser)
+    assert f"{base}/vendor/plotly.min.js" in requested
+
+
 def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     base, data = dash
     key = data.keys["alice"]
     sign_in(browser, base, key)
     plan = _plan(browser, base, key, "tiny-moe", "h100-sxm", 16, 512, 32, 40)
-    _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
+    _wait(browser, lambda d: _css(d, "#plot-plan svg.main-svg"), "the plan's plot")
     points = [(e["memory_bytes"]["total"], e["step_time_s"]) for e in plan["ranked"]]
     front, best = [], float("inf")
     for mem, step in sorted(points):
@@ -306,10 +403,10 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
             best = step
     assert len(_circles(browser, "plot-plan")) == len(plan["ranked"]) == 40
     assert len(_circles(browser, "plot-plan", "pareto")) == len(front)
-    assert len(_css(browser, "#plot-plan svg path.front")) == 1
+    assert len(_lines(browser, "plot-plan", "front")) == 1
     usable_gib = plan["cluster"]["usable_hbm_bytes"] / 2**30
-    assert len(_css(browser, "#plot-plan svg > line.guide.capacity")) == 1  # the usable-memory line
-    legend = _css(browser, "#plot-plan svg")[0].get_attribute("textContent")
+    assert _capacity_lines(browser) == [pytest.approx(usable_gib)]  # the usable-memory line
+    legend = _css(browser, "#plot-plan")[0].get_attribute("textContent")
     shown = re.search(r"usable ([0-9.]+) GiB", legend)  # named in the legend, to three digits
     assert shown and float(shown[1]) == pytest.approx(usable_gib, rel=5e-3), legend
     assert len(_rows(browser, "rejected-table")) == len(plan["rejected"]) > 0
@@ -319,9 +416,42 @@ def test_plan_explorer_plots_the_plan_with_its_pareto_front(dash, browser):
     ActionChains(browser).move_to_element(_circles(browser, "plot-plan", "pareto")[0]).perform()
     _wait(browser, lambda d: "MFU" in _css(d, "#plan-detail")[0].text, "details on hover")
     assert _css(browser, "#plan-detail")[0].text.split("\n")[0] in {e["layout"] for e in plan["ranked"]}
+    # every estimate's step-time and memory interval: a whisker each way a point, and a row of the ranked table each
+    assert all(e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+               for e in plan["ranked"])
+    assert len(_css(browser, "#plot-plan path.yerror")) == len(_css(browser, "#plot-plan path.xerror")) == len(
+        plan["ranked"])
+    rows = _rows(browser, "ranked-table")
+    assert [r[1] for r in rows] == [e["layout"] for e in plan["ranked"]]
+    assert all("–" in r[3] and "–" in r[5] for r in rows)  # step and memory intervals
+    assert "high end of the step-time interval" in _css(browser, "#plan-counts")[0].text
+    assert "(" in _css(browser, "#plan-detail")[0].text.split("\n")[1]  # step with its interval on hover
+    # ranked with the layouts foldtune's executor runs first: here all 40 of them
+    assert plan["ranking"] == "executable_first" and all(e["executable"] for e in plan["ranked"])
+    assert "those foldtune's executor runs first" in _css(browser, "#plan-counts")[0].text
+    assert _css(browser, "#plan-detail")[0].text.endswith("runs on foldtune's executor")
+    assert not _circles(browser, "plot-plan", "megatron")
+    # ranked as Megatron-Core runs them, by the point estimate: two tp4 layouts, which the executor does not build
+    # (2 KV heads over 4 TP ranks), join the 40 and are drawn apart, unless they are on the front
+    plan = _plan(browser, base, key, "tiny-moe", "h100-sxm", 16, 512, 32, 40, megatron=True, rank_by="point")
+    _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
+    assert plan["ranking"] == "megatron"
+    only = [e for e in plan["ranked"] if not e["executable"]]
+    assert len(only) == 2 and all(e["executable_reason"].startswith("[executor_heads_tp]") for e in only)
+    assert ", as Megatron-Core runs them; 2 only Megatron-Core runs" in _css(browser, "#plan-counts")[0].text
+    assert len(_circles(browser, "plot-plan", "megatron")) + len(
+        [c for c in _circles(browser, "plot-plan", "pareto") if "Megatron-Core only" in (c.get_attribute("data-tip") or "")]) == 2
 
 
-def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top):
+def _capacity_lines(browser) -> list[float]:
+    """The x (GiB) of each dashed usable-memory line on the plan's plot: a plotly shape, drawn and named."""
+    shapes = browser.execute_script("return document.getElementById('plot-plan').layout.shapes"
+                                    ".filter(s => s.name.startsWith('usable')).map(s => s.x0)")
+    assert len(_css(browser, "#plot-plan g.shapelayer path")) == len(shapes)
+    return shapes
+
+
+def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top, megatron=False, rank_by="robust"):
     """Fill the plan explorer's form, submit it and wait for its answer; returns the same plan from the API."""
     from selenium.webdriver.support.ui import Select
 
@@ -333,10 +463,14 @@ def _plan(browser, base, key, model, gpu, gpus, seq, gbs, top):
     for field, value in (("#plan-gpus", gpus), ("#plan-seq", seq), ("#plan-gbs", gbs), ("#plan-top", top)):
         _css(browser, field)[0].clear()
         _css(browser, field)[0].send_keys(str(value))
+    Select(_css(browser, "#plan-rank-by")[0]).select_by_value(rank_by)
+    if _css(browser, "#plan-megatron")[0].is_selected() != megatron:
+        _css(browser, "#plan-megatron")[0].click()
     _css(browser, "#plan-form button")[0].click()
     _wait(browser, lambda d: _css(d, "#plan-counts"), "the plan's answer")
     body = json.dumps({"model": model, "cluster": {"gpu": gpu, "num_gpus": gpus},
-                       "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}, "top": top})
+                       "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}, "top": top,
+                       "megatron": megatron, "rank_by": rank_by})
     req = urllib.request.Request(base + "/v1/plans", data=body.encode(), method="POST",
                                  headers={"X-API-Key": key, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -353,13 +487,14 @@ def test_plan_that_fits_nothing_says_so_and_draws_no_front(dash, browser):
     assert "None fits" in verdict.text and "warn" in verdict.get_attribute("class")
     usable_gib, needed_gib = plan["cluster"]["usable_hbm_bytes"] / 2**30, plan["closest"]["memory_bytes"]["total"] / 2**30
     assert _shows(verdict.text, usable_gib) and _shows(verdict.text, needed_gib)
-    svg_text = _css(browser, "#plot-plan svg")[0].get_attribute("textContent")
-    assert "Pareto" not in svg_text and not _css(browser, "#plot-plan svg path.front")
+    svg_text = _css(browser, "#plot-plan")[0].get_attribute("textContent")
+    assert "Pareto" not in svg_text and not _lines(browser, "plot-plan", "front")
     assert len(_circles(browser, "plot-plan")) == len(_circles(browser, "plot-plan", "closest")) == 1
-    assert len(_css(browser, "#plot-plan svg > line.guide.capacity")) == 1
-    # the capacity line lies left of the closest layout: it needs more than there is
-    line = float(_css(browser, "#plot-plan svg > line.guide.capacity")[0].get_attribute("x1"))
-    assert line < float(_circles(browser, "plot-plan", "closest")[0].get_attribute("cx"))
+    assert _capacity_lines(browser) == [pytest.approx(usable_gib)]
+    # the capacity line lies left of the closest layout on screen: it needs more than there is
+    line = _css(browser, "#plot-plan g.shapelayer path")[0].rect
+    point = _circles(browser, "plot-plan", "closest")[0].rect
+    assert line["x"] + line["width"] / 2 < point["x"] + point["width"] / 2
 
 
 def test_two_trials_side_by_side(dash, browser):
@@ -389,12 +524,9 @@ def test_two_trials_side_by_side(dash, browser):
     changed = {k for k in set(a["config"]) | set(b["config"]) if a["config"].get(k) != b["config"].get(k)}
     assert changed and changed <= differs  # every layout setting that differs has its own highlighted row
     for plot, part in (("plot-compare-predicted", "predicted"), ("plot-compare-measured", "measurement")):
-        bars = _css(browser, f"#{plot} svg g.bar")
-        assert [bar.get_attribute("data-bar") for bar in bars] == [f"trial {a['number']}", f"trial {b['number']}"]
         key_ = "terms_s" if part == "predicted" else "phases"
-        for bar, t in zip(bars, (a, b)):
-            assert {seg.get_attribute("data-term") for seg in _css(bar, "rect.seg")} == {
-                k for k, v in t[part][key_].items() if v > 0}
+        assert _stacked_bars(browser, plot) == [(f"trial {t['number']}", {k for k, v in t[part][key_].items() if v > 0})
+                                                for t in (a, b)]
 
 
 def test_two_trainings_side_by_side(dash, browser):
@@ -443,14 +575,19 @@ def _viewport(driver, width):
 _FITS = """
 const doc = document.documentElement, out = b => b.left < -0.5 || b.right > doc.clientWidth + 0.5;
 const signOut = document.getElementById('sign-out').getBoundingClientRect();
+const clipped = e => { for (let a = e.parentElement; a && a !== document.body; a = a.parentElement)
+                         if (getComputedStyle(a).overflowX !== 'visible') return true;
+                       return false; };
 return {scroll: doc.scrollWidth, client: doc.clientWidth,
         signOutVisible: signOut.width > 0 && !out(signOut) && signOut.top >= 0 && signOut.bottom <= innerHeight,
-        plotsOutside: [...document.querySelectorAll('svg.plot')].filter(s => out(s.getBoundingClientRect()))
-                                                              .map(s => s.parentNode.id),
-        plotWidths: [...document.querySelectorAll('svg.plot')].map(s => +s.getAttribute('width')),
-        // the innermost elements reaching past the screen's right edge: what the page's width comes from
+        plotsOutside: [...document.querySelectorAll('.plot-host svg.main-svg')].filter(s => out(s.getBoundingClientRect()))
+                                                                          .map(s => s.closest('.plot-host').id),
+        plotWidths: [...document.querySelectorAll('.plot-host')].map(p => +p.querySelector('svg.main-svg').getAttribute('width')),
+        // the innermost elements reaching past the screen's right edge that no scrolling box clips: what the
+        // page's width comes from (a wide table inside its own scrolling box reaches past the edge harmlessly)
         wide: [...document.body.querySelectorAll('*')]
               .filter(e => e.getBoundingClientRect().right > doc.clientWidth + 0.5 && e.id !== 'too-wide'
+                           && !clipped(e)
                            && ![...e.children].some(c => c.getBoundingClientRect().right > doc.clientWidth + 0.5))
               .slice(0, 5).map(e => `${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''}`
                                     + `${e.className && typeof e.className === 'string' ? '.' + e.className : ''}`
@@ -504,13 +641,13 @@ def test_every_page_fits_the_screen(dash, browser, width):
             for plot in browser.execute_script("return [...document.querySelectorAll('.plot-host')].map(p => p.id)"):
                 for axis in ("x", "y"):
                     labels = _tick_labels(browser, plot, axis)
-                    assert not any("e+" in x for x in labels), (hash_, plot, labels)
+                    assert labels and not any("e+" in x for x in labels), (hash_, plot, axis, labels)
                     # one notation per axis: powers of ten ("2e-4") or decimals (SI prefixes only from 10^4 up)
                     kinds = {"exp" if "e-" in x else "decimal" for x in labels if x != "0"}
                     assert len(kinds) <= 1, (hash_, plot, axis, labels)
                     assert not any(x[-1] in "kMGTP" for x in labels) or max(_value(x) for x in labels) >= 1e4, labels
         _plan(browser, base, data.keys["alice"], "tiny-moe", "h100-sxm", 16, 512, 32, 40)
-        _wait(browser, lambda d: _css(d, "#plot-plan svg"), "the plan's plot")
+        _wait(browser, lambda d: _css(d, "#plot-plan svg.main-svg"), "the plan's plot")
         _fits(browser, "#/plan with a plan")
     finally:
         browser.set_window_size(1400, 1800)
@@ -522,11 +659,11 @@ def test_a_plot_is_drawn_again_at_its_new_width(dash, browser):
     _viewport(browser, 1440)
     try:
         _open(browser, base, f"#/trainings/{data.training_id}")
-        wide = int(_css(browser, "#plot-loss svg")[0].get_attribute("width"))
+        wide = int(_css(browser, "#plot-loss svg.main-svg")[0].get_attribute("width"))
         circles = len(_circles(browser, "plot-loss"))
         _viewport(browser, 390)
-        _wait(browser, lambda d: int(_css(d, "#plot-loss svg")[0].get_attribute("width")) < wide, "a redraw")
-        narrow = int(_css(browser, "#plot-loss svg")[0].get_attribute("width"))
+        _wait(browser, lambda d: int(_css(d, "#plot-loss svg.main-svg")[0].get_attribute("width")) < wide, "a redraw")
+        narrow = int(_css(browser, "#plot-loss svg.main-svg")[0].get_attribute("width"))
         assert narrow <= 390 - 40 and wide >= 500 and len(_circles(browser, "plot-loss")) == circles
     finally:
         browser.set_window_size(1400, 1800)
@@ -555,7 +692,7 @@ def test_redoc_renders_without_the_network(dash, browser):
     _assert_only_the_server_was_asked(browser)
 
 
-def _assert_only_the_server_was_asked(browser) -> None:
+def _assert_only_the_server_was_asked(browser) -> set[str]:
     """Every http(s) request the page made since the log was last read went to the server (127.0.0.1)."""
     requested = set()
     for entry in browser.get_log("performance"):
@@ -564,3 +701,4 @@ def _assert_only_the_server_was_asked(browser) -> None:
             requested.add(message["params"]["request"]["url"])
     hosts = {urlparse(u).hostname for u in requested if urlparse(u).scheme in ("http", "https")}
     assert requested and hosts == {"127.0.0.1"}, sorted(requested)
+    return requested

@@ -1,10 +1,13 @@
 """The API views the dashboard reads: the Megatron-LM arguments of a job's best measured layout, and a
-training's checkpoints; both only for their owner. Also GET / and the offline /docs pages."""
+training's checkpoints; both only for their owner. Also GET / and the offline /docs pages, and the dashboard's
+plotting library (plotly.js, served from the installed plotly package)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 from db.engine import make_engine, make_sessionmaker
 from db.queue import claim_job
@@ -92,6 +95,41 @@ def test_dashboard_and_docs_are_served_from_the_package(client):
     assert "/" not in paths and "/docs" not in paths and "/redoc" not in paths
 
 
+def test_plotly_js_is_served_from_the_installed_plotly_package(client):
+    import plotly
+
+    installed = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    page = client.get("/").text
+    assert page.index('src="/vendor/plotly.min.js"') < page.index('src="/static/dashboard/plot.js"')
+    plain = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "identity"})
+    assert plain.status_code == 200 and plain.headers["content-type"].startswith("text/javascript")
+    assert plain.content == installed and b"plotly.js v" in installed[:200]
+    packed = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert packed.headers["content-encoding"] == "gzip" and int(packed.headers["content-length"]) < len(installed) / 2
+    assert packed.content == installed  # the client undoes the gzip it asked for
+    again = client.get("/vendor/plotly.min.js", headers={"If-None-Match": plain.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+    assert not (DASHBOARD / "plotly.min.js").exists()  # nothing of plotly's is copied into this repository
+    assert "/vendor/plotly.min.js" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_without_plotly_the_server_refuses_to_start_and_says_why(db_url, data_root, monkeypatch, tmp_path):
+    from api.http.app import create_app
+    from api.http.routes import dashboard
+    from api.http.settings import ApiSettings
+
+    monkeypatch.setattr(dashboard.resources, "files", lambda name: tmp_path / name)  # a plotly without its data
+    with pytest.raises(dashboard.DashboardAssetMissing, match="plotly.min.js: reinstall it"):
+        create_app(ApiSettings(database_url=db_url, data_root=data_root))
+
+    def not_installed(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(dashboard.resources, "files", not_installed)
+    with pytest.raises(dashboard.DashboardAssetMissing, match="not installed: pip install plotly"):
+        create_app(ApiSettings(database_url=db_url, data_root=data_root))
+
+
 DASHBOARD = Path(__file__).resolve().parents[2] / "api" / "http" / "static" / "dashboard"
 
 
@@ -126,6 +164,8 @@ def test_every_route_the_dashboard_calls_exists_and_is_its_owners_only(client, a
             continue
         concrete = path.replace("{}", str(ids[path.split("/")[2]]))
         mine, other = client.get(concrete, headers=alice), client.get(concrete, headers=bob)
-        # the owner gets the resource (or, for megatron-args, "nothing measured yet"); anyone else a plain 404
-        assert mine.status_code == 200 or mine.json()["type"] == "urn:foldtune:problem:no-measured-layout", path
+        # the owner gets the resource (or, for megatron-args and expert-load, "nothing measured yet"); anyone
+        # else a plain 404
+        assert mine.status_code == 200 or mine.json()["type"] in (
+            "urn:foldtune:problem:no-measured-layout", "urn:foldtune:problem:no-expert-load"), path
         assert other.status_code == 404 and other.json()["type"] == "urn:foldtune:problem:not-found", path

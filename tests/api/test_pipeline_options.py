@@ -13,6 +13,7 @@ from planner.runnable import runnable_plan
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
+from spec.validity import check
 
 QWEN = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100-sxm", "--seq", "4096", "--gbs", "1024"]
 ACCOUNT = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
@@ -80,9 +81,9 @@ def test_http_plan_takes_the_pipeline_options(client, alice):
 
 
 def test_runnable_plan_never_ranks_the_knobs_the_executor_does_not_build():
-    """`plan` prices and searches EP all-to-all overlap with any pp, but a tuning job's candidates come from a
-    space with it at pp = 1 only (planner.runnable.EXECUTOR_SPACE), where the executor runs it: the
-    faster-priced pipelined variants must not fill the ranked top-N and leave a job with no candidate."""
+    """`plan` prices and searches EP all-to-all overlap with any pp where Megatron runs it (vpp > 1 when pp > 1),
+    and the executor runs it there too (combined 1F1B, executor/pipeline.py): a tuning job's candidates
+    include the pipelined overlap, and never a layout the executor refuses."""
     model = get_model("tiny-moe-shared")  # 4 layers: pp2·vpp2 (which the overlap needs with a pipeline) fits
     training = TrainingSpec(seq_length=64, global_batch_size=8)
     cluster = ClusterSpec(get_hardware("cpu"), 4)
@@ -90,5 +91,6 @@ def test_runnable_plan_never_ranks_the_knobs_the_executor_does_not_build():
     assert any(e.config.overlap_moe_expert_parallel_comm and e.config.pp > 1 for e in ranked)
     result = runnable_plan(model, training, cluster, top=200)
     overlapped = [e.config for e in result.runnable if e.config.overlap_moe_expert_parallel_comm]
-    assert overlapped and all(c.pp == 1 for c in overlapped)
-    assert not any("overlap_moe_expert_parallel_comm" in why for why in result.not_executable)
+    assert any(c.pp > 1 and c.vpp > 1 for c in overlapped)
+    assert all(not check(model, training, e.config) for e in result.runnable)
+    assert not result.not_executable

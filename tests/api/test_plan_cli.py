@@ -39,12 +39,35 @@ def test_plan_json_is_complete_and_consistent(capsys):
     assert data["considered"] == data["valid"] + sum(r["count"] for r in data["rejected"].values())
     assert data["valid"] == data["fitting"] + data["pruned_by_memory"]
     ranked = data["ranked"]
-    assert len(ranked) == 3 and ranked[0]["step_time_s"] <= ranked[1]["step_time_s"] <= ranked[2]["step_time_s"]
+    assert data["rank_by"] == "robust" and isinstance(data["robust_exact"], bool)
+    highs = [e["step_time_interval_s"]["high"] for e in ranked]  # robust: by the intervals' pessimistic ends
+    assert len(ranked) == 3 and highs == sorted(highs)
+    for e in ranked:
+        assert e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+        assert e["memory_interval_bytes"]["low"] <= e["memory_bytes"]["total"] <= e["memory_interval_bytes"]["high"]
+        assert e["time_provenance"]["gemm"]["provenance"] in ("measured", "extrapolated", "datasheet")
     first = ranked[0]
     assert first["fits"] and first["memory_bytes"]["total"] > 0 and "gemm" in first["time_terms_s"]
     assert first["layout"].startswith("tp") and first["explanation"]
     argv = data["megatron_args"]  # an argv list, ready for subprocess
     assert argv[0] == "--tensor-model-parallel-size" and argv[1].isdigit() and "--global-batch-size" in argv
+
+
+def test_plan_prints_each_layouts_intervals_and_each_terms_constants(capsys):
+    code, out, _ = run(capsys, TINY + ["--top", "2"])
+    assert code == 0
+    assert "order: robust, by the high end of each step-time interval (80% intervals" in out
+    intervals = [line for line in out.splitlines() if line.strip().startswith("step ") and "memory" in line]
+    assert len(intervals) == 2 and all(" s, memory " in line and "most uncertain:" in line for line in intervals)
+    breakdown = out[out.index("time breakdown of"):]
+    assert "80% interval)" in breakdown.splitlines()[0] and "constants" in breakdown.splitlines()[1]
+    assert "datasheet -25%/+100%" in breakdown or "measured -15%/+25%" in breakdown
+    code, point, _ = run(capsys, TINY + ["--top", "5", "--rank-by", "point", "--json"])
+    data = json.loads(point)
+    times = [e["step_time_s"] for e in data["ranked"]]
+    assert code == 0 and data["rank_by"] == "point" and times == sorted(times)
+    code, text, _ = run(capsys, TINY + ["--top", "1", "--rank-by", "point"])
+    assert "order: by the point estimate of the step time (--rank-by point)" in text
 
 
 def test_explain_valid_layout_with_megatron_args(capsys):
@@ -219,3 +242,60 @@ def test_plan_builds_only_its_own_parser():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+# tiny-moe with one KV head: Megatron replicates it over TP; the executor splits KV heads over TP (rule
+# executor_heads_tp), so of its tp2 layouts, some of the 20 fastest on 4 CPU ranks, it runs none
+MQA_CATALOG = ("models:\n  tiny-mqa-cli:\n    num_layers: 2\n    hidden_size: 64\n    num_attention_heads: 4\n"
+               "    num_query_groups: 1\n    ffn_hidden_size: 128\n    vocab_size: 256\n    max_position_embeddings: 256\n"
+               "    num_experts: 8\n    moe_router_topk: 2\n    moe_ffn_hidden_size: 32\n"
+               "    make_vocab_size_divisible_by: 8\n")
+MQA = ["plan", "--model", "tiny-mqa-cli", "--gpus", "4", "--gpu", "cpu", "--seq", "64", "--gbs", "8", "--top", "20"]
+
+
+def test_plan_says_which_layouts_the_executor_runs_and_ranks_them_first(capsys, tmp_path):
+    catalog = tmp_path / "mqa.yaml"
+    catalog.write_text(MQA_CATALOG)
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json", "--megatron", "--rank-by", "point"])
+    assert code == 0
+    megatron = json.loads(out)
+    assert megatron["ranking"] == "megatron"
+    times = [e["step_time_s"] for e in megatron["ranked"]]
+    assert times == sorted(times)
+    refused = [e for e in megatron["ranked"] if not e["executable"]]
+    assert refused and all(e["config"]["tp"] == 2 for e in refused)
+    assert all(e["executable_reason"].startswith("[executor_heads_tp]") for e in refused)
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--json", "--rank-by", "point"])
+    default = json.loads(out)
+    assert default["ranking"] == "executable_first" and len(default["ranked"]) == 20
+    assert all(e["executable"] is True and e["executable_reason"] is None for e in default["ranked"])
+    assert default["ranked"][0]["layout"] == megatron["ranked"][0]["layout"]
+    # the text: a 'runs' column, and the reason under a layout only Megatron-Core runs
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--megatron", "--rank-by", "point"])
+    assert "ranked by step time, as Megatron-Core runs them" in out and "  runs  layout" in out
+    assert out.count("-> Megatron-Core only, foldtune's executor: [executor_heads_tp]") == len(refused)
+    code, out, _ = run(capsys, ["--catalog", str(catalog)] + MQA + ["--explain", "tp2 ep2"])
+    assert code == 0 and "Megatron-Core only (foldtune's executor: [executor_heads_tp]" in out
+
+
+def test_the_top_mixtral_8x22b_pick_on_128_h100s_is_executable(capsys):
+    """Issue 37's bar: every ranked layout says whether foldtune's executor runs it, and the top pick (the EP
+    overlap under an interleaved pipeline, which the executor runs as Megatron's combined 1F1B) does."""
+    code, out, _ = run(capsys, ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq",
+                                "4096", "--gbs", "256", "--json"])
+    assert code == 0
+    ranked = json.loads(out)["ranked"]
+    assert len(ranked) == 10
+    assert all(isinstance(e["executable"], bool) and (e["executable_reason"] is None) == e["executable"]
+               for e in ranked)
+    assert all(e["step_time_interval_s"]["low"] <= e["step_time_s"] <= e["step_time_interval_s"]["high"]
+               and e["memory_interval_bytes"]["low"] <= e["memory_bytes"]["total"] <= e["memory_interval_bytes"]["high"]
+               for e in ranked)
+    assert ranked[0]["executable"]
+    # by the point estimate the fastest pick overlaps the EP all-to-alls under an interleaved pipeline (the
+    # robust order may prefer a layout whose exposed all-to-all rests on fewer unmeasured constants): runnable too
+    code, out, _ = run(capsys, ["plan", "--model", "mixtral-8x22b", "--gpus", "128", "--gpu", "h100-sxm", "--seq",
+                                "4096", "--gbs", "256", "--json", "--rank-by", "point"])
+    top = json.loads(out)["ranked"][0]
+    assert top["executable"] and top["config"]["overlap_moe_expert_parallel_comm"]
+    assert top["config"]["pp"] > 1 and top["config"]["vpp"] > 1

@@ -1,11 +1,12 @@
 """Trainings API contracts: auth, owner scoping, validation rules by name, creating from a job's best trial,
-metrics pagination by step, cancel."""
+metrics pagination by step, per-layer expert load, cancel."""
 
 import pytest
 
 from spec.parallel_config import ParallelConfig
 from db.queue import claim_next_job, claim_next_training, finish_training
-from db.trainings import record_training_metrics
+from db.trainings import record_expert_load, record_training_metrics
+from spec.limits import MAX_EXPERT_LOAD_CELLS
 from db.trials import finish_trial, start_trial
 from problem_rules import validation_rules
 
@@ -124,6 +125,40 @@ def test_metrics_paginate_by_step_and_latest_is_shown(client, app, alice, body):
     assert seen == list(range(1, 8))
     latest = client.get(f"/v1/trainings/{tid}", headers=alice).json()["latest_metrics"]
     assert (latest["step"], latest["loss"]) == (7, 3.0)
+
+
+def test_expert_load_of_a_step_and_its_imbalance_per_layer_over_steps(client, app, alice, bob, body):
+    tid = client.post("/v1/trainings", json=body, headers=alice).json()["id"]
+    missing = client.get(f"/v1/trainings/{tid}/expert-load", headers=alice)
+    assert missing.status_code == 404 and missing.json()["type"].endswith(":no-expert-load")  # none stored yet
+    per_layer = 64 * 8 * 2  # seq × global batch × top-k of tiny-moe: what each row sums to
+    balanced = [per_layer // 8] * 8
+    skewed = [per_layer // 2, per_layer // 4] + [per_layer // 24] * 6  # 512 + 256 + 6 × 42 (row sum 1020)
+    with app.state.sessions() as s:
+        for step in range(1, 6):
+            record_expert_load(s, tid, step, [0, 1], [balanced, skewed if step % 2 else balanced])
+    latest = client.get(f"/v1/trainings/{tid}/expert-load", headers=alice).json()
+    assert (latest["step"], latest["layers"], latest["moe_layers"], latest["num_experts"]) == (5, [0, 1], 2, 8)
+    assert latest["tokens"] == [balanced, skewed] and latest["tokens_per_layer"] == per_layer
+    assert latest["max_cells"] == MAX_EXPERT_LOAD_CELLS
+    assert latest["max_over_mean"] == [1.0, pytest.approx(512 * 8 / sum(skewed))]
+    second = client.get(f"/v1/trainings/{tid}/expert-load", params={"step": 2}, headers=alice).json()
+    assert second["step"] == 2 and second["tokens"] == [balanced, balanced]
+    assert client.get(f"/v1/trainings/{tid}/expert-load", params={"step": 9}, headers=alice).status_code == 404
+    assert client.get(f"/v1/trainings/{tid}/expert-load", params={"step": 0}, headers=alice).status_code == 422
+    seen, after = [], -1
+    while after is not None:
+        page = client.get(f"/v1/trainings/{tid}/expert-load/imbalance", params={"limit": 2, "after_step": after},
+                          headers=alice).json()
+        seen += page["items"]
+        after = page["next_after_step"]
+    assert [i["step"] for i in seen] == [1, 2, 3, 4, 5] and all(i["layers"] == [0, 1] for i in seen)
+    assert [i["max_over_mean"][1] > 1.5 for i in seen] == [True, False, True, False, True]
+    assert all(i["max_over_mean"][0] == 1.0 for i in seen)
+    for path in (f"/v1/trainings/{tid}/expert-load", f"/v1/trainings/{tid}/expert-load/imbalance"):
+        other = client.get(path, headers=bob)  # another owner's reads as missing
+        assert other.status_code == 404 and other.json()["type"].endswith(":not-found")
+        assert client.get(path).status_code == 401
 
 
 def test_cancel_queued_then_finished_is_409(client, app, alice, body):

@@ -17,7 +17,7 @@ from api.worker.trials import TrialExecutor, TrialSettings
 from costmodel.estimate import estimate as price_layout
 from db.models import Trial
 from planner.runnable import tuned_precisions
-from planner.search import SearchBudget, run_search
+from planner.search import SearchBudget, run_search, startup_order
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
 from spec.parallel_config import ParallelConfig
@@ -39,8 +39,8 @@ def test_an_fp8_gpu_searches_both_precisions_ranked_together():
     precisions = [c.precision for c in cands.candidates]
     assert set(precisions) == {"bf16", "fp8"}
     assert all(precisions.count(p) <= CANDIDATES_PER_TRIAL * 3 for p in ("bf16", "fp8"))  # a cap per precision
-    times = [c.predicted_step_time for c in cands.candidates]
-    assert times == sorted(times)  # one ranking, whatever the precision
+    times = [c.rank_time for c in cands.candidates]
+    assert times == sorted(times)  # one ranking (the intervals' high ends), whatever the precision
     assert set(cands.estimates) == {c.labelled for c in cands.candidates}  # one estimate per (layout, precision)
     for c in cands.candidates[:4]:  # each priced at its own precision
         e = price_layout(get_model("tiny-moe"), replace(TRAINING, precision=c.precision), cluster, c.config)
@@ -79,7 +79,9 @@ def test_each_trial_runs_the_job_training_at_its_own_precision(monkeypatch):
                              threading.Event())
     result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes,
                         budget=SearchBudget(max_trials=4))
-    first = cands.candidates[:3]  # the sampler's uncalibrated start: the best predictions of either precision
+    # the sampler's uncalibrated start, of either precision: the lowest pessimistic end, then the layouts whose
+    # intervals overlap it, fastest predicted first
+    first = startup_order(cands.candidates)[:3]
     assert [(label, t.precision) for label, t in ran[:3]] == [(c.config.label(), c.precision) for c in first]
     assert all(replace(t, precision="bf16") == TRAINING for _, t in ran)  # only the precision changes
     rows = sorted(result.rows, key=lambda r: r.number)

@@ -1,6 +1,6 @@
 """The built wheel is the whole service: it ships every static file the server serves, and a clean venv
 with the wheel installed (the project from the wheel alone; its dependencies from this interpreter) serves
-the dashboard (/), /docs and /redoc with every asset those pages load."""
+the dashboard (/), /docs and /redoc with every asset those pages load, plotly.js from the plotly package."""
 
 from __future__ import annotations
 
@@ -92,6 +92,12 @@ def test_a_wheel_install_serves_the_dashboard_docs_and_redoc_with_their_assets(w
         assert {a.split("/")[2] for a in assets} == {"dashboard", "swagger-ui", "redoc"}
         for asset in sorted(assets):
             assert _get(base + asset) == (STATIC_DIR / asset.removeprefix("/static/")).read_bytes(), asset
+        # the dashboard's plotting library comes from the plotly package the venv sees, not from the wheel
+        import plotly
+
+        assert '"/vendor/plotly.min.js"' in _get(base + "/").decode()
+        assert _get(base + "/vendor/plotly.min.js") == (Path(plotly.__file__).parent / "package_data" /
+                                                        "plotly.min.js").read_bytes()
     finally:
         server.kill()
         server.wait()

@@ -42,3 +42,15 @@ def test_unknown_term_is_an_error_not_compute():
         terms.term_index("not_a_term")
     # host_overhead is an explicit compute term now, as it was counted before
     assert group_seconds([("host_overhead", 2.0)])["compute"] == 2.0
+
+
+def test_every_term_names_the_constants_its_interval_comes_from():
+    """The table's constants column is what costmodel.uncertainty resolves into a provenance: every row names
+    one it has a rule for, the hidden terms among them."""
+    from costmodel import uncertainty
+
+    kinds = {t.constants for t in terms.TERM_TABLE}
+    assert all(t.constants for t in terms.TERM_TABLE)
+    assert kinds <= set(uncertainty._COMPUTE) | set(uncertainty._COLLECTIVE_KINDS)
+    assert set(uncertainty.OVERLAP_EXPOSED) == set(terms.HIDDEN_TERMS)
+    assert {t.name for t in terms.TERM_TABLE if t.constants == "derived"} == {"recompute", "pp_bubble"}

@@ -19,12 +19,14 @@ from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
+from executor.pipeline import run_schedule
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.dispatchers import DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 from spec.parallel_config import ParallelConfig
-from spec.validity import executor_layout_rules
+from spec.training_spec import TrainingSpec
+from spec.validity import check, executor_layout_rules
 from tests.executor.test_equivalence import SCENARIOS
 
 OVERLAP = {"overlap_moe_expert_parallel_comm": True}
@@ -231,25 +233,28 @@ def test_no_host_read_while_an_exchange_is_in_flight():
 def test_validity_rule_names_what_the_overlap_is_not_built_with():
     model = get_model("tiny-moe")
     ok = ParallelConfig(world_size=4, ep=2, overlap_moe_expert_parallel_comm=True)
-    assert not [r for r in executor_layout_rules(model, ok, 16) if r.rule == "executor_ep_overlap"]
-    for fields, words in (({"pp": 2, "vpp": 2}, "pp > 1"),
+    for built in (ok, dataclasses.replace(ok, pp=2, vpp=2), dataclasses.replace(ok, pp=2)):  # any pipeline
+        assert not [r for r in executor_layout_rules(model, built, 16) if r.rule == "executor_ep_overlap"]
+    for fields, words in (({"pp": 2, "vpp": 2, "recompute_granularity": "full"}, "full recompute"),
                           ({"recompute_granularity": "full"}, "full recompute"),
-                          ({"recompute_granularity": "selective", "recompute_modules": ("moe",)}, "moe")):
+                          ({"recompute_granularity": "selective", "recompute_modules": ("moe",)}, "moe"),
+                          ({"activation_offload_modules": ("moe",)}, "offload of moe")):
         config = dataclasses.replace(ok, **fields)
         found = [r for r in executor_layout_rules(model, config, 16) if r.rule == "executor_ep_overlap"]
         assert found and words in found[0].reason, fields
-    plain = dataclasses.replace(ok, pp=2, vpp=2, overlap_moe_expert_parallel_comm=False)
+    plain = dataclasses.replace(ok, recompute_granularity="full", overlap_moe_expert_parallel_comm=False)
     assert not [r for r in executor_layout_rules(model, plain, 16) if r.rule == "executor_ep_overlap"]
+    # the rule book, not the executor, keeps pp > 1 without interleaving off: Megatron's rule (its combined
+    # 1F1B runs in the interleaved schedule only)
+    deep, training = get_model("tiny-moe-shared"), TrainingSpec(seq_length=16, global_batch_size=8)  # 4 layers
+    assert {r.rule for r in check(deep, training, dataclasses.replace(ok, pp=2))} == {"ep_overlap"}
+    assert not check(deep, training, dataclasses.replace(ok, pp=2, vpp=2))
 
 
 @pytest.mark.parametrize("dispatcher", DISPATCHERS)
 def test_staged_forward_without_ep_equals_the_model_forward(dispatcher):
     """One process, ep = 1: no exchange; the staged path must still compute the model's loss and gradients,
     through the stages of every dispatcher's contract (allgather's too, whose layers it runs in line)."""
-    from executor.ep_overlap import run_overlapped
-    from executor.model import MoEGPT
-    from executor.parallel.groups import Group, build_parallel_state
-
     spec = get_model("tiny-moe-shared")
     state = build_parallel_state(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), 0)
     torch.manual_seed(0)
@@ -263,7 +268,7 @@ def test_staged_forward_without_ep_equals_the_model_forward(dispatcher):
         if layer.is_moe:
             for module in (layer, layer.mlp):
                 module.register_forward_pre_hook(lambda m, args: called.append(m))
-    stats, counts = run_overlapped(model, micro)
+    stats, counts = run_schedule(model, micro, overlap=True)
     assert len(called) == 3 * 2 * 3  # 3 MoE layers, 2 modules each, 3 micro-batches
     staged = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
@@ -356,7 +361,7 @@ def test_sm_carveout_is_a_no_op_on_cpu_and_when_zero(monkeypatch):
         ep_overlap.Overlap(sm_carveout=-1)
 
 
-def test_run_overlapped_takes_the_carveout_and_transport_from_the_executor_options(monkeypatch):
+def test_the_overlapped_schedule_takes_the_carveout_and_transport_from_the_executor_options(monkeypatch):
     spec = get_model("tiny-moe-shared")
     state = build_parallel_state(ParallelConfig(world_size=1), 0)
     options = dataclasses.replace(SCENARIOS["base"].options, ep_overlap_sm_carveout=24,
@@ -371,7 +376,7 @@ def test_run_overlapped_takes_the_carveout_and_transport_from_the_executor_optio
 
     monkeypatch.setattr(ep_overlap, "Overlap", Recorded)
     ids = torch.randint(0, spec.vocab_size, (2, 1, 16))
-    ep_overlap.run_overlapped(model, [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(2)])
+    run_schedule(model, [(ids[i], torch.roll(ids[i], -1, 1)) for i in range(2)], overlap=True)
     assert built == [(24, "copy_engine")]
 
 

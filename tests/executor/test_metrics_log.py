@@ -8,11 +8,11 @@ from dataclasses import fields
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from executor.train.loop import StepMetrics
+from executor.train.loop import PER_LAYER_FIELDS, StepMetrics
 from executor.train.metrics_log import MetricsLog
 
 
-COLUMNS = [f.name for f in fields(StepMetrics)]
+COLUMNS = [f.name for f in fields(StepMetrics) if f.name not in PER_LAYER_FIELDS]
 
 
 def _step(step: int, loss: float) -> StepMetrics:

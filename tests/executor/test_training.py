@@ -220,7 +220,7 @@ def test_cli_writes_every_step_into_the_service_database(corpus, tmp_path, capfd
     from db.engine import make_engine, make_sessionmaker
     from db.keys import get_or_create_owner
     from db.migrate import upgrade
-    from db.models import Training, TrainingMetric
+    from db.models import Training, TrainingExpertLoad, TrainingMetric
 
     url = f"sqlite:///{tmp_path / 'service.sqlite3'}"
     upgrade(url)
@@ -244,6 +244,53 @@ def test_cli_writes_every_step_into_the_service_database(corpus, tmp_path, capfd
                    for r in rows)
         assert all(r.expert_load_max >= r.expert_load_mean > 0 for r in rows)
         assert rows[-1].eval_loss is not None and rows[0].eval_loss is None
+        loads = s.scalars(select(TrainingExpertLoad).where(TrainingExpertLoad.training_id == training_id)
+                          .order_by(TrainingExpertLoad.step)).all()
+        assert [(r.step, r.layers) for r in loads] == [(1, [0, 1]), (2, [0, 1]), (3, [0, 1])]  # both layers MoE
+        # every layer routes each of the step's 4 × 32 tokens to its top-2 experts
+        assert [[sum(row) for row in r.tokens] for r in loads] == [[4 * 32 * TINY.moe_router_topk] * 2] * 3
+        assert all(len(row) == TINY.num_experts for r in loads for row in r.tokens)
+
+
+def test_a_pipelined_training_stores_every_moe_layers_expert_counts(corpus, tmp_path):
+    """tiny-moe-shared (layer 0 dense, 1-3 MoE) on pp2: the stages hold disjoint layers, yet every step stores
+    a row per MoE layer of the whole model, each summing to tokens × top-k, and the rows summed over layers are
+    the step's per-expert totals (expert_load_max/mean)."""
+    from sqlalchemy import select
+
+    from api.worker.metrics import DatabaseMetrics
+    from db.engine import make_engine, make_sessionmaker
+    from db.keys import get_or_create_owner
+    from db.migrate import upgrade
+    from db.models import Training, TrainingExpertLoad, TrainingMetric
+
+    model = get_model("tiny-moe-shared")
+    url = f"sqlite:///{tmp_path / 'service.sqlite3'}"
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions() as s:
+        owner = get_or_create_owner(s, "alice")
+        s.flush()
+        training = Training(owner_id=owner.id, config={}, model_spec={}, training_spec={}, cluster={}, data_path=corpus,
+                            steps=3, checkpoint_dir=str(tmp_path / "ck"))
+        s.add(training)
+        s.commit()
+        training_id = training.id
+    cfg = TrainConfig(corpus, steps=3, seq_length=32, global_batch_size=4, warmup_steps=1, eval_batches=1)
+    report = train_local(model, ParallelConfig.parse("pp2 mbs1", world_size=2), cfg, OPTIONS,
+                         on_step=DatabaseMetrics(url, training_id), start_method="fork")
+    with sessions() as s:
+        loads = s.scalars(select(TrainingExpertLoad).where(TrainingExpertLoad.training_id == training_id)
+                          .order_by(TrainingExpertLoad.step)).all()
+        metrics = s.scalars(select(TrainingMetric).where(TrainingMetric.training_id == training_id)
+                            .order_by(TrainingMetric.step)).all()
+    assert [(r.step, r.layers, r.moe_layers) for r in loads] == [(n, [1, 2, 3], 3) for n in (1, 2, 3)]
+    assert [[sum(row) for row in r.tokens] for r in loads] == [[4 * 32 * model.moe_router_topk] * 3] * 3
+    for load, m in zip(loads, metrics):
+        totals = [sum(column) for column in zip(*load.tokens)]
+        assert (max(totals), sum(totals) / len(totals)) == (m.expert_load_max, m.expert_load_mean)
+    assert any(r.tokens[0] != r.tokens[1] for r in loads)  # each row is its own layer's routing
+    assert report.metrics[-1].expert_tokens == loads[-1].tokens and report.metrics[0].expert_tokens == []
 
 
 def test_expert_bias_is_checkpointed_and_resumed(corpus, tmp_path):

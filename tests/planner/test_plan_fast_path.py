@@ -46,7 +46,7 @@ def test_fast_plan_equals_per_config_estimates(name, gpus, seq, gbs, mbs_max, vp
         if total <= cluster.usable_hbm_bytes:
             rows.append((step_time(model, training, cluster, cfg).step_time, cfg.label(), total))
     top = 12
-    result = plan(model, training, cluster, top=top, space=space, workers=1)
+    result = plan(model, training, cluster, top=top, space=space, workers=1, rank_by="point")
     assert 0 < len(rows) and result.pruned_by_memory > 0  # the case prunes some configs, keeps others
     if more:  # configs of every offload option fit
         assert {("opt_offload" in label, "act_offload" in label) for _, label, _ in rows} == {
@@ -58,7 +58,7 @@ def test_fast_plan_equals_per_config_estimates(name, gpus, seq, gbs, mbs_max, vp
     assert got == expected  # exact floats, not approx
     assert [e.time.step_time for e in result.ranked] == sorted(e.time.step_time for e in result.ranked)
     # the ranker's per-config path (an injected memory model: no LayoutMemory, no pruning) agrees in every field
-    slow = plan(model, training, cluster, top=top, space=space, workers=1, memory_fn=estimate_memory)
+    slow = plan(model, training, cluster, top=top, space=space, workers=1, memory_fn=estimate_memory, rank_by="point")
     assert [_key(e) for e in slow.ranked] == [_key(e) for e in result.ranked]
     assert slow.fitting == result.fitting
     assert result.memory_calls < slow.memory_calls  # shared answers and pruned layouts: fewer memory estimates

@@ -230,11 +230,36 @@ def test_real_cost_models_keep_the_monotone_properties_the_ranker_uses(name, gpu
     space = SearchSpace(mbs_max=4, vpp_max=2)
     enum = enumerate_layouts(model, training, cluster, space)
     fitting = sum(1 for c in enum.configs() if peak_memory_bytes(model, training, cluster, c) <= cluster.usable_hbm_bytes)
-    lazy = plan(model, training, cluster, top=10, space=space, workers=1)
-    full = plan(model, training, cluster, top=10, space=space, exhaustive=True, workers=1)
+    lazy = plan(model, training, cluster, top=10, space=space, workers=1, rank_by="point")
+    full = plan(model, training, cluster, top=10, space=space, exhaustive=True, workers=1, rank_by="point")
     assert lazy.fitting == full.fitting == fitting
     assert 0 < fitting
     assert lazy.order_violations == 0 and lazy.bound_violations == 0
     assert lazy.time_calls < full.time_calls / 3
     assert [e.time.step_time for e in lazy.ranked] == pytest.approx([e.time.step_time for e in full.ranked])
     assert full.pareto and full.pareto[0].time.step_time == pytest.approx(full.ranked[0].time.step_time)
+
+
+def test_robust_rank_past_the_top_n_equals_the_exhaustive_robust_ranking(monkeypatch):
+    """Ranked by the intervals' pessimistic ends, the best-first queue that keeps picking until no remaining
+    candidate can rank better finds the exhaustive ranking's top 10 (uncapped here), and its list is ordered by
+    rank time; the default cap stops earlier and says so."""
+    import planner.rank as rank
+
+    model = get_model("small-moe")
+    training = TrainingSpec(seq_length=1024, global_batch_size=64)
+    cluster = ClusterSpec(H100, 16)
+    space = SearchSpace(mbs_max=4, vpp_max=2)
+    full = plan(model, training, cluster, top=10, space=space, exhaustive=True, workers=1)
+    capped = plan(model, training, cluster, top=10, space=space, workers=1)
+    monkeypatch.setattr(rank, "ROBUST_SHORTLIST", 10**6)
+    exact = plan(model, training, cluster, top=10, space=space, workers=1)
+    keys = [e.rank_time for e in exact.ranked]
+    assert exact.rank_by == "robust" and exact.robust_exact
+    assert keys == sorted(keys) == pytest.approx([e.rank_time for e in full.ranked])
+    assert all(e.rank_time == e.interval.step_time.high >= e.time.step_time for e in exact.ranked)
+    assert not capped.robust_exact and capped.time_calls < exact.time_calls
+    assert [e.rank_time for e in capped.ranked] == sorted(e.rank_time for e in capped.ranked)
+    point = plan(model, training, cluster, top=10, space=space, workers=1, rank_by="point")
+    assert [e.time.step_time for e in point.ranked] == sorted(e.time.step_time for e in point.ranked)
+    assert keys != [e.rank_time for e in point.ranked]  # the two orders differ on this cluster

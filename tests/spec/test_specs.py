@@ -17,8 +17,13 @@ REQUIRED_MODELS = ["mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b", "qwen3-30b
 def test_catalog_has_published_models_and_gpus():
     for name in REQUIRED_MODELS:
         assert name in model_names()
-    for gpu in ("h100-sxm", "h200", "b200", "gb200", "a100-80gb", "cpu"):
+    for gpu in ("h100-sxm", "h200", "b200", "gb200", "gb300", "a100-80gb", "cpu"):
         assert get_hardware(gpu).gpu.name == gpu
+    # GB300 NVL72 (datasheet): GB200's dense tensor-core peaks, 288 GB of HBM3e, one 800 Gb/s NIC per GPU
+    gb200, gb300 = get_hardware("gb200"), get_hardware("gb300")
+    assert gb300.gpu.peak("bf16") == gb200.gpu.peak("bf16") == 2.5e15 and gb300.gpu.peak("fp8") == 5e15
+    assert (gb300.gpu.hbm_bytes, gb200.gpu.hbm_bytes) == (288 * 10**9, 186 * 10**9)
+    assert gb300.gpus_per_node == 72 and gb300.inter_node_bandwidth == 2 * gb200.inter_node_bandwidth == 100e9
     v3 = get_model("DeepSeek-V3")
     assert (v3.num_layers, v3.num_moe_layers, v3.num_experts, v3.moe_router_topk) == (61, 58, 256, 8)
     assert get_model("mixtral-8x7b").num_kv_heads == 8

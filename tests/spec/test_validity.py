@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from planner.enumerate import distopt_options
 from spec import validity
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
@@ -57,6 +58,9 @@ CASES = [
     ("cp_a2a_heads", TINY, TRAIN, 8,
      dict(tp=2, cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 2))),
     ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
+    ("fp8_params_precision", TINY, TrainingSpec(64, 16, fp8_param_gather=True), 8, {}),
+    ("optimizer_distopt", TINY, TrainingSpec(64, 16, exp_avg_sq_dtype="bf16"), 8,
+     dict(use_distributed_optimizer=False, overlap_param_gather=False)),
     # the rules on a config alone (spec.layout_rules)
     ("sp_needs_tp", TINY, TRAIN, 8, dict(tp=1, sequence_parallel=True)),
     ("recompute_modules_selective", TINY, TRAIN, 8, dict(recompute_granularity="full", recompute_modules=("core_attn",))),
@@ -83,6 +87,21 @@ def test_each_rule_trips(rule, model, training, gpus, cfg):
     found = rules_of(model, training, gpus, **cfg)
     # a layout string of the wrong chunk count cannot place the layers either
     assert found == {rule} | ({"layers_pp"} if rule == "pipeline_chunks" else set()), found
+
+
+def test_megatron_optimizer_recipes_need_the_distributed_optimizer_and_are_not_the_executors():
+    """fp8 primary weights trip optimizer_distopt too (Megatron's arguments.py), and the planner only tries the
+    distributed optimizer for them; the executor refuses the three recipe knobs it does not build, by name."""
+    fp8_params = TrainingSpec(64, 16, precision="fp8", fp8_param_gather=True)
+    assert rules_of(TINY, fp8_params, 8, use_distributed_optimizer=False, overlap_param_gather=False) == {
+        "optimizer_distopt"}
+    assert rules_of(TINY, fp8_params, 8) == set()
+    assert distopt_options(fp8_params) == (True,) and distopt_options(TRAIN) == (True, False)
+    cfg = ParallelConfig(world_size=8)
+    assert [r.rule for r in check(TINY, TRAIN, cfg)] == []
+    for knob in (dict(main_grads_fp32=False), dict(exp_avg_dtype="bf16"), dict(precision="fp8", fp8_param_gather=True)):
+        found = check(TINY, replace(TRAIN, **knob), cfg)
+        assert [r.rule for r in found] == ["executor_optimizer_recipe"] and is_executor_rule(found[0].rule), knob
 
 
 def test_world_rules_trip():

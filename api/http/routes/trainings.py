@@ -1,4 +1,5 @@
-"""Trainings: run one layout (a job's best or an explicit one) on real data; status, metrics, cancel."""
+"""Trainings: run one layout (a job's best or an explicit one) on real data; status, metrics, per-layer expert
+load, cancel."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from api.service import trainings as trainings_service
 from api.http.deps import Limit, Offset, OwnerDep, SessionDep, SettingsDep, location, page
 from api.schemas.common import MAX_ID, Page
 from api.schemas.problem import problem_responses
-from api.schemas.trainings import MetricsPage, TrainingCreate, TrainingOut, TrainingStatus
+from api.schemas.trainings import (ExpertImbalancePage, ExpertLoadOut, MetricsPage, TrainingCreate, TrainingOut,
+                                   TrainingStatus)
 
 router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=problem_responses(401, 422, 429))
 
@@ -59,6 +61,35 @@ def list_training_metrics(training_id: TrainingId, owner: OwnerDep, session: Ses
     """The training's per-step metrics in step order; pass ``next_after_step`` back to get the next page."""
     trainings_service.owned_training(session, owner, training_id)
     items = trainings_service.metric_views(session, training_id, after_step, limit)
+    session.commit()
+    return {"items": items, "limit": limit, "after_step": after_step,
+            "next_after_step": items[-1].step if len(items) == limit else None}
+
+
+@router.get("/{training_id}/expert-load", operation_id="get_training_expert_load", response_model=ExpertLoadOut,
+            responses=problem_responses(404))
+def get_training_expert_load(training_id: TrainingId, owner: OwnerDep, session: SessionDep,
+                             step: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
+                                 "the optimizer step (1-based); the latest stored when left out"))] = None,
+                             ) -> ExpertLoadOut:
+    """Routed tokens of each expert in each MoE layer at one step (a layers × experts matrix, at most
+    ``max_cells`` counts: a wider model's evenly spaced layers)."""
+    training = trainings_service.owned_training(session, owner, training_id)
+    view = trainings_service.expert_load_view(session, training, step)
+    session.commit()
+    return view
+
+
+@router.get("/{training_id}/expert-load/imbalance", operation_id="list_training_expert_imbalance",
+            response_model=ExpertImbalancePage, responses=problem_responses(404))
+def list_training_expert_imbalance(training_id: TrainingId, owner: OwnerDep, session: SessionDep, limit: Limit = 100,
+                                   after_step: Annotated[int, Query(ge=-1, le=MAX_ID,
+                                                                    description="only steps after this one")] = -1,
+                                   ) -> dict:
+    """Per MoE layer and step: the busiest expert's routed tokens over the mean expert's, in step order; pass
+    ``next_after_step`` back to get the next page."""
+    trainings_service.owned_training(session, owner, training_id)
+    items = trainings_service.expert_imbalance_views(session, training_id, after_step, limit)
     session.commit()
     return {"items": items, "limit": limit, "after_step": after_step,
             "next_after_step": items[-1].step if len(items) == limit else None}

@@ -23,6 +23,9 @@ One module a job:
   (``torch._scaled_mm``, ``torch._scaled_grouped_mm``) and their emulation, and the autograd functions
   behind :func:`linear` and :func:`grouped_mm`.
 - :mod:`.backend`: :class:`TorchFp8Backend`, the 'torch-fp8' kernel backend.
+- :mod:`.grouped_quant` and :mod:`.grouped_gemm`: foldtune's own persistent grouped fp8 GEMM for the experts
+  (rowwise or DeepSeek-V3 blockwise scaling), which ``ExecutorOptions.fp8_expert_gemm`` puts in place of
+  torch's; imported from their modules (``from executor.kernels.fp8 import grouped_gemm``).
 
 Imports run one way, quantize ← weight_cache ← gemm ← backend: each self-check sits in the module whose
 paths it checks, beside the gate that reads its verdict.

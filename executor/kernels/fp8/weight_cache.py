@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +49,8 @@ def weight_cache_enabled() -> bool:
     return os.environ.get("FOLDTUNE_FP8_WEIGHT_CACHE", "1") != "0"
 
 
-def quantized_weight(w: torch.Tensor, transposed: bool = False, both: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantized_weight(w: torch.Tensor, transposed: bool = False, both: bool = False,
+                     blocks: Callable[[torch.Tensor], tuple] | None = None) -> tuple:
     """:func:`quantize_rowwise` of ``w`` (the forward's B) or, ``transposed``, of ``w`` with its last two
     dims swapped (the dgrad's B), made once per value of the weight and reused until it changes.
 
@@ -66,16 +68,22 @@ def quantized_weight(w: torch.Tensor, transposed: bool = False, both: bool = Fal
     a form is missing, make the forward and dgrad forms together (:func:`quantize_both`: two reads of the
     weight instead of four), so the backward finds its form cached.
 
+    ``blocks``: the weight in another scaling, ``blocks(w)`` making its (forward form, dgrad form) pair at
+    once (the grouped kernels' 128 × 128 blocks, :func:`executor.kernels.fp8.grouped_quant.quantize_weight`);
+    the pair is cached as one form of its own and returned (``transposed`` and ``both`` are then unused).
+
     Memory: a cached weight holds its e4m3 forms until it changes, dies or :func:`clear_weight_cache` (the
     trainer calls it before each optimizer step, so the cache never sits beside Adam's temporaries) — 1 byte per element for each
     form (2 bytes per element once forward and dgrad have run) plus fp32 scales (4 bytes per row of
     each form); a superseded entry is freed before its replacement is made.
     """
     def make():
+        if blocks is not None:
+            return blocks(w)
         return quantize_rowwise(w.transpose(-2, -1) if transposed else w)
 
     def form_of(t: bool) -> tuple:
-        return (t, w.storage_offset(), tuple(w.shape), tuple(w.stride()))
+        return ("blocks" if blocks is not None else t, w.storage_offset(), tuple(w.shape), tuple(w.stride()))
 
     base = w if w._base is None else w._base
     if not weight_cache_enabled() or not _cacheable(base):
@@ -92,7 +100,7 @@ def quantized_weight(w: torch.Tensor, transposed: bool = False, both: bool = Fal
     form, other = form_of(transposed), form_of(not transposed)
     if form in entry.forms:
         _WEIGHT_COUNTS["reused"] += 1
-    elif both and other not in entry.forms:
+    elif both and blocks is None and other not in entry.forms:
         _WEIGHT_COUNTS["quantised"] += 2
         _WEIGHT_COUNTS["both_at_once"] += 1
         rows, cols = quantize_both(w)

@@ -1,7 +1,7 @@
 // The foldtune dashboard's shell: sign-in, routing by URL hash, polling. A single page over the /v1 API; the
 // API key is kept in sessionStorage (gone when the tab closes) and sent as X-API-Key, so the page sees exactly
 // what the key's owner sees through the API. The pages live in jobs.js, plan.js and trainings.js; shared
-// helpers in core.js, plots in plot.js.
+// helpers in core.js, plots in plot.js (drawn by plotly.js).
 "use strict";
 
 const POLL_MS = 2000;
@@ -72,12 +72,14 @@ async function route(refresh) {
   try {
     const page = await pageFor(parts, refresh);
     if (seq !== renderSeq || !page) return;
+    Plot.purge(main);
     main.replaceChildren(page.node);
     if (page.after) page.after();
     main.dataset.loaded = hash;
     pollWhile(page.live);
   } catch (e) {
     if (seq !== renderSeq || (e instanceof ApiError && e.status === 401)) return;
+    Plot.purge(main);
     main.replaceChildren(h("section", {class: "card"}, h("p", {class: "error", id: "page-error"},
       e instanceof ApiError && e.status === 404 ? `Not found: ${e.message}` : String(e.message || e))));
     main.dataset.loaded = hash;

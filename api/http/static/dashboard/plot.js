@@ -1,318 +1,269 @@
-// The dashboard's SVG plots: scatter/line charts on linear or log axes, and stacked bars. Hand-written (no
-// third-party code is fetched or vendored): each chart is an <svg> of circles (one per data point, class
-// "pt"), paths (class "series"; "ref" for y = x; "front" for a Pareto front; "guide" for a reference line
-// such as usable memory) and axis text, so a test can count what a person sees.
+// The dashboard's plots, drawn by plotly.js (MIT), which this server serves from the installed `plotly` Python
+// package at /vendor/plotly.min.js: no plotting code of its own, nothing from a CDN. This file only turns the
+// pages' series into plotly traces and layouts: points and lines on linear or log axes with reference lines
+// (y = x, a Pareto front, dashed guides such as usable memory), stacked bars, and heatmaps.
 //
-// A chart is drawn at its container's width in CSS pixels (text stays 11-13 px on a phone) and drawn again
-// when the window's width changes. Axes span the data (no padding in data units, so trial numbers never
-// start at -1); every tick label of one axis uses one format.
+// Each trace's uid names what it shows (a series' `cls`, e.g. "raw", "train-loss run-3"); plotly writes it
+// into the class of the trace's <g> ("trace" + uid), so a test or a style finds a series' points
+// (`g.trace.tracetrain-loss path.point`). Hover (or a tap) on a point shows its tip.
+//
+// A chart is drawn at its container's width in CSS pixels and drawn again when that width changes.
+// Below NARROW px the plots neither zoom nor pan: a finger on a plot scrolls the page.
 "use strict";
 
 const Plot = (() => {
-  const NS = "http://www.w3.org/2000/svg";
-  const M = {left: 62, right: 14, top: 10, bottom: 44};
-  const INSET = 9;          // px between the plot box and the outermost data point, so markers are not cut
-  const MAX_MARKERS = 400;  // a series with more points is drawn as a line only
-  const CHAR_W = 6.4;       // px per character of 11 px text, to lay out legends before they are measured
+  const MAX_MARKERS = 400;  // a line series with more points is drawn without markers
+  const NARROW = 520;
   const PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777",
                    "#4b5563", "#65a30d", "#7c3aed", "#0d9488", "#b45309", "#be123c", "#1d4ed8", "#57534e"];
-  const SI = ["", "k", "M", "G", "T", "P"];
-
-  function el(tag, attrs, parent) {
-    const node = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-    if (parent) parent.appendChild(node);
-    return node;
-  }
-
-  function text(parent, attrs, content) {
-    el("text", attrs, parent).textContent = content;
-  }
-
-  // ---------- ticks and their labels ----------
-
-  // The nice step (1, 2, 2.5 or 5 × 10^k; whole numbers when `integer`) giving about `count` ticks.
-  function niceStep(span, count, integer) {
-    const raw = span / Math.max(count, 1), mag = Math.pow(10, Math.floor(Math.log10(raw)));
-    const mults = integer && mag < 10 ? [1, 2, 5, 10] : [1, 2, 2.5, 5, 10];  // no 2.5 between whole numbers
-    const step = mults.map(f => f * mag).find(s => s >= raw * (1 - 1e-9));
-    return integer ? Math.max(1, Math.round(step)) : step;
-  }
-
-  // Decimals that show a value of `step`'s precision: 0.25 -> 2, 5 -> 0.
-  function decimalsOf(step) {
-    for (let d = 0; d < 12; d++) if (Math.abs(Math.round(step * 10 ** d) - step * 10 ** d) < 1e-6) return d;
-    return 12;
-  }
-
-  // One formatter for all the ticks of a linear axis: a shared SI suffix (k, M, ...) from 10^4 up, a shared
-  // power of ten below 10^-2, else plain decimals; `step` fixes the decimals.
-  function formatter(values, step) {
-    const big = Math.max(...values.map(Math.abs));
-    let scale = 1, suffix = "";
-    if (big >= 1e4) {
-      const k = Math.min(Math.floor(Math.log10(big) / 3), SI.length - 1);
-      scale = 10 ** (3 * k); suffix = SI[k];
-    } else if (big > 0 && big < 1e-2) {
-      const e = Math.floor(Math.log10(big));
-      scale = 10 ** e; suffix = `e${e}`;
-    }
-    const d = decimalsOf(+(step / scale).toPrecision(6));
-    return v => (v === 0 ? "0" : (v / scale).toFixed(d) + suffix);
-  }
-
-  // Tick labels of a log axis, where ticks span decades: each in one notation chosen for the axis, powers of
-  // ten ("2e-5", "1e-4") when the smallest is below 10^-2, plain numbers when the largest is below 10^4, else
-  // SI prefixes ("500", "1k", "20k").
-  function logFormatter(values) {
-    const trim = v => String(+v.toPrecision(3));
-    if (Math.min(...values.map(Math.abs)) < 1e-2) {
-      return v => { const e = Math.floor(Math.log10(v) + 1e-9); return `${trim(v / 10 ** e)}e${e}`; };
-    }
-    if (Math.max(...values) < 1e4) return trim;
-    return v => {
-      const k = Math.max(0, Math.min(Math.floor(Math.log10(v) / 3 + 1e-9), SI.length - 1));
-      return trim(v / 10 ** (3 * k)) + SI[k];
-    };
-  }
-
-  // A linear axis over [lo, hi] with about `count` ticks inside it.
-  function linearAxis(lo, hi, count, integer) {
-    if (!(hi > lo)) { const d = integer ? 0.5 : Math.abs(lo) * 0.1 || 1; lo -= d; hi += d; }
-    const inside = step => {
-      const out = [];
-      for (let t = Math.ceil(lo / step - 1e-9) * step; t <= hi + step * 1e-9; t += step) out.push(+t.toPrecision(12));
-      return out;
-    };
-    // a nice step can leave one tick inside [lo, hi]: ask for more ticks until two fit
-    let step = niceStep(hi - lo, count, integer), values = inside(step);
-    for (let more = count + 1; values.length < 2 && more < 4 * count + 4; more++) {
-      step = niceStep(hi - lo, more, integer);
-      values = inside(step);
-    }
-    if (values.length < 2 && !integer) values = [lo, hi];
-    const fmt = formatter(values, values.length > 1 ? values[1] - values[0] : step);
-    return {lo, hi, values, label: fmt, map: v => v, fmt};
-  }
-
-  // A log10 axis over [lo, hi] (positive values): ticks at 1, 2, 5 × 10^k, only 10^k when those are many.
-  function logAxis(lo, hi, count) {
-    let a = Math.log10(lo), b = Math.log10(hi);
-    if (!(b - a > 0.05)) { a -= 0.1; b += 0.1; }
-    const pick = mults => {
-      const out = [];
-      for (let k = Math.floor(a); k <= Math.ceil(b); k++) {
-        for (const m of mults) {
-          const t = k + Math.log10(m);
-          if (t >= a - 1e-9 && t <= b + 1e-9) out.push(+(m * 10 ** k).toPrecision(6));
-        }
-      }
-      return out;
-    };
-    let values = pick([1, 2, 5]);
-    if (values.length > count) values = pick([1]);
-    if (values.length < 2) values = pick([1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9]);
-    if (values.length < 2) values = [10 ** a, 10 ** b];
-    const fmt = logFormatter(values);
-    return {lo: a, hi: b, values, label: fmt, map: Math.log10, fmt, log: true};
-  }
-
-  // ---------- frame, axes, legend ----------
+  const GUIDE_COLORS = {capacity: "#b45309", clip: "#b45309"};
+  const FONT = {family: 'system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif', size: 11,
+                color: "#374151"};
+  // Nothing is fetched from elsewhere: MathJax is never typeset (plotly would only use one already on the
+  // page), maps' topojson would come from this server (no geo plot is drawn), no "send to cloud" button.
+  // No mode bar: it would sit over the legend; a drag zooms and a double click resets (not below NARROW px).
+  const CONFIG = {displaylogo: false, typesetMath: false, topojsonURL: "/vendor/topojson/", showSendToCloud: false,
+                  showEditInChartStudio: false, plotlyServerURL: "", responsive: false, displayModeBar: false,
+                  doubleClick: "reset"};
 
   // The chart's size from its container: as wide as the container, about 0.6 as high.
   function size(target) {
-    const w = Math.max(260, Math.round(target.clientWidth || 560));
-    return {W: w, H: Math.round(Math.min(340, Math.max(230, w * 0.58)))};
+    const width = Math.max(260, Math.round(target.clientWidth || 560));
+    return {width, height: Math.round(Math.min(380, Math.max(280, width * 0.62))), narrow: width < NARROW};
   }
 
-  // Keeps `draw` to run again when the window's width changes the container's.
-  function remember(target, draw) {
-    target.classList.add("plot-host");
-    target._plotDraw = draw;
-    target._plotWidth = target.clientWidth;
-  }
-
+  // Redraws a plot when its container's width changes: a window resized or turned, or a scroll bar that
+  // appeared beside the page once it grew (no window event for that one).
   let resizeQueued = false;
-  window.addEventListener("resize", () => {
+  const resized = new ResizeObserver(() => {
     if (resizeQueued) return;
     resizeQueued = true;
     requestAnimationFrame(() => {
       resizeQueued = false;
       for (const t of document.querySelectorAll(".plot-host")) {
-        if (t.clientWidth !== t._plotWidth) t._plotDraw();
+        if (t.clientWidth && t.clientWidth !== t._plotWidth) t._plotDraw();
       }
     });
   });
 
-  function frame(target, W, H, opts) {
-    target.replaceChildren();
-    return el("svg", {viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "plot", role: "img",
-                      "aria-label": opts.title || opts.yLabel || ""}, target);
+  // Keeps `draw` to run again when the container's width changes.
+  function remember(target, draw) {
+    if (!target.classList.contains("plot-host")) resized.observe(target);
+    target.classList.add("plot-host");
+    target._plotDraw = draw;
+    target._plotWidth = target.clientWidth;
   }
 
-  // Legend entries laid out left to right from x0, wrapping within width w; returns the rows used.
-  function legend(svg, entries, x0, y0, w, square) {
-    let x = x0, y = y0, rows = entries.length ? 1 : 0;
-    const g = el("g", {class: "legend-row"}, svg);
-    for (const e of entries) {
-      const width = 16 + e.name.length * CHAR_W + 14;
-      if (x > x0 && x + width > x0 + w) { x = x0; y += 16; rows++; }
-      if (square) el("rect", {x, y: y - 8, width: 9, height: 9, fill: e.color}, g);
-      else if (e.dashed) el("line", {x1: x - 2, x2: x + 11, y1: y - 4, y2: y - 4, class: e.cls || "ref"}, g);
-      else el("circle", {cx: x + 4, cy: y - 4, r: 4, fill: e.color}, g);
-      text(g, {x: x + 14, y, class: "legend"}, e.name);
-      x += width;
+  // One axis: plotly's ticks, in one notation per axis (every log tick labelled in full, SI prefixes from
+  // 10^4 up), whole numbers only on an `integer` axis.
+  function axis(title, values, o) {
+    const a = {title: {text: title || "", font: {size: 12, color: "#111827"}, standoff: 8}, type: o.log ? "log" : "linear",
+               automargin: true, showline: true, mirror: true, linecolor: "#9ca3af", gridcolor: "#eef0f3",
+               zeroline: false, ticks: "outside", tickcolor: "#9ca3af", ticklen: 4, exponentformat: "SI",
+               minorloglabels: "complete", fixedrange: !!o.fixed};
+    const finite = values.filter(v => isFinite(v) && (!o.log || v > 0));
+    const big = finite.length ? Math.max(...finite.map(Math.abs)) : 0;
+    if (o.log && finite.length) {  // labelled 1-2-5 ticks over one to three decades, not every 1..9 crowded
+      const decades = Math.log10(big) - Math.log10(Math.min(...finite));
+      if (decades > 0.8 && decades <= 3) a.dtick = "D2";
     }
-    return rows;
-  }
-
-  function axes(svg, box, xa, ya, opts) {
-    const {x0, y0, pw, ph} = box;
-    const lin = (a, v, from, len) => from + INSET + (a.map(v) - a.lo) / (a.hi - a.lo) * (len - 2 * INSET);
-    const sx = v => lin(xa, v, x0, pw);
-    const sy = v => y0 + ph - (lin(ya, v, 0, ph));
-    const g = el("g", {class: "axes"}, svg);
-    for (const t of ya.values) {
-      el("line", {x1: x0, x2: x0 + pw, y1: sy(t), y2: sy(t), class: "grid"}, g);
-      text(g, {x: x0 - 6, y: sy(t) + 4, "text-anchor": "end", class: "tick y-tick"}, ya.label(t));
+    if (o.zero && !o.log) a.rangemode = "tozero";
+    if (o.integer) {
+      a.tickformat = "d";
+      const span = finite.length ? Math.max(...finite) - Math.min(...finite) : 0;
+      if (span <= 8) a.dtick = 1;  // else plotly's steps are 2, 5, 10, ... and stay whole
     }
-    for (const t of xa.values || []) {
-      el("line", {x1: sx(t), x2: sx(t), y1: y0, y2: y0 + ph, class: "grid"}, g);
-      text(g, {x: sx(t), y: y0 + ph + 16, "text-anchor": "middle", class: "tick x-tick"}, xa.label(t));
+    if (o.range) a.range = o.range;
+    return a;
+  }
+
+  function baseLayout(width, height, narrow) {
+    return {width, height, font: FONT, paper_bgcolor: "#fff", plot_bgcolor: "#fff", margin: {l: 8, r: 10, t: 8, b: 8},
+            hovermode: "closest", dragmode: narrow ? false : "zoom", hoverlabel: {font: {size: 12}, align: "left"},
+            showlegend: true, legend: {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom",
+                                       font: {size: 11}, itemclick: "toggle"}};
+  }
+
+  function draw(target, traces, layout) {
+    if (typeof Plotly === "undefined") {  // the server could not serve it: say so where the plot would be
+      target.replaceChildren(h("p", {class: "error"}, "No plot: /vendor/plotly.min.js did not load (the server's " +
+                                                       "plotly package is missing; GET it for the reason)."));
+      return;
     }
-    el("rect", {x: x0, y: y0, width: pw, height: ph, class: "plot-box"}, g);
-    text(g, {x: x0 + pw / 2, y: y0 + ph + 36, "text-anchor": "middle", class: "axis-label"}, opts.xLabel || "");
-    text(g, {x: 13, y: y0 + ph / 2, "text-anchor": "middle", class: "axis-label",
-             transform: `rotate(-90 13 ${y0 + ph / 2})`}, opts.yLabel || "");
-    return {sx, sy};
+    Plotly.react(target, traces, layout, CONFIG);
+    target._plotWidth = target.clientWidth;
   }
 
-  function pathOf(points, sx, sy) {
-    return points.map((p, i) => `${i ? "L" : "M"}${sx(p.x).toFixed(1)},${sy(p.y).toFixed(1)}`).join("");
+  function emptyLayout(layout, message) {
+    return {...layout, showlegend: false, xaxis: {visible: false}, yaxis: {visible: false},
+            annotations: [{text: message || "no data yet", xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+                           showarrow: false, font: {size: 13, color: "#6b7280"}}]};
   }
 
-  function empty(svg, W, H, message) {
-    text(svg, {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, message || "no data yet");
-    return svg;
+  // Trace uids are unique within a chart: a repeated one gets its index appended.
+  function uniqueUids(traces) {
+    const seen = new Set();
+    traces.forEach((t, i) => {
+      if (seen.has(t.uid)) t.uid = `${t.uid} n${i}`;
+      seen.add(t.uid);
+    });
+    return traces;
   }
 
-  // ---------- charts ----------
+  const tipText = tip => String(tip || "").replaceAll("\n", "<br>");
 
-  // series: [{name, color, points: [{x, y, tip}], line: bool, markers: bool (default true), cls, radius}]
-  // opts: {xLabel, yLabel, identity: draw y = x, front: [{x, y}] a Pareto front path, zeroY: y from 0,
+  // series: [{name, color, points: [{x, y, tip, detail, xlo, xhi, ylo, yhi}], line: bool, markers: bool (default
+  //          true), cls, radius}]; a point's xlo/xhi and ylo/yhi (optional) are its intervals, drawn as whiskers
+  // opts: {xLabel, yLabel, identity: draw y = x, front: [{x, y}] a Pareto front, zeroY: y from 0,
   //        integerX: whole-number x ticks, logX / logY: log axes (points <= 0 are left out),
   //        guides: [{x} or {y}, label, cls] dashed reference lines (e.g. usable memory) named in the legend,
-  //        empty: the text shown without data}
+  //        empty: the text shown without data, onPoint: called with a point's detail (else its tip) when it is
+  //        hovered or tapped}
+  // plotly's asymmetric error bars of a series whose points carry intervals (xlo/xhi, ylo/yhi): none otherwise
+  function whiskers(s) {
+    const bar = (lo, hi, at) => {
+      if (!s.points.some(p => isFinite(p[lo]) && isFinite(p[hi]))) return null;
+      const has = p => isFinite(p[lo]) && isFinite(p[hi]);
+      return {type: "data", symmetric: false, visible: true, color: s.color, thickness: 1, width: 0,
+              array: s.points.map(p => has(p) ? p[hi] - p[at] : 0),
+              arrayminus: s.points.map(p => has(p) ? p[at] - p[lo] : 0)};
+    };
+    const out = {}, ex = bar("xlo", "xhi", "x"), ey = bar("ylo", "yhi", "y");
+    if (ex) out.error_x = ex;
+    if (ey) out.error_y = ey;
+    return out;
+  }
+
   function xy(target, series, opts) {
     remember(target, () => xy(target, series, opts));
-    const {W, H} = size(target);
-    const svg = frame(target, W, H, opts);
+    const {width, height, narrow} = size(target);
+    const layout = baseLayout(width, height, narrow);
     const keep = p => isFinite(p.x) && isFinite(p.y) && (!opts.logX || p.x > 0) && (!opts.logY || p.y > 0);
-    const shown = series.map((s, i) => ({...s, color: s.color || PALETTE[i % PALETTE.length],
-                                         points: s.points.filter(keep)}));
-    series.forEach((s, i) => { s.color = shown[i].color; });
-    const all = shown.flatMap(s => s.points);
-    if (!all.length) return empty(svg, W, H, opts.empty);
-
-    const guides = opts.guides || [];
-    const xsOf = all.map(p => p.x).concat(guides.filter(g => "x" in g).map(g => g.x));
-    const ysOf = all.map(p => p.y).concat(guides.filter(g => "y" in g).map(g => g.y));
-    let [xlo, xhi, ylo, yhi] = [Math.min(...xsOf), Math.max(...xsOf), Math.min(...ysOf), Math.max(...ysOf)];
-    if (opts.identity) { xlo = ylo = Math.min(xlo, ylo); xhi = yhi = Math.max(xhi, yhi); }
-    if (opts.zeroY && !opts.logY) ylo = Math.min(0, ylo);
-
-    const entries = shown.filter(s => s.name && s.points.length).map(s => ({name: s.name, color: s.color}));
-    if (opts.identity) entries.push({name: "y = x", dashed: true, cls: "ref"});
-    if (opts.front && opts.front.length) entries.push({name: "Pareto front", dashed: true, cls: "front"});
-    for (const g of guides) entries.push({name: g.label, dashed: true, cls: "guide " + (g.cls || "")});
-    const probe = el("g", {}, svg);
-    const rows = legend(probe, entries, M.left, 0, W - M.left - M.right, false);
-    probe.remove();
-    const top = M.top + rows * 16 + 6;
-    const box = {x0: M.left, y0: top, pw: W - M.left - M.right, ph: H - top - M.bottom};
-    const xa = opts.logX ? logAxis(xlo, xhi, Math.max(3, box.pw / 50))
-                         : linearAxis(xlo, xhi, Math.max(2, Math.round(box.pw / 75)), opts.integerX);
-    const ya = opts.identity ? xa : opts.logY ? logAxis(ylo, yhi, Math.max(3, box.ph / 28))
-                                              : linearAxis(ylo, yhi, Math.max(3, Math.round(box.ph / 40)));
-    legend(svg, entries, M.left, M.top + 10, box.pw, false);
-    const {sx, sy} = axes(svg, box, xa, ya, opts);
-
-    if (opts.identity) {
-      const raw = v => (xa.log ? 10 ** v : v), lo = raw(xa.lo), hi = raw(xa.hi);
-      const ref = el("path", {d: `M${sx(lo)},${sy(lo)}L${sx(hi)},${sy(hi)}`, class: "ref"}, svg);
-      el("title", {}, ref).textContent = "y = x (prediction equals measurement)";
+    let shown = series.map((s, i) => ({...s, color: s.color || PALETTE[i % PALETTE.length],
+                                       points: s.points.filter(keep)}));
+    let all = shown.flatMap(s => s.points);
+    if (!all.length) return draw(target, [], emptyLayout(layout, opts.empty));
+    let guides = opts.guides || [], yLabel = opts.yLabel;
+    // Values all below 0.01 (learning rates) are drawn in units of their power of ten, named in the axis
+    // title ("learning rate (×10⁻³)"): plotly would label them 200µ, or 0e+0 at zero. Tips keep the values.
+    const top = Math.max(...all.map(p => Math.abs(p.y)), ...guides.filter(g => "y" in g).map(g => Math.abs(g.y)));
+    if (!opts.logY && !opts.identity && top > 0 && top < 1e-2) {
+      const e = Math.floor(Math.log10(top)), unit = 10 ** e;
+      shown = shown.map(s => ({...s, points: s.points.map(p => ({...p, y: p.y / unit,
+        ...(isFinite(p.ylo) && isFinite(p.yhi) ? {ylo: p.ylo / unit, yhi: p.yhi / unit} : {})}))}));
+      guides = guides.map(g => ("y" in g ? {...g, y: g.y / unit} : g));
+      all = shown.flatMap(s => s.points);
+      yLabel = `${yLabel || ""} (×10<sup>${String(e).replace("-", "\u2212")}</sup>)`;
     }
-    for (const g of guides) {  // named in the legend: a label beside the line would cover points
-      const line = "x" in g ? {x1: sx(g.x), x2: sx(g.x), y1: box.y0, y2: box.y0 + box.ph}
-                            : {x1: box.x0, x2: box.x0 + box.pw, y1: sy(g.y), y2: sy(g.y)};
-      el("title", {}, el("line", {...line, class: "guide " + (g.cls || "")}, svg)).textContent = g.label;
+
+    const traces = [];
+    let rank = 1;
+    for (const s of shown) {
+      if (!s.points.length) continue;
+      const markers = s.markers !== false && !(s.line && s.points.length > MAX_MARKERS);
+      const r = s.radius || (s.points.length > 60 ? 3 : 4);
+      traces.push({type: "scatter", uid: s.cls || s.name, name: s.name, showlegend: !!s.name, legendrank: rank++,
+                   mode: [s.line && s.points.length > 1 ? "lines" : "", markers ? "markers" : ""].filter(Boolean).join("+") || "markers",
+                   x: s.points.map(p => p.x), y: s.points.map(p => p.y), text: s.points.map(p => tipText(p.tip)),
+                   customdata: s.points.map(p => p.detail || p.tip || ""),
+                   hovertemplate: "%{text}<extra></extra>", line: {color: s.color, width: 1.8},
+                   marker: {color: s.color, size: 2 * r, opacity: 0.9, line: {color: "#fff", width: 1}},
+                   ...whiskers(s)});
+    }
+    // the axes span every interval too (a log axis only its positive ends)
+    const ends = (lo, hi, log) => [lo, hi].filter(v => isFinite(v) && (!log || v > 0));
+    const xs = all.flatMap(p => [p.x, ...ends(p.xlo, p.xhi, opts.logX)]).concat(guides.filter(g => "x" in g).map(g => g.x));
+    const ys = all.flatMap(p => [p.y, ...ends(p.ylo, p.yhi, opts.logY)]).concat(guides.filter(g => "y" in g).map(g => g.y));
+    let xRange = null, both = null;
+    if (opts.identity) {  // y = x across both axes, which then span the same values
+      both = xs.concat(ys).filter(v => !opts.logX || v > 0);
+      const lo = Math.min(...both), hi = Math.max(...both);
+      traces.unshift({type: "scatter", uid: "identity", name: "y = x", mode: "lines", x: [lo, hi], y: [lo, hi],
+                      hoverinfo: "skip", legendrank: 1000, line: {color: "#6b7280", width: 1.2, dash: "dash"}});
+      if (opts.logX) {
+        const a = Math.log10(lo), b = Math.log10(hi), pad = Math.max((b - a) * 0.06, 0.02);
+        xRange = [a - pad, b + pad];
+      } else {
+        const pad = Math.max((hi - lo) * 0.06, Math.abs(hi) * 0.02 || 1);
+        xRange = [lo - pad, hi + pad];
+      }
     }
     if (opts.front && opts.front.length) {
-      const f = el("path", {d: pathOf(opts.front.filter(keep), sx, sy), class: "front"}, svg);
-      el("title", {}, f).textContent = "Pareto front: no other layout is both faster and smaller";
+      const f = opts.front.filter(keep);
+      traces.unshift({type: "scatter", uid: "front", name: "Pareto front", mode: "lines", x: f.map(p => p.x),
+                      y: f.map(p => p.y), hoverinfo: "skip", legendrank: 1001,
+                      line: {color: "#dc2626", width: 1.5}});
     }
-    shown.forEach(s => {
-      const g = el("g", {class: "series-group", "data-series": s.name || ""}, svg);
-      if (s.line && s.points.length > 1) el("path", {d: pathOf(s.points, sx, sy),
-                                                     class: "series", stroke: s.color}, g);
-      if (s.markers === false || (s.line && s.points.length > MAX_MARKERS)) return;
-      const r = s.radius || (s.points.length > 60 ? 3 : 4);
-      for (const p of s.points) {
-        const c = el("circle", {cx: sx(p.x), cy: sy(p.y), r, fill: s.color, class: "pt" + (s.cls ? " " + s.cls : "")}, g);
-        if (p.tip) { c.dataset.tip = p.tip; el("title", {}, c).textContent = p.tip; }
-      }
-    });
-    return svg;
+    // guides are shapes (they count in the axes' ranges), named in the legend: a label beside the line would
+    // cover points
+    layout.shapes = guides.map((g, i) => ({
+      type: "line", name: g.label, showlegend: true, legendrank: 1002 + i,
+      ...("x" in g ? {xref: "x", yref: "paper", x0: g.x, x1: g.x, y0: 0, y1: 1}
+                   : {xref: "paper", yref: "y", x0: 0, x1: 1, y0: g.y, y1: g.y}),
+      line: {color: GUIDE_COLORS[g.cls] || "#b45309", width: 1.5, dash: "dash"}}));
+    const fixed = narrow;
+    layout.xaxis = axis(opts.xLabel, both || xs, {log: opts.logX, integer: opts.integerX, range: xRange, fixed});
+    layout.yaxis = axis(yLabel, both || ys, {log: opts.logY, zero: opts.zeroY, range: xRange, fixed});
+    draw(target, uniqueUids(traces), layout);
+    if (opts.onPoint && target.on) {
+      const show = ev => { const p = ev.points && ev.points[0]; if (p && p.customdata) opts.onPoint(p.customdata); };
+      target.removeAllListeners("plotly_hover");
+      target.removeAllListeners("plotly_click");
+      target.on("plotly_hover", show);
+      target.on("plotly_click", show);  // touch screens have no hover
+    }
   }
 
   // bars: [{label, parts: {term: value}}]; the same term gets the same colour in every bar (and in every
-  // chart drawn with the same `terms` order). opts: {yLabel, fmt: value -> text, terms: order of terms}
+  // chart drawn with the same `terms` order), one trace per term (uid "term <name>"), stacked.
+  // opts: {yLabel, fmt: value -> text, terms: order of terms, empty}
   function stacked(target, bars, opts) {
     remember(target, () => stacked(target, bars, opts));
-    const {W, H} = size(target);
-    const svg = frame(target, W, H, opts);
-    if (!bars.length) return empty(svg, W, H, opts.empty);
+    const {width, height, narrow} = size(target);
+    const layout = baseLayout(width, height, narrow);
+    if (!bars.length) return draw(target, [], emptyLayout(layout, opts.empty));
     const terms = opts.terms || [...new Set(bars.flatMap(b => Object.keys(b.parts)))];
-    const color = t => PALETTE[terms.indexOf(t) % PALETTE.length];
     const present = terms.filter(t => bars.some(b => (b.parts[t] || 0) > 0));
-    const probe = el("g", {}, svg);
-    const rows = legend(probe, present.map(t => ({name: t})), M.left, 0, W - M.left - M.right, true);
-    probe.remove();
-    const bottom = M.bottom + rows * 16 + 4;
-    const box = {x0: M.left, y0: M.top + 6, pw: W - M.left - M.right, ph: H + rows * 16 - M.top - 6 - bottom};
-    svg.setAttribute("viewBox", `0 0 ${W} ${H + rows * 16}`);
-    svg.setAttribute("height", H + rows * 16);
+    const labels = bars.map(b => b.label);
+    const traces = present.map(t => ({
+      type: "bar", uid: `term ${t}`, name: t, x: labels,
+      y: bars.map(b => ((b.parts[t] || 0) > 0 ? b.parts[t] : null)),
+      text: bars.map(b => ((b.parts[t] || 0) > 0 ? `${b.label}: ${t} ${opts.fmt ? opts.fmt(b.parts[t]) : b.parts[t]}` : "")),
+      textposition: "none", hovertemplate: "%{text}<extra></extra>",
+      marker: {color: PALETTE[terms.indexOf(t) % PALETTE.length], line: {color: "#fff", width: 0.5}}}));
+    Object.assign(layout, {barmode: "stack", bargap: 0.45, height: height + 16 * Math.ceil(present.length / 3),
+                           legend: {...layout.legend, y: -0.12, yanchor: "top"}});
     const totals = bars.map(b => Object.values(b.parts).reduce((a, v) => a + Math.max(v, 0), 0));
-    const ya = linearAxis(0, Math.max(...totals, 0) || 1, Math.max(2, Math.round(box.ph / 45)));
-    ya.lo = 0;
-    const sy = v => box.y0 + box.ph - (v - ya.lo) / (ya.hi - ya.lo) * (box.ph - INSET);
-    const g0 = el("g", {class: "axes"}, svg);
-    for (const t of ya.values) {
-      el("line", {x1: box.x0, x2: box.x0 + box.pw, y1: sy(t), y2: sy(t), class: "grid"}, g0);
-      text(g0, {x: box.x0 - 6, y: sy(t) + 4, "text-anchor": "end", class: "tick y-tick"}, ya.label(t));
+    layout.xaxis = {...axis("", [], {fixed: narrow}), type: "category"};
+    layout.yaxis = axis(opts.yLabel, totals.concat([0]), {zero: true, fixed: narrow});
+    draw(target, traces, layout);
+  }
+
+  // A matrix as coloured cells: z[row][column], rows named by `rows`, columns by `columns`.
+  // opts: {xLabel, yLabel, zLabel (the colour bar's title), tips: [row][column] texts, zmin, zmax, empty}
+  function heatmap(target, z, opts) {
+    remember(target, () => heatmap(target, z, opts));
+    const {width, height, narrow} = size(target);
+    const layout = baseLayout(width, height, narrow);
+    if (!z.length) return draw(target, [], emptyLayout(layout, opts.empty));
+    const trace = {type: "heatmap", uid: opts.uid || "heatmap", z, x: opts.columns, y: opts.rows,
+                   colorscale: "YlOrRd", reversescale: true,  // plotly's YlOrRd runs red to yellow zmin: opts.zmin, zmax: opts.zmax, xgap: 1, ygap: 1,
+                   text: opts.tips, hovertemplate: "%{text}<extra></extra>",
+                   colorbar: {title: {text: opts.zLabel || "", side: "right"}, thickness: 10, outlinewidth: 0}};
+    layout.showlegend = false;
+    layout.height = Math.round(Math.min(520, Math.max(220, 60 + 22 * z.length)));
+    layout.xaxis = {...axis(opts.xLabel, [], {fixed: narrow}), type: "category", showgrid: false, ticks: ""};
+    layout.yaxis = {...axis(opts.yLabel, [], {fixed: narrow}), type: "category", showgrid: false, ticks: "",
+                    autorange: "reversed"};  // the first layer on top, as the model reads
+    draw(target, [trace], layout);
+  }
+
+  // Frees the plots inside `root` (their listeners and plotly's state) before the page replaces them.
+  function purge(root) {
+    for (const node of root.querySelectorAll(".plot-host")) {
+      resized.unobserve(node);
+      if (typeof Plotly !== "undefined") Plotly.purge(node);
     }
-    el("rect", {x: box.x0, y: box.y0, width: box.pw, height: box.ph, class: "plot-box"}, g0);
-    text(g0, {x: 13, y: box.y0 + box.ph / 2, "text-anchor": "middle", class: "axis-label",
-              transform: `rotate(-90 13 ${box.y0 + box.ph / 2})`}, opts.yLabel || "");
-    const slot = box.pw / bars.length, bw = Math.min(90, slot * 0.55);
-    bars.forEach(b => {
-      const x = box.x0 + slot * bars.indexOf(b) + (slot - bw) / 2;
-      let acc = 0;
-      const g = el("g", {class: "bar", "data-bar": b.label}, svg);
-      for (const t of terms) {
-        const v = b.parts[t] || 0;
-        if (v <= 0) continue;
-        const r = el("rect", {x, y: sy(acc + v), width: bw, height: Math.max(sy(acc) - sy(acc + v), 0.5),
-                              fill: color(t), class: "seg", "data-term": t}, g);
-        const tip = `${b.label}: ${t} ${opts.fmt ? opts.fmt(v) : v}`;
-        r.dataset.tip = tip;
-        el("title", {}, r).textContent = tip;
-        acc += v;
-      }
-      text(g, {x: x + bw / 2, y: box.y0 + box.ph + 16, "text-anchor": "middle", class: "tick"}, b.label);
-    });
-    legend(svg, present.map(t => ({name: t, color: color(t)})), M.left, box.y0 + box.ph + 38, box.pw, true);
-    return svg;
   }
 
   // Points not beaten on both axes (smaller x and smaller y), sorted by x.
@@ -324,5 +275,5 @@ const Plot = (() => {
     return out;
   }
 
-  return {xy, stacked, paretoFront, PALETTE, linearAxis, logAxis};
+  return {xy, stacked, heatmap, purge, paretoFront, PALETTE};
 })();

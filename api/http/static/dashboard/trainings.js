@@ -1,5 +1,6 @@
 // Trainings: the list (#/trainings), one training (#/trainings/ID) and two side by side
-// (#/trainings/compare/A/B). Reads GET /v1/trainings, /v1/trainings/ID, /metrics and /checkpoints.
+// (#/trainings/compare/A/B). Reads GET /v1/trainings, /v1/trainings/ID, /metrics, /checkpoints and the
+// per-layer expert load (/expert-load, /expert-load/imbalance).
 "use strict";
 
 const pickedTrainings = [];  // ids ticked for comparison on the list (kept across polls)
@@ -55,8 +56,8 @@ const CURVES = [
      const clip = run.t.recipe.max_grad_norm, top = Math.max(...present(run.metrics, "grad_norm").map(m => m.grad_norm));
      return clip && top >= clip / 2 ? {y: clip, label: `clipped above ${num(clip, 3)}`, cls: "clip"} : null;
    }},
-  {box: "plot-expert-load", title: "Expert load balance",
-   yLabel: "busiest expert / mean", hint: "Routed tokens of the busiest expert over the mean expert, summed over the MoE layers of each step (1 = balanced). The service stores this per step, not per layer.",
+  {box: "plot-expert-load", title: "Expert load balance (all layers)",
+   yLabel: "busiest expert / mean", hint: "Routed tokens of the busiest expert over the mean expert, summed over the MoE layers of each step (1 = balanced); each layer's on a training's own page.",
    series: (run, tag) => [{name: `max / mean${tag}`, key: "expert_load_max", cls: "expert-load",
                            value: m => (m.expert_load_mean ? m.expert_load_max / m.expert_load_mean : null),
                            tip: m => `busiest ${num(m.expert_load_max)} tokens, mean ${num(m.expert_load_mean)}`}]},
@@ -80,7 +81,7 @@ function drawCurves(runs) {
       }
       if (c.stepTime && run.t.predicted_step_time_s) {
         const measured = present(run.metrics, "step_time_s");
-        series.push({name: `predicted${tag}`, line: true, markers: false, cls: "predicted",
+        series.push({name: `predicted${tag}`, line: true, markers: false, cls: "predicted" + (tagged ? ` run-${run.id}` : ""),
                      points: measured.length ? [measured[0], measured[measured.length - 1]].map(m => ({x: m.step, y: run.t.predicted_step_time_s * 1e3})) : []});
       }
     }
@@ -102,6 +103,73 @@ function curveCards() {
   return grids;
 }
 
+// The MoE layer a stored row belongs to: decoder layers by their 0-based number, head blocks (MTP) after them.
+function layerName(number, t) {
+  const decoder = t.model_spec.num_layers;
+  return decoder && number >= decoder ? `MTP ${number - decoder + 1}` : `layer ${number}`;
+}
+
+// The latest step's routed tokens per layer and expert (null when the training stored none: a dense model,
+// or a training from before the service kept them), and every stored step's busiest / mean expert per layer.
+async function loadExpertLoad(id) {
+  let latest;
+  try {
+    latest = await api(`/v1/trainings/${id}/expert-load`);
+  } catch (e) {
+    if (e.status === 404) return null;
+    throw e;
+  }
+  const steps = [];
+  for (let after = -1; ;) {
+    const page = await api(`/v1/trainings/${id}/expert-load/imbalance?limit=200&after_step=${after}`);
+    steps.push(...page.items);
+    if (page.next_after_step === null || steps.length >= 100000) break;
+    after = page.next_after_step;
+  }
+  return {latest, steps};
+}
+
+const MAX_LAYER_LEGEND = 12;  // more layers: their lines stay unnamed in the legend (each tip names its layer)
+
+function expertLoadCards(load) {
+  if (!load) {
+    return [card("Expert load by layer", h("p", {id: "expert-load-none"},
+      "No per-layer expert load stored for this training (a model without MoE layers, or trained before the " +
+      "service kept them)."))];
+  }
+  const {latest} = load;
+  const thinned = latest.layers.length < latest.moe_layers
+    ? ` Showing ${latest.layers.length} of the ${latest.moe_layers} MoE layers, evenly spaced: a step stores at most ${latest.max_cells} counts.`
+    : "";
+  return [h("div", {class: "grid2"},
+    card(`Expert load by layer at step ${latest.step}`, plotBox("plot-expert-heatmap"),
+      h("p", {class: "hint"}, `Routed tokens of each expert in each MoE layer over an even share (the ` +
+        `${num(latest.tokens_per_layer)} token-to-expert assignments of a layer, tokens × top-k, over ` +
+        `${latest.num_experts} experts): 1 = balanced.` + thinned)),
+    card("Expert load imbalance by layer", plotBox("plot-expert-imbalance"),
+      h("p", {class: "hint"}, "Each MoE layer's busiest expert over its mean expert, step by step (1 = balanced).")))];
+}
+
+function drawExpertLoad(run, load) {
+  const heat = document.getElementById("plot-expert-heatmap");
+  if (!load || !heat) return;
+  const {latest, steps} = load;
+  const share = latest.tokens_per_layer / latest.num_experts;
+  const rows = latest.layers.map(n => layerName(n, run.t));
+  const experts = latest.tokens[0].map((_, e) => String(e));
+  Plot.heatmap(heat, latest.tokens.map(row => row.map(c => c / share)), {
+    uid: "expert-load", rows, columns: experts, xLabel: "expert", yLabel: "", zLabel: "load / even share", zmin: 0,
+    tips: latest.tokens.map((row, i) => row.map((c, e) =>
+      `${rows[i]}, expert ${e}: ${c} tokens (${num(c / share, 3)} × an even share)`))});
+  const named = latest.layers.length <= MAX_LAYER_LEGEND;
+  const series = latest.layers.map((n, i) => ({
+    name: named ? layerName(n, run.t) : "", line: true, cls: `imbalance layer-${n}`,
+    points: steps.filter(s => s.layers[i] === n && !missing(s.max_over_mean[i])).map(s => ({
+      x: s.step, y: s.max_over_mean[i], tip: `step ${s.step}: ${layerName(n, run.t)} busiest / mean ${num(s.max_over_mean[i])}`}))}));
+  Plot.xy(document.getElementById("plot-expert-imbalance"), series,
+          {xLabel: "step", yLabel: "busiest expert / mean", integerX: true, empty: "no step stored yet"});
+}
+
 function medianOf(values) {
   if (!values.length) return null;
   const s = [...values].sort((a, b) => a - b), mid = s.length >> 1;
@@ -114,7 +182,8 @@ async function loadTraining(id) {
 }
 
 async function trainingPage(id) {
-  const [run, ckpts] = await Promise.all([loadTraining(id), api(`/v1/trainings/${id}/checkpoints`)]);
+  const [run, ckpts, load] = await Promise.all([loadTraining(id), api(`/v1/trainings/${id}/checkpoints`),
+                                               loadExpertLoad(id)]);
   const {t, metrics} = run;
   const facts = summary([
     ["status", badge(t.status)], ["model", t.model], ["layout", h("code", {}, t.label)], ["cluster", cluster(t.cluster)],
@@ -128,11 +197,12 @@ async function trainingPage(id) {
     h("p", {}, h("a", {href: "#/trainings"}, "← trainings")),
     card(`Training #${t.id}`, facts),
     ...curveCards(),
+    ...expertLoadCards(load),
     card(`Checkpoints (${ckpts.items.length})`, ckpts.items.length
       ? table(["step", "directory", "size", "state"], ckpts.items.map(c => [String(c.step), h("code", {}, c.name), bytes(c.bytes),
           (c.complete ? "complete" : "incomplete") + (c.latest ? ", latest" : "")]), {id: "checkpoints-table"})
       : h("p", {}, `None under ${ckpts.checkpoint_dir} (as this server sees it).`)));
-  return {node, after: () => drawCurves([run]), live: LIVE.has(t.status)};
+  return {node, after: () => { drawCurves([run]); drawExpertLoad(run, load); }, live: LIVE.has(t.status)};
 }
 
 async function trainingComparePage(a, b) {

@@ -1,14 +1,15 @@
 """``FOLDTUNE_*`` environment settings, read with pydantic-settings: the base of every settings group.
 
-Each group (db.settings, api.service.paths, api.service.quotas, api.http.settings, api.worker.settings,
+Each group (api.service.paths, api.service.quotas, api.http.settings, api.worker.settings,
 api.cli.settings) is a :class:`FoldtuneEnv` subclass whose fields are its variables: field ``port`` is
 ``FOLDTUNE_PORT`` (a group may change the prefix: ``FOLDTUNE_QUOTA_``). A variable that is unset or empty takes
 the field's default. :meth:`FoldtuneEnv.read` reads the process environment or a given mapping (tests, and
 callers that resolve settings for someone else) and turns a bad value into one :class:`SpecError` line that
 names the variable, the value and what is wrong.
 
-It lives in db/, the lowest layer every settings user (service, runner, CLI, migrations) may import; the
-executor never imports it: it runs on GPU hosts with torch alone and reads its few switches itself.
+It lives in api/, the only layer that depends on pydantic: db/ reads its two variables (the data directory and
+the database URL, ``db/settings.py``) without it, so the migrations need SQLAlchemy alone, and the executor
+reads its few switches itself (it runs on GPU hosts with torch alone).
 """
 
 from __future__ import annotations
