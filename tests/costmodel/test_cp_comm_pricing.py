@@ -9,6 +9,7 @@ from costmodel.compute import compute_rates
 from costmodel.context_parallel import (CP_PRICING, ChunkKernel, chunk_attention_time, CP_FLASH_KERNEL_SLOWDOWN,
                                         ring_blocks, ring_overlap, ring_price)
 from costmodel.step_time import estimate_step_time
+from costmodel.uncertainty import term_provenance
 from spec import ClusterSpec, ParallelConfig, TrainingSpec, get_hardware, get_model
 from spec.cp_comm_types import CP_COMM_TYPES
 
@@ -131,3 +132,20 @@ def test_every_type_prices_the_same_layout_differently_and_cp1_alike():
                                                                   cp_comm_type=comm)).step_time
            for comm in ("allgather", "p2p", "a2a")]
     assert one[0] == one[1] == one[2]
+
+
+def test_interval_provenance_follows_the_cp_comm_type():
+    """cp_comm's interval is drawn from the collective its type runs: the all-gather, the ring's p2p hops or the
+    all-to-all; a2a+p2p's all-to-all over its 2 nearest CP ranks stays inside a node (datasheet intra-node
+    rates) while the whole CP group of 8 ranks tp 2 apart spans two nodes of an unmeasured network."""
+    training = TrainingSpec(seq_length=32768, global_batch_size=64)
+
+    def cp_source(label: str, world: int) -> str:
+        config = ParallelConfig.parse(label, world_size=world)
+        return {p.term: p for p in term_provenance(MIXTRAL, training, ClusterSpec(H100, world), config)}[
+            "cp_comm"].source
+
+    assert [cp_source(f"cp8 cp_comm={kind}", 8) for kind in ("allgather", "p2p", "a2a", "a2a+p2p:2x4")] == [
+        "all_gather:intra", "p2p:intra", "all_to_all:intra", "all_to_all:intra"]
+    assert cp_source("tp2 cp8 cp_comm=a2a", 16) == "network"
+    assert cp_source("tp2 cp8 cp_comm=a2a+p2p:2x4", 16) == "all_to_all:intra"

@@ -151,6 +151,8 @@ LAYOUTS = [
     ("cp4 cp_comm=a2a+p2p:2x2", 4, [("alltoall", "base"), ("alltoall", "mla")]),
     ("tp2 cp2 ep4 etp1 cp_comm=p2p", 4, [("alltoall", "shared"), ("allgather", "base")]),
     ("tp2 cp2 ep2 cp_comm=a2a", 4, [("alltoall", "kv4")]),
+    # the ring inside the EP overlap's combined 1F1B under an interleaved pipeline (executor/pipeline.py)
+    ("pp2 vpp2 cp2 ep2 cp_comm=p2p ep_overlap=on", 4, [("alltoall", "deep")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla"),
                                  ("alltoall", "mtp")]),
