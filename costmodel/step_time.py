@@ -1245,3 +1245,61 @@ def layer_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
         build(block)
         out[name] = PartTime(tuple(zip(LAYER_TERMS, block.fwd)), tuple(zip(LAYER_TERMS, block.bwd)))
     return out
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """Pipeline ranks that hold the same work: how many, their decoder layers of each kind, whether they hold the
+    embedding (first stage) and the output head (last), and their recomputation seconds per micro-batch."""
+
+    count: int
+    dense_layers: int
+    moe_layers: int
+    first: bool
+    last: bool
+    recompute_s: float
+    stages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LayoutParts:
+    """Per micro-batch seconds, by term (exposed after the in-layer overlap of TP traffic), of the pieces a
+    layout's pipeline ranks are made of: one dense and one MoE decoder layer, the embedding, one output head,
+    what else the last stage adds (head-feature blocks: MTP) and each chunk's end; how the ranks group into
+    stage kinds; micro-batches per step and virtual stages. What ``foldtune verify`` compares a one-rank slice
+    with, and re-assembles a step from (:mod:`costmodel.slices`)."""
+
+    dense: dict[str, float]
+    moe: dict[str, float]
+    embedding: dict[str, float]
+    head: dict[str, float]
+    head_blocks: dict[str, float]
+    chunk_end: dict[str, float]
+    kinds: tuple[StageKind, ...]
+    micro_batches: int
+    vpp: int
+
+
+def layout_parts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                 config: ParallelConfig) -> LayoutParts:
+    """The :class:`LayoutParts` of ``config``: the same cached parts :func:`estimate_step_time` sums."""
+    c = config
+    ctx = _context(model, training, cluster)
+    _check_pipeline(model, c)
+    m = _micro_batches(training, c, c.world_size // (c.tp * c.cp * c.pp))
+    layers = _layers(ctx, c)
+    (_, _, embed, head, _, chunk_end), _ = _combos(ctx, LayerKey.of(c))
+    kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
+    _, recompute = _stage_times(layers, kinds, c)
+
+    def terms(part: _LayerCost) -> dict[str, float]:
+        return dict(zip(LAYER_TERMS, part.exposed))
+
+    tail = layers.extras[(False, True)]  # the last stage's head, head blocks and chunk end
+    blocks = {name: t - h - e for name, t, h, e in zip(LAYER_TERMS, tail.exposed, head.exposed, chunk_end.exposed)}
+    return LayoutParts(
+        dense=terms(layers.dense), moe=terms(layers.moe), embedding=terms(embed), head=terms(head),
+        head_blocks=blocks, chunk_end=terms(chunk_end),
+        kinds=tuple(StageKind(count, nd, nm, first, last, r, tuple(ranks))
+                    for (count, nd, nm, (first, last), ranks), r in zip(kinds, recompute)),
+        micro_batches=m, vpp=c.vpp)

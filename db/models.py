@@ -18,6 +18,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+# tune: search layouts by measured trials; verify: check a plan's top layouts by one-rank slices
+JOB_KINDS = ("tune", "verify")
 FINISHED_JOB_STATUSES = ("succeeded", "failed", "cancelled")
 TRIAL_STATUSES = ("running", "succeeded", "pruned", "failed")
 TRAINING_STATUSES = JOB_STATUSES
@@ -105,7 +107,9 @@ class ApiKey(Base):
 
 
 class Job(QueuedWork, Base):
-    """A tuning job: find the fastest folded layout of one model on one cluster for one training recipe.
+    """A job about one model on one cluster for one training recipe: a tuning job (``kind`` 'tune') finds the
+    fastest folded layout by measured trials; a verify job ('verify') checks the plan's top layouts by one-rank
+    slices (``verify`` holds what it was asked, ``report`` what it found; it has no trials).
 
     ``signature`` is the SHA-256 of the canonical JSON of (model spec, training spec, gpu, num_gpus); jobs
     with the same signature answer the same question, which is what ``GET /best`` groups by.
@@ -115,6 +119,7 @@ class Job(QueuedWork, Base):
     __tablename__ = "jobs"
     __table_args__ = (
         CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+        CheckConstraint(_in("kind", JOB_KINDS), name="kind"),
         CheckConstraint("max_trials >= 1", name="max_trials"),
         UniqueConstraint("owner_id", "idempotency_key"),
         Index("ix_jobs_owner_created", "owner_id", "created_at"),
@@ -140,6 +145,9 @@ class Job(QueuedWork, Base):
     best_trial_id: Mapped[int | None] = mapped_column(
         ForeignKey("trials.id", ondelete="SET NULL", use_alter=True))
     calibration: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # what the search learned
+    kind: Mapped[str] = mapped_column(String(16), default="tune", server_default="tune")  # one of JOB_KINDS
+    verify: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # a verify job's request (top, slice GPU, ...)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # a verify job's report (planner.verify)
 
 
 class Trial(Base):

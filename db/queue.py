@@ -113,13 +113,16 @@ def heartbeat_training(session: Session, training_id: int, runner_id: str, *, no
 
 
 def finish_job(session: Session, job_id: int, runner_id: str, status: str, *, error: str | None = None,
-               calibration: dict | None = None, now: datetime | None = None) -> bool:
-    """End a running job as succeeded or failed (with ``error``); False if the runner no longer owns it."""
+               calibration: dict | None = None, report: dict | None = None, now: datetime | None = None) -> bool:
+    """End a running job as succeeded or failed (with ``error``), with what a tuning job learned
+    (``calibration``) or a verify job found (``report``); False if the runner no longer owns it."""
     if status not in ("succeeded", "failed"):
         raise ValueError(f"a runner finishes a job as 'succeeded' or 'failed', not {status!r}")
     values: dict = {"status": status, "error": error, "finished_at": now or utcnow(), "updated_at": now or utcnow()}
     if calibration is not None:
         values["calibration"] = calibration
+    if report is not None:
+        values["report"] = report
     return _guarded_update(session, Job, job_id, runner_id, **values)
 
 

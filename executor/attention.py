@@ -176,11 +176,8 @@ class Attention(torch.nn.Module):
             k = apply_rope(k.permute(1, 2, 0, 3), cos, sin)
         if self.cp.size > 1:  # the layout's CP communication type (executor.parallel.cp_exchange)
             o = run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core)
-        elif not self.plain:  # a window or sinks: the masked path (the causal kernels take neither)
-            o = recompute.run(self.recompute_core, special_attention, q, k, v, self.mask, self.sinks,
-                              offload=self.offload_core)
         else:
-            o = recompute.run(self.recompute_core, self._attention, q, k, v,  # [b, heads, s, d]
+            o = recompute.run(self.recompute_core, self.core_attention, q, k, v,  # [b, heads, s, d]
                               offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = self.kernels.linear(o, self.wo)
@@ -189,6 +186,17 @@ class Attention(torch.nn.Module):
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
         return self.timer.mark(o, "tp_reduce_scatter", "other")
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core of this rank's queries [b, heads, s/cp, d] against its keys and values: under CP
+        its communication type's core (``cp_exchange``: the gathered keys, the ring, or the all-to-all's whole
+        sequences), else the masked path for a window or sinks (the causal kernels take neither) or the
+        backend's causal attention. What core_attn recomputation checkpoints."""
+        if self.cp.size > 1:
+            return self.cp_exchange.core(self, q, k, v, self.sinks)
+        if not self.plain:
+            return special_attention(q, k, v, self.mask, self.sinks)
+        return self._attention(q, k, v)
 
     def local_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention over whole sequences, as without CP (the a2a CP types run it on their heads)."""

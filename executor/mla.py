@@ -151,6 +151,14 @@ class MLASelfAttention(torch.nn.Module):
         """The attention core without its own checkpoint (inside the mla_up_proj region)."""
         if self.cp.size > 1:
             return run_cp_attention(self, q, k, v, False, False, timed=False)
+        return self.core_attention(q, k, v)
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core of this rank's queries against its keys and values: under CP its communication
+        type's core (``cp_exchange``), else the backend's causal attention. What core_attn recomputation
+        checkpoints."""
+        if self.cp.size > 1:
+            return self.cp_exchange.core(self, q, k, v, None)
         return self.kernels.attention(q, k, v)
 
     def local_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -161,4 +169,4 @@ class MLASelfAttention(torch.nn.Module):
         """Attention output [b, heads, s, v_head_dim]; under CP its communication type's; core_attn recompute."""
         if self.cp.size > 1:
             return run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core)
-        return recompute.run(self.recompute_core, self.kernels.attention, q, k, v, offload=self.offload_core)
+        return recompute.run(self.recompute_core, self.core_attention, q, k, v, offload=self.offload_core)

@@ -115,6 +115,36 @@ class DecoderLayer(torch.nn.Module):
                 x.new_zeros((), dtype=torch.float32))
 
 
+def rank_positions(spec: ModelSpec, options: ExecutorOptions, state: ParallelState, seq_length: int,
+                   layers: list[DecoderLayer], device: torch.device):
+    """(rope cos, rope sin, CP positions) of this rank's tokens, and each of ``layers`` given the attention mask
+    it needs: under CP the rank holds its load-balanced share of the sequence (positions ``cp_positions``), and
+    its layers attend as the layout's CP communication type does (``cp_exchange(...).mask_positions``: the
+    allgather type's chunks against every rank's keys, a2a's whole sequences, none for the ring types); without
+    CP the whole sequence in order (positions None), masks for the layers with a window or sinks."""
+    cos, sin = rope_tables(seq_length, spec.rotary_head_dim, options.rotary_base, device)
+    cp = state["cp"]
+    positions = None
+    every = torch.arange(seq_length, device=device)
+    mask_positions = (every, every)
+    if cp.size > 1:
+        positions = cp_positions(seq_length, cp.size, cp.rank, device)
+        mask_positions = cp_exchange(state.config.cp_comm_type).mask_positions(seq_length, cp, device)
+        cos, sin = cos[positions], sin[positions]
+    # the allgather type's plain layers take the mask too: its masked fallback beside the flash path
+    gathered = cp.size > 1 and state.config.cp_comm_type == "allgather"
+    if mask_positions is not None:
+        queries, keys = mask_positions
+        masks = {}  # one mask per window size, shared by the layers that use it
+        for layer in layers:
+            attention = layer.attention
+            if not attention.plain or gathered:
+                if attention.window not in masks:
+                    masks[attention.window] = attention_mask(queries, keys, attention.window)
+                attention.mask = masks[attention.window]
+    return cos, sin, positions
+
+
 class MoEGPT(torch.nn.Module):
     """This rank's slice of the model: under pipeline parallelism, its stage's virtual chunks only.
 
@@ -191,25 +221,8 @@ class MoEGPT(torch.nn.Module):
         head_blocks_moe = [spec.num_layers + k for k in range(head_blocks(spec))] if pattern[-1] else []
         self.moe_layer_numbers: list[int] = [i for i in range(spec.num_layers) if pattern[i]] + head_blocks_moe
         self._moe_row = {number: row for row, number in enumerate(self.moe_layer_numbers)}
-        cos, sin = rope_tables(self.seq_length, spec.rotary_head_dim, options.rotary_base, device)
-        cp = state["cp"]
-        self.cp_positions = None
-        positions = keys = queries = torch.arange(self.seq_length, device=device)
-        if cp.size > 1:  # this rank's load-balanced share of the sequence; the masks as its CP type attends
-            self.cp_positions = cp_positions(self.seq_length, cp.size, cp.rank, device)
-            positions = cp_exchange(state.config.cp_comm_type).mask_positions(self.seq_length, cp, device)
-            if positions is not None:
-                queries, keys = positions
-            cos, sin = cos[self.cp_positions], sin[self.cp_positions]
-        # the allgather type's plain layers take the mask too: its masked fallback beside the flash path
-        gathered = cp.size > 1 and state.config.cp_comm_type == "allgather"
-        masks = {}  # one mask per window size, shared by the layers that use it
-        for layer in self.decoder_layers():
-            attention = layer.attention
-            if positions is not None and (not attention.plain or gathered):
-                if attention.window not in masks:
-                    masks[attention.window] = attention_mask(queries, keys, attention.window)
-                attention.mask = masks[attention.window]
+        cos, sin, self.cp_positions = rank_positions(spec, options, state, self.seq_length, self.decoder_layers(),
+                                                     device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -33,6 +33,10 @@ MAX_GLOBAL_BATCH = 1 << 24
 MAX_GPUS = 65536
 #: measured trials of one tuning job
 MAX_TRIALS = 10_000
+#: layouts one verify job checks by slices (each builds and times one rank: minutes on a GPU at real widths)
+MAX_VERIFY_LAYOUTS = 64
+#: decoder layers of each kind one slice builds
+MAX_SLICE_LAYERS = 64
 #: complete checkpoints a training keeps (its newest; 0 keeps all)
 MAX_KEEP_LAST = 10_000
 #: tokens a "time and cost to train N tokens" question may name; published pre-training runs: <= ~36 T

@@ -30,6 +30,7 @@ NOT_RUN = {
     "calibrate": "GPUs, a Ray cluster or a minute of CPU benchmarks: tests/api/test_calibrate_cli.py",
     "train": "hundreds of training steps: tests/executor/test_training.py",
     "export-hf": "needs a training checkpoint: tests/hf/",
+    "verify": "slices of three layouts, tens of seconds on a CPU: tests/api/test_verify_cli.py (slow)",
 }
 
 

@@ -89,6 +89,8 @@ FLAGS: dict[str, Flag] = {
                            metavar="FRACTION|BYTES"),
     "--search-precision": Flag("search precision as a knob: bf16 and fp8 (fp8 only on GPUs with an fp8 peak), "
                                "ranked by predicted step time", default=False, action="store_true"),
+    "--top": Flag("how many of the plan's fastest layouts: listed by plan (default: 10), checked by verify "
+                  "(default: 3)", type=int, metavar="N"),
     "--tokens": Flag("also answer the wall time (and with --price-per-gpu-hour the cost) of training N tokens at "
                      "the step time, e.g. 1e12, 300B, 1.5T (suffixes K, M, B, T)", metavar="N"),
     "--price-per-gpu-hour": Flag("price of one GPU-hour in US dollars (with --tokens): cost = GPUs x hours x price",
@@ -201,6 +203,14 @@ def budget_defaults(args: argparse.Namespace, gpu: str) -> tuple[int, float]:
     trials, seconds = CPU_BUDGET if is_cpu(gpu) else GPU_BUDGET
     return (trials if args.max_trials is None else args.max_trials,
             seconds if args.max_seconds is None else args.max_seconds)
+
+
+TOP = {"plan": 10, "verify": 3}
+
+
+def top(args: argparse.Namespace, command: str) -> int:
+    """``--top`` as given, else the command's default (:data:`TOP`)."""
+    return args.top if args.top is not None else TOP[command]
 
 
 def timeout_s(args: argparse.Namespace, command: str) -> float:

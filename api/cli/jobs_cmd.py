@@ -67,7 +67,27 @@ def run(args: argparse.Namespace) -> int:
               f"{job['trials']['total']}/{job['budget']['max_trials']} trials")
         if job.get("error"):
             print(f"error: {job['error']}")
+        if job.get("kind") == "verify":
+            _print_verify(job)
+            return 0
         for trial in _all_trials(client, args.id):
             print(trial_line(trial) if trial["status"] != "running" else f"trial {trial['number']:>3} running "
                   f"{trial.get('label') or trial['config']}")
         return 0
+
+
+def _print_verify(job: dict) -> None:
+    """A verify job's answer: per routing scenario its layouts by checked step (docs/verify.md)."""
+    report = job.get("report")
+    if not report:
+        print(f"verify job: the plan's top {job['budget']['max_trials']} layouts, not checked yet")
+        return
+    layouts = {layout["layout"]: layout for layout in report["layouts"]}
+    for name, labels in report["order"].items():
+        print(f"ranked by checked step, {name} routing (slices on {report['device']}):")
+        for position, label in enumerate(labels, 1):
+            layout = layouts[label]
+            check = layout["scenarios"].get(name)
+            step = f"{seconds_cell(check['checked_step_s'])} s" if check else f"not measured: {layout['error']}"
+            print(f"  {position}. {step:>14}  (plan #{layout['plan_rank']}, estimate "
+                  f"{seconds_cell(layout['predicted_step_s'])} s)  {label}")

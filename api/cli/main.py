@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("api.cli.tune_cmd", "set up the embedded service and run one real tuning job here (SQLite, local Ray)"),
     "export-hf": ("api.cli.export_cmd", "write a training checkpoint as a Hugging Face model directory"),
     "calibrate": ("api.cli.calibrate_cmd", "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"),
+    "verify": ("api.cli.verify_cmd", "check a plan's top layouts by timing one rank of each on this machine "
+                                     "(measured vs predicted, re-ranked)"),
 }
 
 

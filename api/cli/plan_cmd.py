@@ -23,7 +23,7 @@ from costmodel.params import total_param_counts
 from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, require_gpu,
                                  resolve_shape)
 from api.cli._units import seconds, seconds_cell
-from api.cli.arguments import add
+from api.cli.arguments import add, top
 from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
@@ -42,15 +42,8 @@ HELP = "rank every valid folded layout for a model on a cluster (cost model only
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_mutually_exclusive_group(required=True)
-    add(model, "--model", "e.g. mixtral-8x22b")
-    add_hf_arguments(model)
-    add_proxy_arguments(parser)
-    add(parser, "--gpus", "whole nodes when several", required=True)
-    add_gpu_argument(parser, local=False)
-    add(parser, "--profile", "prices the layouts; its GPU kind is the --gpu, so give one of the two")
-    add_shape_arguments(parser)
-    parser.add_argument("--top", type=int, default=10, help="how many layouts to list (default: 10)")
+    add_request_arguments(parser)
+    add(parser, "--top")
     add(parser, "--json")
     parser.add_argument("--explain", metavar="LAYOUT",
                         help='judge one layout, e.g. "tp2 pp4 ep8 mbs1" (any subset of a table label); '
@@ -62,6 +55,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "executor runs first; each layout says whether it does, and why not)")
     parser.add_argument("--pareto", action="store_true",
                         help="time every fitting config and list the step-time/memory Pareto front (slower)")
+    parser.add_argument("--rank-by", choices=RANK_BY, default="robust",
+                        help="order of the ranked layouts: robust, by the pessimistic (high) end of each step-time "
+                             "interval, or point, by the point estimate alone (default: robust)")
+    add_run_cost_arguments(parser)
+    add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
+    parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a plan request is made of (the model, the cluster, the training's shape, the search space and the
+    pricing switches): ``foldtune plan``'s and ``foldtune verify``'s, which plans the same way."""
+    model = parser.add_mutually_exclusive_group(required=True)
+    add(model, "--model", "e.g. mixtral-8x22b")
+    add_hf_arguments(model)
+    add_proxy_arguments(parser)
+    add(parser, "--gpus", "whole nodes when several", required=True)
+    add_gpu_argument(parser, local=False)
+    add(parser, "--profile", "prices the layouts; its GPU kind is the --gpu, so give one of the two")
+    add_shape_arguments(parser)
     parser.add_argument("--distributed-optimizer", choices=("on", "off", "auto"), default="auto",
                         help="force the distributed optimizer on/off, or try both (default: auto)")
     add(parser, "--routing")
@@ -121,18 +133,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
     add(parser, "--min-headroom")
-    parser.add_argument("--rank-by", choices=RANK_BY, default="robust",
-                        help="order of the ranked layouts: robust, by the pessimistic (high) end of each step-time "
-                             "interval, or point, by the point estimate alone (default: robust)")
-    add_run_cost_arguments(parser)
-    add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
-    parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
 # ---- inputs ------------------------------------------------------------------------------------
-def _specs(args: argparse.Namespace):
+def plan_specs(args: argparse.Namespace, command: str = "plan"):
+    """(model, training, cluster) of a plan request's arguments (:func:`add_request_arguments`) for ``command``;
+    SpecError naming every bad value."""
     problems = []
-    if args.top < 1:
+    if top(args, command) < 1:
         problems.append(f"--top must be >= 1, got {args.top}")
     if args.mbs_max < 1:
         problems.append(f"--mbs-max must be >= 1, got {args.mbs_max}")
@@ -150,8 +158,8 @@ def _specs(args: argparse.Namespace):
         gpu = load_profile(args.profile).gpu.name
         check_profile_agrees(args.gpu, gpu, args.profile)
     else:
-        gpu = require_gpu(args, "plan", " or --profile FILE")
-    shape = resolve_shape(args, gpu, "plan")
+        gpu = require_gpu(args, command, " or --profile FILE")
+    shape = resolve_shape(args, gpu, command)
     return build_specs(model, args.gpus, gpu=args.gpu, profile=args.profile,
                        seq_length=shape.seq, global_batch_size=shape.gbs, precision=shape.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
@@ -187,7 +195,8 @@ def _offload(args: argparse.Namespace) -> dict:
             "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload)}
 
 
-def _space(args: argparse.Namespace):
+def plan_space(args: argparse.Namespace):
+    """The search space of a plan request's arguments."""
     precisions = SEARCHED_PRECISIONS if getattr(args, "search_precision", False) else None
     return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args), precisions=precisions,
                        **_offload(args))
@@ -406,7 +415,7 @@ def _argv(config, model, training) -> list[str]:
 
 def _explain(args, model, training, cluster, question: RunQuestion | None) -> int:
     verdict = explain_layout(model, training, cluster, _explain_text(args))
-    header = _header(model, training, cluster, _space(args))
+    header = _header(model, training, cluster, plan_space(args))
     fitting = [verdict.estimate] if verdict.estimate is not None and verdict.estimate.fits else []
     runs = _runs(question, fitting, training, cluster)
     if args.json:
@@ -477,17 +486,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     question = run_question(args)  # before planning: a bad --tokens costs nothing
-    model, training, cluster = _specs(args)
+    model, training, cluster = plan_specs(args)
     if args.explain is not None:
         return _explain(args, model, training, cluster, question)
-    space = _space(args)
+    space = plan_space(args)
     if space.precisions is None:
-        result = plan(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
+        result = plan(model, training, cluster, top=top(args, "plan"), exhaustive=args.pareto, space=space,
                       workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
         searched = None
     else:  # the fastest precision's plan; the others' best step times are reported beside it
-        results = plan_precisions(model, training, cluster, top=args.top, exhaustive=args.pareto, space=space,
-                                  workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
+        results = plan_precisions(model, training, cluster, top=top(args, "plan"), exhaustive=args.pareto,
+                                  space=space, workers=args.workers, rank_by=args.rank_by, megatron=args.megatron)
         result, training = results[0], results[0].training
         searched = {r.training.precision: (r.best.time.step_time if r.best else None) for r in results}
     header = _header(model, training, cluster, space)

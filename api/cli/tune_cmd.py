@@ -84,6 +84,12 @@ class TrialPrinter:
         elif kind == "calibrated":
             say(f"job {data['job_id']}: calibrated in {data['seconds']:.0f} s, stored as {data['name']!r} (later jobs "
                 f"reuse it)" + (f"; {data['note']}" if data.get("note") else ""))
+        elif kind == "job_started" and data.get("kind") == "verify":
+            say(f"job {data['job_id']}: verify {data['model']} on {data['gpus']} x {data['gpu']}: the plan's top "
+                f"{data['top']} layouts, each by one rank timed here (priced as {data['slice_gpu']})")
+        elif kind == "layout_checked":
+            say(f"  #{data['plan_rank']} {data['layout']}: "
+                + (f"not measured: {data['error']}" if data.get("error") else "measured"))
         elif kind == "job_started":
             p = data.get("pricing_profile") or {}
             if p:

@@ -14,12 +14,14 @@ from api.schemas.hf import HFConfigIn
 from api.schemas.router import RouterOptionsIn
 from api.schemas.proxy import ProxyIn, ProxyOut
 from spec.hardware import DEFAULT_MIN_HEADROOM, MAX_HEADROOM_FRACTION
-from spec.limits import MAX_GPUS, MAX_TRIALS
+from spec.limits import MAX_EXPERT_RATIO, MAX_GPUS, MAX_SLICE_LAYERS, MAX_TRIALS, MAX_VERIFY_LAYOUTS
+from spec.routing_scenarios import DEFAULT_HOT_FACTOR
 from spec.model_spec import ModelSpec
 from spec.shape_defaults import default_precision
 from spec.training_spec import TrainingSpec
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobKind = Literal["tune", "verify"]
 TrialStatus = Literal["running", "succeeded", "pruned", "failed"]
 
 ModelSpecIn = Annotated[ModelSpec, spec_validator(ModelSpec, "model_spec_rules")]
@@ -86,19 +88,53 @@ class WorkloadIn(ProxyIn, HFConfigIn):
         return self
 
 
+class VerifyIn(BaseModel):
+    """What a verify job checks: the plan's ``top`` layouts, each by one rank built and timed on the runner's
+    device (docs/verify.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    top: int = Field(3, ge=1, le=MAX_VERIFY_LAYOUTS, description="how many of the plan's fastest layouts to check")
+    slice_gpu: Name | None = Field(None, description="the hardware the slices run on (the runner's device), which "
+                                                     "prices their compute for the comparison: built-in or stored "
+                                                     "profile, cpu for CPU slices; default: the cluster's gpu")
+    slice_layers: int = Field(2, ge=1, le=MAX_SLICE_LAYERS,
+                              description="decoder layers of each kind a slice builds at most")
+    hot_expert_factor: float = Field(DEFAULT_HOT_FACTOR, ge=1.0, le=MAX_EXPERT_RATIO,
+                                     description="the skewed routing's hottest expert, in multiples of the mean")
+
+
 class JobCreate(WorkloadIn, RouterOptionsIn):
-    """A tuning job: the workload, the search budget and the router options its trials train with."""
+    """A job: the workload, and for a tuning job (``kind`` 'tune', the default) the search budget and the router
+    options its trials train with; for a verify job ('verify') what to check (``verify``)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "model": "tiny-moe", "training": {"seq_length": 128, "global_batch_size": 8},
         "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}]})
 
+    kind: JobKind = Field("tune", description="tune: search layouts by measured trials; verify: check the plan's "
+                                              "top layouts by one-rank slices timed on the runner's device")
+    verify: VerifyIn | None = Field(None, description="a verify job's request (kind 'verify'; defaults if absent)")
     budget: BudgetIn = Field(default_factory=BudgetIn)
     search_precision: bool = Field(
         False, description="measure precision as a knob: the trials run the training's precision, bf16 and fp8 "
                            "(fp8 only on GPUs with an fp8 peak; the job's result says when it is left out), each "
                            "trial at its own, ranked together by predicted step time; stored with the training "
                            "spec, so such a job has its own signature")
+
+
+    @model_validator(mode="after")
+    def _verify_request(self) -> JobCreate:
+        if self.kind == "verify":
+            if self.verify is None:
+                self.verify = VerifyIn()
+            if self.search_precision:
+                raise PydanticCustomError("verify_one_precision",
+                                          "a verify job checks one precision's plan: search_precision is a tuning "
+                                          "job's")
+        elif self.verify is not None:
+            raise PydanticCustomError("verify_needs_kind", "verify is a verify job's request: give kind 'verify'")
+        return self
 
 
 class ClusterOut(BaseModel):
@@ -169,3 +205,8 @@ class JobOut(BaseModel):
     trials: TrialCounts
     best_trial: TrialOut | None
     calibration: dict[str, Any] | None = Field(description="what the search learned about the cost model")
+    kind: JobKind = Field("tune", description="tune (trials) or verify (one-rank slices of the plan's top layouts)")
+    verify: dict[str, Any] | None = Field(None, description="a verify job's request")
+    report: dict[str, Any] | None = Field(None, description="a verify job's report: per layout and routing, the "
+                                                            "measured vs predicted compute per term, the checked step "
+                                                            "and the re-ranking (planner.verify)")

@@ -15,12 +15,12 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.service.capability import apply_proxy, check_job_runnable
+from api.service.capability import apply_proxy, check_job_runnable, check_model_runnable
 from api.service.errors import Conflict, RuleViolation, not_found
 from api.service.planning import PlanningGate, no_gate
 from api.service.quotas import Quotas, check_active_jobs, check_trials_per_job
 from api.schemas.proxy import proxy_view
-from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, WorkloadIn
+from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, VerifyIn, WorkloadIn
 from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
 from spec.hardware import DEFAULT_HBM_RESERVED, DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile, headroom_problem
@@ -118,24 +118,32 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     answered with it, whatever the quota). ``gate`` (the HTTP service's) bounds the runnable check's planning
     (Unavailable beyond)."""
     resolved = resolve_job(session, request)
+    verify = request.kind == "verify"
+    max_trials = request.verify.top if verify else request.budget.max_trials
     if quotas is not None:
-        check_trials_per_job(quotas, request.budget.max_trials)
+        check_trials_per_job(quotas, max_trials)
     router = check_router_options(request.router_options(), resolved.model)
     # router options that differ from the defaults ride in the stored training spec (and so in the signature),
     # as does the precision search flag (spec.precision_search)
     training_spec = with_router(with_precision_search(resolved.training.to_dict(), request.search_precision), router)
-    session.commit()  # the check below plans for seconds at most; no transaction is held open meanwhile
-    with (gate or no_gate)():
-        check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,
-                           search_precision=request.search_precision)
-    job = Job(owner_id=owner.id, status="queued", model_name=resolved.model.name,
+    if verify:  # its layouts are planned by the runner; the slices need modules the executor builds
+        check_model_runnable(resolved.model)
+        verify_request = verify_job_request(session, request.verify, resolved.cluster)
+    else:
+        session.commit()  # the check below plans for seconds at most; no transaction is held open meanwhile
+        with (gate or no_gate)():
+            check_job_runnable(resolved.model, resolved.training, resolved.cluster, request.budget.max_trials,
+                               search_precision=request.search_precision)
+        verify_request = None
+    job = Job(owner_id=owner.id, status="queued", kind=request.kind, verify=verify_request,
+              model_name=resolved.model.name,
               model_spec=resolved.model.to_dict(), training_spec=training_spec,
               cluster={"gpu": resolved.cluster.hardware.name, "num_gpus": resolved.cluster.num_gpus,
                        "hardware": resolved.cluster.hardware.to_dict(),
                        "min_headroom": resolved.cluster.min_headroom},
               gpu_name=resolved.cluster.hardware.name, num_gpus=resolved.cluster.num_gpus,
               signature=job_signature(resolved.model.to_dict(), training_spec, resolved.cluster.hardware.name,
-                                      resolved.cluster.num_gpus), max_trials=request.budget.max_trials,
+                                      resolved.cluster.num_gpus), max_trials=max_trials,
               max_seconds=request.budget.max_seconds, idempotency_key=idempotency_key)
     if idempotency_key is not None:
         existing = job_by_idempotency_key(session, owner.id, idempotency_key)
@@ -155,9 +163,21 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     return job, True
 
 
+def verify_job_request(session: Session | None, request: VerifyIn, cluster: ClusterSpec) -> dict[str, Any]:
+    """What a verify job stores of its request: the fields, and the slices' hardware profile resolved now (the
+    cluster's when none is named), so the job keeps meaning the same thing; RuleViolation for an unknown one."""
+    hardware = cluster.hardware
+    if request.slice_gpu is not None:
+        try:
+            hardware = resolve_hardware(session, request.slice_gpu)
+        except FoldtuneError as exc:
+            raise RuleViolation("body.verify.slice_gpu", "known_gpu", str(exc)) from None
+    return {**request.model_dump(), "slice_gpu": hardware.name, "slice_hardware": hardware.to_dict()}
+
+
 def _same_request_or_conflict(existing: Job, new: Job) -> Job:
-    same = (existing.signature, existing.max_trials, existing.max_seconds) == (new.signature, new.max_trials,
-                                                                               new.max_seconds)
+    same = (existing.signature, existing.max_trials, existing.max_seconds, existing.kind, existing.verify) == (
+        new.signature, new.max_trials, new.max_seconds, new.kind, new.verify)
     if not same:
         raise Conflict("idempotency-key-reused", "Idempotency key reused",
                        f"job {existing.id} was submitted with this Idempotency-Key and a different request")
@@ -192,10 +212,18 @@ def job_views(session: Session, jobs: list[Job]) -> list[JobOut]:
         budget=BudgetOut(max_trials=j.max_trials, max_seconds=j.max_seconds), signature=j.signature,
         created_at=j.created_at, updated_at=j.updated_at, started_at=j.started_at, finished_at=j.finished_at,
         error=j.error, attempts=j.attempts, runner=j.claimed_by, heartbeat_at=j.heartbeat_at,
-        trials=counts[j.id], calibration=j.calibration,
+        trials=counts[j.id], calibration=j.calibration, kind=j.kind, verify=_verify_view(j.verify),
+        report=j.report,
         best_trial=TrialOut.model_validate(best[j.best_trial_id], from_attributes=True)
         if j.best_trial_id in best else None,
     ) for j in jobs]
+
+
+def _verify_view(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A verify job's request as the API shows it (the stored hardware profile left out: its name is there)."""
+    if request is None:
+        return None
+    return {k: v for k, v in request.items() if k != "slice_hardware"}
 
 
 def list_jobs(session: Session, owner: Owner, *, status: str | None, model: str | None, limit: int,

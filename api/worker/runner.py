@@ -52,6 +52,7 @@ from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, Pri
 from api.worker.candidates import job_candidates, predicted_dict, repricer
 from api.worker.settings import DEFAULT_HEARTBEAT_S, DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, RunnerEnv
 from api.worker.trainings import run_claimed_training, run_next_training
+from api.worker.verify import run_verify
 from api.worker.trials import (JobStopped, TrialExecutor, TrialSettings, fixed_cost_summary, is_cpu_cluster,
                                trial_settings_from_env)
 from spec.errors import FoldtuneError, SpecError
@@ -259,7 +260,7 @@ class Runner:
                                 name=f"heartbeat-job-{job.id}")
         beat.start()
         try:
-            return self._run_job(job, stop)
+            return (self._run_verify if job.kind == "verify" else self._run_job)(job, stop)
         finally:
             stop.set()
             beat.join(5)
@@ -357,6 +358,55 @@ class Runner:
                                        "rows": result.rows, "best": result.best_config,
                                        "best_precision": result.best_precision,
                                        "best_step_time": result.best_step_time})
+        return final
+
+    def _run_verify(self, job: Job, stop: threading.Event) -> str:
+        """A verify job: plan its workload, check the top layouts by one-rank slices on this runner's device
+        (each in a child process of its own, api.worker.verify) and store the report. Between layouts it stops
+        when the job was cancelled or the runner is shutting down (the job is then back in the queue)."""
+        sid = self.settings.runner_id
+        request = job.verify or {}
+        try:
+            model, training, cluster = job_specs(job)
+            stored = request.get("slice_hardware")
+            slice_hardware = HardwareProfile.from_dict(stored) if stored else cluster.hardware
+            self.on_event("job_started", {"job_id": job.id, "kind": "verify", "model": model.name,
+                                          "gpus": cluster.num_gpus, "gpu": job.gpu_name or cluster.hardware.name,
+                                          "top": request.get("top", job.max_trials),
+                                          "slice_gpu": slice_hardware.name})
+
+            def checked(layout) -> None:
+                self.on_event("layout_checked", {"job_id": job.id, "plan_rank": layout.plan_rank,
+                                                 "layout": layout.config.label(), "error": layout.error})
+                if stop.is_set():
+                    raise JobStopped(f"job {job.id} stopped")
+
+            report = run_verify(model, training, cluster, slice_hardware, top=request.get("top", job.max_trials),
+                                hot_factor=request.get("hot_expert_factor"),
+                                cap=request.get("slice_layers", 2), isolated=True, router=job_router(job),
+                                on_layout=checked)
+        except JobStopped:
+            with self.sessions() as session:
+                status, holder = job_claim(session, job.id)
+                if self._shutdown.is_set() and status == "running" and holder == sid:
+                    release_job(session, job.id, sid)
+                    status = "queued"
+            self.on_event("job_finished", {"job_id": job.id, "status": status})
+            return status or "cancelled"
+        except FoldtuneError as exc:
+            with self.sessions() as session:
+                finish_job(session, job.id, sid, "failed", error=str(exc))
+            self.on_event("job_finished", {"job_id": job.id, "status": "failed", "error": str(exc)})
+            return "failed"
+        status, error = "succeeded", None
+        failures = [layout.error for layout in report.layouts if layout.error]
+        if len(failures) == len(report.layouts):
+            status, error = "failed", "no layout could be sliced: " + "; ".join(failures[:3])
+        result = report.to_dict()
+        with self.sessions() as session:
+            finished = finish_job(session, job.id, sid, status, error=error, report=result)
+            final = status if finished else (job_status(session, job.id) or status)
+        self.on_event("job_finished", {"job_id": job.id, "status": final, "error": error, "report": result})
         return final
 
     def _pricing_cluster(self, job: Job, cluster: ClusterSpec, training: TrainingSpec,

@@ -21,6 +21,7 @@ WALL_CLOCK = "wall clock"  # CPU: ops are synchronous, host time is device time
 EVENTS_ONE_CALL = "CUDA events, one call"  # time_device: includes host issue time where that exceeds device time
 HOST_AHEAD = "device time, host ahead"  # time_host_ahead: host queued the window before the GPU started on it
 HOST_BEHIND = "device span, host not ahead"  # time_host_ahead gave up: an upper bound, GPU idle time in it
+STEADY = "steady state, back to back"  # time_steady: calls behind earlier ones, as in a step (its syncs included)
 
 # time_host_ahead: the GPU sleep before a window covers SLEEP_MARGIN x the host's issue time of the window plus
 # SLEEP_FLOOR_S (the sleep rate is measured at another moment, and GPU clocks vary)

@@ -1,7 +1,10 @@
 """Collectives over a :class:`Group` as autograd functions (the backward of each is its transpose).
 
 Tensors are split or joined along dim 0 (tokens or sequence). A group of size one makes every
-function the identity, which is what lets the single-process reference run the same code.
+function the identity, which is what lets the single-process reference run the same code. A group standing
+in for its communicator in a one-rank slice (``pg`` is :data:`executor.parallel.groups.SLICE_PEERS`) exchanges
+nothing: outputs get their real sizes, integer payloads the values a symmetric world would send
+(:class:`executor.parallel.groups.SlicePeers`).
 """
 
 from __future__ import annotations
@@ -9,17 +12,34 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from executor.parallel.groups import Group
+from executor.parallel.groups import Group, SlicePeers
 
 # torch 2.13 renames the tensor collectives (*_single); 2.11 on the GPU machine has only the old names.
 all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def _slice(group: Group) -> bool:
+    """Whether ``group`` stands in for its communicator in a one-rank slice (nothing is exchanged)."""
+    return isinstance(group.pg, SlicePeers)
+
+
+def _stand_in(out: torch.Tensor) -> None:
+    """A slice's floating-point output, zero-filled: uninitialised memory may hold NaN (a router's top-k over NaN
+    scores picks no expert, and its counting kernel writes out of bounds) or, on the CPU, denormal numbers that
+    slow its arithmetic a hundredfold. The fill is one memset, which the real exchange does not cost."""
+    out.zero_()
+
+
 def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    all_gather_tensor(out, x, group=group.pg)
+    if not _slice(group):
+        all_gather_tensor(out, x, group=group.pg)
+    elif not x.is_floating_point():  # every member sent what this one did
+        out.view(group.size, *x.shape).copy_(x.unsqueeze(0).expand(group.size, *x.shape))
+    else:
+        _stand_in(out)
     return out
 
 
@@ -28,15 +48,34 @@ def _reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
         raise ValueError(f"reduce-scatter over {group.name}: dim 0 ({x.shape[0]}) not divisible by {group.size}")
     x = x.contiguous()
     out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    reduce_scatter_tensor(out, x, group=group.pg)
+    if not _slice(group):
+        reduce_scatter_tensor(out, x, group=group.pg)
+    elif not x.is_floating_point():  # every member's segment summed: this one's, size times
+        out.copy_(x.view(group.size, *out.shape)[group.rank] * group.size)
+    else:
+        _stand_in(out)
     return out
 
 
 def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_to_all_single(out, x, out_splits, in_splits, group=group.pg)
+    if not _slice(group):
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group.pg)
+    elif not x.is_floating_point() and all(n == in_splits[group.rank] for n in out_splits):
+        # every member sends this one what this one sends itself (the routing counts' exchange)
+        mine = torch.split(x, list(in_splits))[group.rank]
+        out.view(group.size, *mine.shape).copy_(mine.unsqueeze(0).expand(group.size, *mine.shape))
+    elif x.is_floating_point():
+        _stand_in(out)
     return out
+
+
+def _all_reduce_in_place(x: torch.Tensor, group: Group, op=dist.ReduceOp.SUM) -> None:
+    if not _slice(group):
+        dist.all_reduce(x, op=op, group=group.pg)
+    elif not x.is_floating_point() and op == dist.ReduceOp.SUM:  # max and min of equal members: this one's
+        x.mul_(group.size)
 
 
 def _gather_v(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
@@ -83,7 +122,7 @@ class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.clone()
-        dist.all_reduce(x, group=group.pg)
+        _all_reduce_in_place(x, group)
         return x
 
     @staticmethod
@@ -160,7 +199,7 @@ def reduce_scatter_v(x: torch.Tensor, counts: list[int], group: Group) -> torch.
 def all_reduce_(x: torch.Tensor, group: Group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """In-place all-reduce without autograd (statistics, gradients)."""
     if group.size > 1:
-        dist.all_reduce(x, op=op, group=group.pg)
+        _all_reduce_in_place(x, group, op)
     return x
 
 
@@ -182,6 +221,8 @@ def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int
     of before it."""
     if group.size == 1:
         return x, None
+    if _slice(group):  # nothing in flight: the output is ready (sized as the exchange's)
+        return _all_to_all(x, out_splits, in_splits, group), None
     if after is None:
         x = x.contiguous()
         # allocated on the current stream, the one that reads it after wait(): the allocator ties it there

@@ -59,7 +59,8 @@ class CpExchange:
     """The executor's side of one CP communication type: ``before`` (the exchange ahead of the attention core,
     under the timer phase ``phase``), ``core`` (the core itself, what core_attn recomputation and offload wrap),
     ``after`` (the exchange of the output). ``layer`` is the attention module: its ``state``, ``cp`` group,
-    ``plain`` (causal kernels take it), ``mask``, ``sinks`` and ``local_core`` (its attention without CP).
+    ``plain`` (causal kernels take it), ``mask``, ``sinks``, ``core_attention`` (which calls ``core`` under CP)
+    and ``local_core`` (its attention without CP).
     ``exchanges_inputs`` / ``exchanges_output``: whether ``before`` / ``after`` communicate (the timer marks them)."""
 
     name = ""
@@ -186,8 +187,8 @@ def run_cp_attention(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r
         q = timer.mark(q, "attention", exchange.phase)
         q, k, v = exchange.before(layer, q, k, v)
         k = timer.mark(k, exchange.phase, "attention")
-    o = recompute.run(recompute_core, exchange.core, layer, q, k, v, getattr(layer, "sinks", None),
-                      offload=offload_core)
+    # through the layer's core_attention (its type's core under CP): what a slice records and times alone
+    o = recompute.run(recompute_core, layer.core_attention, q, k, v, offload=offload_core)
     if exchange.exchanges_output:
         o = timer.mark(o, "attention", exchange.phase)
         o = exchange.after(layer, o)

@@ -24,6 +24,24 @@ GROUP_NAMES = ("tp", "cp", "dp", "dp_cp", "pp", "etp", "ep", "edp", "tp_ep")
 EMBEDDING_GROUP = "embedding"
 
 
+class SlicePeers:
+    """Stands in for the communicator of a group of size > 1 in a one-rank slice (:func:`slice_state`).
+
+    A slice measures what one rank of a large layout computes, on one device: its collectives are priced by
+    the cost model, not run. Collectives over a group whose ``pg`` is this (executor.parallel.collectives)
+    move nothing: their outputs are allocated at the size a real exchange gives and, for floating-point
+    payloads (activations and their gradients, whose values a timing does not depend on), zero-filled.
+    Integer payloads (the dispatchers' routing counts, gathered expert ids) come back as if every member had
+    sent what this rank sent: the world is taken to be symmetric, every rank routing as this one does, so the
+    buffers a dispatcher sizes from them are those of the rank the slice stands for."""
+
+    def __repr__(self) -> str:
+        return "SlicePeers()"
+
+
+SLICE_PEERS = SlicePeers()
+
+
 @dataclass
 class Group:
     """One process group as seen from a member rank: its ranks (global ids) and this rank's index."""
@@ -31,7 +49,7 @@ class Group:
     name: str
     ranks: tuple[int, ...]
     rank: int  # index of this process inside ``ranks``
-    pg: object | None = None  # torch ProcessGroup, None when size == 1
+    pg: object | None = None  # torch ProcessGroup, None when size == 1; SLICE_PEERS in a one-rank slice
 
     @property
     def size(self) -> int:
@@ -136,3 +154,15 @@ def build_parallel_state(config: ParallelConfig, rank: int, communicators: bool 
 def single_process_state(config: ParallelConfig | None = None) -> ParallelState:
     """The trivial layout of one process: every group holds only rank 0."""
     return build_parallel_state(config or ParallelConfig(world_size=1), 0)
+
+
+def slice_state(config: ParallelConfig, rank: int) -> ParallelState:
+    """Rank ``rank``'s view of ``config`` for a one-rank slice: its groups with their real sizes and members,
+    each of size > 1 standing in for its communicator with :data:`SLICE_PEERS` (no ``torch.distributed``
+    needed). The modules built on it hold this rank's shards and run its local shapes; the collectives they
+    call exchange nothing (:class:`SlicePeers`)."""
+    state = build_parallel_state(config, rank, communicators=False)
+    for group in state.groups.values():
+        if group.size > 1:
+            group.pg = SLICE_PEERS
+    return state

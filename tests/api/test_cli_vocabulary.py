@@ -11,14 +11,26 @@ import pytest
 from test_cli_agrees import _cli
 
 from api.cli import profile_cmd
-from api.cli.arguments import FLAGS, retired_flags
+from api.cli.arguments import FLAGS, Parser, retired_flags
 from api.cli.main import COMMANDS, build_parser
+from api.cli.plan_cmd import add_request_arguments
 from db.queue import claim_next_job
 from db.trials import finish_trial, start_trial
 from spec.parallel_config import ParallelConfig
 from spec.router_options import FIELDS as ROUTER_FIELDS
 
 ROUTER_FLAGS = {f"--{name.replace('_', '-')}" for name in ROUTER_FIELDS} | {"--no-moe-router-enable-expert-bias"}
+
+
+def _group_flags(add_group) -> set[str]:
+    """The flags one shared function adds (a group several commands take whole)."""
+    parser = Parser()
+    add_group(parser)
+    return {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+
+
+# a plan request's flags: `plan` and `verify` take them from one function (api.cli.plan_cmd.add_request_arguments)
+PLAN_REQUEST_FLAGS = _group_flags(add_request_arguments)
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -72,16 +84,19 @@ def test_a_flag_of_the_vocabulary_has_its_one_dest_type_default_and_meaning_ever
 
 
 def test_a_flag_in_two_commands_is_in_the_vocabulary_or_one_shared_group():
-    """A flag two commands share has one definition: the vocabulary's, or the router group's (one function)."""
+    """A flag two commands share has one definition: the vocabulary's, or a shared group's (one function each:
+    the router options, a plan request)."""
     loose = {}
     for flag, uses in _options().items():
         commands = {command for command, _ in uses}
-        if len(commands) > 1 and flag not in FLAGS and flag not in ROUTER_FLAGS:
+        if len(commands) > 1 and flag not in FLAGS and flag not in ROUTER_FLAGS | PLAN_REQUEST_FLAGS:
             loose[flag] = sorted(commands)
     assert loose == {}
     for flag in ROUTER_FLAGS:  # the same help in every command but for the default it names
         helps = {action.help.split(" (default")[0] for _, action in _options()[flag]}
         assert len(helps) == 1, (flag, helps)
+    for flag in PLAN_REQUEST_FLAGS - set(FLAGS):  # one definition: the same help and default everywhere
+        assert len({(action.help, repr(action.default)) for _, action in _options()[flag]}) == 1, flag
 
 
 def test_no_two_flags_mean_one_thing():
