@@ -67,8 +67,11 @@ class Geometry:
     regather: bool = False  # Megatron's SP backward re-gathers a block's input (TrainingSpec option)
     megatron_loss: bool = False  # Megatron's vocab-parallel cross-entropy (three all-reduces)
     aux_loss_sets: int = 0  # sets the load-balancing loss counts over (0: no aux loss; seq_aux_loss: micro-batch)
-    capacity: bool = False  # token dropping: the router gathers every TP rank's choices
+    capacity: bool = False  # token dropping: the router gathers every TP and CP rank's choices
     imbalance: float = 1.0  # the busiest EP rank's routed copies over the mean (scales the dispatch data)
+    pad: bool = False  # padding to capacity: the allgather dispatcher gathers every rank's zero rows per expert
+    global_aux: bool = False  # the global aux loss: its counts are summed over DP·CP too (``dp`` replicas)
+    dp: int = 1
     cp_comm: str = "allgather"  # the CP communication type (spec.cp_comm_types)
     cp_a2a: int = 1  # ranks of its all-to-all (ParallelConfig.cp_split)
     cp_ring: int = 1  # ranks of its ring
@@ -82,12 +85,16 @@ class Geometry:
 def geometry(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
              router: RouterOptions | None = None, imbalance: float = 1.0) -> Geometry:
     """The :class:`Geometry` of ``config``'s layers; ``router`` as the executor's (default RouterOptions())."""
-    aux = aux_loss_sets(model, router or RouterOptions(), config.micro_batch_size)
+    router = router or RouterOptions()
+    aux = aux_loss_sets(model, router, config.micro_batch_size)
     capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
     return Geometry(model, config.tp, config.cp, config.ep, config.etp, bool(config.sequence_parallel),
                     config.micro_batch_size * training.seq_length // config.cp, training.activation_bytes,
                     config.moe_token_dispatcher_type, training.sequence_parallel_regather,
-                    training.megatron_cross_entropy, aux, capacity, imbalance, config.cp_comm_type, *config.cp_split)
+                    training.megatron_cross_entropy, aux, capacity, imbalance,
+                    capacity and training.moe_pad_expert_input_to_capacity,
+                    bool(aux) and router.moe_router_load_balancing_type == "global_aux_loss", config.dp,
+                    config.cp_comm_type, *config.cp_split)
 
 
 def aux_loss_sets(model: ModelSpec, router: RouterOptions, micro_batch_size: int) -> int:
@@ -174,21 +181,30 @@ def mlp_calls(g: Geometry) -> tuple[Call, ...]:
 
 def router_calls(g: Geometry) -> tuple[Call, ...]:
     """The router's statistics over the TP·CP group: tokens per expert for the aux loss (int64, over TP then
-    CP), every TP rank's choices and probabilities under token dropping. Forward only (no gradient)."""
+    CP; the global aux loss's over TP then DP·CP), every TP and CP rank's choices and probabilities under token
+    dropping (each gathered over TP, then CP). Forward only (no gradient)."""
     m = g.model
     out: tuple[Call, ...] = ()
     if g.aux_loss_sets:
         counts = g.aux_loss_sets * (m.num_experts or 0) * _INT64
-        out += tuple(Call("all_reduce", group, counts, F) for group, size in (("tp", g.tp), ("cp", g.cp)) if size > 1)
-    if g.capacity and g.tp > 1:
-        choices = g.tp * g.local * m.moe_router_topk
-        out += (Call("all_gather", "tp", choices * _INT64, F), Call("all_gather", "tp", choices * _FP32, F))
+        groups = (("tp", g.tp), ("dp_cp", g.dp * g.cp)) if g.global_aux else (("tp", g.tp), ("cp", g.cp))
+        out += tuple(Call("all_reduce", group, counts, F) for group, size in groups if size > 1)
+    if g.capacity:
+        choices = g.local * m.moe_router_topk
+        for nbytes in (_INT64, _FP32):  # the choices, then their probabilities
+            out += tuple(Call("all_gather", group, choices * gathered * nbytes, F)
+                         for group, gathered, size in (("tp", g.tp, g.tp), ("cp", g.tp * g.cp, g.cp)) if size > 1)
     return out
 
 
 def dispatch_calls(g: Geometry) -> tuple[Call, ...]:
-    """The token dispatcher's calls (``costmodel.dispatch``: each pricing lists its own)."""
-    return dispatcher_pricing(g.dispatcher).collectives(g.model, g.act_bytes, g.local, g.ep, g.etp, g.imbalance)
+    """The token dispatcher's calls (``costmodel.dispatch``: each pricing lists its own); padding to capacity adds
+    the allgather dispatcher's gather of every rank's zero rows per expert (int64, over its TP·EP group)."""
+    calls = dispatcher_pricing(g.dispatcher).collectives(g.model, g.act_bytes, g.local, g.ep, g.etp, g.imbalance)
+    if g.pad and g.dispatcher == "allgather" and g.etp * g.ep > 1:  # after its gathers of tokens, probabilities, ids
+        calls = calls[:3] + (Call("all_gather", "tp_ep", g.etp * g.ep * (g.model.num_experts or 0) * _INT64, F),) \
+            + calls[3:]
+    return calls
 
 
 def embedding_calls(g: Geometry) -> tuple[Call, ...]:

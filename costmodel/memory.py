@@ -5,8 +5,10 @@ The model is the one described in ``docs/memory-model.md``. In short, per GPU of
 - weights ``P·w`` (``w`` = 2 bytes for bf16/fp16/fp8, 4 for fp32; fp8 adds the cached fp8 forms of each GEMM
   weight, ``costmodel.fp8_storage``, which replace the 16-bit copy with ``fp8_param_gather``), grads ``P·4``
   with fp32 main grads (else ``P·w``), Adam states ``P·12`` (fp32 master + m + v; 8 when the weights already
-  are fp32, or with bf16 moments). With the distributed optimizer the dense states are divided by DP·CP and the
-  expert states by EDP (Megatron's 18 bytes/param recipe when it is off).
+  are fp32; the precision-aware optimizer's dtypes instead where the layout names them,
+  :func:`optimizer_state_bytes`: bf16 moments and fp32 master 8, bf16 moments and fp16 master 6). With the
+  distributed optimizer the dense states are divided by DP·CP and the expert states by EDP (Megatron's
+  18 bytes/param recipe when it is off).
 - activations: the tensors autograd keeps for backward, per layer, per micro-batch, times the micro-batches
   in flight (1F1B: ``min(PP − i, m)``; interleaved: Megatron's warm-up count + 1, which on rank 0 is
   Korthikanti's ``L·(1 + (PP−1)/(PP·VPP))``). Recomputation removes tensors per module or keeps only
@@ -52,6 +54,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from costmodel.params import moe_pattern, per_model_cache, stage_counts_and_gemm
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, layer_chunks
+from spec.optimizer_dtypes import state_bytes
 from spec.training_spec import TrainingSpec
 
 #: Share of dynamic allocations (activations, logits, buffers, working set) the PyTorch caching allocator
@@ -85,6 +88,11 @@ EXECUTOR_BUCKET_BYTES = 25 * _MIB
 OPT_STEP_TEMP_PER_SHARD_ELEMENT = 0
 OPT_WRITE_BACK_PER_SHARD_ELEMENT = 2
 OPT_WRITE_BACK_PER_BUCKET_ELEMENT = 2
+#: A unit with a state below fp32 (the precision-aware optimizer) is stepped in blocks of this many elements
+#: (executor/optimizer.py: STATE_BLOCK_ELEMENTS); each such state widens one block to fp32 at a time (an fp16
+#: one is scaled in place), an fp32 one is updated in place.
+OPT_STATE_BLOCK_ELEMENTS = 1 << 22
+OPT_NARROW_STATE_TEMP_BLOCKS = {"fp32": 0, "bf16": 1, "fp16": 1, "fp8": 1}
 
 
 @lru_cache(maxsize=64)
@@ -236,11 +244,10 @@ def routed_tokens_per_token(model: ModelSpec, training: TrainingSpec, tp: int, s
     Each GPU of the ETP·EP group serves ``1/EP`` of the experts for the tokens of ``ETP·EP`` ranks, so in
     balance it sees ``k·ETP`` copies per token of its own (``/TP`` with SP). The busiest GPU sees
     ``TrainingSpec.ep_imbalance(ep)`` times that (1 with EP = 1: every expert is local and the total cannot
-    be imbalanced); capacity routing caps it at the capacity factor.
+    be imbalanced); capacity routing caps it at the capacity factor, and padding to capacity makes it exactly
+    the capacity factor on every rank (``TrainingSpec.expert_rows_factor``).
     """
-    rho = training.ep_imbalance(ep)
-    if training.routing_mode == "capacity":
-        rho = min(rho, float(training.moe_expert_capacity_factor or rho))
+    rho = training.expert_rows_factor(ep)
     return model.moe_router_topk * etp * rho / (tp if sp else 1)
 
 
@@ -576,17 +583,13 @@ class _Context:
     frozen specs on every call.
     """
 
-    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "opt_bytes", "fp8_weight_extra", "kinds", "acts",
+    __slots__ = ("model", "training", "weight_bytes", "grad_bytes", "fp8_weight_extra", "kinds", "acts",
                  "layouts", "params", "seq", "rows", "comms", "statics", "losses", "least", "wgrads")
 
     def __init__(self, model: ModelSpec, training: TrainingSpec) -> None:
         self.model, self.training = model, training
         self.weight_bytes = training.param_bytes
         self.grad_bytes = _FP32 if training.main_grads_fp32 else training.param_bytes
-        # Adam m and v (fp32, or bf16 under the precision-aware optimizer), plus an fp32 master copy unless the
-        # weights already are fp32.
-        moments = sum(_FP32 if dtype == "fp32" else 2 for dtype in (training.exp_avg_dtype, training.exp_avg_sq_dtype))
-        self.opt_bytes = moments + (0 if training.param_bytes == _FP32 else _FP32)
         # bytes per GEMM weight beyond its param_bytes copy: the fp8 forms (costmodel.fp8_storage)
         self.fp8_weight_extra = fp8_weight_extra_bytes(training)
         self.seq = training.seq_length
@@ -625,9 +628,10 @@ def _context(model: ModelSpec, training: TrainingSpec) -> _Context:
 
 # One candidate rank of one layout shape, reduced to what the per-call total needs (a plain tuple, built
 # ~10⁵ times per planner sweep):
-#   total = static + dense_states / (DP·CP) + expert_states / EDP
+#   total = static + ob · (dense_states / (DP·CP) + expert_states / EDP)
 #           + tokens · (n · per_chunk_mb + once) · (1 + FRAGMENTATION),   n = min(cap, m · VPP)
-# fields: static (weight + grad bytes), dense_states, expert_states (optimizer bytes before sharding),
+# fields: static (weight + grad bytes), dense_states, expert_states (optimizer elements before sharding: times
+# the layout's optimizer_state_bytes),
 # per_chunk_mb (stored activations per in-flight chunk-micro-batch per token, embedding extras included),
 # once (per token: last-stage tensors + logits + buffers + working set), cap, layout, params entry,
 # act_once, logits, comm, work (per token, for the breakdown), loss_fixed (the last stage's blocked loss, whose
@@ -668,7 +672,6 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
     blocks_bytes = sum(v for _, v in blocks)
     if pp == 1:
         pp_buffer = 0.0
-    ob = ctx.opt_bytes
     wkey = (config.ep, config.etp)
     wgrad = ctx.wgrads.get(wkey)
     if wgrad is None:  # per (EP, ETP): a sweep builds rows for ~10^5 layouts, hashing the specs would cost
@@ -691,10 +694,22 @@ def _rows(ctx: _Context, k: _KindTerms, config: ParallelConfig, layouts: tuple, 
         if rm and work_fm > work:
             work = work_fm
         comm = (comm_moe[1] if has_moe else comm_dense[1]) + pp_buffer
-        rows.append((par[2] + par[3], ob * par[4], ob * par[5], per_chunk, act_once + logits + comm + work, cap,
+        rows.append((par[2] + par[3], par[4], par[5], per_chunk, act_once + logits + comm + work, cap,
                      lay, par, act_once, logits, comm, work, loss_fixed if last else None, at_cap,
                      wgrad if has_moe else 0.0))
     return tuple(rows)
+
+
+def optimizer_state_bytes(training: TrainingSpec, config: ParallelConfig) -> int:
+    """Bytes of Adam state per parameter (before sharding) of ``config``: the two moments and, unless the weights
+    are fp32 (their own master weights), the master weights, each in the layout's dtype
+    (``spec.optimizer_dtypes``): 12 for the classic fp32 recipe, 8 for bf16 moments."""
+    return state_bytes(config.optimizer_dtypes, training.param_bytes == _FP32)
+
+
+def _narrow_temp_blocks(config: ParallelConfig) -> int:
+    """fp32 blocks the blocked step of a precision-aware unit holds at once (0 when every state is fp32)."""
+    return sum(OPT_NARROW_STATE_TEMP_BLOCKS[d] for d in config.optimizer_dtypes)
 
 
 def fragmentation_of(cluster: ClusterSpec) -> float:
@@ -710,16 +725,16 @@ def _evaluate(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, 
     kkey, rows, statics, shards = _prepare(ctx, config, only_stage)
     mbs, cp = config.micro_batch_size, config.cp
     tokens = mbs * ctx.seq / cp
-    mv = (training.global_batch_size // (mbs * shards[5]) or 1) * config.vpp
+    mv = (training.global_batch_size // (mbs * shards[6]) or 1) * config.vpp
     best, best_total = _peak(rows, statics, mv, tokens * (1.0 + frag), _loss_bytes(ctx, rows, tokens, frag),
                              config.pp, config.vpp)
-    return ctx, kkey, rows[best], best_total, mv, tokens, shards[:5]
+    return ctx, kkey, rows[best], best_total, mv, tokens, shards[:6]
 
 
 def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> tuple:
     """What every micro-batch size of ``config`` shares: the kind-terms key, the candidate ranks' rows, their
     (static bytes, gradient-reduction peak) and the shards (dense, expert, the two state growths, the kept share
-    of the Adam states, DP)."""
+    of the Adam states, the Adam state bytes per parameter, DP)."""
     granularity = config.recompute_granularity
     kkey, rows, full = _rows_for(ctx, config, granularity, config.recompute_modules, config.recompute_num_layers,
                                  config.activation_offload_modules, only_stage)
@@ -727,7 +742,9 @@ def _prepare(ctx: _Context, config: ParallelConfig, only_stage: int | None) -> t
     stages = (tuple(row[6] for row in rows), tuple(row[7] for row in rows))
     statics, shards = _statics_for(ctx, config, *stages, full, config.use_distributed_optimizer,
                                    config.overlap_grad_reduce, config.overlap_param_gather,
-                                   config.optimizer_cpu_offload_fraction, only_stage is None)
+                                   config.optimizer_cpu_offload_fraction, only_stage is None,
+                                   optimizer_state_bytes(ctx.training, config), _narrow_temp_blocks(config),
+                                   config.use_precision_aware_optimizer)
     return kkey, rows, statics, shards
 
 
@@ -760,11 +777,15 @@ def _rows_for(ctx: _Context, layout: ParallelConfig, granularity: str, modules: 
 
 def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: tuple, full: int, distributed: bool,
                  overlap_grad_reduce: bool, overlap_param_gather: bool, offload_fraction: float,
-                 cache: bool) -> tuple[tuple, tuple]:
+                 cache: bool, ob: int, narrow_blocks: int = 0,
+                 precision_aware: bool = False) -> tuple[tuple, tuple]:
     """Per candidate rank (static bytes: weights, grads and the GPU's share of the sharded optimizer states; the
     gradient-reduction peak) and the shards (dense, expert, the two state growths, the share of the Adam states
-    kept on the GPU, DP) of ``layout`` with these optimizer switches and optimizer CPU offload fraction, from the
-    ranks' stage layouts and parameter entries (:func:`_stage_parts`)."""
+    kept on the GPU, ``ob``, DP) of ``layout`` with these optimizer switches, optimizer CPU offload fraction and
+    ``ob`` bytes of Adam state per parameter (:func:`optimizer_state_bytes`; ``narrow_blocks``: the fp32 blocks
+    its step widens at once, :func:`_narrow_temp_blocks`; ``precision_aware``: Megatron's precision-aware
+    optimizer, ``ParallelConfig.use_precision_aware_optimizer``), from the ranks' stage layouts and parameter entries
+    (:func:`_stage_parts`)."""
     tp, cp, pp, ep, etp = layout.tp, layout.cp, layout.pp, layout.ep, layout.etp
     world = layout.world_size
     dp = world // (tp * cp * pp)
@@ -779,23 +800,24 @@ def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: 
     # Megatron-Core's distributed optimizer reduce-scatters in place in its grad buffer and reads its shard as a
     # view (DistributedOptimizer._copy_model_grads_to_main_grads): nothing kept beside the Adam states; what its
     # step copies with 16-bit grads is the step's transient (_reduce_peak).
-    grown = 1.0 if ctx.training.megatron_memory else (ctx.opt_bytes + _FP32) / ctx.opt_bytes
+    grown = 1.0 if ctx.training.megatron_memory else (ob + _FP32) / ob
     ds = grown if distributed and dense_shard > 1 else 1.0
     es = grown if distributed and expert_shard > 1 else 1.0
     # optimizer CPU offload: that share of the Adam states leaves the GPU (the reduced gradient shard stays)
     keep = 1.0 - offload_fraction
     dkeep, ekeep = ds - 1.0 + keep, es - 1.0 + keep
-    shards = (dense_shard, expert_shard, ds, es, keep, dp)
+    shards = (dense_shard, expert_shard, ds, es, keep, ob, dp)
     # the static bytes and the reduction peak depend on the rank's parameters (the same for every recompute
     # option and dispatcher) and, with fp32 weights only, on its stored layers (full recompute)
-    switches = (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather)
+    switches = (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather, narrow_blocks,
+                precision_aware)
     split = layout.pipeline_split
     skey = (tp, layout.pp, layout.vpp, ep, etp, None if split is DEFAULT_SPLIT else split,
             full if ctx.weight_bytes == _FP32 else None,
-            switches, offload_fraction)
+            switches, offload_fraction, ob)
     statics = ctx.statics.get(skey) if cache else None
     if statics is None:
-        ob = ctx.opt_bytes  # the same operations as a row's static total: (weights + grads) + states / shards
+        # the same operations as a row's static total: (weights + grads) + states / shards
         statics = tuple(((par[2] + par[3]) + ob * par[4] / dense_shard * dkeep + ob * par[5] / expert_shard * ekeep,
                          _reduce_peak(ctx, tp, ep, etp, switches, par, lay)) for lay, par in zip(layouts, params))
         if cache:
@@ -842,14 +864,14 @@ def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: 
 
 class LayoutMemory:
     """:func:`peak_memory_bytes` of the configs of one layout that differ only in micro-batch size, recompute,
-    optimizer and offload fields: what they share is looked up once per option, so each call costs a few float
-    operations.
+    optimizer and offload fields (the precision-aware optimizer's dtypes included): what they share is looked up
+    once per option, so each call costs a few float operations.
 
     ``layout`` gives every other field (parallel sizes, dispatcher, pipeline placement). ``peak_bytes(mbs,
     knobs)`` is the peak of ``layout`` with micro-batch size ``mbs`` and the recompute, optimizer and offload
     fields of ``knobs`` (recompute_granularity, recompute_modules, recompute_num_layers,
     activation_offload_modules, use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
-    optimizer_cpu_offload_fraction); it equals ``peak_memory_bytes`` of that config to the bit (the same rows,
+    optimizer_cpu_offload_fraction, exp_avg_dtype, exp_avg_sq_dtype, main_params_dtype); it equals ``peak_memory_bytes`` of that config to the bit (the same rows,
     static parts and :func:`_peak`). Activation offload changes the rows as recompute does, the optimizer
     offload fraction the static bytes. ``knobs`` objects are cached by identity: pass the same few.
     """
@@ -899,7 +921,9 @@ class LayoutMemory:
             rec = self._recomputes[rkey] = (rows, full, losses)
         rows, full, losses = rec
         okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
-                knobs.optimizer_cpu_offload_fraction, full if self._ctx.weight_bytes == _FP32 else None)
+                knobs.optimizer_cpu_offload_fraction, optimizer_state_bytes(self._ctx.training, knobs),
+                _narrow_temp_blocks(knobs), knobs.use_precision_aware_optimizer,
+                full if self._ctx.weight_bytes == _FP32 else None)
         statics = self._optimizers.get(okey)
         if statics is None:
             statics = self._optimizers[okey] = self._statics(okey, full)
@@ -914,7 +938,7 @@ class LayoutMemory:
         return parts
 
     def _statics(self, okey: tuple, full: int) -> tuple:
-        return _statics_for(self._ctx, self._layout, *self._stage_parts(full), full, *okey[:4], True)[0]
+        return _statics_for(self._ctx, self._layout, *self._stage_parts(full), full, *okey[:4], True, *okey[4:7])[0]
 
     def least_bytes(self, knobs: ParallelConfig) -> float:
         """A lower bound (bytes) on :meth:`peak_bytes` at every micro-batch size and recompute option with the
@@ -923,7 +947,8 @@ class LayoutMemory:
         weights: the same for any recompute; fp32 weights: without it).
         A layout whose bound exceeds the usable memory fits at no micro-batch size and no recompute."""
         okey = (knobs.use_distributed_optimizer, knobs.overlap_grad_reduce, knobs.overlap_param_gather,
-                knobs.optimizer_cpu_offload_fraction, None)
+                knobs.optimizer_cpu_offload_fraction, optimizer_state_bytes(self._ctx.training, knobs),
+                _narrow_temp_blocks(knobs), knobs.use_precision_aware_optimizer, None)
         # the same for every CP size and dispatcher of the parameter layout (DP·CP is fixed by tp and pp)
         lay = self._layout
         split = lay.pipeline_split
@@ -1024,12 +1049,14 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
     of the gradients of the buckets that hold several tensors (all at once while overlapped reductions are
     in flight, one bucket otherwise). 16-bit weights' fp32 main grads live in per-bucket buffers that are
     reduced in place: no copy. ``switches``: (dense shard, expert shard, distributed optimizer,
-    overlap_grad_reduce, overlap_param_gather). Megatron-Core's (``TrainingSpec.megatron_memory``) is
+    overlap_grad_reduce, overlap_param_gather, fp32 blocks the step of a precision-aware unit widens at once,
+    the layout runs Megatron's precision-aware optimizer). Megatron-Core's (``TrainingSpec.megatron_memory``) is
     :func:`_megatron_step_peak`."""
-    dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather = switches
+    (dense_shard, expert_shard, distributed, overlap_grad_reduce, overlap_param_gather, narrow_blocks,
+     precision_aware) = switches
     if ctx.training.megatron_memory:
         return _megatron_step_peak(ctx.training, ctx.grad_bytes, par[4] / (dense_shard if distributed else 1)
-                                   + par[5] / (expert_shard if distributed else 1))
+                                   + par[5] / (expert_shard if distributed else 1), precision_aware)
     params = par[4] + par[5]
     elems = EXECUTOR_BUCKET_BYTES / ctx.weight_bytes
     small_dense, small_moe, small_first, small_last, largest_dense, largest_expert = _tensor_split(
@@ -1043,7 +1070,8 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
 
     def step_of(unit: float, shard: int) -> float:  # one unit's Adam step: the larger of its two moments
         gathered = unit * OPT_WRITE_BACK_PER_BUCKET_ELEMENT if shard > 1 and not overlap_param_gather else 0.0
-        return max(unit / shard * OPT_STEP_TEMP_PER_SHARD_ELEMENT,
+        widened = narrow_blocks * _FP32 * min(unit / shard, OPT_STATE_BLOCK_ELEMENTS)
+        return max(unit / shard * OPT_STEP_TEMP_PER_SHARD_ELEMENT + widened,
                    unit / shard * OPT_WRITE_BACK_PER_SHARD_ELEMENT + gathered)
 
     if not distributed:
@@ -1054,17 +1082,19 @@ def _reduce_peak(ctx: _Context, tp: int, ep: int, etp: int, switches: tuple, par
     return flats if flats > step else step
 
 
-def _megatron_step_peak(training: TrainingSpec, grad_bytes: int, shard_params: float) -> float:
+def _megatron_step_peak(training: TrainingSpec, grad_bytes: int, shard_params: float,
+                        precision_aware: bool) -> float:
     """Transient bytes of Megatron-Core's optimizer step on a rank whose optimizer holds ``shard_params`` elements:
     the fp32 copy of each 16-bit gradient shard it hands Adam (``shard_model_grad.float()`` in
     DistributedOptimizer._copy_model_grads_to_main_grads, every group before the step; the same in
     Float16OptimizerWithFloat16Params without the distributed optimizer), none with fp32 grads (a view), nor where
     the precision-aware optimizer reads the 16-bit shard itself (``decoupled_grad``: without fp8, with delayed
-    scaling, OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8). Adam steps in place and the
+    scaling, OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8; ``precision_aware``: the layout's
+    ``ParallelConfig.use_precision_aware_optimizer``). Adam steps in place and the
     updated shard is written into the parameter buffer, which the all-gather fills in place: nothing more."""
     if grad_bytes == _FP32:
         return 0.0
-    if training.precision_aware_optimizer and (training.precision != "fp8" or training.fp8_recipe == "delayed"):
+    if precision_aware and (training.precision != "fp8" or training.fp8_recipe == "delayed"):
         return 0.0
     return _FP32 * shard_params
 
@@ -1081,11 +1111,12 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     wgrad_excess = max(0.0, wgrad - logits * (1.0 + frag))  # as _peak: what the loss's freed bytes do not cover
     overhead += wgrad_excess
     switches = (shards[0], shards[1], config.use_distributed_optimizer, config.overlap_grad_reduce,
-                config.overlap_param_gather)
+                config.overlap_param_gather, _narrow_temp_blocks(config), config.use_precision_aware_optimizer)
     reduce_excess = max(0.0, _reduce_peak(ctx, config.tp, config.ep, config.etp, switches, par, lay)
                         - (activations + logits + comm + overhead))
     overhead += reduce_excess + workspace
-    keep = shards[4]
+    keep, ob = shards[4], shards[5]
+    dense_states, expert_states = ob * dense_states, ob * expert_states  # elements -> bytes
     optimizer = (dense_states / shards[0] * (shards[2] - 1.0 + keep)
                  + expert_states / shards[1] * (shards[3] - 1.0 + keep))
     host = (1.0 - keep) * (dense_states / shards[0] + expert_states / shards[1])
@@ -1107,8 +1138,8 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
     """Per-tensor / per-bucket bytes of one evaluated rank (names as in docs/memory-model.md)."""
     _, _, _, per_chunk, _, _, lay, par, act_once, row_logits, row_comm, row_work, fixed, _, _ = row
     p, gemm = par[0], par[1]
-    dense_shard, expert_shard, ds, es, keep = shards
-    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ctx.opt_bytes * keep
+    dense_shard, expert_shard, ds, es, keep, ob = shards
+    wb, gb, ob = ctx.weight_bytes, ctx.grad_bytes, ob * keep
     x = tokens * n * lay.stored_dense / vpp
     y = tokens * n * lay.stored_moe / vpp
     details: list[tuple[str, float]] = [

@@ -57,10 +57,14 @@ MEGATRON_CORE: dict[str, Any] = {"gradient_accumulation_fusion": True, "sequence
 #: fp8 through Transformer Engine with current (tensorwise) scaling: Megatron-Bridge's ``fp8_cs``.
 TE_FP8_CS: dict[str, Any] = {"precision": "fp8", "transformer_engine_fp8": True, "fp8_recipe": "tensorwise"}
 #: The ModelZoo's ``PR=fp8`` (DeepSeek-V3's recipe) and ``PR=mxfp8``: Transformer Engine's blockwise or mxfp8
-#: scaling, fp8 primary weights and bf16 Adam moments (the precision-aware optimizer), fp32 main grads.
+#: scaling, fp8 primary weights, fp32 main grads; its bf16 Adam moments (the precision-aware optimizer) are the
+#: layout's (:data:`MODELZOO_MOMENTS`).
 MODELZOO_FP8: dict[str, Any] = {"precision": "fp8", "transformer_engine_fp8": True, "fp8_recipe": "blockwise",
-                                "fp8_param_gather": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
+                                "fp8_param_gather": True}
 MODELZOO_MXFP8: dict[str, Any] = {**MODELZOO_FP8, "fp8_recipe": "mxfp8"}
+#: The ModelZoo's optimizer state (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
+#: bf16``, fp32 master weights): ParallelConfig fields of its layouts.
+MODELZOO_MOMENTS: dict[str, Any] = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
 #: Megatron-Bridge's performance recipes reduce and accumulate gradients in bf16 (``grad_reduce_in_fp32 =
 #: False``); Megatron-LM's default with bf16 (the ModelZoo) accumulates them in fp32.
 BRIDGE_GRADS: dict[str, Any] = {"main_grads_fp32": False}
@@ -153,7 +157,7 @@ MEMORY_RUNS: tuple[PublishedRun, ...] = (
         (("tflops_per_gpu", 338.0),), ("DeepEP flex dispatcher (priced as alltoall)",)),
     PublishedRun(
         "deepseek-v3-h100-modelzoo", "deepseek-v3", "h100-sxm", 1024,
-        _DEEPSEEK_H100,
+        _layout(**dict(_DEEPSEEK_H100), **MODELZOO_MOMENTS),
         _training(4096, 8192, **MODELZOO_FP8),
         "Megatron-MoE-ModelZoo best_practice/deepseek-v3/run_deepseek_v3_h100.sh (PR=fp8: blockwise, "
         "--fp8-param-gather, bf16 moments; native fused loss)",
@@ -163,14 +167,14 @@ MEMORY_RUNS: tuple[PublishedRun, ...] = (
 HEADLINE_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
         "deepseek-v3-gb300", "deepseek-v3", "gb300", 128,
-        _layout(pp=4, vpp=4, ep=32, **_DEEPSEEK_GB),
+        _layout(pp=4, vpp=4, ep=32, **_DEEPSEEK_GB, **MODELZOO_MOMENTS),
         _training(4096, 4096, **MODELZOO_MXFP8),
         "arXiv 2603.07685 (1,233 TFLOPS/GPU); layout: ModelZoo run_deepseek_v3_gb300.sh",
         (("tflops_per_gpu", 1233.0),), ("HybridEP flex dispatcher (priced as alltoall)", "CUDA graphs"),
         nvlink_domain=32),
     PublishedRun(
         "deepseek-v3-gb200", "deepseek-v3", "gb200", 256,
-        _layout(pp=4, vpp=4, ep=64, **_DEEPSEEK_GB),
+        _layout(pp=4, vpp=4, ep=64, **_DEEPSEEK_GB, **MODELZOO_MOMENTS),
         _training(4096, 8192, **MODELZOO_MXFP8),
         "arXiv 2603.07685 (1,048 TFLOPS/GPU); layout: ModelZoo run_deepseek_v3_gb200.sh",
         (("tflops_per_gpu", 1048.0),),
@@ -178,7 +182,7 @@ HEADLINE_RUNS: tuple[PublishedRun, ...] = (
          "optimizer states offloaded between steps (--offload-optimizer-states)"), nvlink_domain=64),
     PublishedRun(
         "qwen3-235b-a22b-gb300", "qwen3-235b-a22b", "gb300", 64,
-        _layout(ep=64, **_EP_OVERLAP),
+        _layout(ep=64, **_EP_OVERLAP, **MODELZOO_MOMENTS),
         _training(4096, 8192, **MODELZOO_MXFP8),
         "arXiv 2603.07685 (974 TFLOPS/GPU); layout: ModelZoo run_gb300_235b.sh (which reports 1,055 for it)",
         (("tflops_per_gpu", 974.0),), ("HybridEP flex dispatcher (priced as alltoall)", "CUDA graphs"),
@@ -186,7 +190,8 @@ HEADLINE_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
         "qwen3-235b-a22b-gb200", "qwen3-235b-a22b", "gb200", 256,
         _layout(pp=4, vpp=6, ep=64, micro_batch_size=3, recompute_granularity="selective",
-                recompute_modules=("moe_act", "layernorm"), **_EP_OVERLAP, **_EMBEDDING_AND_LOSS),
+                recompute_modules=("moe_act", "layernorm"), **_EP_OVERLAP, **_EMBEDDING_AND_LOSS,
+                **MODELZOO_MOMENTS),
         _training(4096, 3072, **MODELZOO_MXFP8),
         "arXiv 2603.07685 (919 TFLOPS/GPU); layout: ModelZoo run_gb200_235b.sh and best_practice/qwen3/readme.md "
         "(GB200 MXFP8 row, 919 TFLOPS)",

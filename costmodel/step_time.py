@@ -55,7 +55,7 @@ from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.head_pricing import head_pricing
 from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, GradGroupsKey, HostKey,
                                    LayerKey, RoutedKey, StepStatKey)
-from costmodel.memory import offloaded_layer_bytes
+from costmodel.memory import OPT_STATE_BLOCK_ELEMENTS, offloaded_layer_bytes
 from costmodel.terms import (
     BOTTLENECK_TERMS,
     HIDDEN_TERMS,
@@ -71,6 +71,7 @@ from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
 from spec.head_features import HEAD_FEATURES, head_features
 from spec.model_spec import ModelSpec
+from spec.optimizer_dtypes import OPTIMIZER_DTYPE_BYTES
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
 from spec.rank_groups import GridSizes, GroupStride
@@ -92,6 +93,14 @@ BUCKET_PARAMS_PER_DP = 1_000_000
 # Adam step bytes per parameter on this rank: read fp32 grad, master weight, m, v (16); write master,
 # m, v (12) and the bf16 model weight (2); the grad-norm for clipping reads the grad again (4).
 OPTIMIZER_BYTES_PER_PARAM = 34
+# The precision-aware optimizer (executor/optimizer.py, blocked_step): a state kept in d bytes is widened to an
+# fp32 block before the same fused kernel (read d, write 4) and narrowed after it (read 4, write d): 2·d + 8
+# bytes more per element than an fp32 state, which the kernel updates in place. A scaled state (fp16; fp8 in
+# Megatron) is also multiplied by its scale on the way in (read 4, write 4), and on the way out its block's
+# largest magnitude is read (4) and the block scaled again (8): 24 more. Each block of OPT_STATE_BLOCK_ELEMENTS
+# costs its kernels' launches: per such state 2 (widen, narrow), 7 for a scaled one, and the fused step.
+NARROW_STATE_SCALE_BYTES = 24
+NARROW_STATE_KERNELS = {"bf16": 2, "fp16": 7, "fp8": 7}
 # Megatron's vocab-parallel cross-entropy in fp32 over bf16 logits: bytes of HBM traffic per logit element
 # (the executor's blocked loss: costmodel.loss).
 LOSS_BYTES_PER_LOGIT_FWD = 8
@@ -120,6 +129,7 @@ FP32_GRAD_ACCUM_BYTES = 12
 # MAIN_GRAD_FIRST_BYTES per local weight less than ``m`` adds (executor/parallel/grad_reduce.py: mark_main_grads_stale).
 MAIN_GRAD_FIRST_BYTES = 6
 _FP32_BYTES = 4
+_INT64_BYTES = 8
 
 # Slots of a layer vector (per-micro-batch seconds of one layer kind), from the term table.
 N_SLOTS = len(LAYER_TERMS)
@@ -328,10 +338,10 @@ class _Shape:
         self.cp_places = {"cp": self.cp_place,
                           "cp_a2a": group_placement(cp_stride, self.cp_split[0], ctx.gpus_per_node),
                           "cp_p2p": group_placement(cp_stride * self.cp_split[0], self.cp_split[1], ctx.gpus_per_node)}
-        imbalance = training.ep_imbalance(ep)  # the busiest EP rank sets the pace; the others wait in the a2a
+        # the busiest EP rank sets the pace, the others wait in the a2a; capacity routing caps its rows, padding
+        # to capacity fixes them at the capacity (the zero rows are computed and sent like the others)
+        imbalance = training.expert_rows_factor(ep)
         capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
-        if capacity:
-            imbalance = min(imbalance, training.moe_expert_capacity_factor)
         self.imbalance = imbalance
         # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
         self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
@@ -339,6 +349,7 @@ class _Shape:
         # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
         self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
                                      self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance,
+                                     capacity and training.moe_pad_expert_input_to_capacity, False, 1,
                                      self.cp_comm_type, *self.cp_split)
         self.layer_calls = _calls.attention_calls(self.calls)  # the attention's, the CP exchange's among them
 
@@ -920,8 +931,14 @@ def _check_pipeline(model: ModelSpec, config: ParallelConfig) -> None:
 
 
 def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config: ParallelConfig,
-                       corrections: Mapping[str, float] | None = None) -> StepTimeBreakdown:
+                       corrections: Mapping[str, float] | None = None,
+                       router: RouterOptions | None = None) -> StepTimeBreakdown:
     """Predicted seconds per optimizer step of ``config`` and their breakdown by term.
+
+    ``router``: the router options trained with, where they add calls the executor's defaults do not: the global
+    aux loss's all-reduce of the tokens per expert over DP·CP, in line in every MoE layer's forward of every
+    micro-batch (priced into ``dp_grad``, the DP communication; :func:`global_aux_seconds`). The layers are
+    otherwise priced under the executor's default router options.
 
     ``corrections`` (term name -> multiplier, e.g. fitted by calibration) scales each exposed term
     before they are summed; terms it does not name keep factor 1. Two further keys scale the host floor
@@ -1014,10 +1031,13 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
     if ctx.fp8_weight_cast:
         values[_I_MEM] += memory_time(ctx.rates, ctx.fp8_weight_cast * _most_gemm_weights(ctx, c), kernels=0)
-    optimizer = local * ctx.optimizer_seconds_per_param + 4 * ctx.rates.kernel_overhead
+    traffic, kernels = optimizer_traffic(c.optimizer_dtypes, training.param_bytes == _FP32_BYTES)
+    blocks = -(-local // OPT_STATE_BLOCK_ELEMENTS) if kernels else 0
+    optimizer = (local * ctx.optimizer_seconds_per_param * traffic
+                 + (4 + blocks * kernels) * ctx.rates.kernel_overhead)
     if c.optimizer_cpu_offload_fraction:
         optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
-                                              training.param_bytes, cluster.hardware)
+                                              training.param_bytes, cluster.hardware, traffic)
     if c.activation_offload_modules:
         values[_I_MEM] += m * activation_offload_seconds(model, training, cluster, c, nd, nm, d.compute_fwd,
                                                          e.compute_fwd)
@@ -1041,6 +1061,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         edp_grad += ctx.overlap_slowdown * hidden[_H_EDP]
     # after the backward, in line: the TP sums of replicated gradients and the step's statistics
     dp_grad += stats
+    if router is not None:
+        dp_grad += global_aux_seconds(ctx, c, router, m)
     if gathers:
         param_gather = gathers
         if c.overlap_param_gather:  # hidden behind the first micro-batch's forward, but for the first bucket
@@ -1155,17 +1177,48 @@ def _part_seconds(part: _LayerCost, slots: tuple[int, ...], factors: list[float]
     return sum([factors[i] * part.exposed[i] for i in slots])
 
 
+def global_aux_seconds(ctx: _Context, c: ParallelConfig, router: RouterOptions, micro_batches: int) -> float:
+    """Seconds a step of ``c`` spends in the global aux loss's all-reduces over DP·CP (one per MoE layer of the
+    busiest pipeline rank and micro-batch, the tokens per expert in int64; 0 without the global aux loss or
+    with one DP·CP rank): costmodel.collective_inventory.router_calls lists the same call."""
+    model = ctx.model
+    if not model.is_moe or c.world_size // (c.tp * c.pp) <= 1:
+        return 0.0
+    resolved = router.resolve(model)
+    if resolved.moe_router_load_balancing_type != "global_aux_loss" or not resolved.moe_aux_loss_coeff:
+        return 0.0
+    chunks = _params.layer_chunks(len(ctx.pattern), c.pp, c.vpp, c.pipeline_split)
+    moe_layers = max(sum(ctx.pattern[i] for chunk in stage for i in chunk) for stage in chunks)
+    call = Call("all_reduce", "dp_cp", (model.num_experts or 0) * _INT64_BYTES, "forward")
+    place = GroupPlacements.of_config(c, ctx.gpus_per_node).of("dp_cp")
+    return micro_batches * moe_layers * call_time(ctx.link, call, place)
+
+
+def optimizer_traffic(dtypes: tuple[str, str, str], params_fp32: bool) -> tuple[float, int]:
+    """(the step's bytes per element relative to the fp32 recipe's :data:`OPTIMIZER_BYTES_PER_PARAM`, kernels
+    launched per block of :data:`costmodel.memory.OPT_STATE_BLOCK_ELEMENTS`: 0 when every state is fp32) for
+    optimizer state ``dtypes`` (exp_avg, exp_avg_sq, main_params; fp32 weights keep no master)."""
+    states = dtypes if not params_fp32 else dtypes[:2]
+    narrow = [d for d in states if d != "fp32"]
+    if not narrow:
+        return 1.0, 0
+    extra = sum(2 * OPTIMIZER_DTYPE_BYTES[d] + 8 + (NARROW_STATE_SCALE_BYTES if d != "bf16" else 0) for d in narrow)
+    return (OPTIMIZER_BYTES_PER_PARAM + extra) / OPTIMIZER_BYTES_PER_PARAM, 1 + sum(NARROW_STATE_KERNELS[d]
+                                                                                   for d in narrow)
+
+
 def optimizer_offload_seconds(local_params: float, fraction: float, gpu_seconds: float, param_bytes: int,
-                              hardware) -> float:
+                              hardware, traffic: float = 1.0) -> float:
     """Seconds of an optimizer step with ``fraction`` of this rank's ``local_params`` optimizer elements on the
     CPU (executor/optimizer.py): their fp32 gradients go device-to-host first (4 B each over the host link);
     then the GPU steps its share (``(1 - fraction)`` of ``gpu_seconds``, the whole step's device seconds) while
-    the CPU steps the rest (12 B of fp32 state each at ``cpu_adam_bytes_per_s``); then the updated weights
+    the CPU steps the rest (12 B of fp32 state each at ``cpu_adam_bytes_per_s``, times ``traffic`` for a
+    precision-aware optimizer's widening and narrowing, :func:`optimizer_traffic`); then the updated weights
     come back host-to-device in their dtype (``param_bytes`` each)."""
     host = fraction * local_params
     link = hardware.host_link_bytes_per_s
     d2h, h2d = host * _FP32_BYTES / link, host * param_bytes / link
-    cpu = host * 3 * _FP32_BYTES / hardware.cpu_adam_bytes_per_s
+    cpu = host * 3 * _FP32_BYTES * traffic / hardware.cpu_adam_bytes_per_s
     gpu = (1.0 - fraction) * gpu_seconds
     return d2h + (gpu if gpu > cpu else cpu) + h2d
 

@@ -24,9 +24,12 @@ def check_buildable(model: ModelSpec, training: TrainingSpec, config: ParallelCo
         raise InvalidConfigError(refusal(model, config, rejections))
 
 
-def training_for(seq_length: int, global_batch_size: int, capacity_factor: float | None) -> TrainingSpec:
+def training_for(seq_length: int, global_batch_size: int, capacity_factor: float | None,
+                 pad_to_capacity: bool = False) -> TrainingSpec:
     """The TrainingSpec the rule book judges a run by when the executor is given its parts (tokens per
-    sequence, sequences per step, the router's capacity factor: None for dropless routing)."""
+    sequence, sequences per step, the router's capacity factor: None for dropless routing; whether the experts'
+    input is padded to capacity)."""
     return TrainingSpec(seq_length=seq_length, global_batch_size=global_batch_size,
                         routing_mode="dropless" if capacity_factor is None else "capacity",
-                        moe_expert_capacity_factor=capacity_factor)
+                        moe_expert_capacity_factor=capacity_factor,
+                        moe_pad_expert_input_to_capacity=pad_to_capacity)

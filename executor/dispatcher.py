@@ -37,6 +37,10 @@ implements and which the EP-overlap schedule, executor/ep_overlap.py, uses and n
 - ``allgather``: all-gather every token of the tp_ep group, keep the ones routed to local experts,
   and reduce-scatter the weighted outputs back (sums the etp partial products on the way).
 
+Padding to capacity (``Routing.pad_E``): after the permutation each expert's rows are followed by this rank's
+zero rows for it (:func:`pad_rows`), which travel and are computed like the others; the combine drops them
+again before the unpermutation (nothing maps back to them), so they change no output and no gradient.
+
 Permutation never loops over experts: a stable argsort by expert id, an index_select, and on the way
 back a gather of each token's k rows and a k-wide batched product with the probabilities (no atomics).
 On CUDA with Triton (executor/kernels/triton_permute.py) the dropless sort is a counting sort and the
@@ -139,6 +143,26 @@ def unpermute(y_MH: torch.Tensor, probs_NK: torch.Tensor, slots_M: torch.Tensor,
 def sort_by_expert(experts_NK: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Slots sorted by expert id (ids ≥ num_buckets are dropped) and the count per bucket [num_buckets]."""
     return torch.argsort(experts_NK.reshape(-1), stable=True), count_per_expert(experts_NK, num_buckets)
+
+
+def pad_rows(rows_MH: torch.Tensor, counts_E: torch.Tensor, pad_E: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rows_MH`` (sorted by expert, ``counts_E`` each) with ``pad_E`` zero rows after each expert's own:
+    (padded rows [M + Σ pad, h], their counts per expert, the position of each of the M rows among them, for
+    :func:`unpad_rows`). Gradients flow to ``rows_MH`` only. One host sync (the padded row count)."""
+    padded_counts = counts_E + pad_E
+    total = int(padded_counts.sum())
+    m = rows_MH.shape[0]
+    expert = torch.repeat_interleave(torch.arange(counts_E.numel(), device=counts_E.device), counts_E, output_size=m)
+    shift = (torch.cumsum(padded_counts, 0) - padded_counts) - (torch.cumsum(counts_E, 0) - counts_E)
+    positions = torch.arange(m, device=rows_MH.device) + shift[expert]
+    padded = rows_MH.new_zeros((total, rows_MH.shape[1])).index_copy(0, positions, rows_MH)
+    return padded, padded_counts, positions
+
+
+def unpad_rows(y_PH: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The rows :func:`pad_rows` padded, without the padding (the experts' output of the zero rows is dropped)."""
+    return y_PH.index_select(0, positions)
 
 
 def chunk_order(counts_SE: torch.Tensor, total: int | None = None) -> torch.Tensor:
@@ -278,6 +302,9 @@ class AllToAllDispatcher(TokenDispatcher):
             row_of_slot = slot_rows(slots, n, k)
         rows = permute(x_NH, slots, row_of_slot, k)
         ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": routing.probs_NK, "counts": counts_E}
+        if routing.pad_E is not None:
+            rows, counts_E, ctx["unpad"] = pad_rows(rows, counts_E, routing.pad_E)
+            ctx["counts"] = counts_E
         if ep.size == 1 and etp.size == 1:
             return rows, ctx
 
@@ -342,6 +369,8 @@ class AllToAllDispatcher(TokenDispatcher):
         c = dispatched.ctx
         if "index" in c:
             y_MH = self.timer.mark(y_MH, "ep_alltoall", "combine")
+        if "unpad" in c:
+            y_MH = unpad_rows(y_MH, c["unpad"])
         return unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
 
 
@@ -367,7 +396,12 @@ class AllGatherDispatcher(TokenDispatcher):
         slots = order[: int(counts.sum())]
         row_of_slot = slot_rows(slots, x_all.shape[0], k)
         rows = permute(x_all, slots, row_of_slot, k)
-        return rows, {"slots": slots, "row_of_slot": row_of_slot, "probs": probs_all, "counts": counts}
+        ctx = {"slots": slots, "row_of_slot": row_of_slot, "probs": probs_all, "counts": counts}
+        if routing.pad_E is not None:  # every gathered rank's zero rows for the local experts
+            first = self.state.ep.rank * e_local
+            pad = all_gather_nograd(routing.pad_E, group).view(group.size, -1)[:, first:first + e_local].sum(0)
+            rows, ctx["counts"], ctx["unpad"] = pad_rows(rows, counts, pad)
+        return rows, ctx
 
     def dispatch_postprocess(self, rows: torch.Tensor, ctx: dict) -> Dispatched:
         return Dispatched(rows, ctx["counts"], ctx)
@@ -378,6 +412,8 @@ class AllGatherDispatcher(TokenDispatcher):
     def combine_postprocess(self, y_MH: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         """Weight and sum each gathered token's copies, then reduce-scatter the sums back over tp_ep."""
         c = dispatched.ctx
+        if "unpad" in c:
+            y_MH = unpad_rows(y_MH, c["unpad"])
         y_all = unpermute(y_MH, c["probs"], c["slots"], c["row_of_slot"])
         y_all = self.timer.mark(y_all, "combine", "tp_ep_reduce_scatter")
         y = reduce_scatter(y_all, self.state.tp_ep)

@@ -46,6 +46,16 @@ order, each unit's shard from its start) keep their fp32 master weights and mome
 remainder meanwhile; then it runs the same AdamW formula on the CPU and copies the updated weights, already in
 the parameters' dtype, host-to-device from a pinned buffer into the unit's shard before its write-back or
 gather. The transfers are not overlapped with the CPU step (Megatron's --overlap-cpu-optimizer-d2h-h2d).
+
+Precision-aware state (``state_dtypes``, Megatron's ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` /
+``--main-params-dtype``): each of exp_avg, exp_avg_sq and the master weights may be kept in bf16 or fp16 instead
+of fp32 (:class:`StateStore`), on the device and in the CPU part alike. The update itself stays fp32: a unit with
+such a state is stepped in blocks of :data:`STATE_BLOCK_ELEMENTS` (the CPU part in blocks of
+:data:`HOST_STEP_ELEMENTS`), each block widened to fp32, updated by the same AdamW kernel and narrowed back
+(round to nearest), so the step's temporaries are a few fp32 blocks, never a whole fp32 copy of the state. bf16 is a
+plain cast; fp16 is scaled per block so the block's largest value sits at half fp16's range, as Transformer
+Engine's FusedAdam scales per tensor. fp8 moments (Megatron's) are not built (rule ``executor_optimizer_dtypes``).
+Checkpoints read and write every state as fp32 (:meth:`_Unit.state`, :meth:`_Unit.load_state`).
 """
 
 from __future__ import annotations
@@ -68,9 +78,10 @@ from executor.parallel.grad_reduce import (
     settle_main_grads,
 )
 from executor.parallel.groups import Group
+from spec.errors import InvalidConfigError
 
 # attach_main_grads: re-exported
-__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather"]
+__all__ = ["MixedPrecisionAdam", "attach_main_grads", "finish_param_gather", "torch_state_dtypes"]
 
 #: Byte alignment every parameter must keep when it becomes a view of a unit's gather buffer (the base of
 #: a CUDA allocation is 512-byte aligned; GEMM and grouped-GEMM kernels want 16-byte aligned operands).
@@ -102,6 +113,143 @@ def adamw_step(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Te
 
 #: Elements the CPU Adam steps at once (its temporaries: two fp32 blocks, 8 MiB).
 HOST_STEP_ELEMENTS = 1 << 20
+#: Elements of one block of a device unit with a state below fp32: the step widens one block of each such state
+#: to fp32 at a time (16 MiB each), and an fp16 state keeps one scale per block. Large enough that a block's
+#: few kernels run longer than they take to launch (4 M elements: ~10 us each at HBM speed).
+STATE_BLOCK_ELEMENTS = 1 << 22
+#: The optimizer state words (spec.optimizer_dtypes) the executor keeps, as torch dtypes.
+STATE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: (exp_avg, exp_avg_sq, master weights): the classic recipe.
+FP32_STATES = (torch.float32, torch.float32, torch.float32)
+#: The keys of a unit's states, in the order of ``state_dtypes``.
+STATE_KEYS = ("exp_avg", "exp_avg_sq", "master")
+# an fp16 block is stored as value / scale with the block's largest magnitude at half fp16's range: headroom
+# for the narrowing's rounding, as Transformer Engine's FusedAdam leaves
+_FP16_HALF_RANGE = torch.finfo(torch.float16).max / 2
+
+
+def torch_state_dtypes(words: tuple[str, str, str]) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """torch dtypes of a layout's (exp_avg, exp_avg_sq, main_params) words; InvalidConfigError naming the rule
+    book's ``executor_optimizer_dtypes`` (re-checked for a model built without executor.buildable) for a word
+    the executor does not keep (fp8)."""
+    unbuilt = [w for w in words if w not in STATE_TORCH_DTYPES]
+    if unbuilt:
+        raise InvalidConfigError(f"[executor_optimizer_dtypes] optimizer state dtypes {'/'.join(words)}: the executor keeps "
+                         f"its state in {', '.join(STATE_TORCH_DTYPES)}")
+    return tuple(STATE_TORCH_DTYPES[w] for w in words)  # type: ignore[return-value]
+
+
+class StateStore:
+    """One optimizer state of a unit (master weights or an Adam moment) kept in ``dtype``, read and written as fp32
+    values one block of ``block`` elements at a time (an fp16 state keeps one fp32 scale per block, so blocks are
+    read and written whole). ``data`` is the stored tensor; fp32 blocks are views of it, updated in place."""
+
+    def __init__(self, values: torch.Tensor, dtype: torch.dtype, block: int) -> None:
+        """``values``: the initial fp32 state, taken over (not copied) when ``dtype`` is fp32."""
+        self.dtype, self.block = dtype, block
+        n = values.numel()
+        self.scales: torch.Tensor | None = None
+        if dtype == torch.float32:
+            self.data = values
+            return
+        self.data = torch.empty(n, dtype=dtype, device=values.device)
+        if dtype == torch.float16:
+            self.scales = torch.zeros(-(-n // block), dtype=torch.float32, device=values.device)
+        self.assign(values)
+
+    @classmethod
+    def zeros(cls, n: int, dtype: torch.dtype, block: int, device: torch.device) -> StateStore:
+        """A state of ``n`` zeros, made in its own dtype (no fp32 copy of it on the way)."""
+        store = cls(torch.zeros(0, device=device), dtype, block)
+        store.data = torch.zeros(n, dtype=dtype, device=device)
+        if store.scales is not None:
+            store.scales = torch.zeros(-(-n // block), dtype=torch.float32, device=device)
+        return store
+
+    @property
+    def exact(self) -> bool:
+        """Whether the state is kept in fp32 (its blocks are views, written in place)."""
+        return self.dtype == torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the state takes (its fp16 scales included)."""
+        extra = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        return self.data.numel() * self.data.element_size() + extra
+
+    def load(self, start: int) -> torch.Tensor:
+        """The fp32 values of the block starting at ``start`` (a multiple of ``block``): a view of the state when
+        it is fp32, else a new fp32 tensor."""
+        end = start + self.block
+        if self.exact:
+            return self.data[start:end]
+        values = self.data[start:end].float()
+        if self.scales is not None:
+            values.mul_(self.scales[start // self.block])
+        return values
+
+    def store(self, start: int, values: torch.Tensor) -> None:
+        """Write the block starting at ``start`` from its fp32 ``values`` (round to nearest; nothing to do for a
+        view :meth:`load` returned). An fp16 state scales ``values`` in place: pass a block the caller no longer
+        reads."""
+        target = self.data[start:start + values.numel()]
+        if self.exact:
+            if values.data_ptr() != target.data_ptr():
+                target.copy_(values)
+            return
+        if self.scales is None:
+            target.copy_(values)
+            return
+        # the block's largest magnitude without a temporary; values (the step's own fp32 block) is scaled in place,
+        # and an all-zero block keeps scale 0 (no host sync to test it)
+        scale = torch.linalg.vector_norm(values, float("inf")) / _FP16_HALF_RANGE
+        self.scales[start // self.block] = scale
+        target.copy_(values.mul_(torch.where(scale > 0, scale.reciprocal(), scale)))
+
+    def values(self) -> torch.Tensor:
+        """The whole state as fp32 (the stored tensor itself when it is fp32)."""
+        if self.exact:
+            return self.data
+        return torch.cat([self.load(start) for start in range(0, self.data.numel(), self.block)]) \
+            if self.data.numel() else self.data.float()
+
+    @torch.no_grad()
+    def assign(self, values: torch.Tensor) -> None:
+        """Replace the whole state with the fp32 ``values`` (left unchanged)."""
+        for start in range(0, values.numel(), self.block):
+            block = values[start:start + self.block]
+            self.store(start, block if self.exact else block.clone())
+
+
+def _make_stores(master: torch.Tensor, state_dtypes: tuple, block: int) -> dict[str, StateStore]:
+    """A unit's (or CPU part's) three states: zero moments and ``master`` (fp32, taken over) in their dtypes."""
+    m_dtype, v_dtype, w_dtype = state_dtypes
+    return {"exp_avg": StateStore.zeros(master.numel(), m_dtype, block, master.device),
+            "exp_avg_sq": StateStore.zeros(master.numel(), v_dtype, block, master.device),
+            "master": StateStore(master, w_dtype, block)}
+
+
+def blocked_step(stores: dict[str, StateStore], grad: torch.Tensor, hyper: tuple,
+                 step: torch.Tensor | None = None, out: torch.Tensor | None = None) -> None:
+    """AdamW over states kept below fp32: each block widened to fp32, updated (torch's fused kernel when ``step``
+    is given, a CPU tensor holding the step count on the states' device; else the chain of in-place ops), narrowed
+    back. ``out``: also receives the updated master weights in its dtype (the CPU part's pinned buffer)."""
+    lr, (beta1, beta2), eps, weight_decay = hyper[0], hyper[1], hyper[2], hyper[3]
+    master = stores["master"]
+    block = master.block
+    for start in range(0, master.data.numel(), block):
+        w, m, v = master.load(start), stores["exp_avg"].load(start), stores["exp_avg_sq"].load(start)
+        g = grad[start:start + block]
+        if step is not None:
+            torch._fused_adamw_([w], [g], [m], [v], [], [step], lr=lr, beta1=beta1, beta2=beta2,
+                                weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        else:
+            adamw_step(w, m, v, g, *hyper)
+        if out is not None:
+            out[start:start + block].copy_(w)
+        master.store(start, w)
+        stores["exp_avg"].store(start, m)
+        stores["exp_avg_sq"].store(start, v)
 
 
 def offload_threads(device: torch.device) -> int:
@@ -115,25 +263,34 @@ def offload_threads(device: torch.device) -> int:
 
 
 class HostPart:
-    """The first ``n`` elements of a unit's shard, stepped on the CPU (optimizer CPU offload): fp32 master
-    weights and moments in CPU memory, a pinned fp32 buffer the gradients arrive in (device to host) and a
-    pinned buffer of the updated weights in the parameters' dtype (host to device)."""
+    """The first ``n`` elements of a unit's shard, stepped on the CPU (optimizer CPU offload): master weights and
+    moments in CPU memory (fp32, or the ``state_dtypes`` of a precision-aware optimizer: exp_avg, exp_avg_sq,
+    master), a pinned fp32 buffer the gradients arrive in (device to host) and a pinned buffer of the updated
+    weights in the parameters' dtype (host to device)."""
 
-    def __init__(self, master: torch.Tensor, dtype: torch.dtype) -> None:
+    def __init__(self, master: torch.Tensor, dtype: torch.dtype, state_dtypes: tuple = FP32_STATES) -> None:
         pin = master.is_cuda
         n = master.numel()
-        self.master = master.to("cpu", copy=True)
-        self.exp_avg = torch.zeros(n, dtype=torch.float32)
-        self.exp_avg_sq = torch.zeros(n, dtype=torch.float32)
+        self.stores = _make_stores(master.to("cpu", dtype=torch.float32, copy=True), state_dtypes,
+                                   HOST_STEP_ELEMENTS)
+        self.master, self.exp_avg, self.exp_avg_sq = (self.stores[k].data for k in ("master", "exp_avg", "exp_avg_sq"))
         self.grad = torch.empty(n, dtype=torch.float32, pin_memory=pin)
         self.out = torch.empty(n, dtype=dtype, pin_memory=pin)
-        self.out.copy_(self.master)
+        self.out.copy_(self.stores["master"].values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of master weights and moments this part keeps."""
+        return sum(store.nbytes for store in self.stores.values())
 
     def step(self, hyper: tuple, step: torch.Tensor | None = None) -> None:
         """AdamW over the gradients in :attr:`grad`, then the weights in the parameters' dtype into :attr:`out`;
         in blocks of :data:`HOST_STEP_ELEMENTS` (the step's temporaries stay small and in cache). ``step`` (a CPU
         tensor holding the step count): torch's fused AdamW kernel, the one the device part runs, else the
         chain of in-place ops."""
+        if not all(store.exact for store in self.stores.values()):
+            blocked_step(self.stores, self.grad, hyper, step, self.out)
+            return
         lr, (beta1, beta2), eps, weight_decay = hyper[0], hyper[1], hyper[2], hyper[3]
         for start in range(0, self.master.numel(), HOST_STEP_ELEMENTS):
             end = start + HOST_STEP_ELEMENTS
@@ -153,7 +310,8 @@ class _Unit:
     shard's first ``host_numel`` elements live there and ``master``/``exp_avg``/``exp_avg_sq`` hold the rest."""
 
     def __init__(self, params: list[torch.nn.Parameter], group: Group, entry=None, index: int = 0,
-                 buffer: torch.Tensor | None = None, host_budget: list[int] | None = None):
+                 buffer: torch.Tensor | None = None, host_budget: list[int] | None = None,
+                 state_dtypes: tuple = FP32_STATES):
         self.params, self.group, self.entry, self.index, self.buffer = params, group, entry, index, buffer
         self.numel = sum(p.numel() for p in params)
         full = _flatten_dense_tensors([p.detach().float() for p in params])
@@ -167,10 +325,11 @@ class _Unit:
         n = min(host_budget[0], self.shard_numel) if host_budget else 0
         if host_budget:
             host_budget[0] -= n
-        self.host: HostPart | None = HostPart(shard[:n], params[0].dtype) if n else None
-        self.master = shard[n:].clone()
-        self.exp_avg = torch.zeros_like(self.master)
-        self.exp_avg_sq = torch.zeros_like(self.master)
+        self.host: HostPart | None = HostPart(shard[:n], params[0].dtype, state_dtypes) if n else None
+        # the stored states (StateStore); master, exp_avg and exp_avg_sq are their tensors, fp32 or narrower
+        self.stores = _make_stores(shard[n:].clone(), state_dtypes, STATE_BLOCK_ELEMENTS)
+        self.master, self.exp_avg, self.exp_avg_sq = (self.stores[k].data for k in ("master", "exp_avg", "exp_avg_sq"))
+        self.exact = all(store.exact for store in self.stores.values())  # every state fp32: the fused fast path
         self.gather_buffer: torch.Tensor | None = None  # overlapped units: the parameters are views of it
         self.work = None  # the pending all-gather into gather_buffer
 
@@ -179,22 +338,27 @@ class _Unit:
         """Elements of this shard stepped on the CPU (0 without offload)."""
         return self.shard_numel - self.master.numel()
 
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of master weights and moments this unit keeps on the parameters' device."""
+        return sum(store.nbytes for store in self.stores.values())
+
     def state(self, key: str) -> torch.Tensor:
         """The whole fp32 shard of ``key`` ('master', 'exp_avg', 'exp_avg_sq') on the parameters' device."""
-        local = getattr(self, key)
+        local = self.stores[key].values()
         if self.host is None:
             return local
-        return torch.cat([getattr(self.host, key).to(local.device), local])
+        return torch.cat([self.host.stores[key].values().to(local.device), local])
 
     @torch.no_grad()
     def load_state(self, key: str, shard: torch.Tensor) -> None:
         """Install the whole fp32 shard of ``key`` (as :meth:`state` returns it)."""
         n = self.host_numel
         if self.host is not None:
-            getattr(self.host, key).copy_(shard[:n])
+            self.host.stores[key].assign(shard[:n].to("cpu", torch.float32))
             if key == "master":
-                self.host.out.copy_(self.host.master)
-        getattr(self, key).copy_(shard[n:])
+                self.host.out.copy_(self.host.stores["master"].values())
+        self.stores[key].assign(shard[n:].to(self.master.device, torch.float32))
 
     def own_shard(self, out: torch.Tensor) -> None:
         """Write this rank's updated shard in the parameters' dtype into ``out`` (the CPU part from its pinned
@@ -202,7 +366,12 @@ class _Unit:
         n = self.host_numel
         if n:
             out[:n].copy_(self.host.out, non_blocking=True)
-        out[n:].copy_(self.master)
+        master = self.stores["master"]
+        if master.exact:
+            out[n:].copy_(self.master)
+            return
+        for start in range(0, self.master.numel(), master.block):
+            out[n + start:n + start + master.block].copy_(master.load(start))
 
     def attach_gather_buffer(self) -> bool:
         """Make the parameters views of one flat buffer of the padded bucket (in bucket order, as the master
@@ -248,7 +417,7 @@ class _Unit:
     def write_back(self) -> None:
         """Copy the (gathered) master weights into the model's parameters, in their dtype."""
         dtype = self.params[0].dtype
-        if self.host is None:
+        if self.host is None and self.stores["master"].exact:
             shard = self.master.to(dtype)
         else:
             shard = torch.empty(self.shard_numel, dtype=dtype, device=self.master.device)
@@ -265,13 +434,14 @@ class MixedPrecisionAdam:
     ``reducer.reduce()``. ``overlap_param_gather`` (with ``sharded``): units over groups of two or more
     gather asynchronously, and ``model`` (whose parameters these are) gets the hooks that wait for them (see
     the module docstring). ``offload_fraction``: the share of this rank's optimizer elements stepped on the
-    CPU (module docstring).
+    CPU (module docstring). ``state_dtypes``: the torch dtypes of exp_avg, exp_avg_sq and the master weights
+    (:func:`torch_state_dtypes` of the layout's words; module docstring).
     """
 
     def __init__(self, params: list[torch.nn.Parameter], reducer: GradReducer, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0,
                  sharded: bool = False, overlap_param_gather: bool = False, model: torch.nn.Module | None = None,
-                 fused: bool = True, offload_fraction: float = 0.0):
+                 fused: bool = True, offload_fraction: float = 0.0, state_dtypes: tuple = FP32_STATES):
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
@@ -290,7 +460,9 @@ class MixedPrecisionAdam:
         # the first ceil(F·n) of this rank's n optimizer elements, units in order, go to the CPU
         n = sum(padded_numel(bucket, group.size) // group.size for bucket, group, *_ in groups)
         budget = [math.ceil(offload_fraction * n)]
-        self.units = [_Unit(bucket, group, entry, i, buffer, budget) for bucket, group, entry, i, buffer in groups]
+        self.state_dtypes = tuple(state_dtypes)
+        self.units = [_Unit(bucket, group, entry, i, buffer, budget, self.state_dtypes)
+                      for bucket, group, entry, i, buffer in groups]
         self.host_threads = offload_threads(self.units[0].master.device) if self.units else 1
         self._host_units = [u for u in self.units if u.host is not None]
         covered = sum(len(u.params) for u in self.units)
@@ -363,11 +535,11 @@ class MixedPrecisionAdam:
 
     def state_bytes(self) -> int:
         """Bytes of master weights and moments held by this rank on its device (the CPU part excluded)."""
-        return sum(3 * u.master.numel() * 4 for u in self.units)
+        return sum(u.state_bytes for u in self.units)
 
     def host_state_bytes(self) -> int:
         """Bytes of master weights and moments this rank keeps in CPU memory (optimizer CPU offload)."""
-        return sum(3 * u.host_numel * 4 for u in self._host_units)
+        return sum(u.host.nbytes for u in self._host_units)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free ``.grad`` (always set to None, as torch's default) and start the fp32 main gradients afresh:
@@ -390,14 +562,22 @@ class MixedPrecisionAdam:
         hyper = (self.lr, self.betas, self.eps, self.weight_decay, correction1, root_correction2)
 
         def update(unit: _Unit) -> None:
+            if not unit.exact:
+                blocked_step(unit.stores, unit.grad_shard()[unit.host_numel:], hyper)
+                return
             adamw_step(unit.master, unit.exp_avg, unit.exp_avg_sq, unit.grad_shard()[unit.host_numel:], *hyper)
 
         def update_fused(units: list[_Unit]) -> None:
             """The same AdamW formula as ``update`` in one multi-tensor kernel per device: each state tensor
             is read and written once, 28 bytes per parameter against 72 (80 with weight decay) for the chain
-            of in-place ops, which made the optimizer a seventh of a 1-GPU Mixtral-proxy step."""
+            of in-place ops, which made the optimizer a seventh of a 1-GPU Mixtral-proxy step. Units with a
+            state below fp32 are stepped block by block (:func:`blocked_step`)."""
             by_device: dict[torch.device, list[_Unit]] = {}
             for unit in units:
+                if not unit.exact:
+                    blocked_step(unit.stores, unit.grad_shard()[unit.host_numel:], hyper,
+                                 self._step_tensor(unit.master.device))
+                    continue
                 by_device.setdefault(unit.master.device, []).append(unit)
             for device, group in by_device.items():
                 steps = [self._step_tensor(device)] * len(group)

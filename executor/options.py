@@ -26,7 +26,8 @@ class ExecutorOptions:
 
     The router fields are :class:`spec.router_options.RouterOptions`' (see there; here the expert bias is
     decided, not None); :meth:`for_training` builds them from a TrainingSpec and RouterOptions.
-    ``moe_expert_capacity_factor`` None means dropless.
+    ``moe_expert_capacity_factor`` None means dropless; ``moe_pad_expert_input_to_capacity`` (with a capacity
+    factor, the rule book's ``pad_to_capacity``) pads every expert's input to its capacity.
     ``mtp_loss_scaling_factor``: weight of the multi-token-prediction loss (the mean over depths of each
     depth's cross-entropy) added to the main loss, Megatron's default 0.1 (models with ``mtp_num_layers``).
     ``cross_entropy_chunk_logits``: the output layer and loss hold at most this many logits (tokens × this
@@ -76,6 +77,8 @@ class ExecutorOptions:
     moe_router_bias_update_rate: float = 1e-3
     moe_expert_capacity_factor: float | None = None
     moe_token_drop_policy: str = "probs"
+    # with a capacity factor: every expert computes exactly its capacity of rows (TrainingSpec's field)
+    moe_pad_expert_input_to_capacity: bool = False
     # Benchmarks only: assign experts round-robin (perfect balance) instead of by score, as Megatron's
     # --moe-router-force-load-balancing does, to measure the layout without an untrained router's skew.
     moe_router_force_load_balancing: bool = False
@@ -124,7 +127,9 @@ class ExecutorOptions:
         options (defaults: RouterOptions()), resolved for ``model`` when given (expert bias None: the model
         decides; without a model, off). SpecError when the router options do not fit the model."""
         cf = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
-        return cls.for_router(router, model, **{"moe_expert_capacity_factor": cf, **overrides})
+        return cls.for_router(router, model, **{"moe_expert_capacity_factor": cf,
+                                                "moe_pad_expert_input_to_capacity":
+                                                    training.moe_pad_expert_input_to_capacity, **overrides})
 
     @classmethod
     def for_router(cls, router: RouterOptions | None = None, model: ModelSpec | None = None,

@@ -1,9 +1,22 @@
 """Top-k routers: softmax (pre/post), sigmoid with group-limited top-k, aux/z losses, expert bias, capacity.
 
-The router sees this rank's tokens only (a sequence shard under SP). Statistics that Megatron defines over
-the whole micro-batch (tokens per expert for the aux loss, token totals, capacity) are taken over the TP
-group, so the losses and the dropping decisions do not depend on the layout: each TP rank returns its
-share of a loss, and the shares sum to the single-device value.
+The router sees this rank's tokens only (a sequence shard under SP, and under CP its two chunks of every
+sequence). Statistics that Megatron defines over the whole micro-batch (tokens per expert for the aux loss,
+token totals, capacity) are taken over the TP·CP group, so the losses and the dropping decisions do not depend
+on the layout: each rank returns its share of a loss, and the shares sum to the single-device value.
+
+Capacity (token dropping): the group's choices are gathered over TP, then CP, put back in the micro-batch's own
+token order (CP ranks hold load-balanced chunks, :func:`executor.parallel.context_parallel.all_positions`) and
+ranked there, so every layout drops the tokens a single process drops. With padding to capacity
+(``moe_pad_expert_input_to_capacity``) every expert then gets exactly its capacity of rows per micro-batch: the
+group's missing rows are shared out over its ranks (:attr:`Routing.pad_E`) and the dispatcher adds them as zero
+rows, whose expert output has no token to return to (:func:`executor.dispatcher.pad_rows`).
+
+The global aux loss (``global_aux_loss``, Megatron's global-batch load balancing) counts the tokens per expert
+over TP and DP·CP: the micro-batch of the moment on every data-parallel replica (a "wave"), averaged over the
+step's waves so far (:meth:`Router.reset_global_aux_loss` starts a step). A single process with one micro-batch
+a step computes the same loss as any layout whose DP replicas hold one micro-batch each; with several waves a
+step the running average is Megatron's, whose waves depend on DP.
 """
 
 from __future__ import annotations
@@ -14,12 +27,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from collections import deque
+
 from spec.errors import InvalidConfigError
 from spec.model_spec import ModelSpec
-from spec.validity import capacity_with_cp
 from executor.kernels import triton_router as fused_router
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather_nograd, all_reduce_
+from executor.parallel.context_parallel import all_positions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.recompute import recomputing
@@ -34,6 +49,8 @@ class Routing:
     loss: torch.Tensor  # this rank's share of aux + z loss (scalar, differentiable)
     tokens_per_expert: torch.Tensor  # this rank's routed (pre-drop) counts, [num_experts] int64
     may_drop: bool = False  # capacity mode: some experts_NK entries may be the 'dropped' id
+    # padding to capacity: zero rows this rank adds to each expert's input, [num_experts] int64 (None: no padding)
+    pad_E: torch.Tensor | None = None
 
 
 def count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -54,6 +71,16 @@ def _group_limited(select_NE: torch.Tensor, num_groups: int, group_topk: int, to
     keep = torch.zeros(n, num_groups, dtype=torch.bool, device=select_NE.device).scatter_(1, best, True)
     keep = keep.unsqueeze(-1).expand_as(per_group).reshape(n, e)
     return select_NE.masked_fill(~keep, float("-inf"))
+
+
+def group_token_order(n: int, micro_batch_size: int, tp: int, cp: int, device: torch.device) -> torch.Tensor:
+    """For each row of the TP·CP group's tokens gathered over TP, then CP (rank order: CP rank, TP rank, then each
+    rank's ``n`` tokens sequence-major), its index in the micro-batch's own order (sequence-major over the whole
+    sequence, as a single process holds it). Each CP rank's tokens are its load-balanced chunks' positions, cut
+    into TP slices in order, so the gathered rows run through :func:`all_positions`."""
+    g = torch.arange(n * tp * cp, device=device)
+    positions = all_positions(n * tp * cp // micro_batch_size, cp, device)
+    return positions[g // micro_batch_size] * micro_batch_size + g % micro_batch_size
 
 
 def _capacity_keep(experts_TK: torch.Tensor, probs_TK: torch.Tensor, num_experts: int, capacity: int,
@@ -88,10 +115,18 @@ class Router(torch.nn.Module):
         if spec.add_bias_linear:  # Megatron's router takes add_bias_linear too (GPT-OSS's router has a bias)
             info = ShardInfo(f"layers.{layer}.router.bias", (spec.num_experts,), tp_partial=True)
             self.bias = make_param(info, state, "zeros", 0.0, options.seed, device, dtype)
-        # the rule book's executor_capacity_cp, re-checked for a model built without executor.buildable
-        if capacity_with_cp(options.moe_expert_capacity_factor, state["cp"].size):
-            raise InvalidConfigError(f"[executor_capacity_cp] capacity factor {options.moe_expert_capacity_factor} "
-                                     f"with cp={state['cp'].size}: token dropping under context parallelism is not built")
+        # the rule book's pad_to_capacity, re-checked for a model built without executor.buildable
+        if options.moe_pad_expert_input_to_capacity and options.moe_expert_capacity_factor is None:
+            raise InvalidConfigError("[pad_to_capacity] moe_pad_expert_input_to_capacity needs a capacity factor")
+        self.global_aux = (options.moe_router_load_balancing_type == "global_aux_loss"
+                           and bool(options.moe_aux_loss_coeff))
+        if self.global_aux:  # the step's tokens per expert so far, over every replica (not checkpointed)
+            self.register_buffer("global_tokens_per_expert", torch.zeros(spec.num_experts, device=device),
+                                 persistent=False)
+            self.global_waves = 0
+            # the averages the step's forwards used, oldest first: a recomputed forward (backward order is forward
+            # order for every schedule here) takes its own back instead of the step's later total
+            self._global_averages: deque[torch.Tensor] = deque()
         problem = options.router_options().model_problem(spec)  # the expert bias needs sigmoid scores
         if problem:
             raise InvalidConfigError(problem)
@@ -175,12 +210,44 @@ class Router(torch.nn.Module):
         if sequences > 1:  # experts of sequence j become columns j·E .. j·E + E - 1
             ids_NK = ids_NK + (torch.arange(n, device=ids_NK.device) % sequences * e).unsqueeze(1)
         counts = count_per_expert(ids_NK, sequences * e)
+        if self.global_aux:
+            return self._global_aux_loss(scores_NE.sum(0), counts, total_tokens)
         if tp.size > 1 or cp.size > 1:
             counts = all_reduce_(all_reduce_(counts, tp), cp)
         probs = scores_NE.reshape(n // sequences, sequences * e).sum(0)
         tokens = total_tokens // sequences  # of one set (the micro-batch, or one sequence), over TP·CP
         scale = e * opts.moe_aux_loss_coeff / (k * tokens * tokens * sequences)
         return (probs * counts.float()).sum() * scale
+
+    def _global_aux_loss(self, probs_E: torch.Tensor, counts_E: torch.Tensor, total_tokens: int) -> torch.Tensor:
+        """This rank's share of the global aux loss: the switch loss of the wave (every DP replica's micro-batch of
+        the moment: ``total_tokens`` times DP tokens) with the tokens per expert averaged over the step's waves
+        so far. The share is scaled by DP: the gradients average over DP·CP, and the model scales by CP."""
+        state, opts = self.state, self.options
+        dp_cp = state["dp_cp"]
+        counts = all_reduce_(all_reduce_(counts_E, state.tp), dp_cp).float()  # the wave's, over TP·DP·CP
+        if recomputing():
+            average = self._global_averages.popleft()
+        elif self.training:
+            self.global_tokens_per_expert += counts
+            self.global_waves += 1
+            average = self.global_tokens_per_expert / self.global_waves
+            if torch.is_grad_enabled():
+                self._global_averages.append(average)
+        else:
+            average = counts
+        dp = dp_cp.size // state["cp"].size
+        tokens = total_tokens * dp
+        scale = self.num_experts * opts.moe_aux_loss_coeff / (self.topk * tokens * tokens) * dp
+        return (probs_E * average).sum() * scale
+
+    @torch.no_grad()
+    def reset_global_aux_loss(self) -> None:
+        """Start a step's global aux loss afresh (Megatron resets its tracker once per step); a no-op otherwise."""
+        if self.global_aux:
+            self.global_tokens_per_expert.zero_()
+            self.global_waves = 0
+            self._global_averages.clear()
 
     def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1) -> Routing:
         """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``)."""
@@ -207,12 +274,23 @@ class Router(torch.nn.Module):
         if opts.moe_aux_loss_coeff and opts.moe_router_load_balancing_type != "none":
             loss = loss + self._load_balancing_loss(logits_NE, experts_NK, micro_batch_size, total_tokens)
 
+        pad_E = None
         if opts.moe_expert_capacity_factor is not None:
             capacity = math.ceil(total_tokens * self.topk / self.num_experts * opts.moe_expert_capacity_factor)
-            all_experts = all_gather_nograd(experts_NK, tp)
-            all_probs = all_gather_nograd(probs_NK.detach(), tp)
-            keep = _capacity_keep(all_experts, all_probs, self.num_experts, capacity, opts.moe_token_drop_policy)
-            keep = keep[tp.rank * n:(tp.rank + 1) * n]
+            all_experts = all_gather_nograd(all_gather_nograd(experts_NK, tp), cp)
+            all_probs = all_gather_nograd(all_gather_nograd(probs_NK.detach(), tp), cp)
+            if cp.size > 1:  # rank in the micro-batch's token order, as one process does
+                order = group_token_order(n, micro_batch_size, tp.size, cp.size, all_experts.device)
+                inverse = torch.empty_like(order)
+                inverse[order] = torch.arange(order.numel(), device=order.device)
+                keep = _capacity_keep(all_experts[inverse], all_probs[inverse], self.num_experts, capacity,
+                                      opts.moe_token_drop_policy)[order]
+            else:
+                keep = _capacity_keep(all_experts, all_probs, self.num_experts, capacity, opts.moe_token_drop_policy)
+            if opts.moe_pad_expert_input_to_capacity:
+                pad_E = self._padding(all_experts.masked_fill(~keep, self.num_experts), capacity)
+            mine = cp.rank * tp.size + tp.rank
+            keep = keep[mine * n:(mine + 1) * n]
             experts_NK = experts_NK.masked_fill(~keep, self.num_experts)
             probs_NK = probs_NK * keep
         if self.expert_bias is not None and self.training and not recomputing():
@@ -220,7 +298,16 @@ class Router(torch.nn.Module):
             # routing map after apply_router_token_dropping); dropped slots hold the id num_experts
             dropped = opts.moe_expert_capacity_factor is not None
             self.step_counts += (count_per_expert(experts_NK, self.num_experts) if dropped else counts_E).float()
-        return Routing(experts_NK, probs_NK, loss, counts_E, opts.moe_expert_capacity_factor is not None)
+        return Routing(experts_NK, probs_NK, loss, counts_E, opts.moe_expert_capacity_factor is not None, pad_E)
+
+    def _padding(self, kept_TK: torch.Tensor, capacity: int) -> torch.Tensor:
+        """This rank's zero rows per expert when every expert's input is padded to ``capacity``: each expert's
+        missing rows over the TP·CP group (capacity minus the kept copies ``kept_TK``, dropped ones holding the id
+        num_experts) shared out over the group's ranks in gathered order, the first ones taking one more."""
+        tp, cp = self.state.tp, self.state["cp"]
+        ranks, mine = tp.size * cp.size, cp.rank * tp.size + tp.rank
+        missing = capacity - count_per_expert(kept_TK, self.num_experts)
+        return missing // ranks + (mine < missing % ranks).long()
 
     @torch.no_grad()
     def update_expert_bias(self) -> None:

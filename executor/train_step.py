@@ -9,7 +9,7 @@ import torch
 from spec.head_features import last_stage_embeds
 from executor.kernels.fp8 import clear_weight_cache
 from executor.model import MoEGPT
-from executor.optimizer import MixedPrecisionAdam
+from executor.optimizer import MixedPrecisionAdam, torch_state_dtypes
 from executor.parallel.collectives import all_reduce_
 from executor.parallel.grad_reduce import GradReducer
 from executor.pipeline import run_schedule
@@ -40,7 +40,8 @@ class Trainer:
     over DP·CP / EDP when the layout's ``use_distributed_optimizer`` is set; see :mod:`executor.optimizer`.
     With ``overlap_param_gather`` as well, :meth:`step` returns with the parameter all-gathers still running
     (the next forward waits for them): call :meth:`finish_param_gather` before reading parameters otherwise.
-    ``optimizer_cpu_offload_fraction`` of the layout steps that share of the optimizer state on the CPU.
+    ``optimizer_cpu_offload_fraction`` of the layout steps that share of the optimizer state on the CPU;
+    ``exp_avg_dtype``, ``exp_avg_sq_dtype`` and ``main_params_dtype`` set the dtypes it keeps its state in.
     """
 
     def __init__(self, model: MoEGPT, lr: float = 1e-3, weight_decay: float = 0.0, bucket_mb: float = 25.0,
@@ -57,7 +58,8 @@ class Trainer:
         self.optimizer = MixedPrecisionAdam(params, self.reducer, lr=lr, betas=betas, eps=eps,
                                             weight_decay=weight_decay, sharded=sharded,
                                             overlap_param_gather=bool(config.overlap_param_gather), model=model,
-                                            offload_fraction=config.optimizer_cpu_offload_fraction)
+                                            offload_fraction=config.optimizer_cpu_offload_fraction,
+                                            state_dtypes=torch_state_dtypes(config.optimizer_dtypes))
         pp = model.state["pp"]
         self.pipelined = pp.size > 1
         self.ep_overlap_trace: list | None = None  # a list: the overlapped schedule logs its events (tests)
@@ -111,6 +113,8 @@ class Trainer:
     def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         model, state, timer = self.model, self.model.state, self.model.timer
         self.optimizer.zero_grad()
+        for moe in model.moe_layers():  # the global aux loss averages over this step's micro-batches only
+            moe.router.reset_global_aux_loss()
         stats = self.forward_backward(micro)
         timer.switch("grad_reduce")
         self.reducer.reduce()

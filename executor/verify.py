@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from spec.model_spec import ModelSpec
+from spec.optimizer_dtypes import FIELDS as OPTIMIZER_DTYPE_FIELDS
 from spec.parallel_config import ParallelConfig
 from executor.buildable import check_buildable, training_for
 from executor.data import global_batch, micro_batches
@@ -43,7 +44,8 @@ def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> d
     """Train ``scenario.steps`` steps on this rank's slice; rank 0 returns losses, step-1 grads and final params.
     The rule book judges the layout first (:func:`executor.buildable.check_buildable`)."""
     training = training_for(scenario.seq_length, scenario.global_batch_size,
-                            scenario.options.moe_expert_capacity_factor)
+                            scenario.options.moe_expert_capacity_factor,
+                            scenario.options.moe_pad_expert_input_to_capacity)
     check_buildable(scenario.model, training, config.replace(micro_batch_size=scenario.micro_batch_size))
     return train_and_gather(config, scenario, rank)
 
@@ -89,8 +91,10 @@ def layout_worker(rank: int, world_size: int, runs: list[tuple[ParallelConfig, S
 
 
 def reference(config: ParallelConfig, scenario: Scenario) -> dict:
-    """The single-process run of ``scenario`` (same dispatcher type as ``config``)."""
-    single = ParallelConfig(world_size=1, moe_token_dispatcher_type=config.moe_token_dispatcher_type)
+    """The single-process run of ``scenario`` (same dispatcher type and optimizer state dtypes as ``config``:
+    what the layout computes, not how it is laid out)."""
+    single = ParallelConfig(world_size=1, moe_token_dispatcher_type=config.moe_token_dispatcher_type,
+                            **dict(zip(OPTIMIZER_DTYPE_FIELDS, config.optimizer_dtypes)))
     return run_scenario(single, replace(scenario, device="cpu"), 0)
 
 

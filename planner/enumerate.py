@@ -49,6 +49,11 @@ The search space is a product of candidate axes:
   only the distributed optimizer (Megatron's offload lives in it), one with activation offload drops the
   recompute options that recompute an offloaded module or the whole layer. Each option's configs are valid
   configs of their own (counted in ``valid`` and ``considered`` alike); the ranker scans them option by option.
+- the precision-aware optimizer (``SearchSpace.optimizer_dtypes``: (exp_avg, exp_avg_sq, main_params) triples,
+  none by default): each triple rides the same options as offload does (less memory for a little more optimizer
+  time), every offload option once per triple; a triple other than fp32 keeps only the distributed optimizer
+  (Megatron's ``precision_aware_distopt`` rule), and one whose master weights are not fp32 is dropped for fp32
+  training (the ``main_params_half_params`` rule).
 
 Sequence parallelism is on whenever tp > 1; gradient-reduce overlap is on, parameter-gather overlap is
 on with the distributed optimizer. "Considered" is the size of that product; every considered config is
@@ -69,9 +74,11 @@ from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, HIERARCHICAL
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
-from spec.layout_rules import activation_offload_problem, optimizer_offload_problem
+from spec.layout_rules import (activation_offload_problem, main_params_problem, optimizer_offload_problem,
+                               precision_aware_problem)
 from spec.model_spec import ModelSpec
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, placement_label
+from spec.optimizer_dtypes import FIELDS as OPTIMIZER_DTYPE_FIELDS, FP32_STATES, dtypes_text, vocabulary_problems
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.rank_groups import GridSizes, group_stride_span
@@ -94,7 +101,18 @@ MOE_RECOMPUTE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("full", ()),
 )
 VPP_LIMIT = 64  # the largest vpp_max a search space accepts (a bound on the enumeration, not Megatron's)
-NO_OFFLOAD: tuple[float, tuple[str, ...]] = (0.0, ())  # an offload option: (optimizer fraction, offloaded modules)
+
+class KnobOption(NamedTuple):
+    """One option of the knobs that trade memory for time beside the layout (the ranker scans each on its own):
+    the optimizer CPU offload fraction, the activation-offloaded modules and the optimizer state dtypes
+    (exp_avg, exp_avg_sq, main_params)."""
+
+    optimizer_offload: float
+    activation_offload: tuple[str, ...]
+    optimizer_dtypes: tuple[str, str, str] = FP32_STATES
+
+
+NO_OFFLOAD = KnobOption(0.0, ())  # no offload, fp32 optimizer state
 
 
 class DispatchOption(NamedTuple):
@@ -147,6 +165,8 @@ class SearchSpace:
     optimizer_offload: tuple[float, ...] = ()  # optimizer CPU offload fractions tried beside 0
     activation_offload: tuple[tuple[str, ...], ...] = ()  # activation offload module sets tried beside none
     cp_comm_types: tuple[str, ...] = CP_COMM_TYPES  # the CP communication types tried for cp > 1
+    # (exp_avg, exp_avg_sq, main_params) optimizer state dtypes tried beside fp32 (the precision-aware optimizer)
+    optimizer_dtypes: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         bad = [f for f in self.optimizer_offload if not 0.0 < f <= 1.0]
@@ -156,6 +176,12 @@ class SearchSpace:
         if unknown:
             raise InvalidConfigError(f"unknown activation offload modules {unknown}; known: "
                                      f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")
+        for dtypes in self.optimizer_dtypes:
+            problems = vocabulary_problems(tuple(dtypes)) if len(dtypes) == 3 else [
+                f"optimizer dtypes are (exp_avg, exp_avg_sq, main_params), got {dtypes!r}"]
+            problems += [main_params_problem(dtypes[2])] if not problems and main_params_problem(dtypes[2]) else []
+            if problems:
+                raise InvalidConfigError("searched optimizer dtypes: " + "; ".join(problems))
         if self.precisions is not None:
             bad = [p for p in self.precisions if p not in PRECISIONS]
             if bad or not self.precisions:
@@ -185,14 +211,21 @@ class SearchSpace:
         kept = tuple(dict.fromkeys(p for p in self.precisions if p != "fp8" or gpu.supports_fp8))
         return kept or ("bf16",)
 
-    def offload_options(self) -> tuple[tuple[float, tuple[str, ...]], ...]:
-        """No offload first, then every (fraction, module set) combination the space tries."""
+    def offload_options(self, training: TrainingSpec | None = None) -> tuple[KnobOption, ...]:
+        """No offload and fp32 optimizer state first, then every (fraction, module set, optimizer dtypes)
+        combination the space tries; with ``training``, less the dtypes whose master weights it cannot have
+        (fp32 training: fp32 weights are their own master weights)."""
         options = [NO_OFFLOAD]
-        for fraction in (0.0,) + tuple(self.optimizer_offload):
-            for mods in ((),) + tuple(self.activation_offload):
-                option = (float(fraction), tuple(m for m in ACTIVATION_OFFLOAD_MODULES if m in mods))
-                if option not in options:
-                    options.append(option)
+        dtype_options = (FP32_STATES,) + tuple(tuple(d) for d in self.optimizer_dtypes)
+        if training is not None and training.param_bytes == 4:
+            dtype_options = tuple(d for d in dtype_options if d[2] == "fp32")
+        for dtypes in dtype_options:
+            for fraction in (0.0,) + tuple(self.optimizer_offload):
+                for mods in ((),) + tuple(self.activation_offload):
+                    option = KnobOption(float(fraction), tuple(m for m in ACTIVATION_OFFLOAD_MODULES if m in mods),
+                                        dtypes)
+                    if option not in options:
+                        options.append(option)
         return tuple(options)
 
     def recompute_for(self, model: ModelSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -263,6 +296,9 @@ class SearchSpace:
             text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
         if self.activation_offload:
             text += ", activation offload " + "/".join("+".join(m) for m in self.activation_offload) + " tried"
+        if self.optimizer_dtypes:
+            text += (", optimizer state " + "/".join(dtypes_text(tuple(d)) for d in self.optimizer_dtypes)
+                     + " (exp_avg+exp_avg_sq+main_params) tried")
         placement = placement_label(self.pipeline)
         return text + (f", pipeline {placement}" if placement else "")
 
@@ -347,7 +383,7 @@ class Enumeration:
     rejected: dict[str, int] = field(default_factory=dict)
     examples: dict[str, Rejection] = field(default_factory=dict)
 
-    offload: tuple[tuple[float, tuple[str, ...]], ...] = (NO_OFFLOAD,)
+    offload: tuple[KnobOption, ...] = (NO_OFFLOAD,)
 
     @property
     def valid(self) -> int:
@@ -364,10 +400,11 @@ class Enumeration:
                          for dispatchers, n in sizes.items()) * len(distopts)
         return total
 
-    def knobs_for(self, option: tuple[float, tuple[str, ...]]):
-        """(distributed-optimizer settings, recompute options) valid with an offload option (module docstring)."""
-        fraction, modules = option  # the rule book's offload rules
-        distopts = tuple(d for d in self.distributed_optimizer if optimizer_offload_problem(fraction, d) is None)
+    def knobs_for(self, option: KnobOption):
+        """(distributed-optimizer settings, recompute options) valid with a knob option (module docstring)."""
+        fraction, modules, dtypes = option  # the rule book's offload and precision-aware optimizer rules
+        distopts = tuple(d for d in self.distributed_optimizer if optimizer_offload_problem(fraction, d) is None
+                         and precision_aware_problem(dtypes, d) is None)
         chain = tuple((g, m) for g, m in self.recompute if activation_offload_problem(g, m, modules) is None)
         return distopts, chain
 
@@ -401,11 +438,14 @@ class ConfigMaker:
     (:meth:`ParallelConfig.trusted`: the planner builds hundreds of thousands of them)."""
 
     def __init__(self, world_size: int, pipeline: PipelineSplit = DEFAULT_SPLIT,
-                 offload: tuple[float, tuple[str, ...]] = NO_OFFLOAD) -> None:
+                 offload: KnobOption = NO_OFFLOAD) -> None:
         # the placement options were checked by the SearchSpace; pp·vpp by the layers_pp rule per layout; the
-        # offload option's knobs by Enumeration.knobs_for
+        # knob option's knobs by Enumeration.knobs_for
+        offload = KnobOption(*offload)
         self._template = {**ParallelConfig(world_size=world_size).field_values(), **pipeline_fields(pipeline),
-                          "optimizer_cpu_offload_fraction": offload[0], "activation_offload_modules": offload[1]}
+                          "optimizer_cpu_offload_fraction": offload.optimizer_offload,
+                          "activation_offload_modules": offload.activation_offload,
+                          **dict(zip(OPTIMIZER_DTYPE_FIELDS, offload.optimizer_dtypes))}
 
     @property
     def template(self) -> dict:
@@ -551,7 +591,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                         for option in kept:
                             result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                          split, sizes, dispatchers, option))
-    options = space.offload_options()
+    options = space.offload_options(training)
     if len(options) > 1:  # the offload options' configs: valid configs beside those counted above
         base = result.valid
         result.offload = options

@@ -1,4 +1,5 @@
-"""A folded layout as Megatron-LM command-line arguments (parallelism, batch, recompute, dispatcher, optimizer).
+"""A folded layout as Megatron-LM command-line arguments (parallelism, batch, recompute, dispatcher, optimizer and
+its state dtypes).
 
 With cp > 1 the CP communication type is always given (``--cp-comm-type``, Megatron's spelling: all_gather, p2p,
 a2a, a2a+p2p, and ``--hierarchical-context-parallel-sizes`` for the last), since Megatron's default is p2p.
@@ -94,6 +95,8 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append(["--moe-token-dispatcher-type", c.moe_token_dispatcher_type])
         if training.routing_mode == "capacity":
             args.append(["--moe-expert-capacity-factor", f"{training.moe_expert_capacity_factor:g}"])
+            if training.moe_pad_expert_input_to_capacity:
+                args.append(["--moe-pad-expert-input-to-capacity"])
     if c.use_distributed_optimizer:
         args.append(["--use-distributed-optimizer"])
     if c.overlap_grad_reduce:
@@ -101,10 +104,15 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if c.overlap_param_gather:
         args.append(["--overlap-param-gather"])
     if c.optimizer_cpu_offload_fraction:
-        # Megatron's HybridDeviceOptimizer runs inside the precision-aware distributed optimizer
         args.append(["--optimizer-cpu-offload"])
         args.append(["--optimizer-offload-fraction", f"{c.optimizer_cpu_offload_fraction:g}"])
+    if c.use_precision_aware_optimizer:
+        # a state dtype other than fp32, or Megatron's HybridDeviceOptimizer (CPU offload), which runs inside the
+        # precision-aware distributed optimizer
         args.append(["--use-precision-aware-optimizer"])
+        for flag, dtype in zip(("--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype"), c.optimizer_dtypes):
+            if dtype != "fp32":
+                args.append([flag, dtype])
     offloaded = [name for module in c.activation_offload_modules for name in MEGATRON_OFFLOAD_MODULES[module]]
     if offloaded:
         args.append(["--fine-grained-activation-offloading"])

@@ -72,8 +72,8 @@ from spec.errors import InvalidConfigError, SpecError
 from spec.validity import (Rejection, Validator, batch_rule, check_config, executor_model_rule, executor_refusal,
                            world_dense, world_expert)
 from planner.time_limit import check_time
-from planner.enumerate import (NO_OFFLOAD, BoundKey, ConfigMaker, DispatchOption, Enumeration, Layout, SearchSpace,
-                               StaircaseKey, enumerate_layouts, pipeline_fields, recompute_count)
+from planner.enumerate import (NO_OFFLOAD, BoundKey, ConfigMaker, DispatchOption, Enumeration, KnobOption, Layout,
+                               SearchSpace, StaircaseKey, enumerate_layouts, pipeline_fields, recompute_count)
 
 MemoryFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], MemoryBreakdown]
 MemoryTotalFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig], float]
@@ -216,7 +216,7 @@ class _Job:
     exhaustive: bool
     top: int = 10
     pipeline: PipelineSplit = DEFAULT_SPLIT
-    offload: tuple[float, tuple[str, ...]] = NO_OFFLOAD  # the offload option every config of this job has
+    offload: KnobOption = NO_OFFLOAD  # the knob option (offload, optimizer dtypes) every config of this job has
     # the default memory model's sweep (costmodel.memory.LayoutMemory, the same bytes as memory_total_fn);
     # None with an injected memory model
     layout_memory: Any = None
@@ -673,8 +673,9 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
         raise NoValidLayoutError(f"no valid layout of {model.name} on {cluster.num_gpus} GPUs for seq "
                                  f"{training.seq_length}, global batch {training.global_batch_size}: all "
                                  f"{enum.considered:,} configs break a rule: {why}")
-    # one scan per offload option (its staircases assume the optimizer and recompute options ordered by memory
-    # and time, which offloading, less memory for more time, would break): their heads are merged below
+    # one scan per knob option (its staircases assume the optimizer and recompute options ordered by memory
+    # and time, which offloading or narrower optimizer state, less memory for more time, would break): their
+    # heads are merged below
     jobs, scans = [], []
     n_workers = workers if workers is not None else _default_workers(valid)
     sweep = LayoutMemory if memory_total_fn is peak_memory_bytes else None

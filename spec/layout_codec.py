@@ -33,6 +33,8 @@ from typing import Any, NamedTuple
 from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, HIERARCHICAL
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
+from spec.optimizer_dtypes import (FIELDS as OPTIMIZER_DTYPE_FIELDS, FP32_STATES, OPTIMIZER_STATE_DTYPES, dtypes_text,
+                                   read_dtypes)
 from spec.pipeline_layout import PipelineSplit, canonical_layout
 from spec.suggest import unknown_fields
 from spec.training_spec import PRECISIONS
@@ -64,15 +66,20 @@ LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
     f"dispatcher={{{'|'.join(DISPATCHERS)}}}", "distopt={on|off}", "ep_overlap={on|off}", "tp_overlap={on|off}",
     "opt_offload=FRACTION",
     f"act_offload=MODULE+... (modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)})",
+    f"exp_avg={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}", f"exp_avg_sq={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}",
+    f"main_params={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}",
     "layout=MEGATRON_PIPELINE_LAYOUT", "pp_first=N", "pp_last=N", "pp_account={embedding|loss|embedding+loss}",
     f"cp_comm={{{'|'.join(c for c in CP_COMM_TYPES if c != HIERARCHICAL)}|{HIERARCHICAL}:AxP}}",
     f"precision={{{'|'.join(PRECISIONS)}}} (a trial's knob, last)")
 
 # ---- the Optuna form ----------------------------------------------------------------------------
 OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap",
-                 "opt_offload", "act_offload", "cp_comm")
+                 "opt_offload", "act_offload", "opt_dtypes", "cp_comm")
 #: Parameters added to the search after studies had begun, with the value a trial of an older study ran.
-OPTUNA_ADDED = {"ep_overlap": False, "opt_offload": 0.0, "act_offload": "none", "cp_comm": DEFAULT_CP_COMM}
+OPTUNA_ADDED = {"ep_overlap": False, "opt_offload": 0.0, "act_offload": "none", "opt_dtypes": dtypes_text(FP32_STATES),
+                "cp_comm": DEFAULT_CP_COMM}
+#: Label token -> ParallelConfig field of the precision-aware optimizer's dtypes (Megatron's words).
+OPTIMIZER_DTYPE_TOKENS = dict(zip(("exp_avg", "exp_avg_sq", "main_params"), OPTIMIZER_DTYPE_FIELDS))
 #: (parameter, earlier spelling) -> the current one: the codec once wrote a whole-stage full recompute 'full:0'.
 OPTUNA_RESPELLED = {("recompute", "full:0"): "full"}
 
@@ -157,6 +164,10 @@ def read_label(text: str) -> LabelTokens:
                 out["optimizer_cpu_offload_fraction"] = float(value)
             except ValueError:
                 raise _bad_token(token, text, " (opt_offload is a fraction in [0, 1])") from None
+        elif key in OPTIMIZER_DTYPE_TOKENS:
+            if value not in OPTIMIZER_STATE_DTYPES:
+                raise _bad_token(token, text, f" ({key} is one of {', '.join(OPTIMIZER_STATE_DTYPES)})")
+            out[OPTIMIZER_DTYPE_TOKENS[key]] = value
         elif key == "act_offload" and value:
             out["activation_offload_modules"] = tuple(value.split("+"))
         elif key == "cp_comm" and value:
@@ -268,6 +279,8 @@ class LayoutCodec:
             parts.append("act_offload=" + "+".join(self.activation_offload_modules))
         if self.cp_comm_type != DEFAULT_CP_COMM or self.hierarchical_context_parallel_sizes:
             parts.append("cp_comm=" + self.cp_comm_text())
+        parts += [f"{token}={getattr(self, name)}" for token, name in OPTIMIZER_DTYPE_TOKENS.items()
+                  if getattr(self, name) != "fp32"]
         parts += _placement_tokens(self.pipeline_layout, self.decoder_first_pipeline_num_layers,
                                    self.decoder_last_pipeline_num_layers,
                                    self.account_for_embedding_in_pipeline_split,
@@ -337,6 +350,7 @@ class LayoutCodec:
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "opt_offload": self.optimizer_cpu_offload_fraction,
                 "act_offload": "+".join(self.activation_offload_modules) or "none",
+                "opt_dtypes": dtypes_text(self.optimizer_dtypes),
                 "cp_comm": self.cp_comm_text()}
 
     @classmethod
@@ -355,6 +369,7 @@ class LayoutCodec:
                    overlap_moe_expert_parallel_comm=bool(params["ep_overlap"]),
                    optimizer_cpu_offload_fraction=float(params["opt_offload"]),
                    activation_offload_modules=() if act == "none" else tuple(act.split("+")),
+                   **dict(zip(OPTIMIZER_DTYPE_FIELDS, read_dtypes(str(params["opt_dtypes"])))),
                    **recompute_fields(str(params["recompute"])), **cp_comm_fields(str(params["cp_comm"])), **fixed)
 
     # ---- JSON form ----------------------------------------------------------------------------------

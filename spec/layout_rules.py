@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.cp_comm_types import hierarchical_problem
+from spec.optimizer_dtypes import MAIN_PARAMS_DTYPES, is_precision_aware
 from spec.parallel_config import ParallelConfig
 
 
@@ -91,6 +92,23 @@ def optimizer_offload_problem(fraction: float, distributed_optimizer: bool) -> s
     return None
 
 
+def precision_aware_problem(dtypes: tuple[str, str, str], distributed_optimizer: bool) -> str | None:
+    """Why optimizer state ``dtypes`` (exp_avg, exp_avg_sq, main_params) do not go with the distributed-optimizer
+    setting, or None: Megatron builds its precision-aware optimizer inside the distributed optimizer only."""
+    if is_precision_aware(dtypes) and not distributed_optimizer:
+        return (f"optimizer state dtypes {'/'.join(dtypes)} (exp_avg/exp_avg_sq/main_params) need the distributed "
+                f"optimizer (Megatron's --use-precision-aware-optimizer)")
+    return None
+
+
+def main_params_problem(main_params_dtype: str) -> str | None:
+    """Why ``main_params_dtype`` is not one Megatron keeps master weights in (``--main-params-dtype``), or None."""
+    if main_params_dtype not in MAIN_PARAMS_DTYPES:
+        return (f"main_params_dtype {main_params_dtype!r}: Megatron keeps master weights in "
+                f"{' or '.join(MAIN_PARAMS_DTYPES)} (--main-params-dtype)")
+    return None
+
+
 def activation_offload_problem(granularity: str, recompute_modules: tuple[str, ...],
                                modules: tuple[str, ...]) -> str | None:
     """Why offloading the activations of ``modules`` does not go with the recompute setting, or None."""
@@ -118,6 +136,10 @@ LAYOUT_RULES: list[LayoutRule] = [
     LayoutRule("pipeline_chunks", "a pipeline layout string has pp·vpp chunks", _pipeline_chunks),
     LayoutRule("optimizer_offload_distopt", "optimizer CPU offload needs the distributed optimizer",
                lambda c: optimizer_offload_problem(c.optimizer_cpu_offload_fraction, c.use_distributed_optimizer)),
+    LayoutRule("precision_aware_distopt", "optimizer state dtypes other than fp32 need the distributed optimizer",
+               lambda c: precision_aware_problem(c.optimizer_dtypes, c.use_distributed_optimizer)),
+    LayoutRule("main_params_dtype", "master weights are kept in fp32 or fp16",
+               lambda c: main_params_problem(c.main_params_dtype)),
     LayoutRule("activation_offload", "activation offload excludes full recompute and modules that are recomputed "
                                      "(core_attn also while mla_up_proj is)",
                lambda c: activation_offload_problem(c.recompute_granularity, c.recompute_modules,

@@ -12,6 +12,7 @@ from spec._validate import positive_ints, raise_if, require
 from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, cp_split
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError
+from spec.optimizer_dtypes import is_precision_aware, vocabulary_problems
 from spec.layout_codec import (ACTIVATION_OFFLOAD_MODULES, DEFAULT_SELECTIVE_MODULES, OPTUNA_PARAMS, PIPELINE_FIELDS,
                                RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, Labelled, LayoutCodec)
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit, canonical_layout
@@ -31,6 +32,10 @@ class ParallelConfig(LayoutCodec):
     there; it needs the distributed optimizer, as Megatron's does. ``activation_offload_modules``: modules of
     :data:`ACTIVATION_OFFLOAD_MODULES` whose saved activations go to pinned CPU memory in forward and come back
     in backward (not with full recompute, nor for a module that is also recomputed).
+    ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``main_params_dtype`` (Megatron's precision-aware optimizer,
+    ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` / ``--main-params-dtype``, words of
+    :mod:`spec.optimizer_dtypes`): the dtypes the optimizer keeps its Adam moments and master weights in; all
+    fp32 by default. Any other needs the distributed optimizer, as Megatron's does.
     The pipeline placement options are Megatron's (``spec.pipeline_layout``): ``pipeline_layout``
     (``--pipeline-model-parallel-layout``, stored without its cosmetic commas; it fixes pp·vpp),
     ``decoder_first/last_pipeline_num_layers`` and ``account_for_embedding/loss_in_pipeline_split``; none
@@ -67,6 +72,9 @@ class ParallelConfig(LayoutCodec):
     account_for_loss_in_pipeline_split: bool = False
     cp_comm_type: str = DEFAULT_CP_COMM
     hierarchical_context_parallel_sizes: tuple[int, ...] | None = None
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.pipeline_layout is not None:
@@ -93,6 +101,7 @@ class ParallelConfig(LayoutCodec):
         require(p, not bad, f"unknown recompute_modules {bad}; known: {RECOMPUTE_MODULES}")
         require(p, self.recompute_num_layers >= 0, f"recompute_num_layers must be >= 0, got {self.recompute_num_layers}")
         p += _offload_problems(self)
+        p += vocabulary_problems(self.optimizer_dtypes)
         require(p, self.moe_token_dispatcher_type in DISPATCHERS,
                 f"moe_token_dispatcher_type must be one of {DISPATCHERS}, got {self.moe_token_dispatcher_type!r}")
         require(p, self.cp_comm_type in CP_COMM_TYPES,
@@ -132,6 +141,17 @@ class ParallelConfig(LayoutCodec):
     def cp_split(self) -> tuple[int, int]:
         """(a2a size, ring size) of the CP group under ``cp_comm_type`` (:func:`spec.cp_comm_types.cp_split`)."""
         return cp_split(self.cp_comm_type, self.cp, self.hierarchical_context_parallel_sizes)
+
+    @property
+    def optimizer_dtypes(self) -> tuple[str, str, str]:
+        """(exp_avg, exp_avg_sq, main_params) dtypes of the optimizer state (:mod:`spec.optimizer_dtypes`)."""
+        return (self.exp_avg_dtype, self.exp_avg_sq_dtype, self.main_params_dtype)
+
+    @property
+    def use_precision_aware_optimizer(self) -> bool:
+        """Whether Megatron runs this layout with ``--use-precision-aware-optimizer``: a state dtype other than
+        fp32, or optimizer CPU offload (Megatron's hybrid device optimizer runs on that code path)."""
+        return is_precision_aware(self.optimizer_dtypes) or bool(self.optimizer_cpu_offload_fraction)
 
     def num_micro_batches(self, global_batch_size: int) -> int:
         """Micro-batches per pipeline per step (gradient-accumulation steps)."""

@@ -20,7 +20,7 @@ from spec._validate import raise_if, require
 from spec.errors import SpecError
 from spec.model_spec import ModelSpec
 
-LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DROP_POLICIES = ("probs", "position")
 # inclusive bounds of the numeric options: what the CLI, the API schema and the dataclass all check
 BOUNDS = {"moe_aux_loss_coeff": (0.0, 100.0), "moe_z_loss_coeff": (0.0, 100.0),
@@ -33,8 +33,10 @@ class RouterOptions:
     """Router training options (Megatron argument names).
 
     ``moe_router_load_balancing_type``: 'aux_loss' (the switch loss over each micro-batch), 'seq_aux_loss'
-    (DeepSeek-V2/V3: the same loss per sequence, averaged) or 'none' (no load-balancing loss whatever the
-    coefficient); ``moe_aux_loss_coeff`` weights it and ``moe_z_loss_coeff`` the router z-loss.
+    (DeepSeek-V2/V3: the same loss per sequence, averaged), 'global_aux_loss' (Megatron's global-batch balance:
+    the tokens per expert summed over DP·CP·TP, over every data-parallel replica's micro-batch of the moment, and
+    averaged over the step's micro-batches so far) or 'none' (no load-balancing loss whatever the coefficient);
+    ``moe_aux_loss_coeff`` weights it and ``moe_z_loss_coeff`` the router z-loss.
     ``moe_router_enable_expert_bias`` adds a per-expert bias to the sigmoid scores for top-k selection only,
     moved by ``moe_router_bias_update_rate`` · sign(mean load − load) once per optimizer step over the
     global batch; None: follow the model (on for sigmoid scoring). ``moe_token_drop_policy`` decides which

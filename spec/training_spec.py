@@ -20,9 +20,6 @@ FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 #: Megatron's ``--cross-entropy-fusion-impl``: native (megatron/core/fusions/fused_cross_entropy.py) or te
 #: (Transformer Engine's parallel_cross_entropy)
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
-#: dtypes of the Adam moments: fp32, or bf16 under Megatron's precision-aware optimizer
-#: (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``)
-OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -49,6 +46,8 @@ class TrainingSpec:
     then one fp32 softmax per output head kept from forward to backward. foldtune's executor (False) fuses the
     output layer with the loss, blocked over the vocabulary (no logits kept; one more output-layer GEMM in
     backward), see ``executor/parallel/linear_cross_entropy.py``.
+    ``moe_pad_expert_input_to_capacity`` (Megatron's flag; with capacity routing, rule ``pad_to_capacity``)
+    pads every expert's input to its capacity: :meth:`expert_rows_factor` is then the capacity factor.
     ``transformer_engine_fp8`` True models Transformer Engine's fp8 casts (one fused cast-transpose per GEMM
     input, dense and expert alike, and per weight once a step); foldtune's executor (False) quantises a dense
     linear's input and output gradient in both forms from two reads, the experts' rows rowwise only (their
@@ -61,8 +60,8 @@ class TrainingSpec:
     scaling).
     ``fp8_param_gather`` (Megatron's ``--fp8-param-gather``): the model's GEMM weights are fp8 tensors (no
     16-bit copy beside the optimizer's fp32 master), gathered in fp8.
-    ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (one of :data:`OPTIMIZER_STATE_DTYPES`): the dtypes of Adam's
-    first and second moments (bf16: Megatron's precision-aware optimizer).
+    The optimizer state's dtypes (Megatron's precision-aware optimizer) are the layout's
+    (``ParallelConfig.exp_avg_dtype`` ...): the planner searches them and the executor runs them.
     ``cross_entropy_fusion_impl`` (one of :data:`CROSS_ENTROPY_FUSION_IMPLS`), read with
     ``megatron_cross_entropy`` only: Megatron's native fused loss keeps an fp32 softmax per head; Transformer
     Engine's keeps the 16-bit logits and writes their gradient over them.
@@ -100,13 +99,13 @@ class TrainingSpec:
     megatron_cross_entropy: bool = False
     # Transformer Engine's fp8 casts (Megatron runs); the executor's quantisation when False (precision fp8 only)
     transformer_engine_fp8: bool = False
+    # Megatron's --moe-pad-expert-input-to-capacity: under capacity routing every expert computes exactly its
+    # capacity of rows (the dropped-to tokens padded with zero-weight rows): static shapes, more GEMM rows
+    moe_pad_expert_input_to_capacity: bool = False
     # Transformer Engine's fp8 scaling recipe (with transformer_engine_fp8)
     fp8_recipe: str = "tensorwise"
     # Megatron's fp8 primary weights (--fp8-param-gather)
     fp8_param_gather: bool = False
-    # Adam's moment dtypes (bf16: Megatron's precision-aware optimizer)
-    exp_avg_dtype: str = "fp32"
-    exp_avg_sq_dtype: str = "fp32"
     # Megatron's fused loss implementation (with megatron_cross_entropy)
     cross_entropy_fusion_impl: str = "native"
     # the tensors Megatron-Core keeps where they differ from the executor's
@@ -123,9 +122,6 @@ class TrainingSpec:
         require(p, self.cross_entropy_fusion_impl in CROSS_ENTROPY_FUSION_IMPLS,
                 f"cross_entropy_fusion_impl must be one of {CROSS_ENTROPY_FUSION_IMPLS}, "
                 f"got {self.cross_entropy_fusion_impl!r}")
-        for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-            require(p, getattr(self, name) in OPTIMIZER_STATE_DTYPES,
-                    f"{name} must be one of {OPTIMIZER_STATE_DTYPES}, got {getattr(self, name)!r}")
         require(p, self.routing_mode in ROUTING_MODES,
                 f"routing_mode must be one of {ROUTING_MODES}, got {self.routing_mode!r}")
         if self.routing_mode == "capacity":
@@ -145,6 +141,16 @@ class TrainingSpec:
             require(p, len(load) > 0 and all(x >= 0 for x in load) and sum(load) > 0,
                     f"moe_expert_load must be non-negative shares with a positive sum, got {load}")
         raise_if(p, "training spec")
+
+    def expert_rows_factor(self, ep: int) -> float:
+        """Rows the busiest EP rank's experts compute per micro-batch over the balanced share (routed copies / ep):
+        :meth:`ep_imbalance`, capped at the capacity factor under capacity routing, and exactly the capacity
+        factor when the experts' input is padded to capacity (every expert computes its whole capacity)."""
+        factor = self.ep_imbalance(ep)
+        if self.routing_mode == "capacity" and self.moe_expert_capacity_factor is not None:
+            cf = self.moe_expert_capacity_factor
+            factor = cf if self.moe_pad_expert_input_to_capacity else min(factor, cf)
+        return factor
 
     def ep_imbalance(self, ep: int) -> float:
         """Busiest EP rank's routed tokens over the mean rank's (>= 1; 1.0 with EP = 1, where every expert is
@@ -166,11 +172,6 @@ class TrainingSpec:
     def param_bytes(self) -> int:
         """Bytes of one model weight as stored for compute (fp8 training keeps bf16 weights)."""
         return 4 if self.precision == "fp32" else 2
-
-    @property
-    def precision_aware_optimizer(self) -> bool:
-        """Whether an Adam moment is kept below fp32 (Megatron's ``--use-precision-aware-optimizer``)."""
-        return self.exp_avg_dtype != "fp32" or self.exp_avg_sq_dtype != "fp32"
 
     @property
     def activation_bytes(self) -> int:

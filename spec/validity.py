@@ -32,16 +32,22 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
 - param_gather_distopt: ``arguments.py`` (overlap_param_gather needs the distributed optimizer);
 - ep_overlap: ``TransformerConfig`` (EP all-to-all overlap needs ep > 1, the alltoall dispatcher, no full
   recompute, and vpp when pp > 1);
+- pad_to_capacity: ``TransformerConfig`` (``moe_pad_expert_input_to_capacity`` needs
+  ``moe_expert_capacity_factor``);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
 - cp_a2a_heads: Transformer Engine's context-parallel attention (``--cp-comm-type a2a`` and ``a2a+p2p``): the
   all-to-all hands each rank of its group whole query heads and whole KV heads of its TP rank, so both head
   counts split over tp times the all-to-all's size;
 - cp_comm_hierarchical (a rule on the config alone, :mod:`spec.layout_rules`): ``arguments.py`` (a2a+p2p needs
   ``--hierarchical-context-parallel-sizes`` whose product is the CP size);
+- precision_aware_distopt: ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only
+  supported with distributed optimizer``); main_params_dtype: ``arguments.py``'s ``--main-params-dtype``
+  choices (fp32, fp16: Transformer Engine's FusedAdam keeps no other master weights). Megatron takes any state
+  dtype other than fp32 as the precision-aware optimizer (its ``OptimizerConfig`` refuses them without it), so
+  foldtune's layout has no separate switch;
 - fp8_params_precision: ``arguments.py`` (``--fp8-param-gather`` gathers the fp8 weights of an fp8 run);
-- optimizer_distopt: ``arguments.py`` (``--fp8-param-gather only supported with distributed optimizer``) and
-  ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only supported with distributed
-  optimizer``): fp8 primary weights and bf16 Adam moments.
+- optimizer_distopt: ``arguments.py`` (``--fp8-param-gather only supported with distributed optimizer``): fp8
+  primary weights (the optimizer state's dtypes are the layout's, rule precision_aware_distopt).
 
 The executor's capability rules (:data:`EXECUTOR_RULES`, :func:`executor_rules`, :meth:`Validator.executor`)
 say what ``executor/`` builds today: a subset of what Megatron runs. The planner does not filter by them (it
@@ -50,10 +56,12 @@ and the executor itself (``executor.buildable``, once before the ranks build the
 
 foldtune's own rules: fp8_hardware (the GPU has no fp8 peak), hidden_tp / ffn_tp / expert_ffn_etp (the
 sharded GEMM dimensions must split evenly over the group that shards them), distopt_choice (the training
-spec forced the distributed optimizer on or off). Not rules: a TP group wider than a node is valid but slow
-(the cost model prices it); capacity (token-dropping) routing works with both dispatchers, because
-Megatron drops tokens in the router (only padding to capacity, which foldtune does not model, is
-alltoall-only); the vocabulary is padded to a multiple of 128·tp, so it never blocks a tp.
+spec forced the distributed optimizer on or off), main_params_half_params (fp16 master weights of fp32
+parameters: Megatron keeps no master copy of fp32 parameters, so the dtype would change nothing). Not rules: a TP group wider than a node is valid but slow
+(the cost model prices it); capacity (token-dropping) routing works with both dispatchers and any CP,
+because Megatron drops tokens in the router (padding to capacity too: the router's map then holds the padded
+rows, which Megatron's alltoall dispatcher ships as fixed-size chunks and its allgather dispatcher as
+gathered rows); the vocabulary is padded to a multiple of 128·tp, so it never blocks a tp.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ from spec.hardware import ClusterSpec
 from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
 from spec.norm_scopes import QK_NORM_SCOPES
+from spec.optimizer_dtypes import EXECUTOR_STATE_DTYPES, FIELDS as OPTIMIZER_DTYPE_FIELDS
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -95,8 +104,9 @@ RULES: dict[str, str] = {
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "cp_a2a_heads": "cp_comm a2a / a2a+p2p: attention heads and KV heads % (tp·a2a size) == 0",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
+    "pad_to_capacity": "padding the experts' input to capacity needs capacity routing",
     "fp8_params_precision": "fp8 primary weights (fp8_param_gather) need precision fp8",
-    "optimizer_distopt": "fp8 primary weights and bf16 Adam moments need the distributed optimizer",
+    "optimizer_distopt": "fp8 primary weights need the distributed optimizer",
 }
 # the rules on a config alone (how its sizes fold the world, which knobs go together): spec.layout_rules
 RULES.update({rule.id: rule.demands for rule in LAYOUT_RULES if rule.id not in RULES})
@@ -235,16 +245,21 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     return None
 
 
+def pad_to_capacity_problem(training: TrainingSpec) -> str | None:
+    """Why ``training`` cannot pad the experts' input to capacity (Megatron's TransformerConfig: padding needs a
+    capacity factor), or None."""
+    capacity = training.routing_mode == "capacity" and training.moe_expert_capacity_factor is not None
+    if training.moe_pad_expert_input_to_capacity and not capacity:
+        return ("moe_pad_expert_input_to_capacity needs capacity routing (a moe_expert_capacity_factor): dropless "
+                "experts have no capacity to pad to")
+    return None
+
+
 def needs_distributed_optimizer(training: TrainingSpec) -> bool:
-    """Whether ``training``'s optimizer recipe runs with Megatron's distributed optimizer only: fp8 primary weights
-    (``--fp8-param-gather``) or an Adam moment below fp32 (the precision-aware optimizer)."""
-    return training.fp8_param_gather or training.precision_aware_optimizer
-
-
-def capacity_with_cp(capacity_factor: float | None, cp: int) -> bool:
-    """Token dropping (a capacity factor) under context parallelism, which the executor does not build: each
-    CP rank routes only its part of every sequence, so its capacity would count another set of tokens."""
-    return capacity_factor is not None and cp > 1
+    """Whether ``training``'s recipe runs with Megatron's distributed optimizer only: fp8 primary weights
+    (``--fp8-param-gather``). The precision-aware optimizer's state dtypes are the layout's own knob, checked per
+    layout (rule precision_aware_distopt)."""
+    return training.fp8_param_gather
 
 
 def unsupported_features(model: ModelSpec) -> list[str]:
@@ -355,6 +370,9 @@ class Validator:
     # ---- level checks (cheap; the enumerator calls them as soon as their inputs are bound) ----------
     def global_(self) -> Rejection | None:
         """Rules that depend only on the model, the training recipe and the GPU."""
+        padding = pad_to_capacity_problem(self.training)
+        if padding is not None:
+            return Rejection("pad_to_capacity", padding)
         if self.cluster is None:
             return None
         if self.training.fp8_param_gather and self.training.precision != "fp8":
@@ -463,8 +481,8 @@ class Validator:
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
         if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
-            return Rejection("optimizer_distopt", "fp8 primary weights and bf16 Adam moments (the precision-aware "
-                                                  "optimizer) need the distributed optimizer")
+            return Rejection("optimizer_distopt", "fp8 primary weights (fp8_param_gather) need the distributed "
+                                                  "optimizer")
         forced = self.training.distributed_optimizer
         if forced is not None and c.use_distributed_optimizer != forced:
             return Rejection("distopt_choice", f"the training spec sets distributed_optimizer="
@@ -572,16 +590,27 @@ def _registered(model: ModelSpec, training: TrainingSpec, config: ParallelConfig
     return found
 
 
-def _capacity_with_cp(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
-    capacity = training.moe_expert_capacity_factor if training.routing_mode == "capacity" else None
-    if model.is_moe and capacity_with_cp(capacity, config.cp):
-        return f"capacity routing (factor {capacity}) with cp {config.cp}: token dropping under context " \
-               f"parallelism is not built"
+
+def _main_params_half_params(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    if config.main_params_dtype != "fp32" and training.param_bytes == 4:
+        return (f"main_params_dtype {config.main_params_dtype} with {training.precision} training: fp32 parameters "
+                f"are their own master weights (Megatron then keeps none)")
     return None
 
 
-register(Rule("executor_capacity_cp", "capacity (token-dropping) routing is built for cp = 1", _capacity_with_cp,
-              executor=True))
+def _executor_optimizer_dtypes(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    unbuilt = [f"{name}={value}" for name, value in zip(OPTIMIZER_DTYPE_FIELDS, config.optimizer_dtypes)
+               if value not in EXECUTOR_STATE_DTYPES]
+    if unbuilt:
+        return (f"optimizer state {', '.join(unbuilt)}: the executor keeps its state in "
+                f"{', '.join(EXECUTOR_STATE_DTYPES)}")
+    return None
+
+
+register(Rule("main_params_half_params", "master weights other than fp32 need 16-bit parameters (bf16, fp16 or fp8 "
+                                         "training)", _main_params_half_params))
+register(Rule("executor_optimizer_dtypes", "optimizer state in fp32, bf16 or fp16 (no fp8 moments)",
+              _executor_optimizer_dtypes, executor=True))
 
 
 def _ring_with_masked_attention(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
@@ -598,18 +627,19 @@ register(Rule("executor_cp_ring_attention", "cp_comm p2p and a2a+p2p are built f
 
 
 def _megatron_optimizer_recipe(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
-    # the executor's optimizer (executor/optimizer.py) keeps 16-bit weights, fp32 main grads and fp32 Adam
-    # moments whatever the training spec says: a run with these knobs would be measured as another recipe
+    # the executor's optimizer (executor/optimizer.py) keeps 16-bit weights and fp32 main grads whatever the
+    # training spec says: a run with these knobs would be measured as another recipe (the state dtypes are the
+    # layout's, and built: rule executor_optimizer_dtypes)
     knobs = [name for name, on in (("fp8 primary weights (fp8_param_gather)", training.fp8_param_gather),
-                                   ("a bf16 gradient buffer (main_grads_fp32 off)", not training.main_grads_fp32),
-                                   ("bf16 Adam moments", training.precision_aware_optimizer)) if on]
+                                   ("a bf16 gradient buffer (main_grads_fp32 off)", not training.main_grads_fp32))
+             if on]
     if knobs:
         return "Megatron's optimizer recipe is not built: " + ", ".join(knobs)
     return None
 
 
-register(Rule("executor_optimizer_recipe", "16-bit weights, fp32 main grads and fp32 Adam moments (Megatron's "
-                                           "fp8 primary weights, bf16 grad buffer and bf16 moments are not built)",
+register(Rule("executor_optimizer_recipe", "16-bit weights and fp32 main grads (Megatron's fp8 primary weights and "
+                                           "bf16 grad buffer are not built)",
               _megatron_optimizer_recipe, executor=True))
 
 

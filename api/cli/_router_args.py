@@ -20,7 +20,9 @@ def add_router_arguments(parser: argparse.ArgumentParser, defaults: RouterOption
     group = parser.add_argument_group("MoE router (Megatron-Core's arguments)")
     group.add_argument("--moe-router-load-balancing-type", choices=LOAD_BALANCING_TYPES,
                        help="aux_loss: switch loss per micro-batch; seq_aux_loss: per sequence, averaged "
-                            f"(DeepSeek-V2/V3); none: no balancing loss (default: {d.moe_router_load_balancing_type})")
+                            "(DeepSeek-V2/V3); global_aux_loss: tokens per expert over the global batch (DP·CP·TP, "
+                            "averaged over the step's micro-batches); none: no balancing loss "
+                            f"(default: {d.moe_router_load_balancing_type})")
 
     def bounded(name: str, text: str) -> None:
         low, high = BOUNDS[name]

@@ -82,6 +82,8 @@ FLAGS: dict[str, Flag] = {
     "--routing": Flag("MoE routing: dropless, or capacity (with --capacity-factor)",
                       choices=("dropless", "capacity"), default="dropless"),
     "--capacity-factor": Flag("expert capacity factor (with --routing capacity)", type=float, metavar="X"),
+    "--pad-to-capacity": Flag("pad every expert's input to its capacity (with --routing capacity; Megatron's "
+                              "--moe-pad-expert-input-to-capacity)", action="store_true"),
     "--layout": Flag('a folded layout as foldtune prints it, e.g. "tp2 ep2 dp1 mbs1" (any subset of its tokens)',
                      metavar="LABEL"),
     "--min-headroom": Flag("memory per GPU kept free when pruning layouts: a fraction of the GPU's memory "

@@ -31,9 +31,10 @@ from planner.rank import RANK_BY, ROBUST_SHORTLIST, explain_layout, plan, plan_p
 from costmodel.uncertainty import RATE
 from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
+from spec.optimizer_dtypes import read_dtypes
 from spec.inputs import build_specs
 from spec.profile_io import load_profile
-from spec.training_spec import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES, OPTIMIZER_STATE_DTYPES
+from spec.training_spec import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES
 from api.cli._run_cost_args import (RunQuestion, add_run_cost_arguments, gpu_hours, hours, run_heading, run_question,
                                     usd)
 from costmodel.training_run import training_run
@@ -78,6 +79,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
                         help="force the distributed optimizer on/off, or try both (default: auto)")
     add(parser, "--routing")
     add(parser, "--capacity-factor")
+    add(parser, "--pad-to-capacity")
     parser.add_argument("--imbalance", type=float, default=1.0,
                         help="busiest expert's tokens over the mean (default: 1.0, perfectly balanced)")
     parser.add_argument("--mbs-max", type=int, default=8, help="largest micro-batch size tried (default: 8)")
@@ -116,10 +118,6 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-reduce-in-bf16", action="store_true",
                         help="price Megatron's bf16 gradient buffer (--grad-reduce-in-bf16, Megatron-Bridge's "
                              "grad_reduce_in_fp32=False); default: fp32 main gradients")
-    parser.add_argument("--exp-avg-dtype", choices=OPTIMIZER_STATE_DTYPES, default="fp32",
-                        help="dtype of Adam's first moment (bf16: Megatron's precision-aware optimizer)")
-    parser.add_argument("--exp-avg-sq-dtype", choices=OPTIMIZER_STATE_DTYPES, default="fp32",
-                        help="dtype of Adam's second moment (bf16: Megatron's precision-aware optimizer)")
     parser.add_argument("--cross-entropy-fusion-impl", choices=CROSS_ENTROPY_FUSION_IMPLS, default="native",
                         help="Megatron's fused loss (with --megatron-cross-entropy): native keeps an fp32 softmax "
                              "per head, te (Transformer Engine) the 16-bit logits only (default: native)")
@@ -129,6 +127,10 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer-offload", metavar="FRACTIONS", default="",
                         help="optimizer CPU offload fractions to try beside none, comma-separated, e.g. 0.5,1.0 "
                              "(Megatron's --optimizer-offload-fraction; with the distributed optimizer)")
+    parser.add_argument("--optimizer-dtypes", metavar="TRIPLES", default="",
+                        help="optimizer state dtypes to try beside fp32, comma-separated EXP_AVG+EXP_AVG_SQ+MAIN_PARAMS "
+                             "triples, e.g. bf16+bf16+fp32,bf16+bf16+fp16 (Megatron's precision-aware optimizer: "
+                             "--exp-avg-dtype, --exp-avg-sq-dtype, --main-params-dtype; with the distributed optimizer)")
     parser.add_argument("--activation-offload", metavar="MODULES", action="append", default=[],
                         help=f"a set of modules whose activations to try offloading to CPU memory, '+'-joined "
                              f"(modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)}); repeat for several sets")
@@ -151,6 +153,8 @@ def plan_specs(args: argparse.Namespace, command: str = "plan"):
         problems.append("--routing capacity needs --capacity-factor")
     if args.routing == "dropless" and args.capacity_factor is not None:
         problems.append("--capacity-factor needs --routing capacity")
+    if args.pad_to_capacity and args.routing != "capacity":
+        problems.append("--pad-to-capacity needs --routing capacity")
     if problems:
         raise SpecError("; ".join(problems))
     model = model_from_args(args)  # the catalog's or the Hugging Face model, as the proxy asked for
@@ -164,6 +168,7 @@ def plan_specs(args: argparse.Namespace, command: str = "plan"):
                        seq_length=shape.seq, global_batch_size=shape.gbs, precision=shape.precision,
                        distributed_optimizer={"on": True, "off": False, "auto": None}[args.distributed_optimizer],
                        routing_mode=args.routing, moe_expert_capacity_factor=args.capacity_factor,
+                       moe_pad_expert_input_to_capacity=bool(args.pad_to_capacity),
                        moe_routing_imbalance=args.imbalance,
                        fused_window_sink_attention=args.fused_window_sink_attention,
                        megatron_cross_entropy=args.megatron_cross_entropy,
@@ -171,8 +176,7 @@ def plan_specs(args: argparse.Namespace, command: str = "plan"):
                        sequence_parallel_regather=args.sequence_parallel_regather,
                        transformer_engine_fp8=args.transformer_engine_fp8,
                        fp8_recipe=args.fp8_recipe, fp8_param_gather=args.fp8_param_gather,
-                       main_grads_fp32=not args.grad_reduce_in_bf16, exp_avg_dtype=args.exp_avg_dtype,
-                       exp_avg_sq_dtype=args.exp_avg_sq_dtype,
+                       main_grads_fp32=not args.grad_reduce_in_bf16,
                        cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
                        megatron_memory=args.megatron_memory,
                        min_headroom=args.min_headroom)
@@ -186,13 +190,19 @@ def _split(args: argparse.Namespace) -> PipelineSplit:
 
 
 def _offload(args: argparse.Namespace) -> dict:
-    """The SearchSpace offload fields of ``--optimizer-offload`` / ``--activation-offload``."""
+    """The SearchSpace knob-option fields of ``--optimizer-offload`` / ``--activation-offload`` /
+    ``--optimizer-dtypes``."""
     try:
         fractions = tuple(float(f) for f in args.optimizer_offload.split(",") if f.strip())
     except ValueError:
         raise SpecError(f"--optimizer-offload takes comma-separated fractions, got {args.optimizer_offload!r}") from None
+    try:
+        dtypes = tuple(read_dtypes(t) for t in args.optimizer_dtypes.split(",") if t.strip())
+    except ValueError as exc:
+        raise SpecError(f"--optimizer-dtypes: {exc}") from None
     return {"optimizer_offload": fractions,
-            "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload)}
+            "activation_offload": tuple(tuple(m for m in text.split("+") if m) for text in args.activation_offload),
+            "optimizer_dtypes": dtypes}
 
 
 def plan_space(args: argparse.Namespace):
@@ -269,8 +279,6 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
         + (f", fp8 recipe {t['fp8_recipe']}" if t.get("fp8_recipe", "tensorwise") != "tensorwise" else "")
         + (", fp8 primary weights" if t.get("fp8_param_gather") else "")
         + (", bf16 gradients" if not t.get("main_grads_fp32", True) else "")
-        + (f", Adam moments {t.get('exp_avg_dtype')}/{t.get('exp_avg_sq_dtype')}"
-           if (t.get("exp_avg_dtype"), t.get("exp_avg_sq_dtype")) not in ((None, None), ("fp32", "fp32")) else "")
         + (", Transformer Engine's fused loss" if t.get("cross_entropy_fusion_impl") == "te" else "")
         + (", Megatron-Core's saved tensors" if t.get("megatron_memory") else ""),
         f"search   {h['search_space']}",

@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
     add(parser, "--routing")
     add(parser, "--capacity-factor")
+    add(parser, "--pad-to-capacity")
     add_router_arguments(parser)
     add_all(parser, "--untimed-steps", "--timed-steps", "--timeout")
     add(parser, "--json", "the Measurement")
@@ -102,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     shape = resolve_shape(args, gpu, "profile")
     training = TrainingSpec(seq_length=shape.seq, global_batch_size=shape.gbs,
                             precision=shape.precision, routing_mode=args.routing,
-                            moe_expert_capacity_factor=args.capacity_factor)
+                            moe_expert_capacity_factor=args.capacity_factor,
+                            moe_pad_expert_input_to_capacity=bool(args.pad_to_capacity))
     check_local_run(model, training, config)
     options = ExecutorOptions.for_training(training, router_options_from(args), model)
     measurement = profile_layout(model, training, config, options, untimed, timed, timeout_s(args, "profile"),

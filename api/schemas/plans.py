@@ -54,6 +54,10 @@ class PlanCreate(WorkloadIn):
     optimizer_offload: list[float] = Field(
         [], max_length=4, description="optimizer CPU offload fractions (0, 1] tried beside none (Megatron's "
                                       "--optimizer-offload-fraction; only with the distributed optimizer)")
+    optimizer_dtypes: list[str] = Field(
+        [], max_length=4, description="optimizer state dtypes tried beside fp32, each 'EXP_AVG+EXP_AVG_SQ+MAIN_PARAMS' "
+                                      "(e.g. 'bf16+bf16+fp32'; Megatron's precision-aware optimizer: --exp-avg-dtype, "
+                                      "--exp-avg-sq-dtype, --main-params-dtype; only with the distributed optimizer)")
     activation_offload: list[list[str]] = Field(
         [], max_length=4, description="module sets whose saved activations are tried in CPU memory, each of "
                                       f"{', '.join(ACTIVATION_OFFLOAD_MODULES)}")

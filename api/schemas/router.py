@@ -26,10 +26,11 @@ def _bounded(name: str, description: str) -> Any:
 class RouterOptionsIn(BodyIn):
     """MoE router training options (see RouterOptions); every field optional."""
 
-    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = Field(
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "none"] = Field(
         _DEFAULT.moe_router_load_balancing_type,
         description="aux_loss: switch loss per micro-batch; seq_aux_loss: per sequence, averaged (DeepSeek-V2/V3); "
-                    "none: no load-balancing loss")
+                    "global_aux_loss: tokens per expert over the global batch (DP·CP·TP, averaged over the step's "
+                    "micro-batches; Megatron's); none: no load-balancing loss")
     moe_aux_loss_coeff: float = _bounded("moe_aux_loss_coeff", "load-balancing loss coefficient")
     moe_z_loss_coeff: float = _bounded("moe_z_loss_coeff", "router z-loss coefficient")
     moe_router_enable_expert_bias: bool | None = Field(

@@ -13,6 +13,7 @@ from api.service.jobs import resolve_job
 from costmodel.training_run import training_run
 from planner import NoValidLayoutError, SearchSpace, plan_precisions
 from spec.errors import InvalidConfigError
+from spec.optimizer_dtypes import read_dtypes
 from spec.precision_search import SEARCHED_PRECISIONS  # what search_precision plans
 
 
@@ -29,6 +30,11 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
         SearchSpace(**offload)
     except InvalidConfigError as exc:
         raise RuleViolation("body", "offload_options", str(exc)) from None
+    try:
+        offload["optimizer_dtypes"] = tuple(read_dtypes(text) for text in request.optimizer_dtypes)
+        SearchSpace(**offload)
+    except (ValueError, InvalidConfigError) as exc:
+        raise RuleViolation("body.optimizer_dtypes", "optimizer_dtypes", str(exc)) from None
     try:
         space = SearchSpace(vpp_max=request.vpp_max, **offload,
                             precisions=SEARCHED_PRECISIONS if request.search_precision else None,

@@ -179,8 +179,8 @@ def _check(model: ModelSpec, config: ParallelConfig, options: ExecutorOptions, c
     if dataset.vocab_size > model.vocab_size:
         raise SpecError(f"dataset {dataset.path!r} has vocab_size {dataset.vocab_size}, model {model.name!r} "
                         f"only {model.vocab_size}")
-    check_buildable(model, training_for(cfg.seq_length, cfg.global_batch_size, options.moe_expert_capacity_factor),
-                    config)
+    check_buildable(model, training_for(cfg.seq_length, cfg.global_batch_size, options.moe_expert_capacity_factor,
+                                        options.moe_pad_expert_input_to_capacity), config)
 
 
 def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelConfig, options: ExecutorOptions,

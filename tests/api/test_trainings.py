@@ -85,21 +85,20 @@ def test_create_from_a_jobs_best(client, app, alice, bob, body, job_body):
     assert t["predicted_step_time_s"] == pytest.approx(0.25)
 
 
-def test_capacity_routing_with_cp_is_refused_at_submission(client, app, alice, body, job_body):
-    """The executor does not build token dropping under context parallelism: the rule book's
-    executor_capacity_cp refuses it at POST /v1/trainings, not when the ranks are built."""
-    job_body["training"].update(routing_mode="capacity", moe_expert_capacity_factor=1.25)
+def test_a_layout_the_executor_does_not_build_is_refused_at_submission(client, app, alice, body, job_body):
+    """The executor keeps no fp8 Adam moments (Megatron does): the rule book's executor_optimizer_dtypes refuses
+    a job's best layout with them at POST /v1/trainings, not when the ranks are built."""
     r = client.post("/v1/jobs", json=job_body, headers=alice)
-    assert r.status_code == 201, r.text  # the job's search keeps to cp = 1
-    config = ParallelConfig.parse("cp2 ep2 mbs1", world_size=4)
+    assert r.status_code == 201, r.text
+    config = ParallelConfig.parse("cp2 ep2 mbs1 exp_avg=fp8", world_size=4)
     with app.state.sessions() as s:
         claim_next_job(s, "r1")
         t = start_trial(s, r.json()["id"], 0, config.to_dict(), runner_id="r1", label=config.label())
         finish_trial(s, t.id, "succeeded", measurement={"step_time_s": 0.3}, step_time_s=0.3)
     from_job = {k: body[k] for k in ("data_path", "steps", "checkpoint_dir")}
     refused = client.post("/v1/trainings", json={**from_job, "job_id": r.json()["id"]}, headers=alice)
-    assert refused.status_code == 422 and ("body.job_id", "executor_capacity_cp") in validation_rules(refused)
-    assert "token dropping under context parallelism" in refused.text
+    assert refused.status_code == 422 and ("body.job_id", "executor_optimizer_dtypes") in validation_rules(refused)
+    assert "the executor keeps its state in" in refused.text
 
 
 def test_another_owners_training_is_not_found(client, alice, bob, body):

@@ -19,6 +19,8 @@ TABLES = {"owners", "api_keys", "jobs", "trials", "hardware_profiles", "training
 #: the TrainingSpec fields migration 0005 adds (a job stored before it has none of them)
 ADDED_0005 = ("fp8_recipe", "fp8_param_gather", "exp_avg_dtype", "exp_avg_sq_dtype", "cross_entropy_fusion_impl",
               "megatron_memory")
+#: the TrainingSpec field migration 0008 adds (it also moves 0005's exp_avg_dtype / exp_avg_sq_dtype to the layout)
+ADDED_0008 = ("moe_pad_expert_input_to_capacity",)
 
 
 def test_upgrade_from_empty_creates_every_table_and_own_version_table(db_url):
@@ -86,7 +88,7 @@ def test_0003_gives_stored_training_specs_the_new_field_and_the_signature_new_re
     upgrade, with the same question asked now — the service's job_signature over TrainingSpec.to_dict() — and
     downgrading restores both."""
     old_spec = {k: v for k, v in TrainingSpec(seq_length=64, global_batch_size=8).to_dict().items()
-                if k != "transformer_engine_fp8" and k not in ADDED_0005}
+                if k != "transformer_engine_fp8" and k not in ADDED_0005 + ADDED_0008}
     model = {"name": "tiny-moe", "num_layers": 2}
     canonical = json.dumps({"model": model, "training": old_spec, "gpu": "cpu", "num_gpus": 2}, sort_keys=True,
                            separators=(",", ":"))
@@ -117,7 +119,7 @@ def test_0005_gives_stored_training_specs_the_megatron_memory_knobs_and_the_sign
     """A job stored at 0004 (its training spec without the Megatron memory knobs) shares its signature, after the
     upgrade, with the same question asked now, and downgrading to 0004 restores both."""
     old_spec = {k: v for k, v in TrainingSpec(seq_length=64, global_batch_size=8).to_dict().items()
-                if k not in ADDED_0005}
+                if k not in ADDED_0005 + ADDED_0008}
     model = {"name": "tiny-moe", "num_layers": 2}
     canonical = json.dumps({"model": model, "training": old_spec, "gpu": "cpu", "num_gpus": 2}, sort_keys=True,
                            separators=(",", ":"))
@@ -140,6 +142,57 @@ def test_0005_gives_stored_training_specs_the_megatron_memory_knobs_and_the_sign
         assert signature == job_signature(model, now, "cpu", 2) != old_signature
         downgrade(db_url, "0004")
         assert stored() == (old_spec, old_signature)
+    finally:
+        engine.dispose()
+
+
+def test_0008_moves_the_moment_dtypes_to_the_layout_and_gives_the_new_signature(db_url):
+    """A job and a training stored at 0007 with bf16 Adam moments in their training specs: after the upgrade the
+    job's spec is the one a request makes now (no moment dtypes, pad-to-capacity off) under the signature the
+    service computes, and the training's layout holds the moments (it reads back as a ParallelConfig with them);
+    downgrading to 0007 restores the training and gives the job fp32 moments (a job has no layout to have kept
+    them in) under that spec's signature."""
+    from spec.parallel_config import ParallelConfig
+
+    now = TrainingSpec(seq_length=64, global_batch_size=8).to_dict()
+    old_spec = {**{k: v for k, v in now.items() if k not in ADDED_0008}, "exp_avg_dtype": "bf16",
+                "exp_avg_sq_dtype": "bf16"}
+    model = {"name": "tiny-moe", "num_layers": 2}
+    canonical = json.dumps({"model": model, "training": old_spec, "gpu": "cpu", "num_gpus": 2}, sort_keys=True,
+                           separators=(",", ":"))
+    old_signature = hashlib.sha256(canonical.encode()).hexdigest()
+    old_config = {k: v for k, v in ParallelConfig(world_size=2).to_dict().items()
+                  if k not in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")}
+    upgrade(db_url, "0007")
+    engine = make_engine(db_url)
+    try:
+        _insert_old_job(engine, old_spec, old_signature)
+        stamp = "2026-12-02 12:00:00+00:00"
+        with engine.begin() as conn:
+            trainings = sa.table("trainings", *(sa.column(c) for c in (
+                "id", "owner_id", "status", "data_path", "steps", "checkpoint_dir", "created_at", "updated_at",
+                "attempts")), *(sa.column(c, sa.JSON) for c in ("config", "model_spec", "training_spec", "cluster")))
+            conn.execute(trainings.insert().values(
+                id=3, owner_id=1, status="queued", data_path="d", steps=2, checkpoint_dir="c", created_at=stamp,
+                updated_at=stamp, attempts=0, config=old_config, model_spec=model, training_spec=old_spec,
+                cluster={}))
+        upgrade(db_url)
+
+        def stored():
+            with engine.connect() as conn:
+                job = conn.execute(sa.text("SELECT training_spec, signature FROM jobs WHERE id = 7")).one()
+                run = conn.execute(sa.text("SELECT training_spec, config FROM trainings WHERE id = 3")).one()
+            load = lambda v: v if isinstance(v, dict) else json.loads(v)  # noqa: E731
+            return load(job.training_spec), job.signature, load(run.training_spec), load(run.config)
+
+        spec, signature, run_spec, config = stored()
+        assert spec == run_spec == now and "exp_avg_dtype" not in spec
+        assert signature == job_signature(model, now, "cpu", 2) != old_signature
+        layout = ParallelConfig.from_dict(config)
+        assert layout.optimizer_dtypes == ("bf16", "bf16", "fp32") and TrainingSpec.from_dict(run_spec)
+        downgrade(db_url, "0007")
+        fp32 = {**old_spec, "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"}
+        assert stored() == (fp32, job_signature(model, fp32, "cpu", 2), old_spec, old_config)
     finally:
         engine.dispose()
 

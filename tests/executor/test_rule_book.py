@@ -28,6 +28,7 @@ from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
 from executor.pipeline import rank_order
+from executor.train_step import Trainer
 from executor.verify import Scenario, run_scenario
 
 MODELS = {"tiny-moe": get_model("tiny-moe"), "mla-mtp": tiny_proxy(get_model("deepseek-v3"))}
@@ -134,11 +135,17 @@ def test_each_sample_mixes_megatron_and_executor_rejections():
 def test_the_executors_deeper_guards_name_the_rule_they_recheck():
     """Without the one check before the ranks start, building or scheduling such a layout still refuses,
     naming the rule of the rule book."""
-    model, capacity = MODELS["tiny-moe"], TRAININGS["capacity"]
-    cp2 = ParallelConfig(world_size=2, cp=2)
-    assert [r.rule for r in check(model, capacity, cp2)] == ["executor_capacity_cp"]
-    with pytest.raises(InvalidConfigError, match=r"\[executor_capacity_cp\]"):
-        _build_every_rank(model, capacity, cp2)
+    model, cp2 = MODELS["tiny-moe"], ParallelConfig(world_size=2, cp=2)
+    padded = TrainingSpec(seq_length=32, global_batch_size=8, moe_pad_expert_input_to_capacity=True)  # dropless
+    assert [r.rule for r in check(model, padded, cp2)] == ["pad_to_capacity"]
+    with pytest.raises(InvalidConfigError, match=r"\[pad_to_capacity\]"):
+        _build_every_rank(model, padded, cp2)
+    _build_every_rank(model, TRAININGS["capacity"], cp2)  # token dropping under CP is built
+
+    fp8_moments = ParallelConfig(world_size=1, exp_avg_dtype="fp8")
+    assert [r.rule for r in check(model, TRAININGS["dropless"], fp8_moments)] == ["executor_optimizer_dtypes"]
+    with pytest.raises(InvalidConfigError, match=r"\[executor_optimizer_dtypes\]"):
+        Trainer(MoEGPT(model, build_parallel_state(fp8_moments, 0), ExecutorOptions(), 32))
 
     dropless = TRAININGS["dropless"]
     overlap_full = ParallelConfig(world_size=2, ep=2, recompute_granularity="full",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.memory import estimate_memory
-from planner.enumerate import NO_OFFLOAD, SearchSpace, enumerate_layouts
+from planner.enumerate import NO_OFFLOAD, KnobOption, SearchSpace, enumerate_layouts
 from planner.megatron_args import megatron_args
 from planner.rank import plan
 from spec.layout_codec import optuna_key
@@ -23,7 +23,8 @@ EIGHT = ClusterSpec(get_hardware("h100-sxm"), 8)
 def test_default_space_has_no_offload_and_options_multiply_out():
     assert SearchSpace().offload_options() == (NO_OFFLOAD,)
     space = SearchSpace(optimizer_offload=(1.0,), activation_offload=(("moe", "core_attn"),))
-    assert space.offload_options() == (NO_OFFLOAD, (0.0, ("core_attn", "moe")), (1.0, ()), (1.0, ("core_attn", "moe")))
+    assert space.offload_options() == (NO_OFFLOAD, KnobOption(0.0, ("core_attn", "moe")), KnobOption(1.0, ()),
+                                       KnobOption(1.0, ("core_attn", "moe")))
     assert "offload" not in SearchSpace().describe()
     assert "optimizer offload 1 tried, activation offload moe+core_attn tried" in space.describe()
     with pytest.raises(InvalidConfigError, match="fractions"):

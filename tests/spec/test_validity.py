@@ -59,7 +59,7 @@ CASES = [
      dict(tp=2, cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 2))),
     ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
     ("fp8_params_precision", TINY, TrainingSpec(64, 16, fp8_param_gather=True), 8, {}),
-    ("optimizer_distopt", TINY, TrainingSpec(64, 16, exp_avg_sq_dtype="bf16"), 8,
+    ("optimizer_distopt", TINY, TrainingSpec(64, 16, precision="fp8", fp8_param_gather=True), 8,
      dict(use_distributed_optimizer=False, overlap_param_gather=False)),
     # the rules on a config alone (spec.layout_rules)
     ("sp_needs_tp", TINY, TRAIN, 8, dict(tp=1, sequence_parallel=True)),
@@ -73,6 +73,12 @@ CASES = [
      dict(cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 4))),  # 2·4 is not cp
     ("cp_comm_hierarchical", TINY, TRAIN, 8,
      dict(cp=2, cp_comm_type="p2p", hierarchical_context_parallel_sizes=(1, 2))),  # sizes for another type
+    ("precision_aware_distopt", TINY, TRAIN, 8,
+     dict(exp_avg_dtype="bf16", use_distributed_optimizer=False, overlap_param_gather=False)),
+    ("main_params_dtype", TINY, TRAIN, 8, dict(main_params_dtype="bf16")),
+    # the precision-aware optimizer's rule on the whole case: fp32 weights have no master weights to narrow
+    ("main_params_half_params", TINY, TrainingSpec(64, 16, precision="fp32"), 8, dict(main_params_dtype="fp16")),
+    ("pad_to_capacity", TINY, TrainingSpec(64, 16, moe_pad_expert_input_to_capacity=True), 8, {}),
 ]
 
 
@@ -90,8 +96,9 @@ def test_each_rule_trips(rule, model, training, gpus, cfg):
 
 
 def test_megatron_optimizer_recipes_need_the_distributed_optimizer_and_are_not_the_executors():
-    """fp8 primary weights trip optimizer_distopt too (Megatron's arguments.py), and the planner only tries the
-    distributed optimizer for them; the executor refuses the three recipe knobs it does not build, by name."""
+    """fp8 primary weights trip optimizer_distopt (Megatron's arguments.py), and the planner only tries the
+    distributed optimizer for them; the executor refuses the two recipe knobs it does not build, by name. bf16
+    Adam moments are the layout's knob (precision_aware_distopt), and the executor builds them."""
     fp8_params = TrainingSpec(64, 16, precision="fp8", fp8_param_gather=True)
     assert rules_of(TINY, fp8_params, 8, use_distributed_optimizer=False, overlap_param_gather=False) == {
         "optimizer_distopt"}
@@ -99,9 +106,10 @@ def test_megatron_optimizer_recipes_need_the_distributed_optimizer_and_are_not_t
     assert distopt_options(fp8_params) == (True,) and distopt_options(TRAIN) == (True, False)
     cfg = ParallelConfig(world_size=8)
     assert [r.rule for r in check(TINY, TRAIN, cfg)] == []
-    for knob in (dict(main_grads_fp32=False), dict(exp_avg_dtype="bf16"), dict(precision="fp8", fp8_param_gather=True)):
+    for knob in (dict(main_grads_fp32=False), dict(precision="fp8", fp8_param_gather=True)):
         found = check(TINY, replace(TRAIN, **knob), cfg)
         assert [r.rule for r in found] == ["executor_optimizer_recipe"] and is_executor_rule(found[0].rule), knob
+    assert check(TINY, TRAIN, replace(cfg, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")) == []
 
 
 def test_world_rules_trip():
@@ -196,14 +204,14 @@ def test_the_ring_is_built_for_plain_causal_attention_only():
 
 
 def test_check_returns_every_rule_megatrons_first_then_the_executors_tagged():
-    capacity = TrainingSpec(seq_length=64, global_batch_size=16, routing_mode="capacity", moe_expert_capacity_factor=1.0)
-    config = ParallelConfig(world_size=8, tp=1, cp=2, sequence_parallel=True)  # sp without tp, capacity with cp
-    found = check(TINY, capacity, config, ClusterSpec(H100, 8))
-    assert [r.rule for r in found] == ["sp_needs_tp", "executor_capacity_cp"]
+    # sp without tp (Megatron's), fp8 Adam moments (the executor's)
+    config = ParallelConfig(world_size=8, tp=1, cp=2, sequence_parallel=True, exp_avg_dtype="fp8")
+    found = check(TINY, TRAIN, config, ClusterSpec(H100, 8))
+    assert [r.rule for r in found] == ["sp_needs_tp", "executor_optimizer_dtypes"]
     assert [is_executor_rule(r.rule) for r in found] == [False, True]
     assert all(r.rule in RULES or r.rule in EXECUTOR_RULES for r in found)
     # the planner's question (check_config) leaves the executor's rules out
-    assert [r.rule for r in check_config(TINY, capacity, ClusterSpec(H100, 8), config)] == ["sp_needs_tp"]
+    assert [r.rule for r in check_config(TINY, TRAIN, ClusterSpec(H100, 8), config)] == ["sp_needs_tp"]
     # without a cluster the layout's own world counts; with one, a layout for another world is one rejection
     assert check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8)) == []
     assert [r.rule for r in check(TINY, TRAIN, ParallelConfig(world_size=8, ep=8), ClusterSpec(H100, 16))] == [
