@@ -56,6 +56,9 @@ MATRIX: dict[int, list[tuple[str, list[tuple[str, str]]]]] = {
         ("ep8", [("alltoall", "base"), ("alltoall", "capacity")]),
         ("etp2 ep4", [("alltoall", "base"), ("allgather", "shared")]),
         ("pp4 vpp2", [("alltoall", "deep8")]),
+        # the CP communication types (spec.cp_comm_types): the ring across TP and EP, both over 8
+        ("tp2 cp4 ep8 etp1 cp_comm=p2p", [("alltoall", "base")]),
+        ("cp8 cp_comm=a2a+p2p:2x4", [("alltoall", "base")]),
         *PLACEMENTS,
     ],
     4: [
@@ -65,6 +68,10 @@ MATRIX: dict[int, list[tuple[str, list[tuple[str, str]]]]] = {
         ("etp2 ep2", [("alltoall", "base"), ("allgather", "shared")]),      # stands in for ETP2 EP4
         ("pp4 vpp2", [("alltoall", "deep8")]),
         ("tp2 pp2 ep2 etp1", [("alltoall", "shared")]),
+        ("cp4 cp_comm=p2p", [("alltoall", "base")]),
+        ("cp4 cp_comm=a2a+p2p:2x2", [("alltoall", "base")]),
+        ("tp2 cp2 ep4 etp1 cp_comm=p2p", [("alltoall", "shared")]),
+        ("cp2 pp2 ep2 etp1 cp_comm=a2a", [("alltoall", "shared")]),
         *PLACEMENTS,
     ],
 }

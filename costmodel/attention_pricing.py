@@ -149,7 +149,7 @@ class GQAPricing(AttentionPricing):
         if m.position_embedding_type == "rope":
             parts.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
         fwd, bwd = _gqa_core(parts, max(1, heads // tp), d)
-        parts.cp_comm(block, reorder=parts.flash)
+        parts.cp_comm(block, parts.flash, max(1, heads // tp), d, d)
         parts.linear(block, t, h, heads * d / tp)
         return fwd, bwd
 
@@ -294,11 +294,11 @@ class MLAPricing(AttentionPricing):
         parts.elementwise(block, 2 * (heads / tp + 1) * rope * t * ab)  # rope on q and the shared k
         # the executor concatenates q's and k's halves per head (k's rope part broadcast): a copy of each
         parts.elementwise(block, 2 * 2 * heads / tp * (qk + rope) * t * ab)
-        if parts.cp > 1 and parts.flash:  # the executor's CP flash path needs V as wide as Q: masked SDPA
+        if parts.cp > 1 and parts.flash and parts.cp_comm_type == "allgather":  # its flash path needs V as wide as Q
             fwd, bwd = parts.masked_core(max(1, heads // tp), qk + rope, v)
         else:
             fwd, bwd = parts.flash_core(max(1, heads // tp), qk + rope, v)
-        parts.cp_comm(block, reorder=False)
+        parts.cp_comm(block, False, max(1, heads // tp), qk + rope, v)
         parts.linear(block, t, h, heads * v / tp)
         return fwd, bwd
 

@@ -43,7 +43,8 @@ from spec.training_spec import TrainingSpec
 
 F, B = "forward", "backward"
 # the cost term each group's calls are priced under (costmodel.terms)
-GROUP_TERM = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_a2a", "etp": "etp_comm", "tp_ep": "ep_a2a"}
+GROUP_TERM = {"tp": "tp_comm", "cp": "cp_comm", "cp_a2a": "cp_comm", "cp_p2p": "cp_comm", "ep": "ep_a2a",
+              "etp": "etp_comm", "tp_ep": "ep_a2a"}
 _FP32, _INT64 = 4, 8
 # the executor's gradient buckets (executor/train_step.py: Trainer's bucket_mb = 25), in parameter bytes
 EXECUTOR_BUCKET_BYTES = 25 * 2**20
@@ -71,6 +72,9 @@ class Geometry:
     pad: bool = False  # padding to capacity: the allgather dispatcher gathers every rank's zero rows per expert
     global_aux: bool = False  # the global aux loss: its counts are summed over DP·CP too (``dp`` replicas)
     dp: int = 1
+    cp_comm: str = "allgather"  # the CP communication type (spec.cp_comm_types)
+    cp_a2a: int = 1  # ranks of its all-to-all (ParallelConfig.cp_split)
+    cp_ring: int = 1  # ranks of its ring
 
     @property
     def local(self) -> float:
@@ -89,7 +93,8 @@ def geometry(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                     config.moe_token_dispatcher_type, training.sequence_parallel_regather,
                     training.megatron_cross_entropy, aux, capacity, imbalance,
                     capacity and training.moe_pad_expert_input_to_capacity,
-                    bool(aux) and router.moe_router_load_balancing_type == "global_aux_loss", config.dp)
+                    bool(aux) and router.moe_router_load_balancing_type == "global_aux_loss", config.dp,
+                    config.cp_comm_type, *config.cp_split)
 
 
 def aux_loss_sets(model: ModelSpec, router: RouterOptions, micro_batch_size: int) -> int:
@@ -124,14 +129,43 @@ def _cp_kv(g: Geometry, heads: float, k_dim: int, v_dim: int) -> tuple[Call, ...
     return out
 
 
+def ring_calls(group: str, ring: int, pair_bytes: float) -> tuple[Call, ...]:
+    """The ring's hops over ``group`` (``ring`` ranks), each one K/V pair of ``pair_bytes`` sent to the next rank
+    (one ``batch_isend_irecv``): forward ring−1 (the last pair is not passed on); backward ring−1 again, and a hop
+    of the travelling dK/dV after each of the ring's blocks (ring of them, the last one bringing a rank its own)."""
+    if ring <= 1:
+        return ()
+    return (Call("p2p", group, pair_bytes, F),) * (ring - 1) + (Call("p2p", group, pair_bytes, B),) * (2 * ring - 1)
+
+
+def cp_calls(g: Geometry, heads: float, kv_heads: float, k_dim: int, v_dim: int) -> tuple[Call, ...]:
+    """The CP exchange of one attention layer under ``g.cp_comm`` (``heads`` and ``kv_heads`` on this TP rank):
+    allgather :func:`_cp_kv`; p2p the ring over cp (:func:`ring_calls`, a pair = this rank's K and V); a2a an
+    all-to-all of q, k, v and of the output over cp, each way (the send buffer: this rank's tensor); a2a+p2p the
+    all-to-alls over cp_a2a and the ring over cp_p2p, whose pair (a2a times the tokens, 1/a2a of the heads) has
+    the same bytes."""
+    if g.cp <= 1:
+        return ()
+    if g.cp_comm == "allgather":
+        return _cp_kv(g, kv_heads, k_dim, v_dim)
+    t, ab = g.tokens, g.act_bytes
+    pair = t * kv_heads * (k_dim + v_dim) * ab
+    if g.cp_comm == "p2p":
+        return ring_calls("cp", g.cp, pair)
+    group = "cp" if g.cp_comm == "a2a" else "cp_a2a"
+    sizes = (t * heads * k_dim * ab, t * kv_heads * k_dim * ab, t * kv_heads * v_dim * ab, t * heads * v_dim * ab)
+    a2a = tuple(Call("all_to_all", group, n, phase) for phase in (F, B) for n in sizes)
+    return a2a + (ring_calls("cp_p2p", g.cp_ring, pair) if g.cp_comm == "a2a+p2p" else ())
+
+
 def attention_calls(g: Geometry) -> tuple[Call, ...]:
     """Self-attention: the TP block (MLA: the latents are gathered, not the hidden states), the whole-width
-    q/k norms' sums over TP (OLMoE), the K/V exchange over CP."""
+    q/k norms' sums over TP (OLMoE), the CP exchange of its communication type (:func:`cp_calls`)."""
     m, t, ab, h = g.model, g.tokens, g.act_bytes, g.model.hidden_size
     pricing = attention_pricing(m)
     block = tp_block(g, t * pricing.tp_gather_width(m) * ab, t * h * ab)
-    heads, k_dim, v_dim = pricing.kv_exchange(m)
-    cp = _cp_kv(g, max(1, heads // g.tp), k_dim, v_dim)
+    kv_heads, k_dim, v_dim = pricing.kv_exchange(m)
+    cp = cp_calls(g, max(1, m.num_attention_heads // g.tp), max(1, kv_heads // g.tp), k_dim, v_dim)
     norms: tuple[Call, ...] = ()
     if m.qk_layernorm and qk_norm_scope(m).split_with_heads and g.tp > 1:  # one fp32 sum per token, q and k
         norms = (Call("all_reduce", "tp", t * _FP32, F),) * 2 + (Call("all_reduce", "tp", t * _FP32, B),) * 2
@@ -233,15 +267,21 @@ def recompute_skipped(g: Geometry, moe: bool) -> Call | None:
 def recompute_calls(g: Geometry, moe: bool, modules: tuple[str, ...] | None = None) -> tuple[Call, ...]:
     """A recomputed layer's forward calls again (issued during backward), less :func:`recompute_skipped`: the
     whole layer's (``modules`` None: full recomputation), or those of the selective ``modules`` regions that
-    hold collectives ('mlp': the dense MLP; 'moe': router, dispatch and shared experts; 'shared_experts')."""
+    hold collectives ('mlp': the dense MLP; 'moe': router, dispatch and shared experts; 'shared_experts';
+    'core_attn' under a ring CP type, whose hops run inside the attention core)."""
+    core: tuple[Call, ...] = ()
+    if modules is not None and "core_attn" in modules:
+        core = tuple(c for c in attention_calls(g) if c.op == "p2p")
     if modules is None:
         region = moe_layer_calls(g) if moe else dense_layer_calls(g)
     elif not moe:
-        region = mlp_calls(g) if "mlp" in modules else ()
+        region = core + (mlp_calls(g) if "mlp" in modules else ())
     elif "moe" in modules:
-        region = router_calls(g) + dispatch_calls(g) + (mlp_calls(g) if g.model.shared_expert_ffn_hidden_size else ())
+        region = core + router_calls(g) + dispatch_calls(g) + (
+            mlp_calls(g) if g.model.shared_expert_ffn_hidden_size else ())
     else:
-        region = mlp_calls(g) if "shared_experts" in modules and g.model.shared_expert_ffn_hidden_size else ()
+        region = core + (mlp_calls(g) if "shared_experts" in modules and g.model.shared_expert_ffn_hidden_size
+                         else ())
     calls = [c for c in region if c.phase == F]
     if not calls:
         return ()

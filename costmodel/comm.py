@@ -234,8 +234,8 @@ def p2p_time(link: LinkRates, nbytes: float, crosses_nodes: bool) -> float:
 
 
 #: the collectives a :class:`Call` can name (ring ones priced by :func:`ring_time`, 'all_to_all' by
-#: :func:`all_to_all_time`)
-CALL_OPS = RING_COLLECTIVES + ("all_to_all",)
+#: :func:`all_to_all_time`, 'p2p' (one send to the next rank of a ring, all ranks at once) by :func:`p2p_time`)
+CALL_OPS = RING_COLLECTIVES + ("all_to_all", "p2p")
 
 
 @dataclass(frozen=True)
@@ -258,4 +258,6 @@ def call_time(link: LinkRates, call: Call, placement: Placement) -> float:
     message size (or the default efficiency and latency), so each call pays its latency once."""
     if call.op == "all_to_all":
         return all_to_all_time(link, call.nbytes, placement)
+    if call.op == "p2p":  # a ring's hop: every rank sends to its next at once, the slowest hop sets the pace
+        return p2p_time(link, call.nbytes, placement.crosses_nodes) if placement.size > 1 else 0.0
     return ring_time(link, call.op, call.nbytes, placement)

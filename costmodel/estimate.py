@@ -101,7 +101,7 @@ def _time_context(bottleneck: str, c: ParallelConfig, training: TrainingSpec, cl
     if bottleneck == "tp-comm":
         return f"TP{c.tp} group {places.span_text('tp')}"
     if bottleneck == "cp-comm":
-        return f"CP{c.cp} group {places.span_text('cp')}"
+        return f"CP{c.cp} {c.cp_comm_text()} group {places.span_text('cp')}"
     if bottleneck == "dp-comm":
         return (f"DP{c.dp} {places.span_text('dp')}, EDP{c.edp} {places.span_text('edp')}"
                 + ("" if c.use_distributed_optimizer else ", no distributed optimizer"))
@@ -135,6 +135,10 @@ def explain(config: ParallelConfig, training: TrainingSpec, cluster: ClusterSpec
     seconds = sum(terms.get(t, 0.0) for t in BOTTLENECK_TERMS.get(bottleneck, ()))
     share = seconds / time.step_time if time.step_time > 0 else 0.0
     context = _time_context(bottleneck, config, training, cluster, time)
+    if config.cp > 1 and bottleneck != "cp-comm":  # the CP type shapes the attention whatever limits the step
+        hidden = dict(time.hidden).get("cp_comm", 0.0)
+        context += f"; CP{config.cp} {config.cp_comm_text()}" + (
+            f" hides {hidden:.3g} s of its exchange" if hidden > 0 else "")
     return bottleneck, f"{bottleneck} {share:.0%} of step: {context}"
 
 

@@ -45,6 +45,13 @@ SHARED_EXPERTS = HostOps(20.0)
 TP_PER_BLOCK = HostOps(6.0, 4.0)
 # CP > 1: all-gather of K and V (reduce-scatter of their gradients), the causal-mask attention path.
 CP_PER_LAYER = HostOps(15.0, 4.0)
+# cp_comm a2a: four all-to-alls each way (q, k, v, the output) and the reorders into and out of sequence order
+# (small-moe, cp 2 and 4: 47 and 45 ops)
+CP_A2A_PER_LAYER = HostOps(46.0, 8.0)
+# cp_comm p2p over n ranks: per ring rank a block each way, the forward's merge, the backward's gradient adds, and
+# its hops, each a send and a receive (small-moe, cp 2 and 4: 50 and 96 ops, 8 and 20 collectives)
+CP_RING_PER_RANK = HostOps(23.0, 6.0)
+CP_RING_FIXED = HostOps(4.0, -4.0)
 # Forward ops a layer re-runs under full recomputation (its forward again, plus the checkpoint wrapper).
 FULL_RECOMPUTE_MOE = HostOps(63.0)
 FULL_RECOMPUTE_DENSE = HostOps(50.0)  # not counted: the MoE layer's 63 scaled by 126/162 (dense/MoE layer)
@@ -86,12 +93,24 @@ def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostO
         blocks = 1 + (0 if moe else 1) + (1 if moe and model.shared_expert_ffn_hidden_size else 0)
         out = out + TP_PER_BLOCK * blocks
     if config.cp > 1:
-        out = out + CP_PER_LAYER
+        out = out + cp_host_ops(config)
     if moe:
         out = out + dispatcher_pricing(config.moe_token_dispatcher_type).host_ops(config)
     if config.recompute_granularity == "selective":
         for module in config.recompute_modules:
             out = out + SELECTIVE_RECOMPUTE.get(module, ZERO)
+    return out
+
+
+def cp_host_ops(config: ParallelConfig) -> HostOps:
+    """Ops and collectives of one attention layer's CP exchange per micro-batch under its communication type
+    (cp > 1): allgather's, a2a's, the ring's over its ranks, a2a+p2p both."""
+    if config.cp_comm_type == "allgather":
+        return CP_PER_LAYER
+    a2a, ring = config.cp_split
+    out = CP_A2A_PER_LAYER if a2a > 1 else ZERO
+    if ring > 1:
+        out = out + CP_RING_FIXED + CP_RING_PER_RANK * ring
     return out
 
 

@@ -26,6 +26,8 @@ class DenseKey(NamedTuple):
     micro_batch_size: int
     sequence_parallel: bool
     tp_comm_overlap: bool
+    cp_comm: str
+    cp_split: tuple[int, int]
 
 
 class RoutedKey(NamedTuple):
@@ -48,16 +50,20 @@ class LayerKey(NamedTuple):
     sequence_parallel: bool
     dispatcher: str
     tp_comm_overlap: bool
+    cp_comm: str  # the CP communication type (allgather when cp = 1: every type runs the same layer there)
+    cp_split: tuple[int, int]  # its (a2a size, ring size), ParallelConfig.cp_split
 
     @classmethod
     def of(cls, c: ParallelConfig) -> LayerKey:
         """The key of ``c``'s layers."""
+        comm = c.cp_comm_type if c.cp > 1 else "allgather"
         return _new(cls, (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel,
-                          c.moe_token_dispatcher_type, c.tp_comm_overlap))
+                          c.moe_token_dispatcher_type, c.tp_comm_overlap, comm, c.cp_split))
 
     def dense(self) -> DenseKey:
         """The key of these layers' attention and TP-side parts."""
-        return _new(DenseKey, (self.tp, self.cp, self.micro_batch_size, self.sequence_parallel, self.tp_comm_overlap))
+        return _new(DenseKey, (self.tp, self.cp, self.micro_batch_size, self.sequence_parallel, self.tp_comm_overlap,
+                               self.cp_comm, self.cp_split))
 
     def routed(self, seq_length: int) -> RoutedKey:
         """The key of these layers' routed-expert part at ``seq_length`` tokens per sequence."""
@@ -67,7 +73,8 @@ class LayerKey(NamedTuple):
 
 class HostKey(NamedTuple):
     """What the host's kernel-issue seconds depend on: which groups exist (not their sizes), the dispatcher,
-    the recomputation and the stages."""
+    the recomputation, the stages and the CP communication type (with its split: a ring's ops grow with its
+    ranks)."""
 
     tp_group: bool
     cp_group: bool
@@ -80,13 +87,15 @@ class HostKey(NamedTuple):
     pp: int
     vpp: int
     split: PipelineSplit
+    cp_comm: str  # the CP communication type and its split (the ring's ops grow with its ranks)
+    cp_split: tuple[int, int]
 
     @classmethod
     def of(cls, c: ParallelConfig) -> HostKey:
         """The key of ``c``."""
         return _new(cls, (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type,
                           c.recompute_granularity, c.recompute_modules, c.recompute_num_layers, c.pp, c.vpp,
-                          c.pipeline_split))
+                          c.pipeline_split, c.cp_comm_type if c.cp > 1 else "allgather", c.cp_split))
 
 
 class StepStatKey(NamedTuple):

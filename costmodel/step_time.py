@@ -49,7 +49,7 @@ from costmodel.compute import (
     grouped_gemm_fwd_bwd,
     memory_time,
 )
-from costmodel.context_parallel import cp_attention_time, kv_exchange_time
+from costmodel.context_parallel import cp_attention_time, cp_pricing
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.head_pricing import head_pricing
@@ -180,7 +180,7 @@ class StepTimeBreakdown:
 class _Block:
     """Forward and backward seconds per micro-batch of one layer kind, split by term (raw, before overlap)."""
 
-    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed", "skip")
+    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed", "skip", "cp_hidden")
 
     def __init__(self) -> None:
         self.fwd = [0.0] * N_SLOTS
@@ -190,6 +190,7 @@ class _Block:
         # for its split sizes, which EP overlap cannot run beside another micro-batch's compute
         self.a2a_fixed = 0.0
         self.skip = 0.0  # forward seconds full recomputation does not re-run (collective_inventory.recompute_skipped)
+        self.cp_hidden = 0.0  # CP exchange seconds (fwd + bwd) a ring's blocks hide (costmodel.context_parallel)
 
     def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
         self.fwd[term] += fwd
@@ -241,10 +242,12 @@ _ZERO_LAYER = _LayerCost((0.0,) * N_SLOTS, (0.0,) * N_SLOTS, 0.0, 0.0, 0.0, 0.0,
 
 
 def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
-    """Apply the overlap that happens inside a layer: TP comm under its GEMMs. The CP K/V exchange stays
-    exposed (the executor all-gathers K/V before the attention that reads them; nothing runs beside it)."""
+    """Apply the overlap that happens inside a layer: TP comm under its GEMMs. The CP exchange's exposed part is
+    priced by its type (costmodel.context_parallel: the ring's hops hide behind its blocks, the all-gather and the
+    all-to-alls precede or follow the attention and stay exposed), its hidden part recorded."""
     exposed = [f + b for f, b in zip(block.fwd, block.bwd)]
     hidden = [0.0] * N_SLOTS
+    hidden[CP] = block.cp_hidden
     fwd_comm = block.fwd[TP] + block.fwd[A2A] + block.fwd[ETP]
     if tp_overlap:
         tp_exposed_f = max(block.fwd[TP] - block.fwd[GEMM], TP_OVERLAP_EXPOSED_FRACTION * block.fwd[TP])
@@ -328,6 +331,13 @@ class _Shape:
         self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
         self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
             self.places.of(name) for name in ("tp", "cp", "ep", "etp", "tp_ep"))
+        # the CP communication type and its groups: the CP group, and a2a+p2p's all-to-all sub-group (its a
+        # nearest members) and ring sub-group (members a apart)
+        self.cp_comm_type, self.cp_split = key.cp_comm, key.cp_split
+        cp_stride = self.places.sizes.group("cp").stride
+        self.cp_places = {"cp": self.cp_place,
+                          "cp_a2a": group_placement(cp_stride, self.cp_split[0], ctx.gpus_per_node),
+                          "cp_p2p": group_placement(cp_stride * self.cp_split[0], self.cp_split[1], ctx.gpus_per_node)}
         # the busiest EP rank sets the pace, the others wait in the a2a; capacity routing caps its rows, padding
         # to capacity fixes them at the capacity (the zero rows are computed and sent like the others)
         imbalance = training.expert_rows_factor(ep)
@@ -339,7 +349,9 @@ class _Shape:
         # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
         self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
                                      self.regather, self.megatron_loss, ctx.aux_loss_sets(mbs), capacity, imbalance,
-                                     capacity and training.moe_pad_expert_input_to_capacity)
+                                     capacity and training.moe_pad_expert_input_to_capacity, False, 1,
+                                     self.cp_comm_type, *self.cp_split)
+        self.layer_calls = _calls.attention_calls(self.calls)  # the attention's, the CP exchange's among them
 
     # -- primitives --------------------------------------------------------------------------------
     def linear(self, block: _Block, m: float, n: float, k: float, module: str | tuple[str, ...] = (),
@@ -421,12 +433,14 @@ class _Shape:
         self.residual(block)
 
     def flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
-        """(forward, backward) seconds of causal attention on the fused kernel: under CP the executor's
-        chunk kernels, each at its own key length (:mod:`costmodel.context_parallel`); unfused attention
+        """(forward, backward) seconds of causal attention on the fused kernel: under CP its communication
+        type's kernels, each at its own key length (:mod:`costmodel.context_parallel`); unfused attention
         (``flash_attention`` off) computes the whole [s/cp, s] score matrix either way."""
         if not self.flash:
             return attention_time(self.rates, self.tokens, self.seq, heads, qk, v, True, False, self.dropout, 1)
-        return cp_attention_time(self.rates, self.mbs, self.seq, self.cp, heads, qk, v)
+        if self.cp <= 1:
+            return cp_attention_time(self.rates, self.mbs, self.seq, 1, heads, qk, v)
+        return cp_pricing(self.cp_comm_type).core(self, heads, qk, v)
 
     def masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of SDPA under an explicit boolean mask: every score of the
@@ -437,27 +451,20 @@ class _Shape:
 
     def attention_comm(self, block: _Block) -> None:
         """The attention's calls over TP (costmodel.collective_inventory.attention_calls; CP: cp_comm)."""
-        self.comm(block, tuple(c for c in _calls.attention_calls(self.calls) if c.group != "cp"))
+        self.comm(block, tuple(c for c in self.layer_calls if not c.group.startswith("cp")))
 
-    def cp_comm(self, block: _Block, reorder: bool) -> None:
-        """The executor's K/V exchange under CP (:func:`costmodel.context_parallel.kv_exchange_time`): this
-        rank's K and V all-gathered over CP forward (one call each), their gradients reduce-scattered backward,
-        exposed (it runs before the attention that needs it), plus the exchange's per-call seconds beyond the
-        bytes (:mod:`costmodel.fixed_costs`, for K and V together) half each way; with ``reorder`` (the flash
-        path) the gathered K/V put into global sequence order (one read and one write of the gathered buffer
-        each way)."""
-        place = self.cp_place
-        if place.size <= 1:
+    def cp_comm(self, block: _Block, reorder: bool, heads: int, qk: int, v: int) -> None:
+        """The executor's exchange under CP, priced by its communication type
+        (:class:`costmodel.context_parallel.CpPricing`) for ``heads`` local heads of head dims ``qk`` / ``v``.
+        allgather: this rank's K and V all-gathered over CP forward (one call each), their gradients
+        reduce-scattered backward, exposed (it runs before the attention that needs it), plus the exchange's
+        per-call seconds beyond the bytes (:mod:`costmodel.fixed_costs`, for K and V together) half each way;
+        with ``reorder`` (the flash path) the gathered K/V put into global sequence order (one read and one
+        write of the gathered buffer each way). p2p, a2a, a2a+p2p: costmodel.context_parallel's module
+        docstring."""
+        if self.cp <= 1:
             return
-        for call in _calls.attention_calls(self.calls):
-            if call.group != "cp" or call.phase != "forward":
-                continue
-            local = call.nbytes / place.size  # the call's gathered buffer holds every CP rank's part
-            fwd, bwd = kv_exchange_time(self.link, local, place)
-            block.add(CP, fwd, bwd)
-            if reorder:
-                self.elementwise(block, 2 * call.nbytes, "core_attn", bwd_bytes=2 * call.nbytes)
-        block.add(CP, self.cp_fixed / 2, self.cp_fixed / 2)
+        cp_pricing(self.cp_comm_type).comm(self, block, reorder, heads, qk, v)
 
     def dense_mlp(self, block: _Block) -> None:
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp

@@ -62,7 +62,7 @@ TERM_TABLE: tuple[Term, ...] = (
     Term("tp_comm", "layer", "comm", "tp-comm", hidden_by="the GEMMs it feeds (tp_comm_overlap)",
          constants="collective"),
     Term("cp_comm", "layer", "comm", "cp-comm",
-         hidden_by="nothing in foldtune's executor (its K/V all-gather precedes the attention): 0",
+         hidden_by="the ring's attention blocks (cp_comm p2p, a2a+p2p); the all-gather and all-to-alls: nothing",
          constants="collective"),
     Term("ep_a2a", "layer", "all_to_all", "all-to-all",
          hidden_by="another micro-batch's compute (overlap_moe_expert_parallel_comm)", constants="dispatch"),

@@ -38,11 +38,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.comm import GroupPlacements, Placement
+from costmodel.comm import GroupPlacements, Placement, group_placement
 from costmodel.memory import MemoryBreakdown
 from costmodel.step_time import HOST_FACTOR, HOST_RECOMPUTE_FACTOR, StepTimeBreakdown, host_seconds_per_micro_batch
 from costmodel.terms import HIDDEN_TERMS, TERM_TABLE
 from spec.attention_kinds import attention_kind
+from spec.cp_comm_types import HIERARCHICAL
 from spec.dispatchers import GATHERING_DISPATCHERS
 from spec.hardware import ClusterSpec, HardwareProfile, MeasuredCurve, expert_shape, parse_component_key
 from spec.model_spec import ModelSpec
@@ -245,9 +246,25 @@ def _range_note(curve: MeasuredCurve | None) -> str:
 
 
 # the collective each communication term runs (the ring kind that dominates its seconds) and over which group
-_COLLECTIVES = {"tp_comm": ("all_gather", "tp"), "cp_comm": ("all_gather", "cp"), "etp_comm": ("all_gather", "etp"),
+_COLLECTIVES = {"tp_comm": ("all_gather", "tp"), "cp_comm": ("all_gather", "cp"),  # by cp_comm_type: _cp_collective
+                "etp_comm": ("all_gather", "etp"),
                 "dp_grad": ("reduce_scatter", "dp_cp"), "edp_grad": ("reduce_scatter", "edp"),
                 "param_gather": ("all_gather", "dp_cp"), "pp_p2p": ("p2p", "pp")}
+
+
+def _cp_collective(config: ParallelConfig, places: GroupPlacements) -> tuple[str, Placement]:
+    """The collective that dominates cp_comm's seconds under ``config.cp_comm_type`` and where its group sits:
+    allgather's K/V all-gather over CP, p2p's ring hops, a2a's all-to-alls over CP, a2a+p2p's all-to-alls over
+    its sub-group of the nearest ``a`` CP ranks (the ring across sub-groups is hidden in part by attention)."""
+    kind = config.cp_comm_type
+    if kind == "p2p":
+        return "p2p", places.of("cp")
+    if kind == "a2a":
+        return "all_to_all", places.of("cp")
+    if kind == HIERARCHICAL:
+        a2a, _ = config.cp_split
+        return "all_to_all", group_placement(places.sizes.group("cp").stride, a2a, places.gpus_per_node)
+    return "all_gather", places.of("cp")
 
 
 def _measured_sizes(hw: HardwareProfile, collective: str, scope: str) -> tuple[int, ...]:
@@ -332,7 +349,10 @@ def term_provenance(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
             collective, group = _COLLECTIVES[term.name]
             if group == "dp_cp" and not config.use_distributed_optimizer:
                 collective = "all_reduce"
-            source, prov, note = collective_provenance(hw, collective, places.of(group))
+            place = places.of(group)
+            if term.name == "cp_comm":
+                collective, place = _cp_collective(config, places)
+            source, prov, note = collective_provenance(hw, collective, place)
             out.append(TermProvenance(term.name, source, prov, WIDTHS[prov], note))
         elif kind == "dispatch":
             gathers = config.moe_token_dispatcher_type in GATHERING_DISPATCHERS

@@ -31,7 +31,7 @@ from executor.kernels import triton_rope
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
-from executor.parallel.context_parallel import cp_attention, gather_kv
+from executor.parallel.cp_exchange import check_ring_layer, cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
@@ -113,8 +113,10 @@ class Attention(torch.nn.Module):
         self.offload_core = offloaded(state.config, "core_attn")
         self.offload_norm = offloaded(state.config, "layernorm")
         self.cp = state["cp"]
+        self.cp_exchange = cp_exchange(state.config.cp_comm_type)
         self.window = spec.attention_window(layer)
         self.plain = self.window is None and spec.softmax_type == "vanilla"  # the causal kernels take it
+        check_ring_layer(state.config, self.plain)
         # [s/cp, s] mask (True = attend) in global positions, set by the model under CP or when not plain
         self.mask = None
         self.heads = spec.num_attention_heads // state.tp.size
@@ -172,12 +174,11 @@ class Attention(torch.nn.Module):
         else:
             q = apply_rope(q.permute(1, 2, 0, 3), cos, sin)
             k = apply_rope(k.permute(1, 2, 0, 3), cos, sin)
-        if self.cp.size > 1:
-            q = self.timer.mark(q, "attention", "cp_allgather")
-            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
-            k = self.timer.mark(k, "cp_allgather", "attention")
-        o = recompute.run(self.recompute_core, self.core_attention, q, k, v,  # [b, heads, s, d]
-                          offload=self.offload_core)
+        if self.cp.size > 1:  # the layout's CP communication type (executor.parallel.cp_exchange)
+            o = run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core)
+        else:
+            o = recompute.run(self.recompute_core, self.core_attention, q, k, v,  # [b, heads, s, d]
+                              offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         o = self.kernels.linear(o, self.wo)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
@@ -187,13 +188,18 @@ class Attention(torch.nn.Module):
         return self.timer.mark(o, "tp_reduce_scatter", "other")
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention core of this rank's queries [b, heads, s/cp, d] against its (under CP, gathered) keys and
-        values: the masked path for a window or sinks (the CP flash kernel takes neither), the CP kernels under
-        CP, else the backend's causal attention. What :meth:`forward` checkpoints as core_attn."""
+        """The attention core of this rank's queries [b, heads, s/cp, d] against its keys and values: under CP
+        its communication type's core (``cp_exchange``: the gathered keys, the ring, or the all-to-all's whole
+        sequences), else the masked path for a window or sinks (the causal kernels take neither) or the
+        backend's causal attention. What core_attn recomputation checkpoints."""
+        if self.cp.size > 1:
+            return self.cp_exchange.core(self, q, k, v, self.sinks)
         if not self.plain:
             return special_attention(q, k, v, self.mask, self.sinks)
-        if self.cp.size > 1:
-            return cp_attention(q, k, v, self.mask, self.cp.size, self.cp.rank)
+        return self._attention(q, k, v)
+
+    def local_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over whole sequences, as without CP (the a2a CP types run it on their heads)."""
         return self._attention(q, k, v)
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ Parallelism, as Megatron lays it out: TP splits heads (the up projections are co
 rank's sequence slice under SP, so their gradients cover part of the sequence (``tp_partial``); the
 latents — not the hidden states — are what is all-gathered over TP (q_lora_rank or hidden, plus kv_lora_rank
 and qk_pos_emb_head_dim per token; one collective). CP runs as for GQA attention: per-head K and V are
-all-gathered over the CP group and attend under the load-balanced causal mask.
+exchanged as the layout's CP communication type says (executor/parallel/cp_exchange.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from executor.offload import offloaded
 from executor.attention import apply_rope
 from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
-from executor.parallel.context_parallel import cp_attention, gather_kv
+from executor.parallel.cp_exchange import cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp, leave_tp
@@ -68,6 +68,7 @@ class MLASelfAttention(torch.nn.Module):
         # the attention core together (the executor rule asks core_attn beside mla_up_proj)
         self.recompute_up = recompute.selective(state.config, "mla_up_proj")
         self.cp = state["cp"]
+        self.cp_exchange = cp_exchange(state.config.cp_comm_type)
         # plain causal attention (the executor rule rejects MLA with windows or sinks); under CP the model sets
         # ``mask`` [s/cp, s], the causal mask in global positions
         self.window, self.plain, self.mask = None, True, None
@@ -149,20 +150,23 @@ class MLASelfAttention(torch.nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention core without its own checkpoint (inside the mla_up_proj region)."""
         if self.cp.size > 1:
-            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
+            return run_cp_attention(self, q, k, v, False, False, timed=False)
         return self.core_attention(q, k, v)
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention core of this rank's queries against its (under CP, gathered) keys and values: the CP
-        kernels under CP, else the backend's causal attention."""
+        """The attention core of this rank's queries against its keys and values: under CP its communication
+        type's core (``cp_exchange``), else the backend's causal attention. What core_attn recomputation
+        checkpoints."""
         if self.cp.size > 1:
-            return cp_attention(q, k, v, self.mask, self.cp.size, self.cp.rank)
+            return self.cp_exchange.core(self, q, k, v, None)
+        return self.kernels.attention(q, k, v)
+
+    def local_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over whole sequences, as without CP (the a2a CP types run it on their heads)."""
         return self.kernels.attention(q, k, v)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention output [b, heads, s, v_head_dim]; K/V all-gathered over CP; core_attn recompute."""
+        """Attention output [b, heads, s, v_head_dim]; under CP its communication type's; core_attn recompute."""
         if self.cp.size > 1:
-            q = self.timer.mark(q, "attention", "cp_allgather")
-            k, v = gather_kv(k, self.cp), gather_kv(v, self.cp)
-            k = self.timer.mark(k, "cp_allgather", "attention")
+            return run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core)
         return recompute.run(self.recompute_core, self.core_attention, q, k, v, offload=self.offload_core)

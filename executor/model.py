@@ -31,7 +31,8 @@ from executor.mlp import SwiGLUMLP
 from executor.moe import MoELayer
 from executor.options import ExecutorOptions, check_model_supported
 from executor.parallel.collectives import all_reduce_
-from executor.parallel.context_parallel import all_positions, cp_positions
+from executor.parallel.context_parallel import cp_positions
+from executor.parallel.cp_exchange import cp_exchange
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.parallel.tensor_parallel import enter_tp
@@ -117,24 +118,30 @@ class DecoderLayer(torch.nn.Module):
 def rank_positions(spec: ModelSpec, options: ExecutorOptions, state: ParallelState, seq_length: int,
                    layers: list[DecoderLayer], device: torch.device):
     """(rope cos, rope sin, CP positions) of this rank's tokens, and each of ``layers`` given the attention mask
-    it needs (under CP, or with a window or sinks): under CP the rank holds its load-balanced share of the
-    sequence (positions ``cp_positions``, attending to every CP rank's keys), else the whole sequence in order
-    (positions None)."""
+    it needs: under CP the rank holds its load-balanced share of the sequence (positions ``cp_positions``), and
+    its layers attend as the layout's CP communication type does (``cp_exchange(...).mask_positions``: the
+    allgather type's chunks against every rank's keys, a2a's whole sequences, none for the ring types); without
+    CP the whole sequence in order (positions None), masks for the layers with a window or sinks."""
     cos, sin = rope_tables(seq_length, spec.rotary_head_dim, options.rotary_base, device)
     cp = state["cp"]
     positions = None
-    keys = queries = torch.arange(seq_length, device=device)
-    if cp.size > 1:  # this rank's load-balanced share of the sequence, against every rank's keys
-        positions = queries = cp_positions(seq_length, cp.size, cp.rank, device)
-        keys = all_positions(seq_length, cp.size, device)
+    every = torch.arange(seq_length, device=device)
+    mask_positions = (every, every)
+    if cp.size > 1:
+        positions = cp_positions(seq_length, cp.size, cp.rank, device)
+        mask_positions = cp_exchange(state.config.cp_comm_type).mask_positions(seq_length, cp, device)
         cos, sin = cos[positions], sin[positions]
-    masks = {}  # one mask per window size, shared by the layers that use it
-    for layer in layers:
-        attention = layer.attention
-        if cp.size > 1 or not attention.plain:
-            if attention.window not in masks:
-                masks[attention.window] = attention_mask(queries, keys, attention.window)
-            attention.mask = masks[attention.window]
+    # the allgather type's plain layers take the mask too: its masked fallback beside the flash path
+    gathered = cp.size > 1 and state.config.cp_comm_type == "allgather"
+    if mask_positions is not None:
+        queries, keys = mask_positions
+        masks = {}  # one mask per window size, shared by the layers that use it
+        for layer in layers:
+            attention = layer.attention
+            if not attention.plain or gathered:
+                if attention.window not in masks:
+                    masks[attention.window] = attention_mask(queries, keys, attention.window)
+                attention.mask = masks[attention.window]
     return cos, sin, positions
 
 

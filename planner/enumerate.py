@@ -34,6 +34,11 @@ The search space is a product of candidate axes:
 - EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
   plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
   ``ep_overlap`` rule); it rides the dispatcher axis as the option ``DispatchOption("alltoall", ep_overlap=True)``;
+- CP communication type (``SearchSpace.cp_comm_types``, :mod:`spec.cp_comm_types`) for every cp > 1: allgather,
+  p2p and a2a (where the ``cp_a2a_heads`` rule lets the heads split over tp·cp), and a2a+p2p only where the CP
+  group spans nodes, split as ``a`` = the CP ranks one node holds (the all-to-all on NVLink) by the ``cp / a``
+  nodes (the ring over the network), with a, cp / a >= 2 and the heads rule at tp·a; other splits are valid
+  layouts (``cp_comm=a2a+p2p:AxP``) the planner does not try. With cp = 1 the type changes nothing: allgather;
 - distributed optimizer: on and off, or the one the training spec forces;
 - precision (opt-in, ``SearchSpace.precisions``): by default only the training spec's precision is planned;
   a space that lists several (e.g. bf16 and fp8) has each planned as a whole (``planner.rank.plan_precisions``:
@@ -65,6 +70,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, HIERARCHICAL
 from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
@@ -75,6 +81,7 @@ from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, PIPELINE_FIELDS, place
 from spec.optimizer_dtypes import FIELDS as OPTIMIZER_DTYPE_FIELDS, FP32_STATES, dtypes_text, vocabulary_problems
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
+from spec.rank_groups import GridSizes, group_stride_span
 from spec.training_spec import PRECISIONS, TrainingSpec
 from spec.validity import (Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule,
                            needs_distributed_optimizer)
@@ -120,9 +127,24 @@ class DispatchOption(NamedTuple):
         return {"moe_token_dispatcher_type": self.dispatcher, "overlap_moe_expert_parallel_comm": self.ep_overlap}
 
 
+class CpCommOption(NamedTuple):
+    """One value of the enumeration's CP communication axis: a type of ``spec.cp_comm_types`` and, for a2a+p2p,
+    its (a2a size, p2p size)."""
+
+    cp_comm_type: str = DEFAULT_CP_COMM
+    sizes: tuple[int, int] | None = None
+
+    def fields(self) -> dict:
+        """The ParallelConfig fields of this option."""
+        return {"cp_comm_type": self.cp_comm_type, "hierarchical_context_parallel_sizes": self.sizes}
+
+
+DEFAULT_CP_OPTION = CpCommOption()
+
+
 RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
-                               "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches", "experts_ep",
-                               "expert_ffn_etp", "recompute_modules", "ep_overlap")
+                               "cp_a2a_heads", "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches",
+                               "experts_ep", "expert_ffn_etp", "recompute_modules", "ep_overlap")
 
 
 @dataclass(frozen=True)
@@ -142,6 +164,7 @@ class SearchSpace:
     precisions: tuple[str, ...] | None = None
     optimizer_offload: tuple[float, ...] = ()  # optimizer CPU offload fractions tried beside 0
     activation_offload: tuple[tuple[str, ...], ...] = ()  # activation offload module sets tried beside none
+    cp_comm_types: tuple[str, ...] = CP_COMM_TYPES  # the CP communication types tried for cp > 1
     # (exp_avg, exp_avg_sq, main_params) optimizer state dtypes tried beside fp32 (the precision-aware optimizer)
     optimizer_dtypes: tuple[tuple[str, str, str], ...] = ()
 
@@ -175,6 +198,10 @@ class SearchSpace:
         if unknown:
             raise InvalidConfigError(f"unknown dispatcher {', '.join(map(repr, unknown))} in the search space; "
                                      f"dispatchers are {', '.join(DISPATCHERS)}")
+        unknown = [c for c in self.cp_comm_types if c not in CP_COMM_TYPES]
+        if unknown or not self.cp_comm_types:
+            raise InvalidConfigError(f"CP communication types of the search space must be among "
+                                     f"{', '.join(CP_COMM_TYPES)}, got {', '.join(map(repr, self.cp_comm_types))}")
 
     def precisions_for(self, training: TrainingSpec, gpu: GPUSpec) -> tuple[str, ...]:
         """The precisions planned: the training spec's alone by default; else those of ``precisions`` the GPU
@@ -211,6 +238,22 @@ class SearchSpace:
         """Whether ``cp`` is in the search space (CP chunks of at least ``cp_min_chunk_tokens``)."""
         return cp == 1 or seq_length // (2 * cp) >= self.cp_min_chunk_tokens
 
+    def cp_comm_options(self, tp: int, cp: int, gpus_per_node: int) -> tuple[CpCommOption, ...]:
+        """The CP communication options tried with ``tp`` and ``cp`` (see the module docstring): the default alone
+        for cp = 1; the hierarchical one only where the CP group spans nodes, split by the ranks a node holds."""
+        if cp <= 1:
+            return (DEFAULT_CP_OPTION,)
+        out = []
+        for name in self.cp_comm_types:
+            if name != HIERARCHICAL:
+                out.append(CpCommOption(name))
+                continue
+            group = GridSizes(tp=tp, cp=cp).group("cp")
+            nodes = group_stride_span(group.stride, cp, gpus_per_node)
+            if nodes > 1 and cp // nodes >= 2:
+                out.append(CpCommOption(name, (cp // nodes, nodes)))
+        return tuple(out) or (DEFAULT_CP_OPTION,)
+
     def allows_etp(self, etp: int, model: ModelSpec) -> bool:
         """Whether ``etp`` is in the search space (expert FFN shards of at least ``expert_ffn_min_columns``)."""
         return etp == 1 or not model.is_moe or model.expert_ffn_hidden_size // etp >= self.expert_ffn_min_columns
@@ -246,7 +289,9 @@ class SearchSpace:
                 f"tokens, expert FFN shards >= {self.expert_ffn_min_columns} columns, "
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
-                f"{', EP a2a overlap tried' if self.ep_overlap else ''}")
+                f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
+                f", CP {'/'.join(self.cp_comm_types)}"
+                f"{f' ({HIERARCHICAL} where CP spans nodes)' if HIERARCHICAL in self.cp_comm_types else ''}")
         if self.optimizer_offload:
             text += ", optimizer offload " + "/".join(f"{f:g}" for f in self.optimizer_offload) + " tried"
         if self.activation_offload:
@@ -275,6 +320,7 @@ class StaircaseKey(NamedTuple):
     etp: int
     dispatcher: DispatchOption
     optimizer_choice: int
+    cp_comm: CpCommOption
 
 
 class BoundKey(NamedTuple):
@@ -286,6 +332,7 @@ class BoundKey(NamedTuple):
     etp: int
     dispatcher: DispatchOption
     micro_batch_size: int
+    cp_comm: CpCommOption
 
 
 _new = tuple.__new__
@@ -306,14 +353,16 @@ class Layout:
     stage_layers: tuple[int, ...]
     micro_batch_sizes: tuple[int, ...]  # the valid ones, ascending
     dispatchers: tuple[DispatchOption, ...]
+    cp_comm: CpCommOption = DEFAULT_CP_OPTION
 
     def staircase_key(self, dispatcher: DispatchOption, optimizer_choice: int) -> StaircaseKey:
         """The key of this layout's memory staircase with ``dispatcher`` and the optimizer choice (an index)."""
-        return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice))
+        return _new(StaircaseKey, (self.tp, self.cp, self.pp, self.ep, self.etp, dispatcher, optimizer_choice,
+                                   self.cp_comm))
 
     def bound_key(self, dispatcher: DispatchOption, micro_batch_size: int) -> BoundKey:
         """The key of the steady-state time bound this layout shares with ``dispatcher`` and the micro-batch size."""
-        return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size))
+        return _new(BoundKey, (self.tp, self.cp, self.ep, self.etp, dispatcher, micro_batch_size, self.cp_comm))
 
 
 def divisors(n: int) -> list[int]:
@@ -408,7 +457,7 @@ class ConfigMaker:
         :meth:`from_base`)."""
         d = dict(self._template)
         d.update(tp=lay.tp, cp=lay.cp, pp=lay.pp, vpp=lay.vpp, ep=lay.ep, etp=lay.etp,
-                 sequence_parallel=lay.tp > 1, **dispatcher.fields())
+                 sequence_parallel=lay.tp > 1, **dispatcher.fields(), **lay.cp_comm.fields())
         return d
 
     @staticmethod
@@ -489,26 +538,34 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
         for cp in divisors(world // tp):
             if not space.allows_cp(cp, training.seq_length):
                 continue
+            # the CP communication options of (tp, cp): those a rule rejects are counted, the others ride on every
+            # layout below as neighbours (a layout's options next to each other: the ranker shares their memory)
             cp_rej = tp_rej or v.cp(cp)
+            cp_options = space.cp_comm_options(tp, cp, cluster.gpus_per_node)
+            option_rejs = [cp_rej or v.cp_comm(tp, cp, o.cp_comm_type, o.sizes) for o in cp_options]
+            kept = tuple(o for o, r in zip(cp_options, option_rejs) if r is None)
+            k = len(kept)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
                 per_mbs = expert_leaves[pp]
                 per_vpp = space.mbs_max * per_mbs
                 vpps = space.vpps_for(pp)
-                result.considered += len(vpps) * per_vpp
-                if cp_rej:
-                    result._reject(cp_rej, len(vpps) * per_vpp)
+                result.considered += len(vpps) * per_vpp * len(cp_options)
+                for rejection in option_rejs:
+                    if rejection is not None:
+                        result._reject(rejection, len(vpps) * per_vpp)
+                if not kept:
                     continue
                 for vpp in vpps:
                     pp_rej = v.pp(pp, vpp)
                     if pp_rej:
-                        result._reject(pp_rej, per_vpp)
+                        result._reject(pp_rej, per_vpp * k)
                         continue
                     ok_mbs = []
                     for mbs in range(1, space.mbs_max + 1):
                         b_rej = v.batch(dp, mbs, pp, vpp)
                         if b_rej:
-                            result._reject(b_rej, per_mbs)
+                            result._reject(b_rej, per_mbs * k)
                         else:
                             ok_mbs.append(mbs)
                     if not ok_mbs:
@@ -519,20 +576,21 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                     for ep, etp, dispatchers, e_rej, overlap, overlap_drops_full in expert_pairs[pp]:
                         leaves = n_mbs * len(dispatchers) * n_rec * n_opt
                         if e_rej:
-                            result._reject(e_rej, leaves)
+                            result._reject(e_rej, leaves * k)
                             continue
                         for bad in recompute_bad:
-                            result._reject(bad, n_mbs * len(dispatchers) * n_opt)
+                            result._reject(bad, n_mbs * len(dispatchers) * n_opt * k)
                         # the rule book's ep_overlap rule, on the overlap option (alltoall, ep > 1) without and
                         # with full recompute
                         overlap_rej = overlap and ep_overlap_rule(ep, "alltoall", "none", pp, vpp)
                         if overlap_rej:
-                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt)
+                            result._reject(overlap_rej, n_mbs * len(recompute_ok) * n_opt * k)
                             dispatchers = tuple(d for d in dispatchers if not d.ep_overlap)
                         elif overlap_drops_full:
-                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt)
-                        result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
-                                                     split, sizes, dispatchers))
+                            result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt * k)
+                        for option in kept:
+                            result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
+                                                         split, sizes, dispatchers, option))
     options = space.offload_options(training)
     if len(options) > 1:  # the offload options' configs: valid configs beside those counted above
         base = result.valid

@@ -1,6 +1,9 @@
 """A folded layout as Megatron-LM command-line arguments (parallelism, batch, recompute, dispatcher, optimizer and
 its state dtypes).
 
+With cp > 1 the CP communication type is always given (``--cp-comm-type``, Megatron's spelling: all_gather, p2p,
+a2a, a2a+p2p, and ``--hierarchical-context-parallel-sizes`` for the last), since Megatron's default is p2p.
+
 Only what the layout and the training recipe decide is emitted; the model's architecture arguments
 (--num-layers, --hidden-size, ...) come from the user's model script. The pipeline placement:
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 
+from spec.cp_comm_types import CP_COMM_BY_NAME
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -63,6 +67,10 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         ["--expert-model-parallel-size", str(c.ep)],
         ["--expert-tensor-parallel-size", str(c.etp)],
     ]
+    if c.cp > 1:  # always spelled out: Megatron's default type (p2p) is not foldtune's (allgather)
+        args.append(["--cp-comm-type", CP_COMM_BY_NAME[c.cp_comm_type].megatron])
+        if c.hierarchical_context_parallel_sizes:
+            args.append(["--hierarchical-context-parallel-sizes", *map(str, c.hierarchical_context_parallel_sizes)])
     if c.sequence_parallel:
         args.append(["--sequence-parallel"])
     args += [

@@ -310,6 +310,7 @@ def _scan(job: _Job, indices: range) -> _Scan:
 
     n_all = len(job.recompute)
     block = None
+    neighbour_key: tuple | None = None  # the memory fields of the layout before (see `shared` below)
     for idx in indices:
         check_time()
         lay = job.layouts[idx]
@@ -318,15 +319,21 @@ def _scan(job: _Job, indices: range) -> _Scan:
             block = (lay.tp, lay.cp, lay.pp)    # staircases can no longer be guesses
             earlier.clear()
         # dispatcher options the memory model prices alike (EP overlap beside plain alltoall) share their
-        # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r
-        shared: dict[tuple, tuple] = {}
-        too_big: list[bool] | None = None  # per optimizer choice: the static bytes alone exceed the memory
+        # LayoutMemory and their answers: fits(k, r) per optimizer choice at k·n_all + r; so do the neighbouring
+        # layouts that differ in their CP communication type alone (the memory model prices every type alike)
+        memory_key = (lay.tp, lay.cp, lay.pp, lay.vpp, lay.ep, lay.etp, sizes, lay.dispatchers)
+        fresh = memory_key != neighbour_key
+        if fresh:
+            shared: dict[tuple, tuple] = {}
+            too_big: list[bool] | None = None  # per optimizer choice: the static bytes alone exceed the memory
+            neighbour_key = memory_key
         # the first dispatcher option's fields and config, built once for the static check and its staircases
         first_base = maker.base(lay, lay.dispatchers[0])
         first = trusted(first_base) if sweep is not None else None
         if sweep is not None and job.prune_static:  # the same static bytes for every dispatcher
-            memory = sweep(model, training, cluster, first)
-            too_big = [memory.least_bytes(knob_configs[0][0]) > usable]
+            if fresh:
+                memory = sweep(model, training, cluster, first)
+                too_big = [memory.least_bytes(knob_configs[0][0]) > usable]
             if too_big[0]:
                 # every staircase of the layout is empty: the first optimizer choice's (no config fits), and so
                 # the others', whose floors it gives; only the bookkeeping of the staircases remains
@@ -337,9 +344,11 @@ def _scan(job: _Job, indices: range) -> _Scan:
                 expect_all = [False] * n_opt
                 out.pruned_static += len(lay.dispatchers)
                 continue
-            # the other optimizer choices' static bytes, needed only when the first choice's leave room
-            too_big += [memory.least_bytes(option[0]) > usable for option in knob_configs[1:]]
-            shared[sweep.key(first)] = (memory.peak_bytes, [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
+            if fresh:
+                # the other optimizer choices' static bytes, needed only when the first choice's leave room
+                too_big += [memory.least_bytes(option[0]) > usable for option in knob_configs[1:]]
+                shared[sweep.key(first)] = (memory.peak_bytes,
+                                            [[None] * (len(sizes) * n_all) for _ in range(n_opt)])
         for dispatcher in lay.dispatchers:
             base = first_base if dispatcher == lay.dispatchers[0] else maker.base(lay, dispatcher)
             n_rec = recompute_count(job.recompute, dispatcher)  # EP overlap stops before full recompute

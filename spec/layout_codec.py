@@ -4,6 +4,7 @@ words they are spelled with.
 - **label** (:meth:`LayoutCodec.label` / :meth:`LayoutCodec.parse` / :func:`read_label`):
   ``tp2 cp1 pp4 vpp2 ep8 etp1 dp4 edp2 mbs1 recompute=selective:core_attn dispatcher=alltoall ep_overlap=on``
   (``tp_overlap=on``: Megatron's TP communication overlap, ``--tp-comm-overlap``);
+  (``cp_comm=p2p``, ``cp_comm=a2a+p2p:2x4``: the CP communication type, with the hierarchical sizes);
   sizes are ``<name><n>`` tokens, knobs ``<name>=<value>`` tokens, each written only when it is not the
   default; any subset parses, separated by spaces or commas (``layout=`` takes a Megatron layout string,
   commas included).
@@ -29,6 +30,7 @@ import re
 from dataclasses import asdict, fields
 from typing import Any, NamedTuple
 
+from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, HIERARCHICAL
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 from spec.optimizer_dtypes import (FIELDS as OPTIMIZER_DTYPE_FIELDS, FP32_STATES, OPTIMIZER_STATE_DTYPES, dtypes_text,
@@ -67,13 +69,15 @@ LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
     f"exp_avg={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}", f"exp_avg_sq={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}",
     f"main_params={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}",
     "layout=MEGATRON_PIPELINE_LAYOUT", "pp_first=N", "pp_last=N", "pp_account={embedding|loss|embedding+loss}",
+    f"cp_comm={{{'|'.join(c for c in CP_COMM_TYPES if c != HIERARCHICAL)}|{HIERARCHICAL}:AxP}}",
     f"precision={{{'|'.join(PRECISIONS)}}} (a trial's knob, last)")
 
 # ---- the Optuna form ----------------------------------------------------------------------------
 OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap",
-                 "opt_offload", "act_offload", "opt_dtypes")
+                 "opt_offload", "act_offload", "opt_dtypes", "cp_comm")
 #: Parameters added to the search after studies had begun, with the value a trial of an older study ran.
-OPTUNA_ADDED = {"ep_overlap": False, "opt_offload": 0.0, "act_offload": "none", "opt_dtypes": dtypes_text(FP32_STATES)}
+OPTUNA_ADDED = {"ep_overlap": False, "opt_offload": 0.0, "act_offload": "none", "opt_dtypes": dtypes_text(FP32_STATES),
+                "cp_comm": DEFAULT_CP_COMM}
 #: Label token -> ParallelConfig field of the precision-aware optimizer's dtypes (Megatron's words).
 OPTIMIZER_DTYPE_TOKENS = dict(zip(("exp_avg", "exp_avg_sq", "main_params"), OPTIMIZER_DTYPE_FIELDS))
 #: (parameter, earlier spelling) -> the current one: the codec once wrote a whole-stage full recompute 'full:0'.
@@ -103,6 +107,16 @@ def recompute_fields(text: str) -> dict[str, Any]:
         out["recompute_modules"] = tuple(rest.split("+"))
     elif granularity == "full" and rest:
         out["recompute_num_layers"] = int(rest)
+    return out
+
+
+def cp_comm_fields(text: str) -> dict[str, Any]:
+    """The CP communication fields of :meth:`LayoutCodec.cp_comm_text` output: 'p2p', or 'a2a+p2p:2x4' (the
+    hierarchical sizes, a2a then p2p). ValueError for sizes that are not 'AxP' integers."""
+    name, _, sizes = text.partition(":")
+    out: dict[str, Any] = {"cp_comm_type": name}
+    if sizes:
+        out["hierarchical_context_parallel_sizes"] = tuple(int(n) for n in sizes.lower().split("x"))
     return out
 
 
@@ -156,6 +170,11 @@ def read_label(text: str) -> LabelTokens:
             out[OPTIMIZER_DTYPE_TOKENS[key]] = value
         elif key == "act_offload" and value:
             out["activation_offload_modules"] = tuple(value.split("+"))
+        elif key == "cp_comm" and value:
+            try:
+                out.update(cp_comm_fields(value.lower()))
+            except ValueError:  # 'a2a+p2p:two'
+                raise _bad_token(token, text, " (cp_comm=a2a+p2p takes its sizes as AxP, e.g. a2a+p2p:2x4)") from None
         elif key in ("pp_first", "pp_last") and value.isdigit():
             out[f"decoder_{key[3:]}_pipeline_num_layers"] = int(value)
         elif key == "pp_account" and value and set(value.lower().split("+")) <= {"embedding", "loss"}:
@@ -233,6 +252,12 @@ class LayoutCodec:
             return "full" + (f":{self.recompute_num_layers}" if self.recompute_num_layers else "")
         return "none"
 
+    def cp_comm_text(self) -> str:
+        """The CP communication type as one word: 'allgather', 'p2p', 'a2a', or 'a2a+p2p:2x4' with the
+        hierarchical sizes (a2a size x p2p size) when they are set."""
+        sizes = self.hierarchical_context_parallel_sizes
+        return self.cp_comm_type + (":" + "x".join(map(str, sizes)) if sizes else "")
+
     # ---- label ---------------------------------------------------------------------------------------
     def label(self) -> str:
         """A compact one-line description of the layout and its knobs, which :meth:`parse` reads back."""
@@ -252,6 +277,8 @@ class LayoutCodec:
             parts.append(f"opt_offload={_fraction_text(self.optimizer_cpu_offload_fraction)}")
         if self.activation_offload_modules:
             parts.append("act_offload=" + "+".join(self.activation_offload_modules))
+        if self.cp_comm_type != DEFAULT_CP_COMM or self.hierarchical_context_parallel_sizes:
+            parts.append("cp_comm=" + self.cp_comm_text())
         parts += [f"{token}={getattr(self, name)}" for token, name in OPTIMIZER_DTYPE_TOKENS.items()
                   if getattr(self, name) != "fp32"]
         parts += _placement_tokens(self.pipeline_layout, self.decoder_first_pipeline_num_layers,
@@ -323,7 +350,8 @@ class LayoutCodec:
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "opt_offload": self.optimizer_cpu_offload_fraction,
                 "act_offload": "+".join(self.activation_offload_modules) or "none",
-                "opt_dtypes": dtypes_text(self.optimizer_dtypes)}
+                "opt_dtypes": dtypes_text(self.optimizer_dtypes),
+                "cp_comm": self.cp_comm_text()}
 
     @classmethod
     def from_optuna_params(cls, params: dict[str, Any], world_size: int, **fixed: Any):
@@ -342,7 +370,7 @@ class LayoutCodec:
                    optimizer_cpu_offload_fraction=float(params["opt_offload"]),
                    activation_offload_modules=() if act == "none" else tuple(act.split("+")),
                    **dict(zip(OPTIMIZER_DTYPE_FIELDS, read_dtypes(str(params["opt_dtypes"])))),
-                   **recompute_fields(str(params["recompute"])), **fixed)
+                   **recompute_fields(str(params["recompute"])), **cp_comm_fields(str(params["cp_comm"])), **fixed)
 
     # ---- JSON form ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -350,6 +378,8 @@ class LayoutCodec:
         d = asdict(self)
         d["recompute_modules"] = list(self.recompute_modules)
         d["activation_offload_modules"] = list(self.activation_offload_modules)
+        sizes = self.hierarchical_context_parallel_sizes
+        d["hierarchical_context_parallel_sizes"] = None if sizes is None else list(sizes)
         return d
 
     @classmethod

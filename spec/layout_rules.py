@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from spec.cp_comm_types import hierarchical_problem
 from spec.optimizer_dtypes import MAIN_PARAMS_DTYPES, is_precision_aware
 from spec.parallel_config import ParallelConfig
 
@@ -143,6 +144,9 @@ LAYOUT_RULES: list[LayoutRule] = [
                                      "(core_attn also while mla_up_proj is)",
                lambda c: activation_offload_problem(c.recompute_granularity, c.recompute_modules,
                                                     c.activation_offload_modules)),
+    LayoutRule("cp_comm_hierarchical", "cp_comm_type a2a+p2p has hierarchical_context_parallel_sizes (a2a, p2p) "
+                                       "whose product is cp; the other types have none",
+               lambda c: hierarchical_problem(c.cp_comm_type, c.cp, c.hierarchical_context_parallel_sizes)),
 ]
 
 

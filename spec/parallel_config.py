@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
+from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, cp_split
 from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.optimizer_dtypes import is_precision_aware, vocabulary_problems
@@ -39,6 +40,9 @@ class ParallelConfig(LayoutCodec):
     (``--pipeline-model-parallel-layout``, stored without its cosmetic commas; it fixes pp·vpp),
     ``decoder_first/last_pipeline_num_layers`` and ``account_for_embedding/loss_in_pipeline_split``; none
     given, the layers split into pp·vpp chunks that differ by at most one.
+    ``cp_comm_type`` (Megatron's ``--cp-comm-type``, :mod:`spec.cp_comm_types`): how context parallelism
+    exchanges K/V (allgather, p2p, a2a, a2a+p2p); ``hierarchical_context_parallel_sizes`` (a2a size, p2p size)
+    split the CP group for a2a+p2p (Megatron's ``--hierarchical-context-parallel-sizes``).
     """
 
     world_size: int
@@ -66,6 +70,8 @@ class ParallelConfig(LayoutCodec):
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    cp_comm_type: str = DEFAULT_CP_COMM
+    hierarchical_context_parallel_sizes: tuple[int, ...] | None = None
     exp_avg_dtype: str = "fp32"
     exp_avg_sq_dtype: str = "fp32"
     main_params_dtype: str = "fp32"
@@ -75,6 +81,9 @@ class ParallelConfig(LayoutCodec):
             object.__setattr__(self, "pipeline_layout", canonical_layout(str(self.pipeline_layout)))
         if isinstance(self.recompute_modules, (list, set)):
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if isinstance(self.hierarchical_context_parallel_sizes, list):
+            object.__setattr__(self, "hierarchical_context_parallel_sizes",
+                               tuple(self.hierarchical_context_parallel_sizes))
         if not isinstance(self.activation_offload_modules, str):
             object.__setattr__(self, "activation_offload_modules", _module_order(self.activation_offload_modules))
         if self.sequence_parallel is None:
@@ -95,6 +104,12 @@ class ParallelConfig(LayoutCodec):
         p += vocabulary_problems(self.optimizer_dtypes)
         require(p, self.moe_token_dispatcher_type in DISPATCHERS,
                 f"moe_token_dispatcher_type must be one of {DISPATCHERS}, got {self.moe_token_dispatcher_type!r}")
+        require(p, self.cp_comm_type in CP_COMM_TYPES,
+                f"cp_comm_type must be one of {CP_COMM_TYPES}, got {self.cp_comm_type!r}")
+        sizes = self.hierarchical_context_parallel_sizes
+        require(p, sizes is None or (isinstance(sizes, tuple) and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)),
+                f"hierarchical_context_parallel_sizes must be positive integers, got {sizes!r}")
         p += self.pipeline_split.problems()
         if p:
             raise InvalidConfigError("invalid parallel config: " + "; ".join(p))
@@ -121,6 +136,11 @@ class ParallelConfig(LayoutCodec):
         return PipelineSplit(self.pipeline_layout, self.decoder_first_pipeline_num_layers,
                              self.decoder_last_pipeline_num_layers, self.account_for_embedding_in_pipeline_split,
                              self.account_for_loss_in_pipeline_split)
+
+    @property
+    def cp_split(self) -> tuple[int, int]:
+        """(a2a size, ring size) of the CP group under ``cp_comm_type`` (:func:`spec.cp_comm_types.cp_split`)."""
+        return cp_split(self.cp_comm_type, self.cp, self.hierarchical_context_parallel_sizes)
 
     @property
     def optimizer_dtypes(self) -> tuple[str, str, str]:

@@ -208,6 +208,26 @@ class FoldedGroups:
                 return group
         raise InvalidConfigError(f"rank {rank} is outside a world of {self.config.world_size}")
 
+    def cp_sub_groups(self, name: str) -> list[list[int]]:
+        """The sub-groups of the CP groups that a2a+p2p splits them into (:mod:`spec.cp_comm_types`): ``cp_a2a``,
+        runs of ``a`` consecutive members of each CP group (its nearest ranks, tp apart), and ``cp_p2p``, the
+        members of the same index in those runs (the ring across them); ``a`` and ``p`` from
+        ``config.cp_split``. Without a hierarchical split, groups of one rank each."""
+        a2a, ring = self.config.cp_split if self.config.cp_comm_type == "a2a+p2p" else (1, 1)
+        if a2a * ring != self.config.cp:
+            a2a, ring = 1, 1
+        out = []
+        for cp_group in self.groups("cp"):
+            if a2a * ring != len(cp_group) or a2a * ring == 1:
+                out += [[r] for r in cp_group]
+            elif name == "cp_a2a":
+                out += [cp_group[g * a2a:(g + 1) * a2a] for g in range(ring)]
+            elif name == "cp_p2p":
+                out += [cp_group[t::a2a] for t in range(a2a)]
+            else:
+                raise InvalidConfigError(f"unknown CP sub-group {name!r}; known: cp_a2a, cp_p2p")
+        return out
+
 
 def node_of_rank(rank: int, gpus_per_node: int) -> int:
     """The node (0, 1, ...) that holds ``rank``: nodes are filled in rank order, ``gpus_per_node`` ranks each.
@@ -239,3 +259,8 @@ def group_stride_span(sizes_before: int, size: int, gpus_per_node: int) -> int:
         return 1
     extent = sizes_before * (size - 1) + 1
     return min(size, -(-extent // gpus_per_node)) if extent > gpus_per_node else 1
+
+
+#: the sub-groups of the CP groups a hierarchical CP communication type uses (FoldedGroups.cp_sub_groups)
+CP_SUB_GROUPS = ("cp_a2a", "cp_p2p")
+

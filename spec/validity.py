@@ -35,6 +35,11 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
 - pad_to_capacity: ``TransformerConfig`` (``moe_pad_expert_input_to_capacity`` needs
   ``moe_expert_capacity_factor``);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
+- cp_a2a_heads: Transformer Engine's context-parallel attention (``--cp-comm-type a2a`` and ``a2a+p2p``): the
+  all-to-all hands each rank of its group whole query heads and whole KV heads of its TP rank, so both head
+  counts split over tp times the all-to-all's size;
+- cp_comm_hierarchical (a rule on the config alone, :mod:`spec.layout_rules`): ``arguments.py`` (a2a+p2p needs
+  ``--hierarchical-context-parallel-sizes`` whose product is the CP size);
 - precision_aware_distopt: ``megatron/core/optimizer/__init__.py`` (``--use-precision-aware-optimizer only
   supported with distributed optimizer``); main_params_dtype: ``arguments.py``'s ``--main-params-dtype``
   choices (fp32, fp16: Transformer Engine's FusedAdam keeps no other master weights). Megatron takes any state
@@ -65,6 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.attention_kinds import attention_kind, modules_of_other_kinds
+from spec.cp_comm_types import CP_COMM_BY_NAME, cp_split
 from spec.hardware import ClusterSpec
 from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
@@ -96,6 +102,7 @@ RULES: dict[str, str] = {
     "param_gather_distopt": "overlap_param_gather needs the distributed optimizer",
     "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
+    "cp_a2a_heads": "cp_comm a2a / a2a+p2p: attention heads and KV heads % (tp·a2a size) == 0",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
     "pad_to_capacity": "padding the experts' input to capacity needs capacity routing",
     "fp8_params_precision": "fp8 primary weights (fp8_param_gather) need precision fp8",
@@ -190,6 +197,22 @@ def seq_cp_rule(seq_length: int, cp: int) -> Rejection | None:
     if cp > 1 and seq_length % (2 * cp):
         return Rejection("seq_cp", f"seq_length ({seq_length}) is not divisible by 2·cp ({2 * cp}); "
                                    f"the load-balanced causal split gives each CP rank two chunks")
+    return None
+
+
+def cp_a2a_heads_rule(model: ModelSpec, tp: int, cp: int, cp_comm_type: str,
+                      sizes: tuple[int, ...] | None = None) -> Rejection | None:
+    """The all-to-all CP types' head rule: the all-to-all over ``a`` ranks (a = cp for a2a, the first
+    hierarchical size for a2a+p2p) gives each of them heads/(tp·a) whole query heads and kv_heads/(tp·a) whole KV
+    heads, so both counts must split over tp·a."""
+    a2a, _ = cp_split(cp_comm_type, cp, sizes)
+    if a2a <= 1:
+        return None
+    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
+    if heads % (tp * a2a) or kv_heads % (tp * a2a):
+        return Rejection("cp_a2a_heads", f"cp_comm {cp_comm_type} scatters heads over tp·{a2a} = {tp * a2a} ranks: "
+                                         f"attention heads ({heads}) and kv heads ({kv_heads}) must both be "
+                                         f"divisible by {tp * a2a}")
     return None
 
 
@@ -379,6 +402,11 @@ class Validator:
     def cp(self, cp: int) -> Rejection | None:
         return seq_cp_rule(self.training.seq_length, cp)
 
+    def cp_comm(self, tp: int, cp: int, cp_comm_type: str,
+                sizes: tuple[int, ...] | None = None) -> Rejection | None:
+        """The rule on the CP communication type that depends on the model (cp_a2a_heads)."""
+        return cp_a2a_heads_rule(self.model, tp, cp, cp_comm_type, sizes)
+
     def world_dense(self, tp: int, cp: int, pp: int) -> Rejection | None:
         return world_dense(self.world, tp, cp, pp)
 
@@ -467,7 +495,9 @@ class Validator:
         """Every Megatron rule and every rule on the config alone (:mod:`spec.layout_rules`) ``c`` breaks, in
         enumeration order (empty when valid)."""
         found = [
-            self.global_(), self.tp(c.tp), self.cp(c.cp), self.world_dense(c.tp, c.cp, c.pp),
+            self.global_(), self.tp(c.tp), self.cp(c.cp),
+            self.cp_comm(c.tp, c.cp, c.cp_comm_type, c.hierarchical_context_parallel_sizes),
+            self.world_dense(c.tp, c.cp, c.pp),
             self.pp(c.pp, c.vpp, c.pipeline_split),
             self.ep(c.ep), self.world_expert(c.ep, c.etp, c.pp), self.etp(c.etp),
         ]
@@ -581,6 +611,19 @@ register(Rule("main_params_half_params", "master weights other than fp32 need 16
                                          "training)", _main_params_half_params))
 register(Rule("executor_optimizer_dtypes", "optimizer state in fp32, bf16 or fp16 (no fp8 moments)",
               _executor_optimizer_dtypes, executor=True))
+
+
+def _ring_with_masked_attention(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    if config.cp > 1 and CP_COMM_BY_NAME[config.cp_comm_type].ring and (
+            model.window_size is not None or model.softmax_type != "vanilla"):
+        return f"cp_comm {config.cp_comm_type} with {model.name!r}'s sliding windows or attention sinks: the " \
+               f"ring merges plain causal blocks only (allgather and a2a take windows and sinks)"
+    return None
+
+
+register(Rule("executor_cp_ring_attention", "cp_comm p2p and a2a+p2p are built for plain causal attention (no "
+                                            "sliding window, no attention sinks)", _ring_with_masked_attention,
+              executor=True))
 
 
 def _megatron_optimizer_recipe(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:

@@ -140,3 +140,4 @@ def cp_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tenso
             _CHECKED, (q_BHSD.dtype, q_BHSD.shape[-1], str(q_BHSD.device)), check_flash, "CP flash attention"):
         return flash_attention(q_BHSD, k_BKSD, v_BKSD, cp, rank)
     return masked_attention(q_BHSD, k_BKSD, v_BKSD, mask_QK)
+

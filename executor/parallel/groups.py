@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from spec.parallel_config import ParallelConfig
-from spec.rank_groups import FoldedGroups
+from spec.rank_groups import CP_SUB_GROUPS, FoldedGroups
 
 # The groups the executor uses (cp and pp: context and pipeline parallelism; dp_cp: dense gradient reduction).
 GROUP_NAMES = ("tp", "cp", "dp", "dp_cp", "pp", "etp", "ep", "edp", "tp_ep")
+# and, under cp_comm a2a+p2p only, the CP group's sub-groups (spec.rank_groups.CP_SUB_GROUPS): the all-to-all's
+# and the ring's
 #: Megatron's embedding group: the first and the last rank of each pipeline group, which both hold the word
 #: embedding when the last stage needs it too (MTP, tied output weights) and sum its gradient. Only those
 #: ranks have it in ``ParallelState.groups``.
@@ -129,6 +131,14 @@ def build_parallel_state(config: ParallelConfig, rank: int, communicators: bool 
                 pg = dist.new_group(ranks, pg_options=_group_options(name, config))
             if rank in ranks:
                 state.groups[name] = Group(name, tuple(ranks), ranks.index(rank), pg)
+    if config.cp_comm_type == "a2a+p2p" and config.cp > 1:
+        for name in CP_SUB_GROUPS:
+            for ranks in folded.cp_sub_groups(name):
+                pg = None
+                if len(ranks) > 1 and communicators:
+                    pg = dist.new_group(ranks)  # every rank must call this for every group, in order
+                if rank in ranks:
+                    state.groups[name] = Group(name, tuple(ranks), ranks.index(rank), pg)
     for ranks in folded.groups("pp"):
         ends = (ranks[0], ranks[-1]) if len(ranks) > 1 else (ranks[0],)
         pg = None

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import executor.parallel.collectives as coll
+import executor.parallel.ring_attention as ring
 from costmodel import collective_inventory as inv
 from executor.data import global_batch, micro_batches
 from executor.launch_local import launch
@@ -56,6 +57,9 @@ LAYOUTS = {
     "tp2-ep2-allgather": dict(tp=2, ep=2, moe_token_dispatcher_type="allgather"),
     "etp2": dict(etp=2),
     "cp2": dict(cp=2),
+    "cp2-p2p": dict(cp=2, cp_comm_type="p2p"),
+    "cp2-a2a": dict(cp=2, cp_comm_type="a2a"),
+    "cp2-p2p-core": dict(cp=2, cp_comm_type="p2p", recompute_granularity="selective", recompute_modules=("core_attn",)),
     "ep2": dict(ep=2),
     "dp2": dict(),
     "tp2-recompute": dict(tp=2, recompute_granularity="full"),
@@ -84,6 +88,7 @@ class _Recorder:
         self.calls: list[tuple[str, str, str, int]] = []
         self.micro = False
         self.in_backward = 0  # inside a collective autograd function's backward
+        self.in_ring = 0  # inside the ring attention's forward (whose backward may recompute it first)
         self.depth = 0  # inside a recorded call (a renamed collective calling the other name)
 
     def phase(self) -> str:
@@ -91,7 +96,7 @@ class _Recorder:
             return "step"
         if torch._C._current_graph_task_id() == -1:
             return "forward"
-        return "backward" if self.in_backward else "recompute"
+        return "backward" if self.in_backward and not self.in_ring else "recompute"
 
     def wrap(self, name, fn):
         op = _OPS[name]
@@ -100,11 +105,17 @@ class _Recorder:
             if self.depth:
                 return fn(*args, **kwargs)
             group = kwargs.get("group")
-            if op in ("all_gather", "reduce_scatter"):  # (output, input): the full-size buffer
+            if op == "p2p":  # batch_isend_irecv([P2POp, ...]): the group and the bytes this rank sends
+                group = args[0][0].group
+                tensor = [o.tensor for o in args[0] if o.op is dist.isend]
+            elif op in ("all_gather", "reduce_scatter"):  # (output, input): the full-size buffer
                 tensor = args[0] if op == "all_gather" else args[1]
             else:
                 tensor = args[1] if op == "all_to_all" else args[0]  # all-to-all: (output, input)
-            nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
+            if isinstance(tensor, list):
+                nbytes = sum(t.numel() * t.element_size() for t in tensor)
+            else:
+                nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
             self.calls.append((self.phase(), op, self.names.get(id(group), "?"), nbytes))
             self.depth += 1
             try:
@@ -126,8 +137,18 @@ class _Recorder:
                     if callable(value) and value in wrapped:
                         setattr(module, attr, wrapped[value])
         for cls in (coll._AllGather, coll._ReduceScatter, coll._AllReduce, coll._AllToAll, coll._AllGatherV,
-                    coll._ReduceScatterV):
+                    coll._ReduceScatterV, ring._RingAttention):
             cls.backward = staticmethod(self._marked(cls.backward))
+        ring._RingAttention.forward = staticmethod(self._in_ring(ring._RingAttention.forward))
+
+    def _in_ring(self, forward):
+        def run(ctx, *args):
+            self.in_ring += 1
+            try:
+                return forward(ctx, *args)
+            finally:
+                self.in_ring -= 1
+        return run
 
     def _marked(self, backward):
         def run(ctx, *grads):

@@ -53,6 +53,8 @@ MTP_SIGMOID = dataclasses.replace(SIGMOID, name="tiny-moe-sigmoid-mtp", mtp_num_
 # padded vocabulary (250 of 256 rows), tied to the embedding or not; and the unfused path (whole logits)
 PADDED_VOCAB = dataclasses.replace(TINY, name="tiny-moe-vocab250", vocab_size=250)
 TIED_VOCAB250 = dataclasses.replace(PADDED_VOCAB, name="tiny-moe-vocab250-tied", untie_embeddings_and_output_weights=False)
+# as many KV heads as query heads: the all-to-all CP types split both over tp·cp = 4 (rule cp_a2a_heads)
+KV4 = dataclasses.replace(TINY, name="tiny-moe-kv4", num_query_groups=4)
 
 LOSSES = ExecutorOptions(moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
 SCENARIOS = {
@@ -94,6 +96,7 @@ SCENARIOS = {
     "mtp": Scenario("mtp", MTP, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
     "mtp2": Scenario("mtp2", MTP2, dataclasses.replace(LOSSES, mtp_loss_scaling_factor=0.3), adam_eps=1e-5),
     "tied": Scenario("tied", TIED, LOSSES, adam_eps=1e-5),
+    "kv4": Scenario("kv4", KV4, LOSSES),
     "mtp_sigmoid_bias": Scenario("mtp_sigmoid_bias", MTP_SIGMOID, ExecutorOptions(
         moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-2, moe_z_loss_coeff=1e-3,
         mtp_loss_scaling_factor=0.3)),
@@ -133,6 +136,23 @@ LAYOUTS = [
                 ("alltoall", "mla", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("alltoall", "gptoss", {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}),
                 ("allgather", "qwen3"), ("alltoall", "qwen2"), ("alltoall", "mtp"), ("alltoall", "ce_blocks")]),
+    # the other CP communication types (spec.cp_comm_types): the ring (p2p), Ulysses' all-to-all (a2a, which also
+    # takes GPT-OSS's windows and sinks), both (a2a inside pairs of CP ranks, the ring across them), with TP and EP
+    ("cp2 cp_comm=p2p", 2, [("alltoall", "base"), ("allgather", "qwen3"), ("alltoall", "mtp"),
+                            ("alltoall", "shared", {"recompute_granularity": "selective",
+                                                    "recompute_modules": ("core_attn",)}),
+                            ("alltoall", "mla", {"recompute_granularity": "selective",
+                                                 "recompute_modules": ("core_attn",)})]),
+    ("cp2 cp_comm=a2a", 2, [("alltoall", "base"), ("allgather", "qwen2"), ("alltoall", "mla"),
+                            ("alltoall", "gptoss", {"recompute_granularity": "selective",
+                                                    "recompute_modules": ("core_attn",)})]),
+    ("cp4 cp_comm=p2p", 4, [("alltoall", "base"), ("alltoall", "mla_q_proj", {"recompute_granularity": "full"})]),
+    ("cp4 cp_comm=a2a", 4, [("alltoall", "kv4")]),
+    ("cp4 cp_comm=a2a+p2p:2x2", 4, [("alltoall", "base"), ("alltoall", "mla")]),
+    ("tp2 cp2 ep4 etp1 cp_comm=p2p", 4, [("alltoall", "shared"), ("allgather", "base")]),
+    ("tp2 cp2 ep2 cp_comm=a2a", 4, [("alltoall", "kv4")]),
+    # the ring inside the EP overlap's combined 1F1B under an interleaved pipeline (executor/pipeline.py)
+    ("pp2 vpp2 cp2 ep2 cp_comm=p2p ep_overlap=on", 4, [("alltoall", "deep")]),
     # the Parallel Folding paper's layout scaled down: attention TP2·CP2·PP2, MoE EP4·ETP1 over the same ranks
     ("tp2 cp2 pp2 ep4 etp1", 8, [("alltoall", "shared"), ("allgather", "deep"), ("alltoall", "mla"),
                                  ("alltoall", "mtp")]),

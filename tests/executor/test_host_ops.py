@@ -101,6 +101,9 @@ def predicted(world: int, cfg: dict, variant: str = "moe") -> dict[str, tuple[fl
     (1, {}, "moe"), (1, {}, "dense"), (1, {}, "shared"),
     (2, {"tp": 2, "sequence_parallel": True}, "moe"), (2, {"ep": 2}, "moe"), (2, {"etp": 2}, "moe"),
     (2, {"cp": 2}, "moe"), (2, {"ep": 2, "moe_token_dispatcher_type": "allgather"}, "moe"),
+    (2, {"cp": 2, "cp_comm_type": "p2p"}, "moe"), (4, {"cp": 4, "cp_comm_type": "p2p"}, "moe"),
+    (2, {"cp": 2, "cp_comm_type": "a2a"}, "moe"),
+    (4, {"cp": 4, "cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": (2, 2)}, "moe"),
     (2, {"recompute_granularity": "full"}, "moe"),
     (2, {"recompute_granularity": "selective", "recompute_modules": ("moe",)}, "moe"),
 ])

@@ -35,8 +35,14 @@ def test_tiny_moe_on_4_gpus_worked_by_hand():
     (ep, etp, edp) factorisations of 4 (pp1): 6, of which only ep1·etp1 keeps tokens local (1 dispatcher),
     the other 5 try both dispatchers: 11 dispatcher choices; of 2 (pp2): 3 -> 2 + 2 + 1 = 5.
     pp4 leaves: 1 factorisation of 1 -> 1 dispatcher choice.
-    Valid configs: (6·11 + 3·5) · 4 recompute options = 81 · 4 = 324; layouts 6·6 + 3·3 = 45.
-    Considered: (66 + 15 + 1) · 4 = 328; rejected: 4, all layers_pp.
+    With allgather alone: valid configs (6·11 + 3·5) · 4 recompute options = 81 · 4 = 324; layouts
+    6·6 + 3·3 = 45; considered (66 + 15 + 1) · 4 = 328; rejected: 4, all layers_pp.
+    CP communication types: the dense factorisations with cp > 1 are (tp, cp, pp) = (1, 2, 1), (2, 2, 1),
+    (1, 4, 1) and (1, 2, 2). Each also runs p2p; a2a only where tp·cp divides the 2 KV heads (cp_a2a_heads):
+    (1, 2, 1) and (1, 2, 2); the 64-rank CPU "node" holds every CP group, so a2a+p2p is not tried. p2p adds
+    3·11 + 5 dispatcher choices, a2a 11 + 5: 54 · 4 = 216 configs (3·6 + 3 + 6 + 3 = 30 layouts); a2a at
+    (2, 2, 1) and (1, 4, 1) is rejected, 2 · 11 · 4 = 88 configs.
+    Valid 324 + 216 = 540, layouts 75, considered 328 + 216 + 88 = 632.
     """
     training = TrainingSpec(seq_length=64, global_batch_size=8, distributed_optimizer=True)
     enum = enumerate_layouts(TINY, training, ClusterSpec(CPU, 4), SearchSpace(mbs_max=1, vpp_max=1,
@@ -44,14 +50,15 @@ def test_tiny_moe_on_4_gpus_worked_by_hand():
                                                                               expert_ffn_min_columns=1,
                                                                               recompute=FOUR_RECOMPUTE,
                                                                               ep_overlap=False))
-    assert len(enum.layouts) == 45
-    assert enum.valid == 324
-    assert enum.considered == 328
-    assert enum.rejected == {"layers_pp": 4}
+    assert len(enum.layouts) == 75
+    assert enum.valid == 540
+    assert enum.considered == 632
+    assert enum.rejected == {"layers_pp": 4, "cp_a2a_heads": 88}
     assert "num_layers (2) is smaller than pp·vpp = 4·1 = 4" in enum.examples["layers_pp"].reason
     assert enum.recompute == FOUR_RECOMPUTE and enum.distributed_optimizer == (True,)
     configs = list(enum.configs())
-    assert len(configs) == 324 == len(set(configs))
+    assert len(configs) == 540 == len(set(configs))
+    assert Counter(c.cp_comm_type for c in configs) == {"allgather": 324, "p2p": 38 * 4, "a2a": 16 * 4}
     assert all(c.dp * c.tp * c.cp * c.pp == 4 == c.edp * c.ep * c.etp * c.pp for c in configs)
     assert all(c.sequence_parallel == (c.tp > 1) for c in configs)
     assert {c.moe_token_dispatcher_type for c in configs if c.ep * c.etp == 1} == {"alltoall"}
@@ -68,7 +75,8 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
         for cp in divisors(world // tp):
             if not space.allows_cp(cp, training.seq_length):
                 continue
-            for pp in divisors(world // (tp * cp)):
+            for cp_option, pp in ((o, pp) for o in space.cp_comm_options(tp, cp, cluster.gpus_per_node)
+                                  for pp in divisors(world // (tp * cp))):
                 for vpp in range(1, space.vpp_max + 1):
                     for ep in divisors(world // pp):
                         for etp in divisors(world // (pp * ep)):
@@ -82,7 +90,7 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                                             cfg = ParallelConfig(world, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
                                                                  etp=etp, micro_batch_size=mbs,
                                                                  recompute_granularity=gran, recompute_modules=mods,
-                                                                 **disp.fields(),
+                                                                 **disp.fields(), **cp_option.fields(),
                                                                  use_distributed_optimizer=distopt,
                                                                  overlap_param_gather=distopt)
                                             found = check_config(model, training, cluster, cfg)
@@ -142,3 +150,18 @@ def test_an_unknown_dispatcher_in_the_search_space_is_an_error():
     # the enumeration builds its configs unchecked, so the search space refuses the name up front
     with pytest.raises(InvalidConfigError, match="'bogus'"):
         SearchSpace(dispatchers=("alltoall", "bogus"))
+
+
+def test_cp_comm_options_try_the_hierarchical_split_only_across_nodes():
+    space = SearchSpace()
+    names = lambda options: [(o.cp_comm_type, o.sizes) for o in options]  # noqa: E731
+    assert names(space.cp_comm_options(2, 1, 8)) == [("allgather", None)]
+    # tp 1, cp 8 fits one node of 8: no hierarchy
+    assert names(space.cp_comm_options(1, 8, 8)) == [("allgather", None), ("p2p", None), ("a2a", None)]
+    # tp 2, cp 16: CP ranks 2 apart over 4 nodes, 4 on each: a2a over the 4, the ring across the nodes
+    assert names(space.cp_comm_options(2, 16, 8))[-1] == ("a2a+p2p", (4, 4))
+    # tp 8, cp 4: one CP rank per node, nothing for an all-to-all inside a node
+    assert "a2a+p2p" not in {o.cp_comm_type for o in space.cp_comm_options(8, 4, 8)}
+    assert names(SearchSpace(cp_comm_types=("p2p",)).cp_comm_options(1, 4, 8)) == [("p2p", None)]
+    with pytest.raises(InvalidConfigError, match="CP communication types"):
+        SearchSpace(cp_comm_types=("ring",))

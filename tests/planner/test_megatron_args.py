@@ -72,3 +72,15 @@ def test_args_of_full_recompute_uneven_pp_capacity_fp8_and_plain_optimizer():
     import shlex
     words = shlex.split(text.replace("\\\n", " "))
     assert words[words.index("--pipeline-model-parallel-layout") + 1] == pipeline_layout(61, 16, 1, 1)
+
+
+def test_cp_comm_type_is_spelled_out_with_cp_in_megatrons_words():
+    model, training = get_model("mixtral-8x22b"), TrainingSpec(seq_length=131072, global_batch_size=64)
+    spelled = {}
+    for label in ("cp4", "cp4 cp_comm=p2p", "cp4 cp_comm=a2a", "cp4 cp_comm=a2a+p2p:2x2"):
+        got = flags(megatron_args(ParallelConfig.parse(label, world_size=64), model, training))
+        spelled[label] = (got["--cp-comm-type"], got.get("--hierarchical-context-parallel-sizes"))
+    # foldtune's default (allgather) is not Megatron's (p2p): always given
+    assert spelled == {"cp4": (["all_gather"], None), "cp4 cp_comm=p2p": (["p2p"], None),
+                       "cp4 cp_comm=a2a": (["a2a"], None), "cp4 cp_comm=a2a+p2p:2x2": (["a2a+p2p"], ["2", "2"])}
+    assert "--cp-comm-type" not in flags(megatron_args(ParallelConfig(64, tp=8), model, training))

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner.enumerate import ConfigMaker, SearchSpace, divisors, enumerate_layouts, recompute_count
+from spec.cp_comm_types import CP_COMM_TYPES
 from spec.dispatchers import DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.inputs import build_specs
@@ -71,7 +72,10 @@ def any_configs(draw) -> ParallelConfig:
         m for m in draw(st.lists(st.sampled_from(ACTIVATION_OFFLOAD_MODULES), unique=True))
         if m not in modules and not (m == "core_attn" and "mla_up_proj" in modules))
     placement = draw(st.sampled_from(("default", "layout", "first_last", "accounting")))
-    fields = {}
+    fields = {"cp_comm_type": draw(st.sampled_from(CP_COMM_TYPES))}
+    if fields["cp_comm_type"] == "a2a+p2p":  # (a2a size, p2p size) splitting cp
+        a2a = draw(st.sampled_from(divisors(cp)))
+        fields["hierarchical_context_parallel_sizes"] = (a2a, cp // a2a)
     if placement == "layout":  # one decoder layer per chunk, the embedding first and the loss last
         fields["pipeline_layout"] = "E" + "|".join(["t"] * (pp * vpp)) + "L"
     elif placement == "first_last":
@@ -138,6 +142,7 @@ def test_the_planner_space_holds_every_knob_the_label_spells():
     options = {d for lay in enum.layouts for d in lay.dispatchers}
     assert {d.dispatcher for d in options} == set(DISPATCHERS) and any(d.ep_overlap for d in options)
     assert {o[0] for o in enum.offload} == {0.0, 0.5, 1.0} and any(o[1] for o in enum.offload)
+    assert {lay.cp_comm.cp_comm_type for lay in enum.layouts} == set(CP_COMM_TYPES)
     assert {g for g, _ in enum.recompute} == {"none", "selective", "full"}
     assert enum.distributed_optimizer == (True, False)
 

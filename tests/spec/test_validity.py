@@ -53,6 +53,10 @@ CASES = [
     ("param_gather_distopt", TINY, TRAIN, 8, dict(use_distributed_optimizer=False, overlap_param_gather=True)),
     ("ep_overlap", TINY, TRAIN, 8, dict(ep=1, overlap_moe_expert_parallel_comm=True)),
     ("tp_overlap_sp", TINY, TRAIN, 8, dict(tp=1, tp_comm_overlap=True)),
+    # tiny-moe's 2 KV heads do not split over tp·cp = 4; a2a+p2p's all-to-all over 2 ranks at tp 2 neither
+    ("cp_a2a_heads", TINY, TRAIN, 8, dict(cp=4, cp_comm_type="a2a")),
+    ("cp_a2a_heads", TINY, TRAIN, 8,
+     dict(tp=2, cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 2))),
     ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
     ("fp8_params_precision", TINY, TrainingSpec(64, 16, fp8_param_gather=True), 8, {}),
     ("optimizer_distopt", TINY, TrainingSpec(64, 16, precision="fp8", fp8_param_gather=True), 8,
@@ -64,6 +68,11 @@ CASES = [
     ("optimizer_offload_distopt", TINY, TRAIN, 8,
      dict(optimizer_cpu_offload_fraction=0.5, use_distributed_optimizer=False, overlap_param_gather=False)),
     ("activation_offload", TINY, TRAIN, 8, dict(recompute_granularity="full", activation_offload_modules=("moe",))),
+    ("cp_comm_hierarchical", TINY, TRAIN, 8, dict(cp=4, cp_comm_type="a2a+p2p")),  # no sizes
+    ("cp_comm_hierarchical", TINY, TRAIN, 8,
+     dict(cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 4))),  # 2·4 is not cp
+    ("cp_comm_hierarchical", TINY, TRAIN, 8,
+     dict(cp=2, cp_comm_type="p2p", hierarchical_context_parallel_sizes=(1, 2))),  # sizes for another type
     ("precision_aware_distopt", TINY, TRAIN, 8,
      dict(exp_avg_dtype="bf16", use_distributed_optimizer=False, overlap_param_gather=False)),
     ("main_params_dtype", TINY, TRAIN, 8, dict(main_params_dtype="bf16")),
@@ -170,6 +179,28 @@ def test_executor_rules_name_what_the_executor_cannot_run():
     assert executor_model_rule(tied_mtp) is None
     assert executor_layout_rules(tied_mtp, ParallelConfig(world_size=4, pp=2, ep=2), seq_length=64) == []
     assert v.executor(ParallelConfig(world_size=8)) == []
+
+
+def test_cp_comm_types_that_split_the_heads_or_keep_them():
+    v = Validator(TINY, TRAIN, ClusterSpec(H100, 8))
+    assert v.cp_comm(1, 2, "a2a") is None  # 4 heads, 2 KV heads over cp 2
+    assert v.cp_comm(2, 4, "a2a+p2p", (1, 4)) is None  # an all-to-all over one rank splits nothing
+    assert v.cp_comm(2, 4, "p2p") is None and v.cp_comm(8, 8, "allgather") is None
+    rejection = v.cp_comm(1, 4, "a2a")
+    assert rejection.rule == "cp_a2a_heads" and "kv heads (2)" in rejection.reason
+    mla = replace(TINY, num_query_groups=None, multi_latent_attention=True, q_lora_rank=24)
+    assert Validator(mla, TRAIN, ClusterSpec(H100, 8)).cp_comm(1, 4, "a2a") is None  # a KV head per query head
+
+
+def test_the_ring_is_built_for_plain_causal_attention_only():
+    windowed = replace(TINY, window_size=(4, 0), window_attn_skip_freq=2)
+    sinks = replace(TINY, softmax_type="learnable")
+    for model in (windowed, sinks):
+        for comm, fields in (("p2p", {}), ("a2a+p2p", {"hierarchical_context_parallel_sizes": (2, 2)})):
+            config = ParallelConfig(world_size=4, cp=4, cp_comm_type=comm, **fields)
+            assert [r.rule for r in check(model, TRAIN, config)] == ["executor_cp_ring_attention"]
+        assert check(model, TRAIN, ParallelConfig(world_size=2, cp=2, cp_comm_type="a2a")) == []
+    assert check(TINY, TRAIN, ParallelConfig(world_size=4, cp=4, cp_comm_type="p2p")) == []
 
 
 def test_check_returns_every_rule_megatrons_first_then_the_executors_tagged():
