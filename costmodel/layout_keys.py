@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from spec.dispatchers import EXECUTOR_DISPATCHERS
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit
 from spec.rank_groups import GridSizes
@@ -67,7 +68,8 @@ class LayerKey(NamedTuple):
 
 class HostKey(NamedTuple):
     """What the host's kernel-issue seconds depend on: which groups exist (not their sizes), the dispatcher,
-    the recomputation and the stages."""
+    the recomputation and the stages; and ep where the runtime launches per local expert
+    (``costmodel.host.local_expert_host_ops``: a Megatron-only dispatcher), else 0."""
 
     tp_group: bool
     cp_group: bool
@@ -80,13 +82,14 @@ class HostKey(NamedTuple):
     pp: int
     vpp: int
     split: PipelineSplit
+    per_expert_ep: int
 
     @classmethod
     def of(cls, c: ParallelConfig) -> HostKey:
         """The key of ``c``."""
         return _new(cls, (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type,
                           c.recompute_granularity, c.recompute_modules, c.recompute_num_layers, c.pp, c.vpp,
-                          c.pipeline_split))
+                          c.pipeline_split, 0 if c.moe_token_dispatcher_type in EXECUTOR_DISPATCHERS else c.ep))
 
 
 class StepStatKey(NamedTuple):
