@@ -309,23 +309,29 @@ def low_latency_floor(group: int) -> tuple[float, float]:
     return DEEPEP_LOW_LATENCY[-1][1:]
 
 
-def remote_nodes_per_token(experts: int, topk: int, nodes: int, groups: int | None = None,
-                           group_topk: int | None = None) -> float:
-    """Expected nodes other than its own that one token's ``topk`` routed copies reach, with ``experts`` spread
-    evenly over ``nodes`` and the choices uniform: DeepEP sends a token once over RDMA per destination node and
-    forwards it over NVLink to that node's experts, so this (not top-k) is its RDMA volume per token.
-
-    A node holds no choice with the hypergeometric probability C(E - E/N, k) / C(E, k); the token reaches
-    N·(1 - that) nodes, of which its own is one with the same probability, so (N - 1)·(1 - that) remote ones.
-    Group-limited routing (``groups`` expert groups, top-``group_topk`` of them per token, the groups laid over
-    the nodes) caps the nodes reached at group_topk·max(1, N / groups)."""
-    if nodes <= 1:
-        return 0.0
-    per_node = experts / nodes
+def parts_reached(experts: int, topk: int, parts: int) -> float:
+    """Expected number of ``parts`` (ranks or nodes, each holding experts / parts of the ``experts``) that one
+    token's ``topk`` distinct uniform choices reach: a part holds none of them with the hypergeometric
+    probability C(E - E/P, k) / C(E, k), so P·(1 - that)."""
+    if parts <= 1:
+        return 1.0
+    per_part = experts / parts
     none = 1.0
     for i in range(topk):
-        none *= max(0.0, (experts - per_node - i) / (experts - i))
-    reached = nodes * (1.0 - none)
+        none *= max(0.0, (experts - per_part - i) / (experts - i))
+    return parts * (1.0 - none)
+
+
+def remote_nodes_per_token(experts: int, topk: int, nodes: int, groups: int | None = None,
+                           group_topk: int | None = None) -> float:
+    """Expected nodes other than its own that one token's ``topk`` routed copies reach: DeepEP sends a token
+    once over RDMA per destination node and forwards it over NVLink inside that node, so this (not top-k) is
+    its RDMA volume per token. Of the :func:`parts_reached` nodes, its own is one with the same chance as any,
+    so (N - 1) / N of them are remote. Group-limited routing (``groups`` expert groups, top-``group_topk`` of
+    them per token, the groups laid over the nodes) caps the nodes reached at group_topk·max(1, N / groups)."""
+    if nodes <= 1:
+        return 0.0
+    reached = parts_reached(experts, topk, nodes)
     if groups and group_topk:
         reached = min(reached, group_topk * max(1.0, nodes / groups))
     return reached * (nodes - 1) / nodes
@@ -333,8 +339,9 @@ def remote_nodes_per_token(experts: int, topk: int, nodes: int, groups: int | No
 
 class FlexPricing:
     """Megatron's flex dispatcher on ``backend``'s kernels (``deepep`` or ``hybridep``) over the ETP·EP group:
-    each routed copy crosses NVLink once (straight to a GPU of its node, or after its node's RDMA hop), and each
-    token crosses the network once per remote node its top-k reaches (:func:`remote_nodes_per_token`). One pass
+    a token crosses NVLink once per other GPU its choices reach (the kernels send one row per destination rank
+    and expand it to that rank's experts there; straight to a GPU of its node, or after its node's RDMA hop),
+    and the network once per remote node they reach (:func:`remote_nodes_per_token`). One pass
     (dispatch or combine) takes the slower of its NVLink and RDMA stages, which the kernels pipeline, at the
     kernels' published efficiencies, plus the link latency; across nodes no less than DeepEP's low-latency
     kernel. Forward: dispatch and combine; backward: their transposes (a combine and a dispatch)."""
@@ -352,9 +359,15 @@ class FlexPricing:
         self.rdma_efficiency = rdma_efficiency
 
     def copies(self, model: ModelSpec, local: float, etp: int, imbalance: float = 1.0) -> float:
-        """Routed copies one rank sends per pass: Megatron's flex dispatcher routes over the ETP·EP group
-        with top-k·etp choices (every ETP shard of each chosen expert)."""
+        """Routed copies of ``local`` tokens: Megatron's flex dispatcher routes over the ETP·EP group with
+        top-k·etp choices (every ETP shard of each chosen expert)."""
         return local * model.moe_router_topk * etp * imbalance
+
+    def rows_to_peers(self, model: ModelSpec, local: float, group: int, etp: int, imbalance: float = 1.0) -> float:
+        """Rows one rank sends to other ranks of the ``group`` (= etp·ep) ranks per pass: per token, one per
+        other rank holding one of its top-k·etp choices among num_experts·etp expert shards."""
+        ranks = parts_reached((model.num_experts or 1) * etp, model.moe_router_topk * etp, group)
+        return local * imbalance * ranks * (group - 1) / group
 
     def pass_seconds(self, link: LinkRates, model: ModelSpec, act_bytes: int, local: float, place: Placement,
                      etp: int, imbalance: float = 1.0) -> tuple[float, float]:
@@ -364,7 +377,7 @@ class FlexPricing:
         if n <= 1:
             return 0.0, 0.0
         row = model.hidden_size * act_bytes
-        nvlink = self.copies(model, local, etp, imbalance) * row * (n - 1) / n
+        nvlink = self.rows_to_peers(model, local, n, etp, imbalance) * row
         seconds = nvlink / (link.intra_bandwidth * self.nvlink_efficiency)
         if not place.crosses_nodes:
             seconds += link.intra_latency
