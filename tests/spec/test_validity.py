@@ -53,6 +53,7 @@ CASES = [
     ("param_gather_distopt", TINY, TRAIN, 8, dict(use_distributed_optimizer=False, overlap_param_gather=True)),
     ("ep_overlap", TINY, TRAIN, 8, dict(ep=1, overlap_moe_expert_parallel_comm=True)),
     ("tp_overlap_sp", TINY, TRAIN, 8, dict(tp=1, tp_comm_overlap=True)),
+    ("flex_dispatcher", TINY, TRAIN, 8, dict(ep=1, moe_token_dispatcher_type="flex_deepep")),
     ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
     ("fp8_params_precision", TINY, TrainingSpec(64, 16, fp8_param_gather=True), 8, {}),
     ("optimizer_distopt", TINY, TrainingSpec(64, 16, precision="fp8", fp8_param_gather=True), 8,
