@@ -27,7 +27,7 @@ from planner.enumerate import SearchSpace
 from planner.runnable import executable_space
 from planner.subset import diverse_subset
 from spec.catalog import get_hardware, has_hardware
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import EXECUTOR_DISPATCHERS
 from spec.hardware import ClusterSpec
 from spec.inputs import build_specs
 
@@ -80,8 +80,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mbs-max", type=int, default=2)
     parser.add_argument("--recompute", default="none,full", help="comma list: none, full, or selective modules "
                                                                 "joined by '+' (default: none,full)")
-    parser.add_argument("--dispatchers", default=",".join(DISPATCHERS),
-                        help=f"comma list of {', '.join(DISPATCHERS)} (default: all)")
+    parser.add_argument("--dispatchers", default=",".join(EXECUTOR_DISPATCHERS),
+                        help=f"comma list of {', '.join(EXECUTOR_DISPATCHERS)} (the executor's; default: all)")
     parser.add_argument("--cp-min-chunk", type=int, default=128, help="smallest CP chunk in tokens (default: 128)")
     parser.add_argument("--table", help="replay a stored layout table (JSON; several shards: comma-separated) "
                                         "instead of measuring")

@@ -275,3 +275,153 @@ class AllGatherPricing:
 
 register_pricing(AllToAllPricing())
 register_pricing(AllGatherPricing())
+
+
+# ---- Megatron's flex dispatcher (DeepEP / HybridEP kernels): priced from the kernels' published bandwidths ----
+# DeepEP's normal kernels (deepseek-ai/DeepEP, docs/legacy.md "Performance", V1 on H800 with one CX7 400 Gb/s
+# NIC per GPU, the DeepSeek-V3 pretraining shape: 4096 tokens, hidden 7168, top-4 groups, top-8 experts, fp8
+# dispatch, bf16 combine): 153 GB/s dispatch and 158 GB/s combine over NVLink at EP8, of H800's 200 GB/s NVLink
+# per direction (the README calls ~160 GB/s its maximum); 43 GB/s over RDMA at EP16 of the NIC's 50 GB/s line
+# rate. EP32 and EP64 read 58 and 51 GB/s, above line rate because that figure counts the node-local share, so
+# the EP16 row is the one that measures the NIC alone.
+DEEPEP_NVLINK_EFFICIENCY = 153.0 / 200.0
+DEEPEP_RDMA_EFFICIENCY = 43.0 / 50.0
+# HybridEP (NVIDIA's Hybrid-EP in DeepEP's hybrid-ep branch, Hybrid-EP_Intra-node_Implementation.md): through
+# the torch API with 16 SMs on B200, 4096 tokens, hidden 7168, top-8, 8 ranks: 536 GB/s bf16 dispatch and
+# 531 GB/s combine of NVLink 5's 900 GB/s per direction (the lower, combine, priced). Its RDMA path had no
+# published figure there, so it is priced at DeepEP's (the same per-node forwarding over the same NICs).
+HYBRIDEP_NVLINK_EFFICIENCY = 531.0 / 900.0
+HYBRIDEP_RDMA_EFFICIENCY = DEEPEP_RDMA_EFFICIENCY
+# DeepEP's low-latency kernels (same page: pure RDMA, 128 tokens, hidden 7168, top-8, fp8 dispatch, bf16
+# combine on H800): (EP, dispatch seconds, combine seconds). Small messages are latency-bound, so a pass across
+# nodes is never priced below the latency of the smallest tabled EP at or above its own (the largest beyond).
+DEEPEP_LOW_LATENCY: tuple[tuple[int, float, float], ...] = (
+    (8, 77e-6, 114e-6), (16, 118e-6, 195e-6), (32, 155e-6, 273e-6), (64, 173e-6, 314e-6),
+    (128, 192e-6, 369e-6), (256, 194e-6, 360e-6))
+
+
+def low_latency_floor(group: int) -> tuple[float, float]:
+    """(dispatch, combine) seconds below which a flex pass over ``group`` ranks across nodes is not priced:
+    DeepEP's low-latency kernels at the smallest tabled EP >= ``group`` (the largest tabled beyond it)."""
+    for ep, dispatch, combine in DEEPEP_LOW_LATENCY:
+        if ep >= group:
+            return dispatch, combine
+    return DEEPEP_LOW_LATENCY[-1][1:]
+
+
+def parts_reached(experts: int, topk: int, parts: int) -> float:
+    """Expected number of ``parts`` (ranks or nodes, each holding experts / parts of the ``experts``) that one
+    token's ``topk`` distinct uniform choices reach: a part holds none of them with the hypergeometric
+    probability C(E - E/P, k) / C(E, k), so P·(1 - that)."""
+    if parts <= 1:
+        return 1.0
+    per_part = experts / parts
+    none = 1.0
+    for i in range(topk):
+        none *= max(0.0, (experts - per_part - i) / (experts - i))
+    return parts * (1.0 - none)
+
+
+def remote_nodes_per_token(experts: int, topk: int, nodes: int, groups: int | None = None,
+                           group_topk: int | None = None) -> float:
+    """Expected nodes other than its own that one token's ``topk`` routed copies reach: DeepEP sends a token
+    once over RDMA per destination node and forwards it over NVLink inside that node, so this (not top-k) is
+    its RDMA volume per token. Of the :func:`parts_reached` nodes, its own is one with the same chance as any,
+    so (N - 1) / N of them are remote. Group-limited routing (``groups`` expert groups, top-``group_topk`` of
+    them per token, the groups laid over the nodes) caps the nodes reached at group_topk·max(1, N / groups)."""
+    if nodes <= 1:
+        return 0.0
+    reached = parts_reached(experts, topk, nodes)
+    if groups and group_topk:
+        reached = min(reached, group_topk * max(1.0, nodes / groups))
+    return reached * (nodes - 1) / nodes
+
+
+class FlexPricing:
+    """Megatron's flex dispatcher on ``backend``'s kernels (``deepep`` or ``hybridep``) over the ETP·EP group:
+    a token crosses NVLink once per other GPU its choices reach (the kernels send one row per destination rank
+    and expand it to that rank's experts there; straight to a GPU of its node, or after its node's RDMA hop),
+    and the network once per remote node they reach (:func:`remote_nodes_per_token`). One pass
+    (dispatch or combine) takes the slower of its NVLink and RDMA stages, which the kernels pipeline, at the
+    kernels' published efficiencies, plus the link latency; across nodes no less than DeepEP's low-latency
+    kernel. Forward: dispatch and combine; backward: their transposes (a combine and a dispatch)."""
+
+    # Host counts (Megatron's flex path, counted from its code, not measured: the executor does not build it).
+    # Per micro-batch: the dispatch layout, dispatch, fused permute, fused unpermute and combine forward, their
+    # four mirrors backward; the four DeepEP/HybridEP kernels each launched like a collective.
+    OPS = HostOps(9.0, 4.0)
+    call_collectives = OPS.collectives
+
+    def __init__(self, name: str, backend: str, nvlink_efficiency: float, rdma_efficiency: float) -> None:
+        self.name = name
+        self.backend = backend
+        self.nvlink_efficiency = nvlink_efficiency
+        self.rdma_efficiency = rdma_efficiency
+
+    def copies(self, model: ModelSpec, local: float, etp: int, imbalance: float = 1.0) -> float:
+        """Routed copies of ``local`` tokens: Megatron's flex dispatcher routes over the ETP·EP group with
+        top-k·etp choices (every ETP shard of each chosen expert)."""
+        return local * model.moe_router_topk * etp * imbalance
+
+    def rows_to_peers(self, model: ModelSpec, local: float, group: int, etp: int, imbalance: float = 1.0) -> float:
+        """Rows one rank sends to other ranks of the ``group`` (= etp·ep) ranks per pass: per token, one per
+        other rank holding one of its top-k·etp choices among num_experts·etp expert shards."""
+        ranks = parts_reached((model.num_experts or 1) * etp, model.moe_router_topk * etp, group)
+        return local * imbalance * ranks * (group - 1) / group
+
+    def pass_seconds(self, link: LinkRates, model: ModelSpec, act_bytes: int, local: float, place: Placement,
+                     etp: int, imbalance: float = 1.0) -> tuple[float, float]:
+        """(dispatch, combine) seconds of one pass for ``local`` tokens on this rank over the ETP·EP group
+        ``place``; 0 when the group is one rank."""
+        n = place.size
+        if n <= 1:
+            return 0.0, 0.0
+        row = model.hidden_size * act_bytes
+        nvlink = self.rows_to_peers(model, local, n, etp, imbalance) * row
+        seconds = nvlink / (link.intra_bandwidth * self.nvlink_efficiency)
+        if not place.crosses_nodes:
+            seconds += link.intra_latency
+            return seconds, seconds
+        remote = remote_nodes_per_token(model.num_experts or 1, model.moe_router_topk, place.nodes,
+                                        model.moe_router_num_groups, model.moe_router_group_topk)
+        rdma = local * imbalance * remote * row
+        seconds = max(seconds, rdma / (link.inter_bandwidth * self.rdma_efficiency)) + link.inter_latency
+        floor_dispatch, floor_combine = low_latency_floor(n)
+        return max(seconds, floor_dispatch), max(seconds, floor_combine)
+
+    def collectives(self, model: ModelSpec, act_bytes: int, local: float, ep: int, etp: int,
+                    imbalance: float = 1.0) -> tuple[Call, ...]:
+        if ep * etp <= 1:
+            return ()
+        routed = self.copies(model, local, etp, imbalance) * model.hidden_size * act_bytes
+        # the inventory's view: four exchanges of the routed copies over ETP·EP (priced by routed_time instead)
+        return tuple(Call("all_to_all", "tp_ep", routed, phase) for phase in ("forward",) * 2 + ("backward",) * 2)
+
+    def routed_time(self, shape: RoutedShape, block: LayerBlock, local: float, received: float,
+                    local_experts: int) -> None:
+        place = shape.tp_ep_place
+        dispatch, combine = self.pass_seconds(shape.link, shape.model, shape.act_bytes, local, place, shape.etp,
+                                              shape.imbalance)
+        block.add(A2A, dispatch + combine, dispatch + combine, "moe")
+        if place.size > 1:
+            block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
+        if local_experts > 1:
+            h, ab = shape.model.hidden_size, shape.act_bytes
+            shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+
+    def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
+                    routed: float) -> tuple[str, float]:
+        # the received copies next to their permuted copy, as the alltoall dispatcher; the kernels' own
+        # registered NVLink/RDMA buffers are allocated once per process and not counted per token
+        return "comm.moe.dispatch_combine", (2 if ep * etp > 1 else 1) * routed * model.hidden_size * act_bytes
+
+    def host_ops(self, config: ParallelConfig) -> HostOps:
+        return self.OPS if config.ep * config.etp > 1 else ZERO
+
+    def describe(self, config: ParallelConfig, gpus_per_node: int) -> str:
+        where = GroupPlacements.of_config(config, gpus_per_node).span_text("tp_ep")
+        return f"flex dispatcher ({self.backend}) over ETP·EP {config.etp * config.ep} ({where})"
+
+
+register_pricing(FlexPricing("flex_deepep", "deepep", DEEPEP_NVLINK_EFFICIENCY, DEEPEP_RDMA_EFFICIENCY))
+register_pricing(FlexPricing("flex_hybridep", "hybridep", HYBRIDEP_NVLINK_EFFICIENCY, HYBRIDEP_RDMA_EFFICIENCY))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.host_ops import ZERO, HostOps
+from spec.dispatchers import dispatcher_kind
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 
@@ -52,6 +53,16 @@ CP_A2A_PER_LAYER = HostOps(46.0, 8.0)
 # its hops, each a send and a receive (small-moe, cp 2 and 4: 50 and 96 ops, 8 and 20 collectives)
 CP_RING_PER_RANK = HostOps(23.0, 6.0)
 CP_RING_FIXED = HostOps(4.0, -4.0)
+
+# Launches per LOCAL expert of an MoE layer per micro-batch (forward + backward), which a GPU holding many small
+# experts pays on top of the per-layer counts above. The executor issues none: its expert GEMMs are grouped (one
+# torch._grouped_mm, one Triton fp8 grouped kernel or one padded bmm per projection whatever the local experts),
+# and its router and permutation count and offset every expert inside single kernels (bincount, cumsum). A layout
+# only Megatron-Core runs (a Megatron-only dispatcher, spec.dispatchers.MEGATRON_ONLY_DISPATCHERS) runs its
+# experts through Transformer Engine's GroupedLinear, whose Hopper path issues one cuBLAS GEMM per local expert:
+# fc1 and fc2 forward, their dgrad and wgrad backward (6), each counted as one op.
+EXECUTOR_PER_LOCAL_EXPERT = HostOps(0.0)
+TE_GROUPED_LINEAR_PER_LOCAL_EXPERT = HostOps(6.0)
 # Forward ops a layer re-runs under full recomputation (its forward again, plus the checkpoint wrapper).
 FULL_RECOMPUTE_MOE = HostOps(63.0)
 FULL_RECOMPUTE_DENSE = HostOps(50.0)  # not counted: the MoE layer's 63 scaled by 126/162 (dense/MoE layer)
@@ -96,6 +107,7 @@ def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostO
         out = out + cp_host_ops(config)
     if moe:
         out = out + dispatcher_pricing(config.moe_token_dispatcher_type).host_ops(config)
+        out = out + local_expert_host_ops(model, config)
     if config.recompute_granularity == "selective":
         for module in config.recompute_modules:
             out = out + SELECTIVE_RECOMPUTE.get(module, ZERO)
@@ -112,6 +124,14 @@ def cp_host_ops(config: ParallelConfig) -> HostOps:
     if ring > 1:
         out = out + CP_RING_FIXED + CP_RING_PER_RANK * ring
     return out
+
+def local_expert_host_ops(model: ModelSpec, config: ParallelConfig) -> HostOps:
+    """Ops one MoE layer adds per micro-batch for its ``num_experts / ep`` local experts: the per-expert GEMM
+    launches of whichever runtime runs ``config`` (the executor: none; Megatron-Core's TE GroupedLinear for a
+    layout only Megatron runs)."""
+    local = max(1, (model.num_experts or 1) // config.ep)
+    runs_on_megatron = not dispatcher_kind(config.moe_token_dispatcher_type).executor_builds
+    return (TE_GROUPED_LINEAR_PER_LOCAL_EXPERT if runs_on_megatron else EXECUTOR_PER_LOCAL_EXPERT) * local
 
 
 def full_recompute_ops(moe: bool) -> HostOps:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from spec.dispatchers import EXECUTOR_DISPATCHERS
 from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit
 from spec.rank_groups import GridSizes
@@ -73,8 +74,9 @@ class LayerKey(NamedTuple):
 
 class HostKey(NamedTuple):
     """What the host's kernel-issue seconds depend on: which groups exist (not their sizes), the dispatcher,
-    the recomputation, the stages and the CP communication type (with its split: a ring's ops grow with its
-    ranks)."""
+    the recomputation, the stages, the CP communication type (with its split: a ring's ops grow with its
+    ranks); and ep where the runtime launches per local expert (``costmodel.host.local_expert_host_ops``: a
+    Megatron-only dispatcher), else 0."""
 
     tp_group: bool
     cp_group: bool
@@ -89,13 +91,15 @@ class HostKey(NamedTuple):
     split: PipelineSplit
     cp_comm: str  # the CP communication type and its split (the ring's ops grow with its ranks)
     cp_split: tuple[int, int]
+    per_expert_ep: int
 
     @classmethod
     def of(cls, c: ParallelConfig) -> HostKey:
         """The key of ``c``."""
         return _new(cls, (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type,
                           c.recompute_granularity, c.recompute_modules, c.recompute_num_layers, c.pp, c.vpp,
-                          c.pipeline_split, c.cp_comm_type if c.cp > 1 else "allgather", c.cp_split))
+                          c.pipeline_split, c.cp_comm_type if c.cp > 1 else "allgather", c.cp_split,
+                          0 if c.moe_token_dispatcher_type in EXECUTOR_DISPATCHERS else c.ep))
 
 
 class StepStatKey(NamedTuple):

@@ -44,7 +44,7 @@ from costmodel.step_time import HOST_FACTOR, HOST_RECOMPUTE_FACTOR, StepTimeBrea
 from costmodel.terms import HIDDEN_TERMS, TERM_TABLE
 from spec.attention_kinds import attention_kind
 from spec.cp_comm_types import HIERARCHICAL
-from spec.dispatchers import GATHERING_DISPATCHERS
+from spec.dispatchers import FLEX_DISPATCHERS, GATHERING_DISPATCHERS
 from spec.hardware import ClusterSpec, HardwareProfile, MeasuredCurve, expert_shape, parse_component_key
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
@@ -354,6 +354,9 @@ def term_provenance(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
                 collective, place = _cp_collective(config, places)
             source, prov, note = collective_provenance(hw, collective, place)
             out.append(TermProvenance(term.name, source, prov, WIDTHS[prov], note))
+        elif kind == "dispatch" and config.moe_token_dispatcher_type in FLEX_DISPATCHERS:
+            source, prov, note = _flex_provenance(config.moe_token_dispatcher_type, places.of("tp_ep"))
+            out.append(TermProvenance(term.name, source, prov, WIDTHS[prov], note))
         elif kind == "dispatch":
             gathers = config.moe_token_dispatcher_type in GATHERING_DISPATCHERS
             collective, group = ("all_gather", "tp_ep") if gathers else ("all_to_all", "ep")
@@ -366,6 +369,16 @@ def term_provenance(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
             out.append(TermProvenance(term.name, "derived", "derived", Width(0.0, 0.0),
                                       "the layer terms it repeats or waits for"))
     return tuple(out)
+
+
+def _flex_provenance(dispatcher: str, place: Placement) -> tuple[str, str, str]:
+    """(source, provenance, note) of the flex dispatcher's exchange (costmodel.dispatch.FlexPricing): its
+    kernels' published bandwidths on other machines, never measured on this profile: a datasheet figure inside
+    a node, an unmeasured network across nodes."""
+    if place.crosses_nodes:
+        return (f"{dispatcher}:inter", UNMEASURED_NETWORK,
+                "the kernels' published RDMA bandwidth on another cluster, not measured on this network")
+    return f"{dispatcher}:intra", DATASHEET, "the kernels' published NVLink bandwidth on another GPU, not measured here"
 
 
 def _host_provenance(hw: HardwareProfile, corrections: dict[str, float] | None) -> tuple[str, str]:

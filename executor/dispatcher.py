@@ -2,9 +2,10 @@
 
 Every dispatcher implements :class:`TokenDispatcher` and is registered under its
 ``ParallelConfig.moe_token_dispatcher_type`` name with :func:`register_dispatcher`; :func:`make_dispatcher`
-builds the one a layout names. The names a user may choose are ``spec.dispatchers.DISPATCHERS``, and
-``tests/executor/test_dispatcher_registry.py`` checks that this registry and the cost model's pricings
-(``costmodel.dispatch.PRICING``) hold exactly those names.
+builds the one a layout names. The names it builds are ``spec.dispatchers.EXECUTOR_DISPATCHERS`` (the
+Megatron-only ones are priced, not built: rule ``executor_dispatcher``), and
+``tests/executor/test_dispatcher_registry.py`` checks that this registry holds exactly those names and the cost
+model's pricings (``costmodel.dispatch.PRICING``) every name.
 
 Notation (per MoE layer, per micro-batch, on one rank):
 

@@ -26,7 +26,9 @@ The search space is a product of candidate axes:
   none, selective(core_attn), selective(core_attn+moe_act+layernorm), full. Options a model cannot use
   are rejected by the ``recompute_modules`` rule; those the executor does not build (mla_up_proj) stay
   priced and are filtered where layouts must run (``planner.runnable``, rule ``executor_recompute``);
-- dispatcher: every name of ``spec.dispatchers`` when tokens leave the GPU (ep·etp > 1), except that by
+- dispatcher: every name of ``SearchSpace.dispatchers`` (the executor's: alltoall, allgather; Megatron's flex
+  dispatcher too under ``plan --megatron``, and only where Megatron's ``flex_dispatcher`` rule allows it) when
+  tokens leave the GPU (ep·etp > 1), except that by
   default (``SearchSpace.gathering_within_node``) a dispatcher that gathers every token (allgather: every
   token to all etp·ep ranks instead of its top-k experts' ranks, which only pays off for small groups on
   NVLink) is tried only while the ETP·EP group fits in one node; with ep·etp = 1 every dispatcher only
@@ -67,11 +69,11 @@ the micro-batch sizes and dispatchers valid for each; the knobs multiply out laz
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from spec.cp_comm_types import CP_COMM_TYPES, DEFAULT_CP_COMM, HIERARCHICAL
-from spec.dispatchers import DISPATCHERS, GATHERING_DISPATCHERS
+from spec.dispatchers import DISPATCHERS, EXECUTOR_DISPATCHERS, GATHERING_DISPATCHERS, MEGATRON_ONLY_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec, GPUSpec
 from spec.layout_rules import (activation_offload_problem, main_params_problem, optimizer_offload_problem,
@@ -84,7 +86,7 @@ from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.rank_groups import GridSizes, group_stride_span
 from spec.training_spec import PRECISIONS, TrainingSpec
 from spec.validity import (Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule,
-                           needs_distributed_optimizer)
+                           flex_dispatcher_rule, needs_distributed_optimizer)
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -157,7 +159,9 @@ class SearchSpace:
     expert_ffn_min_columns: int = 128
     gathering_within_node: bool = True
     recompute: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # None: the chain for the model
-    dispatchers: tuple[str, ...] = DISPATCHERS
+    # the executor's dispatchers by default; Megatron-only ones (the flex dispatcher) when asked
+    # (:meth:`with_megatron_dispatchers`, ``plan --megatron``) or named here
+    dispatchers: tuple[str, ...] = EXECUTOR_DISPATCHERS
     ep_overlap: bool = True
     pipeline: PipelineSplit = DEFAULT_SPLIT
     # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
@@ -202,6 +206,12 @@ class SearchSpace:
         if unknown or not self.cp_comm_types:
             raise InvalidConfigError(f"CP communication types of the search space must be among "
                                      f"{', '.join(CP_COMM_TYPES)}, got {', '.join(map(repr, self.cp_comm_types))}")
+
+    def with_megatron_dispatchers(self) -> SearchSpace:
+        """This space with Megatron's own dispatchers (:data:`spec.dispatchers.MEGATRON_ONLY_DISPATCHERS`)
+        added, for a ranking of what Megatron-Core runs; unchanged when it names them already."""
+        extra = tuple(d for d in MEGATRON_ONLY_DISPATCHERS if d not in self.dispatchers)
+        return replace(self, dispatchers=self.dispatchers + extra) if extra else self
 
     def precisions_for(self, training: TrainingSpec, gpu: GPUSpec) -> tuple[str, ...]:
         """The precisions planned: the training spec's alone by default; else those of ``precisions`` the GPU
@@ -525,7 +535,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             for etp in divisors(rest // ep):
                 if not space.allows_etp(etp, model):
                     continue
-                names = space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
+                names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
+                              if flex_dispatcher_rule(d.dispatcher, ep, etp, training) is None)
                 overlap = [d for d in names if d.ep_overlap]
                 pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
                               bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import shlex
 
 from spec.cp_comm_types import CP_COMM_BY_NAME
+from spec.dispatchers import dispatcher_kind
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -92,7 +93,10 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
             args.append(["--recompute-num-layers", "1"])
     if model.is_moe:
         args.append(["--moe-grouped-gemm"])
-        args.append(["--moe-token-dispatcher-type", c.moe_token_dispatcher_type])
+        kind = dispatcher_kind(c.moe_token_dispatcher_type)
+        args.append(["--moe-token-dispatcher-type", kind.megatron_type or kind.name])
+        if kind.flex_backend is not None:
+            args.append(["--moe-flex-dispatcher-backend", kind.flex_backend])
         if training.routing_mode == "capacity":
             args.append(["--moe-expert-capacity-factor", f"{training.moe_expert_capacity_factor:g}"])
             if training.moe_pad_expert_input_to_capacity:

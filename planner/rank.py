@@ -605,8 +605,9 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
          megatron: bool = False) -> PlanResult:
     """Enumerate, prune by memory and rank by step time; the ``top`` best fitting configs that foldtune's
     executor runs, best first, then (when fewer than ``top`` run) the best ones only Megatron-Core runs;
-    ``megatron``: the ``top`` best, executable or not. Every ranked Estimate says whether the executor runs it
-    (``executable``, ``executable_reason``).
+    ``megatron``: the ``top`` best, executable or not, with Megatron's own dispatchers searched too
+    (:meth:`SearchSpace.with_megatron_dispatchers`: the flex dispatcher on DeepEP / HybridEP). Every ranked
+    Estimate says whether the executor runs it (``executable``, ``executable_reason``).
 
     ``rank_by`` (:data:`RANK_BY`): ``"robust"`` orders by the pessimistic end of each layout's step-time
     interval (``Estimate.rank_time``), ``"point"`` by the point estimate. ``memory_fn`` / ``time_fn`` default
@@ -623,6 +624,8 @@ def plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, *, top:
         def memory_total_fn(model, training, cluster, config, _fn=memory_fn):
             return _fn(model, training, cluster, config).total
     time_fn = time_fn or default_time_fn()
+    if megatron:
+        space = (space or SearchSpace()).with_megatron_dispatchers()
     # The scan allocates ~10^5 short-lived configs and breakdowns next to a growing list of candidates;
     # the cyclic collector would rescan that list over and over (measured: ~40 % of the planning time).
     # Nothing here makes reference cycles, so it is paused for the duration.

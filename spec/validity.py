@@ -34,6 +34,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   recompute, and vpp when pp > 1);
 - pad_to_capacity: ``TransformerConfig`` (``moe_pad_expert_input_to_capacity`` needs
   ``moe_expert_capacity_factor``);
+- flex_dispatcher: ``TransformerConfig.__post_init__`` and ``MoEFlexTokenDispatcher.__init__`` (the flex
+  dispatcher needs ``--moe-flex-dispatcher-backend deepep|hybridep``, which foldtune's dispatcher name carries,
+  exchanges tokens over the TP·EP group so needs etp·ep > 1, and with the deepep backend refuses
+  ``moe_pad_expert_input_to_capacity``);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
 - cp_a2a_heads: Transformer Engine's context-parallel attention (``--cp-comm-type a2a`` and ``a2a+p2p``): the
   all-to-all hands each rank of its group whole query heads and whole KV heads of its TP rank, so both head
@@ -71,6 +75,7 @@ from dataclasses import dataclass
 
 from spec.attention_kinds import attention_kind, modules_of_other_kinds
 from spec.cp_comm_types import CP_COMM_BY_NAME, cp_split
+from spec.dispatchers import EXECUTOR_DISPATCHERS, dispatcher_kind
 from spec.hardware import ClusterSpec
 from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
@@ -103,6 +108,7 @@ RULES: dict[str, str] = {
     "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "cp_a2a_heads": "cp_comm a2a / a2a+p2p: attention heads and KV heads % (tp·a2a size) == 0",
+    "flex_dispatcher": "the flex dispatcher needs etp·ep > 1; with DeepEP no padding to capacity",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
     "pad_to_capacity": "padding the experts' input to capacity needs capacity routing",
     "fp8_params_precision": "fp8 primary weights (fp8_param_gather) need precision fp8",
@@ -125,6 +131,8 @@ EXECUTOR_RULES: dict[str, str] = {
     "executor_recompute": "selective recompute of mla_up_proj is built together with core_attn only",
     "executor_ep_overlap": "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is built without full "
                            "recompute, selective recompute of moe or activation offload of moe",
+    "executor_dispatcher": "the token dispatcher is one the executor builds (alltoall, allgather); Megatron's "
+                           "flex dispatcher (DeepEP, HybridEP kernels) is not",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -245,6 +253,20 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     return None
 
 
+def flex_dispatcher_rule(dispatcher: str, ep: int, etp: int, training: TrainingSpec) -> Rejection | None:
+    """Megatron's conditions on its flex dispatcher (module docstring: rule flex_dispatcher); None for the
+    other dispatchers."""
+    kind = dispatcher_kind(dispatcher)
+    if kind.flex_backend is None:
+        return None
+    if ep * etp <= 1:
+        return Rejection("flex_dispatcher", f"dispatcher {dispatcher} (flex) needs etp·ep > 1, got etp {etp} ep {ep}")
+    if kind.flex_backend == "deepep" and training.moe_pad_expert_input_to_capacity:
+        return Rejection("flex_dispatcher", f"dispatcher {dispatcher}: the flex dispatcher's deepep backend does "
+                                            f"not support moe_pad_expert_input_to_capacity")
+    return None
+
+
 def pad_to_capacity_problem(training: TrainingSpec) -> str | None:
     """Why ``training`` cannot pad the experts' input to capacity (Megatron's TransformerConfig: padding needs a
     capacity factor), or None."""
@@ -336,6 +358,9 @@ def executor_layout_rules(model: ModelSpec, config: ParallelConfig, seq_length: 
         # its staged layer runs the MoE block's parts itself, outside the module that offloads their activations
         ("activation offload of moe", "moe" in c.activation_offload_modules),
     ) if broken]
+    rule("executor_dispatcher", not dispatcher_kind(c.moe_token_dispatcher_type).executor_builds,
+         f"dispatcher {c.moe_token_dispatcher_type} (Megatron's --moe-token-dispatcher-type flex) runs DeepEP/"
+         f"HybridEP kernels the executor does not build; it builds {', '.join(EXECUTOR_DISPATCHERS)}")
     rule("executor_ep_overlap", c.overlap_moe_expert_parallel_comm and bool(overlap_why),
          "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not built with " + ", ".join(overlap_why))
     ep_broken, etp_broken = experts_do_not_split(m, c.ep), expert_ffn_does_not_split(m, c.etp)
@@ -478,6 +503,9 @@ class Validator:
             overlap = ep_overlap_rule(c.ep, c.moe_token_dispatcher_type, c.recompute_granularity, c.pp, c.vpp)
             if overlap is not None:
                 return overlap
+        flex = flex_dispatcher_rule(c.moe_token_dispatcher_type, c.ep, c.etp, self.training)
+        if flex is not None:
+            return flex
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
         if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):

@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--megatron-args", action="store_true",
                         help="also print the best (or explained) layout as Megatron-LM arguments")
     parser.add_argument("--megatron", action="store_true",
-                        help="rank by step time alone: what Megatron-Core can run (default: the layouts foldtune's "
-                             "executor runs first; each layout says whether it does, and why not)")
+                        help="rank by step time alone: what Megatron-Core can run, Megatron's flex dispatcher "
+                             "(DeepEP/HybridEP) searched too (default: the layouts foldtune's executor runs first; "
+                             "each layout says whether it does, and why not)")
     parser.add_argument("--pareto", action="store_true",
                         help="time every fitting config and list the step-time/memory Pareto front (slower)")
     parser.add_argument("--rank-by", choices=RANK_BY, default="robust",

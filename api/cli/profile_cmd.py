@@ -11,7 +11,7 @@ import argparse
 import math
 
 from api.cli._router_args import add_router_arguments, router_options_from
-from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHER_KINDS, DISPATCHERS
+from spec.dispatchers import DEFAULT_DISPATCHER, DISPATCHER_KINDS, EXECUTOR_DISPATCHERS
 from api.cli._model_args import add_model_arguments, check_local_run, model_from_args
 from spec.catalog import get_hardware
 from spec.errors import SpecError
@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             add(sizes, "--mbs", "default: 1")
         else:
             sizes.add_argument(f"--{name}", type=int, metavar="N", help=f"{SIZE_HELP[name]} (default: 1)")
-    sizes.add_argument("--dispatcher", choices=DISPATCHERS, default=None,
-                       help="; ".join(f"{k.name}: {k.summary}" for k in DISPATCHER_KINDS)
+    sizes.add_argument("--dispatcher", choices=EXECUTOR_DISPATCHERS, default=None,
+                       help="; ".join(f"{k.name}: {k.summary}" for k in DISPATCHER_KINDS if k.executor_builds)
                        + f" (default: {DEFAULT_DISPATCHER})")
     add(parser, "--gpu", LOCAL_GPU_NOTE)
     add_shape_arguments(parser)

@@ -34,7 +34,9 @@ def test_rules_of_thumb_when_not_measured():
     assert dispatcher_fixed(H100, "allgather") == pytest.approx(7 * 25e-6)
     # a measured collective launch scales the rule; a measured per-call cost replaces it, 0 included
     assert cp_exchange_fixed(replace(H100, collective_launch_s=40e-6)) == pytest.approx(4 * 40e-6)
-    assert exchange_fixed(BARE) == {"cp_exchange": 0.0, "alltoall": 0.0, "allgather": 0.0}
+    # the flex dispatcher (Megatron-only: calibration cannot time it) keeps its rule of thumb: 4 kernel launches
+    assert exchange_fixed(BARE) == pytest.approx({"cp_exchange": 0.0, "alltoall": 0.0, "allgather": 0.0,
+                                                  "flex_deepep": 4 * 25e-6, "flex_hybridep": 4 * 25e-6})
     assert dispatcher_fixed(_with(dispatcher_fixed_s=(("alltoall", 2 * MS),)), "alltoall") == 2 * MS
     # a dispatcher the profile leaves out keeps its rule of thumb
     assert dispatcher_fixed(replace(H100, dispatcher_fixed_s=(("alltoall", 2 * MS),)), "allgather") == \

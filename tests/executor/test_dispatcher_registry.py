@@ -13,12 +13,13 @@ from costmodel.step_time import estimate_step_time
 from executor.dispatcher import DISPATCHER_CLASSES, TokenDispatcher, make_dispatcher
 from executor.parallel.groups import single_process_state
 from spec import ClusterSpec, InvalidConfigError, ParallelConfig, TrainingSpec, get_hardware, get_model
-from spec.dispatchers import DISPATCHER_KINDS, DISPATCHERS
+from spec.dispatchers import DISPATCHER_KINDS, DISPATCHERS, EXECUTOR_DISPATCHERS, MEGATRON_ONLY_DISPATCHERS
 
 
 def test_both_registries_hold_exactly_the_spec_names():
     assert DISPATCHERS == tuple(k.name for k in DISPATCHER_KINDS)
-    assert tuple(DISPATCHER_CLASSES) == DISPATCHERS
+    assert tuple(DISPATCHER_CLASSES) == EXECUTOR_DISPATCHERS  # the Megatron-only ones are priced, not built
+    assert set(EXECUTOR_DISPATCHERS) | set(MEGATRON_ONLY_DISPATCHERS) == set(DISPATCHERS)
     assert tuple(PRICING) == DISPATCHERS
     assert all(cls.name == name for name, cls in DISPATCHER_CLASSES.items())
     assert all(p.name == name for name, p in PRICING.items())
@@ -26,9 +27,13 @@ def test_both_registries_hold_exactly_the_spec_names():
 
 def test_every_spec_name_builds_and_prices():
     state = single_process_state()
-    for name in DISPATCHERS:
+    for name in EXECUTOR_DISPATCHERS:
         assert make_dispatcher(name, state, 4, 2).name == name
+    for name in DISPATCHERS:
         assert dispatcher_pricing(name).name == name
+    for name in MEGATRON_ONLY_DISPATCHERS:  # refused by name, never built as another dispatcher
+        with pytest.raises(InvalidConfigError, match=name):
+            make_dispatcher(name, state, 4, 2)
 
 
 def test_an_unknown_dispatcher_is_an_error_everywhere():

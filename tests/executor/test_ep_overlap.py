@@ -22,7 +22,7 @@ from executor.parallel.groups import build_parallel_state
 from executor.pipeline import run_schedule
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import EXECUTOR_DISPATCHERS
 from spec.errors import InvalidConfigError, SpecError
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -251,7 +251,7 @@ def test_validity_rule_names_what_the_overlap_is_not_built_with():
     assert not check(deep, training, dataclasses.replace(ok, pp=2, vpp=2))
 
 
-@pytest.mark.parametrize("dispatcher", DISPATCHERS)
+@pytest.mark.parametrize("dispatcher", EXECUTOR_DISPATCHERS)
 def test_staged_forward_without_ep_equals_the_model_forward(dispatcher):
     """One process, ep = 1: no exchange; the staged path must still compute the model's loss and gradients,
     through the stages of every dispatcher's contract (allgather's too, whose layers it runs in line)."""

@@ -7,6 +7,7 @@ import dataclasses
 
 from planner.rank import explain_layout, plan
 from spec.catalog import get_hardware, get_model
+from spec.dispatchers import MEGATRON_ONLY_DISPATCHERS
 from spec.hardware import ClusterSpec
 from spec.training_spec import TrainingSpec
 from spec.validity import executor_refusal
@@ -26,9 +27,14 @@ def test_megatron_ranking_is_by_step_time_and_labels_what_the_executor_does_not_
     point = plan(MQA, TRAINING, CPU4, top=20, megatron=True, workers=1, rank_by="point").ranked
     assert [e.time.step_time for e in point] == sorted(e.time.step_time for e in point)
     refused = [e for e in result.ranked if not e.executable]
+    # Megatron's own dispatchers are ranked too, each refused by name
+    flex = [e for e in refused if e.config.moe_token_dispatcher_type in MEGATRON_ONLY_DISPATCHERS]
+    assert all("[executor_dispatcher] " in e.executable_reason for e in flex)
+    refused = [e for e in refused if e not in flex]
     assert refused and all(e.config.tp > 1 for e in refused)
     assert all(e.executable_reason.startswith("[executor_heads_tp] ") for e in refused)
-    assert all(e.executable and e.executable_reason is None for e in result.ranked if e.config.tp == 1)
+    assert all(e.executable and e.executable_reason is None for e in result.ranked
+               if e.config.tp == 1 and e not in flex)
 
 
 def test_default_ranking_is_the_fastest_executable_layouts():
@@ -57,9 +63,12 @@ def test_the_exhaustive_ranking_puts_executable_layouts_first_too():
 
 def test_a_model_the_executor_cannot_build_is_ranked_by_step_time_with_its_reason():
     layernorm = dataclasses.replace(get_model("tiny-moe"), name="tiny-layernorm", normalization="layernorm")
-    result = plan(layernorm, TRAINING, CPU4, top=5, workers=1)
-    megatron = plan(layernorm, TRAINING, CPU4, top=5, megatron=True, workers=1)
-    assert [e.config for e in result.ranked] == [e.config for e in megatron.ranked]
+    result = plan(layernorm, TRAINING, CPU4, top=5, workers=1, rank_by="point")
+    megatron = plan(layernorm, TRAINING, CPU4, top=40, megatron=True, workers=1, rank_by="point")
+    # the same order, less the Megatron-only dispatchers that only --megatron searches
+    executor_built = [e.config for e in megatron.ranked
+                      if e.config.moe_token_dispatcher_type not in MEGATRON_ONLY_DISPATCHERS]
+    assert [e.config for e in result.ranked] == executor_built[:5]
     assert all(not e.executable and "[executor_model]" in e.executable_reason and "normalization=layernorm"
                in e.executable_reason for e in result.ranked)
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from planner.enumerate import ConfigMaker, SearchSpace, divisors, enumerate_layouts, recompute_count
 from spec.cp_comm_types import CP_COMM_TYPES
-from spec.dispatchers import DISPATCHERS
+from spec.dispatchers import DISPATCHERS, EXECUTOR_DISPATCHERS
 from spec.errors import InvalidConfigError
 from spec.inputs import build_specs
 from spec.layout_codec import (ACTIVATION_OFFLOAD_MODULES, RECOMPUTE_MODULES, Labelled, current_optuna_params,
@@ -140,7 +140,7 @@ def test_the_planner_space_holds_every_knob_the_label_spells():
     enum = _planner_space()
     assert enum.valid > 1_000_000
     options = {d for lay in enum.layouts for d in lay.dispatchers}
-    assert {d.dispatcher for d in options} == set(DISPATCHERS) and any(d.ep_overlap for d in options)
+    assert {d.dispatcher for d in options} == set(EXECUTOR_DISPATCHERS) and any(d.ep_overlap for d in options)
     assert {o[0] for o in enum.offload} == {0.0, 0.5, 1.0} and any(o[1] for o in enum.offload)
     assert {lay.cp_comm.cp_comm_type for lay in enum.layouts} == set(CP_COMM_TYPES)
     assert {g for g, _ in enum.recompute} == {"none", "selective", "full"}

@@ -57,6 +57,7 @@ CASES = [
     ("cp_a2a_heads", TINY, TRAIN, 8, dict(cp=4, cp_comm_type="a2a")),
     ("cp_a2a_heads", TINY, TRAIN, 8,
      dict(tp=2, cp=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=(2, 2))),
+    ("flex_dispatcher", TINY, TRAIN, 8, dict(ep=1, moe_token_dispatcher_type="flex_deepep")),
     ("distopt_choice", TINY, TrainingSpec(64, 16, distributed_optimizer=False), 8, dict(overlap_param_gather=False)),
     ("fp8_params_precision", TINY, TrainingSpec(64, 16, fp8_param_gather=True), 8, {}),
     ("optimizer_distopt", TINY, TrainingSpec(64, 16, precision="fp8", fp8_param_gather=True), 8,
