@@ -310,8 +310,8 @@ def _rule_lines(result) -> list[str]:
 
 def _ranking_line(megatron: bool) -> str:
     return ("ranked by step time, as Megatron-Core runs them ('runs' says whether foldtune's executor does too)"
-            if megatron else "ranked with the layouts foldtune's executor runs first ('runs'; --megatron: by step "
-                             "time alone, as Megatron-Core runs them)")
+            if megatron else "ranked with the layouts foldtune's executor runs first ('runs'; --megatron: all alike, "
+                             "as Megatron-Core runs them)")
 
 
 def _order_line(result) -> str:
