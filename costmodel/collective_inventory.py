@@ -341,7 +341,7 @@ def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelC
     """Once per step besides the gradient reduction, on pipeline rank ``stage``, as (call, how many times): the
     TP sum of the gradients of parameters every TP rank holds whole (norms, router, MLA down projections: fp32
     main grads; with the distributed optimizer this rank's shard of them, per bucket), the loss statistics over
-    PP and DP·CP, the tokens per expert over TP, DP·CP and PP, and the expert bias's loads (per MoE layer, over
+    PP and DP·CP, the tokens per expert of every MoE layer over TP, DP·CP and PP, and the expert bias's loads (per MoE layer, over
     TP and DP·CP)."""
     counts = _params.stage_param_counts(model, config, stage)
     grids = GridSizes.of(config)
@@ -361,7 +361,11 @@ def step_stat_groups(model: ModelSpec, training: TrainingSpec, config: ParallelC
         out.append((Call("all_reduce", "tp", math.ceil(partial / buckets) * _FP32, "step"), buckets))
     out += [(Call("all_reduce", g, _STATS * _FP32, "step"), 1) for g in ("pp", "dp_cp") if grids.group(g).size > 1]
     experts = max(model.num_experts or 0, 1)
-    out += [(Call("all_reduce", g, experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp")
+    # the executor keeps the counts per MoE layer of the whole model (every rank the same rows, zero where another
+    # stage holds the layer): one row per MoE decoder layer and per MoE head block (MTP)
+    pattern = model.moe_layer_pattern()
+    rows = max(1, sum(pattern) + (head_blocks(model) if pattern and pattern[-1] else 0))
+    out += [(Call("all_reduce", g, rows * experts * _INT64, "step"), 1) for g in ("tp", "dp_cp", "pp")
             if grids.group(g).size > 1]
     if model.is_moe and (router or RouterOptions()).resolve(model).moe_router_enable_expert_bias:
         pattern = model.moe_layer_pattern()
