@@ -57,9 +57,9 @@ def _why_none(model: ModelSpec, cluster: ClusterSpec, planned: int, fitting: int
 
 
 def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: int,
-                  keep: int | None = None, workers: int | None = 1) -> RunnablePlan:
-    """Rank the ``top`` fastest fitting layouts (the planner; one process unless ``workers`` says otherwise:
-    a server must not fork itself) and keep the first ``keep``
+                  keep: int | None = None, workers: int | None = 1, rank_by: str = "robust") -> RunnablePlan:
+    """Rank the ``top`` best fitting layouts by ``rank_by`` (the planner; one process unless ``workers`` says
+    otherwise: a server must not fork itself) and keep the first ``keep``
     (default: all) that the executor runs. A model the executor cannot build stops before planning
     (rule ``executor_model``); no valid layout is ``has_valid_layout``, none fitting ``layout_fits``, none
     runnable ``executor_layout``, each with its reason."""
@@ -69,7 +69,7 @@ def runnable_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
     try:
         # ranked executable first (planner.rank), so layouts only Megatron-Core runs cannot crowd the executor's
         # out of the ranked top N
-        result = plan(model, training, cluster, top=top, workers=workers)
+        result = plan(model, training, cluster, top=top, workers=workers, rank_by=rank_by)
     except NoValidLayoutError as exc:
         return RunnablePlan([], rejection=Rejection("has_valid_layout", str(exc)))
     dropped: Counter[str] = Counter()
