@@ -341,8 +341,4 @@ for _pricing in (AllGatherPricing(), RingPricing(), AllToAllPricing(), Hierarchi
 
 def cp_pricing(name: str) -> CpPricing:
     """The pricing of CP communication type ``name``; InvalidConfigError for one the cost model cannot price."""
-    pricing = CP_PRICING.get(name)
-    if pricing is None:
-        raise InvalidConfigError(f"the cost model has no pricing of CP communication type {name!r}; priced: "
-                                 f"{', '.join(CP_PRICING)}")
-    return pricing
+    return CP_PRICING.require(name, "the cost model has no pricing of CP communication type", "priced")

@@ -161,6 +161,21 @@ def dispatcher_pricing(name: str) -> DispatcherPricing:
     return pricing
 
 
+def _exchange_extras(shape: RoutedShape, block: LayerBlock, received: float, local_experts: int) -> None:
+    """What a token exchange (all-to-all or flex) adds besides its passes: the dispatcher's fixed cost (seconds)
+    once the TP·EP group spans ranks, and the sort of the received rows by expert and back (bytes moved)."""
+    if shape.tp_ep_place.size > 1:
+        block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
+    if local_experts > 1:
+        h, ab = shape.model.hidden_size, shape.act_bytes
+        shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+
+
+def _exchange_buffer(model: ModelSpec, act_bytes: int, ep: int, etp: int, routed: float) -> tuple[str, float]:
+    """The exchange's receive buffer next to its permuted copy (bytes), named as the memory model books it."""
+    return "comm.moe.dispatch_combine", (2 if ep * etp > 1 else 1) * routed * model.hidden_size * act_bytes
+
+
 class AllToAllPricing:
     """``alltoall``: all-to-all of the routed copies over EP, uneven all-gather / reduce-scatter over ETP."""
 
@@ -200,16 +215,12 @@ class AllToAllPricing:
                     local_experts: int) -> None:
         price_calls(shape, block, self.collectives(shape.model, shape.act_bytes, local, shape.ep_place.size,
                                                    shape.etp, shape.imbalance))
-        if shape.tp_ep_place.size > 1:
-            block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
-        if local_experts > 1:
-            h, ab = shape.model.hidden_size, shape.act_bytes
-            shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+        _exchange_extras(shape, block, received, local_experts)
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
                     routed: float) -> tuple[str, float]:
         # a2a receive buffer next to its permuted copy (dispatch), and the mirror image on combine
-        return "comm.moe.dispatch_combine", (2 if ep * etp > 1 else 1) * routed * model.hidden_size * act_bytes
+        return _exchange_buffer(model, act_bytes, ep, etp, routed)
 
     def host_ops(self, config: ParallelConfig) -> HostOps:
         out = ZERO
@@ -403,17 +414,13 @@ class FlexPricing:
         dispatch, combine = self.pass_seconds(shape.link, shape.model, shape.act_bytes, local, place, shape.etp,
                                               shape.imbalance)
         block.add(A2A, dispatch + combine, dispatch + combine, "moe")
-        if place.size > 1:
-            block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
-        if local_experts > 1:
-            h, ab = shape.model.hidden_size, shape.act_bytes
-            shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+        _exchange_extras(shape, block, received, local_experts)
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
                     routed: float) -> tuple[str, float]:
         # the received copies next to their permuted copy, as the alltoall dispatcher; the kernels' own
         # registered NVLink/RDMA buffers are allocated once per process and not counted per token
-        return "comm.moe.dispatch_combine", (2 if ep * etp > 1 else 1) * routed * model.hidden_size * act_bytes
+        return _exchange_buffer(model, act_bytes, ep, etp, routed)
 
     def host_ops(self, config: ParallelConfig) -> HostOps:
         return self.OPS if config.ep * config.etp > 1 else ZERO

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from spec.errors import InvalidConfigError
+
 _E = TypeVar("_E")
 
 
@@ -24,4 +26,11 @@ class Registry(dict[str, _E]):
         if name in self:
             raise ValueError(f"{self.what} {name!r} is registered twice")
         self[name] = entry
+        return entry
+
+    def require(self, name: str, missing: str, listed: str) -> _E:
+        """The entry ``name``; InvalidConfigError "<missing> 'name'; <listed>: a, b" when none is registered."""
+        entry = self.get(name)
+        if entry is None:
+            raise InvalidConfigError(f"{missing} {name!r}; {listed}: {', '.join(self)}")
         return entry

@@ -160,11 +160,7 @@ for _exchange in (AllGatherExchange(), RingExchange(), AllToAllExchange(), Hiera
 
 def cp_exchange(name: str) -> CpExchange:
     """The executor side of CP communication type ``name``; InvalidConfigError for one it does not build."""
-    exchange = CP_EXCHANGES.get(name)
-    if exchange is None:
-        raise InvalidConfigError(f"the executor builds no CP communication type {name!r}; built: "
-                                 f"{', '.join(CP_EXCHANGES)}")
-    return exchange
+    return CP_EXCHANGES.require(name, "the executor builds no CP communication type", "built")
 
 
 def check_ring_layer(config, plain: bool) -> None:
