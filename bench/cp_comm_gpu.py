@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
-import time
 from types import SimpleNamespace
 
 import torch
@@ -38,6 +36,7 @@ from costmodel.compute import compute_rates
 from costmodel.context_parallel import cp_attention_time, kv_exchange_time, ring_price
 from costmodel.fixed_costs import cp_exchange_fixed
 from executor.launch_local import launch
+from executor.microbench.timing import lockstep, time_op
 from executor.parallel.context_parallel import cp_positions
 from executor.parallel.cp_exchange import cp_exchange
 from executor.parallel.groups import build_parallel_state
@@ -92,25 +91,10 @@ def _attend(layer, q, k, v):
 
 
 def _time(fn, case: Case, device: torch.device) -> float:
-    """Median over ``reps`` of ms per call of ``fn`` run ``iters`` times back to back, after a warm-up call."""
-    fn()
-    runs = []
-    for _ in range(case.reps):
-        dist.barrier()
-        if device.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(case.iters):
-                fn()
-            stop.record()
-            stop.synchronize()
-            runs.append(start.elapsed_time(stop) / case.iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(case.iters):
-                fn()
-            runs.append((time.perf_counter() - t0) * 1e3 / case.iters)
-    return statistics.median(runs)
+    """Median over ``reps`` of ms per call of ``fn`` run ``iters`` times back to back, after a warm-up call, every
+    rank's repeats started together (the package's clock, executor.microbench.timing)."""
+    with lockstep():
+        return 1e3 * time_op(fn, device, iters=case.iters, repeats=case.reps, warmup=1)
 
 
 def worker(rank: int, world: int, case: Case, cp1: bool) -> dict:
