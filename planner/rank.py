@@ -87,10 +87,18 @@ PARALLEL_THRESHOLD = 20_000  # valid configs above which the scan is split over 
 # whose time rests on constants never measured ranks below one as fast whose constants were), or "point", the
 # point estimate alone. An injected time model has no interval: both orders are its point estimates.
 RANK_BY = ("robust", "point")
-# Under rank_by='robust' a slice's queue keeps picking past its top N until no remaining candidate can rank
-# better (exact), but picks at most this many times N: intervals wide on unmeasured constants would otherwise
-# make it time most layouts within 2-3x of the fastest. PlanResult.robust_exact says whether the cap was reached.
+# Under rank_by='robust' the queue keeps picking past its top N until no remaining candidate can rank better
+# (exact), but picks at most the shortlist (robust_shortlist(N): this many times N, and never fewer than
+# ROBUST_MIN_SHORTLIST, so that asking for fewer layouts does not shorten the list they are drawn from):
+# intervals wide on unmeasured constants would otherwise make it time most layouts within 2-3x of the fastest.
+# PlanResult.robust_exact says whether the cap was reached.
 ROBUST_SHORTLIST = 10
+ROBUST_MIN_SHORTLIST = 100
+
+
+def robust_shortlist(top: int) -> int:
+    """How many executable layouts, fastest by point estimate first, a robust ranking of ``top`` draws from."""
+    return max(ROBUST_SHORTLIST * top, ROBUST_MIN_SHORTLIST)
 RobustFn = Callable[[ModelSpec, TrainingSpec, ClusterSpec, ParallelConfig, StepTimeBreakdown], float]
 
 
@@ -132,9 +140,10 @@ class PlanResult:
     rank_seconds: float = 0.0
     workers: int = 1
     rank_by: str = "robust"  # RANK_BY: what ``ranked`` is ordered by
-    # under 'robust': True when every slice's queue stopped by itself (the ranking is exact), False when one
-    # reached ROBUST_SHORTLIST x top picks (the ranking is by rank time among those shortlists)
+    # under 'robust': True when the queue stopped by itself (the ranking is exact), False when it reached
+    # ``robust_shortlist`` picks (the ranking is by rank time among the shortlist, fastest by point estimate)
     robust_exact: bool = True
+    robust_shortlist: int = 0
     megatron: bool = False  # ranked by rank time alone (what Megatron-Core runs), not executable first
 
     @property
@@ -710,7 +719,8 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
                         bound_calls=scan.bound_calls, order_violations=scan.order_violations,
                         bound_violations=scan.bound_violations, exhaustive=exhaustive,
                         enumerate_seconds=t1 - t0, workers=n_workers, rank_by=rank_by,
-                        robust_exact=not scan.robust_cut, megatron=megatron)
+                        robust_exact=not scan.robust_cut, megatron=megatron,
+                        robust_shortlist=robust_shortlist(top) if robust_fn is not None else 0)
     intervals = time_fn is step_time  # the default cost model's breakdowns: their intervals too
 
     def estimate_of(tagged: tuple[int, Choice]) -> Estimate:
@@ -725,7 +735,11 @@ def _plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, top: i
         front = pareto_front([(h.rank, h.memory, h) for h in heads])
         result.pareto = [estimate_of(h.choice) for h in front]
     else:  # the slices' top Ns
-        best = sorted(scan.heads, key=_Ranked.rank_key)[:top]
+        heads = scan.heads
+        if robust_fn is not None:
+            heads, cut = _robust_walk(heads, top, scan.robust_cut)
+            result.robust_exact = not cut
+        best = sorted(heads, key=_Ranked.rank_key)[:top]
         result.ranked = [estimate_of(h.choice) for h in best]
     if not result.ranked and scan.closest is not None:
         result.closest = estimate_of(scan.closest.choice)
@@ -754,7 +768,7 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
     below its step time), and the queue keeps popping past the ``top``-th pick while its smallest key (a lower
     bound on every remaining step time, so on their rank times) is below the ``top``-th smallest rank time
     picked: the ``top`` best by rank time are then exactly those of the whole slice, returned best first. It
-    picks at most ``ROBUST_SHORTLIST`` x ``top`` (``out.robust_cut`` says it stopped there).
+    picks at most ``robust_shortlist(top)`` (``out.robust_cut`` says it stopped there).
     """
     n_rec = len(job.recompute)
     lazy = job.floor_fn is not None
@@ -773,7 +787,7 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
     last = float("-inf")
     robust_fn = job.robust_fn
     worst_kept: list[float] = []  # max-heap (negated) of the ``top`` smallest rank times picked
-    cap = ROBUST_SHORTLIST * top
+    cap = robust_shortlist(top)
     while heap and (len(picked) < top or (robust_fn is not None and heap[0][0] < -worst_kept[0])):
         if len(picked) >= cap:
             out.robust_cut = True
@@ -834,9 +848,38 @@ def _best_first(job: _Job, maker: ConfigMaker, heads: list[_Head], top: int, out
         for o2, r2 in siblings:
             counter += 1
             heapq.heappush(heap, (key, counter, False, choice._replace(o=o2, r=r2), r_mins, False, None, True))
+    if robust_fn is not None:  # all of them: the merge of the slices applies the shortlist (_robust_walk)
+        return picked + others
     picked.sort(key=lambda p: p.rank)
     others.sort(key=lambda p: p.rank)
     return picked[:top] + others[:top]
+
+
+def _robust_walk(heads: list[_Ranked], top: int, slice_cut: bool) -> tuple[list[_Ranked], bool]:
+    """The picks one queue over all slices and knob options would have made, from the union of theirs: fastest
+    by step time first, stopping once ``top`` executable ones are picked and the next step time is no less than
+    the ``top``-th best rank time so far (none later can rank better), or at the shortlist cap. Each slice's own
+    queue stops no earlier (its picks are a subset of these, so its ``top``-th best rank time is no better), so
+    the union holds every pick of the one queue: the answer does not depend on how the scan was split over
+    processes. Returns the picks and whether the cap cut the walk (``slice_cut``, whether a slice's queue reached
+    it, where the walk runs out of picks first)."""
+    cap = robust_shortlist(top)
+    kept: list[_Ranked] = []
+    worst: list[float] = []  # max-heap (negated) of the ``top`` smallest rank times among the executable picks
+    n = 0
+    for h in sorted(heads, key=lambda h: h.step_time):
+        if n >= top and h.step_time >= -worst[0]:
+            return kept, False
+        if n >= cap:
+            return kept, True
+        kept.append(h)
+        if h.executable:
+            n += 1
+            if len(worst) < top:
+                heapq.heappush(worst, -h.rank)
+            elif h.rank < -worst[0]:
+                heapq.heapreplace(worst, -h.rank)
+    return kept, slice_cut
 
 
 @dataclass

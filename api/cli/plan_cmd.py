@@ -27,7 +27,7 @@ from api.cli.arguments import add, top
 from planner.enumerate import VPP_LIMIT, SearchSpace
 from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
-from planner.rank import RANK_BY, ROBUST_SHORTLIST, explain_layout, plan, plan_precisions, smallest_fitting_cluster
+from planner.rank import RANK_BY, explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from costmodel.uncertainty import RATE
 from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
@@ -321,7 +321,7 @@ def _order_line(result) -> str:
     rate = result.ranked[0].interval.rate if result.ranked and result.ranked[0].interval else RATE
     return (f"order: robust, by the high end of each step-time interval ({rate:.0%} intervals from where each term's "
             f"constants come from; --rank-by point for the point estimate)"
-            + ("" if result.robust_exact else f"; among the {ROBUST_SHORTLIST} x top fastest by point estimate"))
+            + ("" if result.robust_exact else f"; among the {result.robust_shortlist} fastest by point estimate"))
 
 
 def _interval_line(e) -> str:
@@ -524,7 +524,7 @@ def _run(args: argparse.Namespace) -> int:
                        "bound_calls": result.bound_calls, "workers": result.workers,
                        "exhaustive": result.exhaustive, "order_violations": result.order_violations,
                        "bound_violations": result.bound_violations},
-            "ranking": _RANKING[result.megatron], "rank_by": result.rank_by, "robust_exact": result.robust_exact,
+            "ranking": _RANKING[result.megatron], "rank_by": result.rank_by, "robust_exact": result.robust_exact, "robust_shortlist": result.robust_shortlist,
             "ranked": [e.to_dict() for e in result.ranked],
             "pareto": [e.to_dict() for e in result.pareto] if result.exhaustive else None,
             "closest": result.closest.to_dict() if result.closest else None,

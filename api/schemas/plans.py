@@ -171,6 +171,8 @@ class PlanOut(BaseModel):
                                                "high end) or point (the point estimate)")
     robust_exact: bool = Field(True, description="false when the robust order is among a shortlist of the "
                                                  "fastest by point estimate, not over every fitting layout")
+    robust_shortlist: int = Field(0, description="under robust: how many layouts, fastest by point estimate, the "
+                                                 "robust order is drawn from at most")
     ranked: list[EstimateOut]
     closest: EstimateOut | None = Field(description="the least-over-memory config when none fits")
     seconds: float = Field(description="planning wall time")

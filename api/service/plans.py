@@ -71,6 +71,7 @@ def create_plan(session: Session, request: PlanCreate, gate: PlanningGate | None
         rejected={rule: RejectedRule(count=n, example=enum.examples[rule].reason) for rule, n in enum.rejected.items()},
         pruned_by_memory=result.pruned_by_memory, fitting=result.fitting,
         ranking="megatron" if result.megatron else "executable_first", rank_by=result.rank_by,
-        robust_exact=result.robust_exact, ranked=[e.to_dict() for e in result.ranked],
+        robust_exact=result.robust_exact, robust_shortlist=result.robust_shortlist,
+        ranked=[e.to_dict() for e in result.ranked],
         closest=result.closest.to_dict() if result.closest else None,
         seconds=result.enumerate_seconds + result.rank_seconds, training_runs=runs)

@@ -251,7 +251,9 @@ def test_robust_rank_past_the_top_n_equals_the_exhaustive_robust_ranking(monkeyp
     cluster = ClusterSpec(H100, 16)
     space = SearchSpace(mbs_max=4, vpp_max=2)
     full = plan(model, training, cluster, top=10, space=space, exhaustive=True, workers=1)
+    monkeypatch.setattr(rank, "ROBUST_MIN_SHORTLIST", 0)  # a shortlist of 10 x top
     capped = plan(model, training, cluster, top=10, space=space, workers=1)
+    assert capped.robust_shortlist == 100
     monkeypatch.setattr(rank, "ROBUST_SHORTLIST", 10**6)
     exact = plan(model, training, cluster, top=10, space=space, workers=1)
     keys = [e.rank_time for e in exact.ranked]
@@ -263,3 +265,23 @@ def test_robust_rank_past_the_top_n_equals_the_exhaustive_robust_ranking(monkeyp
     point = plan(model, training, cluster, top=10, space=space, workers=1, rank_by="point")
     assert [e.time.step_time for e in point.ranked] == sorted(e.time.step_time for e in point.ranked)
     assert keys != [e.rank_time for e in point.ranked]  # the two orders differ on this cluster
+
+
+@pytest.mark.parametrize("rank_by", ["robust", "point"])
+def test_the_ranking_does_not_depend_on_the_worker_count_or_on_how_many_are_asked_for(rank_by):
+    """The scan split over processes (each slice with its own queue) ranks as the one process does, and the best
+    3 are the first 3 of the best 10 — also where the robust shortlist cuts the queue (DeepSeek-V3 on 1,024
+    H100s: intervals ~3x the point estimate; once, a split scan's slices each kept their own shortlist, so the
+    answer changed with the number of cores and the best 3 missed the best 10's first)."""
+    model = get_model("deepseek-v3")
+    training = TrainingSpec(seq_length=4096, global_batch_size=8192)
+    cluster = ClusterSpec(H100, 1024)
+    space = SearchSpace(mbs_max=2, vpp_max=2)
+    one = plan(model, training, cluster, top=10, space=space, workers=1, rank_by=rank_by, megatron=True)
+    two = plan(model, training, cluster, top=10, space=space, workers=2, rank_by=rank_by, megatron=True)
+    three = plan(model, training, cluster, top=3, space=space, workers=2, rank_by=rank_by, megatron=True)
+    assert two.workers == 2 and one.workers == 1
+    labels = [e.config.label() for e in one.ranked]
+    assert labels == [e.config.label() for e in two.ranked]
+    assert [e.config.label() for e in three.ranked] == labels[:3]
+    assert one.robust_exact == two.robust_exact

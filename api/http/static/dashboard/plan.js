@@ -72,7 +72,7 @@ function planVerdict(plan) {
   const usable = bytes(plan.cluster.usable_hbm_bytes);
   const counts = `${plan.considered} layouts considered, ${plan.valid} valid, ${plan.pruned_by_memory} predicted not to fit, ${plan.fitting} fit`;
   const order = (plan.rank_by === "point" ? "by point estimate" : "by the high end of the step-time interval" +
-    (plan.robust_exact === false ? ", among a shortlist of the fastest by point estimate" : "")) +
+    (plan.robust_exact === false ? `, among the ${plan.robust_shortlist} fastest by point estimate` : "")) +
     (plan.ranking === "megatron" ? ", as Megatron-Core runs them" : ", those foldtune's executor runs first");
   if (plan.ranked.length) {
     const only = plan.ranked.filter(e => !e.executable).length;
