@@ -143,7 +143,7 @@ class ExchangeRow:
     nodes: int
     alltoall_peer_bytes: float
     alltoall_send_bytes: float  # what leaves the rank (its own experts' share stays)
-    alltoall_dispatch_s: float  # one all-to-all of the dispatch (a layer issues 4: dispatch, combine, fwd+bwd)
+    alltoall_dispatch_s: float  # one all-to-all of the dispatch (a layer has four: dispatch and combine, each way)
     flex_peer_bytes: float
     flex_dispatch_s: float  # one flex dispatch pass (DeepEP kernels)
 

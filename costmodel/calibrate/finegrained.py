@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from costmodel.finegrained import priced_host_probe, priced_point
+from costmodel.host import TE_GROUPED_LINEAR_PER_LOCAL_EXPERT, seconds_per_op
 from spec.errors import CatalogError
 from spec.hardware import HardwareProfile
 
@@ -167,8 +168,6 @@ def comparison(record: dict, hardware: HardwareProfile) -> dict[str, list[dict]]
 
 def _loop_priced(hardware: HardwareProfile) -> float:
     """Host seconds the model prices per local expert of a per-expert-launch runtime (TE's GroupedLinear)."""
-    from costmodel.host import TE_GROUPED_LINEAR_PER_LOCAL_EXPERT, seconds_per_op
-
     if hardware.expert_loop_host_s is not None:
         return hardware.expert_loop_host_s
     return TE_GROUPED_LINEAR_PER_LOCAL_EXPERT.ops * seconds_per_op(hardware)

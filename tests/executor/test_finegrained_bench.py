@@ -1,13 +1,9 @@
 """bench/finegrained_moe.py's measurement code at tiny sizes on the CPU: the rank of an EP layout holding L local
 experts runs its real router over all experts and receives every top-k copy its peers route to it, the per-expert
 launch loop computes what the grouped experts compute, and a run's record feeds the calibration. No timing is
-asserted (CPU wall clocks of a shared machine)."""
+asserted (CPU wall clocks of a shared machine). The script itself: tests/bench/test_finegrained_moe_bench.py."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,8 +17,6 @@ from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
 from executor.timing import NULL_TIMER
 from spec.catalog import get_hardware
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("local", [2, 4])
@@ -74,19 +68,3 @@ def test_past_its_budget_a_plan_starts_no_further_point():
     plan = FinePlan((routed_proxy("qwen3-30b-a3b@tiny"),), (2, 4), (8,), 8, steps=1, host_repeats=1)
     out = run_plan(plan, "cpu", torch.float32, progress=lambda line: None, budget_s=0.0)
     assert out["points"] == [] and len(out["skipped"]) == 2 and len(out["host"]) == 2
-
-
-def test_the_script_runs_tiny_on_the_cpu_and_renders_its_file(tmp_path):
-    out = tmp_path / "fg.json"
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, str(ROOT / "bench" / "finegrained_moe.py"), "--tiny", "--models", "qwen3-30b-a3b",
-           "--local-experts", "2,4", "--tokens", "8", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert "point qwen3-30b-a3b@tiny@1L, 4 local experts (EP 2)" in done.stdout
-    record = json.loads(out.read_text())
-    assert record["kind"] == calib.RECORD_KIND and record["priced_on"] == "cpu" and len(record["points"]) == 2
-    again = subprocess.run([sys.executable, str(ROOT / "bench" / "finegrained_moe.py"), "--render", str(out)],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr
-    assert "| qwen3-30b-a3b@tiny | 8 | 1 |" in again.stdout  # the exchange table: EP 8 of the tiny 8 experts
