@@ -41,10 +41,24 @@ from pathlib import Path
 from bench.report import ROOT, machine, replace_section, utc_now
 from costmodel.calibrate import finegrained as calib
 from costmodel.finegrained import EXCHANGE_EPS, LOCAL_EXPERTS, MODELS, exchange_messages, routed_proxy
+from costmodel.host import seconds_per_op
 from spec.catalog import get_hardware
 from spec.profile_io import load_profile
 
 HEADING = "## Fine-grained MoE on one GPU: per-expert host cost, router, permutation, top-8 exchange sizes"
+METHOD = (
+    "What a GPU holding many small experts pays, at real widths on one GPU (`bench/finegrained_moe.py`, "
+    "`executor/microbench/finegrained.py`; priced by `costmodel/finegrained.py`). DeepSeek-V3 and Qwen3-30B-A3B MoE "
+    "layers (no shared expert); a rank holding L local experts is the rank of an EP = experts / L layout on a "
+    "one-rank slice (router over all experts, even top-8 routing, collectives moving nothing). Router: the router "
+    "alone, forward + backward, device time with the host ahead. Permutation, experts, exchange stub: the layer's "
+    "phase markers in a forward + backward queued behind 3 ms of GPU sleep (median of 5); the exchange stub is the "
+    "split-size read (a host sync) and the receive buffers, no bytes cross a link. Host: the host's seconds to issue "
+    "one forward + backward at 128 tokens of the executor layer with L experts on one rank (grouped GEMMs) and of a "
+    "loop of one GEMM launch per expert and pass (6 per expert, as TE's GroupedLinear); their slopes over L are the "
+    "seconds per local expert. The exchange between GPUs is priced only (message sizes per peer under uniform "
+    "routing): measuring its latency needs two or more GPUs. `foldtune calibrate finegrained --from-file` loads the "
+    "derived fields into a profile (docs/component-calibration.md).")
 TOKENS = (1024, 4096, 16384)
 QUICK_LOCAL = (4, 16, 64)
 QUICK_TOKENS = (4096,)
@@ -65,7 +79,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--profile", default=None, help="price against this profile file (default: the detected GPU's "
                                                    "catalog profile)")
-    p.add_argument("--budget-s", type=float, default=180.0,
+    p.add_argument("--budget-s", type=float, default=150.0,
                    help="stop starting new points after this many seconds (the rest are listed as skipped)")
     p.add_argument("--out", default=None, help="write the JSON here (default bench/results/finegrained_<gpu>.json)")
     p.add_argument("--render", default=None, metavar="JSON", help="no measurement: print a stored run's tables")
@@ -164,7 +178,10 @@ def tables(record: dict, hardware) -> list[str]:
     lines += ["", "Derived for `foldtune calibrate finegrained` (against this profile): " + ", ".join(
         f"{k} {'-' if v is None else f'{v:.4g}'}" for k, v in factors.fields().items())
         + f" (host slopes as fitted: executor {factors.basis['local_expert_host_s_fit']}, per-expert launches "
-          f"{factors.basis['expert_loop_host_s_fit']} s per local expert)."]
+          f"{factors.basis['expert_loop_host_s_fit']} s per local expert"
+        + ("" if factors.expert_loop_host_s is None else
+           f", {factors.expert_loop_host_s / 6 * 1e6:.2f} us per GEMM launch of the loop, 6 per expert")
+        + f"; the model's per-op cost on this profile: {seconds_per_op(hardware) * 1e6:.2f} us)."]
     return lines
 
 
@@ -196,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{record.get('machine')} ({record.get('device')}), {record.get('measured_at')}, commit "
                 f"{record.get('commit')}, torch {record.get('torch')}, {record.get('seconds', 0):.0f} s; file "
                 f"`{args.render}`; priced on `{hardware.name}`.")
-        replace_section(HEADING, "\n".join([HEADING, "", head, "", *text]))
+        replace_section(HEADING, "\n".join([HEADING, "", METHOD, "", head, "", *text]))
         print(f"wrote the section {HEADING!r} of docs/benchmarks.md")
     return 0
 

@@ -10,7 +10,7 @@ turns into profile fields and ``bench/finegrained_moe.py`` prints against the co
   (:class:`executor.slices.ScenarioRouter`), ``tokens`` tokens. One forward + backward of the layer cut into
   its phases by the layer's own markers (:class:`executor.timing.PhaseTimer`: router, dispatch, ep_alltoall,
   experts, combine, other), each step queued behind a short GPU sleep so the host is ahead at the start, as in
-  a step (median of ``steps``); the phase ``ep_alltoall`` is the exchange stub: its split-size read (a host
+  a step where earlier layers keep the GPU busy (median of ``steps``); the phase ``ep_alltoall`` is the exchange stub: its split-size read (a host
   sync) and receive buffers, no bytes cross a link. Also the layer's steady seconds per step, back to back.
 * :func:`measure_router`: the router alone (GEMM over all experts, scores, top-k, aux loss), forward +
   backward, device time with the host ahead (:func:`executor.microbench.timing.time_host_ahead`).
@@ -77,26 +77,23 @@ def slice_layer(spec: ModelSpec, local_experts: int, tokens: int, device: torch.
     return layer
 
 
-def _phase_samples(step, timer: PhaseTimer, device: torch.device, steps: int) -> tuple[dict[str, float], bool]:
-    """Median seconds per phase over ``steps`` steps, each queued behind LEAD_SLEEP_S of GPU sleep on CUDA; and
-    whether the host was still ahead of the GPU when the first phase began in every step."""
+def _phase_samples(step, timer: PhaseTimer, device: torch.device, steps: int) -> dict[str, float]:
+    """Median seconds per phase over ``steps`` steps, each queued behind LEAD_SLEEP_S of GPU sleep on CUDA.
+
+    The sleep only has to outlast the host's issue of the forward up to the dispatcher's split-size read (the
+    step's one host sync, which then waits for it): the router and the permutation. The host probe times the
+    issue of the whole forward + backward (:func:`measure_host`), an upper bound to compare with."""
     per: dict[str, list[float]] = {}
-    ahead = True
     cycles = int(sleep_cycles_per_second(device) * LEAD_SLEEP_S) if device.type == "cuda" else 0
     for _ in range(steps):
         synchronize(device)
-        first = None
         if cycles:
             torch.cuda._sleep(cycles)
-            first = torch.cuda.Event()
-            first.record()
         timer.start_step()
         step()
-        if first is not None:  # pending: the GPU was still asleep when the host got past the first host sync
-            ahead = ahead and not first.query()
         for name, seconds in timer.end_step().items():
             per.setdefault(name, []).append(seconds)
-    return {name: statistics.median(v) for name, v in per.items()}, ahead
+    return {name: statistics.median(v) for name, v in per.items()}
 
 
 def measure_point(spec: ModelSpec, local_experts: int, tokens: int, device: torch.device | str,
@@ -117,7 +114,7 @@ def measure_point(spec: ModelSpec, local_experts: int, tokens: int, device: torc
     synchronize(device)
     received = _received_rows(layer, step)
     timer.enabled = True
-    phases, ahead = _phase_samples(step, timer, device, steps)
+    phases = _phase_samples(step, timer, device, steps)
     timer.enabled = False
     steady = time_steady(step, device, iters=max(2, steps), lead=1 if device.type == "cuda" else 0, trials=3)
     out = {"model": spec.name, "local_experts": local_experts, "ep": (spec.num_experts or 1) // local_experts,
@@ -125,7 +122,7 @@ def measure_point(spec: ModelSpec, local_experts: int, tokens: int, device: torc
            "permutation_s": sum(phases.get(p, 0.0) for p in PERMUTATION_PHASES),
            "exchange_stub_s": sum(phases.get(p, 0.0) for p in EXCHANGE_PHASES),
            "router_phase_s": phases.get("router", 0.0), "experts_phase_s": phases.get("experts", 0.0),
-           "step_s": steady, "host_ahead_at_start": ahead}
+           "step_s": steady, "lead_sleep_s": LEAD_SLEEP_S if device.type == "cuda" else 0.0}
     del layer, step, x, gy
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -249,12 +246,24 @@ class FinePlan:
     host_repeats: int = 7
 
 
+def _attempt(out: dict, what: str, measure, device: torch.device):
+    """``measure()``, or None with ``what`` and the error listed in ``out['skipped']`` where it raised (out of
+    memory, a kernel the device refuses): one failed point does not lose the run."""
+    try:
+        return measure()
+    except (RuntimeError, ValueError) as exc:
+        out["skipped"].append(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+
+
 def run_plan(plan: FinePlan, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
              progress=print, budget_s: float | None = None) -> dict:
     """Every measurement of ``plan`` on ``device``: {'points': [...], 'router': [...], 'host': [...], 'skipped':
     [...]}. The cheap ones first (per model: the host probe at every local-expert count, the router at every token
     count), then the points; once ``budget_s`` seconds have passed no further point starts (each is listed in
-    'skipped'). ``progress(line)`` after each measurement."""
+    'skipped', as is a measurement that raised). ``progress(line)`` after each measurement."""
     device = torch.device(device)
     started = time.perf_counter()
     out: dict[str, list] = {"points": [], "router": [], "host": [], "skipped": []}
@@ -267,22 +276,29 @@ def run_plan(plan: FinePlan, device: torch.device | str, dtype: torch.dtype = to
                        for spec in plan.specs for n in plan.local_experts if (spec.num_experts or 1) % n]
     for spec in plan.specs:
         for _, n in (f for f in fits if f[0] is spec):
-            h = measure_host(spec.hidden_size, spec.expert_ffn_hidden_size, spec.moe_router_topk, n,
-                             plan.host_tokens, device, dtype, plan.host_repeats)
-            out["host"].append({"model": spec.name, **h})
-            say(f"host {spec.name}, {n} local experts, {plan.host_tokens} tokens: executor layer "
-                f"{h['layer_host_s'] * 1e3:.3f} ms, per-expert launches {h['loop_host_s'] * 1e3:.3f} ms")
+            h = _attempt(out, f"host {spec.name}, {n} local experts", lambda: measure_host(
+                spec.hidden_size, spec.expert_ffn_hidden_size, spec.moe_router_topk, n, plan.host_tokens, device,
+                dtype, plan.host_repeats), device)
+            if h is not None:
+                out["host"].append({"model": spec.name, **h})
+                say(f"host {spec.name}, {n} local experts, {plan.host_tokens} tokens: executor layer "
+                    f"{h['layer_host_s'] * 1e3:.3f} ms, per-expert launches {h['loop_host_s'] * 1e3:.3f} ms")
         for tokens in plan.tokens:
-            r = measure_router(spec, tokens, device, dtype)
-            out["router"].append(r)
-            say(f"router {spec.name}, {tokens} tokens: {r['router_s'] * 1e3:.3f} ms ({r['method']})")
+            r = _attempt(out, f"router {spec.name}, {tokens} tokens",
+                         lambda: measure_router(spec, tokens, device, dtype), device)
+            if r is not None:
+                out["router"].append(r)
+                say(f"router {spec.name}, {tokens} tokens: {r['router_s'] * 1e3:.3f} ms ({r['method']})")
     for spec, n in fits:
         for tokens in plan.tokens:
+            what = f"{spec.name}: {n} local experts, {tokens} tokens"
             if budget_s is not None and time.perf_counter() - started > budget_s:
-                out["skipped"].append(f"{spec.name}: {n} local experts, {tokens} tokens (past the {budget_s:.0f} s "
-                                      "budget)")
+                out["skipped"].append(f"{what} (past the {budget_s:.0f} s budget)")
                 continue
-            p = measure_point(spec, n, tokens, device, dtype, plan.steps)
+            p = _attempt(out, what, lambda: measure_point(spec, n, tokens, device, dtype, plan.steps), device)
+            if p is None:
+                say(f"point {what}: failed ({out['skipped'][-1]})")
+                continue
             out["points"].append(p)
             say(f"point {spec.name}, {n} local experts (EP {p['ep']}), {tokens} tokens: step "
                 f"{p['step_s'] * 1e3:.3f} ms, router phase {p['router_phase_s'] * 1e3:.3f}, permutation "

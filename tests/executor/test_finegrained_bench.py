@@ -11,6 +11,7 @@ import torch
 from costmodel.calibrate import finegrained as calib
 from costmodel.finegrained import routed_proxy
 from executor.kernels import get_backend
+from executor.microbench import finegrained
 from executor.microbench.finegrained import ExpertLoop, FinePlan, measure_point, run_plan, slice_layer
 from executor.moe import GroupedExperts
 from executor.options import ExecutorOptions
@@ -68,3 +69,19 @@ def test_past_its_budget_a_plan_starts_no_further_point():
     plan = FinePlan((routed_proxy("qwen3-30b-a3b@tiny"),), (2, 4), (8,), 8, steps=1, host_repeats=1)
     out = run_plan(plan, "cpu", torch.float32, progress=lambda line: None, budget_s=0.0)
     assert out["points"] == [] and len(out["skipped"]) == 2 and len(out["host"]) == 2
+
+
+def test_a_point_that_fails_is_listed_and_the_run_goes_on(monkeypatch):
+    real = finegrained.measure_point
+
+    def fails_at_two(spec, local, *args, **kwargs):
+        if local == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return real(spec, local, *args, **kwargs)
+
+    monkeypatch.setattr(finegrained, "measure_point", fails_at_two)
+    plan = FinePlan((routed_proxy("qwen3-30b-a3b@tiny"),), (2, 4), (8,), 8, steps=1, host_repeats=1)
+    out = run_plan(plan, "cpu", torch.float32, progress=lambda line: None)
+    assert [p["local_experts"] for p in out["points"]] == [4]
+    assert out["skipped"] == ["qwen3-30b-a3b@tiny@1L: 2 local experts, 8 tokens: OutOfMemoryError: CUDA out of "
+                              "memory. Tried to allocate 9 GiB"]
