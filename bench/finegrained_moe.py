@@ -72,7 +72,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma list of catalog models")
     p.add_argument("--local-experts", default=None, help=f"comma list (default {LOCAL_EXPERTS}; quick {QUICK_LOCAL})")
-    p.add_argument("--tokens", default=None, help=f"tokens per rank, comma list (default {TOKENS}; quick {QUICK_TOKENS})")
+    p.add_argument("--tokens", default=None,
+                   help=f"tokens per rank, comma list (default {TOKENS}; quick {QUICK_TOKENS})")
     p.add_argument("--host-tokens", type=int, default=HOST_TOKENS, help="tokens of the host probe (few)")
     p.add_argument("--quick", action="store_true", help="local experts 4, 16, 64 at 4096 tokens")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny proxies, a few tokens")
@@ -81,7 +82,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                                                    "catalog profile)")
     p.add_argument("--budget-s", type=float, default=150.0,
                    help="stop starting new points after this many seconds (the rest are listed as skipped)")
-    p.add_argument("--out", default=None, help="write the JSON here (default bench/results/finegrained_<gpu>.json)")
+    p.add_argument("--out", default=None, help="write the JSON here (default bench/results/finegrained.json)")
     p.add_argument("--render", default=None, metavar="JSON", help="no measurement: print a stored run's tables")
     p.add_argument("--doc", action="store_true", help="with --render: write the section of docs/benchmarks.md")
     return p.parse_args(argv)
@@ -164,9 +165,10 @@ def tables(record: dict, hardware) -> list[str]:
         lines.append(f"| {h['model']} | {h['local_experts']} | {h['tokens']} | {_ms(h['layer_host_s'])} / "
                      f"{_ms(h['layer_host_priced_s'])} | {_ms(h['loop_host_s'])} | {_ms(h['per_expert_priced_s'])} / "
                      f"{_ms(h['loop_per_expert_priced_s'])} |")
-    lines += ["", f"Top-8 exchange at {EXCHANGE_TOKENS} tokens per rank, uniform routing, bf16 rows; priced on "
-                  f"{hardware.name} ({hardware.gpus_per_node} GPUs per node; one all-to-all of the dispatch, a layer "
-                  "issues four; one flex pass), not measured: the latency between GPUs needs two or more GPUs.", "",
+    lines += ["", f"Top-k exchange (top-8 for the real models) at {EXCHANGE_TOKENS} tokens per rank, uniform "
+                  f"routing, bf16 rows; priced on {hardware.name} ({hardware.gpus_per_node} GPUs per node; one "
+                  "all-to-all of the dispatch, a layer issues four; one flex pass), not measured: the latency "
+                  "between GPUs needs two or more GPUs.", "",
               "| model | EP | nodes | alltoall per peer (MiB) | alltoall sent (MiB) | alltoall priced (ms) | "
               "flex per peer (MiB) | flex pass priced (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in record["plan"]["models"]:
@@ -187,28 +189,31 @@ def tables(record: dict, hardware) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    if args.doc and not args.render:
+        print("--doc writes a stored run only: pass --render FILE (numbers in the docs come from a named file)")
+        return 2
     if args.render:
         record = calib.check_record(json.loads(Path(args.render).read_text()), args.render)
+        hardware = _profile(args, record)
     else:
         record = measure(args)
-    hardware = _profile(args, record)
-    if not args.render:
+        out = Path(args.out) if args.out else ROOT / "bench" / "results" / "finegrained.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")  # the raw seconds first: pricing cannot lose them
+        print(f"wrote {out} (raw seconds)", flush=True)
+        hardware = _profile(args, record)
+        derived = calib.derive(record, hardware)
         record["priced_on"] = hardware.name
         record["exchange"] = [asdict(row) for name in record["plan"]["models"]
                               for row in exchange_messages(name, EXCHANGE_TOKENS, hardware, EXCHANGE_EPS)]
-        record["derived"] = {**calib.derive(record, hardware).fields(), **calib.derive(record, hardware).basis}
-        out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"finegrained_{hardware.name}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
+        record["derived"] = {**derived.fields(), **derived.basis}
         out.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {out}")
+        print(f"wrote {out} (with the prices on {hardware.name})")
     text = tables(record, hardware)
     print("\n".join(text))
     if record.get("skipped"):
         print("skipped: " + "; ".join(record["skipped"]))
     if args.doc:
-        if not args.render:
-            print("--doc writes a stored run only: pass --render FILE (numbers in the docs come from a named file)")
-            return 2
         head = (f"`PYTHONPATH=. python3 bench/finegrained_moe.py {' '.join(record.get('argv') or [])}` on "
                 f"{record.get('machine')} ({record.get('device')}), {record.get('measured_at')}, commit "
                 f"{record.get('commit')}, torch {record.get('torch')}, {record.get('seconds', 0):.0f} s; file "

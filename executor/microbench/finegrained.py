@@ -10,8 +10,9 @@ turns into profile fields and ``bench/finegrained_moe.py`` prints against the co
   (:class:`executor.slices.ScenarioRouter`), ``tokens`` tokens. One forward + backward of the layer cut into
   its phases by the layer's own markers (:class:`executor.timing.PhaseTimer`: router, dispatch, ep_alltoall,
   experts, combine, other), each step queued behind a short GPU sleep so the host is ahead at the start, as in
-  a step where earlier layers keep the GPU busy (median of ``steps``); the phase ``ep_alltoall`` is the exchange stub: its split-size read (a host
-  sync) and receive buffers, no bytes cross a link. Also the layer's steady seconds per step, back to back.
+  a step where earlier layers keep the GPU busy (median of ``steps``); the phase ``ep_alltoall`` is the
+  exchange stub: its split-size read (a host sync) and receive buffers, no bytes cross a link. Also the layer's
+  steady seconds per step, back to back.
 * :func:`measure_router`: the router alone (GEMM over all experts, scores, top-k, aux loss), forward +
   backward, device time with the host ahead (:func:`executor.microbench.timing.time_host_ahead`).
 * :func:`measure_host`: the host's seconds to issue one forward + backward (no synchronisation inside) of (a)
