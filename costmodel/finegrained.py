@@ -9,8 +9,9 @@ module gives the cost model's figures for those pieces at one point (model, loca
 * :func:`routed_proxy`: the one-layer proxy the GPU runs, the model's routed experts without its shared expert;
 * :func:`point_layout`: the layout of a rank holding ``local_experts`` experts (EP = experts / local, one rank
   per EP member, TP = CP = ETP = 1, the alltoall dispatcher);
-* :func:`priced_point`: the priced pieces (:func:`costmodel.step_time.moe_piece_times`) and the host
-  seconds (:mod:`costmodel.host`) of that rank, in seconds per micro-batch, forward + backward;
+* :func:`priced_point`: the priced pieces (:func:`costmodel.step_time.moe_piece_times`) of that rank, in
+  seconds per micro-batch, forward + backward; :func:`priced_host_probe`: the host seconds (:mod:`costmodel.host`)
+  of the host probe's layer (all its local experts on one rank) and what each local expert adds;
 * :func:`exchange_messages`: the top-8 exchange's message sizes per peer at EP 8..64 under uniform routing,
   for the alltoall dispatcher (one row per (token, chosen expert) on the peer) and the flex dispatcher (one row
   per (token, peer its choices reach)), with the seconds the cost model prices for them. One GPU cannot
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from costmodel.comm import Call, GroupPlacements, call_time, link_rates
 from costmodel.dispatch import FlexPricing, alltoall_dispatch_bytes, dispatcher_pricing
-from costmodel.host import EXECUTOR_PER_LOCAL_EXPERT, MOE_LAYER, layer_host_ops, local_expert_host_ops, seconds_per_op
+from costmodel.host import layer_host_ops, local_expert_host_ops, seconds_per_op
 from costmodel.step_time import moe_piece_times
 from spec.catalog import get_model
 from spec.hardware import ClusterSpec, HardwareProfile
@@ -73,16 +74,14 @@ def point_training(tokens: int, ep: int) -> TrainingSpec:
 
 @dataclass(frozen=True)
 class PricedPoint:
-    """The cost model's seconds (forward + backward, one micro-batch) of one rank holding ``local_experts``:
-    device pieces, and the host's per-layer and per-local-expert launch seconds."""
+    """The cost model's device seconds (forward + backward, one micro-batch) of one rank holding
+    ``local_experts``, per piece (:func:`costmodel.step_time.moe_piece_times`)."""
 
     model: str
     local_experts: int
     ep: int
     tokens: int
     pieces: dict[str, float]
-    host_layer_s: float  # one MoE layer's ops (costmodel.host.layer_host_ops), per-expert ones included
-    host_per_expert_s: float  # what each local expert adds to it (executor: 0 unless measured)
 
     @property
     def permutation_s(self) -> float:
@@ -101,10 +100,7 @@ def priced_point(name: str, local_experts: int, tokens: int, hardware: HardwareP
     config = point_layout(model, local_experts)
     cluster = ClusterSpec(hardware, config.world_size)
     pieces = moe_piece_times(model, point_training(tokens, config.ep), cluster, config)
-    per_op = seconds_per_op(hardware)
-    layer = layer_host_ops(model, config, True, hardware).seconds(per_op, hardware.collective_launch_seconds)
-    per_expert = local_expert_host_ops(model, config, hardware).ops * per_op / local_experts
-    return PricedPoint(name, local_experts, config.ep, tokens, pieces, layer, per_expert)
+    return PricedPoint(name, local_experts, config.ep, tokens, pieces)
 
 
 def host_probe_model(name: str, local_experts: int) -> ModelSpec:
@@ -124,11 +120,6 @@ def priced_host_probe(name: str, local_experts: int, hardware: HardwareProfile) 
     per_op = seconds_per_op(hardware)
     layer = layer_host_ops(model, config, True, hardware).seconds(per_op, hardware.collective_launch_seconds)
     return layer, local_expert_host_ops(model, config, hardware).ops * per_op / local_experts
-
-
-def host_counts() -> dict[str, float]:
-    """The host-op counts the time model prices an executor MoE layer with (costmodel/host.py)."""
-    return {"moe_layer_ops": MOE_LAYER.ops, "per_local_expert_ops": EXECUTOR_PER_LOCAL_EXPERT.ops}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from api.cli.main import main
+from api.schemas.catalog import HardwareProfileIn
 from costmodel.calibrate import finegrained as calib
 from costmodel.finegrained import point_layout, point_training, priced_point, routed_proxy
 from costmodel.step_time import host_seconds_per_micro_batch, moe_piece_times
@@ -125,3 +126,14 @@ def test_a_file_that_is_not_a_finegrained_run_is_refused_naming_it(tmp_path, cap
     assert code != 0
     assert "not a fine-grained MoE result" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_profile_with_the_fields_round_trips_through_its_file_and_the_api_schema(tmp_path):
+    fields = {"local_expert_host_s": 0.0, "expert_loop_host_s": 3e-5, "moe_router_factor": 1.2,
+              "moe_permute_factor": 0.8}
+    profile = replace(get_hardware("h200"), name="h200-fine", **fields)
+    assert load_profile(save_profile(profile, tmp_path / "p.json")) == profile
+    body = {k: v for k, v in profile.to_dict().items() if k not in ("network_source", "nics_per_node")}
+    assert HardwareProfileIn.model_validate(body).model_dump()["moe_permute_factor"] == 0.8
+    with pytest.raises(ValueError, match="moe_router_factor"):
+        replace(profile, moe_router_factor=0.0)
