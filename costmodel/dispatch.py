@@ -88,13 +88,14 @@ class RoutedShape(Protocol):
     etp: int
     imbalance: float  # busiest EP rank's load over the mean
     dispatch_fixed: float  # seconds per dispatch + combine beyond the bandwidth price, forward + backward
+    permute_factor: float  # measured / priced seconds of the permutation (the profile's moe_permute_factor, else 1)
     places: GroupPlacements  # the layer's groups (ep, etp, tp_ep, ...)
     ep_place: Placement
     etp_place: Placement
     tp_ep_place: Placement
 
     def elementwise(self, block: LayerBlock, fwd_bytes: float, module: str | tuple[str, ...] = (),
-                    bwd_bytes: float | None = None, term: int = MEM) -> None: ...
+                    bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0) -> None: ...
 
 
 class DispatcherPricing(Protocol):
@@ -167,8 +168,13 @@ def _exchange_extras(shape: RoutedShape, block: LayerBlock, received: float, loc
     if shape.tp_ep_place.size > 1:
         block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
     if local_experts > 1:
-        h, ab = shape.model.hidden_size, shape.act_bytes
-        shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+        shape.elementwise(block, sort_bytes(received, shape.model.hidden_size, shape.act_bytes), "moe",
+                          scale=shape.permute_factor)
+
+
+def sort_bytes(received: float, hidden: int, act_bytes: int) -> float:
+    """Bytes moved forward by sorting the ``received`` rows by local expert and back (read and write, twice)."""
+    return 2 * 2 * received * hidden * act_bytes
 
 
 def _exchange_buffer(model: ModelSpec, act_bytes: int, ep: int, etp: int, routed: float) -> tuple[str, float]:

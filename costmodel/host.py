@@ -95,8 +95,9 @@ def seconds_per_op(hardware) -> float:
     return hardware.op_launch_seconds
 
 
-def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostOps:
-    """Ops and collectives of one decoder layer per micro-batch (forward + backward, recomputation incl.)."""
+def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool, hardware=None) -> HostOps:
+    """Ops and collectives of one decoder layer per micro-batch (forward + backward, recomputation incl.);
+    ``hardware`` (a HardwareProfile) prices the local experts by its measured seconds where it has them."""
     out = MOE_LAYER if moe else DENSE_LAYER
     if moe and model.shared_expert_ffn_hidden_size:
         out = out + SHARED_EXPERTS
@@ -107,7 +108,7 @@ def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostO
         out = out + cp_host_ops(config)
     if moe:
         out = out + dispatcher_pricing(config.moe_token_dispatcher_type).host_ops(config)
-        out = out + local_expert_host_ops(model, config)
+        out = out + local_expert_host_ops(model, config, hardware)
     if config.recompute_granularity == "selective":
         for module in config.recompute_modules:
             out = out + SELECTIVE_RECOMPUTE.get(module, ZERO)
@@ -125,13 +126,35 @@ def cp_host_ops(config: ParallelConfig) -> HostOps:
         out = out + CP_RING_FIXED + CP_RING_PER_RANK * ring
     return out
 
-def local_expert_host_ops(model: ModelSpec, config: ParallelConfig) -> HostOps:
+def local_expert_host_ops(model: ModelSpec, config: ParallelConfig, hardware=None) -> HostOps:
     """Ops one MoE layer adds per micro-batch for its ``num_experts / ep`` local experts: the per-expert GEMM
     launches of whichever runtime runs ``config`` (the executor: none; Megatron-Core's TE GroupedLinear for a
-    layout only Megatron runs)."""
+    layout only Megatron runs).
+
+    Where ``hardware`` (a HardwareProfile) holds the seconds per local expert measured at real widths
+    (``local_expert_host_s`` for the executor, ``expert_loop_host_s`` for a per-expert-launch runtime:
+    ``bench/finegrained_moe.py``), those seconds replace the counts, expressed in ops at
+    :func:`seconds_per_op` so that the time model's op sum carries them."""
     local = max(1, (model.num_experts or 1) // config.ep)
-    runs_on_megatron = not dispatcher_kind(config.moe_token_dispatcher_type).executor_builds
+    runs_on_megatron = not executor_runs(config)
+    measured = None
+    if hardware is not None:
+        measured = hardware.expert_loop_host_s if runs_on_megatron else hardware.local_expert_host_s
+    if measured is not None:
+        return HostOps(measured / seconds_per_op(hardware)) * local
     return (TE_GROUPED_LINEAR_PER_LOCAL_EXPERT if runs_on_megatron else EXECUTOR_PER_LOCAL_EXPERT) * local
+
+
+def executor_runs(config: ParallelConfig) -> bool:
+    """True where the executor's grouped kernels run ``config``'s experts, False where Megatron-Core does (a
+    Megatron-only dispatcher: TE GroupedLinear, one GEMM launch per local expert per pass)."""
+    return dispatcher_kind(config.moe_token_dispatcher_type).executor_builds
+
+
+def local_experts_priced(hardware) -> bool:
+    """Whether ``hardware``'s measured seconds make the executor's host time depend on its local experts (the
+    host cache must then tell EP sizes apart: ``costmodel.layout_keys.HostKey``)."""
+    return hardware is not None and hardware.local_expert_host_s is not None
 
 
 def full_recompute_ops(moe: bool) -> HostOps:

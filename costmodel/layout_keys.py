@@ -76,7 +76,8 @@ class HostKey(NamedTuple):
     """What the host's kernel-issue seconds depend on: which groups exist (not their sizes), the dispatcher,
     the recomputation, the stages, the CP communication type (with its split: a ring's ops grow with its
     ranks); and ep where the runtime launches per local expert (``costmodel.host.local_expert_host_ops``: a
-    Megatron-only dispatcher), else 0."""
+    Megatron-only dispatcher) or the profile measured the executor's seconds per local expert
+    (``per_expert``), else 0."""
 
     tp_group: bool
     cp_group: bool
@@ -94,12 +95,12 @@ class HostKey(NamedTuple):
     per_expert_ep: int
 
     @classmethod
-    def of(cls, c: ParallelConfig) -> HostKey:
-        """The key of ``c``."""
+    def of(cls, c: ParallelConfig, per_expert: bool = False) -> HostKey:
+        """The key of ``c``; ``per_expert``: the executor's host seconds depend on its local experts."""
         return _new(cls, (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type,
                           c.recompute_granularity, c.recompute_modules, c.recompute_num_layers, c.pp, c.vpp,
                           c.pipeline_split, c.cp_comm_type if c.cp > 1 else "allgather", c.cp_split,
-                          0 if c.moe_token_dispatcher_type in EXECUTOR_DISPATCHERS else c.ep))
+                          0 if c.moe_token_dispatcher_type in EXECUTOR_DISPATCHERS and not per_expert else c.ep))
 
 
 class StepStatKey(NamedTuple):

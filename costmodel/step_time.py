@@ -50,7 +50,7 @@ from costmodel.compute import (
     memory_time,
 )
 from costmodel.context_parallel import cp_attention_time, cp_pricing
-from costmodel.dispatch import dispatcher_pricing
+from costmodel.dispatch import dispatcher_pricing, sort_bytes
 from costmodel.fixed_costs import CP_EXCHANGE, exchange_fixed
 from costmodel.head_pricing import head_pricing
 from costmodel.layout_keys import (DenseKey, DenseParamsKey, ExpertParamsKey, GemmWeightsKey, GradGroupsKey, HostKey,
@@ -345,6 +345,7 @@ class _Shape:
         self.imbalance = imbalance
         # seconds per dispatch + combine beyond its bytes (an unpriced name fails in dispatcher_pricing)
         self.dispatch_fixed = ctx.fixed.get(dispatcher, 0.0)
+        self.router_factor, self.permute_factor = ctx.router_factor, ctx.permute_factor
         self.cp_fixed = ctx.fixed[CP_EXCHANGE]  # seconds per K/V exchange beyond its bytes
         # the executor's collectives of this layer shape, call by call (router options: the executor's defaults)
         self.calls = _calls.Geometry(model, tp, cp, ep, etp, sp, self.tokens, self.act_bytes, dispatcher,
@@ -366,11 +367,13 @@ class _Shape:
                              bwd_bytes=self.fp8_dense_cast * m * n)
 
     def elementwise(self, block: _Block, fwd_bytes: float, module: str | tuple[str, ...] = (),
-                    bwd_bytes: float | None = None, term: int = MEM) -> None:
-        """One memory-bound kernel moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO x)."""
+                    bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0) -> None:
+        """One memory-bound kernel moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO x), its seconds
+        times ``scale`` (a measured factor)."""
         if bwd_bytes is None:
             bwd_bytes = ELEMENTWISE_BWD_RATIO * fwd_bytes
-        block.add(term, memory_time(self.rates, fwd_bytes), memory_time(self.rates, bwd_bytes), module)
+        block.add(term, scale * memory_time(self.rates, fwd_bytes), scale * memory_time(self.rates, bwd_bytes),
+                  module)
 
     def grad_accumulation(self, block: _Block, weights: float) -> None:
         """Backward-only: add this micro-batch's gradient of ``weights`` elements into the main gradient."""
@@ -508,24 +511,54 @@ class _Shape:
 
         Depends only on the MoE tokens per rank, EP, ETP and the dispatcher, so it is cached on those.
         """
-        m, ab = self.model, self.act_bytes
-        h, experts, topk = m.hidden_size, m.num_experts or 1, m.moe_router_topk
-        gate = 2 if m.gated_linear_unit else 1
-        ffn = m.expert_ffn_hidden_size
+        m = self.model
+        experts = m.num_experts or 1
         local = self.moe_tokens
-        # router: a small bf16 GEMM over the local tokens, then fp32 scores, top-k and the aux loss
-        fwd, bwd = gemm_fwd_bwd(self.rates, max(1, round(local)), experts, h, False)
-        block.add(MEM, fwd, bwd, "moe")
-        self.grad_accumulation(block, experts * h)
-        self.elementwise(block, 12 * local * experts, "moe")
-        self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # permute: gather token copies
-        received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
+        self.moe_router(block)
+        self.moe_permute(block)
+        received = self.moe_received()
         local_experts = max(1, experts // self.ep)
         dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
         if self.tp_ep_place.size > 1:  # where every pricing adds its per-call cost (costmodel.dispatch)
             block.a2a_fixed += self.dispatch_fixed
         if not m.shared_expert_ffn_hidden_size:  # else the shared experts end the layer (moe_dense)
             self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), "moe")
+        self.moe_experts(block)
+        self.moe_unpermute(block)
+
+    # the routed part's pieces, each its own method so that bench/finegrained_moe.py can price them one by one
+    def moe_received(self) -> float:
+        """Token copies this rank's local experts process per micro-batch."""
+        return self.moe_tokens * self.model.moe_router_topk * self.etp * self.imbalance
+
+    def moe_router(self, block: _Block) -> None:
+        """The router: a small bf16 GEMM over the local tokens, then fp32 scores, top-k and the aux loss (times
+        the profile's measured router factor)."""
+        local, experts, f = self.moe_tokens, self.model.num_experts or 1, self.router_factor
+        fwd, bwd = gemm_fwd_bwd(self.rates, max(1, round(local)), experts, self.model.hidden_size, False)
+        block.add(MEM, f * fwd, f * bwd, "moe")
+        self.grad_accumulation(block, experts * self.model.hidden_size)
+        self.elementwise(block, 12 * local * experts, "moe", scale=f)
+
+    def moe_permute(self, block: _Block) -> None:
+        """Permute: gather each token's top-k copies (times the profile's measured permutation factor)."""
+        m = self.model
+        self.elementwise(block, (1 + m.moe_router_topk) * self.moe_tokens * m.hidden_size * self.act_bytes, "moe",
+                         scale=self.permute_factor)
+
+    def moe_unpermute(self, block: _Block) -> None:
+        """Unpermute and weight by the probabilities (times the profile's measured permutation factor)."""
+        self.moe_permute(block)
+
+    def moe_experts(self, block: _Block) -> None:
+        """The local experts: two grouped GEMMs, their activation (and fp8 casts, biases), the weights' gradient
+        accumulation."""
+        m = self.model
+        h, experts = m.hidden_size, m.num_experts or 1
+        gate = 2 if m.gated_linear_unit else 1
+        ffn = m.expert_ffn_hidden_size
+        received = self.moe_received()
+        local_experts = max(1, experts // self.ep)
         per_expert = received / local_experts
         fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h,
                                           self.wgrad_rates)
@@ -537,8 +570,8 @@ class _Shape:
                              bwd_bytes=self.fp8_expert_cast * received * (gate * ffn / self.etp + h))
         self.activation(block, ffn / self.etp * received, ("moe", "moe_act"))
         if m.add_bias_linear:  # gather each row's gate/up and down biases, add them (the down one zero-padded to h)
-            self.elementwise(block, received * (4 * gate * ffn / self.etp + (1 / self.etp + 4) * h) * ab, "moe")
-        self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # unpermute and weight by probs
+            self.elementwise(block, received * (4 * gate * ffn / self.etp + (1 / self.etp + 4) * h) * self.act_bytes,
+                             "moe")
 
     def embedding(self, block: _Block) -> None:
         h, ab, t = self.model.hidden_size, self.act_bytes, self.tokens
@@ -711,7 +744,8 @@ def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
     recomputation adds to them, host seconds once per step of the rank holding the most layers: the step
     ends when its optimizer has run, and the per-micro-batch sums); see costmodel/host.py."""
     model = ctx.model
-    dense, moe = _host.layer_host_ops(model, c, False), _host.layer_host_ops(model, c, True)
+    hw = ctx.cluster.hardware
+    dense, moe = _host.layer_host_ops(model, c, False, hw), _host.layer_host_ops(model, c, True, hw)
     per_mb, recompute, most_layers = [], [], 0
     for _, nd, nm, (first, last), _ in kinds:
         ops = dense * nd + moe * nm + _host.extras_host_ops(c, first, last)
@@ -739,7 +773,7 @@ def host_seconds_per_micro_batch(model: ModelSpec, training: TrainingSpec, clust
     c = config
     _check_pipeline(model, c)
     kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
-    base, recompute, _, _ = _host_seconds(ctx, c, kinds, HostKey.of(c))
+    base, recompute, _, _ = _host_seconds(ctx, c, kinds, HostKey.of(c, ctx.per_expert_host))
     i = max(range(len(base)), key=lambda j: base[j] + recompute[j])
     return base[i], recompute[i]
 
@@ -856,6 +890,10 @@ class _Context:
         self.step_stats: dict[tuple, float] = {}
         self.hops: dict[tuple, float] = {}
         self.op_launch = _host.seconds_per_op(cluster.hardware)
+        self.per_expert_host = _host.local_experts_priced(cluster.hardware)
+        # measured / priced device seconds of the router and the permutation (bench/finegrained_moe.py), else 1
+        self.router_factor = cluster.hardware.moe_router_factor or 1.0
+        self.permute_factor = cluster.hardware.moe_permute_factor or 1.0
         self.collective_launch = cluster.hardware.collective_launch_seconds
         self.host: dict[tuple, tuple[list[float], list[float], float, list[float]]] = {}
         self._aux: dict[int, int] = {}
@@ -973,7 +1011,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     else:
         times, recompute = _stage_times(layers, kinds, c)
     # a rank cannot finish a micro-batch before its host has issued the micro-batch's kernels
-    hkey = HostKey.of(c)
+    hkey = HostKey.of(c, ctx.per_expert_host)
     host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
     host_factor = recompute_factor = 1.0
     if corrections and (HOST_FACTOR in corrections or HOST_RECOMPUTE_FACTOR in corrections):
@@ -1297,6 +1335,39 @@ def layer_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
         block = _Block()
         build(block)
         out[name] = PartTime(tuple(zip(LAYER_TERMS, block.fwd)), tuple(zip(LAYER_TERMS, block.bwd)))
+    return out
+
+
+def moe_piece_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                    config: ParallelConfig) -> dict[str, float]:
+    """Forward + backward seconds per micro-batch of the routed MoE part's pieces on one rank of ``config``, each
+    priced alone as :meth:`_Shape.moe_routed` prices it (the profile's router and permutation factors applied):
+    'router', 'permute', 'sort' (by local expert and back, where a token exchange has more than one local
+    expert), 'unpermute', 'grouped_gemm' (the two grouped GEMMs) and 'experts_other' (the experts' activation,
+    casts, biases and gradient accumulation). The exchange itself is left out (``costmodel.dispatch``).
+    What bench/finegrained_moe.py compares its measurements with."""
+    if not model.is_moe:
+        raise InvalidConfigError(f"model {model.name!r} has no MoE layers to price")
+    ctx = _context(model, training, cluster)
+    shape = _Shape(ctx, LayerKey.of(config))
+    out = {}
+    for name, build in (("router", shape.moe_router), ("permute", shape.moe_permute),
+                        ("unpermute", shape.moe_unpermute), ("experts", shape.moe_experts)):
+        block = _Block()
+        build(block)
+        if name == "experts":
+            out["grouped_gemm"] = block.fwd[GROUPED] + block.bwd[GROUPED]
+            out["experts_other"] = sum(block.fwd) + sum(block.bwd) - out["grouped_gemm"]
+        else:
+            out[name] = sum(block.fwd) + sum(block.bwd)
+    local_experts = max(1, (model.num_experts or 1) // config.ep)
+    sort = 0.0
+    if local_experts > 1 and config.moe_token_dispatcher_type != "allgather":
+        block = _Block()
+        shape.elementwise(block, sort_bytes(shape.moe_received(), model.hidden_size, shape.act_bytes),
+                          scale=shape.permute_factor)
+        sort = sum(block.fwd) + sum(block.bwd)
+    out["sort"] = sort
     return out
 
 

@@ -140,7 +140,13 @@ class HardwareProfile:
     ``costmodel.fixed_costs``'s rules of thumb (the chunk floor: none). ``optimizer_seconds_per_param`` is the
     executor's optimizer step (torch's fused mixed-precision AdamW over fp32 main gradients, one GPU) in seconds
     per parameter, measured by ``foldtune calibrate``; None means not measured: the time model's byte count
-    (``costmodel.step_time.OPTIMIZER_BYTES_PER_PARAM``) at the HBM rate.
+    (``costmodel.step_time.OPTIMIZER_BYTES_PER_PARAM``) at the HBM rate. ``local_expert_host_s`` and
+    ``expert_loop_host_s`` are host seconds one MoE layer adds per local expert per micro-batch (forward +
+    backward): the executor's, and a runtime's that launches one GEMM per local expert per pass;
+    ``moe_router_factor`` and ``moe_permute_factor`` scale the router's and the permutation's priced device
+    seconds. All four are measured at real widths on one GPU (``bench/finegrained_moe.py``, loaded by ``foldtune
+    calibrate finegrained``); None means not measured: the counts of ``costmodel/host.py`` at the per-op cost, and
+    factor 1.
     """
 
     name: str
@@ -169,6 +175,15 @@ class HardwareProfile:
     op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
+    # host seconds one MoE layer adds per LOCAL expert per micro-batch (fwd+bwd), measured at real widths by
+    # bench/finegrained_moe.py (costmodel.calibrate.finegrained): the executor's grouped path, and a runtime that
+    # launches one GEMM per local expert per pass (Transformer Engine's GroupedLinear on Hopper); None: not measured
+    local_expert_host_s: float | None = None
+    expert_loop_host_s: float | None = None
+    # measured / priced device seconds of the MoE router (GEMM, scores, top-k, aux loss) and of the permutation
+    # (permute, sort by expert, unpermute), at real widths (bench/finegrained_moe.py); None: priced as 1
+    moe_router_factor: float | None = None
+    moe_permute_factor: float | None = None
     overlap_slowdown: float | None = None  # fraction of hidden DP collective seconds still paid, measured
     sustained_clock_factor: float | None = None  # sustained / burst tensor-core throughput, measured
     allocator_fragmentation: float | None = None  # reserved / allocated - 1 at a proxy's peak, measured
@@ -204,11 +219,12 @@ class HardwareProfile:
         for name in ("intra_node_latency", "inter_node_latency"):
             require(p, getattr(self, name) >= 0, f"{name} must be >= 0 s, got {getattr(self, name)}")
         for name in ("op_launch_s", "collective_launch_s", "moe_layer_host_s", "host_link_bandwidth",
-                     "cpu_adam_bandwidth", "optimizer_seconds_per_param"):
+                     "cpu_adam_bandwidth", "optimizer_seconds_per_param", "moe_router_factor", "moe_permute_factor"):
             value = getattr(self, name)
             require(p, value is None or (math.isfinite(value) and value > 0),
                     f"{name} must be None or a finite number > 0, got {value}")
         fixed = [("cp_exchange_fixed_s", self.cp_exchange_fixed_s), ("cp_chunk_floor_s", self.cp_chunk_floor_s),
+                 ("local_expert_host_s", self.local_expert_host_s), ("expert_loop_host_s", self.expert_loop_host_s),
                  *((f"dispatcher_fixed_s[{k}]", v) for k, v in self.dispatcher_fixed_s)]
         for name, value in fixed:  # 0 is a measurement (nothing beyond the price); negative is not
             require(p, value is None or (math.isfinite(value) and value >= 0),
@@ -310,7 +326,9 @@ class HardwareProfile:
                if self.allocator_fragmentation is not None else {}),
             **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
             **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth", "cp_exchange_fixed_s",
-                                             "cp_chunk_floor_s", "optimizer_seconds_per_param")
+                                             "cp_chunk_floor_s", "optimizer_seconds_per_param",
+                                             "local_expert_host_s", "expert_loop_host_s", "moe_router_factor",
+                                             "moe_permute_factor")
                if getattr(self, k) is not None},
             **({"dispatcher_fixed_s": dict(self.dispatcher_fixed_s)} if self.dispatcher_fixed_s else {}),
             "network_source": self.network_source,

@@ -20,9 +20,11 @@ tables' own 1-GPU step phases 4.6 % and 3.8 % (an offline evaluation); run on 2 
 On a GPU the in-step components are followed by a host probe (``--no-host-probe`` skips it): the model's host
 seconds per micro-batch, stored as the factors 'host' and 'host_recompute' (costmodel.calibrate.host_factors).
 
-Two steps work on saved files without a device: ``foldtune calibrate merge`` puts the component factors of
-several ``--model`` runs into one machine profile (:mod:`costmodel.calibrate.merge`) and ``foldtune
-calibrate rebuild`` re-derives a profile's curves from its stored raw timings (:mod:`costmodel.calibrate.rebuild`).
+Three steps work on saved files without a device: ``foldtune calibrate merge`` puts the component factors of
+several ``--model`` runs into one machine profile (:mod:`costmodel.calibrate.merge`), ``foldtune
+calibrate rebuild`` re-derives a profile's curves from its stored raw timings (:mod:`costmodel.calibrate.rebuild`)
+and ``foldtune calibrate finegrained`` loads a fine-grained MoE run of ``bench/finegrained_moe.py`` (host seconds
+per local expert, router and permutation factors: :mod:`costmodel.calibrate.finegrained`) into a profile.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from spec.profile_io import load_profile, load_raw, save_profile
 HELP = "measure the local GPUs (or CPU ranks) and save a calibrated hardware profile"
 MERGE_HELP = "recompute the component factors of several `calibrate --model` runs against one machine profile"
 REBUILD_HELP = "re-derive a calibrated profile's curves from the raw timings stored with it"
+FINEGRAINED_HELP = ("load a fine-grained MoE run (bench/finegrained_moe.py): host seconds per local expert, the "
+                    "router's and the permutation's factors, derived against the profile's own prediction")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-host-probe", dest="host_probe", action="store_false",
                         help="with --model on a GPU: skip the host probe (the model's host seconds per micro-batch, "
                              "measured at a short sequence, stored as the factors 'host' and 'host_recompute')")
-    actions = parser.add_subparsers(dest="action", metavar="{merge,rebuild}",
+    actions = parser.add_subparsers(dest="action", metavar="{merge,rebuild,finegrained}",
                                     help="work on saved profiles instead of measuring (no device needed)")
     merge = actions.add_parser("merge", help=MERGE_HELP, description=MERGE_HELP)
     add(merge, "--profile", "the target machine's", required=True)
@@ -104,6 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(rebuild_parser, "--profile", "the calibrated one to re-derive", required=True)
     rebuild_parser.add_argument("--raw-from", help="take the raw timings from this file (default: --profile's own)")
     add(rebuild_parser, "--out", "the re-derived profile", required=True)
+    fine = actions.add_parser("finegrained", help=FINEGRAINED_HELP, description=FINEGRAINED_HELP)
+    add(fine, "--profile", "the target machine's", required=True)
+    fine.add_argument("--from-file", required=True, metavar="FILE",
+                      help="the JSON a bench/finegrained_moe.py run wrote (bench/results/finegrained_*.json)")
+    add(fine, "--out", "the profile with the fine-grained fields", required=True)
+    add(fine, "--name", "default: the target's name")
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -127,6 +137,35 @@ def _rebuild(args: argparse.Namespace) -> int:
     changes = changed_fields(old, new)
     print(f"{args.out}: re-derived from the raw timings of {args.raw_from or args.profile} "
           f"(measured {raw.get('measured_at', '?')}); changed: {'; '.join(changes) or 'nothing'}")
+    return 0
+
+
+def _finegrained(args: argparse.Namespace) -> int:
+    from costmodel.calibrate import finegrained
+
+    path = Path(args.from_file)
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--from-file {path}: cannot read a JSON result ({exc})") from None
+    record = finegrained.check_record(stored, str(path))
+    target = load_profile(args.profile)
+    factors = finegrained.derive(record, target)
+    profile = finegrained.apply(replace(target, name=args.name or target.name), factors)
+    b = factors.basis
+    print(f"{path}: measured on {record.get('device', '?')} at {record.get('measured_at', '?')}, priced on "
+          f"{target.name!r}")
+    for name, value in factors.fields().items():
+        print(f"  {name}: " + ("not measured (kept)" if value is None else f"{value:.4g}"))
+    print(f"  host slopes fitted (s per local expert): executor {b['local_expert_host_s_fit']}, per-expert "
+          f"launches {b['expert_loop_host_s_fit']}; router {b['router_measured_s']:.4g}/{b['router_priced_s']:.4g} s, "
+          f"permutation {b['permutation_measured_s']:.4g}/{b['permutation_priced_s']:.4g} s (measured/priced)")
+    try:  # the target's raw timings stay with it, so that `calibrate rebuild` still works on the output
+        raw = load_raw(args.profile)
+    except FoldtuneError:
+        raw = None
+    save_profile(profile, args.out, raw)
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -256,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
         return _merge(args)
     if args.action == "rebuild":
         return _rebuild(args)
+    if args.action == "finegrained":
+        return _finegrained(args)
     # torch stays out of every other foldtune command, which loads this module to build its parser
     import torch
 

@@ -75,6 +75,14 @@ class HardwareProfileIn(BodyIn):
                                            "call (fwd+bwd) however few its FLOPs, measured")
     optimizer_seconds_per_param: float | None = Field(None, gt=0, le=1e-6, description="seconds per parameter "
                                                       "of the executor's optimizer step on one GPU, measured")
+    local_expert_host_s: float | None = Field(None, ge=0, le=1, description="host seconds an executor MoE layer "
+                                              "adds per local expert (fwd+bwd), measured (bench/finegrained_moe.py)")
+    expert_loop_host_s: float | None = Field(None, ge=0, le=1, description="host seconds per local expert of one GEMM "
+                                             "launch per expert and pass (fwd+bwd), measured")
+    moe_router_factor: float | None = Field(None, gt=0, le=1000, description="measured / priced seconds of the "
+                                            "MoE router")
+    moe_permute_factor: float | None = Field(None, gt=0, le=1000, description="measured / priced seconds of the "
+                                             "MoE permutation")
     dispatcher_fixed_s: dict[Name, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=dict, description="dispatcher -> seconds per MoE layer's dispatch + combine (fwd+bwd) "
         "beyond its bandwidth price, measured")

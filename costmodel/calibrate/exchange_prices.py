@@ -86,13 +86,16 @@ class _RoutedShape:
     dispatch_fixed: float
     etp: int = 1
     imbalance: float = 1.0
+    # the exchange is priced at the bytes' own cost: the per-call remainder it calibrates is measured beside the
+    # fine-grained factors, not after them
+    permute_factor: float = 1.0
 
     def __post_init__(self) -> None:
         self.ep_place, self.etp_place, self.tp_ep_place = map(self.places.of, ("ep", "etp", "tp_ep"))
 
-    def elementwise(self, block, fwd_bytes, module=(), bwd_bytes=None, term=None) -> None:
-        block.add(term, memory_time(self.rates, fwd_bytes),
-                  memory_time(self.rates, ELEMENTWISE_BWD_RATIO * fwd_bytes if bwd_bytes is None else bwd_bytes))
+    def elementwise(self, block, fwd_bytes, module=(), bwd_bytes=None, term=None, scale=1.0) -> None:
+        block.add(term, scale * memory_time(self.rates, fwd_bytes), scale * memory_time(
+            self.rates, ELEMENTWISE_BWD_RATIO * fwd_bytes if bwd_bytes is None else bwd_bytes))
 
 
 def cp_prices(hardware: HardwareProfile, case: CpCase, fixed: bool = True) -> tuple[float, float]:
