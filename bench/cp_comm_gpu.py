@@ -17,6 +17,7 @@ sequence on that GPU (seqs up to ``--check-max``). ``--cp1`` adds the single-GPU
     python -m bench.cp_comm_gpu --world 2 --seqs 8192 32768 131072          # 2 GPUs, a few minutes
     python -m bench.cp_comm_gpu --world 4 --seqs 32768 131072 --price h200
     python -m bench.cp_comm_gpu --cpu --world 4                              # smoke run, seconds
+    python -m bench.cp_comm_gpu --world 1 --cp1 --seqs 32768 131072 --kv-heads 4   # one GPU: the core alone
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class Case:
 
 
 def layouts(world: int) -> dict[str, ParallelConfig]:
-    """The CP layouts a world of ``world`` ranks runs, by label."""
+    """The CP layouts a world of ``world`` ranks runs, by label (none on one rank: there only ``--cp1``)."""
+    if world == 1:
+        return {}
     labels = [f"cp{world} dp1", f"cp{world} dp1 cp_comm=p2p", f"cp{world} dp1 cp_comm=a2a"]
     if world >= 4 and world % 2 == 0:
         labels.append(f"cp{world} dp1 cp_comm=a2a+p2p:2x{world // 2}")
@@ -163,16 +166,17 @@ def predict(hardware, world: int, case: Case) -> dict:
 
 def table(measured: dict, predicted: dict, world: int, cp1: bool) -> str:
     labels = list(layouts(world))
-    lines = [f"| seq | {' | '.join(labels)} |" + (" cp1 core (1 GPU) |" if cp1 else ""),
-             "|---|" + "---|" * (len(labels) + (1 if cp1 else 0))]
+    columns = labels + (["cp1 core (1 GPU)"] if cp1 else [])
+    lines = ["| seq | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for seq, row in measured.items():
         cells = []
         for label in labels:
             err = row.get(f"{label}:rel_err")
             check = "" if err is None else (" ✓" if err < 2e-2 else f" ✗ {err:.1e}")
             cells.append(f"{row[f'{label}:ms']:.2f} / {predicted[seq][f'{label}:model_ms']:.2f}{check}")
-        cp1_cell = f" {row['cp1_core_ms']:.2f} / {predicted[seq]['cp1_core_ms']:.2f} |" if cp1 else ""
-        lines.append(f"| {seq} | " + " | ".join(cells) + " |" + cp1_cell)
+        if cp1:
+            cells.append(f"{row['cp1_core_ms']:.2f} / {predicted[seq]['cp1_core_ms']:.2f}")
+        lines.append(f"| {seq} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -184,8 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cp1", action="store_true", help="also time the single-GPU core at each sequence")
     p.add_argument("--price", default="h200", help="catalog GPU name the model prices with (default h200)")
     p.add_argument("--timeout", type=float, default=570.0)
+    p.add_argument("--heads", type=int, help="query heads (default 32, Mixtral's)")
+    p.add_argument("--kv-heads", type=int, help="KV heads (default 8, Mixtral's; Qwen3-30B-A3B has 4)")
     args = p.parse_args(argv)
     case = Case.tiny() if args.cpu else Case()
+    if args.world == 1 and not args.cp1:
+        p.error("--world 1 times the single-GPU core only: add --cp1")
+    if args.heads or args.kv_heads:
+        case = dataclasses.replace(case, heads=args.heads or case.heads, kv_heads=args.kv_heads or case.kv_heads)
     if args.seqs:
         case = dataclasses.replace(case, seqs=tuple(args.seqs))
     if not args.cpu and torch.cuda.device_count() < args.world:
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = {seq: {k: (max(r[seq][k] for r in ranks)) for k in ranks[0][seq]} for seq in ranks[0]}
     predicted = predict(get_hardware(args.price), args.world, case)
     text = table(measured, predicted, args.world, args.cp1)
-    head = (f"## CP communication types ({args.world} ranks)\n\n{machine()}, {utc_now()}; "
+    head = (f"## CP communication types ({args.world} ranks, {case.heads}/{case.kv_heads} heads)\n\n{machine()}, {utc_now()}; "
             f"`{' '.join(['python -m bench.cp_comm_gpu'] + (argv if argv is not None else sys.argv[1:]))}`. "
             f"One attention core (q, k, v in; {case.heads}/{case.kv_heads} heads, d {case.head_dim}, "
             f"{case.dtype}, micro-batch 1) fwd+bwd, ms of the slowest rank: measured / the cost model on "
@@ -207,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             + (" CPU SMOKE RUN: the times mean nothing." if args.cpu else "") + "\n\n")
     print(head + text)
     if not args.cpu:  # a smoke run's times mean nothing: printed, not kept
+        shape = "" if (case.heads, case.kv_heads) == (Case.heads, Case.kv_heads) else f"_h{case.heads}kv{case.kv_heads}"
         save_json({"world": args.world, "case": dataclasses.asdict(case), "measured": measured, "model": predicted,
-                   "machine": machine(), "date": utc_now()}, f"cp_comm_gpu_w{args.world}.json")
-        replace_section(f"## CP communication types ({args.world} ranks)", head + text)
+                   "machine": machine(), "date": utc_now()}, f"cp_comm_gpu_w{args.world}{shape}.json")
+        replace_section(head.split("\n")[0], head + text)
     bad = [k for row in measured.values() for k, v in row.items() if k.endswith("rel_err") and v >= 2e-2]
     return 2 if bad else 0
 
