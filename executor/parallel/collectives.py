@@ -246,6 +246,49 @@ def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int
     return out, work
 
 
+class _AllToAllStarted(torch.autograd.Function):
+    """:func:`all_to_all_start` as an autograd node: forward starts the exchange into the buffer it returns
+    (``pending.work`` set; the buffer is not ready before ``work.wait()``), backward sends the gradient back
+    by the transposed exchange, in line."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group, pending):
+        ctx.args = (in_splits, out_splits, group)
+        out, pending.work = all_to_all_start(x, out_splits, in_splits, group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        in_splits, out_splits, group = ctx.args
+        return _all_to_all(grad.contiguous(), in_splits, out_splits, group), None, None, None, None
+
+
+class PendingAllToAll:
+    """An :func:`all_to_all` in flight, with autograd (:func:`all_to_all_async`): :meth:`wait` gives its output."""
+
+    def __init__(self) -> None:
+        self.work = None
+        self.out: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        """The exchanged rows, once they have arrived (on CUDA the current stream waits, not the host)."""
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.out
+
+
+def all_to_all_async(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> PendingAllToAll:
+    """Start :func:`all_to_all` (same arguments, same result, same gradient) and return before it completes, so
+    that the caller can issue independent work beside it; its output comes from ``PendingAllToAll.wait()``."""
+    pending = PendingAllToAll()
+    if group.size == 1:
+        pending.out = x
+    else:
+        pending.out = _AllToAllStarted.apply(x, list(out_splits), list(in_splits), group, pending)
+    return pending
+
+
 def _current_stream(device: torch.device):
     return torch.cuda.current_stream(device)
 
