@@ -264,7 +264,8 @@ class _AllToAllStarted(torch.autograd.Function):
 
 
 class PendingAllToAll:
-    """An :func:`all_to_all` in flight, with autograd (:func:`all_to_all_async`): :meth:`wait` gives its output."""
+    """A collective in flight, with autograd (:func:`all_to_all_async`, :func:`all_gather_async`,
+    :func:`reduce_scatter_async`): :meth:`wait` gives its output."""
 
     def __init__(self) -> None:
         self.work = None
@@ -273,7 +274,9 @@ class PendingAllToAll:
     def wait(self) -> torch.Tensor:
         """The exchanged rows, once they have arrived (on CUDA the current stream waits, not the host)."""
         if self.work is not None:
-            self.work.wait()
+            # gloo finishes some collectives (reduce-scatter) with a copy into the output: not a step of the graph
+            with torch.no_grad():
+                self.work.wait()
             self.work = None
         return self.out
 
@@ -286,6 +289,64 @@ def all_to_all_async(x: torch.Tensor, out_splits: list[int], in_splits: list[int
         pending.out = x
     else:
         pending.out = _AllToAllStarted.apply(x, list(out_splits), list(in_splits), group, pending)
+    return pending
+
+
+class _AllGatherStarted(torch.autograd.Function):
+    """An all-gather along dim 0 started in forward (``pending.work``; the buffer is not ready before its wait);
+    backward reduce-scatters the gradient in line."""
+
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.group = group
+        x = x.contiguous()
+        out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        if _slice(group):
+            _stand_in(out)
+        else:
+            pending.work = all_gather_tensor(out, x, group=group.pg, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group), None, None
+
+
+class _ReduceScatterStarted(torch.autograd.Function):
+    """A reduce-scatter along dim 0 started in forward (``pending.work``); backward all-gathers the gradient in
+    line."""
+
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.group = group
+        if x.shape[0] % group.size:
+            raise ValueError(f"reduce-scatter over {group.name}: dim 0 ({x.shape[0]}) not divisible by {group.size}")
+        x = x.contiguous()
+        out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        if _slice(group):
+            _stand_in(out)
+        else:
+            pending.work = reduce_scatter_tensor(out, x, group=group.pg, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.group), None, None
+
+
+def all_gather_async(x: torch.Tensor, group: Group) -> PendingAllToAll:
+    """Start :func:`all_gather` (same result, same gradient) and return before it completes; its output comes
+    from ``wait()``."""
+    pending = PendingAllToAll()
+    pending.out = x if group.size == 1 else _AllGatherStarted.apply(x, group, pending)
+    return pending
+
+
+def reduce_scatter_async(x: torch.Tensor, group: Group) -> PendingAllToAll:
+    """Start :func:`reduce_scatter` (same result, same gradient) and return before it completes; its output
+    comes from ``wait()``."""
+    pending = PendingAllToAll()
+    pending.out = x if group.size == 1 else _ReduceScatterStarted.apply(x, group, pending)
     return pending
 
 
