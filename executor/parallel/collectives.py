@@ -263,7 +263,7 @@ class _AllToAllStarted(torch.autograd.Function):
         return _all_to_all(grad.contiguous(), in_splits, out_splits, group), None, None, None, None
 
 
-class PendingAllToAll:
+class PendingCollective:
     """A collective in flight, with autograd (:func:`all_to_all_async`, :func:`all_gather_async`,
     :func:`reduce_scatter_async`): :meth:`wait` gives its output."""
 
@@ -281,10 +281,10 @@ class PendingAllToAll:
         return self.out
 
 
-def all_to_all_async(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> PendingAllToAll:
+def all_to_all_async(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> PendingCollective:
     """Start :func:`all_to_all` (same arguments, same result, same gradient) and return before it completes, so
-    that the caller can issue independent work beside it; its output comes from ``PendingAllToAll.wait()``."""
-    pending = PendingAllToAll()
+    that the caller can issue independent work beside it; its output comes from ``PendingCollective.wait()``."""
+    pending = PendingCollective()
     if group.size == 1:
         pending.out = x
     else:
@@ -334,18 +334,18 @@ class _ReduceScatterStarted(torch.autograd.Function):
         return _gather(grad, ctx.group), None, None
 
 
-def all_gather_async(x: torch.Tensor, group: Group) -> PendingAllToAll:
+def all_gather_async(x: torch.Tensor, group: Group) -> PendingCollective:
     """Start :func:`all_gather` (same result, same gradient) and return before it completes; its output comes
     from ``wait()``."""
-    pending = PendingAllToAll()
+    pending = PendingCollective()
     pending.out = x if group.size == 1 else _AllGatherStarted.apply(x, group, pending)
     return pending
 
 
-def reduce_scatter_async(x: torch.Tensor, group: Group) -> PendingAllToAll:
+def reduce_scatter_async(x: torch.Tensor, group: Group) -> PendingCollective:
     """Start :func:`reduce_scatter` (same result, same gradient) and return before it completes; its output
     comes from ``wait()``."""
-    pending = PendingAllToAll()
+    pending = PendingCollective()
     pending.out = x if group.size == 1 else _ReduceScatterStarted.apply(x, group, pending)
     return pending
 

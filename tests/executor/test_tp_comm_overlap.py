@@ -12,7 +12,7 @@ import torch
 from executor.buildable import check_buildable, training_for
 from executor.launch_local import launch
 from executor.parallel import tensor_parallel
-from executor.parallel.groups import Group, ParallelState, single_process_state
+from executor.parallel.groups import single_process_state
 from executor.verify import compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
