@@ -53,13 +53,15 @@ class LayerKey(NamedTuple):
     tp_comm_overlap: bool
     cp_comm: str  # the CP communication type (allgather when cp = 1: every type runs the same layer there)
     cp_split: tuple[int, int]  # its (a2a size, ring size), ParallelConfig.cp_split
+    shared_overlap: bool  # moe_shared_expert_overlap: the shared experts under the dispatch all-to-all
 
     @classmethod
     def of(cls, c: ParallelConfig) -> LayerKey:
         """The key of ``c``'s layers."""
         comm = c.cp_comm_type if c.cp > 1 else "allgather"
         return _new(cls, (c.tp, c.cp, c.ep, c.etp, c.micro_batch_size, c.sequence_parallel,
-                          c.moe_token_dispatcher_type, c.tp_comm_overlap, comm, c.cp_split))
+                          c.moe_token_dispatcher_type, c.tp_comm_overlap, comm, c.cp_split,
+                          c.moe_shared_expert_overlap))
 
     def dense(self) -> DenseKey:
         """The key of these layers' attention and TP-side parts."""

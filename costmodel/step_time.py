@@ -493,18 +493,22 @@ class _Shape:
         h, gate = m.hidden_size, 2 if m.gated_linear_unit else 1
         self.norm(block, h)
         self.comm(block, _calls.router_calls(self.calls), "moe")
-        shared = m.shared_expert_ffn_hidden_size
-        if shared:
-            t, tp = self.tokens, self.tp
-            mods = ("moe", "shared_experts")
-            self.comm(block, _calls.mlp_calls(self.calls), mods)
-            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), mods)
-            self.linear(block, t, gate * shared / tp, h, mods)
-            self.activation(block, shared / tp * t, mods)
-            self.linear(block, t, h, shared / tp, mods)
-            if m.add_bias_linear:
-                self.biases(block, gate * shared / tp, h, mods)
+        if m.shared_expert_ffn_hidden_size:
+            self.comm(block, _calls.mlp_calls(self.calls), ("moe", "shared_experts"))
+            self.skip_recompute(block, _calls.recompute_skipped(self.calls, True), ("moe", "shared_experts"))
+            self.shared_experts(block)
         self.residual(block)
+
+    def shared_experts(self, block: _Block) -> None:
+        """The shared experts' GEMMs, activation and biases (their TP collectives are moe_dense's)."""
+        m, t, tp = self.model, self.tokens, self.tp
+        h, gate, shared = m.hidden_size, 2 if m.gated_linear_unit else 1, m.shared_expert_ffn_hidden_size
+        mods = ("moe", "shared_experts")
+        self.linear(block, t, gate * shared / tp, h, mods)
+        self.activation(block, shared / tp * t, mods)
+        self.linear(block, t, h, shared / tp, mods)
+        if m.add_bias_linear:
+            self.biases(block, gate * shared / tp, h, mods)
 
     def moe_routed(self, block: _Block) -> None:
         """Router, permutation, dispatch (all-to-all + ETP gather, or all-gather), experts, combine.
@@ -653,7 +657,11 @@ def _build_layers(ctx: _Context, key: LayerKey) -> _Layers:
     (dense, moe_base, embed, head, head_own, chunk_end), shape = _combos(ctx, key)
     moe = _ZERO_LAYER
     if model.is_moe:
-        moe = moe_base + _part(ctx, "moe_routed", key.routed(ctx.training.seq_length), shape, key)
+        routed = _part(ctx, "moe_routed", key.routed(ctx.training.seq_length), shape, key)
+        moe = moe_base + routed
+        if key.shared_overlap and model.shared_expert_ffn_hidden_size:
+            shared = _part(ctx, "shared_experts", key.dense(), shape, key)
+            moe = _a2a_hidden(moe, shared_overlap_hidden(shared.compute_fwd, routed.a2a))
     tail = head
     for own, (feature, depth) in zip(head_own, head_features(model)):
         # a head block: its own work, a layer of the last layer's kind, its output heads
@@ -670,6 +678,24 @@ def _build_layers(ctx: _Context, key: LayerKey) -> _Layers:
     p2p_bytes = (key.micro_batch_size * ctx.training.seq_length // key.cp / key.tp * model.hidden_size
                  * ctx.training.activation_bytes)
     return _Layers(dense, moe, extras, p2p_bytes)
+
+
+def shared_overlap_hidden(shared_fwd: float, a2a: float) -> float:
+    """Seconds of a MoE layer's EP all-to-all that ``moe_shared_expert_overlap`` hides per micro-batch: the shared
+    experts' forward compute (``shared_fwd`` seconds) runs while the dispatch all-to-all is in flight, so the
+    smaller of the two. ``a2a``: the layer's exposed all-to-all seconds, forward and backward, without the
+    dispatcher's per-call cost; its four exchanges (dispatch and combine, each forward and transposed in
+    backward) move the same rows, so the dispatch's forward is a quarter of it. The backward runs in line."""
+    return min(shared_fwd, a2a / 4)
+
+
+def _a2a_hidden(cost: _LayerCost, seconds: float) -> _LayerCost:
+    """``cost`` with ``seconds`` of its forward EP all-to-all hidden under other work of the same layer."""
+    exposed, hidden = list(cost.exposed), list(cost.hidden)
+    exposed[A2A] -= seconds
+    hidden[A2A] += seconds
+    return _LayerCost(tuple(exposed), tuple(hidden), cost.fwd_total - seconds, cost.compute_fwd, cost.compute_bwd,
+                      cost.a2a - seconds, dict(cost.modules))
 
 
 def _layers(ctx: _Context, c: ParallelConfig) -> _Layers:
@@ -1196,7 +1222,9 @@ def steady_state_floor(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     routed = _ZERO_LAYER
     if model.is_moe:  # as _build_layers
         routed = _part(ctx, "moe_routed", key.routed(training.seq_length), shape, key)
-    slots = _NO_A2A_SLOTS if c.overlap_moe_expert_parallel_comm else _ALL_SLOTS
+    # a floor must not exceed the estimate: without the all-to-all where either overlap may hide it
+    slots = (_NO_A2A_SLOTS if c.overlap_moe_expert_parallel_comm or c.moe_shared_expert_overlap
+             else _ALL_SLOTS)
     d, e, r, x, em, hd = (_part_seconds(part, slots, factors) for part in (dense, moe, routed, chunk_end, embed, head))
     least = min(nd * d + nm * (e + r) + x + (em if first else 0.0) + (hd if last else 0.0)
                 for _, nd, nm, (first, last), _ in kinds)

@@ -65,7 +65,8 @@ TERM_TABLE: tuple[Term, ...] = (
          hidden_by="the ring's attention blocks (cp_comm p2p, a2a+p2p); the all-gather and all-to-alls: nothing",
          constants="collective"),
     Term("ep_a2a", "layer", "all_to_all", "all-to-all",
-         hidden_by="another micro-batch's compute (overlap_moe_expert_parallel_comm)", constants="dispatch"),
+         hidden_by="another micro-batch's compute (overlap_moe_expert_parallel_comm); the dispatch's, the "
+                   "shared experts' forward (moe_shared_expert_overlap)", constants="dispatch"),
     Term("etp_comm", "layer", "comm", "all-to-all", constants="collective"),
     Term("dp_grad", "step", "comm", "dp-comm", hidden_by="the last micro-batch's backward (overlap_grad_reduce)",
          constants="collective"),

@@ -34,7 +34,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.cp_exchange import check_ring_layer, cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
-from executor.parallel.tensor_parallel import enter_tp, leave_tp
+from executor.parallel.tensor_parallel import enter_tp, gathered, leave_tp, scattered, tp_overlap
 from executor.timing import NULL_TIMER, PhaseTimer
 from executor.qk_norms import make_qk_norm
 
@@ -154,15 +154,15 @@ class Attention(torch.nn.Module):
         eps, d = self.options.norm_epsilon, self.spec.head_dim
         x = self.timer.mark(x_SBH, "other", "attention")
         x = recompute.run(self.recompute_norm, self.input_norm, x, self.norm, eps, offload=self.offload_norm)
-        x = self.timer.mark(x, "attention", "tp_allgather")
-        x = enter_tp(x, self.state)
-        x = self.timer.mark(x, "tp_allgather", "attention")
-        s, b, _ = x.shape
-        if self.fuse_qkv:
-            q, k, v = self._project_qkv(x)
+        overlap = tp_overlap(self.state)
+        if overlap:  # the all-gather under the projections of this rank's slice
+            q, k, v = gathered(x, self._project_all, self.state)
         else:
-            q, k, v = (self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk),
-                       self._project(x, self.wv, self.bv))
+            x = self.timer.mark(x, "attention", "tp_allgather")
+            x = enter_tp(x, self.state)
+            x = self.timer.mark(x, "tp_allgather", "attention")
+            q, k, v = self._project_all(x)
+        s, b = q.shape[0], q.shape[1]
         if self.qk_norm is not None:
             q, k = self.qk_norm(q, k)
         q, k = q.view(s, b, self.heads, d), k.view(s, b, self.kv_heads, d)
@@ -180,12 +180,22 @@ class Attention(torch.nn.Module):
             o = recompute.run(self.recompute_core, self.core_attention, q, k, v,  # [b, heads, s, d]
                               offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
-        o = self.kernels.linear(o, self.wo)
-        o = self.timer.mark(o, "attention", "tp_reduce_scatter")
-        o = leave_tp(o, self.state)
+        if overlap:  # the reduce-scatter of each piece of the output projection under the next piece's GEMM
+            o = scattered(o, lambda rows: self.kernels.linear(rows, self.wo), self.state)
+        else:
+            o = self.kernels.linear(o, self.wo)
+            o = self.timer.mark(o, "attention", "tp_reduce_scatter")
+            o = self.timer.mark(leave_tp(o, self.state), "tp_reduce_scatter", "attention")
         if self.bo is not None:  # after the reduce-scatter: added once, not once per TP rank
             o = o + self.bo
-        return self.timer.mark(o, "tp_reduce_scatter", "other")
+        return self.timer.mark(o, "attention", "other")
+
+    def _project_all(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V of the normalised input rows ``x`` [rows, b, h] (row-wise)."""
+        if self.fuse_qkv:
+            return self._project_qkv(x)
+        return (self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk),
+                self._project(x, self.wv, self.bv))
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention core of this rank's queries [b, heads, s/cp, d] against its keys and values: under CP

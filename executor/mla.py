@@ -37,7 +37,7 @@ from executor.options import ExecutorOptions
 from executor.parallel.cp_exchange import cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
-from executor.parallel.tensor_parallel import enter_tp, leave_tp
+from executor.parallel.tensor_parallel import enter_tp, leave_tp, scattered, tp_overlap
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
@@ -137,6 +137,10 @@ class MLASelfAttention(torch.nn.Module):
         else:
             o = self._core(*self._qkv(latents, *rope))
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.spec.v_head_dim)
+        if tp_overlap(self.state):  # the output projection's reduce-scatter under its next piece's GEMM (the
+            # latents' all-gather stays in line: the up projections after it apply RoPE by sequence position)
+            o = scattered(o, lambda rows: self.kernels.linear(rows, self.linear_proj), self.state)
+            return self.timer.mark(o, "attention", "other")
         o = self.kernels.linear(o, self.linear_proj)
         o = self.timer.mark(o, "attention", "tp_reduce_scatter")
         o = leave_tp(o, self.state)

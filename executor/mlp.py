@@ -19,7 +19,7 @@ from executor.kernels.base import KernelBackend
 from executor.options import ExecutorOptions
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
-from executor.parallel.tensor_parallel import enter_tp, leave_tp
+from executor.parallel.tensor_parallel import enter_tp, gathered, leave_tp, scattered, tp_overlap
 from executor.timing import NULL_TIMER, PhaseTimer
 
 
@@ -50,16 +50,26 @@ class SwiGLUMLP(torch.nn.Module):
         """MLP of already-normalised input (sequence slice in, sequence slice out)."""
         ph = self.phase
         x = self.timer.mark(x_SBH, "other", ph)
-        x = self.timer.mark(x, ph, "tp_allgather")
-        x = enter_tp(x, self.state)
-        x = self.timer.mark(x, "tp_allgather", ph)
+        if tp_overlap(self.state):  # the collectives under the GEMMs: their time is the MLP's phase
+            y = scattered(gathered(x, self._hidden, self.state), self._down, self.state)
+        else:
+            x = self.timer.mark(x, ph, "tp_allgather")
+            x = enter_tp(x, self.state)
+            x = self.timer.mark(x, "tp_allgather", ph)
+            y = self.timer.mark(self._down(self._hidden(x)), ph, "tp_reduce_scatter")
+            y = self.timer.mark(leave_tp(y, self.state), "tp_reduce_scatter", ph)
+        if self.b2 is not None:  # after the reduce-scatter: added once, not once per TP rank
+            y = y + self.b2
+        return self.timer.mark(y, ph, "other")
+
+    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated activation of the column-parallel gate and up projections (row-wise)."""
         linear = self.kernels.linear
         gate, up = linear(x, self.w1), linear(x, self.w3)
         if self.b1 is not None:
             gate, up = gate + self.b1, up + self.b3
-        y = linear(F.silu(gate) * up if self.act is None else self.act(gate, up), self.w2)
-        y = self.timer.mark(y, ph, "tp_reduce_scatter")
-        y = leave_tp(y, self.state)
-        if self.b2 is not None:  # after the reduce-scatter: added once, not once per TP rank
-            y = y + self.b2
-        return self.timer.mark(y, "tp_reduce_scatter", "other")
+        return F.silu(gate) * up if self.act is None else self.act(gate, up)
+
+    def _down(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The row-parallel down projection's partial sums (row-wise)."""
+        return self.kernels.linear(hidden, self.w2)

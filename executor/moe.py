@@ -30,6 +30,7 @@ from executor.kernels.fp8 import grouped_gemm as fp8_grouped
 from executor.kernels.torch_backend import grouped_mm_works
 from executor.mlp import SwiGLUMLP
 from executor.options import FP8_EXPERT_GEMMS, ExecutorOptions
+from executor.parallel.collectives import all_to_all_async
 from executor.parallel.groups import ParallelState
 from executor.parallel.sharding import ShardInfo, make_param
 from executor.router import Router
@@ -138,13 +139,18 @@ class MoELayer(torch.nn.Module):
             self.shared_gate = make_param(info, state, "normal", options.init_method_std, options.seed, device, dtype)
         self.last_tokens_per_expert: torch.Tensor | None = None
         self.recompute_shared = recompute.selective(state.config, "shared_experts")
+        # Megatron's --moe-shared-expert-overlap: the shared experts run while the dispatch all-to-all is in flight
+        self.shared_overlap = bool(state.config.moe_shared_expert_overlap) and self.shared is not None
 
     def forward(self, x_SBH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(output slice [s/tp, b, h], this rank's share of the router losses)."""
         tokens, routing = self.route(x_SBH)
-        dispatched = self.dispatcher.dispatch(tokens, routing)
+        if self.shared_overlap:
+            dispatched, shared = self.dispatch_beside_shared(tokens, routing, x_SBH)
+        else:
+            dispatched, shared = self.dispatcher.dispatch(tokens, routing), None
         y = self.dispatcher.combine(self.run_experts(dispatched), dispatched)
-        return self.finish(y, x_SBH), routing.loss
+        return self.finish(y, x_SBH, shared), routing.loss
 
     # forward's parts, which the overlapped schedule (executor/ep_overlap.py) runs around the all-to-alls
 
@@ -163,11 +169,31 @@ class MoELayer(torch.nn.Module):
         rows = self.experts(rows, dispatched.tokens_per_expert)
         return self.timer.mark(rows, "experts", "combine")
 
-    def finish(self, y_NH: torch.Tensor, x_SBH: torch.Tensor) -> torch.Tensor:
-        """The combined tokens [n, h] as the layer's output [s/tp, b, h], plus the shared experts' of ``x_SBH``."""
+    def dispatch_beside_shared(self, tokens: torch.Tensor, routing, x_SBH: torch.Tensor):
+        """(the dispatched rows, the shared experts' output [s/tp, b, h]), the shared experts computed after
+        the dispatch all-to-all was started and before it is waited for: on GPU their GEMMs run while the
+        rows are on the wire (gloo: while its thread exchanges them). The same operations as the in-line
+        dispatch followed by the shared experts, in another order; a dispatch without an all-to-all (ep 1,
+        the allgather dispatcher) runs in line."""
+        d = self.dispatcher
+        rows, ctx = d.dispatch_preprocess(tokens, routing)
+        if not d.has_exchange(ctx):
+            return d.dispatch_postprocess(rows, ctx), self.shared_output(x_SBH)
+        send, recv = d.exchange_sizes(ctx)  # the host waits for the split sizes before the exchange starts
+        pending = all_to_all_async(rows, recv, send, d.exchange_group)
+        shared = self.shared_output(x_SBH)
+        return d.dispatch_postprocess(pending.wait(), ctx), shared
+
+    def shared_output(self, x_SBH: torch.Tensor) -> torch.Tensor:
+        """The shared experts' output for ``x_SBH`` (under their selective recompute when asked)."""
+        return recompute.run(self.recompute_shared, self._shared_experts, x_SBH)
+
+    def finish(self, y_NH: torch.Tensor, x_SBH: torch.Tensor, shared: torch.Tensor | None = None) -> torch.Tensor:
+        """The combined tokens [n, h] as the layer's output [s/tp, b, h], plus the shared experts' of ``x_SBH``
+        (``shared``: already computed, beside the dispatch)."""
         y = self.timer.mark(y_NH.view(x_SBH.shape), "combine", "other")
         if self.shared is not None:
-            y = y + recompute.run(self.recompute_shared, self._shared_experts, x_SBH)
+            y = y + (self.shared_output(x_SBH) if shared is None else shared)
         return y
 
     def _shared_experts(self, x_SBH: torch.Tensor) -> torch.Tensor:

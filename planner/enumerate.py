@@ -36,6 +36,9 @@ The search space is a product of candidate axes:
 - EP all-to-all overlap (``overlap_moe_expert_parallel_comm``, ``SearchSpace.ep_overlap``): tried beside the
   plain alltoall dispatcher where Megatron allows it (ep > 1, no full recompute, vpp > 1 when pp > 1: the
   ``ep_overlap`` rule); it rides the dispatcher axis as the option ``DispatchOption("alltoall", ep_overlap=True)``;
+- shared-expert overlap (``moe_shared_expert_overlap``, ``SearchSpace.shared_overlap``): tried beside the plain
+  alltoall dispatcher for a model with shared experts where there is an EP all-to-all to hide them under (ep > 1:
+  the ``shared_overlap`` rule), as the option ``DispatchOption("alltoall", shared_overlap=True)``;
 - CP communication type (``SearchSpace.cp_comm_types``, :mod:`spec.cp_comm_types`) for every cp > 1: allgather,
   p2p and a2a (where the ``cp_a2a_heads`` rule lets the heads split over tp·cp), and a2a+p2p only where the CP
   group spans nodes, split as ``a`` = the CP ranks one node holds (the all-to-all on NVLink) by the ``cp / a``
@@ -119,14 +122,17 @@ NO_OFFLOAD = KnobOption(0.0, ())  # no offload, fp32 optimizer state
 
 class DispatchOption(NamedTuple):
     """One value of the enumeration's dispatcher axis: a token dispatcher of ``spec.dispatchers``, and whether
-    the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) rides on it."""
+    the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) or the shared-expert overlap
+    (``moe_shared_expert_overlap``) rides on it."""
 
     dispatcher: str
     ep_overlap: bool = False
+    shared_overlap: bool = False  # moe_shared_expert_overlap: the shared experts under the dispatch all-to-all
 
     def fields(self) -> dict:
         """The ParallelConfig fields of this option."""
-        return {"moe_token_dispatcher_type": self.dispatcher, "overlap_moe_expert_parallel_comm": self.ep_overlap}
+        return {"moe_token_dispatcher_type": self.dispatcher, "overlap_moe_expert_parallel_comm": self.ep_overlap,
+                "moe_shared_expert_overlap": self.shared_overlap}
 
 
 class CpCommOption(NamedTuple):
@@ -163,6 +169,7 @@ class SearchSpace:
     # (:meth:`with_megatron_dispatchers`, ``plan --megatron``) or named here
     dispatchers: tuple[str, ...] = EXECUTOR_DISPATCHERS
     ep_overlap: bool = True
+    shared_overlap: bool = True
     pipeline: PipelineSplit = DEFAULT_SPLIT
     # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
     precisions: tuple[str, ...] | None = None
@@ -268,10 +275,12 @@ class SearchSpace:
         """Whether ``etp`` is in the search space (expert FFN shards of at least ``expert_ffn_min_columns``)."""
         return etp == 1 or not model.is_moe or model.expert_ffn_hidden_size // etp >= self.expert_ffn_min_columns
 
-    def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int) -> tuple[DispatchOption, ...]:
+    def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int,
+                        shared_experts: bool = False) -> tuple[DispatchOption, ...]:
         """The dispatcher options tried for an expert layout (see the module docstring); with EP the alltoall
         one also with the EP overlap when ``ep_overlap`` is searched (the ``ep_overlap`` rule then decides per
-        pp/vpp and recompute)."""
+        pp/vpp and recompute), and for a model with ``shared_experts`` with the shared-expert overlap when
+        ``shared_overlap`` is searched (valid wherever it is tried)."""
         group = ep * etp
         if not moe or group == 1:
             names = self.dispatchers[:1]
@@ -282,6 +291,8 @@ class SearchSpace:
         options = tuple(DispatchOption(name) for name in names)
         if moe and group > 1 and self.ep_overlap and ep > 1 and "alltoall" in names:
             options += (DispatchOption("alltoall", ep_overlap=True),)
+        if moe and shared_experts and self.shared_overlap and ep > 1 and "alltoall" in names:
+            options += (DispatchOption("alltoall", shared_overlap=True),)
         return options
 
     def vpps_for(self, pp: int) -> range | tuple[int, ...]:
@@ -300,6 +311,7 @@ class SearchSpace:
                 f"{'/'.join(GATHERING_DISPATCHERS)} dispatcher "
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
                 f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
+                f"{', shared-expert overlap tried' if self.shared_overlap else ''}"
                 f", CP {'/'.join(self.cp_comm_types)}"
                 f"{f' ({HIERARCHICAL} where CP spans nodes)' if HIERARCHICAL in self.cp_comm_types else ''}")
         if self.optimizer_offload:
@@ -535,7 +547,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             for etp in divisors(rest // ep):
                 if not space.allows_etp(etp, model):
                     continue
-                names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node)
+                names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node,
+                                                               bool(model.shared_expert_ffn_hidden_size))
                               if flex_dispatcher_rule(d.dispatcher, ep, etp, training) is None)
                 overlap = [d for d in names if d.ep_overlap]
                 pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),

@@ -125,6 +125,8 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append(["--tp-comm-overlap"])
     if c.overlap_moe_expert_parallel_comm:
         args.append(["--overlap-moe-expert-parallel-comm"])
+    if c.moe_shared_expert_overlap:
+        args.append(["--moe-shared-expert-overlap"])
     if training.precision in ("bf16", "fp8"):
         args.append(["--bf16"])
     elif training.precision == "fp16":

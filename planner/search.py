@@ -26,6 +26,14 @@ calibration is fitted per precision: the cost model mispredicts the two differen
 is rarely reached, so its compute term is over-optimistic while bf16's is not), and one common fit would
 carry fp8's correction onto bf16 layouts never measured (or the reverse) and hide the other precision from
 the search. Candidates without a precision (every job that does not search it) behave as before.
+
+A searched precision is a decision the search checks rather than predicts: after the first trial, each
+searched precision that has no measurement yet has its best candidate (by its own start-up order) measured
+next (:meth:`CostModelSampler.unmeasured_precision_best`), and the trial budget stretches by one trial per such
+precision so that a budget smaller than the precision count still measures each. The result names each
+precision's best measured step (:attr:`SearchResult.best_by_precision`) and the measured gain of every other
+precision over bf16 (:attr:`SearchResult.gain_over_bf16`: bf16's best step time over its, above 1 when it is
+faster): a tuning job that searched fp8 says what fp8 bought, measured, not what the model predicted.
 """
 
 from __future__ import annotations
@@ -218,6 +226,30 @@ class CostModelSampler(BaseSampler):
         """The precisions the candidates carry (``(None,)`` when the search does not vary it)."""
         return tuple(dict.fromkeys(c.precision for c in self._candidates))
 
+    def unmeasured_precisions(self, trials: Sequence[FrozenTrial], exclude_trial: int | None = None
+                              ) -> tuple[str, ...]:
+        """The searched precisions (when the search varies it) without a measured or running trial yet."""
+        searched = self.precisions()
+        if len(searched) < 2:
+            return ()
+        covered = {trial_precision(t) for t in trials if t.number != exclude_trial and t.params
+                   and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)}
+        return tuple(p for p in searched if p not in covered)
+
+    def unmeasured_precision_best(self, trials: Sequence[FrozenTrial], taken: set[tuple],
+                                  exclude_trial: int | None = None) -> Candidate | None:
+        """After the first trial: the best untried candidate (its precision's start-up order) of the first searched
+        precision not measured yet, or None. A failed trial does not count as its precision's measurement: the
+        next best of that precision is measured instead."""
+        if not taken:
+            return None
+        for precision in self.unmeasured_precisions(trials, exclude_trial):
+            own = [c for c in self._candidates if c.precision == precision]
+            best = next((c for c in startup_order(own) if optuna_key(c.params) not in taken), None)
+            if best is not None:
+                return best
+        return None
+
     def propose(self, trials: Sequence[FrozenTrial], exclude_trial: int | None = None) -> Candidate | None:
         """The next layout to measure given the study's trials so far, or None when all are tried."""
         self._reprice(trials)
@@ -234,6 +266,9 @@ class CostModelSampler(BaseSampler):
         untried = [c for c in self._candidates if optuna_key(c.params) not in taken]
         if not untried:
             return None
+        checked = self.unmeasured_precision_best(trials, taken, exclude_trial)
+        if checked is not None:  # every searched precision measured at its best before the model decides
+            return checked
         finished = [t for t in trials if t.state.is_finished()]
         if len(finished) < self._n_startup:
             return next(c for c in startup_order(self._candidates) if optuna_key(c.params) not in taken)
@@ -390,6 +425,16 @@ class TrialRow:
         return (self.predicted_step_time - self.measured_step_time) / self.measured_step_time
 
 
+@dataclass(frozen=True)
+class PrecisionBest:
+    """The fastest measured trial at one searched precision: its label and step time (seconds; a pruned trial's
+    median step)."""
+
+    precision: str
+    layout: str
+    step_time: float
+
+
 @dataclass
 class SearchResult:
     best_config: ParallelConfig | None
@@ -401,6 +446,17 @@ class SearchResult:
     best_precision: str | None = None  # the best trial's precision when the search varies it
     # per searched precision (the key: its name) the fit over its trials; empty unless the search varies it
     calibration_by_precision: dict[str, Calibration] = field(default_factory=dict)
+    # per searched precision with a measured trial, its fastest (empty unless the search varies precision)
+    best_by_precision: dict[str, PrecisionBest] = field(default_factory=dict)
+
+    @property
+    def gain_over_bf16(self) -> dict[str, float]:
+        """Per other measured precision: bf16's best step time over its best (above 1: faster than bf16), from
+        the measurements; empty when bf16 was not searched or not measured."""
+        base = self.best_by_precision.get("bf16")
+        if base is None:
+            return {}
+        return {p: base.step_time / b.step_time for p, b in self.best_by_precision.items() if p != "bf16"}
 
 
 class TrialReport:
@@ -531,6 +587,13 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
                                 "failure_reason": trial.user_attrs.get(ATTR_FAILURE) if failed else None,
                                 "failure_kind": trial.user_attrs.get(ATTR_FAILURE_KIND) if failed else None})
 
+    def precision_unchecked() -> bool:
+        """Whether a searched precision has no measured or running trial yet (its best is then proposed next)."""
+        return isinstance(sampler, CostModelSampler) and bool(
+            sampler.unmeasured_precisions(study.get_trials(deepcopy=False)))
+
+    # the budget stretches by one trial per searched precision beyond the first, so that each is measured
+    stretch = len(sampler.precisions()) - 1 if isinstance(sampler, CostModelSampler) else 0
     stopped = "budget: max trials"
     running: dict[Future, tuple[optuna.Trial, Candidate]] = {}
     with ThreadPoolExecutor(max_workers=max(1, budget.parallel_trials)) as pool:
@@ -538,7 +601,9 @@ def run_search(candidates: Sequence[Candidate], run_trial: RunTrial, *, capacity
         while True:
             out_of_time = budget.max_seconds is not None and time.monotonic() - start >= budget.max_seconds
             while (not exhausted and not out_of_time and len(running) < max(1, budget.parallel_trials)
-                   and finished_count() + len(running) < budget.max_trials):
+                   and (finished_count() + len(running) < budget.max_trials
+                        or (finished_count() + len(running) < budget.max_trials + stretch
+                            and precision_unchecked()))):
                 started = start_trial()
                 if started is None:
                     exhausted = True
@@ -598,9 +663,16 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
     main = best_precision if best_precision in cals else max(
         cals, key=lambda p: cals[p].num_observations)
     by_precision = {p: c for p, c in cals.items() if p is not None}
+    bests: dict[str, PrecisionBest] = {}
+    # a pruned trial counts by the median of the steps it ran: the pruner stopped it for being slower, and it may
+    # be its precision's only measurement
+    for r in sorted((r for r in rows if r.measured_step_time is not None and r.precision is not None),
+                    key=lambda r: r.measured_step_time):
+        bests.setdefault(r.precision, PrecisionBest(r.precision, r.layout, float(r.measured_step_time)))
     result = SearchResult(best_config, best_time, rows, cals[main], stopped, best_precision=best_precision,
-                          calibration_by_precision=by_precision)
+                          calibration_by_precision=by_precision, best_by_precision=bests)
     emit("search_finished", {"best_layout": Labelled(best_config, best_precision).label() if best_config else None,
                              "best_precision": best_precision,
-                             "best_step_time": best_time, "stopped_because": stopped})
+                             "best_step_time": best_time, "stopped_because": stopped,
+                             "gain_over_bf16": result.gain_over_bf16})
     return result

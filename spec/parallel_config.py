@@ -27,6 +27,8 @@ class ParallelConfig(LayoutCodec):
     ``sequence_parallel`` defaults to on whenever ``tp > 1`` (Megatron requires it for MoE),
     ``recompute_num_layers`` is how many layers per stage a 'full' recompute covers (0 = all).
     ``overlap_moe_expert_parallel_comm`` hides the EP all-to-all of one micro-batch behind another's compute.
+    ``moe_shared_expert_overlap`` (Megatron's ``--moe-shared-expert-overlap``) runs the shared experts' GEMMs
+    while the dispatch all-to-all of the same micro-batch is in flight.
     ``optimizer_cpu_offload_fraction`` (Megatron's ``--optimizer-cpu-offload --optimizer-offload-fraction``): the
     share of each rank's optimizer state (fp32 master weights + Adam moments) kept in CPU memory and stepped
     there; it needs the distributed optimizer, as Megatron's does. ``activation_offload_modules``: modules of
@@ -63,6 +65,7 @@ class ParallelConfig(LayoutCodec):
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
+    moe_shared_expert_overlap: bool = False
     optimizer_cpu_offload_fraction: float = 0.0
     activation_offload_modules: tuple[str, ...] = ()
     pipeline_layout: str | None = None

@@ -39,6 +39,9 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
   exchanges tokens over the TP·EP group so needs etp·ep > 1, and with the deepep backend refuses
   ``moe_pad_expert_input_to_capacity``);
 - tp_overlap_sp: ``arguments.py`` (TP comm overlap needs sequence parallelism);
+- shared_overlap: ``TransformerConfig`` (``moe_shared_expert_overlap`` needs shared experts and the alltoall
+  dispatcher) and ``arguments.py`` (not together with ``overlap_moe_expert_parallel_comm``, whose schedule places
+  the shared experts itself); foldtune adds ep > 1: without an EP all-to-all there is nothing to hide under;
 - cp_a2a_heads: Transformer Engine's context-parallel attention (``--cp-comm-type a2a`` and ``a2a+p2p``): the
   all-to-all hands each rank of its group whole query heads and whole KV heads of its TP rank, so both head
   counts split over tp times the all-to-all's size;
@@ -107,6 +110,7 @@ RULES: dict[str, str] = {
     "param_gather_distopt": "overlap_param_gather needs the distributed optimizer",
     "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
+    "shared_overlap": "shared-expert overlap needs shared experts, ep > 1, alltoall, no EP comm overlap",
     "cp_a2a_heads": "cp_comm a2a / a2a+p2p: attention heads and KV heads % (tp·a2a size) == 0",
     "flex_dispatcher": "the flex dispatcher needs etp·ep > 1; with DeepEP no padding to capacity",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
@@ -250,6 +254,20 @@ def ep_overlap_rule(ep: int, dispatcher: str, recompute_granularity: str, pp: in
     ) if broken]
     if why:
         return Rejection("ep_overlap", "overlap_moe_expert_parallel_comm needs " + ", ".join(why))
+    return None
+
+
+def shared_overlap_rule(model: ModelSpec, ep: int, dispatcher: str, ep_overlap: bool) -> Rejection | None:
+    """The rule on ``moe_shared_expert_overlap`` (module docstring: rule shared_overlap): a shared expert to run,
+    an EP all-to-all (ep > 1, the alltoall dispatcher) to run it under, and not the EP-overlap schedule."""
+    why = [need for need, broken in (
+        ("shared experts", not model.shared_expert_ffn_hidden_size),
+        ("ep > 1", ep == 1),
+        ("the alltoall dispatcher", dispatcher != "alltoall"),
+        ("no overlap_moe_expert_parallel_comm", ep_overlap),
+    ) if broken]
+    if why:
+        return Rejection("shared_overlap", "moe_shared_expert_overlap needs " + ", ".join(why))
     return None
 
 
@@ -508,6 +526,11 @@ class Validator:
             return flex
         if c.tp_comm_overlap and not c.sequence_parallel:
             return Rejection("tp_overlap_sp", "tp_comm_overlap needs sequence parallelism (tp > 1)")
+        if c.moe_shared_expert_overlap:
+            shared = shared_overlap_rule(self.model, c.ep, c.moe_token_dispatcher_type,
+                                         c.overlap_moe_expert_parallel_comm)
+            if shared is not None:
+                return shared
         if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
             return Rejection("optimizer_distopt", "fp8 primary weights (fp8_param_gather) need the distributed "
                                                   "optimizer")

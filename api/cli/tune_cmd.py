@@ -148,6 +148,11 @@ class TrialPrinter:
             say(f"fixed cost per trial (dispatch to first timed step): first {fixed['first_s']:.1f} s, median after "
                 f"the first {'-' if after is None else f'{after:.1f} s'}, {fixed['total_s']:.1f} s in all "
                 f"({fixed['trials']} trials)")
+        for precision, b in (cal.get("best_by_precision") or {}).items():
+            say(f"best at {precision}: {b['layout']}  {seconds(b['step_time_s'])} per step (measured)")
+        for precision, gain in (cal.get("gain_over_bf16") or {}).items():
+            say(f"{precision} over bf16 (best measured of each): {gain:.2f}x "
+                f"({'faster' if gain > 1 else 'not faster'} than bf16)")
         if data.get("best") is not None:
             best = Labelled(data["best"], data.get("best_precision") or None).label()
             say(f"best layout: {best}  {seconds(data['best_step_time'])} per step (measured)")

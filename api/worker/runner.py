@@ -343,10 +343,14 @@ class Runner:
                    "ray_cluster": ray_cluster, "pricing_profile": pricing.to_dict(),
                    "fixed_cost": fixed_cost_summary(recorder.fixed_costs)}
         if cands.precisions:  # the job searched precision: what it measured, what it dropped, the fit of each
+            # each searched precision's best measured step, and what each bought over bf16, measured
             summary.update(best_precision=result.best_precision, precisions=list(cands.precisions),
                            precision_note=cands.precision_note,
                            calibration_by_precision={p: c.to_dict()
-                                                     for p, c in result.calibration_by_precision.items()})
+                                                     for p, c in result.calibration_by_precision.items()},
+                           best_by_precision={p: {"layout": b.layout, "step_time_s": b.step_time}
+                                              for p, b in result.best_by_precision.items()},
+                           gain_over_bf16=result.gain_over_bf16)
         status, error = "succeeded", None
         if result.best_config is None:
             reasons = sorted({r.failure_reason for r in result.rows if r.failure_reason})

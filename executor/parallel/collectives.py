@@ -246,6 +246,110 @@ def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int
     return out, work
 
 
+class _AllToAllStarted(torch.autograd.Function):
+    """:func:`all_to_all_start` as an autograd node: forward starts the exchange into the buffer it returns
+    (``pending.work`` set; the buffer is not ready before ``work.wait()``), backward sends the gradient back
+    by the transposed exchange, in line."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group, pending):
+        ctx.args = (in_splits, out_splits, group)
+        out, pending.work = all_to_all_start(x, out_splits, in_splits, group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        in_splits, out_splits, group = ctx.args
+        return _all_to_all(grad.contiguous(), in_splits, out_splits, group), None, None, None, None
+
+
+class PendingCollective:
+    """A collective in flight, with autograd (:func:`all_to_all_async`, :func:`all_gather_async`,
+    :func:`reduce_scatter_async`): :meth:`wait` gives its output."""
+
+    def __init__(self) -> None:
+        self.work = None
+        self.out: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        """The exchanged rows, once they have arrived (on CUDA the current stream waits, not the host)."""
+        if self.work is not None:
+            # gloo finishes some collectives (reduce-scatter) with a copy into the output: not a step of the graph
+            with torch.no_grad():
+                self.work.wait()
+            self.work = None
+        return self.out
+
+
+def all_to_all_async(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> PendingCollective:
+    """Start :func:`all_to_all` (same arguments, same result, same gradient) and return before it completes, so
+    that the caller can issue independent work beside it; its output comes from ``PendingCollective.wait()``."""
+    pending = PendingCollective()
+    if group.size == 1:
+        pending.out = x
+    else:
+        pending.out = _AllToAllStarted.apply(x, list(out_splits), list(in_splits), group, pending)
+    return pending
+
+
+class _AllGatherStarted(torch.autograd.Function):
+    """An all-gather along dim 0 started in forward (``pending.work``; the buffer is not ready before its wait);
+    backward reduce-scatters the gradient in line."""
+
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.group = group
+        x = x.contiguous()
+        out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        if _slice(group):
+            _stand_in(out)
+        else:
+            pending.work = all_gather_tensor(out, x, group=group.pg, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group), None, None
+
+
+class _ReduceScatterStarted(torch.autograd.Function):
+    """A reduce-scatter along dim 0 started in forward (``pending.work``); backward all-gathers the gradient in
+    line."""
+
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.group = group
+        if x.shape[0] % group.size:
+            raise ValueError(f"reduce-scatter over {group.name}: dim 0 ({x.shape[0]}) not divisible by {group.size}")
+        x = x.contiguous()
+        out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        if _slice(group):
+            _stand_in(out)
+        else:
+            pending.work = reduce_scatter_tensor(out, x, group=group.pg, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.group), None, None
+
+
+def all_gather_async(x: torch.Tensor, group: Group) -> PendingCollective:
+    """Start :func:`all_gather` (same result, same gradient) and return before it completes; its output comes
+    from ``wait()``."""
+    pending = PendingCollective()
+    pending.out = x if group.size == 1 else _AllGatherStarted.apply(x, group, pending)
+    return pending
+
+
+def reduce_scatter_async(x: torch.Tensor, group: Group) -> PendingCollective:
+    """Start :func:`reduce_scatter` (same result, same gradient) and return before it completes; its output
+    comes from ``wait()``."""
+    pending = PendingCollective()
+    pending.out = x if group.size == 1 else _ReduceScatterStarted.apply(x, group, pending)
+    return pending
+
+
 def _current_stream(device: torch.device):
     return torch.cuda.current_stream(device)
 

@@ -33,4 +33,11 @@ def test_a_cpu_job_searches_its_precision_and_bf16_and_says_fp8_was_dropped(clie
     best = job["best_trial"]
     assert result["best_precision"] == best["precision"] and result["best_layout"] == best["label"]
     assert set(result["calibration_by_precision"]) <= {"fp32", "bf16"}
+    # each searched precision measured (its best candidate at least), and the gain over bf16 reported, measured
+    measured = {t["precision"] for t in trials if t["status"] == "succeeded"}
+    assert measured == {"fp32", "bf16"}
+    assert set(result["best_by_precision"]) == measured
+    bests = result["best_by_precision"]
+    assert result["gain_over_bf16"] == {
+        "fp32": pytest.approx(bests["bf16"]["step_time_s"] / bests["fp32"]["step_time_s"])}
     assert wait_no_rank_actors() == []

@@ -84,3 +84,12 @@ def test_cp_comm_type_is_spelled_out_with_cp_in_megatrons_words():
     assert spelled == {"cp4": (["all_gather"], None), "cp4 cp_comm=p2p": (["p2p"], None),
                        "cp4 cp_comm=a2a": (["a2a"], None), "cp4 cp_comm=a2a+p2p:2x2": (["a2a+p2p"], ["2", "2"])}
     assert "--cp-comm-type" not in flags(megatron_args(ParallelConfig(64, tp=8), model, training))
+
+
+def test_shared_expert_overlap_is_megatrons_flag():
+    model = get_model("deepseek-v2-lite")
+    training = TrainingSpec(seq_length=4096, global_batch_size=64)
+    cfg = ParallelConfig(16, ep=16)
+    assert "--moe-shared-expert-overlap" not in flags(megatron_args(cfg, model, training))
+    f = flags(megatron_args(cfg.replace(moe_shared_expert_overlap=True), model, training))
+    assert "--moe-shared-expert-overlap" in f and "--overlap-moe-expert-parallel-comm" not in f

@@ -91,6 +91,7 @@ def any_configs(draw) -> ParallelConfig:
                               moe_token_dispatcher_type=draw(st.sampled_from(DISPATCHERS)),
                               use_distributed_optimizer=distopt, overlap_param_gather=distopt,
                               overlap_moe_expert_parallel_comm=draw(st.booleans()),
+                              moe_shared_expert_overlap=draw(st.booleans()),
                               optimizer_cpu_offload_fraction=fraction, activation_offload_modules=offloaded,
                               **fields)
     except InvalidConfigError:  # the few combinations the constructor refuses
@@ -141,6 +142,7 @@ def test_the_planner_space_holds_every_knob_the_label_spells():
     assert enum.valid > 1_000_000
     options = {d for lay in enum.layouts for d in lay.dispatchers}
     assert {d.dispatcher for d in options} == set(EXECUTOR_DISPATCHERS) and any(d.ep_overlap for d in options)
+    assert any(d.shared_overlap for d in options)  # DeepSeek-V3 has a shared expert
     assert {o[0] for o in enum.offload} == {0.0, 0.5, 1.0} and any(o[1] for o in enum.offload)
     assert {lay.cp_comm.cp_comm_type for lay in enum.layouts} == set(CP_COMM_TYPES)
     assert {g for g, _ in enum.recompute} == {"none", "selective", "full"}

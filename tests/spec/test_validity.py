@@ -53,6 +53,13 @@ CASES = [
     ("param_gather_distopt", TINY, TRAIN, 8, dict(use_distributed_optimizer=False, overlap_param_gather=True)),
     ("ep_overlap", TINY, TRAIN, 8, dict(ep=1, overlap_moe_expert_parallel_comm=True)),
     ("tp_overlap_sp", TINY, TRAIN, 8, dict(tp=1, tp_comm_overlap=True)),
+    # tiny-moe has no shared experts; tiny-moe-shared's with ep 1, the allgather dispatcher, or the EP overlap
+    ("shared_overlap", TINY, TRAIN, 8, dict(ep=2, moe_shared_expert_overlap=True)),
+    ("shared_overlap", get_model("tiny-moe-shared"), TRAIN, 8, dict(ep=1, moe_shared_expert_overlap=True)),
+    ("shared_overlap", get_model("tiny-moe-shared"), TRAIN, 8,
+     dict(ep=2, moe_token_dispatcher_type="allgather", moe_shared_expert_overlap=True)),
+    ("shared_overlap", get_model("tiny-moe-shared"), TRAIN, 8,
+     dict(ep=2, overlap_moe_expert_parallel_comm=True, moe_shared_expert_overlap=True)),
     # tiny-moe's 2 KV heads do not split over tp·cp = 4; a2a+p2p's all-to-all over 2 ranks at tp 2 neither
     ("cp_a2a_heads", TINY, TRAIN, 8, dict(cp=4, cp_comm_type="a2a")),
     ("cp_a2a_heads", TINY, TRAIN, 8,
