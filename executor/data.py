@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from executor.dataset.packing import split_rows
 from spec.validity import batch_rule
 
 
@@ -27,3 +28,12 @@ def micro_batches(batch: torch.Tensor, dp_size: int, dp_rank: int, micro_batch_s
     mine = batch[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device)
     return [(mine[i:i + micro_batch_size, :-1], mine[i:i + micro_batch_size, 1:])
             for i in range(0, per_rank, micro_batch_size)]
+
+
+def packed_micro_batches(rows: torch.Tensor, flags: torch.Tensor, micro_batch_size: int,
+                         device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """This DP rank's packed rows [n, s + 1] and their boundary flags (``BatchSampler.packed_batch``) as
+    (ids [mbs, s], labels [mbs, s] with IGNORE off-document, segment ids [mbs, s]) micro-batches."""
+    ids, labels, segments = (t.to(device) for t in split_rows(rows, flags))
+    return [(ids[i:i + micro_batch_size], labels[i:i + micro_batch_size], segments[i:i + micro_batch_size])
+            for i in range(0, rows.shape[0], micro_batch_size)]

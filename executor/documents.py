@@ -1,0 +1,124 @@
+"""Packed micro-batches on the model's side: attention within documents, RoPE per document, loss on real tokens.
+
+A packed micro-batch (``data prepare --pack``, :mod:`executor.dataset.packing`) brings segment ids [b, s] beside
+its ids and labels. :class:`Documents` holds them over the whole sequence, in global order (every CP rank has the
+whole micro-batch), and answers the attention masks the layers need: a query attends to a key when both lie in
+one segment and the key is not later (and within the layer's window). On CPU, and under the all-gather and
+all-to-all CP types, that boolean mask goes to the masked SDPA (or the sink path); the ring types pass the
+segment ids to :func:`executor.parallel.ring_attention.ring_attention`, which masks each block. On CUDA a plain
+layer without CP runs :func:`flex_document_attention`: flex attention's block mask skips the blocks that hold
+no pair of one document (torch's own kernel, compiled once per shape).
+
+RoPE positions restart at each document (:func:`rope_for`); the loss is the mean over the tokens whose label is
+not :data:`executor.dataset.packing.IGNORE` (:func:`masked_mean`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from executor.attention_core import attention_mask
+from executor.dataset.packing import IGNORE, segment_positions
+from spec.attention_kinds import GQA, attention_kind
+from spec.errors import SpecError
+from spec.head_features import head_features
+
+
+class Documents:
+    """Segment ids of one packed micro-batch, ``segments_BS`` [b, s] over the whole sequence in global order."""
+
+    def __init__(self, segments_BS: torch.Tensor):
+        self.segments = segments_BS
+        self._masks: dict[tuple, torch.Tensor] = {}  # one per (positions, window): every layer shares it
+
+    @property
+    def seq_length(self) -> int:
+        return self.segments.shape[1]
+
+    def mask(self, q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None) -> torch.Tensor:
+        """Boolean [b, 1, s_q, s_k] (True = attend) of queries at global ``q_positions`` against keys at
+        ``k_positions``: same segment, causal, within ``window``."""
+        key = (id(q_positions), id(k_positions), window)
+        if key not in self._masks:
+            seg = self.segments
+            same = seg[:, q_positions].unsqueeze(2) == seg[:, k_positions].unsqueeze(1)
+            self._masks[key] = (same & attention_mask(q_positions, k_positions, window)).unsqueeze(1)
+            self._masks[key + ("refs",)] = (q_positions, k_positions)  # keep the ids valid while cached
+        return self._masks[key]
+
+    def whole(self, window: int | None) -> torch.Tensor:
+        """:meth:`mask` of the whole sequence against itself."""
+        if not hasattr(self, "_every"):
+            self._every = torch.arange(self.seq_length, device=self.segments.device)
+        return self.mask(self._every, self._every, window)
+
+
+def rope_for(segments_BS: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor,
+             positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE cos and sin [b, s_local, head_dim] at each token's position within its document, from the tables
+    ``cos_SD``/``sin_SD`` of positions 0..s−1; ``positions`` the global positions this (CP) rank holds, None for
+    all."""
+    within = segment_positions(segments_BS)
+    if positions is not None:
+        within = within[:, positions]
+    return cos_SD[within], sin_SD[within]
+
+
+def masked_mean(ce_SB: torch.Tensor, labels_BS: torch.Tensor, full_labels_BS: torch.Tensor,
+                cp_size: int) -> torch.Tensor:
+    """Mean cross-entropy over the micro-batch's real tokens: this CP rank's sum over its tokens with a label
+    (``labels_BS``, its share) divided by the count over the whole sequence (``full_labels_BS``), times
+    ``cp_size`` because gradients and statistics average over the CP ranks."""
+    valid = (labels_BS != IGNORE).t()
+    count = (full_labels_BS != IGNORE).sum().clamp(min=1)
+    return torch.where(valid, ce_SB, 0.0).sum() / count * cp_size
+
+
+def targets(labels_BS: torch.Tensor) -> torch.Tensor:
+    """Labels the cross-entropy can index (ignored ones as 0; :func:`masked_mean` drops their loss)."""
+    return labels_BS.clamp(min=0)
+
+
+def packed_refusal(spec, config, options) -> str | None:
+    """Why a model ``spec`` under layout ``config`` with executor ``options`` cannot run packed micro-batches, or
+    None."""
+    if config.pp > 1 or config.vpp > 1:
+        return "packed sequences run with pp = 1 (the pipeline hands stages activations, not document boundaries)"
+    if head_features(spec):
+        return ("packed sequences do not run with head features such as multi-token prediction (their depths shift "
+                "labels across documents)")
+    if options.cuda_graphs:
+        return "packed sequences do not run with cuda_graphs (the captured attention has one fixed mask)"
+    if config.overlap_moe_expert_parallel_comm:
+        return "packed sequences do not run with the EP overlap schedule (ep_overlap)"
+    if attention_kind(spec).name != GQA.name:  # multi-latent attention keeps its own core
+        return f"packed sequences run with {GQA.name} attention only, not {attention_kind(spec).name}"
+    return None
+
+
+def check_packed(spec, config, options) -> None:
+    """SpecError naming :func:`packed_refusal`'s reason, if any."""
+    reason = packed_refusal(spec, config, options)
+    if reason is not None:
+        raise SpecError(reason)
+
+
+_FLEX: dict = {}
+
+
+def flex_document_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,
+                            segments_BS: torch.Tensor) -> torch.Tensor:
+    """Causal attention within documents on CUDA through flex attention, whose block mask skips every block
+    that pairs no query and key of one document. GQA: grouped query heads share their key/value head."""
+    if "compiled" not in _FLEX:
+        _FLEX["compiled"] = torch.compile(flex_attention, dynamic=False)
+    seg = segments_BS
+
+    def same_document(b, h, q, k):
+        return (seg[b, q] == seg[b, k]) & (k <= q)
+
+    b, s = seg.shape
+    block = create_block_mask(same_document, b, None, s, s, device=q_BHSD.device)
+    groups = q_BHSD.shape[1] // k_BKSD.shape[1]
+    return _FLEX["compiled"](q_BHSD, k_BKSD, v_BKSD, block_mask=block, enable_gqa=groups > 1)
