@@ -196,7 +196,12 @@ class TrainingSpec:
         return 4 if self.precision == "fp32" else 2
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON-ready values; ``document_lengths`` only when given, so that an unpacked request keeps
+        the dict (and the service's job signature over it) it had before packed sequences existed."""
+        data = asdict(self)
+        if data["document_lengths"] is None:
+            del data["document_lengths"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingSpec:
