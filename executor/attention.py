@@ -27,7 +27,7 @@ from spec.model_spec import ModelSpec
 from executor import recompute
 from executor.offload import offloaded
 from executor.attention_core import special_attention
-from executor.documents import Documents, flex_document_attention
+from executor.documents import Documents, document_attention
 from executor.kernels import triton_rope
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
@@ -205,8 +205,8 @@ class Attention(torch.nn.Module):
         if self.cp.size > 1:
             return self.cp_exchange.core(self, q, k, v, self.sinks, docs)
         if docs is not None:
-            if q.is_cuda and self.plain:  # flex attention skips the blocks that pair no document
-                return flex_document_attention(q, k, v, docs.segments)
+            if self.plain:  # on CUDA flex attention, skipping the blocks that pair no document
+                return document_attention(q, k, v, docs)
             return special_attention(q, k, v, docs.whole(self.window), self.sinks)
         if not self.plain:
             return special_attention(q, k, v, self.mask, self.sinks)

@@ -6,8 +6,9 @@ whole micro-batch), and answers the attention masks the layers need: a query att
 one segment and the key is not later (and within the layer's window). On CPU, and under the all-gather and
 all-to-all CP types, that boolean mask goes to the masked SDPA (or the sink path); the ring types pass the
 segment ids to :func:`executor.parallel.ring_attention.ring_attention`, which masks each block. On CUDA a plain
-layer without CP runs :func:`flex_document_attention`: flex attention's block mask skips the blocks that hold
-no pair of one document (torch's own kernel, compiled once per shape).
+layer without CP runs :func:`document_attention`: flex attention's block mask skips the blocks that hold no pair
+of one document (torch's own kernel, compiled; checked once against the masked path, which serves if the check
+fails).
 
 RoPE positions restart at each document (:func:`rope_for`); the loss is the mean over the tokens whose label is
 not :data:`executor.dataset.packing.IGNORE` (:func:`masked_mean`).
@@ -18,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from executor.attention_core import attention_mask
+from executor.attention_core import attention_mask, special_attention
+from executor.kernels.first_use import checked_once
 from executor.dataset.packing import IGNORE, segment_positions
 from spec.attention_kinds import GQA, attention_kind
 from spec.errors import SpecError
@@ -105,14 +107,16 @@ def check_packed(spec, config, options) -> None:
 
 
 _FLEX: dict = {}
+_CHECKED: dict[tuple, bool] = {}
 
 
-def flex_document_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,
-                            segments_BS: torch.Tensor) -> torch.Tensor:
-    """Causal attention within documents on CUDA through flex attention, whose block mask skips every block
-    that pairs no query and key of one document. GQA: grouped query heads share their key/value head."""
-    if "compiled" not in _FLEX:
+def _flex_kernel():
+    if "compiled" not in _FLEX:  # flex attention runs its fused kernel only compiled
         _FLEX["compiled"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["compiled"]
+
+
+def _flex(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, segments_BS: torch.Tensor) -> torch.Tensor:
     seg = segments_BS
 
     def same_document(b, h, q, k):
@@ -120,5 +124,40 @@ def flex_document_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: 
 
     b, s = seg.shape
     block = create_block_mask(same_document, b, None, s, s, device=q_BHSD.device)
-    groups = q_BHSD.shape[1] // k_BKSD.shape[1]
-    return _FLEX["compiled"](q_BHSD, k_BKSD, v_BKSD, block_mask=block, enable_gqa=groups > 1)
+    return _flex_kernel()(q_BHSD, k_BKSD, v_BKSD, block_mask=block, enable_gqa=q_BHSD.shape[1] != k_BKSD.shape[1])
+
+
+def _masked(q_BHSD, k_BKSD, v_BKSD, segments_BS):
+    every = torch.arange(segments_BS.shape[1], device=segments_BS.device)
+    return special_attention(q_BHSD, k_BKSD, v_BKSD, Documents(segments_BS).mask(every, every, None), None)
+
+
+def check_flex(dtype: torch.dtype, head_dim: int, device: str) -> None:
+    """Raise unless flex attention within documents equals the masked SDPA (output and q/k/v gradients) on small
+    random GQA tensors of three documents and padding; 2 % of the largest value below fp32."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    s, tol = 256, (1e-4 if dtype == torch.float32 else 2e-2)
+    segments = torch.tensor([1] * 70 + [2] * 100 + [3] * 50 + [4] * 36, device=device).view(1, s)
+    tensors = [torch.randn(1, h, s, head_dim, device=device, generator=gen).to(dtype) for h in (4, 2, 2, 4)]
+    results = []
+    for fn in (_masked, _flex):
+        leaves = [t.clone().requires_grad_() for t in tensors[:3]]
+        out = fn(*leaves, segments)
+        out.backward(tensors[3])
+        results.append([out] + [t.grad for t in leaves])
+    for name, want, got in zip(("out", "dq", "dk", "dv"), *results):
+        err = (got.float() - want.float()).abs().max().item()
+        bound = tol * max(want.float().abs().max().item(), 1.0)
+        if not err <= bound:
+            raise AssertionError(f"flex document attention {name} differs from the masked path by {err:.3g}")
+
+
+def document_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,
+                       docs: Documents) -> torch.Tensor:
+    """Causal attention within documents of a plain layer without CP: on CUDA flex attention, whose block mask
+    skips every block that pairs no query and key of one document (checked once per dtype, head dim and device
+    against the masked path, which serves if the check fails), elsewhere the masked SDPA."""
+    if q_BHSD.is_cuda and checked_once(_CHECKED, (q_BHSD.dtype, q_BHSD.shape[-1], str(q_BHSD.device)), check_flex,
+                                       "flex document attention"):
+        return _flex(q_BHSD, k_BKSD, v_BKSD, docs.segments)
+    return special_attention(q_BHSD, k_BKSD, v_BKSD, docs.whole(None), None)

@@ -14,7 +14,7 @@ from executor.data import packed_micro_batches
 from executor.dataset.packing import IGNORE
 from executor.dataset.prepare import prepare_dataset
 from executor.dataset.sampler import BatchSampler, TokenDataset
-from executor.documents import packed_refusal
+from executor.documents import check_flex, packed_refusal
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -136,3 +136,10 @@ def test_a_packed_training_run_on_real_text_learns(tmp_path):
     losses = [m.ce for m in report.metrics]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert report.metrics[-1].eval_loss < report.initial_eval_loss
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex attention's backward runs on CUDA only")
+def test_flex_document_attention_equals_the_masked_path_on_cuda():
+    """The CUDA path (flex attention's block mask), output and gradients, against the masked SDPA."""
+    for dtype in (torch.float32, torch.bfloat16):
+        check_flex(dtype, 64, "cuda")
