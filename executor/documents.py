@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from executor.attention_core import attention_mask, special_attention
-from executor.kernels.first_use import checked_once
+from executor.kernels.first_use import assert_agree, checked_once
 from executor.dataset.packing import IGNORE, segment_positions
 from spec.attention_kinds import GQA, attention_kind
 from spec.errors import SpecError
@@ -145,11 +145,7 @@ def check_flex(dtype: torch.dtype, head_dim: int, device: str) -> None:
         out = fn(*leaves, segments)
         out.backward(tensors[3])
         results.append([out] + [t.grad for t in leaves])
-    for name, want, got in zip(("out", "dq", "dk", "dv"), *results):
-        err = (got.float() - want.float()).abs().max().item()
-        bound = tol * max(want.float().abs().max().item(), 1.0)
-        if not err <= bound:
-            raise AssertionError(f"flex document attention {name} differs from the masked path by {err:.3g}")
+    assert_agree(("out", "dq", "dk", "dv"), *results, tol, "flex document attention {name} differs from the masked path")
 
 
 def document_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,

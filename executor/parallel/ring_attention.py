@@ -43,7 +43,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from executor.kernels.first_use import checked_once
+from executor.kernels.first_use import assert_agree, checked_once
 from executor.parallel.context_parallel import cp_positions
 from executor.parallel.groups import Group
 
@@ -146,11 +146,7 @@ def check_flash_blocks(dtype: torch.dtype, head_dim: int, device: str) -> None:
         grads2 = bwd(dout, q, k[:, :, :32], v[:, :, :32], out, lse, False, a2)
         results.append([o1, l1, o2, l2, *grads, *grads2])
     names = ("out", "lse", "out_full", "lse_full", "dq", "dk", "dv", "dq_full", "dk_full", "dv_full")
-    for name, want, got in zip(names, *results):
-        err = (got.float() - want.float()).abs().max().item()
-        bound = tol * max(want.float().abs().max().item(), 1.0)
-        if not err <= bound:
-            raise AssertionError(f"ring flash block {name} differs from the matmul block by {err:.3g} (> {bound:.3g})")
+    assert_agree(names, *results, tol, "ring flash block {name} differs from the matmul block")
 
 
 _CHECKED: dict[tuple, bool] = {}
