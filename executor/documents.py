@@ -33,6 +33,7 @@ class Documents:
     def __init__(self, segments_BS: torch.Tensor):
         self.segments = segments_BS
         self._masks: dict[tuple, torch.Tensor] = {}  # one per (positions, window): every layer shares it
+        self._positions: list[torch.Tensor] = []  # the positions the keys name (held: their ids stay unique)
 
     @property
     def seq_length(self) -> int:
@@ -46,7 +47,7 @@ class Documents:
             seg = self.segments
             same = seg[:, q_positions].unsqueeze(2) == seg[:, k_positions].unsqueeze(1)
             self._masks[key] = (same & attention_mask(q_positions, k_positions, window)).unsqueeze(1)
-            self._masks[key + ("refs",)] = (q_positions, k_positions)  # keep the ids valid while cached
+            self._positions += [q_positions, k_positions]
         return self._masks[key]
 
     def whole(self, window: int | None) -> torch.Tensor:

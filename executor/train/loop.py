@@ -191,6 +191,10 @@ def _check(model: ModelSpec, config: ParallelConfig, options: ExecutorOptions, c
                         f"only {model.vocab_size}")
     if dataset.packed_seq_length is not None:
         check_packed(model, config, options)
+        if dataset.packed_seq_length != cfg.seq_length:
+            raise SpecError(f"dataset {dataset.path!r} is packed for seq_length {dataset.packed_seq_length}, not "
+                            f"{cfg.seq_length}: prepare it again with `foldtune data prepare --pack --seq "
+                            f"{cfg.seq_length}`")
     check_buildable(model, training_for(cfg.seq_length, cfg.global_batch_size, options.moe_expert_capacity_factor,
                                         options.moe_pad_expert_input_to_capacity), config)
 

@@ -18,7 +18,8 @@ from executor.documents import check_flex, packed_refusal
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
-from executor.train.loop import TrainConfig, train_worker
+from executor.train.loop import TrainConfig, train_local, train_worker
+from spec.errors import SpecError
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 
@@ -143,3 +144,12 @@ def test_flex_document_attention_equals_the_masked_path_on_cuda():
     """The CUDA path (flex attention's block mask), output and gradients, against the masked SDPA."""
     for dtype in (torch.float32, torch.bfloat16):
         check_flex(dtype, 64, "cuda")
+
+
+def test_a_packed_dataset_refuses_another_sequence_length_before_any_rank_starts(tmp_path):
+    data = packed_corpus(tmp_path, SEQ)
+    cfg = TrainConfig(data_path=str(data), steps=1, seq_length=128, global_batch_size=2)
+    with pytest.raises(SpecError, match="packed for seq_length 256, not 128"):
+        train_local(TINY, ParallelConfig(world_size=1), cfg)
+    with pytest.raises(SpecError, match="pp = 1"):
+        train_local(TINY, ParallelConfig.parse("pp2 dp1"), dataclasses.replace(cfg, seq_length=SEQ))
