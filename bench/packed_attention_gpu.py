@@ -5,6 +5,8 @@ mask's build (once per micro-batch, shared by the layers) and each path's forwar
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from executor.documents import Documents, _flex, block_mask, check_flex
@@ -31,9 +33,14 @@ def _fwd_bwd(attend, tensors):
     return run
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq", type=int, nargs="+", default=[4096, 8192, 16384], help="sequence lengths")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
     check_flex(torch.bfloat16, 128, "cuda")  # raises if flex disagrees with the masked path
-    for s in (4096, 8192, 16384):
+    for s in args.seq:
         tensors = [torch.randn(1, h, s, 128, device="cuda", dtype=torch.bfloat16) for h in (32, 8, 8, 32)]
         segments = (torch.arange(s, device="cuda") // 1024).view(1, s)
         docs = Documents(segments)
@@ -42,7 +49,8 @@ def main() -> None:
         flex = _median_ms(_fwd_bwd(lambda q, k, v: _flex(q, k, v, segments, block), tensors))
         masked = _median_ms(_fwd_bwd(lambda q, k, v: special_attention(q, k, v, mask, None), tensors))
         print(f"s {s}: block mask {build:.3f} ms, flex fwd+bwd {flex:.3f} ms, masked SDPA fwd+bwd {masked:.3f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
