@@ -10,16 +10,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor.data import packed_global_batch
-from executor.dataset.packing import split_rows
+from executor.data import packed_global_batch, packed_micro_batches
+from executor.dataset.packing import IGNORE, split_rows
+from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.launch_local import launch
+from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.context_parallel import cp_positions
-from executor.parallel.groups import Group
+from executor.parallel.groups import Group, build_parallel_state, single_process_state
 from executor.parallel.ring_attention import ring_attention
 from executor.verify import Scenario, compare, layout_worker, reference
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
+from tests.executor.test_packed_model import packed_corpus
 
 TINY = get_model("tiny-moe")
 KV4 = dataclasses.replace(TINY, name="tiny-moe-kv4", num_query_groups=4)  # a2a under tp2·cp2 splits KV heads by 4
@@ -93,7 +96,69 @@ def test_cp2_of_every_comm_type_on_packed_sequences_matches_single_process():
 
 
 @pytest.mark.slow
-def test_cp2_with_tp_and_ep_folded_and_cp4_on_packed_sequences_match_single_process():
+def test_cp2_with_tp_and_ep_folded_and_cp4_of_every_comm_type_on_packed_sequences_match_single_process():
     _layouts_match(4, [("tp2 cp2 ep4 etp1 cp_comm=p2p", PACKED), ("tp2 cp2 ep2 cp_comm=allgather", PACKED),
                        ("tp2 cp2 ep2 cp_comm=a2a", PACKED_KV4), ("cp4 ep2 cp_comm=a2a+p2p:2x2", PACKED),
-                       ("cp4 cp_comm=p2p", PACKED)])
+                       ("cp4 cp_comm=p2p", PACKED), ("cp4 ep4 cp_comm=allgather", PACKED),
+                       ("cp4 cp_comm=a2a", PACKED_KV4)])
+
+
+REAL_LAYOUTS = ["cp2 dp1 cp_comm=p2p", "cp2 dp1 cp_comm=allgather", "tp2 ep2 dp1"]
+
+
+def _document_losses(model, micro) -> list[float]:
+    """Each labelled document's mean loss in the packed rows (every other document's labels ignored): the mean
+    over the world's ranks of their ``ce``, as a step averages it (dp = 1: CP ranks' shares, TP ranks' copies)."""
+    ids, labels, segments = micro
+    losses = []
+    with torch.no_grad():
+        for r in range(ids.shape[0]):
+            for seg in sorted(set(segments[r].tolist())):
+                only = torch.full_like(labels, IGNORE)
+                where = (segments[r] == seg) & (labels[r] != IGNORE)
+                if where.any():
+                    only[r, where] = labels[r, where]
+                    ce = model(ids, only, segments).ce.clone()
+                    dist.all_reduce(ce)
+                    losses.append(float(ce) / dist.get_world_size())
+    return losses
+
+
+def _real_text_worker(rank: int, world: int, micro) -> list:
+    out = []
+    for label in REAL_LAYOUTS:
+        config = ParallelConfig.parse(label, world_size=world)
+        torch.manual_seed(0)
+        model = MoEGPT(TINY, build_parallel_state(config, rank), LOSSES, SEQ_REAL)
+        out.append(_document_losses(model, micro))
+    return out
+
+
+SEQ_REAL = 256
+
+
+def test_packed_real_text_on_cpu_ranks_equals_each_document_run_alone(tmp_path):
+    """The README's sentences packed into rows (tests/executor/test_packed_model.py's corpus) on two gloo ranks
+    (cp2 with the ring and with the all-gather; tp2 with ep2): every document's loss in the packed rows equals
+    the loss of that document run alone on one process."""
+    ds = TokenDataset(packed_corpus(tmp_path, SEQ_REAL))
+    sampler = BatchSampler(ds.splits["train"], SEQ_REAL, 2, shuffle=False)
+    for position in range(sampler.batches_per_epoch()):  # rows holding several documents each
+        micro = packed_micro_batches(*sampler.packed_batch(position), 2)[0]
+        if all(len(set(row.tolist())) >= 3 for row in micro[2]):
+            break
+    ids, labels, segments = micro
+    alone = []
+    for r in range(ids.shape[0]):
+        for seg in sorted(set(segments[r].tolist())):
+            where = (segments[r] == seg) & (labels[r] != IGNORE)
+            if where.any():
+                cols = torch.nonzero(where).flatten()
+                single = MoEGPT(TINY, single_process_state(), LOSSES, int(cols.numel()))
+                with torch.no_grad():
+                    alone.append(float(single(ids[r:r + 1, cols], labels[r:r + 1, cols]).ce))
+    assert len(alone) >= 3
+    launched = launch(_real_text_worker, 2, (micro,), backend="gloo", timeout_s=300, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    for label, losses in zip(REAL_LAYOUTS, launched.results[0]):
+        assert losses == pytest.approx(alone, rel=1e-5), label
