@@ -107,8 +107,6 @@ class _SplitQKV(torch.autograd.Function):
 
 
 class Attention(torch.nn.Module):
-    takes_documents = True  # rope may carry a packed micro-batch's Documents (executor.documents)
-
     def __init__(self, spec: ModelSpec, options: ExecutorOptions, state: ParallelState, layer: int,
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()

@@ -230,6 +230,7 @@ class MoEGPT(torch.nn.Module):
                                                      device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._full_rope: tuple | None = None  # (s, cos, sin) of positions 0..s−1: packed micro-batches index it
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """This rank's decoder layers, then the head blocks' layers (MTP depths; last stage)."""
@@ -303,7 +304,7 @@ class MoEGPT(torch.nn.Module):
         """(cos, sin [b, s/cp, d] at positions within documents, Documents) of a packed micro-batch."""
         check_packed(self.spec, self.state.config, self.options)
         s = segments_BS.shape[1]
-        if getattr(self, "_full_rope", (None,))[0] != s:  # positions 0..s−1, whatever this CP rank holds
+        if self._full_rope is None or self._full_rope[0] != s:  # positions 0..s−1, whatever this CP rank holds
             cos, sin = rope_tables(s, self.spec.rotary_head_dim, self.options.rotary_base, segments_BS.device)
             self._full_rope = (s, cos, sin)
         cos, sin = rope_for(segments_BS, *self._full_rope[1:], self.cp_positions)
