@@ -314,6 +314,8 @@ class _Shape:
         self.loss_bytes = _loss.blocked_loss_bytes_per_logit(self.act_bytes,
                                                              _loss.loss_kernels_run(ctx.cluster.gpu.name))
         self.fused_special = training.fused_window_sink_attention
+        # packed sequences: a block-skipping causal kernel attends within documents (spec.documents)
+        self.document_share = training.document_attention_share()
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
         te = training.transformer_engine_fp8
@@ -437,13 +439,17 @@ class _Shape:
 
     def flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention on the fused kernel: under CP its communication
-        type's kernels, each at its own key length (:mod:`costmodel.context_parallel`); unfused attention
+        type's kernels, each at its own key length (:mod:`costmodel.context_parallel`), scaled by the packed
+        documents' share of the work (``TrainingSpec.document_attention_share``); unfused attention
         (``flash_attention`` off) computes the whole [s/cp, s] score matrix either way."""
         if not self.flash:
             return attention_time(self.rates, self.tokens, self.seq, heads, qk, v, True, False, self.dropout, 1)
         if self.cp <= 1:
-            return cp_attention_time(self.rates, self.mbs, self.seq, 1, heads, qk, v)
-        return cp_pricing(self.cp_comm_type).core(self, heads, qk, v)
+            fwd, bwd = cp_attention_time(self.rates, self.mbs, self.seq, 1, heads, qk, v)
+        else:
+            fwd, bwd = cp_pricing(self.cp_comm_type).core(self, heads, qk, v)
+        # packed sequences: the kernel skips the blocks between documents, Σ len²/2 of seq²/2 pairs computed
+        return fwd * self.document_share, bwd * self.document_share
 
     def masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of SDPA under an explicit boolean mask: every score of the

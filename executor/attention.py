@@ -27,6 +27,7 @@ from spec.model_spec import ModelSpec
 from executor import recompute
 from executor.offload import offloaded
 from executor.attention_core import special_attention
+from executor.documents import Documents, document_attention
 from executor.kernels import triton_rope
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.kernels.base import KernelBackend
@@ -48,6 +49,9 @@ def rope_tables(seq_length: int, head_dim: int, base: float, device: torch.devic
 
 
 def apply_rope(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+    """``x`` rotated by cos/sin [s, d], or [b, s, d] per row (packed documents restart their positions)."""
+    if cos_SD.dim() == 3:
+        cos_SD, sin_SD = cos_SD.unsqueeze(1), sin_SD.unsqueeze(1)
     half = x_BHSD.shape[-1] // 2
     rotated = torch.cat([-x_BHSD[..., half:], x_BHSD[..., :half]], dim=-1)
     return (x_BHSD * cos_SD.to(x_BHSD.dtype) + rotated * sin_SD.to(x_BHSD.dtype))
@@ -149,8 +153,9 @@ class Attention(torch.nn.Module):
             self.register_buffer("sinks", torch.zeros(self.heads, device=device, dtype=dtype), persistent=False)
         self.qk_norm = make_qk_norm(spec, param, kernels, state, options.norm_epsilon)  # the scope's module
 
-    def forward(self, x_SBH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]."""
+    def forward(self, x_SBH: torch.Tensor, rope: tuple) -> torch.Tensor:
+        """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]. ``rope``: (cos, sin)
+        [s, d], or for a packed micro-batch (cos, sin [b, s, d] per document, its :class:`Documents`)."""
         eps, d = self.options.norm_epsilon, self.spec.head_dim
         x = self.timer.mark(x_SBH, "other", "attention")
         x = recompute.run(self.recompute_norm, self.input_norm, x, self.norm, eps, offload=self.offload_norm)
@@ -167,17 +172,18 @@ class Attention(torch.nn.Module):
             q, k = self.qk_norm(q, k)
         q, k = q.view(s, b, self.heads, d), k.view(s, b, self.kv_heads, d)
         v = v.view(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        cos, sin = rope
-        if self.options.fused_rope and triton_rope.available(q, k):
+        cos, sin, *packed = rope
+        docs: Documents | None = packed[0] if packed else None
+        if self.options.fused_rope and docs is None and triton_rope.available(q, k):
             q, k = triton_rope.fused_rope(q, k, cos, sin)
             q, k = q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3)
         else:
             q = apply_rope(q.permute(1, 2, 0, 3), cos, sin)
             k = apply_rope(k.permute(1, 2, 0, 3), cos, sin)
         if self.cp.size > 1:  # the layout's CP communication type (executor.parallel.cp_exchange)
-            o = run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core)
+            o = run_cp_attention(self, q, k, v, self.recompute_core, self.offload_core, docs=docs)
         else:
-            o = recompute.run(self.recompute_core, self.core_attention, q, k, v,  # [b, heads, s, d]
+            o = recompute.run(self.recompute_core, self.core_attention, q, k, v, docs,  # [b, heads, s, d]
                               offload=self.offload_core)
         o = o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d)
         if overlap:  # the reduce-scatter of each piece of the output projection under the next piece's GEMM
@@ -197,13 +203,19 @@ class Attention(torch.nn.Module):
         return (self._project(x, self.wq, self.bq), self._project(x, self.wk, self.bk),
                 self._project(x, self.wv, self.bv))
 
-    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       docs: Documents | None = None) -> torch.Tensor:
         """The attention core of this rank's queries [b, heads, s/cp, d] against its keys and values: under CP
         its communication type's core (``cp_exchange``: the gathered keys, the ring, or the all-to-all's whole
         sequences), else the masked path for a window or sinks (the causal kernels take neither) or the
-        backend's causal attention. What core_attn recomputation checkpoints."""
+        backend's causal attention; with ``docs`` (a packed micro-batch) within documents only. What core_attn
+        recomputation checkpoints."""
         if self.cp.size > 1:
-            return self.cp_exchange.core(self, q, k, v, self.sinks)
+            return self.cp_exchange.core(self, q, k, v, self.sinks, docs)
+        if docs is not None:
+            if self.plain:  # on CUDA flex attention, skipping the blocks that pair no document
+                return document_attention(q, k, v, docs)
+            return special_attention(q, k, v, docs.whole(self.window), self.sinks)
         if not self.plain:
             return special_attention(q, k, v, self.mask, self.sinks)
         return self._attention(q, k, v)

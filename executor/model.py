@@ -4,7 +4,8 @@
 MoE per ``spec.moe_layer_pattern()``), final norm and LM head, and with ``spec.mtp_num_layers`` the
 multi-token-prediction depths (:mod:`executor.mtp`). Pass ``spec.with_layers(n)`` for a proxy
 with fewer layers. ``forward(ids, labels)`` takes this DP rank's micro-batch at full sequence length
-([b, s] token ids) and returns a :class:`LossOutput`.
+([b, s] token ids) and returns a :class:`LossOutput`; ``forward(ids, labels, segments)`` a packed one
+(:mod:`executor.documents`: attention within documents, RoPE per document, loss over labelled tokens only).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from executor.attention_modules import make_attention
 from executor.head_modules import make_head
 from executor.activation import mlp_activation
 from executor.attention_core import attention_mask
+from executor.documents import Documents, check_packed, masked_mean, rope_for, targets
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.mlp import SwiGLUMLP
@@ -92,22 +94,25 @@ class DecoderLayer(torch.nn.Module):
             self.graphed = cuda_graphs.GraphedStaticHalf(half)
 
     def forward(self, x_SBH: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output slice, router loss: zero for a dense layer)."""
+        """(output slice, router loss: zero for a dense layer). ``rope``: (cos, sin), or with a packed micro-batch
+        (cos, sin, its Documents)."""
         return recompute.run(self.recompute_layer, self._forward, x_SBH, *rope)
 
-    def attention_block(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention_block(self, x_SBH: torch.Tensor, cos, sin, docs: Documents | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual after attention, its normed copy: the MLP's input), both [s/tp, b, h]."""
-        if self.graphed is not None:  # the whole half is one "attention" phase
+        if self.graphed is not None:  # the whole half is one "attention" phase (never packed: check_packed)
             x, h = self.graphed(self.timer.mark(x_SBH, "other", "attention"), cos, sin)
             return x, self.timer.mark(h, "attention", "other")
-        x = x_SBH + self.attention(x_SBH, (cos, sin))
+        x = x_SBH + self.attention(x_SBH, (cos, sin) if docs is None else (cos, sin, docs))
         h = self.timer.mark(x, "other", "norm")
         h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm, self.options.norm_epsilon,
                           offload=self.offload_norm)
         return x, self.timer.mark(h, "norm", "other")
 
-    def _forward(self, x_SBH: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        x, h = self.attention_block(x_SBH, cos, sin)
+    def _forward(self, x_SBH: torch.Tensor, cos, sin, docs: Documents | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = self.attention_block(x_SBH, cos, sin, docs)
         if self.is_moe:
             y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
             return x + y, router_loss
@@ -225,6 +230,7 @@ class MoEGPT(torch.nn.Module):
                                                      device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._full_rope: tuple | None = None  # (s, cos, sin) of positions 0..s−1: packed micro-batches index it
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """This rank's decoder layers, then the head blocks' layers (MTP depths; last stage)."""
@@ -261,21 +267,23 @@ class MoEGPT(torch.nn.Module):
         local = self.seq_length // (self.state.tp.size * self.state["cp"].size)
         return (local, micro_batch_size, self.spec.hidden_size)
 
-    def forward_chunk(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor) -> LossOutput:
+    def forward_chunk(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor,
+                      segments_BS: torch.Tensor | None = None) -> LossOutput:
         """Run virtual chunk ``chunk``: its input is token ids [b, s] on the model's first chunk, else the
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
         losses (+ the MTP depths' router losses and their scaled loss); elsewhere ``hidden`` is the output and
-        ``loss`` the chunk's router losses (ce = 0)."""
-        x, rope, labels_BS, full_labels_BS = self.chunk_input(chunk, x_or_ids, labels_BS)
+        ``loss`` the chunk's router losses (ce = 0). ``segments_BS``: a packed micro-batch's segment ids (pp = 1)."""
+        x, rope, labels_BS, full_labels_BS = self.chunk_input(chunk, x_or_ids, labels_BS, segments_BS)
         router_loss = x.new_zeros((), dtype=torch.float32)
         for position in self.chunk_layers[chunk]:
             x, layer_loss = self.layers[position](x, rope)
             router_loss = router_loss + layer_loss
         return self.chunk_output(chunk, x, router_loss, rope, labels_BS, full_labels_BS)
 
-    def chunk_input(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor):
-        """:meth:`forward_chunk` up to its first layer: (input activations [s/tp, b, h], rope tables,
-        this CP rank's labels, the full labels)."""
+    def chunk_input(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor,
+                    segments_BS: torch.Tensor | None = None):
+        """:meth:`forward_chunk` up to its first layer: (input activations [s/tp, b, h], rope tables (and with
+        ``segments_BS`` the micro-batch's Documents), this CP rank's labels, the full labels)."""
         full_labels_BS = labels_BS  # MTP shifts the labels over the whole sequence before CP slicing
         if self.cp_positions is not None:  # the full micro-batch comes in; this CP rank keeps its tokens
             if self.is_first_chunk(chunk):
@@ -288,7 +296,19 @@ class MoEGPT(torch.nn.Module):
             x = self.timer.mark(x, "embedding", "other")
         else:
             x = x_or_ids
+        if segments_BS is not None:
+            return x, self._packed_rope(segments_BS), labels_BS, full_labels_BS
         return x, (self.rope_cos[:s], self.rope_sin[:s]), labels_BS, full_labels_BS
+
+    def _packed_rope(self, segments_BS: torch.Tensor) -> tuple:
+        """(cos, sin [b, s/cp, d] at positions within documents, Documents) of a packed micro-batch."""
+        check_packed(self.spec, self.state.config, self.options)
+        s = segments_BS.shape[1]
+        if self._full_rope is None or self._full_rope[0] != s:  # positions 0..s−1, whatever this CP rank holds
+            cos, sin = rope_tables(s, self.spec.rotary_head_dim, self.options.rotary_base, segments_BS.device)
+            self._full_rope = (s, cos, sin)
+        cos, sin = rope_for(segments_BS, *self._full_rope[1:], self.cp_positions)
+        return cos, sin, Documents(segments_BS)
 
     def chunk_output(self, chunk: int, x: torch.Tensor, router_loss: torch.Tensor, rope, labels_BS: torch.Tensor,
                      full_labels_BS: torch.Tensor) -> LossOutput:
@@ -304,8 +324,10 @@ class MoEGPT(torch.nn.Module):
         x = h0 = self.kernels.rms_norm(x, self.final_norm, self.options.norm_epsilon)
         x = enter_tp(x, state)
         weight = self.lm_head if self.lm_head is not None else self.embedding
-        ce = output_cross_entropy(x, weight, labels_BS.t(), self.spec.vocab_size, self.padded_vocab, state,
-                                  self.options.cross_entropy_chunk_logits).mean()
+        packed = len(rope) > 2  # the mean over labelled tokens: padding and document ends have none
+        ce = output_cross_entropy(x, weight, (targets(labels_BS) if packed else labels_BS).t(), self.spec.vocab_size,
+                                  self.padded_vocab, state, self.options.cross_entropy_chunk_logits)
+        ce = masked_mean(ce, labels_BS, full_labels_BS, state["cp"].size) if packed else ce.mean()
         loss = ce + router_loss
         loss = timer.mark(loss, "lm_head_loss", "other")
         if not self.heads:
@@ -320,8 +342,10 @@ class MoEGPT(torch.nn.Module):
             head_loss = own_loss if head_loss is None else head_loss + own_loss
         return LossOutput(loss, ce.detach(), total_router, mtp_loss=head_loss.detach())
 
-    def forward(self, ids_BS: torch.Tensor, labels_BS: torch.Tensor) -> LossOutput:
-        """Mean cross-entropy of the micro-batch plus router losses (the whole model: pp = 1 only)."""
+    def forward(self, ids_BS: torch.Tensor, labels_BS: torch.Tensor,
+                segments_BS: torch.Tensor | None = None) -> LossOutput:
+        """Mean cross-entropy of the micro-batch plus router losses (the whole model: pp = 1 only); with
+        ``segments_BS`` a packed micro-batch (module docstring)."""
         if self.state["pp"].size > 1 or self.vpp > 1:
             raise RuntimeError("a pipelined model runs chunk by chunk: use executor.pipeline")
-        return self.forward_chunk(0, ids_BS, labels_BS)
+        return self.forward_chunk(0, ids_BS, labels_BS, segments_BS)

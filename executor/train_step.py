@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec.head_features import last_stage_embeds
+from executor.documents import check_packed
 from executor.kernels.fp8 import clear_weight_cache
 from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam, torch_state_dtypes
@@ -91,6 +92,8 @@ class Trainer:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns the mean
         [ce, router, mtp] (:meth:`LossOutput.stats`)."""
         model = self.model
+        if any(len(m) > 2 for m in micro):  # packed (ids, labels, segments): refused where they would be dropped
+            check_packed(model.spec, model.state.config, model.options)
         if self.pipelined or self.ep_overlap:
             # the pipeline's (interleaved) 1F1B, or with the EP overlap its combined 1F1B (pp = 1 included): one
             # micro-batch's forward together with another's backward, each one's EP all-to-alls under the
@@ -100,8 +103,8 @@ class Trainer:
             return stats
         stats = torch.zeros(3, device=self.model.rope_cos.device)
         counts = None
-        for i, (ids, labels) in enumerate(micro):
-            out = model(ids, labels)
+        for i, (ids, labels, *segments) in enumerate(micro):
+            out = model(ids, labels, *segments)
             if i == len(micro) - 1:
                 self.reducer.arm()  # the last backward's final gradients start their all-reduce at once
             (out.loss / len(micro)).backward()

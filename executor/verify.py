@@ -16,7 +16,7 @@ from spec.model_spec import ModelSpec
 from spec.optimizer_dtypes import FIELDS as OPTIMIZER_DTYPE_FIELDS
 from spec.parallel_config import ParallelConfig
 from executor.buildable import check_buildable, training_for
-from executor.data import global_batch, micro_batches
+from executor.data import global_batch, micro_batches, packed_global_batch, packed_micro_batches
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import build_parallel_state
@@ -38,6 +38,7 @@ class Scenario:
     # of a few percent, which eps = 1e-8 would amplify into visible parameter differences.
     adam_eps: float = 1e-6
     device: str = "cpu"  # 'cuda': rank r runs on GPU r (NCCL)
+    packed: bool = False  # packed rows of random documents (executor.data.packed_global_batch)
 
 
 def run_scenario(config: ParallelConfig, scenario: Scenario, rank: int = 0) -> dict | None:
@@ -62,9 +63,7 @@ def train_and_gather(config: ParallelConfig, scenario: Scenario, rank: int = 0) 
     dp = state.dp  # CP ranks share their micro-batches (each keeps its part of the sequence)
     losses, counts, by_layer, grads = [], [], [], None
     for step in range(scenario.steps):
-        batch = global_batch(scenario.model.vocab_size, scenario.seq_length, scenario.global_batch_size,
-                             scenario.options.seed, step)
-        result = trainer.step(micro_batches(batch, dp.size, dp.rank, scenario.micro_batch_size, device))
+        result = trainer.step(_micro_batches(scenario, step, dp, device))
         losses.append(result.loss)
         counts.append(result.tokens_per_expert)
         by_layer.append(result.tokens_per_expert_by_layer)
@@ -76,6 +75,19 @@ def train_and_gather(config: ParallelConfig, scenario: Scenario, rank: int = 0) 
         return None
     return {"loss": losses, "tokens_per_expert": counts, "tokens_per_expert_by_layer": by_layer, "grads": grads,
             "params": params}
+
+
+def _micro_batches(scenario: Scenario, step: int, dp, device: torch.device) -> list[tuple]:
+    """This DP rank's micro-batches of the scenario's global batch of ``step`` (packed ones with segment ids)."""
+    args = (scenario.model.vocab_size, scenario.seq_length, scenario.global_batch_size, scenario.options.seed, step)
+    if not scenario.packed:
+        return micro_batches(global_batch(*args), dp.size, dp.rank, scenario.micro_batch_size, device)
+    rows, flags = packed_global_batch(*args)
+    # the same contiguous DP share as micro_batches (which also refuses an uneven split)
+    micro_batches(rows, dp.size, dp.rank, scenario.micro_batch_size)
+    per_rank = rows.shape[0] // dp.size
+    mine = slice(dp.rank * per_rank, (dp.rank + 1) * per_rank)
+    return packed_micro_batches(rows[mine], flags[mine], scenario.micro_batch_size, device)
 
 
 def layout_worker(rank: int, world_size: int, runs: list[tuple[ParallelConfig, Scenario]]) -> dict:

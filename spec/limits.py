@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from spec.documents import MAX_DOCUMENT_SAMPLE
+
 #: decoder layers of a model (and of a proxy, a pipeline stage, a 0/1 per-layer pattern); published: <= 126
 MAX_LAYERS = 4096
 #: multi-token-prediction layers (DeepSeek-V3: 1)
@@ -73,7 +75,7 @@ TRAINING_BOUNDS: Mapping[str, int | float] = {
     "moe_routing_imbalance": MAX_EXPERT_RATIO, "moe_expert_capacity_factor": MAX_EXPERT_RATIO,
 }
 #: TrainingSpec's per-expert list and its most entries (its entries are any positive weights)
-TRAINING_LENGTHS: Mapping[str, int] = {"moe_expert_load": MAX_EXPERTS}
+TRAINING_LENGTHS: Mapping[str, int] = {"moe_expert_load": MAX_EXPERTS, "document_lengths": MAX_DOCUMENT_SAMPLE}
 
 #: ClusterSpec fields and their bounds
 CLUSTER_BOUNDS: Mapping[str, int] = {"num_gpus": MAX_GPUS}

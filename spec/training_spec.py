@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from spec._validate import positive_ints, raise_if, require
+from spec.documents import attention_share, length_problems
 from spec.errors import SpecError
 from spec.limits import TRAINING_BOUNDS, TRAINING_LENGTHS, bound_problems
 from spec.suggest import unknown_fields
@@ -65,6 +66,10 @@ class TrainingSpec:
     ``cross_entropy_fusion_impl`` (one of :data:`CROSS_ENTROPY_FUSION_IMPLS`), read with
     ``megatron_cross_entropy`` only: Megatron's native fused loss keeps an fp32 softmax per head; Transformer
     Engine's keeps the 16-bit logits and writes their gradient over them.
+    ``document_lengths``: packed sequences (``data prepare --pack``) made of documents of these lengths (tokens;
+    a sample of the dataset's, at most ``spec.documents.MAX_DOCUMENT_SAMPLE``): causal attention costs
+    :meth:`document_attention_share` of an unpacked sequence's (Σ len²/2 over the documents instead of seq²/2,
+    :mod:`spec.documents`). None: unpacked sequences.
     ``megatron_memory`` True models the tensors Megatron-Core keeps where they differ from foldtune's executor
     (the MoE dispatcher's saved tensors, multi-latent attention's output, the distributed optimizer's gradient
     shards, the optimizer step's copies; docs/memory-model.md, "Megatron-Core's accounting"). Like the other
@@ -110,6 +115,8 @@ class TrainingSpec:
     cross_entropy_fusion_impl: str = "native"
     # the tensors Megatron-Core keeps where they differ from the executor's
     megatron_memory: bool = False
+    # packed sequences' document lengths (a sample), which price attention within documents
+    document_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -140,7 +147,17 @@ class TrainingSpec:
                 load = self.moe_expert_load
             require(p, len(load) > 0 and all(x >= 0 for x in load) and sum(load) > 0,
                     f"moe_expert_load must be non-negative shares with a positive sum, got {load}")
+        if self.document_lengths is not None:
+            if isinstance(self.document_lengths, list):  # JSON round trips give lists; the spec stays hashable
+                object.__setattr__(self, "document_lengths", tuple(self.document_lengths))
+            p += length_problems(self.document_lengths)
         raise_if(p, "training spec")
+
+    def document_attention_share(self) -> float:
+        """Causal attention work per sequence as a share of an unpacked one's: 1.0 without ``document_lengths``."""
+        if self.document_lengths is None:
+            return 1.0
+        return attention_share(self.document_lengths, self.seq_length)
 
     def expert_rows_factor(self, ep: int) -> float:
         """Rows the busiest EP rank's experts compute per micro-batch over the balanced share (routed copies / ep):
@@ -179,7 +196,12 @@ class TrainingSpec:
         return 4 if self.precision == "fp32" else 2
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON-ready values; ``document_lengths`` only when given, so that an unpacked request keeps
+        the dict (and the service's job signature over it) it had before packed sequences existed."""
+        data = asdict(self)
+        if data["document_lengths"] is None:
+            del data["document_lengths"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingSpec:

@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a local Hugging Face tokenizer (a directory with tokenizer.json, or the file); "
                            "default: the byte-level tokenizer (vocab 256)")
     prep.add_argument("--eos-id", type=int, help="the id separating documents (default: the tokenizer's EOS)")
+    prep.add_argument("--pack", action="store_true",
+                      help="pack documents into rows of --seq + 1 tokens with their boundaries (training then "
+                           "attends within documents, RoPE restarts per document, padding has no loss)")
+    add(prep, "--seq", "with --pack: the training sequence length the rows are packed for")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,11 +37,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.eos_id is not None and not args.tokenizer:
         raise SpecError("--eos-id needs --tokenizer (the byte tokenizer separates documents by a blank line)")
+    if args.pack != (args.seq is not None):
+        raise SpecError("--pack and --seq go together: --pack --seq N packs documents into rows of N + 1 tokens")
     tokenizer = HFTokenizer(args.tokenizer, args.eos_id) if args.tokenizer else None
-    done = prepare_dataset(args.inputs, args.out, args.heldout, args.shard_tokens, args.overwrite, tokenizer)
+    done = prepare_dataset(args.inputs, args.out, args.heldout, args.shard_tokens, args.overwrite, tokenizer,
+                           args.seq)
     what = ("byte-level tokenizer, vocab 256" if tokenizer is None else
             f"{tokenizer.name}, vocab {tokenizer.vocab_size}, {token_dtype(tokenizer.vocab_size)} ids, "
             f"documents separated by EOS id {tokenizer.eos_id}")
     print(f"prepared {done.path}: {done.documents} documents, {done.train_tokens} training tokens, "
           f"{done.heldout_tokens} held-out tokens ({what})")
+    if done.seq_length is not None:
+        print(f"packed into rows of {done.seq_length} + 1 tokens with document boundaries; "
+              f"{done.train_padding} of the training tokens are padding")
     return 0

@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from api.cli._doc_lengths import load_document_lengths
 from api.cli._model_args import add_hf_arguments, add_proxy_arguments, model_from_args
 from costmodel.params import total_param_counts
 from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, require_gpu,
@@ -29,6 +30,7 @@ from spec.pipeline_layout import PipelineSplit
 from planner.megatron_args import format_megatron_args, megatron_args
 from planner.rank import RANK_BY, explain_layout, plan, plan_precisions, smallest_fitting_cluster
 from costmodel.uncertainty import RATE
+from spec.documents import attention_share
 from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.optimizer_dtypes import read_dtypes
@@ -87,6 +89,10 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fused-window-sink-attention", action="store_true",
                         help="price attention layers with a sliding window or sinks (GPT-OSS) as Megatron's "
                              "fused kernel; default: foldtune's executor, an fp32 masked softmax over s x s")
+    parser.add_argument("--doc-lengths", metavar="FILE|DIR",
+                        help="price attention for packed sequences of documents of these lengths: a file of token "
+                             "counts, or a dataset of `foldtune data prepare --pack` (its documents sampled); "
+                             "causal attention then costs the sum of len^2/2 over documents, not seq^2/2")
     parser.add_argument("--vpp-max", type=int, default=4,
                         help=f"largest vpp (virtual stages per pipeline rank) tried, up to {VPP_LIMIT} (default: 4)")
     parser.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
@@ -180,6 +186,7 @@ def plan_specs(args: argparse.Namespace, command: str = "plan"):
                        main_grads_fp32=not args.grad_reduce_in_bf16,
                        cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
                        megatron_memory=args.megatron_memory,
+                       document_lengths=load_document_lengths(args.doc_lengths) if args.doc_lengths else None,
                        min_headroom=args.min_headroom)
 
 
@@ -259,6 +266,10 @@ def _header(model, training, cluster, space) -> dict[str, Any]:
 
 
 # ---- text --------------------------------------------------------------------------------------
+def _mean(values) -> float:
+    return sum(values) / len(values)
+
+
 def _header_lines(h: dict[str, Any]) -> list[str]:
     t = h["training"]
     distopt = {None: "auto", True: "on", False: "off"}[t["distributed_optimizer"]]
@@ -281,7 +292,9 @@ def _header_lines(h: dict[str, Any]) -> list[str]:
         + (", fp8 primary weights" if t.get("fp8_param_gather") else "")
         + (", bf16 gradients" if not t.get("main_grads_fp32", True) else "")
         + (", Transformer Engine's fused loss" if t.get("cross_entropy_fusion_impl") == "te" else "")
-        + (", Megatron-Core's saved tensors" if t.get("megatron_memory") else ""),
+        + (", Megatron-Core's saved tensors" if t.get("megatron_memory") else "")
+        + (f", packed documents (mean {_mean(t['document_lengths']):.0f} tokens: attention x"
+           f"{attention_share(t['document_lengths'], t['seq_length']):.3f})" if t.get("document_lengths") else ""),
         f"search   {h['search_space']}",
     ]
 

@@ -7,6 +7,11 @@ Layout of the output directory::
     train-00000.bin     raw token ids (dtype of the index), shards of at most ``shard_tokens`` tokens
     heldout-00000.bin
 
+With ``seq_length`` (``foldtune data prepare --pack --seq N``) the documents of each split are packed into rows of
+``N + 1`` tokens with their boundaries (:mod:`executor.dataset.packing`): the index is then format 2 and adds
+``"packed": {"seq_length": N, "pad_id"}`` and ``"flags": {"train": [...], "heldout": [...]}``, shards of one flag
+byte per token (``train-flags-00000.bin``). Unpacked datasets stay format 1, which every reader still opens.
+
 Each document (file) contributes its last ``heldout_fraction`` of tokens to the held-out split and the rest
 to the training split, so the held-out text is drawn from every document rather than from the last one.
 
@@ -27,10 +32,12 @@ import torch
 
 from spec.errors import FoldtuneError
 from executor.dataset import tokenizer
+from executor.dataset.packing import PAD, pack_documents
 from executor.dataset.hf_tokenizer import DTYPES, HFTokenizer, token_dtype
 
 INDEX = "index.json"
-FORMAT = 1
+FORMAT = 1  # an unpacked dataset
+PACKED_FORMAT = 2  # format 1 plus packed rows and their boundary flags
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 
 
@@ -46,6 +53,8 @@ class PreparedDataset:
     documents: int
     train_tokens: int
     heldout_tokens: int
+    seq_length: int | None = None  # packed rows hold seq_length + 1 tokens; None: unpacked
+    train_padding: int = 0  # of train_tokens, those padding packed rows
 
 
 def _input_files(inputs: list[str]) -> list[Path]:
@@ -64,6 +73,10 @@ def _input_files(inputs: list[str]) -> list[Path]:
 
 def _write_split(out: Path, split: str, parts: list[torch.Tensor], shard_tokens: int) -> list[dict]:
     stream = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)  # one dtype: the index's
+    return _write_stream(out, split, stream, shard_tokens)
+
+
+def _write_stream(out: Path, split: str, stream: torch.Tensor, shard_tokens: int) -> list[dict]:
     shards = []
     for i, start in enumerate(range(0, stream.numel(), shard_tokens)):
         chunk = stream[start:start + shard_tokens].contiguous()
@@ -76,11 +89,12 @@ def _write_split(out: Path, split: str, parts: list[torch.Tensor], shard_tokens:
 
 def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.1,
                     shard_tokens: int = 1 << 26, overwrite: bool = False,
-                    hf_tokenizer: HFTokenizer | None = None) -> PreparedDataset:
+                    hf_tokenizer: HFTokenizer | None = None, seq_length: int | None = None) -> PreparedDataset:
     """Tokenize ``inputs`` (files, or directories searched for .txt/.md/.rst) into ``output``.
 
     ``heldout_fraction`` of every document's tokens go to the held-out split; shards hold at most
-    ``shard_tokens`` tokens; ``hf_tokenizer`` replaces the byte tokenizer. Raises :class:`DatasetError` on
+    ``shard_tokens`` tokens; ``hf_tokenizer`` replaces the byte tokenizer; ``seq_length`` packs every split into
+    rows of ``seq_length + 1`` tokens with document boundaries (module docstring). Raises :class:`DatasetError` on
     missing or empty input, a bad fraction, or an
     ``output`` that already holds a dataset (unless ``overwrite``).
     """
@@ -90,6 +104,8 @@ def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.
         raise DatasetError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
     if shard_tokens < 1:
         raise DatasetError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    if seq_length is not None and seq_length < 1:
+        raise DatasetError(f"a packed dataset needs seq_length >= 1, got {seq_length}")
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise DatasetError(f"output {output!r} exists and is not a directory")
@@ -120,12 +136,25 @@ def prepare_dataset(inputs: list[str], output: str, heldout_fraction: float = 0.
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.bin"):
         old.unlink()
-    splits = {"train": _write_split(out, "train", train, shard_tokens),
-              "heldout": _write_split(out, "heldout", heldout, shard_tokens)}
     index = {"format": FORMAT, "tokenizer": tokenizer.NAME, "vocab_size": tokenizer.VOCAB_SIZE, "dtype": dtype,
-             "documents": documents, "splits": splits}
+             "documents": documents}
+    if seq_length is None:
+        splits = {"train": _write_split(out, "train", train, shard_tokens),
+                  "heldout": _write_split(out, "heldout", heldout, shard_tokens)}
+    else:  # the byte tokenizer pads with NUL, a Hugging Face one with its end-of-sequence id
+        pad_id = 0 if hf_tokenizer is None else hf_tokenizer.eos_id
+        splits, flags, padding = {}, {}, 0
+        for name, docs in (("train", train), ("heldout", heldout)):
+            stream, marks = pack_documents(docs, seq_length + 1, pad_id)
+            splits[name] = _write_stream(out, name, stream, shard_tokens)
+            flags[name] = _write_stream(out, f"{name}-flags", marks, shard_tokens)
+            if name == "train":
+                padding = int(((marks & PAD) != 0).sum())
+        index.update(format=PACKED_FORMAT, packed={"seq_length": seq_length, "pad_id": pad_id}, flags=flags)
+    index["splits"] = splits
     if hf_tokenizer is not None:
         index.update(tokenizer=hf_tokenizer.name, vocab_size=hf_tokenizer.vocab_size, eos_id=hf_tokenizer.eos_id)
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return PreparedDataset(str(out), documents, sum(s["tokens"] for s in splits["train"]),
-                           sum(s["tokens"] for s in splits["heldout"]))
+                           sum(s["tokens"] for s in splits["heldout"]), seq_length,
+                           padding if seq_length is not None else 0)

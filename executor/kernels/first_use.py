@@ -37,3 +37,14 @@ def checked_once(cache: dict, key: tuple, check, what: str) -> bool:
             warnings.warn(f"{what} off for {key}: {type(exc).__name__}: {exc}", stacklevel=3)
         cache[key] = not failure
     return cache[key]
+
+
+def assert_agree(names, wants, gots, tol: float, what: str) -> None:
+    """Raise AssertionError for the first of ``names`` whose result in ``gots`` differs from the one in ``wants``
+    by more than ``tol`` times the larger of 1 and the reference's largest magnitude: a first-use check's bound,
+    "``what`` ``name`` differs ... by ..."."""
+    for name, want, got in zip(names, wants, gots):
+        err = (got.float() - want.float()).abs().max().item()
+        bound = tol * max(want.float().abs().max().item(), 1.0)
+        if not err <= bound:
+            raise AssertionError(f"{what.replace('{name}', name)} by {err:.3g} (> {bound:.3g})")

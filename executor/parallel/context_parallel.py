@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.kernels.cp_flash import chunked_causal_attention, take_chunks
-from executor.kernels.first_use import checked_once
+from executor.kernels.first_use import assert_agree, checked_once
 from executor.parallel.collectives import all_gather
 from executor.parallel.groups import Group
 
@@ -121,11 +121,7 @@ def check_flash(dtype: torch.dtype, head_dim: int, device: str) -> None:
             out = fn(*leaves)
             out.backward(g)
             results.append([out] + [t.grad for t in leaves])
-        for name, want, got in zip(("out", "dq", "dk", "dv"), *results):
-            err = (got.float() - want.float()).abs().max().item()
-            bound = tol * max(want.float().abs().max().item(), 1.0)
-            if not err <= bound:
-                raise AssertionError(f"{name} differs from the masked path by {err:.3g} (> {bound:.3g}), rank {rank}")
+        assert_agree(("out", "dq", "dk", "dv"), *results, tol, f"{{name}} of rank {rank} differs from the masked path")
 
 
 _CHECKED: dict[tuple, bool] = {}

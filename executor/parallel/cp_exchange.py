@@ -76,8 +76,20 @@ class CpExchange:
     def before(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         return q, k, v
 
-    def core(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None):
+    def core(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None,
+             docs=None):
+        """The attention core; ``docs`` (:class:`executor.documents.Documents`): a packed micro-batch, whose
+        tokens attend within their documents only."""
         raise NotImplementedError
+
+    def document_mask(self, layer, docs) -> torch.Tensor:
+        """``docs``' mask [b, 1, s_q, s_k] at this type's :meth:`mask_positions` (cached per shape and rank)."""
+        cache = self.__dict__.setdefault("_positions", {})
+        device = docs.segments.device
+        key = (docs.seq_length, layer.cp.size, layer.cp.rank, str(device))
+        if key not in cache:
+            cache[key] = self.mask_positions(docs.seq_length, layer.cp, device)
+        return docs.mask(*cache[key], layer.window)
 
     def after(self, layer, o: torch.Tensor) -> torch.Tensor:
         return o
@@ -94,7 +106,9 @@ class AllGatherExchange(CpExchange):
     def before(self, layer, q, k, v):
         return q, gather_kv(k, layer.cp), gather_kv(v, layer.cp)
 
-    def core(self, layer, q, k, v, sinks):
+    def core(self, layer, q, k, v, sinks, docs=None):
+        if docs is not None:  # the masked path: the flash chunks know no documents
+            return special_attention(q, k, v, self.document_mask(layer, docs), sinks)
         if not layer.plain:
             return special_attention(q, k, v, layer.mask, sinks)
         return cp_attention(q, k, v, layer.mask, layer.cp.size, layer.cp.rank)
@@ -106,8 +120,8 @@ class RingExchange(CpExchange):
 
     name, phase = "p2p", "cp_p2p"
 
-    def core(self, layer, q, k, v, sinks):
-        return ring_attention(q, k, v, layer.cp)
+    def core(self, layer, q, k, v, sinks, docs=None):
+        return ring_attention(q, k, v, layer.cp, None if docs is None else docs.segments)
 
 
 class AllToAllExchange(CpExchange):
@@ -125,11 +139,13 @@ class AllToAllExchange(CpExchange):
         group = layer.state[self.group]
         return heads_to_sequence(q, group), heads_to_sequence(k, group), heads_to_sequence(v, group)
 
-    def core(self, layer, q, k, v, sinks):
+    def core(self, layer, q, k, v, sinks, docs=None):
         if sinks is not None:  # this rank's share of the heads
             share = layer.state[self.group]
             n = sinks.shape[0] // share.size
             sinks = sinks[share.rank * n:(share.rank + 1) * n]
+        if docs is not None:  # whole sequences: the documents' mask of the sequence against itself
+            return special_attention(q, k, v, docs.whole(layer.window), sinks)
         if not layer.plain:
             return special_attention(q, k, v, layer.mask, sinks)
         return layer.local_core(q, k, v)
@@ -147,8 +163,8 @@ class HierarchicalExchange(AllToAllExchange):
     def mask_positions(self, seq_length, cp, device):
         return None
 
-    def core(self, layer, q, k, v, sinks):
-        return ring_attention(q, k, v, layer.state["cp_p2p"])
+    def core(self, layer, q, k, v, sinks, docs=None):
+        return ring_attention(q, k, v, layer.state["cp_p2p"], None if docs is None else docs.segments)
 
 
 #: CP communication type name -> its executor side; ``tests/executor/test_cp_comm_types.py`` checks these are
@@ -172,11 +188,12 @@ def check_ring_layer(config, plain: bool) -> None:
 
 
 def run_cp_attention(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recompute_core: bool,
-                     offload_core: bool, timed: bool = True) -> torch.Tensor:
+                     offload_core: bool, timed: bool = True, docs=None) -> torch.Tensor:
     """The attention core of ``layer`` under CP (layer.cp.size > 1) with its communication type
     (``layer.cp_exchange``): this rank's queries [b, heads, 2c, d], keys and values [b, kv_heads, 2c, d or d_v]
     in, its output [b, heads, 2c, d_v] out; the core under core_attn recomputation or offload. ``timed``: the
-    exchanges get the timer's phase marks (not inside a region that recomputation re-runs)."""
+    exchanges get the timer's phase marks (not inside a region that recomputation re-runs). ``docs``: a packed
+    micro-batch's documents (:mod:`executor.documents`), passed to the core."""
     exchange = layer.cp_exchange
     timer = layer.timer if timed else NULL_TIMER
     if exchange.exchanges_inputs:
@@ -184,7 +201,8 @@ def run_cp_attention(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r
         q, k, v = exchange.before(layer, q, k, v)
         k = timer.mark(k, exchange.phase, "attention")
     # through the layer's core_attention (its type's core under CP): what a slice records and times alone
-    o = recompute.run(recompute_core, layer.core_attention, q, k, v, offload=offload_core)
+    args = (q, k, v) if docs is None else (q, k, v, docs)  # MLA's core takes no documents (refused before)
+    o = recompute.run(recompute_core, layer.core_attention, *args, offload=offload_core)
     if exchange.exchanges_output:
         o = timer.mark(o, "attention", exchange.phase)
         o = exchange.after(layer, o)

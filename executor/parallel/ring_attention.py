@@ -28,6 +28,12 @@ float), which return the lse and take a given output and lse in backward; else (
 V, or FOLDTUNE_CP_FLASH=0) the same maths in torch matmuls, fp32. A first-use check per (dtype, head dims,
 device) compares the flash blocks with the matmul ones, forward and backward; a failing check keeps the
 matmul path.
+
+Packed sequences (``segments``: the micro-batch's segment ids [b, s] over the whole sequence, in global order):
+each block is masked to the query/key pairs of one document (the ring knows every chunk's global positions from
+the split), on the matmul blocks; a query row that meets no key of its document in a block gets lse −inf and
+output 0 there, which the merge weighs by exp(−inf) = 0. Step 0 always holds each query's own key, so the merged
+lse is finite.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from executor.kernels.first_use import checked_once
+from executor.kernels.first_use import assert_agree, checked_once
+from executor.parallel.context_parallel import cp_positions
 from executor.parallel.groups import Group
 
 _aten = torch.ops.aten
@@ -49,13 +56,16 @@ def _gqa(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int, int]:
     return b, k.shape[1], h // k.shape[1]
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
-    """fp32 scores [b, kv, g, sq, sk] (query head kv·g + gi against KV head kv), causal top-left masked."""
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool | torch.Tensor) -> torch.Tensor:
+    """fp32 scores [b, kv, g, sq, sk] (query head kv·g + gi against KV head kv), causal top-left masked; or
+    ``causal`` a boolean [b, sq, sk] mask (True = attend: a packed block's pairs of one document)."""
     b, kv, g = _gqa(q, k)
     sq, sk = q.shape[2], k.shape[2]
     qf = q.float().reshape(b, kv, g, sq, q.shape[-1])
     s = torch.matmul(qf, k.float().unsqueeze(2).transpose(-2, -1)) * q.shape[-1] ** -0.5
-    if causal:
+    if isinstance(causal, torch.Tensor):
+        s = s.masked_fill(~causal[:, None, None], float("-inf"))
+    elif causal:
         s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return s
 
@@ -64,7 +74,9 @@ def _math_forward(q, k, v, causal):
     b, kv, g = _gqa(q, k)
     s = _scores(q, k, causal)
     lse = torch.logsumexp(s, dim=-1)
-    out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float().unsqueeze(2))
+    # a row with no key to attend (a packed block outside its document): lse −inf, output 0, not nan
+    safe = torch.where(torch.isinf(lse), 0.0, lse)
+    out = torch.matmul(torch.exp(s - safe.unsqueeze(-1)), v.float().unsqueeze(2))
     return out.reshape(b, kv * g, q.shape[2], v.shape[-1]), lse.reshape(b, kv * g, q.shape[2]), None
 
 
@@ -134,11 +146,7 @@ def check_flash_blocks(dtype: torch.dtype, head_dim: int, device: str) -> None:
         grads2 = bwd(dout, q, k[:, :, :32], v[:, :, :32], out, lse, False, a2)
         results.append([o1, l1, o2, l2, *grads, *grads2])
     names = ("out", "lse", "out_full", "lse_full", "dq", "dk", "dv", "dq_full", "dk_full", "dv_full")
-    for name, want, got in zip(names, *results):
-        err = (got.float() - want.float()).abs().max().item()
-        bound = tol * max(want.float().abs().max().item(), 1.0)
-        if not err <= bound:
-            raise AssertionError(f"ring flash block {name} differs from the matmul block by {err:.3g} (> {bound:.3g})")
+    assert_agree(names, *results, tol, "ring flash block {name} differs from the matmul block")
 
 
 _CHECKED: dict[tuple, bool] = {}
@@ -196,11 +204,24 @@ def _block(step: int, n: int, r: int, c: int) -> tuple[slice, slice, bool]:
     return slice(c, 2 * c), slice(None), False
 
 
+def _document_block(segments: torch.Tensor, step: int, n: int, r: int, rows: slice, keys: slice,
+                    causal: bool) -> torch.Tensor:
+    """The block's mask [b, sq, sk] (True = attend) for packed ``segments`` [b, s]: the query rows of ring rank r
+    and the key rows of ring rank (r − step) mod n, at their global positions, pairs of one document only."""
+    s = segments.shape[1]
+    q_pos = cp_positions(s, n, r, segments.device)[rows]
+    k_pos = cp_positions(s, n, (r - step) % n, segments.device)[keys]
+    mask = segments[:, q_pos].unsqueeze(2) == segments[:, k_pos].unsqueeze(1)
+    if causal:
+        mask = mask & (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1))
+    return mask
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group: Group):
+    def forward(ctx, q, k, v, group: Group, segments: torch.Tensor | None = None):
         n, r, c = group.size, group.rank, q.shape[2] // 2
-        fwd, _ = block_kernels(q, v)
+        fwd, _ = block_kernels(q, v) if segments is None else MATH
         kv = _pack(k, v)
         acc_out = acc_lse = None
         aux = []
@@ -208,6 +229,8 @@ class _RingAttention(torch.autograd.Function):
             pending = _start(kv, group, 0) if step < n - 1 else None
             k_j, v_j = _unpack(kv, k.shape, v.shape)
             rows, keys, causal = _block(step, n, r, c)
+            if segments is not None:
+                causal = _document_block(segments, step, n, r, rows, keys, causal)
             out, lse, extra = fwd(q[:, :, rows], k_j[:, :, keys], v_j[:, :, keys], causal)
             aux.append(extra)
             if acc_out is None:
@@ -218,7 +241,7 @@ class _RingAttention(torch.autograd.Function):
                 kv = _finish(pending)
         out = acc_out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, acc_lse)
-        ctx.group, ctx.aux = group, aux
+        ctx.group, ctx.aux, ctx.segments = group, aux, segments
         return out
 
     @staticmethod
@@ -226,7 +249,8 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         group = ctx.group
         n, r, c = group.size, group.rank, q.shape[2] // 2
-        _, bwd = block_kernels(q, v)
+        segments = ctx.segments
+        _, bwd = block_kernels(q, v) if segments is None else MATH
         if dout.stride(-1) != 1:  # flash reads rows of d contiguous values
             dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -236,6 +260,8 @@ class _RingAttention(torch.autograd.Function):
             pending = _start(kv, group, 0) if step < n - 1 else None
             k_j, v_j = _unpack(kv, k.shape, v.shape)
             rows, keys, causal = _block(step, n, r, c)
+            if segments is not None:
+                causal = _document_block(segments, step, n, r, rows, keys, causal)
             dq_b, dk_b, dv_b = bwd(dout[:, :, rows], q[:, :, rows], k_j[:, :, keys], v_j[:, :, keys],
                                    out[:, :, rows], lse[:, :, rows], causal, ctx.aux[step])
             dq[:, :, rows] += dq_b
@@ -247,11 +273,14 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = _finish(pending)
         dk, dv = _unpack(_finish(grads), k.shape, v.shape)
-        return dq.to(q.dtype), dk, dv, None
+        return dq.to(q.dtype), dk, dv, None, None
 
 
-def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, group: Group) -> torch.Tensor:
+def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, group: Group,
+                   segments_BS: torch.Tensor | None = None) -> torch.Tensor:
     """Causal GQA attention of this ring rank's queries [b, heads, 2c, d] (chunks r and 2n−1−r of the ring's
     2n) against every ring rank's keys and values [b, kv_heads, 2c, d or d_v], passed around ``group``; the
-    output [b, heads, 2c, d_v] in q's dtype, 1/√d scale. A group of one is plain causal attention."""
-    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, group)
+    output [b, heads, 2c, d_v] in q's dtype, 1/√d scale. A group of one is plain causal attention.
+    ``segments_BS``: a packed micro-batch's segment ids [b, s] (whole sequence, global order): attention within
+    documents only."""
+    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, group, segments_BS)

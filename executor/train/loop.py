@@ -26,7 +26,8 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.recipe import DEFAULT_RECIPE
 from executor.buildable import check_buildable, training_for
-from executor.data import micro_batches
+from executor.data import micro_batches, packed_micro_batches
+from executor.documents import check_packed
 from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.hf.weights import export_hf, load_hf_weights
 from executor.launch_local import launch
@@ -156,7 +157,7 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     for position in range(batches):
-        micro = micro_batches(sampler.batch(position, dp.size, dp.rank), 1, 0, micro_batch_size, device)
+        micro = rank_micro_batches(sampler, position, dp, micro_batch_size, device)
         if pipelined:
             trainer.optimizer.zero_grad()
             stats = trainer.forward_backward(micro)  # [ce, router] means over micro-batches, last stage only
@@ -165,11 +166,20 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
             total += all_reduce_(stats[0].detach().double(), state["pp"])
         else:
             with torch.no_grad():
-                total += sum(model(ids, labels).ce.double() for ids, labels in micro) / len(micro)
+                total += sum(model(*m).ce.double() for m in micro) / len(micro)
     model.train()
     with torch.no_grad():
         total = all_reduce_(total / batches, dp_cp) / dp_cp.size
     return float(total)
+
+
+def rank_micro_batches(sampler: BatchSampler, position: int, dp, micro_batch_size: int,
+                       device: torch.device) -> list[tuple]:
+    """This DP rank's micro-batches of global batch ``position``: (ids, labels), or from a packed dataset
+    (ids, labels, segment ids) (:func:`executor.data.packed_micro_batches`)."""
+    if sampler.packed:
+        return packed_micro_batches(*sampler.packed_batch(position, dp.size, dp.rank), micro_batch_size, device)
+    return micro_batches(sampler.batch(position, dp.size, dp.rank), 1, 0, micro_batch_size, device)
 
 
 def _check(model: ModelSpec, config: ParallelConfig, options: ExecutorOptions, cfg: TrainConfig,
@@ -179,6 +189,12 @@ def _check(model: ModelSpec, config: ParallelConfig, options: ExecutorOptions, c
     if dataset.vocab_size > model.vocab_size:
         raise SpecError(f"dataset {dataset.path!r} has vocab_size {dataset.vocab_size}, model {model.name!r} "
                         f"only {model.vocab_size}")
+    if dataset.packed_seq_length is not None:
+        check_packed(model, config, options)
+        if dataset.packed_seq_length != cfg.seq_length:
+            raise SpecError(f"dataset {dataset.path!r} is packed for seq_length {dataset.packed_seq_length}, not "
+                            f"{cfg.seq_length}: prepare it again with `foldtune data prepare --pack --seq "
+                            f"{cfg.seq_length}`")
     check_buildable(model, training_for(cfg.seq_length, cfg.global_batch_size, options.moe_expert_capacity_factor,
                                         options.moe_pad_expert_input_to_capacity), config)
 
@@ -229,8 +245,7 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
         for step in range(report.start_step, cfg.steps):
             lr = schedule.at(step)
             set_lr(trainer.optimizer, lr)
-            rows = train_sampler.batch(step, dp.size, dp.rank)
-            micro = micro_batches(rows, 1, 0, config.micro_batch_size, device)
+            micro = rank_micro_batches(train_sampler, step, dp, config.micro_batch_size, device)
             if use_cuda:  # this stream only: the device would also finish the last step's overlapped param gathers
                 torch.cuda.current_stream(device).synchronize()
             start = time.perf_counter()

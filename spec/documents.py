@@ -1,0 +1,39 @@
+"""Packed sequences' attention work from their documents' lengths (pure Python).
+
+A training on packed sequences (``foldtune data prepare --pack``) attends within documents only, so a causal
+kernel that skips the blocks between documents does, per sequence, ``Σ_docs len²/2`` query-key pairs instead of
+``seq²/2``. Packing cuts a document longer than the sequence into pieces of ``seq`` tokens (and a remainder),
+each attended alone. Over a sample of document lengths (any number of sequences' worth) the share of a full
+causal sequence's work is therefore::
+
+    share = Σ_pieces len² / (Σ_pieces len · seq)
+
+(per token: a token of a piece of ``len`` tokens meets ``len/2`` keys on average, where one of a whole sequence
+meets ``seq/2``). 1 when every piece fills a sequence; for one document of ``seq/2`` per half sequence, 1/2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: most document lengths a TrainingSpec carries (a sample of a dataset's)
+MAX_DOCUMENT_SAMPLE = 4096
+
+
+def attention_share(lengths: Sequence[int], seq_length: int) -> float:
+    """The causal attention work of packed sequences of ``seq_length`` tokens made of documents of ``lengths``
+    tokens, as a share (0, 1] of unpacked sequences' (module docstring); 1.0 for no lengths."""
+    squares = total = 0
+    for n in lengths:
+        whole, rest = divmod(int(n), seq_length)  # the pieces packing cuts a long document into
+        squares += whole * seq_length ** 2 + rest ** 2
+        total += n
+    return squares / (total * seq_length) if total else 1.0
+
+
+def length_problems(lengths: Sequence[int]) -> list[str]:
+    """What is wrong with a document length sample (empty list when fine)."""
+    if not lengths:
+        return ["document_lengths must hold at least one length"]
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    return [f"document_lengths must be positive integers (tokens), got {bad[:3]}"] if bad else []
