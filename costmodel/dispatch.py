@@ -94,7 +94,7 @@ class RoutedShape(Protocol):
     tp_ep_place: Placement
 
     def elementwise(self, block: LayerBlock, fwd_bytes: float, module: str | tuple[str, ...] = (),
-                    bwd_bytes: float | None = None, term: int = MEM) -> None: ...
+                    bwd_bytes: float | None = None, term: int = MEM, op: str = "elementwise") -> None: ...
 
 
 class DispatcherPricing(Protocol):
@@ -168,7 +168,7 @@ def _exchange_extras(shape: RoutedShape, block: LayerBlock, received: float, loc
         block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
     if local_experts > 1:
         h, ab = shape.model.hidden_size, shape.act_bytes
-        shape.elementwise(block, 2 * 2 * received * h * ab, "moe")  # sort by expert and back
+        shape.elementwise(block, 2 * 2 * received * h * ab, "moe", op="permute")  # sort by expert and back
 
 
 def _exchange_buffer(model: ModelSpec, act_bytes: int, ep: int, etp: int, routed: float) -> tuple[str, float]:
@@ -268,7 +268,8 @@ class AllGatherPricing:
         if place.size > 1:
             block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
         # pick local experts' tokens
-        shape.elementwise(block, (local * place.size + received) * shape.model.hidden_size * shape.act_bytes, "moe")
+        shape.elementwise(block, (local * place.size + received) * shape.model.hidden_size * shape.act_bytes, "moe",
+                          op="permute")
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
                     routed: float) -> tuple[str, float]:

@@ -366,11 +366,11 @@ class _Shape:
                              bwd_bytes=self.fp8_dense_cast * m * n)
 
     def elementwise(self, block: _Block, fwd_bytes: float, module: str | tuple[str, ...] = (),
-                    bwd_bytes: float | None = None, term: int = MEM) -> None:
-        """One memory-bound kernel moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO x)."""
+                    bwd_bytes: float | None = None, term: int = MEM, op: str = "elementwise") -> None:
+        """One memory-bound kernel of class ``op`` moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO x)."""
         if bwd_bytes is None:
             bwd_bytes = ELEMENTWISE_BWD_RATIO * fwd_bytes
-        block.add(term, memory_time(self.rates, fwd_bytes), memory_time(self.rates, bwd_bytes), module)
+        block.add(term, memory_time(self.rates, fwd_bytes, op=op), memory_time(self.rates, bwd_bytes, op=op), module)
 
     def grad_accumulation(self, block: _Block, weights: float) -> None:
         """Backward-only: add this micro-batch's gradient of ``weights`` elements into the main gradient."""
@@ -407,11 +407,12 @@ class _Shape:
         a non-gated MLP), else the executor's separate torch ops (GPT-OSS's clamped quick-GeGLU)."""
         m, ab = self.model, self.act_bytes
         if not m.gated_linear_unit or is_plain_swiglu(m):
-            self.elementwise(block, (2 if m.gated_linear_unit else 1) * elements * ab + elements * ab, module)
+            self.elementwise(block, (2 if m.gated_linear_unit else 1) * elements * ab + elements * ab, module,
+                             op="activation")
             return
         moved, kernels = glu_traffic(m)
-        block.add(MEM, memory_time(self.rates, moved * elements * ab, kernels),
-                  memory_time(self.rates, ELEMENTWISE_BWD_RATIO * moved * elements * ab, kernels), module)
+        block.add(MEM, memory_time(self.rates, moved * elements * ab, kernels, "activation"),
+                  memory_time(self.rates, ELEMENTWISE_BWD_RATIO * moved * elements * ab, kernels, "activation"), module)
 
     def biases(self, block: _Block, column: float, row: float, module: str | tuple[str, ...] = ()) -> None:
         """Bias adds of a column-parallel output (``column`` elements per token on this rank, full-sequence) and a
@@ -419,7 +420,7 @@ class _Shape:
         self.elementwise(block, 2 * (column * self.tokens + row * self.tokens_local) * self.act_bytes, module)
 
     def norm(self, block: _Block, width: float, module: str | tuple[str, ...] = ("layernorm",)) -> None:
-        self.elementwise(block, 2 * width * self.tokens_local * self.act_bytes, module)
+        self.elementwise(block, 2 * width * self.tokens_local * self.act_bytes, module, op="norm")
 
     def residual(self, block: _Block) -> None:
         self.elementwise(block, 3 * self.model.hidden_size * self.tokens_local * self.act_bytes)
@@ -518,7 +519,7 @@ class _Shape:
         block.add(MEM, fwd, bwd, "moe")
         self.grad_accumulation(block, experts * h)
         self.elementwise(block, 12 * local * experts, "moe")
-        self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # permute: gather token copies
+        self.elementwise(block, (1 + topk) * local * h * ab, "moe", op="permute")  # permute: gather token copies
         received = local * topk * self.etp * self.imbalance  # token copies this rank's experts process
         local_experts = max(1, experts // self.ep)
         dispatcher_pricing(self.dispatcher).routed_time(self, block, local, received, local_experts)
@@ -538,7 +539,7 @@ class _Shape:
         self.activation(block, ffn / self.etp * received, ("moe", "moe_act"))
         if m.add_bias_linear:  # gather each row's gate/up and down biases, add them (the down one zero-padded to h)
             self.elementwise(block, received * (4 * gate * ffn / self.etp + (1 / self.etp + 4) * h) * ab, "moe")
-        self.elementwise(block, (1 + topk) * local * h * ab, "moe")  # unpermute and weight by probs
+        self.elementwise(block, (1 + topk) * local * h * ab, "moe", op="permute")  # unpermute, weight by probs
 
     def embedding(self, block: _Block) -> None:
         h, ab, t = self.model.hidden_size, self.act_bytes, self.tokens

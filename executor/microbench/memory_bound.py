@@ -1,0 +1,106 @@
+"""Memory-bound ops as the executor runs them: seconds of one forward + backward per op class and size.
+
+The cost model prices every memory-bound op (norms, activations, residual adds, token permutation) by the
+bytes it moves at a bandwidth plus a fixed cost per kernel (``costmodel.compute.memory_time``). A plain
+copy (``executor/microbench/hbm.py``) reaches more of the datasheet bandwidth than these ops do, and on a
+CPU rank an op's fixed cost is its dispatch through the framework and autograd (tens of microseconds, the
+whole of a tiny model's norm), not a GPU's few microseconds of launch gap. This benchmark times each op
+class at a few sizes, forward and backward under autograd as a training step runs them; the cost model's
+side (``costmodel.calibrate.memory_bound``) turns the timings into each class's achieved bandwidth and
+fixed seconds per kernel, counting bytes its own way.
+
+Op classes (``CLASSES``), each the executor's own code path:
+
+* ``elementwise``: ``x * y`` (two inputs, one output; backward two products);
+* ``norm``: the executor's RMSNorm over the last dim of [rows, width] (``pick_rms_norm``: the fused
+  kernel where it runs, else the kernel backend's);
+* ``activation``: the experts' SwiGLU on the fused gate/up output [rows, 2 x width] (``expert_swiglu``);
+* ``permute``: the dispatcher's gather of ``PERMUTE_COPIES`` copies of every token row (``index_select``;
+  backward ``index_add``).
+
+Sizes (``default_sizes``): rows x width. On a CPU rank the host is the device, so the smallest size is
+the tiny models' (a few hundred tokens of width 64): its time is mostly the op's fixed cost, which those
+models' steps consist of. On a GPU the smallest is large enough that the device, not the host issuing it,
+sets the time (the host's rate is the host floor's, ``executor/microbench/launch.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from executor.kernels import get_backend
+from executor.kernels.triton_rms_norm import pick_rms_norm
+from executor.microbench.timing import time_op
+from executor.moe import expert_swiglu
+from spec.hardware import MEMORY_OP_CLASSES as CLASSES
+PERMUTE_COPIES = 2  # top-2 routing: each token row gathered twice
+NORM_EPS = 1e-6
+# (rows, width), small to large. CPU: the tiny models' shape first (host-dominated), then RAM-sized tensors;
+# GPU: from L2-sized to well past the H100/H200's 50 MiB L2
+CPU_SIZES = ((256, 64), (2048, 128), (8192, 256))
+GPU_SIZES = ((4096, 1024), (16384, 4096), (65536, 4096))
+
+
+def default_sizes(device: torch.device, quick: bool) -> tuple[tuple[int, int], ...]:
+    """The (rows, width) sizes each class is timed at on ``device`` (``quick``: the same three; a fit needs
+    a small and a large size, and three keep one noisy sample from setting the slope)."""
+    del quick  # every size is needed for the fit; they take well under a second each
+    return CPU_SIZES if device.type == "cpu" else GPU_SIZES
+
+
+def _op(name: str, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> Callable[[], object]:
+    """A closure running one forward + backward of class ``name`` at [rows, width]."""
+    step = _forward_backward(name, rows, width, device, dtype)
+    leaves = [t for t in step.__defaults__ or () if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def call() -> None:
+        for t in leaves:  # a step's activations get fresh gradients, never accumulated ones
+            t.grad = None
+        step()
+    return call
+
+
+def _forward_backward(name: str, rows: int, width: int, device: torch.device,
+                      dtype: torch.dtype) -> Callable[[], object]:
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(True)
+
+    if name == "elementwise":
+        x, y = leaf(rows, width), leaf(rows, width)
+        grad = torch.randn(rows, width, device=device, dtype=dtype)
+        return lambda x=x, y=y: (x * y).backward(grad)
+    if name == "norm":
+        norm = pick_rms_norm(True, get_backend("torch"))
+        x, w = leaf(rows, width), leaf(width)
+        grad = torch.randn(rows, width, device=device, dtype=dtype)
+        return lambda x=x, w=w: norm(x, w, NORM_EPS).backward(grad)
+    if name == "activation":
+        x = leaf(rows, 2 * width)
+        grad = torch.randn(rows, width, device=device, dtype=dtype)
+        return lambda x=x: expert_swiglu(x).backward(grad)
+    if name == "permute":
+        x = leaf(rows, width)
+        index = torch.randperm(rows, device=device).repeat(PERMUTE_COPIES)
+        grad = torch.randn(rows * PERMUTE_COPIES, width, device=device, dtype=dtype)
+        return lambda x=x: x.index_select(0, index).backward(grad)
+    raise ValueError(f"unknown memory-bound op class {name!r}; classes are {', '.join(CLASSES)}")
+
+
+def measure_memory_bound(sizes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype,
+                         repeats: int = 3) -> list[dict]:
+    """Seconds of one forward + backward of each class at each size (the inputs' gradients are reset before
+    each call: a step's activations get fresh gradients, never accumulated ones).
+
+    Returns ``[{'op', 'rows', 'width', 'copies', 'elem_bytes', 'seconds'}]``; ``width`` is the row width of
+    every input but the activation's, which is its output's (its input is twice as wide); ``copies`` is how
+    many times the permutation gathers each row (1 for the other classes)."""
+    out = []
+    elem_bytes = torch.empty((), dtype=dtype).element_size()
+    for name in CLASSES:
+        for rows, width in sizes:
+            seconds = time_op(_op(name, rows, width, device, dtype), device, repeats=repeats)
+            out.append({"op": name, "rows": rows, "width": width, "copies": PERMUTE_COPIES if name == "permute" else 1,
+                        "elem_bytes": elem_bytes, "seconds": seconds})
+    return out
