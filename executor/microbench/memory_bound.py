@@ -50,42 +50,35 @@ def default_sizes(device: torch.device, quick: bool) -> tuple[tuple[int, int], .
     return CPU_SIZES if device.type == "cpu" else GPU_SIZES
 
 
-def _op(name: str, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> Callable[[], object]:
-    """A closure running one forward + backward of class ``name`` at [rows, width]."""
-    step = _forward_backward(name, rows, width, device, dtype)
-    leaves = [t for t in step.__defaults__ or () if isinstance(t, torch.Tensor) and t.requires_grad]
-
-    def call() -> None:
-        for t in leaves:  # a step's activations get fresh gradients, never accumulated ones
-            t.grad = None
-        step()
-    return call
-
-
-def _forward_backward(name: str, rows: int, width: int, device: torch.device,
-                      dtype: torch.dtype) -> Callable[[], object]:
+def _op(name: str, rows: int, width: int, device: torch.device,
+        dtype: torch.dtype) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+    """(a closure running one forward + backward of class ``name`` at [rows, width], its input tensors)."""
     def leaf(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(True)
 
     if name == "elementwise":
-        x, y = leaf(rows, width), leaf(rows, width)
-        grad = torch.randn(rows, width, device=device, dtype=dtype)
-        return lambda x=x, y=y: (x * y).backward(grad)
-    if name == "norm":
+        inputs = (leaf(rows, width), leaf(rows, width))
+        forward = lambda: inputs[0] * inputs[1]  # noqa: E731
+    elif name == "norm":
         norm = pick_rms_norm(True, get_backend("torch"))
-        x, w = leaf(rows, width), leaf(width)
-        grad = torch.randn(rows, width, device=device, dtype=dtype)
-        return lambda x=x, w=w: norm(x, w, NORM_EPS).backward(grad)
-    if name == "activation":
-        x = leaf(rows, 2 * width)
-        grad = torch.randn(rows, width, device=device, dtype=dtype)
-        return lambda x=x: expert_swiglu(x).backward(grad)
-    if name == "permute":
-        x = leaf(rows, width)
+        inputs = (leaf(rows, width), leaf(width))
+        forward = lambda: norm(inputs[0], inputs[1], NORM_EPS)  # noqa: E731
+    elif name == "activation":
+        inputs = (leaf(rows, 2 * width),)
+        forward = lambda: expert_swiglu(inputs[0])  # noqa: E731
+    elif name == "permute":
+        inputs = (leaf(rows, width),)
         index = torch.randperm(rows, device=device).repeat(PERMUTE_COPIES)
-        grad = torch.randn(rows * PERMUTE_COPIES, width, device=device, dtype=dtype)
-        return lambda x=x: x.index_select(0, index).backward(grad)
-    raise ValueError(f"unknown memory-bound op class {name!r}; classes are {', '.join(CLASSES)}")
+        forward = lambda: inputs[0].index_select(0, index)  # noqa: E731
+    else:
+        raise ValueError(f"unknown memory-bound op class {name!r}; classes are {', '.join(CLASSES)}")
+    grad = torch.randn_like(forward().detach())
+
+    def call() -> None:
+        for t in inputs:  # a step's activations get fresh gradients, never accumulated ones
+            t.grad = None
+        forward().backward(grad)
+    return call, inputs
 
 
 def measure_memory_bound(sizes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype,
@@ -100,7 +93,7 @@ def measure_memory_bound(sizes: tuple[tuple[int, int], ...], device: torch.devic
     elem_bytes = torch.empty((), dtype=dtype).element_size()
     for name in CLASSES:
         for rows, width in sizes:
-            seconds = time_op(_op(name, rows, width, device, dtype), device, repeats=repeats)
+            seconds = time_op(_op(name, rows, width, device, dtype)[0], device, repeats=repeats)
             out.append({"op": name, "rows": rows, "width": width, "copies": PERMUTE_COPIES if name == "permute" else 1,
                         "elem_bytes": elem_bytes, "seconds": seconds})
     return out
