@@ -15,13 +15,15 @@ Op classes (``CLASSES``), each the executor's own code path:
 * ``norm``: the executor's RMSNorm over the last dim of [rows, width] (``pick_rms_norm``: the fused
   kernel where it runs, else the kernel backend's);
 * ``activation``: the experts' SwiGLU on the fused gate/up output [rows, 2 x width] (``expert_swiglu``);
-* ``permute``: the dispatcher's gather of ``PERMUTE_COPIES`` copies of every token row (``index_select``;
-  backward ``index_add``).
+* ``permute``: the dispatcher's permutation of ``PERMUTE_COPIES`` copies of every token row into expert order
+  (``executor.dispatcher.permute``: a gather, the Triton kernel where it runs; backward sums each token's
+  copies).
 
-Sizes (``default_sizes``): rows x width. On a CPU rank the host is the device, so the smallest size is
-the tiny models' (a few hundred tokens of width 64): its time is mostly the op's fixed cost, which those
-models' steps consist of. On a GPU the smallest is large enough that the device, not the host issuing it,
-sets the time (the host's rate is the host floor's, ``executor/microbench/launch.py``).
+Sizes (``default_sizes``): rows x width, from the tiny models' shape (a few hundred tokens of width 64) up.
+On a CPU rank the host is the device: a call is timed by the wall clock, and a small op's time is mostly its
+fixed cost (dispatch, autograd), which the tiny models' steps consist of. On a GPU a training step's host
+runs ahead of the device, so the calls are captured in a CUDA graph and its replays timed: kernel time only
+(the host's issue rate is priced apart, as the host floor: ``executor/microbench/launch.py``).
 """
 
 from __future__ import annotations
@@ -30,17 +32,21 @@ from collections.abc import Callable
 
 import torch
 
+from executor.dispatcher import permute, slot_rows, sort_by_expert
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.microbench.timing import time_op
 from executor.moe import expert_swiglu
 from spec.hardware import MEMORY_OP_CLASSES as CLASSES
 PERMUTE_COPIES = 2  # top-2 routing: each token row gathered twice
+PERMUTE_EXPERTS = 8
 NORM_EPS = 1e-6
 # (rows, width), small to large. CPU: the tiny models' shape first (host-dominated), then RAM-sized tensors;
 # GPU: from L2-sized to well past the H100/H200's 50 MiB L2
 CPU_SIZES = ((256, 64), (2048, 128), (8192, 256))
-GPU_SIZES = ((4096, 1024), (16384, 4096), (65536, 4096))
+GPU_SIZES = ((256, 64), (4096, 1024), (16384, 4096), (65536, 4096))
+GRAPH_CALLS = 20  # calls per CUDA graph (GPU): many small ones, so the replay's own launch is a small share
+GRAPH_ELEMENTS = 1 << 26  # above this many elements a tensor, one call per graph (its kernels take milliseconds)
 
 
 def default_sizes(device: torch.device, quick: bool) -> tuple[tuple[int, int], ...]:
@@ -66,10 +72,12 @@ def _op(name: str, rows: int, width: int, device: torch.device,
     elif name == "activation":
         inputs = (leaf(rows, 2 * width),)
         forward = lambda: expert_swiglu(inputs[0])  # noqa: E731
-    elif name == "permute":
+    elif name == "permute":  # tokens routed to PERMUTE_COPIES of PERMUTE_EXPERTS experts, sorted by expert
         inputs = (leaf(rows, width),)
-        index = torch.randperm(rows, device=device).repeat(PERMUTE_COPIES)
-        forward = lambda: inputs[0].index_select(0, index)  # noqa: E731
+        experts = torch.randint(0, PERMUTE_EXPERTS, (rows, PERMUTE_COPIES), device=device)
+        slots, _ = sort_by_expert(experts, PERMUTE_EXPERTS)
+        row_of_slot = slot_rows(slots, rows, PERMUTE_COPIES)
+        forward = lambda: permute(inputs[0], slots, row_of_slot, PERMUTE_COPIES)  # noqa: E731
     else:
         raise ValueError(f"unknown memory-bound op class {name!r}; classes are {', '.join(CLASSES)}")
     grad = torch.randn_like(forward().detach())
@@ -79,6 +87,23 @@ def _op(name: str, rows: int, width: int, device: torch.device,
             t.grad = None
         forward().backward(grad)
     return call, inputs
+
+
+def _device_seconds(call: Callable[[], None], device: torch.device, calls: int, repeats: int) -> float:
+    """Device seconds of one ``call`` on a GPU: ``calls`` of them captured in one CUDA graph, replayed. Issued
+    one by one, a small op's forward + backward takes the host longer to launch than the GPU to run (autograd,
+    Python), and a training step's host runs ahead of its GPU: the graph times the kernels alone."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up (Triton compiles, autograd caches) off the capture
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            call()
+    return time_op(graph.replay, device, repeats=repeats) / calls
 
 
 def measure_memory_bound(sizes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype,
@@ -93,7 +118,11 @@ def measure_memory_bound(sizes: tuple[tuple[int, int], ...], device: torch.devic
     elem_bytes = torch.empty((), dtype=dtype).element_size()
     for name in CLASSES:
         for rows, width in sizes:
-            seconds = time_op(_op(name, rows, width, device, dtype)[0], device, repeats=repeats)
+            call = _op(name, rows, width, device, dtype)[0]
+            if device.type == "cuda":
+                seconds = _device_seconds(call, device, 1 if rows * width > GRAPH_ELEMENTS else GRAPH_CALLS, repeats)
+            else:
+                seconds = time_op(call, device, repeats=repeats)
             out.append({"op": name, "rows": rows, "width": width, "copies": PERMUTE_COPIES if name == "permute" else 1,
                         "elem_bytes": elem_bytes, "seconds": seconds})
     return out
