@@ -14,7 +14,8 @@ Op classes (``CLASSES``), each the executor's own code path:
 * ``elementwise``: ``x * y`` (two inputs, one output; backward two products);
 * ``norm``: the executor's RMSNorm over the last dim of [rows, width] (``pick_rms_norm``: the fused
   kernel where it runs, else the kernel backend's);
-* ``activation``: the experts' SwiGLU on the fused gate/up output [rows, 2 x width] (``expert_swiglu``);
+* ``activation``: the experts' SwiGLU on the fused gate/up output [rows, 2 x width], forward and its hand-written
+  backward as the experts' single autograd node runs them (``executor/grouped_swiglu.py``);
 * ``permute``: the dispatcher's permutation of ``PERMUTE_COPIES`` copies of every token row into expert order
   (``executor.dispatcher.permute``: a gather, the Triton kernel where it runs; backward sums each token's
   copies).
@@ -36,7 +37,7 @@ from executor.dispatcher import permute, slot_rows, sort_by_expert
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.microbench.timing import time_op
-from executor.moe import expert_swiglu
+from executor.grouped_swiglu import _swiglu, _swiglu_grad
 from spec.hardware import MEMORY_OP_CLASSES as CLASSES
 PERMUTE_COPIES = 2  # top-2 routing: each token row gathered twice
 PERMUTE_EXPERTS = 8
@@ -58,7 +59,8 @@ def default_sizes(device: torch.device, quick: bool) -> tuple[tuple[int, int], .
 
 def _op(name: str, rows: int, width: int, device: torch.device,
         dtype: torch.dtype) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
-    """(a closure running one forward + backward of class ``name`` at [rows, width], its input tensors)."""
+    """(a closure running one forward + backward of class ``name`` at [rows, width], the input tensors autograd
+    writes gradients to: none for the activation, whose backward the experts' node computes itself)."""
     def leaf(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(True)
 
@@ -69,9 +71,14 @@ def _op(name: str, rows: int, width: int, device: torch.device,
         norm = pick_rms_norm(True, get_backend("torch"))
         inputs = (leaf(rows, width), leaf(width))
         forward = lambda: norm(inputs[0], inputs[1], NORM_EPS)  # noqa: E731
-    elif name == "activation":
-        inputs = (leaf(rows, 2 * width),)
-        forward = lambda: expert_swiglu(inputs[0])  # noqa: E731
+    elif name == "activation":  # inside the experts' one autograd node: no graph of its own
+        gate_up = torch.randn(rows, 2 * width, device=device, dtype=dtype)
+        d_act = torch.randn(rows, width, device=device, dtype=dtype)
+
+        def activation() -> None:
+            _swiglu(gate_up)
+            _swiglu_grad(gate_up, d_act)
+        return activation, ()
     elif name == "permute":  # tokens routed to PERMUTE_COPIES of PERMUTE_EXPERTS experts, sorted by expert
         inputs = (leaf(rows, width),)
         experts = torch.randint(0, PERMUTE_EXPERTS, (rows, PERMUTE_COPIES), device=device)
