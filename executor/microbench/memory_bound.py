@@ -5,9 +5,9 @@ bytes it moves at a bandwidth plus a fixed cost per kernel (``costmodel.compute.
 copy (``executor/microbench/hbm.py``) reaches more of the datasheet bandwidth than these ops do, and on a
 CPU rank an op's fixed cost is its dispatch through the framework and autograd (tens of microseconds, the
 whole of a tiny model's norm), not a GPU's few microseconds of launch gap. This benchmark times each op
-class at a few sizes, forward and backward under autograd as a training step runs them; the cost model's
-side (``costmodel.calibrate.memory_bound``) turns the timings into each class's achieved bandwidth and
-fixed seconds per kernel, counting bytes its own way.
+class at a few sizes, forward and backward as a training step runs them; the cost model's side
+(``costmodel.calibrate.memory_bound``) turns the timings into one curve per class of bytes per kernel ->
+achieved / datasheet bandwidth, counting bytes its own way.
 
 Op classes (``CLASSES``), each the executor's own code path:
 
@@ -34,16 +34,17 @@ from collections.abc import Callable
 import torch
 
 from executor.dispatcher import permute, slot_rows, sort_by_expert
+from executor.grouped_swiglu import _swiglu, _swiglu_grad
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.microbench.timing import time_op
-from executor.grouped_swiglu import _swiglu, _swiglu_grad
 from spec.hardware import MEMORY_OP_CLASSES as CLASSES
+
 PERMUTE_COPIES = 2  # top-2 routing: each token row gathered twice
 PERMUTE_EXPERTS = 8
 NORM_EPS = 1e-6
-# (rows, width), small to large. CPU: the tiny models' shape first (host-dominated), then RAM-sized tensors;
-# GPU: from L2-sized to well past the H100/H200's 50 MiB L2
+# (rows, width), small to large, each from the tiny models' shape (a fixed cost's worth of work). CPU: up to tensors
+# past the last-level cache of every rank together; GPU: up to tensors well past the H100/H200's 50 MiB L2
 CPU_SIZES = ((256, 64), (2048, 128), (8192, 256))
 GPU_SIZES = ((256, 64), (4096, 1024), (16384, 4096), (65536, 4096))
 GRAPH_CALLS = 20  # calls per CUDA graph (GPU): many small ones, so the replay's own launch is a small share
@@ -51,9 +52,9 @@ GRAPH_ELEMENTS = 1 << 26  # above this many elements a tensor, one call per grap
 
 
 def default_sizes(device: torch.device, quick: bool) -> tuple[tuple[int, int], ...]:
-    """The (rows, width) sizes each class is timed at on ``device`` (``quick``: the same three; a fit needs
-    a small and a large size, and three keep one noisy sample from setting the slope)."""
-    del quick  # every size is needed for the fit; they take well under a second each
+    """The (rows, width) sizes each class is timed at on ``device`` (``quick``: the same: the curve needs the
+    small sizes for the fixed cost and the large ones for the bandwidth, and all take seconds together)."""
+    del quick
     return CPU_SIZES if device.type == "cpu" else GPU_SIZES
 
 
