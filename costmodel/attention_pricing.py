@@ -145,7 +145,7 @@ class GQAPricing(AttentionPricing):
         if m.add_qkv_bias or m.add_bias_linear:
             parts.biases(block, (heads + 2 * kv) * d / tp, h if m.add_bias_linear else 0)
         if m.qk_layernorm:
-            parts.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm")
+            parts.elementwise(block, 2 * (heads + kv) / tp * d * t * ab, "layernorm", op="norm")
         if m.position_embedding_type == "rope":
             parts.elementwise(block, 2 * (heads + kv) / tp * d * t * ab)
         fwd, bwd = _gqa_core(parts, max(1, heads // tp), d)

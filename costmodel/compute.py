@@ -3,7 +3,8 @@
 Every function returns seconds on one GPU. Rates come from :func:`compute_rates`, which starts from the
 GPU's datasheet peaks and the default efficiencies below, and prefers the measured curves a calibrated
 :class:`~spec.hardware.HardwareProfile` carries (``gemm_efficiency``, ``gemm_bwd_efficiency`` for a
-linear's backward GEMMs, ``grouped_gemm_efficiency``, ``hbm_efficiency``).
+linear's backward GEMMs, ``grouped_gemm_efficiency``, ``hbm_efficiency``, and per memory-bound op class
+``memory_bound_efficiency``).
 
 Default efficiencies are hardware microbenchmark ceilings (measured on an H200, whose dense bf16/fp8
 peaks equal the H100's), never fits to end-to-end training results:
@@ -17,6 +18,15 @@ peaks equal the H100's), never fits to end-to-end training results:
   grouped/GEMM ratio applied to the fp8 GEMM ceiling, 0.693: that prices them 17 % faster than the kernel runs.)
 * HBM copy 4.2 of 4.8 TB/s                -> 0.875 of datasheet bandwidth
 
+Memory-bound ops (:func:`memory_time`) are priced per op class (``spec.hardware.MEMORY_OP_CLASSES``): a
+calibrated profile carries, per class, a curve of bytes per kernel (as this model counts an op's bytes) ->
+achieved / datasheet bandwidth, timed on the machine with the executor's own ops, forward and backward
+(``executor/microbench/memory_bound.py``, ``costmodel/calibrate/memory_bound.py``): small kernels reach less
+of the bandwidth because their fixed cost (launch, dispatch, autograd) weighs more, and a kernel smaller than
+the smallest measured takes that one's seconds (the fixed cost is a floor). A class the profile did not
+measure takes its 'elementwise' curve; a profile without any takes the copy bandwidth (``hbm_efficiency``,
+else the default below) plus ``KERNEL_OVERHEAD_S`` per kernel.
+
 Attention's defaults are assumptions recorded in ``docs/time-model.md`` (flash-attention-class kernels on
 Hopper); a calibrated profile's measured curves (``attention_fwd_efficiency``/``attention_bwd_efficiency``)
 replace them.
@@ -25,7 +35,7 @@ replace them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from spec.flops import ATTENTION_BWD_FLOP_RATIO, attention_fwd_flops
@@ -83,6 +93,15 @@ class ComputeRates:
     # least seconds of one CP chunk attention call, forward + backward (measured, else 0): a short chunk's
     # kernel waits for the host issuing it (costmodel.context_parallel: half of it a floor each way)
     cp_chunk_floor: float = 0.0
+    # memory-bound op class -> measured curve of bytes per kernel -> achieved / ``hbm_datasheet``; a class not
+    # here takes the 'elementwise' curve, and with none memory_time prices at hbm_bandwidth + kernel_overhead
+    memory_curves: dict[str, MeasuredCurve] = field(default_factory=dict)
+    hbm_datasheet: float = 0.0  # bytes/s
+
+    def __post_init__(self) -> None:
+        if self.memory_curves and "elementwise" not in self.memory_curves:  # fallback of unmeasured classes
+            curves = {**self.memory_curves, "elementwise": next(iter(self.memory_curves.values()))}
+            object.__setattr__(self, "memory_curves", curves)
 
 
 @lru_cache(maxsize=64)
@@ -115,7 +134,8 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_mla_fwd_curve=hardware.attention_mla_fwd_efficiency,
         attn_mla_bwd_curve=hardware.attention_mla_bwd_efficiency,
         fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock,
-        cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0, grouped_curve_scale=curve_scale)
+        cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0, grouped_curve_scale=curve_scale,
+        memory_curves=dict(hardware.memory_bound_efficiency), hbm_datasheet=gpu.hbm_bandwidth)
 
 
 def _by_weight_size(shape_curves: tuple[tuple[str, MeasuredCurve], ...]) -> tuple[tuple[float, MeasuredCurve], ...]:
@@ -303,6 +323,14 @@ def sink_attention_time(rates: ComputeRates, batch_queries: int, seq_kv: int, he
     return fwd, bwd
 
 
-def memory_time(rates: ComputeRates, nbytes: float, kernels: int = 1) -> float:
-    """Seconds for ``kernels`` memory-bound kernels moving ``nbytes`` bytes of HBM traffic in total."""
-    return nbytes / rates.hbm_bandwidth + kernels * rates.kernel_overhead
+def memory_time(rates: ComputeRates, nbytes: float, kernels: int = 1, op: str = "elementwise") -> float:
+    """Seconds for ``kernels`` memory-bound kernels of class ``op`` (``spec.hardware.MEMORY_OP_CLASSES``) moving
+    ``nbytes`` bytes of HBM traffic in total, split evenly: on the class's measured curve where the profile has
+    one (see the module docstring), else the bytes at ``hbm_bandwidth`` plus ``kernel_overhead`` per kernel."""
+    curve = rates.memory_curves.get(op) or rates.memory_curves.get("elementwise")
+    if curve is None:
+        return nbytes / rates.hbm_bandwidth + kernels * rates.kernel_overhead
+    if kernels <= 0:  # bytes only (folded into other kernels): at the largest measured kernels' bandwidth
+        return nbytes / (rates.hbm_datasheet * curve.points[-1][1])
+    per_kernel = max(nbytes / kernels, curve.points[0][0])  # below the smallest measured: its seconds, a floor
+    return kernels * per_kernel / (rates.hbm_datasheet * curve(per_kernel))

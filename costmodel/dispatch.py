@@ -95,7 +95,8 @@ class RoutedShape(Protocol):
     tp_ep_place: Placement
 
     def elementwise(self, block: LayerBlock, fwd_bytes: float, module: str | tuple[str, ...] = (),
-                    bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0) -> None: ...
+                    bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0,
+                    op: str = "elementwise") -> None: ...
 
 
 class DispatcherPricing(Protocol):
@@ -169,7 +170,7 @@ def _exchange_extras(shape: RoutedShape, block: LayerBlock, received: float, loc
         block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
     if local_experts > 1:
         shape.elementwise(block, sort_bytes(received, shape.model.hidden_size, shape.act_bytes), "moe",
-                          scale=shape.permute_factor)
+                          scale=shape.permute_factor, op="permute")
 
 
 def sort_bytes(received: float, hidden: int, act_bytes: int) -> float:
@@ -274,7 +275,8 @@ class AllGatherPricing:
         if place.size > 1:
             block.add(A2A, shape.dispatch_fixed / 2, shape.dispatch_fixed / 2, "moe")
         # pick local experts' tokens
-        shape.elementwise(block, (local * place.size + received) * shape.model.hidden_size * shape.act_bytes, "moe")
+        shape.elementwise(block, (local * place.size + received) * shape.model.hidden_size * shape.act_bytes, "moe",
+                          op="permute")
 
     def comm_buffer(self, model: ModelSpec, act_bytes: int, sp_split: int, ep: int, etp: int,
                     routed: float) -> tuple[str, float]:

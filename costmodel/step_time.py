@@ -369,13 +369,14 @@ class _Shape:
                              bwd_bytes=self.fp8_dense_cast * m * n)
 
     def elementwise(self, block: _Block, fwd_bytes: float, module: str | tuple[str, ...] = (),
-                    bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0) -> None:
-        """One memory-bound kernel moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO x), its seconds
-        times ``scale`` (a measured factor)."""
+                    bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0,
+                    op: str = "elementwise") -> None:
+        """One memory-bound kernel of class ``op`` moving ``fwd_bytes`` forward (backward: ELEMENTWISE_BWD_RATIO
+        x), its seconds times ``scale`` (a measured factor)."""
         if bwd_bytes is None:
             bwd_bytes = ELEMENTWISE_BWD_RATIO * fwd_bytes
-        block.add(term, scale * memory_time(self.rates, fwd_bytes), scale * memory_time(self.rates, bwd_bytes),
-                  module)
+        block.add(term, scale * memory_time(self.rates, fwd_bytes, op=op),
+                  scale * memory_time(self.rates, bwd_bytes, op=op), module)
 
     def grad_accumulation(self, block: _Block, weights: float) -> None:
         """Backward-only: add this micro-batch's gradient of ``weights`` elements into the main gradient."""
@@ -412,11 +413,12 @@ class _Shape:
         a non-gated MLP), else the executor's separate torch ops (GPT-OSS's clamped quick-GeGLU)."""
         m, ab = self.model, self.act_bytes
         if not m.gated_linear_unit or is_plain_swiglu(m):
-            self.elementwise(block, (2 if m.gated_linear_unit else 1) * elements * ab + elements * ab, module)
+            self.elementwise(block, (2 if m.gated_linear_unit else 1) * elements * ab + elements * ab, module,
+                             op="activation")
             return
         moved, kernels = glu_traffic(m)
-        block.add(MEM, memory_time(self.rates, moved * elements * ab, kernels),
-                  memory_time(self.rates, ELEMENTWISE_BWD_RATIO * moved * elements * ab, kernels), module)
+        block.add(MEM, memory_time(self.rates, moved * elements * ab, kernels, "activation"),
+                  memory_time(self.rates, ELEMENTWISE_BWD_RATIO * moved * elements * ab, kernels, "activation"), module)
 
     def biases(self, block: _Block, column: float, row: float, module: str | tuple[str, ...] = ()) -> None:
         """Bias adds of a column-parallel output (``column`` elements per token on this rank, full-sequence) and a
@@ -424,7 +426,7 @@ class _Shape:
         self.elementwise(block, 2 * (column * self.tokens + row * self.tokens_local) * self.act_bytes, module)
 
     def norm(self, block: _Block, width: float, module: str | tuple[str, ...] = ("layernorm",)) -> None:
-        self.elementwise(block, 2 * width * self.tokens_local * self.act_bytes, module)
+        self.elementwise(block, 2 * width * self.tokens_local * self.act_bytes, module, op="norm")
 
     def residual(self, block: _Block) -> None:
         self.elementwise(block, 3 * self.model.hidden_size * self.tokens_local * self.act_bytes)
@@ -554,7 +556,7 @@ class _Shape:
         """Permute: gather each token's top-k copies (times the profile's measured permutation factor)."""
         m = self.model
         self.elementwise(block, (1 + m.moe_router_topk) * self.moe_tokens * m.hidden_size * self.act_bytes, "moe",
-                         scale=self.permute_factor)
+                         scale=self.permute_factor, op="permute")
 
     def moe_unpermute(self, block: _Block) -> None:
         """Unpermute and weight by the probabilities (times the profile's measured permutation factor)."""

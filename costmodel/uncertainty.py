@@ -226,6 +226,8 @@ def _attention(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c:
 
 
 def _hbm(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c: ParallelConfig) -> tuple[str, str]:
+    if hw.memory_bound_efficiency:
+        return MEASURED, "measured memory-bound ops (bandwidth and seconds per kernel, per op class)"
     if hw.hbm_efficiency:
         return MEASURED, "measured copy bandwidth"
     return DATASHEET, "datasheet HBM bandwidth x default efficiency"

@@ -29,6 +29,11 @@ DEFAULT_COLLECTIVE_LAUNCH_S = 25e-6
 # copies. CPU Adam: bytes of fp32 optimizer state (master + two moments, 12 per element) stepped per second
 # by torch's CPU ops; an assumption, deliberately conservative (a server CPU's eager elementwise ops pass the
 # state through DRAM about eight times). ``foldtune calibrate`` measures both (executor/microbench/offload.py).
+# Classes of memory-bound ops that calibration times one by one (executor/microbench/memory_bound.py) and the
+# cost model prices each at its own measured bandwidth and seconds per kernel (costmodel.compute.memory_time):
+# 'elementwise' (products, adds, casts: also every op of no other class), 'norm' (RMSNorm), 'activation'
+# (SwiGLU), 'permute' (the dispatcher's gather of token rows).
+MEMORY_OP_CLASSES = ("elementwise", "norm", "activation", "permute")
 DEFAULT_HOST_LINK_BANDWIDTH = 55e9
 DEFAULT_CPU_ADAM_BANDWIDTH = 2e9
 
@@ -171,6 +176,10 @@ class HardwareProfile:
     attention_mla_bwd_efficiency: MeasuredCurve | None = None
     collective_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     hbm_efficiency: float | None = None  # measured copy bandwidth / datasheet
+    # memory-bound op class (MEMORY_OP_CLASSES) -> curve of bytes per kernel (as the time model counts them) ->
+    # achieved / datasheet bandwidth, fixed costs included (empty: not measured, priced from hbm_efficiency and
+    # the time model's fixed kernel overhead)
+    memory_bound_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
     source: str = "datasheet"
     op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
@@ -202,7 +211,8 @@ class HardwareProfile:
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency", "dispatcher_fixed_s"):
+        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency", "dispatcher_fixed_s",
+                     "memory_bound_efficiency"):
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, tuple(sorted(getattr(self, name).items())))
         if isinstance(self.component_factors, dict):  # kept as sorted tuples: the profile must stay hashable
@@ -229,6 +239,9 @@ class HardwareProfile:
         for name, value in fixed:  # 0 is a measurement (nothing beyond the price); negative is not
             require(p, value is None or (math.isfinite(value) and value >= 0),
                     f"{name} must be None or a finite number >= 0 s, got {value}")
+        unknown = [k for k, _ in self.memory_bound_efficiency if k not in MEMORY_OP_CLASSES]
+        require(p, not unknown, f"memory_bound_efficiency keys must be memory-bound op classes "
+                                f"({', '.join(MEMORY_OP_CLASSES)}), got {unknown}")
         require(p, self.overlap_slowdown is None or 0.0 <= self.overlap_slowdown <= 1.0,
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
@@ -331,6 +344,8 @@ class HardwareProfile:
                                              "moe_permute_factor")
                if getattr(self, k) is not None},
             **({"dispatcher_fixed_s": dict(self.dispatcher_fixed_s)} if self.dispatcher_fixed_s else {}),
+            **({"memory_bound_efficiency": {k: list(c.points) for k, c in self.memory_bound_efficiency}}
+               if self.memory_bound_efficiency else {}),
             "network_source": self.network_source,
             **({"component_factors": {k: dict(v) for k, v in self.component_factors}}
                if self.component_factors else {}),
@@ -346,7 +361,7 @@ class HardwareProfile:
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
         if isinstance(d.get("dispatcher_fixed_s"), dict):
             d["dispatcher_fixed_s"] = tuple(sorted((str(k), float(v)) for k, v in d["dispatcher_fixed_s"].items()))
-        for key in ("collective_efficiency", "grouped_gemm_shape_efficiency"):
+        for key in ("collective_efficiency", "grouped_gemm_shape_efficiency", "memory_bound_efficiency"):
             curves = d.get(key) or {}
             if isinstance(curves, dict):
                 d[key] = tuple(sorted(

@@ -366,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
         print("causal attention fwd / bwd (key length -> of bf16 peak): " + ", ".join(
             f"{x:.0f}:{y:.3f}/{profile.attention_bwd_efficiency(x):.3f}" for x, y in profile.attention_fwd_efficiency.points))
     print(f"memory copy: {profile.hbm_efficiency:.3f} of {base.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
+    for op, curve in profile.memory_bound_efficiency:
+        print(f"memory-bound {op} (bytes per kernel -> of that bandwidth): "
+              + ", ".join(f"{x:.3g}:{y:.3g}" for x, y in curve.points))
     print(f"launch overhead: {seconds(profile.op_launch_seconds)} per eager op"
           + (f", {seconds(profile.collective_launch_s)} per small collective"
              if profile.collective_launch_s is not None else "")

@@ -80,7 +80,8 @@ class TrialPrinter:
         say = lambda text: print(text, file=self.out, flush=True)
         if kind == "calibrating":
             say(f"job {data['job_id']}: no calibrated profile of {data['gpu']} yet: calibrating this machine "
-                f"({data['mode']}: GEMMs, attention, copies, launch overheads, collectives) before the search ...")
+                f"({data['mode']}: GEMMs, attention, copies, memory-bound ops, launch overheads, collectives) "
+                "before the search ...")
         elif kind == "calibrated":
             say(f"job {data['job_id']}: calibrated in {data['seconds']:.0f} s, stored as {data['name']!r} (later jobs "
                 f"reuse it)" + (f"; {data['note']}" if data.get("note") else ""))

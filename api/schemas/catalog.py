@@ -86,6 +86,9 @@ class HardwareProfileIn(BodyIn):
     dispatcher_fixed_s: dict[Name, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=dict, description="dispatcher -> seconds per MoE layer's dispatch + combine (fwd+bwd) "
         "beyond its bandwidth price, measured")
+    memory_bound_efficiency: dict[Name, Curve] = Field(
+        default_factory=dict, description="memory-bound op class (elementwise, norm, activation, permute) -> curve "
+        "of bytes per kernel (as the cost model counts them) -> achieved / datasheet bandwidth, measured")
     component_factors: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1000)]]] = Field(
         default_factory=dict, description="'MODEL@seqS[@mbsM]' -> {cost-model term: measured/predicted}")
     source: Annotated[str, Field(min_length=1, max_length=2000), AfterValidator(valid_text)] = "api"

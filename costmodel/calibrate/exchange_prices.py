@@ -93,9 +93,10 @@ class _RoutedShape:
     def __post_init__(self) -> None:
         self.ep_place, self.etp_place, self.tp_ep_place = map(self.places.of, ("ep", "etp", "tp_ep"))
 
-    def elementwise(self, block, fwd_bytes, module=(), bwd_bytes=None, term=None, scale=1.0) -> None:
-        block.add(term, scale * memory_time(self.rates, fwd_bytes), scale * memory_time(
-            self.rates, ELEMENTWISE_BWD_RATIO * fwd_bytes if bwd_bytes is None else bwd_bytes))
+    def elementwise(self, block, fwd_bytes, module=(), bwd_bytes=None, term=None, scale=1.0,
+                    op="elementwise") -> None:
+        block.add(term, scale * memory_time(self.rates, fwd_bytes, op=op), scale * memory_time(
+            self.rates, ELEMENTWISE_BWD_RATIO * fwd_bytes if bwd_bytes is None else bwd_bytes, op=op))
 
 
 def cp_prices(hardware: HardwareProfile, case: CpCase, fixed: bool = True) -> tuple[float, float]:

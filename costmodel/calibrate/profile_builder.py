@@ -17,6 +17,9 @@
   heads (192/128), which SDPA runs on another kernel. An fp8 calibration times attention in bf16 against the bf16
   peak as well (attention stays in 16 bits under fp8 training).
 * ``hbm_efficiency``: copy traffic (read + write) / seconds of the largest copy / datasheet bandwidth.
+* ``memory_bound_efficiency``: per memory-bound op class, bytes per kernel -> achieved / datasheet bandwidth,
+  bytes as the time model counts them, forward + backward of the executor's op at each measured size
+  (``costmodel/calibrate/memory_bound.py``); raw files without the benchmark keep the base's.
 * ``collective_efficiency['<name>:intra']``: full-size buffer bytes -> (the model's wire bytes for that
   buffer / measured seconds) / ``intra_node_bandwidth``; latency is inside the curve. Every rank of a
   local run shares one node, so only 'intra' curves come from here. Each measured group size n gets its
@@ -49,6 +52,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from costmodel.calibrate.exchange_prices import fixed_fields
+from costmodel.calibrate.memory_bound import memory_bound_curves
 from costmodel.comm import ring_wire_bytes
 from spec.hardware import HardwareProfile, MeasuredCurve
 
@@ -192,5 +196,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         network_source=network_source,
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")
+    memory = memory_bound_curves(raw.get("memory_bound") or [], base.gpu.hbm_bandwidth)
+    if memory:
+        built = replace(built, memory_bound_efficiency=memory)
     # the per-call costs are what the executor's exchanges take beyond the curves just built: priced on them
     return replace(built, **fixed_fields(built, raw["exchanges"])) if raw.get("exchanges") else built

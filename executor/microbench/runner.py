@@ -18,7 +18,7 @@ import torch
 from executor.launch_local import LaunchResult
 from executor.launch_local import launch as launch_ranks
 from executor.microbench import (attention, collectives, exchanges, fragmentation, gemm, grouped_gemm, hbm, launch,
-                                 offload, overlap, sustained)
+                                 memory_bound, offload, overlap, sustained)
 from executor.microbench.components import OPTIMIZER_PARAMS_CPU, OPTIMIZER_PARAMS_GPU, measure_optimizer
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from executor.microbench.timing import lockstep
@@ -96,6 +96,11 @@ def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
                                       device)
     for row in report["copy"]:
         say(f"  {row['bytes'] / 2**20:8.0f} MiB  {row['traffic_bytes'] / row['seconds'] / 1e9:8.2f} GB/s")
+    say("memory-bound ops (forward + backward under autograd: product, RMSNorm, SwiGLU, token gather)")
+    report["memory_bound"] = memory_bound.measure_memory_bound(
+        plan.sizes(memory_bound.default_sizes(device, plan.quick)), device, dtype)
+    for row in report["memory_bound"]:
+        say(f"  {row['op']:<11} {row['rows']:>6}x{row['width']:<5} {row['seconds'] * 1e6:10.1f} us")
     # after every compute curve: those are priced as bursts from a cool card, and seconds at the power cap
     # would leave the grouped GEMM and attention curves timed on a hot one (scaled by the factor twice)
     if use_cuda and plan.sustained_s > 0:
@@ -161,6 +166,7 @@ def merge_ranks(reports: list[dict]) -> dict:
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
             "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
+            **({"memory_bound": merged("memory_bound", statistics.median)} if reports[0].get("memory_bound") else {}),
             "attention": [{**row, "fwd_seconds": statistics.median(r["attention"][i]["fwd_seconds"] for r in reports),
                            "bwd_seconds": statistics.median(r["attention"][i]["bwd_seconds"] for r in reports)}
                           for i, row in enumerate(reports[0].get("attention") or [])],

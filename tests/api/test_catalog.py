@@ -133,3 +133,19 @@ def test_a_profile_with_exchange_per_call_costs_round_trips_and_a_negative_one_i
     r = client.post("/v1/hardware-profiles", json={**H, "name": "neg", "dispatcher_fixed_s": {"alltoall": -1e-3}},
                     headers=alice)
     assert r.status_code == 422 and "dispatcher_fixed_s" in r.json()["errors"][0]["loc"]
+
+
+def test_a_profile_with_memory_bound_curves_round_trips_and_an_unknown_class_names_the_rule(client, alice):
+    """The per-class curves ``foldtune calibrate`` writes are kept as sent; a class the cost model has no
+    pricing for is refused with the classes it knows, not a 500."""
+    curves = {"norm": [[9.8e4, 0.005], [1.6e9, 0.86]], "permute": [[1.5e5, 0.024], [2.4e9, 1.26]]}
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "mem-curves", "memory_bound_efficiency": curves},
+                    headers=alice)
+    assert r.status_code == 201, r.text
+    got = client.get("/v1/hardware-profiles/mem-curves", headers=alice).json()["profile"]
+    assert got["memory_bound_efficiency"] == curves
+    r = client.post("/v1/hardware-profiles", json={**H, "name": "bad-class",
+                                                   "memory_bound_efficiency": {"softmax": [[1e5, 0.5]]}},
+                    headers=alice)
+    assert r.status_code in (400, 422), r.text
+    assert "memory_bound_efficiency keys must be memory-bound op classes" in r.text and "permute" in r.text

@@ -210,3 +210,21 @@ def test_backward_products_are_a_linears_input_and_weight_gradients(dtype):
     except (RuntimeError, NotImplementedError) as exc:
         pytest.skip(f"{dtype} GEMM on CPU: {exc}")
     assert (tuple(dx.shape), tuple(dw.shape)) == ((m, k), (n, k))
+
+
+def test_memory_bound_ops_are_measured_per_class_and_price_the_memory_bound_term(calibrated):
+    """The calibration times every memory-bound op class at every CPU size and the profile keeps a curve per
+    class, which the time model then prices the term with (not the copy bandwidth)."""
+    from executor.microbench.memory_bound import CPU_SIZES
+    from spec.hardware import MEMORY_OP_CLASSES
+    raw, profile = calibrated
+    assert sorted({r["op"] for r in raw["memory_bound"]}) == sorted(MEMORY_OP_CLASSES)
+    assert all(math.isfinite(r["seconds"]) and r["seconds"] > 0 for r in raw["memory_bound"])
+    curves = dict(profile.memory_bound_efficiency)
+    assert set(curves) == set(MEMORY_OP_CLASSES) and all(len(c.points) == len(CPU_SIZES) for c in curves.values())
+    model, training = get_model("tiny-moe"), TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
+
+    def memory_bound(hardware) -> float:
+        return dict(estimate_step_time(model, training, ClusterSpec(hardware, 1), ParallelConfig(world_size=1)).terms)[
+            "memory_bound"]
+    assert memory_bound(profile) != memory_bound(replace(profile, memory_bound_efficiency=()))
