@@ -412,7 +412,7 @@ class Labelled(NamedTuple):
 
 
 # ---- the multimodal layout: the LLM's folded layout + the vision encoder's own + a placement --------------
-#: Where the vision encoder runs (issue 39): ``homogeneous`` inherits the LLM's layout (its tp and cp, data
+#: Where the vision encoder runs: ``homogeneous`` inherits the LLM's layout (its tp and cp, data
 #: parallel over the LLM's dp, on the LLM's first pipeline stage: what Megatron does by default);
 #: ``colocated`` gives it its own process groups over the LLM's GPUs (encoder tp·cp·pp·dp = the LLM's world,
 #: time-shared); ``separate`` puts it on its own ranks (the non-colocated placement: encoder tp·cp·pp·dp more

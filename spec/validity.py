@@ -680,7 +680,7 @@ def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection
 
 
 
-# ---- multimodal layouts (issue 39): the vision encoder's own layout and placement ------------------------------
+# ---- multimodal layouts: the vision encoder's own layout and placement ------------------------------
 # rule id -> what it demands. The LLM's part of a multimodal layout answers to every rule above (check()).
 MULTIMODAL_RULES: dict[str, str] = {
     "mm_world": "the layout's GPUs are the cluster's: the LLM's, plus the encoder's own when separate",
