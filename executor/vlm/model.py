@@ -1,6 +1,8 @@
 """A vision-language MoE model: :class:`~executor.vlm.vision.VisionEncoder` feeding the executor's
-:class:`~executor.model.MoEGPT` (the LLM, any folded layout with pp = cp = tp = 1 here: the image tokens replace
-embedding rows of the whole sequence; sharded sequences are the boundary communicators' step, not built yet).
+:class:`~executor.model.MoEGPT` (the LLM, any folded layout with pp = cp = tp = 1 here, data and expert
+parallel: the image tokens replace embedding rows of whole sequences; sharded sequences are not built yet).
+With ``encoder_group`` the encoder runs colocated in its own tensor-parallel group over the LLM's ranks, behind
+the boundary communicators of :mod:`executor.vlm.boundary`.
 
 The LLM's input: token embeddings with each image token's row replaced, in order, by the projector's outputs
 (row-major over [b, s]); the deepstack tokens are added at the same rows after the LLM's first layers, one per
@@ -19,8 +21,9 @@ from spec.errors import InvalidConfigError
 from spec.multimodal import VisionLanguageSpec
 from executor.model import LossOutput, MoEGPT
 from executor.options import ExecutorOptions
-from executor.parallel.groups import ParallelState
+from executor.parallel.groups import Group, ParallelState
 from executor.parallel.vocab import embed
+from executor.vlm.boundary import gather_images, take_share
 from executor.vlm.positions import mrope_positions, mrope_tables
 from executor.vlm.vision import VisionEncoder
 
@@ -42,7 +45,8 @@ class VisionLanguageMoE(torch.nn.Module):
 
     def __init__(self, spec: VisionLanguageSpec, state: ParallelState, options: ExecutorOptions | None = None,
                  seq_length: int | None = None, mrope_section: tuple[int, int, int] = (24, 20, 20),
-                 vision_rotary_base: float = 10000.0, device="cpu", dtype: torch.dtype = torch.float32):
+                 vision_rotary_base: float = 10000.0, device="cpu", dtype: torch.dtype = torch.float32,
+                 encoder_group: Group | None = None):
         super().__init__()
         for dim in ("tp", "cp", "pp"):
             if state[dim].size > 1:
@@ -52,8 +56,20 @@ class VisionLanguageMoE(torch.nn.Module):
             raise InvalidConfigError(f"mrope_section {mrope_section} must sum to the LLM's rotary pairs "
                                      f"({spec.llm.rotary_head_dim // 2})")
         self.spec, self.state, self.mrope_section = spec, state, tuple(mrope_section)
-        self.encoder = VisionEncoder(spec.vision, vision_rotary_base, device, dtype)
+        self.encoder_group = encoder_group
+        self.encoder = VisionEncoder(spec.vision, vision_rotary_base, device, dtype, encoder_group)
         self.llm = MoEGPT(spec.llm, state, options, seq_length, device, dtype)
+
+    def encode(self, batch: VLBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(this rank's image tokens, its deepstack tokens): encoded here, or by the encoder group from the
+        images of all its members (each sends its micro-batch's, alike in shape), this rank's rows taken back."""
+        group = self.encoder_group
+        patches, start, end = gather_images(batch.patches, group)
+        size = 1 if group is None else group.size
+        tokens, deep = self.encoder(patches, list(batch.grids) * size)
+        merge = self.spec.vision.spatial_merge_size ** 2
+        share = (start // merge, end // merge)
+        return take_share(tokens, *share, group), [take_share(d, *share, group) for d in deep]
 
     def _inputs(self, batch: VLBatch):
         """(LLM input [s, b, h], rope, image-row mask [b, s], deepstack tokens)."""
@@ -62,7 +78,7 @@ class VisionLanguageMoE(torch.nn.Module):
         if not torch.equal(is_image, is_image[:1].expand_as(is_image)):
             raise ValueError("every sample of a batch must place its image tokens alike (multimodal RoPE tables "
                              "are shared by the batch)")
-        tokens, deep = self.encoder(batch.patches, list(batch.grids))
+        tokens, deep = self.encode(batch)
         if tokens.shape[0] != int(is_image.sum()):
             raise ValueError(f"the images make {tokens.shape[0]} tokens, the text marks {int(is_image.sum())}")
         x_SBH = embed(batch.ids.t(), llm.embedding, llm.padded_vocab, self.state)
