@@ -71,14 +71,15 @@ class VisionLanguageMoE(torch.nn.Module):
         share = (start // merge, end // merge)
         return take_share(tokens, *share, group), [take_share(d, *share, group) for d in deep]
 
-    def _inputs(self, batch: VLBatch):
-        """(LLM input [s, b, h], rope, image-row mask [b, s], deepstack tokens)."""
+    def _inputs(self, batch: VLBatch, encoded=None):
+        """(LLM input [s, b, h], rope, image-row mask [b, s], deepstack tokens); ``encoded``: (tokens, deepstack
+        tokens) another rank encoded (the separate placement), else this model's encoder runs."""
         llm, spec = self.llm, self.spec
         is_image = batch.ids == spec.image_token_id
         if not torch.equal(is_image, is_image[:1].expand_as(is_image)):
             raise ValueError("every sample of a batch must place its image tokens alike (multimodal RoPE tables "
                              "are shared by the batch)")
-        tokens, deep = self.encode(batch)
+        tokens, deep = self.encode(batch) if encoded is None else encoded
         if tokens.shape[0] != int(is_image.sum()):
             raise ValueError(f"the images make {tokens.shape[0]} tokens, the text marks {int(is_image.sum())}")
         x_SBH = embed(batch.ids.t(), llm.embedding, llm.padded_vocab, self.state)
@@ -89,8 +90,8 @@ class VisionLanguageMoE(torch.nn.Module):
         cos, sin = mrope_tables(positions, spec.llm.rotary_head_dim, llm.options.rotary_base, self.mrope_section)
         return x_BSH.transpose(0, 1), (cos, sin), is_image, deep
 
-    def _decoder(self, batch: VLBatch):
-        x, rope, is_image, deep = self._inputs(batch)
+    def _decoder(self, batch: VLBatch, encoded=None):
+        x, rope, is_image, deep = self._inputs(batch, encoded)
         router_loss = x.new_zeros((), dtype=torch.float32)
         for index, layer in enumerate(self.llm.layers):
             x, layer_loss = layer(x, rope)
@@ -109,7 +110,8 @@ class VisionLanguageMoE(torch.nn.Module):
         weight = llm.lm_head if llm.lm_head is not None else llm.embedding
         return F.linear(x, weight).float()[..., : self.spec.llm.vocab_size].transpose(0, 1).contiguous()
 
-    def forward(self, batch: VLBatch) -> LossOutput:
-        """Mean cross-entropy of the micro-batch's labels plus the LLM's router losses."""
-        x, router_loss, rope = self._decoder(batch)
+    def forward(self, batch: VLBatch, encoded=None) -> LossOutput:
+        """Mean cross-entropy of the micro-batch's labels plus the LLM's router losses (``encoded``: as
+        :meth:`_inputs` takes it)."""
+        x, router_loss, rope = self._decoder(batch, encoded)
         return self.llm.chunk_output(0, x, router_loss, rope, batch.labels, batch.labels)
