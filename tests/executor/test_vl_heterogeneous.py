@@ -41,12 +41,12 @@ def _sample(batch: VLBatch, i: int) -> VLBatch:
 
 def _worker(rank: int, world: int, label: str, enc_tp: int) -> dict:
     spec = get_vl_model("tiny-vl-moe")
-    batch = synthetic_batch(spec, IMAGES, SEQ, world, torch.Generator().manual_seed(1))
+    config = ParallelConfig.parse(label, world)
+    batch = synthetic_batch(spec, IMAGES, SEQ, config.dp, torch.Generator().manual_seed(1))  # one sample per dp rank
     reference = _model(build_parallel_state(ParallelConfig(1), 0))
     reference(batch).loss.backward()  # mean over the whole batch
     ref_grads = {n: p.grad for n, p in reference.encoder.named_parameters()}
 
-    config = ParallelConfig.parse(label, world)
     state = build_parallel_state(config, rank)
     tp_group, dp_group = encoder_groups(world, enc_tp, rank)
     model = _model(state, tp_group)
@@ -59,13 +59,19 @@ def _worker(rank: int, world: int, label: str, enc_tp: int) -> dict:
     with torch.no_grad():
         alone = reference(_sample(batch, mine)).ce
     expected = shard_encoder_state(ref_grads, spec.vision.num_attention_heads, enc_tp, tp_group.rank)
+    # each CP rank's loss is the mean over its half of the sequence: the sample's is their mean, and the
+    # gradients reaching the encoder from all of them sum to cp times the sample's
+    cp = state["cp"]
+    ce = out.ce.clone()
+    if cp.size > 1:
+        dist.all_reduce(ce, group=cp.pg)
     worst = 0.0
     for name, p in model.encoder.named_parameters():
         grad = p.grad.clone()
         if dp_group.size > 1:
             dist.all_reduce(grad, group=dp_group.pg)
-        worst = max(worst, float((grad / state.dp.size - expected[name]).abs().max()))
-    return {"ce": float(out.ce), "ce_alone": float(alone), "grad_error": worst,
+        worst = max(worst, float((grad / (state.dp.size * cp.size) - expected[name]).abs().max()))
+    return {"ce": float(ce) / cp.size, "ce_alone": float(alone), "grad_error": worst,
             "grad_scale": max(float(g.abs().max()) for g in ref_grads.values())}
 
 
@@ -73,6 +79,8 @@ def _worker(rank: int, world: int, label: str, enc_tp: int) -> dict:
     ("dp2", 2),  # encoder tp 2 over the LLM's two data-parallel ranks (encoder TP != LLM TP)
     ("dp2 ep2", 2),  # the LLM's experts split over EP
     ("dp2 ep2", 1),  # encoder data-parallel over the same ranks (its own dp group)
+    ("tp2", 1),  # LLM tp 2 (sequence parallel), encoder tp 1: each rank writes the image rows it holds
+    ("cp2 ep2", 2),  # LLM cp 2 (load-balanced halves of the sequence) with EP, encoder tp 2
 ])
 def test_colocated_encoder_layout_equals_the_single_process_run(label, enc_tp):
     result = launch(_worker, 2, (label, enc_tp), backend="gloo", timeout_s=300, start_method="fork")
