@@ -82,7 +82,11 @@ def check_meaning(doc: DocCommand, args: argparse.Namespace) -> None:
     if getattr(args, "catalog", None):
         return  # the names come from the user's own catalog file
     if getattr(args, "model", None) and not getattr(args, "model_dir", None):
-        get_model(args.model.split("@", 1)[0])
+        from spec.vl_catalog import get_vl_model, is_vl_model
+        if is_vl_model(args.model):  # a vision-language model (its catalog, or ENCODER+LLM)
+            get_vl_model(args.model)
+        else:
+            get_model(args.model.split("@", 1)[0])
     if isinstance(getattr(args, "gpu", None), str):
         get_hardware(args.gpu)
     if doc.command == "profile":
