@@ -723,7 +723,7 @@ def check_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: Ima
     widths = {"hidden_size": v.hidden_size, "ffn_hidden_size": v.ffn_hidden_size,
               "projector width": v.merged_hidden_size}
     bad = [f"{name} {w}" for name, w in widths.items() if w % enc_tp]
-    rule("enc_width_tp", bool(bad), f"{', '.join(bad)} do not split over encoder tp {enc_tp}")
+    rule("enc_width_tp", bool(bad), f"{', '.join(bad)}: not divisible by encoder tp {enc_tp}")
     if patches is not None:
         rule("enc_cp_patches", patches % layout.encoder_cp != 0,
              f"{patches} patches per image do not split over encoder cp {layout.encoder_cp}")

@@ -9,9 +9,14 @@ import argparse
 import json
 import re
 
+from costmodel.estimate import estimate
+from costmodel.multimodal import estimate_multimodal
 from planner.multimodal import plan_multimodal
 from spec.errors import SpecError
+from spec.hardware import ClusterSpec
 from spec.multimodal import ImageInputs
+from spec.multimodal_layout import MultimodalLayout
+from spec.validity import check_multimodal
 from spec.vl_catalog import get_vl_model, is_vl_model
 
 _SIZE = re.compile(r"(\d+)(?:x(\d+))?")
@@ -50,6 +55,8 @@ def run_multimodal(args: argparse.Namespace, plan_specs) -> int:
     vl = get_vl_model(args.model)
     images = _images(args)
     _, training, cluster = plan_specs(args, "plan", base=vl.llm)
+    if args.explain is not None:
+        return _explain(args, vl, images, training, cluster)
     result = plan_multimodal(vl, training, images, cluster, top=args.top or 10)
     best = result.ranked[0] if result.ranked else None
     if args.json:
@@ -84,3 +91,32 @@ def run_multimodal(args: argparse.Namespace, plan_specs) -> int:
         print(f"  {name:22s} {seconds:8.3f} s  {dict(best.reasons)[name]}")
     print(f"  {'memory':22s} {dict(best.reasons)['memory']}")
     return 0
+
+
+def _explain(args: argparse.Namespace, vl, images: ImageInputs, training, cluster: ClusterSpec) -> int:
+    """``--explain LABEL``: the rules the multimodal layout breaks (named), else its priced step; exit 0 when it
+    is valid and fits, else 1."""
+    layout = MultimodalLayout.parse(args.explain, cluster.num_gpus)
+    rejections = [r for r in check_multimodal(vl, training, images, layout, cluster)
+                  if not r.rule.startswith("executor_")]
+    priced = None
+    if not rejections:
+        llm_cluster = cluster if layout.placement != "separate" else ClusterSpec(
+            cluster.hardware, layout.llm.world_size, cluster.hbm_reserved_bytes, cluster.min_headroom)
+        llm = estimate(vl.llm, training, llm_cluster, layout.llm)
+        priced = estimate_multimodal(vl, training, images, layout, cluster, llm, llm_cluster)
+    ok = priced is not None and priced.fits
+    if args.json:
+        print(json.dumps({"layout": layout.label(), "valid": not rejections,
+                          "rejections": [{"rule": r.rule, "reason": r.reason} for r in rejections],
+                          "estimate": priced.to_dict() if priced else None}, indent=2))
+        return 0 if ok else 1
+    print(f"layout {layout.label()} for {vl.name}:")
+    for r in rejections:
+        print(f"  INVALID {r}")
+    if priced is not None:
+        print(f"  step {priced.step_time:.3f} s, {priced.memory_bytes / 2 ** 30:.1f} GiB, "
+              + ("fits" if priced.fits else "does NOT fit"))
+        for name, seconds in priced.terms:
+            print(f"  {name:22s} {seconds:8.3f} s  {dict(priced.reasons)[name]}")
+    return 0 if ok else 1

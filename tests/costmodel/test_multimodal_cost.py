@@ -121,3 +121,14 @@ def test_cli_refuses_images_without_a_vision_model(capsys):
     code = main(["plan", "--model", "mixtral-8x7b", "--gpus", "8", "--gpu", "h100-sxm", "--seq", "4096",
                  "--gbs", "64", "--images-per-sample", "2"])
     assert code != 0 and "vision-language model" in capsys.readouterr().err
+
+
+def test_cli_explains_a_multimodal_layout(capsys):
+    base = ["plan", "--model", "qwen3-vl-30b-a3b", "--gpus", "64", "--gpu", "h100-sxm", "--seq", "8192", "--gbs",
+            "256", "--images-per-sample", "4", "--json", "--explain"]
+    assert main(base + ["tp2 ep8 dp32 placement=colocated enc_tp1 enc_dp64"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] and out["estimate"]["placement"] == "colocated"
+    assert main(base + ["tp2 ep8 dp32 placement=colocated enc_tp1 enc_dp32"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert [r["rule"] for r in out["rejections"]] == ["enc_world"] and out["estimate"] is None
