@@ -95,7 +95,11 @@ def check_meaning(doc: DocCommand, args: argparse.Namespace) -> None:
     if doc.command == "train" and args.layout:
         ParallelConfig.parse(args.layout, world_size=args.gpus)
     if doc.command == "plan" and args.explain:
-        ParallelConfig.read_label(args.explain)
+        from spec.multimodal_layout import MultimodalLayout
+        if getattr(args, "images_per_sample", None) is not None:  # a multimodal label: the LLM's + the encoder's
+            MultimodalLayout.parse(args.explain, args.gpus)
+        else:
+            ParallelConfig.read_label(args.explain)
 
 
 def test_the_docs_show_every_kind_of_command():
