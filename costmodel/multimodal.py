@@ -174,15 +174,16 @@ def estimate_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: 
     t_llm = llm.time.step_time
     terms: list[tuple[str, float]] = []
     reasons: list[tuple[str, str]] = []
-    enc_text = (f"{enc.images_per_microbatch:g} images per micro-batch per encoder rank at encoder "
-                f"tp{layout.encoder_tp} cp{layout.encoder_cp} pp{layout.encoder_pp}: {enc.microbatch_s * 1e3:.2f} ms "
+    enc_text = (f"{enc.images_per_microbatch:g} images per micro-batch per encoder rank at "
+                f"{layout.encoder_label()}: {enc.microbatch_s * 1e3:.2f} ms "
                 f"(compute {enc.compute_s * 1e3:.2f}, TP {enc.tp_comm_s * 1e3:.2f}, CP {enc.cp_comm_s * 1e3:.2f})")
     if layout.placement == "homogeneous":
         slots = microbatches + c.pp - 1
         encoder = slots * enc.microbatch_s
         terms += [("llm", t_llm), ("encoder", encoder), ("encoder_grad_reduce", enc.grad_reduce_s)]
         reasons += [("llm", f"the LLM's step at {c.label()}: {llm.explanation}"),
-                     ("encoder", f"the encoder inherits tp{c.tp} cp{c.cp} on the first of {c.pp} pipeline stages; "
+                     ("encoder", f"the encoder inherits the LLM's tensor and context parallel sizes ({c.tp}, {c.cp}) "
+                                 f"on the first of {c.pp} pipeline stages; "
                                  f"that stage is slower by one micro-batch's encoding, the step by {slots} of them "
                                  f"({microbatches} micro-batches + {c.pp - 1} fill): {enc_text}"),
                      ("encoder_grad_reduce", f"encoder gradients all-reduced over the LLM's dp {c.dp}")]

@@ -462,11 +462,15 @@ class MultimodalCodec:
 
     __slots__ = ()
 
+    def encoder_label(self) -> str:
+        """The encoder's sizes as label tokens (also for a homogeneous layout, whose label leaves them out)."""
+        return (f"enc_tp{self.encoder_tp} enc_cp{self.encoder_cp} enc_pp{self.encoder_pp} "
+                f"enc_dp{self.encoder_dp}")
+
     def label(self) -> str:
         parts = [self.llm.label(), f"placement={self.placement}"]
         if self.placement != "homogeneous":
-            parts += [f"enc_tp{self.encoder_tp}", f"enc_cp{self.encoder_cp}", f"enc_pp{self.encoder_pp}",
-                      f"enc_dp{self.encoder_dp}"]
+            parts.append(self.encoder_label())
         return " ".join(parts)
 
     @classmethod
