@@ -416,3 +416,103 @@ class Labelled(NamedTuple):
         """The layout's Optuna parameters, with :data:`PRECISION_PARAM` when the trial carries its precision."""
         params = self.config.to_optuna_params()
         return params if self.precision is None else {**params, PRECISION_PARAM: self.precision}
+
+
+# ---- the multimodal layout: the LLM's folded layout + the vision encoder's own + a placement --------------
+#: Where the vision encoder runs: ``homogeneous`` inherits the LLM's layout (its tp and cp, data
+#: parallel over the LLM's dp, on the LLM's first pipeline stage: what Megatron does by default);
+#: ``colocated`` gives it its own process groups over the LLM's GPUs (encoder tp·cp·pp·dp = the LLM's world,
+#: time-shared); ``separate`` puts it on its own ranks (the non-colocated placement: encoder tp·cp·pp·dp more
+#: GPUs, pipelined ahead of the LLM).
+PLACEMENTS = ("homogeneous", "colocated", "separate")
+ENCODER_SIZE_KEYS = ("enc_tp", "enc_cp", "enc_pp", "enc_dp")
+_ENCODER_TOKEN = re.compile(r"(enc_tp|enc_cp|enc_pp|enc_dp)=?(\d+)")
+MULTIMODAL_LABEL_KEYS = tuple(f"{k}N" for k in ENCODER_SIZE_KEYS) + (f"placement={{{'|'.join(PLACEMENTS)}}}",)
+
+
+class MultimodalTokens(NamedTuple):
+    """A multimodal label read but not checked: the LLM's part (a label of :func:`read_label`'s grammar), the
+    encoder's sizes by token name (enc_tp, enc_cp, enc_pp, enc_dp) and the placement (None when absent)."""
+
+    llm_text: str
+    encoder_sizes: dict[str, int]
+    placement: str | None
+
+
+def read_multimodal_label(text: str) -> MultimodalTokens:
+    """Split a multimodal label into its LLM part and its encoder tokens. InvalidConfigError for a malformed
+    encoder token or placement (the message lists every form they take)."""
+    rest: list[str] = []
+    sizes: dict[str, int] = {}
+    placement = None
+    for token in _TOKEN_SEPARATOR.split(text.strip()):
+        low = token.lower()
+        if low.startswith("enc_"):
+            m = _ENCODER_TOKEN.fullmatch(low)
+            if m is None:
+                raise InvalidConfigError(f"cannot parse encoder token {token!r} in {text!r}; encoder tokens: "
+                                         + ", ".join(MULTIMODAL_LABEL_KEYS))
+            sizes[m.group(1)] = int(m.group(2))
+        elif low.startswith("placement="):
+            placement = low.partition("=")[2]
+            if placement not in PLACEMENTS:
+                raise InvalidConfigError(f"placement {placement!r} in {text!r} is not one of {', '.join(PLACEMENTS)}")
+        elif token:
+            rest.append(token)
+    return MultimodalTokens(" ".join(rest), sizes, placement)
+
+
+class MultimodalCodec:
+    """The text and JSON forms of :class:`spec.multimodal_layout.MultimodalLayout` (its base class): the LLM's
+    label (:meth:`LayoutCodec.label`) followed by ``placement=...`` and, unless homogeneous, the encoder's
+    ``enc_tpN enc_cpN enc_ppN enc_dpN``."""
+
+    __slots__ = ()
+
+    def encoder_label(self) -> str:
+        """The encoder's sizes as label tokens (also for a homogeneous layout, whose label leaves them out)."""
+        return (f"enc_tp{self.encoder_tp} enc_cp{self.encoder_cp} enc_pp{self.encoder_pp} "
+                f"enc_dp{self.encoder_dp}")
+
+    def label(self) -> str:
+        parts = [self.llm.label(), f"placement={self.placement}"]
+        if self.placement != "homogeneous":
+            parts.append(self.encoder_label())
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str, world_size: int | None = None):
+        """The layout of :meth:`label` output. ``world_size``: all GPUs (the LLM's plus, when separate, the
+        encoder's); None derives it from the dp tokens. A label without encoder tokens or placement is the
+        homogeneous layout of its LLM part."""
+        tokens = read_multimodal_label(text)
+        placement = tokens.placement or ("colocated" if tokens.encoder_sizes else "homogeneous")
+        sizes = tokens.encoder_sizes
+        if placement == "homogeneous":
+            if sizes:
+                raise InvalidConfigError(f"layout {text!r}: a homogeneous layout's encoder inherits the LLM's "
+                                         f"layout; drop {', '.join(sorted(sizes))} or choose another placement")
+            return cls.homogeneous(read_llm_layout(cls, tokens.llm_text, world_size))
+        if "enc_dp" not in sizes and placement == "separate":
+            raise InvalidConfigError(f"layout {text!r}: a separate encoder needs enc_dp (its ranks are its own)")
+        enc = {k: sizes.get(k, 1) for k in ("enc_tp", "enc_cp", "enc_pp")}
+        encoder_world = enc["enc_tp"] * enc["enc_cp"] * enc["enc_pp"] * sizes.get("enc_dp", 0)
+        llm_world = world_size - encoder_world if (world_size is not None and placement == "separate") else world_size
+        llm = read_llm_layout(cls, tokens.llm_text, llm_world)
+        if "enc_dp" not in sizes:  # colocated: the encoder spans the LLM's world
+            per = enc["enc_tp"] * enc["enc_cp"] * enc["enc_pp"]
+            if llm.world_size % per:
+                raise InvalidConfigError(f"layout {text!r}: enc_tp·enc_cp·enc_pp = {per} does not divide the "
+                                         f"LLM's {llm.world_size} GPUs")
+            sizes = {**sizes, "enc_dp": llm.world_size // per}
+        return cls(llm=llm, placement=placement, encoder_tp=enc["enc_tp"], encoder_cp=enc["enc_cp"],
+                   encoder_pp=enc["enc_pp"], encoder_dp=sizes["enc_dp"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"llm": self.llm.to_dict(), "placement": self.placement, "encoder_tp": self.encoder_tp,
+                "encoder_cp": self.encoder_cp, "encoder_pp": self.encoder_pp, "encoder_dp": self.encoder_dp}
+
+
+def read_llm_layout(cls, text: str, world_size: int | None):
+    """The LLM part of a multimodal label, through the LLM layout class ``cls.LLM_LAYOUT``'s parse."""
+    return cls.LLM_LAYOUT.parse(text, world_size)

@@ -77,11 +77,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.attention_kinds import attention_kind, modules_of_other_kinds
+from spec.errors import SpecError
 from spec.cp_comm_types import CP_COMM_BY_NAME, cp_split
 from spec.dispatchers import EXECUTOR_DISPATCHERS, dispatcher_kind
 from spec.hardware import ClusterSpec
 from spec.layout_rules import LAYOUT_RULES, Rejection, layout_rejections, world_dense, world_expert
 from spec.model_spec import ModelSpec
+from spec.multimodal import ImageInputs, VisionLanguageSpec
+from spec.multimodal_layout import MultimodalLayout
 from spec.norm_scopes import QK_NORM_SCOPES
 from spec.optimizer_dtypes import EXECUTOR_STATE_DTYPES, FIELDS as OPTIMIZER_DTYPE_FIELDS
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
@@ -698,3 +701,69 @@ def refusal(model: ModelSpec, config: ParallelConfig, rejections: list[Rejection
     """One line naming the layout, the model and every rule (id and reason) the layout breaks."""
     return f"layout {config.label()} for {model.name}: " + "; ".join(str(r) for r in rejections)
 
+
+
+# ---- multimodal layouts: the vision encoder's own layout and placement ------------------------------
+# rule id -> what it demands. The LLM's part of a multimodal layout answers to every rule above (check()).
+MULTIMODAL_RULES: dict[str, str] = {
+    "mm_world": "the layout's GPUs are the cluster's: the LLM's, plus the encoder's own when separate",
+    "enc_world": "colocated: encoder tp·cp·pp·dp is the LLM's world (its own groups over the same GPUs)",
+    "image_tokens_seq": "a sample's image tokens leave room for text in seq_length",
+    "enc_heads_tp": "vision attention heads % encoder tp == 0",
+    "enc_width_tp": "vision hidden, MLP and projector widths % encoder tp == 0",
+    "enc_cp_patches": "the patches of one image % encoder cp == 0 (cp splits each image's sequence)",
+    "enc_layers_pp": "at least one encoder block per encoder pipeline stage",
+    "enc_images_dp": "images per step (global batch · images per sample) % encoder dp == 0",
+    "enc_separate_dp": "separate: the encoder's replicas feed the LLM's (encoder dp % LLM dp == 0 or LLM dp % "
+                       "encoder dp == 0), so each boundary transfer has one sender and one receiver group",
+}
+
+
+def check_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: ImageInputs, layout: MultimodalLayout,
+                     cluster: ClusterSpec | None = None) -> list[Rejection]:
+    """Every rule ``layout`` breaks for the vision-language model ``vl``: the encoder's
+    (:data:`MULTIMODAL_RULES`), then the LLM part's (:func:`check` on the LLM's GPUs)."""
+    out: list[Rejection] = []
+    v, enc_tp = vl.vision, layout.encoder_tp
+
+    def rule(rule_id: str, broken: bool, reason: str) -> None:
+        if broken:
+            out.append(Rejection(rule_id, reason))
+
+    if cluster is not None:
+        rule("mm_world", layout.world_size != cluster.num_gpus,
+             f"the layout is for {layout.world_size} GPUs ({layout.placement}), the cluster has {cluster.num_gpus}")
+    rule("enc_world", layout.placement == "colocated" and layout.encoder_world != layout.llm.world_size,
+         f"encoder tp·cp·pp·dp = {layout.encoder_world} is not the LLM's {layout.llm.world_size} GPUs it shares")
+    try:
+        images.check_fits(v, training.seq_length)
+        patches = images.patches_per_image(v)
+    except SpecError as exc:
+        out.append(Rejection("image_tokens_seq", str(exc)))
+        patches = None
+    rule("enc_heads_tp", v.num_attention_heads % enc_tp != 0,
+         f"{v.num_attention_heads} vision heads do not split over encoder tp {enc_tp}")
+    widths = {"hidden_size": v.hidden_size, "ffn_hidden_size": v.ffn_hidden_size,
+              "projector width": v.merged_hidden_size}
+    bad = [f"{name} {w}" for name, w in widths.items() if w % enc_tp]
+    rule("enc_width_tp", bool(bad), f"{', '.join(bad)}: not divisible by encoder tp {enc_tp}")
+    if patches is not None:
+        rule("enc_cp_patches", patches % layout.encoder_cp != 0,
+             f"{patches} patches per image do not split over encoder cp {layout.encoder_cp}")
+    rule("enc_layers_pp", v.num_layers < layout.encoder_pp,
+         f"{v.num_layers} encoder blocks cannot fill {layout.encoder_pp} pipeline stages")
+    per_step = training.global_batch_size * images.images_per_sample
+    rule("enc_images_dp", per_step % layout.encoder_dp != 0,
+         f"{per_step} images per step do not split over encoder dp {layout.encoder_dp}")
+    llm_dp = layout.llm.dp
+    rule("enc_separate_dp", layout.placement == "separate" and layout.encoder_dp % llm_dp and llm_dp % layout.encoder_dp,
+         f"encoder dp {layout.encoder_dp} and LLM dp {llm_dp}: neither divides the other")
+    llm_cluster = None
+    if cluster is not None and layout.world_size == cluster.num_gpus:
+        llm_cluster = ClusterSpec(cluster.hardware, layout.llm.world_size, cluster.hbm_reserved_bytes,
+                                  cluster.min_headroom) if layout.placement == "separate" else cluster
+    try:
+        out += check(vl.llm, training, layout.llm, llm_cluster)
+    except SpecError as exc:  # an LLM share of GPUs that is no cluster (not whole nodes)
+        out.append(Rejection("mm_world", str(exc)))
+    return out

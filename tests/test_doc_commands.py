@@ -82,7 +82,11 @@ def check_meaning(doc: DocCommand, args: argparse.Namespace) -> None:
     if getattr(args, "catalog", None):
         return  # the names come from the user's own catalog file
     if getattr(args, "model", None) and not getattr(args, "model_dir", None):
-        get_model(args.model.split("@", 1)[0])
+        from spec.vl_catalog import get_vl_model, is_vl_model
+        if is_vl_model(args.model):  # a vision-language model (its catalog, or ENCODER+LLM)
+            get_vl_model(args.model)
+        else:
+            get_model(args.model.split("@", 1)[0])
     if isinstance(getattr(args, "gpu", None), str):
         get_hardware(args.gpu)
     if doc.command == "profile":
@@ -91,7 +95,11 @@ def check_meaning(doc: DocCommand, args: argparse.Namespace) -> None:
     if doc.command == "train" and args.layout:
         ParallelConfig.parse(args.layout, world_size=args.gpus)
     if doc.command == "plan" and args.explain:
-        ParallelConfig.read_label(args.explain)
+        from spec.multimodal_layout import MultimodalLayout
+        if getattr(args, "images_per_sample", None) is not None:  # a multimodal label: the LLM's + the encoder's
+            MultimodalLayout.parse(args.explain, args.gpus)
+        else:
+            ParallelConfig.read_label(args.explain)
 
 
 def test_the_docs_show_every_kind_of_command():

@@ -20,6 +20,7 @@ from typing import Any
 
 from api.cli._doc_lengths import load_document_lengths
 from api.cli._model_args import add_hf_arguments, add_proxy_arguments, model_from_args
+from api.cli.plan_multimodal import add_image_arguments, is_multimodal_request, run_multimodal
 from costmodel.params import total_param_counts
 from api.cli._shape_args import (add_gpu_argument, add_shape_arguments, check_profile_agrees, require_gpu,
                                  resolve_shape)
@@ -35,6 +36,7 @@ from spec.errors import SpecError
 from spec.layout_codec import ACTIVATION_OFFLOAD_MODULES, names_placement, placement_label
 from spec.optimizer_dtypes import read_dtypes
 from spec.inputs import build_specs
+from spec.model_spec import ModelSpec
 from spec.profile_io import load_profile
 from spec.training_spec import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES
 from api.cli._run_cost_args import (RunQuestion, add_run_cost_arguments, gpu_hours, hours, run_heading, run_question,
@@ -63,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="order of the ranked layouts: robust, by the pessimistic (high) end of each step-time "
                              "interval, or point, by the point estimate alone (default: robust)")
     add_run_cost_arguments(parser)
+    add_image_arguments(parser)
     add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -145,9 +148,10 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ---- inputs ------------------------------------------------------------------------------------
-def plan_specs(args: argparse.Namespace, command: str = "plan"):
+def plan_specs(args: argparse.Namespace, command: str = "plan", base: ModelSpec | None = None):
     """(model, training, cluster) of a plan request's arguments (:func:`add_request_arguments`) for ``command``;
-    SpecError naming every bad value."""
+    SpecError naming every bad value. ``base``: the model to plan instead of the one the arguments name (a
+    vision-language model's LLM)."""
     problems = []
     if top(args, command) < 1:
         problems.append(f"--top must be >= 1, got {args.top}")
@@ -164,7 +168,8 @@ def plan_specs(args: argparse.Namespace, command: str = "plan"):
         problems.append("--pad-to-capacity needs --routing capacity")
     if problems:
         raise SpecError("; ".join(problems))
-    model = model_from_args(args)  # the catalog's or the Hugging Face model, as the proxy asked for
+    # the catalog's or the Hugging Face model, as the proxy asked for
+    model = base if base is not None else model_from_args(args)
     if args.profile:
         gpu = load_profile(args.profile).gpu.name
         check_profile_agrees(args.gpu, gpu, args.profile)
@@ -507,6 +512,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if is_multimodal_request(args):  # a vision-language model: the encoder's layout and placement searched too
+        return run_multimodal(args, plan_specs)
     question = run_question(args)  # before planning: a bad --tokens costs nothing
     model, training, cluster = plan_specs(args)
     if args.explain is not None:

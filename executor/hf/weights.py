@@ -103,6 +103,13 @@ def load_hf_weights(model: torch.nn.Module, state: ParallelState, directory: str
     tensors = _model_tensors(model)
     full = hf_to_foldtune(spec, hf.family, read_hf_tensors(directory), set(tensors),
                           strict=state["pp"].size == 1)  # a stage holds only its layers: others' tensors stay
+    copy_full_weights(model, state, full)
+
+
+def copy_full_weights(model: torch.nn.Module, state: ParallelState, full: dict[str, torch.Tensor]) -> None:
+    """Copy full logical tensors ``full`` (by ShardInfo name: every parameter and persistent buffer of
+    ``model``) into this rank's slices of them."""
+    tensors = _model_tensors(model)
     finish_param_gather(model)
     with torch.no_grad():
         for name, target in tensors.items():

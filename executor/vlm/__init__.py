@@ -1,0 +1,1 @@
+"""Vision-language MoE models in the executor: the encoder, the LLM fed by it, Hugging Face weights, synthetic batches."""

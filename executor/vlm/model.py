@@ -1,0 +1,138 @@
+"""A vision-language MoE model: :class:`~executor.vlm.vision.VisionEncoder` feeding the executor's
+:class:`~executor.model.MoEGPT` (the LLM, any folded layout with pp = 1: data and expert parallel, tensor (sequence) and context parallel;
+each rank writes the image tokens of the sequence positions it holds).
+With ``encoder_group`` the encoder runs colocated in its own tensor-parallel group over the LLM's ranks, behind
+the boundary communicators of :mod:`executor.vlm.boundary`.
+
+The LLM's input: token embeddings with each image token's row replaced, in order, by the projector's outputs
+(row-major over [b, s]); the deepstack tokens are added at the same rows after the LLM's first layers, one per
+deepstack layer; positions are multimodal RoPE (:func:`executor.vlm.positions.mrope_tables`), which needs every
+sample of a batch to place its images alike (a synthetic profiling batch does; a real one is padded to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from spec.errors import InvalidConfigError
+from spec.multimodal import VisionLanguageSpec
+from executor.model import LossOutput, MoEGPT
+from executor.options import ExecutorOptions
+from executor.parallel.groups import Group, ParallelState
+from executor.parallel.vocab import embed
+from executor.vlm.boundary import gather_images, take_share
+from executor.vlm.positions import mrope_positions, mrope_tables
+from executor.vlm.vision import VisionEncoder
+
+
+@dataclass(frozen=True)
+class VLBatch:
+    """One micro-batch: ``ids`` [b, s] (image tokens marked by the model's image_token_id), ``labels`` [b, s],
+    ``patches`` [all images' patches, patch_dim] (sample by sample, image by image) and each image's patch
+    ``grids`` (rows, cols) in the same order."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+    patches: torch.Tensor
+    grids: tuple[tuple[int, int], ...]
+
+
+class VisionLanguageMoE(torch.nn.Module):
+    """The encoder (``encoder``) and this rank's LLM (``llm``); ``mrope_section``: the LLM's RoPE split."""
+
+    def __init__(self, spec: VisionLanguageSpec, state: ParallelState, options: ExecutorOptions | None = None,
+                 seq_length: int | None = None, mrope_section: tuple[int, int, int] = (24, 20, 20),
+                 vision_rotary_base: float = 10000.0, device="cpu", dtype: torch.dtype = torch.float32,
+                 encoder_group: Group | None = None):
+        super().__init__()
+        if state["pp"].size > 1:
+            raise InvalidConfigError(f"the vision-language model runs with pp = 1 (got pp = {state['pp'].size}): "
+                                     "the encoder feeding a pipelined LLM is not built")
+        if sum(mrope_section) != spec.llm.rotary_head_dim // 2:
+            raise InvalidConfigError(f"mrope_section {mrope_section} must sum to the LLM's rotary pairs "
+                                     f"({spec.llm.rotary_head_dim // 2})")
+        self.spec, self.state, self.mrope_section = spec, state, tuple(mrope_section)
+        self.encoder_group = encoder_group
+        self.encoder = VisionEncoder(spec.vision, vision_rotary_base, device, dtype, encoder_group)
+        self.llm = MoEGPT(spec.llm, state, options, seq_length, device, dtype)
+
+    def encode(self, batch: VLBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(this rank's image tokens, its deepstack tokens): encoded here, or by the encoder group from the
+        images of all its members (each sends its micro-batch's, alike in shape), this rank's rows taken back."""
+        group = self.encoder_group
+        patches, start, end = gather_images(batch.patches, group)
+        size = 1 if group is None else group.size
+        tokens, deep = self.encoder(patches, list(batch.grids) * size)
+        merge = self.spec.vision.spatial_merge_size ** 2
+        share = (start // merge, end // merge)
+        return take_share(tokens, *share, group), [take_share(d, *share, group) for d in deep]
+
+    def _inputs(self, batch: VLBatch, encoded=None):
+        """(this rank's LLM input [s/(cp·tp), b, h], rope tables of its CP share, a function that writes image
+        rows into its sequence slice, its labels); ``encoded``: (tokens, deepstack tokens) another rank encoded
+        (the separate placement), else this model's encoder runs.
+
+        Under CP the rank keeps its load-balanced share of the sequence (``MoEGPT.cp_positions``), under TP
+        (sequence parallel) the contiguous ``1/tp`` of that share the embedding's reduce-scatter leaves it: the
+        image tokens, the deepstack tokens and the multimodal RoPE tables follow the positions it holds."""
+        llm, spec, tp = self.llm, self.spec, self.state.tp
+        is_image = batch.ids == spec.image_token_id
+        if not torch.equal(is_image, is_image[:1].expand_as(is_image)):
+            raise ValueError("every sample of a batch must place its image tokens alike (multimodal RoPE tables "
+                             "are shared by the batch)")
+        tokens, deep = self.encode(batch) if encoded is None else encoded
+        b, per_sample_tokens = batch.ids.shape[0], int(is_image[0].sum())
+        if tokens.shape[0] != b * per_sample_tokens:
+            raise ValueError(f"the images make {tokens.shape[0]} tokens, the text marks {int(is_image.sum())}")
+        per_sample = len(batch.grids) // b
+        positions = mrope_positions(is_image[0].tolist(), list(batch.grids[:per_sample]),
+                                    spec.vision.spatial_merge_size).to(batch.ids.device)
+        cos, sin = mrope_tables(positions, spec.llm.rotary_head_dim, llm.options.rotary_base, self.mrope_section)
+        keep = torch.arange(batch.ids.shape[1], device=batch.ids.device) if llm.cp_positions is None \
+            else llm.cp_positions
+        ids, labels = batch.ids[:, keep], batch.labels[:, keep]
+        order = (torch.cumsum(is_image[0].long(), 0) - 1)[keep]  # each kept position's index among image tokens
+        chunk = keep.numel() // tp.size
+        rows = slice(tp.rank * chunk, (tp.rank + 1) * chunk)  # the sequence-parallel slice this rank holds
+        held = is_image[:, keep][:, rows]  # [b, s/(cp·tp)]
+        picks = order[rows][held[0]]
+
+        def place(x_SBH: torch.Tensor, values: torch.Tensor, add: bool) -> torch.Tensor:
+            mine = values.view(b, per_sample_tokens, -1)[:, picks].reshape(-1, values.shape[-1]).to(x_SBH.dtype)
+            x_BSH = x_SBH.transpose(0, 1)
+            if add:
+                mine = x_BSH[held] + mine
+            return x_BSH.masked_scatter(held[..., None], mine).transpose(0, 1)
+
+        x = place(embed(ids.t(), llm.embedding, llm.padded_vocab, self.state), tokens, add=False)
+        return x, (cos[keep], sin[keep]), place, deep, labels
+
+    def _decoder(self, batch: VLBatch, encoded=None):
+        x, rope, place, deep, labels = self._inputs(batch, encoded)
+        router_loss = x.new_zeros((), dtype=torch.float32)
+        for index, layer in enumerate(self.llm.layers):
+            x, layer_loss = layer(x, rope)
+            router_loss = router_loss + layer_loss
+            if index < len(deep):  # deepstack: the encoder's earlier features join the first LLM layers
+                x = place(x, deep[index], add=True)
+        return x, router_loss, rope, labels
+
+    @torch.no_grad()
+    def logits(self, batch: VLBatch) -> torch.Tensor:
+        """fp32 logits [b, s, vocab_size] (tp = cp = 1)."""
+        if self.state.tp.size > 1 or self.state["cp"].size > 1:
+            raise InvalidConfigError("logits are read with tp = cp = 1; training runs any tp and cp")
+        x, _, _, _ = self._decoder(batch)
+        llm = self.llm
+        x = llm.kernels.rms_norm(x, llm.final_norm, llm.options.norm_epsilon)
+        weight = llm.lm_head if llm.lm_head is not None else llm.embedding
+        return F.linear(x, weight).float()[..., : self.spec.llm.vocab_size].transpose(0, 1).contiguous()
+
+    def forward(self, batch: VLBatch, encoded=None) -> LossOutput:
+        """Mean cross-entropy of the micro-batch's labels plus the LLM's router losses (``encoded``: as
+        :meth:`_inputs` takes it)."""
+        x, router_loss, rope, labels = self._decoder(batch, encoded)
+        return self.llm.chunk_output(0, x, router_loss, rope, labels, batch.labels)

@@ -1,0 +1,133 @@
+"""The non-colocated (separate) placement: the encoder on its own ranks, after the LLM's (ranks ``llm_world``
+... ``world - 1``), pipelined ahead of the LLM.
+
+Ranks: the LLM's layout spans ranks [0, llm_world); the encoder's ``enc_tp`` x ``enc_dp`` ranks follow, each
+encoder data-parallel replica (``enc_tp`` consecutive ranks, one TP group) serving ``llm_world / enc_dp``
+consecutive LLM ranks. Encoder ranks read the images of the samples their LLM ranks train.
+
+Schedule of one step of ``m`` micro-batches: each encoder replica encodes micro-batch 0, 1, ... in turn and
+sends every LLM rank it serves its samples' tokens (the projector's and the deepstack ones, one message,
+from the replica's TP rank 0) without waiting; each LLM rank receives micro-batch k's tokens, runs forward and
+backward, and sends their gradient to every member of its replica as soon as its backward produces it; the
+replica receives the gradients of micro-batch k from all its LLM ranks and back-propagates through its encoder.
+Gradients are summed over micro-batches (each LLM loss already divided by ``m``) and, after the step, over the
+encoder's data-parallel replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from executor.parallel.groups import Group
+
+
+@dataclass(frozen=True)
+class SeparatePlacement:
+    """Who serves whom: ``llm_world`` LLM ranks, then ``enc_tp`` x ``enc_dp`` encoder ranks."""
+
+    llm_world: int
+    enc_tp: int
+    enc_dp: int
+
+    def __post_init__(self) -> None:
+        if self.llm_world % self.enc_dp:
+            raise ValueError(f"encoder dp {self.enc_dp} must divide the LLM's {self.llm_world} ranks")
+
+    @property
+    def world_size(self) -> int:
+        return self.llm_world + self.enc_tp * self.enc_dp
+
+    def is_encoder(self, rank: int) -> bool:
+        return rank >= self.llm_world
+
+    def replica_ranks(self, replica: int) -> list[int]:
+        """The encoder ranks of data-parallel replica ``replica`` (its TP group)."""
+        start = self.llm_world + replica * self.enc_tp
+        return list(range(start, start + self.enc_tp))
+
+    def served(self, replica: int) -> list[int]:
+        """The LLM ranks replica ``replica`` encodes for."""
+        per = self.llm_world // self.enc_dp
+        return list(range(replica * per, (replica + 1) * per))
+
+    def replica_of(self, rank: int) -> int:
+        """The replica of an encoder rank, or the replica serving an LLM rank."""
+        if self.is_encoder(rank):
+            return (rank - self.llm_world) // self.enc_tp
+        return rank // (self.llm_world // self.enc_dp)
+
+
+def encoder_groups(placement: SeparatePlacement, rank: int) -> tuple[Group | None, Group | None]:
+    """(encoder TP group, encoder DP group) of ``rank`` (None, None on an LLM rank). Every rank of the world
+    calls this, in the same order: it creates every encoder process group."""
+    found: dict[str, Group] = {}
+    p = placement
+    layouts = {"enc_tp": [p.replica_ranks(j) for j in range(p.enc_dp)],
+               "enc_dp": [[p.replica_ranks(j)[t] for j in range(p.enc_dp)] for t in range(p.enc_tp)]}
+    for name, groups in layouts.items():
+        for ranks in groups:
+            pg = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks:
+                found[name] = Group(name, tuple(ranks), ranks.index(rank), pg)
+    return found.get("enc_tp"), found.get("enc_dp")
+
+
+def _pack(tokens: torch.Tensor, deep: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([tokens, *deep], dim=1) if deep else tokens
+
+
+def _unpack(packed: torch.Tensor, parts: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    chunks = list(packed.chunk(parts, dim=1))
+    return chunks[0], chunks[1:]
+
+
+def encoder_step(encoder, placement: SeparatePlacement, rank: int, microbatches: list[list[tuple]]) -> None:
+    """An encoder rank's part of one step. ``microbatches[k]``: for each LLM rank this replica serves, in
+    order, (its patches, its images' grids) of micro-batch k. Leaves the gradients in ``encoder``'s parameters
+    (not yet summed over replicas)."""
+    replica = placement.replica_of(rank)
+    served = placement.served(replica)
+    sender = placement.replica_ranks(replica)[0] == rank
+    merge = encoder.vision.spatial_merge_size ** 2
+    pending, outputs = [], []
+    for images in microbatches:  # forward of every micro-batch, its tokens sent without waiting
+        patches = torch.cat([p for p, _ in images])
+        grids = [g for _, grid in images for g in grid]
+        tokens, deep = encoder(patches, grids)
+        packed = _pack(tokens, deep)
+        outputs.append((packed, [p.shape[0] // merge for p, _ in images]))
+        if sender:
+            start = 0
+            for llm_rank, (p, _) in zip(served, images):
+                n = p.shape[0] // merge
+                pending.append(dist.isend(packed[start:start + n].detach().contiguous(), llm_rank))
+                start += n
+    for packed, counts in outputs:  # the gradients return in micro-batch order
+        grads = []
+        for llm_rank, n in zip(served, counts):
+            grad = packed.new_empty((n, packed.shape[1]))
+            dist.recv(grad, llm_rank)
+            grads.append(grad)
+        packed.backward(torch.cat(grads))
+    for work in pending:
+        work.wait()
+
+
+def llm_microbatch(model, placement: SeparatePlacement, rank: int, batch, tokens_shape: tuple[int, int],
+                   microbatches: int) -> tuple[torch.Tensor, list]:
+    """An LLM rank's forward and backward of one micro-batch whose image tokens its replica sends (shape
+    [image tokens, (1 + deepstack) · hidden]); the loss is divided by ``microbatches`` (gradient accumulation).
+    Returns (the micro-batch's detached cross-entropy, the gradient sends to wait for)."""
+    replica = placement.replica_of(rank)
+    members = placement.replica_ranks(replica)
+    packed = torch.empty(tokens_shape)
+    dist.recv(packed, members[0])
+    packed.requires_grad_(True)
+    parts = 1 + len(model.spec.vision.deepstack_layers)
+    out = model(batch, _unpack(packed, parts))
+    (out.loss / microbatches).backward()
+    sends = [dist.isend(packed.grad.contiguous(), member) for member in members]
+    return out.ce, sends
