@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 #: most document lengths a TrainingSpec carries (a sample of a dataset's)
 MAX_DOCUMENT_SAMPLE = 4096
+#: tokens of one document in that sample (packing cuts a longer one into sequences; a billion is past any corpus's)
+MAX_DOCUMENT_LENGTH = 1 << 30
 
 
 def attention_share(lengths: Sequence[int], seq_length: int) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spec.documents import MAX_DOCUMENT_SAMPLE
+from spec.documents import MAX_DOCUMENT_LENGTH, MAX_DOCUMENT_SAMPLE
 
 #: decoder layers of a model (and of a proxy, a pipeline stage, a 0/1 per-layer pattern); published: <= 126
 MAX_LAYERS = 4096
@@ -73,6 +73,7 @@ MODEL_LENGTHS: Mapping[str, int] = {"moe_layer_freq": MAX_LAYERS, "window_attn_s
 TRAINING_BOUNDS: Mapping[str, int | float] = {
     "seq_length": MAX_SEQ_LENGTH, "global_batch_size": MAX_GLOBAL_BATCH,
     "moe_routing_imbalance": MAX_EXPERT_RATIO, "moe_expert_capacity_factor": MAX_EXPERT_RATIO,
+    "document_lengths": MAX_DOCUMENT_LENGTH,
 }
 #: TrainingSpec's per-expert list and its most entries (its entries are any positive weights)
 TRAINING_LENGTHS: Mapping[str, int] = {"moe_expert_load": MAX_EXPERTS, "document_lengths": MAX_DOCUMENT_SAMPLE}
