@@ -255,9 +255,9 @@ def _core_step(s: _Slice, layer: DecoderLayer, step: Callable[[], None]) -> tupl
     core = attention.core_attention
     shapes: list[tuple] = []
 
-    def record(q, k, v):
+    def record(q, k, v, *rest, **options):  # the documents of packed sequences come after q, k, v
         shapes.append((q.shape, k.shape, v.shape))
-        return core(q, k, v)
+        return core(q, k, v, *rest, **options)
 
     attention.core_attention = record  # the instance attribute shadows the method while the step runs
     try:
