@@ -59,7 +59,8 @@ def products(name: str, model: ModelSpec, tokens: int) -> list[Product]:
     out = []
     for weight, n, k in (("w13", 2 * f, h), ("w2", h, f)):
         at = dict(model=name, weight=weight)
-        out += [Product(rows, n, k, g, False, product="fwd", **at), Product(rows, k, n, g, False, product="dgrad", **at),
+        out += [Product(rows, n, k, g, False, product="fwd", **at),
+                Product(rows, k, n, g, False, product="dgrad", **at),
                 Product(n, k, rows, g, True, product="wgrad", **at)]
     return out
 
