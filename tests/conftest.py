@@ -29,6 +29,13 @@ os.environ.setdefault("FOLDTUNE_TEST_SESSION", uuid.uuid4().hex)
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if XDIST_WORKER and not os.environ["FOLDTUNE_TEST_SESSION"].endswith(f"-{XDIST_WORKER}"):
     os.environ["FOLDTUNE_TEST_SESSION"] += f"-{XDIST_WORKER}"
+if XDIST_WORKER:
+    # The workers share the cores: each worker's own torch work (the single-process tests) gets its share of
+    # them, not a thread per core that contends with the other worker's: more threads than cores wait on each
+    # other, and the tests' tiny tensors gain nothing from a second thread. Rank processes set their own.
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture(autouse=True)
