@@ -23,7 +23,19 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Marks every process this test session starts (Ray's included: they inherit the environment), so that the
 # checks for leftover processes count this session's, not those of other test runs on a shared machine.
+# Under pytest-xdist each worker is a session of its own (its own Ray, its own rank processes): the mark the
+# workers inherit from the controller gets the worker's name, so one worker's check never counts another's.
 os.environ.setdefault("FOLDTUNE_TEST_SESSION", uuid.uuid4().hex)
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER and not os.environ["FOLDTUNE_TEST_SESSION"].endswith(f"-{XDIST_WORKER}"):
+    os.environ["FOLDTUNE_TEST_SESSION"] += f"-{XDIST_WORKER}"
+if XDIST_WORKER:
+    # The workers share the cores: each worker's own torch work (the single-process tests) gets its share of
+    # them, not a thread per core that contends with the other worker's: more threads than cores wait on each
+    # other, and the tests' tiny tensors gain nothing from a second thread. Rank processes set their own.
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture(autouse=True)
@@ -84,20 +96,40 @@ TRITON_CHILD = pytest.StashKey[InterpreterChild]()
 
 def pytest_collection_finish(session):
     """Starts the session's one Triton-interpreter child (tests/executor/triton_child.py) for every file
-    whose test asks for ``triton_interpreter`` among the tests this session runs."""
+    whose test asks for ``triton_interpreter`` among the tests this session runs. Under pytest-xdist every
+    worker collects every test but runs only some: worker gw0 starts the child in a folder all workers know
+    (named by the run's id, beside their base temporary folders), and the worker that runs the tests asking
+    for it (one xdist group, ``_xdist_groups``) waits for its exit status there."""
     if INNER or session.config.option.collectonly or importlib.util.find_spec("triton") is None:
         return
     files = sorted({str(item.path.resolve()) for item in session.items
                     if "triton_interpreter" in getattr(item, "fixturenames", ())})
-    if files:
-        workdir = Path(tempfile.mkdtemp(prefix="foldtune-triton-child-"))
-        session.config.stash[TRITON_CHILD] = InterpreterChild(files, session.config.rootpath, workdir)
+    if not files:
+        return
+    config = session.config
+    if XDIST_WORKER:
+        run = os.environ["PYTEST_XDIST_TESTRUNUID"]
+        workdir = config._tmp_path_factory.getbasetemp().parent / f"triton-child-{run}"
+        workdir.mkdir(exist_ok=True)
+        start = XDIST_WORKER == "gw0"
+    else:
+        workdir, start = Path(tempfile.mkdtemp(prefix="foldtune-triton-child-")), True
+    config.stash[TRITON_CHILD] = InterpreterChild(files, config.rootpath, workdir, start=start)
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session, exitstatus):
+    """Ends the Triton-interpreter child. Under pytest-xdist, worker gw0, which started it, first waits for
+    it (unless the run was stopped): the worker running the tests that read its report may still need it.
+    The folder is removed where it is this session's own (not under pytest-xdist: there pytest's base
+    temporary folder holds it, kept for the last few runs)."""
     child = session.config.stash.get(TRITON_CHILD, None)
-    if child is not None:
-        child.stop()
+    if child is None:
+        return
+    if XDIST_WORKER and child.proc is not None and not (session.shouldstop or session.shouldfail
+                                                        or exitstatus == pytest.ExitCode.INTERRUPTED):
+        child.result()
+    child.stop()
+    if not XDIST_WORKER:
         shutil.rmtree(child.report.parent, ignore_errors=True)
 
 
@@ -110,6 +142,7 @@ def triton_interpreter(request) -> ChildRun:
     return request.config.stash[TRITON_CHILD].result()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (_xdist_groups)
 def pytest_collection_modifyitems(config, items):
     """Leaves out, outside the Triton-interpreter child, the tests only that child runs
     (tests/executor/triton_child.py): their parent test reports them. Runs the tests of a simulated Ray
@@ -120,6 +153,26 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not item.get_closest_marker(MARK)]
         config.hook.pytest_deselected(items=child_only)
     items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)  # stable: order kept within
+    if XDIST_WORKER:
+        _xdist_groups(items)
+
+
+def _xdist_groups(items) -> None:
+    """The units pytest-xdist's ``--dist loadgroup`` hands a worker (the README's test command): a test file
+    (its module- and class-scoped fixtures, a served API or a browser, are set up once, by one worker), except
+    the tests that read the Triton-interpreter child's report, one group, and the simulated Ray clusters
+    (marker ``ray_cluster``), one group: the worker that runs them restarts its own local Ray after them if
+    a later test of its needs it (the other worker's Ray is never touched)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if "triton_interpreter" in getattr(item, "fixturenames", ()):
+            group = "triton_interpreter"
+        elif item.get_closest_marker("ray_cluster"):
+            group = "ray_cluster"
+        else:
+            group = item.path.relative_to(item.config.rootpath).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # where `pip install --user` put packages, read before HOME moves, so child processes still import them

@@ -7,8 +7,7 @@ scales in fp8, as :mod:`executor.kernels.fp8.gemm` calls them), each as device t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from typing import Protocol
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -16,22 +15,31 @@ from executor.kernels.fp8 import padded_groups, quantize_groups_colwise, quantiz
 from executor.microbench.timing import time_host_ahead
 
 
-class GemmShape(Protocol):
+@dataclass(frozen=True)
+class GemmShape:
     """out [m, n] = a [m, k] · b [n, k]ᵀ; ``groups`` > 1 for a grouped GEMM (rows split evenly over the
-    groups; ``wgrad``: k split over the groups, one [m, n] output per group); ``flops`` of one call."""
+    groups; ``wgrad``: k split over the groups, one [m, n] output per group). The functions here take any
+    object with these fields, a ``name`` and ``flops`` (``costmodel.fp8_bound.Gemm``: the executor imports
+    no cost model)."""
 
-    name: str
     m: int
     n: int
     k: int
-    groups: int
-    wgrad: bool
+    groups: int = 1
+    wgrad: bool = False
 
     @property
-    def flops(self) -> int: ...
+    def name(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}" + (f" in {self.groups}" if self.groups > 1 else "")
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of one call: 2·m·n·k (a wgrad's k is all groups' rows: the same sum)."""
+        return 2 * self.m * self.n * self.k
 
 
-def _offsets(total: int, groups: int, device: torch.device) -> torch.Tensor:
+def offsets(total: int, groups: int, device: torch.device) -> torch.Tensor:
+    """The cumulative ends (int32) of ``groups`` equal spans of ``total`` rows, as torch's grouped GEMMs take them."""
     return torch.arange(1, groups + 1, device=device, dtype=torch.int32) * (total // groups)
 
 
@@ -48,10 +56,10 @@ def bf16_op(g: GemmShape, device: torch.device):
         return lambda: torch.mm(a, b.t())
     if g.wgrad:  # dyᵀ [n, rows] · x [rows, k] per group, rows along the contraction
         dy, x = torch.randn(g.k, g.m, **bf), torch.randn(g.k, g.n, **bf)
-        offs = _offsets(g.k, g.groups, device)
+        offs = offsets(g.k, g.groups, device)
         return lambda: torch._grouped_mm(dy.t(), x, offs=offs)
     a, w = torch.randn(g.m, g.k, **bf), torch.randn(g.groups, g.n, g.k, **bf)
-    offs = _offsets(g.m, g.groups, device)
+    offs = offsets(g.m, g.groups, device)
     return lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
 
 
@@ -66,12 +74,12 @@ def fp8_op(g: GemmShape, device: torch.device, grouped_as_dense: bool = False):
     if g.wgrad:  # as executor.kernels.fp8.gemm.scaled_grouped_wgrad calls the kernel: dy, x per (group, column)
         bf = dict(device=device, dtype=torch.bfloat16)
         dy, x = torch.randn(g.k, g.m, **bf), torch.randn(g.k, g.n, **bf)
-        groups = padded_groups(_offsets(g.k, g.groups, device), g.k)
+        groups = padded_groups(offsets(g.k, g.groups, device), g.k)
         (qa, sa), (qb, sb) = quantize_groups_colwise(dy, groups), quantize_groups_colwise(x, groups)
         return lambda: torch._scaled_grouped_mm(qa, qb.t(), sa.flatten(), sb.flatten(), offs=groups.offs_G,
                                                 out_dtype=out)
     (qa, sa), (qw, sw) = _e4m3((g.m, g.k), device), _e4m3((g.groups, g.n, g.k), device)
-    offs = _offsets(g.m, g.groups, device)
+    offs = offsets(g.m, g.groups, device)
     return lambda: torch._scaled_grouped_mm(qa, qw.transpose(-2, -1), sa, sw, offs=offs, out_dtype=out)
 
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from executor.kernels.fp8 import grouped_gemm as gg, grouped_quant as gq
-from executor.microbench.fp8_gemms import bf16_op, fp8_op
+from executor.microbench.fp8_gemms import GemmShape, bf16_op, fp8_op, offsets
 from executor.microbench.timing import time_host_ahead
 from spec.model_spec import ModelSpec
 
@@ -37,28 +37,19 @@ PRODUCTS = ("fwd", "dgrad", "wgrad")
 KINDS = ("bf16", "torch_fp8", "dense_fp8", "rowwise", "blockwise")
 
 
-@dataclass(frozen=True)
-class Product:
-    """One grouped GEMM, in :class:`executor.microbench.fp8_gemms.GemmShape`'s terms: out [m, n] = a [m, k] ·
-    b [n, k]ᵀ with the rows split evenly over ``groups`` experts; a wgrad (``wgrad``) contracts k, the rows,
-    per expert into [groups, m, n]."""
+@dataclass(frozen=True, kw_only=True)
+class Product(GemmShape):
+    """One grouped GEMM of ``model``'s experts (:class:`executor.microbench.fp8_gemms.GemmShape`): the rows
+    split evenly over ``groups`` experts; a wgrad (``wgrad``) contracts k, the rows, per expert into
+    [groups, m, n]. ``weight`` 'w13' or 'w2', ``product`` one of PRODUCTS."""
 
     model: str
     weight: str
     product: str
-    m: int
-    n: int
-    k: int
-    groups: int
-    wgrad: bool
 
     @property
     def name(self) -> str:
         return f"{self.weight} {self.product}"
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
 
 
 def products(name: str, model: ModelSpec, tokens: int) -> list[Product]:
@@ -67,13 +58,11 @@ def products(name: str, model: ModelSpec, tokens: int) -> list[Product]:
     g, h, f = model.num_experts, model.hidden_size, model.expert_ffn_hidden_size
     out = []
     for weight, n, k in (("w13", 2 * f, h), ("w2", h, f)):
-        out += [Product(name, weight, "fwd", rows, n, k, g, False), Product(name, weight, "dgrad", rows, k, n, g, False),
-                Product(name, weight, "wgrad", n, k, rows, g, True)]
+        at = dict(model=name, weight=weight)
+        out += [Product(rows, n, k, g, False, product="fwd", **at),
+                Product(rows, k, n, g, False, product="dgrad", **at),
+                Product(n, k, rows, g, True, product="wgrad", **at)]
     return out
-
-
-def _offsets(rows: int, groups: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(1, groups + 1, device=device, dtype=torch.int32) * (rows // groups)
 
 
 def _operands(p: Product, device: torch.device):
@@ -83,9 +72,9 @@ def _operands(p: Product, device: torch.device):
     bf = dict(device=device, dtype=torch.bfloat16)
     if p.wgrad:
         return (torch.randn(p.k, p.m, generator=gen, **bf), torch.randn(p.k, p.n, generator=gen, **bf),
-                _offsets(p.k, p.groups, device))
+                offsets(p.k, p.groups, device))
     return (torch.randn(p.m, p.k, generator=gen, **bf), torch.randn(p.groups, p.n, p.k, generator=gen, **bf),
-            _offsets(p.m, p.groups, device))
+            offsets(p.m, p.groups, device))
 
 
 def ours_op(p: Product, scaling: str, device: torch.device, kernel: bool, fast_accum: bool = False):

@@ -13,8 +13,10 @@ on the core the parent's single-process tests leave idle.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,10 @@ import pytest
 INNER = os.environ.get("TRITON_INTERPRET") == "1"
 MARK = "triton_interpreter"  # the pytest marker of the tests the child runs (registered in pyproject.toml)
 TIMEOUT_S = 1800  # the child's whole run, every file's kernels together, on a loaded 2-core machine
+# Runs the child pytest (argv[2:]) and then writes its exit status to the file argv[1], renamed into place: a
+# process that did not start the child (another pytest-xdist worker) learns from that file that it is done.
+_WRAPPER = ("import os, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+            "open(sys.argv[1] + '.part', 'w').write(str(code)); os.replace(sys.argv[1] + '.part', sys.argv[1])")
 
 
 def inner_only(test):
@@ -65,29 +71,31 @@ class ChildRun:
 
 
 class InterpreterChild:
-    """The child pytest over ``files``, started at once (at the end of collection: it runs beside the parent's
-    first tests, the API's, which leave a core idle); :meth:`result` waits for it. Its output goes to a file,
-    not a pipe nobody reads while it runs."""
+    """The child pytest over ``files``, its report, output and exit status in ``workdir``. ``start``: start it
+    now (at the end of collection: it runs beside the parent's first tests, the API's, which leave a core
+    idle); otherwise another process (the pytest-xdist worker gw0) starts it in the same ``workdir``, and
+    :meth:`result` waits for its exit status there. Its output goes to a file, not a pipe nobody reads while
+    it runs."""
 
-    def __init__(self, files: list[str], rootdir: Path, workdir: Path) -> None:
+    def __init__(self, files: list[str], rootdir: Path, workdir: Path, start: bool = True) -> None:
         self.files, self.rootdir = files, rootdir
         self.report, self.log = workdir / "interpreter.xml", workdir / "output.txt"
+        self.status = workdir / "returncode"
         self._run: ChildRun | None = None
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", MARK,
-                                          f"--junitxml={self.report}", *files], env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=rootdir)
+        self.proc: subprocess.Popen | None = None
+        if start:
+            env = {**os.environ, "TRITON_INTERPRET": "1"}
+            with open(self.log, "w") as log:
+                self.proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, str(self.status), sys.executable, "-m",
+                                              "pytest", "-q", "-p", "no:cacheprovider", "-m", MARK,
+                                              f"--junitxml={self.report}", *files], env=env, stdout=log,
+                                             stderr=subprocess.STDOUT, cwd=rootdir, start_new_session=True)
 
     def result(self) -> ChildRun:
         """Wait for the child (at most TIMEOUT_S seconds) and read its report."""
         if self._run is None:
-            try:
-                code = self.proc.wait(TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.stop()
-                code = self.proc.returncode
-            output = self.log.read_text(errors="replace")[-8000:]
+            code = self._wait()
+            output = self.log.read_text(errors="replace")[-8000:] if self.log.exists() else "(no output)"
             self._run = ChildRun(code, output, self.rootdir, self.files)
             if self.report.exists():
                 for case in ET.parse(self.report).getroot().iter("testcase"):
@@ -96,8 +104,21 @@ class InterpreterChild:
                                                                                          outcome))
         return self._run
 
+    def _wait(self) -> int:
+        """The child's exit status, once its status file is there; -9 if it is not within TIMEOUT_S seconds
+        (the child is then ended, where this process started it) or the child ended without writing it."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while not self.status.exists():
+            if self.proc is not None and self.proc.poll() is not None and not self.status.exists():
+                return self.proc.returncode or -9
+            if time.monotonic() > deadline:
+                self.stop()
+                return -9
+            time.sleep(0.5)
+        return int(self.status.read_text())
+
     def stop(self) -> None:
         """End the child if it still runs (the session ended before a test asked for its result)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
