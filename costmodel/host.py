@@ -73,9 +73,12 @@ SELECTIVE_RECOMPUTE = {"core_attn": HostOps(1.0), "layernorm": HostOps(14.0), "m
 # Activation-checkpoint regions (torch.utils.checkpoint calls, executor/recompute.py) one layer opens per
 # micro-batch per selectively recomputed module: the layer's two RMSNorms (before attention, before the MLP / MoE
 # block) are two regions, every other module one; moe_act, moe and shared_experts exist in MoE layers only, mlp in
-# dense layers only. Full recomputation opens one region per recomputed layer. Each region costs
+# dense layers only; an MLA layer's layernorm adds the kv latent's norm and, with a q down-projection
+# (q_lora_rank), the q latent's; mla_up_proj is one region (the up projections with the attention core). Full
+# recomputation opens one region per recomputed layer. Each region costs
 # HardwareProfile.recompute_region_s of host work beyond its re-run forward (the ops above).
-SELECTIVE_REGIONS = {"core_attn": 1, "layernorm": 2, "moe_act": 1, "moe": 1, "mlp": 1, "shared_experts": 1}
+SELECTIVE_REGIONS = {"core_attn": 1, "layernorm": 2, "moe_act": 1, "moe": 1, "mlp": 1, "shared_experts": 1,
+                     "mla_up_proj": 1}
 _MOE_ONLY = frozenset({"moe_act", "moe", "shared_experts"})
 
 
@@ -179,6 +182,8 @@ def recompute_regions(model: ModelSpec, config: ParallelConfig, moe: bool) -> fl
         if module == "shared_experts" and not model.shared_expert_ffn_hidden_size:
             continue
         regions += SELECTIVE_REGIONS.get(module, 0)
+        if module == "layernorm" and model.multi_latent_attention:
+            regions += 1 + (model.q_lora_rank is not None)
     return float(regions)
 
 

@@ -31,6 +31,10 @@ def test_regions_per_layer_hand_counted():
     # shared experts exist only where the model has them
     assert recompute_regions(SHARED, _selective("shared_experts", "moe"), moe=True) == 2
     assert recompute_regions(TINY, _selective("shared_experts", "moe"), moe=True) == 1
+    # MLA: the kv latent's norm, and the q latent's where the model has a q down-projection (deepseek-v3 has,
+    # deepseek-v2-lite has not); the up projections with the core are one region
+    assert recompute_regions(get_model("deepseek-v3"), _selective("layernorm", "mla_up_proj"), moe=True) == 5
+    assert recompute_regions(get_model("deepseek-v2-lite"), _selective("layernorm"), moe=True) == 3
     # full recomputation is counted per layer by the time model, not per module
     assert recompute_regions(TINY, ParallelConfig(world_size=1, recompute_granularity="full"), moe=True) == 0
 
