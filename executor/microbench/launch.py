@@ -16,10 +16,12 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
   ranks the host is the device: small-moe's GEMMs there cost more than its Python (docs/time-model.md, ``t_op``), so
   the probe runs tiny-moe's layer, the same ops at a quarter of the width. It prices the executor's own Python
   between ops (modules, autograd Functions, gradient hooks), which a loop of bare ops does not see;
-  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op. Every rank runs each
-  pass together (lockstep: the training's contention on shared cores) and the layer is the difference of the
-  fastest passes: a pass that other work on the machine interrupts only ever takes longer, and a median lets
-  that load into the profile (measured 4-13 ms under load against 2.5 ms quiet on the 2-core machine).
+  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op. Every rank starts
+  each pass together (lockstep: the training's contention on shared cores, not a rank timed while the others
+  wait) and the layer is the median over adjacent (3-layer, 1-layer) pairs of their difference: a spike of other
+  work lengthens one pair, not the median. The fastest passes would be lower still, and wrong: with four ranks on
+  two cores, the rank that got a core to itself for part of a pass sets the minimum (1.4 ms a layer on the 2-core
+  machine, against 2.5 ms in quiet steady state).
 * ``recompute_region_s``: the seconds one activation-checkpoint region adds per micro-batch beyond re-running its
   forward: the executor's RMSNorm on a tiny-moe activation, forward + backward, under torch's non-reentrant
   checkpoint, minus the same without it, minus its forward once more (the re-run the cost model prices from the
@@ -116,9 +118,10 @@ def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dt
 
 
 def layer_seconds(three: list[float], one: list[float]) -> float | None:
-    """Seconds of one layer from timed passes of a 3-layer and a 1-layer model: half the difference of the
-    fastest of each (other work on shared cores only ever lengthens a pass); None if not positive."""
-    seconds = (min(three) - min(one)) / 2
+    """Seconds of one layer from adjacent timed passes of a 3-layer and a 1-layer model (``three[i]`` right
+    before ``one[i]``): half the median of their differences (a load spike lengthens one pair); None if not
+    positive."""
+    seconds = statistics.median(t - o for t, o in zip(three, one, strict=True)) / 2
     return seconds if seconds > 0 else None
 
 
@@ -150,8 +153,8 @@ def region_seconds(checkpointed: float, plain: float, forward: float) -> float:
 def measure_checkpoint_region(device: torch.device, dtype: torch.dtype) -> float:
     """Seconds one activation-checkpoint region adds per micro-batch beyond re-running its forward
     (:func:`region_seconds`), on the executor's RMSNorm of a tiny-moe activation (LAYER_TOKENS x 4 rows of
-    its hidden width). Each of the three timings is the fastest of REGION_REPEATS loops, every rank's loops
-    started together (inside ``timing.lockstep``)."""
+    its hidden width). Each of the three timings is the median of REGION_REPEATS loops of REGION_CALLS calls,
+    every rank's loops started together (inside ``timing.lockstep``)."""
     width = get_model(layer_model(device)).hidden_size
     norm = pick_rms_norm(True, get_backend("torch"))
     x = torch.randn(4 * LAYER_TOKENS, width, device=device, dtype=dtype, requires_grad=True)
@@ -169,9 +172,9 @@ def measure_checkpoint_region(device: torch.device, dtype: torch.dtype) -> float
         x.grad = w.grad = None
         torch.utils.checkpoint.checkpoint(forward, use_reentrant=False).backward(grad)
 
-    def fastest(call: Callable[[], object]) -> float:
-        return min(time_op(call, device, iters=REGION_CALLS, repeats=1, warmup=2) for _ in range(REGION_REPEATS))
-    return region_seconds(fastest(checkpointed), fastest(plain), fastest(forward))
+    def timed(call: Callable[[], object]) -> float:
+        return time_op(call, device, iters=REGION_CALLS, repeats=REGION_REPEATS, warmup=2)
+    return region_seconds(timed(checkpointed), timed(plain), timed(forward))
 
 
 def measure_launch(device: torch.device, dtype: torch.dtype = torch.float32) -> dict:
