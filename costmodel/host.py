@@ -70,6 +70,18 @@ FULL_RECOMPUTE_DENSE = HostOps(50.0)  # not counted: the MoE layer's 63 scaled b
 SELECTIVE_RECOMPUTE = {"core_attn": HostOps(1.0), "layernorm": HostOps(14.0), "moe_act": HostOps(1.0),
                        "moe": HostOps(25.0), "mlp": HostOps(0.0), "shared_experts": HostOps(4.0)}
 
+# Activation-checkpoint regions (torch.utils.checkpoint calls, executor/recompute.py) one layer opens per
+# micro-batch per selectively recomputed module: the layer's two RMSNorms (before attention, before the MLP / MoE
+# block) are two regions, every other module one; moe_act, moe and shared_experts exist in MoE layers only, mlp in
+# dense layers only; an MLA layer's layernorm adds the kv latent's norm and, with a q down-projection
+# (q_lora_rank), the q latent's; mla_up_proj is one region (the up projections with the attention core). Full
+# recomputation opens one region per recomputed layer. Each region costs
+# HardwareProfile.recompute_region_s of host work beyond its re-run forward (the ops above).
+SELECTIVE_REGIONS = {"core_attn": 1, "layernorm": 2, "moe_act": 1, "moe": 1, "mlp": 1, "shared_experts": 1,
+                     "mla_up_proj": 1}
+_MOE_ONLY = frozenset({"moe_act", "moe", "shared_experts"})
+
+
 # ---- per micro-batch, outside the decoder layers -----------------------------------------------------
 EMBEDDING = HostOps(4.0)  # first stage: lookup and its backward
 # last stage: final norm, the fused output layer + cross-entropy, loss scaling. Measured with one vocabulary
@@ -155,6 +167,24 @@ def local_experts_priced(hardware) -> bool:
     """Whether ``hardware``'s measured seconds make the executor's host time depend on its local experts (the
     host cache must then tell EP sizes apart: ``costmodel.layout_keys.HostKey``)."""
     return hardware is not None and hardware.local_expert_host_s is not None
+
+
+def recompute_regions(model: ModelSpec, config: ParallelConfig, moe: bool) -> float:
+    """Activation-checkpoint regions one dense (``moe`` False) or MoE layer of ``model`` opens per micro-batch
+    under ``config``'s selective recomputation (:data:`SELECTIVE_REGIONS`); 0 for none and for full (counted per
+    recomputed layer by the time model)."""
+    if config.recompute_granularity != "selective":
+        return 0.0
+    regions = 0
+    for module in config.recompute_modules:
+        if module == "mlp" and moe or module in _MOE_ONLY and not moe:
+            continue
+        if module == "shared_experts" and not model.shared_expert_ffn_hidden_size:
+            continue
+        regions += SELECTIVE_REGIONS.get(module, 0)
+        if module == "layernorm" and model.multi_latent_attention:
+            regions += 1 + (model.q_lora_rank is not None)
+    return float(regions)
 
 
 def full_recompute_ops(moe: bool) -> HostOps:

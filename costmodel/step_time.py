@@ -76,6 +76,7 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import PipelineSplit, check_placement
 from spec.rank_groups import GridSizes, GroupStride
 from spec.router_options import RouterOptions
+from spec.shape_defaults import is_cpu
 from spec.training_spec import TrainingSpec
 from spec.validity import experts_ep_rule, seq_cp_rule
 
@@ -734,8 +735,10 @@ def _stage_kinds(ctx: _Context, pp: int, vpp: int, split: PipelineSplit) -> tupl
     return kinds
 
 
-def _stage_times(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -> tuple[list[float], list[float]]:
-    """Per stage kind: (exposed seconds per micro-batch including recomputation, recomputation seconds)."""
+def _stage_times(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig,
+                 regions: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """Per stage kind: (exposed seconds per micro-batch including recomputation, recomputation seconds);
+    ``regions``: per stage kind, the checkpoint regions' own seconds the device pays (:func:`_region_seconds`)."""
     d, e, extras = layers.dense, layers.moe, layers.extras
     granularity = c.recompute_granularity
     if granularity == "none":
@@ -747,6 +750,8 @@ def _stage_times(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -
         k = c.recompute_num_layers
         recompute = [(1.0 if k == 0 else min(1.0, k / max(1, nd + nm))) * (nd * d.fwd_total + nm * e.fwd_total)
                      for _, nd, nm, _, _ in kinds]
+    if regions:
+        recompute = [r + s for r, s in zip(recompute, regions)]
     return ([nd * d.total + nm * e.total + extras[ends].total + r for (_, nd, nm, ends, _), r in zip(kinds, recompute)],
             recompute)
 
@@ -758,10 +763,11 @@ def _stage_scalar(layers: _Layers, kind: tuple, field: str) -> float:
             + getattr(layers.extras[ends], field))
 
 
-def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -> tuple[list[float], ...]:
+def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig,
+                 regions: list[float] | None = None) -> tuple[list[float], ...]:
     """Per stage kind: (seconds per micro-batch incl. recompute, recompute seconds, forward compute,
     backward compute, exposed a2a+ETP seconds)."""
-    times, recompute = _stage_times(layers, kinds, c)
+    times, recompute = _stage_times(layers, kinds, c, regions)
     return (times, recompute, [_stage_scalar(layers, k, "compute_fwd") for k in kinds],
             [_stage_scalar(layers, k, "compute_bwd") for k in kinds], [_stage_scalar(layers, k, "a2a") for k in kinds])
 
@@ -770,6 +776,27 @@ def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig) -
 HOST_FACTOR = "host"
 HOST_RECOMPUTE_FACTOR = "host_recompute"
 HOST_FACTORS = (HOST_FACTOR, HOST_RECOMPUTE_FACTOR)
+
+
+def _region_counts(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...]) -> list[float]:
+    """Per stage kind: the activation-checkpoint regions one micro-batch opens (costmodel.host.SELECTIVE_REGIONS;
+    full recomputation: one per recomputed layer)."""
+    if c.recompute_granularity == "selective":
+        dense, moe = _host.recompute_regions(ctx.model, c, False), _host.recompute_regions(ctx.model, c, True)
+        return [nd * dense + nm * moe for _, nd, nm, _, _ in kinds]
+    if c.recompute_granularity == "full":
+        k = c.recompute_num_layers
+        return [float(nd + nm if k == 0 else min(k, nd + nm)) for _, nd, nm, _, _ in kinds]
+    return [0.0] * len(kinds)
+
+
+def _region_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...]) -> list[float] | None:
+    """Per stage kind: the seconds its checkpoint regions' own work adds to the DEVICE's time per micro-batch, or
+    None. That work is the host's (HardwareProfile.recompute_region_s, in the host floor: _host_seconds); only
+    where the host is the device (CPU ranks: every op runs where it is issued) does the device pay it too."""
+    if not ctx.region_device_s or c.recompute_granularity == "none":
+        return None
+    return [n * ctx.region_device_s for n in _region_counts(ctx, c, kinds)]
 
 
 def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
@@ -781,7 +808,8 @@ def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
     hw = ctx.cluster.hardware
     dense, moe = _host.layer_host_ops(model, c, False, hw), _host.layer_host_ops(model, c, True, hw)
     per_mb, recompute, most_layers = [], [], 0
-    for _, nd, nm, (first, last), _ in kinds:
+    regions = _region_counts(ctx, c, kinds) if ctx.region_s else [0.0] * len(kinds)
+    for (_, nd, nm, (first, last), _), n_regions in zip(kinds, regions):
         ops = dense * nd + moe * nm + _host.extras_host_ops(c, first, last)
         extra = 0.0
         if c.recompute_granularity == "full":
@@ -790,7 +818,7 @@ def _host_seconds(ctx: _Context, c: ParallelConfig, kinds: tuple[tuple, ...],
             extra = ((_host.full_recompute_ops(False) * nd + _host.full_recompute_ops(True) * nm) * share).seconds(
                 ctx.op_launch, ctx.collective_launch)
         per_mb.append(ops.seconds(ctx.op_launch, ctx.collective_launch))
-        recompute.append(extra)
+        recompute.append(extra + n_regions * ctx.region_s)
         most_layers = max(most_layers, nd + nm)
     per_step = _host.step_host_ops(most_layers).seconds(ctx.op_launch, ctx.collective_launch)
     # the last entry, base + recomputation, is what the estimate uses without host factors (the planner's path)
@@ -929,6 +957,10 @@ class _Context:
         self.router_factor = cluster.hardware.moe_router_factor or 1.0
         self.permute_factor = cluster.hardware.moe_permute_factor or 1.0
         self.collective_launch = cluster.hardware.collective_launch_seconds
+        # host seconds per activation-checkpoint region (measured; None: not priced), and what of it the device
+        # pays too: all of it on CPU ranks, where the host runs every op itself
+        self.region_s = cluster.hardware.recompute_region_s or 0.0
+        self.region_device_s = self.region_s if is_cpu(cluster.hardware.gpu.name) else 0.0
         self.host: dict[tuple, tuple[list[float], list[float], float, list[float]]] = {}
         self._aux: dict[int, int] = {}
 
@@ -989,7 +1021,7 @@ def stage_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     ctx = _context(model, training, cluster)
     _check_pipeline(model, config)
     kinds = _stage_kinds(ctx, config.pp, config.vpp, config.pipeline_split)
-    times = _stage_times(_layers(ctx, config), kinds, config)[0]
+    times = _stage_times(_layers(ctx, config), kinds, config, _region_seconds(ctx, config, kinds))[0]
     out = [0.0] * config.pp
     for kind, t in zip(kinds, times):
         for stage in kind[4]:
@@ -1040,10 +1072,10 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     # the slowest pipeline rank runs the steady state; the others' time per micro-batch makes the bubble
     ep_overlap = c.overlap_moe_expert_parallel_comm and m > 1
     if ep_overlap:  # the a2a of one micro-batch hides behind another's compute
-        times, recompute, fwd, bwd, a2a = _stage_costs(layers, kinds, c)
+        times, recompute, fwd, bwd, a2a = _stage_costs(layers, kinds, c, _region_seconds(ctx, c, kinds))
         times = [t - a + max(0.0, a - f - b) for t, a, f, b in zip(times, a2a, fwd, bwd)]
     else:
-        times, recompute = _stage_times(layers, kinds, c)
+        times, recompute = _stage_times(layers, kinds, c, _region_seconds(ctx, c, kinds))
     # a rank cannot finish a micro-batch before its host has issued the micro-batch's kernels
     hkey = HostKey.of(c, ctx.per_expert_host)
     host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
@@ -1450,7 +1482,7 @@ def layout_parts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     layers = _layers(ctx, c)
     (_, _, embed, head, _, chunk_end), _ = _combos(ctx, LayerKey.of(c))
     kinds = _stage_kinds(ctx, c.pp, c.vpp, c.pipeline_split)
-    _, recompute = _stage_times(layers, kinds, c)
+    _, recompute = _stage_times(layers, kinds, c, _region_seconds(ctx, c, kinds))
 
     def terms(part: _LayerCost) -> dict[str, float]:
         return dict(zip(LAYER_TERMS, part.exposed))

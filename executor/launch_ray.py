@@ -95,6 +95,14 @@ FORWARDED_ENV = (progress.FAULT_ENV, "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SO
 
 _init_lock = threading.Lock()
 
+# The local Ray this process starts. Ray runs its workers at niceness 15 by default (worker_niceness), below the
+# calibration's local rank processes (the caller's niceness, 0 from a shell): on cores shared with other work
+# the trials' ranks then got less CPU than the calibration that priced them, and the measured steps drifted from
+# the predictions by the load (docs/time-model.md, "Calibration and trials under the same scheduling"). With 0
+# the raylet leaves its workers at its own niceness, the driver's.
+LOCAL_SYSTEM_CONFIG: dict[str, Any] = {"prestart_worker_first_driver": False, "enable_worker_prestart": False,
+                                       "worker_niceness": 0}
+
 
 def _connect(address: str | None = None) -> None:
     """Connect to Ray once per process: ``address`` or FOLDTUNE_RAY_ADDRESS, else a local instance."""
@@ -108,7 +116,7 @@ def _connect(address: str | None = None) -> None:
         if address is None:
             kwargs["num_cpus"] = int(os.environ.get(RAY_NUM_CPUS_ENV) or max(os.cpu_count() or 1, 8))
             # Rank actors get fresh processes anyway; idle pre-started workers only compete for the cores.
-            kwargs["_system_config"] = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+            kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
         else:
             kwargs.pop("include_dashboard")
         # 'local' starts a new Ray: with None, Ray would join any Ray it finds on this machine (another

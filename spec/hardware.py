@@ -184,6 +184,10 @@ class HardwareProfile:
     op_launch_s: float | None = None  # seconds per eager op launch, measured (None: not measured)
     collective_launch_s: float | None = None  # seconds per near-empty collective, measured
     moe_layer_host_s: float | None = None  # seconds of one executor MoE layer fwd+bwd on tiny shapes, measured
+    # host seconds one activation-checkpoint region adds per micro-batch beyond re-running its forward (torch's
+    # non-reentrant checkpoint: saving its inputs, packing and unpacking what the region saves, starting the
+    # re-run in backward), measured on a tiny norm (executor/microbench/launch.py); None: not measured, not priced
+    recompute_region_s: float | None = None
     # host seconds one MoE layer adds per LOCAL expert per micro-batch (fwd+bwd), measured at real widths by
     # bench/finegrained_moe.py (costmodel.calibrate.finegrained): the executor's grouped path, and a runtime that
     # launches one GEMM per local expert per pass (Transformer Engine's GroupedLinear on Hopper); None: not measured
@@ -235,6 +239,7 @@ class HardwareProfile:
                     f"{name} must be None or a finite number > 0, got {value}")
         fixed = [("cp_exchange_fixed_s", self.cp_exchange_fixed_s), ("cp_chunk_floor_s", self.cp_chunk_floor_s),
                  ("local_expert_host_s", self.local_expert_host_s), ("expert_loop_host_s", self.expert_loop_host_s),
+                 ("recompute_region_s", self.recompute_region_s),
                  *((f"dispatcher_fixed_s[{k}]", v) for k, v in self.dispatcher_fixed_s)]
         for name, value in fixed:  # 0 is a measurement (nothing beyond the price); negative is not
             require(p, value is None or (math.isfinite(value) and value >= 0),
@@ -341,7 +346,7 @@ class HardwareProfile:
             **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth", "cp_exchange_fixed_s",
                                              "cp_chunk_floor_s", "optimizer_seconds_per_param",
                                              "local_expert_host_s", "expert_loop_host_s", "moe_router_factor",
-                                             "moe_permute_factor")
+                                             "moe_permute_factor", "recompute_region_s")
                if getattr(self, k) is not None},
             **({"dispatcher_fixed_s": dict(self.dispatcher_fixed_s)} if self.dispatcher_fixed_s else {}),
             **({"memory_bound_efficiency": {k: list(c.points) for k, c in self.memory_bound_efficiency}}

@@ -373,7 +373,9 @@ def run(args: argparse.Namespace) -> int:
           + (f", {seconds(profile.collective_launch_s)} per small collective"
              if profile.collective_launch_s is not None else "")
           + (f", {seconds(profile.moe_layer_host_s)} per executor MoE layer (tiny shapes, fwd+bwd)"
-             if profile.moe_layer_host_s is not None else ""))
+             if profile.moe_layer_host_s is not None else "")
+          + (f", {seconds(profile.recompute_region_s)} per activation-checkpoint region"
+             if profile.recompute_region_s is not None else ""))
     if profile.optimizer_seconds_per_param is not None:
         print(f"optimizer step: {seconds(profile.optimizer_seconds_per_param * 1e6)} per 1M parameters")
     if profile.sustained_clock_factor is not None:

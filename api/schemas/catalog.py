@@ -65,6 +65,8 @@ class HardwareProfileIn(BodyIn):
     collective_launch_s: float | None = Field(None, gt=0, le=1, description="seconds per near-empty collective")
     moe_layer_host_s: float | None = Field(None, gt=0, le=10,
                                            description="seconds of one executor MoE layer fwd+bwd on tiny shapes")
+    recompute_region_s: float | None = Field(None, ge=0, le=1, description="host seconds one activation-checkpoint "
+                                             "region adds per micro-batch beyond re-running its forward")
     overlap_slowdown: float | None = Field(None, ge=0, le=1, description="fraction of an overlapped gradient "
                                            "collective's seconds the compute beside it still pays")
     sustained_clock_factor: float | None = Field(None, gt=0, le=1, description="tensor-core throughput under "

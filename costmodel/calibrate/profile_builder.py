@@ -29,6 +29,7 @@
 * ``op_launch_s`` / ``collective_launch_s`` / ``moe_layer_host_s``: seconds per tiny eager op, per
   one-element all-reduce and per executor MoE layer on tiny shapes (``executor/microbench/launch.py``),
   copied as measured; raw files written before that benchmark existed keep the base profile's values.
+  ``recompute_region_s`` likewise: the seconds one activation-checkpoint region adds beyond its re-run forward.
 * ``sustained_clock_factor``: sustained / burst throughput of an 8192³ GEMM in the benchmarked precision run
   back to back for seconds (``executor/microbench/sustained.py``), the lowest over ranks; GPUs only.
 * ``optimizer_seconds_per_param``: the executor's optimizer step over 128 M parameters (GPUs; 64 K on CPU),
@@ -186,6 +187,8 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         op_launch_s=launch.get("op_launch_s") or base.op_launch_s,
         collective_launch_s=launch.get("collective_launch_s") or base.collective_launch_s,
         moe_layer_host_s=launch.get("moe_layer_host_s") or base.moe_layer_host_s,
+        recompute_region_s=(launch["recompute_region_s"] if launch.get("recompute_region_s") is not None
+                            else base.recompute_region_s),
         overlap_slowdown=(raw.get("overlap") or {}).get("slowdown", base.overlap_slowdown),
         sustained_clock_factor=(raw.get("sustained") or {}).get("factor", base.sustained_clock_factor),
         allocator_fragmentation=(raw.get("fragmentation") or {}).get("fragmentation", base.allocator_fragmentation),

@@ -16,7 +16,17 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
   ranks the host is the device: small-moe's GEMMs there cost more than its Python (docs/time-model.md, ``t_op``), so
   the probe runs tiny-moe's layer, the same ops at a quarter of the width. It prices the executor's own Python
   between ops (modules, autograd Functions, gradient hooks), which a loop of bare ops does not see;
-  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op.
+  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op. Every rank starts
+  each pass together (lockstep: the training's contention on shared cores, not a rank timed while the others
+  wait) and the layer is the median over adjacent (3-layer, 1-layer) pairs of their difference: a spike of other
+  work lengthens one pair, not the median. The fastest passes would be lower still, and wrong: with four ranks on
+  two cores, the rank that got a core to itself for part of a pass sets the minimum (1.4 ms a layer on the 2-core
+  machine, against 2.5 ms in quiet steady state).
+* ``recompute_region_s``: the seconds one activation-checkpoint region adds per micro-batch beyond re-running its
+  forward: the executor's RMSNorm on a tiny-moe activation, forward + backward, under torch's non-reentrant
+  checkpoint, minus the same without it, minus its forward once more (the re-run the cost model prices from the
+  module's own forward). It is host work (saving the inputs, packing and unpacking what the region saves,
+  starting the re-run during backward), paid per region whatever the region holds.
 """
 
 from __future__ import annotations
@@ -27,9 +37,12 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from executor.data import global_batch, micro_batches
-from executor.microbench.timing import synchronize, time_op
+from executor.kernels import get_backend
+from executor.kernels.triton_rms_norm import pick_rms_norm
+from executor.microbench.timing import start_together, synchronize, time_op
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -104,23 +117,73 @@ def _forward_backward_seconds(layers: int, device: torch.device, dtype: torch.dt
     return statistics.median([timed() for _ in range(2 + LAYER_REPEATS)][2:])
 
 
+def layer_seconds(three: list[float], one: list[float]) -> float | None:
+    """Seconds of one layer from adjacent timed passes of a 3-layer and a 1-layer model (``three[i]`` right
+    before ``one[i]``): half the median of their differences (a load spike lengthens one pair); None if not
+    positive."""
+    seconds = statistics.median(t - o for t, o in zip(three, one, strict=True)) / 2
+    return seconds if seconds > 0 else None
+
+
 def measure_layer_host(device: torch.device, dtype: torch.dtype) -> float | None:
     """Seconds of one executor MoE layer per micro-batch on tiny shapes (host bound); None if not positive.
-    The 3-layer and 1-layer passes alternate, so a change of load on shared cores reaches both medians."""
+    The 3-layer and 1-layer passes alternate, each started by every rank together (inside
+    ``timing.lockstep``), after two warm-up pairs."""
     three, one = _pass(3, device, dtype), _pass(1, device, dtype)
     repeats = CPU_LAYER_REPEATS if device.type == "cpu" else LAYER_REPEATS
-    samples = [(three(), one()) for _ in range(2 + repeats)][2:]
-    seconds = (statistics.median(s[0] for s in samples) - statistics.median(s[1] for s in samples)) / 2
-    return seconds if seconds > 0 else None  # noise on a loaded CPU can invert two close medians
+    samples = []
+    for _ in range(2 + repeats):
+        start_together(device)
+        t3 = three()
+        start_together(device)
+        samples.append((t3, one()))
+    return layer_seconds([s[0] for s in samples[2:]], [s[1] for s in samples[2:]])
+
+
+REGION_CALLS = 20  # forward + backward calls per timed loop of the checkpoint probe
+REGION_REPEATS = 7
+
+
+def region_seconds(checkpointed: float, plain: float, forward: float) -> float:
+    """Seconds a checkpoint region adds beyond its re-run forward: (checkpointed forward + backward) - (plain
+    forward + backward) - (one more forward), at least 0."""
+    return max(0.0, checkpointed - plain - forward)
+
+
+def measure_checkpoint_region(device: torch.device, dtype: torch.dtype) -> float:
+    """Seconds one activation-checkpoint region adds per micro-batch beyond re-running its forward
+    (:func:`region_seconds`), on the executor's RMSNorm of a tiny-moe activation (LAYER_TOKENS x 4 rows of
+    its hidden width). Each of the three timings is the median of REGION_REPEATS loops of REGION_CALLS calls,
+    every rank's loops started together (inside ``timing.lockstep``)."""
+    width = get_model(layer_model(device)).hidden_size
+    norm = pick_rms_norm(True, get_backend("torch"))
+    x = torch.randn(4 * LAYER_TOKENS, width, device=device, dtype=dtype, requires_grad=True)
+    w = torch.ones(width, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(4 * LAYER_TOKENS, width, device=device, dtype=dtype)
+
+    def forward() -> torch.Tensor:
+        return norm(x, w, 1e-6)
+
+    def plain() -> None:
+        x.grad = w.grad = None
+        forward().backward(grad)
+
+    def checkpointed() -> None:
+        x.grad = w.grad = None
+        torch.utils.checkpoint.checkpoint(forward, use_reentrant=False).backward(grad)
+
+    def timed(call: Callable[[], object]) -> float:
+        return time_op(call, device, iters=REGION_CALLS, repeats=REGION_REPEATS, warmup=2)
+    return region_seconds(timed(checkpointed), timed(plain), timed(forward))
 
 
 def measure_launch(device: torch.device, dtype: torch.dtype = torch.float32) -> dict:
-    """``{'op_launch_s', 'collective_launch_s', 'moe_layer_host_s'}`` on this rank (every rank of a group
-    must call it)."""
+    """``{'op_launch_s', 'collective_launch_s', 'moe_layer_host_s', 'recompute_region_s'}`` on this rank
+    (every rank of a group must call it)."""
     try:
         layer = measure_layer_host(device, dtype)
     except RuntimeError as exc:  # e.g. a dtype the device's grouped GEMM refuses: the other numbers still count
         print(f"executor layer benchmark skipped: {exc}", flush=True)
         layer = None
     return {"op_launch_s": measure_op_launch(device), "collective_launch_s": measure_collective_launch(device),
-            "moe_layer_host_s": layer}
+            "moe_layer_host_s": layer, "recompute_region_s": measure_checkpoint_region(device, dtype)}

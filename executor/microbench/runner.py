@@ -131,7 +131,8 @@ def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
     coll, layer = report["launch"]["collective_launch_s"], report["launch"]["moe_layer_host_s"]
     say(f"  op launch {report['launch']['op_launch_s'] * 1e6:8.2f} us"
         + (f"   small collective {coll * 1e6:8.2f} us" if coll is not None else "")
-        + (f"   executor MoE layer (tiny, fwd+bwd) {layer * 1e3:8.3f} ms" if layer is not None else ""))
+        + (f"   executor MoE layer (tiny, fwd+bwd) {layer * 1e3:8.3f} ms" if layer is not None else "")
+        + f"   checkpoint region {report['launch']['recompute_region_s'] * 1e3:8.3f} ms")
     report["collectives"] = []
     if plan.collectives and world_size > 1:
         say("collectives")
@@ -200,9 +201,11 @@ def _merged_offload(rows: list[dict | None]) -> dict | None:
 def _merged_launch(rows: list[dict]) -> dict:
     colls = [r["collective_launch_s"] for r in rows if r["collective_launch_s"] is not None]
     layers = [r["moe_layer_host_s"] for r in rows if r.get("moe_layer_host_s") is not None]
+    regions = [r["recompute_region_s"] for r in rows if r.get("recompute_region_s") is not None]
     return {"op_launch_s": statistics.median(r["op_launch_s"] for r in rows),
             "collective_launch_s": max(colls) if colls else None,
-            "moe_layer_host_s": statistics.median(layers) if layers else None}
+            "moe_layer_host_s": statistics.median(layers) if layers else None,
+            "recompute_region_s": statistics.median(regions) if regions else None}
 
 
 def run_benchmarks(world_size: int, plan: BenchPlan, device: str = "auto", timeout_s: float = 1200.0,

@@ -62,7 +62,9 @@ def _agreed_count(count: int) -> int:
     return int(t.item())
 
 
-def _start_together(device: torch.device) -> None:
+def start_together(device: torch.device) -> None:
+    """Inside :func:`lockstep`: wait for the device and for every rank, so that what follows starts on all ranks
+    together (outside it: nothing)."""
     if _LOCKSTEP[0]:
         synchronize(device)
         dist.barrier()
@@ -100,7 +102,7 @@ def time_op(op: Callable[[], object], device: torch.device, iters: int | None = 
     iters = _agreed_count(iters)
     samples = []
     for _ in range(repeats):
-        _start_together(device)
+        start_together(device)
         start = time.perf_counter()
         for _ in range(iters):
             op()
@@ -127,7 +129,7 @@ def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
             samples.append(start.elapsed_time(end) / 1e3)
     else:
         for _ in range(repeats):
-            _start_together(device)
+            start_together(device)
             t0 = time.perf_counter()
             op()
             samples.append(time.perf_counter() - t0)

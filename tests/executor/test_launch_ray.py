@@ -138,3 +138,15 @@ def test_without_a_sink_nothing_stops():
         assert calls == [0, 1]
     finally:
         progress.install(previous)
+
+
+def test_rank_processes_run_at_the_drivers_niceness(ray_launch):
+    """The local Ray's workers run at the driver's niceness, as the calibration's local ranks do (Ray's default
+    would put them at 15: less CPU than the calibration that priced them on shared cores)."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    assert ray.get(niceness.remote(), timeout=120) == os.getpriority(os.PRIO_PROCESS, 0)

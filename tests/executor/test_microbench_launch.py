@@ -17,10 +17,13 @@ from spec.profile_io import load_profile, save_profile
 from executor.launch_local import launch
 from executor.microbench.launch import (
     _forward_backward_seconds,
+    layer_seconds,
     measure_collective_launch,
     measure_launch,
     measure_op_launch,
+    region_seconds,
 )
+from executor.microbench.runner import _merged_launch
 from costmodel.calibrate.profile_builder import build_profile
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -51,6 +54,26 @@ def test_launch_benchmarks_on_two_gloo_ranks():
         # On this shared CPU two close medians may invert (then None); a value is always a real time.
         layer = report["moe_layer_host_s"]
         assert layer is None or (math.isfinite(layer) and layer > 0)
+        region = report["recompute_region_s"]
+        assert math.isfinite(region) and region >= 0
+
+
+def test_the_layer_is_half_the_median_difference_of_adjacent_passes():
+    # pair differences 5, 11 (a spike in the second pair's 3-layer pass), 3: the median 5 ignores the spike
+    assert layer_seconds([7.0, 15.0, 6.0], [2.0, 4.0, 3.0]) == pytest.approx(5.0 / 2)
+    assert layer_seconds([2.0], [2.5]) is None  # inverted by noise: not a measurement
+
+
+def test_a_region_is_what_checkpointing_adds_beyond_its_re_run_forward():
+    assert region_seconds(checkpointed=5e-4, plain=2e-4, forward=1e-4) == pytest.approx(2e-4)
+    assert region_seconds(checkpointed=2e-4, plain=2e-4, forward=1e-4) == 0.0
+
+
+def test_ranks_merge_to_the_median_region():
+    rows = [{"op_launch_s": 1e-6, "collective_launch_s": 1e-5, "moe_layer_host_s": 2e-3, "recompute_region_s": r}
+            for r in (1e-4, 3e-4, 2e-4)]
+    assert _merged_launch(rows)["recompute_region_s"] == pytest.approx(2e-4)
+    assert _merged_launch([{**r, "recompute_region_s": None} for r in rows])["recompute_region_s"] is None
 
 
 def test_executor_forward_backward_runs_and_takes_time():
@@ -69,8 +92,9 @@ def _raw(launch_row: dict | None) -> dict:
 def test_profile_carries_the_measured_launch_costs_and_round_trips(tmp_path):
     base = get_hardware("cpu")
     profile = build_profile(base, _raw({"op_launch_s": 3e-6, "collective_launch_s": 4e-5,
-                                        "moe_layer_host_s": 2e-3}))
+                                        "moe_layer_host_s": 2e-3, "recompute_region_s": 2.5e-4}))
     assert (profile.op_launch_s, profile.collective_launch_s, profile.moe_layer_host_s) == (3e-6, 4e-5, 2e-3)
+    assert profile.recompute_region_s == 2.5e-4
     assert profile.op_launch_seconds == 3e-6 and profile.collective_launch_seconds == 4e-5
     assert load_profile(save_profile(profile, tmp_path / "p.json")) == profile
     # A single-rank calibration measures no collective: the documented default answers for it.
@@ -81,7 +105,7 @@ def test_profile_carries_the_measured_launch_costs_and_round_trips(tmp_path):
 def test_raw_timings_from_before_the_launch_benchmark_keep_the_defaults():
     profile = build_profile(get_hardware("cpu"), _raw(None))
     assert profile.op_launch_s is None and profile.op_launch_seconds == DEFAULT_OP_LAUNCH_S
-    assert profile.moe_layer_host_s is None
+    assert profile.moe_layer_host_s is None and profile.recompute_region_s is None
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(str(RESULTS / "*calibrated*.json"))))
