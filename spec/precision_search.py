@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spec.multimodal import split_images
 from spec.router_options import split_router
 
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what search_precision adds to the job's own precision
