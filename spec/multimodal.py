@@ -224,6 +224,16 @@ def split_images(stored: dict[str, Any]) -> tuple[dict[str, Any], ImageInputs | 
     return rest, (ImageInputs.from_dict(images) if images is not None else None)
 
 
+def stored_llm(model_spec: dict[str, Any]) -> ModelSpec:
+    """The LLM of a stored model spec: a vision-language model's (it has 'vision' and 'llm'), else the model."""
+    return ModelSpec.from_dict(model_spec["llm"] if "vision" in model_spec else model_spec)
+
+
+def stored_model(model_spec: dict[str, Any]) -> ModelSpec | VisionLanguageSpec:
+    """A stored model spec read back: a VisionLanguageSpec when it has a vision encoder, else a ModelSpec."""
+    return VisionLanguageSpec.from_dict(model_spec) if "vision" in model_spec else ModelSpec.from_dict(model_spec)
+
+
 def _from_dict(cls, what: str, data: dict[str, Any]):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
