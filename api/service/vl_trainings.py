@@ -25,6 +25,7 @@ from spec.multimodal import VisionLanguageSpec
 from spec.multimodal_layout import MultimodalLayout
 from spec.training_spec import TrainingSpec
 from spec.validity import check_multimodal, executor_multimodal_rules
+from spec.vl_dataset import VLDatasetHeader
 from spec.vl_catalog import get_vl_model, is_vl_model
 
 
@@ -68,21 +69,24 @@ def vl_training_source(request: TrainingCreate, num_gpus: int) -> VLTrainingSour
 
 def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster: ClusterSpec, data_path: str,
                       checkpoint_every: int):
-    """The dataset's image inputs when the training can run; RuleViolation naming the first rule it breaks."""
-    from executor.vlm.dataset import VLDataset  # torch: only when a vision-language training is submitted
-
+    """The dataset's image inputs when the training can run; RuleViolation naming the first rule it breaks. The
+    dataset's header is read here (the service has no torch); its tokens are checked by the ranks that load it
+    (executor.vlm.dataset: a training whose tokens do not fit fails with the reason)."""
     if checkpoint_every:
         raise RuleViolation("body.checkpoint_every", "vl_checkpoints",
                             "a vision-language training writes no checkpoints yet: leave checkpoint_every 0")
+    vision = source.model.vision
     try:
-        dataset = VLDataset.load(data_path)
-        dataset.check(source.model)
+        header = VLDatasetHeader.read(data_path)
+        images = header.image_inputs
+        images.grid(vision)
     except FoldtuneError as exc:
         raise RuleViolation("body.data_path", "vl_dataset", str(exc)) from None
-    if dataset.seq_length != training.seq_length:
-        raise RuleViolation("body.data_path", "vl_dataset", f"the dataset's samples are {dataset.seq_length} tokens, "
-                                                            f"the training's seq_length {training.seq_length}")
-    images = dataset.image_inputs
+    if header.seq_length != training.seq_length or header.channels != vision.in_channels:
+        raise RuleViolation("body.data_path", "vl_dataset",
+                            f"the dataset holds samples of {header.seq_length} tokens with {header.channels}-channel "
+                            f"images; the training's seq_length is {training.seq_length}, the encoder reads "
+                            f"{vision.in_channels} channels")
     broken = check_multimodal(source.model, training, images, source.layout, cluster)
     broken += executor_multimodal_rules(source.layout)
     if broken:
@@ -90,7 +94,8 @@ def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster:
     return images
 
 
-def predicted_vl_step_time(source: VLTrainingSource, training: TrainingSpec, images, cluster: ClusterSpec) -> float | None:
+def predicted_vl_step_time(source: VLTrainingSource, training: TrainingSpec, images,
+                           cluster: ClusterSpec) -> float | None:
     """The cost model's seconds per step of the layout (as a tuning job's trials store it); None where it
     cannot price it."""
     try:

@@ -4,7 +4,10 @@
 - ``ids``: int64 [samples, seq_length] token ids, image tokens marked by the model's image token id, every
   sample placing them alike (multimodal RoPE tables are shared by a batch);
 - ``images``: float32 [samples, images_per_sample, channels, height, width], already normalised pixels;
-- ``heldout``: how many of the last samples are held out for evaluation.
+- ``heldout``: how many of the last samples are held out for evaluation;
+
+and its header ``vl_dataset.json`` (:class:`spec.vl_dataset.VLDatasetHeader`), which the service reads without
+torch.
 
 Labels are the next token (the last one wraps), as the text-only datasets train. A sample's images become
 patches through :func:`executor.vlm.images.patchify`, the patch order of transformers' Qwen2-VL processor.
@@ -19,6 +22,7 @@ import torch
 
 from spec.errors import SpecError
 from spec.multimodal import ImageInputs, VisionLanguageSpec
+from spec.vl_dataset import VLDatasetHeader
 from executor.safe_load import load_data
 from executor.vlm.images import patchify
 from executor.vlm.model import VLBatch
@@ -31,6 +35,8 @@ def save_vl_dataset(directory: str | Path, ids: torch.Tensor, images: torch.Tens
     path = Path(directory) / FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"ids": ids.long().contiguous(), "images": images.float().contiguous(), "heldout": int(heldout)}, path)
+    samples, per, channels, height, width = images.shape
+    VLDatasetHeader(samples, int(heldout), ids.shape[1], per, channels, height, width).write(directory)
     return path
 
 

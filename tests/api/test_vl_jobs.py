@@ -70,3 +70,41 @@ def test_http_vl_job_measures_multimodal_layouts_on_cpu_ranks(client, alice, db_
     assert job["calibration"]["best_layout"] == job["best_trial"]["label"]
     assert MultimodalLayout.parse(job["best_trial"]["label"], 2).placement in placements
     assert wait_no_rank_actors() == []
+
+
+def _measured(db_url, job_id: int, label: str, step_time_s: float = 0.5) -> None:
+    """The job claimed and one trial of ``label`` measured (as a runner records it)."""
+    from db.engine import make_engine, make_sessionmaker
+    from db.queue import claim_job
+    from db.trials import finish_trial, start_trial
+
+    engine = make_engine(db_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            assert claim_job(session, job_id, "r") is not None
+            layout = MultimodalLayout.parse(label, 2)
+            trial = start_trial(session, job_id, 0, layout.to_dict(), runner_id="r", label=layout.label())
+            assert finish_trial(session, trial.id, "succeeded", step_time_s=step_time_s,
+                                measurement={"ok": True, "step_time": step_time_s})
+    finally:
+        engine.dispose()
+
+
+def test_megatron_args_of_a_separate_encoder_layout(client, alice, db_url):
+    job_id = client.post("/v1/jobs", json=VL_JOB, headers=alice).json()["id"]
+    _measured(db_url, job_id, "dp1 placement=separate enc_tp1 enc_dp1")
+    r = client.get(f"/v1/jobs/{job_id}/megatron-args", headers=alice)
+    assert r.status_code == 200, r.text
+    args = {flag[0]: flag[1:] for flag in r.json()["args"]}
+    assert args["--encoder-pipeline-model-parallel-size"] == ["1"]
+    assert args["--encoder-tensor-model-parallel-size"] == ["1"]
+    assert args["--img-h"] == ["8"] and args["--img-w"] == ["16"] and args["--patch-dim"] == ["4"]
+    assert args["--tensor-model-parallel-size"] == ["1"] and "--encoder-pipeline-model-parallel-size 1" in r.json()["text"]
+
+
+def test_megatron_refuses_a_colocated_encoder_naming_what_it_lacks(client, alice, db_url):
+    job_id = client.post("/v1/jobs", json=VL_JOB, headers=alice).json()["id"]
+    _measured(db_url, job_id, "dp2 placement=colocated enc_tp2")
+    r = client.get(f"/v1/jobs/{job_id}/megatron-args", headers=alice)
+    assert _rule(r) == ("path.job_id", "megatron_multimodal")
+    assert "no colocated encoder" in r.json()["detail"]
