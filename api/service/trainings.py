@@ -153,12 +153,7 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
                    "hardware": resolved.hardware.to_dict()}
         recipe = request.recipe()
     check_router_options(RouterOptions.pick(recipe), ModelSpec.from_dict(model_spec))
-    data_path, checkpoint_dir = request.data_path, request.checkpoint_dir
-    if data_root is not None:
-        data_path, checkpoint_dir = confined_paths(data_path, checkpoint_dir, owner, data_root)
-    if not os.path.exists(data_path):
-        raise RuleViolation("body.data_path", "data_path_exists",
-                            f"data path {request.data_path!r} does not exist on the server")
+    data_path, checkpoint_dir = _server_paths(request, owner, data_root)
     space = checkpoint_space_problem(ModelSpec.from_dict(model_spec), request.steps, request.checkpoint_every,
                                      request.keep_last, checkpoint_dir)
     if space is not None:  # refused now rather than failing at a save after hours of training
@@ -174,6 +169,18 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
     return row
 
 
+def _server_paths(request: TrainingCreate, owner: Owner, data_root: str | Path | None) -> tuple[str, str]:
+    """(data_path, checkpoint_dir) as the runner will use them (confined to the owner's directory when the
+    service has a data root); RuleViolation ``data_path_exists`` for a data path the server does not have."""
+    data_path, checkpoint_dir = request.data_path, request.checkpoint_dir
+    if data_root is not None:
+        data_path, checkpoint_dir = confined_paths(data_path, checkpoint_dir, owner, data_root)
+    if not os.path.exists(data_path):
+        raise RuleViolation("body.data_path", "data_path_exists",
+                            f"data path {request.data_path!r} does not exist on the server")
+    return data_path, checkpoint_dir
+
+
 def _submit_vl_training(session: Session, owner: Owner, request: TrainingCreate, vl: VLTrainingSource,
                         data_root: str | Path | None) -> Training:
     """:func:`submit_training` of a vision-language model under an explicit multimodal layout
@@ -182,12 +189,7 @@ def _submit_vl_training(session: Session, owner: Owner, request: TrainingCreate,
     training = _training_spec({}, request)
     recipe = request.recipe()
     check_router_options(RouterOptions.pick(recipe), vl.model.llm)
-    data_path, checkpoint_dir = request.data_path, request.checkpoint_dir
-    if data_root is not None:
-        data_path, checkpoint_dir = confined_paths(data_path, checkpoint_dir, owner, data_root)
-    if not os.path.exists(data_path):
-        raise RuleViolation("body.data_path", "data_path_exists",
-                            f"data path {request.data_path!r} does not exist on the server")
+    data_path, checkpoint_dir = _server_paths(request, owner, data_root)
     images = check_vl_training(vl, training, resolved, data_path, request.checkpoint_every)
     row = Training(owner_id=owner.id, job_id=None, status="queued", config=vl.layout.to_dict(),
                    model_spec=vl.model.to_dict(),

@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 import torch
 
-from spec.flops import flops_per_step, tflops_per_gpu
+from spec.flops import flops_per_step
 from spec.multimodal import VisionLanguageSpec
 from spec.multimodal_layout import MultimodalLayout
 from spec.training_spec import TrainingSpec
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_reduce_
 from executor.train.grad_norm import GradClipper
-from executor.train.loop import StepMetrics, TrainConfig, TrainReport
+from executor.train.loop import StepMetrics, TrainConfig, TrainReport, step_metrics
 from executor.train.optim_state import set_lr
 from executor.vlm.dataset import VLDataset
 from executor.vlm.profile import build_vl_rank
@@ -82,14 +82,9 @@ def vl_train_worker(rank: int, world_size: int, spec: VisionLanguageSpec, layout
         start = time.perf_counter()
         result = trainer.step(micro)
         elapsed = time.perf_counter() - start
-        counts = [float(c) for c in result.tokens_per_expert] or [0.0]
-        metrics = StepMetrics(step=step, loss=result.loss, ce=result.ce, router_loss=result.router_loss, lr=lr,
-                              grad_norm=norms[-1], step_time_s=elapsed,
-                              tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
-                              tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
-                              expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
-                              moe_layers=list(model.llm.moe_layer_numbers),
-                              expert_tokens=result.tokens_per_expert_by_layer)
+        metrics = step_metrics(step, result, lr, norms[-1], elapsed, cfg, flops, world_size,
+                               list(model.llm.moe_layer_numbers),
+                               torch.cuda.max_memory_allocated(device) if use_cuda else None)
         if step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
             metrics.eval_loss = _evaluate(model, dataset, spec, cfg, mbs, device)
         if report.metrics:
