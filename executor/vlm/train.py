@@ -25,7 +25,7 @@ from executor.vlm.synthetic import synthetic_batch
 
 
 def mrope_section_for(rotary_pairs: int) -> tuple[int, int, int]:
-    """The (temporal, height, width) split of ``rotary_pairs`` rotary frequency pairs: Qwen3-VL's 24:20:20 of
+    """The (temporal, height, width) split of ``rotary_pairs`` rotary frequency pairs: Qwen3-VL's (24, 20, 20) of
     64 pairs, height and width each 5/16 of them, the rest temporal (8 pairs: (4, 2, 2))."""
     side = rotary_pairs * 5 // 16
     return rotary_pairs - 2 * side, side, side
