@@ -88,3 +88,13 @@ def test_http_vl_training_of_fifty_steps_lowers_the_loss(client, alice, db_url, 
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5  # the caption follows from the image
     assert items[-1]["eval_loss"] < 0.5 * losses[0]  # and so on held-out images
     assert wait_no_rank_actors() == []
+
+
+def test_a_vl_jobs_best_trains_through_its_label(client, alice, db_url, vl_body):
+    from test_vl_jobs import VL_JOB, _measured
+
+    job_id = client.post("/v1/jobs", json=VL_JOB, headers=alice).json()["id"]
+    _measured(db_url, job_id, LAYOUT)
+    body = {k: v for k, v in vl_body.items() if k not in ("layout", "model", "cluster")}
+    r = client.post("/v1/trainings", json={**body, "job_id": job_id}, headers=alice)
+    assert _rule(r) == ("body.job_id", "vl_training_from_job") and "placement=colocated" in r.json()["detail"]
