@@ -149,6 +149,28 @@ class MultimodalEstimate:
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
 
+    def calibration_terms(self) -> tuple[tuple[str, float], ...]:
+        """The step's seconds in the LLM's term names (costmodel.terms), so a tuning search calibrates a
+        multimodal layout's prediction as it does a text-only one's: the LLM's own terms, the encoder's seconds
+        split as its micro-batch's parts (compute into ``gemm``: its work is dense GEMMs and attention of the
+        same kind; TP and CP communication into ``tp_comm``/``cp_comm``), its gradient all-reduce into
+        ``dp_grad``, the boundary all-to-all into ``ep_a2a`` (an all-to-all over the same links) and the
+        separate placement's point-to-point fill into ``pp_p2p``. They sum to ``step_time``."""
+        out: dict[str, float] = dict(self.llm.time.terms)
+        enc = self.encoder
+        parts = (("gemm", enc.compute_s), ("tp_comm", enc.tp_comm_s), ("cp_comm", enc.cp_comm_s))
+        whole = sum(t for _, t in parts)
+        for name, seconds in self.terms:
+            if name in ("encoder", "encoder_beyond_llm"):
+                for term, part in parts:
+                    out[term] = out.get(term, 0.0) + (seconds * part / whole if whole > 0 else 0.0)
+                if whole <= 0:
+                    out["gemm"] = out.get("gemm", 0.0) + seconds
+            elif name != "llm":
+                term = {"encoder_grad_reduce": "dp_grad", "boundary": "ep_a2a", "boundary_fill": "pp_p2p"}[name]
+                out[term] = out.get(term, 0.0) + seconds
+        return tuple(out.items())
+
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.layout.label(), "placement": self.layout.placement,
                 "heterogeneous": self.layout.is_heterogeneous, "llm_layout": self.layout.llm.label(),

@@ -209,6 +209,17 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     reports = launched.results
     if training.precision == "fp8":
         _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))
+    flops = flops_per_step(model, training.seq_length, training.global_batch_size)
+    return measurement_from_reports(launched, training, config.world_size, flops, hardware, use_cuda, dispatched_at,
+                                    context)
+
+
+def measurement_from_reports(launched, training: TrainingSpec, world_size: int, flops: float, hardware: str | None,
+                             use_cuda: bool, dispatched_at: float, context: dict) -> Measurement:
+    """Fold the ranks' :func:`profile_worker`-shaped reports of a successful launch into a Measurement: the
+    step time is each step's slowest rank, then the median over steps (seconds); ``flops`` per optimizer step
+    gives TFLOP/s and MFU."""
+    reports = launched.results
     per_step = [max(r["step_times"][i] for r in reports) for i in range(min(len(r["step_times"]) for r in reports))]
     step_time = statistics.median(per_step)
     by_rank = []
@@ -217,13 +228,12 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
         by_rank.append({k: statistics.median(p.get(k, 0.0) for p in report["phases"]) for k in names})
     phases = by_rank[0]
     device_name = reports[0].get("device_name", "cpu")
-    flops = flops_per_step(model, training.seq_length, training.global_batch_size)
     peak = peak_flops(device_name, training.precision, hardware)
     return Measurement(
         ok=True, device=device_name, step_time=step_time, step_times=per_step, phases=phases,
-        tokens_per_s_per_gpu=training.global_batch_size * training.seq_length / step_time / config.world_size,
-        tflops_per_gpu=tflops_per_gpu(flops, step_time, config.world_size),
-        mfu=mfu(flops, step_time, config.world_size, peak) if peak else None,
+        tokens_per_s_per_gpu=training.global_batch_size * training.seq_length / step_time / world_size,
+        tflops_per_gpu=tflops_per_gpu(flops, step_time, world_size),
+        mfu=mfu(flops, step_time, world_size, peak) if peak else None,
         peak_allocated_bytes=max(r["peak_allocated"] for r in reports) if use_cuda else None,
         peak_reserved_bytes=max(r["peak_reserved"] for r in reports) if use_cuda else None,
         static_allocated_bytes=_max_of(reports, "static_before_step"),

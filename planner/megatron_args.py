@@ -163,8 +163,13 @@ def megatron_env(config: ParallelConfig) -> dict[str, str]:
 def megatron_script(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> str:
     """A shell fragment to paste before a Megatron-LM launch: the ``export`` lines of :func:`megatron_env`,
     then ``MEGATRON_ARGS=(...)``, a bash array of :func:`megatron_args` (pass it as ``"${MEGATRON_ARGS[@]}"``)."""
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in megatron_env(config).items()]
+    return script_text(megatron_env(config), megatron_args(config, model, training))
+
+
+def script_text(env: dict[str, str], args: list[list[str]]) -> str:
+    """``export`` lines of ``env``, then ``MEGATRON_ARGS=(...)`` of ``args``, one flag per line."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append("MEGATRON_ARGS=(")
-    lines += ["    " + " ".join(shlex.quote(part) for part in flag) for flag in megatron_args(config, model, training)]
+    lines += ["    " + " ".join(shlex.quote(part) for part in flag) for flag in args]
     lines.append(")")
     return "\n".join(lines)

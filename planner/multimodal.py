@@ -21,7 +21,7 @@ from spec.multimodal import ImageInputs, VisionLanguageSpec
 from spec.multimodal_layout import MultimodalLayout
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
-from spec.validity import check_multimodal
+from spec.validity import Rejection, check_multimodal, executor_multimodal_rules, is_executor_rule
 
 
 @dataclass
@@ -124,3 +124,38 @@ def why(homogeneous: MultimodalEstimate | None, heterogeneous: MultimodalEstimat
             f"{gain * 100:+.1f} % in step throughput against the best homogeneous one; the largest difference is "
             f"the '{term}' term ({deltas[term]:+.3f} s: homogeneous {a.get(term, 0.0):.3f} s, heterogeneous "
             f"{b.get(term, 0.0):.3f} s)")
+
+
+@dataclass
+class RunnableMultimodal:
+    """The fitting multimodal layouts the executor runs (fastest first, at most ``keep``), how many the planner
+    ranked, and, when none is left, the rule that removed the best one (else None)."""
+
+    runnable: list[MultimodalEstimate]
+    planned: int
+    not_executable: Counter = field(default_factory=Counter)
+    rejection: Rejection | None = None
+
+
+def runnable_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: ImageInputs, cluster: ClusterSpec,
+                        keep: int) -> RunnableMultimodal:
+    """What a tuning job of ``vl`` searches: :func:`plan_multimodal`'s fitting layouts (every one of them) less
+    those that break an executor rule (the LLM part's or :func:`spec.validity.executor_multimodal_rules`)."""
+    result = plan_multimodal(vl, training, images, cluster, top=1 << 20)
+    out = RunnableMultimodal([], len(result.ranked))
+    first: Rejection | None = None
+    for estimate in result.ranked:
+        layout = estimate.layout
+        refused = [r for r in check_multimodal(vl, training, images, layout, cluster) if is_executor_rule(r.rule)]
+        refused += executor_multimodal_rules(layout)
+        if refused:
+            out.not_executable.update(r.rule for r in refused)
+            first = first or refused[0]
+        elif len(out.runnable) < keep:
+            out.runnable.append(estimate)
+    if not out.runnable:
+        out.rejection = first or Rejection("layout_fits", f"no multimodal layout of {vl.name} fits "
+                                                          f"{cluster.num_gpus} {cluster.hardware.name} GPUs "
+                                                          f"({out.planned} planned; rules broken: "
+                                                          f"{dict(result.rejected) or 'none'})")
+    return out

@@ -58,7 +58,8 @@ from optuna.trial import FrozenTrial, TrialState
 from costmodel.uncertainty import Interval, narrowed
 from planner.calibration import Calibration, Observation, fit_calibration, group_seconds
 from spec.failure import FailureKind
-from spec.layout_codec import OPTUNA_PARAMS, PRECISION_PARAM, Labelled, optuna_key
+from spec.layout_codec import MULTIMODAL_OPTUNA_PARAMS, OPTUNA_PARAMS, PRECISION_PARAM, Labelled, optuna_key
+from spec.multimodal_layout import layout_from_dict
 from spec.parallel_config import ParallelConfig
 
 # Trial user attributes written by the driver and read back by the sampler.
@@ -365,7 +366,7 @@ def _novelty(shares: dict[str, float], measured: list[dict[str, float]]) -> floa
 
 def search_space(candidates: Sequence[Candidate]) -> dict[str, CategoricalDistribution]:
     """One categorical distribution per layout parameter, over the values the candidates use."""
-    values: dict[str, set] = {name: set() for name in OPTUNA_PARAMS + (PRECISION_PARAM,)}
+    values: dict[str, set] = {name: set() for name in OPTUNA_PARAMS + (PRECISION_PARAM,) + MULTIMODAL_OPTUNA_PARAMS}
     for c in candidates:
         for name, value in c.params.items():
             values[name].add(value)
@@ -656,7 +657,7 @@ def _result(study: optuna.Study, sampler: BaseSampler, capacity_bytes: float, st
                [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     if complete:
         best = min(complete, key=lambda t: t.value)
-        best_config = ParallelConfig.from_dict(best.user_attrs[ATTR_CONFIG])
+        best_config = layout_from_dict(best.user_attrs[ATTR_CONFIG])
         best_time = best.value
         best_precision = trial_precision(best)
     # the job's calibration: the best trial's precision's fit (the searched one measured most before any is best)

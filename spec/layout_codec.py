@@ -77,6 +77,9 @@ LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
 # ---- the Optuna form ----------------------------------------------------------------------------
 OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap",
                  "opt_offload", "act_offload", "opt_dtypes", "cp_comm", "shared_overlap")
+#: A multimodal layout's Optuna parameters beyond its LLM's (:meth:`MultimodalCodec.to_optuna_params`); a text-only
+#: trial has none of them.
+MULTIMODAL_OPTUNA_PARAMS = ("placement", "enc_tp", "enc_cp", "enc_pp", "enc_dp")
 #: Parameters added to the search after studies had begun, with the value a trial of an older study ran.
 OPTUNA_ADDED = {"ep_overlap": False, "opt_offload": 0.0, "act_offload": "none", "opt_dtypes": dtypes_text(FP32_STATES),
                 "cp_comm": DEFAULT_CP_COMM, "shared_overlap": False}
@@ -240,7 +243,7 @@ def optuna_key(params: dict[str, Any]) -> tuple:
     :data:`OPTUNA_PARAMS`, then the searched precision (None for a study that does not search it). Two
     parameter sets name the same trial point exactly when their keys are equal."""
     params = current_optuna_params(params)
-    return tuple(params.get(name) for name in OPTUNA_PARAMS + (PRECISION_PARAM,))
+    return tuple(params.get(name) for name in OPTUNA_PARAMS + (PRECISION_PARAM,) + MULTIMODAL_OPTUNA_PARAMS)
 
 
 class LayoutCodec:
@@ -507,6 +510,12 @@ class MultimodalCodec:
             sizes = {**sizes, "enc_dp": llm.world_size // per}
         return cls(llm=llm, placement=placement, encoder_tp=enc["enc_tp"], encoder_cp=enc["enc_cp"],
                    encoder_pp=enc["enc_pp"], encoder_dp=sizes["enc_dp"])
+
+    def to_optuna_params(self) -> dict[str, Any]:
+        """The LLM's Optuna parameters, then the placement and the encoder's sizes
+        (:data:`MULTIMODAL_OPTUNA_PARAMS`)."""
+        return {**self.llm.to_optuna_params(), "placement": self.placement, "enc_tp": self.encoder_tp,
+                "enc_cp": self.encoder_cp, "enc_pp": self.encoder_pp, "enc_dp": self.encoder_dp}
 
     def to_dict(self) -> dict[str, Any]:
         return {"llm": self.llm.to_dict(), "placement": self.placement, "encoder_tp": self.encoder_tp,

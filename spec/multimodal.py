@@ -202,6 +202,37 @@ class ImageInputs:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ImageInputs:
+        return _from_dict(cls, "image inputs", data)
+
+
+#: where a job's or training's stored training spec carries its image inputs (beside the router options, so
+#: they are part of the job's signature); absent for a text-only model
+IMAGES_KEY = "images"
+
+
+def with_images(training_spec: dict[str, Any], images: ImageInputs | None) -> dict[str, Any]:
+    """``training_spec`` as stored with a job: the image inputs added when there are some."""
+    return {**training_spec, IMAGES_KEY: images.to_dict()} if images is not None else dict(training_spec)
+
+
+def split_images(stored: dict[str, Any]) -> tuple[dict[str, Any], ImageInputs | None]:
+    """A stored training spec as the rest of its fields and its image inputs (None: a text-only job)."""
+    rest = {k: v for k, v in stored.items() if k != IMAGES_KEY}
+    images = stored.get(IMAGES_KEY)
+    return rest, (ImageInputs.from_dict(images) if images is not None else None)
+
+
+def stored_llm(model_spec: dict[str, Any]) -> ModelSpec:
+    """The LLM of a stored model spec: a vision-language model's (it has 'vision' and 'llm'), else the model."""
+    return ModelSpec.from_dict(model_spec["llm"] if "vision" in model_spec else model_spec)
+
+
+def stored_model(model_spec: dict[str, Any]) -> ModelSpec | VisionLanguageSpec:
+    """A stored model spec read back: a VisionLanguageSpec when it has a vision encoder, else a ModelSpec."""
+    return VisionLanguageSpec.from_dict(model_spec) if "vision" in model_spec else ModelSpec.from_dict(model_spec)
+
 
 def _from_dict(cls, what: str, data: dict[str, Any]):
     known = {f.name for f in fields(cls)}

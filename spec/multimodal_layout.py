@@ -71,3 +71,9 @@ class MultimodalLayout(MultimodalCodec):
     def from_dict(cls, data: dict[str, Any]) -> MultimodalLayout:
         rest = {k: v for k, v in data.items() if k != "llm"}
         return cls(llm=ParallelConfig.from_dict(data["llm"]), **rest)
+
+
+def layout_from_dict(data: dict[str, Any]) -> ParallelConfig | MultimodalLayout:
+    """A stored layout's JSON form read back: a multimodal layout's (it has the LLM's under ``llm``), else a
+    ParallelConfig's."""
+    return MultimodalLayout.from_dict(data) if "llm" in data else ParallelConfig.from_dict(data)

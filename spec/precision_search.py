@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spec.multimodal import split_images
 from spec.router_options import split_router
 
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what search_precision adds to the job's own precision
@@ -30,8 +31,9 @@ def with_precision_search(training_spec: dict[str, Any], search: bool) -> dict[s
 
 def trial_training(stored: dict[str, Any], precision: str | None) -> dict[str, Any]:
     """A job's stored training spec as TrainingSpec fields (router options and the flag split off), at the
-    precision one of its trials ran (``precision`` None: as stored, e.g. a trial that does not say)."""
-    spec, _ = split_precision_search(split_router(stored)[0])
+    precision one of its trials ran (``precision`` None: as stored, e.g. a trial that does not say); a
+    vision-language job's image inputs are split off too."""
+    spec, _ = split_precision_search(split_images(split_router(stored)[0])[0])
     return spec if not precision else {**spec, "precision": precision}
 
 

@@ -140,6 +140,8 @@ EXECUTOR_RULES: dict[str, str] = {
                            "recompute, selective recompute of moe or activation offload of moe",
     "executor_dispatcher": "the token dispatcher is one the executor builds (alltoall, allgather); Megatron's "
                            "flex dispatcher (DeepEP, HybridEP kernels) is not",
+    "executor_vl_layout": "a vision-language model runs homogeneous or colocated, the LLM at pp = 1, the encoder "
+                          "at cp = pp = 1 (the separate placement runs in executor.vlm.separate, not in a trial)",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -767,3 +769,22 @@ def check_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: Ima
     except SpecError as exc:  # an LLM share of GPUs that is no cluster (not whole nodes)
         out.append(Rejection("mm_world", str(exc)))
     return out
+
+
+def executor_multimodal_rules(layout: MultimodalLayout) -> list[Rejection]:
+    """What the executor's vision-language step (executor/vlm/train.py) cannot run of ``layout``: one
+    ``executor_vl_layout`` rejection naming each limit it hits, else none."""
+    limits = []
+    if layout.placement == "separate":
+        limits.append("the separate placement (its encoder ranks) is not a trial's step yet")
+    if layout.llm.pp > 1:
+        limits.append(f"the LLM runs at pp = 1 under the encoder (got pp = {layout.llm.pp})")
+    if layout.encoder_cp > 1 or layout.encoder_pp > 1:
+        limits.append(f"the encoder runs at cp = pp = 1 (got enc_cp {layout.encoder_cp}, enc_pp {layout.encoder_pp})")
+    if layout.llm.overlap_moe_expert_parallel_comm:
+        limits.append("the EP all-to-all overlap schedule does not run the encoder")
+    if layout.placement != "separate" and layout.llm.world_size % layout.encoder_tp:
+        limits.append(f"encoder tp {layout.encoder_tp} does not divide the {layout.llm.world_size} ranks")
+    if not limits:
+        return []
+    return [Rejection("executor_vl_layout", f"layout {layout.label()!r}: " + "; ".join(limits))]

@@ -34,7 +34,11 @@ def add_format_argument(parser, note: str | None = None) -> None:
 
 
 def _specs(job: dict[str, Any], trial: dict[str, Any]) -> tuple[ParallelConfig, ModelSpec, TrainingSpec]:
-    """The trial's layout, the job's model, and the job's training at the precision the trial ran."""
+    """The trial's layout, the job's model, and the job's training at the precision the trial ran; SpecError
+    for a vision-language job, whose multimodal layout exports through GET /v1/jobs/{id}/megatron-args."""
+    if "llm" in trial["config"]:
+        raise SpecError(f"job {job['id']}'s best layout is multimodal ({trial.get('label')}): its Megatron-LM "
+                        f"arguments are served by GET /v1/jobs/{job['id']}/megatron-args (the dashboard's job page)")
     return (ParallelConfig.from_dict(trial["config"]), ModelSpec.from_dict(job["model_spec"]),
             TrainingSpec.from_dict(trial_training(job["training"], trial.get("precision"))))
 

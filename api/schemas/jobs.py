@@ -17,6 +17,7 @@ from spec.hardware import DEFAULT_MIN_HEADROOM, MAX_HEADROOM_FRACTION
 from spec.limits import MAX_EXPERT_RATIO, MAX_GPUS, MAX_SLICE_LAYERS, MAX_TRIALS, MAX_VERIFY_LAYOUTS
 from spec.routing_scenarios import DEFAULT_HOT_FACTOR
 from spec.model_spec import ModelSpec
+from spec.multimodal import MAX_IMAGE_SIDE, MAX_IMAGES_PER_SAMPLE, ImageInputs
 from spec.shape_defaults import default_precision
 from spec.training_spec import TrainingSpec
 
@@ -88,6 +89,20 @@ class WorkloadIn(ProxyIn, HFConfigIn):
         return self
 
 
+class ImagesIn(BaseModel):
+    """The images of each training sample of a vision-language model (spec.multimodal.ImageInputs): still
+    images of ``image_height`` x ``image_width`` pixels, ``images_per_sample`` per sample."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    images_per_sample: int = Field(ge=1, le=MAX_IMAGES_PER_SAMPLE, examples=[4])
+    image_height: int = Field(448, ge=1, le=MAX_IMAGE_SIDE, description="pixels")
+    image_width: int = Field(448, ge=1, le=MAX_IMAGE_SIDE, description="pixels")
+
+    def inputs(self) -> ImageInputs:
+        return ImageInputs(self.images_per_sample, self.image_height, self.image_width)
+
+
 class VerifyIn(BaseModel):
     """What a verify job checks: the plan's ``top`` layouts, each by one rank built and timed on the runner's
     device (docs/verify.md)."""
@@ -116,6 +131,11 @@ class JobCreate(WorkloadIn, RouterOptionsIn):
                                               "top layouts by one-rank slices timed on the runner's device")
     verify: VerifyIn | None = Field(None, description="a verify job's request (kind 'verify'; defaults if absent)")
     budget: BudgetIn = Field(default_factory=BudgetIn)
+    images: ImagesIn | None = Field(
+        None, description="a vision-language model's images per sample (GET /v1/models lists no such model; "
+                          "docs/multimodal.md: qwen3-vl-30b-a3b, tiny-vl-moe, ENCODER+LLM): its trials search "
+                          "multimodal layouts (placement, encoder tp/dp) on synthetic images; stored with the "
+                          "training spec under 'images', so part of the signature")
     search_precision: bool = Field(
         False, description="measure precision as a knob: the trials run the training's precision, bf16 and fp8 "
                            "(fp8 only on GPUs with an fp8 peak; the job's result says when it is left out), each "

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from api.service.capability import apply_proxy, check_job_runnable, check_model_runnable
 from api.service.errors import Conflict, RuleViolation, not_found
 from api.service.planning import PlanningGate, no_gate
+from api.service.vl_jobs import VLWorkload, check_vl_runnable, vl_workload
 from api.service.quotas import Quotas, check_active_jobs, check_trials_per_job
 from api.schemas.proxy import proxy_view
 from api.schemas.jobs import BudgetOut, ClusterOut, JobCreate, JobOut, TrialCounts, TrialOut, VerifyIn, WorkloadIn
@@ -25,6 +26,7 @@ from spec.catalog import get_hardware, get_model
 from spec.errors import FoldtuneError
 from spec.hardware import DEFAULT_HBM_RESERVED, DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile, headroom_problem
 from spec.model_spec import ModelSpec
+from spec.multimodal import with_images
 from spec.precision_search import with_precision_search
 from spec.router_options import RouterOptions, with_router
 from spec.training_spec import TrainingSpec
@@ -117,6 +119,9 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
     CLI): QuotaExceeded past the trials per job or the owner's active jobs (a retry of a stored job is
     answered with it, whatever the quota). ``gate`` (the HTTP service's) bounds the runnable check's planning
     (Unavailable beyond)."""
+    vl = vl_workload(request)
+    if vl is not None:
+        return _submit_vl_job(session, owner, request, vl, idempotency_key, quotas=quotas, gate=gate)
     resolved = resolve_job(session, request)
     verify = request.kind == "verify"
     max_trials = request.verify.top if verify else request.budget.max_trials
@@ -145,6 +150,38 @@ def submit_job(session: Session, owner: Owner, request: JobCreate, idempotency_k
               signature=job_signature(resolved.model.to_dict(), training_spec, resolved.cluster.hardware.name,
                                       resolved.cluster.num_gpus), max_trials=max_trials,
               max_seconds=request.budget.max_seconds, idempotency_key=idempotency_key)
+    return _store_job(session, owner, job, idempotency_key, quotas)
+
+
+def _submit_vl_job(session: Session, owner: Owner, request: JobCreate, vl: VLWorkload, idempotency_key: str | None,
+                   *, quotas: Quotas | None, gate: PlanningGate | None) -> tuple[Job, bool]:
+    """:func:`submit_job` of a vision-language model (api.service.vl_jobs): its spec and its image inputs
+    stored with the job (the images in the training spec, so in the signature)."""
+    cluster = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus,
+                              min_headroom=request.cluster.min_headroom)
+    training = request.training_for(cluster.hardware.gpu.name)
+    if quotas is not None:
+        check_trials_per_job(quotas, request.budget.max_trials)
+    router = check_router_options(request.router_options(), vl.model.llm)
+    training_spec = with_images(with_router(training.to_dict(), router), vl.images)
+    session.commit()  # the check below plans; no transaction is held open meanwhile
+    with (gate or no_gate)():
+        check_vl_runnable(vl, training, cluster, request.budget.max_trials)
+    model_spec = vl.model.to_dict()
+    job = Job(owner_id=owner.id, status="queued", kind="tune", verify=None, model_name=vl.model.name,
+              model_spec=model_spec, training_spec=training_spec,
+              cluster={"gpu": cluster.hardware.name, "num_gpus": cluster.num_gpus,
+                       "hardware": cluster.hardware.to_dict(), "min_headroom": cluster.min_headroom},
+              gpu_name=cluster.hardware.name, num_gpus=cluster.num_gpus,
+              signature=job_signature(model_spec, training_spec, cluster.hardware.name, cluster.num_gpus),
+              max_trials=request.budget.max_trials, max_seconds=request.budget.max_seconds,
+              idempotency_key=idempotency_key)
+    return _store_job(session, owner, job, idempotency_key, quotas)
+
+
+def _store_job(session: Session, owner: Owner, job: Job, idempotency_key: str | None,
+               quotas: Quotas | None) -> tuple[Job, bool]:
+    """Store ``job`` once per idempotency key (the first one's answer for a repeat; Conflict if it differs)."""
     if idempotency_key is not None:
         existing = job_by_idempotency_key(session, owner.id, idempotency_key)
         if existing is not None:

@@ -22,6 +22,8 @@ from api.service.jobs import check_router_options, owned_job, resolve_cluster, r
 from api.service.errors import Conflict, NotFound, RuleViolation, not_found
 from api.service.paths import confine, owner_root
 from api.service.quotas import Quotas, check_training
+from api.service.vl_trainings import (VLTrainingSource, check_vl_training, predicted_vl_step_time,
+                                      vl_training_source)
 from api.schemas.jobs import ClusterOut
 from api.schemas.trainings import (ExpertImbalanceOut, ExpertLoadOut, TrainingCreate, TrainingMetricOut,
                                    TrainingOut)
@@ -29,6 +31,8 @@ from costmodel.step_time import estimate_step_time
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
+from spec.multimodal import split_images, stored_llm, with_images
+from spec.multimodal_layout import layout_from_dict
 from spec.parallel_config import ParallelConfig
 from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
@@ -45,8 +49,9 @@ RECIPE_KEY = "recipe"  # training_spec holds the TrainingSpec fields plus the op
 
 
 def split_training_spec(stored: dict[str, Any]) -> tuple[TrainingSpec, dict[str, Any]]:
-    """A stored ``Training.training_spec`` as its TrainingSpec and its recipe (lr, warmup_steps, ...)."""
-    spec = {k: v for k, v in stored.items() if k != RECIPE_KEY}
+    """A stored ``Training.training_spec`` as its TrainingSpec and its recipe (lr, warmup_steps, ...); a
+    vision-language training's image inputs (spec.multimodal.IMAGES_KEY) are left out."""
+    spec = split_images({k: v for k, v in stored.items() if k != RECIPE_KEY})[0]
     return TrainingSpec.from_dict(spec), dict(stored.get(RECIPE_KEY, {}))
 
 
@@ -96,6 +101,9 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
     if quotas is not None:
         check_training(session, owner, quotas)
     predicted = None
+    vl = vl_training_source(request, request.cluster.num_gpus) if request.layout is not None else None
+    if vl is not None:
+        return _submit_vl_training(session, owner, request, vl, data_root)
     if request.job_id is not None:
         try:
             job = owned_job(session, owner, request.job_id)
@@ -105,6 +113,11 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
         if best is None:
             raise RuleViolation("body.job_id", "job_has_best",
                                 f"job {job.id} ({job.status}) has no best trial to train yet")
+        if "llm" in best.config:  # a vision-language job: its training needs an image+text dataset named with it
+            raise RuleViolation("body.job_id", "vl_training_from_job",
+                                f"job {job.id}'s best layout is multimodal ({best.label}): train it with layout="
+                                "that label, the job's model, cluster, seq_length and global_batch_size, and an "
+                                "image+text dataset")
         try:
             config = ParallelConfig.from_dict(best.config)
         except (FoldtuneError, TypeError) as exc:
@@ -145,12 +158,7 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
                    "hardware": resolved.hardware.to_dict()}
         recipe = request.recipe()
     check_router_options(RouterOptions.pick(recipe), ModelSpec.from_dict(model_spec))
-    data_path, checkpoint_dir = request.data_path, request.checkpoint_dir
-    if data_root is not None:
-        data_path, checkpoint_dir = confined_paths(data_path, checkpoint_dir, owner, data_root)
-    if not os.path.exists(data_path):
-        raise RuleViolation("body.data_path", "data_path_exists",
-                            f"data path {request.data_path!r} does not exist on the server")
+    data_path, checkpoint_dir = _server_paths(request, owner, data_root)
     space = checkpoint_space_problem(ModelSpec.from_dict(model_spec), request.steps, request.checkpoint_every,
                                      request.keep_last, checkpoint_dir)
     if space is not None:  # refused now rather than failing at a save after hours of training
@@ -161,6 +169,41 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
                    checkpoint_dir=checkpoint_dir, checkpoint_every=request.checkpoint_every,
                    keep_last=request.keep_last,
                    predicted_step_time_s=predicted)
+    session.add(row)
+    session.commit()
+    return row
+
+
+def _server_paths(request: TrainingCreate, owner: Owner, data_root: str | Path | None) -> tuple[str, str]:
+    """(data_path, checkpoint_dir) as the runner will use them (confined to the owner's directory when the
+    service has a data root); RuleViolation ``data_path_exists`` for a data path the server does not have."""
+    data_path, checkpoint_dir = request.data_path, request.checkpoint_dir
+    if data_root is not None:
+        data_path, checkpoint_dir = confined_paths(data_path, checkpoint_dir, owner, data_root)
+    if not os.path.exists(data_path):
+        raise RuleViolation("body.data_path", "data_path_exists",
+                            f"data path {request.data_path!r} does not exist on the server")
+    return data_path, checkpoint_dir
+
+
+def _submit_vl_training(session: Session, owner: Owner, request: TrainingCreate, vl: VLTrainingSource,
+                        data_root: str | Path | None) -> Training:
+    """:func:`submit_training` of a vision-language model under an explicit multimodal layout
+    (api.service.vl_trainings): the image inputs read from its dataset are stored with the training spec."""
+    resolved = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
+    training = _training_spec({}, request)
+    recipe = request.recipe()
+    check_router_options(RouterOptions.pick(recipe), vl.model.llm)
+    data_path, checkpoint_dir = _server_paths(request, owner, data_root)
+    images = check_vl_training(vl, training, resolved, data_path, request.checkpoint_every)
+    row = Training(owner_id=owner.id, job_id=None, status="queued", config=vl.layout.to_dict(),
+                   model_spec=vl.model.to_dict(),
+                   training_spec={**with_images(training.to_dict(), images), RECIPE_KEY: recipe},
+                   cluster={"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
+                            "hardware": resolved.hardware.to_dict()},
+                   data_path=data_path, steps=request.steps, checkpoint_dir=checkpoint_dir, checkpoint_every=0,
+                   keep_last=request.keep_last,
+                   predicted_step_time_s=predicted_vl_step_time(vl, training, images, resolved))
     session.add(row)
     session.commit()
     return row
@@ -192,10 +235,10 @@ def training_views(session: Session, rows: list[Training], *, measured: bool = F
         error = None
         if median and t.predicted_step_time_s is not None:
             error = (t.predicted_step_time_s - median) / median
-        spec = {k: v for k, v in t.training_spec.items() if k != RECIPE_KEY}
+        spec = {k: v for k, v in t.training_spec.items() if k != RECIPE_KEY}  # images included
         metric = latest.get(t.id)
         views.append(TrainingOut(
-            id=t.id, status=t.status, job_id=t.job_id, config=t.config, label=ParallelConfig.from_dict(t.config).label(),
+            id=t.id, status=t.status, job_id=t.job_id, config=t.config, label=layout_from_dict(t.config).label(),
             model=str(t.model_spec.get("name", "")), model_spec=t.model_spec, proxy=proxy_view(t.model_spec),
             training=spec,
             recipe=t.training_spec.get(RECIPE_KEY, {}),
@@ -239,7 +282,7 @@ def expert_load_view(session: Session, training: Training, step: int | None) -> 
         raise NotFound(f"training {training.id} has no per-layer expert load stored {at} (it stores one per step "
                        f"of a model with MoE layers)", kind="no-expert-load", title="No expert load stored")
     spec, _ = split_training_spec(training.training_spec)
-    per_layer = spec.seq_length * spec.global_batch_size * ModelSpec.from_dict(training.model_spec).moe_router_topk
+    per_layer = spec.seq_length * spec.global_batch_size * stored_llm(training.model_spec).moe_router_topk
     return ExpertLoadOut(step=stored.step, moe_layers=stored.moe_layers, layers=stored.layers,
                          num_experts=len(stored.tokens[0]), tokens=stored.tokens, tokens_per_layer=per_layer,
                          max_over_mean=[_max_over_mean(row) for row in stored.tokens])

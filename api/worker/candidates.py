@@ -21,11 +21,14 @@ from typing import Any
 
 from costmodel.estimate import Estimate
 from costmodel.estimate import estimate as price_layout
+from costmodel.multimodal import MultimodalEstimate
+from planner.multimodal import runnable_multimodal
 from planner.runnable import job_top, runnable_plan, tuned_precisions
 from planner.search import Candidate
 from spec.hardware import ClusterSpec
 from spec.layout_codec import Labelled
 from spec.model_spec import ModelSpec
+from spec.multimodal import ImageInputs, VisionLanguageSpec
 from spec.training_spec import TrainingSpec
 from spec.validity import Rejection
 
@@ -127,3 +130,23 @@ def repricer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, can
             out.append(priced)
         return out
     return reprice
+
+
+def stored_prediction(estimate: Estimate | MultimodalEstimate) -> dict[str, Any]:
+    """A layout's prediction as stored with its trial: :func:`predicted_dict`, or for a multimodal layout the
+    planner's view (placement, LLM and encoder layouts, per-term seconds and reasons, bytes)."""
+    if isinstance(estimate, MultimodalEstimate):
+        return estimate.to_dict()
+    return predicted_dict(estimate)
+
+
+def multimodal_job_candidates(vl: VisionLanguageSpec, training: TrainingSpec, images: ImageInputs,
+                              cluster: ClusterSpec, max_trials: int) -> CandidateSet:
+    """A vision-language job's candidates: the fastest ``CANDIDATES_PER_TRIAL`` × max_trials multimodal layouts
+    (homogeneous and heterogeneous together) the executor runs (:func:`planner.multimodal.runnable_multimodal`);
+    ``estimates`` holds each one's :class:`MultimodalEstimate`."""
+    result = runnable_multimodal(vl, training, images, cluster, keep=CANDIDATES_PER_TRIAL * max_trials)
+    cands = [Candidate(config=e.layout, predicted_step_time=e.step_time, predicted_terms=e.calibration_terms(),
+                       predicted_memory_bytes=e.memory_bytes) for e in result.runnable]
+    return CandidateSet(cands, {Labelled(e.layout): e for e in result.runnable}, result.planned, result.planned,
+                        result.planned, dict(result.not_executable), result.rejection)

@@ -49,7 +49,7 @@ from optuna.trial import TrialState
 from api.service.paths import default_data_root
 from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, PricingProfile, auto_profile_name,
                                      pricing_profile, quick_calibration)
-from api.worker.candidates import job_candidates, predicted_dict, repricer
+from api.worker.candidates import job_candidates, multimodal_job_candidates, repricer, stored_prediction
 from api.worker.settings import DEFAULT_HEARTBEAT_S, DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, RunnerEnv
 from api.worker.trainings import run_claimed_training, run_next_training
 from api.worker.verify import run_verify
@@ -60,6 +60,7 @@ from spec.failure import FailureKind
 from spec.hardware import DEFAULT_MIN_HEADROOM, ClusterSpec, HardwareProfile
 from spec.layout_codec import Labelled
 from spec.model_spec import ModelSpec
+from spec.multimodal import ImageInputs, VisionLanguageSpec, split_images
 from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
 from spec.training_spec import TrainingSpec
@@ -132,11 +133,14 @@ class RunnerSettings:
             raise SpecError(f"bad runner setting in the environment: {exc}") from None
 
 
-def job_specs(job: Job) -> tuple[ModelSpec, TrainingSpec, ClusterSpec]:
-    """The specs a job was submitted with (snapshots stored on the row)."""
+def job_specs(job: Job) -> tuple[ModelSpec | VisionLanguageSpec, TrainingSpec, ClusterSpec]:
+    """The specs a job was submitted with (snapshots stored on the row): a vision-language job's model is its
+    VisionLanguageSpec (its image inputs: :func:`job_images`)."""
     hardware = HardwareProfile.from_dict(job.cluster["hardware"])
-    training, _ = split_precision_search(split_router(job.training_spec)[0])
-    return (ModelSpec.from_dict(job.model_spec), TrainingSpec.from_dict(training),
+    training, _ = split_precision_search(split_images(split_router(job.training_spec)[0])[0])
+    model = VisionLanguageSpec.from_dict(job.model_spec) if "vision" in job.model_spec \
+        else ModelSpec.from_dict(job.model_spec)
+    return (model, TrainingSpec.from_dict(training),
             ClusterSpec(hardware=hardware, num_gpus=job.num_gpus,
                         min_headroom=job.cluster.get("min_headroom", DEFAULT_MIN_HEADROOM)))
 
@@ -152,6 +156,11 @@ def study_attributes(job: Job, model: ModelSpec, training: TrainingSpec, cluster
             "seq_length": training.seq_length, "global_batch_size": training.global_batch_size,
             "precision": training.precision, "search_precision": job_searches_precision(job),
             "max_trials": job.max_trials}
+
+
+def job_images(job: Job) -> ImageInputs | None:
+    """The image inputs of a vision-language job (None: a text-only one)."""
+    return split_images(split_router(job.training_spec)[0])[1]
 
 
 def job_searches_precision(job: Job) -> bool:
@@ -288,8 +297,12 @@ class Runner:
             shape = launch_ray.cluster_shape(launch_ray.rank_resource("gloo" if is_cpu_cluster(cluster) else "nccl"))
             cluster, pricing = self._pricing_cluster(job, cluster, training, shape)
             cluster = cluster_on_ray(cluster, self.settings.gpus_per_node or shape.slots_per_node or None)
-            cands = job_candidates(model, training, cluster, job.max_trials,
-                                   search_precision=job_searches_precision(job))
+            images = job_images(job)
+            if isinstance(model, VisionLanguageSpec):
+                cands = multimodal_job_candidates(model, training, images, cluster, job.max_trials)
+            else:
+                cands = job_candidates(model, training, cluster, job.max_trials,
+                                       search_precision=job_searches_precision(job))
             if cands.precision_note:
                 log.info("job %s: %s", job.id, cands.precision_note)
             if cands.rejection is not None:  # the front door's check; the job was stored before it, or by hand
@@ -302,7 +315,7 @@ class Runner:
         self._recover(job)
         recorder = _TrialRecorder(self, job, cands, stop)
         executor = TrialExecutor(model, training, cluster, self.settings.trial, stop, job_router(job),
-                                 name=f"job-{job.id}")
+                                 name=f"job-{job.id}", images=images)
         remaining = _remaining_seconds(job)
         budget = SearchBudget(max_trials=job.max_trials, max_seconds=remaining,
                               parallel_trials=self._parallel_trials(cluster, shape))
@@ -320,7 +333,8 @@ class Runner:
                 result = run_search(cands.candidates, executor, capacity_bytes=cluster.usable_hbm_bytes,
                                     budget=budget, storage=self.optuna_url, study_name=f"job-{job.id}",
                                     on_event=recorder, study_attrs=study_attributes(job, model, training, cluster),
-                                    repredict=repricer(model, training, cluster, cands) if model.is_moe else None)
+                                    repredict=repricer(model, training, cluster, cands)
+                                    if isinstance(model, ModelSpec) and model.is_moe else None)
             finally:
                 executor.close()  # the rank actors kept between trials
         except JobStopped:
@@ -528,12 +542,12 @@ class _TrialRecorder:
                     raise JobStopped(f"job {job_id} stopped")
             label = data["layout"]  # with the precision suffix when the job searches precision
             est = self.cands.estimates.get(data["labelled"])
-            predicted = predicted_dict(est) if est else None
+            predicted = stored_prediction(est) if est else None
             if data.get("precision"):  # the trial's own precision, kept with its prediction (TrialOut.precision)
                 predicted = {**(predicted or {}), "precision": data["precision"]}
             with self.runner.sessions() as session:
                 record_trial_start(
-                    session, job_id, data["number"], est.config.to_dict() if est else {},
+                    session, job_id, data["number"], data["labelled"].config.to_dict() if est else {},
                     runner_id=self.runner.settings.runner_id, label=label, predicted=predicted,
                     predicted_step_time_s=data.get("predicted_step_time"))
         elif kind == "trial_finished":

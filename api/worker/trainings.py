@@ -27,6 +27,8 @@ from api.service.trainings import confined_paths, split_training_spec
 from api.worker.metrics import DatabaseMetrics
 from spec.hardware import HardwareProfile
 from spec.model_spec import ModelSpec
+from spec.multimodal import VisionLanguageSpec, stored_llm, stored_model
+from spec.multimodal_layout import MultimodalLayout, layout_from_dict
 from spec.parallel_config import ParallelConfig
 from spec.router_options import FIELDS as ROUTER_FIELDS, RouterOptions
 from db.models import Owner, Training
@@ -35,6 +37,7 @@ from executor import launch_ray, progress
 from executor.options import ExecutorOptions
 from executor.profile import peak_flops
 from executor.train.loop import TrainConfig, train_worker
+from executor.vlm.train_loop import vl_train_worker
 
 log = logging.getLogger("foldtune.runner")
 
@@ -59,15 +62,17 @@ class RankStep:
             raise TrainingStopped(f"stopped after step {metrics.step + 1}")
 
 
-def training_inputs(training: Training) -> tuple[ModelSpec, ParallelConfig, ExecutorOptions, TrainConfig]:
+def training_inputs(training: Training) -> tuple[ModelSpec | VisionLanguageSpec, ParallelConfig | MultimodalLayout,
+                                                 ExecutorOptions, TrainConfig]:
     """What the training loop gets for a stored training: model, layout, executor options (the recipe's router
-    options, model defaults decided) and the loop's settings."""
-    model = ModelSpec.from_dict(training.model_spec)
-    config = ParallelConfig.from_dict(training.config)
+    options, model defaults decided) and the loop's settings; a vision-language model and its multimodal layout
+    for a vision-language training."""
+    model = stored_model(training.model_spec)
+    config = layout_from_dict(training.config)
     spec, recipe = split_training_spec(training.training_spec)
     # Trainings stored before the router options were part of the recipe ran without them (defaults).
     router = RouterOptions.pick({key: recipe.pop(key) for key in ROUTER_FIELDS if key in recipe})
-    options = ExecutorOptions.for_training(spec, router, model)
+    options = ExecutorOptions.for_training(spec, router, stored_llm(training.model_spec))
     cfg = TrainConfig(training.data_path, steps=training.steps, seq_length=spec.seq_length,
                       global_batch_size=spec.global_batch_size, checkpoint_dir=training.checkpoint_dir,
                       checkpoint_every=training.checkpoint_every or 0, keep_last=training.keep_last or 0,
@@ -81,6 +86,7 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
     ``on_step(step)`` is called on the driver for every step rank 0 reports (1-based)."""
     model, config, options, cfg = training_inputs(training)
     spec, _ = split_training_spec(training.training_spec)
+    vl = isinstance(model, VisionLanguageSpec)
     hardware = HardwareProfile.from_dict(training.cluster["hardware"])
     cpu = hardware.gpu.name.lower() == "cpu"
     peak = peak_flops(hardware.gpu.name, "fp32" if cpu else spec.precision, None)
@@ -94,7 +100,8 @@ def run_training(training: Training, database_url: str, stop: threading.Event,
     launcher = functools.partial(launch_ray.launch, on_step=driver_step, backend="gloo" if cpu else "nccl",
                                  timeout_s=TRAINING_TIMEOUT_S, placement_timeout_s=600.0,
                                  name=f"training-{training.id}")
-    result = launcher(train_worker, config.world_size,
+    # a vision-language model trains through its own loop (executor.vlm.train_loop), as the multimodal layout
+    result = launcher(vl_train_worker if vl else train_worker, config.world_size,
                       (model, config, options, cfg, sink, not cpu))
     if result.ok:
         return True, None
@@ -137,7 +144,7 @@ def run_claimed_training(training: Training, sessions: Callable, database_url: s
     for the local CLI, which trusts them. Returns its status as this runner saw it."""
     problem = paths_problem(training, sessions, data_root) if data_root is not None else None
     if problem is None:  # the disk may have filled since submission: refuse before step 1, not at a save
-        problem = checkpoint_space_problem(ModelSpec.from_dict(training.model_spec), training.steps,
+        problem = checkpoint_space_problem(stored_llm(training.model_spec), training.steps,
                                            training.checkpoint_every, training.keep_last, training.checkpoint_dir)
     if problem is not None:
         with sessions() as session:

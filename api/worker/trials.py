@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from executor import launch_ray
 from executor.options import ExecutorOptions
 from executor.profile import profile_layout
+from executor.vlm.profile import profile_vl_layout
 from executor.progress import FAULT_ENV
 from executor.rank_pool import REUSE_ENV, reuse_enabled
 from api.worker.settings import DEFAULT_TIMED_STEPS, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_WARMUP_STEPS, TrialEnv
@@ -27,6 +28,7 @@ from planner.search import TrialReport
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
+from spec.multimodal import ImageInputs, VisionLanguageSpec
 from spec.parallel_config import ParallelConfig
 from spec.router_options import RouterOptions
 from spec.training_spec import TrainingSpec
@@ -93,13 +95,17 @@ class TrialExecutor:
     training at that precision.
     """
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, settings: TrialSettings,
-                 stop: threading.Event, router: RouterOptions | None = None, name: str = "trial") -> None:
+    def __init__(self, model: ModelSpec | VisionLanguageSpec, training: TrainingSpec, cluster: ClusterSpec,
+                 settings: TrialSettings,
+                 stop: threading.Event, router: RouterOptions | None = None, name: str = "trial",
+                 images: ImageInputs | None = None) -> None:
         self.model, self.training, self.cluster, self.settings = model, training, cluster, settings
+        self.images = images  # a vision-language job's: its trials run the multimodal step on synthetic images
         self.name = name  # Ray names each trial's placement group and actors after it: <name>-trial-<number>
         self.stop = stop
         # the job's router options, model defaults decided (DeepSeek-V3's expert bias on unless switched off)
-        self.options = ExecutorOptions.for_training(training, router, model)
+        self.options = ExecutorOptions.for_training(training, router,
+                                                    model.llm if isinstance(model, VisionLanguageSpec) else model)
         # rank actors kept between trials of one shape (executor.rank_pool); None: each trial starts its own
         self.pools = launch_ray.RayRankPools() if settings.reuse_ranks else None
 
@@ -133,11 +139,13 @@ class TrialExecutor:
                                      ranks_per_node=self.cluster.gpus_per_node,
                                      name=f"{self.name}-trial-{report.number}")
         training = self.training_for(report)
-        measurement = profile_layout(self.model, training, config, self.options,
-                                     warmup_steps=self.settings.warmup_steps,
-                                     timed_steps=self.settings.timed_steps, timeout_s=self.settings.timeout_s,
-                                     device="cpu" if cpu else "cuda", hardware=self.cluster.hardware.name,
-                                     launcher=launcher)
+        budget = dict(warmup_steps=self.settings.warmup_steps, timed_steps=self.settings.timed_steps,
+                      timeout_s=self.settings.timeout_s, device="cpu" if cpu else "cuda",
+                      hardware=self.cluster.hardware.name, launcher=launcher)
+        if isinstance(self.model, VisionLanguageSpec):
+            measurement = profile_vl_layout(self.model, training, self.images, config, self.options, **budget)
+        else:
+            measurement = profile_layout(self.model, training, config, self.options, **budget)
         if self.stop.is_set() and not pruned.is_set():
             raise JobStopped(f"stopped during trial {label}")
         return measurement

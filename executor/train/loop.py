@@ -182,6 +182,20 @@ def rank_micro_batches(sampler: BatchSampler, position: int, dp, micro_batch_siz
     return micro_batches(sampler.batch(position, dp.size, dp.rank), 1, 0, micro_batch_size, device)
 
 
+def step_metrics(step: int, result, lr: float, grad_norm: float, elapsed: float, cfg: TrainConfig, flops: float,
+                 world_size: int, moe_layers: list[int], peak_memory_bytes: int | None = None) -> StepMetrics:
+    """The metrics of one optimizer step from the trainer's StepResult ``result`` (``elapsed`` seconds,
+    ``flops`` per step)."""
+    counts = [float(c) for c in result.tokens_per_expert] or [0.0]
+    return StepMetrics(step=step, loss=result.loss, ce=result.ce, router_loss=result.router_loss, lr=lr,
+                       grad_norm=grad_norm, step_time_s=elapsed,
+                       tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
+                       tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
+                       expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
+                       peak_memory_bytes=peak_memory_bytes, mtp_loss=result.mtp_loss, moe_layers=moe_layers,
+                       expert_tokens=result.tokens_per_expert_by_layer)
+
+
 def _check(model: ModelSpec, config: ParallelConfig, options: ExecutorOptions, cfg: TrainConfig,
            dataset: TokenDataset) -> None:
     """Refuse a run the executor cannot build (the rule book, :mod:`executor.buildable`) or whose data does not
@@ -251,15 +265,9 @@ def train_worker(rank: int, world_size: int, model: ModelSpec, config: ParallelC
             start = time.perf_counter()
             result = trainer.step(micro)  # ends with a host read of the loss
             elapsed = time.perf_counter() - start
-            counts = [float(c) for c in result.tokens_per_expert] or [0.0]
-            metrics = StepMetrics(step=step, loss=result.loss, ce=result.ce, router_loss=result.router_loss, lr=lr,
-                                  grad_norm=norms[-1], step_time_s=elapsed,
-                                  tokens_per_s=cfg.global_batch_size * cfg.seq_length / elapsed,
-                                  tflops_per_gpu=tflops_per_gpu(flops, elapsed, world_size),
-                                  expert_load_max=max(counts), expert_load_mean=sum(counts) / len(counts),
-                                  peak_memory_bytes=torch.cuda.max_memory_allocated(device) if use_cuda else None,
-                                  mtp_loss=result.mtp_loss, moe_layers=list(net.moe_layer_numbers),
-                                  expert_tokens=result.tokens_per_expert_by_layer)
+            metrics = step_metrics(step, result, lr, norms[-1], elapsed, cfg, flops, world_size,
+                                   list(net.moe_layer_numbers),
+                                   torch.cuda.max_memory_allocated(device) if use_cuda else None)
             last = step + 1 == cfg.steps
             if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
                 metrics.eval_loss = evaluate(trainer, eval_sampler, eval_batches, state, config.micro_batch_size,

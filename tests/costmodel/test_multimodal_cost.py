@@ -132,3 +132,17 @@ def test_cli_explains_a_multimodal_layout(capsys):
     assert main(base + ["tp2 ep8 dp32 placement=colocated enc_tp1 enc_dp32"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert [r["rule"] for r in out["rejections"]] == ["enc_world"] and out["estimate"] is None
+
+
+def test_calibration_terms_are_the_step_in_the_llm_term_names():
+    """A tuning search calibrates multimodal predictions through the LLM's term table: every placement's step,
+    re-spelled, sums to the same seconds and names only table terms; the encoder's compute lands in gemm."""
+    from costmodel.terms import TERMS
+    result = plan_multimodal(VL, TRAINING, IMAGES, CLUSTER, top=1000)
+    assert {e.layout.placement for e in result.ranked} == {"homogeneous", "colocated", "separate"}
+    for e in result.ranked:
+        terms = dict(e.calibration_terms())
+        assert set(terms) <= set(TERMS)
+        assert sum(terms.values()) == pytest.approx(e.step_time, rel=1e-12)
+        if e.layout.placement != "separate":  # a separate encoder may hide behind the LLM entirely
+            assert terms["gemm"] > dict(e.llm.time.terms)["gemm"]  # the encoder's GEMMs joined the LLM's

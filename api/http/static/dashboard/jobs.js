@@ -34,9 +34,12 @@ async function loadJob(id) {
 
 async function jobPage(id) {
   const {job, trials, calibrated} = await loadJob(id);
-  let megatron = null;
+  let megatron = null, megatronRefusal = null;
   if (job.best_trial) {
-    try { megatron = await api(`/v1/jobs/${id}/megatron-args`); } catch (e) { if (e.status !== 404) throw e; }
+    // 422: a multimodal layout Megatron-LM cannot express; the problem's detail names what it lacks
+    try { megatron = await api(`/v1/jobs/${id}/megatron-args`); } catch (e) {
+      if (e.status === 422) megatronRefusal = e.message; else if (e.status !== 404) throw e;
+    }
   }
   const cal = job.calibration || {};
   const measured = trials.filter(t => t.step_time_s !== null && t.predicted_step_time_s !== null);
@@ -46,7 +49,9 @@ async function jobPage(id) {
     ["status", badge(job.status)], ["model", job.model], ["cluster", cluster(job.cluster)],
     ["training", `seq ${job.training.seq_length}, global batch ${job.training.global_batch_size}, ${job.training.precision}`],
     ["trials", `${job.trials.total - job.trials.running}/${job.budget.max_trials} done: ${job.trials.succeeded} succeeded, ${job.trials.pruned} pruned, ${job.trials.failed} failed`],
+    ["images", job.training.images ? imagesText(job.training.images) : null],
     ["best measured", job.best_trial ? `${ms(job.best_trial.step_time_s)} — ${job.best_trial.label}` : "—"],
+    ["placement", job.best_trial ? placementText(job.best_trial.config) : null],
     ["took", h("span", {id: "job-took"}, runTime(job))],
     ["started", job.started_at ? `${when(job.started_at)}${job.finished_at ? ", finished " + when(job.finished_at) : ""}` : null],
     ["error", job.error, "error"]]);
@@ -61,6 +66,7 @@ async function jobPage(id) {
     : h("p", {}, "Learned when the job finishes.");
 
   let args = h("p", {}, "No measured layout yet.");
+  if (megatronRefusal) args = h("p", {id: "megatron-refusal", class: "error"}, megatronRefusal);
   if (megatron) {
     const pre = h("pre", {id: "megatron-args"}, megatron.text);
     const copied = h("span", {class: "hint"});
@@ -110,6 +116,21 @@ async function jobPage(id) {
       {yLabel: "predicted time per step (ms)", fmt: v => v.toPrecision(3) + " ms", empty: "no trial measured yet"});
   };
   return {node, after, live: LIVE.has(job.status)};
+}
+
+// A vision-language job's images per sample.
+function imagesText(images) {
+  return `${images.images_per_sample} per sample, ${images.image_height}x${images.image_width} px`;
+}
+
+// Where a multimodal layout's vision encoder runs and its own sizes (null for a text-only layout, whose stored
+// config has no "llm" part).
+function placementText(config) {
+  if (!config || !config.llm) return null;
+  if (config.placement === "homogeneous") return "homogeneous: the encoder in the LLM's layout";
+  const sizes = `encoder tp ${config.encoder_tp}, cp ${config.encoder_cp}, pp ${config.encoder_pp}, dp ${config.encoder_dp}`;
+  return config.placement === "separate" ? `separate: ${sizes} on GPUs of its own`
+                                         : `colocated: ${sizes} over the LLM's GPUs`;
 }
 
 // Seconds by term as milliseconds, positive terms only.

@@ -186,7 +186,9 @@ async function trainingPage(id) {
                                                loadExpertLoad(id)]);
   const {t, metrics} = run;
   const facts = summary([
-    ["status", badge(t.status)], ["model", t.model], ["layout", h("code", {}, t.label)], ["cluster", cluster(t.cluster)],
+    ["status", badge(t.status)], ["model", t.model], ["layout", h("code", {}, t.label)],
+    ["placement", placementText(t.config)], ["images", t.training.images ? imagesText(t.training.images) : null],
+    ["cluster", cluster(t.cluster)],
     ["steps", `${metrics.length ? metrics[metrics.length - 1].step : 0}/${t.steps}`],
     ["step time", `predicted ${ms(t.predicted_step_time_s)}, measured ${ms(t.measured_step_time_s)} (median), error ${pct(t.step_time_error)}`],
     ["took", h("span", {id: "training-took"}, runTime(t))],

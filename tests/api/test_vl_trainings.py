@@ -1,0 +1,100 @@
+"""A 50-step training of a vision-language MoE model over HTTP on CPU ranks: a small image+text set made here
+(each sample one 16x16 image of one of four colours with pixel noise, then a caption naming the colour), the
+tiny model under a colocated layout (the encoder tensor parallel over the LLM's two data-parallel ranks),
+trained through the runner and the Ray launcher; its loss falls. Bad input is refused by rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runner_env import run_one_claim, session_ray, wait_no_rank_actors
+
+from spec.multimodal_layout import MultimodalLayout
+from spec.vl_catalog import get_vl_model
+from executor.vlm.dataset import save_vl_dataset
+
+SPEC = get_vl_model("tiny-vl-moe")
+COLOURS = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+ANSWER = 10  # the token naming colour k is ANSWER + k
+SEQ = 16
+STEPS = 50
+LAYOUT = "dp2 placement=colocated enc_tp2"
+
+
+def colour_set(directory, samples: int = 160, heldout: int = 32) -> str:
+    """BOS, the image's 4 tokens, a question token, then the colour's answer token to the end."""
+    gen = torch.Generator().manual_seed(0)
+    colours = torch.randint(0, 4, (samples,), generator=gen)
+    images = COLOURS[colours][:, :, None, None] + 0.3 * torch.randn(samples, 3, 16, 16, generator=gen)
+    ids = (ANSWER + colours)[:, None].repeat(1, SEQ)
+    ids[:, 0], ids[:, 1:5], ids[:, 5] = 1, SPEC.image_token_id, 2
+    save_vl_dataset(directory, ids, images[:, None], heldout)
+    return str(directory)
+
+
+@pytest.fixture
+def vl_body(data_root):
+    data = colour_set(data_root / "alice" / "vl-data")
+    return {"layout": LAYOUT, "model": "tiny-vl-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
+            "seq_length": SEQ, "global_batch_size": 8, "data_path": data, "steps": STEPS, "checkpoint_dir": "ckpt",
+            "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5, "weight_decay": 0.0, "eval_batches": 4}
+
+
+def _rule(response) -> tuple[str, str]:
+    assert response.status_code == 422, response.text
+    return response.json()["errors"][0]["loc"], response.json()["errors"][0]["rule"]
+
+
+def test_a_vl_training_is_stored_with_its_layout_and_images(client, alice, vl_body):
+    r = client.post("/v1/trainings", json=vl_body, headers=alice)
+    assert r.status_code == 201, r.text
+    t = r.json()
+    assert MultimodalLayout.parse(t["label"], 2) == MultimodalLayout.parse(LAYOUT, 2)
+    assert t["config"]["placement"] == "colocated" and t["training"]["images"]["images_per_sample"] == 1
+    assert t["predicted_step_time_s"] > 0
+
+
+@pytest.mark.parametrize("mutate, loc, rule", [
+    (lambda b: b.update(model="tiny-moe"), "body.layout", "multimodal_label_needs_encoder"),
+    (lambda b: b.update(layout="dp2 placement=colocated enc_tp4 enc_dp1"), "body.layout", "enc_world"),
+    (lambda b: b.update(layout="dp1 placement=separate enc_tp1 enc_dp1"), "body.layout", "executor_vl_layout"),
+    (lambda b: b.update(seq_length=32), "body.data_path", "vl_dataset"),
+    (lambda b: b.update(checkpoint_every=10), "body.checkpoint_every", "vl_checkpoints"),
+])
+def test_bad_vl_training_input_names_the_rule(client, alice, vl_body, mutate, loc, rule):
+    mutate(vl_body)
+    assert _rule(client.post("/v1/trainings", json=vl_body, headers=alice)) == (loc, rule)
+
+
+def test_a_text_dataset_is_no_vl_dataset(client, alice, vl_body, data_root):
+    empty = data_root / "alice" / "text-data"
+    empty.mkdir()
+    vl_body["data_path"] = str(empty)
+    assert _rule(client.post("/v1/trainings", json=vl_body, headers=alice)) == ("body.data_path", "vl_dataset")
+
+
+@pytest.mark.slow
+def test_http_vl_training_of_fifty_steps_lowers_the_loss(client, alice, db_url, data_root, vl_body):
+    session_ray()
+    r = client.post("/v1/trainings", json=vl_body, headers=alice)
+    assert r.status_code == 201, r.text
+    tid = r.json()["id"]
+    run_one_claim(db_url, data_root=data_root)
+    t = client.get(f"/v1/trainings/{tid}", headers=alice).json()
+    assert t["status"] == "succeeded", t["error"]
+    items = client.get(f"/v1/trainings/{tid}/metrics", params={"limit": 200}, headers=alice).json()["items"]
+    assert [m["step"] for m in items] == list(range(1, STEPS + 1))
+    losses = [m["loss"] for m in items]
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5  # the caption follows from the image
+    assert items[-1]["eval_loss"] < 0.5 * losses[0]  # and so on held-out images
+    assert wait_no_rank_actors() == []
+
+
+def test_a_vl_jobs_best_trains_through_its_label(client, alice, db_url, vl_body):
+    from test_vl_jobs import VL_JOB, _measured
+
+    job_id = client.post("/v1/jobs", json=VL_JOB, headers=alice).json()["id"]
+    _measured(db_url, job_id, LAYOUT)
+    body = {k: v for k, v in vl_body.items() if k not in ("layout", "model", "cluster")}
+    r = client.post("/v1/trainings", json={**body, "job_id": job_id}, headers=alice)
+    assert _rule(r) == ("body.job_id", "vl_training_from_job") and "placement=colocated" in r.json()["detail"]

@@ -1,0 +1,66 @@
+"""A multimodal layout measured as a tuning trial measures it: VLTrainer steps on gloo ranks (homogeneous and
+colocated), the encoder's replicas kept equal by its gradient reduction, and a layout the executor does not run
+refused with its rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spec.multimodal import ImageInputs
+from spec.multimodal_layout import MultimodalLayout
+from spec.training_spec import TrainingSpec
+from spec.vl_catalog import get_vl_model
+from executor.launch_local import launch
+from executor.options import ExecutorOptions
+from executor.vlm.profile import build_vl_rank, profile_vl_layout
+from executor.vlm.train import mrope_section_for, synthetic_micro_batches
+
+SPEC = get_vl_model("tiny-vl-moe")
+IMAGES = ImageInputs(images_per_sample=2, image_height=8, image_width=16)
+TRAINING = TrainingSpec(seq_length=32, global_batch_size=4, precision="fp32")
+
+
+def test_mrope_section_splits_the_rotary_pairs_as_qwen3_vl():
+    assert mrope_section_for(64) == (24, 20, 20)  # Qwen3-VL's published split
+    assert mrope_section_for(8) == (4, 2, 2)
+
+
+@pytest.mark.parametrize("label", ["dp2 ep2 placement=homogeneous", "dp2 ep2 placement=colocated enc_tp2",
+                                   "tp2 placement=colocated enc_tp1"])
+def test_a_multimodal_layout_is_measured_on_gloo_ranks(label):
+    layout = MultimodalLayout.parse(label, 2)
+    m = profile_vl_layout(SPEC, TRAINING, IMAGES, layout, warmup_steps=1, timed_steps=2, device="cpu",
+                          launcher=lambda *a, **k: launch(*a, **k, start_method="fork"))
+    assert m.ok, m.failure_reason
+    assert m.layout == layout.label() and m.world_size == 2 and len(m.step_times) == 2
+    assert all(loss > 0 for loss in m.losses)
+    assert sum(m.tokens_per_expert) > 0
+
+
+def _replicas_worker(rank: int, world: int, label: str) -> float:
+    layout = MultimodalLayout.parse(label, world)
+    model, trainer = build_vl_rank(SPEC, TRAINING, layout, rank, ExecutorOptions(), torch.device("cpu"))
+    dp = model.state.dp
+    for step in range(2):
+        trainer.step(synthetic_micro_batches(SPEC, IMAGES, TRAINING.seq_length, TRAINING.global_batch_size, 1,
+                                             dp.size, dp.rank, 0, step))
+    # the encoder's replicas saw different images: only the gradient reduction keeps their weights equal
+    flat = torch.cat([p.detach().flatten() for p in model.encoder.parameters()])
+    other = flat.clone()
+    dist.broadcast(other, 0)
+    return float((flat - other).abs().max())
+
+
+def test_encoder_replicas_stay_equal_after_steps():
+    result = launch(_replicas_worker, 2, ("dp2 placement=colocated enc_tp1",), backend="gloo", timeout_s=300,
+                    start_method="fork")
+    assert result.ok, result.failure_reason
+    assert max(result.results) == 0.0
+
+
+def test_a_layout_the_executor_does_not_run_is_refused_by_rule():
+    layout = MultimodalLayout.parse("dp1 placement=separate enc_tp1 enc_dp1", 2)
+    m = profile_vl_layout(SPEC, TRAINING, IMAGES, layout, device="cpu")
+    assert not m.ok and m.failure_reason.startswith("executor_vl_layout")
