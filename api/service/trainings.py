@@ -115,8 +115,8 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
                                 f"job {job.id} ({job.status}) has no best trial to train yet")
         if "llm" in best.config:  # a vision-language job: its training needs an image+text dataset named with it
             raise RuleViolation("body.job_id", "vl_training_from_job",
-                                f"job {job.id}'s best layout is multimodal ({best.label}): train it with layout="
-                                "that label, the job's model, cluster, seq_length and global_batch_size, and an "
+                                f"job {job.id}'s best layout is multimodal ({best.label}): train it with "
+                                "that label as its layout, the job's model, cluster, seq_length and global_batch_size, and an "
                                 "image+text dataset")
         try:
             config = ParallelConfig.from_dict(best.config)
