@@ -238,6 +238,31 @@ def _reference(dispatcher: str, scenario_name: str) -> dict:
     return reference(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), SCENARIOS[scenario_name])
 
 
+def scenario_reference(scenario_name: str) -> dict:
+    """The single-process run of a scenario (all-to-all dispatcher), computed once per session."""
+    return _reference("alltoall", scenario_name)
+
+
+def two_rank_config(label: str, extra: dict) -> ParallelConfig:
+    """The 2-rank layout ``label`` with the fields ``extra`` set."""
+    return ParallelConfig.parse(label, world_size=2).replace(**extra)
+
+
+def runs_with_and_without(runs: list, knob: dict, worker) -> tuple[list[dict], list[tuple[dict, dict]], list[dict]]:
+    """Each (label, scenario, extra fields) of ``runs`` on 2 gloo ranks (``worker``, forked once for all) with the
+    fields ``knob`` set and without: the single-process references, the (with, without) results per run, and every
+    rank's whole report."""
+    pairs = []
+    for label, scenario, extra in runs:
+        config = two_rank_config(label, extra)
+        pairs += [(config.replace(**knob), SCENARIOS[scenario]), (config, SCENARIOS[scenario])]
+    references = [scenario_reference(scenario) for _, scenario, _ in runs]  # before the fork
+    launched = launch(worker, 2, (pairs,), backend="gloo", timeout_s=600, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    results = launched.results[0]["results"]
+    return references, [(results[2 * i], results[2 * i + 1]) for i in range(len(runs))], launched.results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("label,world,runs", LAYOUTS, ids=[label.replace(" ", "_") for label, _, _ in LAYOUTS])
 def test_layout_matches_single_process(label, world, runs):

@@ -4,18 +4,17 @@ while the dispatch all-to-all is in flight (started asynchronously, waited for a
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 
 from executor import moe as moe_module
-from executor.launch_local import launch
 from executor.parallel import collectives
-from executor.verify import compare, layout_worker, reference
-from spec.parallel_config import ParallelConfig
+from executor.verify import compare, layout_worker
 from executor.buildable import check_buildable, training_for
 from spec.errors import InvalidConfigError
 from tests.executor.test_equivalence import SCENARIOS
+from tests.executor.test_equivalence import runs_with_and_without
+from tests.executor.test_equivalence import two_rank_config as _config
 
 OVERLAP = {"moe_shared_expert_overlap": True}
 # (layout, scenario, extra fields) on 2 ranks: EP alone, then TP·SP attention folded onto the same ranks as EP
@@ -25,15 +24,6 @@ RUNS = [
     ("ep2", "shared", {"recompute_granularity": "selective",
                        "recompute_modules": ("core_attn", "moe_act", "layernorm", "shared_experts")}),
 ]
-
-
-@functools.cache
-def _reference(scenario: str) -> dict:
-    return reference(ParallelConfig(world_size=1), SCENARIOS[scenario])
-
-
-def _config(label: str, extra: dict) -> ParallelConfig:
-    return ParallelConfig.parse(label, world_size=2).replace(**extra)
 
 
 def test_the_layouts_are_valid_and_built():
@@ -77,22 +67,15 @@ _IN_FLIGHT: list = []
 def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
     monkeypatch.setattr(moe_module, "all_to_all_async", _logged_start)
     monkeypatch.setattr(moe_module.MoELayer, "shared_output", _logged_shared)
-    runs = []
-    for label, scenario, extra in RUNS:
-        config = _config(label, extra)
-        runs += [(config.replace(**OVERLAP), SCENARIOS[scenario]), (config, SCENARIOS[scenario])]
-    references = [_reference(scenario) for _, scenario, _ in RUNS]  # before the fork
-    launched = launch(_logging_worker, 2, (runs,), backend="gloo", timeout_s=600, start_method="fork")
-    assert launched.ok, launched.failure_reason
-    results = launched.results[0]["results"]
+    references, results, reports = runs_with_and_without(RUNS, OVERLAP, _logging_worker)
     failures = {}
     for i, (label, scenario, extra) in enumerate(RUNS):
-        overlapped, inline = results[2 * i], results[2 * i + 1]
+        overlapped, inline = results[i]
         problems = compare(references[i], overlapped) + compare(inline, overlapped, rtol=1e-5, atol=1e-7)
         if problems:
             failures[f"{label}/{scenario}/{extra}"] = problems[:6]
     assert not failures, failures
-    for got in launched.results:
+    for got in reports:
         for overlapped, inline in zip(got["traces"][::2], got["traces"][1::2]):
             # every MoE layer's forward: the exchange started asynchronously, the shared experts run while it is
             # in flight, then the wait; the in-line run neither starts one nor overlaps its shared experts

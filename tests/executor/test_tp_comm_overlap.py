@@ -4,8 +4,6 @@ asynchronously with a GEMM issued before each is waited for, and the rule book l
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -13,12 +11,14 @@ from executor.buildable import check_buildable, training_for
 from executor.launch_local import launch
 from executor.parallel import tensor_parallel
 from executor.parallel.groups import single_process_state
-from executor.verify import compare, layout_worker, reference
+from executor.verify import compare, layout_worker
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from spec.validity import executor_refusal
 from tests.executor.test_equivalence import SCENARIOS
+from tests.executor.test_equivalence import runs_with_and_without
+from tests.executor.test_equivalence import two_rank_config as _config
 
 OVERLAP = {"tp_comm_overlap": True}
 # (layout, scenario, extra fields) on 2 ranks: TP·SP attention and MLPs (dense layer, shared experts), MLA's output
@@ -32,15 +32,6 @@ RUNS = [
     ("tp2", "shared", {"recompute_granularity": "selective",
                        "recompute_modules": ("core_attn", "moe_act", "layernorm", "shared_experts")}),
 ]
-
-
-@functools.cache
-def _reference(scenario: str) -> dict:
-    return reference(ParallelConfig(world_size=1), SCENARIOS[scenario])
-
-
-def _config(label: str, extra: dict) -> ParallelConfig:
-    return ParallelConfig.parse(label, world_size=2).replace(**extra)
 
 
 def test_the_executor_runs_tp_overlap():
@@ -124,17 +115,10 @@ def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
         _TRACE.append(("gemm",))
         return linear(*args, **kwargs)
     monkeypatch.setattr(torch.nn.functional, "linear", logged_linear)
-    runs = []
-    for label, scenario, extra in RUNS:
-        config = _config(label, extra)
-        runs += [(config.replace(**OVERLAP), SCENARIOS[scenario]), (config, SCENARIOS[scenario])]
-    references = [_reference(scenario) for _, scenario, _ in RUNS]  # before the fork
-    launched = launch(_logging_worker, 2, (runs,), backend="gloo", timeout_s=600, start_method="fork")
-    assert launched.ok, launched.failure_reason
-    results = launched.results[0]["results"]
+    references, results, reports = runs_with_and_without(RUNS, OVERLAP, _logging_worker)
     failures = {}
     for i, (label, scenario, extra) in enumerate(RUNS):
-        overlapped, inline = results[2 * i], results[2 * i + 1]
+        overlapped, inline = results[i]
         # the in-line run at the reference's tolerance: the overlap adds the input gradient of a gathered slice in
         # another order (this rank's own rows directly, the others' through the reduce-scatter), fp32 noise that
         # Adam's 1/sqrt(v) magnifies in the embedding rows of near-zero gradient (2.5e-4 relative after 3 steps)
@@ -142,7 +126,7 @@ def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
         if problems:
             failures[f"{label}/{scenario}/{extra}"] = problems[:6]
     assert not failures, failures
-    for got in launched.results:
+    for got in reports:
         for run, (overlapped, inline) in enumerate(zip(got["traces"][::2], got["traces"][1::2])):
             starts = [i for i, e in enumerate(overlapped) if e[0] in ("all_gather", "reduce_scatter")]
             assert starts and all(overlapped[i][1] for i in starts)  # every one asynchronous
