@@ -248,6 +248,20 @@ def two_rank_config(label: str, extra: dict) -> ParallelConfig:
     return ParallelConfig.parse(label, world_size=2).replace(**extra)
 
 
+def traced_layout_worker(trace: list):
+    """:func:`executor.verify.layout_worker`, one run at a time, with the events each run appended to ``trace``
+    (a module's list the test's patched functions append to); for forked ranks: the closure is not pickled."""
+    def worker(rank: int, world_size: int, runs: list) -> dict:
+        traces, results = [], []
+        for run in runs:
+            mark = len(trace)
+            out = layout_worker(rank, world_size, [run])
+            traces.append(trace[mark:])
+            results += out["results"] or []
+        return {"traces": traces, "results": results if rank == 0 else None}
+    return worker
+
+
 def runs_with_and_without(runs: list, knob: dict, worker) -> tuple[list[dict], list[tuple[dict, dict]], list[dict]]:
     """Each (label, scenario, extra fields) of ``runs`` on 2 gloo ranks (``worker``, forked once for all) with the
     fields ``knob`` set and without: the single-process references, the (with, without) results per run, and every

@@ -9,11 +9,11 @@ import pytest
 
 from executor import moe as moe_module
 from executor.parallel import collectives
-from executor.verify import compare, layout_worker
+from executor.verify import compare
 from executor.buildable import check_buildable, training_for
 from spec.errors import InvalidConfigError
 from tests.executor.test_equivalence import SCENARIOS
-from tests.executor.test_equivalence import runs_with_and_without
+from tests.executor.test_equivalence import runs_with_and_without, traced_layout_worker
 from tests.executor.test_equivalence import two_rank_config as _config
 
 OVERLAP = {"moe_shared_expert_overlap": True}
@@ -67,7 +67,7 @@ _IN_FLIGHT: list = []
 def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
     monkeypatch.setattr(moe_module, "all_to_all_async", _logged_start)
     monkeypatch.setattr(moe_module.MoELayer, "shared_output", _logged_shared)
-    references, results, reports = runs_with_and_without(RUNS, OVERLAP, _logging_worker)
+    references, results, reports = runs_with_and_without(RUNS, OVERLAP, traced_layout_worker(_TRACE))
     failures = {}
     for i, (label, scenario, extra) in enumerate(RUNS):
         overlapped, inline = results[i]
@@ -85,12 +85,3 @@ def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
             assert inline and all(e == ("shared", False) for e in inline)
 
 
-def _logging_worker(rank: int, world_size: int, runs: list) -> dict:
-    """:func:`executor.verify.layout_worker`, one run at a time, with each run's order of events."""
-    traces, results = [], []
-    for run in runs:
-        mark = len(_TRACE)
-        out = layout_worker(rank, world_size, [run])
-        traces.append(_TRACE[mark:])
-        results += out["results"] or []
-    return {"traces": traces, "results": results if rank == 0 else None}

@@ -11,13 +11,13 @@ from executor.buildable import check_buildable, training_for
 from executor.launch_local import launch
 from executor.parallel import tensor_parallel
 from executor.parallel.groups import single_process_state
-from executor.verify import compare, layout_worker
+from executor.verify import compare
 from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 from spec.validity import executor_refusal
 from tests.executor.test_equivalence import SCENARIOS
-from tests.executor.test_equivalence import runs_with_and_without
+from tests.executor.test_equivalence import runs_with_and_without, traced_layout_worker
 from tests.executor.test_equivalence import two_rank_config as _config
 
 OVERLAP = {"tp_comm_overlap": True}
@@ -115,7 +115,7 @@ def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
         _TRACE.append(("gemm",))
         return linear(*args, **kwargs)
     monkeypatch.setattr(torch.nn.functional, "linear", logged_linear)
-    references, results, reports = runs_with_and_without(RUNS, OVERLAP, _logging_worker)
+    references, results, reports = runs_with_and_without(RUNS, OVERLAP, traced_layout_worker(_TRACE))
     failures = {}
     for i, (label, scenario, extra) in enumerate(RUNS):
         overlapped, inline = results[i]
@@ -145,12 +145,3 @@ def test_overlapped_step_equals_reference_and_inline_run(monkeypatch):
             assert scatters and 2 * len(pairs) == len(scatters), run
 
 
-def _logging_worker(rank: int, world_size: int, runs: list) -> dict:
-    """:func:`executor.verify.layout_worker`, one run at a time, with each run's order of events."""
-    traces, results = [], []
-    for run in runs:
-        mark = len(_TRACE)
-        out = layout_worker(rank, world_size, [run])
-        traces.append(_TRACE[mark:])
-        results += out["results"] or []
-    return {"traces": traces, "results": results if rank == 0 else None}
