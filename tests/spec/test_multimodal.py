@@ -18,6 +18,9 @@ CONFIG = Path(__file__).parent / "hf_vl_configs" / "qwen3-vl-30b-a3b"
 
 
 def _published() -> dict:
+    """Qwen3-VL-30B-A3B's config.json as transcribed into the repository (this machine cannot reach the Hub, so it
+    was not downloaded and is not checked against the Hub's file): its text_config has the dimensions of the
+    catalog's qwen3-30b-a3b; transformers' own Qwen3VLMoeConfig defaults describe another size."""
     return json.loads((CONFIG / "config.json").read_text())
 
 
