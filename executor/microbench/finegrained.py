@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from executor.kernels import get_backend
 from executor.microbench.moe_bar import layer_fwd_bwd, moe_spec
-from executor.microbench.timing import sleep_cycles_per_second, synchronize, time_host_ahead, time_steady
+from executor.microbench.timing import (sleep_cycles_per_second, synchronize, time_host_ahead, time_host_issue_idle,
+                                         time_steady)
 from executor.moe import MoELayer, expert_swiglu
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state, slice_state
@@ -184,18 +185,6 @@ class ExpertLoop(torch.nn.Module):
         return torch.cat([F.linear(part, w) for part, w in zip(a.split(rows), self.fc2)])
 
 
-def _host_issue(step, device: torch.device, repeats: int) -> float:
-    """Median host seconds of one ``step()`` issued on an idle device (synchronised before, not inside)."""
-    samples = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - start)
-    synchronize(device)
-    return statistics.median(samples)
-
-
 def measure_host(hidden: int, ffn: int, topk: int, local_experts: int, tokens: int, device: torch.device | str,
                  dtype: torch.dtype = torch.bfloat16, repeats: int = 7) -> dict:
     """Host seconds to issue one forward + backward of the executor's MoE layer with ``local_experts`` experts of
@@ -210,7 +199,7 @@ def measure_host(hidden: int, ffn: int, topk: int, local_experts: int, tokens: i
     step = layer_fwd_bwd(layer, x, gy)
     for _ in range(2):
         step()
-    layer_s = _host_issue(step, device, repeats)
+    layer_s = time_host_issue_idle(step, device, repeats)
     del layer, step
 
     rows_total = tokens * k
@@ -226,7 +215,7 @@ def measure_host(hidden: int, ffn: int, topk: int, local_experts: int, tokens: i
 
     for _ in range(2):
         loop_step()
-    loop_s = _host_issue(loop_step, device, repeats)
+    loop_s = time_host_issue_idle(loop_step, device, repeats)
     del loop
     if device.type == "cuda":
         torch.cuda.empty_cache()

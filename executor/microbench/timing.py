@@ -213,6 +213,20 @@ def time_host_issue(op: Callable[[], object], device: torch.device, iters: int =
     return host
 
 
+def time_host_issue_idle(op: Callable[[], object], device: torch.device, repeats: int = 7) -> float:
+    """Median host seconds of one ``op()`` issued on an idle device (synchronised before each call, not inside):
+    unlike :func:`time_host_issue`, a call never waits behind the previous one's queued work, so an op with a
+    host sync inside (the dispatcher's split sizes) reads its own host time only."""
+    samples = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        op()
+        samples.append(time.perf_counter() - start)
+    synchronize(device)
+    return statistics.median(samples)
+
+
 def sleep_cycles_per_second(device: torch.device) -> float:
     """Clock cycles per second of ``torch.cuda._sleep`` on the CUDA ``device`` (median of 3 CUDA-event timed
     sleeps of 2^22 cycles, about 2 ms; measured once per device and cached)."""
