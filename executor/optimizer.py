@@ -158,6 +158,22 @@ class StateStore:
         self.assign(values)
 
     @classmethod
+    def read(cls, n: int, dtype: torch.dtype, block: int, device: torch.device, source) -> StateStore:
+        """A state of ``n`` elements whose fp32 values ``source(start, end)`` returns as a new tensor: read whole
+        for an fp32 state (taken over), else one block at a time, so no fp32 copy of a narrower state is ever
+        whole (building a bucket's fp16 master from a whole fp32 copy made the optimizer's construction, not the
+        step, the peak of a 2-layer Mixtral proxy on one GPU)."""
+        if dtype == torch.float32:
+            return cls(source(0, n), dtype, block)
+        store = cls(torch.zeros(0, device=device), dtype, block)
+        store.data = torch.empty(n, dtype=dtype, device=device)
+        if store.scales is not None:
+            store.scales = torch.zeros(-(-n // block), dtype=torch.float32, device=device)
+        for start in range(0, n, block):
+            store.store(start, source(start, min(start + block, n)))
+        return store
+
+    @classmethod
     def zeros(cls, n: int, dtype: torch.dtype, block: int, device: torch.device) -> StateStore:
         """A state of ``n`` zeros, made in its own dtype (no fp32 copy of it on the way)."""
         store = cls(torch.zeros(0, device=device), dtype, block)
@@ -221,12 +237,29 @@ class StateStore:
             self.store(start, block if self.exact else block.clone())
 
 
-def _make_stores(master: torch.Tensor, state_dtypes: tuple, block: int) -> dict[str, StateStore]:
-    """A unit's (or CPU part's) three states: zero moments and ``master`` (fp32, taken over) in their dtypes."""
+def _make_stores(n: int, source, state_dtypes: tuple, block: int, device: torch.device) -> dict[str, StateStore]:
+    """A unit's (or CPU part's) three states of ``n`` elements on ``device``: zero moments, and master weights
+    whose fp32 values ``source(start, end)`` returns (:meth:`StateStore.read`), in their dtypes."""
     m_dtype, v_dtype, w_dtype = state_dtypes
-    return {"exp_avg": StateStore.zeros(master.numel(), m_dtype, block, master.device),
-            "exp_avg_sq": StateStore.zeros(master.numel(), v_dtype, block, master.device),
-            "master": StateStore(master, w_dtype, block)}
+    return {"exp_avg": StateStore.zeros(n, m_dtype, block, device),
+            "exp_avg_sq": StateStore.zeros(n, v_dtype, block, device),
+            "master": StateStore.read(n, w_dtype, block, device, source)}
+
+
+def flat_range(params: list[torch.nn.Parameter], start: int, end: int, device: torch.device) -> torch.Tensor:
+    """Elements ``[start, end)`` of ``params`` flattened in order and zero-padded past their end, as a new fp32
+    tensor on ``device``: one shard's slice read straight from the parameters, with no fp32 copy of the whole
+    bucket on the way."""
+    out = torch.zeros(end - start, dtype=torch.float32, device=device)
+    offset = 0
+    for p in params:
+        lo, hi = max(start, offset), min(end, offset + p.numel())
+        if lo < hi:
+            out[lo - start:hi - start].copy_(p.detach().reshape(-1)[lo - offset:hi - offset])
+        offset += p.numel()
+        if offset >= end:
+            break
+    return out
 
 
 def blocked_step(stores: dict[str, StateStore], grad: torch.Tensor, hyper: tuple,
@@ -268,11 +301,15 @@ class HostPart:
     master), a pinned fp32 buffer the gradients arrive in (device to host) and a pinned buffer of the updated
     weights in the parameters' dtype (host to device)."""
 
-    def __init__(self, master: torch.Tensor, dtype: torch.dtype, state_dtypes: tuple = FP32_STATES) -> None:
-        pin = master.is_cuda
+    def __init__(self, master: torch.Tensor, dtype: torch.dtype, state_dtypes: tuple = FP32_STATES,
+                 pin: bool | None = None) -> None:
+        """``master``: the part's initial master weights (copied to the CPU as fp32); ``pin``: page-locked
+        buffers (default: whether ``master`` is on a CUDA device, i.e. the parameters are)."""
+        pin = master.is_cuda if pin is None else pin
         n = master.numel()
-        self.stores = _make_stores(master.to("cpu", dtype=torch.float32, copy=True), state_dtypes,
-                                   HOST_STEP_ELEMENTS)
+        values = master.to("cpu", dtype=torch.float32, copy=True)
+        self.stores = _make_stores(n, lambda lo, hi: values[lo:hi], state_dtypes, HOST_STEP_ELEMENTS,
+                                   torch.device("cpu"))
         self.master, self.exp_avg, self.exp_avg_sq = (self.stores[k].data for k in ("master", "exp_avg", "exp_avg_sq"))
         self.grad = torch.empty(n, dtype=torch.float32, pin_memory=pin)
         self.out = torch.empty(n, dtype=dtype, pin_memory=pin)
@@ -314,20 +351,22 @@ class _Unit:
                  state_dtypes: tuple = FP32_STATES):
         self.params, self.group, self.entry, self.index, self.buffer = params, group, entry, index, buffer
         self.numel = sum(p.numel() for p in params)
-        full = _flatten_dense_tensors([p.detach().float() for p in params])
-        padded = padded_numel(params, group.size)
-        if padded > full.numel():
-            full = torch.cat([full, full.new_zeros(padded - full.numel())])
-        shard = full.chunk(group.size)[group.rank]
-        self.shard_numel = shard.numel()
+        self.shard_numel = padded_numel(params, group.size) // group.size
+        begin = group.rank * self.shard_numel  # of the padded bucket, flattened in order
+        device = params[0].device
         # optimizer CPU offload: the first elements of the budget left (a one-item list the units share) live on
         # the CPU, created there directly (the whole state never sits on the device at once)
         n = min(host_budget[0], self.shard_numel) if host_budget else 0
         if host_budget:
             host_budget[0] -= n
-        self.host: HostPart | None = HostPart(shard[:n], params[0].dtype, state_dtypes) if n else None
+        self.host: HostPart | None = (HostPart(flat_range(params, begin, begin + n, torch.device("cpu")),
+                                               params[0].dtype, state_dtypes, pin=device.type == "cuda")
+                                      if n else None)
         # the stored states (StateStore); master, exp_avg and exp_avg_sq are their tensors, fp32 or narrower
-        self.stores = _make_stores(shard[n:].clone(), state_dtypes, STATE_BLOCK_ELEMENTS)
+        first = begin + n
+        self.stores = _make_stores(self.shard_numel - n,
+                                   lambda lo, hi: flat_range(params, first + lo, first + hi, device),
+                                   state_dtypes, STATE_BLOCK_ELEMENTS, device)
         self.master, self.exp_avg, self.exp_avg_sq = (self.stores[k].data for k in ("master", "exp_avg", "exp_avg_sq"))
         self.exact = all(store.exact for store in self.stores.values())  # every state fp32: the fused fast path
         self.gather_buffer: torch.Tensor | None = None  # overlapped units: the parameters are views of it

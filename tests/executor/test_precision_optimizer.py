@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from spec.catalog import get_model
 from spec.errors import InvalidConfigError
@@ -17,7 +18,7 @@ from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.optimizer import StateStore, blocked_step, torch_state_dtypes
 from executor.options import ExecutorOptions
-from executor.parallel.groups import single_process_state
+from executor.parallel.groups import Group, single_process_state
 from executor.train.optim_state import load_local_state, local_state
 from executor.train_step import Trainer
 from executor.verify import Scenario, compare, layout_worker, reference
@@ -108,6 +109,42 @@ def test_the_trainer_keeps_each_state_in_the_layouts_dtype_and_checkpoints_it_as
     for a, b in zip(trainer.optimizer.units, fresh.optimizer.units):
         for key in ("master", "exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(b.state(key), a.state(key), rtol=1e-3, atol=0)
+
+
+class _LargestFp32(TorchDispatchMode):
+    """The most elements of any fp32 tensor an op makes while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t._base is None:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("rank", [None, 0, 2])  # unsharded; first and last shard of three (padded)
+def test_building_narrow_master_weights_never_widens_a_whole_bucket_to_fp32(monkeypatch, rank):
+    # A whole fp32 copy of a bucket while its fp16 master was built made the optimizer's construction the peak
+    # of a one-GPU Mixtral proxy (1.8 GiB above the step's); the states are now read block by block.
+    monkeypatch.setattr(optimizer, "STATE_BLOCK_ELEMENTS", 256)
+    params = [torch.nn.Parameter(torch.randn(64, 80).bfloat16()), torch.nn.Parameter(torch.randn(100).bfloat16())]
+    group = Group("self", (0,), 0) if rank is None else Group("dp", (0, 1, 2), rank)
+    flat = torch.cat([p.detach().float().reshape(-1) for p in params])
+    shard = -(-flat.numel() // group.size)
+    expected = torch.cat([flat, flat.new_zeros(shard * group.size - flat.numel())]).chunk(group.size)[group.rank]
+    with _LargestFp32() as seen:
+        unit = optimizer._Unit(params, group, state_dtypes=(torch.bfloat16, torch.bfloat16, torch.float16))
+    assert unit.master.dtype == torch.float16 and unit.shard_numel == expected.numel()
+    assert seen.largest <= 256  # one block at a time
+    torch.testing.assert_close(unit.state("master"), expected, rtol=2.0 ** -10, atol=0)
+    with _LargestFp32() as seen:
+        fp32 = optimizer._Unit(params, group)
+    assert seen.largest == expected.numel()  # the fp32 master itself, made once, not cut from a whole copy
+    torch.testing.assert_close(fp32.state("master"), expected, rtol=0, atol=0)
 
 
 @pytest.mark.slow  # two trainings of three steps (~15 s)
