@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one-GPU evidence that issues 39 and 40 still need, in one device call. Everything lands in $OUT/res and is
+# packed into $OUT/results.tgz every 30 s and at the end (a call cut off by its time limit keeps what was
+# measured), the log in $OUT/evidence_log.txt; the scripts' own JSON files (bench/results/) and the sections they
+# write into docs/benchmarks.md come back in the archive too (res/bench-results/, res/benchmarks.md).
+# Phases (PHASES, default all, in this order):
+#   precopt   bench/precision_optimizer.py: peak memory of a Mixtral 2-layer proxy with fp32, bf16-moment and
+#             bf16-moment + fp16-master optimizer state, saving measured vs predicted (bar: within 5 %)
+#   vlenc     bench/vl_encoder_gpu.py: the Qwen3-VL vision encoder's fwd+bwd at 4 and 16 images, measured vs priced
+#   packed    bench/packed_attention_gpu.py: flex attention's document block mask vs the masked SDPA, 4K-32K
+#   cp1       bench/cp_comm_gpu.py --world 1 --cp1: the single-GPU attention core at 32K-128K, Mixtral's heads (32/8)
+#             and Qwen3-30B-A3B's (32/4), beside the cost model
+#   ctx128k   foldtune profile of the Qwen3-30B-A3B and Mixtral 2-layer proxies at seq 131072 (full recompute),
+#             measured step and peak memory (priced off the device with `foldtune plan --explain`)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
+exec > >(tee -a "$OUT/evidence_log.txt") 2>&1
+source bench/gpu_env.sh
+gpu_type
+echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit ${COMMIT:-?}"
+collect() { mkdir -p "$RES/bench-results"; cp -f bench/results/*.json "$RES/bench-results/" 2>/dev/null
+            cp -f docs/benchmarks.md "$RES/benchmarks.md"; }
+pack_results "$RES" "$OUT"
+phases "precopt vlenc packed cp1 ctx128k"
+
+if has precopt; then
+  echo "== precision-aware optimizer start $(date -u +%T)"
+  timeout 300 python3 -m bench.precision_optimizer --model mixtral-8x7b --layers 2 --gpu "$GPU" 2>&1 \
+    | grep -v "Warning" | tail -12
+  echo "precopt end $(date -u +%T)"; collect
+fi
+if has vlenc; then
+  echo "== vision encoder start $(date -u +%T)"
+  timeout 120 python3 -m bench.vl_encoder_gpu --model qwen3-vl-30b-a3b --gpu "$GPU" --images 4 16 --image-size 448 \
+    2>&1 | tee "$RES/vl_encoder.jsonl" | tail -4
+fi
+if has packed; then
+  echo "== packed attention start $(date -u +%T)"
+  timeout 120 python3 -m bench.packed_attention_gpu --seq 4096 8192 16384 32768 2>&1 | tee "$RES/packed_attention.txt" | tail -6
+fi
+if has cp1; then
+  echo "== cp=1 attention core start $(date -u +%T)"
+  timeout 150 python3 -m bench.cp_comm_gpu --world 1 --cp1 --seqs 32768 65536 131072 --price "$GPU" 2>&1 \
+    | grep -v "Warning" | tee "$RES/cp1_mixtral.txt" | tail -8
+  timeout 150 python3 -m bench.cp_comm_gpu --world 1 --cp1 --seqs 32768 65536 131072 --heads 32 --kv-heads 4 \
+    --price "$GPU" 2>&1 | grep -v "Warning" | tee "$RES/cp1_qwen3.txt" | tail -8
+  collect
+fi
+if has ctx128k; then
+  for m in qwen3-30b-a3b mixtral-8x7b; do
+    echo "== $m@2L at seq 131072 start $(date -u +%T)"
+    timeout 200 python3 -m api.cli.main profile --model "$m" --layers 2 --gpu "$GPU" --seq 131072 --gbs 1 \
+      --layout "tp1 cp1 pp1 ep1 dp1 mbs1 recompute=full" --untimed-steps 1 --timed-steps 2 --timeout 190 --json \
+      > "$RES/ctx128k-$m.log" 2>&1
+    echo "rc=$?"; grep -v "Warning" "$RES/ctx128k-$m.log" | tail -14
+  done
+fi
+collect
+echo "== end $(date -u '+%F %T UTC')"
