@@ -83,6 +83,13 @@ RAY_NUM_CPUS_ENV = "FOLDTUNE_RAY_NUM_CPUS"
 RANK_RESOURCE_ENV = "FOLDTUNE_RAY_RANK_RESOURCE"
 RANK_ENV_ENV = "FOLDTUNE_RANK_ENV"
 POLL_S = 0.1
+# A rank left behind its peers (they finished a timed step it has not) for this long fails the trial as hung
+# before its timeout: ranks meet in every step's collectives, so healthy ones are never a step apart for more than
+# a step's tail. The limit is the larger of STALL_MIN_S and STALL_STEPS of the slowest step rank 0 reported
+# (seconds); progress is asked for every STALL_POLL_S.
+STALL_MIN_S = 15.0
+STALL_STEPS = 10
+STALL_POLL_S = 2.0
 TEARDOWN_WAIT_S = 15.0
 # How long a failed run waits for Ray to declare the node of a rank that stopped answering dead (seconds):
 # Ray's health check marks a vanished node dead after tens of seconds with its defaults.
@@ -672,6 +679,14 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
     stop_sent = False
     poll_ref = None
     first_failure_at: float | None = None
+    stalls = _StallWatch(actors)
+    slowest_step = 0.0
+
+    def relay(step: int, seconds: float) -> bool:
+        nonlocal slowest_step
+        slowest_step = max(slowest_step, seconds)
+        return on_step(step, seconds)
+
     while pending:
         if cancel is not None and cancel.is_set():
             return (FailureKind.CANCELLED, CANCELLED_REASON), []
@@ -690,7 +705,7 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
                 if ready:
                     try:
                         for step, seconds in ray.get(poll_ref):
-                            if on_step(step, seconds) and not stop_sent:
+                            if relay(step, seconds) and not stop_sent:
                                 stop_sent = True
                     except Exception:
                         pass  # rank 0 is gone; its run outcome says why
@@ -703,6 +718,10 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
             if not pending or time.monotonic() - first_failure_at > 1.0:
                 lost = _lost_node(actors, sorted(pending.values()), outcomes, placement)
                 return lost or _failure_reason(outcomes), []
+        elif pending and (stalled := stalls.check(sorted(pending.values()),
+                                                  max(STALL_MIN_S, STALL_STEPS * slowest_step))):
+            lost = _lost_node(actors, sorted(pending.values()), outcomes, placement)
+            return lost or (FailureKind.TIMEOUT, f"{stalled} (the trial's limit is {timeout_s:.0f} s)"), []
         elif pending and time.monotonic() - run_start > timeout_s:
             running = sorted(pending.values())
             lost = _lost_node(actors, running, outcomes, placement)
@@ -720,6 +739,38 @@ def _supervise(actors: list, runs: list, on_step: Callable[[int, float], bool] |
         except Exception:
             pass
     return None, [outcomes[r][1] for r in range(world_size)]
+
+
+class _StallWatch:
+    """Tells a hung rank from a slow run: the running ranks' last timed steps, asked for every STALL_POLL_S; a
+    rank that stays behind the furthest one at the same step for ``limit_s`` is stalled."""
+
+    def __init__(self, actors: list) -> None:
+        self.actors = actors
+        self.asked_at = time.monotonic()
+        self.behind_since: dict[int, tuple[int, float]] = {}  # rank -> (its last step, since when it lags)
+
+    def check(self, running: list[int], limit_s: float) -> str | None:
+        """'hung: rank 1 stuck ... for 15 s' once a rank has lagged ``limit_s`` seconds, else None."""
+        now = time.monotonic()
+        if now - self.asked_at < STALL_POLL_S or len(running) < 2:
+            return None
+        self.asked_at = now
+        try:
+            steps = dict(zip(running, ray.get([self.actors[r].last_step.remote() for r in running], timeout=5)))
+        except Exception:  # a rank too wedged to answer: the trial's timeout still ends it
+            return None
+        ahead = max(steps.values())
+        lagging = {r: s for r, s in steps.items() if s < ahead}
+        self.behind_since = {r: (s, self.behind_since[r][1] if self.behind_since.get(r, (None,))[0] == s else now)
+                             for r, s in lagging.items()}
+        stuck = sorted(r for r, (_, since) in self.behind_since.items() if now - since >= limit_s)
+        if not stuck:
+            return None
+        last = min(steps[r] for r in stuck)
+        where = f"after step {last}" if last >= 0 else "before its first timed step"
+        return (f"hung: rank {', '.join(map(str, stuck))} stuck {where} while others finished step {ahead}, "
+                f"for {limit_s:.0f} s")
 
 
 def _laggards(actors: list, running: list[int]) -> str:

@@ -150,3 +150,50 @@ def test_rank_processes_run_at_the_drivers_niceness(ray_launch):
         return os.getpriority(os.PRIO_PROCESS, 0)
 
     assert ray.get(niceness.remote(), timeout=120) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+class _Progress:
+    """A rank actor's stand-in: ``last_step.remote()`` answers the step it is set to."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.last_step = self
+
+    def remote(self) -> int:
+        return self.step
+
+
+def test_a_rank_left_a_step_behind_for_the_limit_is_hung_and_progress_resets_the_clock(monkeypatch):
+    from executor import launch_ray
+
+    now = [100.0]
+    monkeypatch.setattr(launch_ray.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(launch_ray.ray, "get", lambda refs, timeout=None: list(refs))
+    actors = [_Progress(0), _Progress(-1), _Progress(0)]
+    watch = launch_ray._StallWatch(actors)
+
+    def at(t: float) -> str | None:
+        now[0] = 100.0 + t
+        return watch.check([0, 1, 2], limit_s=15.0)
+
+    assert at(1.0) is None  # asked at most every STALL_POLL_S
+    assert at(2.0) is None  # rank 1 behind since t = 2
+    assert at(16.0) is None
+    assert at(18.0) == "hung: rank 1 stuck before its first timed step while others finished step 0, for 15 s"
+    actors[1].step, actors[0].step, actors[2].step = 0, 1, 1  # it moved on, and is behind again: a new clock
+    assert at(20.0) is None and at(30.0) is None
+    assert at(35.0) == "hung: rank 1 stuck after step 0 while others finished step 1, for 15 s"
+    actors[1].step = 1  # all level: nothing lags
+    assert at(60.0) is None
+
+
+def test_ranks_at_the_same_step_never_stall(monkeypatch):
+    from executor import launch_ray
+
+    now = [0.0]
+    monkeypatch.setattr(launch_ray.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(launch_ray.ray, "get", lambda refs, timeout=None: list(refs))
+    watch = launch_ray._StallWatch([_Progress(-1), _Progress(-1)])  # both still in warm-up, however long
+    for t in range(2, 200, 2):
+        now[0] = float(t)
+        assert watch.check([0, 1], limit_s=15.0) is None
