@@ -10,6 +10,8 @@
 #   packed    bench/packed_attention_gpu.py: flex attention's document block mask vs the masked SDPA, 4K-32K
 #   cp1       bench/cp_comm_gpu.py --world 1 --cp1: the single-GPU attention core at 32K-128K, Mixtral's heads (32/8)
 #             and Qwen3-30B-A3B's (32/4), beside the cost model
+#   vlstep    bench/vl_step_gpu.py: a Qwen3-VL-30B-A3B proxy (LLM at 4 layers, the whole encoder) at seq 8192, 4 images
+#             of 448² a sample, homogeneous and colocated on one GPU, measured beside the cost model
 #   ctx128k   foldtune profile of the Qwen3-30B-A3B and Mixtral 2-layer proxies at seq 131072 (full recompute),
 #             measured step and peak memory (priced off the device with `foldtune plan --explain`)
 set -uo pipefail
@@ -21,7 +23,7 @@ echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit
 collect() { mkdir -p "$RES/bench-results"; cp -f bench/results/*.json "$RES/bench-results/" 2>/dev/null
             cp -f docs/benchmarks.md "$RES/benchmarks.md"; }
 pack_results "$RES" "$OUT"
-phases "precopt vlenc packed cp1 ctx128k"
+phases "precopt vlenc vlstep packed cp1 ctx128k"
 
 if has precopt; then
   echo "== precision-aware optimizer start $(date -u +%T)"
@@ -33,6 +35,11 @@ if has vlenc; then
   echo "== vision encoder start $(date -u +%T)"
   timeout 120 python3 -m bench.vl_encoder_gpu --model qwen3-vl-30b-a3b --gpu "$GPU" --images 4 16 --image-size 448 \
     2>&1 | tee "$RES/vl_encoder.jsonl" | tail -4
+fi
+if has vlstep; then
+  echo "== vision-language step start $(date -u +%T)"
+  timeout 300 python3 -m bench.vl_step_gpu --model qwen3-vl-30b-a3b --llm-layers 4 --seq 8192 --gbs 4 --images 4 \
+    --gpu "$GPU" 2>&1 | grep -v "Warning" | tee "$RES/vl_step.txt" | tail -6
 fi
 if has packed; then
   echo "== packed attention start $(date -u +%T)"
