@@ -40,6 +40,11 @@ if has vlstep; then
   echo "== vision-language step start $(date -u +%T)"
   timeout 300 python3 -m bench.vl_step_gpu --model qwen3-vl-30b-a3b --llm-layers 4 --seq 8192 --gbs 4 --images 4 \
     --gpu "$GPU" 2>&1 | grep -v "Warning" | tee "$RES/vl_step.txt" | tail -6
+  # the control: the same LLM proxy text-only, same shape (what the images and the encoder add)
+  timeout 200 python3 -m api.cli.main profile --model qwen3-30b-a3b --layers 4 --gpu "$GPU" --seq 8192 --gbs 4 \
+    --layout "tp1 cp1 pp1 ep1 dp1 mbs1" --untimed-steps 2 --timed-steps 3 --timeout 190 --json \
+    > "$RES/vl_control.log" 2>&1
+  echo "control rc=$?"; grep -v "Warning" "$RES/vl_control.log" | tail -1 | cut -c1-600
 fi
 if has packed; then
   echo "== packed attention start $(date -u +%T)"
