@@ -96,7 +96,8 @@ class VLDataset:
                 p, grid = patchify(image, spec.vision)
                 patches.append(p)
                 grids.append(grid)
-        return VLBatch(ids.to(device), ids.roll(-1, dims=1).to(device), torch.cat(patches).to(device), tuple(grids))
+        return VLBatch(ids.to(device), ids.roll(-1, dims=1).to(device), torch.cat(patches).to(device), tuple(grids),
+                       ids)
 
     def rank_rows(self, split: str, position: int, global_batch_size: int, dp_size: int, dp_rank: int) -> list[int]:
         """The sample rows data-parallel rank ``dp_rank`` trains at global batch ``position`` of ``split``

@@ -38,6 +38,9 @@ class VLBatch:
     labels: torch.Tensor
     patches: torch.Tensor
     grids: tuple[tuple[int, int], ...]
+    # ``ids`` on the host, where the batch was made there: the model reads where the image tokens sit from it
+    # rather than from the device (each such read would wait for the GPU to drain its queue)
+    ids_host: torch.Tensor | None = None
 
 
 class VisionLanguageMoE(torch.nn.Module):
@@ -79,7 +82,11 @@ class VisionLanguageMoE(torch.nn.Module):
         (sequence parallel) the contiguous ``1/tp`` of that share the embedding's reduce-scatter leaves it: the
         image tokens, the deepstack tokens and the multimodal RoPE tables follow the positions it holds."""
         llm, spec, tp = self.llm, self.spec, self.state.tp
-        is_image = batch.ids == spec.image_token_id
+        device = batch.ids.device
+        # where the image tokens sit, and every index derived from it, on the host: the step never waits for
+        # the device to read them
+        ids_host = batch.ids_host if batch.ids_host is not None else batch.ids.cpu()
+        is_image = ids_host == spec.image_token_id
         if not torch.equal(is_image, is_image[:1].expand_as(is_image)):
             raise ValueError("every sample of a batch must place its image tokens alike (multimodal RoPE tables "
                              "are shared by the batch)")
@@ -88,27 +95,41 @@ class VisionLanguageMoE(torch.nn.Module):
         if tokens.shape[0] != b * per_sample_tokens:
             raise ValueError(f"the images make {tokens.shape[0]} tokens, the text marks {int(is_image.sum())}")
         per_sample = len(batch.grids) // b
-        positions = mrope_positions(is_image[0].tolist(), list(batch.grids[:per_sample]),
-                                    spec.vision.spatial_merge_size).to(batch.ids.device)
+        positions = mrope_positions(is_image[0], list(batch.grids[:per_sample]),
+                                    spec.vision.spatial_merge_size).to(device, non_blocking=True)
         cos, sin = mrope_tables(positions, spec.llm.rotary_head_dim, llm.options.rotary_base, self.mrope_section)
-        keep = torch.arange(batch.ids.shape[1], device=batch.ids.device) if llm.cp_positions is None \
-            else llm.cp_positions
+        keep_host = self._kept_positions(batch.ids.shape[1])
+        keep = keep_host.to(device, non_blocking=True)
         ids, labels = batch.ids[:, keep], batch.labels[:, keep]
-        order = (torch.cumsum(is_image[0].long(), 0) - 1)[keep]  # each kept position's index among image tokens
-        chunk = keep.numel() // tp.size
+        order = (torch.cumsum(is_image[0].long(), 0) - 1)[keep_host]  # each kept position's index among images'
+        chunk = keep_host.numel() // tp.size
         rows = slice(tp.rank * chunk, (tp.rank + 1) * chunk)  # the sequence-parallel slice this rank holds
-        held = is_image[:, keep][:, rows]  # [b, s/(cp·tp)]
-        picks = order[rows][held[0]]
+        held = is_image[0, keep_host][rows]  # [s/(cp·tp)]: alike in every sample
+        local = torch.nonzero(held).flatten()  # the held image rows, in sequence order
+        picks = order[rows][local].to(device, non_blocking=True)
+        # row r of sample j sits at r·b + j of the [s/(cp·tp), b, h] activations flattened: sample-major, as the
+        # picked tokens below are ordered
+        into = (local[None, :] * b + torch.arange(b)[:, None]).flatten().to(device, non_blocking=True)
 
         def place(x_SBH: torch.Tensor, values: torch.Tensor, add: bool) -> torch.Tensor:
-            mine = values.view(b, per_sample_tokens, -1)[:, picks].reshape(-1, values.shape[-1]).to(x_SBH.dtype)
-            x_BSH = x_SBH.transpose(0, 1)
-            if add:
-                mine = x_BSH[held] + mine
-            return x_BSH.masked_scatter(held[..., None], mine).transpose(0, 1)
+            width = values.shape[-1]
+            mine = values.view(b, per_sample_tokens, width)[:, picks].reshape(-1, width).to(x_SBH.dtype)
+            flat = x_SBH.reshape(-1, x_SBH.shape[-1])
+            out = flat.index_add(0, into, mine) if add else flat.index_copy(0, into, mine)
+            return out.view(x_SBH.shape)
 
         x = place(embed(ids.t(), llm.embedding, llm.padded_vocab, self.state), tokens, add=False)
         return x, (cos[keep], sin[keep]), place, deep, labels
+
+    def _kept_positions(self, seq_length: int) -> torch.Tensor:
+        """The sequence positions this rank keeps (its CP share, else all), on the host; read from the device
+        once per length."""
+        cached = getattr(self, "_kept", None)
+        if cached is None or cached[0] != seq_length:
+            positions = self.llm.cp_positions
+            kept = torch.arange(seq_length) if positions is None else positions.cpu()
+            self._kept = cached = (seq_length, kept)
+        return cached[1]
 
     def _decoder(self, batch: VLBatch, encoded=None):
         x, rope, place, deep, labels = self._inputs(batch, encoded)

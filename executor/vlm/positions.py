@@ -43,24 +43,31 @@ def resampled_positions(table: torch.Tensor, rows: int, cols: int, merge: int) -
     return out[:, r, c].t()
 
 
-def mrope_positions(is_image: list[bool], grids: list[tuple[int, int]], merge: int) -> torch.Tensor:
+def mrope_positions(is_image: list[bool] | torch.Tensor, grids: list[tuple[int, int]], merge: int) -> torch.Tensor:
     """[3, s] (temporal, height, width) positions of one sample whose tokens are text or image
     (``is_image``), the images' patch grids ``grids`` in order. Text advances all three by one; an image's
     tokens share its start in time and count rows and columns from it; the text after it resumes at the start
-    plus the longer side of its token grid."""
-    out: list[torch.Tensor] = []
-    pos, i, image = 0, 0, 0
-    s = len(is_image)
-    while i < s:
-        if not is_image[i]:
-            out.append(torch.full((3, 1), pos))
-            pos, i = pos + 1, i + 1
+    plus the longer side of its token grid. Built run by run (a sample has a few runs of text and images), on
+    the host: a Python step per token cost tens of milliseconds a micro-batch at 8K tokens."""
+    flags = torch.as_tensor(is_image, dtype=torch.bool).cpu()
+    s = flags.numel()
+    out = torch.empty(3, s, dtype=torch.long)
+    changes = (torch.nonzero(flags[1:] != flags[:-1]).flatten() + 1).tolist()
+    pos, image = 0, 0
+    for a, e in zip([0] + changes, changes + [s]):
+        if not flags[a]:
+            out[:, a:e] = torch.arange(pos, pos + e - a)
+            pos += e - a
             continue
-        rows, cols = grids[image][0] // merge, grids[image][1] // merge
-        r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-        out.append(torch.stack([torch.zeros(rows * cols, dtype=torch.long), r.flatten(), c.flatten()]) + pos)
-        pos, i, image = pos + max(rows, cols), i + rows * cols, image + 1
-    return torch.cat(out, dim=1)
+        i = a
+        while i < e:  # adjacent images make one run
+            rows, cols = grids[image][0] // merge, grids[image][1] // merge
+            n = rows * cols
+            out[0, i:i + n] = pos
+            out[1, i:i + n] = torch.arange(rows).repeat_interleave(cols) + pos
+            out[2, i:i + n] = torch.arange(cols).repeat(rows) + pos
+            pos, i, image = pos + max(rows, cols), i + n, image + 1
+    return out
 
 
 def mrope_tables(positions_3S: torch.Tensor, head_dim: int, base: float,

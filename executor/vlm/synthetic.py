@@ -36,4 +36,4 @@ def synthetic_batch(spec: VisionLanguageSpec, images: ImageInputs, seq_length: i
     ids[:, layout] = spec.image_token_id
     count = micro_batch_size * images.images_per_sample
     patches = torch.randn(count * rows * cols, vision.patch_dim, generator=generator)
-    return VLBatch(ids.to(device), ids.roll(-1, dims=1).to(device), patches.to(device), ((rows, cols),) * count)
+    return VLBatch(ids.to(device), ids.roll(-1, dims=1).to(device), patches.to(device), ((rows, cols),) * count, ids)
