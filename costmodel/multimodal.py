@@ -1,8 +1,8 @@
 """The vision encoder's cost under a multimodal layout, and the step of the whole vision-language model.
 
 The LLM part is priced by the LLM cost model (:func:`costmodel.estimate.estimate` on the LLM's own GPUs); this
-module adds the encoder (its GEMMs and bidirectional attention per image at its tp/cp, its TP, CP and gradient
-communication), the boundary (the projector's tokens moved from the encoder's ranks to the LLM's, and their
+module adds the encoder (its GEMMs, bidirectional attention per image and memory-bound kernels at its tp/cp, its
+TP, CP and gradient communication), the boundary (the projector's tokens moved from the encoder's ranks to the LLM's, and their
 gradients back) and the placement's effect on the step:
 
 - **homogeneous**: the encoder runs on the LLM's first pipeline stage with the LLM's tp and cp. Every
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.comm import Placement, all_to_all_time, group_placement, link_rates, p2p_time, ring_time
-from costmodel.compute import attention_time, compute_rates, gemm_fwd_bwd
+from costmodel.compute import attention_time, compute_rates, gemm_fwd_bwd, memory_time
 from costmodel.estimate import Estimate
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
@@ -42,6 +42,16 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34
 #: bytes of one element crossing the boundary (the projector's 16-bit tokens, and their gradients)
 BOUNDARY_ELEMENT_BYTES = 2
+#: HBM traffic of one encoder block's memory-bound kernels, forward + backward, in 16-bit [tokens, hidden] tensors
+#: (E) and [tokens, ffn] tensors (F): LayerNorms, the residual and bias adds and the bias gradients replicated
+#: over encoder tp (REPLICATED_E); q/k RoPE in fp32 with its casts and the attention's layout copies split over
+#: the heads (PER_HEAD_E); GELU and its backward (PER_FFN_F). Counted with a TorchDispatchMode over the executor's
+#: VisionBlock (executor/vlm/vision.py, Qwen3-VL's widths, bf16, CPU, torch 2.13): every op but GEMMs, attention
+#: and views, bytes of its inputs and outputs; 186.5 E in 50 kernels (21 forward, 29 backward).
+ENCODER_BLOCK_REPLICATED_E = 65.0
+ENCODER_BLOCK_PER_HEAD_E = 100.0
+ENCODER_BLOCK_PER_FFN_F = 6.0
+ENCODER_BLOCK_KERNELS = 50
 
 
 def encoder_params(v: VisionEncoderSpec) -> int:
@@ -108,6 +118,10 @@ def encoder_cost(vl: VisionLanguageSpec, training: TrainingSpec, images: ImageIn
         layer += sum(gemm_fwd_bwd(rates, tokens, n, k))
     layer += sum(attention_time(rates, tokens, patches, v.num_attention_heads // tp, v.head_dim, v.head_dim,
                                 causal=False))
+    e_bytes, f_bytes = tokens * h * 2, tokens * f * 2
+    layer += memory_time(rates, ENCODER_BLOCK_REPLICATED_E * e_bytes
+                         + (ENCODER_BLOCK_PER_HEAD_E * e_bytes + ENCODER_BLOCK_PER_FFN_F * f_bytes) / tp,
+                         ENCODER_BLOCK_KERNELS)
     merged_rows = max(1, tokens // v.spatial_merge_size ** 2)
     projector = sum(gemm_fwd_bwd(rates, merged_rows, m // tp, m)) + sum(gemm_fwd_bwd(rates, merged_rows,
                                                                                        v.out_hidden_size, m // tp))

@@ -69,6 +69,18 @@ def _priced(layout: MultimodalLayout, llm_cluster: ClusterSpec = CLUSTER):
     return estimate_multimodal(VL, TRAINING, IMAGES, layout, CLUSTER, llm, llm_cluster)
 
 
+def test_the_encoder_pays_its_memory_bound_kernels_with_the_head_and_mlp_parts_split_over_its_tp(monkeypatch):
+    import costmodel.multimodal as mm
+
+    seen = []
+    monkeypatch.setattr(mm, "memory_time", lambda rates, nbytes, kernels: seen.append((nbytes, kernels)) or 0.0)
+    for label in ("tp2 ep8 dp32 placement=colocated enc_tp1 enc_dp64", "tp2 ep8 dp32 placement=colocated enc_tp2 enc_dp32"):
+        encoder_cost(VL, TRAINING, IMAGES, _layout(label), CLUSTER, in_flight=1)
+    # 1,024 images a step in 8 micro-batches: 2 images of 784 patches per encoder rank at enc_dp 64, 4 at 32
+    e, f = 784 * 1152 * 2, 784 * 4304 * 2
+    assert seen == [(2 * (65 * e + 100 * e + 6 * f), 50), (4 * (65 * e + (100 * e + 6 * f) / 2), 50)]
+
+
 def test_homogeneous_pipeline_waits_for_the_encoder_on_its_first_stage():
     e = _priced(_layout("tp2 pp2 ep8 dp16"))
     microbatches = 256 // 16
