@@ -10,8 +10,11 @@ layer without CP runs :func:`document_attention`: flex attention's block mask sk
 of one document (torch's own kernel, compiled; checked once against the masked path, which serves if the check
 fails).
 
-RoPE positions restart at each document (:func:`rope_for`); the loss is the mean over the tokens whose label is
-not :data:`executor.dataset.packing.IGNORE` (:func:`masked_mean`).
+RoPE positions restart at each document (:func:`rope_for`). The loss is Megatron's per-token loss: the sum of the
+cross-entropy over the tokens whose label is not :data:`executor.dataset.packing.IGNORE`, over the whole global
+batch, divided by the global batch's count of such tokens (:func:`masked_mean`, with the count the trainer
+gathers over DP, :func:`loss_tokens`), not a mean of per-micro-batch means: a micro-batch with more real tokens
+weighs more.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from executor.attention_core import attention_mask, special_attention
 from executor.kernels.first_use import assert_agree, checked_once
+from executor.parallel.collectives import all_reduce_
 from executor.dataset.packing import IGNORE, segment_positions
 from spec.attention_kinds import GQA, attention_kind
 from spec.errors import SpecError
@@ -76,13 +80,27 @@ def rope_for(segments_BS: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tens
 
 
 def masked_mean(ce_SB: torch.Tensor, labels_BS: torch.Tensor, full_labels_BS: torch.Tensor,
-                cp_size: int) -> torch.Tensor:
-    """Mean cross-entropy over the micro-batch's real tokens: this CP rank's sum over its tokens with a label
-    (``labels_BS``, its share) divided by the count over the whole sequence (``full_labels_BS``), times
-    ``cp_size`` because gradients and statistics average over the CP ranks."""
+                cp_size: int, tokens: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Cross-entropy over real tokens: this CP rank's sum over its tokens with a label (``labels_BS``, its share)
+    divided by ``tokens``, times ``cp_size`` because gradients and statistics average over the CP ranks.
+    ``tokens``: the real tokens per micro-batch of the global batch (:func:`loss_tokens`), so that the step's
+    mean over micro-batches and DP ranks is the global per-token mean; None: this micro-batch's own count over
+    the whole sequence (``full_labels_BS``), its per-token mean."""
     valid = (labels_BS != IGNORE).t()
-    count = (full_labels_BS != IGNORE).sum().clamp(min=1)
-    return torch.where(valid, ce_SB, 0.0).sum() / count * cp_size
+    if tokens is None:
+        tokens = (full_labels_BS != IGNORE).sum().clamp(min=1)
+    return torch.where(valid, ce_SB, 0.0).sum() / tokens * cp_size
+
+
+def loss_tokens(micro: list[tuple[torch.Tensor, ...]], dp) -> torch.Tensor:
+    """Real (labelled) tokens per micro-batch over the global batch, fp32 scalar: this DP rank's micro-batches'
+    count, summed over ``dp`` (the data-parallel group, whose ranks hold disjoint rows), divided by the number of
+    micro-batches of the step (DP size × ``len(micro)``). A micro-batch's loss divided by it instead of by its own
+    count, averaged as every micro-batch's is (over the rank's micro-batches, then DP·CP), is the sum over the
+    global batch's real tokens divided by their global count."""
+    count = sum((labels != IGNORE).sum() for _, labels, *_ in micro).float()
+    count = all_reduce_(count.reshape(1), dp)[0]
+    return count.clamp(min=1) / (dp.size * len(micro))
 
 
 def targets(labels_BS: torch.Tensor) -> torch.Tensor:
