@@ -25,17 +25,21 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from executor.attention_core import attention_mask, special_attention
 from executor.kernels.first_use import assert_agree, checked_once
 from executor.parallel.collectives import all_reduce_
-from executor.dataset.packing import IGNORE, segment_positions
+from executor.router import RealTokens
+from executor.dataset.packing import IGNORE, PADDING, segment_positions
 from spec.attention_kinds import GQA, attention_kind
 from spec.errors import SpecError
 from spec.head_features import head_features
 
 
 class Documents:
-    """Segment ids of one packed micro-batch, ``segments_BS`` [b, s] over the whole sequence in global order."""
+    """Segment ids of one packed micro-batch, ``segments_BS`` [b, s] over the whole sequence in global order
+    (:data:`executor.dataset.packing.PADDING` for padding); ``positions``: the global positions this CP rank
+    holds (None: all), ``tp``: its TP group (sequence parallel cuts those positions into TP slices in order)."""
 
-    def __init__(self, segments_BS: torch.Tensor):
+    def __init__(self, segments_BS: torch.Tensor, positions: torch.Tensor | None = None, tp=None):
         self.segments = segments_BS
+        self._rank_positions, self._tp = positions, tp
         self._masks: dict[tuple, torch.Tensor] = {}  # one per (positions, window): every layer shares it
         self._positions: list[torch.Tensor] = []  # the positions the keys name (held: their ids stay unique)
 
@@ -53,6 +57,19 @@ class Documents:
             self._masks[key] = (same & attention_mask(q_positions, k_positions, window)).unsqueeze(1)
             self._positions += [q_positions, k_positions]
         return self._masks[key]
+
+    def real_tokens(self) -> RealTokens:
+        """Which of this rank's routed tokens are real (:class:`executor.router.RealTokens`), built once for every
+        MoE layer (the count is read back to the host once a micro-batch: a capacity is sized by it)."""
+        if not hasattr(self, "_real"):
+            real_BS = self.segments != PADDING
+            per_sequence = real_BS.sum(1).float()
+            mine = real_BS if self._rank_positions is None else real_BS[:, self._rank_positions]
+            if self._tp is not None and self._tp.size > 1:  # this TP rank's slice of the sequence
+                n = mine.shape[1] // self._tp.size
+                mine = mine[:, self._tp.rank * n:(self._tp.rank + 1) * n]
+            self._real = RealTokens(mine.t().reshape(-1), per_sequence, int(per_sequence.sum()))
+        return self._real
 
     def block_mask(self):
         """Flex attention's block mask of these documents (:func:`block_mask`), built once for every layer: a

@@ -114,7 +114,8 @@ class DecoderLayer(torch.nn.Module):
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         x, h = self.attention_block(x_SBH, cos, sin, docs)
         if self.is_moe:
-            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
+            real = None if docs is None else docs.real_tokens()
+            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, real, offload=self.offload_mlp)
             return x + y, router_loss
         return (x + recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp),
                 x.new_zeros((), dtype=torch.float32))
@@ -310,7 +311,7 @@ class MoEGPT(torch.nn.Module):
             cos, sin = rope_tables(s, self.spec.rotary_head_dim, self.options.rotary_base, segments_BS.device)
             self._full_rope = (s, cos, sin)
         cos, sin = rope_for(segments_BS, *self._full_rope[1:], self.cp_positions)
-        return cos, sin, Documents(segments_BS)
+        return cos, sin, Documents(segments_BS, self.cp_positions, self.state.tp)
 
     def chunk_output(self, chunk: int, x: torch.Tensor, router_loss: torch.Tensor, rope, labels_BS: torch.Tensor,
                      full_labels_BS: torch.Tensor, loss_tokens: torch.Tensor | None = None) -> LossOutput:
