@@ -144,8 +144,10 @@ def test_the_gathered_path_attends_only_the_key_chunks_a_document_spans(cp):
     assert CHUNK_PAIRS == ({"computed": 5, "skipped": 5} if cp == 2 else {"computed": 16, "skipped": 20})
 
 
-PACKED = Scenario("packed", TINY, LOSSES, packed=True)
-PACKED_KV4 = Scenario("packed-kv4", KV4, LOSSES, packed=True)
+# Adam's eps as test_equivalence's scenarios take it: a weight whose gradient is ~1e-7 (cancellations) moves by
+# fp32 reduction-order noise that eps = 1e-6 amplifies past the parameters' tolerance within three steps
+PACKED = Scenario("packed", TINY, LOSSES, packed=True, adam_eps=1e-5)
+PACKED_KV4 = Scenario("packed-kv4", KV4, LOSSES, packed=True, adam_eps=1e-5)
 
 
 def _layouts_match(world: int, labels: list[tuple[str, Scenario]]):
