@@ -63,7 +63,7 @@ def _run(spec, options, batch, padding_as_document: bool = False) -> dict:
     out = model(ids, labels, segments)
     out.loss.backward()
     moe = model.moe_layers()
-    return {"loss": float(out.loss), "router": float(out.router_loss),
+    return {"loss": float(out.loss.detach()), "router": float(out.router_loss),
             "grads": gather_model(model, model.state, grads=True),
             "tokens": [m.last_tokens_per_expert.tolist() for m in moe],
             "bias_load": [m.router.step_counts.tolist() for m in moe if m.router.expert_bias is not None]}
