@@ -14,7 +14,9 @@ RoPE positions restart at each document (:func:`rope_for`). The loss is Megatron
 cross-entropy over the tokens whose label is not :data:`executor.dataset.packing.IGNORE`, over the whole global
 batch, divided by the global batch's count of such tokens (:func:`masked_mean`, with the count the trainer
 gathers over DP, :func:`loss_tokens`), not a mean of per-micro-batch means: a micro-batch with more real tokens
-weighs more.
+weighs more. Padding (segment id :data:`executor.dataset.packing.PADDING`) is routed through the experts but
+counts in no routing statistic: the MoE layers take :meth:`Documents.real_tokens`
+(:class:`executor.router.RealTokens`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from executor.attention_core import attention_mask, special_attention
 from executor.kernels.first_use import assert_agree, checked_once
+from executor.dataset.packing import IGNORE, PADDING, segment_positions
 from executor.parallel.collectives import all_reduce_
 from executor.router import RealTokens
-from executor.dataset.packing import IGNORE, PADDING, segment_positions
 from spec.attention_kinds import GQA, attention_kind
 from spec.errors import SpecError
 from spec.head_features import head_features
