@@ -53,6 +53,11 @@ block i hides behind it: exposed ``Σ_{i<n−1} max(0, hop − block_i)``, hidde
 the next pair's hop (i < n−1) and the previous block's dK/dV hop (i > 0) together, and the last dK/dV hop stays
 exposed. The busiest rank (its blocks plus exposed hops) sets the time.
 
+Packed documents (``TrainingSpec.document_lengths``): allgather, p2p and a2a+p2p's ring skip the chunk pairs of
+their split that no document spans and compute the others whole, so their core is priced at
+``spec.documents.chunk_pair_share`` (:meth:`CpPricing.skip_chunks`); a2a's whole sequences at the documents' own
+share, as without CP.
+
 a2a: four all-to-alls each way (q, k, v, the output; ``cp_calls``' sizes), exposed, plus a copy of each exchanged
 tensor into or out of the sequence order each way; the core is causal attention over the whole sequence with
 heads/cp of the TP rank's heads (one kernel, SDPA's default). a2a+p2p: the all-to-alls over the sub-group of
@@ -244,6 +249,12 @@ class CpPricing:
 
     name = ""
 
+    def skip_chunks(self, parts: Any) -> int | None:
+        """Chunks of the split whose chunk pairs the executor skips when no packed document spans both
+        (``spec.documents.chunk_pair_share``); None where the core sees whole sequences (the documents' own
+        share then)."""
+        return 2 * parts.cp
+
     def core(self, parts: Any, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of the flash attention core of one layer and micro-batch."""
         raise NotImplementedError
@@ -283,6 +294,9 @@ class RingPricing(CpPricing):
 
     name, ring_group = "p2p", "cp"
 
+    def skip_chunks(self, parts):
+        return 2 * (parts.cp // parts.cp_split[0])  # the ring's split: 2 chunks per ring rank
+
     def _price(self, parts, heads: int, qk: int, v: int) -> RingPrice:
         a2a = parts.cp_split[0]
         pair = next(c.nbytes for c in _cp_calls(parts) if c.op == "p2p")
@@ -302,6 +316,9 @@ class AllToAllPricing(CpPricing):
     """Ulysses over the CP group (``a2a_group``): exposed all-to-alls around attention over whole sequences."""
 
     name, a2a_group = "a2a", "cp"
+
+    def skip_chunks(self, parts):
+        return None
 
     def core(self, parts, heads, qk, v):
         return cp_attention_time(parts.rates, parts.mbs, parts.seq, 1, max(1, heads // parts.cp), qk, v)
@@ -323,6 +340,9 @@ class HierarchicalPricing(AllToAllPricing, RingPricing):
     """a2a+p2p: the all-to-alls over cp_a2a, the ring over cp_p2p on heads/a."""
 
     name, a2a_group, ring_group = "a2a+p2p", "cp_a2a", "cp_p2p"
+
+    def skip_chunks(self, parts):
+        return RingPricing.skip_chunks(self, parts)
 
     def core(self, parts, heads, qk, v):
         return RingPricing.core(self, parts, heads, qk, v)

@@ -66,6 +66,7 @@ from costmodel.terms import (
     TERMS,
     term_index,
 )
+from spec.documents import chunk_pair_share
 from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
 from spec.hardware import ClusterSpec
@@ -317,6 +318,7 @@ class _Shape:
         self.fused_special = training.fused_window_sink_attention
         # packed sequences: a block-skipping causal kernel attends within documents (spec.documents)
         self.document_share = training.document_attention_share()
+        self.document_lengths = training.document_lengths
         self.dropout = model.attention_dropout > 0.0
         self.fp8 = ctx.rates.gemm_elem_bytes == 1
         te = training.transformer_engine_fp8
@@ -443,16 +445,23 @@ class _Shape:
     def flash_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention on the fused kernel: under CP its communication
         type's kernels, each at its own key length (:mod:`costmodel.context_parallel`), scaled by the packed
-        documents' share of the work (``TrainingSpec.document_attention_share``); unfused attention
-        (``flash_attention`` off) computes the whole [s/cp, s] score matrix either way."""
+        documents' share of the work (``TrainingSpec.document_attention_share``; under CP the share of its
+        split's chunk pairs a document spans, ``spec.documents.chunk_pair_share``, except a2a's whole
+        sequences); unfused attention (``flash_attention`` off) computes the whole [s/cp, s] score matrix
+        either way."""
         if not self.flash:
             return attention_time(self.rates, self.tokens, self.seq, heads, qk, v, True, False, self.dropout, 1)
+        share = self.document_share
         if self.cp <= 1:
             fwd, bwd = cp_attention_time(self.rates, self.mbs, self.seq, 1, heads, qk, v)
         else:
-            fwd, bwd = cp_pricing(self.cp_comm_type).core(self, heads, qk, v)
+            pricing = cp_pricing(self.cp_comm_type)
+            fwd, bwd = pricing.core(self, heads, qk, v)
+            chunks = pricing.skip_chunks(self)
+            if self.document_lengths is not None and chunks is not None:  # whole chunk pairs skipped, or computed
+                share = chunk_pair_share(self.document_lengths, self.seq, chunks)
         # packed sequences: the kernel skips the blocks between documents, Σ len²/2 of seq²/2 pairs computed
-        return fwd * self.document_share, bwd * self.document_share
+        return fwd * share, bwd * share
 
     def masked_core(self, heads: int, qk: int, v: int) -> tuple[float, float]:
         """(forward, backward) seconds of SDPA under an explicit boolean mask: every score of the
@@ -923,7 +932,9 @@ class _Context:
         self.fixed = exchange_fixed(cluster.hardware)  # per-call exchange seconds (costmodel.fixed_costs)
         self.gpus_per_node = cluster.gpus_per_node
         self.pattern = model.moe_layer_pattern()
-        self.flops_per_step = flops_per_step(model, training.seq_length, training.global_batch_size)
+        # packed documents: the attention FLOPs of Σ len²/2 pairs a sequence, the share the kernels are priced at
+        self.flops_per_step = flops_per_step(model, training.seq_length, training.global_batch_size,
+                                             training.document_attention_share())
         self.peak = cluster.gpu.peak(training.precision)
         self.tokens_per_step = training.global_batch_size * training.seq_length
         self.grad_bytes = 4 if training.main_grads_fp32 else training.param_bytes

@@ -10,8 +10,13 @@ layer without CP runs :func:`document_attention`: flex attention's block mask sk
 of one document (torch's own kernel, compiled; checked once against the masked path, which serves if the check
 fails).
 
-RoPE positions restart at each document (:func:`rope_for`); the loss is the mean over the tokens whose label is
-not :data:`executor.dataset.packing.IGNORE` (:func:`masked_mean`).
+RoPE positions restart at each document (:func:`rope_for`). The loss is Megatron's per-token loss: the sum of the
+cross-entropy over the tokens whose label is not :data:`executor.dataset.packing.IGNORE`, over the whole global
+batch, divided by the global batch's count of such tokens (:func:`masked_mean`, with the count the trainer
+gathers over DP, :func:`loss_tokens`), not a mean of per-micro-batch means: a micro-batch with more real tokens
+weighs more. Padding (segment id :data:`executor.dataset.packing.PADDING`) is routed through the experts but
+counts in no routing statistic: the MoE layers take :meth:`Documents.real_tokens`
+(:class:`executor.router.RealTokens`).
 """
 
 from __future__ import annotations
@@ -21,17 +26,22 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from executor.attention_core import attention_mask, special_attention
 from executor.kernels.first_use import assert_agree, checked_once
-from executor.dataset.packing import IGNORE, segment_positions
+from executor.dataset.packing import IGNORE, PADDING, segment_positions
+from executor.parallel.collectives import all_reduce_
+from executor.router import RealTokens
 from spec.attention_kinds import GQA, attention_kind
 from spec.errors import SpecError
 from spec.head_features import head_features
 
 
 class Documents:
-    """Segment ids of one packed micro-batch, ``segments_BS`` [b, s] over the whole sequence in global order."""
+    """Segment ids of one packed micro-batch, ``segments_BS`` [b, s] over the whole sequence in global order
+    (:data:`executor.dataset.packing.PADDING` for padding); ``positions``: the global positions this CP rank
+    holds (None: all), ``tp``: its TP group (sequence parallel cuts those positions into TP slices in order)."""
 
-    def __init__(self, segments_BS: torch.Tensor):
+    def __init__(self, segments_BS: torch.Tensor, positions: torch.Tensor | None = None, tp=None):
         self.segments = segments_BS
+        self._rank_positions, self._tp = positions, tp
         self._masks: dict[tuple, torch.Tensor] = {}  # one per (positions, window): every layer shares it
         self._positions: list[torch.Tensor] = []  # the positions the keys name (held: their ids stay unique)
 
@@ -49,6 +59,19 @@ class Documents:
             self._masks[key] = (same & attention_mask(q_positions, k_positions, window)).unsqueeze(1)
             self._positions += [q_positions, k_positions]
         return self._masks[key]
+
+    def real_tokens(self) -> RealTokens:
+        """Which of this rank's routed tokens are real (:class:`executor.router.RealTokens`), built once for every
+        MoE layer (the count is read back to the host once a micro-batch: a capacity is sized by it)."""
+        if not hasattr(self, "_real"):
+            real_BS = self.segments != PADDING
+            per_sequence = real_BS.sum(1).float()
+            mine = real_BS if self._rank_positions is None else real_BS[:, self._rank_positions]
+            if self._tp is not None and self._tp.size > 1:  # this TP rank's slice of the sequence
+                n = mine.shape[1] // self._tp.size
+                mine = mine[:, self._tp.rank * n:(self._tp.rank + 1) * n]
+            self._real = RealTokens(mine.t().reshape(-1), per_sequence, int(per_sequence.sum()))
+        return self._real
 
     def block_mask(self):
         """Flex attention's block mask of these documents (:func:`block_mask`), built once for every layer: a
@@ -76,13 +99,27 @@ def rope_for(segments_BS: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tens
 
 
 def masked_mean(ce_SB: torch.Tensor, labels_BS: torch.Tensor, full_labels_BS: torch.Tensor,
-                cp_size: int) -> torch.Tensor:
-    """Mean cross-entropy over the micro-batch's real tokens: this CP rank's sum over its tokens with a label
-    (``labels_BS``, its share) divided by the count over the whole sequence (``full_labels_BS``), times
-    ``cp_size`` because gradients and statistics average over the CP ranks."""
+                cp_size: int, tokens: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Cross-entropy over real tokens: this CP rank's sum over its tokens with a label (``labels_BS``, its share)
+    divided by ``tokens``, times ``cp_size`` because gradients and statistics average over the CP ranks.
+    ``tokens``: the real tokens per micro-batch of the global batch (:func:`loss_tokens`), so that the step's
+    mean over micro-batches and DP ranks is the global per-token mean; None: this micro-batch's own count over
+    the whole sequence (``full_labels_BS``), its per-token mean."""
     valid = (labels_BS != IGNORE).t()
-    count = (full_labels_BS != IGNORE).sum().clamp(min=1)
-    return torch.where(valid, ce_SB, 0.0).sum() / count * cp_size
+    if tokens is None:
+        tokens = (full_labels_BS != IGNORE).sum().clamp(min=1)
+    return torch.where(valid, ce_SB, 0.0).sum() / tokens * cp_size
+
+
+def loss_tokens(micro: list[tuple[torch.Tensor, ...]], dp) -> torch.Tensor:
+    """Real (labelled) tokens per micro-batch over the global batch, fp32 scalar: this DP rank's micro-batches'
+    count, summed over ``dp`` (the data-parallel group, whose ranks hold disjoint rows), divided by the number of
+    micro-batches of the step (DP size × ``len(micro)``). A micro-batch's loss divided by it instead of by its own
+    count, averaged as every micro-batch's is (over the rank's micro-batches, then DP·CP), is the sum over the
+    global batch's real tokens divided by their global count."""
+    count = sum((labels != IGNORE).sum() for _, labels, *_ in micro).float()
+    count = all_reduce_(count.reshape(1), dp)[0]
+    return count.clamp(min=1) / (dp.size * len(micro))
 
 
 def targets(labels_BS: torch.Tensor) -> torch.Tensor:

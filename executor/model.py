@@ -114,7 +114,8 @@ class DecoderLayer(torch.nn.Module):
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         x, h = self.attention_block(x_SBH, cos, sin, docs)
         if self.is_moe:
-            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp)
+            real = None if docs is None else docs.real_tokens()
+            y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, real, offload=self.offload_mlp)
             return x + y, router_loss
         return (x + recompute.run(self.recompute_mlp, self.mlp, h, offload=self.offload_mlp),
                 x.new_zeros((), dtype=torch.float32))
@@ -268,17 +269,19 @@ class MoEGPT(torch.nn.Module):
         return (local, micro_batch_size, self.spec.hidden_size)
 
     def forward_chunk(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor,
-                      segments_BS: torch.Tensor | None = None) -> LossOutput:
+                      segments_BS: torch.Tensor | None = None, loss_tokens: torch.Tensor | None = None
+                      ) -> LossOutput:
         """Run virtual chunk ``chunk``: its input is token ids [b, s] on the model's first chunk, else the
         previous chunk's activations [s/tp, b, h]. On the last chunk ``loss`` is CE + this chunk's router
         losses (+ the MTP depths' router losses and their scaled loss); elsewhere ``hidden`` is the output and
-        ``loss`` the chunk's router losses (ce = 0). ``segments_BS``: a packed micro-batch's segment ids (pp = 1)."""
+        ``loss`` the chunk's router losses (ce = 0). ``segments_BS``: a packed micro-batch's segment ids (pp = 1);
+        ``loss_tokens``: its cross-entropy's divisor (:func:`executor.documents.masked_mean`)."""
         x, rope, labels_BS, full_labels_BS = self.chunk_input(chunk, x_or_ids, labels_BS, segments_BS)
         router_loss = x.new_zeros((), dtype=torch.float32)
         for position in self.chunk_layers[chunk]:
             x, layer_loss = self.layers[position](x, rope)
             router_loss = router_loss + layer_loss
-        return self.chunk_output(chunk, x, router_loss, rope, labels_BS, full_labels_BS)
+        return self.chunk_output(chunk, x, router_loss, rope, labels_BS, full_labels_BS, loss_tokens)
 
     def chunk_input(self, chunk: int, x_or_ids: torch.Tensor, labels_BS: torch.Tensor,
                     segments_BS: torch.Tensor | None = None):
@@ -308,10 +311,10 @@ class MoEGPT(torch.nn.Module):
             cos, sin = rope_tables(s, self.spec.rotary_head_dim, self.options.rotary_base, segments_BS.device)
             self._full_rope = (s, cos, sin)
         cos, sin = rope_for(segments_BS, *self._full_rope[1:], self.cp_positions)
-        return cos, sin, Documents(segments_BS)
+        return cos, sin, Documents(segments_BS, self.cp_positions, self.state.tp)
 
     def chunk_output(self, chunk: int, x: torch.Tensor, router_loss: torch.Tensor, rope, labels_BS: torch.Tensor,
-                     full_labels_BS: torch.Tensor) -> LossOutput:
+                     full_labels_BS: torch.Tensor, loss_tokens: torch.Tensor | None = None) -> LossOutput:
         """:meth:`forward_chunk` after its last layer: ``x`` its output, ``router_loss`` its layers' sum."""
         timer, state = self.timer, self.state
         # Router losses are per-rank parts of one sum over the sequence, but gradients average over CP.
@@ -327,7 +330,7 @@ class MoEGPT(torch.nn.Module):
         packed = len(rope) > 2  # the mean over labelled tokens: padding and document ends have none
         ce = output_cross_entropy(x, weight, (targets(labels_BS) if packed else labels_BS).t(), self.spec.vocab_size,
                                   self.padded_vocab, state, self.options.cross_entropy_chunk_logits)
-        ce = masked_mean(ce, labels_BS, full_labels_BS, state["cp"].size) if packed else ce.mean()
+        ce = masked_mean(ce, labels_BS, full_labels_BS, state["cp"].size, loss_tokens) if packed else ce.mean()
         loss = ce + router_loss
         loss = timer.mark(loss, "lm_head_loss", "other")
         if not self.heads:
@@ -342,10 +345,12 @@ class MoEGPT(torch.nn.Module):
             head_loss = own_loss if head_loss is None else head_loss + own_loss
         return LossOutput(loss, ce.detach(), total_router, mtp_loss=head_loss.detach())
 
-    def forward(self, ids_BS: torch.Tensor, labels_BS: torch.Tensor,
-                segments_BS: torch.Tensor | None = None) -> LossOutput:
+    def forward(self, ids_BS: torch.Tensor, labels_BS: torch.Tensor, segments_BS: torch.Tensor | None = None,
+                loss_tokens: torch.Tensor | None = None) -> LossOutput:
         """Mean cross-entropy of the micro-batch plus router losses (the whole model: pp = 1 only); with
-        ``segments_BS`` a packed micro-batch (module docstring)."""
+        ``segments_BS`` a packed micro-batch (module docstring), whose cross-entropy sum over real tokens is
+        divided by ``loss_tokens`` (the global batch's real tokens per micro-batch,
+        :func:`executor.documents.loss_tokens`; None: the micro-batch's own count)."""
         if self.state["pp"].size > 1 or self.vpp > 1:
             raise RuntimeError("a pipelined model runs chunk by chunk: use executor.pipeline")
-        return self.forward_chunk(0, ids_BS, labels_BS, segments_BS)
+        return self.forward_chunk(0, ids_BS, labels_BS, segments_BS, loss_tokens)

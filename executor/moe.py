@@ -142,9 +142,10 @@ class MoELayer(torch.nn.Module):
         # Megatron's --moe-shared-expert-overlap: the shared experts run while the dispatch all-to-all is in flight
         self.shared_overlap = bool(state.config.moe_shared_expert_overlap) and self.shared is not None
 
-    def forward(self, x_SBH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output slice [s/tp, b, h], this rank's share of the router losses)."""
-        tokens, routing = self.route(x_SBH)
+    def forward(self, x_SBH: torch.Tensor, real=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output slice [s/tp, b, h], this rank's share of the router losses). ``real``: a packed micro-batch's
+        :class:`executor.router.RealTokens` (padding routed but left out of the routing statistics)."""
+        tokens, routing = self.route(x_SBH, real)
         if self.shared_overlap:
             dispatched, shared = self.dispatch_beside_shared(tokens, routing, x_SBH)
         else:
@@ -154,13 +155,13 @@ class MoELayer(torch.nn.Module):
 
     # forward's parts, which the overlapped schedule (executor/ep_overlap.py) runs around the all-to-alls
 
-    def route(self, x_SBH: torch.Tensor):
+    def route(self, x_SBH: torch.Tensor, real=None):
         """(this rank's tokens [s·b/tp, h], their Routing)."""
         s, b, h = x_SBH.shape
         x = self.timer.mark(x_SBH, "other", "router")
         tokens = x.reshape(s * b, h)
-        routing = self.router(tokens, b)
-        self.last_tokens_per_expert = routing.tokens_per_expert
+        routing = self.router(tokens, b, real)
+        self.last_tokens_per_expert = routing.reported_tokens_per_expert
         return self.timer.mark(tokens, "router", "dispatch"), routing
 
     def run_experts(self, dispatched) -> torch.Tensor:

@@ -209,7 +209,8 @@ def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelCon
     reports = launched.results
     if training.precision == "fp8":
         _say_how_fp8_ran(reports, device_name=reports[0].get("device_name", "cpu"))
-    flops = flops_per_step(model, training.seq_length, training.global_batch_size)
+    flops = flops_per_step(model, training.seq_length, training.global_batch_size,
+                           training.document_attention_share())
     return measurement_from_reports(launched, training, config.world_size, flops, hardware, use_cuda, dispatched_at,
                                     context)
 

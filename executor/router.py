@@ -41,6 +41,17 @@ from executor.recompute import recomputing
 
 
 @dataclass
+class RealTokens:
+    """Which routed tokens are real in a packed micro-batch (padding is not): ``mask_N`` bool [n] over this
+    rank's tokens, sequence-major as the router takes them; ``per_sequence_B`` fp32 [b] real tokens of each
+    sequence of the micro-batch (whole sequence); ``total`` their sum (a host int: capacity is sized by it)."""
+
+    mask_N: torch.Tensor
+    per_sequence_B: torch.Tensor
+    total: int
+
+
+@dataclass
 class Routing:
     """Routing of this rank's ``n`` tokens: ``experts_NK`` (num_experts where dropped), ``probs_NK`` (0 where dropped)."""
 
@@ -51,6 +62,13 @@ class Routing:
     may_drop: bool = False  # capacity mode: some experts_NK entries may be the 'dropped' id
     # padding to capacity: zero rows this rank adds to each expert's input, [num_experts] int64 (None: no padding)
     pad_E: torch.Tensor | None = None
+    # packed micro-batches: the routed counts of real tokens only (what the step reports); None: every token is
+    real_tokens_per_expert: torch.Tensor | None = None
+
+    @property
+    def reported_tokens_per_expert(self) -> torch.Tensor:
+        """The counts a step reports: of real tokens (padding is routed, but counts nowhere)."""
+        return self.tokens_per_expert if self.real_tokens_per_expert is None else self.real_tokens_per_expert
 
 
 def count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -84,8 +102,13 @@ def group_token_order(n: int, micro_batch_size: int, tp: int, cp: int, device: t
 
 
 def _capacity_keep(experts_TK: torch.Tensor, probs_TK: torch.Tensor, num_experts: int, capacity: int,
-                   policy: str) -> torch.Tensor:
-    """Boolean [T, K]: which assignments fit in each expert's ``capacity`` (loop-free ranking per expert)."""
+                   policy: str, padding_T: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean [T, K]: which assignments fit in each expert's ``capacity`` (loop-free ranking per expert);
+    ``padding_T`` (bool, packed micro-batches): tokens that take no place and are all dropped."""
+    if padding_T is not None:  # an extra bucket after the experts holds padding's assignments, ranked apart
+        keep = _capacity_keep(experts_TK.masked_fill(padding_T.unsqueeze(1), num_experts), probs_TK,
+                              num_experts + 1, capacity, policy)
+        return keep & ~padding_T.unsqueeze(1)
     flat_e = experts_TK.reshape(-1)
     if policy == "probs":
         by_prob = torch.argsort(probs_TK.reshape(-1), descending=True, stable=True)
@@ -188,7 +211,7 @@ class Router(torch.nn.Module):
                 and not self.options.moe_router_force_load_balancing)
 
     def _load_balancing_loss(self, logits_NE: torch.Tensor, experts_NK: torch.Tensor, micro_batch_size: int,
-                             total_tokens: int) -> torch.Tensor:
+                             total_tokens: int, real: RealTokens | None = None) -> torch.Tensor:
         """This rank's share of Megatron's switch load-balancing loss, E·coeff/(k·T²) · Σ_e P_e · f_e.
 
         P_e sums the normalised scores (softmax, or sigmoid over its row sum) of this rank's tokens; f_e counts
@@ -197,6 +220,8 @@ class Router(torch.nn.Module):
         loss does not follow the routing they change. 'aux_loss' takes the micro-batch as one set of T tokens;
         'seq_aux_loss' (DeepSeek-V2/V3) takes each sequence on its own (T = its length) and averages the
         sequences' losses. Tokens arrive sequence-major ([s, b] flattened), so token i is of sequence i % b.
+        With ``real`` (packed micro-batches) padding adds to neither P_e nor f_e, and T counts real tokens only
+        (per sequence for 'seq_aux_loss').
         """
         spec, opts, tp, cp = self.spec, self.options, self.state.tp, self.state["cp"]
         n, e, k = logits_NE.shape[0], self.num_experts, self.topk
@@ -209,20 +234,29 @@ class Router(torch.nn.Module):
         ids_NK = experts_NK if self._plain_topk() else scores_NE.detach().topk(k, dim=-1).indices
         if sequences > 1:  # experts of sequence j become columns j·E .. j·E + E - 1
             ids_NK = ids_NK + (torch.arange(n, device=ids_NK.device) % sequences * e).unsqueeze(1)
+        if real is not None:  # padding: past every column (uncounted), no score
+            ids_NK = ids_NK.masked_fill(~real.mask_N.unsqueeze(1), sequences * e)
+            scores_NE = scores_NE * real.mask_N.unsqueeze(1)
         counts = count_per_expert(ids_NK, sequences * e)
         if self.global_aux:
-            return self._global_aux_loss(scores_NE.sum(0), counts, total_tokens)
+            return self._global_aux_loss(scores_NE.sum(0), counts, total_tokens, real)
         if tp.size > 1 or cp.size > 1:
             counts = all_reduce_(all_reduce_(counts, tp), cp)
         probs = scores_NE.reshape(n // sequences, sequences * e).sum(0)
+        if real is not None:  # tokens of each set: real ones, per sequence or over the micro-batch
+            tokens = real.per_sequence_B if sequences > 1 else real.per_sequence_B.sum().reshape(1)
+            scale_S = e * opts.moe_aux_loss_coeff / (k * tokens.clamp(min=1).square() * sequences)
+            return ((probs * counts.float()).view(sequences, e).sum(1) * scale_S).sum()
         tokens = total_tokens // sequences  # of one set (the micro-batch, or one sequence), over TP·CP
         scale = e * opts.moe_aux_loss_coeff / (k * tokens * tokens * sequences)
         return (probs * counts.float()).sum() * scale
 
-    def _global_aux_loss(self, probs_E: torch.Tensor, counts_E: torch.Tensor, total_tokens: int) -> torch.Tensor:
+    def _global_aux_loss(self, probs_E: torch.Tensor, counts_E: torch.Tensor, total_tokens: int,
+                         real: RealTokens | None = None) -> torch.Tensor:
         """This rank's share of the global aux loss: the switch loss of the wave (every DP replica's micro-batch of
-        the moment: ``total_tokens`` times DP tokens) with the tokens per expert averaged over the step's waves
-        so far. The share is scaled by DP: the gradients average over DP·CP, and the model scales by CP."""
+        the moment: ``total_tokens`` times DP tokens; with ``real``, the replicas' real tokens) with the tokens
+        per expert averaged over the step's waves so far. The share is scaled by DP: the gradients average over
+        DP·CP, and the model scales by CP."""
         state, opts = self.state, self.options
         dp_cp = state["dp_cp"]
         counts = all_reduce_(all_reduce_(counts_E, state.tp), dp_cp).float()  # the wave's, over TP·DP·CP
@@ -238,6 +272,9 @@ class Router(torch.nn.Module):
             average = counts
         dp = dp_cp.size // state["cp"].size
         tokens = total_tokens * dp
+        if real is not None:  # every CP rank holds the whole micro-batch's count: the sum over DP·CP is CP times DP's
+            wave = all_reduce_(real.per_sequence_B.sum().reshape(1), dp_cp)[0] / state["cp"].size
+            tokens = wave.clamp(min=1)
         scale = self.num_experts * opts.moe_aux_loss_coeff / (self.topk * tokens * tokens) * dp
         return (probs_E * average).sum() * scale
 
@@ -249,19 +286,27 @@ class Router(torch.nn.Module):
             self.global_waves = 0
             self._global_averages.clear()
 
-    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1) -> Routing:
-        """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``)."""
+    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1, real: RealTokens | None = None) -> Routing:
+        """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``).
+        ``real``: a packed micro-batch's real tokens; padding is routed (its rows pass through the experts and
+        come back unused) but has no part in the z and aux losses, the tokens they count, the capacity and its
+        ranking (padding is dropped under a capacity), the expert bias's load or the reported counts."""
         spec, opts, tp = self.spec, self.options, self.state.tp
         n = x_NH.shape[0]
         cp = self.state["cp"]
         total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
+        if real is not None and bool(real.total == total_tokens):
+            real = None  # no padding in this micro-batch: the unmasked path, which is the same
         logits = F.linear(x_NH, self.weight, self.bias)
         fused = self._fusable(logits)
         # fp32 logits for the losses and the torch top-k; the fused kernel reads the raw ones itself
         logits_NE = logits.float() if not fused or opts.moe_z_loss_coeff or opts.moe_aux_loss_coeff else None
         loss = torch.zeros((), device=logits.device, dtype=torch.float32)
         if opts.moe_z_loss_coeff:
-            loss = loss + opts.moe_z_loss_coeff * torch.logsumexp(logits_NE, -1).square().sum() / total_tokens
+            z_N = torch.logsumexp(logits_NE, -1).square()
+            if real is not None:
+                z_N = z_N * real.mask_N
+            loss = loss + opts.moe_z_loss_coeff * z_N.sum() / (total_tokens if real is None else max(real.total, 1))
 
         if fused:
             forced_first = self._forced_first(n) if opts.moe_router_force_load_balancing else None
@@ -271,22 +316,29 @@ class Router(torch.nn.Module):
         else:
             experts_NK, probs_NK = self._select(logits_NE)
             counts_E = count_per_expert(experts_NK, self.num_experts)
+        real_counts_E = None
+        if real is not None:  # padding's assignments under the dropped id: counted nowhere
+            real_counts_E = count_per_expert(experts_NK.masked_fill(~real.mask_N.unsqueeze(1), self.num_experts),
+                                             self.num_experts)
         if opts.moe_aux_loss_coeff and opts.moe_router_load_balancing_type != "none":
-            loss = loss + self._load_balancing_loss(logits_NE, experts_NK, micro_batch_size, total_tokens)
+            loss = loss + self._load_balancing_loss(logits_NE, experts_NK, micro_batch_size, total_tokens, real)
 
         pad_E = None
         if opts.moe_expert_capacity_factor is not None:
-            capacity = math.ceil(total_tokens * self.topk / self.num_experts * opts.moe_expert_capacity_factor)
+            routed = total_tokens if real is None else real.total
+            capacity = math.ceil(routed * self.topk / self.num_experts * opts.moe_expert_capacity_factor)
             all_experts = all_gather_nograd(all_gather_nograd(experts_NK, tp), cp)
             all_probs = all_gather_nograd(all_gather_nograd(probs_NK.detach(), tp), cp)
+            padding = None if real is None else ~all_gather_nograd(all_gather_nograd(real.mask_N, tp), cp)
             if cp.size > 1:  # rank in the micro-batch's token order, as one process does
                 order = group_token_order(n, micro_batch_size, tp.size, cp.size, all_experts.device)
                 inverse = torch.empty_like(order)
                 inverse[order] = torch.arange(order.numel(), device=order.device)
                 keep = _capacity_keep(all_experts[inverse], all_probs[inverse], self.num_experts, capacity,
-                                      opts.moe_token_drop_policy)[order]
+                                      opts.moe_token_drop_policy, None if padding is None else padding[inverse])[order]
             else:
-                keep = _capacity_keep(all_experts, all_probs, self.num_experts, capacity, opts.moe_token_drop_policy)
+                keep = _capacity_keep(all_experts, all_probs, self.num_experts, capacity, opts.moe_token_drop_policy,
+                                      padding)
             if opts.moe_pad_expert_input_to_capacity:
                 pad_E = self._padding(all_experts.masked_fill(~keep, self.num_experts), capacity)
             mine = cp.rank * tp.size + tp.rank
@@ -297,8 +349,10 @@ class Router(torch.nn.Module):
             # the load the bias balances is what the experts receive: after dropping (Megatron counts its
             # routing map after apply_router_token_dropping); dropped slots hold the id num_experts
             dropped = opts.moe_expert_capacity_factor is not None
-            self.step_counts += (count_per_expert(experts_NK, self.num_experts) if dropped else counts_E).float()
-        return Routing(experts_NK, probs_NK, loss, counts_E, opts.moe_expert_capacity_factor is not None, pad_E)
+            load = counts_E if real_counts_E is None else real_counts_E  # padding is no load
+            self.step_counts += (count_per_expert(experts_NK, self.num_experts) if dropped else load).float()
+        return Routing(experts_NK, probs_NK, loss, counts_E, opts.moe_expert_capacity_factor is not None, pad_E,
+                       real_counts_E)
 
     def _padding(self, kept_TK: torch.Tensor, capacity: int) -> torch.Tensor:
         """This rank's zero rows per expert when every expert's input is padded to ``capacity``: each expert's

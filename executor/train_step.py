@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec.head_features import last_stage_embeds
-from executor.documents import check_packed
+from executor.documents import check_packed, loss_tokens
 from executor.kernels.fp8 import clear_weight_cache
 from executor.model import MoEGPT
 from executor.optimizer import MixedPrecisionAdam, torch_state_dtypes
@@ -90,10 +90,15 @@ class Trainer:
 
     def forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over this rank's micro-batches; returns the mean
-        [ce, router, mtp] (:meth:`LossOutput.stats`)."""
+        [ce, router, mtp] (:meth:`LossOutput.stats`). Packed micro-batches (ids, labels, segments) divide their
+        cross-entropy by the global batch's real tokens per micro-batch (:func:`executor.documents.loss_tokens`,
+        one all-reduce over DP), so that the mean is Megatron's per-token loss over the global batch; the
+        router losses stay a mean over micro-batches."""
         model = self.model
+        tokens = None
         if any(len(m) > 2 for m in micro):  # packed (ids, labels, segments): refused where they would be dropped
             check_packed(model.spec, model.state.config, model.options)
+            tokens = loss_tokens(micro, model.state.dp)
         if self.pipelined or self.ep_overlap:
             # the pipeline's (interleaved) 1F1B, or with the EP overlap its combined 1F1B (pp = 1 included): one
             # micro-batch's forward together with another's backward, each one's EP all-to-alls under the
@@ -104,7 +109,7 @@ class Trainer:
         stats = torch.zeros(3, device=self.model.rope_cos.device)
         counts = None
         for i, (ids, labels, *segments) in enumerate(micro):
-            out = model(ids, labels, *segments)
+            out = model(ids, labels, *segments, loss_tokens=tokens) if segments else model(ids, labels)
             if i == len(micro) - 1:
                 self.reducer.arm()  # the last backward's final gradients start their all-reduce at once
             (out.loss / len(micro)).backward()

@@ -6,8 +6,14 @@ dense-first layers separately, head blocks (MTP: ``spec.head_features``) as extr
 layer's kind plus their own work (MTP: norms and projection), and the logit GEMM once per output head (1 + MTP
 depth) over the vocabulary padded as Megatron pads it.
 Recomputation is not counted (these are *model* FLOPs, which MFU is defined against). As in Megatron, every
-layer's attention core counts ``seq/2`` keys per query whether or not it has a sliding window, gated MLPs
-(SwiGLU or GPT-OSS's quick-GeGLU) count three GEMMs, and biases, norms, sinks and activations count nothing.
+layer's attention core counts ``seq/2`` keys per query (``seq²/2`` query-key pairs per sequence) whether or not
+it has a sliding window, gated MLPs (SwiGLU or GPT-OSS's quick-GeGLU) count three GEMMs, and biases, norms,
+sinks and activations count nothing.
+
+Packed sequences (``TrainingSpec.document_lengths``) attend within documents: ``Σ_docs len²/2`` pairs per
+sequence instead of ``seq²/2``, the share :func:`spec.documents.attention_share` of the work, which
+``attention_share`` scales the core by: the same share the cost model prices the attention kernels at
+(``costmodel.step_time``).
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from spec.model_spec import ModelSpec
 _EXPANSION = 3 * 2 * 2
 
 
-def flops_per_token(model: ModelSpec, seq_length: int) -> float:
-    """Model FLOPs (forward + backward) per trained token at ``seq_length``."""
+def flops_per_token(model: ModelSpec, seq_length: int, attention_share: float = 1.0) -> float:
+    """Model FLOPs (forward + backward) per trained token at ``seq_length``; ``attention_share``: the causal
+    attention core's work as a share of ``seq²/2`` pairs per sequence (packed documents, module docstring)."""
     h = model.hidden_size
     pattern = model.moe_layer_pattern()
     num_moe = sum(pattern)
@@ -42,12 +49,16 @@ def flops_per_token(model: ModelSpec, seq_length: int) -> float:
     )
     own = sum(feature.own_flops(model) * depth for feature, depth in head_features(model))
     logits = 3 * 2 * h * model.padded_vocab_size() * output_heads(model)
-    return mlp + attention_kind(model).flops(model, seq_length, num_layers) + own + logits
+    # every attention kind's count is its projections plus a core linear in the keys per query (seq/2): the
+    # core of Σ len²/2 pairs per sequence is the one of seq · share keys
+    attention = attention_kind(model).flops(model, seq_length * attention_share, num_layers)
+    return mlp + attention + own + logits
 
 
-def flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int) -> float:
-    """Model FLOPs of one optimizer step: ``global_batch_size`` sequences of ``seq_length`` tokens."""
-    return global_batch_size * seq_length * flops_per_token(model, seq_length)
+def flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int, attention_share: float = 1.0) -> float:
+    """Model FLOPs of one optimizer step: ``global_batch_size`` sequences of ``seq_length`` tokens, their causal
+    attention at ``attention_share`` of ``seq²/2`` pairs each (``TrainingSpec.document_attention_share``)."""
+    return global_batch_size * seq_length * flops_per_token(model, seq_length, attention_share)
 
 
 def tflops_per_gpu(flops: float, seconds: float, num_gpus: int) -> float:

@@ -12,7 +12,8 @@ document starts the next one; a document longer than a row is cut into pieces of
 own segment) and its last piece packs like a short document. Nothing of a document is dropped.
 
 From a row's flags the executor takes, for its inputs ``[:-1]``: the segment ids (:func:`split_rows`, a token
-attends only to earlier tokens of its own segment), the positions within the segment (RoPE restarts per
+attends only to earlier tokens of its own segment; documents count from 1, padding is :data:`PADDING`), the
+positions within the segment (RoPE restarts per
 document) and the labels, set to :data:`IGNORE` where the next token starts another segment or is padding: the
 loss is over real tokens of the same document only.
 """
@@ -25,6 +26,8 @@ START = 1
 PAD = 2
 #: the label of a token that has no target in its own document (padding, a document's last token)
 IGNORE = -100
+#: the segment id of padding (documents count from 1): routing statistics leave these tokens out
+PADDING = 0
 
 
 def pack_documents(documents: list[torch.Tensor], row_tokens: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,12 +72,14 @@ def pack_documents(documents: list[torch.Tensor], row_tokens: int, pad_id: int) 
 
 def split_rows(rows_BS: torch.Tensor, flags_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed rows [b, s + 1] and their flags → (input ids [b, s], labels [b, s] with :data:`IGNORE` where the
-    target is not in the token's own document, segment ids [b, s] int64: tokens attend within equal ids)."""
+    target is not in the token's own document, segment ids [b, s] int64: tokens attend within equal ids;
+    :data:`PADDING` for padding, which only ends a row, so it is one segment of its own there too)."""
     flags = flags_BS.long()
     ids, labels = rows_BS[:, :-1], rows_BS[:, 1:].clone()
     no_target = ((flags[:, 1:] & START) != 0) | ((flags[:, 1:] & PAD) != 0)
     labels[no_target] = IGNORE
     segments = torch.cumsum((flags[:, :-1] & START) != 0, dim=1)
+    segments = torch.where((flags[:, :-1] & PAD) != 0, PADDING, segments)
     return ids, labels, segments
 
 

@@ -59,6 +59,16 @@ def masked_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
     return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask_QK)
 
 
+#: chunk pairs (a query chunk against a key chunk no later) of packed micro-batches' forward attention under the
+#: ring and all-gather types: "computed", or "skipped" because no document spans both chunks (a probe for tests and
+#: benches; the backward makes the same choices and is not counted)
+CHUNK_PAIRS = {"computed": 0, "skipped": 0}
+
+
+def count_chunk_pair(computed: bool) -> None:
+    CHUNK_PAIRS["computed" if computed else "skipped"] += 1
+
+
 def local_chunks(cp: int, rank: int) -> tuple[int, int]:
     """Global indices of the two sequence chunks CP rank ``rank`` holds, in the order it holds them."""
     return rank, 2 * cp - 1 - rank

@@ -7,7 +7,8 @@ values computed on its own tokens, RoPE at their global positions) and end with 
 positions:
 
 - allgather: K/V all-gathered (:mod:`executor.parallel.context_parallel`), the chunks attend on the flash path or
-  under the layer's [s/cp, s] mask;
+  under the layer's [s/cp, s] mask; a packed micro-batch's query chunks each attend only to the gathered key
+  chunks one of their documents spans (:func:`document_chunk_attention`);
 - p2p: the ring (:mod:`executor.parallel.ring_attention`);
 - a2a: an all-to-all per q, k, v (:func:`heads_to_sequence`) leaves each rank heads/cp of its heads over the whole
   sequence, in global order, so the layer's own attention runs on it (causal kernels, or its [s, s] mask with
@@ -23,7 +24,8 @@ import torch
 from executor import recompute
 from executor.attention_core import special_attention
 from executor.parallel.collectives import all_to_all
-from executor.parallel.context_parallel import all_positions, cp_attention, cp_positions, gather_kv
+from executor.parallel.context_parallel import (all_positions, count_chunk_pair, cp_attention, cp_positions,
+                                                gather_kv)
 from executor.parallel.groups import Group
 from executor.parallel.ring_attention import ring_attention
 from executor.timing import NULL_TIMER
@@ -53,6 +55,56 @@ def sequence_to_heads(o_BHSD: torch.Tensor, group: Group) -> torch.Tensor:
     z = o_BHSD.reshape(b, hn, 2, n, c, d).permute(2, 3, 1, 4, 0, 5)  # [2, n, h/n, c, b, d]
     y = torch.stack([z[0], z[1].flip(0)], dim=2).reshape(n * hn, 2 * c, b, d)  # member i's positions, in order
     return all_to_all(y, [hn] * n, [hn] * n, group).permute(2, 0, 1, 3)
+
+
+def _gathered_chunk(slot: int, cp: int) -> int:
+    """The global chunk index of the gathered keys' ``slot``-th chunk (rank order: rank i's chunks i, 2cp−1−i)."""
+    rank, second = divmod(slot, 2)
+    return 2 * cp - 1 - rank if second else rank
+
+
+def _chunk_selection(mask: torch.Tensor, cp: int, rank: int) -> list[tuple[torch.Tensor | None, list[bool]]]:
+    """For each of this rank's two query chunks: the gathered key columns of the chunks a document spans under
+    ``mask`` [b, 1, 2c, 2cp·c] (None: every column), and the causal chunk pairs' spanned flags."""
+    c = mask.shape[2] // 2
+    out = []
+    for half, chunk in enumerate((rank, 2 * cp - 1 - rank)):
+        rows = mask[:, :, half * c:(half + 1) * c]
+        keep, flags = [], []
+        for slot in range(2 * cp):
+            if _gathered_chunk(slot, cp) > chunk:  # a later key chunk: no causal pair
+                continue
+            spanned = bool(rows[..., slot * c:(slot + 1) * c].any())
+            flags.append(spanned)
+            if spanned:
+                keep.append(torch.arange(slot * c, (slot + 1) * c, device=mask.device))
+        out.append((torch.cat(keep), flags))
+    return out
+
+
+def document_chunk_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, mask: torch.Tensor,
+                             cp: int, rank: int, sinks: torch.Tensor | None, cache: dict | None = None
+                             ) -> torch.Tensor:
+    """This CP rank's queries [b, heads, 2c, d] (chunks rank and 2cp−1−rank) against the gathered keys and values
+    [b, kv_heads, 2cp·c, d] (rank order) under a packed micro-batch's ``mask`` [b, 1, 2c, 2cp·c]: each query
+    chunk attends to the key chunks at most as late as itself that a document spans (the rest are all masked for
+    it, so leaving them out changes nothing), one masked attention per query chunk.
+    ``cache``: where the choice of chunks is kept for ``mask`` (every layer shares it)."""
+    c = q_BHSD.shape[2] // 2
+    key = id(mask)
+    selection = cache.get(key) if cache is not None else None
+    if selection is None:
+        selection = _chunk_selection(mask, cp, rank)
+        if cache is not None:
+            cache[key] = selection
+    outs = []
+    for half, (cols, flags) in enumerate(selection):
+        for spanned in flags:
+            count_chunk_pair(spanned)
+        rows = slice(half * c, (half + 1) * c)
+        outs.append(special_attention(q_BHSD[:, :, rows], k_BKSD[:, :, cols], v_BKSD[:, :, cols],
+                                      mask[:, :, rows][..., cols], sinks))
+    return torch.cat(outs, dim=2)
 
 
 class CpExchange:
@@ -107,8 +159,9 @@ class AllGatherExchange(CpExchange):
         return q, gather_kv(k, layer.cp), gather_kv(v, layer.cp)
 
     def core(self, layer, q, k, v, sinks, docs=None):
-        if docs is not None:  # the masked path: the flash chunks know no documents
-            return special_attention(q, k, v, self.document_mask(layer, docs), sinks)
+        if docs is not None:  # the masked path, chunk by chunk: the flash chunks know no documents
+            return document_chunk_attention(q, k, v, self.document_mask(layer, docs), layer.cp.size, layer.cp.rank,
+                                            sinks, docs.__dict__.setdefault("_chunk_selection", {}))
         if not layer.plain:
             return special_attention(q, k, v, layer.mask, sinks)
         return cp_attention(q, k, v, layer.mask, layer.cp.size, layer.cp.rank)

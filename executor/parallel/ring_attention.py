@@ -30,10 +30,13 @@ device) compares the flash blocks with the matmul ones, forward and backward; a 
 matmul path.
 
 Packed sequences (``segments``: the micro-batch's segment ids [b, s] over the whole sequence, in global order):
-each block is masked to the query/key pairs of one document (the ring knows every chunk's global positions from
-the split), on the matmul blocks; a query row that meets no key of its document in a block gets lse −inf and
-output 0 there, which the merge weighs by exp(−inf) = 0. Step 0 always holds each query's own key, so the merged
-lse is finite.
+each block is cut into its chunk pairs (a query chunk against a key chunk no later), and a pair no document
+spans (no query and key of one document in any sequence of the micro-batch) is skipped, forward and backward:
+no kernel, nothing merged (:data:`executor.parallel.context_parallel.CHUNK_PAIRS` counts them). The others are
+masked to the query/key pairs of one document (the ring knows every chunk's global positions from the split),
+on the matmul blocks; a query row that meets no key of its document in a pair gets lse −inf and output 0
+there, which the merge weighs by exp(−inf) = 0. Step 0's diagonal pairs always hold each query's own key and
+merge first, so the merged lse is finite.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from executor.kernels.first_use import assert_agree, checked_once
-from executor.parallel.context_parallel import cp_positions
+from executor.parallel.context_parallel import count_chunk_pair, cp_positions
 from executor.parallel.groups import Group
 
 _aten = torch.ops.aten
@@ -217,11 +220,96 @@ def _document_block(segments: torch.Tensor, step: int, n: int, r: int, rows: sli
     return mask
 
 
+def _document_pairs(segments: torch.Tensor, step: int, n: int, r: int, c: int):
+    """The chunk pairs of the block at ``step`` on ring rank ``r`` for packed ``segments``: (query rows, key
+    rows, their mask [b, c, c], whether a document spans them) for each pair of a query chunk and a key chunk
+    no later, step 0's diagonal pairs first. The block's rows and keys are chunk halves of the local 2c."""
+    rows, keys, causal = _block(step, n, r, c)
+    mask = _document_block(segments, step, n, r, rows, keys, causal)
+    row_halves = [slice(0, c), slice(c, 2 * c)] if rows.start is None else [rows]
+    key_halves = [slice(0, c), slice(c, 2 * c)] if keys.start is None else [keys]
+    pairs = []
+    for qi, q_rows in enumerate(row_halves):
+        for ki, k_rows in enumerate(key_halves):
+            if step == 0 and ki > qi:  # chunk 2n−1−r is later than chunk r: no pair
+                continue
+            q_off = 0 if rows.start is None else rows.start
+            k_off = 0 if keys.start is None else keys.start
+            sub = mask[:, q_rows.start - q_off:q_rows.stop - q_off, k_rows.start - k_off:k_rows.stop - k_off]
+            pairs.append((q_rows, k_rows, sub, bool(sub.any())))
+    if step == 0:  # the diagonal pairs (each query's own key) first: the running lse starts finite everywhere
+        pairs.sort(key=lambda p: p[0] != p[1])
+    return pairs
+
+
+class _DocumentRing(torch.autograd.Function):
+    """The ring for packed micro-batches: the matmul blocks, chunk pair by chunk pair, the pairs no document
+    spans skipped (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group: Group, segments: torch.Tensor):
+        n, r, c = group.size, group.rank, q.shape[2] // 2
+        kv = _pack(k, v)
+        acc_out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
+        acc_lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        pairs_of_steps = []
+        for step in range(n):
+            pending = _start(kv, group, 0) if step < n - 1 else None
+            k_j, v_j = _unpack(kv, k.shape, v.shape)
+            pairs = _document_pairs(segments, step, n, r, c)
+            pairs_of_steps.append(pairs)
+            for q_rows, k_rows, mask, spanned in pairs:
+                count_chunk_pair(spanned)
+                if not spanned:
+                    continue
+                out, lse, _ = _math_forward(q[:, :, q_rows], k_j[:, :, k_rows], v_j[:, :, k_rows], mask)
+                if step == 0 and q_rows == k_rows:  # a diagonal pair: the rows' first (finite) part
+                    acc_out[:, :, q_rows], acc_lse[:, :, q_rows] = out, lse
+                else:
+                    _merge(acc_out[:, :, q_rows], acc_lse[:, :, q_rows], out, lse)
+            if pending is not None:
+                kv = _finish(pending)
+        out = acc_out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, acc_lse)
+        ctx.group, ctx.pairs = group, pairs_of_steps
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        group = ctx.group
+        n = group.size
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = _pack(k, v)
+        grads = None  # (receive buffer, works) of the travelling dk/dv
+        for step in range(n):
+            pending = _start(kv, group, 0) if step < n - 1 else None
+            k_j, v_j = _unpack(kv, k.shape, v.shape)
+            mine = []  # this rank's dk/dv of the pair's keys, added once the travelling buffer has arrived
+            for q_rows, k_rows, mask, spanned in ctx.pairs[step]:
+                if not spanned:
+                    continue
+                dq_b, dk_b, dv_b = _math_backward(dout[:, :, q_rows], q[:, :, q_rows], k_j[:, :, k_rows],
+                                                  v_j[:, :, k_rows], out[:, :, q_rows], lse[:, :, q_rows], mask, None)
+                dq[:, :, q_rows] += dq_b
+                mine.append((k_rows, dk_b, dv_b))
+            dkv = torch.zeros_like(kv) if grads is None else _finish(grads)
+            dk_j, dv_j = _unpack(dkv, k.shape, v.shape)
+            for k_rows, dk_b, dv_b in mine:
+                dk_j[:, :, k_rows] += dk_b
+                dv_j[:, :, k_rows] += dv_b
+            grads = _start(dkv, group, 1) if n > 1 else (dkv, [])
+            if pending is not None:
+                kv = _finish(pending)
+        dk, dv = _unpack(_finish(grads), k.shape, v.shape)
+        return dq.to(q.dtype), dk, dv, None, None
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group: Group, segments: torch.Tensor | None = None):
+    def forward(ctx, q, k, v, group: Group):
         n, r, c = group.size, group.rank, q.shape[2] // 2
-        fwd, _ = block_kernels(q, v) if segments is None else MATH
+        fwd, _ = block_kernels(q, v)
         kv = _pack(k, v)
         acc_out = acc_lse = None
         aux = []
@@ -229,8 +317,6 @@ class _RingAttention(torch.autograd.Function):
             pending = _start(kv, group, 0) if step < n - 1 else None
             k_j, v_j = _unpack(kv, k.shape, v.shape)
             rows, keys, causal = _block(step, n, r, c)
-            if segments is not None:
-                causal = _document_block(segments, step, n, r, rows, keys, causal)
             out, lse, extra = fwd(q[:, :, rows], k_j[:, :, keys], v_j[:, :, keys], causal)
             aux.append(extra)
             if acc_out is None:
@@ -241,7 +327,7 @@ class _RingAttention(torch.autograd.Function):
                 kv = _finish(pending)
         out = acc_out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, acc_lse)
-        ctx.group, ctx.aux, ctx.segments = group, aux, segments
+        ctx.group, ctx.aux = group, aux
         return out
 
     @staticmethod
@@ -249,8 +335,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         group = ctx.group
         n, r, c = group.size, group.rank, q.shape[2] // 2
-        segments = ctx.segments
-        _, bwd = block_kernels(q, v) if segments is None else MATH
+        _, bwd = block_kernels(q, v)
         if dout.stride(-1) != 1:  # flash reads rows of d contiguous values
             dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -260,8 +345,6 @@ class _RingAttention(torch.autograd.Function):
             pending = _start(kv, group, 0) if step < n - 1 else None
             k_j, v_j = _unpack(kv, k.shape, v.shape)
             rows, keys, causal = _block(step, n, r, c)
-            if segments is not None:
-                causal = _document_block(segments, step, n, r, rows, keys, causal)
             dq_b, dk_b, dv_b = bwd(dout[:, :, rows], q[:, :, rows], k_j[:, :, keys], v_j[:, :, keys],
                                    out[:, :, rows], lse[:, :, rows], causal, ctx.aux[step])
             dq[:, :, rows] += dq_b
@@ -273,7 +356,7 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = _finish(pending)
         dk, dv = _unpack(_finish(grads), k.shape, v.shape)
-        return dq.to(q.dtype), dk, dv, None, None
+        return dq.to(q.dtype), dk, dv, None
 
 
 def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, group: Group,
@@ -282,5 +365,7 @@ def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Ten
     2n) against every ring rank's keys and values [b, kv_heads, 2c, d or d_v], passed around ``group``; the
     output [b, heads, 2c, d_v] in q's dtype, 1/√d scale. A group of one is plain causal attention.
     ``segments_BS``: a packed micro-batch's segment ids [b, s] (whole sequence, global order): attention within
-    documents only."""
-    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, group, segments_BS)
+    documents only, the chunk pairs no document spans skipped."""
+    if segments_BS is not None:
+        return _DocumentRing.apply(q_BHSD, k_BKSD, v_BKSD, group, segments_BS)
+    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, group)

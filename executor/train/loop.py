@@ -27,7 +27,7 @@ from spec.parallel_config import ParallelConfig
 from spec.recipe import DEFAULT_RECIPE
 from executor.buildable import check_buildable, training_for
 from executor.data import micro_batches, packed_micro_batches
-from executor.documents import check_packed
+from executor.documents import check_packed, loss_tokens
 from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.hf.weights import export_hf, load_hf_weights
 from executor.launch_local import launch
@@ -165,8 +165,10 @@ def evaluate(trainer, sampler: BatchSampler, batches: int, state: ParallelState,
             trainer.optimizer.zero_grad()
             total += all_reduce_(stats[0].detach().double(), state["pp"])
         else:
-            with torch.no_grad():
-                total += sum(model(*m).ce.double() for m in micro) / len(micro)
+            with torch.no_grad():  # packed: the per-token mean over the global batch, as training's
+                tokens = loss_tokens(micro, dp) if any(len(m) > 2 for m in micro) else None
+                total += sum((model(*m, loss_tokens=tokens) if len(m) > 2 else model(*m)).ce.double()
+                             for m in micro) / len(micro)
     model.train()
     with torch.no_grad():
         total = all_reduce_(total / batches, dp_cp) / dp_cp.size

@@ -1,5 +1,6 @@
-"""Context parallelism with packed sequences: the ring's document-masked blocks against attention within
-documents over the whole sequence, and whole layouts of every CP communication type (EP and TP folded in) on
+"""Context parallelism with packed sequences: the ring's document-masked blocks and the all-gather type's chunked
+core against attention within documents over the whole sequence (with the chunk pairs no document spans skipped,
+counted on documents aligned to the chunks), and whole layouts of every CP communication type (EP and TP folded in) on
 packed batches against the single-process run (gloo, fp32; executor/verify.py's comparison)."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from executor.dataset.sampler import BatchSampler, TokenDataset
 from executor.launch_local import launch
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
-from executor.parallel.context_parallel import cp_positions
+from executor.documents import Documents
+from executor.parallel.context_parallel import CHUNK_PAIRS, all_positions, cp_positions
+from executor.parallel.cp_exchange import document_chunk_attention
 from executor.parallel.groups import Group, build_parallel_state, single_process_state
 from executor.parallel.ring_attention import ring_attention
 from executor.verify import Scenario, compare, layout_worker, reference
@@ -68,8 +71,83 @@ def test_the_ring_on_packed_segments_equals_attention_within_documents(world):
             torch.testing.assert_close(got, want[:, :, pos], rtol=1e-5, atol=1e-5)
 
 
-PACKED = Scenario("packed", TINY, LOSSES, packed=True)
-PACKED_KV4 = Scenario("packed-kv4", KV4, LOSSES, packed=True)
+# documents on the chunks of cp2's split (4 chunks of 4 at s = 16): chunk 0, chunks 1-2, chunk 3. Of the 10 causal
+# chunk pairs (4 diagonal, 6 below), 5 have a document spanning them: (0,0), (1,1), (2,1), (2,2), (3,3)
+ALIGNED = torch.tensor([[1] * 4 + [2] * 8 + [3] * 4, [4] * 4 + [5] * 8 + [6] * 4])
+
+
+def _aligned_inputs():
+    gen = torch.Generator().manual_seed(4)
+    b, heads, kv_heads, d, s = 2, 4, 2, 16, 16
+    return (torch.randn(b, heads, s, d, generator=gen), torch.randn(b, kv_heads, s, d, generator=gen),
+            torch.randn(b, kv_heads, s, d, generator=gen), torch.randn(b, heads, s, d, generator=gen), ALIGNED)
+
+
+def _within_documents(q, k, v, g, segments):
+    """Reference: attention within documents over the whole sequence; (output, dq, dk, dv)."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    s = q.shape[2]
+    allowed = (segments.unsqueeze(2) == segments.unsqueeze(1)) & torch.ones(s, s, dtype=torch.bool).tril()
+    groups = q.shape[1] // k.shape[1]
+    scores = (q @ k.repeat_interleave(groups, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    ref = scores.masked_fill(~allowed.unsqueeze(1), float("-inf")).softmax(-1) @ v.repeat_interleave(groups, 1)
+    ref.backward(g)
+    return ref.detach(), q.grad, k.grad, v.grad
+
+
+def _aligned_ring_worker(rank: int, world: int) -> tuple:
+    group = Group("cp", tuple(range(world)), rank, dist.group.WORLD)
+    q, k, v, g, segments = _aligned_inputs()
+    pos = cp_positions(q.shape[2], world, rank)
+    leaves = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
+    CHUNK_PAIRS.update(computed=0, skipped=0)
+    o = ring_attention(*leaves, group, segments)
+    counted = dict(CHUNK_PAIRS)
+    o.backward(g[:, :, pos])
+    return pos, counted, o.detach(), *(t.grad for t in leaves)
+
+
+def test_the_ring_skips_the_chunk_pairs_no_document_spans():
+    launched = launch(_aligned_ring_worker, 2, (), backend="gloo", timeout_s=120, start_method="fork")
+    assert launched.ok, launched.failure_reason
+    want = _within_documents(*_aligned_inputs())
+    total = {"computed": 0, "skipped": 0}
+    for pos, counted, *got in launched.results:
+        for name in total:
+            total[name] += counted[name]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b[:, :, pos], rtol=1e-5, atol=1e-5)
+    assert total == {"computed": 5, "skipped": 5}
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_gathered_path_attends_only_the_key_chunks_a_document_spans(cp):
+    """The all-gather type's packed core for each CP rank, the gather done in place: output and gradients equal
+    attention within documents, and the causal chunk pairs no document spans are skipped: cp2 (chunks of 4) 5
+    of 10; cp4 (chunks of 2: documents on chunks 0-1, 2-5, 6-7) 3 + 10 + 3 = 16 of 36 computed."""
+    q, k, v, g, segments = _aligned_inputs()
+    want = _within_documents(q, k, v, g, segments)
+    s = q.shape[2]
+    gathered = all_positions(s, cp)
+    k, v = k.clone().requires_grad_(), v.clone().requires_grad_()  # every rank's gradients add up here
+    CHUNK_PAIRS.update(computed=0, skipped=0)
+    for rank in range(cp):
+        pos = cp_positions(s, cp, rank)
+        mine = q[:, :, pos].clone().requires_grad_()
+        mask = Documents(segments).mask(pos, gathered, None)
+        out = document_chunk_attention(mine, k[:, :, gathered], v[:, :, gathered], mask, cp, rank, None)
+        out.backward(g[:, :, pos])
+        torch.testing.assert_close(out.detach(), want[0][:, :, pos], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mine.grad, want[1][:, :, pos], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k.grad, want[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v.grad, want[3], rtol=1e-5, atol=1e-5)
+    assert CHUNK_PAIRS == ({"computed": 5, "skipped": 5} if cp == 2 else {"computed": 16, "skipped": 20})
+
+
+# Adam's eps as test_equivalence's scenarios take it: a weight whose gradient is ~1e-7 (cancellations) moves by
+# fp32 reduction-order noise that eps = 1e-6 amplifies past the parameters' tolerance within three steps
+PACKED = Scenario("packed", TINY, LOSSES, packed=True, adam_eps=1e-5)
+PACKED_KV4 = Scenario("packed-kv4", KV4, LOSSES, packed=True, adam_eps=1e-5)
 
 
 def _layouts_match(world: int, labels: list[tuple[str, Scenario]]):

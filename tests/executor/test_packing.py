@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from api.cli.main import main
-from executor.dataset.packing import IGNORE, PAD, START, document_lengths, pack_documents, segment_positions, \
+from executor.dataset.packing import IGNORE, PAD, PADDING, START, document_lengths, pack_documents, segment_positions, \
     split_rows
 from executor.dataset.prepare import DatasetError, prepare_dataset
 from executor.dataset.sampler import BatchSampler, TokenDataset
@@ -41,8 +41,8 @@ def test_rows_split_into_inputs_labels_segments_and_positions():
     assert ids.tolist() == [[10, 11, 12, 20, 21, 22, 23, 0]]
     # 12 -> 20 crosses documents, 23 -> pad and pad -> pad are padding: no loss there
     assert labels.tolist() == [[11, 12, IGNORE, 21, 22, 23, IGNORE, IGNORE]]
-    assert segments.tolist() == [[1, 1, 1, 2, 2, 2, 2, 3]]
-    assert segment_positions(segments).tolist() == [[0, 1, 2, 0, 1, 2, 3, 0]]
+    assert segments.tolist() == [[1, 1, 1, 2, 2, 2, 2, PADDING]]
+    assert segment_positions(segments).tolist() == [[0, 1, 2, 0, 1, 2, 3, 0]]  # padding: a segment too
 
 
 @pytest.fixture

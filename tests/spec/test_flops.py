@@ -3,6 +3,7 @@
 import pytest
 
 from spec import get_model
+from spec.documents import attention_share
 from spec.flops import flops_per_step, flops_per_token, mfu, tflops_per_gpu
 from spec.model_spec import ModelSpec
 
@@ -57,3 +58,22 @@ def test_mla_and_mtp_terms_hand_worked():
 def test_mfu_and_tflops_helpers():
     assert tflops_per_gpu(8e15, 2.0, 8) == pytest.approx(500.0)
     assert mfu(8e15, 2.0, 8, 1e15) == pytest.approx(0.5)
+
+
+def test_causal_core_counts_half_the_pairs_of_each_sequence_and_of_each_packed_document():
+    # The dense model above: the core is 6·L·h·s FLOPs per token, i.e. per sequence of s tokens
+    # 6·L·h·s² = 12·L·h · (s²/2): 12·L·h FLOPs per query-key pair (fwd + bwd, QKᵀ and PV at 2 FLOPs a multiply-add,
+    # 3 passes), s²/2 pairs. Packed into documents of 3 and 5 tokens (s = 8), a sequence has 3²/2 + 5²/2 = 17
+    # pairs instead of 32: 12·L·h·17 core FLOPs a sequence.
+    L, h, s, V = 24, 1024, 8, 51200
+    m = ModelSpec(name="gpt", num_layers=L, hidden_size=h, num_attention_heads=16, ffn_hidden_size=4 * h,
+                  vocab_size=V, swiglu=False)
+    rest = s * (72 * L * h * h + 6 * h * V)  # one sequence's FLOPs outside the core
+    assert flops_per_step(m, s, 1) == rest + 12 * L * h * (s * s / 2)
+    share = attention_share([3, 5], s)
+    assert share == 34 / 64
+    assert flops_per_step(m, s, 1, share) == pytest.approx(rest + 12 * L * h * (3 * 3 / 2 + 5 * 5 / 2), rel=1e-12)
+    # two sequences of documents [3, 5] and [8]: 17 + 32 pairs, the sample's share priced per sequence
+    assert flops_per_step(m, s, 2, attention_share([3, 5, 8], s)) == pytest.approx(
+        2 * rest + 12 * L * h * (17 + 32), rel=1e-12)
+
