@@ -249,13 +249,19 @@ class Router(torch.nn.Module):
             self.global_waves = 0
             self._global_averages.clear()
 
-    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1) -> Routing:
-        """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``)."""
+    def logits(self, x_NH: torch.Tensor) -> torch.Tensor:
+        """The router's logits [n, experts] of ``n`` tokens: the part of routing whose shapes never change (what
+        a layer's CUDA graph captures)."""
+        return F.linear(x_NH, self.weight, self.bias)
+
+    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1, logits: torch.Tensor | None = None) -> Routing:
+        """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``);
+        ``logits``: :meth:`logits` of ``x_NH``, already computed."""
         spec, opts, tp = self.spec, self.options, self.state.tp
         n = x_NH.shape[0]
         cp = self.state["cp"]
         total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
-        logits = F.linear(x_NH, self.weight, self.bias)
+        logits = self.logits(x_NH) if logits is None else logits
         fused = self._fusable(logits)
         # fp32 logits for the losses and the torch top-k; the fused kernel reads the raw ones itself
         logits_NE = logits.float() if not fused or opts.moe_z_loss_coeff or opts.moe_aux_loss_coeff else None

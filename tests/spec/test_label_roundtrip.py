@@ -92,6 +92,7 @@ def any_configs(draw) -> ParallelConfig:
                               use_distributed_optimizer=distopt, overlap_param_gather=distopt,
                               overlap_moe_expert_parallel_comm=draw(st.booleans()),
                               moe_shared_expert_overlap=draw(st.booleans()),
+                              cuda_graphs=draw(st.booleans()),
                               optimizer_cpu_offload_fraction=fraction, activation_offload_modules=offloaded,
                               **fields)
     except InvalidConfigError:  # the few combinations the constructor refuses
