@@ -565,7 +565,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     # Expert factorisations per pp and the knob leaves under each one. Each pair carries what its layouts share
     # (worked out once here rather than per layout): the first rule it breaks, and whether it has the EP overlap
     # option and that option lacks full recompute.
-    gpu = cuda_graphs_rule(probe.replace(cuda_graphs=True), cluster) is None  # CUDA graphs need CUDA ranks
+    gpu = cuda_graphs_rule(probe.replace(cuda_graphs=True), cluster.gpu.name) is None  # CUDA graphs need CUDA ranks
     expert_pairs: dict[int, list[tuple[int, int, tuple[DispatchOption, ...], Rejection | None, bool, bool]]] = {}
     expert_leaves: dict[int, int] = {}
     for pp in divisors(world):
@@ -587,7 +587,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     # the first recompute option CUDA graphs cannot hold, as the rule book words it
     dropped = [(g, m) for g, m in recompute_ok if graphs_recompute_broken(g, m)]
     graphs_dropped = dropped and cuda_graphs_rule(probe.replace(cuda_graphs=True, recompute_granularity=dropped[0][0],
-                                                                recompute_modules=dropped[0][1]), cluster)
+                                                                recompute_modules=dropped[0][1]), cluster.gpu.name)
     glob = v.global_()
     for tp in divisors(world):
         tp_rej = glob or v.tp(tp)

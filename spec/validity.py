@@ -311,15 +311,15 @@ def cuda_graph_scope(model: ModelSpec, config: ParallelConfig, moe: bool) -> tup
     return parts
 
 
-def cuda_graphs_rule(config: ParallelConfig, cluster: ClusterSpec | None = None) -> Rejection | None:
+def cuda_graphs_rule(config: ParallelConfig, gpu: str | None = None) -> Rejection | None:
     """The rule book's rules on ``cuda_graphs`` (module docstring: cuda_graphs_device, cuda_graphs_recompute,
-    cuda_graphs_ep_overlap): the first one ``config`` breaks on ``cluster`` (None: the GPU is not judged), or
-    None (also when the knob is off)."""
+    cuda_graphs_ep_overlap): the first one ``config`` breaks on the GPU named ``gpu`` ('cpu': CPU ranks; None: the
+    GPU is not judged), or None (also when the knob is off)."""
     c = config
     if not c.cuda_graphs:
         return None
-    if cluster is not None and is_cpu(cluster.gpu.name):
-        return Rejection("cuda_graphs_device", "cuda_graphs needs CUDA ranks; the cluster runs CPU ranks")
+    if gpu is not None and is_cpu(gpu):
+        return Rejection("cuda_graphs_device", "cuda_graphs needs CUDA ranks; the run has CPU ranks")
     selective = c.recompute_modules if c.recompute_granularity == "selective" else ()
     recomputed = [m for m in CUDA_GRAPH_MODULES if m in selective]
     moved = [m for m in CUDA_GRAPH_MODULES if m in c.activation_offload_modules]
@@ -351,12 +351,12 @@ def executor_cuda_graphs_problem(config: ParallelConfig, precision: str | None =
 
 
 def cuda_graphs_rejections(config: ParallelConfig, precision: str | None = None,
-                           cluster: ClusterSpec | None = None) -> list[Rejection]:
+                           gpu: str | None = None) -> list[Rejection]:
     """Every rejection of the rule book's CUDA-graph rules ``config`` draws (empty when the knob is off or holds):
     the capture's own (:func:`cuda_graphs_rule`), then the executor's (executor_cuda_graphs)."""
     if not config.cuda_graphs:
         return []
-    found = [cuda_graphs_rule(config, cluster)]
+    found = [cuda_graphs_rule(config, gpu)]
     problem = executor_cuda_graphs_problem(config, precision)
     found.append(Rejection("executor_cuda_graphs", problem) if problem else None)
     return [r for r in found if r is not None]
@@ -623,7 +623,7 @@ class Validator:
             if shared is not None:
                 return shared
         if c.cuda_graphs:
-            graphs = cuda_graphs_rule(c, self.cluster)
+            graphs = cuda_graphs_rule(c, None if self.cluster is None else self.cluster.gpu.name)
             if graphs is not None:
                 return graphs
         if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
