@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(source, "--job", "finished, from the service database: on its model, GPUs, sequence length, batch and "
                          "precision, through the runner (Ray)")
     add(parser, "--gpu", LOCAL_GPU_NOTE + "; with --job the job's")
-    add(parser, "--cuda-graphs", "with --layout (as its token cuda_graphs=on)")
+    add(parser, "--cuda-graphs", "with --layout (its cuda_graphs knob on)")
     add(parser, "--gpus", "default: the layout's dp times tp·cp·pp")
     add(parser, "--steps", required=True)
     add(parser, "--seq", f"default: {CPU_SEQ} on CPU ranks; on GPUs give it; with --job the job's")
