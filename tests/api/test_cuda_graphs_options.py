@@ -64,3 +64,12 @@ def test_http_plan_ranks_graphed_layouts_on_gpus_only(client, alice):
     r = client.post("/v1/plans", json=cpu, headers=alice)
     assert r.status_code == 200, r.text
     assert not any(e["config"]["cuda_graphs"] for e in r.json()["ranked"])
+
+
+def test_plan_tries_graphs_on_gpus_unless_told_not_to(capsys):
+    plan = ["plan", "--model", "tiny-moe", "--gpus", "1", "--gpu", "h100-sxm", "--seq", "256", "--gbs", "8", "--json",
+            "--top", "3"]
+    code, out, _ = run(capsys, plan)
+    assert code == 0 and json.loads(out)["ranked"][0]["config"]["cuda_graphs"]
+    code, out, _ = run(capsys, plan + ["--no-cuda-graphs"])
+    assert code == 0 and not any(e["config"]["cuda_graphs"] for e in json.loads(out)["ranked"])
