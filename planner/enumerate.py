@@ -39,8 +39,10 @@ The search space is a product of candidate axes:
 - shared-expert overlap (``moe_shared_expert_overlap``, ``SearchSpace.shared_overlap``): tried beside the plain
   alltoall dispatcher for a model with shared experts where there is an EP all-to-all to hide them under (ep > 1:
   the ``shared_overlap`` rule), as the option ``DispatchOption("alltoall", shared_overlap=True)``;
-- CUDA graphs (``cuda_graphs``, ``SearchSpace.cuda_graphs``): on GPU clusters every dispatcher option but the EP
-  overlap is tried once more with the layers' static parts replayed from CUDA graphs, as the option
+- CUDA graphs (``cuda_graphs``, ``SearchSpace.cuda_graphs``): on GPU clusters, where the executor captures them
+  (tp = cp = pp = 1: the ``executor_cuda_graphs`` rule; foldtune prices the launches its own executor saves, and
+  at larger tp or pp a layout's GPU work sets its step time anyway), every dispatcher option but the EP overlap is
+  tried once more with the layers' static parts replayed from CUDA graphs, as the option
   ``DispatchOption(..., cuda_graphs=True)``, with the recompute options the ``cuda_graphs_recompute`` rule leaves
   (the chain's prefix before the first that recomputes the captured attention half: none, in the default chains);
   not when the space offloads a captured module's activations;
@@ -566,23 +568,26 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     # (worked out once here rather than per layout): the first rule it breaks, and whether it has the EP overlap
     # option and that option lacks full recompute.
     gpu = cuda_graphs_rule(probe.replace(cuda_graphs=True), cluster.gpu.name) is None  # CUDA graphs need CUDA ranks
-    expert_pairs: dict[int, list[tuple[int, int, tuple[DispatchOption, ...], Rejection | None, bool, bool]]] = {}
-    expert_leaves: dict[int, int] = {}
+    # keyed by (pp, whether CUDA graphs are tried: only where the executor captures them, tp = cp = pp = 1)
+    expert_pairs: dict[tuple[int, bool], list[tuple[int, int, tuple[DispatchOption, ...], Rejection | None, bool,
+                                                    bool]]] = {}
+    expert_leaves: dict[tuple[int, bool], int] = {}
     for pp in divisors(world):
         rest = world // pp
-        pairs = []
-        for ep in divisors(rest):
-            for etp in divisors(rest // ep):
-                if not space.allows_etp(etp, model):
-                    continue
-                names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node,
-                                                               bool(model.shared_expert_ffn_hidden_size), gpu)
-                              if flex_dispatcher_rule(d.dispatcher, ep, etp, training) is None)
-                overlap = [d for d in names if d.ep_overlap]
-                pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
-                              bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
-        expert_pairs[pp] = pairs
-        expert_leaves[pp] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
+        for graphs in ((False, True) if pp == 1 and gpu else (False,)):
+            pairs = []
+            for ep in divisors(rest):
+                for etp in divisors(rest // ep):
+                    if not space.allows_etp(etp, model):
+                        continue
+                    names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node,
+                                                                   bool(model.shared_expert_ffn_hidden_size), graphs)
+                                  if flex_dispatcher_rule(d.dispatcher, ep, etp, training) is None)
+                    overlap = [d for d in names if d.ep_overlap]
+                    pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
+                                  bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
+            expert_pairs[pp, graphs] = pairs
+            expert_leaves[pp, graphs] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
 
     # the first recompute option CUDA graphs cannot hold, as the rule book words it
     dropped = [(g, m) for g, m in recompute_ok if graphs_recompute_broken(g, m)]
@@ -603,7 +608,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             k = len(kept)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
-                per_mbs = expert_leaves[pp]
+                graphs = gpu and tp == cp == pp == 1
+                per_mbs = expert_leaves[pp, graphs]
                 per_vpp = space.mbs_max * per_mbs
                 vpps = space.vpps_for(pp)
                 result.considered += len(vpps) * per_vpp * len(cp_options)
@@ -629,7 +635,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                     split = v.split(pp, vpp)
                     n_mbs = len(ok_mbs)
                     sizes = tuple(ok_mbs)
-                    for ep, etp, dispatchers, e_rej, overlap, overlap_drops_full in expert_pairs[pp]:
+                    for ep, etp, dispatchers, e_rej, overlap, overlap_drops_full in expert_pairs[pp, graphs]:
                         leaves = n_mbs * len(dispatchers) * n_rec * n_opt
                         if e_rej:
                             result._reject(e_rej, leaves * k)

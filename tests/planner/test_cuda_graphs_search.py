@@ -1,6 +1,7 @@
-"""The planner searches CUDA graphs (``cuda_graphs``): on GPU clusters only (rule cuda_graphs_device), beside every
-dispatcher option but the EP overlap (rule cuda_graphs_ep_overlap), with the recompute options that leave the
-captured half alone (rule cuda_graphs_recompute), and chosen where the host sets the step time."""
+"""The planner searches CUDA graphs (``cuda_graphs``): on GPU clusters only (rule cuda_graphs_device), where the
+executor captures them (tp = cp = pp = 1), beside every dispatcher option but the EP overlap (rule
+cuda_graphs_ep_overlap), with the recompute options that leave the captured half alone (rule
+cuda_graphs_recompute), and chosen where the host sets the step time."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ def test_tried_on_gpus_beside_the_plain_options_without_recompute():
     configs = list(enum.configs())
     graphed = [c for c in configs if c.cuda_graphs]
     assert graphed and all(c.recompute_granularity == "none" and not c.overlap_moe_expert_parallel_comm
-                           for c in graphed)
-    # exactly the twins of the plain configs without recompute and without the EP overlap
+                           and c.tp == c.cp == c.pp == 1 for c in graphed)
+    # exactly the twins of the plain configs the executor captures (tp = cp = pp = 1) without recompute and without
+    # the EP overlap
     twins = {c.replace(cuda_graphs=True) for c in configs if not c.cuda_graphs and c.recompute_granularity == "none"
-             and not c.overlap_moe_expert_parallel_comm}
+             and not c.overlap_moe_expert_parallel_comm and c.tp == c.cp == c.pp == 1}
     assert set(graphed) == twins
     assert all(check_config(model, TRAINING, cluster, c) == [] for c in graphed[:200])
     assert any(c.moe_shared_expert_overlap for c in graphed)
