@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
 from spec.head_features import head_blocks, head_features, last_stage_embeds
 from spec.model_spec import ModelSpec
