@@ -31,6 +31,7 @@ from costmodel.host_ops import ZERO, HostOps
 from spec.dispatchers import dispatcher_kind
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
+from spec.validity import cuda_graph_scope
 
 # ---- per layer, per micro-batch, forward + backward (bf16, torch 2.13 executor; see module docstring) ----
 # An MoE layer on one rank (tp = cp = ep = etp = 1, alltoall dispatcher): norms, Q/K/V/O projections,
@@ -82,6 +83,35 @@ SELECTIVE_REGIONS = {"core_attn": 1, "layernorm": 2, "moe_act": 1, "moe": 1, "ml
 _MOE_ONLY = frozenset({"moe_act", "moe", "shared_experts"})
 
 
+# ---- CUDA graphs (ParallelConfig.cuda_graphs): what replaying a layer's static part saves --------------------
+# Eager ops of each part a layer captures (spec.validity.cuda_graph_scope), per micro-batch forward + backward,
+# counted as above (small-moe, bf16 CPU ranks, torch 2.13) on the split the graphs run
+# (tests/executor/test_cuda_graph_scope.py): the attention half with its input norm, residual and the MLP's input
+# norm; the router's logits (the linear layer); the shared experts (as SHARED_EXPERTS, less the routed block's add).
+# The counted attention is the GQA layer of small-moe; on CUDA its fused norms issue fewer ops (module
+# docstring), so the saving is an upper bound there by about the norms' share.
+GRAPHED_OPS = {"attention": HostOps(101.0), "router": HostOps(5.0), "shared_experts": HostOps(19.0)}
+# What replaying costs instead, per layer and micro-batch: the forward's and the backward's graph launches and the
+# copies of the input, cos and sin into the graph's buffers (executor/cuda_graphs.py)...
+GRAPH_REPLAY = HostOps(5.0)
+# ...and per part, each output's gradient copied into the graph and each parameter's (and the input's) gradient
+# copied out of it (attention: x and h out; the input, its norm, four projections and the MLP norm's gradients;
+# router: logits, its weight; shared experts: their output, gate/up/down weights).
+GRAPH_COPIES = {"attention": HostOps(9.0), "router": HostOps(2.0), "shared_experts": HostOps(4.0)}
+
+
+def cuda_graph_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool) -> HostOps:
+    """Ops one dense (``moe`` False) or MoE layer saves per micro-batch under ``config.cuda_graphs`` (forward +
+    backward): the eager ops of the parts it captures less its replays and copies; ZERO with the knob off."""
+    if not config.cuda_graphs:
+        return ZERO
+    saved = ZERO
+    for part in cuda_graph_scope(model, config, moe):
+        if part in GRAPHED_OPS:  # mlp_norm is counted with the attention half
+            saved = saved + GRAPHED_OPS[part] + GRAPH_COPIES[part] * -1.0
+    return saved + GRAPH_REPLAY * -1.0
+
+
 # ---- per micro-batch, outside the decoder layers -----------------------------------------------------
 EMBEDDING = HostOps(4.0)  # first stage: lookup and its backward
 # last stage: final norm, the fused output layer + cross-entropy, loss scaling. Measured with one vocabulary
@@ -124,7 +154,7 @@ def layer_host_ops(model: ModelSpec, config: ParallelConfig, moe: bool, hardware
     if config.recompute_granularity == "selective":
         for module in config.recompute_modules:
             out = out + SELECTIVE_RECOMPUTE.get(module, ZERO)
-    return out
+    return out + cuda_graph_host_ops(model, config, moe) * -1.0
 
 
 def cp_host_ops(config: ParallelConfig) -> HostOps:

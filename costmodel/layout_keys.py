@@ -95,14 +95,18 @@ class HostKey(NamedTuple):
     cp_comm: str  # the CP communication type and its split (the ring's ops grow with its ranks)
     cp_split: tuple[int, int]
     per_expert_ep: int
+    # cuda_graphs, with what decides the captured MoE parts beside the recomputation (spec.validity.cuda_graph_scope)
+    cuda_graphs: tuple
 
     @classmethod
     def of(cls, c: ParallelConfig, per_expert: bool = False) -> HostKey:
         """The key of ``c``; ``per_expert``: the executor's host seconds depend on its local experts."""
+        graphs = (True, c.moe_shared_expert_overlap, "moe" in c.activation_offload_modules) if c.cuda_graphs else ()
         return _new(cls, (c.tp > 1, c.cp > 1, c.ep > 1, c.etp > 1, c.moe_token_dispatcher_type,
                           c.recompute_granularity, c.recompute_modules, c.recompute_num_layers, c.pp, c.vpp,
                           c.pipeline_split, c.cp_comm_type if c.cp > 1 else "allgather", c.cp_split,
-                          0 if c.moe_token_dispatcher_type in EXECUTOR_DISPATCHERS and not per_expert else c.ep))
+                          0 if c.moe_token_dispatcher_type in EXECUTOR_DISPATCHERS and not per_expert else c.ep,
+                          graphs))
 
 
 class StepStatKey(NamedTuple):

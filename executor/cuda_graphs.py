@@ -1,17 +1,23 @@
-"""CUDA graphs of a decoder layer's static half (``ExecutorOptions.cuda_graphs``, off by default).
+"""CUDA graphs of a decoder layer's static part (``ParallelConfig.cuda_graphs``; ``ExecutorOptions.cuda_graphs``
+overrides it).
 
-The static half of a layer is everything before its MLP/MoE: the attention block (input RMSNorm, Q/K/V
-projections, RoPE, SDPA, output projection), the residual add and the MLP's input RMSNorm. Its shapes depend
-only on the micro-batch shape, so its forward and its backward are each captured once per input shape into
-a CUDA graph and replayed: one launch instead of ~30 forward and ~40 backward kernel launches, which matters
-where the host, not the GPU, is the limit (small micro-batches, short sequences).
+The static part of a layer is what :func:`spec.validity.cuda_graph_scope` names: the attention block (input
+RMSNorm, Q/K/V projections, RoPE, SDPA, output projection), the residual add and the MLP's input RMSNorm, and in
+an MoE layer the router's logits (its linear layer, before top-k) and the shared experts (their GEMMs do not
+depend on the routing). Its shapes depend only on the micro-batch shape, so its forward and its backward are each
+captured once per input shape into a CUDA graph and replayed: one launch instead of the forward's and the
+backward's kernel launches, which matters where the host, not the GPU, is the limit (small micro-batches,
+short sequences, many small kernels).
 
-The MoE part is never captured: in dropless routing its expert token counts change every step (the grouped
-GEMMs' group sizes, the permutation's length), and the router's top-k feeds them; it stays eager.
+The rest of the MoE block is never captured: in dropless routing its expert token counts change every step (the
+grouped GEMMs' group sizes, the permutation's length), and the top-k feeds them; it stays eager and takes the
+replayed logits and shared-expert output as inputs.
 
 Replays reuse static buffers: the forward's outputs (and the activations its backward reads) are overwritten
 by the next forward replay of the same layer, so a layer must run its backward before its next forward, as
-one micro-batch after another does. :func:`refusal` says where that or the capture itself does not hold.
+one micro-batch after another does. :func:`refusal` says where that or the capture itself does not hold: the
+rule book's cuda_graphs rules (``spec.validity.cuda_graphs_rejections``) and what only the executor's options
+decide (the device, the kernel backend).
 Gradients handed back are copies (a parameter's ``.grad`` must not alias a buffer the next replay rewrites).
 """
 
@@ -22,8 +28,8 @@ import warnings
 
 import torch
 
-from spec.attention_kinds import GQA
 from spec.parallel_config import ParallelConfig
+from spec.validity import cuda_graphs_rejections
 from executor.timing import NULL_TIMER
 
 #: Warm-up iterations on a side stream before capture (lazy initialisation, Triton compiles, cuBLAS handles).
@@ -32,44 +38,50 @@ WARMUP_ITERS = 3
 MAX_SHAPES = 4
 
 
-def refusal(config: ParallelConfig, kernel_backend: str, attention_kind: str, device: torch.device) -> str | None:
-    """Why ``cuda_graphs`` cannot run here (one readable sentence), or None when it can."""
+def refusal(config: ParallelConfig, kernel_backend: str, device: torch.device,
+            precision: str | None = None) -> str | None:
+    """Why CUDA graphs cannot run ``config`` here (one readable sentence), or None when they can: the device and
+    the kernel backend (the executor's options), then the rule book's cuda_graphs rules."""
     if torch.device(device).type != "cuda":
         return f"cuda_graphs needs a CUDA device; this executor runs on {torch.device(device).type}"
-    if config.tp > 1 or config.cp > 1:
-        return (f"cuda_graphs captures the attention block without its collectives: needs tp = cp = 1 "
-                f"(got tp {config.tp}, cp {config.cp})")
-    if config.pp > 1:
-        return ("cuda_graphs replays static buffers, which hold one micro-batch per layer: pipeline schedules "
-                f"run several forwards before their backwards (pp {config.pp})")
-    if config.recompute_granularity == "full":
-        return "cuda_graphs does not capture recomputation (recompute_granularity 'full')"
-    captured = sorted({"core_attn", "layernorm"} & set(config.recompute_modules))
-    if config.recompute_granularity == "selective" and captured:
-        return f"cuda_graphs does not capture recomputation inside the attention half (recompute_modules {captured})"
-    moved = sorted({"core_attn", "layernorm"} & set(config.activation_offload_modules))
-    if moved:
-        return f"cuda_graphs does not capture activation offload inside the attention half (activation_offload {moved})"
-    if config.overlap_param_gather and config.use_distributed_optimizer and config.world_size > 1:
-        return ("cuda_graphs skips the forward hooks that wait for overlapped parameter gathers: turn "
-                "overlap_param_gather off")
     if kernel_backend != "torch":
         return f"cuda_graphs needs the 'torch' kernels (the {kernel_backend!r} backend caches quantised weights between replays)"
-    if attention_kind != GQA.label:
-        return f"cuda_graphs covers the {GQA.label} attention block only (got {attention_kind})"
-    return None
+    found = cuda_graphs_rejections(config.replace(cuda_graphs=True), precision)
+    return "; ".join(str(r) for r in found) if found else None
 
 
 class StaticHalf(torch.nn.Module):
-    """(x + attention(x), rms_norm(that)): the part of a decoder layer captured in a graph."""
+    """The part of a decoder layer captured in a graph: (x + attention(x), h = rms_norm(that)), then in an MoE
+    layer the router's logits of h ([s·b, experts]) when ``router`` is given and the shared experts' output of h
+    ([s, b, h]) when ``shared`` is (a callable module of h, e.g. :class:`SharedExperts`)."""
 
-    def __init__(self, attention: torch.nn.Module, mlp_norm: torch.nn.Parameter, rms_norm, eps: float):
+    def __init__(self, attention: torch.nn.Module, mlp_norm: torch.nn.Parameter, rms_norm, eps: float,
+                 router: torch.nn.Module | None = None, shared: torch.nn.Module | None = None):
         super().__init__()
         self.attention, self.mlp_norm, self.rms_norm, self.eps = attention, mlp_norm, rms_norm, eps
+        self.router, self.shared = router, shared
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = x + self.attention(x, (cos, sin))
-        return x, self.rms_norm(x, self.mlp_norm, self.eps)
+        h = self.rms_norm(x, self.mlp_norm, self.eps)
+        out = (x, h)
+        if self.router is not None:
+            out += (self.router.logits(h.reshape(-1, h.shape[-1])),)
+        if self.shared is not None:
+            out += (self.shared(h),)
+        return out
+
+
+class SharedExperts(torch.nn.Module):
+    """An MoE layer's shared experts (with their gate) as a module of their own, for :class:`StaticHalf`."""
+
+    def __init__(self, moe: torch.nn.Module):
+        super().__init__()
+        self.shared, self.shared_gate = moe.shared, moe.shared_gate
+        self._run = moe._shared_experts
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._run(h)
 
 
 @contextlib.contextmanager
@@ -146,7 +158,7 @@ class _Replay(torch.autograd.Function):
 
 
 class GraphedStaticHalf:
-    """A layer's static half run from CUDA graphs, captured on first use per (shape, dtype, x needs grad).
+    """A layer's static part run from CUDA graphs, captured on first use per (shape, dtype, x needs grad).
 
     Called with grad mode off (evaluation) it runs eagerly: the graphs hold a training forward and backward."""
 
@@ -155,7 +167,7 @@ class GraphedStaticHalf:
         self.graphs: dict[tuple, _Captured] = {}
         self._warned = False
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not torch.is_grad_enabled():
             return self.half(x, cos, sin)
         key = (tuple(x.shape), x.dtype, x.requires_grad, tuple(cos.shape))

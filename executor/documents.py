@@ -135,7 +135,7 @@ def packed_refusal(spec, config, options) -> str | None:
     if head_features(spec):
         return ("packed sequences do not run with head features such as multi-token prediction (their depths shift "
                 "labels across documents)")
-    if options.cuda_graphs:
+    if options.graphs_on(config):
         return "packed sequences do not run with cuda_graphs (the captured attention has one fixed mask)"
     if config.overlap_moe_expert_parallel_comm:
         return "packed sequences do not run with the EP overlap schedule (ep_overlap)"

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from spec.attention_kinds import attention_kind
 from spec.errors import SpecError
 from spec.head_features import head_blocks, head_features, last_stage_embeds
 from spec.model_spec import ModelSpec
 from spec.pipeline_layout import layer_chunks
+from spec.validity import cuda_graph_scope
 from executor import cuda_graphs, recompute
 from executor.offload import offloaded
 from executor.attention import rope_tables
@@ -82,15 +82,20 @@ class DecoderLayer(torch.nn.Module):
         self.offload_mlp = offloaded(config, "moe" if moe else "mlp")
         self.recompute_layer = False  # set by the model: full recompute of this layer
         self.mlp_input_norm = pick_rms_norm(options.fused_rms_norm, kernels)
-        # options.cuda_graphs: the attention half replayed from CUDA graphs (executor.cuda_graphs); a plain
-        # attribute, not a submodule, so parameters and state dicts are the layer's own
+        # the layout's cuda_graphs (or the options' override): the static part replayed from CUDA graphs
+        # (executor.cuda_graphs); a plain attribute, not a submodule, so parameters and state dicts are the layer's own
         self.graphed = None
-        if options.cuda_graphs:
-            reason = cuda_graphs.refusal(config, options.kernel_backend, attention_kind(spec).label,
-                                         torch.device(device))
+        self.graphed_moe: tuple[str, ...] = ()  # what of the MoE block the graphs compute: 'router', 'shared_experts'
+        if options.graphs_on(config):
+            reason = cuda_graphs.refusal(config, options.kernel_backend, torch.device(device))
             if reason is not None:
                 raise SpecError(reason)
-            half = cuda_graphs.StaticHalf(self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon)
+            scope = cuda_graph_scope(spec, config, moe)
+            self.graphed_moe = tuple(p for p in scope if p in ("router", "shared_experts"))
+            half = cuda_graphs.StaticHalf(
+                self.attention, self.mlp_norm, self.mlp_input_norm, options.norm_epsilon,
+                router=self.mlp.router if "router" in scope else None,
+                shared=cuda_graphs.SharedExperts(self.mlp) if "shared_experts" in scope else None)
             self.graphed = cuda_graphs.GraphedStaticHalf(half)
 
     def forward(self, x_SBH: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,9 +106,14 @@ class DecoderLayer(torch.nn.Module):
     def attention_block(self, x_SBH: torch.Tensor, cos, sin, docs: Documents | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual after attention, its normed copy: the MLP's input), both [s/tp, b, h]."""
-        if self.graphed is not None:  # the whole half is one "attention" phase (never packed: check_packed)
-            x, h = self.graphed(self.timer.mark(x_SBH, "other", "attention"), cos, sin)
-            return x, self.timer.mark(h, "attention", "other")
+        return self._static_part(x_SBH, cos, sin, docs)[:2]
+
+    def _static_part(self, x_SBH: torch.Tensor, cos, sin, docs: Documents | None = None) -> tuple[torch.Tensor, ...]:
+        """(residual after attention, the MLP's input), then from CUDA graphs what they compute of the MoE block
+        (``graphed_moe``: the router's logits, the shared experts' output)."""
+        if self.graphed is not None:  # the whole part is one "attention" phase (never packed: check_packed)
+            x, h, *moe = self.graphed(self.timer.mark(x_SBH, "other", "attention"), cos, sin)
+            return (x, self.timer.mark(h, "attention", "other"), *moe)
         x = x_SBH + self.attention(x_SBH, (cos, sin) if docs is None else (cos, sin, docs))
         h = self.timer.mark(x, "other", "norm")
         h = recompute.run(self.recompute_norm, self.mlp_input_norm, h, self.mlp_norm, self.options.norm_epsilon,
@@ -112,7 +122,10 @@ class DecoderLayer(torch.nn.Module):
 
     def _forward(self, x_SBH: torch.Tensor, cos, sin, docs: Documents | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, h = self.attention_block(x_SBH, cos, sin, docs)
+        x, h, *graphed = self._static_part(x_SBH, cos, sin, docs)
+        if graphed:  # never recomputed nor offloaded (spec.validity.cuda_graph_scope)
+            y, router_loss = self.mlp(h, None, *graphed)  # (logits[, shared]): the scope puts the router first
+            return x + y, router_loss
         if self.is_moe:
             real = None if docs is None else docs.real_tokens()
             y, router_loss = recompute.run(self.recompute_mlp, self.mlp, h, real, offload=self.offload_mlp)

@@ -142,11 +142,16 @@ class MoELayer(torch.nn.Module):
         # Megatron's --moe-shared-expert-overlap: the shared experts run while the dispatch all-to-all is in flight
         self.shared_overlap = bool(state.config.moe_shared_expert_overlap) and self.shared is not None
 
-    def forward(self, x_SBH: torch.Tensor, real=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x_SBH: torch.Tensor, real=None, logits: torch.Tensor | None = None,
+                shared: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(output slice [s/tp, b, h], this rank's share of the router losses). ``real``: a packed micro-batch's
-        :class:`executor.router.RealTokens` (padding routed but left out of the routing statistics)."""
-        tokens, routing = self.route(x_SBH, real)
-        if self.shared_overlap:
+        :class:`executor.router.RealTokens` (padding routed but left out of the routing statistics). ``logits``
+        (the router's, [s·b/tp, experts]) and ``shared`` (the shared experts' output): already computed for
+        ``x_SBH``, by the layer's CUDA graphs (executor.cuda_graphs)."""
+        tokens, routing = self.route(x_SBH, real, logits)
+        if shared is not None:
+            dispatched = self.dispatcher.dispatch(tokens, routing)
+        elif self.shared_overlap:
             dispatched, shared = self.dispatch_beside_shared(tokens, routing, x_SBH)
         else:
             dispatched, shared = self.dispatcher.dispatch(tokens, routing), None
@@ -155,12 +160,13 @@ class MoELayer(torch.nn.Module):
 
     # forward's parts, which the overlapped schedule (executor/ep_overlap.py) runs around the all-to-alls
 
-    def route(self, x_SBH: torch.Tensor, real=None):
-        """(this rank's tokens [s·b/tp, h], their Routing)."""
+    def route(self, x_SBH: torch.Tensor, real=None, logits: torch.Tensor | None = None):
+        """(this rank's tokens [s·b/tp, h], their Routing); ``real`` as :meth:`forward` takes it; ``logits``: the
+        router's, already computed."""
         s, b, h = x_SBH.shape
         x = self.timer.mark(x_SBH, "other", "router")
         tokens = x.reshape(s * b, h)
-        routing = self.router(tokens, b, real)
+        routing = self.router(tokens, b, real, logits)
         self.last_tokens_per_expert = routing.reported_tokens_per_expert
         return self.timer.mark(tokens, "router", "dispatch"), routing
 

@@ -40,9 +40,11 @@ class ExecutorOptions:
     the three weights concatenated (one [tokens, h] × [h, (heads + 2·kv_heads)·d] product instead of three,
     the K/V ones narrow); ``fused_rope`` rotates q and k in one Triton kernel launch on CUDA (torch elsewhere);
     ``attention_backend`` picks SDPA's kernel on CUDA: 'auto' (torch's choice, flash on Hopper), 'cudnn'
-    (cuDNN first, then torch's order), 'flash'. ``cuda_graphs`` (off by default) replays each decoder layer's
-    static half (attention block with its norm and residual, and the MLP/MoE input norm) from a CUDA graph
-    captured per micro-batch shape, fwd and bwd (:mod:`executor.cuda_graphs`; where it is refused, and why).
+    (cuDNN first, then torch's order), 'flash'. ``cuda_graphs`` overrides the layout's knob of that name
+    (``ParallelConfig.cuda_graphs``; None, the default, follows the layout): each decoder layer's static part
+    (attention block with its norm and residual, the MLP/MoE input norm, the router's logits and the shared
+    experts: ``spec.validity.cuda_graph_scope``) replayed from a CUDA graph captured per micro-batch shape, fwd
+    and bwd (:mod:`executor.cuda_graphs`; where it is refused, and why).
 
     ``ep_overlap_sm_carveout`` (SMs, default 0: none): with ``overlap_moe_expert_parallel_comm``, the number
     of SMs the compute kernels beside an overlapped EP all-to-all leave free for its NCCL kernel, through
@@ -89,7 +91,7 @@ class ExecutorOptions:
     fused_rope: bool = True
     fused_rms_norm: bool = True
     attention_backend: str = "auto"
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None
     ep_overlap_sm_carveout: int = 0
     ep_overlap_transport: str = "auto"
     fp8_expert_gemm: str = "torch"
@@ -119,6 +121,11 @@ class ExecutorOptions:
             raise SpecError(f"fp8_expert_gemm must be one of {tuple(FP8_EXPERT_GEMMS)}, got {self.fp8_expert_gemm!r}")
         if self.cross_entropy_chunk_logits < 0:
             raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
+
+    def graphs_on(self, config) -> bool:
+        """Whether the layers of ``config`` (a ParallelConfig) run from CUDA graphs: this override, else the
+        layout's ``cuda_graphs``."""
+        return bool(config.cuda_graphs) if self.cuda_graphs is None else self.cuda_graphs
 
     @classmethod
     def for_training(cls, training: TrainingSpec, router: RouterOptions | None = None,

@@ -286,18 +286,25 @@ class Router(torch.nn.Module):
             self.global_waves = 0
             self._global_averages.clear()
 
-    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1, real: RealTokens | None = None) -> Routing:
+    def logits(self, x_NH: torch.Tensor) -> torch.Tensor:
+        """The router's logits [n, experts] of ``n`` tokens: the part of routing whose shapes never change (what
+        a layer's CUDA graph captures)."""
+        return F.linear(x_NH, self.weight, self.bias)
+
+    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1, real: RealTokens | None = None,
+                logits: torch.Tensor | None = None) -> Routing:
         """Route this rank's ``n`` tokens, sequence-major ([s/tp, b] flattened, ``b = micro_batch_size``).
         ``real``: a packed micro-batch's real tokens; padding is routed (its rows pass through the experts and
         come back unused) but has no part in the z and aux losses, the tokens they count, the capacity and its
-        ranking (padding is dropped under a capacity), the expert bias's load or the reported counts."""
+        ranking (padding is dropped under a capacity), the expert bias's load or the reported counts.
+        ``logits``: :meth:`logits` of ``x_NH``, already computed."""
         spec, opts, tp = self.spec, self.options, self.state.tp
         n = x_NH.shape[0]
         cp = self.state["cp"]
         total_tokens = n * tp.size * cp.size  # tokens of the micro-batch seen by this TP·CP group
         if real is not None and bool(real.total == total_tokens):
             real = None  # no padding in this micro-batch: the unmasked path, which is the same
-        logits = F.linear(x_NH, self.weight, self.bias)
+        logits = self.logits(x_NH) if logits is None else logits
         fused = self._fusable(logits)
         # fp32 logits for the losses and the torch top-k; the fused kernel reads the raw ones itself
         logits_NE = logits.float() if not fused or opts.moe_z_loss_coeff or opts.moe_aux_loss_coeff else None

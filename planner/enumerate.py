@@ -39,6 +39,13 @@ The search space is a product of candidate axes:
 - shared-expert overlap (``moe_shared_expert_overlap``, ``SearchSpace.shared_overlap``): tried beside the plain
   alltoall dispatcher for a model with shared experts where there is an EP all-to-all to hide them under (ep > 1:
   the ``shared_overlap`` rule), as the option ``DispatchOption("alltoall", shared_overlap=True)``;
+- CUDA graphs (``cuda_graphs``, ``SearchSpace.cuda_graphs``): on GPU clusters, where the executor captures them
+  (tp = cp = pp = 1: the ``executor_cuda_graphs`` rule; foldtune prices the launches its own executor saves, and
+  at larger tp or pp a layout's GPU work sets its step time anyway), every dispatcher option but the EP overlap is
+  tried once more with the layers' static parts replayed from CUDA graphs, as the option
+  ``DispatchOption(..., cuda_graphs=True)``, with the recompute options the ``cuda_graphs_recompute`` rule leaves
+  (the chain's prefix before the first that recomputes the captured attention half: none, in the default chains);
+  not when the space offloads a captured module's activations;
 - CP communication type (``SearchSpace.cp_comm_types``, :mod:`spec.cp_comm_types`) for every cp > 1: allgather,
   p2p and a2a (where the ``cp_a2a_heads`` rule lets the heads split over tp·cp), and a2a+p2p only where the CP
   group spans nodes, split as ``a`` = the CP ranks one node holds (the all-to-all on NVLink) by the ``cp / a``
@@ -88,8 +95,9 @@ from spec.parallel_config import ParallelConfig
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineSplit
 from spec.rank_groups import GridSizes, group_stride_span
 from spec.training_spec import PRECISIONS, TrainingSpec
-from spec.validity import (Rejection, Validator, ep_overlap_recomputes_whole_layers, ep_overlap_rule,
-                           flex_dispatcher_rule, needs_distributed_optimizer)
+from spec.validity import (CUDA_GRAPH_MODULES, Rejection, Validator, cuda_graphs_rule,
+                           ep_overlap_recomputes_whole_layers, ep_overlap_rule, flex_dispatcher_rule,
+                           needs_distributed_optimizer)
 
 # (granularity, modules) in order of increasing recomputation: less memory, more time.
 RECOMPUTE_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -128,11 +136,12 @@ class DispatchOption(NamedTuple):
     dispatcher: str
     ep_overlap: bool = False
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared experts under the dispatch all-to-all
+    cuda_graphs: bool = False  # the layers' static parts replayed from CUDA graphs
 
     def fields(self) -> dict:
         """The ParallelConfig fields of this option."""
         return {"moe_token_dispatcher_type": self.dispatcher, "overlap_moe_expert_parallel_comm": self.ep_overlap,
-                "moe_shared_expert_overlap": self.shared_overlap}
+                "moe_shared_expert_overlap": self.shared_overlap, "cuda_graphs": self.cuda_graphs}
 
 
 class CpCommOption(NamedTuple):
@@ -148,11 +157,13 @@ class CpCommOption(NamedTuple):
 
 
 DEFAULT_CP_OPTION = CpCommOption()
+GRAPHED = DispatchOption("alltoall", cuda_graphs=True)  # any option with CUDA graphs: its recompute count
 
 
 RULE_ORDER: tuple[str, ...] = ("fp8_hardware", "heads_tp", "kv_heads_tp", "hidden_tp", "ffn_tp", "seq_cp",
                                "cp_a2a_heads", "vpp_needs_pp", "layers_pp", "gbs_mbs_dp", "vpp_microbatches",
-                               "experts_ep", "expert_ffn_etp", "recompute_modules", "ep_overlap")
+                               "experts_ep", "expert_ffn_etp", "recompute_modules", "ep_overlap",
+                               "cuda_graphs_recompute")
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,7 @@ class SearchSpace:
     dispatchers: tuple[str, ...] = EXECUTOR_DISPATCHERS
     ep_overlap: bool = True
     shared_overlap: bool = True
+    cuda_graphs: bool = True  # tried on GPU clusters (the rule book's cuda_graphs_device)
     pipeline: PipelineSplit = DEFAULT_SPLIT
     # precisions searched as a knob (:meth:`precisions_for`); None: the training spec's precision alone
     precisions: tuple[str, ...] | None = None
@@ -276,11 +288,12 @@ class SearchSpace:
         return etp == 1 or not model.is_moe or model.expert_ffn_hidden_size // etp >= self.expert_ffn_min_columns
 
     def dispatchers_for(self, ep: int, etp: int, moe: bool, gpus_per_node: int,
-                        shared_experts: bool = False) -> tuple[DispatchOption, ...]:
+                        shared_experts: bool = False, gpu: bool = False) -> tuple[DispatchOption, ...]:
         """The dispatcher options tried for an expert layout (see the module docstring); with EP the alltoall
         one also with the EP overlap when ``ep_overlap`` is searched (the ``ep_overlap`` rule then decides per
         pp/vpp and recompute), and for a model with ``shared_experts`` with the shared-expert overlap when
-        ``shared_overlap`` is searched (valid wherever it is tried)."""
+        ``shared_overlap`` is searched (valid wherever it is tried); on a ``gpu`` cluster every option but the
+        EP overlap once more with CUDA graphs when ``cuda_graphs`` is searched (:meth:`graphs_searched`)."""
         group = ep * etp
         if not moe or group == 1:
             names = self.dispatchers[:1]
@@ -293,7 +306,14 @@ class SearchSpace:
             options += (DispatchOption("alltoall", ep_overlap=True),)
         if moe and shared_experts and self.shared_overlap and ep > 1 and "alltoall" in names:
             options += (DispatchOption("alltoall", shared_overlap=True),)
+        if gpu and self.graphs_searched():
+            options += tuple(d._replace(cuda_graphs=True) for d in options if not d.ep_overlap)
         return options
+
+    def graphs_searched(self) -> bool:
+        """Whether CUDA graphs are tried (on GPU clusters): asked for, and no offloaded module set holds a part
+        they capture (the ``cuda_graphs_recompute`` rule)."""
+        return self.cuda_graphs and not any(m in CUDA_GRAPH_MODULES for mods in self.activation_offload for m in mods)
 
     def vpps_for(self, pp: int) -> range | tuple[int, ...]:
         """The vpp values tried with ``pp`` (a layout string fixes pp·vpp: at most one)."""
@@ -312,6 +332,7 @@ class SearchSpace:
                 f"{'within a node' if self.gathering_within_node else 'everywhere'}"
                 f"{', EP a2a overlap tried' if self.ep_overlap else ''}"
                 f"{', shared-expert overlap tried' if self.shared_overlap else ''}"
+                f"{', CUDA graphs tried on GPUs' if self.graphs_searched() else ''}"
                 f", CP {'/'.join(self.cp_comm_types)}"
                 f"{f' ({HIERARCHICAL} where CP spans nodes)' if HIERARCHICAL in self.cp_comm_types else ''}")
         if self.optimizer_offload:
@@ -499,10 +520,18 @@ class ConfigMaker:
 
 
 def recompute_count(recompute: tuple[tuple[str, tuple[str, ...]], ...], dispatcher: DispatchOption) -> int:
-    """See :meth:`Enumeration.recompute_count`."""
+    """See :meth:`Enumeration.recompute_count`; with CUDA graphs the chain stops at its first option that
+    recomputes a captured part (the ``cuda_graphs_recompute`` rule)."""
+    if dispatcher.cuda_graphs:
+        return next((i for i, (g, m) in enumerate(recompute) if graphs_recompute_broken(g, m)), len(recompute))
     if dispatcher.ep_overlap and recompute and ep_overlap_recomputes_whole_layers(recompute[-1][0]):
         return len(recompute) - 1
     return len(recompute)
+
+
+def graphs_recompute_broken(granularity: str, modules: tuple[str, ...]) -> bool:
+    """Whether a recompute option breaks the ``cuda_graphs_recompute`` rule (full, or a captured module)."""
+    return granularity == "full" or (granularity == "selective" and any(m in CUDA_GRAPH_MODULES for m in modules))
 
 
 def distopt_options(training: TrainingSpec) -> tuple[bool, ...]:
@@ -538,24 +567,32 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     # Expert factorisations per pp and the knob leaves under each one. Each pair carries what its layouts share
     # (worked out once here rather than per layout): the first rule it breaks, and whether it has the EP overlap
     # option and that option lacks full recompute.
-    expert_pairs: dict[int, list[tuple[int, int, tuple[DispatchOption, ...], Rejection | None, bool, bool]]] = {}
-    expert_leaves: dict[int, int] = {}
+    gpu = cuda_graphs_rule(probe.replace(cuda_graphs=True), cluster.gpu.name) is None  # CUDA graphs need CUDA ranks
+    # keyed by (pp, whether CUDA graphs are tried: only where the executor captures them, tp = cp = pp = 1)
+    expert_pairs: dict[tuple[int, bool], list[tuple[int, int, tuple[DispatchOption, ...], Rejection | None, bool,
+                                                    bool]]] = {}
+    expert_leaves: dict[tuple[int, bool], int] = {}
     for pp in divisors(world):
         rest = world // pp
-        pairs = []
-        for ep in divisors(rest):
-            for etp in divisors(rest // ep):
-                if not space.allows_etp(etp, model):
-                    continue
-                names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node,
-                                                               bool(model.shared_expert_ffn_hidden_size))
-                              if flex_dispatcher_rule(d.dispatcher, ep, etp, training) is None)
-                overlap = [d for d in names if d.ep_overlap]
-                pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
-                              bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
-        expert_pairs[pp] = pairs
-        expert_leaves[pp] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
+        for graphs in ((False, True) if pp == 1 and gpu else (False,)):
+            pairs = []
+            for ep in divisors(rest):
+                for etp in divisors(rest // ep):
+                    if not space.allows_etp(etp, model):
+                        continue
+                    names = tuple(d for d in space.dispatchers_for(ep, etp, moe, cluster.gpus_per_node,
+                                                                   bool(model.shared_expert_ffn_hidden_size), graphs)
+                                  if flex_dispatcher_rule(d.dispatcher, ep, etp, training) is None)
+                    overlap = [d for d in names if d.ep_overlap]
+                    pairs.append((ep, etp, names, v.ep(ep) or v.etp(etp), bool(overlap),
+                                  bool(overlap) and recompute_count(result.recompute, overlap[0]) < len(recompute_ok)))
+            expert_pairs[pp, graphs] = pairs
+            expert_leaves[pp, graphs] = sum(len(d) for _, _, d, _, _, _ in pairs) * n_rec * n_opt
 
+    # the first recompute option CUDA graphs cannot hold, as the rule book words it
+    dropped = [(g, m) for g, m in recompute_ok if graphs_recompute_broken(g, m)]
+    graphs_dropped = dropped and cuda_graphs_rule(probe.replace(cuda_graphs=True, recompute_granularity=dropped[0][0],
+                                                                recompute_modules=dropped[0][1]), cluster.gpu.name)
     glob = v.global_()
     for tp in divisors(world):
         tp_rej = glob or v.tp(tp)
@@ -571,7 +608,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             k = len(kept)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
-                per_mbs = expert_leaves[pp]
+                graphs = gpu and tp == cp == pp == 1
+                per_mbs = expert_leaves[pp, graphs]
                 per_vpp = space.mbs_max * per_mbs
                 vpps = space.vpps_for(pp)
                 result.considered += len(vpps) * per_vpp * len(cp_options)
@@ -597,7 +635,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                     split = v.split(pp, vpp)
                     n_mbs = len(ok_mbs)
                     sizes = tuple(ok_mbs)
-                    for ep, etp, dispatchers, e_rej, overlap, overlap_drops_full in expert_pairs[pp]:
+                    for ep, etp, dispatchers, e_rej, overlap, overlap_drops_full in expert_pairs[pp, graphs]:
                         leaves = n_mbs * len(dispatchers) * n_rec * n_opt
                         if e_rej:
                             result._reject(e_rej, leaves * k)
@@ -612,6 +650,10 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                             dispatchers = tuple(d for d in dispatchers if not d.ep_overlap)
                         elif overlap_drops_full:
                             result._reject(ep_overlap_rule(ep, "alltoall", "full", pp, vpp), n_mbs * n_opt * k)
+                        graphed = sum(1 for d in dispatchers if d.cuda_graphs)
+                        if graphed and graphs_dropped:  # the recompute options the cuda_graphs_recompute rule drops
+                            result._reject(graphs_dropped, n_mbs * n_opt * k * graphed
+                                           * (len(recompute_ok) - recompute_count(result.recompute, GRAPHED)))
                         for option in kept:
                             result.layouts.append(Layout(tp, cp, pp, vpp, ep, etp, dp, world // (pp * ep * etp),
                                                          split, sizes, dispatchers, option))

@@ -25,6 +25,7 @@ from spec.dispatchers import dispatcher_kind
 from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
+from spec.validity import cuda_graph_scope
 from spec.pipeline_layout import chunk_sizes, format_layout
 
 
@@ -127,6 +128,13 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append(["--overlap-moe-expert-parallel-comm"])
     if c.moe_shared_expert_overlap:
         args.append(["--moe-shared-expert-overlap"])
+    if c.cuda_graphs:
+        # Megatron's per-module graphs (Transformer Engine's capture): 'attn' holds the attention block and its
+        # norm, 'moe_router' the pre-MLP norm, the router and the shared experts where they are not overlapped;
+        # the scope foldtune captures (spec.validity.cuda_graph_scope)
+        scope = ["attn"] + (["moe_router"] if "router" in cuda_graph_scope(model, c, model.is_moe) else [])
+        args.append(["--cuda-graph-impl", "transformer_engine"])
+        args.append(["--cuda-graph-scope", *scope])
     if training.precision in ("bf16", "fp8"):
         args.append(["--bf16"])
     elif training.precision == "fp16":

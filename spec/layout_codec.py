@@ -4,7 +4,8 @@ words they are spelled with.
 - **label** (:meth:`LayoutCodec.label` / :meth:`LayoutCodec.parse` / :func:`read_label`):
   ``tp2 cp1 pp4 vpp2 ep8 etp1 dp4 edp2 mbs1 recompute=selective:core_attn dispatcher=alltoall ep_overlap=on``
   (``tp_overlap=on``: Megatron's TP communication overlap, ``--tp-comm-overlap``; ``shared_overlap=on``: the
-  shared experts under the dispatch all-to-all, ``--moe-shared-expert-overlap``);
+  shared experts under the dispatch all-to-all, ``--moe-shared-expert-overlap``; ``cuda_graphs=on``: each
+  layer's static part replayed from CUDA graphs);
   (``cp_comm=p2p``, ``cp_comm=a2a+p2p:2x4``: the CP communication type, with the hierarchical sizes);
   sizes are ``<name><n>`` tokens, knobs ``<name>=<value>`` tokens, each written only when it is not the
   default; any subset parses, separated by spaces or commas (``layout=`` takes a Megatron layout string,
@@ -65,7 +66,7 @@ _LAYOUT_TOKEN = re.compile(r"(?i)(?:^|(?<=[\s,]))layout=([^\s]+)")
 LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
     f"recompute={{none|selective[:MODULE+...]|full[:LAYERS]}} (modules: {'+'.join(RECOMPUTE_MODULES)})",
     f"dispatcher={{{'|'.join(DISPATCHERS)}}}", "distopt={on|off}", "ep_overlap={on|off}", "tp_overlap={on|off}",
-    "shared_overlap={on|off}",
+    "shared_overlap={on|off}", "cuda_graphs={on|off}",
     "opt_offload=FRACTION",
     f"act_offload=MODULE+... (modules: {'+'.join(ACTIVATION_OFFLOAD_MODULES)})",
     f"exp_avg={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}", f"exp_avg_sq={{{'|'.join(OPTIMIZER_STATE_DTYPES)}}}",
@@ -76,13 +77,13 @@ LABEL_KEYS = tuple(f"{k}N" for k in SIZE_KEYS) + (
 
 # ---- the Optuna form ----------------------------------------------------------------------------
 OPTUNA_PARAMS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute", "dispatcher", "distopt", "ep_overlap",
-                 "opt_offload", "act_offload", "opt_dtypes", "cp_comm", "shared_overlap")
+                 "opt_offload", "act_offload", "opt_dtypes", "cp_comm", "shared_overlap", "cuda_graphs")
 #: A multimodal layout's Optuna parameters beyond its LLM's (:meth:`MultimodalCodec.to_optuna_params`); a text-only
 #: trial has none of them.
 MULTIMODAL_OPTUNA_PARAMS = ("placement", "enc_tp", "enc_cp", "enc_pp", "enc_dp")
 #: Parameters added to the search after studies had begun, with the value a trial of an older study ran.
 OPTUNA_ADDED = {"ep_overlap": False, "opt_offload": 0.0, "act_offload": "none", "opt_dtypes": dtypes_text(FP32_STATES),
-                "cp_comm": DEFAULT_CP_COMM, "shared_overlap": False}
+                "cp_comm": DEFAULT_CP_COMM, "shared_overlap": False, "cuda_graphs": False}
 #: Label token -> ParallelConfig field of the precision-aware optimizer's dtypes (Megatron's words).
 OPTIMIZER_DTYPE_TOKENS = dict(zip(("exp_avg", "exp_avg_sq", "main_params"), OPTIMIZER_DTYPE_FIELDS))
 #: (parameter, earlier spelling) -> the current one: the codec once wrote a whole-stage full recompute 'full:0'.
@@ -166,6 +167,10 @@ def read_label(text: str) -> LabelTokens:
             out["tp_comm_overlap"] = value.lower() in ON_WORDS
         elif key == "shared_overlap":
             out["moe_shared_expert_overlap"] = value.lower() in ON_WORDS
+        elif key == "cuda_graphs":
+            if value.lower() not in _ON_OFF:
+                raise _bad_token(token, text, " (cuda_graphs is on or off)")
+            out["cuda_graphs"] = _ON_OFF[value.lower()]
         elif key == "opt_offload":
             try:
                 out["optimizer_cpu_offload_fraction"] = float(value)
@@ -282,6 +287,8 @@ class LayoutCodec:
             parts.append("tp_overlap=on")
         if self.moe_shared_expert_overlap:
             parts.append("shared_overlap=on")
+        if self.cuda_graphs:
+            parts.append("cuda_graphs=on")
         if self.optimizer_cpu_offload_fraction:
             parts.append(f"opt_offload={_fraction_text(self.optimizer_cpu_offload_fraction)}")
         if self.activation_offload_modules:
@@ -360,7 +367,8 @@ class LayoutCodec:
                 "opt_offload": self.optimizer_cpu_offload_fraction,
                 "act_offload": "+".join(self.activation_offload_modules) or "none",
                 "opt_dtypes": dtypes_text(self.optimizer_dtypes),
-                "cp_comm": self.cp_comm_text(), "shared_overlap": self.moe_shared_expert_overlap}
+                "cp_comm": self.cp_comm_text(), "shared_overlap": self.moe_shared_expert_overlap,
+                "cuda_graphs": self.cuda_graphs}
 
     @classmethod
     def from_optuna_params(cls, params: dict[str, Any], world_size: int, **fixed: Any):
@@ -377,6 +385,7 @@ class LayoutCodec:
                    overlap_param_gather=distopt,
                    overlap_moe_expert_parallel_comm=bool(params["ep_overlap"]),
                    moe_shared_expert_overlap=bool(params["shared_overlap"]),
+                   cuda_graphs=bool(params["cuda_graphs"]),
                    optimizer_cpu_offload_fraction=float(params["opt_offload"]),
                    activation_offload_modules=() if act == "none" else tuple(act.split("+")),
                    **dict(zip(OPTIMIZER_DTYPE_FIELDS, read_dtypes(str(params["opt_dtypes"])))),

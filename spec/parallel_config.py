@@ -29,6 +29,9 @@ class ParallelConfig(LayoutCodec):
     ``overlap_moe_expert_parallel_comm`` hides the EP all-to-all of one micro-batch behind another's compute.
     ``moe_shared_expert_overlap`` (Megatron's ``--moe-shared-expert-overlap``) runs the shared experts' GEMMs
     while the dispatch all-to-all of the same micro-batch is in flight.
+    ``cuda_graphs`` replays each decoder layer's static part from CUDA graphs (one launch per captured region
+    and pass instead of its kernels'): what it covers is :func:`spec.validity.cuda_graph_scope`, where it holds
+    the rule book's ``cuda_graphs*`` rules (Megatron's ``--cuda-graph-impl`` / ``--cuda-graph-scope``).
     ``optimizer_cpu_offload_fraction`` (Megatron's ``--optimizer-cpu-offload --optimizer-offload-fraction``): the
     share of each rank's optimizer state (fp32 master weights + Adam moments) kept in CPU memory and stepped
     there; it needs the distributed optimizer, as Megatron's does. ``activation_offload_modules``: modules of
@@ -66,6 +69,7 @@ class ParallelConfig(LayoutCodec):
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
     moe_shared_expert_overlap: bool = False
+    cuda_graphs: bool = False
     optimizer_cpu_offload_fraction: float = 0.0
     activation_offload_modules: tuple[str, ...] = ()
     pipeline_layout: str | None = None

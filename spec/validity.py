@@ -42,6 +42,10 @@ Where a rule comes from Megatron-LM (read, not copied, at commit d98e8a6 of NVID
 - shared_overlap: ``TransformerConfig`` (``moe_shared_expert_overlap`` needs shared experts and the alltoall
   dispatcher) and ``arguments.py`` (not together with ``overlap_moe_expert_parallel_comm``, whose schedule places
   the shared experts itself); foldtune adds ep > 1: without an EP all-to-all there is nothing to hide under;
+- cuda_graphs_device, cuda_graphs_recompute, cuda_graphs_ep_overlap: foldtune's rules on ``cuda_graphs`` (its
+  capture, :func:`cuda_graph_scope`, holds one micro-batch's forward per layer until that micro-batch's backward,
+  without checkpoints or offload inside; Megatron's own CUDA graphs are exported as ``--cuda-graph-impl
+  transformer_engine --cuda-graph-scope attn moe_router``, whose scopes hold the same parts);
 - cp_a2a_heads: Transformer Engine's context-parallel attention (``--cp-comm-type a2a`` and ``a2a+p2p``): the
   all-to-all hands each rank of its group whole query heads and whole KV heads of its TP rank, so both head
   counts split over tp times the all-to-all's size;
@@ -87,6 +91,7 @@ from spec.multimodal import ImageInputs, VisionLanguageSpec
 from spec.multimodal_layout import MultimodalLayout
 from spec.norm_scopes import QK_NORM_SCOPES
 from spec.optimizer_dtypes import EXECUTOR_STATE_DTYPES, FIELDS as OPTIMIZER_DTYPE_FIELDS
+from spec.shape_defaults import is_cpu
 from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
@@ -114,6 +119,10 @@ RULES: dict[str, str] = {
     "ep_overlap": "EP comm overlap needs ep > 1, alltoall, no full recompute, vpp when pp > 1",
     "tp_overlap_sp": "TP comm overlap needs sequence parallelism",
     "shared_overlap": "shared-expert overlap needs shared experts, ep > 1, alltoall, no EP comm overlap",
+    "cuda_graphs_device": "CUDA graphs need CUDA ranks (a GPU, not CPU ranks)",
+    "cuda_graphs_recompute": "CUDA graphs hold no full recompute, and no selective recompute or activation "
+                             "offload of the captured attention half (core_attn, layernorm, mla_up_proj)",
+    "cuda_graphs_ep_overlap": "CUDA graphs do not run with the EP comm overlap schedule",
     "cp_a2a_heads": "cp_comm a2a / a2a+p2p: attention heads and KV heads % (tp·a2a size) == 0",
     "flex_dispatcher": "the flex dispatcher needs etp·ep > 1; with DeepEP no padding to capacity",
     "distopt_choice": "the distributed optimizer setting matches the training spec",
@@ -274,6 +283,83 @@ def shared_overlap_rule(model: ModelSpec, ep: int, dispatcher: str, ep_overlap: 
     if why:
         return Rejection("shared_overlap", "moe_shared_expert_overlap needs " + ", ".join(why))
     return None
+
+
+#: Recompute and activation-offload modules inside the part of a layer every CUDA graph captures (the attention
+#: half and its norms): the graph replays a forward that saved its activations, with no checkpoint or offload in it.
+CUDA_GRAPH_MODULES = ("core_attn", "layernorm", "mla_up_proj")
+
+
+def cuda_graph_scope(model: ModelSpec, config: ParallelConfig, moe: bool) -> tuple[str, ...]:
+    """What one decoder layer (an MoE layer when ``moe``) replays from its CUDA graphs under ``config.cuda_graphs``:
+    'attention' (input norm, attention block, residual add), 'mlp_norm' (the MLP's input norm), and in an MoE layer
+    'router' (the router's logits, before top-k) and 'shared_experts' (their GEMMs do not depend on the routing).
+    The router and shared experts stay eager where the MoE block is recomputed or offloaded (selective recompute
+    of moe, activation offload of moe), the shared experts also under their own recompute and where they run
+    beside the dispatch all-to-all (moe_shared_expert_overlap). The rest of the MoE block (top-k, permutation,
+    experts, combine) is never captured: dropless routing changes its shapes every micro-batch."""
+    parts = ("attention", "mlp_norm")
+    if not moe:
+        return parts
+    selective = config.recompute_modules if config.recompute_granularity == "selective" else ()
+    if "moe" in selective or "moe" in config.activation_offload_modules:
+        return parts
+    parts += ("router",)
+    if (model.shared_expert_ffn_hidden_size and not config.moe_shared_expert_overlap
+            and "shared_experts" not in selective):
+        parts += ("shared_experts",)
+    return parts
+
+
+def cuda_graphs_rule(config: ParallelConfig, gpu: str | None = None) -> Rejection | None:
+    """The rule book's rules on ``cuda_graphs`` (module docstring: cuda_graphs_device, cuda_graphs_recompute,
+    cuda_graphs_ep_overlap): the first one ``config`` breaks on the GPU named ``gpu`` ('cpu': CPU ranks; None: the
+    GPU is not judged), or None (also when the knob is off)."""
+    c = config
+    if not c.cuda_graphs:
+        return None
+    if gpu is not None and is_cpu(gpu):
+        return Rejection("cuda_graphs_device", "cuda_graphs needs CUDA ranks; the run has CPU ranks")
+    selective = c.recompute_modules if c.recompute_granularity == "selective" else ()
+    recomputed = [m for m in CUDA_GRAPH_MODULES if m in selective]
+    moved = [m for m in CUDA_GRAPH_MODULES if m in c.activation_offload_modules]
+    why = ((["full recompute"] if c.recompute_granularity == "full" else [])
+           + [f"selective recompute of {m}" for m in recomputed] + [f"activation offload of {m}" for m in moved])
+    if why:
+        return Rejection("cuda_graphs_recompute", "cuda_graphs replays the attention half as captured, without "
+                                                  + ", ".join(why))
+    if c.overlap_moe_expert_parallel_comm:
+        return Rejection("cuda_graphs_ep_overlap", "cuda_graphs holds one micro-batch per layer between its forward "
+                                                   "and backward; the EP overlap schedule runs another micro-batch's "
+                                                   "forward in between (overlap_moe_expert_parallel_comm)")
+    return None
+
+
+def executor_cuda_graphs_problem(config: ParallelConfig, precision: str | None = None) -> str | None:
+    """What of ``config`` (trained in ``precision``, None: not judged) the executor's CUDA graphs cannot hold
+    (rule executor_cuda_graphs), or None."""
+    c = config
+    why = [need for need, broken in (
+        (f"tp = cp = 1: the graphs capture no collectives (got tp {c.tp}, cp {c.cp})", c.tp > 1 or c.cp > 1),
+        (f"pp = 1: a pipeline runs several forwards of a layer before their backwards (got pp {c.pp})", c.pp > 1),
+        ("no overlapped parameter gather across ranks: its forward hooks wait outside the graph "
+         "(overlap_param_gather with the distributed optimizer)",
+         c.overlap_param_gather and c.use_distributed_optimizer and c.world_size > 1),
+        ("precision other than fp8: its kernels cache quantised weights between replays", precision == "fp8"),
+    ) if broken]
+    return "cuda_graphs needs " + "; ".join(why) if why else None
+
+
+def cuda_graphs_rejections(config: ParallelConfig, precision: str | None = None,
+                           gpu: str | None = None) -> list[Rejection]:
+    """Every rejection of the rule book's CUDA-graph rules ``config`` draws (empty when the knob is off or holds):
+    the capture's own (:func:`cuda_graphs_rule`), then the executor's (executor_cuda_graphs)."""
+    if not config.cuda_graphs:
+        return []
+    found = [cuda_graphs_rule(config, gpu)]
+    problem = executor_cuda_graphs_problem(config, precision)
+    found.append(Rejection("executor_cuda_graphs", problem) if problem else None)
+    return [r for r in found if r is not None]
 
 
 def flex_dispatcher_rule(dispatcher: str, ep: int, etp: int, training: TrainingSpec) -> Rejection | None:
@@ -536,6 +622,10 @@ class Validator:
                                          c.overlap_moe_expert_parallel_comm)
             if shared is not None:
                 return shared
+        if c.cuda_graphs:
+            graphs = cuda_graphs_rule(c, None if self.cluster is None else self.cluster.gpu.name)
+            if graphs is not None:
+                return graphs
         if not c.use_distributed_optimizer and needs_distributed_optimizer(self.training):
             return Rejection("optimizer_distopt", "fp8 primary weights (fp8_param_gather) need the distributed "
                                                   "optimizer")
@@ -692,6 +782,14 @@ def _megatron_optimizer_recipe(model: ModelSpec, training: TrainingSpec, config:
     if knobs:
         return "Megatron's optimizer recipe is not built: " + ", ".join(knobs)
     return None
+
+
+def _executor_cuda_graphs(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> str | None:
+    return executor_cuda_graphs_problem(config, training.precision) if config.cuda_graphs else None
+
+
+register(Rule("executor_cuda_graphs", "CUDA graphs are built at tp = cp = pp = 1, without overlapped parameter "
+                                      "gathers across ranks, not in fp8", _executor_cuda_graphs, executor=True))
 
 
 register(Rule("executor_optimizer_recipe", "16-bit weights and fp32 main grads (Megatron's fp8 primary weights and "

@@ -17,6 +17,7 @@ import yaml
 
 from api.cli.arguments import add
 from api.service.capability import check_layout_runnable, check_model_runnable
+from api.service.errors import RuleViolation
 from spec.catalog import get_model
 from spec.errors import SpecError
 from spec.hf_config import HFModel, load_hf_model, model_from_hf_config, read_hf_config
@@ -24,6 +25,7 @@ from spec.model_spec import ModelSpec
 from spec.parallel_config import ParallelConfig
 from spec.proxy import ProxyError, proxy_model
 from spec.training_spec import TrainingSpec
+from spec.validity import cuda_graphs_rule
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = True,
@@ -104,8 +106,12 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         raise SpecError(f"--{'layers' if exc.rule == 'proxy_layers' else 'proxy'}: {exc} [{exc.rule}]") from None
 
 
-def check_local_run(model: ModelSpec, training: TrainingSpec, config: ParallelConfig) -> None:
+def check_local_run(model: ModelSpec, training: TrainingSpec, config: ParallelConfig, gpu: str | None = None) -> None:
     """The front door of a local run (``profile``, ``train``): the executor's model rule, then every rule of the
-    rule book (the batch rule included), a RuleViolation naming the first, before any rank process starts."""
+    rule book (the batch rule included, and on the ranks ``gpu`` names, 'cpu' or a GPU, the GPU's rules), a
+    RuleViolation naming the first, before any rank process starts."""
     check_model_runnable(model, "--model")
     check_layout_runnable(model, training, config, "--layout")  # the rule book, the batch rule included
+    device = cuda_graphs_rule(config, gpu)
+    if device is not None:
+        raise RuleViolation("--layout", device.rule, device.reason)

@@ -86,6 +86,9 @@ FLAGS: dict[str, Flag] = {
                               "--moe-pad-expert-input-to-capacity)", action="store_true"),
     "--layout": Flag('a folded layout as foldtune prints it, e.g. "tp2 ep2 dp1 mbs1" (any subset of its tokens)',
                      metavar="LABEL"),
+    "--cuda-graphs": Flag("replay each decoder layer's static part (attention, norms, router logits, shared experts) "
+                          "from CUDA graphs: the layout's cuda_graphs knob (CUDA ranks only)", default=False,
+                          action="store_true"),
     "--min-headroom": Flag("memory per GPU kept free when pruning layouts: a fraction of the GPU's memory "
                            f"(e.g. 0.1) or bytes (e.g. 4GiB); default {DEFAULT_MIN_HEADROOM}", type=parse_headroom,
                            metavar="FRACTION|BYTES"),

@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_cost_arguments(parser)
     add_image_arguments(parser)
     add(parser, "--search-precision", "plans each and reports the faster; --precision is then only the fallback")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="leave CUDA graphs out of the search (by default each layout is also tried with them on "
+                             "GPU clusters; --explain judges the layout as its label says)")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -222,7 +225,7 @@ def plan_space(args: argparse.Namespace):
     """The search space of a plan request's arguments."""
     precisions = SEARCHED_PRECISIONS if getattr(args, "search_precision", False) else None
     return SearchSpace(mbs_max=args.mbs_max, vpp_max=args.vpp_max, pipeline=_split(args), precisions=precisions,
-                       **_offload(args))
+                       cuda_graphs=not getattr(args, "no_cuda_graphs", False), **_offload(args))
 
 
 SEARCHED_PRECISIONS = ("bf16", "fp8")  # what --search-precision plans

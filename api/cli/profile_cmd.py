@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes.add_argument("--dispatcher", choices=EXECUTOR_DISPATCHERS, default=None,
                        help="; ".join(f"{k.name}: {k.summary}" for k in DISPATCHER_KINDS if k.executor_builds)
                        + f" (default: {DEFAULT_DISPATCHER})")
+    add(sizes, "--cuda-graphs")
     add(parser, "--gpu", LOCAL_GPU_NOTE)
     add_shape_arguments(parser)
     add(parser, "--routing")
@@ -65,6 +66,7 @@ def _config(args: argparse.Namespace) -> ParallelConfig:
             raise SpecError(f"--{name} must be positive, got {value}")
     given = [f"--{name}" for name, value in flags.items() if value is not None]
     given += ["--dispatcher"] if args.dispatcher is not None else []
+    given += ["--cuda-graphs"] if args.cuda_graphs else []
     if args.layout is not None and given:
         raise SpecError(f"--layout names the whole layout; drop {', '.join(given)} (or put it in the label)")
     if args.layout is not None:
@@ -80,7 +82,8 @@ def _config(args: argparse.Namespace) -> ParallelConfig:
     if args.layout is not None:
         return ParallelConfig.parse(args.layout, world_size=world)
     return ParallelConfig.from_sizes(sizes, world_size=world,
-                                     moe_token_dispatcher_type=args.dispatcher or DEFAULT_DISPATCHER)
+                                     moe_token_dispatcher_type=args.dispatcher or DEFAULT_DISPATCHER,
+                                     **({"cuda_graphs": True} if args.cuda_graphs else {}))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                             precision=shape.precision, routing_mode=args.routing,
                             moe_expert_capacity_factor=args.capacity_factor,
                             moe_pad_expert_input_to_capacity=bool(args.pad_to_capacity))
-    check_local_run(model, training, config)
+    check_local_run(model, training, config, gpu)
     options = ExecutorOptions.for_training(training, router_options_from(args), model)
     measurement = profile_layout(model, training, config, options, untimed, timed, timeout_s(args, "profile"),
                                  "cuda" if on_gpu else "cpu", args.gpu or (gpu if on_gpu else None))

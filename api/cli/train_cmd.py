@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(source, "--job", "finished, from the service database: on its model, GPUs, sequence length, batch and "
                          "precision, through the runner (Ray)")
     add(parser, "--gpu", LOCAL_GPU_NOTE + "; with --job the job's")
+    add(parser, "--cuda-graphs", "with --layout (its cuda_graphs knob on)")
     add(parser, "--gpus", "default: the layout's dp times tp·cp·pp")
     add(parser, "--steps", required=True)
     add(parser, "--seq", f"default: {CPU_SEQ} on CPU ranks; on GPUs give it; with --job the job's")
@@ -122,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
                 or args.proxy):  # --model may repeat the job's (train_job checks it)
             raise SpecError("--job trains the job's model (and its proxy); leave out --model-file, --model-dir, "
                             "--hf-config, --export-hf, --layers and --proxy")
+        if args.cuda_graphs:
+            raise SpecError("--job trains the job's best layout as it was measured; --cuda-graphs goes with --layout")
         return run_job_training(args)
     # torch and the executor: only the command that trains pays for them, not `foldtune --help`
     import torch
@@ -147,13 +150,15 @@ def run(args: argparse.Namespace) -> int:
     args.layout = args.layout or "dp1"
     model = model_from_args(args)
     config = ParallelConfig.parse(args.layout, world_size=args.gpus)
+    if args.cuda_graphs:
+        config = config.replace(cuda_graphs=True)
     if args.gpu:
         get_hardware(args.gpu)  # `train --gpu 2`: an unknown hardware name, not a count of GPUs
     gpu = args.gpu or local_gpu(config.world_size)
     device = "cpu" if is_cpu(gpu) else "cuda"
     shape = resolve_shape(args, gpu, "train")  # the shared defaults
     args.seq, args.gbs = shape.seq, shape.gbs
-    check_local_run(model, TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs), config)
+    check_local_run(model, TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs), config, gpu)
     cfg = TrainConfig(args.data, steps=args.steps, seq_length=args.seq, global_batch_size=args.gbs, lr=args.lr,
                       min_lr=args.min_lr, warmup_steps=args.lr_warmup, weight_decay=args.weight_decay,
                       max_grad_norm=args.clip_grad, eval_every=args.eval_every, eval_batches=args.eval_batches,

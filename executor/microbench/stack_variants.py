@@ -108,8 +108,10 @@ def build_stack(name: str, spec: ModelSpec, seq: int, mbs: int, dev: torch.devic
     if base is not None:
         for layer, source in zip(layers, base):
             share_parameters(layer, source)
-            if layer.graphed is not None:  # its captured half must hold the shared mlp_norm too
+            if layer.graphed is not None:  # its captured part must hold the shared mlp_norm (and gate) too
                 layer.graphed.half.mlp_norm = layer.mlp_norm
+                if layer.graphed.half.shared is not None:
+                    layer.graphed.half.shared.shared_gate = layer.mlp.shared_gate
     generator = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(seq, mbs, spec.hidden_size, device=dev, dtype=dtype, generator=generator).requires_grad_(True)
     gy = torch.randn(seq, mbs, spec.hidden_size, device=dev, dtype=dtype, generator=generator)

@@ -95,24 +95,26 @@ def test_cuda_graphs_refused_on_cpu_with_a_reason():
 @pytest.mark.parametrize("config,words", [
     (ParallelConfig(world_size=2, tp=2), "tp = cp = 1"),
     (ParallelConfig(world_size=2, pp=2), "pipeline"),
-    (ParallelConfig(world_size=1, recompute_granularity="full"), "recomputation"),
+    (ParallelConfig(world_size=1, recompute_granularity="full"), "full recompute"),
     (ParallelConfig(world_size=1, recompute_granularity="selective", recompute_modules=("core_attn",)),
      "core_attn"),
     (ParallelConfig(world_size=2, ep=2), "overlap_param_gather"),
 ])
 def test_cuda_graphs_refusals_name_the_reason(config, words):
-    assert words in refusal(config, "torch", "standard", torch.device("cuda"))
+    assert words in refusal(config, "torch", torch.device("cuda"))
 
 
 def test_cuda_graphs_allowed_where_static():
-    assert refusal(ParallelConfig(world_size=1), "torch", "standard", torch.device("cuda")) is None
-    # the MoE is never captured, so a selective recompute of its activation does not stop the attention half
+    assert refusal(ParallelConfig(world_size=1), "torch", torch.device("cuda")) is None
+    # the routed experts are never captured, so a selective recompute of their activation does not stop the graphs
     config = ParallelConfig(world_size=2, ep=2, overlap_param_gather=False,
                             recompute_granularity="selective", recompute_modules=("moe_act",))
-    assert refusal(config, "torch", "standard", torch.device("cuda")) is None
-    assert "fp8" in refusal(ParallelConfig(world_size=1), "torch-fp8", "standard", torch.device("cuda"))
-    assert "standard" in refusal(ParallelConfig(world_size=1), "torch", "multi-latent attention",
-                                 torch.device("cuda"))
+    assert refusal(config, "torch", torch.device("cuda")) is None
+    assert "fp8" in refusal(ParallelConfig(world_size=1), "torch-fp8", torch.device("cuda"))
+    # the rule names come from the rule book
+    assert "[executor_cuda_graphs]" in refusal(ParallelConfig(world_size=2, pp=2), "torch", torch.device("cuda"))
+    assert "[cuda_graphs_recompute]" in refusal(ParallelConfig(world_size=1, recompute_granularity="full"), "torch",
+                                                torch.device("cuda"))
 
 
 # ---- fused RoPE through Triton's interpreter (a child process: Triton reads TRITON_INTERPRET on import) ----

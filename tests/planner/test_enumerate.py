@@ -83,7 +83,9 @@ def _brute_force(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                             if not space.allows_etp(etp, model):
                                 continue
                             dispatchers = space.dispatchers_for(ep, etp, model.is_moe, cluster.gpus_per_node,
-                                                                 bool(model.shared_expert_ffn_hidden_size))
+                                                                 bool(model.shared_expert_ffn_hidden_size),
+                                                                 gpu=cluster.gpu.name != "cpu"
+                                                                 and tp == cp == pp == 1)
                             for mbs in range(1, space.mbs_max + 1):
                                 for disp in dispatchers:
                                     for distopt in distopts:

@@ -93,3 +93,19 @@ def test_shared_expert_overlap_is_megatrons_flag():
     assert "--moe-shared-expert-overlap" not in flags(megatron_args(cfg, model, training))
     f = flags(megatron_args(cfg.replace(moe_shared_expert_overlap=True), model, training))
     assert "--moe-shared-expert-overlap" in f and "--overlap-moe-expert-parallel-comm" not in f
+
+
+def test_cuda_graphs_export_megatrons_graph_scopes():
+    """Megatron's Transformer Engine graphs with the scopes foldtune captures: the attention ('attn') and, in an
+    MoE model, the router with the pre-MLP norm and the shared experts ('moe_router'); only 'attn' where the MoE
+    block is recomputed, and nothing with the knob off."""
+    model = get_model("deepseek-v2-lite")
+    training = TrainingSpec(seq_length=4096, global_batch_size=64)
+    cfg = ParallelConfig(16, ep=16)
+    assert "--cuda-graph-impl" not in flags(megatron_args(cfg, model, training))
+    f = flags(megatron_args(cfg.replace(cuda_graphs=True), model, training))
+    assert f["--cuda-graph-impl"] == ["transformer_engine"] and f["--cuda-graph-scope"] == ["attn", "moe_router"]
+    recomputed = cfg.replace(cuda_graphs=True, recompute_granularity="selective", recompute_modules=("moe",))
+    assert flags(megatron_args(recomputed, model, training))["--cuda-graph-scope"] == ["attn"]
+    assert "--cuda-graph-scope attn moe_router" in format_megatron_args(cfg.replace(cuda_graphs=True), model,
+                                                                        training)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CODEC = ROOT / "spec" / "layout_codec.py"
 PACKAGES = ("spec", "costmodel", "planner", "executor", "db", "api")
 KNOB_TOKEN = re.compile(r"(?:^|[\s,(])(precision|recompute|dispatcher|distopt|ep_overlap|tp_overlap|opt_offload"
-                        r"|act_offload|exp_avg|exp_avg_sq|main_params"
+                        r"|act_offload|exp_avg|exp_avg_sq|main_params|cuda_graphs"
                         r"|pp_first|pp_last|pp_account|layout)=")
 SIZE_PREFIX = re.compile(r"(?:^|[\s,(])(tp|cp|pp|vpp|ep|etp|dp|edp|mbs)$")
 TINY = ["plan", "--model", "tiny-moe", "--gpus", "8", "--gpu", "cpu", "--seq", "128", "--gbs", "16"]

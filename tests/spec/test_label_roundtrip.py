@@ -33,7 +33,9 @@ WORLD = 256
 def _planner_space():
     model, training, cluster = build_specs("deepseek-v3", WORLD, gpu="h100-sxm", seq_length=4096,
                                            global_batch_size=1024)
-    space = SearchSpace(optimizer_offload=(0.5, 1.0), activation_offload=(("core_attn",), ("layernorm", "moe")))
+    # offloads that leave the attention half to CUDA graphs, which the planner then tries too (any_configs covers the
+    # other offload modules)
+    space = SearchSpace(optimizer_offload=(0.5, 1.0), activation_offload=(("moe",), ("mlp", "moe")))
     return enumerate_layouts(model, training, cluster, space)
 
 
@@ -92,6 +94,7 @@ def any_configs(draw) -> ParallelConfig:
                               use_distributed_optimizer=distopt, overlap_param_gather=distopt,
                               overlap_moe_expert_parallel_comm=draw(st.booleans()),
                               moe_shared_expert_overlap=draw(st.booleans()),
+                              cuda_graphs=draw(st.booleans()),
                               optimizer_cpu_offload_fraction=fraction, activation_offload_modules=offloaded,
                               **fields)
     except InvalidConfigError:  # the few combinations the constructor refuses
@@ -143,6 +146,7 @@ def test_the_planner_space_holds_every_knob_the_label_spells():
     options = {d for lay in enum.layouts for d in lay.dispatchers}
     assert {d.dispatcher for d in options} == set(EXECUTOR_DISPATCHERS) and any(d.ep_overlap for d in options)
     assert any(d.shared_overlap for d in options)  # DeepSeek-V3 has a shared expert
+    assert any(d.cuda_graphs for d in options)  # H100s: CUDA graphs are tried
     assert {o[0] for o in enum.offload} == {0.0, 0.5, 1.0} and any(o[1] for o in enum.offload)
     assert {lay.cp_comm.cp_comm_type for lay in enum.layouts} == set(CP_COMM_TYPES)
     assert {g for g, _ in enum.recompute} == {"none", "selective", "full"}

@@ -60,6 +60,12 @@ CASES = [
      dict(ep=2, moe_token_dispatcher_type="allgather", moe_shared_expert_overlap=True)),
     ("shared_overlap", get_model("tiny-moe-shared"), TRAIN, 8,
      dict(ep=2, overlap_moe_expert_parallel_comm=True, moe_shared_expert_overlap=True)),
+    ("cuda_graphs_device", TINY, TRAIN, 8, dict(cuda_graphs=True)),  # cluster overridden below (CPU ranks)
+    ("cuda_graphs_recompute", TINY, TRAIN, 8, dict(cuda_graphs=True, recompute_granularity="full")),
+    ("cuda_graphs_recompute", TINY, TRAIN, 8,
+     dict(cuda_graphs=True, recompute_granularity="selective", recompute_modules=("layernorm", "moe_act"))),
+    ("cuda_graphs_recompute", TINY, TRAIN, 8, dict(cuda_graphs=True, activation_offload_modules=("core_attn",))),
+    ("cuda_graphs_ep_overlap", TINY, TRAIN, 8, dict(cuda_graphs=True, ep=2, overlap_moe_expert_parallel_comm=True)),
     # tiny-moe's 2 KV heads do not split over tp·cp = 4; a2a+p2p's all-to-all over 2 ranks at tp 2 neither
     ("cp_a2a_heads", TINY, TRAIN, 8, dict(cp=4, cp_comm_type="a2a")),
     ("cp_a2a_heads", TINY, TRAIN, 8,
@@ -97,6 +103,11 @@ def test_each_rule_trips(rule, model, training, gpus, cfg):
         found = check_config(model, training, cluster, ParallelConfig(world_size=gpus, **cfg))
         assert [r.rule for r in found] == ["fp8_hardware"]
         assert "a100-80gb" in found[0].reason
+        return
+    if rule == "cuda_graphs_device":
+        cpu = ClusterSpec(get_hardware("cpu"), gpus)
+        assert [r.rule for r in check_config(model, training, cpu, ParallelConfig(world_size=gpus, **cfg))] == [rule]
+        assert rules_of(model, training, gpus, **cfg) == set()  # on GPUs the knob holds
         return
     found = rules_of(model, training, gpus, **cfg)
     # a layout string of the wrong chunk count cannot place the layers either
@@ -237,3 +248,20 @@ def test_a_registered_rule_joins_the_rule_book(monkeypatch):
     assert check(TINY, TRAIN, ParallelConfig(world_size=1, micro_batch_size=2)) == []
     with pytest.raises(ValueError, match="registered twice"):
         validity.register(rule)
+
+
+def test_cuda_graphs_executor_rule_names_each_limit():
+    """What the executor's capture cannot hold is one executor rule naming every limit; Megatron's layout stays
+    valid (the planner plans for Megatron, whose graphs capture TP collectives and pipelines)."""
+    cfg = ParallelConfig(world_size=8, tp=2, pp=2, cuda_graphs=True)
+    assert rules_of(TINY, TRAIN, 8, tp=2, pp=2, cuda_graphs=True) == set()
+    found = [r for r in check(TINY, TRAIN, cfg) if r.rule == "executor_cuda_graphs"]
+    assert len(found) == 1 and is_executor_rule("executor_cuda_graphs")
+    for words in ("tp = cp = 1", "pp = 1", "overlap_param_gather"):
+        assert words in found[0].reason
+    fp8 = [r.rule for r in check(TINY, TrainingSpec(64, 16, precision="fp8"),
+                                 ParallelConfig(world_size=1, cuda_graphs=True))]
+    assert fp8 == ["executor_cuda_graphs"]
+    assert check(TINY, TRAIN, ParallelConfig(world_size=1, cuda_graphs=True)) == []
+    assert check(TINY, TRAIN, ParallelConfig(world_size=2, ep=2, cuda_graphs=True, use_distributed_optimizer=False,
+                                             overlap_param_gather=False)) == []
