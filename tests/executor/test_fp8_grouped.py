@@ -486,3 +486,49 @@ def test_tiny_moe_training_with_foldtunes_blockwise_experts_tracks_bf16():
     for got, want in zip(blockwise, bf16):
         assert got == pytest.approx(want, rel=2e-3)
     assert blockwise[1] < blockwise[0]
+
+
+# ---- the measurement core of bench/fp8_grouped_gemm.py ----
+
+def _fake_clock(monkeypatch):
+    from executor.microbench import fp8_grouped as mb
+
+    timed = []
+
+    class Timing:
+        seconds = 1e-3
+
+    def time_host_ahead(call, device, calls, windows):
+        timed.append(call)
+        return Timing()
+
+    monkeypatch.setattr(mb, "time_host_ahead", time_host_ahead)
+    return mb, timed
+
+
+def test_the_microbench_keeps_token_counts_apart(monkeypatch):
+    """Products made for two micro-batch sizes carry their token count, and the per-layer sums add only the
+    products of one size (forward, dgrad, wgrad; two quantisations)."""
+    mb, timed = _fake_clock(monkeypatch)
+    spec = get_model("tiny-moe")
+    items = [p for tokens in (32, 64) for p in mb.products("tiny-moe", spec, tokens) if p.weight == "w2"]
+    rows = mb.measure(items, torch.device("cpu"), False, ("rowwise",), calls=1, progress=lambda _: None,
+                      max_rel_err=0.06)
+    assert [(r["tokens"], r["product"]) for r in rows] == [(t, p) for t in (32, 64) for p in mb.PRODUCTS]
+    assert all(0.01 < r["rowwise_rel_err"] < 0.05 for r in rows)
+    layers = mb.layer_rows(rows, ("rowwise",))
+    assert [(layer["tokens"], layer["weight"]) for layer in layers] == [(32, "w2"), (64, "w2")]
+    assert layers[0]["rowwise_s"] == pytest.approx(3 * 1e-3 + 2 * 1e-3)
+    assert layers[0]["flops"] == sum(r["flops"] for r in rows if r["tokens"] == 32)
+
+
+def test_the_microbench_stops_before_timing_a_wrong_result(monkeypatch):
+    """A kernel 20 % off (far outside e4m3's band against bf16) stops the measurement with WrongResult
+    before anything of that product is timed."""
+    mb, timed = _fake_clock(monkeypatch)
+    real = gg.m_grouped
+    monkeypatch.setattr(gg, "m_grouped", lambda *args, **kwargs: real(*args, **kwargs) * 1.2)
+    fwd = mb.products("tiny-moe", get_model("tiny-moe"), 64)[:1]
+    with pytest.raises(mb.WrongResult, match="w13 fwd at 64 tokens, rowwise"):
+        mb.measure(fwd, torch.device("cpu"), False, ("rowwise",), calls=1, progress=lambda _: None, max_rel_err=0.06)
+    assert not timed
