@@ -413,6 +413,26 @@ def test_every_config_gives_the_same_products(scaling):
 
 
 @inner_only
+@pytest.mark.parametrize("scaling", gq.SCALINGS)
+def test_flattened_configs_walk_experts_of_different_lengths(scaling):
+    """The flattened configs (m-grouped: one fused loop; k-grouped: one walk over (tile, step) pairs) against
+    the first config, where the experts' token blocks differ (1, 2 and 3 blocks of 128 and empty experts
+    between) and 3 programs walk 7 experts' tiles: a program's steps carry over from one expert to the
+    next, and an empty expert's tile is zeros."""
+    counts = (0, 200, 0, 0, 129, 1, 300)
+    configs_m, configs_k = _configs("m", scaling), _configs("k", scaling)
+    want = _products(counts, scaling, True, config_m=configs_m[0], config_k=configs_k[0])[1]
+    flat = [(cm, ck) for cm, ck in zip(configs_m, configs_k) if cm.flatten and ck.flatten]
+    assert flat
+    for cm, ck in flat:
+        got = _products(counts, scaling, True, config_m=cm, config_k=ck)[1]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.float(), w.float(), rtol=2**-7, atol=1e-3 * float(w.float().abs().max()))
+    empty = [e for e, n in enumerate(counts) if n == 0]
+    assert not got[2][empty].any()
+
+
+@inner_only
 def test_triton_self_check_passes():
     gg.compare_on("cpu", kernel=True)
 

@@ -80,11 +80,13 @@ class Config:
     SM (2: while one program fills its pipeline for its next tile, the other's main loop runs, where
     registers and shared memory let two share an SM; the same compiled kernel, another grid).
 
-    ``flatten`` (m-grouped only): the loop over a program's tiles and the contraction loop inside it are
-    fused by Triton into one pipelined loop (``tl.range(..., flatten=True)``), so the loads of a program's
-    next tile are issued while it finishes the current one's last steps and epilogue: the other way to hide
-    the pipeline fill, which matters where the contraction is a few steps (K of 768 to 2048 against a BK of
-    128). ``engine`` 'torch' (:data:`TORCH_KERNEL`, rowwise m-grouped only, with ``torch_candidate``): not a
+    ``flatten``: the loop over a program's tiles and the contraction loop inside it run as one pipelined
+    loop, so the loads of a program's next tile are issued while it finishes the current one's last steps
+    and epilogue: the other way to hide the pipeline fill, which matters where the contraction is a few
+    steps (m-grouped: K of 768 to 2048 against a BK of 128; k-grouped: an expert's tokens, 256 a
+    Qwen3-30B-A3B expert at 4096 tokens). m-grouped, whose steps are K's for every tile, has Triton fuse
+    the loops (``tl.range(..., flatten=True)``); k-grouped, whose steps are each expert's, walks its (tile,
+    step) pairs itself (``_k_grouped_flat_kernel``). ``engine`` 'torch' (:data:`TORCH_KERNEL`, rowwise m-grouped only, with ``torch_candidate``): not a
     Triton launch but ``torch._scaled_grouped_mm`` on the same operands, so the tuner can keep torch's kernel
     at the shapes where it is the faster."""
 
@@ -122,8 +124,10 @@ CONFIGS: dict[tuple[str, str], tuple[Config, ...]] = {
                                   flattened=((64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
     ("m", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 4, 3),
                                     flattened=((64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
-    ("k", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4)),
-    ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 4, 3)),
+    ("k", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4),
+                                  flattened=((128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
+    ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 4, 3),
+                                    flattened=((128, 128, 128, 8, 8, 3), (128, 128, 128, 8, 4, 3))),
 }
 # torch's rowwise grouped GEMM as one more m-grouped candidate (ExecutorOptions.fp8_expert_gemm 'auto')
 TORCH_KERNEL = Config(0, 0, 0, 0, 0, 0, False, engine="torch")
@@ -152,7 +156,9 @@ if triton is not None:
         tiles = m_tiles * n_tiles
         tile_ends = tl.cumsum(tiles, 0)
         rk = tl.arange(0, BK)
-        # the contraction's trip count is the same for every tile, which is what lets Triton fuse the two loops
+        # the contraction's trip count is the same for every tile and defined before the tile loop: what
+        # Triton needs to fuse the two loops
+        k_steps = tl.cdiv(K, BK)
         for t in tl.range(tl.program_id(0), tl.sum(tiles), programs, flatten=FLATTEN):
             g = unit_owner(tile_ends, t)
             row0 = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
@@ -163,7 +169,7 @@ if triton is not None:
             rm_c = tl.minimum(rm, M - 1)  # rows and columns past the ends: clamped reads, never stored
             rn_c = tl.minimum(rn, N - 1)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for ki in range(tl.cdiv(K, BK)):
+            for ki in range(k_steps):
                 k0 = ki * BK
                 if TMA:
                     a_t = a.load([row0 + mt * BM, k0])
@@ -237,6 +243,69 @@ if triton is not None:
             at = g.to(tl.int64) * P * Q + rp.to(tl.int64)[:, None] * Q + rq[None, :]
             tl.store(c_ptr + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _k_grouped_flat_kernel(a, b, c_ptr, sa_ptr, sb_ptr, offs_ptr, P, Q, G, programs, s_a, s_b,
+                               G_PAD: tl.constexpr, BLOCKWISE: tl.constexpr, TMA: tl.constexpr, QB: tl.constexpr,
+                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        # _k_grouped_kernel's tiles and products, walked as ONE loop over this program's (tile, step) pairs,
+        # so that the pipeline runs on from one tile into the next: the loads of a tile's first steps are in
+        # flight while the previous tile finishes. Triton cannot fuse the two loops itself, the contraction's
+        # length being the expert's. An expert without tokens takes one step (its product discarded) so
+        # that its tiles still get their zeros.
+        p_tiles = tl.cdiv(P, BM)
+        q_tiles = tl.cdiv(Q, BN)
+        per = p_tiles * q_tiles
+        idx, _, _, blk_ends, blks = group_table(offs_ptr, G, G_PAD, QB)
+        pid = tl.program_id(0)
+        steps_of = tl.maximum(blks, 1) * (QB // BK)
+        # this program's tiles are pid, pid + programs, ...: those of expert g number n((g+1)·per) - n(g·per),
+        # n(x) = how many of them lie below tile x
+        below_end = (idx + 1) * per - pid
+        below_start = idx * per - pid
+        mine = (tl.where(below_end > 0, (below_end + programs - 1) // programs, 0)
+                - tl.where(below_start > 0, (below_start + programs - 1) // programs, 0))
+        total = tl.sum(tl.where(idx < G, mine * steps_of, 0))
+        rk = tl.arange(0, BK)
+        t = pid
+        i = 0
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for _ in range(total):
+            g = t // per
+            pt, qt = _swizzle(t - g * per, p_tiles, q_tiles, GROUP_M)
+            k0 = pick(blk_ends - blks, idx, g) * QB + i * BK
+            rp = pt * BM + tl.arange(0, BM)
+            rq = qt * BN + tl.arange(0, BN)
+            rp_c = tl.minimum(rp, P - 1)
+            rq_c = tl.minimum(rq, Q - 1)
+            if TMA:
+                a_t = a.load([pt * BM, k0])
+                b_t = b.load([qt * BN, k0])
+            else:
+                a_t = tl.load(a + rp_c.to(tl.int64)[:, None] * s_a + (k0 + rk)[None, :])
+                b_t = tl.load(b + rq_c.to(tl.int64)[:, None] * s_b + (k0 + rk)[None, :])
+            if BLOCKWISE:
+                kq = (k0 // QB).to(tl.int64)
+                sa = tl.load(sa_ptr + kq * P + rp_c)
+                sb = tl.load(sb_ptr + kq * Q + rq_c)
+                acc += tl.dot(a_t, tl.trans(b_t)) * (sa[:, None] * sb[None, :])
+            else:
+                acc = tl.dot(a_t, tl.trans(b_t), acc, max_num_imprecise_acc=BK)
+            i += 1
+            if i == pick(steps_of, idx, g):
+                if not BLOCKWISE:
+                    sa = tl.load(sa_ptr + g * P + rp_c)
+                    sb = tl.load(sb_ptr + g * Q + rq_c)
+                    acc = acc * sa[:, None] * sb[None, :]
+                # an expert without tokens read a block that is not its own (or not written): where, not a
+                # product, so that no NaN of those bytes survives
+                acc = tl.where(pick(blks, idx, g) > 0, acc, 0.0)
+                mask = (rp < P)[:, None] & (rq < Q)[None, :]
+                at = g.to(tl.int64) * P * Q + rp.to(tl.int64)[:, None] * Q + rq[None, :]
+                tl.store(c_ptr + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+                i = 0
+                t += programs
+
 
 # ---- launches -------------------------------------------------------------------------------------------
 
@@ -303,7 +372,8 @@ def _launch_k(cfg: Config, a, b, offs, scaling: str) -> torch.Tensor:
         b_arg = TensorDescriptor.from_tensor(qb, [cfg.block_n, cfg.block_k])
     else:
         a_arg, b_arg = qa, qb
-    _k_grouped_kernel[(programs,)](
+    kernel = _k_grouped_flat_kernel if cfg.flatten else _k_grouped_kernel
+    kernel[(programs,)](
         a_arg, b_arg, out, sa, sb, offs, p, q, g, programs, qa.stride(0), qb.stride(0), G_PAD=g_pad(g),
         BLOCKWISE=scaling == "blockwise", TMA=tma, QB=QBLOCK, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         GROUP_M=cfg.group_m, num_warps=cfg.warps, num_stages=cfg.stages)
