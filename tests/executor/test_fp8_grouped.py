@@ -422,7 +422,7 @@ def test_flattened_configs_walk_experts_of_different_lengths(scaling):
     counts = (0, 200, 0, 0, 129, 1, 300)
     configs_m, configs_k = _configs("m", scaling), _configs("k", scaling)
     want = _products(counts, scaling, True, config_m=configs_m[0], config_k=configs_k[0])[1]
-    flat = [(cm, ck) for cm, ck in zip(configs_m, configs_k) if cm.flatten and ck.flatten]
+    flat = [(cm, ck) for cm, ck in zip(configs_m, configs_k) if cm.flatten and ck.flatten and cm.per_sm == 1]
     assert flat
     for cm, ck in flat:
         got = _products(counts, scaling, True, config_m=cm, config_k=ck)[1]

@@ -111,10 +111,11 @@ class Config:
 
 def _candidates(*shapes: tuple[int, ...], flattened: tuple[tuple[int, ...], ...] = ()) -> tuple[Config, ...]:
     """Each (BM, BN, BK, GROUP_M, warps, stages) with pointer loads and with TMA, one program an SM, then the
-    same with two; then each of ``flattened`` with TMA and the tile loop fused into the contraction loop
-    (one program an SM). The first (pointers) is the reference the tuner compares the others with."""
+    same with two; then each of ``flattened`` with TMA and the tile loop fused into the contraction loop, one
+    program an SM and two (where registers and shared memory let two share it). The first (pointers) is the
+    reference the tuner compares the others with."""
     return (tuple(Config(*s, tma=tma, per_sm=per_sm) for per_sm in (1, 2) for tma in (False, True) for s in shapes)
-            + tuple(Config(*s, tma=True, flatten=True) for s in flattened))
+            + tuple(Config(*s, tma=True, flatten=True, per_sm=per_sm) for per_sm in (1, 2) for s in flattened))
 
 
 # Hopper fp8: a 128 × 256 tile of 8 warps holds 128 fp32 accumulators a thread; blockwise scaling keeps a
@@ -290,8 +291,10 @@ if triton is not None:
                 acc += tl.dot(a_t, tl.trans(b_t)) * (sa[:, None] * sb[None, :])
             else:
                 acc = tl.dot(a_t, tl.trans(b_t), acc, max_num_imprecise_acc=BK)
-            i += 1
-            if i == pick(steps_of, idx, g):
+            # the next (tile, step) by selects, outside the epilogue's branch: the loads' addresses then depend
+            # on nothing the epilogue does, and the pipeliner can issue them stages ahead
+            last = i == pick(steps_of, idx, g) - 1
+            if last:
                 if not BLOCKWISE:
                     sa = tl.load(sa_ptr + g * P + rp_c)
                     sb = tl.load(sb_ptr + g * Q + rq_c)
@@ -303,8 +306,8 @@ if triton is not None:
                 at = g.to(tl.int64) * P * Q + rp.to(tl.int64)[:, None] * Q + rq[None, :]
                 tl.store(c_ptr + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
                 acc = tl.zeros((BM, BN), dtype=tl.float32)
-                i = 0
-                t += programs
+            i = tl.where(last, 0, i + 1)
+            t = tl.where(last, t + programs, t)
 
 
 # ---- launches -------------------------------------------------------------------------------------------
