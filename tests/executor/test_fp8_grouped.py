@@ -337,6 +337,17 @@ def test_torchs_kernel_gets_its_operands_in_its_own_layout(monkeypatch):
     assert gg.last_config("m") is gg.TORCH_KERNEL
 
 
+def test_the_wgrad_refuses_an_expert_gradient_past_32_bit_offsets():
+    """The k-grouped kernels address an expert's [P, Q] gradient in 32 bits: 2^16 x 2^15 elements is refused
+    before anything launches (no wrapped offsets writing elsewhere)."""
+    e4m3 = torch.float8_e4m3fn
+    a = (torch.zeros(2**16, 128, dtype=e4m3), torch.ones(1, 2**16))
+    b = (torch.zeros(2**15, 128, dtype=e4m3), torch.ones(1, 2**15))
+    with pytest.raises(ValueError, match="32-bit"):
+        gg._launch_k(_configs("k", "rowwise")[0], a=a, b=b, offs=torch.tensor([128], dtype=torch.int32),
+                     scaling="rowwise")
+
+
 def test_the_self_check_passes_on_the_emulation():
     gg.compare_on("cpu", kernel=False)
 

@@ -129,7 +129,7 @@ CONFIGS: dict[tuple[str, str], tuple[Config, ...]] = {
     ("k", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 128, 64, 8, 4, 4),
                                   flattened=((128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
     ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 4, 3),
-                                    flattened=((128, 128, 128, 8, 8, 3), (128, 128, 128, 8, 4, 3))),
+                                    flattened=((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4))),
 }
 # torch's rowwise grouped GEMM as one more m-grouped candidate (ExecutorOptions.fp8_expert_gemm 'auto')
 TORCH_KERNEL = Config(0, 0, 0, 0, 0, 0, False, engine="torch")
@@ -242,8 +242,10 @@ if triton is not None:
                 sb = tl.load(sb_ptr + g * Q + rq_c)
                 acc = acc * sa[:, None] * sb[None, :]
             mask = (rp < P)[:, None] & (rq < Q)[None, :]
-            at = g.to(tl.int64) * P * Q + rp.to(tl.int64)[:, None] * Q + rq[None, :]
-            tl.store(c_ptr + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
+            # the tile's corner as one 64-bit pointer, the offsets within the expert's [P, Q] in 32 bits (fewer
+            # registers in the epilogue than a 64-bit offset an element)
+            tile_at = c_ptr + g.to(tl.int64) * P * Q
+            tl.store(tile_at + (rp[:, None] * Q + rq[None, :]), acc.to(c_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _k_grouped_flat_kernel(a, b, c_ptr, sa_ptr, sb_ptr, offs_ptr, P, Q, G, programs, s_a, s_b,
@@ -304,8 +306,8 @@ if triton is not None:
                 # product, so that no NaN of those bytes survives
                 acc = tl.where(pick(blks, idx, g) > 0, acc, 0.0)
                 mask = (rp < P)[:, None] & (rq < Q)[None, :]
-                at = g.to(tl.int64) * P * Q + rp.to(tl.int64)[:, None] * Q + rq[None, :]
-                tl.store(c_ptr + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
+                tile_at = c_ptr + g.to(tl.int64) * P * Q  # 32-bit offsets within the expert, as above
+                tl.store(tile_at + (rp[:, None] * Q + rq[None, :]), acc.to(c_ptr.dtype.element_ty), mask=mask)
                 acc = tl.zeros((BM, BN), dtype=tl.float32)
             i = tl.where(last, 0, i + 1)
             t = tl.where(last, t + programs, t)
@@ -368,6 +370,8 @@ def _launch_m(cfg: Config, a, b, offs, scaling: str, fast_accum: bool) -> torch.
 def _launch_k(cfg: Config, a, b, offs, scaling: str) -> torch.Tensor:
     (qa, sa), (qb, sb) = a, b
     p, q, g = qa.shape[0], qb.shape[0], offs.numel()
+    if p * q >= 2**31:  # the kernels address within an expert's [P, Q] gradient in 32 bits
+        raise ValueError(f"an expert's weight gradient of {p} x {q} elements is past 32-bit offsets")
     out = torch.empty(g, p, q, dtype=OUT, device=qa.device)
     programs = _programs(qa.device, g * triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n), cfg.per_sm)
     tma = cfg.tma and _tma_ok(qa, qb)
