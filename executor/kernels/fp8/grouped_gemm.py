@@ -119,16 +119,18 @@ def _candidates(*shapes: tuple[int, ...], flattened: tuple[tuple[int, ...], ...]
 
 
 # Hopper fp8: rowwise promotion and blockwise scaling each keep a second fp32 tile (the step's dot before it
-# is added), so tiles are 128 × 128 or 64 × 128 (128 × 256 spilled registers in bench/fp8_grouped_compile.py
-# and was never the fastest on an H200, docs/benchmarks.md). BK 128: one scale step a dot.
+# is added), so tiles are 128 × 128 (eight warps) or 64 × 128 (four; rowwise k-grouped 128 × 128 too, its BK
+# of 64 leaving room): 128 × 256 tiles and blockwise 128 × 128 tiles of four warps spilled registers in
+# bench/fp8_grouped_compile.py and were never the fastest on an H200 (docs/benchmarks.md). BK 128: one
+# scale step a dot.
 CONFIGS: dict[tuple[str, str], tuple[Config, ...]] = {
     ("m", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (64, 128, 128, 8, 4, 4),
                                   flattened=((64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
-    ("m", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 4, 3),
+    ("m", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4),
                                     flattened=((64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
     ("k", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 128, 64, 8, 4, 4),
                                   flattened=((128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
-    ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 4, 3),
+    ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4),
                                     flattened=((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4))),
 }
 # torch's rowwise grouped GEMM as one more m-grouped candidate (ExecutorOptions.fp8_expert_gemm 'auto')
