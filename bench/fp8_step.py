@@ -15,7 +15,8 @@ summation order differs), the noise floor: its difference from bf16 is what a ro
 to the trajectory; ``bf16_again`` (bf16 once more, the same code, weights and batches in a process of its own):
 its difference from bf16 is the run-to-run spread of the GPU's non-deterministic kernels (0 on the CPU);
 ``fp8_gg_rowwise`` and ``fp8_gg_blockwise`` (fp8 with the experts' forward, dgrad and wgrad on foldtune's
-grouped fp8 kernels, rowwise or DeepSeek-V3 blockwise scaling: ``ExecutorOptions.fp8_expert_gemm``). ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
+grouped fp8 kernels, rowwise or DeepSeek-V3 blockwise scaling: ``ExecutorOptions.fp8_expert_gemm``), and
+``fp8_gg_auto`` (its 'auto': rowwise, forward and dgrad on the faster per shape of foldtune's and torch's kernel). ``--lr`` sets Adam's learning rate (1e-3, the Trainer's default).
 
 Reported per precision: tokens/s (global batch · seq over the median step time of the steps after
 ``--warmup``), the losses, peak memory, how the fp8 GEMMs ran and the top-10 kernels by device time; then
@@ -72,10 +73,11 @@ RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "fp8_emulated": ("fp8", {"FOLDTUNE_FP8_KERNELS": "0", "FOLDTUNE_FP8_TRITON": "0"}),
         "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"}),
         "bf16_again": ("bf16", {}),
-        "fp8_gg_rowwise": ("fp8", {}), "fp8_gg_blockwise": ("fp8", {})}
+        "fp8_gg_rowwise": ("fp8", {}), "fp8_gg_blockwise": ("fp8", {}), "fp8_gg_auto": ("fp8", {})}
 # runs with executor options of their own: foldtune's grouped fp8 GEMM for the experts (ExecutorOptions.fp8_expert_gemm)
 RUN_OPTIONS = {"fp8_gg_rowwise": {"fp8_expert_gemm": "foldtune-rowwise"},
-               "fp8_gg_blockwise": {"fp8_expert_gemm": "foldtune-blockwise"}}
+               "fp8_gg_blockwise": {"fp8_expert_gemm": "foldtune-blockwise"},
+               "fp8_gg_auto": {"fp8_expert_gemm": "auto"}}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
 TOP_KERNELS = 10
 

@@ -86,7 +86,8 @@ class GroupedExperts(torch.nn.Module):
         # the experts' grouped GEMMs: the backend's, or foldtune's grouped fp8 kernels where the fp8 backend
         # runs them and ExecutorOptions.fp8_expert_gemm asks for those
         scaling = FP8_EXPERT_GEMMS[options.fp8_expert_gemm]
-        self._gmm = (functools.partial(fp8_grouped.grouped_mm, scaling=scaling)
+        self._gmm = (functools.partial(fp8_grouped.grouped_mm, scaling=scaling,
+                                       torch_candidate=options.fp8_expert_gemm == "auto")
                      if scaling is not None and getattr(kernels, "name", None) == "torch-fp8" else kernels.grouped_mm)
         self.b13 = self.b2 = None
         if spec.add_bias_linear:

@@ -16,8 +16,10 @@ DEFAULT_CHUNK_LOGITS = 2**26
 #: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
 EP_OVERLAP_TRANSPORTS = ("auto", "nccl", "copy_engine")
-#: ExecutorOptions.fp8_expert_gemm -> the scaling of foldtune's grouped fp8 kernels (None: torch's kernel).
-FP8_EXPERT_GEMMS = {"torch": None, "foldtune-rowwise": "rowwise", "foldtune-blockwise": "blockwise"}
+#: ExecutorOptions.fp8_expert_gemm -> the scaling of foldtune's grouped fp8 kernels (None: torch's kernel);
+#: 'auto' is foldtune's rowwise path with torch's kernel among the forward and dgrad's tuning candidates.
+FP8_EXPERT_GEMMS = {"torch": None, "foldtune-rowwise": "rowwise", "foldtune-blockwise": "blockwise",
+                    "auto": "rowwise"}
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,11 @@ class ExecutorOptions:
     'foldtune-rowwise' / 'foldtune-blockwise': foldtune's persistent grouped Triton kernels, all three
     products in fp8, with rowwise or DeepSeek-V3's blockwise scaling (1 × 128 activations, 128 × 128
     weights), the activations quantised into both their forms in one pass
-    (:mod:`executor.kernels.fp8.grouped_gemm`). Blockwise changes the numbers, not only the speed. On CPU
-    they are emulated; on a GPU whose kernels fail their first-use check the experts run on 'torch'.
+    (:mod:`executor.kernels.fp8.grouped_gemm`). Blockwise changes the numbers, not only the speed. 'auto':
+    'foldtune-rowwise' whose forward and dgrad run, shape by shape, on whichever of foldtune's kernel and
+    torch's rowwise grouped GEMM its first call timed faster (the same operands and scales, so the same
+    numbers up to fp32 summation order); the wgrad is foldtune's. On CPU they are emulated; on a GPU whose
+    kernels fail their first-use check the experts run on 'torch'.
     """
 
     moe_router_load_balancing_type: str = "aux_loss"

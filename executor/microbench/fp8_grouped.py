@@ -41,11 +41,13 @@ KINDS = ("bf16", "torch_fp8", "dense_fp8", "rowwise", "blockwise")
 class Product(GemmShape):
     """One grouped GEMM of ``model``'s experts (:class:`executor.microbench.fp8_gemms.GemmShape`): the rows
     split evenly over ``groups`` experts; a wgrad (``wgrad``) contracts k, the rows, per expert into
-    [groups, m, n]. ``weight`` 'w13' or 'w2', ``product`` one of PRODUCTS."""
+    [groups, m, n]. ``weight`` 'w13' or 'w2', ``product`` one of PRODUCTS, ``tokens`` the micro-batch's
+    tokens (before top-k routing) it was made for."""
 
     model: str
     weight: str
     product: str
+    tokens: int = 0
 
     @property
     def name(self) -> str:
@@ -58,7 +60,7 @@ def products(name: str, model: ModelSpec, tokens: int) -> list[Product]:
     g, h, f = model.num_experts, model.hidden_size, model.expert_ffn_hidden_size
     out = []
     for weight, n, k in (("w13", 2 * f, h), ("w2", h, f)):
-        at = dict(model=name, weight=weight)
+        at = dict(model=name, weight=weight, tokens=tokens)
         out += [Product(rows, n, k, g, False, product="fwd", **at),
                 Product(rows, k, n, g, False, product="dgrad", **at),
                 Product(n, k, rows, g, True, product="wgrad", **at)]
@@ -111,13 +113,20 @@ def _bf16_result(p: Product, device: torch.device) -> torch.Tensor:
     return torch.cat([a[lo:hi].float() @ b[g].float().t() for g, (lo, hi) in spans])
 
 
+class WrongResult(AssertionError):
+    """An fp8 product off its bf16 result by more than e4m3's rounding explains: a wrong kernel, not timed."""
+
+
 def measure(items: list[Product], device: torch.device, kernel: bool, scalings=gq.SCALINGS, calls: int = 8,
-            progress: Callable[[str], object] = print, fast_accum: bool = False) -> list[dict]:
+            progress: Callable[[str], object] = print, fast_accum: bool = False,
+            max_rel_err: float | None = None) -> list[dict]:
     """Per product: its fields, each kind's device seconds and TFLOP/s (``{kind}_s``, ``{kind}_tflops``;
     torch's kinds only on a CUDA GPU), foldtune's kernel's fraction of the dense fp8 rate
     (``{scaling}_of_dense``), its tuned config (``{scaling}_config``), the activation quantisation's seconds
     (``{scaling}_quant_s``) and the result's relative error against bf16 (``{scaling}_rel_err``);
-    ``kernel``: foldtune's Triton kernels (else their emulation); ``fast_accum``: :func:`ours_op`'s."""
+    ``kernel``: foldtune's Triton kernels (else their emulation); ``fast_accum``: :func:`ours_op`'s;
+    ``max_rel_err``: raise :class:`WrongResult` before timing a product whose fp8 result is further than
+    this (relative Frobenius) from bf16's."""
     out = []
     for p in items:
         row = asdict(p) | {"name": p.name, "flops": p.flops}
@@ -129,6 +138,9 @@ def measure(items: list[Product], device: torch.device, kernel: bool, scalings=g
         for scaling in scalings:
             call, quant = ours_op(p, scaling, device, kernel, fast_accum)
             row[f"{scaling}_rel_err"] = _rel_err(call(), want)  # the first call tunes the config
+            if max_rel_err is not None and not row[f"{scaling}_rel_err"] <= max_rel_err:
+                raise WrongResult(f"{p.model} {p.name} at {p.tokens} tokens, {scaling}: relative error "
+                                  f"{row[f'{scaling}_rel_err']:.4f} against bf16 > {max_rel_err}")
             config = gg.last_config("k" if p.wgrad else "m")
             row[f"{scaling}_config"] = config.label() if kernel and config else "emulated"
             ops[scaling] = call
@@ -140,7 +152,7 @@ def measure(items: list[Product], device: torch.device, kernel: bool, scalings=g
         for scaling in scalings:
             if "dense_fp8_s" in row:
                 row[f"{scaling}_of_dense"] = row["dense_fp8_s"] / row[f"{scaling}_s"]
-        progress("  " + "  ".join([f"{p.model:16s} {p.name:10s}"] + [
+        progress("  " + "  ".join([f"{p.model:16s} {p.tokens:6d} {p.name:10s}"] + [
             f"{kind} {row[kind + '_tflops']:5.0f}" for kind in KINDS if kind + "_tflops" in row]) + " TFLOP/s")
         out.append(row)
         if device.type == "cuda":
@@ -149,12 +161,13 @@ def measure(items: list[Product], device: torch.device, kernel: bool, scalings=g
 
 
 def layer_rows(rows: list[dict], scalings=gq.SCALINGS) -> list[dict]:
-    """Per (model, weight): bf16's three products against foldtune's three plus two activation
+    """Per (model, weight, tokens): bf16's three products against foldtune's three plus two activation
     quantisations (x in the forward, dy in the backward), seconds and the quotient."""
     layers: dict[tuple, dict] = {}
     for r in rows:
-        layer = layers.setdefault((r["model"], r["weight"]), {"model": r["model"], "weight": r["weight"],
-                                                               "flops": 0, "bf16_s": 0.0})
+        at = (r["model"], r["weight"], r.get("tokens", 0))
+        layer = layers.setdefault(at, {"model": r["model"], "weight": r["weight"], "tokens": at[2],
+                                       "flops": 0, "bf16_s": 0.0})
         layer["flops"] += r["flops"]
         if "bf16_s" in r:
             layer["bf16_s"] += r["bf16_s"]

@@ -23,4 +23,4 @@ def test_tiny_mode_runs_every_product_in_both_scalings(tmp_path, script):
             assert 0.01 < r[f"{scaling}_rel_err"] < 0.05  # e4m3's band against bf16: the fp8 path ran, right
             assert r[f"{scaling}_s"] > 0 and r[f"{scaling}_config"] == "emulated"
     assert [(layer["model"], layer["weight"]) for layer in res["layers"]] == [("tiny-moe", "w13"), ("tiny-moe", "w2")]
-    assert "| tiny-moe | w13 fwd | 128 × 64 × 64, 8 |" in done.stdout
+    assert "| tiny-moe | 64 | w13 fwd | 128 × 64 × 64, 8 |" in done.stdout

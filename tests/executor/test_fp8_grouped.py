@@ -189,6 +189,15 @@ def test_the_option_is_checked_and_defaults_to_torchs_kernel():
         ExecutorOptions(fp8_expert_gemm="blockwise")
 
 
+@pytest.mark.parametrize("option, scaling, with_torch", [("foldtune-rowwise", "rowwise", False),
+                                                          ("foldtune-blockwise", "blockwise", False),
+                                                          ("auto", "rowwise", True)])
+def test_the_option_picks_the_scaling_and_whether_torchs_kernel_is_a_candidate(option, scaling, with_torch):
+    experts = _experts(option, "torch-fp8")
+    assert experts._gmm.func is gg.grouped_mm
+    assert experts._gmm.keywords == {"scaling": scaling, "torch_candidate": with_torch}
+
+
 def _experts(option: str, backend: str, dtype=torch.bfloat16):
     spec = get_model("tiny-moe")
     options = ExecutorOptions(fp8_expert_gemm=option)
@@ -204,7 +213,7 @@ def _layer_grads(experts: GroupedExperts, counts, seed: int = 11):
     return y.detach().float(), x.grad.float(), experts.w13.grad.float(), experts.w2.grad.float()
 
 
-@pytest.mark.parametrize("option", ["foldtune-rowwise", "foldtune-blockwise"])
+@pytest.mark.parametrize("option", ["foldtune-rowwise", "foldtune-blockwise", "auto"])
 def test_experts_with_the_option_run_foldtunes_kernels_and_match_bf16(option):
     """GroupedExperts under precision fp8 with the option: every expert GEMM goes through foldtune's grouped
     path (3 a GEMM: 6), and the output and the gradients of input and weights equal the bf16 layer's
@@ -256,7 +265,7 @@ def test_the_tuner_keeps_the_fastest_config_that_runs_and_agrees(monkeypatch):
         ran.append(cfg.block_m)
         if cfg.block_m == 32:
             raise RuntimeError("out of shared memory")
-        out.fill_(2.0 if cfg.block_m == 128 else 1.0)
+        return out.fill_(2.0 if cfg.block_m == 128 else 1.0)
 
     def timer(call):
         call()
@@ -264,13 +273,79 @@ def test_the_tuner_keeps_the_fastest_config_that_runs_and_agrees(monkeypatch):
 
     key = ("test", len(gg._TUNED))
     with pytest.warns(UserWarning, match="skipped") as caught:
-        assert gg.tuned("m", "rowwise", key, launch, torch.device("cuda"), out, timer).block_m == 64
+        assert gg.tuned("m", "rowwise", key, launch, torch.device("cuda"), timer).block_m == 64
     assert len(caught) == 2 and set(ran) == {16, 32, 64, 128}
     ran.clear()
-    assert gg.tuned("m", "rowwise", key, launch, torch.device("cuda"), out, timer).block_m == 64 and not ran
-    assert gg.tuned("m", "rowwise", key, launch, torch.device("cpu"), out, timer) is configs[0] and not ran
+    assert gg.tuned("m", "rowwise", key, launch, torch.device("cuda"), timer).block_m == 64 and not ran
+    assert gg.tuned("m", "rowwise", key, launch, torch.device("cpu"), timer) is configs[0] and not ran
     monkeypatch.setenv("FOLDTUNE_FP8_GG_TUNE", "0")
-    assert gg.tuned("m", "rowwise", (*key, 1), launch, torch.device("cuda"), out, timer) is configs[0] and not ran
+    assert gg.tuned("m", "rowwise", (*key, 1), launch, torch.device("cuda"), timer) is configs[0] and not ran
+
+
+def test_the_tuner_keeps_torchs_kernel_where_it_is_faster_and_keys_on_it(monkeypatch):
+    """With torch's kernel as an extra candidate, the tuner keeps it where it times fastest and agrees with
+    the first candidate; the same shape tuned without it is a choice of its own (not torch's); a torch
+    kernel whose result differs is skipped like any config."""
+    monkeypatch.delenv("FOLDTUNE_FP8_GG_TUNE", raising=False)
+    configs = (gg.Config(64, 128, 128, 8, 4, 4, False), gg.Config(64, 128, 128, 8, 4, 4, True, flatten=True))
+    monkeypatch.setitem(gg.CONFIGS, ("m", "rowwise"), configs)
+    seconds = {configs[0]: 2.0, configs[1]: 1.5, gg.TORCH_KERNEL: 1.0}
+    torch_result = [1.0]
+    ran = []
+
+    def launch(cfg):
+        ran.append(cfg)
+        return torch.full((4,), torch_result[0] if cfg.engine == "torch" else 1.0)
+
+    def timer(call):
+        call()
+        return seconds[ran[-1]]
+
+    key = ("torch-candidate", len(gg._TUNED))
+    cuda = torch.device("cuda")
+    assert gg.tuned("m", "rowwise", key, launch, cuda, timer, extra=(gg.TORCH_KERNEL,)) is gg.TORCH_KERNEL
+    assert gg.tuned("m", "rowwise", key, launch, cuda, timer) is configs[1]
+    torch_result[0] = 1.5
+    with pytest.warns(UserWarning, match="torch kernel skipped"):
+        assert gg.tuned("m", "rowwise", (*key, 1), launch, cuda, timer, extra=(gg.TORCH_KERNEL,)) is configs[1]
+    assert gg.TORCH_KERNEL.label() == "torch kernel" and configs[1].label() == "64x128x128 g8 w4 s4 tma flat"
+
+
+def test_torchs_kernel_gets_its_operands_in_its_own_layout(monkeypatch):
+    """The 'torch' engine hands the row form, the weight form transposed to [G, K, N] column-major, the
+    scales [M] and [G, N] and the offsets to torch._scaled_grouped_mm (a CPU stand-in that checks those
+    layouts and multiplies as its documentation says), and its result is the emulation's."""
+    counts = (0, 5, 40, 0, 3)
+    offs = _offs(counts)
+    x, w = _gaussian(sum(counts), 64, seed=3), _gaussian(len(counts), 32, 64, seed=4)
+    rows, _ = gq.quantize_activation(x, offs, "rowwise", kernel=False)
+    fwd, _ = gq.quantize_weight(w, "rowwise", False)
+
+    def scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype, use_fast_accum):
+        g, k, n = b.shape
+        assert a.dtype == b.dtype == gq.E4M3 and a.shape[1] == k and b.stride(1) == 1 and out_dtype == gg.OUT
+        assert scale_a.shape == (a.shape[0],) and scale_b.shape == (g, n) and offs.dtype == torch.int32
+        out = torch.zeros(a.shape[0], n)
+        for e, (lo, hi) in enumerate(_spans(counts)):
+            out[lo:hi] = (a[lo:hi].float() * scale_a[lo:hi, None]) @ (b[e].float() * scale_b[e][None, :])
+        return out.to(out_dtype)
+
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", scaled_grouped_mm, raising=False)
+    got = gg.m_grouped(rows, fwd, offs, "rowwise", True, config=gg.TORCH_KERNEL)
+    want = gg.m_grouped(rows, fwd, offs, "rowwise", False)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * float(want.float().abs().max()))
+    assert gg.last_config("m") is gg.TORCH_KERNEL
+
+
+def test_the_wgrad_refuses_an_expert_gradient_past_32_bit_offsets():
+    """The k-grouped kernels address an expert's [P, Q] gradient in 32 bits: 2^16 x 2^15 elements is refused
+    before anything launches (no wrapped offsets writing elsewhere)."""
+    e4m3 = torch.float8_e4m3fn
+    a = (torch.zeros(2**16, 128, dtype=e4m3), torch.ones(1, 2**16))
+    b = (torch.zeros(2**15, 128, dtype=e4m3), torch.ones(1, 2**15))
+    with pytest.raises(ValueError, match="32-bit"):
+        gg._launch_k(_configs("k", "rowwise")[0], a=a, b=b, offs=torch.tensor([128], dtype=torch.int32),
+                     scaling="rowwise")
 
 
 def test_the_self_check_passes_on_the_emulation():
@@ -334,6 +409,7 @@ def test_every_config_gives_the_same_products(scaling):
     masked K steps."""
     counts = COUNTS["empty ends"]
     configs_m, configs_k = _configs("m", scaling), _configs("k", scaling)
+    assert any(c.flatten for c in configs_m)  # the fused tile and contraction loop is among those checked
     # one program an SM, pointers and TMA (a program count alone changes no compiled code: one with two)
     once = [i for i, c in enumerate(configs_m) if c.per_sm == 1][1:] + [configs_m.index(
         next(c for c in configs_m if c.per_sm == 2))]
@@ -341,10 +417,30 @@ def test_every_config_gives_the_same_products(scaling):
     for k, which in ((80, once), (72, (tma_twin,))):
         want = _products(counts, scaling, True, k=k, config_m=configs_m[0], config_k=configs_k[0])[1]
         for i in which:
-            cm, ck = configs_m[i], configs_k[i]
+            cm, ck = configs_m[i], configs_k[min(i, len(configs_k) - 1)]  # the flattened configs: m-grouped only
             got = _products(counts, scaling, True, k=k, config_m=cm, config_k=ck)[1]
             for g, w in zip(got, want):
                 torch.testing.assert_close(g.float(), w.float(), rtol=2**-7, atol=1e-3 * float(w.float().abs().max()))
+
+
+@inner_only
+@pytest.mark.parametrize("scaling", gq.SCALINGS)
+def test_flattened_configs_walk_experts_of_different_lengths(scaling):
+    """The flattened configs (m-grouped: one fused loop; k-grouped: one walk over (tile, step) pairs) against
+    the first config, where the experts' token blocks differ (1, 2 and 3 blocks of 128 and empty experts
+    between) and 3 programs walk 7 experts' tiles: a program's steps carry over from one expert to the
+    next, and an empty expert's tile is zeros."""
+    counts = (0, 200, 0, 0, 129, 1, 300)
+    configs_m, configs_k = _configs("m", scaling), _configs("k", scaling)
+    want = _products(counts, scaling, True, config_m=configs_m[0], config_k=configs_k[0])[1]
+    flat = [(cm, ck) for cm, ck in zip(configs_m, configs_k) if cm.flatten and ck.flatten and cm.per_sm == 1]
+    assert flat
+    for cm, ck in flat:
+        got = _products(counts, scaling, True, config_m=cm, config_k=ck)[1]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.float(), w.float(), rtol=2**-7, atol=1e-3 * float(w.float().abs().max()))
+    empty = [e for e, n in enumerate(counts) if n == 0]
+    assert not got[2][empty].any()
 
 
 @inner_only
@@ -356,9 +452,8 @@ def test_triton_self_check_passes():
 def test_triton_self_check_fails_on_a_wrong_product(monkeypatch):
     real = gg._launch_k
 
-    def off_by_one_percent(cfg, a, b, out, *args, **kwargs):
-        real(cfg, a, b, out, *args, **kwargs)
-        out.mul_(1.01)
+    def off_by_one_percent(cfg, **kwargs):
+        return real(cfg, **kwargs) * 1.01
 
     monkeypatch.setattr(gg, "_launch_k", off_by_one_percent)
     with pytest.raises(AssertionError):
@@ -422,3 +517,49 @@ def test_tiny_moe_training_with_foldtunes_blockwise_experts_tracks_bf16():
     for got, want in zip(blockwise, bf16):
         assert got == pytest.approx(want, rel=2e-3)
     assert blockwise[1] < blockwise[0]
+
+
+# ---- the measurement core of bench/fp8_grouped_gemm.py ----
+
+def _fake_clock(monkeypatch):
+    from executor.microbench import fp8_grouped as mb
+
+    timed = []
+
+    class Timing:
+        seconds = 1e-3
+
+    def time_host_ahead(call, device, calls, windows):
+        timed.append(call)
+        return Timing()
+
+    monkeypatch.setattr(mb, "time_host_ahead", time_host_ahead)
+    return mb, timed
+
+
+def test_the_microbench_keeps_token_counts_apart(monkeypatch):
+    """Products made for two micro-batch sizes carry their token count, and the per-layer sums add only the
+    products of one size (forward, dgrad, wgrad; two quantisations)."""
+    mb, timed = _fake_clock(monkeypatch)
+    spec = get_model("tiny-moe")
+    items = [p for tokens in (32, 64) for p in mb.products("tiny-moe", spec, tokens) if p.weight == "w2"]
+    rows = mb.measure(items, torch.device("cpu"), False, ("rowwise",), calls=1, progress=lambda _: None,
+                      max_rel_err=0.06)
+    assert [(r["tokens"], r["product"]) for r in rows] == [(t, p) for t in (32, 64) for p in mb.PRODUCTS]
+    assert all(0.01 < r["rowwise_rel_err"] < 0.05 for r in rows)
+    layers = mb.layer_rows(rows, ("rowwise",))
+    assert [(layer["tokens"], layer["weight"]) for layer in layers] == [(32, "w2"), (64, "w2")]
+    assert layers[0]["rowwise_s"] == pytest.approx(3 * 1e-3 + 2 * 1e-3)
+    assert layers[0]["flops"] == sum(r["flops"] for r in rows if r["tokens"] == 32)
+
+
+def test_the_microbench_stops_before_timing_a_wrong_result(monkeypatch):
+    """A kernel 20 % off (far outside e4m3's band against bf16) stops the measurement with WrongResult
+    before anything of that product is timed."""
+    mb, timed = _fake_clock(monkeypatch)
+    real = gg.m_grouped
+    monkeypatch.setattr(gg, "m_grouped", lambda *args, **kwargs: real(*args, **kwargs) * 1.2)
+    fwd = mb.products("tiny-moe", get_model("tiny-moe"), 64)[:1]
+    with pytest.raises(mb.WrongResult, match="w13 fwd at 64 tokens, rowwise"):
+        mb.measure(fwd, torch.device("cpu"), False, ("rowwise",), calls=1, progress=lambda _: None, max_rel_err=0.06)
+    assert not timed

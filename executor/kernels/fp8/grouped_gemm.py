@@ -23,10 +23,13 @@ and wgrad. Blockwise: each 128-wide step of the contraction is one dot whose res
 step's activation scales (per row) times weight scales (per column) and added to the fp32 accumulator.
 
 Operands are read through pointers (masked only where K is not a multiple of BK) or Hopper's TMA
-(host-built tensor descriptors, out-of-bounds zero fill), a tuning choice: the first call at a shape on a
-GPU times every candidate :class:`Config` (a compile and five runs each) and keeps the
-fastest of those equal to the first candidate's result (:func:`tuned`). FOLDTUNE_FP8_GG_TUNE=0 keeps the
-first candidate.
+(host-built tensor descriptors, out-of-bounds zero fill), a tuning choice, as is (m-grouped) fusing a
+program's tile loop with its contraction loop so that the next tile's loads overlap this one's epilogue
+(``Config.flatten``): the first call at a shape on a GPU times every candidate :class:`Config` (a compile
+and five runs each) and keeps the fastest of those equal to the first candidate's result (:func:`tuned`).
+FOLDTUNE_FP8_GG_TUNE=0 keeps the first candidate. With ``torch_candidate`` (ExecutorOptions.fp8_expert_gemm
+'auto') torch's rowwise grouped GEMM on the same operands is one more m-grouped candidate, so forward and
+dgrad run on whichever is faster at each shape.
 
 On CPU (``kernel=False``) the same quantisation runs in torch ops and the GEMMs on the dequantised
 operands in fp32 (the emulation: the kernels' numbers up to fp32 summation order). On a GPU the kernels
@@ -75,7 +78,17 @@ class Config:
     """One launch shape: output tile BM × BN, contraction step BK, row tiles grouped by GROUP_M (L2 reuse),
     warps, pipeline stages, whether the operands come through TMA descriptors, and persistent programs per
     SM (2: while one program fills its pipeline for its next tile, the other's main loop runs, where
-    registers and shared memory let two share an SM; the same compiled kernel, another grid)."""
+    registers and shared memory let two share an SM; the same compiled kernel, another grid).
+
+    ``flatten``: the loop over a program's tiles and the contraction loop inside it run as one pipelined
+    loop, so the loads of a program's next tile are issued while it finishes the current one's last steps
+    and epilogue: the other way to hide the pipeline fill, which matters where the contraction is a few
+    steps (m-grouped: K of 768 to 2048 against a BK of 128; k-grouped: an expert's tokens, 256 a
+    Qwen3-30B-A3B expert at 4096 tokens). m-grouped, whose steps are K's for every tile, has Triton fuse
+    the loops (``tl.range(..., flatten=True)``); k-grouped, whose steps are each expert's, walks its (tile,
+    step) pairs itself (``_k_grouped_flat_kernel``). ``engine`` 'torch' (:data:`TORCH_KERNEL`, rowwise m-grouped only, with ``torch_candidate``): not a
+    Triton launch but ``torch._scaled_grouped_mm`` on the same operands, so the tuner can keep torch's kernel
+    at the shapes where it is the faster."""
 
     block_m: int
     block_n: int
@@ -85,26 +98,43 @@ class Config:
     stages: int
     tma: bool
     per_sm: int = 1
+    flatten: bool = False
+    engine: str = "triton"
 
     def label(self) -> str:
+        if self.engine != "triton":
+            return f"{self.engine} kernel"
         return (f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.warps} s{self.stages}"
-                f"{' tma' if self.tma else ''}{f' x{self.per_sm}' if self.per_sm > 1 else ''}")
+                f"{' tma' if self.tma else ''}{' flat' if self.flatten else ''}"
+                f"{f' x{self.per_sm}' if self.per_sm > 1 else ''}")
 
 
-def _candidates(*shapes: tuple[int, ...]) -> tuple[Config, ...]:
+def _candidates(*shapes: tuple[int, ...], flattened: tuple[tuple[int, ...], ...] = ()) -> tuple[Config, ...]:
     """Each (BM, BN, BK, GROUP_M, warps, stages) with pointer loads and with TMA, one program an SM, then the
-    same with two; the first (pointers) is the reference the tuner compares the others with."""
-    return tuple(Config(*s, tma=tma, per_sm=per_sm) for per_sm in (1, 2) for tma in (False, True) for s in shapes)
+    same with two; then each of ``flattened`` with TMA and the tile loop fused into the contraction loop, one
+    program an SM and two (where registers and shared memory let two share it). The first (pointers) is the
+    reference the tuner compares the others with."""
+    return (tuple(Config(*s, tma=tma, per_sm=per_sm) for per_sm in (1, 2) for tma in (False, True) for s in shapes)
+            + tuple(Config(*s, tma=True, flatten=True, per_sm=per_sm) for per_sm in (1, 2) for s in flattened))
 
 
-# Hopper fp8: a 128 × 256 tile of 8 warps holds 128 fp32 accumulators a thread; blockwise scaling keeps a
-# second tile (the step's dot before scaling), so its tiles are 128 × 128. BK 128: one scale step a dot.
+# Hopper fp8: rowwise promotion and blockwise scaling each keep a second fp32 tile (the step's dot before it
+# is added), so tiles are 128 × 128 (eight warps) or 64 × 128 (four; rowwise k-grouped 128 × 128 too, its BK
+# of 64 leaving room): 128 × 256 tiles and blockwise 128 × 128 tiles of four warps spilled registers in
+# bench/fp8_grouped_compile.py and were never the fastest on an H200 (docs/benchmarks.md). BK 128: one
+# scale step a dot.
 CONFIGS: dict[tuple[str, str], tuple[Config, ...]] = {
-    ("m", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4)),
-    ("m", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 4, 3)),
-    ("k", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4)),
-    ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 4, 3)),
+    ("m", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (64, 128, 128, 8, 4, 4),
+                                  flattened=((64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
+    ("m", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4),
+                                    flattened=((64, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
+    ("k", "rowwise"): _candidates((128, 128, 128, 8, 8, 4), (128, 128, 64, 8, 4, 4),
+                                  flattened=((128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 8, 3))),
+    ("k", "blockwise"): _candidates((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4),
+                                    flattened=((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4))),
 }
+# torch's rowwise grouped GEMM as one more m-grouped candidate (ExecutorOptions.fp8_expert_gemm 'auto')
+TORCH_KERNEL = Config(0, 0, 0, 0, 0, 0, False, engine="torch")
 
 
 # ---- the kernels ------------------------------------------------------------------------------------------
@@ -123,13 +153,17 @@ if triton is not None:
     def _m_grouped_kernel(a, b, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G, programs, s_am, s_bg, s_bn, s_cm,
                           s_sbg, s_sbn, s_sbk, G_PAD: tl.constexpr, BLOCKWISE: tl.constexpr,
                           FAST_ACCUM: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr, QB: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                          FLATTEN: tl.constexpr):
         n_tiles = tl.cdiv(N, BN)
         idx, _, _, _, m_tiles = group_table(offs_ptr, G, G_PAD, BM)
         tiles = m_tiles * n_tiles
         tile_ends = tl.cumsum(tiles, 0)
         rk = tl.arange(0, BK)
-        for t in range(tl.program_id(0), tl.sum(tiles), programs):
+        # the contraction's trip count is the same for every tile and defined before the tile loop: what
+        # Triton needs to fuse the two loops
+        k_steps = tl.cdiv(K, BK)
+        for t in tl.range(tl.program_id(0), tl.sum(tiles), programs, flatten=FLATTEN):
             g = unit_owner(tile_ends, t)
             row0 = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
             row_end = tl.load(offs_ptr + g)
@@ -139,7 +173,7 @@ if triton is not None:
             rm_c = tl.minimum(rm, M - 1)  # rows and columns past the ends: clamped reads, never stored
             rn_c = tl.minimum(rn, N - 1)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for ki in range(tl.cdiv(K, BK)):
+            for ki in range(k_steps):
                 k0 = ki * BK
                 if TMA:
                     a_t = a.load([row0 + mt * BM, k0])
@@ -210,8 +244,75 @@ if triton is not None:
                 sb = tl.load(sb_ptr + g * Q + rq_c)
                 acc = acc * sa[:, None] * sb[None, :]
             mask = (rp < P)[:, None] & (rq < Q)[None, :]
-            at = g.to(tl.int64) * P * Q + rp.to(tl.int64)[:, None] * Q + rq[None, :]
-            tl.store(c_ptr + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
+            # the tile's corner as one 64-bit pointer, the offsets within the expert's [P, Q] in 32 bits (fewer
+            # registers in the epilogue than a 64-bit offset an element)
+            tile_at = c_ptr + g.to(tl.int64) * P * Q
+            tl.store(tile_at + (rp[:, None] * Q + rq[None, :]), acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _k_grouped_flat_kernel(a, b, c_ptr, sa_ptr, sb_ptr, offs_ptr, P, Q, G, programs, s_a, s_b,
+                               G_PAD: tl.constexpr, BLOCKWISE: tl.constexpr, TMA: tl.constexpr, QB: tl.constexpr,
+                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        # _k_grouped_kernel's tiles and products, walked as ONE loop over this program's (tile, step) pairs,
+        # so that the pipeline runs on from one tile into the next: the loads of a tile's first steps are in
+        # flight while the previous tile finishes. Triton cannot fuse the two loops itself, the contraction's
+        # length being the expert's. An expert without tokens takes one step (its product discarded) so
+        # that its tiles still get their zeros.
+        p_tiles = tl.cdiv(P, BM)
+        q_tiles = tl.cdiv(Q, BN)
+        per = p_tiles * q_tiles
+        idx, _, _, blk_ends, blks = group_table(offs_ptr, G, G_PAD, QB)
+        pid = tl.program_id(0)
+        steps_of = tl.maximum(blks, 1) * (QB // BK)
+        # this program's tiles are pid, pid + programs, ...: those of expert g number n((g+1)·per) - n(g·per),
+        # n(x) = how many of them lie below tile x
+        below_end = (idx + 1) * per - pid
+        below_start = idx * per - pid
+        mine = (tl.where(below_end > 0, (below_end + programs - 1) // programs, 0)
+                - tl.where(below_start > 0, (below_start + programs - 1) // programs, 0))
+        total = tl.sum(tl.where(idx < G, mine * steps_of, 0))
+        rk = tl.arange(0, BK)
+        t = pid
+        i = 0
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for _ in range(total):
+            g = t // per
+            pt, qt = _swizzle(t - g * per, p_tiles, q_tiles, GROUP_M)
+            k0 = pick(blk_ends - blks, idx, g) * QB + i * BK
+            rp = pt * BM + tl.arange(0, BM)
+            rq = qt * BN + tl.arange(0, BN)
+            rp_c = tl.minimum(rp, P - 1)
+            rq_c = tl.minimum(rq, Q - 1)
+            if TMA:
+                a_t = a.load([pt * BM, k0])
+                b_t = b.load([qt * BN, k0])
+            else:
+                a_t = tl.load(a + rp_c.to(tl.int64)[:, None] * s_a + (k0 + rk)[None, :])
+                b_t = tl.load(b + rq_c.to(tl.int64)[:, None] * s_b + (k0 + rk)[None, :])
+            if BLOCKWISE:
+                kq = (k0 // QB).to(tl.int64)
+                sa = tl.load(sa_ptr + kq * P + rp_c)
+                sb = tl.load(sb_ptr + kq * Q + rq_c)
+                acc += tl.dot(a_t, tl.trans(b_t)) * (sa[:, None] * sb[None, :])
+            else:
+                acc = tl.dot(a_t, tl.trans(b_t), acc, max_num_imprecise_acc=BK)
+            # the next (tile, step) by selects, outside the epilogue's branch: the loads' addresses then depend
+            # on nothing the epilogue does, and the pipeliner can issue them stages ahead
+            last = i == pick(steps_of, idx, g) - 1
+            if last:
+                if not BLOCKWISE:
+                    sa = tl.load(sa_ptr + g * P + rp_c)
+                    sb = tl.load(sb_ptr + g * Q + rq_c)
+                    acc = acc * sa[:, None] * sb[None, :]
+                # an expert without tokens read a block that is not its own (or not written): where, not a
+                # product, so that no NaN of those bytes survives
+                acc = tl.where(pick(blks, idx, g) > 0, acc, 0.0)
+                mask = (rp < P)[:, None] & (rq < Q)[None, :]
+                tile_at = c_ptr + g.to(tl.int64) * P * Q  # 32-bit offsets within the expert, as above
+                tl.store(tile_at + (rp[:, None] * Q + rq[None, :]), acc.to(c_ptr.dtype.element_ty), mask=mask)
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+            i = tl.where(last, 0, i + 1)
+            t = tl.where(last, t + programs, t)
 
 
 # ---- launches -------------------------------------------------------------------------------------------
@@ -233,10 +334,23 @@ def _tma_ok(*operands: torch.Tensor) -> bool:
         t.stride(-1) == 1 and t.stride(-2) % 16 == 0 and t.data_ptr() % 16 == 0 for t in operands)
 
 
-def _launch_m(cfg: Config, a, b, out, offs, scaling: str, fast_accum: bool) -> None:
+def _torch_kernel_fits(a, b, scaling: str) -> bool:
+    """Whether torch's rowwise grouped GEMM can take these m-grouped operands: rowwise, on a GPU where
+    :mod:`executor.kernels.fp8.gemm` runs it (present, sm90, passed its own first-use check), N and K
+    multiples of 16."""
+    qa, qb = a[0], b[0]
+    return (scaling == "rowwise" and qa.device.type == "cuda" and qb.shape[1] % 16 == 0 and qb.shape[2] % 16 == 0
+            and torch_fp8.kernels_ok(qa.device))
+
+
+def _launch_m(cfg: Config, a, b, offs, scaling: str, fast_accum: bool) -> torch.Tensor:
     (qa, sa), (qb, sb) = a, b
     m, k = qa.shape
     g, n, _ = qb.shape
+    if cfg.engine == "torch":  # the same operands and scales as torch's path quantises (rowwise, fp32)
+        return torch._scaled_grouped_mm(qa, qb.transpose(-2, -1), sa, sb, offs=offs, out_dtype=OUT,
+                                        use_fast_accum=fast_accum)
+    out = torch.empty(m, n, dtype=OUT, device=qa.device)
     bound = (triton.cdiv(m, cfg.block_m) + g) * triton.cdiv(n, cfg.block_n)
     programs = _programs(qa.device, bound, cfg.per_sm)
     blockwise = scaling == "blockwise"
@@ -251,13 +365,16 @@ def _launch_m(cfg: Config, a, b, out, offs, scaling: str, fast_accum: bool) -> N
         a_arg, b_arg, out, sa, sb, offs, m, n, k, g, programs, qa.stride(0), qb.stride(0), qb.stride(1),
         out.stride(0), *s_sb, G_PAD=g_pad(g), BLOCKWISE=blockwise, FAST_ACCUM=fast_accum, TMA=tma,
         EVEN_K=k % cfg.block_k == 0, QB=QBLOCK, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        GROUP_M=cfg.group_m, num_warps=cfg.warps, num_stages=cfg.stages)
+        GROUP_M=cfg.group_m, FLATTEN=cfg.flatten, num_warps=cfg.warps, num_stages=cfg.stages)
+    return out
 
 
-def _launch_k(cfg: Config, a, b, out, offs, scaling: str, fast_accum: bool) -> None:
-    del fast_accum  # the wgrad always promotes
+def _launch_k(cfg: Config, a, b, offs, scaling: str) -> torch.Tensor:
     (qa, sa), (qb, sb) = a, b
     p, q, g = qa.shape[0], qb.shape[0], offs.numel()
+    if p * q >= 2**31:  # the kernels address within an expert's [P, Q] gradient in 32 bits
+        raise ValueError(f"an expert's weight gradient of {p} x {q} elements is past 32-bit offsets")
+    out = torch.empty(g, p, q, dtype=OUT, device=qa.device)
     programs = _programs(qa.device, g * triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n), cfg.per_sm)
     tma = cfg.tma and _tma_ok(qa, qb)
     if tma:
@@ -265,10 +382,12 @@ def _launch_k(cfg: Config, a, b, out, offs, scaling: str, fast_accum: bool) -> N
         b_arg = TensorDescriptor.from_tensor(qb, [cfg.block_n, cfg.block_k])
     else:
         a_arg, b_arg = qa, qb
-    _k_grouped_kernel[(programs,)](
+    kernel = _k_grouped_flat_kernel if cfg.flatten else _k_grouped_kernel
+    kernel[(programs,)](
         a_arg, b_arg, out, sa, sb, offs, p, q, g, programs, qa.stride(0), qb.stride(0), G_PAD=g_pad(g),
         BLOCKWISE=scaling == "blockwise", TMA=tma, QB=QBLOCK, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         GROUP_M=cfg.group_m, num_warps=cfg.warps, num_stages=cfg.stages)
+    return out
 
 
 def _bucket(m: int) -> int:
@@ -276,24 +395,26 @@ def _bucket(m: int) -> int:
     return 1 << max(0, m - 1).bit_length()
 
 
-def tuned(kind: str, scaling: str, key: tuple, launch, device: torch.device, out: torch.Tensor,
-          timer=None) -> Config:
+def tuned(kind: str, scaling: str, key: tuple, launch, device: torch.device, timer=None,
+          extra: tuple[Config, ...] = ()) -> Config:
     """The config for ``kind`` ('m' or 'k') at ``key``: the first candidate off the GPU or with
-    FOLDTUNE_FP8_GG_TUNE=0; else, on the first call at this key, each candidate run (``launch(cfg)`` writes
-    ``out``) and timed (``timer(call)``, default :func:`time_launch`), the fastest kept among those that
-    compile and whose ``out`` equals the first working candidate's within bf16 rounding."""
+    FOLDTUNE_FP8_GG_TUNE=0; else, on the first call at this key, each candidate of ``CONFIGS`` and then
+    ``extra`` run (``launch(cfg)`` returns its output) and timed (``timer(call)``, default
+    :func:`time_launch`), the fastest kept among those that compile and whose output equals the first
+    working candidate's within bf16 rounding. ``extra`` is part of the key: a call with torch's kernel
+    among the candidates does not reuse a choice made without it."""
     timer = timer or time_launch
-    full_key = (kind, scaling, str(device), *key)
+    full_key = (kind, scaling, str(device), *key, tuple(c.label() for c in extra))
     if full_key in _TUNED:
         return _TUNED[full_key]
-    candidates = CONFIGS[(kind, scaling)]
+    candidates = CONFIGS[(kind, scaling)] + tuple(extra)
     if device.type != "cuda" or os.environ.get("FOLDTUNE_FP8_GG_TUNE", "1") == "0":
         _TUNED[full_key] = candidates[0]
         return candidates[0]
     best, best_s, reference = None, float("inf"), None
     for cfg in candidates:
         try:
-            launch(cfg)
+            out = launch(cfg)
             if reference is None:
                 reference = out.clone()
             else:
@@ -327,24 +448,24 @@ def time_launch(call, repeats: int = 3) -> float:
 
 
 def m_grouped(a: tuple, b: tuple, offs: torch.Tensor, scaling: str, kernel: bool, fast_accum: bool = False,
-              config: Config | None = None) -> torch.Tensor:
+              config: Config | None = None, torch_candidate: bool = False) -> torch.Tensor:
     """[M, N] bf16: rows offs[g-1]:offs[g] of A times B[g]ᵀ, A = ``a`` a row form [M, K] and B = ``b`` a
     weight form [G, N, K] (:mod:`executor.kernels.fp8.grouped_quant`); ``kernel`` the Triton kernel, else the
-    emulation; ``config`` a launch shape (None: :func:`tuned`)."""
+    emulation; ``config`` a launch shape (None: :func:`tuned`); ``torch_candidate``: torch's rowwise grouped
+    GEMM (:data:`TORCH_KERNEL`) is one more candidate of the tuner where it fits the operands."""
     qa, qb = a[0], b[0]
     m, g, n = qa.shape[0], qb.shape[0], qb.shape[1]
     if not (kernel and m):
         _COUNTS["emulated"] = _COUNTS.get("emulated", 0) + 1
         return _emulate_m(dequantize_rows(*a, scaling), dequantize_rows(*b, scaling), offs).to(OUT)
     _COUNTS["kernel"] = _COUNTS.get("kernel", 0) + 1
-    out = torch.empty(m, n, dtype=OUT, device=qa.device)
-    launch = functools.partial(_launch_m, a=a, b=b, out=out, offs=offs, scaling=scaling, fast_accum=fast_accum)
+    launch = functools.partial(_launch_m, a=a, b=b, offs=offs, scaling=scaling, fast_accum=fast_accum)
     if config is None:
         key = (g, n, qa.shape[1], _bucket(m), fast_accum)
-        config = tuned("m", scaling, key, launch, qa.device, out)
+        extra = (TORCH_KERNEL,) if torch_candidate and _torch_kernel_fits(a, b, scaling) else ()
+        config = tuned("m", scaling, key, launch, qa.device, extra=extra)
     _LAST["m"] = config
-    launch(config)
-    return out
+    return launch(config)
 
 
 def k_grouped(a: tuple, b: tuple, offs: torch.Tensor, scaling: str, kernel: bool,
@@ -357,13 +478,11 @@ def k_grouped(a: tuple, b: tuple, offs: torch.Tensor, scaling: str, kernel: bool
         _COUNTS["emulated"] = _COUNTS.get("emulated", 0) + 1
         return _emulate_k(dequantize_tokens(*a, offs, scaling), dequantize_tokens(*b, offs, scaling), offs).to(OUT)
     _COUNTS["kernel"] = _COUNTS.get("kernel", 0) + 1
-    out = torch.empty(g, p, q, dtype=OUT, device=qa.device)
-    launch = functools.partial(_launch_k, a=a, b=b, out=out, offs=offs, scaling=scaling, fast_accum=False)
+    launch = functools.partial(_launch_k, a=a, b=b, offs=offs, scaling=scaling)
     if config is None:
-        config = tuned("k", scaling, (g, p, q, _bucket(qa.shape[1])), launch, qa.device, out)
+        config = tuned("k", scaling, (g, p, q, _bucket(qa.shape[1])), launch, qa.device)
     _LAST["k"] = config
-    launch(config)
-    return out
+    return launch(config)
 
 
 def last_config(kind: str) -> Config | None:
@@ -424,17 +543,19 @@ def _weight_forms(w: torch.Tensor, scaling: str, kernel: bool, dgrad: bool):
 
 class _GroupedMM(torch.autograd.Function):
     """x·w[g]ᵀ per expert in fp8. The forward quantises x once into both forms (the token form, 1 byte an
-    element, is what is saved for the wgrad instead of bf16 x); the backward quantises dy once into both."""
+    element, is what is saved for the wgrad instead of bf16 x); the backward quantises dy once into both.
+    ``torch_candidate``: forward and dgrad may run on torch's kernel where the tuner found it faster."""
 
     @staticmethod
-    def forward(ctx, x_MK, w_GNK, offs_G, scaling, kernel, grad):
+    def forward(ctx, x_MK, w_GNK, offs_G, scaling, kernel, grad, torch_candidate):
         wgrad = grad and ctx.needs_input_grad[1]
         dgrad = grad and ctx.needs_input_grad[0]
         rows, tokens = quantize_activation(x_MK, offs_G, scaling, rows=True, tokens=wgrad, kernel=kernel)
         fwd, _ = _weight_forms(w_GNK, scaling, kernel, dgrad)
         fast = kernel and fast_accum_ok(x_MK.device)
-        y = m_grouped(rows, fwd, offs_G, scaling, kernel, fast_accum=fast)
+        y = m_grouped(rows, fwd, offs_G, scaling, kernel, fast_accum=fast, torch_candidate=torch_candidate)
         ctx.scaling, ctx.kernel, ctx.weight, ctx.x_dtype = scaling, kernel, w_GNK, x_MK.dtype
+        ctx.torch_candidate = torch_candidate
         ctx.save_for_backward(offs_G, *(tokens if wgrad else ()))
         return y.to(x_MK.dtype)
 
@@ -448,16 +569,20 @@ class _GroupedMM(torch.autograd.Function):
         dx = dw = None
         if need_dx:
             _, bwd = _weight_forms(w_GNK, ctx.scaling, ctx.kernel, True)
-            dx = m_grouped(rows, bwd, offs_G, ctx.scaling, ctx.kernel).to(ctx.x_dtype)
+            dx = m_grouped(rows, bwd, offs_G, ctx.scaling, ctx.kernel,
+                           torch_candidate=ctx.torch_candidate).to(ctx.x_dtype)
         if need_dw:
             dw = k_grouped(tokens, tuple(x_tokens), offs_G, ctx.scaling, ctx.kernel).to(w_GNK.dtype)
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
-def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, scaling: str) -> torch.Tensor:
+def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, scaling: str,
+               torch_candidate: bool = False) -> torch.Tensor:
     """KernelBackend.grouped_mm in fp8 through foldtune's kernels: rows offs[g-1]:offs[g] of x times w[g]ᵀ
-    (offs int32 cumulative, offs[-1] == M), ``scaling`` 'rowwise' or 'blockwise'. On a GPU whose kernels
-    failed their check: torch's rowwise grouped GEMM (:func:`executor.kernels.fp8.gemm.grouped_mm`)."""
+    (offs int32 cumulative, offs[-1] == M), ``scaling`` 'rowwise' or 'blockwise'; ``torch_candidate``
+    (rowwise): forward and dgrad on whichever of foldtune's configs and torch's rowwise grouped GEMM the
+    tuner finds faster at each shape (the wgrad stays foldtune's). On a GPU whose kernels failed their
+    check: torch's rowwise grouped GEMM (:func:`executor.kernels.fp8.gemm.grouped_mm`)."""
     if scaling not in SCALINGS:
         raise ValueError(f"fp8 scaling must be one of {SCALINGS}, got {scaling!r}")
     if x_MK.shape[0] == 0:
@@ -466,7 +591,7 @@ def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, sc
     if not kernel and x_MK.device.type == "cuda":
         _COUNTS["fallback"] = _COUNTS.get("fallback", 0) + 1
         return torch_fp8.grouped_mm(x_MK, w_GNK, offs_G)
-    return _GroupedMM.apply(x_MK, w_GNK, offs_G, scaling, kernel, torch.is_grad_enabled())
+    return _GroupedMM.apply(x_MK, w_GNK, offs_G, scaling, kernel, torch.is_grad_enabled(), torch_candidate)
 
 
 # ---- first-use self-check --------------------------------------------------------------------------------
