@@ -140,8 +140,8 @@ EXECUTOR_RULES: dict[str, str] = {
                            "recompute, selective recompute of moe or activation offload of moe",
     "executor_dispatcher": "the token dispatcher is one the executor builds (alltoall, allgather); Megatron's "
                            "flex dispatcher (DeepEP, HybridEP kernels) is not",
-    "executor_vl_layout": "a vision-language model runs homogeneous or colocated, the LLM at pp = 1, the encoder "
-                          "at cp = pp = 1 (the separate placement runs in executor.vlm.separate, not in a trial)",
+    "executor_vl_layout": "a vision-language model runs the LLM at pp = 1 and the encoder at cp = pp = 1; "
+                          "colocated, encoder tp divides the LLM's ranks; separate, encoder dp divides them",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -775,8 +775,9 @@ def executor_multimodal_rules(layout: MultimodalLayout) -> list[Rejection]:
     """What the executor's vision-language step (executor/vlm/train.py) cannot run of ``layout``: one
     ``executor_vl_layout`` rejection naming each limit it hits, else none."""
     limits = []
-    if layout.placement == "separate":
-        limits.append("the separate placement (its encoder ranks) is not a trial's step yet")
+    if layout.placement == "separate" and layout.llm.world_size % layout.encoder_dp:
+        limits.append(f"separate: encoder dp {layout.encoder_dp} must divide the LLM's {layout.llm.world_size} ranks "
+                      "(each replica serves a block of them)")
     if layout.llm.pp > 1:
         limits.append(f"the LLM runs at pp = 1 under the encoder (got pp = {layout.llm.pp})")
     if layout.encoder_cp > 1 or layout.encoder_pp > 1:

@@ -2,7 +2,9 @@
 :class:`~executor.model.MoEGPT` (the LLM, any folded layout with pp = 1: data and expert parallel, tensor (sequence) and context parallel;
 each rank writes the image tokens of the sequence positions it holds).
 With ``encoder_group`` the encoder runs colocated in its own tensor-parallel group over the LLM's ranks, behind
-the boundary communicators of :mod:`executor.vlm.boundary`.
+the boundary communicators of :mod:`executor.vlm.boundary`. Under the separate placement a rank builds one part
+(``parts``): the encoder on the encoder's ranks, the LLM on the LLM's, the tokens moved by
+:mod:`executor.vlm.separate`.
 
 The LLM's input: token embeddings with each image token's row replaced, in order, by the projector's outputs
 (row-major over [b, s]); the deepstack tokens are added at the same rows after the LLM's first layers, one per
@@ -41,14 +43,18 @@ class VLBatch:
 
 
 class VisionLanguageMoE(torch.nn.Module):
-    """The encoder (``encoder``) and this rank's LLM (``llm``); ``mrope_section``: the LLM's RoPE split."""
+    """The encoder (``encoder``) and this rank's LLM (``llm``); ``mrope_section``: the LLM's RoPE split.
+    ``parts``: "both", or only "encoder" / "llm" (the other attribute None); ``llm_seed``: the CPU and device
+    generators are re-seeded with it before the LLM's weights are drawn (None: they follow the encoder's)."""
 
     def __init__(self, spec: VisionLanguageSpec, state: ParallelState, options: ExecutorOptions | None = None,
                  seq_length: int | None = None, mrope_section: tuple[int, int, int] = (24, 20, 20),
                  vision_rotary_base: float = 10000.0, device="cpu", dtype: torch.dtype = torch.float32,
-                 encoder_group: Group | None = None):
+                 encoder_group: Group | None = None, parts: str = "both", llm_seed: int | None = None):
         super().__init__()
-        if state["pp"].size > 1:
+        if parts not in ("both", "encoder", "llm"):
+            raise ValueError(f"parts must be 'both', 'encoder' or 'llm', got {parts!r}")
+        if parts != "encoder" and state["pp"].size > 1:
             raise InvalidConfigError(f"the vision-language model runs with pp = 1 (got pp = {state['pp'].size}): "
                                      "the encoder feeding a pipelined LLM is not built")
         if sum(mrope_section) != spec.llm.rotary_head_dim // 2:
@@ -56,8 +62,11 @@ class VisionLanguageMoE(torch.nn.Module):
                                      f"({spec.llm.rotary_head_dim // 2})")
         self.spec, self.state, self.mrope_section = spec, state, tuple(mrope_section)
         self.encoder_group = encoder_group
-        self.encoder = VisionEncoder(spec.vision, vision_rotary_base, device, dtype, encoder_group)
-        self.llm = MoEGPT(spec.llm, state, options, seq_length, device, dtype)
+        self.encoder = VisionEncoder(spec.vision, vision_rotary_base, device, dtype, encoder_group) \
+            if parts != "llm" else None
+        if llm_seed is not None:  # the LLM's weights then depend neither on the encoder's shards nor on its ranks
+            torch.manual_seed(llm_seed)
+        self.llm = MoEGPT(spec.llm, state, options, seq_length, device, dtype) if parts != "encoder" else None
 
     def encode(self, batch: VLBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(this rank's image tokens, its deepstack tokens): encoded here, or by the encoder group from the

@@ -1,6 +1,6 @@
 """A multimodal layout measured as a tuning trial measures it: VLTrainer steps on gloo ranks (homogeneous and
-colocated), the encoder's replicas kept equal by its gradient reduction, and a layout the executor does not run
-refused with its rule."""
+colocated), the separate placement's steps equal to the colocated ones, the encoder's replicas kept equal by its
+gradient reduction, and a layout the executor does not run refused with its rule."""
 
 from __future__ import annotations
 
@@ -60,7 +60,35 @@ def test_encoder_replicas_stay_equal_after_steps():
     assert max(result.results) == 0.0
 
 
+def _fork(*a, **k):
+    return launch(*a, **k, start_method="fork")
+
+
+@pytest.mark.parametrize("colocated, separate", [
+    ("dp2 placement=colocated enc_tp1 enc_dp2", "dp2 placement=separate enc_tp1 enc_dp1"),  # one encoder rank
+    pytest.param("dp2 ep2 placement=colocated enc_tp2 enc_dp1", "dp2 ep2 placement=separate enc_tp2 enc_dp1",
+                 marks=pytest.mark.slow),  # an encoder TP group of its own
+    pytest.param("tp2 placement=colocated enc_tp1 enc_dp2", "tp2 dp1 placement=separate enc_tp1 enc_dp2",
+                 marks=pytest.mark.slow),  # two replicas, each serving one TP rank of the same samples
+    pytest.param("tp2 placement=colocated enc_tp1 enc_dp2", "tp2 dp1 placement=separate enc_tp1 enc_dp1",
+                 marks=pytest.mark.slow),  # one replica encodes the TP peers' samples once, sums their gradients
+])
+def test_a_separate_trial_trains_as_the_colocated_one(colocated, separate):
+    """Same weights (drawn alike whichever ranks hold them), same batches: the separate placement's steps give
+    the colocated one's losses, so its encoder's gradients and Adam steps were the same."""
+    lay_c, lay_s = MultimodalLayout.parse(colocated, 2), MultimodalLayout.parse(separate)
+    m_c = profile_vl_layout(SPEC, TRAINING, IMAGES, lay_c, warmup_steps=0, timed_steps=3, device="cpu",
+                            launcher=_fork)
+    m_s = profile_vl_layout(SPEC, TRAINING, IMAGES, lay_s, warmup_steps=0, timed_steps=3, device="cpu",
+                            launcher=_fork)
+    assert m_c.ok and m_s.ok, (m_c.failure_reason, m_s.failure_reason)
+    assert m_s.world_size == lay_s.llm.world_size + lay_s.encoder_tp * lay_s.encoder_dp
+    assert len(m_s.losses) == 3 and m_s.losses[0] != m_s.losses[2]  # it trains: the later steps see new weights
+    assert m_s.losses == pytest.approx(m_c.losses, rel=1e-5)
+    assert m_s.tokens_per_expert == m_c.tokens_per_expert
+
+
 def test_a_layout_the_executor_does_not_run_is_refused_by_rule():
-    layout = MultimodalLayout.parse("dp1 placement=separate enc_tp1 enc_dp1", 2)
+    layout = MultimodalLayout.parse("pp2 placement=colocated enc_tp1 enc_dp2", 2)
     m = profile_vl_layout(SPEC, TRAINING, IMAGES, layout, device="cpu")
     assert not m.ok and m.failure_reason.startswith("executor_vl_layout")
