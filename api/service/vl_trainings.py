@@ -5,7 +5,6 @@ at submission. The rules it adds to the trainings':
 - ``multimodal_label_needs_encoder``: a label with ``placement=`` or ``enc_`` tokens for a text-only model;
 - ``vl_dataset``: the data path holds no image+text dataset (executor.vlm.dataset) that fits the model, or its
   sequence length is not the request's;
-- ``vl_checkpoints``: checkpoint_every > 0 (a vision-language training writes no checkpoints yet);
 - the multimodal rule book's (``enc_heads_tp``, ``enc_images_dp``, ..., the LLM part's) and the executor's
   (``executor_vl_layout``).
 """
@@ -67,14 +66,10 @@ def vl_training_source(request: TrainingCreate, num_gpus: int) -> VLTrainingSour
     return VLTrainingSource(vl, layout)
 
 
-def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster: ClusterSpec, data_path: str,
-                      checkpoint_every: int):
+def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster: ClusterSpec, data_path: str):
     """The dataset's image inputs when the training can run; RuleViolation naming the first rule it breaks. The
     dataset's header is read here (the service has no torch); its tokens are checked by the ranks that load it
     (executor.vlm.dataset: a training whose tokens do not fit fails with the reason)."""
-    if checkpoint_every:
-        raise RuleViolation("body.checkpoint_every", "vl_checkpoints",
-                            "a vision-language training writes no checkpoints yet: leave checkpoint_every 0")
     vision = source.model.vision
     try:
         header = VLDatasetHeader.read(data_path)
