@@ -140,7 +140,8 @@ EXECUTOR_RULES: dict[str, str] = {
                            "recompute, selective recompute of moe or activation offload of moe",
     "executor_dispatcher": "the token dispatcher is one the executor builds (alltoall, allgather); Megatron's "
                            "flex dispatcher (DeepEP, HybridEP kernels) is not",
-    "executor_vl_layout": "a vision-language model runs the LLM at pp = 1 and the encoder at cp = pp = 1; "
+    "executor_vl_layout": "a vision-language model runs the encoder at cp = pp = 1 and the LLM at pp = 1, or "
+                          "pipelined (vpp = 1) under a colocated encoder whose tp divides a stage's ranks; "
                           "colocated, encoder tp divides the LLM's ranks; separate, encoder dp divides them",
 }
 
@@ -778,8 +779,15 @@ def executor_multimodal_rules(layout: MultimodalLayout) -> list[Rejection]:
     if layout.placement == "separate" and layout.llm.world_size % layout.encoder_dp:
         limits.append(f"separate: encoder dp {layout.encoder_dp} must divide the LLM's {layout.llm.world_size} ranks "
                       "(each replica serves a block of them)")
-    if layout.llm.pp > 1:
-        limits.append(f"the LLM runs at pp = 1 under the encoder (got pp = {layout.llm.pp})")
+    llm = layout.llm
+    if llm.pp > 1 and layout.placement != "colocated":
+        limits.append(f"the LLM runs at pp = 1 under a {layout.placement} encoder (got pp = {llm.pp}; a colocated "
+                      "one feeds a pipelined LLM)")
+    if llm.pp > 1 and llm.vpp > 1:
+        limits.append(f"a pipelined LLM under the encoder runs without virtual stages (got vpp = {llm.vpp})")
+    if llm.pp > 1 and (llm.world_size // llm.pp) % layout.encoder_tp:
+        limits.append(f"pp > 1: encoder tp {layout.encoder_tp} must divide the {llm.world_size // llm.pp} ranks of a "
+                      "pipeline stage (an encoder TP group within one stage)")
     if layout.encoder_cp > 1 or layout.encoder_pp > 1:
         limits.append(f"the encoder runs at cp = pp = 1 (got enc_cp {layout.encoder_cp}, enc_pp {layout.encoder_pp})")
     if layout.llm.overlap_moe_expert_parallel_comm:

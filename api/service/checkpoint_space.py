@@ -86,8 +86,8 @@ def checkpoint_space(model: ModelSpec | VisionLanguageSpec, steps: int, checkpoi
                            free_bytes(checkpoint_dir), existing, str(checkpoint_dir), keep_last)
 
 
-def checkpoint_space_problem(model: ModelSpec | VisionLanguageSpec, steps: int, checkpoint_every: int | None, keep_last: int | None,
-                             checkpoint_dir: str | Path | None) -> str | None:
+def checkpoint_space_problem(model: ModelSpec | VisionLanguageSpec, steps: int, checkpoint_every: int | None,
+                             keep_last: int | None, checkpoint_dir: str | Path | None) -> str | None:
     """Why the training's checkpoints cannot fit in ``checkpoint_dir`` (with the sizes), or None when they fit
     or nothing is saved (no checkpoint directory)."""
     if not checkpoint_dir:

@@ -56,7 +56,8 @@ def encoder_entries(encoder: torch.nn.Module, optimizer: torch.optim.Optimizer, 
         state = optimizer.state.get(p, {})
         for key in MOMENTS:
             local = state.get(key, torch.zeros_like(p))
-            full[f"encoder_optim/{name}/{key}"] = unshard_encoder_tensor(name, _gather(local, group), heads).float().cpu()
+            whole = unshard_encoder_tensor(name, _gather(local, group), heads)
+            full[f"encoder_optim/{name}/{key}"] = whole.float().cpu()
         step = float(state.get("step", 0.0))
     full["encoder_optim/step"] = torch.tensor(step, dtype=torch.float64)
     return full

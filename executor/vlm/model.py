@@ -1,6 +1,7 @@
 """A vision-language MoE model: :class:`~executor.vlm.vision.VisionEncoder` feeding the executor's
-:class:`~executor.model.MoEGPT` (the LLM, any folded layout with pp = 1: data and expert parallel, tensor (sequence) and context parallel;
-each rank writes the image tokens of the sequence positions it holds).
+:class:`~executor.model.MoEGPT` (the LLM, any folded layout: data and expert parallel, tensor (sequence) and
+context parallel, each rank writing the image tokens of the sequence positions it holds; pipelined chunk by
+chunk through :meth:`VisionLanguageMoE.forward_chunk`, the image tokens entering the first stage).
 With ``encoder_group`` the encoder runs colocated in its own tensor-parallel group over the LLM's ranks, behind
 the boundary communicators of :mod:`executor.vlm.boundary`. Under the separate placement a rank builds one part
 (``parts``): the encoder on the encoder's ranks, the LLM on the LLM's, the tokens moved by
@@ -54,9 +55,6 @@ class VisionLanguageMoE(torch.nn.Module):
         super().__init__()
         if parts not in ("both", "encoder", "llm"):
             raise ValueError(f"parts must be 'both', 'encoder' or 'llm', got {parts!r}")
-        if parts != "encoder" and state["pp"].size > 1:
-            raise InvalidConfigError(f"the vision-language model runs with pp = 1 (got pp = {state['pp'].size}): "
-                                     "the encoder feeding a pipelined LLM is not built")
         if sum(mrope_section) != spec.llm.rotary_head_dim // 2:
             raise InvalidConfigError(f"mrope_section {mrope_section} must sum to the LLM's rotary pairs "
                                      f"({spec.llm.rotary_head_dim // 2})")
@@ -88,20 +86,11 @@ class VisionLanguageMoE(torch.nn.Module):
         (sequence parallel) the contiguous ``1/tp`` of that share the embedding's reduce-scatter leaves it: the
         image tokens, the deepstack tokens and the multimodal RoPE tables follow the positions it holds."""
         llm, spec, tp = self.llm, self.spec, self.state.tp
-        is_image = batch.ids == spec.image_token_id
-        if not torch.equal(is_image, is_image[:1].expand_as(is_image)):
-            raise ValueError("every sample of a batch must place its image tokens alike (multimodal RoPE tables "
-                             "are shared by the batch)")
+        is_image, keep, (cos, sin) = self._tables(batch)
         tokens, deep = self.encode(batch) if encoded is None else encoded
         b, per_sample_tokens = batch.ids.shape[0], int(is_image[0].sum())
         if tokens.shape[0] != b * per_sample_tokens:
             raise ValueError(f"the images make {tokens.shape[0]} tokens, the text marks {int(is_image.sum())}")
-        per_sample = len(batch.grids) // b
-        positions = mrope_positions(is_image[0].tolist(), list(batch.grids[:per_sample]),
-                                    spec.vision.spatial_merge_size).to(batch.ids.device)
-        cos, sin = mrope_tables(positions, spec.llm.rotary_head_dim, llm.options.rotary_base, self.mrope_section)
-        keep = torch.arange(batch.ids.shape[1], device=batch.ids.device) if llm.cp_positions is None \
-            else llm.cp_positions
         ids, labels = batch.ids[:, keep], batch.labels[:, keep]
         order = (torch.cumsum(is_image[0].long(), 0) - 1)[keep]  # each kept position's index among image tokens
         chunk = keep.numel() // tp.size
@@ -118,6 +107,44 @@ class VisionLanguageMoE(torch.nn.Module):
 
         x = place(embed(ids.t(), llm.embedding, llm.padded_vocab, self.state), tokens, add=False)
         return x, (cos[keep], sin[keep]), place, deep, labels
+
+    def _tables(self, batch: VLBatch):
+        """(where the image tokens are [b, s], the sequence positions this rank keeps (its CP share), the
+        multimodal RoPE tables (cos, sin) of every position)."""
+        llm, spec = self.llm, self.spec
+        is_image = batch.ids == spec.image_token_id
+        if not torch.equal(is_image, is_image[:1].expand_as(is_image)):
+            raise ValueError("every sample of a batch must place its image tokens alike (multimodal RoPE tables "
+                             "are shared by the batch)")
+        per_sample = len(batch.grids) // batch.ids.shape[0]
+        positions = mrope_positions(is_image[0].tolist(), list(batch.grids[:per_sample]),
+                                    spec.vision.spatial_merge_size).to(batch.ids.device)
+        tables = mrope_tables(positions, spec.llm.rotary_head_dim, llm.options.rotary_base, self.mrope_section)
+        keep = torch.arange(batch.ids.shape[1], device=batch.ids.device) if llm.cp_positions is None \
+            else llm.cp_positions
+        return is_image, keep, tables
+
+    def forward_chunk(self, chunk: int, batch: VLBatch, x: torch.Tensor | None, encoded) -> LossOutput:
+        """Pipeline chunk ``chunk`` of the LLM (pp > 1): on the model's first chunk its input is the micro-batch
+        with ``encoded`` image tokens (the encoder ran before the schedule) and the deepstack tokens join its
+        first layers; elsewhere ``x`` is the previous chunk's activations and the batch gives the multimodal
+        RoPE tables and labels."""
+        llm = self.llm
+        if llm.is_first_chunk(chunk):
+            x, rope, place, deep, labels = self._inputs(batch, encoded)
+            if len(deep) > len(llm.chunk_layers[chunk]):
+                raise InvalidConfigError(f"the first pipeline chunk holds {len(llm.chunk_layers[chunk])} layers; "
+                                         f"the deepstack tokens join the first {len(deep)}")
+        else:
+            _, keep, (cos, sin) = self._tables(batch)
+            rope, labels, deep, place = (cos[keep], sin[keep]), batch.labels[:, keep], [], None
+        router_loss = x.new_zeros((), dtype=torch.float32)
+        for index, position in enumerate(llm.chunk_layers[chunk]):
+            x, layer_loss = llm.layers[position](x, rope)
+            router_loss = router_loss + layer_loss
+            if index < len(deep):
+                x = place(x, deep[index], add=True)
+        return llm.chunk_output(chunk, x, router_loss, rope, labels, batch.labels)
 
     def _decoder(self, batch: VLBatch, encoded=None):
         x, rope, place, deep, labels = self._inputs(batch, encoded)
@@ -142,6 +169,8 @@ class VisionLanguageMoE(torch.nn.Module):
 
     def forward(self, batch: VLBatch, encoded=None) -> LossOutput:
         """Mean cross-entropy of the micro-batch's labels plus the LLM's router losses (``encoded``: as
-        :meth:`_inputs` takes it)."""
+        :meth:`_inputs` takes it). pp = 1: a pipelined LLM runs chunk by chunk (:meth:`forward_chunk`)."""
+        if self.state["pp"].size > 1:
+            raise RuntimeError("a pipelined LLM runs chunk by chunk: use executor.vlm.train's schedule")
         x, router_loss, rope, labels = self._decoder(batch, encoded)
         return self.llm.chunk_output(0, x, router_loss, rope, labels, batch.labels)

@@ -1,10 +1,11 @@
-"""Profile one multimodal layout (homogeneous, colocated or separate, the LLM at pp = 1): warm-up then timed
-optimizer steps of :mod:`executor.vlm.train`'s trainers on synthetic image+text batches → a Measurement, as
-:func:`executor.profile.profile_layout` measures a text-only layout (same launchers, same report shape).
+"""Profile one multimodal layout (homogeneous, colocated or separate, within executor_vl_layout's limits):
+warm-up then timed optimizer steps of :mod:`executor.vlm.train`'s trainers on synthetic image+text batches → a
+Measurement, as :func:`executor.profile.profile_layout` measures a text-only layout (same launchers, same report
+shape).
 
 A separate layout runs on its whole world (the LLM's ranks, then the encoder's): per GPU figures divide by it,
-and each step's time is its slowest rank's. The FLOPs behind TFLOP/s and MFU are the LLM's alone (spec.flops counts no encoder): the encoder's share is left
-out of them, not guessed.
+and each step's time is its slowest rank's. The FLOPs behind TFLOP/s and MFU are the LLM's alone (spec.flops
+counts no encoder): the encoder's share is left out of them, not guessed.
 """
 
 from __future__ import annotations

@@ -75,13 +75,16 @@ def encoder_groups(placement: SeparatePlacement, rank: int) -> tuple[Group | Non
     return found.get("enc_tp"), found.get("enc_dp")
 
 
-def _pack(tokens: torch.Tensor, deep: list[torch.Tensor]) -> torch.Tensor:
+def pack_tokens(tokens: torch.Tensor, deep: list[torch.Tensor]) -> torch.Tensor:
+    """A micro-batch's image tokens and deepstack tokens as one message [tokens, (1 + deepstack) · hidden]."""
     return torch.cat([tokens, *deep], dim=1) if deep else tokens
 
 
-def _unpack(packed: torch.Tensor, parts: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def unpack_tokens(packed: torch.Tensor, parts: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """:func:`pack_tokens`'s inverse (views: a gradient reaching them reaches ``packed``)."""
     chunks = list(packed.chunk(parts, dim=1))
     return chunks[0], chunks[1:]
+
 
 
 def _owner_lists(placement: SeparatePlacement, replica: int, owners: list[list[int]] | None) -> list[list[int]]:
@@ -124,7 +127,7 @@ def _encode(encoder, images: list[tuple]) -> torch.Tensor:
     patches = torch.cat([p for p, _ in images])
     grids = [g for _, grid in images for g in grid]
     tokens, deep = encoder(patches, grids)
-    return _pack(tokens, deep)
+    return pack_tokens(tokens, deep)
 
 
 def _send_tokens(packed: torch.Tensor, groups: list[list[int]], counts: list[int]) -> list:
@@ -161,12 +164,17 @@ def tokens_shape(model, batch) -> tuple[int, int]:
     return count, model.spec.llm.hidden_size * model.spec.vision.num_projectors
 
 
-def receive_tokens(model, placement: SeparatePlacement, rank: int, batch) -> torch.Tensor:
-    """An LLM rank's packed image tokens of ``batch``, from its replica's first rank."""
+def receive_tokens_from(model, batch, source: int) -> torch.Tensor:
+    """``batch``'s packed image tokens (this rank's share of them), received from global rank ``source``."""
     packed = torch.empty(tokens_shape(model, batch), dtype=model.llm.embedding.dtype,
                          device=model.llm.embedding.device)
-    dist.recv(packed, placement.replica_ranks(placement.replica_of(rank))[0])
+    dist.recv(packed, source)
     return packed
+
+
+def receive_tokens(model, placement: SeparatePlacement, rank: int, batch) -> torch.Tensor:
+    """An LLM rank's packed image tokens of ``batch``, from its replica's first rank."""
+    return receive_tokens_from(model, batch, placement.replica_ranks(placement.replica_of(rank))[0])
 
 
 def llm_microbatch(model, placement: SeparatePlacement, rank: int, batch, microbatches: int,
@@ -176,7 +184,7 @@ def llm_microbatch(model, placement: SeparatePlacement, rank: int, batch, microb
     Returns (the micro-batch's :class:`~executor.model.LossOutput`, the gradient sends to wait for)."""
     members = placement.replica_ranks(placement.replica_of(rank))
     packed = receive_tokens(model, placement, rank, batch).requires_grad_(True)
-    out = model(batch, _unpack(packed, model.spec.vision.num_projectors))
+    out = model(batch, unpack_tokens(packed, model.spec.vision.num_projectors))
     if before_backward is not None:
         before_backward()
     (out.loss / microbatches).backward()
@@ -188,4 +196,4 @@ def llm_microbatch(model, placement: SeparatePlacement, rank: int, batch, microb
 def llm_eval_microbatch(model, placement: SeparatePlacement, rank: int, batch):
     """An LLM rank's forward of an evaluation micro-batch, its image tokens from its replica."""
     packed = receive_tokens(model, placement, rank, batch)
-    return model(batch, _unpack(packed, model.spec.vision.num_projectors))
+    return model(batch, unpack_tokens(packed, model.spec.vision.num_projectors))

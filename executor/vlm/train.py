@@ -1,9 +1,9 @@
-"""One optimizer step of a vision-language MoE model on a multimodal layout (the LLM at pp = 1): the LLM's
-gradients reduced and stepped by the LLM's :class:`~executor.train_step.Trainer`, the encoder's by an Adam of
-its own after its gradients are summed over the encoder's data-parallel group. Homogeneous and colocated:
-:class:`VLTrainer` on every rank; separate: :class:`SeparateLLMTrainer` on the LLM's ranks,
-:class:`SeparateEncoderTrainer` on the encoder's. With clipping on, both parts are clipped by one global norm
-(:class:`VLGradClipper`).
+"""One optimizer step of a vision-language MoE model on a multimodal layout (within executor_vl_layout's
+limits): the LLM's gradients reduced and stepped by the LLM's :class:`~executor.train_step.Trainer`, the
+encoder's by an Adam of its own after its gradients are summed over the encoder's data-parallel group.
+Homogeneous and colocated: :class:`VLTrainer` on every rank (the LLM pipelined or not); separate:
+:class:`SeparateLLMTrainer` on the LLM's ranks, :class:`SeparateEncoderTrainer` on the encoder's. With clipping
+on, both parts are clipped by one global norm (:class:`VLGradClipper`).
 
 Why the encoder's gradient is divided by the LLM's dp·cp: each LLM rank's loss is the mean over its micro-batch
 (under CP over its share of the sequence), so the gradients reaching the encoder, summed over every rank that
@@ -27,7 +27,9 @@ from executor.train.grad_norm import GradClipper
 from executor.train_step import StepResult, Trainer
 from executor.vlm.boundary import is_tp_split
 from executor.vlm.model import VisionLanguageMoE, VLBatch
-from executor.vlm.separate import SeparatePlacement, encoder_forward_only, encoder_step, llm_microbatch
+from executor.pipeline import run_schedule
+from executor.vlm.separate import (SeparatePlacement, encoder_forward_only, encoder_step, llm_microbatch,
+                                   pack_tokens, receive_tokens_from as receive_tokens, unpack_tokens)
 from executor.vlm.synthetic import synthetic_batch
 
 
@@ -109,16 +111,39 @@ class _ClipBeforeLLMStep:
         self.optimizer.step = step
 
 
+class _PipelinedVL:
+    """The LLM as :func:`executor.pipeline.run_schedule` runs it, each chunk through
+    :meth:`VisionLanguageMoE.forward_chunk`: the first chunk's micro-batch with its image tokens ``encoded``
+    (by micro-batch index), the others' with their multimodal positions."""
+
+    def __init__(self, vl: VisionLanguageMoE, micro: list[VLBatch], encoded: dict[int, tuple]):
+        self._vl, self._micro, self._encoded = vl, micro, encoded
+
+    def __getattr__(self, name: str):
+        return getattr(self._vl.llm, name)
+
+    def forward_micro_chunk(self, micro: int, chunk: int, x, labels):
+        first = self._vl.llm.is_first_chunk(chunk)
+        return self._vl.forward_chunk(chunk, self._micro[micro], None if first else x,
+                                      self._encoded.get(micro) if first else None)
+
+
 class VLTrainer(_ClipBeforeLLMStep, Trainer):
     """The LLM's Trainer (its reducer and mixed-precision Adam over ``model.llm``) plus the encoder's Adam;
-    ``encoder_dp``: the group over which the encoder's gradients are summed (None: this rank alone)."""
+    ``encoder_dp``: the group over which the encoder's gradients are summed (None: this rank alone).
+
+    With the LLM pipelined (pp > 1, colocated encoder), the encoder runs before the LLM's schedule: micro-batch
+    k is encoded on pipeline rank k mod pp of the LLM's pipeline group (its ranks hold the same samples; an
+    encoder TP group lies within one stage) and its tokens sent to the first stage; after the schedule the
+    first stage sends each micro-batch's token gradients back to the rank that encoded it, which
+    back-propagates through the encoder."""
 
     def __init__(self, model: VisionLanguageMoE, encoder_dp: Group | None, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
         super().__init__(model.llm, lr=lr, betas=betas, eps=eps)
-        if self.pipelined or self.ep_overlap:
-            raise InvalidConfigError("the vision-language step runs the LLM at pp = 1 without the EP overlap "
-                                     "schedule")
+        if self.ep_overlap or (self.pipelined and self.model.vpp > 1):
+            raise InvalidConfigError("the vision-language step runs without the EP overlap schedule and without "
+                                     "virtual pipeline stages")
         self.vl, self.encoder_dp = model, encoder_dp
         self.encoder_optimizer = torch.optim.Adam(model.encoder.parameters(), lr=lr, betas=betas, eps=eps)
         self._wrap_optimizer()
@@ -145,18 +170,55 @@ class VLTrainer(_ClipBeforeLLMStep, Trainer):
         """Accumulate the gradients of the mean loss over this rank's micro-batches, the encoder's reduced over
         its replicas; the mean [ce, router, mtp]."""
         llm = self.model
-        stats = torch.zeros(3, device=llm.rope_cos.device)
-        counts = None
-        for i, batch in enumerate(micro):
-            out = self.vl(batch)
-            if i == len(micro) - 1:
-                self.reducer.arm()
-            (out.loss / len(micro)).backward()
-            stats += out.stats() / len(micro)
-            counts = llm.count_routed(counts, llm.moe_layers())
-        self._counts = counts
+        if self.pipelined:
+            stats = self._pipelined(micro)
+        else:
+            stats = torch.zeros(3, device=llm.rope_cos.device)
+            counts = None
+            for i, batch in enumerate(micro):
+                out = self.vl(batch)
+                if i == len(micro) - 1:
+                    self.reducer.arm()
+                (out.loss / len(micro)).backward()
+                stats += out.stats() / len(micro)
+                counts = llm.count_routed(counts, llm.moe_layers())
+            self._counts = counts
         state = llm.state
         reduce_encoder_grads(self.vl.encoder, self.encoder_dp, 1.0 / (state.dp.size * state["cp"].size))
+        return stats
+
+    def _pipelined(self, micro: list[VLBatch]) -> torch.Tensor:
+        """The encoder's forward, the LLM's schedule, the encoder's backward (see the class docstring); the
+        schedule's [ce, router, mtp] of this rank's chunks."""
+        pp, m = self.model.state["pp"], len(micro)
+        mine = [k for k in range(m) if k % pp.size == pp.rank]
+        parts = self.vl.spec.vision.num_projectors
+        outputs = {k: pack_tokens(*self.vl.encode(micro[k])) for k in mine}
+        sends = [dist.isend(outputs[k].detach().contiguous(), pp.ranks[0]) for k in mine] if pp.rank else []
+        leaves: dict[int, torch.Tensor] = {}
+        if pp.rank == 0:
+            for k in range(m):
+                if k % pp.size == 0:
+                    leaf = outputs[k].detach()
+                else:
+                    leaf = receive_tokens(self.vl, micro[k], pp.ranks[k % pp.size])
+                leaves[k] = leaf.requires_grad_(True)
+        for work in sends:
+            work.wait()
+        encoded = {k: unpack_tokens(leaf, parts) for k, leaf in leaves.items()}
+        stats, self._counts = run_schedule(_PipelinedVL(self.vl, micro, encoded),
+                                           [(b.ids, b.labels) for b in micro], self._arm_before_last_backward())
+        sends = [dist.isend(leaves[k].grad.contiguous(), pp.ranks[k % pp.size])
+                 for k in range(m) if k % pp.size] if pp.rank == 0 else []
+        for k in mine:  # in micro-batch order on every member of an encoder TP group (its collectives)
+            if pp.rank == 0:
+                grad = leaves[k].grad
+            else:
+                grad = torch.empty_like(outputs[k])
+                dist.recv(grad, pp.ranks[0])
+            outputs[k].backward(grad)
+        for work in sends:
+            work.wait()
         return stats
 
     def step(self, micro: list[VLBatch]) -> StepResult:  # type: ignore[override]
@@ -178,7 +240,7 @@ class SeparateLLMTrainer(_ClipBeforeLLMStep, Trainer):
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
         super().__init__(model.llm, lr=lr, betas=betas, eps=eps)
         if self.pipelined or self.ep_overlap:
-            raise InvalidConfigError("the vision-language step runs the LLM at pp = 1 without the EP overlap "
+            raise InvalidConfigError("a separate encoder's LLM runs at pp = 1 without the EP overlap "
                                      "schedule")
         self.vl, self.placement, self.rank = model, placement, rank
         self._wrap_optimizer()

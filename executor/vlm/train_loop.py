@@ -59,14 +59,24 @@ def _evaluate(model, trainer, dataset: VLDataset, spec: VisionLanguageSpec, cfg:
     separate = layout.placement == "separate"
     total = torch.zeros((), dtype=torch.float64, device=device)
     model.eval()
-    with torch.no_grad():
-        for position in range(batches):
-            micro = _rank_micro(trainer, dataset, spec, "heldout", position, cfg, layout, device)[0]
+    for position in range(batches):
+        micro = _rank_micro(trainer, dataset, spec, "heldout", position, cfg, layout, device)[0]
+        if trainer.pipelined:  # the model runs inside the schedule only: its gradients are dropped
+            for optimizer in trainer.optimizers:
+                optimizer.zero_grad()
+            stats = trainer.forward_backward(micro)  # the last stage's mean ce, zero elsewhere
+            trainer.reducer.reduce()
+            for optimizer in trainer.optimizers:
+                optimizer.zero_grad()
+            total += all_reduce_(stats[0].detach().double(), state["pp"])
+            continue
+        with torch.no_grad():
             if separate:
                 ces = [llm_eval_microbatch(model, trainer.placement, trainer.rank, b).ce for b in micro]
             else:
                 ces = [model(b).ce for b in micro]
             total += sum(ce.double() for ce in ces) / len(micro)
+    with torch.no_grad():
         total = all_reduce_(total / batches, state["dp_cp"]) / state["dp_cp"].size
     model.train()
     return float(total)

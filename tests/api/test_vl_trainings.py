@@ -57,7 +57,7 @@ def test_a_vl_training_is_stored_with_its_layout_and_images(client, alice, vl_bo
 @pytest.mark.parametrize("mutate, loc, rule", [
     (lambda b: b.update(model="tiny-moe"), "body.layout", "multimodal_label_needs_encoder"),
     (lambda b: b.update(layout="dp2 placement=colocated enc_tp4 enc_dp1"), "body.layout", "enc_world"),
-    (lambda b: b.update(layout="pp2 placement=colocated enc_tp1 enc_dp2"), "body.layout", "executor_vl_layout"),
+    (lambda b: b.update(layout="pp2 placement=homogeneous"), "body.layout", "executor_vl_layout"),
     (lambda b: b.update(seq_length=32), "body.data_path", "vl_dataset"),
 ])
 def test_bad_vl_training_input_names_the_rule(client, alice, vl_body, mutate, loc, rule):

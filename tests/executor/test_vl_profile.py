@@ -28,7 +28,7 @@ def test_mrope_section_splits_the_rotary_pairs_as_qwen3_vl():
 
 
 @pytest.mark.parametrize("label", ["dp2 ep2 placement=homogeneous", "dp2 ep2 placement=colocated enc_tp2",
-                                   "tp2 placement=colocated enc_tp1"])
+                                   "tp2 placement=colocated enc_tp1", "pp2 placement=colocated enc_tp1 enc_dp2"])
 def test_a_multimodal_layout_is_measured_on_gloo_ranks(label):
     layout = MultimodalLayout.parse(label, 2)
     m = profile_vl_layout(SPEC, TRAINING, IMAGES, layout, warmup_steps=1, timed_steps=2, device="cpu",
@@ -89,6 +89,6 @@ def test_a_separate_trial_trains_as_the_colocated_one(colocated, separate):
 
 
 def test_a_layout_the_executor_does_not_run_is_refused_by_rule():
-    layout = MultimodalLayout.parse("pp2 placement=colocated enc_tp1 enc_dp2", 2)
+    layout = MultimodalLayout.parse("pp2 dp1 placement=separate enc_tp1 enc_dp1", 3)
     m = profile_vl_layout(SPEC, TRAINING, IMAGES, layout, device="cpu")
     assert not m.ok and m.failure_reason.startswith("executor_vl_layout")

@@ -1,7 +1,7 @@
 """The vision-language training loop: one global gradient norm over the LLM's and the encoder's parameters
 (checked against a hand-summed norm, equal whatever ranks hold the encoder), clipping that scales both parts
-by it, and checkpoints a run resumes from with the losses of an uninterrupted run (under the same layout and
-under another placement)."""
+by it, and checkpoints a run resumes from with the losses of an uninterrupted run (under the same layout,
+under another placement, and with the LLM pipelined under a colocated encoder)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,12 @@ def test_the_global_norm_is_the_same_on_every_placement(data):
                  marks=pytest.mark.slow),
     pytest.param("dp2 placement=colocated enc_tp2 enc_dp1", "dp2 placement=separate enc_tp1 enc_dp2",
                  marks=pytest.mark.slow),  # the checkpoint holds whole tensors: another placement resumes it
+    # the LLM pipelined under a colocated encoder continues the one-rank run: the pipelined step is that step
+    ("dp1 placement=colocated enc_tp1 enc_dp1", "pp2 dp1 placement=colocated enc_tp1 enc_dp2"),
+    pytest.param("dp1 placement=colocated enc_tp1 enc_dp1", "pp2 dp2 placement=colocated enc_tp2 enc_dp2",
+                 marks=pytest.mark.slow),  # an encoder TP group in each stage, two LLM data-parallel ranks
+    pytest.param("dp1 placement=colocated enc_tp1 enc_dp1", "tp2 pp2 dp1 placement=colocated enc_tp1 enc_dp4",
+                 marks=pytest.mark.slow),  # LLM tp 2: each first-stage rank writes the image rows it holds
 ])
 def test_a_resumed_run_continues_as_the_uninterrupted_one(data, tmp_path, first, second):
     whole = _train(first, _cfg(data, 4))
@@ -108,4 +114,6 @@ def test_a_resumed_run_continues_as_the_uninterrupted_one(data, tmp_path, first,
     assert resumed.start_step == 2 and resumed.resumed_from is not None
     assert [m.step for m in resumed.metrics] == [2, 3]
     assert [m.loss for m in resumed.metrics] == pytest.approx([m.loss for m in whole.metrics[2:]], rel=1e-5)
+    assert [m.grad_norm for m in resumed.metrics] == pytest.approx([m.grad_norm for m in whole.metrics[2:]],
+                                                                   rel=1e-4)
     assert resumed.metrics[-1].eval_loss == pytest.approx(whole.metrics[-1].eval_loss, rel=1e-5)
