@@ -66,6 +66,13 @@ def _llm_layouts(vl: VisionLanguageSpec, training: TrainingSpec, cluster: Cluste
     return [(e.config, e) for e in result.ranked if e.fits]
 
 
+def llm_cluster(layout: MultimodalLayout, cluster: ClusterSpec) -> ClusterSpec:
+    """The GPUs the LLM of ``layout`` runs on: the cluster's, less a separate encoder's (its share after them)."""
+    if layout.placement != "separate":
+        return cluster
+    return ClusterSpec(cluster.hardware, layout.llm.world_size, cluster.hbm_reserved_bytes, cluster.min_headroom)
+
+
 def plan_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: ImageInputs, cluster: ClusterSpec, *,
                     top: int = 10, llm_top: int = 4, placements: tuple[str, ...] = ("homogeneous", "colocated",
                                                                                        "separate")) -> MultimodalPlan:

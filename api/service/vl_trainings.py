@@ -17,6 +17,7 @@ from api.service.errors import RuleViolation
 from api.schemas.trainings import TrainingCreate
 from costmodel.estimate import estimate
 from costmodel.multimodal import estimate_multimodal
+from planner.multimodal import llm_cluster
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.layout_codec import read_multimodal_label
@@ -94,7 +95,8 @@ def predicted_vl_step_time(source: VLTrainingSource, training: TrainingSpec, ima
     """The cost model's seconds per step of the layout (as a tuning job's trials store it); None where it
     cannot price it."""
     try:
-        llm = estimate(source.model.llm, training, cluster, source.layout.llm)
-        return estimate_multimodal(source.model, training, images, source.layout, cluster, llm, cluster).step_time
-    except FoldtuneError:
+        share = llm_cluster(source.layout, cluster)  # a separate encoder's GPUs are not the LLM's
+        llm = estimate(source.model.llm, training, share, source.layout.llm)
+        return estimate_multimodal(source.model, training, images, source.layout, cluster, llm, share).step_time
+    except (FoldtuneError, ValueError):
         return None

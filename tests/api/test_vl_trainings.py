@@ -54,6 +54,26 @@ def test_a_vl_training_is_stored_with_its_layout_and_images(client, alice, vl_bo
     assert t["predicted_step_time_s"] > 0
 
 
+def test_a_separate_vl_training_is_priced_with_the_llm_on_its_share(client, alice, vl_body):
+    from api.service.jobs import resolve_cluster
+    from costmodel.estimate import estimate
+    from costmodel.multimodal import estimate_multimodal
+    from spec.hardware import ClusterSpec
+    from spec.multimodal import ImageInputs
+    from spec.training_spec import TrainingSpec
+
+    label = "dp1 placement=separate enc_tp1 enc_dp1"
+    r = client.post("/v1/trainings", json={**vl_body, "layout": label}, headers=alice)
+    assert r.status_code == 201, r.text
+    layout = MultimodalLayout.parse(label, 2)
+    two = resolve_cluster(None, "cpu", 2)
+    training = TrainingSpec.from_dict({k: v for k, v in r.json()["training"].items() if k != "images"})
+    one = ClusterSpec(two.hardware, 1, two.hbm_reserved_bytes, two.min_headroom)  # the LLM's, beside the encoder's
+    expected = estimate_multimodal(SPEC, training, ImageInputs(1, 16, 16), layout, two,
+                                   estimate(SPEC.llm, training, one, layout.llm), one)
+    assert r.json()["predicted_step_time_s"] == pytest.approx(expected.step_time)
+
+
 @pytest.mark.parametrize("mutate, loc, rule", [
     (lambda b: b.update(model="tiny-moe"), "body.layout", "multimodal_label_needs_encoder"),
     (lambda b: b.update(layout="dp2 placement=colocated enc_tp4 enc_dp1"), "body.layout", "enc_world"),
