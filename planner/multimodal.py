@@ -165,7 +165,7 @@ def runnable_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: 
     for estimate in result.ranked:
         layout = estimate.layout
         refused = [r for r in check_multimodal(vl, training, images, layout, cluster) if is_executor_rule(r.rule)]
-        refused += executor_multimodal_rules(layout)
+        refused += executor_multimodal_rules(layout, vl)
         if refused:
             out.not_executable.update(r.rule for r in refused)
             first = first or refused[0]

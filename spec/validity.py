@@ -87,7 +87,7 @@ from spec.multimodal import ImageInputs, VisionLanguageSpec
 from spec.multimodal_layout import MultimodalLayout
 from spec.norm_scopes import QK_NORM_SCOPES
 from spec.optimizer_dtypes import EXECUTOR_STATE_DTYPES, FIELDS as OPTIMIZER_DTYPE_FIELDS
-from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement, layer_chunks
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
@@ -772,9 +772,10 @@ def check_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: Ima
     return out
 
 
-def executor_multimodal_rules(layout: MultimodalLayout) -> list[Rejection]:
-    """What the executor's vision-language step (executor/vlm/train.py) cannot run of ``layout``: one
-    ``executor_vl_layout`` rejection naming each limit it hits, else none."""
+def executor_multimodal_rules(layout: MultimodalLayout, vl: VisionLanguageSpec | None = None) -> list[Rejection]:
+    """What the executor's vision-language step (executor/vlm/train.py) cannot run of ``layout`` (of ``vl``,
+    when given: where its deepstack tokens join a pipelined LLM): one ``executor_vl_layout`` rejection naming
+    each limit it hits, else none."""
     limits = []
     if layout.placement == "separate" and layout.llm.world_size % layout.encoder_dp:
         limits.append(f"separate: encoder dp {layout.encoder_dp} must divide the LLM's {layout.llm.world_size} ranks "
@@ -785,6 +786,14 @@ def executor_multimodal_rules(layout: MultimodalLayout) -> list[Rejection]:
                       "one feeds a pipelined LLM)")
     if llm.pp > 1 and llm.vpp > 1:
         limits.append(f"a pipelined LLM under the encoder runs without virtual stages (got vpp = {llm.vpp})")
+    if vl is not None and llm.pp > 1 and vl.vision.deepstack_layers:
+        try:
+            first = len(layer_chunks(vl.llm.num_layers, llm.pp, llm.vpp, llm.pipeline_split)[0][0])
+        except PipelineLayoutError:  # a placement that does not fit: the LLM part's rules name it
+            first = len(vl.vision.deepstack_layers)
+        if first < len(vl.vision.deepstack_layers):
+            limits.append(f"pp > 1: the first pipeline chunk holds {first} LLM layers, the deepstack tokens join "
+                          f"the first {len(vl.vision.deepstack_layers)}")
     if llm.pp > 1 and (llm.world_size // llm.pp) % layout.encoder_tp:
         limits.append(f"pp > 1: encoder tp {layout.encoder_tp} must divide the {llm.world_size // llm.pp} ranks of a "
                       "pipeline stage (an encoder TP group within one stage)")

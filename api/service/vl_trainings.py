@@ -84,7 +84,7 @@ def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster:
                             f"images; the training's seq_length is {training.seq_length}, the encoder reads "
                             f"{vision.in_channels} channels")
     broken = check_multimodal(source.model, training, images, source.layout, cluster)
-    broken += executor_multimodal_rules(source.layout)
+    broken += executor_multimodal_rules(source.layout, source.model)
     if broken:
         raise RuleViolation("body.layout", broken[0].rule, "; ".join(f"{r.rule}: {r.reason}" for r in broken))
     return images

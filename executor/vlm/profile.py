@@ -121,7 +121,7 @@ def profile_vl_layout(spec: VisionLanguageSpec, training: TrainingSpec, images: 
     world = layout.world_size
     context = {"model": spec.name, "layout": layout.label(), "world_size": world, "precision": training.precision,
                "seq_length": training.seq_length, "global_batch_size": training.global_batch_size}
-    refused = executor_multimodal_rules(layout)
+    refused = executor_multimodal_rules(layout, spec)
     if refused:
         return Measurement.failed("; ".join(f"{r.rule}: {r.reason}" for r in refused), FailureKind.ERROR,
                                   **context)

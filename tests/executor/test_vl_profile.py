@@ -11,6 +11,7 @@ import torch.distributed as dist
 from spec.multimodal import ImageInputs
 from spec.multimodal_layout import MultimodalLayout
 from spec.training_spec import TrainingSpec
+from spec.validity import executor_multimodal_rules
 from spec.vl_catalog import get_vl_model
 from executor.launch_local import launch
 from executor.options import ExecutorOptions
@@ -86,6 +87,23 @@ def test_a_separate_trial_trains_as_the_colocated_one(colocated, separate):
     assert len(m_s.losses) == 3 and m_s.losses[0] != m_s.losses[2]  # it trains: the later steps see new weights
     assert m_s.losses == pytest.approx(m_c.losses, rel=1e-5)
     assert m_s.tokens_per_expert == m_c.tokens_per_expert
+
+
+def test_the_executor_rule_names_what_the_vl_step_cannot_run():
+    def refused(label: str, world: int, vl=SPEC) -> str:
+        found = executor_multimodal_rules(MultimodalLayout.parse(label, world), vl)
+        return found[0].reason if found else ""
+
+    assert refused("pp2 placement=colocated enc_tp1 enc_dp2", 2) == ""  # a pipelined LLM under a colocated encoder
+    assert refused("dp2 placement=separate enc_tp1 enc_dp2", 4) == ""
+    assert "pp = 1 under a homogeneous encoder" in refused("pp2 placement=homogeneous", 2)
+    assert "pp = 1 under a separate encoder" in refused("pp2 dp1 placement=separate enc_tp1 enc_dp1", 3)
+    assert "within one stage" in refused("pp2 dp2 placement=colocated enc_tp4 enc_dp1", 4)
+    assert "encoder dp 4 must divide the LLM's 2 ranks" in refused("dp2 placement=separate enc_tp1 enc_dp4", 6)
+    # Qwen3-ViT's three deepstack levels join LLM layers 0-2; a 4-layer LLM at pp 2 has 2 on its first stage
+    deep = get_vl_model("qwen3-vit+small-moe")
+    assert "deepstack" in refused("pp2 dp1 placement=colocated enc_tp1 enc_dp2", 2, deep)
+    assert refused("dp2 placement=colocated enc_tp1 enc_dp2", 2, deep) == ""
 
 
 def test_a_layout_the_executor_does_not_run_is_refused_by_rule():
