@@ -6,10 +6,12 @@ under another placement, and with the LLM pipelined under a colocated encoder)."
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from costmodel.checkpoint_size import checkpoint_bytes
 from spec.multimodal_layout import MultimodalLayout
 from spec.training_spec import TrainingSpec
 from spec.vl_catalog import get_vl_model
@@ -110,6 +112,10 @@ def test_a_resumed_run_continues_as_the_uninterrupted_one(data, tmp_path, first,
     whole = _train(first, _cfg(data, 4))
     saved = _train(first, _cfg(data, 2, tmp_path / "ckpt", checkpoint_every=2))
     assert saved.checkpoints and (tmp_path / "ckpt" / "latest").is_file()
+    # the service's free-space preflight predicts 12 bytes per parameter, the encoder's counted
+    written = sum(f.stat().st_size for f in Path(saved.checkpoints[-1]).rglob("*") if f.is_file())
+    predicted = checkpoint_bytes(SPEC)
+    assert predicted <= written <= 1.15 * predicted, (written, predicted)
     resumed = _train(second, _cfg(data, 4, tmp_path / "ckpt", checkpoint_every=2))
     assert resumed.start_step == 2 and resumed.resumed_from is not None
     assert [m.step for m in resumed.metrics] == [2, 3]
