@@ -49,6 +49,22 @@ def test_bad_vl_input_names_the_rule(client, alice, mutate, loc, rule):
     assert _rule(client.post("/v1/jobs", json=body, headers=alice)) == (loc, rule)
 
 
+@pytest.mark.parametrize("gpus, placements", [(2, {"homogeneous", "colocated", "separate"}), (3, {"separate"})])
+def test_the_runner_s_candidates_include_separate_layouts(gpus, placements):
+    """Every placement the executor runs is a candidate; on 3 ranks (no LLM layout of a batch of 4 on all
+    three) the separate ones are the only ones."""
+    from api.service.jobs import resolve_cluster
+    from planner.multimodal import runnable_multimodal
+    from spec.multimodal import ImageInputs
+    from spec.training_spec import TrainingSpec
+    from spec.vl_catalog import get_vl_model
+
+    result = runnable_multimodal(get_vl_model("tiny-vl-moe"), TrainingSpec.from_dict(VL_JOB["training"]),
+                                 ImageInputs(**VL_JOB["images"]), resolve_cluster(None, "cpu", gpus), keep=1000)
+    assert {e.layout.placement for e in result.runnable} == placements
+    assert all(e.layout.world_size == gpus for e in result.runnable)
+
+
 @pytest.mark.slow
 def test_http_vl_job_measures_multimodal_layouts_on_cpu_ranks(client, alice, db_url):
     session_ray()
