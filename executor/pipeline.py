@@ -238,7 +238,11 @@ class _RankRun:
     # ---- plain 1F1B: one autograd graph per operation ------------------------------------------------
     def _forward(self, op: Op) -> None:
         x, labels = self._input(op)
-        out = self.model.forward_chunk(op.chunk, x, labels)
+        # a model whose chunks need more than their input (the vision-language model's micro-batch: its image
+        # tokens, its multimodal positions) is told which micro-batch runs
+        by_micro = getattr(self.model, "forward_micro_chunk", None)
+        out = (by_micro(op.micro, op.chunk, x, labels) if by_micro is not None
+               else self.model.forward_chunk(op.chunk, x, labels))
         self.saved[(op.micro, op.chunk)] = (x, out)
         self._forwarded(op, out)
 

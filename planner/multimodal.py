@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from costmodel.multimodal import MultimodalEstimate, estimate_multimodal
 from planner.enumerate import divisors
-from planner.rank import plan
+from planner.rank import NoValidLayoutError, plan
 from spec.hardware import ClusterSpec
 from spec.multimodal import ImageInputs, VisionLanguageSpec
 from spec.multimodal_layout import MultimodalLayout
@@ -53,10 +53,24 @@ def _separate_gpus(cluster: ClusterSpec) -> list[int]:
     return [n * per_node for n in range(1, cluster.num_gpus // per_node // 2 + 1)]
 
 
-def _llm_layouts(vl: VisionLanguageSpec, training: TrainingSpec, cluster: ClusterSpec,
-                 top: int) -> list[tuple[ParallelConfig, object]]:
-    result = plan(vl.llm, training, cluster, top=top, rank_by="point", workers=1)
+def _llm_layouts(vl: VisionLanguageSpec, training: TrainingSpec, cluster: ClusterSpec, top: int,
+                 missing: list[NoValidLayoutError]) -> list[tuple[ParallelConfig, object]]:
+    """The LLM planner's ``top`` fitting layouts on ``cluster``; none, its error kept in ``missing``, when no
+    layout is valid there (another GPU share may still have some: 3 GPUs hold no LLM layout of a batch of 4,
+    2 of them beside a separate encoder do)."""
+    try:
+        result = plan(vl.llm, training, cluster, top=top, rank_by="point", workers=1)
+    except NoValidLayoutError as exc:
+        missing.append(exc)
+        return []
     return [(e.config, e) for e in result.ranked if e.fits]
+
+
+def llm_cluster(layout: MultimodalLayout, cluster: ClusterSpec) -> ClusterSpec:
+    """The GPUs the LLM of ``layout`` runs on: the cluster's, less a separate encoder's (its share after them)."""
+    if layout.placement != "separate":
+        return cluster
+    return ClusterSpec(cluster.hardware, layout.llm.world_size, cluster.hbm_reserved_bytes, cluster.min_headroom)
 
 
 def plan_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: ImageInputs, cluster: ClusterSpec, *,
@@ -66,7 +80,9 @@ def plan_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: Imag
     images.check_fits(vl.vision, training.seq_length)
     out = MultimodalPlan([], None, None)
     candidates: list[tuple[MultimodalLayout, object, ClusterSpec]] = []
-    full = _llm_layouts(vl, training, cluster, llm_top) if {"homogeneous", "colocated"} & set(placements) else []
+    missing: list[NoValidLayoutError] = []
+    full = _llm_layouts(vl, training, cluster, llm_top, missing) if {"homogeneous", "colocated"} & set(placements) \
+        else []
     for config, estimate in full:
         if "homogeneous" in placements:
             candidates.append((MultimodalLayout.homogeneous(config), estimate, cluster))
@@ -82,11 +98,13 @@ def plan_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: Imag
                                           cluster.min_headroom)
             except ValueError:  # an LLM share that is no whole number of nodes
                 continue
-            for config, estimate in _llm_layouts(vl, training, llm_cluster, llm_top):
+            for config, estimate in _llm_layouts(vl, training, llm_cluster, llm_top, missing):
                 for tp in _encoder_tps(vl, cluster):
                     if gpus % tp == 0:
                         layout = MultimodalLayout(config, "separate", encoder_tp=tp, encoder_dp=gpus // tp)
                         candidates.append((layout, estimate, llm_cluster))
+    if not candidates and missing:  # no GPU share holds an LLM layout: the whole cluster's reason
+        raise missing[0]
     priced: list[MultimodalEstimate] = []
     for layout, llm_estimate, llm_cluster in candidates:
         rejections = [r for r in check_multimodal(vl, training, images, layout, cluster)
@@ -147,7 +165,7 @@ def runnable_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: 
     for estimate in result.ranked:
         layout = estimate.layout
         refused = [r for r in check_multimodal(vl, training, images, layout, cluster) if is_executor_rule(r.rule)]
-        refused += executor_multimodal_rules(layout)
+        refused += executor_multimodal_rules(layout, vl)
         if refused:
             out.not_executable.update(r.rule for r in refused)
             first = first or refused[0]

@@ -92,7 +92,7 @@ from spec.multimodal_layout import MultimodalLayout
 from spec.norm_scopes import QK_NORM_SCOPES
 from spec.optimizer_dtypes import EXECUTOR_STATE_DTYPES, FIELDS as OPTIMIZER_DTYPE_FIELDS
 from spec.shape_defaults import is_cpu
-from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement
+from spec.pipeline_layout import DEFAULT_SPLIT, PipelineLayoutError, PipelineSplit, check_placement, layer_chunks
 from spec.parallel_config import ParallelConfig
 from spec.training_spec import TrainingSpec
 
@@ -149,8 +149,9 @@ EXECUTOR_RULES: dict[str, str] = {
                            "recompute, selective recompute of moe or activation offload of moe",
     "executor_dispatcher": "the token dispatcher is one the executor builds (alltoall, allgather); Megatron's "
                            "flex dispatcher (DeepEP, HybridEP kernels) is not",
-    "executor_vl_layout": "a vision-language model runs homogeneous or colocated, the LLM at pp = 1, the encoder "
-                          "at cp = pp = 1 (the separate placement runs in executor.vlm.separate, not in a trial)",
+    "executor_vl_layout": "a vision-language model runs the encoder at cp = pp = 1 and the LLM at pp = 1, or "
+                          "pipelined (vpp = 1) under a colocated encoder whose tp divides a stage's ranks; "
+                          "colocated, encoder tp divides the LLM's ranks; separate, encoder dp divides them",
 }
 
 #: The rules whose breaking leaves the cost model nothing to price (``costmodel.step_time`` refuses such a
@@ -869,14 +870,31 @@ def check_multimodal(vl: VisionLanguageSpec, training: TrainingSpec, images: Ima
     return out
 
 
-def executor_multimodal_rules(layout: MultimodalLayout) -> list[Rejection]:
-    """What the executor's vision-language step (executor/vlm/train.py) cannot run of ``layout``: one
-    ``executor_vl_layout`` rejection naming each limit it hits, else none."""
+def executor_multimodal_rules(layout: MultimodalLayout, vl: VisionLanguageSpec | None = None) -> list[Rejection]:
+    """What the executor's vision-language step (executor/vlm/train.py) cannot run of ``layout`` (of ``vl``,
+    when given: where its deepstack tokens join a pipelined LLM): one ``executor_vl_layout`` rejection naming
+    each limit it hits, else none."""
     limits = []
-    if layout.placement == "separate":
-        limits.append("the separate placement (its encoder ranks) is not a trial's step yet")
-    if layout.llm.pp > 1:
-        limits.append(f"the LLM runs at pp = 1 under the encoder (got pp = {layout.llm.pp})")
+    if layout.placement == "separate" and layout.llm.world_size % layout.encoder_dp:
+        limits.append(f"separate: encoder dp {layout.encoder_dp} must divide the LLM's {layout.llm.world_size} ranks "
+                      "(each replica serves a block of them)")
+    llm = layout.llm
+    if llm.pp > 1 and layout.placement != "colocated":
+        limits.append(f"the LLM runs at pp = 1 under a {layout.placement} encoder (got pp = {llm.pp}; a colocated "
+                      "one feeds a pipelined LLM)")
+    if llm.pp > 1 and llm.vpp > 1:
+        limits.append(f"a pipelined LLM under the encoder runs without virtual stages (got vpp = {llm.vpp})")
+    if vl is not None and llm.pp > 1 and vl.vision.deepstack_layers:
+        try:
+            first = len(layer_chunks(vl.llm.num_layers, llm.pp, llm.vpp, llm.pipeline_split)[0][0])
+        except PipelineLayoutError:  # a placement that does not fit: the LLM part's rules name it
+            first = len(vl.vision.deepstack_layers)
+        if first < len(vl.vision.deepstack_layers):
+            limits.append(f"pp > 1: the first pipeline chunk holds {first} LLM layers, the deepstack tokens join "
+                          f"the first {len(vl.vision.deepstack_layers)}")
+    if llm.pp > 1 and (llm.world_size // llm.pp) % layout.encoder_tp:
+        limits.append(f"pp > 1: encoder tp {layout.encoder_tp} must divide the {llm.world_size // llm.pp} ranks of a "
+                      "pipeline stage (an encoder TP group within one stage)")
     if layout.encoder_cp > 1 or layout.encoder_pp > 1:
         limits.append(f"the encoder runs at cp = pp = 1 (got enc_cp {layout.encoder_cp}, enc_pp {layout.encoder_pp})")
     if layout.llm.overlap_moe_expert_parallel_comm:

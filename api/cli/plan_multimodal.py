@@ -11,7 +11,7 @@ import re
 
 from costmodel.estimate import estimate
 from costmodel.multimodal import estimate_multimodal
-from planner.multimodal import plan_multimodal
+from planner.multimodal import llm_cluster, plan_multimodal
 from spec.errors import SpecError
 from spec.hardware import ClusterSpec
 from spec.multimodal import ImageInputs
@@ -101,10 +101,9 @@ def _explain(args: argparse.Namespace, vl, images: ImageInputs, training, cluste
                   if not r.rule.startswith("executor_")]
     priced = None
     if not rejections:
-        llm_cluster = cluster if layout.placement != "separate" else ClusterSpec(
-            cluster.hardware, layout.llm.world_size, cluster.hbm_reserved_bytes, cluster.min_headroom)
-        llm = estimate(vl.llm, training, llm_cluster, layout.llm)
-        priced = estimate_multimodal(vl, training, images, layout, cluster, llm, llm_cluster)
+        share = llm_cluster(layout, cluster)
+        llm = estimate(vl.llm, training, share, layout.llm)
+        priced = estimate_multimodal(vl, training, images, layout, cluster, llm, share)
     ok = priced is not None and priced.fits
     if args.json:
         print(json.dumps({"layout": layout.label(), "valid": not rejections,

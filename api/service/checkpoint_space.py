@@ -17,6 +17,7 @@ from pathlib import Path
 from costmodel.checkpoint_size import checkpoint_bytes
 from executor.train.checkpoint_names import list_checkpoints
 from spec.model_spec import ModelSpec
+from spec.multimodal import VisionLanguageSpec
 
 
 def free_bytes(path: str | Path) -> int:
@@ -77,7 +78,7 @@ class CheckpointSpace:
                 + (f" and its checkpoints {self.existing:,} bytes" if self.existing else "") + hint)
 
 
-def checkpoint_space(model: ModelSpec, steps: int, checkpoint_every: int, keep_last: int,
+def checkpoint_space(model: ModelSpec | VisionLanguageSpec, steps: int, checkpoint_every: int, keep_last: int,
                      checkpoint_dir: str | Path) -> CheckpointSpace:
     """The preflight's numbers for a training of ``model`` writing into ``checkpoint_dir``."""
     existing = sum(e.bytes for e in list_checkpoints(checkpoint_dir, limit=1 << 62))
@@ -85,8 +86,8 @@ def checkpoint_space(model: ModelSpec, steps: int, checkpoint_every: int, keep_l
                            free_bytes(checkpoint_dir), existing, str(checkpoint_dir), keep_last)
 
 
-def checkpoint_space_problem(model: ModelSpec, steps: int, checkpoint_every: int | None, keep_last: int | None,
-                             checkpoint_dir: str | Path | None) -> str | None:
+def checkpoint_space_problem(model: ModelSpec | VisionLanguageSpec, steps: int, checkpoint_every: int | None,
+                             keep_last: int | None, checkpoint_dir: str | Path | None) -> str | None:
     """Why the training's checkpoints cannot fit in ``checkpoint_dir`` (with the sizes), or None when they fit
     or nothing is saved (no checkpoint directory)."""
     if not checkpoint_dir:

@@ -31,8 +31,8 @@ from costmodel.step_time import estimate_step_time
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.model_spec import ModelSpec
-from spec.multimodal import split_images, stored_llm, with_images
-from spec.multimodal_layout import layout_from_dict
+from spec.multimodal import ImageInputs, VisionLanguageSpec, split_images, stored_llm, stored_model, with_images
+from spec.multimodal_layout import MultimodalLayout, layout_from_dict
 from spec.parallel_config import ParallelConfig
 from spec.precision_search import split_precision_search
 from spec.router_options import RouterOptions, split_router
@@ -113,11 +113,8 @@ def submit_training(session: Session, owner: Owner, request: TrainingCreate, *, 
         if best is None:
             raise RuleViolation("body.job_id", "job_has_best",
                                 f"job {job.id} ({job.status}) has no best trial to train yet")
-        if "llm" in best.config:  # a vision-language job: its training needs an image+text dataset named with it
-            raise RuleViolation("body.job_id", "vl_training_from_job",
-                                f"job {job.id}'s best layout is multimodal ({best.label}): train it with "
-                                "that label as its layout, the job's model, cluster, seq_length and global_batch_size, and an "
-                                "image+text dataset")
+        if "llm" in best.config:  # a vision-language job: its model, multimodal layout and images
+            return _submit_vl_training_from_job(session, owner, request, job, best, data_root)
         try:
             config = ParallelConfig.from_dict(best.config)
         except (FoldtuneError, TypeError) as exc:
@@ -192,18 +189,62 @@ def _submit_vl_training(session: Session, owner: Owner, request: TrainingCreate,
     (api.service.vl_trainings): the image inputs read from its dataset are stored with the training spec."""
     resolved = resolve_cluster(session, request.cluster.gpu, request.cluster.num_gpus)
     training = _training_spec({}, request)
-    recipe = request.recipe()
+    return _store_vl_training(session, owner, request, vl, training, resolved, request.recipe(), data_root)
+
+
+def _submit_vl_training_from_job(session: Session, owner: Owner, request: TrainingCreate, job, best: Trial,
+                                 data_root: str | Path | None) -> Training:
+    """:func:`submit_training` from a vision-language job's best trial: the job's model, cluster, training
+    (seq_length and global_batch_size unless the request sets them), router options and images, the best
+    trial's multimodal layout and prediction. The dataset's images must be the job's (rule ``vl_job_images``):
+    the layout was chosen for them."""
+    try:
+        model = stored_model(job.model_spec)
+        layout = MultimodalLayout.from_dict(best.config)
+    except (FoldtuneError, TypeError, KeyError) as exc:
+        raise RuleViolation("body.job_id", "best_config_valid",
+                            f"job {job.id}'s best trial has an unusable layout: {exc}") from None
+    if not isinstance(model, VisionLanguageSpec):
+        raise RuleViolation("body.job_id", "best_config_valid",
+                            f"job {job.id}'s best layout is multimodal ({best.label}) but its model has no encoder")
+    job_training, job_router = split_router(job.training_spec)
+    job_training, job_images = split_images(split_precision_search(job_training)[0])
+    training = _training_spec(job_training, request)
+    resolved = resolve_cluster(session, job.cluster["gpu"], job.cluster["num_gpus"], loc="body.job_id")
+    recipe = {**request.recipe(), **job_router.non_default(), **request.given_router_options()}
+    return _store_vl_training(session, owner, request, VLTrainingSource(model, layout), training, resolved, recipe,
+                              data_root, job_id=job.id, job_images=job_images,
+                              predicted=best.predicted_step_time_s)
+
+
+def _store_vl_training(session: Session, owner: Owner, request: TrainingCreate, vl: VLTrainingSource,
+                       training: TrainingSpec, resolved: ClusterSpec, recipe: dict, data_root: str | Path | None, *,
+                       job_id: int | None = None, job_images: ImageInputs | None = None,
+                       predicted: float | None = None) -> Training:
+    """Check and store a vision-language training (``job_images``: the images its job tuned for, which the
+    dataset must hold; ``predicted``: the job's prediction, else the cost model's)."""
     check_router_options(RouterOptions.pick(recipe), vl.model.llm)
     data_path, checkpoint_dir = _server_paths(request, owner, data_root)
-    images = check_vl_training(vl, training, resolved, data_path, request.checkpoint_every)
-    row = Training(owner_id=owner.id, job_id=None, status="queued", config=vl.layout.to_dict(),
+    images = check_vl_training(vl, training, resolved, data_path)
+    if job_images is not None and images != job_images:
+        raise RuleViolation("body.data_path", "vl_job_images",
+                            f"the dataset holds {images.images_per_sample} image(s) of {images.image_height}x"
+                            f"{images.image_width} px per sample; job {job_id} tuned its layout for "
+                            f"{job_images.images_per_sample} of {job_images.image_height}x{job_images.image_width} px")
+    space = checkpoint_space_problem(vl.model, request.steps, request.checkpoint_every, request.keep_last,
+                                     checkpoint_dir)
+    if space is not None:
+        raise RuleViolation("body.checkpoint_dir", "checkpoint_space", space)
+    if predicted is None:
+        predicted = predicted_vl_step_time(vl, training, images, resolved)
+    row = Training(owner_id=owner.id, job_id=job_id, status="queued", config=vl.layout.to_dict(),
                    model_spec=vl.model.to_dict(),
                    training_spec={**with_images(training.to_dict(), images), RECIPE_KEY: recipe},
                    cluster={"gpu": resolved.hardware.name, "num_gpus": resolved.num_gpus,
                             "hardware": resolved.hardware.to_dict()},
-                   data_path=data_path, steps=request.steps, checkpoint_dir=checkpoint_dir, checkpoint_every=0,
-                   keep_last=request.keep_last,
-                   predicted_step_time_s=predicted_vl_step_time(vl, training, images, resolved))
+                   data_path=data_path, steps=request.steps, checkpoint_dir=checkpoint_dir,
+                   checkpoint_every=request.checkpoint_every,
+                   keep_last=request.keep_last, predicted_step_time_s=predicted)
     session.add(row)
     session.commit()
     return row

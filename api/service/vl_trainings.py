@@ -5,7 +5,6 @@ at submission. The rules it adds to the trainings':
 - ``multimodal_label_needs_encoder``: a label with ``placement=`` or ``enc_`` tokens for a text-only model;
 - ``vl_dataset``: the data path holds no image+text dataset (executor.vlm.dataset) that fits the model, or its
   sequence length is not the request's;
-- ``vl_checkpoints``: checkpoint_every > 0 (a vision-language training writes no checkpoints yet);
 - the multimodal rule book's (``enc_heads_tp``, ``enc_images_dp``, ..., the LLM part's) and the executor's
   (``executor_vl_layout``).
 """
@@ -18,6 +17,7 @@ from api.service.errors import RuleViolation
 from api.schemas.trainings import TrainingCreate
 from costmodel.estimate import estimate
 from costmodel.multimodal import estimate_multimodal
+from planner.multimodal import llm_cluster
 from spec.errors import FoldtuneError
 from spec.hardware import ClusterSpec
 from spec.layout_codec import read_multimodal_label
@@ -67,14 +67,10 @@ def vl_training_source(request: TrainingCreate, num_gpus: int) -> VLTrainingSour
     return VLTrainingSource(vl, layout)
 
 
-def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster: ClusterSpec, data_path: str,
-                      checkpoint_every: int):
+def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster: ClusterSpec, data_path: str):
     """The dataset's image inputs when the training can run; RuleViolation naming the first rule it breaks. The
     dataset's header is read here (the service has no torch); its tokens are checked by the ranks that load it
     (executor.vlm.dataset: a training whose tokens do not fit fails with the reason)."""
-    if checkpoint_every:
-        raise RuleViolation("body.checkpoint_every", "vl_checkpoints",
-                            "a vision-language training writes no checkpoints yet: leave checkpoint_every 0")
     vision = source.model.vision
     try:
         header = VLDatasetHeader.read(data_path)
@@ -88,7 +84,7 @@ def check_vl_training(source: VLTrainingSource, training: TrainingSpec, cluster:
                             f"images; the training's seq_length is {training.seq_length}, the encoder reads "
                             f"{vision.in_channels} channels")
     broken = check_multimodal(source.model, training, images, source.layout, cluster)
-    broken += executor_multimodal_rules(source.layout)
+    broken += executor_multimodal_rules(source.layout, source.model)
     if broken:
         raise RuleViolation("body.layout", broken[0].rule, "; ".join(f"{r.rule}: {r.reason}" for r in broken))
     return images
@@ -99,7 +95,8 @@ def predicted_vl_step_time(source: VLTrainingSource, training: TrainingSpec, ima
     """The cost model's seconds per step of the layout (as a tuning job's trials store it); None where it
     cannot price it."""
     try:
-        llm = estimate(source.model.llm, training, cluster, source.layout.llm)
-        return estimate_multimodal(source.model, training, images, source.layout, cluster, llm, cluster).step_time
-    except FoldtuneError:
+        share = llm_cluster(source.layout, cluster)  # a separate encoder's GPUs are not the LLM's
+        llm = estimate(source.model.llm, training, share, source.layout.llm)
+        return estimate_multimodal(source.model, training, images, source.layout, cluster, llm, share).step_time
+    except (FoldtuneError, ValueError):
         return None

@@ -144,7 +144,7 @@ def run_claimed_training(training: Training, sessions: Callable, database_url: s
     for the local CLI, which trusts them. Returns its status as this runner saw it."""
     problem = paths_problem(training, sessions, data_root) if data_root is not None else None
     if problem is None:  # the disk may have filled since submission: refuse before step 1, not at a save
-        problem = checkpoint_space_problem(stored_llm(training.model_spec), training.steps,
+        problem = checkpoint_space_problem(stored_model(training.model_spec), training.steps,
                                            training.checkpoint_every, training.keep_last, training.checkpoint_dir)
     if problem is not None:
         with sessions() as session:

@@ -135,6 +135,25 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, state: ParallelState, model_name: str) -> Path:
     """Save after ``next_step`` optimizer steps. Collective: every rank of the layout must call it."""
+    full = model_entries(model, optimizer, state)
+    path = Path(directory) / step_dir_name(next_step)
+    dcp_save(full, path)
+    rng = torch.get_rng_state()
+    rngs = [None] * state.config.world_size
+    if _distributed(state):
+        dist.all_gather_object(rngs, rng)
+    else:
+        rngs = [rng]
+    trainer = {"next_step": next_step, "layout": state.config.label(), "world_size": state.config.world_size,
+               "model": model_name, "rng": rngs}
+    write_trainer_state(directory, path, trainer, state.rank, _distributed(state))
+    return path
+
+
+def model_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  state: ParallelState) -> dict[str, object]:
+    """What a checkpoint holds of ``model`` and its optimizer, every tensor at full logical shape (keys as the
+    module docstring names them). Collective over the layout's shard groups."""
     finish_param_gather(model)  # overlap_param_gather: the last step's all-gathers
     full: dict[str, object] = {}
     params = list(model.parameters())
@@ -146,25 +165,26 @@ def save_checkpoint(directory: str | Path, next_step: int, model: torch.nn.Modul
     for name, t in _buffers(model).items():
         full[f"buffer/{name}"] = t.detach().cpu()
     full["optim/step"] = torch.tensor(float(adam_step(optimizer)), dtype=torch.float64)
-    path = Path(directory) / step_dir_name(next_step)
+    return full
+
+
+def dcp_save(full: dict[str, object], path: Path) -> None:
+    """Write ``full`` as the DCP files of checkpoint ``path`` (collective over the world; a tensor several ranks
+    hold is written once); CheckpointError when the write fails."""
     _saving(path, lambda: _dcp_save(full, path))
-    rng = torch.get_rng_state()
-    rngs = [None] * state.config.world_size
-    if _distributed(state):
-        dist.all_gather_object(rngs, rng)
-    else:
-        rngs = [rng]
-    if state.rank == 0:
-        trainer = {"next_step": next_step, "layout": state.config.label(), "world_size": state.config.world_size,
-                   "model": model_name, "rng": rngs}
+
+
+def write_trainer_state(directory: str | Path, path: Path, trainer: dict, rank: int, distributed: bool) -> None:
+    """Rank 0 writes ``trainer.pt``, then, once every rank has finished writing, points ``latest`` at
+    ``path``. Collective over the world when ``distributed``."""
+    if rank == 0:
         _saving(path, lambda: torch.save(trainer, path / TRAINER_FILE))
-    if _distributed(state):
+    if distributed:
         dist.barrier()
-    if state.rank == 0:
+    if rank == 0:
         _saving(path, lambda: _mark_latest(Path(directory), path.name))
-    if _distributed(state):
+    if distributed:
         dist.barrier()
-    return path
 
 
 def _dcp_save(full: dict[str, object], path: Path) -> None:
@@ -223,9 +243,27 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     """Restore model, AdamW moments and step, buffers and (same world size) RNG from ``path`` into this
     layout's slices. Collective: every rank must call it."""
     path = Path(path)
+    trainer = read_trainer_state(path, model_name)
+    full, split = model_load_targets(path, model)
+    dcp_load(full, path)
+    apply_model_entries(full, split, model, optimizer, state)
+    if trainer["world_size"] == state.config.world_size:
+        torch.set_rng_state(trainer["rng"][state.rank])
+    return Resumed(int(trainer["next_step"]), str(path), str(trainer["layout"]))
+
+
+def read_trainer_state(path: str | Path, model_name: str) -> dict:
+    """``trainer.pt`` of checkpoint ``path``, refused unless it is of model ``model_name``."""
+    path = Path(path)
     trainer = _trainer_state(path / TRAINER_FILE)
     if trainer["model"] != model_name:
         raise CheckpointError(f"checkpoint {path} is of model {trainer['model']!r}, not {model_name!r}")
+    return trainer
+
+
+def model_load_targets(path: Path, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(empty tensors for every key of ``model`` a checkpoint at ``path`` holds, the fused gate/up keys it
+    stores as separate w1 / w3 tensors) for :func:`dcp_load`, then :func:`apply_model_entries`."""
     finish_param_gather(model)  # a pending gather would overwrite the loaded parameters
     params = list(model.parameters())
     full: dict[str, torch.Tensor] = {}
@@ -247,6 +285,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     for name, t in buffers.items():
         full[f"buffer/{name}"] = torch.empty(t.shape, dtype=t.dtype)
     full["optim/step"] = torch.zeros((), dtype=torch.float64)
+    return full, split
+
+
+def dcp_load(full: dict[str, torch.Tensor], path: Path) -> None:
+    """Fill ``full``'s tensors from checkpoint ``path`` (collective over the world)."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -254,6 +297,14 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} does not fit this model: {first}") from exc
+
+
+def apply_model_entries(full: dict[str, torch.Tensor], split: list[str], model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer, state: ParallelState) -> None:
+    """Put the loaded tensors of :func:`model_load_targets` into this layout's slices of ``model`` and its
+    optimizer."""
+    params = list(model.parameters())
+    buffers = _buffers(model)
     for key in split:
         gate, up = _gate_up_keys(key)
         full[key] = torch.stack([full.pop(gate), full.pop(up)], dim=1)
@@ -265,6 +316,3 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     with torch.no_grad():
         for name, t in buffers.items():
             t.copy_(full[f"buffer/{name}"])
-    if trainer["world_size"] == state.config.world_size:
-        torch.set_rng_state(trainer["rng"][state.rank])
-    return Resumed(int(trainer["next_step"]), str(path), str(trainer["layout"]))

@@ -75,12 +75,23 @@ class GradClipper:
         return out
 
     @torch.no_grad()
-    def norm(self) -> torch.Tensor:
-        """L2 norm of the full model's gradient (fp32 scalar, equal on every rank). Collective over the world."""
+    def square_sum(self) -> torch.Tensor:
+        """This rank's weighted share of the squared norm (fp32 scalar): summed over the world, the square of the
+        full model's gradient norm."""
         device = next(self.model.parameters()).device
         total = torch.zeros((), dtype=torch.float32, device=device)
         for grad, weight in self._pieces():
             total += (grad.float().square() * weight).sum()
+        return total
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The gradient tensors the optimizer reads next (what clipping scales)."""
+        return [g for g, _ in self._pieces()]
+
+    @torch.no_grad()
+    def norm(self) -> torch.Tensor:
+        """L2 norm of the full model's gradient (fp32 scalar, equal on every rank). Collective over the world."""
+        total = self.square_sum()
         if self.world > 1:
             dist.all_reduce(total)
         return total.sqrt()
@@ -92,7 +103,7 @@ class GradClipper:
         norm = self.norm()
         if max_norm is not None and max_norm > 0:
             scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-            grads = [g for g, _ in self._pieces()]
+            grads = self.gradients()
             if grads:
                 torch._foreach_mul_(grads, scale)
         return float(norm)

@@ -84,6 +84,13 @@ def encoder_groups(world_size: int, tp: int, rank: int) -> tuple[Group, Group]:
     return found["enc_tp"], found["enc_dp"]
 
 
+def is_tp_split(name: str) -> bool:
+    """Whether encoder parameter ``name`` is cut over the encoder's TP group (:func:`shard_encoder_state`'s
+    choice), not whole on every member."""
+    return (name.endswith(("qkv.weight", "qkv.bias", "fc1.weight", "fc1.bias"))
+            or (name.endswith(("proj.weight", "fc2.weight")) and not name.startswith("patch_embed")))
+
+
 def shard_encoder_state(full: dict[str, torch.Tensor], heads: int, tp: int, rank: int) -> dict[str, torch.Tensor]:
     """Encoder TP rank ``rank``'s part of a whole encoder state dict (:class:`executor.vlm.vision.VisionEncoder`
     names): qkv rows by head (each of q, k, v), MLP and projector fc1 rows, proj / fc2 columns; the rest whole."""

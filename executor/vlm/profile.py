@@ -1,9 +1,11 @@
-"""Profile one multimodal layout (homogeneous or colocated, the LLM at pp = 1): warm-up then timed optimizer
-steps of :class:`executor.vlm.train.VLTrainer` on synthetic image+text batches → a Measurement, as
-:func:`executor.profile.profile_layout` measures a text-only layout (same launchers, same report shape).
+"""Profile one multimodal layout (homogeneous, colocated or separate, within executor_vl_layout's limits):
+warm-up then timed optimizer steps of :mod:`executor.vlm.train`'s trainers on synthetic image+text batches → a
+Measurement, as :func:`executor.profile.profile_layout` measures a text-only layout (same launchers, same report
+shape).
 
-The FLOPs behind TFLOP/s and MFU are the LLM's alone (spec.flops counts no encoder): the encoder's share is left
-out of them, not guessed.
+A separate layout runs on its whole world (the LLM's ranks, then the encoder's): per GPU figures divide by it,
+and each step's time is its slowest rank's. The FLOPs behind TFLOP/s and MFU are the LLM's alone (spec.flops
+counts no encoder): the encoder's share is left out of them, not guessed.
 """
 
 from __future__ import annotations
@@ -27,23 +29,47 @@ from executor.parallel.groups import build_parallel_state
 from executor.profile import DTYPES, _sync, measurement_from_reports
 from executor.vlm.boundary import encoder_groups
 from executor.vlm.model import VisionLanguageMoE
-from executor.vlm.train import VLTrainer, mrope_section_for, synthetic_micro_batches
+from executor.vlm.separate import SeparatePlacement, encoder_groups as separate_encoder_groups
+from executor.vlm.train import (SeparateEncoderTrainer, SeparateLLMTrainer, VLTrainer, mrope_section_for,
+                                synthetic_micro_batches)
 
 
 def build_vl_rank(spec: VisionLanguageSpec, training: TrainingSpec, layout: MultimodalLayout, rank: int,
-                  options: ExecutorOptions, device, lr: float = 1e-3) -> tuple[VisionLanguageMoE, VLTrainer]:
+                  options: ExecutorOptions, device, lr: float = 1e-3):
     """This rank's model and trainer: the LLM's groups of ``layout.llm``, the encoder's TP and DP groups over
-    the same ranks (homogeneous: the LLM's tp; colocated: its own enc_tp). Every rank must call it (it creates
-    every process group)."""
+    the same ranks (homogeneous: the LLM's tp; colocated: its own enc_tp), or, separate, over the encoder's
+    own ranks after the LLM's: there an LLM rank builds the LLM alone (:class:`SeparateLLMTrainer`), an encoder
+    rank the encoder alone (:class:`SeparateEncoderTrainer`). Every rank must call it (it creates every
+    process group). The encoder's weights are drawn from ``options.seed``, the LLM's from ``options.seed + 1``:
+    alike whichever ranks hold them."""
     if training.precision not in DTYPES or training.precision == "fp8":
         raise FoldtuneError(f"precision {training.precision!r}: the vision-language step runs fp32, bf16 or fp16")
     state = build_parallel_state(layout.llm, rank)
+    kw = dict(device=device, dtype=DTYPES[training.precision], llm_seed=options.seed + 1)
+    rope = mrope_section_for(spec.llm.rotary_head_dim // 2)
+    if layout.placement == "separate":
+        placement = SeparatePlacement(layout.llm.world_size, layout.encoder_tp, layout.encoder_dp)
+        enc_tp, enc_dp = separate_encoder_groups(placement, rank)
+        torch.manual_seed(options.seed)
+        if placement.is_encoder(rank):
+            model = VisionLanguageMoE(spec, state, options, training.seq_length, rope, encoder_group=enc_tp,
+                                      parts="encoder", **kw)
+            return model, SeparateEncoderTrainer(model, placement, rank, layout.llm, enc_tp, enc_dp, lr=lr)
+        model = VisionLanguageMoE(spec, state, options, training.seq_length, rope, parts="llm", **kw)
+        return model, SeparateLLMTrainer(model, placement, rank, lr=lr)
     enc_tp, enc_dp = encoder_groups(layout.llm.world_size, layout.encoder_tp, rank)
     torch.manual_seed(options.seed)  # every encoder replica starts from the same weights
-    model = VisionLanguageMoE(spec, state, options, training.seq_length,
-                              mrope_section_for(spec.llm.rotary_head_dim // 2), device=device,
-                              dtype=DTYPES[training.precision], encoder_group=enc_tp)
+    model = VisionLanguageMoE(spec, state, options, training.seq_length, rope, encoder_group=enc_tp, **kw)
     return model, VLTrainer(model, enc_dp, lr=lr)
+
+
+def rank_micro_batches(trainer, spec: VisionLanguageSpec, images: ImageInputs, training: TrainingSpec,
+                       layout: MultimodalLayout, seed: int, step: int, device) -> list[list]:
+    """The synthetic micro-batches of step ``step`` for each LLM data-parallel rank whose samples ``trainer``
+    reads (:attr:`data_dp_ranks`)."""
+    return [synthetic_micro_batches(spec, images, training.seq_length, training.global_batch_size,
+                                    layout.llm.micro_batch_size, layout.llm.dp, dp_rank, seed, step, device)
+            for dp_rank in trainer.data_dp_ranks]
 
 
 def vl_profile_worker(rank: int, world_size: int, spec: VisionLanguageSpec, training: TrainingSpec,
@@ -53,11 +79,9 @@ def vl_profile_worker(rank: int, world_size: int, spec: VisionLanguageSpec, trai
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     model, trainer = build_vl_rank(spec, training, layout, rank, options, device)
     groups_at, first_timed_at = time.time(), None
-    dp = model.state.dp
     step_times, losses, counts = [], [], None
     for step in range(warmup_steps + timed_steps):
-        micro = synthetic_micro_batches(spec, images, training.seq_length, training.global_batch_size,
-                                        layout.llm.micro_batch_size, dp.size, dp.rank, options.seed, step, device)
+        micro = rank_micro_batches(trainer, spec, images, training, layout, options.seed, step, device)
         timed = step >= warmup_steps
         _sync(device)
         if world_size > 1:
@@ -65,14 +89,15 @@ def vl_profile_worker(rank: int, world_size: int, spec: VisionLanguageSpec, trai
         if timed and first_timed_at is None:
             first_timed_at = time.time()
         start = time.perf_counter()
-        result = trainer.step(micro)
+        result = trainer.step_data(micro)
         _sync(device)
         elapsed = time.perf_counter() - start
         if timed:
             step_times.append(elapsed)
-            losses.append(result.loss)
-            counts = result.tokens_per_expert if counts is None else [a + b for a, b in
-                                                                       zip(counts, result.tokens_per_expert)]
+            if result is not None:  # an encoder rank of the separate placement knows no loss
+                losses.append(result.loss)
+                counts = result.tokens_per_expert if counts is None else [a + b for a, b in
+                                                                           zip(counts, result.tokens_per_expert)]
             if progress.step_done(step - warmup_steps, elapsed):
                 break
     report = {"step_times": step_times, "phases": [{} for _ in step_times], "losses": losses,
@@ -96,7 +121,7 @@ def profile_vl_layout(spec: VisionLanguageSpec, training: TrainingSpec, images: 
     world = layout.world_size
     context = {"model": spec.name, "layout": layout.label(), "world_size": world, "precision": training.precision,
                "seq_length": training.seq_length, "global_batch_size": training.global_batch_size}
-    refused = executor_multimodal_rules(layout)
+    refused = executor_multimodal_rules(layout, spec)
     if refused:
         return Measurement.failed("; ".join(f"{r.rule}: {r.reason}" for r in refused), FailureKind.ERROR,
                                   **context)

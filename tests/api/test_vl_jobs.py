@@ -1,5 +1,6 @@
 """A tuning job of a vision-language MoE model over HTTP: submitted with its images per sample, searched over
-multimodal layouts (homogeneous and colocated placements) by real trials on CPU ranks through Ray, its trials
+multimodal layouts (homogeneous and colocated placements; separate on three ranks) by real trials on CPU ranks
+through Ray, its trials
 stored with their multimodal labels (which read back to the layout measured); bad input refused by rule. On
 SQLite and PostgreSQL (the ``db_kind`` fixture)."""
 
@@ -48,6 +49,22 @@ def test_bad_vl_input_names_the_rule(client, alice, mutate, loc, rule):
     assert _rule(client.post("/v1/jobs", json=body, headers=alice)) == (loc, rule)
 
 
+@pytest.mark.parametrize("gpus, placements", [(2, {"homogeneous", "colocated", "separate"}), (3, {"separate"})])
+def test_the_runner_s_candidates_include_separate_layouts(gpus, placements):
+    """Every placement the executor runs is a candidate; on 3 ranks (no LLM layout of a batch of 4 on all
+    three) the separate ones are the only ones."""
+    from api.service.jobs import resolve_cluster
+    from planner.multimodal import runnable_multimodal
+    from spec.multimodal import ImageInputs
+    from spec.training_spec import TrainingSpec
+    from spec.vl_catalog import get_vl_model
+
+    result = runnable_multimodal(get_vl_model("tiny-vl-moe"), TrainingSpec.from_dict(VL_JOB["training"]),
+                                 ImageInputs(**VL_JOB["images"]), resolve_cluster(None, "cpu", gpus), keep=1000)
+    assert {e.layout.placement for e in result.runnable} == placements
+    assert all(e.layout.world_size == gpus for e in result.runnable)
+
+
 @pytest.mark.slow
 def test_http_vl_job_measures_multimodal_layouts_on_cpu_ranks(client, alice, db_url):
     session_ray()
@@ -69,6 +86,30 @@ def test_http_vl_job_measures_multimodal_layouts_on_cpu_ranks(client, alice, db_
         assert m["ok"] and m["layout"] == t["label"] and m["world_size"] == 2 and m["losses"][0] > 0
     assert job["calibration"]["best_layout"] == job["best_trial"]["label"]
     assert MultimodalLayout.parse(job["best_trial"]["label"], 2).placement in placements
+    assert wait_no_rank_actors() == []
+
+
+@pytest.mark.slow
+def test_http_vl_job_on_three_ranks_measures_separate_layouts(client, alice, db_url):
+    """Three CPU ranks hold no LLM layout of a batch of 4 (dp 3 does not split it): every candidate puts the
+    encoder on a rank of its own beside a two-rank LLM, and the trials run there, the world sized 3."""
+    session_ray()
+    body = copy.deepcopy(VL_JOB)
+    body["cluster"]["num_gpus"], body["budget"]["max_trials"] = 3, 2
+    job = submit_and_run(client, body, alice, db_url)
+    assert job["status"] == "succeeded", job["error"]
+    trials = client.get(f"/v1/jobs/{job['id']}/trials", headers=alice, params={"limit": 50}).json()["items"]
+    assert len(trials) == 2
+    for t in trials:
+        layout = MultimodalLayout.parse(t["label"], 3)
+        assert layout.placement == "separate" and layout.llm.world_size == 2 and layout.encoder_world == 1
+        assert MultimodalLayout.from_dict(t["config"]) == layout
+    done = [t for t in trials if t["status"] == "succeeded"]
+    assert done, [t["failure_reason"] for t in trials]
+    for t in done:
+        m = t["measurement"]
+        assert m["ok"] and m["world_size"] == 3 and m["losses"][0] > 0
+    assert MultimodalLayout.parse(job["best_trial"]["label"], 3).placement == "separate"
     assert wait_no_rank_actors() == []
 
 

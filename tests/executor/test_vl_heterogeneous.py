@@ -126,15 +126,13 @@ def _separate_worker(rank: int, world: int, label: str, enc_tp: int, enc_dp: int
                 "grad_scale": max(float(g.abs().max()) for g in ref_grads.values())}
     model = _model(state)
     copy_full_weights(model.llm, state, {p.shard_info.name: p.detach() for p in reference.llm.parameters()})
-    tokens = IMAGES.image_tokens_per_sample(spec.vision)
-    width = spec.llm.hidden_size * spec.vision.num_projectors
     errors, sends = [], []
     for k in range(microbatches):
         mine = sample(k, rank)
-        ce, work = llm_microbatch(model, placement, rank, mine, (tokens, width), microbatches)
+        out, work = llm_microbatch(model, placement, rank, mine, microbatches)
         sends += work
         with torch.no_grad():
-            errors.append(abs(float(ce) - float(reference(mine).ce)))
+            errors.append(abs(float(out.ce) - float(reference(mine).ce)))
     for w in sends:
         w.wait()
     return {"role": "llm", "ce_error": max(errors)}
