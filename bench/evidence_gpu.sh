@@ -12,6 +12,12 @@
 #             and Qwen3-30B-A3B's (32/4), beside the cost model
 #   vlstep    bench/vl_step_gpu.py: a Qwen3-VL-30B-A3B proxy (LLM at 4 layers, the whole encoder) at seq 8192, 4 images
 #             of 448² a sample, homogeneous and colocated on one GPU, measured beside the cost model
+#   cgtests   the CUDA-graph tests that need a GPU: captured layer parts equal to eager (tests/executor/test_cuda_graph_scope.py,
+#             test_stack_fusions.py -k cuda_graph)
+#   cgraph    bench/cuda_graphs_gpu.py: the 4-layer Qwen3-30B-A3B and DeepSeek-V2-Lite proxies' whole step with the
+#             cuda_graphs knob off and on, at seq 4096 and (host-bound) 512
+#   fp8gg     bench/fp8_grouped_gemm.py: the grouped fp8 GEMMs (torch's and foldtune's Triton kernels, rowwise and
+#             blockwise) against bf16 at three models' expert shapes, 4096 and 16384 tokens
 #   ctx128k   foldtune profile of the Qwen3-30B-A3B and Mixtral 2-layer proxies at seq 131072 (full recompute),
 #             measured step and peak memory (priced off the device with `foldtune plan --explain`)
 set -uo pipefail
@@ -23,7 +29,7 @@ echo "== $(date -u '+%F %T UTC') $(nvidia-smi -L | wc -l) x $NAME ($GPU), commit
 collect() { mkdir -p "$RES/bench-results"; cp -f bench/results/*.json "$RES/bench-results/" 2>/dev/null
             cp -f docs/benchmarks.md "$RES/benchmarks.md"; }
 pack_results "$RES" "$OUT"
-phases "precopt vlenc vlstep packed cp1 ctx128k"
+phases "precopt vlenc vlstep packed cp1 ctx128k"  # cgtests cgraph fp8gg: by name
 
 if has precopt; then
   echo "== precision-aware optimizer start $(date -u +%T)"
@@ -56,6 +62,22 @@ if has cp1; then
     | grep -v "Warning" | tee "$RES/cp1_mixtral.txt" | tail -8
   timeout 150 python3 -m bench.cp_comm_gpu --world 1 --cp1 --seqs 32768 65536 131072 --heads 32 --kv-heads 4 \
     --price "$GPU" 2>&1 | grep -v "Warning" | tee "$RES/cp1_qwen3.txt" | tail -8
+  collect
+fi
+if has cgtests; then
+  echo "== CUDA-graph tests start $(date -u +%T)"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/executor/test_cuda_graph_scope.py tests/executor/test_stack_fusions.py \
+    -k "captured or cuda_graph or graph" 2>&1 | tail -6
+fi
+if has cgraph; then
+  echo "== CUDA graphs knob start $(date -u +%T)"
+  timeout 240 python3 -m bench.cuda_graphs_gpu --hardware "$GPU" --out "$RES/cuda_graphs_gpu.json" 2>&1 | grep -v Warning | tail -12
+  timeout 150 python3 -m bench.cuda_graphs_gpu --hardware "$GPU" --seq 512 --gbs 16 --out "$RES/cuda_graphs_gpu_s512.json" \
+    2>&1 | grep -v Warning | tail -8
+fi
+if has fp8gg; then
+  echo "== grouped fp8 GEMMs start $(date -u +%T)"
+  timeout 280 python3 -m bench.fp8_grouped_gemm 2>&1 | grep -v Warning | tail -45
   collect
 fi
 if has ctx128k; then
