@@ -84,9 +84,13 @@ class ScenarioRouter(torch.nn.Module):
     def assign(self, experts_NK: torch.Tensor, counts_E: torch.Tensor) -> None:
         self.experts_NK, self.counts_E = experts_NK, counts_E
 
-    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1) -> Routing:
-        routing = self.router(x_NH, micro_batch_size)
-        return dataclasses.replace(routing, experts_NK=self.experts_NK, tokens_per_expert=self.counts_E)
+    def forward(self, x_NH: torch.Tensor, micro_batch_size: int = 1, real=None,
+                logits: torch.Tensor | None = None) -> Routing:
+        """The real router's losses (``real``, ``logits`` as :meth:`executor.router.Router.forward` takes them)
+        with the scenario's assignment and counts."""
+        routing = self.router(x_NH, micro_batch_size, real, logits)
+        return dataclasses.replace(routing, experts_NK=self.experts_NK, tokens_per_expert=self.counts_E,
+                                   real_tokens_per_expert=None)
 
 
 def assignment(counts: list[int], tokens: int, topk: int, device: torch.device) -> torch.Tensor:
@@ -325,6 +329,9 @@ def measure_slice(model: ModelSpec, config: ParallelConfig, seq_length: int, pre
     """
     check_model_supported(model)
     device = torch.device(device)
+    # a slice times the device's terms; CUDA graphs change only how the host launches them (priced apart, by
+    # costmodel.host), so a layout's cuda_graphs knob is timed eager, on any device
+    config = dataclasses.replace(config, cuda_graphs=False)
     options = options_for_precision(options or ExecutorOptions.for_router(model=model), precision)
     dtype, timing = DTYPES[precision], timing or SliceTiming()
     if layers is None:

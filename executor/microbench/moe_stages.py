@@ -48,7 +48,8 @@ class BalancedRouter(torch.nn.Module):
         self.probs_NK = torch.full((tokens, topk), 1.0 / topk, device=dev, requires_grad=True)
         self.counts_E = torch.full((experts,), tokens * topk // experts, device=dev)
 
-    def forward(self, x_NH, micro_batch_size: int = 1):
+    def forward(self, x_NH, micro_batch_size: int = 1, real=None, logits=None):
+        """The balanced assignment whatever the tokens (``real`` and ``logits``: the router's signature, unused)."""
         return Routing(self.experts_NK, self.probs_NK, x_NH.new_zeros((), dtype=torch.float32), self.counts_E)
 
 
