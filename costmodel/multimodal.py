@@ -47,7 +47,9 @@ BOUNDARY_ELEMENT_BYTES = 2
 #: over encoder tp (REPLICATED_E); q/k RoPE in fp32 with its casts and the attention's layout copies split over
 #: the heads (PER_HEAD_E); GELU and its backward (PER_FFN_F). Counted with a TorchDispatchMode over the executor's
 #: VisionBlock (executor/vlm/vision.py, Qwen3-VL's widths, bf16, CPU, torch 2.13): every op but GEMMs, attention
-#: and views, bytes of its inputs and outputs; 186.5 E in 50 kernels (21 forward, 29 backward).
+#: and views, bytes of its inputs and outputs; 186.5 E in 50 kernels (21 forward, 29 backward), of which GELU's
+#: ~18.7 E scale with the MLP width. The split of the rest into replicated and per-head parts is read off the op
+#: list (LayerNorms, residual and bias adds vs RoPE, casts and copies), not counted per part.
 ENCODER_BLOCK_REPLICATED_E = 65.0
 ENCODER_BLOCK_PER_HEAD_E = 100.0
 ENCODER_BLOCK_PER_FFN_F = 6.0
