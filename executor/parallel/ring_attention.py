@@ -242,121 +242,95 @@ def _document_pairs(segments: torch.Tensor, step: int, n: int, r: int, c: int):
     return pairs
 
 
-class _DocumentRing(torch.autograd.Function):
-    """The ring for packed micro-batches: the matmul blocks, chunk pair by chunk pair, the pairs no document
-    spans skipped (module docstring)."""
+def _document_pieces(segments: torch.Tensor, step: int, n: int, r: int, c: int) -> list[tuple]:
+    """The pieces of step ``step`` for packed ``segments``: the chunk pairs a document spans, each (query rows, key
+    rows, mask, first); the pairs no document spans are counted and skipped."""
+    pieces = []
+    for q_rows, k_rows, mask, spanned in _document_pairs(segments, step, n, r, c):
+        count_chunk_pair(spanned)
+        if spanned:  # a diagonal pair of step 0 starts its rows' running output
+            pieces.append((q_rows, k_rows, mask, step == 0 and q_rows == k_rows))
+    return pieces
 
-    @staticmethod
-    def forward(ctx, q, k, v, group: Group, segments: torch.Tensor):
-        n, r, c = group.size, group.rank, q.shape[2] // 2
-        kv = _pack(k, v)
-        acc_out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
-        acc_lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-        pairs_of_steps = []
-        for step in range(n):
-            pending = _start(kv, group, 0) if step < n - 1 else None
-            k_j, v_j = _unpack(kv, k.shape, v.shape)
-            pairs = _document_pairs(segments, step, n, r, c)
-            pairs_of_steps.append(pairs)
-            for q_rows, k_rows, mask, spanned in pairs:
-                count_chunk_pair(spanned)
-                if not spanned:
-                    continue
-                out, lse, _ = _math_forward(q[:, :, q_rows], k_j[:, :, k_rows], v_j[:, :, k_rows], mask)
-                if step == 0 and q_rows == k_rows:  # a diagonal pair: the rows' first (finite) part
-                    acc_out[:, :, q_rows], acc_lse[:, :, q_rows] = out, lse
-                else:
-                    _merge(acc_out[:, :, q_rows], acc_lse[:, :, q_rows], out, lse)
-            if pending is not None:
-                kv = _finish(pending)
-        out = acc_out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, acc_lse)
-        ctx.group, ctx.pairs = group, pairs_of_steps
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        group = ctx.group
-        n = group.size
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = _pack(k, v)
-        grads = None  # (receive buffer, works) of the travelling dk/dv
-        for step in range(n):
-            pending = _start(kv, group, 0) if step < n - 1 else None
-            k_j, v_j = _unpack(kv, k.shape, v.shape)
-            mine = []  # this rank's dk/dv of the pair's keys, added once the travelling buffer has arrived
-            for q_rows, k_rows, mask, spanned in ctx.pairs[step]:
-                if not spanned:
-                    continue
-                dq_b, dk_b, dv_b = _math_backward(dout[:, :, q_rows], q[:, :, q_rows], k_j[:, :, k_rows],
-                                                  v_j[:, :, k_rows], out[:, :, q_rows], lse[:, :, q_rows], mask, None)
-                dq[:, :, q_rows] += dq_b
-                mine.append((k_rows, dk_b, dv_b))
-            dkv = torch.zeros_like(kv) if grads is None else _finish(grads)
-            dk_j, dv_j = _unpack(dkv, k.shape, v.shape)
-            for k_rows, dk_b, dv_b in mine:
-                dk_j[:, :, k_rows] += dk_b
-                dv_j[:, :, k_rows] += dv_b
-            grads = _start(dkv, group, 1) if n > 1 else (dkv, [])
-            if pending is not None:
-                kv = _finish(pending)
-        dk, dv = _unpack(_finish(grads), k.shape, v.shape)
-        return dq.to(q.dtype), dk, dv, None, None
+def _ring_forward(q, k, v, group: Group, pieces: list[list[tuple]], fwd):
+    """The forward ring: at each step the pieces (query rows, key rows, causal flag or mask, first) of the K/V pair
+    this rank holds, while the pair travels on; returns the merged output (fp32), its lse and each piece's kernel
+    state for the backward, in piece order."""
+    kv = _pack(k, v)
+    acc_out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
+    acc_lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    aux = []
+    for step in range(group.size):
+        pending = _start(kv, group, 0) if step < group.size - 1 else None
+        k_j, v_j = _unpack(kv, k.shape, v.shape)
+        for q_rows, k_rows, mask, first in pieces[step]:
+            out, lse, extra = fwd(q[:, :, q_rows], k_j[:, :, k_rows], v_j[:, :, k_rows], mask)
+            aux.append(extra)
+            if first:  # the rows' first (finite) part: taken as it is, nothing to merge with yet
+                acc_out[:, :, q_rows], acc_lse[:, :, q_rows] = out, lse
+            else:
+                _merge(acc_out[:, :, q_rows], acc_lse[:, :, q_rows], out, lse)
+        if pending is not None:
+            kv = _finish(pending)
+    return acc_out, acc_lse, aux
+
+
+def _ring_backward(dout, q, k, v, out, lse, group: Group, pieces: list[list[tuple]], bwd, aux):
+    """The backward ring over the forward's pieces: dq stays, each pair's dk/dv travels with it (module
+    docstring); returns (dq, dk, dv) in q's and k's dtypes."""
+    n = group.size
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kv = _pack(k, v)
+    grads = None  # (receive buffer, works) of the travelling dk/dv
+    states = iter(aux)
+    for step in range(n):
+        pending = _start(kv, group, 0) if step < n - 1 else None
+        k_j, v_j = _unpack(kv, k.shape, v.shape)
+        mine = []  # this rank's dk/dv of the pieces' keys, added once the travelling buffer has arrived
+        for q_rows, k_rows, mask, _ in pieces[step]:
+            dq_b, dk_b, dv_b = bwd(dout[:, :, q_rows], q[:, :, q_rows], k_j[:, :, k_rows], v_j[:, :, k_rows],
+                                   out[:, :, q_rows], lse[:, :, q_rows], mask, next(states))
+            dq[:, :, q_rows] += dq_b
+            mine.append((k_rows, dk_b, dv_b))
+        dkv = torch.zeros_like(kv) if grads is None else _finish(grads)
+        dk_j, dv_j = _unpack(dkv, k.shape, v.shape)
+        for k_rows, dk_b, dv_b in mine:
+            dk_j[:, :, k_rows] += dk_b
+            dv_j[:, :, k_rows] += dv_b
+        grads = _start(dkv, group, 1) if n > 1 else (dkv, [])
+        if pending is not None:
+            kv = _finish(pending)
+    dk, dv = _unpack(_finish(grads), k.shape, v.shape)
+    return dq.to(q.dtype), dk, dv
 
 
 class _RingAttention(torch.autograd.Function):
+    """The ring of one micro-batch: one block a step (module docstring) on the flash or matmul kernels; packed
+    (``segments``), the block's chunk pairs a document spans, masked, on the matmul kernels."""
+
     @staticmethod
-    def forward(ctx, q, k, v, group: Group):
+    def forward(ctx, q, k, v, group: Group, segments: torch.Tensor | None):
         n, r, c = group.size, group.rank, q.shape[2] // 2
-        fwd, _ = block_kernels(q, v)
-        kv = _pack(k, v)
-        acc_out = acc_lse = None
-        aux = []
-        for step in range(n):
-            pending = _start(kv, group, 0) if step < n - 1 else None
-            k_j, v_j = _unpack(kv, k.shape, v.shape)
-            rows, keys, causal = _block(step, n, r, c)
-            out, lse, extra = fwd(q[:, :, rows], k_j[:, :, keys], v_j[:, :, keys], causal)
-            aux.append(extra)
-            if acc_out is None:
-                acc_out, acc_lse = out.float(), lse.float().clone()
-            else:
-                _merge(acc_out[:, :, rows], acc_lse[:, :, rows], out, lse)
-            if pending is not None:
-                kv = _finish(pending)
-        out = acc_out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, acc_lse)
-        ctx.group, ctx.aux = group, aux
+        if segments is None:
+            kernels = block_kernels(q, v)
+            pieces = [[(*_block(step, n, r, c), step == 0)] for step in range(n)]
+        else:
+            kernels = MATH
+            pieces = [_document_pieces(segments, step, n, r, c) for step in range(n)]
+        out, lse, aux = _ring_forward(q, k, v, group, pieces, kernels[0])
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group, ctx.pieces, ctx.kernels, ctx.aux = group, pieces, kernels, aux
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        group = ctx.group
-        n, r, c = group.size, group.rank, q.shape[2] // 2
-        _, bwd = block_kernels(q, v)
         if dout.stride(-1) != 1:  # flash reads rows of d contiguous values
             dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = _pack(k, v)
-        grads = None  # (receive buffer, works) of the travelling dk/dv
-        for step in range(n):
-            pending = _start(kv, group, 0) if step < n - 1 else None
-            k_j, v_j = _unpack(kv, k.shape, v.shape)
-            rows, keys, causal = _block(step, n, r, c)
-            dq_b, dk_b, dv_b = bwd(dout[:, :, rows], q[:, :, rows], k_j[:, :, keys], v_j[:, :, keys],
-                                   out[:, :, rows], lse[:, :, rows], causal, ctx.aux[step])
-            dq[:, :, rows] += dq_b
-            dkv = torch.zeros_like(kv) if grads is None else _finish(grads)
-            dk_j, dv_j = _unpack(dkv, k.shape, v.shape)
-            dk_j[:, :, keys] += dk_b
-            dv_j[:, :, keys] += dv_b
-            grads = _start(dkv, group, 1) if n > 1 else (dkv, [])
-            if pending is not None:
-                kv = _finish(pending)
-        dk, dv = _unpack(_finish(grads), k.shape, v.shape)
-        return dq.to(q.dtype), dk, dv, None
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, ctx.group, ctx.pieces, ctx.kernels[1], ctx.aux)
+        return dq, dk, dv, None, None
 
 
 def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, group: Group,
@@ -366,6 +340,4 @@ def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Ten
     output [b, heads, 2c, d_v] in q's dtype, 1/√d scale. A group of one is plain causal attention.
     ``segments_BS``: a packed micro-batch's segment ids [b, s] (whole sequence, global order): attention within
     documents only, the chunk pairs no document spans skipped."""
-    if segments_BS is not None:
-        return _DocumentRing.apply(q_BHSD, k_BKSD, v_BKSD, group, segments_BS)
-    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, group)
+    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, group, segments_BS)
