@@ -20,6 +20,9 @@
 #             blockwise) against bf16 at three models' expert shapes, 4096 and 16384 tokens
 #   ctx128k   foldtune profile of the Qwen3-30B-A3B and Mixtral 2-layer proxies at seq 131072 (full recompute),
 #             measured step and peak memory (priced off the device with `foldtune plan --explain`)
+#   cputune   the README's main job (`foldtune tune --gpu cpu`: calibration, then tiny-moe on 4 CPU ranks) three times,
+#             each in a fresh HOME, on this host's CPU cores (16, so the ranks do not share cores): the
+#             measured-vs-predicted table of each run
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=$OUT/res; mkdir -p "$RES"
 exec > >(tee -a "$OUT/evidence_log.txt") 2>&1
@@ -87,6 +90,14 @@ if has ctx128k; then
       --layout "tp1 cp1 pp1 ep1 dp1 mbs1 recompute=full" --untimed-steps 1 --timed-steps 2 --timeout 190 --json \
       > "$RES/ctx128k-$m.log" 2>&1
     echo "rc=$?"; grep -v "Warning" "$RES/ctx128k-$m.log" | tail -14
+  done
+fi
+if has cputune; then
+  for run in 1 2 3; do
+    echo "== README tune on CPU ranks, run $run, start $(date -u +%T), $(nproc) cores"
+    ( export HOME=$(mktemp -d); unset $(env | grep -o '^FOLDTUNE_[A-Z_]*'); RAY_AUTH_MODE=disabled \
+      timeout 280 python3 -m api.cli.main tune --gpu cpu ) > "$RES/cputune-$run.log" 2>&1
+    echo "rc=$?"; grep -v "Warning" "$RES/cputune-$run.log" | tail -22
   done
 fi
 collect
