@@ -47,7 +47,7 @@ import torch
 
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
-from executor.kernels.fp8 import gemm, grouped_gemm, quantize
+from executor.kernels.fp8 import expert_pick, gemm, grouped_gemm, quantize
 from executor.launch_local import launch
 from executor.microbench.fp8_step_bar import BAR_LOSS, BAR_SPEEDUP, compare, max_rel_diff
 from executor.microbench.timing import synchronize
@@ -73,9 +73,15 @@ RUNS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}),
         "fp8_emulated": ("fp8", {"FOLDTUNE_FP8_KERNELS": "0", "FOLDTUNE_FP8_TRITON": "0"}),
         "bf16_torch_ce": ("bf16", {"FOLDTUNE_FUSED_CROSS_ENTROPY": "0"}),
         "bf16_again": ("bf16", {}),
-        "fp8_gg_rowwise": ("fp8", {}), "fp8_gg_blockwise": ("fp8", {}), "fp8_gg_auto": ("fp8", {})}
+        "fp8_gg_rowwise": ("fp8", {}), "fp8_gg_blockwise": ("fp8", {}), "fp8_gg_auto": ("fp8", {}),
+        "fp8_fastest": ("fp8", {})}
 # runs with executor options of their own: foldtune's grouped fp8 GEMM for the experts (ExecutorOptions.fp8_expert_gemm)
-RUN_OPTIONS = {"fp8_gg_rowwise": {"fp8_expert_gemm": "foldtune-rowwise"},
+# 'fp8' and its variants keep torch's kernel for every expert GEMM (their meaning before 'fastest' became the
+# default); 'fp8_fastest' runs each expert shape in fp8 or bf16, whichever timed faster
+RUN_OPTIONS = {**{run: {"fp8_expert_gemm": "torch"}
+                  for run in ("fp8", "fp8_fast_accum", "fp8_fp8_wgrad", "fp8_emulated")},
+               "fp8_fastest": {"fp8_expert_gemm": "fastest"},
+               "fp8_gg_rowwise": {"fp8_expert_gemm": "foldtune-rowwise"},
                "fp8_gg_blockwise": {"fp8_expert_gemm": "foldtune-blockwise"},
                "fp8_gg_auto": {"fp8_expert_gemm": "auto"}}
 EMULATED_TIMEOUT_S = 600  # the emulation dequantises every weight to fp32 per GEMM: several times slower
@@ -146,6 +152,7 @@ def step_worker(rank: int, world_size: int, model_name: str, layers: int, traini
                                                          **grouped_gemm._CHECKED}.items()}
         report["fp8"] = {"emulated_because": fp8.emulation_reason(device), "gemm_calls": fp8.gemm_counts(),
                          "grouped_gemm_calls": grouped_gemm.counts(), "expert_gemm": options.fp8_expert_gemm,
+                         "expert_gemm_shapes": expert_pick.report(),
                          "weight_quantisations": fp8.weight_counts(), "first_use_checks": checks}
     if use_cuda:
         report.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,

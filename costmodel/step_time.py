@@ -332,6 +332,10 @@ class _Shape:
         # (the profile's grouped curves are bf16 measurements: costmodel.compute). Transformer Engine's grouped
         # linears run it in fp8.
         self.wgrad_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
+        # the executor's fp8 runs each expert linear in bf16 where bf16 is faster at its shape (its default
+        # ExecutorOptions.fp8_expert_gemm 'fastest' times both): priced as the cheaper of the two; Transformer
+        # Engine's grouped linears stay fp8
+        self.expert_bf16_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
         # the layer's groups depend on tp, cp, etp and ep only (the slower dp and pp axes do not space them)
         self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
         self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
@@ -582,14 +586,28 @@ class _Shape:
         received = self.moe_received()
         local_experts = max(1, experts // self.ep)
         per_expert = received / local_experts
-        fwd1, bwd1 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, gate * ffn / self.etp, h,
-                                          self.wgrad_rates)
-        fwd2, bwd2 = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, h, ffn / self.etp, self.wgrad_rates)
-        block.add(GROUPED, fwd1 + fwd2, bwd1 + bwd2, "moe")
+        # (N, K, input columns the forward quantises, output-gradient columns the backward quantises)
+        linears = ((gate * ffn / self.etp, h, h, gate * ffn / self.etp), (h, ffn / self.etp, ffn / self.etp, h))
+        fwd = bwd = cast_fwd = cast_bwd = 0.0
+        casts = False  # a linear runs fp8: its quantisation kernels are priced
+        for n, k, x_cols, dy_cols in linears:
+            f, b = grouped_gemm_fwd_bwd(self.rates, local_experts, per_expert, n, k, self.wgrad_rates)
+            cf = cb = 0.0
+            if self.fp8:
+                cf, cb = self.fp8_expert_cast * received * x_cols, self.fp8_expert_cast * received * dy_cols
+            if self.expert_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie goes to bf16)
+                f16, b16 = grouped_gemm_fwd_bwd(self.expert_bf16_rates, local_experts, per_expert, n, k)
+                if f16 + b16 <= f + b + memory_time(self.rates, cf) + memory_time(self.rates, cb):
+                    f, b, cf, cb = f16, b16, 0.0, 0.0
+                else:
+                    casts = True
+            else:
+                casts = self.fp8
+            fwd, bwd, cast_fwd, cast_bwd = fwd + f, bwd + b, cast_fwd + cf, cast_bwd + cb
+        block.add(GROUPED, fwd, bwd, "moe")
         self.grad_accumulation(block, local_experts * (gate + 1) * ffn / self.etp * h)
-        if self.fp8:
-            self.elementwise(block, self.fp8_expert_cast * received * (h + ffn / self.etp), "moe",
-                             bwd_bytes=self.fp8_expert_cast * received * (gate * ffn / self.etp + h))
+        if casts:
+            self.elementwise(block, cast_fwd, "moe", bwd_bytes=cast_bwd)
         self.activation(block, ffn / self.etp * received, ("moe", "moe_act"))
         if m.add_bias_linear:  # gather each row's gate/up and down biases, add them (the down one zero-padded to h)
             self.elementwise(block, received * (4 * gate * ffn / self.etp + (1 / self.etp + 4) * h) * self.act_bytes,

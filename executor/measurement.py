@@ -65,6 +65,11 @@ class Measurement:
     startup_s: float | None = None
     warmup_s: float | None = None
     reused_ranks: bool | None = None
+    # precision fp8: the routed experts' GEMM shapes by the path they ran, 'bf16' / 'fp8' / 'fp8 untimed'
+    # (counts of shapes) and 'bf16_shapes' / 'fp8_shapes' (calls per shape, over ranks): with
+    # ExecutorOptions.fp8_expert_gemm 'fastest' the shapes where bf16 timed faster ran bf16
+    # (executor.kernels.fp8.expert_pick); None in other precisions and in records written before this field
+    fp8_expert_gemms: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.failure_kind is not None:  # read back from JSON as its string value
@@ -108,6 +113,10 @@ class Measurement:
             lines.append(f"fixed cost {self.fixed_cost_s:.2f} s to the first timed step (start-up "
                          f"{self.startup_s:.2f} s, warm-up {self.warmup_s:.2f} s"
                          + ("; reused ranks)" if self.reused_ranks else ")"))
+        if self.fp8_expert_gemms and self.fp8_expert_gemms.get("bf16"):
+            paths = self.fp8_expert_gemms
+            lines.append(f"fp8: {paths['bf16']} of {paths['bf16'] + paths['fp8']} routed-expert GEMM shapes ran in "
+                         f"bf16 (timed faster): {'; '.join(paths['bf16_shapes'])}")
         if self.phases:
             total = sum(self.phases.values()) or 1.0
             parts = sorted(self.phases.items(), key=lambda kv: -kv[1])

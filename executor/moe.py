@@ -26,7 +26,7 @@ from executor.dispatcher import make_dispatcher
 from executor.grouped_swiglu import grouped_swiglu
 from executor.kernels import triton_swiglu as fused_act
 from executor.kernels.base import KernelBackend
-from executor.kernels.fp8 import grouped_gemm as fp8_grouped
+from executor.kernels.fp8 import expert_pick, grouped_gemm as fp8_grouped
 from executor.kernels.torch_backend import grouped_mm_works
 from executor.mlp import SwiGLUMLP
 from executor.options import FP8_EXPERT_GEMMS, ExecutorOptions
@@ -83,12 +83,17 @@ class GroupedExperts(torch.nn.Module):
         # per layer; executor/grouped_swiglu.py); fp8 backends, other activations and biases keep the graph
         self._one_node = (getattr(kernels, "name", None) == "torch" and is_plain_swiglu(spec)
                           and not spec.add_bias_linear)
-        # the experts' grouped GEMMs: the backend's, or foldtune's grouped fp8 kernels where the fp8 backend
-        # runs them and ExecutorOptions.fp8_expert_gemm asks for those
+        # the experts' grouped GEMMs: the backend's, or, where the fp8 backend runs them, what
+        # ExecutorOptions.fp8_expert_gemm asks for: foldtune's grouped fp8 kernels, or fp8 and bf16 per shape
         scaling = FP8_EXPERT_GEMMS[options.fp8_expert_gemm]
-        self._gmm = (functools.partial(fp8_grouped.grouped_mm, scaling=scaling,
-                                       torch_candidate=options.fp8_expert_gemm == "auto")
-                     if scaling is not None and getattr(kernels, "name", None) == "torch-fp8" else kernels.grouped_mm)
+        fp8_backend = getattr(kernels, "name", None) == "torch-fp8"
+        if fp8_backend and options.fp8_expert_gemm == "fastest":
+            self._gmm = expert_pick.grouped_mm
+        elif fp8_backend and scaling is not None:
+            self._gmm = functools.partial(fp8_grouped.grouped_mm, scaling=scaling,
+                                          torch_candidate=options.fp8_expert_gemm == "auto")
+        else:
+            self._gmm = kernels.grouped_mm
         self.b13 = self.b2 = None
         if spec.add_bias_linear:
             def bias(name, shape, etp_dim):

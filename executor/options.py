@@ -17,8 +17,9 @@ DEFAULT_CHUNK_LOGITS = 2**26
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
 EP_OVERLAP_TRANSPORTS = ("auto", "nccl", "copy_engine")
 #: ExecutorOptions.fp8_expert_gemm -> the scaling of foldtune's grouped fp8 kernels (None: torch's kernel);
-#: 'auto' is foldtune's rowwise path with torch's kernel among the forward and dgrad's tuning candidates.
-FP8_EXPERT_GEMMS = {"torch": None, "foldtune-rowwise": "rowwise", "foldtune-blockwise": "blockwise",
+#: 'auto' is foldtune's rowwise path with torch's kernel among the forward and dgrad's tuning candidates;
+#: 'fastest' is torch's kernel or bf16, per shape (executor.kernels.fp8.expert_pick).
+FP8_EXPERT_GEMMS = {"fastest": None, "torch": None, "foldtune-rowwise": "rowwise", "foldtune-blockwise": "blockwise",
                     "auto": "rowwise"}
 
 
@@ -65,8 +66,18 @@ class ExecutorOptions:
     every exchange of the overlapped schedule. Elsewhere (CPU) gloo moves them all.
 
     ``fp8_expert_gemm`` (precision fp8 only; no effect in other precisions): what runs the routed experts'
-    forward, dgrad and wgrad. 'torch' (the default): ``torch._scaled_grouped_mm`` with rowwise scales for
-    forward and dgrad, the wgrad as FOLDTUNE_FP8_WGRAD says (:mod:`executor.kernels.fp8.gemm`);
+    forward, dgrad and wgrad. 'fastest' (the default): per expert linear shape, whichever of bf16
+    (``torch._grouped_mm``) and 'torch' below its first call on a CUDA GPU timed faster over the whole layer
+    (forward, dgrad and wgrad, the activations' quantisation included, the cached weights' not), kept per
+    shape for the process (:mod:`executor.kernels.fp8.expert_pick`, whose ``report`` and the profile's fp8
+    report say which shapes ran bf16). The default because fp8 is asked for speed, and at the fine-grained
+    experts' shapes torch's fp8 grouped GEMM runs at about half bf16's rate (docs/benchmarks.md): with
+    'fastest' precision fp8 never runs an expert linear slower than bf16 would, and runs fp8 where fp8 is
+    faster (Mixtral's wide experts); the price is bf16 numbers at the shapes that ran bf16, one timing of
+    both paths per shape at the first step, and a choice that may differ between ranks and between runs
+    where the two are within noise. Where nothing can be timed (CPU, a CUDA graph capture) it runs 'torch'
+    (on CPU its emulation: the same fp8 numbers as 'torch'). 'torch': ``torch._scaled_grouped_mm`` with
+    rowwise scales for forward and dgrad, the wgrad as FOLDTUNE_FP8_WGRAD says (:mod:`executor.kernels.fp8.gemm`);
     'foldtune-rowwise' / 'foldtune-blockwise': foldtune's persistent grouped Triton kernels, all three
     products in fp8, with rowwise or DeepSeek-V3's blockwise scaling (1 × 128 activations, 128 × 128
     weights), the activations quantised into both their forms in one pass
@@ -99,7 +110,7 @@ class ExecutorOptions:
     cuda_graphs: bool | None = None
     ep_overlap_sm_carveout: int = 0
     ep_overlap_transport: str = "auto"
-    fp8_expert_gemm: str = "torch"
+    fp8_expert_gemm: str = "fastest"
     init_method_std: float = 0.02
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5

@@ -25,6 +25,7 @@ from executor import progress
 from executor.buildable import check_buildable
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
+from executor.kernels.fp8 import expert_pick
 from executor.launch_local import launch as launch_local
 from executor.measurement import Measurement
 from executor.model import MoEGPT
@@ -51,8 +52,27 @@ def options_for_precision(options: ExecutorOptions, precision: str) -> ExecutorO
 
 
 def _fp8_report(device: torch.device) -> dict:
-    """How this rank ran its fp8 GEMMs: the reason they were emulated (None: kernels) and calls per path."""
-    return {"emulated_because": fp8.emulation_reason(device), "calls": fp8.gemm_counts()}
+    """How this rank ran its fp8 GEMMs: the reason they were emulated (None: kernels), calls per path, and
+    the routed experts' GEMM shapes by the path they ran (:func:`executor.kernels.fp8.expert_pick.report`:
+    with ExecutorOptions.fp8_expert_gemm 'fastest', the shapes where bf16 was faster ran bf16)."""
+    return {"emulated_because": fp8.emulation_reason(device), "calls": fp8.gemm_counts(),
+            "expert_gemm_shapes": expert_pick.report()}
+
+
+def expert_gemm_paths(reports: list[dict]) -> dict | None:
+    """The ranks' expert GEMM shapes by path ('bf16', 'fp8', 'fp8 untimed': counts of distinct shapes over the
+    ranks; 'bf16_shapes' / 'fp8_shapes': calls per shape, summed over ranks); None without an fp8 report."""
+    found = [r["fp8"]["expert_gemm_shapes"] for r in reports if "expert_gemm_shapes" in r.get("fp8", {})]
+    if not found:
+        return None
+    merged: dict = {"bf16_shapes": {}, "fp8_shapes": {}}
+    for part in found:
+        for path in ("bf16_shapes", "fp8_shapes"):
+            for shape, calls in part[path].items():
+                merged[path][shape] = merged[path].get(shape, 0) + calls
+    merged["bf16"], merged["fp8"] = len(merged["bf16_shapes"]), len(merged["fp8_shapes"])
+    merged["fp8 untimed"] = max(part["fp8 untimed"] for part in found)
+    return merged
 
 
 def _sync(device: torch.device) -> None:
@@ -172,6 +192,11 @@ def _say_how_fp8_ran(reports: list[dict], device_name: str) -> None:
     else:
         log.info("precision fp8 on %s: %d fp8 GEMM calls through torch._scaled_mm/_scaled_grouped_mm",
                  device_name, total)
+    paths = expert_gemm_paths(reports)
+    if paths and paths["bf16"]:
+        log.warning("precision fp8 on %s: %d of %d routed-expert GEMM shapes ran in bf16, where bf16 timed faster "
+                    "(ExecutorOptions.fp8_expert_gemm 'fastest'): %s", device_name, paths["bf16"],
+                    paths["bf16"] + paths["fp8"], "; ".join(paths["bf16_shapes"]))
 
 
 def profile_layout(model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
@@ -244,7 +269,9 @@ def measurement_from_reports(launched, training: TrainingSpec, world_size: int, 
         pruned=any(r.get("pruned", False) for r in reports),
         placement=list(getattr(launched, "placement", None) or []),
         run_window=list(getattr(launched, "run_window", None) or []),
-        reused_ranks=getattr(launched, "reused", None), **fixed_cost(reports, dispatched_at), **context)
+        reused_ranks=getattr(launched, "reused", None),
+        fp8_expert_gemms=expert_gemm_paths(reports) if training.precision == "fp8" else None,
+        **fixed_cost(reports, dispatched_at), **context)
 
 
 def fixed_cost(reports: list[dict], dispatched_at: float) -> dict[str, float | None]:

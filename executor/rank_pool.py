@@ -42,6 +42,7 @@ import torch.distributed as dist
 from executor import progress
 from executor.failure import is_out_of_memory
 from executor.kernels import fp8
+from executor.kernels.fp8 import expert_pick
 from executor.launch_local import OOM_PREFIX, PORT_ATTEMPTS, SAFE_ENV, LaunchResult, _free_port, _port_taken, _stop
 from executor.rank_processes import rank_context
 from executor.scoped_env import scoped_env
@@ -75,6 +76,7 @@ def begin_trial(initial_seed: int) -> set[int]:
     (:func:`end_trial` destroys the ones the trial adds)."""
     progress.reset()
     fp8.reset_gemm_counts()
+    expert_pick.reset_counts()
     fp8.reset_weight_counts()
     fp8.clear_weight_cache()
     gc.collect()

@@ -14,29 +14,41 @@ def checked_once(cache: dict, key: tuple, check, what: str) -> bool:
     """``check(*key)`` once per key (with grad on): True if it returns, False (with a warning saying why)
     if it raises, so a kernel that fails to compile or disagrees with torch costs speed, never the run."""
     if key not in cache:
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                device = next((k for k in key if isinstance(k, torch.device) or
-                               (isinstance(k, str) and k.startswith("cuda"))), None)
-                with torch.enable_grad(), (torch.cuda.device(torch.device(device)) if device is not None
-                                           else contextlib.nullcontext()):
-                    check(*key)
-            except Exception as exc:  # noqa: BLE001
-                failure.append(exc)
-
-        # The first call comes from inside a forward, possibly under activation checkpointing, whose
-        # saved-tensor hooks would count the check's tensors and then fail the recomputation; autograd's
-        # hooks and grad mode are thread-local, so the check runs on its own thread.
-        thread = threading.Thread(target=run, name=f"foldtune-check-{what}")
-        thread.start()
-        thread.join()
-        if failure:
-            exc = failure[0]
+        device = next((k for k in key if isinstance(k, torch.device) or
+                       (isinstance(k, str) and k.startswith("cuda"))), None)
+        try:
+            run_apart(lambda: check(*key), device, f"check-{what}")
+        except Exception as exc:  # noqa: BLE001
             warnings.warn(f"{what} off for {key}: {type(exc).__name__}: {exc}", stacklevel=3)
-        cache[key] = not failure
+            cache[key] = False
+        else:
+            cache[key] = True
     return cache[key]
+
+
+def run_apart(fn, device=None, what: str = "check", stream=None):
+    """``fn()`` on a thread of its own with grad on (on CUDA ``device`` and ``stream`` where given), its result
+    returned and its exception raised here. The first call of a kernel comes from inside a forward, possibly
+    under activation checkpointing, whose saved-tensor hooks would count the tensors of a check (or of a
+    timing) and then fail the recomputation; autograd's hooks and grad mode are thread-local."""
+    result: list = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with torch.enable_grad(), (torch.cuda.device(torch.device(device)) if device is not None
+                                       else contextlib.nullcontext()), \
+                    (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+                result.append(fn())
+        except Exception as exc:  # noqa: BLE001
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=f"foldtune-{what}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def assert_agree(names, wants, gots, tol: float, what: str) -> None:

@@ -705,6 +705,42 @@ def test_fp8_expert_wgrad_runs_in_bf16_in_the_executor_and_in_fp8_under_transfor
     assert bwd(te) < bwd(executor)
 
 
+def test_fp8_expert_linears_are_priced_at_the_cheaper_of_fp8_and_bf16_as_the_executor_runs_them(monkeypatch):
+    """The executor's fp8 (ExecutorOptions.fp8_expert_gemm 'fastest') runs an expert linear in bf16 where bf16
+    is faster: with fp8's grouped kernels priced slower than bf16's, the MoE layer's grouped GEMMs are the bf16
+    ones and no expert quantisation is priced; Transformer Engine's stay fp8, casts included."""
+    from costmodel import compute, step_time
+
+    def fresh():  # rates and contexts are cached by value: priced afresh under the patched ratio, then after it
+        compute_rates.cache_clear()
+        step_time._context_by_value.cache_clear()
+        step_time._CONTEXTS.clear()
+
+    model = get_model("mixtral-8x7b").with_layers(2)
+    cluster, config = ClusterSpec(H100, 1), ParallelConfig(world_size=1)
+    executor = TrainingSpec(seq_length=4096, global_batch_size=1, precision="fp8")
+    shapes = ((8, 1024.0, 2 * 14336, 4096), (8, 1024.0, 4096, 14336))
+
+    def moe(training):
+        layer = layer_times(model, training, cluster, config)["moe"]
+        return dict(layer.fwd), dict(layer.bwd)
+
+    fresh()
+    monkeypatch.setattr(compute, "GROUPED_FP8_OVER_BF16", 0.5)
+    try:
+        bf16 = compute_rates(H100, "bf16")
+        fwd, bwd = moe(executor)
+        assert fwd["grouped_gemm"] == pytest.approx(sum(grouped_gemm_fwd_bwd(bf16, *s)[0] for s in shapes))
+        assert bwd["grouped_gemm"] == pytest.approx(sum(grouped_gemm_fwd_bwd(bf16, *s)[1] for s in shapes))
+        te_fwd, _ = moe(replace(executor, transformer_engine_fp8=True))
+        fp8 = compute_rates(H100, "fp8")
+        assert te_fwd["grouped_gemm"] == pytest.approx(sum(grouped_gemm_fwd_bwd(fp8, *s)[0] for s in shapes))
+        assert te_fwd["grouped_gemm"] > fwd["grouped_gemm"] and te_fwd["memory_bound"] > fwd["memory_bound"]
+    finally:
+        monkeypatch.undo()
+        fresh()
+
+
 def test_the_cost_model_refuses_what_the_seq_cp_rule_refuses():
     """seq_length 10 splits over cp 2 into 5 tokens, but not into the 2·cp chunks of the load-balanced split."""
     training = TrainingSpec(seq_length=10, global_batch_size=16)

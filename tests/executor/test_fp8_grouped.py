@@ -183,8 +183,8 @@ def test_grouped_mm_autograd_on_cpu_runs_the_emulation_and_matches_the_products(
         assert torch.equal(out, y) and torch.equal(xg.grad, dx) and torch.equal(wg.grad, dw)
 
 
-def test_the_option_is_checked_and_defaults_to_torchs_kernel():
-    assert ExecutorOptions().fp8_expert_gemm == "torch"
+def test_the_option_is_checked_and_defaults_to_the_fastest_of_fp8_and_bf16():
+    assert ExecutorOptions().fp8_expert_gemm == "fastest"
     with pytest.raises(SpecError, match="fp8_expert_gemm"):
         ExecutorOptions(fp8_expert_gemm="blockwise")
 

@@ -411,25 +411,38 @@ def tuned(kind: str, scaling: str, key: tuple, launch, device: torch.device, tim
     if device.type != "cuda" or os.environ.get("FOLDTUNE_FP8_GG_TUNE", "1") == "0":
         _TUNED[full_key] = candidates[0]
         return candidates[0]
-    best, best_s, reference = None, float("inf"), None
-    for cfg in candidates:
-        try:
-            out = launch(cfg)
-            if reference is None:
-                reference = out.clone()
-            else:
-                torch.testing.assert_close(out.float(), reference.float(), rtol=2**-7,
-                                           atol=1e-3 * float(reference.float().abs().max()))
-            seconds = timer(lambda: launch(cfg))
-        except Exception as exc:  # noqa: BLE001 (a config that fails to compile or differs is skipped)
-            warnings.warn(f"grouped fp8 GEMM config {cfg.label()} skipped at {full_key}: {type(exc).__name__}: "
-                          f"{str(exc)[:200]}", stacklevel=2)
-            continue
-        if seconds < best_s:
-            best, best_s = cfg, seconds
+    reference: list[torch.Tensor] = []
+
+    def seconds(cfg: Config) -> float:
+        out = launch(cfg)
+        if not reference:
+            reference.append(out.clone())
+        else:
+            torch.testing.assert_close(out.float(), reference[0].float(), rtol=2**-7,
+                                       atol=1e-3 * float(reference[0].float().abs().max()))
+        return timer(lambda: launch(cfg))
+
+    # a config that fails to compile or differs is skipped
+    best = fastest(candidates, seconds, lambda cfg: f"grouped fp8 GEMM config {cfg.label()} skipped at {full_key}")
     if best is None:
         raise RuntimeError(f"no grouped fp8 GEMM config runs at {full_key}")
     _TUNED[full_key] = best
+    return best
+
+
+def fastest(candidates, seconds, skipped) -> object | None:
+    """The candidate of fewest ``seconds(candidate)``, in order (the first of equal times); one whose
+    ``seconds`` raises is skipped with a warning ``skipped(candidate)``: its reason; None if every one raises.
+    The loop of :func:`tuned` and of the experts' fp8/bf16 choice (:mod:`executor.kernels.fp8.expert_pick`)."""
+    best, best_s = None, float("inf")
+    for candidate in candidates:
+        try:
+            took = seconds(candidate)
+        except Exception as exc:  # noqa: BLE001
+            warnings.warn(f"{skipped(candidate)}: {type(exc).__name__}: {str(exc)[:200]}", stacklevel=3)
+            continue
+        if took < best_s:
+            best, best_s = candidate, took
     return best
 
 
