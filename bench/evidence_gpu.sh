@@ -20,6 +20,9 @@
 #             blockwise) against bf16 at three models' expert shapes, 4096 and 16384 tokens
 #   ctx128k   foldtune profile of the Qwen3-30B-A3B and Mixtral 2-layer proxies at seq 131072 (full recompute),
 #             measured step and peak memory (priced off the device with `foldtune plan --explain`)
+#   fp8mbs    fp8_expert_gemm 'fastest' (the fp8 default): its GPU test, then the 4-layer Qwen3-30B-A3B and
+#             DeepSeek-V2-Lite proxies' whole step in bf16 and fp8 at micro-batch 1 and 8 (seq 4096, gbs 8), and
+#             bench/fp8_step.py on the Mixtral 2-layer proxy (bf16, fp8 on torch's kernel, fp8 'fastest')
 #   cputune   the README's main job (`foldtune tune --gpu cpu`: calibration, then tiny-moe on 4 CPU ranks) three times,
 #             each in a fresh HOME, on this host's CPU cores (16, so the ranks do not share cores): the
 #             measured-vs-predicted table of each run
@@ -91,6 +94,35 @@ if has ctx128k; then
       > "$RES/ctx128k-$m.log" 2>&1
     echo "rc=$?"; grep -v "Warning" "$RES/ctx128k-$m.log" | tail -14
   done
+fi
+if has fp8mbs; then
+  echo "== fp8 expert pick GPU test start $(date -u +%T)"
+  timeout 120 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/executor/test_fp8_expert_pick.py::test_on_a_gpu_the_first_call_times_both_paths_and_keeps_the_faster 2>&1 | tail -4
+  for m in qwen3-30b-a3b deepseek-v2-lite; do
+    for mbs in 1 8; do
+      for p in bf16 fp8; do
+        echo "== $m@4L mbs $mbs $p start $(date -u +%T)"
+        timeout 150 python3 -m api.cli.main profile --model "$m" --layers 4 --gpu "$GPU" --seq 4096 --gbs 8 \
+          --precision "$p" --layout "tp1 cp1 pp1 ep1 dp1 mbs$mbs" --untimed-steps 2 --timed-steps 4 --timeout 140 \
+          --json > "$RES/fp8mbs-$m-mbs$mbs-$p.log" 2>&1
+        echo "rc=$?"; grep -v "Warning" "$RES/fp8mbs-$m-mbs$mbs-$p.log" | grep -i "ran in bf16\|step" | tail -3 | cut -c1-300
+        python3 - "$RES/fp8mbs-$m-mbs$mbs-$p.log" <<'PY'
+import json, sys
+for line in reversed(open(sys.argv[1]).read().splitlines()):
+    if line.startswith("{"):
+        d = json.loads(line)
+        m = d.get("measurement", d)
+        print("step_time_s", m.get("step_time"), "tflops", m.get("tflops_per_gpu"), "fp8", m.get("fp8_expert_gemms"))
+        break
+PY
+      done
+    done
+  done
+  echo "== Mixtral fp8 step start $(date -u +%T)"
+  timeout 300 python3 -m bench.fp8_step --runs bf16,fp8,fp8_fastest --out "$RES/fp8_step_fastest.json" 2>&1 \
+    | grep -v Warning | tail -25
+  collect
 fi
 if has cputune; then
   for run in 1 2 3; do
