@@ -115,7 +115,7 @@ class Measurement:
                          + ("; reused ranks)" if self.reused_ranks else ")"))
         if self.fp8_expert_gemms and self.fp8_expert_gemms.get("bf16"):
             paths = self.fp8_expert_gemms
-            lines.append(f"fp8: {paths['bf16']} of {paths['bf16'] + paths['fp8']} routed-expert GEMM shapes ran in "
+            lines.append(f"fp8: {paths['bf16']} of {paths['bf16'] + paths['fp8']} GEMM shapes (experts, dense linears) ran in "
                          f"bf16 (timed faster): {'; '.join(paths['bf16_shapes'])}")
         if self.phases:
             total = sum(self.phases.values()) or 1.0

@@ -194,8 +194,9 @@ def _say_how_fp8_ran(reports: list[dict], device_name: str) -> None:
                  device_name, total)
     paths = expert_gemm_paths(reports)
     if paths and paths["bf16"]:
-        log.warning("precision fp8 on %s: %d of %d routed-expert GEMM shapes ran in bf16, where bf16 timed faster "
-                    "(ExecutorOptions.fp8_expert_gemm 'fastest'): %s", device_name, paths["bf16"],
+        log.warning("precision fp8 on %s: %d of %d GEMM shapes ran in bf16, where bf16 timed faster "
+                    "(ExecutorOptions.fp8_expert_gemm 'fastest' for the routed experts, FOLDTUNE_FP8_DENSE for the "
+                    "dense linears): %s", device_name, paths["bf16"],
                     paths["bf16"] + paths["fp8"], "; ".join(paths["bf16_shapes"]))
 
 

@@ -142,7 +142,7 @@ def test_a_path_that_fails_to_run_is_skipped_with_a_warning():
         if path == "bf16":
             raise RuntimeError("out of memory")
         return 5.0
-    with pytest.warns(UserWarning, match="bf16 grouped GEMM not timed"):
+    with pytest.warns(UserWarning, match="bf16 GEMM not timed"):
         pick.grouped_mm(x, w, offs, timer=bf16_fails)
     assert pick.report()["fp8"] == 1
 
@@ -190,18 +190,51 @@ def test_tiny_moe_step_runs_each_verdict_and_the_profile_report_counts_the_bf16_
     torch_option = _one_step("torch")
     pick.reset_counts()
     assert _one_step("fastest", _forced("fp8", [])) == torch_option
-    assert _fp8_report(torch.device("cpu"))["expert_gemm_shapes"]["fp8"] == 2
+    fp8_shapes = _fp8_report(torch.device("cpu"))["expert_gemm_shapes"]["fp8_shapes"]
+    assert len([s for s in fp8_shapes if not s.startswith("dense")]) == 2  # the experts' two
+    assert any(s.startswith("dense") for s in fp8_shapes)  # and the dense linears, chosen alike
     pick._VERDICTS.clear()
     pick.reset_counts()
     assert _one_step("fastest", _forced("bf16", [])) != torch_option
     shapes = _fp8_report(torch.device("cpu"))["expert_gemm_shapes"]
-    assert shapes["bf16"] == 2 and shapes["fp8"] == 0
+    experts = [s for s in shapes["bf16_shapes"] if not s.startswith("dense")]
+    assert len(experts) == 2 and shapes["bf16"] > 2 and shapes["fp8"] == 0
     paths = expert_gemm_paths([{"fp8": {"expert_gemm_shapes": shapes}}] * 2)
-    assert paths["bf16"] == 2 and all(calls % 2 == 0 for calls in paths["bf16_shapes"].values())
+    assert paths["bf16"] == shapes["bf16"] and all(calls % 2 == 0 for calls in paths["bf16_shapes"].values())
     measured = Measurement(ok=True, model="tiny-moe", step_time=1.0, tokens_per_s_per_gpu=1.0, tflops_per_gpu=1.0,
                            fp8_expert_gemms=paths)
-    assert "2 of 2 routed-expert GEMM shapes ran in bf16" in measured.summary()
+    assert f"{shapes['bf16']} of {shapes['bf16']} GEMM shapes (experts, dense linears) ran in bf16" \
+        in measured.summary()
     assert Measurement.from_dict(measured.to_dict()).fp8_expert_gemms == paths
+
+
+@pytest.mark.parametrize("path", ["bf16", "fp8"])
+def test_a_dense_linear_runs_the_chosen_path_and_fp8_dense_keeps_fp8(path, monkeypatch):
+    """A dense linear of the fp8 backend gives exactly the chosen path's output and gradients (F.linear or the
+    fp8 linear), its verdict kept per shape; FOLDTUNE_FP8_DENSE=fp8 runs fp8 without timing anything."""
+    pick._VERDICTS.clear()
+    pick.reset_counts()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 8, 48, generator=gen).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(32, 48, generator=gen).to(torch.bfloat16).requires_grad_()
+    timed = []
+    y = pick.linear(x, w, timer=_forced(path, timed))
+    reference = torch.nn.functional.linear if path == "bf16" else fp8_gemm.linear
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    y2 = reference(x2, w2)
+    dy = torch.randn(y.shape, generator=gen).to(torch.bfloat16)
+    y.backward(dy)
+    y2.backward(dy)
+    assert y.shape == (2, 8, 32) and torch.equal(y, y2)
+    assert torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
+    assert timed and pick.report()[path] == 1
+    assert next(iter(pick.report()[f"{path}_shapes"])) == "dense 32 x 48, rows <= 16"
+    timed.clear()
+    pick.linear(x, w, timer=_forced(path, timed))
+    assert not timed  # the verdict is kept
+    monkeypatch.setenv("FOLDTUNE_FP8_DENSE", "fp8")
+    pick._VERDICTS.clear()
+    assert torch.equal(pick.linear(x, w, timer=_forced("bf16", timed)), fp8_gemm.linear(x, w)) and not timed
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times the expert GEMMs on a CUDA GPU")

@@ -1,5 +1,5 @@
 """fp8 or bf16, shape by shape, for the routed experts' grouped GEMMs (``ExecutorOptions.fp8_expert_gemm``
-'fastest').
+'fastest') and the dense linears of the 'torch-fp8' backend (FOLDTUNE_FP8_DENSE, below).
 
 fp8 does not pay at every expert shape: on an H200 torch's rowwise ``_scaled_grouped_mm`` runs the
 fine-grained experts (Qwen3-30B-A3B's 128 of 2048 × 768, DeepSeek-V2-Lite's 64 of 2048 × 1408) at about half
@@ -28,13 +28,23 @@ force either verdict).
 The choice may differ between ranks (each times its own rows) and between runs (two paths within noise of
 each other); each rank's numbers are those of the path it runs. :func:`report` says which shapes ran which
 path since :func:`reset_counts`.
+
+Dense linears (:func:`linear`: attention's projections, dense MLPs, shared experts) get the same choice, timed the
+same way on F.linear and :func:`executor.kernels.fp8.gemm.linear`: at 4096 tokens a small projection's fp8 path
+(its activation quantised, forward, dgrad and wgrad, each a launch of its own) costs the host more launches
+than the GEMM saves on the device, which made the whole fp8 step of a DeepSeek-V2-Lite proxy at micro-batch 1
+slower than bf16 with every expert already on bf16 (docs/benchmarks.md). FOLDTUNE_FP8_DENSE=fp8 keeps every
+dense linear on fp8 (the behaviour before this choice); 'fastest' (the default) chooses. Their shapes are
+reported as "dense N x K".
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import torch
+import torch.nn.functional as F
 
 from executor.kernels.first_use import run_apart
 from executor.kernels.fp8 import gemm as fp8_gemm
@@ -48,7 +58,15 @@ _VERDICTS: dict[tuple, str] = {}  # shape key -> 'bf16' | 'fp8', kept for the pr
 _RUNS: Counter = Counter()  # (shape key, path) -> calls since reset_counts; path 'fp8 untimed' where none was timed
 
 
-def _run(path: str, x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor) -> torch.Tensor:
+def dense_choice() -> str:
+    """FOLDTUNE_FP8_DENSE: 'fastest' (the default: bf16 or fp8 per dense linear shape) or 'fp8' (always fp8)."""
+    value = os.environ.get("FOLDTUNE_FP8_DENSE", "fastest")
+    return value if value in ("fastest", "fp8") else "fastest"
+
+
+def _run(path: str, x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor | None) -> torch.Tensor:
+    if offs_G is None:  # a dense linear: w is [N, K]
+        return F.linear(x_MK, w_GNK) if path == "bf16" else fp8_gemm.linear(x_MK, w_GNK)
     if path == "bf16":
         return TorchBackend().grouped_mm(x_MK, w_GNK, offs_G)
     return fp8_gemm.grouped_mm(x_MK, w_GNK, offs_G)
@@ -60,7 +78,8 @@ def _bucket(m: int) -> int:
 
 
 def shape_key(x_MK: torch.Tensor, w_GNK: torch.Tensor, grad: bool) -> tuple:
-    g, n, k = w_GNK.shape
+    """(device, experts (0: a dense linear), N, K, rows bucket, whether a backward runs)."""
+    g, n, k = w_GNK.shape if w_GNK.dim() == 3 else (0, *w_GNK.shape)
     return (str(x_MK.device), g, n, k, _bucket(x_MK.shape[0]), grad)
 
 
@@ -72,7 +91,7 @@ def _time_paths(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, g
         x = x_MK.detach().requires_grad_(grad and x_MK.requires_grad)
         inputs = tuple(t for t in (x, w_GNK) if t.requires_grad)
         gen = torch.Generator(device=x_MK.device).manual_seed(0)  # the training's RNG streams stay untouched
-        dy = torch.randn(x_MK.shape[0], w_GNK.shape[1], generator=gen, device=x_MK.device).to(x_MK.dtype)
+        dy = torch.randn(x_MK.shape[0], w_GNK.shape[-2], generator=gen, device=x_MK.device).to(x_MK.dtype)
 
         def linear(path: str):
             def call() -> None:
@@ -83,7 +102,7 @@ def _time_paths(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, g
 
         key = shape_key(x_MK, w_GNK, grad)
         best = fastest(PATHS, lambda path: timer(path, linear(path)),
-                       lambda path: f"the experts' {path} grouped GEMM not timed at {key}")
+                       lambda path: f"the {path} GEMM not timed at {key}")
         return best or "fp8"
 
     device = x_MK.device if x_MK.is_cuda else None
@@ -117,6 +136,18 @@ def grouped_mm(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, ti
     return _run(path or "fp8", x_MK, w_GNK, offs_G)
 
 
+def linear(x: torch.Tensor, w_NK: torch.Tensor, timer=None) -> torch.Tensor:
+    """F.linear(x, w) (no bias) on whichever of bf16 and fp8 :func:`verdict` keeps for this shape (fp8 where
+    none can be timed, or FOLDTUNE_FP8_DENSE=fp8); x is [..., K], the result [..., N]."""
+    x_MK = x.reshape(-1, x.shape[-1])
+    if x_MK.shape[0] == 0 or dense_choice() == "fp8":
+        return fp8_gemm.linear(x, w_NK)
+    path = verdict(x_MK, w_NK, None, timer)
+    grad = torch.is_grad_enabled() and (x_MK.requires_grad or w_NK.requires_grad)
+    _RUNS[(shape_key(x_MK, w_NK, grad), path or "fp8 untimed")] += 1
+    return _run(path or "fp8", x_MK, w_NK, None).view(*x.shape[:-1], w_NK.shape[0])
+
+
 def report() -> dict:
     """Expert GEMM shapes run since :func:`reset_counts`, by path: 'bf16', 'fp8' (timed faster), 'fp8
     untimed' (no timing possible: fp8 as asked) — each a count of shapes, and 'bf16_shapes' /
@@ -124,7 +155,7 @@ def report() -> dict:
     shapes: dict[str, dict[str, int]] = {path: {} for path in ("bf16", "fp8", "fp8 untimed")}
     for (key, path), calls in sorted(_RUNS.items()):
         _, g, n, k, rows, _ = key
-        label = f"{g} x {n} x {k}, rows <= {rows}"
+        label = f"dense {n} x {k}, rows <= {rows}" if g == 0 else f"{g} x {n} x {k}, rows <= {rows}"
         shapes[path][label] = shapes[path].get(label, 0) + calls
     return {"bf16": len(shapes["bf16"]), "fp8": len(shapes["fp8"]), "fp8 untimed": len(shapes["fp8 untimed"]),
             "bf16_shapes": shapes["bf16"], "fp8_shapes": shapes["fp8"]}
