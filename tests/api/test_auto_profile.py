@@ -130,18 +130,16 @@ def test_a_cpu_job_calibrates_first_and_the_next_job_reuses_the_profile(client, 
                               trial=TrialSettings(warmup_steps=1, timed_steps=1, timeout_s=120.0),
                               auto_calibrate="minimal")
     results = []
-    # One runner for both jobs: the second job's trial reuses the first's rank actors. The runner keeps no
-    # profile of its own between jobs: it reads the stored one back (Runner._pricing_cluster).
-    runner = Runner(settings)
-    try:
-        for _ in range(2):
-            job_id = client.post("/v1/jobs", json=body, headers=alice).json()["id"]
+    for _ in range(2):
+        job_id = client.post("/v1/jobs", json=body, headers=alice).json()["id"]
+        runner = Runner(settings)
+        try:
             assert runner.run(once=True) == 1
-            job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
-            assert job["status"] == "succeeded", job["error"]
-            results.append(job["calibration"]["pricing_profile"])
-    finally:
-        runner.close()
+        finally:
+            runner.close()
+        job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+        assert job["status"] == "succeeded", job["error"]
+        results.append(job["calibration"]["pricing_profile"])
     assert results[0] == {"name": "cpu-2-ranks-auto-calibrated", "source": "calibrated by this job",
                           "calibrated_by_job": True, "note": ""}
     assert results[1] == {"name": "cpu-2-ranks-auto-calibrated", "source": "stored calibration",
