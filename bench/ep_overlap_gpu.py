@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -86,24 +87,27 @@ def hideable_fraction(layout: ParallelConfig, micro: int) -> float:
 
 
 def run_mode(model, training: TrainingSpec, layout: ParallelConfig, overlap: bool, options: ExecutorOptions,
-             device: str, warmup: int, steps: int, env: dict[str, str] | None = None) -> dict:
-    """One run of ``layout`` (a fresh world, ``env`` added to its processes' environment) with the overlap
-    ``overlap``: its Measurement as a dict."""
+             device: str, warmup: int, steps: int, env: dict[str, str] | None = None,
+             start_method: str = "spawn") -> dict:
+    """One run of ``layout`` (a fresh world, ``env`` added to its processes' environment, its ranks started by
+    ``start_method``) with the overlap ``overlap``: its Measurement as a dict."""
     config = _config(layout, overlap)
+    # spawn is profile_layout's own launch (which also checks the GPU count); fork only starts CPU ranks
+    launcher = None if start_method == "spawn" else functools.partial(launch, start_method=start_method)
     with scoped_env(env or {}):
         m = profile_layout(model, training, config, options, warmup_steps=warmup, timed_steps=steps,
-                           timeout_s=900, device=device)
+                           timeout_s=900, device=device, launcher=launcher)
     return m.to_dict()
 
 
 def trace_mode(model, training: TrainingSpec, layout: ParallelConfig, overlap: bool, options: ExecutorOptions,
-               warmup: int, env: dict[str, str] | None = None) -> list[dict]:
+               warmup: int, env: dict[str, str] | None = None, start_method: str = "spawn") -> list[dict]:
     """One profiled step per rank with the overlap ``overlap`` (a fresh world, ``env`` added to its
-    environment): wall, busy and all-to-all kernel times, and the all-to-all time beside compute (ms), per
-    rank."""
+    environment, its ranks started by ``start_method``): wall, busy and all-to-all kernel times, and the
+    all-to-all time beside compute (ms), per rank."""
     with scoped_env(env or {}):
         launched = launch(trace_worker, layout.world_size, (model, training, _config(layout, overlap), warmup, 10,
-                                                            options), timeout_s=600)
+                                                            options), timeout_s=600, start_method=start_method)
     if not launched.ok:
         return [{"failure": launched.failure_reason}]
     keys = ("rank", "wall_ms", "busy_ms", "busy_without_nccl_ms", "a2a_ms", "a2a_under_compute_ms", "memcpy_ms",
@@ -183,7 +187,13 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true",
                         help="also profile one step per mode: all-to-all kernel time beside compute")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ep_overlap_gpu.json"))
+    parser.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
+                        help="how each run's ranks start (executor.launch_local): 'fork' only with --device cpu, "
+                             "for the tests' smoke runs, whose worlds then skip re-importing torch; every run "
+                             "is still a fresh world with its own environment")
     args = parser.parse_args()
+    if args.start_method == "fork" and args.device != "cpu":
+        parser.error("--start-method fork is for --device cpu runs: CUDA ranks are spawned")
     try:
         variants = {v.name: v for v in map(parse_variant, filter(None, args.variants.split(",")))}
     except ValueError as exc:
@@ -215,14 +225,15 @@ def main() -> int:
     for _ in range(args.rounds):  # off and the variants alternate: the card's clock drifts over seconds
         for mode, v in modes.items():
             runs[mode].append(run_mode(model, training, layout, v.overlap, v.options(options), args.device,
-                                       args.warmup, args.steps, v.env()))
+                                       args.warmup, args.steps, v.env(), args.start_method))
             r = runs[mode][-1]
             print(f"[{mode}] " + (f"step {r['step_time'] * 1e3:.2f} ms, ep_alltoall "
                                   f"{r['phases'].get('ep_alltoall', 0.0) * 1e3:.2f} ms" if r["ok"] else
                                   f"failed: {r.get('failure_reason')}"), flush=True)
             write({"partial": True, "runs": runs})  # a sweep cut off by its time limit keeps what it measured
     summary = summarize_runs(runs, args.micro, variants, hideable=hideable_fraction(layout, args.micro))
-    traces = {mode: trace_mode(model, training, layout, v.overlap, v.options(options), args.warmup, v.env())
+    traces = {mode: trace_mode(model, training, layout, v.overlap, v.options(options), args.warmup, v.env(),
+                               args.start_method)
               for mode, v in modes.items()} if args.trace else None
     device = runs["off"][0].get("device", args.device) if runs["off"] else args.device
     write({"device": device, **summary, "runs": runs, **({"trace": traces} if traces else {})})

@@ -128,9 +128,14 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny-moe at seq 64 (CPU smoke runs)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ep_overlap_paired.json"))
+    parser.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
+                        help="how the two ranks start (executor.launch_local): 'fork' only with --device cpu, for "
+                             "the tests' smoke runs, whose ranks then skip re-importing torch")
     args = parser.parse_args()
     if args.pairs < 1 or args.warmup < 0 or args.micro < 2:
         parser.error("--pairs must be >= 1, --warmup >= 0 and --micro >= 2 (the overlap pairs micro-batches)")
+    if args.start_method == "fork" and args.device != "cpu":
+        parser.error("--start-method fork is for --device cpu runs: CUDA ranks are spawned")
     cuda = args.device == "cuda"
     if cuda and torch.cuda.device_count() < 2:
         parser.error("needs 2 GPUs (or --device cpu)")
@@ -143,7 +148,7 @@ def main() -> int:
     print(f"{model.name}, seq {seq}, {args.micro} micro-batches/rank, EP2: {args.warmup} warm-up and {args.pairs} "
           f"timed off/on pairs in one world ...", flush=True)
     launched = launch(paired_worker, 2, (model, training, config, options, args.warmup, args.pairs),
-                      backend="nccl" if cuda else "gloo", timeout_s=900)
+                      backend="nccl" if cuda else "gloo", timeout_s=900, start_method=args.start_method)
     if not launched.ok:
         print(f"failed: {launched.failure_reason}", file=sys.stderr)
         return 1

@@ -204,9 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=TOP_KERNELS,
                         help=f"kernels kept per run in the JSON, by device time (the table prints {TOP_KERNELS})")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
+    parser.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
+                        help="how each run's process starts (executor.launch_local): 'fork' only with --tiny, for "
+                             "the tests' smoke runs, whose runs then skip re-importing torch; every run still gets "
+                             "a process of its own and its environment")
     args = parser.parse_args(argv)
     if args.top < 1:
         parser.error(f"--top must be at least 1, got {args.top}")
+    if args.start_method == "fork" and not args.tiny:
+        parser.error("--start-method fork is for --tiny (CPU) runs: CUDA ranks are spawned")
     use_cuda = not args.tiny
     if use_cuda and not torch.cuda.is_available():
         print("no CUDA device: run with --tiny for the CPU smoke test", file=sys.stderr)
@@ -234,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             launched = launch(step_worker, 1, (model_name, layers, training, steps, min(args.warmup, steps - 1), 2,
                                                use_cuda, args.lr, args.top, args.recompute, RUN_OPTIONS.get(label)),
                               backend="nccl" if use_cuda else "gloo",
-                              timeout_s=EMULATED_TIMEOUT_S if label == "fp8_emulated" else 200)
+                              timeout_s=EMULATED_TIMEOUT_S if label == "fp8_emulated" else 200,
+                              start_method=args.start_method)
         res[label] = launched.results[0] if launched.ok else {"error": launched.failure_reason}
         if label != "bf16" and "error" not in res["bf16"] and "error" not in res[label]:
             res.setdefault("compare", {})[label] = compare(res["bf16"], res[label])

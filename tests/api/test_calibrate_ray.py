@@ -22,7 +22,20 @@ def cluster():
         yield sim
 
 
-def test_calibrate_over_two_ray_nodes_measures_the_nic_stage(cluster, tmp_path, capsys):
+@pytest.fixture
+def minimal_sweeps(monkeypatch):
+    """``calibrate --quick`` with the plan's ``minimal`` sweeps (the two smallest sizes of each, no overlap run;
+    tests/executor/test_calibrate_across_nodes.py measures with the same plan): what this file checks is the
+    command's path over Ray nodes and the NIC stage it measures, not the sweeps --quick keeps
+    (tests/executor/test_microbench.py times those)."""
+    import functools
+
+    from executor.microbench import runner
+
+    monkeypatch.setattr(runner, "BenchPlan", functools.partial(runner.BenchPlan, minimal=True))
+
+
+def test_calibrate_over_two_ray_nodes_measures_the_nic_stage(cluster, tmp_path, capsys, minimal_sweeps):
     out = tmp_path / "two-nodes.json"
     assert main(["calibrate", "--ray", "--ray-address", cluster.address, "--gpu", "cpu", "--gpus", "4",
                  "--gpus-per-node", "2", "--quick", "--precision", "fp32", "--out", str(out)]) == 0

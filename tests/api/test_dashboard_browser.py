@@ -54,7 +54,8 @@ def dash(tmp_path_factory):
     """(base URL, DashboardData) of a `foldtune serve` subprocess on a database with real results."""
     from dashboard_env import build_dashboard_data
 
-    data = build_dashboard_data(tmp_path_factory.mktemp("dashboard"))
+    # two trials: as many as the trial comparisons need
+    data = build_dashboard_data(tmp_path_factory.mktemp("dashboard"), max_trials=2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -220,7 +221,7 @@ def test_sign_in_shows_only_the_owners_jobs_and_updates_them_live(dash, browser)
     ident, status, model, cluster, trials, best, took, _ = rows[0]
     assert (ident, status, model, cluster) == (f"#{data.job_id}", "succeeded", "tiny-moe", "2 × cpu")
     assert _seconds_of(took) == pytest.approx(_ran_s(job), abs=1)
-    assert trials == f"{job['trials']['total']}/{job['budget']['max_trials']}" == "3/3"
+    assert trials == f"{job['trials']['total']}/{job['budget']['max_trials']}" == "2/2"
     assert best.endswith(" ms") and float(best[:-3]) == pytest.approx(job["best_trial"]["step_time_s"] * 1e3, rel=1e-3)
     _open(driver, base, f"#/jobs/{data.bob_job_id}")
     assert "Not found" in _css(driver, "#page-error")[0].text  # bob's job reads like a missing one
@@ -603,15 +604,16 @@ return {scroll: doc.scrollWidth, client: doc.clientWidth,
 """
 
 
-def _fits(driver, what):
-    """Fail when the page scrolls sideways, Sign out is off screen or a plot sticks out of the viewport."""
+def _fits(driver, what, settle_s: float = SETTLE_S):
+    """Fail when the page scrolls sideways, Sign out is off screen or a plot sticks out of the viewport; the
+    page gets up to ``settle_s`` seconds to lay out first."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     # the plots are drawn at their container's width once the page has laid out (and again after a resize):
     # a busy machine can show the page mid-draw, so the page gets a few seconds to settle before it is judged
     try:
-        WebDriverWait(driver, SETTLE_S, poll_frequency=0.1).until(
+        WebDriverWait(driver, settle_s, poll_frequency=0.1).until(
             lambda d: d.execute_script("const e = document.documentElement; return e.scrollWidth <= e.clientWidth"))
     except TimeoutException:
         pass
@@ -635,7 +637,7 @@ def test_every_page_fits_the_screen(dash, browser, width):
         browser.execute_script("document.body.appendChild(Object.assign(document.createElement('div'), "
                                "{id: 'too-wide', style: 'width: 2000px; height: 4px'}))")
         with pytest.raises(AssertionError, match="scrolls sideways"):
-            _fits(browser, "a page with a 2000 px box")
+            _fits(browser, "a page with a 2000 px box", settle_s=0.5)  # laid out at once: nothing to wait for
         browser.execute_script("document.getElementById('too-wide').remove()")
         pages = ["#/jobs", f"#/jobs/{data.job_id}", f"#/jobs/{data.job_id}/compare/0/1", "#/trainings",
                  f"#/trainings/{data.training_id}", f"#/trainings/compare/{data.training_id}/{data.other_training_id}"]

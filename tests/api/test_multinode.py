@@ -75,7 +75,8 @@ def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planne
 
     shape = launch_ray.cluster_shape("fake_gpu")
     assert (shape.num_nodes, shape.slots_per_node) == (2, SLOTS)
-    job_id = _job(client, alice, num_gpus=4, max_trials=2)
+    # one trial: its four ranks over both nodes check the rank -> node map and every group of its layout
+    job_id = _job(client, alice, num_gpus=4, max_trials=1)
     runner = make_runner(db_url)
     try:
         assert runner.run_job_id(job_id) == "succeeded"
@@ -86,7 +87,7 @@ def test_a_job_whose_trials_span_two_nodes_completes_with_ranks_where_the_planne
     assert job["calibration"]["ray_cluster"] == {"resource": "fake_gpu", "nodes": 2, "slots_per_node": [2, 2],
                                                  "gpus_per_node": 2, "parallel_trials": 1}
     trials = _trials(client, alice, job_id)
-    assert [t["status"] for t in trials] == ["succeeded", "succeeded"], [t["failure_reason"] for t in trials]
+    assert [t["status"] for t in trials] == ["succeeded"], [t["failure_reason"] for t in trials]
     for t in trials:
         m = t["measurement"]  # a real measurement of the training step, gloo across both nodes
         assert m["ok"] and m["world_size"] == 4 and m["step_time"] > 0 and m["losses"][0] > 0

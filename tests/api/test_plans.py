@@ -54,8 +54,8 @@ def test_plan_takes_megatrons_fused_window_sink_attention_switch(client, alice):
 def test_plan_keeps_the_headroom_asked_for(client, alice):
     """cluster.min_headroom prunes layouts whose predicted peak leaves less free; a headroom that leaves
     nothing to plan with is a 422 naming its rule."""
-    body = {"model": "mixtral-8x22b", "training": {"seq_length": 4096, "global_batch_size": 256},
-            "cluster": {"gpu": "h100", "num_gpus": 128}, "top": 1}
+    body = {"model": "mixtral-8x7b", "training": {"seq_length": 4096, "global_batch_size": 64},
+            "cluster": {"gpu": "h100", "num_gpus": 16}, "top": 1}
     default = client.post("/v1/plans", json=body, headers=alice).json()
     roomy = client.post("/v1/plans", json={**body, "cluster": {**body["cluster"], "min_headroom": 16 * 2**30}},
                         headers=alice).json()

@@ -17,7 +17,8 @@ from db.models import Job, Trial
 from db.optuna_storage import optuna_storage_url
 
 pytestmark = pytest.mark.slow
-STALE_AFTER_S = 4.0
+# The killed runner is dead when the rescuer looks, so no live heartbeat can race with a short limit.
+STALE_AFTER_S = 2.0
 
 
 def _submit(db_url: str, max_trials: int) -> int:
@@ -38,7 +39,7 @@ def _trials(sessions, job_id: int) -> list[Trial]:
 
 @pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(db_url, tmp_path):
-    job_id = _submit(db_url, max_trials=3)
+    job_id = _submit(db_url, max_trials=2)
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
     with runner_process(db_url, "doomed", tmp_path / "runner1.log", FOLDTUNE_TRIAL_WARMUP_STEPS="1",
@@ -80,9 +81,9 @@ def test_runner_killed_mid_job_is_resumed_without_losing_or_duplicating_trials(d
                (status, step_time, label)
     lost = by_number[interrupted]
     assert (lost.status, lost.failure_kind) == ("failed", "lost")
-    # The interrupted layout was measured again under a new number; the budget of 3 finished trials holds.
+    # The interrupted layout was measured again under a new number; the budget of 2 finished trials holds.
     counted = [t for t in trials if t.failure_kind != "lost"]
-    assert len(counted) == 3 and all(t.status in ("succeeded", "pruned", "failed") for t in trials)
+    assert len(counted) == 2 and all(t.status in ("succeeded", "pruned", "failed") for t in trials)
     assert lost.label in {t.label for t in counted}
     assert len({t.label for t in counted}) == len(counted)
     assert wait_no_rank_actors() == []
@@ -93,7 +94,7 @@ def test_a_runner_shut_down_mid_trial_gives_the_job_back_and_the_trial_is_measur
     import threading
 
     session_ray()
-    job_id = _submit(db_url, max_trials=2)
+    job_id = _submit(db_url, max_trials=1)  # one trial: the lost one, measured again as trial 1
     runner = make_runner(db_url, runner_id="leaving", timed_steps=200)
     statuses: list = []
     thread = threading.Thread(target=lambda: statuses.append(runner.run_job_id(job_id)), daemon=True)
@@ -126,6 +127,6 @@ def test_a_runner_shut_down_mid_trial_gives_the_job_back_and_the_trial_is_measur
     finally:
         again.close()
     assert job.status == "succeeded"
-    assert [t.number for t in trials] == [0, 1, 2]
+    assert [t.number for t in trials] == [0, 1]
     assert trials[1].label == lost.label and trials[1].status == "succeeded"  # measured again, in full
     assert wait_no_rank_actors() == []

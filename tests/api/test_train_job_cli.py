@@ -1,6 +1,7 @@
 """``foldtune train --job ID``: a tuning job's best layout trained through the service code and the runner.
 
-A real `foldtune tune` job (2 trials, tiny-moe on 2 CPU ranks) goes into a fresh SQLite database; `foldtune
+A real `foldtune tune` job (1 trial, tiny-moe on 2 CPU ranks, no calibration first: tests/api/test_tune_cli.py runs
+tune's calibration) goes into a fresh SQLite database; `foldtune
 train --job 1` then stores a training linked to it (with the best trial's predicted step time) and runs it
 in-process through Ray, printing each stored step with measured and predicted step time. Options that
 contradict the job, unknown jobs and jobs without a successful trial are one error line each.
@@ -42,7 +43,8 @@ def dataset(tmp_path):
 @pytest.mark.slow
 def test_train_job_trains_the_best_layout_through_the_runner(tmp_path, dataset):
     ray = session_ray()
-    tuned = _cli(tmp_path, "tune", "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", ray_address=ray)
+    tuned = _cli(tmp_path, "tune", "--gpus", "2", "--max-trials", "1", "--timed-steps", "1", "--auto-calibrate", "off",
+                 ray_address=ray)
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
     done = _cli(tmp_path, "train", "--job", "1", "--data", dataset, "--steps", str(STEPS), "--lr-warmup", "1",
                 "--eval-batches", "1", ray_address=ray)

@@ -1,8 +1,17 @@
 """Trainings API contracts: auth, owner scoping, validation rules by name, creating from a job's best trial,
 metrics pagination by step, per-layer expert load, cancel."""
 
-import pytest
+import contextlib
 
+import pytest
+from fastapi.testclient import TestClient
+from service_env import ROOMY, auth
+
+from api.http.app import create_app
+from api.http.settings import ApiSettings
+from db.keys import create_api_key
+from db.testing import temporary_postgres_schema
+from tests.databases import copy_sqlite, database_kind
 from spec.parallel_config import ParallelConfig
 from db.queue import claim_next_job, claim_next_training, finish_training
 from db.trainings import record_expert_load, record_training_metrics
@@ -16,7 +25,42 @@ def body(training_body):
     return training_body
 
 
-def test_needs_an_api_key(client, body):
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
+                                                                                   pytest.mark.slow])])
+def refused(request, postgres_reason, sqlite_template, tmp_path_factory):
+    """(client, alice's headers, data root) of one API per database kind, shared by the tests whose requests
+    are all refused (nothing they send is stored): one app and one migration for them all instead of one per
+    test. PostgreSQL: a schema of its own, so that the per-test emptying of the session's schema leaves it
+    alone."""
+    kind = database_kind(request, postgres_reason)
+    with contextlib.ExitStack() as stack:
+        root = tmp_path_factory.mktemp("refused")
+        if kind == "sqlite":
+            url = copy_sqlite(sqlite_template, root)
+        else:
+            url = stack.enter_context(temporary_postgres_schema())
+        app = create_app(ApiSettings(database_url=url, data_root=root / "data-root", **ROOMY), migrate=True)
+        stack.callback(app.state.engine.dispose)
+        client = stack.enter_context(TestClient(app))
+        with app.state.sessions() as session:
+            token = create_api_key(session, "alice")[1]
+        yield client, auth(token), root / "data-root"
+
+
+@pytest.fixture
+def refused_body(refused):
+    """A valid POST /v1/trainings body for alice on the ``refused`` API (as ``training_body``, its data root)."""
+    root = refused[2]
+    data = root / "alice" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    return {"layout": "tp1 ep2 dp2 mbs1", "model": "tiny-moe", "cluster": {"gpu": "cpu", "num_gpus": 2},
+            "seq_length": 64, "global_batch_size": 8, "data_path": str(data), "steps": 20,
+            "checkpoint_dir": str(root / "alice" / "ckpt")}
+
+
+def test_needs_an_api_key(refused, refused_body):
+    client, _, _ = refused
+    body = refused_body
     for r in (client.post("/v1/trainings", json=body), client.get("/v1/trainings"),
               client.get("/v1/trainings/1"), client.get("/v1/trainings/1/metrics"),
               client.post("/v1/trainings/1/cancel")):
@@ -50,7 +94,9 @@ def test_create_explicit_layout_and_show(client, alice, body):
     (lambda b: b.update(lr=1e-4, min_lr=1e-3), "body", "min_lr_le_lr"),
     (lambda b: b.update(steps=0), "body.steps", "greater_than_equal"),
 ])
-def test_validation_rules_are_named(client, alice, body, mutate, loc, rule):
+def test_validation_rules_are_named(refused, refused_body, mutate, loc, rule):
+    client, alice, _ = refused
+    body = refused_body
     mutate(body)
     assert (loc, rule) in validation_rules(client.post("/v1/trainings", json=body, headers=alice))
 

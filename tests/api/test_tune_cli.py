@@ -30,7 +30,7 @@ def _tune(tmp_path, *args: str, ray_address: str | None = None, timeout: float =
 @pytest.mark.slow
 def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_path, monkeypatch, capsys):
     # tune calibrates the machine before its search, on cpu too (minimal here: seconds, the code path of quick)
-    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "2", "--timed-steps", "1", "--auto-calibrate", "minimal",
+    done = _tune(tmp_path, "--gpus", "2", "--max-trials", "1", "--timed-steps", "1", "--auto-calibrate", "minimal",
                  ray_address=session_ray())
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -51,7 +51,7 @@ def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_
     assert code == 0 and jobs_code == 0, best_out
     assert f"  layout:    {tuned}\n" in best_out and "job 1 trial" in best_out
     assert "succeeded" in best_out.split("CREATED", 1)[1]  # `foldtune jobs` lists tune's job
-    assert "trial  0" in out and "trial  1" in out and "measured" in out
+    assert "trial  0" in out and "measured" in out
     assert "measured vs predicted" in out and "best layout: tp" in out and "job 1: succeeded" in out
     db = tmp_path / "data" / "foldtune.sqlite3"
     assert db.exists() and (tmp_path / "data" / "foldtune-optuna.sqlite3").exists()
@@ -69,7 +69,7 @@ def test_tune_runs_a_real_job_on_a_fresh_data_dir_and_best_finds_its_layout(tmp_
         status, best = conn.execute(text("SELECT status, best_trial_id FROM jobs WHERE id = 1")).one()
         trials = conn.execute(text("SELECT count(*) FROM trials WHERE job_id = 1")).scalar()
     engine.dispose()
-    assert status == "succeeded" and best is not None and trials == 2
+    assert status == "succeeded" and best is not None and trials == 1
     assert wait_no_rank_actors() == []
 
 

@@ -12,7 +12,8 @@ import pytest
 def test_cpu_smoke_run_writes_the_table_and_json(tmp_path, script):
     out = tmp_path / "ep.json"
     done = script("ep_overlap_gpu", "--device", "cpu", "--tiny", "--micro", "2", "--rounds", "1", "--warmup", "0",
-                  "--steps", "1", "--trace", "--out", str(out), "--variants", "on,on_carve8")
+                  "--steps", "1", "--trace", "--out", str(out), "--variants", "on,on_carve8",
+                  "--start-method", "fork")  # six fresh 2-rank worlds that skip re-importing torch
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["ok"] and report["micro_per_rank"] == 2 and report["model"] == "tiny-moe"
@@ -34,7 +35,7 @@ def test_cpu_smoke_run_writes_the_table_and_json(tmp_path, script):
 def test_paired_cpu_smoke_run_of_the_whole_bench(tmp_path, script):
     out = tmp_path / "paired.json"
     done = script("ep_overlap_paired", "--device", "cpu", "--tiny", "--pairs", "2", "--warmup", "1", "--out",
-                  str(out))
+                  str(out), "--start-method", "fork")
     assert done.returncode == 0, done.stderr[-3000:]
     body = json.loads(out.read_text())
     assert body["pairs"] == 2 and body["micro_per_rank"] == 8 and len(body["ranks"]) == 2

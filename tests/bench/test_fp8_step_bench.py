@@ -14,6 +14,9 @@ from executor.microbench.fp8_step_bar import max_rise
 pytestmark = pytest.mark.slow
 
 TOP_KERNELS = 10  # kernels the bench prints a run
+# each run's process forked from the script's, not spawned: the CPU runs skip re-importing torch, and each still
+# runs in a process of its own with its run's environment (the controls' variables)
+FORK = ("--start-method", "fork")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +24,7 @@ def four_runs(tmp_path_factory, script):
     """(the report, what it printed) of one tiny bench of bf16, fp8 and both controls: each run is a fresh
     process of several seconds, so the tests of this module read the same report."""
     out = tmp_path_factory.mktemp("fp8_step") / "fp8_step.json"
-    done = script("fp8_step", "--tiny", "--steps", "3", "--warmup", "1", "--runs",
+    done = script("fp8_step", "--tiny", *FORK, "--steps", "3", "--warmup", "1", "--runs",
                   "bf16,fp8,fp8_emulated,bf16_torch_ce", "--top", "25", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), done.stdout
@@ -57,7 +60,7 @@ def test_tiny_mode_controls_equal_their_references_on_cpu(four_runs, tmp_path, s
     assert res["compare"]["fp8"]["bf16_max_rise"] == max_rise(res["bf16"]["losses"])
     assert "fp8 against fp8_emulated: max relative loss difference 0.00e+00" in printed
     fast = tmp_path / "lr.json"
-    assert script("fp8_step", "--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16,bf16_again", "--lr",
+    assert script("fp8_step", "--tiny", *FORK, "--steps", "3", "--warmup", "1", "--runs", "bf16,bf16_again", "--lr",
                   "3e-2", "--out", str(fast)).returncode == 0
     moved = json.loads(fast.read_text())
     assert moved["lr"] == 3e-2 and moved["bf16"]["losses"][0] == res["bf16"]["losses"][0]
@@ -70,7 +73,7 @@ def test_recompute_full_reaches_the_layout_and_leaves_the_losses(four_runs, tmp_
     """--recompute full re-runs every layer's forward in backward: on the CPU the same losses as without it."""
     res, _ = four_runs
     out = tmp_path / "recompute.json"
-    assert script("fp8_step", "--tiny", "--steps", "3", "--warmup", "1", "--runs", "bf16", "--recompute", "full",
+    assert script("fp8_step", "--tiny", *FORK, "--steps", "3", "--warmup", "1", "--runs", "bf16", "--recompute", "full",
                   "--out", str(out)).returncode == 0
     again = json.loads(out.read_text())
     assert again["recompute"] == "full" and res["recompute"] == "none"

@@ -41,7 +41,9 @@ from spec.training_spec import TrainingSpec
 pytestmark = pytest.mark.slow
 
 SEQ, MICRO = 32, 2
-GQA = get_model("tiny-moe-shared")  # GQA, first layer dense, shared experts
+# GQA, shared experts; 2 layers: the first dense, the second MoE (every kind of layer once; the model's
+# inventory counts per layer, and each recorded layer costs the gloo ranks tens of collectives a step)
+GQA = get_model("tiny-moe-shared").with_layers(2)
 # DeepSeek-V2-Lite in miniature: multi-latent attention without a query LoRA, shared experts, first layer dense
 MLA = dataclasses.replace(GQA, name="tiny-mla-inventory", num_query_groups=None, multi_latent_attention=True,
                           q_lora_rank=None, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12,
@@ -160,9 +162,16 @@ class _Recorder:
         return run
 
 
-def _worker(rank: int, world: int, spec, layouts: list[str], router: RouterOptions | None = None) -> dict:
+def _worker(rank: int, world: int, cases: list[str], layouts: list[str]) -> dict:
+    """Per case of ``CASES``, the calls of every layout of ``layouts`` (one world for all: a launch per case
+    would only build the same groups again)."""
     recorder = _Recorder()
     recorder.install()
+    return {case: _record(recorder, rank, world, *CASES[case], layouts) for case in cases}
+
+
+def _record(recorder: _Recorder, rank: int, world: int, spec, router: RouterOptions | None,
+            layouts: list[str]) -> dict:
     out = {}
     for layout in layouts:
         config = _config(layout, world)
@@ -195,13 +204,10 @@ def _worker(rank: int, world: int, spec, layouts: list[str], router: RouterOptio
 
 @pytest.fixture(scope="module")
 def recorded():
-    runs = {}
-    for case, (spec, router) in CASES.items():
-        result = launch(_worker, 2, (spec, list(LAYOUTS), router), backend="gloo", timeout_s=600,
-                        start_method="fork")
-        assert result.ok, result.failure_reason
-        runs[case] = result.results
-    return runs
+    """case -> per rank, layout -> its calls."""
+    result = launch(_worker, 2, (list(CASES), list(LAYOUTS)), backend="gloo", timeout_s=600, start_method="fork")
+    assert result.ok, result.failure_reason
+    return {case: [rank[case] for rank in result.results] for case in CASES}
 
 
 def _micro_calls(ranks: list[dict], layout: str) -> list[list[tuple[str, str, str, int]]]:

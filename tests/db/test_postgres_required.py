@@ -22,8 +22,10 @@ def test_the_setting_reads_as_a_flag():
 @pytest.mark.slow  # a child pytest
 def test_ci_requires_postgres_and_an_unreachable_server_fails_the_postgres_tests(tmp_path):
     assert "export FOLDTUNE_REQUIRE_POSTGRES=1" in (ROOT / ".ci" / "run").read_text()
+    # The child needs none of the installed pytest plugins; loading them (hypothesis, schemathesis) was most of
+    # its start-up.
     env = {**os.environ, "FOLDTUNE_TEST_POSTGRES_URL": "postgresql+psycopg://nobody@127.0.0.1:1/none",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     test = "tests/db/test_migrations.py::test_upgrade_from_empty_creates_every_table_and_own_version_table"
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), test]
     required = subprocess.run(args, env={**env, "FOLDTUNE_REQUIRE_POSTGRES": "1"}, cwd=ROOT, capture_output=True,

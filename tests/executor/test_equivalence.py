@@ -3,7 +3,8 @@
 For each layout one world is launched and runs several scenarios (dispatcher, routing mode, router kind,
 shared experts). Each scenario compares, against the single-process run of the same global batch: the
 loss of every step, every gradient after the first step (gathered to full shape), the routed tokens per
-expert, and every parameter after three AdamW steps.
+expert, and every parameter after the last AdamW step (two or three: LAYOUT_STEPS below; the catalog
+proxies: one).
 """
 
 from __future__ import annotations
@@ -233,9 +234,32 @@ def test_the_executor_builds_every_catalog_model():
     assert [name for name in PROXIES if name not in SCENARIOS] == []
 
 
+# Scenarios whose Adam eps sits above the fp32 reduction-order noise (1e-5 and up) train two steps in the layout
+# runs, not three: the second step already runs on what the first left (Adam's moments, sharded master weights,
+# the expert bias, reduced gradient buckets), as a third would again, and every step of a scenario costs a
+# multi-rank world some hundred gloo collectives. Those at the default eps keep three, the count their tolerances
+# were set at: with eps 1e-6, after another count a parameter element near zero can differ from the reference by
+# amplified reduction-order noise beyond rtol 1e-4 (base under tp2 after two steps).
+LAYOUT_STEPS = 2
+LAYOUT_STEPS_MIN_EPS = 1e-5
+
+
+def _layout_scenario(scenario_name: str) -> Scenario:
+    scenario = SCENARIOS[scenario_name]
+    if scenario.adam_eps < LAYOUT_STEPS_MIN_EPS:
+        return scenario
+    return dataclasses.replace(scenario, steps=min(scenario.steps, LAYOUT_STEPS))
+
+
+def _reference(dispatcher: str, scenario_name: str, steps: int | None = None) -> dict:
+    """The single-process run of a scenario (``steps``: default the scenario's), computed once per session."""
+    return _steps_reference(dispatcher, scenario_name, steps or SCENARIOS[scenario_name].steps)
+
+
 @functools.cache
-def _reference(dispatcher: str, scenario_name: str) -> dict:
-    return reference(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), SCENARIOS[scenario_name])
+def _steps_reference(dispatcher: str, scenario_name: str, steps: int) -> dict:
+    scenario = dataclasses.replace(SCENARIOS[scenario_name], steps=steps)
+    return reference(ParallelConfig(world_size=1, moe_token_dispatcher_type=dispatcher), scenario)
 
 
 def scenario_reference(scenario_name: str) -> dict:
@@ -283,8 +307,10 @@ def test_layout_matches_single_process(label, world, runs):
     configs = [ParallelConfig.parse(label, world_size=world).replace(moe_token_dispatcher_type=run[0],
                                                                      **(run[2] if len(run) > 2 else {}))
                for run in runs]
-    references = [_reference(run[0], run[1]) for run in runs]  # also warms torch.optim before the fork
-    launched = launch(layout_worker, world, ([(c, SCENARIOS[run[1]]) for c, run in zip(configs, runs)],),
+    scenarios = [_layout_scenario(run[1]) for run in runs]
+    # also warms torch.optim before the fork
+    references = [_reference(run[0], run[1], scenario.steps) for run, scenario in zip(runs, scenarios)]
+    launched = launch(layout_worker, world, (list(zip(configs, scenarios)),),
                       backend="gloo", timeout_s=300, start_method="fork")
     assert launched.ok, launched.failure_reason
 

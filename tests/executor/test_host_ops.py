@@ -51,7 +51,14 @@ def _model(layers: int, variant: str):
     return spec
 
 
-def _worker(rank: int, world: int, cfg: dict, layers: int, micro: int, variant: str) -> tuple[int, int]:
+def _worker(rank: int, world: int, cfg: dict, runs: list[tuple[int, int]], variant: str) -> list[tuple[int, int]]:
+    """(ops, collectives) of the counted step of each (layers, micro-batches) of ``runs``, one after the other in
+    this rank: each run builds its model, groups and trainer afresh, and counts its own second step, by which
+    any lazy state of the process (the first run's included) exists."""
+    return [_count(rank, world, cfg, layers, micro, variant) for layers, micro in runs]
+
+
+def _count(rank: int, world: int, cfg: dict, layers: int, micro: int, variant: str) -> tuple[int, int]:
     from spec.training_spec import TrainingSpec
     from executor.data import global_batch, micro_batches
     from executor.model import MoEGPT
@@ -80,12 +87,11 @@ def measure(world: int, cfg: dict, variant: str = "moe") -> dict[str, tuple[floa
     """Rank 0's (ops, collectives) per layer and per micro-batch extras of ``cfg`` (ParallelConfig fields)."""
     from executor.launch_local import launch
 
-    def run(layers, micro):
-        result = launch(_worker, world, (cfg, layers, micro, variant), backend="gloo", timeout_s=300,
-                        start_method="fork")
-        assert result.ok, result.failure_reason
-        return result.results[0]
-    a, b, c = run(2, 1), run(4, 1), run(2, 2)
+    # one launch for the three runs: a launch's fork, rendezvous and groups cost more than a counted step
+    result = launch(_worker, world, (cfg, [(2, 1), (4, 1), (2, 2)], variant), backend="gloo", timeout_s=300,
+                    start_method="fork")
+    assert result.ok, result.failure_reason
+    a, b, c = result.results[0]
     per_layer = tuple((y - x) / 2 for x, y in zip(a, b))
     extras = tuple((z - x) - 2 * p for x, z, p in zip(a, c, per_layer))
     return {"layer": per_layer, "extras": extras}

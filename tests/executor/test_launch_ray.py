@@ -50,15 +50,19 @@ def test_steps_stream_to_the_driver_and_a_stop_ends_every_rank_at_the_same_step(
     assert [s for s, _ in seen] == list(range(len(m.step_times)))
 
 
-@pytest.mark.slow
-def test_the_placement_group_and_rank_actors_carry_the_run_name(ray_launch):
-    """What the Ray dashboard and `ray list` show: foldtune-<name>-<hex> and its -rank<r> actors."""
+@pytest.fixture(scope="module")
+def named_full_run(ray_launch):
+    """One named run of two timed steps that never asks to stop, and what its on_step saw: the steps streamed,
+    and (the first time) the placement group and rank actors as the Ray dashboard and `ray list` show them.
+    Both tests below read it: each Ray run starts rank actors that import torch afresh."""
     import ray
     from ray.util import placement_group_table
 
+    seen: list[int] = []
     named: list[tuple[str, bool]] = []
 
     def on_step(step: int, seconds: float) -> bool:
+        seen.append(step)
         if not named:
             for group in placement_group_table().values():
                 if group["name"].startswith("foldtune-job-3-trial-0-") and group["state"] == "CREATED":
@@ -66,15 +70,21 @@ def test_the_placement_group_and_rank_actors_carry_the_run_name(ray_launch):
                     named.append((group["name"], len(actors) == 2))
         return False
 
-    m = _profile(ray_launch, steps=1, on_step=on_step, name="job-3-trial-0")
+    m = _profile(ray_launch, steps=2, on_step=on_step, name="job-3-trial-0")
+    return m, seen, named
+
+
+@pytest.mark.slow
+def test_the_placement_group_and_rank_actors_carry_the_run_name(named_full_run):
+    """What the Ray dashboard and `ray list` show: foldtune-<name>-<hex> and its -rank<r> actors."""
+    m, _, named = named_full_run
     assert m.ok, m.failure_reason
     assert len(named) == 1 and named[0][1], named
 
 
 @pytest.mark.slow
-def test_a_full_run_reports_every_step_and_is_not_pruned(ray_launch):
-    seen: list[int] = []
-    m = _profile(ray_launch, steps=2, on_step=lambda step, seconds: seen.append(step) and False)
+def test_a_full_run_reports_every_step_and_is_not_pruned(named_full_run):
+    m, seen, _ = named_full_run
     assert m.ok and not m.pruned and len(m.step_times) == 2 and seen == [0, 1]
 
 

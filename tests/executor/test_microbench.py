@@ -23,9 +23,18 @@ pytestmark = pytest.mark.slow
 RANKS = 4
 
 
+def _forked(fn, world_size, args=(), **kwargs):
+    """``executor.launch_local.launch`` with forked ranks: the CPU ranks skip re-importing torch (the calibration
+    CLI's own spawned ranks run in tests/api/test_calibrate_components_cli.py)."""
+    from executor.launch_local import launch
+
+    return launch(fn, world_size, args, start_method="fork", **kwargs)
+
+
 @pytest.fixture(scope="module")
 def calibrated() -> tuple[dict, HardwareProfile]:
-    raw = run_benchmarks(RANKS, BenchPlan(precision="fp32", quick=True), device="cpu", timeout_s=300)
+    raw = run_benchmarks(RANKS, BenchPlan(precision="fp32", quick=True), device="cpu", timeout_s=300,
+                         launcher=_forked)
     return raw, build_profile(get_hardware("cpu"), raw)
 
 
@@ -127,7 +136,8 @@ def test_calibration_brings_the_prediction_closer_to_a_measured_step(calibrated)
     model = get_model("tiny-moe")
     training = TrainingSpec(seq_length=64, global_batch_size=8, precision="fp32")
     config = ParallelConfig(world_size=RANKS, ep=RANKS)
-    measured = profile_layout(model, training, config, warmup_steps=1, timed_steps=3, device="cpu")
+    measured = profile_layout(model, training, config, warmup_steps=1, timed_steps=3, device="cpu",
+                              launcher=_forked)
     assert measured.ok, measured.failure_reason
     before = estimate_step_time(model, training, ClusterSpec(get_hardware("cpu"), RANKS), config).step_time
     after = estimate_step_time(model, training, ClusterSpec(profile, RANKS), config).step_time

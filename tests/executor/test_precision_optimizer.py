@@ -188,7 +188,7 @@ def _sequences(vocab: int, step: int, batch: int = 4, seq: int = 16) -> torch.Te
     return torch.where(noise, torch.randint(0, vocab, out.shape, generator=gen), out)
 
 
-def _curve(seed: int, dtypes: dict, steps: int = 200) -> list[float]:
+def _curve(seed: int, dtypes: dict, steps: int = 150) -> list[float]:
     torch.manual_seed(seed)
     config = ParallelConfig(world_size=1, **dtypes)
     model = MoEGPT(TINY, single_process_state(config), ExecutorOptions(seed=seed), 16, dtype=torch.bfloat16)
@@ -200,13 +200,13 @@ def _curve(seed: int, dtypes: dict, steps: int = 200) -> list[float]:
     return losses
 
 
-@pytest.mark.slow  # five trainings of 200 steps (~2 min on a quiet core)
+@pytest.mark.slow  # five trainings of 150 steps
 def test_bf16_moments_train_within_the_run_to_run_spread_of_fp32_moments():
-    """200 steps of bf16 training on a learnable stream: the loss with bf16 Adam moments stays within the spread
+    """150 steps of bf16 training on a learnable stream: the loss with bf16 Adam moments stays within the spread
     of fp32-moment runs of three seeds (the mean loss over all steps, and over the last 50; the range widened by
     half its width each side), and over all steps differs from the fp32 run of its own seed by less than the
-    seeds differ. Measured (CPU): fp32 all-steps means 2.596 to 2.649, last-50 1.615 to 1.626; bf16 2.630 and
-    2.599, 1.622 and 1.624."""
+    seeds differ. Measured (CPU): fp32 all-steps means 2.923 to 2.991, last-50 1.654 to 1.670; bf16 2.965 and
+    2.924, 1.663 and 1.658."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # five serial trainings of a tiny model: more threads only contend
     try:

@@ -85,14 +85,16 @@ def test_token_dropping_and_padding_under_cp_and_ep_equal_the_single_process_run
                  (ParallelConfig(world_size=2, ep=2), Scenario("ep_padded", PRE_SOFTMAX, PADDED)),
                  (ParallelConfig(world_size=2, ep=2, moe_token_dispatcher_type="allgather"),
                   Scenario("ep_padded_allgather", TINY, PADDED))]
-    failures = {}
-    for (config, scenario), got in zip(scenarios, _launched(2, scenarios)):
+    failures, results = {}, _launched(2, scenarios)
+    for (config, scenario), got in zip(scenarios, results):
         problems = compare(reference(config, scenario), got)
         if problems:
             failures[scenario.name] = problems[:4]
     assert not failures, failures
-    # padding changes no number: the padded runs equal the unpadded single-process run too
-    padded = _launched(2, [(ParallelConfig(world_size=2, ep=2), Scenario("ep_padded", PRE_SOFTMAX, PADDED))])[0]
+    # padding changes no number: the padded runs equal the unpadded single-process run too (the ep_padded run
+    # above, read again)
+    padded = results[3]
+    assert scenarios[3][1].name == "ep_padded"
     assert compare(reference(ParallelConfig(world_size=1), Scenario("probs", PRE_SOFTMAX, PROBS)), padded) == []
 
 
@@ -130,11 +132,12 @@ def test_the_global_aux_loss_sums_over_dp_and_cp_like_the_single_process_run():
     waves = Scenario("global_cp", TINY, GLOBAL, global_batch_size=4, micro_batch_size=1, adam_eps=1e-5)
     scenarios = [(ParallelConfig(world_size=2), one_wave), (ParallelConfig(world_size=2, ep=2), one_wave),
                  (ParallelConfig(world_size=2, cp=2), waves), (ParallelConfig(world_size=2, cp=2, ep=2), waves)]
-    results = _launched(2, scenarios)
+    # the per-micro-batch aux loss of dp2 (checked last) runs in the same launch as the rest
+    local = dataclasses.replace(one_wave, options=dataclasses.replace(GLOBAL, moe_router_load_balancing_type="aux_loss"))
+    *results, local_run = _launched(2, [*scenarios, (ParallelConfig(world_size=2), local)])
     whole = reference(ParallelConfig(world_size=1), dataclasses.replace(one_wave, micro_batch_size=2))
     for (config, scenario), got in zip(scenarios, results):
         ref = whole if scenario is one_wave else reference(config, scenario)
         assert compare(ref, got) == [], (config.label(), compare(ref, got)[:4])
     # the per-micro-batch aux loss of dp2 is not the whole batch's: the global one is what made them equal
-    local = dataclasses.replace(one_wave, options=dataclasses.replace(GLOBAL, moe_router_load_balancing_type="aux_loss"))
-    assert compare(whole, _launched(2, [(ParallelConfig(world_size=2), local)])[0])
+    assert compare(whole, local_run)

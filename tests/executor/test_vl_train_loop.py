@@ -6,6 +6,7 @@ under another placement, and with the LLM pipelined under a colocated encoder)."
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,22 @@ def test_the_global_norm_is_the_same_on_every_placement(data):
         assert report.metrics[-1].eval_loss == pytest.approx(reference.metrics[-1].eval_loss, rel=1e-5)
 
 
+@pytest.fixture(scope="module")
+def first_runs(data, tmp_path_factory):
+    """``first_runs(label)``: (the uninterrupted 4-step run, the 2-step run that saved a checkpoint, the
+    checkpoint directory) of ``label``, run once per module: several resume cases start from the same first
+    layout, and the runs are deterministic (same weights, same samples)."""
+    done: dict = {}
+
+    def runs(label: str):
+        if label not in done:
+            ckpt = tmp_path_factory.mktemp("first-run") / "ckpt"
+            done[label] = (_train(label, _cfg(data, 4)), _train(label, _cfg(data, 2, ckpt, checkpoint_every=2)),
+                           ckpt)
+        return done[label]
+    return runs
+
+
 @pytest.mark.parametrize("first, second", [
     ("dp2 placement=colocated enc_tp2 enc_dp1", "dp2 placement=colocated enc_tp2 enc_dp1"),
     pytest.param("dp2 placement=separate enc_tp2 enc_dp1", "dp2 placement=separate enc_tp2 enc_dp1",
@@ -108,14 +125,14 @@ def test_the_global_norm_is_the_same_on_every_placement(data):
     pytest.param("dp1 placement=colocated enc_tp1 enc_dp1", "tp2 pp2 dp1 placement=colocated enc_tp1 enc_dp4",
                  marks=pytest.mark.slow),  # LLM tp 2: each first-stage rank writes the image rows it holds
 ])
-def test_a_resumed_run_continues_as_the_uninterrupted_one(data, tmp_path, first, second):
-    whole = _train(first, _cfg(data, 4))
-    saved = _train(first, _cfg(data, 2, tmp_path / "ckpt", checkpoint_every=2))
-    assert saved.checkpoints and (tmp_path / "ckpt" / "latest").is_file()
+def test_a_resumed_run_continues_as_the_uninterrupted_one(data, first_runs, tmp_path, first, second):
+    whole, saved, ckpt = first_runs(first)
+    assert saved.checkpoints and (ckpt / "latest").is_file()
     # the service's free-space preflight predicts 12 bytes per parameter, the encoder's counted
     written = sum(f.stat().st_size for f in Path(saved.checkpoints[-1]).rglob("*") if f.is_file())
     predicted = checkpoint_bytes(SPEC)
     assert predicted <= written <= 1.15 * predicted, (written, predicted)
+    shutil.copytree(ckpt, tmp_path / "ckpt")  # the resumed run writes its own checkpoints beside the saved one
     resumed = _train(second, _cfg(data, 4, tmp_path / "ckpt", checkpoint_every=2))
     assert resumed.start_step == 2 and resumed.resumed_from is not None
     assert [m.step for m in resumed.metrics] == [2, 3]
