@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,10 @@ def test_ci_requires_postgres_and_an_unreachable_server_fails_the_postgres_tests
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), test]
     required = subprocess.run(args, env={**env, "FOLDTUNE_REQUIRE_POSTGRES": "1"}, cwd=ROOT, capture_output=True,
                               text=True, timeout=120)
-    assert required.returncode == 1 and "1 passed, 1 error" in required.stdout, required.stdout[-2000:]
+    # without the xdist plugin the child warns about the suite's xdist_group marks: the summary may count warnings
+    assert required.returncode == 1 and re.search(r"1 passed, (\d+ warnings?, )?1 error", required.stdout), \
+        required.stdout[-2000:]
     assert "unreachable" in required.stdout and "FOLDTUNE_REQUIRE_POSTGRES is set" in required.stdout
     optional = subprocess.run(args, env={**env, "FOLDTUNE_REQUIRE_POSTGRES": ""}, cwd=ROOT, capture_output=True,
                               text=True, timeout=120)
-    assert optional.returncode == 0 and "1 passed, 1 skipped" in optional.stdout, optional.stdout[-2000:]
+    assert optional.returncode == 0 and re.search(r"1 passed, 1 skipped", optional.stdout), optional.stdout[-2000:]
