@@ -1,3 +1,4 @@
+import contextlib
 import copy
 
 import pytest
@@ -6,8 +7,9 @@ from fastapi.testclient import TestClient
 from api.http.app import create_app
 from api.http.settings import ApiSettings
 from db.keys import create_api_key
+from db.testing import temporary_postgres_schema
 from service_env import ROOMY, auth, live_server
-from tests.databases import database_kind
+from tests.databases import copy_sqlite, database_kind
 
 JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 8},
        "cluster": {"gpu": "cpu", "num_gpus": 4}, "budget": {"max_trials": 6, "max_seconds": 600}}
@@ -85,3 +87,25 @@ def bob(keys):
 def server_url(app):
     with live_server(app) as url:
         yield url
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
+                                                                                   pytest.mark.slow])])
+def refused(request, postgres_reason, sqlite_template, tmp_path_factory):
+    """(client, alice's headers, data root) of one API per database kind and test module, shared by the tests
+    whose requests are all refused (nothing they send is stored): one app and one migration for them all instead
+    of one per test. PostgreSQL: a schema of its own, so that the per-test emptying of the session's schema
+    leaves it alone."""
+    kind = database_kind(request, postgres_reason)
+    with contextlib.ExitStack() as stack:
+        root = tmp_path_factory.mktemp("refused")
+        if kind == "sqlite":
+            url = copy_sqlite(sqlite_template, root)
+        else:
+            url = stack.enter_context(temporary_postgres_schema())
+        app = create_app(ApiSettings(database_url=url, data_root=root / "data-root", **ROOMY), migrate=True)
+        stack.callback(app.state.engine.dispose)
+        client = stack.enter_context(TestClient(app))
+        with app.state.sessions() as session:
+            token = create_api_key(session, "alice")[1]
+        yield client, auth(token), root / "data-root"

@@ -1,42 +1,13 @@
 """Submitting, listing, showing and cancelling jobs; validation problems name the violated rule."""
 
-import contextlib
-
 import pytest
-from fastapi.testclient import TestClient
-from service_env import ROOMY, auth
 
-from api.http.app import create_app
-from api.http.settings import ApiSettings
-from db.keys import create_api_key
 from db.models import Job
-from db.testing import temporary_postgres_schema
-from tests.databases import copy_sqlite, database_kind
 from db.queue import claim_next_job, finish_job
 from db.trials import finish_trial, start_trial
 
 PROBLEM = "application/problem+json"
 
-
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
-                                                                                   pytest.mark.slow])])
-def refused(request, postgres_reason, sqlite_template, tmp_path_factory):
-    """(client, alice's headers) of one API per database kind, shared by the tests whose requests are all
-    refused (nothing they send is stored): one app and one migration for them all instead of one per test.
-    PostgreSQL: a schema of its own, so that the per-test emptying of the session's schema leaves it alone."""
-    kind = database_kind(request, postgres_reason)
-    with contextlib.ExitStack() as stack:
-        directory = tmp_path_factory.mktemp("refused")
-        if kind == "sqlite":
-            url = copy_sqlite(sqlite_template, directory)
-        else:
-            url = stack.enter_context(temporary_postgres_schema())
-        app = create_app(ApiSettings(database_url=url, data_root=directory, **ROOMY), migrate=True)
-        stack.callback(app.state.engine.dispose)
-        client = stack.enter_context(TestClient(app))
-        with app.state.sessions() as session:
-            token = create_api_key(session, "alice")[1]
-        yield client, auth(token)
 
 
 def _rules(response):
@@ -81,7 +52,7 @@ def test_submit_stores_a_queued_job(client, alice, job_body, app):
      "body.model_spec", "model_spec_rules"),
 ])
 def test_validation_problem_names_the_rule(refused, job_body, mutate, loc, rule):
-    client, alice = refused
+    client, alice, _ = refused
     mutate(job_body)
     rules, body = _rules(client.post("/v1/jobs", json=job_body, headers=alice))
     assert (loc, rule) in rules, rules
@@ -184,7 +155,7 @@ def test_trials_are_listed_in_number_order_with_counts(client, alice, job_body, 
 @pytest.mark.parametrize("method, path, status", [("GET", "/v1/nowhere", 404), ("DELETE", "/v1/jobs", 405),
                                                   ("GET", "/v1/jobs/0", 422), ("GET", "/v1/jobs/99999", 404)])
 def test_http_errors_are_problems(refused, method, path, status):
-    client, alice = refused
+    client, alice, _ = refused
     r = client.request(method, path, headers=alice)
     assert r.status_code == status
     assert r.headers["content-type"].startswith(PROBLEM)
@@ -192,7 +163,7 @@ def test_http_errors_are_problems(refused, method, path, status):
 
 
 def test_malformed_json_is_a_validation_problem(refused):
-    client, alice = refused
+    client, alice, _ = refused
     r = client.post("/v1/jobs", content=b"{not json", headers={**alice, "Content-Type": "application/json"})
     rules, _ = _rules(r)
     assert any(rule == "json_invalid" for _, rule in rules)

@@ -1,17 +1,10 @@
 """Trainings API contracts: auth, owner scoping, validation rules by name, creating from a job's best trial,
 metrics pagination by step, per-layer expert load, cancel."""
 
-import contextlib
 
 import pytest
-from fastapi.testclient import TestClient
-from service_env import ROOMY, auth
+from service_env import auth
 
-from api.http.app import create_app
-from api.http.settings import ApiSettings
-from db.keys import create_api_key
-from db.testing import temporary_postgres_schema
-from tests.databases import copy_sqlite, database_kind
 from spec.parallel_config import ParallelConfig
 from db.queue import claim_next_job, claim_next_training, finish_training
 from db.trainings import record_expert_load, record_training_metrics
@@ -24,27 +17,6 @@ from problem_rules import validation_rules
 def body(training_body):
     return training_body
 
-
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
-                                                                                   pytest.mark.slow])])
-def refused(request, postgres_reason, sqlite_template, tmp_path_factory):
-    """(client, alice's headers, data root) of one API per database kind, shared by the tests whose requests
-    are all refused (nothing they send is stored): one app and one migration for them all instead of one per
-    test. PostgreSQL: a schema of its own, so that the per-test emptying of the session's schema leaves it
-    alone."""
-    kind = database_kind(request, postgres_reason)
-    with contextlib.ExitStack() as stack:
-        root = tmp_path_factory.mktemp("refused")
-        if kind == "sqlite":
-            url = copy_sqlite(sqlite_template, root)
-        else:
-            url = stack.enter_context(temporary_postgres_schema())
-        app = create_app(ApiSettings(database_url=url, data_root=root / "data-root", **ROOMY), migrate=True)
-        stack.callback(app.state.engine.dispose)
-        client = stack.enter_context(TestClient(app))
-        with app.state.sessions() as session:
-            token = create_api_key(session, "alice")[1]
-        yield client, auth(token), root / "data-root"
 
 
 @pytest.fixture

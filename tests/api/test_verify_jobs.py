@@ -4,20 +4,12 @@ the whole suite (the ``db_url`` fixture)."""
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
-from fastapi.testclient import TestClient
 from problem_rules import validation_rules
 from runner_env import submit_and_run
-from service_env import ROOMY, auth
 
 from api.cli.main import main
-from api.http.app import create_app
-from api.http.settings import ApiSettings
-from db.keys import create_api_key
-from db.testing import temporary_postgres_schema
-from tests.databases import copy_sqlite, database_kind
 
 VERIFY_JOB = {"model": "tiny-moe", "training": {"seq_length": 64, "global_batch_size": 16, "precision": "fp32"},
               "cluster": {"gpu": "cpu", "num_gpus": 4}, "kind": "verify",
@@ -38,26 +30,6 @@ def test_a_verify_job_is_stored_queued_with_its_request(client, alice):
     assert tune["kind"] == "tune" and tune["verify"] is None
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
-                                                                                   pytest.mark.slow])])
-def refused(request, postgres_reason, sqlite_template, tmp_path_factory):
-    """(client, alice's headers) of one API per database kind, shared by the refused-request cases (nothing
-    they send is stored): one app and one migration for them all. PostgreSQL: a schema of its own, so that
-    the per-test emptying of the session's schema leaves it alone."""
-    kind = database_kind(request, postgres_reason)
-    with contextlib.ExitStack() as stack:
-        directory = tmp_path_factory.mktemp("refused")
-        if kind == "sqlite":
-            url = copy_sqlite(sqlite_template, directory)
-        else:
-            url = stack.enter_context(temporary_postgres_schema())
-        app = create_app(ApiSettings(database_url=url, data_root=directory, **ROOMY), migrate=True)
-        stack.callback(app.state.engine.dispose)
-        client = stack.enter_context(TestClient(app))
-        with app.state.sessions() as session:
-            token = create_api_key(session, "alice")[1]
-        yield client, auth(token)
-
 
 @pytest.mark.parametrize("change, loc, rule", [
     ({"kind": "tune"}, "body", "verify_needs_kind"),
@@ -66,7 +38,7 @@ def refused(request, postgres_reason, sqlite_template, tmp_path_factory):
     ({"search_precision": True}, "body", "verify_one_precision"),
 ])
 def test_a_bad_verify_request_is_refused_naming_the_rule(refused, change, loc, rule):
-    client, alice = refused
+    client, alice, _ = refused
     response = client.post("/v1/jobs", json={**VERIFY_JOB, **change}, headers=alice)
     assert (loc, rule) in validation_rules(response)
     assert client.get("/v1/jobs", headers=alice).json()["total"] == 0  # nothing stored
