@@ -1,4 +1,4 @@
-"""fp8 or bf16, shape by shape, for the routed experts' grouped GEMMs (``ExecutorOptions.fp8_expert_gemm``
+"""fp8 or bf16, shape by shape (the module keeps its first name, though the dense linears use it too), for the routed experts' grouped GEMMs (``ExecutorOptions.fp8_expert_gemm``
 'fastest') and the dense linears of the 'torch-fp8' backend (FOLDTUNE_FP8_DENSE, below).
 
 fp8 does not pay at every expert shape: on an H200 torch's rowwise ``_scaled_grouped_mm`` runs the
@@ -30,10 +30,10 @@ each other); each rank's numbers are those of the path it runs. :func:`report` s
 path since :func:`reset_counts`.
 
 Dense linears (:func:`linear`: attention's projections, dense MLPs, shared experts) get the same choice, timed the
-same way on F.linear and :func:`executor.kernels.fp8.gemm.linear`: at 4096 tokens a small projection's fp8 path
-(its activation quantised, forward, dgrad and wgrad, each a launch of its own) costs the host more launches
-than the GEMM saves on the device, which made the whole fp8 step of a DeepSeek-V2-Lite proxy at micro-batch 1
-slower than bf16 with every expert already on bf16 (docs/benchmarks.md). FOLDTUNE_FP8_DENSE=fp8 keeps every
+same way on F.linear and :func:`executor.kernels.fp8.gemm.linear`: with every expert already on bf16, the whole
+fp8 step of a DeepSeek-V2-Lite proxy at micro-batch 1 was still slower than bf16, its attention phase 2.5x
+bf16's (docs/benchmarks.md; a small projection's fp8 path is four launches where bf16's is one, the likely
+but unprofiled reason). FOLDTUNE_FP8_DENSE=fp8 keeps every
 dense linear on fp8 (the behaviour before this choice); 'fastest' (the default) chooses. Their shapes are
 reported as "dense N x K".
 """
