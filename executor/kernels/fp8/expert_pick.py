@@ -1,5 +1,5 @@
-"""fp8 or bf16, shape by shape (the module keeps its first name, though the dense linears use it too), for the routed experts' grouped GEMMs (``ExecutorOptions.fp8_expert_gemm``
-'fastest') and the dense linears of the 'torch-fp8' backend (FOLDTUNE_FP8_DENSE, below).
+"""fp8 or bf16, shape by shape, for the routed experts' grouped GEMMs (``ExecutorOptions.fp8_expert_gemm``
+'fastest') and, despite the module's name, the dense linears of the 'torch-fp8' backend (FOLDTUNE_FP8_DENSE, below).
 
 fp8 does not pay at every expert shape: on an H200 torch's rowwise ``_scaled_grouped_mm`` runs the
 fine-grained experts (Qwen3-30B-A3B's 128 of 2048 × 768, DeepSeek-V2-Lite's 64 of 2048 × 1408) at about half
