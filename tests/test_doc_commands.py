@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 from pathlib import Path
 
@@ -183,12 +184,17 @@ RUNS = [pytest.param(doc, id=_id(doc), marks=() if _quick(doc) else pytest.mark.
 
 @pytest.mark.parametrize("doc", RUNS)
 def test_documented_command_runs(doc, tmp_path, monkeypatch, capsys):
+    import executor.profile
     from api.cli.main import main
+    from executor.launch_local import launch
 
     # relative paths as in the docs: the repository's README.md and docs/ are there, outputs land in tmp_path
     for name in ("README.md", "docs"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
+    # the CPU ranks of a documented profile are forked from this process rather than spawned (each spawned rank
+    # re-imports torch: ~20 s a command on two cores); what the command parses, runs and prints is the same
+    monkeypatch.setattr(executor.profile, "launch_local", functools.partial(launch, start_method="fork"))
     code = main(list(doc.argv))
     out, err = capsys.readouterr()
     assert code == 0, f"{doc.where}: `foldtune {' '.join(doc.argv)}` exited {code}: {err.strip()}"
