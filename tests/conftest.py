@@ -3,9 +3,17 @@ import importlib.util
 import os
 import shutil
 import site
+import sys
 import tempfile
 import uuid
 from pathlib import Path
+
+# The suite starts hundreds of Python processes (ranks, runners, Ray workers, CLI children), each importing the
+# project's ~350 modules: where the machine sets PYTHONDONTWRITEBYTECODE (the development and CI machines do),
+# every one of them compiled those modules from source again (~1.5 s of CPU a process on two cores). This
+# session and the processes it starts write and reuse bytecode in the tree's __pycache__ folders (git-ignored).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import pytest
 
