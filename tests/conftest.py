@@ -3,23 +3,14 @@ import importlib.util
 import os
 import shutil
 import site
-import sys
 import tempfile
 import uuid
 from pathlib import Path
-
-# The suite starts hundreds of Python processes (ranks, runners, Ray workers, CLI children), each importing the
-# project's ~350 modules: where the machine sets PYTHONDONTWRITEBYTECODE (the development and CI machines do),
-# every one of them compiled those modules from source again (~1.5 s of CPU a process on two cores). This
-# session and the processes it starts write and reuse bytecode in the tree's __pycache__ folders (git-ignored).
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 
 import pytest
 
 from db.migrate import upgrade
 from db.testing import postgres_unavailable_reason, temporary_postgres_schema
-from tests import group_durations
 from tests.databases import copy_sqlite, database_kind, empty_postgres_schema, migrate_schema
 from tests.executor.triton_child import INNER, MARK, ChildRun, InterpreterChild
 from suite_env import foreign_foldtune_variables
@@ -151,13 +142,6 @@ def triton_interpreter(request) -> ChildRun:
     return request.config.stash[TRITON_CHILD].result()
 
 
-def pytest_configure(config):
-    """pytest-xdist's controller hands out the work units in the workers' order (longest first,
-    ``_longest_units_first``), not by its default of most tests first."""
-    if getattr(config.option, "loadscopereorder", None):
-        config.option.loadscopereorder = False
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (_xdist_groups)
 def pytest_collection_modifyitems(config, items):
     """Leaves out, outside the Triton-interpreter child, the tests only that child runs
@@ -189,20 +173,6 @@ def _xdist_groups(items) -> None:
         else:
             group = item.path.relative_to(item.config.rootpath).as_posix()
         item.add_marker(pytest.mark.xdist_group(group))
-    _longest_units_first(items)
-
-
-def _longest_units_first(items) -> None:
-    """Orders the work units longest first (tests/group_durations.py: the seconds recorded per unit), keeping
-    each unit's tests in their order: a worker that finishes its share early then takes short units, and no
-    long unit is left to run alone at the end. pytest-xdist keeps this order (``pytest_configure`` turns off its
-    own, by test count)."""
-    units: dict[str, int] = {}
-    for item in items:
-        name = item.get_closest_marker("xdist_group").args[0]
-        units[name] = units.get(name, 0) + 1
-    expected = group_durations.weights(units, group_durations.recorded())
-    items.sort(key=lambda item: -expected[item.get_closest_marker("xdist_group").args[0]])  # stable
 
 
 # where `pip install --user` put packages, read before HOME moves, so child processes still import them
