@@ -336,6 +336,9 @@ class _Shape:
         # ExecutorOptions.fp8_expert_gemm 'fastest' times both): priced as the cheaper of the two; Transformer
         # Engine's grouped linears stay fp8
         self.expert_bf16_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
+        # ... and each dense linear likewise (executor.kernels.fp8.expert_pick, FOLDTUNE_FP8_DENSE 'fastest', the
+        # default): a small projection's fp8 path (quantise, then the scaled GEMM, each way) can lose to bf16's
+        self.dense_bf16_rates = self.expert_bf16_rates
         # the layer's groups depend on tp, cp, etp and ep only (the slower dp and pp axes do not space them)
         self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
         self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
@@ -369,9 +372,15 @@ class _Shape:
         """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 casts: the input ``input_casts`` times
         (once per GEMM the layer is run as), the output gradient once in all."""
         fwd, bwd = gemm_fwd_bwd(self.rates, round(m), round(n), round(k), low_precision)
+        casts = self.fp8 and low_precision
+        if casts and self.dense_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie: bf16)
+            cast_fwd, cast_bwd = self.fp8_dense_cast * input_casts * m * k, self.fp8_dense_cast * m * n
+            f16, b16 = gemm_fwd_bwd(self.dense_bf16_rates, round(m), round(n), round(k), True)
+            if f16 + b16 <= fwd + bwd + memory_time(self.rates, cast_fwd) + memory_time(self.rates, cast_bwd):
+                fwd, bwd, casts = f16, b16, False
         block.add(GEMM, fwd, bwd, module)
         self.grad_accumulation(block, n * k)
-        if self.fp8 and low_precision:
+        if casts:
             self.elementwise(block, self.fp8_dense_cast * input_casts * m * k, module,
                              bwd_bytes=self.fp8_dense_cast * m * n)
 
