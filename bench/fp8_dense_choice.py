@@ -8,7 +8,7 @@ layer, forward plus backward (dgrad and wgrad), is timed both ways on one GPU: `
 needs; the weight's quantised forms cached as after a step's first micro-batch). Each as device time (CUDA events)
 and as wall time with a synchronise (the host's share shows where the second is larger). The cost model's side is
 ``costmodel.compute.gemm_fwd_bwd`` at the h200 catalog's bf16 and fp8 rates plus, for fp8, the quantisation bytes
-it prices (``costmodel.step_time``: FP8_BOTH_FORMS_BYTES per input and output-gradient element).
+it prices (``costmodel.step_time.dense_linear_seconds_and_cast_bytes``, the cost model's own pricing of a linear).
 
     python3 -m bench.fp8_dense_choice            # GPU; prints the table and --json writes it
 """
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from costmodel.compute import compute_rates, gemm_fwd_bwd, memory_time
-from costmodel.step_time import FP8_BOTH_FORMS_BYTES
+from costmodel.step_time import FP8_BOTH_FORMS_BYTES, dense_linear_seconds_and_cast_bytes
 from spec import get_hardware
 
 # (model, linear, N, K) from the catalog's widths: hidden 2048 for both
@@ -81,8 +81,10 @@ def priced(rows: int, n: int, k: int) -> dict[str, float]:
     """The cost model's seconds of the same layer: bf16 GEMMs; fp8 GEMMs plus the quantisation it prices."""
     h200 = get_hardware("h200")
     bf16, fp8 = compute_rates(h200, "bf16"), compute_rates(h200, "fp8")
-    casts = memory_time(fp8, FP8_BOTH_FORMS_BYTES * rows * k) + memory_time(fp8, FP8_BOTH_FORMS_BYTES * rows * n)
-    return {"bf16": sum(gemm_fwd_bwd(bf16, rows, n, k)), "fp8": sum(gemm_fwd_bwd(fp8, rows, n, k)) + casts}
+    fwd, bwd, cast_fwd, cast_bwd = dense_linear_seconds_and_cast_bytes(fp8, None, rows, n, k, FP8_BOTH_FORMS_BYTES,
+                                                                        FP8_BOTH_FORMS_BYTES)
+    return {"bf16": sum(gemm_fwd_bwd(bf16, rows, n, k)),
+            "fp8": fwd + bwd + memory_time(fp8, cast_fwd) + memory_time(fp8, cast_bwd)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -289,6 +289,25 @@ class _Layers:
         return hit
 
 
+def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: ComputeRates | None, m: float, n: float,
+                                   k: float, input_cast_bytes: float, grad_cast_bytes: float,
+                                   low_precision: bool = True) -> tuple[float, float, float, float]:
+    """(forward s, backward s, forward cast bytes, backward cast bytes) of a linear layer whose forward GEMM is
+    (m x k)·(k x n): its GEMMs at ``rates`` plus, where ``input_cast_bytes`` is non-zero (fp8), the quantisation of
+    its input (``input_cast_bytes`` per input element) and of its output gradient (``grad_cast_bytes`` per
+    element); with ``choice_bf16_rates`` (the executor's per-shape choice) the bf16 GEMMs without casts where
+    those take no longer (a tie goes to bf16, as in the executor)."""
+    fwd, bwd = gemm_fwd_bwd(rates, round(m), round(n), round(k), low_precision)
+    if not input_cast_bytes:
+        return fwd, bwd, 0.0, 0.0
+    cast_fwd, cast_bwd = input_cast_bytes * m * k, grad_cast_bytes * m * n
+    if choice_bf16_rates is not None:
+        f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
+        if f16 + b16 <= fwd + bwd + memory_time(rates, cast_fwd) + memory_time(rates, cast_bwd):
+            return f16, b16, 0.0, 0.0
+    return fwd, bwd, cast_fwd, cast_bwd
+
+
 class _Shape:
     """What the layer builders need: token counts, groups' placements and the rates."""
 
@@ -332,13 +351,10 @@ class _Shape:
         # (the profile's grouped curves are bf16 measurements: costmodel.compute). Transformer Engine's grouped
         # linears run it in fp8.
         self.wgrad_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
-        # the executor's fp8 runs each expert linear in bf16 where bf16 is faster at its shape (its default
-        # ExecutorOptions.fp8_expert_gemm 'fastest' times both): priced as the cheaper of the two; Transformer
-        # Engine's grouped linears stay fp8
-        self.expert_bf16_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
-        # ... and each dense linear likewise (executor.kernels.fp8.expert_pick, FOLDTUNE_FP8_DENSE 'fastest', the
-        # default): a small projection's fp8 path (quantise, then the scaled GEMM, each way) can lose to bf16's
-        self.dense_bf16_rates = self.expert_bf16_rates
+        # the executor's fp8 runs each linear, expert or dense, in bf16 where bf16 is faster at its shape (its
+        # defaults ExecutorOptions.fp8_expert_gemm 'fastest' and FOLDTUNE_FP8_DENSE 'fastest' time both): priced as
+        # the cheaper of the two; Transformer Engine's linears stay fp8
+        self.choice_bf16_rates = ctx.bf16_rates if self.fp8 and not training.transformer_engine_fp8 else None
         # the layer's groups depend on tp, cp, etp and ep only (the slower dp and pp axes do not space them)
         self.places = GroupPlacements(GridSizes(tp=tp, cp=cp, etp=etp, ep=ep), ctx.gpus_per_node)
         self.tp_place, self.cp_place, self.ep_place, self.etp_place, self.tp_ep_place = (
@@ -371,18 +387,14 @@ class _Shape:
                low_precision: bool = True, input_casts: int = 1) -> None:
         """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 casts: the input ``input_casts`` times
         (once per GEMM the layer is run as), the output gradient once in all."""
-        fwd, bwd = gemm_fwd_bwd(self.rates, round(m), round(n), round(k), low_precision)
-        casts = self.fp8 and low_precision
-        if casts and self.dense_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie: bf16)
-            cast_fwd, cast_bwd = self.fp8_dense_cast * input_casts * m * k, self.fp8_dense_cast * m * n
-            f16, b16 = gemm_fwd_bwd(self.dense_bf16_rates, round(m), round(n), round(k), True)
-            if f16 + b16 <= fwd + bwd + memory_time(self.rates, cast_fwd) + memory_time(self.rates, cast_bwd):
-                fwd, bwd, casts = f16, b16, False
+        fwd, bwd, cast_fwd, cast_bwd = dense_linear_seconds_and_cast_bytes(
+            self.rates, self.choice_bf16_rates if low_precision else None, m, n, k,
+            self.fp8_dense_cast * input_casts if self.fp8 and low_precision else 0, self.fp8_dense_cast,
+            low_precision)
         block.add(GEMM, fwd, bwd, module)
         self.grad_accumulation(block, n * k)
-        if casts:
-            self.elementwise(block, self.fp8_dense_cast * input_casts * m * k, module,
-                             bwd_bytes=self.fp8_dense_cast * m * n)
+        if cast_fwd or cast_bwd:
+            self.elementwise(block, cast_fwd, module, bwd_bytes=cast_bwd)
 
     def elementwise(self, block: _Block, fwd_bytes: float, module: str | tuple[str, ...] = (),
                     bwd_bytes: float | None = None, term: int = MEM, scale: float = 1.0,
@@ -604,8 +616,8 @@ class _Shape:
             cf = cb = 0.0
             if self.fp8:
                 cf, cb = self.fp8_expert_cast * received * x_cols, self.fp8_expert_cast * received * dy_cols
-            if self.expert_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie goes to bf16)
-                f16, b16 = grouped_gemm_fwd_bwd(self.expert_bf16_rates, local_experts, per_expert, n, k)
+            if self.choice_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie goes to bf16)
+                f16, b16 = grouped_gemm_fwd_bwd(self.choice_bf16_rates, local_experts, per_expert, n, k)
                 if f16 + b16 <= f + b + memory_time(self.rates, cf) + memory_time(self.rates, cb):
                     f, b, cf, cb = f16, b16, 0.0, 0.0
                 else:
