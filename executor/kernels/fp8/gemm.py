@@ -154,12 +154,14 @@ def scaled_mm_nt(a_MK: torch.Tensor | None, b_NK: torch.Tensor | None, kernel: b
     :func:`quantize_both`), in which case the operand itself may be None; ``fast_accum``: the kernel's
     fast (unpromoted) accumulation (:func:`fast_accum_ok`; the emulation ignores it)."""
     _COUNTS["kernel" if kernel else "emulated"] += 1
+    # the padding below is checked on the shape first: each view or copy is a host-side op (about 2 us on an
+    # H200's host), and this runs three times a linear's forward + backward
     if a_quantised is not None:
         qa, sa = a_quantised
-        if kernel:  # zero bytes: what quantising the zero-padded operand gives
+        if kernel and qa.shape[1] % ALIGN:  # zero bytes: what quantising the zero-padded operand gives
             qa = _pad_dim(qa.view(torch.uint8), 1, ALIGN).view(E4M3)
     else:
-        if kernel:  # zero columns change neither amax nor the products
+        if kernel and a_MK.shape[1] % ALIGN:  # zero columns change neither amax nor the products
             a_MK = _pad_dim(a_MK, 1, ALIGN)
         qa, sa = quantize_rowwise(a_MK)
     qb, sb = b_quantised if b_quantised is not None else quantize_rowwise(b_NK)
@@ -187,35 +189,50 @@ class _Linear(torch.autograd.Function):
         # recompute on an H100, docs/benchmarks.md). What this gives up: autograd's check that the weight was
         # not written between forward and backward; the weight cache keys on its version and re-quantises.
         ctx.weight = w_NK
-        wgrad = grad and ctx.needs_input_grad[1]
-        w_q = quantized_weight(w_NK, both=grad and ctx.needs_input_grad[0])
+        needs_x, needs_w = ctx.needs_input_grad[:2]
+        w_q = quantized_weight(w_NK, both=grad and needs_x)
         fast = kernel and fast_accum_ok(x_MK.device)
-        if not wgrad:
-            return scaled_mm_nt(x_MK, w_NK, kernel, w_q, fast_accum=fast).to(x_MK.dtype)
-        if kernel:  # zero columns of x change neither amax nor the products (nor xᵀ's per-column scales)
+        if not (grad and needs_w):
+            return _as(scaled_mm_nt(x_MK, w_NK, kernel, w_q, fast_accum=fast), x_MK.dtype)
+        k = x_MK.shape[1]
+        if kernel and k % ALIGN:  # zero columns of x change neither amax nor the products (nor xᵀ's per-column scales)
             x_MK = _pad_dim(x_MK, 1, ALIGN)
-        x_rows, (xt_q, xt_scale) = quantize_both(x_MK.contiguous())
-        ctx.save_for_backward(xt_q[:ctx.x_shape[1]], xt_scale[:ctx.x_shape[1]])
-        return scaled_mm_nt(None, None, kernel, w_q, a_quantised=x_rows, fast_accum=fast).to(x_MK.dtype)
+        x_rows, (xt_q, xt_scale) = quantize_both(_contiguous(x_MK))
+        ctx.save_for_backward(*((xt_q, xt_scale) if xt_q.shape[0] == k else (xt_q[:k], xt_scale[:k])))
+        return _as(scaled_mm_nt(None, None, kernel, w_q, a_quantised=x_rows, fast_accum=fast), x_MK.dtype)
 
     @staticmethod
     def backward(ctx, dy_MN):
         w_NK, xt = ctx.weight, ctx.saved_tensors
+        needs_x, needs_w = ctx.needs_input_grad[:2]
         dx = dw = None
-        if ctx.needs_input_grad[1]:
-            dy_rows, dyt = quantize_both(dy_MN.contiguous())
-            dw = scaled_mm_nt(None, None, ctx.kernel, tuple(xt), a_quantised=dyt).to(w_NK.dtype)
+        if needs_w:
+            dy_rows, dyt = quantize_both(_contiguous(dy_MN))
+            dw = _as(scaled_mm_nt(None, None, ctx.kernel, xt, a_quantised=dyt), w_NK.dtype)
         else:
             dy_rows = None
-        if ctx.needs_input_grad[0]:
+        if needs_x:
             w_t = quantized_weight(w_NK, transposed=True)
-            dx = (scaled_mm_nt(dy_MN, None, ctx.kernel, w_t) if dy_rows is None
-                  else scaled_mm_nt(None, None, ctx.kernel, w_t, a_quantised=dy_rows)).to(ctx.x_dtype)
+            dx = _as(scaled_mm_nt(dy_MN, None, ctx.kernel, w_t) if dy_rows is None
+                     else scaled_mm_nt(None, None, ctx.kernel, w_t, a_quantised=dy_rows), ctx.x_dtype)
         return dx, dw, None, None
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)``, skipped where it would return ``t`` itself (the GEMMs write bf16, the usual dtype): a
+    no-op ``.to`` still parses its arguments in torch's Python binding, a microsecond on an H200's host."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``, skipped where ``t`` is contiguous already (the binding's argument parsing saved)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def linear(x: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) (no bias) with fp8 forward, dgrad and wgrad; x is [..., K], the result [..., N]."""
+    if x.dim() == 2:  # no reshape and view: two host-side ops and an autograd node fewer in the backward
+        return _Linear.apply(x, w_NK, kernels_ok(x.device), torch.is_grad_enabled())
     x_MK = x.reshape(-1, x.shape[-1])
     y = _Linear.apply(x_MK, w_NK, kernels_ok(x.device), torch.is_grad_enabled())
     return y.view(*x.shape[:-1], w_NK.shape[0])

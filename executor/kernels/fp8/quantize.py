@@ -270,11 +270,13 @@ if triton is not None:
         return scale, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
 
     @triton.jit
-    def _both_amax_kernel(x_ptr, row_bits_ptr, col_bits_ptr, R, C, sx_b, sx_r, BLOCK_R: tl.constexpr,
-                          BLOCK_C: tl.constexpr, ROWS: tl.constexpr = True):
+    def _both_amax_kernel(x_ptr, bits_ptr, R, C, sx_b, sx_r, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                          ROWS: tl.constexpr = True):
         # one read of a BLOCK_R × BLOCK_C tile of row-contiguous x[b]: its rows' and its columns' max |x|,
-        # folded into the [B, R] and [B, C] amax buffers by integer atomic max on the fp32 bits (order-
-        # preserving for values >= 0: exact in any order)
+        # folded by integer atomic max on the fp32 bits (order-preserving for values >= 0: exact in any order)
+        # into one zeroed int32 buffer, the [B, R] row amaxes first and the [B, C] column amaxes after them
+        # (one buffer: one fill launch a call, not two); ROWS False: the column amaxes alone, from the buffer's
+        # start (a transposed operand's rows)
         b = tl.program_id(2).to(tl.int64)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -282,25 +284,31 @@ if triton is not None:
         x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :], mask=in_r[:, None] & in_c[None, :],
                     other=0.0)
         a = tl.abs(x.to(tl.float32))
-        if ROWS:  # (False: the column amaxes alone, for a transposed operand's rows)
-            tl.atomic_max(row_bits_ptr + b * R + rows, tl.max(a, axis=1).to(tl.int32, bitcast=True), mask=in_r)
-        tl.atomic_max(col_bits_ptr + b * C + cols, tl.max(a, axis=0).to(tl.int32, bitcast=True), mask=in_c)
+        col_base = bits_ptr
+        if ROWS:
+            tl.atomic_max(bits_ptr + b * R + rows, tl.max(a, axis=1).to(tl.int32, bitcast=True), mask=in_r)
+            col_base = bits_ptr + tl.num_programs(2).to(tl.int64) * R
+        tl.atomic_max(col_base + b * C + cols, tl.max(a, axis=0).to(tl.int32, bitcast=True), mask=in_c)
 
     @triton.jit
-    def _both_cast_kernel(x_ptr, row_amax_ptr, col_amax_ptr, q_ptr, qt_ptr, row_scale_ptr, col_scale_ptr, R, C,
-                          sx_b, sx_r, INV_MAX: tl.constexpr, TINY: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_C: tl.constexpr, HW: tl.constexpr):
+    def _both_cast_kernel(x_ptr, bits_ptr, q_ptr, qt_ptr, row_scale_ptr, col_scale_ptr, R, C, sx_b, sx_r,
+                          INV_MAX: tl.constexpr, TINY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                          HW: tl.constexpr):
         # one read of the tile again: q[b, r, c] = e4m3(x · 448/rowamax[r]) row-major and qt[b, c, r] =
-        # e4m3(x · 448/colamax[c]) (the transposed form, written along r); the first column of programs
-        # writes the row scales, the first row of programs the column scales
+        # e4m3(x · 448/colamax[c]) (the transposed form, written along r), the amaxes read as fp32 from the
+        # int32 bits _both_amax_kernel left; the first column of programs writes the row scales, the first
+        # row of programs the column scales (every scale is written: the caller allocates them unfilled)
         b = tl.program_id(2).to(tl.int64)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         in_r, in_c = rows < R, cols < C
         mask = in_r[:, None] & in_c[None, :]
         x = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        row_scale, row_inv = _scales_of(tl.load(row_amax_ptr + b * R + rows, mask=in_r, other=0.0), INV_MAX, TINY)
-        col_scale, col_inv = _scales_of(tl.load(col_amax_ptr + b * C + cols, mask=in_c, other=0.0), INV_MAX, TINY)
+        col_base = bits_ptr + tl.num_programs(2).to(tl.int64) * R
+        row_amax = tl.load(bits_ptr + b * R + rows, mask=in_r, other=0).to(tl.float32, bitcast=True)
+        col_amax = tl.load(col_base + b * C + cols, mask=in_c, other=0).to(tl.float32, bitcast=True)
+        row_scale, row_inv = _scales_of(row_amax, INV_MAX, TINY)
+        col_scale, col_inv = _scales_of(col_amax, INV_MAX, TINY)
         tl.store(q_ptr + b * R * C + rows[:, None] * C + cols[None, :], _e4m3(x * row_inv[:, None], HW), mask=mask)
         qt = tl.trans(_e4m3(x * col_inv[None, :], HW))  # [BLOCK_C, BLOCK_R]
         tl.store(qt_ptr + b * R * C + cols[:, None] * R + rows[None, :], qt, mask=tl.trans(mask))
@@ -393,7 +401,7 @@ def _column_amax(base: torch.Tensor) -> torch.Tensor:
     block_r, block_c, warps = TILES["both_amax"]
     if base.numel():
         _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
-            b3, bits, bits, r, c, b3.stride(0), b3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, ROWS=False,
+            b3, bits, r, c, b3.stride(0), b3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, ROWS=False,
             num_warps=warps)
     return bits.view(torch.float32).view(*base.shape[:-2], c)
 
@@ -442,28 +450,30 @@ def _quantize_both_torch(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Ten
 
 def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """Both forms of a contiguous ``x`` [.., R, C] in two Triton kernels: one read for the row and column
-    amaxes together, one read that writes the row-major and the transposed e4m3 copies and both scales."""
+    amaxes together, one read that writes the row-major and the transposed e4m3 copies and both scales.
+
+    Host cost, per call: four allocations, one zero fill (the amaxes' buffer) and the two launches. The
+    scales are allocated unfilled, since the cast kernel writes every one of them (each fill is a kernel
+    launch, about 7 us of host time on an H200's host, docs/benchmarks.md "fp8 linear host cost")."""
     x3 = _as_brc(x)
     b, r, c = x3.shape
     device = x.device
     q = torch.empty(x.shape, dtype=E4M3, device=device)
     qt = torch.empty((*x.shape[:-2], c, r), dtype=E4M3, device=device)
-    row_scale = torch.ones(x.shape[:-1], dtype=torch.float32, device=device)
-    col_scale = torch.ones((*x.shape[:-2], c), dtype=torch.float32, device=device)
-    if not x.numel():
-        return (q, row_scale), (qt, col_scale)
-    row_bits = torch.zeros(b, r, dtype=torch.int32, device=device)
-    col_bits = torch.zeros(b, c, dtype=torch.int32, device=device)
+    if not x.numel():  # no kernel runs: an empty row's or column's scale is 1, as the torch path's
+        return ((q, torch.ones(x.shape[:-1], dtype=torch.float32, device=device)),
+                (qt, torch.ones((*x.shape[:-2], c), dtype=torch.float32, device=device)))
+    row_scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=device)
+    col_scale = torch.empty((*x.shape[:-2], c), dtype=torch.float32, device=device)
+    bits = torch.zeros(b * (r + c), dtype=torch.int32, device=device)  # row amaxes, then column amaxes
     block_r, block_c, warps = TILES["both_amax"]
     _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
-        x3, row_bits, col_bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c,
-        num_warps=warps)
+        x3, bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     block_r, block_c, warps = TILES["both_cast"]
     grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
-    _both_cast_kernel[grid](x3, row_bits.view(torch.float32), col_bits.view(torch.float32), q.view(torch.uint8),
-                            qt.view(torch.uint8), row_scale, col_scale, r, c, x3.stride(0), x3.stride(1),
-                            INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r, BLOCK_C=block_c,
-                            HW=_hw_cast(device), num_warps=warps)
+    _both_cast_kernel[grid](x3, bits, q.view(torch.uint8), qt.view(torch.uint8), row_scale, col_scale, r, c,
+                            x3.stride(0), x3.stride(1), INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
+                            BLOCK_C=block_c, HW=_hw_cast(device), num_warps=warps)
     return (q, row_scale), (qt, col_scale)
 
 

@@ -97,10 +97,10 @@ def quantized_weight(w: torch.Tensor, transposed: bool = False, both: bool = Fal
     if entry.state != state:
         entry.forms.clear()  # stale: free it before the new forms are made
         entry.state = state
-    form, other = form_of(transposed), form_of(not transposed)
-    if form in entry.forms:
+    form = form_of(transposed)
+    if form in entry.forms:  # (the other form's key is built only where it is asked for: host time a call)
         _WEIGHT_COUNTS["reused"] += 1
-    elif both and blocks is None and other not in entry.forms:
+    elif both and blocks is None and form_of(not transposed) not in entry.forms:
         _WEIGHT_COUNTS["quantised"] += 2
         _WEIGHT_COUNTS["both_at_once"] += 1
         rows, cols = quantize_both(w)
