@@ -13,6 +13,10 @@ them. Per call, in microseconds:
 - gpu: device time with the host queued ahead behind a GPU sleep (``timing.time_host_ahead``): the kernels'
   own time.
 
+The forward + backward is timed three ways: through ``torch.autograd.grad`` (whose engine runs a CUDA
+backward on a device thread of its own), with the backward's node called directly on this thread, and
+through ``torch.autograd.grad`` under ``torch.autograd.set_multithreading_enabled(False)``.
+
 Where wall ≈ events ≈ host and gpu is far less, the host is what the GPU waits on. Then the gates and small
 host-side calls the linear makes each call are timed alone (``--calls`` x 20 calls each), ``torch.profiler``
 records five forward + backward calls (top host self time by op, and the kernels' summed device time a call),
@@ -79,6 +83,12 @@ def pieces(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
             return torch.autograd.grad(y, (x, w), dy)
         return call
 
+    def single_thread(call):  # the backward on this thread instead of autograd's device thread
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                return call()
+        return run
+
     return {
         "quantize_rowwise(x)": lambda: quantize.quantize_rowwise(x),
         "quantize_both(x)": lambda: quantize.quantize_both(x),
@@ -89,6 +99,8 @@ def pieces(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
         "fp8 linear fwd+bwd": fwd_bwd(gemm.linear),
         "fp8 fwd + bwd on this thread": direct_fwd_bwd(x, w, dy),
         "bf16 F.linear fwd+bwd": fwd_bwd(F.linear),
+        "fp8 fwd+bwd, autograd 1 thread": single_thread(fwd_bwd(gemm.linear)),
+        "bf16 fwd+bwd, autograd 1 thread": single_thread(fwd_bwd(F.linear)),
     }
 
 

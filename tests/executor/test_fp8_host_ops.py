@@ -90,8 +90,9 @@ def test_both_forms_fill_one_buffer_and_never_sync():
 def test_fp8_linear_forward_and_backward_dispatch_no_fill_pad_or_sync_beyond_its_two_amax_buffers(monkeypatch):
     """One forward + backward of the kernel path (Triton quantisation, the GEMM's arithmetic for
     torch._scaled_mm), its weight's forms cached: two fills (one amax buffer per quantize_both, of x and of
-    dy), four dtype views (the e4m3 outputs handed to Triton as bytes), no padding, no host sync; and the
-    output and both gradients are the emulation's, bit for bit."""
+    dy), four dtype views (the e4m3 outputs handed to Triton as bytes), six unsqueezes (the scales' shapes
+    _scaled_mm takes), no padding, no host sync; and the output and both gradients are the emulation's, bit
+    for bit."""
     monkeypatch.setattr(torch, "_scaled_mm", _scaled_mm_arithmetic, raising=False)
     monkeypatch.setattr(quantize, "_use_triton", lambda device: True)
     w = torch.nn.Parameter(_bf16(48, 64, seed=4))
@@ -106,6 +107,7 @@ def test_fp8_linear_forward_and_backward_dispatch_no_fill_pad_or_sync_beyond_its
         got = fwd_bwd(True)
     assert ops.among(FILLS) == 2 and ops.counts["aten.zeros.default"] == 2
     assert ops.counts["aten.view.dtype"] == 4 and ops.counts["aten.cat.default"] == 0
+    assert ops.counts["aten.unsqueeze.default"] == 6  # the three GEMMs' scales, [M, 1] and [1, N]
     assert ops.among(SYNCS) == 0
     for a, b in zip(got, fwd_bwd(False)):
         assert torch.equal(a, b)

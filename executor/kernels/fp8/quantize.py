@@ -79,9 +79,13 @@ def _cast(out_BRC: torch.Tensor, x_BRC: torch.Tensor, inv: torch.Tensor, row_div
         out_BRC.copy_(torch.mul(x_BRC, inv))
 
 
-def _as_brc(t: torch.Tensor) -> torch.Tensor:
+def _check_dims(t: torch.Tensor) -> None:
     if t.dim() not in (2, 3):
         raise ValueError(f"fp8 quantisation takes 2-D or 3-D tensors, got {tuple(t.shape)}")
+
+
+def _as_brc(t: torch.Tensor) -> torch.Tensor:
+    _check_dims(t)
     return t.unsqueeze(0) if t.dim() == 2 else t
 
 
@@ -455,8 +459,9 @@ def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Te
     Host cost, per call: four allocations, one zero fill (the amaxes' buffer) and the two launches. The
     scales are allocated unfilled, since the cast kernel writes every one of them (each fill is a kernel
     launch, about 7 us of host time on an H200's host, docs/benchmarks.md "fp8 linear host cost")."""
-    x3 = _as_brc(x)
-    b, r, c = x3.shape
+    _check_dims(x)  # (shape and strides read off x itself: a 2-D x's [1, R, C] view would be one more op)
+    b, r, c = (1, *x.shape) if x.dim() == 2 else x.shape
+    sx_b, sx_r = (r * c, x.stride(0)) if x.dim() == 2 else x.stride()[:2]
     device = x.device
     q = torch.empty(x.shape, dtype=E4M3, device=device)
     qt = torch.empty((*x.shape[:-2], c, r), dtype=E4M3, device=device)
@@ -468,11 +473,11 @@ def _quantize_both_triton(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Te
     bits = torch.zeros(b * (r + c), dtype=torch.int32, device=device)  # row amaxes, then column amaxes
     block_r, block_c, warps = TILES["both_amax"]
     _both_amax_kernel[(triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)](
-        x3, bits, r, c, x3.stride(0), x3.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        x, bits, r, c, sx_b, sx_r, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     block_r, block_c, warps = TILES["both_cast"]
     grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
-    _both_cast_kernel[grid](x3, bits, q.view(torch.uint8), qt.view(torch.uint8), row_scale, col_scale, r, c,
-                            x3.stride(0), x3.stride(1), INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
+    _both_cast_kernel[grid](x, bits, q.view(torch.uint8), qt.view(torch.uint8), row_scale, col_scale, r, c,
+                            sx_b, sx_r, INV_MAX=INV_E4M3_MAX, TINY=FP32_TINY, BLOCK_R=block_r,
                             BLOCK_C=block_c, HW=_hw_cast(device), num_warps=warps)
     return (q, row_scale), (qt, col_scale)
 
@@ -490,7 +495,7 @@ def quantize_both(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], t
     before — equal to those byte for byte. On CUDA with a contiguous ``x`` both are made from two reads of
     ``x`` (amaxes of rows and columns in one, both casts in the other) instead of the four reads and the
     scale arithmetic's small launches of two separate quantisations."""
-    _as_brc(x)
+    _check_dims(x)
     if _use_triton(x.device) and x.is_contiguous() and _both_ok(x.device):
         return _quantize_both_triton(x)
     return quantize_rowwise(x), quantize_rowwise(x.transpose(-2, -1))
@@ -523,7 +528,7 @@ def _fused_rows_ok(device: torch.device) -> bool:
 def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale): a contiguous e4m3 copy of ``x`` (2-D or 3-D, any strides) scaled per row of its last dim,
     scale = amax/448 in fp32 with shape ``x.shape[:-1]``, so that x ≈ q · scale[..., None]."""
-    _as_brc(x)
+    _check_dims(x)
     return (_quantize_rowwise_triton if _use_triton(x.device) else _quantize_rowwise_torch)(x)
 
 
