@@ -147,6 +147,9 @@ N_PREFIX = len(_PREFIX_SLOTS)
 # positions in StepTimeBreakdown.terms and .hidden the step assembly writes by name
 _I_RECOMPUTE, _I_A2A, _I_ETP, _I_BUBBLE = (TERM_INDEX[n] for n in ("recompute", "ep_a2a", "etp_comm", "pp_bubble"))
 _I_MEM = TERM_INDEX["memory_bound"]
+# the per-micro-batch terms of the rank's own arithmetic (compute and memory-bound groups): what contention slows
+_COMPUTE_TERM_INDICES = tuple(TERM_INDEX[t.name] for t in TERM_TABLE
+                              if t.scope == "layer" and t.group in ("compute", "memory_bound"))
 # the hidden seconds estimate_step_time computes, by name
 _HIDDEN_PRICED = ("tp_comm", "cp_comm", "ep_a2a", "dp_grad", "edp_grad", "param_gather", "pp_p2p")
 _H_TP, _H_CP, _H_A2A, _H_DP, _H_EDP, _H_GATHER, _H_P2P = (HIDDEN_TERMS.index(n) for n in _HIDDEN_PRICED)
@@ -820,6 +823,19 @@ def _stage_costs(layers: _Layers, kinds: tuple[tuple, ...], c: ParallelConfig,
             [_stage_scalar(layers, k, "compute_bwd") for k in kinds], [_stage_scalar(layers, k, "a2a") for k in kinds])
 
 
+def cpu_contention(cores: int, ranks_per_node: int, micro_batches: int, pp: int, vpp: int) -> float:
+    """How many times longer a CPU rank's own work (arithmetic and host ops) takes in a step than alone: the ranks
+    of one node that compute at once, on average, over the ``cores`` they share, at least 1.
+
+    All of a node's ranks compute at once but for a pipeline's fill and drain, where stages wait: over a step of
+    ``micro_batches`` through ``pp`` stages of ``vpp`` chunks each, a rank is busy m / (m + (pp - 1) / vpp) of the
+    time (the bubble's share), so ``ranks_per_node`` · m / (m + (pp - 1) / vpp) compete for the cores. Measured on
+    the 2-core machine with four ranks of tiny-moe (docs/benchmarks.md): a dp4 step's blocks took 2.0-2.1x the
+    seconds per token and layer of a pp2 step with one micro-batch (four ranks busy against two)."""
+    busy = ranks_per_node * micro_batches / (micro_batches + (pp - 1) / vpp)
+    return max(1.0, busy / cores)
+
+
 #: correction keys that scale the host floor (estimate_step_time) rather than a time term
 HOST_FACTOR = "host"
 HOST_RECOMPUTE_FACTOR = "host_recompute"
@@ -1010,6 +1026,7 @@ class _Context:
         # host seconds per activation-checkpoint region (measured; None: not priced), and what of it the device
         # pays too: all of it on CPU ranks, where the host runs every op itself
         self.region_s = cluster.hardware.recompute_region_s or 0.0
+        self.cpu_cores = cluster.hardware.cpu_cores  # CPU ranks timed alone: price each layout's contention
         self.region_device_s = self.region_s if is_cpu(cluster.hardware.gpu.name) else 0.0
         self.host: dict[tuple, tuple[list[float], list[float], float, list[float]]] = {}
         self._aux: dict[int, int] = {}
@@ -1126,6 +1143,14 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         times = [t - a + max(0.0, a - f - b) for t, a, f, b in zip(times, a2a, fwd, bwd)]
     else:
         times, recompute = _stage_times(layers, kinds, c, _region_seconds(ctx, c, kinds))
+    contention = 1.0
+    if ctx.cpu_cores:
+        contention = cpu_contention(ctx.cpu_cores, min(world, ctx.gpus_per_node), m, pp, vpp)
+    if contention != 1.0:  # the rank's own work slows down; its collectives were timed under contention already
+        times = [t + (contention - 1.0) * (_stage_scalar(layers, kind, "compute_fwd")
+                                           + _stage_scalar(layers, kind, "compute_bwd") + r)
+                 for t, kind, r in zip(times, kinds, recompute)]
+        recompute = [r * contention for r in recompute]
     # a rank cannot finish a micro-batch before its host has issued the micro-batch's kernels
     hkey = HostKey.of(c, ctx.per_expert_host)
     host = ctx.host.get(hkey) or _host_seconds(ctx, c, kinds, hkey)
@@ -1138,6 +1163,8 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
         host_mb = host[3]
     else:
         host_mb = [b * host_factor + r * recompute_factor for b, r in zip(host[0], host[1])]
+    if contention != 1.0:
+        host_mb = [h * contention for h in host_mb]
     floored = [t if t >= h else h for t, h in zip(times, host_mb)]
     if len(times) == 1:
         i, others = 0, 0.0
@@ -1149,6 +1176,9 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     d, e, x = layers.dense, layers.moe, layers.extras[ends]
     values = [m * (nd * a + nm * b + c_) for a, b, c_ in zip(d.terms, e.terms, x.terms)]
     values[_I_RECOMPUTE] = m * recompute[i]
+    if contention != 1.0:
+        for slot in _COMPUTE_TERM_INDICES:
+            values[slot] *= contention
     dh, eh, xh = d.hidden, e.hidden, x.hidden
     # HIDDEN_TERMS order: tp_comm, cp_comm, ep_a2a, then the once-per-step terms filled below
     hidden = [m * (nd * dh[TP] + nm * eh[TP] + xh[TP]), m * (nd * dh[CP] + nm * eh[CP] + xh[CP]),
@@ -1188,7 +1218,7 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     traffic, kernels = optimizer_traffic(c.optimizer_dtypes, training.param_bytes == _FP32_BYTES)
     blocks = -(-local // OPT_STATE_BLOCK_ELEMENTS) if kernels else 0
     optimizer = (local * ctx.optimizer_seconds_per_param * traffic
-                 + (4 + blocks * kernels) * ctx.rates.kernel_overhead)
+                 + (4 + blocks * kernels) * ctx.rates.kernel_overhead) * contention
     if c.optimizer_cpu_offload_fraction:
         optimizer = optimizer_offload_seconds(local, c.optimizer_cpu_offload_fraction, optimizer,
                                               training.param_bytes, cluster.hardware, traffic)
@@ -1236,11 +1266,14 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
             pp_p2p += 2 * m * hop
     # once per step the host issues the reduction, optimizer and zeroing ops of the rank's layers
     once = dp_grad + edp_grad + param_gather + optimizer
-    host_step = host[2] * host_factor
+    host_step = host[2] * host_factor * contention
+    # CPU ranks (timed alone, ctx.cpu_cores): a gloo collective and every op run on the rank's own thread, so the
+    # host's once-per-step work (issuing the reduction, the optimizer's and zeroing ops) adds to them
+    serial_host = ctx.cpu_cores is not None
     values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer,  # _STEP_TAIL order
-               host_overhead + (host_step - once if host_step > once else 0.0))
-    if corrections:
-        values = _corrected(values, corrections)
+               host_overhead + (host_step if serial_host else host_step - once if host_step > once else 0.0))
+    if corrections or serial_host:
+        values = _corrected(values, corrections) if corrections else values
         step = sum(values)
     else:
         # the same sum, grouped so that layouts whose once-per-step work hides under the same host floor get

@@ -18,3 +18,11 @@ NODE_ENV = "FOLDTUNE_NODE_ID"
 def node_name() -> str:
     """This process's node: ``$FOLDTUNE_NODE_ID`` when its launcher set it, else the host name."""
     return os.environ.get(NODE_ENV) or socket.gethostname()
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS reports one, else the machine's count):
+    what CPU ranks on this node share."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -207,6 +207,10 @@ class HardwareProfile:
     cp_chunk_floor_s: float | None = None  # least seconds of one CP chunk attention call (a floor, not added)
     dispatcher_fixed_s: tuple[tuple[str, float], ...] = ()  # dispatcher name -> one dispatch + combine
     optimizer_seconds_per_param: float | None = None  # the executor's optimizer step on one GPU, measured
+    # CPU ranks only: the cores the node's ranks share, where calibration timed each rank's own work alone (in
+    # turns); the time model then prices each layout's contention for them (costmodel.step_time.cpu_contention).
+    # None: GPUs, or a CPU profile timed in lockstep (its rates already hold one level of contention)
+    cpu_cores: int | None = None
     # the network between nodes, separate from NVLink: NICs per node (None: one per GPU, as DGX/HGX H100 with
     # ConnectX-7) and where its figures come from ('datasheet ...' until calibrate measures across nodes)
     nics_per_node: int | None = None
@@ -251,6 +255,8 @@ class HardwareProfile:
                 f"overlap_slowdown must be None or a fraction in [0, 1], got {self.overlap_slowdown}")
         require(p, self.sustained_clock_factor is None or 0.0 < self.sustained_clock_factor <= 1.0,
                 f"sustained_clock_factor must be None or a fraction in (0, 1], got {self.sustained_clock_factor}")
+        require(p, self.cpu_cores is None or (isinstance(self.cpu_cores, int) and self.cpu_cores >= 1),
+                f"cpu_cores must be None or a positive integer, got {self.cpu_cores!r}")
         require(p, self.nics_per_node is None or (isinstance(self.nics_per_node, int) and self.nics_per_node >= 1),
                 f"nics_per_node must be None or a positive integer, got {self.nics_per_node!r}")
         require(p, self.allocator_fragmentation is None or 0.0 <= self.allocator_fragmentation <= 1.0,
@@ -343,6 +349,7 @@ class HardwareProfile:
             **({"allocator_fragmentation": self.allocator_fragmentation}
                if self.allocator_fragmentation is not None else {}),
             **({"nics_per_node": self.nics_per_node} if self.nics_per_node is not None else {}),
+            **({"cpu_cores": self.cpu_cores} if self.cpu_cores is not None else {}),
             **{k: getattr(self, k) for k in ("host_link_bandwidth", "cpu_adam_bandwidth", "cp_exchange_fixed_s",
                                              "cp_chunk_floor_s", "optimizer_seconds_per_param",
                                              "local_expert_host_s", "expert_loop_host_s", "moe_router_factor",

@@ -197,6 +197,7 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         optimizer_seconds_per_param=(raw.get("optimizer") or {}).get("seconds_per_param",
                                                                      base.optimizer_seconds_per_param),
         network_source=network_source,
+        cpu_cores=raw.get("cpu_cores", base.cpu_cores),
         source=f"calibrated {raw['measured_at']} on {raw['ranks']}x {raw['device_name']} "
                f"({raw['backend']}, {raw['precision']}{', quick' if raw.get('quick') else ''})")
     memory = memory_bound_curves(raw.get("memory_bound") or [], base.gpu.hbm_bandwidth)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from executor.microbench.timing import time_op
+from executor.microbench.timing import lockstep, time_op
 from executor.node import node_name
 from executor.parallel.collectives import all_gather_tensor, reduce_scatter_tensor
 
@@ -137,7 +137,8 @@ def _sweep(rank: int, world_size: int, device: torch.device, dtype: torch.dtype,
             for nbytes in sizes_bytes:
                 op = _op(collective, nbytes, n, pg, rank_in_group, device, dtype, groups[mine])
                 dist.barrier()
-                seconds = time_op(op, device, _iters(nbytes, device), repeats, warmup=1)
+                with lockstep(device.type != "cuda"):  # a collective's ranks call it together, never in turns
+                    seconds = time_op(op, device, _iters(nbytes, device), repeats, warmup=1)
                 out.append({"collective": collective, "group_size": n, "bytes": nbytes, "seconds": seconds,
                             "scope": scope})
                 if say:

@@ -16,12 +16,11 @@ dispatcher, the CUDA launch path). These benchmarks measure that rate directly:
   ranks the host is the device: small-moe's GEMMs there cost more than its Python (docs/time-model.md, ``t_op``), so
   the probe runs tiny-moe's layer, the same ops at a quarter of the width. It prices the executor's own Python
   between ops (modules, autograd Functions, gradient hooks), which a loop of bare ops does not see;
-  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op. Every rank starts
-  each pass together (lockstep: the training's contention on shared cores, not a rank timed while the others
-  wait) and the layer is the median over adjacent (3-layer, 1-layer) pairs of their difference: a spike of other
-  work lengthens one pair, not the median. The fastest passes would be lower still, and wrong: with four ranks on
-  two cores, the rank that got a core to itself for part of a pass sets the minimum (1.4 ms a layer on the 2-core
-  machine, against 2.5 ms in quiet steady state).
+  ``costmodel/host.py`` divides it by the layer's counted ops to get seconds per executor op. The layer is the
+  median over adjacent (3-layer, 1-layer) pairs of their difference: a spike of other work lengthens one pair, not
+  the median. CPU ranks time it in turns, each with the cores to itself (``timing.in_turns``): how many ranks
+  share the cores in training depends on the layout, and the cost model prices that contention
+  (``costmodel.step_time.cpu_contention``).
 * ``recompute_region_s``: the seconds one activation-checkpoint region adds per micro-batch beyond re-running its
   forward: the executor's RMSNorm on a tiny-moe activation, forward + backward, under torch's non-reentrant
   checkpoint, minus the same without it, minus its forward once more (the re-run the cost model prices from the
@@ -42,7 +41,7 @@ import torch.utils.checkpoint
 from executor.data import global_batch, micro_batches
 from executor.kernels import get_backend
 from executor.kernels.triton_rms_norm import pick_rms_norm
-from executor.microbench.timing import start_together, synchronize, time_op
+from executor.microbench.timing import lockstep, one_rank_at_a_time, start_together, synchronize, time_op
 from executor.model import MoEGPT
 from executor.options import ExecutorOptions
 from executor.parallel.groups import single_process_state
@@ -72,7 +71,8 @@ def measure_collective_launch(device: torch.device, calls: int | None = None, re
     calls = calls or (COLLECTIVES_PER_LOOP if device.type == "cuda" else CPU_COLLECTIVES_PER_LOOP)
     x = torch.zeros(1, device=device, dtype=torch.float32)
     dist.barrier()
-    seconds = time_op(lambda: dist.all_reduce(x), device, iters=calls, repeats=repeats, warmup=3)
+    with lockstep(device.type != "cuda"):  # a collective's ranks call it together, never in turns
+        seconds = time_op(lambda: dist.all_reduce(x), device, iters=calls, repeats=repeats, warmup=3)
     dist.barrier()
     return seconds
 
@@ -127,17 +127,21 @@ def layer_seconds(three: list[float], one: list[float]) -> float | None:
 
 def measure_layer_host(device: torch.device, dtype: torch.dtype) -> float | None:
     """Seconds of one executor MoE layer per micro-batch on tiny shapes (host bound); None if not positive.
-    The 3-layer and 1-layer passes alternate, each started by every rank together (inside
-    ``timing.lockstep``), after two warm-up pairs."""
+    The 3-layer and 1-layer passes alternate, after two warm-up pairs; inside ``timing.lockstep`` each pass is
+    started by every rank together, inside ``timing.in_turns`` one rank times all its passes at a time."""
     three, one = _pass(3, device, dtype), _pass(1, device, dtype)
     repeats = CPU_LAYER_REPEATS if device.type == "cpu" else LAYER_REPEATS
-    samples = []
-    for _ in range(2 + repeats):
-        start_together(device)
-        t3 = three()
-        start_together(device)
-        samples.append((t3, one()))
-    return layer_seconds([s[0] for s in samples[2:]], [s[1] for s in samples[2:]])
+
+    def pairs() -> list[tuple[float, float]]:
+        samples = []
+        for _ in range(2 + repeats):
+            start_together(device)
+            t3 = three()
+            start_together(device)
+            samples.append((t3, one()))
+        return samples[2:]
+    samples = one_rank_at_a_time(pairs)
+    return layer_seconds([s[0] for s in samples], [s[1] for s in samples])
 
 
 REGION_CALLS = 20  # forward + backward calls per timed loop of the checkpoint probe
@@ -154,7 +158,7 @@ def measure_checkpoint_region(device: torch.device, dtype: torch.dtype) -> float
     """Seconds one activation-checkpoint region adds per micro-batch beyond re-running its forward
     (:func:`region_seconds`), on the executor's RMSNorm of a tiny-moe activation (LAYER_TOKENS x 4 rows of
     its hidden width). Each of the three timings is the median of REGION_REPEATS loops of REGION_CALLS calls,
-    every rank's loops started together (inside ``timing.lockstep``)."""
+    every rank's loops started together (inside ``timing.lockstep``) or one rank's at a time (``timing.in_turns``)."""
     width = get_model(layer_model(device)).hidden_size
     norm = pick_rms_norm(True, get_backend("torch"))
     x = torch.randn(4 * LAYER_TOKENS, width, device=device, dtype=dtype, requires_grad=True)

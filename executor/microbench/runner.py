@@ -21,8 +21,8 @@ from executor.microbench import (attention, collectives, exchanges, fragmentatio
                                  memory_bound, offload, overlap, sustained)
 from executor.microbench.components import OPTIMIZER_PARAMS_CPU, OPTIMIZER_PARAMS_GPU, measure_optimizer
 from executor.microbench.sustained import SUSTAINED_SECONDS
-from executor.microbench.timing import lockstep
-from executor.node import node_name
+from executor.microbench.timing import in_turns
+from executor.node import cpu_cores, node_name
 from spec.errors import FoldtuneError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
@@ -56,9 +56,14 @@ def _say(rank: int):
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM, attention and copy benchmarks, the sustained-load run (GPUs), launch
     overheads, then the collectives and the executor's own CP and dispatcher exchanges; returns its raw
-    timings. CPU ranks time in lockstep (executor.microbench.timing.lockstep: they share the cores)."""
-    with lockstep(torch.distributed.get_backend() != "nccl"):
-        return _calibrate(rank, world_size, plan)
+    timings. CPU ranks share the cores: they time their own work in turns (executor.microbench.timing.in_turns:
+    each alone, the cost model prices each layout's contention from ``cpu_cores``) and their collectives in
+    lockstep."""
+    with in_turns(torch.distributed.get_backend() != "nccl"):
+        report = _calibrate(rank, world_size, plan)
+    if torch.distributed.get_backend() != "nccl":
+        report["cpu_cores"] = cpu_cores()
+    return report
 
 
 def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
@@ -186,7 +191,9 @@ def merge_ranks(reports: list[dict]) -> dict:
             # every rank steps at once: the slowest one's step is the step's
             "optimizer": max((r["optimizer"] for r in reports if r.get("optimizer")),
                              key=lambda o: o["seconds_per_param"], default=None),
-            "exchanges": exchanges.merge_exchanges([r.get("exchanges") for r in reports])}
+            "exchanges": exchanges.merge_exchanges([r.get("exchanges") for r in reports]),
+            # CPU ranks: the fewest cores any rank's node gives its ranks (what the busiest node's ranks share)
+            **({"cpu_cores": min(r["cpu_cores"] for r in reports)} if all("cpu_cores" in r for r in reports) else {})}
 
 
 def _merged_offload(rows: list[dict | None]) -> dict | None:

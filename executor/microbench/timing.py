@@ -30,32 +30,71 @@ SLEEP_FLOOR_S = 5e-4
 _SLEEP_CYCLES_PER_S: dict[int, float] = {}
 
 
-# Inside :func:`lockstep`, every timed repeat of every rank starts together and runs as many calls.
-_LOCKSTEP = [False]
+# How ranks of a process group coordinate their timings: None (each on its own), LOCKSTEP (every timed repeat of
+# every rank starts together and runs as many calls) or IN_TURNS (one rank times at a time, the others wait).
+LOCKSTEP = "lockstep"
+IN_TURNS = "in turns"
+_MODE: list[str | None] = [None]
+
+
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 @contextlib.contextmanager
-def lockstep(enabled: bool = True) -> Iterator[None]:
-    """Time in lockstep with the other ranks of the default process group.
-
-    CPU ranks share the machine's cores, and a training step keeps every rank computing at once; a rank timed
-    while the others wait at a barrier, print or are still starting runs on more cores than it will in training,
-    and by how much depends on the moment (four ranks on two cores: up to 2x). In lockstep each repeat of
-    :func:`time_op` and :func:`time_device` waits for every rank and all ranks run the same number of calls, so
-    the rate measured is the rate under the training's contention. Every rank must then time the same
-    operations in the same order.
-    """
-    before = _LOCKSTEP[0]
-    _LOCKSTEP[0] = enabled and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+def _mode(mode: str | None) -> Iterator[None]:
+    before = _MODE[0]
+    _MODE[0] = mode if mode and _grouped() else None
     try:
         yield
     finally:
-        _LOCKSTEP[0] = before
+        _MODE[0] = before
+
+
+def lockstep(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Time in lockstep with the other ranks of the default process group: what a collective needs.
+
+    In lockstep each repeat of :func:`time_op` and :func:`time_device` waits for every rank and all ranks run the
+    same number of calls, so the ranks of a collective call it together. Every rank must then time the same
+    operations in the same order.
+    """
+    return _mode(LOCKSTEP if enabled else None)
+
+
+def in_turns(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Time one rank at a time: each :func:`time_op` / :func:`time_device` (and :func:`one_rank_at_a_time`) runs
+    on rank 0 while the others wait at a barrier, then on rank 1, and so on.
+
+    Why: CPU ranks share the machine's cores, and how many compute at once depends on the layout (four ranks of a
+    dp4 step on two cores get half a core each; a pp2 step with one micro-batch keeps two busy). A rate timed
+    while the other ranks also compute is some mix of the two that changes with the scheduler's moment (timed in
+    lockstep, the same 2-core machine measured one GEMM at 0.042 and 0.054 TFLOP/s in two calibrations); timed
+    alone it is one number, and the cost model prices the contention of each layout from it
+    (``HardwareProfile.cpu_cores``, ``costmodel.step_time.cpu_contention``). A rank waiting in a gloo barrier
+    sleeps, so the timed rank has the cores to itself. Every rank must time the same operations in the same
+    order; collectives cannot be timed in turns (time them inside :func:`lockstep`).
+    """
+    return _mode(IN_TURNS if enabled else None)
+
+
+def one_rank_at_a_time(body: Callable[[], object]):
+    """``body()`` on every rank, inside :func:`in_turns` one rank after the other (the others wait at a barrier),
+    else directly; returns this rank's result. ``body`` runs with no coordination (it must not call a collective)."""
+    if _MODE[0] != IN_TURNS:
+        return body()
+    result = None
+    with _mode(None):
+        for turn in range(dist.get_world_size()):
+            dist.barrier()
+            if turn == dist.get_rank():
+                result = body()
+        dist.barrier()
+    return result
 
 
 def _agreed_count(count: int) -> int:
     """``count`` as every rank in lockstep uses it: the largest any rank asks for."""
-    if not _LOCKSTEP[0]:
+    if _MODE[0] != LOCKSTEP:
         return count
     t = torch.tensor([count], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -65,7 +104,7 @@ def _agreed_count(count: int) -> int:
 def start_together(device: torch.device) -> None:
     """Inside :func:`lockstep`: wait for the device and for every rank, so that what follows starts on all ranks
     together (outside it: nothing)."""
-    if _LOCKSTEP[0]:
+    if _MODE[0] == LOCKSTEP:
         synchronize(device)
         dist.barrier()
 
@@ -89,8 +128,11 @@ def time_op(op: Callable[[], object], device: torch.device, iters: int | None = 
     """Median over ``repeats`` of the mean seconds of one ``op()`` call in a loop of ``iters`` calls.
 
     ``iters`` None sizes the loop to about ``target_s`` seconds from the last warm-up call (only for
-    single-rank work: ranks of a collective must agree on the count, so they pass it).
+    single-rank work: ranks of a collective must agree on the count, so they pass it). Inside :func:`in_turns`
+    the ranks take turns (:func:`one_rank_at_a_time`).
     """
+    if _MODE[0] == IN_TURNS:
+        return one_rank_at_a_time(lambda: time_op(op, device, iters, repeats, warmup, target_s))
     for _ in range(max(1, warmup)):
         synchronize(device)
         start = time.perf_counter()
@@ -114,7 +156,9 @@ def time_op(op: Callable[[], object], device: torch.device, iters: int | None = 
 def time_device(op: Callable[[], object], device: torch.device, warmup: int = 2,
                 repeats: int = 5) -> float:
     """Median seconds of ``op()`` over ``repeats`` runs after ``warmup``: CUDA events on a GPU, wall clock
-    (``op`` is synchronous there) on the CPU."""
+    (``op`` is synchronous there) on the CPU. Inside :func:`in_turns` the ranks take turns."""
+    if _MODE[0] == IN_TURNS:
+        return one_rank_at_a_time(lambda: time_device(op, device, warmup, repeats))
     for _ in range(warmup):
         op()
     samples = []

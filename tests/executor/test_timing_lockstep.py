@@ -1,6 +1,6 @@
-"""CPU ranks time their microbenchmarks in lockstep (executor.microbench.timing.lockstep): every repeat starts on
-all ranks together and every rank runs as many calls, so a rank is timed under the contention of training (all
-ranks computing at once), not alone while the others wait or start."""
+"""How CPU ranks coordinate their microbenchmarks (executor.microbench.timing): in lockstep (collectives) every
+repeat starts on all ranks together and every rank runs as many calls; in turns (each rank's own work) one rank
+times at a time while the others wait, so it has the cores to itself whatever the others would do."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import torch
 
 from executor.launch_local import launch
-from executor.microbench.timing import lockstep, time_op
+from executor.microbench.timing import in_turns, lockstep, one_rank_at_a_time, time_device, time_op
 
 LATE_S = 0.3
 
@@ -44,3 +44,34 @@ def test_without_lockstep_each_rank_sizes_its_own_loop():
     r0, r1 = result.results
     assert r0["calls"] > r1["calls"]
     assert r0["waited_s"] < LATE_S
+
+
+def _turns_worker(rank: int, world_size: int, turns: bool) -> dict:
+    calls: dict[str, list[float]] = {"op": [], "device": []}
+
+    def op(phase: str) -> None:
+        calls[phase].append(time.perf_counter())
+        time.sleep(0.002)
+
+    with in_turns(turns):
+        time_op(lambda: op("op"), torch.device("cpu"), repeats=2, warmup=1, target_s=0.02)
+        time_device(lambda: op("device"), torch.device("cpu"), warmup=1, repeats=3)
+        body = one_rank_at_a_time(lambda: (time.perf_counter(), time.sleep(0.02), time.perf_counter()))
+    return {"op": (calls["op"][0], calls["op"][-1]), "device": (calls["device"][0], calls["device"][-1]),
+            "body": (body[0], body[2])}
+
+
+def _disjoint(spans: list[tuple[float, float]]) -> bool:
+    spans = sorted(spans)
+    return all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_ranks_in_turns_time_one_at_a_time():
+    result = launch(_turns_worker, 3, (True,), backend="gloo", timeout_s=120, start_method="fork")
+    for timing in ("op", "device", "body"):  # no rank's timed calls overlap another's
+        assert _disjoint([r[timing] for r in result.results]), timing
+
+
+def test_without_turns_the_ranks_time_at_once():
+    result = launch(_turns_worker, 3, (False,), backend="gloo", timeout_s=120, start_method="fork")
+    assert not _disjoint([r["op"] for r in result.results])
