@@ -98,13 +98,24 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
     return build_profile(hardware, raw, auto_profile_name(hardware, num_gpus))
 
 
+def current_profile(hardware: HardwareProfile, found: dict | None) -> dict | None:
+    """``found`` (a stored auto-calibrated profile of ``hardware``'s type, or None), or None when it predates what a
+    calibration now measures and must be measured again: a CPU profile without ``cpu_cores`` was timed with its
+    ranks in lockstep, and priced that way its layouts came out 13-49 % short (docs/benchmarks.md, "CPU ranks'
+    contention priced per layout")."""
+    if found is not None and is_cpu(hardware.gpu.name) and found.get("cpu_cores") is None:
+        return None
+    return found
+
+
 def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mode: str,
                     stored: Callable[[str], dict | None], store: Callable[[str, dict], bool],
                     calibrate: Calibrate = quick_calibration) -> tuple[HardwareProfile, PricingProfile]:
     """The profile a job prices with and where it came from (see the module docstring).
 
     ``stored(name)`` returns a stored profile dict or None; ``store(name, profile)`` stores one (False: the
-    name is held by a profile calibrate did not write). A calibration that fails leaves the datasheet, with
+    name is held by a profile calibrate did not write). A stored profile that :func:`current_profile` finds out of
+    date is measured again and replaced. A calibration that fails leaves the datasheet, with
     the reason in the note: the job still runs.
     """
     if hardware.source != DATASHEET_SOURCE:
@@ -113,7 +124,7 @@ def pricing_profile(hardware: HardwareProfile, num_gpus: int, precision: str, mo
         return hardware, PricingProfile(hardware.name, DATASHEET_SOURCE,
                                         note="auto-calibration off (FOLDTUNE_AUTO_CALIBRATE)")
     name = auto_profile_name(hardware, num_gpus)
-    found = stored(name)
+    found = current_profile(hardware, stored(name))
     if found is not None:
         return HardwareProfile.from_dict(found), PricingProfile(name, "stored calibration")
     try:

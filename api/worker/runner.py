@@ -48,7 +48,7 @@ from optuna.trial import TrialState
 
 from api.service.paths import default_data_root
 from api.worker.auto_profile import (AUTO_CALIBRATE_MODES, DATASHEET_SOURCE, PricingProfile, auto_profile_name,
-                                     pricing_profile, quick_calibration)
+                                     current_profile, pricing_profile, quick_calibration)
 from api.worker.candidates import job_candidates, multimodal_job_candidates, repricer, stored_prediction
 from api.worker.settings import DEFAULT_HEARTBEAT_S, DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, RunnerEnv
 from api.worker.trainings import run_claimed_training, run_next_training
@@ -442,7 +442,8 @@ class Runner:
 
         mode = self.settings.auto_calibrate_mode(cluster.hardware)
         name = auto_profile_name(cluster.hardware, cluster.num_gpus)
-        if mode != "off" and cluster.hardware.source == DATASHEET_SOURCE and stored(name) is None:
+        if (mode != "off" and cluster.hardware.source == DATASHEET_SOURCE
+                and current_profile(cluster.hardware, stored(name)) is None):
             self.on_event("calibrating", {"job_id": job.id, "gpu": cluster.hardware.gpu.name, "mode": mode,
                                           "name": name})
         calibrate = functools.partial(quick_calibration, slots_per_node=shape.slots_per_node,

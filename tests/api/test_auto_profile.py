@@ -32,7 +32,7 @@ class FakeStore:
     def calibrate(self, hardware, num_gpus, precision, mode):
         self.calibrations += 1
         return replace(hardware, name=auto_profile_name(hardware, num_gpus), source="calibrated (fake)",
-                       op_launch_s=3e-5)
+                       op_launch_s=3e-5, cpu_cores=2 if hardware.gpu.name == "cpu" else None)
 
 
 def test_the_first_job_calibrates_and_stores_later_jobs_reuse():
@@ -51,6 +51,24 @@ def test_the_first_job_calibrates_and_stores_later_jobs_reuse():
     # a GPU type's devices do not share: one profile for every job on it
     h100 = get_hardware("h100-sxm")
     assert auto_profile_name(h100, 8) == auto_profile_name(h100, 64) == "h100-sxm-auto-calibrated"
+
+
+def test_a_stored_cpu_profile_timed_in_lockstep_is_measured_again_and_replaced():
+    fake = FakeStore()
+    # what a calibration stored before CPU ranks were timed in turns: no cpu_cores
+    fake.rows["cpu-4-ranks-auto-calibrated"] = replace(CPU, name="cpu-4-ranks-auto-calibrated",
+                                                       source="calibrated (old)").to_dict()
+    profile, pricing = pricing_profile(CPU, 4, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
+    assert pricing == PricingProfile("cpu-4-ranks-auto-calibrated", "calibrated by this job", True)
+    assert fake.calibrations == 1 and profile.cpu_cores == 2
+    assert fake.rows["cpu-4-ranks-auto-calibrated"]["cpu_cores"] == 2  # replaced: the next job reuses it
+    _, pricing = pricing_profile(CPU, 4, "fp32", "minimal", fake.stored, fake.store, fake.calibrate)
+    assert pricing.source == "stored calibration" and fake.calibrations == 1
+    # a GPU profile has no cores to record: a stored one stays current
+    h100 = get_hardware("h100-sxm")
+    fake.rows["h100-sxm-auto-calibrated"] = replace(h100, name="h100-sxm-auto-calibrated", source="x").to_dict()
+    _, pricing = pricing_profile(h100, 8, "bf16", "quick", fake.stored, fake.store, fake.calibrate)
+    assert pricing.source == "stored calibration" and fake.calibrations == 1
 
 
 def test_a_cpu_calibration_runs_as_many_ranks_as_the_job():
