@@ -8,7 +8,10 @@ before the search's online fit) and per run the median |error| (issue 41's bar: 
 machine's load average before each run and a Python loop's speed are printed with it: the same machine differs by
 tens of percent from day to day.
 
-    python3 -m bench.tune_accuracy [--runs 5] [--no-write]
+    python3 -m bench.tune_accuracy [--runs 5] [--gpu cpu] [--no-write]
+
+``--gpu`` is passed to ``foldtune tune`` (on a host with GPUs tune's default is its GPU; ``--gpu cpu`` runs the
+README's CPU demo there too).
 """
 
 from __future__ import annotations
@@ -53,14 +56,15 @@ def trial_errors(output: str) -> list[dict]:
     return rows
 
 
-def run_once(timeout_s: float) -> dict:
-    """One ``foldtune tune`` in a fresh HOME; its rc, seconds, trials and median |error|."""
+def run_once(timeout_s: float, tune_args: list[str]) -> dict:
+    """One ``foldtune tune`` (with ``tune_args``) in a fresh HOME; its rc, seconds, trials and median |error|."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOLDTUNE_")}
     with tempfile.TemporaryDirectory(prefix="tune-accuracy-") as home:
         env["HOME"] = home
         load = os.getloadavg()[0]
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", "from api.cli.main import main; main()", "tune"], env=env,
+        proc = subprocess.run([sys.executable, "-c", "from api.cli.main import main; main()", "tune", *tune_args],
+                              env=env,
                               capture_output=True, text=True, timeout=timeout_s)
         seconds = time.perf_counter() - start
     trials = trial_errors(proc.stdout)
@@ -96,16 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="tune runs, one after another (default 5)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before one run is stopped")
+    parser.add_argument("--gpu", help="passed to foldtune tune (default: tune's own)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= 50:
         parser.error("--runs must be between 1 and 50")
     loop = python_loop_seconds()
     when, code = utc_now(), commit()
-    print(f"{machine()}, Python 10M-add loop {loop:.2f} s, commit {code}, {when}", flush=True)
+    print(f"{machine()}, {os.cpu_count()} CPUs, Python 10M-add loop {loop:.2f} s, commit {code}, {when}", flush=True)
     runs = []
     for i in range(args.runs):
-        r = run_once(args.timeout)
+        r = run_once(args.timeout, ["--gpu", args.gpu] if args.gpu else [])
         runs.append(r)
         median = f"{r['median_abs_error']:.1%}" if r["median_abs_error"] is not None else "-"
         print(f"run {i + 1}: rc {r['rc']}, {r['seconds']:.0f} s, load {r['load']:.1f}, "
