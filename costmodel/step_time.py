@@ -830,8 +830,9 @@ def cpu_contention(cores: int, ranks_per_node: int, micro_batches: int, pp: int,
     All of a node's ranks compute at once but for a pipeline's fill and drain, where stages wait: over a step of
     ``micro_batches`` through ``pp`` stages of ``vpp`` chunks each, a rank is busy m / (m + (pp - 1) / vpp) of the
     time (the bubble's share), so ``ranks_per_node`` · m / (m + (pp - 1) / vpp) compete for the cores. Measured on
-    the 2-core machine with four ranks of tiny-moe (docs/benchmarks.md): a dp4 step's blocks took 2.0-2.1x the
-    seconds per token and layer of a pp2 step with one micro-batch (four ranks busy against two)."""
+    the 2-core machine with four ranks of tiny-moe (docs/benchmarks.md, "CPU ranks' contention priced per layout"):
+    a dp4 step's expert blocks took 2.1x the seconds per token and layer of a pp2 step's with one micro-batch (four
+    ranks busy against two; its attention blocks 1.35x)."""
     busy = ranks_per_node * micro_batches / (micro_batches + (pp - 1) / vpp)
     return max(1.0, busy / cores)
 
