@@ -64,7 +64,7 @@ import sys
 
 import torch
 
-from executor.launch_local import launch
+from executor.launch_local import add_start_method_argument, check_start_method, launch
 from executor.pipeline import rank_stages
 from executor.microbench.ep_overlap_bar import BAR, OFF, parse_variant, summarize_runs
 from executor.microbench.step_trace import trace_worker
@@ -187,13 +187,9 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true",
                         help="also profile one step per mode: all-to-all kernel time beside compute")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ep_overlap_gpu.json"))
-    parser.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
-                        help="how each run's ranks start (executor.launch_local): 'fork' only with --device cpu, "
-                             "for the tests' smoke runs, whose worlds then skip re-importing torch; every run "
-                             "is still a fresh world with its own environment")
+    add_start_method_argument(parser, "--device cpu")
     args = parser.parse_args()
-    if args.start_method == "fork" and args.device != "cpu":
-        parser.error("--start-method fork is for --device cpu runs: CUDA ranks are spawned")
+    check_start_method(parser, args.start_method, args.device == "cpu", "--device cpu")
     try:
         variants = {v.name: v for v in map(parse_variant, filter(None, args.variants.split(",")))}
     except ValueError as exc:

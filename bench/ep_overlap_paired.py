@@ -35,7 +35,7 @@ import time
 import torch
 
 from executor.data import global_batch, micro_batches
-from executor.launch_local import launch
+from executor.launch_local import add_start_method_argument, check_start_method, launch
 from executor.microbench.ep_overlap_bar import pair_orders, summarize_pairs
 from executor.model import MoEGPT
 from executor.options import EP_OVERLAP_TRANSPORTS, ExecutorOptions
@@ -128,14 +128,11 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny-moe at seq 64 (CPU smoke runs)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ep_overlap_paired.json"))
-    parser.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
-                        help="how the two ranks start (executor.launch_local): 'fork' only with --device cpu, for "
-                             "the tests' smoke runs, whose ranks then skip re-importing torch")
+    add_start_method_argument(parser, "--device cpu")
     args = parser.parse_args()
     if args.pairs < 1 or args.warmup < 0 or args.micro < 2:
         parser.error("--pairs must be >= 1, --warmup >= 0 and --micro >= 2 (the overlap pairs micro-batches)")
-    if args.start_method == "fork" and args.device != "cpu":
-        parser.error("--start-method fork is for --device cpu runs: CUDA ranks are spawned")
+    check_start_method(parser, args.start_method, args.device == "cpu", "--device cpu")
     cuda = args.device == "cuda"
     if cuda and torch.cuda.device_count() < 2:
         parser.error("needs 2 GPUs (or --device cpu)")

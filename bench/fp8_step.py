@@ -48,7 +48,7 @@ import torch
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
 from executor.kernels.fp8 import expert_pick, gemm, grouped_gemm, quantize
-from executor.launch_local import launch
+from executor.launch_local import add_start_method_argument, check_start_method, launch
 from executor.microbench.fp8_step_bar import BAR_LOSS, BAR_SPEEDUP, compare, max_rel_diff
 from executor.microbench.timing import synchronize
 from executor.model import MoEGPT
@@ -204,15 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=TOP_KERNELS,
                         help=f"kernels kept per run in the JSON, by device time (the table prints {TOP_KERNELS})")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_step.json"))
-    parser.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
-                        help="how each run's process starts (executor.launch_local): 'fork' only with --tiny, for "
-                             "the tests' smoke runs, whose runs then skip re-importing torch; every run still gets "
-                             "a process of its own and its environment")
+    add_start_method_argument(parser, "--tiny")
     args = parser.parse_args(argv)
     if args.top < 1:
         parser.error(f"--top must be at least 1, got {args.top}")
-    if args.start_method == "fork" and not args.tiny:
-        parser.error("--start-method fork is for --tiny (CPU) runs: CUDA ranks are spawned")
+    check_start_method(parser, args.start_method, args.tiny, "--tiny")
     use_cuda = not args.tiny
     if use_cuda and not torch.cuda.is_available():
         print("no CUDA device: run with --tiny for the CPU smoke test", file=sys.stderr)
