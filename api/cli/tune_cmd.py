@@ -35,6 +35,7 @@ from spec.catalog import has_hardware
 from spec.layout_codec import Labelled
 from spec.profile_io import use_profile_file
 from api.cli._local_key import owner_of_local_key
+from executor.node import cpu_cores
 
 HELP = "set up the embedded service and run one real tuning job here (SQLite, local Ray)"
 # api.worker.auto_profile.AUTO_CALIBRATE_MODES, spelled out: the worker (torch) loads only when the job runs
@@ -106,8 +107,12 @@ class TrialPrinter:
             ray = data.get("ray_cluster")
             if ray:  # where the trials run: what Ray reported and what the planner was told
                 slots = ", ".join(map(str, ray["slots_per_node"])) or "none"
-                say(f"  Ray: {ray['nodes']} node(s) with {slots} {ray['resource']} each; the planner assumes "
-                    f"{ray['gpus_per_node']} per node; {ray['parallel_trials']} trial(s) at a time")
+                # a local Ray is given more CPU slots than the machine has cores (so the ranks and the calibration
+                # fit): say what the ranks really share
+                cores = (f" ({cpu_cores()} cores on this machine, shared by the ranks)"
+                         if ray["resource"] == "CPU" and not os.environ.get("FOLDTUNE_RAY_ADDRESS") else "")
+                say(f"  Ray: {ray['nodes']} node(s) with {slots} {ray['resource']} slot(s) each{cores}; the planner "
+                    f"assumes {ray['gpus_per_node']} per node; {ray['parallel_trials']} trial(s) at a time")
         elif kind == "trial_started":
             say(f"  trial {data['number']:>2}  {data['layout']:<60} predicted {seconds(data['predicted_step_time'])}"
                 f"  running ...")

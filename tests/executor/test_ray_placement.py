@@ -120,8 +120,32 @@ def test_the_job_start_line_says_what_ray_reported_and_what_the_planner_assumes(
         "candidates": {"valid": 10, "fitting": 9, "searched": 8},
         "ray_cluster": {"resource": "fake_gpu", "nodes": 2, "slots_per_node": [2, 2], "gpus_per_node": 2,
                         "parallel_trials": 1}})
-    assert out.getvalue().splitlines()[1] == ("  Ray: 2 node(s) with 2, 2 fake_gpu each; the planner assumes 2 per "
-                                              "node; 1 trial(s) at a time")
+    assert out.getvalue().splitlines()[1] == ("  Ray: 2 node(s) with 2, 2 fake_gpu slot(s) each; the planner assumes "
+                                              "2 per node; 1 trial(s) at a time")
+
+
+def test_the_job_start_line_says_how_many_cores_a_local_rays_cpu_slots_share(monkeypatch):
+    import io
+
+    from api.cli import tune_cmd
+
+    # a local Ray gets at least 8 CPU slots whatever the machine: the line says the cores the ranks share
+    monkeypatch.delenv("FOLDTUNE_RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(tune_cmd, "cpu_cores", lambda: 2)
+    event = {"job_id": 1, "model": "tiny-moe", "gpus": 4, "gpu": "cpu", "max_trials": 6,
+             "candidates": {"valid": 10, "fitting": 9, "searched": 8},
+             "ray_cluster": {"resource": "CPU", "nodes": 1, "slots_per_node": [8], "gpus_per_node": 4,
+                             "parallel_trials": 1}}
+    out = io.StringIO()
+    tune_cmd.TrialPrinter(out)("job_started", event)
+    assert out.getvalue().splitlines()[1] == ("  Ray: 1 node(s) with 8 CPU slot(s) each (2 cores on this machine, "
+                                              "shared by the ranks); the planner assumes 4 per node; 1 trial(s) at a "
+                                              "time")
+    # a Ray cluster elsewhere: this machine's cores say nothing about its nodes
+    monkeypatch.setenv("FOLDTUNE_RAY_ADDRESS", "head:6379")
+    out = io.StringIO()
+    tune_cmd.TrialPrinter(out)("job_started", event)
+    assert "cores on this machine" not in out.getvalue()
 
 
 def test_a_gpus_per_node_override_below_one_is_refused_by_the_cli(monkeypatch, tmp_path, capsys):
