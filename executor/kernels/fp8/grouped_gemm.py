@@ -334,6 +334,16 @@ def _tma_ok(*operands: torch.Tensor) -> bool:
         t.stride(-1) == 1 and t.stride(-2) % 16 == 0 and t.data_ptr() % 16 == 0 for t in operands)
 
 
+def _operands(cfg: Config, qa: torch.Tensor, qb: torch.Tensor, qb_2d: torch.Tensor) -> tuple[bool, object, object]:
+    """(whether the kernel loads through TMA, its A argument, its B argument): TMA descriptors of ``qa`` and of
+    ``qb_2d`` (B's rows as one 2-D view) with the config's tiles where the config asks for TMA and
+    :func:`_tma_ok` allows it, else the tensors themselves (``qa``, ``qb``)."""
+    if cfg.tma and _tma_ok(qa, qb_2d):
+        return (True, TensorDescriptor.from_tensor(qa, [cfg.block_m, cfg.block_k]),
+                TensorDescriptor.from_tensor(qb_2d, [cfg.block_n, cfg.block_k]))
+    return False, qa, qb
+
+
 def _torch_kernel_fits(a, b, scaling: str) -> bool:
     """Whether torch's rowwise grouped GEMM can take these m-grouped operands: rowwise, on a GPU where
     :mod:`executor.kernels.fp8.gemm` runs it (present, sm90, passed its own first-use check), N and K
@@ -354,12 +364,7 @@ def _launch_m(cfg: Config, a, b, offs, scaling: str, fast_accum: bool) -> torch.
     bound = (triton.cdiv(m, cfg.block_m) + g) * triton.cdiv(n, cfg.block_n)
     programs = _programs(qa.device, bound, cfg.per_sm)
     blockwise = scaling == "blockwise"
-    tma = cfg.tma and _tma_ok(qa, qb.view(g * n, k))
-    if tma:
-        a_arg = TensorDescriptor.from_tensor(qa, [cfg.block_m, cfg.block_k])
-        b_arg = TensorDescriptor.from_tensor(qb.view(g * n, k), [cfg.block_n, cfg.block_k])
-    else:
-        a_arg, b_arg = qa, qb
+    tma, a_arg, b_arg = _operands(cfg, qa, qb, qb.view(g * n, k))
     s_sb = sb.stride() if blockwise else (*sb.stride(), 0)
     _m_grouped_kernel[(programs,)](
         a_arg, b_arg, out, sa, sb, offs, m, n, k, g, programs, qa.stride(0), qb.stride(0), qb.stride(1),
@@ -376,12 +381,7 @@ def _launch_k(cfg: Config, a, b, offs, scaling: str) -> torch.Tensor:
         raise ValueError(f"an expert's weight gradient of {p} x {q} elements is past 32-bit offsets")
     out = torch.empty(g, p, q, dtype=OUT, device=qa.device)
     programs = _programs(qa.device, g * triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n), cfg.per_sm)
-    tma = cfg.tma and _tma_ok(qa, qb)
-    if tma:
-        a_arg = TensorDescriptor.from_tensor(qa, [cfg.block_m, cfg.block_k])
-        b_arg = TensorDescriptor.from_tensor(qb, [cfg.block_n, cfg.block_k])
-    else:
-        a_arg, b_arg = qa, qb
+    tma, a_arg, b_arg = _operands(cfg, qa, qb, qb)
     kernel = _k_grouped_flat_kernel if cfg.flatten else _k_grouped_kernel
     kernel[(programs,)](
         a_arg, b_arg, out, sa, sb, offs, p, q, g, programs, qa.stride(0), qb.stride(0), G_PAD=g_pad(g),
