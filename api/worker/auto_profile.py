@@ -101,8 +101,8 @@ def quick_calibration(hardware: HardwareProfile, num_gpus: int, precision: str, 
 def current_profile(hardware: HardwareProfile, found: dict | None) -> dict | None:
     """``found`` (a stored auto-calibrated profile of ``hardware``'s type, or None), or None when it predates what a
     calibration now measures and must be measured again: a CPU profile without ``cpu_cores`` was timed with its
-    ranks in lockstep, and priced that way its layouts came out 13-49 % short (docs/benchmarks.md, "CPU ranks'
-    contention priced per layout")."""
+    ranks in lockstep, which prices every layout at one contention, whatever its ranks really share
+    (docs/benchmarks.md, "CPU ranks' contention priced per layout")."""
     if found is not None and is_cpu(hardware.gpu.name) and found.get("cpu_cores") is None:
         return None
     return found

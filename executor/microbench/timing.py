@@ -67,9 +67,9 @@ def in_turns(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
 
     Why: CPU ranks share the machine's cores, and how many compute at once depends on the layout (four ranks of a
     dp4 step on two cores get half a core each; a pp2 step with one micro-batch keeps two busy). A rate timed
-    while the other ranks also compute is some mix of the two that changes with the scheduler's moment (timed in
-    lockstep, the same 2-core machine measured one GEMM at 0.042 and 0.054 TFLOP/s in two calibrations); timed
-    alone it is one number, and the cost model prices the contention of each layout from it
+    while the other ranks also compute is some mix of the two that changes with the scheduler's moment
+    (docs/benchmarks.md, "CPU ranks' contention priced per layout"); timed alone it is one number, and the cost
+    model prices the contention of each layout from it
     (``HardwareProfile.cpu_cores``, ``costmodel.step_time.cpu_contention``). A rank waiting in a gloo barrier
     sleeps, so the timed rank has the cores to itself. Every rank must time the same operations in the same
     order; collectives cannot be timed in turns (time them inside :func:`lockstep`).
