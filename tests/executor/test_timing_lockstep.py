@@ -11,13 +11,16 @@ import torch
 from executor.launch_local import launch
 from executor.microbench.timing import in_turns, lockstep, one_rank_at_a_time, time_device, time_op
 
-LATE_S = 0.3
+# long beside what rank 0 times alone (~0.1 s, or a few times that on a loaded machine), so that waiting for the
+# late rank and not waiting are told apart whatever the load
+LATE_S = 1.0
 
 
 def _worker(rank: int, world_size: int, in_lockstep: bool) -> dict:
     calls = [0]
-    # rank 1's call is 4x as long: alone, it would size its loop to a quarter of rank 0's calls
-    pause = 0.001 if rank == 0 else 0.004
+    # rank 1's call is 20x as long: alone, it sizes its loop to one call, rank 0 to ~20 (a loaded machine's slower
+    # sleeps lower that, not to one)
+    pause = 0.001 if rank == 0 else 0.02
 
     def op() -> None:
         calls[0] += 1
@@ -53,8 +56,10 @@ def _turns_worker(rank: int, world_size: int, turns: bool) -> dict:
         calls[phase].append(time.perf_counter())
         time.sleep(0.002)
 
+    torch.distributed.barrier()  # start together: without turns the spans then overlap whatever the start-up
     with in_turns(turns):
-        time_op(lambda: op("op"), torch.device("cpu"), repeats=2, warmup=1, target_s=0.02)
+        # ~0.2 s of calls a rank: far longer than a loaded machine's lag in waking a rank after the barrier
+        time_op(lambda: op("op"), torch.device("cpu"), repeats=2, warmup=1, target_s=0.1)
         time_device(lambda: op("device"), torch.device("cpu"), warmup=1, repeats=3)
         body = one_rank_at_a_time(lambda: (time.perf_counter(), time.sleep(0.02), time.perf_counter()))
     return {"op": (calls["op"][0], calls["op"][-1]), "device": (calls["device"][0], calls["device"][-1]),
