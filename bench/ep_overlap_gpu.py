@@ -64,7 +64,8 @@ import sys
 
 import torch
 
-from executor.launch_local import add_start_method_argument, check_start_method, launch
+from executor.launch_local import launch
+from executor.microbench.script_args import add_start_method_argument, check_start_method
 from executor.pipeline import rank_stages
 from executor.microbench.ep_overlap_bar import BAR, OFF, parse_variant, summarize_runs
 from executor.microbench.step_trace import trace_worker

@@ -35,7 +35,8 @@ import time
 import torch
 
 from executor.data import global_batch, micro_batches
-from executor.launch_local import add_start_method_argument, check_start_method, launch
+from executor.launch_local import launch
+from executor.microbench.script_args import add_start_method_argument, check_start_method
 from executor.microbench.ep_overlap_bar import pair_orders, summarize_pairs
 from executor.model import MoEGPT
 from executor.options import EP_OVERLAP_TRANSPORTS, ExecutorOptions

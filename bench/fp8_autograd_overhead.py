@@ -42,6 +42,7 @@ from collections import defaultdict
 import torch
 
 from executor.kernels.fp8 import gemm, quantize, weight_cache
+from executor.microbench.script_args import add_linear_shape_arguments, linear_operands
 from executor.microbench.timing import sleep_cycles_per_second
 
 
@@ -192,20 +193,14 @@ def top_ops(op, runs: int, top: int) -> dict[str, tuple[float, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=4096, help="rows of x (default: 4096)")
-    parser.add_argument("--n", type=int, default=4096, help="weight rows, the output width (default: 4096)")
-    parser.add_argument("--k", type=int, default=2048, help="weight columns, the input width (default: 2048)")
+    add_linear_shape_arguments(parser)
     parser.add_argument("--calls", type=int, default=30, help="calls per timed loop (default: 30)")
     parser.add_argument("--repeats", type=int, default=3, help="timed loops, the median taken (default: 3)")
     parser.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU with fp8 tensor cores")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(args.rows, args.k, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_()
-    w = torch.nn.Parameter((torch.randn(args.n, args.k, device="cuda", generator=gen) * args.k ** -0.5)
-                           .to(torch.bfloat16))
-    dy = torch.randn(args.rows, args.n, device="cuda", generator=gen).to(torch.bfloat16)
+    x, w, dy = linear_operands(args.rows, args.n, args.k, "cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; x {args.rows}x{args.k}, w {args.n}x{args.k}; "
           f"kernels: {gemm.emulation_reason('cuda') or 'yes'}; python threads: "
           f"{[t.name for t in threading.enumerate()]}")

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.kernels.fp8 import gemm, quantize, weight_cache
+from executor.microbench.script_args import add_linear_shape_arguments, linear_operands
 from executor.microbench.sync_debug import synchronizing_calls
 from executor.microbench.timing import synchronize, time_host_ahead, time_host_issue
 
@@ -176,9 +177,7 @@ def profile_python(call, device: torch.device, runs: int, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=4096, help="rows of x (default: 4096)")
-    parser.add_argument("--n", type=int, default=4096, help="weight rows, the output width (default: 4096)")
-    parser.add_argument("--k", type=int, default=2048, help="weight columns, the input width (default: 2048)")
+    add_linear_shape_arguments(parser)
     parser.add_argument("--calls", type=int, default=50, help="calls per timed loop (default: 50)")
     parser.add_argument("--top", type=int, default=25, help="rows of the profiles (default: 25)")
     parser.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
@@ -189,11 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs a CUDA GPU with fp8 tensor cores (--smoke runs on the CPU)")
     if args.smoke:
         args.rows, args.n, args.k, args.calls, args.top = 64, 48, 32, 3, 8
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(args.rows, args.k, device=device, generator=gen).to(torch.bfloat16).requires_grad_()
-    w = torch.nn.Parameter((torch.randn(args.n, args.k, device=device, generator=gen) * args.k ** -0.5)
-                           .to(torch.bfloat16))
-    dy = torch.randn(args.rows, args.n, device=device, generator=gen).to(torch.bfloat16)
+    x, w, dy = linear_operands(args.rows, args.n, args.k, device)
     env = {k: v for k, v in os.environ.items() if k.startswith("FOLDTUNE_FP8")}
     print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}; "
           f"x {args.rows}x{args.k}, w {args.n}x{args.k}, bf16; env {env or 'default'}; "

@@ -48,7 +48,8 @@ import torch
 from executor.data import global_batch, micro_batches
 from executor.kernels import fp8
 from executor.kernels.fp8 import expert_pick, gemm, grouped_gemm, quantize
-from executor.launch_local import add_start_method_argument, check_start_method, launch
+from executor.launch_local import launch
+from executor.microbench.script_args import add_start_method_argument, check_start_method
 from executor.microbench.fp8_step_bar import BAR_LOSS, BAR_SPEEDUP, compare, max_rel_diff
 from executor.microbench.timing import synchronize
 from executor.model import MoEGPT

@@ -52,24 +52,6 @@ class LaunchResult:
     reused: bool = False
 
 
-START_METHODS = ("spawn", "fork")
-
-
-def add_start_method_argument(parser, cpu_flag: str) -> None:
-    """A script's ``--start-method`` (an argparse parser): how its runs' ranks start (:func:`launch`). 'fork' is for
-    the CPU runs ``cpu_flag`` selects (the tests' smoke runs, whose ranks then skip re-importing torch): CUDA
-    cannot be initialised again in a forked child. Every run is still a fresh world with its own environment."""
-    parser.add_argument("--start-method", choices=START_METHODS, default="spawn",
-                        help=f"how each run's ranks start: 'fork' only with {cpu_flag} (the tests' smoke runs, whose "
-                             f"ranks then skip re-importing torch); every run is still a fresh world")
-
-
-def check_start_method(parser, start_method: str, on_cpu: bool, cpu_flag: str) -> None:
-    """Refuse (``parser.error``, exit 2) a 'fork' start for a run on CUDA devices."""
-    if start_method == "fork" and not on_cpu:
-        parser.error(f"--start-method fork is for {cpu_flag} runs: CUDA ranks are spawned")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
