@@ -7,11 +7,16 @@ the running maximum and sum of exponentials (one Triton pass on GPUs; the torch 
 copy); it saves only a per-token log-sum-exp. Backward, per block, the block's logits again (one more
 output-layer GEMM), its softmax gradient in the compute dtype (one Triton pass, or fp32 torch ops and a cast),
 then the weight-gradient GEMM of those rows and the block's share of the input gradient added into an fp32
-accumulator. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
+accumulator. Where a micro-batch's whole logits take at most :data:`CROSS_ENTROPY_KEEP_LOGITS` bytes, it
+computes them in one GEMM instead and keeps them for the backward, which turns them into their gradient in
+place and runs the weight- and input-gradient GEMMs once over them: no second output GEMM, no fp32
+accumulator, the logits held from forward to backward. Megatron keeps the whole logits' fp32 softmax of every output head from forward to
 backward. Memory and time models both read this module, so the two behaviours stay described in one place.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from spec.head_features import output_heads
 from spec.model_spec import ModelSpec
@@ -20,6 +25,9 @@ from spec.training_spec import TrainingSpec
 #: Logits the executor's fused output layer + loss holds at once: the default of
 #: ``ExecutorOptions.cross_entropy_chunk_logits`` (tests/costmodel/test_loss_terms.py keeps them equal).
 CROSS_ENTROPY_CHUNK_LOGITS = 2**26
+#: Bytes of logits the executor's loss keeps whole from forward to backward: the default of
+#: ``ExecutorOptions.cross_entropy_keep_logits`` (tests/costmodel/test_loss_terms.py keeps them equal).
+CROSS_ENTROPY_KEEP_LOGITS = 2**34
 #: fp32 tensors per logit Megatron's loss keeps from forward to backward, per output head: the softmax
 #: (``vocab_parallel_cross_entropy`` and its fused kernel both turn their fp32 copy into it in place).
 MEGATRON_LOSS_FP32_COPIES = 1
@@ -64,6 +72,14 @@ def vocab_rows(model: ModelSpec, tp: int) -> int:
     return min(model.padded_vocab_size(tp) // tp, model.vocab_size)
 
 
+def keeps_logits(tokens: float, rows: int, activation_bytes: int, keep_bytes: int | None = None) -> bool:
+    """Whether the executor's loss keeps the whole logits of ``tokens`` tokens and ``rows`` vocabulary rows
+    (``executor.parallel.linear_cross_entropy.keeps_logits``: ``tokens · rows · activation_bytes <= keep_bytes``,
+    by default :data:`CROSS_ENTROPY_KEEP_LOGITS`)."""
+    keep = CROSS_ENTROPY_KEEP_LOGITS if keep_bytes is None else keep_bytes
+    return keep > 0 and tokens * rows * activation_bytes <= keep
+
+
 def block_logits(tokens: int, rows: int, chunk_logits: int = CROSS_ENTROPY_CHUNK_LOGITS) -> int:
     """Logits of one block of the fused loss over ``tokens`` tokens and ``rows`` vocabulary rows: ``tokens`` ×
     ``max(1, min(rows, chunk_logits // tokens))`` rows (``executor.parallel.linear_cross_entropy.block_rows``)."""
@@ -76,26 +92,38 @@ def num_blocks(tokens: int, rows: int, chunk_logits: int = CROSS_ENTROPY_CHUNK_L
     return -(-rows // per_block)
 
 
-def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
-                      ) -> tuple[float, tuple[float, int, float] | None]:
+class BlockedLoss(NamedTuple):
+    """What the executor's loss holds beside its per-token bytes, as a function of the micro-batch's tokens
+    (:func:`loss_fixed_bytes`): whether it keeps the whole logits depends on their size."""
+
+    per_block_logit: float  # bytes per logit of one block at the backward's peak (16-bit + its fp32 copy)
+    rows: int  # vocabulary rows multiplied (padded rows never are)
+    weight_grad: float  # the output weight's 16-bit gradient
+    accumulator_per_token: float  # the blocked backward's fp32 input-gradient accumulator (4·h)
+    kept_per_logit: float  # kept logits: bytes per logit over every output head (b · heads)
+    activation_bytes: int
+
+
+def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int) -> tuple[float, BlockedLoss | None]:
     """Bytes the output layer + loss of one micro-batch holds on the last stage at its peak:
-    (bytes per token, the blocked loss's fixed part or None).
+    (bytes per token, the executor's loss's token-dependent part or None).
 
     Megatron (``training.megatron_cross_entropy``): the whole logits ``V/tp`` per token in the compute dtype
     ``b`` and one fp32 softmax per output head (main + MTP heads, each kept until its backward):
-    ``V/tp · (4·(1 + MTP) + b)`` per token; no fixed part. With Transformer Engine's fused loss
+    ``V/tp · (4·(1 + MTP) + b)`` per token; no other part. With Transformer Engine's fused loss
     (``training.cross_entropy_fusion_impl == "te"``: ``parallel_cross_entropy``, whose Triton kernel works in
     registers, saves its 16-bit input and writes the logits' gradient over it in backward) each head keeps its
     16-bit logits and no fp32 copy: ``V/tp · b · (1 + MTP)``.
 
-    The executor's blocked loss: per token the backward's fp32 input-gradient accumulator (``4·h``) and each
-    head's saved fp32 log-sum-exp (``4·(1 + MTP)``); beside them, at the backward's peak, one block of logits
-    in the compute dtype with its fp32 softmax (``b + 4`` bytes per block logit; ``4`` in fp32, where the copy
-    is the GEMM's output itself) and the output weight's 16-bit gradient (``V/tp · h · w`` bytes) before it is
-    added into the main gradient. That is the torch path's block; on a GPU the Triton kernels keep no fp32
-    copy, so there it is an upper bound by 4 bytes per block logit (the kernels' own peak is not measured).
-    The heads run one after another: one block is live at a time. The fixed
-    part is (bytes per block logit, vocabulary rows, weight-gradient bytes); :func:`loss_fixed_bytes` prices it.
+    The executor's loss: per token each head's saved fp32 log-sum-exp (``4·(1 + MTP)``); then, by the logits'
+    size (:func:`loss_fixed_bytes`), either the blocked backward's fp32 input-gradient accumulator (``4·h`` a
+    token) or every head's kept logits (``b`` a logit each, held from forward to backward; the 1F1B last stage
+    runs a micro-batch's backward before the next forward, so one micro-batch's); beside them, at the
+    backward's peak, one block of logits in the compute dtype with its fp32 softmax (``b + 4`` bytes per block
+    logit; ``4`` in fp32, where the copy is the GEMM's output itself) and the output weight's 16-bit gradient
+    (``V/tp · h · w`` bytes) before it is added into the main gradient. That is the torch path's block; on a
+    GPU the Triton kernels keep no fp32 copy, so there it is an upper bound by 4 bytes per block logit (the
+    kernels' own peak is not measured). The heads run one after another: one block is live at a time.
     """
     b, h, heads = training.activation_bytes, model.hidden_size, output_heads(model)
     padded = model.padded_vocab_size(tp) // tp
@@ -105,11 +133,21 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int
         return float(padded * (_FP32 * MEGATRON_LOSS_FP32_COPIES * heads + b)), None
     per_logit = float(_FP32 if b == _FP32 else b + _FP32)
     weight_grad = float(padded * h * training.param_bytes)
-    return float(_FP32 * h + _FP32 * heads), (per_logit, vocab_rows(model, tp), weight_grad)
+    return float(_FP32 * heads), BlockedLoss(per_logit, vocab_rows(model, tp), weight_grad, float(_FP32 * h),
+                                             float(b * heads), b)
 
 
-def loss_fixed_bytes(fixed: tuple[float, int, float] | None, tokens: float) -> tuple[float, float]:
-    """(block bytes, weight-gradient bytes) of the blocked loss over ``tokens`` tokens; (0, 0) for None."""
+def loss_fixed_bytes(fixed: BlockedLoss | None, tokens: float) -> tuple[float, float, float]:
+    """(one block's logits, the kept logits or the fp32 input-gradient accumulator, the weight gradient), bytes,
+    of the executor's loss over ``tokens`` tokens beyond its per-token part; zeros for None."""
     if fixed is None:
-        return 0.0, 0.0
-    return fixed[0] * block_logits(int(tokens), fixed[1]), fixed[2]
+        return 0.0, 0.0, 0.0
+    block = fixed.per_block_logit * block_logits(int(tokens), fixed.rows)
+    if keeps_logits(tokens, fixed.rows, fixed.activation_bytes):
+        return block, fixed.kept_per_logit * tokens * fixed.rows, fixed.weight_grad
+    return block, fixed.accumulator_per_token * tokens, fixed.weight_grad
+
+
+def loss_held_name(fixed: BlockedLoss, tokens: float) -> str:
+    """What the second part of :func:`loss_fixed_bytes` is: 'kept_logits' or 'input_grad_accumulator'."""
+    return "kept_logits" if keeps_logits(tokens, fixed.rows, fixed.activation_bytes) else "input_grad_accumulator"

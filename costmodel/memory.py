@@ -45,7 +45,7 @@ from costmodel.attention_pricing import attention_pricing
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fp8_storage import fp8_weight_extra_bytes, te_saved_input_bytes
 from costmodel.head_pricing import head_pricing
-from costmodel.loss import loss_fixed_bytes as _loss_fixed, loss_memory_terms
+from costmodel.loss import BlockedLoss, loss_fixed_bytes as _loss_fixed, loss_held_name, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
@@ -422,7 +422,7 @@ class _KindTerms(NamedTuple):
     head_blocks: tuple[tuple[str, float], ...]  # (feature name, stored bytes of its blocks) (last stage)
     logits: float  # per token: the output layer + loss (costmodel.loss.loss_memory_terms)
     embedding_mask: float  # embedding dropout mask (first stage)
-    loss_fixed: tuple[float, int, float] | None  # the blocked loss's fixed part (costmodel.loss)
+    loss_fixed: BlockedLoss | None  # the executor's loss's token-dependent part (costmodel.loss)
 
 
 def _largest(comm: tuple[tuple[str, float], ...]) -> tuple[str, float]:
@@ -1170,9 +1170,9 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         if fixed is None:
             details.append(("logits.loss_and_output", tokens * row_logits))
         else:
-            block, weight_grad = _loss_fixed(fixed, tokens)
-            details += [("logits.loss_block", block), ("logits.output_weight_grad", weight_grad),
-                        ("logits.input_grad_and_lse", tokens * row_logits)]
+            block, held, weight_grad = _loss_fixed(fixed, tokens)
+            details += [("logits.loss_block", block), (f"logits.{loss_held_name(fixed, tokens)}", held),
+                        ("logits.output_weight_grad", weight_grad), ("logits.lse", tokens * row_logits)]
     name, value = k.comm_moe if lay.has_moe else k.comm_dense
     if value:
         details.append((name, tokens * value))

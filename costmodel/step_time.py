@@ -646,9 +646,9 @@ class _Shape:
 
     def head(self, block: _Block) -> None:
         """Final norm, output layer (16-bit) and vocab-parallel cross-entropy of one output head: the executor's
-        loss fused with the output layer and blocked over the vocabulary (one more output GEMM in backward; its
-        Triton kernels' traffic on GPUs, its torch ops' on CPU: ``costmodel.loss``), or Megatron's over the
-        whole logits (``TrainingSpec.megatron_cross_entropy``)."""
+        loss fused with the output layer, its logits kept whole or blocked over the vocabulary (then one more
+        output GEMM in backward; its Triton kernels' traffic on GPUs, its torch ops' on CPU: ``costmodel.loss``),
+        or Megatron's over the whole logits (``TrainingSpec.megatron_cross_entropy``)."""
         m, t, ab, tp = self.model, self.tokens, self.act_bytes, self.tp
         h = m.hidden_size
         vocab = m.padded_vocab_size(tp) / tp
@@ -659,11 +659,14 @@ class _Shape:
             self.elementwise(block, LOSS_BYTES_PER_LOGIT_FWD * t * vocab,
                              bwd_bytes=LOSS_BYTES_PER_LOGIT_BWD * t * vocab)
             return
-        # the executor's blocked loss (costmodel.loss): its backward computes each block's logits again
+        # the executor's loss (costmodel.loss): with its logits kept, no more work than their kernels' passes;
+        # blocked, its backward computes each block's logits again and sums the input gradient over blocks
         rows = _loss.vocab_rows(m, tp)
-        block.add(GEMM, 0.0, gemm_time(self.rates, t, round(vocab), h, False))
         fwd_bytes, bwd_bytes = self.loss_bytes
-        accumulate = _loss.BLOCKED_LOSS_ACCUM_BYTES * t * h * _loss.num_blocks(t, rows)
+        accumulate = 0.0
+        if not _loss.keeps_logits(t, rows, ab):
+            block.add(GEMM, 0.0, gemm_time(self.rates, t, round(vocab), h, False))
+            accumulate = _loss.BLOCKED_LOSS_ACCUM_BYTES * t * h * _loss.num_blocks(t, rows)
         self.elementwise(block, fwd_bytes * t * rows, bwd_bytes=bwd_bytes * t * rows + accumulate)
 
     def chunk_end(self, block: _Block) -> None:

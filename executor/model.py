@@ -342,7 +342,8 @@ class MoEGPT(torch.nn.Module):
         weight = self.lm_head if self.lm_head is not None else self.embedding
         packed = len(rope) > 2  # the mean over labelled tokens: padding and document ends have none
         ce = output_cross_entropy(x, weight, (targets(labels_BS) if packed else labels_BS).t(), self.spec.vocab_size,
-                                  self.padded_vocab, state, self.options.cross_entropy_chunk_logits)
+                                  self.padded_vocab, state, self.options.cross_entropy_chunk_logits,
+                                  self.options.cross_entropy_keep_logits)
         ce = masked_mean(ce, labels_BS, full_labels_BS, state["cp"].size, loss_tokens) if packed else ce.mean()
         loss = ce + router_loss
         loss = timer.mark(loss, "lm_head_loss", "other")

@@ -100,6 +100,7 @@ class MultiTokenPrediction(torch.nn.Module):
                  kernels: KernelBackend, device, dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()
         self.spec, self.state, self.timer, self.chunk_logits = spec, state, timer, options.cross_entropy_chunk_logits
+        self.keep_logits = options.cross_entropy_keep_logits
         self.loss_scale = options.mtp_loss_scaling_factor
         self.padded_vocab = spec.padded_vocab_size(state.tp.size)
         self.depths = torch.nn.ModuleList(
@@ -133,7 +134,7 @@ class MultiTokenPrediction(torch.nn.Module):
             router_loss = router_loss + layer_loss
             x = timer.mark(h, "other", "lm_head_loss")
             ce = output_cross_entropy(enter_tp(x, state), output_VH, targets.t(), spec.vocab_size, self.padded_vocab,
-                                      state, self.chunk_logits)  # [s_local, b]
+                                      state, self.chunk_logits, self.keep_logits)  # [s_local, b]
             # global mean over the micro-batch's valid positions: CP ranks' parts average to it
             loss_k = (ce * valid.t()).sum() * cp / max(b * (s - k), 1)
             total = total + timer.mark(loss_k, "lm_head_loss", "other")

@@ -13,6 +13,10 @@ from spec.validity import executor_model_rule
 
 #: Logits per block of the fused output layer + loss: 2**26 (its fp32 copy is 256 MiB).
 DEFAULT_CHUNK_LOGITS = 2**26
+#: Bytes of logits the fused output layer + loss keeps whole from forward to backward (16 GiB): up to there it
+#: skips the backward's second output GEMM and the per-block input-gradient sums (issue 38's step profile: 14 %
+#: of the Qwen3-30B-A3B 4-layer proxy's step at micro-batch 8).
+DEFAULT_KEEP_LOGITS = 2**34
 #: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
 EP_OVERLAP_TRANSPORTS = ("auto", "nccl", "copy_engine")
@@ -36,7 +40,11 @@ class ExecutorOptions:
     ``cross_entropy_chunk_logits``: the output layer and loss hold at most this many logits (tokens × this
     rank's vocabulary rows) at once, fused and blocked over the vocabulary (default 2**26: a 256 MiB fp32
     block); 0 computes the whole [tokens, vocab/tp] logits and then their fp32 copies, as Megatron's
-    unfused loss does (see ``executor.parallel.linear_cross_entropy``).
+    unfused loss does (see ``executor.parallel.linear_cross_entropy``). ``cross_entropy_keep_logits`` (bytes,
+    default 16 GiB; 0: never): where a micro-batch's whole logits [tokens, vocab/tp] in the compute dtype take at
+    most this many bytes, the fused loss computes them in one GEMM and keeps them for the backward, which then
+    turns them into their gradient in place and runs two whole GEMMs instead of a second output GEMM and a
+    per-block fp32 sum (``costmodel.loss`` prices the bytes held and the work saved).
 
     Decoder-stack speed switches (each tested equal to the path it replaces, see
     tests/executor/test_stack_fusions.py): ``fused_qkv`` runs the Q, K and V projections as one GEMM against
@@ -103,6 +111,7 @@ class ExecutorOptions:
     mtp_loss_scaling_factor: float = 0.1
     kernel_backend: str = "torch"
     cross_entropy_chunk_logits: int = DEFAULT_CHUNK_LOGITS
+    cross_entropy_keep_logits: int = DEFAULT_KEEP_LOGITS
     fused_qkv: bool = True
     fused_rope: bool = True
     fused_rms_norm: bool = True
@@ -137,6 +146,8 @@ class ExecutorOptions:
             raise SpecError(f"fp8_expert_gemm must be one of {tuple(FP8_EXPERT_GEMMS)}, got {self.fp8_expert_gemm!r}")
         if self.cross_entropy_chunk_logits < 0:
             raise SpecError(f"cross_entropy_chunk_logits must be >= 0, got {self.cross_entropy_chunk_logits}")
+        if self.cross_entropy_keep_logits < 0:
+            raise SpecError(f"cross_entropy_keep_logits must be >= 0, got {self.cross_entropy_keep_logits}")
 
     def graphs_on(self, config) -> bool:
         """Whether the layers of ``config`` (a ParallelConfig) run from CUDA graphs: this override, else the

@@ -304,7 +304,8 @@ def _parts(s: _Slice, timing: SliceTiming) -> tuple[dict[str, float], dict[str, 
     def output() -> None:
         y = enter_tp(s.kernels.rms_norm(x, norm, options.norm_epsilon), state)
         output_cross_entropy(y, head, ids, model.vocab_size, padded, state,
-                             options.cross_entropy_chunk_logits).mean().backward()
+                             options.cross_entropy_chunk_logits,
+                             options.cross_entropy_keep_logits).mean().backward()
         x.grad = None
 
     seconds, methods = {}, {}

@@ -128,7 +128,8 @@ def _blocks(spec: ModelSpec, seq_length: int, mbs: int, device: torch.device, dt
     def lm_head():
         x = kernels.rms_norm(x_head, norm, options.norm_epsilon)
         output_cross_entropy(x, head, labels, spec.vocab_size, padded, state,
-                             options.cross_entropy_chunk_logits).mean().backward()
+                             options.cross_entropy_chunk_logits,
+                             options.cross_entropy_keep_logits).mean().backward()
         x_head.grad = None
     blocks["head"] = lm_head
     return blocks

@@ -96,4 +96,4 @@ def trace_worker(rank: int, world_size: int, model: ModelSpec, training: Trainin
             "memcpy_under_compute_ms": overlap_us(copies, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
             "nccl_calls": {n: len(v) for n, v in nccl.items()},
-            "top": [{"name": n[:120], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}
+            "top": [{"name": n[:300], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}

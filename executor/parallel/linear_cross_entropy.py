@@ -56,7 +56,7 @@ def _local_rows(vocab_size: int, padded_vocab: int, state: ParallelState) -> tup
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, labels_N, vocab_size, padded_vocab, state, chunk_logits):
+    def forward(ctx, hidden_NH, weight_VH, labels_N, vocab_size, padded_vocab, state, chunk_logits, keep_bytes):
         n = hidden_NH.shape[0]
         start, rows = _local_rows(vocab_size, padded_vocab, state)
         step = block_rows(n, rows, chunk_logits)
@@ -65,26 +65,52 @@ class _LinearCrossEntropy(torch.autograd.Function):
         target = torch.zeros(n, device=hidden_NH.device)
         fused = ce_kernels.use_kernels(hidden_NH)
         block_stats_ = ce_kernels.block_stats_ if fused else ce_kernels.torch_block_stats_
-        for lo in range(0, rows, step):
-            hi = min(rows, lo + step)
-            block_stats_(torch.mm(hidden_NH, weight_VH[lo:hi].t()), labels_N, start + lo, top, sum_exp, target)
+        kept = None
+        if keeps_logits(n, rows, hidden_NH.element_size(), keep_bytes):
+            kept = torch.mm(hidden_NH, weight_VH[:rows].t())  # [N, rows]: one GEMM, kept for the backward
+            if fused:
+                block_stats_(kept, labels_N, start, top, sum_exp, target)
+            else:  # the torch path consumes its block (in place when fp32): one block's copy at a time
+                for lo in range(0, rows, step):
+                    block_stats_(kept[:, lo:min(rows, lo + step)].clone(), labels_N, start + lo, top, sum_exp, target)
+        else:
+            for lo in range(0, rows, step):
+                hi = min(rows, lo + step)
+                block_stats_(torch.mm(hidden_NH, weight_VH[lo:hi].t()), labels_N, start + lo, top, sum_exp, target)
         # over TP: the global maximum, then every rank's sum rescaled to it and the target logit (one rank's)
         global_top = all_reduce_(top.clone(), state.tp, op=dist.ReduceOp.MAX)
         sums = torch.stack([sum_exp * torch.exp(top - global_top), target])
         sum_exp, target = all_reduce_(sums, state.tp).unbind(0)
         loss = torch.log(sum_exp) - (target - global_top)
-        ctx.save_for_backward(hidden_NH, weight_VH, labels_N, global_top + torch.log(sum_exp))
+        lse = global_top + torch.log(sum_exp)
+        if kept is None:
+            ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse)
+        else:
+            ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse, kept)
         ctx.args = (start, rows, step, fused)
         return loss
 
     @staticmethod
     def backward(ctx, grad_N):
-        hidden_NH, weight_VH, labels_N, lse = ctx.saved_tensors
+        hidden_NH, weight_VH, labels_N, lse, *kept = ctx.saved_tensors
         start, rows, step, fused = ctx.args
         block_grad = ce_kernels.block_grad if fused else ce_kernels.torch_block_grad
         want_input, want_weight = ctx.needs_input_grad[:2]
         grad_N = grad_N.float().contiguous()
         grad_weight = torch.zeros_like(weight_VH) if want_weight else None  # padded rows stay zero
+        if kept:
+            # the logits kept from the forward become their gradient in place; then two whole GEMMs
+            grad_logits = kept[0]
+            if fused:
+                block_grad(grad_logits, lse, labels_N, start, grad_N)
+            else:
+                for lo in range(0, rows, step):
+                    block = grad_logits[:, lo:min(rows, lo + step)]
+                    block.copy_(block_grad(block, lse, labels_N, start + lo, grad_N))
+            if want_weight:
+                torch.mm(grad_logits.t(), hidden_NH, out=grad_weight[:rows])
+            grad_input = torch.mm(grad_logits, weight_VH[:rows]) if want_input else None
+            return grad_input, grad_weight, None, None, None, None, None, None
         # fp32 accumulation of the input gradient over blocks (in place when the compute dtype is fp32)
         grad_input = torch.zeros(hidden_NH.shape, device=hidden_NH.device) if want_input else None
         for lo in range(0, rows, step):
@@ -101,21 +127,31 @@ class _LinearCrossEntropy(torch.autograd.Function):
             del grad_logits
         if grad_input is not None:
             grad_input = grad_input.to(hidden_NH.dtype)
-        return grad_input, grad_weight, None, None, None, None, None
+        return grad_input, grad_weight, None, None, None, None, None, None
+
+
+def keeps_logits(tokens: int, rows: int, element_bytes: int, keep_bytes: int) -> bool:
+    """Whether the loss keeps its whole logits [tokens, rows] from forward to backward (``tokens · rows ·
+    element_bytes <= keep_bytes``) instead of computing each block's again in backward."""
+    return keep_bytes > 0 and tokens * rows * element_bytes <= keep_bytes
 
 
 def linear_cross_entropy(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: torch.Tensor,
                          vocab_size: int, padded_vocab: int, state: ParallelState,
-                         chunk_logits: int) -> torch.Tensor:
+                         chunk_logits: int, keep_bytes: int = 0) -> torch.Tensor:
     """Per-token cross-entropy [N] (fp32, nats) of the vocabulary-parallel output layer ``hidden @ weight.T``.
 
     ``hidden_NH``: [N, h] tokens (all of this TP group's tokens, i.e. after the sequence-parallel gather);
     ``weight_VH``: this rank's [padded_vocab/tp, h] rows; ``labels_N``: [N] vocabulary ids < ``vocab_size``;
     ``chunk_logits``: the most logits (tokens × vocabulary rows) held at once (> 0; the executor passes
-    ``ExecutorOptions.cross_entropy_chunk_logits``). Gradients flow to
+    ``ExecutorOptions.cross_entropy_chunk_logits``); ``keep_bytes``: where the whole logits take at most this many
+    bytes they are computed in one GEMM and kept for the backward (``ExecutorOptions.cross_entropy_keep_logits``;
+    0: never, every block is computed again in backward). Gradients flow to
     ``hidden_NH`` (this rank's part) and ``weight_VH`` (its rows; padded rows zero).
     """
     if chunk_logits <= 0:
         raise ValueError(f"chunk_logits must be > 0, got {chunk_logits}")
+    if keep_bytes < 0:
+        raise ValueError(f"keep_bytes must be >= 0, got {keep_bytes}")
     return _LinearCrossEntropy.apply(hidden_NH, weight_VH, labels_N, vocab_size, padded_vocab, state,
-                                     chunk_logits)
+                                     chunk_logits, keep_bytes)

@@ -50,16 +50,18 @@ def cross_entropy(logits_SBV: torch.Tensor, labels_SB: torch.Tensor, vocab_size:
 
 
 def output_cross_entropy(hidden_SBH: torch.Tensor, weight_VH: torch.Tensor, labels_SB: torch.Tensor, vocab_size: int,
-                         padded_vocab: int, state: ParallelState, chunk_logits: int) -> torch.Tensor:
+                         padded_vocab: int, state: ParallelState, chunk_logits: int,
+                         keep_bytes: int = 0) -> torch.Tensor:
     """Per-token cross-entropy [s, b] (fp32) of the output layer ``hidden @ weight.T`` over gathered tokens.
 
     ``chunk_logits`` > 0: :func:`executor.parallel.linear_cross_entropy.linear_cross_entropy`, at most that many
-    logits at once; 0: the unfused path (full [s, b, V/tp] logits, then :func:`cross_entropy`'s fp32 copies),
+    logits at once, or the whole logits kept for the backward where they take at most ``keep_bytes``; 0: the
+    unfused path (full [s, b, V/tp] logits, then :func:`cross_entropy`'s fp32 copies),
     kept so benchmarks and the cost model can compare both.
     """
     if chunk_logits == 0:
         return cross_entropy(F.linear(hidden_SBH, weight_VH), labels_SB, vocab_size, padded_vocab, state)
     s, b, h = hidden_SBH.shape
     loss = linear_cross_entropy(hidden_SBH.reshape(s * b, h), weight_VH, labels_SB.reshape(s * b), vocab_size,
-                                padded_vocab, state, chunk_logits)
+                                padded_vocab, state, chunk_logits, keep_bytes)
     return loss.view(s, b)

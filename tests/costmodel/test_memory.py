@@ -277,12 +277,14 @@ def test_logits_live_on_the_last_stage_split_by_tp():
     assert first.logits == 0
     # 32000 padded to a multiple of 128·TP: 8064 rows per TP rank, all of them real on rank 0
     assert model.padded_vocab_size(4) == 32256
-    # the executor's blocked loss over 4096 tokens: 2**26 // 4096 = 16384 rows per block >= 8064, so one block of
-    # 4096·8064 logits in bf16 + its fp32 softmax (6 B each); the output weight's bf16 gradient 8064·4096·2 B;
-    # per token the fp32 input-gradient accumulator 4·4096 B and the saved log-sum-exp 4 B
-    block, weight_grad, per_token = 4096 * 8064 * 6, 8064 * 4096 * 2, 4096 * (4 * 4096 + 4)
-    assert last.logits == block + weight_grad + per_token == 331_366_400
+    # the executor's loss over 4096 tokens: 2**26 // 4096 = 16384 rows per block >= 8064, so one block of
+    # 4096·8064 logits in bf16 + its fp32 softmax (6 B each, the torch path's upper bound); the whole bf16 logits
+    # 4096·8064·2 B (66 MB, within the keep budget) kept for the backward; the output weight's bf16 gradient
+    # 8064·4096·2 B; per token the saved log-sum-exp 4 B
+    block, kept, weight_grad, per_token = 4096 * 8064 * 6, 4096 * 8064 * 2, 8064 * 4096 * 2, 4096 * 4
+    assert last.logits == block + kept + weight_grad + per_token == 330_317_824
     assert last.detail("logits.loss_block") == block and last.detail("logits.output_weight_grad") == weight_grad
+    assert last.detail("logits.kept_logits") == kept and last.detail("logits.lse") == per_token
     # Megatron's loss: the whole bf16 logits and one fp32 softmax, 4096 · 8064 · (4 + 2)
     megatron = estimate_stage_memory(model, replace(training, megatron_cross_entropy=True), H100, cfg, 3)
     assert megatron.logits == 4096 * 8064 * (4 + 2) == megatron.detail("logits.loss_and_output")
