@@ -127,7 +127,8 @@ def main() -> int:
             classes = classes_ms(rep["top"])
             print(f"   step {wall:.1f} ms (profiled {rep['wall_ms']:.1f}), busy {rep['busy_ms']:.1f} ms, "
                   f"{tflops:.0f} TFLOP/s = {100 * tflops * 1e12 / peak:.1f} % of dense bf16 peak, "
-                  f"{rep['kernels']} kernels", flush=True)
+                  f"{rep['kernels']} kernels, peak {rep.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB reserved",
+                  flush=True)
             for label, ms in classes.items():
                 print(f"      {ms:8.2f} ms  {label}", flush=True)
             for k in rep["top"][:15]:
@@ -137,6 +138,8 @@ def main() -> int:
                                    "step_ms": wall,
                                    "tflops": tflops, "peak_share": tflops * 1e12 / peak, "classes_ms": classes,
                                    "busy_ms": rep["busy_ms"], "profiled_wall_ms": rep["wall_ms"],
+                                   "peak_allocated_bytes": rep.get("peak_allocated_bytes"),
+                                   "peak_reserved_bytes": rep.get("peak_reserved_bytes"),
                                    "kernels": rep["kernels"], "top": rep["top"][:60]})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

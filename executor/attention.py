@@ -151,7 +151,8 @@ class Attention(torch.nn.Module):
             self.sinks = param("sinks", (spec.num_attention_heads,), "zeros", tp_dim=0)
         elif spec.softmax_type == "off-by-one":
             self.register_buffer("sinks", torch.zeros(self.heads, device=device, dtype=dtype), persistent=False)
-        self.qk_norm = make_qk_norm(spec, param, kernels, state, options.norm_epsilon)  # the scope's module
+        self.qk_norm = make_qk_norm(spec, param, kernels, state, options.norm_epsilon,
+                                    options.fused_rms_norm)  # the scope's module
 
     def forward(self, x_SBH: torch.Tensor, rope: tuple) -> torch.Tensor:
         """Attention output (without residual) for this rank's sequence slice [s/tp, b, h]. ``rope``: (cos, sin)

@@ -33,6 +33,7 @@ from executor import recompute
 from executor.offload import offloaded
 from executor.attention import apply_rope
 from executor.kernels.base import KernelBackend
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.options import ExecutorOptions
 from executor.parallel.cp_exchange import cp_exchange, run_cp_attention
 from executor.parallel.groups import ParallelState
@@ -57,6 +58,7 @@ class MLASelfAttention(torch.nn.Module):
                  kernels: KernelBackend, device: torch.device, dtype: torch.dtype, timer: PhaseTimer = NULL_TIMER):
         super().__init__()
         self.spec, self.options, self.state, self.kernels, self.timer = spec, options, state, kernels, timer
+        self.rms_norm = pick_rms_norm(options.fused_rms_norm, kernels)
         h, n = spec.hidden_size, spec.num_attention_heads
         qk, rope, v = spec.qk_head_dim, spec.qk_pos_emb_head_dim, spec.v_head_dim
         self.recompute_core = recompute.selective(state.config, "core_attn")
@@ -104,7 +106,7 @@ class MLASelfAttention(torch.nn.Module):
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # selective "layernorm" recompute covers every norm of the block, the latent ones included
-        return recompute.run(self.recompute_norm, self.kernels.rms_norm, x, weight, self.options.norm_epsilon,
+        return recompute.run(self.recompute_norm, self.rms_norm, x, weight, self.options.norm_epsilon,
                              offload=self.offload_norm)
 
     def _qkv(self, latents_SBL: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -187,6 +187,7 @@ class MoEGPT(torch.nn.Module):
         self.spec, self.state, self.options, self.timer = spec, state, options, timer
         self.dtype = dtype
         self.kernels = get_backend(options.kernel_backend)
+        self.final_rms_norm = pick_rms_norm(options.fused_rms_norm, self.kernels)
         self.seq_length = seq_length or spec.max_position_embeddings
         self.padded_vocab = spec.padded_vocab_size(state.tp.size)
         h = spec.hidden_size
@@ -337,7 +338,7 @@ class MoEGPT(torch.nn.Module):
         if not self.is_last_chunk(chunk):
             return LossOutput(router_loss, router_loss.new_zeros(()), total_router, hidden=x)
         x = timer.mark(x, "other", "lm_head_loss")
-        x = h0 = self.kernels.rms_norm(x, self.final_norm, self.options.norm_epsilon)
+        x = h0 = self.final_rms_norm(x, self.final_norm, self.options.norm_epsilon)
         x = enter_tp(x, state)
         weight = self.lm_head if self.lm_head is not None else self.embedding
         packed = len(rope) > 2  # the mean over labelled tokens: padding and document ends have none

@@ -27,6 +27,7 @@ import torch
 
 from spec.model_spec import ModelSpec
 from executor.kernels.base import KernelBackend
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.options import ExecutorOptions
 from executor.parallel.collectives import all_gather
 from executor.parallel.groups import ParallelState
@@ -72,6 +73,7 @@ class MTPDepth(torch.nn.Module):
         super().__init__()
         h = spec.hidden_size
         self.kernels, self.eps = kernels, options.norm_epsilon
+        self.rms_norm = pick_rms_norm(options.fused_rms_norm, kernels)
 
         def param(name, shape, init, **kw):
             info = ShardInfo(f"mtp.{depth}.{name}", shape, **kw)
@@ -85,11 +87,11 @@ class MTPDepth(torch.nn.Module):
 
     def forward(self, h_SBH: torch.Tensor, e_SBH: torch.Tensor, rope, state: ParallelState):
         """(h_k [s/tp, b, h], router loss) from h_{k-1} and the shifted tokens' embeddings (sequence slices)."""
-        x = torch.cat([self.kernels.rms_norm(e_SBH, self.enorm, self.eps),
-                       self.kernels.rms_norm(h_SBH, self.hnorm, self.eps)], dim=-1)
+        x = torch.cat([self.rms_norm(e_SBH, self.enorm, self.eps),
+                       self.rms_norm(h_SBH, self.hnorm, self.eps)], dim=-1)
         x = gather_hidden_slice(self.kernels.linear(enter_tp(x, state), self.eh_proj), state)
         x, router_loss = self.layer(x, rope)
-        return self.kernels.rms_norm(x, self.final_norm, self.eps), router_loss
+        return self.rms_norm(x, self.final_norm, self.eps), router_loss
 
 
 class MultiTokenPrediction(torch.nn.Module):

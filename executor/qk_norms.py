@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from executor.kernels.base import KernelBackend
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.parallel.groups import ParallelState
 from executor.tp_rms_norm import tp_rms_norm
 from spec.model_spec import ModelSpec
@@ -26,16 +27,18 @@ class PerHeadQKNorm(torch.nn.Module):
     cover this rank's heads only: ``tp_partial``)."""
 
     def __init__(self, spec: ModelSpec, param: Callable, kernels: KernelBackend, state: ParallelState,
-                 eps: float) -> None:
+                 eps: float, fused: bool = True) -> None:
         super().__init__()
-        self.kernels, self.eps, self.d = kernels, eps, spec.head_dim
+        # the fused kernel where it runs: torch's path keeps an fp32 copy and casts each way (issue 38's step
+        # profile: 15 ms of the Qwen3 4-layer proxy's step at micro-batch 8)
+        self.rms_norm, self.eps, self.d = pick_rms_norm(fused, kernels), eps, spec.head_dim
         self.q_norm = param("q_norm.weight", (self.d,), "ones", tp_partial=True)
         self.k_norm = param("k_norm.weight", (self.d,), "ones", tp_partial=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s, b = q.shape[:2]
-        q = self.kernels.rms_norm(q.view(s, b, -1, self.d), self.q_norm, self.eps)
-        k = self.kernels.rms_norm(k.view(s, b, -1, self.d), self.k_norm, self.eps)
+        q = self.rms_norm(q.view(s, b, -1, self.d), self.q_norm, self.eps)
+        k = self.rms_norm(k.view(s, b, -1, self.d), self.k_norm, self.eps)
         return q.view(s, b, -1), k.view(s, b, -1)
 
 
@@ -44,9 +47,9 @@ class WholeWidthQKNorm(torch.nn.Module):
     with the heads and every row's mean square summed over TP (:mod:`executor.tp_rms_norm`)."""
 
     def __init__(self, spec: ModelSpec, param: Callable, kernels: KernelBackend, state: ParallelState,
-                 eps: float) -> None:
+                 eps: float, fused: bool = True) -> None:
         super().__init__()
-        self.tp, self.eps = state.tp, eps
+        self.tp, self.eps = state.tp, eps  # its own norm (a mean square summed over TP): ``fused`` has no say
         self.q_width, self.k_width = qk_norm_scope(spec).weight_widths(spec)
         self.q_norm = param("q_norm.weight", (self.q_width,), "ones", tp_dim=0)
         self.k_norm = param("k_norm.weight", (self.k_width,), "ones", tp_dim=0)
@@ -56,16 +59,18 @@ class WholeWidthQKNorm(torch.nn.Module):
                 tp_rms_norm(k, self.k_norm, self.k_width, self.eps, self.tp))
 
 
-#: scope name -> module class, called as ``cls(spec, param, kernels, state, eps)`` with ``param(name, shape,
-#: init, **shard_kwargs)`` making one of the attention's parameters
+#: scope name -> module class, called as ``cls(spec, param, kernels, state, eps, fused)`` with ``param(name,
+#: shape, init, **shard_kwargs)`` making one of the attention's parameters and ``fused`` the executor's
+#: ``fused_rms_norm``
 QK_NORM_MODULES: Registry[type[torch.nn.Module]] = Registry("q/k norm module")
 QK_NORM_MODULES.add("head", PerHeadQKNorm)
 QK_NORM_MODULES.add("all", WholeWidthQKNorm)
 
 
 def make_qk_norm(spec: ModelSpec, param: Callable, kernels: KernelBackend, state: ParallelState,
-                 eps: float) -> torch.nn.Module | None:
-    """The q/k norms of ``spec``'s scope, or None when the model has none (``qk_layernorm`` off)."""
+                 eps: float, fused: bool = True) -> torch.nn.Module | None:
+    """The q/k norms of ``spec``'s scope, or None when the model has none (``qk_layernorm`` off); ``fused``:
+    the fused RMSNorm kernel where it runs (``ExecutorOptions.fused_rms_norm``)."""
     if not spec.qk_layernorm:
         return None
-    return QK_NORM_MODULES[qk_norm_scope(spec).name](spec, param, kernels, state, eps)
+    return QK_NORM_MODULES[qk_norm_scope(spec).name](spec, param, kernels, state, eps, fused)

@@ -20,6 +20,7 @@ from executor.attention_modules import ATTENTION_MODULES
 from executor.model import MoEGPT
 from executor.parallel.groups import build_parallel_state
 from executor.parallel.sharding import ShardInfo, make_param
+from executor.kernels.triton_rms_norm import pick_rms_norm
 from executor.qk_norms import QK_NORM_MODULES
 from spec.attention_kinds import ATTENTION_KINDS, GQA, MLA, AttentionKind, attention_kind, register_attention_kind
 from spec.catalog import get_hardware, get_model, model_names
@@ -208,15 +209,15 @@ def test_every_norm_scope_has_a_module():
 class PairQKNorm(torch.nn.Module):
     """A test scope: one RMSNorm over each pair of adjacent heads, weights [2·d] whole on every TP rank."""
 
-    def __init__(self, spec, param, kernels, state, eps):
+    def __init__(self, spec, param, kernels, state, eps, fused):
         super().__init__()
-        self.kernels, self.eps, self.width = kernels, eps, 2 * spec.head_dim
+        self.rms_norm, self.eps, self.width = pick_rms_norm(fused, kernels), eps, 2 * spec.head_dim
         self.q_norm = param("q_norm.weight", (self.width,), "ones", tp_partial=True)
         self.k_norm = param("k_norm.weight", (self.width,), "ones", tp_partial=True)
 
     def forward(self, q, k):
         s, b = q.shape[:2]
-        return tuple(self.kernels.rms_norm(x.view(s, b, -1, self.width), w, self.eps).view(s, b, -1)
+        return tuple(self.rms_norm(x.view(s, b, -1, self.width), w, self.eps).view(s, b, -1)
                      for x, w in ((q, self.q_norm), (k, self.k_norm)))
 
 

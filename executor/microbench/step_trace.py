@@ -75,6 +75,8 @@ def trace_worker(rank: int, world_size: int, model: ModelSpec, training: Trainin
                 torch.cuda.synchronize(device)
             wall = time.perf_counter() - start
     trainer.finish_param_gather()
+    peak = {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)} if cuda else {}
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for e in kernels:
@@ -96,4 +98,4 @@ def trace_worker(rank: int, world_size: int, model: ModelSpec, training: Trainin
             "memcpy_under_compute_ms": overlap_us(copies, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
             "nccl_calls": {n: len(v) for n, v in nccl.items()},
-            "top": [{"name": n[:300], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}
+            **peak, "top": [{"name": n[:300], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}

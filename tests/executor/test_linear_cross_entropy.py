@@ -40,7 +40,7 @@ def _loss_and_grads(hidden, weight, labels, vocab, state, chunk_logits, keep_byt
     weight = weight.clone().requires_grad_(True)
     per_token = output_cross_entropy(hidden, weight, labels, vocab, PADDED, state, chunk_logits, keep_bytes)
     # a non-uniform incoming gradient, so the per-token scaling of the softmax gradient is checked
-    scale = torch.linspace(0.5, 1.5, per_token.numel()).view_as(per_token)
+    scale = torch.linspace(0.5, 1.5, per_token.numel(), device=per_token.device).view_as(per_token)
     (per_token * scale).sum().backward()
     return per_token.detach(), hidden.grad, weight.grad
 
