@@ -182,9 +182,15 @@ def test_inner_layer_with_fused_rope_matches_torch_rope(monkeypatch):
 
 
 @inner_only
-@pytest.mark.parametrize("shape,dtype", [((7, 2, 40), torch.float32), ((600, 64), torch.bfloat16),
-                                         ((3, 1, 24), torch.bfloat16)])
-def test_inner_rms_norm_kernel_matches_torch(shape, dtype):
+@pytest.mark.parametrize("shape,dtype,programs", [
+    ((7, 2, 40), torch.float32, None), ((600, 64), torch.bfloat16, None), ((3, 1, 24), torch.bfloat16, None),
+    # narrow rows 32 to a tile: several tiles per backward program, the last one cut short
+    ((600, 64), torch.float32, 3), ((7, 2, 40), torch.bfloat16, 1),
+    # a row wider than a tile: one row a tile
+    ((5, 3000), torch.float32, 2)])
+def test_inner_rms_norm_kernel_matches_torch(shape, dtype, programs, monkeypatch):
+    if programs is not None:
+        monkeypatch.setattr(triton_rms_norm, "BWD_PROGRAMS", programs)
     torch.manual_seed(0)
     backend = get_backend("torch")
     x = torch.randn(shape, dtype=dtype, requires_grad=True)
