@@ -601,7 +601,7 @@ class _Context:
         self.comms: dict[_Shape, tuple] = {}
         # per-row (static bytes, reduction peak) per parameter layout and sharding / overlap switches (_prepare)
         self.statics: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self.losses: dict[tuple, float] = {}  # the blocked loss's fixed bytes per (its terms, tokens)
+        self.losses: dict[tuple, tuple[float, float]] = {}  # the loss's _loss_split per (its terms, tokens)
         self.least: dict[tuple, float] = {}  # LayoutMemory.least_bytes before the workspace, per parameter layout
         self.wgrads: dict[tuple[int, int], float] = {}  # expert_weight_grad_bytes per (EP, ETP)
 
@@ -825,21 +825,33 @@ def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: 
     return statics, shards
 
 
-def _loss_bytes(ctx: _Context, rows: tuple[_Row, ...], tokens: float, frag: float) -> float:
-    """The blocked loss's fixed bytes (with fragmentation): the same for every row that has them (the last
-    rank's); 0 when no row has them."""
+def _loss_split(fixed, tokens: float) -> tuple[float, float]:
+    """(bytes of the executor's loss held beside its last stage's layer work, its kept logits), before
+    fragmentation. The kept logits live from the loss's forward to its backward, between the stage's last
+    layer's forward and its backward: they never meet a layer's backward working set nor its communication
+    buffers, so only what exceeds those adds to the stage's peak (:func:`_peak`)."""
+    block, held, weight_grad = _loss_fixed(fixed, tokens)
+    if fixed is not None and loss_held_name(fixed, tokens) == "kept_logits":
+        return block + weight_grad, held
+    return block + held + weight_grad, 0.0
+
+
+def _loss_bytes(ctx: _Context, rows: tuple[_Row, ...], tokens: float, frag: float) -> tuple[float, float]:
+    """The executor's loss's token-dependent bytes (with fragmentation): (held beside the layer work, kept
+    logits; :func:`_loss_split`), the same for every row that has them (the last rank's); zeros when no row
+    has them."""
     for row in rows:
         if row[12] is not None:
             lkey = (row[12], tokens)
-            fixed = ctx.losses.get(lkey)
-            if fixed is None:
-                fixed = ctx.losses[lkey] = sum(_loss_fixed(row[12], tokens))
-            return fixed * (1.0 + frag)
-    return 0.0
+            split = ctx.losses.get(lkey)
+            if split is None:
+                split = ctx.losses[lkey] = _loss_split(row[12], tokens)
+            return split[0] * (1.0 + frag), split[1] * (1.0 + frag)
+    return 0.0, 0.0
 
 
-def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: int, scale: float, loss: float,
-          pp: int, vpp: int) -> tuple[int, float]:
+def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: int, scale: float,
+          loss: tuple[float, float], pp: int, vpp: int) -> tuple[int, float]:
     """(index, bytes) of the most loaded candidate rank at ``mv`` chunk-micro-batches a step and ``scale`` (tokens
     a micro-batch times 1 + fragmentation): its static bytes plus the larger of its dynamic bytes and its
     gradient-reduction peak. Both the breakdown and the planner's sweep (:class:`LayoutMemory`) use it."""
@@ -852,8 +864,10 @@ def _peak(rows: tuple[_Row, ...], statics: tuple[tuple[float, float], ...], mv: 
         dynamic = (n * row[3] + row[4]) * scale
         held = row[9] * scale  # the loss's bytes, which the experts' weight-gradient peak comes after
         if row[12] is not None:
-            dynamic += loss
-            held += loss
+            # kept logits: only what exceeds the layer work they never meet (_loss_split)
+            extra = loss[0] + max(0.0, loss[1] - (row[10] + row[11]) * scale)
+            dynamic += extra
+            held += extra
         if row[14] > held:
             dynamic += row[14] - held
         total = static + (dynamic if dynamic > reduce else reduce)
@@ -889,7 +903,7 @@ class LayoutMemory:
         # (granularity, modules, layers, offloaded modules) -> (rows, full, losses)
         self._recomputes: dict[tuple, tuple] = {}
         self._optimizers: dict[tuple, tuple] = {}  # (optimizer switches, offload fraction, full) -> statics
-        self._losses: dict[tuple | None, dict[int, float]] = {}  # loss terms -> bytes per micro-batch size
+        self._losses: dict[tuple | None, dict[int, tuple[float, float]]] = {}  # loss terms -> bytes per mbs
         # full-recompute layer count (-1 without) -> the candidate ranks' stage parts: the rows of every recompute
         # option and the static bytes of every optimizer option read them (a context lookup each, otherwise)
         self._parts: dict[int, tuple[tuple, tuple]] = {}
@@ -1106,7 +1120,9 @@ def _breakdown(ctx: _Context, kkey: tuple, row: _Row, mv: int, tokens: float, sh
     if lay.chunk_sizes is not None:
         n = in_flight_chunk_equivalents(lay, n, config.pp, config.vpp)
     activations = tokens * (n * per_chunk + act_once)
-    logits, comm, work = tokens * logits + sum(_loss_fixed(fixed, tokens)), tokens * comm, tokens * work
+    comm, work = tokens * comm, tokens * work
+    loss_held, loss_kept = _loss_split(fixed, tokens)
+    logits = tokens * logits + loss_held + max(0.0, loss_kept - (comm + work))  # as _peak
     overhead = work + frag * (activations + logits + comm + work)
     wgrad_excess = max(0.0, wgrad - logits * (1.0 + frag))  # as _peak: what the loss's freed bytes do not cover
     overhead += wgrad_excess
@@ -1171,14 +1187,20 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
             details.append(("logits.loss_and_output", tokens * row_logits))
         else:
             block, held, weight_grad = _loss_fixed(fixed, tokens)
-            details += [("logits.loss_block", block), (f"logits.{loss_held_name(fixed, tokens)}", held),
+            if loss_held_name(fixed, tokens) == "kept_logits":  # what exceeds the layer work (_loss_split)
+                name, held = "kept_logits_beyond_layer_work", max(0.0, held - tokens * (row_comm + row_work))
+            else:
+                name = "input_grad_accumulator"
+            details += [("logits.loss_block", block), (f"logits.{name}", held),
                         ("logits.output_weight_grad", weight_grad), ("logits.lse", tokens * row_logits)]
     name, value = k.comm_moe if lay.has_moe else k.comm_dense
     if value:
         details.append((name, tokens * value))
     if row_comm > value:
         details.append(("comm.pp.send_recv", tokens * (row_comm - value)))
-    dynamic = tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work) + sum(_loss_fixed(fixed, tokens))
+    loss_held, loss_kept = _loss_split(fixed, tokens)
+    dynamic = (tokens * (n * per_chunk + act_once + row_logits + row_comm + row_work) + loss_held
+               + max(0.0, loss_kept - tokens * (row_comm + row_work)))
     details += [("allocator.backward_working_set", tokens * row_work),
                 ("allocator.fragmentation", frag * dynamic)]
     if wgrad_excess:
