@@ -14,8 +14,8 @@ from spec.validity import executor_model_rule
 #: Logits per block of the fused output layer + loss: 2**26 (its fp32 copy is 256 MiB).
 DEFAULT_CHUNK_LOGITS = 2**26
 #: Bytes of logits the fused output layer + loss keeps whole from forward to backward (16 GiB): up to there it
-#: skips the backward's second output GEMM and the per-block input-gradient sums (issue 38's step profile: 14 %
-#: of the Qwen3-30B-A3B 4-layer proxy's step at micro-batch 8).
+#: skips the backward's second output GEMM and the per-block input-gradient sums, which cost more time than the
+#: bf16 logits cost memory on the proxies' micro-batches (docs/benchmarks.md, the whole step's kernels).
 DEFAULT_KEEP_LOGITS = 2**34
 #: SDPA kernels ``ExecutorOptions.attention_backend`` may ask for first (CUDA only; CPU keeps torch's choice).
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash")
