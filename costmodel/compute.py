@@ -90,6 +90,10 @@ class ComputeRates:
     # measured grouped curves are bf16 kernels' achieved / bf16 peak (an fp8 calibration keeps its base's): times
     # this they are achieved / gemm_peak of this precision (fp8: the measured fp8/bf16 speed over the peak ratio)
     grouped_curve_scale: float = 1.0
+    # fp8 with a calibrated fp8 grouped GEMM (HardwareProfile.grouped_gemm_fp8_over_bf16): (weights of one
+    # expert GEMM, its curve of tokens per expert -> fp8 speed / bf16 speed), by size; the measured grouped
+    # curves times this times ``grouped_curve_scale`` (then the peak ratio alone) are achieved / fp8 peak
+    grouped_fp8_ratio_curves: tuple[tuple[float, MeasuredCurve], ...] = ()
     # least seconds of one CP chunk attention call, forward + backward (measured, else 0): a short chunk's
     # kernel waits for the host issuing it (costmodel.context_parallel: half of it a floor each way)
     cp_chunk_floor: float = 0.0
@@ -113,9 +117,12 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
     bf16_eff = GEMM_EFFICIENCY["bf16"]
     gemm_eff = GEMM_EFFICIENCY.get(gemm_dtype, bf16_eff)
     curve_scale = 1.0
+    ratio_curves = _by_weight_size(hardware.grouped_gemm_fp8_over_bf16) if fp8 else ()
     if fp8:  # the measured fp8/bf16 speed of the grouped kernels, as a share of the fp8 peak
         curve_scale = GROUPED_FP8_OVER_BF16 * gpu.peak("bf16") / gpu.peak("fp8")
         grouped = GROUPED_GEMM_EFFICIENCY_BF16 * curve_scale
+        if ratio_curves:  # calibrated per shape and tokens: the curves below carry the fp8/bf16 speed
+            curve_scale = gpu.peak("bf16") / gpu.peak("fp8")
     else:
         grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
     hbm_eff = hardware.hbm_efficiency if hardware.hbm_efficiency else HBM_EFFICIENCY
@@ -135,6 +142,7 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         attn_mla_bwd_curve=hardware.attention_mla_bwd_efficiency,
         fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock,
         cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0, grouped_curve_scale=curve_scale,
+        grouped_fp8_ratio_curves=ratio_curves,
         memory_curves=dict(hardware.memory_bound_efficiency), hbm_datasheet=gpu.hbm_bandwidth)
 
 
@@ -197,16 +205,20 @@ def grouped_gemm_time(rates: ComputeRates, num_groups: int, tokens_per_group: fl
     bound) plus one kernel's fixed cost. A measured ``grouped_gemm_efficiency`` curve (tokens per expert
     -> achieved/peak) replaces it; curves measured at several expert shapes replace that, read at this
     GEMM's weight size ``n·k`` (interpolated in log size between the two nearest measured shapes). The curves
-    are bf16 measurements: under fp8 they are scaled by ``rates.grouped_curve_scale``.
+    are bf16 measurements: under fp8 they are scaled by ``rates.grouped_curve_scale`` and, where the profile
+    has them, by the calibrated fp8/bf16 speed at this weight size and ``tokens_per_group``.
     """
     if num_groups <= 0 or tokens_per_group <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * tokens_per_group * n * k * num_groups
+    scale = rates.grouped_curve_scale
+    if rates.grouped_fp8_ratio_curves:
+        scale *= _shape_efficiency(rates.grouped_fp8_ratio_curves, float(n * k), tokens_per_group)
     if rates.grouped_shape_curves:
-        return flops / (rates.gemm_peak * rates.grouped_curve_scale
+        return flops / (rates.gemm_peak * scale
                         * _shape_efficiency(rates.grouped_shape_curves, float(n * k), tokens_per_group))
     if rates.grouped_curve is not None:
-        return flops / (rates.gemm_peak * rates.grouped_curve_scale * rates.grouped_curve(tokens_per_group))
+        return flops / (rates.gemm_peak * scale * rates.grouped_curve(tokens_per_group))
     nbytes = num_groups * ((tokens_per_group * k + k * n) * rates.gemm_elem_bytes + 2 * tokens_per_group * n)
     return _roofline(flops, nbytes, rates.gemm_peak, rates.grouped_eff_max, rates)
 

@@ -167,6 +167,9 @@ class HardwareProfile:
     grouped_gemm_efficiency: MeasuredCurve | None = None
     # '<hidden>x<expert ffn>' of a measured expert shape -> its curve of tokens per expert -> achieved / peak
     grouped_gemm_shape_efficiency: tuple[tuple[str, MeasuredCurve], ...] = ()
+    # '<hidden>x<expert ffn>' -> tokens per expert -> the fp8 grouped GEMM's speed over bf16's at that shape
+    # (torch's scaled grouped GEMM, operands quantised beforehand; `calibrate --precision fp8`)
+    grouped_gemm_fp8_over_bf16: tuple[tuple[str, MeasuredCurve], ...] = ()
     # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
     attention_fwd_efficiency: MeasuredCurve | None = None
     attention_bwd_efficiency: MeasuredCurve | None = None
@@ -219,8 +222,8 @@ class HardwareProfile:
     component_factors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency", "dispatcher_fixed_s",
-                     "memory_bound_efficiency"):
+        for name in ("collective_efficiency", "grouped_gemm_shape_efficiency", "grouped_gemm_fp8_over_bf16",
+                     "dispatcher_fixed_s", "memory_bound_efficiency"):
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, tuple(sorted(getattr(self, name).items())))
         if isinstance(self.component_factors, dict):  # kept as sorted tuples: the profile must stay hashable
@@ -229,9 +232,9 @@ class HardwareProfile:
                 for k, v in self.component_factors.items())))
         p: list[str] = []
         positive_ints(p, self, ("gpus_per_node",))
-        bad = [k for k, _ in self.grouped_gemm_shape_efficiency if expert_shape(k) is None]
-        require(p, not bad, f"grouped_gemm_shape_efficiency keys must read '<hidden>x<expert ffn>' with positive "
-                            f"integers, got {bad}")
+        for name in ("grouped_gemm_shape_efficiency", "grouped_gemm_fp8_over_bf16"):
+            bad = [k for k, _ in getattr(self, name) if expert_shape(k) is None]
+            require(p, not bad, f"{name} keys must read '<hidden>x<expert ffn>' with positive integers, got {bad}")
         for name in ("intra_node_bandwidth", "inter_node_bandwidth"):
             require(p, getattr(self, name) > 0, f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
         for name in ("intra_node_latency", "inter_node_latency"):
@@ -342,6 +345,8 @@ class HardwareProfile:
             "collective_efficiency": {k: list(c.points) for k, c in self.collective_efficiency},
             **({"grouped_gemm_shape_efficiency": {k: list(c.points) for k, c in self.grouped_gemm_shape_efficiency}}
                if self.grouped_gemm_shape_efficiency else {}),
+            **({"grouped_gemm_fp8_over_bf16": {k: list(c.points) for k, c in self.grouped_gemm_fp8_over_bf16}}
+               if self.grouped_gemm_fp8_over_bf16 else {}),
             "hbm_efficiency": self.hbm_efficiency, "source": self.source,
             "op_launch_s": self.op_launch_s, "collective_launch_s": self.collective_launch_s,
             "moe_layer_host_s": self.moe_layer_host_s, "overlap_slowdown": self.overlap_slowdown,
@@ -373,7 +378,8 @@ class HardwareProfile:
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
         if isinstance(d.get("dispatcher_fixed_s"), dict):
             d["dispatcher_fixed_s"] = tuple(sorted((str(k), float(v)) for k, v in d["dispatcher_fixed_s"].items()))
-        for key in ("collective_efficiency", "grouped_gemm_shape_efficiency", "memory_bound_efficiency"):
+        for key in ("collective_efficiency", "grouped_gemm_shape_efficiency", "grouped_gemm_fp8_over_bf16",
+                    "memory_bound_efficiency"):
             curves = d.get(key) or {}
             if isinstance(curves, dict):
                 d[key] = tuple(sorted(

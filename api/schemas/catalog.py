@@ -56,6 +56,9 @@ class HardwareProfileIn(BodyIn):
     grouped_gemm_efficiency: Curve | None = None
     grouped_gemm_shape_efficiency: dict[Name, Curve] = Field(
         default_factory=dict, description="'<hidden>x<expert ffn>' -> curve of tokens per expert -> achieved / peak")
+    grouped_gemm_fp8_over_bf16: dict[Name, Curve] = Field(
+        default_factory=dict, description="'<hidden>x<expert ffn>' -> curve of tokens per expert -> the fp8 grouped "
+        "GEMM's speed over bf16's")
     attention_fwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     attention_bwd_efficiency: Curve | None = Field(None, description="key length -> achieved / bf16 peak, causal")
     collective_efficiency: dict[Name, Curve] = Field(default_factory=dict,

@@ -7,9 +7,10 @@
   (the time model then prices each backward GEMM on the forward curve by its own shape).
 * ``grouped_gemm_efficiency``: tokens per expert -> (FLOPs / seconds) / peak at the reference expert shape
   (the first measured); ``grouped_gemm_shape_efficiency``: the same curve for every measured expert shape,
-  keyed '<hidden>x<ffn>'. An fp8 calibration times its GEMMs with ``torch._scaled_mm`` against the fp8 peak
-  but its grouped GEMMs in bf16, which the time model would read as fractions of the fp8 peak: it keeps the
-  base profile's grouped curves (the default ratio).
+  keyed '<hidden>x<ffn>'. An fp8 calibration times its GEMMs with ``torch._scaled_mm`` against the fp8 peak,
+  its grouped GEMMs in bf16 (read against the bf16 peak: the curves stay bf16's) and in fp8 at the same shapes
+  and tokens: ``grouped_gemm_fp8_over_bf16`` keeps, per shape, the fp8 speed over the bf16 speed by tokens
+  per expert, which the time model applies to the bf16 curves under fp8.
 * ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: key length -> (the time model's causal
   attention FLOPs / measured seconds) / 16-bit datasheet peak, forward and backward (SDPA, the executor's
   kernel; ``executor/microbench/attention.py``), for query/key/value heads of one width;
@@ -98,6 +99,18 @@ def grouped_curve(rows: list[dict], peak: float) -> MeasuredCurve | None:
     return _tokens_curve([row for row in rows if _shape_key(row) == first], peak)
 
 
+def fp8_over_bf16_curves(bf16_rows: list[dict], fp8_rows: list[dict]) -> dict[str, MeasuredCurve]:
+    """'<hidden>x<ffn>' -> curve of tokens per expert -> bf16 seconds / fp8 seconds, from grouped-GEMM rows of
+    the same shapes and tokens in both precisions (rows without a partner are skipped)."""
+    bf16 = {(_shape_key(r), float(r["tokens_per_expert"])): r["seconds"] for r in bf16_rows if _shape_key(r)}
+    points: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in fp8_rows:
+        key, tokens = _shape_key(r), float(r["tokens_per_expert"])
+        if key and (key, tokens) in bf16 and r["seconds"] > 0:
+            points[key][tokens].append(bf16[(key, tokens)] / r["seconds"])
+    return {key: curve for key, pts in points.items() if (curve := _curve(pts)) is not None}
+
+
 def grouped_shape_curves(rows: list[dict], peak: float) -> dict[str, MeasuredCurve]:
     """``'<hidden>x<ffn>'`` -> tokens per expert -> achieved / ``peak``, one curve per measured expert shape."""
     by_shape: dict[str, list[dict]] = defaultdict(list)
@@ -168,15 +181,20 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
     link, cpu_adam = offloading.get("link") or {}, offloading.get("cpu_adam") or {}
     attn_fwd, attn_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"))
     mla_fwd, mla_bwd = attention_curves(raw.get("attention") or [], base.gpu.peak("bf16"), "mla")
-    # fp8 runs time their grouped GEMMs in bf16, which would read as fractions of the fp8 peak: keep the base's
-    grouped_rows = raw["grouped_gemm"] if raw["precision"] != "fp8" else []
-    grouped_shapes = tuple(sorted(grouped_shape_curves(grouped_rows, peak).items()))
+    # fp8 runs time their grouped GEMMs in bf16 too: read against the bf16 peak; their fp8 timings at the same
+    # shapes become fp8/bf16 ratios (a run from before fp8 grouped timing keeps the base's bf16 curves)
+    fp8_rows = raw.get("grouped_gemm_fp8") or []
+    grouped_rows = raw["grouped_gemm"] if raw["precision"] != "fp8" or fp8_rows else []
+    grouped_peak = base.gpu.peak("bf16") if raw["precision"] == "fp8" else peak
+    grouped_shapes = tuple(sorted(grouped_shape_curves(grouped_rows, grouped_peak).items()))
     built = replace(
         base, name=name or f"{base.name}-calibrated",
         gemm_efficiency=gemm_curve(raw["gemm"], peak) or base.gemm_efficiency,
         gemm_bwd_efficiency=gemm_bwd_curve(raw["gemm"], peak) or base.gemm_bwd_efficiency,
-        grouped_gemm_efficiency=grouped_curve(grouped_rows, peak) or base.grouped_gemm_efficiency,
+        grouped_gemm_efficiency=grouped_curve(grouped_rows, grouped_peak) or base.grouped_gemm_efficiency,
         grouped_gemm_shape_efficiency=grouped_shapes if grouped_rows else base.grouped_gemm_shape_efficiency,
+        grouped_gemm_fp8_over_bf16=(tuple(sorted(fp8_over_bf16_curves(grouped_rows, fp8_rows).items()))
+                                    or base.grouped_gemm_fp8_over_bf16),
         collective_efficiency=tuple(sorted(curves.items())),
         attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
         attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,

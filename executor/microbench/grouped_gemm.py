@@ -54,3 +54,35 @@ def measure_grouped_gemm(tokens_per_expert: tuple[int, ...], device: torch.devic
         out.append({"tokens_per_expert": t, "experts": experts, "hidden": hidden, "ffn": ffn, "flops": flops,
                     "seconds": seconds})
     return out
+
+
+def measure_grouped_gemm_fp8(tokens_per_expert: tuple[int, ...], device: torch.device,
+                             shape: tuple[int, int, int] | None = None, repeats: int = 3) -> list[dict]:
+    """Seconds of the same grouped fc1 GEMM as :func:`measure_grouped_gemm` on the fp8 path the executor's
+    experts take (torch's scaled grouped GEMM, e4m3 operands with per-row scales, bf16 out, the fast
+    accumulation where its first-use check passed), operands quantised beforehand: the GEMM alone, since the
+    cost model prices the activations' quantisation as its own bytes. CUDA only.
+
+    Returns ``[{'tokens_per_expert', 'experts', 'hidden', 'ffn', 'flops', 'seconds', 'precision': 'fp8'}]``.
+    """
+    from executor.kernels.fp8.gemm import OUT, fast_accum_ok
+    from executor.kernels.fp8.quantize import quantize_rowwise
+
+    experts, hidden, ffn = shape or GPU_EXPERT_SHAPE
+    w_GNK = torch.randn(experts, ffn, hidden, device=device, dtype=torch.bfloat16)
+    qw, sw = quantize_rowwise(w_GNK)
+    fast = fast_accum_ok(device)
+    out = []
+    for t in tokens_per_expert:
+        qx, sx = quantize_rowwise(torch.randn(experts * t, hidden, device=device, dtype=torch.bfloat16))
+        offs_G = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * t
+        flops = 2.0 * experts * t * hidden * ffn
+
+        def gemm(qx=qx, sx=sx, offs=offs_G):
+            return torch._scaled_grouped_mm(qx, qw.transpose(-2, -1), sx, sw, offs=offs, out_dtype=OUT,
+                                            use_fast_accum=fast)
+
+        seconds = time_op(gemm, device, repeats=repeats)
+        out.append({"tokens_per_expert": t, "experts": experts, "hidden": hidden, "ffn": ffn, "flops": flops,
+                    "seconds": seconds, "precision": "fp8"})
+    return out

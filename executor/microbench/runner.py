@@ -89,6 +89,15 @@ def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
     for row in report["grouped_gemm"]:
         say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
             f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+    if plan.precision == "fp8":  # the experts' fp8 GEMMs at the same shapes: the profile keeps fp8 over bf16
+        say("grouped GEMMs in fp8 (torch's scaled grouped GEMM, operands quantised beforehand)")
+        report["grouped_gemm_fp8"] = [row for shape in (shapes[:1] if plan.minimal else shapes) for row in
+                                      grouped_gemm.measure_grouped_gemm_fp8(
+                                          plan.sizes(grouped_gemm.default_tokens(device, plan.quick)),
+                                          device, shape)]
+        for row in report["grouped_gemm_fp8"]:
+            say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
+                f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
     say("causal attention (head shape, key length)")
     seqs = plan.sizes(attention.default_seqs(device, plan.quick))
     report["attention"] = [row for kind in (attention.KINDS[:1] if plan.minimal else attention.KINDS)
@@ -171,6 +180,8 @@ def merge_ranks(reports: list[dict]) -> dict:
         return rows
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
+            **({"grouped_gemm_fp8": merged("grouped_gemm_fp8", statistics.median)}
+               if reports[0].get("grouped_gemm_fp8") else {}),
             "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
             **({"memory_bound": merged("memory_bound", statistics.median)} if reports[0].get("memory_bound") else {}),
             "attention": [{**row, "fwd_seconds": statistics.median(r["attention"][i]["fwd_seconds"] for r in reports),

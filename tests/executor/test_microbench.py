@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from spec.catalog import get_hardware, get_model
+from spec.errors import SpecError
 from spec.hardware import ClusterSpec, HardwareProfile, MeasuredCurve
 from spec.parallel_config import ParallelConfig
 from spec.profile_io import load_profile, save_profile
@@ -165,6 +166,50 @@ def test_fp8_calibration_keeps_the_base_grouped_curve():
     assert profile.grouped_gemm_efficiency == base.grouped_gemm_efficiency
     bf16 = build_profile(base, {**raw, "precision": "bf16"})
     assert bf16.grouped_gemm_efficiency is not None and bf16.grouped_gemm_efficiency != base.grouped_gemm_efficiency
+
+
+def test_fp8_calibration_keeps_bf16_curves_and_the_fp8_over_bf16_ratio():
+    """An fp8 run that also timed its grouped GEMMs in fp8: the bf16 rows are read against the bf16 peak, and
+    per shape the fp8 speed over bf16's becomes a curve of tokens per expert; the time model under fp8 prices
+    a grouped GEMM of a measured shape at the bf16 curve times that ratio (hand-worked), bf16 as before."""
+    from costmodel.compute import compute_rates, grouped_gemm_time
+
+    base = get_hardware("h200")
+    bf16_peak = base.gpu.peak("bf16")
+
+    def row(t, eff, precision=None):  # a Qwen3-like expert shape: 2048 x 768, 128 experts
+        flops = 2.0 * 128 * t * 2048 * 768
+        return {"tokens_per_expert": t, "experts": 128, "hidden": 2048, "ffn": 768, "flops": flops,
+                "seconds": flops / (eff * bf16_peak), **({"precision": precision} if precision else {})}
+
+    # bf16 at 0.5 and 0.6 of the bf16 peak; fp8 0.8x bf16's speed at 256 tokens, 1.5x at 4096
+    raw = {"precision": "fp8", "gemm": [{"flops": 1e12, "seconds": 1e12 / (0.6 * base.gpu.peak("fp8"))}],
+           "grouped_gemm": [row(256, 0.5), row(4096, 0.6)],
+           "grouped_gemm_fp8": [row(256, 0.5 * 0.8, "fp8"), row(4096, 0.6 * 1.5, "fp8"), row(64, 0.1, "fp8")],
+           "copy": [], "collectives": [], "ranks": 1, "device_name": "NVIDIA H200", "backend": "nccl",
+           "measured_at": "2026-12-04T08:00:00+00:00"}
+    profile = build_profile(base, raw)
+    assert dict(profile.grouped_gemm_shape_efficiency)["2048x768"].points == (
+        (256.0, pytest.approx(0.5)), (4096.0, pytest.approx(0.6)))
+    # the fp8 row at 64 tokens has no bf16 partner: skipped
+    assert dict(profile.grouped_gemm_fp8_over_bf16)["2048x768"].points == (
+        (256.0, pytest.approx(0.8)), (4096.0, pytest.approx(1.5)))
+    assert HardwareProfile.from_dict(profile.to_dict()) == profile
+    flops = 2.0 * 128 * 256 * 2048 * 768
+    fp8, bf16 = compute_rates(profile, "fp8"), compute_rates(profile, "bf16")
+    clock = profile.sustained_clock_factor or 1.0
+    assert grouped_gemm_time(fp8, 128, 256, 768, 2048) == pytest.approx(flops / (0.5 * 0.8 * bf16_peak * clock))
+    assert grouped_gemm_time(bf16, 128, 256, 768, 2048) == pytest.approx(flops / (0.5 * bf16_peak * clock))
+    flops = 2.0 * 128 * 4096 * 2048 * 768
+    assert grouped_gemm_time(fp8, 128, 4096, 768, 2048) == pytest.approx(flops / (0.6 * 1.5 * bf16_peak * clock))
+
+
+def test_a_profile_refuses_bad_fp8_over_bf16_curves():
+    data = get_hardware("h200").to_dict()
+    with pytest.raises(SpecError, match="grouped_gemm_fp8_over_bf16 keys"):
+        HardwareProfile.from_dict({**data, "grouped_gemm_fp8_over_bf16": {"wide": [[256, 1.2]]}})
+    with pytest.raises(SpecError, match="efficiency > 0"):  # MeasuredCurve's own rule
+        HardwareProfile.from_dict({**data, "grouped_gemm_fp8_over_bf16": {"2048x768": [[256, 0.0]]}})
 
 
 def test_a_remeasured_collective_drops_the_base_profiles_per_size_curves_for_it():
