@@ -120,9 +120,9 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
     ratio_curves = _by_weight_size(hardware.grouped_gemm_fp8_over_bf16) if fp8 else ()
     if fp8:  # the measured fp8/bf16 speed of the grouped kernels, as a share of the fp8 peak
         curve_scale = GROUPED_FP8_OVER_BF16 * gpu.peak("bf16") / gpu.peak("fp8")
-        grouped = GROUPED_GEMM_EFFICIENCY_BF16 * curve_scale
-        if ratio_curves:  # calibrated per shape and tokens: the curves below carry the fp8/bf16 speed
+        if ratio_curves:  # calibrated per shape and tokens: the ratio curves carry the fp8/bf16 speed
             curve_scale = gpu.peak("bf16") / gpu.peak("fp8")
+        grouped = GROUPED_GEMM_EFFICIENCY_BF16 * curve_scale
     else:
         grouped = GROUPED_GEMM_EFFICIENCY_BF16 * gemm_eff / bf16_eff
     hbm_eff = hardware.hbm_efficiency if hardware.hbm_efficiency else HBM_EFFICIENCY
@@ -206,21 +206,23 @@ def grouped_gemm_time(rates: ComputeRates, num_groups: int, tokens_per_group: fl
     -> achieved/peak) replaces it; curves measured at several expert shapes replace that, read at this
     GEMM's weight size ``n·k`` (interpolated in log size between the two nearest measured shapes). The curves
     are bf16 measurements: under fp8 they are scaled by ``rates.grouped_curve_scale`` and, where the profile
-    has them, by the calibrated fp8/bf16 speed at this weight size and ``tokens_per_group``.
+    has them, by the calibrated fp8/bf16 speed at this weight size and ``tokens_per_group`` (which scales the
+    default model's ceiling too).
     """
     if num_groups <= 0 or tokens_per_group <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * tokens_per_group * n * k * num_groups
-    scale = rates.grouped_curve_scale
+    ratio = 1.0
     if rates.grouped_fp8_ratio_curves:
-        scale *= _shape_efficiency(rates.grouped_fp8_ratio_curves, float(n * k), tokens_per_group)
+        ratio = _shape_efficiency(rates.grouped_fp8_ratio_curves, float(n * k), tokens_per_group)
+    scale = rates.grouped_curve_scale * ratio
     if rates.grouped_shape_curves:
         return flops / (rates.gemm_peak * scale
                         * _shape_efficiency(rates.grouped_shape_curves, float(n * k), tokens_per_group))
     if rates.grouped_curve is not None:
         return flops / (rates.gemm_peak * scale * rates.grouped_curve(tokens_per_group))
     nbytes = num_groups * ((tokens_per_group * k + k * n) * rates.gemm_elem_bytes + 2 * tokens_per_group * n)
-    return _roofline(flops, nbytes, rates.gemm_peak, rates.grouped_eff_max, rates)
+    return _roofline(flops, nbytes, rates.gemm_peak, rates.grouped_eff_max * ratio, rates)
 
 
 def _shape_efficiency(curves: tuple[tuple[float, MeasuredCurve], ...], weights: float, tokens: float) -> float:

@@ -204,6 +204,21 @@ def test_fp8_calibration_keeps_bf16_curves_and_the_fp8_over_bf16_ratio():
     assert grouped_gemm_time(fp8, 128, 4096, 768, 2048) == pytest.approx(flops / (0.6 * 1.5 * bf16_peak * clock))
 
 
+def test_the_fp8_over_bf16_ratio_scales_the_default_grouped_ceiling_too():
+    """A catalog profile without measured grouped curves prices grouped GEMMs on a roofline at a ceiling; under
+    fp8 that ceiling is the bf16 one times one constant fp8/bf16 ratio, or the calibrated ratio at the shape
+    and tokens where the profile has it: compute-bound, the times differ by exactly those ratios."""
+    from costmodel.compute import GROUPED_FP8_OVER_BF16, compute_rates, grouped_gemm_time
+
+    base = get_hardware("h200")
+    assert base.grouped_gemm_efficiency is None and not base.grouped_gemm_shape_efficiency
+    calibrated = replace(base, grouped_gemm_fp8_over_bf16=(("2048x768", MeasuredCurve(((4096.0, 1.25),))),))
+    plain, fp8 = compute_rates(base, "fp8"), compute_rates(calibrated, "fp8")
+    t_plain, t_fp8 = grouped_gemm_time(plain, 128, 4096, 768, 2048), grouped_gemm_time(fp8, 128, 4096, 768, 2048)
+    assert t_plain / t_fp8 == pytest.approx(1.25 / GROUPED_FP8_OVER_BF16, rel=1e-3)
+    assert compute_rates(calibrated, "bf16").grouped_fp8_ratio_curves == ()  # bf16 pricing never reads it
+
+
 def test_a_profile_refuses_bad_fp8_over_bf16_curves():
     data = get_hardware("h200").to_dict()
     with pytest.raises(SpecError, match="grouped_gemm_fp8_over_bf16 keys"):
