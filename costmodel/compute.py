@@ -94,6 +94,9 @@ class ComputeRates:
     # expert GEMM, its curve of tokens per expert -> fp8 speed / bf16 speed), by size; the measured grouped
     # curves times this times ``grouped_curve_scale`` (then the peak ratio alone) are achieved / fp8 peak
     grouped_fp8_ratio_curves: tuple[tuple[float, MeasuredCurve], ...] = ()
+    # fp8 with a calibrated dense linear (HardwareProfile.dense_fp8_over_bf16): forward FLOPs -> bf16 seconds /
+    # fp8 seconds of a dense linear's forward + backward, quantisation included
+    dense_fp8_ratio_curve: MeasuredCurve | None = None
     # least seconds of one CP chunk attention call, forward + backward (measured, else 0): a short chunk's
     # kernel waits for the host issuing it (costmodel.context_parallel: half of it a floor each way)
     cp_chunk_floor: float = 0.0
@@ -143,6 +146,7 @@ def compute_rates(hardware: HardwareProfile, precision: str) -> ComputeRates:
         fp32_peak=dict(gpu.peak_flops).get("fp32", gpu.peak("bf16") / 16) * clock,
         cp_chunk_floor=hardware.cp_chunk_floor_s or 0.0, grouped_curve_scale=curve_scale,
         grouped_fp8_ratio_curves=ratio_curves,
+        dense_fp8_ratio_curve=hardware.dense_fp8_over_bf16 if fp8 else None,
         memory_curves=dict(hardware.memory_bound_efficiency), hbm_datasheet=gpu.hbm_bandwidth)
 
 

@@ -299,10 +299,16 @@ def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: 
     (m x k)·(k x n): its GEMMs at ``rates`` plus, where ``input_cast_bytes`` is non-zero (fp8), the quantisation of
     its input (``input_cast_bytes`` per input element) and of its output gradient (``grad_cast_bytes`` per
     element); with ``choice_bf16_rates`` (the executor's per-shape choice) the bf16 GEMMs without casts where
-    those take no longer (a tie goes to bf16, as in the executor)."""
+    those take no longer (a tie goes to bf16, as in the executor). Where ``rates`` carry a calibrated fp8 linear
+    (``dense_fp8_ratio_curve``: bf16 / fp8 seconds by forward FLOPs, quantisation included) the choice reads it:
+    fp8 is the bf16 GEMMs' seconds over that ratio, no cast bytes apart."""
     fwd, bwd = gemm_fwd_bwd(rates, round(m), round(n), round(k), low_precision)
     if not input_cast_bytes:
         return fwd, bwd, 0.0, 0.0
+    if choice_bf16_rates is not None and rates.dense_fp8_ratio_curve is not None:
+        f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
+        ratio = rates.dense_fp8_ratio_curve(2.0 * m * n * k)
+        return (f16, b16, 0.0, 0.0) if ratio <= 1.0 else (f16 / ratio, b16 / ratio, 0.0, 0.0)
     cast_fwd, cast_bwd = input_cast_bytes * m * k, grad_cast_bytes * m * n
     if choice_bf16_rates is not None:
         f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)

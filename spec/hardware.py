@@ -170,6 +170,9 @@ class HardwareProfile:
     # '<hidden>x<expert ffn>' -> tokens per expert -> the fp8 grouped GEMM's speed over bf16's at that shape
     # (torch's scaled grouped GEMM, operands quantised beforehand; `calibrate --precision fp8`)
     grouped_gemm_fp8_over_bf16: tuple[tuple[str, MeasuredCurve], ...] = ()
+    # forward FLOPs of a dense linear -> bf16 seconds / the executor's fp8 seconds of its forward + backward,
+    # quantisation included (`calibrate --precision fp8`)
+    dense_fp8_over_bf16: MeasuredCurve | None = None
     # key length -> achieved / 16-bit peak of causal attention (time model's FLOPs), forward and backward
     attention_fwd_efficiency: MeasuredCurve | None = None
     attention_bwd_efficiency: MeasuredCurve | None = None
@@ -335,6 +338,7 @@ class HardwareProfile:
             "gemm_bwd_efficiency": list(self.gemm_bwd_efficiency.points) if self.gemm_bwd_efficiency else None,
             "grouped_gemm_efficiency": (list(self.grouped_gemm_efficiency.points)
                                         if self.grouped_gemm_efficiency else None),
+            **({"dense_fp8_over_bf16": list(self.dense_fp8_over_bf16.points)} if self.dense_fp8_over_bf16 else {}),
             "attention_fwd_efficiency": (list(self.attention_fwd_efficiency.points)
                                          if self.attention_fwd_efficiency else None),
             "attention_bwd_efficiency": (list(self.attention_bwd_efficiency.points)
@@ -373,7 +377,8 @@ class HardwareProfile:
         d = dict(data)
         d["gpu"] = GPUSpec(**d["gpu"]) if isinstance(d["gpu"], dict) else d["gpu"]
         for key in ("gemm_efficiency", "gemm_bwd_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency",
-                    "attention_bwd_efficiency", "attention_mla_fwd_efficiency", "attention_mla_bwd_efficiency"):
+                    "attention_bwd_efficiency", "attention_mla_fwd_efficiency", "attention_mla_bwd_efficiency",
+                    "dense_fp8_over_bf16"):
             if d.get(key) is not None and not isinstance(d[key], MeasuredCurve):
                 d[key] = MeasuredCurve(tuple(tuple(pt) for pt in d[key]))
         if isinstance(d.get("dispatcher_fixed_s"), dict):

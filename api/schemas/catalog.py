@@ -56,6 +56,8 @@ class HardwareProfileIn(BodyIn):
     grouped_gemm_efficiency: Curve | None = None
     grouped_gemm_shape_efficiency: dict[Name, Curve] = Field(
         default_factory=dict, description="'<hidden>x<expert ffn>' -> curve of tokens per expert -> achieved / peak")
+    dense_fp8_over_bf16: Curve | None = Field(None, description="a dense linear's forward FLOPs -> bf16 seconds / "
+                                              "fp8 seconds of its forward + backward, quantisation included")
     grouped_gemm_fp8_over_bf16: dict[Name, Curve] = Field(
         default_factory=dict, description="'<hidden>x<expert ffn>' -> curve of tokens per expert -> the fp8 grouped "
         "GEMM's speed over bf16's")

@@ -10,7 +10,8 @@
   keyed '<hidden>x<ffn>'. An fp8 calibration times its GEMMs with ``torch._scaled_mm`` against the fp8 peak,
   its grouped GEMMs in bf16 (read against the bf16 peak: the curves stay bf16's) and in fp8 at the same shapes
   and tokens: ``grouped_gemm_fp8_over_bf16`` keeps, per shape, the fp8 speed over the bf16 speed by tokens
-  per expert, which the time model applies to the bf16 curves under fp8.
+  per expert, which the time model applies to the bf16 curves under fp8; ``dense_fp8_over_bf16`` keeps the
+  executor's fp8 dense linear against bf16's (forward + backward, quantisation included) by forward FLOPs.
 * ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: key length -> (the time model's causal
   attention FLOPs / measured seconds) / 16-bit datasheet peak, forward and backward (SDPA, the executor's
   kernel; ``executor/microbench/attention.py``), for query/key/value heads of one width;
@@ -195,6 +196,9 @@ def build_profile(base: HardwareProfile, raw: dict, name: str | None = None) -> 
         grouped_gemm_shape_efficiency=grouped_shapes if grouped_rows else base.grouped_gemm_shape_efficiency,
         grouped_gemm_fp8_over_bf16=(tuple(sorted(fp8_over_bf16_curves(grouped_rows, fp8_rows).items()))
                                     or base.grouped_gemm_fp8_over_bf16),
+        dense_fp8_over_bf16=(_efficiency_curve(raw.get("linear_fp8") or [], "flops",
+                                               lambda row: row["bf16_seconds"] / row["seconds"])
+                             or base.dense_fp8_over_bf16),
         collective_efficiency=tuple(sorted(curves.items())),
         attention_fwd_efficiency=attn_fwd or base.attention_fwd_efficiency,
         attention_bwd_efficiency=attn_bwd or base.attention_bwd_efficiency,

@@ -17,8 +17,8 @@ import torch
 
 from executor.launch_local import LaunchResult
 from executor.launch_local import launch as launch_ranks
-from executor.microbench import (attention, collectives, exchanges, fragmentation, gemm, grouped_gemm, hbm, launch,
-                                 memory_bound, offload, overlap, sustained)
+from executor.microbench import (attention, collectives, exchanges, fp8_linear, fragmentation, gemm, grouped_gemm,
+                                 hbm, launch, memory_bound, offload, overlap, sustained)
 from executor.microbench.components import OPTIMIZER_PARAMS_CPU, OPTIMIZER_PARAMS_GPU, measure_optimizer
 from executor.microbench.sustained import SUSTAINED_SECONDS
 from executor.microbench.timing import in_turns
@@ -98,6 +98,12 @@ def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
         for row in report["grouped_gemm_fp8"]:
             say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
                 f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+        say("dense linears, fp8 against bf16 (the executor's, forward + backward, quantisation included)")
+        shapes = fp8_linear.GPU_SHAPES[:2] if plan.minimal else fp8_linear.GPU_SHAPES
+        report["linear_fp8"] = fp8_linear.measure_linear_fp8(shapes, device)
+        for row in report["linear_fp8"]:
+            say(f"  {row['m']}x{row['n']}x{row['k']}  fp8 {row['seconds'] * 1e6:10.1f} us   bf16 "
+                f"{row['bf16_seconds'] * 1e6:10.1f} us   bf16/fp8 {row['bf16_seconds'] / row['seconds']:6.3f}")
     say("causal attention (head shape, key length)")
     seqs = plan.sizes(attention.default_seqs(device, plan.quick))
     report["attention"] = [row for kind in (attention.KINDS[:1] if plan.minimal else attention.KINDS)
@@ -176,12 +182,13 @@ def merge_ranks(reports: list[dict]) -> dict:
         rows = []
         for i, row in enumerate(reports[0][key]):
             rows.append({**row, **{field: reducer([r[key][i][field] for r in reports])
-                                   for field in ("seconds", "bwd_seconds") if field in row}})
+                                   for field in ("seconds", "bwd_seconds", "bf16_seconds") if field in row}})
         return rows
     return {"device_name": reports[0]["device_name"], "ranks": len(reports),
             "gemm": merged("gemm", statistics.median), "grouped_gemm": merged("grouped_gemm", statistics.median),
             **({"grouped_gemm_fp8": merged("grouped_gemm_fp8", statistics.median)}
                if reports[0].get("grouped_gemm_fp8") else {}),
+            **({"linear_fp8": merged("linear_fp8", statistics.median)} if reports[0].get("linear_fp8") else {}),
             "copy": merged("copy", statistics.median), "collectives": merged("collectives", max),
             **({"memory_bound": merged("memory_bound", statistics.median)} if reports[0].get("memory_bound") else {}),
             "attention": [{**row, "fwd_seconds": statistics.median(r["attention"][i]["fwd_seconds"] for r in reports),

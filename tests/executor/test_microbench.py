@@ -219,6 +219,35 @@ def test_the_fp8_over_bf16_ratio_scales_the_default_grouped_ceiling_too():
     assert compute_rates(calibrated, "bf16").grouped_fp8_ratio_curves == ()  # bf16 pricing never reads it
 
 
+def test_fp8_calibration_prices_the_dense_linears_from_their_measured_ratio():
+    """The executor's fp8 dense linear timed against bf16's (forward + backward, quantisation included): the
+    profile keeps bf16 / fp8 seconds by forward FLOPs, and the time model under fp8 prices a dense linear at
+    bf16's GEMM seconds over that ratio where it is above 1, at bf16's where not (the executor's choice)."""
+    from costmodel.compute import compute_rates, gemm_fwd_bwd
+    from costmodel.step_time import dense_linear_seconds_and_cast_bytes
+
+    base = get_hardware("h200")
+    small, large = 2.0 * 4096 * 2048 * 2048, 2.0 * 32768 * 5632 * 2048
+    raw = {"precision": "fp8", "gemm": [], "grouped_gemm": [], "copy": [], "collectives": [], "ranks": 1,
+           "device_name": "NVIDIA H200", "backend": "nccl", "measured_at": "2026-12-04T08:00:00+00:00",
+           "linear_fp8": [{"m": 4096, "n": 2048, "k": 2048, "flops": small, "seconds": 1.0e-3, "bf16_seconds": 0.25e-3},
+                          {"m": 32768, "n": 5632, "k": 2048, "flops": large, "seconds": 2.5e-3,
+                           "bf16_seconds": 3.0e-3}]}
+    profile = build_profile(base, raw)
+    assert profile.dense_fp8_over_bf16.points == ((small, 0.25), (large, pytest.approx(1.2)))
+    assert HardwareProfile.from_dict(profile.to_dict()) == profile
+    fp8, bf16 = compute_rates(profile, "fp8"), compute_rates(profile, "bf16")
+    f16, b16 = gemm_fwd_bwd(bf16, 32768, 5632, 2048, True)
+    assert dense_linear_seconds_and_cast_bytes(fp8, bf16, 32768, 5632, 2048, 3.0, 3.0) == pytest.approx(
+        (f16 / 1.2, b16 / 1.2, 0.0, 0.0))
+    f16, b16 = gemm_fwd_bwd(bf16, 4096, 2048, 2048, True)
+    assert dense_linear_seconds_and_cast_bytes(fp8, bf16, 4096, 2048, 2048, 3.0, 3.0) == (f16, b16, 0.0, 0.0)
+    # without the curve (the catalog's): the fp8 GEMMs at their peak plus the casts' bytes, as before
+    plain = dense_linear_seconds_and_cast_bytes(compute_rates(base, "fp8"), compute_rates(base, "bf16"),
+                                                32768, 5632, 2048, 3.0, 3.0)
+    assert plain[2] == 3.0 * 32768 * 2048
+
+
 def test_a_profile_refuses_bad_fp8_over_bf16_curves():
     data = get_hardware("h200").to_dict()
     with pytest.raises(SpecError, match="grouped_gemm_fp8_over_bf16 keys"):
