@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from executor.kernels.fp8.gemm import linear as fp8_linear
 from executor.microbench.timing import time_op
 
 #: (rows, out features, in features): attention projections and shared experts of the proxies at one and
@@ -33,8 +34,6 @@ def measure_linear_fp8(shapes: tuple[tuple[int, int, int], ...], device: torch.d
     """Per (m, n, k): ``{'m', 'n', 'k', 'flops', 'seconds', 'bf16_seconds'}``: seconds of one forward +
     backward of the executor's fp8 linear (y [m, n] = x [m, k] · wᵀ) and of bf16's ``F.linear``; ``flops``
     is the forward's 2·m·n·k. CUDA only."""
-    from executor.kernels.fp8.gemm import linear as fp8_linear
-
     out = []
     for m, n, k in shapes:
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from executor.kernels.fp8.gemm import OUT, fast_accum_ok
+from executor.kernels.fp8.quantize import quantize_rowwise
 from executor.kernels.torch_backend import TorchBackend
 from executor.microbench.timing import time_op
 
@@ -65,9 +67,6 @@ def measure_grouped_gemm_fp8(tokens_per_expert: tuple[int, ...], device: torch.d
 
     Returns ``[{'tokens_per_expert', 'experts', 'hidden', 'ffn', 'flops', 'seconds', 'precision': 'fp8'}]``.
     """
-    from executor.kernels.fp8.gemm import OUT, fast_accum_ok
-    from executor.kernels.fp8.quantize import quantize_rowwise
-
     experts, hidden, ffn = shape or GPU_EXPERT_SHAPE
     w_GNK = torch.randn(experts, ffn, hidden, device=device, dtype=torch.bfloat16)
     qw, sw = quantize_rowwise(w_GNK)
