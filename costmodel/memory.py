@@ -827,11 +827,14 @@ def _statics_for(ctx: _Context, layout: ParallelConfig, layouts: tuple, params: 
 
 def _loss_split(fixed, tokens: float) -> tuple[float, float]:
     """(bytes of the executor's loss held beside its last stage's layer work, its kept logits), before
-    fragmentation. The kept logits live from the loss's forward to its backward, between the stage's last
-    layer's forward and its backward: they never meet a layer's backward working set nor its communication
-    buffers, so only what exceeds those adds to the stage's peak (:func:`_peak`)."""
+    fragmentation. With one output head the kept logits live from the loss's forward to its backward, between
+    the stage's last layer's forward and its backward: they never meet a layer's backward working set nor its
+    communication buffers, so only what exceeds those adds to the stage's peak (:func:`_peak`). With MTP heads
+    the main head's logits are still kept while each MTP depth's decoder layer runs its backward: held."""
     block, held, weight_grad = _loss_fixed(fixed, tokens)
     if fixed is not None and loss_held_name(fixed, tokens) == "kept_logits":
+        if fixed.kept_per_logit > fixed.activation_bytes:  # more than one head
+            return block + held + weight_grad, 0.0
         return block + weight_grad, held
     return block + held + weight_grad, 0.0
 
@@ -1187,10 +1190,9 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
             details.append(("logits.loss_and_output", tokens * row_logits))
         else:
             block, held, weight_grad = _loss_fixed(fixed, tokens)
-            if loss_held_name(fixed, tokens) == "kept_logits":  # what exceeds the layer work (_loss_split)
+            name = loss_held_name(fixed, tokens)
+            if _loss_split(fixed, tokens)[1]:  # kept logits of one head: what exceeds the layer work
                 name, held = "kept_logits_beyond_layer_work", max(0.0, held - tokens * (row_comm + row_work))
-            else:
-                name = "input_grad_accumulator"
             details += [("logits.loss_block", block), (f"logits.{name}", held),
                         ("logits.output_weight_grad", weight_grad), ("logits.lse", tokens * row_logits)]
     name, value = k.comm_moe if lay.has_moe else k.comm_dense

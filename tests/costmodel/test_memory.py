@@ -308,6 +308,17 @@ def test_kept_logits_add_what_exceeds_the_layer_work():
     assert peak_memory_bytes(model, training, cluster, cfg) == pytest.approx(b.total, rel=1e-12)
 
 
+def test_mtp_heads_keep_the_main_heads_logits_beside_their_layer():
+    """DeepSeek-V3 (one MTP depth) on its last stage: the main head's kept logits are alive while the MTP
+    depth's decoder layer runs its backward, so both heads' kept bf16 logits are held in full."""
+    model, training = get_model("deepseek-v3"), TrainingSpec(seq_length=4096, global_batch_size=1024)
+    cfg = ParallelConfig(world_size=1024, tp=2, pp=16, vpp=2, ep=32)
+    b = estimate_stage_memory(model, training, ClusterSpec(get_hardware("h100-sxm"), 1024), cfg, 15)
+    rows = model.padded_vocab_size(2) // 2  # all real on TP rank 0
+    assert b.detail("logits.kept_logits") == 4096 * rows * 2 * 2
+    assert b.detail("logits.kept_logits_beyond_layer_work") == 0
+
+
 def test_most_loaded_stage_is_the_max_over_every_stage():
     training = _moe_training()
     for name, cfg in (("deepseek-v3", ParallelConfig(world_size=1024, tp=2, pp=16, vpp=2, ep=32)),
