@@ -9,6 +9,9 @@ and its share of the dense bf16 peak, and the milliseconds of each class; the JS
 
 Usage: python -m bench.step_kernels_gpu [--models qwen3-30b-a3b,deepseek-v2-lite] [--layers 4] [--seq 4096]
                                         [--gbs 8] [--runs bf16:8,bf16:1,fp8:8,fp8:1] [--keep-logits B,...] [--out F]
+                                        [--no-write]
+On a GPU the table also replaces its own section of docs/benchmarks.md (``--no-write``: print only); CPU runs
+(smoke tests: no CUDA kernels to sort) never write it.
 
 ``--keep-logits`` runs each row once per value of ``ExecutorOptions.cross_entropy_keep_logits`` (bytes; 0: the
 loss blocked over the vocabulary, computing each block again in backward; 'default': the executor's default),
@@ -23,6 +26,8 @@ import datetime
 import json
 import os
 import sys
+
+from bench.report import machine, replace_section
 
 from spec.catalog import get_hardware, get_model
 from spec.flops import flops_per_step
@@ -68,6 +73,34 @@ def classes_ms(top: list[dict]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+SECTION = "## The whole step's kernels by class (`python3 -m bench.step_kernels_gpu`)"
+
+
+def section(report: dict, command: str) -> str:
+    """The docs/benchmarks.md section of one run: per row its step, TFLOP/s, share of the peak, peak memory and
+    its three largest kernel classes."""
+    lines = [SECTION, "",
+             f"`{command}` at {report.get('commit') or 'an unnamed commit'}, "
+             f"{report['date'][:16].replace('T', ' ')} UTC on {report.get('machine', report['device'])} (torch "
+             f"{report['torch']}): the {report['layers']}-layer proxies at seq {report['seq']}, global batch "
+             f"{report['gbs']}, one steady step a row (unprofiled step time; classes from the profiled step).", "",
+             "| model | precision | mbs | keep_logits | step ms | TFLOP/s | % of dense bf16 peak | peak GiB | "
+             "largest kernel classes, ms |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in report["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['precision']} | {r['mbs']} | {r['keep_logits']} | failed: "
+                         f"{r['error']} | | | | |")
+            continue
+        top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["classes_ms"].items())[:3])
+        peak = r.get("peak_reserved_bytes")
+        lines.append(f"| {r['model']} | {r['precision']} | {r['mbs']} | {r['keep_logits']} | {r['step_ms']:.1f} | "
+                     f"{r['tflops']:.0f} | {100 * r['peak_share']:.1f} | "
+                     f"{peak / 2**30:.2f} | {top} |" if peak is not None else
+                     f"| {r['model']} | {r['precision']} | {r['mbs']} | {r['keep_logits']} | {r['step_ms']:.1f} | "
+                     f"{r['tflops']:.0f} | {100 * r['peak_share']:.1f} | - | {top} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_runs(text: str) -> list[tuple[str, int]]:
     """'bf16:8,fp8:1' -> [('bf16', 8), ('fp8', 1)]."""
     runs = []
@@ -88,6 +121,9 @@ def main() -> int:
                         help="comma list of cross_entropy_keep_logits values (bytes) or 'default'")
     parser.add_argument("--hardware", default="h200", help="catalog hardware whose dense bf16 peak is the yardstick")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "step_kernels_gpu.json"))
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--commit", default=os.environ.get("COMMIT"),
+                        help="the code's commit, for the docs (default: $COMMIT; a copied tree's git may be stale)")
     args = parser.parse_args()
 
     import dataclasses
@@ -100,7 +136,8 @@ def main() -> int:
 
     peak = get_hardware(args.hardware).gpu.peak("bf16")
     report: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "layers": args.layers,
+                    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                    "machine": machine(), "commit": args.commit, "torch": torch.__version__, "layers": args.layers,
                     "seq": args.seq, "gbs": args.gbs, "peak_bf16_flops": peak, "runs": []}
     failed = 0
     for name in args.models.split(","):
@@ -145,6 +182,9 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"wrote {args.out}")
+    if torch.cuda.is_available() and not args.no_write:
+        replace_section(SECTION, section(report, "python3 -m bench.step_kernels_gpu " + " ".join(sys.argv[1:])))
+        print("wrote its section of docs/benchmarks.md")
     return 1 if failed else 0
 
 
