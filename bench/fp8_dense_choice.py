@@ -81,7 +81,7 @@ def priced(rows: int, n: int, k: int) -> dict[str, float]:
     """The cost model's seconds of the same layer: bf16 GEMMs; fp8 GEMMs plus the quantisation it prices."""
     h200 = get_hardware("h200")
     bf16, fp8 = compute_rates(h200, "bf16"), compute_rates(h200, "fp8")
-    fwd, bwd, cast_fwd, cast_bwd = dense_linear_seconds_and_cast_bytes(fp8, None, rows, n, k, FP8_BOTH_FORMS_BYTES,
+    fwd, bwd, cast_fwd, cast_bwd, _ = dense_linear_seconds_and_cast_bytes(fp8, None, rows, n, k, FP8_BOTH_FORMS_BYTES,
                                                                         FP8_BOTH_FORMS_BYTES)
     return {"bf16": sum(gemm_fwd_bwd(bf16, rows, n, k)),
             "fp8": fwd + bwd + memory_time(fp8, cast_fwd) + memory_time(fp8, cast_bwd)}

@@ -185,7 +185,7 @@ class StepTimeBreakdown:
 class _Block:
     """Forward and backward seconds per micro-batch of one layer kind, split by term (raw, before overlap)."""
 
-    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed", "skip", "cp_hidden")
+    __slots__ = ("fwd", "bwd", "modules", "a2a_fixed", "skip", "cp_hidden", "fp8_weights", "low_precision_weights")
 
     def __init__(self) -> None:
         self.fwd = [0.0] * N_SLOTS
@@ -196,6 +196,10 @@ class _Block:
         self.a2a_fixed = 0.0
         self.skip = 0.0  # forward seconds full recomputation does not re-run (collective_inventory.recompute_skipped)
         self.cp_hidden = 0.0  # CP exchange seconds (fwd + bwd) a ring's blocks hide (costmodel.context_parallel)
+        # GEMM weights of the linears that may run in the training's low precision, and of those priced in fp8:
+        # the executor quantises a weight only when its linear runs fp8 (the per-step weight cast's share)
+        self.low_precision_weights = 0.0
+        self.fp8_weights = 0.0
 
     def add(self, term: int, fwd: float, bwd: float, module: str | tuple[str, ...] = ()) -> None:
         self.fwd[term] += fwd
@@ -207,10 +211,12 @@ class _Block:
 class _LayerCost:
     """One layer kind (or part, or a stage's extras) per micro-batch after in-layer overlap."""
 
-    __slots__ = ("exposed", "hidden", "total", "fwd_total", "compute_fwd", "compute_bwd", "a2a", "modules", "terms")
+    __slots__ = ("exposed", "hidden", "total", "fwd_total", "compute_fwd", "compute_bwd", "a2a", "modules", "terms",
+                 "weights")
 
     def __init__(self, exposed: tuple[float, ...], hidden: tuple[float, ...], fwd_total: float, compute_fwd: float,
-                 compute_bwd: float, a2a: float, modules: dict[str, float]) -> None:
+                 compute_bwd: float, a2a: float, modules: dict[str, float],
+                 weights: tuple[float, float] = (0.0, 0.0)) -> None:
         self.exposed = exposed  # per-micro-batch seconds per layer slot, forward + backward
         self.hidden = hidden  # communication hidden by in-layer overlap, same slots
         self.total = sum(exposed)
@@ -222,6 +228,7 @@ class _LayerCost:
         self.modules = modules  # recompute module -> forward seconds it re-runs
         # the per-micro-batch prefix of TERMS; terms that are not layer slots (recompute) are 0 here
         self.terms = tuple([0.0 if slot is None else exposed[slot] for slot in _PREFIX_SLOTS])
+        self.weights = weights  # (low-precision-eligible GEMM weights, those priced fp8), as _Block's
 
     def __add__(self, other: _LayerCost) -> _LayerCost:
         # the constructor's work with the same float operations, without its per-field Python loops (a planner
@@ -239,6 +246,7 @@ class _LayerCost:
         out.a2a = self.a2a + other.a2a
         out.modules = modules
         out.terms = tuple(map(_add, self.terms, other.terms))  # each slot's exposed sum, 0.0 + 0.0 elsewhere
+        out.weights = (self.weights[0] + other.weights[0], self.weights[1] + other.weights[1])
         return out
 
 
@@ -264,7 +272,8 @@ def _finish(block: _Block, tp_overlap: bool) -> _LayerCost:
     compute_fwd = sum(block.fwd[i] for i in _COMPUTE)
     compute_bwd = sum(block.bwd[i] for i in _COMPUTE)
     return _LayerCost(tuple(exposed), tuple(hidden), compute_fwd + fwd_comm - block.skip, compute_fwd, compute_bwd,
-                      exposed[A2A] - block.a2a_fixed, dict(block.modules))
+                      exposed[A2A] - block.a2a_fixed, dict(block.modules),
+                      (block.low_precision_weights, block.fp8_weights))
 
 
 class _Layers:
@@ -294,8 +303,9 @@ class _Layers:
 
 def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: ComputeRates | None, m: float, n: float,
                                    k: float, input_cast_bytes: float, grad_cast_bytes: float,
-                                   low_precision: bool = True) -> tuple[float, float, float, float]:
-    """(forward s, backward s, forward cast bytes, backward cast bytes) of a linear layer whose forward GEMM is
+                                   low_precision: bool = True) -> tuple[float, float, float, float, bool]:
+    """(forward s, backward s, forward cast bytes, backward cast bytes, whether it runs fp8) of a linear layer
+    whose forward GEMM is
     (m x k)·(k x n): its GEMMs at ``rates`` plus, where ``input_cast_bytes`` is non-zero (fp8), the quantisation of
     its input (``input_cast_bytes`` per input element) and of its output gradient (``grad_cast_bytes`` per
     element); with ``choice_bf16_rates`` (the executor's per-shape choice) the bf16 GEMMs without casts where
@@ -304,17 +314,17 @@ def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: 
     fp8 is the bf16 GEMMs' seconds over that ratio, no cast bytes apart."""
     fwd, bwd = gemm_fwd_bwd(rates, round(m), round(n), round(k), low_precision)
     if not input_cast_bytes:
-        return fwd, bwd, 0.0, 0.0
+        return fwd, bwd, 0.0, 0.0, False
     if choice_bf16_rates is not None and rates.dense_fp8_ratio_curve is not None:
         f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
         ratio = rates.dense_fp8_ratio_curve(2.0 * m * n * k)
-        return (f16, b16, 0.0, 0.0) if ratio <= 1.0 else (f16 / ratio, b16 / ratio, 0.0, 0.0)
+        return (f16, b16, 0.0, 0.0, False) if ratio <= 1.0 else (f16 / ratio, b16 / ratio, 0.0, 0.0, True)
     cast_fwd, cast_bwd = input_cast_bytes * m * k, grad_cast_bytes * m * n
     if choice_bf16_rates is not None:
         f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
         if f16 + b16 <= fwd + bwd + memory_time(rates, cast_fwd) + memory_time(rates, cast_bwd):
-            return f16, b16, 0.0, 0.0
-    return fwd, bwd, cast_fwd, cast_bwd
+            return f16, b16, 0.0, 0.0, False
+    return fwd, bwd, cast_fwd, cast_bwd, True
 
 
 class _Shape:
@@ -396,11 +406,15 @@ class _Shape:
                low_precision: bool = True, input_casts: int = 1) -> None:
         """A linear layer of forward GEMM (m x k)·(k x n), plus its fp8 casts: the input ``input_casts`` times
         (once per GEMM the layer is run as), the output gradient once in all."""
-        fwd, bwd, cast_fwd, cast_bwd = dense_linear_seconds_and_cast_bytes(
+        fwd, bwd, cast_fwd, cast_bwd, runs_fp8 = dense_linear_seconds_and_cast_bytes(
             self.rates, self.choice_bf16_rates if low_precision else None, m, n, k,
             self.fp8_dense_cast * input_casts if self.fp8 and low_precision else 0, self.fp8_dense_cast,
             low_precision)
         block.add(GEMM, fwd, bwd, module)
+        if low_precision:
+            block.low_precision_weights += n * k
+            if runs_fp8:
+                block.fp8_weights += n * k
         self.grad_accumulation(block, n * k)
         if cast_fwd or cast_bwd:
             self.elementwise(block, cast_fwd, module, bwd_bytes=cast_bwd)
@@ -625,14 +639,16 @@ class _Shape:
             cf = cb = 0.0
             if self.fp8:
                 cf, cb = self.fp8_expert_cast * received * x_cols, self.fp8_expert_cast * received * dy_cols
+            runs_fp8 = self.fp8
             if self.choice_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie goes to bf16)
                 f16, b16 = grouped_gemm_fwd_bwd(self.choice_bf16_rates, local_experts, per_expert, n, k)
-                if f16 + b16 <= f + b + memory_time(self.rates, cf) + memory_time(self.rates, cb):
+                runs_fp8 = f16 + b16 > f + b + memory_time(self.rates, cf) + memory_time(self.rates, cb)
+                if not runs_fp8:
                     f, b, cf, cb = f16, b16, 0.0, 0.0
-                else:
-                    casts = True
-            else:
-                casts = self.fp8
+            casts = casts or runs_fp8
+            block.low_precision_weights += local_experts * n * k
+            if runs_fp8:
+                block.fp8_weights += local_experts * n * k
             fwd, bwd, cast_fwd, cast_bwd = fwd + f, bwd + b, cast_fwd + cf, cast_bwd + cb
         block.add(GROUPED, fwd, bwd, "moe")
         self.grad_accumulation(block, local_experts * (gate + 1) * ffn / self.etp * h)
@@ -764,7 +780,7 @@ def _a2a_hidden(cost: _LayerCost, seconds: float) -> _LayerCost:
     exposed[A2A] -= seconds
     hidden[A2A] += seconds
     return _LayerCost(tuple(exposed), tuple(hidden), cost.fwd_total - seconds, cost.compute_fwd, cost.compute_bwd,
-                      cost.a2a - seconds, dict(cost.modules))
+                      cost.a2a - seconds, dict(cost.modules), cost.weights)
 
 
 def _layers(ctx: _Context, c: ParallelConfig) -> _Layers:
@@ -1224,7 +1240,12 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     local = dense / (c.cp * dp) + expert / edp if distributed else dense + expert
     values[_I_MEM] -= _first_write_seconds(ctx, dense, expert)
     if ctx.fp8_weight_cast:
-        values[_I_MEM] += memory_time(ctx.rates, ctx.fp8_weight_cast * _most_gemm_weights(ctx, c), kernels=0)
+        # the busiest rank's GEMM weights, the share of them whose linears are priced fp8 (the executor
+        # quantises a weight only where its linear runs fp8; all of them under Transformer Engine)
+        low = nd * d.weights[0] + nm * e.weights[0] + x.weights[0]
+        fp8 = nd * d.weights[1] + nm * e.weights[1] + x.weights[1]
+        share = fp8 / low if low > 0 else 1.0
+        values[_I_MEM] += memory_time(ctx.rates, ctx.fp8_weight_cast * share * _most_gemm_weights(ctx, c), kernels=0)
     traffic, kernels = optimizer_traffic(c.optimizer_dtypes, training.param_bytes == _FP32_BYTES)
     blocks = -(-local // OPT_STATE_BLOCK_ELEMENTS) if kernels else 0
     optimizer = (local * ctx.optimizer_seconds_per_param * traffic

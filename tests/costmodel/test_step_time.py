@@ -687,6 +687,24 @@ def test_fp8_casts_as_the_executor_quantises_and_as_transformer_engine_does():
     assert step_mem(bf16) == step_mem(replace(bf16, transformer_engine_fp8=True))
 
 
+def test_fp8_quantises_only_the_weights_of_linears_that_run_fp8():
+    """The executor quantises a weight lazily, in its linear's first fp8 call: where every linear runs bf16 (a
+    calibrated profile whose fp8 dense linear and fp8 grouped GEMM are both slower than bf16's), an fp8 step
+    prices exactly as the bf16 one, no weight cast left; where they all run fp8 the whole cast stays (above)."""
+    from spec.proxy import proxy_model
+
+    never = MeasuredCurve(((1.0, 0.5), (1e16, 0.5)))
+    hw = replace(get_hardware("h200"), name="h200-fp8-never-pays", dense_fp8_over_bf16=never,
+                 grouped_gemm_fp8_over_bf16=(("2048x768", MeasuredCurve(((1.0, 0.5), (1e6, 0.5)))),))
+    cluster, config = ClusterSpec(hw, 1), ParallelConfig.parse("dp1 mbs1", world_size=1)
+    for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
+        model = proxy_model(get_model(name), 4)
+        bf16 = TrainingSpec(seq_length=4096, global_batch_size=8)
+        fp8 = replace(bf16, precision="fp8")
+        assert estimate_step_time(model, fp8, cluster, config).step_time == pytest.approx(
+            estimate_step_time(model, bf16, cluster, config).step_time, rel=1e-12), name
+
+
 def test_fp8_expert_wgrad_runs_in_bf16_in_the_executor_and_in_fp8_under_transformer_engine():
     """Mixtral, one GPU, 8192 routed rows over 8 experts: the MoE layer's backward grouped GEMMs are the fp8
     dgrad plus the wgrad at bf16 rates in the executor, and both in fp8 with Transformer Engine."""

@@ -238,14 +238,14 @@ def test_fp8_calibration_prices_the_dense_linears_from_their_measured_ratio():
     assert HardwareProfile.from_dict(profile.to_dict()) == profile
     fp8, bf16 = compute_rates(profile, "fp8"), compute_rates(profile, "bf16")
     f16, b16 = gemm_fwd_bwd(bf16, 32768, 5632, 2048, True)
-    assert dense_linear_seconds_and_cast_bytes(fp8, bf16, 32768, 5632, 2048, 3.0, 3.0) == pytest.approx(
-        (f16 / 1.2, b16 / 1.2, 0.0, 0.0))
+    priced = dense_linear_seconds_and_cast_bytes(fp8, bf16, 32768, 5632, 2048, 3.0, 3.0)
+    assert priced[:4] == pytest.approx((f16 / 1.2, b16 / 1.2, 0.0, 0.0)) and priced[4] is True
     f16, b16 = gemm_fwd_bwd(bf16, 4096, 2048, 2048, True)
-    assert dense_linear_seconds_and_cast_bytes(fp8, bf16, 4096, 2048, 2048, 3.0, 3.0) == (f16, b16, 0.0, 0.0)
+    assert dense_linear_seconds_and_cast_bytes(fp8, bf16, 4096, 2048, 2048, 3.0, 3.0) == (f16, b16, 0.0, 0.0, False)
     # without the curve (the catalog's): the fp8 GEMMs at their peak plus the casts' bytes, as before
     plain = dense_linear_seconds_and_cast_bytes(compute_rates(base, "fp8"), compute_rates(base, "bf16"),
                                                 32768, 5632, 2048, 3.0, 3.0)
-    assert plain[2] == 3.0 * 32768 * 2048
+    assert plain[2] == 3.0 * 32768 * 2048 and plain[4] is True
 
 
 def test_a_profile_refuses_bad_fp8_over_bf16_curves():
