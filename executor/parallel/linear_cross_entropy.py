@@ -1,10 +1,14 @@
-"""Output layer and cross-entropy fused and blocked over the vocabulary: no [tokens × vocab] fp32 copy.
+"""Output layer and cross-entropy fused: no [tokens × vocab] fp32 copy, the 16-bit logits kept or blocked.
 
 :func:`linear_cross_entropy` takes the TP-gathered hidden states [N, h] and this rank's rows of the output
-weight [V/tp, h] and returns the per-token loss [N] (fp32, identical on every TP rank). It never holds the
+weight [V/tp, h] and returns the per-token loss [N] (fp32, identical on every TP rank). Where this rank's
+16-bit logits [N, real rows] take at most ``keep_bytes``, it computes them in one GEMM, folds them into the
+per-token statistics below in one pass and keeps them for the backward, which writes their gradient over
+them and runs one input-gradient and one weight-gradient GEMM over all of them. Otherwise it never holds the
 logits of all of this rank's vocabulary at once: it walks the rank's vocabulary rows in blocks of
 ``block_rows`` (chosen so ``N · block_rows`` <= ``chunk_logits``) and keeps, per token, a running maximum,
-a running sum of exponentials (rescaled when the maximum grows) and the target logit.
+a running sum of exponentials (rescaled when the maximum grows) and the target logit; that blocked path is
+what the rest of this docstring describes.
 
 - Forward, per block: logits in the compute dtype (one GEMM, as the unfused output layer), folded into the
   running maximum, sum of exponentials and target logit by
