@@ -1303,8 +1303,9 @@ def estimate_step_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     serial_host = ctx.cpu_cores is not None
     values += (dp_grad, edp_grad, param_gather, pp_p2p, others / vpp, optimizer,  # _STEP_TAIL order
                host_overhead + (host_step if serial_host else host_step - once if host_step > once else 0.0))
+    if corrections:
+        values = _corrected(values, corrections)
     if corrections or serial_host:
-        values = _corrected(values, corrections) if corrections else values
         step = sum(values)
     else:
         # the same sum, grouped so that layouts whose once-per-step work hides under the same host floor get
