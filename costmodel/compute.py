@@ -87,8 +87,9 @@ class ComputeRates:
     attn_mla_fwd_curve: MeasuredCurve | None = None  # the same for query/key heads wider than value heads (MLA)
     attn_mla_bwd_curve: MeasuredCurve | None = None
     fp32_peak: float = 0.0  # FLOP/s of fp32 GEMMs without TF32 (the executor's fp32 attention with sinks)
-    # measured grouped curves are bf16 kernels' achieved / bf16 peak (an fp8 calibration keeps its base's): times
-    # this they are achieved / gemm_peak of this precision (fp8: the measured fp8/bf16 speed over the peak ratio)
+    # measured grouped curves are bf16 kernels' achieved / bf16 peak (an fp8 calibration reads its bf16 rows so):
+    # times this they are achieved / gemm_peak of this precision (fp8: the fp8/bf16 speed over the peak ratio,
+    # one measured constant, or the peak ratio alone where ``grouped_fp8_ratio_curves`` carry the speed)
     grouped_curve_scale: float = 1.0
     # fp8 with a calibrated fp8 grouped GEMM (HardwareProfile.grouped_gemm_fp8_over_bf16): (weights of one
     # expert GEMM, its curve of tokens per expert -> fp8 speed / bf16 speed), by size; the measured grouped

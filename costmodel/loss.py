@@ -92,19 +92,28 @@ def num_blocks(tokens: int, rows: int, chunk_logits: int = CROSS_ENTROPY_CHUNK_L
     return -(-rows // per_block)
 
 
-class BlockedLoss(NamedTuple):
-    """What the executor's loss holds beside its per-token bytes, as a function of the micro-batch's tokens
-    (:func:`loss_fixed_bytes`): whether it keeps the whole logits depends on their size."""
+class FusedLoss(NamedTuple):
+    """What the executor's fused loss holds beside its per-token bytes, as a function of the micro-batch's
+    tokens (:func:`loss_fixed_bytes`): whether it keeps the whole logits depends on their size."""
 
     per_block_logit: float  # bytes per logit of one block at the backward's peak (16-bit + its fp32 copy)
     rows: int  # vocabulary rows multiplied (padded rows never are)
     weight_grad: float  # the output weight's 16-bit gradient
     accumulator_per_token: float  # the blocked backward's fp32 input-gradient accumulator (4·h)
-    kept_per_logit: float  # kept logits: bytes per logit over every output head (b · heads)
-    activation_bytes: int
+    heads: int  # output heads (main + MTP), each keeping its own logits
+    activation_bytes: int  # bytes of one logit (the compute dtype)
 
 
-def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int) -> tuple[float, BlockedLoss | None]:
+class LossBytes(NamedTuple):
+    """The executor's fused loss over one micro-batch's tokens beyond its per-token part, bytes."""
+
+    block: float  # one block's logits (and, on the torch path, their fp32 copy)
+    held: float  # every head's kept logits (``kept``), else the blocked backward's fp32 accumulator
+    weight_grad: float
+    kept: bool
+
+
+def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int) -> tuple[float, FusedLoss | None]:
     """Bytes the output layer + loss of one micro-batch holds on the last stage at its peak:
     (bytes per token, the executor's loss's token-dependent part or None).
 
@@ -133,21 +142,15 @@ def loss_memory_terms(model: ModelSpec, training: TrainingSpec, tp: int) -> tupl
         return float(padded * (_FP32 * MEGATRON_LOSS_FP32_COPIES * heads + b)), None
     per_logit = float(_FP32 if b == _FP32 else b + _FP32)
     weight_grad = float(padded * h * training.param_bytes)
-    return float(_FP32 * heads), BlockedLoss(per_logit, vocab_rows(model, tp), weight_grad, float(_FP32 * h),
-                                             float(b * heads), b)
+    return float(_FP32 * heads), FusedLoss(per_logit, vocab_rows(model, tp), weight_grad, float(_FP32 * h), heads, b)
 
 
-def loss_fixed_bytes(fixed: BlockedLoss | None, tokens: float) -> tuple[float, float, float]:
-    """(one block's logits, the kept logits or the fp32 input-gradient accumulator, the weight gradient), bytes,
-    of the executor's loss over ``tokens`` tokens beyond its per-token part; zeros for None."""
+def loss_fixed_bytes(fixed: FusedLoss | None, tokens: float) -> LossBytes:
+    """The executor's fused loss over ``tokens`` tokens beyond its per-token part (:class:`LossBytes`); zeros
+    for None (Megatron's loss, all per token)."""
     if fixed is None:
-        return 0.0, 0.0, 0.0
+        return LossBytes(0.0, 0.0, 0.0, False)
     block = fixed.per_block_logit * block_logits(int(tokens), fixed.rows)
     if keeps_logits(tokens, fixed.rows, fixed.activation_bytes):
-        return block, fixed.kept_per_logit * tokens * fixed.rows, fixed.weight_grad
-    return block, fixed.accumulator_per_token * tokens, fixed.weight_grad
-
-
-def loss_held_name(fixed: BlockedLoss, tokens: float) -> str:
-    """What the second part of :func:`loss_fixed_bytes` is: 'kept_logits' or 'input_grad_accumulator'."""
-    return "kept_logits" if keeps_logits(tokens, fixed.rows, fixed.activation_bytes) else "input_grad_accumulator"
+        return LossBytes(block, fixed.heads * fixed.activation_bytes * tokens * fixed.rows, fixed.weight_grad, True)
+    return LossBytes(block, fixed.accumulator_per_token * tokens, fixed.weight_grad, False)

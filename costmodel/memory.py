@@ -45,7 +45,7 @@ from costmodel.attention_pricing import attention_pricing
 from costmodel.dispatch import dispatcher_pricing
 from costmodel.fp8_storage import fp8_weight_extra_bytes, te_saved_input_bytes
 from costmodel.head_pricing import head_pricing
-from costmodel.loss import BlockedLoss, loss_fixed_bytes as _loss_fixed, loss_held_name, loss_memory_terms
+from costmodel.loss import FusedLoss, loss_fixed_bytes as _loss_fixed, loss_memory_terms
 from spec.dispatchers import DEFAULT_DISPATCHER
 from spec.errors import InvalidConfigError
 from spec.hardware import ClusterSpec
@@ -422,7 +422,7 @@ class _KindTerms(NamedTuple):
     head_blocks: tuple[tuple[str, float], ...]  # (feature name, stored bytes of its blocks) (last stage)
     logits: float  # per token: the output layer + loss (costmodel.loss.loss_memory_terms)
     embedding_mask: float  # embedding dropout mask (first stage)
-    loss_fixed: BlockedLoss | None  # the executor's loss's token-dependent part (costmodel.loss)
+    loss_fixed: FusedLoss | None  # the executor's loss's token-dependent part (costmodel.loss)
 
 
 def _largest(comm: tuple[tuple[str, float], ...]) -> tuple[str, float]:
@@ -831,12 +831,10 @@ def _loss_split(fixed, tokens: float) -> tuple[float, float]:
     the stage's last layer's forward and its backward: they never meet a layer's backward working set nor its
     communication buffers, so only what exceeds those adds to the stage's peak (:func:`_peak`). With MTP heads
     the main head's logits are still kept while each MTP depth's decoder layer runs its backward: held."""
-    block, held, weight_grad = _loss_fixed(fixed, tokens)
-    if fixed is not None and loss_held_name(fixed, tokens) == "kept_logits":
-        if fixed.kept_per_logit > fixed.activation_bytes:  # more than one head
-            return block + held + weight_grad, 0.0
-        return block + weight_grad, held
-    return block + held + weight_grad, 0.0
+    parts = _loss_fixed(fixed, tokens)
+    if parts.kept and fixed.heads == 1:
+        return parts.block + parts.weight_grad, parts.held
+    return parts.block + parts.held + parts.weight_grad, 0.0
 
 
 def _loss_bytes(ctx: _Context, rows: tuple[_Row, ...], tokens: float, frag: float) -> tuple[float, float]:
@@ -1189,8 +1187,8 @@ def _details(ctx: _Context, k: _KindTerms, row: _Row, n: int, tokens: float, sha
         if fixed is None:
             details.append(("logits.loss_and_output", tokens * row_logits))
         else:
-            block, held, weight_grad = _loss_fixed(fixed, tokens)
-            name = loss_held_name(fixed, tokens)
+            block, held, weight_grad, kept = _loss_fixed(fixed, tokens)
+            name = "kept_logits" if kept else "input_grad_accumulator"
             if _loss_split(fixed, tokens)[1]:  # kept logits of one head: what exceeds the layer work
                 name, held = "kept_logits_beyond_layer_work", max(0.0, held - tokens * (row_comm + row_work))
             details += [("logits.loss_block", block), (f"logits.{name}", held),

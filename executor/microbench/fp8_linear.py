@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.kernels.fp8.gemm import linear as fp8_linear
+from executor.microbench.script_args import linear_operands
 from executor.microbench.timing import time_op
 
 #: (rows, out features, in features): attention projections and shared experts of the proxies at one and
@@ -36,9 +37,7 @@ def measure_linear_fp8(shapes: tuple[tuple[int, int, int], ...], device: torch.d
     is the forward's 2·m·n·k. CUDA only."""
     out = []
     for m, n, k in shapes:
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.randn(n, k, device=device, dtype=torch.bfloat16) / k ** 0.5).requires_grad_(True)
-        g = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+        x, w, g = linear_operands(m, n, k, device)
         bf16 = time_op(_fwd_bwd(F.linear, x, w, g), device, repeats=repeats)
         fp8 = time_op(_fwd_bwd(fp8_linear, x, w, g), device, repeats=repeats)
         out.append({"m": m, "n": n, "k": k, "flops": 2.0 * m * n * k, "seconds": fp8, "bf16_seconds": bf16})

@@ -80,17 +80,15 @@ def test_megatron_keeps_one_fp32_softmax_per_head_hand_worked():
     assert fixed is None and per_token == 16256 * (4 * 2 + 2)
     ours, fixed = loss.loss_memory_terms(v3, replace(training, megatron_cross_entropy=False), 8)
     # two saved log-sum-exps a token; bf16 + fp32 per block logit, the rows, the bf16 weight gradient, the
-    # blocked backward's fp32 accumulator 4·7168 a token, the kept logits of two heads (bf16)
-    assert ours == 4 * 2 and fixed == (6.0, 16256, 16256 * 7168 * 2, 4 * 7168, 2 * 2, 2)
+    # blocked backward's fp32 accumulator 4·7168 a token, two heads, bf16 logits
+    assert ours == 4 * 2 and fixed == (6.0, 16256, 16256 * 7168 * 2, 4 * 7168, 2, 2)
     fp32 = replace(training, megatron_cross_entropy=False, precision="fp32")
-    assert loss.loss_memory_terms(v3, fp32, 8)[1] == (4.0, 16256, 16256 * 7168 * 4, 4 * 7168, 4 * 2, 4)
+    assert loss.loss_memory_terms(v3, fp32, 8)[1] == (4.0, 16256, 16256 * 7168 * 4, 4 * 7168, 2, 4)
     # 4096 tokens: 4096 · 16256 · 2 bytes kept, so both heads' logits, no accumulator; one block of them all
     block = 6 * 4096 * 16256
-    assert loss.loss_fixed_bytes(fixed, 4096) == (block, 2 * 2 * 4096 * 16256, 16256 * 7168 * 2)
+    assert loss.loss_fixed_bytes(fixed, 4096) == (block, 2 * 2 * 4096 * 16256, 16256 * 7168 * 2, True)
     # past 16 GiB of logits (2**20 tokens): blocked, 2**26 // 2**20 = 64 rows a block, the accumulator
-    assert loss.loss_fixed_bytes(fixed, 2**20) == (6 * 2**20 * 64, 4 * 7168 * 2**20, 16256 * 7168 * 2)
-    assert loss.loss_held_name(fixed, 4096) == "kept_logits"
-    assert loss.loss_held_name(fixed, 2**20) == "input_grad_accumulator"
+    assert loss.loss_fixed_bytes(fixed, 2**20) == (6 * 2**20 * 64, 4 * 7168 * 2**20, 16256 * 7168 * 2, False)
 
 
 def test_blocked_loss_memory_matches_the_h200_measurement(monkeypatch):
@@ -109,7 +107,8 @@ def test_blocked_loss_memory_matches_the_h200_measurement(monkeypatch):
                           ffn_hidden_size=4 * c["hidden_size"], vocab_size=c["vocab_size"])
         tokens = c["seq_length"] * c["micro_batch_size"]
         per_token, fixed = loss.loss_memory_terms(model, training, 1)
-        block, accumulator, weight_grad = loss.loss_fixed_bytes(fixed, tokens)
+        block, accumulator, weight_grad, kept = loss.loss_fixed_bytes(fixed, tokens)
+        assert not kept
         peak = block + accumulator + weight_grad + per_token * tokens
         returned = weight_grad + 2 * tokens * c["hidden_size"]
         assert (peak - returned) / MIB == pytest.approx(fused["peak_extra_mib"], rel=0.01), c["name"]
