@@ -104,14 +104,14 @@ def _top_kernels(prof, device: torch.device, n: int = TOP_KERNELS) -> list[dict]
 
 def step_worker(rank: int, world_size: int, model_name: str, layers: int, training: TrainingSpec, steps: int,
                 warmup: int, profile_steps: int, use_cuda: bool, lr: float = 1e-3, top: int = TOP_KERNELS,
-                recompute: str = "none", option_overrides: dict | None = None) -> dict:
+                recompute: str = "none", option_overrides: dict | None = None, micro_batch_size: int = 1) -> dict:
     """One precision's run on one device: ``steps`` timed-and-logged steps, then ``profile_steps`` profiled;
     the ``top`` kernels by device time are reported; ``recompute``: the layout's recompute granularity;
-    ``option_overrides``: ExecutorOptions fields of the run."""
+    ``option_overrides``: ExecutorOptions fields of the run; ``micro_batch_size``: sequences a micro-batch."""
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     spec = get_model(model_name)
     spec = spec.with_layers(layers) if layers else spec
-    config = ParallelConfig(world_size=1, recompute_granularity=recompute)
+    config = ParallelConfig(world_size=1, recompute_granularity=recompute, micro_batch_size=micro_batch_size)
     options = options_for_precision(ExecutorOptions.for_training(training, model=spec, **(option_overrides or {})),
                                     training.precision)
     state = build_parallel_state(config, rank)
