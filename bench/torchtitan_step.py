@@ -269,8 +269,9 @@ def _torchtitan_trainer_config(model: str, layers: int, seq: int, mbs: int, micr
 
 
 def torchtitan_child(model: str, layers: int, seq: int, mbs: int, micro_batches: int, warmup: int, steps: int,
-                     cuda_graphs: str, loss: str = "config") -> dict:
-    """torchtitan's side in this process (one GPU, a process group of one from the environment)."""
+                     cuda_graphs: str, loss: str = "config", profile: bool = False) -> dict:
+    """torchtitan's side in this process (one GPU, a process group of one from the environment); ``profile``:
+    one more step under torch.profiler, its CUDA kernels by class (``bench.step_kernels_gpu``'s classes)."""
     placeholders = _install_placeholders()
     import torch
 
@@ -291,12 +292,34 @@ def torchtitan_child(model: str, layers: int, seq: int, mbs: int, micro_batches:
         if step >= warmup:
             times.append(time.perf_counter() - start)
     out = summarize(times, mbs * micro_batches * seq)
+    if profile:
+        out.update(_profiled_step(lambda: trainer.train_step(batches)))
     out.update(cuda_graphs=not config.training.disable_cuda_graphs, placeholders=placeholders,
                loss=type(config.loss).__qualname__.split(".")[0],
                torchtitan=getattr(torchtitan, "__version__", None) or _dist_version("torchtitan"),
                peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
                params=sum(p.numel() for m in trainer.model_parts for p in m.parameters()))
     return out
+
+
+def _profiled_step(step) -> dict:
+    """One ``step()`` under torch.profiler: its CUDA kernels' milliseconds by class, and the top 15 kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    from bench.step_kernels_gpu import classes_ms
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            by_name.setdefault(event.name, []).append((event.time_range.end - event.time_range.start) / 1e3)
+    top = sorted(({"name": n[:200], "calls": len(v), "ms": round(sum(v), 3)} for n, v in by_name.items()),
+                 key=lambda k: -k["ms"])
+    return {"classes_ms": classes_ms(top), "top": top[:15], "busy_ms": sum(k["ms"] for k in top)}
 
 
 def _dist_version(name: str) -> str | None:
@@ -326,7 +349,7 @@ def run_torchtitan(model: str, args) -> dict:
                    "--layers", str(args.layers), "--seq", str(args.seq), "--mbs", str(args.mbs),
                    "--micro-batches", str(args.micro_batches), "--warmup", str(args.warmup),
                    "--steps", str(args.steps), "--torchtitan-cuda-graphs", args.torchtitan_cuda_graphs,
-                   "--torchtitan-loss", args.torchtitan_loss]
+                   "--torchtitan-loss", args.torchtitan_loss] + (["--profile"] if args.profile else [])
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -387,6 +410,8 @@ def main() -> int:
     parser.add_argument("--torchtitan-loss", choices=("config", "plain"), default="config",
                         help="torchtitan's loss: its config's (chunked over the sequence with the output layer) "
                              "or its plain cross-entropy after the model's whole output layer")
+    parser.add_argument("--profile", action="store_true",
+                        help="torchtitan's side profiles one more step and reports its kernels by class")
     parser.add_argument("--sides", default="foldtune,torchtitan", help="which sides run (comma list)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "torchtitan_step.json"))
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
@@ -414,7 +439,7 @@ def main() -> int:
 
     if args.child:
         result = torchtitan_child(models[0], args.layers, args.seq, args.mbs, args.micro_batches, args.warmup,
-                                  args.steps, args.torchtitan_cuda_graphs, args.torchtitan_loss)
+                                  args.steps, args.torchtitan_cuda_graphs, args.torchtitan_loss, args.profile)
         with open(args.child_out, "w") as f:
             json.dump(result, f)
         return 0
@@ -446,6 +471,10 @@ def main() -> int:
             else:
                 print(f"   step {result['step_ms']:.1f} ms ({result['tokens_per_s']:,.0f} tokens/s); steps "
                       f"{result['step_ms_all']}", flush=True)
+                for label, ms in result.get("classes_ms", {}).items():
+                    print(f"      {ms:8.2f} ms  {label}", flush=True)
+                for k in result.get("top", []):
+                    print(f"      {k['ms']:8.2f} ms {k['calls']:5d}x {k['name'][:110]}", flush=True)
         row["speedup"] = speedup(row["foldtune"], row["torchtitan"])
         if row["speedup"]:
             print(f"   foldtune's speed-up: {row['speedup']:.3f}x (bar {BAR_SPEEDUP}x)", flush=True)
