@@ -105,7 +105,7 @@ def section(report: dict, command: str) -> str:
              f"{report['warmup']} warm-up steps, each side in a process of its own, one after the other. "
              f"torchtitan: its own Trainer and config for the model, compiled (model blocks and loss), no "
              f"activation checkpointing. Bar: foldtune >= {BAR_SPEEDUP}x.", "",
-             "| model | foldtune ms | torchtitan ms | torchtitan loss | torchtitan CUDA graphs | foldtune tokens/s | "
+             "| model | foldtune ms | torchtitan ms | torchtitan loss, FSDP reshard | torchtitan CUDA graphs | foldtune tokens/s | "
              "torchtitan tokens/s | foldtune's speed-up |",
              "|---|---:|---:|---|---|---:|---:|---:|"]
     for row in report["rows"]:
@@ -116,7 +116,8 @@ def section(report: dict, command: str) -> str:
         tt = f"{t['tokens_per_s']:,.0f}" if "tokens_per_s" in t else "-"
         ratio = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
         graphs = "on" if t.get("cuda_graphs") else ("off" if "cuda_graphs" in t else "-")
-        lines.append(f"| {row['model']} | {fm} | {tm} | {t.get('loss', '-')} | {graphs} | {ft} | {tt} | {ratio} |")
+        setup = f"{t.get('loss', '-')}, reshard {t.get('reshard_after_forward', 'default')}" if "loss" in t else "-"
+        lines.append(f"| {row['model']} | {fm} | {tm} | {setup} | {graphs} | {ft} | {tt} | {ratio} |")
     placeholders = sorted({p for row in report["rows"] for p in row["torchtitan"].get("placeholders", [])})
     if placeholders:
         lines += ["", "Placeholders and adapters for what torchtitan 0.3.0 imports from newer packages or never calls "
@@ -188,7 +189,7 @@ def _adapt_block_mask() -> list[str]:
 
 
 def _torchtitan_trainer_config(model: str, layers: int, seq: int, mbs: int, micro_batches: int,
-                               cuda_graphs: str, loss: str = "config"):
+                               cuda_graphs: str, loss: str = "config", reshard: str = "default"):
     """torchtitan's own Trainer.Config for ``model`` with this benchmark's changes (module docstring)."""
     import dataclasses
     import importlib
@@ -258,7 +259,7 @@ def _torchtitan_trainer_config(model: str, layers: int, seq: int, mbs: int, micr
     config.training = training
     config.tokenizer = _NoTokenizer.Config(vocab_size=vocab)
     config.dataloader = _RandomTokens.Config(vocab_size=vocab)
-    config.parallelism = ParallelismConfig()
+    config.parallelism = ParallelismConfig(fsdp_reshard_after_forward=reshard)
     config.activation_checkpoint = None
     config.compile = CompileConfig(enable=True)
     if loss == "plain":  # the whole output layer inside the model's forward, then torchtitan's cross-entropy
@@ -269,7 +270,8 @@ def _torchtitan_trainer_config(model: str, layers: int, seq: int, mbs: int, micr
 
 
 def torchtitan_child(model: str, layers: int, seq: int, mbs: int, micro_batches: int, warmup: int, steps: int,
-                     cuda_graphs: str, loss: str = "config", profile: bool = False) -> dict:
+                     cuda_graphs: str, loss: str = "config", profile: bool = False,
+                     reshard: str = "default") -> dict:
     """torchtitan's side in this process (one GPU, a process group of one from the environment); ``profile``:
     one more step under torch.profiler, its CUDA kernels by class (``bench.step_kernels_gpu``'s classes)."""
     placeholders = _install_placeholders()
@@ -279,7 +281,7 @@ def torchtitan_child(model: str, layers: int, seq: int, mbs: int, micro_batches:
     from torchtitan.trainer import Trainer
 
     placeholders += _adapt_block_mask()
-    config = _torchtitan_trainer_config(model, layers, seq, mbs, micro_batches, cuda_graphs, loss)
+    config = _torchtitan_trainer_config(model, layers, seq, mbs, micro_batches, cuda_graphs, loss, reshard)
     trainer = Trainer(config)
     batches = trainer.batch_generator(trainer.dataloader)
     times = []
@@ -295,7 +297,7 @@ def torchtitan_child(model: str, layers: int, seq: int, mbs: int, micro_batches:
     if profile:
         out.update(_profiled_step(lambda: trainer.train_step(batches)))
     out.update(cuda_graphs=not config.training.disable_cuda_graphs, placeholders=placeholders,
-               loss=type(config.loss).__qualname__.split(".")[0],
+               loss=type(config.loss).__qualname__.split(".")[0], reshard_after_forward=reshard,
                torchtitan=getattr(torchtitan, "__version__", None) or _dist_version("torchtitan"),
                peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
                params=sum(p.numel() for m in trainer.model_parts for p in m.parameters()))
@@ -349,7 +351,7 @@ def run_torchtitan(model: str, args) -> dict:
                    "--layers", str(args.layers), "--seq", str(args.seq), "--mbs", str(args.mbs),
                    "--micro-batches", str(args.micro_batches), "--warmup", str(args.warmup),
                    "--steps", str(args.steps), "--torchtitan-cuda-graphs", args.torchtitan_cuda_graphs,
-                   "--torchtitan-loss", args.torchtitan_loss] + (["--profile"] if args.profile else [])
+                   "--torchtitan-loss", args.torchtitan_loss, "--torchtitan-reshard", args.torchtitan_reshard] + (["--profile"] if args.profile else [])
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -410,6 +412,9 @@ def main() -> int:
     parser.add_argument("--torchtitan-loss", choices=("config", "plain"), default="config",
                         help="torchtitan's loss: its config's (chunked over the sequence with the output layer) "
                              "or its plain cross-entropy after the model's whole output layer")
+    parser.add_argument("--torchtitan-reshard", choices=("default", "always", "never"), default="default",
+                        help="torchtitan's FSDP reshard_after_forward (its single-GPU run is FSDP2 over a mesh of "
+                             "one; 'never' keeps the bf16 parameters between forward and backward)")
     parser.add_argument("--profile", action="store_true",
                         help="torchtitan's side profiles one more step and reports its kernels by class")
     parser.add_argument("--sides", default="foldtune,torchtitan", help="which sides run (comma list)")
@@ -439,7 +444,8 @@ def main() -> int:
 
     if args.child:
         result = torchtitan_child(models[0], args.layers, args.seq, args.mbs, args.micro_batches, args.warmup,
-                                  args.steps, args.torchtitan_cuda_graphs, args.torchtitan_loss, args.profile)
+                                  args.steps, args.torchtitan_cuda_graphs, args.torchtitan_loss, args.profile,
+                                  args.torchtitan_reshard)
         with open(args.child_out, "w") as f:
             json.dump(result, f)
         return 0
