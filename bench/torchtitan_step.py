@@ -37,8 +37,8 @@ anyway); on such a torch an adapter drops it (:func:`_adapt_block_mask`, listed 
 
 Usage (GPU): python3 -m bench.torchtitan_step [--models qwen3-30b-a3b,deepseek-v2-lite] [--layers 4]
              [--seq 4096] [--mbs 1] [--micro-batches 4] [--warmup 4] [--steps 8] [--commit C] [--no-write]
-On a GPU the table replaces its own section of docs/benchmarks.md (``--no-write``: print only; ``--render F``
-writes the section of a saved report F, e.g. one a remote GPU run sent back).
+On a GPU the table replaces its own section of docs/benchmarks.md (``--no-write``: print only; ``--render F[,F]``
+writes the section of saved reports, e.g. those a remote GPU run sent back, into ``--doc`` or that file).
 Writes $OUT/torchtitan_step.json (or --out).
 """
 
@@ -55,6 +55,7 @@ import sys
 import tempfile
 import time
 import types
+from pathlib import Path
 
 from bench.report import machine, replace_section
 
@@ -95,34 +96,36 @@ def speedup(foldtune: dict, torchtitan: dict) -> float | None:
     return torchtitan["step_ms"] / foldtune["step_ms"]
 
 
-def section(report: dict, command: str) -> str:
-    """The docs/benchmarks.md section of one run."""
-    lines = [SECTION, "",
-             f"`{command}` at {report.get('commit') or 'an unnamed commit'}, {report['date'][:16].replace('T', ' ')}"
-             f" UTC on {report['machine']} (torch {report['torch']}, torchtitan {report.get('torchtitan', '?')}): "
-             f"{report['layers']}-layer proxies at seq {report['seq']}, micro-batch {report['mbs']}, "
-             f"{report['micro_batches']} micro-batches a step, median of {report['steps']} steps after "
-             f"{report['warmup']} warm-up steps, each side in a process of its own, one after the other. "
-             f"torchtitan: its own Trainer and config for the model, compiled (model blocks and loss), no "
-             f"activation checkpointing. Bar: foldtune >= {BAR_SPEEDUP}x.", "",
-             "| model | foldtune ms | torchtitan ms | torchtitan loss, FSDP reshard | torchtitan CUDA graphs | foldtune tokens/s | "
-             "torchtitan tokens/s | foldtune's speed-up |",
-             "|---|---:|---:|---|---|---:|---:|---:|"]
-    for row in report["rows"]:
-        f, t = row["foldtune"], row["torchtitan"]
-        fm = f"{f['step_ms']:.1f}" if "step_ms" in f else f"failed: {f.get('error', '?')[:60]}"
-        tm = f"{t['step_ms']:.1f}" if "step_ms" in t else f"failed: {t.get('error', '?')[:60]}"
-        ft = f"{f['tokens_per_s']:,.0f}" if "tokens_per_s" in f else "-"
-        tt = f"{t['tokens_per_s']:,.0f}" if "tokens_per_s" in t else "-"
-        ratio = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
-        graphs = "on" if t.get("cuda_graphs") else ("off" if "cuda_graphs" in t else "-")
-        setup = f"{t.get('loss', '-')}, reshard {t.get('reshard_after_forward', 'default')}" if "loss" in t else "-"
-        lines.append(f"| {row['model']} | {fm} | {tm} | {setup} | {graphs} | {ft} | {tt} | {ratio} |")
-    placeholders = sorted({p for row in report["rows"] for p in row["torchtitan"].get("placeholders", [])})
-    if placeholders:
-        lines += ["", "Placeholders and adapters for what torchtitan 0.3.0 imports from newer packages or never calls "
-                  "here (see the script's docstring): "
-                  + ", ".join(f"`{p}`" for p in placeholders) + "."]
+def section(reports: list[dict]) -> str:
+    """The docs/benchmarks.md section of one or more runs (each with its command line), a table each."""
+    lines = [SECTION]
+    for report in reports:
+        lines += ["",
+                  f"`{report['command']}` at {report.get('commit') or 'an unnamed commit'}, "
+                  f"{report['date'][:16].replace('T', ' ')} UTC on {report['machine']} (torch {report['torch']}, "
+                  f"torchtitan {report.get('torchtitan') or '?'}): {report['layers']}-layer proxies at seq "
+                  f"{report['seq']}, micro-batch {report['mbs']}, {report['micro_batches']} micro-batches a step, "
+                  f"median of {report['steps']} steps after {report['warmup']} warm-up steps, each side in a process "
+                  f"of its own, one after the other. torchtitan: its own Trainer and config for the model, compiled "
+                  f"(model blocks and loss), no activation checkpointing. Bar: foldtune >= {BAR_SPEEDUP}x.", "",
+                  "| model | foldtune ms | torchtitan ms | torchtitan loss, FSDP reshard | torchtitan CUDA graphs | "
+                  "foldtune tokens/s | torchtitan tokens/s | foldtune's speed-up |",
+                  "|---|---:|---:|---|---|---:|---:|---:|"]
+        for row in report["rows"]:
+            f, t = row["foldtune"], row["torchtitan"]
+            fm = f"{f['step_ms']:.1f}" if "step_ms" in f else f"failed: {f.get('error', '?')[:60]}"
+            tm = f"{t['step_ms']:.1f}" if "step_ms" in t else f"failed: {t.get('error', '?')[:60]}"
+            ft = f"{f['tokens_per_s']:,.0f}" if "tokens_per_s" in f else "-"
+            tt = f"{t['tokens_per_s']:,.0f}" if "tokens_per_s" in t else "-"
+            ratio = speedup(f, t)
+            graphs = "on" if t.get("cuda_graphs") else ("off" if "cuda_graphs" in t else "-")
+            setup = f"{t['loss']}, {t.get('reshard_after_forward', 'default')}" if "loss" in t else "-"
+            lines.append(f"| {row['model']} | {fm} | {tm} | {setup} | {graphs} | {ft} | {tt} | "
+                         f"{f'{ratio:.2f}x' if ratio else '-'} |")
+        placeholders = sorted({p for row in report["rows"] for p in row["torchtitan"].get("placeholders", [])})
+        if placeholders:
+            lines += ["", "Placeholders and adapters for what torchtitan 0.3.0 imports from newer packages or never "
+                      "calls here (the script's docstring): " + ", ".join(f"`{p}`" for p in placeholders) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -317,7 +320,8 @@ def _profiled_step(step) -> dict:
         torch.cuda.synchronize()
     by_name: dict[str, list[float]] = {}
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        # FSDP's and the optimizer's record_function ranges show on the device too: not kernels
+        if event.device_type == torch.autograd.DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
             by_name.setdefault(event.name, []).append((event.time_range.end - event.time_range.start) / 1e3)
     top = sorted(({"name": n[:200], "calls": len(v), "ms": round(sum(v), 3)} for n, v in by_name.items()),
                  key=lambda k: -k["ms"])
@@ -384,16 +388,23 @@ def run_foldtune(model: str, args) -> dict:
     return out
 
 
-def render(path: str) -> int:
-    """Write the docs section of the report at ``path`` (its own command line, commit and date)."""
-    try:
-        with open(path) as f:
-            report = json.load(f)
-        text = section(report, report["command"])
-    except (OSError, ValueError, KeyError) as e:
-        print(f"--render {path}: not a report of this script ({type(e).__name__}: {e})", file=sys.stderr)
-        return 2
-    replace_section(SECTION, text)
+def render(paths: str, doc: str | None) -> int:
+    """Write the docs section of the saved reports at ``paths`` (a comma list; each with its own command line,
+    commit and date) into ``doc`` (default docs/benchmarks.md); 2 with a message for a file that is not one."""
+    reports = []
+    for path in paths.split(","):
+        try:
+            with open(path) as f:
+                reports.append(json.load(f))
+            section(reports[-1:])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"--render {path}: not a report of this script ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+    text = section(reports)
+    if doc:
+        replace_section(SECTION, text, Path(doc))
+    else:
+        replace_section(SECTION, text)
     print(text)
     return 0
 
@@ -422,8 +433,10 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--commit", default=os.environ.get("COMMIT"),
                         help="the code's commit, for the docs (default: $COMMIT; a copied tree's git may be stale)")
-    parser.add_argument("--render", metavar="JSON",
-                        help="write the docs/benchmarks.md section of a saved report (a GPU run's --out) and exit")
+    parser.add_argument("--render", metavar="JSON[,JSON]",
+                        help="write the docs/benchmarks.md section of saved reports (GPU runs' --out) and exit")
+    parser.add_argument("--doc", help="with --render: the Markdown file whose section is written "
+                                      "(default docs/benchmarks.md)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -433,7 +446,7 @@ def main() -> int:
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
     if args.render:
-        return render(args.render)
+        return render(args.render, args.doc)
     try:
         models = parse_models(args.child or args.models)
     except ConfigError as e:
@@ -490,7 +503,7 @@ def main() -> int:
         json.dump(report, f, indent=1)
     print(f"wrote {args.out}")
     if not args.no_write and sides == ["foldtune", "torchtitan"]:
-        replace_section(SECTION, section(report, report["command"]))
+        replace_section(SECTION, section([report]))
         print("wrote its section of docs/benchmarks.md")
     return 1 if failed else 0
 
