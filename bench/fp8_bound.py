@@ -25,7 +25,8 @@ Three bounds, each ``T / (T - saving)``:
   kernel as good as cuBLAS's dense fp8 GEMM would give, which torch does not have.
 
 T is the bf16 step's median from a ``bench.fp8_step`` report (``--step-json``; run it first in the same
-device call). Because the step's grouped GEMMs run slower than here (uneven groups from the random router,
+device call), or, for any catalog model's proxy (``--model``, ``--mbs``), the bf16 row's step of a
+``bench.step_kernels_gpu`` report, whose proxy (layers, sequence, micro-batches) the GEMMs then follow. Because the step's grouped GEMMs run slower than here (uneven groups from the random router,
 the card at its power cap), each grouped saving is also scaled by the step's profiled grouped-GEMM time over
 this bench's (``scaled`` bounds; the larger of the two is the one to quote as the bound).
 
@@ -42,7 +43,8 @@ import sys
 
 import torch
 
-from costmodel.fp8_bound import bounds, grouped_seconds, profiled_grouped_seconds, step_gemms
+from costmodel.fp8_bound import (LAYERS, MICRO_BATCHES, SEQ, bounds, grouped_seconds, profiled_grouped_seconds,
+                                 step_gemms)
 from executor.microbench.fp8_gemms import time_gemms
 from executor.microbench.fp8_step_bar import BAR_SPEEDUP
 from spec.catalog import get_model
@@ -63,30 +65,53 @@ def table(rows: list[dict], results: dict) -> str:
     return "\n".join(lines)
 
 
+def step_of(report: dict, model: str, mbs: int) -> dict:
+    """The bf16 step a bound is taken against, from a ``bench.fp8_step`` report (its bf16 run: the 2-layer proxy,
+    seq 4096, 4 micro-batches of 1) or a ``bench.step_kernels_gpu`` report (its bf16 row of ``model`` at
+    micro-batch ``mbs``): seconds, the profiled grouped-GEMM seconds (None if unprofiled) and the proxy's
+    layers, sequence and micro-batches. KeyError/ValueError where the report has no such step."""
+    if "runs" not in report:  # bench.fp8_step
+        return {"step_s": float(report["bf16"]["median_step_s"]), "grouped_s": profiled_grouped_seconds(report),
+                "layers": LAYERS, "seq": SEQ, "micro_batches": MICRO_BATCHES, "mbs": 1}
+    rows = [r for r in report["runs"] if r.get("model") == model and r.get("precision") == "bf16"
+            and r.get("mbs") == mbs and "step_ms" in r]
+    if not rows:
+        raise KeyError(f"no bf16 row of {model} at micro-batch {mbs}")
+    grouped = rows[0].get("classes_ms", {}).get("grouped GEMM")
+    return {"step_s": rows[0]["step_ms"] / 1e3, "grouped_s": grouped / 1e3 if grouped else None,
+            "layers": int(report["layers"]), "seq": int(report["seq"]),
+            "micro_batches": int(report["gbs"]) // mbs, "mbs": mbs}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--step-json", required=True, help="a bench.fp8_step report with a bf16 run")
+    ap.add_argument("--step-json", required=True,
+                    help="a bench.fp8_step report with a bf16 run, or a bench.step_kernels_gpu report")
     ap.add_argument("--model", default="mixtral-8x7b")
+    ap.add_argument("--mbs", type=int, default=1, help="with a step_kernels_gpu report: the bf16 row's micro-batch")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     try:
         with open(args.step_json) as fh:
             step = json.load(fh)
-        bf16_step_s = float(step["bf16"]["median_step_s"])
+        base = step_of(step, args.model, args.mbs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"fp8_bound: --step-json {args.step_json!r} is not a bench.fp8_step report with a bf16 run "
+        print(f"fp8_bound: --step-json {args.step_json!r} is not a bench.fp8_step report with a bf16 run or a "
+              f"bench.step_kernels_gpu report with a bf16 row of {args.model} at micro-batch {args.mbs} "
               f"({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
+    bf16_step_s = base["step_s"]
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("fp8_bound: needs a CUDA GPU of compute capability 9.0 or later (torch._scaled_mm, "
               "torch._scaled_grouped_mm); none here", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    gemms = step_gemms(get_model(args.model))
-    print(f"fp8_bound: {len(gemms)} GEMMs of the {args.model} 2-layer proxy step on {torch.cuda.get_device_name()}")
+    gemms = step_gemms(get_model(args.model), base["seq"], base["layers"], base["micro_batches"], base["mbs"])
+    print(f"fp8_bound: {len(gemms)} GEMMs of the {args.model} {base['layers']}-layer proxy step "
+          f"({base['micro_batches']} x {base['mbs']} x {base['seq']}) on {torch.cuda.get_device_name()}")
     rows = time_gemms(gemms, device)
     results = {"plain": bounds(rows, bf16_step_s, BAR_SPEEDUP)}
-    profiled = profiled_grouped_seconds(step)
+    profiled = base["grouped_s"]
     scale = None
     if profiled:
         scale = max(1.0, profiled / grouped_seconds(rows))
@@ -94,7 +119,7 @@ def main(argv=None) -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "command": " ".join(["python3 -m bench.fp8_bound", *(argv if argv is not None else sys.argv[1:])]),
-              "bf16_step_s": bf16_step_s, "step_json": args.step_json,
+              "bf16_step_s": bf16_step_s, "step_json": args.step_json, "proxy": base,
               "grouped_bench_s": grouped_seconds(rows), "grouped_profiled_s": profiled, "grouped_scale": scale,
               "gemms": rows, "bounds": results}
     print(table(rows, results))

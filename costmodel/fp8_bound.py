@@ -44,27 +44,64 @@ class Gemm:
         return 2 * self.m * self.n * self.k
 
 
-def step_gemms(spec: ModelSpec, seq: int = SEQ, layers: int = LAYERS, micro_batches: int = MICRO_BATCHES) -> list[Gemm]:
-    """The GEMMs of one step of the single-GPU proxy (micro-batch 1), as the executor issues them: per layer
-    and micro-batch the Q, K and V projections (three GEMMs in fp8: each weight has its own cached quantised
-    form), the output projection and the experts' fc1 (gate and up, one grouped GEMM) and fc2, each with its
-    dgrad and wgrad; the LM head once a micro-batch. The router's [tokens, experts] GEMM is left out (8 columns:
-    no tensor-core GEMM)."""
-    h, f, e = spec.hidden_size, spec.moe_ffn_hidden_size, spec.num_experts
-    d = spec.kv_channels or h // spec.num_attention_heads
-    q, kv = spec.num_attention_heads * d, spec.num_query_groups * d
-    rows = seq * spec.moe_router_topk  # routed rows a layer and micro-batch
-    vocab = spec.padded_vocab_size()
-    lm = layers * micro_batches
+def _linear(name: str, tokens: int, n: int, k: int, calls: int, in_fp8: bool = True) -> list[Gemm]:
+    """A dense linear y [tokens, n] = x [tokens, k] · w [n, k]ᵀ: its forward, dgrad and wgrad."""
+    return [Gemm(f"{name} fwd", tokens, n, k, calls, in_fp8=in_fp8),
+            Gemm(f"{name} dgrad", tokens, k, n, calls, in_fp8=in_fp8),
+            Gemm(f"{name} wgrad", n, k, tokens, calls, in_fp8=in_fp8)]
+
+
+def attention_projections(spec: ModelSpec) -> list[tuple[str, int, int]]:
+    """(name, n, k) of each projection GEMM of one attention layer as the executor issues them: GQA's Q, K, V
+    (one GEMM each) and output; MLA's query (or its down and up projections), KV down and up, and output."""
+    h, n = spec.hidden_size, spec.num_attention_heads
+    if spec.multi_latent_attention:
+        qk, rope, v = spec.qk_head_dim, spec.qk_pos_emb_head_dim, spec.v_head_dim
+        query = ([("q_proj", n * (qk + rope), h)] if spec.q_lora_rank is None else
+                 [("q_down", spec.q_lora_rank, h), ("q_up", n * (qk + rope), spec.q_lora_rank)])
+        return query + [("kv_down", spec.kv_lora_rank + rope, h), ("kv_up", n * (qk + v), spec.kv_lora_rank),
+                        ("wo", h, n * v)]
+    d = spec.kv_channels or h // n
+    q, kv = n * d, spec.num_kv_heads * d
+    return [("wq", q, h), ("wk", kv, h), ("wv", kv, h), ("wo", h, q)]
+
+
+def step_gemms(spec: ModelSpec, seq: int = SEQ, layers: int = LAYERS, micro_batches: int = MICRO_BATCHES,
+               micro_batch_size: int = 1) -> list[Gemm]:
+    """The GEMMs of one step of the single-GPU proxy of ``spec`` cut to ``layers`` layers (its dense-first and
+    MoE layers as :meth:`ModelSpec.with_layers` keeps them), ``micro_batches`` micro-batches of
+    ``micro_batch_size`` sequences, as the executor issues them. Per layer and micro-batch: the attention
+    projections (:func:`attention_projections`); a dense layer's MLP (gate, up and down: three GEMMs); an MoE
+    layer's experts, fc1 (gate and up, one grouped GEMM) and fc2, and its shared experts (as a dense MLP); each
+    with its dgrad and wgrad. The LM head once a micro-batch, kept bf16 (``in_fp8`` False). The router's
+    [tokens, experts] GEMM is left out (a few columns: no tensor-core GEMM)."""
+    proxy = spec if layers == spec.num_layers else spec.with_layers(layers)
+    pattern = proxy.moe_layer_pattern()
+    moe_layers = sum(pattern)
+    dense_layers = layers - moe_layers
+    h, tokens = spec.hidden_size, seq * micro_batch_size
     out: list[Gemm] = []
-    for name, n, k in (("wq", q, h), ("wk", kv, h), ("wv", kv, h), ("wo", h, q)):
-        out += [Gemm(f"{name} fwd", seq, n, k, lm), Gemm(f"{name} dgrad", seq, k, n, lm),
-                Gemm(f"{name} wgrad", n, k, seq, lm)]
-    for name, n, k in (("fc1", 2 * f, h), ("fc2", h, f)):
-        out += [Gemm(f"{name} fwd", rows, n, k, lm, groups=e), Gemm(f"{name} dgrad", rows, k, n, lm, groups=e),
-                Gemm(f"{name} wgrad", n, k, rows, lm, groups=e, wgrad=True)]
-    out += [Gemm(f"lm_head {p}", m, n, k, micro_batches, in_fp8=False)
-            for p, m, n, k in (("fwd", seq, vocab, h), ("dgrad", seq, h, vocab), ("wgrad", vocab, h, seq))]
+    for name, n, k in attention_projections(spec):
+        out += _linear(name, tokens, n, k, layers * micro_batches)
+
+    def mlp(prefix: str, ffn: int, calls: int) -> list[Gemm]:
+        projections = [("w1", ffn, h)] + ([("w3", ffn, h)] if spec.gated_linear_unit else []) + [("w2", h, ffn)]
+        return [g for name, n, k in projections for g in _linear(f"{prefix} {name}", tokens, n, k, calls)]
+
+    if dense_layers:
+        out += mlp("mlp", spec.ffn_hidden_size, dense_layers * micro_batches)
+    if moe_layers:
+        f, e = spec.expert_ffn_hidden_size, spec.num_experts
+        fc1 = (2 if spec.gated_linear_unit else 1) * f
+        rows = tokens * spec.moe_router_topk  # routed rows a layer and micro-batch
+        calls = moe_layers * micro_batches
+        for name, n, k in (("fc1", fc1, h), ("fc2", h, f)):
+            out += [Gemm(f"{name} fwd", rows, n, k, calls, groups=e),
+                    Gemm(f"{name} dgrad", rows, k, n, calls, groups=e),
+                    Gemm(f"{name} wgrad", n, k, rows, calls, groups=e, wgrad=True)]
+        if spec.shared_expert_ffn_hidden_size:
+            out += mlp("shared", spec.shared_expert_ffn_hidden_size, calls)
+    out += _linear("lm_head", tokens, spec.padded_vocab_size(), h, micro_batches, in_fp8=False)
     return out
 
 

@@ -53,3 +53,47 @@ def test_profiled_grouped_seconds_reads_cutlass_kernels_only():
         {"name": "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm", "ms": 5.0}]}}
     assert profiled_grouped_seconds(step) == pytest.approx(0.035)
     assert profiled_grouped_seconds({"bf16": {}}) is None
+
+
+def _per_token(gemms, tokens):
+    return sum(g.flops * g.per_step for g in gemms) / tokens
+
+
+def test_qwen3_proxy_inventory_is_the_model_flops_less_the_attention_core():
+    """Qwen3-30B-A3B cut to 4 layers, 8 micro-batches of 1 x 4096: every GEMM spec.flops counts, and no other;
+    the difference is the causal core (6 · layers · seq/2 · heads · head_dim · 2 for QK and PV)."""
+    from spec.flops import flops_per_token
+    from spec.proxy import proxy_model
+
+    spec = get_model("qwen3-30b-a3b")
+    gemms = step_gemms(spec, seq=4096, layers=4, micro_batches=8, micro_batch_size=1)
+    proxy = proxy_model(spec, 4)
+    core = 6 * 4 * (4096 / 2) * 32 * 128 * 2
+    assert _per_token(gemms, 8 * 4096) == pytest.approx(flops_per_token(proxy, 4096) - core, rel=1e-12)
+    by = {g.name: g for g in gemms}
+    assert (by["wk fwd"].n, by["wk fwd"].k) == (4 * 128, 2048)          # 4 KV heads of 128
+    assert (by["fc1 fwd"].m, by["fc1 fwd"].n, by["fc1 fwd"].groups) == (4096 * 8, 2 * 768, 128)
+    assert by["fc1 fwd"].per_step == 4 * 8 and "mlp w1 fwd" not in by and "shared w1 fwd" not in by
+    assert (by["lm_head wgrad"].m, by["lm_head wgrad"].k) == (151936, 4096)
+
+
+def test_deepseek_v2_lite_inventory_has_mla_a_dense_first_layer_and_shared_experts():
+    """DeepSeek-V2-Lite cut to 4 layers (1 dense, 3 MoE), one micro-batch of 8 x 4096: MLA's four projections
+    on every layer, the dense MLP on one, the experts and the shared experts on three; the sum is spec.flops'
+    count less the causal core and the latent norm's 6 FLOPs a rank-dimension it counts."""
+    from spec.flops import flops_per_token
+    from spec.proxy import proxy_model
+
+    spec = get_model("deepseek-v2-lite")
+    gemms = step_gemms(spec, seq=4096, layers=4, micro_batches=1, micro_batch_size=8)
+    tokens = 8 * 4096
+    core = 6 * 4 * (4096 * 16 * (128 + 64) / 2 + 4096 * 16 * 128 / 2)
+    norms = 6 * 4 * 512
+    assert _per_token(gemms, tokens) == pytest.approx(flops_per_token(proxy_model(spec, 4), 4096) - core - norms,
+                                                      rel=1e-12)
+    by = {g.name: g for g in gemms}
+    assert [n for n in ("q_proj", "kv_down", "kv_up", "wo") if f"{n} fwd" in by] == ["q_proj", "kv_down", "kv_up", "wo"]
+    assert (by["kv_down fwd"].m, by["kv_down fwd"].n, by["kv_down fwd"].per_step) == (tokens, 512 + 64, 4)
+    assert (by["mlp w1 fwd"].n, by["mlp w1 fwd"].per_step) == (10944, 1)
+    assert (by["shared w2 dgrad"].n, by["shared w2 dgrad"].per_step) == (2816, 3)
+    assert (by["fc2 wgrad"].m, by["fc2 wgrad"].n, by["fc2 wgrad"].k) == (2048, 1408, tokens * 6)
