@@ -14,7 +14,7 @@ in bf16 (``torch._grouped_mm``, ``torch.mm``) and in fp8 (``torch._scaled_groupe
 with per-row scales, as :mod:`executor.kernels.fp8.gemm` calls them), each as device time with the host
 ahead (:func:`executor.microbench.timing.time_host_ahead`).
 
-Three bounds, each ``T / (T - saving)``:
+Four bounds, each ``T / (T - saving)``:
 
 - ``torch_kernels``: every GEMM of the step in fp8 (the expert forward, dgrad and wgrad, the attention
   projections, and the LM head, which the executor keeps in bf16 as Megatron does) with torch's kernels;
@@ -22,12 +22,14 @@ Three bounds, each ``T / (T - saving)``:
   precision times faster here: bf16 by default, FOLDTUNE_FP8_WGRAD=fp8);
 - ``grouped_at_dense_rate``: as ``torch_kernels``, with each grouped GEMM's fp8 time replaced by a dense
   ``torch._scaled_mm`` of the same FLOPs (the rows of all experts against one weight): what a grouped
-  kernel as good as cuBLAS's dense fp8 GEMM would give, which torch does not have.
+  kernel as good as cuBLAS's dense fp8 GEMM would give, which torch does not have;
+- ``bf16_head_at_dense_rate``: the LM head bf16, every other GEMM in the faster of bf16 and fp8 with the
+  grouped ones at that dense rate: the most any fp8 kernel can gain a step that keeps the head in bf16.
 
 T is the bf16 step's median from a ``bench.fp8_step`` report (``--step-json``; run it first in the same
 device call), or, for any catalog model's proxy (``--model``, ``--mbs``), the bf16 row's step of a
-``bench.step_kernels_gpu`` report, whose proxy (layers, sequence, micro-batches) the GEMMs then follow. Because the step's grouped GEMMs run slower than here (uneven groups from the random router,
-the card at its power cap), each grouped saving is also scaled by the step's profiled grouped-GEMM time over
+``bench.step_kernels_gpu`` report, whose proxy (layers, sequence, micro-batches) the GEMMs then follow.
+Because the step's grouped GEMMs run slower than here (uneven groups from the random router, the card at its power cap), each grouped saving is also scaled by the step's profiled grouped-GEMM time over
 this bench's (``scaled`` bounds; the larger of the two is the one to quote as the bound).
 
 Usage (GPU, sm90): python3 -m bench.fp8_step --runs bf16,fp8 --out $OUT/fp8_step.json &&

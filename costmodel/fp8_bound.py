@@ -10,7 +10,10 @@ time measured on operands already quantised (quantisation counted free). Three b
 - ``executor_choices``: what the executor runs in fp8 (the LM head bf16; the expert wgrad in whichever
   precision timed faster);
 - ``grouped_at_dense_rate``: as ``torch_kernels`` with each grouped GEMM's fp8 time replaced by a dense
-  fp8 GEMM of the same FLOPs: what a grouped kernel as good as the dense one would give.
+  fp8 GEMM of the same FLOPs: what a grouped kernel as good as the dense one would give;
+- ``bf16_head_at_dense_rate``: the LM head bf16 (the executor's and Megatron's recipe), every other GEMM in
+  the faster of bf16 and fp8, each grouped GEMM's fp8 at the dense rate: the most any fp8 kernel can give a
+  step that keeps the head in bf16.
 """
 
 from __future__ import annotations
@@ -110,19 +113,21 @@ def bounds(rows: list[dict], bf16_step_s: float, bar: float, grouped_scale: floa
     ``executor.microbench.fp8_gemms.time_gemms`` gives them) and the bf16 step's seconds; ``grouped_scale``
     multiplies each grouped GEMM's saving (the step's profiled grouped-GEMM time over the timed one's). Returns
     per bound its saving and fp8 step (seconds a step), the quotient and whether it reaches ``bar``."""
-    def saving(row: dict, fp8_key: str, executor: bool) -> float:
+    def saving(row: dict, fp8_key: str, executor: bool, faster: bool = False) -> float:
         if executor and not row["in_fp8"]:
             return 0.0
         best_fp8 = row[fp8_key]
-        if executor and row["wgrad"]:  # the executor's expert wgrad runs in the faster precision
+        if (executor and row["wgrad"]) or faster:  # the executor's expert wgrad runs in the faster precision
             best_fp8 = min(best_fp8, row["bf16_s"])
         gain = (row["bf16_s"] - best_fp8) * row["per_step"]
         return gain * (grouped_scale if row["groups"] > 1 else 1.0)
 
     out = {}
-    for name, key, executor in (("torch_kernels", "fp8_s", False), ("executor_choices", "fp8_s", True),
-                                ("grouped_at_dense_rate", "fp8_dense_s", False)):
-        saved = sum(saving(r, key, executor) for r in rows)
+    for name, key, executor, faster in (("torch_kernels", "fp8_s", False, False),
+                                        ("executor_choices", "fp8_s", True, False),
+                                        ("grouped_at_dense_rate", "fp8_dense_s", False, False),
+                                        ("bf16_head_at_dense_rate", "fp8_dense_s", True, True)):
+        saved = sum(saving(r, key, executor, faster) for r in rows)
         fp8_step = bf16_step_s - saved
         out[name] = {"saving_s": saved, "fp8_step_s": fp8_step, "speedup": bf16_step_s / fp8_step,
                      "reaches_bar": bf16_step_s / fp8_step >= bar}

@@ -38,6 +38,8 @@ def test_bounds_hand_worked():
     assert got["torch_kernels"]["speedup"] == pytest.approx(100 / 87)
     # the executor: the LM head stays bf16, the wgrad takes bf16 (3 < 4 ms): 4 + 0 + 0 + 8 = 12 ms
     assert got["executor_choices"]["fp8_step_s"] == pytest.approx(0.088)
+    # the head bf16, every other GEMM its faster at the dense rate: 4·1 + 2·(3−2.5) + 0 + 2·(10−5) = 15 ms
+    assert got["bf16_head_at_dense_rate"]["fp8_step_s"] == pytest.approx(0.085)
     # grouped at the dense fp8 rate: 4 + 2·0.5 + 3 + 2·5 = 18 ms
     assert got["grouped_at_dense_rate"]["fp8_step_s"] == pytest.approx(0.082)
     assert not any(b["reaches_bar"] for b in got.values())
