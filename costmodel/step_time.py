@@ -69,6 +69,7 @@ from costmodel.terms import (
 from spec.documents import chunk_pair_share
 from spec.errors import InvalidConfigError
 from spec.flops import flops_per_step
+from spec.fp8_choice import fp8_chosen
 from spec.hardware import ClusterSpec
 from spec.head_features import HEAD_FEATURES, head_features
 from spec.model_spec import ModelSpec
@@ -308,8 +309,8 @@ def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: 
     whose forward GEMM is
     (m x k)·(k x n): its GEMMs at ``rates`` plus, where ``input_cast_bytes`` is non-zero (fp8), the quantisation of
     its input (``input_cast_bytes`` per input element) and of its output gradient (``grad_cast_bytes`` per
-    element); with ``choice_bf16_rates`` (the executor's per-shape choice) the bf16 GEMMs without casts where
-    those take no longer (a tie goes to bf16, as in the executor). Where ``rates`` carry a calibrated fp8 linear
+    element); with ``choice_bf16_rates`` (the executor's per-shape choice) the bf16 GEMMs without casts unless
+    fp8 beats them by ``spec.fp8_choice.FP8_CHOICE_MARGIN``, as in the executor. Where ``rates`` carry a calibrated fp8 linear
     (``dense_fp8_ratio_curve``: bf16 / fp8 seconds by forward FLOPs, quantisation included) the choice reads it:
     fp8 is the bf16 GEMMs' seconds over that ratio, no cast bytes apart."""
     fwd, bwd = gemm_fwd_bwd(rates, round(m), round(n), round(k), low_precision)
@@ -318,11 +319,13 @@ def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: 
     if choice_bf16_rates is not None and rates.dense_fp8_ratio_curve is not None:
         f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
         ratio = rates.dense_fp8_ratio_curve(2.0 * m * n * k)
-        return (f16, b16, 0.0, 0.0, False) if ratio <= 1.0 else (f16 / ratio, b16 / ratio, 0.0, 0.0, True)
+        if not fp8_chosen(1.0 / ratio, 1.0):
+            return f16, b16, 0.0, 0.0, False
+        return f16 / ratio, b16 / ratio, 0.0, 0.0, True
     cast_fwd, cast_bwd = input_cast_bytes * m * k, grad_cast_bytes * m * n
     if choice_bf16_rates is not None:
         f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
-        if f16 + b16 <= fwd + bwd + memory_time(rates, cast_fwd) + memory_time(rates, cast_bwd):
+        if not fp8_chosen(fwd + bwd + memory_time(rates, cast_fwd) + memory_time(rates, cast_bwd), f16 + b16):
             return f16, b16, 0.0, 0.0, False
     return fwd, bwd, cast_fwd, cast_bwd, True
 
@@ -640,9 +643,9 @@ class _Shape:
             if self.fp8:
                 cf, cb = self.fp8_expert_cast * received * x_cols, self.fp8_expert_cast * received * dy_cols
             runs_fp8 = self.fp8
-            if self.choice_bf16_rates is not None:  # bf16 where it is no slower (the executor's tie goes to bf16)
+            if self.choice_bf16_rates is not None:  # bf16 unless fp8 beats it by the executor's margin
                 f16, b16 = grouped_gemm_fwd_bwd(self.choice_bf16_rates, local_experts, per_expert, n, k)
-                runs_fp8 = f16 + b16 > f + b + memory_time(self.rates, cf) + memory_time(self.rates, cb)
+                runs_fp8 = fp8_chosen(f + b + memory_time(self.rates, cf) + memory_time(self.rates, cb), f16 + b16)
                 if not runs_fp8:
                     f, b, cf, cb = f16, b16, 0.0, 0.0
             casts = casts or runs_fp8

@@ -74,9 +74,10 @@ class ExecutorOptions:
     every exchange of the overlapped schedule. Elsewhere (CPU) gloo moves them all.
 
     ``fp8_expert_gemm`` (precision fp8 only; no effect in other precisions): what runs the routed experts'
-    forward, dgrad and wgrad. 'fastest' (the default): per expert linear shape, whichever of bf16
-    (``torch._grouped_mm``) and 'torch' below its first call on a CUDA GPU timed faster over the whole layer
-    (forward, dgrad and wgrad, the activations' quantisation included, the cached weights' not), kept per
+    forward, dgrad and wgrad. 'fastest' (the default): per expert linear shape, bf16 (``torch._grouped_mm``)
+    or 'torch' below as its first call on a CUDA GPU timed them over the whole layer (forward, dgrad and wgrad,
+    the activations' quantisation included, the cached weights' not; fp8 only where more than
+    ``expert_pick.FP8_MARGIN`` faster), kept per
     shape for the process (:mod:`executor.kernels.fp8.expert_pick`, whose ``report`` and the profile's fp8
     report say which shapes ran bf16). The default because fp8 is asked for speed, and at the fine-grained
     experts' shapes torch's fp8 grouped GEMM runs at about half bf16's rate (docs/benchmarks.md): with

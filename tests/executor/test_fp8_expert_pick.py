@@ -1,5 +1,5 @@
 """ExecutorOptions.fp8_expert_gemm 'fastest' (executor/kernels/fp8/expert_pick.py): per expert GEMM shape,
-bf16 or fp8, whichever the first call timed faster. On CPU the timing is injected (``timer``/``TIMER``) to
+bf16 or fp8 as the first call's timing chose (fp8 only where it is faster by FP8_MARGIN, medians of alternating rounds). On CPU the timing is injected (``timer``/``TIMER``) to
 force either verdict; the CUDA timing itself is checked on a GPU (the last test)."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from spec.catalog import get_model
 from spec.parallel_config import ParallelConfig
 
 COUNTS = (5, 0, 27, 16)
+# the paths one shape's timing runs: pick.ROUNDS rounds of both, the first path alternating
+ONE_TIMING = ["bf16", "fp8", "fp8", "bf16", "bf16", "fp8"]
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +72,7 @@ def test_the_chosen_path_gives_exactly_that_paths_outputs_and_gradients(winner):
     got = _grads(lambda *a: pick.grouped_mm(*a, timer=_forced(winner, timed)), x, w, dy, offs)
     want = _grads(TorchBackend().grouped_mm if winner == "bf16" else fp8_gemm.grouped_mm, x, w, dy, offs)
     other = _grads(fp8_gemm.grouped_mm if winner == "bf16" else TorchBackend().grouped_mm, x, w, dy, offs)
-    assert timed == ["bf16", "fp8"]
+    assert timed == ONE_TIMING
     assert all(torch.equal(g, wnt) for g, wnt in zip(got, want))
     # output and dgrad tell the paths apart; the 'torch' option's wgrad is bf16's own (FOLDTUNE_FP8_WGRAD)
     assert not torch.equal(got[0], other[0]) and not torch.equal(got[1], other[1])
@@ -104,20 +106,20 @@ def test_the_verdict_is_kept_per_shape_and_the_report_says_which_shapes_ran_bf16
     pick.grouped_mm(x, w, offs, timer=timer)
     x60, w60, _, offs60 = _operands(counts=(30, 0, 14, 16))
     pick.grouped_mm(x60, w60, offs60, timer=timer)
-    assert timed == ["bf16", "fp8"]
+    assert timed == ONE_TIMING
     fp8_timer = _forced("fp8", timed)
     x2, w2, _, offs2 = _operands(n=16)
     pick.grouped_mm(x2, w2, offs2, timer=fp8_timer)
     x3, w3, _, offs3 = _operands(counts=(5, 0, 27, 33))
     pick.grouped_mm(x3, w3, offs3, timer=fp8_timer)
-    assert len(timed) == 6
+    assert len(timed) == 3 * len(ONE_TIMING)
     report = pick.report()
     assert report["bf16"] == 1 and report["fp8"] == 2 and report["fp8 untimed"] == 0
     assert report["bf16_shapes"] == {"4 x 32 x 48, rows <= 64": 2}
     assert report["fp8_shapes"] == {"4 x 16 x 48, rows <= 64": 1, "4 x 32 x 48, rows <= 128": 1}
     pick.reset_counts()
     pick.grouped_mm(x, w, offs, timer=fp8_timer)
-    assert len(timed) == 6 and pick.report()["bf16_shapes"] == {"4 x 32 x 48, rows <= 64": 1}
+    assert len(timed) == 3 * len(ONE_TIMING) and pick.report()["bf16_shapes"] == {"4 x 32 x 48, rows <= 64": 1}
 
 
 def test_without_a_timer_off_cuda_it_runs_fp8_untimed_and_keeps_no_verdict():
@@ -131,7 +133,7 @@ def test_without_a_timer_off_cuda_it_runs_fp8_untimed_and_keeps_no_verdict():
     assert pick._VERDICTS == {}
     timed = []
     pick.grouped_mm(x, w, offs, timer=_forced("bf16", timed))
-    assert timed == ["bf16", "fp8"]
+    assert timed == ONE_TIMING
 
 
 def test_a_path_that_fails_to_run_is_skipped_with_a_warning():
@@ -152,6 +154,54 @@ def test_a_path_that_fails_to_run_is_skipped_with_a_warning():
     with pytest.warns(UserWarning, match="not timed"):
         pick.grouped_mm(x2, w2, offs2, timer=both_fail)
     assert pick.report()["fp8"] == 2
+
+
+def _scripted(times: dict[str, list[float]]):
+    """A timer returning each path's scripted seconds in turn (running each call, as a real timer does)."""
+    left = {path: list(t) for path, t in times.items()}
+
+    def timer(path, call):
+        call()
+        return left[path].pop(0)
+    return timer
+
+
+@pytest.mark.parametrize("fp8_s,expected", [(0.98, "bf16"), (0.969, "fp8"), (0.90, "fp8"), (1.05, "bf16")])
+def test_fp8_must_beat_bf16_by_the_margin(fp8_s, expected):
+    """bf16 1.0 s a round; fp8 is kept only where it is more than FP8_MARGIN (3 %) faster."""
+    assert pick.FP8_MARGIN == 0.03
+    x, w, _, offs = _operands()
+    pick.grouped_mm(x, w, offs, timer=_scripted({"bf16": [1.0] * 3, "fp8": [fp8_s] * 3}))
+    assert pick.report()[expected] == 1
+
+
+def test_the_verdict_compares_medians_so_one_lucky_round_does_not_decide():
+    """fp8 timed 0.5 s once and 1.2 s twice against bf16's steady 1.0 s: its median loses; the mirror case
+    (bf16 lucky once) keeps fp8."""
+    x, w, _, offs = _operands()
+    pick.grouped_mm(x, w, offs, timer=_scripted({"bf16": [1.0, 1.0, 1.0], "fp8": [0.5, 1.2, 1.2]}))
+    x2, w2, _, offs2 = _operands(n=16)
+    pick.grouped_mm(x2, w2, offs2, timer=_scripted({"bf16": [0.5, 1.2, 1.2], "fp8": [0.9, 0.9, 0.9]}))
+    assert pick.report()["bf16_shapes"] == {"4 x 32 x 48, rows <= 64": 1}
+    assert pick.report()["fp8_shapes"] == {"4 x 16 x 48, rows <= 64": 1}
+
+
+def test_a_path_failing_in_a_later_round_is_dropped_and_the_other_runs():
+    """bf16 times fine once, then runs out of memory: it is dropped (one warning) and fp8 runs, even though
+    bf16's one timing was faster."""
+    x, w, _, offs = _operands()
+    calls = {"bf16": 0}
+
+    def timer(path, call):
+        if path == "bf16":
+            calls["bf16"] += 1
+            if calls["bf16"] > 1:
+                raise RuntimeError("out of memory")
+            return 0.5
+        return 1.0
+    with pytest.warns(UserWarning, match="bf16 GEMM not timed"):
+        pick.grouped_mm(x, w, offs, timer=timer)
+    assert calls["bf16"] == 2 and pick.report()["fp8"] == 1
 
 
 def test_no_rows_is_the_bf16_empty_product_and_not_a_shape():
@@ -238,7 +288,7 @@ def test_a_dense_linear_runs_the_chosen_path_and_fp8_dense_keeps_fp8(path, monke
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times the expert GEMMs on a CUDA GPU")
-def test_on_a_gpu_the_first_call_times_both_paths_and_keeps_the_faster():
+def test_on_a_gpu_the_first_call_times_both_paths_and_keeps_its_choice():
     """On a CUDA GPU without an injected timer: a Qwen3-30B-A3B-like expert linear (128 experts of 768 x
     2048, 4096 tokens x top-8) is timed once, the verdict kept, and the call's output and gradients are
     exactly those of the path chosen."""
@@ -277,3 +327,11 @@ def test_timing_inside_a_checkpointed_forward_leaves_the_recomputation_alone():
                                                  use_reentrant=False)
     got = _grads(checkpointed, x, w, dy, offs)
     assert all(torch.equal(g, wt) for g, wt in zip(got, want))
+
+
+def test_the_cost_model_and_the_executor_share_the_fp8_choice_margin():
+    """spec.fp8_choice holds the margin both sides read: fp8 3 % faster is not chosen, 3.1 % is."""
+    from spec.fp8_choice import FP8_CHOICE_MARGIN, fp8_chosen
+
+    assert pick.FP8_MARGIN == FP8_CHOICE_MARGIN == 0.03
+    assert not fp8_chosen(0.97, 1.0) and fp8_chosen(0.969, 1.0) and not fp8_chosen(1.0, 1.0)

@@ -75,9 +75,11 @@ def test_calibrated_cpu_curves_are_sane(calibrated):
     shapes = dict(profile.grouped_gemm_shape_efficiency)
     assert set(shapes) == {f"{h}x{f}" for _, h, f in CPU_EXPERT_SHAPES}
     assert shapes[f"{CPU_EXPERT_SHAPES[0][1]}x{CPU_EXPERT_SHAPES[0][2]}"] == profile.grouped_gemm_efficiency
-    # RAM copy against the entry's rough 10 GB/s per rank: one process's DRAM copy lies within 3x of it,
-    # while a copy that stayed in cache (the mistake this catches) would run at 50-100 GB/s.
-    assert 0 < profile.hbm_efficiency <= 3.0
+    # RAM copy: every timed buffer is larger than a server's last-level cache, so the copy measures RAM, not
+    # cache (the mistake this catches). Its speed against the entry's rough 10 GB/s is the machine's own (3.6x
+    # it on the 2-core development machine on 2026-12-04, over the 3x this test once allowed): no bound on it.
+    assert raw["copy"] and min(row["bytes"] for row in raw["copy"]) >= 64 << 20
+    assert math.isfinite(profile.hbm_efficiency) and profile.hbm_efficiency > 0
     # Links: within (0, 1.5] of the entry's 2 GB/s (gloo over loopback with ranks sharing two cores).
     expected = {f"{c}:intra" for c in ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "p2p")}
     # one curve per collective over all group sizes, and one per measured group size
@@ -242,6 +244,13 @@ def test_fp8_calibration_prices_the_dense_linears_from_their_measured_ratio():
     assert priced[:4] == pytest.approx((f16 / 1.2, b16 / 1.2, 0.0, 0.0)) and priced[4] is True
     f16, b16 = gemm_fwd_bwd(bf16, 4096, 2048, 2048, True)
     assert dense_linear_seconds_and_cast_bytes(fp8, bf16, 4096, 2048, 2048, 3.0, 3.0) == (f16, b16, 0.0, 0.0, False)
+    # fp8 must beat bf16 by the executor's margin (spec.fp8_choice, 3 %): 1.02x is priced bf16, 1.04x fp8
+    f16, b16 = gemm_fwd_bwd(bf16, 32768, 5632, 2048, True)
+    for ratio, runs_fp8 in ((1.02, False), (1.04, True)):
+        near = compute_rates(replace(profile, dense_fp8_over_bf16=MeasuredCurve(((large, ratio),))), "fp8")
+        got = dense_linear_seconds_and_cast_bytes(near, bf16, 32768, 5632, 2048, 3.0, 3.0)
+        scale = ratio if runs_fp8 else 1.0
+        assert got[:2] == pytest.approx((f16 / scale, b16 / scale)) and got[4] is runs_fp8
     # without the curve (the catalog's): the fp8 GEMMs at their peak plus the casts' bytes, as before
     plain = dense_linear_seconds_and_cast_bytes(compute_rates(base, "fp8"), compute_rates(base, "bf16"),
                                                 32768, 5632, 2048, 3.0, 3.0)

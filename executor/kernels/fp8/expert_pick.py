@@ -8,16 +8,17 @@ wins (docs/benchmarks.md, "Grouped fp8 GEMM at 4096 and 16384 tokens"). So the f
 CUDA GPU times the whole linear layer both ways, forward, dgrad and wgrad (the wgrad only where the weight
 gets a gradient): bf16 (``torch._grouped_mm``, the 'torch' backend's) and fp8
 (:func:`executor.kernels.fp8.gemm.grouped_mm`, torch's rowwise kernel, its activation quantisation
-included), on the call's own rows and weight and a random output gradient. The weight's quantisation is not timed: the untimed first run of each path puts the
-weight's forms in the weight cache, as the training step's first micro-batch does for the rest. The faster
-path is kept per (device, experts, N, K, rows rounded up to a power of two, whether a backward runs), and
-every later call at that shape runs it (:func:`grouped_mm`).
+included), on the call's own rows and weight and a random output gradient. The weight's quantisation is not
+timed: the untimed first run of each path puts the weight's forms in the weight cache, as the training step's
+first micro-batch does for the rest. The chosen path (below) is kept per (device, experts, N, K, rows rounded
+up to a power of two, whether a backward runs), and every later call at that shape runs it (:func:`grouped_mm`).
 
-The timing runs :func:`executor.kernels.fp8.grouped_gemm.fastest` (the grouped fp8 tuner's loop) with
-:func:`executor.kernels.fp8.grouped_gemm.time_launch` (CUDA events, one untimed call, median of three),
-on a thread of its own (:func:`executor.kernels.first_use.run_apart`: out of activation checkpointing's
-saved-tensor hooks) on the caller's stream; it asks ``torch.autograd.grad`` for the gradients, so nothing
-accumulates into the parameters. A path that raises (out of memory) is skipped; if both do, fp8.
+The timing (:func:`choose`) runs :data:`ROUNDS` rounds, each timing both paths with
+:func:`executor.kernels.fp8.grouped_gemm.time_launch` (CUDA events, one untimed call, median of three) and
+alternating which path goes first; it keeps fp8 only where fp8's median beats bf16's by more than
+:data:`FP8_MARGIN`. It runs on a thread of its own (:func:`executor.kernels.first_use.run_apart`: out of
+activation checkpointing's saved-tensor hooks) on the caller's stream; it asks ``torch.autograd.grad`` for the
+gradients, so nothing accumulates into the parameters. A path that raises (out of memory) is skipped; if both do, fp8.
 
 Where nothing is timed (no CUDA, a CUDA graph being captured) the call runs fp8, as precision fp8 asks, and
 no verdict is kept: on CPU that is the emulation of the 'torch' path, so the CPU numerics of fp8 are the
@@ -41,6 +42,8 @@ reported as "dense N x K".
 from __future__ import annotations
 
 import os
+import statistics
+import warnings
 from collections import Counter
 
 import torch
@@ -48,10 +51,17 @@ import torch.nn.functional as F
 
 from executor.kernels.first_use import run_apart
 from executor.kernels.fp8 import gemm as fp8_gemm
-from executor.kernels.fp8.grouped_gemm import fastest, time_launch
+from executor.kernels.fp8.grouped_gemm import time_launch
 from executor.kernels.torch_backend import TorchBackend
+from spec.fp8_choice import FP8_CHOICE_MARGIN, fp8_chosen
 
 PATHS = ("bf16", "fp8")
+#: rounds of the per-shape timing, each timing both paths with the first one alternating, so that a clock or
+#: power change during the timing falls on both; the paths' medians are compared
+ROUNDS = 3
+#: fp8 is kept only where its median is below bf16's by this share (spec.fp8_choice: the cost model prices the
+#: same rule)
+FP8_MARGIN = FP8_CHOICE_MARGIN
 #: timer(path, call) -> seconds, replacing the CUDA timing (and timing CPU calls); None: CUDA events on CUDA
 TIMER = None
 _VERDICTS: dict[tuple, str] = {}  # shape key -> 'bf16' | 'fp8', kept for the process
@@ -101,12 +111,33 @@ def _time_paths(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, g
             return call
 
         key = shape_key(x_MK, w_GNK, grad)
-        best = fastest(PATHS, lambda path: timer(path, linear(path)),
-                       lambda path: f"the {path} GEMM not timed at {key}")
-        return best or "fp8"
+        return choose(PATHS, lambda path: timer(path, linear(path)),
+                      lambda path: f"the {path} GEMM not timed at {key}")
 
     device = x_MK.device if x_MK.is_cuda else None
     return run_apart(time_both, device, "fp8-or-bf16", stream)
+
+
+def choose(paths: tuple[str, str], seconds, skipped) -> str:
+    """'bf16' or 'fp8' from :data:`ROUNDS` rounds of ``seconds(path)`` (one timing of the whole layer on that
+    path) over both ``paths``, alternating which goes first; fp8 where its median is below bf16's by more than
+    :data:`FP8_MARGIN`, else bf16. A path whose timing raises is dropped with a warning ``skipped(path)``: its
+    reason (the other path then runs); if both raise, fp8."""
+    times: dict[str, list[float]] = {path: [] for path in paths}
+    dropped: set[str] = set()
+    for round_ in range(ROUNDS):
+        for path in (paths if round_ % 2 == 0 else paths[::-1]):
+            if path in dropped:
+                continue
+            try:
+                times[path].append(seconds(path))
+            except Exception as exc:  # noqa: BLE001
+                warnings.warn(f"{skipped(path)}: {type(exc).__name__}: {str(exc)[:200]}", stacklevel=3)
+                dropped.add(path)
+    medians = {path: statistics.median(t) for path, t in times.items() if path not in dropped and t}
+    if "bf16" not in medians or "fp8" not in medians:
+        return "bf16" if "bf16" in medians else "fp8"
+    return "fp8" if fp8_chosen(medians["fp8"], medians["bf16"]) else "bf16"
 
 
 def verdict(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, timer=None) -> str | None:
