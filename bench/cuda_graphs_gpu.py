@@ -28,6 +28,8 @@ import time
 from costmodel.step_time import estimate_step_time
 from spec.catalog import get_hardware, get_model
 from spec.hardware import ClusterSpec
+from spec.errors import FoldtuneError
+from spec.profile_io import load_profile
 from spec.parallel_config import ParallelConfig
 from spec.proxy import proxy_model
 from spec.training_spec import TrainingSpec
@@ -36,9 +38,10 @@ GIB = 2**30
 LABEL = "dp1 mbs1"
 
 
-def predicted(model, training, hardware: str) -> dict:
-    """The cost model's step seconds off and on, and their ratio, for one GPU of ``hardware``."""
-    cluster = ClusterSpec(get_hardware(hardware), 1)
+def predicted(model, training, hardware: str, profile: str | None = None) -> dict:
+    """The cost model's step seconds off and on, and their ratio, for one GPU of ``hardware`` (or of the
+    hardware profile stored at ``profile``: a calibrated one prices the host from its measured MoE layer)."""
+    cluster = ClusterSpec(load_profile(profile) if profile else get_hardware(hardware), 1)
     off = ParallelConfig.parse(LABEL, world_size=1)
     t_off = estimate_step_time(model, training, cluster, off).step_time
     t_on = estimate_step_time(model, training, cluster, off.replace(cuda_graphs=True)).step_time
@@ -54,9 +57,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="off/on pairs per model")
     parser.add_argument("--timed-steps", type=int, default=6)
     parser.add_argument("--hardware", default="h200", help="catalog hardware of the cost model's prediction")
+    parser.add_argument("--profile", help="price against this stored hardware profile (JSON) instead of --hardware's "
+                                          "catalog entry")
     parser.add_argument("--predict-only", action="store_true", help="the cost model only (no GPU needed)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_graphs_gpu.json"))
     args = parser.parse_args()
+    if args.profile:
+        try:
+            load_profile(args.profile)
+        except FoldtuneError as exc:
+            parser.error(f"--profile: {exc}")
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.gbs, precision="bf16")
     report: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "layers": args.layers,
                     "seq": args.seq, "gbs": args.gbs, "layout": LABEL, "models": {}}
@@ -69,7 +79,8 @@ def main() -> int:
     rows = []
     for name in args.models.split(","):
         model = proxy_model(get_model(name), args.layers)
-        entry = report["models"][name] = {"predicted": predicted(model, training, args.hardware), "runs": []}
+        entry = report["models"][name] = {"predicted": predicted(model, training, args.hardware, args.profile),
+                                         "runs": []}
         if args.predict_only:
             rows.append((name, None, None, None, entry["predicted"]["gain"], None, None))
             continue
