@@ -35,8 +35,17 @@ installs an empty placeholder for it before importing torchtitan, and the report
 ``create_block_mask`` an argument newer than torch 2.11 (``separate_full_blocks=True``, which 2.11 does
 anyway); on such a torch an adapter drops it (:func:`_adapt_block_mask`, listed there too).
 
+On torch 2.11 (the H200 machine's, 2026-12-04) two of the configs' choices fail: the chunked loss
+(``ChunkedLossWrapper``) in its backward ("data is not allocated yet") and the CUDA-graphed forward-backward at
+its second step ("BlockMask structure must remain constant"). ``--torchtitan-loss plain`` (its
+``CrossEntropyLoss`` after the model's whole output layer) and ``--torchtitan-cuda-graphs off`` run there.
+``--torchtitan-reshard never`` keeps FSDP's unsharded parameters from forward to backward (fewer copies a
+micro-batch); ``--profile`` adds torchtitan's kernels by class; ``--sides`` runs one side only.
+
 Usage (GPU): python3 -m bench.torchtitan_step [--models qwen3-30b-a3b,deepseek-v2-lite] [--layers 4]
              [--seq 4096] [--mbs 1] [--micro-batches 4] [--warmup 4] [--steps 8] [--commit C] [--no-write]
+             [--torchtitan-loss config|plain] [--torchtitan-cuda-graphs config|on|off]
+             [--torchtitan-reshard default|always|never] [--profile] [--sides foldtune,torchtitan]
 On a GPU the table replaces its own section of docs/benchmarks.md (``--no-write``: print only; ``--render F[,F]``
 writes the section of saved reports, e.g. those a remote GPU run sent back, into ``--doc`` or that file).
 Writes $OUT/torchtitan_step.json (or --out).
