@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-GPU evidence that issues 39 and 40 still need, in one device call. Everything lands in $OUT/res and is
+# The one-GPU evidence that issues 38, 39 and 40 still need, in one device call. Everything lands in $OUT/res and is
 # packed into $OUT/results.tgz every 30 s and at the end (a call cut off by its time limit keeps what was
 # measured), the log in $OUT/evidence_log.txt; the scripts' own JSON files (bench/results/) and the sections they
 # write into docs/benchmarks.md come back in the archive too (res/bench-results/, res/benchmarks.md).
@@ -23,6 +23,11 @@
 #   fp8mbs    fp8_expert_gemm 'fastest' (the fp8 default): its GPU test, then the 4-layer Qwen3-30B-A3B and
 #             DeepSeek-V2-Lite proxies' whole step in bf16 and fp8 at micro-batch 1 and 8 (seq 4096, gbs 8), and
 #             bench/fp8_step.py on the Mixtral 2-layer proxy (bf16, fp8 on torch's kernel, fp8 'fastest')
+#   ttstep    bench/torchtitan_step.py: the 4-layer Qwen3-30B-A3B and DeepSeek-V2-Lite proxies' step against
+#             torchtitan 0.3.0's compiled Trainer, side by side (carry .ttwhl: the wheels its docstring lists; the
+#             flags that run on torch 2.11), then torchtitan's side with FSDP reshard never and profiled
+#   fp8bound  bench/step_kernels_gpu.py in bf16 at mbs 8 and 1, then bench/fp8_bound.py on each row: every GEMM
+#             of the step in bf16 and fp8, the most fp8 can gain (LM head bf16 or fp8)
 #   cputune   the README's main job (`foldtune tune --gpu cpu`: calibration, then tiny-moe on 4 CPU ranks) three times,
 #             each in a fresh HOME, on this host's CPU cores (16, so the ranks do not share cores): the
 #             measured-vs-predicted table of each run
@@ -122,6 +127,33 @@ PY
   echo "== Mixtral fp8 step start $(date -u +%T)"
   timeout 300 python3 -m bench.fp8_step --runs bf16,fp8,fp8_fastest --out "$RES/fp8_step_fastest.json" 2>&1 \
     | grep -v Warning | tail -25
+  collect
+fi
+if has ttstep; then
+  echo "== torchtitan side by side start $(date -u +%T)"
+  if [ -d .ttwhl ]; then
+    pip install -q --no-index --no-deps --target /tmp/tts .ttwhl/*.whl 2>&1 | grep -v WARNING | tail -2
+    for extra in "" "--torchtitan-reshard never --sides torchtitan --profile"; do
+      PYTHONPATH=/tmp/tts:${PYTHONPATH:-} timeout 590 python3 -m bench.torchtitan_step --no-write --commit "${COMMIT:-?}" \
+        --torchtitan-loss plain --torchtitan-cuda-graphs off --warmup 3 --steps 8 $extra \
+        --out "$RES/torchtitan_step${extra:+_reshard_never}.json" 2>&1 | grep -v -i warn | tail -40
+    done
+  else
+    echo "no .ttwhl here: carry the torchtitan wheels (bench/torchtitan_step.py's docstring)"
+  fi
+  collect
+fi
+if has fp8bound; then
+  echo "== fp8 bound start $(date -u +%T)"
+  timeout 330 python3 -m bench.step_kernels_gpu --runs bf16:8,bf16:1 --no-write --commit "${COMMIT:-?}" \
+    --out "$RES/step_kernels_bf16.json" 2>&1 | grep -E "^==|step "
+  for mbs in 8 1; do
+    for m in qwen3-30b-a3b deepseek-v2-lite; do
+      echo "-- $m mbs $mbs"
+      timeout 120 python3 -m bench.fp8_bound --step-json "$RES/step_kernels_bf16.json" --model "$m" --mbs "$mbs" \
+        --out "$RES/fp8_bound_${m}_mbs$mbs.json" 2>&1 | tail -9
+    done
+  done
   collect
 fi
 if has cputune; then
