@@ -29,8 +29,9 @@ Four bounds, each ``T / (T - saving)``:
 T is the bf16 step's median from a ``bench.fp8_step`` report (``--step-json``; run it first in the same
 device call), or, for any catalog model's proxy (``--model``, ``--mbs``), the bf16 row's step of a
 ``bench.step_kernels_gpu`` report, whose proxy (layers, sequence, micro-batches) the GEMMs then follow.
-Because the step's grouped GEMMs run slower than here (uneven groups from the random router, the card at its power cap), each grouped saving is also scaled by the step's profiled grouped-GEMM time over
-this bench's (``scaled`` bounds; the larger of the two is the one to quote as the bound).
+Because the step's grouped GEMMs run slower than here (uneven groups from the random router, the card at its power
+cap), each grouped saving is also scaled by the step's profiled grouped-GEMM time over this bench's (``scaled``
+bounds; the larger of the two is the one to quote as the bound).
 
 Usage (GPU, sm90): python3 -m bench.fp8_step --runs bf16,fp8 --out $OUT/fp8_step.json &&
     python3 -m bench.fp8_bound --step-json $OUT/fp8_step.json --out $OUT/fp8_bound.json

@@ -39,6 +39,15 @@ def save_json(data: dict, name: str, results_dir: Path = RESULTS) -> Path:
     return path
 
 
+def add_report_arguments(parser, out_name: str) -> None:
+    """A GPU bench's report flags on ``parser`` (argparse): ``--out`` (its JSON, default ``$OUT/out_name``),
+    ``--no-write`` (leave docs/benchmarks.md alone) and ``--commit`` (the code's commit the docs name)."""
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), out_name))
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--commit", default=os.environ.get("COMMIT"),
+                        help="the code's commit, for the docs (default: $COMMIT; a copied tree's git may be stale)")
+
+
 def replace_section(heading: str, text: str, doc: Path = DOC) -> None:
     """Replace the section that starts with the line ``heading`` (up to the next '## ') or append it."""
     doc.parent.mkdir(parents=True, exist_ok=True)

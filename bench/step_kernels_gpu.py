@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from bench.report import machine, replace_section
+from bench.report import add_report_arguments, machine, replace_section
 
 from spec.catalog import get_hardware, get_model
 from spec.flops import flops_per_step
@@ -120,10 +120,7 @@ def main() -> int:
     parser.add_argument("--keep-logits", default="default",
                         help="comma list of cross_entropy_keep_logits values (bytes) or 'default'")
     parser.add_argument("--hardware", default="h200", help="catalog hardware whose dense bf16 peak is the yardstick")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "step_kernels_gpu.json"))
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    parser.add_argument("--commit", default=os.environ.get("COMMIT"),
-                        help="the code's commit, for the docs (default: $COMMIT; a copied tree's git may be stale)")
+    add_report_arguments(parser, "step_kernels_gpu.json")
     args = parser.parse_args()
 
     import dataclasses

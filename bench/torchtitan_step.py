@@ -55,9 +55,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -66,7 +66,7 @@ import time
 import types
 from pathlib import Path
 
-from bench.report import machine, replace_section
+from bench.report import add_report_arguments, machine, replace_section
 
 # foldtune's catalog name -> (torchtitan model package, its config-registry function)
 TORCHTITAN_CONFIGS = {
@@ -322,19 +322,15 @@ def _profiled_step(step) -> dict:
     from torch.profiler import ProfilerActivity
 
     from bench.step_kernels_gpu import classes_ms
+    from executor.microbench.step_trace import cuda_kernels, kernel_times, top_kernels
 
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        # FSDP's and the optimizer's record_function ranges show on the device too: not kernels
-        if event.device_type == torch.autograd.DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
-            by_name.setdefault(event.name, []).append((event.time_range.end - event.time_range.start) / 1e3)
-    top = sorted(({"name": n[:200], "calls": len(v), "ms": round(sum(v), 3)} for n, v in by_name.items()),
-                 key=lambda k: -k["ms"])
-    return {"classes_ms": classes_ms(top), "top": top[:15], "busy_ms": sum(k["ms"] for k in top)}
+    times = kernel_times(cuda_kernels(prof))
+    every = top_kernels(times, len(times))
+    return {"classes_ms": classes_ms(every), "top": every[:15], "busy_ms": sum(k["ms"] for k in every)}
 
 
 def _dist_version(name: str) -> str | None:
@@ -348,23 +344,22 @@ def _dist_version(name: str) -> str | None:
 
 # ---- the parent: both sides per model ---------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_torchtitan(model: str, args) -> dict:
-    """torchtitan's side in a child process (its own CUDA context and memory); its result or {'error': ...}."""
+    """torchtitan's side in a child process (its own CUDA context and memory); its result or {'error': ...}.
+    Not :func:`executor.launch_local.launch`: torchtitan's trainer starts its own process group from the
+    environment torchrun would set."""
+    from executor.launch_local import free_port
+
     with tempfile.TemporaryDirectory() as tmp:
         result_path = os.path.join(tmp, "result.json")
         env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         command = [sys.executable, "-m", "bench.torchtitan_step", "--child", model, "--child-out", result_path,
                    "--layers", str(args.layers), "--seq", str(args.seq), "--mbs", str(args.mbs),
                    "--micro-batches", str(args.micro_batches), "--warmup", str(args.warmup),
                    "--steps", str(args.steps), "--torchtitan-cuda-graphs", args.torchtitan_cuda_graphs,
-                   "--torchtitan-loss", args.torchtitan_loss, "--torchtitan-reshard", args.torchtitan_reshard] + (["--profile"] if args.profile else [])
+                   "--torchtitan-loss", args.torchtitan_loss, "--torchtitan-reshard", args.torchtitan_reshard,
+                   *(["--profile"] if args.profile else [])]
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -381,13 +376,13 @@ def run_torchtitan(model: str, args) -> dict:
 
 def run_foldtune(model: str, args) -> dict:
     """foldtune's side in a process of its own (bench.fp8_step.step_worker, bf16); its result or an error."""
-    from bench.fp8_step import TOP_KERNELS, step_worker
+    from bench.fp8_step import step_worker
     from executor.launch_local import launch
     from spec.training_spec import TrainingSpec
 
     training = TrainingSpec(seq_length=args.seq, global_batch_size=args.mbs * args.micro_batches, precision="bf16")
-    launched = launch(step_worker, 1, (model, args.layers, training, args.warmup + args.steps, args.warmup, 0, True,
-                                       1e-3, TOP_KERNELS, "none", None, args.mbs),
+    worker = functools.partial(step_worker, micro_batch_size=args.mbs)
+    launched = launch(worker, 1, (model, args.layers, training, args.warmup + args.steps, args.warmup, 0, True),
                       backend="nccl", timeout_s=CHILD_TIMEOUT_S)
     if not launched.ok:
         return {"error": launched.failure_reason}
@@ -438,10 +433,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="torchtitan's side profiles one more step and reports its kernels by class")
     parser.add_argument("--sides", default="foldtune,torchtitan", help="which sides run (comma list)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "torchtitan_step.json"))
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    parser.add_argument("--commit", default=os.environ.get("COMMIT"),
-                        help="the code's commit, for the docs (default: $COMMIT; a copied tree's git may be stale)")
+    add_report_arguments(parser, "torchtitan_step.json")
     parser.add_argument("--render", metavar="JSON[,JSON]",
                         help="write the docs/benchmarks.md section of saved reports (GPU runs' --out) and exit")
     parser.add_argument("--doc", help="with --render: the Markdown file whose section is written "

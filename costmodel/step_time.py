@@ -310,16 +310,16 @@ def dense_linear_seconds_and_cast_bytes(rates: ComputeRates, choice_bf16_rates: 
     (m x k)·(k x n): its GEMMs at ``rates`` plus, where ``input_cast_bytes`` is non-zero (fp8), the quantisation of
     its input (``input_cast_bytes`` per input element) and of its output gradient (``grad_cast_bytes`` per
     element); with ``choice_bf16_rates`` (the executor's per-shape choice) the bf16 GEMMs without casts unless
-    fp8 beats them by ``spec.fp8_choice.FP8_CHOICE_MARGIN``, as in the executor. Where ``rates`` carry a calibrated fp8 linear
-    (``dense_fp8_ratio_curve``: bf16 / fp8 seconds by forward FLOPs, quantisation included) the choice reads it:
-    fp8 is the bf16 GEMMs' seconds over that ratio, no cast bytes apart."""
+    fp8 beats them by ``spec.fp8_choice.FP8_CHOICE_MARGIN``, as in the executor. Where ``rates`` carry a
+    calibrated fp8 linear (``dense_fp8_ratio_curve``: bf16 / fp8 seconds by forward FLOPs, quantisation
+    included) the choice reads it: fp8 is the bf16 GEMMs' seconds over that ratio, no cast bytes apart."""
     fwd, bwd = gemm_fwd_bwd(rates, round(m), round(n), round(k), low_precision)
     if not input_cast_bytes:
         return fwd, bwd, 0.0, 0.0, False
     if choice_bf16_rates is not None and rates.dense_fp8_ratio_curve is not None:
         f16, b16 = gemm_fwd_bwd(choice_bf16_rates, round(m), round(n), round(k), True)
         ratio = rates.dense_fp8_ratio_curve(2.0 * m * n * k)
-        if not fp8_chosen(1.0 / ratio, 1.0):
+        if not fp8_chosen(1.0 / ratio, 1.0):  # fp8's seconds per bf16 second
             return f16, b16, 0.0, 0.0, False
         return f16 / ratio, b16 / ratio, 0.0, 0.0, True
     cast_fwd, cast_bwd = input_cast_bytes * m * k, grad_cast_bytes * m * n

@@ -52,7 +52,8 @@ class LaunchResult:
     reused: bool = False
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound, then released: see :func:`launch`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -134,7 +135,7 @@ def _launch_once(fn: Callable, world_size: int, args: tuple, backend: str, timeo
                  start_method: str) -> LaunchResult:
     ctx = rank_context(start_method)
     outdir = tempfile.mkdtemp(prefix="foldtune-launch-")
-    port = _free_port()
+    port = free_port()
     start = time.monotonic()
     procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, threads_per_rank, outdir, fn, args,
                                               timeout_s), daemon=True)

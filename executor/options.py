@@ -76,10 +76,10 @@ class ExecutorOptions:
     ``fp8_expert_gemm`` (precision fp8 only; no effect in other precisions): what runs the routed experts'
     forward, dgrad and wgrad. 'fastest' (the default): per expert linear shape, bf16 (``torch._grouped_mm``)
     or 'torch' below as its first call on a CUDA GPU timed them over the whole layer (forward, dgrad and wgrad,
-    the activations' quantisation included, the cached weights' not; fp8 only where more than
-    ``expert_pick.FP8_MARGIN`` faster), kept per
-    shape for the process (:mod:`executor.kernels.fp8.expert_pick`, whose ``report`` and the profile's fp8
-    report say which shapes ran bf16). The default because fp8 is asked for speed, and at the fine-grained
+    the activations' quantisation included, the cached weights' not; fp8 only where faster by more than
+    ``spec.fp8_choice.FP8_CHOICE_MARGIN``), kept per shape for the process
+    (:mod:`executor.kernels.fp8.expert_pick`, whose ``report`` and the profile's fp8 report say which shapes
+    ran bf16). The default because fp8 is asked for speed, and at the fine-grained
     experts' shapes torch's fp8 grouped GEMM runs at about half bf16's rate (docs/benchmarks.md): with
     'fastest' precision fp8 never runs an expert linear slower than bf16 would, and runs fp8 where fp8 is
     faster (Mixtral's wide experts); the price is bf16 numbers at the shapes that ran bf16, one timing of

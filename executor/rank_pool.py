@@ -43,7 +43,7 @@ from executor import progress
 from executor.failure import is_out_of_memory
 from executor.kernels import fp8
 from executor.kernels.fp8 import expert_pick
-from executor.launch_local import OOM_PREFIX, PORT_ATTEMPTS, SAFE_ENV, LaunchResult, _free_port, _port_taken, _stop
+from executor.launch_local import OOM_PREFIX, PORT_ATTEMPTS, SAFE_ENV, LaunchResult, _port_taken, _stop, free_port
 from executor.rank_processes import rank_context
 from executor.scoped_env import scoped_env
 from spec.failure import FailureKind
@@ -252,7 +252,7 @@ class LocalRankPool:
         for attempt in range(PORT_ATTEMPTS):
             self._results = ctx.Queue()
             self._tasks = [ctx.Queue() for _ in range(world_size)]
-            port = _free_port()
+            port = free_port()
             self._procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, self.threads_per_rank,
                                                               timeout_s, self._tasks[r], self._results), daemon=True)
                            for r in range(world_size)]

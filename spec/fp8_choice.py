@@ -2,9 +2,9 @@
 
 Under precision fp8 the executor times each linear shape both ways on its first call
 (``executor.kernels.fp8.expert_pick``) and keeps fp8 only where fp8 is faster by more than
-:data:`FP8_CHOICE_MARGIN`. Closer than that, the choice flipped from run to run: DeepSeek-V2-Lite's dense
-linears took 85 or 94 ms of a step in two calls (docs/benchmarks.md, "The experts' wgrad in fp8, tried
-against this bound"). bf16 also keeps no quantised weight copies. ``costmodel.step_time`` prices the same rule.
+:data:`FP8_CHOICE_MARGIN`: closer than that the two timings are within their noise and the choice flips from run
+to run (docs/benchmarks.md, "The experts' wgrad in fp8, tried against this bound"), and bf16 keeps no quantised
+weight copies. ``costmodel.step_time`` prices the same rule.
 """
 
 from __future__ import annotations

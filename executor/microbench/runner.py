@@ -53,6 +53,12 @@ def _say(rank: int):
     return say
 
 
+def _grouped_line(row: dict) -> str:
+    """One grouped-GEMM row as the calibration prints it: shape, tokens per expert, microseconds, TFLOP/s."""
+    return (f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
+            f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+
+
 def calibrate_worker(rank: int, world_size: int, plan: BenchPlan) -> dict:
     """One rank: GEMM, grouped GEMM, attention and copy benchmarks, the sustained-load run (GPUs), launch
     overheads, then the collectives and the executor's own CP and dispatcher exchanges; returns its raw
@@ -87,8 +93,7 @@ def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
                                   plan.sizes(grouped_gemm.default_tokens(device, plan.quick)),
                                                                 device, dtype, shape)]
     for row in report["grouped_gemm"]:
-        say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
-            f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+        say(_grouped_line(row))
     if plan.precision == "fp8":  # the experts' fp8 GEMMs at the same shapes: the profile keeps fp8 over bf16
         say("grouped GEMMs in fp8 (torch's scaled grouped GEMM, operands quantised beforehand)")
         report["grouped_gemm_fp8"] = [row for shape in (shapes[:1] if plan.minimal else shapes) for row in
@@ -96,8 +101,7 @@ def _calibrate(rank: int, world_size: int, plan: BenchPlan) -> dict:
                                           plan.sizes(grouped_gemm.default_tokens(device, plan.quick)),
                                           device, shape)]
         for row in report["grouped_gemm_fp8"]:
-            say(f"  {row['experts']}x{row['hidden']}x{row['ffn']} t={row['tokens_per_expert']:<6} "
-                f"{row['seconds'] * 1e6:10.1f} us  {row['flops'] / row['seconds'] / 1e12:8.3f} TFLOP/s")
+            say(_grouped_line(row))
         say("dense linears, fp8 against bf16 (the executor's, forward + backward, quantisation included)")
         shapes = fp8_linear.GPU_SHAPES[:2] if plan.minimal else fp8_linear.GPU_SHAPES
         report["linear_fp8"] = fp8_linear.measure_linear_fp8(shapes, device)

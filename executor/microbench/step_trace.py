@@ -41,6 +41,28 @@ def _unprofiled_step(trainer: Trainer, micro, device) -> tuple[float, int]:
     return wall * 1e3, syncs
 
 
+def cuda_kernels(prof) -> list:
+    """The CUDA kernel events of a finished ``torch.profiler.profile``: record_function ranges that show on the
+    device timeline (user annotations, as FSDP's and the optimizer's) are not kernels and are left out."""
+    return [e for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+
+
+def kernel_times(kernels: list) -> dict[str, list[float]]:
+    """Kernel name -> the device microseconds of each of its calls, over ``kernels`` (profiler events)."""
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    return by_name
+
+
+def top_kernels(by_name: dict[str, list[float]], top: int) -> list[dict]:
+    """The ``top`` names of :func:`kernel_times` by summed device time, most first: ``{'name'`` (its first 300
+    characters), ``'calls', 'ms'}``."""
+    rows = sorted(((n, len(v), sum(v) / 1e3) for n, v in by_name.items()), key=lambda r: -r[2])
+    return [{"name": n[:300], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]
+
+
 def trace_worker(rank: int, world_size: int, model: ModelSpec, training: TrainingSpec, config: ParallelConfig,
                  warmup_steps: int, top: int, options: ExecutorOptions | None = None) -> dict:
     """One rank: warm up, then profile one step; wall, busy, idle, NCCL and top kernels (milliseconds), and
@@ -77,12 +99,9 @@ def trace_worker(rank: int, world_size: int, model: ModelSpec, training: Trainin
     trainer.finish_param_gather()
     peak = {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)} if cuda else {}
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    kernels = cuda_kernels(prof)
+    by_name = kernel_times(kernels)
     nccl = {n: v for n, v in by_name.items() if "nccl" in n.lower()}
-    rows = sorted(((n, len(v), sum(v) / 1e3) for n, v in by_name.items()), key=lambda r: -r[2])
     busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
     # copies (the copy engines' 'Memcpy ...' entries, the copy-engine all-to-all's among them) are not compute
     copies = [(e.time_range.start, e.time_range.end) for e in kernels if e.name.startswith("Memcpy")]
@@ -98,4 +117,4 @@ def trace_worker(rank: int, world_size: int, model: ModelSpec, training: Trainin
             "memcpy_under_compute_ms": overlap_us(copies, compute) / 1e3,
             "kernels": len(kernels), "nccl_ms": {n: sum(v) / 1e3 for n, v in nccl.items()},
             "nccl_calls": {n: len(v) for n, v in nccl.items()},
-            **peak, "top": [{"name": n[:300], "calls": c, "ms": round(ms, 3)} for n, c, ms in rows[:top]]}
+            **peak, "top": top_kernels(by_name, top)}

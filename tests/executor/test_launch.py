@@ -97,9 +97,9 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_retried_on_a_new_port
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
-    real = ll._free_port
+    real = ll.free_port
     ports = iter([taken])
-    monkeypatch.setattr(ll, "_free_port", lambda: next(ports, None) or real())
+    monkeypatch.setattr(ll, "free_port", lambda: next(ports, None) or real())
     try:
         result = launch(_ok, 2, backend="gloo", timeout_s=60, start_method="fork")
     finally:
@@ -117,7 +117,7 @@ def test_a_port_taken_on_every_attempt_fails_with_the_reason(monkeypatch):
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
-    monkeypatch.setattr(ll, "_free_port", lambda: squatter.getsockname()[1])
+    monkeypatch.setattr(ll, "free_port", lambda: squatter.getsockname()[1])
     try:
         result = launch(_ok, 2, backend="gloo", timeout_s=60, start_method="fork")
     finally:

@@ -82,8 +82,8 @@ def _tp2_worker(rank: int, world: int) -> list[str]:
 
 @pytest.mark.slow
 def test_fused_equals_unfused_vocab_parallel_tp2():
-    # fork is quick, but not after this process has started CUDA (a GPU machine's earlier tests): its threads
-    # do not survive a fork, and the test failed so on the H200 machine (2026-12-04)
+    # fork is quick, but not after this process has started CUDA (a GPU machine's earlier tests): CUDA's
+    # threads do not survive a fork
     start = "spawn" if torch.cuda.is_initialized() else "fork"
     launched = launch(_tp2_worker, 2, backend="gloo", timeout_s=120, start_method=start)
     assert launched.ok, launched.failure_reason

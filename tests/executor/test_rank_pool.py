@@ -173,7 +173,7 @@ def test_a_rendezvous_port_taken_is_retried_and_a_start_failure_keeps_its_reason
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     ports = iter([taken.getsockname()[1]])
-    monkeypatch.setattr(rank_pool, "_free_port", lambda: next(ports, None) or _any_port())
+    monkeypatch.setattr(rank_pool, "free_port", lambda: next(ports, None) or _any_port())
     try:
         with LocalRankPool(start_method="fork") as pool:
             result = pool.launch(_ok_single, 2, backend="gloo", timeout_s=60)
@@ -184,9 +184,9 @@ def test_a_rendezvous_port_taken_is_retried_and_a_start_failure_keeps_its_reason
 
 
 def _any_port() -> int:
-    from executor.launch_local import _free_port
+    from executor.launch_local import free_port
 
-    return _free_port()
+    return free_port()
 
 
 def _unpicklable(rank, world):

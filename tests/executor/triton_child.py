@@ -85,8 +85,7 @@ class InterpreterChild:
         self.proc: subprocess.Popen | None = None
         if start:
             # GPUs hidden: the interpreter runs the kernels on CPU tensors, and on a GPU machine code that
-            # places tensors or picks kernels by torch.cuda.is_available() would hand it CUDA ones (22 of 26
-            # inner tests failed so on the H200 machine, 2026-12-04)
+            # places tensors or picks kernels by torch.cuda.is_available() would hand it CUDA ones
             env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
             with open(self.log, "w") as log:
                 self.proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, str(self.status), sys.executable, "-m",

@@ -14,11 +14,12 @@ first micro-batch does for the rest. The chosen path (below) is kept per (device
 up to a power of two, whether a backward runs), and every later call at that shape runs it (:func:`grouped_mm`).
 
 The timing (:func:`choose`) runs :data:`ROUNDS` rounds, each timing both paths with
-:func:`executor.kernels.fp8.grouped_gemm.time_launch` (CUDA events, one untimed call, median of three) and
-alternating which path goes first; it keeps fp8 only where fp8's median beats bf16's by more than
-:data:`FP8_MARGIN`. It runs on a thread of its own (:func:`executor.kernels.first_use.run_apart`: out of
-activation checkpointing's saved-tensor hooks) on the caller's stream; it asks ``torch.autograd.grad`` for the
-gradients, so nothing accumulates into the parameters. A path that raises (out of memory) is skipped; if both do, fp8.
+:func:`executor.kernels.fp8.grouped_gemm.time_launch` (CUDA events, one untimed call, median of three) and alternating
+which path goes first; it keeps fp8 only where fp8's median beats bf16's by more than
+:data:`spec.fp8_choice.FP8_CHOICE_MARGIN`. It runs on a thread of its own
+(:func:`executor.kernels.first_use.run_apart`: out of activation checkpointing's saved-tensor hooks) on the caller's
+stream; it asks ``torch.autograd.grad`` for the gradients, so nothing accumulates into the parameters. A path that
+raises (out of memory) is skipped; if both do, fp8.
 
 Where nothing is timed (no CUDA, a CUDA graph being captured) the call runs fp8, as precision fp8 asks, and
 no verdict is kept: on CPU that is the emulation of the 'torch' path, so the CPU numerics of fp8 are the
@@ -53,15 +54,12 @@ from executor.kernels.first_use import run_apart
 from executor.kernels.fp8 import gemm as fp8_gemm
 from executor.kernels.fp8.grouped_gemm import time_launch
 from executor.kernels.torch_backend import TorchBackend
-from spec.fp8_choice import FP8_CHOICE_MARGIN, fp8_chosen
+from spec.fp8_choice import fp8_chosen
 
 PATHS = ("bf16", "fp8")
 #: rounds of the per-shape timing, each timing both paths with the first one alternating, so that a clock or
 #: power change during the timing falls on both; the paths' medians are compared
 ROUNDS = 3
-#: fp8 is kept only where its median is below bf16's by this share (spec.fp8_choice: the cost model prices the
-#: same rule)
-FP8_MARGIN = FP8_CHOICE_MARGIN
 #: timer(path, call) -> seconds, replacing the CUDA timing (and timing CPU calls); None: CUDA events on CUDA
 TIMER = None
 _VERDICTS: dict[tuple, str] = {}  # shape key -> 'bf16' | 'fp8', kept for the process
@@ -121,7 +119,8 @@ def _time_paths(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, g
 def choose(paths: tuple[str, str], seconds, skipped) -> str:
     """'bf16' or 'fp8' from :data:`ROUNDS` rounds of ``seconds(path)`` (one timing of the whole layer on that
     path) over both ``paths``, alternating which goes first; fp8 where its median is below bf16's by more than
-    :data:`FP8_MARGIN`, else bf16. A path whose timing raises is dropped with a warning ``skipped(path)``: its
+    :data:`spec.fp8_choice.FP8_CHOICE_MARGIN`, else bf16. A path whose timing raises is dropped with a warning
+    ``skipped(path)``: its
     reason (the other path then runs); if both raise, fp8."""
     times: dict[str, list[float]] = {path: [] for path in paths}
     dropped: set[str] = set()
