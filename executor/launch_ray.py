@@ -18,7 +18,8 @@ trial keeps the reservation atomic: two trials waiting side by side never hold h
 Strict spreading puts each bundle on its own Ray node, so a trial never shares a device with another
 trial and a trial of G ranks or fewer sits on one node. It waits for the group (trials queue when the
 cluster is full, so several trials run at once exactly when there is room), starts the rank actors,
-rendezvous through rank 0 (its node's IP and a port that rank 0's actor picks on its own host), and always
+rendezvous through rank 0 (its node's IP and the port of a store that rank 0's actor has already bound on
+its own host: no port is picked free and bound later, so a process beside it cannot take it between), and always
 tears everything down through Ray: actors killed, placement group removed, and the actors confirmed dead
 on every node (on this node the launcher also waits until the rank processes are gone).
 
@@ -47,7 +48,6 @@ import logging
 import os
 import resource
 import signal
-import socket
 import threading
 import time
 import traceback
@@ -91,6 +91,8 @@ STALL_MIN_S = 15.0
 STALL_STEPS = 10
 STALL_POLL_S = 2.0
 TEARDOWN_WAIT_S = 15.0
+# Rank 0's store waits this long for the others until the run sets the run's own timeout (seconds).
+STORE_TIMEOUT_S = 600.0
 # How long a failed run waits for Ray to declare the node of a rank that stopped answering dead (seconds):
 # Ray's health check marks a vanished node dead after tens of seconds with its defaults.
 NODE_LOSS_WAIT_S = 60.0
@@ -223,12 +225,6 @@ def _alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-
-
 class RankActor:
     """One rank of one trial (wrapped with ``ray.remote`` at launch, ``max_concurrency=2`` so that the
     driver's ``poll`` runs while ``run`` does)."""
@@ -245,13 +241,30 @@ class RankActor:
         self._steps: list[tuple[int, float]] = []
         self._stop = False
         self._initial_seed = torch.initial_seed()  # a fresh process's RNG seed: each kept run starts from it
+        self._store: dist.TCPStore | None = None  # rank 0's rendezvous store, bound by address()
 
     def address(self) -> tuple[str, int, int, str, list[str]]:
-        """(node IP, a free port on this host, this process's pid, the Ray node id, the GPU ids Ray gave it).
-        Rank 0's answer is the rendezvous: the port is picked on the host that will bind it."""
+        """(node IP, the rendezvous port or 0, this process's pid, the Ray node id, the GPU ids Ray gave it).
+        Rank 0 binds the rendezvous store here, on a port the system picks, and answers its port; the other
+        ranks answer 0. Binding before answering leaves no moment in which another process can take the port."""
         ip = ray.util.get_node_ip_address()
-        return (ip, _free_port(ip), os.getpid(), ray.get_runtime_context().get_node_id(),
-                [str(g) for g in ray.get_gpu_ids()])
+        port = 0
+        if self.rank == 0:
+            if self._store is None:
+                self._store = dist.TCPStore(ip, 0, self.world_size, is_master=True, wait_for_workers=False,
+                                            timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
+            port = self._store.port
+        return (ip, port, os.getpid(), ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()])
+
+    def _rendezvous(self, master: tuple[str, int], dist_timeout_s: float) -> dist.TCPStore:
+        """This rank's handle on rank 0's store at ``master`` (rank 0's own, bound by :meth:`address`)."""
+        timeout = datetime.timedelta(seconds=dist_timeout_s)
+        if self.rank == 0:
+            if self._store is None:
+                raise RuntimeError("rank 0 has no rendezvous store: address() was not called before the run")
+            self._store.set_timeout(timeout)
+            return self._store
+        return dist.TCPStore(master[0], master[1], self.world_size, is_master=False, timeout=timeout)
 
     def _record(self, step: int, seconds: float) -> bool:
         with self._lock:
@@ -302,7 +315,7 @@ class RankActor:
     def _init_group(self, master: tuple[str, int], backend: str, dist_timeout_s: float) -> None:
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray made this rank's GPU the only visible one
-        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+        dist.init_process_group(backend, store=self._rendezvous(master, dist_timeout_s), rank=self.rank,
                                 world_size=self.world_size, timeout=datetime.timedelta(seconds=dist_timeout_s),
                                 **({"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}))
 
@@ -315,12 +328,7 @@ class RankActor:
         if self.rank == 0:
             progress.install(self._record)
         try:
-            if backend == "nccl":
-                torch.cuda.set_device(0)  # Ray made this rank's GPU the only visible one
-            dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
-                                    world_size=self.world_size,
-                                    timeout=datetime.timedelta(seconds=dist_timeout_s),
-                                    **({"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}))
+            self._init_group(master, backend, dist_timeout_s)
             result = fn(self.rank, self.world_size, *args)
             dist.destroy_process_group()
             return "ok", result

@@ -128,6 +128,29 @@ def test_a_world_larger_than_the_cluster_fails_at_once(ray_launch):
     assert result.failure_kind == FailureKind.ERROR
 
 
+def test_rank_0_answers_a_rendezvous_port_it_already_holds(ray_launch):
+    """The port rank 0 answers is bound before the driver hears it: nothing beside the run (another trial's
+    ranks, NCCL's sockets) can take it between picking and binding, as a port picked free and bound later
+    could (CI saw such a run fail with EADDRINUSE). The other ranks answer no port."""
+    import socket
+
+    import ray
+
+    from executor.launch_ray import RankActor
+
+    actor_cls = ray.remote(RankActor)
+    actors = [actor_cls.options(num_cpus=0).remote(r, 2, {}, 1) for r in range(2)]
+    try:
+        (ip, port, *_), (_, other_port, *_) = ray.get([a.address.remote() for a in actors], timeout=120)
+        assert port > 0 and other_port == 0
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind((ip, port))
+        assert ray.get(actors[0].address.remote(), timeout=60)[1] == port  # asked again: the same store
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
 def test_fault_specs_parse_and_bad_ones_name_the_part():
     assert progress.parse_faults("kill:rank=1:step=2, hang:rank=0:step=0") == [
         progress.Fault("kill", 1, 2), progress.Fault("hang", 0, 0)]
