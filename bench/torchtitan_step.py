@@ -66,7 +66,7 @@ import time
 import types
 from pathlib import Path
 
-from bench.report import add_report_arguments, machine, replace_section
+from bench.report import DOC, add_report_arguments, machine, replace_section
 
 # foldtune's catalog name -> (torchtitan model package, its config-registry function)
 TORCHTITAN_CONFIGS = {
@@ -405,10 +405,7 @@ def render(paths: str, doc: str | None) -> int:
             print(f"--render {path}: not a report of this script ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
     text = section(reports)
-    if doc:
-        replace_section(SECTION, text, Path(doc))
-    else:
-        replace_section(SECTION, text)
+    replace_section(SECTION, text, Path(doc) if doc else DOC)
     print(text)
     return 0
 

@@ -4,7 +4,7 @@ arithmetic (``bench/fp8_bound.py`` times the GEMMs and prints the bounds).
 Only the GEMMs change with the precision; the optimizer, the fp32 main-gradient accumulation, attention,
 the norms, the permutation and the loss move the same bytes in both. So a bf16 step of T seconds whose GEMMs
 fp8 would replace takes at least T - Σ (bf16 seconds - fp8 seconds) over its GEMMs in fp8, with each fp8
-time measured on operands already quantised (quantisation counted free). Three bounds, each T / (that):
+time measured on operands already quantised (quantisation counted free). Four bounds, each T / (that):
 
 - ``torch_kernels``: every GEMM of the step in fp8, the LM head included (the executor keeps it in bf16);
 - ``executor_choices``: what the executor runs in fp8 (the LM head bf16; the expert wgrad in whichever
@@ -117,7 +117,8 @@ def bounds(rows: list[dict], bf16_step_s: float, bar: float, grouped_scale: floa
         if executor and not row["in_fp8"]:
             return 0.0
         best_fp8 = row[fp8_key]
-        if (executor and row["wgrad"]) or faster:  # the executor's expert wgrad runs in the faster precision
+        # the executor's expert wgrad runs in the faster precision; ``faster``: every GEMM does
+        if (executor and row["wgrad"]) or faster:
             best_fp8 = min(best_fp8, row["bf16_s"])
         gain = (row["bf16_s"] - best_fp8) * row["per_step"]
         return gain * (grouped_scale if row["groups"] > 1 else 1.0)

@@ -91,7 +91,7 @@ STALL_MIN_S = 15.0
 STALL_STEPS = 10
 STALL_POLL_S = 2.0
 TEARDOWN_WAIT_S = 15.0
-# Rank 0's store waits this long for the others until the run sets the run's own timeout (seconds).
+# How long rank 0's rendezvous store waits for the other ranks until a run sets its own timeout (seconds).
 STORE_TIMEOUT_S = 600.0
 # How long a failed run waits for Ray to declare the node of a rank that stopped answering dead (seconds):
 # Ray's health check marks a vanished node dead after tens of seconds with its defaults.

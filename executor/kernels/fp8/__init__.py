@@ -26,7 +26,8 @@ One module a job:
 - :mod:`.grouped_quant` and :mod:`.grouped_gemm`: foldtune's own persistent grouped fp8 GEMM for the experts
   (rowwise or DeepSeek-V3 blockwise scaling), which ``ExecutorOptions.fp8_expert_gemm`` puts in place of
   torch's; imported from their modules (``from executor.kernels.fp8 import grouped_gemm``).
-- :mod:`.expert_pick`: fp8 or bf16 per expert GEMM shape, fp8 where its first call timed it more than 3 % faster
+- :mod:`.expert_pick`: fp8 or bf16 per expert GEMM shape, fp8 where its first call timed it faster by more than
+  ``spec.fp8_choice.FP8_CHOICE_MARGIN``
   (``ExecutorOptions.fp8_expert_gemm`` 'fastest', the default).
 
 Imports run one way, quantize ← weight_cache ← gemm ← backend: each self-check sits in the module whose

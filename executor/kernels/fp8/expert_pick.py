@@ -119,9 +119,8 @@ def _time_paths(x_MK: torch.Tensor, w_GNK: torch.Tensor, offs_G: torch.Tensor, g
 def choose(paths: tuple[str, str], seconds, skipped) -> str:
     """'bf16' or 'fp8' from :data:`ROUNDS` rounds of ``seconds(path)`` (one timing of the whole layer on that
     path) over both ``paths``, alternating which goes first; fp8 where its median is below bf16's by more than
-    :data:`spec.fp8_choice.FP8_CHOICE_MARGIN`, else bf16. A path whose timing raises is dropped with a warning
-    ``skipped(path)``: its
-    reason (the other path then runs); if both raise, fp8."""
+    :data:`spec.fp8_choice.FP8_CHOICE_MARGIN`, else bf16. A path whose timing raises is dropped, with a warning
+    that starts with ``skipped(path)`` and gives the exception; the other path then runs. If both raise, fp8."""
     times: dict[str, list[float]] = {path: [] for path in paths}
     dropped: set[str] = set()
     for round_ in range(ROUNDS):
