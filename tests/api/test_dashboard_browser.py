@@ -663,6 +663,37 @@ def test_every_page_fits_the_screen(dash, browser, width):
         browser.set_window_size(1400, 1800)
 
 
+def test_an_axis_below_ten_thousand_keeps_plain_numbers(dash, browser):
+    """Data whose largest value lies just under 10^4: plotly would prefix the ticks once the padded range passes
+    10^3.99 (0, 2k, ... 8k, no tick at 10k); the axis keeps plain numbers, and SI prefixes begin at 10^4."""
+    base, data = dash
+    sign_in(browser, base, data.keys["alice"])
+    _viewport(browser, 1440)
+    try:
+        _open(browser, base, "#/jobs")
+        for top in (9000, 9300, 9500, 9600, 9700, 9750, 9800, 9850, 9900, 9950, 9990, 12000, 48000):
+            browser.execute_script(
+                "let d = document.getElementById('axis-probe');"
+                "if (!d) { const box = Object.assign(document.createElement('div'), {id: 'axis-probe-box'});"
+                "          d = Object.assign(document.createElement('div'), {id: 'axis-probe'});"
+                "          d.style.width = '600px'; box.appendChild(d); document.body.appendChild(box); }"
+                "Plot.xy(d, [{name: 'probe', points: [0, 0.5, 1].map(f => ({x: f * arguments[0], "
+                "                                                         y: f * arguments[0]}))}], {});",
+                top)
+            _wait(browser, lambda d: _tick_labels(d, "axis-probe", "y"), "the probe's ticks")
+            for axis in ("x", "y"):
+                labels = _tick_labels(browser, "axis-probe", axis)
+                prefixed = [x for x in labels if x[-1] in "kMGTP"]
+                if top < 1e4:
+                    assert not prefixed, (top, axis, labels)
+                else:
+                    assert prefixed and max(_value(x) for x in labels) >= 1e4, (top, axis, labels)
+    finally:
+        browser.execute_script("const box = document.getElementById('axis-probe-box');"
+                               "if (box) { Plot.purge(box); box.remove(); }")
+        browser.set_window_size(1400, 1800)
+
+
 def test_a_plot_is_drawn_again_at_its_new_width(dash, browser):
     base, data = dash
     sign_in(browser, base, data.keys["alice"])

@@ -67,6 +67,9 @@ const Plot = (() => {
       const decades = Math.log10(big) - Math.log10(Math.min(...finite));
       if (decades > 0.8 && decades <= 3) a.dtick = "D2";
     }
+    // plotly prefixes once the range reaches 10^3.99 (9,772): data under 10^4 would read 0, 2k, ... 8k with no
+    // tick at 10k. Such an axis keeps plain numbers; SI prefixes start where the data reach 10^4.
+    if (big >= 1 && big < 1e4) a.exponentformat = "none";
     if (o.zero && !o.log) a.rangemode = "tozero";
     if (o.integer) {
       a.tickformat = "d";
